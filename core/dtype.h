@@ -1,0 +1,222 @@
+/* core/dtype.h - element types and their exact conversions.
+ *
+ * Every path (CPU kernels, simulator instructions, fused kernels) converts
+ * through these functions, so a value is rounded the same way wherever it is
+ * stored.  Floating math is done in f32; storing rounds to nearest even. */
+#ifndef NT_CORE_DTYPE_H
+#define NT_CORE_DTYPE_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "ntensor.h"
+
+static inline uint32_t nt__f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float nt__bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float nt__bf16_to_f32(uint16_t h)
+{
+    return nt__bits_f32((uint32_t)h << 16);
+}
+
+/* Round to nearest even; NaN stays NaN (quieted, sign kept). */
+static inline uint16_t nt__f32_to_bf16(float f)
+{
+    uint32_t u = nt__f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float nt__f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f)
+        return nt__bits_f32(sign | 0x7f800000u | (m << 13));
+    if (e == 0) {
+        /* subnormal: m * 2^-24 is exact in f32 */
+        float v = (float)m * 0x1p-24f;
+        return nt__bits_f32(nt__f32_bits(v) | sign);
+    }
+    return nt__bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+/* Round to nearest even, with f16 subnormals, overflow to Inf, NaN kept. */
+static inline uint16_t nt__f32_to_f16(float f)
+{
+    uint32_t x = nt__f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) /* Inf or NaN */
+        return (uint16_t)(sign | 0x7c00u |
+                          (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0u));
+    if (ax >= 0x477ff000u) /* >= 65520 rounds to Inf */
+        return (uint16_t)(sign | 0x7c00u);
+    if (ax >= 0x38800000u) { /* normal in f16 (>= 2^-14) */
+        uint32_t odd = (ax >> 13) & 1u;
+        ax = ax - (112u << 23) + 0xfffu + odd;
+        return (uint16_t)(sign | (ax >> 13));
+    }
+    /* Subnormal or zero: adding 0.5 leaves a float whose ulp is 2^-24, so the
+     * FPU's own round-to-nearest-even does the rounding. */
+    float t = nt__bits_f32(ax) + 0.5f;
+    return (uint16_t)(sign | (nt__f32_bits(t) - 0x3f000000u));
+}
+
+/* double -> f32 rounding to odd: the sticky bit keeps a second rounding to a
+ * narrower format (bf16, f16: >= 2 bits fewer) correct. */
+static inline float nt__f64_to_f32_odd(double d)
+{
+    float f = (float)d;
+    if (isnan(d) || isinf(f) || (double)f == d)
+        return f;
+    /* f was rounded; step toward zero if it went away, then set the lsb */
+    if (fabs((double)f) > fabs(d))
+        f = nextafterf(f, 0.0f);
+    return nt__bits_f32(nt__f32_bits(f) | 1u);
+}
+
+static inline uint16_t nt__f64_to_bf16(double d)
+{
+    return nt__f32_to_bf16(nt__f64_to_f32_odd(d));
+}
+
+static inline uint16_t nt__f64_to_f16(double d)
+{
+    return nt__f32_to_f16(nt__f64_to_f32_odd(d));
+}
+
+/* Float to int: truncate toward zero, saturate, NaN -> 0. */
+static inline int32_t nt__f64_to_i32(double d)
+{
+    if (isnan(d))
+        return 0;
+    if (d >= 2147483647.0)
+        return INT32_MAX;
+    if (d <= -2147483648.0)
+        return INT32_MIN;
+    return (int32_t)d;
+}
+
+static inline uint8_t nt__f64_to_u8(double d)
+{
+    if (isnan(d) || d <= 0.0)
+        return 0;
+    if (d >= 255.0)
+        return 255;
+    return (uint8_t)d;
+}
+
+static inline bool nt__dtype_is_float(nt_dtype dt)
+{
+    return dt == NT_F32 || dt == NT_BF16 || dt == NT_F16;
+}
+
+static inline size_t nt__dtype_size(nt_dtype dt)
+{
+    static const unsigned char sz[NT_DTYPE_COUNT] = {4, 2, 2, 4, 1};
+    return (unsigned)dt < NT_DTYPE_COUNT ? sz[dt] : 0;
+}
+
+/* Element i of a typed buffer as float (for floating compute). */
+static inline float nt__load_f32(const void *p, nt_dtype dt, int64_t i)
+{
+    switch (dt) {
+    case NT_F32: return ((const float *)p)[i];
+    case NT_BF16: return nt__bf16_to_f32(((const uint16_t *)p)[i]);
+    case NT_F16: return nt__f16_to_f32(((const uint16_t *)p)[i]);
+    case NT_I32: return (float)((const int32_t *)p)[i];
+    case NT_U8: return (float)((const uint8_t *)p)[i];
+    default: return 0.0f;
+    }
+}
+
+/* Element i as double (exact for every dtype). */
+static inline double nt__load_f64(const void *p, nt_dtype dt, int64_t i)
+{
+    switch (dt) {
+    case NT_I32: return (double)((const int32_t *)p)[i];
+    case NT_U8: return (double)((const uint8_t *)p)[i];
+    default: return (double)nt__load_f32(p, dt, i);
+    }
+}
+
+/* Element i as int32 (floats truncate/saturate, see nt__f64_to_i32). */
+static inline int32_t nt__load_i32(const void *p, nt_dtype dt, int64_t i)
+{
+    switch (dt) {
+    case NT_I32: return ((const int32_t *)p)[i];
+    case NT_U8: return ((const uint8_t *)p)[i];
+    default: return nt__f64_to_i32((double)nt__load_f32(p, dt, i));
+    }
+}
+
+/* Stores a float compute value, rounding once to dt. */
+static inline void nt__store_f32(void *p, nt_dtype dt, int64_t i, float v)
+{
+    switch (dt) {
+    case NT_F32: ((float *)p)[i] = v; break;
+    case NT_BF16: ((uint16_t *)p)[i] = nt__f32_to_bf16(v); break;
+    case NT_F16: ((uint16_t *)p)[i] = nt__f32_to_f16(v); break;
+    case NT_I32: ((int32_t *)p)[i] = nt__f64_to_i32((double)v); break;
+    case NT_U8: ((uint8_t *)p)[i] = nt__f64_to_u8((double)v); break;
+    default: break;
+    }
+}
+
+/* Stores a double with a single rounding to dt. */
+static inline void nt__store_f64(void *p, nt_dtype dt, int64_t i, double v)
+{
+    switch (dt) {
+    case NT_F32: ((float *)p)[i] = (float)v; break;
+    case NT_BF16: ((uint16_t *)p)[i] = nt__f64_to_bf16(v); break;
+    case NT_F16: ((uint16_t *)p)[i] = nt__f64_to_f16(v); break;
+    case NT_I32: ((int32_t *)p)[i] = nt__f64_to_i32(v); break;
+    case NT_U8: ((uint8_t *)p)[i] = nt__f64_to_u8(v); break;
+    default: break;
+    }
+}
+
+/* Stores an int compute value: ints wrap (two's complement, like C casts of
+ * unsigned), floats round to nearest even from the exact integer. */
+static inline void nt__store_i32(void *p, nt_dtype dt, int64_t i, int32_t v)
+{
+    switch (dt) {
+    case NT_I32: ((int32_t *)p)[i] = v; break;
+    case NT_U8: ((uint8_t *)p)[i] = (uint8_t)(uint32_t)v; break;
+    default: nt__store_f64(p, dt, i, (double)v); break;
+    }
+}
+
+/* Promotion for binary ops: float beats int; f32 beats half types; bf16 with
+ * f16 gives f32; i32 beats u8. */
+static inline nt_dtype nt__promote(nt_dtype a, nt_dtype b)
+{
+    if (a == b)
+        return a;
+    bool fa = nt__dtype_is_float(a), fb = nt__dtype_is_float(b);
+    if (fa && fb)
+        return NT_F32; /* f32 with a half type, or bf16 with f16 */
+    if (fa)
+        return a;
+    if (fb)
+        return b;
+    return NT_I32; /* i32 with u8 */
+}
+
+#endif

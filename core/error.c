@@ -1,0 +1,121 @@
+/* core/error.c - thread-local errors, error objects, call sites. */
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define NT__ERRMSG_MAX 1024
+
+typedef struct {
+    int code;
+    char msg[NT__ERRMSG_MAX];
+} nt__tls_error;
+
+static _Thread_local nt__tls_error tls_err;
+static _Thread_local char tls_kerr[NT__ERRMSG_MAX];
+
+NT_API int nt_last_error(void) { return tls_err.code; }
+
+NT_API const char *nt_last_error_message(void) { return tls_err.msg; }
+
+NT_API void nt_clear_error(void)
+{
+    tls_err.code = 0;
+    tls_err.msg[0] = '\0';
+}
+
+NT_API const char *nt_strerror(int code)
+{
+    switch (code) {
+    case 0: return "success";
+#define NT__ERR_CASE(name, val, desc) case (val): return desc;
+        NT_ERRNO_MAP(NT__ERR_CASE)
+#undef NT__ERR_CASE
+    default: return "unknown error";
+    }
+}
+
+void nt__site_format(const nt_site *site, char *buf, size_t n)
+{
+    if (!site || (!site->file && !site->ra)) {
+        snprintf(buf, n, "unknown site");
+        return;
+    }
+    if (site->file) {
+        if (site->func)
+            snprintf(buf, n, "%s:%d in %s", site->file, site->line, site->func);
+        else
+            snprintf(buf, n, "%s:%d", site->file, site->line);
+        return;
+    }
+    /* No macro-captured site: name the caller by its return address. */
+    Dl_info info;
+    if (dladdr(site->ra, &info) && info.dli_fname) {
+        const char *obj = strrchr(info.dli_fname, '/');
+        obj = obj ? obj + 1 : info.dli_fname;
+        if (info.dli_sname)
+            snprintf(buf, n, "%s(%s+0x%lx)", obj, info.dli_sname,
+                     (unsigned long)((const char *)site->ra - (const char *)info.dli_saddr));
+        else
+            snprintf(buf, n, "%s+0x%lx", obj,
+                     (unsigned long)((const char *)site->ra - (const char *)info.dli_fbase));
+    } else {
+        snprintf(buf, n, "%p", site->ra);
+    }
+}
+
+void nt__err_set(int code, const char *msg)
+{
+    tls_err.code = code;
+    g_strlcpy(tls_err.msg, msg ? msg : "", sizeof tls_err.msg);
+}
+
+int nt__err(const nt_site *site, int code, const char *fn, const char *fmt, ...)
+{
+    char body[NT__ERRMSG_MAX], where[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(body, sizeof body, fmt, ap);
+    va_end(ap);
+    nt__site_format(site, where, sizeof where);
+    char *full = g_strdup_printf("%s: %s (at %s)", fn ? fn : "ntensor", body, where);
+    tls_err.code = code;
+    g_strlcpy(tls_err.msg, full, sizeof tls_err.msg); /* long messages are cut */
+    g_free(full);
+    return code;
+}
+
+int nt__kerr(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tls_kerr, sizeof tls_kerr, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+const char *nt__kerr_msg(void) { return tls_kerr; }
+
+nt__errobj *nt__errobj_new(int code, const char *msg)
+{
+    nt__errobj *e = g_new0(nt__errobj, 1);
+    e->refs = 1;
+    e->code = code;
+    e->msg = g_strdup(msg);
+    return e;
+}
+
+void nt__errobj_ref(nt__errobj *e)
+{
+    if (e)
+        AO_fetch_and_add1(&e->refs);
+}
+
+void nt__errobj_unref(nt__errobj *e)
+{
+    if (e && AO_fetch_and_sub1(&e->refs) == 1) {
+        g_free(e->msg);
+        g_free(e);
+    }
+}

@@ -1,0 +1,98 @@
+/* core/ewise.h - the scalar definition of every elementwise op.
+ *
+ * One function per op of core/optable.h's unary, scalar, binary and compare
+ * families.  Floating ops take and return f32 (inputs were widened exactly,
+ * the result is rounded once when stored); integer forms (_i) wrap like
+ * two's complement.  Every backend and the fusion engine evaluate ops through
+ * these, which is what makes fused == unfused bit for bit. */
+#ifndef NT_CORE_EWISE_H
+#define NT_CORE_EWISE_H
+
+#include <stdint.h>
+
+#include "nmath.h"
+
+/* ---- unary: float ---- */
+static inline float nt__ew_neg(float a) { return -a; }
+static inline float nt__ew_exp(float a) { return nt__expf(a); }
+static inline float nt__ew_log(float a) { return nt__logf(a); }
+static inline float nt__ew_sqrt(float a) { return sqrtf(a); }
+static inline float nt__ew_rsqrt(float a) { return 1.0f / sqrtf(a); }
+static inline float nt__ew_abs(float a) { return fabsf(a); }
+/* NaN propagates; -0 and +0 both give +0 */
+static inline float nt__ew_relu(float a) { return (a > 0.0f || a != a) ? a : 0.0f; }
+static inline float nt__ew_gelu(float a)
+{
+    return 0.5f * a * (1.0f + nt__erff(a * 0.70710678118654752440f));
+}
+static inline float nt__ew_sigmoid(float a) { return 1.0f / (1.0f + nt__expf(-a)); }
+static inline float nt__ew_tanh(float a) { return nt__tanhf(a); }
+static inline float nt__ew_silu(float a) { return a * nt__ew_sigmoid(a); }
+
+/* ---- unary: int (only ops flagged NT_OPF_INT) ---- */
+static inline int32_t nt__ewi_neg(int32_t a) { return (int32_t)(0u - (uint32_t)a); }
+static inline int32_t nt__ewi_abs(int32_t a) { return a < 0 ? nt__ewi_neg(a) : a; }
+static inline int32_t nt__ewi_relu(int32_t a) { return a > 0 ? a : 0; }
+
+/* ---- tensor-scalar: s0 = p.f[0], s1 = p.f[1], already rounded to f32 ---- */
+static inline float nt__ew_add_scalar(float a, float s0, float s1) { (void)s1; return a + s0; }
+static inline float nt__ew_mul_scalar(float a, float s0, float s1) { (void)s1; return a * s0; }
+static inline float nt__ew_div_scalar(float a, float s0, float s1) { (void)s1; return a / s0; }
+static inline float nt__ew_pow_scalar(float a, float s0, float s1) { (void)s1; return nt__powf(a, s0); }
+/* NaN propagates */
+static inline float nt__ew_clamp(float a, float lo, float hi)
+{
+    return a != a ? a : (a < lo ? lo : (a > hi ? hi : a));
+}
+static inline int32_t nt__ewi_add_scalar(int32_t a, int32_t s0, int32_t s1)
+{
+    (void)s1;
+    return (int32_t)((uint32_t)a + (uint32_t)s0);
+}
+static inline int32_t nt__ewi_mul_scalar(int32_t a, int32_t s0, int32_t s1)
+{
+    (void)s1;
+    return (int32_t)((uint32_t)a * (uint32_t)s0);
+}
+static inline int32_t nt__ewi_clamp(int32_t a, int32_t lo, int32_t hi)
+{
+    return a < lo ? lo : (a > hi ? hi : a);
+}
+
+/* ---- binary: float ---- */
+static inline float nt__ew_add(float a, float b) { return a + b; }
+static inline float nt__ew_sub(float a, float b) { return a - b; }
+static inline float nt__ew_mul(float a, float b) { return a * b; }
+static inline float nt__ew_div(float a, float b) { return a / b; }
+/* NaN propagates; on ties the first operand wins */
+static inline float nt__ew_maximum(float a, float b)
+{
+    return (a != a || b != b) ? a + b : (b > a ? b : a);
+}
+static inline float nt__ew_minimum(float a, float b)
+{
+    return (a != a || b != b) ? a + b : (b < a ? b : a);
+}
+
+/* ---- binary: int ---- */
+static inline int32_t nt__ewi_add(int32_t a, int32_t b) { return (int32_t)((uint32_t)a + (uint32_t)b); }
+static inline int32_t nt__ewi_sub(int32_t a, int32_t b) { return (int32_t)((uint32_t)a - (uint32_t)b); }
+static inline int32_t nt__ewi_mul(int32_t a, int32_t b) { return (int32_t)((uint32_t)a * (uint32_t)b); }
+static inline int32_t nt__ewi_maximum(int32_t a, int32_t b) { return b > a ? b : a; }
+static inline int32_t nt__ewi_minimum(int32_t a, int32_t b) { return b < a ? b : a; }
+
+/* ---- compare (result 0/1) ---- */
+static inline int nt__ew_eq(float a, float b) { return a == b; }
+static inline int nt__ew_ne(float a, float b) { return a != b; }
+static inline int nt__ew_lt(float a, float b) { return a < b; }
+static inline int nt__ew_le(float a, float b) { return a <= b; }
+static inline int nt__ew_gt(float a, float b) { return a > b; }
+static inline int nt__ew_ge(float a, float b) { return a >= b; }
+static inline int nt__ewi_eq(int32_t a, int32_t b) { return a == b; }
+static inline int nt__ewi_ne(int32_t a, int32_t b) { return a != b; }
+static inline int nt__ewi_lt(int32_t a, int32_t b) { return a < b; }
+static inline int nt__ewi_le(int32_t a, int32_t b) { return a <= b; }
+static inline int nt__ewi_gt(int32_t a, int32_t b) { return a > b; }
+static inline int nt__ewi_ge(int32_t a, int32_t b) { return a >= b; }
+
+#endif

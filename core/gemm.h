@@ -1,0 +1,26 @@
+/* core/gemm.h - the one f32 matmul primitive (DESIGN §3.4).
+ *
+ * Every matmul path (the CPU kernel, the simulator's nc_matmul functional
+ * step, fused matmul kernels) multiplies through this function, one K-tile of
+ * at most 128 at a time, in ascending K order, so every path accumulates in
+ * the same order and gets the same bits:
+ *
+ *   C[M,N] = (acc ? C : 0) + A^T[M,K] . B[K,N]
+ *
+ * A is stored K x M (row-major, leading dim lda >= M): the "stationary"
+ * operand of nc_matmul, partition dim K.  B is stored K x N (ldb >= N): the
+ * "moving" operand.  C is M x N (ldc >= N), f32.  K <= 128 (NT_GEMM_KTILE).
+ * Inside a tile the products and sums are OpenBLAS sgemm's, whose per-element
+ * order does not depend on M, N, the leading dims or the thread count; the
+ * tests check that a big call equals the same call cut into 128x512 blocks. */
+#ifndef NT_CORE_GEMM_H
+#define NT_CORE_GEMM_H
+
+#include <stdbool.h>
+
+#define NT_GEMM_KTILE 128
+
+void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                    float *C, int ldc, bool acc);
+
+#endif

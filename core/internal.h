@@ -1,0 +1,288 @@
+/* core/internal.h - what the modules of ntensor share.  Not installed.
+ *
+ * The objects:
+ *   nt_tensor    a handle: a view (dtype, shape, strides, offset) of a storage,
+ *                plus autograd metadata.  User references (refs) and internal
+ *                references (irefs, held by queued records, views, autograd)
+ *                are counted apart, so a handle the user released is reported
+ *                as released even while queued work still uses it.
+ *   nt__storage  device memory (in the arena, which is the simulated HBM),
+ *                its version (bumped by in-place writes), its last writer and
+ *                reader on the streams (for syncs and cross-stream ordering),
+ *                and its poison (the error that made its content invalid).
+ *   nt__rec      one queued op: inputs, outputs, parameters, the user's call
+ *                site.  Recycled through per-stream free lists.
+ */
+#ifndef NT_CORE_INTERNAL_H
+#define NT_CORE_INTERNAL_H
+
+#include <atomic_ops.h>
+#include <glib.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <urcu/wfcqueue.h>
+
+#include "ntensor.h"
+#include "dtype.h"
+#include "optable.h"
+
+#define NT__MAGIC_LIVE 0x4e54544eu /* "NTTN" */
+#define NT__MAGIC_DEAD 0xdeadbeefu
+#define NT__MAX_IN 4
+#define NT__MAX_OUT 2
+
+/* ------------------------------------------------------------------ */
+/* Errors                                                             */
+/* ------------------------------------------------------------------ */
+
+/* A refcounted error carried by poisoned storage until a sync reports it. */
+typedef struct nt__errobj {
+    volatile AO_t refs;
+    int code;
+    volatile AO_t reported; /* a sync already returned it */
+    char *msg; /* "nt_embedding (train.c:42 in main): index 7 out of range [0, 5)" */
+} nt__errobj;
+
+/* Sets the thread's error: "<fn>: <message> (at file:line in func)".
+ * Returns code, so callers can `return nt__err(...)`. */
+int nt__err(const nt_site *site, int code, const char *fn, const char *fmt, ...)
+    G_GNUC_PRINTF(4, 5);
+/* Sets the thread's error to a preformatted message. */
+void nt__err_set(int code, const char *msg);
+/* Writes "file:line in func" (or a symbolised return address) to buf. */
+void nt__site_format(const nt_site *site, char *buf, size_t n);
+nt__errobj *nt__errobj_new(int code, const char *msg);
+void nt__errobj_ref(nt__errobj *e);
+void nt__errobj_unref(nt__errobj *e);
+
+/* ------------------------------------------------------------------ */
+/* Storage, handles                                                   */
+/* ------------------------------------------------------------------ */
+
+typedef struct nt__storage {
+    volatile AO_t refs;     /* handles pointing here + other holders */
+    volatile AO_t version;  /* bumped at enqueue of every in-place write */
+    volatile AO_t last_write; /* packed (stream id, seq) of the last writer */
+    volatile AO_t last_read;  /* packed (stream id, seq) of the last reader */
+    volatile AO_t poison;     /* nt__errobj * or 0 */
+    void *data;             /* 64-byte aligned, in the arena */
+    size_t nbytes;
+    uint64_t id;            /* for traces and the debugger */
+} nt__storage;
+
+/* Packed (stream id, seq): the seq of an op on a stream, 0 = none. */
+#define NT__PACK(sid, seq) (((uint64_t)(sid) << 48) | (uint64_t)(seq))
+#define NT__PACK_SID(p) ((uint32_t)((uint64_t)(p) >> 48))
+#define NT__PACK_SEQ(p) ((uint64_t)(p) & ((UINT64_C(1) << 48) - 1))
+
+struct nt__ag; /* autograd metadata, autograd/ */
+
+struct nt_tensor {
+    uint32_t magic;          /* NT__MAGIC_LIVE while the user holds a ref */
+    int8_t ndim;
+    uint8_t dtype;
+    uint8_t expanded;        /* has a stride-0 dim from expand: not writable */
+    uint8_t pad_;
+    volatile AO_t refs;      /* user references; 0 = released */
+    volatile AO_t irefs;     /* internal references, +1 while refs > 0 */
+    nt__storage *st;
+    int64_t offset;          /* in elements */
+    int64_t shape[NT_MAX_DIMS];
+    int64_t stride[NT_MAX_DIMS]; /* in elements */
+    nt_scope *scope;         /* owning scope or NULL */
+    int32_t scope_idx;
+    uint32_t pad2_;
+    struct nt__ag *ag;       /* autograd: NULL unless part of a graph */
+    nt_site site;            /* where it was made */
+    uint64_t id;             /* unique, for messages and the debugger */
+    nt_tensor *pool_next;
+};
+
+/* Validates a tensor argument: NULL keeps the first error (or sets EINVAL);
+ * a released handle is NT_ERELEASED.  Returns true if usable. */
+bool nt__check_arg(const nt_site *site, const char *fn, const char *arg, nt_tensor *t);
+
+/* Handles.  nt__tensor_new returns a handle with refs = 1, irefs = 1, for a
+ * view of `st` (which it references); ndim/shape/stride copied. */
+nt_tensor *nt__tensor_new(nt__storage *st, nt_dtype dt, int ndim, const int64_t *shape,
+                          const int64_t *stride, int64_t offset, const nt_site *site);
+/* A fresh contiguous tensor with new storage, or NULL + NT_ENOMEM set. */
+nt_tensor *nt__tensor_empty(nt_dtype dt, int ndim, const int64_t *shape,
+                            const nt_site *site, const char *fn);
+void nt__tensor_iref(nt_tensor *t);
+void nt__tensor_iunref(nt_tensor *t);
+/* Registers a fresh reference in the thread's innermost scope, if any. */
+nt_tensor *nt__scope_adopt(nt_tensor *t);
+
+nt__storage *nt__storage_new(size_t nbytes); /* NULL: arena full (no error set) */
+void nt__storage_ref(nt__storage *st);
+void nt__storage_unref(nt__storage *st);
+
+static inline void *nt__tensor_data(const nt_tensor *t)
+{
+    return (char *)t->st->data + t->offset * (int64_t)nt__dtype_size((nt_dtype)t->dtype);
+}
+
+/* ------------------------------------------------------------------ */
+/* Device memory arena (the simulated HBM)                            */
+/* ------------------------------------------------------------------ */
+
+void nt__arena_init(uint64_t capacity);
+void nt__arena_shutdown(void);
+void *nt__arena_alloc(size_t nbytes); /* NULL if over capacity */
+void nt__arena_free(void *p, size_t nbytes);
+uint64_t nt__arena_in_use(void);
+uint64_t nt__arena_peak(void);
+uint64_t nt__arena_capacity(void);
+void nt__arena_reset_peak(void);
+
+/* ------------------------------------------------------------------ */
+/* Shapes                                                             */
+/* ------------------------------------------------------------------ */
+
+int64_t nt__numel(int ndim, const int64_t *shape);
+void nt__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
+bool nt__is_contig(const nt_tensor *t);
+/* Broadcast a and b shapes into out; false if incompatible. */
+bool nt__broadcast(int na, const int64_t *a, int nb, const int64_t *b, int *nout,
+                   int64_t *out);
+/* Strides of t viewed at the broadcast shape (ndim, shape): 0 on stretched dims. */
+void nt__bcast_strides(const nt_tensor *t, int ndim, const int64_t *shape, int64_t *stride);
+/* Matmul shapes with PyTorch's rules (1-D promotion, batch broadcasting). */
+typedef struct nt__mminfo {
+    int64_t M, K, N;
+    int nbatch;                      /* batch dims of the output */
+    int64_t batch[NT_MAX_DIMS];
+    int64_t a_bstride[NT_MAX_DIMS];  /* element strides of a/b per batch dim (0: broadcast) */
+    int64_t b_bstride[NT_MAX_DIMS];
+    int64_t a_rs, a_cs, b_rs, b_cs;  /* row/col strides of the matrices */
+    int ondim;
+    int64_t oshape[NT_MAX_DIMS];
+} nt__mminfo;
+/* Fills info from a's and b's shapes and strides; false (with a reason in
+ * why) if they do not fit. */
+bool nt__matmul_info(const nt_tensor *a, const nt_tensor *b, nt__mminfo *info, char *why,
+                     size_t whylen);
+/* Normalises a possibly negative dim; -1 if out of range. */
+int nt__norm_dim(int dim, int ndim);
+/* "[2, 3, 4]" into buf */
+const char *nt__shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
+
+/* ------------------------------------------------------------------ */
+/* Op records                                                         */
+/* ------------------------------------------------------------------ */
+
+typedef struct nt__params {
+    double f[3];           /* scalars, eps, fill value, arange start/step */
+    int64_t i[NT_MAX_DIMS]; /* permutation and other integer arguments */
+    int32_t dim;           /* normalised dim, or NT_DIM_ALL */
+    int32_t flag;          /* keepdim and other booleans */
+    uint64_t seed;
+} nt__params;
+
+typedef enum nt__rectype {
+    NT_REC_OP = 0,   /* run op `op` */
+    NT_REC_WAIT,     /* wait until deps are done (stream waits on an event) */
+    NT_REC_HOST,     /* run fn(arg) on the worker, in order */
+} nt__rectype;
+
+typedef struct nt_stream nt__stream; /* streams/stream.h */
+
+typedef struct nt__rec {
+    struct cds_wfcq_node node;
+    nt__stream *stream;
+    uint64_t seq;
+    uint8_t type;           /* nt__rectype */
+    uint8_t nin, nout, ndeps;
+    uint16_t op;
+    uint8_t backend;        /* nt__backend */
+    uint8_t flags;          /* NT_RECF_* */
+    nt_tensor *in[NT__MAX_IN];   /* irefs held; entries may be NULL */
+    nt_tensor *out[NT__MAX_OUT]; /* irefs held */
+    uint64_t deps[NT__MAX_IN + NT__MAX_OUT]; /* packed cross-stream waits */
+    nt__params p;
+    nt_site site;           /* the user call that enqueued it */
+    const char *bwd_of;     /* "nt_mul" if enqueued by its backward, else NULL */
+    void (*host_fn)(void *);
+    void *host_arg;
+    struct nt__rec *pool_next;
+} nt__rec;
+
+enum {
+    NT_RECF_INPLACE = 1u << 0, /* out[0] aliases in[0] */
+};
+
+typedef enum nt__backend {
+    NT_BACKEND_CPU = 0,
+    NT_BACKEND_SIM = 1,
+    NT_BACKEND_COUNT
+} nt__backend;
+
+/* Kernel signature: compute r's outputs from its inputs.  Returns 0, or a
+ * negative code after nt__kerr() described the problem. */
+typedef int (*nt__kernel_fn)(const nt__rec *r);
+
+/* Sets the executing thread's kernel error message (without op/site, which
+ * the executor adds) and returns code. */
+int nt__kerr(int code, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+const char *nt__kerr_msg(void);
+
+/* Backend kernel tables, expanded from the op table. */
+extern const nt__kernel_fn nt__cpu_kernels[NT_OP_COUNT];
+/* The sim backend (sim/) fills this at init; NULL entries fall back to CPU. */
+extern nt__kernel_fn nt__sim_kernels[NT_OP_COUNT];
+
+/* Runs one op record's kernel (no queue): used by workers and by
+ * deterministic mode.  Handles poisoned inputs, errors, stats, NaN checks. */
+void nt__exec_rec(nt__rec *r);
+
+/* Human name of an op id: "add"; api name "nt_add". */
+const char *nt__op_name(int op);
+const char *nt__op_api(int op);
+
+/* ------------------------------------------------------------------ */
+/* Configuration and runtime state                                    */
+/* ------------------------------------------------------------------ */
+
+typedef struct nt__config {
+    nt_mode mode;
+    bool fusion;           /* NT_FUSION */
+    nt__backend backend;   /* NT_BACKEND */
+    bool require_sim;      /* NT_REQUIRE_SIM */
+    double min_sim_flops;  /* NT_MIN_SIM_FLOPS */
+    bool check_nan;        /* NT_CHECK_NAN */
+    bool stats_at_exit;    /* NT_STATS */
+    bool fusion_log;       /* NT_FUSION_LOG */
+    int lazy_window;       /* NT_LAZY_WINDOW: ops held in lazy mode */
+    int max_inflight;      /* NT_MAX_INFLIGHT: backpressure per stream */
+    uint64_t hbm_bytes;    /* NT_HBM_BYTES: arena capacity */
+    char *trace_path;      /* NT_TRACE */
+    int log_level;         /* NT_LOG */
+    bool sr;               /* NT_STOCHASTIC_ROUNDING */
+    uint64_t sr_seed;      /* NT_SR_SEED */
+} nt__config;
+
+extern nt__config nt__cfg;
+
+/* Global counters (libatomic_ops, relaxed). */
+typedef struct nt__counters {
+    volatile AO_t ops_enqueued, ops_executed, kernels, ops_poisoned, syncs, sync_wait_ns,
+        bytes_to_host, bytes_from_host, cpu_fallbacks;
+} nt__counters;
+extern nt__counters nt__ctr;
+#define NT__COUNT(field, n) AO_fetch_and_add(&nt__ctr.field, (AO_t)(n))
+
+bool nt__initialized(void);
+/* Implicit init from every entry point; returns false (error set) on failure. */
+bool nt__ensure_init(void);
+
+uint64_t nt__now_ns(void);
+
+/* Logging through glib (NT_LOG) */
+#define NT_LOG_DOMAIN "ntensor"
+void nt__log(int level, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+enum { NT__LOG_ERROR = 0, NT__LOG_WARN = 1, NT__LOG_INFO = 2, NT__LOG_DEBUG = 3 };
+
+#endif

@@ -1,0 +1,45 @@
+/* core/optable.c - names, arities, kinds and flags, expanded from the table. */
+#include "internal.h"
+
+const nt__opinfo nt__ops[NT_OP_COUNT] = {
+#define NT__OP_INFO(ID, name, nin, kind, flags) [NT_OP_##ID] = {#name, "nt_" #name, nin, kind, flags},
+    NT_OP_TABLE(NT__OP_INFO)
+#undef NT__OP_INFO
+};
+
+/* The enum, the info table and every backend table are expanded from the same
+ * X-macro; this catches an entry added to one family but not counted. */
+_Static_assert(sizeof nt__ops / sizeof nt__ops[0] == NT_OP_COUNT, "op table out of step");
+_Static_assert(NT_OP_COUNT < NT_OP_CUSTOM_BASE, "too many built-in ops");
+
+/* Registered user ops live in autograd/custom.c; it provides this lookup. */
+const nt__opinfo *nt__custom_opinfo(int op) __attribute__((weak));
+
+const nt__opinfo *nt__opinfo_get(int op)
+{
+    if (op >= 0 && op < NT_OP_COUNT)
+        return &nt__ops[op];
+    if (op >= NT_OP_CUSTOM_BASE && nt__custom_opinfo)
+        return nt__custom_opinfo(op);
+    return NULL;
+}
+
+const char *nt__op_name(int op)
+{
+    const nt__opinfo *i = nt__opinfo_get(op);
+    return i ? i->name : "?";
+}
+
+const char *nt__op_api(int op)
+{
+    const nt__opinfo *i = nt__opinfo_get(op);
+    return i ? i->api : "?";
+}
+
+NT_API const char *nt_dtype_name(nt_dtype dt)
+{
+    static const char *names[NT_DTYPE_COUNT] = {"f32", "bf16", "f16", "i32", "u8"};
+    return (unsigned)dt < NT_DTYPE_COUNT ? names[dt] : "?";
+}
+
+NT_API size_t nt_dtype_size(nt_dtype dt) { return nt__dtype_size(dt); }

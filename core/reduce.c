@@ -1,0 +1,74 @@
+/* core/reduce.c - the canonical reduction order; see reduce.h. */
+#include "reduce.h"
+
+#include <math.h>
+
+#include "ewise.h"
+
+float nt__red_block_sum_f32(const float *x, int64_t n, int64_t stride)
+{
+    float lane[NT_RED_LANES];
+    for (int l = 0; l < NT_RED_LANES; l++)
+        lane[l] = 0.0f;
+    int64_t i = 0;
+    if (stride == 1) {
+        for (; i + NT_RED_LANES <= n; i += NT_RED_LANES)
+            for (int l = 0; l < NT_RED_LANES; l++)
+                lane[l] += x[i + l];
+    } else {
+        for (; i + NT_RED_LANES <= n; i += NT_RED_LANES)
+            for (int l = 0; l < NT_RED_LANES; l++)
+                lane[l] += x[(i + l) * stride];
+    }
+    for (int l = 0; i < n; i++, l++)
+        lane[l] += x[i * stride];
+    for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)
+        for (int l = 0; l < h; l++)
+            lane[l] += lane[l + h];
+    return lane[0];
+}
+
+float nt__red_block_max_f32(const float *x, int64_t n, int64_t stride)
+{
+    float lane[NT_RED_LANES];
+    for (int l = 0; l < NT_RED_LANES; l++)
+        lane[l] = -INFINITY;
+    int64_t i = 0;
+    for (; i + NT_RED_LANES <= n; i += NT_RED_LANES)
+        for (int l = 0; l < NT_RED_LANES; l++)
+            lane[l] = nt__ew_maximum(lane[l], x[(i + l) * stride]);
+    for (int l = 0; i < n; i++, l++)
+        lane[l] = nt__ew_maximum(lane[l], x[i * stride]);
+    for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)
+        for (int l = 0; l < h; l++)
+            lane[l] = nt__ew_maximum(lane[l], lane[l + h]);
+    return lane[0];
+}
+
+float nt__red_sum_f32(const float *x, int64_t n, int64_t stride)
+{
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n; b += NT_RED_BLOCK) {
+        int64_t m = n - b < NT_RED_BLOCK ? n - b : NT_RED_BLOCK;
+        acc += nt__red_block_sum_f32(x + b * stride, m, stride);
+    }
+    return acc;
+}
+
+float nt__red_max_f32(const float *x, int64_t n, int64_t stride)
+{
+    float acc = -INFINITY;
+    for (int64_t b = 0; b < n; b += NT_RED_BLOCK) {
+        int64_t m = n - b < NT_RED_BLOCK ? n - b : NT_RED_BLOCK;
+        acc = nt__ew_maximum(acc, nt__red_block_max_f32(x + b * stride, m, stride));
+    }
+    return acc;
+}
+
+int32_t nt__red_sum_i32(const int32_t *x, int64_t n, int64_t stride)
+{
+    uint32_t acc = 0;
+    for (int64_t i = 0; i < n; i++)
+        acc += (uint32_t)x[i * stride];
+    return (int32_t)acc;
+}

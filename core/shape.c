@@ -1,0 +1,125 @@
+/* core/shape.c - shapes, strides and NumPy broadcasting. */
+#include "internal.h"
+
+int64_t nt__numel(int ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    return n;
+}
+
+void nt__contig_strides(int ndim, const int64_t *shape, int64_t *stride)
+{
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        stride[i] = s;
+        s *= shape[i] > 0 ? shape[i] : 1;
+    }
+}
+
+bool nt__is_contig(const nt_tensor *t)
+{
+    int64_t s = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->stride[i] != s)
+            return false;
+        s *= t->shape[i];
+    }
+    return true;
+}
+
+bool nt__broadcast(int na, const int64_t *a, int nb, const int64_t *b, int *nout, int64_t *out)
+{
+    int n = na > nb ? na : nb;
+    int64_t tmp[NT_MAX_DIMS];
+    for (int i = 0; i < n; i++) {
+        int ia = i - (n - na), ib = i - (n - nb);
+        int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
+        if (da == db || db == 1)
+            tmp[i] = da;
+        else if (da == 1)
+            tmp[i] = db;
+        else
+            return false;
+    }
+    *nout = n;
+    for (int i = 0; i < n; i++)
+        out[i] = tmp[i];
+    return true;
+}
+
+void nt__bcast_strides(const nt_tensor *t, int ndim, const int64_t *shape, int64_t *stride)
+{
+    int off = ndim - t->ndim;
+    for (int i = 0; i < ndim; i++) {
+        int j = i - off;
+        if (j < 0 || (t->shape[j] == 1 && shape[i] != 1))
+            stride[i] = 0;
+        else
+            stride[i] = t->shape[j] == 1 ? 0 : t->stride[j];
+    }
+}
+
+int nt__norm_dim(int dim, int ndim)
+{
+    int d = dim < 0 ? dim + ndim : dim;
+    return (d < 0 || d >= ndim) ? -1 : d;
+}
+
+const char *nt__shape_str(int ndim, const int64_t *shape, char *buf, size_t n)
+{
+    size_t len = 0;
+    len += (size_t)snprintf(buf + len, n - len, "[");
+    for (int i = 0; i < ndim && len < n; i++)
+        len += (size_t)snprintf(buf + len, n - len, i ? ", %lld" : "%lld", (long long)shape[i]);
+    if (len < n)
+        snprintf(buf + len, n - len, "]");
+    return buf;
+}
+
+bool nt__matmul_info(const nt_tensor *a, const nt_tensor *b, nt__mminfo *mi, char *why,
+                     size_t whylen)
+{
+    if (a->ndim == 0 || b->ndim == 0) {
+        snprintf(why, whylen, "both arguments need at least 1 dim (got %d and %d)", a->ndim,
+                 b->ndim);
+        return false;
+    }
+    bool av = a->ndim == 1, bv = b->ndim == 1;
+    int an = a->ndim, bn = b->ndim;
+    mi->M = av ? 1 : a->shape[an - 2];
+    mi->K = a->shape[an - 1];
+    int64_t kb = bv ? b->shape[0] : b->shape[bn - 2];
+    mi->N = bv ? 1 : b->shape[bn - 1];
+    mi->a_cs = a->stride[an - 1];
+    mi->a_rs = av ? 0 : a->stride[an - 2];
+    mi->b_rs = bv ? b->stride[0] : b->stride[bn - 2];
+    mi->b_cs = bv ? 0 : b->stride[bn - 1];
+    if (kb != mi->K) {
+        snprintf(why, whylen, "inner dims differ: a has %lld columns, b has %lld rows",
+                 (long long)mi->K, (long long)kb);
+        return false;
+    }
+    int nab = av ? 0 : an - 2, nbb = bv ? 0 : bn - 2;
+    int nb;
+    if (!nt__broadcast(nab, a->shape, nbb, b->shape, &nb, mi->batch)) {
+        snprintf(why, whylen, "batch dims cannot be broadcast together");
+        return false;
+    }
+    mi->nbatch = nb;
+    for (int i = 0; i < nb; i++) {
+        int ia = i - (nb - nab), ib = i - (nb - nbb);
+        mi->a_bstride[i] = (ia >= 0 && a->shape[ia] != 1) ? a->stride[ia] : 0;
+        mi->b_bstride[i] = (ib >= 0 && b->shape[ib] != 1) ? b->stride[ib] : 0;
+    }
+    int o = 0;
+    for (int i = 0; i < nb; i++)
+        mi->oshape[o++] = mi->batch[i];
+    if (!av)
+        mi->oshape[o++] = mi->M;
+    if (!bv)
+        mi->oshape[o++] = mi->N;
+    mi->ondim = o;
+    return true;
+}

@@ -1,0 +1,362 @@
+/* core/tensor.c - handles, storage, references, scopes, metadata.
+ *
+ * Handles come from slabs that are only freed at nt_shutdown, and a released
+ * handle waits in a FIFO quarantine before it is reused, so using a handle
+ * after releasing it is reported (NT_ERELEASED) instead of touching freed
+ * memory.  User references (refs) and internal ones (irefs) are counted
+ * apart: a handle is invalid for the user as soon as refs reaches 0, while
+ * queued work that still reads it keeps it (and its storage) alive. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define NT_SLAB_HANDLES 256
+#define NT_QUARANTINE 4096
+
+static struct {
+    GMutex lock;
+    GPtrArray *slabs;
+    nt_tensor *head, *tail; /* FIFO of free handles */
+    size_t nfree;
+    volatile AO_t next_id;
+    volatile AO_t next_storage_id;
+    volatile AO_t live_handles;
+} P;
+
+static _Thread_local nt_scope *tls_scope;
+
+struct nt_scope {
+    uint32_t magic;
+    nt_scope *parent;
+    GPtrArray *items;
+};
+#define NT__SCOPE_MAGIC 0x5c09e5c0u
+
+/* Autograd frees its per-tensor metadata through this hook (autograd/). */
+void nt__ag_free(struct nt__ag *ag) __attribute__((weak));
+
+void nt__tensor_pool_init(void)
+{
+    g_mutex_init(&P.lock);
+    P.slabs = g_ptr_array_new_with_free_func(free);
+    P.head = P.tail = NULL;
+    P.nfree = 0;
+}
+
+void nt__tensor_pool_shutdown(void)
+{
+    if (!P.slabs)
+        return;
+    g_ptr_array_unref(P.slabs);
+    P.slabs = NULL;
+    P.head = P.tail = NULL;
+    P.nfree = 0;
+    g_mutex_clear(&P.lock);
+}
+
+uint64_t nt__tensor_live_handles(void) { return P.live_handles; }
+
+static nt_tensor *handle_alloc(void)
+{
+    nt_tensor *t;
+    g_mutex_lock(&P.lock);
+    if (P.nfree <= NT_QUARANTINE) {
+        nt_tensor *slab = calloc(NT_SLAB_HANDLES, sizeof *slab);
+        if (!slab) {
+            g_mutex_unlock(&P.lock);
+            return NULL;
+        }
+        g_ptr_array_add(P.slabs, slab);
+        for (int i = 0; i < NT_SLAB_HANDLES; i++) {
+            slab[i].magic = NT__MAGIC_DEAD;
+            slab[i].pool_next = NULL;
+            if (P.tail)
+                P.tail->pool_next = &slab[i];
+            else
+                P.head = &slab[i];
+            P.tail = &slab[i];
+        }
+        P.nfree += NT_SLAB_HANDLES;
+    }
+    t = P.head;
+    P.head = t->pool_next;
+    if (!P.head)
+        P.tail = NULL;
+    P.nfree--;
+    g_mutex_unlock(&P.lock);
+    return t;
+}
+
+static void handle_free(nt_tensor *t)
+{
+    t->magic = NT__MAGIC_DEAD;
+    t->pool_next = NULL;
+    g_mutex_lock(&P.lock);
+    if (P.tail)
+        P.tail->pool_next = t;
+    else
+        P.head = t;
+    P.tail = t;
+    P.nfree++;
+    g_mutex_unlock(&P.lock);
+}
+
+/* ---------------- storage ---------------- */
+
+nt__storage *nt__storage_new(size_t nbytes)
+{
+    void *data = nt__arena_alloc(nbytes);
+    if (!data)
+        return NULL;
+    nt__storage *st = g_new0(nt__storage, 1);
+    st->refs = 1;
+    st->data = data;
+    st->nbytes = nbytes;
+    st->id = AO_fetch_and_add1(&P.next_storage_id) + 1;
+    return st;
+}
+
+void nt__storage_ref(nt__storage *st) { AO_fetch_and_add1(&st->refs); }
+
+void nt__storage_unref(nt__storage *st)
+{
+    if (st && AO_fetch_and_sub1(&st->refs) == 1) {
+        nt__errobj_unref((nt__errobj *)st->poison);
+        nt__arena_free(st->data, st->nbytes);
+        g_free(st);
+    }
+}
+
+/* ---------------- handles ---------------- */
+
+nt_tensor *nt__tensor_new(nt__storage *st, nt_dtype dt, int ndim, const int64_t *shape,
+                          const int64_t *stride, int64_t offset, const nt_site *site)
+{
+    nt_tensor *t = handle_alloc();
+    if (!t)
+        return NULL;
+    nt__storage_ref(st);
+    t->ndim = (int8_t)ndim;
+    t->dtype = (uint8_t)dt;
+    t->expanded = 0;
+    t->refs = 1;
+    t->irefs = 1;
+    t->st = st;
+    t->offset = offset;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        t->stride[i] = stride[i];
+        if (stride[i] == 0 && shape[i] > 1)
+            t->expanded = 1;
+    }
+    t->scope = NULL;
+    t->scope_idx = -1;
+    t->ag = NULL;
+    t->site = site ? *site : (nt_site){0};
+    t->id = AO_fetch_and_add1(&P.next_id) + 1;
+    AO_fetch_and_add1(&P.live_handles);
+    t->magic = NT__MAGIC_LIVE;
+    return t;
+}
+
+nt_tensor *nt__tensor_empty(nt_dtype dt, int ndim, const int64_t *shape, const nt_site *site,
+                            const char *fn)
+{
+    int64_t n = nt__numel(ndim, shape);
+    size_t nbytes = (size_t)n * nt__dtype_size(dt);
+    nt__storage *st = nt__storage_new(nbytes);
+    if (!st) {
+        char sh[128];
+        nt__err(site, NT_ENOMEM, fn,
+                "out of device memory: a %s tensor of shape %s needs %zu bytes; %llu of %llu "
+                "bytes in use",
+                nt_dtype_name(dt), nt__shape_str(ndim, shape, sh, sizeof sh), nbytes,
+                (unsigned long long)nt__arena_in_use(),
+                (unsigned long long)nt__arena_capacity());
+        return NULL;
+    }
+    int64_t stride[NT_MAX_DIMS];
+    nt__contig_strides(ndim, shape, stride);
+    nt_tensor *t = nt__tensor_new(st, dt, ndim, shape, stride, 0, site);
+    nt__storage_unref(st); /* the handle holds it now */
+    if (!t)
+        nt__err(site, NT_ENOMEM, fn, "out of host memory for a tensor handle");
+    return t;
+}
+
+void nt__tensor_iref(nt_tensor *t) { AO_fetch_and_add1(&t->irefs); }
+
+void nt__tensor_iunref(nt_tensor *t)
+{
+    if (!t || AO_fetch_and_sub1(&t->irefs) != 1)
+        return;
+    if (t->ag && nt__ag_free)
+        nt__ag_free(t->ag);
+    t->ag = NULL;
+    nt__storage_unref(t->st);
+    t->st = NULL;
+    AO_fetch_and_sub1(&P.live_handles);
+    handle_free(t);
+}
+
+bool nt__check_arg(const nt_site *site, const char *fn, const char *arg, nt_tensor *t)
+{
+    if (!t) {
+        if (!nt_last_error())
+            nt__err(site, NT_EINVAL, fn, "argument '%s' is NULL", arg);
+        return false;
+    }
+    if (t->magic != NT__MAGIC_LIVE) {
+        nt__err(site, NT_ERELEASED, fn, "argument '%s' is a tensor that was already released",
+                arg);
+        return false;
+    }
+    return true;
+}
+
+/* ---------------- references ---------------- */
+
+NT_API nt_tensor *nt_retain(nt_tensor *t)
+{
+    if (!nt__check_arg(NULL, "nt_retain", "t", t))
+        return NULL;
+    AO_fetch_and_add1(&t->refs);
+    return t;
+}
+
+static void scope_detach(nt_tensor *t)
+{
+    nt_scope *s = t->scope;
+    if (s && t->scope_idx >= 0 && (guint)t->scope_idx < s->items->len &&
+        s->items->pdata[t->scope_idx] == t)
+        s->items->pdata[t->scope_idx] = NULL;
+    t->scope = NULL;
+    t->scope_idx = -1;
+}
+
+NT_API int nt_release(nt_tensor *t)
+{
+    if (!t)
+        return 0;
+    if (t->magic != NT__MAGIC_LIVE)
+        return nt__err(NULL, NT_ERELEASED, "nt_release",
+                       "argument 't' is a tensor that was already released");
+    AO_t old = AO_fetch_and_sub1(&t->refs);
+    if (old == 1) {
+        t->magic = NT__MAGIC_DEAD;
+        scope_detach(t);
+        nt__tensor_iunref(t);
+    }
+    return 0;
+}
+
+/* ---------------- scopes ---------------- */
+
+nt_tensor *nt__scope_adopt(nt_tensor *t)
+{
+    nt_scope *s = tls_scope;
+    if (t && s) {
+        t->scope = s;
+        t->scope_idx = (int32_t)s->items->len;
+        g_ptr_array_add(s->items, t);
+    }
+    return t;
+}
+
+NT_API nt_scope *nt_scope_begin(void)
+{
+    nt_scope *s = g_new0(nt_scope, 1);
+    s->magic = NT__SCOPE_MAGIC;
+    s->items = g_ptr_array_sized_new(64);
+    s->parent = tls_scope;
+    tls_scope = s;
+    return s;
+}
+
+static void scope_close(nt_scope *s)
+{
+    for (guint i = 0; i < s->items->len; i++) {
+        nt_tensor *t = s->items->pdata[i];
+        if (!t)
+            continue;
+        t->scope = NULL;
+        t->scope_idx = -1;
+        nt_release(t);
+    }
+    g_ptr_array_unref(s->items);
+    s->magic = 0;
+    g_free(s);
+}
+
+NT_API int nt_scope_end(nt_scope *s)
+{
+    if (!s)
+        return nt__err(NULL, NT_EINVAL, "nt_scope_end", "argument 's' is NULL");
+    nt_scope *c = tls_scope;
+    while (c && c != s)
+        c = c->parent;
+    if (!c)
+        return nt__err(NULL, NT_ESTATE, "nt_scope_end",
+                       "scope %p is not open on this thread (already ended, or opened on "
+                       "another thread)",
+                       (void *)s);
+    /* Close s and every scope opened inside it and left open. */
+    for (;;) {
+        nt_scope *top = tls_scope;
+        tls_scope = top->parent;
+        scope_close(top);
+        if (top == s)
+            break;
+    }
+    return 0;
+}
+
+NT_API nt_tensor *nt_keep(nt_tensor *t)
+{
+    if (!nt__check_arg(NULL, "nt_keep", "t", t))
+        return NULL;
+    scope_detach(t);
+    return t;
+}
+
+/* Closes every scope the calling thread left open (nt_shutdown). */
+void nt__scopes_close_thread(void)
+{
+    while (tls_scope) {
+        nt_scope *top = tls_scope;
+        tls_scope = top->parent;
+        scope_close(top);
+    }
+}
+
+/* ---------------- metadata ---------------- */
+
+static bool meta_ok(nt_tensor *t) { return t && t->magic == NT__MAGIC_LIVE; }
+
+NT_API int nt_ndim(nt_tensor *t) { return meta_ok(t) ? t->ndim : -1; }
+
+NT_API int64_t nt_shape(nt_tensor *t, int i)
+{
+    if (!meta_ok(t))
+        return -1;
+    int d = nt__norm_dim(i, t->ndim);
+    return d < 0 ? -1 : t->shape[d];
+}
+
+NT_API int64_t nt_stride(nt_tensor *t, int i)
+{
+    if (!meta_ok(t))
+        return -1;
+    int d = nt__norm_dim(i, t->ndim);
+    return d < 0 ? -1 : t->stride[d];
+}
+
+NT_API int64_t nt_numel(nt_tensor *t) { return meta_ok(t) ? nt__numel(t->ndim, t->shape) : -1; }
+
+NT_API nt_dtype nt_dtype_of(nt_tensor *t)
+{
+    return meta_ok(t) ? (nt_dtype)t->dtype : NT_DTYPE_COUNT;
+}
+
+NT_API bool nt_is_contiguous(nt_tensor *t) { return meta_ok(t) && nt__is_contig(t); }

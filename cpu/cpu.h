@@ -1,0 +1,71 @@
+/* cpu/cpu.h - the CPU reference backend: shared helpers for its kernels.
+ *
+ * Kernels read their inputs through the records' tensor views (any strides,
+ * broadcast via stride 0) and write their outputs (fresh and contiguous,
+ * except for in-place ops, which write through any view).  All floating math
+ * is f32 through core/ewise.h, core/nmath.h, core/reduce.h and core/gemm.h,
+ * so the CPU and the simulator compute the same bits. */
+#ifndef NT_CPU_CPU_H
+#define NT_CPU_CPU_H
+
+#include "internal.h"
+
+/* A strided view as kernels see it. */
+typedef struct nt__kv {
+    char *data;
+    nt_dtype dt;
+    int ndim;
+    int64_t shape[NT_MAX_DIMS];
+    int64_t stride[NT_MAX_DIMS];
+} nt__kv;
+
+/* t as a kernel view; with `shape` non-NULL, broadcast to (ndim, shape). */
+void nt__kv_of(nt__kv *v, const nt_tensor *t, int ndim, const int64_t *shape);
+
+/* Element helpers */
+static inline int64_t nt__kv_off(const nt__kv *v, const int64_t *idx)
+{
+    int64_t o = 0;
+    for (int i = 0; i < v->ndim; i++)
+        o += idx[i] * v->stride[i];
+    return o;
+}
+
+/* Advances a row-major index over shape; false when it wraps to zero. */
+static inline bool nt__idx_next(int64_t *idx, int ndim, const int64_t *shape)
+{
+    for (int i = ndim - 1; i >= 0; i--) {
+        if (++idx[i] < shape[i])
+            return true;
+        idx[i] = 0;
+    }
+    return false;
+}
+
+/* Block conversions: n elements at stride (in elements) to/from f32 or i32. */
+void nt__ld_f32(float *dst, const char *src, nt_dtype dt, int64_t stride, int64_t n);
+void nt__st_f32(char *dst, nt_dtype dt, int64_t stride, const float *src, int64_t n);
+void nt__ld_i32(int32_t *dst, const char *src, nt_dtype dt, int64_t stride, int64_t n);
+void nt__st_i32(char *dst, nt_dtype dt, int64_t stride, const int32_t *src, int64_t n);
+
+/* Reads a whole (possibly strided) tensor into a contiguous f32 array. */
+void nt__gather_f32(float *dst, const nt_tensor *t);
+
+/* The elementwise family kernels (cpu/ewise.c). */
+int nt__cpu_unary(const nt__rec *r);
+int nt__cpu_scalar(const nt__rec *r);
+int nt__cpu_binary(const nt__rec *r);
+int nt__cpu_cmp(const nt__rec *r);
+int nt__cpu_copy(const nt__rec *r);
+int nt__cpu_fill(const nt__rec *r);
+int nt__cpu_arange(const nt__rec *r);
+
+/* Per-op kernels of the other families (one function per op, named
+ * nt__cpu_<name> after the op table). */
+#define NT__CPU_DECL(ID, name, nin, kind, flags) int nt__cpu_##name(const nt__rec *r);
+NT_OPS_MISC(NT__CPU_DECL)
+int nt__cpu_rand(const nt__rec *r);
+int nt__cpu_randn(const nt__rec *r);
+#undef NT__CPU_DECL
+
+#endif

@@ -1,0 +1,517 @@
+/* cpu/ewise.c - the elementwise families: unary, tensor-scalar, binary,
+ * compare, where, copy/cast, fill, arange.
+ *
+ * One driver walks the output in rows (dims collapsed where every operand is
+ * contiguous across them) and hands chunks of up to NT_CHUNK elements to a
+ * family function, which widens the inputs to f32 (or i32 for integer math),
+ * applies the op's core/ewise.h definition, and rounds once into the output.
+ * Compute type: f32 if the output or any input is floating, else i32. */
+#include "cpu.h"
+
+#include <string.h>
+
+#include "ewise.h"
+
+#define NT_CHUNK 512
+#define NT_MAXV (1 + NT__MAX_IN)
+
+/* ---------------- block conversions ---------------- */
+
+void nt__ld_f32(float *dst, const char *src, nt_dtype dt, int64_t st, int64_t n)
+{
+    switch (dt) {
+    case NT_F32: {
+        const float *p = (const float *)src;
+        if (st == 1)
+            memcpy(dst, p, (size_t)n * 4);
+        else
+            for (int64_t i = 0; i < n; i++)
+                dst[i] = p[i * st];
+        break;
+    }
+    case NT_BF16: {
+        const uint16_t *p = (const uint16_t *)src;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = nt__bf16_to_f32(p[i * st]);
+        break;
+    }
+    case NT_F16: {
+        const uint16_t *p = (const uint16_t *)src;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = nt__f16_to_f32(p[i * st]);
+        break;
+    }
+    case NT_I32: {
+        const int32_t *p = (const int32_t *)src;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = (float)p[i * st];
+        break;
+    }
+    case NT_U8: {
+        const uint8_t *p = (const uint8_t *)src;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = (float)p[i * st];
+        break;
+    }
+    default: break;
+    }
+}
+
+void nt__st_f32(char *dst, nt_dtype dt, int64_t st, const float *src, int64_t n)
+{
+    switch (dt) {
+    case NT_F32: {
+        float *p = (float *)dst;
+        if (st == 1)
+            memcpy(p, src, (size_t)n * 4);
+        else
+            for (int64_t i = 0; i < n; i++)
+                p[i * st] = src[i];
+        break;
+    }
+    case NT_BF16: {
+        uint16_t *p = (uint16_t *)dst;
+        for (int64_t i = 0; i < n; i++)
+            p[i * st] = nt__f32_to_bf16(src[i]);
+        break;
+    }
+    case NT_F16: {
+        uint16_t *p = (uint16_t *)dst;
+        for (int64_t i = 0; i < n; i++)
+            p[i * st] = nt__f32_to_f16(src[i]);
+        break;
+    }
+    case NT_I32: {
+        int32_t *p = (int32_t *)dst;
+        for (int64_t i = 0; i < n; i++)
+            p[i * st] = nt__f64_to_i32((double)src[i]);
+        break;
+    }
+    case NT_U8: {
+        uint8_t *p = (uint8_t *)dst;
+        for (int64_t i = 0; i < n; i++)
+            p[i * st] = nt__f64_to_u8((double)src[i]);
+        break;
+    }
+    default: break;
+    }
+}
+
+void nt__ld_i32(int32_t *dst, const char *src, nt_dtype dt, int64_t st, int64_t n)
+{
+    if (dt == NT_I32) {
+        const int32_t *p = (const int32_t *)src;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = p[i * st];
+    } else if (dt == NT_U8) {
+        const uint8_t *p = (const uint8_t *)src;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = p[i * st];
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = nt__load_i32(src, dt, i * st);
+    }
+}
+
+void nt__st_i32(char *dst, nt_dtype dt, int64_t st, const int32_t *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        nt__store_i32(dst, dt, i * st, src[i]);
+}
+
+/* ---------------- views and the driver ---------------- */
+
+void nt__kv_of(nt__kv *v, const nt_tensor *t, int ndim, const int64_t *shape)
+{
+    v->data = nt__tensor_data(t);
+    v->dt = (nt_dtype)t->dtype;
+    if (!shape) {
+        v->ndim = t->ndim;
+        for (int i = 0; i < t->ndim; i++)
+            v->shape[i] = t->shape[i], v->stride[i] = t->stride[i];
+        return;
+    }
+    v->ndim = ndim;
+    for (int i = 0; i < ndim; i++)
+        v->shape[i] = shape[i];
+    nt__bcast_strides(t, ndim, shape, v->stride);
+}
+
+void nt__gather_f32(float *dst, const nt_tensor *t)
+{
+    nt__kv v;
+    nt__kv_of(&v, t, 0, NULL);
+    int64_t n = nt__numel(t->ndim, t->shape);
+    if (n == 0)
+        return;
+    if (v.ndim == 0) {
+        nt__ld_f32(dst, v.data, v.dt, 1, 1);
+        return;
+    }
+    int64_t idx[NT_MAX_DIMS] = {0};
+    int64_t inner = v.shape[v.ndim - 1], ist = v.stride[v.ndim - 1];
+    size_t es = nt__dtype_size(v.dt);
+    do {
+        nt__ld_f32(dst, v.data + nt__kv_off(&v, idx) * (int64_t)es, v.dt, ist, inner);
+        dst += inner;
+        idx[v.ndim - 1] = inner - 1;
+    } while (nt__idx_next(idx, v.ndim, v.shape));
+}
+
+typedef struct {
+    int nv;
+    char *p[NT_MAXV];
+    int64_t st[NT_MAXV];
+    nt_dtype dt[NT_MAXV];
+} chunk;
+
+typedef void (*chunk_fn)(const nt__rec *r, const chunk *c, int64_t n, void *scratch);
+
+/* Walks views v[0..nv) (v[0] the output) of a common shape. */
+static void drive(const nt__rec *r, nt__kv *v, int nv, chunk_fn fn)
+{
+    int ndim = v[0].ndim;
+    int64_t shape[NT_MAX_DIMS], st[NT_MAXV][NT_MAX_DIMS];
+    for (int i = 0; i < ndim; i++)
+        shape[i] = v[0].shape[i];
+    for (int k = 0; k < nv; k++)
+        for (int i = 0; i < ndim; i++)
+            st[k][i] = v[k].stride[i];
+    /* Collapse dim i into i+1 where every operand is contiguous across them. */
+    int nd = 0;
+    int64_t cs[NT_MAX_DIMS], cst[NT_MAXV][NT_MAX_DIMS];
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] == 1 && ndim > 1)
+            continue; /* size-1 dims do not move */
+        if (nd > 0) {
+            bool merge = true;
+            for (int k = 0; k < nv && merge; k++)
+                merge = cst[k][nd - 1] == st[k][i] * shape[i];
+            if (merge) {
+                cs[nd - 1] *= shape[i];
+                for (int k = 0; k < nv; k++)
+                    cst[k][nd - 1] = st[k][i];
+                continue;
+            }
+        }
+        cs[nd] = shape[i];
+        for (int k = 0; k < nv; k++)
+            cst[k][nd] = st[k][i];
+        nd++;
+    }
+    if (nd == 0) { /* a scalar, or all dims 1 */
+        cs[0] = 1;
+        for (int k = 0; k < nv; k++)
+            cst[k][0] = 1;
+        nd = 1;
+    }
+    for (int i = 0; i < nd; i++)
+        if (cs[i] == 0)
+            return;
+    size_t es[NT_MAXV];
+    for (int k = 0; k < nv; k++)
+        es[k] = nt__dtype_size(v[k].dt);
+    float scratch[(NT_MAXV + 1) * NT_CHUNK];
+    int64_t idx[NT_MAX_DIMS] = {0};
+    int64_t inner = cs[nd - 1];
+    chunk c;
+    c.nv = nv;
+    for (int k = 0; k < nv; k++)
+        c.st[k] = cst[k][nd - 1], c.dt[k] = v[k].dt;
+    do {
+        char *base[NT_MAXV];
+        for (int k = 0; k < nv; k++) {
+            int64_t off = 0;
+            for (int i = 0; i < nd - 1; i++)
+                off += idx[i] * cst[k][i];
+            base[k] = v[k].data + off * (int64_t)es[k];
+        }
+        for (int64_t j = 0; j < inner; j += NT_CHUNK) {
+            int64_t n = inner - j < NT_CHUNK ? inner - j : NT_CHUNK;
+            for (int k = 0; k < nv; k++)
+                c.p[k] = base[k] + j * c.st[k] * (int64_t)es[k];
+            fn(r, &c, n, scratch);
+        }
+        idx[nd - 1] = inner - 1;
+    } while (nt__idx_next(idx, nd, cs));
+}
+
+/* Output view plus input views broadcast to the output's shape. */
+static int setup(const nt__rec *r, nt__kv *v, int nin)
+{
+    const nt_tensor *o = r->out[0];
+    nt__kv_of(&v[0], o, 0, NULL);
+    for (int i = 0; i < nin; i++)
+        nt__kv_of(&v[1 + i], r->in[i], o->ndim, o->shape);
+    return 1 + nin;
+}
+
+static bool float_compute(const chunk *c)
+{
+    for (int k = 0; k < c->nv; k++)
+        if (nt__dtype_is_float(c->dt[k]))
+            return true;
+    return false;
+}
+
+/* ---------------- unary ---------------- */
+
+static void unary_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
+{
+    if (float_compute(c)) {
+        float *a = scr, *y = a + NT_CHUNK;
+        nt__ld_f32(a, c->p[1], c->dt[1], c->st[1], n);
+        switch (r->op) {
+#define NT__UN_F(ID, name, nin, kind, flags)                                                \
+    case NT_OP_##ID:                                                                        \
+        for (int64_t i = 0; i < n; i++)                                                     \
+            y[i] = nt__ew_##name(a[i]);                                                     \
+        break;
+            NT_OPS_UNARY(NT__UN_F)
+#undef NT__UN_F
+        default: break;
+        }
+        nt__st_f32(c->p[0], c->dt[0], c->st[0], y, n);
+    } else {
+        int32_t *a = scr, *y = a + NT_CHUNK;
+        nt__ld_i32(a, c->p[1], c->dt[1], c->st[1], n);
+        switch (r->op) {
+        case NT_OP_NEG: for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_neg(a[i]); break;
+        case NT_OP_ABS: for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_abs(a[i]); break;
+        case NT_OP_RELU: for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_relu(a[i]); break;
+        default: break;
+        }
+        nt__st_i32(c->p[0], c->dt[0], c->st[0], y, n);
+    }
+}
+
+int nt__cpu_unary(const nt__rec *r)
+{
+    nt__kv v[2];
+    drive(r, v, setup(r, v, 1), unary_chunk);
+    return 0;
+}
+
+/* ---------------- tensor-scalar ---------------- */
+
+static void scalar_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
+{
+    if (float_compute(c)) {
+        float *a = scr, *y = a + NT_CHUNK;
+        float s0 = (float)r->p.f[0], s1 = (float)r->p.f[1];
+        nt__ld_f32(a, c->p[1], c->dt[1], c->st[1], n);
+        switch (r->op) {
+#define NT__SC_F(ID, name, nin, kind, flags)                                                \
+    case NT_OP_##ID:                                                                        \
+        for (int64_t i = 0; i < n; i++)                                                     \
+            y[i] = nt__ew_##name(a[i], s0, s1);                                             \
+        break;
+            NT_OPS_SCALAR(NT__SC_F)
+#undef NT__SC_F
+        default: break;
+        }
+        nt__st_f32(c->p[0], c->dt[0], c->st[0], y, n);
+    } else {
+        int32_t *a = scr, *y = a + NT_CHUNK;
+        int32_t s0 = (int32_t)r->p.f[0], s1 = (int32_t)r->p.f[1];
+        nt__ld_i32(a, c->p[1], c->dt[1], c->st[1], n);
+        switch (r->op) {
+        case NT_OP_ADD_SCALAR:
+            for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_add_scalar(a[i], s0, s1);
+            break;
+        case NT_OP_MUL_SCALAR:
+            for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_mul_scalar(a[i], s0, s1);
+            break;
+        case NT_OP_CLAMP:
+            for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_clamp(a[i], s0, s1);
+            break;
+        default: break;
+        }
+        nt__st_i32(c->p[0], c->dt[0], c->st[0], y, n);
+    }
+}
+
+int nt__cpu_scalar(const nt__rec *r)
+{
+    nt__kv v[2];
+    drive(r, v, setup(r, v, 1), scalar_chunk);
+    return 0;
+}
+
+/* ---------------- binary ---------------- */
+
+static void binary_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
+{
+    if (float_compute(c)) {
+        float *a = scr, *b = a + NT_CHUNK, *y = b + NT_CHUNK;
+        nt__ld_f32(a, c->p[1], c->dt[1], c->st[1], n);
+        nt__ld_f32(b, c->p[2], c->dt[2], c->st[2], n);
+        switch (r->op) {
+#define NT__BI_F(ID, name, nin, kind, flags)                                                \
+    case NT_OP_##ID:                                                                        \
+        for (int64_t i = 0; i < n; i++)                                                     \
+            y[i] = nt__ew_##name(a[i], b[i]);                                               \
+        break;
+            NT_OPS_BINARY(NT__BI_F)
+#undef NT__BI_F
+        default: break;
+        }
+        nt__st_f32(c->p[0], c->dt[0], c->st[0], y, n);
+    } else {
+        int32_t *a = scr, *b = a + NT_CHUNK, *y = b + NT_CHUNK;
+        nt__ld_i32(a, c->p[1], c->dt[1], c->st[1], n);
+        nt__ld_i32(b, c->p[2], c->dt[2], c->st[2], n);
+        switch (r->op) {
+        case NT_OP_ADD: for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_add(a[i], b[i]); break;
+        case NT_OP_SUB: for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_sub(a[i], b[i]); break;
+        case NT_OP_MUL: for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_mul(a[i], b[i]); break;
+        case NT_OP_MAXIMUM:
+            for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_maximum(a[i], b[i]);
+            break;
+        case NT_OP_MINIMUM:
+            for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_minimum(a[i], b[i]);
+            break;
+        default: break;
+        }
+        nt__st_i32(c->p[0], c->dt[0], c->st[0], y, n);
+    }
+}
+
+int nt__cpu_binary(const nt__rec *r)
+{
+    nt__kv v[3];
+    drive(r, v, setup(r, v, 2), binary_chunk);
+    return 0;
+}
+
+/* ---------------- compare ---------------- */
+
+static void cmp_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
+{
+    int32_t *y = (int32_t *)scr + 2 * NT_CHUNK;
+    if (nt__dtype_is_float(c->dt[1]) || nt__dtype_is_float(c->dt[2])) {
+        float *a = scr, *b = a + NT_CHUNK;
+        nt__ld_f32(a, c->p[1], c->dt[1], c->st[1], n);
+        nt__ld_f32(b, c->p[2], c->dt[2], c->st[2], n);
+        switch (r->op) {
+#define NT__CM_F(ID, name, nin, kind, flags)                                                \
+    case NT_OP_##ID:                                                                        \
+        for (int64_t i = 0; i < n; i++)                                                     \
+            y[i] = nt__ew_##name(a[i], b[i]);                                               \
+        break;
+            NT_OPS_CMP(NT__CM_F)
+#undef NT__CM_F
+        default: break;
+        }
+    } else {
+        int32_t *a = scr, *b = a + NT_CHUNK;
+        nt__ld_i32(a, c->p[1], c->dt[1], c->st[1], n);
+        nt__ld_i32(b, c->p[2], c->dt[2], c->st[2], n);
+        switch (r->op) {
+#define NT__CM_I(ID, name, nin, kind, flags)                                                \
+    case NT_OP_##ID:                                                                        \
+        for (int64_t i = 0; i < n; i++)                                                     \
+            y[i] = nt__ewi_##name(a[i], b[i]);                                              \
+        break;
+            NT_OPS_CMP(NT__CM_I)
+#undef NT__CM_I
+        default: break;
+        }
+    }
+    nt__st_i32(c->p[0], c->dt[0], c->st[0], y, n);
+}
+
+int nt__cpu_cmp(const nt__rec *r)
+{
+    nt__kv v[3];
+    drive(r, v, setup(r, v, 2), cmp_chunk);
+    return 0;
+}
+
+/* ---------------- where ---------------- */
+
+static void where_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
+{
+    (void)r;
+    float *m = scr; /* cond != 0 */
+    nt__ld_f32(m, c->p[1], c->dt[1], c->st[1], n);
+    if (nt__dtype_is_float(c->dt[0])) {
+        float *a = m + NT_CHUNK, *b = a + NT_CHUNK, *y = b + NT_CHUNK;
+        nt__ld_f32(a, c->p[2], c->dt[2], c->st[2], n);
+        nt__ld_f32(b, c->p[3], c->dt[3], c->st[3], n);
+        for (int64_t i = 0; i < n; i++)
+            y[i] = m[i] != 0.0f ? a[i] : b[i];
+        nt__st_f32(c->p[0], c->dt[0], c->st[0], y, n);
+    } else {
+        int32_t *a = (int32_t *)(m + NT_CHUNK), *b = a + NT_CHUNK, *y = b + NT_CHUNK;
+        nt__ld_i32(a, c->p[2], c->dt[2], c->st[2], n);
+        nt__ld_i32(b, c->p[3], c->dt[3], c->st[3], n);
+        for (int64_t i = 0; i < n; i++)
+            y[i] = m[i] != 0.0f ? a[i] : b[i];
+        nt__st_i32(c->p[0], c->dt[0], c->st[0], y, n);
+    }
+}
+
+int nt__cpu_where(const nt__rec *r)
+{
+    nt__kv v[4];
+    drive(r, v, setup(r, v, 3), where_chunk);
+    return 0;
+}
+
+/* ---------------- copy / cast ---------------- */
+
+/* float->float through f32 (exact widening, one rounding); int->int wraps;
+ * int->float rounds once from the exact integer; float->int truncates and
+ * saturates (core/dtype.h). */
+static void copy_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
+{
+    (void)r;
+    nt_dtype sd = c->dt[1], dd = c->dt[0];
+    if (nt__dtype_is_float(sd)) {
+        float *a = scr;
+        nt__ld_f32(a, c->p[1], sd, c->st[1], n);
+        nt__st_f32(c->p[0], dd, c->st[0], a, n);
+    } else {
+        int32_t *a = scr;
+        nt__ld_i32(a, c->p[1], sd, c->st[1], n);
+        nt__st_i32(c->p[0], dd, c->st[0], a, n);
+    }
+}
+
+int nt__cpu_copy(const nt__rec *r)
+{
+    nt__kv v[2];
+    drive(r, v, setup(r, v, 1), copy_chunk);
+    return 0;
+}
+
+/* ---------------- fill, arange ---------------- */
+
+static void fill_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
+{
+    (void)scr;
+    double v = r->p.f[0];
+    size_t es = nt__dtype_size(c->dt[0]);
+    char first[8];
+    nt__store_f64(first, c->dt[0], 0, v);
+    for (int64_t i = 0; i < n; i++)
+        memcpy(c->p[0] + i * c->st[0] * (int64_t)es, first, es);
+}
+
+int nt__cpu_fill(const nt__rec *r)
+{
+    nt__kv v[1];
+    drive(r, v, setup(r, v, 0), fill_chunk);
+    return 0;
+}
+
+int nt__cpu_arange(const nt__rec *r)
+{
+    const nt_tensor *o = r->out[0];
+    char *d = nt__tensor_data(o);
+    int64_t n = o->shape[0], st = o->stride[0];
+    for (int64_t i = 0; i < n; i++)
+        nt__store_f64(d, (nt_dtype)o->dtype, i * st, r->p.f[0] + (double)i * r->p.f[1]);
+    return 0;
+}

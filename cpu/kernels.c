@@ -1,0 +1,30 @@
+/* cpu/kernels.c - the CPU backend's kernel table, expanded from the op table:
+ * each elementwise family shares one generic kernel; every other op has its
+ * own nt__cpu_<name>.  Views never run a kernel. */
+#include "cpu.h"
+
+#define NT__K_FAMILY(fn) [NT_OP_##ID] = fn
+#define NT__K_UNARY(ID, name, nin, kind, flags) [NT_OP_##ID] = nt__cpu_unary,
+#define NT__K_SCALAR(ID, name, nin, kind, flags) [NT_OP_##ID] = nt__cpu_scalar,
+#define NT__K_BINARY(ID, name, nin, kind, flags) [NT_OP_##ID] = nt__cpu_binary,
+#define NT__K_CMP(ID, name, nin, kind, flags) [NT_OP_##ID] = nt__cpu_cmp,
+#define NT__K_COPY(ID, name, nin, kind, flags) [NT_OP_##ID] = nt__cpu_copy,
+#define NT__K_MISC(ID, name, nin, kind, flags) [NT_OP_##ID] = nt__cpu_##name,
+#define NT__K_NONE(ID, name, nin, kind, flags) [NT_OP_##ID] = NULL,
+
+const nt__kernel_fn nt__cpu_kernels[NT_OP_COUNT] = {
+    [NT_OP_FILL] = nt__cpu_fill,
+    [NT_OP_ARANGE] = nt__cpu_arange,
+    [NT_OP_RAND] = nt__cpu_rand,
+    [NT_OP_RANDN] = nt__cpu_randn,
+    NT_OPS_COPY(NT__K_COPY)
+    NT_OPS_UNARY(NT__K_UNARY)
+    NT_OPS_SCALAR(NT__K_SCALAR)
+    NT_OPS_BINARY(NT__K_BINARY)
+    NT_OPS_CMP(NT__K_CMP)
+    NT_OPS_MISC(NT__K_MISC)
+    NT_OPS_VIEW(NT__K_NONE)
+};
+
+_Static_assert(sizeof nt__cpu_kernels / sizeof nt__cpu_kernels[0] == NT_OP_COUNT,
+               "CPU kernel table out of step with the op table");

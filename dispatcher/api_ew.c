@@ -1,0 +1,395 @@
+/* dispatcher/api_ew.c - elementwise ops, casts, where, and the in-place forms.
+ * Each entry point checks its arguments, runs the op's shape and dtype rule,
+ * and hands the call to nt__dispatch. */
+#include <math.h>
+
+#include "dispatch.h"
+
+static void out_like(nt__call *c, const nt_tensor *t, nt_dtype dt)
+{
+    c->odt[0] = dt;
+    c->ondim[0] = t->ndim;
+    for (int i = 0; i < t->ndim; i++)
+        c->oshape[0][i] = t->shape[i];
+    c->flops = (double)nt__numel(t->ndim, t->shape);
+}
+
+static bool is_int_valued(double s)
+{
+    return isfinite(s) && s == floor(s) && s >= -2147483648.0 && s <= 2147483647.0;
+}
+
+/* ---------------- unary ---------------- */
+
+nt_tensor *nt__unary(const nt_site *site, const char *fn, int op, nt_tensor *t)
+{
+    nt__call c;
+    if (!nt__call_begin(&c, site, fn, op, 1, &t, "t"))
+        return nt__call_fail(&c);
+    t = c.in[0];
+    nt_dtype dt = (nt_dtype)t->dtype;
+    if (!nt__dtype_is_float(dt) && (nt__ops[op].flags & NT_OPF_F32INT))
+        dt = NT_F32;
+    out_like(&c, t, dt);
+    return nt__dispatch(&c);
+}
+
+#define NT_DEF_UNARY(ID, name, nin, kind, flags)                                            \
+    NT_API nt_tensor *nt_##name##_at(const nt_site *site, nt_tensor *t)                    \
+    {                                                                                       \
+        return nt__unary(site, "nt_" #name, NT_OP_##ID, t);                                \
+    }                                                                                       \
+    NT_API nt_tensor *nt_##name(nt_tensor *t) { return nt_##name##_at(NT_RA_SITE, t); }
+NT_OPS_UNARY(NT_DEF_UNARY)
+
+/* ---------------- binary and compare ---------------- */
+
+static bool bcast_out(nt__call *c, nt_tensor *a, nt_tensor *b, const char *an, const char *bn)
+{
+    int nd;
+    int64_t sh[NT_MAX_DIMS];
+    if (!nt__broadcast(a->ndim, a->shape, b->ndim, b->shape, &nd, sh)) {
+        char s1[128], s2[128];
+        nt__err(c->site, NT_ESHAPE, c->fn,
+                "arguments '%s' %s and '%s' %s cannot be broadcast together", an,
+                nt__shape_str(a->ndim, a->shape, s1, sizeof s1), bn,
+                nt__shape_str(b->ndim, b->shape, s2, sizeof s2));
+        return false;
+    }
+    c->ondim[0] = nd;
+    for (int i = 0; i < nd; i++)
+        c->oshape[0][i] = sh[i];
+    c->flops = (double)nt__numel(nd, sh);
+    return true;
+}
+
+nt_tensor *nt__binary(const nt_site *site, const char *fn, int op, nt_tensor *a, nt_tensor *b)
+{
+    nt__call c;
+    nt_tensor *in[2] = {a, b};
+    if (!nt__call_begin(&c, site, fn, op, 2, in, "a,b"))
+        return nt__call_fail(&c);
+    a = c.in[0];
+    b = c.in[1];
+    if (!bcast_out(&c, a, b, "a", "b"))
+        return nt__call_fail(&c);
+    nt_dtype dt = nt__promote((nt_dtype)a->dtype, (nt_dtype)b->dtype);
+    if (nt__ops[op].kind == NT_KIND_CMP)
+        dt = NT_U8;
+    else if (!nt__dtype_is_float(dt) && (nt__ops[op].flags & NT_OPF_F32INT))
+        dt = NT_F32;
+    c.odt[0] = dt;
+    return nt__dispatch(&c);
+}
+
+#define NT_DEF_BINARY(ID, name, nin, kind, flags)                                           \
+    NT_API nt_tensor *nt_##name##_at(const nt_site *site, nt_tensor *a, nt_tensor *b)      \
+    {                                                                                       \
+        return nt__binary(site, "nt_" #name, NT_OP_##ID, a, b);                            \
+    }                                                                                       \
+    NT_API nt_tensor *nt_##name(nt_tensor *a, nt_tensor *b)                                \
+    {                                                                                       \
+        return nt_##name##_at(NT_RA_SITE, a, b);                                           \
+    }
+NT_OPS_BINARY(NT_DEF_BINARY)
+NT_OPS_CMP(NT_DEF_BINARY)
+
+/* ---------------- tensor-scalar ---------------- */
+
+static nt_dtype scalar_dtype(int op, nt_dtype dt, double s0, double s1, bool two)
+{
+    if (nt__dtype_is_float(dt))
+        return dt;
+    if (nt__ops[op].flags & NT_OPF_F32INT)
+        return NT_F32;
+    if (!is_int_valued(s0) || (two && !is_int_valued(s1)))
+        return NT_F32;
+    return dt;
+}
+
+nt_tensor *nt__scalar(const nt_site *site, const char *fn, int op, nt_tensor *t, double s0,
+                      double s1)
+{
+    nt__call c;
+    if (!nt__call_begin(&c, site, fn, op, 1, &t, "t"))
+        return nt__call_fail(&c);
+    t = c.in[0];
+    out_like(&c, t, scalar_dtype(op, (nt_dtype)t->dtype, s0, s1, op == NT_OP_CLAMP));
+    c.p.f[0] = s0;
+    c.p.f[1] = s1;
+    return nt__dispatch(&c);
+}
+
+NT_API nt_tensor *nt_add_scalar_at(const nt_site *site, nt_tensor *t, double s)
+{
+    return nt__scalar(site, "nt_add_scalar", NT_OP_ADD_SCALAR, t, s, 0);
+}
+NT_API nt_tensor *nt_mul_scalar_at(const nt_site *site, nt_tensor *t, double s)
+{
+    return nt__scalar(site, "nt_mul_scalar", NT_OP_MUL_SCALAR, t, s, 0);
+}
+NT_API nt_tensor *nt_div_scalar_at(const nt_site *site, nt_tensor *t, double s)
+{
+    return nt__scalar(site, "nt_div_scalar", NT_OP_DIV_SCALAR, t, s, 0);
+}
+NT_API nt_tensor *nt_pow_scalar_at(const nt_site *site, nt_tensor *t, double s)
+{
+    return nt__scalar(site, "nt_pow_scalar", NT_OP_POW_SCALAR, t, s, 0);
+}
+NT_API nt_tensor *nt_clamp_at(const nt_site *site, nt_tensor *t, double lo, double hi)
+{
+    if (isnan(lo) || isnan(hi)) {
+        nt__err(site, NT_EINVAL, "nt_clamp", "bounds must not be NaN (got lo=%g, hi=%g)", lo, hi);
+        return NULL;
+    }
+    return nt__scalar(site, "nt_clamp", NT_OP_CLAMP, t, lo, hi);
+}
+NT_API nt_tensor *nt_add_scalar(nt_tensor *t, double s) { return nt_add_scalar_at(NT_RA_SITE, t, s); }
+NT_API nt_tensor *nt_mul_scalar(nt_tensor *t, double s) { return nt_mul_scalar_at(NT_RA_SITE, t, s); }
+NT_API nt_tensor *nt_div_scalar(nt_tensor *t, double s) { return nt_div_scalar_at(NT_RA_SITE, t, s); }
+NT_API nt_tensor *nt_pow_scalar(nt_tensor *t, double s) { return nt_pow_scalar_at(NT_RA_SITE, t, s); }
+NT_API nt_tensor *nt_clamp(nt_tensor *t, double lo, double hi)
+{
+    return nt_clamp_at(NT_RA_SITE, t, lo, hi);
+}
+
+/* ---------------- where ---------------- */
+
+NT_API nt_tensor *nt_where_at(const nt_site *site, nt_tensor *cond, nt_tensor *a, nt_tensor *b)
+{
+    nt__call c;
+    nt_tensor *in[3] = {cond, a, b};
+    if (!nt__call_begin(&c, site, "nt_where", NT_OP_WHERE, 3, in, "cond,a,b"))
+        return nt__call_fail(&c);
+    cond = c.in[0], a = c.in[1], b = c.in[2];
+    if (!bcast_out(&c, a, b, "a", "b"))
+        return nt__call_fail(&c);
+    int nd;
+    int64_t sh[NT_MAX_DIMS];
+    if (!nt__broadcast(c.ondim[0], c.oshape[0], cond->ndim, cond->shape, &nd, sh)) {
+        char s1[128], s2[128];
+        nt__err(site, NT_ESHAPE, "nt_where",
+                "argument 'cond' %s cannot be broadcast with the values' shape %s",
+                nt__shape_str(cond->ndim, cond->shape, s1, sizeof s1),
+                nt__shape_str(c.ondim[0], c.oshape[0], s2, sizeof s2));
+        return nt__call_fail(&c);
+    }
+    c.ondim[0] = nd;
+    for (int i = 0; i < nd; i++)
+        c.oshape[0][i] = sh[i];
+    c.odt[0] = nt__promote((nt_dtype)a->dtype, (nt_dtype)b->dtype);
+    return nt__dispatch(&c);
+}
+NT_API nt_tensor *nt_where(nt_tensor *cond, nt_tensor *a, nt_tensor *b)
+{
+    return nt_where_at(NT_RA_SITE, cond, a, b);
+}
+
+/* ---------------- casts and copies ---------------- */
+
+nt_tensor *nt__copy_to(const nt_site *site, const char *fn, nt_tensor *src, nt_dtype dt)
+{
+    nt__call c;
+    if (!nt__call_begin(&c, site, fn, dt == (nt_dtype)-1 ? NT_OP_COPY : NT_OP_CAST, 1, &src,
+                        "t"))
+        return nt__call_fail(&c);
+    src = c.in[0];
+    out_like(&c, src, dt == (nt_dtype)-1 ? (nt_dtype)src->dtype : dt);
+    return nt__dispatch(&c);
+}
+
+NT_API nt_tensor *nt_cast_at(const nt_site *site, nt_tensor *t, nt_dtype dt)
+{
+    if ((unsigned)dt >= NT_DTYPE_COUNT) {
+        if (!nt__check_arg(site, "nt_cast", "t", t))
+            return NULL;
+        nt__err(site, NT_EDTYPE, "nt_cast", "argument 'dt' is %d; expected an nt_dtype", (int)dt);
+        return NULL;
+    }
+    if (t && t->magic == NT__MAGIC_LIVE && t->dtype == dt) {
+        /* same dtype: a new handle on the same storage (like PyTorch's .to) */
+        nt__call c;
+        if (!nt__call_begin(&c, site, "nt_cast", NT_OP_ALIAS, 1, &t, "t"))
+            return nt__call_fail(&c);
+        return nt__dispatch_view(&c, nt__make_view(t, t->ndim, t->shape, t->stride, t->offset,
+                                                    site));
+    }
+    return nt__copy_to(site, "nt_cast", t, dt);
+}
+NT_API nt_tensor *nt_cast(nt_tensor *t, nt_dtype dt) { return nt_cast_at(NT_RA_SITE, t, dt); }
+
+/* ---------------- in place ---------------- */
+
+/* Common checks for writing into dst: live, not an expanded view, src
+ * broadcastable to exactly dst's shape.  A src that shares dst's storage
+ * through a different view is copied first, so the op never reads what it
+ * has already overwritten. */
+static bool inplace_begin(nt__call *c, const nt_site *site, const char *fn, int op,
+                          nt_tensor *dst, nt_tensor *src)
+{
+    nt_tensor *in[2] = {dst, src};
+    if (!nt__call_begin(c, site, fn, op, src ? 2 : 1, in, src ? "dst,src" : "dst"))
+        return false;
+    dst = c->in[0];
+    if (dst->expanded) {
+        nt__err(site, NT_EINVAL, fn,
+                "argument 'dst' is an expanded view (some elements share memory); write into "
+                "a contiguous copy instead");
+        return false;
+    }
+    if (src) {
+        src = c->in[1];
+        int nd;
+        int64_t sh[NT_MAX_DIMS];
+        bool ok = nt__broadcast(dst->ndim, dst->shape, src->ndim, src->shape, &nd, sh) &&
+                  nd == dst->ndim;
+        for (int i = 0; ok && i < nd; i++)
+            ok = sh[i] == dst->shape[i];
+        if (!ok) {
+            char s1[128], s2[128];
+            nt__err(site, NT_ESHAPE, fn,
+                    "argument 'src' %s does not broadcast to the shape of 'dst' %s",
+                    nt__shape_str(src->ndim, src->shape, s1, sizeof s1),
+                    nt__shape_str(dst->ndim, dst->shape, s2, sizeof s2));
+            return false;
+        }
+        bool same_view = src->st == dst->st && src->offset == dst->offset &&
+                         src->ndim == dst->ndim && src->dtype == dst->dtype;
+        for (int i = 0; same_view && i < src->ndim; i++)
+            same_view = src->shape[i] == dst->shape[i] && src->stride[i] == dst->stride[i];
+        if (src->st == dst->st && !same_view) {
+            nt_tensor *copy = nt__copy_to(site, fn, src, (nt_dtype)-1);
+            if (!copy)
+                return false;
+            /* the scope must not own it: the call does */
+            nt_keep(copy);
+            c->tmp[1] = copy;
+            c->in[1] = copy;
+        }
+    }
+    c->dst = dst;
+    out_like(c, dst, (nt_dtype)dst->dtype);
+    return true;
+}
+
+static int inplace_end(nt__call *c)
+{
+    return nt__dispatch(c) ? 0 : nt_last_error();
+}
+
+static int inplace_binary(const nt_site *site, const char *fn, int op, nt_tensor *dst,
+                          nt_tensor *src)
+{
+    nt__call c;
+    if (!inplace_begin(&c, site, fn, op, dst, src)) {
+        nt__call_fail(&c);
+        return nt_last_error();
+    }
+    return inplace_end(&c);
+}
+
+NT_API int nt_copy_into_at(const nt_site *site, nt_tensor *dst, nt_tensor *src)
+{
+    nt__call c;
+    if (!inplace_begin(&c, site, "nt_copy_into", NT_OP_COPY, dst, src)) {
+        nt__call_fail(&c);
+        return nt_last_error();
+    }
+    /* COPY reads only src: drop dst from the inputs */
+    c.in[0] = c.in[1];
+    c.in[1] = NULL;
+    c.tmp[0] = c.tmp[1];
+    c.tmp[1] = NULL;
+    c.nin = 1;
+    return inplace_end(&c);
+}
+
+NT_API int nt_add_inplace_at(const nt_site *site, nt_tensor *dst, nt_tensor *src)
+{
+    return inplace_binary(site, "nt_add_inplace", NT_OP_ADD, dst, src);
+}
+NT_API int nt_sub_inplace_at(const nt_site *site, nt_tensor *dst, nt_tensor *src)
+{
+    return inplace_binary(site, "nt_sub_inplace", NT_OP_SUB, dst, src);
+}
+NT_API int nt_mul_inplace_at(const nt_site *site, nt_tensor *dst, nt_tensor *src)
+{
+    return inplace_binary(site, "nt_mul_inplace", NT_OP_MUL, dst, src);
+}
+NT_API int nt_div_inplace_at(const nt_site *site, nt_tensor *dst, nt_tensor *src)
+{
+    return inplace_binary(site, "nt_div_inplace", NT_OP_DIV, dst, src);
+}
+
+static int inplace_scalar(const nt_site *site, const char *fn, int op, nt_tensor *dst, double s0,
+                          double s1)
+{
+    nt__call c;
+    if (!inplace_begin(&c, site, fn, op, dst, NULL)) {
+        nt__call_fail(&c);
+        return nt_last_error();
+    }
+    c.p.f[0] = s0;
+    c.p.f[1] = s1;
+    return inplace_end(&c);
+}
+
+NT_API int nt_add_scalar_inplace_at(const nt_site *site, nt_tensor *dst, double s)
+{
+    return inplace_scalar(site, "nt_add_scalar_inplace", NT_OP_ADD_SCALAR, dst, s, 0);
+}
+NT_API int nt_mul_scalar_inplace_at(const nt_site *site, nt_tensor *dst, double s)
+{
+    return inplace_scalar(site, "nt_mul_scalar_inplace", NT_OP_MUL_SCALAR, dst, s, 0);
+}
+NT_API int nt_clamp_inplace_at(const nt_site *site, nt_tensor *dst, double lo, double hi)
+{
+    if (isnan(lo) || isnan(hi))
+        return nt__err(site, NT_EINVAL, "nt_clamp_inplace",
+                       "bounds must not be NaN (got lo=%g, hi=%g)", lo, hi);
+    return inplace_scalar(site, "nt_clamp_inplace", NT_OP_CLAMP, dst, lo, hi);
+}
+
+NT_API int nt_fill_inplace_at(const nt_site *site, nt_tensor *dst, double value)
+{
+    nt__call c;
+    if (!inplace_begin(&c, site, "nt_fill_inplace", NT_OP_FILL, dst, NULL)) {
+        nt__call_fail(&c);
+        return nt_last_error();
+    }
+    c.in[0] = NULL; /* a fill reads nothing */
+    c.nin = 0;
+    c.p.f[0] = value;
+    return inplace_end(&c);
+}
+
+static int inplace_unary(const nt_site *site, const char *fn, int op, nt_tensor *dst)
+{
+    nt__call c;
+    if (!inplace_begin(&c, site, fn, op, dst, NULL)) {
+        nt__call_fail(&c);
+        return nt_last_error();
+    }
+    return inplace_end(&c);
+}
+
+NT_API int nt_relu_inplace_at(const nt_site *site, nt_tensor *dst)
+{
+    return inplace_unary(site, "nt_relu_inplace", NT_OP_RELU, dst);
+}
+NT_API int nt_neg_inplace_at(const nt_site *site, nt_tensor *dst)
+{
+    return inplace_unary(site, "nt_neg_inplace", NT_OP_NEG, dst);
+}
+
+NT_API int nt_copy_into(nt_tensor *dst, nt_tensor *src) { return nt_copy_into_at(NT_RA_SITE, dst, src); }
+NT_API int nt_add_inplace(nt_tensor *dst, nt_tensor *src) { return nt_add_inplace_at(NT_RA_SITE, dst, src); }
+NT_API int nt_sub_inplace(nt_tensor *dst, nt_tensor *src) { return nt_sub_inplace_at(NT_RA_SITE, dst, src); }
+NT_API int nt_mul_inplace(nt_tensor *dst, nt_tensor *src) { return nt_mul_inplace_at(NT_RA_SITE, dst, src); }
+NT_API int nt_div_inplace(nt_tensor *dst, nt_tensor *src) { return nt_div_inplace_at(NT_RA_SITE, dst, src); }
+NT_API int nt_add_scalar_inplace(nt_tensor *dst, double s) { return nt_add_scalar_inplace_at(NT_RA_SITE, dst, s); }
+NT_API int nt_mul_scalar_inplace(nt_tensor *dst, double s) { return nt_mul_scalar_inplace_at(NT_RA_SITE, dst, s); }
+NT_API int nt_clamp_inplace(nt_tensor *dst, double lo, double hi) { return nt_clamp_inplace_at(NT_RA_SITE, dst, lo, hi); }
+NT_API int nt_fill_inplace(nt_tensor *dst, double v) { return nt_fill_inplace_at(NT_RA_SITE, dst, v); }
+NT_API int nt_relu_inplace(nt_tensor *dst) { return nt_relu_inplace_at(NT_RA_SITE, dst); }
+NT_API int nt_neg_inplace(nt_tensor *dst) { return nt_neg_inplace_at(NT_RA_SITE, dst); }

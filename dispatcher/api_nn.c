@@ -1,0 +1,373 @@
+/* dispatcher/api_nn.c - reductions, row ops (softmax family, norms), losses,
+ * matmul, linear, embedding. */
+#include <math.h>
+
+#include "dispatch.h"
+
+static bool need_float(nt__call *c, nt_tensor *t, const char *arg)
+{
+    if (nt__dtype_is_float((nt_dtype)t->dtype))
+        return true;
+    nt__err(c->site, NT_EDTYPE, c->fn, "argument '%s' has dtype %s; expected f32, bf16 or f16",
+            arg, nt_dtype_name((nt_dtype)t->dtype));
+    return false;
+}
+
+static bool need_int(nt__call *c, nt_tensor *t, const char *arg)
+{
+    if (!nt__dtype_is_float((nt_dtype)t->dtype))
+        return true;
+    nt__err(c->site, NT_EDTYPE, c->fn, "argument '%s' has dtype %s; expected i32 or u8", arg,
+            nt_dtype_name((nt_dtype)t->dtype));
+    return false;
+}
+
+static bool norm_dim(nt__call *c, nt_tensor *t, int dim, int *out)
+{
+    int nd = t->ndim ? t->ndim : 1; /* a 0-d tensor accepts dim 0 and -1 */
+    int d = nt__norm_dim(dim, nd);
+    if (d < 0) {
+        nt__err(c->site, NT_EDIM, c->fn, "dim %d is out of range for a tensor with %d dims", dim,
+                t->ndim);
+        return false;
+    }
+    *out = t->ndim ? d : 0;
+    return true;
+}
+
+/* ---------------- reductions ---------------- */
+
+nt_tensor *nt__reduce(const nt_site *site, const char *fn, int op, nt_tensor *t, int dim,
+                      bool keepdim)
+{
+    nt__call c;
+    if (!nt__call_begin(&c, site, fn, op, 1, &t, "t"))
+        return nt__call_fail(&c);
+    t = c.in[0];
+    nt_dtype dt = (nt_dtype)t->dtype;
+    if (op == NT_OP_MEAN && !need_float(&c, t, "t"))
+        return nt__call_fail(&c);
+    if (op == NT_OP_SUM && !nt__dtype_is_float(dt))
+        dt = NT_I32;
+    if (op == NT_OP_ARGMAX)
+        dt = NT_I32;
+    int64_t n;
+    int o = 0;
+    if (dim == NT_DIM_ALL) {
+        c.p.dim = NT_DIM_ALL;
+        n = nt__numel(t->ndim, t->shape);
+        if (keepdim)
+            for (int i = 0; i < t->ndim; i++)
+                c.oshape[0][o++] = 1;
+    } else {
+        int d;
+        if (!norm_dim(&c, t, dim, &d))
+            return nt__call_fail(&c);
+        c.p.dim = d;
+        n = t->ndim ? t->shape[d] : 1;
+        for (int i = 0; i < t->ndim; i++) {
+            if (i != d)
+                c.oshape[0][o++] = t->shape[i];
+            else if (keepdim)
+                c.oshape[0][o++] = 1;
+        }
+    }
+    if (n == 0 && (op == NT_OP_MAX || op == NT_OP_ARGMAX)) {
+        nt__err(site, NT_ESHAPE, fn, "cannot take the %s of an empty dim (it has no identity)",
+                op == NT_OP_MAX ? "max" : "argmax");
+        return nt__call_fail(&c);
+    }
+    c.p.flag = keepdim;
+    c.ondim[0] = o;
+    c.odt[0] = dt;
+    c.flops = (double)nt__numel(t->ndim, t->shape);
+    return nt__dispatch(&c);
+}
+
+#define NT_DEF_REDUCE(name, ID)                                                             \
+    NT_API nt_tensor *nt_##name##_at(const nt_site *site, nt_tensor *t, int dim, bool keep)  \
+    {                                                                                        \
+        return nt__reduce(site, "nt_" #name, NT_OP_##ID, t, dim, keep);                     \
+    }                                                                                        \
+    NT_API nt_tensor *nt_##name(nt_tensor *t, int dim, bool keep)                            \
+    {                                                                                        \
+        return nt_##name##_at(NT_RA_SITE, t, dim, keep);                                    \
+    }
+NT_DEF_REDUCE(sum, SUM)
+NT_DEF_REDUCE(mean, MEAN)
+NT_DEF_REDUCE(max, MAX)
+NT_DEF_REDUCE(argmax, ARGMAX)
+
+/* ---------------- softmax family ---------------- */
+
+static nt_tensor *softmax_like(const nt_site *site, const char *fn, int op, nt_tensor *t, int dim)
+{
+    nt__call c;
+    if (!nt__call_begin(&c, site, fn, op, 1, &t, "t"))
+        return nt__call_fail(&c);
+    t = c.in[0];
+    int d;
+    if (!need_float(&c, t, "t") || !norm_dim(&c, t, dim, &d))
+        return nt__call_fail(&c);
+    c.p.dim = d;
+    c.odt[0] = (nt_dtype)t->dtype;
+    c.ondim[0] = t->ndim;
+    for (int i = 0; i < t->ndim; i++)
+        c.oshape[0][i] = t->shape[i];
+    c.flops = 5.0 * (double)nt__numel(t->ndim, t->shape);
+    return nt__dispatch(&c);
+}
+
+NT_API nt_tensor *nt_softmax_at(const nt_site *site, nt_tensor *t, int dim)
+{
+    return softmax_like(site, "nt_softmax", NT_OP_SOFTMAX, t, dim);
+}
+NT_API nt_tensor *nt_log_softmax_at(const nt_site *site, nt_tensor *t, int dim)
+{
+    return softmax_like(site, "nt_log_softmax", NT_OP_LOG_SOFTMAX, t, dim);
+}
+NT_API nt_tensor *nt_softmax(nt_tensor *t, int dim) { return nt_softmax_at(NT_RA_SITE, t, dim); }
+NT_API nt_tensor *nt_log_softmax(nt_tensor *t, int dim)
+{
+    return nt_log_softmax_at(NT_RA_SITE, t, dim);
+}
+
+/* ---------------- norms ---------------- */
+
+static bool check_affine(nt__call *c, nt_tensor *x, nt_tensor *p, const char *arg)
+{
+    if (!p)
+        return true;
+    if (!need_float(c, p, arg))
+        return false;
+    if (p->ndim != 1 || p->shape[0] != x->shape[x->ndim - 1]) {
+        char s1[128];
+        nt__err(c->site, NT_ESHAPE, c->fn, "argument '%s' has shape %s; expected [%lld] (the last "
+                "dim of 'x')", arg, nt__shape_str(p->ndim, p->shape, s1, sizeof s1),
+                (long long)x->shape[x->ndim - 1]);
+        return false;
+    }
+    return true;
+}
+
+static nt_tensor *norm_like(const nt_site *site, const char *fn, int op, nt_tensor *x,
+                            nt_tensor *w, nt_tensor *b, double eps)
+{
+    nt__call c;
+    nt_tensor *in[3] = {x, w, b};
+    int nin = op == NT_OP_LAYER_NORM ? 3 : 2;
+    if (!nt__call_begin(&c, site, fn, op, nin, in, "x,?w,?b"))
+        return nt__call_fail(&c);
+    x = c.in[0], w = c.in[1], b = nin == 3 ? c.in[2] : NULL;
+    if (!need_float(&c, x, "x"))
+        return nt__call_fail(&c);
+    if (x->ndim < 1) {
+        nt__err(site, NT_ESHAPE, fn, "argument 'x' is 0-d; it needs a last dim to normalise");
+        return nt__call_fail(&c);
+    }
+    if (!check_affine(&c, x, w, "w") || !check_affine(&c, x, b, "b"))
+        return nt__call_fail(&c);
+    if (!(eps >= 0) || !isfinite(eps)) {
+        nt__err(site, NT_EINVAL, fn, "argument 'eps' is %g; expected a finite value >= 0", eps);
+        return nt__call_fail(&c);
+    }
+    c.p.f[0] = eps;
+    c.p.dim = x->ndim - 1;
+    c.odt[0] = (nt_dtype)x->dtype;
+    c.ondim[0] = x->ndim;
+    for (int i = 0; i < x->ndim; i++)
+        c.oshape[0][i] = x->shape[i];
+    c.flops = 8.0 * (double)nt__numel(x->ndim, x->shape);
+    return nt__dispatch(&c);
+}
+
+NT_API nt_tensor *nt_layer_norm_at(const nt_site *site, nt_tensor *x, nt_tensor *w,
+                                   nt_tensor *b, double eps)
+{
+    return norm_like(site, "nt_layer_norm", NT_OP_LAYER_NORM, x, w, b, eps);
+}
+NT_API nt_tensor *nt_rms_norm_at(const nt_site *site, nt_tensor *x, nt_tensor *w, double eps)
+{
+    return norm_like(site, "nt_rms_norm", NT_OP_RMS_NORM, x, w, NULL, eps);
+}
+NT_API nt_tensor *nt_layer_norm(nt_tensor *x, nt_tensor *w, nt_tensor *b, double eps)
+{
+    return nt_layer_norm_at(NT_RA_SITE, x, w, b, eps);
+}
+NT_API nt_tensor *nt_rms_norm(nt_tensor *x, nt_tensor *w, double eps)
+{
+    return nt_rms_norm_at(NT_RA_SITE, x, w, eps);
+}
+
+/* ---------------- losses ---------------- */
+
+NT_API nt_tensor *nt_cross_entropy_at(const nt_site *site, nt_tensor *logits, nt_tensor *labels)
+{
+    nt__call c;
+    nt_tensor *in[2] = {logits, labels};
+    if (!nt__call_begin(&c, site, "nt_cross_entropy", NT_OP_CROSS_ENTROPY, 2, in,
+                        "logits,labels"))
+        return nt__call_fail(&c);
+    logits = c.in[0], labels = c.in[1];
+    if (!need_float(&c, logits, "logits") || !need_int(&c, labels, "labels"))
+        return nt__call_fail(&c);
+    char s1[128], s2[128];
+    if (logits->ndim != 2 || logits->shape[0] < 1 || logits->shape[1] < 1) {
+        nt__err(site, NT_ESHAPE, "nt_cross_entropy",
+                "argument 'logits' has shape %s; expected [N, C] with N, C >= 1",
+                nt__shape_str(logits->ndim, logits->shape, s1, sizeof s1));
+        return nt__call_fail(&c);
+    }
+    if (labels->ndim != 1 || labels->shape[0] != logits->shape[0]) {
+        nt__err(site, NT_ESHAPE, "nt_cross_entropy",
+                "argument 'labels' has shape %s; expected [%lld] to match 'logits' %s",
+                nt__shape_str(labels->ndim, labels->shape, s1, sizeof s1),
+                (long long)logits->shape[0],
+                nt__shape_str(logits->ndim, logits->shape, s2, sizeof s2));
+        return nt__call_fail(&c);
+    }
+    c.odt[0] = (nt_dtype)logits->dtype;
+    c.ondim[0] = 0;
+    c.flops = 6.0 * (double)nt__numel(2, logits->shape);
+    return nt__dispatch(&c);
+}
+NT_API nt_tensor *nt_cross_entropy(nt_tensor *logits, nt_tensor *labels)
+{
+    return nt_cross_entropy_at(NT_RA_SITE, logits, labels);
+}
+
+NT_API nt_tensor *nt_mse_loss_at(const nt_site *site, nt_tensor *a, nt_tensor *b)
+{
+    nt__call c;
+    nt_tensor *in[2] = {a, b};
+    if (!nt__call_begin(&c, site, "nt_mse_loss", NT_OP_MSE_LOSS, 2, in, "a,b"))
+        return nt__call_fail(&c);
+    a = c.in[0], b = c.in[1];
+    if (!need_float(&c, a, "a") || !need_float(&c, b, "b"))
+        return nt__call_fail(&c);
+    bool same = a->ndim == b->ndim;
+    for (int i = 0; same && i < a->ndim; i++)
+        same = a->shape[i] == b->shape[i];
+    if (!same) {
+        char s1[128], s2[128];
+        nt__err(site, NT_ESHAPE, "nt_mse_loss", "arguments 'a' %s and 'b' %s differ in shape",
+                nt__shape_str(a->ndim, a->shape, s1, sizeof s1),
+                nt__shape_str(b->ndim, b->shape, s2, sizeof s2));
+        return nt__call_fail(&c);
+    }
+    c.odt[0] = nt__promote((nt_dtype)a->dtype, (nt_dtype)b->dtype);
+    c.ondim[0] = 0;
+    c.flops = 3.0 * (double)nt__numel(a->ndim, a->shape);
+    return nt__dispatch(&c);
+}
+NT_API nt_tensor *nt_mse_loss(nt_tensor *a, nt_tensor *b) { return nt_mse_loss_at(NT_RA_SITE, a, b); }
+
+/* ---------------- matmul, linear ---------------- */
+
+NT_API nt_tensor *nt_matmul_at(const nt_site *site, nt_tensor *a, nt_tensor *b)
+{
+    nt__call c;
+    nt_tensor *in[2] = {a, b};
+    if (!nt__call_begin(&c, site, "nt_matmul", NT_OP_MATMUL, 2, in, "a,b"))
+        return nt__call_fail(&c);
+    a = c.in[0], b = c.in[1];
+    if (!need_float(&c, a, "a") || !need_float(&c, b, "b"))
+        return nt__call_fail(&c);
+    if (a->dtype != b->dtype) {
+        nt__err(site, NT_EDTYPE, "nt_matmul",
+                "arguments 'a' (%s) and 'b' (%s) must have the same dtype (cast one, or use "
+                "autocast)", nt_dtype_name((nt_dtype)a->dtype), nt_dtype_name((nt_dtype)b->dtype));
+        return nt__call_fail(&c);
+    }
+    nt__mminfo mi;
+    char why[160];
+    if (!nt__matmul_info(a, b, &mi, why, sizeof why)) {
+        char s1[128], s2[128];
+        nt__err(site, NT_ESHAPE, "nt_matmul", "cannot multiply 'a' %s by 'b' %s: %s",
+                nt__shape_str(a->ndim, a->shape, s1, sizeof s1),
+                nt__shape_str(b->ndim, b->shape, s2, sizeof s2), why);
+        return nt__call_fail(&c);
+    }
+    c.odt[0] = (nt_dtype)a->dtype;
+    c.ondim[0] = mi.ondim;
+    for (int i = 0; i < mi.ondim; i++)
+        c.oshape[0][i] = mi.oshape[i];
+    c.flops = 2.0 * (double)mi.M * (double)mi.N * (double)mi.K *
+              (double)nt__numel(mi.nbatch, mi.batch);
+    return nt__dispatch(&c);
+}
+NT_API nt_tensor *nt_matmul(nt_tensor *a, nt_tensor *b) { return nt_matmul_at(NT_RA_SITE, a, b); }
+
+NT_API nt_tensor *nt_transpose_at(const nt_site *site, nt_tensor *t, int d0, int d1);
+
+NT_API nt_tensor *nt_linear_at(const nt_site *site, nt_tensor *x, nt_tensor *w, nt_tensor *b)
+{
+    const char *fn = "nt_linear";
+    if (!nt__ensure_init() || !nt__check_arg(site, fn, "x", x) || !nt__check_arg(site, fn, "w", w))
+        return NULL;
+    if (b && !nt__check_arg(site, fn, "b", b))
+        return NULL;
+    if (w->ndim != 2 || x->ndim < 1 || x->shape[x->ndim - 1] != w->shape[1]) {
+        char s1[128], s2[128];
+        nt__err(site, NT_ESHAPE, fn,
+                "argument 'w' %s must be [out, in] with in = the last dim of 'x' %s",
+                nt__shape_str(w->ndim, w->shape, s1, sizeof s1),
+                nt__shape_str(x->ndim, x->shape, s2, sizeof s2));
+        return NULL;
+    }
+    if (b && (b->ndim != 1 || b->shape[0] != w->shape[0])) {
+        char s1[128];
+        nt__err(site, NT_ESHAPE, fn, "argument 'b' %s must be [%lld] (the rows of 'w')",
+                nt__shape_str(b->ndim, b->shape, s1, sizeof s1), (long long)w->shape[0]);
+        return NULL;
+    }
+    /* Op for op the same as matmul(x, w^T) + b, so it fuses and rounds alike. */
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *wt = nt_transpose_at(site, w, 0, 1);
+    nt_tensor *y = nt_matmul_at(site, x, wt);
+    if (y && b)
+        y = nt__binary(site, fn, NT_OP_ADD, y, b);
+    if (y)
+        nt_keep(y);
+    nt_scope_end(s);
+    return y ? nt__scope_adopt(y) : NULL;
+}
+NT_API nt_tensor *nt_linear(nt_tensor *x, nt_tensor *w, nt_tensor *b)
+{
+    return nt_linear_at(NT_RA_SITE, x, w, b);
+}
+
+/* ---------------- embedding ---------------- */
+
+NT_API nt_tensor *nt_embedding_at(const nt_site *site, nt_tensor *weight, nt_tensor *idx)
+{
+    nt__call c;
+    nt_tensor *in[2] = {weight, idx};
+    if (!nt__call_begin(&c, site, "nt_embedding", NT_OP_EMBEDDING, 2, in, "weight,idx"))
+        return nt__call_fail(&c);
+    weight = c.in[0], idx = c.in[1];
+    if (!need_int(&c, idx, "idx"))
+        return nt__call_fail(&c);
+    if (weight->ndim != 2) {
+        char s1[128];
+        nt__err(site, NT_ESHAPE, "nt_embedding", "argument 'weight' has shape %s; expected [V, D]",
+                nt__shape_str(weight->ndim, weight->shape, s1, sizeof s1));
+        return nt__call_fail(&c);
+    }
+    if (idx->ndim + 1 > NT_MAX_DIMS) {
+        nt__err(site, NT_ESHAPE, "nt_embedding", "argument 'idx' has %d dims; at most %d allowed",
+                idx->ndim, NT_MAX_DIMS - 1);
+        return nt__call_fail(&c);
+    }
+    c.odt[0] = (nt_dtype)weight->dtype;
+    c.ondim[0] = idx->ndim + 1;
+    for (int i = 0; i < idx->ndim; i++)
+        c.oshape[0][i] = idx->shape[i];
+    c.oshape[0][idx->ndim] = weight->shape[1];
+    c.flops = (double)nt__numel(c.ondim[0], c.oshape[0]);
+    return nt__dispatch(&c);
+}
+NT_API nt_tensor *nt_embedding(nt_tensor *weight, nt_tensor *idx)
+{
+    return nt_embedding_at(NT_RA_SITE, weight, idx);
+}

@@ -1,0 +1,434 @@
+/* dispatcher/config.c - nt_init / nt_shutdown, the NT_* environment, stats. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+#include "streams/stream.h"
+
+nt__config nt__cfg;
+nt__counters nt__ctr;
+
+static GMutex init_lock;
+static volatile AO_t inited;
+
+void nt__tensor_pool_init(void);
+void nt__tensor_pool_shutdown(void);
+void nt__scopes_close_thread(void);
+uint64_t nt__tensor_live_handles(void);
+
+/* Module hooks: each module that needs set-up provides these (weak so the
+ * foundation links without them). */
+int nt__sim_init(void) __attribute__((weak));
+void nt__sim_shutdown(void) __attribute__((weak));
+int nt__fusion_init(void) __attribute__((weak));
+void nt__fusion_shutdown(void) __attribute__((weak));
+void nt__trace_open_env(void) __attribute__((weak));
+void nt__trace_close(void) __attribute__((weak));
+void nt__debug_stats_print(FILE *f) __attribute__((weak));
+
+uint64_t nt__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void nt__log(int level, const char *fmt, ...)
+{
+    if (level > nt__cfg.log_level)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    char *msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    static const GLogLevelFlags gl[] = {G_LOG_LEVEL_CRITICAL, G_LOG_LEVEL_WARNING,
+                                        G_LOG_LEVEL_MESSAGE, G_LOG_LEVEL_DEBUG};
+    g_log(NT_LOG_DOMAIN, gl[level], "%s", msg);
+    g_free(msg);
+}
+
+/* NT_LOG filters; this handler prints what passes, one plain line each. */
+static void log_handler(const gchar *domain, GLogLevelFlags level, const gchar *msg, gpointer u)
+{
+    (void)domain, (void)u;
+    const char *name = (level & G_LOG_LEVEL_CRITICAL)  ? "error"
+                       : (level & G_LOG_LEVEL_WARNING) ? "warning"
+                       : (level & G_LOG_LEVEL_MESSAGE) ? "info"
+                                                       : "debug";
+    fprintf(stderr, "ntensor: %s: %s\n", name, msg);
+}
+
+/* ---------------- options ---------------- */
+
+static bool parse_bool(const char *v, bool *out)
+{
+    if (!strcmp(v, "1") || !g_ascii_strcasecmp(v, "true") || !g_ascii_strcasecmp(v, "on") ||
+        !g_ascii_strcasecmp(v, "yes")) {
+        *out = true;
+        return true;
+    }
+    if (!strcmp(v, "0") || !g_ascii_strcasecmp(v, "false") || !g_ascii_strcasecmp(v, "off") ||
+        !g_ascii_strcasecmp(v, "no") || !*v) {
+        *out = false;
+        return true;
+    }
+    return false;
+}
+
+static bool parse_u64(const char *v, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || end == v)
+        return false;
+    /* accept K/M/G suffixes (binary) for sizes */
+    if (*end == 'K' || *end == 'k')
+        x <<= 10, end++;
+    else if (*end == 'M' || *end == 'm')
+        x <<= 20, end++;
+    else if (*end == 'G' || *end == 'g')
+        x <<= 30, end++;
+    if (*end)
+        return false;
+    *out = x;
+    return true;
+}
+
+/* Applies one option; returns 0 or NT_EINVAL with the thread error set. */
+static int apply_opt(const char *name, const char *v)
+{
+    const char *fn = "nt_config_set";
+    bool b;
+    uint64_t u;
+    if (!strcmp(name, "NT_DETERMINISTIC")) {
+        if (!parse_bool(v, &b))
+            return nt__err(NULL, NT_EINVAL, fn, "NT_DETERMINISTIC: expected 0 or 1, got '%s'", v);
+        if (b)
+            nt__cfg.mode = NT_MODE_DETERMINISTIC;
+        else if (nt__cfg.mode == NT_MODE_DETERMINISTIC)
+            nt__cfg.mode = NT_MODE_ADAPTIVE;
+    } else if (!strcmp(name, "NT_MODE")) {
+        if (!strcmp(v, "eager"))
+            nt__cfg.mode = NT_MODE_EAGER;
+        else if (!strcmp(v, "adaptive"))
+            nt__cfg.mode = NT_MODE_ADAPTIVE;
+        else if (!strcmp(v, "lazy"))
+            nt__cfg.mode = NT_MODE_LAZY;
+        else if (!strcmp(v, "deterministic"))
+            nt__cfg.mode = NT_MODE_DETERMINISTIC;
+        else
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_MODE: expected eager, adaptive, lazy or deterministic, got '%s'", v);
+    } else if (!strcmp(name, "NT_FUSION")) {
+        if (!parse_bool(v, &nt__cfg.fusion))
+            return nt__err(NULL, NT_EINVAL, fn, "NT_FUSION: expected 0 or 1, got '%s'", v);
+    } else if (!strcmp(name, "NT_BACKEND")) {
+        if (!strcmp(v, "sim"))
+            nt__cfg.backend = NT_BACKEND_SIM;
+        else if (!strcmp(v, "cpu"))
+            nt__cfg.backend = NT_BACKEND_CPU;
+        else
+            return nt__err(NULL, NT_EINVAL, fn, "NT_BACKEND: expected sim or cpu, got '%s'", v);
+    } else if (!strcmp(name, "NT_REQUIRE_SIM")) {
+        if (!parse_bool(v, &nt__cfg.require_sim))
+            return nt__err(NULL, NT_EINVAL, fn, "NT_REQUIRE_SIM: expected 0 or 1, got '%s'", v);
+    } else if (!strcmp(name, "NT_MIN_SIM_FLOPS")) {
+        if (!parse_u64(v, &u))
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_MIN_SIM_FLOPS: expected a non-negative integer, got '%s'", v);
+        nt__cfg.min_sim_flops = (double)u;
+    } else if (!strcmp(name, "NT_CHECK_NAN")) {
+        if (!parse_bool(v, &nt__cfg.check_nan))
+            return nt__err(NULL, NT_EINVAL, fn, "NT_CHECK_NAN: expected 0 or 1, got '%s'", v);
+    } else if (!strcmp(name, "NT_STATS")) {
+        if (!parse_bool(v, &nt__cfg.stats_at_exit))
+            return nt__err(NULL, NT_EINVAL, fn, "NT_STATS: expected 0 or 1, got '%s'", v);
+    } else if (!strcmp(name, "NT_FUSION_LOG")) {
+        if (!parse_bool(v, &nt__cfg.fusion_log))
+            return nt__err(NULL, NT_EINVAL, fn, "NT_FUSION_LOG: expected 0 or 1, got '%s'", v);
+    } else if (!strcmp(name, "NT_LAZY_WINDOW")) {
+        if (!parse_u64(v, &u) || u < 1 || u > 10000000)
+            return nt__err(NULL, NT_EINVAL, fn, "NT_LAZY_WINDOW: expected 1..10000000, got '%s'",
+                           v);
+        nt__cfg.lazy_window = (int)u;
+    } else if (!strcmp(name, "NT_MAX_INFLIGHT")) {
+        if (!parse_u64(v, &u) || u < 2 || u > 100000000)
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_MAX_INFLIGHT: expected 2..100000000, got '%s'", v);
+        nt__cfg.max_inflight = (int)u;
+    } else if (!strcmp(name, "NT_HBM_BYTES")) {
+        if (!parse_u64(v, &u) || u == 0)
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_HBM_BYTES: expected a positive size like 16G, got '%s'", v);
+        if (inited)
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_HBM_BYTES can only be set before nt_init (environment)");
+        nt__cfg.hbm_bytes = u;
+    } else if (!strcmp(name, "NT_TRACE")) {
+        if (inited)
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_TRACE can only be set before nt_init (environment)");
+        g_free(nt__cfg.trace_path);
+        nt__cfg.trace_path = *v ? g_strdup(v) : NULL;
+    } else if (!strcmp(name, "NT_LOG")) {
+        if (!strcmp(v, "error"))
+            nt__cfg.log_level = NT__LOG_ERROR;
+        else if (!strcmp(v, "warn"))
+            nt__cfg.log_level = NT__LOG_WARN;
+        else if (!strcmp(v, "info"))
+            nt__cfg.log_level = NT__LOG_INFO;
+        else if (!strcmp(v, "debug"))
+            nt__cfg.log_level = NT__LOG_DEBUG;
+        else
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_LOG: expected error, warn, info or debug, got '%s'", v);
+    } else if (!strcmp(name, "NT_STOCHASTIC_ROUNDING")) {
+        if (!parse_bool(v, &nt__cfg.sr))
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_STOCHASTIC_ROUNDING: expected 0 or 1, got '%s'", v);
+    } else if (!strcmp(name, "NT_SR_SEED")) {
+        if (!parse_u64(v, &u))
+            return nt__err(NULL, NT_EINVAL, fn, "NT_SR_SEED: expected an integer, got '%s'", v);
+        nt__cfg.sr_seed = u;
+    } else {
+        return nt__err(NULL, NT_EINVAL, fn, "unknown option '%s'", name);
+    }
+    return 0;
+}
+
+static const char *const env_names[] = {
+    "NT_MODE", "NT_DETERMINISTIC", "NT_FUSION", "NT_BACKEND", "NT_REQUIRE_SIM",
+    "NT_MIN_SIM_FLOPS", "NT_CHECK_NAN", "NT_STATS", "NT_FUSION_LOG", "NT_LAZY_WINDOW",
+    "NT_MAX_INFLIGHT", "NT_HBM_BYTES", "NT_TRACE", "NT_LOG", "NT_STOCHASTIC_ROUNDING",
+    "NT_SR_SEED",
+};
+
+static void cfg_defaults(void)
+{
+    g_free(nt__cfg.trace_path);
+    memset(&nt__cfg, 0, sizeof nt__cfg);
+    nt__cfg.mode = NT_MODE_ADAPTIVE;
+    nt__cfg.fusion = true;
+    /* The simulator becomes the default once its kernels are in (sim/). */
+    nt__cfg.backend = nt__sim_init ? NT_BACKEND_SIM : NT_BACKEND_CPU;
+    nt__cfg.lazy_window = 4096;
+    nt__cfg.max_inflight = 1 << 16;
+    nt__cfg.hbm_bytes = UINT64_C(16) << 30; /* one NeuronCore-v2's share of 32 GiB */
+    nt__cfg.log_level = NT__LOG_WARN;
+}
+
+NT_API int nt_init(void)
+{
+    if (AO_load_acquire(&inited))
+        return 0;
+    g_mutex_lock(&init_lock);
+    if (inited) {
+        g_mutex_unlock(&init_lock);
+        return 0;
+    }
+    cfg_defaults();
+    for (size_t i = 0; i < G_N_ELEMENTS(env_names); i++) {
+        const char *v = getenv(env_names[i]);
+        if (v && apply_opt(env_names[i], v) < 0) {
+            /* name the variable as coming from the environment */
+            char msg[1100];
+            snprintf(msg, sizeof msg, "nt_init: environment variable %s", nt_last_error_message());
+            nt__err_set(NT_EINVAL, msg);
+            g_mutex_unlock(&init_lock);
+            return NT_EINVAL;
+        }
+    }
+    /* NT_DETERMINISTIC wins over NT_MODE whatever their order above. */
+    const char *det = getenv("NT_DETERMINISTIC");
+    bool detb;
+    if (det && parse_bool(det, &detb) && detb)
+        nt__cfg.mode = NT_MODE_DETERMINISTIC;
+    g_log_set_handler(NT_LOG_DOMAIN, G_LOG_LEVEL_MASK, log_handler, NULL);
+    memset(&nt__ctr, 0, sizeof nt__ctr);
+    nt__arena_init(nt__cfg.hbm_bytes);
+    nt__tensor_pool_init();
+    if (nt__trace_open_env)
+        nt__trace_open_env();
+    if (nt__sim_init && nt__sim_init() < 0) {
+        g_mutex_unlock(&init_lock);
+        return nt_last_error();
+    }
+    if (nt__fusion_init)
+        nt__fusion_init();
+    nt__streams_init();
+    AO_store_release(&inited, 1);
+    g_mutex_unlock(&init_lock);
+    return 0;
+}
+
+bool nt__initialized(void) { return AO_load_acquire(&inited) != 0; }
+
+bool nt__ensure_init(void)
+{
+    if (AO_load_acquire(&inited))
+        return true;
+    return nt_init() == 0;
+}
+
+NT_API void nt_shutdown(void)
+{
+    g_mutex_lock(&init_lock);
+    if (!inited) {
+        g_mutex_unlock(&init_lock);
+        return;
+    }
+    nt__scopes_close_thread();
+    nt__streams_shutdown();
+    if (nt__cfg.stats_at_exit) {
+        if (nt__debug_stats_print)
+            nt__debug_stats_print(stderr);
+        else {
+            nt_stats st;
+            nt_stats_get(&st);
+            fprintf(stderr,
+                    "ntensor stats: %llu ops enqueued, %llu executed, %llu kernels, %llu syncs "
+                    "(%.3f ms waiting), %llu B to host, %llu B from host, peak device memory "
+                    "%llu B\n",
+                    (unsigned long long)st.ops_enqueued, (unsigned long long)st.ops_executed,
+                    (unsigned long long)st.kernels_launched, (unsigned long long)st.syncs,
+                    st.sync_wait_ns / 1e6, (unsigned long long)st.bytes_to_host,
+                    (unsigned long long)st.bytes_from_host,
+                    (unsigned long long)st.device_bytes_peak);
+        }
+    }
+    if (nt__fusion_shutdown)
+        nt__fusion_shutdown();
+    if (nt__sim_shutdown)
+        nt__sim_shutdown();
+    if (nt__trace_close)
+        nt__trace_close();
+    nt__tensor_pool_shutdown();
+    nt__arena_shutdown();
+    g_free(nt__cfg.trace_path);
+    nt__cfg.trace_path = NULL;
+    AO_store_release(&inited, 0);
+    g_mutex_unlock(&init_lock);
+}
+
+static void drain_one(nt_stream *s, void *arg)
+{
+    (void)arg;
+    nt__stream_drain(s);
+}
+
+NT_API int nt_config_set(const char *name, const char *value)
+{
+    if (!name || !value)
+        return nt__err(NULL, NT_EINVAL, "nt_config_set", "argument '%s' is NULL",
+                       name ? "value" : "name");
+    if (!strcmp(name, "NT_HBM_BYTES") || !strcmp(name, "NT_TRACE")) {
+        if (nt__initialized())
+            return apply_opt(name, value); /* reports "only before nt_init" */
+        return apply_opt(name, value);
+    }
+    if (!nt__ensure_init())
+        return nt_last_error();
+    /* Everything queued so far runs under the old settings. */
+    nt__streams_foreach(drain_one, NULL);
+    nt__config saved = nt__cfg;
+    int rc = apply_opt(name, value);
+    if (rc < 0)
+        nt__cfg = saved;
+    return rc;
+}
+
+NT_API const char *nt_config_get(const char *name)
+{
+    static _Thread_local char buf[64];
+    if (!name)
+        return NULL;
+    nt__ensure_init();
+    if (!strcmp(name, "NT_MODE")) {
+        static const char *m[] = {"adaptive", "eager", "lazy", "deterministic"};
+        return m[nt__cfg.mode];
+    }
+    if (!strcmp(name, "NT_DETERMINISTIC"))
+        return nt__cfg.mode == NT_MODE_DETERMINISTIC ? "1" : "0";
+    if (!strcmp(name, "NT_FUSION"))
+        return nt__cfg.fusion ? "1" : "0";
+    if (!strcmp(name, "NT_BACKEND"))
+        return nt__cfg.backend == NT_BACKEND_SIM ? "sim" : "cpu";
+    if (!strcmp(name, "NT_REQUIRE_SIM"))
+        return nt__cfg.require_sim ? "1" : "0";
+    if (!strcmp(name, "NT_CHECK_NAN"))
+        return nt__cfg.check_nan ? "1" : "0";
+    if (!strcmp(name, "NT_STATS"))
+        return nt__cfg.stats_at_exit ? "1" : "0";
+    if (!strcmp(name, "NT_FUSION_LOG"))
+        return nt__cfg.fusion_log ? "1" : "0";
+    if (!strcmp(name, "NT_STOCHASTIC_ROUNDING"))
+        return nt__cfg.sr ? "1" : "0";
+    if (!strcmp(name, "NT_TRACE"))
+        return nt__cfg.trace_path ? nt__cfg.trace_path : "";
+    if (!strcmp(name, "NT_LOG")) {
+        static const char *l[] = {"error", "warn", "info", "debug"};
+        return l[nt__cfg.log_level];
+    }
+    uint64_t v;
+    if (!strcmp(name, "NT_MIN_SIM_FLOPS"))
+        v = (uint64_t)nt__cfg.min_sim_flops;
+    else if (!strcmp(name, "NT_LAZY_WINDOW"))
+        v = (uint64_t)nt__cfg.lazy_window;
+    else if (!strcmp(name, "NT_MAX_INFLIGHT"))
+        v = (uint64_t)nt__cfg.max_inflight;
+    else if (!strcmp(name, "NT_HBM_BYTES"))
+        v = nt__cfg.hbm_bytes;
+    else if (!strcmp(name, "NT_SR_SEED"))
+        v = nt__cfg.sr_seed;
+    else
+        return NULL;
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
+    return buf;
+}
+
+NT_API nt_mode nt_get_mode(void)
+{
+    nt__ensure_init();
+    return nt__cfg.mode;
+}
+
+NT_API int nt_stats_get(nt_stats *out)
+{
+    if (!out)
+        return nt__err(NULL, NT_EINVAL, "nt_stats_get", "argument 'out' is NULL");
+    memset(out, 0, sizeof *out);
+    if (!nt__initialized())
+        return 0;
+    out->ops_enqueued = AO_load(&nt__ctr.ops_enqueued);
+    out->ops_executed = AO_load(&nt__ctr.ops_executed);
+    out->kernels_launched = AO_load(&nt__ctr.kernels);
+    out->ops_poisoned = AO_load(&nt__ctr.ops_poisoned);
+    out->syncs = AO_load(&nt__ctr.syncs);
+    out->sync_wait_ns = AO_load(&nt__ctr.sync_wait_ns);
+    out->bytes_to_host = AO_load(&nt__ctr.bytes_to_host);
+    out->bytes_from_host = AO_load(&nt__ctr.bytes_from_host);
+    out->cpu_fallbacks = AO_load(&nt__ctr.cpu_fallbacks);
+    out->device_bytes_in_use = nt__arena_in_use();
+    out->device_bytes_peak = nt__arena_peak();
+    out->device_capacity = nt__arena_capacity();
+    return 0;
+}
+
+NT_API void nt_stats_reset(void)
+{
+    if (!nt__initialized())
+        return;
+    AO_store(&nt__ctr.ops_enqueued, 0);
+    AO_store(&nt__ctr.ops_executed, 0);
+    AO_store(&nt__ctr.kernels, 0);
+    AO_store(&nt__ctr.ops_poisoned, 0);
+    AO_store(&nt__ctr.syncs, 0);
+    AO_store(&nt__ctr.sync_wait_ns, 0);
+    AO_store(&nt__ctr.bytes_to_host, 0);
+    AO_store(&nt__ctr.bytes_from_host, 0);
+    AO_store(&nt__ctr.cpu_fallbacks, 0);
+    nt__arena_reset_peak();
+}

@@ -1,0 +1,225 @@
+/* dispatcher/dispatch.c - validate, allocate, record, enqueue.  The hot path. */
+#include "dispatch.h"
+
+#include <string.h>
+
+#include "streams/stream.h"
+
+int (*nt__ag_on_dispatch)(nt__call *c);
+bool (*nt__ag_grad_mode)(void);
+int (*nt__amp_on_call)(nt__call *c);
+
+bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, int nin,
+                    nt_tensor *const *in, const char *names)
+{
+    memset(c, 0, sizeof *c);
+    c->site = site;
+    c->fn = fn;
+    c->op = op;
+    c->nin = nin;
+    c->nout = 1;
+    if (!nt__ensure_init())
+        return false;
+    const char *p = names;
+    for (int i = 0; i < nin; i++) {
+        char name[32];
+        bool optional = false;
+        size_t k = 0;
+        if (*p == '?')
+            optional = true, p++;
+        while (*p && *p != ',' && k < sizeof name - 1)
+            name[k++] = *p++;
+        name[k] = '\0';
+        if (*p == ',')
+            p++;
+        c->in[i] = in[i];
+        if (optional && !in[i])
+            continue;
+        if (!nt__check_arg(site, fn, name, in[i]))
+            return false;
+    }
+    if (nt__amp_on_call && nt__amp_on_call(c) < 0)
+        return false;
+    return true;
+}
+
+static bool logged_fallback[NT_OP_COUNT];
+
+static int choose_backend(nt__call *c, uint8_t *backend)
+{
+    *backend = NT_BACKEND_CPU;
+    if (nt__cfg.backend == NT_BACKEND_CPU)
+        return 0;
+    bool has_sim = c->op >= NT_OP_COUNT || nt__sim_kernels[c->op] != NULL;
+    if (!has_sim) {
+        if (nt__cfg.require_sim)
+            return nt__err(c->site, NT_ENOTSUP, c->fn,
+                           "op '%s' has no simulator kernel and NT_REQUIRE_SIM=1 forbids the CPU "
+                           "fallback",
+                           nt__op_name(c->op));
+        if (!logged_fallback[c->op]) {
+            logged_fallback[c->op] = true;
+            nt__log(NT__LOG_WARN, "op '%s' has no simulator kernel; it runs on the CPU backend",
+                    nt__op_name(c->op));
+        }
+        NT__COUNT(cpu_fallbacks, 1);
+        return 0;
+    }
+    if (c->flops < nt__cfg.min_sim_flops) {
+        NT__COUNT(cpu_fallbacks, 1);
+        return 0;
+    }
+    *backend = NT_BACKEND_SIM;
+    return 0;
+}
+
+static nt_tensor *dispatch_inner(nt__call *c);
+
+static void add_dep(nt__rec *r, nt_stream *s, uint64_t packed)
+{
+    if (!packed || NT__PACK_SID(packed) == s->id || nt__packed_done(packed))
+        return;
+    for (int i = 0; i < r->ndeps; i++)
+        if (r->deps[i] == packed)
+            return;
+    if (r->ndeps < (int)G_N_ELEMENTS(r->deps))
+        r->deps[r->ndeps++] = packed;
+    else
+        nt__wait_packed(packed); /* more than fit: wait here, rare */
+}
+
+static void release_tmp(nt__call *c)
+{
+    for (int i = 0; i < NT__MAX_IN; i++)
+        if (c->tmp[i]) {
+            nt_release(c->tmp[i]);
+            c->tmp[i] = NULL;
+        }
+}
+
+nt_tensor *nt__call_fail(nt__call *c)
+{
+    release_tmp(c);
+    return NULL;
+}
+
+nt_tensor *nt__dispatch_view(nt__call *c, nt_tensor *v)
+{
+    if (!v)
+        return nt__call_fail(c);
+    c->out[0] = v;
+    if (!c->no_grad && nt__ag_on_dispatch && nt__ag_on_dispatch(c) < 0) {
+        nt_release(v);
+        return nt__call_fail(c);
+    }
+    release_tmp(c);
+    return nt__scope_adopt(v);
+}
+
+nt_tensor *nt__dispatch(nt__call *c)
+{
+    nt_tensor *r = dispatch_inner(c);
+    release_tmp(c);
+    return r;
+}
+
+static nt_tensor *dispatch_inner(nt__call *c)
+{
+    uint8_t backend;
+    if (choose_backend(c, &backend) < 0)
+        return NULL;
+
+    /* Outputs. */
+    int nout = c->dst ? 1 : c->nout;
+    for (int i = 0; i < nout; i++) {
+        if (c->dst) {
+            c->out[0] = c->dst;
+            break;
+        }
+        c->out[i] = nt__tensor_empty(c->odt[i], c->ondim[i], c->oshape[i], c->site, c->fn);
+        if (!c->out[i]) {
+            for (int j = 0; j < i; j++)
+                nt_release(c->out[j]);
+            return NULL;
+        }
+    }
+
+    /* Autograd records the node (and refuses bad in-place writes). */
+    if (!c->no_grad && nt__ag_on_dispatch && nt__ag_on_dispatch(c) < 0) {
+        if (!c->dst)
+            for (int i = 0; i < nout; i++)
+                nt_release(c->out[i]);
+        return NULL;
+    }
+
+    nt_stream *s = nt__stream_current();
+    nt__rec *r = nt__rec_alloc(s);
+    if (!r) {
+        nt__err(c->site, NT_ENOMEM, c->fn, "out of host memory for an op record");
+        if (!c->dst)
+            for (int i = 0; i < nout; i++)
+                nt_release(c->out[i]);
+        return NULL;
+    }
+    r->type = NT_REC_OP;
+    r->op = (uint16_t)c->op;
+    r->nin = (uint8_t)c->nin;
+    r->nout = (uint8_t)nout;
+    r->backend = backend;
+    r->p = c->p;
+    r->site = c->site ? *c->site : (nt_site){0};
+    r->bwd_of = c->bwd_of;
+    if (c->dst)
+        r->flags |= NT_RECF_INPLACE;
+    for (int i = 0; i < c->nin; i++) {
+        nt_tensor *t = c->in[i];
+        if (!t)
+            continue;
+        nt__tensor_iref(t);
+        r->in[i] = t;
+        add_dep(r, s, AO_load(&t->st->last_write));
+    }
+    for (int i = 0; i < nout; i++) {
+        nt__tensor_iref(c->out[i]);
+        r->out[i] = c->out[i];
+    }
+    if (c->dst) {
+        /* Write after read/write on other streams. */
+        add_dep(r, s, AO_load(&c->dst->st->last_write));
+        add_dep(r, s, AO_load(&c->dst->st->last_read));
+        AO_fetch_and_add1(&c->dst->st->version);
+    }
+
+    uint64_t seq = nt__stream_next_seq(s);
+    r->seq = seq;
+    uint64_t packed = NT__PACK(s->id, seq);
+    for (int i = 0; i < c->nin; i++)
+        if (c->in[i])
+            AO_store(&c->in[i]->st->last_read, packed);
+    for (int i = 0; i < nout; i++)
+        AO_store_release(&c->out[i]->st->last_write, packed);
+    NT__COUNT(ops_enqueued, 1);
+
+    if (nt__cfg.mode == NT_MODE_DETERMINISTIC) {
+        for (int d = 0; d < r->ndeps; d++)
+            nt__wait_packed(r->deps[d]);
+        nt__stream_run_inline(s, r);
+    } else {
+        nt__stream_enqueue(s, r);
+    }
+
+    if (c->dst)
+        return c->dst;
+    for (int i = 0; i < nout; i++)
+        nt__scope_adopt(c->out[i]);
+    return c->out[0];
+}
+
+nt_tensor *nt__make_view(nt_tensor *t, int ndim, const int64_t *shape, const int64_t *stride,
+                         int64_t offset, const nt_site *site)
+{
+    nt_tensor *v = nt__tensor_new(t->st, (nt_dtype)t->dtype, ndim, shape, stride, offset, site);
+    if (!v)
+        nt__err(site, NT_ENOMEM, "nt_view", "out of host memory for a tensor handle");
+    return v;
+}

@@ -1,0 +1,71 @@
+/* dispatcher/dispatch.h - the one door from the public API to execution.
+ *
+ * A public op fills an nt__call (op, inputs, parameters), runs its shape
+ * rule to fill the output dtype/shape, and calls nt__dispatch, which picks the
+ * backend, allocates the outputs, lets autograd record a node, and enqueues
+ * one record on the calling thread's current stream (or runs it at once in
+ * deterministic mode).  Validation happens before anything is allocated or
+ * enqueued, so a rejected call leaves no trace. */
+#ifndef NT_DISPATCHER_DISPATCH_H
+#define NT_DISPATCHER_DISPATCH_H
+
+#include "internal.h"
+
+typedef struct nt__call {
+    const nt_site *site;
+    const char *fn;  /* public name, for messages: "nt_add" */
+    int op;
+    int nin;
+    nt_tensor *in[NT__MAX_IN];
+    nt__params p;
+    int nout;        /* 1 unless the op says otherwise */
+    nt_dtype odt[NT__MAX_OUT];
+    int ondim[NT__MAX_OUT];
+    int64_t oshape[NT__MAX_OUT][NT_MAX_DIMS];
+    nt_tensor *dst;  /* in-place: out[0] is this existing tensor */
+    nt_tensor *out[NT__MAX_OUT];
+    const char *bwd_of; /* set by autograd for backward ops */
+    double flops;    /* estimate, for NT_MIN_SIM_FLOPS */
+    bool no_grad;    /* never record a graph node (internal helpers) */
+    nt_tensor *tmp[NT__MAX_IN]; /* temporaries (amp casts, alias copies) released
+                                   when the call ends */
+} nt__call;
+
+/* Ends a call that failed before nt__dispatch: releases temporaries. */
+nt_tensor *nt__call_fail(nt__call *c);
+/* Finishes a view: autograd records it, the scope adopts it. */
+nt_tensor *nt__dispatch_view(nt__call *c, nt_tensor *v);
+/* Plain (macro-less) entry points name their caller by return address. */
+#define NT_RA_SITE (&(nt_site){NULL, NULL, 0, __builtin_return_address(0)})
+
+/* Starts a call: site, name, op, inputs (checked: NULL keeps the first
+ * error, released handles are NT_ERELEASED).  `names` are the argument names
+ * for messages ("a,b").  Optional inputs (NULL allowed) are listed with a
+ * leading '?' in names ("x,?w,?b").  Returns false on a bad argument. */
+bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, int nin,
+                    nt_tensor *const *in, const char *names);
+
+/* Enqueues the call.  Returns out[0] as a new reference (adopted by the open
+ * scope), or for in-place calls c->dst without a new reference; NULL with
+ * the error set on failure (nothing enqueued). */
+nt_tensor *nt__dispatch(nt__call *c);
+
+/* Hooks of later layers (NULL until they are linked in and initialised). */
+extern int (*nt__ag_on_dispatch)(nt__call *c);     /* autograd: record a node */
+extern bool (*nt__ag_grad_mode)(void);             /* autograd: grad enabled? */
+extern int (*nt__amp_on_call)(nt__call *c);        /* amp: autocast the inputs */
+
+/* A view of t (same storage) with new metadata; records no op. */
+nt_tensor *nt__make_view(nt_tensor *t, int ndim, const int64_t *shape, const int64_t *stride,
+                         int64_t offset, const nt_site *site);
+
+/* Internal op entry points used by composites and autograd (no site macros). */
+nt_tensor *nt__unary(const nt_site *site, const char *fn, int op, nt_tensor *t);
+nt_tensor *nt__binary(const nt_site *site, const char *fn, int op, nt_tensor *a, nt_tensor *b);
+nt_tensor *nt__scalar(const nt_site *site, const char *fn, int op, nt_tensor *t, double s0,
+                      double s1);
+nt_tensor *nt__reduce(const nt_site *site, const char *fn, int op, nt_tensor *t, int dim,
+                      bool keepdim);
+nt_tensor *nt__copy_to(const nt_site *site, const char *fn, nt_tensor *src, nt_dtype dt);
+
+#endif

@@ -1,0 +1,87 @@
+/* dispatcher/exec.c - running one record: backend kernel, poison, errors.
+ *
+ * Called by stream workers (and inline in deterministic mode).  An op whose
+ * input is poisoned is not run: its outputs carry the same error, so the
+ * message that finally reaches the user names the op that failed first. */
+#include "internal.h"
+#include "streams/stream.h"
+
+nt__kernel_fn nt__sim_kernels[NT_OP_COUNT];
+
+/* Kernel of a registered user op (autograd/custom.c). */
+nt__kernel_fn nt__custom_kernel(int op, int backend) __attribute__((weak));
+/* NaN/Inf check of an executed record's outputs (debug module). */
+int nt__nan_check(nt__rec *r) __attribute__((weak));
+
+static void poison_outputs(nt__rec *r, nt__errobj *e)
+{
+    for (int i = 0; i < NT__MAX_OUT; i++) {
+        nt_tensor *o = r->out[i];
+        if (!o)
+            continue;
+        nt__errobj_ref(e);
+        if (!AO_compare_and_swap_full(&o->st->poison, 0, (AO_t)e))
+            nt__errobj_unref(e); /* already poisoned: keep the first */
+    }
+}
+
+static nt__kernel_fn pick_kernel(const nt__rec *r)
+{
+    if (r->op >= NT_OP_CUSTOM_BASE)
+        return nt__custom_kernel ? nt__custom_kernel(r->op, r->backend) : NULL;
+    if (r->op >= NT_OP_COUNT)
+        return NULL;
+    if (r->backend == NT_BACKEND_SIM && nt__sim_kernels[r->op])
+        return nt__sim_kernels[r->op];
+    return nt__cpu_kernels[r->op];
+}
+
+/* Formats "<api>[ backward] (<site>): <msg>" into a new error object. */
+nt__errobj *nt__rec_error(const nt__rec *r, int code, const char *msg)
+{
+    char where[256];
+    nt__site_format(&r->site, where, sizeof where);
+    char *full;
+    if (r->bwd_of)
+        full = g_strdup_printf("%s (in the backward of %s at %s): %s", nt__op_api(r->op),
+                               r->bwd_of, where, msg);
+    else
+        full = g_strdup_printf("%s (at %s): %s", nt__op_api(r->op), where, msg);
+    nt__errobj *e = nt__errobj_new(code, full);
+    g_free(full);
+    return e;
+}
+
+void nt__exec_rec(nt__rec *r)
+{
+    if (r->type == NT_REC_WAIT)
+        return;
+    if (r->type == NT_REC_HOST) {
+        r->host_fn(r->host_arg);
+        return;
+    }
+    for (int i = 0; i < r->nin; i++) {
+        nt_tensor *t = r->in[i];
+        nt__errobj *pe = t ? (nt__errobj *)AO_load_acquire(&t->st->poison) : NULL;
+        if (pe) {
+            poison_outputs(r, pe);
+            NT__COUNT(ops_poisoned, 1);
+            return;
+        }
+    }
+    nt__kernel_fn k = pick_kernel(r);
+    int rc = k ? k(r)
+               : nt__kerr(NT_ENOTSUP, "no kernel for op '%s' on the %s backend", nt__op_name(r->op),
+                          r->backend == NT_BACKEND_SIM ? "sim" : "cpu");
+    NT__COUNT(ops_executed, 1);
+    NT__COUNT(kernels, 1);
+    if (rc >= 0 && nt__cfg.check_nan && nt__nan_check)
+        rc = nt__nan_check(r);
+    if (rc < 0) {
+        nt__errobj *e = nt__rec_error(r, rc, nt__kerr_msg());
+        poison_outputs(r, e);
+        if (r->stream)
+            nt__stream_note_error(r->stream, e);
+        nt__errobj_unref(e);
+    }
+}

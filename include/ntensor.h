@@ -1,0 +1,658 @@
+/*
+ * ntensor.h - the one public header of ntensor, an adaptive eager execution
+ * runtime for C training programs.
+ *
+ * Conventions that hold for every function below unless its comment says
+ * otherwise:
+ *
+ * Ownership.  A function that returns `nt_tensor *` returns a NEW reference.
+ *   If a scope is open on the calling thread (nt_scope_begin), that reference
+ *   belongs to the innermost scope and is released at nt_scope_end unless the
+ *   caller moves it out with nt_keep().  Otherwise the caller owns it and
+ *   releases it with nt_release().  Tensor arguments are BORROWED: the callee
+ *   takes whatever internal references it needs.
+ *
+ * Errors.  Ops return NULL and set the calling thread's error (code, message
+ *   naming the function, the argument and what was expected, and the caller's
+ *   file:line).  A NULL tensor argument makes an op return NULL and keep the
+ *   first error, so `nt_relu(nt_add(a, b))` needs one check at the end.
+ *   int-returning functions return 0 on success or a negative NT_E* code.
+ *   An error raised later, while a queued op executes, poisons that op's
+ *   outputs and is returned by the next sync point that touches them; its
+ *   message names the op and the file:line that enqueued it.
+ *
+ * Asynchrony.  Ops validate their arguments, infer the result's shape and
+ *   dtype, enqueue the work on the calling thread's current stream and return
+ *   at once.  Metadata queries never wait.  Only the sync points nt_to_host,
+ *   nt_item, nt_print, nt_format, nt_sync (and stream/event synchronisation)
+ *   wait, and only for the work they need.
+ *
+ * Threads.  Every function is thread-safe.  Several threads may read the same
+ *   tensor at once; writing a tensor (the _inplace ops, nt_copy_into) while
+ *   another thread's stream reads it needs an event (nt_event_record /
+ *   nt_stream_wait_event) to be ordered.  Errors, scopes, no-grad regions,
+ *   autocast regions and the current stream are per thread.
+ *
+ * Call sites.  In C, every op and sync point is also a macro that passes the
+ *   caller's __FILE__, __LINE__ and __func__ (see "Call-site capture" at the
+ *   end) so that errors, the fusion log and traces name the user's line.
+ *   Define NT_NO_SITE_MACROS before including this header to get plain
+ *   function calls only (then the return address stands in for the site).
+ */
+#ifndef NTENSOR_H
+#define NTENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(NT_BUILDING_LIBRARY) && defined(__GNUC__)
+#define NT_API __attribute__((visibility("default")))
+#else
+#define NT_API
+#endif
+
+#define NT_VERSION_MAJOR 0
+#define NT_VERSION_MINOR 1
+#define NT_VERSION_PATCH 0
+
+/** Most dimensions a tensor can have. */
+#define NT_MAX_DIMS 8
+
+/** Pass as `dim` to a reduction to reduce over every dim (result is 0-d). */
+#define NT_DIM_ALL (-1000)
+
+/* ------------------------------------------------------------------------ */
+/* Error codes                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* X(name, value, description).  Codes are negative; 0 is success. */
+#define NT_ERRNO_MAP(X)                                                     \
+    X(EINVAL, -1, "invalid argument")                                       \
+    X(ENOMEM, -2, "out of device memory")                                   \
+    X(ESHAPE, -3, "shape mismatch")                                         \
+    X(EDTYPE, -4, "unsupported dtype")                                      \
+    X(EDIM, -5, "dimension out of range")                                   \
+    X(ERELEASED, -6, "use of a released tensor")                            \
+    X(ENOTSUP, -7, "operation not supported")                               \
+    X(EEXEC, -8, "kernel execution failed")                                 \
+    X(ESTATE, -9, "invalid state")                                          \
+    X(EIO, -10, "input/output error")                                       \
+    X(ERANGE, -11, "value out of range")                                    \
+    X(ESIM, -12, "simulator constraint violated")                           \
+    X(ENAN, -13, "NaN or Inf produced")                                     \
+    X(EVERSION, -14, "tensor modified in place after it was saved")         \
+    X(EFORMAT, -15, "malformed file")
+
+typedef enum nt_error {
+    NT_OK = 0,
+#define NT__ERR_ENUM(name, val, desc) NT_##name = (val),
+    NT_ERRNO_MAP(NT__ERR_ENUM)
+#undef NT__ERR_ENUM
+} nt_error;
+
+/** Code of the calling thread's last error (0 if none).  Thread-local. */
+NT_API int nt_last_error(void);
+/** Message of the calling thread's last error ("" if none).  The string is
+ *  owned by the library and valid until the thread's next error or
+ *  nt_clear_error().  Thread-local. */
+NT_API const char *nt_last_error_message(void);
+/** Static description of an error code; never NULL. */
+NT_API const char *nt_strerror(int code);
+/** Clears the calling thread's error. */
+NT_API void nt_clear_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Types                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef enum nt_dtype {
+    NT_F32 = 0, /* IEEE binary32 */
+    NT_BF16,    /* bfloat16: 8-bit exponent, 7-bit mantissa */
+    NT_F16,     /* IEEE binary16 */
+    NT_I32,     /* int32 */
+    NT_U8,      /* uint8; comparisons return it (0 or 1) */
+    NT_DTYPE_COUNT
+} nt_dtype;
+
+/** Opaque tensor handle.  Refcounted; see Ownership above. */
+typedef struct nt_tensor nt_tensor;
+/** Opaque scope: tensors created while it is innermost die with it. */
+typedef struct nt_scope nt_scope;
+/** Opaque stream: an in-order queue of work with its own worker. */
+typedef struct nt_stream nt_stream;
+/** Opaque event: a point in a stream's work that others can wait for. */
+typedef struct nt_event nt_event;
+
+/** Where a user called the library.  Filled by the NT_HERE macro; strings
+ *  must be static (string literals).  `ra` is a return address used when
+ *  file is NULL. */
+typedef struct nt_site {
+    const char *file;
+    const char *func;
+    int line;
+    const void *ra;
+} nt_site;
+
+/** Name ("f32", "bf16", ...) of a dtype, or "?" if out of range. */
+NT_API const char *nt_dtype_name(nt_dtype dt);
+/** Size in bytes of one element, or 0 if out of range. */
+NT_API size_t nt_dtype_size(nt_dtype dt);
+
+/* ------------------------------------------------------------------------ */
+/* Lifecycle and configuration                                              */
+/* ------------------------------------------------------------------------ */
+
+/** Initialises the runtime and reads the NT_* environment variables
+ *  (docs/env.md).  Idempotent and thread-safe: later calls return 0 at once.
+ *  Every other function calls it implicitly if needed. */
+NT_API int nt_init(void);
+
+/** Drains every stream, joins the workers and frees everything the runtime
+ *  owns.  Handles still held by the user become invalid.  NT_STATS=1 prints
+ *  a summary here.  Call once, from one thread, when no other thread uses the
+ *  library; nt_init() may be called again afterwards. */
+NT_API void nt_shutdown(void);
+
+/** Execution modes (NT_MODE / NT_DETERMINISTIC). */
+typedef enum nt_mode {
+    NT_MODE_ADAPTIVE = 0, /* async; the worker fuses what queued meanwhile */
+    NT_MODE_EAGER,        /* async, one kernel per op */
+    NT_MODE_LAZY,         /* hold ops until a sync point or a full window */
+    NT_MODE_DETERMINISTIC /* every op synchronous on the calling thread */
+} nt_mode;
+
+/** Sets a runtime option by the name of its environment variable, e.g.
+ *  nt_config_set("NT_MODE", "lazy").  Waits for all queued work first, so
+ *  the change applies to every op issued after it.  Returns NT_EINVAL for an
+ *  unknown name or a bad value. */
+NT_API int nt_config_set(const char *name, const char *value);
+/** Current value of an option as text, or NULL for an unknown name.  The
+ *  string is static or owned by the runtime until the next nt_config_set. */
+NT_API const char *nt_config_get(const char *name);
+/** Current execution mode. */
+NT_API nt_mode nt_get_mode(void);
+
+/* ------------------------------------------------------------------------ */
+/* Creation                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/** Copies numel(shape) elements of dtype `dt` from host memory `src`
+ *  (row-major, contiguous) into a new device tensor.  The copy is complete
+ *  when the call returns; `src` is not retained.  ndim may be 0 (a scalar;
+ *  shape may then be NULL). */
+NT_API nt_tensor *nt_from_host(const void *src, nt_dtype dt, int ndim,
+                               const int64_t *shape);
+/** New tensors filled with 0, 1 or `value` (rounded to dt). */
+NT_API nt_tensor *nt_zeros(nt_dtype dt, int ndim, const int64_t *shape);
+NT_API nt_tensor *nt_ones(nt_dtype dt, int ndim, const int64_t *shape);
+NT_API nt_tensor *nt_full(nt_dtype dt, int ndim, const int64_t *shape,
+                          double value);
+/** New tensors shaped like `t` (its dtype) filled with 0, 1 or value. */
+NT_API nt_tensor *nt_zeros_like(nt_tensor *t);
+NT_API nt_tensor *nt_ones_like(nt_tensor *t);
+NT_API nt_tensor *nt_full_like(nt_tensor *t, double value);
+/** 1-D tensor start, start+step, ... < end (> end for a negative step). */
+NT_API nt_tensor *nt_arange(nt_dtype dt, double start, double end,
+                            double step);
+/** Uniform [0, 1) and standard normal samples.  Element i depends only on
+ *  (seed, i): the same seed gives the same tensor in every mode and on every
+ *  backend.  Floating dtypes only. */
+NT_API nt_tensor *nt_rand(nt_dtype dt, int ndim, const int64_t *shape,
+                          uint64_t seed);
+NT_API nt_tensor *nt_randn(nt_dtype dt, int ndim, const int64_t *shape,
+                           uint64_t seed);
+
+/* ------------------------------------------------------------------------ */
+/* Reading values (sync points)                                             */
+/* ------------------------------------------------------------------------ */
+
+/** Waits for `t`'s value and copies it, row-major contiguous, in t's dtype,
+ *  into `dst`, which must hold nbytes >= numel * dtype size.  Returns 0, or
+ *  the error that poisoned t (message naming the failed op and its site). */
+NT_API int nt_to_host(nt_tensor *t, void *dst, size_t nbytes);
+/** Waits for a one-element tensor and stores its value as a double. */
+NT_API int nt_item(nt_tensor *t, double *out);
+/** Waits for `t` and prints it to stdout like PyTorch:
+ *  tensor([[1.0000, 2.0000], ...], dtype=bf16). */
+NT_API int nt_print(nt_tensor *t);
+/** Same text as nt_print, returned as a malloc'ed string the caller frees
+ *  (NULL on error). */
+NT_API char *nt_format(nt_tensor *t);
+/** Waits for all work queued so far on every stream.  Returns the first
+ *  error raised by that work and not yet reported, or 0. */
+NT_API int nt_sync(void);
+
+/* ------------------------------------------------------------------------ */
+/* Metadata (never waits)                                                   */
+/* ------------------------------------------------------------------------ */
+
+/** Number of dims (0 for a scalar), or -1 for a NULL or released tensor. */
+NT_API int nt_ndim(nt_tensor *t);
+/** Size of dim i (negative i counts from the end), or -1 if invalid. */
+NT_API int64_t nt_shape(nt_tensor *t, int i);
+/** Number of elements, or -1 for a NULL or released tensor. */
+NT_API int64_t nt_numel(nt_tensor *t);
+/** Element type, or NT_DTYPE_COUNT for a NULL or released tensor. */
+NT_API nt_dtype nt_dtype_of(nt_tensor *t);
+/** Stride of dim i in elements (views may be non-contiguous), -1 if bad. */
+NT_API int64_t nt_stride(nt_tensor *t, int i);
+/** True if the tensor is row-major contiguous. */
+NT_API bool nt_is_contiguous(nt_tensor *t);
+
+/* ------------------------------------------------------------------------ */
+/* Lifetime                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/** Adds a reference; returns t (NULL for a NULL or released tensor). */
+NT_API nt_tensor *nt_retain(nt_tensor *t);
+/** Drops a reference.  When the last user reference goes, the handle becomes
+ *  invalid at once (using it again is reported as NT_ERELEASED); its storage
+ *  lives on while queued work or a view still needs it.  Releasing NULL is a
+ *  no-op; releasing a released handle sets NT_ERELEASED and returns it. */
+NT_API int nt_release(nt_tensor *t);
+/** Opens a scope on the calling thread.  Every tensor returned to this thread
+ *  while it is the innermost open scope is released by nt_scope_end. */
+NT_API nt_scope *nt_scope_begin(void);
+/** Closes `s` (and any scope opened inside it and not closed), releasing the
+ *  tensors it owns.  Must be called on the thread that opened it. */
+NT_API int nt_scope_end(nt_scope *s);
+/** Moves t out of the scope that owns it into the caller's ownership (the
+ *  caller must nt_release it).  Returns t. */
+NT_API nt_tensor *nt_keep(nt_tensor *t);
+
+/* ------------------------------------------------------------------------ */
+/* Elementwise ops.  Binary ops broadcast like NumPy and promote dtypes     */
+/* (float beats int, f32 beats bf16/f16, bf16 with f16 gives f32, i32 beats */
+/* u8).  Floating math is done in f32 and rounded once to the result dtype. */
+/* ------------------------------------------------------------------------ */
+
+NT_API nt_tensor *nt_add(nt_tensor *a, nt_tensor *b);     /* a + b */
+NT_API nt_tensor *nt_sub(nt_tensor *a, nt_tensor *b);     /* a - b */
+NT_API nt_tensor *nt_mul(nt_tensor *a, nt_tensor *b);     /* a * b */
+NT_API nt_tensor *nt_div(nt_tensor *a, nt_tensor *b);     /* a / b, true division (ints give f32) */
+NT_API nt_tensor *nt_maximum(nt_tensor *a, nt_tensor *b); /* max(a, b), NaN propagates */
+NT_API nt_tensor *nt_minimum(nt_tensor *a, nt_tensor *b); /* min(a, b), NaN propagates */
+/** Comparisons: u8 tensors of 0/1 (NaN compares false except ne). */
+NT_API nt_tensor *nt_eq(nt_tensor *a, nt_tensor *b);
+NT_API nt_tensor *nt_ne(nt_tensor *a, nt_tensor *b);
+NT_API nt_tensor *nt_lt(nt_tensor *a, nt_tensor *b);
+NT_API nt_tensor *nt_le(nt_tensor *a, nt_tensor *b);
+NT_API nt_tensor *nt_gt(nt_tensor *a, nt_tensor *b);
+NT_API nt_tensor *nt_ge(nt_tensor *a, nt_tensor *b);
+/** cond ? a : b, elementwise, all three broadcast together; cond is any
+ *  dtype (nonzero is true); the result has a's and b's promoted dtype. */
+NT_API nt_tensor *nt_where(nt_tensor *cond, nt_tensor *a, nt_tensor *b);
+
+/** Tensor-scalar ops.  The result keeps t's dtype, except that an integer
+ *  tensor with a non-integral scalar gives f32. */
+NT_API nt_tensor *nt_add_scalar(nt_tensor *t, double s); /* t + s */
+NT_API nt_tensor *nt_mul_scalar(nt_tensor *t, double s); /* t * s */
+NT_API nt_tensor *nt_div_scalar(nt_tensor *t, double s); /* t / s */
+NT_API nt_tensor *nt_pow_scalar(nt_tensor *t, double s); /* t ^ s (float result) */
+NT_API nt_tensor *nt_clamp(nt_tensor *t, double lo, double hi); /* min(max(t, lo), hi) */
+
+/** Unary ops.  Integer inputs give f32, except neg, abs and relu, which keep
+ *  the integer dtype.  gelu is the exact erf form, 0.5x(1 + erf(x/sqrt 2)). */
+NT_API nt_tensor *nt_neg(nt_tensor *t);
+NT_API nt_tensor *nt_exp(nt_tensor *t);
+NT_API nt_tensor *nt_log(nt_tensor *t);
+NT_API nt_tensor *nt_sqrt(nt_tensor *t);
+NT_API nt_tensor *nt_rsqrt(nt_tensor *t); /* 1 / sqrt(t) */
+NT_API nt_tensor *nt_abs(nt_tensor *t);
+NT_API nt_tensor *nt_relu(nt_tensor *t);
+NT_API nt_tensor *nt_gelu(nt_tensor *t);
+NT_API nt_tensor *nt_sigmoid(nt_tensor *t);
+NT_API nt_tensor *nt_tanh(nt_tensor *t);
+NT_API nt_tensor *nt_silu(nt_tensor *t); /* t * sigmoid(t) */
+
+/** Converts to dtype `dt` (round to nearest even for floats; float to int
+ *  truncates toward zero, saturates, and maps NaN to 0; int to u8 wraps).
+ *  Casting to t's own dtype gives a new handle on t's storage. */
+NT_API nt_tensor *nt_cast(nt_tensor *t, nt_dtype dt);
+
+/* ------------------------------------------------------------------------ */
+/* Linear algebra                                                           */
+/* ------------------------------------------------------------------------ */
+
+/** Matrix product with PyTorch's semantics: 1-D operands are promoted to a
+ *  row/column and the added dim removed; leading (batch) dims broadcast.
+ *  Floating dtypes; accumulates in f32 in K-tiles of 128, ascending. */
+NT_API nt_tensor *nt_matmul(nt_tensor *a, nt_tensor *b);
+/** x[..., in] . w[out, in]^T + b[out]; b may be NULL.  Same as
+ *  nt_add(nt_matmul(x, nt_transpose(w, 0, 1)), b), op for op. */
+NT_API nt_tensor *nt_linear(nt_tensor *x, nt_tensor *w, nt_tensor *b);
+
+/* ------------------------------------------------------------------------ */
+/* Reductions and row ops.  `dim` may be negative (counts from the end);     */
+/* NT_DIM_ALL reduces every dim.  One summation order, fixed by the shape.   */
+/* ------------------------------------------------------------------------ */
+
+NT_API nt_tensor *nt_sum(nt_tensor *t, int dim, bool keepdim);  /* ints sum in i32 */
+NT_API nt_tensor *nt_mean(nt_tensor *t, int dim, bool keepdim); /* floating only */
+NT_API nt_tensor *nt_max(nt_tensor *t, int dim, bool keepdim);  /* values */
+NT_API nt_tensor *nt_argmax(nt_tensor *t, int dim, bool keepdim); /* i32, first max */
+/** exp(x - max) / sum(exp(x - max)) over `dim`. */
+NT_API nt_tensor *nt_softmax(nt_tensor *t, int dim);
+/** x - max - log(sum(exp(x - max))) over `dim`. */
+NT_API nt_tensor *nt_log_softmax(nt_tensor *t, int dim);
+/** Normalises over the last dim: (x - mean) * rsqrt(var + eps) * w + b, with
+ *  the biased variance; w and b ([last dim]) may be NULL. */
+NT_API nt_tensor *nt_layer_norm(nt_tensor *x, nt_tensor *w, nt_tensor *b,
+                                double eps);
+/** x * rsqrt(mean(x^2) + eps) * w over the last dim; w may be NULL. */
+NT_API nt_tensor *nt_rms_norm(nt_tensor *x, nt_tensor *w, double eps);
+/** Mean over the batch of -log_softmax(logits)[i, labels[i]].
+ *  logits [N, C] floating, labels [N] i32 in [0, C) (checked when it runs). */
+NT_API nt_tensor *nt_cross_entropy(nt_tensor *logits, nt_tensor *labels);
+/** mean((a - b)^2) over every element; a and b have the same shape. */
+NT_API nt_tensor *nt_mse_loss(nt_tensor *a, nt_tensor *b);
+/** Rows of weight [V, D] picked by the i32 indices idx [...]: [..., D].
+ *  Indices outside [0, V) are an error when the op runs. */
+NT_API nt_tensor *nt_embedding(nt_tensor *weight, nt_tensor *idx);
+
+/* ------------------------------------------------------------------------ */
+/* Shapes and views.  reshape, transpose, permute, slice and expand return   */
+/* views sharing t's storage where the strides allow (reshape copies only    */
+/* when it must).  Writes through a view are seen by the base tensor.        */
+/* ------------------------------------------------------------------------ */
+
+/** New shape with the same numel; one entry may be -1 (inferred). */
+NT_API nt_tensor *nt_reshape(nt_tensor *t, int ndim, const int64_t *shape);
+/** Swaps dims d0 and d1. */
+NT_API nt_tensor *nt_transpose(nt_tensor *t, int d0, int d1);
+/** Reorders dims: result dim i is t's dim perm[i]; perm has ndim entries. */
+NT_API nt_tensor *nt_permute(nt_tensor *t, const int *perm);
+/** Elements start, start+step, ... < end along dim (Python slice semantics
+ *  for negative and out-of-range start/end; step >= 1). */
+NT_API nt_tensor *nt_slice(nt_tensor *t, int dim, int64_t start, int64_t end,
+                           int64_t step);
+/** Broadcast view to `shape` (size-1 dims stretch with stride 0; new dims
+ *  are added at the front).  Read-only in spirit: writing it is an error. */
+NT_API nt_tensor *nt_expand(nt_tensor *t, int ndim, const int64_t *shape);
+/** Concatenates n tensors of equal dtype along dim (other dims equal). */
+NT_API nt_tensor *nt_cat(nt_tensor *const *ts, int n, int dim);
+/** A contiguous tensor with t's values: a new handle on t's storage if t is
+ *  already contiguous, else a copy. */
+NT_API nt_tensor *nt_contiguous(nt_tensor *t);
+
+/* ------------------------------------------------------------------------ */
+/* In place.  These write into `dst` (which must not be an expanded view)   */
+/* and return 0 or an error code; the result is cast to dst's dtype.  Each   */
+/* write bumps the storage's version; queued reads of the old value happen   */
+/* first.  On a tensor that requires grad they are refused outside a no-grad */
+/* region.                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/** dst <- src (src broadcast to dst's shape and cast to its dtype). */
+NT_API int nt_copy_into(nt_tensor *dst, nt_tensor *src);
+NT_API int nt_add_inplace(nt_tensor *dst, nt_tensor *src); /* dst += src */
+NT_API int nt_sub_inplace(nt_tensor *dst, nt_tensor *src); /* dst -= src */
+NT_API int nt_mul_inplace(nt_tensor *dst, nt_tensor *src); /* dst *= src */
+NT_API int nt_div_inplace(nt_tensor *dst, nt_tensor *src); /* dst /= src */
+NT_API int nt_add_scalar_inplace(nt_tensor *dst, double s);
+NT_API int nt_mul_scalar_inplace(nt_tensor *dst, double s);
+NT_API int nt_fill_inplace(nt_tensor *dst, double value);
+NT_API int nt_relu_inplace(nt_tensor *dst);
+NT_API int nt_neg_inplace(nt_tensor *dst);
+NT_API int nt_clamp_inplace(nt_tensor *dst, double lo, double hi);
+
+/* ------------------------------------------------------------------------ */
+/* Autograd                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/** Marks a leaf tensor as needing a gradient (floating dtypes only). */
+NT_API int nt_set_requires_grad(nt_tensor *t, bool requires_grad);
+/** True if gradients flow to or through t. */
+NT_API bool nt_requires_grad(nt_tensor *t);
+/** Back-propagates from a one-element loss, accumulating into the .grad of
+ *  every leaf that requires grad, then frees the graph.  Backward ops are
+ *  queued like any other op.  A second call through the same graph is an
+ *  error (NT_ESTATE) unless the first used nt_backward_ex(loss, true). */
+NT_API int nt_backward(nt_tensor *loss);
+NT_API int nt_backward_ex(nt_tensor *loss, bool retain_graph);
+/** The accumulated gradient of t (a new reference), or NULL without setting
+ *  an error if there is none yet. */
+NT_API nt_tensor *nt_grad(nt_tensor *t);
+/** Drops t's accumulated gradient. */
+NT_API int nt_zero_grad(nt_tensor *t);
+/** A tensor sharing t's storage, cut from the graph. */
+NT_API nt_tensor *nt_detach(nt_tensor *t);
+/** No-grad regions (nestable, per thread): ops record no graph inside. */
+NT_API void nt_no_grad_begin(void);
+NT_API void nt_no_grad_end(void);
+/** Whether ops on this thread currently record a graph. */
+NT_API bool nt_grad_enabled(void);
+
+/* ------------------------------------------------------------------------ */
+/* Streams and events                                                        */
+/* ------------------------------------------------------------------------ */
+
+/** The stream every thread starts on.  Owned by the runtime. */
+NT_API nt_stream *nt_stream_default(void);
+/** A new stream with its own worker thread.  Destroy with
+ *  nt_stream_destroy. */
+NT_API nt_stream *nt_stream_create(void);
+/** Waits for the stream's work and frees it.  Threads whose current stream it
+ *  was go back to the default stream.  The default stream cannot be
+ *  destroyed (NT_EINVAL). */
+NT_API int nt_stream_destroy(nt_stream *s);
+/** The calling thread's current stream (where its ops are queued). */
+NT_API nt_stream *nt_stream_current(void);
+/** Makes `s` the calling thread's current stream (NULL: the default). */
+NT_API int nt_stream_set_current(nt_stream *s);
+/** Waits for all work queued on `s` so far; returns its first unreported
+ *  error or 0. */
+NT_API int nt_stream_synchronize(nt_stream *s);
+/** Events: record marks the work queued on `s` so far; a stream that waits on
+ *  an event runs nothing queued after the wait until that work is done. */
+NT_API nt_event *nt_event_create(void);
+NT_API int nt_event_record(nt_event *e, nt_stream *s);
+NT_API int nt_stream_wait_event(nt_stream *s, nt_event *e);
+/** Waits on the host until the event's work is done. */
+NT_API int nt_event_synchronize(nt_event *e);
+/** True if the event's work is done (or it was never recorded). */
+NT_API bool nt_event_query(nt_event *e);
+NT_API void nt_event_destroy(nt_event *e);
+
+/* ------------------------------------------------------------------------ */
+/* Statistics                                                                */
+/* ------------------------------------------------------------------------ */
+
+typedef struct nt_stats {
+    uint64_t ops_enqueued;      /* ops recorded by the dispatcher */
+    uint64_t ops_executed;      /* ops run (fused or not) */
+    uint64_t kernels_launched;  /* kernels run by a backend */
+    uint64_t ops_poisoned;      /* ops skipped because an input was poisoned */
+    uint64_t syncs;             /* sync points reached */
+    uint64_t sync_wait_ns;      /* host time spent waiting in sync points */
+    uint64_t bytes_to_host;     /* nt_to_host / item / print */
+    uint64_t bytes_from_host;   /* nt_from_host */
+    uint64_t device_bytes_in_use; /* live device storage */
+    uint64_t device_bytes_peak;
+    uint64_t device_capacity;
+    uint64_t cpu_fallbacks;     /* ops that ran on the CPU backend */
+} nt_stats;
+
+/** Fills *out with counters since nt_init (or the last nt_stats_reset). */
+NT_API int nt_stats_get(nt_stats *out);
+NT_API void nt_stats_reset(void);
+
+/* ------------------------------------------------------------------------ */
+/* Call-site capture.  Each entry point X also exists as X_at taking the     */
+/* caller's site first; in C the macros below route X(...) to X_at.          */
+/* ------------------------------------------------------------------------ */
+
+#define NT_DECL_AT(ret, name, ...) NT_API ret name##_at(const nt_site *site, __VA_ARGS__)
+NT_DECL_AT(nt_tensor *, nt_from_host, const void *, nt_dtype, int, const int64_t *);
+NT_DECL_AT(nt_tensor *, nt_zeros, nt_dtype, int, const int64_t *);
+NT_DECL_AT(nt_tensor *, nt_ones, nt_dtype, int, const int64_t *);
+NT_DECL_AT(nt_tensor *, nt_full, nt_dtype, int, const int64_t *, double);
+NT_DECL_AT(nt_tensor *, nt_zeros_like, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_ones_like, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_full_like, nt_tensor *, double);
+NT_DECL_AT(nt_tensor *, nt_arange, nt_dtype, double, double, double);
+NT_DECL_AT(nt_tensor *, nt_rand, nt_dtype, int, const int64_t *, uint64_t);
+NT_DECL_AT(nt_tensor *, nt_randn, nt_dtype, int, const int64_t *, uint64_t);
+NT_DECL_AT(int, nt_to_host, nt_tensor *, void *, size_t);
+NT_DECL_AT(int, nt_item, nt_tensor *, double *);
+NT_DECL_AT(int, nt_print, nt_tensor *);
+NT_DECL_AT(char *, nt_format, nt_tensor *);
+NT_API int nt_sync_at(const nt_site *site);
+NT_DECL_AT(nt_tensor *, nt_add, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_sub, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_mul, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_div, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_maximum, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_minimum, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_eq, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_ne, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_lt, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_le, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_gt, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_ge, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_where, nt_tensor *, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_add_scalar, nt_tensor *, double);
+NT_DECL_AT(nt_tensor *, nt_mul_scalar, nt_tensor *, double);
+NT_DECL_AT(nt_tensor *, nt_div_scalar, nt_tensor *, double);
+NT_DECL_AT(nt_tensor *, nt_pow_scalar, nt_tensor *, double);
+NT_DECL_AT(nt_tensor *, nt_clamp, nt_tensor *, double, double);
+NT_DECL_AT(nt_tensor *, nt_neg, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_exp, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_log, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_sqrt, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_rsqrt, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_abs, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_relu, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_gelu, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_sigmoid, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_tanh, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_silu, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_cast, nt_tensor *, nt_dtype);
+NT_DECL_AT(nt_tensor *, nt_matmul, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_linear, nt_tensor *, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_sum, nt_tensor *, int, bool);
+NT_DECL_AT(nt_tensor *, nt_mean, nt_tensor *, int, bool);
+NT_DECL_AT(nt_tensor *, nt_max, nt_tensor *, int, bool);
+NT_DECL_AT(nt_tensor *, nt_argmax, nt_tensor *, int, bool);
+NT_DECL_AT(nt_tensor *, nt_softmax, nt_tensor *, int);
+NT_DECL_AT(nt_tensor *, nt_log_softmax, nt_tensor *, int);
+NT_DECL_AT(nt_tensor *, nt_layer_norm, nt_tensor *, nt_tensor *, nt_tensor *, double);
+NT_DECL_AT(nt_tensor *, nt_rms_norm, nt_tensor *, nt_tensor *, double);
+NT_DECL_AT(nt_tensor *, nt_cross_entropy, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_mse_loss, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_embedding, nt_tensor *, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_reshape, nt_tensor *, int, const int64_t *);
+NT_DECL_AT(nt_tensor *, nt_transpose, nt_tensor *, int, int);
+NT_DECL_AT(nt_tensor *, nt_permute, nt_tensor *, const int *);
+NT_DECL_AT(nt_tensor *, nt_slice, nt_tensor *, int, int64_t, int64_t, int64_t);
+NT_DECL_AT(nt_tensor *, nt_expand, nt_tensor *, int, const int64_t *);
+NT_DECL_AT(nt_tensor *, nt_cat, nt_tensor *const *, int, int);
+NT_DECL_AT(nt_tensor *, nt_contiguous, nt_tensor *);
+NT_DECL_AT(int, nt_copy_into, nt_tensor *, nt_tensor *);
+NT_DECL_AT(int, nt_add_inplace, nt_tensor *, nt_tensor *);
+NT_DECL_AT(int, nt_sub_inplace, nt_tensor *, nt_tensor *);
+NT_DECL_AT(int, nt_mul_inplace, nt_tensor *, nt_tensor *);
+NT_DECL_AT(int, nt_div_inplace, nt_tensor *, nt_tensor *);
+NT_DECL_AT(int, nt_add_scalar_inplace, nt_tensor *, double);
+NT_DECL_AT(int, nt_mul_scalar_inplace, nt_tensor *, double);
+NT_DECL_AT(int, nt_fill_inplace, nt_tensor *, double);
+NT_DECL_AT(int, nt_relu_inplace, nt_tensor *);
+NT_DECL_AT(int, nt_neg_inplace, nt_tensor *);
+NT_DECL_AT(int, nt_clamp_inplace, nt_tensor *, double, double);
+NT_DECL_AT(int, nt_backward, nt_tensor *);
+NT_DECL_AT(int, nt_backward_ex, nt_tensor *, bool);
+NT_DECL_AT(nt_tensor *, nt_detach, nt_tensor *);
+
+#if !defined(__cplusplus) && !defined(NT_NO_SITE_MACROS) && !defined(NT_BUILDING_LIBRARY)
+/** The caller's site, as a compound literal living for the call. */
+#define NT_HERE (&(const nt_site){__FILE__, __func__, __LINE__, 0})
+#define nt_from_host(...) nt_from_host_at(NT_HERE, __VA_ARGS__)
+#define nt_zeros(...) nt_zeros_at(NT_HERE, __VA_ARGS__)
+#define nt_ones(...) nt_ones_at(NT_HERE, __VA_ARGS__)
+#define nt_full(...) nt_full_at(NT_HERE, __VA_ARGS__)
+#define nt_zeros_like(...) nt_zeros_like_at(NT_HERE, __VA_ARGS__)
+#define nt_ones_like(...) nt_ones_like_at(NT_HERE, __VA_ARGS__)
+#define nt_full_like(...) nt_full_like_at(NT_HERE, __VA_ARGS__)
+#define nt_arange(...) nt_arange_at(NT_HERE, __VA_ARGS__)
+#define nt_rand(...) nt_rand_at(NT_HERE, __VA_ARGS__)
+#define nt_randn(...) nt_randn_at(NT_HERE, __VA_ARGS__)
+#define nt_to_host(...) nt_to_host_at(NT_HERE, __VA_ARGS__)
+#define nt_item(...) nt_item_at(NT_HERE, __VA_ARGS__)
+#define nt_print(...) nt_print_at(NT_HERE, __VA_ARGS__)
+#define nt_format(...) nt_format_at(NT_HERE, __VA_ARGS__)
+#define nt_sync() nt_sync_at(NT_HERE)
+#define nt_add(...) nt_add_at(NT_HERE, __VA_ARGS__)
+#define nt_sub(...) nt_sub_at(NT_HERE, __VA_ARGS__)
+#define nt_mul(...) nt_mul_at(NT_HERE, __VA_ARGS__)
+#define nt_div(...) nt_div_at(NT_HERE, __VA_ARGS__)
+#define nt_maximum(...) nt_maximum_at(NT_HERE, __VA_ARGS__)
+#define nt_minimum(...) nt_minimum_at(NT_HERE, __VA_ARGS__)
+#define nt_eq(...) nt_eq_at(NT_HERE, __VA_ARGS__)
+#define nt_ne(...) nt_ne_at(NT_HERE, __VA_ARGS__)
+#define nt_lt(...) nt_lt_at(NT_HERE, __VA_ARGS__)
+#define nt_le(...) nt_le_at(NT_HERE, __VA_ARGS__)
+#define nt_gt(...) nt_gt_at(NT_HERE, __VA_ARGS__)
+#define nt_ge(...) nt_ge_at(NT_HERE, __VA_ARGS__)
+#define nt_where(...) nt_where_at(NT_HERE, __VA_ARGS__)
+#define nt_add_scalar(...) nt_add_scalar_at(NT_HERE, __VA_ARGS__)
+#define nt_mul_scalar(...) nt_mul_scalar_at(NT_HERE, __VA_ARGS__)
+#define nt_div_scalar(...) nt_div_scalar_at(NT_HERE, __VA_ARGS__)
+#define nt_pow_scalar(...) nt_pow_scalar_at(NT_HERE, __VA_ARGS__)
+#define nt_clamp(...) nt_clamp_at(NT_HERE, __VA_ARGS__)
+#define nt_neg(...) nt_neg_at(NT_HERE, __VA_ARGS__)
+#define nt_exp(...) nt_exp_at(NT_HERE, __VA_ARGS__)
+#define nt_log(...) nt_log_at(NT_HERE, __VA_ARGS__)
+#define nt_sqrt(...) nt_sqrt_at(NT_HERE, __VA_ARGS__)
+#define nt_rsqrt(...) nt_rsqrt_at(NT_HERE, __VA_ARGS__)
+#define nt_abs(...) nt_abs_at(NT_HERE, __VA_ARGS__)
+#define nt_relu(...) nt_relu_at(NT_HERE, __VA_ARGS__)
+#define nt_gelu(...) nt_gelu_at(NT_HERE, __VA_ARGS__)
+#define nt_sigmoid(...) nt_sigmoid_at(NT_HERE, __VA_ARGS__)
+#define nt_tanh(...) nt_tanh_at(NT_HERE, __VA_ARGS__)
+#define nt_silu(...) nt_silu_at(NT_HERE, __VA_ARGS__)
+#define nt_cast(...) nt_cast_at(NT_HERE, __VA_ARGS__)
+#define nt_matmul(...) nt_matmul_at(NT_HERE, __VA_ARGS__)
+#define nt_linear(...) nt_linear_at(NT_HERE, __VA_ARGS__)
+#define nt_sum(...) nt_sum_at(NT_HERE, __VA_ARGS__)
+#define nt_mean(...) nt_mean_at(NT_HERE, __VA_ARGS__)
+#define nt_max(...) nt_max_at(NT_HERE, __VA_ARGS__)
+#define nt_argmax(...) nt_argmax_at(NT_HERE, __VA_ARGS__)
+#define nt_softmax(...) nt_softmax_at(NT_HERE, __VA_ARGS__)
+#define nt_log_softmax(...) nt_log_softmax_at(NT_HERE, __VA_ARGS__)
+#define nt_layer_norm(...) nt_layer_norm_at(NT_HERE, __VA_ARGS__)
+#define nt_rms_norm(...) nt_rms_norm_at(NT_HERE, __VA_ARGS__)
+#define nt_cross_entropy(...) nt_cross_entropy_at(NT_HERE, __VA_ARGS__)
+#define nt_mse_loss(...) nt_mse_loss_at(NT_HERE, __VA_ARGS__)
+#define nt_embedding(...) nt_embedding_at(NT_HERE, __VA_ARGS__)
+#define nt_reshape(...) nt_reshape_at(NT_HERE, __VA_ARGS__)
+#define nt_transpose(...) nt_transpose_at(NT_HERE, __VA_ARGS__)
+#define nt_permute(...) nt_permute_at(NT_HERE, __VA_ARGS__)
+#define nt_slice(...) nt_slice_at(NT_HERE, __VA_ARGS__)
+#define nt_expand(...) nt_expand_at(NT_HERE, __VA_ARGS__)
+#define nt_cat(...) nt_cat_at(NT_HERE, __VA_ARGS__)
+#define nt_contiguous(...) nt_contiguous_at(NT_HERE, __VA_ARGS__)
+#define nt_copy_into(...) nt_copy_into_at(NT_HERE, __VA_ARGS__)
+#define nt_add_inplace(...) nt_add_inplace_at(NT_HERE, __VA_ARGS__)
+#define nt_sub_inplace(...) nt_sub_inplace_at(NT_HERE, __VA_ARGS__)
+#define nt_mul_inplace(...) nt_mul_inplace_at(NT_HERE, __VA_ARGS__)
+#define nt_div_inplace(...) nt_div_inplace_at(NT_HERE, __VA_ARGS__)
+#define nt_add_scalar_inplace(...) nt_add_scalar_inplace_at(NT_HERE, __VA_ARGS__)
+#define nt_mul_scalar_inplace(...) nt_mul_scalar_inplace_at(NT_HERE, __VA_ARGS__)
+#define nt_fill_inplace(...) nt_fill_inplace_at(NT_HERE, __VA_ARGS__)
+#define nt_relu_inplace(...) nt_relu_inplace_at(NT_HERE, __VA_ARGS__)
+#define nt_neg_inplace(...) nt_neg_inplace_at(NT_HERE, __VA_ARGS__)
+#define nt_clamp_inplace(...) nt_clamp_inplace_at(NT_HERE, __VA_ARGS__)
+#define nt_backward(...) nt_backward_at(NT_HERE, __VA_ARGS__)
+#define nt_backward_ex(...) nt_backward_ex_at(NT_HERE, __VA_ARGS__)
+#define nt_detach(...) nt_detach_at(NT_HERE, __VA_ARGS__)
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NTENSOR_H */

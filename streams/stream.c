@@ -1,0 +1,606 @@
+/* streams/stream.c - queues, workers, events, synchronisation.
+ * See stream.h for the concurrency contract. */
+#include "stream.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define NT_REC_CHUNK 128
+#define NT_SPIN_ITERS 4000
+
+static struct {
+    GMutex lock; /* registry, record chunks */
+    volatile AO_t reg[NT__MAX_STREAMS + 1];
+    uint32_t next_id;
+    GPtrArray *chunks;
+    volatile AO_t epoch; /* bumped by every init: invalidates thread caches */
+    nt_stream *dflt;
+} S;
+
+nt__batch_fn nt__fusion_batch;
+
+static _Thread_local struct {
+    nt__rec *head;
+    uint64_t epoch;
+} tl_recs;
+
+static _Thread_local struct {
+    nt_stream *s;
+    uint32_t id;
+} tl_cur;
+
+static gpointer worker_main(gpointer arg);
+
+/* ---------------- registry ---------------- */
+
+nt_stream *nt__stream_by_id(uint32_t id)
+{
+    if (id == 0 || id > NT__MAX_STREAMS)
+        return NULL;
+    return (nt_stream *)AO_load_acquire(&S.reg[id]);
+}
+
+static nt_stream *stream_new(bool is_default)
+{
+    nt_stream *s = g_new0(nt_stream, 1);
+    g_mutex_lock(&S.lock);
+    if (S.next_id >= NT__MAX_STREAMS) {
+        g_mutex_unlock(&S.lock);
+        g_free(s);
+        return NULL;
+    }
+    s->id = ++S.next_id;
+    g_mutex_unlock(&S.lock);
+    s->magic = NT__STREAM_MAGIC;
+    __cds_wfcq_init(&s->head, &s->tail);
+    g_mutex_init(&s->lock);
+    g_cond_init(&s->work_cond);
+    g_cond_init(&s->done_cond);
+    s->ooo = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+    s->held = g_ptr_array_new();
+    snprintf(s->name, sizeof s->name, is_default ? "nt-stream-default" : "nt-stream-%u", s->id);
+    AO_store_release(&S.reg[s->id], (AO_t)s);
+    /* Deterministic mode runs everything inline; the worker still exists so
+     * that switching mode at run time needs no special case. */
+    s->worker = g_thread_new(s->name, worker_main, s);
+    return s;
+}
+
+static void stream_free(nt_stream *s)
+{
+    AO_store(&s->stop, 1);
+    g_mutex_lock(&s->lock);
+    g_cond_signal(&s->work_cond);
+    g_mutex_unlock(&s->lock);
+    g_thread_join(s->worker);
+    AO_store_release(&S.reg[s->id], 0);
+    if (s->first_error)
+        nt__errobj_unref(s->first_error);
+    g_array_unref(s->ooo);
+    g_ptr_array_unref(s->held);
+    g_mutex_clear(&s->lock);
+    g_cond_clear(&s->work_cond);
+    g_cond_clear(&s->done_cond);
+    s->magic = 0;
+    g_free(s);
+}
+
+void nt__streams_init(void)
+{
+    g_mutex_init(&S.lock);
+    S.next_id = 0;
+    S.chunks = g_ptr_array_new_with_free_func(free);
+    AO_fetch_and_add1(&S.epoch);
+    S.dflt = stream_new(true);
+}
+
+void nt__streams_foreach(void (*fn)(nt_stream *s, void *arg), void *arg)
+{
+    uint32_t n = S.next_id;
+    for (uint32_t id = 1; id <= n; id++) {
+        nt_stream *s = nt__stream_by_id(id);
+        if (s)
+            fn(s, arg);
+    }
+}
+
+void nt__streams_shutdown(void)
+{
+    uint32_t n = S.next_id;
+    for (uint32_t id = 1; id <= n; id++) {
+        nt_stream *s = nt__stream_by_id(id);
+        if (s)
+            nt__stream_drain(s);
+    }
+    for (uint32_t id = 1; id <= n; id++) {
+        nt_stream *s = nt__stream_by_id(id);
+        if (s)
+            stream_free(s);
+    }
+    S.dflt = NULL;
+    g_ptr_array_unref(S.chunks);
+    S.chunks = NULL;
+    AO_fetch_and_add1(&S.epoch);
+    tl_recs.head = NULL;
+    tl_cur.s = NULL;
+    g_mutex_clear(&S.lock);
+}
+
+nt_stream *nt__stream_current(void)
+{
+    nt_stream *s = tl_cur.s;
+    if (s && nt__stream_by_id(tl_cur.id) == s)
+        return s;
+    tl_cur.s = NULL;
+    return S.dflt;
+}
+
+/* ---------------- records ---------------- */
+
+static void rec_push(volatile AO_t *stack, nt__rec *r)
+{
+    AO_t old;
+    do {
+        old = AO_load(stack);
+        r->pool_next = (nt__rec *)old;
+    } while (!AO_compare_and_swap_release(stack, old, (AO_t)r));
+}
+
+nt__rec *nt__rec_alloc(nt_stream *s)
+{
+    uint64_t ep = AO_load(&S.epoch);
+    if (tl_recs.epoch != ep) {
+        tl_recs.head = NULL; /* records of an earlier nt_init: gone */
+        tl_recs.epoch = ep;
+    }
+    nt__rec *r = tl_recs.head;
+    if (!r) {
+        /* Take the whole stack in one exchange (no ABA). */
+        AO_t all;
+        do {
+            all = AO_load(&s->free_recs);
+        } while (all && !AO_compare_and_swap_full(&s->free_recs, all, 0));
+        r = (nt__rec *)all;
+    }
+    if (!r) {
+        nt__rec *chunk = calloc(NT_REC_CHUNK, sizeof *chunk);
+        if (!chunk)
+            return NULL;
+        g_mutex_lock(&S.lock);
+        g_ptr_array_add(S.chunks, chunk);
+        g_mutex_unlock(&S.lock);
+        for (int i = 0; i < NT_REC_CHUNK - 1; i++)
+            chunk[i].pool_next = &chunk[i + 1];
+        r = chunk;
+    }
+    tl_recs.head = r->pool_next;
+    memset(r, 0, sizeof *r);
+    return r;
+}
+
+void nt__rec_release(nt__rec *r)
+{
+    for (int i = 0; i < NT__MAX_IN; i++)
+        if (r->in[i])
+            nt__tensor_iunref(r->in[i]);
+    for (int i = 0; i < NT__MAX_OUT; i++)
+        if (r->out[i])
+            nt__tensor_iunref(r->out[i]);
+    nt_stream *s = r->stream;
+    rec_push(&s->free_recs, r);
+}
+
+/* ---------------- completion ---------------- */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Worker (or inline executor, under s->lock): seq has run. */
+static void complete_seq(nt_stream *s, uint64_t seq)
+{
+    uint64_t done = AO_load(&s->done_upto);
+    if (seq != done + 1) {
+        g_array_append_val(s->ooo, seq);
+        g_array_sort(s->ooo, cmp_u64);
+        return;
+    }
+    done = seq;
+    guint k = 0;
+    while (k < s->ooo->len && g_array_index(s->ooo, uint64_t, k) == done + 1)
+        done++, k++;
+    if (k)
+        g_array_remove_range(s->ooo, 0, k);
+    AO_store_release(&s->done_upto, done);
+}
+
+static void notify_done(nt_stream *s)
+{
+    if (AO_load_full(&s->waiters)) {
+        g_mutex_lock(&s->lock);
+        g_cond_broadcast(&s->done_cond);
+        g_mutex_unlock(&s->lock);
+    }
+}
+
+bool nt__packed_done(uint64_t packed)
+{
+    nt_stream *s = nt__stream_by_id(NT__PACK_SID(packed));
+    return !s || AO_load_acquire(&s->done_upto) >= NT__PACK_SEQ(packed);
+}
+
+void nt__wait_packed(uint64_t packed)
+{
+    nt_stream *s = nt__stream_by_id(NT__PACK_SID(packed));
+    uint64_t seq = NT__PACK_SEQ(packed);
+    if (!s || AO_load_acquire(&s->done_upto) >= seq)
+        return;
+    uint64_t t0 = nt__now_ns();
+    /* Ask a lazy worker to run at least this far. */
+    AO_t f;
+    do {
+        f = AO_load(&s->flush_upto);
+    } while (f < seq && !AO_compare_and_swap_full(&s->flush_upto, f, seq));
+    g_mutex_lock(&s->lock);
+    g_cond_signal(&s->work_cond);
+    AO_fetch_and_add1_full(&s->waiters);
+    while (AO_load_acquire(&s->done_upto) < seq) {
+        gint64 until = g_get_monotonic_time() + 2000; /* re-check: robust to missed wakeups */
+        g_cond_wait_until(&s->done_cond, &s->lock, until);
+    }
+    AO_fetch_and_sub1_full(&s->waiters);
+    g_mutex_unlock(&s->lock);
+    NT__COUNT(sync_wait_ns, nt__now_ns() - t0);
+}
+
+uint64_t nt__stream_next_seq(nt_stream *s) { return AO_fetch_and_add1_full(&s->next_seq) + 1; }
+
+void nt__stream_drain(nt_stream *s)
+{
+    uint64_t last = AO_load_full(&s->next_seq);
+    if (last)
+        nt__wait_packed(NT__PACK(s->id, last));
+}
+
+void nt__stream_note_error(nt_stream *s, nt__errobj *err)
+{
+    g_mutex_lock(&s->lock);
+    if (!s->first_error) {
+        nt__errobj_ref(err);
+        s->first_error = err;
+    }
+    g_mutex_unlock(&s->lock);
+}
+
+nt__errobj *nt__stream_take_error(nt_stream *s)
+{
+    g_mutex_lock(&s->lock);
+    nt__errobj *e = s->first_error;
+    s->first_error = NULL;
+    g_mutex_unlock(&s->lock);
+    return e;
+}
+
+/* ---------------- enqueue ---------------- */
+
+void nt__stream_enqueue(nt_stream *s, nt__rec *r)
+{
+    r->stream = s;
+    cds_wfcq_node_init(&r->node);
+    cds_wfcq_enqueue(&s->head, &s->tail, &r->node);
+    if (AO_load_full(&s->sleeping)) {
+        g_mutex_lock(&s->lock);
+        g_cond_signal(&s->work_cond);
+        g_mutex_unlock(&s->lock);
+    }
+    /* Backpressure: a host far ahead of its worker waits (and, in lazy mode,
+     * makes the worker run) rather than queueing without bound. */
+    uint64_t done = AO_load(&s->done_upto);
+    if (r->seq > done + (uint64_t)nt__cfg.max_inflight)
+        nt__wait_packed(NT__PACK(s->id, r->seq - (uint64_t)nt__cfg.max_inflight / 2));
+}
+
+static void run_batch(nt__rec **recs, int n)
+{
+    if (nt__fusion_batch && nt__cfg.fusion && nt__cfg.mode != NT_MODE_EAGER &&
+        nt__cfg.mode != NT_MODE_DETERMINISTIC) {
+        nt__fusion_batch(recs, n);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        nt__exec_rec(recs[i]);
+}
+
+void nt__stream_run_inline(nt_stream *s, nt__rec *r)
+{
+    r->stream = s;
+    nt__exec_rec(r);
+    g_mutex_lock(&s->lock);
+    complete_seq(s, r->seq);
+    g_cond_broadcast(&s->done_cond);
+    g_mutex_unlock(&s->lock);
+    nt__rec_release(r);
+}
+
+/* ---------------- worker ---------------- */
+
+static int take_queued(nt_stream *s)
+{
+    int got = 0;
+    struct cds_wfcq_node *node;
+    while ((node = __cds_wfcq_dequeue_nonblocking(&s->head, &s->tail)) != NULL &&
+           node != CDS_WFCQ_WOULDBLOCK) {
+        g_ptr_array_add(s->held, caa_container_of(node, nt__rec, node));
+        got++;
+    }
+    return got;
+}
+
+/* How many held records to run now (0: keep holding). */
+static guint runnable_prefix(nt_stream *s)
+{
+    guint n = s->held->len;
+    if (!n)
+        return 0;
+    if (nt__cfg.mode != NT_MODE_LAZY || AO_load(&s->stop))
+        return n;
+    if (n >= (guint)nt__cfg.lazy_window)
+        return n;
+    /* A sync asked for seq <= flush_upto: run up to the last such record. */
+    uint64_t f = AO_load_acquire(&s->flush_upto);
+    guint k = 0;
+    for (guint i = 0; i < n; i++) {
+        nt__rec *r = s->held->pdata[i];
+        if (r->seq <= f)
+            k = i + 1;
+    }
+    return k;
+}
+
+static bool deps_met(const nt__rec *r)
+{
+    for (int d = 0; d < r->ndeps; d++)
+        if (!nt__packed_done(r->deps[d]))
+            return false;
+    return true;
+}
+
+static gpointer worker_main(gpointer arg)
+{
+    nt_stream *s = arg;
+    for (;;) {
+        take_queued(s);
+        guint k = runnable_prefix(s);
+        if (k) {
+            nt__rec **recs = (nt__rec **)s->held->pdata;
+            /* An op waiting on another stream: run what precedes it first. */
+            guint i = 0;
+            while (i < k && deps_met(recs[i]))
+                i++;
+            if (i == 0) {
+                for (int d = 0; d < recs[0]->ndeps; d++)
+                    nt__wait_packed(recs[0]->deps[d]);
+                recs[0]->ndeps = 0;
+                continue;
+            }
+            k = i;
+            AO_store(&s->busy, 1);
+            run_batch(recs, (int)k);
+            for (i = 0; i < k; i++) {
+                complete_seq(s, recs[i]->seq);
+                nt__rec_release(recs[i]);
+            }
+            g_ptr_array_remove_range(s->held, 0, k);
+            AO_store(&s->busy, 0);
+            notify_done(s);
+            continue;
+        }
+        if (AO_load(&s->stop) && !s->held->len &&
+            cds_wfcq_empty(&s->head, &s->tail))
+            break;
+        /* Nothing runnable: spin briefly (cheap for a host that is about to
+         * enqueue), then sleep until an enqueue or a flush request. */
+        bool more = false;
+        for (int i = 0; i < NT_SPIN_ITERS && !more; i++) {
+            if (!cds_wfcq_empty(&s->head, &s->tail) ||
+                (s->held->len && runnable_prefix(s)) || AO_load(&s->stop))
+                more = true;
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        }
+        if (more)
+            continue;
+        g_mutex_lock(&s->lock);
+        AO_store_full(&s->sleeping, 1);
+        while (cds_wfcq_empty(&s->head, &s->tail) && !AO_load(&s->stop) &&
+               !(s->held->len && runnable_prefix(s))) {
+            gint64 until = g_get_monotonic_time() + 100000;
+            g_cond_wait_until(&s->work_cond, &s->lock, until);
+        }
+        AO_store_full(&s->sleeping, 0);
+        g_mutex_unlock(&s->lock);
+    }
+    return NULL;
+}
+
+/* ---------------- public API: streams ---------------- */
+
+static bool stream_ok(nt_stream *s, const char *fn)
+{
+    if (!s) {
+        nt__err(NULL, NT_EINVAL, fn, "argument 's' is NULL");
+        return false;
+    }
+    if (s->magic != NT__STREAM_MAGIC) {
+        nt__err(NULL, NT_EINVAL, fn, "argument 's' is not a live stream");
+        return false;
+    }
+    return true;
+}
+
+NT_API nt_stream *nt_stream_default(void)
+{
+    if (!nt__ensure_init())
+        return NULL;
+    return S.dflt;
+}
+
+NT_API nt_stream *nt_stream_create(void)
+{
+    if (!nt__ensure_init())
+        return NULL;
+    nt_stream *s = stream_new(false);
+    if (!s)
+        nt__err(NULL, NT_ENOMEM, "nt_stream_create", "too many streams (at most %d per process)",
+                NT__MAX_STREAMS);
+    return s;
+}
+
+NT_API int nt_stream_destroy(nt_stream *s)
+{
+    if (!stream_ok(s, "nt_stream_destroy"))
+        return nt_last_error();
+    if (s == S.dflt)
+        return nt__err(NULL, NT_EINVAL, "nt_stream_destroy",
+                       "the default stream cannot be destroyed");
+    nt__stream_drain(s);
+    if (tl_cur.s == s)
+        tl_cur.s = NULL;
+    stream_free(s);
+    return 0;
+}
+
+NT_API nt_stream *nt_stream_current(void)
+{
+    if (!nt__ensure_init())
+        return NULL;
+    return nt__stream_current();
+}
+
+NT_API int nt_stream_set_current(nt_stream *s)
+{
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (!s) {
+        tl_cur.s = NULL;
+        return 0;
+    }
+    if (!stream_ok(s, "nt_stream_set_current"))
+        return nt_last_error();
+    tl_cur.s = s;
+    tl_cur.id = s->id;
+    return 0;
+}
+
+static int report(nt__errobj *e)
+{
+    if (!e)
+        return 0;
+    int code = e->code;
+    nt__err_set(code, e->msg);
+    nt__errobj_unref(e);
+    return code;
+}
+
+NT_API int nt_stream_synchronize(nt_stream *s)
+{
+    if (!stream_ok(s, "nt_stream_synchronize"))
+        return nt_last_error();
+    NT__COUNT(syncs, 1);
+    nt__stream_drain(s);
+    return report(nt__stream_take_error(s));
+}
+
+/* ---------------- public API: events ---------------- */
+
+struct nt_event {
+    uint32_t magic;
+    volatile AO_t packed; /* (stream, seq) recorded; 0 = never recorded */
+};
+#define NT__EVENT_MAGIC 0xe7e7e7e7u
+
+static bool event_ok(nt_event *e, const char *fn)
+{
+    if (!e || e->magic != NT__EVENT_MAGIC) {
+        nt__err(NULL, NT_EINVAL, fn, "argument 'e' is %s", e ? "not a live event" : "NULL");
+        return false;
+    }
+    return true;
+}
+
+NT_API nt_event *nt_event_create(void)
+{
+    if (!nt__ensure_init())
+        return NULL;
+    nt_event *e = g_new0(nt_event, 1);
+    e->magic = NT__EVENT_MAGIC;
+    return e;
+}
+
+NT_API void nt_event_destroy(nt_event *e)
+{
+    if (!e || e->magic != NT__EVENT_MAGIC)
+        return;
+    e->magic = 0;
+    g_free(e);
+}
+
+NT_API int nt_event_record(nt_event *e, nt_stream *s)
+{
+    if (!event_ok(e, "nt_event_record"))
+        return nt_last_error();
+    if (!s)
+        s = nt__stream_current();
+    if (!stream_ok(s, "nt_event_record"))
+        return nt_last_error();
+    AO_store_full(&e->packed, NT__PACK(s->id, AO_load_full(&s->next_seq)));
+    return 0;
+}
+
+NT_API int nt_stream_wait_event(nt_stream *s, nt_event *e)
+{
+    if (!event_ok(e, "nt_stream_wait_event"))
+        return nt_last_error();
+    if (!s)
+        s = nt__stream_current();
+    if (!stream_ok(s, "nt_stream_wait_event"))
+        return nt_last_error();
+    uint64_t p = AO_load_full(&e->packed);
+    if (!p || NT__PACK_SID(p) == s->id || nt__packed_done(p))
+        return 0; /* same stream: already ordered */
+    nt__rec *r = nt__rec_alloc(s);
+    if (!r)
+        return nt__err(NULL, NT_ENOMEM, "nt_stream_wait_event", "out of host memory");
+    r->type = NT_REC_WAIT;
+    r->deps[0] = p;
+    r->ndeps = 1;
+    r->seq = nt__stream_next_seq(s);
+    if (nt__cfg.mode == NT_MODE_DETERMINISTIC) {
+        nt__wait_packed(p);
+        nt__stream_run_inline(s, r);
+    } else {
+        nt__stream_enqueue(s, r);
+    }
+    return 0;
+}
+
+NT_API int nt_event_synchronize(nt_event *e)
+{
+    if (!event_ok(e, "nt_event_synchronize"))
+        return nt_last_error();
+    uint64_t p = AO_load_full(&e->packed);
+    if (p)
+        nt__wait_packed(p);
+    return 0;
+}
+
+NT_API bool nt_event_query(nt_event *e)
+{
+    if (!event_ok(e, "nt_event_query"))
+        return false;
+    uint64_t p = AO_load_full(&e->packed);
+    return !p || nt__packed_done(p);
+}

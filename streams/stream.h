@@ -1,0 +1,82 @@
+/* streams/stream.h - per-stream queues, workers, completion and waiting.
+ *
+ * Concurrency contract:
+ *   - Any thread may enqueue on any stream (multi-producer); only the
+ *     stream's worker dequeues (single consumer).  Enqueue is wait-free
+ *     (liburcu wfcqueue) except for the backpressure wait when a stream has
+ *     more than NT_MAX_INFLIGHT ops outstanding.
+ *   - Each op gets a sequence number from an atomic counter.  Two threads on
+ *     one stream may enqueue in the other order than they drew numbers, so
+ *     the worker tracks completion as `done_upto`: every seq <= done_upto has
+ *     run.  Each thread's own ops stay in its program order.
+ *   - A wait for (stream, seq) asks a lazy worker to flush up to seq, then
+ *     sleeps on the stream's condition variable until done_upto >= seq.
+ *   - Records are recycled through per-stream lock-free stacks (the worker
+ *     pushes; producers take the whole stack at once, which is ABA-free) into
+ *     a per-thread cache. */
+#ifndef NT_STREAMS_STREAM_H
+#define NT_STREAMS_STREAM_H
+
+#include "internal.h"
+
+struct nt_stream {
+    uint32_t magic;
+    uint32_t id;
+    struct __cds_wfcq_head head;
+    struct cds_wfcq_tail tail;
+    GThread *worker;
+    volatile AO_t next_seq;   /* last seq handed out */
+    volatile AO_t done_upto;  /* every seq <= this has run */
+    volatile AO_t flush_upto; /* lazy mode: run at least up to here */
+    volatile AO_t sleeping;   /* worker is (about to be) asleep */
+    volatile AO_t waiters;    /* threads sleeping on done_cond */
+    volatile AO_t stop;
+    volatile AO_t free_recs;  /* lock-free stack of recycled records */
+    volatile AO_t busy;       /* worker is running a batch (for nt-queue) */
+    GMutex lock;
+    GCond work_cond, done_cond;
+    nt__errobj *first_error;  /* under lock: first error not yet reported */
+    GArray *ooo;              /* worker: seqs done out of order */
+    GPtrArray *held;          /* worker: records taken but not yet run */
+    char name[32];
+};
+
+#define NT__STREAM_MAGIC 0x57524d53u
+#define NT__MAX_STREAMS 65535
+
+void nt__streams_init(void);
+void nt__streams_shutdown(void);
+
+nt_stream *nt__stream_current(void);
+nt_stream *nt__stream_by_id(uint32_t id);
+
+/* Records: allocate on the producer side, fill, then enqueue (or execute
+ * inline in deterministic mode with nt__stream_run_inline). */
+nt__rec *nt__rec_alloc(nt_stream *s);
+uint64_t nt__stream_next_seq(nt_stream *s);
+void nt__stream_enqueue(nt_stream *s, nt__rec *r);
+void nt__stream_run_inline(nt_stream *s, nt__rec *r);
+
+/* True if (stream, seq) has run (or names no live stream). */
+bool nt__packed_done(uint64_t packed);
+/* Waits until (stream, seq) has run; counts the wait in the stats. */
+void nt__wait_packed(uint64_t packed);
+/* Waits for everything queued on s so far. */
+void nt__stream_drain(nt_stream *s);
+/* Records err as s's first unreported error (if it has none). */
+void nt__stream_note_error(nt_stream *s, nt__errobj *err);
+/* Takes s's first unreported error (may be NULL); caller unrefs. */
+nt__errobj *nt__stream_take_error(nt_stream *s);
+
+/* Called for every record after it ran: drops its references. */
+void nt__rec_release(nt__rec *r);
+
+/* Batch executor: the fusion engine when it is linked and enabled, else
+ * one kernel per op.  Runs recs[0..n) in order. */
+typedef void (*nt__batch_fn)(nt__rec **recs, int n);
+extern nt__batch_fn nt__fusion_batch; /* set by fusion/ at init; NULL = off */
+
+/* For every live stream (debugger, nt_sync): calls fn(s, arg). */
+void nt__streams_foreach(void (*fn)(nt_stream *s, void *arg), void *arg);
+
+#endif
