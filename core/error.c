@@ -78,8 +78,10 @@ int nt__err(const nt_site *site, int code, const char *fn, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(body, sizeof body, fmt, ap);
     va_end(ap);
-    nt__site_format(site, where, sizeof where);
-    char *full = g_strdup_printf("%s: %s (at %s)", fn ? fn : "ntensor", body, where);
+    if (site)
+        nt__site_format(site, where, sizeof where);
+    char *full = site ? g_strdup_printf("%s: %s (at %s)", fn ? fn : "ntensor", body, where)
+                      : g_strdup_printf("%s: %s", fn ? fn : "ntensor", body);
     tls_err.code = code;
     g_strlcpy(tls_err.msg, full, sizeof tls_err.msg); /* long messages are cut */
     g_free(full);

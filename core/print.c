@@ -4,8 +4,10 @@
  *           [3.0000, 4.0000]], dtype=bf16)
  *
  * Floats print with 4 decimals; if every shown value is an integer they print
- * as "1." ; if the magnitudes span more than 1000x, or exceed 1e8, or go
- * below 1e-4, scientific notation ("1.0000e-05").  Tensors with more than
+ * as "1." ; if the magnitudes of the nonzero finite values span more than
+ * 1000x or exceed 1e8 (or, for non-integers, go below 1e-4), scientific
+ * notation ("1.0000e-05").  Columns are as wide as the widest nonzero finite
+ * value; a summarised tensor is formatted from the values it shows.  Tensors with more than
  * 1000 elements show the first and last 3 entries of each dim around "...".
  * Rows wrap at 80 columns.  f32 carries no dtype suffix; other dtypes do. */
 #include <math.h>
@@ -23,7 +25,7 @@ typedef struct {
     bool summarize;
     bool is_float;
     int mode; /* 0 fixed, 1 integer-valued, 2 scientific */
-    int width;
+    int width; /* at least 1, like PyTorch's max_width */
     GString *out;
 } pctx;
 
@@ -99,6 +101,9 @@ static void collect(pctx *c, double v, void *arg)
 static void measure(pctx *c, double v, void *arg)
 {
     (void)arg;
+    /* PyTorch sizes float columns by the nonzero finite values only */
+    if (c->is_float && (!isfinite(v) || v == 0))
+        return;
     char buf[64];
     fmt_value(c, v, buf, sizeof buf);
     int w = (int)strlen(buf);
@@ -199,12 +204,13 @@ char *nt__format_tensor(nt_tensor *t)
             stats s = {0, 0, true, false};
             visit(&c, 0, idx, collect, &s);
             if (s.all_int)
-                c.mode = (s.any && s.maxabs > 1e8) ? 2 : 1;
+                c.mode = (s.any && (s.maxabs / s.minabs > 1000.0 || s.maxabs > 1e8)) ? 2 : 1;
             else if (s.any && (s.maxabs / s.minabs > 1000.0 || s.maxabs > 1e8 || s.minabs < 1e-4))
                 c.mode = 2;
             else
                 c.mode = 0;
         }
+        c.width = 1;
         visit(&c, 0, idx, measure, NULL);
         if (t->ndim == 0)
             put_elem(&c, elem(&c, idx));

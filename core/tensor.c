@@ -48,6 +48,22 @@ void nt__tensor_pool_shutdown(void)
 {
     if (!P.slabs)
         return;
+    /* Handles the user never released: their storage goes with them. */
+    for (guint i = 0; i < P.slabs->len; i++) {
+        nt_tensor *slab = P.slabs->pdata[i];
+        for (int k = 0; k < NT_SLAB_HANDLES; k++) {
+            nt_tensor *t = &slab[k];
+            if (!t->st)
+                continue;
+            if (t->ag && nt__ag_free)
+                nt__ag_free(t->ag);
+            t->ag = NULL;
+            nt__storage_unref(t->st);
+            t->st = NULL;
+            t->magic = NT__MAGIC_DEAD;
+        }
+    }
+    P.live_handles = 0;
     g_ptr_array_unref(P.slabs);
     P.slabs = NULL;
     P.head = P.tail = NULL;

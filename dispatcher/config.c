@@ -98,9 +98,8 @@ static bool parse_u64(const char *v, uint64_t *out)
 }
 
 /* Applies one option; returns 0 or NT_EINVAL with the thread error set. */
-static int apply_opt(const char *name, const char *v)
+static int apply_opt(const char *name, const char *v, const char *fn)
 {
-    const char *fn = "nt_config_set";
     bool b;
     uint64_t u;
     if (!strcmp(name, "NT_DETERMINISTIC")) {
@@ -232,11 +231,7 @@ NT_API int nt_init(void)
     cfg_defaults();
     for (size_t i = 0; i < G_N_ELEMENTS(env_names); i++) {
         const char *v = getenv(env_names[i]);
-        if (v && apply_opt(env_names[i], v) < 0) {
-            /* name the variable as coming from the environment */
-            char msg[1100];
-            snprintf(msg, sizeof msg, "nt_init: environment variable %s", nt_last_error_message());
-            nt__err_set(NT_EINVAL, msg);
+        if (v && apply_opt(env_names[i], v, "nt_init: environment variable") < 0) {
             g_mutex_unlock(&init_lock);
             return NT_EINVAL;
         }
@@ -326,15 +321,15 @@ NT_API int nt_config_set(const char *name, const char *value)
                        name ? "value" : "name");
     if (!strcmp(name, "NT_HBM_BYTES") || !strcmp(name, "NT_TRACE")) {
         if (nt__initialized())
-            return apply_opt(name, value); /* reports "only before nt_init" */
-        return apply_opt(name, value);
+            return apply_opt(name, value, "nt_config_set"); /* "only before nt_init" */
+        return apply_opt(name, value, "nt_config_set");
     }
     if (!nt__ensure_init())
         return nt_last_error();
     /* Everything queued so far runs under the old settings. */
     nt__streams_foreach(drain_one, NULL);
     nt__config saved = nt__cfg;
-    int rc = apply_opt(name, value);
+    int rc = apply_opt(name, value, "nt_config_set");
     if (rc < 0)
         nt__cfg = saved;
     return rc;

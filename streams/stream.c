@@ -13,6 +13,7 @@ static struct {
     volatile AO_t reg[NT__MAX_STREAMS + 1];
     uint32_t next_id;
     GPtrArray *chunks;
+    GPtrArray *graveyard; /* destroyed streams */
     volatile AO_t epoch; /* bumped by every init: invalidates thread caches */
     nt_stream *dflt;
 } S;
@@ -82,7 +83,11 @@ static void stream_free(nt_stream *s)
     g_cond_clear(&s->work_cond);
     g_cond_clear(&s->done_cond);
     s->magic = 0;
-    g_free(s);
+    /* Kept until nt_shutdown so a stale handle is reported, not dereferenced
+     * after free. */
+    g_mutex_lock(&S.lock);
+    g_ptr_array_add(S.graveyard, s);
+    g_mutex_unlock(&S.lock);
 }
 
 void nt__streams_init(void)
@@ -90,6 +95,7 @@ void nt__streams_init(void)
     g_mutex_init(&S.lock);
     S.next_id = 0;
     S.chunks = g_ptr_array_new_with_free_func(free);
+    S.graveyard = g_ptr_array_new_with_free_func(g_free);
     AO_fetch_and_add1(&S.epoch);
     S.dflt = stream_new(true);
 }
@@ -120,6 +126,8 @@ void nt__streams_shutdown(void)
     S.dflt = NULL;
     g_ptr_array_unref(S.chunks);
     S.chunks = NULL;
+    g_ptr_array_unref(S.graveyard);
+    S.graveyard = NULL;
     AO_fetch_and_add1(&S.epoch);
     tl_recs.head = NULL;
     tl_cur.s = NULL;
@@ -499,6 +507,11 @@ static int report(nt__errobj *e)
 {
     if (!e)
         return 0;
+    if (AO_load(&e->reported)) { /* a sync on the tensor already returned it */
+        nt__errobj_unref(e);
+        return 0;
+    }
+    AO_store(&e->reported, 1);
     int code = e->code;
     nt__err_set(code, e->msg);
     nt__errobj_unref(e);

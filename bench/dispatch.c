@@ -1,0 +1,85 @@
+/* bench/dispatch.c - host cost of enqueueing one tiny op.
+ *
+ * nt_add on two f32 [16] tensors from a tight loop: the time per call is
+ * what a training step pays on the host for each op before it returns (the
+ * work itself runs on the stream's worker).  Median over repeats; each
+ * repeat enqueues BATCH ops (below the backpressure limit, so the host never
+ * waits for the worker inside a timed batch) and then syncs, untimed.
+ * Target (issue 2): <= 150 ns per op.  PyTorch 1.13 eager pays about
+ * 1.1-1.8 us per tiny op on this machine class. */
+#include <ntensor.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define BATCH 4096
+#define REPEATS 101
+
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double run(const char *mode, nt_tensor *a, nt_tensor *b)
+{
+    if (nt_config_set("NT_MODE", mode) != 0) {
+        fprintf(stderr, "%s\n", nt_last_error_message());
+        exit(1);
+    }
+    static double per_op[REPEATS];
+    static nt_tensor *outs[BATCH];
+    for (int r = 0; r < REPEATS; r++) {
+        double t0 = now_ns();
+        for (int i = 0; i < BATCH; i++)
+            outs[i] = nt_add(a, b);
+        double t1 = now_ns();
+        per_op[r] = (t1 - t0) / BATCH;
+        if (!outs[BATCH - 1]) {
+            fprintf(stderr, "nt_add failed: %s\n", nt_last_error_message());
+            exit(1);
+        }
+        for (int i = 0; i < BATCH; i++)
+            nt_release(outs[i]);
+        nt_sync();
+    }
+    qsort(per_op, REPEATS, sizeof per_op[0], cmp);
+    return per_op[REPEATS / 2];
+}
+
+int main(void)
+{
+    if (nt_init() != 0) {
+        fprintf(stderr, "%s\n", nt_last_error_message());
+        return 1;
+    }
+    float x[16];
+    for (int i = 0; i < 16; i++)
+        x[i] = (float)i;
+    nt_tensor *a = nt_from_host(x, NT_F32, 1, (int64_t[]){16});
+    nt_tensor *b = nt_from_host(x, NT_F32, 1, (int64_t[]){16});
+    const char *modes[] = {"adaptive", "eager", "lazy"};
+    double worst = 0;
+    printf("bench/dispatch: host ns per enqueued nt_add([16]), median of %d x %d ops\n", REPEATS,
+           BATCH);
+    for (int m = 0; m < 3; m++) {
+        double ns = run(modes[m], a, b);
+        if (ns > worst)
+            worst = ns;
+        printf("  %-9s %7.1f ns/op\n", modes[m], ns);
+    }
+    printf("dispatch: %.1f ns/op (worst mode); target <= 150 ns: %s (ratio %.2f of the limit)\n",
+           worst, worst <= 150 ? "met" : "NOT met", worst / 150.0);
+    nt_release(a);
+    nt_release(b);
+    nt_shutdown();
+    return 0;
+}

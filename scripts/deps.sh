@@ -1,0 +1,17 @@
+#!/bin/sh
+# Installs the Debian 12 packages ntensor needs that are missing (run as root).
+# Usage: scripts/deps.sh [extra packages...]
+set -eu
+pkgs="gcc meson ninja-build pkg-config python3 libglib2.0-dev liburcu-dev libatomic-ops-dev
+      libcmocka-dev libopenblas-dev gdb $*"
+missing=""
+for p in $pkgs; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+        missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    echo "deps: installing$missing"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
