@@ -298,7 +298,11 @@ void nt__stream_enqueue(nt_stream *s, nt__rec *r)
     r->stream = s;
     cds_wfcq_node_init(&r->node);
     cds_wfcq_enqueue(&s->head, &s->tail, &r->node);
-    if (AO_load_full(&s->sleeping)) {
+    /* Ring the worker if it sleeps -- in lazy mode only once a window's
+     * worth of ops is waiting. */
+    if (AO_load_full(&s->sleeping) &&
+        (nt__cfg.mode != NT_MODE_LAZY ||
+         r->seq - AO_load(&s->done_upto) >= (uint64_t)nt__cfg.lazy_window)) {
         g_mutex_lock(&s->lock);
         g_cond_signal(&s->work_cond);
         g_mutex_unlock(&s->lock);
@@ -346,7 +350,10 @@ static int take_queued(nt_stream *s)
     return got;
 }
 
-/* How many held records to run now (0: keep holding). */
+/* How many held records to run now (0: keep holding).  In lazy mode that is
+ * up to the last held record a sync asked for (seq <= flush_upto).  Held
+ * records are only appended (and taken from the front), and flush_upto only
+ * grows, so the scan resumes where it stopped: O(new records) per call. */
 static guint runnable_prefix(nt_stream *s)
 {
     guint n = s->held->len;
@@ -356,15 +363,34 @@ static guint runnable_prefix(nt_stream *s)
         return n;
     if (n >= (guint)nt__cfg.lazy_window)
         return n;
-    /* A sync asked for seq <= flush_upto: run up to the last such record. */
     uint64_t f = AO_load_acquire(&s->flush_upto);
-    guint k = 0;
-    for (guint i = 0; i < n; i++) {
+    if (f != s->scan_f) {
+        s->scan_f = f;
+        s->scan_i = s->scan_k; /* records past scan_k may now qualify */
+    }
+    for (guint i = s->scan_i; i < n; i++) {
         nt__rec *r = s->held->pdata[i];
         if (r->seq <= f)
-            k = i + 1;
+            s->scan_k = i + 1;
     }
-    return k;
+    s->scan_i = n;
+    return s->scan_k;
+}
+
+/* The first k held records left the array. */
+static void held_consumed(nt_stream *s, guint k)
+{
+    g_ptr_array_remove_range(s->held, 0, k);
+    s->scan_i = s->scan_i > k ? s->scan_i - k : 0;
+    s->scan_k = s->scan_k > k ? s->scan_k - k : 0;
+}
+
+/* Lazy mode: is there a reason to run held work? */
+static bool lazy_should_run(nt_stream *s)
+{
+    uint64_t done = AO_load_acquire(&s->done_upto);
+    return AO_load(&s->next_seq) - done >= (uint64_t)nt__cfg.lazy_window ||
+           AO_load(&s->flush_upto) > done;
 }
 
 static bool deps_met(const nt__rec *r)
@@ -400,7 +426,7 @@ static gpointer worker_main(gpointer arg)
                 complete_seq(s, recs[i]->seq);
                 nt__rec_release(recs[i]);
             }
-            g_ptr_array_remove_range(s->held, 0, k);
+            held_consumed(s, k);
             AO_store(&s->busy, 0);
             notify_done(s);
             continue;
@@ -408,12 +434,26 @@ static gpointer worker_main(gpointer arg)
         if (AO_load(&s->stop) && !s->held->len &&
             cds_wfcq_empty(&s->head, &s->tail))
             break;
-        /* Nothing runnable: spin briefly (cheap for a host that is about to
-         * enqueue), then sleep until an enqueue or a flush request. */
+        if (nt__cfg.mode == NT_MODE_LAZY) {
+            /* Holding: sleep until the window fills, a sync asks for a held
+             * op, or the stream stops.  No spinning: producers ring only
+             * when the window is full. */
+            g_mutex_lock(&s->lock);
+            AO_store_full(&s->sleeping, 1);
+            while (!AO_load(&s->stop) && !lazy_should_run(s)) {
+                gint64 until = g_get_monotonic_time() + 100000;
+                g_cond_wait_until(&s->work_cond, &s->lock, until);
+            }
+            AO_store_full(&s->sleeping, 0);
+            g_mutex_unlock(&s->lock);
+            continue;
+        }
+        /* Nothing queued: spin briefly (cheap for a host that is about to
+         * enqueue again, and it spares the host a wake-up syscall), then
+         * sleep until an enqueue or a flush request. */
         bool more = false;
         for (int i = 0; i < NT_SPIN_ITERS && !more; i++) {
-            if (!cds_wfcq_empty(&s->head, &s->tail) ||
-                (s->held->len && runnable_prefix(s)) || AO_load(&s->stop))
+            if (!cds_wfcq_empty(&s->head, &s->tail) || AO_load(&s->stop))
                 more = true;
 #if defined(__x86_64__) || defined(__i386__)
             __builtin_ia32_pause();
@@ -424,7 +464,7 @@ static gpointer worker_main(gpointer arg)
         g_mutex_lock(&s->lock);
         AO_store_full(&s->sleeping, 1);
         while (cds_wfcq_empty(&s->head, &s->tail) && !AO_load(&s->stop) &&
-               !(s->held->len && runnable_prefix(s))) {
+               nt__cfg.mode != NT_MODE_LAZY) {
             gint64 until = g_get_monotonic_time() + 100000;
             g_cond_wait_until(&s->work_cond, &s->lock, until);
         }

@@ -38,6 +38,9 @@ struct nt_stream {
     nt__errobj *first_error;  /* under lock: first error not yet reported */
     GArray *ooo;              /* worker: seqs done out of order */
     GPtrArray *held;          /* worker: records taken but not yet run */
+    guint scan_i, scan_k;     /* worker: held[0..scan_k) have seq <= scan_f;
+                                 held[0..scan_i) were looked at */
+    uint64_t scan_f;
     char name[32];
 };
 
