@@ -74,6 +74,24 @@ static inline float nt__ew_minimum(float a, float b)
     return (a != a || b != b) ? a + b : (b < a ? b : a);
 }
 
+/* ---- backward helpers: (g, x) or (g, y) -> dL/dx ---- */
+static inline float nt__ew_relu_bwd(float g, float y) { return y > 0.0f ? g : 0.0f; }
+static inline float nt__ew_sigmoid_bwd(float g, float y) { return g * (y * (1.0f - y)); }
+static inline float nt__ew_tanh_bwd(float g, float y) { return g * (1.0f - y * y); }
+/* d/dx 0.5x(1 + erf(x/sqrt2)) = Phi(x) + x phi(x) */
+static inline float nt__ew_gelu_bwd(float g, float x)
+{
+    float cdf = 0.5f * (1.0f + nt__erff(x * 0.70710678118654752440f));
+    float pdf = nt__expf(-0.5f * x * x) * 0.39894228040143267794f;
+    return g * (cdf + x * pdf);
+}
+/* d/dx x s(x) = s (1 + x (1 - s)) */
+static inline float nt__ew_silu_bwd(float g, float x)
+{
+    float s = 1.0f / (1.0f + nt__expf(-x));
+    return g * (s * (1.0f + x * (1.0f - s)));
+}
+
 /* ---- binary: int ---- */
 static inline int32_t nt__ewi_add(int32_t a, int32_t b) { return (int32_t)((uint32_t)a + (uint32_t)b); }
 static inline int32_t nt__ewi_sub(int32_t a, int32_t b) { return (int32_t)((uint32_t)a - (uint32_t)b); }

@@ -79,6 +79,15 @@ typedef enum nt__opkind {
     X(MAXIMUM, maximum, 2, NT_KIND_BINARY, NT_OPF_DIFF | NT_OPF_INT)        \
     X(MINIMUM, minimum, 2, NT_KIND_BINARY, NT_OPF_DIFF | NT_OPF_INT)
 
+/* Backward helpers of the unary ops: y = nt__ew_<name>(g, x-or-y), binary
+ * elementwise like the family above, enqueued only by autograd. */
+#define NT_OPS_EW_BWD(X)                                                    \
+    X(RELU_BWD, relu_bwd, 2, NT_KIND_BINARY, 0)                             \
+    X(GELU_BWD, gelu_bwd, 2, NT_KIND_BINARY, 0)                             \
+    X(SILU_BWD, silu_bwd, 2, NT_KIND_BINARY, 0)                             \
+    X(SIGMOID_BWD, sigmoid_bwd, 2, NT_KIND_BINARY, 0)                       \
+    X(TANH_BWD, tanh_bwd, 2, NT_KIND_BINARY, 0)
+
 /* u8 y = nt__ew_<name>(a, b) */
 #define NT_OPS_CMP(X)                                                       \
     X(EQ, eq, 2, NT_KIND_CMP, NT_OPF_INT)                                   \
@@ -114,12 +123,16 @@ typedef enum nt__opkind {
     X(ALIAS, alias, 1, NT_KIND_VIEW, NT_OPF_DIFF | NT_OPF_INT)              \
     X(CAT, cat, 0, NT_KIND_VIEW, NT_OPF_DIFF | NT_OPF_INT)
 
-/* Backward helpers: ops that only autograd enqueues (autograd/). */
-#define NT_OPS_BWD(X)
+/* Backward helpers with their own kernels (autograd/ enqueues them):
+ * embedding_bwd(g [..., D], idx [...]) -> [p.i[0] = V, D], rows added in
+ * index order. */
+#define NT_OPS_BWD(X)                                                       \
+    X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, 0)
 
 #define NT_OP_TABLE(X)                                                      \
     NT_OPS_FILL(X) NT_OPS_COPY(X) NT_OPS_UNARY(X) NT_OPS_SCALAR(X)          \
-    NT_OPS_BINARY(X) NT_OPS_CMP(X) NT_OPS_MISC(X) NT_OPS_VIEW(X) NT_OPS_BWD(X)
+    NT_OPS_BINARY(X) NT_OPS_EW_BWD(X) NT_OPS_CMP(X) NT_OPS_MISC(X) NT_OPS_VIEW(X)    \
+    NT_OPS_BWD(X)
 
 typedef enum nt__op {
 #define NT__OP_ENUM(ID, name, nin, kind, flags) NT_OP_##ID,

@@ -21,9 +21,11 @@ const nt__kernel_fn nt__cpu_kernels[NT_OP_COUNT] = {
     NT_OPS_UNARY(NT__K_UNARY)
     NT_OPS_SCALAR(NT__K_SCALAR)
     NT_OPS_BINARY(NT__K_BINARY)
+    NT_OPS_EW_BWD(NT__K_BINARY)
     NT_OPS_CMP(NT__K_CMP)
     NT_OPS_MISC(NT__K_MISC)
     NT_OPS_VIEW(NT__K_NONE)
+    [NT_OP_EMBEDDING_BWD] = nt__cpu_embedding_bwd,
 };
 
 _Static_assert(sizeof nt__cpu_kernels / sizeof nt__cpu_kernels[0] == NT_OP_COUNT,

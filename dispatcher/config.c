@@ -27,6 +27,7 @@ void nt__fusion_shutdown(void) __attribute__((weak));
 void nt__trace_open_env(void) __attribute__((weak));
 void nt__trace_close(void) __attribute__((weak));
 void nt__debug_stats_print(FILE *f) __attribute__((weak));
+void nt__custom_shutdown(void) __attribute__((weak));
 
 uint64_t nt__now_ns(void)
 {
@@ -301,6 +302,8 @@ NT_API void nt_shutdown(void)
     if (nt__trace_close)
         nt__trace_close();
     nt__tensor_pool_shutdown();
+    if (nt__custom_shutdown)
+        nt__custom_shutdown();
     nt__arena_shutdown();
     g_free(nt__cfg.trace_path);
     nt__cfg.trace_path = NULL;

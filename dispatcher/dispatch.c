@@ -8,6 +8,7 @@
 int (*nt__ag_on_dispatch)(nt__call *c);
 bool (*nt__ag_grad_mode)(void);
 int (*nt__amp_on_call)(nt__call *c);
+_Thread_local const char *nt__tls_bwd_of;
 
 bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, int nin,
                     nt_tensor *const *in, const char *names)
@@ -18,6 +19,7 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
     c->op = op;
     c->nin = nin;
     c->nout = 1;
+    c->bwd_of = nt__tls_bwd_of;
     if (!nt__ensure_init())
         return false;
     const char *p = names;

@@ -50,6 +50,10 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
  * the error set on failure (nothing enqueued). */
 nt_tensor *nt__dispatch(nt__call *c);
 
+/* While autograd runs a node's backward: that op's API name, recorded on
+ * every op the backward issues (error messages say "in the backward of"). */
+extern _Thread_local const char *nt__tls_bwd_of;
+
 /* Hooks of later layers (NULL until they are linked in and initialised). */
 extern int (*nt__ag_on_dispatch)(nt__call *c);     /* autograd: record a node */
 extern bool (*nt__ag_grad_mode)(void);             /* autograd: grad enabled? */

@@ -428,6 +428,42 @@ NT_API void nt_no_grad_end(void);
 /** Whether ops on this thread currently record a graph. */
 NT_API bool nt_grad_enabled(void);
 
+/** A user op, registered once and then called like a built-in: its forward
+ *  is built from ntensor ops and its backward too, exactly as the built-in
+ *  ops' backward functions are (see examples/custom_op.c). */
+typedef struct nt_op_def {
+    const char *name; /* for messages, logs and traces (copied) */
+    int nin;          /* tensor inputs: 1..4 */
+    /** Computes the output from in[0..nin) with ntensor ops and returns it
+     *  (ownership as for any op result).  Runs with graph recording off. */
+    nt_tensor *(*forward)(nt_tensor *const *in, void *ctx);
+    /** Given the output's gradient `gout`, the inputs and the output, sets
+     *  gin[i] to the gradient of input i (a tensor made with ntensor ops,
+     *  shaped like in[i]) or leaves it NULL.  Runs inside nt_backward, in a
+     *  scope that owns what it makes.  Returns 0 or an error code.  May be
+     *  NULL for an op without a gradient. */
+    int (*backward)(nt_tensor *gout, nt_tensor *const *in, nt_tensor *out, nt_tensor **gin,
+                    void *ctx);
+    void *ctx;        /* passed to both; must outlive the op */
+} nt_op_def;
+
+/** Registers a user op; returns its id (>= 0) for nt_op_call, or a negative
+ *  error (NULL def or forward, nin out of range, empty or duplicate name).
+ *  Thread-safe. */
+NT_API int nt_op_register(const nt_op_def *def);
+/** Runs registered op `op` on its def->nin inputs and records it for
+ *  autograd like a built-in. */
+NT_API nt_tensor *nt_op_call(int op, nt_tensor *const *in);
+
+/** Checks autograd against central finite differences: loss = sum(f(x) * w)
+ *  for a fixed pseudo-random w; every element of every input's analytic
+ *  gradient must be within atol + rtol * |numeric| of (L(x + eps) - L(x -
+ *  eps)) / 2 eps.  Inputs must be floating and require grad; their .grad is
+ *  reset.  Returns 0, or NT_ERANGE with a message naming the input, the
+ *  element and both values.  Runs f 2 * numel + 1 times: use small inputs. */
+NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_tensor *const *in,
+                        int n, void *ctx, double eps, double atol, double rtol);
+
 /* ------------------------------------------------------------------------ */
 /* Streams and events                                                        */
 /* ------------------------------------------------------------------------ */
@@ -567,6 +603,7 @@ NT_DECL_AT(int, nt_clamp_inplace, nt_tensor *, double, double);
 NT_DECL_AT(int, nt_backward, nt_tensor *);
 NT_DECL_AT(int, nt_backward_ex, nt_tensor *, bool);
 NT_DECL_AT(nt_tensor *, nt_detach, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_op_call, int, nt_tensor *const *);
 
 #if !defined(__cplusplus) && !defined(NT_NO_SITE_MACROS) && !defined(NT_BUILDING_LIBRARY)
 /** The caller's site, as a compound literal living for the call. */
@@ -650,6 +687,7 @@ NT_DECL_AT(nt_tensor *, nt_detach, nt_tensor *);
 #define nt_backward(...) nt_backward_at(NT_HERE, __VA_ARGS__)
 #define nt_backward_ex(...) nt_backward_ex_at(NT_HERE, __VA_ARGS__)
 #define nt_detach(...) nt_detach_at(NT_HERE, __VA_ARGS__)
+#define nt_op_call(...) nt_op_call_at(NT_HERE, __VA_ARGS__)
 #endif
 
 #ifdef __cplusplus

@@ -1,0 +1,110 @@
+/* autograd/autograd.h - the tape.
+ *
+ * Every op that runs with grad enabled and an input that requires grad
+ * records a node: its op and parameters, edges to the nodes that produced its
+ * inputs (or to a leaf's accumulator), the shapes and dtypes of its inputs,
+ * and the tensors its backward needs ("saved": fresh handles on the same
+ * storage, with the storage version at save time, so an in-place write in
+ * between is caught).  nt_backward walks the reachable nodes in reverse
+ * creation order and calls each op's backward function, which enqueues
+ * ordinary ops through the dispatcher -- backward is queued, fused and run
+ * on the backend like the forward pass.
+ *
+ * Concurrency: a graph belongs to the thread that builds it; nt_backward on
+ * one graph must not race with ops that extend it. */
+#ifndef NT_AUTOGRAD_AUTOGRAD_H
+#define NT_AUTOGRAD_AUTOGRAD_H
+
+#include "dispatch.h"
+
+typedef struct nt__node nt__node;
+
+typedef struct nt__edge {
+    nt__node *node; /* NULL: that input needs no gradient */
+    int idx;        /* which output of node */
+} nt__edge;
+
+typedef struct nt__tmeta {
+    uint8_t dtype;
+    int8_t ndim;
+    int64_t shape[NT_MAX_DIMS];
+} nt__tmeta;
+
+struct nt__node {
+    volatile AO_t refs;
+    int op;               /* op id; NT_OP_COUNT + 0 marks a leaf accumulator */
+    uint64_t seq;         /* creation order: a topological order */
+    nt_site site;         /* the forward call */
+    nt__params p;
+    int nin;
+    nt__edge *next;       /* [nin] */
+    nt__tmeta *in_meta;   /* [nin] */
+    int nout;
+    nt__tmeta out_meta[NT__MAX_OUT];
+    nt_tensor *saved_in[NT__MAX_IN];
+    uint64_t saved_in_ver[NT__MAX_IN];
+    nt_tensor *saved_out[NT__MAX_OUT];
+    uint64_t saved_out_ver[NT__MAX_OUT];
+    bool freed;           /* saved tensors dropped by a backward */
+    int64_t *sizes;       /* cat: size of each input along p.dim */
+    nt_tensor *leaf;      /* accumulator: the leaf (weak: cleared when it dies) */
+    const struct nt__custom_op *custom; /* user ops */
+};
+
+#define NT__OP_ACCUMULATE (NT_OP_COUNT + 0)
+
+/* Per-tensor autograd state (nt_tensor.ag). */
+struct nt__ag {
+    bool requires_grad;
+    bool is_view;
+    nt__node *grad_fn; /* non-leaf: the node that made it (a reference) */
+    int out_idx;
+    nt__node *acc;     /* leaf that requires grad: its accumulator (a reference) */
+    nt_tensor *grad;   /* leaf: the accumulated gradient (one user reference) */
+};
+
+/* Backward of one node: gout[i] is the gradient of output i (NULL: zero);
+ * set gin[i] (or leave NULL for no gradient) for each input whose edge is
+ * live.  Every tensor here is owned by the scope nt_backward opened.  Ops are issued with b->site (the forward's call site).
+ * Returns 0 or an error code with the thread error set. */
+typedef struct nt__bctx {
+    nt__node *n;
+    nt_tensor *gout[NT__MAX_OUT];
+    nt_tensor **gin;
+    const nt_site *site;
+} nt__bctx;
+
+typedef int (*nt__bwd_fn)(nt__bctx *b);
+
+typedef struct nt__bwd_entry {
+    nt__bwd_fn fn;
+    uint8_t save_in;  /* bit i: save input i */
+    uint8_t save_out; /* bit i: save output i */
+} nt__bwd_entry;
+
+/* The backward table (autograd/backward.c), indexed by op id. */
+extern const nt__bwd_entry nt__bwd_table[NT_OP_COUNT];
+
+/* Helpers for backward functions (autograd/backward.c). */
+bool nt__edge_live(const nt__node *n, int i);
+nt_tensor *nt__saved_in(nt__bctx *b, int i);
+nt_tensor *nt__saved_out(nt__bctx *b, int i);
+
+/* Custom ops (autograd/custom.c). */
+struct nt__custom_op;
+int nt__custom_backward(nt__bctx *b);
+
+/* The thread's no-grad depth and the "backward of" tag read by dispatch. */
+bool nt__ag_enabled(void);
+
+nt__node *nt__node_new(int op, int nin, int nout);
+void nt__node_unref(nt__node *n);
+/* The ag state of t, created on first use. */
+struct nt__ag *nt__ag_of(nt_tensor *t);
+/* The edge a consumer of t uses: t's grad_fn or its leaf accumulator. */
+nt__edge nt__edge_of(nt_tensor *t);
+/* A handle on t's storage without autograd state, holding a reference,
+ * for saving. */
+nt_tensor *nt__save(nt_tensor *t);
+
+#endif

@@ -1,0 +1,553 @@
+/* autograd/backward.c - the backward table: one function per differentiable
+ * op, with the inputs/outputs it needs saved.  Each computes its inputs'
+ * gradients from the output's gradient g with ordinary ops (queued, fused
+ * and run on the backend like any other), issued at the forward's call site.
+ * Gradients are borrowed: nt_backward runs inside a scope that owns every
+ * tensor made during the pass.
+ * tests/test_autograd.c checks every entry with finite differences. */
+#include "autograd.h"
+
+#include <math.h>
+
+bool nt__edge_live(const nt__node *n, int i) { return i < n->nin && n->next[i].node != NULL; }
+nt_tensor *nt__saved_in(nt__bctx *b, int i) { return b->n->saved_in[i]; }
+nt_tensor *nt__saved_out(nt__bctx *b, int i) { return b->n->saved_out[i]; }
+
+#define S (b->site)
+#define G (b->gout[0])
+#define LIVE(i) nt__edge_live(b->n, (i))
+#define IN(i) nt__saved_in(b, (i))
+#define OUT(i) nt__saved_out(b, (i))
+#define META(i) (&b->n->in_meta[(i)])
+/* every op returns NULL on failure with the error set */
+#define TRY(x)                                                                              \
+    do {                                                                                    \
+        if (!(x))                                                                           \
+            return nt_last_error() ? nt_last_error() : NT_EEXEC;                            \
+    } while (0)
+
+/* Sums g over the dims that broadcasting added or stretched, so it has the
+ * shape of the input it belongs to. */
+static nt_tensor *reduce_to(nt__bctx *b, nt_tensor *g, const nt__tmeta *m)
+{
+    nt_tensor *t = g;
+    while (t && t->ndim > m->ndim)
+        t = nt_sum_at(S, t, 0, false);
+    for (int d = 0; t && d < m->ndim; d++)
+        if (m->shape[d] == 1 && t->shape[d] != 1)
+            t = nt_sum_at(S, t, d, true);
+    return t;
+}
+
+static nt_tensor *zero0d(nt__bctx *b, nt_tensor *like)
+{
+    return nt_zeros_at(S, (nt_dtype)like->dtype, 0, NULL);
+}
+
+/* g of a reduction, reshaped to keepdim form and expanded to the input. */
+static nt_tensor *expand_back(nt__bctx *b, nt_tensor *g)
+{
+    const nt__tmeta *m = META(0);
+    int64_t ks[NT_MAX_DIMS];
+    int dim = b->n->p.dim;
+    for (int i = 0; i < m->ndim; i++)
+        ks[i] = (dim == NT_DIM_ALL || i == dim) ? 1 : m->shape[i];
+    nt_tensor *r = nt_reshape_at(S, g, m->ndim, ks);
+    return r ? nt_expand_at(S, r, m->ndim, m->shape) : NULL;
+}
+
+/* ---------------- binary ---------------- */
+
+static int bwd_add(nt__bctx *b)
+{
+    if (LIVE(0))
+        TRY(b->gin[0] = reduce_to(b, G, META(0)));
+    if (LIVE(1))
+        TRY(b->gin[1] = reduce_to(b, G, META(1)));
+    return 0;
+}
+
+static int bwd_sub(nt__bctx *b)
+{
+    if (LIVE(0))
+        TRY(b->gin[0] = reduce_to(b, G, META(0)));
+    if (LIVE(1))
+        TRY(b->gin[1] = reduce_to(b, nt_neg_at(S, G), META(1)));
+    return 0;
+}
+
+static int bwd_mul(nt__bctx *b)
+{
+    if (LIVE(0))
+        TRY(b->gin[0] = reduce_to(b, nt_mul_at(S, G, IN(1)), META(0)));
+    if (LIVE(1))
+        TRY(b->gin[1] = reduce_to(b, nt_mul_at(S, G, IN(0)), META(1)));
+    return 0;
+}
+
+static int bwd_div(nt__bctx *b)
+{
+    nt_tensor *t;
+    TRY(t = nt_div_at(S, G, IN(1))); /* g / b */
+    if (LIVE(0))
+        TRY(b->gin[0] = reduce_to(b, t, META(0)));
+    if (LIVE(1)) /* -g a / b^2 = -(g / b) (a / b) */
+        TRY(b->gin[1] = reduce_to(b, nt_neg_at(S, nt_mul_at(S, t, nt_div_at(S, IN(0), IN(1)))),
+                                  META(1)));
+    return 0;
+}
+
+/* maximum/minimum: the first operand wins ties (core/ewise.h), so it gets the
+ * gradient there. */
+static int minmax(nt__bctx *b, bool is_max)
+{
+    nt_tensor *mask, *z;
+    TRY(mask = is_max ? nt_ge_at(S, IN(0), IN(1)) : nt_le_at(S, IN(0), IN(1)));
+    TRY(z = zero0d(b, G));
+    if (LIVE(0))
+        TRY(b->gin[0] = reduce_to(b, nt_where_at(S, mask, G, z), META(0)));
+    if (LIVE(1))
+        TRY(b->gin[1] = reduce_to(b, nt_where_at(S, mask, z, G), META(1)));
+    return 0;
+}
+static int bwd_maximum(nt__bctx *b) { return minmax(b, true); }
+static int bwd_minimum(nt__bctx *b) { return minmax(b, false); }
+
+static int bwd_where(nt__bctx *b)
+{
+    nt_tensor *z;
+    TRY(z = zero0d(b, G));
+    if (LIVE(1))
+        TRY(b->gin[1] = reduce_to(b, nt_where_at(S, IN(0), G, z), META(1)));
+    if (LIVE(2))
+        TRY(b->gin[2] = reduce_to(b, nt_where_at(S, IN(0), z, G), META(2)));
+    return 0;
+}
+
+/* ---------------- unary ---------------- */
+
+static int bwd_neg(nt__bctx *b)
+{
+    TRY(b->gin[0] = nt_neg_at(S, G));
+    return 0;
+}
+static int bwd_exp(nt__bctx *b)
+{
+    TRY(b->gin[0] = nt_mul_at(S, G, OUT(0)));
+    return 0;
+}
+static int bwd_log(nt__bctx *b)
+{
+    TRY(b->gin[0] = nt_div_at(S, G, IN(0)));
+    return 0;
+}
+static int bwd_sqrt(nt__bctx *b) /* g / (2 y) */
+{
+    TRY(b->gin[0] = nt_div_at(S, G, nt_mul_scalar_at(S, OUT(0), 2.0)));
+    return 0;
+}
+static int bwd_rsqrt(nt__bctx *b) /* -0.5 g y^3 */
+{
+    nt_tensor *y = OUT(0);
+    TRY(b->gin[0] = nt_mul_at(S, G, nt_mul_scalar_at(S, nt_mul_at(S, y, nt_mul_at(S, y, y)), -0.5)));
+    return 0;
+}
+static int bwd_abs(nt__bctx *b) /* g sign(x), 0 at 0 */
+{
+    nt_tensor *x = IN(0), *z, *pos, *neg;
+    TRY(z = zero0d(b, x));
+    TRY(pos = nt_cast_at(S, nt_gt_at(S, x, z), (nt_dtype)G->dtype));
+    TRY(neg = nt_cast_at(S, nt_lt_at(S, x, z), (nt_dtype)G->dtype));
+    TRY(b->gin[0] = nt_mul_at(S, G, nt_sub_at(S, pos, neg)));
+    return 0;
+}
+
+static nt_tensor *bwd_helper(nt__bctx *b, int op, nt_tensor *x)
+{
+    return nt__binary(S, nt__op_api(op), op, G, x);
+}
+static int bwd_relu(nt__bctx *b)
+{
+    TRY(b->gin[0] = bwd_helper(b, NT_OP_RELU_BWD, OUT(0)));
+    return 0;
+}
+static int bwd_gelu(nt__bctx *b)
+{
+    TRY(b->gin[0] = bwd_helper(b, NT_OP_GELU_BWD, IN(0)));
+    return 0;
+}
+static int bwd_silu(nt__bctx *b)
+{
+    TRY(b->gin[0] = bwd_helper(b, NT_OP_SILU_BWD, IN(0)));
+    return 0;
+}
+static int bwd_sigmoid(nt__bctx *b)
+{
+    TRY(b->gin[0] = bwd_helper(b, NT_OP_SIGMOID_BWD, OUT(0)));
+    return 0;
+}
+static int bwd_tanh(nt__bctx *b)
+{
+    TRY(b->gin[0] = bwd_helper(b, NT_OP_TANH_BWD, OUT(0)));
+    return 0;
+}
+
+/* ---------------- tensor-scalar ---------------- */
+
+static int bwd_add_scalar(nt__bctx *b)
+{
+    b->gin[0] = G;
+    return 0;
+}
+static int bwd_mul_scalar(nt__bctx *b)
+{
+    TRY(b->gin[0] = nt_mul_scalar_at(S, G, b->n->p.f[0]));
+    return 0;
+}
+static int bwd_div_scalar(nt__bctx *b)
+{
+    TRY(b->gin[0] = nt_div_scalar_at(S, G, b->n->p.f[0]));
+    return 0;
+}
+static int bwd_pow_scalar(nt__bctx *b) /* g s x^(s-1) */
+{
+    double s = b->n->p.f[0];
+    if (s == 0) {
+        TRY(b->gin[0] = nt_zeros_like_at(S, G));
+        return 0;
+    }
+    TRY(b->gin[0] = nt_mul_at(S, G, nt_mul_scalar_at(S, nt_pow_scalar_at(S, IN(0), s - 1), s)));
+    return 0;
+}
+static int bwd_clamp(nt__bctx *b) /* g where lo <= x <= hi */
+{
+    nt_tensor *x = IN(0), *lo, *hi, *z, *m;
+    TRY(lo = nt_full_at(S, (nt_dtype)x->dtype, 0, NULL, b->n->p.f[0]));
+    TRY(hi = nt_full_at(S, (nt_dtype)x->dtype, 0, NULL, b->n->p.f[1]));
+    TRY(z = zero0d(b, G));
+    TRY(m = nt_mul_at(S, nt_ge_at(S, x, lo), nt_le_at(S, x, hi)));
+    TRY(b->gin[0] = nt_where_at(S, m, G, z));
+    return 0;
+}
+
+/* ---------------- copies and views ---------------- */
+
+static int bwd_identity(nt__bctx *b) /* copy, cast (the engine casts back), alias */
+{
+    b->gin[0] = G;
+    return 0;
+}
+
+static int bwd_none(nt__bctx *b) /* fill: the result depends on no input */
+{
+    (void)b;
+    return 0;
+}
+static int bwd_reshape(nt__bctx *b)
+{
+    TRY(b->gin[0] = nt_reshape_at(S, G, META(0)->ndim, META(0)->shape));
+    return 0;
+}
+static int bwd_transpose(nt__bctx *b)
+{
+    TRY(b->gin[0] = nt_transpose_at(S, G, (int)b->n->p.i[0], (int)b->n->p.i[1]));
+    return 0;
+}
+static int bwd_permute(nt__bctx *b)
+{
+    int inv[NT_MAX_DIMS];
+    for (int k = 0; k < META(0)->ndim; k++)
+        inv[b->n->p.i[k]] = k;
+    TRY(b->gin[0] = nt_permute_at(S, G, inv));
+    return 0;
+}
+static int bwd_slice(nt__bctx *b) /* g placed into zeros of the input's shape */
+{
+    const nt__tmeta *m = META(0);
+    nt_tensor *z, *v;
+    TRY(z = nt_zeros_at(S, (nt_dtype)G->dtype, m->ndim, m->shape));
+    const nt__params *p = &b->n->p;
+    TRY(v = nt_slice_at(S, z, p->dim, p->i[0], p->i[1], p->i[2]));
+    if (nt_copy_into_at(S, v, G))
+        return nt_last_error();
+    b->gin[0] = z;
+    return 0;
+}
+static int bwd_expand(nt__bctx *b)
+{
+    TRY(b->gin[0] = reduce_to(b, G, META(0)));
+    return 0;
+}
+static int bwd_cat(nt__bctx *b)
+{
+    int64_t off = 0;
+    for (int i = 0; i < b->n->nin; i++) {
+        int64_t len = b->n->sizes[i];
+        if (LIVE(i))
+            TRY(b->gin[i] = nt_slice_at(S, G, b->n->p.dim, off, off + len, 1));
+        off += len;
+    }
+    return 0;
+}
+
+/* ---------------- reductions ---------------- */
+
+static int bwd_sum(nt__bctx *b)
+{
+    TRY(b->gin[0] = expand_back(b, G));
+    return 0;
+}
+static int bwd_mean(nt__bctx *b)
+{
+    const nt__tmeta *m = META(0);
+    int dim = b->n->p.dim;
+    double n = dim == NT_DIM_ALL ? (double)nt__numel(m->ndim, m->shape) : (double)m->shape[dim];
+    TRY(b->gin[0] = nt_div_scalar_at(S, expand_back(b, G), n));
+    return 0;
+}
+/* The gradient goes to the first maximum (the element nt_argmax picks). */
+static int bwd_max(nt__bctx *b)
+{
+    const nt__tmeta *m = META(0);
+    nt_tensor *x = IN(0), *z, *idx, *ar, *mask, *gk;
+    int dim = b->n->p.dim;
+    TRY(z = zero0d(b, G));
+    if (dim == NT_DIM_ALL || m->ndim == 0) {
+        int64_t n = nt__numel(m->ndim, m->shape);
+        nt_tensor *xf;
+        TRY(xf = nt_reshape_at(S, x, 1, &n));
+        TRY(idx = nt_argmax_at(S, xf, 0, true));
+        TRY(ar = nt_arange_at(S, NT_I32, 0, (double)n, 1));
+        TRY(mask = nt_eq_at(S, ar, idx));
+        TRY(gk = nt_reshape_at(S, G, 1, (int64_t[]){1}));
+        nt_tensor *gf;
+        TRY(gf = nt_where_at(S, mask, gk, z));
+        TRY(b->gin[0] = nt_reshape_at(S, gf, m->ndim, m->shape));
+        return 0;
+    }
+    int64_t as[NT_MAX_DIMS], ks[NT_MAX_DIMS];
+    for (int i = 0; i < m->ndim; i++) {
+        as[i] = i == dim ? m->shape[i] : 1;
+        ks[i] = i == dim ? 1 : m->shape[i];
+    }
+    TRY(idx = nt_argmax_at(S, x, dim, true));
+    TRY(ar = nt_reshape_at(S, nt_arange_at(S, NT_I32, 0, (double)m->shape[dim], 1), m->ndim, as));
+    TRY(mask = nt_eq_at(S, ar, idx));
+    TRY(gk = nt_reshape_at(S, G, m->ndim, ks));
+    TRY(b->gin[0] = nt_where_at(S, mask, gk, z));
+    return 0;
+}
+
+/* ---------------- row ops ---------------- */
+
+static int bwd_softmax(nt__bctx *b) /* y (g - sum(g y)) */
+{
+    nt_tensor *y = OUT(0), *s;
+    TRY(s = nt_sum_at(S, nt_mul_at(S, G, y), b->n->p.dim, true));
+    TRY(b->gin[0] = nt_mul_at(S, y, nt_sub_at(S, G, s)));
+    return 0;
+}
+static int bwd_log_softmax(nt__bctx *b) /* g - exp(y) sum(g) */
+{
+    nt_tensor *s;
+    TRY(s = nt_sum_at(S, G, b->n->p.dim, true));
+    TRY(b->gin[0] = nt_sub_at(S, G, nt_mul_at(S, nt_exp_at(S, OUT(0)), s)));
+    return 0;
+}
+
+static nt_tensor *as_f32(nt__bctx *b, nt_tensor *t)
+{
+    return t->dtype == NT_F32 ? t : nt_cast_at(S, t, NT_F32);
+}
+
+/* layer_norm: with xhat = (x - mu) r, r = rsqrt(var + eps), gxhat = g w:
+ * gx = r (gxhat - mean(gxhat) - xhat mean(gxhat xhat)), gw = sum(g xhat),
+ * gb = sum(g).  Statistics are recomputed in f32. */
+static int bwd_layer_norm(nt__bctx *b)
+{
+    nt_tensor *x, *g, *w = IN(1), *mu, *d, *var, *r, *xhat, *gxhat;
+    double eps = b->n->p.f[0];
+    TRY(x = as_f32(b, IN(0)));
+    TRY(g = as_f32(b, G));
+    TRY(mu = nt_mean_at(S, x, -1, true));
+    TRY(d = nt_sub_at(S, x, mu));
+    TRY(var = nt_mean_at(S, nt_mul_at(S, d, d), -1, true));
+    TRY(r = nt_rsqrt_at(S, nt_add_scalar_at(S, var, eps)));
+    TRY(xhat = nt_mul_at(S, d, r));
+    if (LIVE(2))
+        TRY(b->gin[2] = reduce_to(b, g, META(2)));
+    if (LIVE(1))
+        TRY(b->gin[1] = reduce_to(b, nt_mul_at(S, g, xhat), META(1)));
+    if (LIVE(0)) {
+        TRY(gxhat = w ? nt_mul_at(S, g, as_f32(b, w)) : g);
+        nt_tensor *m1, *m2;
+        TRY(m1 = nt_mean_at(S, gxhat, -1, true));
+        TRY(m2 = nt_mean_at(S, nt_mul_at(S, gxhat, xhat), -1, true));
+        TRY(b->gin[0] = nt_mul_at(S, r, nt_sub_at(S, nt_sub_at(S, gxhat, m1), nt_mul_at(S, xhat, m2))));
+    }
+    return 0;
+}
+
+/* rms_norm: xhat = x r, r = rsqrt(mean(x^2) + eps): gx = r (gxhat - xhat
+ * mean(gxhat xhat)), gw = sum(g xhat). */
+static int bwd_rms_norm(nt__bctx *b)
+{
+    nt_tensor *x, *g, *w = IN(1), *r, *xhat, *gxhat, *m2;
+    TRY(x = as_f32(b, IN(0)));
+    TRY(g = as_f32(b, G));
+    TRY(r = nt_rsqrt_at(S, nt_add_scalar_at(S, nt_mean_at(S, nt_mul_at(S, x, x), -1, true),
+                                            b->n->p.f[0])));
+    TRY(xhat = nt_mul_at(S, x, r));
+    if (LIVE(1))
+        TRY(b->gin[1] = reduce_to(b, nt_mul_at(S, g, xhat), META(1)));
+    if (LIVE(0)) {
+        TRY(gxhat = w ? nt_mul_at(S, g, as_f32(b, w)) : g);
+        TRY(m2 = nt_mean_at(S, nt_mul_at(S, gxhat, xhat), -1, true));
+        TRY(b->gin[0] = nt_mul_at(S, r, nt_sub_at(S, gxhat, nt_mul_at(S, xhat, m2))));
+    }
+    return 0;
+}
+
+/* ---------------- losses ---------------- */
+
+/* d/dlogits mean(-log_softmax[label]) = (softmax - onehot(label)) / N */
+static int bwd_cross_entropy(nt__bctx *b)
+{
+    nt_tensor *logits = IN(0), *labels = IN(1), *p, *ar, *lab, *onehot;
+    int64_t N = logits->shape[0], C = logits->shape[1];
+    TRY(p = nt_softmax_at(S, logits, 1));
+    TRY(ar = nt_reshape_at(S, nt_arange_at(S, NT_I32, 0, (double)C, 1), 2, (int64_t[]){1, C}));
+    TRY(lab = nt_reshape_at(S, labels, 2, (int64_t[]){N, 1}));
+    TRY(onehot = nt_cast_at(S, nt_eq_at(S, ar, lab), (nt_dtype)p->dtype));
+    TRY(b->gin[0] = nt_mul_at(S, nt_sub_at(S, p, onehot), nt_div_scalar_at(S, G, (double)N)));
+    return 0;
+}
+
+/* d/da mean((a - b)^2) = 2 (a - b) / n */
+static int bwd_mse_loss(nt__bctx *b)
+{
+    const nt__tmeta *m = META(0);
+    double n = (double)nt__numel(m->ndim, m->shape);
+    nt_tensor *ga;
+    TRY(ga = nt_mul_at(S, nt_sub_at(S, IN(0), IN(1)), nt_mul_scalar_at(S, G, 2.0 / n)));
+    if (LIVE(0))
+        b->gin[0] = ga;
+    if (LIVE(1))
+        TRY(b->gin[1] = nt_neg_at(S, ga));
+    return 0;
+}
+
+/* ---------------- matmul, embedding ---------------- */
+
+/* ga = g b^T, gb = a^T g, with 1-D operands promoted like the forward and
+ * broadcast batch dims summed away. */
+static int bwd_matmul(nt__bctx *b)
+{
+    nt_tensor *a = IN(0), *bb = IN(1), *g = G;
+    bool av = a->ndim == 1, bv = bb->ndim == 1;
+    if (av)
+        TRY(a = nt_reshape_at(S, a, 2, (int64_t[]){1, a->shape[0]}));
+    if (bv)
+        TRY(bb = nt_reshape_at(S, bb, 2, (int64_t[]){bb->shape[0], 1}));
+    /* g with the removed dims put back: batch + [M, N] */
+    int64_t gs[NT_MAX_DIMS];
+    int k = 0;
+    for (int i = 0; i < g->ndim - (av ? 0 : 1) - (bv ? 0 : 1); i++)
+        gs[k++] = g->shape[i];
+    gs[k++] = av ? 1 : g->shape[g->ndim - (bv ? 1 : 2)];
+    gs[k++] = bv ? 1 : g->shape[g->ndim - 1];
+    TRY(g = nt_reshape_at(S, g, k, gs));
+    if (LIVE(0)) {
+        nt_tensor *ga;
+        TRY(ga = nt_matmul_at(S, g, nt_transpose_at(S, bb, -1, -2)));
+        if (av) { /* batch + [1, K] -> batch + [K] */
+            int64_t s[NT_MAX_DIMS];
+            for (int i = 0; i < ga->ndim - 2; i++)
+                s[i] = ga->shape[i];
+            s[ga->ndim - 2] = ga->shape[ga->ndim - 1];
+            TRY(ga = nt_reshape_at(S, ga, ga->ndim - 1, s));
+        }
+        TRY(b->gin[0] = reduce_to(b, ga, META(0)));
+    }
+    if (LIVE(1)) {
+        nt_tensor *gb;
+        TRY(gb = nt_matmul_at(S, nt_transpose_at(S, a, -1, -2), g));
+        if (bv) { /* batch + [K, 1] -> batch + [K] */
+            TRY(gb = nt_reshape_at(S, gb, gb->ndim - 1, gb->shape));
+        }
+        TRY(b->gin[1] = reduce_to(b, gb, META(1)));
+    }
+    return 0;
+}
+
+static int bwd_embedding(nt__bctx *b)
+{
+    const nt__tmeta *wm = META(0);
+    nt__call c;
+    nt_tensor *in[2] = {G, IN(1)};
+    if (!nt__call_begin(&c, S, "nt_embedding", NT_OP_EMBEDDING_BWD, 2, in, "g,idx"))
+        return nt_last_error();
+    c.no_grad = true;
+    c.p.i[0] = wm->shape[0];
+    c.odt[0] = (nt_dtype)G->dtype;
+    c.ondim[0] = 2;
+    c.oshape[0][0] = wm->shape[0];
+    c.oshape[0][1] = wm->shape[1];
+    c.flops = (double)nt__numel(G->ndim, G->shape);
+    TRY(b->gin[0] = nt__dispatch(&c));
+    return 0;
+}
+
+/* ---------------- the table ---------------- */
+
+#define I0 1u
+#define I1 2u
+#define I2 4u
+#define O0 1u
+
+const nt__bwd_entry nt__bwd_table[NT_OP_COUNT] = {
+    [NT_OP_FILL] = {bwd_none, 0, 0},
+    [NT_OP_COPY] = {bwd_identity, 0, 0},
+    [NT_OP_CAST] = {bwd_identity, 0, 0},
+    [NT_OP_NEG] = {bwd_neg, 0, 0},
+    [NT_OP_EXP] = {bwd_exp, 0, O0},
+    [NT_OP_LOG] = {bwd_log, I0, 0},
+    [NT_OP_SQRT] = {bwd_sqrt, 0, O0},
+    [NT_OP_RSQRT] = {bwd_rsqrt, 0, O0},
+    [NT_OP_ABS] = {bwd_abs, I0, 0},
+    [NT_OP_RELU] = {bwd_relu, 0, O0},
+    [NT_OP_GELU] = {bwd_gelu, I0, 0},
+    [NT_OP_SIGMOID] = {bwd_sigmoid, 0, O0},
+    [NT_OP_TANH] = {bwd_tanh, 0, O0},
+    [NT_OP_SILU] = {bwd_silu, I0, 0},
+    [NT_OP_ADD_SCALAR] = {bwd_add_scalar, 0, 0},
+    [NT_OP_MUL_SCALAR] = {bwd_mul_scalar, 0, 0},
+    [NT_OP_DIV_SCALAR] = {bwd_div_scalar, 0, 0},
+    [NT_OP_POW_SCALAR] = {bwd_pow_scalar, I0, 0},
+    [NT_OP_CLAMP] = {bwd_clamp, I0, 0},
+    [NT_OP_ADD] = {bwd_add, 0, 0},
+    [NT_OP_SUB] = {bwd_sub, 0, 0},
+    [NT_OP_MUL] = {bwd_mul, I0 | I1, 0},
+    [NT_OP_DIV] = {bwd_div, I0 | I1, 0},
+    [NT_OP_MAXIMUM] = {bwd_maximum, I0 | I1, 0},
+    [NT_OP_MINIMUM] = {bwd_minimum, I0 | I1, 0},
+    [NT_OP_WHERE] = {bwd_where, I0, 0},
+    [NT_OP_SUM] = {bwd_sum, 0, 0},
+    [NT_OP_MEAN] = {bwd_mean, 0, 0},
+    [NT_OP_MAX] = {bwd_max, I0, 0},
+    [NT_OP_SOFTMAX] = {bwd_softmax, 0, O0},
+    [NT_OP_LOG_SOFTMAX] = {bwd_log_softmax, 0, O0},
+    [NT_OP_LAYER_NORM] = {bwd_layer_norm, I0 | I1, 0},
+    [NT_OP_RMS_NORM] = {bwd_rms_norm, I0 | I1, 0},
+    [NT_OP_CROSS_ENTROPY] = {bwd_cross_entropy, I0 | I1, 0},
+    [NT_OP_MSE_LOSS] = {bwd_mse_loss, I0 | I1, 0},
+    [NT_OP_MATMUL] = {bwd_matmul, I0 | I1, 0},
+    [NT_OP_EMBEDDING] = {bwd_embedding, I1, 0},
+    [NT_OP_RESHAPE] = {bwd_reshape, 0, 0},
+    [NT_OP_TRANSPOSE] = {bwd_transpose, 0, 0},
+    [NT_OP_PERMUTE] = {bwd_permute, 0, 0},
+    [NT_OP_SLICE] = {bwd_slice, 0, 0},
+    [NT_OP_EXPAND] = {bwd_expand, 0, 0},
+    [NT_OP_ALIAS] = {bwd_identity, 0, 0},
+    [NT_OP_CAT] = {bwd_cat, 0, 0},
+};

@@ -1,0 +1,97 @@
+/* autograd/gradcheck.c - analytic gradients against central differences. */
+#include "autograd.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* loss = sum(f(x) * w) as a double, graph off. */
+static int eval_loss(nt_tensor *(*f)(nt_tensor *const *, void *), nt_tensor *const *in, void *ctx,
+                     nt_tensor *w, double *out)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_no_grad_begin();
+    nt_tensor *y = f(in, ctx);
+    nt_tensor *l = y ? nt_sum(nt_mul(nt_cast(y, NT_F32), w), NT_DIM_ALL, false) : NULL;
+    int rc = l ? nt_item(l, out) : (nt_last_error() ? nt_last_error() : NT_EEXEC);
+    nt_no_grad_end();
+    nt_scope_end(s);
+    return rc;
+}
+
+NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_tensor *const *in,
+                        int n, void *ctx, double eps, double atol, double rtol)
+{
+    const char *fn = "nt_gradcheck";
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (!f || !in || n < 1 || n > 16 || !(eps > 0))
+        return nt__err(NULL, NT_EINVAL, fn, "need f, 1..16 inputs and eps > 0");
+    for (int i = 0; i < n; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "in[%d]", i);
+        if (!nt__check_arg(NULL, fn, name, in[i]))
+            return nt_last_error();
+        if (!nt_requires_grad(in[i]))
+            return nt__err(NULL, NT_EINVAL, fn, "in[%d] does not require grad", i);
+    }
+    nt_scope *s = nt_scope_begin();
+    int rc = 0;
+    /* analytic */
+    nt_tensor *y = f(in, ctx);
+    if (!y) {
+        rc = nt_last_error() ? nt_last_error() : NT_EEXEC;
+        goto out;
+    }
+    nt_tensor *w = nt_randn(NT_F32, y->ndim, y->shape, 0x6a09e667f3bcc908ull);
+    for (int i = 0; i < n; i++)
+        nt_zero_grad(in[i]);
+    nt_tensor *loss = nt_sum(nt_mul(nt_cast(y, NT_F32), w), NT_DIM_ALL, false);
+    if (!loss || (rc = nt_backward(loss)) != 0) {
+        rc = rc ? rc : nt_last_error();
+        goto out;
+    }
+    /* numeric, element by element, on f32 host copies */
+    for (int i = 0; i < n && !rc; i++) {
+        nt_tensor *x = in[i];
+        int64_t ne = nt_numel(x);
+        float *h = malloc((size_t)(ne ? ne : 1) * sizeof(float));
+        float *ga = malloc((size_t)(ne ? ne : 1) * sizeof(float));
+        nt_tensor *g = nt_grad(x);
+        nt_tensor *xf = nt_cast(x, NT_F32);
+        if (!xf || nt_to_host(xf, h, (size_t)ne * sizeof(float))) {
+            rc = nt_last_error();
+        } else if (g) {
+            rc = nt_to_host(nt_cast(g, NT_F32), ga, (size_t)ne * sizeof(float));
+        } else {
+            for (int64_t k = 0; k < ne; k++)
+                ga[k] = 0;
+        }
+        for (int64_t k = 0; k < ne && !rc; k++) {
+            nt_tensor *pert[16];
+            double lp = 0, lm = 0;
+            float keep = h[k];
+            for (int sgn = 0; sgn < 2 && !rc; sgn++) {
+                h[k] = keep + (float)(sgn ? -eps : eps);
+                for (int j = 0; j < n; j++)
+                    pert[j] = in[j];
+                pert[i] = nt_cast(nt_from_host(h, NT_F32, x->ndim, x->shape), (nt_dtype)x->dtype);
+                rc = eval_loss(f, pert, ctx, w, sgn ? &lm : &lp);
+            }
+            h[k] = keep;
+            if (rc)
+                break;
+            double num = (lp - lm) / (2 * eps), ana = ga[k];
+            if (!(fabs(ana - num) <= atol + rtol * fabs(num))) {
+                rc = nt__err(NULL, NT_ERANGE, fn,
+                             "input %d element %lld: analytic gradient %.6g, numeric %.6g "
+                             "(|diff| %.3g > atol %.3g + rtol %.3g * |numeric|)",
+                             i, (long long)k, ana, num, fabs(ana - num), atol, rtol);
+            }
+        }
+        free(h);
+        free(ga);
+    }
+out:
+    nt_scope_end(s);
+    return rc;
+}

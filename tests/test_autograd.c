@@ -1,0 +1,742 @@
+/* tests/test_autograd.c - the tape, every op's backward against finite
+ * differences (nt_gradcheck), hand-checked gradients, accumulation, no-grad,
+ * in-place rules, error paths, user ops, and mode invariance. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ntensor.h"
+
+static int setup(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_init(), 0);
+    nt_clear_error();
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    nt_shutdown();
+    return 0;
+}
+
+/* A leaf with pseudo-random values in [lo, hi). */
+static nt_tensor *leaf(int ndim, const int64_t *shape, double lo, double hi, uint64_t seed)
+{
+    nt_tensor *u = nt_rand(NT_F32, ndim, shape, seed);
+    nt_tensor *x = nt_add_scalar(nt_mul_scalar(u, hi - lo), lo);
+    nt_tensor *d = nt_detach(x);
+    nt_set_requires_grad(d, true);
+    nt_release(u);
+    nt_release(x);
+    return d;
+}
+
+static void grad_ok(nt_tensor *(*f)(nt_tensor *const *, void *), nt_tensor *const *in, int n,
+                    void *ctx)
+{
+    int rc = nt_gradcheck(f, in, n, ctx, 1e-2, 2e-2, 2e-2);
+    if (rc)
+        print_error("%s\n", nt_last_error_message());
+    assert_int_equal(rc, 0);
+}
+
+/* ---------------- gradcheck of every op ---------------- */
+
+typedef struct {
+    int which;
+    int dim;
+    double s0, s1;
+} opctx;
+
+enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV, BIN_MAXIMUM, BIN_MINIMUM };
+
+static nt_tensor *f_binary(nt_tensor *const *x, void *c)
+{
+    switch (((opctx *)c)->which) {
+    case BIN_ADD: return nt_add(x[0], x[1]);
+    case BIN_SUB: return nt_sub(x[0], x[1]);
+    case BIN_MUL: return nt_mul(x[0], x[1]);
+    case BIN_DIV: return nt_div(x[0], x[1]);
+    case BIN_MAXIMUM: return nt_maximum(x[0], x[1]);
+    default: return nt_minimum(x[0], x[1]);
+    }
+}
+
+static void test_binary_broadcast(void **state)
+{
+    (void)state;
+    /* same shape, and [3,1] with [4] broadcasting to [3,4] */
+    int64_t s34[2] = {3, 4}, s31[2] = {3, 1}, s4[1] = {4};
+    for (int op = BIN_ADD; op <= BIN_MINIMUM; op++) {
+        opctx c = {op, 0, 0, 0};
+        double lo = op == BIN_DIV ? 0.5 : -2;
+        nt_tensor *a = leaf(2, s34, lo, 2, 10 + op), *b = leaf(2, s34, lo, 2, 20 + op);
+        if (op == BIN_MAXIMUM || op == BIN_MINIMUM) {
+            /* values on a grid 0.25 apart, a and b interleaved: no ties
+             * within the finite-difference step */
+            float av[12], bv[12], pv[3], qv[4];
+            for (int k = 0; k < 12; k++) {
+                av[k] = (float)((k * 7) % 12) * 0.25f - 1.5f;
+                bv[k] = (float)((k * 5) % 12) * 0.25f - 1.375f;
+            }
+            for (int k = 0; k < 3; k++)
+                pv[k] = (float)k * 0.5f - 0.5f;
+            for (int k = 0; k < 4; k++)
+                qv[k] = (float)k * 0.5f - 0.875f;
+            nt_release(a), nt_release(b);
+            a = nt_from_host(av, NT_F32, 2, s34), b = nt_from_host(bv, NT_F32, 2, s34);
+            nt_set_requires_grad(a, true), nt_set_requires_grad(b, true);
+            nt_tensor *in0[2] = {a, b};
+            grad_ok(f_binary, in0, 2, &c);
+            nt_tensor *p = nt_from_host(pv, NT_F32, 2, s31), *q = nt_from_host(qv, NT_F32, 1, s4);
+            nt_set_requires_grad(p, true), nt_set_requires_grad(q, true);
+            nt_tensor *in1[2] = {p, q};
+            grad_ok(f_binary, in1, 2, &c);
+            nt_release(a), nt_release(b), nt_release(p), nt_release(q);
+            continue;
+        }
+        nt_tensor *in[2] = {a, b};
+        grad_ok(f_binary, in, 2, &c);
+        nt_tensor *p = leaf(2, s31, lo, 2, 30 + op), *q = leaf(1, s4, lo, 2, 40 + op);
+        nt_tensor *in2[2] = {p, q};
+        grad_ok(f_binary, in2, 2, &c);
+        nt_release(a), nt_release(b), nt_release(p), nt_release(q);
+    }
+}
+
+enum { UN_NEG, UN_EXP, UN_LOG, UN_SQRT, UN_RSQRT, UN_ABS, UN_RELU, UN_GELU, UN_SIGMOID, UN_TANH,
+       UN_SILU, UN_ADDS, UN_MULS, UN_DIVS, UN_POWS, UN_CLAMP, UN_CAST, UN_CONTIG, UN_COUNT };
+
+static nt_tensor *f_unary(nt_tensor *const *x, void *cp)
+{
+    opctx *c = cp;
+    nt_tensor *t = x[0];
+    switch (c->which) {
+    case UN_NEG: return nt_neg(t);
+    case UN_EXP: return nt_exp(t);
+    case UN_LOG: return nt_log(t);
+    case UN_SQRT: return nt_sqrt(t);
+    case UN_RSQRT: return nt_rsqrt(t);
+    case UN_ABS: return nt_abs(t);
+    case UN_RELU: return nt_relu(t);
+    case UN_GELU: return nt_gelu(t);
+    case UN_SIGMOID: return nt_sigmoid(t);
+    case UN_TANH: return nt_tanh(t);
+    case UN_SILU: return nt_silu(t);
+    case UN_ADDS: return nt_add_scalar(t, 1.25);
+    case UN_MULS: return nt_mul_scalar(t, -1.5);
+    case UN_DIVS: return nt_div_scalar(t, 3.0);
+    case UN_POWS: return nt_pow_scalar(t, 2.5);
+    case UN_CLAMP: return nt_clamp(t, -0.5, 0.75);
+    case UN_CAST: return nt_cast(nt_cast(t, NT_F16), NT_F32);
+    default: return nt_contiguous(nt_transpose(t, 0, 1));
+    }
+}
+
+static void test_unary_and_scalar(void **state)
+{
+    (void)state;
+    int64_t s[2] = {3, 5};
+    for (int op = 0; op < UN_COUNT; op++) {
+        opctx c = {op, 0, 0, 0};
+        bool pos = op == UN_LOG || op == UN_SQRT || op == UN_RSQRT || op == UN_POWS;
+        nt_tensor *x = leaf(2, s, pos ? 0.5 : -2, 2, 100 + op);
+        nt_tensor *in[1] = {x};
+        if (op == UN_CAST) /* f16 rounding: a looser bound */
+            assert_int_equal(nt_gradcheck(f_unary, in, 1, &c, 5e-2, 5e-2, 5e-2), 0);
+        else
+            grad_ok(f_unary, in, 1, &c);
+        nt_release(x);
+    }
+}
+
+static nt_tensor *f_where(nt_tensor *const *x, void *c)
+{
+    (void)c;
+    nt_tensor *cond = nt_gt(x[2], nt_zeros(NT_F32, 0, NULL));
+    return nt_where(cond, x[0], x[1]);
+}
+
+static void test_where(void **state)
+{
+    (void)state;
+    int64_t s[2] = {4, 3}, sb[1] = {3};
+    nt_tensor *a = leaf(2, s, -1, 1, 1), *b = leaf(1, sb, -1, 1, 2), *c = leaf(2, s, -1, 1, 3);
+    nt_tensor *in[3] = {a, b, c};
+    grad_ok(f_where, in, 3, NULL);
+    nt_release(a), nt_release(b), nt_release(c);
+}
+
+enum { R_SUM, R_MEAN, R_MAX };
+
+static nt_tensor *f_reduce(nt_tensor *const *x, void *cp)
+{
+    opctx *c = cp;
+    bool keep = c->s0 != 0;
+    switch (c->which) {
+    case R_SUM: return nt_sum(x[0], c->dim, keep);
+    case R_MEAN: return nt_mean(x[0], c->dim, keep);
+    default: return nt_max(x[0], c->dim, keep);
+    }
+}
+
+static void test_reductions(void **state)
+{
+    (void)state;
+    int64_t s[3] = {2, 3, 4};
+    int dims[] = {0, 1, -1, NT_DIM_ALL};
+    for (int op = R_SUM; op <= R_MAX; op++)
+        for (int d = 0; d < 4; d++)
+            for (int keep = 0; keep < 2; keep++) {
+                opctx c = {op, dims[d], keep, 0};
+                nt_tensor *x = leaf(3, s, -2, 2, 200 + op * 10 + d);
+                nt_tensor *in[1] = {x};
+                grad_ok(f_reduce, in, 1, &c);
+                nt_release(x);
+            }
+}
+
+enum { ROW_SOFTMAX, ROW_LOGSOFTMAX, ROW_LN, ROW_LN_NOAFFINE, ROW_RMS, ROW_RMS_NOW };
+
+static nt_tensor *f_row(nt_tensor *const *x, void *cp)
+{
+    opctx *c = cp;
+    switch (c->which) {
+    case ROW_SOFTMAX: return nt_softmax(x[0], c->dim);
+    case ROW_LOGSOFTMAX: return nt_log_softmax(x[0], c->dim);
+    case ROW_LN: return nt_layer_norm(x[0], x[1], x[2], 1e-5);
+    case ROW_LN_NOAFFINE: return nt_layer_norm(x[0], NULL, NULL, 1e-5);
+    case ROW_RMS: return nt_rms_norm(x[0], x[1], 1e-6);
+    default: return nt_rms_norm(x[0], NULL, 1e-6);
+    }
+}
+
+static void test_rows(void **state)
+{
+    (void)state;
+    int64_t s[2] = {3, 5}, sw[1] = {5};
+    for (int d = 0; d < 2; d++)
+        for (int op = ROW_SOFTMAX; op <= ROW_LOGSOFTMAX; op++) {
+            opctx c = {op, d, 0, 0};
+            nt_tensor *x = leaf(2, s, -2, 2, 300 + op + d);
+            nt_tensor *in[1] = {x};
+            grad_ok(f_row, in, 1, &c);
+            nt_release(x);
+        }
+    for (int op = ROW_LN; op <= ROW_RMS_NOW; op++) {
+        opctx c = {op, -1, 0, 0};
+        nt_tensor *x = leaf(2, s, -2, 2, 310 + op), *w = leaf(1, sw, 0.5, 1.5, 320 + op),
+                  *b = leaf(1, sw, -1, 1, 330 + op);
+        nt_tensor *in[3] = {x, w, b};
+        int n = op == ROW_LN ? 3 : op == ROW_RMS ? 2 : 1;
+        grad_ok(f_row, in, n, &c);
+        nt_release(x), nt_release(w), nt_release(b);
+    }
+}
+
+static nt_tensor *f_ce(nt_tensor *const *x, void *c)
+{
+    int32_t lab[4] = {2, 0, 4, 1};
+    nt_tensor *labels = nt_from_host(lab, NT_I32, 1, (int64_t[]){4});
+    (void)c;
+    return nt_cross_entropy(x[0], labels);
+}
+static nt_tensor *f_mse(nt_tensor *const *x, void *c)
+{
+    (void)c;
+    return nt_mse_loss(x[0], x[1]);
+}
+
+static void test_losses(void **state)
+{
+    (void)state;
+    int64_t s[2] = {4, 5};
+    nt_tensor *x = leaf(2, s, -2, 2, 400), *y = leaf(2, s, -2, 2, 401);
+    nt_tensor *in[2] = {x, y};
+    grad_ok(f_ce, in, 1, NULL);
+    grad_ok(f_mse, in, 2, NULL);
+    nt_release(x), nt_release(y);
+}
+
+static nt_tensor *f_matmul(nt_tensor *const *x, void *c)
+{
+    (void)c;
+    return nt_matmul(x[0], x[1]);
+}
+static nt_tensor *f_linear(nt_tensor *const *x, void *c)
+{
+    return nt_linear(x[0], x[1], c ? x[2] : NULL);
+}
+
+static void test_matmul_family(void **state)
+{
+    (void)state;
+    struct {
+        int na, nb;
+        int64_t a[3], b[3];
+    } cases[] = {
+        {2, 2, {3, 4}, {4, 2}},          /* plain */
+        {3, 2, {2, 3, 4}, {4, 5}},       /* batched with a broadcast matrix */
+        {3, 3, {1, 3, 4}, {2, 4, 2}},    /* broadcast batch dim */
+        {1, 2, {4}, {4, 3}},             /* vector . matrix */
+        {2, 1, {3, 4}, {4}},             /* matrix . vector */
+        {1, 1, {4}, {4}},                /* dot */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        nt_tensor *a = leaf(cases[k].na, cases[k].a, -1, 1, 500 + k);
+        nt_tensor *b = leaf(cases[k].nb, cases[k].b, -1, 1, 510 + k);
+        nt_tensor *in[2] = {a, b};
+        grad_ok(f_matmul, in, 2, NULL);
+        nt_release(a), nt_release(b);
+    }
+    int64_t sx[2] = {3, 4}, sw[2] = {2, 4}, sb[1] = {2};
+    nt_tensor *x = leaf(2, sx, -1, 1, 520), *w = leaf(2, sw, -1, 1, 521), *b = leaf(1, sb, -1, 1, 522);
+    nt_tensor *in[3] = {x, w, b};
+    grad_ok(f_linear, in, 3, (void *)1);
+    grad_ok(f_linear, in, 2, NULL);
+    nt_release(x), nt_release(w), nt_release(b);
+}
+
+static nt_tensor *f_embed(nt_tensor *const *x, void *c)
+{
+    (void)c;
+    int32_t ix[5] = {3, 0, 3, 1, 3}; /* repeats accumulate */
+    return nt_embedding(x[0], nt_from_host(ix, NT_I32, 2, (int64_t[]){5, 1}));
+}
+
+static void test_embedding(void **state)
+{
+    (void)state;
+    int64_t s[2] = {4, 3};
+    nt_tensor *w = leaf(2, s, -1, 1, 600);
+    nt_tensor *in[1] = {w};
+    grad_ok(f_embed, in, 1, NULL);
+    nt_release(w);
+}
+
+enum { V_RESHAPE, V_TRANSPOSE, V_PERMUTE, V_SLICE, V_EXPAND, V_CAT, V_COUNT };
+
+static nt_tensor *f_view(nt_tensor *const *x, void *cp)
+{
+    opctx *c = cp;
+    nt_tensor *t = x[0];
+    switch (c->which) {
+    case V_RESHAPE: return nt_mul(nt_reshape(t, 2, (int64_t[]){4, -1}), nt_reshape(t, 2, (int64_t[]){4, 6}));
+    case V_TRANSPOSE: return nt_exp(nt_transpose(t, 0, 2));
+    case V_PERMUTE: return nt_tanh(nt_permute(t, (int[]){2, 0, 1}));
+    case V_SLICE: return nt_mul_scalar(nt_slice(t, 2, 1, 4, 2), 3.0);
+    case V_EXPAND: {
+        nt_tensor *s = nt_slice(t, 0, 0, 1, 1); /* [1, 3, 4] */
+        return nt_mul(nt_expand(s, 3, (int64_t[]){5, 3, 4}), nt_ones(NT_F32, 1, (int64_t[]){4}));
+    }
+    case V_CAT: {
+        nt_tensor *parts[3] = {t, nt_neg(t), nt_slice(t, 1, 0, 1, 1)};
+        return nt_cat(parts, 3, 1);
+    }
+    default:
+        return NULL;
+    }
+}
+
+static void test_views(void **state)
+{
+    (void)state;
+    int64_t s[3] = {2, 3, 4};
+    for (int v = 0; v < V_COUNT; v++) {
+        opctx c = {v, 0, 0, 0};
+        nt_tensor *x = leaf(3, s, -1, 1, 700 + v);
+        nt_tensor *in[1] = {x};
+        grad_ok(f_view, in, 1, &c);
+        nt_release(x);
+    }
+}
+
+/* ---------------- hand-checked ---------------- */
+
+/* loss = mean((relu(x W1 + b1) W2 - t)^2), gradients worked out in double. */
+static void test_two_layer_mlp_by_hand(void **state)
+{
+    (void)state;
+    enum { N = 3, I = 4, H = 5, O = 2 };
+    double x[N][I], w1[I][H], b1[H], w2[H][O], t[N][O];
+    float fx[N * I], fw1[I * H], fb1[H], fw2[H * O], ft[N * O];
+    unsigned seed = 7;
+#define RND() ((double)((seed = seed * 1103515245u + 12345u) >> 16 & 0x7fff) / 32768.0 - 0.5)
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < I; j++)
+            fx[i * I + j] = (float)(x[i][j] = (double)(float)RND() * 2);
+    for (int i = 0; i < I; i++)
+        for (int j = 0; j < H; j++)
+            fw1[i * H + j] = (float)(w1[i][j] = (double)(float)RND());
+    for (int j = 0; j < H; j++)
+        fb1[j] = (float)(b1[j] = (double)(float)RND());
+    for (int i = 0; i < H; i++)
+        for (int j = 0; j < O; j++)
+            fw2[i * O + j] = (float)(w2[i][j] = (double)(float)RND());
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < O; j++)
+            ft[i * O + j] = (float)(t[i][j] = (double)(float)RND());
+    /* reference forward/backward */
+    double h[N][H], a[N][H], y[N][O], dy[N][O], da[N][H], dz[N][H];
+    double gw1[I][H] = {{0}}, gb1[H] = {0}, gw2[H][O] = {{0}};
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < H; j++) {
+            h[n][j] = b1[j];
+            for (int i = 0; i < I; i++)
+                h[n][j] += x[n][i] * w1[i][j];
+            a[n][j] = h[n][j] > 0 ? h[n][j] : 0;
+        }
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < O; o++) {
+            y[n][o] = 0;
+            for (int j = 0; j < H; j++)
+                y[n][o] += a[n][j] * w2[j][o];
+            dy[n][o] = 2 * (y[n][o] - t[n][o]) / (N * O);
+        }
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < H; j++) {
+            da[n][j] = 0;
+            for (int o = 0; o < O; o++) {
+                da[n][j] += dy[n][o] * w2[j][o];
+                gw2[j][o] += a[n][j] * dy[n][o];
+            }
+            dz[n][j] = h[n][j] > 0 ? da[n][j] : 0;
+            gb1[j] += dz[n][j];
+            for (int i = 0; i < I; i++)
+                gw1[i][j] += x[n][i] * dz[n][j];
+        }
+    nt_tensor *X = nt_from_host(fx, NT_F32, 2, (int64_t[]){N, I});
+    nt_tensor *W1 = nt_from_host(fw1, NT_F32, 2, (int64_t[]){I, H});
+    nt_tensor *B1 = nt_from_host(fb1, NT_F32, 1, (int64_t[]){H});
+    nt_tensor *W2 = nt_from_host(fw2, NT_F32, 2, (int64_t[]){H, O});
+    nt_tensor *T = nt_from_host(ft, NT_F32, 2, (int64_t[]){N, O});
+    nt_set_requires_grad(W1, true);
+    nt_set_requires_grad(B1, true);
+    nt_set_requires_grad(W2, true);
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *loss = nt_mse_loss(nt_matmul(nt_relu(nt_add(nt_matmul(X, W1), B1)), W2), T);
+    assert_int_equal(nt_backward(loss), 0);
+    float g1[I * H], gb[H], g2[H * O];
+    assert_int_equal(nt_to_host(nt_grad(W1), g1, sizeof g1), 0);
+    assert_int_equal(nt_to_host(nt_grad(B1), gb, sizeof gb), 0);
+    assert_int_equal(nt_to_host(nt_grad(W2), g2, sizeof g2), 0);
+    /* f32 forward/backward vs a double reference: a few f32 ulps of the
+     * largest terms */
+    for (int i = 0; i < I; i++)
+        for (int j = 0; j < H; j++)
+            assert_true(fabs(g1[i * H + j] - gw1[i][j]) < 1e-5);
+    for (int j = 0; j < H; j++)
+        assert_true(fabs(gb[j] - gb1[j]) < 1e-5);
+    for (int j = 0; j < H; j++)
+        for (int o = 0; o < O; o++)
+            assert_true(fabs(g2[j * O + o] - gw2[j][o]) < 1e-5);
+    nt_scope_end(s);
+    nt_release(X), nt_release(W1), nt_release(B1), nt_release(W2), nt_release(T);
+}
+
+static void test_broadcast_grad_shapes(void **state)
+{
+    (void)state;
+    float av[3] = {1, 2, 3}, bv[4] = {10, 20, 30, 40};
+    nt_tensor *a = nt_from_host(av, NT_F32, 2, (int64_t[]){3, 1});
+    nt_tensor *b = nt_from_host(bv, NT_F32, 1, (int64_t[]){4});
+    nt_set_requires_grad(a, true);
+    nt_set_requires_grad(b, true);
+    nt_scope *s = nt_scope_begin();
+    /* L = sum(a * b) over [3, 4]: dL/da[i] = sum(b) = 100, dL/db[j] = sum(a) = 6 */
+    assert_int_equal(nt_backward(nt_sum(nt_mul(a, b), NT_DIM_ALL, false)), 0);
+    nt_tensor *ga = nt_grad(a), *gb = nt_grad(b);
+    assert_int_equal(nt_ndim(ga), 2);
+    assert_int_equal(nt_shape(ga, 1), 1);
+    assert_int_equal(nt_ndim(gb), 1);
+    float o3[3], o4[4];
+    nt_to_host(ga, o3, sizeof o3);
+    nt_to_host(gb, o4, sizeof o4);
+    for (int i = 0; i < 3; i++)
+        assert_true(o3[i] == 100.0f);
+    for (int j = 0; j < 4; j++)
+        assert_true(o4[j] == 6.0f);
+    nt_scope_end(s);
+    nt_release(a), nt_release(b);
+}
+
+static void test_accumulation_and_zero_grad(void **state)
+{
+    (void)state;
+    float v[2] = {1, 2};
+    nt_tensor *x = nt_from_host(v, NT_F32, 1, (int64_t[]){2});
+    nt_set_requires_grad(x, true);
+    for (int k = 1; k <= 3; k++) {
+        nt_scope *s = nt_scope_begin();
+        assert_int_equal(nt_backward(nt_sum(nt_mul(x, x), 0, false)), 0);
+        float g[2];
+        nt_to_host(nt_grad(x), g, sizeof g);
+        assert_true(g[0] == 2.0f * k && g[1] == 4.0f * k); /* accumulates */
+        nt_scope_end(s);
+    }
+    assert_int_equal(nt_zero_grad(x), 0);
+    assert_null(nt_grad(x));
+    assert_int_equal(nt_last_error(), 0); /* no grad yet is not an error */
+    nt_release(x);
+}
+
+static void test_retain_graph(void **state)
+{
+    (void)state;
+    float v[2] = {1, 2};
+    nt_tensor *x = nt_from_host(v, NT_F32, 1, (int64_t[]){2});
+    nt_set_requires_grad(x, true);
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *l = nt_sum(nt_exp(x), 0, false);
+    assert_int_equal(nt_backward_ex(l, true), 0);
+    assert_int_equal(nt_backward(l), 0); /* allowed: the graph was kept */
+    assert_int_equal(nt_backward(l), NT_ESTATE);
+    assert_non_null(strstr(nt_last_error_message(), "already freed"));
+    nt_clear_error();
+    float g[2];
+    nt_to_host(nt_grad(x), g, sizeof g);
+    assert_true(fabsf(g[0] - 2 * expf(1)) < 1e-5f);
+    nt_scope_end(s);
+    nt_release(x);
+}
+
+static void test_no_grad_and_detach(void **state)
+{
+    (void)state;
+    float v[2] = {1, 2};
+    nt_tensor *x = nt_from_host(v, NT_F32, 1, (int64_t[]){2});
+    nt_set_requires_grad(x, true);
+    assert_true(nt_grad_enabled());
+    nt_no_grad_begin();
+    nt_no_grad_begin();
+    assert_false(nt_grad_enabled());
+    nt_tensor *y = nt_mul(x, x);
+    assert_false(nt_requires_grad(y));
+    nt_no_grad_end();
+    assert_false(nt_grad_enabled()); /* nested */
+    nt_no_grad_end();
+    assert_true(nt_grad_enabled());
+    nt_tensor *z = nt_mul(x, x);
+    assert_true(nt_requires_grad(z));
+    nt_tensor *d = nt_detach(z);
+    assert_false(nt_requires_grad(d));
+    /* a detached tensor is a constant: d/dx sum(x + detach(x) * x) = 1 + x */
+    nt_scope *s = nt_scope_begin();
+    assert_int_equal(nt_backward(nt_sum(nt_add(x, nt_mul(nt_detach(x), x)), 0, false)), 0);
+    float g[2];
+    nt_to_host(nt_grad(x), g, sizeof g);
+    assert_true(g[0] == 2.0f && g[1] == 3.0f);
+    nt_scope_end(s);
+    nt_release(x), nt_release(y), nt_release(z), nt_release(d);
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    float v[4] = {1, 2, 3, 4};
+    nt_tensor *x = nt_from_host(v, NT_F32, 1, (int64_t[]){4});
+    nt_tensor *i = nt_arange(NT_I32, 0, 4, 1);
+    /* int leaves cannot require grad */
+    assert_int_equal(nt_set_requires_grad(i, true), NT_EDTYPE);
+    nt_clear_error();
+    nt_set_requires_grad(x, true);
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *y = nt_mul(x, x);
+    /* non-scalar loss */
+    assert_int_equal(nt_backward(y), NT_ESHAPE);
+    assert_non_null(strstr(nt_last_error_message(), "one element"));
+    assert_non_null(strstr(nt_last_error_message(), "test_autograd.c:"));
+    nt_clear_error();
+    /* not a leaf */
+    assert_int_equal(nt_set_requires_grad(y, false), NT_ESTATE);
+    nt_clear_error();
+    /* a loss without a graph */
+    nt_tensor *c = nt_sum(nt_ones(NT_F32, 1, (int64_t[]){3}), 0, false);
+    assert_int_equal(nt_backward(c), NT_ESTATE);
+    nt_clear_error();
+    /* in place on a leaf that requires grad */
+    assert_int_equal(nt_add_scalar_inplace(x, 1), NT_ESTATE);
+    assert_non_null(strstr(nt_last_error_message(), "no_grad"));
+    nt_clear_error();
+    /* ... fine inside no-grad (how optimizers update) */
+    nt_no_grad_begin();
+    assert_int_equal(nt_add_scalar_inplace(x, 0), 0);
+    nt_no_grad_end();
+    /* a saved tensor modified in place before backward */
+    nt_tensor *a = nt_mul_scalar(x, 2.0); /* non-leaf */
+    nt_tensor *b = nt_mul(a, a);          /* saves a */
+    assert_int_equal(nt_add_scalar_inplace(a, 1.0), 0);
+    assert_int_equal(nt_backward(nt_sum(b, 0, false)), NT_EVERSION);
+    assert_non_null(strstr(nt_last_error_message(), "modified in place"));
+    assert_non_null(strstr(nt_last_error_message(), "nt_mul"));
+    nt_clear_error();
+    /* an in-place op autograd cannot follow */
+    nt_tensor *e = nt_mul_scalar(x, 1.0);
+    assert_int_equal(nt_mul_inplace(e, e), NT_ENOTSUP);
+    nt_clear_error();
+    assert_int_equal(nt_backward(NULL), NT_EINVAL);
+    nt_clear_error();
+    nt_scope_end(s);
+    nt_release(x), nt_release(i);
+}
+
+static void test_inplace_followed(void **state)
+{
+    (void)state;
+    /* y = 2x; y += x; y *= 3  ->  dL/dx of sum(y) = 9 */
+    float v[3] = {1, 2, 3};
+    nt_tensor *x = nt_from_host(v, NT_F32, 1, (int64_t[]){3});
+    nt_set_requires_grad(x, true);
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *y = nt_mul_scalar(x, 2.0);
+    assert_int_equal(nt_add_inplace(y, x), 0);
+    assert_int_equal(nt_mul_scalar_inplace(y, 3.0), 0);
+    assert_int_equal(nt_backward(nt_sum(y, 0, false)), 0);
+    float g[3];
+    nt_to_host(nt_grad(x), g, sizeof g);
+    for (int k = 0; k < 3; k++)
+        assert_true(g[k] == 9.0f);
+    nt_scope_end(s);
+    nt_release(x);
+}
+
+/* ---------------- user ops ---------------- */
+
+/* softplus(x) = log(1 + exp(x)), backward g * sigmoid(x) */
+static nt_tensor *softplus_fwd(nt_tensor *const *in, void *ctx)
+{
+    (void)ctx;
+    return nt_log(nt_add_scalar(nt_exp(in[0]), 1.0));
+}
+static int softplus_bwd(nt_tensor *g, nt_tensor *const *in, nt_tensor *out, nt_tensor **gin,
+                        void *ctx)
+{
+    (void)out, (void)ctx;
+    gin[0] = nt_mul(g, nt_sigmoid(in[0]));
+    return gin[0] ? 0 : nt_last_error();
+}
+static int bad_bwd(nt_tensor *g, nt_tensor *const *in, nt_tensor *out, nt_tensor **gin, void *ctx)
+{
+    (void)in, (void)out, (void)ctx;
+    gin[0] = nt_sum(g, 0, false); /* wrong shape on purpose */
+    return 0;
+}
+
+static int softplus_id;
+static nt_tensor *f_softplus(nt_tensor *const *x, void *c)
+{
+    (void)c;
+    return nt_op_call(softplus_id, x);
+}
+
+static void test_custom_op(void **state)
+{
+    (void)state;
+    nt_op_def def = {"softplus", 1, softplus_fwd, softplus_bwd, NULL};
+    softplus_id = nt_op_register(&def);
+    assert_true(softplus_id >= 0);
+    int64_t s[2] = {3, 4};
+    nt_tensor *x = leaf(2, s, -2, 2, 900);
+    nt_tensor *in[1] = {x};
+    grad_ok(f_softplus, in, 1, NULL);
+    /* the value is the ops' value */
+    nt_scope *sc = nt_scope_begin();
+    float a[12], b[12];
+    nt_to_host(nt_op_call(softplus_id, in), a, sizeof a);
+    nt_to_host(softplus_fwd(in, NULL), b, sizeof b);
+    assert_memory_equal(a, b, sizeof a);
+    nt_scope_end(sc);
+    /* registration errors */
+    assert_int_equal(nt_op_register(&def), NT_EINVAL); /* duplicate name */
+    nt_clear_error();
+    assert_int_equal(nt_op_register(NULL), NT_EINVAL);
+    nt_clear_error();
+    nt_op_def bad = {"bad", 0, softplus_fwd, NULL, NULL};
+    assert_int_equal(nt_op_register(&bad), NT_EINVAL);
+    nt_clear_error();
+    bad.nin = 1;
+    bad.forward = NULL;
+    assert_int_equal(nt_op_register(&bad), NT_EINVAL);
+    nt_clear_error();
+    assert_null(nt_op_call(12345, in));
+    assert_int_equal(nt_last_error(), NT_EINVAL);
+    nt_clear_error();
+    /* a backward that returns the wrong shape is caught and named */
+    nt_op_def wrong = {"wrong_shape", 1, softplus_fwd, bad_bwd, NULL};
+    int wid = nt_op_register(&wrong);
+    assert_true(wid >= 0);
+    sc = nt_scope_begin();
+    nt_tensor *y = nt_op_call(wid, in);
+    assert_int_equal(nt_backward(nt_sum(y, NT_DIM_ALL, false)), NT_ESHAPE);
+    assert_non_null(strstr(nt_last_error_message(), "wrong_shape"));
+    assert_non_null(strstr(nt_last_error_message(), "[4]"));
+    nt_clear_error();
+    nt_scope_end(sc);
+    nt_release(x);
+}
+
+/* ---------------- modes ---------------- */
+
+static void grads_in_mode(const char *mode, float *out)
+{
+    nt_config_set("NT_MODE", mode);
+    int64_t sx[2] = {8, 16}, sw[2] = {16, 10};
+    nt_tensor *x = nt_randn(NT_F32, 2, sx, 1);
+    nt_tensor *w = nt_randn(NT_F32, 2, sw, 2);
+    nt_set_requires_grad(w, true);
+    int32_t lab[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    nt_tensor *l = nt_from_host(lab, NT_I32, 1, (int64_t[]){8});
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *loss = nt_cross_entropy(nt_gelu(nt_layer_norm(nt_matmul(x, w), NULL, NULL, 1e-5)), l);
+    assert_int_equal(nt_backward(loss), 0);
+    assert_int_equal(nt_to_host(nt_grad(w), out, 160 * sizeof(float)), 0);
+    nt_scope_end(s);
+    nt_release(x), nt_release(w), nt_release(l);
+    nt_config_set("NT_MODE", "adaptive");
+}
+
+static void test_grads_bitwise_across_modes(void **state)
+{
+    (void)state;
+    float ref[160], got[160];
+    grads_in_mode("deterministic", ref);
+    const char *modes[] = {"eager", "adaptive", "lazy"};
+    for (int m = 0; m < 3; m++) {
+        grads_in_mode(modes[m], got);
+        assert_memory_equal(ref, got, sizeof ref);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_binary_broadcast, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unary_and_scalar, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_where, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reductions, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rows, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_losses, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_matmul_family, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_embedding, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_views, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_two_layer_mlp_by_hand, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_broadcast_grad_shapes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_accumulation_and_zero_grad, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_retain_graph, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_no_grad_and_detach, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_inplace_followed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_custom_op, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_grads_bitwise_across_modes, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
