@@ -28,6 +28,8 @@ void nt__trace_open_env(void) __attribute__((weak));
 void nt__trace_close(void) __attribute__((weak));
 void nt__debug_stats_print(FILE *f) __attribute__((weak));
 void nt__custom_shutdown(void) __attribute__((weak));
+void nt__fusion_stats(nt_stats *out) __attribute__((weak));
+void nt__fusion_stats_reset(void) __attribute__((weak));
 
 uint64_t nt__now_ns(void)
 {
@@ -409,6 +411,8 @@ NT_API int nt_stats_get(nt_stats *out)
     out->bytes_to_host = AO_load(&nt__ctr.bytes_to_host);
     out->bytes_from_host = AO_load(&nt__ctr.bytes_from_host);
     out->cpu_fallbacks = AO_load(&nt__ctr.cpu_fallbacks);
+    if (nt__fusion_stats)
+        nt__fusion_stats(out);
     out->device_bytes_in_use = nt__arena_in_use();
     out->device_bytes_peak = nt__arena_peak();
     out->device_capacity = nt__arena_capacity();
@@ -428,5 +432,7 @@ NT_API void nt_stats_reset(void)
     AO_store(&nt__ctr.bytes_to_host, 0);
     AO_store(&nt__ctr.bytes_from_host, 0);
     AO_store(&nt__ctr.cpu_fallbacks, 0);
+    if (nt__fusion_stats_reset)
+        nt__fusion_stats_reset();
     nt__arena_reset_peak();
 }

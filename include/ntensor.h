@@ -512,11 +512,119 @@ typedef struct nt_stats {
     uint64_t device_bytes_peak;
     uint64_t device_capacity;
     uint64_t cpu_fallbacks;     /* ops that ran on the CPU backend */
+    uint64_t fusion_groups;     /* fused kernels run (groups of >= 2 ops) */
+    uint64_t fused_ops;         /* ops those kernels replaced */
+    uint64_t fusion_breaks;     /* places a group ended before the batch did */
+    uint64_t kernel_cache_hits; /* fused kernels found compiled */
+    uint64_t kernel_cache_misses;
+    uint64_t fused_values_stored; /* fused-kernel values written to device memory */
+    uint64_t fused_values_elided; /* intermediates that never left the kernel */
 } nt_stats;
 
 /** Fills *out with counters since nt_init (or the last nt_stats_reset). */
 NT_API int nt_stats_get(nt_stats *out);
 NT_API void nt_stats_reset(void);
+
+/* ------------------------------------------------------------------------ */
+/* Optimizers and checkpoints                                               */
+/* ------------------------------------------------------------------------ */
+
+/** Opaque optimizer: a list of parameters and their state (momentum
+ *  buffers, Adam moments, step counts, optional f32 master weights).
+ *
+ *  Ownership: an optimizer retains each parameter (nt_retain) and releases
+ *  it in nt_optim_destroy; its state tensors belong to it and never enter a
+ *  scope.  Threads: each optimizer has a lock, so its functions may be called
+ *  from any thread, and calls on one optimizer serialise; a step reads each
+ *  parameter's .grad and writes the parameter in place, so other threads'
+ *  work on those tensors needs events to be ordered against it.
+ *
+ *  A step issues, for every parameter that has a .grad, a chain of
+ *  elementwise ops ending in in-place writes of the parameter and its state,
+ *  with graph recording off; it never waits for the device (host-side
+ *  scalars such as Adam's bias corrections come from the step count).  A
+ *  parameter without a .grad is skipped and its step count does not move,
+ *  as in PyTorch.  If a step fails part-way, parameters before the failing
+ *  one have been updated. */
+typedef struct nt_optim nt_optim;
+
+/** SGD exactly as torch.optim.SGD with dampening 0: g = grad + wd * p;
+ *  with momentum, buf = g at a parameter's first update and momentum * buf
+ *  + g afterwards, and g = nesterov ? g + momentum * buf : buf; then
+ *  p = p - lr * g.  params: n >= 1 distinct floating leaf tensors (not
+ *  expanded views), borrowed and retained.  lr, momentum, weight_decay
+ *  finite and >= 0; nesterov needs momentum > 0.  Returns NULL with the
+ *  thread's error set (NT_EINVAL, NT_EDTYPE, NT_ERELEASED) on a bad
+ *  argument.  Destroy with nt_optim_destroy. */
+NT_API nt_optim *nt_optim_sgd(nt_tensor *const *params, int n, double lr, double momentum,
+                              double weight_decay, bool nesterov);
+/** AdamW exactly as torch.optim.AdamW (amsgrad off): with t the parameter's
+ *  step count after the increment, p = p * (1 - lr * wd) (decoupled weight
+ *  decay, first); m = m + (1 - beta1) (g - m); v = beta2 v + (1 - beta2) g^2;
+ *  p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
+ *  m and v start at zero.  params as for nt_optim_sgd; lr, eps,
+ *  weight_decay finite and >= 0; betas in [0, 1).  NULL with the error set on
+ *  a bad argument.  PyTorch's defaults: lr 1e-3, betas 0.9 and 0.999, eps
+ *  1e-8, weight_decay 1e-2. */
+NT_API nt_optim *nt_optim_adamw(nt_tensor *const *params, int n, double lr, double beta1,
+                                double beta2, double eps, double weight_decay);
+/** Updates every parameter that has a .grad (see nt_optim above).  The
+ *  .grads are left as they are (call nt_optim_zero_grad before the next
+ *  backward).  Returns 0 or an error code; errors raised later by the queued
+ *  ops poison the parameters and are reported by the next sync on them. */
+NT_API int nt_optim_step(nt_optim *opt);
+/** The same as nt_optim_step (any optimizer, not only SGD). */
+NT_API int nt_sgd_step(nt_optim *opt);
+/** Drops the .grad of every parameter (like PyTorch's zero_grad with
+ *  set_to_none): the next backward starts them afresh. */
+NT_API int nt_optim_zero_grad(nt_optim *opt);
+/** Sets the learning rate used by the following steps (finite, >= 0). */
+NT_API int nt_optim_set_lr(nt_optim *opt, double lr);
+/** The current learning rate, or NaN with the error set for a bad opt. */
+NT_API double nt_optim_get_lr(nt_optim *opt);
+/** Number of successful nt_optim_step calls (restored by nt_load), or a
+ *  negative error code for a bad opt. */
+NT_API int64_t nt_optim_steps(nt_optim *opt);
+/** Master weights for bf16/f16 parameters: when on, the optimizer keeps an
+ *  f32 copy of each such parameter, applies the update to the copy (with the
+ *  gradient cast to f32 and f32 state) and writes the copy, rounded, into the
+ *  parameter.  Turning it on copies the parameters and casts existing state
+ *  to f32; turning it off drops the copies and casts state back.  f32
+ *  parameters are unaffected.  Off by default. */
+NT_API int nt_optim_set_master_weights(nt_optim *opt, bool on);
+/** Releases the parameters and frees the state.  NULL is a no-op.  Not to
+ *  be called while another thread uses opt. */
+NT_API void nt_optim_destroy(nt_optim *opt);
+
+/** Saves the values of params[0..n) (borrowed; n >= 1) and, if opt is not
+ *  NULL, the optimizer's hyper-parameters, step counts and state, to `path`
+ *  in the format of docs/checkpoint.md (little-endian, CRC-32 per record and
+ *  over the header).  A sync point: waits for the values.  Writes
+ *  `path`.tmp and renames it over `path`, so a crash never leaves a partial
+ *  file under `path`.  Returns 0, NT_EIO (naming the file and the system's
+ *  reason) or the error of a poisoned tensor.  Thread-safe. */
+NT_API int nt_save(const char *path, nt_tensor *const *params, int n, nt_optim *opt);
+/** Loads a checkpoint written by nt_save into the existing tensors
+ *  params[0..n), which must match the saved ones in count, dtype and shape,
+ *  and, if opt is not NULL, restores its hyper-parameters (lr included),
+ *  step counts, master-weight setting and state (opt must be of the same
+ *  kind and have as many parameters of the same shapes).  The whole file is
+ *  read and checked before anything is written: a missing or unreadable
+ *  file is NT_EIO; a truncated file, bad magic or version or a checksum
+ *  mismatch is NT_EFORMAT; a count, dtype or shape mismatch is NT_ESHAPE;
+ *  an optimizer of another kind, or opt given for a file without optimizer
+ *  state, is NT_EINVAL.  On any error the tensors and opt are untouched and
+ *  the message names the path and what was wrong.  Values are written as
+ *  queued in-place copies (no graph is recorded).  Thread-safe. */
+NT_API int nt_load(const char *path, nt_tensor *const *params, int n, nt_optim *opt);
+
+/* Site-capturing forms of the step (see "Call-site capture" below). */
+NT_API int nt_optim_step_at(const nt_site *site, nt_optim *opt);
+NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
+#if !defined(__cplusplus) && !defined(NT_NO_SITE_MACROS) && !defined(NT_BUILDING_LIBRARY)
+#define nt_optim_step(...) nt_optim_step_at(NT_HERE, __VA_ARGS__)
+#define nt_sgd_step(...) nt_sgd_step_at(NT_HERE, __VA_ARGS__)
+#endif
 
 /* ------------------------------------------------------------------------ */
 /* Call-site capture.  Each entry point X also exists as X_at taking the     */

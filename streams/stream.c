@@ -314,6 +314,8 @@ void nt__stream_enqueue(nt_stream *s, nt__rec *r)
         nt__wait_packed(NT__PACK(s->id, r->seq - (uint64_t)nt__cfg.max_inflight / 2));
 }
 
+_Thread_local const char *nt__batch_end_reason;
+
 static void run_batch(nt__rec **recs, int n)
 {
     if (nt__fusion_batch && nt__cfg.fusion && nt__cfg.mode != NT_MODE_EAGER &&
@@ -359,11 +361,22 @@ static guint runnable_prefix(nt_stream *s)
     guint n = s->held->len;
     if (!n)
         return 0;
-    if (nt__cfg.mode != NT_MODE_LAZY || AO_load(&s->stop))
+    if (AO_load(&s->stop))
         return n;
-    if (n >= (guint)nt__cfg.lazy_window)
+    bool lazy = nt__cfg.mode == NT_MODE_LAZY;
+    if (lazy && n >= (guint)nt__cfg.lazy_window) {
+        s->end_reason = "lazy window full";
         return n;
+    }
     uint64_t f = AO_load_acquire(&s->flush_upto);
+    if (!lazy) {
+        /* A host waiting in a sync for an op of this batch: end the batch at
+         * that op, so the value it asked for is ready first. */
+        if (f <= AO_load(&s->done_upto)) {
+            s->end_reason = "end of the queued work";
+            return n;
+        }
+    }
     if (f != s->scan_f) {
         s->scan_f = f;
         s->scan_i = s->scan_k; /* records past scan_k may now qualify */
@@ -374,6 +387,12 @@ static guint runnable_prefix(nt_stream *s)
             s->scan_k = i + 1;
     }
     s->scan_i = n;
+    if (!lazy && s->scan_k == 0) {
+        s->end_reason = "end of the queued work";
+        return n;
+    }
+    s->end_reason = s->scan_k < n ? "sync point (the value asked for is ready)"
+                                  : "sync point";
     return s->scan_k;
 }
 
@@ -419,8 +438,11 @@ static gpointer worker_main(gpointer arg)
                 recs[0]->ndeps = 0;
                 continue;
             }
+            if (i < k)
+                s->end_reason = "an op waits for another stream";
             k = i;
             AO_store(&s->busy, 1);
+            nt__batch_end_reason = s->end_reason;
             run_batch(recs, (int)k);
             for (i = 0; i < k; i++) {
                 complete_seq(s, recs[i]->seq);

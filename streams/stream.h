@@ -41,6 +41,7 @@ struct nt_stream {
     guint scan_i, scan_k;     /* worker: held[0..scan_k) have seq <= scan_f;
                                  held[0..scan_i) were looked at */
     uint64_t scan_f;
+    const char *end_reason;   /* worker: why the current batch ends */
     char name[32];
 };
 
@@ -78,6 +79,8 @@ void nt__rec_release(nt__rec *r);
  * one kernel per op.  Runs recs[0..n) in order. */
 typedef void (*nt__batch_fn)(nt__rec **recs, int n);
 extern nt__batch_fn nt__fusion_batch; /* set by fusion/ at init; NULL = off */
+/* Why the batch being run ends where it does (for the fusion log). */
+extern _Thread_local const char *nt__batch_end_reason;
 
 /* For every live stream (debugger, nt_sync): calls fn(s, arg). */
 void nt__streams_foreach(void (*fn)(nt_stream *s, void *arg), void *arg);

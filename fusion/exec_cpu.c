@@ -1,0 +1,534 @@
+/* fusion/exec_cpu.c - runs fused programs on the CPU.
+ *
+ * Every value lives in a register block, already rounded the way its op
+ * would have stored it: floating dtypes as the f32 of the rounded value,
+ * integer dtypes as the stored int.  An op reads its operands exactly as the
+ * unfused kernel would have loaded them from memory (f32 widening, (float)
+ * of an int) and computes through the same core/ewise.h definitions, so the
+ * fused result has the bits of the ops run one by one. */
+#include "fusion.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "ewise.h"
+#include "reduce.h"
+
+#define CH 256
+
+typedef union {
+    float f[CH];
+    int32_t i[CH];
+} blk;
+
+static inline bool isf(nt_dtype dt) { return nt__dtype_is_float(dt); }
+
+/* An operand as the op sees it: n values or one broadcast value. */
+typedef struct {
+    const void *p;
+    nt_dtype dt;
+    bool scalar;
+} opnd;
+
+static void to_f32(float *dst, const opnd *o, int64_t n)
+{
+    if (isf(o->dt)) {
+        const float *s = o->p;
+        if (o->scalar)
+            for (int64_t i = 0; i < n; i++)
+                dst[i] = s[0];
+        else
+            memcpy(dst, s, (size_t)n * sizeof(float));
+    } else {
+        const int32_t *s = o->p;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = (float)s[o->scalar ? 0 : i];
+    }
+}
+
+static void to_i32(int32_t *dst, const opnd *o, int64_t n)
+{
+    /* integer ops only ever see integer operands */
+    const int32_t *s = o->p;
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = s[o->scalar ? 0 : i];
+}
+
+/* Rounds an f32 compute result to the value's dtype, as storing it and
+ * loading it back would. */
+static void settle_f(void *out, nt_dtype dt, float *y, int64_t n)
+{
+    switch (dt) {
+    case NT_F32:
+        memcpy(out, y, (size_t)n * sizeof(float));
+        break;
+    case NT_BF16:
+        for (int64_t i = 0; i < n; i++)
+            ((float *)out)[i] = nt__bf16_to_f32(nt__f32_to_bf16(y[i]));
+        break;
+    case NT_F16:
+        for (int64_t i = 0; i < n; i++)
+            ((float *)out)[i] = nt__f16_to_f32(nt__f32_to_f16(y[i]));
+        break;
+    case NT_I32:
+        for (int64_t i = 0; i < n; i++)
+            ((int32_t *)out)[i] = nt__f64_to_i32((double)y[i]);
+        break;
+    case NT_U8:
+        for (int64_t i = 0; i < n; i++)
+            ((int32_t *)out)[i] = nt__f64_to_u8((double)y[i]);
+        break;
+    default: break;
+    }
+}
+
+static void settle_i(void *out, nt_dtype dt, const int32_t *y, int64_t n)
+{
+    switch (dt) {
+    case NT_I32:
+        memcpy(out, y, (size_t)n * sizeof(int32_t));
+        break;
+    case NT_U8:
+        for (int64_t i = 0; i < n; i++)
+            ((int32_t *)out)[i] = (uint8_t)(uint32_t)y[i];
+        break;
+    default: /* an exact integer rounded once to a float dtype */
+        for (int64_t i = 0; i < n; i++) {
+            char tmp[4];
+            nt__store_f64(tmp, dt, 0, (double)y[i]);
+            ((float *)out)[i] = nt__load_f32(tmp, dt, 0);
+        }
+        break;
+    }
+}
+
+/* Evaluates one op over n elements into `out` (a register of the op's
+ * output dtype).  scratch: 4 * n floats. */
+static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64_t n,
+                 float *scratch)
+{
+    float *x = scratch, *y = scratch + n, *z = scratch + 2 * n, *w = scratch + 3 * n;
+    int32_t *xi = (int32_t *)x, *yi = (int32_t *)y, *zi = (int32_t *)z;
+    const nt__opinfo *info = &nt__ops[o->op];
+    bool fc = isf(odt);
+    for (int k = 0; k < o->nin; k++)
+        fc |= isf(a[k].dt);
+    switch (info->kind) {
+    case NT_KIND_FILL: {
+        char tmp[8];
+        nt__store_f64(tmp, odt, 0, o->p.f[0]);
+        if (isf(odt)) {
+            float v = nt__load_f32(tmp, odt, 0);
+            for (int64_t i = 0; i < n; i++)
+                ((float *)out)[i] = v;
+        } else {
+            int32_t v = nt__load_i32(tmp, odt, 0);
+            for (int64_t i = 0; i < n; i++)
+                ((int32_t *)out)[i] = v;
+        }
+        return;
+    }
+    case NT_KIND_COPY:
+        if (isf(a[0].dt)) {
+            to_f32(x, &a[0], n);
+            settle_f(out, odt, x, n);
+        } else {
+            to_i32(xi, &a[0], n);
+            settle_i(out, odt, xi, n);
+        }
+        return;
+    case NT_KIND_UNARY:
+        if (fc) {
+            to_f32(x, &a[0], n);
+            switch (o->op) {
+#define NT__FU(ID, name, nin, kind, flags)                                                  \
+    case NT_OP_##ID:                                                                        \
+        for (int64_t i = 0; i < n; i++)                                                     \
+            y[i] = nt__ew_##name(x[i]);                                                     \
+        break;
+                NT_OPS_UNARY(NT__FU)
+#undef NT__FU
+            default: break;
+            }
+            settle_f(out, odt, y, n);
+        } else {
+            to_i32(xi, &a[0], n);
+            for (int64_t i = 0; i < n; i++)
+                yi[i] = o->op == NT_OP_NEG   ? nt__ewi_neg(xi[i])
+                        : o->op == NT_OP_ABS ? nt__ewi_abs(xi[i])
+                                             : nt__ewi_relu(xi[i]);
+            settle_i(out, odt, yi, n);
+        }
+        return;
+    case NT_KIND_SCALAR:
+        if (fc) {
+            float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
+            to_f32(x, &a[0], n);
+            switch (o->op) {
+#define NT__FS(ID, name, nin, kind, flags)                                                  \
+    case NT_OP_##ID:                                                                        \
+        for (int64_t i = 0; i < n; i++)                                                     \
+            y[i] = nt__ew_##name(x[i], s0, s1);                                             \
+        break;
+                NT_OPS_SCALAR(NT__FS)
+#undef NT__FS
+            default: break;
+            }
+            settle_f(out, odt, y, n);
+        } else {
+            int32_t s0 = (int32_t)o->p.f[0], s1 = (int32_t)o->p.f[1];
+            to_i32(xi, &a[0], n);
+            for (int64_t i = 0; i < n; i++)
+                yi[i] = o->op == NT_OP_ADD_SCALAR   ? nt__ewi_add_scalar(xi[i], s0, s1)
+                        : o->op == NT_OP_MUL_SCALAR ? nt__ewi_mul_scalar(xi[i], s0, s1)
+                                                    : nt__ewi_clamp(xi[i], s0, s1);
+            settle_i(out, odt, yi, n);
+        }
+        return;
+    case NT_KIND_BINARY:
+        if (fc) {
+            to_f32(x, &a[0], n);
+            to_f32(y, &a[1], n);
+            switch (o->op) {
+#define NT__FB(ID, name, nin, kind, flags)                                                  \
+    case NT_OP_##ID:                                                                        \
+        for (int64_t i = 0; i < n; i++)                                                     \
+            z[i] = nt__ew_##name(x[i], y[i]);                                               \
+        break;
+                NT_OPS_BINARY(NT__FB)
+                NT_OPS_EW_BWD(NT__FB)
+#undef NT__FB
+            default: break;
+            }
+            settle_f(out, odt, z, n);
+        } else {
+            to_i32(xi, &a[0], n);
+            to_i32(yi, &a[1], n);
+            for (int64_t i = 0; i < n; i++)
+                zi[i] = o->op == NT_OP_ADD       ? nt__ewi_add(xi[i], yi[i])
+                        : o->op == NT_OP_SUB     ? nt__ewi_sub(xi[i], yi[i])
+                        : o->op == NT_OP_MUL     ? nt__ewi_mul(xi[i], yi[i])
+                        : o->op == NT_OP_MAXIMUM ? nt__ewi_maximum(xi[i], yi[i])
+                                                 : nt__ewi_minimum(xi[i], yi[i]);
+            settle_i(out, odt, zi, n);
+        }
+        return;
+    case NT_KIND_CMP:
+        if (isf(a[0].dt) || isf(a[1].dt)) {
+            to_f32(x, &a[0], n);
+            to_f32(y, &a[1], n);
+            switch (o->op) {
+#define NT__FC(ID, name, nin, kind, flags)                                                  \
+    case NT_OP_##ID:                                                                        \
+        for (int64_t i = 0; i < n; i++)                                                     \
+            zi[i] = nt__ew_##name(x[i], y[i]);                                              \
+        break;
+                NT_OPS_CMP(NT__FC)
+#undef NT__FC
+            default: break;
+            }
+        } else {
+            to_i32(xi, &a[0], n);
+            to_i32(yi, &a[1], n);
+            switch (o->op) {
+#define NT__FCI(ID, name, nin, kind, flags)                                                 \
+    case NT_OP_##ID:                                                                        \
+        for (int64_t i = 0; i < n; i++)                                                     \
+            zi[i] = nt__ewi_##name(xi[i], yi[i]);                                           \
+        break;
+                NT_OPS_CMP(NT__FCI)
+#undef NT__FCI
+            default: break;
+            }
+        }
+        settle_i(out, odt, zi, n);
+        return;
+    case NT_KIND_WHERE:
+        to_f32(w, &a[0], n); /* cond, as the kernel loads it */
+        if (isf(odt)) {
+            to_f32(x, &a[1], n);
+            to_f32(y, &a[2], n);
+            for (int64_t i = 0; i < n; i++)
+                z[i] = w[i] != 0.0f ? x[i] : y[i];
+            settle_f(out, odt, z, n);
+        } else {
+            to_i32(xi, &a[1], n);
+            to_i32(yi, &a[2], n);
+            for (int64_t i = 0; i < n; i++)
+                zi[i] = w[i] != 0.0f ? xi[i] : yi[i];
+            settle_i(out, odt, zi, n);
+        }
+        return;
+    default:
+        return;
+    }
+}
+
+/* ---------------- memory views ---------------- */
+
+typedef struct {
+    char *data;
+    nt_dtype dt;
+    int64_t stride[NT_MAX_DIMS]; /* over the iteration shape */
+} mview;
+
+static void mview_of(mview *m, const nt_tensor *t, int ndim, const int64_t *shape)
+{
+    m->data = nt__tensor_data(t);
+    m->dt = (nt_dtype)t->dtype;
+    nt__bcast_strides(t, ndim, shape, m->stride);
+}
+
+static void load(void *reg, const mview *m, int64_t off, int64_t st, int64_t n)
+{
+    const char *p = m->data + off * (int64_t)nt__dtype_size(m->dt);
+    if (isf(m->dt))
+        nt__ld_f32(reg, p, m->dt, st, n);
+    else
+        nt__ld_i32(reg, p, m->dt, st, n);
+}
+
+static void store(const mview *m, int64_t off, int64_t st, const void *reg, nt_dtype vdt,
+                  int64_t n)
+{
+    char *p = m->data + off * (int64_t)nt__dtype_size(m->dt);
+    if (isf(vdt))
+        nt__st_f32(p, m->dt, st, reg, n);
+    else
+        nt__st_i32(p, m->dt, st, reg, n);
+}
+
+static int64_t offset_of(const mview *m, const int64_t *idx, int ndim)
+{
+    int64_t o = 0;
+    for (int i = 0; i < ndim; i++)
+        o += idx[i] * m->stride[i];
+    return o;
+}
+
+/* ---------------- EW (and MM epilogues) ---------------- */
+
+/* Runs ops [from, nops) of an EW-shaped program over its iteration space.
+ * pre: value `prev` (if >= 0) is read from `pre` instead of being computed. */
+static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
+{
+    const nt__fprog *P = g->prog;
+    int nd = P->ndim;
+    const int64_t *shape = P->shape;
+    mview ev[NT_F_MAXEXT], ov[NT_F_MAXOUT];
+    for (int k = 0; k < P->next; k++)
+        mview_of(&ev[k], g->ext[k], nd, shape);
+    for (int s = 0; s < P->nout; s++)
+        mview_of(&ov[s], g->out[s], nd, shape);
+    blk *R = malloc(sizeof(blk) * (size_t)(P->nvals + P->next));
+    float *scratch = malloc(sizeof(float) * 4 * CH);
+    if (!R || !scratch) {
+        free(R), free(scratch);
+        return NT_ENOMEM;
+    }
+    blk *E = R + P->nvals;
+    int64_t n_all = nt__numel(nd, shape);
+    int64_t inner = nd ? shape[nd - 1] : 1;
+    int64_t idx[NT_MAX_DIMS] = {0};
+    for (int64_t done = 0; done < n_all && inner > 0; done += inner) {
+        for (int64_t j = 0; j < inner; j += CH) {
+            int64_t n = inner - j < CH ? inner - j : CH;
+            idx[nd ? nd - 1 : 0] = j;
+            bool loaded[NT_F_MAXEXT] = {0};
+            if (prev >= 0)
+                load(&R[prev], pre, offset_of(pre, idx, nd), nd ? pre->stride[nd - 1] : 1, n);
+            for (int k = from; k < P->nops; k++) {
+                const nt__fop *o = &P->ops[k];
+                opnd a[3];
+                for (int q = 0; q < o->nin; q++) {
+                    int s = o->a[q];
+                    if (NT_F_IS_EXT(s)) {
+                        int e = NT_F_EXT_IDX(s);
+                        if (!loaded[e]) {
+                            load(&E[e], &ev[e], offset_of(&ev[e], idx, nd),
+                                 nd ? ev[e].stride[nd - 1] : 1, n);
+                            loaded[e] = true;
+                        }
+                        a[q] = (opnd){&E[e], (nt_dtype)P->ext[e].dtype, false};
+                    } else {
+                        a[q] = (opnd){&R[s], (nt_dtype)P->vals[s].dtype, false};
+                    }
+                }
+                eval(o, (nt_dtype)P->vals[o->out].dtype, a, &R[o->out], n, scratch);
+            }
+            for (int s = 0; s < P->nout; s++) {
+                int v = P->out_val[s];
+                store(&ov[s], offset_of(&ov[s], idx, nd), nd ? ov[s].stride[nd - 1] : 1, &R[v],
+                      (nt_dtype)P->vals[v].dtype, n);
+            }
+        }
+        if (nd <= 1)
+            break;
+        idx[nd - 1] = 0;
+        int i = nd - 2;
+        for (; i >= 0; i--) {
+            if (++idx[i] < shape[i])
+                break;
+            idx[i] = 0;
+        }
+        if (i < 0)
+            break;
+    }
+    free(R);
+    free(scratch);
+    return 0;
+}
+
+/* ---------------- ROW ---------------- */
+
+static int run_row(const nt__fgroup *g)
+{
+    const nt__fprog *P = g->prog;
+    int nd = P->ndim;
+    const int64_t *shape = P->shape;
+    int64_t C = shape[nd - 1];
+    int64_t R = nt__numel(nd, shape) / C;
+    mview ev[NT_F_MAXEXT], ov[NT_F_MAXOUT];
+    for (int k = 0; k < P->next; k++)
+        mview_of(&ev[k], g->ext[k], nd, shape);
+    for (int s = 0; s < P->nout; s++) {
+        /* per-row outputs are [..., 1]: view them at the full shape, with
+         * stride 0 along the row */
+        mview_of(&ov[s], g->out[s], nd, shape);
+    }
+    /* one row of every value and loaded input */
+    size_t cells = (size_t)(P->nvals + P->next) * (size_t)C;
+    /* scratch: a whole row for reductions, then 4 chunks for eval */
+    float *buf = malloc(sizeof(float) * (cells + (size_t)C + 4 * CH));
+    if (!buf)
+        return NT_ENOMEM;
+    float *scratch = buf + cells;
+    float *V = buf, *E = buf + (size_t)P->nvals * (size_t)C;
+    int64_t idx[NT_MAX_DIMS] = {0};
+    for (int64_t r = 0; r < R; r++) {
+        bool loaded[NT_F_MAXEXT] = {0};
+        idx[nd - 1] = 0;
+        for (int k = 0; k < P->nops; k++) {
+            const nt__fop *o = &P->ops[k];
+            const nt__fval *ov_ = &P->vals[o->out];
+            opnd a[3];
+            for (int q = 0; q < o->nin; q++) {
+                int s = o->a[q];
+                if (NT_F_IS_EXT(s)) {
+                    int e = NT_F_EXT_IDX(s);
+                    float *dst = E + (size_t)e * (size_t)C;
+                    bool red = P->ext[e].red;
+                    if (!loaded[e]) {
+                        load(dst, &ev[e], offset_of(&ev[e], idx, nd), ev[e].stride[nd - 1],
+                             red ? 1 : C);
+                        loaded[e] = true;
+                    }
+                    a[q] = (opnd){dst, (nt_dtype)P->ext[e].dtype, red};
+                } else {
+                    a[q] = (opnd){V + (size_t)s * (size_t)C, (nt_dtype)P->vals[s].dtype,
+                                  P->vals[s].red};
+                }
+            }
+            float *out = V + (size_t)o->out * (size_t)C;
+            if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN) {
+                /* the reduced row, as the unfused kernel loads it */
+                float *row = scratch;
+                to_f32(row, &a[0], C);
+                float v = o->op == NT_OP_MAX ? nt__red_max_f32(row, C, 1)
+                                             : nt__red_sum_f32(row, C, 1);
+                if (o->op == NT_OP_MEAN)
+                    v = v / (float)C;
+                settle_f(out, (nt_dtype)ov_->dtype, &v, 1);
+                continue;
+            }
+            if (ov_->red) {
+                eval(o, (nt_dtype)ov_->dtype, a, out, 1, scratch + C);
+            } else {
+                for (int64_t j = 0; j < C; j += CH) {
+                    int64_t n = C - j < CH ? C - j : CH;
+                    opnd aj[3];
+                    for (int q = 0; q < o->nin; q++) {
+                        aj[q] = a[q];
+                        if (!a[q].scalar)
+                            aj[q].p = (const float *)a[q].p + j;
+                    }
+                    eval(o, (nt_dtype)ov_->dtype, aj, out + j, n, scratch + C);
+                }
+            }
+        }
+        for (int s = 0; s < P->nout; s++) {
+            int v = P->out_val[s];
+            const nt__fval *val = &P->vals[v];
+            store(&ov[s], offset_of(&ov[s], idx, nd), ov[s].stride[nd - 1],
+                  V + (size_t)v * (size_t)C, (nt_dtype)val->dtype, val->red ? 1 : C);
+        }
+        /* next row */
+        for (int i = nd - 2; i >= 0; i--) {
+            if (++idx[i] < shape[i])
+                break;
+            idx[i] = 0;
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+/* ---------------- MM ---------------- */
+
+/* The matmul runs as the CPU kernel does, into its output if that is
+ * stored, else into a scratch buffer; the epilogue then reads it like an
+ * input.  (On the CPU there is no accumulator to evacuate; what matters here
+ * is the same bits.) */
+static int run_mm(const nt__fgroup *g)
+{
+    const nt__fprog *P = g->prog;
+    const nt__fop *mm = &P->ops[0];
+    const nt__fval *v0 = &P->vals[0];
+    nt_tensor *dst = v0->store >= 0 ? g->out[v0->store] : NULL;
+    nt__storage tmp_st;
+    nt_tensor tmp;
+    void *scratch = NULL;
+    if (!dst) {
+        size_t nb = (size_t)nt__numel(P->ndim, P->shape) * nt__dtype_size((nt_dtype)v0->dtype);
+        scratch = malloc(nb ? nb : 1);
+        if (!scratch)
+            return NT_ENOMEM;
+        memset(&tmp_st, 0, sizeof tmp_st);
+        tmp_st.data = scratch;
+        tmp_st.nbytes = nb;
+        memset(&tmp, 0, sizeof tmp);
+        tmp.st = &tmp_st;
+        tmp.dtype = v0->dtype;
+        tmp.ndim = (int8_t)P->ndim;
+        memcpy(tmp.shape, P->shape, sizeof tmp.shape);
+        nt__contig_strides(P->ndim, P->shape, tmp.stride);
+        dst = &tmp;
+    }
+    nt__rec r;
+    memset(&r, 0, sizeof r);
+    r.op = NT_OP_MATMUL;
+    r.nin = 2;
+    r.nout = 1;
+    r.in[0] = g->ext[NT_F_EXT_IDX(mm->a[0])];
+    r.in[1] = g->ext[NT_F_EXT_IDX(mm->a[1])];
+    r.out[0] = dst;
+    int rc = nt__cpu_matmul(&r);
+    if (!rc && P->nops > 1) {
+        mview pre;
+        mview_of(&pre, dst, P->ndim, P->shape);
+        rc = run_ew(g, 1, 0, &pre);
+    }
+    free(scratch);
+    return rc;
+}
+
+int nt__fused_cpu(const nt__fgroup *g)
+{
+    switch (g->prog->kind) {
+    case NT_FK_EW: return run_ew(g, 0, -1, NULL);
+    case NT_FK_ROW: return run_row(g);
+    case NT_FK_MM: return run_mm(g);
+    }
+    return NT_ENOTSUP;
+}
