@@ -27,17 +27,30 @@ static inline float nt__bits_f32(uint32_t u)
     return f;
 }
 
+/* NaN is canonical (a positive quiet NaN) at every rounding point.  C leaves
+ * the payload of an op on two NaNs to the compiler -- `a + b` may be emitted
+ * as `b + a` -- so two compiled copies of one expression can disagree on it.
+ * With every stored value canonical, fused == unfused holds for NaNs too. */
+#define NT__QNAN_F32 0x7fc00000u
+#define NT__QNAN_BF16 0x7fc0u
+#define NT__QNAN_F16 0x7e00u
+
+static inline float nt__canon(float f)
+{
+    return f != f ? nt__bits_f32(NT__QNAN_F32) : f;
+}
+
 static inline float nt__bf16_to_f32(uint16_t h)
 {
     return nt__bits_f32((uint32_t)h << 16);
 }
 
-/* Round to nearest even; NaN stays NaN (quieted, sign kept). */
+/* Round to nearest even; NaN becomes the canonical NaN. */
 static inline uint16_t nt__f32_to_bf16(float f)
 {
     uint32_t u = nt__f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x0040u);
+        return (uint16_t)NT__QNAN_BF16;
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
@@ -56,15 +69,17 @@ static inline float nt__f16_to_f32(uint16_t h)
     return nt__bits_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-/* Round to nearest even, with f16 subnormals, overflow to Inf, NaN kept. */
+/* Round to nearest even, with f16 subnormals, overflow to Inf; NaN becomes
+ * the canonical NaN. */
 static inline uint16_t nt__f32_to_f16(float f)
 {
     uint32_t x = nt__f32_bits(f);
     uint32_t sign = (x >> 16) & 0x8000u;
     uint32_t ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) /* Inf or NaN */
-        return (uint16_t)(sign | 0x7c00u |
-                          (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0u));
+    if (ax > 0x7f800000u)
+        return (uint16_t)NT__QNAN_F16;
+    if (ax == 0x7f800000u) /* Inf */
+        return (uint16_t)(sign | 0x7c00u);
     if (ax >= 0x477ff000u) /* >= 65520 rounds to Inf */
         return (uint16_t)(sign | 0x7c00u);
     if (ax >= 0x38800000u) { /* normal in f16 (>= 2^-14) */
@@ -170,7 +185,7 @@ static inline int32_t nt__load_i32(const void *p, nt_dtype dt, int64_t i)
 static inline void nt__store_f32(void *p, nt_dtype dt, int64_t i, float v)
 {
     switch (dt) {
-    case NT_F32: ((float *)p)[i] = v; break;
+    case NT_F32: ((float *)p)[i] = nt__canon(v); break;
     case NT_BF16: ((uint16_t *)p)[i] = nt__f32_to_bf16(v); break;
     case NT_F16: ((uint16_t *)p)[i] = nt__f32_to_f16(v); break;
     case NT_I32: ((int32_t *)p)[i] = nt__f64_to_i32((double)v); break;
@@ -183,7 +198,7 @@ static inline void nt__store_f32(void *p, nt_dtype dt, int64_t i, float v)
 static inline void nt__store_f64(void *p, nt_dtype dt, int64_t i, double v)
 {
     switch (dt) {
-    case NT_F32: ((float *)p)[i] = (float)v; break;
+    case NT_F32: ((float *)p)[i] = nt__canon((float)v); break;
     case NT_BF16: ((uint16_t *)p)[i] = nt__f64_to_bf16(v); break;
     case NT_F16: ((uint16_t *)p)[i] = nt__f64_to_f16(v); break;
     case NT_I32: ((int32_t *)p)[i] = nt__f64_to_i32(v); break;

@@ -63,10 +63,11 @@ void nt__st_f32(char *dst, nt_dtype dt, int64_t st, const float *src, int64_t n)
     case NT_F32: {
         float *p = (float *)dst;
         if (st == 1)
-            memcpy(p, src, (size_t)n * 4);
+            for (int64_t i = 0; i < n; i++)
+                p[i] = nt__canon(src[i]);
         else
             for (int64_t i = 0; i < n; i++)
-                p[i * st] = src[i];
+                p[i * st] = nt__canon(src[i]);
         break;
     }
     case NT_BF16: {
@@ -353,6 +354,7 @@ static void binary_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
             y[i] = nt__ew_##name(a[i], b[i]);                                               \
         break;
             NT_OPS_BINARY(NT__BI_F)
+            NT_OPS_EW_BWD(NT__BI_F)
 #undef NT__BI_F
         default: break;
         }

@@ -61,7 +61,8 @@ static void settle_f(void *out, nt_dtype dt, float *y, int64_t n)
 {
     switch (dt) {
     case NT_F32:
-        memcpy(out, y, (size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++)
+            ((float *)out)[i] = nt__canon(y[i]);
         break;
     case NT_BF16:
         for (int64_t i = 0; i < n; i++)

@@ -68,6 +68,8 @@ typedef struct nt__fprog {
     int64_t shape[NT_MAX_DIMS];
     char *sig;
     volatile AO_t runs;
+    volatile AO_t refs;          /* the cache's, plus one per running group */
+    GList *lru;                  /* its link in the cache's recency list */
 } nt__fprog;
 
 /* A program bound to this batch's tensors. */

@@ -14,8 +14,22 @@
 nt__fstats nt__fst;
 int (*nt__fused_sim)(const nt__fgroup *g);
 
+/* The kernel cache: signature -> program, least recently used evicted past
+ * NT_F_CACHE_MAX entries.  Programs are refcounted so an eviction cannot
+ * free one a worker is running. */
+#define NT_F_CACHE_MAX 4096
 static GMutex cache_lock;
-static GHashTable *cache; /* signature -> nt__fprog* */
+static GHashTable *cache;
+static GQueue lru = G_QUEUE_INIT;
+static volatile AO_t evictions;
+
+static void prog_unref(nt__fprog *c)
+{
+    if (c && AO_fetch_and_sub1(&c->refs) == 1) {
+        g_free(c->sig);
+        g_free(c);
+    }
+}
 static volatile AO_t kernel_no;
 
 bool nt__fusable_ew(int op)
@@ -209,6 +223,9 @@ static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
                 /* the EW group becomes a row group over the same shape */
                 if (s->p.ndim < 1 || s->p.shape[s->p.ndim - 1] <= 1)
                     return "shape change";
+                /* each value so far would need a row of its own on chip */
+                if ((int64_t)(s->p.nvals + 1) * s->p.shape[s->p.ndim - 1] * 4 > NT_F_ROW_BYTES)
+                    return "SBUF capacity";
                 s->p.kind = NT_FK_ROW;
                 for (int i = 0; i < s->p.ndim; i++)
                     s->red_shape[i] = s->p.shape[i];
@@ -360,7 +377,8 @@ static char *signature(const nt__fprog *p)
     return g_string_free(g, FALSE);
 }
 
-/* Looks the program up by signature (or caches this one). */
+/* Looks the program up by signature (or caches this one); the caller owns
+ * one reference. */
 static nt__fprog *compile(const nt__fprog *p, bool *hit)
 {
     char *sig = signature(p);
@@ -369,14 +387,26 @@ static nt__fprog *compile(const nt__fprog *p, bool *hit)
     if (c) {
         *hit = true;
         g_free(sig);
+        g_queue_unlink(&lru, c->lru);
+        g_queue_push_head_link(&lru, c->lru);
     } else {
         *hit = false;
         c = g_new(nt__fprog, 1);
         *c = *p;
         c->sig = sig;
         c->runs = 0;
-        g_hash_table_insert(cache, sig, c);
+        c->refs = 1; /* the cache's */
+        g_queue_push_head(&lru, c);
+        c->lru = lru.head;
+        g_hash_table_insert(cache, c->sig, c);
+        while (lru.length > NT_F_CACHE_MAX) {
+            nt__fprog *old = g_queue_pop_tail(&lru);
+            g_hash_table_remove(cache, old->sig);
+            AO_fetch_and_add1(&evictions);
+            prog_unref(old);
+        }
     }
+    AO_fetch_and_add1(&c->refs);
     g_mutex_unlock(&cache_lock);
     return c;
 }
@@ -499,6 +529,8 @@ static void run_group(gstate *s)
         else if (s->g.backend == NT_BACKEND_CPU)
             rc = nt__fused_cpu(&s->g);
     }
+    prog_unref(c);
+    s->g.prog = NULL;
     if (rc == 0) {
         NT__COUNT(ops_executed, s->g.nrecs);
         NT__COUNT(kernels, 1);
@@ -545,17 +577,11 @@ void nt__fusion_run(nt__rec **recs, int n)
 
 /* ---------------- set-up ---------------- */
 
-static void prog_free(gpointer p)
-{
-    nt__fprog *c = p;
-    g_free(c); /* the key (sig) is freed by the table */
-}
-
 int nt__fusion_init(void)
 {
     g_mutex_lock(&cache_lock);
     if (!cache)
-        cache = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, prog_free);
+        cache = g_hash_table_new(g_str_hash, g_str_equal);
     g_mutex_unlock(&cache_lock);
     memset(&nt__fst, 0, sizeof nt__fst);
     kernel_no = 0;
@@ -569,6 +595,9 @@ void nt__fusion_shutdown(void)
     if (cache)
         g_hash_table_destroy(cache);
     cache = NULL;
+    nt__fprog *c;
+    while ((c = g_queue_pop_head(&lru)) != NULL)
+        prog_unref(c);
     g_mutex_unlock(&cache_lock);
 }
 

@@ -1,0 +1,890 @@
+/* tests/test_fusion.c - fused == unfused, bit for bit.
+ *
+ * The differential test generates random op programs (DAGs over 30+ op kinds,
+ * broadcasting shapes, f32/bf16/f16, reductions, row ops, matmuls, views,
+ * in-place writes), runs each in deterministic mode and in eager, adaptive
+ * and lazy mode (lazy with small windows too, so batches split anywhere),
+ * and compares every output bit for bit.  A failure prints the seed; set
+ * NT_DIFF_SEED=n to replay one program, NT_DIFF_PROGRAMS=n to run more.
+ * Print invariance runs the same programs with nt_to_host / nt_format at
+ * random points.  Then one unit test per grouping rule and break reason. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <glib.h>
+
+#include "ntensor.h"
+
+static int setup(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_init(), 0);
+    nt_config_set("NT_BACKEND", "cpu");
+    nt_clear_error();
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    nt_shutdown();
+    return 0;
+}
+
+/* ---------------- random programs ---------------- */
+
+typedef struct {
+    uint64_t s;
+} rng;
+
+static uint64_t rnext(rng *r)
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static int rint_(rng *r, int n) { return (int)(rnext(r) % (uint64_t)n); }
+static double runi(rng *r) { return (double)(rnext(r) >> 11) * 0x1p-53; }
+
+enum {
+    P_ADD, P_SUB, P_MUL, P_DIV, P_MAXIMUM, P_MINIMUM, P_LT, P_GE, P_EQ, P_WHERE,
+    P_NEG, P_EXP, P_LOG, P_SQRT, P_RSQRT, P_ABS, P_RELU, P_GELU, P_SIGMOID, P_TANH, P_SILU,
+    P_ADDS, P_MULS, P_DIVS, P_POWS, P_CLAMP, P_CAST,
+    P_SUM, P_MEAN, P_MAX, P_SOFTMAX, P_LOGSOFTMAX, P_LAYERNORM, P_RMSNORM,
+    P_MATMUL, P_TRANSPOSE, P_RESHAPE, P_SLICE, P_INPLACE_ADD, P_INPLACE_MULS, P_COPY_INTO,
+    P_MSE, P_NKINDS
+};
+
+#define MAXV 64
+#define MAXSTEP 48
+
+typedef struct {
+    int kind, a, b, c;   /* operand value indices */
+    double s0, s1;
+    int dim, keep, dt;
+} step;
+
+typedef struct {
+    int nin;             /* values 0..nin-1 are inputs */
+    int64_t R, C, K;
+    int in_ndim[4];
+    int64_t in_shape[4][2];
+    int in_dt[4];
+    uint64_t data_seed;
+    int nsteps;
+    step st[MAXSTEP];
+    bool keep[MAXV];     /* value read back at the end */
+    int last_use[MAXV];
+    int sync_at[MAXSTEP];/* print invariance: value to read after step i, or -1 */
+} program;
+
+/* Shapes of values as the generator tracks them (ndim <= 2). */
+typedef struct {
+    int ndim;
+    int64_t sh[2];
+    int dt;
+} vinfo;
+
+static bool bcast_ok(const vinfo *x, const vinfo *y)
+{
+    for (int i = 0; i < 2; i++) {
+        int ix = x->ndim - 1 - i, iy = y->ndim - 1 - i;
+        int64_t dx = ix >= 0 ? x->sh[ix] : 1, dy = iy >= 0 ? y->sh[iy] : 1;
+        if (dx != dy && dx != 1 && dy != 1)
+            return false;
+    }
+    return true;
+}
+
+static const int float_dts[3] = {NT_F32, NT_BF16, NT_F16};
+
+static void gen(program *p, uint64_t seed)
+{
+    rng r = {seed * 0x2545f4914f6cdd1dull + 1};
+    memset(p, 0, sizeof *p);
+    p->R = 1 + rint_(&r, 9);
+    p->C = 2 + rint_(&r, 40);
+    p->K = 1 + rint_(&r, 20);
+    p->data_seed = rnext(&r);
+    vinfo v[MAXV];
+    int nv = 0;
+    /* inputs: the main [R, C] tensor, a row [C], a column [R, 1], a weight [C, K] */
+    int64_t shapes[4][2] = {{p->R, p->C}, {p->C, 0}, {p->R, 1}, {p->C, p->K}};
+    int nds[4] = {2, 1, 2, 2};
+    p->nin = 4;
+    for (int i = 0; i < 4; i++) {
+        p->in_ndim[i] = nds[i];
+        p->in_shape[i][0] = shapes[i][0];
+        p->in_shape[i][1] = shapes[i][1];
+        p->in_dt[i] = rint_(&r, 3) == 0 ? float_dts[rint_(&r, 3)] : NT_F32;
+        v[nv++] = (vinfo){nds[i], {shapes[i][0], shapes[i][1]}, p->in_dt[i]};
+    }
+    p->nsteps = 8 + rint_(&r, MAXSTEP - 8);
+    for (int k = 0; k < p->nsteps; k++) {
+        step *s = &p->st[k];
+        p->sync_at[k] = -1;
+        for (int tries = 0; tries < 50; tries++) {
+            memset(s, 0, sizeof *s);
+            s->kind = rint_(&r, P_NKINDS);
+            /* prefer recent values: long chains fuse */
+            s->a = nv - 1 - rint_(&r, nv < 6 ? nv : 6);
+            if (rint_(&r, 4) == 0)
+                s->a = rint_(&r, nv);
+            s->b = rint_(&r, nv);
+            s->c = rint_(&r, nv);
+            s->s0 = (double)(rint_(&r, 9) - 4) * 0.375 + 0.125;
+            s->s1 = s->s0 + 0.5 + runi(&r);
+            s->keep = rint_(&r, 2);
+            s->dt = float_dts[rint_(&r, 3)];
+            vinfo *A = &v[s->a], *B = &v[s->b];
+            bool af = A->dt != NT_U8;
+            vinfo out = *A;
+            switch (s->kind) {
+            case P_ADD: case P_SUB: case P_MUL: case P_DIV: case P_MAXIMUM: case P_MINIMUM:
+                if (!bcast_ok(A, B) || !af || B->dt == NT_U8)
+                    continue;
+                if (B->ndim > out.ndim || (B->ndim == out.ndim && B->sh[0] > out.sh[0]))
+                    out = *B;
+                for (int i = 0; i < out.ndim; i++) {
+                    int ia = A->ndim - out.ndim + i, ib = B->ndim - out.ndim + i;
+                    int64_t da = ia >= 0 ? A->sh[ia] : 1, db = ib >= 0 ? B->sh[ib] : 1;
+                    out.sh[i] = da > db ? da : db;
+                }
+                out.dt = A->dt == B->dt ? A->dt : NT_F32;
+                break;
+            case P_LT: case P_GE: case P_EQ:
+                if (!bcast_ok(A, B))
+                    continue;
+                if (B->ndim > out.ndim)
+                    out = *B;
+                for (int i = 0; i < out.ndim; i++) {
+                    int ia = A->ndim - out.ndim + i, ib = B->ndim - out.ndim + i;
+                    int64_t da = ia >= 0 ? A->sh[ia] : 1, db = ib >= 0 ? B->sh[ib] : 1;
+                    out.sh[i] = da > db ? da : db;
+                }
+                out.dt = NT_U8;
+                break;
+            case P_WHERE: {
+                vinfo *Cv = &v[s->c];
+                if (!bcast_ok(A, B) || !bcast_ok(A, Cv) || !bcast_ok(B, Cv) || B->dt == NT_U8 ||
+                    Cv->dt == NT_U8)
+                    continue;
+                /* result: the broadcast of all three */
+                vinfo o = *A;
+                const vinfo *all[3] = {A, B, Cv};
+                int nd = 0;
+                for (int q = 0; q < 3; q++)
+                    nd = all[q]->ndim > nd ? all[q]->ndim : nd;
+                o.ndim = nd;
+                for (int i = 0; i < nd; i++) {
+                    int64_t m = 1;
+                    for (int q = 0; q < 3; q++) {
+                        int j = all[q]->ndim - nd + i;
+                        int64_t d = j >= 0 ? all[q]->sh[j] : 1;
+                        m = d > m ? d : m;
+                    }
+                    o.sh[i] = m;
+                }
+                o.dt = B->dt == Cv->dt ? B->dt : NT_F32;
+                out = o;
+                break;
+            }
+            case P_CAST:
+                out.dt = s->dt;
+                break;
+            case P_SUM: case P_MEAN: case P_MAX:
+                if (!af || A->ndim == 0)
+                    continue;
+                s->dim = rint_(&r, 3) == 0 ? -1000 : rint_(&r, A->ndim);
+                if (s->dim == -1000) {
+                    out.ndim = s->keep ? A->ndim : 0;
+                    out.sh[0] = out.sh[1] = 1;
+                } else if (s->keep) {
+                    out.sh[s->dim] = 1;
+                } else {
+                    out.ndim = A->ndim - 1;
+                    if (s->dim == 0)
+                        out.sh[0] = A->sh[1];
+                }
+                break;
+            case P_SOFTMAX: case P_LOGSOFTMAX:
+                if (!af || A->ndim == 0)
+                    continue;
+                s->dim = rint_(&r, A->ndim);
+                break;
+            case P_LAYERNORM: case P_RMSNORM:
+                if (!af || A->ndim == 0)
+                    continue;
+                break;
+            case P_MATMUL:
+                if (!af || A->ndim != 2 || A->sh[1] != p->C || v[3].dt != A->dt)
+                    continue;
+                s->b = 3;
+                out.sh[1] = p->K;
+                break;
+            case P_TRANSPOSE:
+                if (A->ndim != 2)
+                    continue;
+                out.sh[0] = A->sh[1];
+                out.sh[1] = A->sh[0];
+                break;
+            case P_RESHAPE:
+                out.ndim = 1;
+                out.sh[0] = A->ndim == 0 ? 1 : A->ndim == 1 ? A->sh[0] : A->sh[0] * A->sh[1];
+                break;
+            case P_SLICE:
+                if (A->ndim == 0 || A->sh[A->ndim - 1] < 2)
+                    continue;
+                out.sh[A->ndim - 1] = (A->sh[A->ndim - 1] + 1) / 2;
+                break;
+            case P_INPLACE_ADD: case P_COPY_INTO:
+                if (!af || !bcast_ok(A, B) || B->dt == NT_U8)
+                    continue;
+                /* B must broadcast to A's own shape */
+                if (B->ndim > A->ndim)
+                    continue;
+                {
+                    bool ok = true;
+                    for (int i = 0; i < B->ndim; i++) {
+                        int64_t db = B->sh[i], da = A->sh[A->ndim - B->ndim + i];
+                        ok &= db == da || db == 1;
+                    }
+                    if (!ok)
+                        continue;
+                }
+                break;
+            case P_INPLACE_MULS:
+                if (!af)
+                    continue;
+                break;
+            case P_MSE:
+                if (!af || A->ndim != B->ndim || A->sh[0] != B->sh[0] ||
+                    (A->ndim > 1 && A->sh[1] != B->sh[1]) || B->dt == NT_U8)
+                    continue;
+                out.ndim = 0;
+                out.dt = A->dt == B->dt ? A->dt : NT_F32;
+                break;
+            default: /* unary, scalar */
+                if (!af)
+                    continue;
+                break;
+            }
+            v[nv++] = out;
+            goto next;
+        }
+        p->nsteps = k; /* could not find a valid op: stop early */
+        break;
+    next:;
+    }
+    for (int i = 0; i < nv; i++)
+        p->keep[i] = rint_(&r, 3) == 0;
+    p->keep[nv - 1] = true;
+    for (int i = 0; i < MAXV; i++)
+        p->last_use[i] = -1;
+    for (int k = 0; k < p->nsteps; k++) {
+        const step *s = &p->st[k];
+        int uses[3] = {s->a, s->b, s->c};
+        for (int q = 0; q < 3; q++)
+            p->last_use[uses[q]] = k;
+    }
+}
+
+static void fill_input(float *buf, int64_t n, uint64_t seed)
+{
+    rng r = {seed};
+    for (int64_t i = 0; i < n; i++) {
+        /* a mix of magnitudes, some exact ties and zeros */
+        int c = rint_(&r, 10);
+        buf[i] = c == 0 ? 0.0f : c == 1 ? 1.0f : (float)((runi(&r) - 0.4) * (c < 5 ? 4.0 : 0.5));
+    }
+}
+
+/* Runs program p; appends the bytes of every kept value to out.  With
+ * `syncs`, reads values back at the generator's chosen points as well. */
+static void run(const program *p, GByteArray *out, bool syncs, uint64_t sync_seed)
+{
+    nt_tensor *v[MAXV] = {0};
+    int nv = 0;
+    rng sr = {sync_seed};
+    for (int i = 0; i < p->nin; i++) {
+        int64_t n = p->in_shape[i][0] * (p->in_ndim[i] == 2 ? p->in_shape[i][1] : 1);
+        float *buf = malloc((size_t)n * sizeof(float));
+        fill_input(buf, n, p->data_seed + (uint64_t)i);
+        nt_tensor *f = nt_from_host(buf, NT_F32, p->in_ndim[i], p->in_shape[i]);
+        v[nv++] = nt_cast(f, (nt_dtype)p->in_dt[i]);
+        nt_release(f);
+        free(buf);
+    }
+    for (int k = 0; k < p->nsteps; k++) {
+        const step *s = &p->st[k];
+        nt_tensor *A = v[s->a], *B = v[s->b], *Cc = v[s->c], *y = NULL;
+        switch (s->kind) {
+        case P_ADD: y = nt_add(A, B); break;
+        case P_SUB: y = nt_sub(A, B); break;
+        case P_MUL: y = nt_mul(A, B); break;
+        case P_DIV: y = nt_div(A, B); break;
+        case P_MAXIMUM: y = nt_maximum(A, B); break;
+        case P_MINIMUM: y = nt_minimum(A, B); break;
+        case P_LT: y = nt_lt(A, B); break;
+        case P_GE: y = nt_ge(A, B); break;
+        case P_EQ: y = nt_eq(A, B); break;
+        case P_WHERE: y = nt_where(A, B, Cc); break;
+        case P_NEG: y = nt_neg(A); break;
+        case P_EXP: y = nt_exp(A); break;
+        case P_LOG: y = nt_log(A); break;
+        case P_SQRT: y = nt_sqrt(A); break;
+        case P_RSQRT: y = nt_rsqrt(A); break;
+        case P_ABS: y = nt_abs(A); break;
+        case P_RELU: y = nt_relu(A); break;
+        case P_GELU: y = nt_gelu(A); break;
+        case P_SIGMOID: y = nt_sigmoid(A); break;
+        case P_TANH: y = nt_tanh(A); break;
+        case P_SILU: y = nt_silu(A); break;
+        case P_ADDS: y = nt_add_scalar(A, s->s0); break;
+        case P_MULS: y = nt_mul_scalar(A, s->s0); break;
+        case P_DIVS: y = nt_div_scalar(A, s->s0); break;
+        case P_POWS: y = nt_pow_scalar(A, fabs(s->s0) + 0.5); break;
+        case P_CLAMP: y = nt_clamp(A, s->s0, s->s1); break;
+        case P_CAST: y = nt_cast(A, (nt_dtype)s->dt); break;
+        case P_SUM: y = nt_sum(A, s->dim, s->keep); break;
+        case P_MEAN: y = nt_mean(A, s->dim, s->keep); break;
+        case P_MAX: y = nt_max(A, s->dim, s->keep); break;
+        case P_SOFTMAX: y = nt_softmax(A, s->dim); break;
+        case P_LOGSOFTMAX: y = nt_log_softmax(A, s->dim); break;
+        case P_LAYERNORM: y = nt_layer_norm(A, NULL, NULL, 1e-5); break;
+        case P_RMSNORM: y = nt_rms_norm(A, NULL, 1e-6); break;
+        case P_MATMUL: y = nt_matmul(A, B); break;
+        case P_TRANSPOSE: y = nt_transpose(A, 0, 1); break;
+        case P_RESHAPE: y = nt_reshape(A, 1, (int64_t[]){-1}); break;
+        case P_SLICE: y = nt_slice(A, -1, 0, INT64_MAX, 2); break;
+        case P_INPLACE_ADD:
+        case P_INPLACE_MULS:
+        case P_COPY_INTO:
+            /* write into a fresh copy, so other values stay as they were */
+            y = nt_mul_scalar(A, 1.0);
+            if (s->kind == P_INPLACE_ADD)
+                nt_add_inplace(y, B);
+            else if (s->kind == P_INPLACE_MULS)
+                nt_mul_scalar_inplace(y, s->s0);
+            else
+                nt_copy_into(y, B);
+            break;
+        case P_MSE: y = nt_mse_loss(A, B); break;
+        }
+        if (!y) {
+            print_error("step %d (kind %d) failed: %s\n", k, s->kind, nt_last_error_message());
+            fail();
+        }
+        v[nv++] = y;
+        /* drop values nobody reads any more: they become dead intermediates */
+        for (int i = 0; i < nv; i++)
+            if (v[i] && !p->keep[i] && p->last_use[i] <= k && i < nv - 1) {
+                nt_release(v[i]);
+                v[i] = NULL;
+            }
+        if (syncs && rint_(&sr, 4) == 0) {
+            int pick = rint_(&sr, nv);
+            if (v[pick]) {
+                if (rint_(&sr, 3) == 0) {
+                    char *txt = nt_format(v[pick]);
+                    g_free(txt);
+                } else {
+                    size_t nb = (size_t)nt_numel(v[pick]) * nt_dtype_size(nt_dtype_of(v[pick]));
+                    void *tmp = malloc(nb ? nb : 1);
+                    nt_to_host(v[pick], tmp, nb);
+                    free(tmp);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < nv; i++) {
+        if (!v[i])
+            continue;
+        if (p->keep[i] || i == nv - 1) {
+            size_t nb = (size_t)nt_numel(v[i]) * nt_dtype_size(nt_dtype_of(v[i]));
+            guint8 *buf = g_malloc(nb ? nb : 1);
+            assert_int_equal(nt_to_host(v[i], buf, nb), 0);
+            if (getenv("NT_DIFF_VERBOSE"))
+                print_message("# v%d at byte %u, %zu bytes, dtype %d\n", i, out->len, nb,
+                              nt_dtype_of(v[i]));
+            g_byte_array_append(out, buf, (guint)nb);
+            g_free(buf);
+        }
+        nt_release(v[i]);
+    }
+}
+
+static int nprograms(int dflt)
+{
+    const char *e = getenv("NT_DIFF_PROGRAMS");
+    if (e)
+        return atoi(e);
+    return getenv("NT_TEST_QUICK") ? dflt / 8 : dflt;
+}
+
+typedef struct {
+    const char *name, *mode, *window, *fusion;
+} config;
+
+static const config configs[] = {
+    {"eager", "eager", "4096", "1"},
+    {"adaptive", "adaptive", "4096", "1"},
+    {"lazy", "lazy", "4096", "1"},
+    {"lazy-window-5", "lazy", "5", "1"},
+    {"lazy-window-2", "lazy", "2", "1"},
+    {"adaptive-nofusion", "adaptive", "4096", "0"},
+};
+
+static void apply(const config *c)
+{
+    /* NT_DIFF_FUSION=0 replays a failure with fusion off, to tell fusion
+     * bugs from batching bugs */
+    const char *f = getenv("NT_DIFF_FUSION");
+    nt_config_set("NT_MODE", c->mode);
+    nt_config_set("NT_LAZY_WINDOW", c->window);
+    nt_config_set("NT_FUSION", f ? f : c->fusion);
+}
+
+static void dump(const program *p)
+{
+    print_message("# program: R=%lld C=%lld K=%lld inputs dt %d %d %d %d\n", (long long)p->R,
+                  (long long)p->C, (long long)p->K, p->in_dt[0], p->in_dt[1], p->in_dt[2],
+                  p->in_dt[3]);
+    for (int k = 0; k < p->nsteps; k++) {
+        const step *s = &p->st[k];
+        print_message("#   v%d = kind %d (v%d, v%d, v%d) s0=%g s1=%g dim=%d keep=%d dt=%d%s\n",
+                      p->nin + k, s->kind, s->a, s->b, s->c, s->s0, s->s1, s->dim, s->keep, s->dt,
+                      p->keep[p->nin + k] ? " [kept]" : "");
+    }
+}
+
+static void differential(bool syncs, int count)
+{
+    const char *one = getenv("NT_DIFF_SEED");
+    int first = one ? atoi(one) : 1, last = one ? first : count;
+    nt_stats_reset();
+    for (int seed = first; seed <= last; seed++) {
+        program p;
+        gen(&p, (uint64_t)seed);
+        if (getenv("NT_DIFF_STEPS")) { /* replay a prefix, to shrink a failure */
+            int n = atoi(getenv("NT_DIFF_STEPS"));
+            if (n < p.nsteps) {
+                p.nsteps = n;
+                p.keep[p.nin + n - 1] = true;
+            }
+        }
+        GByteArray *ref = g_byte_array_new();
+        nt_config_set("NT_MODE", "deterministic");
+        run(&p, ref, false, 0);
+        for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
+            if (syncs && c % 2) /* print invariance: half the configs suffice */
+                continue;
+            if (getenv("NT_DIFF_ONLY") && strcmp(getenv("NT_DIFF_ONLY"), configs[c].name))
+                continue;
+            apply(&configs[c]);
+            GByteArray *got = g_byte_array_new();
+            run(&p, got, syncs, (uint64_t)seed * 7 + c);
+            if (got->len != ref->len || memcmp(got->data, ref->data, ref->len)) {
+                print_error("program seed %d differs in config %s%s (replay: NT_DIFF_SEED=%d)\n",
+                            seed, configs[c].name, syncs ? " with syncs" : "", seed);
+                dump(&p);
+                for (guint b = 0; b < ref->len && b < got->len; b++)
+                    if (ref->data[b] != got->data[b]) {
+                        print_message("# first differing byte %u\n", b);
+                        guint w = b & ~3u;
+                        float fr, fg;
+                        memcpy(&fr, ref->data + w, 4);
+                        memcpy(&fg, got->data + w, 4);
+                        print_message("# as f32 at %u: want %.9g (%08x) got %.9g (%08x)\n", w, fr,
+                                      *(uint32_t *)(ref->data + w), fg,
+                                      *(uint32_t *)(got->data + w));
+                        break;
+                    }
+                fail();
+            }
+            g_byte_array_unref(got);
+        }
+        g_byte_array_unref(ref);
+    }
+    nt_config_set("NT_MODE", "adaptive");
+    nt_config_set("NT_LAZY_WINDOW", "4096");
+    nt_config_set("NT_FUSION", "1");
+    nt_stats st;
+    nt_stats_get(&st);
+    print_message("# %d programs: %llu fused kernels replaced %llu ops; %llu values elided, "
+                  "%llu stored; cache %llu hits / %llu misses\n",
+                  last - first + 1, (unsigned long long)st.fusion_groups,
+                  (unsigned long long)st.fused_ops, (unsigned long long)st.fused_values_elided,
+                  (unsigned long long)st.fused_values_stored,
+                  (unsigned long long)st.kernel_cache_hits,
+                  (unsigned long long)st.kernel_cache_misses);
+    if (!one) /* the programs must actually exercise fusion */
+        assert_true(st.fusion_groups > 0 && st.fused_values_elided > 0);
+}
+
+static void test_differential(void **state)
+{
+    (void)state;
+    differential(false, nprograms(2000));
+}
+
+static void test_print_invariance(void **state)
+{
+    (void)state;
+    differential(true, nprograms(600));
+}
+
+/* ---------------- grouping rules, via the log ---------------- */
+
+/* Captures the fusion log (stderr) while fn runs. */
+static char *capture(void (*fn)(void *), void *arg)
+{
+    fflush(stderr);
+    char path[] = "/tmp/nt_fusion_logXXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    int saved = dup(2);
+    dup2(fd, 2);
+    nt_config_set("NT_FUSION_LOG", "1");
+    fn(arg);
+    nt_sync();
+    nt_config_set("NT_FUSION_LOG", "0");
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char *text = NULL;
+    g_file_get_contents(path, &text, NULL, NULL);
+    close(fd);
+    unlink(path);
+    return text ? text : g_strdup("");
+}
+
+static int count(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++)
+        n++;
+    return n;
+}
+
+/* y = relu((x*1.5+0.25)*x - x)*0.5 + 1: 7 ops, intermediates released */
+static nt_tensor *chain(nt_tensor *x)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *y = nt_add_scalar(
+        nt_mul_scalar(nt_relu(nt_sub(nt_mul(nt_add_scalar(nt_mul_scalar(x, 1.5), 0.25), x), x)),
+                      0.5),
+        1.0);
+    nt_keep(y);
+    nt_scope_end(s);
+    return y;
+}
+
+static void ew_chain_body(void *arg)
+{
+    nt_tensor **out = arg;
+    nt_tensor *x = nt_randn(NT_F32, 2, (int64_t[]){64, 256}, 1);
+    nt_sync();
+    nt_config_set("NT_MODE", "lazy");
+    out[0] = chain(x);
+    nt_sync();
+    nt_config_set("NT_MODE", "adaptive");
+    nt_release(x);
+}
+
+static void test_ew_chain_one_kernel(void **state)
+{
+    (void)state;
+    nt_tensor *y[1];
+    nt_stats_reset();
+    char *log = capture(ew_chain_body, y);
+    assert_int_equal(count(log, "kernel #"), 1);
+    assert_non_null(strstr(log, "elementwise, 7 ops"));
+    assert_non_null(strstr(log, "writes 1, elides 6"));
+    assert_non_null(strstr(log, "test_fusion.c:")); /* each op names its line */
+    nt_stats st;
+    nt_stats_get(&st);
+    assert_int_equal(st.fusion_groups, 1);
+    assert_int_equal(st.fused_ops, 7);
+    assert_int_equal(st.fused_values_elided, 6);
+    g_free(log);
+    nt_release(y[0]);
+}
+
+static void softmax_body(void *arg)
+{
+    nt_tensor **io = arg;
+    nt_config_set("NT_MODE", "lazy");
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *x = io[0];
+    nt_tensor *m = nt_max(x, -1, true);
+    nt_tensor *e = nt_exp(nt_sub(x, m));
+    nt_tensor *y = nt_div(e, nt_sum(e, -1, true));
+    io[1] = nt_keep(y);
+    nt_scope_end(s);
+    nt_sync();
+    nt_config_set("NT_MODE", "adaptive");
+}
+
+static void test_softmax_primitives_one_row_kernel(void **state)
+{
+    (void)state;
+    nt_tensor *io[2];
+    io[0] = nt_randn(NT_F32, 2, (int64_t[]){32, 300}, 2);
+    nt_sync();
+    char *log = capture(softmax_body, io);
+    assert_non_null(strstr(log, "row, 5 ops"));
+    assert_non_null(strstr(log, "writes 1, elides 4"));
+    /* and it equals the built-in softmax bit for bit (same arithmetic) */
+    float a[32 * 300], b[32 * 300];
+    nt_to_host(io[1], a, sizeof a);
+    nt_tensor *ref = nt_softmax(io[0], -1);
+    nt_to_host(ref, b, sizeof b);
+    assert_memory_equal(a, b, sizeof a);
+    g_free(log);
+    nt_release(io[0]), nt_release(io[1]), nt_release(ref);
+}
+
+static void linear_body(void *arg)
+{
+    nt_tensor **io = arg;
+    nt_config_set("NT_MODE", "lazy");
+    nt_scope *s = nt_scope_begin();
+    io[3] = nt_keep(nt_relu(nt_linear(io[0], io[1], io[2])));
+    nt_scope_end(s);
+    nt_sync();
+    nt_config_set("NT_MODE", "adaptive");
+}
+
+static void test_matmul_epilogue(void **state)
+{
+    (void)state;
+    nt_tensor *io[4];
+    io[0] = nt_randn(NT_F32, 2, (int64_t[]){16, 40}, 3);
+    io[1] = nt_randn(NT_F32, 2, (int64_t[]){24, 40}, 4);
+    io[2] = nt_randn(NT_F32, 1, (int64_t[]){24}, 5);
+    nt_sync();
+    char *log = capture(linear_body, io);
+    assert_non_null(strstr(log, "matmul+epilogue, 3 ops"));
+    assert_non_null(strstr(log, "writes 1, elides 2"));
+    g_free(log);
+    for (int i = 0; i < 4; i++)
+        nt_release(io[i]);
+}
+
+static void live_body(void *arg)
+{
+    nt_tensor **io = arg;
+    nt_config_set("NT_MODE", "lazy");
+    nt_tensor *a = nt_exp(io[0]);        /* kept by the user: written out */
+    nt_tensor *b = nt_neg(a);
+    nt_tensor *view = nt_reshape(b, 1, (int64_t[]){-1}); /* b has a view */
+    nt_tensor *c = nt_mul_scalar(b, 2.0);
+    nt_release(b);
+    io[1] = a;
+    io[2] = view;
+    io[3] = c;
+    nt_sync();
+    nt_config_set("NT_MODE", "adaptive");
+}
+
+static void test_liveness_reasons(void **state)
+{
+    (void)state;
+    nt_tensor *io[4];
+    io[0] = nt_randn(NT_F32, 1, (int64_t[]){100}, 6);
+    nt_sync();
+    char *log = capture(live_body, io);
+    assert_non_null(strstr(log, "elementwise, 3 ops"));
+    assert_non_null(strstr(log, "written out (live user handle)"));
+    assert_non_null(strstr(log, "another handle on its storage"));
+    assert_non_null(strstr(log, "writes 3, elides 0"));
+    g_free(log);
+    for (int i = 0; i < 4; i++)
+        nt_release(io[i]);
+}
+
+static void breaks_body(void *arg)
+{
+    nt_tensor **io = arg;
+    nt_config_set("NT_MODE", "lazy");
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *x = io[0];
+    nt_tensor *a = nt_exp(nt_neg(x));                      /* [8, 16] */
+    nt_tensor *b = nt_relu(nt_sum(a, 0, false));           /* reduction over dim 0 */
+    int32_t ix[3] = {0, 1, 2};
+    nt_tensor *e = nt_embedding(a, nt_from_host(ix, NT_I32, 1, (int64_t[]){3}));
+    nt_tensor *f = nt_add_scalar(nt_tanh(e), 1.0);
+    io[1] = nt_keep(nt_add(nt_sum(f, NT_DIM_ALL, false), nt_sum(b, NT_DIM_ALL, false)));
+    nt_scope_end(s);
+    nt_sync();
+    nt_config_set("NT_MODE", "adaptive");
+}
+
+static void test_break_reasons(void **state)
+{
+    (void)state;
+    nt_tensor *io[2];
+    io[0] = nt_randn(NT_F32, 2, (int64_t[]){8, 16}, 7);
+    nt_sync();
+    char *log = capture(breaks_body, io);
+    assert_non_null(strstr(log, "break before sum"));
+    assert_non_null(strstr(log, "sum is not fusable"));
+    assert_non_null(strstr(log, "embedding is not fusable"));
+    assert_non_null(strstr(log, "batch of"));
+    assert_non_null(strstr(log, "ends: sync point"));
+    g_free(log);
+    nt_release(io[0]);
+    nt_release(io[1]);
+}
+
+static void capacity_body(void *arg)
+{
+    nt_tensor **io = arg;
+    nt_config_set("NT_MODE", "lazy");
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *x = io[0]; /* [4, 16384]: 64 KiB per row of f32 */
+    nt_tensor *t = nt_exp(x);
+    for (int k = 0; k < 4; k++)
+        t = nt_add(t, nt_mul_scalar(x, k));
+    io[1] = nt_keep(nt_sum(t, -1, true));
+    nt_scope_end(s);
+    nt_sync();
+    nt_config_set("NT_MODE", "adaptive");
+}
+
+static void test_break_sbuf_capacity(void **state)
+{
+    (void)state;
+    nt_tensor *io[2];
+    io[0] = nt_randn(NT_F32, 2, (int64_t[]){4, 16384}, 8);
+    nt_sync();
+    char *log = capture(capacity_body, io);
+    assert_non_null(strstr(log, "SBUF capacity"));
+    g_free(log);
+    /* still the same values as unfused */
+    float a[4], b[4];
+    nt_to_host(io[1], a, sizeof a);
+    nt_config_set("NT_FUSION", "0");
+    nt_tensor *io2[2] = {io[0], NULL};
+    capacity_body(io2);
+    nt_to_host(io2[1], b, sizeof b);
+    nt_config_set("NT_FUSION", "1");
+    assert_memory_equal(a, b, sizeof a);
+    nt_release(io[0]), nt_release(io[1]), nt_release(io2[1]);
+}
+
+static void hazard_body(void *arg)
+{
+    nt_tensor **io = arg;
+    nt_config_set("NT_MODE", "lazy");
+    nt_tensor *x = nt_mul_scalar(io[0], 1.0);      /* [6, 6] */
+    nt_tensor *xt = nt_transpose(x, 0, 1);
+    nt_tensor *y = nt_add_scalar(x, 1.0);
+    nt_add_inplace(x, nt_exp(xt));                 /* exp reads x^T: another view */
+    io[1] = x;
+    io[2] = y;
+    nt_release(xt);
+    nt_sync();
+    nt_config_set("NT_MODE", "adaptive");
+}
+
+static void test_break_view_hazards(void **state)
+{
+    (void)state;
+    nt_tensor *io[3];
+    io[0] = nt_randn(NT_F32, 2, (int64_t[]){6, 6}, 9);
+    nt_sync();
+    char *log = capture(hazard_body, io);
+    assert_true(strstr(log, "another view") != NULL);
+    g_free(log);
+    float a[36], b[36];
+    nt_to_host(io[1], a, sizeof a);
+    nt_config_set("NT_DETERMINISTIC", "1");
+    nt_tensor *io2[3] = {io[0], NULL, NULL};
+    hazard_body(io2);
+    nt_to_host(io2[1], b, sizeof b);
+    nt_config_set("NT_DETERMINISTIC", "0");
+    assert_memory_equal(a, b, sizeof a);
+    for (int i = 0; i < 3; i++)
+        nt_release(io[i]);
+    nt_release(io2[1]), nt_release(io2[2]);
+}
+
+static void test_kernel_cache(void **state)
+{
+    (void)state;
+    nt_tensor *x = nt_randn(NT_F32, 2, (int64_t[]){64, 256}, 10);
+    nt_sync();
+    nt_config_set("NT_MODE", "lazy");
+    nt_stats_reset();
+    for (int k = 0; k < 5; k++) {
+        nt_tensor *y = chain(x);
+        nt_sync();
+        nt_release(y);
+    }
+    nt_stats st;
+    nt_stats_get(&st);
+    assert_int_equal(st.fusion_groups, 5);
+    assert_true(st.kernel_cache_misses <= 1);
+    assert_true(st.kernel_cache_hits >= 4);
+    nt_config_set("NT_MODE", "adaptive");
+    nt_release(x);
+}
+
+static void test_op_limit(void **state)
+{
+    (void)state;
+    nt_config_set("NT_MODE", "lazy");
+    nt_config_set("NT_FUSION_LOG", "0");
+    nt_stats_reset();
+    nt_tensor *x = nt_randn(NT_F32, 1, (int64_t[]){50}, 11);
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *t = x;
+    for (int k = 0; k < 150; k++)
+        t = nt_add_scalar(t, 0.5);
+    nt_keep(t);
+    nt_scope_end(s);
+    float out[50], in[50];
+    nt_to_host(t, out, sizeof out);
+    nt_to_host(x, in, sizeof in);
+    for (int i = 0; i < 50; i++) {
+        float e = in[i];
+        for (int k = 0; k < 150; k++)
+            e += 0.5f;
+        assert_true(out[i] == e);
+    }
+    nt_stats st;
+    nt_stats_get(&st);
+    assert_true(st.fusion_groups >= 3); /* 150 ops do not fit one kernel */
+    assert_true(st.fusion_breaks >= 2);
+    nt_config_set("NT_MODE", "adaptive");
+    nt_release(x), nt_release(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_differential, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_print_invariance, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ew_chain_one_kernel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_softmax_primitives_one_row_kernel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_matmul_epilogue, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_liveness_reasons, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_break_reasons, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_break_sbuf_capacity, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_break_view_hazards, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kernel_cache, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_op_limit, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
