@@ -37,7 +37,10 @@ static inline float nt__bits_f32(uint32_t u)
 
 static inline float nt__canon(float f)
 {
-    return f != f ? nt__bits_f32(NT__QNAN_F32) : f;
+    /* integer select: vectorises (a float ?: does not under -ftrapping-math) */
+    uint32_t u = nt__f32_bits(f);
+    uint32_t nan = 0u - (uint32_t)((u & 0x7fffffffu) > 0x7f800000u);
+    return nt__bits_f32((u & ~nan) | (NT__QNAN_F32 & nan));
 }
 
 static inline float nt__bf16_to_f32(uint16_t h)

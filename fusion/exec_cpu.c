@@ -56,7 +56,7 @@ static void to_i32(int32_t *dst, const opnd *o, int64_t n)
 }
 
 /* Rounds an f32 compute result to the value's dtype, as storing it and
- * loading it back would. */
+ * loading it back would.  `out` may be `y` (in place). */
 static void settle_f(void *out, nt_dtype dt, float *y, int64_t n)
 {
     switch (dt) {
@@ -88,7 +88,8 @@ static void settle_i(void *out, nt_dtype dt, const int32_t *y, int64_t n)
 {
     switch (dt) {
     case NT_I32:
-        memcpy(out, y, (size_t)n * sizeof(int32_t));
+        if (out != y)
+            memcpy(out, y, (size_t)n * sizeof(int32_t));
         break;
     case NT_U8:
         for (int64_t i = 0; i < n; i++)
@@ -96,7 +97,7 @@ static void settle_i(void *out, nt_dtype dt, const int32_t *y, int64_t n)
         break;
     default: /* an exact integer rounded once to a float dtype */
         for (int64_t i = 0; i < n; i++) {
-            char tmp[4];
+            char tmp[8] = {0};
             nt__store_f64(tmp, dt, 0, (double)y[i]);
             ((float *)out)[i] = nt__load_f32(tmp, dt, 0);
         }
@@ -104,20 +105,40 @@ static void settle_i(void *out, nt_dtype dt, const int32_t *y, int64_t n)
     }
 }
 
+/* An operand as f32 / i32 values: registers of that class are used in
+ * place; anything else is converted into tmp. */
+static const float *as_f32(const opnd *o, float *tmp, int64_t n)
+{
+    if (isf(o->dt) && !o->scalar)
+        return o->p;
+    to_f32(tmp, o, n);
+    return tmp;
+}
+
+static const int32_t *as_i32(const opnd *o, int32_t *tmp, int64_t n)
+{
+    if (!o->scalar)
+        return o->p;
+    to_i32(tmp, o, n);
+    return tmp;
+}
+
 /* Evaluates one op over n elements into `out` (a register of the op's
- * output dtype).  scratch: 4 * n floats. */
+ * output dtype, never one of its operands).  scratch: 4 * n floats. */
 static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64_t n,
                  float *scratch)
 {
-    float *x = scratch, *y = scratch + n, *z = scratch + 2 * n, *w = scratch + 3 * n;
-    int32_t *xi = (int32_t *)x, *yi = (int32_t *)y, *zi = (int32_t *)z;
+    float *t0 = scratch, *t1 = scratch + n, *t2 = scratch + 2 * n, *t3 = scratch + 3 * n;
     const nt__opinfo *info = &nt__ops[o->op];
     bool fc = isf(odt);
     for (int k = 0; k < o->nin; k++)
         fc |= isf(a[k].dt);
+    /* an f32 result goes straight into a float register, else via t3 */
+    float *y = isf(odt) ? (float *)out : t3;
+    int32_t *yi = isf(odt) ? (int32_t *)t3 : (int32_t *)out;
     switch (info->kind) {
     case NT_KIND_FILL: {
-        char tmp[8];
+        char tmp[8] = {0};
         nt__store_f64(tmp, odt, 0, o->p.f[0]);
         if (isf(odt)) {
             float v = nt__load_f32(tmp, odt, 0);
@@ -132,16 +153,17 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
     }
     case NT_KIND_COPY:
         if (isf(a[0].dt)) {
-            to_f32(x, &a[0], n);
-            settle_f(out, odt, x, n);
+            const float *x = as_f32(&a[0], t0, n);
+            if (isf(odt) && x != y)
+                memcpy(y, x, (size_t)n * sizeof(float));
+            settle_f(out, odt, isf(odt) ? y : (float *)x, n);
         } else {
-            to_i32(xi, &a[0], n);
-            settle_i(out, odt, xi, n);
+            settle_i(out, odt, as_i32(&a[0], (int32_t *)t0, n), n);
         }
         return;
     case NT_KIND_UNARY:
         if (fc) {
-            to_f32(x, &a[0], n);
+            const float *x = as_f32(&a[0], t0, n);
             switch (o->op) {
 #define NT__FU(ID, name, nin, kind, flags)                                                  \
     case NT_OP_##ID:                                                                        \
@@ -154,18 +176,18 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
             }
             settle_f(out, odt, y, n);
         } else {
-            to_i32(xi, &a[0], n);
+            const int32_t *x = as_i32(&a[0], (int32_t *)t0, n);
             for (int64_t i = 0; i < n; i++)
-                yi[i] = o->op == NT_OP_NEG   ? nt__ewi_neg(xi[i])
-                        : o->op == NT_OP_ABS ? nt__ewi_abs(xi[i])
-                                             : nt__ewi_relu(xi[i]);
+                yi[i] = o->op == NT_OP_NEG   ? nt__ewi_neg(x[i])
+                        : o->op == NT_OP_ABS ? nt__ewi_abs(x[i])
+                                             : nt__ewi_relu(x[i]);
             settle_i(out, odt, yi, n);
         }
         return;
     case NT_KIND_SCALAR:
         if (fc) {
             float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
-            to_f32(x, &a[0], n);
+            const float *x = as_f32(&a[0], t0, n);
             switch (o->op) {
 #define NT__FS(ID, name, nin, kind, flags)                                                  \
     case NT_OP_##ID:                                                                        \
@@ -179,88 +201,88 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
             settle_f(out, odt, y, n);
         } else {
             int32_t s0 = (int32_t)o->p.f[0], s1 = (int32_t)o->p.f[1];
-            to_i32(xi, &a[0], n);
+            const int32_t *x = as_i32(&a[0], (int32_t *)t0, n);
             for (int64_t i = 0; i < n; i++)
-                yi[i] = o->op == NT_OP_ADD_SCALAR   ? nt__ewi_add_scalar(xi[i], s0, s1)
-                        : o->op == NT_OP_MUL_SCALAR ? nt__ewi_mul_scalar(xi[i], s0, s1)
-                                                    : nt__ewi_clamp(xi[i], s0, s1);
+                yi[i] = o->op == NT_OP_ADD_SCALAR   ? nt__ewi_add_scalar(x[i], s0, s1)
+                        : o->op == NT_OP_MUL_SCALAR ? nt__ewi_mul_scalar(x[i], s0, s1)
+                                                    : nt__ewi_clamp(x[i], s0, s1);
             settle_i(out, odt, yi, n);
         }
         return;
     case NT_KIND_BINARY:
         if (fc) {
-            to_f32(x, &a[0], n);
-            to_f32(y, &a[1], n);
+            const float *x = as_f32(&a[0], t0, n), *z = as_f32(&a[1], t1, n);
             switch (o->op) {
 #define NT__FB(ID, name, nin, kind, flags)                                                  \
     case NT_OP_##ID:                                                                        \
         for (int64_t i = 0; i < n; i++)                                                     \
-            z[i] = nt__ew_##name(x[i], y[i]);                                               \
+            y[i] = nt__ew_##name(x[i], z[i]);                                               \
         break;
                 NT_OPS_BINARY(NT__FB)
                 NT_OPS_EW_BWD(NT__FB)
 #undef NT__FB
             default: break;
             }
-            settle_f(out, odt, z, n);
+            settle_f(out, odt, y, n);
         } else {
-            to_i32(xi, &a[0], n);
-            to_i32(yi, &a[1], n);
+            const int32_t *x = as_i32(&a[0], (int32_t *)t0, n);
+            const int32_t *z = as_i32(&a[1], (int32_t *)t1, n);
             for (int64_t i = 0; i < n; i++)
-                zi[i] = o->op == NT_OP_ADD       ? nt__ewi_add(xi[i], yi[i])
-                        : o->op == NT_OP_SUB     ? nt__ewi_sub(xi[i], yi[i])
-                        : o->op == NT_OP_MUL     ? nt__ewi_mul(xi[i], yi[i])
-                        : o->op == NT_OP_MAXIMUM ? nt__ewi_maximum(xi[i], yi[i])
-                                                 : nt__ewi_minimum(xi[i], yi[i]);
-            settle_i(out, odt, zi, n);
+                yi[i] = o->op == NT_OP_ADD       ? nt__ewi_add(x[i], z[i])
+                        : o->op == NT_OP_SUB     ? nt__ewi_sub(x[i], z[i])
+                        : o->op == NT_OP_MUL     ? nt__ewi_mul(x[i], z[i])
+                        : o->op == NT_OP_MAXIMUM ? nt__ewi_maximum(x[i], z[i])
+                                                 : nt__ewi_minimum(x[i], z[i]);
+            settle_i(out, odt, yi, n);
         }
         return;
-    case NT_KIND_CMP:
+    case NT_KIND_CMP: {
+        int32_t *r = (int32_t *)t2;
         if (isf(a[0].dt) || isf(a[1].dt)) {
-            to_f32(x, &a[0], n);
-            to_f32(y, &a[1], n);
+            const float *x = as_f32(&a[0], t0, n), *z = as_f32(&a[1], t1, n);
             switch (o->op) {
 #define NT__FC(ID, name, nin, kind, flags)                                                  \
     case NT_OP_##ID:                                                                        \
         for (int64_t i = 0; i < n; i++)                                                     \
-            zi[i] = nt__ew_##name(x[i], y[i]);                                              \
+            r[i] = nt__ew_##name(x[i], z[i]);                                               \
         break;
                 NT_OPS_CMP(NT__FC)
 #undef NT__FC
             default: break;
             }
         } else {
-            to_i32(xi, &a[0], n);
-            to_i32(yi, &a[1], n);
+            const int32_t *x = as_i32(&a[0], (int32_t *)t0, n);
+            const int32_t *z = as_i32(&a[1], (int32_t *)t1, n);
             switch (o->op) {
 #define NT__FCI(ID, name, nin, kind, flags)                                                 \
     case NT_OP_##ID:                                                                        \
         for (int64_t i = 0; i < n; i++)                                                     \
-            zi[i] = nt__ewi_##name(xi[i], yi[i]);                                           \
+            r[i] = nt__ewi_##name(x[i], z[i]);                                              \
         break;
                 NT_OPS_CMP(NT__FCI)
 #undef NT__FCI
             default: break;
             }
         }
-        settle_i(out, odt, zi, n);
+        settle_i(out, odt, r, n);
         return;
-    case NT_KIND_WHERE:
-        to_f32(w, &a[0], n); /* cond, as the kernel loads it */
+    }
+    case NT_KIND_WHERE: {
+        const float *m = as_f32(&a[0], t2, n); /* cond, as the kernel loads it */
         if (isf(odt)) {
-            to_f32(x, &a[1], n);
-            to_f32(y, &a[2], n);
+            const float *x = as_f32(&a[1], t0, n), *z = as_f32(&a[2], t1, n);
             for (int64_t i = 0; i < n; i++)
-                z[i] = w[i] != 0.0f ? x[i] : y[i];
-            settle_f(out, odt, z, n);
+                y[i] = m[i] != 0.0f ? x[i] : z[i];
+            settle_f(out, odt, y, n);
         } else {
-            to_i32(xi, &a[1], n);
-            to_i32(yi, &a[2], n);
+            const int32_t *x = as_i32(&a[1], (int32_t *)t0, n);
+            const int32_t *z = as_i32(&a[2], (int32_t *)t1, n);
             for (int64_t i = 0; i < n; i++)
-                zi[i] = w[i] != 0.0f ? xi[i] : yi[i];
-            settle_i(out, odt, zi, n);
+                yi[i] = m[i] != 0.0f ? x[i] : z[i];
+            settle_i(out, odt, yi, n);
         }
         return;
+    }
     default:
         return;
     }

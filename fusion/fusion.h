@@ -97,6 +97,7 @@ void nt__fusion_run(nt__rec **recs, int n);
 /* Counters (also in nt_stats). */
 typedef struct nt__fstats {
     volatile AO_t groups, fused_ops, hits, misses, breaks, stored, elided;
+    volatile AO_t plan_ns; /* time spent deciding, not running kernels */
 } nt__fstats;
 extern nt__fstats nt__fst;
 

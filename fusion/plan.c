@@ -470,13 +470,21 @@ static void log_group(const gstate *s, const nt__fprog *c, bool hit, int stored,
 
 /* ---------------- running ---------------- */
 
+/* Planning time excludes kernels: the clock stops around every run. */
+static _Thread_local uint64_t plan_t0;
+static void plan_pause(void) { AO_fetch_and_add(&nt__fst.plan_ns, (AO_t)(nt__now_ns() - plan_t0)); }
+static void plan_resume(void) { plan_t0 = nt__now_ns(); }
+
+
 static void run_group(gstate *s)
 {
     if (!s->open || s->g.nrecs == 0)
         return;
     s->open = false;
     if (s->g.nrecs == 1) {
+        plan_pause();
         nt__exec_rec(s->g.recs[0]);
+        plan_resume();
         return;
     }
     /* Decide what the kernel writes out. */
@@ -523,6 +531,7 @@ static void run_group(gstate *s)
         if (AO_load_acquire(&s->g.ext[k]->st->poison))
             poisoned = true;
     int rc = NT_ENOTSUP;
+    plan_pause();
     if (!poisoned) {
         if (s->g.backend == NT_BACKEND_SIM && nt__fused_sim)
             rc = nt__fused_sim(&s->g);
@@ -534,12 +543,14 @@ static void run_group(gstate *s)
     if (rc == 0) {
         NT__COUNT(ops_executed, s->g.nrecs);
         NT__COUNT(kernels, 1);
+        plan_resume();
         return;
     }
     /* Could not run fused (no executor, or it failed): replay op by op,
      * which names the exact op that fails. */
     for (int k = 0; k < s->g.nrecs; k++)
         nt__exec_rec(s->g.recs[k]);
+    plan_resume();
 }
 
 void nt__fusion_run(nt__rec **recs, int n)
@@ -547,11 +558,14 @@ void nt__fusion_run(nt__rec **recs, int n)
     gstate s;
     s.open = false;
     char why[128];
+    plan_resume();
     for (int k = 0; k < n; k++) {
         nt__rec *r = recs[k];
         if (r->type != NT_REC_OP || r->op >= NT_OP_COUNT) {
             run_group(&s);
+            plan_pause();
             nt__exec_rec(r);
+            plan_resume();
             continue;
         }
         if (s.open) {
@@ -566,10 +580,13 @@ void nt__fusion_run(nt__rec **recs, int n)
         group_reset(&s, recs, k, r->backend);
         if (try_add(&s, r, why, sizeof why)) { /* cannot even start a group */
             s.open = false;
+            plan_pause();
             nt__exec_rec(r);
+            plan_resume();
         }
     }
     run_group(&s);
+    plan_pause();
     if (n > 0 && nt__cfg.fusion_log)
         fprintf(stderr, "ntensor: fusion: batch of %d ops ends: %s\n", n,
                 nt__batch_end_reason ? nt__batch_end_reason : "end of the queued work");
@@ -618,6 +635,7 @@ void nt__fusion_stats(nt_stats *out)
     out->kernel_cache_misses = AO_load(&nt__fst.misses);
     out->fused_values_stored = AO_load(&nt__fst.stored);
     out->fused_values_elided = AO_load(&nt__fst.elided);
+    out->fusion_plan_ns = AO_load(&nt__fst.plan_ns);
 }
 
 void nt__fusion_stats_reset(void)

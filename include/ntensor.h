@@ -519,6 +519,7 @@ typedef struct nt_stats {
     uint64_t kernel_cache_misses;
     uint64_t fused_values_stored; /* fused-kernel values written to device memory */
     uint64_t fused_values_elided; /* intermediates that never left the kernel */
+    uint64_t fusion_plan_ns;    /* worker time spent planning (kernels excluded) */
 } nt_stats;
 
 /** Fills *out with counters since nt_init (or the last nt_stats_reset). */
