@@ -1,0 +1,1178 @@
+/* sim/core.c - the simulated NeuronCore: memories, kernels, tile allocation,
+ * dependency tracking, engine and DMA timelines, statistics, trace events.
+ * The numbers come from NEURONCORE.md; docs/sim.md says which and why. */
+#include "sim.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trace.h"
+
+nt__sim_core nt__sim;
+
+/* ------------------------------------------------------------------------ */
+/* Configuration                                                            */
+/* ------------------------------------------------------------------------ */
+
+static void config_for(nt_sim_target t, nt_sim_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->target = t;
+    c->partitions = NT_SIM_PARTITIONS;
+    c->psum_partition_bytes = NT__SIM_PSUM_BYTES;
+    c->dma_queues = NT_SIM_DMA_QUEUES;
+    c->dma_engines = 16;
+    /* NEURONCORE.md gives 1.3-2 us; the top of the range, see docs/sim.md */
+    c->dma_fixed_ns = 2000.0;
+    c->dma_min_descriptor_bytes = 64;
+    c->min_instr_cycles = 64;
+    c->access_latency_cycles = 60;
+    c->act_table_switch_ns = 1000.0;
+    if (t == NT_SIM_TRN2) {
+        c->name = "trn2 (NeuronCore-v3)";
+        c->sbuf_partition_bytes = 224 * 1024;
+        c->clock_ghz[NT_ENGINE_TENSOR] = 2.4;
+        c->clock_ghz[NT_ENGINE_VECTOR] = 0.96;
+        c->clock_ghz[NT_ENGINE_SCALAR] = 1.2;
+        c->clock_ghz[NT_ENGINE_GPSIMD] = 1.2;
+        c->dma_engine_bytes_per_ns = 23.0;
+        c->hbm_bytes_per_ns = 2900.0 / 8.0; /* 2.9 TB/s per chip, 8 cores */
+        c->vector_gpsimd_share_sbuf = false;
+        c->vector_scalar_share_psum = false;
+    } else {
+        c->name = "trn1 (NeuronCore-v2)";
+        c->sbuf_partition_bytes = 192 * 1024;
+        c->clock_ghz[NT_ENGINE_TENSOR] = 2.8;
+        c->clock_ghz[NT_ENGINE_VECTOR] = 1.12;
+        c->clock_ghz[NT_ENGINE_SCALAR] = 1.4;
+        c->clock_ghz[NT_ENGINE_GPSIMD] = 1.4;
+        c->dma_engine_bytes_per_ns = 17.0;
+        c->hbm_bytes_per_ns = 820.0 / 2.0; /* 820 GB/s per chip, 2 cores */
+        c->vector_gpsimd_share_sbuf = true;
+        c->vector_scalar_share_psum = true;
+    }
+    c->tensor_peak_flops_bf16 = 128.0 * 128.0 * 2.0 * c->clock_ghz[NT_ENGINE_TENSOR] * 1e9;
+    c->tensor_peak_flops_f32 = c->tensor_peak_flops_bf16 / 4.0;
+}
+
+static const char *engine_names[NT_ENGINE_COUNT] = {"TensorE", "VectorE", "ScalarE", "GpSimd",
+                                                    "DMA"};
+
+const char *nt_engine_name(nt_engine e)
+{
+    return (unsigned)e < NT_ENGINE_COUNT ? engine_names[e] : "?";
+}
+
+const char *nt_mem_name(nt_mem m)
+{
+    switch (m) {
+    case NT_MEM_HBM: return "HBM";
+    case NT_MEM_SBUF: return "SBUF";
+    case NT_MEM_PSUM: return "PSUM";
+    default: return "?";
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Global state                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* Held from kernel begin to end: one core runs one kernel at a time. */
+static pthread_mutex_t run_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Guards init/shutdown and the statistics (never held while waiting for
+ * run_lock, so stats can be read while a kernel runs). */
+static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_bool inited;
+static atomic_bool functional = true;
+static bool trace_ours; /* nt_sim_init opened the trace (NT_TRACE) */
+
+/* Dependency state of on-chip memory, per chunk.  An entry stamped by an
+ * earlier kernel (gen) counts as empty: kernels are ordered by the core
+ * anyway, and stale entries never need clearing. */
+typedef struct dep_tab {
+    double wend[NT__SIM_SBUF_CHUNKS];  /* end of the last write */
+    double avail[NT__SIM_SBUF_CHUNKS]; /* when readers see that write */
+    double rend[NT__SIM_SBUF_CHUNKS];  /* end of the latest read */
+    uint32_t gen[NT__SIM_SBUF_CHUNKS]; /* kernel that wrote the entry */
+    uint8_t weng[NT__SIM_SBUF_CHUNKS]; /* engine of the last write */
+} dep_tab;
+static dep_tab *dep_sbuf, *dep_psum; /* psum uses the first PSUM_CHUNKS */
+
+/* HBM dependencies: an open-addressing table of 2 KiB pages, entries
+ * belonging to an older kernel (gen) count as empty. */
+#define HBM_PAGE_SHIFT 11
+typedef struct hpage {
+    uintptr_t key;
+    uint32_t gen;
+    double wend, rend;
+} hpage;
+static hpage *ht;
+static size_t ht_cap, ht_count;
+static uint32_t ht_gen; /* the running kernel's generation (HBM and chunks) */
+
+static double sim_clock; /* end of the last kernel, ns */
+static unsigned trace_gen_seen;
+
+static nt_sim_stats stats; /* under state_lock */
+
+static int ensure_memories(void)
+{
+    nt__sim_core *c = &nt__sim;
+    if (c->sbuf)
+        return 0;
+    c->sbuf_stride = NT__SIM_SBUF_MAX_BYTES + NT__SIM_PART_PAD;
+    c->psum_stride = NT__SIM_PSUM_BYTES + NT__SIM_PART_PAD;
+    /* calloc: untouched pages cost nothing in timing-only runs */
+    c->sbuf_raw = calloc(1, (size_t)c->sbuf_stride * NT_SIM_PARTITIONS + 64);
+    c->psum_raw = calloc(1, (size_t)c->psum_stride * NT_SIM_PARTITIONS + 64);
+    c->scratch_elems = NT_SIM_SBUF_MAX_FREE + 64;
+    for (int i = 0; i < 4; i++)
+        c->scratch[i] = malloc(c->scratch_elems * sizeof(float) * 2);
+    dep_sbuf = calloc(1, sizeof *dep_sbuf);
+    dep_psum = calloc(1, sizeof *dep_psum);
+    ht_cap = 4096;
+    ht = calloc(ht_cap, sizeof *ht);
+    if (!c->sbuf_raw || !c->psum_raw || !dep_sbuf || !dep_psum || !ht || !c->scratch[0] ||
+        !c->scratch[1] || !c->scratch[2] || !c->scratch[3])
+        return NT_ENOMEM;
+    c->sbuf = (uint8_t *)(((uintptr_t)c->sbuf_raw + 63) & ~(uintptr_t)63);
+    c->psum = (uint8_t *)(((uintptr_t)c->psum_raw + 63) & ~(uintptr_t)63);
+    ht_gen = 1;
+    return 0;
+}
+
+static void free_memories(void)
+{
+    nt__sim_core *c = &nt__sim;
+    free(c->sbuf_raw);
+    free(c->psum_raw);
+    for (int i = 0; i < 4; i++) {
+        free(c->scratch[i]);
+        c->scratch[i] = NULL;
+    }
+    free(dep_sbuf);
+    free(dep_psum);
+    free(ht);
+    c->sbuf = c->psum = NULL;
+    c->sbuf_raw = c->psum_raw = NULL;
+    dep_sbuf = dep_psum = NULL;
+    ht = NULL;
+    ht_cap = ht_count = 0;
+}
+
+int nt_sim_init(void)
+{
+    if (atomic_load_explicit(&inited, memory_order_acquire))
+        return 0;
+    pthread_mutex_lock(&state_lock);
+    int rc = 0;
+    if (!atomic_load(&inited)) {
+        const char *t = getenv("NT_SIM_TARGET");
+        nt_sim_target target = NT_SIM_TRN1;
+        if (t && (!strcmp(t, "trn2") || !strcmp(t, "v3")))
+            target = NT_SIM_TRN2;
+        config_for(target, &nt__sim.cfg);
+        const char *f = getenv("NT_SIM_FUNCTIONAL");
+        if (f && f[0] == '0')
+            atomic_store(&functional, false);
+        rc = ensure_memories();
+        if (rc == 0) {
+            const char *tr = getenv("NT_TRACE");
+            if (tr && *tr && !nt__trace_enabled() && nt__trace_open(tr) == 0)
+                trace_ours = true;
+            atomic_store_explicit(&inited, true, memory_order_release);
+        } else {
+            free_memories();
+        }
+    }
+    pthread_mutex_unlock(&state_lock);
+    return rc;
+}
+
+void nt_sim_shutdown(void)
+{
+    pthread_mutex_lock(&run_lock); /* no kernel may be open */
+    pthread_mutex_lock(&state_lock);
+    if (atomic_load(&inited)) {
+        if (trace_ours)
+            nt__trace_close();
+        trace_ours = false;
+        free_memories();
+        atomic_store(&inited, false);
+    }
+    pthread_mutex_unlock(&state_lock);
+    pthread_mutex_unlock(&run_lock);
+}
+
+int nt_sim_config_get(nt_sim_config *out)
+{
+    if (!out)
+        return NT_EINVAL;
+    int rc = nt_sim_init();
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&state_lock);
+    *out = nt__sim.cfg;
+    pthread_mutex_unlock(&state_lock);
+    return 0;
+}
+
+int nt_sim_set_target(nt_sim_target target)
+{
+    if (target != NT_SIM_TRN1 && target != NT_SIM_TRN2)
+        return NT_EINVAL;
+    int rc = nt_sim_init();
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&run_lock);
+    pthread_mutex_lock(&state_lock);
+    config_for(target, &nt__sim.cfg);
+    pthread_mutex_unlock(&state_lock);
+    pthread_mutex_unlock(&run_lock);
+    return 0;
+}
+
+void nt_sim_set_functional(bool on)
+{
+    nt_sim_init();
+    atomic_store(&functional, on);
+}
+
+bool nt_sim_get_functional(void)
+{
+    nt_sim_init();
+    return atomic_load(&functional);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Access patterns                                                          */
+/* ------------------------------------------------------------------------ */
+
+void nt__sim_canon(const nt_ap *ap, nt__sim_shape *s)
+{
+    int nd = 0;
+    for (int i = 0; i < ap->ndim && i < NT_AP_MAX_DIMS; i++) {
+        if (ap->num[i] == 1)
+            continue;
+        if (nd > 0 && s->step[nd - 1] == ap->num[i] * ap->step[i]) {
+            /* previous dim steps exactly over this one: merge */
+            s->num[nd - 1] *= ap->num[i];
+            s->step[nd - 1] = ap->step[i];
+            continue;
+        }
+        s->num[nd] = ap->num[i];
+        s->step[nd] = ap->step[i];
+        nd++;
+    }
+    if (nd == 0) {
+        s->num[0] = 1;
+        s->step[0] = 1;
+        nd = 1;
+    }
+    s->nd = nd;
+}
+
+int64_t nt__sim_free_count(const nt_ap *ap)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ap->ndim && i < NT_AP_MAX_DIMS; i++)
+        n *= ap->num[i];
+    return n;
+}
+
+void nt__sim_extent(const nt_ap *ap, int64_t *lo, int64_t *hi)
+{
+    int64_t a = 0, b = 0;
+    for (int i = 0; i < ap->ndim && i < NT_AP_MAX_DIMS; i++) {
+        int64_t d = (ap->num[i] - 1) * ap->step[i];
+        if (d > 0)
+            b += d;
+        else
+            a += d;
+    }
+    *lo = a;
+    *hi = b;
+}
+
+int64_t nt__sim_pstride(const nt_ap *ap)
+{
+    if (!ap->tile)
+        return ap->pstep * (int64_t)nt__dtype_size(ap->dtype);
+    return ap->tile->mem == NT_MEM_PSUM ? nt__sim.psum_stride : nt__sim.sbuf_stride;
+}
+
+uint8_t *nt__sim_row(const nt_ap *ap, int p)
+{
+    int64_t esz = (int64_t)nt__dtype_size(ap->dtype);
+    if (!ap->tile)
+        return (uint8_t *)ap->hbm + (ap->offset + (int64_t)p * ap->pstep) * esz;
+    const nt_tile *t = ap->tile;
+    uint8_t *base = t->mem == NT_MEM_PSUM ? nt__sim.psum : nt__sim.sbuf;
+    int64_t stride = t->mem == NT_MEM_PSUM ? nt__sim.psum_stride : nt__sim.sbuf_stride;
+    return base + (int64_t)(ap->p0 + p) * stride + t->off + ap->offset * esz;
+}
+
+nt_ap nt_tile_ap(const nt_tile *t)
+{
+    nt_ap ap;
+    memset(&ap, 0, sizeof ap);
+    ap.tile = (nt_tile *)t;
+    if (!t)
+        return ap;
+    ap.dtype = t->dt;
+    ap.np = t->parts;
+    ap.ndim = 1;
+    ap.num[0] = t->nfree;
+    ap.step[0] = 1;
+    return ap;
+}
+
+nt_ap nt_tile_slice(const nt_tile *t, int p0, int np, int64_t f0, int64_t nf)
+{
+    nt_ap ap = nt_tile_ap(t);
+    ap.p0 = p0;
+    ap.np = np;
+    ap.offset = f0;
+    ap.num[0] = nf;
+    return ap;
+}
+
+nt_ap nt_hbm_ap(const void *base, nt_dtype dt, int64_t offset, int64_t rows, int64_t row_stride,
+                int64_t cols)
+{
+    nt_ap ap;
+    memset(&ap, 0, sizeof ap);
+    ap.hbm = (void *)base;
+    ap.dtype = dt;
+    ap.np = (int32_t)rows;
+    ap.pstep = row_stride;
+    ap.offset = offset;
+    ap.ndim = 1;
+    ap.num[0] = cols;
+    ap.step[0] = 1;
+    return ap;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                   */
+/* ------------------------------------------------------------------------ */
+
+int nt__sim_fail(nt_sim_kernel *k, const char *instr, const char *fmt, ...)
+{
+    if (k->err)
+        return k->err;
+    int n = snprintf(k->msg, sizeof k->msg, "%.32s in kernel '%.63s' (instruction #%llu): ",
+                     instr, k->name, (unsigned long long)k->ninstr);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && (size_t)n < sizeof k->msg)
+        vsnprintf(k->msg + n, sizeof k->msg - (size_t)n, fmt, ap);
+    va_end(ap);
+    k->err = NT_ESIM;
+    return NT_ESIM;
+}
+
+int nt_sim_kernel_error(const nt_sim_kernel *k)
+{
+    return k ? k->err : NT_EINVAL;
+}
+
+const char *nt_sim_kernel_message(const nt_sim_kernel *k)
+{
+    return k ? k->msg : "";
+}
+
+int nt_sim_kernel_last(const nt_sim_kernel *k, nt_sim_instr_info *out)
+{
+    if (!k || !out)
+        return NT_EINVAL;
+    if (!k->has_last)
+        return NT_ESTATE;
+    *out = k->last;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tile allocator                                                           */
+/* ------------------------------------------------------------------------ */
+
+static int alloc_init(nt__sim_alloc *a, int64_t total)
+{
+    a->cap = 16;
+    a->free = malloc(sizeof *a->free * (size_t)a->cap);
+    if (!a->free)
+        return NT_ENOMEM;
+    a->n = 1;
+    a->free[0] = (nt__sim_block){0, total};
+    a->total = total;
+    a->used = a->peak = 0;
+    return 0;
+}
+
+static int64_t align_up(int64_t x, int64_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+/* Where a block of `size` bytes fits inside free block b, or -1.  PSUM tiles
+ * stay inside one bank. */
+static int64_t fit_in(const nt__sim_block *b, int64_t size, bool psum)
+{
+    int64_t s = align_up(b->off, NT__SIM_ALIGN);
+    if (psum && s / NT_SIM_PSUM_BANK_BYTES != (s + size - 1) / NT_SIM_PSUM_BANK_BYTES)
+        s = align_up(s, NT_SIM_PSUM_BANK_BYTES);
+    return s + size <= b->off + b->size ? s : -1;
+}
+
+static int64_t alloc_take(nt__sim_alloc *a, int64_t size, bool psum)
+{
+    for (int i = 0; i < a->n; i++) {
+        nt__sim_block *b = &a->free[i];
+        int64_t s = fit_in(b, size, psum);
+        if (s < 0)
+            continue;
+        int64_t end = b->off + b->size;
+        int64_t head = s - b->off, tail = end - (s + size);
+        if (head > 0 && tail > 0) {
+            if (a->n == a->cap) {
+                nt__sim_block *nb = realloc(a->free, sizeof *nb * (size_t)a->cap * 2);
+                if (!nb)
+                    return -1;
+                a->free = nb;
+                a->cap *= 2;
+                b = &a->free[i];
+            }
+            memmove(&a->free[i + 2], &a->free[i + 1], sizeof *b * (size_t)(a->n - i - 1));
+            a->free[i + 1] = (nt__sim_block){s + size, tail};
+            b->size = head;
+            a->n++;
+        } else if (head > 0) {
+            b->size = head;
+        } else if (tail > 0) {
+            b->off = s + size;
+            b->size = tail;
+        } else {
+            memmove(&a->free[i], &a->free[i + 1], sizeof *b * (size_t)(a->n - i - 1));
+            a->n--;
+        }
+        a->used += size;
+        if (a->used > a->peak)
+            a->peak = a->used;
+        return s;
+    }
+    return -1;
+}
+
+static void alloc_give(nt__sim_alloc *a, int64_t off, int64_t size)
+{
+    int i = 0;
+    while (i < a->n && a->free[i].off < off)
+        i++;
+    bool merge_prev = i > 0 && a->free[i - 1].off + a->free[i - 1].size == off;
+    bool merge_next = i < a->n && off + size == a->free[i].off;
+    if (merge_prev && merge_next) {
+        a->free[i - 1].size += size + a->free[i].size;
+        memmove(&a->free[i], &a->free[i + 1], sizeof *a->free * (size_t)(a->n - i - 1));
+        a->n--;
+    } else if (merge_prev) {
+        a->free[i - 1].size += size;
+    } else if (merge_next) {
+        a->free[i].off = off;
+        a->free[i].size += size;
+    } else {
+        if (a->n == a->cap) {
+            nt__sim_block *nb = realloc(a->free, sizeof *nb * (size_t)a->cap * 2);
+            if (!nb)
+                return; /* leak the space rather than corrupt the list */
+            a->free = nb;
+            a->cap *= 2;
+        }
+        memmove(&a->free[i + 1], &a->free[i], sizeof *a->free * (size_t)(a->n - i));
+        a->free[i] = (nt__sim_block){off, size};
+        a->n++;
+    }
+    a->used -= size;
+}
+
+static int64_t alloc_largest(const nt__sim_alloc *a, bool psum)
+{
+    int64_t best = 0;
+    for (int i = 0; i < a->n; i++) {
+        const nt__sim_block *b = &a->free[i];
+        int64_t s = align_up(b->off, NT__SIM_ALIGN), end = b->off + b->size;
+        if (!psum) {
+            if (end - s > best)
+                best = end - s;
+            continue;
+        }
+        /* the largest bank-contained piece */
+        for (int64_t bank = s / NT_SIM_PSUM_BANK_BYTES * NT_SIM_PSUM_BANK_BYTES; bank < end;
+             bank += NT_SIM_PSUM_BANK_BYTES) {
+            int64_t lo = s > bank ? s : bank;
+            int64_t hi = end < bank + NT_SIM_PSUM_BANK_BYTES ? end : bank + NT_SIM_PSUM_BANK_BYTES;
+            if (hi - lo > best)
+                best = hi - lo;
+        }
+    }
+    return best;
+}
+
+static const char *dt_name(nt_dtype dt)
+{
+    static const char *n[] = {"f32", "bf16", "f16", "i32", "u8"};
+    return (unsigned)dt < NT_DTYPE_COUNT ? n[dt] : "?";
+}
+
+nt_tile *nt_tile_alloc(nt_sim_kernel *k, const char *name, nt_mem mem, nt_dtype dt,
+                       int partitions, int64_t free_elems)
+{
+    static const char *I = "nt_tile_alloc";
+    if (!k)
+        return NULL;
+    if (k->err)
+        return NULL;
+    if (!name)
+        name = "?";
+    if (mem != NT_MEM_SBUF && mem != NT_MEM_PSUM) {
+        nt__sim_fail(k, I, "tile '%s': memory %s is not on chip (rule: tiles live in SBUF or PSUM)",
+                     name, nt_mem_name(mem));
+        return NULL;
+    }
+    if ((unsigned)dt >= NT_DTYPE_COUNT) {
+        nt__sim_fail(k, I, "tile '%s': bad dtype %d (rule: f32, bf16, f16, i32 or u8)", name,
+                     (int)dt);
+        return NULL;
+    }
+    if (partitions < 1 || partitions > NT_SIM_PARTITIONS) {
+        nt__sim_fail(k, I, "tile '%s': %d partitions (rule: 1 <= partitions <= 128)", name,
+                     partitions);
+        return NULL;
+    }
+    if (free_elems < 1) {
+        nt__sim_fail(k, I, "tile '%s': free size %lld (rule: free size >= 1)", name,
+                     (long long)free_elems);
+        return NULL;
+    }
+    int64_t bytes = free_elems * (int64_t)nt__dtype_size(dt);
+    bool psum = mem == NT_MEM_PSUM;
+    nt__sim_alloc *a = psum ? &k->psum : &k->sbuf;
+    if (psum && bytes > NT_SIM_PSUM_BANK_BYTES) {
+        nt__sim_fail(k, I,
+                     "tile '%s' [%d x %lld %s] needs %lld B per partition (rule: a PSUM tile fits "
+                     "in one 2048 B bank)",
+                     name, partitions, (long long)free_elems, dt_name(dt), (long long)bytes);
+        return NULL;
+    }
+    int64_t off = alloc_take(a, bytes, psum);
+    if (off < 0) {
+        nt__sim_fail(k, I,
+                     "tile '%s' [%d x %lld %s] needs %lld B per partition but %s has %lld B free "
+                     "in its largest block (%lld of %lld B in use) (rule: %s capacity %lld B per "
+                     "partition)",
+                     name, partitions, (long long)free_elems, dt_name(dt), (long long)bytes,
+                     nt_mem_name(mem), (long long)alloc_largest(a, psum), (long long)a->used,
+                     (long long)a->total, nt_mem_name(mem), (long long)a->total);
+        return NULL;
+    }
+    nt_tile *t = calloc(1, sizeof *t);
+    if (!t) {
+        alloc_give(a, off, bytes);
+        k->err = NT_ENOMEM;
+        snprintf(k->msg, sizeof k->msg, "%s in kernel '%s': out of host memory", I, k->name);
+        return NULL;
+    }
+    t->k = k;
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->mem = mem;
+    t->dt = dt;
+    t->parts = partitions;
+    t->nfree = free_elems;
+    t->off = off;
+    t->bytes = bytes;
+    t->live = true;
+    t->next = k->tiles;
+    k->tiles = t;
+    return t;
+}
+
+int nt_tile_release(nt_sim_kernel *k, nt_tile *t)
+{
+    if (!k || !t)
+        return NT_EINVAL;
+    if (t->k != k || !t->live)
+        return nt__sim_fail(k, "nt_tile_release",
+                            "tile '%s' is not a live tile of this kernel (rule: release a tile "
+                            "once, in its kernel)",
+                            t->name);
+    alloc_give(t->mem == NT_MEM_PSUM ? &k->psum : &k->sbuf, t->off, t->bytes);
+    t->live = false;
+    return 0;
+}
+
+int64_t nt_tile_free_bytes(const nt_sim_kernel *k, nt_mem mem)
+{
+    if (!k || (mem != NT_MEM_SBUF && mem != NT_MEM_PSUM))
+        return 0;
+    return alloc_largest(mem == NT_MEM_PSUM ? &k->psum : &k->sbuf, mem == NT_MEM_PSUM);
+}
+
+int nt__sim_free_banks(const nt_sim_kernel *k)
+{
+    int n = 0;
+    for (int i = 0; i < k->psum.n; i++) {
+        const nt__sim_block *b = &k->psum.free[i];
+        int64_t s = align_up(b->off, NT_SIM_PSUM_BANK_BYTES), e = b->off + b->size;
+        if (e > s)
+            n += (int)((e - s) / NT_SIM_PSUM_BANK_BYTES);
+    }
+    return n;
+}
+
+nt_dtype nt_tile_dtype(const nt_tile *t)
+{
+    return t ? t->dt : NT_DTYPE_COUNT;
+}
+
+int nt_tile_partitions(const nt_tile *t)
+{
+    return t ? t->parts : 0;
+}
+
+int64_t nt_tile_size(const nt_tile *t)
+{
+    return t ? t->nfree : 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Kernels                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static void trace_meta(void)
+{
+    unsigned g = nt__trace_generation();
+    if (g == trace_gen_seen)
+        return;
+    trace_gen_seen = g;
+    nt__trace_process_name(NT_TRACE_PID_SIM, "NeuronCore (simulated)", 1);
+    nt__trace_thread_name(NT_TRACE_PID_SIM, 0, "kernels", 0);
+    for (int e = 0; e < NT_ENGINE_DMA; e++)
+        nt__trace_thread_name(NT_TRACE_PID_SIM, 1 + e, engine_names[e], 1 + e);
+    for (int q = 0; q < NT_SIM_DMA_QUEUES; q++) {
+        char n[32];
+        snprintf(n, sizeof n, "DMA queue %d", q);
+        nt__trace_thread_name(NT_TRACE_PID_SIM, 16 + q, n, 16 + q);
+    }
+}
+
+nt_sim_kernel *nt_sim_kernel_begin(const char *name)
+{
+    if (nt_sim_init())
+        return NULL;
+    nt_sim_kernel *k = calloc(1, sizeof *k);
+    if (!k)
+        return NULL;
+    pthread_mutex_lock(&run_lock);
+    const nt_sim_config *c = &nt__sim.cfg;
+    if (alloc_init(&k->sbuf, c->sbuf_partition_bytes) ||
+        alloc_init(&k->psum, c->psum_partition_bytes)) {
+        pthread_mutex_unlock(&run_lock);
+        free(k->sbuf.free);
+        free(k->psum.free);
+        free(k);
+        return NULL;
+    }
+    snprintf(k->name, sizeof k->name, "%s", name ? name : "kernel");
+    k->functional = atomic_load(&functional);
+    k->t0 = k->tend = sim_clock;
+    for (int e = 0; e < NT_ENGINE_DMA; e++)
+        k->eng_free[e] = k->t0;
+    for (int q = 0; q < NT_SIM_DMA_QUEUES; q++)
+        k->q_free[q] = k->t0;
+    k->port_sbuf_vg = k->port_psum_vs = k->t0;
+    k->act_table = -1;
+    if (++ht_gen == 0)
+        ht_gen = 1;
+    ht_count = 0;
+    if (nt__trace_enabled())
+        trace_meta();
+    return k;
+}
+
+static int cmp_iv(const void *a, const void *b)
+{
+    double x = ((const double *)a)[0], y = ((const double *)b)[0];
+    return x < y ? -1 : x > y;
+}
+
+/* Time during which at least one DMA queue was active. */
+static double dma_union(nt_sim_kernel *k)
+{
+    if (!k->n_iv)
+        return 0.0;
+    qsort(k->dma_iv, k->n_iv, 2 * sizeof(double), cmp_iv);
+    double total = 0.0, s = k->dma_iv[0], e = k->dma_iv[1];
+    for (size_t i = 1; i < k->n_iv; i++) {
+        double a = k->dma_iv[2 * i], b = k->dma_iv[2 * i + 1];
+        if (a > e) {
+            total += e - s;
+            s = a;
+            e = b;
+        } else if (b > e) {
+            e = b;
+        }
+    }
+    return total + (e - s);
+}
+
+int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
+{
+    if (!k)
+        return NT_EINVAL;
+    double dur = k->tend - k->t0;
+    k->busy[NT_ENGINE_DMA] = dma_union(k);
+    if (nt__trace_enabled()) {
+        trace_meta();
+        char args[512], q[128];
+        nt__trace_json_str(q, sizeof q, k->msg);
+        snprintf(args, sizeof args,
+                 "{\"instructions\":%llu,\"flops\":%.0f,\"hbm_read\":%llu,\"hbm_write\":%llu,"
+                 "\"tensor_busy_us\":%.3f,\"mfu\":%.4f,\"error\":%s}",
+                 (unsigned long long)k->ninstr, k->flops, (unsigned long long)k->hbm_rd,
+                 (unsigned long long)k->hbm_wr, k->busy[0] / 1e3,
+                 dur > 0 ? k->ideal_ns / dur : 0.0, q);
+        nt__trace_complete(NT_TRACE_PID_SIM, 0, k->name, k->t0 / 1e3, dur / 1e3, args);
+    }
+    if (rep) {
+        memset(rep, 0, sizeof *rep);
+        snprintf(rep->name, sizeof rep->name, "%s", k->name);
+        rep->error = k->err;
+        snprintf(rep->message, sizeof rep->message, "%s", k->msg);
+        rep->start_ns = k->t0;
+        rep->end_ns = k->tend;
+        rep->duration_ns = dur;
+        memcpy(rep->busy_ns, k->busy, sizeof rep->busy_ns);
+        memcpy(rep->dma_queue_busy_ns, k->qbusy, sizeof rep->dma_queue_busy_ns);
+        rep->instructions = k->ninstr;
+        rep->flops = k->flops;
+        rep->tensor_ideal_ns = k->ideal_ns;
+        rep->hbm_read_bytes = k->hbm_rd;
+        rep->hbm_write_bytes = k->hbm_wr;
+        rep->sbuf_peak_bytes = k->sbuf.peak;
+        rep->psum_peak_bytes = k->psum.peak;
+    }
+    pthread_mutex_lock(&state_lock);
+    if (k->tend > sim_clock)
+        sim_clock = k->tend;
+    stats.kernels++;
+    stats.instructions += k->ninstr;
+    if (k->err)
+        stats.errors++;
+    stats.sim_ns += dur;
+    for (int e = 0; e < NT_ENGINE_COUNT; e++)
+        stats.busy_ns[e] += k->busy[e];
+    for (int q = 0; q < NT_SIM_DMA_QUEUES; q++)
+        stats.dma_queue_busy_ns[q] += k->qbusy[q];
+    stats.hbm_read_bytes += k->hbm_rd;
+    stats.hbm_write_bytes += k->hbm_wr;
+    stats.flops += k->flops;
+    stats.tensor_ideal_ns += k->ideal_ns;
+    stats.clock_ns = sim_clock;
+    pthread_mutex_unlock(&state_lock);
+
+    int err = k->err;
+    for (nt_tile *t = k->tiles, *n; t; t = n) {
+        n = t->next;
+        free(t);
+    }
+    free(k->sbuf.free);
+    free(k->psum.free);
+    free(k->dma_iv);
+    free(k->bucket);
+    free(k);
+    pthread_mutex_unlock(&run_lock);
+    return err;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Statistics                                                               */
+/* ------------------------------------------------------------------------ */
+
+int nt_sim_stats_get(nt_sim_stats *out)
+{
+    if (!out)
+        return NT_EINVAL;
+    int rc = nt_sim_init();
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&state_lock);
+    *out = stats;
+    out->clock_ns = sim_clock;
+    out->hbm_bytes_per_ns = nt__sim.cfg.hbm_bytes_per_ns;
+    if (out->sim_ns > 0) {
+        for (int e = 0; e < NT_ENGINE_COUNT; e++)
+            out->utilization[e] = out->busy_ns[e] / out->sim_ns;
+        out->hbm_bw_utilization = (double)(out->hbm_read_bytes + out->hbm_write_bytes) /
+                                  (out->sim_ns * out->hbm_bytes_per_ns);
+        out->mfu = out->tensor_ideal_ns / out->sim_ns;
+    }
+    pthread_mutex_unlock(&state_lock);
+    return 0;
+}
+
+void nt_sim_stats_reset(void)
+{
+    nt_sim_init();
+    pthread_mutex_lock(&state_lock);
+    memset(&stats, 0, sizeof stats);
+    pthread_mutex_unlock(&state_lock);
+}
+
+/* ------------------------------------------------------------------------ */
+/* HBM page table                                                           */
+/* ------------------------------------------------------------------------ */
+
+static size_t ht_hash(uintptr_t key)
+{
+    return (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 20);
+}
+
+static void ht_grow(void)
+{
+    size_t ncap = ht_cap * 2;
+    hpage *nt = calloc(ncap, sizeof *nt);
+    if (!nt)
+        return;
+    for (size_t i = 0; i < ht_cap; i++) {
+        if (ht[i].gen != ht_gen)
+            continue;
+        size_t j = ht_hash(ht[i].key) & (ncap - 1);
+        while (nt[j].gen == ht_gen)
+            j = (j + 1) & (ncap - 1);
+        nt[j] = ht[i];
+    }
+    free(ht);
+    ht = nt;
+    ht_cap = ncap;
+}
+
+/* The page's entry, created empty (times 0) if absent. */
+static hpage *ht_get(uintptr_t key)
+{
+    if (ht_count * 2 >= ht_cap)
+        ht_grow();
+    size_t j = ht_hash(key) & (ht_cap - 1);
+    while (ht[j].gen == ht_gen) {
+        if (ht[j].key == key)
+            return &ht[j];
+        j = (j + 1) & (ht_cap - 1);
+    }
+    ht[j].key = key;
+    ht[j].gen = ht_gen;
+    ht[j].wend = ht[j].rend = 0.0;
+    ht_count++;
+    return &ht[j];
+}
+
+/* Visits the HBM pages of every row of ap: mode 0 = collect the time a read
+ * (write=false) or write must wait for, mode 1 = record the access ending at
+ * `end`. */
+static double hbm_pages(const nt_ap *ap, bool write, int mode, double end)
+{
+    int64_t esz = (int64_t)nt__dtype_size(ap->dtype);
+    int64_t lo, hi;
+    nt__sim_extent(ap, &lo, &hi);
+    uintptr_t base = (uintptr_t)ap->hbm;
+    int64_t F = nt__sim_free_count(ap);
+    nt__sim_shape s;
+    nt__sim_canon(ap, &s);
+    bool dense = s.nd == 1 && s.step[0] == 1;
+    int rows = ap->np;
+    int64_t row_bytes = (hi - lo + 1) * esz;
+    /* rows that tile one contiguous range are visited as one */
+    if (dense && ap->pstep == F) {
+        row_bytes *= rows;
+        rows = 1;
+    }
+    double t = 0.0;
+    uintptr_t last_page = (uintptr_t)-1;
+    for (int p = 0; p < rows; p++) {
+        uintptr_t a = base + (uintptr_t)((ap->offset + (int64_t)p * ap->pstep + lo) * esz);
+        uintptr_t first = a >> HBM_PAGE_SHIFT, last = (a + (uintptr_t)row_bytes - 1) >> HBM_PAGE_SHIFT;
+        for (uintptr_t pg = first; pg <= last; pg++) {
+            if (pg == last_page)
+                continue; /* adjacent rows on one page: visited already */
+            hpage *e = ht_get(pg);
+            if (mode == 0) {
+                if (e->wend > t)
+                    t = e->wend;
+                if (write && e->rend > t)
+                    t = e->rend;
+            } else if (write) {
+                e->wend = end;
+            } else if (end > e->rend) {
+                e->rend = end;
+            }
+        }
+        last_page = last;
+    }
+    return t;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Scheduling                                                               */
+/* ------------------------------------------------------------------------ */
+
+int nt__sim_auto_queue(nt_sim_kernel *k)
+{
+    int q = k->rr_queue;
+    k->rr_queue = (q + 1) % NT_SIM_DMA_QUEUES;
+    return q;
+}
+
+static dep_tab *dep_of(const nt_ap *ap)
+{
+    return ap->tile->mem == NT_MEM_PSUM ? dep_psum : dep_sbuf;
+}
+
+static void chunk_range(const nt_ap *ap, int *c0, int *c1)
+{
+    int64_t lo, hi, esz = (int64_t)nt__dtype_size(ap->dtype);
+    nt__sim_extent(ap, &lo, &hi);
+    int64_t blo = ap->tile->off + (ap->offset + lo) * esz;
+    int64_t bhi = ap->tile->off + (ap->offset + hi + 1) * esz; /* exclusive */
+    *c0 = (int)(blo / NT__SIM_CHUNK);
+    *c1 = (int)((bhi + NT__SIM_CHUNK - 1) / NT__SIM_CHUNK);
+}
+
+/* Books `bytes` on the shared DMA engines from time t at most `rate` B/ns;
+ * returns when the last byte moves.  Buckets keep what each 256 ns slice of
+ * the kernel has booked, so a transfer issued later in program order can use
+ * bandwidth left idle earlier (a fluid model of 16 engines). */
+static double dma_book(nt_sim_kernel *k, double t, double bytes, double rate)
+{
+    const nt_sim_config *c = &nt__sim.cfg;
+    const double W = NT__SIM_DMA_BUCKET_NS;
+    double pool = c->dma_engines * c->dma_engine_bytes_per_ns * W;
+    if (bytes <= 0)
+        return t;
+    size_t b = t > k->t0 ? (size_t)((t - k->t0) / W) : 0;
+    while (k->t0 + (double)(b + 1) * W <= t) /* rounding at a bucket edge */
+        b++;
+    for (double cur = t;; b++) {
+        if (b >= k->nbucket) {
+            size_t n = k->nbucket ? k->nbucket : 1024;
+            while (n <= b)
+                n *= 2;
+            double *nb = realloc(k->bucket, n * sizeof *nb);
+            if (!nb)
+                return cur + bytes / rate; /* no booking: unshared */
+            memset(nb + k->nbucket, 0, (n - k->nbucket) * sizeof *nb);
+            k->bucket = nb;
+            k->nbucket = n;
+        }
+        double bstart = k->t0 + (double)b * W, bend = bstart + W;
+        double s = cur > bstart ? cur : bstart;
+        double span = bend - s;
+        if (span <= 0)
+            continue;
+        double can = rate * span, left = pool - k->bucket[b];
+        if (can > left)
+            can = left;
+        if (can <= 0)
+            continue;
+        if (can >= bytes) {
+            k->bucket[b] += bytes;
+            return s + bytes / (can / span);
+        }
+        k->bucket[b] += can;
+        bytes -= can;
+        cur = bend;
+    }
+}
+
+static void trace_instr(nt_sim_kernel *k, const nt__sim_instr *in, int tid, double start,
+                        double end)
+{
+    char args[1400];
+    size_t o = 0;
+    char q[96];
+    nt__trace_json_str(q, sizeof q, k->name);
+    o += (size_t)snprintf(args + o, sizeof args - o, "{\"kernel\":%s,\"index\":%llu", q,
+                          (unsigned long long)k->ninstr);
+    for (int i = 0; i < in->nacc && o < sizeof args - 200; i++) {
+        const nt_ap *ap = in->acc[i].ap;
+        char shape[96];
+        size_t so = 0;
+        so += (size_t)snprintf(shape + so, sizeof shape - so, "[%d", ap->np);
+        for (int d = 0; d < ap->ndim && d < NT_AP_MAX_DIMS; d++)
+            so += (size_t)snprintf(shape + so, sizeof shape - so, "x%lld", (long long)ap->num[d]);
+        snprintf(shape + so, sizeof shape - so, "]");
+        if (ap->tile) {
+            char tn[64];
+            nt__trace_json_str(tn, sizeof tn, ap->tile->name);
+            /* strip the quotes of the escaped name inside our own string */
+            tn[strlen(tn) - 1] = '\0';
+            o += (size_t)snprintf(args + o, sizeof args - o, ",\"%s\":\"%s %s[p%d] %s %s\"",
+                                  in->acc[i].role, nt_mem_name(ap->tile->mem), tn + 1, ap->p0,
+                                  shape, dt_name(ap->dtype));
+        } else {
+            o += (size_t)snprintf(args + o, sizeof args - o, ",\"%s\":\"HBM %s %s\"",
+                                  in->acc[i].role, shape, dt_name(ap->dtype));
+        }
+    }
+    if (in->engine == NT_ENGINE_DMA)
+        o += (size_t)snprintf(args + o, sizeof args - o, ",\"bytes\":%.0f,\"queue\":%d",
+                              in->dma_bytes, in->queue);
+    else
+        o += (size_t)snprintf(args + o, sizeof args - o, ",\"cycles\":%.0f", in->cycles);
+    if (in->flops > 0)
+        o += (size_t)snprintf(args + o, sizeof args - o, ",\"flops\":%.0f", in->flops);
+    snprintf(args + o, sizeof args - o, "}");
+    nt__trace_complete(NT_TRACE_PID_SIM, tid, in->name, start / 1e3, (end - start) / 1e3, args);
+}
+
+void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in)
+{
+    const nt_sim_config *c = &nt__sim.cfg;
+    int me = in->engine;
+    double ready = k->t0;
+    bool sbuf = false, psum = false;
+
+    /* when may it start: after what it reads was written (RAW), what it
+     * writes was read (WAR) and written (WAW) */
+    for (int i = 0; i < in->nacc; i++) {
+        const nt__sim_acc *a = &in->acc[i];
+        const nt_ap *ap = a->ap;
+        if (!ap->tile) {
+            double t = hbm_pages(ap, a->write, 0, 0.0);
+            if (t > ready)
+                ready = t;
+            continue;
+        }
+        if (ap->tile->mem == NT_MEM_PSUM)
+            psum = true;
+        else
+            sbuf = true;
+        dep_tab *d = dep_of(ap);
+        int c0, c1;
+        chunk_range(ap, &c0, &c1);
+        for (int j = c0; j < c1; j++) {
+            if (d->gen[j] != ht_gen)
+                continue;
+            if (!a->write) {
+                if (d->avail[j] > ready)
+                    ready = d->avail[j];
+                continue;
+            }
+            /* WAW orders after the last write; an accumulating matmul also
+             * reads it, without the access latency when the previous
+             * accumulation is TensorE's own (it stays in the pipeline) */
+            double w = d->wend[j];
+            if (a->accum && d->weng[j] != me)
+                w = d->avail[j];
+            if (w > ready)
+                ready = w;
+            if (d->rend[j] > ready)
+                ready = d->rend[j];
+        }
+    }
+
+    double start, end, lat = 0.0;
+    if (me < NT_ENGINE_DMA) {
+        double ghz = c->clock_ghz[me];
+        start = ready > k->eng_free[me] ? ready : k->eng_free[me];
+        bool use_sbuf_port = c->vector_gpsimd_share_sbuf && sbuf &&
+                             (me == NT_ENGINE_VECTOR || me == NT_ENGINE_GPSIMD);
+        bool use_psum_port = c->vector_scalar_share_psum && psum &&
+                             (me == NT_ENGINE_VECTOR || me == NT_ENGINE_SCALAR);
+        if (use_sbuf_port && k->port_sbuf_vg > start)
+            start = k->port_sbuf_vg;
+        if (use_psum_port && k->port_psum_vs > start)
+            start = k->port_psum_vs;
+        double cyc = in->cycles < c->min_instr_cycles ? c->min_instr_cycles : in->cycles;
+        in->cycles = cyc;
+        double dur = cyc / ghz;
+        /* a function from another table makes ScalarE load that table first */
+        if (me == NT_ENGINE_SCALAR && in->act_table >= 0 && in->act_table != k->act_table) {
+            dur += c->act_table_switch_ns;
+            k->act_table = in->act_table;
+        }
+        end = start + dur;
+        k->eng_free[me] = end;
+        if (use_sbuf_port)
+            k->port_sbuf_vg = end;
+        if (use_psum_port)
+            k->port_psum_vs = end;
+        k->busy[me] += dur;
+        lat = c->access_latency_cycles / ghz;
+    } else {
+        int q = in->queue;
+        start = ready > k->q_free[q] ? ready : k->q_free[q];
+        int eng = (in->dma_parts + 7) / 8;
+        if (eng > c->dma_engines)
+            eng = c->dma_engines;
+        if (eng < 1)
+            eng = 1;
+        end = dma_book(k, start + c->dma_fixed_ns, in->dma_cost_bytes,
+                       eng * c->dma_engine_bytes_per_ns);
+        k->q_free[q] = end;
+        k->qbusy[q] += end - start;
+        if (k->n_iv == k->cap_iv) {
+            size_t n = k->cap_iv ? k->cap_iv * 2 : 256;
+            double *iv = realloc(k->dma_iv, n * 2 * sizeof *iv);
+            if (iv) {
+                k->dma_iv = iv;
+                k->cap_iv = n;
+            }
+        }
+        if (k->n_iv < k->cap_iv) {
+            k->dma_iv[2 * k->n_iv] = start;
+            k->dma_iv[2 * k->n_iv + 1] = end;
+            k->n_iv++;
+        }
+    }
+
+    for (int i = 0; i < in->nacc; i++) {
+        const nt__sim_acc *a = &in->acc[i];
+        const nt_ap *ap = a->ap;
+        if (!ap->tile) {
+            hbm_pages(ap, a->write, 1, end);
+            continue;
+        }
+        dep_tab *d = dep_of(ap);
+        int c0, c1;
+        chunk_range(ap, &c0, &c1);
+        for (int j = c0; j < c1; j++) {
+            if (d->gen[j] != ht_gen) {
+                d->gen[j] = ht_gen;
+                d->wend[j] = d->avail[j] = d->rend[j] = k->t0;
+                d->weng[j] = NT_ENGINE_DMA;
+            }
+            if (a->write) {
+                d->wend[j] = end;
+                d->avail[j] = end + lat;
+                d->weng[j] = (uint8_t)me;
+            }
+            if ((!a->write || a->accum) && end > d->rend[j])
+                d->rend[j] = end;
+        }
+    }
+
+    if (end > k->tend)
+        k->tend = end;
+    k->flops += in->flops;
+    k->ideal_ns += in->ideal_ns;
+    k->hbm_rd += in->hbm_rd;
+    k->hbm_wr += in->hbm_wr;
+    k->last = (nt_sim_instr_info){in->name, (nt_engine)me,
+                                  me == NT_ENGINE_DMA ? in->queue : -1,
+                                  me == NT_ENGINE_DMA ? 0.0 : in->cycles, start, end};
+    k->has_last = true;
+    if (nt__trace_enabled())
+        trace_instr(k, in, me == NT_ENGINE_DMA ? 16 + in->queue : 1 + me, start, end);
+    k->ninstr++;
+}

@@ -1,0 +1,148 @@
+/* sim/sim.h - internals shared by the simulator's files (not public).
+ *
+ *   core.c      the core: configuration, memories, kernels, the tile
+ *               allocator, dependency tracking, the timelines, statistics,
+ *               trace events
+ *   isa.c       the instructions: rule checks, cost, functional step
+ *   tp_matmul.c the matmul tile program
+ *   trace.c     the JSON trace writer
+ */
+#ifndef NT_SIM_SIM_H
+#define NT_SIM_SIM_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dtype.h"
+#include "isa.h"
+
+#define NT__SIM_SBUF_MAX_BYTES (224 * 1024) /* largest target (trn2) */
+#define NT__SIM_PSUM_BYTES (16 * 1024)
+/* Partitions are laid out with a cache line of padding so that a column of
+ * a tile (one element per partition) does not map to one cache set. */
+#define NT__SIM_PART_PAD 64
+/* Dependencies are tracked per 64-byte chunk of a partition's address range
+ * (the same chunk in every partition). */
+#define NT__SIM_CHUNK 64
+#define NT__SIM_SBUF_CHUNKS (NT__SIM_SBUF_MAX_BYTES / NT__SIM_CHUNK)
+#define NT__SIM_PSUM_CHUNKS (NT__SIM_PSUM_BYTES / NT__SIM_CHUNK)
+#define NT__SIM_ALIGN 64 /* tile start alignment in a partition */
+/* The DMA engines' shared bandwidth is booked in buckets of this many ns. */
+#define NT__SIM_DMA_BUCKET_NS 256.0
+#define NT__SIM_MAX_ACC 6
+
+typedef struct nt__sim_block {
+    int64_t off, size;
+} nt__sim_block;
+
+/* First-fit allocator over one partition's byte range (per kernel). */
+typedef struct nt__sim_alloc {
+    nt__sim_block *free; /* sorted by offset, coalesced */
+    int n, cap;
+    int64_t total, used, peak;
+} nt__sim_alloc;
+
+struct nt_tile {
+    nt_sim_kernel *k;
+    char name[48];
+    nt_mem mem;
+    nt_dtype dt;
+    int parts;
+    int64_t nfree;   /* elements per partition */
+    int64_t off;     /* byte offset inside every partition */
+    int64_t bytes;   /* bytes per partition */
+    bool live;
+    struct nt_tile *next;
+};
+
+/* One operand of an instruction, for dependencies and the trace. */
+typedef struct nt__sim_acc {
+    const char *role;  /* "dst", "src", "stationary", ... */
+    const nt_ap *ap;
+    bool write;
+    bool accum;        /* nc_matmul accumulate: read-modify-write in PSUM */
+} nt__sim_acc;
+
+/* What isa.c hands to the scheduler for one instruction. */
+typedef struct nt__sim_instr {
+    const char *name;
+    int engine;        /* NT_ENGINE_TENSOR .. NT_ENGINE_DMA */
+    int queue;         /* DMA queue (resolved) */
+    double cycles;     /* compute engines: cost in engine cycles */
+    double dma_bytes;  /* bytes moved */
+    double dma_cost_bytes; /* bytes after the descriptor minimum */
+    int dma_parts;     /* partitions (rows) of the transfer */
+    int nacc;
+    nt__sim_acc acc[NT__SIM_MAX_ACC];
+    double flops, ideal_ns;
+    uint64_t hbm_rd, hbm_wr;
+    int act_table;     /* ScalarE function table, -1 if none */
+} nt__sim_instr;
+
+struct nt_sim_kernel {
+    char name[64];
+    int err;
+    char msg[320];
+    uint64_t ninstr;
+    bool functional;
+    double t0, tend;
+    double eng_free[NT_ENGINE_DMA];
+    double q_free[NT_SIM_DMA_QUEUES];
+    int rr_queue;
+    double port_sbuf_vg, port_psum_vs;
+    int act_table;
+    nt__sim_alloc sbuf, psum;
+    nt_tile *tiles;
+    double busy[NT_ENGINE_COUNT];
+    double qbusy[NT_SIM_DMA_QUEUES];
+    double flops, ideal_ns;
+    uint64_t hbm_rd, hbm_wr;
+    double *dma_iv;    /* (start, end) pairs of DMA activity */
+    size_t n_iv, cap_iv;
+    double *bucket;    /* bytes booked on the DMA engines per bucket */
+    size_t nbucket;
+    nt_sim_instr_info last;
+    bool has_last;
+};
+
+/* The one simulated core. */
+typedef struct nt__sim_core {
+    nt_sim_config cfg;
+    uint8_t *sbuf, *psum; /* 64-byte aligned views of the raw buffers */
+    void *sbuf_raw, *psum_raw;
+    int64_t sbuf_stride, psum_stride; /* bytes between partitions */
+    float *scratch[4];    /* per-kernel work rows (kernels are serialised) */
+    size_t scratch_elems;
+} nt__sim_core;
+
+extern nt__sim_core nt__sim;
+
+/* Records k's first error (NT_ESIM): "<instr> in kernel '<k>': <what>" and
+ * returns NT_ESIM.  Later calls keep the first message. */
+int nt__sim_fail(nt_sim_kernel *k, const char *instr, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Schedules one checked instruction: dependencies, engine/queue timeline,
+ * statistics, trace.  Call before the functional step. */
+void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in);
+/* Whole PSUM banks still free in k. */
+int nt__sim_free_banks(const nt_sim_kernel *k);
+/* Round-robin DMA queue of k. */
+int nt__sim_auto_queue(nt_sim_kernel *k);
+
+/* Host address of partition p's first element of ap (HBM or on chip). */
+uint8_t *nt__sim_row(const nt_ap *ap, int p);
+/* Bytes between consecutive partitions of ap's memory. */
+int64_t nt__sim_pstride(const nt_ap *ap);
+
+/* Access-pattern shape with size-1 dims dropped and contiguous dims merged. */
+typedef struct nt__sim_shape {
+    int nd;
+    int64_t num[NT_AP_MAX_DIMS], step[NT_AP_MAX_DIMS];
+} nt__sim_shape;
+void nt__sim_canon(const nt_ap *ap, nt__sim_shape *s);
+int64_t nt__sim_free_count(const nt_ap *ap);
+/* Min and max element offsets (relative to ap->offset) over the free dims. */
+void nt__sim_extent(const nt_ap *ap, int64_t *lo, int64_t *hi);
+
+#endif

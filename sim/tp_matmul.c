@@ -1,0 +1,329 @@
+/* sim/tp_matmul.c - the matmul tile program: C[M, N] = A[M, K] . B[K, N].
+ *
+ * Layout on the core (TensorE computes dst[m, n] = stat[k, m]^T . mov[k, n]):
+ *
+ *   panel  SBUF [128 k, BM*128 m] per K-tile: A^T for a block of BM M-tiles,
+ *          loaded once per block and reused by every N-chunk ("stationary
+ *          reuse"); if it cannot stay resident it is streamed per chunk
+ *   bring  SBUF [128 k, 512 n] x NB: the moving B tiles, a ring on 8 queues
+ *   acc    PSUM [128 m, 512 n] f32 x BM: one bank per M-tile, accumulated
+ *          over K-tiles of 128 in ascending order (DESIGN §3.4)
+ *   oring  SBUF [128 m, 512 n] in C's dtype: PSUM rounded once, then stored
+ *
+ * A given as A^T (a_trans) is loaded straight into the panel.  A given
+ * row-major is loaded as [128 m, 512 k] strips, transposed on TensorE
+ * (nc_transpose into a PSUM bank) and copied into the panel by VectorE, one
+ * K-tile ahead of the matmuls that need it.
+ *
+ * Loop nest (per M-block of BM tiles):
+ *   for n-chunk (512):
+ *     for k-tile (128, ascending):
+ *       [first chunk or streaming] panel[k] <- A^T[k, block]
+ *       bring[s] <- B[k, chunk]                      (DMA queues 0-7)
+ *       for bm < BM: acc[bm] (+)= panel[k][:, bm]^T . bring[s]   (TensorE)
+ *     for bm < BM: oring <- acc[bm] (ScalarE, rounds); C <- oring (queues 12-15)
+ * The engines run these in parallel as far as the data allows: loads run
+ * ahead by up to NB tiles, evacuation of one chunk overlaps the next. */
+#include <string.h>
+
+#include "sim.h"
+
+enum {
+    TM = 128, /* M rows per tile (stationary free size) */
+    TK = 128, /* K per matmul (partitions) */
+    TN = 512, /* N per matmul (moving free size, one PSUM bank of f32) */
+    NB = 8,   /* B ring slots */
+    STRIP_KT = 4, /* K-tiles per row-major A strip */
+    Q_B0 = 0, Q_BN = 8,  /* B loads: queues 0-7 */
+    Q_A0 = 8, Q_AN = 4,  /* A loads: queues 8-11 */
+    Q_C0 = 12, Q_CN = 4, /* C stores: queues 12-15 */
+};
+
+typedef struct mm {
+    nt_sim_kernel *k;
+    const nt_tile_matmul_args *a;
+    int64_t esz, csz;
+    int64_t nm, nk, nn;
+    int BM;            /* M-tiles per block */
+    bool resident;     /* panel holds every K-tile of the block */
+    int NP;            /* panel slots */
+    int NO;            /* output ring slots */
+    nt_tile *panel, *bring, *oring, *acc[NT_SIM_PSUM_BANKS];
+    nt_tile *strip[2]; /* row-major A: [128 m, BM * STRIP_KT*128 k] x 2 */
+    nt_tile *tpsum;    /* row-major A: transpose slots, one bank */
+    int tslots, tnext;
+    int qb, qa, qc;
+    int64_t bnext, onext;
+} mm;
+
+static int64_t min64(int64_t a, int64_t b)
+{
+    return a < b ? a : b;
+}
+
+static int next_q(int *q, int base, int n)
+{
+    int r = base + *q;
+    *q = (*q + 1) % n;
+    return r;
+}
+
+/* bytes per partition the program needs for a block of BM tiles */
+static int64_t need_bytes(const mm *p, int BM, int NP)
+{
+    int64_t align = NT__SIM_ALIGN * 8;
+    int64_t b = NB * TN * p->esz + (int64_t)(BM + 2) * TN * p->csz +
+                (int64_t)NP * BM * TM * p->esz + align;
+    if (!p->a->a_trans)
+        b += 2 * (int64_t)BM * STRIP_KT * TK * p->esz;
+    return b;
+}
+
+static nt_ap sl(nt_tile *t, int np, int64_t f0, int64_t nf)
+{
+    return nt_tile_slice(t, 0, np, f0, nf);
+}
+
+/* panel slot of K-tile kt */
+static int64_t slot_off(const mm *p, int64_t kt)
+{
+    return (p->resident ? kt : kt % p->NP) * (int64_t)p->BM * TM;
+}
+
+/* Fills the panel slot of K-tile kt for M-block mb (rows m0.., mt tiles). */
+static int load_panel(mm *p, int64_t kt, int64_t m0, int mt)
+{
+    const nt_tile_matmul_args *a = p->a;
+    int64_t k0 = kt * TK, kw = min64(TK, a->K - k0);
+    int64_t mtot = min64((int64_t)mt * TM, a->M - m0);
+    int64_t so = slot_off(p, kt);
+    if (a->a_trans) {
+        /* A^T[k0:k0+kw, m0:m0+mtot] -> panel[0:kw, slot] in one DMA */
+        nt_ap src = nt_hbm_ap(a->a, a->in_dtype, k0 * a->lda + m0, kw, a->lda, mtot);
+        nt_ap dst = sl(p->panel, (int)kw, so, mtot);
+        return nt_isa_dma_copy(p->k, &dst, &src, next_q(&p->qa, Q_A0, Q_AN));
+    }
+    /* row-major A: a strip holds STRIP_KT K-tiles of every M-tile of the block */
+    int64_t strip = kt / STRIP_KT, sk0 = strip * STRIP_KT * TK;
+    int64_t skw = min64((int64_t)STRIP_KT * TK, a->K - sk0);
+    nt_tile *st = p->strip[strip % 2];
+    int64_t scols = (int64_t)STRIP_KT * TK;
+    if (kt % STRIP_KT == 0) {
+        for (int bm = 0; bm < mt; bm++) {
+            int64_t r0 = m0 + (int64_t)bm * TM, mw = min64(TM, a->M - r0);
+            nt_ap src = nt_hbm_ap(a->a, a->in_dtype, r0 * a->lda + sk0, mw, a->lda, skw);
+            nt_ap dst = sl(st, (int)mw, bm * scols, skw);
+            int rc = nt_isa_dma_copy(p->k, &dst, &src, next_q(&p->qa, Q_A0, Q_AN));
+            if (rc)
+                return rc;
+        }
+    }
+    for (int bm = 0; bm < mt; bm++) {
+        int64_t r0 = m0 + (int64_t)bm * TM, mw = min64(TM, a->M - r0);
+        int slot = p->tnext;
+        p->tnext = (p->tnext + 1) % p->tslots;
+        /* [mw, kw] strip piece -> [kw, mw] in PSUM -> panel */
+        nt_ap src = sl(st, (int)mw, bm * scols + (k0 - sk0), kw);
+        nt_ap tp = sl(p->tpsum, (int)kw, (int64_t)slot * TM, mw);
+        int rc = nt_isa_nc_transpose(p->k, &tp, &src);
+        if (rc)
+            return rc;
+        nt_ap dst = sl(p->panel, (int)kw, so + (int64_t)bm * TM, mw);
+        rc = nt_isa_tensor_copy(p->k, &dst, &tp, NT_ENGINE_VECTOR);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int zero_fill(mm *p)
+{
+    /* K == 0: C is all zeros */
+    const nt_tile_matmul_args *a = p->a;
+    for (int64_t mt = 0; mt < p->nm; mt++)
+        for (int64_t nt = 0; nt < p->nn; nt++) {
+            int64_t m0 = mt * TM, n0 = nt * TN;
+            int64_t mw = min64(TM, a->M - m0), nw = min64(TN, a->N - n0);
+            nt_tile *o = p->oring;
+            int64_t oo = (p->onext++ % p->NO) * TN;
+            nt_ap d = sl(o, (int)mw, oo, nw);
+            int rc = nt_isa_memset(p->k, &d, 0.0, NT_ENGINE_VECTOR);
+            if (rc)
+                return rc;
+            nt_ap c = nt_hbm_ap(a->c, a->out_dtype, m0 * a->ldc + n0, mw, a->ldc, nw);
+            rc = nt_isa_dma_copy(p->k, &c, &d, next_q(&p->qc, Q_C0, Q_CN));
+            if (rc)
+                return rc;
+        }
+    return 0;
+}
+
+static int run(mm *p)
+{
+    const nt_tile_matmul_args *a = p->a;
+    if (a->K == 0)
+        return zero_fill(p);
+    for (int64_t mb = 0; mb * p->BM < p->nm; mb++) {
+        int64_t m0 = mb * p->BM * TM;
+        int mt = (int)min64(p->BM, p->nm - mb * p->BM);
+        for (int64_t nc = 0; nc < p->nn; nc++) {
+            int64_t n0 = nc * TN, nw = min64(TN, a->N - n0);
+            bool load = !p->resident || nc == 0;
+            /* row-major A: prepare one K-tile ahead so the VectorE copies
+             * of K-tile k+1 overlap the matmuls of K-tile k */
+            if (load && !a->a_trans) {
+                int rc = load_panel(p, 0, m0, mt);
+                if (rc)
+                    return rc;
+            }
+            for (int64_t kt = 0; kt < p->nk; kt++) {
+                int64_t k0 = kt * TK, kw = min64(TK, a->K - k0);
+                int rc;
+                if (load) {
+                    if (a->a_trans)
+                        rc = load_panel(p, kt, m0, mt);
+                    else
+                        rc = kt + 1 < p->nk ? load_panel(p, kt + 1, m0, mt) : 0;
+                    if (rc)
+                        return rc;
+                }
+                int64_t bo = (p->bnext++ % NB) * TN;
+                nt_ap bsrc = nt_hbm_ap(a->b, a->in_dtype, k0 * a->ldb + n0, kw, a->ldb, nw);
+                nt_ap bdst = sl(p->bring, (int)kw, bo, nw);
+                rc = nt_isa_dma_copy(p->k, &bdst, &bsrc, next_q(&p->qb, Q_B0, Q_BN));
+                if (rc)
+                    return rc;
+                int64_t so = slot_off(p, kt);
+                for (int bm = 0; bm < mt; bm++) {
+                    int64_t mw = min64(TM, a->M - (m0 + (int64_t)bm * TM));
+                    nt_ap dst = sl(p->acc[bm], (int)mw, 0, nw);
+                    nt_ap st = sl(p->panel, (int)kw, so + (int64_t)bm * TM, mw);
+                    rc = nt_isa_nc_matmul(p->k, &dst, &st, &bdst, kt > 0);
+                    if (rc)
+                        return rc;
+                }
+            }
+            for (int bm = 0; bm < mt; bm++) {
+                int64_t r0 = m0 + (int64_t)bm * TM, mw = min64(TM, a->M - r0);
+                int64_t oo = (p->onext++ % p->NO) * TN;
+                nt_ap src = sl(p->acc[bm], (int)mw, 0, nw);
+                nt_ap o = sl(p->oring, (int)mw, oo, nw);
+                /* ScalarE evacuates PSUM (faster clock than VectorE) */
+                int rc = nt_isa_tensor_copy(p->k, &o, &src, NT_ENGINE_SCALAR);
+                if (rc)
+                    return rc;
+                nt_ap c = nt_hbm_ap(a->c, a->out_dtype, r0 * a->ldc + n0, mw, a->ldc, nw);
+                rc = nt_isa_dma_copy(p->k, &c, &o, next_q(&p->qc, Q_C0, Q_CN));
+                if (rc)
+                    return rc;
+            }
+        }
+    }
+    return 0;
+}
+
+int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
+{
+    static const char *I = "nt_tile_matmul";
+    if (!k)
+        return NT_EINVAL;
+    if (k->err)
+        return k->err;
+    if (!a)
+        return nt__sim_fail(k, I, "args is NULL");
+    if (a->M < 0 || a->N < 0 || a->K < 0)
+        return nt__sim_fail(k, I, "shape M=%lld N=%lld K=%lld (rule: sizes >= 0)",
+                            (long long)a->M, (long long)a->N, (long long)a->K);
+    if (!nt__dtype_is_float(a->in_dtype) || !nt__dtype_is_float(a->out_dtype))
+        return nt__sim_fail(k, I, "dtypes in=%d out=%d (rule: f32, bf16 or f16)",
+                            (int)a->in_dtype, (int)a->out_dtype);
+    if (a->M == 0 || a->N == 0)
+        return 0;
+    if (!a->c || (a->K > 0 && (!a->a || !a->b)))
+        return nt__sim_fail(k, I, "NULL matrix pointer");
+    if (a->ldc < a->N || (a->K > 0 && (a->ldb < a->N || a->lda < (a->a_trans ? a->M : a->K))))
+        return nt__sim_fail(k, I,
+                            "row strides lda=%lld ldb=%lld ldc=%lld too small for M=%lld "
+                            "N=%lld K=%lld",
+                            (long long)a->lda, (long long)a->ldb, (long long)a->ldc,
+                            (long long)a->M, (long long)a->N, (long long)a->K);
+
+    mm p;
+    memset(&p, 0, sizeof p);
+    p.k = k;
+    p.a = a;
+    p.esz = (int64_t)nt__dtype_size(a->in_dtype);
+    p.csz = (int64_t)nt__dtype_size(a->out_dtype);
+    p.nm = (a->M + TM - 1) / TM;
+    p.nk = (a->K + TK - 1) / TK;
+    p.nn = (a->N + TN - 1) / TN;
+
+    /* PSUM: one bank per M-tile of a block, plus one for transposes */
+    int banks = nt__sim_free_banks(k) - (a->a_trans ? 0 : 1);
+    int bm_max = (int)min64(banks, p.nm);
+    if (bm_max > NT_SIM_PSUM_BANKS)
+        bm_max = NT_SIM_PSUM_BANKS;
+    if (bm_max < 1)
+        return nt__sim_fail(k, I, "needs %d free PSUM banks, %d left in the kernel",
+                            a->a_trans ? 1 : 2, nt__sim_free_banks(k));
+
+    /* SBUF: the largest block whose whole A panel stays resident, else the
+     * largest block that streams the panel through a few slots */
+    int64_t avail = nt_tile_free_bytes(k, NT_MEM_SBUF);
+    p.BM = 0;
+    for (int bm = bm_max; bm >= 1; bm--)
+        if (need_bytes(&p, bm, (int)p.nk) <= avail) {
+            p.BM = bm;
+            p.resident = true;
+            p.NP = (int)p.nk;
+            break;
+        }
+    if (!p.BM) {
+        int np = (int)min64(p.nk, 4);
+        for (int bm = bm_max; bm >= 1; bm--)
+            if (need_bytes(&p, bm, np) <= avail) {
+                p.BM = bm;
+                p.NP = np;
+                break;
+            }
+    }
+    if (!p.BM)
+        return nt__sim_fail(k, I, "needs %lld B per partition of SBUF, %lld B free in the kernel",
+                            (long long)need_bytes(&p, 1, 1), (long long)avail);
+    p.NO = p.BM + 2;
+    if (a->K == 0)
+        p.NO = 2;
+
+    int rc = 0;
+    p.oring = nt_tile_alloc(k, "mm.out", NT_MEM_SBUF, a->out_dtype, TM, (int64_t)p.NO * TN);
+    if (a->K > 0) {
+        p.bring = nt_tile_alloc(k, "mm.B", NT_MEM_SBUF, a->in_dtype, TK, (int64_t)NB * TN);
+        p.panel = nt_tile_alloc(k, "mm.At", NT_MEM_SBUF, a->in_dtype, TK,
+                                (int64_t)p.NP * p.BM * TM);
+        for (int i = 0; i < p.BM; i++)
+            p.acc[i] = nt_tile_alloc(k, "mm.acc", NT_MEM_PSUM, NT_F32, TM, TN);
+        if (!a->a_trans) {
+            for (int i = 0; i < 2; i++)
+                p.strip[i] = nt_tile_alloc(k, "mm.Astrip", NT_MEM_SBUF, a->in_dtype, TM,
+                                           (int64_t)p.BM * STRIP_KT * TK);
+            p.tslots = (int)(NT_SIM_PSUM_BANK_BYTES / (TM * p.esz));
+            p.tpsum = nt_tile_alloc(k, "mm.T", NT_MEM_PSUM, a->in_dtype, TK,
+                                    (int64_t)p.tslots * TM);
+        }
+    }
+    if (k->err)
+        rc = k->err;
+    else
+        rc = run(&p);
+
+    /* give the space back to the kernel (dependencies keep later users of
+     * these bytes behind this program's accesses) */
+    nt_tile *all[] = {p.oring, p.bring, p.panel, p.strip[0], p.strip[1], p.tpsum};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        if (all[i] && all[i]->live)
+            nt_tile_release(k, all[i]);
+    for (int i = 0; i < NT_SIM_PSUM_BANKS; i++)
+        if (p.acc[i] && p.acc[i]->live)
+            nt_tile_release(k, p.acc[i]);
+    return rc ? rc : k->err;
+}

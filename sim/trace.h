@@ -1,0 +1,54 @@
+/* sim/trace.h - a Chrome/Perfetto trace writer (JSON object format).
+ *
+ * One process-wide trace file.  Any module adds events: the simulator puts
+ * its engines and DMA queues under the "NeuronCore (simulated)" process
+ * (NT_TRACE_PID_SIM, timestamps = simulated time), the host side (dispatcher,
+ * fusion) uses NT_TRACE_PID_HOST with wall-clock timestamps.
+ *
+ * All functions are thread-safe: events are formatted on the caller's stack
+ * and appended to a buffered FILE under one mutex.  nt__trace_close writes
+ * the closing brackets, so the file is valid JSON once it returns; an atexit
+ * hook closes a trace still open at exit.  Every call is a cheap no-op while
+ * no trace is open. */
+#ifndef NT_SIM_TRACE_H
+#define NT_SIM_TRACE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+    NT_TRACE_PID_SIM = 1,  /* the simulated NeuronCore */
+    NT_TRACE_PID_HOST = 2, /* host threads: enqueue, fusion, workers */
+};
+
+/* Opens `path` for writing (closing any open trace first).  Returns 0 or
+ * NT_EIO. */
+int nt__trace_open(const char *path);
+/* Finishes and closes the trace; no-op if none is open. */
+void nt__trace_close(void);
+/* True while a trace is open (one relaxed atomic load). */
+bool nt__trace_enabled(void);
+/* Counts nt__trace_open calls: a module that emits metadata once per file
+ * (process and thread names) re-emits it when this changes. */
+unsigned nt__trace_generation(void);
+
+/* Metadata: names a process / a thread (track) and orders them in the UI. */
+void nt__trace_process_name(int pid, const char *name, int sort_index);
+void nt__trace_thread_name(int pid, int tid, const char *name, int sort_index);
+
+/* A complete event ("ph":"X") from ts_us lasting dur_us.  `args_json` is
+ * NULL or a JSON object text ("{...}") inserted as is. */
+void nt__trace_complete(int pid, int tid, const char *name, double ts_us, double dur_us,
+                        const char *args_json);
+/* An instant event ("ph":"i", thread scope). */
+void nt__trace_instant(int pid, int tid, const char *name, double ts_us,
+                       const char *args_json);
+/* A counter event ("ph":"C"); args_json holds the series, e.g. {"bytes":12}. */
+void nt__trace_counter(int pid, const char *name, double ts_us, const char *args_json);
+
+/* Writes s as a JSON string literal (with quotes and escapes) into buf;
+ * returns the length written (truncates safely). */
+size_t nt__trace_json_str(char *buf, size_t n, const char *s);
+
+#endif
