@@ -10,9 +10,16 @@
  * A is stored K x M (row-major, leading dim lda >= M): the "stationary"
  * operand of nc_matmul, partition dim K.  B is stored K x N (ldb >= N): the
  * "moving" operand.  C is M x N (ldc >= N), f32.  K <= 128 (NT_GEMM_KTILE).
- * Inside a tile the products and sums are OpenBLAS sgemm's, whose per-element
- * order does not depend on M, N, the leading dims or the thread count; the
- * tests check that a big call equals the same call cut into 128x512 blocks. */
+ * Inside a tile every element follows one recurrence, in f32:
+ *     s = +0;  for k = 0, 1, ..., K-1:  s = fma(A[k][i], B[k][j], s)
+ *     C[i][j] = acc ? C[i][j] + s : s
+ * fma rounds once, exactly, whatever instruction computes it (a vector lane
+ * or the scalar fmaf), so the result does not depend on M, N, the leading
+ * dims, the thread or where the element sits: a big call equals the same
+ * call cut into 128 x 512 blocks bit for bit (tests/test_ops.c checks it).
+ * For bf16/f16 operands the products are exact in f32 anyway, as in the
+ * NeuronCore's PE array; for f32 the fused multiply-add is the more accurate
+ * choice and the one vector hardware runs at full rate. */
 #ifndef NT_CORE_GEMM_H
 #define NT_CORE_GEMM_H
 
