@@ -26,6 +26,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ntensor.h"
 
@@ -59,7 +60,10 @@ static inline int nt__rng_pbits(nt_dtype dt)
  * dtype with p significand bits. */
 static inline float nt__rng_uniform(uint64_t key, uint64_t i, int p)
 {
-    return (float)(nt__rng_bits(key, i) >> (64 - p)) * ldexpf(1.0f, -p);
+    uint32_t sb = (uint32_t)(127 - p) << 23; /* the f32 2^-p, built without libm */
+    float scale;
+    memcpy(&scale, &sb, sizeof scale);
+    return (float)(nt__rng_bits(key, i) >> (64 - p)) * scale;
 }
 
 /* randn element i, in double (the caller rounds it once to the dtype). */

@@ -225,10 +225,11 @@ NT_API nt_tensor *nt_cast(nt_tensor *t, nt_dtype dt) { return nt_cast_at(NT_RA_S
  * through a different view is copied first, so the op never reads what it
  * has already overwritten. */
 static bool inplace_begin(nt__call *c, const nt_site *site, const char *fn, int op,
-                          nt_tensor *dst, nt_tensor *src)
+                          nt_tensor *dst, nt_tensor *src, bool has_src)
 {
     nt_tensor *in[2] = {dst, src};
-    if (!nt__call_begin(c, site, fn, op, src ? 2 : 1, in, src ? "dst,src" : "dst"))
+    /* has_src, not src != NULL: a NULL src is an error, not a unary op */
+    if (!nt__call_begin(c, site, fn, op, has_src ? 2 : 1, in, has_src ? "dst,src" : "dst"))
         return false;
     dst = c->in[0];
     if (dst->expanded) {
@@ -237,7 +238,7 @@ static bool inplace_begin(nt__call *c, const nt_site *site, const char *fn, int 
                 "a contiguous copy instead");
         return false;
     }
-    if (src) {
+    if (has_src) {
         src = c->in[1];
         int nd;
         int64_t sh[NT_MAX_DIMS];
@@ -281,7 +282,7 @@ static int inplace_binary(const nt_site *site, const char *fn, int op, nt_tensor
                           nt_tensor *src)
 {
     nt__call c;
-    if (!inplace_begin(&c, site, fn, op, dst, src)) {
+    if (!inplace_begin(&c, site, fn, op, dst, src, true)) {
         nt__call_fail(&c);
         return nt_last_error();
     }
@@ -291,7 +292,7 @@ static int inplace_binary(const nt_site *site, const char *fn, int op, nt_tensor
 NT_API int nt_copy_into_at(const nt_site *site, nt_tensor *dst, nt_tensor *src)
 {
     nt__call c;
-    if (!inplace_begin(&c, site, "nt_copy_into", NT_OP_COPY, dst, src)) {
+    if (!inplace_begin(&c, site, "nt_copy_into", NT_OP_COPY, dst, src, true)) {
         nt__call_fail(&c);
         return nt_last_error();
     }
@@ -325,7 +326,7 @@ static int inplace_scalar(const nt_site *site, const char *fn, int op, nt_tensor
                           double s1)
 {
     nt__call c;
-    if (!inplace_begin(&c, site, fn, op, dst, NULL)) {
+    if (!inplace_begin(&c, site, fn, op, dst, NULL, false)) {
         nt__call_fail(&c);
         return nt_last_error();
     }
@@ -353,7 +354,7 @@ NT_API int nt_clamp_inplace_at(const nt_site *site, nt_tensor *dst, double lo, d
 NT_API int nt_fill_inplace_at(const nt_site *site, nt_tensor *dst, double value)
 {
     nt__call c;
-    if (!inplace_begin(&c, site, "nt_fill_inplace", NT_OP_FILL, dst, NULL)) {
+    if (!inplace_begin(&c, site, "nt_fill_inplace", NT_OP_FILL, dst, NULL, false)) {
         nt__call_fail(&c);
         return nt_last_error();
     }
@@ -366,7 +367,7 @@ NT_API int nt_fill_inplace_at(const nt_site *site, nt_tensor *dst, double value)
 static int inplace_unary(const nt_site *site, const char *fn, int op, nt_tensor *dst)
 {
     nt__call c;
-    if (!inplace_begin(&c, site, fn, op, dst, NULL)) {
+    if (!inplace_begin(&c, site, fn, op, dst, NULL, false)) {
         nt__call_fail(&c);
         return nt_last_error();
     }

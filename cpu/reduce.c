@@ -1,0 +1,337 @@
+/* cpu/reduce.c - sum, mean, max, argmax over one dim (p.dim, p.flag =
+ * keepdim) or over every element (NT_DIM_ALL, row-major order); and the row
+ * walkers of cpu/rows.h.
+ *
+ * Arithmetic (the contract every backend reproduces):
+ *   sum    floats: the reduced sequence widened to f32, summed in the
+ *          canonical order of core/reduce.h, rounded once to the output.
+ *          Integers: wrapping i32 sum (exact, so order is irrelevant) -> i32.
+ *   mean   canonical f32 sum / (float)n, rounded once (n = 0 gives NaN).
+ *   max    floats: canonical nt__ew_maximum reduction (NaN propagates);
+ *          integers: plain max, same dtype.
+ *   argmax i32 index of the first maximum; a NaN counts as the maximum, so
+ *          the first NaN wins.
+ * The canonical order is consumed block by block (NT_RED_BLOCK elements,
+ * acc = op(acc, block partial) from the identity), exactly as
+ * nt__red_sum_f32 / nt__red_max_f32 do, so a long row never needs to be held
+ * in memory at once. */
+#include "rows.h"
+
+#include <string.h>
+
+#include "ewise.h"
+#include "reduce.h"
+
+/* ---------------- rows ---------------- */
+
+void nt__rows_init(nt__rows *R, const nt_tensor *t, int d, bool same_shape)
+{
+    memset(R, 0, sizeof *R);
+    R->x = nt__tensor_data(t);
+    R->dt = (nt_dtype)t->dtype;
+    R->es = (int64_t)nt__dtype_size(R->dt);
+    R->C = 1;
+    if (t->ndim == 0) {
+        R->n = 1;
+        return;
+    }
+    int64_t cs[NT_MAX_DIMS];
+    nt__contig_strides(t->ndim, t->shape, cs);
+    R->n = t->shape[d];
+    R->sn = t->stride[d];
+    R->on = same_shape ? cs[d] : 0;
+    int64_t bs[NT_MAX_DIMS], bsi[NT_MAX_DIMS], bso[NT_MAX_DIMS];
+    int nb = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (i == d)
+            continue;
+        bs[nb] = t->shape[i];
+        bsi[nb] = t->stride[i];
+        bso[nb] = cs[i];
+        nb++;
+    }
+    if (!same_shape)
+        nt__contig_strides(nb, bs, bso);
+    if (nb == 0)
+        return;
+    R->C = bs[nb - 1];
+    R->sc = bsi[nb - 1];
+    R->oc = bso[nb - 1];
+    R->nouter = nb - 1;
+    for (int i = 0; i < nb - 1; i++)
+        R->oshape[i] = bs[i], R->osi[i] = bsi[i], R->oso[i] = bso[i];
+    /* Tiles pay off when the batch dim is the more contiguous one. */
+    R->tile = R->C > 1 && R->n > 1 && R->sc < R->sn;
+}
+
+void nt__rows_each(const nt__rows *R, int64_t wmax, nt__rows_fn fn, void *ctx)
+{
+    if (R->C == 0)
+        return;
+    for (int i = 0; i < R->nouter; i++)
+        if (R->oshape[i] == 0)
+            return;
+    if (!R->tile || wmax < 1)
+        wmax = 1;
+    int64_t idx[NT_MAX_DIMS] = {0};
+    do {
+        int64_t oi = 0, oo = 0;
+        for (int i = 0; i < R->nouter; i++)
+            oi += idx[i] * R->osi[i], oo += idx[i] * R->oso[i];
+        for (int64_t c0 = 0; c0 < R->C; c0 += wmax) {
+            int64_t w = R->C - c0 < wmax ? R->C - c0 : wmax;
+            fn(R, ctx, R->x + (oi + c0 * R->sc) * R->es, oo + c0 * R->oc, w);
+        }
+    } while (nt__idx_next(idx, R->nouter, R->oshape));
+}
+
+void nt__rows_load_f32(const nt__rows *R, const char *x, int64_t k0, int64_t m, int64_t w,
+                       float *T)
+{
+    if (w == 1) {
+        nt__ld_f32(T, x + k0 * R->sn * R->es, R->dt, R->sn, m);
+        return;
+    }
+    for (int64_t k = 0; k < m; k++)
+        nt__ld_f32(T + k * w, x + (k0 + k) * R->sn * R->es, R->dt, R->sc, w);
+}
+
+void nt__rows_load_i32(const nt__rows *R, const char *x, int64_t k0, int64_t m, int64_t w,
+                       int32_t *T)
+{
+    if (w == 1) {
+        nt__ld_i32(T, x + k0 * R->sn * R->es, R->dt, R->sn, m);
+        return;
+    }
+    for (int64_t k = 0; k < m; k++)
+        nt__ld_i32(T + k * w, x + (k0 + k) * R->sn * R->es, R->dt, R->sc, w);
+}
+
+/* ---------------- flat reader ---------------- */
+
+void nt__flat_init(nt__flat *F, const nt_tensor *t)
+{
+    memset(F, 0, sizeof *F);
+    F->v.data = nt__tensor_data(t);
+    F->v.dt = (nt_dtype)t->dtype;
+    F->es = (int64_t)nt__dtype_size(F->v.dt);
+    /* Merge dim i into the previous one where the two are contiguous
+     * together; drop size-1 dims.  A 0-d view becomes [1]. */
+    int nd = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 1)
+            continue;
+        if (nd > 0 && F->v.stride[nd - 1] == t->stride[i] * t->shape[i]) {
+            F->v.shape[nd - 1] *= t->shape[i];
+            F->v.stride[nd - 1] = t->stride[i];
+            continue;
+        }
+        F->v.shape[nd] = t->shape[i];
+        F->v.stride[nd] = t->stride[i];
+        nd++;
+    }
+    if (nd == 0) {
+        F->v.shape[0] = nt__numel(t->ndim, t->shape); /* 1, or 0 if a dim is 0 */
+        F->v.stride[0] = 1;
+        nd = 1;
+    }
+    F->v.ndim = nd;
+}
+
+static void flat_read(nt__flat *F, void *dst, int64_t m, bool ints)
+{
+    nt__kv *v = &F->v;
+    int last = v->ndim - 1;
+    while (m > 0) {
+        int64_t take = v->shape[last] - F->idx[last];
+        take = take < m ? take : m;
+        const char *p = v->data + nt__kv_off(v, F->idx) * F->es;
+        if (ints) {
+            nt__ld_i32(dst, p, v->dt, v->stride[last], take);
+            dst = (int32_t *)dst + take;
+        } else {
+            nt__ld_f32(dst, p, v->dt, v->stride[last], take);
+            dst = (float *)dst + take;
+        }
+        m -= take;
+        F->idx[last] += take;
+        if (F->idx[last] == v->shape[last]) {
+            F->idx[last] = v->shape[last] - 1;
+            nt__idx_next(F->idx, v->ndim, v->shape);
+        }
+    }
+}
+
+void nt__flat_read_f32(nt__flat *F, float *dst, int64_t m) { flat_read(F, dst, m, false); }
+void nt__flat_read_i32(nt__flat *F, int32_t *dst, int64_t m) { flat_read(F, dst, m, true); }
+
+/* ---------------- the reductions ---------------- */
+
+/* Rows reduced per group at most; the tile is NT_RED_BLOCK x RED_W floats at
+ * most (32K floats, 128 KB: stays in L2). */
+#define RED_W 64
+#define RED_TILE (32 * 1024)
+
+typedef struct red {
+    int op;
+    bool ints;          /* integer input: integer compute */
+    int64_t n;          /* reduced length */
+    char *y;            /* output */
+    nt_dtype ydt;
+    int64_t yes;
+    float *T;           /* tile buffers */
+    int32_t *Ti;
+    /* accumulators per column */
+    float f[RED_W];
+    int32_t i[RED_W];
+    int32_t bi[RED_W];
+} red;
+
+static void acc_init(red *c, int64_t w)
+{
+    for (int64_t j = 0; j < w; j++) {
+        c->f[j] = c->op == NT_OP_MAX ? -INFINITY : 0.0f;
+        c->i[j] = c->op == NT_OP_MAX ? INT32_MIN : 0;
+        c->bi[j] = -1;
+    }
+}
+
+/* Folds elements k0 .. k0+m-1 (m <= NT_RED_BLOCK: one canonical block) of w
+ * columns, held in c->T / c->Ti as [m, w]. */
+static void acc_block(red *c, int64_t k0, int64_t m, int64_t w)
+{
+    const float *T = c->T;
+    const int32_t *Ti = c->Ti;
+    switch (c->op) {
+    case NT_OP_SUM:
+    case NT_OP_MEAN:
+        if (c->ints)
+            for (int64_t j = 0; j < w; j++)
+                c->i[j] = (int32_t)((uint32_t)c->i[j] + (uint32_t)nt__red_sum_i32(Ti + j, m, w));
+        else
+            for (int64_t j = 0; j < w; j++)
+                c->f[j] += nt__red_block_sum_f32(T + j, m, w);
+        break;
+    case NT_OP_MAX:
+        if (c->ints)
+            for (int64_t k = 0; k < m; k++)
+                for (int64_t j = 0; j < w; j++)
+                    c->i[j] = Ti[k * w + j] > c->i[j] ? Ti[k * w + j] : c->i[j];
+        else
+            for (int64_t j = 0; j < w; j++)
+                c->f[j] = nt__ew_maximum(c->f[j], nt__red_block_max_f32(T + j, m, w));
+        break;
+    case NT_OP_ARGMAX:
+        /* First maximum; once a column holds a NaN it keeps it. */
+        for (int64_t j = 0; j < w; j++) {
+            int32_t bi = c->bi[j];
+            if (c->ints) {
+                int32_t best = c->i[j];
+                for (int64_t k = 0; k < m; k++) {
+                    int32_t v = Ti[k * w + j];
+                    if (bi < 0 || v > best)
+                        best = v, bi = (int32_t)(k0 + k);
+                }
+                c->i[j] = best;
+            } else {
+                float best = c->f[j];
+                for (int64_t k = 0; k < m; k++) {
+                    float v = T[k * w + j];
+                    if (bi < 0 || (best == best && (v > best || v != v)))
+                        best = v, bi = (int32_t)(k0 + k);
+                }
+                c->f[j] = best;
+            }
+            c->bi[j] = bi;
+        }
+        break;
+    default: break;
+    }
+}
+
+/* Writes the w results to y[oo + j * ost]. */
+static void acc_store(red *c, int64_t oo, int64_t ost, int64_t w)
+{
+    char *y = c->y + oo * c->yes;
+    if (c->op == NT_OP_ARGMAX) {
+        nt__st_i32(y, c->ydt, ost, c->bi, w);
+    } else if (c->ints) {
+        nt__st_i32(y, c->ydt, ost, c->i, w);
+    } else {
+        if (c->op == NT_OP_MEAN)
+            for (int64_t j = 0; j < w; j++)
+                c->f[j] = c->f[j] / (float)c->n;
+        nt__st_f32(y, c->ydt, ost, c->f, w);
+    }
+}
+
+static void red_group(const nt__rows *R, void *ctx, const char *x, int64_t oo, int64_t w)
+{
+    red *c = ctx;
+    acc_init(c, w);
+    for (int64_t k0 = 0; k0 < R->n; k0 += NT_RED_BLOCK) {
+        int64_t m = R->n - k0 < NT_RED_BLOCK ? R->n - k0 : NT_RED_BLOCK;
+        if (c->ints)
+            nt__rows_load_i32(R, x, k0, m, w, c->Ti);
+        else
+            nt__rows_load_f32(R, x, k0, m, w, c->T);
+        acc_block(c, k0, m, w);
+    }
+    acc_store(c, oo, R->oc, w);
+}
+
+static int reduce_kernel(const nt__rec *r)
+{
+    const nt_tensor *t = r->in[0], *o = r->out[0];
+    red c;
+    memset(&c, 0, sizeof c);
+    c.op = r->op;
+    c.ints = !nt__dtype_is_float((nt_dtype)t->dtype);
+    c.y = nt__tensor_data(o);
+    c.ydt = (nt_dtype)o->dtype;
+    c.yes = (int64_t)nt__dtype_size(c.ydt);
+    if (nt__numel(o->ndim, o->shape) == 0)
+        return 0;
+
+    if (r->p.dim == NT_DIM_ALL) {
+        c.n = nt__numel(t->ndim, t->shape);
+        float T[NT_RED_BLOCK];
+        int32_t Ti[NT_RED_BLOCK];
+        c.T = T, c.Ti = Ti;
+        nt__flat F;
+        nt__flat_init(&F, t);
+        acc_init(&c, 1);
+        for (int64_t k0 = 0; k0 < c.n; k0 += NT_RED_BLOCK) {
+            int64_t m = c.n - k0 < NT_RED_BLOCK ? c.n - k0 : NT_RED_BLOCK;
+            if (c.ints)
+                nt__flat_read_i32(&F, Ti, m);
+            else
+                nt__flat_read_f32(&F, T, m);
+            acc_block(&c, k0, m, 1);
+        }
+        acc_store(&c, 0, 1, 1);
+        return 0;
+    }
+
+    nt__rows R;
+    nt__rows_init(&R, t, r->p.dim, false);
+    c.n = R.n;
+    int64_t m = R.n < NT_RED_BLOCK ? R.n : NT_RED_BLOCK;
+    int64_t w = nt__rows_width(&R, m, RED_TILE);
+    w = w < RED_W ? w : RED_W;
+    size_t cells = (size_t)(m > 0 ? m : 1) * (size_t)w;
+    void *buf = g_try_malloc(cells * 4);
+    if (!buf)
+        return nt__kerr(NT_ENOMEM, "out of host memory for a %zu-byte reduction tile",
+                        cells * 4);
+    c.T = buf;
+    c.Ti = buf;
+    nt__rows_each(&R, w, red_group, &c);
+    g_free(buf);
+    return 0;
+}
+
+int nt__cpu_sum(const nt__rec *r) { return reduce_kernel(r); }
+int nt__cpu_mean(const nt__rec *r) { return reduce_kernel(r); }
+int nt__cpu_max(const nt__rec *r) { return reduce_kernel(r); }
+int nt__cpu_argmax(const nt__rec *r) { return reduce_kernel(r); }
