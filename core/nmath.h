@@ -61,8 +61,8 @@ static inline float nt__fsel(int c, float a, float b)
  * k = round(x / ln2) (add-and-subtract 1.5*2^23), r = x - k*ln2 in two
  * Cody-Waite steps (k*NT__LN2_HI is exact: 15-bit constant times |k| <= 150),
  * exp(r) = 1 + r + r^2 q(r) on |r| <= ln2/2 (rel. error 0.06 ulp), the 1 + r
- * split exactly so only the final add rounds; then two exact-or-once-rounded
- * scalings so subnormal results round once and 2^128 needs no special case.
+ * split exactly so only the final add rounds; then a scaling by 2^k in two
+ * halves, so subnormal results round once and k = 128 needs no special case.
  * x is clamped to [-104, 89] (exp(-104) < 2^-150 rounds to 0, exp(89) > FLT_MAX
  * overflows to inf); the clamps keep NaN. */
 #define NT__LN2_HI 0x1.62e4p-1f      /* 0.693145751953125, 15 significant bits */
@@ -84,15 +84,15 @@ static inline float nt__expf(float x)
     float h = 1.0f + r;
     float e = (1.0f - h) + r;                    /* exact: 1 + r == h + e */
     float p = h + (e + t);                       /* exp(r) in [0.70, 1.42] */
-    /* 2^k = s1 * s2 with s1 = 2^(k+64), s2 = 2^-64 for k < 0 (p * s1 is exact,
-     * the product with s2 rounds once, also into the subnormal range) and
-     * s1 = 2^(k-1), s2 = 2 for k >= 0 (so k = 128 overflows correctly).
-     * k in [-150, 128] keeps both exponents normal; for NaN the bits are
-     * garbage but p is NaN. */
-    int neg = k < 0.0f;
-    uint32_t eb = nt__f2u(kk) - 0x4B400000u + 127u + (neg ? 64u : 0xFFFFFFFFu);
-    float s1 = nt__u2f(eb << 23);
-    float s2 = nt__fsel(neg, 0x1p-64f, 2.0f);
+    /* 2^k = s1 * s2, j = k + 150 in [0, 278] split as j1 + j2 with
+     * s1 = 2^(j1 - 75), s2 = 2^(j2 - 75), both exponents in [-75, 64]:
+     * p * s1 is exact, p * s1 * s2 rounds once, also into the subnormal
+     * range, and k = 128 overflows to inf.  For NaN the bits are garbage but
+     * p is NaN. */
+    uint32_t j = nt__f2u(kk) - 0x4B400000u + 150u;
+    uint32_t j1 = j >> 1;
+    float s1 = nt__u2f((j1 + 52u) << 23);
+    float s2 = nt__u2f((j - j1 + 52u) << 23);
     return (p * s1) * s2;
 }
 
