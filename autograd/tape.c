@@ -6,7 +6,7 @@
 #include <string.h>
 
 static volatile AO_t node_seq;
-static _Thread_local int tls_no_grad;
+static _Thread_local int tls_no_grad NT_TLS_HOT;
 
 bool nt__ag_enabled(void) { return tls_no_grad == 0; }
 

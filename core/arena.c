@@ -1,13 +1,14 @@
 /* core/arena.c - device memory: the simulated HBM.
  *
  * A capacity-limited caching allocator.  Sizes are rounded to classes (64 B
- * steps below 4 KiB, then quarter powers of two) and freed blocks are kept in
- * per-class free lists, so a training loop that allocates the same shapes
+ * steps up to 4 KiB, then quarter powers of two) and freed blocks are kept
+ * in per-class free lists, so a training loop that allocates the same shapes
  * every step reuses its blocks without page faults.  `in_use` counts the
  * rounded bytes of live blocks and is what the capacity limits: going over is
  * a clean NULL (the caller reports NT_ENOMEM), never a crash.  Cached blocks
  * are poisoned for AddressSanitizer so a stale pointer is still caught. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -23,36 +24,97 @@
 #define NT_ARENA_ALIGN 64
 /* Most bytes kept in free lists; more are returned to the system. */
 #define NT_ARENA_CACHE_MAX (UINT64_C(2) << 30)
+#define NT_NCLASS 256
+
+/* Blocks up to NT_TL_MAXBYTES also pass through small per-thread caches, so
+ * the common alloc/free of a training step takes no lock; in_use stays exact
+ * (an atomic), the capacity check is against it. */
+#define NT_TL_MAXCLASS 64 /* classes 1..64: up to 4 KiB */
+#define NT_TL_KEEP 16
 
 static struct {
     GMutex lock;
-    uint64_t capacity, in_use, peak, cached;
-    GHashTable *free; /* class size -> GPtrArray of blocks */
+    volatile AO_t in_use;
+    uint64_t capacity, peak, cached;
+    GPtrArray *free[NT_NCLASS]; /* cached blocks of each class */
+    size_t bytes[NT_NCLASS];    /* the size of each class */
     bool ready;
 } A;
 
-static size_t size_class(size_t n)
+/* Classes 1..64: 64-byte steps up to 4 KiB; from 65 on, four per power of
+ * two: 2^p, 1.25 2^p, 1.5 2^p, 1.75 2^p. */
+static int class_of(size_t n, size_t *bytes)
 {
     if (n == 0)
         n = 1;
-    if (n <= 4096)
-        return (n + 63) & ~(size_t)63;
-    size_t p = (size_t)1 << (63 - __builtin_clzll((unsigned long long)n));
-    if (p == n)
-        return n;
-    size_t q = p / 4; /* quarter steps: p, 1.25p, 1.5p, 1.75p, 2p */
-    return (n + q - 1) / q * q;
+    if (n <= 4096) {
+        size_t k = (n + 63) / 64;
+        *bytes = k * 64;
+        return (int)k;
+    }
+    int p = 63 - __builtin_clzll((unsigned long long)n);
+    size_t base = (size_t)1 << p, q = base / 4;
+    size_t k = (n - base + q - 1) / q; /* 0..4 */
+    if (k == 4)
+        p++, base <<= 1, q <<= 1, k = 0;
+    *bytes = base + k * q;
+    return 65 + (p - 12) * 4 + (int)k;
+}
+
+typedef struct {
+    void *blk[NT_TL_MAXCLASS + 1][NT_TL_KEEP];
+    int n[NT_TL_MAXCLASS + 1];
+} tlcache;
+
+/* A thread's cache is on the heap; a fast pointer to it, and a GPrivate
+ * whose destructor gives its blocks back when the thread exits. */
+static _Thread_local tlcache *tl_a NT_TLS_HOT;
+static void tl_flush(gpointer p);
+static GPrivate tl_key = G_PRIVATE_INIT(tl_flush);
+
+/* Moves a cache's blocks to the global free lists (or frees them). */
+static void tl_flush(gpointer p)
+{
+    tlcache *c = p;
+    if (!c)
+        return;
+    if (A.ready) {
+        g_mutex_lock(&A.lock);
+        for (int ci = 1; ci <= NT_TL_MAXCLASS; ci++) {
+            for (int i = 0; i < c->n[ci]; i++) {
+                if (!A.free[ci]) {
+                    A.free[ci] = g_ptr_array_new();
+                    A.bytes[ci] = (size_t)ci * 64;
+                }
+                g_ptr_array_add(A.free[ci], c->blk[ci][i]);
+                A.cached += (size_t)ci * 64;
+            }
+            c->n[ci] = 0;
+        }
+        g_mutex_unlock(&A.lock);
+    }
+    if (tl_a == c)
+        tl_a = NULL;
+    g_free(c);
+}
+
+static tlcache *tl_get(void)
+{
+    if (!tl_a) {
+        tl_a = g_new0(tlcache, 1);
+        g_private_set(&tl_key, tl_a);
+    }
+    return tl_a;
 }
 
 static void drop_cache_locked(void)
 {
-    GHashTableIter it;
-    gpointer key, val;
-    g_hash_table_iter_init(&it, A.free);
-    while (g_hash_table_iter_next(&it, &key, &val)) {
-        GPtrArray *arr = val;
+    for (int c = 0; c < NT_NCLASS; c++) {
+        GPtrArray *arr = A.free[c];
+        if (!arr)
+            continue;
         for (guint i = 0; i < arr->len; i++) {
-            NT_UNPOISON(arr->pdata[i], GPOINTER_TO_SIZE(key));
+            NT_UNPOISON(arr->pdata[i], A.bytes[c]);
             free(arr->pdata[i]);
         }
         g_ptr_array_set_size(arr, 0);
@@ -65,8 +127,8 @@ void nt__arena_init(uint64_t capacity)
     g_mutex_init(&A.lock);
     A.capacity = capacity;
     A.in_use = A.peak = A.cached = 0;
-    A.free = g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL,
-                                   (GDestroyNotify)g_ptr_array_unref);
+    for (int c = 0; c < NT_NCLASS; c++)
+        A.free[c] = NULL;
     A.ready = true;
 }
 
@@ -74,25 +136,65 @@ void nt__arena_shutdown(void)
 {
     if (!A.ready)
         return;
+    /* the calling thread's cache; workers flushed theirs when they exited */
+    if (tl_a) {
+        tl_flush(tl_a);
+        g_private_set(&tl_key, NULL);
+    }
     g_mutex_lock(&A.lock);
     drop_cache_locked();
-    g_hash_table_destroy(A.free);
-    A.free = NULL;
+    for (int c = 0; c < NT_NCLASS; c++)
+        if (A.free[c]) {
+            g_ptr_array_unref(A.free[c]);
+            A.free[c] = NULL;
+        }
     g_mutex_unlock(&A.lock);
     g_mutex_clear(&A.lock);
     A.ready = false;
 }
 
+/* Reserves cls bytes of capacity; false if the device is full. */
+static bool reserve(size_t cls)
+{
+    AO_t old;
+    do {
+        old = AO_load(&A.in_use);
+        if (old + cls > A.capacity)
+            return false;
+    } while (!AO_compare_and_swap_full(&A.in_use, old, old + cls));
+    if (old + cls > A.peak)
+        A.peak = old + cls; /* a statistic: a lost race only understates it */
+    return true;
+}
+
 void *nt__arena_alloc(size_t nbytes)
 {
-    size_t cls = size_class(nbytes);
+    size_t cls;
+    int ci = class_of(nbytes, &cls);
+    if (!reserve(cls))
+        return NULL;
+    if (ci <= NT_TL_MAXCLASS) {
+        tlcache *c = tl_get();
+        if (!c->n[ci] && A.free[ci] && A.free[ci]->len) {
+            /* refill half the cache in one lock: the blocks a worker thread
+             * freed come back to the thread that allocates */
+            g_mutex_lock(&A.lock);
+            GPtrArray *arr = A.free[ci];
+            while (arr->len && c->n[ci] < NT_TL_KEEP / 2) {
+                c->blk[ci][c->n[ci]++] = g_ptr_array_steal_index_fast(arr, arr->len - 1);
+                A.cached -= cls;
+            }
+            g_mutex_unlock(&A.lock);
+        }
+        if (c->n[ci]) {
+            void *q = c->blk[ci][--c->n[ci]];
+            NT_UNPOISON(q, cls);
+            return q;
+        }
+    }
     void *p = NULL;
     g_mutex_lock(&A.lock);
-    if (A.in_use + cls > A.capacity) {
-        g_mutex_unlock(&A.lock);
-        return NULL;
-    }
-    GPtrArray *arr = g_hash_table_lookup(A.free, GSIZE_TO_POINTER(cls));
+    GPtrArray *arr = A.free[ci];
     if (arr && arr->len) {
         p = g_ptr_array_steal_index_fast(arr, arr->len - 1);
         A.cached -= cls;
@@ -105,12 +207,10 @@ void *nt__arena_alloc(size_t nbytes)
         }
         if (!p) {
             g_mutex_unlock(&A.lock);
+            AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
             return NULL;
         }
     }
-    A.in_use += cls;
-    if (A.in_use > A.peak)
-        A.peak = A.in_use;
     g_mutex_unlock(&A.lock);
     return p;
 }
@@ -119,14 +219,34 @@ void nt__arena_free(void *p, size_t nbytes)
 {
     if (!p)
         return;
-    size_t cls = size_class(nbytes);
+    size_t cls;
+    int ci = class_of(nbytes, &cls);
+    AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
+    if (ci <= NT_TL_MAXCLASS) {
+        tlcache *c = tl_get();
+        if (c->n[ci] == NT_TL_KEEP) {
+            /* full: give half back in one lock */
+            g_mutex_lock(&A.lock);
+            if (!A.free[ci]) {
+                A.free[ci] = g_ptr_array_new();
+                A.bytes[ci] = cls;
+            }
+            while (c->n[ci] > NT_TL_KEEP / 2) {
+                g_ptr_array_add(A.free[ci], c->blk[ci][--c->n[ci]]);
+                A.cached += cls;
+            }
+            g_mutex_unlock(&A.lock);
+        }
+        c->blk[ci][c->n[ci]++] = p;
+        NT_POISON(p, cls);
+        return;
+    }
     g_mutex_lock(&A.lock);
-    A.in_use -= cls;
     if (A.cached + cls <= NT_ARENA_CACHE_MAX && A.cached + cls + A.in_use <= A.capacity) {
-        GPtrArray *arr = g_hash_table_lookup(A.free, GSIZE_TO_POINTER(cls));
+        GPtrArray *arr = A.free[ci];
         if (!arr) {
-            arr = g_ptr_array_new();
-            g_hash_table_insert(A.free, GSIZE_TO_POINTER(cls), arr);
+            arr = A.free[ci] = g_ptr_array_new();
+            A.bytes[ci] = cls;
         }
         g_ptr_array_add(arr, p);
         A.cached += cls;
@@ -141,9 +261,4 @@ uint64_t nt__arena_in_use(void) { return A.in_use; }
 uint64_t nt__arena_peak(void) { return A.peak; }
 uint64_t nt__arena_capacity(void) { return A.capacity; }
 
-void nt__arena_reset_peak(void)
-{
-    g_mutex_lock(&A.lock);
-    A.peak = A.in_use;
-    g_mutex_unlock(&A.lock);
-}
+void nt__arena_reset_peak(void) { A.peak = AO_load(&A.in_use); }

@@ -28,6 +28,11 @@
 #include "dtype.h"
 #include "optable.h"
 
+/* Hot thread-locals (touched on every op) use the initial-exec TLS model:
+ * a plain %fs-relative access instead of a __tls_get_addr call.  They are a
+ * few words, well within the static TLS surplus a dlopen'ed library gets. */
+#define NT_TLS_HOT __attribute__((tls_model("initial-exec")))
+
 #define NT__MAGIC_LIVE 0x4e54544eu /* "NTTN" */
 #define NT__MAGIC_DEAD 0xdeadbeefu
 #define NT__MAX_IN 4
@@ -266,13 +271,20 @@ typedef struct nt__config {
 
 extern nt__config nt__cfg;
 
-/* Global counters (libatomic_ops, relaxed). */
+/* Global counters (libatomic_ops).  Each on its own cache line: the host
+ * bumps ops_enqueued while a worker bumps ops_executed, and two counters on
+ * one line would bounce it between the cores on every op. */
+typedef struct {
+    volatile AO_t v;
+    char pad_[64 - sizeof(AO_t)];
+} nt__ctr_line;
 typedef struct nt__counters {
-    volatile AO_t ops_enqueued, ops_executed, kernels, ops_poisoned, syncs, sync_wait_ns,
+    nt__ctr_line ops_enqueued, ops_executed, kernels, ops_poisoned, syncs, sync_wait_ns,
         bytes_to_host, bytes_from_host, cpu_fallbacks;
 } nt__counters;
 extern nt__counters nt__ctr;
-#define NT__COUNT(field, n) AO_fetch_and_add(&nt__ctr.field, (AO_t)(n))
+#define NT__COUNT(field, n) AO_fetch_and_add(&nt__ctr.field.v, (AO_t)(n))
+#define NT__COUNTER(field) AO_load(&nt__ctr.field.v)
 
 bool nt__initialized(void);
 /* Implicit init from every entry point; returns false (error set) on failure. */

@@ -20,11 +20,10 @@ static struct {
     nt_tensor *head, *tail; /* FIFO of free handles */
     size_t nfree;
     volatile AO_t next_id;
-    volatile AO_t next_storage_id;
-    volatile AO_t live_handles;
 } P;
 
-static _Thread_local nt_scope *tls_scope;
+static _Thread_local nt_scope *tls_scope NT_TLS_HOT;
+static volatile AO_t pool_epoch; /* bumped by nt_shutdown: thread caches die */
 
 struct nt_scope {
     uint32_t magic;
@@ -63,21 +62,79 @@ void nt__tensor_pool_shutdown(void)
             t->magic = NT__MAGIC_DEAD;
         }
     }
-    P.live_handles = 0;
+
     g_ptr_array_unref(P.slabs);
     P.slabs = NULL;
     P.head = P.tail = NULL;
     P.nfree = 0;
+    AO_fetch_and_add1(&pool_epoch);
     g_mutex_clear(&P.lock);
 }
 
-uint64_t nt__tensor_live_handles(void) { return P.live_handles; }
+/* Handles alive (user or internal references): counted on demand by a scan
+ * of the slabs, so the hot path keeps no shared counter. */
+uint64_t nt__tensor_live_handles(void)
+{
+    uint64_t n = 0;
+    g_mutex_lock(&P.lock);
+    for (guint i = 0; P.slabs && i < P.slabs->len; i++) {
+        nt_tensor *slab = P.slabs->pdata[i];
+        for (int k = 0; k < NT_SLAB_HANDLES; k++)
+            n += slab[k].st != NULL;
+    }
+    g_mutex_unlock(&P.lock);
+    return n;
+}
+
+/* Ids for messages and the debugger, unique per process: a thread takes a
+ * block of 2^20 from the global counter and numbers from it. */
+static _Thread_local struct {
+    uint64_t next, end;
+} tl_id NT_TLS_HOT;
+
+static uint64_t next_id(void)
+{
+    if (tl_id.next == tl_id.end) {
+        tl_id.next = AO_fetch_and_add(&P.next_id, (AO_t)1 << 20) + 1;
+        tl_id.end = tl_id.next + ((uint64_t)1 << 20);
+    }
+    return tl_id.next++;
+}
+
+/* Per-thread caches: a producer takes handles NT_TL_BATCH at a time, a
+ * thread that frees them (mostly a stream worker) hands them back in
+ * batches, so the global lock is taken once per batch.  Handles only ever
+ * return to the FIFO's tail, so the quarantine still holds. */
+#define NT_TL_BATCH 32
+static _Thread_local struct {
+    nt_tensor *take, *give; /* taken from the FIFO / waiting to go back */
+    int ntake, ngive;
+    nt_tensor *give_tail;
+    uint64_t epoch;
+} tl_h NT_TLS_HOT;
+
+static void tl_check_epoch(void)
+{
+    uint64_t e = AO_load(&pool_epoch);
+    if (tl_h.epoch != e) { /* handles of an earlier nt_init are gone */
+        tl_h.take = tl_h.give = tl_h.give_tail = NULL;
+        tl_h.ntake = tl_h.ngive = 0;
+        tl_h.epoch = e;
+    }
+}
 
 static nt_tensor *handle_alloc(void)
 {
+    tl_check_epoch();
+    if (tl_h.take) {
+        nt_tensor *t = tl_h.take;
+        tl_h.take = t->pool_next;
+        tl_h.ntake--;
+        return t;
+    }
     nt_tensor *t;
     g_mutex_lock(&P.lock);
-    if (P.nfree <= NT_QUARANTINE) {
+    if (P.nfree <= NT_QUARANTINE + NT_TL_BATCH) {
         nt_tensor *slab = calloc(NT_SLAB_HANDLES, sizeof *slab);
         if (!slab) {
             g_mutex_unlock(&P.lock);
@@ -95,41 +152,69 @@ static nt_tensor *handle_alloc(void)
         }
         P.nfree += NT_SLAB_HANDLES;
     }
+    /* one handle for now, a batch for later */
     t = P.head;
     P.head = t->pool_next;
+    P.nfree--;
+    nt_tensor *first = P.head, *last = NULL;
+    int n = 0;
+    for (nt_tensor *h = P.head; h && n < NT_TL_BATCH; h = h->pool_next)
+        last = h, n++;
+    if (n) {
+        P.head = last->pool_next;
+        last->pool_next = NULL;
+        P.nfree -= (size_t)n;
+        tl_h.take = first;
+        tl_h.ntake = n;
+    }
     if (!P.head)
         P.tail = NULL;
-    P.nfree--;
     g_mutex_unlock(&P.lock);
     return t;
 }
 
 static void handle_free(nt_tensor *t)
 {
+    tl_check_epoch();
     t->magic = NT__MAGIC_DEAD;
     t->pool_next = NULL;
+    if (tl_h.give_tail)
+        tl_h.give_tail->pool_next = t;
+    else
+        tl_h.give = t;
+    tl_h.give_tail = t;
+    if (++tl_h.ngive < NT_TL_BATCH)
+        return;
     g_mutex_lock(&P.lock);
     if (P.tail)
-        P.tail->pool_next = t;
+        P.tail->pool_next = tl_h.give;
     else
-        P.head = t;
-    P.tail = t;
-    P.nfree++;
+        P.head = tl_h.give;
+    P.tail = tl_h.give_tail;
+    P.nfree += (size_t)tl_h.ngive;
     g_mutex_unlock(&P.lock);
+    tl_h.give = tl_h.give_tail = NULL;
+    tl_h.ngive = 0;
 }
 
 /* ---------------- storage ---------------- */
 
+/* The storage header sits at the start of its arena block, the data one
+ * cache line later: one allocation per tensor, not two. */
+#define NT_ST_HDR 64
+_Static_assert(sizeof(nt__storage) <= NT_ST_HDR, "storage header outgrew its cache line");
+
 nt__storage *nt__storage_new(size_t nbytes)
 {
-    void *data = nt__arena_alloc(nbytes);
-    if (!data)
+    char *block = nt__arena_alloc(NT_ST_HDR + nbytes);
+    if (!block)
         return NULL;
-    nt__storage *st = g_new0(nt__storage, 1);
+    nt__storage *st = (nt__storage *)block;
+    memset(st, 0, sizeof *st);
     st->refs = 1;
-    st->data = data;
+    st->data = block + NT_ST_HDR;
     st->nbytes = nbytes;
-    st->id = AO_fetch_and_add1(&P.next_storage_id) + 1;
+    st->id = next_id();
     return st;
 }
 
@@ -139,8 +224,7 @@ void nt__storage_unref(nt__storage *st)
 {
     if (st && AO_fetch_and_sub1(&st->refs) == 1) {
         nt__errobj_unref((nt__errobj *)st->poison);
-        nt__arena_free(st->data, st->nbytes);
-        g_free(st);
+        nt__arena_free(st, NT_ST_HDR + st->nbytes);
     }
 }
 
@@ -170,8 +254,7 @@ nt_tensor *nt__tensor_new(nt__storage *st, nt_dtype dt, int ndim, const int64_t 
     t->scope_idx = -1;
     t->ag = NULL;
     t->site = site ? *site : (nt_site){0};
-    t->id = AO_fetch_and_add1(&P.next_id) + 1;
-    AO_fetch_and_add1(&P.live_handles);
+    t->id = next_id();
     t->magic = NT__MAGIC_LIVE;
     return t;
 }
@@ -212,7 +295,6 @@ void nt__tensor_iunref(nt_tensor *t)
     t->ag = NULL;
     nt__storage_unref(t->st);
     t->st = NULL;
-    AO_fetch_and_sub1(&P.live_handles);
     handle_free(t);
 }
 

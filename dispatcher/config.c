@@ -402,15 +402,15 @@ NT_API int nt_stats_get(nt_stats *out)
     memset(out, 0, sizeof *out);
     if (!nt__initialized())
         return 0;
-    out->ops_enqueued = AO_load(&nt__ctr.ops_enqueued);
-    out->ops_executed = AO_load(&nt__ctr.ops_executed);
-    out->kernels_launched = AO_load(&nt__ctr.kernels);
-    out->ops_poisoned = AO_load(&nt__ctr.ops_poisoned);
-    out->syncs = AO_load(&nt__ctr.syncs);
-    out->sync_wait_ns = AO_load(&nt__ctr.sync_wait_ns);
-    out->bytes_to_host = AO_load(&nt__ctr.bytes_to_host);
-    out->bytes_from_host = AO_load(&nt__ctr.bytes_from_host);
-    out->cpu_fallbacks = AO_load(&nt__ctr.cpu_fallbacks);
+    out->ops_enqueued = NT__COUNTER(ops_enqueued);
+    out->ops_executed = NT__COUNTER(ops_executed);
+    out->kernels_launched = NT__COUNTER(kernels);
+    out->ops_poisoned = NT__COUNTER(ops_poisoned);
+    out->syncs = NT__COUNTER(syncs);
+    out->sync_wait_ns = NT__COUNTER(sync_wait_ns);
+    out->bytes_to_host = NT__COUNTER(bytes_to_host);
+    out->bytes_from_host = NT__COUNTER(bytes_from_host);
+    out->cpu_fallbacks = NT__COUNTER(cpu_fallbacks);
     if (nt__fusion_stats)
         nt__fusion_stats(out);
     out->device_bytes_in_use = nt__arena_in_use();
@@ -423,15 +423,15 @@ NT_API void nt_stats_reset(void)
 {
     if (!nt__initialized())
         return;
-    AO_store(&nt__ctr.ops_enqueued, 0);
-    AO_store(&nt__ctr.ops_executed, 0);
-    AO_store(&nt__ctr.kernels, 0);
-    AO_store(&nt__ctr.ops_poisoned, 0);
-    AO_store(&nt__ctr.syncs, 0);
-    AO_store(&nt__ctr.sync_wait_ns, 0);
-    AO_store(&nt__ctr.bytes_to_host, 0);
-    AO_store(&nt__ctr.bytes_from_host, 0);
-    AO_store(&nt__ctr.cpu_fallbacks, 0);
+    AO_store(&nt__ctr.ops_enqueued.v, 0);
+    AO_store(&nt__ctr.ops_executed.v, 0);
+    AO_store(&nt__ctr.kernels.v, 0);
+    AO_store(&nt__ctr.ops_poisoned.v, 0);
+    AO_store(&nt__ctr.syncs.v, 0);
+    AO_store(&nt__ctr.sync_wait_ns.v, 0);
+    AO_store(&nt__ctr.bytes_to_host.v, 0);
+    AO_store(&nt__ctr.bytes_from_host.v, 0);
+    AO_store(&nt__ctr.cpu_fallbacks.v, 0);
     if (nt__fusion_stats_reset)
         nt__fusion_stats_reset();
     nt__arena_reset_peak();

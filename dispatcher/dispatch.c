@@ -8,12 +8,20 @@
 int (*nt__ag_on_dispatch)(nt__call *c);
 bool (*nt__ag_grad_mode)(void);
 int (*nt__amp_on_call)(nt__call *c);
-_Thread_local const char *nt__tls_bwd_of;
+_Thread_local const char *nt__tls_bwd_of NT_TLS_HOT;
 
 bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, int nin,
                     nt_tensor *const *in, const char *names)
 {
-    memset(c, 0, sizeof *c);
+    /* Not a whole memset: the output shape arrays (the bulk of the struct)
+     * are written by each op's shape rule before anything reads them. */
+    memset(&c->p, 0, sizeof c->p);
+    memset(c->in, 0, sizeof c->in);
+    memset(c->out, 0, sizeof c->out);
+    memset(c->tmp, 0, sizeof c->tmp);
+    c->dst = NULL;
+    c->flops = 0;
+    c->no_grad = false;
     c->site = site;
     c->fn = fn;
     c->op = op;
@@ -22,23 +30,30 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
     c->bwd_of = nt__tls_bwd_of;
     if (!nt__ensure_init())
         return false;
-    const char *p = names;
+    bool bad = false;
     for (int i = 0; i < nin; i++) {
-        char name[32];
-        bool optional = false;
-        size_t k = 0;
-        if (*p == '?')
-            optional = true, p++;
-        while (*p && *p != ',' && k < sizeof name - 1)
-            name[k++] = *p++;
-        name[k] = '\0';
-        if (*p == ',')
-            p++;
         c->in[i] = in[i];
-        if (optional && !in[i])
-            continue;
-        if (!nt__check_arg(site, fn, name, in[i]))
-            return false;
+        bad |= !in[i] || in[i]->magic != NT__MAGIC_LIVE;
+    }
+    if (bad) {
+        /* only now spell out the argument names, for the message */
+        const char *p = names;
+        for (int i = 0; i < nin; i++) {
+            char name[32];
+            bool optional = false;
+            size_t k = 0;
+            if (*p == '?')
+                optional = true, p++;
+            while (*p && *p != ',' && k < sizeof name - 1)
+                name[k++] = *p++;
+            name[k] = '\0';
+            if (*p == ',')
+                p++;
+            if (optional && !in[i])
+                continue;
+            if (!nt__check_arg(site, fn, name, in[i]))
+                return false;
+        }
     }
     if (nt__amp_on_call && nt__amp_on_call(c) < 0)
         return false;

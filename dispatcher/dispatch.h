@@ -52,7 +52,7 @@ nt_tensor *nt__dispatch(nt__call *c);
 
 /* While autograd runs a node's backward: that op's API name, recorded on
  * every op the backward issues (error messages say "in the backward of"). */
-extern _Thread_local const char *nt__tls_bwd_of;
+extern _Thread_local const char *nt__tls_bwd_of NT_TLS_HOT;
 
 /* Hooks of later layers (NULL until they are linked in and initialised). */
 extern int (*nt__ag_on_dispatch)(nt__call *c);     /* autograd: record a node */

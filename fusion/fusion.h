@@ -31,7 +31,7 @@ typedef enum nt__fkind { NT_FK_EW = 0, NT_FK_ROW, NT_FK_MM } nt__fkind;
 #define NT_F_MAXOPS 64
 #define NT_F_MAXVALS 64
 #define NT_F_MAXEXT 24
-#define NT_F_MAXOUT 24
+#define NT_F_MAXOUT NT_F_MAXVALS /* every value may be live */
 
 /* An operand: a value of the program (>= 0) or an external input (~k < 0). */
 #define NT_F_EXT(k) (-(k)-1)
@@ -55,6 +55,7 @@ typedef struct nt__fval {
 typedef struct nt__fext {
     uint8_t dtype;
     uint8_t red;      /* ROW: an input with one value per row */
+    uint16_t bcast;   /* bit i: stretched along iteration dim i */
 } nt__fext;
 
 typedef struct nt__fprog {
@@ -66,7 +67,9 @@ typedef struct nt__fprog {
     int8_t out_val[NT_F_MAXOUT]; /* output slot -> value */
     int ndim;                    /* iteration shape (ROW: the full shape) */
     int64_t shape[NT_MAX_DIMS];
-    char *sig;
+    uint8_t *key;                /* the signature: program bytes, below */
+    size_t keylen;
+    uint64_t hash;
     volatile AO_t runs;
     volatile AO_t refs;          /* the cache's, plus one per running group */
     GList *lru;                  /* its link in the cache's recency list */
@@ -89,7 +92,7 @@ int nt__fused_cpu(const nt__fgroup *g);
 extern int (*nt__fused_sim)(const nt__fgroup *g);
 
 /* Set by the stream worker: why the batch it hands over ends here. */
-extern _Thread_local const char *nt__batch_end_reason;
+extern _Thread_local const char *nt__batch_end_reason NT_TLS_HOT;
 
 /* The batch entry point, installed as nt__fusion_batch. */
 void nt__fusion_run(nt__rec **recs, int n);

@@ -26,7 +26,7 @@ static volatile AO_t evictions;
 static void prog_unref(nt__fprog *c)
 {
     if (c && AO_fetch_and_sub1(&c->refs) == 1) {
-        g_free(c->sig);
+        g_free(c->key);
         g_free(c);
     }
 }
@@ -91,11 +91,26 @@ typedef struct {
     nt__fprog p;
     nt__fgroup g;
     nt_tensor *val_t[NT_F_MAXVALS];   /* the tensor (view) each value stands for */
+    nt_tensor *val_h[NT_F_MAXVALS];   /* the handle that defined it */
+    int val_slots[NT_F_MAXVALS];      /* record slots in the group holding val_h */
     bool val_inplace[NT_F_MAXVALS];
     int first;                        /* index of the first record in the batch */
     int64_t red_shape[NT_MAX_DIMS];   /* ROW: [..., 1] */
     int nfull;                        /* ROW: values with a whole row each */
+    /* storages the group writes: open addressing, storage -> latest value;
+     * `multi` when two values live in one storage through different views */
+    const nt__storage *st_key[2 * NT_F_MAXVALS];
+    int8_t st_val[2 * NT_F_MAXVALS];
+    bool st_multi[2 * NT_F_MAXVALS];
 } gstate;
+
+static int st_slot(const gstate *s, const nt__storage *st)
+{
+    unsigned h = (unsigned)(((uintptr_t)st >> 6) * 2654435761u) % (2 * NT_F_MAXVALS);
+    while (s->st_key[h] && s->st_key[h] != st)
+        h = (h + 1) % (2 * NT_F_MAXVALS);
+    return (int)h;
+}
 
 /* Per-row SBUF budget for a ROW group: one partition holds one row of each
  * full value (f32), as the simulator's row kernels do. */
@@ -114,17 +129,12 @@ static const char *reason_buf(char *buf, size_t n, const char *fmt, ...)
 static int find_val(gstate *s, const nt_tensor *t)
 {
     for (int v = s->p.nvals - 1; v >= 0; v--)
+        if (s->val_t[v] == t)
+            return v;
+    for (int v = s->p.nvals - 1; v >= 0; v--)
         if (s->val_t[v] && same_view(s->val_t[v], t))
             return v;
     return -1;
-}
-
-static bool storage_written(gstate *s, const nt__storage *st)
-{
-    for (int v = 0; v < s->p.nvals; v++)
-        if (s->val_t[v] && s->val_t[v]->st == st)
-            return true;
-    return false;
 }
 
 static int find_or_add_ext(gstate *s, nt_tensor *t)
@@ -138,6 +148,16 @@ static int find_or_add_ext(gstate *s, nt_tensor *t)
     s->g.ext[k] = t;
     s->p.ext[k].dtype = t->dtype;
     s->p.ext[k].red = 0;
+    {
+        /* which iteration dims it is stretched along: part of the signature */
+        int64_t st[NT_MAX_DIMS];
+        nt__bcast_strides(t, s->p.ndim, s->p.shape, st);
+        uint16_t m = 0;
+        for (int i = 0; i < s->p.ndim; i++)
+            if (st[i] == 0 && s->p.shape[i] != 1)
+                m |= (uint16_t)(1u << i);
+        s->p.ext[k].bcast = m;
+    }
     if (s->p.kind == NT_FK_ROW) {
         /* constant along the row: usable where a per-row value is */
         int64_t st[NT_MAX_DIMS];
@@ -147,14 +167,33 @@ static int find_or_add_ext(gstate *s, nt_tensor *t)
     return k;
 }
 
-/* Resolves input t of a record to an operand; -128 on a hazard. */
+/* Resolves input t of a record to an operand; -128 on a hazard.  One pass
+ * over the values' storages settles the common case: a storage the group
+ * does not write is an external input. */
 #define NT_F_HAZARD (-128)
 static int operand(gstate *s, nt_tensor *t)
 {
-    int v = find_val(s, t);
-    if (v >= 0)
-        return v;
-    if (storage_written(s, t->st))
+    int h = st_slot(s, t->st);
+    if (!s->st_key[h]) { /* the group does not write this storage */
+        int k = find_or_add_ext(s, t);
+        return k < 0 ? NT_F_HAZARD - 1 : NT_F_EXT(k);
+    }
+    if (!s->st_multi[h]) {
+        const nt_tensor *w = s->val_t[s->st_val[h]];
+        if (w && (w == t || same_view(w, t)))
+            return s->st_val[h];
+        return NT_F_HAZARD;
+    }
+    bool written = false;
+    for (int v = s->p.nvals - 1; v >= 0; v--) {
+        const nt_tensor *w = s->val_t[v];
+        if (!w || w->st != t->st)
+            continue;
+        if (w == t || same_view(w, t))
+            return v;
+        written = true;
+    }
+    if (written)
         return NT_F_HAZARD; /* another view of something the group writes */
     int k = find_or_add_ext(s, t);
     return k < 0 ? NT_F_HAZARD - 1 : NT_F_EXT(k);
@@ -170,7 +209,11 @@ static void group_reset(gstate *s, nt__rec **recs, int first, uint8_t backend)
     memset(&s->p, 0, sizeof s->p);
     memset(&s->g, 0, sizeof s->g);
     memset(s->val_t, 0, sizeof s->val_t);
+    memset(s->val_h, 0, sizeof s->val_h);
+    memset(s->val_slots, 0, sizeof s->val_slots);
     memset(s->val_inplace, 0, sizeof s->val_inplace);
+    memset(s->st_key, 0, sizeof s->st_key);
+    memset(s->st_multi, 0, sizeof s->st_multi);
     s->open = true;
     s->first = first;
     s->nfull = 0;
@@ -269,6 +312,9 @@ static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
         }
         op.a[i] = (int8_t)a;
     }
+    for (int i = 0; i < r->nin; i++) /* slots that hold a value's own handle */
+        if (r->in[i] && !NT_F_IS_EXT(op.a[i]) && r->in[i] == s->val_h[op.a[i]])
+            s->val_slots[op.a[i]]++;
     /* ROW: an op with a per-row result may only use per-row operands */
     bool out_red = false;
     if (s->p.kind == NT_FK_ROW) {
@@ -304,34 +350,37 @@ static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
     s->p.vals[v].store = -1;
     if (s->p.kind == NT_FK_ROW && !out_red)
         s->nfull++;
-    /* an earlier value of the same view (an in-place chain) is superseded */
-    int prev = find_val(s, o);
+    /* an earlier value of the same view (an in-place chain) is superseded;
+     * a fresh output cannot match anything */
+    int prev = inplace ? find_val(s, o) : -1;
     if (prev >= 0)
         s->val_t[prev] = NULL;
+    {
+        int h = st_slot(s, o->st);
+        if (!s->st_key[h]) {
+            s->st_key[h] = o->st;
+        } else if (prev < 0) {
+            s->st_multi[h] = true; /* another view of a written storage */
+        }
+        s->st_val[h] = (int8_t)v;
+    }
     s->val_t[v] = o;
+    s->val_h[v] = o;
+    s->val_slots[v] = 1; /* the producer's output slot */
     s->val_inplace[v] = inplace;
     s->p.ops[s->p.nops++] = op;
     s->g.nrecs++;
     return NULL;
 }
 
-/* How many input slots of the group's records hold t. */
-static int slots_in_group(const gstate *s, const nt_tensor *t)
+/* Can anything outside the group read value v's tensor after it?  (See
+ * fusion.h.)  Every pending record holds an internal reference per slot, so
+ * a handle with more internal references than the group's own slots is read
+ * by some record outside the group. */
+static bool live_after(const gstate *s, int v, const char **why)
 {
-    int n = 0;
-    for (int k = 0; k < s->g.nrecs; k++) {
-        const nt__rec *r = s->g.recs[k];
-        for (int i = 0; i < r->nin; i++)
-            n += r->in[i] == t;
-        for (int i = 0; i < r->nout; i++)
-            n += r->out[i] == t;
-    }
-    return n;
-}
-
-/* Can anything outside the group read t after it?  (See fusion.h.) */
-static bool live_after(const gstate *s, nt_tensor *t, bool inplace, const char **why)
-{
+    nt_tensor *t = s->val_t[v];
+    bool inplace = s->val_inplace[v];
     if (inplace) {
         *why = "in-place destination";
         return true;
@@ -344,7 +393,7 @@ static bool live_after(const gstate *s, nt_tensor *t, bool inplace, const char *
         *why = "another handle on its storage (a view, or saved for backward)";
         return true;
     }
-    if ((int)AO_load_full(&t->irefs) > slots_in_group(s, t)) {
+    if ((int)AO_load_full(&t->irefs) > s->val_slots[v]) {
         *why = "read by a later kernel";
         return true;
     }
@@ -353,55 +402,109 @@ static bool live_after(const gstate *s, nt_tensor *t, bool inplace, const char *
 
 /* ---------------- signatures and the cache ---------------- */
 
-static char *signature(const nt__fprog *p)
+/* The signature is the program itself, as bytes: kind, shape, every op
+ * (operands and parameters by bit pattern), every value's dtype, row-ness
+ * and store slot, every input's dtype and broadcast pattern.  Equal bytes,
+ * equal program. */
+typedef struct {
+    uint8_t buf[8192];
+    size_t n;
+} keybuf;
+
+static void kput(keybuf *k, const void *p, size_t n)
 {
-    GString *g = g_string_sized_new(256);
-    g_string_append_printf(g, "%d|", p->kind);
-    for (int i = 0; i < p->ndim; i++)
-        g_string_append_printf(g, "%lld,", (long long)p->shape[i]);
-    g_string_append_c(g, '|');
-    for (int k = 0; k < p->nops; k++) {
-        const nt__fop *o = &p->ops[k];
-        g_string_append_printf(g, "%u(%d,%d,%d)>%d", o->op, o->a[0], o->a[1], o->a[2], o->out);
-        /* parameters, by bits */
-        g_string_append_printf(g, "[%a,%a,%d,%d,%lld]", o->p.f[0], o->p.f[1], o->p.dim, o->p.flag,
-                               (long long)o->p.i[0]);
+    if (k->n + n <= sizeof k->buf)
+        memcpy(k->buf + k->n, p, n);
+    k->n += n;
+}
+
+static void make_key(const nt__fprog *p, keybuf *k)
+{
+    k->n = 0;
+    int32_t hdr[6] = {p->kind, p->ndim, p->nops, p->nvals, p->next, p->nout};
+    kput(k, hdr, sizeof hdr);
+    kput(k, p->shape, sizeof(int64_t) * (size_t)p->ndim);
+    for (int i = 0; i < p->nops; i++) {
+        const nt__fop *o = &p->ops[i];
+        int8_t b[6] = {(int8_t)o->nin, o->a[0], o->a[1], o->a[2], o->out, 0};
+        kput(k, &o->op, sizeof o->op);
+        kput(k, b, sizeof b);
+        kput(k, o->p.f, sizeof(double) * 2);
+        int32_t d[2] = {o->p.dim, o->p.flag};
+        kput(k, d, sizeof d);
+        kput(k, &o->p.i[0], sizeof(int64_t));
     }
-    g_string_append_c(g, '|');
-    for (int v = 0; v < p->nvals; v++)
-        g_string_append_printf(g, "%u%c%d,", p->vals[v].dtype, p->vals[v].red ? 'r' : 'f',
-                               p->vals[v].store);
-    g_string_append_c(g, '|');
-    for (int k = 0; k < p->next; k++)
-        g_string_append_printf(g, "%u%c,", p->ext[k].dtype, p->ext[k].red ? 'r' : 'f');
-    return g_string_free(g, FALSE);
+    for (int v = 0; v < p->nvals; v++) {
+        int8_t b[3] = {(int8_t)p->vals[v].dtype, (int8_t)p->vals[v].red, p->vals[v].store};
+        kput(k, b, sizeof b);
+    }
+    for (int e = 0; e < p->next; e++) {
+        uint8_t b[2] = {p->ext[e].dtype, p->ext[e].red};
+        kput(k, b, sizeof b);
+        kput(k, &p->ext[e].bcast, sizeof p->ext[e].bcast);
+    }
+}
+
+static uint64_t key_hash(const uint8_t *b, size_t n)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+    }
+    for (; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    h ^= h >> 29;
+    return h * 0xc4ceb9fe1a85ec53ull;
+}
+
+static guint prog_hash(gconstpointer p) { return (guint)((const nt__fprog *)p)->hash; }
+
+static gboolean prog_equal(gconstpointer a, gconstpointer b)
+{
+    const nt__fprog *x = a, *y = b;
+    return x->hash == y->hash && x->keylen == y->keylen && !memcmp(x->key, y->key, x->keylen);
 }
 
 /* Looks the program up by signature (or caches this one); the caller owns
  * one reference. */
 static nt__fprog *compile(const nt__fprog *p, bool *hit)
 {
-    char *sig = signature(p);
+    /* the key buffer: per worker thread, allocated once */
+    static _Thread_local keybuf *kbp NT_TLS_HOT;
+    if (!kbp)
+        kbp = g_new(keybuf, 1);
+    keybuf *kbq = kbp;
+#define kb (*kbq)
+    make_key(p, &kb);
+    nt__fprog probe;
+    probe.key = kb.buf;
+    probe.keylen = kb.n;
+    probe.hash = key_hash(kb.buf, kb.n);
     g_mutex_lock(&cache_lock);
-    nt__fprog *c = g_hash_table_lookup(cache, sig);
+    nt__fprog *c = g_hash_table_lookup(cache, &probe);
     if (c) {
         *hit = true;
-        g_free(sig);
         g_queue_unlink(&lru, c->lru);
         g_queue_push_head_link(&lru, c->lru);
     } else {
         *hit = false;
         c = g_new(nt__fprog, 1);
         *c = *p;
-        c->sig = sig;
+        c->key = g_memdup2(kb.buf, kb.n);
+        c->keylen = kb.n;
+        c->hash = probe.hash;
         c->runs = 0;
         c->refs = 1; /* the cache's */
         g_queue_push_head(&lru, c);
         c->lru = lru.head;
-        g_hash_table_insert(cache, c->sig, c);
+        g_hash_table_add(cache, c);
         while (lru.length > NT_F_CACHE_MAX) {
             nt__fprog *old = g_queue_pop_tail(&lru);
-            g_hash_table_remove(cache, old->sig);
+            g_hash_table_remove(cache, old);
             AO_fetch_and_add1(&evictions);
             prog_unref(old);
         }
@@ -409,6 +512,7 @@ static nt__fprog *compile(const nt__fprog *p, bool *hit)
     AO_fetch_and_add1(&c->refs);
     g_mutex_unlock(&cache_lock);
     return c;
+#undef kb
 }
 
 /* ---------------- the log ---------------- */
@@ -471,7 +575,7 @@ static void log_group(const gstate *s, const nt__fprog *c, bool hit, int stored,
 /* ---------------- running ---------------- */
 
 /* Planning time excludes kernels: the clock stops around every run. */
-static _Thread_local uint64_t plan_t0;
+static _Thread_local uint64_t plan_t0 NT_TLS_HOT;
 static void plan_pause(void) { AO_fetch_and_add(&nt__fst.plan_ns, (AO_t)(nt__now_ns() - plan_t0)); }
 static void plan_resume(void) { plan_t0 = nt__now_ns(); }
 
@@ -497,7 +601,7 @@ static void run_group(gstate *s)
             continue;
         }
         const char *why = NULL;
-        if (live_after(s, t, s->val_inplace[v], &why)) {
+        if (live_after(s, v, &why)) {
             int slot = s->p.nout++;
             s->p.vals[v].store = (int8_t)slot;
             s->p.out_val[slot] = (int8_t)v;
@@ -598,7 +702,7 @@ int nt__fusion_init(void)
 {
     g_mutex_lock(&cache_lock);
     if (!cache)
-        cache = g_hash_table_new(g_str_hash, g_str_equal);
+        cache = g_hash_table_new(prog_hash, prog_equal);
     g_mutex_unlock(&cache_lock);
     memset(&nt__fst, 0, sizeof nt__fst);
     kernel_no = 0;

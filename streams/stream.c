@@ -23,12 +23,12 @@ nt__batch_fn nt__fusion_batch;
 static _Thread_local struct {
     nt__rec *head;
     uint64_t epoch;
-} tl_recs;
+} tl_recs NT_TLS_HOT;
 
 static _Thread_local struct {
     nt_stream *s;
     uint32_t id;
-} tl_cur;
+} tl_cur NT_TLS_HOT;
 
 static gpointer worker_main(gpointer arg);
 
@@ -182,7 +182,17 @@ nt__rec *nt__rec_alloc(nt_stream *s)
         r = chunk;
     }
     tl_recs.head = r->pool_next;
-    memset(r, 0, sizeof *r);
+    /* the fields a record reads; p and site are written by every producer */
+    memset(r->in, 0, sizeof r->in);
+    memset(r->out, 0, sizeof r->out);
+    r->type = NT_REC_OP;
+    r->nin = r->nout = r->ndeps = 0;
+    r->flags = 0;
+    r->bwd_of = NULL;
+    r->host_fn = NULL;
+    r->host_arg = NULL;
+    r->stream = NULL;
+    r->seq = 0;
     return r;
 }
 
@@ -314,7 +324,7 @@ void nt__stream_enqueue(nt_stream *s, nt__rec *r)
         nt__wait_packed(NT__PACK(s->id, r->seq - (uint64_t)nt__cfg.max_inflight / 2));
 }
 
-_Thread_local const char *nt__batch_end_reason;
+_Thread_local const char *nt__batch_end_reason NT_TLS_HOT;
 
 static void run_batch(nt__rec **recs, int n)
 {

@@ -80,7 +80,7 @@ void nt__rec_release(nt__rec *r);
 typedef void (*nt__batch_fn)(nt__rec **recs, int n);
 extern nt__batch_fn nt__fusion_batch; /* set by fusion/ at init; NULL = off */
 /* Why the batch being run ends where it does (for the fusion log). */
-extern _Thread_local const char *nt__batch_end_reason;
+extern _Thread_local const char *nt__batch_end_reason NT_TLS_HOT;
 
 /* For every live stream (debugger, nt_sync): calls fn(s, arg). */
 void nt__streams_foreach(void (*fn)(nt_stream *s, void *arg), void *arg);

@@ -871,9 +871,33 @@ static void test_op_limit(void **state)
     nt_release(x), nt_release(t);
 }
 
+/* A group where every value stays live (the user keeps all 64): the kernel
+ * writes them all.  Once, the output table held 24 and overflowed. */
+static void test_many_live_outputs(void **state)
+{
+    (void)state;
+    nt_config_set("NT_MODE", "lazy");
+    nt_tensor *a = nt_arange(NT_F32, 0, 16, 1);
+    nt_sync();
+    nt_tensor *outs[100];
+    for (int k = 0; k < 100; k++)
+        outs[k] = nt_add_scalar(a, k);
+    nt_sync();
+    for (int k = 0; k < 100; k++) {
+        float o[16];
+        assert_int_equal(nt_to_host(outs[k], o, sizeof o), 0);
+        for (int i = 0; i < 16; i++)
+            assert_true(o[i] == (float)(i + k));
+        nt_release(outs[k]);
+    }
+    nt_release(a);
+    nt_config_set("NT_MODE", "adaptive");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_many_live_outputs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_differential, setup, teardown),
         cmocka_unit_test_setup_teardown(test_print_invariance, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ew_chain_one_kernel, setup, teardown),
