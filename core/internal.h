@@ -67,14 +67,17 @@ void nt__errobj_unref(nt__errobj *e);
 /* ------------------------------------------------------------------ */
 
 typedef struct nt__storage {
-    volatile AO_t refs;     /* handles pointing here + other holders */
-    volatile AO_t version;  /* bumped at enqueue of every in-place write */
-    volatile AO_t last_write; /* packed (stream id, seq) of the last writer */
-    volatile AO_t last_read;  /* packed (stream id, seq) of the last reader */
-    volatile AO_t poison;     /* nt__errobj * or 0 */
+    /* line 1: what kernels read */
     void *data;             /* 64-byte aligned, in the arena */
     size_t nbytes;
+    volatile AO_t poison;   /* nt__errobj * or 0 */
+    volatile AO_t refs;     /* handles pointing here + other holders */
     uint64_t id;            /* for traces and the debugger */
+    /* line 2: what every enqueue writes -- apart, so a worker reading line
+     * 1 does not see it change under it on every op */
+    _Alignas(64) volatile AO_t last_write; /* packed (stream id, seq) of the last writer */
+    volatile AO_t last_read;  /* packed (stream id, seq) of the last reader */
+    volatile AO_t version;    /* bumped at enqueue of every in-place write */
 } nt__storage;
 
 /* Packed (stream id, seq): the seq of an op on a stream, 0 = none. */
@@ -90,8 +93,6 @@ struct nt_tensor {
     uint8_t dtype;
     uint8_t expanded;        /* has a stride-0 dim from expand: not writable */
     uint8_t pad_;
-    volatile AO_t refs;      /* user references; 0 = released */
-    volatile AO_t irefs;     /* internal references, +1 while refs > 0 */
     nt__storage *st;
     int64_t offset;          /* in elements */
     int64_t shape[NT_MAX_DIMS];
@@ -103,6 +104,10 @@ struct nt_tensor {
     nt_site site;            /* where it was made */
     uint64_t id;             /* unique, for messages and the debugger */
     nt_tensor *pool_next;
+    /* The counts change on every op that reads the tensor, from the host and
+     * from a worker: their own line keeps the view fields above clean. */
+    _Alignas(64) volatile AO_t refs; /* user references; 0 = released */
+    volatile AO_t irefs;     /* internal references, +1 while refs > 0 */
 };
 
 /* Validates a tensor argument: NULL keeps the first error (or sets EINVAL);
@@ -118,6 +123,8 @@ nt_tensor *nt__tensor_empty(nt_dtype dt, int ndim, const int64_t *shape,
                             const nt_site *site, const char *fn);
 void nt__tensor_iref(nt_tensor *t);
 void nt__tensor_iunref(nt_tensor *t);
+/* Drops n internal references at once. */
+void nt__tensor_iunref_n(nt_tensor *t, AO_t n);
 /* Registers a fresh reference in the thread's innermost scope, if any. */
 nt_tensor *nt__scope_adopt(nt_tensor *t);
 

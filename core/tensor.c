@@ -199,10 +199,10 @@ static void handle_free(nt_tensor *t)
 
 /* ---------------- storage ---------------- */
 
-/* The storage header sits at the start of its arena block, the data one
- * cache line later: one allocation per tensor, not two. */
-#define NT_ST_HDR 64
-_Static_assert(sizeof(nt__storage) <= NT_ST_HDR, "storage header outgrew its cache line");
+/* The storage header sits at the start of its arena block, the data two
+ * cache lines later: one allocation per tensor, not two. */
+#define NT_ST_HDR 128
+_Static_assert(sizeof(nt__storage) <= NT_ST_HDR, "storage header outgrew its two lines");
 
 nt__storage *nt__storage_new(size_t nbytes)
 {
@@ -286,9 +286,11 @@ nt_tensor *nt__tensor_empty(nt_dtype dt, int ndim, const int64_t *shape, const n
 
 void nt__tensor_iref(nt_tensor *t) { AO_fetch_and_add1(&t->irefs); }
 
-void nt__tensor_iunref(nt_tensor *t)
+void nt__tensor_iunref(nt_tensor *t) { nt__tensor_iunref_n(t, 1); }
+
+void nt__tensor_iunref_n(nt_tensor *t, AO_t n)
 {
-    if (!t || AO_fetch_and_sub1(&t->irefs) != 1)
+    if (!t || AO_fetch_and_add(&t->irefs, (AO_t)0 - n) != n)
         return;
     if (t->ag && nt__ag_free)
         nt__ag_free(t->ag);
