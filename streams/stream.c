@@ -43,11 +43,14 @@ nt_stream *nt__stream_by_id(uint32_t id)
 
 static nt_stream *stream_new(bool is_default)
 {
-    nt_stream *s = g_new0(nt_stream, 1);
+    nt_stream *s = aligned_alloc(64, sizeof *s); /* for the per-line groups */
+    if (!s)
+        return NULL;
+    memset(s, 0, sizeof *s);
     g_mutex_lock(&S.lock);
     if (S.next_id >= NT__MAX_STREAMS) {
         g_mutex_unlock(&S.lock);
-        g_free(s);
+        free(s);
         return NULL;
     }
     s->id = ++S.next_id;
@@ -95,7 +98,7 @@ void nt__streams_init(void)
     g_mutex_init(&S.lock);
     S.next_id = 0;
     S.chunks = g_ptr_array_new_with_free_func(free);
-    S.graveyard = g_ptr_array_new_with_free_func(g_free);
+    S.graveyard = g_ptr_array_new_with_free_func(free);
     AO_fetch_and_add1(&S.epoch);
     S.dflt = stream_new(true);
 }
@@ -365,10 +368,13 @@ void nt__stream_enqueue(nt_stream *s, nt__rec *r)
         g_mutex_unlock(&s->lock);
     }
     /* Backpressure: a host far ahead of its worker waits (and, in lazy mode,
-     * makes the worker run) rather than queueing without bound. */
-    uint64_t done = AO_load(&s->done_upto);
-    if (r->seq > done + (uint64_t)nt__cfg.max_inflight)
-        nt__wait_packed(NT__PACK(s->id, r->seq - (uint64_t)nt__cfg.max_inflight / 2));
+     * makes the worker run) rather than queueing without bound.  Checked
+     * every 64 ops: done_upto is the worker's line. */
+    if ((r->seq & 63) == 0) {
+        uint64_t done = AO_load(&s->done_upto);
+        if (r->seq > done + (uint64_t)nt__cfg.max_inflight)
+            nt__wait_packed(NT__PACK(s->id, r->seq - (uint64_t)nt__cfg.max_inflight / 2));
+    }
 }
 
 _Thread_local const char *nt__batch_end_reason NT_TLS_HOT;

@@ -19,20 +19,29 @@
 
 #include "internal.h"
 
+/* Fields are grouped by who writes them, a cache line per group: producers
+ * write the queue tail and next_seq on every enqueue, the worker writes
+ * done_upto after every batch, and neither should drag the other's line
+ * across on each op. */
 struct nt_stream {
+    /* read-mostly */
     uint32_t magic;
     uint32_t id;
-    struct __cds_wfcq_head head;
-    struct cds_wfcq_tail tail;
     GThread *worker;
+    /* producers: every enqueue */
+    _Alignas(64) struct cds_wfcq_tail tail;
     volatile AO_t next_seq;   /* last seq handed out */
+    /* the worker: every batch */
+    _Alignas(64) struct __cds_wfcq_head head;
     volatile AO_t done_upto;  /* every seq <= this has run */
-    volatile AO_t flush_upto; /* lazy mode: run at least up to here */
+    volatile AO_t busy;       /* worker is running a batch (for nt-queue) */
+    /* rarely written */
+    _Alignas(64) volatile AO_t flush_upto; /* lazy mode: run at least up to here */
     volatile AO_t sleeping;   /* worker is (about to be) asleep */
     volatile AO_t waiters;    /* threads sleeping on done_cond */
     volatile AO_t stop;
-    volatile AO_t free_recs;  /* lock-free stack of recycled records */
-    volatile AO_t busy;       /* worker is running a batch (for nt-queue) */
+    /* the worker pushes, producers take all: both, but once per batch */
+    _Alignas(64) volatile AO_t free_recs; /* lock-free stack of recycled records */
     GMutex lock;
     GCond work_cond, done_cond;
     nt__errobj *first_error;  /* under lock: first error not yet reported */
