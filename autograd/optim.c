@@ -1,0 +1,1111 @@
+/* autograd/optim.c - SGD and AdamW, and checkpoints of parameters and
+ * optimizer state (format: docs/checkpoint.md).
+ *
+ * One parameter's update is a chain of elementwise ops on that parameter's
+ * tensors (param, grad, state) ending in in-place writes, issued inside a
+ * scope of its own with graph recording off.  Every intermediate is dead as
+ * soon as the chain is queued, so the fusion engine can turn the whole
+ * update into one kernel that reads param, grad and state once and writes
+ * param and state once.  Scalars that depend on the step count (Adam's bias
+ * corrections) are computed on the host in double: a step never syncs.
+ *
+ * Semantics are PyTorch's torch.optim.SGD (dampening 0) and
+ * torch.optim.AdamW (amsgrad off), with the per-parameter step count of
+ * PyTorch: a parameter that has no .grad at a step is skipped and its count
+ * does not move.
+ *
+ * Concurrency: each optimizer has a mutex; step, zero_grad, set_lr,
+ * set_master_weights, nt_save and nt_load on one optimizer serialise.  The
+ * parameters are ordinary tensors: a thread that writes them while another
+ * steps the optimizer needs its own ordering (events). */
+#include "autograd.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define OPT_MAGIC 0x4f50544du /* "OPTM" */
+
+typedef enum { KIND_SGD = 1, KIND_ADAMW = 2 } opt_kind;
+
+/* Per parameter.  `s0` is SGD's momentum buffer or Adam's exp_avg, `s1`
+ * Adam's exp_avg_sq; both are made at the parameter's first update, like
+ * PyTorch's lazily created state, in the working dtype (the parameter's, or
+ * f32 with master weights). */
+typedef struct {
+    nt_tensor *p;      /* the parameter (a reference of ours) */
+    nt_tensor *s0, *s1;
+    nt_tensor *master; /* f32 copy of a bf16/f16 parameter, or NULL */
+    int64_t steps;     /* updates this parameter received */
+} slot;
+
+struct nt_optim {
+    uint32_t magic;
+    opt_kind kind;
+    int n;
+    slot *slots;
+    double lr, momentum, weight_decay, beta1, beta2, eps;
+    bool nesterov;
+    bool master;       /* keep f32 masters for low-precision params */
+    int64_t steps;     /* nt_optim_step calls that succeeded */
+    GMutex lock;
+};
+
+static bool low_precision(nt_tensor *t)
+{
+    return t->dtype == NT_BF16 || t->dtype == NT_F16;
+}
+
+/* The tensor an update reads and writes: the master copy if there is one. */
+static nt_tensor *working(slot *s) { return s->master ? s->master : s->p; }
+
+static bool opt_ok(nt_optim *o, const char *fn)
+{
+    if (!nt__ensure_init())
+        return false;
+    if (!o || o->magic != OPT_MAGIC) {
+        nt__err(NULL, NT_EINVAL, fn, "argument 'opt' is %s", o ? "not a live optimizer"
+                                                                : "NULL");
+        return false;
+    }
+    return true;
+}
+
+static bool finite_ge0(double v) { return isfinite(v) && v >= 0; }
+
+/* Checks the parameter list shared by both constructors. */
+static bool check_params(const char *fn, nt_tensor *const *params, int n)
+{
+    if (!params || n <= 0) {
+        nt__err(NULL, NT_EINVAL, fn, "argument '%s' is %s; expected at least one parameter",
+                params ? "n" : "params", params ? "<= 0" : "NULL");
+        return false;
+    }
+    for (int i = 0; i < n; i++) {
+        char arg[32];
+        snprintf(arg, sizeof arg, "params[%d]", i);
+        if (!nt__check_arg(NULL, fn, arg, params[i]))
+            return false;
+        nt_tensor *t = params[i];
+        if (!nt__dtype_is_float((nt_dtype)t->dtype)) {
+            nt__err(NULL, NT_EDTYPE, fn, "argument '%s' is %s; parameters must be floating", arg,
+                    nt_dtype_name((nt_dtype)t->dtype));
+            return false;
+        }
+        if (t->ag && t->ag->grad_fn) {
+            nt__err(NULL, NT_EINVAL, fn,
+                    "argument '%s' was computed by an op that records a graph; only leaf "
+                    "tensors can be optimized (use nt_detach)", arg);
+            return false;
+        }
+        if (t->expanded) {
+            nt__err(NULL, NT_EINVAL, fn,
+                    "argument '%s' is an expanded view; an optimizer writes its parameters in "
+                    "place", arg);
+            return false;
+        }
+        for (int j = 0; j < i; j++)
+            if (params[j] == t) {
+                nt__err(NULL, NT_EINVAL, fn, "argument 'params' lists the same tensor at %d "
+                        "and %d", j, i);
+                return false;
+            }
+    }
+    return true;
+}
+
+static nt_optim *opt_new(opt_kind kind, nt_tensor *const *params, int n)
+{
+    nt_optim *o = g_new0(nt_optim, 1);
+    o->magic = OPT_MAGIC;
+    o->kind = kind;
+    o->n = n;
+    o->slots = g_new0(slot, n);
+    for (int i = 0; i < n; i++)
+        o->slots[i].p = nt_retain(params[i]);
+    g_mutex_init(&o->lock);
+    return o;
+}
+
+NT_API nt_optim *nt_optim_sgd(nt_tensor *const *params, int n, double lr, double momentum,
+                              double weight_decay, bool nesterov)
+{
+    const char *fn = "nt_optim_sgd";
+    if (!nt__ensure_init() || !check_params(fn, params, n))
+        return NULL;
+    if (!finite_ge0(lr) || !finite_ge0(momentum) || !finite_ge0(weight_decay)) {
+        nt__err(NULL, NT_EINVAL, fn,
+                "lr, momentum and weight_decay must be finite and >= 0 (got %g, %g, %g)", lr,
+                momentum, weight_decay);
+        return NULL;
+    }
+    if (nesterov && momentum <= 0) {
+        nt__err(NULL, NT_EINVAL, fn, "nesterov momentum needs momentum > 0 (got %g)", momentum);
+        return NULL;
+    }
+    nt_optim *o = opt_new(KIND_SGD, params, n);
+    o->lr = lr;
+    o->momentum = momentum;
+    o->weight_decay = weight_decay;
+    o->nesterov = nesterov;
+    return o;
+}
+
+NT_API nt_optim *nt_optim_adamw(nt_tensor *const *params, int n, double lr, double beta1,
+                                double beta2, double eps, double weight_decay)
+{
+    const char *fn = "nt_optim_adamw";
+    if (!nt__ensure_init() || !check_params(fn, params, n))
+        return NULL;
+    if (!finite_ge0(lr) || !finite_ge0(eps) || !finite_ge0(weight_decay)) {
+        nt__err(NULL, NT_EINVAL, fn,
+                "lr, eps and weight_decay must be finite and >= 0 (got %g, %g, %g)", lr, eps,
+                weight_decay);
+        return NULL;
+    }
+    if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1)) {
+        nt__err(NULL, NT_EINVAL, fn, "betas must be in [0, 1) (got %g, %g)", beta1, beta2);
+        return NULL;
+    }
+    nt_optim *o = opt_new(KIND_ADAMW, params, n);
+    o->lr = lr;
+    o->beta1 = beta1;
+    o->beta2 = beta2;
+    o->eps = eps;
+    o->weight_decay = weight_decay;
+    return o;
+}
+
+/* Moves a fresh op result out of the per-parameter scope into the
+ * optimizer's ownership. */
+static nt_tensor *own(nt_tensor *t) { return t ? nt_keep(t) : NULL; }
+
+static void drop(nt_tensor **t)
+{
+    if (*t) {
+        nt_release(*t);
+        *t = NULL;
+    }
+}
+
+/* A new tensor with src's values (an op, never a view on src's storage). */
+static nt_tensor *clone_as(const nt_site *site, const char *fn, nt_tensor *src, nt_dtype dt)
+{
+    return nt__copy_to(site, fn, src, src->dtype == dt ? (nt_dtype)-1 : dt);
+}
+
+/* Returns p - lr * d (not yet written), where d is the (weight-decayed,
+ * momentum) gradient:
+ *   g = grad + wd * p
+ *   buf = g at the first update, else momentum * buf + g   (written)
+ *   d = nesterov ? g + momentum * buf : (momentum ? buf : g) */
+static nt_tensor *sgd_update(nt_optim *o, slot *s, nt_tensor *g, const nt_site *site)
+{
+    const char *fn = "nt_optim_step";
+    nt_tensor *w = working(s);
+    if (o->weight_decay != 0)
+        g = nt__binary(site, fn, NT_OP_ADD, g,
+                       nt__scalar(site, fn, NT_OP_MUL_SCALAR, w, o->weight_decay, 0));
+    nt_tensor *d = g;
+    if (o->momentum != 0) {
+        nt_tensor *buf;
+        if (!s->s0) {
+            buf = g;
+            if (!g || !(s->s0 = own(clone_as(site, fn, g, (nt_dtype)w->dtype))))
+                return NULL;
+        } else {
+            buf = nt__binary(site, fn, NT_OP_ADD,
+                             nt__scalar(site, fn, NT_OP_MUL_SCALAR, s->s0, o->momentum, 0), g);
+            if (!buf || nt_copy_into_at(site, s->s0, buf) != 0)
+                return NULL;
+        }
+        d = o->nesterov ? nt__binary(site, fn, NT_OP_ADD, g,
+                                     nt__scalar(site, fn, NT_OP_MUL_SCALAR, buf, o->momentum, 0))
+                        : buf;
+    }
+    return nt__binary(site, fn, NT_OP_SUB, w, nt__scalar(site, fn, NT_OP_MUL_SCALAR, d, o->lr, 0));
+}
+
+/* AdamW with step t (this parameter's, after the increment); m and v are
+ * written, the new p is returned:
+ *   p  = p * (1 - lr * wd)
+ *   m  = m + (1 - beta1) * (g - m)            (PyTorch's lerp)
+ *   v  = beta2 * v + (1 - beta2) * g * g
+ *   p  = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps) */
+static nt_tensor *adamw_update(nt_optim *o, slot *s, nt_tensor *g, const nt_site *site)
+{
+    const char *fn = "nt_optim_step";
+    nt_tensor *w = working(s);
+    if (!s->s0) {
+        s->s0 = own(nt_zeros_like_at(site, w));
+        s->s1 = own(nt_zeros_like_at(site, w));
+        if (!s->s0 || !s->s1) {
+            drop(&s->s0);
+            drop(&s->s1);
+            return NULL;
+        }
+    }
+    double t = (double)(s->steps + 1);
+    double bc1 = 1.0 - pow(o->beta1, t);
+    double bc2_sqrt = sqrt(1.0 - pow(o->beta2, t));
+    double step_size = o->lr / bc1;
+
+    nt_tensor *w1 = o->weight_decay != 0
+                        ? nt__scalar(site, fn, NT_OP_MUL_SCALAR, w, 1.0 - o->lr * o->weight_decay, 0)
+                        : w;
+    nt_tensor *m = nt__binary(
+        site, fn, NT_OP_ADD, s->s0,
+        nt__scalar(site, fn, NT_OP_MUL_SCALAR, nt__binary(site, fn, NT_OP_SUB, g, s->s0),
+                   1.0 - o->beta1, 0));
+    nt_tensor *v = nt__binary(
+        site, fn, NT_OP_ADD, nt__scalar(site, fn, NT_OP_MUL_SCALAR, s->s1, o->beta2, 0),
+        nt__scalar(site, fn, NT_OP_MUL_SCALAR, nt__binary(site, fn, NT_OP_MUL, g, g),
+                   1.0 - o->beta2, 0));
+    nt_tensor *denom = nt__scalar(
+        site, fn, NT_OP_ADD_SCALAR,
+        nt__scalar(site, fn, NT_OP_DIV_SCALAR, nt__unary(site, fn, NT_OP_SQRT, v), bc2_sqrt, 0),
+        o->eps, 0);
+    nt_tensor *w_new = nt__binary(
+        site, fn, NT_OP_SUB, w1,
+        nt__scalar(site, fn, NT_OP_MUL_SCALAR, nt__binary(site, fn, NT_OP_DIV, m, denom),
+                   step_size, 0));
+    if (!w_new || nt_copy_into_at(site, s->s0, m) != 0 || nt_copy_into_at(site, s->s1, v) != 0)
+        return NULL;
+    return w_new;
+}
+
+static int step_locked(nt_optim *o, const nt_site *site)
+{
+    int rc = 0;
+    nt_no_grad_begin();
+    for (int i = 0; i < o->n && !rc; i++) {
+        slot *s = &o->slots[i];
+        nt_tensor *p = s->p;
+        if (!p->ag || !p->ag->grad)
+            continue; /* no gradient reached it: skipped, like PyTorch */
+        /* One scope per parameter: its intermediates die as soon as its
+         * chain is queued, which is what lets the chain fuse. */
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *g = p->ag->grad;
+        nt_tensor *w = working(s);
+        if (g->dtype != w->dtype)
+            g = nt__copy_to(site, "nt_optim_step", g, (nt_dtype)w->dtype);
+        nt_tensor *w_new = !g ? NULL
+                           : o->kind == KIND_SGD ? sgd_update(o, s, g, site)
+                                                 : adamw_update(o, s, g, site);
+        if (!w_new)
+            rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+        else
+            rc = nt_copy_into_at(site, w, w_new);
+        /* masters: the parameter gets the new master value, rounded (from
+         * the chain's value, not by re-reading the master) */
+        if (!rc && s->master)
+            rc = nt_copy_into_at(site, p, w_new);
+        if (!rc)
+            s->steps++;
+        nt_scope_end(sc);
+    }
+    nt_no_grad_end();
+    if (!rc)
+        o->steps++;
+    return rc;
+}
+
+NT_API int nt_optim_step_at(const nt_site *site, nt_optim *o)
+{
+    if (!opt_ok(o, "nt_optim_step"))
+        return nt_last_error();
+    g_mutex_lock(&o->lock);
+    int rc = step_locked(o, site);
+    g_mutex_unlock(&o->lock);
+    return rc;
+}
+NT_API int nt_optim_step(nt_optim *o) { return nt_optim_step_at(NT_RA_SITE, o); }
+NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *o)
+{
+    return nt_optim_step_at(site, o);
+}
+NT_API int nt_sgd_step(nt_optim *o) { return nt_optim_step_at(NT_RA_SITE, o); }
+
+NT_API int nt_optim_zero_grad(nt_optim *o)
+{
+    if (!opt_ok(o, "nt_optim_zero_grad"))
+        return nt_last_error();
+    int rc = 0;
+    g_mutex_lock(&o->lock);
+    for (int i = 0; i < o->n && !rc; i++)
+        rc = nt_zero_grad(o->slots[i].p);
+    g_mutex_unlock(&o->lock);
+    return rc;
+}
+
+NT_API int nt_optim_set_lr(nt_optim *o, double lr)
+{
+    if (!opt_ok(o, "nt_optim_set_lr"))
+        return nt_last_error();
+    if (!finite_ge0(lr))
+        return nt__err(NULL, NT_EINVAL, "nt_optim_set_lr",
+                       "argument 'lr' is %g; expected a finite value >= 0", lr);
+    g_mutex_lock(&o->lock);
+    o->lr = lr;
+    g_mutex_unlock(&o->lock);
+    return 0;
+}
+
+NT_API double nt_optim_get_lr(nt_optim *o)
+{
+    if (!opt_ok(o, "nt_optim_get_lr"))
+        return NAN;
+    g_mutex_lock(&o->lock);
+    double lr = o->lr;
+    g_mutex_unlock(&o->lock);
+    return lr;
+}
+
+NT_API int64_t nt_optim_steps(nt_optim *o)
+{
+    if (!opt_ok(o, "nt_optim_steps"))
+        return nt_last_error();
+    g_mutex_lock(&o->lock);
+    int64_t n = o->steps;
+    g_mutex_unlock(&o->lock);
+    return n;
+}
+
+/* Re-expresses existing state in dtype dt (masters switched on or off). */
+static int recast_state(slot *s, nt_dtype dt)
+{
+    nt_tensor **st[2] = {&s->s0, &s->s1};
+    for (int k = 0; k < 2; k++) {
+        nt_tensor *t = *st[k];
+        if (!t || t->dtype == dt)
+            continue;
+        nt_tensor *c = own(nt__copy_to(NULL, "nt_optim_set_master_weights", t, dt));
+        if (!c)
+            return nt_last_error();
+        nt_release(t);
+        *st[k] = c;
+    }
+    return 0;
+}
+
+NT_API int nt_optim_set_master_weights(nt_optim *o, bool on)
+{
+    const char *fn = "nt_optim_set_master_weights";
+    if (!opt_ok(o, fn))
+        return nt_last_error();
+    g_mutex_lock(&o->lock);
+    int rc = 0;
+    nt_no_grad_begin();
+    for (int i = 0; i < o->n && !rc; i++) {
+        slot *s = &o->slots[i];
+        if (!low_precision(s->p))
+            continue;
+        if (on && !s->master) {
+            s->master = own(nt__copy_to(NULL, fn, s->p, NT_F32));
+            rc = s->master ? recast_state(s, NT_F32) : nt_last_error();
+        } else if (!on && s->master) {
+            drop(&s->master);
+            rc = recast_state(s, (nt_dtype)s->p->dtype);
+        }
+    }
+    nt_no_grad_end();
+    if (!rc)
+        o->master = on;
+    g_mutex_unlock(&o->lock);
+    return rc;
+}
+
+NT_API void nt_optim_destroy(nt_optim *o)
+{
+    if (!o || o->magic != OPT_MAGIC)
+        return;
+    o->magic = 0;
+    for (int i = 0; i < o->n; i++) {
+        slot *s = &o->slots[i];
+        drop(&s->s0);
+        drop(&s->s1);
+        drop(&s->master);
+        drop(&s->p);
+    }
+    g_free(o->slots);
+    g_mutex_clear(&o->lock);
+    g_free(o);
+}
+
+/* ======================================================================== */
+/* Checkpoints (docs/checkpoint.md)                                          */
+/* ======================================================================== */
+
+static const char CK_MAGIC[8] = {'N', 'T', 'C', 'K', 'P', 'T', '\r', '\n'};
+#define CK_VERSION 1u
+#define CK_HEADER 32
+#define CK_ENTRY 96
+#define CK_ALIGN 64
+#define CK_OPTIONAL 0x8000u /* kinds a reader may skip if it does not know them */
+
+enum {
+    REC_PARAM = 1,       /* index: parameter */
+    REC_OPT_META = 2,    /* optimizer kind, hyper-parameters, step counts (u8 bytes) */
+    REC_OPT_STATE = 3,   /* index: parameter, slot: SLOT_* */
+    REC_LOSS_SCALER = 4, /* reserved for amp's loss scaler */
+};
+enum { SLOT_S0 = 0, SLOT_S1 = 1, SLOT_MASTER = 2 };
+
+#define META_FIXED 80 /* bytes before the per-parameter step counts */
+
+/* CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), as zlib and PNG. */
+static uint32_t crc_table[256];
+static GOnce crc_once = G_ONCE_INIT;
+
+static gpointer crc_init(gpointer unused)
+{
+    (void)unused;
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+    return NULL;
+}
+
+static uint32_t crc32_of(const void *data, size_t n)
+{
+    g_once(&crc_once, crc_init, NULL);
+    const uint8_t *p = data;
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++)
+        c = crc_table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+static void put_u16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_f64(uint8_t *p, double d)
+{
+    uint64_t v;
+    memcpy(&v, &d, 8);
+    put_u64(p, v);
+}
+static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t get_u32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+static double get_f64(const uint8_t *p)
+{
+    uint64_t v = get_u64(p);
+    double d;
+    memcpy(&d, &v, 8);
+    return d;
+}
+
+/* Tensor data is stored little-endian; on a big-endian host each element's
+ * bytes are reversed in place (the operation is its own inverse). */
+static void to_from_le(void *data, size_t nbytes, size_t esize)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    uint8_t *p = data;
+    for (size_t i = 0; i + esize <= nbytes; i += esize)
+        for (size_t a = 0, b = esize - 1; a < b; a++, b--) {
+            uint8_t t = p[i + a];
+            p[i + a] = p[i + b];
+            p[i + b] = t;
+        }
+#else
+    (void)data, (void)nbytes, (void)esize;
+#endif
+}
+
+/* One record: table entry fields plus its data (owned). */
+typedef struct {
+    uint16_t kind;
+    uint8_t dtype, ndim;
+    uint32_t index, slot;
+    int64_t shape[NT_MAX_DIMS];
+    uint8_t *data;
+    uint64_t nbytes;
+    uint64_t offset; /* in the file */
+    uint32_t crc;
+} ck_rec;
+
+static void rec_free(GArray *recs)
+{
+    for (guint i = 0; i < recs->len; i++)
+        g_free(g_array_index(recs, ck_rec, i).data);
+    g_array_unref(recs);
+}
+
+/* Appends a record holding t's values (a sync point). */
+static int rec_tensor(GArray *recs, uint16_t kind, uint32_t index, uint32_t slot_,
+                      nt_tensor *t)
+{
+    ck_rec r = {.kind = kind, .dtype = t->dtype, .ndim = (uint8_t)t->ndim, .index = index,
+                .slot = slot_};
+    for (int i = 0; i < t->ndim; i++)
+        r.shape[i] = t->shape[i];
+    size_t es = nt_dtype_size((nt_dtype)t->dtype);
+    r.nbytes = (uint64_t)nt__numel(t->ndim, t->shape) * es;
+    r.data = g_malloc(r.nbytes ? r.nbytes : 1);
+    int rc = nt_to_host_at(NULL, t, r.data, r.nbytes);
+    if (rc) {
+        g_free(r.data);
+        return rc;
+    }
+    to_from_le(r.data, r.nbytes, es);
+    g_array_append_val(recs, r);
+    return 0;
+}
+
+static void rec_meta(GArray *recs, nt_optim *o)
+{
+    ck_rec r = {.kind = REC_OPT_META, .dtype = NT_U8, .ndim = 1};
+    r.nbytes = META_FIXED + 8 * (uint64_t)o->n;
+    r.shape[0] = (int64_t)r.nbytes;
+    uint8_t *p = r.data = g_malloc0(r.nbytes);
+    put_u32(p + 0, (uint32_t)o->kind);
+    put_u32(p + 4, (o->nesterov ? 1u : 0u) | (o->master ? 2u : 0u));
+    put_u32(p + 8, (uint32_t)o->n);
+    put_u64(p + 16, (uint64_t)o->steps);
+    put_f64(p + 24, o->lr);
+    put_f64(p + 32, o->momentum);
+    put_f64(p + 40, o->weight_decay);
+    put_f64(p + 48, o->beta1);
+    put_f64(p + 56, o->beta2);
+    put_f64(p + 64, o->eps);
+    for (int i = 0; i < o->n; i++)
+        put_u64(p + META_FIXED + 8 * i, (uint64_t)o->slots[i].steps);
+    g_array_append_val(recs, r);
+}
+
+static int io_err(const char *fn, const char *path, const char *what)
+{
+    return nt__err(NULL, NT_EIO, fn, "%s '%s': %s", what, path, g_strerror(errno));
+}
+
+static int write_file(const char *fn, const char *path, GArray *recs)
+{
+    uint64_t table_end = CK_HEADER + (uint64_t)recs->len * CK_ENTRY + 8;
+    uint64_t off = (table_end + CK_ALIGN - 1) / CK_ALIGN * CK_ALIGN;
+    for (guint i = 0; i < recs->len; i++) {
+        ck_rec *r = &g_array_index(recs, ck_rec, i);
+        r->offset = off;
+        r->crc = crc32_of(r->data, r->nbytes);
+        off = (off + r->nbytes + CK_ALIGN - 1) / CK_ALIGN * CK_ALIGN;
+    }
+    /* no padding after the last record: every byte of the file is covered
+     * by a checksum or is padding that must be zero */
+    uint64_t total = recs->len ? g_array_index(recs, ck_rec, recs->len - 1).offset +
+                                     g_array_index(recs, ck_rec, recs->len - 1).nbytes
+                               : table_end;
+    size_t hsize = (size_t)table_end;
+    uint8_t *h = g_malloc0(hsize);
+    memcpy(h, CK_MAGIC, 8);
+    put_u32(h + 8, CK_VERSION);
+    put_u32(h + 12, recs->len);
+    put_u64(h + 16, total);
+    for (guint i = 0; i < recs->len; i++) {
+        ck_rec *r = &g_array_index(recs, ck_rec, i);
+        uint8_t *e = h + CK_HEADER + (size_t)i * CK_ENTRY;
+        put_u16(e + 0, r->kind);
+        e[2] = r->dtype;
+        e[3] = r->ndim;
+        put_u32(e + 4, r->index);
+        put_u32(e + 8, r->slot);
+        put_u32(e + 12, r->crc);
+        put_u64(e + 16, r->offset);
+        put_u64(e + 24, r->nbytes);
+        for (int d = 0; d < r->ndim; d++)
+            put_u64(e + 32 + 8 * d, (uint64_t)r->shape[d]);
+    }
+    put_u32(h + hsize - 8, crc32_of(h, hsize - 8));
+
+    char *tmp = g_strconcat(path, ".tmp", NULL);
+    int rc = 0;
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        rc = io_err(fn, tmp, "cannot create");
+        goto out;
+    }
+    static const uint8_t zeros[CK_ALIGN];
+    uint64_t pos = hsize;
+    bool ok = fwrite(h, 1, hsize, f) == hsize;
+    for (guint i = 0; ok && i < recs->len; i++) {
+        ck_rec *r = &g_array_index(recs, ck_rec, i);
+        ok = fwrite(zeros, 1, r->offset - pos, f) == r->offset - pos &&
+             fwrite(r->data, 1, r->nbytes, f) == r->nbytes;
+        pos = r->offset + r->nbytes;
+    }
+    ok = ok && fwrite(zeros, 1, total - pos, f) == total - pos;
+    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (!ok) {
+        rc = io_err(fn, tmp, "cannot write");
+        fclose(f);
+        unlink(tmp);
+        goto out;
+    }
+    if (fclose(f) != 0) {
+        rc = io_err(fn, tmp, "cannot write");
+        unlink(tmp);
+        goto out;
+    }
+    /* the rename is atomic: a reader sees the old file or the new one */
+    if (rename(tmp, path) != 0) {
+        rc = io_err(fn, path, "cannot rename the temporary file to");
+        unlink(tmp);
+    }
+out:
+    g_free(tmp);
+    g_free(h);
+    return rc;
+}
+
+static bool check_list(const char *fn, nt_tensor *const *params, int n)
+{
+    if (!params || n <= 0) {
+        nt__err(NULL, NT_EINVAL, fn, "argument '%s' is %s; expected at least one tensor",
+                params ? "n" : "params", params ? "<= 0" : "NULL");
+        return false;
+    }
+    for (int i = 0; i < n; i++) {
+        char arg[32];
+        snprintf(arg, sizeof arg, "params[%d]", i);
+        if (!nt__check_arg(NULL, fn, arg, params[i]))
+            return false;
+    }
+    return true;
+}
+
+NT_API int nt_save(const char *path, nt_tensor *const *params, int n, nt_optim *opt)
+{
+    const char *fn = "nt_save";
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (!path || !*path)
+        return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is %s", path ? "empty" : "NULL");
+    if (!check_list(fn, params, n) || (opt && !opt_ok(opt, fn)))
+        return nt_last_error();
+    if (opt)
+        g_mutex_lock(&opt->lock);
+    GArray *recs = g_array_new(FALSE, TRUE, sizeof(ck_rec));
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++)
+        rc = rec_tensor(recs, REC_PARAM, (uint32_t)i, 0, params[i]);
+    if (opt && !rc) {
+        rec_meta(recs, opt);
+        for (int i = 0; i < opt->n && !rc; i++) {
+            slot *s = &opt->slots[i];
+            if (s->s0)
+                rc = rec_tensor(recs, REC_OPT_STATE, (uint32_t)i, SLOT_S0, s->s0);
+            if (!rc && s->s1)
+                rc = rec_tensor(recs, REC_OPT_STATE, (uint32_t)i, SLOT_S1, s->s1);
+            if (!rc && s->master)
+                rc = rec_tensor(recs, REC_OPT_STATE, (uint32_t)i, SLOT_MASTER, s->master);
+        }
+    }
+    if (opt)
+        g_mutex_unlock(&opt->lock);
+    if (!rc)
+        rc = write_file(fn, path, recs);
+    rec_free(recs);
+    return rc;
+}
+
+/* ---------------- loading ---------------- */
+
+static int fmt_err(const char *path, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+static int fmt_err(const char *path, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *what = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    int rc = nt__err(NULL, NT_EFORMAT, "nt_load", "'%s' is not a valid checkpoint: %s", path,
+                     what);
+    g_free(what);
+    return rc;
+}
+
+static bool same_shape(const ck_rec *r, nt_tensor *t)
+{
+    if (r->ndim != t->ndim)
+        return false;
+    for (int i = 0; i < t->ndim; i++)
+        if (r->shape[i] != t->shape[i])
+            return false;
+    return true;
+}
+
+static int mismatch(const char *path, const char *what, int idx, const ck_rec *r,
+                    nt_tensor *t)
+{
+    char s1[128], s2[128];
+    return nt__err(NULL, NT_ESHAPE, "nt_load",
+                   "'%s': %s %d is %s %s in the checkpoint but %s %s here", path, what, idx,
+                   nt_dtype_name((nt_dtype)r->dtype), nt__shape_str(r->ndim, r->shape, s1, sizeof s1),
+                   nt_dtype_name((nt_dtype)t->dtype), nt__shape_str(t->ndim, t->shape, s2, sizeof s2));
+}
+
+static gint by_offset(gconstpointer a, gconstpointer b)
+{
+    uint64_t x = ((const ck_rec *)a)->offset, y = ((const ck_rec *)b)->offset;
+    return x < y ? -1 : x > y;
+}
+
+/* Records must not overlap, and the bytes between them (alignment padding)
+ * must be zero, so that no byte of the file escapes a check. */
+static int check_gaps(const char *path, const uint8_t *b, uint64_t size, uint64_t table_end,
+                      GArray *recs)
+{
+    GArray *sorted = g_array_copy(recs);
+    g_array_sort(sorted, by_offset);
+    uint64_t pos = table_end;
+    int rc = 0;
+    for (guint i = 0; i <= sorted->len && !rc; i++) {
+        const ck_rec *r = i < sorted->len ? &g_array_index(sorted, ck_rec, i) : NULL;
+        uint64_t next = r ? r->offset : size;
+        if (next < pos) {
+            rc = fmt_err(path, "records overlap at byte %llu", (unsigned long long)next);
+            break;
+        }
+        for (uint64_t k = pos; k < next; k++)
+            if (b[k]) {
+                rc = fmt_err(path, "nonzero padding byte at offset %llu (the file is corrupt)",
+                             (unsigned long long)k);
+                break;
+            }
+        if (r)
+            pos = r->offset + r->nbytes;
+    }
+    g_array_unref(sorted);
+    return rc;
+}
+
+/* Reads and checks the whole file: header, table, every record's bounds and
+ * checksum.  On success *buf holds the file and *recs its records (data
+ * pointing into *buf). */
+static int read_checked(const char *path, uint8_t **buf, GArray **recs)
+{
+    const char *fn = "nt_load";
+    *buf = NULL;
+    *recs = NULL;
+    uint8_t *raw = NULL;
+    size_t size = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return io_err(fn, path, "cannot open");
+    /* the whole file: it is checked completely before anything is used */
+    size_t cap = 1 << 16;
+    raw = g_malloc(cap);
+    for (;;) {
+        if (size == cap)
+            raw = g_realloc(raw, cap *= 2);
+        size_t got = fread(raw + size, 1, cap - size, f);
+        size += got;
+        if (got == 0)
+            break;
+    }
+    if (ferror(f)) {
+        int rc = io_err(fn, path, "cannot read");
+        fclose(f);
+        g_free(raw);
+        return rc;
+    }
+    fclose(f);
+    uint8_t *b = (uint8_t *)raw;
+    int rc = 0;
+    if (size < CK_HEADER + 8 || memcmp(b, CK_MAGIC, 8) != 0) {
+        rc = size >= 8 && memcmp(b, CK_MAGIC, 8) != 0
+                 ? fmt_err(path, "bad magic (not an ntensor checkpoint)")
+                 : fmt_err(path, "truncated: %zu bytes, shorter than the header", (size_t)size);
+        goto fail;
+    }
+    uint32_t version = get_u32(b + 8), count = get_u32(b + 12);
+    uint64_t total = get_u64(b + 16);
+    if (version != CK_VERSION) {
+        rc = fmt_err(path, "format version %u; this build reads version %u", version,
+                     CK_VERSION);
+        goto fail;
+    }
+    if (total != size) {
+        rc = total > size ? fmt_err(path, "truncated: %zu of %llu bytes", (size_t)size,
+                                    (unsigned long long)total)
+                          : fmt_err(path, "%zu bytes but the header says %llu", (size_t)size,
+                                    (unsigned long long)total);
+        goto fail;
+    }
+    uint64_t table_end = CK_HEADER + (uint64_t)count * CK_ENTRY + 8;
+    if (table_end > size) {
+        rc = fmt_err(path, "the record table (%u records) runs past the end of the file",
+                     count);
+        goto fail;
+    }
+    if (get_u32(b + table_end - 8) != crc32_of(b, table_end - 8)) {
+        rc = fmt_err(path, "header checksum mismatch (the header or record table is corrupt)");
+        goto fail;
+    }
+    GArray *rs = g_array_new(FALSE, TRUE, sizeof(ck_rec));
+    for (uint32_t i = 0; i < count; i++) {
+        const uint8_t *e = b + CK_HEADER + (size_t)i * CK_ENTRY;
+        ck_rec r = {.kind = get_u16(e), .dtype = e[2], .ndim = e[3], .index = get_u32(e + 4),
+                    .slot = get_u32(e + 8), .crc = get_u32(e + 12), .offset = get_u64(e + 16),
+                    .nbytes = get_u64(e + 24)};
+        bool known = r.kind >= REC_PARAM && r.kind <= REC_OPT_STATE;
+        if (!known && !(r.kind & CK_OPTIONAL)) {
+            rc = fmt_err(path, "record %u has kind %u, unknown to this build", i, r.kind);
+            break;
+        }
+        if (r.dtype >= NT_DTYPE_COUNT || r.ndim > NT_MAX_DIMS) {
+            rc = fmt_err(path, "record %u has dtype %u and %u dims", i, r.dtype, r.ndim);
+            break;
+        }
+        uint64_t numel = 1;
+        bool ok = true;
+        for (int d = 0; d < r.ndim; d++) {
+            r.shape[d] = (int64_t)get_u64(e + 32 + 8 * d);
+            if (r.shape[d] < 0 || (r.shape[d] && numel > UINT64_MAX / (uint64_t)r.shape[d]))
+                ok = false;
+            else
+                numel *= (uint64_t)r.shape[d];
+        }
+        if (!ok || numel > UINT64_MAX / 8 || numel * nt_dtype_size((nt_dtype)r.dtype) != r.nbytes ||
+            r.offset < table_end || r.offset > size || r.nbytes > size - r.offset) {
+            rc = fmt_err(path, "record %u has an inconsistent shape, size or offset", i);
+            break;
+        }
+        r.data = b + r.offset;
+        if (crc32_of(r.data, r.nbytes) != r.crc) {
+            rc = fmt_err(path, "checksum mismatch in the data of record %u", i);
+            break;
+        }
+        if (known)
+            g_array_append_val(rs, r);
+    }
+    if (!rc)
+        rc = check_gaps(path, b, size, table_end, rs);
+    if (rc) {
+        g_array_unref(rs);
+        goto fail;
+    }
+    *buf = b;
+    *recs = rs;
+    return 0;
+fail:
+    g_free(raw);
+    return rc;
+}
+
+/* What a load will install, built completely before anything is touched. */
+typedef struct {
+    nt_tensor **vals;        /* [n] new values of the params */
+    nt_tensor **state;       /* [opt->n * 3] new optimizer state, NULL where absent */
+    int64_t *psteps;         /* [opt->n] */
+    const uint8_t *meta;
+} ck_plan;
+
+static nt_tensor *rec_to_tensor(ck_rec *r)
+{
+    /* little-endian to host order in place (the file buffer is ours) */
+    to_from_le(r->data, r->nbytes, nt_dtype_size((nt_dtype)r->dtype));
+    nt_tensor *t = nt_from_host_at(NULL, r->data, (nt_dtype)r->dtype, r->ndim, r->shape);
+    return t ? nt_keep(t) : NULL;
+}
+
+static int plan_load(const char *path, GArray *recs, nt_tensor *const *params, int n,
+                     nt_optim *o, ck_plan *pl)
+{
+    const char *fn = "nt_load";
+    int nparams = 0;
+    ck_rec *meta = NULL;
+    for (guint i = 0; i < recs->len; i++) {
+        ck_rec *r = &g_array_index(recs, ck_rec, i);
+        if (r->kind == REC_PARAM)
+            nparams++;
+        else if (r->kind == REC_OPT_META) {
+            if (meta)
+                return fmt_err(path, "two optimizer records");
+            meta = r;
+        }
+    }
+    if (nparams != n)
+        return nt__err(NULL, NT_ESHAPE, fn, "'%s' holds %d parameters; %d were passed", path,
+                       nparams, n);
+    if (o && !meta)
+        return nt__err(NULL, NT_EINVAL, fn,
+                       "'%s' holds no optimizer state (it was saved with opt = NULL); pass "
+                       "opt = NULL to load only the parameters", path);
+    uint32_t mflags = 0;
+    if (o) {
+        if (meta->nbytes < META_FIXED)
+            return fmt_err(path, "the optimizer record is %llu bytes, shorter than %d",
+                           (unsigned long long)meta->nbytes, META_FIXED);
+        const uint8_t *m = meta->data;
+        uint32_t kind = get_u32(m), mn = get_u32(m + 8);
+        mflags = get_u32(m + 4);
+        if (meta->nbytes != META_FIXED + 8 * (uint64_t)mn)
+            return fmt_err(path, "the optimizer record's size does not match its %u parameters",
+                           mn);
+        if (kind != (uint32_t)o->kind)
+            return nt__err(NULL, NT_EINVAL, fn, "'%s' holds %s state; the optimizer is %s",
+                           path, kind == KIND_SGD ? "SGD" : kind == KIND_ADAMW ? "AdamW" : "unknown",
+                           o->kind == KIND_SGD ? "SGD" : "AdamW");
+        if ((int)mn != o->n)
+            return nt__err(NULL, NT_ESHAPE, fn,
+                           "'%s' holds optimizer state for %u parameters; the optimizer has %d",
+                           path, mn, o->n);
+        pl->meta = m;
+        pl->psteps = g_new0(int64_t, o->n);
+        for (int i = 0; i < o->n; i++)
+            pl->psteps[i] = (int64_t)get_u64(m + META_FIXED + 8 * i);
+        pl->state = g_new0(nt_tensor *, (size_t)o->n * 3);
+    }
+    pl->vals = g_new0(nt_tensor *, n);
+    /* first every check, then every allocation */
+    for (guint i = 0; i < recs->len; i++) {
+        ck_rec *r = &g_array_index(recs, ck_rec, i);
+        if (r->kind == REC_PARAM) {
+            if (r->index >= (uint32_t)n || pl->vals[r->index] == (nt_tensor *)1)
+                return fmt_err(path, "parameter record with index %u (duplicate or out of range)",
+                               r->index);
+            nt_tensor *t = params[r->index];
+            if (r->dtype != t->dtype || !same_shape(r, t))
+                return mismatch(path, "parameter", (int)r->index, r, t);
+            if (t->expanded)
+                return nt__err(NULL, NT_EINVAL, fn, "argument 'params[%u]' is an expanded view; "
+                               "it cannot be written", r->index);
+            pl->vals[r->index] = (nt_tensor *)1; /* seen */
+        } else if (r->kind == REC_OPT_STATE && o) {
+            if (r->index >= (uint32_t)o->n || r->slot > SLOT_MASTER ||
+                pl->state[r->index * 3 + r->slot])
+                return fmt_err(path, "optimizer state record (%u, %u) is duplicate or out of "
+                               "range", r->index, r->slot);
+            nt_tensor *p = o->slots[r->index].p;
+            bool master = (mflags & 2) && low_precision(p);
+            nt_dtype want = r->slot == SLOT_MASTER || master ? NT_F32 : (nt_dtype)p->dtype;
+            if ((r->slot == SLOT_MASTER && !master) || (r->slot == SLOT_S1 && o->kind == KIND_SGD))
+                return fmt_err(path, "optimizer state record (%u, %u) does not belong to this "
+                               "optimizer's configuration", r->index, r->slot);
+            if (r->dtype != want || !same_shape(r, p))
+                return mismatch(path, "optimizer state of parameter", (int)r->index, r, p);
+            pl->state[r->index * 3 + r->slot] = (nt_tensor *)1;
+        }
+    }
+    if (o)
+        for (int i = 0; i < o->n; i++) {
+            nt_tensor **st = &pl->state[i * 3];
+            if ((mflags & 2) && low_precision(o->slots[i].p) && !st[SLOT_MASTER])
+                return fmt_err(path, "the master weight of parameter %d is missing", i);
+            if (o->kind == KIND_ADAMW && !st[SLOT_S0] != !st[SLOT_S1])
+                return fmt_err(path, "parameter %d has only one of AdamW's two moments", i);
+        }
+    memset(pl->vals, 0, sizeof(nt_tensor *) * (size_t)n);
+    if (pl->state)
+        memset(pl->state, 0, sizeof(nt_tensor *) * (size_t)o->n * 3);
+    for (guint i = 0; i < recs->len; i++) {
+        ck_rec *r = &g_array_index(recs, ck_rec, i);
+        nt_tensor **dst = r->kind == REC_PARAM ? &pl->vals[r->index]
+                          : r->kind == REC_OPT_STATE && o ? &pl->state[r->index * 3 + r->slot]
+                                                          : NULL;
+        if (dst && !(*dst = rec_to_tensor(r)))
+            return nt_last_error();
+    }
+    return 0;
+}
+
+static void plan_free(ck_plan *pl, int n, int nstate)
+{
+    if (pl->vals)
+        for (int i = 0; i < n; i++)
+            if (pl->vals[i] && pl->vals[i] != (nt_tensor *)1)
+                nt_release(pl->vals[i]);
+    if (pl->state)
+        for (int i = 0; i < nstate; i++)
+            if (pl->state[i] && pl->state[i] != (nt_tensor *)1)
+                nt_release(pl->state[i]);
+    g_free(pl->vals);
+    g_free(pl->state);
+    g_free(pl->psteps);
+}
+
+NT_API int nt_load(const char *path, nt_tensor *const *params, int n, nt_optim *opt)
+{
+    const char *fn = "nt_load";
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (!path || !*path)
+        return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is %s", path ? "empty" : "NULL");
+    if (!check_list(fn, params, n) || (opt && !opt_ok(opt, fn)))
+        return nt_last_error();
+    uint8_t *buf;
+    GArray *recs;
+    int rc = read_checked(path, &buf, &recs);
+    if (rc)
+        return rc;
+    if (opt)
+        g_mutex_lock(&opt->lock);
+    ck_plan pl = {0};
+    int nstate = opt ? opt->n * 3 : 0;
+    rc = plan_load(path, recs, params, n, opt, &pl);
+    if (!rc) {
+        /* Everything is checked and staged: install it. */
+        nt_no_grad_begin();
+        for (int i = 0; i < n && !rc; i++)
+            rc = nt_copy_into_at(NULL, params[i], pl.vals[i]);
+        nt_no_grad_end();
+        if (opt && !rc) {
+            const uint8_t *m = pl.meta;
+            uint32_t flags = get_u32(m + 4);
+            opt->nesterov = flags & 1;
+            opt->master = (flags & 2) != 0;
+            opt->steps = (int64_t)get_u64(m + 16);
+            opt->lr = get_f64(m + 24);
+            opt->momentum = get_f64(m + 32);
+            opt->weight_decay = get_f64(m + 40);
+            opt->beta1 = get_f64(m + 48);
+            opt->beta2 = get_f64(m + 56);
+            opt->eps = get_f64(m + 64);
+            for (int i = 0; i < opt->n; i++) {
+                slot *s = &opt->slots[i];
+                nt_tensor **st[3] = {&s->s0, &s->s1, &s->master};
+                for (int k = 0; k < 3; k++) {
+                    drop(st[k]);
+                    *st[k] = pl.state[i * 3 + k];
+                    pl.state[i * 3 + k] = NULL;
+                }
+                s->steps = pl.psteps[i];
+            }
+        }
+    }
+    if (opt)
+        g_mutex_unlock(&opt->lock);
+    plan_free(&pl, n, nstate);
+    g_array_unref(recs);
+    g_free(buf);
+    return rc;
+}

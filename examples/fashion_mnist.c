@@ -1,0 +1,605 @@
+/* examples/fashion_mnist.c - trains an MLP on Fashion-MNIST: the main job.
+ *
+ *   784 -> 1024 -> ReLU -> 1024 -> ReLU -> 10, cross-entropy, AdamW (or SGD
+ *   with momentum), batch 128, fixed seed.
+ *
+ * Reads the gzip'ed IDX files of Debian's package dataset-fashion-mnist
+ * (/usr/share/datasets/fashion-mnist/, or --data DIR).  Each training step
+ * runs in a scope (every tensor made in it dies at its end) and never waits
+ * for the device: the loss and the count of correct predictions are summed
+ * into two device tensors and read only when a line is printed.  Each epoch
+ * line is followed by what the device did: simulated NeuronCore time and
+ * engine utilisation (nt_sim_stats) and the runtime's counters.
+ *
+ * Build against an installed ntensor with
+ *   cc fashion_mnist.c $(pkg-config --cflags --libs ntensor) -lz
+ * Run with --help for the options. */
+#include <errno.h>
+#include <math.h>
+#include <ntensor.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zlib.h>
+
+#define PIXELS 784
+#define CLASSES 10
+
+typedef struct {
+    int n;
+    uint8_t *images; /* [n, 784] */
+    uint8_t *labels; /* [n] */
+} dataset;
+
+typedef struct {
+    const char *data_dir;
+    int epochs, batch, hidden, log_every;
+    long limit_steps;
+    double lr;
+    uint64_t seed;
+    const char *optim;
+    const char *schedule;
+    const char *checkpoint;
+    bool resume, normalize;
+    const char *amp;
+} options;
+
+/* ---------------- reading the IDX files ---------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* Decompresses a whole .gz file.  Returns the bytes (malloc'ed) or NULL
+ * after printing what went wrong, naming the file. */
+static uint8_t *read_gz(const char *path, size_t *len)
+{
+    gzFile f = gzopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "fashion_mnist: cannot open '%s': %s\n", path,
+                errno ? strerror(errno) : "out of memory");
+        if (errno == ENOENT)
+            fprintf(stderr, "fashion_mnist: install Debian's package dataset-fashion-mnist "
+                            "(sh scripts/deps.sh dataset-fashion-mnist) or pass --data DIR\n");
+        return NULL;
+    }
+    size_t cap = 1 << 20, n = 0;
+    uint8_t *buf = malloc(cap);
+    for (;;) {
+        if (n == cap) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+        }
+        if (!buf) {
+            fprintf(stderr, "fashion_mnist: out of memory reading '%s'\n", path);
+            gzclose(f);
+            return NULL;
+        }
+        unsigned want = cap - n > (1u << 30) ? 1u << 30 : (unsigned)(cap - n);
+        int got = gzread(f, buf + n, want);
+        if (got < 0) {
+            int zerr;
+            const char *msg = gzerror(f, &zerr);
+            fprintf(stderr, "fashion_mnist: '%s' is not a valid gzip file: %s\n", path,
+                    zerr == Z_ERRNO ? strerror(errno) : msg);
+            free(buf);
+            gzclose(f);
+            return NULL;
+        }
+        if (got == 0)
+            break;
+        n += (size_t)got;
+    }
+    /* A truncated stream ends without an error from gzread in some zlib
+     * versions; gzclose_r reports it. */
+    int zrc = gzclose(f);
+    if (zrc != Z_OK) {
+        fprintf(stderr, "fashion_mnist: '%s' is %s\n", path,
+                zrc == Z_BUF_ERROR ? "truncated (the gzip stream ends early)"
+                                   : "corrupt (gzip checksum or format error)");
+        free(buf);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+/* Loads one split (images and labels) and checks every field. */
+static int load_split(const char *dir, const char *prefix, dataset *d)
+{
+    char ipath[4096], lpath[4096];
+    snprintf(ipath, sizeof ipath, "%s/%s-images-idx3-ubyte.gz", dir, prefix);
+    snprintf(lpath, sizeof lpath, "%s/%s-labels-idx1-ubyte.gz", dir, prefix);
+    size_t ilen, llen;
+    uint8_t *img = read_gz(ipath, &ilen);
+    if (!img)
+        return -1;
+    uint8_t *lab = read_gz(lpath, &llen);
+    if (!lab) {
+        free(img);
+        return -1;
+    }
+    const char *bad = NULL, *badpath = ipath;
+    if (ilen < 16 || be32(img) != 0x00000803)
+        bad = "bad magic (expected an IDX file of unsigned bytes with 3 dims, 0x00000803)";
+    else if (be32(img + 8) != 28 || be32(img + 12) != 28)
+        bad = "images are not 28 x 28";
+    else if ((uint64_t)ilen != 16 + (uint64_t)be32(img + 4) * PIXELS)
+        bad = "its size does not match the image count in its header (truncated?)";
+    if (!bad) {
+        badpath = lpath;
+        if (llen < 8 || be32(lab) != 0x00000801)
+            bad = "bad magic (expected an IDX file of unsigned bytes with 1 dim, 0x00000801)";
+        else if ((uint64_t)llen != 8 + (uint64_t)be32(lab + 4))
+            bad = "its size does not match the label count in its header (truncated?)";
+        else if (be32(lab + 4) != be32(img + 4))
+            bad = "its label count differs from the image count";
+        else if (be32(lab + 4) == 0 || be32(lab + 4) > (1u << 28))
+            bad = "implausible label count";
+    }
+    for (uint32_t i = 0; !bad && i < be32(lab + 4); i++)
+        if (lab[8 + i] >= CLASSES)
+            bad = "a label is outside 0..9";
+    if (bad) {
+        fprintf(stderr, "fashion_mnist: malformed file '%s': %s\n", badpath, bad);
+        free(img);
+        free(lab);
+        return -1;
+    }
+    d->n = (int)be32(img + 4);
+    d->images = malloc((size_t)d->n * PIXELS);
+    d->labels = malloc((size_t)d->n);
+    memcpy(d->images, img + 16, (size_t)d->n * PIXELS);
+    memcpy(d->labels, lab + 8, (size_t)d->n);
+    free(img);
+    free(lab);
+    return 0;
+}
+
+/* ---------------- the model ---------------- */
+
+enum { W1, B1, W2, B2, W3, B3, NPARAMS };
+
+/* PyTorch's nn.Linear initialisation (Kaiming-uniform with a = sqrt 5):
+ * weight and bias uniform in +-1/sqrt(fan_in). */
+static nt_tensor *uniform_param(int ndim, const int64_t *shape, double bound, uint64_t seed)
+{
+    nt_tensor *u = nt_rand(NT_F32, ndim, shape, seed);
+    nt_tensor *t = nt_add_scalar(nt_mul_scalar(u, 2 * bound), -bound);
+    nt_release(u);
+    nt_set_requires_grad(t, true);
+    return t;
+}
+
+static void init_params(nt_tensor **p, int hidden, uint64_t seed)
+{
+    int64_t h = hidden;
+    int64_t fan[3] = {PIXELS, h, h}, out[3] = {h, h, CLASSES};
+    for (int l = 0; l < 3; l++) {
+        double bound = 1.0 / sqrt((double)fan[l]);
+        p[2 * l] = uniform_param(2, (int64_t[]){out[l], fan[l]}, bound, seed * 16 + 2 * l);
+        p[2 * l + 1] = uniform_param(1, (int64_t[]){out[l]}, bound, seed * 16 + 2 * l + 1);
+    }
+}
+
+static nt_tensor *forward(nt_tensor **p, nt_tensor *x)
+{
+    nt_tensor *h1 = nt_relu(nt_linear(x, p[W1], p[B1]));
+    nt_tensor *h2 = nt_relu(nt_linear(h1, p[W2], p[B2]));
+    return nt_linear(h2, p[W3], p[B3]);
+}
+
+/* Host batch -> device: pixels scaled to [0, 1] (optionally standardised
+ * with Fashion-MNIST's mean and std), labels as i32. */
+static void make_batch(const dataset *d, const int *idx, int bs, bool normalize, float *xb,
+                       int32_t *yb, nt_tensor **x, nt_tensor **y)
+{
+    const float mean = 0.2860f, inv_std = 1.0f / 0.3530f;
+    for (int i = 0; i < bs; i++) {
+        const uint8_t *src = d->images + (size_t)idx[i] * PIXELS;
+        float *dst = xb + (size_t)i * PIXELS;
+        for (int k = 0; k < PIXELS; k++) {
+            float v = (float)src[k] / 255.0f;
+            dst[k] = normalize ? (v - mean) * inv_std : v;
+        }
+        yb[i] = d->labels[idx[i]];
+    }
+    *x = nt_from_host(xb, NT_F32, 2, (int64_t[]){bs, PIXELS});
+    *y = nt_from_host(yb, NT_I32, 1, (int64_t[]){bs});
+}
+
+/* Number of rows whose argmax is the label, as an f32 scalar tensor. */
+static nt_tensor *count_correct(nt_tensor *logits, nt_tensor *y)
+{
+    return nt_sum(nt_cast(nt_eq(nt_argmax(logits, 1, false), y), NT_F32), NT_DIM_ALL, false);
+}
+
+static int check(int rc, const char *what)
+{
+    if (rc != 0) {
+        fprintf(stderr, "fashion_mnist: %s failed: %s\n", what, nt_last_error_message());
+        exit(1);
+    }
+    return rc;
+}
+
+static nt_tensor *check_t(nt_tensor *t, const char *what)
+{
+    if (!t) {
+        fprintf(stderr, "fashion_mnist: %s failed: %s\n", what, nt_last_error_message());
+        exit(1);
+    }
+    return t;
+}
+
+/* Test accuracy in percent: batches of 1000 without a graph, one sync. */
+static double evaluate(nt_tensor **p, const dataset *d, bool normalize)
+{
+    enum { EB = 1000 };
+    float *xb = malloc(sizeof(float) * EB * PIXELS);
+    int32_t yb[EB];
+    int idx[EB];
+    nt_no_grad_begin();
+    nt_tensor *correct = check_t(nt_zeros(NT_F32, 0, NULL), "nt_zeros");
+    for (int s = 0; s < d->n; s += EB) {
+        int bs = d->n - s < EB ? d->n - s : EB;
+        for (int i = 0; i < bs; i++)
+            idx[i] = s + i;
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x, *y;
+        make_batch(d, idx, bs, normalize, xb, yb, &x, &y);
+        check(nt_add_inplace(correct, count_correct(forward(p, x), y)), "evaluation");
+        nt_scope_end(sc);
+    }
+    nt_no_grad_end();
+    double c = 0;
+    check(nt_item(correct, &c), "evaluation");
+    nt_release(correct);
+    free(xb);
+    return 100.0 * c / d->n;
+}
+
+/* ---------------- options ---------------- */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: fashion_mnist [options]\n"
+            "  --epochs N        epochs to train (5)\n"
+            "  --batch N         batch size (128)\n"
+            "  --lr X            learning rate (1e-3 for adamw, 0.05 for sgd)\n"
+            "  --hidden N        width of the two hidden layers (1024)\n"
+            "  --seed N          seed of the initialisation and the shuffling (1)\n"
+            "  --optim NAME      adamw (AdamW, weight decay 0.01) or sgd (momentum 0.9)\n"
+            "  --schedule NAME   cosine (decay the learning rate to 0 over the run) or\n"
+            "                    constant (cosine)\n"
+            "  --checkpoint PATH save parameters and optimizer state after every epoch\n"
+            "  --resume          load --checkpoint PATH first and continue from it\n"
+            "  --log-every N     a progress line every N steps (100; 0: none)\n"
+            "  --limit-steps N   stop after N training steps (for quick runs)\n"
+            "  --normalize       standardise pixels with the data set's mean and std\n"
+            "  --amp MODE        mixed precision: none (the only mode so far)\n"
+            "  --data DIR        where the .gz IDX files are\n"
+            "                    (/usr/share/datasets/fashion-mnist)\n");
+}
+
+static long parse_long(const char *opt, const char *v, long lo)
+{
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || errno || *end || x < lo) {
+        fprintf(stderr, "fashion_mnist: %s needs an integer >= %ld (got '%s')\n", opt, lo,
+                v ? v : "");
+        exit(1);
+    }
+    return x;
+}
+
+static void parse_args(int argc, char **argv, options *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool used = true;
+        if (!strcmp(a, "--epochs"))
+            o->epochs = (int)parse_long(a, v, 1);
+        else if (!strcmp(a, "--batch"))
+            o->batch = (int)parse_long(a, v, 1);
+        else if (!strcmp(a, "--hidden"))
+            o->hidden = (int)parse_long(a, v, 1);
+        else if (!strcmp(a, "--seed"))
+            o->seed = (uint64_t)parse_long(a, v, 0);
+        else if (!strcmp(a, "--log-every"))
+            o->log_every = (int)parse_long(a, v, 0);
+        else if (!strcmp(a, "--limit-steps"))
+            o->limit_steps = parse_long(a, v, 1);
+        else if (!strcmp(a, "--lr")) {
+            char *end;
+            o->lr = v ? strtod(v, &end) : -1;
+            if (!v || *end || !(o->lr > 0)) {
+                fprintf(stderr, "fashion_mnist: --lr needs a number > 0\n");
+                exit(1);
+            }
+        } else if (!strcmp(a, "--optim") && v)
+            o->optim = v;
+        else if (!strcmp(a, "--schedule") && v)
+            o->schedule = v;
+        else if (!strcmp(a, "--checkpoint") && v)
+            o->checkpoint = v;
+        else if (!strcmp(a, "--data") && v)
+            o->data_dir = v;
+        else if (!strcmp(a, "--amp") && v)
+            o->amp = v;
+        else {
+            used = false;
+            if (!strcmp(a, "--resume"))
+                o->resume = true;
+            else if (!strcmp(a, "--normalize"))
+                o->normalize = true;
+            else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+                usage(stdout);
+                exit(0);
+            } else {
+                fprintf(stderr, "fashion_mnist: unknown or incomplete option '%s'\n", a);
+                usage(stderr);
+                exit(1);
+            }
+        }
+        if (used)
+            i++;
+    }
+    if (strcmp(o->optim, "adamw") && strcmp(o->optim, "sgd")) {
+        fprintf(stderr, "fashion_mnist: --optim must be adamw or sgd (got '%s')\n", o->optim);
+        exit(1);
+    }
+    if (strcmp(o->schedule, "cosine") && strcmp(o->schedule, "constant")) {
+        fprintf(stderr, "fashion_mnist: --schedule must be cosine or constant (got '%s')\n",
+                o->schedule);
+        exit(1);
+    }
+    if (strcmp(o->amp, "none")) {
+        fprintf(stderr, "fashion_mnist: --amp %s is not supported yet (only none)\n", o->amp);
+        exit(1);
+    }
+    if (o->resume && !o->checkpoint) {
+        fprintf(stderr, "fashion_mnist: --resume needs --checkpoint PATH\n");
+        exit(1);
+    }
+    if (o->lr <= 0)
+        o->lr = strcmp(o->optim, "sgd") ? 1e-3 : 0.05;
+}
+
+/* Fisher-Yates with splitmix64: the order depends only on the seed. */
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void shuffle(int *idx, int n, uint64_t seed)
+{
+    uint64_t s = seed;
+    for (int i = 0; i < n; i++)
+        idx[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(splitmix64(&s) % (uint64_t)(i + 1));
+        int t = idx[i];
+        idx[i] = idx[j];
+        idx[j] = t;
+    }
+}
+
+/* ---------------- training ---------------- */
+
+/* What the device did over an epoch's training steps: simulated NeuronCore
+ * time and engine utilisation when ops ran on the simulator, and the
+ * runtime's counters (kernels, syncs) in any case. */
+static void print_device_stats(const nt_stats *a, const nt_stats *b, const nt_sim_stats *sa,
+                               const nt_sim_stats *sb, int steps)
+{
+    double sim_ns = sb->sim_ns - sa->sim_ns;
+    if (sb->kernels > sa->kernels && sim_ns > 0) {
+        double u[NT_ENGINE_COUNT];
+        for (int e = 0; e < NT_ENGINE_COUNT; e++)
+            u[e] = 100.0 * (sb->busy_ns[e] - sa->busy_ns[e]) / sim_ns;
+        double ideal = sb->tensor_ideal_ns - sa->tensor_ideal_ns;
+        printf("  NeuronCore (simulated): %.3f s, %.3f ms/step; utilisation TensorE %.0f%%, "
+               "VectorE %.0f%%, ScalarE %.0f%%, GpSimd %.0f%%, DMA %.0f%%; MFU %.1f%%\n",
+               sim_ns * 1e-9, steps ? sim_ns * 1e-6 / steps : 0.0, u[NT_ENGINE_TENSOR],
+               u[NT_ENGINE_VECTOR], u[NT_ENGINE_SCALAR], u[NT_ENGINE_GPSIMD], u[NT_ENGINE_DMA],
+               100.0 * ideal / sim_ns);
+    }
+    uint64_t k = b->kernels_launched - a->kernels_launched, sy = b->syncs - a->syncs;
+    printf("  runtime: %llu kernels (%.1f per step), %llu ops, %llu syncs, %llu CPU fallbacks\n",
+           (unsigned long long)k, steps ? (double)k / steps : 0.0,
+           (unsigned long long)(b->ops_enqueued - a->ops_enqueued), (unsigned long long)sy,
+           (unsigned long long)(b->cpu_fallbacks - a->cpu_fallbacks));
+}
+
+/* Cosine annealing from lr to 0 over `total` steps. */
+static double cosine_lr(double lr, int64_t step, int64_t total)
+{
+    if (step >= total)
+        return 0;
+    return 0.5 * lr * (1 + cos(M_PI * (double)step / (double)total));
+}
+
+int main(int argc, char **argv)
+{
+    options o = {.data_dir = "/usr/share/datasets/fashion-mnist", .epochs = 5, .batch = 128,
+                 .hidden = 1024, .log_every = 100, .seed = 1, .optim = "adamw", .schedule = "cosine",
+                 .amp = "none"};
+    parse_args(argc, argv, &o);
+    double t_start = now_s();
+
+    dataset train, test;
+    if (load_split(o.data_dir, "train", &train) || load_split(o.data_dir, "t10k", &test))
+        return 1;
+    if (nt_init() != 0) {
+        fprintf(stderr, "fashion_mnist: nt_init: %s\n", nt_last_error_message());
+        return 1;
+    }
+    printf("fashion_mnist: %d training and %d test images from %s\n", train.n, test.n,
+           o.data_dir);
+    printf("model 784-%d-%d-10 (ReLU), cross-entropy, %s lr %g (%s), batch %d, seed %llu, "
+           "mode %s, backend %s\n",
+           o.hidden, o.hidden, o.optim, o.lr, o.schedule, o.batch, (unsigned long long)o.seed,
+           nt_config_get("NT_MODE"), nt_config_get("NT_BACKEND"));
+
+    nt_tensor *p[NPARAMS];
+    init_params(p, o.hidden, o.seed);
+    for (int i = 0; i < NPARAMS; i++)
+        check_t(p[i], "initialisation");
+    nt_optim *opt = !strcmp(o.optim, "sgd")
+                        ? nt_optim_sgd(p, NPARAMS, o.lr, 0.9, 0.0, false)
+                        : nt_optim_adamw(p, NPARAMS, o.lr, 0.9, 0.999, 1e-8, 0.01);
+    if (!opt) {
+        fprintf(stderr, "fashion_mnist: optimizer: %s\n", nt_last_error_message());
+        return 1;
+    }
+    int steps_per_epoch = (train.n + o.batch - 1) / o.batch;
+    int first_epoch = 0, first_step = 0;
+    if (o.resume) {
+        check(nt_load(o.checkpoint, p, NPARAMS, opt), "--resume");
+        /* the same shuffles as an uninterrupted run: skip what was done */
+        first_epoch = (int)(nt_optim_steps(opt) / steps_per_epoch);
+        first_step = (int)(nt_optim_steps(opt) % steps_per_epoch);
+        printf("resumed from %s after %lld steps (epoch %d, step %d)\n", o.checkpoint,
+               (long long)nt_optim_steps(opt), first_epoch + 1, first_step);
+    }
+
+    /* The schedule spans --epochs (--limit-steps only cuts a run short) and
+     * follows the optimizer's step count, so a resumed run continues it
+     * where it stopped. */
+    bool cosine = !strcmp(o.schedule, "cosine");
+    int64_t total_planned = (int64_t)o.epochs * steps_per_epoch;
+    float *xb = malloc(sizeof(float) * (size_t)o.batch * PIXELS);
+    int32_t *yb = malloc(sizeof(int32_t) * (size_t)o.batch);
+    int *order = malloc(sizeof(int) * (size_t)train.n);
+    long total_steps = 0;
+    double last_test = 0;
+    int epochs_run = 0;
+    bool stop = false;
+    nt_stats_reset();
+    for (int ep = first_epoch; ep < o.epochs && !stop; ep++) {
+        shuffle(order, train.n, o.seed * 1000003u + (uint64_t)ep);
+        /* The loss is read one step late: the host queues step k while the
+         * device still runs step k-1, and at most two steps are in flight
+         * (bounded memory, one sync per step).  Correct predictions are
+         * summed on the device and read only when a line is printed. */
+        nt_tensor *correct_sum = check_t(nt_zeros(NT_F32, 0, NULL), "nt_zeros");
+        nt_tensor *prev_loss = NULL;
+        int prev_bs = 0;
+        double loss_sum = 0;
+        nt_stats st0;
+        nt_sim_stats sim0;
+        nt_stats_get(&st0);
+        nt_sim_stats_get(&sim0);
+        double t0 = now_s();
+        int seen = 0, step;
+        for (step = ep == first_epoch ? first_step : 0; step < steps_per_epoch; step++) {
+            if (o.limit_steps && total_steps >= o.limit_steps) {
+                stop = true;
+                break;
+            }
+            int s0 = step * o.batch;
+            int bs = train.n - s0 < o.batch ? train.n - s0 : o.batch;
+            if (cosine)
+                check(nt_optim_set_lr(opt, cosine_lr(o.lr, nt_optim_steps(opt), total_planned)),
+                      "nt_optim_set_lr");
+            nt_scope *sc = nt_scope_begin();
+            nt_tensor *x, *y;
+            make_batch(&train, order + s0, bs, o.normalize, xb, yb, &x, &y);
+            nt_tensor *logits = forward(p, x);
+            nt_tensor *loss = nt_cross_entropy(logits, y);
+            check(nt_backward(loss), "nt_backward");
+            check(nt_optim_step(opt), "nt_optim_step");
+            check(nt_optim_zero_grad(opt), "nt_optim_zero_grad");
+            nt_no_grad_begin();
+            check(nt_add_inplace(correct_sum, count_correct(logits, y)), "accuracy");
+            nt_no_grad_end();
+            nt_keep(loss);
+            nt_scope_end(sc);
+            if (prev_loss) {
+                double l;
+                check(nt_item(prev_loss, &l), "reading the loss");
+                loss_sum += l * prev_bs;
+                nt_release(prev_loss);
+            }
+            prev_loss = loss;
+            prev_bs = bs;
+            seen += bs;
+            total_steps++;
+            if (o.log_every && (step + 1) % o.log_every == 0) {
+                double c, l;
+                check(nt_item(prev_loss, &l), "reading the loss");
+                loss_sum += l * prev_bs;
+                nt_release(prev_loss);
+                prev_loss = NULL;
+                check(nt_item(correct_sum, &c), "reading the accuracy");
+                printf("  epoch %d step %4d/%d  loss %.4f  train acc %6.2f%%  %7.0f ex/s\n",
+                       ep + 1, step + 1, steps_per_epoch, loss_sum / seen, 100.0 * c / seen,
+                       seen / (now_s() - t0));
+                fflush(stdout);
+            }
+        }
+        if (prev_loss) {
+            double l;
+            check(nt_item(prev_loss, &l), "reading the loss");
+            loss_sum += l * prev_bs;
+            nt_release(prev_loss);
+        }
+        if (seen == 0) {
+            nt_release(correct_sum);
+            break;
+        }
+        double c, l = loss_sum;
+        check(nt_item(correct_sum, &c), "reading the accuracy");
+        double train_s = now_s() - t0;
+        nt_sim_stats sim1;
+        nt_sim_stats_get(&sim1); /* training only: before the evaluation */
+        int steps_run = step - (ep == first_epoch ? first_step : 0);
+        nt_release(correct_sum);
+        last_test = evaluate(p, &test, o.normalize);
+        epochs_run++;
+        nt_stats st1;
+        nt_stats_get(&st1);
+        printf("epoch %d/%d: loss %.4f  train acc %.2f%%  test acc %.2f%%  %.0f ex/s  (%.1f s)\n",
+               ep + 1, o.epochs, l / seen, 100.0 * c / seen, last_test, seen / train_s, train_s);
+        print_device_stats(&st0, &st1, &sim0, &sim1, steps_run);
+        fflush(stdout);
+        if (o.checkpoint) {
+            check(nt_save(o.checkpoint, p, NPARAMS, opt), "saving the checkpoint");
+            printf("  saved %s (step %lld)\n", o.checkpoint, (long long)nt_optim_steps(opt));
+        }
+    }
+    if (epochs_run == 0 && first_epoch > 0)
+        last_test = evaluate(p, &test, o.normalize);
+    printf("final test accuracy %.2f%% after %lld steps (%.1f s wall)\n", last_test,
+           (long long)nt_optim_steps(opt), now_s() - t_start);
+
+    nt_optim_destroy(opt);
+    for (int i = 0; i < NPARAMS; i++)
+        nt_release(p[i]);
+    free(xb);
+    free(yb);
+    free(order);
+    free(train.images);
+    free(train.labels);
+    free(test.images);
+    free(test.labels);
+    nt_shutdown();
+    return 0;
+}

@@ -1,0 +1,859 @@
+/* tests/test_optim.c - SGD and AdamW against hand-computed updates, their
+ * error paths, master weights, checkpoints (round trip bit for bit, every
+ * kind of bad file), a short training run, and bitwise-identical training
+ * across modes. */
+#include <float.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ntensor.h"
+
+static char tmpdir[256];
+
+static int setup(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_init(), 0);
+    nt_clear_error();
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    nt_shutdown();
+    return 0;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/nt_test_optim_XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* A path in the test's directory (a small ring of buffers: copy it to keep
+ * it across more than 8 calls). */
+static const char *tpath(const char *name)
+{
+    static char buf[8][400];
+    static int k;
+    char *p = buf[k++ & 7];
+    snprintf(p, 400, "%s/%s", tmpdir, name);
+    return p;
+}
+
+#define N 5
+
+static nt_tensor *param_f32(const float *v, int n)
+{
+    nt_tensor *t = nt_from_host(v, NT_F32, 1, (int64_t[]){n});
+    assert_non_null(t);
+    assert_int_equal(nt_set_requires_grad(t, true), 0);
+    return t;
+}
+
+/* Gives p the gradient g exactly: loss = sum(p * g). */
+static void set_grad(nt_tensor *p, const float *g, int n)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *c = nt_from_host(g, NT_F32, 1, (int64_t[]){n});
+    assert_int_equal(nt_backward(nt_sum(nt_mul(p, c), NT_DIM_ALL, false)), 0);
+    nt_scope_end(s);
+}
+
+static void read_f32(nt_tensor *t, float *out, int n)
+{
+    assert_int_equal(nt_to_host(t, out, sizeof(float) * (size_t)n), 0);
+}
+
+/* Within a few f32 ulps of the double-precision formula. */
+static void assert_near(const float *got, const double *want, int n)
+{
+    for (int i = 0; i < n; i++) {
+        double tol = 4 * FLT_EPSILON * fmax(fabs(want[i]), 1.0);
+        if (fabs((double)got[i] - want[i]) > tol) {
+            print_error("element %d: got %.9g, want %.9g (tolerance %.3g)\n", i, got[i],
+                        want[i], tol);
+            fail();
+        }
+    }
+}
+
+static const float P0[N] = {0.5f, -1.25f, 2.0f, 0.75f, -0.3f};
+static const float G[3][N] = {
+    {0.1f, -0.4f, 0.25f, 1.5f, -0.05f},
+    {-0.2f, 0.3f, 0.35f, 0.9f, 0.15f},
+    {0.05f, -0.6f, -0.1f, 1.1f, 0.4f},
+};
+
+/* ---------------- SGD ---------------- */
+
+typedef struct {
+    double lr, momentum, wd;
+    bool nesterov;
+} sgd_cfg;
+
+static void sgd_reference(const sgd_cfg *c, int steps, double *p)
+{
+    double buf[N];
+    for (int i = 0; i < N; i++)
+        p[i] = P0[i];
+    for (int t = 0; t < steps; t++)
+        for (int i = 0; i < N; i++) {
+            double g = (double)G[t][i] + c->wd * p[i];
+            if (c->momentum != 0) {
+                buf[i] = t == 0 ? g : c->momentum * buf[i] + g;
+                g = c->nesterov ? g + c->momentum * buf[i] : buf[i];
+            }
+            p[i] -= c->lr * g;
+        }
+}
+
+static void test_sgd_against_formulas(void **state)
+{
+    (void)state;
+    const sgd_cfg cfgs[] = {
+        {0.1, 0, 0, false},     /* plain */
+        {0.1, 0.9, 0, false},   /* momentum */
+        {0.05, 0.8, 0, true},   /* nesterov */
+        {0.1, 0.9, 0.1, false}, /* weight decay with momentum */
+        {0.2, 0, 0.05, false},  /* weight decay alone */
+        {0.1, 0.5, 0.2, true},  /* all of it */
+    };
+    for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++) {
+        const sgd_cfg *c = &cfgs[k];
+        nt_tensor *p = param_f32(P0, N);
+        nt_optim *o = nt_optim_sgd(&p, 1, c->lr, c->momentum, c->wd, c->nesterov);
+        assert_non_null(o);
+        for (int t = 0; t < 3; t++) {
+            set_grad(p, G[t], N);
+            assert_int_equal(nt_optim_step(o), 0);
+            assert_int_equal(nt_optim_zero_grad(o), 0);
+            float got[N];
+            double want[N];
+            read_f32(p, got, N);
+            sgd_reference(c, t + 1, want);
+            assert_near(got, want, N);
+        }
+        assert_int_equal(nt_optim_steps(o), 3);
+        nt_optim_destroy(o);
+        nt_release(p);
+    }
+}
+
+/* ---------------- AdamW ---------------- */
+
+typedef struct {
+    double lr, b1, b2, eps, wd;
+} adam_cfg;
+
+/* steps_of[i]: the step count of each element's parameter (all one here). */
+static void adamw_reference(const adam_cfg *c, int steps, double *p)
+{
+    double m[N] = {0}, v[N] = {0};
+    for (int i = 0; i < N; i++)
+        p[i] = P0[i];
+    for (int t = 1; t <= steps; t++)
+        for (int i = 0; i < N; i++) {
+            double g = G[t - 1][i];
+            p[i] *= 1 - c->lr * c->wd;
+            m[i] = c->b1 * m[i] + (1 - c->b1) * g;
+            v[i] = c->b2 * v[i] + (1 - c->b2) * g * g;
+            double bc1 = 1 - pow(c->b1, t), bc2 = 1 - pow(c->b2, t);
+            p[i] -= c->lr / bc1 * m[i] / (sqrt(v[i]) / sqrt(bc2) + c->eps);
+        }
+}
+
+static void test_adamw_against_formulas(void **state)
+{
+    (void)state;
+    const adam_cfg cfgs[] = {
+        {0.01, 0.9, 0.999, 1e-8, 0.01},
+        {0.05, 0.8, 0.99, 1e-3, 0},
+        {0.02, 0.5, 0.9, 0.1, 0.5},
+    };
+    for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++) {
+        const adam_cfg *c = &cfgs[k];
+        nt_tensor *p = param_f32(P0, N);
+        nt_optim *o = nt_optim_adamw(&p, 1, c->lr, c->b1, c->b2, c->eps, c->wd);
+        assert_non_null(o);
+        for (int t = 0; t < 3; t++) {
+            set_grad(p, G[t], N);
+            assert_int_equal(nt_sgd_step(o), 0); /* the alias works for any optimizer */
+            assert_int_equal(nt_optim_zero_grad(o), 0);
+            float got[N];
+            double want[N];
+            read_f32(p, got, N);
+            adamw_reference(c, t + 1, want);
+            assert_near(got, want, N);
+        }
+        nt_optim_destroy(o);
+        nt_release(p);
+    }
+}
+
+/* A parameter without a .grad is skipped and its step count stays: its
+ * first real update uses bias corrections of step 1, as in PyTorch. */
+static void test_skip_without_grad(void **state)
+{
+    (void)state;
+    const adam_cfg c = {0.01, 0.9, 0.999, 1e-8, 0.01};
+    nt_tensor *a = param_f32(P0, N), *b = param_f32(P0, N);
+    nt_tensor *ps[2] = {a, b};
+    nt_optim *o = nt_optim_adamw(ps, 2, c.lr, c.b1, c.b2, c.eps, c.wd);
+    assert_non_null(o);
+    for (int t = 0; t < 2; t++) {
+        set_grad(a, G[t], N);
+        assert_int_equal(nt_optim_step(o), 0);
+        nt_optim_zero_grad(o);
+    }
+    float got[N];
+    read_f32(b, got, N);
+    assert_memory_equal(got, P0, sizeof got); /* untouched, bit for bit */
+    /* b's first update: step 1 for b (a is at step 3 and gets no grad) */
+    set_grad(b, G[0], N);
+    assert_int_equal(nt_optim_step(o), 0);
+    double want[N];
+    read_f32(b, got, N);
+    adamw_reference(&c, 1, want);
+    assert_near(got, want, N);
+    read_f32(a, got, N);
+    adamw_reference(&c, 2, want);
+    assert_near(got, want, N);
+    assert_int_equal(nt_optim_steps(o), 3);
+    nt_optim_destroy(o);
+    nt_release(a), nt_release(b);
+}
+
+static void test_zero_grad_and_lr(void **state)
+{
+    (void)state;
+    nt_tensor *p = param_f32(P0, N);
+    nt_optim *o = nt_optim_sgd(&p, 1, 0.1, 0, 0, false);
+    set_grad(p, G[0], N);
+    nt_tensor *g = nt_grad(p);
+    assert_non_null(g);
+    nt_release(g);
+    assert_int_equal(nt_optim_zero_grad(o), 0);
+    assert_null(nt_grad(p));
+    assert_int_equal(nt_last_error(), 0);
+    /* no grad: a step changes nothing */
+    assert_int_equal(nt_optim_step(o), 0);
+    float got[N];
+    read_f32(p, got, N);
+    assert_memory_equal(got, P0, sizeof got);
+    /* set_lr / get_lr, and lr 0 changes nothing */
+    assert_true(nt_optim_get_lr(o) == 0.1);
+    assert_int_equal(nt_optim_set_lr(o, 0.0), 0);
+    assert_true(nt_optim_get_lr(o) == 0.0);
+    set_grad(p, G[0], N);
+    assert_int_equal(nt_optim_step(o), 0);
+    read_f32(p, got, N);
+    assert_memory_equal(got, P0, sizeof got);
+    /* a new lr takes effect at the next step */
+    assert_int_equal(nt_optim_set_lr(o, 0.25), 0);
+    assert_int_equal(nt_optim_step(o), 0);
+    read_f32(p, got, N);
+    double want[N];
+    for (int i = 0; i < N; i++)
+        want[i] = (double)P0[i] - 0.25 * G[0][i];
+    assert_near(got, want, N);
+    /* bad lr values are refused and leave lr alone */
+    assert_int_equal(nt_optim_set_lr(o, -1), NT_EINVAL);
+    assert_int_equal(nt_optim_set_lr(o, NAN), NT_EINVAL);
+    assert_int_equal(nt_optim_set_lr(o, INFINITY), NT_EINVAL);
+    nt_clear_error();
+    assert_true(nt_optim_get_lr(o) == 0.25);
+    nt_optim_destroy(o);
+    nt_release(p);
+}
+
+static void expect_null(nt_optim *o, int code)
+{
+    assert_null(o);
+    assert_int_equal(nt_last_error(), code);
+    assert_true(strlen(nt_last_error_message()) > 0);
+    nt_clear_error();
+}
+
+static void test_api_errors(void **state)
+{
+    (void)state;
+    nt_tensor *p = param_f32(P0, N), *q = param_f32(P0, N);
+    nt_tensor *ps[2] = {p, q};
+    expect_null(nt_optim_sgd(NULL, 1, 0.1, 0, 0, false), NT_EINVAL);
+    expect_null(nt_optim_sgd(ps, 0, 0.1, 0, 0, false), NT_EINVAL);
+    expect_null(nt_optim_sgd(ps, -3, 0.1, 0, 0, false), NT_EINVAL);
+    expect_null(nt_optim_adamw(NULL, 1, 1e-3, 0.9, 0.999, 1e-8, 0), NT_EINVAL);
+    expect_null(nt_optim_adamw(ps, 0, 1e-3, 0.9, 0.999, 1e-8, 0), NT_EINVAL);
+    expect_null(nt_optim_sgd(ps, 2, -0.1, 0, 0, false), NT_EINVAL);
+    expect_null(nt_optim_sgd(ps, 2, NAN, 0, 0, false), NT_EINVAL);
+    expect_null(nt_optim_sgd(ps, 2, 0.1, -0.9, 0, false), NT_EINVAL);
+    expect_null(nt_optim_sgd(ps, 2, 0.1, 0.9, -1, false), NT_EINVAL);
+    expect_null(nt_optim_sgd(ps, 2, 0.1, 0, 0, true), NT_EINVAL); /* nesterov, no momentum */
+    expect_null(nt_optim_adamw(ps, 2, -1e-3, 0.9, 0.999, 1e-8, 0), NT_EINVAL);
+    expect_null(nt_optim_adamw(ps, 2, 1e-3, 1.0, 0.999, 1e-8, 0), NT_EINVAL);
+    expect_null(nt_optim_adamw(ps, 2, 1e-3, 0.9, -0.1, 1e-8, 0), NT_EINVAL);
+    expect_null(nt_optim_adamw(ps, 2, 1e-3, 0.9, 0.999, -1, 0), NT_EINVAL);
+    expect_null(nt_optim_adamw(ps, 2, 1e-3, 0.9, 0.999, 1e-8, -0.1), NT_EINVAL);
+    /* the same tensor twice */
+    nt_tensor *dup[2] = {p, p};
+    expect_null(nt_optim_sgd(dup, 2, 0.1, 0, 0, false), NT_EINVAL);
+    /* a NULL entry, an integer tensor, a non-leaf */
+    nt_tensor *withnull[2] = {p, NULL};
+    expect_null(nt_optim_sgd(withnull, 2, 0.1, 0, 0, false), NT_EINVAL);
+    nt_tensor *it = nt_zeros(NT_I32, 1, (int64_t[]){3});
+    expect_null(nt_optim_sgd(&it, 1, 0.1, 0, 0, false), NT_EDTYPE);
+    nt_tensor *nonleaf = nt_mul_scalar(p, 2);
+    assert_null(nt_optim_adamw(&nonleaf, 1, 1e-3, 0.9, 0.999, 1e-8, 0));
+    assert_int_equal(nt_last_error(), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "leaf"));
+    nt_clear_error();
+    nt_release(it), nt_release(nonleaf);
+    /* a released tensor */
+    nt_tensor *gone = param_f32(P0, N);
+    nt_release(gone);
+    nt_tensor *withgone[2] = {p, gone};
+    expect_null(nt_optim_sgd(withgone, 2, 0.1, 0, 0, false), NT_ERELEASED);
+    /* NULL optimizer everywhere */
+    assert_int_equal(nt_optim_step(NULL), NT_EINVAL);
+    assert_int_equal(nt_sgd_step(NULL), NT_EINVAL);
+    assert_int_equal(nt_optim_zero_grad(NULL), NT_EINVAL);
+    assert_int_equal(nt_optim_set_lr(NULL, 0.1), NT_EINVAL);
+    assert_true(isnan(nt_optim_get_lr(NULL)));
+    assert_true(nt_optim_steps(NULL) < 0);
+    assert_int_equal(nt_optim_set_master_weights(NULL, true), NT_EINVAL);
+    nt_optim_destroy(NULL);
+    nt_clear_error();
+    /* the optimizer keeps its parameters alive after the user lets go */
+    nt_optim *o = nt_optim_sgd(ps, 2, 0.5, 0, 0, false);
+    assert_non_null(o);
+    nt_tensor *g = nt_from_host(G[0], NT_F32, 1, (int64_t[]){N});
+    set_grad(p, G[0], N);
+    nt_release(p);
+    assert_int_equal(nt_optim_step(o), 0);
+    assert_int_equal(nt_sync(), 0);
+    nt_optim_destroy(o);
+    nt_release(q), nt_release(g);
+}
+
+static bool files_equal(const char *a, const char *b)
+{
+    FILE *f1 = fopen(a, "rb"), *f2 = fopen(b, "rb");
+    assert_non_null(f1);
+    assert_non_null(f2);
+    int c1, c2;
+    bool eq = true;
+    do {
+        c1 = fgetc(f1), c2 = fgetc(f2);
+        eq = c1 == c2;
+    } while (eq && c1 != EOF);
+    fclose(f1), fclose(f2);
+    return eq;
+}
+
+/* ---------------- master weights ---------------- */
+
+static float bf16_to_f32(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7FFF + ((u >> 16) & 1); /* round to nearest even (finite values) */
+    return (uint16_t)(u >> 16);
+}
+
+/* Updates smaller than half a bf16 ulp vanish without masters and add up
+ * with them. */
+static void test_master_weights(void **state)
+{
+    (void)state;
+    const float one[N] = {1, 1, 1, 1, 1};
+    const float gv[N] = {1, 1, 1, 1, 1};
+    for (int master = 0; master < 2; master++) {
+        nt_tensor *p32 = nt_from_host(one, NT_F32, 1, (int64_t[]){N});
+        nt_tensor *p = nt_cast(p32, NT_BF16);
+        nt_release(p32);
+        assert_int_equal(nt_set_requires_grad(p, true), 0);
+        nt_optim *o = nt_optim_sgd(&p, 1, 1e-3, 0, 0, false);
+        assert_int_equal(nt_optim_set_master_weights(o, master), 0);
+        float m = 1.0f;
+        for (int t = 0; t < 10; t++) {
+            nt_scope *s = nt_scope_begin();
+            nt_tensor *c = nt_cast(nt_from_host(gv, NT_F32, 1, (int64_t[]){N}), NT_BF16);
+            assert_int_equal(nt_backward(nt_sum(nt_mul(p, c), NT_DIM_ALL, false)), 0);
+            nt_scope_end(s);
+            assert_int_equal(nt_optim_step(o), 0);
+            nt_optim_zero_grad(o);
+            m = m - (float)1e-3 * 1.0f;
+        }
+        uint16_t got[N];
+        assert_int_equal(nt_to_host(p, got, sizeof got), 0);
+        for (int i = 0; i < N; i++) {
+            if (master)
+                assert_int_equal(got[i], f32_to_bf16(m));
+            else
+                assert_true(bf16_to_f32(got[i]) == 1.0f);
+        }
+        if (master) {
+            /* the masters survive a checkpoint, and turning them off keeps
+             * the rounded values */
+            const char *path = tpath("master.ckpt");
+            assert_int_equal(nt_save(path, &p, 1, o), 0);
+            nt_optim *o2 = nt_optim_sgd(&p, 1, 1e-3, 0, 0, false);
+            assert_int_equal(nt_load(path, &p, 1, o2), 0);
+            const char *path2 = tpath("master2.ckpt");
+            assert_int_equal(nt_save(path2, &p, 1, o2), 0);
+            assert_true(files_equal(path, path2));
+            nt_optim_destroy(o2);
+            assert_int_equal(nt_optim_set_master_weights(o, false), 0);
+            assert_int_equal(nt_to_host(p, got, sizeof got), 0);
+            assert_int_equal(got[0], f32_to_bf16(m));
+        }
+        nt_optim_destroy(o);
+        nt_release(p);
+    }
+}
+
+/* ---------------- a small MLP for training tests ---------------- */
+
+enum { IN = 8, HID = 16, OUT = 4, BATCH = 32 };
+
+typedef struct {
+    nt_tensor *p[4]; /* w1 [HID, IN], b1, w2 [OUT, HID], b2 */
+    nt_tensor *x, *y;
+} mlp;
+
+static nt_tensor *uparam(int ndim, const int64_t *shape, double bound, uint64_t seed)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *t = nt_keep(nt_add_scalar(nt_mul_scalar(nt_rand(NT_F32, ndim, shape, seed),
+                                                       2 * bound), -bound));
+    nt_scope_end(s);
+    nt_set_requires_grad(t, true);
+    return t;
+}
+
+/* Labels from a fixed random linear teacher, so the problem is learnable. */
+static void mlp_init(mlp *m, uint64_t seed)
+{
+    m->p[0] = uparam(2, (int64_t[]){HID, IN}, 1 / sqrt(IN), seed);
+    m->p[1] = uparam(1, (int64_t[]){HID}, 1 / sqrt(IN), seed + 1);
+    m->p[2] = uparam(2, (int64_t[]){OUT, HID}, 1 / sqrt(HID), seed + 2);
+    m->p[3] = uparam(1, (int64_t[]){OUT}, 1 / sqrt(HID), seed + 3);
+    nt_scope *s = nt_scope_begin();
+    m->x = nt_keep(nt_randn(NT_F32, 2, (int64_t[]){BATCH, IN}, 777));
+    nt_tensor *teacher = nt_randn(NT_F32, 2, (int64_t[]){IN, OUT}, 778);
+    m->y = nt_keep(nt_argmax(nt_matmul(m->x, teacher), 1, false));
+    nt_scope_end(s);
+}
+
+static void mlp_free(mlp *m)
+{
+    for (int i = 0; i < 4; i++)
+        nt_release(m->p[i]);
+    nt_release(m->x), nt_release(m->y);
+}
+
+/* One training step; returns the loss (read, so a sync per step). */
+static float mlp_step(mlp *m, nt_optim *o)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *h = nt_relu(nt_linear(m->x, m->p[0], m->p[1]));
+    nt_tensor *loss = nt_cross_entropy(nt_linear(h, m->p[2], m->p[3]), m->y);
+    assert_int_equal(nt_backward(loss), 0);
+    assert_int_equal(nt_optim_step(o), 0);
+    assert_int_equal(nt_optim_zero_grad(o), 0);
+    float l;
+    assert_int_equal(nt_to_host(loss, &l, sizeof l), 0);
+    nt_scope_end(s);
+    return l;
+}
+
+static void read_params(mlp *m, float *out)
+{
+    int64_t off = 0;
+    for (int i = 0; i < 4; i++) {
+        int64_t n = nt_numel(m->p[i]);
+        read_f32(m->p[i], out + off, (int)n);
+        off += n;
+    }
+}
+
+#define NPARAM (HID * IN + HID + OUT * HID + OUT)
+
+static void test_training_loss_falls(void **state)
+{
+    (void)state;
+    for (int which = 0; which < 2; which++) {
+        mlp m;
+        mlp_init(&m, 5);
+        nt_optim *o = which ? nt_optim_sgd(m.p, 4, 0.1, 0.9, 0, false)
+                            : nt_optim_adamw(m.p, 4, 0.02, 0.9, 0.999, 1e-8, 0.01);
+        float first = mlp_step(&m, o), last = first;
+        for (int t = 0; t < 150; t++)
+            last = mlp_step(&m, o);
+        if (!(last < 0.25f && last < first / 4)) {
+            print_error("%s: loss %g -> %g\n", which ? "sgd" : "adamw", first, last);
+            fail();
+        }
+        nt_optim_destroy(o);
+        mlp_free(&m);
+    }
+}
+
+/* ---------------- checkpoints ---------------- */
+
+static void test_checkpoint_round_trip(void **state)
+{
+    (void)state;
+    for (int which = 0; which < 2; which++) {
+        const char *path = tpath("rt.ckpt"), *path2 = tpath("rt2.ckpt");
+        /* uninterrupted: 3 steps, save, 3 more */
+        mlp a;
+        mlp_init(&a, 11);
+        nt_optim *oa = which ? nt_optim_sgd(a.p, 4, 0.05, 0.9, 1e-3, true)
+                             : nt_optim_adamw(a.p, 4, 0.01, 0.9, 0.999, 1e-8, 0.01);
+        for (int t = 0; t < 3; t++)
+            mlp_step(&a, oa);
+        assert_int_equal(nt_optim_set_lr(oa, which ? 0.04 : 0.008), 0); /* restored too */
+        assert_int_equal(nt_save(path, a.p, 4, oa), 0);
+        assert_int_equal(access(tpath("rt.ckpt.tmp"), F_OK), -1); /* renamed away */
+        float saved[NPARAM], cont_a[3];
+        read_params(&a, saved);
+        for (int t = 0; t < 3; t++)
+            cont_a[t] = mlp_step(&a, oa);
+
+        /* fresh model and optimizer with other values, then load */
+        mlp b;
+        mlp_init(&b, 99);
+        nt_optim *ob = which ? nt_optim_sgd(b.p, 4, 1, 0, 0, false)
+                             : nt_optim_adamw(b.p, 4, 1, 0.5, 0.5, 1, 0);
+        if (which)
+            assert_int_equal(nt_optim_step(ob), 0); /* no grads: a no-op, steps = 1 */
+        assert_int_equal(nt_load(path, b.p, 4, ob), 0);
+        float loaded[NPARAM];
+        read_params(&b, loaded);
+        assert_memory_equal(saved, loaded, sizeof saved);
+        assert_int_equal(nt_optim_steps(ob), 3);
+        assert_true(nt_optim_get_lr(ob) == (which ? 0.04 : 0.008));
+        /* the state is bit for bit the same: saving it again gives the same file */
+        assert_int_equal(nt_save(path2, b.p, 4, ob), 0);
+        assert_true(files_equal(path, path2));
+        /* and training continues identically */
+        for (int t = 0; t < 3; t++) {
+            float l = mlp_step(&b, ob);
+            assert_memory_equal(&l, &cont_a[t], sizeof l);
+        }
+        float pa[NPARAM], pb[NPARAM];
+        read_params(&a, pa);
+        read_params(&b, pb);
+        assert_memory_equal(pa, pb, sizeof pa);
+        /* parameters alone, without an optimizer */
+        assert_int_equal(nt_save(path, a.p, 4, NULL), 0);
+        mlp c;
+        mlp_init(&c, 5);
+        assert_int_equal(nt_load(path, c.p, 4, NULL), 0);
+        read_params(&c, pb);
+        assert_memory_equal(pa, pb, sizeof pa);
+        mlp_free(&c);
+        nt_optim_destroy(oa), nt_optim_destroy(ob);
+        mlp_free(&a), mlp_free(&b);
+    }
+}
+
+static uint8_t *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc(*n);
+    assert_int_equal(fread(b, 1, *n, f), *n);
+    fclose(f);
+    return b;
+}
+
+static void spit(const char *path, const uint8_t *b, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b, 1, n, f), n);
+    fclose(f);
+}
+
+/* The targets of the failing loads: known values that must survive. */
+typedef struct {
+    mlp m;
+    nt_optim *o;
+    float before[NPARAM];
+} target;
+
+static void target_init(target *t)
+{
+    mlp_init(&t->m, 42);
+    t->o = nt_optim_adamw(t->m.p, 4, 0.123, 0.9, 0.999, 1e-8, 0);
+    mlp_step(&t->m, t->o);
+    read_params(&t->m, t->before);
+}
+
+static void target_check(target *t)
+{
+    float now[NPARAM];
+    read_params(&t->m, now);
+    assert_memory_equal(now, t->before, sizeof now);
+    assert_int_equal(nt_optim_steps(t->o), 1);
+    assert_true(nt_optim_get_lr(t->o) == 0.123);
+}
+
+static void expect_load_error(target *t, const char *path, int code, const char *words)
+{
+    int rc = nt_load(path, t->m.p, 4, t->o);
+    if (rc != code || !strstr(nt_last_error_message(), words) ||
+        !strstr(nt_last_error_message(), path)) {
+        print_error("load of %s: rc %d (want %d), message: %s (want '%s')\n", path, rc, code,
+                    nt_last_error_message(), words);
+        fail();
+    }
+    assert_int_equal(nt_last_error(), code);
+    nt_clear_error();
+    target_check(t);
+}
+
+static void test_checkpoint_errors(void **state)
+{
+    (void)state;
+    mlp src;
+    mlp_init(&src, 3);
+    nt_optim *so = nt_optim_adamw(src.p, 4, 0.01, 0.9, 0.999, 1e-8, 0);
+    for (int k = 0; k < 2; k++)
+        mlp_step(&src, so);
+    char good[400], bad[400];
+    snprintf(good, sizeof good, "%s", tpath("good.ckpt"));
+    snprintf(bad, sizeof bad, "%s", tpath("bad.ckpt"));
+    assert_int_equal(nt_save(good, src.p, 4, so), 0);
+    size_t n;
+    uint8_t *bytes = slurp(good, &n);
+
+    target t;
+    target_init(&t);
+
+    /* missing */
+    expect_load_error(&t, tpath("missing.ckpt"), NT_EIO, "cannot open");
+    expect_load_error(&t, tmpdir, NT_EIO, "cannot read"); /* a directory */
+    /* truncated at several offsets: in the header, the table, the data */
+    size_t cuts[] = {0, 5, 8, 20, 31, 40, 200, n / 2, n - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+        spit(bad, bytes, cuts[i]);
+        expect_load_error(&t, bad, NT_EFORMAT, "truncated");
+    }
+    /* bad magic, bad version */
+    uint8_t *b2 = malloc(n);
+    memcpy(b2, bytes, n);
+    b2[0] = 'X';
+    spit(bad, b2, n);
+    expect_load_error(&t, bad, NT_EFORMAT, "magic");
+    memcpy(b2, bytes, n);
+    b2[8] = 7;
+    spit(bad, b2, n);
+    expect_load_error(&t, bad, NT_EFORMAT, "version");
+    /* a flipped byte in the record table, then in each record's data */
+    memcpy(b2, bytes, n);
+    b2[32 + 40] ^= 0x10;
+    spit(bad, b2, n);
+    expect_load_error(&t, bad, NT_EFORMAT, "checksum");
+    /* in the data: the first byte of the first record (its offset is in
+     * the table), the last byte of the file, and bytes across the file
+     * (data or zero padding: both are checked) */
+    size_t first = (size_t)bytes[32 + 16] | (size_t)bytes[32 + 17] << 8;
+    size_t flips[] = {first, n - 1, n / 2, n / 3, 2 * n / 3};
+    for (size_t i = 0; i < sizeof flips / sizeof flips[0]; i++) {
+        memcpy(b2, bytes, n);
+        b2[flips[i]] ^= 0x01;
+        spit(bad, b2, n);
+        int rc = nt_load(bad, t.m.p, 4, t.o);
+        if (rc != NT_EFORMAT)
+            fail_msg("a flipped byte at %zu of %zu: rc %d", flips[i], n, rc);
+        if (i < 2)
+            assert_non_null(strstr(nt_last_error_message(), "checksum mismatch in the data"));
+        nt_clear_error();
+        target_check(&t);
+    }
+    /* a file that is not a checkpoint at all */
+    spit(bad, (const uint8_t *)"hello, world, this is text and not a checkpoint file....", 56);
+    expect_load_error(&t, bad, NT_EFORMAT, "magic");
+    /* wrong count */
+    int rc = nt_load(good, t.m.p, 3, t.o);
+    assert_int_equal(rc, NT_ESHAPE);
+    assert_non_null(strstr(nt_last_error_message(), "4 parameters; 3 were passed"));
+    nt_clear_error();
+    target_check(&t);
+    /* wrong dtype and wrong shape in the LAST parameter: the earlier ones
+     * would match, and must not be written either */
+    nt_tensor *keep3 = t.m.p[3];
+    t.m.p[3] = nt_zeros(NT_BF16, 1, (int64_t[]){OUT});
+    rc = nt_load(good, t.m.p, 4, NULL);
+    assert_int_equal(rc, NT_ESHAPE);
+    assert_non_null(strstr(nt_last_error_message(), "bf16"));
+    nt_clear_error();
+    nt_release(t.m.p[3]);
+    t.m.p[3] = nt_zeros(NT_F32, 1, (int64_t[]){OUT + 1});
+    rc = nt_load(good, t.m.p, 4, NULL);
+    assert_int_equal(rc, NT_ESHAPE);
+    assert_non_null(strstr(nt_last_error_message(), "[5]"));
+    nt_clear_error();
+    nt_release(t.m.p[3]);
+    t.m.p[3] = keep3;
+    target_check(&t);
+    /* an optimizer of another kind, or opt for a file without its state */
+    nt_optim *sgd = nt_optim_sgd(t.m.p, 4, 0.5, 0.9, 0, false);
+    rc = nt_load(good, t.m.p, 4, sgd);
+    assert_int_equal(rc, NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "AdamW"));
+    nt_clear_error();
+    assert_true(nt_optim_get_lr(sgd) == 0.5);
+    nt_optim_destroy(sgd);
+    const char *noopt = tpath("noopt.ckpt");
+    assert_int_equal(nt_save(noopt, src.p, 4, NULL), 0);
+    expect_load_error(&t, noopt, NT_EINVAL, "no optimizer state");
+    /* an optimizer over a different number of parameters */
+    nt_optim *small = nt_optim_adamw(t.m.p, 3, 0.5, 0.9, 0.999, 1e-8, 0);
+    rc = nt_load(good, t.m.p, 4, small);
+    assert_int_equal(rc, NT_ESHAPE);
+    nt_clear_error();
+    nt_optim_destroy(small);
+    target_check(&t);
+    /* bad arguments */
+    assert_int_equal(nt_load(NULL, t.m.p, 4, NULL), NT_EINVAL);
+    assert_int_equal(nt_load(good, NULL, 4, NULL), NT_EINVAL);
+    assert_int_equal(nt_load(good, t.m.p, 0, NULL), NT_EINVAL);
+    assert_int_equal(nt_save(NULL, t.m.p, 4, NULL), NT_EINVAL);
+    assert_int_equal(nt_save(good, t.m.p, -1, NULL), NT_EINVAL);
+    nt_clear_error();
+    /* saving into a directory that does not exist */
+    const char *nodir = tpath("no/such/dir.ckpt");
+    assert_int_equal(nt_save(nodir, t.m.p, 4, t.o), NT_EIO);
+    assert_non_null(strstr(nt_last_error_message(), "no/such/dir.ckpt"));
+    nt_clear_error();
+    /* after all that, the good file still loads */
+    assert_int_equal(nt_load(good, t.m.p, 4, t.o), 0);
+    assert_int_equal(nt_optim_steps(t.o), 2);
+
+    free(b2);
+    free(bytes);
+    nt_optim_destroy(so), nt_optim_destroy(t.o);
+    mlp_free(&src), mlp_free(&t.m);
+}
+
+/* ---------------- modes ---------------- */
+
+/* A wider MLP than above (K > 128: several matmul K-tiles), trained with
+ * AdamW for a few steps; every loss and every parameter bit must match
+ * between deterministic mode and the asynchronous, fused modes. */
+enum { MIN = 300, MHID = 200, MOUT = 10, MBATCH = 64 };
+#define MNPARAM (MHID * MIN + MHID + MOUT * MHID + MOUT)
+
+static void train_in_mode(const char *mode, float *losses, float *params)
+{
+    if (!strcmp(mode, "deterministic"))
+        assert_int_equal(nt_config_set("NT_DETERMINISTIC", "1"), 0);
+    else
+        assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+    nt_tensor *p[4] = {
+        uparam(2, (int64_t[]){MHID, MIN}, 1 / sqrt(MIN), 31),
+        uparam(1, (int64_t[]){MHID}, 1 / sqrt(MIN), 32),
+        uparam(2, (int64_t[]){MOUT, MHID}, 1 / sqrt(MHID), 33),
+        uparam(1, (int64_t[]){MOUT}, 1 / sqrt(MHID), 34),
+    };
+    nt_tensor *x = nt_randn(NT_F32, 2, (int64_t[]){MBATCH, MIN}, 35);
+    int32_t lab[MBATCH];
+    for (int i = 0; i < MBATCH; i++)
+        lab[i] = (i * 7) % MOUT;
+    nt_tensor *y = nt_from_host(lab, NT_I32, 1, (int64_t[]){MBATCH});
+    nt_optim *o = nt_optim_adamw(p, 4, 0.01, 0.9, 0.999, 1e-8, 0.01);
+    nt_tensor *held[4] = {0};
+    for (int t = 0; t < 4; t++) {
+        /* queue all steps before reading, so fused modes see whole steps */
+        nt_scope *s = nt_scope_begin();
+        nt_tensor *h = nt_relu(nt_linear(x, p[0], p[1]));
+        nt_tensor *loss = nt_cross_entropy(nt_linear(h, p[2], p[3]), y);
+        assert_int_equal(nt_backward(loss), 0);
+        assert_int_equal(nt_optim_step(o), 0);
+        assert_int_equal(nt_optim_zero_grad(o), 0);
+        held[t] = nt_keep(loss);
+        nt_scope_end(s);
+    }
+    for (int t = 0; t < 4; t++) {
+        assert_int_equal(nt_to_host(held[t], &losses[t], sizeof(float)), 0);
+        nt_release(held[t]);
+    }
+    int64_t off = 0;
+    for (int i = 0; i < 4; i++) {
+        int64_t n = nt_numel(p[i]);
+        read_f32(p[i], params + off, (int)n);
+        off += n;
+        nt_release(p[i]);
+    }
+    nt_optim_destroy(o);
+    nt_release(x), nt_release(y);
+    assert_int_equal(nt_config_set("NT_DETERMINISTIC", "0"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+}
+
+static void test_bitwise_across_modes(void **state)
+{
+    (void)state;
+    static float ref_p[MNPARAM], p[MNPARAM];
+    float ref_l[4], l[4];
+    train_in_mode("deterministic", ref_l, ref_p);
+    assert_true(ref_l[3] < ref_l[0]); /* it trains */
+    const char *modes[] = {"adaptive", "eager", "lazy"};
+    for (int k = 0; k < 3; k++) {
+        train_in_mode(modes[k], l, p);
+        assert_memory_equal(ref_l, l, sizeof l);
+        assert_memory_equal(ref_p, p, sizeof p);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_sgd_against_formulas, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_adamw_against_formulas, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_skip_without_grad, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_zero_grad_and_lr, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_api_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_master_weights, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_training_loss_falls, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bitwise_across_modes, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
