@@ -1,14 +1,15 @@
 /* core/gemm.c - the K-tile matmul primitive; see gemm.h for the recurrence.
  *
  * Every element is s = fma(A[k][i], B[k][j], s) for k ascending, then added
- * to C.  fma rounds once and exactly, so a 16-lane AVX-512 lane, an 8-lane
- * AVX2 lane and the scalar fmaf of the edge loops give the same bits: where
- * an element is computed, and by which thread, never changes it.
+ * to C.  fma rounds once and exactly, so an AVX2 lane and the portable
+ * fmaf loop give the same bits: where an element is computed, and by which
+ * thread, never changes it.
  *
- * Speed: a register-blocked micro-kernel (MR rows x NR columns of C held in
- * vector registers across the whole K loop, B rows loaded as vectors, A
- * broadcast), columns blocked so a panel of B stays in L2, and a second
- * thread taking half the column blocks of big calls. */
+ * Speed: register-blocked micro-kernels (up to 6 rows x 16 columns of C held
+ * in AVX2 registers across the whole K loop, B rows loaded as vectors, A
+ * broadcast; edge rows and columns use the same kernels with fewer rows and
+ * masked lanes, never a scalar loop), columns blocked so a panel of B stays
+ * in L2, and a second thread taking half the column blocks of big calls. */
 #include "gemm.h"
 
 #include <glib.h>
@@ -17,23 +18,21 @@
 
 #include <atomic_ops.h>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#define NT_MR 8
-#define NT_NR 32
-#elif defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define NT_MR 6
 #define NT_NR 16
+#define NT_VEC 1
 #else
 #define NT_MR 4
 #define NT_NR 4
+#define NT_VEC 0
 #endif
 
 /* Columns per block: a 128 x 256 panel of B is 128 KiB, comfortably in L2. */
 #define NT_NC 256
 
-/* One element the scalar way (edges). */
+/* One element the scalar way (only without AVX2). */
 static inline float dot1(int K, const float *A, int lda, const float *B, int ldb)
 {
     float s = 0.0f;
@@ -44,93 +43,109 @@ static inline float dot1(int K, const float *A, int lda, const float *B, int ldb
 
 static inline void put(float *p, float s, bool acc) { *p = acc ? *p + s : s; }
 
-#if defined(__AVX512F__)
-/* C[i0 .. i0+8)[j0 .. j0+32) */
-static void micro(int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc,
-                  bool acc)
-{
-    __m512 c[NT_MR][2];
-    for (int r = 0; r < NT_MR; r++)
-        c[r][0] = c[r][1] = _mm512_setzero_ps();
-    for (int k = 0; k < K; k++) {
-        const float *a = A + (long)k * lda, *b = B + (long)k * ldb;
-        __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
-        for (int r = 0; r < NT_MR; r++) {
-            __m512 ar = _mm512_set1_ps(a[r]);
-            c[r][0] = _mm512_fmadd_ps(ar, b0, c[r][0]);
-            c[r][1] = _mm512_fmadd_ps(ar, b1, c[r][1]);
-        }
+#if NT_VEC
+/* C[0 .. MR)[0 .. 16) += A^T . B over K, for MR = 1..6 rows: one function
+ * per row count (the accumulators must stay in registers), all lanes the
+ * same fma recurrence.  `mask` selects the valid columns of a partial block
+ * (all ones for a full one). */
+#define NT_MICRO(MR)                                                                        \
+    static void micro##MR(int K, const float *A, int lda, const float *B, int ldb, float *C,  \
+                          int ldc, bool acc, __m256i m0, __m256i m1)                        \
+    {                                                                                       \
+        __m256 c[MR][2];                                                                    \
+        for (int r = 0; r < MR; r++)                                                        \
+            c[r][0] = c[r][1] = _mm256_setzero_ps();                                        \
+        for (int k = 0; k < K; k++) {                                                       \
+            const float *a = A + (long)k * lda, *b = B + (long)k * ldb;                      \
+            __m256 b0 = _mm256_maskload_ps(b, m0), b1 = _mm256_maskload_ps(b + 8, m1);       \
+            for (int r = 0; r < MR; r++) {                                                  \
+                __m256 ar = _mm256_broadcast_ss(a + r);                                     \
+                c[r][0] = _mm256_fmadd_ps(ar, b0, c[r][0]);                                  \
+                c[r][1] = _mm256_fmadd_ps(ar, b1, c[r][1]);                                  \
+            }                                                                               \
+        }                                                                                   \
+        for (int r = 0; r < MR; r++) {                                                      \
+            float *p = C + (long)r * ldc;                                                   \
+            __m256 v0 = c[r][0], v1 = c[r][1];                                              \
+            if (acc) {                                                                      \
+                v0 = _mm256_add_ps(_mm256_maskload_ps(p, m0), v0);                           \
+                v1 = _mm256_add_ps(_mm256_maskload_ps(p + 8, m1), v1);                       \
+            }                                                                               \
+            _mm256_maskstore_ps(p, m0, v0);                                                 \
+            _mm256_maskstore_ps(p + 8, m1, v1);                                             \
+        }                                                                                   \
     }
-    for (int r = 0; r < NT_MR; r++)
-        for (int h = 0; h < 2; h++) {
-            float *p = C + (long)r * ldc + 16 * h;
-            __m512 v = acc ? _mm512_add_ps(_mm512_loadu_ps(p), c[r][h]) : c[r][h];
-            _mm512_storeu_ps(p, v);
-        }
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-static void micro(int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc,
-                  bool acc)
+NT_MICRO(1)
+NT_MICRO(2)
+NT_MICRO(3)
+NT_MICRO(4)
+NT_MICRO(5)
+NT_MICRO(6)
+
+typedef void (*micro_fn)(int, const float *, int, const float *, int, float *, int, bool, __m256i,
+                         __m256i);
+static const micro_fn micro[NT_MR + 1] = {NULL, micro1, micro2, micro3, micro4, micro5, micro6};
+
+/* Lane masks for the first w (0..16) columns of a block. */
+static void col_masks(int w, __m256i *m0, __m256i *m1)
 {
-    __m256 c[NT_MR][2];
-    for (int r = 0; r < NT_MR; r++)
-        c[r][0] = c[r][1] = _mm256_setzero_ps();
-    for (int k = 0; k < K; k++) {
-        const float *a = A + (long)k * lda, *b = B + (long)k * ldb;
-        __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-        for (int r = 0; r < NT_MR; r++) {
-            __m256 ar = _mm256_set1_ps(a[r]);
-            c[r][0] = _mm256_fmadd_ps(ar, b0, c[r][0]);
-            c[r][1] = _mm256_fmadd_ps(ar, b1, c[r][1]);
-        }
-    }
-    for (int r = 0; r < NT_MR; r++)
-        for (int h = 0; h < 2; h++) {
-            float *p = C + (long)r * ldc + 8 * h;
-            __m256 v = acc ? _mm256_add_ps(_mm256_loadu_ps(p), c[r][h]) : c[r][h];
-            _mm256_storeu_ps(p, v);
-        }
+    int32_t lanes[16];
+    for (int i = 0; i < 16; i++)
+        lanes[i] = i < w ? -1 : 0;
+    *m0 = _mm256_loadu_si256((const __m256i *)lanes);
+    *m1 = _mm256_loadu_si256((const __m256i *)(lanes + 8));
 }
-#else
-static void micro(int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc,
-                  bool acc)
-{
-    float c[NT_MR][NT_NR] = {{0}};
-    for (int k = 0; k < K; k++)
-        for (int r = 0; r < NT_MR; r++)
-            for (int j = 0; j < NT_NR; j++)
-                c[r][j] = fmaf(A[(long)k * lda + r], B[(long)k * ldb + j], c[r][j]);
-    for (int r = 0; r < NT_MR; r++)
-        for (int j = 0; j < NT_NR; j++)
-            put(C + (long)r * ldc + j, c[r][j], acc);
-}
-#endif
 
 /* Columns [j0, j1) of the whole call. */
 static void run_cols(int M, int j0, int j1, int K, const float *A, int lda, const float *B,
                      int ldb, float *C, int ldc, bool acc)
 {
-    int Mb = M - M % NT_MR;
+    __m256i full0, full1;
+    col_masks(16, &full0, &full1);
     for (int jb = j0; jb < j1; jb += NT_NC) {
         int je = jb + NT_NC < j1 ? jb + NT_NC : j1;
-        int Nb = jb + (je - jb) / NT_NR * NT_NR;
-        for (int i = 0; i < Mb; i += NT_MR)
-            for (int j = jb; j < Nb; j += NT_NR)
-                micro(K, A + i, lda, B + j, ldb, C + (long)i * ldc + j, ldc, acc);
-        /* edges: the same recurrence, element by element */
-        for (int i = 0; i < M; i++)
-            for (int j = i < Mb ? Nb : jb; j < je; j++)
-                put(C + (long)i * ldc + j, dot1(K, A + i, lda, B + j, ldb), acc);
+        for (int i = 0; i < M; i += NT_MR) {
+            int mr = M - i < NT_MR ? M - i : NT_MR;
+            for (int j = jb; j < je; j += NT_NR) {
+                int w = je - j < NT_NR ? je - j : NT_NR;
+                __m256i m0 = full0, m1 = full1;
+                if (w < NT_NR)
+                    col_masks(w, &m0, &m1);
+                micro[mr](K, A + i, lda, B + j, ldb, C + (long)i * ldc + j, ldc, acc, m0, m1);
+            }
+        }
     }
 }
+#else
+/* Portable: the same recurrence, element by element. */
+static void run_cols(int M, int j0, int j1, int K, const float *A, int lda, const float *B,
+                     int ldb, float *C, int ldc, bool acc)
+{
+    for (int i = 0; i < M; i++)
+        for (int j = j0; j < j1; j++)
+            put(C + (long)i * ldc + j, dot1(K, A + i, lda, B + j, ldb), acc);
+}
+#endif
 
-/* ---------------- the second thread ---------------- */
+/* ---------------- the second thread ----------------
+ *
+ * A big call is cut into column blocks of NT_JB that the caller and one
+ * helper thread claim from a shared counter.  If the helper is slow to wake
+ * (the machine is busy), the caller simply takes more blocks: it only ever
+ * waits for a block the helper has already started. */
+
+#define NT_JB 64
 
 typedef struct {
-    int M, j0, j1, K, lda, ldb, ldc;
+    int M, N, K, lda, ldb, ldc;
     const float *A, *B;
     float *C;
     bool acc;
+    int nblocks;
+    volatile AO_t next;  /* next block to claim */
+    volatile AO_t done;  /* blocks finished */
+    volatile AO_t inside; /* helpers working on it (the job lives on the
+                             caller's stack: it must not return before 0) */
 } job;
 
 static struct {
@@ -138,37 +153,48 @@ static struct {
     GMutex lock;
     GCond cond;
     GThread *th;
-    job j;
-    volatile AO_t seq, done;
-    bool stop;
+    job *volatile j;       /* the current job, or NULL */
+    volatile AO_t seq;
 } P;
 static GOnce pool_once = G_ONCE_INIT;
+
+static void work(job *j)
+{
+    for (;;) {
+        AO_t b = AO_fetch_and_add1(&j->next);
+        if (b >= (AO_t)j->nblocks)
+            return;
+        int j0 = (int)b * NT_JB, j1 = j0 + NT_JB < j->N ? j0 + NT_JB : j->N;
+        run_cols(j->M, j0, j1, j->K, j->A, j->lda, j->B, j->ldb, j->C, j->ldc, j->acc);
+        AO_fetch_and_add1_release(&j->done);
+    }
+}
 
 static gpointer helper(gpointer unused)
 {
     (void)unused;
     AO_t seen = 0;
     for (;;) {
-        /* spin briefly for the next job, then sleep */
-        int spins = 0;
-        while (AO_load_acquire(&P.seq) == seen && spins < 20000) {
-            spins++;
+        /* spin a little for the next job (calls come in bursts), then sleep */
+        for (int spins = 0; AO_load_acquire(&P.seq) == seen && spins < 2000; spins++) {
 #if defined(__x86_64__)
             __builtin_ia32_pause();
 #endif
         }
         g_mutex_lock(&P.lock);
-        while (AO_load_acquire(&P.seq) == seen && !P.stop)
+        while (AO_load_acquire(&P.seq) == seen)
             g_cond_wait(&P.cond, &P.lock);
-        bool stop = P.stop;
-        job j = P.j;
-        g_mutex_unlock(&P.lock);
-        if (stop)
-            return NULL;
         seen = AO_load_acquire(&P.seq);
-        run_cols(j.M, j.j0, j.j1, j.K, j.A, j.lda, j.B, j.ldb, j.C, j.ldc, j.acc);
-        AO_store_release(&P.done, seen);
+        job *j = P.j;
+        if (j)
+            AO_fetch_and_add1_full(&j->inside); /* under the lock: see below */
+        g_mutex_unlock(&P.lock);
+        if (j) {
+            work(j);
+            AO_fetch_and_sub1_release(&j->inside); /* last touch of j */
+        }
     }
+    return NULL;
 }
 
 static gpointer pool_start(gpointer unused)
@@ -197,17 +223,21 @@ void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B
         return;
     }
     g_once(&pool_once, pool_start, NULL);
-    if (P.th && (long)M * N * K >= NT_GEMM_SPLIT && N >= 2 * NT_NR && g_mutex_trylock(&P.use)) {
-        /* the helper takes the right half of the columns, on a block edge */
-        int half = (N / 2 + NT_NR - 1) / NT_NR * NT_NR;
+    if (P.th && (long)M * N * K >= NT_GEMM_SPLIT && N >= 2 * NT_JB && g_mutex_trylock(&P.use)) {
+        job j = {M, N, K, lda, ldb, ldc, A, B, C, acc, (N + NT_JB - 1) / NT_JB, 0, 0, 0};
         g_mutex_lock(&P.lock);
-        P.j = (job){M, half, N, K, lda, ldb, ldc, A, B, C, acc};
-        AO_t s = AO_load(&P.seq) + 1;
-        AO_store_release(&P.seq, s);
+        P.j = &j;
+        AO_store_release(&P.seq, AO_load(&P.seq) + 1);
         g_cond_signal(&P.cond);
         g_mutex_unlock(&P.lock);
-        run_cols(M, 0, half, K, A, lda, B, ldb, C, ldc, acc);
-        while (AO_load_acquire(&P.done) != s) {
+        work(&j);
+        /* No new helper may enter once P.j is cleared (it enters under the
+         * lock); then wait for blocks still running and for the helper to
+         * leave the job. */
+        g_mutex_lock(&P.lock);
+        P.j = NULL;
+        g_mutex_unlock(&P.lock);
+        while (AO_load_acquire(&j.done) != (AO_t)j.nblocks || AO_load_acquire(&j.inside)) {
 #if defined(__x86_64__)
             __builtin_ia32_pause();
 #endif

@@ -14,40 +14,53 @@
  * the simulator's 128 x 512 output blocks bit for bit. */
 #include "cpu.h"
 
+#include <glib.h>
 #include <string.h>
 
 #include "gemm.h"
 
-/* Packs the K x M matrix A^T (A^T[k, m] = a[m, k]) of one batch, widened. */
-static void pack_at(float *dst, const char *a, nt_dtype dt, int64_t es, int64_t M, int64_t K,
-                    int64_t rs, int64_t cs)
+/* Scratch for packed operands: per thread, grown as needed and kept, so a
+ * training loop does not page-fault a fresh buffer every call. */
+static void scratch_free(gpointer p) { g_free(p); }
+static GPrivate scratch_key = G_PRIVATE_INIT(scratch_free);
+static _Thread_local size_t scratch_n NT_TLS_HOT;
+
+static float *scratch(size_t n)
 {
-    if (rs <= cs) {
-        /* a is stored column-major (a transposed view): row k of A^T is
-         * contiguous in a. */
-        for (int64_t k = 0; k < K; k++)
-            nt__ld_f32(dst + k * M, a + k * cs * es, dt, rs, M);
-        return;
-    }
-    /* Row-major a: read each row m in stretches of 64 along k and scatter
-     * them down column m of A^T, so both sides stream. */
-    float tmp[64];
-    for (int64_t k0 = 0; k0 < K; k0 += 64) {
-        int64_t kn = K - k0 < 64 ? K - k0 : 64;
-        for (int64_t m = 0; m < M; m++) {
-            nt__ld_f32(tmp, a + (m * rs + k0 * cs) * es, dt, cs, kn);
-            for (int64_t k = 0; k < kn; k++)
-                dst[(k0 + k) * M + m] = tmp[k];
-        }
-    }
+    float *p = g_private_get(&scratch_key);
+    if (p && scratch_n >= n)
+        return p;
+    g_free(p);
+    p = g_try_malloc(n * sizeof(float));
+    g_private_set(&scratch_key, p);
+    scratch_n = p ? n : 0;
+    return p;
 }
 
-/* Packs the K x N matrix B of one batch, widened. */
-static void pack_b(float *dst, const char *b, nt_dtype dt, int64_t es, int64_t K, int64_t N,
-                   int64_t rs, int64_t cs)
+/* dst[k][m] = src[m * ms + k * ks] for k < K, m < M (widened to f32), where
+ * the source runs along m or k: blocks of 32 x 32 go through a small
+ * buffer, so both sides stream instead of one side striding. */
+static void pack(float *dst, int64_t ldd, const char *src, nt_dtype dt, int64_t es, int64_t K,
+                 int64_t M, int64_t ks, int64_t ms)
 {
-    for (int64_t k = 0; k < K; k++)
-        nt__ld_f32(dst + k * N, b + k * rs * es, dt, cs, N);
+    if (ms == 1 || (ks != 1 && ms < ks)) {
+        /* m is the faster source dim: a row of dst is a run of src */
+        for (int64_t k = 0; k < K; k++)
+            nt__ld_f32(dst + k * ldd, src + k * ks * es, dt, ms, M);
+        return;
+    }
+    float tile[32][33];
+    for (int64_t m0 = 0; m0 < M; m0 += 32) {
+        int64_t mn = M - m0 < 32 ? M - m0 : 32;
+        for (int64_t k0 = 0; k0 < K; k0 += 32) {
+            int64_t kn = K - k0 < 32 ? K - k0 : 32;
+            for (int64_t m = 0; m < mn; m++)
+                nt__ld_f32(tile[m], src + ((m0 + m) * ms + k0 * ks) * es, dt, ks, kn);
+            for (int64_t k = 0; k < kn; k++)
+                for (int64_t m = 0; m < mn; m++)
+                    dst[(k0 + k) * ldd + m0 + m] = tile[m][k];
+        }
+    }
 }
 
 int nt__cpu_matmul(const nt__rec *r)
@@ -61,14 +74,21 @@ int nt__cpu_matmul(const nt__rec *r)
     int64_t nbatch = nt__numel(mi.nbatch, mi.batch);
     if (M == 0 || N == 0 || nbatch == 0)
         return 0;
-    if (M > INT32_MAX || N > INT32_MAX)
-        return nt__kerr(NT_ENOTSUP, "matrix dims %lld x %lld exceed the BLAS int range",
-                        (long long)M, (long long)N);
+    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
+        return nt__kerr(NT_ENOTSUP, "matrix dims %lld x %lld x %lld exceed the int range",
+                        (long long)M, (long long)K, (long long)N);
     nt_dtype adt = (nt_dtype)a->dtype, bdt = (nt_dtype)b->dtype, odt = (nt_dtype)o->dtype;
     int64_t aes = (int64_t)nt__dtype_size(adt), bes = (int64_t)nt__dtype_size(bdt);
     int64_t oes = (int64_t)nt__dtype_size(odt);
-    size_t na = (size_t)(K * M), nb = (size_t)(K * N), nc = (size_t)(M * N);
-    float *buf = g_try_malloc((na + nb + nc) * sizeof(float));
+    /* Operands already in the primitive's layout are used in place: A^T
+     * (K x M) when a's rows are unit-strided (a transposed view), B (K x N)
+     * when b's columns are; C is the output itself when it is f32. */
+    bool a_direct = adt == NT_F32 && mi.a_rs == 1 && mi.a_cs >= M && mi.a_cs <= INT32_MAX;
+    bool b_direct = bdt == NT_F32 && mi.b_cs == 1 && mi.b_rs >= N && mi.b_rs <= INT32_MAX;
+    bool c_direct = odt == NT_F32;
+    size_t na = a_direct ? 0 : (size_t)(K * M), nb = b_direct ? 0 : (size_t)(K * N);
+    size_t nc = c_direct ? 0 : (size_t)(M * N);
+    float *buf = scratch(na + nb + nc + 1);
     if (!buf)
         return nt__kerr(NT_ENOMEM, "out of host memory for matmul buffers (%zu floats)",
                         na + nb + nc);
@@ -82,21 +102,32 @@ int nt__cpu_matmul(const nt__rec *r)
         int64_t aoff = 0, boff = 0;
         for (int i = 0; i < mi.nbatch; i++)
             aoff += idx[i] * mi.a_bstride[i], boff += idx[i] * mi.b_bstride[i];
-        if (aoff != a_prev)
-            pack_at(At, ad + aoff * aes, adt, aes, M, K, mi.a_rs, mi.a_cs);
-        if (boff != b_prev)
-            pack_b(B, bd + boff * bes, bdt, bes, K, N, mi.b_rs, mi.b_cs);
+        const float *Ap = At, *Bp = B;
+        int lda = (int)M, ldb = (int)N;
+        if (a_direct) {
+            Ap = (const float *)(ad + aoff * aes);
+            lda = (int)mi.a_cs;
+        } else if (aoff != a_prev) {
+            pack(At, M, ad + aoff * aes, adt, aes, K, M, mi.a_cs, mi.a_rs);
+        }
+        if (b_direct) {
+            Bp = (const float *)(bd + boff * bes);
+            ldb = (int)mi.b_rs;
+        } else if (boff != b_prev) {
+            pack(B, N, bd + boff * bes, bdt, bes, K, N, mi.b_rs, mi.b_cs);
+        }
         a_prev = aoff, b_prev = boff;
+        float *Cp = c_direct ? (float *)(od + bi * (int64_t)(M * N) * oes) : C;
         if (K == 0)
-            memset(C, 0, nc * sizeof(float));
+            memset(Cp, 0, (size_t)(M * N) * sizeof(float));
         for (int64_t kt = 0; kt < K; kt += NT_GEMM_KTILE) {
             int Kt = (int)(K - kt < NT_GEMM_KTILE ? K - kt : NT_GEMM_KTILE);
-            nt__gemm_ktile((int)M, (int)N, Kt, At + kt * M, (int)M, B + kt * N, (int)N, C,
+            nt__gemm_ktile((int)M, (int)N, Kt, Ap + kt * lda, lda, Bp + kt * ldb, ldb, Cp,
                            (int)N, kt != 0);
         }
-        nt__st_f32(od + bi * (int64_t)nc * oes, odt, 1, C, (int64_t)nc);
+        /* one rounding to the output dtype (for f32: NaNs made canonical) */
+        nt__st_f32((char *)(od + bi * (int64_t)(M * N) * oes), odt, 1, Cp, M * N);
         bi++;
     } while (nt__idx_next(idx, mi.nbatch, mi.batch));
-    g_free(buf);
     return 0;
 }
