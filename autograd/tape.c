@@ -320,7 +320,9 @@ NT_API int nt_zero_grad(nt_tensor *t)
 
 /* Adds g into the leaf's .grad (cast to the leaf's dtype).  The first
  * gradient becomes .grad as a contiguous tensor of its own, so later
- * accumulations can be in place. */
+ * accumulations can be in place: g itself when nothing else can see it
+ * (only this pass's scope holds it, no view or saved copy shares its
+ * storage), else a copy. */
 static int accumulate_leaf(nt_tensor *leaf, nt_tensor *g, const nt_site *site)
 {
     struct nt__ag *ag = nt__ag_of(leaf);
@@ -329,6 +331,12 @@ static int accumulate_leaf(nt_tensor *leaf, nt_tensor *g, const nt_site *site)
         int rc = nt_add_inplace_at(site, ag->grad, g);
         nt_no_grad_end();
         return rc;
+    }
+    if (g->dtype == leaf->dtype && g->scope && AO_load_full(&g->refs) == 1 &&
+        AO_load_full(&g->st->refs) == 1 && g->offset == 0 && !g->expanded &&
+        nt__is_contig(g) && !(g->ag && g->ag->requires_grad)) {
+        ag->grad = nt_keep(g); /* out of the pass's scope, into the leaf */
+        return 0;
     }
     nt_tensor *c = nt__copy_to(site, "nt_backward", g, (nt_dtype)leaf->dtype);
     if (!c)

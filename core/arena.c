@@ -37,6 +37,7 @@ static struct {
     volatile AO_t in_use;
     uint64_t capacity, peak, cached;
     GPtrArray *free[NT_NCLASS]; /* cached blocks of each class */
+    uint64_t sys_allocs, sys_frees; /* blocks taken from / given back to the system */
     size_t bytes[NT_NCLASS];    /* the size of each class */
     bool ready;
 } A;
@@ -142,6 +143,10 @@ void nt__arena_shutdown(void)
         g_private_set(&tl_key, NULL);
     }
     g_mutex_lock(&A.lock);
+    if (getenv("NT_ARENA_TRACE"))
+        fprintf(stderr, "arena: %llu system allocations, %llu returned early, peak %llu B\n",
+                (unsigned long long)A.sys_allocs, (unsigned long long)A.sys_frees,
+                (unsigned long long)A.peak);
     drop_cache_locked();
     for (int c = 0; c < NT_NCLASS; c++)
         if (A.free[c]) {
@@ -201,6 +206,7 @@ void *nt__arena_alloc(size_t nbytes)
         NT_UNPOISON(p, cls);
     } else {
         p = aligned_alloc(NT_ARENA_ALIGN, cls);
+        A.sys_allocs++;
         if (!p && A.cached) { /* the host is short: give the cache back, retry */
             drop_cache_locked();
             p = aligned_alloc(NT_ARENA_ALIGN, cls);
@@ -253,6 +259,8 @@ void nt__arena_free(void *p, size_t nbytes)
         NT_POISON(p, cls);
         p = NULL;
     }
+    if (p)
+        A.sys_frees++;
     g_mutex_unlock(&A.lock);
     free(p);
 }
