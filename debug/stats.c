@@ -1,0 +1,87 @@
+/* debug/stats.c - the NT_STATS=1 summary printed by nt_shutdown.
+ *
+ *   ntensor stats:
+ *     ops         1200 enqueued, 1200 executed, 0 skipped (poisoned input)
+ *     kernels     180 run: 100 fused running 1120 ops (11.2 ops/kernel), 80 single ops
+ *     ...
+ *
+ * Everything comes from nt_stats_get (and nt_sim_stats_get when the
+ * runtime drives the simulator), so the numbers match the API's. */
+#include "debug.h"
+
+/* Present when the simulator backend is linked (sim/kernels/). */
+int nt__sim_init(void) __attribute__((weak));
+
+static const char *bytes_str(double b, char *buf, size_t n)
+{
+    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4)
+        b /= 1024, u++;
+    if (u == 0)
+        snprintf(buf, n, "%.0f B", b);
+    else
+        snprintf(buf, n, "%.1f %s", b, unit[u]);
+    return buf;
+}
+
+static double pct(double a, double b) { return b > 0 ? 100.0 * a / b : 0.0; }
+
+void nt__debug_stats_print(FILE *f)
+{
+    nt_stats st;
+    if (nt_stats_get(&st) != 0)
+        return;
+    char b1[32], b2[32], b3[32];
+    uint64_t single = st.kernels_launched >= st.fusion_groups
+                          ? st.kernels_launched - st.fusion_groups
+                          : 0;
+    fprintf(f, "ntensor stats:\n");
+    fprintf(f, "  ops         %llu enqueued, %llu executed, %llu skipped (poisoned input)\n",
+            (unsigned long long)st.ops_enqueued, (unsigned long long)st.ops_executed,
+            (unsigned long long)st.ops_poisoned);
+    fprintf(f, "  kernels     %llu run: %llu fused running %llu ops (%.1f ops/kernel), %llu single "
+            "ops; %.2f ops/kernel overall\n",
+            (unsigned long long)st.kernels_launched, (unsigned long long)st.fusion_groups,
+            (unsigned long long)st.fused_ops,
+            st.fusion_groups ? (double)st.fused_ops / (double)st.fusion_groups : 0.0,
+            (unsigned long long)single,
+            st.kernels_launched ? (double)st.ops_executed / (double)st.kernels_launched : 0.0);
+    uint64_t lookups = st.kernel_cache_hits + st.kernel_cache_misses;
+    fprintf(f, "  fusion      %llu breaks; kernel cache %llu hits, %llu misses (%.1f%% hits); "
+            "%llu values written, %llu intermediates elided; planning %.3f ms\n",
+            (unsigned long long)st.fusion_breaks, (unsigned long long)st.kernel_cache_hits,
+            (unsigned long long)st.kernel_cache_misses,
+            pct((double)st.kernel_cache_hits, (double)lookups),
+            (unsigned long long)st.fused_values_stored,
+            (unsigned long long)st.fused_values_elided, (double)st.fusion_plan_ns / 1e6);
+    fprintf(f, "  syncs       %llu, %.3f ms waiting (%.1f us per sync)\n",
+            (unsigned long long)st.syncs, (double)st.sync_wait_ns / 1e6,
+            st.syncs ? (double)st.sync_wait_ns / 1e3 / (double)st.syncs : 0.0);
+    fprintf(f, "  host        %s to host, %s from host\n",
+            bytes_str((double)st.bytes_to_host, b1, sizeof b1),
+            bytes_str((double)st.bytes_from_host, b2, sizeof b2));
+    fprintf(f, "  device      peak %s of %s, %s in use; %llu ops on the CPU backend\n",
+            bytes_str((double)st.device_bytes_peak, b1, sizeof b1),
+            bytes_str((double)st.device_capacity, b2, sizeof b2),
+            bytes_str((double)st.device_bytes_in_use, b3, sizeof b3),
+            (unsigned long long)st.cpu_fallbacks);
+
+    /* The simulator's totals, when the runtime runs kernels on it (asking
+     * otherwise would start a simulator just to print zeros). */
+    nt_sim_stats ss;
+    if (!nt__sim_init || nt__cfg.backend != NT_BACKEND_SIM || nt_sim_stats_get(&ss) != 0)
+        return;
+    fprintf(f, "  simulator   %llu kernels, %llu instructions, %.3f ms simulated (host %.3f ms "
+            "inside kernels)\n",
+            (unsigned long long)ss.kernels, (unsigned long long)ss.instructions,
+            ss.sim_ns / 1e6, ss.host_ns / 1e6);
+    fprintf(f, "  utilisation");
+    for (int e = 0; e < NT_ENGINE_COUNT; e++)
+        fprintf(f, "%s %s %.1f%%", e ? "," : "", nt_engine_name((nt_engine)e),
+                100.0 * ss.utilization[e]);
+    fprintf(f, "; HBM %s read, %s written (%.1f%% of peak bandwidth); MFU %.1f%%\n",
+            bytes_str((double)ss.hbm_read_bytes, b1, sizeof b1),
+            bytes_str((double)ss.hbm_write_bytes, b2, sizeof b2), 100.0 * ss.hbm_bw_utilization,
+            100.0 * ss.mfu);
+}
