@@ -107,4 +107,10 @@ nt__edge nt__edge_of(nt_tensor *t);
  * for saving. */
 nt_tensor *nt__save(nt_tensor *t);
 
+/* An optimizer's parameters (autograd/optim.c), for amp's loss scaler:
+ * their count (NT_EINVAL for a bad opt) and parameter i (borrowed; the list
+ * is fixed when the optimizer is made). */
+int nt__optim_nparams(nt_optim *opt);
+nt_tensor *nt__optim_param(nt_optim *opt, int i);
+
 #endif

@@ -471,7 +471,14 @@ static int bwd_matmul(nt__bctx *b)
     }
     if (LIVE(1)) {
         nt_tensor *gb;
-        TRY(gb = nt_matmul_at(S, nt_transpose_at(S, a, -1, -2), g));
+        if (bb->ndim == 2 && a->ndim == 2 && bb->stride[0] == 1 && bb->stride[1] != 1)
+            /* b is a transposed view (linear's w^T): compute gb in that
+             * layout, (g^T a)^T, so its way back to w is a contiguous
+             * tensor, not a strided copy.  Same bits: each element is the
+             * same products (fma commutes its factors) in the same order. */
+            TRY(gb = nt_transpose_at(S, nt_matmul_at(S, nt_transpose_at(S, g, 0, 1), a), 0, 1));
+        else
+            TRY(gb = nt_matmul_at(S, nt_transpose_at(S, a, -1, -2), g));
         if (bv) { /* batch + [K, 1] -> batch + [K] */
             TRY(gb = nt_reshape_at(S, gb, gb->ndim - 1, gb->shape));
         }

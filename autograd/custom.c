@@ -1,8 +1,11 @@
-/* autograd/custom.c - user ops (nt_op_register / nt_op_call).
+/* autograd/custom.c - user ops (nt_op_register / nt_op_register_kernel /
+ * nt_op_call).
  *
  * A registered op gets an id past the built-ins; nt_op_call runs its forward
- * (built from ntensor ops, graph recording off) and records one node whose
- * backward is the user's, exactly as a built-in op's node is. */
+ * (built from ntensor ops, graph recording off) -- or, for a tile-kernel op,
+ * runs its shape rule and queues one record that sim/kernels/user.c executes
+ * -- and records one node whose backward is the user's, exactly as a
+ * built-in op's node is. */
 #include "autograd.h"
 
 #include <string.h>
@@ -11,6 +14,7 @@
 
 typedef struct nt__custom_op {
     nt_op_def def;
+    nt_kernel_op_def kdef; /* kdef.kernel set: the forward is a tile kernel */
     char *name;
     char *api;
     nt__opinfo info;
@@ -34,6 +38,15 @@ const nt__opinfo *nt__custom_opinfo(int op)
     return c ? &c->info : NULL;
 }
 
+/* The tile-kernel definition of op, or NULL (sim/kernels/user.c runs it). */
+const nt_kernel_op_def *nt__custom_kernel_def(int op)
+{
+    const nt__custom_op *c = lookup(op);
+    return c && c->kdef.kernel ? &c->kdef : NULL;
+}
+
+static int register_op(const char *fn, const nt_op_def *def, const nt_kernel_op_def *kdef);
+
 NT_API int nt_op_register(const nt_op_def *def)
 {
     const char *fn = "nt_op_register";
@@ -45,6 +58,29 @@ NT_API int nt_op_register(const nt_op_def *def)
         return nt__err(NULL, NT_EINVAL, fn, "def->name is empty");
     if (!def->forward)
         return nt__err(NULL, NT_EINVAL, fn, "def->forward is NULL (op '%s')", def->name);
+    return register_op(fn, def, NULL);
+}
+
+NT_API int nt_op_register_kernel(const nt_kernel_op_def *kdef)
+{
+    const char *fn = "nt_op_register_kernel";
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (!kdef)
+        return nt__err(NULL, NT_EINVAL, fn, "argument 'def' is NULL");
+    if (!kdef->name || !*kdef->name)
+        return nt__err(NULL, NT_EINVAL, fn, "def->name is empty");
+    if (!kdef->shape)
+        return nt__err(NULL, NT_EINVAL, fn, "def->shape (the shape rule) is NULL (op '%s')",
+                       kdef->name);
+    if (!kdef->kernel)
+        return nt__err(NULL, NT_EINVAL, fn, "def->kernel is NULL (op '%s')", kdef->name);
+    nt_op_def def = {kdef->name, kdef->nin, NULL, kdef->backward, kdef->ctx};
+    return register_op(fn, &def, kdef);
+}
+
+static int register_op(const char *fn, const nt_op_def *def, const nt_kernel_op_def *kdef)
+{
     if (def->nin < 1 || def->nin > NT__MAX_IN)
         return nt__err(NULL, NT_EINVAL, fn, "def->nin is %d; expected 1..%d (op '%s')", def->nin,
                        NT__MAX_IN, def->name);
@@ -62,14 +98,66 @@ NT_API int nt_op_register(const nt_op_def *def)
     }
     nt__custom_op *c = g_new0(nt__custom_op, 1);
     c->def = *def;
+    if (kdef)
+        c->kdef = *kdef;
     c->name = g_strdup(def->name);
     c->api = g_strdup_printf("nt_op_call(%s)", def->name);
     c->def.name = c->name;
+    c->kdef.name = c->name;
     c->info = (nt__opinfo){c->name, c->api, def->nin, NT_KIND_CUSTOM, NT_OPF_DIFF};
     reg[n] = c;
     AO_store_release(&nreg, n + 1);
     g_mutex_unlock(&reg_lock);
     return NT_OP_CUSTOM_BASE + (int)n;
+}
+
+static void record_node(const nt_site *site, const nt__custom_op *c, int op,
+                        nt_tensor *const *in, nt_tensor *out, bool grad);
+
+static void view_of(nt_tensor_view *v, nt_tensor *t)
+{
+    memset(v, 0, sizeof *v);
+    v->data = nt__tensor_data(t);
+    v->dtype = (nt_dtype)t->dtype;
+    v->ndim = t->ndim;
+    memcpy(v->shape, t->shape, sizeof v->shape);
+    memcpy(v->stride, t->stride, sizeof v->stride);
+}
+
+/* A tile-kernel op: the shape rule, then one queued record like any op. */
+static nt_tensor *call_kernel_op(const nt_site *site, const nt__custom_op *c, int op,
+                                 nt_tensor *const *in)
+{
+    nt_tensor_view iv[NT__MAX_IN], ov;
+    for (int i = 0; i < c->def.nin; i++)
+        view_of(&iv[i], in[i]);
+    memset(&ov, 0, sizeof ov);
+    ov.dtype = NT_DTYPE_COUNT;
+    char why[256] = "";
+    int rc = c->kdef.shape(iv, c->def.nin, &ov, why, sizeof why, c->kdef.ctx);
+    if (rc) {
+        nt__err(site, rc < 0 ? rc : NT_EINVAL, c->api, "the shape rule of op '%s' rejected the "
+                "inputs: %s", c->name, why[0] ? why : "(no reason given)");
+        return NULL;
+    }
+    bool bad = (unsigned)ov.dtype >= NT_DTYPE_COUNT || ov.ndim < 0 || ov.ndim > NT_MAX_DIMS;
+    for (int i = 0; !bad && i < ov.ndim; i++)
+        bad = ov.shape[i] < 0;
+    if (bad) {
+        nt__err(site, NT_EINVAL, c->api,
+                "the shape rule of op '%s' returned a bad output (dtype %d, %d dims)", c->name,
+                (int)ov.dtype, ov.ndim);
+        return NULL;
+    }
+    nt__call call;
+    if (!nt__call_begin(&call, site, c->api, op, c->def.nin, in, "in0,in1,in2,in3"))
+        return nt__call_fail(&call);
+    call.no_grad = true; /* the node is recorded by nt_op_call, as for every user op */
+    call.odt[0] = ov.dtype;
+    call.ondim[0] = ov.ndim;
+    memcpy(call.oshape[0], ov.shape, sizeof call.oshape[0]);
+    call.flops = (double)nt__numel(ov.ndim, ov.shape);
+    return nt__dispatch(&call);
 }
 
 NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *in)
@@ -94,9 +182,17 @@ NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *i
             return NULL;
     }
     bool grad = nt__ag_enabled();
+    nt_tensor *out;
+    if (c->kdef.kernel) {
+        out = call_kernel_op(site, c, op, in);
+        if (!out)
+            return NULL;
+        record_node(site, c, op, in, out, grad);
+        return out; /* nt__dispatch adopted it into the open scope */
+    }
     nt_scope *s = nt_scope_begin();
     nt_no_grad_begin();
-    nt_tensor *out = c->def.forward(in, c->def.ctx);
+    out = c->def.forward(in, c->def.ctx);
     nt_no_grad_end();
     if (out && out->magic == NT__MAGIC_LIVE)
         nt_keep(out);
@@ -105,6 +201,14 @@ NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *i
     nt_scope_end(s);
     if (!out)
         return NULL;
+    record_node(site, c, op, in, out, grad);
+    return nt__scope_adopt(out);
+}
+
+/* The autograd node of a user op's call, as a built-in op gets. */
+static void record_node(const nt_site *site, const nt__custom_op *c, int op,
+                        nt_tensor *const *in, nt_tensor *out, bool grad)
+{
     bool any = false;
     for (int i = 0; i < c->def.nin; i++)
         any |= nt_requires_grad(in[i]);
@@ -130,7 +234,6 @@ NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *i
         ag->out_idx = 0;
         ag->requires_grad = true;
     }
-    return nt__scope_adopt(out);
 }
 
 NT_API nt_tensor *nt_op_call(int op, nt_tensor *const *in) { return nt_op_call_at(NT_RA_SITE, op, in); }

@@ -21,6 +21,8 @@
 #include "autograd.h"
 
 #include <errno.h>
+
+#include "amp/amp.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -435,6 +437,16 @@ NT_API void nt_optim_destroy(nt_optim *o)
     g_free(o);
 }
 
+int nt__optim_nparams(nt_optim *o)
+{
+    return o && o->magic == OPT_MAGIC ? o->n : NT_EINVAL;
+}
+
+nt_tensor *nt__optim_param(nt_optim *o, int i)
+{
+    return o->slots[i].p; /* fixed at creation: no lock needed */
+}
+
 /* ======================================================================== */
 /* Checkpoints (docs/checkpoint.md)                                          */
 /* ======================================================================== */
@@ -450,8 +462,9 @@ enum {
     REC_PARAM = 1,       /* index: parameter */
     REC_OPT_META = 2,    /* optimizer kind, hyper-parameters, step counts (u8 bytes) */
     REC_OPT_STATE = 3,   /* index: parameter, slot: SLOT_* */
-    REC_LOSS_SCALER = 4, /* reserved for amp's loss scaler */
+    REC_LOSS_SCALER = 4, /* amp's loss scaler (u8 bytes, SCALER_BYTES) */
 };
+#define SCALER_BYTES 64
 enum { SLOT_S0 = 0, SLOT_S1 = 1, SLOT_MASTER = 2 };
 
 #define META_FIXED 80 /* bytes before the per-parameter step counts */
@@ -604,6 +617,26 @@ static void rec_meta(GArray *recs, nt_optim *o)
     g_array_append_val(recs, r);
 }
 
+/* The loss scaler's record: its state in a fixed little-endian layout
+ * (docs/checkpoint.md). */
+static void rec_scaler(GArray *recs, nt_grad_scaler *sc)
+{
+    nt__scaler_state st;
+    nt__scaler_get_state(sc, &st);
+    ck_rec r = {.kind = REC_LOSS_SCALER, .dtype = NT_U8, .ndim = 1};
+    r.nbytes = SCALER_BYTES;
+    r.shape[0] = SCALER_BYTES;
+    uint8_t *p = r.data = g_malloc0(r.nbytes);
+    put_u32(p + 0, 1u); /* layout version */
+    put_f64(p + 8, st.scale);
+    put_f64(p + 16, st.growth_factor);
+    put_f64(p + 24, st.backoff_factor);
+    put_u64(p + 32, (uint64_t)st.growth_interval);
+    put_u64(p + 40, (uint64_t)st.growth_tracker);
+    put_u64(p + 48, (uint64_t)st.skipped_steps);
+    g_array_append_val(recs, r);
+}
+
 static int io_err(const char *fn, const char *path, const char *what)
 {
     return nt__err(NULL, NT_EIO, fn, "%s '%s': %s", what, path, g_strerror(errno));
@@ -702,14 +735,15 @@ static bool check_list(const char *fn, nt_tensor *const *params, int n)
     return true;
 }
 
-NT_API int nt_save(const char *path, nt_tensor *const *params, int n, nt_optim *opt)
+static int save_impl(const char *fn, const char *path, nt_tensor *const *params, int n,
+                     nt_optim *opt, nt_grad_scaler *scaler)
 {
-    const char *fn = "nt_save";
     if (!nt__ensure_init())
         return nt_last_error();
     if (!path || !*path)
         return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is %s", path ? "empty" : "NULL");
-    if (!check_list(fn, params, n) || (opt && !opt_ok(opt, fn)))
+    if (!check_list(fn, params, n) || (opt && !opt_ok(opt, fn)) ||
+        (scaler && !nt__scaler_ok(scaler, fn)))
         return nt_last_error();
     if (opt)
         g_mutex_lock(&opt->lock);
@@ -731,10 +765,23 @@ NT_API int nt_save(const char *path, nt_tensor *const *params, int n, nt_optim *
     }
     if (opt)
         g_mutex_unlock(&opt->lock);
+    if (scaler && !rc)
+        rec_scaler(recs, scaler);
     if (!rc)
         rc = write_file(fn, path, recs);
     rec_free(recs);
     return rc;
+}
+
+NT_API int nt_save(const char *path, nt_tensor *const *params, int n, nt_optim *opt)
+{
+    return save_impl("nt_save", path, params, n, opt, NULL);
+}
+
+NT_API int nt_checkpoint_save(const char *path, nt_tensor *const *params, int n,
+                              nt_optim *opt, nt_grad_scaler *scaler)
+{
+    return save_impl("nt_checkpoint_save", path, params, n, opt, scaler);
 }
 
 /* ---------------- loading ---------------- */
@@ -876,7 +923,7 @@ static int read_checked(const char *path, uint8_t **buf, GArray **recs)
         ck_rec r = {.kind = get_u16(e), .dtype = e[2], .ndim = e[3], .index = get_u32(e + 4),
                     .slot = get_u32(e + 8), .crc = get_u32(e + 12), .offset = get_u64(e + 16),
                     .nbytes = get_u64(e + 24)};
-        bool known = r.kind >= REC_PARAM && r.kind <= REC_OPT_STATE;
+        bool known = r.kind >= REC_PARAM && r.kind <= REC_LOSS_SCALER;
         if (!known && !(r.kind & CK_OPTIONAL)) {
             rc = fmt_err(path, "record %u has kind %u, unknown to this build", i, r.kind);
             break;
@@ -927,6 +974,7 @@ typedef struct {
     nt_tensor **state;       /* [opt->n * 3] new optimizer state, NULL where absent */
     int64_t *psteps;         /* [opt->n] */
     const uint8_t *meta;
+    nt__scaler_state scaler; /* when a scaler is loaded */
 } ck_plan;
 
 static nt_tensor *rec_to_tensor(ck_rec *r)
@@ -937,12 +985,31 @@ static nt_tensor *rec_to_tensor(ck_rec *r)
     return t ? nt_keep(t) : NULL;
 }
 
-static int plan_load(const char *path, GArray *recs, nt_tensor *const *params, int n,
-                     nt_optim *o, ck_plan *pl)
+/* Checks the scaler record and decodes it into pl->scaler. */
+static int plan_scaler(const char *fn, const char *path, const ck_rec *r, ck_plan *pl)
 {
-    const char *fn = "nt_load";
+    if (!r)
+        return nt__err(NULL, NT_EINVAL, fn,
+                       "'%s' holds no loss scaler state (it was saved without one); pass "
+                       "scaler = NULL", path);
+    if (r->nbytes != SCALER_BYTES || r->dtype != NT_U8 || get_u32(r->data) != 1u)
+        return fmt_err(path, "the loss scaler record has an unknown layout");
+    const uint8_t *p = r->data;
+    nt__scaler_state st = {get_f64(p + 8), get_f64(p + 16), get_f64(p + 24),
+                           (int64_t)get_u64(p + 32), (int64_t)get_u64(p + 40),
+                           (int64_t)get_u64(p + 48)};
+    char why[160];
+    if (!nt__scaler_state_valid(&st, why, sizeof why))
+        return fmt_err(path, "the loss scaler record is invalid: %s", why);
+    pl->scaler = st;
+    return 0;
+}
+
+static int plan_load(const char *fn, const char *path, GArray *recs, nt_tensor *const *params,
+                     int n, nt_optim *o, nt_grad_scaler *scaler, ck_plan *pl)
+{
     int nparams = 0;
-    ck_rec *meta = NULL;
+    ck_rec *meta = NULL, *srec = NULL;
     for (guint i = 0; i < recs->len; i++) {
         ck_rec *r = &g_array_index(recs, ck_rec, i);
         if (r->kind == REC_PARAM)
@@ -951,7 +1018,16 @@ static int plan_load(const char *path, GArray *recs, nt_tensor *const *params, i
             if (meta)
                 return fmt_err(path, "two optimizer records");
             meta = r;
+        } else if (r->kind == REC_LOSS_SCALER) {
+            if (srec)
+                return fmt_err(path, "two loss scaler records");
+            srec = r;
         }
+    }
+    if (scaler) {
+        int rc = plan_scaler(fn, path, srec, pl);
+        if (rc)
+            return rc;
     }
     if (nparams != n)
         return nt__err(NULL, NT_ESHAPE, fn, "'%s' holds %d parameters; %d were passed", path,
@@ -1053,14 +1129,15 @@ static void plan_free(ck_plan *pl, int n, int nstate)
     g_free(pl->psteps);
 }
 
-NT_API int nt_load(const char *path, nt_tensor *const *params, int n, nt_optim *opt)
+static int load_impl(const char *fn, const char *path, nt_tensor *const *params, int n,
+                     nt_optim *opt, nt_grad_scaler *scaler)
 {
-    const char *fn = "nt_load";
     if (!nt__ensure_init())
         return nt_last_error();
     if (!path || !*path)
         return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is %s", path ? "empty" : "NULL");
-    if (!check_list(fn, params, n) || (opt && !opt_ok(opt, fn)))
+    if (!check_list(fn, params, n) || (opt && !opt_ok(opt, fn)) ||
+        (scaler && !nt__scaler_ok(scaler, fn)))
         return nt_last_error();
     uint8_t *buf;
     GArray *recs;
@@ -1071,7 +1148,7 @@ NT_API int nt_load(const char *path, nt_tensor *const *params, int n, nt_optim *
         g_mutex_lock(&opt->lock);
     ck_plan pl = {0};
     int nstate = opt ? opt->n * 3 : 0;
-    rc = plan_load(path, recs, params, n, opt, &pl);
+    rc = plan_load(fn, path, recs, params, n, opt, scaler, &pl);
     if (!rc) {
         /* Everything is checked and staged: install it. */
         nt_no_grad_begin();
@@ -1102,10 +1179,23 @@ NT_API int nt_load(const char *path, nt_tensor *const *params, int n, nt_optim *
             }
         }
     }
+    if (scaler && !rc)
+        nt__scaler_set_state(scaler, &pl.scaler);
     if (opt)
         g_mutex_unlock(&opt->lock);
     plan_free(&pl, n, nstate);
     g_array_unref(recs);
     g_free(buf);
     return rc;
+}
+
+NT_API int nt_load(const char *path, nt_tensor *const *params, int n, nt_optim *opt)
+{
+    return load_impl("nt_load", path, params, n, opt, NULL);
+}
+
+NT_API int nt_checkpoint_load(const char *path, nt_tensor *const *params, int n,
+                              nt_optim *opt, nt_grad_scaler *scaler)
+{
+    return load_impl("nt_checkpoint_load", path, params, n, opt, scaler);
 }

@@ -237,4 +237,97 @@ static inline nt_dtype nt__promote(nt_dtype a, nt_dtype b)
     return NT_I32; /* i32 with u8 */
 }
 
+/* ---------------- stochastic rounding (amp, docs/amp.md) ----------------
+ *
+ * An f32 -> bf16 / f16 cast with stochastic rounding (NT_STOCHASTIC_ROUNDING=1
+ * or nt_cast_sr) rounds each element to one of the two neighbouring values,
+ * up in magnitude with probability equal to the distance to the lower one
+ * over the gap: add uniformly random bits just below the last bit kept, then
+ * truncate.  The random bits of an element depend only on
+ * (seed, the CAST record's stream id and seq, the element's row-major index
+ * in the cast's output), never on the kernel that runs it, so every path
+ * (CPU kernel, fused CPU program, simulator) produces the same bits. */
+
+/* nt__params.flag bit of a CAST record that rounds stochastically; its seed
+ * is in nt__params.seed. */
+#define NT__CAST_SR 1
+
+static inline uint64_t nt__sr_mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+    return z ^ (z >> 31);
+}
+
+/* The key of one CAST record: a mix of the seed, then of the record's
+ * (stream id, seq) packed as the streams pack them (id << 48 | seq). */
+static inline uint64_t nt__sr_key(uint64_t seed, uint32_t stream_id, uint64_t seq)
+{
+    uint64_t s = nt__sr_mix(seed ^ UINT64_C(0x73746f6368617374)); /* "stochast" */
+    return nt__sr_mix(s ^ (((uint64_t)stream_id << 48) | (seq & ((UINT64_C(1) << 48) - 1))));
+}
+
+/* 32 random bits of element i (row-major index in the cast's output). */
+static inline uint32_t nt__sr_bits(uint64_t key, uint64_t i)
+{
+    return (uint32_t)(nt__sr_mix(key + (i + 1) * UINT64_C(0x9e3779b97f4a7c15)) >> 32);
+}
+
+/* f32 -> bf16: add the top 16 bits of r to the 16 bits that bf16 drops,
+ * truncate.  Finite values past the largest bf16 may round to Inf (with the
+ * probability of their distance to it); Inf stays Inf, -0 stays -0, NaN
+ * becomes the canonical NaN. */
+static inline uint16_t nt__f32_to_bf16_sr(float f, uint32_t r)
+{
+    uint32_t u = nt__f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)NT__QNAN_BF16;
+    return (uint16_t)((u + (r >> 16)) >> 16);
+}
+
+/* f32 -> f16: add the top 13 bits of r below f16's last bit, truncate.  In
+ * f16's normal range the 13 dropped bits are exactly the f32 bits beyond
+ * f16's precision, so the rounding is exactly unbiased.  Below 2^-14 (f16
+ * subnormals, steps of 2^-24) the magnitude is first truncated to a multiple
+ * of 2^-37, then the same 13 bits decide: unbiased to within 2^-37.
+ * |f| >= 65536 and Inf give Inf; NaN the canonical NaN. */
+static inline uint16_t nt__f32_to_f16_sr(float f, uint32_t r)
+{
+    uint32_t x = nt__f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    uint32_t r13 = r >> 19;
+    if (ax > 0x7f800000u)
+        return (uint16_t)NT__QNAN_F16;
+    if (ax >= 0x47800000u) /* >= 65536 (and Inf) */
+        return (uint16_t)(sign | 0x7c00u);
+    if (ax >= 0x38800000u) /* normal in f16; a carry may reach 2^16 = Inf */
+        return (uint16_t)(sign | ((ax - (112u << 23) + r13) >> 13));
+    /* exact: a power-of-two scaling that stays below 2^23 */
+    uint32_t q = (uint32_t)(nt__bits_f32(ax) * 0x1p37f);
+    return (uint16_t)(sign | ((q + r13) >> 13));
+}
+
+/* Stores v into element i of a bf16 or f16 buffer with stochastic rounding
+ * (random bits r); other dtypes round to nearest as nt__store_f32 does. */
+static inline void nt__store_f32_sr(void *p, nt_dtype dt, int64_t i, float v, uint32_t r)
+{
+    switch (dt) {
+    case NT_BF16: ((uint16_t *)p)[i] = nt__f32_to_bf16_sr(v, r); break;
+    case NT_F16: ((uint16_t *)p)[i] = nt__f32_to_f16_sr(v, r); break;
+    default: nt__store_f32(p, dt, i, v); break;
+    }
+}
+
+/* The value as f32 after a stochastic rounding to dt (what storing it and
+ * loading it back gives): for fused programs, which keep values in f32. */
+static inline float nt__round_f32_sr(nt_dtype dt, float v, uint32_t r)
+{
+    switch (dt) {
+    case NT_BF16: return nt__bf16_to_f32(nt__f32_to_bf16_sr(v, r));
+    case NT_F16: return nt__f16_to_f32(nt__f32_to_f16_sr(v, r));
+    default: return nt__canon(v);
+    }
+}
+
 #endif

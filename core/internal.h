@@ -217,6 +217,8 @@ typedef struct nt__rec {
     nt__params p;
     nt_site site;           /* the user call that enqueued it */
     const char *bwd_of;     /* "nt_mul" if enqueued by its backward, else NULL */
+    const char *fn;         /* the public function that issued it ("nt_linear"
+                               for its matmul): op records only */
     void (*host_fn)(void *);
     void *host_arg;
     struct nt__rec *pool_next;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "ewise.h"
+#include "streams/stream.h"
 
 #define NT_CHUNK 512
 #define NT_MAXV (1 + NT__MAX_IN)
@@ -314,7 +315,8 @@ static void scalar_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
         nt__st_f32(c->p[0], c->dt[0], c->st[0], y, n);
     } else {
         int32_t *a = scr, *y = a + NT_CHUNK;
-        int32_t s0 = (int32_t)r->p.f[0], s1 = (int32_t)r->p.f[1];
+        /* saturating: a plain (int32_t) cast of an out-of-range double is UB */
+        int32_t s0 = nt__f64_to_i32(r->p.f[0]), s1 = nt__f64_to_i32(r->p.f[1]);
         nt__ld_i32(a, c->p[1], c->dt[1], c->st[1], n);
         switch (r->op) {
         case NT_OP_ADD_SCALAR:
@@ -481,10 +483,27 @@ static void copy_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
     }
 }
 
+/* f32 -> bf16/f16 with stochastic rounding (a CAST with NT__CAST_SR).  The
+ * output is fresh and contiguous, so an element's row-major index is its
+ * offset from the output's start: the driver needs no index of its own. */
+static void sr_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
+{
+    const nt_tensor *o = r->out[0];
+    int64_t es = (int64_t)nt__dtype_size(c->dt[0]);
+    int64_t i0 = (c->p[0] - (const char *)nt__tensor_data(o)) / es;
+    uint64_t key = nt__sr_key(r->p.seed, r->stream->id, r->seq);
+    float *a = scr;
+    nt__ld_f32(a, c->p[1], c->dt[1], c->st[1], n);
+    for (int64_t i = 0; i < n; i++)
+        nt__store_f32_sr(c->p[0], c->dt[0], i * c->st[0], a[i],
+                         nt__sr_bits(key, (uint64_t)(i0 + i * c->st[0])));
+}
+
 int nt__cpu_copy(const nt__rec *r)
 {
     nt__kv v[2];
-    drive(r, v, setup(r, v, 1), copy_chunk);
+    bool sr = r->op == NT_OP_CAST && (r->p.flag & NT__CAST_SR);
+    drive(r, v, setup(r, v, 1), sr ? sr_chunk : copy_chunk);
     return 0;
 }
 

@@ -187,7 +187,11 @@ NT_API nt_tensor *nt_where(nt_tensor *cond, nt_tensor *a, nt_tensor *b)
 
 /* ---------------- casts and copies ---------------- */
 
-nt_tensor *nt__copy_to(const nt_site *site, const char *fn, nt_tensor *src, nt_dtype dt)
+/* A copy (dt == -1) or a cast.  An f32 -> bf16/f16 cast rounds
+ * stochastically when `sr` is set or NT_STOCHASTIC_ROUNDING=1: the record
+ * carries the flag and the seed, the kernels draw the bits (core/dtype.h). */
+static nt_tensor *copy_to(const nt_site *site, const char *fn, nt_tensor *src, nt_dtype dt,
+                          bool sr)
 {
     nt__call c;
     if (!nt__call_begin(&c, site, fn, dt == (nt_dtype)-1 ? NT_OP_COPY : NT_OP_CAST, 1, &src,
@@ -195,7 +199,16 @@ nt_tensor *nt__copy_to(const nt_site *site, const char *fn, nt_tensor *src, nt_d
         return nt__call_fail(&c);
     src = c.in[0];
     out_like(&c, src, dt == (nt_dtype)-1 ? (nt_dtype)src->dtype : dt);
+    if ((sr || nt__cfg.sr) && src->dtype == NT_F32 && (dt == NT_BF16 || dt == NT_F16)) {
+        c.p.flag |= NT__CAST_SR;
+        c.p.seed = nt__cfg.sr_seed;
+    }
     return nt__dispatch(&c);
+}
+
+nt_tensor *nt__copy_to(const nt_site *site, const char *fn, nt_tensor *src, nt_dtype dt)
+{
+    return copy_to(site, fn, src, dt, false);
 }
 
 NT_API nt_tensor *nt_cast_at(const nt_site *site, nt_tensor *t, nt_dtype dt)
@@ -217,6 +230,24 @@ NT_API nt_tensor *nt_cast_at(const nt_site *site, nt_tensor *t, nt_dtype dt)
     return nt__copy_to(site, "nt_cast", t, dt);
 }
 NT_API nt_tensor *nt_cast(nt_tensor *t, nt_dtype dt) { return nt_cast_at(NT_RA_SITE, t, dt); }
+
+NT_API nt_tensor *nt_cast_sr_at(const nt_site *site, nt_tensor *t, nt_dtype dt)
+{
+    const char *fn = "nt_cast_sr";
+    if (!nt__ensure_init() || !nt__check_arg(site, fn, "t", t))
+        return NULL;
+    if (t->dtype != NT_F32 || (dt != NT_BF16 && dt != NT_F16)) {
+        nt__err(site, NT_EDTYPE, fn,
+                "stochastic rounding casts f32 to bf16 or f16; got %s to %s (use nt_cast)",
+                nt_dtype_name((nt_dtype)t->dtype), nt_dtype_name(dt));
+        return NULL;
+    }
+    return copy_to(site, fn, t, dt, true);
+}
+NT_API nt_tensor *nt_cast_sr(nt_tensor *t, nt_dtype dt)
+{
+    return nt_cast_sr_at(NT_RA_SITE, t, dt);
+}
 
 /* ---------------- in place ---------------- */
 

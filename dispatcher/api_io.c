@@ -2,6 +2,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "debug/debug.h"
 #include "dispatch.h"
 #include "streams/stream.h"
 
@@ -68,6 +69,8 @@ NT_API nt_tensor *nt_from_host_at(const nt_site *site, const void *src, nt_dtype
     if (nbytes)
         memcpy(t->st->data, src, nbytes);
     NT__COUNT(bytes_from_host, nbytes);
+    if (nt__cfg.check_nan)
+        nt__nan_note_host(t, site, fn);
     return nt__scope_adopt(t);
 }
 
@@ -197,8 +200,12 @@ int nt__wait_tensor(const nt_site *site, const char *fn, nt_tensor *t)
 {
     NT__COUNT(syncs, 1);
     uint64_t lw = AO_load_acquire(&t->st->last_write);
+    bool traced = nt__trace_enabled();
+    double t0 = traced ? nt__htrace_now() : 0;
     if (lw)
         nt__wait_packed(lw);
+    if (traced)
+        nt__htrace_sync(fn, site, t->id, lw, t0);
     nt__errobj *e = (nt__errobj *)AO_load_acquire(&t->st->poison);
     if (!e)
         return 0;
@@ -304,6 +311,8 @@ NT_API int nt_print_at(const nt_site *site, nt_tensor *t)
         return nt_last_error() ? nt_last_error() : NT_EINVAL;
     if (nt__wait_tensor(site, "nt_print", t))
         return nt_last_error();
+    NT__COUNT(bytes_to_host, (size_t)nt__numel(t->ndim, t->shape) *
+                                 nt__dtype_size((nt_dtype)t->dtype));
     char *s = nt__format_tensor(t);
     fputs(s, stdout);
     fputc('\n', stdout);
@@ -335,7 +344,11 @@ NT_API int nt_sync_at(const nt_site *site)
         return nt_last_error();
     NT__COUNT(syncs, 1);
     sync_acc acc = {NULL};
+    bool traced = nt__trace_enabled();
+    double t0 = traced ? nt__htrace_now() : 0;
     nt__streams_foreach(sync_one, &acc);
+    if (traced)
+        nt__htrace_sync("nt_sync", site, 0, 0, t0);
     if (!acc.first)
         return 0;
     nt__errobj *e = acc.first;

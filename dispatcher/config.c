@@ -30,6 +30,8 @@ void nt__debug_stats_print(FILE *f) __attribute__((weak));
 void nt__custom_shutdown(void) __attribute__((weak));
 void nt__fusion_stats(nt_stats *out) __attribute__((weak));
 void nt__fusion_stats_reset(void) __attribute__((weak));
+void nt__sim_stats_fill(nt_stats *out) __attribute__((weak));
+void nt__sim_stats_clear(void) __attribute__((weak));
 
 uint64_t nt__now_ns(void)
 {
@@ -289,12 +291,13 @@ NT_API void nt_shutdown(void)
             fprintf(stderr,
                     "ntensor stats: %llu ops enqueued, %llu executed, %llu kernels, %llu syncs "
                     "(%.3f ms waiting), %llu B to host, %llu B from host, peak device memory "
-                    "%llu B\n",
+                    "%llu B; %llu simulator kernels, %.3f ms simulated\n",
                     (unsigned long long)st.ops_enqueued, (unsigned long long)st.ops_executed,
                     (unsigned long long)st.kernels_launched, (unsigned long long)st.syncs,
                     st.sync_wait_ns / 1e6, (unsigned long long)st.bytes_to_host,
                     (unsigned long long)st.bytes_from_host,
-                    (unsigned long long)st.device_bytes_peak);
+                    (unsigned long long)st.device_bytes_peak,
+                    (unsigned long long)st.sim_kernels, st.sim_time_ns / 1e6);
         }
     }
     if (nt__fusion_shutdown)
@@ -413,6 +416,8 @@ NT_API int nt_stats_get(nt_stats *out)
     out->cpu_fallbacks = NT__COUNTER(cpu_fallbacks);
     if (nt__fusion_stats)
         nt__fusion_stats(out);
+    if (nt__sim_stats_fill)
+        nt__sim_stats_fill(out);
     out->device_bytes_in_use = nt__arena_in_use();
     out->device_bytes_peak = nt__arena_peak();
     out->device_capacity = nt__arena_capacity();
@@ -434,5 +439,7 @@ NT_API void nt_stats_reset(void)
     AO_store(&nt__ctr.cpu_fallbacks.v, 0);
     if (nt__fusion_stats_reset)
         nt__fusion_stats_reset();
+    if (nt__sim_stats_clear)
+        nt__sim_stats_clear();
     nt__arena_reset_peak();
 }

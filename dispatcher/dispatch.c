@@ -3,11 +3,13 @@
 
 #include <string.h>
 
+#include "debug/debug.h"
 #include "streams/stream.h"
 
 int (*nt__ag_on_dispatch)(nt__call *c);
 bool (*nt__ag_grad_mode)(void);
 int (*nt__amp_on_call)(nt__call *c);
+bool nt__sim_sr; /* set by sim/ once its cast kernels round stochastically */
 _Thread_local const char *nt__tls_bwd_of NT_TLS_HOT;
 
 bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, int nin,
@@ -68,6 +70,10 @@ static int choose_backend(nt__call *c, uint8_t *backend)
     if (nt__cfg.backend == NT_BACKEND_CPU)
         return 0;
     bool has_sim = c->op >= NT_OP_COUNT || nt__sim_kernels[c->op] != NULL;
+    /* Stochastic rounding is not in the simulator's kernels yet: those casts
+     * run on the CPU (same bits as every other path would give). */
+    if (c->op == NT_OP_CAST && (c->p.flag & NT__CAST_SR) && !nt__sim_sr)
+        has_sim = false;
     if (!has_sim) {
         if (nt__cfg.require_sim)
             return nt__err(c->site, NT_ENOTSUP, c->fn,
@@ -186,6 +192,7 @@ static nt_tensor *dispatch_inner(nt__call *c)
     r->p = c->p;
     r->site = c->site ? *c->site : (nt_site){0};
     r->bwd_of = c->bwd_of;
+    r->fn = c->fn;
     if (c->dst)
         r->flags |= NT_RECF_INPLACE;
     for (int i = 0; i < c->nin; i++) {
@@ -216,6 +223,8 @@ static nt_tensor *dispatch_inner(nt__call *c)
     for (int i = 0; i < nout; i++)
         AO_store_release(&c->out[i]->st->last_write, packed);
     NT__COUNT(ops_enqueued, 1);
+    if (nt__trace_enabled())
+        nt__htrace_enqueue(r, s); /* before the worker may recycle r */
 
     if (nt__cfg.mode == NT_MODE_DETERMINISTIC) {
         for (int d = 0; d < r->ndeps; d++)

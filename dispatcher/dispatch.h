@@ -58,6 +58,7 @@ extern _Thread_local const char *nt__tls_bwd_of NT_TLS_HOT;
 extern int (*nt__ag_on_dispatch)(nt__call *c);     /* autograd: record a node */
 extern bool (*nt__ag_grad_mode)(void);             /* autograd: grad enabled? */
 extern int (*nt__amp_on_call)(nt__call *c);        /* amp: autocast the inputs */
+extern bool nt__sim_sr; /* sim: casts with stochastic rounding run there too */
 
 /* A view of t (same storage) with new metadata; records no op. */
 nt_tensor *nt__make_view(nt_tensor *t, int ndim, const int64_t *shape, const int64_t *stride,

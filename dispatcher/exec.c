@@ -3,15 +3,20 @@
  * Called by stream workers (and inline in deterministic mode).  An op whose
  * input is poisoned is not run: its outputs carry the same error, so the
  * message that finally reaches the user names the op that failed first. */
+#include <string.h>
+
 #include "internal.h"
+#include "debug/debug.h"
 #include "streams/stream.h"
 
 nt__kernel_fn nt__sim_kernels[NT_OP_COUNT];
 
 /* Kernel of a registered user op (autograd/custom.c). */
 nt__kernel_fn nt__custom_kernel(int op, int backend) __attribute__((weak));
-/* NaN/Inf check of an executed record's outputs (debug module). */
+/* NaN/Inf check of an executed record's outputs (debug module), and what
+ * it needs to see before the kernel (inputs an in-place op overwrites). */
 int nt__nan_check(nt__rec *r) __attribute__((weak));
+void nt__nan_pre(nt__rec *r) __attribute__((weak));
 
 static void poison_outputs(nt__rec *r, nt__errobj *e)
 {
@@ -36,17 +41,21 @@ static nt__kernel_fn pick_kernel(const nt__rec *r)
     return nt__cpu_kernels[r->op];
 }
 
-/* Formats "<api>[ backward] (<site>): <msg>" into a new error object. */
+/* Formats "<api> (at <site>): <msg>" into a new error object; an op issued
+ * by a backward or by a composite says so: "nt_add (in nt_linear at ...)". */
 nt__errobj *nt__rec_error(const nt__rec *r, int code, const char *msg)
 {
     char where[256];
     nt__site_format(&r->site, where, sizeof where);
+    const char *api = nt__op_api(r->op);
     char *full;
     if (r->bwd_of)
-        full = g_strdup_printf("%s (in the backward of %s at %s): %s", nt__op_api(r->op),
-                               r->bwd_of, where, msg);
+        full = g_strdup_printf("%s (in the backward of %s at %s): %s", api, r->bwd_of, where,
+                               msg);
+    else if (r->fn && strcmp(r->fn, api) != 0)
+        full = g_strdup_printf("%s (in %s at %s): %s", api, r->fn, where, msg);
     else
-        full = g_strdup_printf("%s (at %s): %s", nt__op_api(r->op), where, msg);
+        full = g_strdup_printf("%s (at %s): %s", api, where, msg);
     nt__errobj *e = nt__errobj_new(code, full);
     g_free(full);
     return e;
@@ -70,6 +79,10 @@ void nt__exec_rec(nt__rec *r)
         }
     }
     nt__kernel_fn k = pick_kernel(r);
+    if (nt__cfg.check_nan && nt__nan_pre)
+        nt__nan_pre(r);
+    bool traced = nt__trace_enabled();
+    double t0 = traced ? nt__htrace_now() : 0;
     int rc = k ? k(r)
                : nt__kerr(NT_ENOTSUP, "no kernel for op '%s' on the %s backend", nt__op_name(r->op),
                           r->backend == NT_BACKEND_SIM ? "sim" : "cpu");
@@ -77,6 +90,8 @@ void nt__exec_rec(nt__rec *r)
     NT__COUNT(kernels, 1);
     if (rc >= 0 && nt__cfg.check_nan && nt__nan_check)
         rc = nt__nan_check(r);
+    if (traced)
+        nt__htrace_kernel(r, t0, rc);
     if (rc < 0) {
         nt__errobj *e = nt__rec_error(r, rc, nt__kerr_msg());
         poison_outputs(r, e);

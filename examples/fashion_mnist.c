@@ -3,6 +3,12 @@
  *   784 -> 1024 -> ReLU -> 1024 -> ReLU -> 10, cross-entropy, AdamW (or SGD
  *   with momentum), batch 128, fixed seed.
  *
+ * --amp bf16 / fp16 run the forward pass (and the evaluation) under
+ * autocast: the matmuls in bf16 / f16 with f32 accumulation, the loss in
+ * f32; parameters, gradients and the optimizer stay f32 (docs/amp.md).
+ * fp16 adds the dynamic loss scaler; bf16 has f32's exponent range and
+ * needs none.
+ *
  * Reads the gzip'ed IDX files of Debian's package dataset-fashion-mnist
  * (/usr/share/datasets/fashion-mnist/, or --data DIR).  Each training step
  * runs in a scope (every tensor made in it dies at its end) and never waits
@@ -242,8 +248,15 @@ static nt_tensor *check_t(nt_tensor *t, const char *what)
     return t;
 }
 
-/* Test accuracy in percent: batches of 1000 without a graph, one sync. */
-static double evaluate(nt_tensor **p, const dataset *d, bool normalize)
+/* The autocast dtype of --amp, or NT_DTYPE_COUNT for none. */
+static nt_dtype amp_dtype(const char *amp)
+{
+    return !strcmp(amp, "bf16") ? NT_BF16 : !strcmp(amp, "fp16") ? NT_F16 : NT_DTYPE_COUNT;
+}
+
+/* Test accuracy in percent: batches of 1000 without a graph, one sync;
+ * under autocast if amp is not NT_DTYPE_COUNT. */
+static double evaluate(nt_tensor **p, const dataset *d, bool normalize, nt_dtype amp)
 {
     enum { EB = 1000 };
     float *xb = malloc(sizeof(float) * EB * PIXELS);
@@ -258,7 +271,12 @@ static double evaluate(nt_tensor **p, const dataset *d, bool normalize)
         nt_scope *sc = nt_scope_begin();
         nt_tensor *x, *y;
         make_batch(d, idx, bs, normalize, xb, yb, &x, &y);
-        check(nt_add_inplace(correct, count_correct(forward(p, x), y)), "evaluation");
+        if (amp != NT_DTYPE_COUNT)
+            check(nt_autocast_begin(amp), "nt_autocast_begin");
+        nt_tensor *logits = forward(p, x);
+        if (amp != NT_DTYPE_COUNT)
+            check(nt_autocast_end(), "nt_autocast_end");
+        check(nt_add_inplace(correct, count_correct(logits, y)), "evaluation");
         nt_scope_end(sc);
     }
     nt_no_grad_end();
@@ -288,7 +306,8 @@ static void usage(FILE *f)
             "  --log-every N     a progress line every N steps (100; 0: none)\n"
             "  --limit-steps N   stop after N training steps (for quick runs)\n"
             "  --normalize       standardise pixels with the data set's mean and std\n"
-            "  --amp MODE        mixed precision: none (the only mode so far)\n"
+            "  --amp MODE        mixed precision: none, bf16 (autocast) or fp16 (autocast\n"
+            "                    and dynamic loss scaling) (none)\n"
             "  --data DIR        where the .gz IDX files are\n"
             "                    (/usr/share/datasets/fashion-mnist)\n");
 }
@@ -367,8 +386,8 @@ static void parse_args(int argc, char **argv, options *o)
                 o->schedule);
         exit(1);
     }
-    if (strcmp(o->amp, "none")) {
-        fprintf(stderr, "fashion_mnist: --amp %s is not supported yet (only none)\n", o->amp);
+    if (strcmp(o->amp, "none") && strcmp(o->amp, "bf16") && strcmp(o->amp, "fp16")) {
+        fprintf(stderr, "fashion_mnist: --amp must be none, bf16 or fp16 (got '%s')\n", o->amp);
         exit(1);
     }
     if (o->resume && !o->checkpoint) {
@@ -454,9 +473,10 @@ int main(int argc, char **argv)
     printf("fashion_mnist: %d training and %d test images from %s\n", train.n, test.n,
            o.data_dir);
     printf("model 784-%d-%d-10 (ReLU), cross-entropy, %s lr %g (%s), batch %d, seed %llu, "
-           "mode %s, backend %s\n",
+           "mode %s, backend %s, amp %s\n",
            o.hidden, o.hidden, o.optim, o.lr, o.schedule, o.batch, (unsigned long long)o.seed,
-           nt_config_get("NT_MODE"), nt_config_get("NT_BACKEND"));
+           nt_config_get("NT_MODE"), nt_config_get("NT_BACKEND"), o.amp);
+    nt_dtype amp = amp_dtype(o.amp);
 
     nt_tensor *p[NPARAMS];
     init_params(p, o.hidden, o.seed);
@@ -469,15 +489,24 @@ int main(int argc, char **argv)
         fprintf(stderr, "fashion_mnist: optimizer: %s\n", nt_last_error_message());
         return 1;
     }
+    /* fp16: the loss scaler (PyTorch's defaults: 2^16, x2 after 2000 clean
+     * steps, x0.5 on an overflow, whose step is skipped) */
+    nt_grad_scaler *scaler = amp == NT_F16 ? nt_grad_scaler_create(NULL) : NULL;
+    if (amp == NT_F16 && !scaler) {
+        fprintf(stderr, "fashion_mnist: loss scaler: %s\n", nt_last_error_message());
+        return 1;
+    }
     int steps_per_epoch = (train.n + o.batch - 1) / o.batch;
     int first_epoch = 0, first_step = 0;
     if (o.resume) {
-        check(nt_load(o.checkpoint, p, NPARAMS, opt), "--resume");
-        /* the same shuffles as an uninterrupted run: skip what was done */
-        first_epoch = (int)(nt_optim_steps(opt) / steps_per_epoch);
-        first_step = (int)(nt_optim_steps(opt) % steps_per_epoch);
+        check(nt_checkpoint_load(o.checkpoint, p, NPARAMS, opt, scaler), "--resume");
+        /* the same shuffles as an uninterrupted run: skip what was done
+         * (steps the scaler skipped were batches too) */
+        int64_t done = nt_optim_steps(opt) + (scaler ? nt_grad_scaler_skipped_steps(scaler) : 0);
+        first_epoch = (int)(done / steps_per_epoch);
+        first_step = (int)(done % steps_per_epoch);
         printf("resumed from %s after %lld steps (epoch %d, step %d)\n", o.checkpoint,
-               (long long)nt_optim_steps(opt), first_epoch + 1, first_step);
+               (long long)done, first_epoch + 1, first_step);
     }
 
     /* The schedule spans --epochs (--limit-steps only cuts a run short) and
@@ -522,10 +551,21 @@ int main(int argc, char **argv)
             nt_scope *sc = nt_scope_begin();
             nt_tensor *x, *y;
             make_batch(&train, order + s0, bs, o.normalize, xb, yb, &x, &y);
+            if (amp != NT_DTYPE_COUNT)
+                check(nt_autocast_begin(amp), "nt_autocast_begin");
             nt_tensor *logits = forward(p, x);
-            nt_tensor *loss = nt_cross_entropy(logits, y);
-            check(nt_backward(loss), "nt_backward");
-            check(nt_optim_step(opt), "nt_optim_step");
+            nt_tensor *loss = nt_cross_entropy(logits, y); /* f32 under autocast */
+            if (amp != NT_DTYPE_COUNT)
+                check(nt_autocast_end(), "nt_autocast_end");
+            if (scaler) {
+                check(nt_backward(nt_grad_scaler_scale(scaler, loss)), "nt_backward");
+                if (nt_grad_scaler_step(scaler, opt) < 0) /* 1: skipped (overflow) */
+                    check(nt_last_error(), "nt_grad_scaler_step");
+                check(nt_grad_scaler_update(scaler), "nt_grad_scaler_update");
+            } else {
+                check(nt_backward(loss), "nt_backward");
+                check(nt_optim_step(opt), "nt_optim_step");
+            }
             check(nt_optim_zero_grad(opt), "nt_optim_zero_grad");
             nt_no_grad_begin();
             check(nt_add_inplace(correct_sum, count_correct(logits, y)), "accuracy");
@@ -572,25 +612,31 @@ int main(int argc, char **argv)
         nt_sim_stats_get(&sim1); /* training only: before the evaluation */
         int steps_run = step - (ep == first_epoch ? first_step : 0);
         nt_release(correct_sum);
-        last_test = evaluate(p, &test, o.normalize);
+        last_test = evaluate(p, &test, o.normalize, amp);
         epochs_run++;
         nt_stats st1;
         nt_stats_get(&st1);
         printf("epoch %d/%d: loss %.4f  train acc %.2f%%  test acc %.2f%%  %.0f ex/s  (%.1f s)\n",
                ep + 1, o.epochs, l / seen, 100.0 * c / seen, last_test, seen / train_s, train_s);
         print_device_stats(&st0, &st1, &sim0, &sim1, steps_run);
+        if (scaler)
+            printf("  loss scale %g, %lld steps skipped so far\n",
+                   nt_grad_scaler_get_scale(scaler),
+                   (long long)nt_grad_scaler_skipped_steps(scaler));
         fflush(stdout);
         if (o.checkpoint) {
-            check(nt_save(o.checkpoint, p, NPARAMS, opt), "saving the checkpoint");
+            check(nt_checkpoint_save(o.checkpoint, p, NPARAMS, opt, scaler),
+                  "saving the checkpoint");
             printf("  saved %s (step %lld)\n", o.checkpoint, (long long)nt_optim_steps(opt));
         }
     }
     if (epochs_run == 0 && first_epoch > 0)
-        last_test = evaluate(p, &test, o.normalize);
+        last_test = evaluate(p, &test, o.normalize, amp);
     printf("final test accuracy %.2f%% after %lld steps (%.1f s wall)\n", last_test,
            (long long)nt_optim_steps(opt), now_s() - t_start);
 
     nt_optim_destroy(opt);
+    nt_grad_scaler_destroy(scaler);
     for (int i = 0; i < NPARAMS; i++)
         nt_release(p[i]);
     free(xb);

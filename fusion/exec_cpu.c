@@ -14,6 +14,7 @@
 #include "cpu/cpu.h"
 #include "ewise.h"
 #include "reduce.h"
+#include "streams/stream.h"
 
 #define CH 256
 
@@ -200,7 +201,7 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
             }
             settle_f(out, odt, y, n);
         } else {
-            int32_t s0 = (int32_t)o->p.f[0], s1 = (int32_t)o->p.f[1];
+            int32_t s0 = nt__f64_to_i32(o->p.f[0]), s1 = nt__f64_to_i32(o->p.f[1]);
             const int32_t *x = as_i32(&a[0], (int32_t *)t0, n);
             for (int64_t i = 0; i < n; i++)
                 yi[i] = o->op == NT_OP_ADD_SCALAR   ? nt__ewi_add_scalar(x[i], s0, s1)
@@ -288,6 +289,33 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
     }
 }
 
+/* ---------------- stochastic rounding ---------------- */
+
+/* A CAST op with NT__CAST_SR: its random bits come from its own record's
+ * (seed, stream, seq), bound at run time (the cached program is shared by
+ * every run), and from each element's row-major index in the cast's output,
+ * so the bits are those of the unfused kernel. */
+static bool is_sr(const nt__fop *o) { return o->op == NT_OP_CAST && (o->p.flag & NT__CAST_SR); }
+
+static void sr_keys(const nt__fgroup *g, uint64_t *keys)
+{
+    const nt__fprog *P = g->prog;
+    for (int k = 0; k < P->nops; k++)
+        if (is_sr(&P->ops[k])) {
+            const nt__rec *r = g->recs[k];
+            keys[k] = nt__sr_key(r->p.seed, r->stream->id, r->seq);
+        }
+}
+
+/* out[i] = x[i] rounded stochastically to odt; element i has index i0 + i. */
+static void eval_sr(nt_dtype odt, const opnd *a, float *out, int64_t n, float *scratch,
+                    uint64_t key, int64_t i0)
+{
+    const float *x = as_f32(&a[0], scratch, n);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = nt__round_f32_sr(odt, x[i], nt__sr_bits(key, (uint64_t)(i0 + i)));
+}
+
 /* ---------------- memory views ---------------- */
 
 typedef struct {
@@ -351,6 +379,8 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
         return NT_ENOMEM;
     }
     blk *E = R + P->nvals;
+    uint64_t keys[NT_F_MAXOPS];
+    sr_keys(g, keys);
     int64_t n_all = nt__numel(nd, shape);
     int64_t inner = nd ? shape[nd - 1] : 1;
     int64_t idx[NT_MAX_DIMS] = {0};
@@ -378,7 +408,11 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
                         a[q] = (opnd){&R[s], (nt_dtype)P->vals[s].dtype, false};
                     }
                 }
-                eval(o, (nt_dtype)P->vals[o->out].dtype, a, &R[o->out], n, scratch);
+                if (is_sr(o))
+                    eval_sr((nt_dtype)P->vals[o->out].dtype, a, R[o->out].f, n, scratch,
+                            keys[k], done + j);
+                else
+                    eval(o, (nt_dtype)P->vals[o->out].dtype, a, &R[o->out], n, scratch);
             }
             for (int s = 0; s < P->nout; s++) {
                 int v = P->out_val[s];
@@ -428,6 +462,8 @@ static int run_row(const nt__fgroup *g)
         return NT_ENOMEM;
     float *scratch = buf + cells;
     float *V = buf, *E = buf + (size_t)P->nvals * (size_t)C;
+    uint64_t keys[NT_F_MAXOPS];
+    sr_keys(g, keys);
     int64_t idx[NT_MAX_DIMS] = {0};
     for (int64_t r = 0; r < R; r++) {
         bool loaded[NT_F_MAXEXT] = {0};
@@ -465,7 +501,20 @@ static int run_row(const nt__fgroup *g)
                 settle_f(out, (nt_dtype)ov_->dtype, &v, 1);
                 continue;
             }
-            if (ov_->red) {
+            if (is_sr(o)) {
+                /* a per-row value's index is its row; a full one's r*C + j */
+                if (ov_->red)
+                    eval_sr((nt_dtype)ov_->dtype, a, out, 1, scratch + C, keys[k], r);
+                else
+                    for (int64_t j = 0; j < C; j += CH) {
+                        int64_t n = C - j < CH ? C - j : CH;
+                        opnd aj = a[0];
+                        if (!aj.scalar)
+                            aj.p = (const float *)a[0].p + j;
+                        eval_sr((nt_dtype)ov_->dtype, &aj, out + j, n, scratch + C, keys[k],
+                                r * C + j);
+                    }
+            } else if (ov_->red) {
                 eval(o, (nt_dtype)ov_->dtype, a, out, 1, scratch + C);
             } else {
                 for (int64_t j = 0; j < C; j += CH) {

@@ -9,6 +9,7 @@
 
 #include <string.h>
 
+#include "debug/debug.h"
 #include "streams/stream.h"
 
 nt__fstats nt__fst;
@@ -473,12 +474,7 @@ static gboolean prog_equal(gconstpointer a, gconstpointer b)
  * one reference. */
 static nt__fprog *compile(const nt__fprog *p, bool *hit)
 {
-    /* the key buffer: per worker thread, allocated once */
-    static _Thread_local keybuf *kbp NT_TLS_HOT;
-    if (!kbp)
-        kbp = g_new(keybuf, 1);
-    keybuf *kbq = kbp;
-#define kb (*kbq)
+    keybuf kb; /* 8 KiB of stack: workers have megabytes */
     make_key(p, &kb);
     nt__fprog probe;
     probe.key = kb.buf;
@@ -512,7 +508,6 @@ static nt__fprog *compile(const nt__fprog *p, bool *hit)
     AO_fetch_and_add1(&c->refs);
     g_mutex_unlock(&cache_lock);
     return c;
-#undef kb
 }
 
 /* ---------------- the log ---------------- */
@@ -601,7 +596,12 @@ static void run_group(gstate *s)
             continue;
         }
         const char *why = NULL;
-        if (live_after(s, v, &why)) {
+        bool live = live_after(s, v, &why);
+        if (!live && nt__cfg.check_nan) { /* no NaN may hide in an elided value */
+            live = true;
+            why = "NT_CHECK_NAN checks every value";
+        }
+        if (live) {
             int slot = s->p.nout++;
             s->p.vals[v].store = (int8_t)slot;
             s->p.out_val[slot] = (int8_t)v;
@@ -629,21 +629,37 @@ static void run_group(gstate *s)
     if (nt__cfg.fusion_log)
         log_group(s, c, hit, stored, elided, why_stored);
 
-    /* An input already poisoned: run op by op so only its consumers fail. */
+    /* An input already poisoned: run op by op so only its consumers fail.
+     * Under NT_CHECK_NAN a group with an in-place write runs op by op too:
+     * replaying it after a NaN was found would apply the write twice. */
     bool poisoned = false;
     for (int k = 0; k < c->next; k++)
         if (AO_load_acquire(&s->g.ext[k]->st->poison))
             poisoned = true;
+    for (int k = 0; nt__cfg.check_nan && k < s->g.nrecs; k++)
+        if (s->g.recs[k]->flags & NT_RECF_INPLACE)
+            poisoned = true;
     int rc = NT_ENOTSUP;
     plan_pause();
+    bool traced = nt__trace_enabled();
+    double t0 = traced ? nt__htrace_now() : 0;
     if (!poisoned) {
         if (s->g.backend == NT_BACKEND_SIM && nt__fused_sim)
             rc = nt__fused_sim(&s->g);
         else if (s->g.backend == NT_BACKEND_CPU)
             rc = nt__fused_cpu(&s->g);
     }
+    if (traced)
+        nt__htrace_fused(kind_name(c->kind), (unsigned long)AO_load(&kernel_no), s->g.recs,
+                         s->g.nrecs, stored, elided, hit, t0, rc);
     prog_unref(c);
     s->g.prog = NULL;
+    /* NT_CHECK_NAN: every value was stored (above); if one holds a NaN or
+     * an Inf, replay the group op by op with the check on.  The replay
+     * recomputes the same bits, and nt__exec_rec names the first op that
+     * made a NaN or Inf from finite inputs, as an unfused run would. */
+    if (rc == 0 && nt__cfg.check_nan && nt__nan_any(s->g.out, s->p.nout))
+        rc = NT_ENAN;
     if (rc == 0) {
         NT__COUNT(ops_executed, s->g.nrecs);
         NT__COUNT(kernels, 1);
@@ -679,6 +695,8 @@ void nt__fusion_run(nt__rec **recs, int n)
             AO_fetch_and_add1(&nt__fst.breaks);
             if (nt__cfg.fusion_log)
                 log_break(r, reason);
+            if (nt__trace_enabled())
+                nt__htrace_break(r, reason);
             run_group(&s);
         }
         group_reset(&s, recs, k, r->backend);

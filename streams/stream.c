@@ -335,8 +335,12 @@ void nt__stream_drain(nt_stream *s)
 void nt__stream_note_error(nt_stream *s, nt__errobj *err)
 {
     g_mutex_lock(&s->lock);
-    if (!s->first_error) {
+    /* keep the first error until a sync reports it -- a sync on the
+     * poisoned tensor may have done so already: then this one is next */
+    if (!s->first_error || AO_load(&s->first_error->reported)) {
         nt__errobj_ref(err);
+        if (s->first_error)
+            nt__errobj_unref(s->first_error);
         s->first_error = err;
     }
     g_mutex_unlock(&s->lock);
