@@ -3,18 +3,44 @@
  * Every instruction (1) checks its operands against the hardware's rules,
  * (2) hands its cost and operands to the scheduler (core.c), which places it
  * on its engine's timeline after what it depends on, and (3) unless the
- * kernel is timing-only, computes its exact result at once.  Floating math is
- * done in f32 through core/ewise.h, core/nmath.h, core/reduce.h and
- * core/gemm.h -- the definitions the CPU backend uses -- and every computed
- * value reaches memory through round_store(), the one rounding point. */
+ * kernel is timing-only, computes its exact result.  Floating math is done
+ * in f32 through core/ewise.h, core/nmath.h, core/reduce.h and core/gemm.h --
+ * the definitions the CPU backend uses -- and every computed value reaches
+ * memory through st() / round_store(), the one rounding point (NaN becomes
+ * the canonical NaN there, as in core/dtype.h).
+ *
+ * Functional execution is row-major (docs/sim.md, "Functional speed"): an
+ * instruction whose lane i touches only partition p0 + i of its on-chip
+ * operands and row i of its HBM operands is "row-local" (DMA, the VectorE /
+ * ScalarE / GpSimd elementwise family, reductions, scans).  Such
+ * instructions are queued as records (fx_rec) and run lane by lane when the
+ * kernel flushes: for each partition, every queued instruction in program
+ * order.  Per partition that is exactly program order, and partitions are
+ * independent (admission checks that the queued instructions share one
+ * partition base and that no HBM write overlaps another row's access), so
+ * the results are those of running each instruction at once; but a row of
+ * a tile stays in L1 across a whole chain of instructions.  Big flushes
+ * split their lanes over two host threads; the split never changes a bit.
+ * TensorE, gathers and custom GpSimd code flush first and run at once. */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "ewise.h"
 #include "gemm.h"
 #include "reduce.h"
 #include "sim.h"
+
+/* The functional loops below are the simulator's hot path: on a host with
+ * AVX-512 let GCC use the full width (GCC's tuning otherwise stops at 256
+ * bits).  Lane width never changes a result: every op is one IEEE
+ * operation per element, and -ffp-contract=off keeps FMA out. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)
+#pragma GCC target("prefer-vector-width=512")
+#endif
 
 /* ------------------------------------------------------------------------ */
 /* Names                                                                    */
@@ -235,7 +261,7 @@ static int pick_engine(nt_sim_kernel *k, const char *I, nt_engine e, nt_engine d
     } while (0)
 
 /* ------------------------------------------------------------------------ */
-/* Rows: gather to f32, and the one rounding store                          */
+/* Operands as the functional step sees them                                */
 /* ------------------------------------------------------------------------ */
 
 /* ap's free dims, canonical and padded to 4 (outer dims first). */
@@ -250,6 +276,37 @@ static void shape4(const nt_ap *ap, int64_t num[4], int64_t step[4])
     }
 }
 
+/* A copy of an access pattern with its walk precomputed. */
+typedef struct fx_opnd {
+    nt_ap ap;
+    int64_t num[4], step[4];
+    int64_t n;      /* free elements per partition */
+    int64_t esz;
+    bool contig;    /* one contiguous run of n elements */
+    bool bcast;     /* one element repeated n times (a step-0 pattern) */
+    uint8_t *base;  /* lane 0's first element */
+    int64_t pstride; /* bytes between lanes */
+} fx_opnd;
+
+static void opnd_init(fx_opnd *o, const nt_ap *ap)
+{
+    o->ap = *ap;
+    shape4(ap, o->num, o->step);
+    o->n = nt__sim_free_count(ap);
+    o->esz = (int64_t)nt__dtype_size(ap->dtype);
+    o->contig = o->num[0] == 1 && o->num[1] == 1 && o->num[2] == 1 &&
+                (o->step[3] == 1 || o->num[3] == 1);
+    o->bcast = o->num[0] == 1 && o->num[1] == 1 && o->num[2] == 1 && o->step[3] == 0;
+    o->base = nt__sim_row(ap, 0);
+    o->pstride = nt__sim_pstride(ap);
+}
+
+static inline uint8_t *lane_row(const fx_opnd *o, int i)
+{
+    return o->base + (int64_t)i * o->pstride;
+}
+
+/* n elements of dtype dt at stride st, widened exactly to f32 */
 static void cvt_in(float *o, const uint8_t *p, nt_dtype dt, int64_t n, int64_t st)
 {
     switch (dt) {
@@ -264,8 +321,12 @@ static void cvt_in(float *o, const uint8_t *p, nt_dtype dt, int64_t n, int64_t s
     }
     case NT_BF16: {
         const uint16_t *x = (const uint16_t *)p;
-        for (int64_t i = 0; i < n; i++)
-            o[i] = nt__bf16_to_f32(x[i * st]);
+        if (st == 1)
+            for (int64_t i = 0; i < n; i++)
+                o[i] = nt__bf16_to_f32(x[i]);
+        else
+            for (int64_t i = 0; i < n; i++)
+                o[i] = nt__bf16_to_f32(x[i * st]);
         break;
     }
     case NT_F16: {
@@ -288,49 +349,46 @@ static void cvt_in(float *o, const uint8_t *p, nt_dtype dt, int64_t n, int64_t s
     }
 }
 
-/* Partition p of ap as f32, in row-major order of ap's free dims: a pointer
- * into memory when it already is contiguous f32, else converted into buf. */
-static const float *ld_f32(const nt_ap *ap, int p, float *buf)
+/* Lane i of o as f32 in row-major order of its free dims: a pointer into
+ * memory when it already is contiguous f32, else converted into buf. */
+static const float *ld_f32(const fx_opnd *o, int i, float *buf)
 {
-    int64_t num[4], step[4];
-    shape4(ap, num, step);
-    const uint8_t *row = nt__sim_row(ap, p);
-    if (ap->dtype == NT_F32 && num[0] == 1 && num[1] == 1 && num[2] == 1 && step[3] == 1)
+    const uint8_t *row = lane_row(o, i);
+    if (o->ap.dtype == NT_F32 && o->contig)
         return (const float *)row;
-    int64_t esz = (int64_t)nt__dtype_size(ap->dtype);
-    float *o = buf;
-    for (int64_t a = 0; a < num[0]; a++)
-        for (int64_t b = 0; b < num[1]; b++)
-            for (int64_t c = 0; c < num[2]; c++) {
-                int64_t off = a * step[0] + b * step[1] + c * step[2];
-                cvt_in(o, row + off * esz, ap->dtype, num[3], step[3]);
-                o += num[3];
+    float *w = buf;
+    for (int64_t a = 0; a < o->num[0]; a++)
+        for (int64_t b = 0; b < o->num[1]; b++)
+            for (int64_t c = 0; c < o->num[2]; c++) {
+                int64_t off = a * o->step[0] + b * o->step[1] + c * o->step[2];
+                cvt_in(w, row + off * o->esz, o->ap.dtype, o->num[3], o->step[3]);
+                w += o->num[3];
             }
     return buf;
 }
 
-/* Partition p of ap as int32 (exact for i32/u8 tiles). */
-static void ld_i32(const nt_ap *ap, int p, int32_t *o)
+/* Lane i of o as int32 (exact for i32/u8; floats truncate and saturate). */
+static void ld_i32(const fx_opnd *o, int i, int32_t *w)
 {
-    int64_t num[4], step[4];
-    shape4(ap, num, step);
-    const uint8_t *row = nt__sim_row(ap, p);
-    for (int64_t a = 0; a < num[0]; a++)
-        for (int64_t b = 0; b < num[1]; b++)
-            for (int64_t c = 0; c < num[2]; c++) {
-                int64_t off = a * step[0] + b * step[1] + c * step[2];
-                if (ap->dtype == NT_I32) {
+    const uint8_t *row = lane_row(o, i);
+    for (int64_t a = 0; a < o->num[0]; a++)
+        for (int64_t b = 0; b < o->num[1]; b++)
+            for (int64_t c = 0; c < o->num[2]; c++) {
+                int64_t off = a * o->step[0] + b * o->step[1] + c * o->step[2];
+                int64_t n = o->num[3], st = o->step[3];
+                if (o->ap.dtype == NT_I32) {
                     const int32_t *x = (const int32_t *)row + off;
-                    for (int64_t i = 0; i < num[3]; i++)
-                        *o++ = x[i * step[3]];
-                } else if (ap->dtype == NT_U8) {
+                    for (int64_t j = 0; j < n; j++)
+                        w[j] = x[j * st];
+                } else if (o->ap.dtype == NT_U8) {
                     const uint8_t *x = row + off;
-                    for (int64_t i = 0; i < num[3]; i++)
-                        *o++ = x[i * step[3]];
+                    for (int64_t j = 0; j < n; j++)
+                        w[j] = x[j * st];
                 } else {
-                    for (int64_t i = 0; i < num[3]; i++)
-                        *o++ = nt__load_i32(row, ap->dtype, off + i * step[3]);
+                    for (int64_t j = 0; j < n; j++)
+                        w[j] = nt__load_i32(row, o->ap.dtype, off + j * st);
                 }
+                w += n;
             }
 }
 
@@ -340,16 +398,21 @@ static void out_f32(uint8_t *p, nt_dtype dt, const float *v, int64_t n, int64_t 
     case NT_F32: {
         float *x = (float *)p;
         if (st == 1)
-            memmove(x, v, (size_t)n * 4);
+            for (int64_t i = 0; i < n; i++)
+                x[i] = nt__canon(v[i]);
         else
             for (int64_t i = 0; i < n; i++)
-                x[i * st] = v[i];
+                x[i * st] = nt__canon(v[i]);
         break;
     }
     case NT_BF16: {
         uint16_t *x = (uint16_t *)p;
-        for (int64_t i = 0; i < n; i++)
-            x[i * st] = nt__f32_to_bf16(v[i]);
+        if (st == 1)
+            for (int64_t i = 0; i < n; i++)
+                x[i] = nt__f32_to_bf16(v[i]);
+        else
+            for (int64_t i = 0; i < n; i++)
+                x[i * st] = nt__f32_to_bf16(v[i]);
         break;
     }
     case NT_F16: {
@@ -378,47 +441,53 @@ static void out_i32(uint8_t *p, nt_dtype dt, const int32_t *v, int64_t n, int64_
         int32_t *x = (int32_t *)p;
         for (int64_t i = 0; i < n; i++)
             x[i * st] = v[i];
+    } else if (dt == NT_U8) {
+        for (int64_t i = 0; i < n; i++)
+            p[i * st] = (uint8_t)(uint32_t)v[i];
     } else {
-        /* u8 wraps; floats round once from the exact integer */
+        /* floats round once from the exact integer */
         for (int64_t i = 0; i < n; i++)
             nt__store_i32(p, dt, i * st, v[i]);
     }
 }
 
-/* THE rounding point of the simulator: writes partition p of ap from the
- * f32 values v (or the exact integers iv when v is NULL), rounding each
- * once to ap's dtype (nearest even; float->int truncates and saturates,
- * int->u8 wraps).  Every instruction that computes a value stores it here,
- * so stochastic rounding (a later issue) has one place to go. */
-static void round_store(const nt_ap *ap, int p, const float *v, const int32_t *iv)
+/* THE rounding point of the simulator: writes lane i of o from the f32
+ * values v (or the exact integers iv when v is NULL), rounding each once to
+ * o's dtype (nearest even, NaN canonical; float->int truncates and
+ * saturates, int->u8 wraps).  Every instruction that computes a value
+ * stores it here, so stochastic rounding has one place to go. */
+static void st(const fx_opnd *o, int i, const float *v, const int32_t *iv)
 {
-    int64_t num[4], step[4];
-    shape4(ap, num, step);
-    uint8_t *row = nt__sim_row(ap, p);
-    int64_t esz = (int64_t)nt__dtype_size(ap->dtype);
+    uint8_t *row = lane_row(o, i);
     int64_t k = 0;
-    for (int64_t a = 0; a < num[0]; a++)
-        for (int64_t b = 0; b < num[1]; b++)
-            for (int64_t c = 0; c < num[2]; c++) {
-                int64_t off = a * step[0] + b * step[1] + c * step[2];
+    for (int64_t a = 0; a < o->num[0]; a++)
+        for (int64_t b = 0; b < o->num[1]; b++)
+            for (int64_t c = 0; c < o->num[2]; c++) {
+                int64_t off = a * o->step[0] + b * o->step[1] + c * o->step[2];
                 if (v)
-                    out_f32(row + off * esz, ap->dtype, v + k, num[3], step[3]);
+                    out_f32(row + off * o->esz, o->ap.dtype, v + k, o->num[3], o->step[3]);
                 else
-                    out_i32(row + off * esz, ap->dtype, iv + k, num[3], step[3]);
-                k += num[3];
+                    out_i32(row + off * o->esz, o->ap.dtype, iv + k, o->num[3], o->step[3]);
+                k += o->num[3];
             }
 }
 
-static float scalar_at(const nt_isa_scalar *s, int p, float *tmp)
+/* Output pointer for a direct f32 write of lane i, or NULL: the lane is
+ * contiguous f32 and overlaps none of the inputs except exactly (an
+ * elementwise loop may then read and write the same element). */
+static float *direct_f32(const fx_opnd *o, int i, const float *x, const float *y)
 {
-    if (!s->ap)
-        return s->imm;
-    return ld_f32(s->ap, p, tmp)[0];
-}
-
-static float **scr(void)
-{
-    return nt__sim.scratch;
+    if (o->ap.dtype != NT_F32 || !o->contig)
+        return NULL;
+    float *d = (float *)lane_row(o, i);
+    int64_t n = o->n;
+    const float *in[2] = {x, y};
+    for (int k = 0; k < 2; k++) {
+        const float *p = in[k];
+        if (p && p != d && p < d + n && d < p + n)
+            return NULL;
+    }
+    return d;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -446,29 +515,52 @@ static inline float alu1(nt_alu_op op, float a, float b)
     }
 }
 
-/* The switch sits outside the loops so each loop vectorises. */
-#define ALU_LOOPS(OUT, A, B, N)                                                              \
+/* The switch sits outside the loops so each loop vectorises.  W wraps the
+ * result: nothing, or nt__canon for a direct f32 store. */
+#define ALU_LOOPS(W, OUT, A, B, N)                                                           \
     switch (op) {                                                                            \
-    case NT_ALU_ADD: for (int64_t i = 0; i < (N); i++) OUT = nt__ew_add(A, B); break;        \
-    case NT_ALU_SUB: for (int64_t i = 0; i < (N); i++) OUT = nt__ew_sub(A, B); break;        \
-    case NT_ALU_MUL: for (int64_t i = 0; i < (N); i++) OUT = nt__ew_mul(A, B); break;        \
-    case NT_ALU_DIV: for (int64_t i = 0; i < (N); i++) OUT = nt__ew_div(A, B); break;        \
-    case NT_ALU_MAX: for (int64_t i = 0; i < (N); i++) OUT = nt__ew_maximum(A, B); break;    \
-    case NT_ALU_MIN: for (int64_t i = 0; i < (N); i++) OUT = nt__ew_minimum(A, B); break;    \
-    default: for (int64_t i = 0; i < (N); i++) OUT = alu1(op, A, B); break;                  \
+    case NT_ALU_BYPASS: for (int64_t i = 0; i < (N); i++) OUT = W(A); break;                 \
+    case NT_ALU_ADD: for (int64_t i = 0; i < (N); i++) OUT = W(nt__ew_add(A, B)); break;     \
+    case NT_ALU_SUB: for (int64_t i = 0; i < (N); i++) OUT = W(nt__ew_sub(A, B)); break;     \
+    case NT_ALU_MUL: for (int64_t i = 0; i < (N); i++) OUT = W(nt__ew_mul(A, B)); break;     \
+    case NT_ALU_DIV: for (int64_t i = 0; i < (N); i++) OUT = W(nt__ew_div(A, B)); break;     \
+    case NT_ALU_MAX: for (int64_t i = 0; i < (N); i++) OUT = W(nt__ew_maximum(A, B)); break; \
+    case NT_ALU_MIN: for (int64_t i = 0; i < (N); i++) OUT = W(nt__ew_minimum(A, B)); break; \
+    case NT_ALU_EQ: for (int64_t i = 0; i < (N); i++) OUT = (float)nt__ew_eq(A, B); break;   \
+    case NT_ALU_NE: for (int64_t i = 0; i < (N); i++) OUT = (float)nt__ew_ne(A, B); break;   \
+    case NT_ALU_LT: for (int64_t i = 0; i < (N); i++) OUT = (float)nt__ew_lt(A, B); break;   \
+    case NT_ALU_LE: for (int64_t i = 0; i < (N); i++) OUT = (float)nt__ew_le(A, B); break;   \
+    case NT_ALU_GT: for (int64_t i = 0; i < (N); i++) OUT = (float)nt__ew_gt(A, B); break;   \
+    case NT_ALU_GE: for (int64_t i = 0; i < (N); i++) OUT = (float)nt__ew_ge(A, B); break;   \
+    default: for (int64_t i = 0; i < (N); i++) OUT = W(alu1(op, A, B)); break;               \
     }
+#define ID_(x) (x)
 
 static void alu_vv(nt_alu_op op, float *o, const float *a, const float *b, int64_t n)
 {
-    ALU_LOOPS(o[i], a[i], b[i], n)
+    ALU_LOOPS(ID_, o[i], a[i], b[i], n)
+}
+
+static void alu_vv_c(nt_alu_op op, float *o, const float *a, const float *b, int64_t n)
+{
+    ALU_LOOPS(nt__canon, o[i], a[i], b[i], n)
 }
 
 static void alu_vs(nt_alu_op op, float *o, const float *a, float s, bool rev, int64_t n)
 {
     if (rev) {
-        ALU_LOOPS(o[i], s, a[i], n)
+        ALU_LOOPS(ID_, o[i], s, a[i], n)
     } else {
-        ALU_LOOPS(o[i], a[i], s, n)
+        ALU_LOOPS(ID_, o[i], a[i], s, n)
+    }
+}
+
+static void alu_vs_c(nt_alu_op op, float *o, const float *a, float s, bool rev, int64_t n)
+{
+    if (rev) {
+        ALU_LOOPS(nt__canon, o[i], s, a[i], n)
+    } else {
+        ALU_LOOPS(nt__canon, o[i], a[i], s, n)
     }
 }
 
@@ -496,46 +588,1039 @@ static inline int32_t alui1(nt_alu_op op, int32_t a, int32_t b)
     }
 }
 
+#define ALUI_LOOPS(OUT, A, B, N)                                                             \
+    switch (op) {                                                                            \
+    case NT_ALU_ADD: for (int64_t i = 0; i < (N); i++) OUT = nt__ewi_add(A, B); break;       \
+    case NT_ALU_SUB: for (int64_t i = 0; i < (N); i++) OUT = nt__ewi_sub(A, B); break;       \
+    case NT_ALU_MUL: for (int64_t i = 0; i < (N); i++) OUT = nt__ewi_mul(A, B); break;       \
+    case NT_ALU_MAX: for (int64_t i = 0; i < (N); i++) OUT = nt__ewi_maximum(A, B); break;   \
+    case NT_ALU_MIN: for (int64_t i = 0; i < (N); i++) OUT = nt__ewi_minimum(A, B); break;   \
+    default: for (int64_t i = 0; i < (N); i++) OUT = alui1(op, A, B); break;                 \
+    }
+
+static void alui_vv(nt_alu_op op, int32_t *o, const int32_t *a, const int32_t *b, int64_t n)
+{
+    ALUI_LOOPS(o[i], a[i], b[i], n)
+}
+
+static void alui_vs(nt_alu_op op, int32_t *o, const int32_t *a, int32_t s, bool rev, int64_t n)
+{
+    if (rev) {
+        ALUI_LOOPS(o[i], s, a[i], n)
+    } else {
+        ALUI_LOOPS(o[i], a[i], s, n)
+    }
+}
+
+/* canonical-order reduction of one run (core/reduce.h): exactly
+ * nt__red_sum_f32 / nt__red_max_f32, so even a run of <= 2048 elements is
+ * acc = +0 (-Inf); acc = op(acc, block partial) */
+static float reduce_run(nt_alu_op op, const float *x, int64_t n)
+{
+    return op == NT_ALU_MAX ? nt__red_max_f32(x, n, 1) : nt__red_sum_f32(x, n, 1);
+}
+
+/* ScalarE function tables: -1 = needs none; a change costs a table load. */
+static int act_table_of(nt_act_func f)
+{
+    switch (f) {
+    case NT_ACT_IDENTITY:
+    case NT_ACT_RELU:
+    case NT_ACT_ABS:
+    case NT_ACT_NEG:
+    case NT_ACT_SQUARE: return -1;
+    default: return (int)f;
+    }
+}
+
+/* the gradients' factors: nt__ew_<f>_bwd(1, x) is exactly the factor the
+ * backward helper multiplies g by (1 * d == d bit for bit) */
+static inline float act_gelu_dx(float x) { return nt__ew_gelu_bwd(1.0f, x); }
+static inline float act_silu_dx(float x) { return nt__ew_silu_bwd(1.0f, x); }
+
+static void act_apply_c(nt_act_func f, float *y, const float *x, int64_t n);
+
+static void act_apply(nt_act_func f, float *y, const float *x, int64_t n)
+{
+#define ACT_LOOP(F) for (int64_t i = 0; i < n; i++) y[i] = F(x[i]); break;
+    switch (f) {
+    case NT_ACT_IDENTITY: if (y != x) memmove(y, x, (size_t)n * 4); break;
+    case NT_ACT_EXP: ACT_LOOP(nt__ew_exp)
+    case NT_ACT_LOG: ACT_LOOP(nt__ew_log)
+    case NT_ACT_SQRT: ACT_LOOP(nt__ew_sqrt)
+    case NT_ACT_RSQRT: ACT_LOOP(nt__ew_rsqrt)
+    case NT_ACT_TANH: ACT_LOOP(nt__ew_tanh)
+    case NT_ACT_SIGMOID: ACT_LOOP(nt__ew_sigmoid)
+    case NT_ACT_GELU: ACT_LOOP(nt__ew_gelu)
+    case NT_ACT_SILU: ACT_LOOP(nt__ew_silu)
+    case NT_ACT_RELU: ACT_LOOP(nt__ew_relu)
+    case NT_ACT_ABS: ACT_LOOP(nt__ew_abs)
+    case NT_ACT_NEG: ACT_LOOP(nt__ew_neg)
+    case NT_ACT_SQUARE: for (int64_t i = 0; i < n; i++) y[i] = nt__ew_mul(x[i], x[i]); break;
+    case NT_ACT_GELU_DX: ACT_LOOP(act_gelu_dx)
+    case NT_ACT_SILU_DX: ACT_LOOP(act_silu_dx)
+    default: break;
+    }
+#undef ACT_LOOP
+}
+
+/* the same, each result canonicalised: a direct f32 store */
+static void act_apply_c(nt_act_func f, float *y, const float *x, int64_t n)
+{
+#define ACT_LOOP(F) for (int64_t i = 0; i < n; i++) y[i] = nt__canon(F(x[i])); break;
+    switch (f) {
+    case NT_ACT_IDENTITY: ACT_LOOP(ID_)
+    case NT_ACT_RELU: ACT_LOOP(nt__ew_relu)
+    case NT_ACT_ABS: ACT_LOOP(nt__ew_abs)
+    case NT_ACT_NEG: ACT_LOOP(nt__ew_neg)
+    case NT_ACT_SQUARE: for (int64_t i = 0; i < n; i++) y[i] = nt__canon(nt__ew_mul(x[i], x[i])); break;
+    default:
+        act_apply(f, y, x, n);
+        for (int64_t i = 0; i < n; i++)
+            y[i] = nt__canon(y[i]);
+        break;
+    }
+#undef ACT_LOOP
+}
+
+/* ------------------------------------------------------------------------ */
+/* Functional records                                                       */
+/* ------------------------------------------------------------------------ */
+
+enum { FX_DMA, FX_TT, FX_TS, FX_ACT, FX_RED, FX_COPY, FX_MEMSET, FX_IOTA, FX_ASEL, FX_SEL,
+       FX_SCAN };
+
+#define FX_MAXOP 5
+
+/* One instruction's functional step; o[0] is the destination. */
+typedef struct fx_rec {
+    uint8_t kind, nop;
+    bool ints;             /* exact int32 arithmetic */
+    int np;                /* lanes */
+    fx_opnd o[FX_MAXOP];
+    int sc[2];             /* operand index of scalar k, 0 = immediate imm[k] */
+    float imm[2];
+    nt_alu_op op[2];
+    bool rev[2];
+    bool has_op1;
+    nt_act_func func;
+    bool has_scale, has_bias;
+    int red;               /* operand index of activation's reduce_dst, 0 = none */
+    int64_t outer, inner;  /* tensor_reduce */
+    double value;          /* memset */
+    nt_isa_affine aff;     /* iota, affine_select */
+    nt_alu_op cmp;
+    float on_false;
+} fx_rec;
+
+static int add_opnd(fx_rec *r, const nt_ap *ap)
+{
+    opnd_init(&r->o[r->nop], ap);
+    return r->nop++;
+}
+
+static float scalar_f(const fx_rec *r, int k, int i, float *tmp)
+{
+    if (!r->sc[k])
+        return r->imm[k];
+    return ld_f32(&r->o[r->sc[k]], i, tmp)[0];
+}
+
+static int32_t scalar_i(const fx_rec *r, int k, int i)
+{
+    if (!r->sc[k])
+        return (int32_t)r->imm[k];
+    int32_t v[1];
+    ld_i32(&r->o[r->sc[k]], i, v);
+    return v[0];
+}
+
+/* ---- lanes ---- */
+
+static void strided_copy(uint8_t *d, int64_t ds, const uint8_t *s, int64_t ss, int64_t n,
+                         int64_t esz)
+{
+    if (ds == 1 && ss == 1) {
+        memmove(d, s, (size_t)(n * esz));
+        return;
+    }
+    switch (esz) {
+    case 4: {
+        uint32_t *D = (uint32_t *)d;
+        const uint32_t *S = (const uint32_t *)s;
+        for (int64_t j = 0; j < n; j++)
+            D[j * ds] = S[j * ss];
+        break;
+    }
+    case 2: {
+        uint16_t *D = (uint16_t *)d;
+        const uint16_t *S = (const uint16_t *)s;
+        for (int64_t j = 0; j < n; j++)
+            D[j * ds] = S[j * ss];
+        break;
+    }
+    default:
+        for (int64_t j = 0; j < n; j++)
+            d[j * ds] = s[j * ss];
+        break;
+    }
+}
+
+/* Walks the three outer dims of o, calling back with each innermost run. */
+#define FOR_RUNS(o, row, OFFVAR, BODY)                                                     \
+    for (int64_t a_ = 0; a_ < (o)->num[0]; a_++)                                           \
+        for (int64_t b_ = 0; b_ < (o)->num[1]; b_++)                                       \
+            for (int64_t c_ = 0; c_ < (o)->num[2]; c_++) {                                 \
+                int64_t OFFVAR = a_ * (o)->step[0] + b_ * (o)->step[1] + c_ * (o)->step[2]; \
+                BODY;                                                                      \
+            }
+
+/* Lane i of o to (write=false) or from (write=true) a contiguous buffer,
+ * bit for bit. */
+static void lane_bytes(const fx_opnd *o, int i, uint8_t *buf, bool write)
+{
+    uint8_t *row = lane_row(o, i);
+    int64_t esz = o->esz;
+    FOR_RUNS(o, row, off, {
+        if (write)
+            strided_copy(row + off * esz, o->step[3], buf, 1, o->num[3], esz);
+        else
+            strided_copy(buf, 1, row + off * esz, o->step[3], o->num[3], esz);
+        buf += o->num[3] * esz;
+    });
+}
+
+static void lane_dma(const fx_rec *r, int i, float **s)
+{
+    (void)s;
+    const fx_opnd *d = &r->o[0], *a = &r->o[1];
+    int64_t esz = a->esz, F = a->n;
+    uint8_t *drow = lane_row(d, i);
+    const uint8_t *srow = lane_row(a, i);
+    if (d->contig && a->contig) {
+        strided_copy(drow, d->step[3], srow, a->step[3], F, esz);
+        return;
+    }
+    if (d->contig) { /* gather the runs of src into one run */
+        uint8_t *w = drow;
+        FOR_RUNS(a, srow, off, {
+            strided_copy(w, d->step[3], srow + off * esz, a->step[3], a->num[3], esz);
+            w += a->num[3] * d->step[3] * esz;
+        });
+        return;
+    }
+    if (a->contig) { /* scatter one run into the runs of dst */
+        const uint8_t *w = srow;
+        FOR_RUNS(d, drow, off, {
+            strided_copy(drow + off * esz, d->step[3], w, a->step[3], d->num[3], esz);
+            w += d->num[3] * a->step[3] * esz;
+        });
+        return;
+    }
+    /* both multi-dimensional: element by element in row-major order */
+    int64_t ia[4] = {0}, ib[4] = {0};
+    for (int64_t left = F; left > 0; left--) {
+        int64_t oa = 0, ob = 0;
+        for (int q = 0; q < 4; q++)
+            oa += ia[q] * a->step[q], ob += ib[q] * d->step[q];
+        memcpy(drow + ob * esz, srow + oa * esz, (size_t)esz);
+        for (int q = 3; q >= 0 && ++ia[q] == a->num[q]; q--)
+            ia[q] = 0;
+        for (int q = 3; q >= 0 && ++ib[q] == d->num[q]; q--)
+            ib[q] = 0;
+    }
+}
+
+static void lane_tt(const fx_rec *r, int i, float **s)
+{
+    const fx_opnd *d = &r->o[0];
+    nt_alu_op op = r->op[0];
+    int64_t N = d->n;
+    if (r->ints) {
+        int32_t *x = (int32_t *)s[0], *y = (int32_t *)s[1], *o = (int32_t *)s[2];
+        ld_i32(&r->o[1], i, x);
+        ld_i32(&r->o[2], i, y);
+        alui_vv(op, o, x, y, N);
+        st(d, i, NULL, o);
+        return;
+    }
+    const float *x = ld_f32(&r->o[1], i, s[0]);
+    const float *y = ld_f32(&r->o[2], i, s[1]);
+    float *o = direct_f32(d, i, x, y);
+    if (o) {
+        alu_vv_c(op, o, x, y, N);
+        return;
+    }
+    alu_vv(op, s[2], x, y, N);
+    st(d, i, s[2], NULL);
+}
+
+static void lane_ts(const fx_rec *r, int i, float **s)
+{
+    const fx_opnd *d = &r->o[0];
+    int64_t N = d->n;
+    if (r->ints) {
+        int32_t *x = (int32_t *)s[0];
+        ld_i32(&r->o[1], i, x);
+        for (int j = 0; j < 1 + r->has_op1; j++) {
+            nt_alu_op op = r->op[j];
+            alui_vs(op, x, x, scalar_i(r, j, i), r->rev[j], N);
+        }
+        st(d, i, NULL, x);
+        return;
+    }
+    float tmp[4];
+    const float *x = ld_f32(&r->o[1], i, s[0]);
+    float s0 = scalar_f(r, 0, i, tmp);
+    if (!r->has_op1) {
+        float *o = direct_f32(d, i, x, NULL);
+        if (o) {
+            alu_vs_c(r->op[0], o, x, s0, r->rev[0], N);
+            return;
+        }
+        alu_vs(r->op[0], s[1], x, s0, r->rev[0], N);
+        st(d, i, s[1], NULL);
+        return;
+    }
+    float s1 = scalar_f(r, 1, i, tmp);
+    alu_vs(r->op[0], s[1], x, s0, r->rev[0], N);
+    float *o = direct_f32(d, i, x, NULL);
+    if (o) {
+        alu_vs_c(r->op[1], o, s[1], s1, r->rev[1], N);
+        return;
+    }
+    alu_vs(r->op[1], s[1], s[1], s1, r->rev[1], N);
+    st(d, i, s[1], NULL);
+}
+
+static void lane_act(const fx_rec *r, int i, float **s)
+{
+    const fx_opnd *d = &r->o[0];
+    int64_t N = d->n;
+    float tmp[4];
+    const float *x = ld_f32(&r->o[1], i, s[0]);
+    /* absent scale/bias are skipped, not applied as *1 and +0: x*1+0
+     * would turn -0 into +0 */
+    if (r->has_scale) {
+        float sc = scalar_f(r, 0, i, tmp);
+        for (int64_t j = 0; j < N; j++)
+            s[1][j] = nt__ew_mul(x[j], sc);
+        x = s[1];
+    }
+    if (r->has_bias) {
+        float bi = scalar_f(r, 1, i, tmp);
+        for (int64_t j = 0; j < N; j++)
+            s[1][j] = nt__ew_add(x[j], bi);
+        x = s[1];
+    }
+    if (!r->red) {
+        float *o = direct_f32(d, i, x, NULL);
+        if (o) {
+            act_apply_c(r->func, o, x, N);
+            return;
+        }
+    }
+    act_apply(r->func, s[2], x, N);
+    st(d, i, s[2], NULL);
+    if (r->red) {
+        float v = reduce_run(NT_ALU_ADD, s[2], N);
+        st(&r->o[r->red], i, &v, NULL);
+    }
+}
+
+static void lane_red(const fx_rec *r, int i, float **s)
+{
+    const fx_opnd *d = &r->o[0];
+    int64_t outer = r->outer, inner = r->inner;
+    if (r->ints) {
+        int32_t *x = (int32_t *)s[0], *o = (int32_t *)s[1];
+        ld_i32(&r->o[1], i, x);
+        for (int64_t j = 0; j < outer; j++) {
+            if (r->op[0] == NT_ALU_ADD) {
+                o[j] = nt__red_sum_i32(x + j * inner, inner, 1);
+            } else {
+                int32_t m = x[j * inner];
+                for (int64_t q = 1; q < inner; q++)
+                    m = nt__ewi_maximum(m, x[j * inner + q]);
+                o[j] = m;
+            }
+        }
+        st(d, i, NULL, o);
+        return;
+    }
+    const float *x = ld_f32(&r->o[1], i, s[0]);
+    for (int64_t j = 0; j < outer; j++)
+        s[1][j] = reduce_run(r->op[0], x + j * inner, inner);
+    st(d, i, s[1], NULL);
+}
+
+static void lane_copy(const fx_rec *r, int i, float **s)
+{
+    const fx_opnd *d = &r->o[0], *a = &r->o[1];
+    if (r->ints) {
+        /* exact integers: ints wrap into u8, floats round once */
+        ld_i32(a, i, (int32_t *)s[0]);
+        st(d, i, NULL, (const int32_t *)s[0]);
+        return;
+    }
+    const float *x = ld_f32(a, i, s[0]);
+    float *o = direct_f32(d, i, x, NULL);
+    if (o) {
+        for (int64_t j = 0; j < d->n; j++)
+            o[j] = nt__canon(x[j]);
+        return;
+    }
+    if (x != s[0]) {
+        /* src may overlap dst in another dtype: read it all first */
+        memcpy(s[0], x, (size_t)d->n * 4);
+        x = s[0];
+    }
+    st(d, i, x, NULL);
+}
+
+static void lane_memset(const fx_rec *r, int i, float **s)
+{
+    const fx_opnd *d = &r->o[0];
+    int64_t N = d->n;
+    if (r->ints) {
+        int32_t *v = (int32_t *)s[0], x = nt__f64_to_i32(r->value);
+        for (int64_t j = 0; j < N; j++)
+            v[j] = x;
+        st(d, i, NULL, v);
+    } else {
+        float x = (float)r->value;
+        for (int64_t j = 0; j < N; j++)
+            s[0][j] = x;
+        st(d, i, s[0], NULL);
+    }
+}
+
+/* Affine values of lane p in row-major order of the pattern's own free dims. */
+static void affine_row(const nt_ap *ap, const nt_isa_affine *x, int p, int32_t *o)
+{
+    int64_t num[4] = {1, 1, 1, 1};
+    uint32_t stp[4] = {0, 0, 0, 0};
+    int pad = 4 - ap->ndim;
+    for (int i = 0; i < ap->ndim; i++) {
+        num[pad + i] = ap->num[i];
+        stp[pad + i] = (uint32_t)x->step[i];
+    }
+    /* 32-bit wrapping integer math, as on the engine */
+    uint32_t base = (uint32_t)x->offset + (uint32_t)x->channel_multiplier * (uint32_t)p;
+    int64_t n = 0;
+    for (int64_t a = 0; a < num[0]; a++)
+        for (int64_t b = 0; b < num[1]; b++)
+            for (int64_t c = 0; c < num[2]; c++) {
+                uint32_t v = base + (uint32_t)a * stp[0] + (uint32_t)b * stp[1] + (uint32_t)c * stp[2];
+                for (int64_t d = 0; d < num[3]; d++)
+                    o[n++] = (int32_t)(v + (uint32_t)d * stp[3]);
+            }
+}
+
+static void lane_iota(const fx_rec *r, int i, float **s)
+{
+    int32_t *v = (int32_t *)s[0];
+    affine_row(&r->o[0].ap, &r->aff, i, v);
+    st(&r->o[0], i, NULL, v);
+}
+
+static void lane_asel(const fx_rec *r, int i, float **s)
+{
+    const fx_opnd *d = &r->o[0];
+    int32_t *v = (int32_t *)s[1];
+    const float *x = ld_f32(&r->o[1], i, s[0]);
+    affine_row(&d->ap, &r->aff, i, v);
+    for (int64_t j = 0; j < d->n; j++)
+        s[2][j] = alui1(r->cmp, v[j], 0) ? x[j] : r->on_false;
+    st(d, i, s[2], NULL);
+}
+
+static void lane_sel(const fx_rec *r, int i, float **s)
+{
+    const fx_opnd *d = &r->o[0];
+    int64_t N = d->n;
+    const float *m = ld_f32(&r->o[1], i, s[0]);
+    if (r->ints) {
+        int32_t *a = (int32_t *)s[1], *b = (int32_t *)s[2], *y = (int32_t *)s[3];
+        ld_i32(&r->o[2], i, a);
+        ld_i32(&r->o[3], i, b);
+        for (int64_t j = 0; j < N; j++)
+            y[j] = m[j] != 0.0f ? a[j] : b[j];
+        st(d, i, NULL, y);
+        return;
+    }
+    const float *a = ld_f32(&r->o[2], i, s[1]);
+    const float *b = ld_f32(&r->o[3], i, s[2]);
+    float *y = s[3];
+    for (int64_t j = 0; j < N; j++)
+        y[j] = m[j] != 0.0f ? a[j] : b[j];
+    st(d, i, y, NULL);
+}
+
+static void lane_scan(const fx_rec *r, int i, float **s)
+{
+    const fx_opnd *d = &r->o[0];
+    int64_t N = d->n;
+    float tmp[4];
+    const float *d0 = ld_f32(&r->o[1], i, s[0]);
+    const float *d1 = ld_f32(&r->o[2], i, s[1]);
+    float acc = scalar_f(r, 0, i, tmp);
+    nt_alu_op op0 = r->op[0], op1 = r->op[1];
+    for (int64_t j = 0; j < N; j++) {
+        acc = alu1(op1, alu1(op0, d0[j], acc), d1[j]);
+        s[2][j] = acc;
+    }
+    st(d, i, s[2], NULL);
+}
+
+static void lane_run(const fx_rec *r, int i, float **s)
+{
+    switch (r->kind) {
+    case FX_DMA: lane_dma(r, i, s); break;
+    case FX_TT: lane_tt(r, i, s); break;
+    case FX_TS: lane_ts(r, i, s); break;
+    case FX_ACT: lane_act(r, i, s); break;
+    case FX_RED: lane_red(r, i, s); break;
+    case FX_COPY: lane_copy(r, i, s); break;
+    case FX_MEMSET: lane_memset(r, i, s); break;
+    case FX_IOTA: lane_iota(r, i, s); break;
+    case FX_ASEL: lane_asel(r, i, s); break;
+    case FX_SEL: lane_sel(r, i, s); break;
+    case FX_SCAN: lane_scan(r, i, s); break;
+    default: break;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* The batch and the helper thread                                          */
+/* ------------------------------------------------------------------------ */
+
+#define FX_CAP 96
+#define FX_MAXRNG (FX_CAP * FX_MAXOP)
+/* A flush (or one instruction) smaller than this many element-steps runs
+ * on one thread: waking the helper costs more than it saves. */
+#define FX_SPLIT_WORK (1 << 17)
+
+typedef struct fx_range {
+    uintptr_t lo, hi; /* bytes [lo, hi) over all rows */
+    int rec, opnd;
+    bool write;
+} fx_range;
+
+typedef struct fx_batch {
+    fx_rec rec[FX_CAP];
+    int n;
+    int p0;          /* on-chip partition base shared by the batch, -1 none yet */
+    int maxnp;
+    double work;
+    fx_range rng[FX_MAXRNG];
+    int nrng;
+} fx_batch;
+
+static fx_batch *fxb; /* one: kernels are serialised by the core */
+static int fx_defer = -1;   /* NT_SIM_DEFER (default on) */
+static int fx_threads = -1; /* NT_SIM_THREADS (default 2 when the host has 2 cores) */
+
+typedef struct fx_job {
+    void (*fn)(void *arg, int lo, int hi, float **s);
+    void *arg;
+    int lo, hi;
+} fx_job;
+
+static struct {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv, done_cv;
+    bool started, quit, has_job, done;
+    fx_job job;
+    float *scr[4];
+} hp = {.mu = PTHREAD_MUTEX_INITIALIZER,
+        .cv = PTHREAD_COND_INITIALIZER,
+        .done_cv = PTHREAD_COND_INITIALIZER};
+
+static void *helper_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&hp.mu);
+    for (;;) {
+        while (!hp.has_job && !hp.quit)
+            pthread_cond_wait(&hp.cv, &hp.mu);
+        if (hp.quit)
+            break;
+        fx_job j = hp.job;
+        hp.has_job = false;
+        pthread_mutex_unlock(&hp.mu);
+        j.fn(j.arg, j.lo, j.hi, hp.scr);
+        pthread_mutex_lock(&hp.mu);
+        hp.done = true;
+        pthread_cond_signal(&hp.done_cv);
+    }
+    pthread_mutex_unlock(&hp.mu);
+    return NULL;
+}
+
+static void fx_config(void)
+{
+    if (fx_defer >= 0)
+        return;
+    const char *d = getenv("NT_SIM_DEFER");
+    fx_defer = !(d && d[0] == '0');
+    const char *t = getenv("NT_SIM_THREADS");
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    fx_threads = t && *t ? (atoi(t) >= 2 ? 2 : 1) : (ncpu >= 2 ? 2 : 1);
+}
+
+static bool helper_start(void)
+{
+    if (hp.started)
+        return true;
+    for (int i = 0; i < 4; i++) {
+        hp.scr[i] = malloc(nt__sim.scratch_elems * sizeof(float) * 2);
+        if (!hp.scr[i])
+            return false;
+    }
+    hp.quit = false;
+    if (pthread_create(&hp.th, NULL, helper_main, NULL) != 0)
+        return false;
+    hp.started = true;
+    return true;
+}
+
+void nt__sim_fx_shutdown(void)
+{
+    if (hp.started) {
+        pthread_mutex_lock(&hp.mu);
+        hp.quit = true;
+        pthread_cond_signal(&hp.cv);
+        pthread_mutex_unlock(&hp.mu);
+        pthread_join(hp.th, NULL);
+        hp.started = false;
+    }
+    for (int i = 0; i < 4; i++) {
+        free(hp.scr[i]);
+        hp.scr[i] = NULL;
+    }
+    free(fxb);
+    fxb = NULL;
+}
+
+/* Runs fn over lanes [0, n): split in two halves over the helper thread
+ * when the work is big enough, else on the calling thread. */
+static void run_split(void (*fn)(void *, int, int, float **), void *arg, int n, double work)
+{
+    fx_config();
+    if (fx_threads < 2 || n < 2 || work < FX_SPLIT_WORK || !helper_start()) {
+        fn(arg, 0, n, nt__sim.scratch);
+        return;
+    }
+    int h = n / 2;
+    pthread_mutex_lock(&hp.mu);
+    hp.job = (fx_job){fn, arg, h, n};
+    hp.has_job = true;
+    hp.done = false;
+    pthread_cond_signal(&hp.cv);
+    pthread_mutex_unlock(&hp.mu);
+    fn(arg, 0, h, nt__sim.scratch);
+    pthread_mutex_lock(&hp.mu);
+    while (!hp.done)
+        pthread_cond_wait(&hp.done_cv, &hp.mu);
+    pthread_mutex_unlock(&hp.mu);
+}
+
+typedef struct lanes_arg {
+    const fx_rec *rec;
+    int n;
+} lanes_arg;
+
+static void run_lanes(void *arg, int lo, int hi, float **s)
+{
+    const lanes_arg *a = arg;
+    for (int i = lo; i < hi; i++)
+        for (int j = 0; j < a->n; j++)
+            if (i < a->rec[j].np)
+                lane_run(&a->rec[j], i, s);
+}
+
+/* ---- column chunks ----
+ * A batch of positionwise instructions (element j of every output depends
+ * only on element j of the inputs, all operands walked from the same
+ * origin) may run chunk by chunk of the free axis: for each lane, for each
+ * chunk of FX_COL elements, every instruction in order.  Each element still
+ * sees the instructions in program order, and the rows being worked on stay
+ * in L1. */
+#define FX_COL 1024
+
+static bool rec_positionwise(const fx_rec *r)
+{
+    switch (r->kind) {
+    case FX_DMA:
+    case FX_TT:
+    case FX_TS:
+    case FX_COPY:
+    case FX_MEMSET:
+    case FX_SEL: break;
+    case FX_ACT:
+        if (r->red)
+            return false;
+        break;
+    default: return false;
+    }
+    int64_t n = r->o[0].n;
+    for (int k = 0; k < r->nop; k++) {
+        if ((r->sc[0] && k == r->sc[0]) || (r->sc[1] && k == r->sc[1]))
+            continue; /* a per-lane scalar */
+        const fx_opnd *o = &r->o[k];
+        if (o->n != n || !(o->contig || o->bcast))
+            return false;
+    }
+    return true;
+}
+
+typedef struct span {
+    const nt_tile *tile;
+    int64_t lo, hi, origin, esz;
+    bool write, bcast;
+} span;
+
+/* Every on-chip byte range touched from two different origins (or written
+ * and also read as a broadcast element) breaks the chunk order. */
+static bool batch_chunkable(const fx_batch *b)
+{
+    span u[256];
+    int nu = 0;
+    for (int j = 0; j < b->n; j++) {
+        const fx_rec *r = &b->rec[j];
+        if (!rec_positionwise(r))
+            return false;
+        for (int k = 0; k < r->nop; k++) {
+            const fx_opnd *o = &r->o[k];
+            if (!o->ap.tile)
+                continue;
+            span sp = {o->ap.tile, 0, 0, 0, o->esz, k == 0 || k == r->red, o->bcast};
+            sp.origin = o->ap.tile->off + o->ap.offset * o->esz;
+            sp.lo = sp.origin;
+            sp.hi = sp.origin + (o->bcast ? 1 : o->n) * o->esz;
+            bool dup = false;
+            for (int q = 0; q < nu; q++) {
+                span *t = &u[q];
+                if (t->tile->mem != sp.tile->mem || sp.lo >= t->hi || t->lo >= sp.hi)
+                    continue;
+                if (t->tile == sp.tile && t->lo == sp.lo && t->hi == sp.hi &&
+                    t->bcast == sp.bcast && t->esz == sp.esz) {
+                    t->write |= sp.write;
+                    dup = true;
+                    if (sp.bcast && t->write)
+                        return false;
+                    continue;
+                }
+                if (sp.bcast || t->bcast) {
+                    if (sp.write || t->write)
+                        return false;
+                } else if (sp.origin != t->origin || sp.esz != t->esz) {
+                    return false;
+                }
+            }
+            if (!dup) {
+                if (nu == 256)
+                    return false;
+                u[nu++] = sp;
+            }
+        }
+    }
+    return true;
+}
+
+/* r restricted to elements [c0, c0 + cn) of its free axis */
+static void rec_window(const fx_rec *r, fx_rec *w, int64_t c0, int64_t cn)
+{
+    *w = *r;
+    for (int k = 0; k < r->nop; k++) {
+        if ((r->sc[0] && k == r->sc[0]) || (r->sc[1] && k == r->sc[1]))
+            continue;
+        fx_opnd *o = &w->o[k];
+        if (!o->bcast)
+            o->base += c0 * o->step[3] * o->esz;
+        o->n = cn;
+        o->num[3] = cn;
+        o->ap.ndim = 1;
+        o->ap.num[0] = cn;
+    }
+}
+
+typedef struct chunks_arg {
+    const fx_rec *rec; /* [nch][n] windows, NULL where empty */
+    const bool *has;
+    int n, nch;
+} chunks_arg;
+
+static void run_chunks(void *arg, int lo, int hi, float **s)
+{
+    const chunks_arg *a = arg;
+    for (int i = lo; i < hi; i++)
+        for (int c = 0; c < a->nch; c++)
+            for (int j = 0; j < a->n; j++) {
+                const fx_rec *r = &a->rec[c * a->n + j];
+                if (a->has[c * a->n + j] && i < r->np)
+                    lane_run(r, i, s);
+            }
+}
+
+/* Runs the batch chunk by chunk when it can; false if it cannot. */
+static bool flush_chunked(fx_batch *b)
+{
+    int64_t nmax = 0;
+    for (int j = 0; j < b->n; j++)
+        if (b->rec[j].o[0].n > nmax)
+            nmax = b->rec[j].o[0].n;
+    if (nmax <= FX_COL || !batch_chunkable(b))
+        return false;
+    int nch = (int)((nmax + FX_COL - 1) / FX_COL);
+    /* kept between flushes (kernels are serialised): a fresh malloc of this
+     * size would be a fresh mmap, page faults and all, every flush */
+    static fx_rec *w;
+    static bool *has;
+    static size_t cap;
+    size_t need = (size_t)nch * (size_t)b->n;
+    if (need > cap) {
+        fx_rec *nw = realloc(w, sizeof *w * need);
+        if (!nw)
+            return false;
+        w = nw;
+        bool *nh = realloc(has, need);
+        if (!nh)
+            return false;
+        has = nh;
+        cap = need;
+    }
+    memset(has, 0, need);
+    for (int c = 0; c < nch; c++)
+        for (int j = 0; j < b->n; j++) {
+            const fx_rec *r = &b->rec[j];
+            int64_t c0 = (int64_t)c * FX_COL, n = r->o[0].n;
+            if (c0 >= n)
+                continue;
+            rec_window(r, &w[c * b->n + j], c0, n - c0 < FX_COL ? n - c0 : FX_COL);
+            has[c * b->n + j] = true;
+        }
+    chunks_arg a = {w, has, b->n, nch};
+    run_split(run_chunks, &a, b->maxnp, b->work);
+    return true;
+}
+
+static double rec_work(const fx_rec *r)
+{
+    int64_t n = r->o[0].n;
+    for (int k = 1; k < r->nop; k++)
+        if (r->o[k].n > n)
+            n = r->o[k].n;
+    return (double)r->np * (double)(n + 16);
+}
+
+void nt__sim_fx_flush(nt_sim_kernel *k)
+{
+    (void)k;
+    fx_batch *b = fxb;
+    if (!b || !b->n)
+        return;
+    if (!flush_chunked(b)) {
+        lanes_arg a = {b->rec, b->n};
+        run_split(run_lanes, &a, b->maxnp, b->work);
+    }
+    b->n = 0;
+    b->nrng = 0;
+    b->p0 = -1;
+    b->maxnp = 0;
+    b->work = 0;
+}
+
+static void range_of(const fx_opnd *o, uintptr_t *lo, uintptr_t *hi)
+{
+    int64_t elo, ehi;
+    nt__sim_extent(&o->ap, &elo, &ehi);
+    int64_t plo = 0, phi = (int64_t)(o->ap.np - 1) * o->ap.pstep;
+    if (phi < 0)
+        plo = phi, phi = 0;
+    uintptr_t base = (uintptr_t)o->ap.hbm;
+    *lo = base + (uintptr_t)((o->ap.offset + plo + elo) * o->esz);
+    *hi = base + (uintptr_t)((o->ap.offset + phi + ehi + 1) * o->esz);
+}
+
+static bool same_pattern(const nt_ap *a, const nt_ap *b)
+{
+    if (a->hbm != b->hbm || a->dtype != b->dtype || a->np != b->np || a->pstep != b->pstep ||
+        a->offset != b->offset || a->ndim != b->ndim)
+        return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->num[i] != b->num[i] || a->step[i] != b->step[i])
+            return false;
+    return true;
+}
+
+/* Rows of a written HBM pattern must not overlap each other (lanes may run
+ * on different threads). */
+static bool rows_disjoint(const fx_opnd *o)
+{
+    if (o->ap.np <= 1)
+        return true;
+    int64_t lo, hi;
+    nt__sim_extent(&o->ap, &lo, &hi);
+    int64_t ps = o->ap.pstep < 0 ? -o->ap.pstep : o->ap.pstep;
+    return ps > hi - lo;
+}
+
+/* Two HBM patterns of interleaved rows (same base and row step, rows no
+ * longer than the step) that never touch the same element. */
+static bool rows_interleave(const fx_opnd *a, const fx_opnd *b)
+{
+    const nt_ap *x = &a->ap, *y = &b->ap;
+    if (x->hbm != y->hbm || x->dtype != y->dtype || x->pstep != y->pstep || x->pstep <= 0)
+        return false;
+    int64_t la, ha, lb, hb;
+    nt__sim_extent(x, &la, &ha);
+    nt__sim_extent(y, &lb, &hb);
+    int64_t ps = x->pstep, ea = ha - la + 1, eb = hb - lb + 1;
+    if (ea > ps || eb > ps)
+        return false;
+    int64_t d = ((y->offset + lb) - (x->offset + la)) % ps;
+    if (d < 0)
+        d += ps;
+    return d >= ea && ps - d >= eb;
+}
+
+enum { ADM_OK, ADM_CONFLICT, ADM_NEVER };
+
+/* Can r join batch b without changing any result? */
+static int fx_admit(const fx_batch *b, const fx_rec *r, bool rowlocal)
+{
+    if (!rowlocal)
+        return ADM_NEVER;
+    int p0 = -1;
+    for (int k = 0; k < r->nop; k++) {
+        const nt_ap *ap = &r->o[k].ap;
+        if (!ap->tile)
+            continue;
+        if (p0 < 0)
+            p0 = ap->p0;
+        else if (ap->p0 != p0)
+            return ADM_NEVER; /* moves data across partitions */
+    }
+    /* HBM operands of r itself: a write overlapping another operand */
+    for (int k = 0; k < r->nop; k++) {
+        const fx_opnd *o = &r->o[k];
+        if (o->ap.tile)
+            continue;
+        bool wr = k == 0;
+        if (wr && !rows_disjoint(o))
+            return ADM_NEVER;
+        uintptr_t lo, hi;
+        range_of(o, &lo, &hi);
+        for (int q = 0; q < r->nop; q++) {
+            if (q == k || r->o[q].ap.tile || (!wr && q != 0))
+                continue;
+            uintptr_t l2, h2;
+            range_of(&r->o[q], &l2, &h2);
+            if (lo < h2 && l2 < hi && !same_pattern(&o->ap, &r->o[q].ap))
+                return ADM_NEVER;
+        }
+    }
+    if (b->n == 0)
+        return ADM_OK;
+    if (p0 >= 0 && b->p0 >= 0 && p0 != b->p0)
+        return ADM_CONFLICT;
+    for (int k = 0; k < r->nop; k++) {
+        const fx_opnd *o = &r->o[k];
+        if (o->ap.tile)
+            continue;
+        bool wr = k == 0;
+        uintptr_t lo, hi;
+        range_of(o, &lo, &hi);
+        for (int q = 0; q < b->nrng; q++) {
+            const fx_range *g = &b->rng[q];
+            if (!(wr || g->write) || lo >= g->hi || g->lo >= hi)
+                continue;
+            const fx_opnd *q2 = &b->rec[g->rec].o[g->opnd];
+            if (!same_pattern(&o->ap, &q2->ap) && !rows_interleave(o, q2))
+                return ADM_CONFLICT;
+        }
+    }
+    if (b->nrng + r->nop > FX_MAXRNG)
+        return ADM_CONFLICT;
+    return ADM_OK;
+}
+
+/* Executes (or queues) the functional step of a checked, scheduled
+ * instruction.  rowlocal: lane i touches only partition p0 + i and HBM row
+ * i of its operands. */
+static void fx_submit(nt_sim_kernel *k, const fx_rec *r, bool rowlocal)
+{
+    if (!k->functional)
+        return;
+    fx_config();
+    if (!fxb) {
+        fxb = calloc(1, sizeof *fxb);
+        if (fxb)
+            fxb->p0 = -1;
+    }
+    fx_batch *b = fxb;
+    int adm = b ? fx_admit(b, r, rowlocal) : ADM_NEVER;
+    if (adm == ADM_CONFLICT) {
+        nt__sim_fx_flush(k);
+        adm = fx_admit(b, r, rowlocal);
+    }
+    if (adm != ADM_OK || !fx_defer) {
+        nt__sim_fx_flush(k);
+        lanes_arg a = {r, 1};
+        if (adm == ADM_OK) /* lanes independent: may split over threads */
+            run_split(run_lanes, &a, r->np, rec_work(r));
+        else /* lanes in order, as the engine streams partitions */
+            run_lanes(&a, 0, r->np, nt__sim.scratch);
+        return;
+    }
+    fx_rec *slot = &b->rec[b->n];
+    *slot = *r;
+    for (int q = 0; q < r->nop; q++) {
+        const nt_ap *ap = &r->o[q].ap;
+        if (ap->tile) {
+            if (b->p0 < 0)
+                b->p0 = ap->p0;
+            continue;
+        }
+        fx_range *g = &b->rng[b->nrng++];
+        range_of(&r->o[q], &g->lo, &g->hi);
+        g->rec = b->n;
+        g->opnd = q;
+        g->write = q == 0;
+    }
+    if (r->np > b->maxnp)
+        b->maxnp = r->np;
+    b->work += rec_work(r);
+    b->n++;
+    if (b->n == FX_CAP)
+        nt__sim_fx_flush(k);
+}
+
+int nt_sim_kernel_sync(nt_sim_kernel *k)
+{
+    if (!k)
+        return NT_EINVAL;
+    nt__sim_fx_flush(k);
+    return k->err;
+}
+
+double nt__sim_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static float **scr(void)
+{
+    return nt__sim.scratch;
+}
 /* ------------------------------------------------------------------------ */
 /* dma_copy                                                                 */
 /* ------------------------------------------------------------------------ */
-
-/* Walks an access pattern as contiguous runs. */
-typedef struct cursor {
-    int64_t num[4], step[4], idx[4];
-    uint8_t *row;
-    int64_t esz;
-} cursor;
-
-static void cur_init(cursor *c, const nt_ap *ap, int p)
-{
-    shape4(ap, c->num, c->step);
-    memset(c->idx, 0, sizeof c->idx);
-    c->row = nt__sim_row(ap, p);
-    c->esz = (int64_t)nt__dtype_size(ap->dtype);
-}
-
-static int64_t cur_run(const cursor *c)
-{
-    return c->step[3] == 1 ? c->num[3] - c->idx[3] : 1;
-}
-
-static uint8_t *cur_ptr(const cursor *c)
-{
-    int64_t off = 0;
-    for (int i = 0; i < 4; i++)
-        off += c->idx[i] * c->step[i];
-    return c->row + off * c->esz;
-}
-
-static void cur_adv(cursor *c, int64_t n)
-{
-    c->idx[3] += n;
-    for (int i = 3; i > 0 && c->idx[i] >= c->num[i]; i--) {
-        c->idx[i] = 0;
-        c->idx[i - 1]++;
-    }
-}
 
 /* Contiguous run length (elements) a DMA descriptor can cover. */
 static int64_t run_elems(const nt_ap *ap)
@@ -543,6 +1628,20 @@ static int64_t run_elems(const nt_ap *ap)
     nt__sim_shape s;
     nt__sim_canon(ap, &s);
     return s.step[s.nd - 1] == 1 ? s.num[s.nd - 1] : 1;
+}
+
+/* DMA cost: every descriptor (contiguous run) costs at least the minimum. */
+static double dma_cost(const nt_ap *dst, const nt_ap *src, double bytes)
+{
+    int64_t esz = (int64_t)nt__dtype_size(src->dtype);
+    int64_t F = nt__sim_free_count(src);
+    int64_t run = run_elems(src), rd = run_elems(dst);
+    if (rd < run)
+        run = rd;
+    int64_t mind = nt__sim.cfg.dma_min_descriptor_bytes;
+    if (run * esz < mind)
+        return (double)src->np * (double)((F + run - 1) / run) * (double)mind;
+    return bytes;
 }
 
 int nt_isa_dma_copy(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, int queue)
@@ -565,17 +1664,9 @@ int nt_isa_dma_copy(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, int qu
     int64_t esz = (int64_t)nt__dtype_size(src->dtype);
     int64_t F = nt__sim_free_count(src);
     double bytes = (double)src->np * (double)F * (double)esz;
-    int64_t run = run_elems(src), rd = run_elems(dst);
-    if (rd < run)
-        run = rd;
-    int64_t run_bytes = run * esz;
-    double cost = bytes;
-    int64_t mind = nt__sim.cfg.dma_min_descriptor_bytes;
-    if (run_bytes < mind) /* every descriptor costs at least `mind` bytes */
-        cost = (double)src->np * (double)((F + run - 1) / run) * (double)mind;
-
     nt__sim_instr in = {.name = I, .engine = NT_ENGINE_DMA, .queue = queue, .dma_bytes = bytes,
-                        .dma_cost_bytes = cost, .dma_parts = src->np, .act_table = -1};
+                        .dma_cost_bytes = dma_cost(dst, src, bytes), .dma_parts = src->np,
+                        .act_table = -1};
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
     in.acc[in.nacc++] = (nt__sim_acc){"src", src, false, false};
     if (!src->tile)
@@ -585,26 +1676,82 @@ int nt_isa_dma_copy(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, int qu
     nt__sim_issue(k, &in);
     if (!k->functional)
         return 0;
+    fx_rec r = {.kind = FX_DMA, .np = src->np};
+    add_opnd(&r, dst);
+    add_opnd(&r, src);
+    fx_submit(k, &r, true);
+    return 0;
+}
 
-    for (int p = 0; p < src->np; p++) {
-        cursor a, b;
-        cur_init(&a, src, p);
-        cur_init(&b, dst, p);
-        if (a.step[3] == 1 && b.step[3] == 1 && a.num[3] == F && b.num[3] == F) {
-            memmove(b.row, a.row, (size_t)(F * esz));
-            continue;
-        }
-        for (int64_t left = F; left > 0;) {
-            int64_t n = cur_run(&a), nb = cur_run(&b);
-            if (nb < n)
-                n = nb;
-            if (n > left)
-                n = left;
-            memmove(cur_ptr(&b), cur_ptr(&a), (size_t)(n * esz));
-            cur_adv(&a, n);
-            cur_adv(&b, n);
-            left -= n;
-        }
+static bool idx_dtype_ok(nt_dtype dt)
+{
+    return dt == NT_I32 || dt == NT_U8;
+}
+
+int nt_isa_dma_gather(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, const nt_ap *idx,
+                      int queue)
+{
+    static const char *I = "dma_gather";
+    PROLOGUE(k);
+    TRY(check_ap(k, I, "dst", dst, M_SBUF, -1));
+    TRY(check_ap(k, I, "src", src, M_HBM, -1));
+    TRY(check_ap(k, I, "idx", idx, M_SBUF, -1));
+    if (dst->dtype != src->dtype)
+        return nt__sim_fail(k, I, "dst is %s, src %s (rule: a DMA copies bytes: same dtype)",
+                            dtn(dst->dtype), dtn(src->dtype));
+    if (!idx_dtype_ok(idx->dtype))
+        return nt__sim_fail(k, I, "idx is %s (rule: indices are i32 or u8)", dtn(idx->dtype));
+    if (idx->np != dst->np || nt__sim_free_count(idx) != 1)
+        return nt__sim_fail(k, I, "idx is [%d, %lld] (rule: idx is [%d, 1], one row per partition)",
+                            idx->np, (long long)nt__sim_free_count(idx), dst->np);
+    if (idx->p0 != dst->p0)
+        return nt__sim_fail(k, I, "idx starts at partition %d, dst at %d (rule: the same "
+                                  "partitions)", idx->p0, dst->p0);
+    int64_t F = nt__sim_free_count(dst);
+    if (nt__sim_free_count(src) != F)
+        return nt__sim_fail(k, I, "a src row has %lld elements, a dst row %lld (rule: equal)",
+                            (long long)nt__sim_free_count(src), (long long)F);
+    if (queue < NT_DMA_QUEUE_AUTO || queue >= NT_SIM_DMA_QUEUES)
+        return nt__sim_fail(k, I, "queue %d (rule: queues 0..15 or NT_DMA_QUEUE_AUTO)", queue);
+    if (queue == NT_DMA_QUEUE_AUTO)
+        queue = nt__sim_auto_queue(k);
+    int64_t esz = (int64_t)nt__dtype_size(dst->dtype);
+    double bytes = (double)dst->np * (double)F * (double)esz;
+    /* one row of src per partition: the descriptors are those of a copy of
+     * dst->np rows of the src pattern */
+    nt_ap one = *src;
+    one.np = dst->np;
+    nt__sim_instr in = {.name = I, .engine = NT_ENGINE_DMA, .queue = queue, .dma_bytes = bytes,
+                        .dma_cost_bytes = dma_cost(dst, &one, bytes), .dma_parts = dst->np,
+                        .act_table = -1, .hbm_rd = (uint64_t)bytes};
+    /* the table is read where the data says: not dependency-tracked (a
+     * kernel must not write it before gathering from it) */
+    in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
+    in.acc[in.nacc++] = (nt__sim_acc){"idx", idx, false, false};
+    nt__sim_issue(k, &in);
+    if (!k->functional)
+        return 0;
+    nt__sim_fx_flush(k);
+    fx_opnd d, s, x;
+    opnd_init(&d, dst);
+    opnd_init(&s, src);
+    opnd_init(&x, idx);
+    for (int p = 0; p < dst->np; p++) {
+        int32_t v;
+        ld_i32(&x, p, &v);
+        if (v < 0 || v >= src->np)
+            return nt__sim_fail(k, I,
+                                "index %d at partition %d (rule: indices in [0, %d), the rows "
+                                "of src)",
+                                v, dst->p0 + p, src->np);
+        fx_rec r = {.kind = FX_DMA, .np = 1};
+        r.o[0] = d;
+        r.o[1] = s;
+        r.nop = 2;
+        /* lane p of dst, row v of src */
+        r.o[0].base = lane_row(&d, p);
+        r.o[1].base = lane_row(&s, v);
+        lane_dma(&r, 0, scr());
     }
     return 0;
 }
@@ -620,22 +1767,60 @@ static bool contiguous_row(const nt_ap *ap)
     return s.nd == 1 && s.step[0] == 1;
 }
 
-int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st, const nt_ap *mv,
+/* Widens the K rows of ap into w as a [K, n] f32 matrix. */
+static const float *as_matrix(const nt_ap *ap, float *w, int *ld)
+{
+    fx_opnd o;
+    opnd_init(&o, ap);
+    if (ap->dtype == NT_F32 && o.contig) {
+        *ld = (int)(nt__sim.sbuf_stride / 4);
+        return (const float *)lane_row(&o, 0);
+    }
+    for (int p = 0; p < ap->np; p++) {
+        const float *r = ld_f32(&o, p, w + (int64_t)p * o.n);
+        if (r != w + (int64_t)p * o.n)
+            memcpy(w + (int64_t)p * o.n, r, (size_t)o.n * 4);
+    }
+    *ld = (int)o.n;
+    return w;
+}
+
+typedef struct gemm_arg {
+    int M, N, K;
+    const float *S, *B;
+    int lds, ldb;
+    float *C;
+    int ldc;
+    bool acc;
+} gemm_arg;
+
+/* columns [lo, hi) of the product (core/gemm.h's per-element recurrence
+ * does not depend on N, so any split gives the same bits) */
+static void gemm_cols(void *arg, int lo, int hi, float **s)
+{
+    (void)s;
+    const gemm_arg *g = arg;
+    if (hi > lo)
+        nt__gemm_ktile(g->M, hi - lo, g->K, g->S, g->lds, g->B + lo, g->ldb, g->C + lo, g->ldc,
+                       g->acc);
+}
+
+int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st_, const nt_ap *mv,
                      bool accumulate)
 {
     static const char *I = "nc_matmul";
     PROLOGUE(k);
     TRY(check_ap(k, I, "dst", dst, M_PSUM, NT_ENGINE_TENSOR));
-    TRY(check_ap(k, I, "stationary", st, M_SBUF, NT_ENGINE_TENSOR));
+    TRY(check_ap(k, I, "stationary", st_, M_SBUF, NT_ENGINE_TENSOR));
     TRY(check_ap(k, I, "moving", mv, M_SBUF, NT_ENGINE_TENSOR));
-    if (st->dtype != mv->dtype || !nt__dtype_is_float(st->dtype))
+    if (st_->dtype != mv->dtype || !nt__dtype_is_float(st_->dtype))
         return nt__sim_fail(k, I,
                             "stationary is %s, moving %s (rule: both f32, both bf16 or both f16)",
-                            dtn(st->dtype), dtn(mv->dtype));
+                            dtn(st_->dtype), dtn(mv->dtype));
     if (dst->dtype != NT_F32)
         return nt__sim_fail(k, I, "dst is %s (rule: matmul writes f32 to PSUM)", dtn(dst->dtype));
-    int K = st->np;
-    int64_t M = nt__sim_free_count(st), N = nt__sim_free_count(mv);
+    int K = st_->np;
+    int64_t M = nt__sim_free_count(st_), N = nt__sim_free_count(mv);
     if (mv->np != K)
         return nt__sim_fail(k, I,
                             "stationary has %d partitions, moving %d (rule: both span the K "
@@ -657,7 +1842,7 @@ int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st, const 
         return nt__sim_fail(k, I, "dst free dims are strided (rule: matmul writes contiguous "
                                   "PSUM rows)");
 
-    bool f32 = st->dtype == NT_F32;
+    bool f32 = st_->dtype == NT_F32;
     double cyc = (double)(M < 64 ? M : 64);
     if ((double)N > cyc)
         cyc = (double)N;
@@ -669,44 +1854,24 @@ int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st, const 
                         .act_table = -1};
     in.ideal_ns = flops / (f32 ? c->tensor_peak_flops_f32 : c->tensor_peak_flops_bf16) * 1e9;
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, accumulate};
-    in.acc[in.nacc++] = (nt__sim_acc){"stationary", st, false, false};
+    in.acc[in.nacc++] = (nt__sim_acc){"stationary", st_, false, false};
     in.acc[in.nacc++] = (nt__sim_acc){"moving", mv, false, false};
     nt__sim_issue(k, &in);
     if (!k->functional)
         return 0;
+    nt__sim_fx_flush(k);
 
     /* operands as f32 matrices: SBUF itself when already f32 and contiguous,
      * else widened exactly into scratch */
-    const float *S, *B;
-    int lds, ldb;
-    if (f32 && contiguous_row(st)) {
-        S = (const float *)nt__sim_row(st, 0);
-        lds = (int)(nt__sim.sbuf_stride / 4);
-    } else {
-        float *w = scr()[0];
-        for (int p = 0; p < K; p++) {
-            const float *r = ld_f32(st, p, w + (int64_t)p * M);
-            if (r != w + (int64_t)p * M)
-                memcpy(w + (int64_t)p * M, r, (size_t)M * 4);
-        }
-        S = w;
-        lds = (int)M;
-    }
-    if (f32 && contiguous_row(mv)) {
-        B = (const float *)nt__sim_row(mv, 0);
-        ldb = (int)(nt__sim.sbuf_stride / 4);
-    } else {
-        float *w = scr()[1];
-        for (int p = 0; p < K; p++) {
-            const float *r = ld_f32(mv, p, w + (int64_t)p * N);
-            if (r != w + (int64_t)p * N)
-                memcpy(w + (int64_t)p * N, r, (size_t)N * 4);
-        }
-        B = w;
-        ldb = (int)N;
-    }
-    nt__gemm_ktile((int)M, (int)N, K, S, lds, B, ldb, (float *)nt__sim_row(dst, 0),
-                   (int)(nt__sim.psum_stride / 4), accumulate);
+    gemm_arg g = {.M = (int)M, .N = (int)N, .K = K, .acc = accumulate};
+    g.S = as_matrix(st_, scr()[0], &g.lds);
+    g.B = as_matrix(mv, scr()[1], &g.ldb);
+    g.C = (float *)nt__sim_row(dst, 0);
+    g.ldc = (int)(nt__sim.psum_stride / 4);
+    /* one call: core/gemm.c spreads big calls over its own threads */
+    double t0 = nt__sim_now_ns();
+    gemm_cols(&g, 0, (int)N, NULL);
+    k->gemm_ns += nt__sim_now_ns() - t0;
     return 0;
 }
 
@@ -738,16 +1903,45 @@ int nt_isa_nc_transpose(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src)
     nt__sim_issue(k, &in);
     if (!k->functional)
         return 0;
+    nt__sim_fx_flush(k);
     float *m = scr()[0], *col = scr()[1];
+    fx_opnd s, d;
+    opnd_init(&s, src);
+    opnd_init(&d, dst);
+    if (dst->dtype == src->dtype) {
+        /* same dtype: pure data movement, bit for bit (ints too) */
+        int64_t esz = s.esz;
+        uint8_t *mb = (uint8_t *)m, *cb = (uint8_t *)col;
+        for (int p = 0; p < P; p++)
+            lane_bytes(&s, p, mb + (int64_t)p * F * esz, false);
+        for (int64_t f = 0; f < F; f++) {
+            if (esz == 4) {
+                const uint32_t *m4 = (const uint32_t *)mb;
+                uint32_t *c4 = (uint32_t *)cb;
+                for (int p = 0; p < P; p++)
+                    c4[p] = m4[(int64_t)p * F + f];
+            } else if (esz == 2) {
+                const uint16_t *m2 = (const uint16_t *)mb;
+                uint16_t *c2 = (uint16_t *)cb;
+                for (int p = 0; p < P; p++)
+                    c2[p] = m2[(int64_t)p * F + f];
+            } else {
+                for (int p = 0; p < P; p++)
+                    cb[p] = mb[(int64_t)p * F + f];
+            }
+            lane_bytes(&d, (int)f, cb, true);
+        }
+        return 0;
+    }
     for (int p = 0; p < P; p++) {
-        const float *r = ld_f32(src, p, m + (int64_t)p * F);
+        const float *r = ld_f32(&s, p, m + (int64_t)p * F);
         if (r != m + (int64_t)p * F)
             memcpy(m + (int64_t)p * F, r, (size_t)F * 4);
     }
     for (int64_t f = 0; f < F; f++) {
         for (int p = 0; p < P; p++)
             col[p] = m[(int64_t)p * F + f];
-        round_store(dst, (int)f, col, NULL);
+        st(&d, (int)f, col, NULL);
     }
     return 0;
 }
@@ -785,25 +1979,12 @@ int nt_isa_tensor_tensor(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *a, con
     nt__sim_issue(k, &in);
     if (!k->functional)
         return 0;
-
-    float **s = scr();
-    if (is_int(a->dtype) && is_int(b->dtype) && is_int(dst->dtype) && alu_int_ok(op)) {
-        int32_t *x = (int32_t *)s[0], *y = (int32_t *)s[1], *o = (int32_t *)s[2];
-        for (int p = 0; p < dst->np; p++) {
-            ld_i32(a, p, x);
-            ld_i32(b, p, y);
-            for (int64_t i = 0; i < N; i++)
-                o[i] = alui1(op, x[i], y[i]);
-            round_store(dst, p, NULL, o);
-        }
-        return 0;
-    }
-    for (int p = 0; p < dst->np; p++) {
-        const float *x = ld_f32(a, p, s[0]);
-        const float *y = ld_f32(b, p, s[1]);
-        alu_vv(op, s[2], x, y, N);
-        round_store(dst, p, s[2], NULL);
-    }
+    fx_rec r = {.kind = FX_TT, .np = dst->np, .op = {op, NT_ALU_BYPASS}};
+    r.ints = is_int(a->dtype) && is_int(b->dtype) && is_int(dst->dtype) && alu_int_ok(op);
+    add_opnd(&r, dst);
+    add_opnd(&r, a);
+    add_opnd(&r, b);
+    fx_submit(k, &r, true);
     return 0;
 }
 
@@ -815,6 +1996,15 @@ static bool imm_int(const nt_isa_alu *o)
         return is_int(o->operand.ap->dtype);
     float v = o->operand.imm;
     return v == truncf(v) && fabsf(v) < 2147483648.0f;
+}
+
+/* Copies a scalar operand into r (operand slot or immediate). */
+static void set_scalar(fx_rec *r, int k, const nt_isa_scalar *s)
+{
+    if (s && s->ap)
+        r->sc[k] = add_opnd(r, s->ap);
+    else
+        r->imm[k] = s ? s->imm : 0.0f;
 }
 
 int nt_isa_tensor_scalar(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
@@ -847,85 +2037,22 @@ int nt_isa_tensor_scalar(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
     nt__sim_issue(k, &in);
     if (!k->functional)
         return 0;
-
-    float **s = scr();
-    float tmp[4];
-    if (is_int(src->dtype) && is_int(dst->dtype) && alu_int_ok(op0->op) && imm_int(op0) &&
-        (!op1 || (alu_int_ok(op1->op) && imm_int(op1)))) {
-        int32_t *x = (int32_t *)s[0];
-        for (int p = 0; p < dst->np; p++) {
-            ld_i32(src, p, x);
-            const nt_isa_alu *ops[2] = {op0, op1};
-            for (int j = 0; j < 2 && ops[j]; j++) {
-                int32_t sv;
-                if (ops[j]->operand.ap)
-                    ld_i32(ops[j]->operand.ap, p, &sv);
-                else
-                    sv = (int32_t)ops[j]->operand.imm;
-                nt_alu_op op = ops[j]->op;
-                if (ops[j]->reverse)
-                    for (int64_t i = 0; i < N; i++)
-                        x[i] = alui1(op, sv, x[i]);
-                else
-                    for (int64_t i = 0; i < N; i++)
-                        x[i] = alui1(op, x[i], sv);
-            }
-            round_store(dst, p, NULL, x);
-        }
-        return 0;
+    fx_rec r = {.kind = FX_TS, .np = dst->np};
+    r.ints = is_int(src->dtype) && is_int(dst->dtype) && alu_int_ok(op0->op) && imm_int(op0) &&
+             (!op1 || (alu_int_ok(op1->op) && imm_int(op1)));
+    add_opnd(&r, dst);
+    add_opnd(&r, src);
+    r.op[0] = op0->op;
+    r.rev[0] = op0->reverse;
+    set_scalar(&r, 0, &op0->operand);
+    if (op1) {
+        r.has_op1 = true;
+        r.op[1] = op1->op;
+        r.rev[1] = op1->reverse;
+        set_scalar(&r, 1, &op1->operand);
     }
-    for (int p = 0; p < dst->np; p++) {
-        const float *x = ld_f32(src, p, s[0]);
-        alu_vs(op0->op, s[1], x, scalar_at(&op0->operand, p, tmp), op0->reverse, N);
-        if (op1)
-            alu_vs(op1->op, s[1], s[1], scalar_at(&op1->operand, p, tmp), op1->reverse, N);
-        round_store(dst, p, s[1], NULL);
-    }
+    fx_submit(k, &r, true);
     return 0;
-}
-
-/* canonical-order reduction of one run (core/reduce.h): a run of at most
- * NT_RED_BLOCK is one block; longer runs add the block partials in order */
-static float reduce_run(nt_alu_op op, const float *x, int64_t n)
-{
-    if (op == NT_ALU_MAX)
-        return n <= NT_RED_BLOCK ? nt__red_block_max_f32(x, n, 1) : nt__red_max_f32(x, n, 1);
-    return n <= NT_RED_BLOCK ? nt__red_block_sum_f32(x, n, 1) : nt__red_sum_f32(x, n, 1);
-}
-
-/* ScalarE function tables: -1 = needs none; a change costs a table load. */
-static int act_table_of(nt_act_func f)
-{
-    switch (f) {
-    case NT_ACT_IDENTITY:
-    case NT_ACT_RELU:
-    case NT_ACT_ABS:
-    case NT_ACT_NEG:
-    case NT_ACT_SQUARE: return -1;
-    default: return (int)f;
-    }
-}
-
-static void act_apply(nt_act_func f, float *y, const float *x, int64_t n)
-{
-#define ACT_LOOP(F) for (int64_t i = 0; i < n; i++) y[i] = F(x[i]); break;
-    switch (f) {
-    case NT_ACT_IDENTITY: if (y != x) memcpy(y, x, (size_t)n * 4); break;
-    case NT_ACT_EXP: ACT_LOOP(nt__ew_exp)
-    case NT_ACT_LOG: ACT_LOOP(nt__ew_log)
-    case NT_ACT_SQRT: ACT_LOOP(nt__ew_sqrt)
-    case NT_ACT_RSQRT: ACT_LOOP(nt__ew_rsqrt)
-    case NT_ACT_TANH: ACT_LOOP(nt__ew_tanh)
-    case NT_ACT_SIGMOID: ACT_LOOP(nt__ew_sigmoid)
-    case NT_ACT_GELU: ACT_LOOP(nt__ew_gelu)
-    case NT_ACT_SILU: ACT_LOOP(nt__ew_silu)
-    case NT_ACT_RELU: ACT_LOOP(nt__ew_relu)
-    case NT_ACT_ABS: ACT_LOOP(nt__ew_abs)
-    case NT_ACT_NEG: ACT_LOOP(nt__ew_neg)
-    case NT_ACT_SQUARE: for (int64_t i = 0; i < n; i++) y[i] = nt__ew_mul(x[i], x[i]); break;
-    default: break;
-    }
-#undef ACT_LOOP
 }
 
 int nt_isa_activation(nt_sim_kernel *k, const nt_ap *dst, nt_act_func func, const nt_ap *src,
@@ -963,32 +2090,16 @@ int nt_isa_activation(nt_sim_kernel *k, const nt_ap *dst, nt_act_func func, cons
     nt__sim_issue(k, &in);
     if (!k->functional)
         return 0;
-
-    float **s = scr();
-    float tmp[4];
-    for (int p = 0; p < dst->np; p++) {
-        const float *x = ld_f32(src, p, s[0]);
-        /* absent scale/bias are skipped, not applied as *1 and +0: x*1+0
-         * would turn -0 into +0 */
-        if (scale) {
-            float sc = scalar_at(scale, p, tmp);
-            for (int64_t i = 0; i < N; i++)
-                s[1][i] = nt__ew_mul(x[i], sc);
-            x = s[1];
-        }
-        if (bias) {
-            float bi = scalar_at(bias, p, tmp);
-            for (int64_t i = 0; i < N; i++)
-                s[1][i] = nt__ew_add(x[i], bi);
-            x = s[1];
-        }
-        act_apply(func, s[2], x, N);
-        round_store(dst, p, s[2], NULL);
-        if (reduce_dst) {
-            float r = reduce_run(NT_ALU_ADD, s[2], N);
-            round_store(reduce_dst, p, &r, NULL);
-        }
-    }
+    fx_rec r = {.kind = FX_ACT, .np = dst->np, .func = func};
+    add_opnd(&r, dst);
+    add_opnd(&r, src);
+    r.has_scale = scale != NULL;
+    r.has_bias = bias != NULL;
+    set_scalar(&r, 0, scale);
+    set_scalar(&r, 1, bias);
+    if (reduce_dst)
+        r.red = add_opnd(&r, reduce_dst);
+    fx_submit(k, &r, true);
     return 0;
 }
 
@@ -1028,32 +2139,12 @@ int nt_isa_tensor_reduce(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, n
     nt__sim_issue(k, &in);
     if (!k->functional)
         return 0;
-
-    float **s = scr();
-    if (is_int(src->dtype) && is_int(dst->dtype)) {
-        int32_t *x = (int32_t *)s[0], *o = (int32_t *)s[1];
-        for (int p = 0; p < dst->np; p++) {
-            ld_i32(src, p, x);
-            for (int64_t j = 0; j < outer; j++) {
-                if (op == NT_ALU_ADD) {
-                    o[j] = nt__red_sum_i32(x + j * inner, inner, 1);
-                } else {
-                    int32_t m = x[j * inner];
-                    for (int64_t i = 1; i < inner; i++)
-                        m = nt__ewi_maximum(m, x[j * inner + i]);
-                    o[j] = m;
-                }
-            }
-            round_store(dst, p, NULL, o);
-        }
-        return 0;
-    }
-    for (int p = 0; p < dst->np; p++) {
-        const float *x = ld_f32(src, p, s[0]);
-        for (int64_t j = 0; j < outer; j++)
-            s[1][j] = reduce_run(op, x + j * inner, inner);
-        round_store(dst, p, s[1], NULL);
-    }
+    fx_rec r = {.kind = FX_RED, .np = dst->np, .op = {op, NT_ALU_BYPASS}, .outer = outer,
+                .inner = inner};
+    r.ints = is_int(src->dtype) && is_int(dst->dtype);
+    add_opnd(&r, dst);
+    add_opnd(&r, src);
+    fx_submit(k, &r, true);
     return 0;
 }
 
@@ -1075,22 +2166,10 @@ int nt_isa_tensor_copy(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, nt_
     nt__sim_issue(k, &in);
     if (!k->functional)
         return 0;
-    float **s = scr();
-    for (int p = 0; p < dst->np; p++) {
-        if (is_int(src->dtype)) {
-            /* exact integers: ints wrap into u8, floats round once */
-            ld_i32(src, p, (int32_t *)s[0]);
-            round_store(dst, p, NULL, (const int32_t *)s[0]);
-        } else {
-            const float *x = ld_f32(src, p, s[0]);
-            if (x != s[0] && src->tile == dst->tile) {
-                /* src may overlap dst in another dtype: read it all first */
-                memcpy(s[0], x, (size_t)N * 4);
-                x = s[0];
-            }
-            round_store(dst, p, x, NULL);
-        }
-    }
+    fx_rec r = {.kind = FX_COPY, .np = dst->np, .ints = is_int(src->dtype)};
+    add_opnd(&r, dst);
+    add_opnd(&r, src);
+    fx_submit(k, &r, true);
     return 0;
 }
 
@@ -1108,43 +2187,10 @@ int nt_isa_memset(nt_sim_kernel *k, const nt_ap *dst, double value, nt_engine en
     nt__sim_issue(k, &in);
     if (!k->functional)
         return 0;
-    float **s = scr();
-    if (is_int(dst->dtype)) {
-        int32_t *v = (int32_t *)s[0], x = nt__f64_to_i32(value);
-        for (int64_t i = 0; i < N; i++)
-            v[i] = x;
-        for (int p = 0; p < dst->np; p++)
-            round_store(dst, p, NULL, v);
-    } else {
-        float x = (float)value;
-        for (int64_t i = 0; i < N; i++)
-            s[0][i] = x;
-        for (int p = 0; p < dst->np; p++)
-            round_store(dst, p, s[0], NULL);
-    }
+    fx_rec r = {.kind = FX_MEMSET, .np = dst->np, .ints = is_int(dst->dtype), .value = value};
+    add_opnd(&r, dst);
+    fx_submit(k, &r, true);
     return 0;
-}
-
-/* Affine values of partition p in row-major order of ap's own free dims. */
-static void affine_row(const nt_ap *ap, const nt_isa_affine *x, int p, int32_t *o)
-{
-    int64_t num[4] = {1, 1, 1, 1};
-    uint32_t st[4] = {0, 0, 0, 0};
-    int pad = 4 - ap->ndim;
-    for (int i = 0; i < ap->ndim; i++) {
-        num[pad + i] = ap->num[i];
-        st[pad + i] = (uint32_t)x->step[i];
-    }
-    /* 32-bit wrapping integer math, as on the engine */
-    uint32_t base = (uint32_t)x->offset + (uint32_t)x->channel_multiplier * (uint32_t)p;
-    int64_t n = 0;
-    for (int64_t a = 0; a < num[0]; a++)
-        for (int64_t b = 0; b < num[1]; b++)
-            for (int64_t c = 0; c < num[2]; c++) {
-                uint32_t v = base + (uint32_t)a * st[0] + (uint32_t)b * st[1] + (uint32_t)c * st[2];
-                for (int64_t d = 0; d < num[3]; d++)
-                    o[n++] = (int32_t)(v + (uint32_t)d * st[3]);
-            }
 }
 
 int nt_isa_iota(nt_sim_kernel *k, const nt_ap *dst, const nt_isa_affine *expr)
@@ -1161,11 +2207,9 @@ int nt_isa_iota(nt_sim_kernel *k, const nt_ap *dst, const nt_isa_affine *expr)
     nt__sim_issue(k, &in);
     if (!k->functional)
         return 0;
-    int32_t *v = (int32_t *)scr()[0];
-    for (int p = 0; p < dst->np; p++) {
-        affine_row(dst, expr, p, v);
-        round_store(dst, p, NULL, v);
-    }
+    fx_rec r = {.kind = FX_IOTA, .np = dst->np, .aff = *expr};
+    add_opnd(&r, dst);
+    fx_submit(k, &r, true);
     return 0;
 }
 
@@ -1189,14 +2233,133 @@ int nt_isa_affine_select(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *on_tru
     nt__sim_issue(k, &in);
     if (!k->functional)
         return 0;
-    float **s = scr();
-    int32_t *v = (int32_t *)s[1];
-    for (int p = 0; p < dst->np; p++) {
-        const float *x = ld_f32(on_true, p, s[0]);
-        affine_row(dst, pred, p, v);
-        for (int64_t i = 0; i < N; i++)
-            s[2][i] = alui1(cmp, v[i], 0) ? x[i] : on_false;
-        round_store(dst, p, s[2], NULL);
+    fx_rec r = {.kind = FX_ASEL, .np = dst->np, .aff = *pred, .cmp = cmp, .on_false = on_false};
+    add_opnd(&r, dst);
+    add_opnd(&r, on_true);
+    fx_submit(k, &r, true);
+    return 0;
+}
+
+int nt_isa_select(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *pred, const nt_ap *on_true,
+                  const nt_ap *on_false, nt_engine engine)
+{
+    static const char *I = "select";
+    PROLOGUE(k);
+    int e = pick_engine(k, I, engine, NT_ENGINE_VECTOR, ENG(VECTOR) | ENG(GPSIMD));
+    if (e < 0)
+        return k->err;
+    TRY(check_ap(k, I, "dst", dst, M_SBUF | M_PSUM, e));
+    TRY(check_ap(k, I, "pred", pred, M_SBUF | M_PSUM, e));
+    TRY(check_ap(k, I, "on_true", on_true, M_SBUF | M_PSUM, e));
+    TRY(check_ap(k, I, "on_false", on_false, M_SBUF | M_PSUM, e));
+    TRY(check_same(k, I, "dst", dst, "pred", pred));
+    TRY(check_same(k, I, "dst", dst, "on_true", on_true));
+    TRY(check_same(k, I, "dst", dst, "on_false", on_false));
+    int64_t N = nt__sim_free_count(dst);
+    nt__sim_instr in = {.name = I, .engine = e, .cycles = 2.0 * N, .act_table = -1};
+    in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
+    in.acc[in.nacc++] = (nt__sim_acc){"pred", pred, false, false};
+    in.acc[in.nacc++] = (nt__sim_acc){"on_true", on_true, false, false};
+    in.acc[in.nacc++] = (nt__sim_acc){"on_false", on_false, false, false};
+    nt__sim_issue(k, &in);
+    if (!k->functional)
+        return 0;
+    fx_rec r = {.kind = FX_SEL, .np = dst->np};
+    r.ints = is_int(dst->dtype) && is_int(on_true->dtype) && is_int(on_false->dtype);
+    add_opnd(&r, dst);
+    add_opnd(&r, pred);
+    add_opnd(&r, on_true);
+    add_opnd(&r, on_false);
+    fx_submit(k, &r, true);
+    return 0;
+}
+
+int nt_isa_tensor_tensor_scan(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *data0,
+                              const nt_ap *data1, const nt_isa_scalar *initial, nt_alu_op op0,
+                              nt_alu_op op1)
+{
+    static const char *I = "tensor_tensor_scan";
+    PROLOGUE(k);
+    int e = NT_ENGINE_VECTOR;
+    if ((unsigned)op0 >= NT_ALU_COUNT || (unsigned)op1 >= NT_ALU_COUNT)
+        return nt__sim_fail(k, I, "bad ALU op (rule: one of nt_alu_op)");
+    TRY(check_ap(k, I, "dst", dst, M_SBUF | M_PSUM, e));
+    TRY(check_ap(k, I, "data0", data0, M_SBUF | M_PSUM, e));
+    TRY(check_ap(k, I, "data1", data1, M_SBUF | M_PSUM, e));
+    TRY(check_same(k, I, "dst", dst, "data0", data0));
+    TRY(check_same(k, I, "dst", dst, "data1", data1));
+    TRY(check_scalar(k, I, "initial", initial, dst, e));
+    int64_t N = nt__sim_free_count(dst);
+    nt__sim_instr in = {.name = I, .engine = e, .cycles = 2.0 * N, .act_table = -1};
+    in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
+    in.acc[in.nacc++] = (nt__sim_acc){"data0", data0, false, false};
+    in.acc[in.nacc++] = (nt__sim_acc){"data1", data1, false, false};
+    if (initial && initial->ap)
+        in.acc[in.nacc++] = (nt__sim_acc){"initial", initial->ap, false, false};
+    nt__sim_issue(k, &in);
+    if (!k->functional)
+        return 0;
+    fx_rec r = {.kind = FX_SCAN, .np = dst->np, .op = {op0, op1}};
+    add_opnd(&r, dst);
+    add_opnd(&r, data0);
+    add_opnd(&r, data1);
+    set_scalar(&r, 0, initial);
+    fx_submit(k, &r, true);
+    return 0;
+}
+
+int nt_isa_gpsimd_custom(nt_sim_kernel *k, const char *name, const nt_ap *dst,
+                         const nt_ap *const *src, int nsrc, double cycles_per_elem,
+                         nt_gpsimd_fn fn, void *ctx)
+{
+    static const char *I = "gpsimd_custom";
+    PROLOGUE(k);
+    if (!fn)
+        return nt__sim_fail(k, I, "fn is missing");
+    if (nsrc < 0 || nsrc > 4 || (nsrc > 0 && !src))
+        return nt__sim_fail(k, I, "%d sources (rule: 0 to 4)", nsrc);
+    if (!dst && nsrc == 0)
+        return nt__sim_fail(k, I, "no operands (rule: a dst or at least one src)");
+    const nt_ap *all[5] = {0};
+    int n = 0;
+    if (dst)
+        all[n++] = dst;
+    for (int i = 0; i < nsrc; i++)
+        all[n++] = src[i];
+    for (int i = 0; i < n; i++) {
+        const char *role = dst && i == 0 ? "dst" : "src";
+        TRY(check_ap(k, I, role, all[i], M_SBUF, NT_ENGINE_GPSIMD));
+        if (!contiguous_row(all[i]))
+            return nt__sim_fail(k, I, "operand '%s' is strided (rule: custom operands are "
+                                      "contiguous [np, n] patterns)", role);
+    }
+    int64_t N = nt__sim_free_count(all[0]);
+    nt__sim_instr in = {.name = I, .engine = NT_ENGINE_GPSIMD,
+                        .cycles = 150.0 + cycles_per_elem * (double)N,
+                        .act_table = -1};
+    for (int i = 0; i < n && in.nacc < NT__SIM_MAX_ACC; i++)
+        in.acc[in.nacc++] = (nt__sim_acc){dst && i == 0 ? "dst" : "src", all[i],
+                                          dst && i == 0, false};
+    nt__sim_issue(k, &in);
+    if (!k->functional)
+        return 0;
+    nt__sim_fx_flush(k);
+    nt_gpsimd_operand ops[5];
+    for (int i = 0; i < n; i++) {
+        ops[i].data = nt__sim_row(all[i], 0);
+        ops[i].pstride = nt__sim_pstride(all[i]);
+        ops[i].dtype = all[i]->dtype;
+        ops[i].np = all[i]->np;
+        ops[i].n = nt__sim_free_count(all[i]);
+    }
+    char msg[256] = "";
+    int rc = fn(dst ? &ops[0] : NULL, dst ? ops + 1 : ops, nsrc, ctx, msg, sizeof msg);
+    if (rc) {
+        if (rc > 0)
+            rc = NT_EEXEC;
+        nt__sim_fail(k, I, "'%s': %s", name ? name : "?", msg[0] ? msg : "failed");
+        k->err = rc;
+        return rc;
     }
     return 0;
 }

@@ -104,6 +104,8 @@ struct nt_sim_kernel {
     size_t nbucket;
     nt_sim_instr_info last;
     bool has_last;
+    double host_t0;    /* wall clock at begin (ns) */
+    double gemm_ns;    /* wall time of the functional GEMMs */
 };
 
 /* The one simulated core. */
@@ -129,6 +131,15 @@ void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in);
 int nt__sim_free_banks(const nt_sim_kernel *k);
 /* Round-robin DMA queue of k. */
 int nt__sim_auto_queue(nt_sim_kernel *k);
+
+/* Functional execution (isa.c).  Row-local instructions are queued and run
+ * partition-major when the kernel flushes (before an instruction that is not
+ * row-local, at nt_sim_kernel_sync and nt_sim_kernel_end): see docs/sim.md. */
+void nt__sim_fx_flush(nt_sim_kernel *k);
+/* Stops the functional helper thread (nt_sim_shutdown). */
+void nt__sim_fx_shutdown(void);
+/* Wall clock in ns (CLOCK_MONOTONIC). */
+double nt__sim_now_ns(void);
 
 /* Host address of partition p's first element of ap (HBM or on chip). */
 uint8_t *nt__sim_row(const nt_ap *ap, int p);

@@ -144,6 +144,16 @@ static int zero_fill(mm *p)
         for (int64_t nt = 0; nt < p->nn; nt++) {
             int64_t m0 = mt * TM, n0 = nt * TN;
             int64_t mw = min64(TM, a->M - m0), nw = min64(TN, a->N - n0);
+            if (a->epilogue) {
+                /* the epilogue evacuates a zeroed accumulator */
+                nt_ap z = sl(p->acc[0], (int)mw, 0, nw);
+                int rc = nt_isa_memset(p->k, &z, 0.0, NT_ENGINE_VECTOR);
+                if (!rc)
+                    rc = a->epilogue(p->k, &z, m0, n0, a->epilogue_ctx);
+                if (rc)
+                    return rc;
+                continue;
+            }
             nt_tile *o = p->oring;
             int64_t oo = (p->onext++ % p->NO) * TN;
             nt_ap d = sl(o, (int)mw, oo, nw);
@@ -207,6 +217,12 @@ static int run(mm *p)
                 int64_t r0 = m0 + (int64_t)bm * TM, mw = min64(TM, a->M - r0);
                 int64_t oo = (p->onext++ % p->NO) * TN;
                 nt_ap src = sl(p->acc[bm], (int)mw, 0, nw);
+                if (a->epilogue) {
+                    int rc = a->epilogue(p->k, &src, r0, n0, a->epilogue_ctx);
+                    if (rc)
+                        return rc;
+                    continue;
+                }
                 nt_ap o = sl(p->oring, (int)mw, oo, nw);
                 /* ScalarE evacuates PSUM (faster clock than VectorE) */
                 int rc = nt_isa_tensor_copy(p->k, &o, &src, NT_ENGINE_SCALAR);
@@ -239,9 +255,10 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
                             (int)a->in_dtype, (int)a->out_dtype);
     if (a->M == 0 || a->N == 0)
         return 0;
-    if (!a->c || (a->K > 0 && (!a->a || !a->b)))
+    if ((!a->c && !a->epilogue) || (a->K > 0 && (!a->a || !a->b)))
         return nt__sim_fail(k, I, "NULL matrix pointer");
-    if (a->ldc < a->N || (a->K > 0 && (a->ldb < a->N || a->lda < (a->a_trans ? a->M : a->K))))
+    if ((!a->epilogue && a->ldc < a->N) ||
+        (a->K > 0 && (a->ldb < a->N || a->lda < (a->a_trans ? a->M : a->K))))
         return nt__sim_fail(k, I,
                             "row strides lda=%lld ldb=%lld ldc=%lld too small for M=%lld "
                             "N=%lld K=%lld",
@@ -259,7 +276,7 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
     p.nn = (a->N + TN - 1) / TN;
 
     /* PSUM: one bank per M-tile of a block, plus one for transposes */
-    int banks = nt__sim_free_banks(k) - (a->a_trans ? 0 : 1);
+    int banks = nt__sim_free_banks(k) - (a->a_trans || a->K == 0 ? 0 : 1);
     int bm_max = (int)min64(banks, p.nm);
     if (bm_max > NT_SIM_PSUM_BANKS)
         bm_max = NT_SIM_PSUM_BANKS;
@@ -296,6 +313,8 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
 
     int rc = 0;
     p.oring = nt_tile_alloc(k, "mm.out", NT_MEM_SBUF, a->out_dtype, TM, (int64_t)p.NO * TN);
+    if (a->K == 0 && a->epilogue)
+        p.acc[0] = nt_tile_alloc(k, "mm.acc", NT_MEM_PSUM, NT_F32, TM, TN);
     if (a->K > 0) {
         p.bring = nt_tile_alloc(k, "mm.B", NT_MEM_SBUF, a->in_dtype, TK, (int64_t)NB * TN);
         p.panel = nt_tile_alloc(k, "mm.At", NT_MEM_SBUF, a->in_dtype, TK,

@@ -489,6 +489,9 @@ static void test_activation(void **state)
     }
 }
 
+static float gelu_dx(float x) { return nt__ew_gelu_bwd(1.0f, x); }
+static float silu_dx(float x) { return nt__ew_silu_bwd(1.0f, x); }
+
 static void test_activation_funcs(void **state)
 {
     (void)state;
@@ -502,6 +505,7 @@ static void test_activation_funcs(void **state)
         [NT_ACT_RSQRT] = nt__ew_rsqrt,   [NT_ACT_TANH] = nt__ew_tanh, [NT_ACT_SIGMOID] = nt__ew_sigmoid,
         [NT_ACT_GELU] = nt__ew_gelu,     [NT_ACT_SILU] = nt__ew_silu, [NT_ACT_RELU] = nt__ew_relu,
         [NT_ACT_ABS] = nt__ew_abs,       [NT_ACT_NEG] = nt__ew_neg,
+        [NT_ACT_GELU_DX] = gelu_dx,      [NT_ACT_SILU_DX] = silu_dx,
     };
     for (int f = 0; f < NT_ACT_COUNT; f++) {
         nt_sim_kernel *k = begin("act_funcs");

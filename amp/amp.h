@@ -1,0 +1,37 @@
+/* amp/amp.h - mixed precision: what the rest of the library calls.
+ *
+ * autocast.c  the per-thread region stack and the dispatcher hook
+ *             (nt__amp_on_call) that applies the per-op policy;
+ * scaler.c    the dynamic loss scaler (nt_grad_scaler).
+ * Stochastic rounding lives in core/dtype.h (the conversions and the random
+ * bits, shared by every kernel) and dispatcher/api_ew.c (the flag on a
+ * CAST record).  docs/amp.md describes all three. */
+#ifndef NT_AMP_AMP_H
+#define NT_AMP_AMP_H
+
+#include "dispatch.h"
+
+/* Turns autocast off on the calling thread until the matching resume:
+ * the library's own helpers (the scaler's checks) run at their own
+ * precision inside a user's region.  Nestable. */
+void nt__amp_suspend(void);
+void nt__amp_resume(void);
+/* The autocast dtype that applies to the calling thread's next op (none
+ * while suspended or inside nt_backward), or NT_DTYPE_COUNT. */
+nt_dtype nt__amp_active(void);
+
+/* The loss scaler's state as the checkpoint stores it (record kind 4). */
+typedef struct nt__scaler_state {
+    double scale, growth_factor, backoff_factor;
+    int64_t growth_interval, growth_tracker, skipped_steps;
+} nt__scaler_state;
+
+/* Checks s (NT_EINVAL with a message naming fn if it is not a live scaler). */
+bool nt__scaler_ok(nt_grad_scaler *s, const char *fn);
+void nt__scaler_get_state(nt_grad_scaler *s, nt__scaler_state *out);
+/* Returns false (with the reason in why) if st is not a valid state. */
+bool nt__scaler_state_valid(const nt__scaler_state *st, char *why, size_t whylen);
+/* Installs a valid state; a pending step's overflow flag is dropped. */
+void nt__scaler_set_state(nt_grad_scaler *s, const nt__scaler_state *st);
+
+#endif

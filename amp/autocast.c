@@ -1,0 +1,198 @@
+/* amp/autocast.c - autocast regions and the per-op precision policy.
+ *
+ * A region is an entry on a per-thread stack; the dispatcher calls
+ * nt__amp_on_call at the end of nt__call_begin (arguments checked, shape
+ * rule not yet run) for every op.  Outside a region that is one thread-local
+ * load.  Inside one, the policy below may replace inputs by casts: ordinary
+ * CAST ops through nt__copy_to, so they are queued, fused and recorded for
+ * autograd like any op, and gradients flow back through them to f32 leaves
+ * in f32.  The casts are temporaries of the call (c->tmp), released when the
+ * call ends; the queued op and autograd hold their own references.
+ *
+ * The policy (docs/amp.md has the table), after PyTorch's autocast lists:
+ *   low   matmul (and so linear, with its bias add: nt_linear casts the
+ *         bias before the matmul, so the cast does not split the matmul's
+ *         epilogue kernel): floating inputs are cast to the region's dtype;
+ *         the product accumulates in f32 anyway (core/gemm.h) and is
+ *         rounded once to the low dtype;
+ *   f32   sum, mean, softmax, log_softmax, layer_norm, rms_norm, exp, log,
+ *         rsqrt, pow_scalar, cross_entropy, mse_loss: bf16/f16 inputs are
+ *         cast up to f32;
+ *   keep  everything else runs in its inputs' dtype; binary ops, where and
+ *         comparisons promote to the widest input as always.
+ * Backward ops (issued inside nt_backward) are never autocast: their dtypes
+ * follow the forward's, as in PyTorch.
+ *
+ * Casts of the same leaf are not cached across ops of a region (PyTorch
+ * caches them): nt_backward marks every node of the graph it ran as freed,
+ * so a cached cast reused after a backward inside the same region would
+ * make the next backward fail; and a parameter is read once per forward
+ * pass in the usual models.  The casts are cheap elementwise ops that fuse
+ * into their neighbours' kernels. */
+#include "amp/amp.h"
+
+#include <string.h>
+
+#define NT_AMP_MAX_DEPTH 64
+
+static _Thread_local int tls_depth NT_TLS_HOT;
+static _Thread_local int tls_suspended NT_TLS_HOT;
+static _Thread_local uint8_t tls_stack[NT_AMP_MAX_DEPTH];
+
+typedef enum { POL_KEEP = 0, POL_LOW, POL_F32 } policy;
+
+static policy policy_of(int op)
+{
+    switch (op) {
+    case NT_OP_MATMUL:
+        return POL_LOW;
+    case NT_OP_SUM:
+    case NT_OP_MEAN:
+    case NT_OP_SOFTMAX:
+    case NT_OP_LOG_SOFTMAX:
+    case NT_OP_LAYER_NORM:
+    case NT_OP_RMS_NORM:
+    case NT_OP_EXP:
+    case NT_OP_LOG:
+    case NT_OP_RSQRT:
+    case NT_OP_POW_SCALAR:
+    case NT_OP_CROSS_ENTROPY:
+    case NT_OP_MSE_LOSS:
+        return POL_F32;
+    default:
+        return POL_KEEP;
+    }
+}
+
+/* If t is a permutation of a dense block (a transpose, say: every element
+ * once, no gaps), sets perm so that permuting t by it gives that block in
+ * memory order, and returns true. */
+static bool dense_permutation(const nt_tensor *t, int *perm)
+{
+    int nd = t->ndim;
+    for (int i = 0; i < nd; i++)
+        perm[i] = i;
+    /* dims by decreasing stride (insertion sort: at most 8) */
+    for (int i = 1; i < nd; i++)
+        for (int j = i; j > 0 && t->stride[perm[j]] > t->stride[perm[j - 1]]; j--) {
+            int x = perm[j];
+            perm[j] = perm[j - 1];
+            perm[j - 1] = x;
+        }
+    int64_t want = 1;
+    for (int i = nd - 1; i >= 0; i--) {
+        if (t->shape[perm[i]] != 1 && t->stride[perm[i]] != want)
+            return false;
+        want *= t->shape[perm[i]];
+    }
+    return true;
+}
+
+/* Replaces input i of c by its cast to dt (a temporary of the call).  A
+ * transposed (permuted) input -- linear's w^T -- is cast in its memory
+ * order and permuted back: the cast then reads and writes contiguous
+ * memory, and the op sees the layout it would have seen in f32. */
+static int cast_input(nt__call *c, int i, nt_dtype dt)
+{
+    nt_tensor *in = c->in[i], *t;
+    int perm[NT_MAX_DIMS], inv[NT_MAX_DIMS];
+    tls_suspended++; /* the casts are never autocast themselves */
+    if (!nt__is_contig(in) && dense_permutation(in, perm)) {
+        for (int k = 0; k < in->ndim; k++)
+            inv[perm[k]] = k;
+        nt_tensor *mem = nt_permute_at(c->site, in, perm);
+        nt_tensor *cast = mem ? nt__copy_to(c->site, c->fn, nt_keep(mem), dt) : NULL;
+        t = cast ? nt_permute_at(c->site, nt_keep(cast), inv) : NULL;
+        if (mem)
+            nt_release(mem);
+        if (cast)
+            nt_release(cast);
+    } else {
+        t = nt__copy_to(c->site, c->fn, in, dt);
+    }
+    tls_suspended--;
+    if (!t)
+        return nt_last_error();
+    nt_keep(t); /* out of any open scope: the call owns it */
+    c->tmp[i] = t;
+    c->in[i] = t;
+    return 0;
+}
+
+static int on_call(nt__call *c)
+{
+    if (!tls_depth)
+        return 0;
+    if (tls_suspended || c->bwd_of)
+        return 0;
+    nt_dtype low = (nt_dtype)tls_stack[tls_depth - 1];
+    policy pol = policy_of(c->op);
+    int first = 0;
+    if (pol == POL_KEEP) {
+        /* nt_linear is matmul(x, w^T) + b op for op: its bias add joins the
+         * matmul's precision, so linear's result is low precision as a
+         * whole (PyTorch's linear is one low-precision op). */
+        if (c->op != NT_OP_ADD || !c->fn || strcmp(c->fn, "nt_linear") != 0 || !c->in[0] ||
+            c->in[0]->dtype != low)
+            return 0;
+        pol = POL_LOW;
+        first = 1;
+    }
+    nt_dtype want = pol == POL_LOW ? low : NT_F32;
+    for (int i = first; i < c->nin; i++) {
+        nt_tensor *t = c->in[i];
+        if (!t || t->dtype == want || !nt__dtype_is_float((nt_dtype)t->dtype) || c->tmp[i])
+            continue;
+        int rc = cast_input(c, i, want);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+__attribute__((constructor)) static void install_hook(void) { nt__amp_on_call = on_call; }
+
+nt_dtype nt__amp_active(void)
+{
+    if (!tls_depth || tls_suspended || nt__tls_bwd_of)
+        return NT_DTYPE_COUNT;
+    return (nt_dtype)tls_stack[tls_depth - 1];
+}
+
+void nt__amp_suspend(void) { tls_suspended++; }
+void nt__amp_resume(void)
+{
+    if (tls_suspended > 0)
+        tls_suspended--;
+}
+
+NT_API int nt_autocast_begin(nt_dtype dt)
+{
+    const char *fn = "nt_autocast_begin";
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (dt != NT_BF16 && dt != NT_F16)
+        return nt__err(NULL, NT_EDTYPE, fn,
+                       "argument 'dt' is %s; autocast runs in bf16 or f16 (NT_BF16, NT_F16)",
+                       (unsigned)dt < NT_DTYPE_COUNT ? nt_dtype_name(dt) : "not an nt_dtype");
+    if (tls_depth >= NT_AMP_MAX_DEPTH)
+        return nt__err(NULL, NT_ESTATE, fn,
+                       "autocast regions are nested %d deep on this thread (the limit); is an "
+                       "nt_autocast_end missing?", tls_depth);
+    tls_stack[tls_depth++] = (uint8_t)dt;
+    return 0;
+}
+
+NT_API int nt_autocast_end(void)
+{
+    if (tls_depth == 0)
+        return nt__err(NULL, NT_ESTATE, "nt_autocast_end",
+                       "no autocast region is open on this thread");
+    tls_depth--;
+    return 0;
+}
+
+NT_API nt_dtype nt_autocast_dtype(void)
+{
+    return tls_depth ? (nt_dtype)tls_stack[tls_depth - 1] : NT_DTYPE_COUNT;
+}

@@ -1,0 +1,181 @@
+/* bench/amp.c - mixed precision on the Fashion-MNIST MLP (784-1024-1024-10,
+ * ReLU, cross-entropy, AdamW, f32 parameters): wall time and simulated
+ * NeuronCore time per training step in f32, under bf16 autocast, and under
+ * f16 autocast with the loss scaler, in the same run.
+ *
+ * A step is: forward (under autocast), backward, optimizer step (through
+ * the scaler for f16), zero_grad, read the loss.  Per step: the median wall
+ * time over STEPS steps after WARMUP, and from nt_sim_stats the simulated
+ * time, TensorE busy time, TensorE time at peak for the FLOPs (bf16/f16 at
+ * 4x the f32 rate) and HBM bytes moved.  Batch 128 is the example's; a
+ * bigger batch shows where the matmuls, and so the low precision, start to
+ * matter.
+ *
+ * Usage: amp [--steps N] [--warmup N] [--batches 128,1024] [--mode adaptive] */
+#include <ntensor.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define IN 784
+#define HID 1024
+#define OUT 10
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "amp: %s: %s\n", what, nt_last_error_message());
+    exit(1);
+}
+
+static nt_tensor *uparam(int ndim, const int64_t *shape, double fan_in, uint64_t seed)
+{
+    double b = 1 / sqrt(fan_in);
+    nt_tensor *u = nt_rand(NT_F32, ndim, shape, seed);
+    nt_tensor *t = nt_add_scalar(nt_mul_scalar(u, 2 * b), -b);
+    nt_release(u);
+    if (!t || nt_set_requires_grad(t, true))
+        die("init");
+    return t;
+}
+
+typedef struct {
+    double ms, sim_ms, tensor_ms, ideal_ms, mbytes, kernels, loss;
+} result;
+
+/* amp: NT_DTYPE_COUNT (f32), NT_BF16, or NT_F16 (with the loss scaler). */
+static result run(nt_dtype amp, int batch, int warmup, int steps)
+{
+    nt_tensor *p[6] = {
+        uparam(2, (int64_t[]){HID, IN}, IN, 1),   uparam(1, (int64_t[]){HID}, IN, 2),
+        uparam(2, (int64_t[]){HID, HID}, HID, 3), uparam(1, (int64_t[]){HID}, HID, 4),
+        uparam(2, (int64_t[]){OUT, HID}, HID, 5), uparam(1, (int64_t[]){OUT}, HID, 6),
+    };
+    /* synthetic data: pixels in [0, 1), labels from a fixed pattern */
+    nt_tensor *x = nt_rand(NT_F32, 2, (int64_t[]){batch, IN}, 42);
+    int32_t *lab = malloc(sizeof(int32_t) * (size_t)batch);
+    for (int i = 0; i < batch; i++)
+        lab[i] = (i * 7) % OUT;
+    nt_tensor *y = nt_from_host(lab, NT_I32, 1, (int64_t[]){batch});
+    free(lab);
+    nt_optim *opt = nt_optim_adamw(p, 6, 1e-3, 0.9, 0.999, 1e-8, 0.01);
+    nt_grad_scaler *scaler = amp == NT_F16 ? nt_grad_scaler_create(NULL) : NULL;
+    if (!x || !y || !opt || (amp == NT_F16 && !scaler))
+        die("set-up");
+    double *t = malloc(sizeof(double) * (size_t)steps);
+    nt_stats st0, st1;
+    nt_sim_stats s0, s1;
+    double l = 0;
+    for (int s = 0; s < warmup + steps; s++) {
+        if (s == warmup) {
+            nt_sync();
+            nt_stats_get(&st0);
+            nt_sim_stats_get(&s0);
+        }
+        double t0 = now_ms();
+        nt_scope *sc = nt_scope_begin();
+        if (amp != NT_DTYPE_COUNT && nt_autocast_begin(amp))
+            die("nt_autocast_begin");
+        nt_tensor *h1 = nt_relu(nt_linear(x, p[0], p[1]));
+        nt_tensor *h2 = nt_relu(nt_linear(h1, p[2], p[3]));
+        nt_tensor *loss = nt_cross_entropy(nt_linear(h2, p[4], p[5]), y);
+        if (amp != NT_DTYPE_COUNT)
+            nt_autocast_end();
+        int rc;
+        if (scaler)
+            rc = nt_backward(nt_grad_scaler_scale(scaler, loss)) ||
+                 nt_grad_scaler_step(scaler, opt) < 0 || nt_grad_scaler_update(scaler);
+        else
+            rc = nt_backward(loss) || nt_optim_step(opt);
+        if (rc || nt_optim_zero_grad(opt) || nt_item(loss, &l))
+            die("step");
+        nt_scope_end(sc);
+        if (s >= warmup)
+            t[s - warmup] = now_ms() - t0;
+    }
+    nt_sync();
+    nt_stats_get(&st1);
+    nt_sim_stats_get(&s1);
+    qsort(t, (size_t)steps, sizeof t[0], cmp);
+    result r = {
+        .ms = t[steps / 2],
+        .sim_ms = (s1.sim_ns - s0.sim_ns) * 1e-6 / steps,
+        .tensor_ms = (s1.busy_ns[NT_ENGINE_TENSOR] - s0.busy_ns[NT_ENGINE_TENSOR]) * 1e-6 / steps,
+        .ideal_ms = (s1.tensor_ideal_ns - s0.tensor_ideal_ns) * 1e-6 / steps,
+        .mbytes = (double)(s1.hbm_read_bytes + s1.hbm_write_bytes - s0.hbm_read_bytes -
+                           s0.hbm_write_bytes) * 1e-6 / steps,
+        .kernels = (double)(st1.kernels_launched - st0.kernels_launched) / steps,
+        .loss = l,
+    };
+    free(t);
+    nt_grad_scaler_destroy(scaler);
+    nt_optim_destroy(opt);
+    nt_release(x);
+    nt_release(y);
+    for (int i = 0; i < 6; i++)
+        nt_release(p[i]);
+    return r;
+}
+
+int main(int argc, char **argv)
+{
+    int warmup = 5, steps = 20;
+    const char *batches = "128,1024", *mode = "adaptive";
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--steps"))
+            steps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--warmup"))
+            warmup = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--batches"))
+            batches = argv[i + 1];
+        else if (!strcmp(argv[i], "--mode"))
+            mode = argv[i + 1];
+        else {
+            fprintf(stderr, "usage: amp [--steps N] [--warmup N] [--batches 128,1024] "
+                            "[--mode adaptive]\n");
+            return 1;
+        }
+    }
+    if (steps < 1 || warmup < 0 || nt_init() != 0 || nt_config_set("NT_MODE", mode) != 0)
+        die("set-up");
+    printf("amp: MLP 784-1024-1024-10, AdamW, f32 parameters; mode %s, backend %s; median of "
+           "%d steps after %d\n", mode, nt_config_get("NT_BACKEND"), steps, warmup);
+    printf("%6s %-10s %9s %9s %9s %9s %9s %8s %8s\n", "batch", "precision", "wall ms",
+           "sim ms", "TensorE", "at peak", "HBM MB", "kernels", "loss");
+    char *list = strdup(batches);
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+        int batch = atoi(tok);
+        if (batch < 1)
+            die("--batches");
+        const nt_dtype amps[3] = {NT_DTYPE_COUNT, NT_BF16, NT_F16};
+        const char *names[3] = {"f32", "bf16", "fp16+scale"};
+        result r[3];
+        for (int k = 0; k < 3; k++) {
+            r[k] = run(amps[k], batch, warmup, steps);
+            printf("%6d %-10s %9.2f %9.3f %9.3f %9.3f %9.1f %8.1f %8.4f\n", batch, names[k],
+                   r[k].ms, r[k].sim_ms, r[k].tensor_ms, r[k].ideal_ms, r[k].mbytes,
+                   r[k].kernels, r[k].loss);
+            fflush(stdout);
+        }
+        printf("%6d bf16 vs f32: wall x%.2f, simulated x%.2f, TensorE x%.2f, HBM bytes x%.2f\n",
+               batch, r[0].ms / r[1].ms, r[0].sim_ms / r[1].sim_ms,
+               r[0].tensor_ms / r[1].tensor_ms, r[0].mbytes / r[1].mbytes);
+    }
+    free(list);
+    nt_shutdown();
+    return 0;
+}

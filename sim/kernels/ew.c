@@ -1,0 +1,911 @@
+/* sim/kernels/ew.c - elementwise programs on the simulator.
+ *
+ * One executor runs every elementwise kernel: an eager op (unary, scalar,
+ * binary, compare, where, copy/cast, fill, the backward helpers) is a
+ * program of one op, and the fusion engine's programs (fusion/fusion.h) run
+ * whole:
+ *
+ *   EW   tiles of the iteration space ([<=128 partitions, F] each, any
+ *        strides and broadcasting through the DMA patterns); per tile: DMA
+ *        the external inputs in once, run every op on SBUF tiles, DMA out
+ *        only the values the planner marked stored.
+ *   ROW  one row per partition (the full last dim on the free axis); sum /
+ *        max / mean of a row are tensor_reduce into [np, 1] tiles, ops with
+ *        per-row operands read them as per-partition scalars or step-0
+ *        patterns.
+ *   MM   the matmul program (matmul.c) with an epilogue: each accumulator
+ *        block is rounded to the matmul's dtype as it leaves PSUM and the
+ *        elementwise ops run on it before anything is stored.
+ *
+ * Exactness (the CPU executor fusion/exec_cpu.c is the reference): every
+ * value lives in an SBUF tile of the dtype its op would have stored, so
+ * writing it rounds exactly there, and reading it widens exactly as the
+ * unfused kernel's load would; an op whose CPU definition is not one ALU or
+ * activation step runs as several instructions on f32 temporaries, in the
+ * CPU's order (docs/sim.md lists them).  Values get SBUF tiles from a
+ * register allocator (a value's tile is reused once its last reader ran),
+ * two register sets alternate between tiles so DMA overlaps compute. */
+#include "sk.h"
+
+#include <string.h>
+
+/* Free elements per partition of an EW tile: a row of 2048 f32 is 8 KiB, so
+ * a chain of ops keeps a partition's rows in L1 while the functional
+ * simulator runs it (docs/sim.md). */
+#define EW_FMAX 2048
+#define NT_F_MAXREG 48
+
+static bool isf(nt_dtype dt) { return nt__dtype_is_float(dt); }
+
+static int64_t ap_count(const nt_ap *a)
+{
+    int64_t n = 1;
+    for (int i = 0; i < a->ndim; i++)
+        n *= a->num[i];
+    return n;
+}
+
+/* ---------------- op -> instructions ---------------- */
+
+static nt_act_func act_of(int op)
+{
+    switch (op) {
+    case NT_OP_NEG: return NT_ACT_NEG;
+    case NT_OP_EXP: return NT_ACT_EXP;
+    case NT_OP_LOG: return NT_ACT_LOG;
+    case NT_OP_SQRT: return NT_ACT_SQRT;
+    case NT_OP_RSQRT: return NT_ACT_RSQRT;
+    case NT_OP_ABS: return NT_ACT_ABS;
+    case NT_OP_RELU: return NT_ACT_RELU;
+    case NT_OP_GELU: return NT_ACT_GELU;
+    case NT_OP_SIGMOID: return NT_ACT_SIGMOID;
+    case NT_OP_TANH: return NT_ACT_TANH;
+    case NT_OP_SILU: return NT_ACT_SILU;
+    default: return NT_ACT_IDENTITY;
+    }
+}
+
+static int alu_of(int op)
+{
+    switch (op) {
+    case NT_OP_ADD: return NT_ALU_ADD;
+    case NT_OP_SUB: return NT_ALU_SUB;
+    case NT_OP_MUL: return NT_ALU_MUL;
+    case NT_OP_DIV: return NT_ALU_DIV;
+    case NT_OP_MAXIMUM: return NT_ALU_MAX;
+    case NT_OP_MINIMUM: return NT_ALU_MIN;
+    case NT_OP_EQ: return NT_ALU_EQ;
+    case NT_OP_NE: return NT_ALU_NE;
+    case NT_OP_LT: return NT_ALU_LT;
+    case NT_OP_LE: return NT_ALU_LE;
+    case NT_OP_GT: return NT_ALU_GT;
+    case NT_OP_GE: return NT_ALU_GE;
+    default: return -1;
+    }
+}
+
+/* The value memset must be given so that it stores what nt__store_f64
+ * stores: memset rounds (float)value to the tile, so half types get the
+ * round-to-odd f32 (one correct rounding), u8 the saturated value. */
+static double memset_value(nt_dtype dt, double v)
+{
+    switch (dt) {
+    case NT_BF16:
+    case NT_F16: return (double)nt__f64_to_f32_odd(v);
+    case NT_U8: return (double)nt__f64_to_u8(v);
+    default: return v;
+    }
+}
+
+/* Does op `o` (with operand dtypes) need the f32/i32 temporaries, and
+ * which constants?  Constants live in [128, 2] tiles per op, set once. */
+enum { NEED_TF = 1, NEED_TI = 2, NEED_CF = 4, NEED_CI = 8 };
+
+static bool clamp_ordered(const nt__fop *o, bool fc)
+{
+    if (fc)
+        return (float)o->p.f[0] <= (float)o->p.f[1];
+    return nt__f64_to_i32(o->p.f[0]) <= nt__f64_to_i32(o->p.f[1]);
+}
+
+static unsigned op_needs(const nt__fop *o, bool fc)
+{
+    switch (o->op) {
+    case NT_OP_RELU_BWD: return NEED_TF | NEED_CF;
+    case NT_OP_GELU_BWD:
+    case NT_OP_SILU_BWD:
+    case NT_OP_SIGMOID_BWD:
+    case NT_OP_TANH_BWD: return NEED_TF;
+    case NT_OP_ABS: return fc ? 0 : NEED_TI;
+    case NT_OP_ADD_SCALAR:
+    case NT_OP_MUL_SCALAR: return fc ? 0 : NEED_CI;
+    case NT_OP_CLAMP:
+        if (clamp_ordered(o, fc))
+            return fc ? 0 : NEED_CI;
+        return fc ? (NEED_TF | NEED_CF) : (NEED_TF | NEED_TI | NEED_CI);
+    default: return 0;
+    }
+}
+
+/* An operand as an op sees it. */
+typedef struct sk_arg {
+    nt_ap ap;   /* [np, nf] (step 0 along the free axis for a per-row value) */
+    nt_ap col;  /* per-row values: the [np, 1] pattern */
+    nt_dtype dt;
+    bool red;
+} sk_arg;
+
+typedef struct emit_ctx {
+    sk_k *s;
+    int np;
+    int64_t nf;
+    nt_tile *tf[2], *ti;   /* f32 temporaries, i32 temporary */
+    nt_tile *cf, *ci;      /* constants [128, 2 * nops] */
+} emit_ctx;
+
+static nt_ap tslice(nt_tile *t, int np, int64_t nf) { return nt_tile_slice(t, 0, np, 0, nf); }
+
+static nt_ap cslice(const emit_ctx *E, nt_tile *t, int opk, int j, bool bcast)
+{
+    nt_ap a = nt_tile_slice(t, 0, E->np, 2 * opk + j, 1);
+    if (bcast) {
+        a.num[0] = E->nf;
+        a.step[0] = 0;
+    }
+    return a;
+}
+
+/* Sets the constants of op k (once per kernel, all 128 partitions). */
+static int set_consts(sk_k *s, emit_ctx *E, const nt__fop *o, int opk, bool fc)
+{
+    unsigned need = op_needs(o, fc);
+    for (int j = 0; j < 2; j++) {
+        double v = o->op == NT_OP_RELU_BWD ? 0.0 : o->p.f[j];
+        if (need & NEED_CF) {
+            nt_ap a = nt_tile_slice(E->cf, 0, 128, 2 * opk + j, 1);
+            /* the CPU's f32 scalar (float)p.f[j], exactly */
+            int rc = nt_isa_memset(s->k, &a, (double)(float)v, NT_ENGINE_GPSIMD);
+            if (rc)
+                return rc;
+        }
+        if (need & NEED_CI) {
+            nt_ap a = nt_tile_slice(E->ci, 0, 128, 2 * opk + j, 1);
+            int rc = nt_isa_memset(s->k, &a, v, NT_ENGINE_GPSIMD); /* (int32_t)p.f[j] */
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static int ts1(sk_k *s, const nt_ap *dst, const nt_ap *src, nt_alu_op op, const nt_ap *sap,
+               float imm, bool rev)
+{
+    nt_isa_alu a = {op, {sap, imm}, rev};
+    return nt_isa_tensor_scalar(s->k, dst, src, &a, NULL, sk_eng(s));
+}
+
+/* Emits op o (program op index opk) writing dst (dtype odt). */
+static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const nt_ap *dst,
+                   const sk_arg *a)
+{
+    sk_k *s = E->s;
+    nt_sim_kernel *k = s->k;
+    const nt__opinfo *info = &nt__ops[o->op];
+    bool fc = isf(odt);
+    for (int q = 0; q < o->nin; q++)
+        fc |= isf(a[q].dt);
+    int np = E->np;
+    int64_t nf = E->nf;
+    nt_ap T0 = E->tf[0] ? tslice(E->tf[0], np, nf) : (nt_ap){0};
+    nt_ap T1 = E->tf[1] ? tslice(E->tf[1], np, nf) : (nt_ap){0};
+    nt_ap TI = E->ti ? tslice(E->ti, np, nf) : (nt_ap){0};
+    switch (info->kind) {
+    case NT_KIND_FILL:
+        return nt_isa_memset(k, dst, memset_value(odt, o->p.f[0]), NT_ENGINE_VECTOR);
+    case NT_KIND_COPY:
+        return nt_isa_tensor_copy(k, dst, &a[0].ap, sk_eng(s));
+    case NT_KIND_UNARY:
+        if (fc)
+            return nt_isa_activation(k, dst, act_of(o->op), &a[0].ap, NULL, NULL, NULL);
+        /* exact int32: -a wraps like 0u - a; relu = max(a, 0); abs = max(a, -a) */
+        if (o->op == NT_OP_NEG)
+            return ts1(s, dst, &a[0].ap, NT_ALU_MUL, NULL, -1.0f, false);
+        if (o->op == NT_OP_RELU)
+            return ts1(s, dst, &a[0].ap, NT_ALU_MAX, NULL, 0.0f, false);
+        if (o->op == NT_OP_ABS) {
+            int rc = ts1(s, &TI, &a[0].ap, NT_ALU_MUL, NULL, -1.0f, false);
+            return rc ? rc : nt_isa_tensor_tensor(k, dst, &a[0].ap, &TI, NT_ALU_MAX,
+                                                  NT_ENGINE_VECTOR);
+        }
+        return NT_ENOTSUP;
+    case NT_KIND_SCALAR: {
+        nt_alu_op op = o->op == NT_OP_ADD_SCALAR   ? NT_ALU_ADD
+                       : o->op == NT_OP_MUL_SCALAR ? NT_ALU_MUL
+                       : o->op == NT_OP_DIV_SCALAR ? NT_ALU_DIV
+                       : o->op == NT_OP_POW_SCALAR ? NT_ALU_POW
+                                                   : NT_ALU_BYPASS;
+        float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
+        nt_ap c0 = {0}, c1 = {0};
+        if (!fc) {
+            c0 = cslice(E, E->ci, opk, 0, false);
+            c1 = cslice(E, E->ci, opk, 1, false);
+        }
+        if (o->op != NT_OP_CLAMP)
+            return ts1(s, dst, &a[0].ap, op, fc ? NULL : &c0, s0, false);
+        if (clamp_ordered(o, fc)) {
+            /* lo <= hi: max(a, lo) then min(., hi) is the CPU's clamp,
+             * NaN and signed zeros included */
+            nt_isa_alu lo = {NT_ALU_MAX, {fc ? NULL : &c0, s0}, false};
+            nt_isa_alu hi = {NT_ALU_MIN, {fc ? NULL : &c1, s1}, false};
+            return nt_isa_tensor_scalar(k, dst, &a[0].ap, &lo, &hi, sk_eng(s));
+        }
+        /* lo > hi: a < lo ? lo : min(a, hi) */
+        nt_ap *t = fc ? &T1 : &TI;
+        int rc = ts1(s, t, &a[0].ap, NT_ALU_MIN, fc ? NULL : &c1, s1, false);
+        if (!rc)
+            rc = ts1(s, &T0, &a[0].ap, NT_ALU_LT, fc ? NULL : &c0, s0, false);
+        nt_ap lov = cslice(E, fc ? E->cf : E->ci, opk, 0, true);
+        return rc ? rc : nt_isa_select(k, dst, &T0, &lov, t, NT_ENGINE_VECTOR);
+    }
+    case NT_KIND_BINARY:
+    case NT_KIND_CMP: {
+        int alu = alu_of(o->op);
+        if (alu >= 0) {
+            /* a per-row operand becomes the per-partition scalar */
+            if (a[1].red && !a[0].red)
+                return ts1(s, dst, &a[0].ap, (nt_alu_op)alu, &a[1].col, 0.0f, false);
+            if (a[0].red && !a[1].red)
+                return ts1(s, dst, &a[1].ap, (nt_alu_op)alu, &a[0].col, 0.0f, true);
+            return nt_isa_tensor_tensor(k, dst, &a[0].ap, &a[1].ap, (nt_alu_op)alu,
+                                        NT_ENGINE_VECTOR);
+        }
+        /* backward helpers (g, y-or-x) in the CPU's order on f32 temps */
+        const nt_ap *g = &a[0].ap, *y = &a[1].ap;
+        int rc = 0;
+        switch (o->op) {
+        case NT_OP_RELU_BWD: { /* y > 0 ? g : 0 */
+            nt_ap zero = cslice(E, E->cf, opk, 0, true);
+            rc = ts1(s, &T0, y, NT_ALU_GT, NULL, 0.0f, false);
+            return rc ? rc : nt_isa_select(k, dst, &T0, g, &zero, NT_ENGINE_VECTOR);
+        }
+        case NT_OP_SIGMOID_BWD: /* g * (y * (1 - y)) */
+            rc = ts1(s, &T0, y, NT_ALU_SUB, NULL, 1.0f, true);
+            if (!rc)
+                rc = nt_isa_tensor_tensor(k, &T0, y, &T0, NT_ALU_MUL, NT_ENGINE_VECTOR);
+            break;
+        case NT_OP_TANH_BWD: /* g * (1 - y * y) */
+            rc = nt_isa_tensor_tensor(k, &T0, y, y, NT_ALU_MUL, NT_ENGINE_VECTOR);
+            if (!rc)
+                rc = ts1(s, &T0, &T0, NT_ALU_SUB, NULL, 1.0f, true);
+            break;
+        case NT_OP_GELU_BWD: /* g * gelu'(x) */
+            rc = nt_isa_activation(k, &T0, NT_ACT_GELU_DX, y, NULL, NULL, NULL);
+            break;
+        case NT_OP_SILU_BWD: /* g * silu'(x) */
+            rc = nt_isa_activation(k, &T0, NT_ACT_SILU_DX, y, NULL, NULL, NULL);
+            break;
+        default: return NT_ENOTSUP;
+        }
+        return rc ? rc : nt_isa_tensor_tensor(k, dst, g, &T0, NT_ALU_MUL, NT_ENGINE_VECTOR);
+    }
+    case NT_KIND_WHERE:
+        return nt_isa_select(k, dst, &a[0].ap, &a[1].ap, &a[2].ap, NT_ENGINE_VECTOR);
+    default:
+        return NT_ENOTSUP;
+    }
+}
+
+/* ---------------- registers ---------------- */
+
+/* A register is an SBUF tile class: (dtype, per-row or full). */
+typedef struct regs {
+    int n;
+    nt_dtype dt[NT_F_MAXREG];
+    bool red[NT_F_MAXREG];
+    bool busy[NT_F_MAXREG];
+    nt_tile *tile[2][NT_F_MAXREG];
+} regs;
+
+static int reg_get(regs *R, nt_dtype dt, bool red)
+{
+    for (int r = 0; r < R->n; r++)
+        if (!R->busy[r] && R->dt[r] == dt && R->red[r] == red) {
+            R->busy[r] = true;
+            return r;
+        }
+    if (R->n == NT_F_MAXREG)
+        return -1;
+    int r = R->n++;
+    R->dt[r] = dt;
+    R->red[r] = red;
+    R->busy[r] = true;
+    return r;
+}
+
+/* The plan of a program: a register per external input and value, which
+ * ops to run, temporaries and constants. */
+typedef struct plan {
+    const nt__fprog *P;
+    int first;                   /* first op to run (MM: 1) */
+    int ereg[NT_F_MAXEXT], vreg[NT_F_MAXVALS];
+    bool eused[NT_F_MAXEXT], live[NT_F_MAXOPS];
+    unsigned needs;
+    regs R;
+} plan;
+
+static bool val_fc(const nt__fprog *P, const nt__fop *o)
+{
+    bool fc = isf((nt_dtype)P->vals[o->out].dtype);
+    for (int q = 0; q < o->nin; q++) {
+        int a = o->a[q];
+        fc |= isf((nt_dtype)(NT_F_IS_EXT(a) ? P->ext[NT_F_EXT_IDX(a)].dtype : P->vals[a].dtype));
+    }
+    return fc;
+}
+
+/* Liveness and register allocation.  mm_v0: value 0 is the matmul result
+ * (a register of its own, like an input). */
+static int plan_make(plan *L, const nt__fprog *P, int first)
+{
+    memset(L, 0, sizeof *L);
+    L->P = P;
+    L->first = first;
+    int vlast[NT_F_MAXVALS], elast[NT_F_MAXEXT];
+    for (int v = 0; v < P->nvals; v++)
+        vlast[v] = -1;
+    for (int e = 0; e < P->next; e++)
+        elast[e] = -1;
+    /* which ops matter: walk back from stored values */
+    for (int k = P->nops - 1; k >= first; k--) {
+        const nt__fop *o = &P->ops[k];
+        L->live[k] = vlast[o->out] >= 0 || P->vals[o->out].store >= 0;
+        if (!L->live[k])
+            continue;
+        for (int q = 0; q < o->nin; q++) {
+            int a = o->a[q];
+            if (NT_F_IS_EXT(a)) {
+                if (elast[NT_F_EXT_IDX(a)] < k)
+                    elast[NT_F_EXT_IDX(a)] = k;
+            } else if (vlast[a] < k) {
+                vlast[a] = k;
+            }
+        }
+    }
+    for (int e = 0; e < P->next; e++) {
+        L->eused[e] = elast[e] >= 0;
+        L->ereg[e] = -1;
+        if (L->eused[e] && (L->ereg[e] = reg_get(&L->R, (nt_dtype)P->ext[e].dtype, P->ext[e].red)) < 0)
+            return NT_ENOTSUP;
+    }
+    for (int v = 0; v < P->nvals; v++)
+        L->vreg[v] = -1;
+    if (first == 1 && (L->vreg[0] = reg_get(&L->R, (nt_dtype)P->vals[0].dtype, false)) < 0)
+        return NT_ENOTSUP;
+    for (int k = first; k < P->nops; k++) {
+        if (!L->live[k])
+            continue;
+        const nt__fop *o = &P->ops[k];
+        L->needs |= op_needs(o, val_fc(P, o));
+        /* operands whose last reader is this op free their registers: the
+         * result may overwrite them elementwise */
+        for (int e = 0; e < P->next; e++)
+            if (L->eused[e] && elast[e] == k)
+                L->R.busy[L->ereg[e]] = false;
+        for (int v = 0; v < P->nvals; v++)
+            if (L->vreg[v] >= 0 && vlast[v] == k)
+                L->R.busy[L->vreg[v]] = false;
+        int v = o->out;
+        L->vreg[v] = reg_get(&L->R, (nt_dtype)P->vals[v].dtype, P->vals[v].red);
+        if (L->vreg[v] < 0)
+            return NT_ENOTSUP;
+        if (vlast[v] <= k) /* stored right away and never read again */
+            L->R.busy[L->vreg[v]] = false;
+    }
+    return 0;
+}
+
+/* Bytes per partition for free size F and nbuf register sets. */
+static int64_t plan_bytes(const plan *L, int64_t F, int nbuf)
+{
+    int64_t b = 0;
+    for (int r = 0; r < L->R.n; r++) {
+        int64_t e = (int64_t)nt__dtype_size(L->R.dt[r]);
+        b += ((L->R.red[r] ? 1 : F) * e + 63) / 64 * 64 * nbuf;
+    }
+    if (L->needs & NEED_TF)
+        b += 2 * ((F * 4 + 63) / 64 * 64);
+    if (L->needs & NEED_TI)
+        b += (F * 4 + 63) / 64 * 64;
+    b += 2 * 64 + 2 * ((2 * NT_F_MAXOPS * 4 + 63) / 64 * 64);
+    return b;
+}
+
+static int plan_alloc(sk_k *s, plan *L, emit_ctx *E, int64_t F, int nbuf)
+{
+    static const char *dn[] = {"f32", "bf16", "f16", "i32", "u8"};
+    char name[32];
+    for (int b = 0; b < nbuf; b++)
+        for (int r = 0; r < L->R.n; r++) {
+            snprintf(name, sizeof name, "r%d.%s%s", r, dn[L->R.dt[r]], L->R.red[r] ? ".row" : "");
+            L->R.tile[b][r] = sk_tile(s, name, L->R.dt[r], 128, L->R.red[r] ? 1 : F);
+        }
+    for (int r = 0; r < L->R.n; r++)
+        if (nbuf == 1)
+            L->R.tile[1][r] = L->R.tile[0][r];
+    memset(E, 0, sizeof *E);
+    E->s = s;
+    if (L->needs & NEED_TF) {
+        E->tf[0] = sk_tile(s, "tmp0", NT_F32, 128, F);
+        E->tf[1] = sk_tile(s, "tmp1", NT_F32, 128, F);
+    }
+    if (L->needs & NEED_TI)
+        E->ti = sk_tile(s, "tmpi", NT_I32, 128, F);
+    const nt__fprog *P = L->P;
+    if (L->needs & (NEED_CF | NEED_CI)) {
+        E->cf = sk_tile(s, "const.f32", NT_F32, 128, 2 * P->nops);
+        E->ci = sk_tile(s, "const.i32", NT_I32, 128, 2 * P->nops);
+        for (int k = L->first; k < P->nops && !nt_sim_kernel_error(s->k); k++)
+            if (L->live[k])
+                set_consts(s, E, &P->ops[k], k, val_fc(P, &P->ops[k]));
+    }
+    return nt_sim_kernel_error(s->k);
+}
+
+/* ---------------- running a tile ---------------- */
+
+/* Where each operand of the current tile lives. */
+typedef struct tile_state {
+    plan *L;
+    emit_ctx E;
+    int buf;
+    int np;
+    int64_t nf;
+} tile_state;
+
+static sk_arg arg_of(tile_state *t, int a)
+{
+    const nt__fprog *P = t->L->P;
+    sk_arg r;
+    memset(&r, 0, sizeof r);
+    int reg;
+    if (NT_F_IS_EXT(a)) {
+        int e = NT_F_EXT_IDX(a);
+        reg = t->L->ereg[e];
+        r.dt = (nt_dtype)P->ext[e].dtype;
+        r.red = P->ext[e].red;
+    } else {
+        reg = t->L->vreg[a];
+        r.dt = (nt_dtype)P->vals[a].dtype;
+        r.red = P->vals[a].red;
+    }
+    nt_tile *tl = t->L->R.tile[t->buf][reg];
+    if (r.red) {
+        r.col = nt_tile_slice(tl, 0, t->np, 0, 1);
+        r.ap = r.col;
+        r.ap.num[0] = t->nf;
+        r.ap.step[0] = 0;
+    } else {
+        r.ap = nt_tile_slice(tl, 0, t->np, 0, t->nf);
+    }
+    return r;
+}
+
+static nt_ap val_ap(tile_state *t, int v)
+{
+    nt_tile *tl = t->L->R.tile[t->buf][t->L->vreg[v]];
+    return nt_tile_slice(tl, 0, t->np, 0, t->L->P->vals[v].red ? 1 : t->nf);
+}
+
+/* Runs ops [first, nops) on the current tile; stores go through store(). */
+static int run_ops(tile_state *t, int (*store)(void *ctx, int slot, const nt_ap *src),
+                   void *sctx)
+{
+    const nt__fprog *P = t->L->P;
+    sk_k *s = t->E.s;
+    t->E.np = t->np;
+    t->E.nf = t->nf;
+    for (int k = t->L->first; k < P->nops; k++) {
+        if (!t->L->live[k])
+            continue;
+        const nt__fop *o = &P->ops[k];
+        sk_arg a[3];
+        for (int q = 0; q < o->nin; q++)
+            a[q] = arg_of(t, o->a[q]);
+        const nt__fval *val = &P->vals[o->out];
+        nt_ap dst = val_ap(t, o->out);
+        int rc;
+        if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN) {
+            /* ROW: a row reduction, the CPU's canonical order over C */
+            nt_alu_op op = o->op == NT_OP_MAX ? NT_ALU_MAX : NT_ALU_ADD;
+            if (o->op == NT_OP_MEAN) {
+                nt_ap t0 = nt_tile_slice(t->E.tf[0], 0, t->np, 0, 1);
+                rc = nt_isa_tensor_reduce(s->k, &t0, &a[0].ap, op, 0);
+                if (!rc)
+                    rc = ts1(s, &dst, &t0, NT_ALU_DIV, NULL, (float)a[0].ap.num[0], false);
+            } else {
+                rc = nt_isa_tensor_reduce(s->k, &dst, &a[0].ap, op, 0);
+            }
+        } else {
+            emit_ctx E = t->E;
+            if (val->red) /* a per-row op works on [np, 1] */
+                E.nf = 1;
+            if (val->red)
+                for (int q = 0; q < o->nin; q++)
+                    a[q].ap = a[q].col;
+            rc = emit_op(&E, o, k, (nt_dtype)val->dtype, &dst, a);
+        }
+        if (rc)
+            return rc;
+        if (val->store >= 0 && (rc = store(sctx, val->store, &dst)))
+            return rc;
+    }
+    return 0;
+}
+
+/* ---------------- EW programs ---------------- */
+
+typedef struct ew_run {
+    sk_k *s;
+    tile_state t;
+    int ntile;
+    const sk_tile_iter *it;
+    int next;
+} ew_run;
+
+static int ew_store(void *ctx, int slot, const nt_ap *src)
+{
+    ew_run *w = ctx;
+    return nt_isa_dma_copy(w->s->k, &w->it->ap[w->next + slot], src, sk_qout(w->s));
+}
+
+static int ew_tile(void *ctx, const sk_tile_iter *it)
+{
+    ew_run *w = ctx;
+    plan *L = w->t.L;
+    const nt__fprog *P = L->P;
+    w->t.buf = w->ntile++ & 1;
+    w->t.np = it->np;
+    w->t.nf = it->nf;
+    w->it = it;
+    for (int e = 0; e < P->next; e++) {
+        if (!L->eused[e])
+            continue;
+        nt_ap d = nt_tile_slice(L->R.tile[w->t.buf][L->ereg[e]], 0, it->np, 0, it->nf);
+        int rc = nt_isa_dma_copy(w->s->k, &d, &it->ap[e], sk_qin(w->s));
+        if (rc)
+            return rc;
+    }
+    return run_ops(&w->t, ew_store, w);
+}
+
+/* Runs an EW program over its iteration shape. */
+static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out)
+{
+    plan *L = g_new(plan, 1);
+    int rc = plan_make(L, P, 0);
+    if (rc) {
+        g_free(L);
+        return rc;
+    }
+    /* the largest free size (<= EW_FMAX) whose two register sets fit */
+    int64_t F = EW_FMAX;
+    while (F > 64 && plan_bytes(L, F, 2) > SK_SBUF_BUDGET)
+        F /= 2;
+    int nbuf = plan_bytes(L, F, 2) <= SK_SBUF_BUDGET ? 2 : 1;
+    if (plan_bytes(L, F, nbuf) > SK_SBUF_BUDGET) {
+        g_free(L);
+        return NT_ENOTSUP;
+    }
+    ew_run w;
+    memset(&w, 0, sizeof w);
+    w.s = s;
+    w.t.L = L;
+    w.next = P->next;
+    rc = plan_alloc(s, L, &w.t.E, F, nbuf);
+    if (!rc) {
+        sk_hv v[SK_MAXOPND];
+        for (int e = 0; e < P->next; e++)
+            sk_hv_of(&v[e], ext[e], P->ndim, P->shape);
+        for (int o = 0; o < P->nout; o++)
+            sk_hv_of(&v[P->next + o], out[o], P->ndim, P->shape);
+        sk_tiler T;
+        sk_tiler_init(&T, P->ndim, P->shape, P->next + P->nout, v, F);
+        rc = sk_tiler_run(&T, ew_tile, &w);
+    }
+    g_free(L);
+    return rc;
+}
+
+/* ---------------- ROW programs ---------------- */
+
+typedef struct row_run {
+    sk_k *s;
+    tile_state t;
+    int ntile;
+    const nt__fprog *P;
+    int64_t C;
+    int64_t cst[SK_MAXOPND]; /* strides along the row */
+    nt_ap rows[SK_MAXOPND];  /* this tile's patterns */
+} row_run;
+
+static int row_store(void *ctx, int slot, const nt_ap *src)
+{
+    row_run *w = ctx;
+    return nt_isa_dma_copy(w->s->k, &w->rows[w->P->next + slot], src, sk_qout(w->s));
+}
+
+static int row_tile(void *ctx, const sk_tile_iter *it)
+{
+    row_run *w = ctx;
+    plan *L = w->t.L;
+    const nt__fprog *P = w->P;
+    w->t.buf = w->ntile++ & 1;
+    w->t.np = it->np;
+    w->t.nf = w->C;
+    for (int q = 0; q < P->next + P->nout; q++) {
+        bool red = q < P->next ? P->ext[q].red : P->vals[P->out_val[q - P->next]].red;
+        nt_ap a = it->ap[q];
+        a.ndim = 1;
+        a.num[0] = red ? 1 : w->C;
+        a.step[0] = red ? 1 : w->cst[q];
+        w->rows[q] = a;
+    }
+    for (int e = 0; e < P->next; e++) {
+        if (!L->eused[e])
+            continue;
+        nt_ap d = nt_tile_slice(L->R.tile[w->t.buf][L->ereg[e]], 0, it->np, 0,
+                                P->ext[e].red ? 1 : w->C);
+        int rc = nt_isa_dma_copy(w->s->k, &d, &w->rows[e], sk_qin(w->s));
+        if (rc)
+            return rc;
+    }
+    return run_ops(&w->t, row_store, w);
+}
+
+static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out)
+{
+    int nd = P->ndim;
+    int64_t C = P->shape[nd - 1];
+    plan *L = g_new(plan, 1);
+    int rc = plan_make(L, P, 0);
+    L->needs |= NEED_TF; /* mean's f32 sum */
+    int nbuf = plan_bytes(L, C, 2) <= SK_SBUF_BUDGET ? 2 : 1;
+    if (rc || plan_bytes(L, C, nbuf) > SK_SBUF_BUDGET || C > NT_SIM_SBUF_MAX_FREE) {
+        g_free(L);
+        return rc ? rc : NT_ENOTSUP;
+    }
+    row_run w;
+    memset(&w, 0, sizeof w);
+    w.s = s;
+    w.P = P;
+    w.C = C;
+    w.t.L = L;
+    rc = plan_alloc(s, L, &w.t.E, C, nbuf);
+    if (!rc) {
+        /* tiles over the row index (all dims but the last), one row per
+         * partition; operands per-row or full along the last dim */
+        sk_hv v[SK_MAXOPND];
+        for (int e = 0; e < P->next; e++)
+            sk_hv_of(&v[e], ext[e], nd, P->shape);
+        for (int o = 0; o < P->nout; o++)
+            sk_hv_of(&v[P->next + o], out[o], nd, P->shape);
+        for (int q = 0; q < P->next + P->nout; q++)
+            w.cst[q] = v[q].st[nd - 1];
+        sk_tiler T;
+        sk_tiler_init(&T, nd - 1, P->shape, P->next + P->nout, v, 1);
+        rc = sk_tiler_run(&T, row_tile, &w);
+    }
+    g_free(L);
+    return rc;
+}
+
+/* ---------------- MM programs ---------------- */
+
+typedef struct mm_run {
+    sk_k *s;
+    tile_state t;
+    int ntile;
+    const nt__fprog *P;
+    nt_tensor *const *ext;
+    nt_tensor *const *out;
+    sk_hv v[SK_MAXOPND];
+    int nbatch;
+    int64_t batch[NT_MAX_DIMS];
+    int dm, dn;          /* iteration dims of m and n, -1 if dropped */
+    nt_ap pats[SK_MAXOPND];
+} mm_run;
+
+static int mm_store(void *ctx, int slot, const nt_ap *src)
+{
+    mm_run *w = ctx;
+    return nt_isa_dma_copy(w->s->k, &w->pats[w->P->next + slot], src, sk_qout(w->s));
+}
+
+static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, void *ctx)
+{
+    mm_run *w = ctx;
+    const nt__fprog *P = w->P;
+    plan *L = w->t.L;
+    int np = acc->np;
+    int64_t nf = ap_count(acc);
+    w->t.buf = w->ntile++ & 1;
+    w->t.np = np;
+    w->t.nf = nf;
+    /* batch multi-index */
+    int64_t bi[NT_MAX_DIMS];
+    for (int i = w->nbatch - 1; i >= 0; i--) {
+        bi[i] = b % w->batch[i];
+        b /= w->batch[i];
+    }
+    for (int q = 0; q < P->next + P->nout; q++) {
+        const sk_hv *h = &w->v[q];
+        int64_t off = 0;
+        for (int i = 0; i < w->nbatch; i++)
+            off += bi[i] * h->st[i];
+        int64_t sm = w->dm >= 0 ? h->st[w->dm] : 0, sn = w->dn >= 0 ? h->st[w->dn] : 0;
+        nt_ap a;
+        memset(&a, 0, sizeof a);
+        a.hbm = h->base;
+        a.dtype = h->dt;
+        a.np = np;
+        a.pstep = sm;
+        a.offset = off + m0 * sm + n0 * sn;
+        a.ndim = 1;
+        a.num[0] = nf;
+        a.step[0] = sn;
+        w->pats[q] = a;
+    }
+    /* evacuate: PSUM -> the matmul's dtype (its one rounding) */
+    nt_ap v0 = val_ap(&w->t, 0);
+    int rc = nt_isa_tensor_copy(s->k, &v0, acc, NT_ENGINE_SCALAR);
+    if (!rc && P->vals[0].store >= 0)
+        rc = mm_store(w, P->vals[0].store, &v0);
+    for (int e = 0; e < P->next && !rc; e++) {
+        if (!L->eused[e])
+            continue;
+        nt_ap d = nt_tile_slice(L->R.tile[w->t.buf][L->ereg[e]], 0, np, 0, nf);
+        rc = nt_isa_dma_copy(s->k, &d, &w->pats[e], sk_qin(s));
+    }
+    return rc ? rc : run_ops(&w->t, mm_store, w);
+}
+
+static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out)
+{
+    const nt__fop *m = &P->ops[0];
+    const nt_tensor *a = ext[NT_F_EXT_IDX(m->a[0])], *b = ext[NT_F_EXT_IDX(m->a[1])];
+    nt__mminfo mi;
+    char why[160];
+    if (!nt__matmul_info(a, b, &mi, why, sizeof why))
+        return NT_ENOTSUP;
+    plan *L = g_new(plan, 1);
+    int rc = plan_make(L, P, 1);
+    if (rc || plan_bytes(L, 512, 2) > SK_SBUF_BUDGET - 64 * 1024) {
+        g_free(L);
+        return rc ? rc : NT_ENOTSUP;
+    }
+    /* the matmul's inputs are read by the matmul, not the epilogue */
+    mm_run *w = g_new0(mm_run, 1);
+    w->s = s;
+    w->P = P;
+    w->ext = ext;
+    w->out = out;
+    w->t.L = L;
+    w->nbatch = mi.nbatch;
+    memcpy(w->batch, mi.batch, sizeof mi.batch);
+    int nd = P->ndim;
+    bool keep_m = a->ndim > 1, keep_n = b->ndim > 1;
+    w->dn = keep_n ? nd - 1 : -1;
+    w->dm = keep_m ? (keep_n ? nd - 2 : nd - 1) : -1;
+    for (int e = 0; e < P->next; e++)
+        sk_hv_of(&w->v[e], ext[e], nd, P->shape);
+    for (int o = 0; o < P->nout; o++)
+        sk_hv_of(&w->v[P->next + o], out[o], nd, P->shape);
+    rc = plan_alloc(s, L, &w->t.E, 512, 2);
+    if (!rc)
+        rc = sk_matmul_run(s, a, b, NULL, mm_epi, w);
+    g_free(w);
+    g_free(L);
+    return rc;
+}
+
+/* ---------------- entry points ---------------- */
+
+/* Every op the planner puts in a program has an instruction sequence here;
+ * checked before anything runs, so a refusal writes nothing. */
+static bool prog_supported(const nt__fprog *P)
+{
+    for (int k = P->kind == NT_FK_MM ? 1 : 0; k < P->nops; k++) {
+        const nt__fop *o = &P->ops[k];
+        if (o->op >= NT_OP_COUNT)
+            return false;
+        switch (nt__ops[o->op].kind) {
+        case NT_KIND_FILL:
+            if (o->op != NT_OP_FILL)
+                return false;
+            break;
+        case NT_KIND_COPY:
+        case NT_KIND_UNARY:
+        case NT_KIND_SCALAR:
+        case NT_KIND_BINARY:
+        case NT_KIND_CMP:
+        case NT_KIND_WHERE: break;
+        case NT_KIND_REDUCE:
+            if (P->kind != NT_FK_ROW || o->op == NT_OP_ARGMAX)
+                return false;
+            break;
+        default: return false;
+        }
+    }
+    return P->kind != NT_FK_MM || (P->ops[0].op == NT_OP_MATMUL && NT_F_IS_EXT(P->ops[0].a[0]) &&
+                                   NT_F_IS_EXT(P->ops[0].a[1]));
+}
+
+int nt__sk_fused(const nt__fgroup *g)
+{
+    const nt__fprog *P = g->prog;
+    static const char *names[] = {"fused.ew", "fused.row", "fused.mm"};
+    if (!prog_supported(P))
+        return NT_ENOTSUP;
+    sk_k s;
+    int rc = sk_begin(&s, names[P->kind]);
+    if (rc)
+        return rc;
+    switch (P->kind) {
+    case NT_FK_EW: rc = run_ew(&s, P, g->ext, g->out); break;
+    case NT_FK_ROW: rc = run_row(&s, P, g->ext, g->out); break;
+    case NT_FK_MM: rc = run_mm(&s, P, g->ext, g->out); break;
+    default: rc = NT_ENOTSUP; break;
+    }
+    bool refused = rc == NT_ENOTSUP && !nt_sim_kernel_error(s.k);
+    int rc2 = sk_end(&s);
+    if (refused)
+        return NT_ENOTSUP; /* nothing issued: the planner replays op by op */
+    return rc2 ? rc2 : rc;
+}
+
+int nt__sk_ew(const nt__rec *r)
+{
+    nt__fprog *P = g_new0(nt__fprog, 1);
+    const nt_tensor *o = r->out[0];
+    P->kind = NT_FK_EW;
+    P->nops = 1;
+    P->nvals = 1;
+    P->ndim = o->ndim;
+    memcpy(P->shape, o->shape, sizeof P->shape);
+    nt_tensor *ext[NT__MAX_IN] = {0};
+    nt__fop *op = &P->ops[0];
+    op->op = r->op;
+    op->nin = r->nin;
+    op->p = r->p;
+    op->out = 0;
+    for (int i = 0; i < r->nin; i++) {
+        int e = -1;
+        for (int j = 0; j < P->next; j++)
+            if (ext[j] == r->in[i])
+                e = j;
+        if (e < 0) {
+            e = P->next++;
+            ext[e] = r->in[i];
+            P->ext[e].dtype = r->in[i]->dtype;
+        }
+        op->a[i] = (int8_t)NT_F_EXT(e);
+    }
+    P->vals[0].dtype = o->dtype;
+    P->vals[0].store = 0;
+    P->nout = 1;
+    P->out_val[0] = 0;
+    sk_k s;
+    int rc = sk_begin(&s, nt__op_name(r->op));
+    if (!rc) {
+        nt_tensor *outs[1] = {r->out[0]};
+        rc = run_ew(&s, P, ext, outs);
+        int rc2 = sk_end(&s);
+        if (rc2)
+            rc = rc2;
+        else if (rc)
+            rc = nt__kerr(rc, "no simulator program for this op (%s)", nt_strerror(rc));
+    }
+    g_free(P);
+    return rc;
+}

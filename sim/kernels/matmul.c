@@ -1,0 +1,184 @@
+/* sim/kernels/matmul.c - nt_matmul on the simulator.
+ *
+ * PyTorch's shape rules (1-D operands promoted, batch dims broadcast) come
+ * from nt__matmul_info; each batch is one nt_tile_matmul program in the same
+ * kernel: K-tiles of 128 accumulated in PSUM in ascending order, exactly the
+ * CPU kernel's recurrence (core/gemm.h), one rounding to the output dtype.
+ *
+ * Operands reach the tile program as it wants them: A row-major [M, K] or
+ * given as A^T (a transposed view: the program transposes row-major A on
+ * TensorE itself); B row-major [K, N].  A B that is a transposed view
+ * (x @ w^T, the linear layer) is transposed once per call on TensorE into
+ * HBM scratch; any other strides are copied contiguous by DMA. */
+#include "sk.h"
+
+#include <string.h>
+
+/* rows x cols at (rs, cs) -> contiguous rows x cols, by DMA */
+static int copy2d(sk_k *s, const char *src, nt_dtype dt, int64_t rows, int64_t cols, int64_t rs,
+                  int64_t cs, char *dst)
+{
+    for (int64_t r0 = 0; r0 < rows; r0 += 128) {
+        int np = (int)(rows - r0 < 128 ? rows - r0 : 128);
+        nt_ap a, b;
+        memset(&a, 0, sizeof a);
+        a.hbm = (void *)src;
+        a.dtype = dt;
+        a.np = np;
+        a.pstep = rs;
+        a.offset = r0 * rs;
+        a.ndim = 1;
+        a.num[0] = cols;
+        a.step[0] = cs;
+        b = nt_hbm_ap(dst, dt, r0 * cols, np, cols, cols);
+        int rc = nt_isa_dma_copy(s->k, &b, &a, sk_qin(s));
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* T [R, C] row-major (row stride ld) -> dst [C, R] row-major, through
+ * TensorE transposes of 128 x 128 blocks (same dtype: bit for bit). */
+static int transpose2d(sk_k *s, const char *src, nt_dtype dt, int64_t R, int64_t C, int64_t ld,
+                       char *dst)
+{
+    nt_sim_kernel *k = s->k;
+    nt_tile *in[2], *ps[2], *out[2];
+    for (int b = 0; b < 2; b++) {
+        in[b] = sk_tile(s, "tr.in", dt, 128, 128);
+        ps[b] = nt_tile_alloc(k, "tr.psum", NT_MEM_PSUM, dt, 128, 128);
+        out[b] = sk_tile(s, "tr.out", dt, 128, 128);
+    }
+    int rc = nt_sim_kernel_error(k), n = 0;
+    for (int64_t r0 = 0; r0 < R && !rc; r0 += 128)
+        for (int64_t c0 = 0; c0 < C && !rc; c0 += 128, n++) {
+            int rw = (int)(R - r0 < 128 ? R - r0 : 128), cw = (int)(C - c0 < 128 ? C - c0 : 128);
+            int b = n & 1;
+            nt_ap h = nt_hbm_ap(src, dt, r0 * ld + c0, rw, ld, cw);
+            nt_ap i = nt_tile_slice(in[b], 0, rw, 0, cw);
+            nt_ap p = nt_tile_slice(ps[b], 0, cw, 0, rw);
+            nt_ap o = nt_tile_slice(out[b], 0, cw, 0, rw);
+            nt_ap d = nt_hbm_ap(dst, dt, c0 * R + r0, cw, R, rw);
+            if ((rc = nt_isa_dma_copy(k, &i, &h, sk_qin(s))) ||
+                (rc = nt_isa_nc_transpose(k, &p, &i)) ||
+                (rc = nt_isa_tensor_copy(k, &o, &p, NT_ENGINE_VECTOR)) ||
+                (rc = nt_isa_dma_copy(k, &d, &o, sk_qout(s))))
+                break;
+        }
+    for (int b = 0; b < 2; b++) {
+        nt_tile_release(k, in[b]);
+        nt_tile_release(k, ps[b]);
+        nt_tile_release(k, out[b]);
+    }
+    return rc ? rc : nt_sim_kernel_error(k);
+}
+
+typedef struct epi_tramp {
+    sk_k *s;
+    sk_mm_epi epi;
+    void *ctx;
+    int64_t batch;
+} epi_tramp;
+
+static int tramp(nt_sim_kernel *k, const nt_ap *acc, int64_t m0, int64_t n0, void *ctx)
+{
+    (void)k;
+    epi_tramp *t = ctx;
+    return t->epi(t->s, acc, t->batch, m0, n0, t->ctx);
+}
+
+int sk_matmul_run(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tensor *c,
+                  sk_mm_epi epi, void *ctx)
+{
+    nt__mminfo mi;
+    char why[160];
+    if (!nt__matmul_info(a, b, &mi, why, sizeof why))
+        return nt__kerr(NT_ESHAPE, "%s", why);
+    int64_t M = mi.M, N = mi.N, K = mi.K;
+    int64_t nbatch = nt__numel(mi.nbatch, mi.batch);
+    if (M == 0 || N == 0 || nbatch == 0)
+        return 0;
+    nt_dtype dt = (nt_dtype)a->dtype;
+    int64_t esz = (int64_t)nt__dtype_size(dt);
+    const char *ad = nt__tensor_data(a), *bd = nt__tensor_data(b);
+    char *cd = c ? nt__tensor_data(c) : NULL;
+    int64_t oes = c ? (int64_t)nt__dtype_size((nt_dtype)c->dtype) : 0;
+    /* how each operand is handed over */
+    bool a_row = (mi.a_cs == 1 || K == 1) && (M == 1 || mi.a_rs >= K);
+    bool a_col = !a_row && (mi.a_rs == 1 || M == 1) && (K == 1 || mi.a_cs >= M);
+    bool b_row = (mi.b_cs == 1 || N == 1) && (K == 1 || mi.b_rs >= N);
+    bool b_col = !b_row && (mi.b_rs == 1 || K == 1) && (N == 1 || mi.b_cs >= K);
+    char *ascr = NULL, *bscr = NULL;
+    if (K > 0 && !a_row && !a_col && !(ascr = sk_scratch(s, (size_t)(M * K * esz))))
+        return NT_ENOMEM;
+    if (K > 0 && !b_row && !(bscr = sk_scratch(s, (size_t)(K * N * esz))))
+        return NT_ENOMEM;
+    int64_t idx[NT_MAX_DIMS] = {0};
+    int64_t a_prev = -1, b_prev = -1, bi = 0;
+    int rc = 0;
+    do {
+        int64_t aoff = 0, boff = 0;
+        for (int i = 0; i < mi.nbatch; i++)
+            aoff += idx[i] * mi.a_bstride[i], boff += idx[i] * mi.b_bstride[i];
+        nt_tile_matmul_args g;
+        memset(&g, 0, sizeof g);
+        g.M = M, g.N = N, g.K = K;
+        g.in_dtype = dt;
+        if (K > 0) {
+            const char *ap = ad + aoff * esz, *bp = bd + boff * esz;
+            if (a_row) {
+                g.a = ap;
+                g.lda = M == 1 ? K : mi.a_rs;
+            } else if (a_col) {
+                g.a = ap;
+                g.a_trans = true;
+                g.lda = K == 1 ? M : mi.a_cs;
+            } else {
+                if (aoff != a_prev && (rc = copy2d(s, ap, dt, M, K, mi.a_rs, mi.a_cs, ascr)))
+                    break;
+                g.a = ascr;
+                g.lda = K;
+            }
+            if (b_row) {
+                g.b = bp;
+                g.ldb = K == 1 ? N : mi.b_rs;
+            } else {
+                if (boff != b_prev) {
+                    rc = b_col ? transpose2d(s, bp, dt, N, K, mi.b_cs, bscr)
+                               : copy2d(s, bp, dt, K, N, mi.b_rs, mi.b_cs, bscr);
+                    if (rc)
+                        break;
+                }
+                g.b = bscr;
+                g.ldb = N;
+            }
+        }
+        a_prev = aoff, b_prev = boff;
+        epi_tramp t = {s, epi, ctx, bi};
+        if (epi) {
+            g.epilogue = tramp;
+            g.epilogue_ctx = &t;
+            g.out_dtype = NT_F32;
+        } else {
+            g.c = cd + bi * M * N * oes;
+            g.ldc = N;
+            g.out_dtype = (nt_dtype)c->dtype;
+        }
+        if ((rc = nt_tile_matmul(s->k, &g)))
+            break;
+        bi++;
+    } while (nt__idx_next(idx, mi.nbatch, mi.batch));
+    return rc;
+}
+
+int nt__sk_matmul(const nt__rec *r)
+{
+    sk_k s;
+    int rc = sk_begin(&s, "matmul");
+    if (rc)
+        return rc;
+    int rc1 = sk_matmul_run(&s, r->in[0], r->in[1], r->out[0], NULL, NULL);
+    rc = sk_end(&s);
+    return rc ? rc : rc1;
+}

@@ -1,0 +1,310 @@
+/* sim/kernels/reduce.c - sum, mean, max, argmax over a dim or all.
+ *
+ * The CPU's arithmetic (cpu/reduce.c) is: the reduced sequence widened to
+ * f32, blocks of 2048 in order, acc = +0 (-Inf); acc = op(acc, block
+ * partial); mean divides by (float)n; integers sum (wrapping) and max
+ * exactly; argmax is the first maximum, the first NaN winning.
+ *
+ * Over a dim: one row per partition (the innermost batch dim on partitions,
+ * the row along the free axis in chunks of CH, a multiple of 2048).  A
+ * tensor_reduce over [np, blocks, 2048] gives every block's partial (as
+ * op(identity, partial), which changes nothing: see docs/sim.md), and a
+ * tensor_tensor_scan folds them into the running accumulator in order.
+ * Over all elements: the blocks go on partitions (128 blocks per tile), and
+ * their partials are folded in order across partitions (nc_transpose into a
+ * row, then the scan).  argmax: a first pass finds the maximum m, a second
+ * marks x == m or x != x and takes the smallest marked index as the
+ * maximum of -index (iota) in exact int32. */
+#include "sk.h"
+
+#include <math.h>
+#include <string.h>
+
+#define CH 4096 /* elements of a row per tile: two canonical blocks */
+
+typedef struct red {
+    sk_k *s;
+    int op;
+    bool ints;
+    int64_t n, sn, sc, oc;
+    nt_dtype xdt, odt;
+    char *xb, *ob;
+    nt_tile *x[2], *part, *parti, *scan, *one, *acc, *acci, *mi, *res, *y;
+    nt_tile *mask, *mask2, *neg, *cand; /* argmax */
+    int ng;
+} red;
+
+static nt_ap col(nt_tile *t, int np) { return nt_tile_slice(t, 0, np, 0, 1); }
+
+/* Reduces x [np, m] (m <= CH, starting at a multiple of 2048) into the
+ * running accumulator acc [np, 1] (f32 or i32). */
+static int fold_chunk(red *c, const nt_ap *x, int np, int64_t m, nt_alu_op op)
+{
+    nt_sim_kernel *k = c->s->k;
+    if (c->ints) {
+        nt_ap p = col(c->parti, np), a = col(c->acci, np);
+        int rc = nt_isa_tensor_reduce(k, &p, x, op, 0);
+        return rc ? rc : nt_isa_tensor_tensor(k, &a, &a, &p, op, NT_ENGINE_VECTOR);
+    }
+    int64_t nbf = m / NT_RED_BLOCK, rem = m % NT_RED_BLOCK, nb = nbf + (rem > 0);
+    int rc = 0;
+    if (nbf) {
+        nt_ap xb = *x;
+        xb.ndim = 2;
+        xb.num[0] = nbf, xb.step[0] = NT_RED_BLOCK;
+        xb.num[1] = NT_RED_BLOCK, xb.step[1] = 1;
+        nt_ap p = nt_tile_slice(c->part, 0, np, 0, nbf);
+        rc = nt_isa_tensor_reduce(k, &p, &xb, op, 1);
+    }
+    if (!rc && rem) {
+        nt_ap xr = *x;
+        xr.offset += nbf * NT_RED_BLOCK;
+        xr.num[0] = rem;
+        nt_ap p = nt_tile_slice(c->part, 0, np, nbf, 1);
+        rc = nt_isa_tensor_reduce(k, &p, &xr, op, 0);
+    }
+    /* acc = op(acc, partial_0); acc = op(acc, partial_1) ...: a scan */
+    nt_ap one = nt_tile_slice(c->one, 0, np, 0, 1);
+    one.num[0] = nb;
+    one.step[0] = 0;
+    nt_ap p = nt_tile_slice(c->part, 0, np, 0, nb), sc = nt_tile_slice(c->scan, 0, np, 0, nb);
+    nt_ap a = col(c->acc, np), last = nt_tile_slice(c->scan, 0, np, nb - 1, 1);
+    if (!rc)
+        rc = nt_isa_tensor_tensor_scan(k, &sc, &one, &p, &(nt_isa_scalar){&a, 0}, NT_ALU_MUL, op);
+    return rc ? rc : nt_isa_tensor_copy(k, &a, &last, NT_ENGINE_VECTOR);
+}
+
+static nt_ap hx(const red *c, int64_t off, int np, int64_t m)
+{
+    nt_ap a;
+    memset(&a, 0, sizeof a);
+    a.hbm = c->xb;
+    a.dtype = c->xdt;
+    a.np = np;
+    a.pstep = c->sc;
+    a.offset = off;
+    a.ndim = 1;
+    a.num[0] = m;
+    a.step[0] = c->sn;
+    return a;
+}
+
+static int init_acc(red *c, int np, nt_alu_op op)
+{
+    nt_ap a = col(c->ints ? c->acci : c->acc, np);
+    double v = op == NT_ALU_MAX ? (c->ints ? (double)INT32_MIN : -INFINITY) : 0.0;
+    return nt_isa_memset(c->s->k, &a, v, NT_ENGINE_VECTOR);
+}
+
+/* Writes the group's result [np, 1], rounded once to the output dtype. */
+static int finish(red *c, int np, int64_t ooff)
+{
+    nt_sim_kernel *k = c->s->k;
+    nt_ap r = col(c->y, np), a = col(c->ints ? c->acci : c->acc, np);
+    int rc;
+    if (c->n == 0) {
+        /* the CPU's identities: 0, -Inf (INT32_MIN), 0/0, index -1 */
+        double v = c->op == NT_OP_SUM    ? 0.0
+                   : c->op == NT_OP_MEAN ? NAN
+                   : c->op == NT_OP_MAX  ? (c->ints ? (double)INT32_MIN : -INFINITY)
+                                         : -1.0;
+        rc = nt_isa_memset(k, &r, v, NT_ENGINE_VECTOR);
+    } else if (c->op == NT_OP_ARGMAX) {
+        nt_ap b = col(c->res, np);
+        rc = nt_isa_tensor_copy(k, &r, &b, NT_ENGINE_VECTOR);
+    } else if (c->op == NT_OP_MEAN) {
+        rc = nt_isa_tensor_scalar(k, &r, &a, &(nt_isa_alu){NT_ALU_DIV, {NULL, (float)c->n}, false},
+                                  NULL, NT_ENGINE_VECTOR);
+    } else {
+        rc = nt_isa_tensor_copy(k, &r, &a, NT_ENGINE_VECTOR);
+    }
+    nt_ap o;
+    memset(&o, 0, sizeof o);
+    o.hbm = c->ob;
+    o.dtype = c->odt;
+    o.np = np;
+    o.pstep = c->oc;
+    o.offset = ooff;
+    o.ndim = 1;
+    o.num[0] = 1;
+    o.step[0] = 1;
+    return rc ? rc : nt_isa_dma_copy(k, &o, &r, sk_qout(c->s));
+}
+
+/* One group of np rows starting at element offsets ioff (input) and ooff
+ * (output). */
+static int red_group(void *ctx, int64_t ioff, int64_t ooff, int np)
+{
+    red *c = ctx;
+    sk_k *s = c->s;
+    nt_sim_kernel *k = s->k;
+    nt_alu_op op = c->op == NT_OP_SUM || c->op == NT_OP_MEAN ? NT_ALU_ADD : NT_ALU_MAX;
+    int64_t nch = (c->n + CH - 1) / CH;
+    int rc = init_acc(c, np, op);
+    nt_ap xt[2];
+    for (int64_t ch = 0; ch < nch && !rc; ch++) {
+        int64_t c0 = ch * CH, m = c->n - c0 < CH ? c->n - c0 : CH;
+        int b = (int)((c->ng + ch) & 1);
+        xt[b] = nt_tile_slice(c->x[b], 0, np, 0, m);
+        nt_ap h = hx(c, ioff + c0 * c->sn, np, m);
+        rc = nt_isa_dma_copy(k, &xt[b], &h, sk_qin(s));
+        if (!rc)
+            rc = fold_chunk(c, &xt[b], np, m, op);
+    }
+    if (!rc && c->op == NT_OP_ARGMAX) {
+        /* second pass: the smallest index with x == m or x != x, as the
+         * maximum of -index */
+        nt_ap m = col(c->ints ? c->acci : c->acc, np);
+        nt_ap best = col(c->res, np);
+        rc = nt_isa_memset(k, &best, (double)INT32_MIN, NT_ENGINE_VECTOR);
+        for (int64_t ch = 0; ch < nch && !rc; ch++) {
+            int64_t c0 = ch * CH, w = c->n - c0 < CH ? c->n - c0 : CH;
+            int b = (int)((c->ng + ch) & 1);
+            nt_ap x = nt_tile_slice(c->x[b], 0, np, 0, w);
+            if (nch > 1) {
+                nt_ap h = hx(c, ioff + c0 * c->sn, np, w);
+                rc = nt_isa_dma_copy(k, &x, &h, sk_qin(s));
+            }
+            nt_ap mk = nt_tile_slice(c->mask, 0, np, 0, w), mk2 = nt_tile_slice(c->mask2, 0, np, 0, w);
+            nt_ap ng = nt_tile_slice(c->neg, 0, np, 0, w), cd = nt_tile_slice(c->cand, 0, np, 0, w);
+            nt_isa_alu eq = {NT_ALU_EQ, {&m, 0}, false};
+            if (!rc)
+                rc = nt_isa_tensor_scalar(k, &mk, &x, &eq, NULL, NT_ENGINE_VECTOR);
+            if (!rc && !c->ints) {
+                rc = nt_isa_tensor_tensor(k, &mk2, &x, &x, NT_ALU_NE, NT_ENGINE_VECTOR);
+                if (!rc)
+                    rc = nt_isa_tensor_tensor(k, &mk, &mk, &mk2, NT_ALU_MAX, NT_ENGINE_VECTOR);
+            }
+            nt_isa_affine ix = {(int32_t)-c0, 0, {-1, 0, 0, 0}};
+            if (!rc)
+                rc = nt_isa_iota(k, &ng, &ix);
+            nt_ap lo = nt_tile_slice(c->mi, 0, np, 0, 1);
+            lo.num[0] = w;
+            lo.step[0] = 0;
+            if (!rc)
+                rc = nt_isa_select(k, &cd, &mk, &ng, &lo, NT_ENGINE_VECTOR);
+            nt_ap p = col(c->parti, np);
+            if (!rc)
+                rc = nt_isa_tensor_reduce(k, &p, &cd, NT_ALU_MAX, 0);
+            if (!rc)
+                rc = nt_isa_tensor_tensor(k, &best, &best, &p, NT_ALU_MAX, NT_ENGINE_VECTOR);
+        }
+        if (!rc)
+            rc = nt_isa_tensor_scalar(k, &best, &best, &(nt_isa_alu){NT_ALU_MUL, {NULL, -1.0f}, false},
+                                      NULL, NT_ENGINE_VECTOR);
+    }
+    c->ng += (int)nch;
+    if (rc)
+        return rc;
+    return finish(c, np, ooff);
+}
+
+/* Integer partials on partitions [np, 1] folded into acc [1, 1] (exact, so
+ * any order): transposed into a row and reduced. */
+static int int_combine(red *c, const nt_ap *acc, const nt_ap *vals, nt_alu_op op)
+{
+    nt_sim_kernel *k = c->s->k;
+    int np = vals->np;
+    nt_tile *tp = nt_tile_alloc(k, "ic.T", NT_MEM_PSUM, NT_I32, 1, np);
+    if (!tp)
+        return nt_sim_kernel_error(k);
+    nt_ap T = nt_tile_ap(tp), t1 = nt_tile_slice(c->parti, 0, 1, 0, 1);
+    int rc = nt_isa_nc_transpose(k, &T, vals);
+    if (!rc)
+        rc = nt_isa_tensor_reduce(k, &t1, &T, op, 0);
+    if (!rc)
+        rc = nt_isa_tensor_tensor(k, acc, acc, &t1, op, NT_ENGINE_VECTOR);
+    nt_tile_release(k, tp);
+    return rc;
+}
+
+/* sum / mean / max over all n elements of a contiguous sequence: blocks of
+ * 2048 on partitions, their partials folded in order. */
+static int red_all(red *c)
+{
+    sk_k *s = c->s;
+    nt_sim_kernel *k = s->k;
+    nt_alu_op op = c->op == NT_OP_MAX ? NT_ALU_MAX : NT_ALU_ADD;
+    int64_t nbf = c->n / NT_RED_BLOCK, rem = c->n % NT_RED_BLOCK;
+    int rc = init_acc(c, 1, op);
+    nt_ap acc = col(c->ints ? c->acci : c->acc, 1);
+    int t = 0;
+    for (int64_t b0 = 0; b0 < nbf + (rem > 0) && !rc; t++) {
+        bool tail = b0 >= nbf;
+        int np = tail ? 1 : (int)(nbf - b0 < 128 ? nbf - b0 : 128);
+        int64_t w = tail ? rem : NT_RED_BLOCK;
+        nt_ap x = nt_tile_slice(c->x[t & 1], 0, np, 0, w);
+        nt_ap h = nt_hbm_ap(c->xb, c->xdt, b0 * NT_RED_BLOCK, np, NT_RED_BLOCK, w);
+        rc = nt_isa_dma_copy(k, &x, &h, sk_qin(s));
+        nt_ap p = col(c->ints ? c->parti : c->part, np);
+        if (!rc)
+            rc = nt_isa_tensor_reduce(k, &p, &x, op, 0);
+        if (!rc)
+            rc = c->ints ? int_combine(c, &acc, &p, op) : sk_seq_combine(s, &acc, &p, op);
+        b0 += np;
+    }
+    return rc ? rc : finish(c, 1, 0);
+}
+
+int nt__sk_reduce(const nt__rec *r)
+{
+    const nt_tensor *x = r->in[0], *o = r->out[0];
+    if (nt__numel(o->ndim, o->shape) == 0)
+        return 0;
+    sk_k s;
+    int rc = sk_begin(&s, nt__op_name(r->op));
+    if (rc)
+        return rc;
+    red c;
+    memset(&c, 0, sizeof c);
+    c.s = &s;
+    c.op = r->op;
+    c.ints = !nt__dtype_is_float((nt_dtype)x->dtype);
+    c.xdt = (nt_dtype)x->dtype;
+    c.odt = (nt_dtype)o->dtype;
+    c.ob = nt__tensor_data(o);
+    nt_dtype adt = c.ints ? NT_I32 : NT_F32;
+    for (int b = 0; b < 2; b++)
+        c.x[b] = sk_tile(&s, "red.x", c.xdt, 128, CH);
+    c.part = sk_tile(&s, "red.part", NT_F32, 128, CH / NT_RED_BLOCK + 1);
+    c.parti = sk_tile(&s, "red.parti", NT_I32, 128, 1);
+    c.scan = sk_tile(&s, "red.scan", NT_F32, 128, CH / NT_RED_BLOCK + 1);
+    c.one = sk_tile(&s, "red.one", NT_F32, 128, 1);
+    c.acc = sk_tile(&s, "red.acc", NT_F32, 128, 1);
+    c.acci = sk_tile(&s, "red.acci", NT_I32, 128, 1);
+    c.res = sk_tile(&s, "red.best", NT_I32, 128, 1);
+    c.mi = sk_tile(&s, "red.min", NT_I32, 128, 1);
+    c.y = sk_tile(&s, "red.y", c.odt, 128, 1);
+    if (r->op == NT_OP_ARGMAX) {
+        c.mask = sk_tile(&s, "am.mask", adt, 128, CH);
+        c.mask2 = sk_tile(&s, "am.nan", NT_F32, 128, CH);
+        c.neg = sk_tile(&s, "am.negidx", NT_I32, 128, CH);
+        c.cand = sk_tile(&s, "am.cand", NT_I32, 128, CH);
+    }
+    nt_ap one = nt_tile_ap(c.one), mi = nt_tile_ap(c.mi);
+    nt_isa_memset(s.k, &one, 1.0, NT_ENGINE_GPSIMD);
+    nt_isa_memset(s.k, &mi, (double)INT32_MIN, NT_ENGINE_GPSIMD);
+    if (!nt_sim_kernel_error(s.k)) {
+        if (r->p.dim == NT_DIM_ALL) {
+            c.n = nt__numel(x->ndim, x->shape);
+            c.xb = (char *)sk_contig_of(&s, x);
+            c.sn = 1;
+            if (!c.xb)
+                ;
+            else if (r->op == NT_OP_ARGMAX || c.n == 0)
+                red_group(&c, 0, 0, 1); /* one row */
+            else
+                red_all(&c);
+        } else {
+            sk_rows R;
+            sk_rows_init(&R, x, r->p.dim, false);
+            c.n = R.n;
+            c.sn = R.sn;
+            c.sc = R.sc;
+            c.oc = R.oc;
+            c.xb = nt__tensor_data(x);
+            sk_rows_run(&R, red_group, &c);
+        }
+    }
+    return sk_end(&s);
+}

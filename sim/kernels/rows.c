@@ -1,0 +1,493 @@
+/* sim/kernels/rows.c - the row ops and losses on the simulator.
+ *
+ * One row per partition (up to 128 rows per group, the innermost batch dim
+ * on partitions), the row on the free axis in chunks of RCH (a multiple of
+ * 2048).  A row that fits one chunk stays in SBUF across the passes; a
+ * longer one is streamed from HBM once per pass.  The arithmetic is the CPU
+ * kernels' (cpu/nn.c), step for step:
+ *
+ *   softmax      m = max(x); e = exp(x - m); s = sum(e); y = e / s
+ *   log_softmax  m; d = x - m; s = sum(exp(d)); y = d - log(s)
+ *   layer_norm   mean = sum(x) / D; d = x - mean; var = sum(d * d) / D;
+ *                r = rsqrt(var + eps); y = d * r (* w) (+ b)
+ *   rms_norm     r = rsqrt(sum(x * x) / D + eps); y = x * r (* w)
+ *   cross_entropy  per row: m, d, ls = log(sum(exp(d))), nll = -(d[label] -
+ *                ls); loss = sum(nll) / N, the sum over rows in the
+ *                canonical order (the nll values are gathered into a row)
+ *   mse_loss     sum((a - b) * (a - b)) / n over the flat sequence
+ *
+ * Every sum and max is sk_fold (block partials folded in order, so exactly
+ * nt__red_sum_f32 / nt__red_max_f32 over the row); temporaries are f32;
+ * the one rounding is the last instruction's write into the output tile.
+ * d[label] is a masked maximum: every other element is -Inf, so the maximum
+ * is d[label] itself, bit for bit. */
+#include "sk.h"
+
+#include <math.h>
+#include <string.h>
+
+#define RCH 4096
+
+typedef struct rk {
+    sk_k *s;
+    int op;
+    int64_t n, sn, sc, oc, on;
+    nt_dtype xdt, odt;
+    char *xb, *ob;
+    float eps;
+    const nt_tensor *w, *b;
+    nt_tile *x[2], *T, *U, *y, *wt, *bt, *st, *ii, *mk, *cnd, *ninf, *lab;
+    bool wb_loaded;
+    int ng;
+    /* cross_entropy */
+    const nt_tensor *labels;
+    int64_t row0;       /* first row of the group */
+    nt_tile *nll_row, *acc;
+    nt_tile *trp;
+} rk;
+
+static nt_ap colk(nt_tile *t, int np, int j) { return nt_tile_slice(t, 0, np, j, 1); }
+
+static nt_ap rowpat(char *base, nt_dtype dt, int64_t off, int np, int64_t pstep, int64_t m,
+                    int64_t step)
+{
+    nt_ap a;
+    memset(&a, 0, sizeof a);
+    a.hbm = base;
+    a.dtype = dt;
+    a.np = np;
+    a.pstep = pstep;
+    a.offset = off;
+    a.ndim = 1;
+    a.num[0] = m;
+    a.step[0] = step;
+    return a;
+}
+
+static int ts(sk_k *s, const nt_ap *d, const nt_ap *x, nt_alu_op op, const nt_ap *sap, float imm)
+{
+    return nt_isa_tensor_scalar(s->k, d, x, &(nt_isa_alu){op, {sap, imm}, false}, NULL, sk_eng(s));
+}
+
+/* Loads chunk ch (elements c0 .. c0+m) of the group's rows into x[b]. */
+static int load_chunk(rk *c, int64_t ioff, int np, int64_t c0, int64_t m, nt_ap *x)
+{
+    int b = c->ng & 1;
+    *x = nt_tile_slice(c->x[b], 0, np, 0, m);
+    nt_ap h = rowpat(c->xb, c->xdt, ioff + c0 * c->sn, np, c->sc, m, c->sn);
+    return nt_isa_dma_copy(c->s->k, x, &h, sk_qin(c->s));
+}
+
+/* stats columns: 0 m, 1 -m (unused), 2 s / sum, 3 ls / r, 4 mean, 5 tmp, 6 dl, 7 nll */
+enum { S_M, S_X, S_S, S_L, S_MEAN, S_TMP, S_DL, S_NLL, S_COLS };
+
+/* m = max over the row (pass 1). */
+static int pass_max(rk *c, int64_t ioff, int np, nt_ap *xres)
+{
+    nt_ap m = colk(c->st, np, S_M);
+    int rc = nt_isa_memset(c->s->k, &m, -INFINITY, NT_ENGINE_VECTOR);
+    int64_t nch = (c->n + RCH - 1) / RCH;
+    for (int64_t ch = 0; ch < nch && !rc; ch++) {
+        int64_t c0 = ch * RCH, w = c->n - c0 < RCH ? c->n - c0 : RCH;
+        rc = load_chunk(c, ioff, np, c0, w, xres);
+        if (!rc)
+            rc = sk_fold(c->s, &m, xres, NT_ALU_MAX);
+    }
+    return rc;
+}
+
+/* ---------------- softmax, log_softmax, cross_entropy ---------------- */
+
+/* Passes 2 and 3 of the softmax family over one group. */
+static int softmax_group(void *ctx, int64_t ioff, int64_t ooff, int np)
+{
+    rk *c = ctx;
+    sk_k *s = c->s;
+    nt_sim_kernel *k = s->k;
+    nt_ap x;
+    int64_t nch = (c->n + RCH - 1) / RCH;
+    bool res = nch == 1;
+    int rc = pass_max(c, ioff, np, &x);
+    nt_ap m = colk(c->st, np, S_M), sum = colk(c->st, np, S_S), ls = colk(c->st, np, S_L);
+    nt_ap dl = colk(c->st, np, S_DL);
+    if (!rc)
+        rc = nt_isa_memset(k, &sum, 0.0, NT_ENGINE_VECTOR);
+    if (!rc && c->op == NT_OP_CROSS_ENTROPY)
+        rc = nt_isa_memset(k, &dl, -INFINITY, NT_ENGINE_VECTOR);
+    /* pass 2: s = sum(exp(x - m)); cross_entropy also d[label] */
+    for (int64_t ch = 0; ch < nch && !rc; ch++) {
+        int64_t c0 = ch * RCH, w = c->n - c0 < RCH ? c->n - c0 : RCH;
+        if (!res)
+            rc = load_chunk(c, ioff, np, c0, w, &x);
+        nt_ap T = nt_tile_slice(c->T, 0, np, 0, w), U = nt_tile_slice(c->U, 0, np, 0, w);
+        if (!rc)
+            rc = ts(s, &T, &x, NT_ALU_SUB, &m, 0);
+        if (!rc)
+            rc = nt_isa_activation(k, &U, NT_ACT_EXP, &T, NULL, NULL, NULL);
+        if (!rc)
+            rc = sk_fold(s, &sum, &U, NT_ALU_ADD);
+        if (!rc && c->op == NT_OP_CROSS_ENTROPY) {
+            /* d[label]: max of (j == label ? d : -Inf) */
+            nt_ap I = nt_tile_slice(c->ii, 0, np, 0, w), M = nt_tile_slice(c->mk, 0, np, 0, w);
+            nt_ap C = nt_tile_slice(c->cnd, 0, np, 0, w), lab = colk(c->lab, np, 0);
+            nt_ap ni = colk(c->ninf, np, 0), t1 = colk(c->st, np, S_TMP);
+            ni.num[0] = w;
+            ni.step[0] = 0;
+            rc = nt_isa_iota(k, &I, &(nt_isa_affine){(int32_t)c0, 0, {1, 0, 0, 0}});
+            if (!rc)
+                rc = ts(s, &M, &I, NT_ALU_EQ, &lab, 0);
+            if (!rc)
+                rc = nt_isa_select(k, &C, &M, &T, &ni, NT_ENGINE_VECTOR);
+            if (!rc)
+                rc = nt_isa_tensor_reduce(k, &t1, &C, NT_ALU_MAX, 0);
+            if (!rc)
+                rc = nt_isa_tensor_tensor(k, &dl, &dl, &t1, NT_ALU_MAX, NT_ENGINE_VECTOR);
+        }
+    }
+    if (rc)
+        return rc;
+    c->ng++;
+    if (c->op != NT_OP_SOFTMAX && (rc = nt_isa_activation(k, &ls, NT_ACT_LOG, &sum, NULL, NULL, NULL)))
+        return rc;
+    if (c->op == NT_OP_CROSS_ENTROPY) {
+        nt_ap nll = colk(c->st, np, S_NLL);
+        rc = nt_isa_tensor_tensor(k, &nll, &dl, &ls, NT_ALU_SUB, NT_ENGINE_VECTOR);
+        if (!rc)
+            rc = nt_isa_activation(k, &nll, NT_ACT_NEG, &nll, NULL, NULL, NULL);
+        /* into the row of nll values at its canonical position */
+        int64_t pos = c->row0 % NT_RED_BLOCK;
+        nt_ap tp = nt_tile_slice(c->trp, 0, 1, 0, np);
+        nt_ap dst = nt_tile_slice(c->nll_row, 0, 1, pos, np);
+        if (!rc)
+            rc = nt_isa_nc_transpose(k, &tp, &nll);
+        if (!rc)
+            rc = nt_isa_tensor_copy(k, &dst, &tp, NT_ENGINE_VECTOR);
+        c->row0 += np;
+        int64_t N = c->labels->shape[0];
+        if (!rc && (c->row0 % NT_RED_BLOCK == 0 || c->row0 == N)) {
+            int64_t len = c->row0 % NT_RED_BLOCK ? c->row0 % NT_RED_BLOCK : NT_RED_BLOCK;
+            nt_ap blk = nt_tile_slice(c->nll_row, 0, 1, 0, len), acc = nt_tile_ap(c->acc);
+            rc = sk_fold(s, &acc, &blk, NT_ALU_ADD);
+        }
+        return rc;
+    }
+    /* pass 3: the output */
+    for (int64_t ch = 0; ch < nch && !rc; ch++) {
+        int64_t c0 = ch * RCH, w = c->n - c0 < RCH ? c->n - c0 : RCH;
+        nt_ap T = nt_tile_slice(c->T, 0, np, 0, w), U = nt_tile_slice(c->U, 0, np, 0, w);
+        nt_ap Y = nt_tile_slice(c->y, 0, np, 0, w);
+        if (!res) {
+            rc = load_chunk(c, ioff, np, c0, w, &x);
+            if (!rc)
+                rc = ts(s, &T, &x, NT_ALU_SUB, &m, 0);
+            if (!rc && c->op == NT_OP_SOFTMAX)
+                rc = nt_isa_activation(k, &U, NT_ACT_EXP, &T, NULL, NULL, NULL);
+        }
+        if (!rc)
+            rc = c->op == NT_OP_SOFTMAX ? ts(s, &Y, &U, NT_ALU_DIV, &sum, 0)
+                                        : ts(s, &Y, &T, NT_ALU_SUB, &ls, 0);
+        nt_ap o = rowpat(c->ob, c->odt, ooff + c0 * c->on, np, c->oc, w, c->on);
+        if (!rc)
+            rc = nt_isa_dma_copy(k, &o, &Y, sk_qout(s));
+    }
+    return rc;
+}
+
+static int rk_tiles(rk *c, bool xent)
+{
+    sk_k *s = c->s;
+    for (int b = 0; b < 2; b++)
+        c->x[b] = sk_tile(s, "row.x", c->xdt, 128, RCH);
+    c->T = sk_tile(s, "row.T", NT_F32, 128, RCH);
+    c->U = sk_tile(s, "row.U", NT_F32, 128, RCH);
+    c->st = sk_tile(s, "row.stats", NT_F32, 128, S_COLS);
+    if (!xent)
+        c->y = sk_tile(s, "row.y", c->odt, 128, RCH);
+    return nt_sim_kernel_error(s->k);
+}
+
+int nt__sk_softmax(const nt__rec *r)
+{
+    const nt_tensor *x = r->in[0], *o = r->out[0];
+    if (nt__numel(x->ndim, x->shape) == 0)
+        return 0;
+    sk_k s;
+    int rc = sk_begin(&s, nt__op_name(r->op));
+    if (rc)
+        return rc;
+    rk c;
+    memset(&c, 0, sizeof c);
+    c.s = &s;
+    c.op = r->op;
+    sk_rows R;
+    sk_rows_init(&R, x, x->ndim ? r->p.dim : 0, true);
+    c.n = R.n, c.sn = R.sn, c.sc = R.sc, c.oc = R.oc, c.on = R.on;
+    c.xdt = (nt_dtype)x->dtype, c.odt = (nt_dtype)o->dtype;
+    c.xb = nt__tensor_data(x), c.ob = nt__tensor_data(o);
+    if (!rk_tiles(&c, false))
+        sk_rows_run(&R, softmax_group, &c);
+    return sk_end(&s);
+}
+
+typedef struct lab_check {
+    sk_k *s;
+    int64_t base, C;
+} lab_check;
+
+static int check_labels(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *src, int nsrc,
+                        void *ctx, char *msg, size_t msglen)
+{
+    (void)dst, (void)nsrc;
+    lab_check *lc = ctx;
+    for (int p = 0; p < src[0].np; p++) {
+        const char *q = (const char *)src[0].data + p * src[0].pstride;
+        int32_t v = src[0].dtype == NT_U8 ? *(const uint8_t *)q : *(const int32_t *)q;
+        if (v < 0 || v >= lc->C) {
+            snprintf(msg, msglen, "labels[%lld] = %d is out of range [0, %lld)",
+                     (long long)(lc->base + p), v, (long long)lc->C);
+            return sk_data_error(lc->s, NT_ERANGE, "%s", msg);
+        }
+    }
+    return 0;
+}
+
+static int xent_group(void *ctx, int64_t ioff, int64_t ooff, int np)
+{
+    rk *c = ctx;
+    (void)ooff;
+    /* labels of these rows, checked before anything uses them */
+    const nt_tensor *L = c->labels;
+    nt_ap lab = colk(c->lab, np, 0);
+    nt_ap h = rowpat(nt__tensor_data(L), (nt_dtype)L->dtype, c->row0 * L->stride[0], np,
+                     L->stride[0], 1, 1);
+    int rc = nt_isa_dma_copy(c->s->k, &lab, &h, sk_qin(c->s));
+    lab_check lc = {c->s, c->row0, c->n};
+    const nt_ap *srcs[1] = {&lab};
+    if (!rc)
+        rc = nt_isa_gpsimd_custom(c->s->k, "check_labels", NULL, srcs, 1, 1.0, check_labels, &lc);
+    return rc ? rc : softmax_group(ctx, ioff, 0, np);
+}
+
+int nt__sk_cross_entropy(const nt__rec *r)
+{
+    const nt_tensor *x = r->in[0], *lab = r->in[1], *o = r->out[0];
+    sk_k s;
+    int rc = sk_begin(&s, "cross_entropy");
+    if (rc)
+        return rc;
+    rk c;
+    memset(&c, 0, sizeof c);
+    c.s = &s;
+    c.op = NT_OP_CROSS_ENTROPY;
+    c.labels = lab;
+    sk_rows R;
+    sk_rows_init(&R, x, 1, false);
+    c.n = R.n, c.sn = R.sn, c.sc = R.sc;
+    c.xdt = (nt_dtype)x->dtype, c.odt = (nt_dtype)o->dtype;
+    c.xb = nt__tensor_data(x);
+    rk_tiles(&c, true);
+    c.ii = sk_tile(&s, "xent.iota", NT_I32, 128, RCH);
+    c.mk = sk_tile(&s, "xent.mask", NT_I32, 128, RCH);
+    c.cnd = sk_tile(&s, "xent.cand", NT_F32, 128, RCH);
+    c.ninf = sk_tile(&s, "xent.ninf", NT_F32, 128, 1);
+    c.lab = sk_tile(&s, "xent.labels", (nt_dtype)lab->dtype, 128, 1);
+    c.nll_row = sk_tile(&s, "xent.nll", NT_F32, 1, NT_RED_BLOCK);
+    c.acc = sk_tile(&s, "xent.acc", NT_F32, 1, 1);
+    c.trp = nt_tile_alloc(s.k, "xent.T", NT_MEM_PSUM, NT_F32, 1, 128);
+    nt_ap ni = nt_tile_ap(c.ninf), acc = nt_tile_ap(c.acc);
+    nt_isa_memset(s.k, &ni, -INFINITY, NT_ENGINE_GPSIMD);
+    nt_isa_memset(s.k, &acc, 0.0, NT_ENGINE_GPSIMD);
+    if (!nt_sim_kernel_error(s.k) && !sk_rows_run(&R, xent_group, &c)) {
+        /* loss = sum(nll) / N, rounded once */
+        nt_tile *yt = sk_tile(&s, "xent.y", c.odt, 1, 1);
+        if (yt) {
+            nt_ap y = nt_tile_ap(yt);
+            int64_t N = x->shape[0];
+            if (!ts(&s, &y, &acc, NT_ALU_DIV, NULL, (float)N)) {
+                nt_ap out = nt_hbm_ap(nt__tensor_data(o), c.odt, 0, 1, 1, 1);
+                nt_isa_dma_copy(s.k, &out, &y, sk_qout(&s));
+            }
+        }
+    }
+    return sk_end(&s);
+}
+
+/* ---------------- layer_norm, rms_norm ---------------- */
+
+/* w or b as a [np, m] tile: the same elements c0 .. c0+m on every partition
+ * (a DMA with partition step 0) */
+static int load_affine(rk *c, const nt_tensor *v, nt_tile *t, int np, int64_t c0, int64_t m)
+{
+    nt_ap d = nt_tile_slice(t, 0, np, 0, m);
+    nt_ap h = rowpat(nt__tensor_data(v), (nt_dtype)v->dtype, c0 * v->stride[0], np, 0, m,
+                     v->stride[0]);
+    return nt_isa_dma_copy(c->s->k, &d, &h, sk_qin(c->s));
+}
+
+static int norm_group(void *ctx, int64_t ioff, int64_t ooff, int np)
+{
+    rk *c = ctx;
+    sk_k *s = c->s;
+    nt_sim_kernel *k = s->k;
+    int64_t nch = (c->n + RCH - 1) / RCH;
+    bool res = nch == 1, ln = c->op == NT_OP_LAYER_NORM;
+    float D = (float)c->n;
+    nt_ap x, mean = colk(c->st, np, S_MEAN), ss = colk(c->st, np, S_S), r = colk(c->st, np, S_L);
+    int rc = 0;
+    if (ln) { /* pass 1: mean = sum(x) / D */
+        rc = nt_isa_memset(k, &mean, 0.0, NT_ENGINE_VECTOR);
+        for (int64_t ch = 0; ch < nch && !rc; ch++) {
+            int64_t c0 = ch * RCH, w = c->n - c0 < RCH ? c->n - c0 : RCH;
+            rc = load_chunk(c, ioff, np, c0, w, &x);
+            if (!rc)
+                rc = sk_fold(s, &mean, &x, NT_ALU_ADD);
+        }
+        if (!rc)
+            rc = ts(s, &mean, &mean, NT_ALU_DIV, NULL, D);
+    }
+    /* pass 2: ss = sum(d * d), d = x - mean (layer_norm) or x */
+    if (!rc)
+        rc = nt_isa_memset(k, &ss, 0.0, NT_ENGINE_VECTOR);
+    for (int64_t ch = 0; ch < nch && !rc; ch++) {
+        int64_t c0 = ch * RCH, w = c->n - c0 < RCH ? c->n - c0 : RCH;
+        if (!res || !ln)
+            rc = load_chunk(c, ioff, np, c0, w, &x);
+        nt_ap T = nt_tile_slice(c->T, 0, np, 0, w), U = nt_tile_slice(c->U, 0, np, 0, w);
+        const nt_ap *d = &x;
+        if (!rc && ln) {
+            rc = ts(s, &T, &x, NT_ALU_SUB, &mean, 0);
+            d = &T;
+        }
+        if (!rc)
+            rc = nt_isa_tensor_tensor(k, &U, d, d, NT_ALU_MUL, NT_ENGINE_VECTOR);
+        if (!rc)
+            rc = sk_fold(s, &ss, &U, NT_ALU_ADD);
+    }
+    /* r = rsqrt(ss / D + eps) */
+    if (!rc)
+        rc = nt_isa_tensor_scalar(k, &r, &ss, &(nt_isa_alu){NT_ALU_DIV, {NULL, D}, false},
+                                  &(nt_isa_alu){NT_ALU_ADD, {NULL, c->eps}, false},
+                                  NT_ENGINE_VECTOR);
+    if (!rc)
+        rc = nt_isa_activation(k, &r, NT_ACT_RSQRT, &r, NULL, NULL, NULL);
+    c->ng++;
+    /* pass 3: y = d * r (* w) (+ b), rounded at the last step */
+    for (int64_t ch = 0; ch < nch && !rc; ch++) {
+        int64_t c0 = ch * RCH, w = c->n - c0 < RCH ? c->n - c0 : RCH;
+        nt_ap T = nt_tile_slice(c->T, 0, np, 0, w), Y = nt_tile_slice(c->y, 0, np, 0, w);
+        const nt_ap *d = ln ? &T : &x;
+        if (!res) {
+            rc = load_chunk(c, ioff, np, c0, w, &x);
+            if (!rc && ln)
+                rc = ts(s, &T, &x, NT_ALU_SUB, &mean, 0);
+        }
+        bool more = c->w || c->b;
+        if (!rc)
+            rc = ts(s, more ? &T : &Y, d, NT_ALU_MUL, &r, 0);
+        if (c->w && !rc) {
+            nt_ap W = nt_tile_slice(c->wt, 0, np, 0, w);
+            if (!res || !c->wb_loaded)
+                rc = load_affine(c, c->w, c->wt, 128, c0, w);
+            if (!rc)
+                rc = nt_isa_tensor_tensor(k, c->b ? &T : &Y, &T, &W, NT_ALU_MUL, NT_ENGINE_VECTOR);
+        }
+        if (c->b && !rc) {
+            nt_ap B = nt_tile_slice(c->bt, 0, np, 0, w);
+            if (!res || !c->wb_loaded)
+                rc = load_affine(c, c->b, c->bt, 128, c0, w);
+            if (!rc)
+                rc = nt_isa_tensor_tensor(k, &Y, &T, &B, NT_ALU_ADD, NT_ENGINE_VECTOR);
+        }
+        c->wb_loaded = res;
+        nt_ap o = rowpat(c->ob, c->odt, ooff + c0 * c->on, np, c->oc, w, c->on);
+        if (!rc)
+            rc = nt_isa_dma_copy(k, &o, &Y, sk_qout(s));
+    }
+    return rc;
+}
+
+int nt__sk_norm(const nt__rec *r)
+{
+    const nt_tensor *x = r->in[0], *o = r->out[0];
+    if (nt__numel(x->ndim, x->shape) == 0)
+        return 0;
+    sk_k s;
+    int rc = sk_begin(&s, nt__op_name(r->op));
+    if (rc)
+        return rc;
+    rk c;
+    memset(&c, 0, sizeof c);
+    c.s = &s;
+    c.op = r->op;
+    c.eps = (float)r->p.f[0];
+    c.w = r->in[1];
+    c.b = r->op == NT_OP_LAYER_NORM ? r->in[2] : NULL;
+    sk_rows R;
+    sk_rows_init(&R, x, x->ndim - 1, true);
+    c.n = R.n, c.sn = R.sn, c.sc = R.sc, c.oc = R.oc, c.on = R.on;
+    c.xdt = (nt_dtype)x->dtype, c.odt = (nt_dtype)o->dtype;
+    c.xb = nt__tensor_data(x), c.ob = nt__tensor_data(o);
+    rk_tiles(&c, false);
+    if (c.w)
+        c.wt = sk_tile(&s, "norm.w", (nt_dtype)c.w->dtype, 128, RCH);
+    if (c.b)
+        c.bt = sk_tile(&s, "norm.b", (nt_dtype)c.b->dtype, 128, RCH);
+    if (!nt_sim_kernel_error(s.k))
+        sk_rows_run(&R, norm_group, &c);
+    return sk_end(&s);
+}
+
+/* ---------------- mse_loss ---------------- */
+
+int nt__sk_mse_loss(const nt__rec *r)
+{
+    const nt_tensor *a = r->in[0], *b = r->in[1], *o = r->out[0];
+    sk_k s;
+    int rc = sk_begin(&s, "mse_loss");
+    if (rc)
+        return rc;
+    nt_sim_kernel *k = s.k;
+    int64_t n = nt__numel(a->ndim, a->shape);
+    const char *ab = sk_contig_of(&s, a), *bb = sk_contig_of(&s, b);
+    nt_dtype adt = (nt_dtype)a->dtype, bdt = (nt_dtype)b->dtype, odt = (nt_dtype)o->dtype;
+    nt_tile *ta[2], *tb[2], *T = sk_tile(&s, "mse.d", NT_F32, 128, NT_RED_BLOCK);
+    for (int i = 0; i < 2; i++) {
+        ta[i] = sk_tile(&s, "mse.a", adt, 128, NT_RED_BLOCK);
+        tb[i] = sk_tile(&s, "mse.b", bdt, 128, NT_RED_BLOCK);
+    }
+    nt_tile *part = sk_tile(&s, "mse.part", NT_F32, 128, 1), *acct = sk_tile(&s, "mse.acc", NT_F32, 1, 1);
+    nt_tile *yt = sk_tile(&s, "mse.y", odt, 1, 1);
+    nt_ap acc = nt_tile_ap(acct);
+    rc = nt_isa_memset(k, &acc, 0.0, NT_ENGINE_VECTOR);
+    if (!ab || !bb)
+        rc = -1;
+    /* blocks of 2048 on partitions, their partials folded in order; the
+     * last, short block alone */
+    int64_t nbf = n / NT_RED_BLOCK, rem = n % NT_RED_BLOCK;
+    int t = 0;
+    for (int64_t b0 = 0; b0 < nbf + (rem > 0) && !rc; t++) {
+        bool tail = b0 >= nbf;
+        int np = tail ? 1 : (int)(nbf - b0 < 128 ? nbf - b0 : 128);
+        int64_t w = tail ? rem : NT_RED_BLOCK;
+        nt_ap A = nt_tile_slice(ta[t & 1], 0, np, 0, w), B = nt_tile_slice(tb[t & 1], 0, np, 0, w);
+        nt_ap D = nt_tile_slice(T, 0, np, 0, w), P = nt_tile_slice(part, 0, np, 0, 1);
+        nt_ap ha = nt_hbm_ap(ab, adt, b0 * NT_RED_BLOCK, np, NT_RED_BLOCK, w);
+        nt_ap hb = nt_hbm_ap(bb, bdt, b0 * NT_RED_BLOCK, np, NT_RED_BLOCK, w);
+        if ((rc = nt_isa_dma_copy(k, &A, &ha, sk_qin(&s))) ||
+            (rc = nt_isa_dma_copy(k, &B, &hb, sk_qin(&s))) ||
+            (rc = nt_isa_tensor_tensor(k, &D, &A, &B, NT_ALU_SUB, NT_ENGINE_VECTOR)) ||
+            (rc = nt_isa_tensor_tensor(k, &D, &D, &D, NT_ALU_MUL, NT_ENGINE_VECTOR)) ||
+            (rc = nt_isa_tensor_reduce(k, &P, &D, NT_ALU_ADD, 0)) ||
+            (rc = sk_seq_combine(&s, &acc, &P, NT_ALU_ADD)))
+            break;
+        b0 += np;
+    }
+    if (!rc) {
+        nt_ap y = nt_tile_ap(yt);
+        rc = ts(&s, &y, &acc, NT_ALU_DIV, NULL, (float)n);
+        nt_ap out = nt_hbm_ap(nt__tensor_data(o), odt, 0, 1, 1, 1);
+        if (!rc)
+            nt_isa_dma_copy(k, &out, &y, sk_qout(&s));
+    }
+    return sk_end(&s);
+}

@@ -1,0 +1,541 @@
+/* sim/kernels/runtime.c - the simulator as the runtime's default backend:
+ * set-up, the kernel table, kernel begin/end with error mapping, HBM
+ * scratch, and the tilers every kernel uses to map tensors onto tiles. */
+#include "sk.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+#include "debug/debug.h"
+#include "sim/trace.h"
+
+/* ---------------- the kernel table ---------------- */
+
+#define SK_EW(ID, name, nin, kind, flags) [NT_OP_##ID] = nt__sk_ew,
+
+static const nt__kernel_fn sk_table[NT_OP_COUNT] = {
+    [NT_OP_FILL] = nt__sk_ew,
+    [NT_OP_ARANGE] = nt__sk_arange,
+    [NT_OP_RAND] = nt__sk_rand,
+    [NT_OP_RANDN] = nt__sk_randn,
+    NT_OPS_COPY(SK_EW)
+    NT_OPS_UNARY(SK_EW)
+    NT_OPS_SCALAR(SK_EW)
+    NT_OPS_BINARY(SK_EW)
+    NT_OPS_EW_BWD(SK_EW)
+    NT_OPS_CMP(SK_EW)
+    [NT_OP_WHERE] = nt__sk_ew,
+    [NT_OP_SUM] = nt__sk_reduce,
+    [NT_OP_MEAN] = nt__sk_reduce,
+    [NT_OP_MAX] = nt__sk_reduce,
+    [NT_OP_ARGMAX] = nt__sk_reduce,
+    [NT_OP_SOFTMAX] = nt__sk_softmax,
+    [NT_OP_LOG_SOFTMAX] = nt__sk_softmax,
+    [NT_OP_LAYER_NORM] = nt__sk_norm,
+    [NT_OP_RMS_NORM] = nt__sk_norm,
+    [NT_OP_CROSS_ENTROPY] = nt__sk_cross_entropy,
+    [NT_OP_MSE_LOSS] = nt__sk_mse_loss,
+    [NT_OP_MATMUL] = nt__sk_matmul,
+    [NT_OP_EMBEDDING] = nt__sk_embedding,
+    [NT_OP_EMBEDDING_BWD] = nt__sk_embedding_bwd,
+};
+#undef SK_EW
+
+_Static_assert(sizeof sk_table / sizeof sk_table[0] == NT_OP_COUNT,
+               "simulator kernel table out of step with the op table");
+
+/* Every op with a CPU kernel has a simulator kernel (views have neither). */
+static bool table_complete(void)
+{
+    for (int op = 0; op < NT_OP_COUNT; op++)
+        if (nt__cpu_kernels[op] && !sk_table[op])
+            return false;
+    return true;
+}
+
+int nt__sim_init(void)
+{
+    int rc = nt_sim_init();
+    if (rc)
+        return nt__err(NULL, rc, "nt_init", "the NeuronCore simulator failed to start (%s)",
+                       nt_strerror(rc));
+    g_assert(table_complete());
+    memcpy(nt__sim_kernels, sk_table, sizeof sk_table);
+    nt__fused_sim = nt__sk_fused;
+    return 0;
+}
+
+void nt__sim_shutdown(void)
+{
+    nt__fused_sim = NULL;
+    memset(nt__sim_kernels, 0, sizeof nt__sim_kernels);
+    nt_sim_shutdown();
+}
+
+/* nt_init opens NT_TRACE once (nt_sim_init then finds it open and leaves
+ * it alone); nt_shutdown closes it. */
+void nt__trace_open_env(void)
+{
+    if (nt__cfg.trace_path && !nt__trace_enabled() && nt__trace_open(nt__cfg.trace_path) != 0)
+        nt__log(NT__LOG_WARN, "NT_TRACE: cannot open '%s' for writing", nt__cfg.trace_path);
+}
+
+/* ---------------- kernels ---------------- */
+
+int sk_begin(sk_k *s, const char *name)
+{
+    memset(s, 0, sizeof *s);
+    s->k = nt_sim_kernel_begin(name);
+    if (!s->k)
+        return nt__kerr(NT_ENOMEM, "out of host memory for a simulator kernel");
+    return 0;
+}
+
+int sk_data_error(sk_k *s, int code, const char *fmt, ...)
+{
+    if (s->derr_code)
+        return code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->derr, sizeof s->derr, fmt, ap);
+    va_end(ap);
+    s->derr_code = code;
+    return code;
+}
+
+void *sk_scratch(sk_k *s, size_t n)
+{
+    if (s->nscratch >= (int)G_N_ELEMENTS(s->scratch)) {
+        sk_data_error(s, NT_ENOMEM, "too many scratch buffers in one kernel");
+        return NULL;
+    }
+    void *p = nt__arena_alloc(n ? n : 1);
+    if (!p) {
+        sk_data_error(s, NT_ENOMEM,
+                      "device memory (HBM) is full: the kernel needs %zu bytes of scratch", n);
+        return NULL;
+    }
+    s->scratch[s->nscratch] = p;
+    s->scratch_bytes[s->nscratch++] = n ? n : 1;
+    return p;
+}
+
+static unsigned trace_gen_seen;
+
+int sk_end(sk_k *s)
+{
+    double t0 = nt__now_ns();
+    nt_sim_report rep;
+    int rc = nt_sim_kernel_end(s->k, &rep);
+    s->k = NULL;
+    for (int i = 0; i < s->nscratch; i++)
+        nt__arena_free(s->scratch[i], s->scratch_bytes[i]);
+    s->nscratch = 0;
+    if (nt__trace_enabled()) {
+        unsigned g = nt__trace_generation();
+        if (g != trace_gen_seen) {
+            trace_gen_seen = g;
+            nt__trace_process_name(NT_TRACE_PID_HOST, "host", 2);
+            nt__trace_thread_name(NT_TRACE_PID_HOST, 100, "simulator kernels (wall clock)", 100);
+        }
+        char args[256], q[96];
+        nt__trace_json_str(q, sizeof q, rep.name);
+        snprintf(args, sizeof args,
+                 "{\"kernel\":%s,\"sim_start_us\":%.3f,\"sim_us\":%.3f,\"instructions\":%llu}", q,
+                 rep.start_ns / 1e3, rep.duration_ns / 1e3, (unsigned long long)rep.instructions);
+        (void)t0;
+        /* on the host tracks' clock (debug/htrace.c): one origin per file */
+        nt__trace_instant(NT_TRACE_PID_HOST, 100, rep.name, nt__htrace_now(), args);
+    }
+    if (s->derr_code)
+        return nt__kerr(s->derr_code, "%s", s->derr);
+    if (rc)
+        return nt__kerr(rc, "simulator: %s", rep.message);
+    return 0;
+}
+
+/* ---------------- views ---------------- */
+
+void sk_hv_of(sk_hv *v, const nt_tensor *t, int ndim, const int64_t *shape)
+{
+    v->base = nt__tensor_data(t);
+    v->dt = (nt_dtype)t->dtype;
+    nt__bcast_strides(t, ndim, shape, v->st);
+}
+
+/* ---------------- the elementwise tiler ---------------- */
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+void sk_tiler_init(sk_tiler *T, int nd, const int64_t *shape, int nop, const sk_hv *v,
+                   int64_t fmax)
+{
+    memset(T, 0, sizeof *T);
+    T->nop = nop;
+    T->fmax = fmax < 1 ? 1 : fmax;
+    for (int k = 0; k < nop; k++) {
+        T->base[k] = v[k].base;
+        T->dt[k] = v[k].dt;
+    }
+    /* collapse dims where every operand is contiguous across them; drop
+     * size-1 dims */
+    int n = 0;
+    for (int i = 0; i < nd; i++) {
+        if (shape[i] == 0) {
+            T->nd = 0; /* empty */
+            return;
+        }
+        if (shape[i] == 1)
+            continue;
+        bool merge = n > 0;
+        for (int k = 0; k < nop && merge; k++)
+            merge = T->st[k][n - 1] == v[k].st[i] * shape[i];
+        if (merge) {
+            T->c[n - 1] *= shape[i];
+            for (int k = 0; k < nop; k++)
+                T->st[k][n - 1] = v[k].st[i];
+            continue;
+        }
+        T->c[n] = shape[i];
+        for (int k = 0; k < nop; k++)
+            T->st[k][n] = v[k].st[i];
+        n++;
+    }
+    if (n == 0) {
+        T->c[0] = 1;
+        for (int k = 0; k < nop; k++)
+            T->st[k][0] = 0;
+        n = 1;
+    }
+    T->nd = n;
+    /* scheme "split the last dim into rows of F" */
+    int64_t L = T->c[n - 1], outer = 1;
+    for (int i = 0; i < n - 1; i++)
+        outer *= T->c[i];
+    int64_t F = cdiv(L, 128);
+    if (F > T->fmax)
+        F = T->fmax;
+    int64_t best = outer * cdiv(cdiv(L, F), 128);
+    T->P = n - 1;
+    T->cs = F;
+    /* scheme "partitions over dim P, free dims P+1 .. (dim P+1 chunked)" */
+    for (int P = n - 2; P >= 0 && P >= n - 5; P--) {
+        int64_t tail = 1;
+        for (int i = P + 2; i < n; i++)
+            tail *= T->c[i];
+        if (tail > T->fmax)
+            break;
+        int64_t cs = T->fmax / tail;
+        if (cs > T->c[P + 1])
+            cs = T->c[P + 1];
+        int64_t o = 1;
+        for (int i = 0; i < P; i++)
+            o *= T->c[i];
+        int64_t tiles = o * cdiv(T->c[P], 128) * cdiv(T->c[P + 1], cs);
+        if (tiles < best) {
+            best = tiles;
+            T->P = P;
+            T->cs = cs;
+        }
+    }
+}
+
+static nt_ap hbm_pat(const sk_tiler *T, int k, int64_t off, int np, int64_t pstep)
+{
+    nt_ap a;
+    memset(&a, 0, sizeof a);
+    a.hbm = T->base[k];
+    a.dtype = T->dt[k];
+    a.np = np;
+    a.pstep = pstep;
+    a.offset = off;
+    return a;
+}
+
+int sk_tiler_run(const sk_tiler *T, int (*fn)(void *ctx, const sk_tile_iter *t), void *ctx)
+{
+    if (T->nd == 0)
+        return 0;
+    int n = T->nd, P = T->P;
+    int nouter = P == n - 1 ? n - 1 : P;
+    int64_t idx[NT_MAX_DIMS] = {0};
+    sk_tile_iter it;
+    for (;;) {
+        int64_t off[SK_MAXOPND];
+        for (int k = 0; k < T->nop; k++) {
+            off[k] = 0;
+            for (int i = 0; i < nouter; i++)
+                off[k] += idx[i] * T->st[k][i];
+        }
+        if (P == n - 1) {
+            /* rows of F elements; with more rows than partitions, partition
+             * p of tile t holds row p * nt + t, so each partition walks one
+             * contiguous stretch of memory across the tiles */
+            int64_t L = T->c[n - 1], F = T->cs, rows = L / F, rem = L % F;
+            int64_t Pp = rows < 128 ? rows : 128, nt = Pp ? rows / Pp : 0;
+            for (int64_t t = 0; t < nt; t++) {
+                it.np = (int)Pp;
+                it.nf = F;
+                for (int k = 0; k < T->nop; k++) {
+                    int64_t s = T->st[k][n - 1];
+                    it.ap[k] = hbm_pat(T, k, off[k] + t * F * s, it.np, nt * F * s);
+                    it.ap[k].ndim = 1;
+                    it.ap[k].num[0] = F;
+                    it.ap[k].step[0] = s;
+                }
+                int rc = fn(ctx, &it);
+                if (rc)
+                    return rc;
+            }
+            for (int64_t r0 = Pp * nt; r0 < rows; r0 += 128) {
+                it.np = (int)(rows - r0 < 128 ? rows - r0 : 128);
+                it.nf = F;
+                for (int k = 0; k < T->nop; k++) {
+                    int64_t s = T->st[k][n - 1];
+                    it.ap[k] = hbm_pat(T, k, off[k] + r0 * F * s, it.np, F * s);
+                    it.ap[k].ndim = 1;
+                    it.ap[k].num[0] = F;
+                    it.ap[k].step[0] = s;
+                }
+                int rc = fn(ctx, &it);
+                if (rc)
+                    return rc;
+            }
+            if (rem) {
+                it.np = 1;
+                it.nf = rem;
+                for (int k = 0; k < T->nop; k++) {
+                    int64_t s = T->st[k][n - 1];
+                    it.ap[k] = hbm_pat(T, k, off[k] + rows * F * s, 1, 0);
+                    it.ap[k].ndim = 1;
+                    it.ap[k].num[0] = rem;
+                    it.ap[k].step[0] = s;
+                }
+                int rc = fn(ctx, &it);
+                if (rc)
+                    return rc;
+            }
+        } else {
+            int64_t tail = 1;
+            for (int i = P + 2; i < n; i++)
+                tail *= T->c[i];
+            for (int64_t p0 = 0; p0 < T->c[P]; p0 += 128) {
+                it.np = (int)(T->c[P] - p0 < 128 ? T->c[P] - p0 : 128);
+                for (int64_t j0 = 0; j0 < T->c[P + 1]; j0 += T->cs) {
+                    int64_t nf1 = T->c[P + 1] - j0 < T->cs ? T->c[P + 1] - j0 : T->cs;
+                    it.nf = nf1 * tail;
+                    for (int k = 0; k < T->nop; k++) {
+                        it.ap[k] = hbm_pat(T, k, off[k] + p0 * T->st[k][P] + j0 * T->st[k][P + 1],
+                                           it.np, T->st[k][P]);
+                        it.ap[k].ndim = n - 1 - P;
+                        it.ap[k].num[0] = nf1;
+                        it.ap[k].step[0] = T->st[k][P + 1];
+                        for (int i = P + 2; i < n; i++) {
+                            it.ap[k].num[i - P - 1] = T->c[i];
+                            it.ap[k].step[i - P - 1] = T->st[k][i];
+                        }
+                    }
+                    int rc = fn(ctx, &it);
+                    if (rc)
+                        return rc;
+                }
+            }
+        }
+        /* next outer index */
+        int i = nouter - 1;
+        for (; i >= 0; i--) {
+            if (++idx[i] < T->c[i])
+                break;
+            idx[i] = 0;
+        }
+        if (i < 0)
+            break;
+    }
+    return 0;
+}
+
+/* ---------------- rows ---------------- */
+
+void sk_rows_init(sk_rows *R, const nt_tensor *t, int d, bool same_shape)
+{
+    memset(R, 0, sizeof *R);
+    R->C = 1;
+    if (t->ndim == 0) {
+        R->n = 1;
+        return;
+    }
+    int64_t cs[NT_MAX_DIMS];
+    nt__contig_strides(t->ndim, t->shape, cs);
+    R->n = t->shape[d];
+    R->sn = t->stride[d];
+    R->on = same_shape ? cs[d] : 0;
+    int64_t bs[NT_MAX_DIMS], bsi[NT_MAX_DIMS], bso[NT_MAX_DIMS];
+    int nb = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (i == d)
+            continue;
+        bs[nb] = t->shape[i];
+        bsi[nb] = t->stride[i];
+        bso[nb] = cs[i];
+        nb++;
+    }
+    if (!same_shape)
+        nt__contig_strides(nb, bs, bso);
+    if (nb == 0)
+        return;
+    R->C = bs[nb - 1];
+    R->sc = bsi[nb - 1];
+    R->oc = bso[nb - 1];
+    R->nouter = nb - 1;
+    for (int i = 0; i < nb - 1; i++)
+        R->oshape[i] = bs[i], R->osi[i] = bsi[i], R->oso[i] = bso[i];
+}
+
+int sk_rows_run(const sk_rows *R, int (*fn)(void *ctx, int64_t ioff, int64_t ooff, int np),
+                void *ctx)
+{
+    if (R->C == 0)
+        return 0;
+    for (int i = 0; i < R->nouter; i++)
+        if (R->oshape[i] == 0)
+            return 0;
+    int64_t idx[NT_MAX_DIMS] = {0};
+    for (;;) {
+        int64_t oi = 0, oo = 0;
+        for (int i = 0; i < R->nouter; i++)
+            oi += idx[i] * R->osi[i], oo += idx[i] * R->oso[i];
+        for (int64_t c0 = 0; c0 < R->C; c0 += 128) {
+            int np = (int)(R->C - c0 < 128 ? R->C - c0 : 128);
+            int rc = fn(ctx, oi + c0 * R->sc, oo + c0 * R->oc, np);
+            if (rc)
+                return rc;
+        }
+        int i = R->nouter - 1;
+        for (; i >= 0; i--) {
+            if (++idx[i] < R->oshape[i])
+                break;
+            idx[i] = 0;
+        }
+        if (i < 0)
+            break;
+    }
+    return 0;
+}
+
+/* ---------------- shared tile programs ---------------- */
+
+typedef struct contig_ctx {
+    sk_k *s;
+} contig_ctx;
+
+static int contig_tile(void *ctx, const sk_tile_iter *t)
+{
+    sk_k *s = ((contig_ctx *)ctx)->s;
+    return nt_isa_dma_copy(s->k, &t->ap[0], &t->ap[1], sk_qin(s));
+}
+
+int sk_hbm_contig(sk_k *s, const nt_tensor *t, void *dst)
+{
+    sk_hv v[2];
+    v[0].base = dst;
+    v[0].dt = (nt_dtype)t->dtype;
+    nt__contig_strides(t->ndim, t->shape, v[0].st);
+    sk_hv_of(&v[1], t, t->ndim, t->shape);
+    sk_tiler T;
+    sk_tiler_init(&T, t->ndim, t->shape, 2, v, 1 << 20);
+    contig_ctx c = {s};
+    return sk_tiler_run(&T, contig_tile, &c);
+}
+
+const void *sk_contig_of(sk_k *s, const nt_tensor *t)
+{
+    if (nt__is_contig(t))
+        return nt__tensor_data(t);
+    size_t n = (size_t)nt__numel(t->ndim, t->shape) * nt__dtype_size((nt_dtype)t->dtype);
+    void *p = sk_scratch(s, n);
+    if (!p)
+        return NULL;
+    if (sk_hbm_contig(s, t, p))
+        return NULL;
+    return p;
+}
+
+int sk_seq_combine(sk_k *s, const nt_ap *acc, const nt_ap *vals, nt_alu_op op)
+{
+    nt_sim_kernel *k = s->k;
+    int np = vals->np;
+    nt_tile *tp = nt_tile_alloc(k, "seq.T", NT_MEM_PSUM, NT_F32, 1, np);
+    nt_tile *one = sk_tile(s, "seq.one", NT_F32, 1, 1);
+    nt_tile *row = sk_tile(s, "seq.row", NT_F32, 1, np);
+    if (!tp || !one || !row)
+        return nt_sim_kernel_error(k);
+    nt_ap T = nt_tile_ap(tp), O = nt_tile_ap(one), Rw = nt_tile_ap(row);
+    nt_isa_nc_transpose(k, &T, vals);
+    nt_isa_memset(k, &O, 1.0, NT_ENGINE_VECTOR);
+    O.num[0] = np;
+    O.step[0] = 0;
+    nt_isa_tensor_tensor_scan(k, &Rw, &O, &T, &(nt_isa_scalar){acc, 0.0f}, NT_ALU_MUL, op);
+    nt_ap last = nt_tile_slice(row, 0, 1, np - 1, 1);
+    nt_isa_tensor_copy(k, acc, &last, NT_ENGINE_VECTOR);
+    nt_tile_release(k, tp);
+    nt_tile_release(k, one);
+    nt_tile_release(k, row);
+    return nt_sim_kernel_error(k);
+}
+
+int sk_fold(sk_k *s, const nt_ap *acc, const nt_ap *x, nt_alu_op op)
+{
+    nt_sim_kernel *k = s->k;
+    int np = x->np;
+    int64_t m = x->num[0];
+    int64_t nbf = m / NT_RED_BLOCK, rem = m % NT_RED_BLOCK, nb = nbf + (rem > 0);
+    nt_tile *part = sk_tile(s, "fold.part", NT_F32, np, nb);
+    nt_tile *scan = sk_tile(s, "fold.scan", NT_F32, np, nb);
+    nt_tile *one = sk_tile(s, "fold.one", NT_F32, np, 1);
+    if (!part || !scan || !one)
+        return nt_sim_kernel_error(k);
+    int rc = 0;
+    if (nbf) {
+        nt_ap xb = *x;
+        xb.ndim = 2;
+        xb.num[0] = nbf, xb.step[0] = NT_RED_BLOCK * x->step[0];
+        xb.num[1] = NT_RED_BLOCK, xb.step[1] = x->step[0];
+        nt_ap p = nt_tile_slice(part, 0, np, 0, nbf);
+        rc = nt_isa_tensor_reduce(k, &p, &xb, op, 1);
+    }
+    if (!rc && rem) {
+        nt_ap xr = *x;
+        xr.offset += nbf * NT_RED_BLOCK * x->step[0];
+        xr.num[0] = rem;
+        nt_ap p = nt_tile_slice(part, 0, np, nbf, 1);
+        rc = nt_isa_tensor_reduce(k, &p, &xr, op, 0);
+    }
+    nt_ap o = nt_tile_ap(one);
+    if (!rc)
+        rc = nt_isa_memset(k, &o, 1.0, NT_ENGINE_GPSIMD);
+    o.num[0] = nb;
+    o.step[0] = 0;
+    nt_ap p = nt_tile_ap(part), sc = nt_tile_ap(scan), last = nt_tile_slice(scan, 0, np, nb - 1, 1);
+    if (!rc)
+        rc = nt_isa_tensor_tensor_scan(k, &sc, &o, &p, &(nt_isa_scalar){acc, 0}, NT_ALU_MUL, op);
+    if (!rc)
+        rc = nt_isa_tensor_copy(k, acc, &last, NT_ENGINE_VECTOR);
+    nt_tile_release(k, part);
+    nt_tile_release(k, scan);
+    nt_tile_release(k, one);
+    return rc ? rc : nt_sim_kernel_error(k);
+}
+
+/* ---------------- nt_stats ---------------- */
+
+void nt__sim_stats_fill(nt_stats *out)
+{
+    nt_sim_stats st;
+    if (nt_sim_stats_get(&st))
+        return;
+    out->sim_kernels = st.kernels;
+    out->sim_time_ns = (uint64_t)st.sim_ns;
+    out->sim_hbm_bytes = st.hbm_read_bytes + st.hbm_write_bytes;
+}
+
+void nt__sim_stats_clear(void) { nt_sim_stats_reset(); }

@@ -1,0 +1,179 @@
+/* sim/kernels/sk.h - what the simulator backend's kernels share.
+ *
+ * Every op of the runtime runs on the simulated NeuronCore as a tile program
+ * built from the public ISA (ntensor.h, "NeuronCore simulator"):
+ *
+ *   runtime.c  wiring (nt__sim_init, the kernel table, NT_TRACE), kernel
+ *              begin/end with error mapping, HBM scratch, the tilers
+ *   ew.c       elementwise programs: every eager elementwise op (a program of
+ *              one op) and the fusion engine's EW, ROW and MM programs
+ *   reduce.c   sum, mean, max, argmax over a dim or all
+ *   rows.c     softmax, log_softmax, layer_norm, rms_norm, cross_entropy,
+ *              mse_loss
+ *   matmul.c   batched matmul through nt_tile_matmul (and MM programs)
+ *   gather.c   embedding and embedding_bwd
+ *   gen.c      arange, rand, randn (GpSimd custom code)
+ *   user.c     user tile kernels (nt_op_register_kernel)
+ *
+ * Contract: a kernel computes exactly the CPU kernel's bits for the same
+ * record (cpu/ is the reference: same loads, same core/ewise.h definitions,
+ * same reduction order, same rounding points).  docs/sim.md says how each
+ * kernel maps the CPU's arithmetic onto instructions. */
+#ifndef NT_SIM_KERNELS_SK_H
+#define NT_SIM_KERNELS_SK_H
+
+#include "internal.h"
+#include "cpu/cpu.h"
+#include "fusion/fusion.h"
+#include "reduce.h"
+
+/* ---------------- kernels ---------------- */
+
+/* Per-kernel helper state: the open kernel and DMA queue rotation. */
+typedef struct sk_k {
+    nt_sim_kernel *k;
+    int qin, qout;   /* next load / store queue */
+    int eng;         /* alternation of VectorE / ScalarE for tensor_scalar */
+    char derr[200];  /* a data error found by the kernel (CPU-style message) */
+    int derr_code;
+    void *scratch[8]; /* HBM scratch buffers, freed at end */
+    size_t scratch_bytes[8];
+    int nscratch;
+} sk_k;
+
+/* Opens kernel `name` (an op name, "fused.ew", ...). */
+int sk_begin(sk_k *s, const char *name);
+/* Ends the kernel; returns 0, or a negative code after nt__kerr() described
+ * the problem (a data error in CPU words, else the simulator's message). */
+int sk_end(sk_k *s);
+/* HBM scratch of n bytes (64-byte aligned, from the device arena), freed by
+ * sk_end.  NULL (and the kernel's error set) if the arena is full. */
+void *sk_scratch(sk_k *s, size_t n);
+/* Records a data error (first one wins); returns code. */
+int sk_data_error(sk_k *s, int code, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
+
+static inline int sk_qin(sk_k *s) { int q = s->qin; s->qin = (q + 1) % 8; return q; }
+static inline int sk_qout(sk_k *s) { int q = s->qout; s->qout = (q + 1) % 8; return 8 + q; }
+/* Alternates tensor_scalar work between VectorE and ScalarE. */
+static inline nt_engine sk_eng(sk_k *s) { s->eng ^= 1; return s->eng ? NT_ENGINE_VECTOR : NT_ENGINE_SCALAR; }
+
+/* SBUF bytes per partition a kernel plans with (the rest is headroom for
+ * nt_tile_matmul's minimum and small tiles). */
+#define SK_SBUF_BUDGET (160 * 1024)
+
+/* Allocates a tile; on failure the kernel's error is set and NULL returned. */
+static inline nt_tile *sk_tile(sk_k *s, const char *name, nt_dtype dt, int np, int64_t n)
+{
+    return nt_tile_alloc(s->k, name, NT_MEM_SBUF, dt, np, n < 1 ? 1 : n);
+}
+
+/* ---------------- HBM views ---------------- */
+
+/* A tensor in HBM: base pointer at its offset, dtype, strides at some
+ * iteration shape (0 on broadcast dims). */
+typedef struct sk_hv {
+    char *base;
+    nt_dtype dt;
+    int64_t st[NT_MAX_DIMS];
+} sk_hv;
+
+/* t at iteration shape (ndim, shape) (broadcast strides). */
+void sk_hv_of(sk_hv *v, const nt_tensor *t, int ndim, const int64_t *shape);
+
+/* ---------------- the elementwise tiler ---------------- */
+
+#define SK_MAXOPND (NT_F_MAXEXT + NT_F_MAXOUT)
+
+/* One tile of an iteration space: np partitions x nf free elements; for
+ * every operand an HBM pattern covering exactly those elements in the same
+ * (row-major) order. */
+typedef struct sk_tile_iter {
+    int np;
+    int64_t nf;
+    nt_ap ap[SK_MAXOPND];
+} sk_tile_iter;
+
+typedef struct sk_tiler {
+    int nd;
+    int64_t c[NT_MAX_DIMS];              /* collapsed iteration dims */
+    int nop;
+    int64_t st[SK_MAXOPND][NT_MAX_DIMS]; /* collapsed strides */
+    char *base[SK_MAXOPND];
+    nt_dtype dt[SK_MAXOPND];
+    int P;            /* partition dim; nd - 1 = split the last dim into rows */
+    int64_t cs;       /* chunk of dim P + 1 (or row length when P = nd - 1) */
+    int64_t fmax;
+} sk_tiler;
+
+/* Plans tiles of at most fmax free elements over (nd, shape) for nop
+ * operands given as HBM views at that shape. */
+void sk_tiler_init(sk_tiler *T, int nd, const int64_t *shape, int nop, const sk_hv *v,
+                   int64_t fmax);
+/* Calls fn for every tile in order; stops at the first nonzero return. */
+int sk_tiler_run(const sk_tiler *T, int (*fn)(void *ctx, const sk_tile_iter *t), void *ctx);
+
+/* Rows of a tensor along dim d (the CPU's nt__rows walk): for the other dims
+ * (the batch, row-major) a row of n elements at stride sn.  The innermost
+ * batch dim goes on partitions. */
+typedef struct sk_rows {
+    int64_t n, sn;                 /* row length and input stride */
+    int64_t C, sc;                 /* innermost batch dim: size, input stride */
+    int64_t oc;                    /* its output stride (out shaped like the batch, or like t) */
+    int64_t on;                    /* output stride along the row (same-shape outputs) */
+    int nouter;
+    int64_t oshape[NT_MAX_DIMS], osi[NT_MAX_DIMS], oso[NT_MAX_DIMS];
+} sk_rows;
+
+void sk_rows_init(sk_rows *R, const nt_tensor *t, int d, bool same_shape);
+/* Calls fn(ctx, in_off, out_off, c0, np) for groups of np <= 128 rows:
+ * rows c0 .. c0+np-1 of the innermost batch dim at outer position with
+ * element offsets in_off / out_off of row c0. */
+int sk_rows_run(const sk_rows *R, int (*fn)(void *ctx, int64_t ioff, int64_t ooff, int np),
+                void *ctx);
+
+/* ---------------- shared tile programs ---------------- */
+
+/* Copies a view into a contiguous HBM buffer (same dtype, bit for bit) with
+ * DMAs; dst must hold numel(t) elements. */
+int sk_hbm_contig(sk_k *s, const nt_tensor *t, void *dst);
+/* A contiguous copy of t in scratch, or t's own data when already
+ * contiguous.  NULL on error (kernel error set). */
+const void *sk_contig_of(sk_k *s, const nt_tensor *t);
+
+/* Sequential combination across partitions: for lanes i = 0 .. np-1 of
+ * `vals` (an f32 [np, 1] pattern), acc = op(acc, vals[i]) in order, where
+ * acc is an f32 [1, 1] pattern (add or maximum; nc_transpose + scan). */
+int sk_seq_combine(sk_k *s, const nt_ap *acc, const nt_ap *vals, nt_alu_op op);
+
+/* acc [np, 1] (f32) = op(acc, block partial) over x [np, m] (one free dim,
+ * starting at a multiple of 2048 of its row) in the canonical order: the
+ * CPU's nt__red_sum_f32 / nt__red_max_f32 continued across chunks. */
+int sk_fold(sk_k *s, const nt_ap *acc, const nt_ap *x, nt_alu_op op);
+
+/* ---------------- entry points ---------------- */
+
+int nt__sk_ew(const nt__rec *r);          /* unary, scalar, binary, cmp, where, copy, fill */
+int nt__sk_reduce(const nt__rec *r);      /* sum, mean, max, argmax */
+int nt__sk_softmax(const nt__rec *r);     /* softmax, log_softmax */
+int nt__sk_norm(const nt__rec *r);        /* layer_norm, rms_norm */
+int nt__sk_cross_entropy(const nt__rec *r);
+int nt__sk_mse_loss(const nt__rec *r);
+int nt__sk_matmul(const nt__rec *r);
+int nt__sk_embedding(const nt__rec *r);
+int nt__sk_embedding_bwd(const nt__rec *r);
+int nt__sk_arange(const nt__rec *r);
+int nt__sk_rand(const nt__rec *r);
+int nt__sk_randn(const nt__rec *r);
+
+/* Fusion programs on the simulator (ew.c). */
+int nt__sk_fused(const nt__fgroup *g);
+
+/* The matmul driver shared by nt_matmul and MM programs: C = a . b with the
+ * runtime's shape rules; epi (may be NULL) evacuates each accumulator block,
+ * given the batch index. */
+typedef int (*sk_mm_epi)(sk_k *s, const nt_ap *acc, int64_t batch, int64_t m0, int64_t n0,
+                         void *ctx);
+int sk_matmul_run(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tensor *c,
+                  sk_mm_epi epi, void *ctx);
+
+#endif

@@ -1,0 +1,53 @@
+/* sim/kernels/user.c - user tile kernels (nt_op_register_kernel).
+ *
+ * A tile-kernel op is queued like any op (autograd/custom.c enqueues one
+ * record with its id); when the record runs, this file opens a simulator
+ * kernel named after the op, hands the user's kernel plain views of the
+ * inputs and the output, and maps a failure to the record's error, which
+ * the executor prefixes with "nt_op_call(<name>) (at <file:line>)". */
+#include "sk.h"
+
+#include <string.h>
+
+const nt_kernel_op_def *nt__custom_kernel_def(int op); /* autograd/custom.c */
+
+static void view_of(nt_tensor_view *v, const nt_tensor *t)
+{
+    memset(v, 0, sizeof *v);
+    v->data = nt__tensor_data(t);
+    v->dtype = (nt_dtype)t->dtype;
+    v->ndim = t->ndim;
+    memcpy(v->shape, t->shape, sizeof v->shape);
+    memcpy(v->stride, t->stride, sizeof v->stride);
+}
+
+static int user_kernel(const nt__rec *r)
+{
+    const nt_kernel_op_def *d = nt__custom_kernel_def(r->op);
+    if (!d)
+        return nt__kerr(NT_ENOTSUP, "op %d has no tile kernel", r->op);
+    nt_tensor_view in[NT__MAX_IN], out;
+    for (int i = 0; i < d->nin; i++)
+        view_of(&in[i], r->in[i]);
+    view_of(&out, r->out[0]);
+    nt_sim_kernel *k = nt_sim_kernel_begin(d->name);
+    if (!k)
+        return nt__kerr(NT_ENOMEM, "out of host memory for a simulator kernel");
+    int rc = d->kernel(k, in, d->nin, &out, d->ctx);
+    nt_sim_report rep;
+    int krc = nt_sim_kernel_end(k, &rep);
+    if (krc)
+        return nt__kerr(krc, "the tile kernel of op '%s' failed: %s", d->name, rep.message);
+    if (rc)
+        return nt__kerr(rc < 0 ? rc : NT_EEXEC, "the tile kernel of op '%s' returned %d (%s)",
+                        d->name, rc, nt_strerror(rc < 0 ? rc : NT_EEXEC));
+    return 0;
+}
+
+/* The exec path's hook (dispatcher/exec.c): a tile-kernel op runs on the
+ * simulator whatever the backend (it has no CPU form). */
+nt__kernel_fn nt__custom_kernel(int op, int backend)
+{
+    (void)backend;
+    return nt__custom_kernel_def(op) ? user_kernel : NULL;
+}

@@ -1,0 +1,1095 @@
+/* tests/test_simkernels.c - the simulator backend against the CPU backend.
+ *
+ * Every kernel of sim/kernels/ must give the CPU kernel's bits for the same
+ * record.  Each test builds the same program from the same host data twice,
+ * once with NT_BACKEND=cpu and once with NT_BACKEND=sim (nt_config_set), and
+ * compares every output byte for byte: every op, dtypes f32/bf16/f16 (and
+ * i32/u8 where the op takes them), broadcasting, strided views, special
+ * values (NaN, Inf, -0, subnormals), and awkward sizes (1, 127, 129, 513,
+ * 2049, 4097 along the reduced or free dims).  Fused programs run on the
+ * simulator against the CPU's fused executor, and the simulator's HBM byte
+ * counts show what a fused kernel reads and writes.  Then the backend
+ * switches (NT_REQUIRE_SIM, NT_MIN_SIM_FLOPS), user tile kernels and their
+ * error paths, and shapes far beyond SBUF.
+ *
+ * NT_TEST_QUICK=1 shrinks the biggest shapes (for sanitizer builds). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "internal.h"
+
+static bool quick;
+
+static int setup(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_init(), 0);
+    nt_config_set("NT_FUSION", "0");
+    nt_config_set("NT_MODE", "adaptive");
+    nt_clear_error();
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    nt_shutdown();
+    return 0;
+}
+
+/* ---------------- data ---------------- */
+
+static uint64_t rs = 1;
+static uint64_t rnd(void)
+{
+    uint64_t z = (rs += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static double uni(void) { return (double)(rnd() >> 11) * 0x1p-53; }
+
+/* n random elements of dt; with `special`, some NaN, Inf, -0, 0 and
+ * subnormals among them (floats), extremes (ints). */
+static void *gen(nt_dtype dt, int64_t n, double scale, bool special)
+{
+    size_t es = nt_dtype_size(dt);
+    void *p = malloc((size_t)(n > 0 ? n : 1) * es);
+    for (int64_t i = 0; i < n; i++) {
+        double v = (uni() * 2.0 - 1.0) * scale;
+        if (special && rnd() % 13 == 0) {
+            static const double sp[] = {NAN, INFINITY, -INFINITY, -0.0, 0.0, 1e-40, -3e-39,
+                                        65504.0, 1e30};
+            v = sp[rnd() % 9];
+        }
+        switch (dt) {
+        case NT_F32: ((float *)p)[i] = (float)v; break;
+        case NT_BF16: ((uint16_t *)p)[i] = nt__f32_to_bf16((float)v); break;
+        case NT_F16: ((uint16_t *)p)[i] = nt__f32_to_f16((float)v); break;
+        case NT_I32: {
+            int32_t x = (int32_t)(rnd() % 2001) - 1000;
+            if (special && rnd() % 11 == 0)
+                x = rnd() % 2 ? INT32_MAX : INT32_MIN;
+            ((int32_t *)p)[i] = x;
+            break;
+        }
+        case NT_U8: ((uint8_t *)p)[i] = (uint8_t)rnd(); break;
+        default: break;
+        }
+    }
+    return p;
+}
+
+static nt_tensor *T(nt_dtype dt, int ndim, const int64_t *shape, double scale, bool special)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    void *p = gen(dt, n, scale, special);
+    nt_tensor *t = nt_from_host(p, dt, ndim, shape);
+    free(p);
+    return t;
+}
+
+/* ---------------- run on both backends and compare ---------------- */
+
+#define MAXOUT 16
+typedef void (*build_fn)(void *ctx, nt_tensor **out, int *nout);
+
+typedef struct result {
+    int n;
+    void *data[MAXOUT];
+    size_t bytes[MAXOUT];
+    nt_dtype dt[MAXOUT];
+    int err;
+    char msg[512];
+} result;
+
+static void run(const char *backend, const char *mode, uint64_t seed, build_fn f, void *ctx,
+                result *r)
+{
+    memset(r, 0, sizeof *r);
+    assert_int_equal(nt_config_set("NT_BACKEND", backend), 0);
+    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+    nt_clear_error();
+    rs = seed;
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *out[MAXOUT] = {0};
+    int n = 0;
+    f(ctx, out, &n);
+    r->n = n;
+    for (int i = 0; i < n; i++) {
+        if (!out[i]) {
+            r->err = nt_last_error();
+            snprintf(r->msg, sizeof r->msg, "%s", nt_last_error_message());
+            continue;
+        }
+        r->dt[i] = nt_dtype_of(out[i]);
+        r->bytes[i] = (size_t)nt_numel(out[i]) * nt_dtype_size(r->dt[i]);
+        r->data[i] = malloc(r->bytes[i] ? r->bytes[i] : 1);
+        int rc = nt_to_host(out[i], r->data[i], r->bytes[i]);
+        if (rc && !r->err) {
+            r->err = rc;
+            snprintf(r->msg, sizeof r->msg, "%s", nt_last_error_message());
+        }
+    }
+    nt_scope_end(s);
+    nt_sync();
+    nt_clear_error();
+}
+
+static void free_result(result *r)
+{
+    for (int i = 0; i < r->n; i++)
+        free(r->data[i]);
+}
+
+static double val_of(const void *p, nt_dtype dt, size_t i)
+{
+    return nt__load_f64(p, dt, (int64_t)i);
+}
+
+/* Builds the program on the CPU and on the simulator and compares bits. */
+static void cmp_mode(const char *what, const char *mode, build_fn f, void *ctx)
+{
+    uint64_t seed = rnd();
+    result a, b;
+    run("cpu", mode, seed, f, ctx, &a);
+    run("sim", mode, seed, f, ctx, &b);
+    if (a.err || b.err) {
+        if (a.err != b.err || strcmp(a.msg, b.msg) != 0)
+            fail_msg("%s (%s): cpu error %d '%s', sim error %d '%s'", what, mode, a.err, a.msg,
+                     b.err, b.msg);
+    } else {
+        assert_int_equal(a.n, b.n);
+        for (int i = 0; i < a.n; i++) {
+            assert_int_equal(a.dt[i], b.dt[i]);
+            assert_int_equal(a.bytes[i], b.bytes[i]);
+            if (memcmp(a.data[i], b.data[i], a.bytes[i]) == 0)
+                continue;
+            size_t es = nt_dtype_size(a.dt[i]);
+            for (size_t j = 0; j * es < a.bytes[i]; j++)
+                if (memcmp((char *)a.data[i] + j * es, (char *)b.data[i] + j * es, es)) {
+                    fail_msg("%s (%s): output %d (%s) differs at element %zu: cpu %.9g sim %.9g",
+                             what, mode, i, nt_dtype_name(a.dt[i]), j,
+                             val_of(a.data[i], a.dt[i], j), val_of(b.data[i], b.dt[i], j));
+                }
+        }
+    }
+    free_result(&a);
+    free_result(&b);
+}
+
+/* eager: every op its own kernel (fusion is off in setup) */
+static void cmp(const char *what, build_fn f, void *ctx) { cmp_mode(what, "eager", f, ctx); }
+
+static const nt_dtype FLOATS[] = {NT_F32, NT_BF16, NT_F16};
+static const nt_dtype ALL[] = {NT_F32, NT_BF16, NT_F16, NT_I32, NT_U8};
+
+/* ---------------- elementwise ---------------- */
+
+typedef nt_tensor *(*un_fn)(nt_tensor *);
+static const struct {
+    const char *name;
+    un_fn f;
+    bool ints;
+} UNARY[] = {
+    {"neg", (nt_neg), true},       {"exp", (nt_exp), true},   {"log", (nt_log), true},
+    {"sqrt", (nt_sqrt), true},     {"rsqrt", (nt_rsqrt), true}, {"abs", (nt_abs), true},
+    {"relu", (nt_relu), true},     {"gelu", (nt_gelu), true}, {"sigmoid", (nt_sigmoid), true},
+    {"tanh", (nt_tanh), true},     {"silu", (nt_silu), true},
+};
+
+typedef struct ew_ctx {
+    int op;
+    nt_dtype dt, dt2;
+    int ndim;
+    int64_t shape[4];
+    int variant;
+    double s0, s1;
+} ew_ctx;
+
+/* an input of c's shape: contiguous, a transposed view, or a slice */
+static nt_tensor *input(const ew_ctx *c, nt_dtype dt, bool special)
+{
+    if (c->variant == 1 && c->ndim == 2) {
+        int64_t sh[2] = {c->shape[1], c->shape[0]};
+        return nt_transpose(T(dt, 2, sh, 3.0, special), 0, 1);
+    }
+    if (c->variant == 2) {
+        int64_t sh[4];
+        memcpy(sh, c->shape, sizeof sh);
+        sh[c->ndim - 1] = c->shape[c->ndim - 1] * 2 + 1;
+        return nt_slice(T(dt, c->ndim, sh, 3.0, special), c->ndim - 1, 1, sh[c->ndim - 1], 2);
+    }
+    return T(dt, c->ndim, c->shape, 3.0, special);
+}
+
+static void b_unary(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    out[(*n)++] = UNARY[c->op].f(input(c, c->dt, true));
+}
+
+static const struct {
+    int ndim;
+    int64_t shape[4];
+} SHAPES[] = {{0, {0}}, {1, {1}}, {1, {127}}, {1, {129}}, {2, {3, 513}}, {1, {2049}},
+              {2, {129, 33}}, {3, {2, 3, 4097}}};
+
+static void test_unary(void **state)
+{
+    (void)state;
+    for (size_t op = 0; op < sizeof UNARY / sizeof *UNARY; op++)
+        for (size_t d = 0; d < 5; d++)
+            for (size_t s = 0; s < sizeof SHAPES / sizeof *SHAPES; s++)
+                for (int v = 0; v < 3; v++) {
+                    ew_ctx c = {.op = (int)op, .dt = ALL[d], .ndim = SHAPES[s].ndim,
+                                .variant = v};
+                    memcpy(c.shape, SHAPES[s].shape, sizeof c.shape);
+                    if (v && c.ndim == 0)
+                        continue;
+                    if (v == 1 && c.ndim != 2)
+                        continue;
+                    char w[96];
+                    snprintf(w, sizeof w, "%s %s shape#%zu variant %d", UNARY[op].name,
+                             nt_dtype_name(c.dt), s, v);
+                    cmp(w, b_unary, &c);
+                }
+}
+
+static void b_scalar(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    nt_tensor *x = input(c, c->dt, true);
+    switch (c->op) {
+    case 0: out[(*n)++] = nt_add_scalar(x, c->s0); break;
+    case 1: out[(*n)++] = nt_mul_scalar(x, c->s0); break;
+    case 2: out[(*n)++] = nt_div_scalar(x, c->s0); break;
+    case 3: out[(*n)++] = nt_pow_scalar(x, c->s0); break;
+    case 4: out[(*n)++] = nt_clamp(x, c->s0, c->s1); break;
+    default: {
+        /* in place through a view */
+        nt_tensor *y = nt_contiguous(nt_add_scalar(x, 0.0));
+        nt_tensor *v = nt_slice(y, 0, 0, nt_shape(y, 0), 2);
+        nt_clamp_inplace(v, c->s0, c->s1);
+        nt_relu_inplace(v);
+        nt_mul_scalar_inplace(y, c->s0);
+        out[(*n)++] = y;
+    }
+    }
+}
+
+static void test_scalar(void **state)
+{
+    (void)state;
+    const double sc[][2] = {{2.5, 7.0}, {-0.0, 0.0}, {16777217.0, -3.0}, {0.1, -0.1},
+                            {-1e30, 1e30}, {3.0, -2.0}};
+    for (int op = 0; op < 6; op++)
+        for (size_t d = 0; d < 5; d++)
+            for (size_t k = 0; k < sizeof sc / sizeof *sc; k++)
+                for (int s = 1; s < 6; s += 2) {
+                    ew_ctx c = {.op = op, .dt = ALL[d], .ndim = SHAPES[s].ndim, .s0 = sc[k][0],
+                                .s1 = sc[k][1]};
+                    memcpy(c.shape, SHAPES[s].shape, sizeof c.shape);
+                    if (op == 5 && c.ndim == 0)
+                        continue;
+                    char w[96];
+                    snprintf(w, sizeof w, "scalar op %d %s s=(%g, %g) shape#%d", op,
+                             nt_dtype_name(c.dt), c.s0, c.s1, s);
+                    cmp(w, b_scalar, &c);
+                }
+}
+
+typedef nt_tensor *(*bin_fn)(nt_tensor *, nt_tensor *);
+static const struct {
+    const char *name;
+    bin_fn f;
+} BINARY[] = {{"add", (nt_add)},         {"sub", (nt_sub)}, {"mul", (nt_mul)},
+              {"div", (nt_div)},         {"maximum", (nt_maximum)},
+              {"minimum", (nt_minimum)}, {"eq", (nt_eq)},   {"ne", (nt_ne)},
+              {"lt", (nt_lt)},           {"le", (nt_le)},   {"gt", (nt_gt)},
+              {"ge", (nt_ge)}};
+
+static void b_binary(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    nt_tensor *a, *b;
+    switch (c->variant) {
+    case 0: /* same shape */
+        a = T(c->dt, 2, (int64_t[]){33, 129}, 3.0, true);
+        b = T(c->dt2, 2, (int64_t[]){33, 129}, 3.0, true);
+        break;
+    case 1: /* [A, 1] with [1, B] */
+        a = T(c->dt, 2, (int64_t[]){129, 1}, 3.0, true);
+        b = T(c->dt2, 2, (int64_t[]){1, 513}, 3.0, true);
+        break;
+    case 2: /* a 0-d scalar with a transposed view */
+        a = T(c->dt, 0, NULL, 3.0, false);
+        b = nt_transpose(T(c->dt2, 2, (int64_t[]){65, 127}, 3.0, true), 0, 1);
+        break;
+    default: /* a row broadcast over a long tensor */
+        a = T(c->dt, 3, (int64_t[]){2, 4097, 3}, 3.0, true);
+        b = T(c->dt2, 1, (int64_t[]){3}, 3.0, true);
+        break;
+    }
+    out[(*n)++] = BINARY[c->op].f(a, b);
+    out[(*n)++] = nt_where(nt_gt(a, b), a, b);
+}
+
+static void test_binary_compare_where(void **state)
+{
+    (void)state;
+    const nt_dtype pairs[][2] = {{NT_F32, NT_F32}, {NT_BF16, NT_BF16}, {NT_F16, NT_F16},
+                                 {NT_I32, NT_I32}, {NT_U8, NT_U8},     {NT_F32, NT_BF16},
+                                 {NT_BF16, NT_F16}, {NT_I32, NT_U8},   {NT_U8, NT_F32}};
+    for (size_t op = 0; op < sizeof BINARY / sizeof *BINARY; op++)
+        for (size_t p = 0; p < sizeof pairs / sizeof *pairs; p++)
+            for (int v = 0; v < 4; v++) {
+                ew_ctx c = {.op = (int)op, .dt = pairs[p][0], .dt2 = pairs[p][1], .variant = v};
+                char w[96];
+                snprintf(w, sizeof w, "%s %s,%s variant %d", BINARY[op].name,
+                         nt_dtype_name(c.dt), nt_dtype_name(c.dt2), v);
+                cmp(w, b_binary, &c);
+            }
+}
+
+/* the backward helpers (relu_bwd ...) run inside backward passes */
+static void b_bwd(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    nt_tensor *x = T(c->dt, 2, (int64_t[]){65, 257}, 4.0, true);
+    nt_set_requires_grad(x, true);
+    nt_tensor *y = UNARY[c->op].f(x);
+    nt_tensor *g = T(c->dt, 2, (int64_t[]){65, 257}, 2.0, true);
+    nt_tensor *l = nt_sum(nt_mul(y, g), NT_DIM_ALL, false);
+    nt_backward(l);
+    out[(*n)++] = nt_grad(x);
+    nt_release(out[*n - 1]);
+}
+
+static void test_backward_helpers(void **state)
+{
+    (void)state;
+    for (size_t op = 0; op < sizeof UNARY / sizeof *UNARY; op++)
+        for (size_t d = 0; d < 3; d++) {
+            ew_ctx c = {.op = (int)op, .dt = FLOATS[d]};
+            char w[64];
+            snprintf(w, sizeof w, "backward of %s %s", UNARY[op].name, nt_dtype_name(c.dt));
+            cmp(w, b_bwd, &c);
+        }
+}
+
+static void b_copy(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    nt_tensor *x = T(c->dt, 2, (int64_t[]){129, 33}, 300.0, true);
+    out[(*n)++] = nt_cast(x, c->dt2);
+    out[(*n)++] = nt_cast(nt_transpose(x, 0, 1), c->dt2);
+    out[(*n)++] = nt_contiguous(nt_expand(nt_slice(x, 1, 3, 4, 1), 3, (int64_t[]){2, 129, 513}));
+    nt_tensor *d = nt_zeros(c->dt2, 2, (int64_t[]){33, 129});
+    nt_copy_into(d, nt_transpose(x, 0, 1));
+    out[(*n)++] = d;
+}
+
+static void test_copy_cast(void **state)
+{
+    (void)state;
+    for (size_t a = 0; a < 5; a++)
+        for (size_t b = 0; b < 5; b++) {
+            ew_ctx c = {.dt = ALL[a], .dt2 = ALL[b]};
+            char w[64];
+            snprintf(w, sizeof w, "cast %s -> %s", nt_dtype_name(c.dt), nt_dtype_name(c.dt2));
+            cmp(w, b_copy, &c);
+        }
+}
+
+static void b_fill(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    int64_t sh[2] = {129, 513};
+    out[(*n)++] = nt_full(c->dt, 2, sh, c->s0);
+    out[(*n)++] = nt_arange(c->dt, c->s1, c->s1 + 3000.0 * 0.37, 0.37);
+    out[(*n)++] = nt_arange(c->dt, -7.0, 4100.0, 1.0);
+    nt_tensor *v = nt_zeros(c->dt, 2, sh);
+    nt_fill_inplace(nt_slice(v, 1, 1, 513, 3), c->s0);
+    out[(*n)++] = v;
+    if (nt__dtype_is_float(c->dt)) {
+        out[(*n)++] = nt_rand(c->dt, 2, (int64_t[]){3, 4097}, 11);
+        out[(*n)++] = nt_randn(c->dt, 1, (int64_t[]){5000}, 12);
+        out[(*n)++] = nt_randn(c->dt, 0, NULL, 13);
+    }
+}
+
+static void test_fill_arange_rand(void **state)
+{
+    (void)state;
+    const double vals[] = {0.1, -1.0, 300.7, 1e10, -0.0, NAN, 1.00390625000001, 65519.9};
+    for (size_t d = 0; d < 5; d++)
+        for (size_t k = 0; k < sizeof vals / sizeof *vals; k++) {
+            ew_ctx c = {.dt = ALL[d], .s0 = vals[k], .s1 = vals[k] * 0.5};
+            if (isnan(c.s1))
+                c.s1 = 0.5;
+            char w[64];
+            snprintf(w, sizeof w, "fill/arange/rand %s %g", nt_dtype_name(c.dt), vals[k]);
+            cmp(w, b_fill, &c);
+        }
+}
+
+/* ---------------- reductions ---------------- */
+
+static const int64_t SIZES[] = {1, 127, 129, 513, 2049, 4097};
+
+static void b_reduce(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    int64_t L = c->shape[0];
+    nt_tensor *x = c->variant ? nt_transpose(T(c->dt, 2, (int64_t[]){L, 5}, 2.0, c->variant == 2), 0, 1)
+                              : T(c->dt, 2, (int64_t[]){5, L}, 2.0, false);
+    for (int dim = 0; dim < 2; dim++) {
+        out[(*n)++] = nt_sum(x, dim, dim == 1);
+        out[(*n)++] = nt_max(x, dim, false);
+        out[(*n)++] = nt_argmax(x, dim, true);
+        if (nt__dtype_is_float(c->dt))
+            out[(*n)++] = nt_mean(x, dim, false);
+    }
+    out[(*n)++] = nt_sum(x, NT_DIM_ALL, false);
+    out[(*n)++] = nt_max(x, NT_DIM_ALL, false);
+    out[(*n)++] = nt_argmax(x, NT_DIM_ALL, false);
+    if (nt__dtype_is_float(c->dt))
+        out[(*n)++] = nt_mean(x, NT_DIM_ALL, true);
+}
+
+static void b_reduce_special(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    int64_t L = c->shape[0];
+    /* rows of -0, rows with NaN, ties for argmax */
+    float *h = malloc((size_t)(4 * L) * 4);
+    for (int64_t j = 0; j < L; j++) {
+        h[j] = -0.0f;
+        h[L + j] = (float)(j % 7);
+        h[2 * L + j] = (float)j;
+        h[3 * L + j] = j == L / 2 ? NAN : 1.0f;
+    }
+    nt_tensor *x = nt_cast(nt_from_host(h, NT_F32, 2, (int64_t[]){4, L}), c->dt);
+    free(h);
+    out[(*n)++] = nt_sum(x, 1, false);
+    out[(*n)++] = nt_max(x, 1, false);
+    out[(*n)++] = nt_argmax(x, 1, false);
+    out[(*n)++] = nt_argmax(x, 0, false);
+    out[(*n)++] = nt_sum(nt_slice(x, 0, 0, 1, 1), NT_DIM_ALL, false);
+}
+
+static void test_reductions(void **state)
+{
+    (void)state;
+    for (size_t d = 0; d < 5; d++)
+        for (size_t s = 0; s < sizeof SIZES / sizeof *SIZES; s++)
+            for (int v = 0; v < 3; v++) {
+                ew_ctx c = {.dt = ALL[d], .variant = v, .shape = {SIZES[s]}};
+                char w[64];
+                snprintf(w, sizeof w, "reduce %s L=%lld variant %d", nt_dtype_name(c.dt),
+                         (long long)SIZES[s], v);
+                cmp(w, b_reduce, &c);
+            }
+    for (size_t d = 0; d < 3; d++)
+        for (size_t s = 0; s < sizeof SIZES / sizeof *SIZES; s++) {
+            ew_ctx c = {.dt = FLOATS[d], .shape = {SIZES[s]}};
+            cmp("reduce special values", b_reduce_special, &c);
+        }
+}
+
+/* ---------------- row ops and losses ---------------- */
+
+static void b_rows(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    int64_t L = c->shape[0], R = c->shape[1];
+    nt_tensor *x = c->variant ? nt_transpose(T(c->dt, 2, (int64_t[]){L, R}, 4.0, true), 0, 1)
+                              : T(c->dt, 2, (int64_t[]){R, L}, 4.0, c->variant == 0 && L < 200);
+    out[(*n)++] = nt_softmax(x, -1);
+    out[(*n)++] = nt_log_softmax(x, -1);
+    out[(*n)++] = nt_softmax(x, 0);
+    nt_tensor *w = T(c->dt, 1, (int64_t[]){L}, 1.0, false), *b = T(c->dt, 1, (int64_t[]){L}, 1.0, false);
+    out[(*n)++] = nt_layer_norm(x, w, b, 1e-5);
+    out[(*n)++] = nt_layer_norm(x, NULL, NULL, 0.0);
+    out[(*n)++] = nt_rms_norm(x, w, 1e-6);
+    out[(*n)++] = nt_rms_norm(x, NULL, 1e-6);
+    /* labels in i32 and u8 */
+    int32_t *lab = malloc((size_t)R * 4);
+    uint8_t *lab8 = malloc((size_t)R);
+    for (int64_t i = 0; i < R; i++) {
+        lab[i] = (int32_t)(rnd() % (uint64_t)L);
+        lab8[i] = (uint8_t)(lab[i] % 256 < L ? lab[i] % 256 : 0);
+    }
+    nt_tensor *li = nt_from_host(lab, NT_I32, 1, (int64_t[]){R});
+    nt_tensor *l8 = nt_from_host(lab8, NT_U8, 1, (int64_t[]){R});
+    free(lab);
+    free(lab8);
+    out[(*n)++] = nt_cross_entropy(x, li);
+    out[(*n)++] = nt_cross_entropy(x, l8);
+    nt_tensor *y = T(c->dt2, 2, (int64_t[]){R, L}, 4.0, false);
+    out[(*n)++] = nt_mse_loss(x, y);
+}
+
+static void test_rows(void **state)
+{
+    (void)state;
+    const int64_t Ls[] = {1, 127, 129, 513, 2049, 4097, 9001};
+    const int64_t Rs[] = {1, 3, 129};
+    for (size_t d = 0; d < 3; d++)
+        for (size_t l = 0; l < sizeof Ls / sizeof *Ls; l++)
+            for (size_t r = 0; r < 3; r++)
+                for (int v = 0; v < 2; v++) {
+                    if (Ls[l] * Rs[r] > 300000)
+                        continue;
+                    ew_ctx c = {.dt = FLOATS[d], .dt2 = FLOATS[(d + 1) % 3],
+                                .shape = {Ls[l], Rs[r]}, .variant = v};
+                    char w[80];
+                    snprintf(w, sizeof w, "rows %s L=%lld R=%lld variant %d", nt_dtype_name(c.dt),
+                             (long long)Ls[l], (long long)Rs[r], v);
+                    cmp(w, b_rows, &c);
+                }
+}
+
+static void b_xent_long(void *ctx, nt_tensor **out, int *n)
+{
+    (void)ctx;
+    /* more rows than one canonical block of losses */
+    int64_t R = 2049 + 129, C = 10;
+    nt_tensor *x = T(NT_F32, 2, (int64_t[]){R, C}, 3.0, false);
+    int32_t *lab = malloc((size_t)R * 4);
+    for (int64_t i = 0; i < R; i++)
+        lab[i] = (int32_t)(rnd() % (uint64_t)C);
+    nt_tensor *l = nt_from_host(lab, NT_I32, 1, (int64_t[]){R});
+    free(lab);
+    out[(*n)++] = nt_cross_entropy(x, l);
+    out[(*n)++] = nt_cross_entropy(nt_transpose(nt_transpose(x, 0, 1), 0, 1), nt_slice(
+                                       nt_cat((nt_tensor *[]){l, l}, 2, 0), 0, 0, 2 * R, 2));
+}
+
+static void test_cross_entropy_rows(void **state)
+{
+    (void)state;
+    cmp("cross_entropy over 2178 rows", b_xent_long, NULL);
+}
+
+/* ---------------- matmul ---------------- */
+
+typedef struct mm_ctx {
+    nt_dtype dt;
+    int64_t M, K, N;
+    int variant;
+} mm_ctx;
+
+static void b_matmul(void *ctx, nt_tensor **out, int *n)
+{
+    mm_ctx *c = ctx;
+    int64_t M = c->M, K = c->K, N = c->N;
+    nt_tensor *a, *b;
+    switch (c->variant) {
+    case 0:
+        a = T(c->dt, 2, (int64_t[]){M, K}, 1.0, false);
+        b = T(c->dt, 2, (int64_t[]){K, N}, 1.0, false);
+        break;
+    case 1: /* both transposed views */
+        a = nt_transpose(T(c->dt, 2, (int64_t[]){K, M}, 1.0, false), 0, 1);
+        b = nt_transpose(T(c->dt, 2, (int64_t[]){N, K}, 1.0, false), 0, 1);
+        break;
+    case 2: /* batched with broadcast */
+        a = T(c->dt, 3, (int64_t[]){3, M, K}, 1.0, false);
+        b = T(c->dt, 4, (int64_t[]){2, 1, K, N}, 1.0, false);
+        break;
+    default: /* strided columns (every other) */
+        a = nt_slice(T(c->dt, 2, (int64_t[]){M, 2 * K}, 1.0, false), 1, 0, 2 * K, 2);
+        b = nt_slice(T(c->dt, 2, (int64_t[]){K, 2 * N}, 1.0, false), 1, 1, 2 * N, 2);
+        break;
+    }
+    out[(*n)++] = nt_matmul(a, b);
+    if (c->variant == 0) {
+        nt_tensor *v = T(c->dt, 1, (int64_t[]){K}, 1.0, false);
+        out[(*n)++] = nt_matmul(v, b);
+        out[(*n)++] = nt_matmul(a, v);
+        out[(*n)++] = nt_matmul(v, v);
+        nt_tensor *w = T(c->dt, 2, (int64_t[]){N, K}, 1.0, false);
+        out[(*n)++] = nt_linear(a, w, T(c->dt, 1, (int64_t[]){N}, 1.0, false));
+    }
+}
+
+static void test_matmul(void **state)
+{
+    (void)state;
+    const int64_t dims[][3] = {{1, 1, 1},     {3, 5, 7},     {127, 129, 33}, {129, 127, 513},
+                               {2, 257, 515}, {130, 0, 9},   {64, 300, 1},   {513, 129, 65}};
+    for (size_t d = 0; d < 3; d++)
+        for (size_t k = 0; k < sizeof dims / sizeof *dims; k++)
+            for (int v = 0; v < 4; v++) {
+                mm_ctx c = {FLOATS[d], dims[k][0], dims[k][1], dims[k][2], v};
+                if (v == 2 && dims[k][0] * dims[k][1] * dims[k][2] > 3000000)
+                    continue;
+                char w[80];
+                snprintf(w, sizeof w, "matmul %s %lldx%lldx%lld variant %d", nt_dtype_name(c.dt),
+                         (long long)c.M, (long long)c.K, (long long)c.N, v);
+                cmp(w, b_matmul, &c);
+            }
+}
+
+/* ---------------- embedding ---------------- */
+
+static void b_embedding(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    int64_t V = 300, D = c->shape[0];
+    nt_tensor *w = T(c->dt, 2, (int64_t[]){V, D}, 2.0, true);
+    int64_t P = 2 * 129;
+    int32_t *ix = malloc((size_t)P * 4);
+    uint8_t *i8 = malloc((size_t)P);
+    for (int64_t i = 0; i < P; i++) {
+        ix[i] = (int32_t)(rnd() % (uint64_t)V);
+        i8[i] = (uint8_t)(rnd() % 256);
+    }
+    if (c->variant)
+        ix[77] = c->variant > 0 ? (int32_t)V : -1; /* a bad index */
+    nt_tensor *idx = nt_from_host(ix, NT_I32, 2, (int64_t[]){2, 129});
+    nt_tensor *idx8 = nt_from_host(i8, NT_U8, 1, (int64_t[]){P});
+    free(ix);
+    free(i8);
+    nt_tensor *wt = nt_transpose(nt_contiguous(nt_transpose(w, 0, 1)), 0, 1); /* strided weight */
+    out[(*n)++] = nt_embedding(w, idx);
+    out[(*n)++] = nt_embedding(wt, nt_transpose(idx, 0, 1));
+    out[(*n)++] = nt_embedding(w, idx8);
+    if (nt__dtype_is_float(c->dt)) {
+        nt_tensor *wg = nt_detach(w);
+        nt_set_requires_grad(wg, true);
+        nt_tensor *e = nt_embedding(wg, idx);
+        nt_tensor *g = T(c->dt, 3, (int64_t[]){2, 129, D}, 1.0, false);
+        nt_backward(nt_sum(nt_mul(e, g), NT_DIM_ALL, false));
+        out[(*n)++] = nt_grad(wg);
+        nt_release(out[*n - 1]);
+    }
+}
+
+static void test_embedding(void **state)
+{
+    (void)state;
+    const int64_t Ds[] = {1, 129, 8193};
+    for (size_t d = 0; d < 5; d++)
+        for (size_t k = 0; k < 3; k++)
+            for (int v = -1; v <= 1; v++) {
+                ew_ctx c = {.dt = ALL[d], .shape = {Ds[k]}, .variant = v};
+                char w[64];
+                snprintf(w, sizeof w, "embedding %s D=%lld bad=%d", nt_dtype_name(c.dt),
+                         (long long)Ds[k], v);
+                cmp(w, b_embedding, &c);
+            }
+}
+
+static void test_data_error_messages(void **state)
+{
+    (void)state;
+    /* the same error, worded the same, on both backends */
+    assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+    nt_tensor *w = nt_zeros(NT_F32, 2, (int64_t[]){5, 3});
+    nt_tensor *i = nt_from_host((int32_t[]){0, 4, 7, 1}, NT_I32, 1, (int64_t[]){4});
+    nt_tensor *e = nt_embedding(w, i);
+    float buf[12];
+    assert_int_equal(nt_to_host(e, buf, sizeof buf), NT_ERANGE);
+    assert_non_null(strstr(nt_last_error_message(), "idx[2] = 7 is out of range [0, 5)"));
+    assert_non_null(strstr(nt_last_error_message(), "nt_embedding"));
+    nt_tensor *lg = nt_zeros(NT_F32, 2, (int64_t[]){3, 4});
+    nt_tensor *lb = nt_from_host((int32_t[]){1, -2, 9}, NT_I32, 1, (int64_t[]){3});
+    nt_tensor *ce = nt_cross_entropy(lg, lb);
+    double v;
+    assert_int_equal(nt_item(ce, &v), NT_ERANGE);
+    assert_non_null(strstr(nt_last_error_message(), "labels[1] = -2 is out of range [0, 4)"));
+    nt_release(w), nt_release(i), nt_release(e), nt_release(lg), nt_release(lb), nt_release(ce);
+    nt_clear_error();
+}
+
+/* ---------------- fused programs ---------------- */
+
+static nt_tensor *chain8(nt_tensor *x)
+{
+    return nt_mul(nt_add_scalar(nt_mul_scalar(nt_relu(nt_sub(nt_mul(nt_add_scalar(
+                                                                        nt_mul_scalar(x, 1.5), 0.25),
+                                                                    x),
+                                                             x)),
+                                              0.5),
+                                1.0),
+                  x);
+}
+
+static void b_fused(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    nt_tensor *x = T(c->dt, 2, (int64_t[]){257, 1000}, 3.0, true);
+    nt_tensor *b = T(c->dt, 1, (int64_t[]){1000}, 1.0, false);
+    nt_tensor *w = T(c->dt, 2, (int64_t[]){1000, 129}, 0.1, false);
+    nt_sync(); /* inputs first: the programs below go to the planner together */
+    out[(*n)++] = chain8(x);
+    /* softmax as primitives (a ROW program) */
+    nt_tensor *m = nt_max(x, -1, true);
+    nt_tensor *e = nt_exp(nt_sub(x, m));
+    out[(*n)++] = nt_div(e, nt_sum(e, -1, true));
+    /* layer norm as primitives, with a broadcast bias */
+    nt_tensor *mu = nt_mean(x, -1, true);
+    nt_tensor *d = nt_sub(x, mu);
+    nt_tensor *var = nt_mean(nt_mul(d, d), -1, true);
+    out[(*n)++] = nt_add(nt_mul(d, nt_rsqrt(nt_add_scalar(var, 1e-5))), b);
+    /* matmul + bias + gelu + cast (an MM program) */
+    nt_tensor *h = nt_gelu(nt_add(nt_matmul(x, w), nt_slice(b, 0, 0, 129, 1)));
+    out[(*n)++] = nt_cast(h, NT_BF16);
+    out[(*n)++] = nt_relu(nt_matmul(nt_slice(x, 0, 0, 5, 1), w));
+    /* int and compare in one program */
+    nt_tensor *q = nt_cast(nt_mul_scalar(x, 10.0), NT_I32);
+    out[(*n)++] = nt_where(nt_gt(q, nt_abs(nt_neg(q))), nt_clamp(q, 5, -5), nt_relu(q));
+    /* an in-place chain */
+    nt_tensor *y = nt_contiguous(nt_mul_scalar(x, 1.0));
+    nt_add_scalar_inplace(y, 2.0);
+    nt_mul_inplace(y, x);
+    out[(*n)++] = y;
+}
+
+static void test_fused_programs(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_config_set("NT_FUSION", "1"), 0);
+    for (size_t d = 0; d < 3; d++) {
+        ew_ctx c = {.dt = FLOATS[d]};
+        char w[64];
+        snprintf(w, sizeof w, "fused programs %s", nt_dtype_name(c.dt));
+        cmp_mode(w, "lazy", b_fused, &c); /* sim fused vs cpu fused */
+        /* and the fused simulator against the unfused CPU */
+        uint64_t seed = rnd();
+        result a, b;
+        run("cpu", "deterministic", seed, b_fused, &c, &a);
+        run("sim", "lazy", seed, b_fused, &c, &b);
+        assert_int_equal(a.n, b.n);
+        for (int i = 0; i < a.n; i++)
+            assert_memory_equal(a.data[i], b.data[i], a.bytes[i]);
+        free_result(&a);
+        free_result(&b);
+    }
+    nt_stats st;
+    nt_stats_get(&st);
+    assert_true(st.fusion_groups > 0);
+    assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
+}
+
+static void test_fused_hbm_bytes(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_config_set("NT_FUSION", "1"), 0);
+    assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+    int64_t n = quick ? 100000 : 1 << 20;
+    nt_tensor *x = nt_randn(NT_F32, 1, &n, 3);
+    nt_sync();
+    nt_sim_stats_reset();
+    nt_stats_reset();
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *y = nt_keep(chain8(x));
+    nt_scope_end(s);
+    assert_int_equal(nt_sync(), 0);
+    nt_sim_stats st;
+    nt_sim_stats_get(&st);
+    nt_stats fs;
+    nt_stats_get(&fs);
+    assert_int_equal(fs.fusion_groups, 1);
+    assert_int_equal(fs.fused_ops, 8);
+    /* one read of x, one write of y: no intermediate reached HBM */
+    assert_int_equal(st.hbm_read_bytes, (uint64_t)n * 4);
+    assert_int_equal(st.hbm_write_bytes, (uint64_t)n * 4);
+    assert_int_equal(st.kernels, 1);
+    /* and the same values as the CPU op by op */
+    float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+    nt_to_host(y, a, (size_t)n * 4);
+    nt_config_set("NT_BACKEND", "cpu");
+    nt_config_set("NT_MODE", "deterministic");
+    nt_tensor *z = chain8(x);
+    nt_to_host(z, b, (size_t)n * 4);
+    assert_memory_equal(a, b, (size_t)n * 4);
+    free(a), free(b);
+    nt_release(x), nt_release(y), nt_release(z);
+    nt_config_set("NT_MODE", "adaptive");
+    nt_config_set("NT_FUSION", "0");
+}
+
+/* ---------------- backend switches ---------------- */
+
+static void test_require_sim_and_min_flops(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+    /* every op with a CPU kernel has a simulator kernel */
+    for (int op = 0; op < NT_OP_COUNT; op++)
+        if (nt__cpu_kernels[op])
+            assert_non_null(nt__sim_kernels[op]);
+    nt_tensor *x = nt_ones(NT_F32, 1, (int64_t[]){1000});
+    nt_sync();
+    /* an op without a simulator kernel: an error under NT_REQUIRE_SIM=1 */
+    nt__kernel_fn saved = nt__sim_kernels[NT_OP_EXP];
+    nt__sim_kernels[NT_OP_EXP] = NULL;
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "1"), 0);
+    nt_tensor *e = nt_exp(x);
+    assert_null(e);
+    assert_int_equal(nt_last_error(), NT_ENOTSUP);
+    assert_non_null(strstr(nt_last_error_message(), "NT_REQUIRE_SIM"));
+    nt_clear_error();
+    /* ... and a CPU fallback (counted) without it */
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "0"), 0);
+    nt_stats_reset();
+    e = nt_exp(x);
+    double v;
+    assert_int_equal(nt_item(nt_sum(e, NT_DIM_ALL, false), &v), 0);
+    assert_true(fabs(v - 1000 * exp(1.0)) < 0.1);
+    nt_stats st;
+    nt_stats_get(&st);
+    assert_int_equal(st.cpu_fallbacks, 1);
+    nt__sim_kernels[NT_OP_EXP] = saved;
+    nt_release(e);
+    /* NT_MIN_SIM_FLOPS sends small ops to the CPU */
+    assert_int_equal(nt_config_set("NT_MIN_SIM_FLOPS", "5000"), 0);
+    nt_sync();
+    nt_sim_stats_reset();
+    nt_stats_reset();
+    nt_tensor *small = nt_add_scalar(x, 1.0);
+    nt_tensor *big = nt_add_scalar(nt_ones(NT_F32, 1, (int64_t[]){8000}), 1.0);
+    nt_sync();
+    nt_sim_stats ss;
+    nt_sim_stats_get(&ss);
+    nt_stats_get(&st);
+    assert_int_equal(st.cpu_fallbacks, 1); /* the 1000-element add */
+    assert_int_equal(ss.kernels, 2);       /* ones(8000) and its add on the simulator */
+    assert_int_equal(nt_config_set("NT_MIN_SIM_FLOPS", "0"), 0);
+    assert_string_equal(nt_config_get("NT_BACKEND"), "sim");
+    nt_release(small), nt_release(big), nt_release(x);
+}
+
+/* ---------------- user tile kernels ---------------- */
+
+/* softplus-like "scaled swish": y = x * sigmoid(beta * x), one ScalarE
+ * activation with scale and one VectorE multiply per tile */
+typedef struct swish {
+    float beta;
+    int mode; /* 0 ok, 1 bad shape rule, 2 kernel breaks a rule, 3 wrong-shape backward */
+} swish;
+
+static int swish_shape(const nt_tensor_view *in, int nin, nt_tensor_view *out, char *why,
+                       size_t whylen, void *ctx)
+{
+    swish *s = ctx;
+    if (nin != 1 || in[0].dtype != NT_F32 || s->mode == 1) {
+        snprintf(why, whylen, "expected one f32 tensor");
+        return NT_EDTYPE;
+    }
+    out->dtype = NT_F32;
+    out->ndim = in[0].ndim;
+    memcpy(out->shape, in[0].shape, sizeof out->shape);
+    return 0;
+}
+
+static int swish_kernel(nt_sim_kernel *k, const nt_tensor_view *in, int nin,
+                        const nt_tensor_view *out, void *ctx)
+{
+    (void)nin;
+    swish *s = ctx;
+    int64_t n = 1;
+    for (int i = 0; i < in[0].ndim; i++)
+        n *= in[0].shape[i];
+    /* contiguous input required by this simple kernel */
+    int64_t F = 512;
+    nt_tile *x = nt_tile_alloc(k, "x", NT_MEM_SBUF, NT_F32, 128, F);
+    nt_tile *g = nt_tile_alloc(k, "sig", NT_MEM_SBUF, NT_F32, 128, s->mode == 2 ? 70000 : F);
+    for (int64_t i0 = 0; i0 < n;) {
+        int64_t rows = (n - i0) / F;
+        int np = rows ? (int)(rows < 128 ? rows : 128) : 1;
+        int64_t w = rows ? F : n - i0;
+        nt_ap hx = nt_hbm_ap(in[0].data, NT_F32, i0, np, F, w);
+        nt_ap ho = nt_hbm_ap(out->data, NT_F32, i0, np, F, w);
+        nt_ap X = nt_tile_slice(x, 0, np, 0, w), G = nt_tile_slice(g, 0, np, 0, w);
+        nt_isa_dma_copy(k, &X, &hx, NT_DMA_QUEUE_AUTO);
+        nt_isa_activation(k, &G, NT_ACT_SIGMOID, &X, &(nt_isa_scalar){NULL, s->beta}, NULL, NULL);
+        nt_isa_tensor_tensor(k, &G, &X, &G, NT_ALU_MUL, NT_ENGINE_VECTOR);
+        nt_isa_dma_copy(k, &ho, &G, NT_DMA_QUEUE_AUTO);
+        i0 += np * w;
+    }
+    return nt_sim_kernel_error(k);
+}
+
+static int swish_backward(nt_tensor *gout, nt_tensor *const *in, nt_tensor *out,
+                          nt_tensor **gin, void *ctx)
+{
+    (void)out;
+    swish *s = ctx;
+    nt_tensor *x = in[0];
+    nt_tensor *sg = nt_sigmoid(nt_mul_scalar(x, s->beta));
+    /* d/dx x s(bx) = s + b x s (1 - s) */
+    nt_tensor *d = nt_add(sg, nt_mul(nt_mul_scalar(x, s->beta),
+                                     nt_mul(sg, nt_add_scalar(nt_neg(sg), 1.0))));
+    gin[0] = s->mode == 3 ? nt_sum(d, 0, false) : nt_mul(gout, d);
+    return 0;
+}
+
+static void test_user_tile_kernel(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+    static swish sw = {1.702f, 0}, bad_shape = {1.0f, 1}, bad_kernel = {1.0f, 2},
+                 bad_bwd = {1.0f, 3};
+    nt_kernel_op_def def = {"scaled_swish", 1, swish_shape, swish_kernel, swish_backward, &sw};
+    int op = nt_op_register_kernel(&def);
+    assert_true(op >= 0);
+    assert_true(nt_op_register_kernel(&def) < 0); /* duplicate name */
+    nt_clear_error();
+    nt_kernel_op_def nok = def;
+    nok.name = "no_kernel";
+    nok.kernel = NULL;
+    assert_int_equal(nt_op_register_kernel(&nok), NT_EINVAL);
+    nt_clear_error();
+
+    int64_t n = 128 * 512 + 100;
+    nt_tensor *x = T(NT_F32, 1, &n, 3.0, false);
+    nt_set_requires_grad(x, true);
+    nt_tensor *y = nt_op_call(op, (nt_tensor *[]){x});
+    assert_non_null(y);
+    /* the same instructions the built-in ops use: the same bits */
+    nt_tensor *ref = nt_mul(x, nt_sigmoid(nt_mul_scalar(x, 1.702f)));
+    float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+    assert_int_equal(nt_to_host(y, a, (size_t)n * 4), 0);
+    assert_int_equal(nt_to_host(ref, b, (size_t)n * 4), 0);
+    assert_memory_equal(a, b, (size_t)n * 4);
+    /* backward through the user's gradient */
+    assert_int_equal(nt_backward(nt_sum(y, NT_DIM_ALL, false)), 0);
+    nt_tensor *g = nt_grad(x);
+    assert_non_null(g);
+    assert_int_equal(nt_to_host(g, a, (size_t)n * 4), 0);
+    assert_true(fabsf(a[0]) < 2.0f);
+    nt_release(g);
+
+    /* a shape rule that rejects the inputs: a clean error, nothing queued */
+    def.name = "swish_bad_shape";
+    def.ctx = &bad_shape;
+    int op2 = nt_op_register_kernel(&def);
+    assert_true(op2 >= 0);
+    assert_null(nt_op_call(op2, (nt_tensor *[]){x}));
+    assert_int_equal(nt_last_error(), NT_EDTYPE);
+    assert_non_null(strstr(nt_last_error_message(), "shape rule of op 'swish_bad_shape'"));
+    assert_non_null(strstr(nt_last_error_message(), "expected one f32 tensor"));
+    nt_clear_error();
+
+    /* a kernel that breaks a hardware rule: the sync names the op and site */
+    def.name = "swish_bad_kernel";
+    def.ctx = &bad_kernel;
+    int op3 = nt_op_register_kernel(&def);
+    nt_tensor *y3 = nt_op_call(op3, (nt_tensor *[]){x});
+    assert_non_null(y3);
+    assert_int_equal(nt_to_host(y3, a, (size_t)n * 4), NT_ESIM);
+    const char *m = nt_last_error_message();
+    assert_non_null(strstr(m, "nt_op_call(swish_bad_kernel)"));
+    assert_non_null(strstr(m, "test_simkernels.c"));
+    assert_non_null(strstr(m, "SBUF"));
+    nt_clear_error();
+
+    /* a backward that returns the wrong shape */
+    def.name = "swish_bad_bwd";
+    def.ctx = &bad_bwd;
+    int op4 = nt_op_register_kernel(&def);
+    nt_tensor *x2 = T(NT_F32, 2, (int64_t[]){4, 5}, 1.0, false);
+    nt_set_requires_grad(x2, true);
+    nt_tensor *y4 = nt_op_call(op4, (nt_tensor *[]){x2});
+    assert_int_equal(nt_backward(nt_sum(y4, NT_DIM_ALL, false)), NT_ESHAPE);
+    assert_non_null(strstr(nt_last_error_message(), "swish_bad_bwd"));
+    nt_clear_error();
+    free(a), free(b);
+    nt_release(x), nt_release(y), nt_release(ref), nt_release(y3), nt_release(x2), nt_release(y4);
+}
+
+/* ---------------- shapes far beyond SBUF ---------------- */
+
+static void b_big(void *ctx, nt_tensor **out, int *n)
+{
+    (void)ctx;
+    int64_t L = quick ? 70000 : 200003;
+    nt_tensor *x = T(NT_F32, 2, (int64_t[]){2, L}, 3.0, false);
+    out[(*n)++] = nt_softmax(x, -1);
+    out[(*n)++] = nt_layer_norm(x, NULL, NULL, 1e-5);
+    out[(*n)++] = nt_sum(x, 1, false);
+    out[(*n)++] = nt_argmax(x, 1, false);
+    out[(*n)++] = nt_add(x, nt_slice(x, 0, 1, 2, 1));
+    int64_t K = quick ? 3000 : 20000;
+    nt_tensor *a = T(NT_BF16, 2, (int64_t[]){130, K}, 1.0, false);
+    nt_tensor *b = T(NT_BF16, 2, (int64_t[]){K, 3}, 1.0, false);
+    out[(*n)++] = nt_matmul(a, b);
+    nt_tensor *w = T(NT_F32, 2, (int64_t[]){4, 30000}, 1.0, false);
+    out[(*n)++] = nt_embedding(w, nt_from_host((int32_t[]){3, 0, 3}, NT_I32, 1, (int64_t[]){3}));
+    nt_tensor *lg = T(NT_F32, 2, (int64_t[]){2, L}, 3.0, false);
+    out[(*n)++] = nt_cross_entropy(lg, nt_from_host((int32_t[]){5, (int32_t)L - 1}, NT_I32, 1,
+                                                    (int64_t[]){2}));
+}
+
+static void test_big_shapes(void **state)
+{
+    (void)state;
+    cmp("shapes beyond SBUF", b_big, NULL);
+    assert_int_equal(nt_config_set("NT_FUSION", "1"), 0);
+    cmp_mode("shapes beyond SBUF, fused", "lazy", b_big, NULL);
+    assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
+}
+
+static void test_sim_stats_and_trace_hook(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+    nt_sim_stats_reset();
+    nt_tensor *x = nt_randn(NT_F32, 2, (int64_t[]){256, 256}, 1);
+    nt_tensor *y = nt_matmul(x, x);
+    assert_int_equal(nt_sync(), 0);
+    nt_sim_stats st;
+    assert_int_equal(nt_sim_stats_get(&st), 0);
+    assert_true(st.kernels >= 2);
+    assert_true(st.flops == 2.0 * 256 * 256 * 256);
+    assert_true(st.sim_ns > 0 && st.mfu > 0 && st.mfu <= 1.0);
+    assert_true(st.host_ns > 0 && st.host_gemm_ns > 0);
+    nt_stats s;
+    nt_stats_get(&s);
+    assert_true(s.sim_kernels >= 2);
+    assert_true(s.sim_time_ns > 0);
+    nt_release(x), nt_release(y);
+}
+
+int main(void)
+{
+    const char *q = getenv("NT_TEST_QUICK");
+    quick = q && *q && *q != '0';
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_unary, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scalar, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_binary_compare_where, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_backward_helpers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_copy_cast, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fill_arange_rand, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reductions, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rows, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cross_entropy_rows, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_matmul, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_embedding, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_data_error_messages, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fused_programs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fused_hbm_bytes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_require_sim_and_min_flops, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_user_tile_kernel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_big_shapes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sim_stats_and_trace_hook, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
