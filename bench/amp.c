@@ -1,7 +1,10 @@
 /* bench/amp.c - mixed precision on the Fashion-MNIST MLP (784-1024-1024-10,
  * ReLU, cross-entropy, AdamW, f32 parameters): wall time and simulated
  * NeuronCore time per training step in f32, under bf16 autocast, and under
- * f16 autocast with the loss scaler, in the same run.
+ * f16 autocast with the loss scaler, in the same run; and, for comparison,
+ * bf16 parameters with f32 master weights in the optimizer
+ * (nt_optim_set_master_weights), which saves autocast its per-step casts of
+ * the weights.
  *
  * A step is: forward (under autocast), backward, optimizer step (through
  * the scaler for f16), zero_grad, read the loss.  Per step: the median wall
@@ -57,8 +60,9 @@ typedef struct {
     double ms, sim_ms, tensor_ms, ideal_ms, mbytes, kernels, loss;
 } result;
 
-/* amp: NT_DTYPE_COUNT (f32), NT_BF16, or NT_F16 (with the loss scaler). */
-static result run(nt_dtype amp, int batch, int warmup, int steps)
+/* amp: NT_DTYPE_COUNT (f32), NT_BF16, or NT_F16 (with the loss scaler);
+ * master: bf16 parameters with f32 masters (amp NT_BF16). */
+static result run(nt_dtype amp, bool master, int batch, int warmup, int steps)
 {
     nt_tensor *p[6] = {
         uparam(2, (int64_t[]){HID, IN}, IN, 1),   uparam(1, (int64_t[]){HID}, IN, 2),
@@ -72,7 +76,18 @@ static result run(nt_dtype amp, int batch, int warmup, int steps)
         lab[i] = (i * 7) % OUT;
     nt_tensor *y = nt_from_host(lab, NT_I32, 1, (int64_t[]){batch});
     free(lab);
+    for (int i = 0; master && i < 6; i++) {
+        nt_no_grad_begin();
+        nt_tensor *b = nt_cast(p[i], NT_BF16);
+        nt_no_grad_end();
+        nt_release(p[i]);
+        p[i] = b;
+        if (!b || nt_set_requires_grad(b, true))
+            die("bf16 parameters");
+    }
     nt_optim *opt = nt_optim_adamw(p, 6, 1e-3, 0.9, 0.999, 1e-8, 0.01);
+    if (master && (!opt || nt_optim_set_master_weights(opt, true)))
+        die("master weights");
     nt_grad_scaler *scaler = amp == NT_F16 ? nt_grad_scaler_create(NULL) : NULL;
     if (!x || !y || !opt || (amp == NT_F16 && !scaler))
         die("set-up");
@@ -152,21 +167,21 @@ int main(int argc, char **argv)
     }
     if (steps < 1 || warmup < 0 || nt_init() != 0 || nt_config_set("NT_MODE", mode) != 0)
         die("set-up");
-    printf("amp: MLP 784-1024-1024-10, AdamW, f32 parameters; mode %s, backend %s; median of "
+    printf("amp: MLP 784-1024-1024-10, AdamW; mode %s, backend %s; median of "
            "%d steps after %d\n", mode, nt_config_get("NT_BACKEND"), steps, warmup);
-    printf("%6s %-10s %9s %9s %9s %9s %9s %8s %8s\n", "batch", "precision", "wall ms",
+    printf("%6s %-11s %9s %9s %9s %9s %9s %8s %8s\n", "batch", "precision", "wall ms",
            "sim ms", "TensorE", "at peak", "HBM MB", "kernels", "loss");
     char *list = strdup(batches);
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
         int batch = atoi(tok);
         if (batch < 1)
             die("--batches");
-        const nt_dtype amps[3] = {NT_DTYPE_COUNT, NT_BF16, NT_F16};
-        const char *names[3] = {"f32", "bf16", "fp16+scale"};
-        result r[3];
-        for (int k = 0; k < 3; k++) {
-            r[k] = run(amps[k], batch, warmup, steps);
-            printf("%6d %-10s %9.2f %9.3f %9.3f %9.3f %9.1f %8.1f %8.4f\n", batch, names[k],
+        const nt_dtype amps[4] = {NT_DTYPE_COUNT, NT_BF16, NT_F16, NT_BF16};
+        const char *names[4] = {"f32", "bf16", "fp16+scale", "bf16+master"};
+        result r[4];
+        for (int k = 0; k < 4; k++) {
+            r[k] = run(amps[k], k == 3, batch, warmup, steps);
+            printf("%6d %-11s %9.2f %9.3f %9.3f %9.3f %9.1f %8.1f %8.4f\n", batch, names[k],
                    r[k].ms, r[k].sim_ms, r[k].tensor_ms, r[k].ideal_ms, r[k].mbytes,
                    r[k].kernels, r[k].loss);
             fflush(stdout);

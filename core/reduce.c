@@ -34,6 +34,17 @@ float nt__red_block_max_f32(const float *x, int64_t n, int64_t stride)
     for (int l = 0; l < NT_RED_LANES; l++)
         lane[l] = -INFINITY;
     int64_t i = 0;
+    if (stride == 1) {
+        /* nt__ew_maximum with both arms computed and picked by integer
+         * masks (the same values, NaN included): GCC vectorises this, not
+         * the ?: form under -ftrapping-math */
+        for (; i + NT_RED_LANES <= n; i += NT_RED_LANES)
+            for (int l = 0; l < NT_RED_LANES; l++) {
+                float a = lane[l], b = x[i + l];
+                int unord = (a != a) | (b != b);
+                lane[l] = nt__fsel(unord, a + b, nt__fsel(b > a, b, a));
+            }
+    }
     for (; i + NT_RED_LANES <= n; i += NT_RED_LANES)
         for (int l = 0; l < NT_RED_LANES; l++)
             lane[l] = nt__ew_maximum(lane[l], x[(i + l) * stride]);

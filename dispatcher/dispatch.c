@@ -70,10 +70,16 @@ static int choose_backend(nt__call *c, uint8_t *backend)
     if (nt__cfg.backend == NT_BACKEND_CPU)
         return 0;
     bool has_sim = c->op >= NT_OP_COUNT || nt__sim_kernels[c->op] != NULL;
-    /* Stochastic rounding is not in the simulator's kernels yet: those casts
-     * run on the CPU (same bits as every other path would give). */
-    if (c->op == NT_OP_CAST && (c->p.flag & NT__CAST_SR) && !nt__sim_sr)
-        has_sim = false;
+    /* A simulator without stochastic rounding (nt__sim_sr unset) leaves those
+     * casts to the CPU (the same bits any path gives, docs/amp.md). */
+    if (c->op == NT_OP_CAST && (c->p.flag & NT__CAST_SR) && !nt__sim_sr) {
+        if (nt__cfg.require_sim)
+            return nt__err(c->site, NT_ENOTSUP, c->fn,
+                           "a cast with stochastic rounding has no simulator kernel and "
+                           "NT_REQUIRE_SIM=1 forbids the CPU fallback");
+        NT__COUNT(cpu_fallbacks, 1);
+        return 0;
+    }
     if (!has_sim) {
         if (nt__cfg.require_sim)
             return nt__err(c->site, NT_ENOTSUP, c->fn,

@@ -1093,6 +1093,23 @@ NT_API int nt_isa_tensor_reduce(nt_sim_kernel *k, const nt_ap *dst, const nt_ap 
 NT_API int nt_isa_tensor_copy(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
                               nt_engine engine);
 
+/** A 64-bit affine element index, for tensor_copy_sr: index = offset +
+ *  channel_multiplier * p + sum_i step[i] * idx[i] over dst's partitions p
+ *  and free dims i. */
+typedef struct nt_isa_index {
+    int64_t offset;
+    int64_t channel_multiplier;
+    int64_t step[NT_AP_MAX_DIMS];
+} nt_isa_index;
+
+/** dst = src with stochastic rounding (VectorE, ScalarE or GpSimd): an f32
+ *  value going to a bf16 or f16 dst rounds to one of its two neighbours
+ *  with the random bits of (key, its element index), exactly as the CPU
+ *  backend's NT_STOCHASTIC_ROUNDING casts do (core/dtype.h); any other
+ *  pair of dtypes converts as tensor_copy does. */
+NT_API int nt_isa_tensor_copy_sr(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
+                                 uint64_t key, const nt_isa_index *index, nt_engine engine);
+
 /** dst = value (VectorE or GpSimd): (float)value rounded to dst's dtype;
  *  integer tiles get value truncated (saturated to int32). */
 NT_API int nt_isa_memset(nt_sim_kernel *k, const nt_ap *dst, double value, nt_engine engine);

@@ -688,7 +688,7 @@ static void act_apply_c(nt_act_func f, float *y, const float *x, int64_t n)
 /* ------------------------------------------------------------------------ */
 
 enum { FX_DMA, FX_TT, FX_TS, FX_ACT, FX_RED, FX_COPY, FX_MEMSET, FX_IOTA, FX_ASEL, FX_SEL,
-       FX_SCAN };
+       FX_SCAN, FX_COPY_SR };
 
 #define FX_MAXOP 5
 
@@ -709,6 +709,8 @@ typedef struct fx_rec {
     int64_t outer, inner;  /* tensor_reduce */
     double value;          /* memset */
     nt_isa_affine aff;     /* iota, affine_select */
+    nt_isa_index index;    /* tensor_copy_sr */
+    uint64_t key;
     nt_alu_op cmp;
     float on_false;
 } fx_rec;
@@ -978,6 +980,38 @@ static void lane_copy(const fx_rec *r, int i, float **s)
     st(d, i, x, NULL);
 }
 
+/* the element indices of lane p, row-major over the pattern's own free dims */
+static void index_row(const nt_ap *ap, const nt_isa_index *x, int p, uint64_t *o)
+{
+    int64_t num[4] = {1, 1, 1, 1}, stp[4] = {0, 0, 0, 0};
+    int pad = 4 - ap->ndim;
+    for (int i = 0; i < ap->ndim; i++) {
+        num[pad + i] = ap->num[i];
+        stp[pad + i] = x->step[i];
+    }
+    int64_t base = x->offset + x->channel_multiplier * (int64_t)p, n = 0;
+    for (int64_t a = 0; a < num[0]; a++)
+        for (int64_t b = 0; b < num[1]; b++)
+            for (int64_t c = 0; c < num[2]; c++) {
+                int64_t v = base + a * stp[0] + b * stp[1] + c * stp[2];
+                for (int64_t d = 0; d < num[3]; d++)
+                    o[n++] = (uint64_t)(v + d * stp[3]);
+            }
+}
+
+static void lane_copy_sr(const fx_rec *r, int i, float **s)
+{
+    const fx_opnd *d = &r->o[0];
+    nt_dtype dt = d->ap.dtype;
+    const float *x = ld_f32(&r->o[1], i, s[0]);
+    uint64_t *ix = (uint64_t *)s[2]; /* n 64-bit indices fit a scratch row */
+    index_row(&d->ap, &r->index, i, ix);
+    float *y = s[1];
+    for (int64_t j = 0; j < d->n; j++)
+        y[j] = nt__round_f32_sr(dt, x[j], nt__sr_bits(r->key, ix[j]));
+    st(d, i, y, NULL); /* the values are representable: this store is exact */
+}
+
 static void lane_memset(const fx_rec *r, int i, float **s)
 {
     const fx_opnd *d = &r->o[0];
@@ -1087,6 +1121,7 @@ static void lane_run(const fx_rec *r, int i, float **s)
     case FX_ASEL: lane_asel(r, i, s); break;
     case FX_SEL: lane_sel(r, i, s); break;
     case FX_SCAN: lane_scan(r, i, s); break;
+    case FX_COPY_SR: lane_copy_sr(r, i, s); break;
     default: break;
     }
 }
@@ -2167,6 +2202,37 @@ int nt_isa_tensor_copy(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, nt_
     if (!k->functional)
         return 0;
     fx_rec r = {.kind = FX_COPY, .np = dst->np, .ints = is_int(src->dtype)};
+    add_opnd(&r, dst);
+    add_opnd(&r, src);
+    fx_submit(k, &r, true);
+    return 0;
+}
+
+int nt_isa_tensor_copy_sr(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, uint64_t key,
+                          const nt_isa_index *index, nt_engine engine)
+{
+    static const char *I = "tensor_copy_sr";
+    PROLOGUE(k);
+    int e = pick_engine(k, I, engine, NT_ENGINE_VECTOR,
+                        ENG(VECTOR) | ENG(SCALAR) | ENG(GPSIMD));
+    if (e < 0)
+        return k->err;
+    if (!index)
+        return nt__sim_fail(k, I, "index is missing");
+    TRY(check_ap(k, I, "dst", dst, M_SBUF | M_PSUM, e));
+    TRY(check_ap(k, I, "src", src, M_SBUF | M_PSUM, e));
+    TRY(check_same(k, I, "dst", dst, "src", src));
+    bool sr = src->dtype == NT_F32 && (dst->dtype == NT_BF16 || dst->dtype == NT_F16);
+    if (!sr)
+        return nt_isa_tensor_copy(k, dst, src, engine);
+    int64_t N = nt__sim_free_count(dst);
+    nt__sim_instr in = {.name = I, .engine = e, .cycles = (double)N, .act_table = -1};
+    in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
+    in.acc[in.nacc++] = (nt__sim_acc){"src", src, false, false};
+    nt__sim_issue(k, &in);
+    if (!k->functional)
+        return 0;
+    fx_rec r = {.kind = FX_COPY_SR, .np = dst->np, .index = *index, .key = key};
     add_opnd(&r, dst);
     add_opnd(&r, src);
     fx_submit(k, &r, true);

@@ -824,6 +824,56 @@ static void test_fused_hbm_bytes(void **state)
     nt_config_set("NT_FUSION", "0");
 }
 
+/* ---------------- stochastic rounding ---------------- */
+
+/* The random bits of a stochastic cast come from (seed, the record's stream
+ * and seq, the element index): each run starts from a fresh nt_init so the
+ * records get the same seqs on both backends. */
+static void b_sr(void *ctx, nt_tensor **out, int *n)
+{
+    (void)ctx;
+    nt_tensor *x = T(NT_F32, 2, (int64_t[]){257, 1000}, 3.0, true);
+    nt_tensor *w = T(NT_F32, 2, (int64_t[]){1000, 130}, 0.1, false);
+    nt_sync();
+    out[(*n)++] = nt_cast_sr(nt_mul_scalar(x, 1.1), NT_BF16);          /* EW */
+    nt_tensor *m = nt_max(x, -1, true);
+    nt_tensor *e = nt_exp(nt_sub(x, m));
+    out[(*n)++] = nt_cast_sr(nt_div(e, nt_sum(e, -1, true)), NT_F16); /* ROW */
+    out[(*n)++] = nt_cast_sr(nt_add_scalar(m, 0.3), NT_BF16);         /* a per-row value */
+    out[(*n)++] = nt_cast_sr(nt_relu(nt_matmul(x, w)), NT_BF16);      /* MM epilogue */
+    out[(*n)++] = nt_cast_sr(nt_transpose(x, 0, 1), NT_F16);          /* strided source */
+}
+
+static void run_fresh(const char *backend, const char *mode, const char *fusion, result *r)
+{
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+    assert_int_equal(nt_config_set("NT_FUSION", fusion), 0);
+    assert_int_equal(nt_config_set("NT_SR_SEED", "4242"), 0);
+    run(backend, mode, 77, b_sr, NULL, r);
+}
+
+static void test_stochastic_rounding(void **state)
+{
+    (void)state;
+    result ref;
+    run_fresh("cpu", "deterministic", "0", &ref);
+    const char *cfg[][3] = {{"sim", "deterministic", "0"}, {"sim", "eager", "0"},
+                            {"sim", "lazy", "1"},          {"cpu", "lazy", "1"}};
+    for (size_t c = 0; c < sizeof cfg / sizeof *cfg; c++) {
+        result r;
+        run_fresh(cfg[c][0], cfg[c][1], cfg[c][2], &r);
+        assert_int_equal(r.err, 0);
+        assert_int_equal(r.n, ref.n);
+        for (int i = 0; i < r.n; i++)
+            if (memcmp(r.data[i], ref.data[i], r.bytes[i]))
+                fail_msg("stochastic rounding: %s %s fusion %s output %d differs", cfg[c][0],
+                         cfg[c][1], cfg[c][2], i);
+        free_result(&r);
+    }
+    free_result(&ref);
+}
+
 /* ---------------- backend switches ---------------- */
 
 static void test_require_sim_and_min_flops(void **state)
@@ -1086,6 +1136,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_data_error_messages, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fused_programs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fused_hbm_bytes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stochastic_rounding, setup, teardown),
         cmocka_unit_test_setup_teardown(test_require_sim_and_min_flops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_user_tile_kernel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_big_shapes, setup, teardown),

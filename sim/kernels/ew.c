@@ -29,6 +29,8 @@
 
 #include <string.h>
 
+#include "streams/stream.h"
+
 /* Free elements per partition of an EW tile: a row of 2048 f32 is 8 KiB, so
  * a chain of ops keeps a partition's rows in L1 while the functional
  * simulator runs it (docs/sim.md). */
@@ -141,7 +143,66 @@ typedef struct emit_ctx {
     int64_t nf;
     nt_tile *tf[2], *ti;   /* f32 temporaries, i32 temporary */
     nt_tile *cf, *ci;      /* constants [128, 2 * nops] */
+    /* stochastic-rounding casts: their keys (per op), and the output
+     * element index of the tile's positions: idx over the free dims
+     * idx_num (full values), idxr for per-row values */
+    const uint64_t *keys;
+    nt_isa_index idx, idxr;
+    int idx_ndim;
+    int64_t idx_num[NT_AP_MAX_DIMS];
 } emit_ctx;
+
+static bool is_sr(const nt__fop *o)
+{
+    return o->op == NT_OP_CAST && (o->p.flag & NT__CAST_SR);
+}
+
+static bool prog_has_sr(const nt__fprog *P)
+{
+    for (int k = 0; k < P->nops; k++)
+        if (is_sr(&P->ops[k]))
+            return true;
+    return false;
+}
+
+/* An HBM "view" with no data: the contiguous strides of (nd, shape), whose
+ * tile patterns are the output element indices of the tile's positions. */
+static void index_view(sk_hv *v, int nd, const int64_t *shape)
+{
+    v->base = NULL;
+    v->dt = NT_F32;
+    nt__contig_strides(nd, shape, v->st);
+}
+
+static void set_index(emit_ctx *E, const nt_ap *a)
+{
+    E->idx.offset = a->offset;
+    E->idx.channel_multiplier = a->pstep;
+    E->idx_ndim = a->ndim;
+    for (int i = 0; i < a->ndim; i++) {
+        E->idx.step[i] = a->step[i];
+        E->idx_num[i] = a->num[i];
+    }
+}
+
+/* src -> dst with the cast's stochastic rounding: the patterns are viewed
+ * with the index's free dims so element positions line up */
+static int emit_sr(emit_ctx *E, int opk, const nt_ap *dst, const nt_ap *src, bool red)
+{
+    if (red)
+        return nt_isa_tensor_copy_sr(E->s->k, dst, src, E->keys[opk], &E->idxr, NT_ENGINE_VECTOR);
+    nt_ap d = *dst, x = *src;
+    bool bx = src->ndim == 1 && src->step[0] == 0;
+    d.ndim = x.ndim = E->idx_ndim;
+    int64_t st = 1;
+    for (int i = E->idx_ndim - 1; i >= 0; i--) {
+        d.num[i] = x.num[i] = E->idx_num[i];
+        d.step[i] = st;
+        x.step[i] = bx ? 0 : st * src->step[0];
+        st *= E->idx_num[i];
+    }
+    return nt_isa_tensor_copy_sr(E->s->k, &d, &x, E->keys[opk], &E->idx, NT_ENGINE_VECTOR);
+}
 
 static nt_ap tslice(nt_tile *t, int np, int64_t nf) { return nt_tile_slice(t, 0, np, 0, nf); }
 
@@ -204,6 +265,8 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
     case NT_KIND_FILL:
         return nt_isa_memset(k, dst, memset_value(odt, o->p.f[0]), NT_ENGINE_VECTOR);
     case NT_KIND_COPY:
+        if (is_sr(o))
+            return emit_sr(E, opk, dst, &a[0].ap, E->nf == 1 && a[0].red);
         return nt_isa_tensor_copy(k, dst, &a[0].ap, sk_eng(s));
     case NT_KIND_UNARY:
         if (fc)
@@ -330,6 +393,7 @@ typedef struct plan {
     int first;                   /* first op to run (MM: 1) */
     int ereg[NT_F_MAXEXT], vreg[NT_F_MAXVALS];
     bool eused[NT_F_MAXEXT], live[NT_F_MAXOPS];
+    int vuses[NT_F_MAXVALS];     /* operand references by live ops */
     unsigned needs;
     regs R;
 } plan;
@@ -367,8 +431,10 @@ static int plan_make(plan *L, const nt__fprog *P, int first)
             if (NT_F_IS_EXT(a)) {
                 if (elast[NT_F_EXT_IDX(a)] < k)
                     elast[NT_F_EXT_IDX(a)] = k;
-            } else if (vlast[a] < k) {
-                vlast[a] = k;
+            } else {
+                L->vuses[a]++;
+                if (vlast[a] < k)
+                    vlast[a] = k;
             }
         }
     }
@@ -497,6 +563,104 @@ static nt_ap val_ap(tile_state *t, int v)
     return nt_tile_slice(tl, 0, t->np, 0, t->L->P->vals[v].red ? 1 : t->nf);
 }
 
+/* ---- two peepholes that merge instructions without moving a rounding ----
+ *
+ * A value that is f32, stored nowhere and read only by the next op is
+ * rounded to f32 by its op -- which changes nothing (an f32 result already
+ * is one; a NaN's payload never matters, every store canonicalises it).  So
+ * the pair may run as one instruction that keeps it in f32:
+ *   scalar op then scalar op         -> one tensor_scalar with two ALU steps
+ *   x - m (m per row) then exp [then the row's sum of that]
+ *                                    -> activation(exp, bias = -m) with the
+ *                                       add-reduce: x + (-m) is x - m in IEEE
+ *                                       arithmetic, and the add-reduce is the
+ *                                       CPU's canonical sum of the f32 results */
+
+static int scalar_alu(int op)
+{
+    switch (op) {
+    case NT_OP_ADD_SCALAR: return NT_ALU_ADD;
+    case NT_OP_MUL_SCALAR: return NT_ALU_MUL;
+    case NT_OP_DIV_SCALAR: return NT_ALU_DIV;
+    case NT_OP_POW_SCALAR: return NT_ALU_POW;
+    default: return -1;
+    }
+}
+
+/* Is value v (defined by op k) an f32 full value read only by op k + 1? */
+static bool feeds_next_only(const plan *L, int k, int *next)
+{
+    const nt__fprog *P = L->P;
+    int v = P->ops[k].out;
+    if (k + 1 >= P->nops || !L->live[k + 1] || P->vals[v].dtype != NT_F32 || P->vals[v].red ||
+        P->vals[v].store >= 0 || L->vuses[v] != 1)
+        return false;
+    const nt__fop *n = &P->ops[k + 1];
+    for (int q = 0; q < n->nin; q++)
+        if (n->a[q] == v) {
+            *next = k + 1;
+            return true;
+        }
+    return false;
+}
+
+static bool float_scalar_op(const nt__fprog *P, const nt__fop *o)
+{
+    return scalar_alu(o->op) >= 0 && val_fc(P, o) && !P->vals[o->out].red;
+}
+
+/* Tries the peepholes at op k; returns the number of ops it ran (0: none). */
+static int peephole(tile_state *t, int k, int *rcp, int (*store)(void *, int, const nt_ap *),
+                    void *sctx)
+{
+    const plan *L = t->L;
+    const nt__fprog *P = L->P;
+    const nt__fop *o = &P->ops[k];
+    sk_k *s = t->E.s;
+    int nx;
+    if (!feeds_next_only(L, k, &nx))
+        return 0;
+    const nt__fop *n = &P->ops[nx];
+    if (float_scalar_op(P, o) && float_scalar_op(P, n) && n->a[0] == o->out) {
+        sk_arg a = arg_of(t, o->a[0]);
+        if (a.red)
+            return 0;
+        nt_ap dst = val_ap(t, n->out);
+        nt_isa_alu op0 = {(nt_alu_op)scalar_alu(o->op), {NULL, (float)o->p.f[0]}, false};
+        nt_isa_alu op1 = {(nt_alu_op)scalar_alu(n->op), {NULL, (float)n->p.f[0]}, false};
+        int rc = nt_isa_tensor_scalar(s->k, &dst, &a.ap, &op0, &op1, sk_eng(s));
+        if (!rc && P->vals[n->out].store >= 0)
+            rc = store(sctx, P->vals[n->out].store, &dst);
+        *rcp = rc;
+        return 2;
+    }
+    if (o->op == NT_OP_SUB && n->op == NT_OP_EXP && t->E.tf[1]) {
+        sk_arg x = arg_of(t, o->a[0]), m = arg_of(t, o->a[1]);
+        if (x.red || !m.red)
+            return 0;
+        /* the row's sum of exp(x - m), when the next op takes it */
+        int nsum = -1, e = n->out;
+        if (nx + 1 < P->nops && L->live[nx + 1] && P->ops[nx + 1].op == NT_OP_SUM &&
+            P->ops[nx + 1].a[0] == e && P->vals[e].dtype == NT_F32 &&
+            P->vals[P->ops[nx + 1].out].red)
+            nsum = nx + 1;
+        nt_ap negm = nt_tile_slice(t->E.tf[1], 0, t->np, 0, 1);
+        nt_ap dst = val_ap(t, e);
+        int rc = ts1(s, &negm, &m.col, NT_ALU_MUL, NULL, -1.0f, false);
+        nt_ap sum = nsum >= 0 ? val_ap(t, P->ops[nsum].out) : (nt_ap){0};
+        if (!rc)
+            rc = nt_isa_activation(s->k, &dst, NT_ACT_EXP, &x.ap, NULL,
+                                   &(nt_isa_scalar){&negm, 0}, nsum >= 0 ? &sum : NULL);
+        if (!rc && P->vals[e].store >= 0)
+            rc = store(sctx, P->vals[e].store, &dst);
+        if (!rc && nsum >= 0 && P->vals[P->ops[nsum].out].store >= 0)
+            rc = store(sctx, P->vals[P->ops[nsum].out].store, &sum);
+        *rcp = rc;
+        return nsum >= 0 ? 3 : 2;
+    }
+    return 0;
+}
+
 /* Runs ops [first, nops) on the current tile; stores go through store(). */
 static int run_ops(tile_state *t, int (*store)(void *ctx, int slot, const nt_ap *src),
                    void *sctx)
@@ -508,13 +672,19 @@ static int run_ops(tile_state *t, int (*store)(void *ctx, int slot, const nt_ap 
     for (int k = t->L->first; k < P->nops; k++) {
         if (!t->L->live[k])
             continue;
+        int rc = 0, ran = peephole(t, k, &rc, store, sctx);
+        if (rc)
+            return rc;
+        if (ran) {
+            k += ran - 1;
+            continue;
+        }
         const nt__fop *o = &P->ops[k];
         sk_arg a[3];
         for (int q = 0; q < o->nin; q++)
             a[q] = arg_of(t, o->a[q]);
         const nt__fval *val = &P->vals[o->out];
         nt_ap dst = val_ap(t, o->out);
-        int rc;
         if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN) {
             /* ROW: a row reduction, the CPU's canonical order over C */
             nt_alu_op op = o->op == NT_OP_MAX ? NT_ALU_MAX : NT_ALU_ADD;
@@ -551,6 +721,7 @@ typedef struct ew_run {
     int ntile;
     const sk_tile_iter *it;
     int next;
+    bool has_sr;
 } ew_run;
 
 static int ew_store(void *ctx, int slot, const nt_ap *src)
@@ -568,6 +739,8 @@ static int ew_tile(void *ctx, const sk_tile_iter *it)
     w->t.np = it->np;
     w->t.nf = it->nf;
     w->it = it;
+    if (w->has_sr)
+        set_index(&w->t.E, &it->ap[w->next + P->nout]);
     for (int e = 0; e < P->next; e++) {
         if (!L->eused[e])
             continue;
@@ -580,7 +753,8 @@ static int ew_tile(void *ctx, const sk_tile_iter *it)
 }
 
 /* Runs an EW program over its iteration shape. */
-static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out)
+static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out,
+                  const uint64_t *keys)
 {
     plan *L = g_new(plan, 1);
     int rc = plan_make(L, P, 0);
@@ -602,15 +776,20 @@ static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     w.s = s;
     w.t.L = L;
     w.next = P->next;
+    w.has_sr = prog_has_sr(P);
     rc = plan_alloc(s, L, &w.t.E, F, nbuf);
+    w.t.E.keys = keys;
     if (!rc) {
         sk_hv v[SK_MAXOPND];
         for (int e = 0; e < P->next; e++)
             sk_hv_of(&v[e], ext[e], P->ndim, P->shape);
         for (int o = 0; o < P->nout; o++)
             sk_hv_of(&v[P->next + o], out[o], P->ndim, P->shape);
+        int nv = P->next + P->nout;
+        if (w.has_sr)
+            index_view(&v[nv++], P->ndim, P->shape);
         sk_tiler T;
-        sk_tiler_init(&T, P->ndim, P->shape, P->next + P->nout, v, F);
+        sk_tiler_init(&T, P->ndim, P->shape, nv, v, F);
         rc = sk_tiler_run(&T, ew_tile, &w);
     }
     g_free(L);
@@ -624,6 +803,7 @@ typedef struct row_run {
     tile_state t;
     int ntile;
     const nt__fprog *P;
+    bool has_sr;
     int64_t C;
     int64_t cst[SK_MAXOPND]; /* strides along the row */
     nt_ap rows[SK_MAXOPND];  /* this tile's patterns */
@@ -643,6 +823,15 @@ static int row_tile(void *ctx, const sk_tile_iter *it)
     w->t.buf = w->ntile++ & 1;
     w->t.np = it->np;
     w->t.nf = w->C;
+    if (w->has_sr) {
+        /* row r's elements are r * C + j; a per-row value's index is r */
+        const nt_ap *ix = &it->ap[P->next + P->nout];
+        emit_ctx *E = &w->t.E;
+        E->idx = (nt_isa_index){ix->offset * w->C, ix->pstep * w->C, {1, 0, 0, 0}};
+        E->idx_ndim = 1;
+        E->idx_num[0] = w->C;
+        E->idxr = (nt_isa_index){ix->offset, ix->pstep, {0, 0, 0, 0}};
+    }
     for (int q = 0; q < P->next + P->nout; q++) {
         bool red = q < P->next ? P->ext[q].red : P->vals[P->out_val[q - P->next]].red;
         nt_ap a = it->ap[q];
@@ -663,7 +852,8 @@ static int row_tile(void *ctx, const sk_tile_iter *it)
     return run_ops(&w->t, row_store, w);
 }
 
-static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out)
+static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out,
+                   const uint64_t *keys)
 {
     int nd = P->ndim;
     int64_t C = P->shape[nd - 1];
@@ -681,7 +871,9 @@ static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor
     w.P = P;
     w.C = C;
     w.t.L = L;
+    w.has_sr = prog_has_sr(P);
     rc = plan_alloc(s, L, &w.t.E, C, nbuf);
+    w.t.E.keys = keys;
     if (!rc) {
         /* tiles over the row index (all dims but the last), one row per
          * partition; operands per-row or full along the last dim */
@@ -692,8 +884,11 @@ static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor
             sk_hv_of(&v[P->next + o], out[o], nd, P->shape);
         for (int q = 0; q < P->next + P->nout; q++)
             w.cst[q] = v[q].st[nd - 1];
+        int nv = P->next + P->nout;
+        if (w.has_sr) /* the row index space, contiguous */
+            index_view(&v[nv++], nd - 1, P->shape);
         sk_tiler T;
-        sk_tiler_init(&T, nd - 1, P->shape, P->next + P->nout, v, 1);
+        sk_tiler_init(&T, nd - 1, P->shape, nv, v, 1);
         rc = sk_tiler_run(&T, row_tile, &w);
     }
     g_free(L);
@@ -714,6 +909,7 @@ typedef struct mm_run {
     int64_t batch[NT_MAX_DIMS];
     int dm, dn;          /* iteration dims of m and n, -1 if dropped */
     nt_ap pats[SK_MAXOPND];
+    sk_hv iv;            /* element indices (stochastic rounding) */
 } mm_run;
 
 static int mm_store(void *ctx, int slot, const nt_ap *src)
@@ -738,8 +934,8 @@ static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, 
         bi[i] = b % w->batch[i];
         b /= w->batch[i];
     }
-    for (int q = 0; q < P->next + P->nout; q++) {
-        const sk_hv *h = &w->v[q];
+    for (int q = 0; q <= P->next + P->nout; q++) {
+        const sk_hv *h = q < P->next + P->nout ? &w->v[q] : &w->iv;
         int64_t off = 0;
         for (int i = 0; i < w->nbatch; i++)
             off += bi[i] * h->st[i];
@@ -754,7 +950,10 @@ static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, 
         a.ndim = 1;
         a.num[0] = nf;
         a.step[0] = sn;
-        w->pats[q] = a;
+        if (q == P->next + P->nout)
+            set_index(&w->t.E, &a);
+        else
+            w->pats[q] = a;
     }
     /* evacuate: PSUM -> the matmul's dtype (its one rounding) */
     nt_ap v0 = val_ap(&w->t, 0);
@@ -770,7 +969,8 @@ static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, 
     return rc ? rc : run_ops(&w->t, mm_store, w);
 }
 
-static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out)
+static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out,
+                  const uint64_t *keys)
 {
     const nt__fop *m = &P->ops[0];
     const nt_tensor *a = ext[NT_F_EXT_IDX(m->a[0])], *b = ext[NT_F_EXT_IDX(m->a[1])];
@@ -801,7 +1001,9 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
         sk_hv_of(&w->v[e], ext[e], nd, P->shape);
     for (int o = 0; o < P->nout; o++)
         sk_hv_of(&w->v[P->next + o], out[o], nd, P->shape);
+    index_view(&w->iv, nd, P->shape);
     rc = plan_alloc(s, L, &w->t.E, 512, 2);
+    w->t.E.keys = keys;
     if (!rc)
         rc = sk_matmul_run(s, a, b, NULL, mm_epi, w);
     g_free(w);
@@ -847,14 +1049,19 @@ int nt__sk_fused(const nt__fgroup *g)
     static const char *names[] = {"fused.ew", "fused.row", "fused.mm"};
     if (!prog_supported(P))
         return NT_ENOTSUP;
+    /* stochastic-rounding casts draw their bits from their own records */
+    uint64_t keys[NT_F_MAXOPS] = {0};
+    for (int k = 0; k < P->nops && k < g->nrecs; k++)
+        if (is_sr(&P->ops[k]))
+            keys[k] = nt__sr_key(g->recs[k]->p.seed, g->recs[k]->stream->id, g->recs[k]->seq);
     sk_k s;
     int rc = sk_begin(&s, names[P->kind]);
     if (rc)
         return rc;
     switch (P->kind) {
-    case NT_FK_EW: rc = run_ew(&s, P, g->ext, g->out); break;
-    case NT_FK_ROW: rc = run_row(&s, P, g->ext, g->out); break;
-    case NT_FK_MM: rc = run_mm(&s, P, g->ext, g->out); break;
+    case NT_FK_EW: rc = run_ew(&s, P, g->ext, g->out, keys); break;
+    case NT_FK_ROW: rc = run_row(&s, P, g->ext, g->out, keys); break;
+    case NT_FK_MM: rc = run_mm(&s, P, g->ext, g->out, keys); break;
     default: rc = NT_ENOTSUP; break;
     }
     bool refused = rc == NT_ENOTSUP && !nt_sim_kernel_error(s.k);
@@ -895,11 +1102,14 @@ int nt__sk_ew(const nt__rec *r)
     P->vals[0].store = 0;
     P->nout = 1;
     P->out_val[0] = 0;
+    uint64_t keys[1] = {0};
+    if (is_sr(op))
+        keys[0] = nt__sr_key(r->p.seed, r->stream->id, r->seq);
     sk_k s;
     int rc = sk_begin(&s, nt__op_name(r->op));
     if (!rc) {
         nt_tensor *outs[1] = {r->out[0]};
-        rc = run_ew(&s, P, ext, outs);
+        rc = run_ew(&s, P, ext, outs, keys);
         int rc2 = sk_end(&s);
         if (rc2)
             rc = rc2;

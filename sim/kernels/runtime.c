@@ -3,6 +3,8 @@
  * scratch, and the tilers every kernel uses to map tensors onto tiles. */
 #include "sk.h"
 
+#include "dispatch.h"
+
 #include <stdarg.h>
 #include <string.h>
 
@@ -62,11 +64,13 @@ int nt__sim_init(void)
     g_assert(table_complete());
     memcpy(nt__sim_kernels, sk_table, sizeof sk_table);
     nt__fused_sim = nt__sk_fused;
+    nt__sim_sr = true; /* casts with stochastic rounding run here too */
     return 0;
 }
 
 void nt__sim_shutdown(void)
 {
+    nt__sim_sr = false;
     nt__fused_sim = NULL;
     memset(nt__sim_kernels, 0, sizeof nt__sim_kernels);
     nt_sim_shutdown();

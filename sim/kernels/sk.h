@@ -82,7 +82,7 @@ void sk_hv_of(sk_hv *v, const nt_tensor *t, int ndim, const int64_t *shape);
 
 /* ---------------- the elementwise tiler ---------------- */
 
-#define SK_MAXOPND (NT_F_MAXEXT + NT_F_MAXOUT)
+#define SK_MAXOPND (NT_F_MAXEXT + NT_F_MAXOUT + 1) /* + the element index */
 
 /* One tile of an iteration space: np partitions x nf free elements; for
  * every operand an HBM pattern covering exactly those elements in the same
