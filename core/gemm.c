@@ -44,88 +44,160 @@ static inline float dot1(int K, const float *A, int lda, const float *B, int ldb
 static inline void put(float *p, float s, bool acc) { *p = acc ? *p + s : s; }
 
 #if NT_VEC
-/* C[0 .. MR)[0 .. 16) += A^T . B over K, for MR = 1..6 rows: one function
- * per row count (the accumulators must stay in registers), all lanes the
- * same fma recurrence.  `mask` selects the valid columns of a partial block
- * (all ones for a full one). */
-#define NT_MICRO(MR)                                                                        \
-    static void micro##MR(int K, const float *A, int lda, const float *B, int ldb, float *C,  \
-                          int ldc, bool acc, __m256i m0, __m256i m1)                        \
-    {                                                                                       \
-        __m256 c[MR][2];                                                                    \
-        for (int r = 0; r < MR; r++)                                                        \
-            c[r][0] = c[r][1] = _mm256_setzero_ps();                                        \
-        for (int k = 0; k < K; k++) {                                                       \
-            const float *a = A + (long)k * lda, *b = B + (long)k * ldb;                      \
-            __m256 b0 = _mm256_maskload_ps(b, m0), b1 = _mm256_maskload_ps(b + 8, m1);       \
-            for (int r = 0; r < MR; r++) {                                                  \
-                __m256 ar = _mm256_broadcast_ss(a + r);                                     \
-                c[r][0] = _mm256_fmadd_ps(ar, b0, c[r][0]);                                  \
-                c[r][1] = _mm256_fmadd_ps(ar, b1, c[r][1]);                                  \
-            }                                                                               \
-        }                                                                                   \
-        for (int r = 0; r < MR; r++) {                                                      \
-            float *p = C + (long)r * ldc;                                                   \
-            __m256 v0 = c[r][0], v1 = c[r][1];                                              \
-            if (acc) {                                                                      \
-                v0 = _mm256_add_ps(_mm256_maskload_ps(p, m0), v0);                           \
-                v1 = _mm256_add_ps(_mm256_maskload_ps(p + 8, m1), v1);                       \
-            }                                                                               \
-            _mm256_maskstore_ps(p, m0, v0);                                                 \
-            _mm256_maskstore_ps(p + 8, m1, v1);                                             \
-        }                                                                                   \
-    }
-NT_MICRO(1)
-NT_MICRO(2)
-NT_MICRO(3)
-NT_MICRO(4)
-NT_MICRO(5)
-NT_MICRO(6)
+/* Packed operands.  A micro-kernel reads an A panel [K][6] and a B panel
+ * [K][16], both contiguous: B rows of a strided matrix sit ldb floats apart
+ * (often a multiple of 4 KiB), and 128 of them would all land in one L1 set.
+ * Panels are zero-padded to full width; the padding's lanes compute zeros
+ * that are never stored, and no lane affects another. */
 
-typedef void (*micro_fn)(int, const float *, int, const float *, int, float *, int, bool, __m256i,
-                         __m256i);
-static const micro_fn micro[NT_MR + 1] = {NULL, micro1, micro2, micro3, micro4, micro5, micro6};
-
-/* Lane masks for the first w (0..16) columns of a block. */
-static void col_masks(int w, __m256i *m0, __m256i *m1)
+/* c[0..6)[0..16) = A^T . B for one pair of panels, stored to C's first mr
+ * rows and w columns (acc: added to C). */
+static void micro(int K, const float *Ap, const float *Bp, float *C, int ldc, int mr, int w,
+                  bool acc)
 {
-    int32_t lanes[16];
-    for (int i = 0; i < 16; i++)
-        lanes[i] = i < w ? -1 : 0;
-    *m0 = _mm256_loadu_si256((const __m256i *)lanes);
-    *m1 = _mm256_loadu_si256((const __m256i *)(lanes + 8));
+    /* twelve named accumulators: an array here would be spilled to the
+     * stack after every fma (GCC keeps address-taken arrays in memory) */
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    for (int k = 0; k < K; k++) {
+        const float *a = Ap + k * NT_MR, *b = Bp + k * NT_NR;
+        __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8), ar;
+        ar = _mm256_broadcast_ss(a + 0);
+        c00 = _mm256_fmadd_ps(ar, b0, c00), c01 = _mm256_fmadd_ps(ar, b1, c01);
+        ar = _mm256_broadcast_ss(a + 1);
+        c10 = _mm256_fmadd_ps(ar, b0, c10), c11 = _mm256_fmadd_ps(ar, b1, c11);
+        ar = _mm256_broadcast_ss(a + 2);
+        c20 = _mm256_fmadd_ps(ar, b0, c20), c21 = _mm256_fmadd_ps(ar, b1, c21);
+        ar = _mm256_broadcast_ss(a + 3);
+        c30 = _mm256_fmadd_ps(ar, b0, c30), c31 = _mm256_fmadd_ps(ar, b1, c31);
+        ar = _mm256_broadcast_ss(a + 4);
+        c40 = _mm256_fmadd_ps(ar, b0, c40), c41 = _mm256_fmadd_ps(ar, b1, c41);
+        ar = _mm256_broadcast_ss(a + 5);
+        c50 = _mm256_fmadd_ps(ar, b0, c50), c51 = _mm256_fmadd_ps(ar, b1, c51);
+    }
+    __m256 c[NT_MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+    if (mr == NT_MR && w == NT_NR) {
+        for (int r = 0; r < NT_MR; r++) {
+            float *p = C + (long)r * ldc;
+            __m256 v0 = c[r][0], v1 = c[r][1];
+            if (acc) {
+                v0 = _mm256_add_ps(_mm256_loadu_ps(p), v0);
+                v1 = _mm256_add_ps(_mm256_loadu_ps(p + 8), v1);
+            }
+            _mm256_storeu_ps(p, v0);
+            _mm256_storeu_ps(p + 8, v1);
+        }
+        return;
+    }
+    float t[NT_MR][NT_NR] __attribute__((aligned(32)));
+    for (int r = 0; r < NT_MR; r++) {
+        _mm256_store_ps(t[r], c[r][0]);
+        _mm256_store_ps(t[r] + 8, c[r][1]);
+    }
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < w; j++)
+            put(C + (long)r * ldc + j, t[r][j], acc);
 }
 
-/* Columns [j0, j1) of the whole call. */
-static void run_cols(int M, int j0, int j1, int K, const float *A, int lda, const float *B,
-                     int ldb, float *C, int ldc, bool acc)
+/* Panels of A^T: for each MR rows i, [K][MR] floats. */
+static void pack_a(float *dst, int M, int K, const float *A, int lda)
 {
-    __m256i full0, full1;
-    col_masks(16, &full0, &full1);
-    for (int jb = j0; jb < j1; jb += NT_NC) {
-        int je = jb + NT_NC < j1 ? jb + NT_NC : j1;
-        for (int i = 0; i < M; i += NT_MR) {
-            int mr = M - i < NT_MR ? M - i : NT_MR;
-            for (int j = jb; j < je; j += NT_NR) {
-                int w = je - j < NT_NR ? je - j : NT_NR;
-                __m256i m0 = full0, m1 = full1;
-                if (w < NT_NR)
-                    col_masks(w, &m0, &m1);
-                micro[mr](K, A + i, lda, B + j, ldb, C + (long)i * ldc + j, ldc, acc, m0, m1);
+    for (int i = 0; i < M; i += NT_MR) {
+        int mr = M - i < NT_MR ? M - i : NT_MR;
+        float *d = dst + (long)(i / NT_MR) * K * NT_MR;
+        for (int k = 0; k < K; k++) {
+            const float *a = A + (long)k * lda + i;
+            int r = 0;
+            for (; r < mr; r++)
+                d[k * NT_MR + r] = a[r];
+            for (; r < NT_MR; r++)
+                d[k * NT_MR + r] = 0.0f;
+        }
+    }
+}
+
+/* Panels of B's columns [j0, j1): for each NR columns, [K][NR] floats. */
+static void pack_b(float *dst, int j0, int j1, int K, const float *B, int ldb)
+{
+    for (int j = j0; j < j1; j += NT_NR) {
+        int w = j1 - j < NT_NR ? j1 - j : NT_NR;
+        float *d = dst + (long)((j - j0) / NT_NR) * K * NT_NR;
+        for (int k = 0; k < K; k++) {
+            const float *b = B + (long)k * ldb + j;
+            if (w == NT_NR) {
+                memcpy(d + k * NT_NR, b, NT_NR * sizeof(float));
+            } else {
+                int q = 0;
+                for (; q < w; q++)
+                    d[k * NT_NR + q] = b[q];
+                for (; q < NT_NR; q++)
+                    d[k * NT_NR + q] = 0.0f;
             }
         }
     }
 }
-#else
+
+/* Per-thread panel buffers, grown as needed and kept. */
+typedef struct {
+    float *p;
+    size_t n;
+} pbuf;
+static void pbuf_free(gpointer p)
+{
+    if (p) {
+        free(((pbuf *)p)->p);
+        g_free(p);
+    }
+}
+static GPrivate bpanel_key = G_PRIVATE_INIT(pbuf_free);
+
+static float *panel(GPrivate *key, size_t n)
+{
+    pbuf *b = g_private_get(key);
+    if (!b) {
+        b = g_new0(pbuf, 1);
+        g_private_set(key, b);
+    }
+    if (b->n < n) {
+        free(b->p);
+        b->p = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+        b->n = b->p ? n : 0;
+    }
+    return b->p;
+}
+
+/* Columns [j0, j1) with A already packed (Ap). */
+static int run_cols_packed(int M, int j0, int j1, int K, const float *Ap, const float *B, int ldb,
+                           float *C, int ldc, bool acc)
+{
+    float *Bp = panel(&bpanel_key, (size_t)K * NT_NC);
+    if (!Bp)
+        return -1;
+    for (int jb = j0; jb < j1; jb += NT_NC) {
+        int je = jb + NT_NC < j1 ? jb + NT_NC : j1;
+        pack_b(Bp, jb, je, K, B, ldb);
+        for (int i = 0; i < M; i += NT_MR) {
+            int mr = M - i < NT_MR ? M - i : NT_MR;
+            const float *a = Ap + (long)(i / NT_MR) * K * NT_MR;
+            for (int j = jb; j < je; j += NT_NR) {
+                int w = je - j < NT_NR ? je - j : NT_NR;
+                micro(K, a, Bp + (long)((j - jb) / NT_NR) * K * NT_NR,
+                      C + (long)i * ldc + j, ldc, mr, w, acc);
+            }
+        }
+    }
+    return 0;
+}
+#endif
+
 /* Portable: the same recurrence, element by element. */
-static void run_cols(int M, int j0, int j1, int K, const float *A, int lda, const float *B,
-                     int ldb, float *C, int ldc, bool acc)
+static void run_cols_plain(int M, int j0, int j1, int K, const float *A, int lda,
+                           const float *B, int ldb, float *C, int ldc, bool acc)
 {
     for (int i = 0; i < M; i++)
         for (int j = j0; j < j1; j++)
             put(C + (long)i * ldc + j, dot1(K, A + i, lda, B + j, ldb), acc);
 }
-#endif
 
 /* ---------------- the second thread ----------------
  *
@@ -138,7 +210,7 @@ static void run_cols(int M, int j0, int j1, int K, const float *A, int lda, cons
 
 typedef struct {
     int M, N, K, lda, ldb, ldc;
-    const float *A, *B;
+    const float *A, *B; /* A: packed panels when vectorised */
     float *C;
     bool acc;
     int nblocks;
@@ -158,6 +230,26 @@ static struct {
 } P;
 static GOnce pool_once = G_ONCE_INIT;
 
+/* Columns [j0, j1): packed when vectorised (A given as panels). */
+static void run(int M, int j0, int j1, int K, const float *A, int lda, const float *B, int ldb,
+                float *C, int ldc, bool acc)
+{
+#if NT_VEC
+    if (run_cols_packed(M, j0, j1, K, A, B, ldb, C, ldc, acc) == 0)
+        return;
+    /* no memory for a B panel: element by element from A's panels (same
+     * recurrence, same bits) */
+    for (int i = 0; i < M; i++) {
+        const float *a = A + (long)(i / NT_MR) * K * NT_MR + i % NT_MR;
+        for (int j = j0; j < j1; j++)
+            put(C + (long)i * ldc + j, dot1(K, a, NT_MR, B + j, ldb), acc);
+    }
+    (void)lda;
+#else
+    run_cols_plain(M, j0, j1, K, A, lda, B, ldb, C, ldc, acc);
+#endif
+}
+
 static void work(job *j)
 {
     for (;;) {
@@ -165,7 +257,7 @@ static void work(job *j)
         if (b >= (AO_t)j->nblocks)
             return;
         int j0 = (int)b * NT_JB, j1 = j0 + NT_JB < j->N ? j0 + NT_JB : j->N;
-        run_cols(j->M, j0, j1, j->K, j->A, j->lda, j->B, j->ldb, j->C, j->ldc, j->acc);
+        run(j->M, j0, j1, j->K, j->A, j->lda, j->B, j->ldb, j->C, j->ldc, j->acc);
         AO_fetch_and_add1_release(&j->done);
     }
 }
@@ -223,8 +315,20 @@ void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B
         return;
     }
     g_once(&pool_once, pool_start, NULL);
+#if NT_VEC
+    static GPrivate apanel_key = G_PRIVATE_INIT(pbuf_free);
+    float *Ap = panel(&apanel_key, (size_t)K * (size_t)((M + NT_MR - 1) / NT_MR * NT_MR));
+    if (!Ap) { /* host memory short: element by element, same bits */
+        run_cols_plain(M, 0, N, K, A, lda, B, ldb, C, ldc, acc);
+        return;
+    }
+    pack_a(Ap, M, K, A, lda);
+    const float *Ause = Ap;
+#else
+    const float *Ause = A;
+#endif
     if (P.th && (long)M * N * K >= NT_GEMM_SPLIT && N >= 2 * NT_JB && g_mutex_trylock(&P.use)) {
-        job j = {M, N, K, lda, ldb, ldc, A, B, C, acc, (N + NT_JB - 1) / NT_JB, 0, 0, 0};
+        job j = {M, N, K, lda, ldb, ldc, Ause, B, C, acc, (N + NT_JB - 1) / NT_JB, 0, 0, 0};
         g_mutex_lock(&P.lock);
         P.j = &j;
         AO_store_release(&P.seq, AO_load(&P.seq) + 1);
@@ -245,5 +349,5 @@ void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B
         g_mutex_unlock(&P.use);
         return;
     }
-    run_cols(M, 0, N, K, A, lda, B, ldb, C, ldc, acc);
+    run(M, 0, N, K, Ause, lda, B, ldb, C, ldc, acc);
 }
