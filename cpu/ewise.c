@@ -256,13 +256,29 @@ static bool float_compute(const chunk *c)
     return false;
 }
 
+/* Contiguous f32 operands are read where they are, and a contiguous f32
+ * output is computed in place: no copy in, no copy out (the store then only
+ * canonicalises NaNs, in place). */
+static inline const float *src_f32(float *buf, const chunk *c, int k, int64_t n)
+{
+    if (c->dt[k] == NT_F32 && c->st[k] == 1)
+        return (const float *)c->p[k];
+    nt__ld_f32(buf, c->p[k], c->dt[k], c->st[k], n);
+    return buf;
+}
+
+static inline float *dst_f32(float *buf, const chunk *c)
+{
+    return (c->dt[0] == NT_F32 && c->st[0] == 1) ? (float *)c->p[0] : buf;
+}
+
 /* ---------------- unary ---------------- */
 
 static void unary_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 {
     if (float_compute(c)) {
-        float *a = scr, *y = a + NT_CHUNK;
-        nt__ld_f32(a, c->p[1], c->dt[1], c->st[1], n);
+        const float *a = src_f32(scr, c, 1, n);
+        float *y = dst_f32((float *)scr + NT_CHUNK, c);
         switch (r->op) {
 #define NT__UN_F(ID, name, nin, kind, flags)                                                \
     case NT_OP_##ID:                                                                        \
@@ -299,9 +315,9 @@ int nt__cpu_unary(const nt__rec *r)
 static void scalar_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 {
     if (float_compute(c)) {
-        float *a = scr, *y = a + NT_CHUNK;
+        const float *a = src_f32(scr, c, 1, n);
+        float *y = dst_f32((float *)scr + NT_CHUNK, c);
         float s0 = (float)r->p.f[0], s1 = (float)r->p.f[1];
-        nt__ld_f32(a, c->p[1], c->dt[1], c->st[1], n);
         switch (r->op) {
 #define NT__SC_F(ID, name, nin, kind, flags)                                                \
     case NT_OP_##ID:                                                                        \
@@ -346,9 +362,9 @@ int nt__cpu_scalar(const nt__rec *r)
 static void binary_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 {
     if (float_compute(c)) {
-        float *a = scr, *b = a + NT_CHUNK, *y = b + NT_CHUNK;
-        nt__ld_f32(a, c->p[1], c->dt[1], c->st[1], n);
-        nt__ld_f32(b, c->p[2], c->dt[2], c->st[2], n);
+        const float *a = src_f32(scr, c, 1, n);
+        const float *b = src_f32((float *)scr + NT_CHUNK, c, 2, n);
+        float *y = dst_f32((float *)scr + 2 * NT_CHUNK, c);
         switch (r->op) {
 #define NT__BI_F(ID, name, nin, kind, flags)                                                \
     case NT_OP_##ID:                                                                        \

@@ -398,9 +398,16 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
                     int s = o->a[q];
                     if (NT_F_IS_EXT(s)) {
                         int e = NT_F_EXT_IDX(s);
+                        int64_t est = nd ? ev[e].stride[nd - 1] : 1;
+                        if (ev[e].dt == NT_F32 && est == 1) {
+                            /* contiguous f32: read in place */
+                            a[q] = (opnd){(const float *)ev[e].data +
+                                              offset_of(&ev[e], idx, nd),
+                                          NT_F32, false};
+                            continue;
+                        }
                         if (!loaded[e]) {
-                            load(&E[e], &ev[e], offset_of(&ev[e], idx, nd),
-                                 nd ? ev[e].stride[nd - 1] : 1, n);
+                            load(&E[e], &ev[e], offset_of(&ev[e], idx, nd), est, n);
                             loaded[e] = true;
                         }
                         a[q] = (opnd){&E[e], (nt_dtype)P->ext[e].dtype, false};
