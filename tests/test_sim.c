@@ -1220,7 +1220,7 @@ static void test_tile_matmul_peak(void **state)
         nt_sim_report r;
         assert_int_equal(nt_sim_kernel_end(k, &r), 0);
         double mfu = r.tensor_ideal_ns / r.duration_ns;
-        print_message("tile matmul bf16 4096x8192x8192 (A%s): %.3f ms, %.1f%% of peak\n",
+        print_message("# tile matmul bf16 4096x8192x8192 (A%s): %.3f ms, %.1f%% of peak\n",
                       t ? "^T given" : " row-major", r.duration_ns / 1e6, 100 * mfu);
         assert_true(mfu >= 0.85);
         assert_true(mfu <= 1.0);
