@@ -7,6 +7,11 @@
 
 #define NT_REC_CHUNK 128
 #define NT_SPIN_ITERS 4000
+/* Adaptive mode, worker waking from idle: how long it may wait for the rest
+ * of a burst (see gather_burst). */
+#define NT_GATHER_GAP_NS 10000    /* a host mid-burst enqueues ~10x faster */
+#define NT_GATHER_MAX_NS 40000
+#define NT_GATHER_ELEMS_PER_NS 32 /* ~3% of what an op over n elements costs */
 
 static struct {
     GMutex lock; /* registry, record chunks */
@@ -487,11 +492,61 @@ static bool deps_met(const nt__rec *r)
     return true;
 }
 
+/* Elements written by held records [from, n). */
+static uint64_t held_elems(nt_stream *s, guint from)
+{
+    uint64_t e = 0;
+    for (guint i = from; i < s->held->len; i++) {
+        const nt__rec *r = s->held->pdata[i];
+        for (int k = 0; k < r->nout; k++)
+            if (r->out[k])
+                e += (uint64_t)nt__numel(r->out[k]->ndim, r->out[k]->shape);
+    }
+    return e;
+}
+
+/* The worker was idle and work arrived.  A host that is running ahead is
+ * mid-burst (an enqueue costs well under a microsecond), so the rest of the
+ * burst is worth a short wait: the batch then fuses whole instead of as one
+ * lone op followed by the rest.  The wait is bounded by a small fraction of
+ * what the held work will take to run anyway (so a lone small op is not
+ * delayed at all, and a slow host's op by at most ~3%), ends when the host
+ * stops enqueueing for NT_GATHER_GAP_NS, and ends at once when a sync (or a
+ * host blocked on back-pressure) waits. */
+static void gather_burst(nt_stream *s)
+{
+    uint64_t t0 = nt__now_ns(), last = t0;
+    uint64_t budget = held_elems(s, 0) / NT_GATHER_ELEMS_PER_NS;
+    for (;;) {
+        if (budget > NT_GATHER_MAX_NS)
+            budget = NT_GATHER_MAX_NS;
+        if (AO_load(&s->stop) || AO_load_acquire(&s->flush_upto) > AO_load(&s->done_upto) ||
+            s->held->len >= (guint)nt__cfg.max_inflight / 2)
+            return;
+        uint64_t t = nt__now_ns();
+        if (t - t0 >= budget)
+            return;
+        guint had = s->held->len;
+        if (take_queued(s)) {
+            last = t;
+            budget += held_elems(s, had) / NT_GATHER_ELEMS_PER_NS;
+        } else if (t - last > NT_GATHER_GAP_NS) {
+            return;
+        }
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+}
+
 static gpointer worker_main(gpointer arg)
 {
     nt_stream *s = arg;
+    bool idle = false;
     for (;;) {
-        take_queued(s);
+        if (take_queued(s) && idle && nt__cfg.mode == NT_MODE_ADAPTIVE && nt__cfg.fusion)
+            gather_burst(s);
+        idle = false;
         guint k = runnable_prefix(s);
         if (k) {
             nt__rec **recs = (nt__rec **)s->held->pdata;
@@ -536,6 +591,7 @@ static gpointer worker_main(gpointer arg)
             g_mutex_unlock(&s->lock);
             continue;
         }
+        idle = true;
         /* Nothing queued: spin briefly (cheap for a host that is about to
          * enqueue again, and it spares the host a wake-up syscall), then
          * sleep until an enqueue or a flush request. */

@@ -620,6 +620,61 @@ static void test_ew_chain_one_kernel(void **state)
     nt_release(y[0]);
 }
 
+/* Adaptive mode: a worker waking from idle waits a little for the rest of a
+ * host burst over big tensors, so the burst fuses whole instead of as a
+ * lone first op followed by the rest.  The wait depends on timing (a host
+ * descheduled mid-burst splits it), so the claim checked is that three
+ * bursts fused whole within 40 (about 7 in 10 do on an idle 2-core host;
+ * without the wait about 1 in 10), and every burst gave the eager bits. */
+static nt_tensor *burst(nt_tensor *x)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *y = nt_mul(nt_add_scalar(nt_mul_scalar(nt_relu(nt_sub(
+                              nt_mul(nt_add_scalar(nt_mul_scalar(x, 1.5), 0.25), x), x)),
+                                                      0.5),
+                                        1.0),
+                          x);
+    nt_keep(y);
+    nt_scope_end(s);
+    return y;
+}
+
+static void test_adaptive_gathers_burst(void **state)
+{
+    (void)state;
+    const int64_t n = 1 << 20;
+    nt_tensor *x = nt_randn(NT_F32, 1, &n, 7);
+    nt_tensor *small = nt_zeros(NT_F32, 1, (int64_t[]){4});
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    nt_tensor *ref = burst(x);
+    float *want = malloc(sizeof(float) * (size_t)n), *got = malloc(sizeof(float) * (size_t)n);
+    assert_int_equal(nt_to_host(ref, want, sizeof(float) * (size_t)n), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+    int whole = 0, attempt = 0;
+    for (; attempt < 40 && whole < 3; attempt++) {
+        nt_stats_reset();
+        /* a tiny op just finished: the worker is idle and spinning, so it
+         * takes the burst's first op the moment it lands */
+        nt_release(nt_add_scalar(small, 1.0));
+        nt_sync();
+        nt_tensor *y = burst(x);
+        assert_int_equal(nt_to_host(y, got, sizeof(float) * (size_t)n), 0);
+        assert_memory_equal(got, want, sizeof(float) * (size_t)n);
+        nt_stats st;
+        nt_stats_get(&st);
+        if (st.fusion_groups == 1 && st.fused_ops == 8 && st.kernels_launched == 2)
+            whole++;
+        nt_release(y);
+    }
+    print_message("# adaptive: %d of %d bursts fused whole\n", whole, attempt);
+    assert_int_equal(whole, 3);
+    free(want);
+    free(got);
+    nt_release(ref);
+    nt_release(small);
+    nt_release(x);
+}
+
 static void softmax_body(void *arg)
 {
     nt_tensor **io = arg;
@@ -901,6 +956,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_differential, setup, teardown),
         cmocka_unit_test_setup_teardown(test_print_invariance, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ew_chain_one_kernel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_adaptive_gathers_burst, setup, teardown),
         cmocka_unit_test_setup_teardown(test_softmax_primitives_one_row_kernel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_matmul_epilogue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_liveness_reasons, setup, teardown),
