@@ -330,4 +330,18 @@ static inline float nt__round_f32_sr(nt_dtype dt, float v, uint32_t r)
     }
 }
 
+/* Block conversions (core/convert.c): n elements at stride (in elements)
+ * to/from f32 or i32 registers. */
+void nt__ld_f32(float *dst, const char *src, nt_dtype dt, int64_t stride, int64_t n);
+void nt__st_f32(char *dst, nt_dtype dt, int64_t stride, const float *src, int64_t n);
+void nt__ld_i32(int32_t *dst, const char *src, nt_dtype dt, int64_t stride, int64_t n);
+void nt__st_i32(char *dst, nt_dtype dt, int64_t stride, const int32_t *src, int64_t n);
+
+/* dst[k][m] = src[m * ms + k * ks] for k < K, m < M, widened exactly to f32
+ * (ldd: dst's row stride; es: the source's element size): the matmul
+ * operand packing.  When the source runs along k, blocks of 32 x 32 go
+ * through a small buffer, so both sides stream instead of one striding. */
+void nt__mm_pack(float *dst, int64_t ldd, const char *src, nt_dtype dt, int64_t es, int64_t K,
+                 int64_t M, int64_t ks, int64_t ms);
+
 #endif

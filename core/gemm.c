@@ -9,7 +9,9 @@
  * in AVX2 registers across the whole K loop, B rows loaded as vectors, A
  * broadcast; edge rows and columns use the same kernels with fewer rows and
  * masked lanes, never a scalar loop), columns blocked so a panel of B stays
- * in L2, and a second thread taking half the column blocks of big calls. */
+ * in L2, and a second thread taking half the column blocks of big calls.
+ * nt__gemm (the whole product) packs both operands once and keeps each
+ * block of C in cache across all its K-tiles. */
 #include "gemm.h"
 
 #include <glib.h>
@@ -208,17 +210,20 @@ static void run_cols_plain(int M, int j0, int j1, int K, const float *A, int lda
 
 #define NT_JB 64
 
-typedef struct {
+typedef struct job job;
+struct job {
+    void (*block)(const job *j, int b); /* runs block b */
     int M, N, K, lda, ldb, ldc;
-    const float *A, *B; /* A: packed panels when vectorised */
+    const float *A, *B; /* A: packed panels when vectorised (ktile jobs) */
     float *C;
     bool acc;
+    int nbn;             /* full jobs: blocks per row of C blocks */
     int nblocks;
     volatile AO_t next;  /* next block to claim */
     volatile AO_t done;  /* blocks finished */
     volatile AO_t inside; /* helpers working on it (the job lives on the
                              caller's stack: it must not return before 0) */
-} job;
+};
 
 static struct {
     GMutex use;            /* one caller at a time shares the helper */
@@ -250,16 +255,49 @@ static void run(int M, int j0, int j1, int K, const float *A, int lda, const flo
 #endif
 }
 
+/* A ktile job's block b: columns [b * NT_JB, ...). */
+static void ktile_block(const job *j, int b)
+{
+    int j0 = b * NT_JB, j1 = j0 + NT_JB < j->N ? j0 + NT_JB : j->N;
+    run(j->M, j0, j1, j->K, j->A, j->lda, j->B, j->ldb, j->C, j->ldc, j->acc);
+}
+
 static void work(job *j)
 {
     for (;;) {
         AO_t b = AO_fetch_and_add1(&j->next);
         if (b >= (AO_t)j->nblocks)
             return;
-        int j0 = (int)b * NT_JB, j1 = j0 + NT_JB < j->N ? j0 + NT_JB : j->N;
-        run(j->M, j0, j1, j->K, j->A, j->lda, j->B, j->ldb, j->C, j->ldc, j->acc);
+        j->block(j, (int)b);
         AO_fetch_and_add1_release(&j->done);
     }
+}
+
+/* Runs j's blocks on the caller and, when worth it and free, the helper. */
+static void run_job(job *j, bool split)
+{
+    if (P.th && split && j->nblocks >= 2 && g_mutex_trylock(&P.use)) {
+        g_mutex_lock(&P.lock);
+        P.j = j;
+        AO_store_release(&P.seq, AO_load(&P.seq) + 1);
+        g_cond_signal(&P.cond);
+        g_mutex_unlock(&P.lock);
+        work(j);
+        /* No new helper may enter once P.j is cleared (it enters under the
+         * lock); then wait for blocks still running and for the helper to
+         * leave the job. */
+        g_mutex_lock(&P.lock);
+        P.j = NULL;
+        g_mutex_unlock(&P.lock);
+        while (AO_load_acquire(&j->done) != (AO_t)j->nblocks || AO_load_acquire(&j->inside)) {
+#if defined(__x86_64__)
+            __builtin_ia32_pause();
+#endif
+        }
+        g_mutex_unlock(&P.use);
+        return;
+    }
+    work(j);
 }
 
 static gpointer helper(gpointer unused)
@@ -327,27 +365,95 @@ void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B
 #else
     const float *Ause = A;
 #endif
-    if (P.th && (long)M * N * K >= NT_GEMM_SPLIT && N >= 2 * NT_JB && g_mutex_trylock(&P.use)) {
-        job j = {M, N, K, lda, ldb, ldc, Ause, B, C, acc, (N + NT_JB - 1) / NT_JB, 0, 0, 0};
-        g_mutex_lock(&P.lock);
-        P.j = &j;
-        AO_store_release(&P.seq, AO_load(&P.seq) + 1);
-        g_cond_signal(&P.cond);
-        g_mutex_unlock(&P.lock);
-        work(&j);
-        /* No new helper may enter once P.j is cleared (it enters under the
-         * lock); then wait for blocks still running and for the helper to
-         * leave the job. */
-        g_mutex_lock(&P.lock);
-        P.j = NULL;
-        g_mutex_unlock(&P.lock);
-        while (AO_load_acquire(&j.done) != (AO_t)j.nblocks || AO_load_acquire(&j.inside)) {
-#if defined(__x86_64__)
-            __builtin_ia32_pause();
-#endif
+    job j = {ktile_block, M, N, K, lda, ldb, ldc, Ause, B, C, acc, 0, (N + NT_JB - 1) / NT_JB,
+             0, 0, 0};
+    run_job(&j, (long)M * N * K >= NT_GEMM_SPLIT && N >= 2 * NT_JB);
+}
+
+/* ---------------- the whole product ----------------
+ *
+ * Both operands are packed once, every K-tile (in parallel: one block per
+ * tile), then C is cut into blocks of NT_MC x NT_NCB; each block runs every
+ * K-tile in ascending order before the next block starts, so it stays in L2
+ * while it accumulates instead of streaming through memory once per K-tile.
+ * Each element still follows the recurrence of gemm.h exactly. */
+
+#define NT_MC 96   /* rows per C block (a multiple of NT_MR) */
+#define NT_NCB 256 /* columns per C block (a multiple of NT_NR) */
+
+#if NT_VEC
+typedef struct full {
+    job j;
+    float *Ap, *Bp; /* K-tile kt's panels start at Mpad * k0 and Npad * k0 */
+    int Mpad, Npad, nk;
+} full;
+
+/* Pack job: block b < nk packs A's K-tile b, else B's K-tile b - nk. */
+static void pack_block(const job *jb, int b)
+{
+    const full *f = (const full *)jb;
+    int kt = b < f->nk ? b : b - f->nk, k0 = kt * NT_GEMM_KTILE;
+    int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
+    if (b < f->nk)
+        pack_a(f->Ap + (long)f->Mpad * k0, jb->M, kw, jb->A + (long)k0 * jb->lda, jb->lda);
+    else
+        pack_b(f->Bp + (long)f->Npad * k0, 0, jb->N, kw, jb->B + (long)k0 * jb->ldb, jb->ldb);
+}
+
+static void full_block(const job *jb, int b)
+{
+    const full *f = (const full *)jb;
+    int bi = b / jb->nbn, bj = b % jb->nbn;
+    int i0 = bi * NT_MC, i1 = i0 + NT_MC < jb->M ? i0 + NT_MC : jb->M;
+    int j0 = bj * NT_NCB, j1 = j0 + NT_NCB < jb->N ? j0 + NT_NCB : jb->N;
+    for (int k0 = 0; k0 < jb->K; k0 += NT_GEMM_KTILE) {
+        int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
+        const float *Ak = f->Ap + (long)f->Mpad * k0, *Bk = f->Bp + (long)f->Npad * k0;
+        for (int i = i0; i < i1; i += NT_MR) {
+            int mr = i1 - i < NT_MR ? i1 - i : NT_MR;
+            const float *a = Ak + (long)(i / NT_MR) * kw * NT_MR;
+            for (int c = j0; c < j1; c += NT_NR) {
+                int w = j1 - c < NT_NR ? j1 - c : NT_NR;
+                micro(kw, a, Bk + (long)(c / NT_NR) * kw * NT_NR, jb->C + (long)i * jb->ldc + c,
+                      jb->ldc, mr, w, k0 > 0);
+            }
         }
-        g_mutex_unlock(&P.use);
+    }
+}
+#endif
+
+void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
+              int ldc)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0) {
+        for (int i = 0; i < M; i++)
+            memset(C + (long)i * ldc, 0, (size_t)N * sizeof(float));
         return;
     }
-    run(M, 0, N, K, Ause, lda, B, ldb, C, ldc, acc);
+    g_once(&pool_once, pool_start, NULL);
+#if NT_VEC
+    static GPrivate fa_key = G_PRIVATE_INIT(pbuf_free), fb_key = G_PRIVATE_INIT(pbuf_free);
+    int Mpad = (M + NT_MR - 1) / NT_MR * NT_MR, Npad = (N + NT_NR - 1) / NT_NR * NT_NR;
+    float *Ap = panel(&fa_key, (size_t)Mpad * (size_t)K);
+    float *Bp = Ap ? panel(&fb_key, (size_t)Npad * (size_t)K) : NULL;
+    if (Ap && Bp) {
+        bool split = (long)M * N * K >= NT_GEMM_SPLIT;
+        int nk = (K + NT_GEMM_KTILE - 1) / NT_GEMM_KTILE;
+        full f = {{pack_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, 2 * nk, 0, 0, 0},
+                  Ap, Bp, Mpad, Npad, nk};
+        run_job(&f.j, split);
+        int nbm = (M + NT_MC - 1) / NT_MC, nbn = (N + NT_NCB - 1) / NT_NCB;
+        full g = {{full_block, M, N, K, lda, ldb, ldc, A, B, C, false, nbn, nbm * nbn, 0, 0, 0},
+                  Ap, Bp, Mpad, Npad, nk};
+        run_job(&g.j, split);
+        return;
+    }
+#endif
+    /* portable, or host memory short for the panels: K-tile by K-tile */
+    for (int k0 = 0; k0 < K; k0 += NT_GEMM_KTILE) {
+        int kw = K - k0 < NT_GEMM_KTILE ? K - k0 : NT_GEMM_KTILE;
+        nt__gemm_ktile(M, N, kw, A + (long)k0 * lda, lda, B + (long)k0 * ldb, ldb, C, ldc, k0 > 0);
+    }
 }

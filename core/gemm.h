@@ -30,4 +30,12 @@
 void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                     float *C, int ldc, bool acc);
 
+/* The whole product for any K: C = A^T[0] . B[0], then C = C + A^T[kt] .
+ * B[kt] for the K-tiles kt = 1, 2, ... of NT_GEMM_KTILE rows in ascending
+ * order -- what successive nt__gemm_ktile calls give, bit for bit -- but
+ * blocked so each block of C stays in cache across its K-tiles.  K = 0
+ * gives zeros. */
+void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
+              int ldc);
+
 #endif

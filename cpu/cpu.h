@@ -42,11 +42,7 @@ static inline bool nt__idx_next(int64_t *idx, int ndim, const int64_t *shape)
     return false;
 }
 
-/* Block conversions: n elements at stride (in elements) to/from f32 or i32. */
-void nt__ld_f32(float *dst, const char *src, nt_dtype dt, int64_t stride, int64_t n);
-void nt__st_f32(char *dst, nt_dtype dt, int64_t stride, const float *src, int64_t n);
-void nt__ld_i32(int32_t *dst, const char *src, nt_dtype dt, int64_t stride, int64_t n);
-void nt__st_i32(char *dst, nt_dtype dt, int64_t stride, const int32_t *src, int64_t n);
+/* Block conversions and the matmul operand packing: core/dtype.h. */
 
 /* Reads a whole (possibly strided) tensor into a contiguous f32 array. */
 void nt__gather_f32(float *dst, const nt_tensor *t);

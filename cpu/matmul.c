@@ -9,9 +9,10 @@
  * where A^T[kt] is rows kt..kt+127 of a stored transposed (an f32 [Kt, M]
  * buffer) and B[kt] those of b (f32 [Kt, N]), both widened exactly from the
  * input dtype; then C is rounded once to the output dtype.  K = 0 gives
- * zeros.  The whole M x N goes to one nt__gemm_ktile call per K-tile: its
- * per-element order does not depend on M or N (core/gemm.h), so this equals
- * the simulator's 128 x 512 output blocks bit for bit. */
+ * zeros.  nt__gemm runs those K-tiles over the whole M x N (in cache-sized
+ * blocks of C): the per-element order does not depend on M, N or the
+ * blocking (core/gemm.h), so this equals the simulator's 128 x 512 output
+ * blocks bit for bit. */
 #include "cpu.h"
 
 #include <glib.h>
@@ -35,32 +36,6 @@ static float *scratch(size_t n)
     g_private_set(&scratch_key, p);
     scratch_n = p ? n : 0;
     return p;
-}
-
-/* dst[k][m] = src[m * ms + k * ks] for k < K, m < M (widened to f32), where
- * the source runs along m or k: blocks of 32 x 32 go through a small
- * buffer, so both sides stream instead of one side striding. */
-static void pack(float *dst, int64_t ldd, const char *src, nt_dtype dt, int64_t es, int64_t K,
-                 int64_t M, int64_t ks, int64_t ms)
-{
-    if (ms == 1 || (ks != 1 && ms < ks)) {
-        /* m is the faster source dim: a row of dst is a run of src */
-        for (int64_t k = 0; k < K; k++)
-            nt__ld_f32(dst + k * ldd, src + k * ks * es, dt, ms, M);
-        return;
-    }
-    float tile[32][33];
-    for (int64_t m0 = 0; m0 < M; m0 += 32) {
-        int64_t mn = M - m0 < 32 ? M - m0 : 32;
-        for (int64_t k0 = 0; k0 < K; k0 += 32) {
-            int64_t kn = K - k0 < 32 ? K - k0 : 32;
-            for (int64_t m = 0; m < mn; m++)
-                nt__ld_f32(tile[m], src + ((m0 + m) * ms + k0 * ks) * es, dt, ks, kn);
-            for (int64_t k = 0; k < kn; k++)
-                for (int64_t m = 0; m < mn; m++)
-                    dst[(k0 + k) * ldd + m0 + m] = tile[m][k];
-        }
-    }
 }
 
 int nt__cpu_matmul(const nt__rec *r)
@@ -108,23 +83,17 @@ int nt__cpu_matmul(const nt__rec *r)
             Ap = (const float *)(ad + aoff * aes);
             lda = (int)mi.a_cs;
         } else if (aoff != a_prev) {
-            pack(At, M, ad + aoff * aes, adt, aes, K, M, mi.a_cs, mi.a_rs);
+            nt__mm_pack(At, M, ad + aoff * aes, adt, aes, K, M, mi.a_cs, mi.a_rs);
         }
         if (b_direct) {
             Bp = (const float *)(bd + boff * bes);
             ldb = (int)mi.b_rs;
         } else if (boff != b_prev) {
-            pack(B, N, bd + boff * bes, bdt, bes, K, N, mi.b_rs, mi.b_cs);
+            nt__mm_pack(B, N, bd + boff * bes, bdt, bes, K, N, mi.b_rs, mi.b_cs);
         }
         a_prev = aoff, b_prev = boff;
         float *Cp = c_direct ? (float *)(od + bi * (int64_t)(M * N) * oes) : C;
-        if (K == 0)
-            memset(Cp, 0, (size_t)(M * N) * sizeof(float));
-        for (int64_t kt = 0; kt < K; kt += NT_GEMM_KTILE) {
-            int Kt = (int)(K - kt < NT_GEMM_KTILE ? K - kt : NT_GEMM_KTILE);
-            nt__gemm_ktile((int)M, (int)N, Kt, Ap + kt * lda, lda, Bp + kt * ldb, ldb, Cp,
-                           (int)N, kt != 0);
-        }
+        nt__gemm((int)M, (int)N, (int)K, Ap, lda, Bp, ldb, Cp, (int)N);
         /* one rounding to the output dtype (for f32: NaNs made canonical) */
         nt__st_f32((char *)(od + bi * (int64_t)(M * N) * oes), odt, 1, Cp, M * N);
         bi++;

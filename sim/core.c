@@ -88,6 +88,7 @@ static pthread_mutex_t run_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_bool inited;
 static atomic_bool functional = true;
+static atomic_bool program_gemm = true; /* NT_SIM_PROGRAM_GEMM */
 static bool trace_ours; /* nt_sim_init opened the trace (NT_TRACE) */
 
 /* Dependency state of on-chip memory, per chunk.  An entry stamped by an
@@ -179,6 +180,8 @@ int nt_sim_init(void)
         const char *f = getenv("NT_SIM_FUNCTIONAL");
         if (f && f[0] == '0')
             atomic_store(&functional, false);
+        const char *pg = getenv("NT_SIM_PROGRAM_GEMM");
+        atomic_store(&program_gemm, !(pg && pg[0] == '0'));
         rc = ensure_memories();
         if (rc == 0) {
             const char *tr = getenv("NT_TRACE");
@@ -242,6 +245,9 @@ void nt_sim_set_functional(bool on)
     nt_sim_init();
     atomic_store(&functional, on);
 }
+
+bool nt__sim_program_gemm(void) { return atomic_load(&program_gemm); }
+void nt__sim_set_program_gemm(bool on) { atomic_store(&program_gemm, on); }
 
 bool nt_sim_get_functional(void)
 {

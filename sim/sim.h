@@ -138,6 +138,10 @@ int nt__sim_auto_queue(nt_sim_kernel *k);
 void nt__sim_fx_flush(nt_sim_kernel *k);
 /* Stops the functional helper thread (nt_sim_shutdown). */
 void nt__sim_fx_shutdown(void);
+/* NT_SIM_PROGRAM_GEMM (default on): the matmul tile program computes its
+ * product once for the whole program (tp_matmul.c). */
+bool nt__sim_program_gemm(void);
+void nt__sim_set_program_gemm(bool on); /* for tests */
 /* Wall clock in ns (CLOCK_MONOTONIC). */
 double nt__sim_now_ns(void);
 

@@ -23,9 +23,25 @@
  *       for bm < BM: acc[bm] (+)= panel[k][:, bm]^T . bring[s]   (TensorE)
  *     for bm < BM: oring <- acc[bm] (ScalarE, rounds); C <- oring (queues 12-15)
  * The engines run these in parallel as far as the data allows: loads run
- * ahead by up to NB tiles, evacuation of one chunk overlaps the next. */
+ * ahead by up to NB tiles, evacuation of one chunk overlaps the next.
+ *
+ * Functional step (NT_SIM_PROGRAM_GEMM=1, the default).  Every instruction
+ * above is issued, checked and timed as written.  The values, though, are
+ * computed once for the whole program: C32 = A.B through core/gemm.h over
+ * the full M x N, K-tile by K-tile in ascending order -- the recurrence each
+ * nc_matmul would run on its 128 x 512 block, so the same bits (gemm.h: a
+ * big call equals the same call cut into blocks).  The operand loads,
+ * transposes and matmuls then have no functional step (their tiles are the
+ * program's own and die with it); each accumulator gets its C32 block when
+ * its last K-tile is done, and the evacuation or the caller's epilogue runs
+ * functionally as usual.  One big GEMM runs at the host's full GEMM rate
+ * instead of per 128 x 512 x 128 instruction.  NT_SIM_PROGRAM_GEMM=0 runs
+ * every instruction's own functional step (tests check both give the same
+ * bits).  A C that overlaps A or B always runs per instruction. */
+#include <stdlib.h>
 #include <string.h>
 
+#include "gemm.h"
 #include "sim.h"
 
 enum {
@@ -54,6 +70,7 @@ typedef struct mm {
     int tslots, tnext;
     int qb, qa, qc;
     int64_t bnext, onext;
+    const float *c32; /* the program-level product [M, N], or NULL */
 } mm;
 
 static int64_t min64(int64_t a, int64_t b)
@@ -136,6 +153,102 @@ static int load_panel(mm *p, int64_t kt, int64_t m0, int mt)
     return 0;
 }
 
+/* ---------------- the program-level product ---------------- */
+
+/* Host buffer for it, kept between calls (kernels are serialised by the
+ * core; a fresh malloc this big would be a fresh mmap, page faults and all,
+ * on every call). */
+static float *pg_buf;
+static size_t pg_cap;
+
+static float *pg_scratch(size_t n)
+{
+    if (n > pg_cap) {
+        float *q = realloc(pg_buf, n * sizeof(float));
+        if (!q)
+            return NULL;
+        pg_buf = q;
+        pg_cap = n;
+    }
+    return pg_buf;
+}
+
+/* Byte range [lo, hi) of a rows x cols matrix with row stride ld. */
+static void span(const void *p, int64_t rows, int64_t cols, int64_t ld, int64_t esz,
+                 uintptr_t *lo, uintptr_t *hi)
+{
+    *lo = (uintptr_t)p;
+    *hi = *lo + (uintptr_t)(((rows - 1) * ld + cols) * esz);
+}
+
+static bool overlaps(const nt_tile_matmul_args *a)
+{
+    if (!a->c)
+        return false;
+    int64_t esz = (int64_t)nt__dtype_size(a->in_dtype);
+    uintptr_t clo, chi, lo, hi;
+    span(a->c, a->M, a->N, a->ldc, (int64_t)nt__dtype_size(a->out_dtype), &clo, &chi);
+    if (a->a_trans)
+        span(a->a, a->K, a->M, a->lda, esz, &lo, &hi);
+    else
+        span(a->a, a->M, a->K, a->lda, esz, &lo, &hi);
+    if (lo < chi && clo < hi)
+        return true;
+    span(a->b, a->K, a->N, a->ldb, esz, &lo, &hi);
+    return lo < chi && clo < hi;
+}
+
+/* C32 = A.B as the program's nc_matmuls accumulate it (see the top).  The
+ * operands are widened exactly to f32, as nc_matmul widens its SBUF tiles
+ * (the loads, transposes and copies that bring them there are exact). */
+static int program_product(mm *p)
+{
+    const nt_tile_matmul_args *a = p->a;
+    int64_t M = a->M, N = a->N, K = a->K;
+    nt_dtype dt = a->in_dtype;
+    bool at_direct = a->a_trans && dt == NT_F32, b_direct = dt == NT_F32;
+    size_t n = (size_t)(M * N) + (at_direct ? 0 : (size_t)(K * M)) + (b_direct ? 0 : (size_t)(K * N));
+    float *buf = pg_scratch(n);
+    if (!buf)
+        return nt__sim_fail(p->k, "nt_tile_matmul", "out of host memory for the product");
+    /* HBM holds the operands' final values once queued work has landed */
+    nt__sim_fx_flush(p->k);
+    double t0 = nt__sim_now_ns();
+    float *c = buf, *w = buf + M * N;
+    const float *at = a->a, *b = a->b;
+    int64_t ldat = a->lda, ldb = a->ldb, es = (int64_t)nt__dtype_size(dt);
+    if (!at_direct) {
+        /* A^T [K, M]: from A^T (a_trans) or from row-major A [M, K] */
+        nt__mm_pack(w, M, a->a, dt, es, K, M, a->a_trans ? a->lda : 1, a->a_trans ? 1 : a->lda);
+        at = w;
+        ldat = M;
+        w += K * M;
+    }
+    if (!b_direct) {
+        nt__mm_pack(w, N, a->b, dt, es, K, N, a->ldb, 1);
+        b = w;
+        ldb = N;
+    }
+    nt__gemm((int)M, (int)N, (int)K, at, (int)ldat, b, (int)ldb, c, (int)N);
+    p->k->gemm_ns += nt__sim_now_ns() - t0;
+    p->c32 = c;
+    return 0;
+}
+
+/* The accumulators of M-block m0 (mt tiles), N-chunk n0 get their values. */
+static void deliver(mm *p, int64_t m0, int mt, int64_t n0, int64_t nw)
+{
+    const nt_tile_matmul_args *a = p->a;
+    /* queued readers of these banks (the previous chunk's evacuation) first */
+    nt__sim_fx_flush(p->k);
+    for (int bm = 0; bm < mt; bm++) {
+        int64_t r0 = m0 + (int64_t)bm * TM, mw = min64(TM, a->M - r0);
+        nt_ap d = sl(p->acc[bm], (int)mw, 0, nw);
+        for (int r = 0; r < (int)mw; r++)
+            memcpy(nt__sim_row(&d, r), p->c32 + (r0 + r) * a->N + n0, (size_t)nw * sizeof(float));
+    }
+}
+
 static int zero_fill(mm *p)
 {
     /* K == 0: C is all zeros */
@@ -179,6 +292,10 @@ static int run(mm *p)
         for (int64_t nc = 0; nc < p->nn; nc++) {
             int64_t n0 = nc * TN, nw = min64(TN, a->N - n0);
             bool load = !p->resident || nc == 0;
+            /* with the program-level product, the loads and matmuls are
+             * timed but compute nothing (see the top) */
+            if (p->c32)
+                p->k->functional = false;
             /* row-major A: prepare one K-tile ahead so the VectorE copies
              * of K-tile k+1 overlap the matmuls of K-tile k */
             if (load && !a->a_trans) {
@@ -212,6 +329,10 @@ static int run(mm *p)
                     if (rc)
                         return rc;
                 }
+            }
+            if (p->c32) {
+                p->k->functional = true;
+                deliver(p, m0, mt, n0, nw);
             }
             for (int bm = 0; bm < mt; bm++) {
                 int64_t r0 = m0 + (int64_t)bm * TM, mw = min64(TM, a->M - r0);
@@ -330,10 +451,14 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
                                     (int64_t)p.tslots * TM);
         }
     }
+    bool fx = k->functional;
     if (k->err)
         rc = k->err;
-    else
+    else if (fx && a->K > 0 && nt__sim_program_gemm() && !overlaps(a))
+        rc = program_product(&p);
+    if (!rc)
         rc = run(&p);
+    k->functional = fx; /* also after an error inside a timed-only stretch */
 
     /* give the space back to the kernel (dependencies keep later users of
      * these bytes behind this program's accesses) */

@@ -2009,6 +2009,46 @@ static void test_gemm_ktile_big_call_equals_blocks(void **state)
     assert_int_equal(bad, 0);
 }
 
+static void test_gemm_whole_equals_ktile_calls(void **state)
+{
+    (void)state;
+    /* nt__gemm packs everything once and runs C in cache-sized blocks, each
+     * through all its K-tiles: bit for bit what successive nt__gemm_ktile
+     * calls give.  Shapes around every blocking edge (micro-kernel 6 x 16,
+     * C blocks 96 x 256, K-tiles of 128), leading dims wider than the
+     * matrices, special values among the inputs, and K = 0. */
+    const int shapes[][3] = {{1, 1, 1},     {5, 15, 127},  {6, 16, 128},   {7, 17, 129},
+                             {96, 256, 256}, {97, 257, 300}, {191, 513, 385}, {300, 1100, 228},
+                             {13, 1, 1000},  {1, 700, 64},   {40, 40, 0}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        int lda = M + 3, ldb = N + 5, ldc = N + 2;
+        float *A = malloc(sizeof(float) * ((size_t)K * lda + 1));
+        float *B = malloc(sizeof(float) * ((size_t)K * ldb + 1));
+        float *C1 = malloc(sizeof(float) * (size_t)M * ldc), *C2 = malloc(sizeof(float) * (size_t)M * ldc);
+        for (int i = 0; i < K * lda; i++)
+            A[i] = i % 997 == 5 ? INFINITY : (float)(urand() * 2 - 1);
+        for (int i = 0; i < K * ldb; i++)
+            B[i] = i % 1009 == 7 ? NAN : (float)(urand() * 2 - 1);
+        for (int i = 0; i < M * ldc; i++)
+            C1[i] = C2[i] = 42.0f; /* the padding columns must survive */
+        nt__gemm(M, N, K, A, lda, B, ldb, C1, ldc);
+        if (K == 0)
+            nt__gemm_ktile(M, N, 0, A, lda, B, ldb, C2, ldc, false);
+        for (int k0 = 0; k0 < K; k0 += NT_GEMM_KTILE) {
+            int kw = K - k0 < NT_GEMM_KTILE ? K - k0 : NT_GEMM_KTILE;
+            nt__gemm_ktile(M, N, kw, A + k0 * lda, lda, B + k0 * ldb, ldb, C2, ldc, k0 > 0);
+        }
+        int bad = 0;
+        for (int i = 0; i < M * ldc; i++)
+            bad += memcmp(&C1[i], &C2[i], 4) != 0;
+        if (bad)
+            print_message("# nt__gemm %dx%dx%d: %d elements differ\n", M, N, K, bad);
+        free(A), free(B), free(C1), free(C2);
+        assert_int_equal(bad, 0);
+    }
+}
+
 static void test_matmul_equals_128x512_block_emulation(void **state)
 {
     (void)state;
@@ -2774,6 +2814,7 @@ int main(void)
         T(test_matmul_strided_inputs),
         T(test_matmul_empty_dims),
         T(test_gemm_ktile_big_call_equals_blocks),
+        T(test_gemm_whole_equals_ktile_calls),
         T(test_matmul_equals_128x512_block_emulation),
         T(test_linear_with_and_without_bias),
         T(test_embedding_copies_rows_bitwise),

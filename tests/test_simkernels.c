@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "internal.h"
+#include "sim/sim.h"
 
 static bool quick;
 
@@ -625,9 +626,8 @@ static void b_matmul(void *ctx, nt_tensor **out, int *n)
     }
 }
 
-static void test_matmul(void **state)
+static void matmul_all(void)
 {
-    (void)state;
     const int64_t dims[][3] = {{1, 1, 1},     {3, 5, 7},     {127, 129, 33}, {129, 127, 513},
                                {2, 257, 515}, {130, 0, 9},   {64, 300, 1},   {513, 129, 65}};
     for (size_t d = 0; d < 3; d++)
@@ -641,6 +641,33 @@ static void test_matmul(void **state)
                          (long long)c.M, (long long)c.K, (long long)c.N, v);
                 cmp(w, b_matmul, &c);
             }
+}
+
+static void test_matmul(void **state)
+{
+    (void)state;
+    matmul_all();
+}
+
+/* The matmul tile program computes its product once per program by default
+ * (NT_SIM_PROGRAM_GEMM, sim/tp_matmul.c); with that off, every nc_matmul
+ * computes its own block from the SBUF tiles the program loaded, transposed
+ * and accumulated.  Both must give the CPU's bits: this run checks the tile
+ * program's data flow itself, the default run only its timing. */
+static void b_fused(void *ctx, nt_tensor **out, int *n);
+
+static void test_matmul_instruction_level(void **state)
+{
+    (void)state;
+    nt__sim_set_program_gemm(false);
+    matmul_all();
+    assert_int_equal(nt_config_set("NT_FUSION", "1"), 0);
+    for (size_t d = 0; d < 3; d++) {
+        ew_ctx c = {.dt = FLOATS[d]};
+        cmp_mode("fused programs, instruction-level matmul", "lazy", b_fused, &c);
+    }
+    assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
+    nt__sim_set_program_gemm(true);
 }
 
 /* ---------------- embedding ---------------- */
@@ -1132,6 +1159,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rows, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cross_entropy_rows, setup, teardown),
         cmocka_unit_test_setup_teardown(test_matmul, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_matmul_instruction_level, setup, teardown),
         cmocka_unit_test_setup_teardown(test_embedding, setup, teardown),
         cmocka_unit_test_setup_teardown(test_data_error_messages, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fused_programs, setup, teardown),
