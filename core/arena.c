@@ -5,8 +5,12 @@
  * in per-class free lists, so a training loop that allocates the same shapes
  * every step reuses its blocks without page faults.  `in_use` counts the
  * rounded bytes of live blocks and is what the capacity limits: going over is
- * a clean NULL (the caller reports NT_ENOMEM), never a crash.  Cached blocks
- * are poisoned for AddressSanitizer so a stale pointer is still caught. */
+ * a clean NULL (the caller reports NT_ENOMEM), never a crash.  Capacity can
+ * also be reserved first and the block taken later (nt__arena_reserve,
+ * nt__arena_alloc_reserved): big tensors get their memory only when a kernel
+ * first writes them, so a fused-away intermediate never takes a block.
+ * Cached blocks are poisoned for AddressSanitizer so a stale pointer is
+ * still caught. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,6 +39,8 @@
 static struct {
     GMutex lock;
     volatile AO_t in_use;
+    volatile AO_t backed; /* bytes of blocks handed out (in_use minus bare reservations) */
+    uint64_t backed_peak;
     uint64_t capacity, peak, cached;
     GPtrArray *free[NT_NCLASS]; /* cached blocks of each class */
     uint64_t sys_allocs, sys_frees; /* blocks taken from / given back to the system */
@@ -128,6 +134,7 @@ void nt__arena_init(uint64_t capacity)
     g_mutex_init(&A.lock);
     A.capacity = capacity;
     A.in_use = A.peak = A.cached = 0;
+    A.backed = A.backed_peak = 0;
     for (int c = 0; c < NT_NCLASS; c++)
         A.free[c] = NULL;
     A.ready = true;
@@ -172,12 +179,17 @@ static bool reserve(size_t cls)
     return true;
 }
 
-void *nt__arena_alloc(size_t nbytes)
+static void backed_add(size_t cls)
 {
-    size_t cls;
-    int ci = class_of(nbytes, &cls);
-    if (!reserve(cls))
-        return NULL;
+    AO_t now = AO_fetch_and_add(&A.backed, (AO_t)cls) + cls;
+    if (now > A.backed_peak)
+        A.backed_peak = now; /* a statistic: a lost race only understates it */
+}
+
+/* A block of class ci (cls bytes) from the caches or the system; the
+ * capacity was reserved by the caller.  NULL: the host is out of memory. */
+static void *take_block(int ci, size_t cls)
+{
     if (ci <= NT_TL_MAXCLASS) {
         tlcache *c = tl_get();
         if (!c->n[ci] && A.free[ci] && A.free[ci]->len) {
@@ -211,13 +223,46 @@ void *nt__arena_alloc(size_t nbytes)
             drop_cache_locked();
             p = aligned_alloc(NT_ARENA_ALIGN, cls);
         }
-        if (!p) {
-            g_mutex_unlock(&A.lock);
-            AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
-            return NULL;
-        }
     }
     g_mutex_unlock(&A.lock);
+    return p;
+}
+
+void *nt__arena_alloc(size_t nbytes)
+{
+    size_t cls;
+    int ci = class_of(nbytes, &cls);
+    if (!reserve(cls))
+        return NULL;
+    void *p = take_block(ci, cls);
+    if (!p)
+        AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
+    else
+        backed_add(cls);
+    return p;
+}
+
+bool nt__arena_reserve(size_t nbytes)
+{
+    size_t cls;
+    class_of(nbytes, &cls);
+    return reserve(cls);
+}
+
+void nt__arena_unreserve(size_t nbytes)
+{
+    size_t cls;
+    class_of(nbytes, &cls);
+    AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
+}
+
+void *nt__arena_alloc_reserved(size_t nbytes)
+{
+    size_t cls;
+    int ci = class_of(nbytes, &cls);
+    void *p = take_block(ci, cls);
+    if (p)
+        backed_add(cls);
     return p;
 }
 
@@ -228,6 +273,7 @@ void nt__arena_free(void *p, size_t nbytes)
     size_t cls;
     int ci = class_of(nbytes, &cls);
     AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
+    AO_fetch_and_add(&A.backed, (AO_t)0 - cls);
     if (ci <= NT_TL_MAXCLASS) {
         tlcache *c = tl_get();
         if (c->n[ci] == NT_TL_KEEP) {
@@ -266,7 +312,13 @@ void nt__arena_free(void *p, size_t nbytes)
 }
 
 uint64_t nt__arena_in_use(void) { return A.in_use; }
+uint64_t nt__arena_backed(void) { return A.backed; }
+uint64_t nt__arena_backed_peak(void) { return A.backed_peak; }
 uint64_t nt__arena_peak(void) { return A.peak; }
 uint64_t nt__arena_capacity(void) { return A.capacity; }
 
-void nt__arena_reset_peak(void) { A.peak = AO_load(&A.in_use); }
+void nt__arena_reset_peak(void)
+{
+    A.peak = AO_load(&A.in_use);
+    A.backed_peak = AO_load(&A.backed);
+}

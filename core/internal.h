@@ -68,11 +68,13 @@ void nt__errobj_unref(nt__errobj *e);
 
 typedef struct nt__storage {
     /* line 1: what kernels read */
-    void *data;             /* 64-byte aligned, in the arena */
+    void *data;             /* 64-byte aligned, in the arena; NULL until first
+                               use when deferred (nt__storage_data) */
     size_t nbytes;
     volatile AO_t poison;   /* nt__errobj * or 0 */
     volatile AO_t refs;     /* handles pointing here + other holders */
     uint64_t id;            /* for traces and the debugger */
+    uint8_t deferred;       /* data is a separate block, taken at first use */
     /* line 2: what every enqueue writes -- apart, so a worker reading line
      * 1 does not see it change under it on every op */
     _Alignas(64) volatile AO_t last_write; /* packed (stream id, seq) of the last writer */
@@ -132,9 +134,29 @@ nt__storage *nt__storage_new(size_t nbytes); /* NULL: arena full (no error set) 
 void nt__storage_ref(nt__storage *st);
 void nt__storage_unref(nt__storage *st);
 
+/* Big storages are deferred: their capacity is reserved when the tensor is
+ * made (so running out is still NT_ENOMEM at the call), their block is taken
+ * when something first touches the data -- normally the kernel that writes
+ * it, on the worker.  A value that fusion keeps in registers is never
+ * touched, so it never takes memory (nor page-faults a fresh block).
+ * nt__storage_materialize: the block, taken now if need be; NULL if the host
+ * is out of memory. */
+void *nt__storage_materialize(nt__storage *st);
+/* The same, for paths that cannot report an error: aborts with a message
+ * when the host is out of memory (kernels are materialized beforehand by
+ * nt__rec_materialize, which reports it). */
+void *nt__storage_data_slow(nt__storage *st);
+
+static inline void *nt__storage_data(nt__storage *st)
+{
+    void *d = __atomic_load_n(&st->data, __ATOMIC_ACQUIRE);
+    return d ? d : nt__storage_data_slow(st);
+}
+
 static inline void *nt__tensor_data(const nt_tensor *t)
 {
-    return (char *)t->st->data + t->offset * (int64_t)nt__dtype_size((nt_dtype)t->dtype);
+    return (char *)nt__storage_data(t->st) +
+           t->offset * (int64_t)nt__dtype_size((nt_dtype)t->dtype);
 }
 
 /* ------------------------------------------------------------------ */
@@ -144,8 +166,14 @@ static inline void *nt__tensor_data(const nt_tensor *t)
 void nt__arena_init(uint64_t capacity);
 void nt__arena_shutdown(void);
 void *nt__arena_alloc(size_t nbytes); /* NULL if over capacity */
-void nt__arena_free(void *p, size_t nbytes);
+void nt__arena_free(void *p, size_t nbytes); /* also ends the reservation */
+bool nt__arena_reserve(size_t nbytes);       /* capacity only; false if over */
+void nt__arena_unreserve(size_t nbytes);     /* a reservation that never got a block */
+void *nt__arena_alloc_reserved(size_t nbytes); /* the block of a reservation; NULL:
+                                                  the host is out of memory */
 uint64_t nt__arena_in_use(void);
+uint64_t nt__arena_backed(void); /* of in_use: bytes that hold a block */
+uint64_t nt__arena_backed_peak(void);
 uint64_t nt__arena_peak(void);
 uint64_t nt__arena_capacity(void);
 void nt__arena_reset_peak(void);
@@ -251,6 +279,11 @@ extern nt__kernel_fn nt__sim_kernels[NT_OP_COUNT];
 /* Runs one op record's kernel (no queue): used by workers and by
  * deterministic mode.  Handles poisoned inputs, errors, stats, NaN checks. */
 void nt__exec_rec(nt__rec *r);
+/* Takes the blocks of every deferred storage a record (or a list of
+ * tensors, NULLs skipped) touches, before a kernel runs: 0, or NT_ENOMEM
+ * with the kernel error message set when the host is out of memory. */
+int nt__rec_materialize(const nt__rec *r);
+int nt__tensors_materialize(nt_tensor *const *t, int n);
 
 /* Human name of an op id: "add"; api name "nt_add". */
 const char *nt__op_name(int op);

@@ -6,6 +6,7 @@
  * memory.  User references (refs) and internal ones (irefs) are counted
  * apart: a handle is invalid for the user as soon as refs reaches 0, while
  * queued work that still reads it keeps it (and its storage) alive. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -200,22 +201,63 @@ static void handle_free(nt_tensor *t)
 /* ---------------- storage ---------------- */
 
 /* The storage header sits at the start of its arena block, the data two
- * cache lines later: one allocation per tensor, not two. */
+ * cache lines later: one allocation per small tensor, not two.  Bigger data
+ * is deferred (internal.h): the header alone now, a reservation of the
+ * data's capacity, and the data's own block at first use. */
 #define NT_ST_HDR 128
 _Static_assert(sizeof(nt__storage) <= NT_ST_HDR, "storage header outgrew its two lines");
+/* Data up to this size shares the header's block (within the per-thread
+ * caches' classes): deferring it would save nothing worth a second block. */
+#define NT_ST_INLINE_MAX (4096 - NT_ST_HDR)
+
+static GMutex materialize_lock; /* static: needs no init */
 
 nt__storage *nt__storage_new(size_t nbytes)
 {
-    char *block = nt__arena_alloc(NT_ST_HDR + nbytes);
-    if (!block)
+    bool deferred = nbytes > NT_ST_INLINE_MAX;
+    if (deferred && !nt__arena_reserve(nbytes))
         return NULL;
+    char *block = nt__arena_alloc(NT_ST_HDR + (deferred ? 0 : nbytes));
+    if (!block) {
+        if (deferred)
+            nt__arena_unreserve(nbytes);
+        return NULL;
+    }
     nt__storage *st = (nt__storage *)block;
     memset(st, 0, sizeof *st);
     st->refs = 1;
-    st->data = block + NT_ST_HDR;
+    st->data = deferred ? NULL : block + NT_ST_HDR;
+    st->deferred = deferred;
     st->nbytes = nbytes;
     st->id = next_id();
     return st;
+}
+
+void *nt__storage_materialize(nt__storage *st)
+{
+    void *d = __atomic_load_n(&st->data, __ATOMIC_ACQUIRE);
+    if (d)
+        return d;
+    g_mutex_lock(&materialize_lock);
+    d = st->data;
+    if (!d && st->deferred) {
+        d = nt__arena_alloc_reserved(st->nbytes);
+        if (d)
+            __atomic_store_n(&st->data, d, __ATOMIC_RELEASE);
+    }
+    g_mutex_unlock(&materialize_lock);
+    return d;
+}
+
+void *nt__storage_data_slow(nt__storage *st)
+{
+    void *d = nt__storage_materialize(st);
+    if (!d) {
+        fprintf(stderr, "ntensor: fatal: out of host memory for a %zu-byte tensor\n",
+                st->nbytes);
+        abort();
+    }
+    return d;
 }
 
 void nt__storage_ref(nt__storage *st) { AO_fetch_and_add1(&st->refs); }
@@ -224,7 +266,15 @@ void nt__storage_unref(nt__storage *st)
 {
     if (st && AO_fetch_and_sub1(&st->refs) == 1) {
         nt__errobj_unref((nt__errobj *)st->poison);
-        nt__arena_free(st, NT_ST_HDR + st->nbytes);
+        if (!st->deferred) {
+            nt__arena_free(st, NT_ST_HDR + st->nbytes);
+            return;
+        }
+        if (st->data)
+            nt__arena_free(st->data, st->nbytes);
+        else
+            nt__arena_unreserve(st->nbytes); /* never touched: never took a block */
+        nt__arena_free(st, NT_ST_HDR);
     }
 }
 

@@ -67,7 +67,7 @@ NT_API nt_tensor *nt_from_host_at(const nt_site *site, const void *src, nt_dtype
         return NULL;
     size_t nbytes = (size_t)n * nt__dtype_size(dt);
     if (nbytes)
-        memcpy(t->st->data, src, nbytes);
+        memcpy(nt__tensor_data(t), src, nbytes);
     NT__COUNT(bytes_from_host, nbytes);
     if (nt__cfg.check_nan)
         nt__nan_note_host(t, site, fn);

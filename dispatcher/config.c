@@ -419,6 +419,8 @@ NT_API int nt_stats_get(nt_stats *out)
     if (nt__sim_stats_fill)
         nt__sim_stats_fill(out);
     out->device_bytes_in_use = nt__arena_in_use();
+    out->device_bytes_backed = nt__arena_backed();
+    out->device_bytes_backed_peak = nt__arena_backed_peak();
     out->device_bytes_peak = nt__arena_peak();
     out->device_capacity = nt__arena_capacity();
     return 0;

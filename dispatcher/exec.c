@@ -61,6 +61,36 @@ nt__errobj *nt__rec_error(const nt__rec *r, int code, const char *msg)
     return e;
 }
 
+/* A tensor's block, taken now if deferred; false (kernel error set) if the
+ * host is out of memory. */
+static bool ready(const nt_tensor *t)
+{
+    if (!t || __atomic_load_n(&t->st->data, __ATOMIC_ACQUIRE) || nt__storage_materialize(t->st))
+        return true;
+    nt__kerr(NT_ENOMEM, "out of host memory for the %zu-byte storage of a %s tensor",
+             t->st->nbytes, nt_dtype_name((nt_dtype)t->dtype));
+    return false;
+}
+
+int nt__rec_materialize(const nt__rec *r)
+{
+    for (int i = 0; i < r->nin; i++)
+        if (!ready(r->in[i]))
+            return NT_ENOMEM;
+    for (int i = 0; i < r->nout; i++)
+        if (!ready(r->out[i]))
+            return NT_ENOMEM;
+    return 0;
+}
+
+int nt__tensors_materialize(nt_tensor *const *t, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!ready(t[i]))
+            return NT_ENOMEM;
+    return 0;
+}
+
 void nt__exec_rec(nt__rec *r)
 {
     if (r->type == NT_REC_WAIT)
@@ -79,6 +109,14 @@ void nt__exec_rec(nt__rec *r)
         }
     }
     nt__kernel_fn k = pick_kernel(r);
+    if (nt__rec_materialize(r) < 0) {
+        nt__errobj *e = nt__rec_error(r, NT_ENOMEM, nt__kerr_msg());
+        poison_outputs(r, e);
+        if (r->stream)
+            nt__stream_note_error(r->stream, e);
+        nt__errobj_unref(e);
+        return;
+    }
     if (nt__cfg.check_nan && nt__nan_pre)
         nt__nan_pre(r);
     bool traced = nt__trace_enabled();

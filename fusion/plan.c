@@ -643,6 +643,11 @@ static void run_group(gstate *s)
     plan_pause();
     bool traced = nt__trace_enabled();
     double t0 = traced ? nt__htrace_now() : 0;
+    /* the blocks of what the kernel reads and stores; a value it elides
+     * never takes one */
+    if (!poisoned && (nt__tensors_materialize(s->g.ext, c->next) < 0 ||
+                      nt__tensors_materialize(s->g.out, s->p.nout) < 0))
+        poisoned = true; /* host out of memory: op by op reports it per op */
     if (!poisoned) {
         if (s->g.backend == NT_BACKEND_SIM && nt__fused_sim)
             rc = nt__fused_sim(&s->g);

@@ -532,6 +532,11 @@ typedef struct nt_stats {
     uint64_t sim_kernels;       /* kernels run on the simulated NeuronCore */
     uint64_t sim_time_ns;       /* their simulated time (nt_sim_stats has more) */
     uint64_t sim_hbm_bytes;     /* HBM bytes their DMAs moved */
+    uint64_t device_bytes_backed; /* of device_bytes_in_use, storage holding memory: a
+                                     big tensor's capacity is reserved when it is made
+                                     and its memory taken when first written, so a
+                                     fused-away intermediate never takes any */
+    uint64_t device_bytes_backed_peak;
 } nt_stats;
 
 /** Fills *out with counters since nt_init (or the last nt_stats_reset). */

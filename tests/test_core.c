@@ -258,6 +258,57 @@ static void test_arena_fill_and_reuse(void **state)
     nt_release(again);
 }
 
+static void test_deferred_storage(void **state)
+{
+    (void)state;
+    /* A big tensor reserves its capacity when made and takes its memory
+     * when first written; in lazy mode nothing is written before a sync. */
+    assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+    nt_stats a, b;
+    nt_stats_get(&a);
+    const int64_t n = 1 << 20; /* 4 MiB of f32 */
+    nt_tensor *z = nt_zeros(NT_F32, 1, &n);
+    assert_non_null(z);
+    nt_stats_get(&b);
+    assert_true(b.device_bytes_in_use - a.device_bytes_in_use >= (uint64_t)n * 4);
+    assert_true(b.device_bytes_backed - a.device_bytes_backed < 4096); /* the header only */
+    assert_null(z->st->data);
+    /* the fill kernel takes the block */
+    float first = 1;
+    nt_tensor *head = nt_slice(z, 0, 0, 1, 1);
+    assert_int_equal(nt_to_host(head, &first, sizeof first), 0);
+    nt_release(head);
+    assert_true(first == 0.0f);
+    assert_non_null(z->st->data);
+    nt_stats_get(&b);
+    assert_true(b.device_bytes_backed - a.device_bytes_backed >= (uint64_t)n * 4);
+    nt_release(z);
+    nt_sync();
+    nt_stats_get(&b);
+    assert_int_equal(b.device_bytes_in_use, a.device_bytes_in_use);
+    assert_int_equal(b.device_bytes_backed, a.device_bytes_backed);
+    /* the reservation is what the capacity limits: unwritten tensors still
+     * run the device out, at the call that makes one too many */
+    int64_t big = (int64_t)(nt__arena_capacity() / 8 / 4);
+    nt_tensor *held[16];
+    int k = 0;
+    for (; k < 16 && (held[k] = nt_zeros(NT_F32, 1, &big)) != NULL; k++)
+        ;
+    assert_true(k >= 6 && k <= 8);
+    assert_int_equal(nt_last_error(), NT_ENOMEM);
+    assert_non_null(strstr(nt_last_error_message(), "nt_zeros"));
+    nt_clear_error();
+    nt_stats_get(&b);
+    assert_true(b.device_bytes_backed - a.device_bytes_backed < 64 * 1024);
+    for (int i = 0; i < k; i++)
+        nt_release(held[i]); /* never written: the queued fills still run */
+    assert_int_equal(nt_sync(), 0);
+    nt_stats_get(&b);
+    assert_int_equal(b.device_bytes_in_use, a.device_bytes_in_use);
+    assert_int_equal(b.device_bytes_backed, a.device_bytes_backed);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+}
+
 /* ---------------- config and lifecycle ---------------- */
 
 static void test_config(void **state)
@@ -352,6 +403,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_site_capture, setup, teardown),
         cmocka_unit_test_setup_teardown(test_arena_exhaustion, setup, teardown),
         cmocka_unit_test_setup_teardown(test_arena_fill_and_reuse, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_deferred_storage, setup, teardown),
         cmocka_unit_test_setup_teardown(test_config, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reinit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_env, setup, teardown),

@@ -675,6 +675,45 @@ static void test_adaptive_gathers_burst(void **state)
     nt_release(x);
 }
 
+/* A fused-away intermediate never takes device memory: the 8-op chain over
+ * 4 MiB values takes one 4 MiB block (y's) at its peak, where eager mode
+ * holds at least two.  Its capacity was
+ * reserved while its handle lived (so running out is reported at the call),
+ * and everything returns when y goes. */
+static void test_elided_values_take_no_memory(void **state)
+{
+    (void)state;
+    const int64_t n = 1 << 20;
+    const uint64_t MiB4 = (uint64_t)n * 4;
+    nt_tensor *x = nt_randn(NT_F32, 1, &n, 11);
+    const char *modes[] = {"lazy", "eager"};
+    for (int m = 0; m < 2; m++) {
+        assert_int_equal(nt_config_set("NT_MODE", modes[m]), 0);
+        nt_stats_reset();
+        nt_stats a, b;
+        nt_stats_get(&a);
+        nt_tensor *y = burst(x);
+        assert_int_equal(nt_sync(), 0);
+        nt_stats_get(&b);
+        uint64_t grew = b.device_bytes_backed - a.device_bytes_backed;
+        uint64_t peak = b.device_bytes_backed_peak - a.device_bytes_backed;
+        assert_true(grew >= MiB4 && grew < MiB4 + 64 * 1024); /* y (and handles) */
+        if (m == 0) { /* lazy: fused, 7 values elided, none of them ever backed */
+            assert_int_equal(b.fused_values_elided - a.fused_values_elided, 7);
+            assert_true(peak < MiB4 + 64 * 1024);
+        } else { /* eager: every intermediate written, two or more at once */
+            assert_true(peak >= 2 * MiB4);
+        }
+        nt_release(y);
+        assert_int_equal(nt_sync(), 0);
+        nt_stats_get(&b);
+        assert_int_equal(b.device_bytes_backed, a.device_bytes_backed);
+        assert_int_equal(b.device_bytes_in_use, a.device_bytes_in_use);
+    }
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+    nt_release(x);
+}
+
 static void softmax_body(void *arg)
 {
     nt_tensor **io = arg;
@@ -957,6 +996,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_print_invariance, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ew_chain_one_kernel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adaptive_gathers_burst, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_elided_values_take_no_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(test_softmax_primitives_one_row_kernel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_matmul_epilogue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_liveness_reasons, setup, teardown),

@@ -259,6 +259,9 @@ class Tensor(object):
                 if done < seq:
                     return "pending", "seq %d on %s, done up to %d" % (
                         seq, _cstr(s["name"]), done)
+        if int(st["data"]) == 0:
+            # a big storage takes its memory when first written (core/tensor.c)
+            return "unwritten", "nothing has written it: no device memory taken yet"
         return "ready", None
 
     def header(self):
@@ -439,6 +442,8 @@ def tensor_summary(ptr):
         return "%s poisoned: %s" % (head, detail)
     if state == "pending":
         return "%s pending (made at %s; %s)" % (head, short_site(t.site), detail)
+    if state == "unwritten":
+        return "%s unwritten (made at %s; %s)" % (head, short_site(t.site), detail)
     try:
         return "%s ready %s" % (head, one_line(t.format()))
     except (gdb.MemoryError, gdb.error) as e:
@@ -462,9 +467,11 @@ def tensor_details(ptr):
     lines.append("  state: %s%s" % (state, ": " + detail if detail else ""))
     st = t.st.dereference()
     lw = int(st["last_write"])
-    lines.append("  device: HBM (the device arena), backend %s; storage s#%d at 0x%x, %d "
+    data = int(st["data"])
+    lines.append("  device: HBM (the device arena), backend %s; storage s#%d at %s, %d "
                  "bytes, version %d, last write %s" % (
-                     cfg_backend(), int(st["id"]), int(st["data"]), int(st["nbytes"]),
+                     cfg_backend(), int(st["id"]),
+                     "0x%x" % data if data else "(not taken yet)", int(st["nbytes"]),
                      int(st["version"]),
                      "seq %d on stream %d" % (lw & SEQ_MASK, lw >> 48) if lw else "none"))
     lines.append("  made at %s; references: %d user, %d internal" % (
