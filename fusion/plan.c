@@ -686,6 +686,18 @@ void nt__fusion_run(nt__rec **recs, int n)
     plan_resume();
     for (int k = 0; k < n; k++) {
         nt__rec *r = recs[k];
+        /* A big batch's records and handles were written long ago and are out
+         * of cache: fetch a few ahead so planning stays linear in time. */
+        if (k + 8 < n)
+            __builtin_prefetch(recs[k + 8]);
+        if (k + 4 < n) {
+            const nt__rec *q = recs[k + 4];
+            for (int i = 0; i < q->nin; i++)
+                if (q->in[i])
+                    __builtin_prefetch(q->in[i]);
+            if (q->out[0])
+                __builtin_prefetch(q->out[0]);
+        }
         if (r->type != NT_REC_OP || r->op >= NT_OP_COUNT) {
             run_group(&s);
             plan_pause();
