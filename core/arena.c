@@ -206,6 +206,9 @@ static void *take_block(int ci, size_t cls)
         if (c->n[ci]) {
             void *q = c->blk[ci][--c->n[ci]];
             NT_UNPOISON(q, cls);
+            if (c->n[ci]) /* the next block's first lines (a storage header) */
+                for (size_t off = 0; off < cls && off < 192; off += 64)
+                    __builtin_prefetch((const char *)c->blk[ci][c->n[ci] - 1] + off, 1);
             return q;
         }
     }

@@ -101,11 +101,12 @@ struct nt_tensor {
     int64_t stride[NT_MAX_DIMS]; /* in elements */
     nt_scope *scope;         /* owning scope or NULL */
     int32_t scope_idx;
-    uint32_t pad2_;
+    uint32_t pool_n;         /* free: handles in the batch this one heads */
     struct nt__ag *ag;       /* autograd: NULL unless part of a graph */
     nt_site site;            /* where it was made */
     uint64_t id;             /* unique, for messages and the debugger */
-    nt_tensor *pool_next;
+    nt_tensor *pool_next;    /* free: the next handle of its batch */
+    nt_tensor *pool_batch;   /* free, heading a batch: the next batch */
     /* The counts change on every op that reads the tensor, from the host and
      * from a worker: their own line keeps the view fields above clean. */
     _Alignas(64) volatile AO_t refs; /* user references; 0 = released */

@@ -18,7 +18,7 @@
 static struct {
     GMutex lock;
     GPtrArray *slabs;
-    nt_tensor *head, *tail; /* FIFO of free handles */
+    nt_tensor *head, *tail; /* FIFO of batches of free handles (their first handles) */
     size_t nfree;
     volatile AO_t next_id;
 } P;
@@ -102,11 +102,14 @@ static uint64_t next_id(void)
     return tl_id.next++;
 }
 
-/* Per-thread caches: a producer takes handles NT_TL_BATCH at a time, a
- * thread that frees them (mostly a stream worker) hands them back in
- * batches, so the global lock is taken once per batch.  Handles only ever
- * return to the FIFO's tail, so the quarantine still holds. */
+/* Per-thread caches: a producer takes a batch of NT_TL_BATCH handles at a
+ * time, a thread that frees them (mostly a stream worker) hands them back
+ * as a batch, so the global lock is taken once per batch.  The FIFO holds
+ * whole batches, so taking one is O(1): no walk over handles that are cold
+ * in cache.  Batches only ever return to the FIFO's tail, so the quarantine
+ * still holds. */
 #define NT_TL_BATCH 32
+_Static_assert(NT_SLAB_HANDLES % NT_TL_BATCH == 0, "a slab splits into whole batches");
 static _Thread_local struct {
     nt_tensor *take, *give; /* taken from the FIFO / waiting to go back */
     int ntake, ngive;
@@ -124,53 +127,57 @@ static void tl_check_epoch(void)
     }
 }
 
+/* Appends the batch headed by b (n handles, linked by pool_next) to the
+ * FIFO.  P.lock held. */
+static void push_batch(nt_tensor *b, int n)
+{
+    b->pool_batch = NULL;
+    b->pool_n = (uint32_t)n;
+    if (P.tail)
+        P.tail->pool_batch = b;
+    else
+        P.head = b;
+    P.tail = b;
+    P.nfree += (size_t)n;
+}
+
 static nt_tensor *handle_alloc(void)
 {
     tl_check_epoch();
-    if (tl_h.take) {
-        nt_tensor *t = tl_h.take;
-        tl_h.take = t->pool_next;
-        tl_h.ntake--;
-        return t;
-    }
-    nt_tensor *t;
-    g_mutex_lock(&P.lock);
-    if (P.nfree <= NT_QUARANTINE + NT_TL_BATCH) {
-        nt_tensor *slab = calloc(NT_SLAB_HANDLES, sizeof *slab);
-        if (!slab) {
-            g_mutex_unlock(&P.lock);
-            return NULL;
+    if (!tl_h.take) {
+        g_mutex_lock(&P.lock);
+        if (P.nfree <= NT_QUARANTINE + NT_TL_BATCH) {
+            nt_tensor *slab = calloc(NT_SLAB_HANDLES, sizeof *slab);
+            if (!slab) {
+                g_mutex_unlock(&P.lock);
+                return NULL;
+            }
+            g_ptr_array_add(P.slabs, slab);
+            for (int i = 0; i < NT_SLAB_HANDLES; i += NT_TL_BATCH) {
+                for (int k = i; k < i + NT_TL_BATCH; k++) {
+                    slab[k].magic = NT__MAGIC_DEAD;
+                    slab[k].pool_next = k + 1 < i + NT_TL_BATCH ? &slab[k + 1] : NULL;
+                }
+                push_batch(&slab[i], NT_TL_BATCH);
+            }
         }
-        g_ptr_array_add(P.slabs, slab);
-        for (int i = 0; i < NT_SLAB_HANDLES; i++) {
-            slab[i].magic = NT__MAGIC_DEAD;
-            slab[i].pool_next = NULL;
-            if (P.tail)
-                P.tail->pool_next = &slab[i];
-            else
-                P.head = &slab[i];
-            P.tail = &slab[i];
-        }
-        P.nfree += NT_SLAB_HANDLES;
+        nt_tensor *b = P.head;
+        P.head = b->pool_batch;
+        if (!P.head)
+            P.tail = NULL;
+        P.nfree -= b->pool_n;
+        tl_h.take = b;
+        tl_h.ntake = (int)b->pool_n;
+        g_mutex_unlock(&P.lock);
     }
-    /* one handle for now, a batch for later */
-    t = P.head;
-    P.head = t->pool_next;
-    P.nfree--;
-    nt_tensor *first = P.head, *last = NULL;
-    int n = 0;
-    for (nt_tensor *h = P.head; h && n < NT_TL_BATCH; h = h->pool_next)
-        last = h, n++;
-    if (n) {
-        P.head = last->pool_next;
-        last->pool_next = NULL;
-        P.nfree -= (size_t)n;
-        tl_h.take = first;
-        tl_h.ntake = n;
-    }
-    if (!P.head)
-        P.tail = NULL;
-    g_mutex_unlock(&P.lock);
+    nt_tensor *t = tl_h.take;
+    tl_h.take = t->pool_next;
+    tl_h.ntake--;
+    /* The quarantine means a handle comes back cold: start fetching the next
+     * one now, so its initialisation does not stall the next op. */
+    if (tl_h.take)
+        for (size_t off = 0; off < sizeof(nt_tensor); off += 64)
+            __builtin_prefetch((const char *)tl_h.take + off, 1);
     return t;
 }
 
@@ -187,12 +194,7 @@ static void handle_free(nt_tensor *t)
     if (++tl_h.ngive < NT_TL_BATCH)
         return;
     g_mutex_lock(&P.lock);
-    if (P.tail)
-        P.tail->pool_next = tl_h.give;
-    else
-        P.head = tl_h.give;
-    P.tail = tl_h.give_tail;
-    P.nfree += (size_t)tl_h.ngive;
+    push_batch(tl_h.give, tl_h.ngive);
     g_mutex_unlock(&P.lock);
     tl_h.give = tl_h.give_tail = NULL;
     tl_h.ngive = 0;
@@ -280,13 +282,17 @@ void nt__storage_unref(nt__storage *st)
 
 /* ---------------- handles ---------------- */
 
-nt_tensor *nt__tensor_new(nt__storage *st, nt_dtype dt, int ndim, const int64_t *shape,
-                          const int64_t *stride, int64_t offset, const nt_site *site)
+/* A handle on st, taking over the caller's reference to st (adopt) or
+ * adding one. */
+static nt_tensor *handle_new(nt__storage *st, bool adopt, nt_dtype dt, int ndim,
+                             const int64_t *shape, const int64_t *stride, int64_t offset,
+                             const nt_site *site)
 {
     nt_tensor *t = handle_alloc();
     if (!t)
         return NULL;
-    nt__storage_ref(st);
+    if (!adopt)
+        nt__storage_ref(st);
     t->ndim = (int8_t)ndim;
     t->dtype = (uint8_t)dt;
     t->expanded = 0;
@@ -309,6 +315,12 @@ nt_tensor *nt__tensor_new(nt__storage *st, nt_dtype dt, int ndim, const int64_t 
     return t;
 }
 
+nt_tensor *nt__tensor_new(nt__storage *st, nt_dtype dt, int ndim, const int64_t *shape,
+                          const int64_t *stride, int64_t offset, const nt_site *site)
+{
+    return handle_new(st, false, dt, ndim, shape, stride, offset, site);
+}
+
 nt_tensor *nt__tensor_empty(nt_dtype dt, int ndim, const int64_t *shape, const nt_site *site,
                             const char *fn)
 {
@@ -327,10 +339,11 @@ nt_tensor *nt__tensor_empty(nt_dtype dt, int ndim, const int64_t *shape, const n
     }
     int64_t stride[NT_MAX_DIMS];
     nt__contig_strides(ndim, shape, stride);
-    nt_tensor *t = nt__tensor_new(st, dt, ndim, shape, stride, 0, site);
-    nt__storage_unref(st); /* the handle holds it now */
-    if (!t)
+    nt_tensor *t = handle_new(st, true, dt, ndim, shape, stride, 0, site); /* holds st now */
+    if (!t) {
+        nt__storage_unref(st);
         nt__err(site, NT_ENOMEM, fn, "out of host memory for a tensor handle");
+    }
     return t;
 }
 

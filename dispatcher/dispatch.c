@@ -158,6 +158,14 @@ static nt_tensor *dispatch_inner(nt__call *c)
     if (choose_backend(c, &backend) < 0)
         return NULL;
 
+    /* The record's references on its inputs, taken first: a locked
+     * increment waits for every earlier store to leave the store buffer,
+     * and here, before the new handle and record are written, there are
+     * none to wait for. */
+    for (int i = 0; i < c->nin; i++)
+        if (c->in[i])
+            nt__tensor_iref(c->in[i]);
+
     /* Outputs. */
     int nout = c->dst ? 1 : c->nout;
     for (int i = 0; i < nout; i++) {
@@ -169,7 +177,7 @@ static nt_tensor *dispatch_inner(nt__call *c)
         if (!c->out[i]) {
             for (int j = 0; j < i; j++)
                 nt_release(c->out[j]);
-            return NULL;
+            goto fail;
         }
     }
 
@@ -178,7 +186,7 @@ static nt_tensor *dispatch_inner(nt__call *c)
         if (!c->dst)
             for (int i = 0; i < nout; i++)
                 nt_release(c->out[i]);
-        return NULL;
+        goto fail;
     }
 
     nt_stream *s = nt__stream_current();
@@ -188,7 +196,7 @@ static nt_tensor *dispatch_inner(nt__call *c)
         if (!c->dst)
             for (int i = 0; i < nout; i++)
                 nt_release(c->out[i]);
-        return NULL;
+        goto fail;
     }
     r->type = NT_REC_OP;
     r->op = (uint16_t)c->op;
@@ -205,12 +213,14 @@ static nt_tensor *dispatch_inner(nt__call *c)
         nt_tensor *t = c->in[i];
         if (!t)
             continue;
-        nt__tensor_iref(t);
-        r->in[i] = t;
+        r->in[i] = t; /* its reference was taken above */
         add_dep(r, s, AO_load(&t->st->last_write));
     }
     for (int i = 0; i < nout; i++) {
-        nt__tensor_iref(c->out[i]);
+        if (c->dst)
+            nt__tensor_iref(c->out[i]);
+        else
+            c->out[i]->irefs++; /* a fresh handle no other thread knows yet */
         r->out[i] = c->out[i];
     }
     if (c->dst) {
@@ -245,6 +255,12 @@ static nt_tensor *dispatch_inner(nt__call *c)
     for (int i = 0; i < nout; i++)
         nt__scope_adopt(c->out[i]);
     return c->out[0];
+
+fail:
+    for (int i = 0; i < c->nin; i++)
+        if (c->in[i])
+            nt__tensor_iunref(c->in[i]);
+    return NULL;
 }
 
 nt_tensor *nt__make_view(nt_tensor *t, int ndim, const int64_t *shape, const int64_t *stride,

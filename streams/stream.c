@@ -190,6 +190,10 @@ nt__rec *nt__rec_alloc(nt_stream *s)
         r = chunk;
     }
     tl_recs.head = r->pool_next;
+    /* records come back cold after a big batch: fetch the next one ahead */
+    if (tl_recs.head)
+        for (size_t off = 0; off < sizeof(nt__rec); off += 64)
+            __builtin_prefetch((const char *)tl_recs.head + off, 1);
     /* the fields a record reads; p and site are written by every producer */
     memset(r->in, 0, sizeof r->in);
     memset(r->out, 0, sizeof r->out);
@@ -368,8 +372,12 @@ void nt__stream_enqueue(nt_stream *s, nt__rec *r)
     cds_wfcq_node_init(&r->node);
     cds_wfcq_enqueue(&s->head, &s->tail, &r->node);
     /* Ring the worker if it sleeps -- in lazy mode only once a window's
-     * worth of ops is waiting. */
-    if (AO_load_full(&s->sleeping) &&
+     * worth of ops is waiting.  A plain load suffices: the enqueue's
+     * uatomic_xchg is a full barrier (liburcu guarantees one before and
+     * after it), so this load cannot pass the store that published r, and
+     * the worker sets `sleeping` with a full barrier before it looks at
+     * the queue again. */
+    if (AO_load(&s->sleeping) &&
         (nt__cfg.mode != NT_MODE_LAZY ||
          r->seq - AO_load(&s->done_upto) >= (uint64_t)nt__cfg.lazy_window)) {
         g_mutex_lock(&s->lock);
