@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <glib.h>
+
 #include "trace.h"
 
 nt__sim_core nt__sim;
@@ -593,7 +595,7 @@ nt_tile *nt_tile_alloc(nt_sim_kernel *k, const char *name, nt_mem mem, nt_dtype 
         return NULL;
     }
     t->k = k;
-    snprintf(t->name, sizeof t->name, "%s", name);
+    g_strlcpy(t->name, name, sizeof t->name);
     t->mem = mem;
     t->dt = dt;
     t->parts = partitions;
@@ -692,7 +694,7 @@ nt_sim_kernel *nt_sim_kernel_begin(const char *name)
         free(k);
         return NULL;
     }
-    snprintf(k->name, sizeof k->name, "%s", name ? name : "kernel");
+    g_strlcpy(k->name, name ? name : "kernel", sizeof k->name);
     k->functional = atomic_load(&functional);
     k->t0 = k->tend = sim_clock;
     for (int e = 0; e < NT_ENGINE_DMA; e++)
@@ -757,9 +759,9 @@ int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
     }
     if (rep) {
         memset(rep, 0, sizeof *rep);
-        snprintf(rep->name, sizeof rep->name, "%s", k->name);
+        g_strlcpy(rep->name, k->name, sizeof rep->name);
         rep->error = k->err;
-        snprintf(rep->message, sizeof rep->message, "%s", k->msg);
+        g_strlcpy(rep->message, k->msg, sizeof rep->message);
         rep->start_ns = k->t0;
         rep->end_ns = k->tend;
         rep->duration_ns = dur;

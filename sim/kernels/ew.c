@@ -489,11 +489,13 @@ static int64_t plan_bytes(const plan *L, int64_t F, int nbuf)
 
 static int plan_alloc(sk_k *s, plan *L, emit_ctx *E, int64_t F, int nbuf)
 {
-    static const char *dn[] = {"f32", "bf16", "f16", "i32", "u8"};
-    char name[32];
+    /* tile names for the trace: "reg.<dtype>[.row]" (no printf per kernel) */
+    static const char *const full[] = {"reg.f32", "reg.bf16", "reg.f16", "reg.i32", "reg.u8"};
+    static const char *const row[] = {"reg.f32.row", "reg.bf16.row", "reg.f16.row",
+                                      "reg.i32.row", "reg.u8.row"};
     for (int b = 0; b < nbuf; b++)
         for (int r = 0; r < L->R.n; r++) {
-            snprintf(name, sizeof name, "r%d.%s%s", r, dn[L->R.dt[r]], L->R.red[r] ? ".row" : "");
+            const char *name = (L->R.red[r] ? row : full)[L->R.dt[r]];
             L->R.tile[b][r] = sk_tile(s, name, L->R.dt[r], 128, L->R.red[r] ? 1 : F);
         }
     for (int r = 0; r < L->R.n; r++)
