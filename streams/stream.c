@@ -521,13 +521,17 @@ static uint64_t held_elems(nt_stream *s, guint from)
  * delayed at all, and a slow host's op by at most ~3%), ends when the host
  * stops enqueueing for NT_GATHER_GAP_NS, and ends at once when a sync (or a
  * host blocked on back-pressure) waits. */
+/* Scales every bound of the wait (tests: a loaded machine must not
+ * deschedule the host for longer than the gap mid-burst). */
+uint64_t nt__gather_scale = 1;
+
 static void gather_burst(nt_stream *s)
 {
-    uint64_t t0 = nt__now_ns(), last = t0;
-    uint64_t budget = held_elems(s, 0) / NT_GATHER_ELEMS_PER_NS;
+    uint64_t t0 = nt__now_ns(), last = t0, k = nt__gather_scale;
+    uint64_t budget = held_elems(s, 0) / NT_GATHER_ELEMS_PER_NS * k;
     for (;;) {
-        if (budget > NT_GATHER_MAX_NS)
-            budget = NT_GATHER_MAX_NS;
+        if (budget > NT_GATHER_MAX_NS * k)
+            budget = NT_GATHER_MAX_NS * k;
         if (AO_load(&s->stop) || AO_load_acquire(&s->flush_upto) > AO_load(&s->done_upto) ||
             s->held->len >= (guint)nt__cfg.max_inflight / 2)
             return;
@@ -537,8 +541,8 @@ static void gather_burst(nt_stream *s)
         guint had = s->held->len;
         if (take_queued(s)) {
             last = t;
-            budget += held_elems(s, had) / NT_GATHER_ELEMS_PER_NS;
-        } else if (t - last > NT_GATHER_GAP_NS) {
+            budget += held_elems(s, had) / NT_GATHER_ELEMS_PER_NS * k;
+        } else if (t - last > NT_GATHER_GAP_NS * k) {
             return;
         }
 #if defined(__x86_64__) || defined(__i386__)
