@@ -39,7 +39,8 @@ static inline float nt__canon(float f)
 {
     /* integer select: vectorises (a float ?: does not under -ftrapping-math) */
     uint32_t u = nt__f32_bits(f);
-    uint32_t nan = 0u - (uint32_t)((u & 0x7fffffffu) > 0x7f800000u);
+    /* |u| as a signed int: one signed compare (vpcmpgtd), no unsigned min */
+    uint32_t nan = 0u - (uint32_t)((int32_t)(u & 0x7fffffffu) > (int32_t)0x7f800000);
     return nt__bits_f32((u & ~nan) | (NT__QNAN_F32 & nan));
 }
 

@@ -564,6 +564,32 @@ static void alu_vs_c(nt_alu_op op, float *o, const float *a, float s, bool rev, 
     }
 }
 
+/* Both ALU steps of a two-op tensor_scalar in one pass with the canonical
+ * store, for the common forward-operand pairs of add/sub/mul (x*a+b, the
+ * scalar affine maps of the fusion engine); false: not one of them.  The
+ * intermediate is the f32 the two-pass form would keep in scratch, so the
+ * bits are the same. */
+#define TS2_(O0, F0, O1, F1)                                                     \
+    case NT_ALU_##O0 * NT_ALU_COUNT + NT_ALU_##O1:                               \
+        for (int64_t i = 0; i < n; i++)                                          \
+            o[i] = nt__canon(nt__ew_##F1(nt__ew_##F0(a[i], s0), s1));            \
+        return true;
+#define TS2_ROW_(O0, F0)                                                         \
+    TS2_(O0, F0, ADD, add) TS2_(O0, F0, SUB, sub) TS2_(O0, F0, MUL, mul)
+
+static bool alu_vs2_c(nt_alu_op op0, nt_alu_op op1, float *o, const float *a, float s0,
+                      float s1, int64_t n)
+{
+    switch (op0 * NT_ALU_COUNT + op1) {
+        TS2_ROW_(ADD, add)
+        TS2_ROW_(SUB, sub)
+        TS2_ROW_(MUL, mul)
+    default: return false;
+    }
+}
+#undef TS2_ROW_
+#undef TS2_
+
 static bool alu_int_ok(nt_alu_op op)
 {
     return op != NT_ALU_DIV && op != NT_ALU_POW;
@@ -885,8 +911,10 @@ static void lane_ts(const fx_rec *r, int i, float **s)
         return;
     }
     float s1 = scalar_f(r, 1, i, tmp);
-    alu_vs(r->op[0], s[1], x, s0, r->rev[0], N);
     float *o = direct_f32(d, i, x, NULL);
+    if (o && !r->rev[0] && !r->rev[1] && alu_vs2_c(r->op[0], r->op[1], o, x, s0, s1, N))
+        return;
+    alu_vs(r->op[0], s[1], x, s0, r->rev[0], N);
     if (o) {
         alu_vs_c(r->op[1], o, s[1], s1, r->rev[1], N);
         return;
@@ -1282,8 +1310,10 @@ static void run_lanes(void *arg, int lo, int hi, float **s)
  * origin) may run chunk by chunk of the free axis: for each lane, for each
  * chunk of FX_COL elements, every instruction in order.  Each element still
  * sees the instructions in program order, and the rows being worked on stay
- * in L1. */
-#define FX_COL 1024
+ * in L2.  Measured: chunks of 1024 made the 8-op chain of bench/fusion
+ * slower (the per-call cost of an instruction on a lane outweighs the L1
+ * hits), so only rows longer than 8192 elements are chunked. */
+#define FX_COL 8192
 
 static bool rec_positionwise(const fx_rec *r)
 {
