@@ -220,10 +220,39 @@ void nt__rec_release(nt__rec *r)
     rec_push(&s->free_recs, r);
 }
 
-/* Releases a batch of records.  Their tensors' internal references are
- * summed per handle first: a weight read by every op of the batch has its
- * count touched once, not once per op, and that line stops bouncing between
- * the host (which increments it at each enqueue) and the worker. */
+/* ---------------- completion ---------------- */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Worker (or inline executor, under s->lock): seq has run. */
+static void complete_seq(nt_stream *s, uint64_t seq)
+{
+    uint64_t done = AO_load(&s->done_upto);
+    if (seq != done + 1) {
+        g_array_append_val(s->ooo, seq);
+        g_array_sort(s->ooo, cmp_u64);
+        return;
+    }
+    done = seq;
+    guint k = 0;
+    while (k < s->ooo->len && g_array_index(s->ooo, uint64_t, k) == done + 1)
+        done++, k++;
+    if (k)
+        g_array_remove_range(s->ooo, 0, k);
+    AO_store_release(&s->done_upto, done);
+}
+
+/* Releases a batch of records that has run and marks it done.  Their
+ * tensors' internal references are summed per handle first: a weight read
+ * by every op of the batch has its count touched once, not once per op, and
+ * that line stops bouncing between the host (which increments it at each
+ * enqueue) and the worker.  The references go before done_upto moves, so a
+ * host returning from a sync sees the memory of everything it released
+ * already given back (device_bytes_* in nt_stats are exact after a sync). */
 static void release_batch(nt_stream *s, nt__rec **recs, guint k)
 {
     enum { SLOTS = 256 };
@@ -260,37 +289,14 @@ static void release_batch(nt_stream *s, nt__rec **recs, guint k)
         r->nin = r->nout = 0;
         memset(r->in, 0, sizeof r->in);
         memset(r->out, 0, sizeof r->out);
-        rec_push(&s->free_recs, r);
     }
     for (int h = 0; h < SLOTS; h++)
         if (key[h])
             nt__tensor_iunref_n(key[h], cnt[h]);
-}
-
-/* ---------------- completion ---------------- */
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Worker (or inline executor, under s->lock): seq has run. */
-static void complete_seq(nt_stream *s, uint64_t seq)
-{
-    uint64_t done = AO_load(&s->done_upto);
-    if (seq != done + 1) {
-        g_array_append_val(s->ooo, seq);
-        g_array_sort(s->ooo, cmp_u64);
-        return;
-    }
-    done = seq;
-    guint k = 0;
-    while (k < s->ooo->len && g_array_index(s->ooo, uint64_t, k) == done + 1)
-        done++, k++;
-    if (k)
-        g_array_remove_range(s->ooo, 0, k);
-    AO_store_release(&s->done_upto, done);
+    for (guint j = 0; j < k; j++)
+        complete_seq(s, recs[j]->seq);
+    for (guint j = 0; j < k; j++)
+        rec_push(&s->free_recs, recs[j]); /* the host may reuse it at once */
 }
 
 static void notify_done(nt_stream *s)
@@ -578,8 +584,6 @@ static gpointer worker_main(gpointer arg)
             AO_store(&s->busy, 1);
             nt__batch_end_reason = s->end_reason;
             run_batch(recs, (int)k);
-            for (i = 0; i < k; i++)
-                complete_seq(s, recs[i]->seq);
             release_batch(s, recs, k);
             held_consumed(s, k);
             AO_store(&s->busy, 0);
