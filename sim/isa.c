@@ -1973,6 +1973,22 @@ int nt_isa_nc_transpose(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src)
     fx_opnd s, d;
     opnd_init(&s, src);
     opnd_init(&d, dst);
+    if (dst->dtype == src->dtype && s.esz == 4 && s.contig && d.contig) {
+        /* 4-byte elements, rows contiguous on both sides (SBUF and PSUM
+         * never overlap): straight from source rows into destination rows,
+         * in 16 x 16 blocks */
+        for (int p0 = 0; p0 < P; p0 += 16)
+            for (int64_t f0 = 0; f0 < F; f0 += 16) {
+                int pn = P - p0 < 16 ? P - p0 : 16;
+                int64_t fn = F - f0 < 16 ? F - f0 : 16;
+                for (int64_t f = f0; f < f0 + fn; f++) {
+                    uint32_t *drow = (uint32_t *)lane_row(&d, (int)f);
+                    for (int p = p0; p < p0 + pn; p++)
+                        drow[p] = ((const uint32_t *)lane_row(&s, p))[f];
+                }
+            }
+        return 0;
+    }
     if (dst->dtype == src->dtype) {
         /* same dtype: pure data movement, bit for bit (ints too) */
         int64_t esz = s.esz;

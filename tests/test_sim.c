@@ -346,6 +346,62 @@ static void test_transpose(void **state)
             assert_true(bits(y[f * P + p]) == bits(x[p * F + f]));
 }
 
+/* The other data paths of nc_transpose: 2-byte elements (bf16 -> bf16),
+ * widening (bf16 -> f32), a full 128 x 128 block, and a source whose rows
+ * are not contiguous (every other column). */
+static void test_transpose_paths(void **state)
+{
+    (void)state;
+    enum { P = 128, F = 128 };
+    static float x[P * F], y[F * P], z[F * P], w[64 * P];
+    static uint16_t hb[P * F], yb[F * P];
+    fill(x, P * F);
+    for (int i = 0; i < P * F; i++)
+        hb[i] = nt__f32_to_bf16(x[i]);
+    nt_sim_kernel *k = begin("transpose_paths");
+    nt_tile *t = load(k, "x", x, P, F);
+    nt_tile *tb = nt_tile_alloc(k, "xb", NT_MEM_SBUF, NT_BF16, P, F);
+    nt_ap sb = nt_tile_ap(tb), hbm = nt_hbm_ap(hb, NT_BF16, 0, P, F, F);
+    assert_int_equal(nt_isa_dma_copy(k, &sb, &hbm, NT_DMA_QUEUE_AUTO), 0);
+    /* f32 128 x 128 */
+    nt_tile *ps = nt_tile_alloc(k, "xt", NT_MEM_PSUM, NT_F32, F, P);
+    nt_ap s = nt_tile_ap(t), d = nt_tile_ap(ps);
+    assert_int_equal(nt_isa_nc_transpose(k, &d, &s), 0);
+    nt_tile *o = nt_tile_alloc(k, "o", NT_MEM_SBUF, NT_F32, F, P);
+    nt_ap od = nt_tile_ap(o);
+    assert_int_equal(nt_isa_tensor_copy(k, &od, &d, NT_ENGINE_DEFAULT), 0);
+    store(k, y, &od);
+    /* bf16 -> f32 */
+    assert_int_equal(nt_isa_nc_transpose(k, &d, &sb), 0);
+    assert_int_equal(nt_isa_tensor_copy(k, &od, &d, NT_ENGINE_DEFAULT), 0);
+    store(k, z, &od);
+    /* bf16 -> bf16 */
+    nt_tile *pb = nt_tile_alloc(k, "xtb", NT_MEM_PSUM, NT_BF16, F, P);
+    nt_ap db = nt_tile_ap(pb);
+    assert_int_equal(nt_isa_nc_transpose(k, &db, &sb), 0);
+    nt_tile *ob = nt_tile_alloc(k, "ob", NT_MEM_SBUF, NT_BF16, F, P);
+    nt_ap odb = nt_tile_ap(ob), hy = nt_hbm_ap(yb, NT_BF16, 0, F, P, P);
+    assert_int_equal(nt_isa_tensor_copy(k, &odb, &db, NT_ENGINE_DEFAULT), 0);
+    assert_int_equal(nt_isa_dma_copy(k, &hy, &odb, NT_DMA_QUEUE_AUTO), 0);
+    /* every other column of x: a strided source */
+    nt_ap ev = nt_tile_ap(t);
+    ev.num[0] = 64;
+    ev.step[0] = 2;
+    nt_ap dw = nt_tile_slice(ps, 0, 64, 0, P), ow = nt_tile_slice(o, 0, 64, 0, P);
+    assert_int_equal(nt_isa_nc_transpose(k, &dw, &ev), 0);
+    assert_int_equal(nt_isa_tensor_copy(k, &ow, &dw, NT_ENGINE_DEFAULT), 0);
+    store(k, w, &ow);
+    end_ok(k);
+    for (int p = 0; p < P; p++)
+        for (int f = 0; f < F; f++) {
+            assert_true(bits(y[f * P + p]) == bits(x[p * F + f]));
+            assert_true(bits(z[f * P + p]) == bits(nt__bf16_to_f32(hb[p * F + f])));
+            assert_int_equal(yb[f * P + p], hb[p * F + f]);
+            if (f < 64)
+                assert_true(bits(w[f * P + p]) == bits(x[p * F + 2 * f]));
+        }
+}
+
 /* ------------------------------------------------------------------------ */
 /* Vector / Scalar / GpSimd                                                 */
 /* ------------------------------------------------------------------------ */
@@ -1592,6 +1648,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_matmul_half, reset, teardown),
         cmocka_unit_test_setup_teardown(test_matmul_accumulate, reset, teardown),
         cmocka_unit_test_setup_teardown(test_transpose, reset, teardown),
+        cmocka_unit_test_setup_teardown(test_transpose_paths, reset, teardown),
         cmocka_unit_test_setup_teardown(test_tensor_tensor, reset, teardown),
         cmocka_unit_test_setup_teardown(test_tensor_tensor_int, reset, teardown),
         cmocka_unit_test_setup_teardown(test_tensor_scalar, reset, teardown),
