@@ -223,6 +223,8 @@ struct job {
     volatile AO_t done;  /* blocks finished */
     volatile AO_t inside; /* helpers working on it (the job lives on the
                              caller's stack: it must not return before 0) */
+    void (*gfn)(void *arg, int b); /* nt__par_blocks jobs */
+    void *garg;
 };
 
 static struct {
@@ -336,6 +338,22 @@ static gpointer pool_start(gpointer unused)
     if (g_get_num_processors() > 1)
         P.th = g_thread_new("nt-gemm", helper, NULL);
     return NULL;
+}
+
+static void generic_block(const job *j, int b) { j->gfn(j->garg, b); }
+
+void nt__par_blocks(int nblocks, void (*fn)(void *arg, int b), void *arg, bool split)
+{
+    if (nblocks <= 0)
+        return;
+    g_once(&pool_once, pool_start, NULL);
+    job j;
+    memset(&j, 0, sizeof j);
+    j.block = generic_block;
+    j.nblocks = nblocks;
+    j.gfn = fn;
+    j.garg = arg;
+    run_job(&j, split);
 }
 
 /* Big enough to be worth a second thread (MACs). */

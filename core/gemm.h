@@ -35,6 +35,12 @@ void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B
  * order -- what successive nt__gemm_ktile calls give, bit for bit -- but
  * blocked so each block of C stays in cache across its K-tiles.  K = 0
  * gives zeros. */
+/* Runs fn(arg, b) for b in [0, nblocks), on the calling thread and, when
+ * split and the helper thread that big products use is free, on that one
+ * too (blocks are claimed from a shared counter; each runs once).  Returns
+ * when every block has run. */
+void nt__par_blocks(int nblocks, void (*fn)(void *arg, int b), void *arg, bool split);
+
 void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
               int ldc);
 

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cpu/cpu.h"
+#include "gemm.h"
 #include "ewise.h"
 #include "reduce.h"
 #include "streams/stream.h"
@@ -165,6 +166,19 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
     case NT_KIND_UNARY:
         if (fc) {
             const float *x = as_f32(&a[0], t0, n);
+            if (odt == NT_F32) { /* computed and settled in one pass */
+                switch (o->op) {
+#define NT__FU(ID, name, nin, kind, flags)                                                  \
+    case NT_OP_##ID:                                                                        \
+        for (int64_t i = 0; i < n; i++)                                                     \
+            y[i] = nt__canon(nt__ew_##name(x[i]));                                          \
+        break;
+                    NT_OPS_UNARY(NT__FU)
+#undef NT__FU
+                default: break;
+                }
+                return;
+            }
             switch (o->op) {
 #define NT__FU(ID, name, nin, kind, flags)                                                  \
     case NT_OP_##ID:                                                                        \
@@ -189,6 +203,19 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
         if (fc) {
             float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
             const float *x = as_f32(&a[0], t0, n);
+            if (odt == NT_F32) {
+                switch (o->op) {
+#define NT__FS(ID, name, nin, kind, flags)                                                  \
+    case NT_OP_##ID:                                                                        \
+        for (int64_t i = 0; i < n; i++)                                                     \
+            y[i] = nt__canon(nt__ew_##name(x[i], s0, s1));                                  \
+        break;
+                    NT_OPS_SCALAR(NT__FS)
+#undef NT__FS
+                default: break;
+                }
+                return;
+            }
             switch (o->op) {
 #define NT__FS(ID, name, nin, kind, flags)                                                  \
     case NT_OP_##ID:                                                                        \
@@ -213,6 +240,20 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
     case NT_KIND_BINARY:
         if (fc) {
             const float *x = as_f32(&a[0], t0, n), *z = as_f32(&a[1], t1, n);
+            if (odt == NT_F32) {
+                switch (o->op) {
+#define NT__FB(ID, name, nin, kind, flags)                                                  \
+    case NT_OP_##ID:                                                                        \
+        for (int64_t i = 0; i < n; i++)                                                     \
+            y[i] = nt__canon(nt__ew_##name(x[i], z[i]));                                    \
+        break;
+                    NT_OPS_BINARY(NT__FB)
+                    NT_OPS_EW_BWD(NT__FB)
+#undef NT__FB
+                default: break;
+                }
+                return;
+            }
             switch (o->op) {
 #define NT__FB(ID, name, nin, kind, flags)                                                  \
     case NT_OP_##ID:                                                                        \
@@ -360,18 +401,29 @@ static int64_t offset_of(const mview *m, const int64_t *idx, int ndim)
 
 /* ---------------- EW (and MM epilogues) ---------------- */
 
-/* Runs ops [from, nops) of an EW-shaped program over its iteration space.
- * pre: value `prev` (if >= 0) is read from `pre` instead of being computed. */
-static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
+/* An EW-shaped program over its iteration space, cut into spans of the
+ * row-major element order that the caller and the gemm helper thread
+ * (core/gemm.c, nt__par_blocks) claim.  Elements are independent and a
+ * stochastic-rounding cast keys each element by its own row-major index, so
+ * the cut never changes a bit. */
+typedef struct ew_ctx {
+    const nt__fgroup *g;
+    int from, prev;
+    const mview *pre;
+    mview ev[NT_F_MAXEXT], ov[NT_F_MAXOUT];
+    uint64_t keys[NT_F_MAXOPS];
+    int64_t n_all, span;
+    volatile int rc;
+} ew_ctx;
+
+/* Elements [lo, hi) of the row-major order. */
+static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
 {
-    const nt__fprog *P = g->prog;
+    const nt__fprog *P = c->g->prog;
     int nd = P->ndim;
     const int64_t *shape = P->shape;
-    mview ev[NT_F_MAXEXT], ov[NT_F_MAXOUT];
-    for (int k = 0; k < P->next; k++)
-        mview_of(&ev[k], g->ext[k], nd, shape);
-    for (int s = 0; s < P->nout; s++)
-        mview_of(&ov[s], g->out[s], nd, shape);
+    const int from = c->from, prev = c->prev;
+    const mview *pre = c->pre, *ev = c->ev, *ov = c->ov;
     blk *R = malloc(sizeof(blk) * (size_t)(P->nvals + P->next));
     float *scratch = malloc(sizeof(float) * 4 * CH);
     if (!R || !scratch) {
@@ -379,69 +431,107 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
         return NT_ENOMEM;
     }
     blk *E = R + P->nvals;
-    uint64_t keys[NT_F_MAXOPS];
-    sr_keys(g, keys);
-    int64_t n_all = nt__numel(nd, shape);
     int64_t inner = nd ? shape[nd - 1] : 1;
     int64_t idx[NT_MAX_DIMS] = {0};
-    for (int64_t done = 0; done < n_all && inner > 0; done += inner) {
-        for (int64_t j = 0; j < inner; j += CH) {
-            int64_t n = inner - j < CH ? inner - j : CH;
-            idx[nd ? nd - 1 : 0] = j;
-            bool loaded[NT_F_MAXEXT] = {0};
-            if (prev >= 0)
-                load(&R[prev], pre, offset_of(pre, idx, nd), nd ? pre->stride[nd - 1] : 1, n);
-            for (int k = from; k < P->nops; k++) {
-                const nt__fop *o = &P->ops[k];
-                opnd a[3];
-                for (int q = 0; q < o->nin; q++) {
-                    int s = o->a[q];
-                    if (NT_F_IS_EXT(s)) {
-                        int e = NT_F_EXT_IDX(s);
-                        int64_t est = nd ? ev[e].stride[nd - 1] : 1;
-                        if (ev[e].dt == NT_F32 && est == 1) {
-                            /* contiguous f32: read in place */
-                            a[q] = (opnd){(const float *)ev[e].data +
-                                              offset_of(&ev[e], idx, nd),
-                                          NT_F32, false};
-                            continue;
-                        }
-                        if (!loaded[e]) {
-                            load(&E[e], &ev[e], offset_of(&ev[e], idx, nd), est, n);
-                            loaded[e] = true;
-                        }
-                        a[q] = (opnd){&E[e], (nt_dtype)P->ext[e].dtype, false};
-                    } else {
-                        a[q] = (opnd){&R[s], (nt_dtype)P->vals[s].dtype, false};
+    for (int64_t rem = lo, d = nd - 1; d >= 0; d--) {
+        idx[d] = rem % shape[d];
+        rem /= shape[d];
+    }
+    for (int64_t pos = lo; pos < hi;) {
+        int64_t j = nd ? idx[nd - 1] : 0;
+        int64_t n = inner - j < CH ? inner - j : CH;
+        if (n > hi - pos)
+            n = hi - pos;
+        bool loaded[NT_F_MAXEXT] = {0};
+        if (prev >= 0)
+            load(&R[prev], pre, offset_of(pre, idx, nd), nd ? pre->stride[nd - 1] : 1, n);
+        for (int k = from; k < P->nops; k++) {
+            const nt__fop *o = &P->ops[k];
+            opnd a[3];
+            for (int q = 0; q < o->nin; q++) {
+                int sl = o->a[q];
+                if (NT_F_IS_EXT(sl)) {
+                    int e = NT_F_EXT_IDX(sl);
+                    int64_t est = nd ? ev[e].stride[nd - 1] : 1;
+                    if (ev[e].dt == NT_F32 && est == 1) {
+                        /* contiguous f32: read in place */
+                        a[q] = (opnd){(const float *)ev[e].data + offset_of(&ev[e], idx, nd),
+                                      NT_F32, false};
+                        continue;
                     }
+                    if (!loaded[e]) {
+                        load(&E[e], &ev[e], offset_of(&ev[e], idx, nd), est, n);
+                        loaded[e] = true;
+                    }
+                    a[q] = (opnd){&E[e], (nt_dtype)P->ext[e].dtype, false};
+                } else {
+                    a[q] = (opnd){&R[sl], (nt_dtype)P->vals[sl].dtype, false};
                 }
-                if (is_sr(o))
-                    eval_sr((nt_dtype)P->vals[o->out].dtype, a, R[o->out].f, n, scratch,
-                            keys[k], done + j);
-                else
-                    eval(o, (nt_dtype)P->vals[o->out].dtype, a, &R[o->out], n, scratch);
             }
-            for (int s = 0; s < P->nout; s++) {
-                int v = P->out_val[s];
-                store(&ov[s], offset_of(&ov[s], idx, nd), nd ? ov[s].stride[nd - 1] : 1, &R[v],
-                      (nt_dtype)P->vals[v].dtype, n);
-            }
+            if (is_sr(o))
+                eval_sr((nt_dtype)P->vals[o->out].dtype, a, R[o->out].f, n, scratch,
+                        c->keys[k], pos);
+            else
+                eval(o, (nt_dtype)P->vals[o->out].dtype, a, &R[o->out], n, scratch);
         }
-        if (nd <= 1)
-            break;
-        idx[nd - 1] = 0;
-        int i = nd - 2;
-        for (; i >= 0; i--) {
-            if (++idx[i] < shape[i])
-                break;
-            idx[i] = 0;
+        for (int sv = 0; sv < P->nout; sv++) {
+            int v = P->out_val[sv];
+            store(&ov[sv], offset_of(&ov[sv], idx, nd), nd ? ov[sv].stride[nd - 1] : 1, &R[v],
+                  (nt_dtype)P->vals[v].dtype, n);
         }
-        if (i < 0)
+        pos += n;
+        if (nd == 0)
             break;
+        idx[nd - 1] += n;
+        for (int d = nd - 1; d > 0 && idx[d] == shape[d]; d--) {
+            idx[d] = 0;
+            idx[d - 1]++;
+        }
     }
     free(R);
     free(scratch);
     return 0;
+}
+
+static void ew_block(void *arg, int b)
+{
+    ew_ctx *c = arg;
+    int64_t lo = (int64_t)b * c->span, hi = lo + c->span < c->n_all ? lo + c->span : c->n_all;
+    int rc = ew_span(c, lo, hi);
+    if (rc)
+        c->rc = rc;
+}
+
+/* Spans of this many elements; programs smaller than two run on the
+ * calling thread alone (waking the helper costs more). */
+#define EW_SPAN (64 * 1024)
+
+/* Runs ops [from, nops) of an EW-shaped program over its iteration space.
+ * pre: value `prev` (if >= 0) is read from `pre` instead of being computed. */
+static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
+{
+    const nt__fprog *P = g->prog;
+    ew_ctx *c = malloc(sizeof *c);
+    if (!c)
+        return NT_ENOMEM;
+    c->g = g;
+    c->from = from;
+    c->prev = prev;
+    c->pre = pre;
+    c->rc = 0;
+    for (int k = 0; k < P->next; k++)
+        mview_of(&c->ev[k], g->ext[k], P->ndim, P->shape);
+    for (int sv = 0; sv < P->nout; sv++)
+        mview_of(&c->ov[sv], g->out[sv], P->ndim, P->shape);
+    sr_keys(g, c->keys);
+    c->n_all = nt__numel(P->ndim, P->shape);
+    c->span = EW_SPAN;
+    int nblocks = (int)((c->n_all + EW_SPAN - 1) / EW_SPAN);
+    if (c->n_all > 0)
+        nt__par_blocks(nblocks, ew_block, c, nblocks >= 2);
+    int rc = c->rc;
+    free(c);
+    return rc;
 }
 
 /* ---------------- ROW ---------------- */

@@ -750,6 +750,63 @@ static void test_elided_values_take_no_memory(void **state)
     nt_release(x);
 }
 
+/* A big EW program on the CPU runs in spans of the row-major order over two
+ * threads (fusion/exec_cpu.c): spans that cut rows mid-way, a broadcast
+ * bf16 operand, a transposed (strided) input, a stochastic-rounding cast
+ * keyed by element index, and two outputs must all give the bits of the ops
+ * run one by one. */
+static nt_tensor *span_prog(nt_tensor *x, nt_tensor *b, nt_tensor *ct, nt_tensor **second)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *c = nt_transpose(ct, 0, 1); /* [3, R] view of an [R, 3] tensor */
+    nt_tensor *u = nt_add(nt_mul(x, b), c);
+    nt_tensor *v = nt_cast_sr(nt_mul_scalar(nt_tanh(u), 3.0), NT_BF16);
+    nt_tensor *y = nt_sub(nt_cast(v, NT_F32), nt_relu(u));
+    *second = nt_keep(v);
+    nt_keep(y);
+    nt_scope_end(s);
+    return y;
+}
+
+static void test_cpu_spans_bitwise(void **state)
+{
+    (void)state;
+    const int64_t R = 70001; /* 3 rows of 70001: 64 Ki-element spans cut rows */
+    size_t n = (size_t)(3 * R);
+    float *y0 = malloc(n * 4), *y1 = malloc(n * 4);
+    uint16_t *v0 = malloc(n * 2), *v1 = malloc(n * 2);
+    const char *modes[] = {"deterministic", "lazy"};
+    for (int m = 0; m < 2; m++) {
+        /* a fresh runtime per mode: the SR cast's bits are keyed by its
+         * record's sequence number, which must be the same in both runs */
+        nt_shutdown();
+        assert_int_equal(nt_init(), 0);
+        assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+        assert_int_equal(nt_config_set("NT_MODE", modes[m]), 0);
+        nt_tensor *x = nt_randn(NT_F32, 2, (int64_t[]){3, R}, 21);
+        nt_tensor *b = nt_cast(nt_randn(NT_F32, 1, (int64_t[]){R}, 22), NT_BF16);
+        nt_tensor *ct = nt_randn(NT_F32, 2, (int64_t[]){R, 3}, 23);
+        assert_int_equal(nt_sync(), 0);
+        nt_stats_reset();
+        nt_tensor *v, *y = span_prog(x, b, ct, &v);
+        assert_int_equal(nt_to_host(y, m ? y1 : y0, n * 4), 0);
+        assert_int_equal(nt_to_host(v, m ? v1 : v0, n * 2), 0);
+        nt_stats st;
+        nt_stats_get(&st);
+        if (m) /* one fused kernel for the whole program */
+            assert_int_equal(st.fusion_groups, 1);
+        nt_release(y);
+        nt_release(v);
+        nt_release(x);
+        nt_release(b);
+        nt_release(ct);
+    }
+    assert_memory_equal(y0, y1, n * 4);
+    assert_memory_equal(v0, v1, n * 2);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+    free(y0), free(y1), free(v0), free(v1);
+}
+
 static void softmax_body(void *arg)
 {
     nt_tensor **io = arg;
@@ -1034,6 +1091,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ew_chain_one_kernel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adaptive_gathers_burst, setup, teardown),
         cmocka_unit_test_setup_teardown(test_elided_values_take_no_memory, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cpu_spans_bitwise, setup, teardown),
         cmocka_unit_test_setup_teardown(test_softmax_primitives_one_row_kernel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_matmul_epilogue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_liveness_reasons, setup, teardown),
