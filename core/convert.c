@@ -20,8 +20,12 @@ void nt__ld_f32(float *dst, const char *src, nt_dtype dt, int64_t st, int64_t n)
     }
     case NT_BF16: {
         const uint16_t *p = (const uint16_t *)src;
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = nt__bf16_to_f32(p[i * st]);
+        if (st == 1) /* the unit-stride loop vectorises */
+            for (int64_t i = 0; i < n; i++)
+                dst[i] = nt__bf16_to_f32(p[i]);
+        else
+            for (int64_t i = 0; i < n; i++)
+                dst[i] = nt__bf16_to_f32(p[i * st]);
         break;
     }
     case NT_F16: {
@@ -61,8 +65,12 @@ void nt__st_f32(char *dst, nt_dtype dt, int64_t st, const float *src, int64_t n)
     }
     case NT_BF16: {
         uint16_t *p = (uint16_t *)dst;
-        for (int64_t i = 0; i < n; i++)
-            p[i * st] = nt__f32_to_bf16(src[i]);
+        if (st == 1)
+            for (int64_t i = 0; i < n; i++)
+                p[i] = nt__f32_to_bf16(src[i]);
+        else
+            for (int64_t i = 0; i < n; i++)
+                p[i * st] = nt__f32_to_bf16(src[i]);
         break;
     }
     case NT_F16: {
@@ -105,8 +113,19 @@ void nt__ld_i32(int32_t *dst, const char *src, nt_dtype dt, int64_t st, int64_t 
 
 void nt__st_i32(char *dst, nt_dtype dt, int64_t st, const int32_t *src, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++)
-        nt__store_i32(dst, dt, i * st, src[i]);
+    if (dt == NT_I32) {
+        int32_t *p = (int32_t *)dst;
+        for (int64_t i = 0; i < n; i++)
+            p[i * st] = src[i];
+    } else if (dt == NT_U8) {
+        uint8_t *p = (uint8_t *)dst;
+        for (int64_t i = 0; i < n; i++)
+            p[i * st] = (uint8_t)(uint32_t)src[i]; /* wraps */
+    } else {
+        /* floats round once from the exact integer */
+        for (int64_t i = 0; i < n; i++)
+            nt__store_i32(dst, dt, i * st, src[i]);
+    }
 }
 
 void nt__mm_pack(float *dst, int64_t ldd, const char *src, nt_dtype dt, int64_t es, int64_t K,

@@ -185,6 +185,16 @@ void nt__arena_reset_peak(void);
 
 int64_t nt__numel(int ndim, const int64_t *shape);
 void nt__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
+/* Advances a row-major index over shape; false when it wraps to zero. */
+static inline bool nt__idx_next(int64_t *idx, int ndim, const int64_t *shape)
+{
+    for (int i = ndim - 1; i >= 0; i--) {
+        if (++idx[i] < shape[i])
+            return true;
+        idx[i] = 0;
+    }
+    return false;
+}
 bool nt__is_contig(const nt_tensor *t);
 /* Broadcast a and b shapes into out; false if incompatible. */
 bool nt__broadcast(int na, const int64_t *a, int nb, const int64_t *b, int *nout,

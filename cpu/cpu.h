@@ -31,17 +31,6 @@ static inline int64_t nt__kv_off(const nt__kv *v, const int64_t *idx)
     return o;
 }
 
-/* Advances a row-major index over shape; false when it wraps to zero. */
-static inline bool nt__idx_next(int64_t *idx, int ndim, const int64_t *shape)
-{
-    for (int i = ndim - 1; i >= 0; i--) {
-        if (++idx[i] < shape[i])
-            return true;
-        idx[i] = 0;
-    }
-    return false;
-}
-
 /* Block conversions and the matmul operand packing: core/dtype.h. */
 
 /* Reads a whole (possibly strided) tensor into a contiguous f32 array. */

@@ -24,12 +24,9 @@
 
 /* ---------------- rows ---------------- */
 
-void nt__rows_init(nt__rows *R, const nt_tensor *t, int d, bool same_shape)
+void nt__rows_shape(nt__rows *R, const nt_tensor *t, int d, bool same_shape)
 {
     memset(R, 0, sizeof *R);
-    R->x = nt__tensor_data(t);
-    R->dt = (nt_dtype)t->dtype;
-    R->es = (int64_t)nt__dtype_size(R->dt);
     R->C = 1;
     if (t->ndim == 0) {
         R->n = 1;
@@ -60,6 +57,14 @@ void nt__rows_init(nt__rows *R, const nt_tensor *t, int d, bool same_shape)
     R->nouter = nb - 1;
     for (int i = 0; i < nb - 1; i++)
         R->oshape[i] = bs[i], R->osi[i] = bsi[i], R->oso[i] = bso[i];
+}
+
+void nt__rows_init(nt__rows *R, const nt_tensor *t, int d, bool same_shape)
+{
+    nt__rows_shape(R, t, d, same_shape);
+    R->x = nt__tensor_data(t);
+    R->dt = (nt_dtype)t->dtype;
+    R->es = (int64_t)nt__dtype_size(R->dt);
     /* Tiles pay off when the batch dim is the more contiguous one. */
     R->tile = R->C > 1 && R->n > 1 && R->sc < R->sn;
 }

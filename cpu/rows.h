@@ -33,6 +33,9 @@ typedef struct nt__rows {
  * one shaped like the batch (a reduction: keepdim does not change offsets).
  * A 0-d t is one row of one element. */
 void nt__rows_init(nt__rows *R, const nt_tensor *t, int d, bool same_shape);
+/* The geometry alone (n, strides, batch dims; no data pointer, dtype or
+ * tiling): what the simulator's row kernels walk with DMAs. */
+void nt__rows_shape(nt__rows *R, const nt_tensor *t, int d, bool same_shape);
 
 /* Called per group of w adjacent rows (w = 1 unless R->tile): x points at
  * element 0 of the group's first row; row j of the group starts at

@@ -103,11 +103,7 @@ static bool scan(const nt_tensor *t, int64_t *index, int *kind)
                 *kind = c;
             return true;
         }
-        for (int d = t->ndim - 1; d >= 0; d--) {
-            if (++idx[d] < t->shape[d])
-                break;
-            idx[d] = 0;
-        }
+        nt__idx_next(idx, t->ndim, t->shape);
     }
     return false;
 }

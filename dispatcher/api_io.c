@@ -238,11 +238,7 @@ static void gather(const nt_tensor *t, void *dst)
             off += idx[i] * t->stride[i];
         memcpy(o, base + off * (int64_t)es, es);
         o += es;
-        for (int i = t->ndim - 1; i >= 0; i--) {
-            if (++idx[i] < t->shape[i])
-                break;
-            idx[i] = 0;
-        }
+        nt__idx_next(idx, t->ndim, t->shape);
     }
 }
 

@@ -483,9 +483,9 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
         if (nd == 0)
             break;
         idx[nd - 1] += n;
-        for (int d = nd - 1; d > 0 && idx[d] == shape[d]; d--) {
-            idx[d] = 0;
-            idx[d - 1]++;
+        if (idx[nd - 1] == shape[nd - 1]) { /* next row */
+            idx[nd - 1] = 0;
+            nt__idx_next(idx, nd - 1, shape);
         }
     }
     free(R);
@@ -632,12 +632,7 @@ static int run_row(const nt__fgroup *g)
             store(&ov[s], offset_of(&ov[s], idx, nd), ov[s].stride[nd - 1],
                   V + (size_t)v * (size_t)C, (nt_dtype)val->dtype, val->red ? 1 : C);
         }
-        /* next row */
-        for (int i = nd - 2; i >= 0; i--) {
-            if (++idx[i] < shape[i])
-                break;
-            idx[i] = 0;
-        }
+        nt__idx_next(idx, nd - 1, shape); /* next row */
     }
     free(buf);
     return 0;

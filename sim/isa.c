@@ -306,49 +306,6 @@ static inline uint8_t *lane_row(const fx_opnd *o, int i)
     return o->base + (int64_t)i * o->pstride;
 }
 
-/* n elements of dtype dt at stride st, widened exactly to f32 */
-static void cvt_in(float *o, const uint8_t *p, nt_dtype dt, int64_t n, int64_t st)
-{
-    switch (dt) {
-    case NT_F32: {
-        const float *x = (const float *)p;
-        if (st == 1)
-            memcpy(o, x, (size_t)n * 4);
-        else
-            for (int64_t i = 0; i < n; i++)
-                o[i] = x[i * st];
-        break;
-    }
-    case NT_BF16: {
-        const uint16_t *x = (const uint16_t *)p;
-        if (st == 1)
-            for (int64_t i = 0; i < n; i++)
-                o[i] = nt__bf16_to_f32(x[i]);
-        else
-            for (int64_t i = 0; i < n; i++)
-                o[i] = nt__bf16_to_f32(x[i * st]);
-        break;
-    }
-    case NT_F16: {
-        const uint16_t *x = (const uint16_t *)p;
-        for (int64_t i = 0; i < n; i++)
-            o[i] = nt__f16_to_f32(x[i * st]);
-        break;
-    }
-    case NT_I32: {
-        const int32_t *x = (const int32_t *)p;
-        for (int64_t i = 0; i < n; i++)
-            o[i] = (float)x[i * st];
-        break;
-    }
-    case NT_U8:
-        for (int64_t i = 0; i < n; i++)
-            o[i] = (float)p[i * st];
-        break;
-    default: break;
-    }
-}
-
 /* Lane i of o as f32 in row-major order of its free dims: a pointer into
  * memory when it already is contiguous f32, else converted into buf. */
 static const float *ld_f32(const fx_opnd *o, int i, float *buf)
@@ -361,7 +318,7 @@ static const float *ld_f32(const fx_opnd *o, int i, float *buf)
         for (int64_t b = 0; b < o->num[1]; b++)
             for (int64_t c = 0; c < o->num[2]; c++) {
                 int64_t off = a * o->step[0] + b * o->step[1] + c * o->step[2];
-                cvt_in(w, row + off * o->esz, o->ap.dtype, o->num[3], o->step[3]);
+                nt__ld_f32(w, (const char *)row + off * o->esz, o->ap.dtype, o->step[3], o->num[3]);
                 w += o->num[3];
             }
     return buf;
@@ -375,80 +332,10 @@ static void ld_i32(const fx_opnd *o, int i, int32_t *w)
         for (int64_t b = 0; b < o->num[1]; b++)
             for (int64_t c = 0; c < o->num[2]; c++) {
                 int64_t off = a * o->step[0] + b * o->step[1] + c * o->step[2];
-                int64_t n = o->num[3], st = o->step[3];
-                if (o->ap.dtype == NT_I32) {
-                    const int32_t *x = (const int32_t *)row + off;
-                    for (int64_t j = 0; j < n; j++)
-                        w[j] = x[j * st];
-                } else if (o->ap.dtype == NT_U8) {
-                    const uint8_t *x = row + off;
-                    for (int64_t j = 0; j < n; j++)
-                        w[j] = x[j * st];
-                } else {
-                    for (int64_t j = 0; j < n; j++)
-                        w[j] = nt__load_i32(row, o->ap.dtype, off + j * st);
-                }
-                w += n;
+                nt__ld_i32(w, (const char *)row + off * o->esz, o->ap.dtype, o->step[3],
+                           o->num[3]);
+                w += o->num[3];
             }
-}
-
-static void out_f32(uint8_t *p, nt_dtype dt, const float *v, int64_t n, int64_t st)
-{
-    switch (dt) {
-    case NT_F32: {
-        float *x = (float *)p;
-        if (st == 1)
-            for (int64_t i = 0; i < n; i++)
-                x[i] = nt__canon(v[i]);
-        else
-            for (int64_t i = 0; i < n; i++)
-                x[i * st] = nt__canon(v[i]);
-        break;
-    }
-    case NT_BF16: {
-        uint16_t *x = (uint16_t *)p;
-        if (st == 1)
-            for (int64_t i = 0; i < n; i++)
-                x[i] = nt__f32_to_bf16(v[i]);
-        else
-            for (int64_t i = 0; i < n; i++)
-                x[i * st] = nt__f32_to_bf16(v[i]);
-        break;
-    }
-    case NT_F16: {
-        uint16_t *x = (uint16_t *)p;
-        for (int64_t i = 0; i < n; i++)
-            x[i * st] = nt__f32_to_f16(v[i]);
-        break;
-    }
-    case NT_I32: {
-        int32_t *x = (int32_t *)p;
-        for (int64_t i = 0; i < n; i++)
-            x[i * st] = nt__f64_to_i32((double)v[i]);
-        break;
-    }
-    case NT_U8:
-        for (int64_t i = 0; i < n; i++)
-            p[i * st] = nt__f64_to_u8((double)v[i]);
-        break;
-    default: break;
-    }
-}
-
-static void out_i32(uint8_t *p, nt_dtype dt, const int32_t *v, int64_t n, int64_t st)
-{
-    if (dt == NT_I32) {
-        int32_t *x = (int32_t *)p;
-        for (int64_t i = 0; i < n; i++)
-            x[i * st] = v[i];
-    } else if (dt == NT_U8) {
-        for (int64_t i = 0; i < n; i++)
-            p[i * st] = (uint8_t)(uint32_t)v[i];
-    } else {
-        /* floats round once from the exact integer */
-        for (int64_t i = 0; i < n; i++)
-            nt__store_i32(p, dt, i * st, v[i]);
-    }
 }
 
 /* THE rounding point of the simulator: writes lane i of o from the f32
@@ -464,10 +351,11 @@ static void st(const fx_opnd *o, int i, const float *v, const int32_t *iv)
         for (int64_t b = 0; b < o->num[1]; b++)
             for (int64_t c = 0; c < o->num[2]; c++) {
                 int64_t off = a * o->step[0] + b * o->step[1] + c * o->step[2];
+                char *p = (char *)row + off * o->esz;
                 if (v)
-                    out_f32(row + off * o->esz, o->ap.dtype, v + k, o->num[3], o->step[3]);
+                    nt__st_f32(p, o->ap.dtype, o->step[3], v + k, o->num[3]);
                 else
-                    out_i32(row + off * o->esz, o->ap.dtype, iv + k, o->num[3], o->step[3]);
+                    nt__st_i32(p, o->ap.dtype, o->step[3], iv + k, o->num[3]);
                 k += o->num[3];
             }
 }

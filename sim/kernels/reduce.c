@@ -297,7 +297,7 @@ int nt__sk_reduce(const nt__rec *r)
                 red_all(&c);
         } else {
             sk_rows R;
-            sk_rows_init(&R, x, r->p.dim, false);
+            nt__rows_shape(&R, x, r->p.dim, false);
             c.n = R.n;
             c.sn = R.sn;
             c.sc = R.sc;

@@ -220,7 +220,7 @@ int nt__sk_softmax(const nt__rec *r)
     c.s = &s;
     c.op = r->op;
     sk_rows R;
-    sk_rows_init(&R, x, x->ndim ? r->p.dim : 0, true);
+    nt__rows_shape(&R, x, x->ndim ? r->p.dim : 0, true);
     c.n = R.n, c.sn = R.sn, c.sc = R.sc, c.oc = R.oc, c.on = R.on;
     c.xdt = (nt_dtype)x->dtype, c.odt = (nt_dtype)o->dtype;
     c.xb = nt__tensor_data(x), c.ob = nt__tensor_data(o);
@@ -281,7 +281,7 @@ int nt__sk_cross_entropy(const nt__rec *r)
     c.op = NT_OP_CROSS_ENTROPY;
     c.labels = lab;
     sk_rows R;
-    sk_rows_init(&R, x, 1, false);
+    nt__rows_shape(&R, x, 1, false);
     c.n = R.n, c.sn = R.sn, c.sc = R.sc;
     c.xdt = (nt_dtype)x->dtype, c.odt = (nt_dtype)o->dtype;
     c.xb = nt__tensor_data(x);
@@ -423,7 +423,7 @@ int nt__sk_norm(const nt__rec *r)
     c.w = r->in[1];
     c.b = r->op == NT_OP_LAYER_NORM ? r->in[2] : NULL;
     sk_rows R;
-    sk_rows_init(&R, x, x->ndim - 1, true);
+    nt__rows_shape(&R, x, x->ndim - 1, true);
     c.n = R.n, c.sn = R.sn, c.sc = R.sc, c.oc = R.oc, c.on = R.on;
     c.xdt = (nt_dtype)x->dtype, c.odt = (nt_dtype)o->dtype;
     c.xb = nt__tensor_data(x), c.ob = nt__tensor_data(o);

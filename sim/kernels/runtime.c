@@ -345,55 +345,13 @@ int sk_tiler_run(const sk_tiler *T, int (*fn)(void *ctx, const sk_tile_iter *t),
                 }
             }
         }
-        /* next outer index */
-        int i = nouter - 1;
-        for (; i >= 0; i--) {
-            if (++idx[i] < T->c[i])
-                break;
-            idx[i] = 0;
-        }
-        if (i < 0)
+        if (!nt__idx_next(idx, nouter, T->c)) /* next outer index */
             break;
     }
     return 0;
 }
 
 /* ---------------- rows ---------------- */
-
-void sk_rows_init(sk_rows *R, const nt_tensor *t, int d, bool same_shape)
-{
-    memset(R, 0, sizeof *R);
-    R->C = 1;
-    if (t->ndim == 0) {
-        R->n = 1;
-        return;
-    }
-    int64_t cs[NT_MAX_DIMS];
-    nt__contig_strides(t->ndim, t->shape, cs);
-    R->n = t->shape[d];
-    R->sn = t->stride[d];
-    R->on = same_shape ? cs[d] : 0;
-    int64_t bs[NT_MAX_DIMS], bsi[NT_MAX_DIMS], bso[NT_MAX_DIMS];
-    int nb = 0;
-    for (int i = 0; i < t->ndim; i++) {
-        if (i == d)
-            continue;
-        bs[nb] = t->shape[i];
-        bsi[nb] = t->stride[i];
-        bso[nb] = cs[i];
-        nb++;
-    }
-    if (!same_shape)
-        nt__contig_strides(nb, bs, bso);
-    if (nb == 0)
-        return;
-    R->C = bs[nb - 1];
-    R->sc = bsi[nb - 1];
-    R->oc = bso[nb - 1];
-    R->nouter = nb - 1;
-    for (int i = 0; i < nb - 1; i++)
-        R->oshape[i] = bs[i], R->osi[i] = bsi[i], R->oso[i] = bso[i];
-}
 
 int sk_rows_run(const sk_rows *R, int (*fn)(void *ctx, int64_t ioff, int64_t ooff, int np),
                 void *ctx)
@@ -414,13 +372,7 @@ int sk_rows_run(const sk_rows *R, int (*fn)(void *ctx, int64_t ioff, int64_t oof
             if (rc)
                 return rc;
         }
-        int i = R->nouter - 1;
-        for (; i >= 0; i--) {
-            if (++idx[i] < R->oshape[i])
-                break;
-            idx[i] = 0;
-        }
-        if (i < 0)
+        if (!nt__idx_next(idx, R->nouter, R->oshape))
             break;
     }
     return 0;

@@ -24,6 +24,7 @@
 
 #include "internal.h"
 #include "cpu/cpu.h"
+#include "cpu/rows.h"
 #include "fusion/fusion.h"
 #include "reduce.h"
 
@@ -112,19 +113,10 @@ void sk_tiler_init(sk_tiler *T, int nd, const int64_t *shape, int nop, const sk_
 /* Calls fn for every tile in order; stops at the first nonzero return. */
 int sk_tiler_run(const sk_tiler *T, int (*fn)(void *ctx, const sk_tile_iter *t), void *ctx);
 
-/* Rows of a tensor along dim d (the CPU's nt__rows walk): for the other dims
- * (the batch, row-major) a row of n elements at stride sn.  The innermost
- * batch dim goes on partitions. */
-typedef struct sk_rows {
-    int64_t n, sn;                 /* row length and input stride */
-    int64_t C, sc;                 /* innermost batch dim: size, input stride */
-    int64_t oc;                    /* its output stride (out shaped like the batch, or like t) */
-    int64_t on;                    /* output stride along the row (same-shape outputs) */
-    int nouter;
-    int64_t oshape[NT_MAX_DIMS], osi[NT_MAX_DIMS], oso[NT_MAX_DIMS];
-} sk_rows;
-
-void sk_rows_init(sk_rows *R, const nt_tensor *t, int d, bool same_shape);
+/* Rows of a tensor along dim d, as the CPU walks them (cpu/rows.h; set up
+ * with nt__rows_shape): for the other dims (the batch, row-major) a row of n
+ * elements at stride sn.  The innermost batch dim goes on partitions. */
+typedef nt__rows sk_rows;
 /* Calls fn(ctx, in_off, out_off, c0, np) for groups of np <= 128 rows:
  * rows c0 .. c0+np-1 of the innermost batch dim at outer position with
  * element offsets in_off / out_off of row c0. */
