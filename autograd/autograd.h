@@ -93,6 +93,10 @@ nt_tensor *nt__saved_out(nt__bctx *b, int i);
 /* Custom ops (autograd/custom.c). */
 struct nt__custom_op;
 int nt__custom_backward(nt__bctx *b);
+/* The definition of a registered tile-kernel op, or NULL. */
+const nt_kernel_op_def *nt__custom_kernel_def(int op);
+/* t as the nt_tensor_view a user kernel receives. */
+void nt__tensor_view_of(nt_tensor_view *v, const nt_tensor *t);
 
 /* The thread's no-grad depth and the "backward of" tag read by dispatch. */
 bool nt__ag_enabled(void);

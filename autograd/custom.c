@@ -114,7 +114,7 @@ static int register_op(const char *fn, const nt_op_def *def, const nt_kernel_op_
 static void record_node(const nt_site *site, const nt__custom_op *c, int op,
                         nt_tensor *const *in, nt_tensor *out, bool grad);
 
-static void view_of(nt_tensor_view *v, nt_tensor *t)
+void nt__tensor_view_of(nt_tensor_view *v, const nt_tensor *t)
 {
     memset(v, 0, sizeof *v);
     v->data = nt__tensor_data(t);
@@ -130,7 +130,7 @@ static nt_tensor *call_kernel_op(const nt_site *site, const nt__custom_op *c, in
 {
     nt_tensor_view iv[NT__MAX_IN], ov;
     for (int i = 0; i < c->def.nin; i++)
-        view_of(&iv[i], in[i]);
+        nt__tensor_view_of(&iv[i], in[i]);
     memset(&ov, 0, sizeof ov);
     ov.dtype = NT_DTYPE_COUNT;
     char why[256] = "";

@@ -206,9 +206,27 @@ static int rk_tiles(rk *c, bool xent)
     return nt_sim_kernel_error(s->k);
 }
 
-int nt__sk_softmax(const nt__rec *r)
+/* The common start of a row kernel: rows of in[0] along dim (outputs shaped
+ * like x when same_shape, else one value per row). */
+static void rk_begin(rk *c, sk_k *s, const nt__rec *r, sk_rows *R, int dim, bool same_shape)
 {
     const nt_tensor *x = r->in[0], *o = r->out[0];
+    memset(c, 0, sizeof *c);
+    c->s = s;
+    c->op = r->op;
+    nt__rows_shape(R, x, dim, same_shape);
+    c->n = R->n, c->sn = R->sn, c->sc = R->sc;
+    c->xdt = (nt_dtype)x->dtype, c->odt = (nt_dtype)o->dtype;
+    c->xb = nt__tensor_data(x);
+    if (same_shape) {
+        c->oc = R->oc, c->on = R->on;
+        c->ob = nt__tensor_data(o);
+    }
+}
+
+int nt__sk_softmax(const nt__rec *r)
+{
+    const nt_tensor *x = r->in[0];
     if (nt__numel(x->ndim, x->shape) == 0)
         return 0;
     sk_k s;
@@ -216,14 +234,8 @@ int nt__sk_softmax(const nt__rec *r)
     if (rc)
         return rc;
     rk c;
-    memset(&c, 0, sizeof c);
-    c.s = &s;
-    c.op = r->op;
     sk_rows R;
-    nt__rows_shape(&R, x, x->ndim ? r->p.dim : 0, true);
-    c.n = R.n, c.sn = R.sn, c.sc = R.sc, c.oc = R.oc, c.on = R.on;
-    c.xdt = (nt_dtype)x->dtype, c.odt = (nt_dtype)o->dtype;
-    c.xb = nt__tensor_data(x), c.ob = nt__tensor_data(o);
+    rk_begin(&c, &s, r, &R, x->ndim ? r->p.dim : 0, true);
     if (!rk_tiles(&c, false))
         sk_rows_run(&R, softmax_group, &c);
     return sk_end(&s);
@@ -276,15 +288,9 @@ int nt__sk_cross_entropy(const nt__rec *r)
     if (rc)
         return rc;
     rk c;
-    memset(&c, 0, sizeof c);
-    c.s = &s;
-    c.op = NT_OP_CROSS_ENTROPY;
-    c.labels = lab;
     sk_rows R;
-    nt__rows_shape(&R, x, 1, false);
-    c.n = R.n, c.sn = R.sn, c.sc = R.sc;
-    c.xdt = (nt_dtype)x->dtype, c.odt = (nt_dtype)o->dtype;
-    c.xb = nt__tensor_data(x);
+    rk_begin(&c, &s, r, &R, 1, false);
+    c.labels = lab;
     rk_tiles(&c, true);
     c.ii = sk_tile(&s, "xent.iota", NT_I32, 128, RCH);
     c.mk = sk_tile(&s, "xent.mask", NT_I32, 128, RCH);
@@ -408,7 +414,7 @@ static int norm_group(void *ctx, int64_t ioff, int64_t ooff, int np)
 
 int nt__sk_norm(const nt__rec *r)
 {
-    const nt_tensor *x = r->in[0], *o = r->out[0];
+    const nt_tensor *x = r->in[0];
     if (nt__numel(x->ndim, x->shape) == 0)
         return 0;
     sk_k s;
@@ -416,17 +422,11 @@ int nt__sk_norm(const nt__rec *r)
     if (rc)
         return rc;
     rk c;
-    memset(&c, 0, sizeof c);
-    c.s = &s;
-    c.op = r->op;
+    sk_rows R;
+    rk_begin(&c, &s, r, &R, x->ndim - 1, true);
     c.eps = (float)r->p.f[0];
     c.w = r->in[1];
     c.b = r->op == NT_OP_LAYER_NORM ? r->in[2] : NULL;
-    sk_rows R;
-    nt__rows_shape(&R, x, x->ndim - 1, true);
-    c.n = R.n, c.sn = R.sn, c.sc = R.sc, c.oc = R.oc, c.on = R.on;
-    c.xdt = (nt_dtype)x->dtype, c.odt = (nt_dtype)o->dtype;
-    c.xb = nt__tensor_data(x), c.ob = nt__tensor_data(o);
     rk_tiles(&c, false);
     if (c.w)
         c.wt = sk_tile(&s, "norm.w", (nt_dtype)c.w->dtype, 128, RCH);

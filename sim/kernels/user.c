@@ -7,19 +7,7 @@
  * the executor prefixes with "nt_op_call(<name>) (at <file:line>)". */
 #include "sk.h"
 
-#include <string.h>
-
-const nt_kernel_op_def *nt__custom_kernel_def(int op); /* autograd/custom.c */
-
-static void view_of(nt_tensor_view *v, const nt_tensor *t)
-{
-    memset(v, 0, sizeof *v);
-    v->data = nt__tensor_data(t);
-    v->dtype = (nt_dtype)t->dtype;
-    v->ndim = t->ndim;
-    memcpy(v->shape, t->shape, sizeof v->shape);
-    memcpy(v->stride, t->stride, sizeof v->stride);
-}
+#include "autograd/autograd.h"
 
 static int user_kernel(const nt__rec *r)
 {
@@ -28,8 +16,8 @@ static int user_kernel(const nt__rec *r)
         return nt__kerr(NT_ENOTSUP, "op %d has no tile kernel", r->op);
     nt_tensor_view in[NT__MAX_IN], out;
     for (int i = 0; i < d->nin; i++)
-        view_of(&in[i], r->in[i]);
-    view_of(&out, r->out[0]);
+        nt__tensor_view_of(&in[i], r->in[i]);
+    nt__tensor_view_of(&out, r->out[0]);
     nt_sim_kernel *k = nt_sim_kernel_begin(d->name);
     if (!k)
         return nt__kerr(NT_ENOMEM, "out of host memory for a simulator kernel");
