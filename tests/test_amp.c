@@ -20,46 +20,32 @@
 #include <cmocka.h>
 
 #include "internal.h"
-
-static char tmpdir[256];
-
-static int setup(void **state)
-{
-    (void)state;
-    assert_int_equal(nt_init(), 0);
-    nt_clear_error();
-    return 0;
-}
+#include "nt_test.h"
 
 static int setup_cpu(void **state)
 {
-    setup(state);
+    nt_test_setup(state);
     assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
     return 0;
 }
 
 static int teardown(void **state)
 {
-    (void)state;
     while (nt_autocast_dtype() != NT_DTYPE_COUNT)
         nt_autocast_end();
-    nt_shutdown();
-    return 0;
+    return nt_test_teardown(state);
 }
 
 static int group_setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/nt_test_amp_XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return nt_test_dir_make("amp");
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return nt_test_dir_remove();
 }
 
 /* ---------------- helpers ---------------- */
@@ -695,7 +681,7 @@ static const char *tpath(const char *name)
     static char buf[4][400];
     static int k;
     char *p = buf[k++ & 3];
-    snprintf(p, 400, "%s/%s", tmpdir, name);
+    snprintf(p, 400, "%s/%s", nt_test_dir, name);
     return p;
 }
 
@@ -1202,22 +1188,22 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_region_api, setup_cpu, teardown),
         cmocka_unit_test_setup_teardown(test_region_per_thread, setup_cpu, teardown),
         cmocka_unit_test_setup_teardown(test_policy_every_op, setup_cpu, teardown),
-        cmocka_unit_test_setup_teardown(test_policy_every_op, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_policy_every_op, nt_test_setup, teardown),
         cmocka_unit_test_setup_teardown(test_policy_promotion, setup_cpu, teardown),
         cmocka_unit_test_setup_teardown(test_grads_reach_f32_leaves, setup_cpu, teardown),
-        cmocka_unit_test_setup_teardown(test_grads_reach_f32_leaves, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_grads_reach_f32_leaves, nt_test_setup, teardown),
         cmocka_unit_test_setup_teardown(test_scaler_defaults_and_args, setup_cpu, teardown),
         cmocka_unit_test_setup_teardown(test_scaler_growth_backoff_skip, setup_cpu, teardown),
-        cmocka_unit_test_setup_teardown(test_scaler_growth_backoff_skip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scaler_growth_backoff_skip, nt_test_setup, teardown),
         cmocka_unit_test_setup_teardown(test_scaler_rescues_f16_underflow, setup_cpu, teardown),
         cmocka_unit_test_setup_teardown(test_scaler_checkpoint, setup_cpu, teardown),
         cmocka_unit_test_setup_teardown(test_sr_definition, setup_cpu, teardown),
-        cmocka_unit_test_setup_teardown(test_sr_definition, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sr_definition, nt_test_setup, teardown),
         cmocka_unit_test_setup_teardown(test_sr_unbiased, setup_cpu, teardown),
         cmocka_unit_test_setup_teardown(test_sr_reproducible, setup_cpu, teardown),
         cmocka_unit_test_setup_teardown(test_sr_fused_equals_unfused, setup_cpu, teardown),
-        cmocka_unit_test_setup_teardown(test_bf16_ties_to_even, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_sim_bf16_rates, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bf16_ties_to_even, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sim_bf16_rates, nt_test_setup, teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

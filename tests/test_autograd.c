@@ -12,21 +12,7 @@
 #include <cmocka.h>
 
 #include "ntensor.h"
-
-static int setup(void **state)
-{
-    (void)state;
-    assert_int_equal(nt_init(), 0);
-    nt_clear_error();
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    nt_shutdown();
-    return 0;
-}
+#include "nt_test.h"
 
 /* A leaf with pseudo-random values in [lo, hi). */
 static nt_tensor *leaf(int ndim, const int64_t *shape, double lo, double hi, uint64_t seed)
@@ -719,24 +705,24 @@ static void test_grads_bitwise_across_modes(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_binary_broadcast, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_unary_and_scalar, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_where, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_reductions, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_rows, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_losses, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_matmul_family, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_embedding, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_views, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_two_layer_mlp_by_hand, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_broadcast_grad_shapes, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_accumulation_and_zero_grad, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_retain_graph, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_no_grad_and_detach, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_inplace_followed, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_custom_op, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_grads_bitwise_across_modes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_binary_broadcast, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_unary_and_scalar, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_where, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_reductions, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_rows, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_losses, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_matmul_family, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_embedding, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_views, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_two_layer_mlp_by_hand, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_broadcast_grad_shapes, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_accumulation_and_zero_grad, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_retain_graph, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_no_grad_and_detach, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_errors, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_inplace_followed, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_custom_op, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_grads_bitwise_across_modes, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "internal.h"
+#include "nt_test.h"
 
 uint64_t nt__tensor_live_handles(void);
 
@@ -19,21 +20,6 @@ static nt_tensor *vec(int n, float start)
     for (int i = 0; i < n; i++)
         buf[i] = start + (float)i;
     return nt_from_host(buf, NT_F32, 1, (int64_t[]){n});
-}
-
-static int setup(void **state)
-{
-    (void)state;
-    assert_int_equal(nt_init(), 0);
-    nt_clear_error();
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    nt_shutdown();
-    return 0;
 }
 
 /* ---------------- handles and references ---------------- */
@@ -394,20 +380,20 @@ int main(void)
     /* A small device so exhaustion can be tested for real. */
     setenv("NT_HBM_BYTES", "256M", 1);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_retain_release, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_release_while_queued, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_metadata, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_scopes, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_scope_release_inside, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_site_capture, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_arena_exhaustion, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_arena_fill_and_reuse, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_deferred_storage, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_config, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_reinit, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_bad_env, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_stats, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_retain_release, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_release_while_queued, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_metadata, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_scopes, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_scope_release_inside, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_errors, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_site_capture, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_arena_exhaustion, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_arena_fill_and_reuse, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_deferred_storage, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_config, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_reinit, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bad_env, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_stats, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,19 +28,11 @@
 #include "ntensor.h"
 #include "internal.h"
 #include "streams/stream.h"
-
-static int setup(void **state)
-{
-    (void)state;
-    assert_int_equal(nt_init(), 0);
-    nt_clear_error();
-    return 0;
-}
+#include "nt_test.h"
 
 static int teardown(void **state)
 {
-    (void)state;
-    nt_shutdown();
+    nt_test_teardown(state);
     unsetenv("NT_TRACE");
     unsetenv("NT_STATS");
     unsetenv("NT_HBM_BYTES");
@@ -601,21 +593,21 @@ static void test_stats_summary(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_nan_unfused_cpu, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_nan_unfused_sim, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_nan_carried_not_blamed, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_nan_fused_cpu, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_nan_fused_sim, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_nan_fused_elided_inf, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_nan_fused_inplace, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_provenance_kernel_error, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_provenance_sim_rule, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_provenance_device_memory, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_provenance_composite, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_provenance_backward, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_deterministic_ready_on_return, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_trace_file, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_stats_summary, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_nan_unfused_cpu, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_nan_unfused_sim, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_nan_carried_not_blamed, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_nan_fused_cpu, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_nan_fused_sim, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_nan_fused_elided_inf, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_nan_fused_inplace, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_provenance_kernel_error, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_provenance_sim_rule, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_provenance_device_memory, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_provenance_composite, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_provenance_backward, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_deterministic_ready_on_return, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_trace_file, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stats_summary, nt_test_setup, teardown),
     };
     return cmocka_run_group_tests_name("debug", tests, NULL, NULL);
 }

@@ -22,20 +22,12 @@
 #include <glib.h>
 
 #include "ntensor.h"
+#include "nt_test.h"
 
 static int setup(void **state)
 {
-    (void)state;
-    assert_int_equal(nt_init(), 0);
+    nt_test_setup(state);
     nt_config_set("NT_BACKEND", "cpu");
-    nt_clear_error();
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    nt_shutdown();
     return 0;
 }
 
@@ -1084,22 +1076,22 @@ static void test_many_live_outputs(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_many_live_outputs, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_differential, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_differential_sim, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_print_invariance, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_ew_chain_one_kernel, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_adaptive_gathers_burst, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_elided_values_take_no_memory, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_cpu_spans_bitwise, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_softmax_primitives_one_row_kernel, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_matmul_epilogue, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_liveness_reasons, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_break_reasons, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_break_sbuf_capacity, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_break_view_hazards, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_kernel_cache, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_op_limit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_many_live_outputs, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_differential, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_differential_sim, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_print_invariance, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_ew_chain_one_kernel, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_adaptive_gathers_burst, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_elided_values_take_no_memory, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_cpu_spans_bitwise, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_softmax_primitives_one_row_kernel, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_matmul_epilogue, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_liveness_reasons, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_break_reasons, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_break_sbuf_capacity, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_break_view_hazards, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_kernel_cache, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_op_limit, setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,37 +16,19 @@
 #include <cmocka.h>
 
 #include "ntensor.h"
+#include "nt_test.h"
 
-static char tmpdir[256];
-
-static int setup(void **state)
-{
-    (void)state;
-    assert_int_equal(nt_init(), 0);
-    nt_clear_error();
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    nt_shutdown();
-    return 0;
-}
 
 static int group_setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/nt_test_optim_XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return nt_test_dir_make("optim");
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return nt_test_dir_remove();
 }
 
 /* A path in the test's directory (a small ring of buffers: copy it to keep
@@ -56,7 +38,7 @@ static const char *tpath(const char *name)
     static char buf[8][400];
     static int k;
     char *p = buf[k++ & 7];
-    snprintf(p, 400, "%s/%s", tmpdir, name);
+    snprintf(p, 400, "%s/%s", nt_test_dir, name);
     return p;
 }
 
@@ -666,7 +648,7 @@ static void test_checkpoint_errors(void **state)
 
     /* missing */
     expect_load_error(&t, tpath("missing.ckpt"), NT_EIO, "cannot open");
-    expect_load_error(&t, tmpdir, NT_EIO, "cannot read"); /* a directory */
+    expect_load_error(&t, nt_test_dir, NT_EIO, "cannot read"); /* a directory */
     /* truncated at several offsets: in the header, the table, the data */
     size_t cuts[] = {0, 5, 8, 20, 31, 40, 200, n / 2, n - 1};
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
@@ -844,16 +826,16 @@ static void test_bitwise_across_modes(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_sgd_against_formulas, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_adamw_against_formulas, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_skip_without_grad, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_zero_grad_and_lr, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_api_errors, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_master_weights, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_training_loss_falls, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_checkpoint_round_trip, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_checkpoint_errors, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_bitwise_across_modes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sgd_against_formulas, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_adamw_against_formulas, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_skip_without_grad, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_zero_grad_and_lr, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_api_errors, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_master_weights, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_training_loss_falls, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_round_trip, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_errors, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bitwise_across_modes, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -13,18 +13,12 @@
 #include <glib.h>
 
 #include "ntensor.h"
+#include "nt_test.h"
 
 static int setup(void **state)
 {
     (void)state;
     assert_int_equal(nt_init(), 0);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    nt_shutdown();
     return 0;
 }
 
@@ -158,16 +152,16 @@ static void test_print_errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_fixed_and_int_mode, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_scientific, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_special_values, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_dtypes, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_empty, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_3d, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_wrap, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_summarize, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_views_print, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_print_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fixed_and_int_mode, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_scientific, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_special_values, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_dtypes, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_empty, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_3d, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_wrap, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_summarize, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_views_print, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_print_errors, setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,23 +26,15 @@
 
 #include "internal.h"
 #include "sim/sim.h"
+#include "nt_test.h"
 
 static bool quick;
 
 static int setup(void **state)
 {
-    (void)state;
-    assert_int_equal(nt_init(), 0);
+    nt_test_setup(state);
     nt_config_set("NT_FUSION", "0");
     nt_config_set("NT_MODE", "adaptive");
-    nt_clear_error();
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    nt_shutdown();
     return 0;
 }
 
@@ -1149,26 +1141,26 @@ int main(void)
     const char *q = getenv("NT_TEST_QUICK");
     quick = q && *q && *q != '0';
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_unary, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_scalar, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_binary_compare_where, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_backward_helpers, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_copy_cast, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_fill_arange_rand, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_reductions, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_rows, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_cross_entropy_rows, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_matmul, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_matmul_instruction_level, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_embedding, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_data_error_messages, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_fused_programs, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_fused_hbm_bytes, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_stochastic_rounding, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_require_sim_and_min_flops, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_user_tile_kernel, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_big_shapes, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_sim_stats_and_trace_hook, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unary, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_scalar, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_binary_compare_where, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_backward_helpers, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_copy_cast, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_fill_arange_rand, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_reductions, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_rows, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_cross_entropy_rows, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_matmul, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_matmul_instruction_level, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_embedding, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_data_error_messages, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_fused_programs, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_fused_hbm_bytes, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_stochastic_rounding, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_require_sim_and_min_flops, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_user_tile_kernel, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_big_shapes, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_sim_stats_and_trace_hook, setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,21 +12,7 @@
 
 #include "internal.h"
 #include "streams/stream.h"
-
-static int setup(void **state)
-{
-    (void)state;
-    assert_int_equal(nt_init(), 0);
-    nt_clear_error();
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    nt_shutdown();
-    return 0;
-}
+#include "nt_test.h"
 
 static nt_tensor *ivec(int n, int32_t start)
 {
@@ -435,18 +421,18 @@ static void test_async_error_provenance(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_modes_same_values, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_deterministic_runs_inline, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_lazy_holds_until_sync, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_lazy_sync_runs_only_what_it_needs, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_threads_own_and_shared_streams, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_threads_lazy, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_threads_deterministic, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_events, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_implicit_cross_stream, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_stream_api_errors, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_backpressure, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_async_error_provenance, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_modes_same_values, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_deterministic_runs_inline, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_lazy_holds_until_sync, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_lazy_sync_runs_only_what_it_needs, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_threads_own_and_shared_streams, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_threads_lazy, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_threads_deterministic, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_events, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_implicit_cross_stream, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_stream_api_errors, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_backpressure, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_async_error_provenance, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
