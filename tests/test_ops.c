@@ -454,71 +454,50 @@ static const double special_x[] = {0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.0, 10.0, -
                                    0.3, 7.5, -0.75, 0.625, 0.875, 4.0, -6.0, 1e30};
 #define N_SPECIAL ((int64_t)(sizeof special_x / sizeof special_x[0]))
 
-static void test_unary_f32_values_and_specials(void **state)
+/* Every unary op over the special values and nrand random ones in dtype dt,
+ * against the double reference: f32 within un_f32_ulps (bitwise where 0);
+ * bf16/f16: the f32 result (within the bounds above) rounded once to the
+ * dtype is within 1 ulp of the dtype of the double reference rounded to the
+ * dtype (0 for the exact ops). */
+static void check_unary(nt_dtype dt, int64_t nrand)
 {
-    (void)state;
-    int64_t n = N_SPECIAL + 200;
+    int64_t n = N_SPECIAL + nrand;
     double *x = dv(n);
     memcpy(x, special_x, sizeof special_x);
-    double *r = randv(200, -12, 12);
-    memcpy(x + N_SPECIAL, r, 200 * sizeof(double));
-    nt_tensor *t = mk(NT_F32, 1, SH(n), x);
+    memcpy(x + N_SPECIAL, randv(nrand, -12, 12), (size_t)nrand * sizeof(double));
+    nt_tensor *t = mk(dt, 1, SH(n), x);
     for (int op = 0; op < UN_COUNT; op++) {
         nt_tensor *y = un_apply(op, t);
-        assert_int_equal(nt_dtype_of(y), NT_F32);
+        assert_int_equal(nt_dtype_of(y), dt);
         double *got = fetch(y), *ref = dv(n);
         for (int64_t i = 0; i < n; i++)
             ref[i] = un_ref(op, x[i]);
         if (op == UN_GELU || op == UN_SILU) {
             double *tol = dv(n);
             for (int64_t i = 0; i < n; i++)
-                tol[i] = op == UN_GELU ? gelu_tol(NT_F32, x[i], ref[i])
-                                       : silu_tol(NT_F32, x[i], ref[i]);
+                tol[i] = op == UN_GELU ? gelu_tol(dt, x[i], ref[i]) : silu_tol(dt, x[i], ref[i]);
             within(un_name[op], got, ref, tol, n);
         } else if (un_f32_ulps[op] == 0) {
             for (int64_t i = 0; i < n; i++)
-                ref[i] = (double)(float)ref[i]; /* correctly rounded: bitwise */
+                ref[i] = rnd(dt, (double)(float)ref[i]); /* correctly rounded: bitwise */
             exact(un_name[op], got, ref, n);
         } else {
-            near(un_name[op], NT_F32, got, ref, n, un_f32_ulps[op]);
+            near(un_name[op], dt, got, ref, n, dt == NT_F32 ? un_f32_ulps[op] : 1);
         }
     }
 }
 
-/* bf16/f16: the f32 result (within the bounds above) rounded once to the
- * dtype is within 1 ulp of the dtype of the double reference rounded to the
- * dtype (0 for the exact ops). */
+static void test_unary_f32_values_and_specials(void **state)
+{
+    (void)state;
+    check_unary(NT_F32, 200);
+}
+
 static void test_unary_half_values(void **state)
 {
     (void)state;
-    for (int k = 1; k < 3; k++) {
-        nt_dtype dt = FLOATS[k];
-        int64_t n = N_SPECIAL + 100;
-        double *x = dv(n);
-        memcpy(x, special_x, sizeof special_x);
-        memcpy(x + N_SPECIAL, randv(100, -12, 12), 100 * sizeof(double));
-        nt_tensor *t = mk(dt, 1, SH(n), x);
-        for (int op = 0; op < UN_COUNT; op++) {
-            nt_tensor *y = un_apply(op, t);
-            assert_int_equal(nt_dtype_of(y), dt);
-            double *got = fetch(y), *ref = dv(n);
-            for (int64_t i = 0; i < n; i++)
-                ref[i] = un_ref(op, x[i]);
-            if (op == UN_GELU || op == UN_SILU) {
-                double *tol = dv(n);
-                for (int64_t i = 0; i < n; i++)
-                    tol[i] = op == UN_GELU ? gelu_tol(dt, x[i], ref[i])
-                                           : silu_tol(dt, x[i], ref[i]);
-                within(un_name[op], got, ref, tol, n);
-            } else if (un_f32_ulps[op] == 0) {
-                for (int64_t i = 0; i < n; i++)
-                    ref[i] = rnd(dt, (double)(float)ref[i]);
-                exact(un_name[op], got, ref, n);
-            } else {
-                near(un_name[op], dt, got, ref, n, 1);
-            }
-        }
-    }
+    for (int k = 1; k < 3; k++)
+        check_unary(FLOATS[k], 100);
 }
 
 static void test_unary_int_inputs(void **state)
