@@ -22,39 +22,12 @@
 #include <string.h>
 #include <time.h>
 
+#define BENCH_NAME "bench/amp"
+#include "bench.h"
+
 #define IN 784
 #define HID 1024
 #define OUT 10
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static void die(const char *what)
-{
-    fprintf(stderr, "amp: %s: %s\n", what, nt_last_error_message());
-    exit(1);
-}
-
-static nt_tensor *uparam(int ndim, const int64_t *shape, double fan_in, uint64_t seed)
-{
-    double b = 1 / sqrt(fan_in);
-    nt_tensor *u = nt_rand(NT_F32, ndim, shape, seed);
-    nt_tensor *t = nt_add_scalar(nt_mul_scalar(u, 2 * b), -b);
-    nt_release(u);
-    if (!t || nt_set_requires_grad(t, true))
-        die("init");
-    return t;
-}
 
 typedef struct {
     double ms, sim_ms, tensor_ms, ideal_ms, mbytes, kernels, loss;
@@ -64,11 +37,8 @@ typedef struct {
  * master: bf16 parameters with f32 masters (amp NT_BF16). */
 static result run(nt_dtype amp, bool master, int batch, int warmup, int steps)
 {
-    nt_tensor *p[6] = {
-        uparam(2, (int64_t[]){HID, IN}, IN, 1),   uparam(1, (int64_t[]){HID}, IN, 2),
-        uparam(2, (int64_t[]){HID, HID}, HID, 3), uparam(1, (int64_t[]){HID}, HID, 4),
-        uparam(2, (int64_t[]){OUT, HID}, HID, 5), uparam(1, (int64_t[]){OUT}, HID, 6),
-    };
+    nt_tensor *p[6];
+    bench_mlp_params(p, IN, HID, OUT);
     /* synthetic data: pixels in [0, 1), labels from a fixed pattern */
     nt_tensor *x = nt_rand(NT_F32, 2, (int64_t[]){batch, IN}, 42);
     int32_t *lab = malloc(sizeof(int32_t) * (size_t)batch);
@@ -83,14 +53,14 @@ static result run(nt_dtype amp, bool master, int batch, int warmup, int steps)
         nt_release(p[i]);
         p[i] = b;
         if (!b || nt_set_requires_grad(b, true))
-            die("bf16 parameters");
+            bench_fail("bf16 parameters");
     }
     nt_optim *opt = nt_optim_adamw(p, 6, 1e-3, 0.9, 0.999, 1e-8, 0.01);
     if (master && (!opt || nt_optim_set_master_weights(opt, true)))
-        die("master weights");
+        bench_fail("master weights");
     nt_grad_scaler *scaler = amp == NT_F16 ? nt_grad_scaler_create(NULL) : NULL;
     if (!x || !y || !opt || (amp == NT_F16 && !scaler))
-        die("set-up");
+        bench_fail("set-up");
     double *t = malloc(sizeof(double) * (size_t)steps);
     nt_stats st0, st1;
     nt_sim_stats s0, s1;
@@ -101,10 +71,10 @@ static result run(nt_dtype amp, bool master, int batch, int warmup, int steps)
             nt_stats_get(&st0);
             nt_sim_stats_get(&s0);
         }
-        double t0 = now_ms();
+        double t0 = bench_now_ns() * 1e-6;
         nt_scope *sc = nt_scope_begin();
         if (amp != NT_DTYPE_COUNT && nt_autocast_begin(amp))
-            die("nt_autocast_begin");
+            bench_fail("nt_autocast_begin");
         nt_tensor *h1 = nt_relu(nt_linear(x, p[0], p[1]));
         nt_tensor *h2 = nt_relu(nt_linear(h1, p[2], p[3]));
         nt_tensor *loss = nt_cross_entropy(nt_linear(h2, p[4], p[5]), y);
@@ -117,15 +87,15 @@ static result run(nt_dtype amp, bool master, int batch, int warmup, int steps)
         else
             rc = nt_backward(loss) || nt_optim_step(opt);
         if (rc || nt_optim_zero_grad(opt) || nt_item(loss, &l))
-            die("step");
+            bench_fail("step");
         nt_scope_end(sc);
         if (s >= warmup)
-            t[s - warmup] = now_ms() - t0;
+            t[s - warmup] = bench_now_ns() * 1e-6 - t0;
     }
     nt_sync();
     nt_stats_get(&st1);
     nt_sim_stats_get(&s1);
-    qsort(t, (size_t)steps, sizeof t[0], cmp);
+    qsort(t, (size_t)steps, sizeof t[0], bench_cmp);
     result r = {
         .ms = t[steps / 2],
         .sim_ms = (s1.sim_ns - s0.sim_ns) * 1e-6 / steps,
@@ -166,7 +136,7 @@ int main(int argc, char **argv)
         }
     }
     if (steps < 1 || warmup < 0 || nt_init() != 0 || nt_config_set("NT_MODE", mode) != 0)
-        die("set-up");
+        bench_fail("set-up");
     printf("amp: MLP 784-1024-1024-10, AdamW; mode %s, backend %s; median of "
            "%d steps after %d\n", mode, nt_config_get("NT_BACKEND"), steps, warmup);
     printf("%6s %-11s %9s %9s %9s %9s %9s %8s %8s\n", "batch", "precision", "wall ms",
@@ -175,7 +145,7 @@ int main(int argc, char **argv)
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
         int batch = atoi(tok);
         if (batch < 1)
-            die("--batches");
+            bench_fail("--batches");
         const nt_dtype amps[4] = {NT_DTYPE_COUNT, NT_BF16, NT_F16, NT_BF16};
         const char *names[4] = {"f32", "bf16", "fp16+scale", "bf16+master"};
         result r[4];

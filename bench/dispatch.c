@@ -13,21 +13,11 @@
 #include <string.h>
 #include <time.h>
 
+#define BENCH_NAME "bench/dispatch"
+#include "bench.h"
+
 #define BATCH 4096
 #define REPEATS 101
-
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static double run(const char *mode, nt_tensor *a, nt_tensor *b)
 {
@@ -38,10 +28,10 @@ static double run(const char *mode, nt_tensor *a, nt_tensor *b)
     static double per_op[REPEATS];
     static nt_tensor *outs[BATCH];
     for (int r = 0; r < REPEATS; r++) {
-        double t0 = now_ns();
+        double t0 = bench_now_ns();
         for (int i = 0; i < BATCH; i++)
             outs[i] = nt_add(a, b);
-        double t1 = now_ns();
+        double t1 = bench_now_ns();
         per_op[r] = (t1 - t0) / BATCH;
         if (!outs[BATCH - 1]) {
             fprintf(stderr, "nt_add failed: %s\n", nt_last_error_message());
@@ -51,7 +41,7 @@ static double run(const char *mode, nt_tensor *a, nt_tensor *b)
             nt_release(outs[i]);
         nt_sync();
     }
-    qsort(per_op, REPEATS, sizeof per_op[0], cmp);
+    qsort(per_op, REPEATS, sizeof per_op[0], bench_cmp);
     return per_op[REPEATS / 2];
 }
 

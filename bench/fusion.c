@@ -18,36 +18,12 @@
 #include <string.h>
 #include <time.h>
 
+#define BENCH_NAME "bench/fusion"
+#include "bench.h"
+
 #define N (4 << 20)
 #define REPS 7
 #define PLAN_REPS 7
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmpd);
-    return v[n / 2];
-}
-
-static void check(int rc, const char *what)
-{
-    if (rc) {
-        fprintf(stderr, "bench/fusion: %s failed: %s\n", what, nt_last_error_message());
-        exit(1);
-    }
-}
 
 /* ---------------- 1. the chain ---------------- */
 
@@ -67,20 +43,20 @@ static nt_tensor *chain(nt_tensor *x)
 
 static double time_chain(const char *mode, nt_tensor *x, uint64_t *hbm_bytes)
 {
-    check(nt_config_set("NT_MODE", mode), "nt_config_set");
+    bench_check(nt_config_set("NT_MODE", mode), "nt_config_set");
     double t[REPS];
     for (int r = 0; r < REPS + 1; r++) {
         nt_stats_reset();
-        double t0 = now_s();
+        double t0 = bench_now_ns() * 1e-9;
         nt_tensor *y = chain(x);
-        check(nt_sync(), "sync");
-        double t1 = now_s();
+        bench_check(nt_sync(), "sync");
+        double t1 = bench_now_ns() * 1e-9;
         nt_release(y);
         if (r)
             t[r - 1] = t1 - t0; /* the first run warms caches and the kernel cache */
     }
     (void)hbm_bytes;
-    return median(t, REPS);
+    return bench_median(t, REPS);
 }
 
 static double time_memcpy(void)
@@ -90,16 +66,16 @@ static double time_memcpy(void)
     memset(b, 2, N * 4);
     double t[REPS];
     for (int r = 0; r < REPS + 1; r++) {
-        double t0 = now_s();
+        double t0 = bench_now_ns() * 1e-9;
         memcpy(b, a, N * 4);
-        double t1 = now_s();
+        double t1 = bench_now_ns() * 1e-9;
         if (r)
             t[r - 1] = t1 - t0;
         a[r] = b[r + 1]; /* keep the copy observable */
     }
     free(a);
     free(b);
-    return median(t, REPS);
+    return bench_median(t, REPS);
 }
 
 /* ---------------- 2. softmax as primitives ---------------- */
@@ -117,29 +93,29 @@ static nt_tensor *softmax_prims(nt_tensor *x)
 
 static double time_softmax(const char *mode, nt_tensor *x)
 {
-    check(nt_config_set("NT_MODE", mode), "nt_config_set");
+    bench_check(nt_config_set("NT_MODE", mode), "nt_config_set");
     double t[3];
     for (int r = 0; r < 4; r++) {
-        double t0 = now_s();
+        double t0 = bench_now_ns() * 1e-9;
         nt_tensor *y = softmax_prims(x);
-        check(nt_sync(), "sync");
-        double t1 = now_s();
+        bench_check(nt_sync(), "sync");
+        double t1 = bench_now_ns() * 1e-9;
         nt_release(y);
         if (r)
             t[r - 1] = t1 - t0;
     }
-    return median(t, 3);
+    return bench_median(t, 3);
 }
 
 /* ---------------- 3. planning cost ---------------- */
 
 static double plan_time(int nops)
 {
-    check(nt_config_set("NT_MODE", "lazy"), "nt_config_set");
+    bench_check(nt_config_set("NT_MODE", "lazy"), "nt_config_set");
     char w[32];
     snprintf(w, sizeof w, "%d", nops + 16);
-    check(nt_config_set("NT_LAZY_WINDOW", w), "window");
-    check(nt_config_set("NT_MAX_INFLIGHT", "100000000"), "inflight");
+    bench_check(nt_config_set("NT_LAZY_WINDOW", w), "window");
+    bench_check(nt_config_set("NT_MAX_INFLIGHT", "100000000"), "inflight");
     nt_tensor *x = nt_zeros(NT_F32, 1, (int64_t[]){8});
     nt_sync();
     double t[PLAN_REPS];
@@ -151,29 +127,29 @@ static double plan_time(int nops)
          * reduction that breaks the group */
         for (int k = 0; k < nops; k++)
             y = (k % 8 == 7) ? nt_sum(y, 0, true) : nt_add_scalar(y, 1.0);
-        check(nt_sync(), "sync");
+        bench_check(nt_sync(), "sync");
         nt_scope_end(s);
         nt_stats st;
         nt_stats_get(&st);
         t[r] = (double)st.fusion_plan_ns * 1e-9;
     }
     nt_release(x);
-    check(nt_config_set("NT_LAZY_WINDOW", "4096"), "window");
-    check(nt_config_set("NT_MAX_INFLIGHT", "65536"), "inflight");
+    bench_check(nt_config_set("NT_LAZY_WINDOW", "4096"), "window");
+    bench_check(nt_config_set("NT_MAX_INFLIGHT", "65536"), "inflight");
     /* the fastest run: planning cost is deterministic work, and a neighbour
      * on this shared machine only ever adds time (a median of 3 swung the
      * ratio between 10 and 13.6 from run to run) */
-    qsort(t, PLAN_REPS, sizeof *t, cmpd);
+    qsort(t, PLAN_REPS, sizeof *t, bench_cmp);
     return t[0];
 }
 
 int main(void)
 {
-    check(nt_init(), "nt_init");
+    bench_check(nt_init(), "nt_init");
     printf("bench/fusion (backend %s)\n", nt_config_get("NT_BACKEND"));
 
     nt_tensor *x = nt_randn(NT_F32, 1, (int64_t[]){N}, 42);
-    check(nt_sync(), "randn");
+    bench_check(nt_sync(), "randn");
     double tm = time_memcpy();
     double te = time_chain("eager", x, NULL);
     double ta = time_chain("adaptive", x, NULL);
@@ -195,7 +171,7 @@ int main(void)
     nt_release(x);
 
     nt_tensor *s = nt_randn(NT_F32, 2, (int64_t[]){4096, 4096}, 7);
-    check(nt_sync(), "randn");
+    bench_check(nt_sync(), "randn");
     double se = time_softmax("eager", s), sl = time_softmax("lazy", s);
     printf("2. softmax of [4096, 4096] as max/sub/exp/sum/div\n");
     printf("   eager %.1f ms, fused (lazy) %.1f ms: %.2fx (target >= 3x)\n", se * 1e3, sl * 1e3,

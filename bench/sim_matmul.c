@@ -16,20 +16,8 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void check(int rc, const char *what)
-{
-    if (rc) {
-        fprintf(stderr, "bench/sim_matmul: %s failed: %s\n", what, nt_last_error_message());
-        exit(1);
-    }
-}
+#define BENCH_NAME "bench/sim_matmul"
+#include "bench.h"
 
 static void run(int64_t n, int reps)
 {
@@ -43,24 +31,24 @@ static void run(int64_t n, int reps)
     /* OpenBLAS */
     double tb = 1e30;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = bench_now_ns() * 1e-9;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, a,
                     (int)n, b, (int)n, 0.0f, c, (int)n);
-        double t = now_s() - t0;
+        double t = bench_now_ns() * 1e-9 - t0;
         if (t < tb)
             tb = t;
     }
     /* nt_matmul on the simulator */
     int64_t shape[2] = {n, n};
     nt_tensor *A = nt_from_host(a, NT_F32, 2, shape), *B = nt_from_host(b, NT_F32, 2, shape);
-    check(nt_sync(), "upload");
+    bench_check(nt_sync(), "upload");
     double ts = 1e30, host = 0, gemm = 0, sim = 0, mfu = 0;
     for (int r = 0; r < reps; r++) {
         nt_sim_stats_reset();
-        double t0 = now_s();
+        double t0 = bench_now_ns() * 1e-9;
         nt_tensor *C = nt_matmul(A, B);
-        check(nt_sync(), "nt_matmul");
-        double t = now_s() - t0;
+        bench_check(nt_sync(), "nt_matmul");
+        double t = bench_now_ns() * 1e-9 - t0;
         nt_sim_stats st;
         nt_sim_stats_get(&st);
         if (t < ts) {
@@ -90,8 +78,8 @@ static void run(int64_t n, int reps)
 
 int main(void)
 {
-    check(nt_init(), "nt_init");
-    check(nt_config_set("NT_BACKEND", "sim"), "NT_BACKEND=sim");
+    bench_check(nt_init(), "nt_init");
+    bench_check(nt_config_set("NT_BACKEND", "sim"), "NT_BACKEND=sim");
     printf("bench/sim_matmul (backend %s)\n", nt_config_get("NT_BACKEND"));
     run(1024, 5);
     run(2048, 3);

@@ -18,42 +18,14 @@
 #include <string.h>
 #include <time.h>
 
+#define BENCH_NAME "bench/train_step"
+#include "bench.h"
+
 #define BATCH 128
 #define IN 784
 #define HID 1024
 #define OUT 10
 #define TARGET_MS 8.0
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static void die(const char *what)
-{
-    fprintf(stderr, "train_step: %s: %s\n", what, nt_last_error_message());
-    exit(1);
-}
-
-/* PyTorch's nn.Linear initialisation: uniform in +-1/sqrt(fan_in). */
-static nt_tensor *uparam(int ndim, const int64_t *shape, double fan_in, uint64_t seed)
-{
-    double b = 1 / sqrt(fan_in);
-    nt_tensor *u = nt_rand(NT_F32, ndim, shape, seed);
-    nt_tensor *t = nt_add_scalar(nt_mul_scalar(u, 2 * b), -b);
-    nt_release(u);
-    if (!t || nt_set_requires_grad(t, true))
-        die("init");
-    return t;
-}
 
 typedef struct {
     double ms;              /* median wall time per step */
@@ -64,15 +36,12 @@ typedef struct {
 static result run(const char *mode, int warmup, int steps, nt_tensor *x, nt_tensor *y)
 {
     if (nt_config_set("NT_MODE", mode) != 0)
-        die("nt_config_set");
-    nt_tensor *p[6] = {
-        uparam(2, (int64_t[]){HID, IN}, IN, 1),   uparam(1, (int64_t[]){HID}, IN, 2),
-        uparam(2, (int64_t[]){HID, HID}, HID, 3), uparam(1, (int64_t[]){HID}, HID, 4),
-        uparam(2, (int64_t[]){OUT, HID}, HID, 5), uparam(1, (int64_t[]){OUT}, HID, 6),
-    };
+        bench_fail("nt_config_set");
+    nt_tensor *p[6];
+    bench_mlp_params(p, IN, HID, OUT);
     nt_optim *opt = nt_optim_adamw(p, 6, 1e-3, 0.9, 0.999, 1e-8, 0.01);
     if (!opt)
-        die("nt_optim_adamw");
+        bench_fail("nt_optim_adamw");
     double *t = malloc(sizeof(double) * (size_t)steps);
     nt_stats st0, st1;
     nt_sim_stats sim0, sim1;
@@ -82,7 +51,7 @@ static result run(const char *mode, int warmup, int steps, nt_tensor *x, nt_tens
             nt_stats_get(&st0);
             nt_sim_stats_get(&sim0);
         }
-        double t0 = now_ms();
+        double t0 = bench_now_ns() * 1e-6;
         nt_scope *sc = nt_scope_begin();
         nt_tensor *h1 = nt_relu(nt_linear(x, p[0], p[1]));
         nt_tensor *h2 = nt_relu(nt_linear(h1, p[2], p[3]));
@@ -90,15 +59,15 @@ static result run(const char *mode, int warmup, int steps, nt_tensor *x, nt_tens
         double l;
         if (nt_backward(loss) || nt_optim_step(opt) || nt_optim_zero_grad(opt) ||
             nt_item(loss, &l))
-            die("step");
+            bench_fail("step");
         nt_scope_end(sc);
         if (s >= warmup)
-            t[s - warmup] = now_ms() - t0;
+            t[s - warmup] = bench_now_ns() * 1e-6 - t0;
     }
     nt_sync();
     nt_stats_get(&st1);
     nt_sim_stats_get(&sim1);
-    qsort(t, (size_t)steps, sizeof t[0], cmp);
+    qsort(t, (size_t)steps, sizeof t[0], bench_cmp);
     result r = {t[steps / 2], (double)(st1.kernels_launched - st0.kernels_launched) / steps,
                 (double)(st1.ops_enqueued - st0.ops_enqueued) / steps,
                 (sim1.sim_ns - sim0.sim_ns) * 1e-6 / steps};
@@ -130,14 +99,14 @@ int main(int argc, char **argv)
         return 1;
     }
     if (nt_init() != 0)
-        die("nt_init");
+        bench_fail("nt_init");
     nt_tensor *x = nt_rand(NT_F32, 2, (int64_t[]){BATCH, IN}, 42);
     int32_t lab[BATCH];
     for (int i = 0; i < BATCH; i++)
         lab[i] = (int32_t)((i * 7 + 3) % OUT);
     nt_tensor *y = nt_from_host(lab, NT_I32, 1, (int64_t[]){BATCH});
     if (!x || !y)
-        die("data");
+        bench_fail("data");
     printf("bench/train_step: MLP 784-1024-1024-10, batch %d, AdamW; median of %d steps after "
            "%d warm-up; backend %s\n",
            BATCH, steps, warmup, nt_config_get("NT_BACKEND"));

@@ -1,0 +1,74 @@
+/* bench/bench.h - what every benchmark needs: a monotonic clock, the median
+ * of repeats, a clean exit on a failed call, and PyTorch's nn.Linear
+ * initialisation for the MLP benches.  Define BENCH_NAME (e.g.
+ * "bench/fusion") before including. */
+#ifndef NT_BENCH_H
+#define NT_BENCH_H
+
+#include <math.h>
+#include <ntensor.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static inline double bench_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static inline int bench_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Sorts v[0 .. n) and returns its median (the upper one for even n). */
+static inline double bench_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, bench_cmp);
+    return v[n / 2];
+}
+
+/* Exits with the runtime's last error: `what` failed. */
+static inline void bench_fail(const char *what)
+{
+    fprintf(stderr, "%s: %s failed: %s\n", BENCH_NAME, what, nt_last_error_message());
+    exit(1);
+}
+
+/* bench_fail(what) when a call returned nonzero. */
+static inline void bench_check(int rc, const char *what)
+{
+    if (rc)
+        bench_fail(what);
+}
+
+/* PyTorch's nn.Linear initialisation: uniform in +-1/sqrt(fan_in), with
+ * requires_grad set. */
+static inline nt_tensor *bench_linear_param(int ndim, const int64_t *shape, double fan_in,
+                                            uint64_t seed)
+{
+    double b = 1 / sqrt(fan_in);
+    nt_tensor *u = nt_rand(NT_F32, ndim, shape, seed);
+    nt_tensor *t = nt_add_scalar(nt_mul_scalar(u, 2 * b), -b);
+    nt_release(u);
+    if (!t || nt_set_requires_grad(t, true))
+        bench_fail("init");
+    return t;
+}
+
+/* The benches' MLP (in -> hid -> hid -> out): weight and bias of each
+ * Linear layer, initialised as PyTorch does, with seeds 1 .. 6. */
+static inline void bench_mlp_params(nt_tensor *p[6], int64_t in, int64_t hid, int64_t out)
+{
+    p[0] = bench_linear_param(2, (int64_t[]){hid, in}, (double)in, 1);
+    p[1] = bench_linear_param(1, (int64_t[]){hid}, (double)in, 2);
+    p[2] = bench_linear_param(2, (int64_t[]){hid, hid}, (double)hid, 3);
+    p[3] = bench_linear_param(1, (int64_t[]){hid}, (double)hid, 4);
+    p[4] = bench_linear_param(2, (int64_t[]){out, hid}, (double)hid, 5);
+    p[5] = bench_linear_param(1, (int64_t[]){out}, (double)hid, 6);
+}
+
+#endif
