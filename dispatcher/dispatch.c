@@ -175,28 +175,20 @@ static nt_tensor *dispatch_inner(nt__call *c)
         }
         c->out[i] = nt__tensor_empty(c->odt[i], c->ondim[i], c->oshape[i], c->site, c->fn);
         if (!c->out[i]) {
-            for (int j = 0; j < i; j++)
-                nt_release(c->out[j]);
-            goto fail;
+            nout = i; /* the ones made so far */
+            goto fail_out;
         }
     }
 
     /* Autograd records the node (and refuses bad in-place writes). */
-    if (!c->no_grad && nt__ag_on_dispatch && nt__ag_on_dispatch(c) < 0) {
-        if (!c->dst)
-            for (int i = 0; i < nout; i++)
-                nt_release(c->out[i]);
-        goto fail;
-    }
+    if (!c->no_grad && nt__ag_on_dispatch && nt__ag_on_dispatch(c) < 0)
+        goto fail_out;
 
     nt_stream *s = nt__stream_current();
     nt__rec *r = nt__rec_alloc(s);
     if (!r) {
         nt__err(c->site, NT_ENOMEM, c->fn, "out of host memory for an op record");
-        if (!c->dst)
-            for (int i = 0; i < nout; i++)
-                nt_release(c->out[i]);
-        goto fail;
+        goto fail_out;
     }
     r->type = NT_REC_OP;
     r->op = (uint16_t)c->op;
@@ -256,7 +248,10 @@ static nt_tensor *dispatch_inner(nt__call *c)
         nt__scope_adopt(c->out[i]);
     return c->out[0];
 
-fail:
+fail_out:
+    if (!c->dst)
+        for (int i = 0; i < nout; i++)
+            nt_release(c->out[i]);
     for (int i = 0; i < c->nin; i++)
         if (c->in[i])
             nt__tensor_iunref(c->in[i]);
