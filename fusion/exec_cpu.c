@@ -163,33 +163,30 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
             settle_i(out, odt, as_i32(&a[0], (int32_t *)t0, n), n);
         }
         return;
+    /* F32_LOOP(E): y[i] = E for every i; an f32 result is canonicalised in
+     * the same pass (y is `out`), any other dtype is rounded by settle_f
+     * after the switch. */
+#define F32_LOOP(E)                                                                        \
+    do {                                                                                   \
+        if (odt == NT_F32)                                                                 \
+            for (int64_t i = 0; i < n; i++)                                                \
+                y[i] = nt__canon(E);                                                       \
+        else                                                                               \
+            for (int64_t i = 0; i < n; i++)                                                \
+                y[i] = (E);                                                                \
+    } while (0)
     case NT_KIND_UNARY:
         if (fc) {
             const float *x = as_f32(&a[0], t0, n);
-            if (odt == NT_F32) { /* computed and settled in one pass */
-                switch (o->op) {
-#define NT__FU(ID, name, nin, kind, flags)                                                  \
-    case NT_OP_##ID:                                                                        \
-        for (int64_t i = 0; i < n; i++)                                                     \
-            y[i] = nt__canon(nt__ew_##name(x[i]));                                          \
-        break;
-                    NT_OPS_UNARY(NT__FU)
-#undef NT__FU
-                default: break;
-                }
-                return;
-            }
             switch (o->op) {
 #define NT__FU(ID, name, nin, kind, flags)                                                  \
-    case NT_OP_##ID:                                                                        \
-        for (int64_t i = 0; i < n; i++)                                                     \
-            y[i] = nt__ew_##name(x[i]);                                                     \
-        break;
+    case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i])); break;
                 NT_OPS_UNARY(NT__FU)
 #undef NT__FU
             default: break;
             }
-            settle_f(out, odt, y, n);
+            if (odt != NT_F32)
+                settle_f(out, odt, y, n);
         } else {
             const int32_t *x = as_i32(&a[0], (int32_t *)t0, n);
             for (int64_t i = 0; i < n; i++)
@@ -203,30 +200,15 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
         if (fc) {
             float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
             const float *x = as_f32(&a[0], t0, n);
-            if (odt == NT_F32) {
-                switch (o->op) {
-#define NT__FS(ID, name, nin, kind, flags)                                                  \
-    case NT_OP_##ID:                                                                        \
-        for (int64_t i = 0; i < n; i++)                                                     \
-            y[i] = nt__canon(nt__ew_##name(x[i], s0, s1));                                  \
-        break;
-                    NT_OPS_SCALAR(NT__FS)
-#undef NT__FS
-                default: break;
-                }
-                return;
-            }
             switch (o->op) {
 #define NT__FS(ID, name, nin, kind, flags)                                                  \
-    case NT_OP_##ID:                                                                        \
-        for (int64_t i = 0; i < n; i++)                                                     \
-            y[i] = nt__ew_##name(x[i], s0, s1);                                             \
-        break;
+    case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i], s0, s1)); break;
                 NT_OPS_SCALAR(NT__FS)
 #undef NT__FS
             default: break;
             }
-            settle_f(out, odt, y, n);
+            if (odt != NT_F32)
+                settle_f(out, odt, y, n);
         } else {
             int32_t s0 = nt__f64_to_i32(o->p.f[0]), s1 = nt__f64_to_i32(o->p.f[1]);
             const int32_t *x = as_i32(&a[0], (int32_t *)t0, n);
@@ -240,32 +222,16 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
     case NT_KIND_BINARY:
         if (fc) {
             const float *x = as_f32(&a[0], t0, n), *z = as_f32(&a[1], t1, n);
-            if (odt == NT_F32) {
-                switch (o->op) {
-#define NT__FB(ID, name, nin, kind, flags)                                                  \
-    case NT_OP_##ID:                                                                        \
-        for (int64_t i = 0; i < n; i++)                                                     \
-            y[i] = nt__canon(nt__ew_##name(x[i], z[i]));                                    \
-        break;
-                    NT_OPS_BINARY(NT__FB)
-                    NT_OPS_EW_BWD(NT__FB)
-#undef NT__FB
-                default: break;
-                }
-                return;
-            }
             switch (o->op) {
 #define NT__FB(ID, name, nin, kind, flags)                                                  \
-    case NT_OP_##ID:                                                                        \
-        for (int64_t i = 0; i < n; i++)                                                     \
-            y[i] = nt__ew_##name(x[i], z[i]);                                               \
-        break;
+    case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i], z[i])); break;
                 NT_OPS_BINARY(NT__FB)
                 NT_OPS_EW_BWD(NT__FB)
 #undef NT__FB
             default: break;
             }
-            settle_f(out, odt, y, n);
+            if (odt != NT_F32)
+                settle_f(out, odt, y, n);
         } else {
             const int32_t *x = as_i32(&a[0], (int32_t *)t0, n);
             const int32_t *z = as_i32(&a[1], (int32_t *)t1, n);
@@ -278,6 +244,7 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
             settle_i(out, odt, yi, n);
         }
         return;
+#undef F32_LOOP
     case NT_KIND_CMP: {
         int32_t *r = (int32_t *)t2;
         if (isf(a[0].dt) || isf(a[1].dt)) {
