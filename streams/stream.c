@@ -527,9 +527,7 @@ static uint64_t held_elems(nt_stream *s, guint from)
  * delayed at all, and a slow host's op by at most ~3%), ends when the host
  * stops enqueueing for NT_GATHER_GAP_NS, and ends at once when a sync (or a
  * host blocked on back-pressure) waits. */
-/* Scales every bound of the wait (tests: a loaded machine must not
- * deschedule the host for longer than the gap mid-burst). */
-uint64_t nt__gather_scale = 1;
+uint64_t nt__gather_scale = 1; /* stream.h */
 
 static void gather_burst(nt_stream *s)
 {

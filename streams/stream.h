@@ -91,6 +91,10 @@ extern nt__batch_fn nt__fusion_batch; /* set by fusion/ at init; NULL = off */
 /* Why the batch being run ends where it does (for the fusion log). */
 extern _Thread_local const char *nt__batch_end_reason NT_TLS_HOT;
 
+/* Multiplies every bound of adaptive mode's wait for the rest of a host
+ * burst (1; tests raise it so a loaded machine cannot split a burst). */
+extern uint64_t nt__gather_scale;
+
 /* For every live stream (debugger, nt_sync): calls fn(s, arg). */
 void nt__streams_foreach(void (*fn)(nt_stream *s, void *arg), void *arg);
 

@@ -22,6 +22,7 @@
 #include <glib.h>
 
 #include "ntensor.h"
+#include "streams/stream.h"
 #include "nt_test.h"
 
 static int setup(void **state)
@@ -635,7 +636,6 @@ static void test_ew_chain_one_kernel(void **state)
  * the wait's bounds by 1000 (streams/stream.c, nt__gather_scale) and then
  * expects (nearly) every burst whole, with the eager bits.  At the real
  * scale it only reports how many fused whole. */
-extern uint64_t nt__gather_scale;
 
 static nt_tensor *burst(nt_tensor *x)
 {
