@@ -757,14 +757,6 @@ void nt__fusion_shutdown(void)
     g_mutex_unlock(&cache_lock);
 }
 
-uint64_t nt__fusion_cache_size(void)
-{
-    g_mutex_lock(&cache_lock);
-    uint64_t n = cache ? g_hash_table_size(cache) : 0;
-    g_mutex_unlock(&cache_lock);
-    return n;
-}
-
 void nt__fusion_stats(nt_stats *out)
 {
     out->fusion_groups = AO_load(&nt__fst.groups);
