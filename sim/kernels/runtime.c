@@ -256,6 +256,25 @@ static nt_ap hbm_pat(const sk_tiler *T, int k, int64_t off, int np, int64_t pste
     return a;
 }
 
+/* One tile of rows of the innermost dim (d = n - 1): np partitions of nf
+ * elements each, the first at element `first` of that dim, partition p at
+ * `first + p * pstep`. */
+static int row_tile(const sk_tiler *T, sk_tile_iter *it, const int64_t *off, int np,
+                    int64_t nf, int64_t first, int64_t pstep,
+                    int (*fn)(void *ctx, const sk_tile_iter *t), void *ctx)
+{
+    it->np = np;
+    it->nf = nf;
+    for (int k = 0; k < T->nop; k++) {
+        int64_t s = T->st[k][T->nd - 1];
+        it->ap[k] = hbm_pat(T, k, off[k] + first * s, np, pstep * s);
+        it->ap[k].ndim = 1;
+        it->ap[k].num[0] = nf;
+        it->ap[k].step[0] = s;
+    }
+    return fn(ctx, it);
+}
+
 int sk_tiler_run(const sk_tiler *T, int (*fn)(void *ctx, const sk_tile_iter *t), void *ctx)
 {
     if (T->nd == 0)
@@ -278,44 +297,18 @@ int sk_tiler_run(const sk_tiler *T, int (*fn)(void *ctx, const sk_tile_iter *t),
             int64_t L = T->c[n - 1], F = T->cs, rows = L / F, rem = L % F;
             int64_t Pp = rows < 128 ? rows : 128, nt = Pp ? rows / Pp : 0;
             for (int64_t t = 0; t < nt; t++) {
-                it.np = (int)Pp;
-                it.nf = F;
-                for (int k = 0; k < T->nop; k++) {
-                    int64_t s = T->st[k][n - 1];
-                    it.ap[k] = hbm_pat(T, k, off[k] + t * F * s, it.np, nt * F * s);
-                    it.ap[k].ndim = 1;
-                    it.ap[k].num[0] = F;
-                    it.ap[k].step[0] = s;
-                }
-                int rc = fn(ctx, &it);
+                int rc = row_tile(T, &it, off, (int)Pp, F, t * F, nt * F, fn, ctx);
                 if (rc)
                     return rc;
             }
             for (int64_t r0 = Pp * nt; r0 < rows; r0 += 128) {
-                it.np = (int)(rows - r0 < 128 ? rows - r0 : 128);
-                it.nf = F;
-                for (int k = 0; k < T->nop; k++) {
-                    int64_t s = T->st[k][n - 1];
-                    it.ap[k] = hbm_pat(T, k, off[k] + r0 * F * s, it.np, F * s);
-                    it.ap[k].ndim = 1;
-                    it.ap[k].num[0] = F;
-                    it.ap[k].step[0] = s;
-                }
-                int rc = fn(ctx, &it);
+                int np = (int)(rows - r0 < 128 ? rows - r0 : 128);
+                int rc = row_tile(T, &it, off, np, F, r0 * F, F, fn, ctx);
                 if (rc)
                     return rc;
             }
             if (rem) {
-                it.np = 1;
-                it.nf = rem;
-                for (int k = 0; k < T->nop; k++) {
-                    int64_t s = T->st[k][n - 1];
-                    it.ap[k] = hbm_pat(T, k, off[k] + rows * F * s, 1, 0);
-                    it.ap[k].ndim = 1;
-                    it.ap[k].num[0] = rem;
-                    it.ap[k].step[0] = s;
-                }
-                int rc = fn(ctx, &it);
+                int rc = row_tile(T, &it, off, 1, rem, rows * F, 0, fn, ctx);
                 if (rc)
                     return rc;
             }
