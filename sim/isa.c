@@ -207,6 +207,17 @@ static int check_same(nt_sim_kernel *k, const char *I, const char *ra, const nt_
 }
 
 /* A [np, 1] scalar operand. */
+/* An on-chip elementwise instruction's dst and src: both SBUF or PSUM
+ * patterns the engine can reach, of the same shape. */
+static int check_dst_src(nt_sim_kernel *k, const char *I, const nt_ap *dst, const nt_ap *src,
+                         int e)
+{
+    int rc = check_ap(k, I, "dst", dst, M_SBUF | M_PSUM, e);
+    if (!rc)
+        rc = check_ap(k, I, "src", src, M_SBUF | M_PSUM, e);
+    return rc ? rc : check_same(k, I, "dst", dst, "src", src);
+}
+
 static int check_scalar(nt_sim_kernel *k, const char *I, const char *role,
                         const nt_isa_scalar *s, const nt_ap *data, int eng)
 {
@@ -1989,9 +2000,7 @@ int nt_isa_tensor_scalar(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
         return nt__sim_fail(k, I, "op0 is missing (rule: one or two ALU ops)");
     if ((unsigned)op0->op >= NT_ALU_COUNT || (op1 && (unsigned)op1->op >= NT_ALU_COUNT))
         return nt__sim_fail(k, I, "bad ALU op (rule: one of nt_alu_op)");
-    TRY(check_ap(k, I, "dst", dst, M_SBUF | M_PSUM, e));
-    TRY(check_ap(k, I, "src", src, M_SBUF | M_PSUM, e));
-    TRY(check_same(k, I, "dst", dst, "src", src));
+    TRY(check_dst_src(k, I, dst, src, e));
     TRY(check_scalar(k, I, "operand0", &op0->operand, src, e));
     if (op1)
         TRY(check_scalar(k, I, "operand1", &op1->operand, src, e));
@@ -2033,9 +2042,7 @@ int nt_isa_activation(nt_sim_kernel *k, const nt_ap *dst, nt_act_func func, cons
     int e = NT_ENGINE_SCALAR;
     if ((unsigned)func >= NT_ACT_COUNT)
         return nt__sim_fail(k, I, "function %d (rule: one of nt_act_func)", (int)func);
-    TRY(check_ap(k, I, "dst", dst, M_SBUF | M_PSUM, e));
-    TRY(check_ap(k, I, "src", src, M_SBUF | M_PSUM, e));
-    TRY(check_same(k, I, "dst", dst, "src", src));
+    TRY(check_dst_src(k, I, dst, src, e));
     TRY(check_scalar(k, I, "scale", scale, src, e));
     TRY(check_scalar(k, I, "bias", bias, src, e));
     if (reduce_dst) {
@@ -2125,9 +2132,7 @@ int nt_isa_tensor_copy(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, nt_
                         ENG(VECTOR) | ENG(SCALAR) | ENG(GPSIMD));
     if (e < 0)
         return k->err;
-    TRY(check_ap(k, I, "dst", dst, M_SBUF | M_PSUM, e));
-    TRY(check_ap(k, I, "src", src, M_SBUF | M_PSUM, e));
-    TRY(check_same(k, I, "dst", dst, "src", src));
+    TRY(check_dst_src(k, I, dst, src, e));
     int64_t N = nt__sim_free_count(dst);
     nt__sim_instr in = {.name = I, .engine = e, .cycles = (double)N, .act_table = -1};
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
@@ -2153,9 +2158,7 @@ int nt_isa_tensor_copy_sr(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, 
         return k->err;
     if (!index)
         return nt__sim_fail(k, I, "index is missing");
-    TRY(check_ap(k, I, "dst", dst, M_SBUF | M_PSUM, e));
-    TRY(check_ap(k, I, "src", src, M_SBUF | M_PSUM, e));
-    TRY(check_same(k, I, "dst", dst, "src", src));
+    TRY(check_dst_src(k, I, dst, src, e));
     bool sr = src->dtype == NT_F32 && (dst->dtype == NT_BF16 || dst->dtype == NT_F16);
     if (!sr)
         return nt_isa_tensor_copy(k, dst, src, engine);
