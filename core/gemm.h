@@ -1,4 +1,4 @@
-/* core/gemm.h - the one f32 matmul primitive (DESIGN §3.4).
+/* core/gemm.h - the one f32 matmul primitive (docs/exactness.md, rule 4).
  *
  * Every matmul path (the CPU kernel, the simulator's nc_matmul functional
  * step, fused matmul kernels) multiplies through this function, one K-tile of

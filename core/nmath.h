@@ -1,7 +1,7 @@
 /* core/nmath.h - the one implementation of every transcendental.
  *
  * CPU kernels, simulator instructions and fused kernels all call these, so a
- * value computed by exp() has the same bits on every path (DESIGN §3.2).
+ * value computed by exp() has the same bits on every path (docs/exactness.md, rule 2).
  *
  * nt__expf, nt__logf, nt__tanhf and nt__erff are static inline and written
  * without branches: every piece is computed and the answer is picked with

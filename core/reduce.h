@@ -1,4 +1,4 @@
-/* core/reduce.h - the one reduction order (DESIGN §3.3).
+/* core/reduce.h - the one reduction order (docs/exactness.md, rule 3).
  *
  * A reduction of n elements x[0], x[1], ... (a row, a column, or a flattened
  * tensor, always in index order) is computed as:

@@ -1,7 +1,7 @@
 /* cpu/matmul.c - batched matmul with PyTorch's shape rules (1-D operands
  * promoted and the added dim dropped; batch dims broadcast), any strides.
  *
- * Arithmetic (DESIGN §3.4, the contract the simulator and fused kernels
+ * Arithmetic (docs/exactness.md, rule 4, the contract the simulator and fused kernels
  * reproduce): per batch, C [M, N] (f32) accumulates the K-tiles of 128 in
  * ascending order through nt__gemm_ktile,
  *     C = A^T[kt] . B[kt]           for the first tile (kt = 0),

@@ -15,7 +15,7 @@
  * of its ops, shapes, dtypes, broadcast pattern and which values it stores.
  * Programs keep every rounding point of the ops they replace: each value
  * carries the dtype its op would have stored, and is rounded to it.  So a
- * fused run gives the same bits as the records one by one (DESIGN §3.1).
+ * fused run gives the same bits as the records one by one (docs/exactness.md, rule 1).
  *
  * A value is stored (written to device memory) only if something outside
  * the group can read it: a live user handle, another handle on its storage

@@ -7,7 +7,7 @@
  *          reuse"); if it cannot stay resident it is streamed per chunk
  *   bring  SBUF [128 k, 512 n] x NB: the moving B tiles, a ring on 8 queues
  *   acc    PSUM [128 m, 512 n] f32 x BM: one bank per M-tile, accumulated
- *          over K-tiles of 128 in ascending order (DESIGN §3.4)
+ *          over K-tiles of 128 in ascending order (docs/exactness.md, rule 4)
  *   oring  SBUF [128 m, 512 n] in C's dtype: PSUM rounded once, then stored
  *
  * A given as A^T (a_trans) is loaded straight into the panel.  A given
