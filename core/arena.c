@@ -55,8 +55,9 @@ static struct {
     GMutex lock;
     volatile AO_t in_use;
     volatile AO_t pooled;     /* sum of pool[]: credit of waiting storages not drawn */
-    volatile AO_t waiting;    /* bytes of waiting storages (credited or not) */
-    volatile AO_t waiting_nc; /* of those, bytes not credited to a pool */
+    volatile AO_t waiting_c;  /* bytes of waiting storages credited to a pool */
+    volatile AO_t waiting_nc; /* bytes of waiting storages not credited (used on
+                                 several streams, or small: see nt__arena_pend) */
     volatile AO_t alloc_waits, alloc_wait_ns;
     uint64_t live_peak;
     uint64_t max_waiting;     /* NT_MAX_INFLIGHT_BYTES: back-pressure on waiting bytes */
@@ -158,7 +159,7 @@ void nt__arena_init(uint64_t capacity, uint64_t max_waiting)
     A.capacity = capacity;
     A.in_use = A.peak = A.cached = 0;
     A.backed = A.backed_peak = 0;
-    A.pooled = A.waiting = A.waiting_nc = 0;
+    A.pooled = A.waiting_c = A.waiting_nc = 0;
     A.alloc_waits = A.alloc_wait_ns = 0;
     A.live_peak = 0;
     A.max_waiting = max_waiting ? max_waiting : capacity / 2;
@@ -271,12 +272,16 @@ void nt__arena_pend(uint32_t sid, size_t nbytes)
 {
     size_t cls;
     class_of(nbytes, &cls);
+    if (!sid) { /* no lock: a small tensor's release stays cheap */
+        AO_fetch_and_add(&A.waiting_nc, (AO_t)cls);
+        return;
+    }
     g_mutex_lock(&A.lock);
-    uint64_t *slot = sid ? pool_slot(sid) : NULL;
-    AO_fetch_and_add(&A.waiting, (AO_t)cls);
+    uint64_t *slot = pool_slot(sid);
     if (slot) {
         *slot += cls;
         AO_fetch_and_add(&A.pooled, (AO_t)cls);
+        AO_fetch_and_add(&A.waiting_c, (AO_t)cls);
     } else {
         AO_fetch_and_add(&A.waiting_nc, (AO_t)cls);
     }
@@ -284,23 +289,27 @@ void nt__arena_pend(uint32_t sid, size_t nbytes)
 }
 
 /* A waiting storage's bytes leave the arena's count: its credit still in
- * the pool goes with it; what was drawn stays reserved for its new owner. */
+ * the pool goes with it; what was drawn stays reserved for its new owner.
+ * (A credit that found no pool slot was counted as not credited: pool_slot
+ * fails only when the host is out of memory, and then sid's slot does not
+ * exist, which unpend checks.) */
 static void unpend(uint32_t sid, size_t cls)
 {
     g_mutex_lock(&A.lock);
-    AO_fetch_and_add(&A.waiting, (AO_t)0 - cls);
-    uint64_t d = cls;
-    if (sid) {
-        uint64_t *slot = sid < A.npool ? &A.pool[sid] : NULL;
-        d = slot ? (*slot < cls ? *slot : cls) : 0;
-        if (d) {
-            *slot -= d;
-            AO_fetch_and_add(&A.pooled, (AO_t)0 - d);
-        }
-    } else {
+    uint64_t *slot = sid < A.npool ? &A.pool[sid] : NULL;
+    if (!slot) {
+        g_mutex_unlock(&A.lock);
         AO_fetch_and_add(&A.waiting_nc, (AO_t)0 - cls);
+        AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
+        return;
     }
-    AO_fetch_and_add(&A.in_use, (AO_t)0 - d);
+    AO_fetch_and_add(&A.waiting_c, (AO_t)0 - cls);
+    uint64_t d = *slot < cls ? *slot : cls;
+    if (d) {
+        *slot -= d;
+        AO_fetch_and_add(&A.pooled, (AO_t)0 - d);
+        AO_fetch_and_add(&A.in_use, (AO_t)0 - d);
+    }
     g_mutex_unlock(&A.lock);
 }
 
@@ -343,7 +352,7 @@ static bool reserve_wait(uint32_t sid, size_t cls)
         if (!nt__arena_progress(true))
             break; /* a worker cannot wait for its own stream */
         ok = reserve_on(sid, cls);
-        if (!ok && AO_load(&A.waiting) == 0 && AO_load(&A.in_use) >= before)
+        if (!ok && nt__arena_waiting() == 0 && AO_load(&A.in_use) >= before)
             break; /* nothing left to wait for */
     }
     AO_fetch_and_add(&A.alloc_wait_ns, (AO_t)(nt__now_ns() - t0));
@@ -356,7 +365,7 @@ static bool reserve_wait(uint32_t sid, size_t cls)
  * its queued readers exceeds max_waiting lets the workers catch up. */
 static void waiting_backpressure(void)
 {
-    if (AO_load(&A.waiting) <= A.max_waiting || !nt__arena_progress)
+    if (nt__arena_waiting() <= A.max_waiting || !nt__arena_progress)
         return;
     uint64_t t0 = nt__now_ns();
     if (nt__arena_progress(false))
@@ -474,7 +483,12 @@ void nt__arena_free_pended(void *p, size_t nbytes, uint32_t sid)
 {
     size_t cls;
     int ci = class_of(nbytes, &cls);
-    unpend(sid, cls);
+    if (sid) {
+        unpend(sid, cls);
+    } else {
+        AO_fetch_and_add(&A.waiting_nc, (AO_t)0 - cls);
+        AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
+    }
     if (p)
         give_block(p, ci, cls);
 }
@@ -526,7 +540,7 @@ uint64_t nt__arena_backed_peak(void) { return A.backed_peak; }
 uint64_t nt__arena_peak(void) { return A.peak; }
 uint64_t nt__arena_capacity(void) { return A.capacity; }
 uint64_t nt__arena_live_peak(void) { return A.live_peak; }
-uint64_t nt__arena_waiting(void) { return AO_load(&A.waiting); }
+uint64_t nt__arena_waiting(void) { return AO_load(&A.waiting_c) + AO_load(&A.waiting_nc); }
 uint64_t nt__arena_alloc_waits(void) { return AO_load(&A.alloc_waits); }
 uint64_t nt__arena_alloc_wait_ns(void) { return AO_load(&A.alloc_wait_ns); }
 

@@ -270,7 +270,10 @@ void nt__storage_unref(nt__storage *st)
     if (st && AO_fetch_and_sub1(&st->refs) == 1) {
         nt__errobj_unref((nt__errobj *)st->poison);
         if (!st->deferred) {
-            nt__arena_free(st, NT_ST_HDR + st->nbytes);
+            if (st->hostdead)
+                nt__arena_free_pended(st, NT_ST_HDR + st->nbytes, 0);
+            else
+                nt__arena_free(st, NT_ST_HDR + st->nbytes);
             return;
         }
         if (st->hostdead)
@@ -433,10 +436,17 @@ static void host_release(nt_tensor *t)
     } else {
         left = AO_fetch_and_sub1(&st->hrefs) - 1;
     }
-    if (left || !st->deferred)
+    if (left)
         return;
     if (only && AO_load(&t->irefs) == 1)
         return; /* nothing queued holds it: it is freed right now */
+    if (!st->deferred) {
+        /* small: waiting, but not lent -- its block is its header's */
+        st->pend_sid = 0;
+        nt__arena_pend(0, NT_ST_HDR + st->nbytes);
+        __atomic_store_n(&st->hostdead, 1, __ATOMIC_RELEASE);
+        return;
+    }
     uint64_t lw = AO_load(&st->last_write), lr = AO_load(&st->last_read);
     uint32_t sw = NT__PACK_SID(lw), sr = NT__PACK_SID(lr);
     uint32_t sid = sr ? sr : sw;
