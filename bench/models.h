@@ -62,8 +62,10 @@ static inline int model_mlp_init(model_mlp *m, int64_t in, int64_t hid, int64_t 
         int nd = shp[i][1] ? 2 : 1;
         double b = 1 / sqrt(fan[i]);
         nt_tensor *u = nt_rand(NT_F32, nd, shp[i], (uint64_t)i + 1);
-        nt_tensor *t = nt_add_scalar(nt_mul_scalar(u, 2 * b), -b);
+        nt_tensor *s = nt_mul_scalar(u, 2 * b);
+        nt_tensor *t = nt_add_scalar(s, -b);
         nt_release(u);
+        nt_release(s);
         if (!t || nt_set_requires_grad(t, true) != 0)
             return -1;
         m->p[i] = t;
