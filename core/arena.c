@@ -253,14 +253,15 @@ static uint64_t *pool_slot(uint32_t sid)
  * first; false if even that does not fit. */
 static bool reserve_on(uint32_t sid, size_t cls)
 {
-    if (!sid || !AO_load(&A.pooled) || sid >= A.npool)
+    if (!sid || !AO_load(&A.pooled))
         return reserve(cls);
     g_mutex_lock(&A.lock);
-    uint64_t *slot = sid < A.npool ? &A.pool[sid] : NULL;
-    uint64_t d = slot && *slot < cls ? *slot : slot ? cls : 0;
+    uint64_t d = 0; /* what the pool lends */
+    if (sid < A.npool)
+        d = A.pool[sid] < cls ? A.pool[sid] : cls;
     bool ok = reserve(cls - d);
     if (ok && d) {
-        *slot -= d;
+        A.pool[sid] -= d;
         AO_fetch_and_add(&A.pooled, (AO_t)0 - d);
         note_peaks(AO_load(&A.in_use));
     }

@@ -431,7 +431,7 @@ static void host_release(nt_tensor *t)
     bool only = AO_load(&st->refs) == 1;
     AO_t left;
     if (only) {
-        st->hrefs = 0;
+        AO_store(&st->hrefs, 0);
         left = 0;
     } else {
         left = AO_fetch_and_sub1(&st->hrefs) - 1;
@@ -450,7 +450,7 @@ static void host_release(nt_tensor *t)
     uint64_t lw = AO_load(&st->last_write), lr = AO_load(&st->last_read);
     uint32_t sw = NT__PACK_SID(lw), sr = NT__PACK_SID(lr);
     uint32_t sid = sr ? sr : sw;
-    if (st->xstream || (sw && sw != sid))
+    if (__atomic_load_n(&st->xstream, __ATOMIC_RELAXED) || (sw && sw != sid))
         sid = 0; /* read on another stream: wait for it to finish */
     st->pend_sid = sid;
     nt__arena_pend(sid, st->nbytes);

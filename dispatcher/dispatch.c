@@ -219,7 +219,7 @@ static nt_tensor *dispatch_inner(nt__call *c)
         uint64_t lw = AO_load(&t->st->last_write);
         add_dep(r, s, lw);
         if (other_stream(lw, s) || other_stream(AO_load(&t->st->last_read), s))
-            t->st->xstream = 1; /* its memory is not one stream's to lend */
+            __atomic_store_n(&t->st->xstream, 1, __ATOMIC_RELAXED); /* not one stream's to lend */
     }
     for (int i = 0; i < nout; i++) {
         if (c->dst)
@@ -234,7 +234,7 @@ static nt_tensor *dispatch_inner(nt__call *c)
         add_dep(r, s, AO_load(&c->dst->st->last_read));
         if (other_stream(AO_load(&c->dst->st->last_write), s) ||
             other_stream(AO_load(&c->dst->st->last_read), s))
-            c->dst->st->xstream = 1;
+            __atomic_store_n(&c->dst->st->xstream, 1, __ATOMIC_RELAXED);
         AO_fetch_and_add1(&c->dst->st->version);
     }
 
