@@ -51,21 +51,25 @@
 #define NT_TL_MAXCLASS 64 /* classes 1..64: up to 4 KiB */
 #define NT_TL_KEEP 16
 
+/* The first cache line holds what every allocation and free touches (the
+ * host reserves, a worker frees and takes blocks): one line moves between
+ * them per op, not two. */
 static struct {
-    GMutex lock;
     volatile AO_t in_use;
+    uint64_t capacity, peak;
     volatile AO_t pooled;     /* sum of pool[]: credit of waiting storages not drawn */
-    volatile AO_t waiting_c;  /* bytes of waiting storages credited to a pool */
     volatile AO_t waiting_nc; /* bytes of waiting storages not credited (used on
                                  several streams, or small: see nt__arena_pend) */
-    volatile AO_t alloc_waits, alloc_wait_ns;
     uint64_t live_peak;
+    volatile AO_t backed; /* bytes of blocks handed out (in_use minus bare reservations) */
+    uint64_t backed_peak;
+    _Alignas(64) GMutex lock;
+    volatile AO_t waiting_c;  /* bytes of waiting storages credited to a pool */
+    volatile AO_t alloc_waits, alloc_wait_ns;
     uint64_t max_waiting;     /* NT_MAX_INFLIGHT_BYTES: back-pressure on waiting bytes */
     uint64_t *pool;           /* per stream id: credit, under lock */
     uint32_t npool;
-    volatile AO_t backed; /* bytes of blocks handed out (in_use minus bare reservations) */
-    uint64_t backed_peak;
-    uint64_t capacity, peak, cached;
+    uint64_t cached;
     GPtrArray *free[NT_NCLASS]; /* cached blocks of each class */
     uint64_t sys_allocs, sys_frees; /* blocks taken from / given back to the system */
     size_t bytes[NT_NCLASS];    /* the size of each class */
