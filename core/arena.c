@@ -446,6 +446,27 @@ void *nt__arena_alloc(size_t nbytes)
     return p;
 }
 
+void *nt__arena_alloc_scratch(size_t nbytes)
+{
+    size_t cls;
+    int ci = class_of(nbytes, &cls);
+    if (!reserve(cls)) {
+        /* Capacity reserved for tensors that queued ops will write later is
+         * not in use yet: a kernel's workspace, given back when it ends, may
+         * use it while the device's blocks (backed) leave room. */
+        if (AO_load(&A.backed) + cls <= A.capacity)
+            note_peaks(AO_fetch_and_add(&A.in_use, (AO_t)cls) + cls);
+        else if (!reserve_wait(0, cls))
+            return NULL;
+    }
+    void *p = take_block(ci, cls);
+    if (!p)
+        AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
+    else
+        backed_add(cls);
+    return p;
+}
+
 bool nt__arena_reserve(size_t nbytes)
 {
     size_t cls;

@@ -182,6 +182,10 @@ void nt__arena_free(void *p, size_t nbytes); /* also ends the reservation */
  * because it is bigger than the whole capacity). */
 bool nt__arena_reserve(size_t nbytes);
 bool nt__arena_too_big(void);
+/* A kernel's workspace, freed with nt__arena_free when the kernel ends: may
+ * use capacity reserved for tensors not written yet while the blocks handed
+ * out leave room (a worker cannot wait for its own stream); NULL if not. */
+void *nt__arena_alloc_scratch(size_t nbytes);
 extern _Thread_local uint32_t nt__alloc_sid NT_TLS_HOT;
 /* Runs queued work of every stream (all: to its end; else about half);
  * false on a thread that must not wait (a stream worker). */

@@ -276,9 +276,12 @@ void nt__storage_unref(nt__storage *st)
                 nt__arena_free(st, NT_ST_HDR + st->nbytes);
             return;
         }
-        if (st->hostdead)
+        if (st->hostdead) {
             nt__arena_free_pended(st->data, st->nbytes, st->pend_sid);
-        else if (st->data)
+            nt__arena_free_pended(st, NT_ST_HDR, 0);
+            return;
+        }
+        if (st->data)
             nt__arena_free(st->data, st->nbytes);
         else
             nt__arena_unreserve(st->nbytes); /* never touched: never took a block */
@@ -454,6 +457,7 @@ static void host_release(nt_tensor *t)
         sid = 0; /* read on another stream: wait for it to finish */
     st->pend_sid = sid;
     nt__arena_pend(sid, st->nbytes);
+    nt__arena_pend(0, NT_ST_HDR); /* its header waits too, not lent */
     __atomic_store_n(&st->hostdead, 1, __ATOMIC_RELEASE);
 }
 
