@@ -4,8 +4,9 @@
  * steps up to 4 KiB, then quarter powers of two) and freed blocks are kept
  * in per-class free lists, so a training loop that allocates the same shapes
  * every step reuses its blocks without page faults.  `in_use` counts the
- * rounded bytes of live blocks and is what the capacity limits: going over is
- * a clean NULL (the caller reports NT_ENOMEM), never a crash.  Capacity can
+ * rounded bytes of reserved blocks and is what the capacity limits: going
+ * over waits for queued work, then is a clean NULL (the caller reports
+ * NT_ENOMEM), never a crash.  Capacity can
  * also be reserved first and the block taken later (nt__arena_reserve,
  * nt__arena_alloc_reserved): big tensors get their memory only when a kernel
  * first writes them, so a fused-away intermediate never takes a block.
@@ -25,7 +26,12 @@
  * (live: storages some handle can still reach; pooled: credit not yet drawn;
  * waiting_nc: waiting storages not credited to a pool).  An allocation that
  * does not fit first waits for queued work (nt__arena_progress, set by
- * streams/) and fails only when live storage alone leaves no room. */
+ * streams/) and fails only when live storage alone leaves no room.  A
+ * kernel's workspace (nt__arena_alloc_scratch) may also use capacity that is
+ * reserved but not yet backed: it is given back when the kernel ends, before
+ * the stream's later ops take the blocks they reserved (another stream's
+ * worker may take one meanwhile: then the blocks briefly exceed the
+ * capacity, which the simulator's host memory absorbs). */
 #include <stdlib.h>
 #include <string.h>
 
