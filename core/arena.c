@@ -4,13 +4,34 @@
  * steps up to 4 KiB, then quarter powers of two) and freed blocks are kept
  * in per-class free lists, so a training loop that allocates the same shapes
  * every step reuses its blocks without page faults.  `in_use` counts the
- * rounded bytes of live blocks and is what the capacity limits: going over is
- * a clean NULL (the caller reports NT_ENOMEM), never a crash.  Capacity can
+ * rounded bytes of reserved blocks and is what the capacity limits: going
+ * over waits for queued work, then is a clean NULL (the caller reports
+ * NT_ENOMEM), never a crash.  Capacity can
  * also be reserved first and the block taken later (nt__arena_reserve,
  * nt__arena_alloc_reserved): big tensors get their memory only when a kernel
  * first writes them, so a fused-away intermediate never takes a block.
  * Cached blocks are poisoned for AddressSanitizer so a stale pointer is
- * still caught. */
+ * still caught.
+ *
+ * Stream-ordered reuse.  A storage whose last user-visible handle is
+ * released while queued ops still read it is "waiting": its block goes back
+ * only when the worker has run them.  If all its uses are on one stream, its
+ * capacity is credited at once to that stream's pool (nt__arena_pend): a
+ * later allocation for an op of the same stream draws from it, because that
+ * op runs after every queued reader of the old block (streams run in order)
+ * and takes its own block only then.  Use on another stream leaves the bytes
+ * reserved until the worker frees them (as PyTorch's record_stream does).
+ * So the capacity counts
+ *     in_use = live + pooled + waiting_nc
+ * (live: storages some handle can still reach; pooled: credit not yet drawn;
+ * waiting_nc: waiting storages not credited to a pool).  An allocation that
+ * does not fit first waits for queued work (nt__arena_progress, set by
+ * streams/) and fails only when live storage alone leaves no room.  A
+ * kernel's workspace (nt__arena_alloc_scratch) may also use capacity that is
+ * reserved but not yet backed: it is given back when the kernel ends, before
+ * the stream's later ops take the blocks they reserved (another stream's
+ * worker may take one meanwhile: then the blocks briefly exceed the
+ * capacity, which the simulator's host memory absorbs). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,12 +57,25 @@
 #define NT_TL_MAXCLASS 64 /* classes 1..64: up to 4 KiB */
 #define NT_TL_KEEP 16
 
+/* The first cache line holds what every allocation and free touches (the
+ * host reserves, a worker frees and takes blocks): one line moves between
+ * them per op, not two. */
 static struct {
-    GMutex lock;
     volatile AO_t in_use;
+    uint64_t capacity, peak;
+    volatile AO_t pooled;     /* sum of pool[]: credit of waiting storages not drawn */
+    volatile AO_t waiting_nc; /* bytes of waiting storages not credited (used on
+                                 several streams, or small: see nt__arena_pend) */
+    uint64_t live_peak;
     volatile AO_t backed; /* bytes of blocks handed out (in_use minus bare reservations) */
     uint64_t backed_peak;
-    uint64_t capacity, peak, cached;
+    _Alignas(64) GMutex lock;
+    volatile AO_t waiting_c;  /* bytes of waiting storages credited to a pool */
+    volatile AO_t alloc_waits, alloc_wait_ns;
+    uint64_t max_waiting;     /* NT_MAX_INFLIGHT_BYTES: back-pressure on waiting bytes */
+    uint64_t *pool;           /* per stream id: credit, under lock */
+    uint32_t npool;
+    uint64_t cached;
     GPtrArray *free[NT_NCLASS]; /* cached blocks of each class */
     uint64_t sys_allocs, sys_frees; /* blocks taken from / given back to the system */
     size_t bytes[NT_NCLASS];    /* the size of each class */
@@ -129,12 +163,18 @@ static void drop_cache_locked(void)
     A.cached = 0;
 }
 
-void nt__arena_init(uint64_t capacity)
+void nt__arena_init(uint64_t capacity, uint64_t max_waiting)
 {
     g_mutex_init(&A.lock);
     A.capacity = capacity;
     A.in_use = A.peak = A.cached = 0;
     A.backed = A.backed_peak = 0;
+    A.pooled = A.waiting_c = A.waiting_nc = 0;
+    A.alloc_waits = A.alloc_wait_ns = 0;
+    A.live_peak = 0;
+    A.max_waiting = max_waiting ? max_waiting : capacity / 2;
+    A.pool = NULL;
+    A.npool = 0;
     for (int c = 0; c < NT_NCLASS; c++)
         A.free[c] = NULL;
     A.ready = true;
@@ -160,9 +200,23 @@ void nt__arena_shutdown(void)
             g_ptr_array_unref(A.free[c]);
             A.free[c] = NULL;
         }
+    g_free(A.pool);
+    A.pool = NULL;
+    A.npool = 0;
     g_mutex_unlock(&A.lock);
     g_mutex_clear(&A.lock);
     A.ready = false;
+}
+
+/* Statistics: a lost race only understates a peak. */
+static void note_peaks(uint64_t now)
+{
+    if (now > A.peak)
+        A.peak = now;
+    uint64_t hold = AO_load(&A.pooled) + AO_load(&A.waiting_nc);
+    uint64_t live = now > hold ? now - hold : 0;
+    if (live > A.live_peak)
+        A.live_peak = live;
 }
 
 /* Reserves cls bytes of capacity; false if the device is full. */
@@ -174,10 +228,163 @@ static bool reserve(size_t cls)
         if (old + cls > A.capacity)
             return false;
     } while (!AO_compare_and_swap_full(&A.in_use, old, old + cls));
-    if (old + cls > A.peak)
-        A.peak = old + cls; /* a statistic: a lost race only understates it */
+    note_peaks(old + cls);
     return true;
 }
+
+/* ---------------- stream-ordered reuse ---------------- */
+
+_Thread_local uint32_t nt__alloc_sid NT_TLS_HOT;
+bool (*nt__arena_progress)(bool all);
+
+void nt__arena_set_max_waiting(uint64_t bytes)
+{
+    A.max_waiting = bytes ? bytes : A.capacity / 2;
+}
+
+/* Stream sid's pool slot, grown on demand.  A.lock held. */
+static uint64_t *pool_slot(uint32_t sid)
+{
+    if (sid >= A.npool) {
+        uint32_t n = A.npool ? A.npool : 16;
+        while (n <= sid)
+            n *= 2;
+        uint64_t *p = g_try_realloc(A.pool, sizeof *p * n);
+        if (!p)
+            return NULL;
+        memset(p + A.npool, 0, sizeof *p * (n - A.npool));
+        A.pool = p;
+        A.npool = n;
+    }
+    return &A.pool[sid];
+}
+
+/* Reserves cls bytes for an op of stream sid, taking what its pool holds
+ * first; false if even that does not fit. */
+static bool reserve_on(uint32_t sid, size_t cls)
+{
+    if (!sid || !AO_load(&A.pooled))
+        return reserve(cls);
+    g_mutex_lock(&A.lock);
+    uint64_t d = 0; /* what the pool lends */
+    if (sid < A.npool)
+        d = A.pool[sid] < cls ? A.pool[sid] : cls;
+    bool ok = reserve(cls - d);
+    if (ok && d) {
+        A.pool[sid] -= d;
+        AO_fetch_and_add(&A.pooled, (AO_t)0 - d);
+        note_peaks(AO_load(&A.in_use));
+    }
+    g_mutex_unlock(&A.lock);
+    return ok;
+}
+
+void nt__arena_pend(uint32_t sid, size_t nbytes)
+{
+    size_t cls;
+    class_of(nbytes, &cls);
+    if (!sid) { /* no lock: a small tensor's release stays cheap */
+        AO_fetch_and_add(&A.waiting_nc, (AO_t)cls);
+        return;
+    }
+    g_mutex_lock(&A.lock);
+    uint64_t *slot = pool_slot(sid);
+    if (slot) {
+        *slot += cls;
+        AO_fetch_and_add(&A.pooled, (AO_t)cls);
+        AO_fetch_and_add(&A.waiting_c, (AO_t)cls);
+    } else {
+        AO_fetch_and_add(&A.waiting_nc, (AO_t)cls);
+    }
+    g_mutex_unlock(&A.lock);
+}
+
+/* A waiting storage's bytes leave the arena's count: its credit still in
+ * the pool goes with it; what was drawn stays reserved for its new owner.
+ * (A credit that found no pool slot was counted as not credited: pool_slot
+ * fails only when the host is out of memory, and then sid's slot does not
+ * exist, which unpend checks.) */
+static void unpend(uint32_t sid, size_t cls)
+{
+    g_mutex_lock(&A.lock);
+    uint64_t *slot = sid < A.npool ? &A.pool[sid] : NULL;
+    if (!slot) {
+        g_mutex_unlock(&A.lock);
+        AO_fetch_and_add(&A.waiting_nc, (AO_t)0 - cls);
+        AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
+        return;
+    }
+    AO_fetch_and_add(&A.waiting_c, (AO_t)0 - cls);
+    uint64_t d = *slot < cls ? *slot : cls;
+    if (d) {
+        *slot -= d;
+        AO_fetch_and_add(&A.pooled, (AO_t)0 - d);
+        AO_fetch_and_add(&A.in_use, (AO_t)0 - d);
+    }
+    g_mutex_unlock(&A.lock);
+}
+
+/* Live bytes: what no queued work will give back. */
+uint64_t nt__arena_live(void)
+{
+    uint64_t u = AO_load(&A.in_use), hold = AO_load(&A.pooled) + AO_load(&A.waiting_nc);
+    return u > hold ? u - hold : 0;
+}
+
+static _Thread_local int tl_nomem; /* why the thread's last reservation failed */
+
+/* The slow path of a reservation: back-pressure on waiting bytes, then
+ * waiting for queued work while that can free enough.  Fails when live
+ * storage alone leaves no room for cls, or when the queues are empty and it
+ * still does not fit. */
+static bool reserve_wait(uint32_t sid, size_t cls)
+{
+    tl_nomem = 0;
+    if (cls > A.capacity) {
+        tl_nomem = 1;
+        return false;
+    }
+    if (reserve_on(sid, cls))
+        return true;
+    if (!nt__arena_progress) {
+        tl_nomem = 2;
+        return false;
+    }
+    uint64_t t0 = nt__now_ns();
+    bool ok = false;
+    /* Each round runs every stream's queued work to its end; other threads
+     * may queue more meanwhile, so a few rounds, then a clear failure. */
+    for (int round = 0; round < 64 && !ok; round++) {
+        if (nt__arena_live() + cls > A.capacity)
+            break;
+        uint64_t before = AO_load(&A.in_use);
+        if (round == 0)
+            AO_fetch_and_add1(&A.alloc_waits);
+        if (!nt__arena_progress(true))
+            break; /* a worker cannot wait for its own stream */
+        ok = reserve_on(sid, cls);
+        if (!ok && nt__arena_waiting() == 0 && AO_load(&A.in_use) >= before)
+            break; /* nothing left to wait for */
+    }
+    AO_fetch_and_add(&A.alloc_wait_ns, (AO_t)(nt__now_ns() - t0));
+    if (!ok)
+        tl_nomem = 2;
+    return ok;
+}
+
+/* Back-pressure by bytes: a host whose released storage still waiting for
+ * its queued readers exceeds max_waiting lets the workers catch up. */
+static void waiting_backpressure(void)
+{
+    if (nt__arena_waiting() <= A.max_waiting || !nt__arena_progress)
+        return;
+    uint64_t t0 = nt__now_ns();
+    if (nt__arena_progress(false))
+        AO_fetch_and_add1(&A.alloc_waits);
+    AO_fetch_and_add(&A.alloc_wait_ns, (AO_t)(nt__now_ns() - t0));
+}
+
+bool nt__arena_too_big(void) { return tl_nomem == 1; }
 
 static void backed_add(size_t cls)
 {
@@ -235,8 +442,29 @@ void *nt__arena_alloc(size_t nbytes)
 {
     size_t cls;
     int ci = class_of(nbytes, &cls);
-    if (!reserve(cls))
+    if (!reserve(cls) && !reserve_wait(0, cls))
         return NULL;
+    void *p = take_block(ci, cls);
+    if (!p)
+        AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
+    else
+        backed_add(cls);
+    return p;
+}
+
+void *nt__arena_alloc_scratch(size_t nbytes)
+{
+    size_t cls;
+    int ci = class_of(nbytes, &cls);
+    if (!reserve(cls)) {
+        /* Capacity reserved for tensors that queued ops will write later is
+         * not in use yet: a kernel's workspace, given back when it ends, may
+         * use it while the device's blocks (backed) leave room. */
+        if (AO_load(&A.backed) + cls <= A.capacity)
+            note_peaks(AO_fetch_and_add(&A.in_use, (AO_t)cls) + cls);
+        else if (!reserve_wait(0, cls))
+            return NULL;
+    }
     void *p = take_block(ci, cls);
     if (!p)
         AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
@@ -249,7 +477,9 @@ bool nt__arena_reserve(size_t nbytes)
 {
     size_t cls;
     class_of(nbytes, &cls);
-    return reserve(cls);
+    uint32_t sid = nt__alloc_sid;
+    waiting_backpressure();
+    return reserve_on(sid, cls) || reserve_wait(sid, cls);
 }
 
 void nt__arena_unreserve(size_t nbytes)
@@ -269,6 +499,8 @@ void *nt__arena_alloc_reserved(size_t nbytes)
     return p;
 }
 
+static void give_block(void *p, int ci, size_t cls);
+
 void nt__arena_free(void *p, size_t nbytes)
 {
     if (!p)
@@ -276,6 +508,26 @@ void nt__arena_free(void *p, size_t nbytes)
     size_t cls;
     int ci = class_of(nbytes, &cls);
     AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
+    give_block(p, ci, cls);
+}
+
+void nt__arena_free_pended(void *p, size_t nbytes, uint32_t sid)
+{
+    size_t cls;
+    int ci = class_of(nbytes, &cls);
+    if (sid) {
+        unpend(sid, cls);
+    } else {
+        AO_fetch_and_add(&A.waiting_nc, (AO_t)0 - cls);
+        AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
+    }
+    if (p)
+        give_block(p, ci, cls);
+}
+
+/* A block back to the caches (or the system); in_use is the caller's. */
+static void give_block(void *p, int ci, size_t cls)
+{
     AO_fetch_and_add(&A.backed, (AO_t)0 - cls);
     if (ci <= NT_TL_MAXCLASS) {
         tlcache *c = tl_get();
@@ -319,9 +571,16 @@ uint64_t nt__arena_backed(void) { return A.backed; }
 uint64_t nt__arena_backed_peak(void) { return A.backed_peak; }
 uint64_t nt__arena_peak(void) { return A.peak; }
 uint64_t nt__arena_capacity(void) { return A.capacity; }
+uint64_t nt__arena_live_peak(void) { return A.live_peak; }
+uint64_t nt__arena_waiting(void) { return AO_load(&A.waiting_c) + AO_load(&A.waiting_nc); }
+uint64_t nt__arena_alloc_waits(void) { return AO_load(&A.alloc_waits); }
+uint64_t nt__arena_alloc_wait_ns(void) { return AO_load(&A.alloc_wait_ns); }
 
 void nt__arena_reset_peak(void)
 {
     A.peak = AO_load(&A.in_use);
     A.backed_peak = AO_load(&A.backed);
+    A.live_peak = nt__arena_live();
+    AO_store(&A.alloc_waits, 0);
+    AO_store(&A.alloc_wait_ns, 0);
 }

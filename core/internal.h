@@ -75,11 +75,17 @@ typedef struct nt__storage {
     volatile AO_t refs;     /* handles pointing here + other holders */
     uint64_t id;            /* for traces and the debugger */
     uint8_t deferred;       /* data is a separate block, taken at first use */
+    volatile uint8_t hostdead; /* no handle the host can use is left: only queued
+                               records hold it (set once, by nt_release) */
+    uint32_t pend_sid;      /* hostdead: the stream whose pool its bytes were
+                               credited to, 0 = none (core/arena.c) */
     /* line 2: what every enqueue writes -- apart, so a worker reading line
      * 1 does not see it change under it on every op */
     _Alignas(64) volatile AO_t last_write; /* packed (stream id, seq) of the last writer */
     volatile AO_t last_read;  /* packed (stream id, seq) of the last reader */
     volatile AO_t version;    /* bumped at enqueue of every in-place write */
+    volatile AO_t hrefs;      /* handles on it with user references (refs > 0) */
+    volatile uint8_t xstream; /* used by ops of more than one stream */
 } nt__storage;
 
 /* Packed (stream id, seq): the seq of an op on a stream, 0 = none. */
@@ -164,11 +170,37 @@ static inline void *nt__tensor_data(const nt_tensor *t)
 /* Device memory arena (the simulated HBM)                            */
 /* ------------------------------------------------------------------ */
 
-void nt__arena_init(uint64_t capacity);
+/* max_waiting: NT_MAX_INFLIGHT_BYTES, 0 = half the capacity. */
+void nt__arena_init(uint64_t capacity, uint64_t max_waiting);
 void nt__arena_shutdown(void);
-void *nt__arena_alloc(size_t nbytes); /* NULL if over capacity */
+/* NULL if over capacity (after waiting for queued work that frees memory). */
+void *nt__arena_alloc(size_t nbytes);
 void nt__arena_free(void *p, size_t nbytes); /* also ends the reservation */
-bool nt__arena_reserve(size_t nbytes);       /* capacity only; false if over */
+/* Capacity only, for an op of stream nt__alloc_sid (0: none), which may take
+ * the stream's pool; waits for queued work when full (streams/ sets
+ * nt__arena_progress); false if it still does not fit (nt__arena_too_big:
+ * because it is bigger than the whole capacity). */
+bool nt__arena_reserve(size_t nbytes);
+bool nt__arena_too_big(void);
+/* A kernel's workspace, freed with nt__arena_free when the kernel ends: may
+ * use capacity reserved for tensors not written yet while the blocks handed
+ * out leave room (a worker cannot wait for its own stream); NULL if not. */
+void *nt__arena_alloc_scratch(size_t nbytes);
+extern _Thread_local uint32_t nt__alloc_sid NT_TLS_HOT;
+/* Runs queued work of every stream (all: to its end; else about half);
+ * false on a thread that must not wait (a stream worker). */
+extern bool (*nt__arena_progress)(bool all);
+/* A storage of nbytes became hostdead while queued ops still use it: its
+ * bytes are waiting, credited to stream sid's pool (0: to none). */
+void nt__arena_pend(uint32_t sid, size_t nbytes);
+/* Frees such a storage's block (p may be NULL: it never took one). */
+void nt__arena_free_pended(void *p, size_t nbytes, uint32_t sid);
+uint64_t nt__arena_live(void);      /* reserved bytes no queued work gives back */
+uint64_t nt__arena_live_peak(void);
+uint64_t nt__arena_waiting(void);   /* bytes of hostdead storages not yet freed */
+uint64_t nt__arena_alloc_waits(void);
+uint64_t nt__arena_alloc_wait_ns(void);
+void nt__arena_set_max_waiting(uint64_t bytes);
 void nt__arena_unreserve(size_t nbytes);     /* a reservation that never got a block */
 void *nt__arena_alloc_reserved(size_t nbytes); /* the block of a reservation; NULL:
                                                   the host is out of memory */
@@ -295,6 +327,10 @@ void nt__exec_rec(nt__rec *r);
  * with the kernel error message set when the host is out of memory. */
 int nt__rec_materialize(const nt__rec *r);
 int nt__tensors_materialize(nt_tensor *const *t, int n);
+/* After r ran (worker): drops its references to big tensors no handle of the
+ * host can reach any more, so their blocks go back now rather than at the
+ * end of the batch (core/arena.c, stream-ordered reuse). */
+void nt__rec_drop_dead(nt__rec *r);
 
 /* Human name of an op id: "add"; api name "nt_add". */
 const char *nt__op_name(int op);
@@ -315,6 +351,7 @@ typedef struct nt__config {
     bool fusion_log;       /* NT_FUSION_LOG */
     int lazy_window;       /* NT_LAZY_WINDOW: ops held in lazy mode */
     int max_inflight;      /* NT_MAX_INFLIGHT: backpressure per stream */
+    uint64_t max_inflight_bytes; /* NT_MAX_INFLIGHT_BYTES: 0 = half of hbm_bytes */
     uint64_t hbm_bytes;    /* NT_HBM_BYTES: arena capacity */
     char *trace_path;      /* NT_TRACE */
     int log_level;         /* NT_LOG */

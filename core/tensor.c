@@ -228,6 +228,7 @@ nt__storage *nt__storage_new(size_t nbytes)
     nt__storage *st = (nt__storage *)block;
     memset(st, 0, sizeof *st);
     st->refs = 1;
+    st->hrefs = 1; /* the handle the caller makes for it */
     st->data = deferred ? NULL : block + NT_ST_HDR;
     st->deferred = deferred;
     st->nbytes = nbytes;
@@ -269,7 +270,15 @@ void nt__storage_unref(nt__storage *st)
     if (st && AO_fetch_and_sub1(&st->refs) == 1) {
         nt__errobj_unref((nt__errobj *)st->poison);
         if (!st->deferred) {
-            nt__arena_free(st, NT_ST_HDR + st->nbytes);
+            if (st->hostdead)
+                nt__arena_free_pended(st, NT_ST_HDR + st->nbytes, 0);
+            else
+                nt__arena_free(st, NT_ST_HDR + st->nbytes);
+            return;
+        }
+        if (st->hostdead) {
+            nt__arena_free_pended(st->data, st->nbytes, st->pend_sid);
+            nt__arena_free_pended(st, NT_ST_HDR, 0);
             return;
         }
         if (st->data)
@@ -291,8 +300,10 @@ static nt_tensor *handle_new(nt__storage *st, bool adopt, nt_dtype dt, int ndim,
     nt_tensor *t = handle_alloc();
     if (!t)
         return NULL;
-    if (!adopt)
+    if (!adopt) {
         nt__storage_ref(st);
+        AO_fetch_and_add1(&st->hrefs);
+    }
     t->ndim = (int8_t)ndim;
     t->dtype = (uint8_t)dt;
     t->expanded = 0;
@@ -329,12 +340,23 @@ nt_tensor *nt__tensor_empty(nt_dtype dt, int ndim, const int64_t *shape, const n
     nt__storage *st = nt__storage_new(nbytes);
     if (!st) {
         char sh[128];
-        nt__err(site, NT_ENOMEM, fn,
-                "out of device memory: a %s tensor of shape %s needs %zu bytes; %llu of %llu "
-                "bytes in use",
-                nt_dtype_name(dt), nt__shape_str(ndim, shape, sh, sizeof sh), nbytes,
-                (unsigned long long)nt__arena_in_use(),
-                (unsigned long long)nt__arena_capacity());
+        uint64_t cap = nt__arena_capacity(), used = nt__arena_in_use();
+        if (nt__arena_too_big())
+            nt__err(site, NT_ENOMEM, fn,
+                    "out of device memory: a %s tensor of shape %s needs %zu bytes, more than "
+                    "the whole device capacity of %llu bytes (NT_HBM_BYTES)",
+                    nt_dtype_name(dt), nt__shape_str(ndim, shape, sh, sizeof sh), nbytes,
+                    (unsigned long long)cap);
+        else
+            nt__err(site, NT_ENOMEM, fn,
+                    "out of device memory: a %s tensor of shape %s needs %zu bytes; live "
+                    "tensors hold %llu bytes, %llu bytes are waiting to be freed by queued "
+                    "ops, the largest free block is %llu bytes (capacity %llu, "
+                    "NT_HBM_BYTES)",
+                    nt_dtype_name(dt), nt__shape_str(ndim, shape, sh, sizeof sh), nbytes,
+                    (unsigned long long)nt__arena_live(),
+                    (unsigned long long)nt__arena_waiting(),
+                    (unsigned long long)(cap > used ? cap - used : 0), (unsigned long long)cap);
         return NULL;
     }
     int64_t stride[NT_MAX_DIMS];
@@ -398,6 +420,47 @@ static void scope_detach(nt_tensor *t)
     t->scope_idx = -1;
 }
 
+/* t's last user reference went.  If that leaves its storage to queued
+ * records alone, the storage is hostdead: the arena counts its bytes as
+ * waiting for those records (and, when they are all on one stream, lends
+ * them to that stream's later ops), and the worker drops its records'
+ * references as soon as each has run (nt__rec_drop_dead).  Runs before the
+ * handle's own internal reference goes, so the storage outlives it. */
+static void host_release(nt_tensor *t)
+{
+    nt__storage *st = t->st;
+    /* The only handle: no other can be made on it now (that needs a live
+     * handle), so no locked instruction is needed. */
+    bool only = AO_load(&st->refs) == 1;
+    AO_t left;
+    if (only) {
+        AO_store(&st->hrefs, 0);
+        left = 0;
+    } else {
+        left = AO_fetch_and_sub1(&st->hrefs) - 1;
+    }
+    if (left)
+        return;
+    if (only && AO_load(&t->irefs) == 1)
+        return; /* nothing queued holds it: it is freed right now */
+    if (!st->deferred) {
+        /* small: waiting, but not lent -- its block is its header's */
+        st->pend_sid = 0;
+        nt__arena_pend(0, NT_ST_HDR + st->nbytes);
+        __atomic_store_n(&st->hostdead, 1, __ATOMIC_RELEASE);
+        return;
+    }
+    uint64_t lw = AO_load(&st->last_write), lr = AO_load(&st->last_read);
+    uint32_t sw = NT__PACK_SID(lw), sr = NT__PACK_SID(lr);
+    uint32_t sid = sr ? sr : sw;
+    if (__atomic_load_n(&st->xstream, __ATOMIC_RELAXED) || (sw && sw != sid))
+        sid = 0; /* read on another stream: wait for it to finish */
+    st->pend_sid = sid;
+    nt__arena_pend(sid, st->nbytes);
+    nt__arena_pend(0, NT_ST_HDR); /* its header waits too, not lent */
+    __atomic_store_n(&st->hostdead, 1, __ATOMIC_RELEASE);
+}
+
 NT_API int nt_release(nt_tensor *t)
 {
     if (!t)
@@ -409,6 +472,7 @@ NT_API int nt_release(nt_tensor *t)
     if (old == 1) {
         t->magic = NT__MAGIC_DEAD;
         scope_detach(t);
+        host_release(t);
         nt__tensor_iunref(t);
     }
     return 0;

@@ -66,6 +66,14 @@ void nt__debug_stats_print(FILE *f)
             bytes_str((double)st.device_capacity, b2, sizeof b2),
             bytes_str((double)st.device_bytes_in_use, b3, sizeof b3),
             (unsigned long long)st.cpu_fallbacks);
+    char b4[32];
+    fprintf(f, "  memory      peak %s reserved, %s live, %s backed; %s waiting for queued ops "
+            "now; %llu allocations waited (%.3f ms)\n",
+            bytes_str((double)st.device_bytes_peak, b1, sizeof b1),
+            bytes_str((double)st.device_bytes_live_peak, b2, sizeof b2),
+            bytes_str((double)st.device_bytes_backed_peak, b3, sizeof b3),
+            bytes_str((double)st.device_bytes_waiting, b4, sizeof b4),
+            (unsigned long long)st.device_alloc_waits, (double)st.device_alloc_wait_ns / 1e6);
 
     /* The simulator's totals, when the runtime runs kernels on it (asking
      * otherwise would start a simulator just to print zeros). */

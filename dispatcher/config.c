@@ -163,6 +163,15 @@ static int apply_opt(const char *name, const char *v, const char *fn)
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_MAX_INFLIGHT: expected 2..100000000, got '%s'", v);
         nt__cfg.max_inflight = (int)u;
+    } else if (!strcmp(name, "NT_MAX_INFLIGHT_BYTES")) {
+        if (!parse_u64(v, &u))
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_MAX_INFLIGHT_BYTES: expected a size like 512M (0: half of "
+                           "NT_HBM_BYTES), got '%s'",
+                           v);
+        nt__cfg.max_inflight_bytes = u;
+        if (inited)
+            nt__arena_set_max_waiting(u);
     } else if (!strcmp(name, "NT_HBM_BYTES")) {
         if (!parse_u64(v, &u) || u == 0)
             return nt__err(NULL, NT_EINVAL, fn,
@@ -206,7 +215,7 @@ static int apply_opt(const char *name, const char *v, const char *fn)
 static const char *const env_names[] = {
     "NT_MODE", "NT_DETERMINISTIC", "NT_FUSION", "NT_BACKEND", "NT_REQUIRE_SIM",
     "NT_MIN_SIM_FLOPS", "NT_CHECK_NAN", "NT_STATS", "NT_FUSION_LOG", "NT_LAZY_WINDOW",
-    "NT_MAX_INFLIGHT", "NT_HBM_BYTES", "NT_TRACE", "NT_LOG", "NT_STOCHASTIC_ROUNDING",
+    "NT_MAX_INFLIGHT", "NT_MAX_INFLIGHT_BYTES", "NT_HBM_BYTES", "NT_TRACE", "NT_LOG", "NT_STOCHASTIC_ROUNDING",
     "NT_SR_SEED",
 };
 
@@ -248,7 +257,7 @@ NT_API int nt_init(void)
         nt__cfg.mode = NT_MODE_DETERMINISTIC;
     g_log_set_handler(NT_LOG_DOMAIN, G_LOG_LEVEL_MASK, log_handler, NULL);
     memset(&nt__ctr, 0, sizeof nt__ctr);
-    nt__arena_init(nt__cfg.hbm_bytes);
+    nt__arena_init(nt__cfg.hbm_bytes, nt__cfg.max_inflight_bytes);
     nt__tensor_pool_init();
     if (nt__trace_open_env)
         nt__trace_open_env();
@@ -382,6 +391,8 @@ NT_API const char *nt_config_get(const char *name)
         v = (uint64_t)nt__cfg.lazy_window;
     else if (!strcmp(name, "NT_MAX_INFLIGHT"))
         v = (uint64_t)nt__cfg.max_inflight;
+    else if (!strcmp(name, "NT_MAX_INFLIGHT_BYTES"))
+        v = nt__cfg.max_inflight_bytes ? nt__cfg.max_inflight_bytes : nt__cfg.hbm_bytes / 2;
     else if (!strcmp(name, "NT_HBM_BYTES"))
         v = nt__cfg.hbm_bytes;
     else if (!strcmp(name, "NT_SR_SEED"))
@@ -423,6 +434,11 @@ NT_API int nt_stats_get(nt_stats *out)
     out->device_bytes_backed_peak = nt__arena_backed_peak();
     out->device_bytes_peak = nt__arena_peak();
     out->device_capacity = nt__arena_capacity();
+    out->device_bytes_live = nt__arena_live();
+    out->device_bytes_live_peak = nt__arena_live_peak();
+    out->device_bytes_waiting = nt__arena_waiting();
+    out->device_alloc_waits = nt__arena_alloc_waits();
+    out->device_alloc_wait_ns = nt__arena_alloc_wait_ns();
     return 0;
 }
 

@@ -117,6 +117,12 @@ static void add_dep(nt__rec *r, nt_stream *s, uint64_t packed)
         nt__wait_packed(packed); /* more than fit: wait here, rare */
 }
 
+/* Was (stream, seq) `packed` on a stream other than s? */
+static inline bool other_stream(uint64_t packed, const nt_stream *s)
+{
+    return packed && NT__PACK_SID(packed) != s->id;
+}
+
 static void release_tmp(nt__call *c)
 {
     for (int i = 0; i < NT__MAX_IN; i++)
@@ -166,8 +172,11 @@ static nt_tensor *dispatch_inner(nt__call *c)
         if (c->in[i])
             nt__tensor_iref(c->in[i]);
 
-    /* Outputs. */
+    /* Outputs, for an op of stream s: they may take memory that s's queued
+     * ops are about to give back (core/arena.c). */
+    nt_stream *s = nt__stream_current();
     int nout = c->dst ? 1 : c->nout;
+    nt__alloc_sid = s->id;
     for (int i = 0; i < nout; i++) {
         if (c->dst) {
             c->out[0] = c->dst;
@@ -176,15 +185,16 @@ static nt_tensor *dispatch_inner(nt__call *c)
         c->out[i] = nt__tensor_empty(c->odt[i], c->ondim[i], c->oshape[i], c->site, c->fn);
         if (!c->out[i]) {
             nout = i; /* the ones made so far */
+            nt__alloc_sid = 0;
             goto fail_out;
         }
     }
+    nt__alloc_sid = 0;
 
     /* Autograd records the node (and refuses bad in-place writes). */
     if (!c->no_grad && nt__ag_on_dispatch && nt__ag_on_dispatch(c) < 0)
         goto fail_out;
 
-    nt_stream *s = nt__stream_current();
     nt__rec *r = nt__rec_alloc(s);
     if (!r) {
         nt__err(c->site, NT_ENOMEM, c->fn, "out of host memory for an op record");
@@ -206,7 +216,10 @@ static nt_tensor *dispatch_inner(nt__call *c)
         if (!t)
             continue;
         r->in[i] = t; /* its reference was taken above */
-        add_dep(r, s, AO_load(&t->st->last_write));
+        uint64_t lw = AO_load(&t->st->last_write);
+        add_dep(r, s, lw);
+        if (other_stream(lw, s) || other_stream(AO_load(&t->st->last_read), s))
+            __atomic_store_n(&t->st->xstream, 1, __ATOMIC_RELAXED); /* not one stream's to lend */
     }
     for (int i = 0; i < nout; i++) {
         if (c->dst)
@@ -219,6 +232,9 @@ static nt_tensor *dispatch_inner(nt__call *c)
         /* Write after read/write on other streams. */
         add_dep(r, s, AO_load(&c->dst->st->last_write));
         add_dep(r, s, AO_load(&c->dst->st->last_read));
+        if (other_stream(AO_load(&c->dst->st->last_write), s) ||
+            other_stream(AO_load(&c->dst->st->last_read), s))
+            __atomic_store_n(&c->dst->st->xstream, 1, __ATOMIC_RELAXED);
         AO_fetch_and_add1(&c->dst->st->version);
     }
 

@@ -575,10 +575,21 @@ static void plan_pause(void) { AO_fetch_and_add(&nt__fst.plan_ns, (AO_t)(nt__now
 static void plan_resume(void) { plan_t0 = nt__now_ns(); }
 
 
+static void run_group_kernel(gstate *s);
+
+/* Runs the open group, then lets its records drop what only they held
+ * (nt__rec_drop_dead), so the next group can reuse those blocks. */
 static void run_group(gstate *s)
 {
     if (!s->open || s->g.nrecs == 0)
         return;
+    run_group_kernel(s);
+    for (int k = 0; k < s->g.nrecs; k++)
+        nt__rec_drop_dead(s->g.recs[k]);
+}
+
+static void run_group_kernel(gstate *s)
+{
     s->open = false;
     if (s->g.nrecs == 1) {
         plan_pause();
@@ -702,6 +713,7 @@ void nt__fusion_run(nt__rec **recs, int n)
             run_group(&s);
             plan_pause();
             nt__exec_rec(r);
+            nt__rec_drop_dead(r);
             plan_resume();
             continue;
         }
@@ -721,6 +733,7 @@ void nt__fusion_run(nt__rec **recs, int n)
             s.open = false;
             plan_pause();
             nt__exec_rec(r);
+            nt__rec_drop_dead(r);
             plan_resume();
         }
     }

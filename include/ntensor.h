@@ -537,6 +537,16 @@ typedef struct nt_stats {
                                      and its memory taken when first written, so a
                                      fused-away intermediate never takes any */
     uint64_t device_bytes_backed_peak;
+    /* Of device_bytes_in_use (reserved), what tensors still reachable from the
+     * host hold ("live"); the rest is memory released by the program that
+     * queued ops still read ("waiting"), which the stream's later ops may
+     * already reuse (docs/architecture.md, section 3). */
+    uint64_t device_bytes_live;
+    uint64_t device_bytes_live_peak;
+    uint64_t device_bytes_waiting;
+    uint64_t device_alloc_waits;   /* allocations that waited for queued work to
+                                      free memory (full device, NT_MAX_INFLIGHT_BYTES) */
+    uint64_t device_alloc_wait_ns; /* host time those waits took */
 } nt_stats;
 
 /** Fills *out with counters since nt_init (or the last nt_stats_reset). */

@@ -37,6 +37,29 @@ static _Thread_local struct {
 
 static gpointer worker_main(gpointer arg);
 
+/* Stream workers never wait for memory: the work they would wait for is
+ * their own. */
+static _Thread_local bool tl_worker;
+
+/* The arena's wait for memory (core/arena.c): every stream's queued work,
+ * to its end or about half of it, lazy batches included (the wait asks the
+ * worker to flush). */
+static bool arena_progress(bool all)
+{
+    if (tl_worker)
+        return false;
+    uint32_t n = S.next_id;
+    for (uint32_t id = 1; id <= n; id++) {
+        nt_stream *s = nt__stream_by_id(id);
+        if (!s)
+            continue;
+        uint64_t last = AO_load_full(&s->next_seq), done = AO_load_acquire(&s->done_upto);
+        if (last > done)
+            nt__wait_packed(NT__PACK(s->id, all ? last : done + (last - done + 1) / 2));
+    }
+    return true;
+}
+
 /* ---------------- registry ---------------- */
 
 nt_stream *nt__stream_by_id(uint32_t id)
@@ -106,6 +129,7 @@ void nt__streams_init(void)
     S.graveyard = g_ptr_array_new_with_free_func(free);
     AO_fetch_and_add1(&S.epoch);
     S.dflt = stream_new(true);
+    nt__arena_progress = arena_progress;
 }
 
 void nt__streams_foreach(void (*fn)(nt_stream *s, void *arg), void *arg)
@@ -120,6 +144,7 @@ void nt__streams_foreach(void (*fn)(nt_stream *s, void *arg), void *arg)
 
 void nt__streams_shutdown(void)
 {
+    nt__arena_progress = NULL;
     uint32_t n = S.next_id;
     for (uint32_t id = 1; id <= n; id++) {
         nt_stream *s = nt__stream_by_id(id);
@@ -409,8 +434,10 @@ static void run_batch(nt__rec **recs, int n)
         nt__fusion_batch(recs, n);
         return;
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         nt__exec_rec(recs[i]);
+        nt__rec_drop_dead(recs[i]);
+    }
 }
 
 void nt__stream_run_inline(nt_stream *s, nt__rec *r)
@@ -559,6 +586,7 @@ static gpointer worker_main(gpointer arg)
 {
     nt_stream *s = arg;
     bool idle = false;
+    tl_worker = true;
     for (;;) {
         if (take_queued(s) && idle && nt__cfg.mode == NT_MODE_ADAPTIVE && nt__cfg.fusion)
             gather_burst(s);

@@ -113,7 +113,7 @@ void *sk_scratch(sk_k *s, size_t n)
         sk_data_error(s, NT_ENOMEM, "too many scratch buffers in one kernel");
         return NULL;
     }
-    void *p = nt__arena_alloc(n ? n : 1);
+    void *p = nt__arena_alloc_scratch(n ? n : 1);
     if (!p) {
         sk_data_error(s, NT_ENOMEM,
                       "device memory (HBM) is full: the kernel needs %zu bytes of scratch", n);

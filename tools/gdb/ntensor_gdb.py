@@ -670,6 +670,11 @@ def stats_text():
         try:
             lines.append("  device      %d B in use, peak %d B of %d B" % (
                 int(arena["in_use"]), int(arena["peak"]), int(arena["capacity"])))
+            # released by the program, still read by queued ops (docs/architecture.md)
+            lines.append("  memory      %d B waiting for queued ops, %d B of it lent to "
+                         "their streams' next ops" % (
+                             int(arena["waiting_c"]) + int(arena["waiting_nc"]),
+                             int(arena["waiting_c"]) - int(arena["pooled"])))
         except gdb.error:
             pass
     return "\n".join(lines)
