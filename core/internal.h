@@ -22,6 +22,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <urcu/wfcqueue.h>
 
 #include "ntensor.h"
@@ -54,6 +56,10 @@ typedef struct nt__errobj {
  * Returns code, so callers can `return nt__err(...)`. */
 int nt__err(const nt_site *site, int code, const char *fn, const char *fmt, ...)
     G_GNUC_PRINTF(4, 5);
+/* The host is out of memory: sets NT_EHOSTMEM "<fn>: out of host memory
+ * for <what>" (formatted without allocating) and returns the code. */
+#define nt__err_hostmem(site, fn, what) \
+    nt__err((site), NT_EHOSTMEM, (fn), "out of host memory for %s", (what))
 /* Sets the thread's error to a preformatted message. */
 void nt__err_set(int code, const char *msg);
 /* Writes "file:line in func" (or a symbolised return address) to buf. */
@@ -61,6 +67,66 @@ void nt__site_format(const nt_site *site, char *buf, size_t n);
 nt__errobj *nt__errobj_new(int code, const char *msg);
 void nt__errobj_ref(nt__errobj *e);
 void nt__errobj_unref(nt__errobj *e);
+
+/* A growable array of pointers with GPtrArray's field names (pdata, len)
+ * whose growth fails cleanly (false) instead of aborting the process when
+ * the host is out of memory, as GLib's containers do. */
+typedef struct {
+    void **pdata;
+    unsigned len, cap;
+} nt__ptrvec;
+
+/* Room for n pointers in all; false if the host has no memory for it. */
+static inline bool nt__ptrvec_reserve(nt__ptrvec *v, unsigned n)
+{
+    if (n <= v->cap)
+        return true;
+    size_t cap = v->cap ? (size_t)v->cap * 2 : 16;
+    if (cap < n)
+        cap = n;
+    if (cap > UINT32_MAX)
+        return false;
+    void **p = realloc(v->pdata, cap * sizeof *p);
+    if (!p)
+        return false;
+    v->pdata = p;
+    v->cap = (unsigned)cap;
+    return true;
+}
+
+/* A new empty array with room for `reserve`; NULL if out of memory. */
+static inline nt__ptrvec *nt__ptrvec_new(unsigned reserve)
+{
+    nt__ptrvec *v = calloc(1, sizeof *v);
+    if (v && reserve && !nt__ptrvec_reserve(v, reserve)) {
+        free(v);
+        return NULL;
+    }
+    return v;
+}
+
+static inline bool nt__ptrvec_add(nt__ptrvec *v, void *p)
+{
+    if (!nt__ptrvec_reserve(v, v->len + 1))
+        return false;
+    v->pdata[v->len++] = p;
+    return true;
+}
+
+/* Drops the first k elements. */
+static inline void nt__ptrvec_remove_front(nt__ptrvec *v, unsigned k)
+{
+    memmove(v->pdata, v->pdata + k, (v->len - k) * sizeof *v->pdata);
+    v->len -= k;
+}
+
+static inline void nt__ptrvec_free(nt__ptrvec *v)
+{
+    if (v) {
+        free(v->pdata);
+        free(v);
+    }
+}
 
 /* ------------------------------------------------------------------ */
 /* Storage, handles                                                   */
@@ -167,6 +233,9 @@ static inline void *nt__tensor_data(const nt_tensor *t)
 void nt__arena_init(uint64_t capacity);
 void nt__arena_shutdown(void);
 void *nt__arena_alloc(size_t nbytes); /* NULL if over capacity */
+/* True (once) if this thread's last failed arena allocation failed for want
+ * of host memory rather than device capacity. */
+bool nt__arena_host_failed(void);
 void nt__arena_free(void *p, size_t nbytes); /* also ends the reservation */
 bool nt__arena_reserve(size_t nbytes);       /* capacity only; false if over */
 void nt__arena_unreserve(size_t nbytes);     /* a reservation that never got a block */

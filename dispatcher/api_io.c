@@ -212,9 +212,9 @@ int nt__wait_tensor(const nt_site *site, const char *fn, nt_tensor *t)
     AO_store(&e->reported, 1);
     char where[256];
     nt__site_format(site, where, sizeof where);
-    char *msg = g_strdup_printf("%s [reported by %s at %s]", e->msg, fn, where);
+    char msg[1024]; /* on the stack: reporting must work with the host out of memory */
+    snprintf(msg, sizeof msg, "%s [reported by %s at %s]", e->msg, fn, where);
     nt__err_set(e->code, msg);
-    g_free(msg);
     return e->code;
 }
 
@@ -351,9 +351,9 @@ NT_API int nt_sync_at(const nt_site *site)
     AO_store(&e->reported, 1);
     char where[256];
     nt__site_format(site, where, sizeof where);
-    char *msg = g_strdup_printf("%s [reported by nt_sync at %s]", e->msg, where);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s [reported by nt_sync at %s]", e->msg, where);
     nt__err_set(e->code, msg);
-    g_free(msg);
     int code = e->code;
     nt__errobj_unref(e);
     return code;

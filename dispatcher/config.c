@@ -246,7 +246,10 @@ NT_API int nt_init(void)
     bool detb;
     if (det && parse_bool(det, &detb) && detb)
         nt__cfg.mode = NT_MODE_DETERMINISTIC;
-    g_log_set_handler(NT_LOG_DOMAIN, G_LOG_LEVEL_MASK, log_handler, NULL);
+    /* Once per process: each call adds a handler GLib keeps for good. */
+    static guint log_handler_id;
+    if (!log_handler_id)
+        log_handler_id = g_log_set_handler(NT_LOG_DOMAIN, G_LOG_LEVEL_MASK, log_handler, NULL);
     memset(&nt__ctr, 0, sizeof nt__ctr);
     nt__arena_init(nt__cfg.hbm_bytes);
     nt__tensor_pool_init();

@@ -86,7 +86,8 @@ extern "C" {
     X(ESIM, -12, "simulator constraint violated")                           \
     X(ENAN, -13, "NaN or Inf produced")                                     \
     X(EVERSION, -14, "tensor modified in place after it was saved")         \
-    X(EFORMAT, -15, "malformed file")
+    X(EFORMAT, -15, "malformed file")                                      \
+    X(EHOSTMEM, -16, "out of host memory")
 
 typedef enum nt_error {
     NT_OK = 0,
