@@ -148,7 +148,7 @@ static void pbuf_free(gpointer p)
 {
     if (p) {
         free(((pbuf *)p)->p);
-        g_free(p);
+        free(p);
     }
 }
 static GPrivate bpanel_key = G_PRIVATE_INIT(pbuf_free);
@@ -157,7 +157,9 @@ static float *panel(GPrivate *key, size_t n)
 {
     pbuf *b = g_private_get(key);
     if (!b) {
-        b = g_new0(pbuf, 1);
+        b = calloc(1, sizeof *b);
+        if (!b)
+            return NULL; /* the callers handle a missing panel */
         g_private_set(key, b);
     }
     if (b->n < n) {

@@ -65,7 +65,7 @@ int nt__cpu_matmul(const nt__rec *r)
     size_t nc = c_direct ? 0 : (size_t)(M * N);
     float *buf = scratch(na + nb + nc + 1);
     if (!buf)
-        return nt__kerr(NT_ENOMEM, "out of host memory for matmul buffers (%zu floats)",
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for matmul buffers (%zu floats)",
                         na + nb + nc);
     float *At = buf, *B = buf + na, *C = buf + na + nb;
     const char *ad = nt__tensor_data(a), *bd = nt__tensor_data(b);

@@ -296,7 +296,10 @@ NT_API char *nt_format_at(const nt_site *site, nt_tensor *t)
         return NULL;
     NT__COUNT(bytes_to_host, (size_t)nt__numel(t->ndim, t->shape) *
                                  nt__dtype_size((nt_dtype)t->dtype));
-    return nt__format_tensor(t);
+    char *text = nt__format_tensor(t);
+    if (!text)
+        nt__err_hostmem(site, fn, "the text");
+    return text;
 }
 
 NT_API int nt_print_at(const nt_site *site, nt_tensor *t)
@@ -310,10 +313,12 @@ NT_API int nt_print_at(const nt_site *site, nt_tensor *t)
     NT__COUNT(bytes_to_host, (size_t)nt__numel(t->ndim, t->shape) *
                                  nt__dtype_size((nt_dtype)t->dtype));
     char *s = nt__format_tensor(t);
+    if (!s)
+        return nt__err_hostmem(site, "nt_print", "the text");
     fputs(s, stdout);
     fputc('\n', stdout);
     fflush(stdout);
-    g_free(s);
+    free(s);
     return 0;
 }
 
