@@ -156,6 +156,8 @@ NT_API nt_optim *nt_optim_sgd(nt_tensor *const *params, int n, double lr, double
         return NULL;
     }
     nt_optim *o = opt_new(KIND_SGD, params, n);
+    if (!o)
+        return NULL;
     o->lr = lr;
     o->momentum = momentum;
     o->weight_decay = weight_decay;
@@ -180,6 +182,8 @@ NT_API nt_optim *nt_optim_adamw(nt_tensor *const *params, int n, double lr, doub
         return NULL;
     }
     nt_optim *o = opt_new(KIND_ADAMW, params, n);
+    if (!o)
+        return NULL;
     o->lr = lr;
     o->beta1 = beta1;
     o->beta2 = beta2;

@@ -394,17 +394,12 @@ enum { CH_OK = 0, CH_ERROR = 10, CH_LEAK = 11, CH_WRONG = 12, CH_NOERR = 13, CH_
 
 static result reference;
 
-/* In a child: init, run with allocation N failing, check the outcome, run
- * again with memory back, shut down and count what is still live.  Exit
- * code CH_OK if the program absorbed the failure, CH_ERROR if it ended in a
- * clean error. */
-static int child(long n, int *code_out)
+/* One cycle in a child: init, run with allocation N failing, check the
+ * outcome, run again with memory back, shut down.  Returns the status
+ * (CH_OK if the program absorbed the failure, CH_ERROR if it ended in a
+ * clean error) and sets *leaked to the allocations still live. */
+static int cycle(long n, int *code_out, long *leaked)
 {
-    if (getenv("OOM_TRACK")) {
-        void *f[8];
-        backtrace(f, 8); /* loads what it needs now */
-        atomic_store(&tracking, 1);
-    }
     long live0 = atomic_load(&live);
     if (nt_init() != 0)
         _exit(CH_INIT);
@@ -426,7 +421,6 @@ static int child(long n, int *code_out)
         }
         if (getenv("OOM_VERBOSE"))
             fprintf(stderr, "N=%ld: rc %d: %s\n", n, rc, msg);
-        *code_out = rc;
     } else if (!same_result(&r, &reference)) {
         fprintf(stderr, "N=%ld: absorbed, but the values differ\n", n);
         status = CH_WRONG;
@@ -441,16 +435,40 @@ static int child(long n, int *code_out)
         status = CH_WRONG;
     }
     nt_shutdown();
-    long leaked = atomic_load(&live) - live0;
-    if (!OOM_ASAN && leaked != 0 && status != CH_WRONG && status != CH_NOERR) {
-        fprintf(stderr, "N=%ld: %ld allocations leaked (rc %d)\n", n, leaked, rc);
-        if (atomic_load(&tracking)) {
-            atomic_store(&tracking, 0);
-            track_dump();
-        }
-        status = CH_LEAK;
-    }
+    *leaked = atomic_load(&live) - live0;
     *code_out = status == CH_ERROR ? rc : 0;
+    return status;
+}
+
+/* In a child.  A failure may send the program down a path the warm-up did
+ * not take, where GLib makes a one-time allocation it keeps for the
+ * process (a GPrivate's key): so an allocation count that moved is checked
+ * with a second, identical cycle, which must leave the count where it
+ * was. */
+static int child(long n, int *code_out)
+{
+    if (getenv("OOM_TRACK")) {
+        void *f[8];
+        backtrace(f, 8); /* loads what it needs now */
+        atomic_store(&tracking, 1);
+    }
+    long leaked;
+    int status = cycle(n, code_out, &leaked);
+    if (!OOM_ASAN && leaked != 0 && status != CH_WRONG && status != CH_NOERR) {
+        int code2;
+        long leaked2;
+        int status2 = cycle(n, &code2, &leaked2);
+        if (status2 != CH_OK && status2 != CH_ERROR)
+            return status2;
+        if (leaked2 != 0) {
+            fprintf(stderr, "N=%ld: %ld allocations leaked (rc %d)\n", n, leaked2, *code_out);
+            if (atomic_load(&tracking)) {
+                atomic_store(&tracking, 0);
+                track_dump();
+            }
+            status = CH_LEAK;
+        }
+    }
     return status;
 }
 
@@ -469,6 +487,10 @@ static void run_point(long n, tally *t)
     assert_true(pid >= 0);
     if (pid == 0) {
         close(pipefd[0]);
+        /* cmocka catches these; here they must end the child, to be counted */
+        static const int sigs[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP};
+        for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++)
+            signal(sigs[i], SIG_DFL);
         int code = 0;
         int st = child(n, &code);
         (void)!write(pipefd[1], &code, sizeof code);
