@@ -128,6 +128,77 @@ static inline void nt__ptrvec_free(nt__ptrvec *v)
     }
 }
 
+/* Text being built: like a GString, but running out of host memory marks
+ * it failed (oom) instead of aborting the process. */
+typedef struct {
+    char *str; /* NULL until something is appended; free() it */
+    size_t len, cap;
+    bool oom;
+} nt__strbuf;
+
+static inline bool nt__sb_room(nt__strbuf *b, size_t add)
+{
+    if (b->oom)
+        return false;
+    if (b->len + add + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + add + 1)
+            cap *= 2;
+        char *p = realloc(b->str, cap);
+        if (!p) {
+            b->oom = true;
+            return false;
+        }
+        b->str = p;
+        b->cap = cap;
+    }
+    return true;
+}
+
+static inline void nt__sb_append_len(nt__strbuf *b, const char *s, size_t n)
+{
+    if (!nt__sb_room(b, n))
+        return;
+    memcpy(b->str + b->len, s, n);
+    b->len += n;
+    b->str[b->len] = '\0';
+}
+
+static inline void nt__sb_append(nt__strbuf *b, const char *s)
+{
+    nt__sb_append_len(b, s, strlen(s));
+}
+
+static inline void nt__sb_append_c(nt__strbuf *b, char ch) { nt__sb_append_len(b, &ch, 1); }
+
+static inline void nt__sb_printf(nt__strbuf *b, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+static inline void nt__sb_printf(nt__strbuf *b, const char *fmt, ...)
+{
+    char small[128];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n < sizeof small) {
+        nt__sb_append_len(b, small, (size_t)n);
+        return;
+    }
+    if (!nt__sb_room(b, (size_t)n))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(b->str + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+/* The text, or `fallback` if building it ran out of memory. */
+static inline const char *nt__sb_str(const nt__strbuf *b, const char *fallback)
+{
+    return b->oom || !b->str ? fallback : b->str;
+}
+
 /* ------------------------------------------------------------------ */
 /* Storage, handles                                                   */
 /* ------------------------------------------------------------------ */

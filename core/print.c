@@ -11,8 +11,6 @@
  * 1000 elements show the first and last 3 entries of each dim around "...".
  * Rows wrap at 80 columns.  f32 carries no dtype suffix; other dtypes do. */
 #include <math.h>
-#include <stdarg.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -21,68 +19,6 @@
 #define NT_PRINT_EDGE 3
 #define NT_PRINT_WIDTH 80
 
-/* The text being built: like a GString, but running out of host memory
- * marks it failed (nt_format returns NULL) instead of aborting. */
-typedef struct {
-    char *str;
-    size_t len, cap;
-    bool oom;
-} strbuf;
-
-static bool sb_room(strbuf *b, size_t add)
-{
-    if (b->oom)
-        return false;
-    if (b->len + add + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + add + 1)
-            cap *= 2;
-        char *p = realloc(b->str, cap);
-        if (!p) {
-            b->oom = true;
-            return false;
-        }
-        b->str = p;
-        b->cap = cap;
-    }
-    return true;
-}
-
-static void sb_append_len(strbuf *b, const char *s, size_t n)
-{
-    if (!sb_room(b, n))
-        return;
-    memcpy(b->str + b->len, s, n);
-    b->len += n;
-    b->str[b->len] = '\0';
-}
-
-static void sb_append(strbuf *b, const char *s) { sb_append_len(b, s, strlen(s)); }
-
-static void sb_append_c(strbuf *b, char ch) { sb_append_len(b, &ch, 1); }
-
-static void sb_printf(strbuf *b, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
-static void sb_printf(strbuf *b, const char *fmt, ...)
-{
-    char small[128];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    if ((size_t)n < sizeof small) {
-        sb_append_len(b, small, (size_t)n);
-        return;
-    }
-    if (!sb_room(b, (size_t)n))
-        return;
-    va_start(ap, fmt);
-    vsnprintf(b->str + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
-
 typedef struct {
     const nt_tensor *t;
     const char *base;
@@ -90,7 +26,7 @@ typedef struct {
     bool is_float;
     int mode; /* 0 fixed, 1 integer-valued, 2 scientific */
     int width; /* at least 1, like PyTorch's max_width */
-    strbuf *out;
+    nt__strbuf *out;
 } pctx;
 
 static double elem(const pctx *c, const int64_t *idx)
@@ -179,7 +115,7 @@ static void put_elem(pctx *c, double v)
 {
     char buf[64];
     fmt_value(c, v, buf, sizeof buf);
-    sb_printf(c->out, "%*s", c->width, buf);
+    nt__sb_printf(c->out, "%*s", c->width, buf);
 }
 
 /* Writes dim `dim`, whose '[' sits at column `indent`, like PyTorch's
@@ -190,7 +126,7 @@ static void emit(pctx *c, int dim, int64_t *idx, int indent)
     const nt_tensor *t = c->t;
     int64_t n = t->shape[dim];
     bool cut = c->summarize && n > 2 * NT_PRINT_EDGE;
-    sb_append_c(c->out, '[');
+    nt__sb_append_c(c->out, '[');
     if (dim == t->ndim - 1) {
         int per_line = (NT_PRINT_WIDTH - indent) / (c->width + 2);
         if (per_line < 1)
@@ -200,21 +136,21 @@ static void emit(pctx *c, int dim, int64_t *idx, int indent)
             bool ellipsis = cut && i == NT_PRINT_EDGE;
             if (i > 0 || ellipsis) {
                 if (k == per_line) {
-                    sb_printf(c->out, ",\n%*s", indent + 1, "");
+                    nt__sb_printf(c->out, ",\n%*s", indent + 1, "");
                     k = 0;
                 } else if (i > 0) {
-                    sb_append(c->out, ", ");
+                    nt__sb_append(c->out, ", ");
                 }
             }
             if (ellipsis) {
-                sb_append(c->out, " ...");
+                nt__sb_append(c->out, " ...");
                 k++;
                 i = n - NT_PRINT_EDGE;
                 if (k == per_line) {
-                    sb_printf(c->out, ",\n%*s", indent + 1, "");
+                    nt__sb_printf(c->out, ",\n%*s", indent + 1, "");
                     k = 0;
                 } else {
-                    sb_append(c->out, ", ");
+                    nt__sb_append(c->out, ", ");
                 }
             }
             idx[dim] = i;
@@ -225,23 +161,23 @@ static void emit(pctx *c, int dim, int64_t *idx, int indent)
         int newlines = t->ndim - dim - 1;
         for (int64_t i = 0; i < n; i++) {
             if (i > 0) {
-                sb_append_c(c->out, ',');
+                nt__sb_append_c(c->out, ',');
                 for (int k = 0; k < newlines; k++)
-                    sb_append_c(c->out, '\n');
-                sb_printf(c->out, "%*s", indent + 1, "");
+                    nt__sb_append_c(c->out, '\n');
+                nt__sb_printf(c->out, "%*s", indent + 1, "");
             }
             if (cut && i == NT_PRINT_EDGE) {
-                sb_append(c->out, "...,");
+                nt__sb_append(c->out, "...,");
                 for (int k = 0; k < newlines; k++)
-                    sb_append_c(c->out, '\n');
-                sb_printf(c->out, "%*s", indent + 1, "");
+                    nt__sb_append_c(c->out, '\n');
+                nt__sb_printf(c->out, "%*s", indent + 1, "");
                 i = n - NT_PRINT_EDGE;
             }
             idx[dim] = i;
             emit(c, dim + 1, idx, indent + 1);
         }
     }
-    sb_append_c(c->out, ']');
+    nt__sb_append_c(c->out, ']');
 }
 
 /* The text for a ready tensor (the caller synchronised).  free it.  NULL:
@@ -249,22 +185,22 @@ static void emit(pctx *c, int dim, int64_t *idx, int indent)
 char *nt__format_tensor(nt_tensor *t)
 {
     pctx c = {0};
-    strbuf out = {0};
+    nt__strbuf out = {0};
     c.t = t;
     c.base = nt__tensor_data(t);
     c.is_float = nt__dtype_is_float((nt_dtype)t->dtype);
     int64_t n = nt__numel(t->ndim, t->shape);
     c.summarize = n > NT_PRINT_THRESHOLD;
     c.out = &out;
-    sb_append(c.out, "tensor(");
+    nt__sb_append(c.out, "tensor(");
     int64_t idx[NT_MAX_DIMS] = {0};
     if (n == 0) {
-        sb_append(c.out, "[]");
+        nt__sb_append(c.out, "[]");
         if (t->ndim != 1) {
-            sb_append(c.out, ", size=(");
+            nt__sb_append(c.out, ", size=(");
             for (int i = 0; i < t->ndim; i++)
-                sb_printf(c.out, i ? ", %lld" : "%lld", (long long)t->shape[i]);
-            sb_append(c.out, t->ndim == 1 ? ",)" : ")");
+                nt__sb_printf(c.out, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+            nt__sb_append(c.out, t->ndim == 1 ? ",)" : ")");
         }
     } else {
         if (c.is_float) {
@@ -285,8 +221,8 @@ char *nt__format_tensor(nt_tensor *t)
             emit(&c, 0, idx, (int)strlen("tensor("));
     }
     if (t->dtype != NT_F32)
-        sb_printf(c.out, ", dtype=%s", nt_dtype_name((nt_dtype)t->dtype));
-    sb_append_c(c.out, ')');
+        nt__sb_printf(c.out, ", dtype=%s", nt_dtype_name((nt_dtype)t->dtype));
+    nt__sb_append_c(c.out, ')');
     if (out.oom) {
         free(out.str);
         return NULL;

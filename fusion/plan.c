@@ -551,20 +551,21 @@ static nt__fprog *compile(const nt__fprog *p, bool *hit)
 
 /* ---------------- the log ---------------- */
 
-static void log_site(GString *g, const nt__rec *r)
+static void log_site(nt__strbuf *g, const nt__rec *r)
 {
     char where[160];
     nt__site_format(&r->site, where, sizeof where);
-    g_string_append_printf(g, "%s%s (%s)", r->bwd_of ? "backward:" : "", nt__op_name(r->op), where);
+    nt__sb_printf(g, "%s%s (%s)", r->bwd_of ? "backward:" : "", nt__op_name(r->op), where);
 }
 
 static void log_break(const nt__rec *r, const char *reason)
 {
-    GString *g = g_string_new("fusion: break before ");
+    nt__strbuf g_ = {0}, *g = &g_; /* a failed buffer prints what it could */
+    nt__sb_append(g, "fusion: break before ");
     log_site(g, r);
-    g_string_append_printf(g, ": %s", reason);
-    fprintf(stderr, "ntensor: %s\n", g->str);
-    g_string_free(g, TRUE);
+    nt__sb_printf(g, ": %s", reason);
+    fprintf(stderr, "ntensor: %s\n", nt__sb_str(g, "fusion: (no host memory for this line)"));
+    free(g->str);
 }
 
 static const char *kind_name(nt__fkind k)
@@ -575,16 +576,16 @@ static const char *kind_name(nt__fkind k)
 static void log_group(const gstate *s, const nt__fprog *c, bool hit, int stored, int elided,
                       const char *const *why_stored)
 {
-    GString *g = g_string_new(NULL);
-    g_string_append_printf(g, "fusion: kernel #%lu %s, %d ops [", (unsigned long)kernel_no,
-                           kind_name(c->kind), s->g.nrecs);
+    nt__strbuf g_ = {0}, *g = &g_;
+    nt__sb_printf(g, "fusion: kernel #%lu %s, %d ops [", (unsigned long)kernel_no,
+                  kind_name(c->kind), s->g.nrecs);
     for (int k = 0; k < s->g.nrecs; k++) {
         if (k)
-            g_string_append(g, ", ");
+            nt__sb_append(g, ", ");
         log_site(g, s->g.recs[k]);
     }
-    g_string_append_printf(g, "] reads %d, writes %d, elides %d intermediate%s; cache %s",
-                           c->next, stored, elided, elided == 1 ? "" : "s", hit ? "hit" : "miss");
+    nt__sb_printf(g, "] reads %d, writes %d, elides %d intermediate%s; cache %s", c->next,
+                  stored, elided, elided == 1 ? "" : "s", hit ? "hit" : "miss");
     /* why each written value could not stay on chip, grouped by reason */
     const char *seen[NT_F_MAXVALS];
     int nseen = 0;
@@ -597,13 +598,13 @@ static void log_group(const gstate *s, const nt__fprog *c, bool hit, int stored,
         if (dup)
             continue;
         seen[nseen++] = why_stored[v];
-        g_string_append_printf(g, "; written out (%s):", why_stored[v]);
+        nt__sb_printf(g, "; written out (%s):", why_stored[v]);
         for (int w = v; w < c->nvals; w++)
             if (why_stored[w] == why_stored[v])
-                g_string_append_printf(g, " v%d", w);
+                nt__sb_printf(g, " v%d", w);
     }
-    fprintf(stderr, "ntensor: %s\n", g->str);
-    g_string_free(g, TRUE);
+    fprintf(stderr, "ntensor: %s\n", nt__sb_str(g, "fusion: (no host memory for this line)"));
+    free(g->str);
 }
 
 /* ---------------- running ---------------- */

@@ -607,13 +607,12 @@ static void run_loop(const char *backend_name)
     assert_true(total > 0);
 
     /* Threads make the count vary a little from run to run: go a bit past
-     * it.  OOM_STRIDE (or NT_TEST_QUICK) samples every k-th point. */
+     * it.  OOM_STRIDE samples every k-th point (OOM_FIRST, OOM_LAST: a
+     * range), for debugging. */
     long stride = 1;
     const char *e = getenv("OOM_STRIDE");
     if (e)
         stride = atol(e) > 0 ? atol(e) : 1;
-    else if (getenv("NT_TEST_QUICK"))
-        stride = 7;
     long first = getenv("OOM_FIRST") ? atol(getenv("OOM_FIRST")) : 1;
     long last = getenv("OOM_LAST") ? atol(getenv("OOM_LAST")) : total + total / 20 + 8;
     tally t;
