@@ -23,6 +23,7 @@
 #include <errno.h>
 
 #include "amp/amp.h"
+#include "streams/stream.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1206,6 +1207,26 @@ static void plan_free(ck_plan *pl, int n, int nstate)
     free(pl->psteps);
 }
 
+/* The install below queues one copy per parameter; each needs an op
+ * record, and running out of host memory half-way would leave some
+ * parameters loaded and others not.  So the records are taken first and
+ * handed back to this thread's pool, where those copies find them. */
+static int reserve_records(const char *fn, int n)
+{
+    nt__rec **r = calloc((size_t)n, sizeof *r);
+    if (!r)
+        return nt__err_hostmem(NULL, fn, "the copies of the loaded values");
+    nt_stream *s = nt__stream_current();
+    int got = 0;
+    while (got < n && (r[got] = nt__rec_alloc(s)) != NULL)
+        got++;
+    bool ok = got == n;
+    while (got > 0)
+        nt__rec_unalloc(r[--got]);
+    free(r);
+    return ok ? 0 : nt__err_hostmem(NULL, fn, "the copies of the loaded values");
+}
+
 static int load_impl(const char *fn, const char *path, nt_tensor *const *params, int n,
                      nt_optim *opt, nt_grad_scaler *scaler)
 {
@@ -1226,6 +1247,8 @@ static int load_impl(const char *fn, const char *path, nt_tensor *const *params,
     ck_plan pl = {0};
     int nstate = opt ? opt->n * 3 : 0;
     rc = plan_load(fn, path, recs, params, n, opt, scaler, &pl);
+    if (!rc)
+        rc = reserve_records(fn, n);
     if (!rc) {
         /* Everything is checked and staged: install it. */
         nt_no_grad_begin();

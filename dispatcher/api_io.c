@@ -66,8 +66,17 @@ NT_API nt_tensor *nt_from_host_at(const nt_site *site, const void *src, nt_dtype
     if (!t)
         return NULL;
     size_t nbytes = (size_t)n * nt__dtype_size(dt);
+    /* a big tensor's block is taken now (nt__tensor_data would abort) */
+    void *d = nbytes ? nt__storage_materialize(t->st) : NULL;
+    if (nbytes && !d) {
+        nt_release(t);
+        char sh[128];
+        nt__err(site, NT_EHOSTMEM, fn, "out of host memory for the %zu bytes of a %s tensor of "
+                "shape %s", nbytes, nt_dtype_name(dt), nt__shape_str(ndim, shape, sh, sizeof sh));
+        return NULL;
+    }
     if (nbytes)
-        memcpy(nt__tensor_data(t), src, nbytes);
+        memcpy(d, src, nbytes);
     NT__COUNT(bytes_from_host, nbytes);
     if (nt__cfg.check_nan)
         nt__nan_note_host(t, site, fn);

@@ -343,6 +343,7 @@ static long disarm(void)
 #define I 6  /* inputs */
 #define C 3  /* classes */
 #define STEPS 2
+#define BIG 2048 /* elements of a tensor too big to share its header's block */
 
 typedef struct {
     double loss[STEPS];
@@ -356,6 +357,9 @@ static char ckpt[300];
  * everything it made on every path. */
 static int program(result *out)
 {
+    static float bigv[BIG];
+    for (int i = 0; i < BIG; i++)
+        bigv[i] = (float)(i % 7) / 64.0f;
     float wv[C * I], xv[B * I];
     int32_t yv[B] = {0, 2, 1, 2};
     for (int i = 0; i < C * I; i++)
@@ -385,7 +389,9 @@ static int program(result *out)
         nt_tensor *y = nt_from_host(yv, NT_I32, 1, (int64_t[]){B});
         nt_tensor *h = nt_relu(nt_linear(x, p[0], p[1]));
         nt_tensor *hh = nt_cat((nt_tensor *[]){nt_mul_scalar(h, 2.0), h}, 2, 1);
-        nt_tensor *loss = nt_cross_entropy(hh, y);
+        /* a tensor over 4 KiB: its block is taken apart from its header */
+        nt_tensor *big = nt_from_host(bigv, NT_F32, 1, (int64_t[]){BIG});
+        nt_tensor *loss = nt_add(nt_cross_entropy(hh, y), nt_mean(big, NT_DIM_ALL, false));
         if (!loss)
             goto fail;
         if ((rc = nt_backward(loss)) || (rc = nt_optim_step(opt)) ||
