@@ -347,13 +347,15 @@ static long disarm(void)
 
 typedef struct {
     double loss[STEPS];
+    double scale;
     float w[C * I], b[C];
 } result;
 
 static char ckpt[300];
+static bool do_print; /* children only: their stdout goes to /dev/null */
 
-/* A linear classifier trained for STEPS AdamW steps, saved and loaded back,
- * its weights read and formatted.  Returns 0 or the first error code; frees
+/* A linear classifier trained for STEPS AdamW steps through a loss scaler,
+ * saved and loaded back, its weights read, formatted and printed.  Returns 0 or the first error code; frees
  * everything it made on every path. */
 static int program(result *out)
 {
@@ -369,6 +371,7 @@ static int program(result *out)
     int rc = 0;
     nt_scope *s = NULL;
     nt_optim *opt = NULL;
+    nt_grad_scaler *sc = NULL;
     nt_tensor *p[2] = {NULL, NULL};
     char *txt = NULL;
 
@@ -380,6 +383,9 @@ static int program(result *out)
         goto out;
     opt = nt_optim_adamw(p, 2, 0.05, 0.9, 0.999, 1e-8, 0.01);
     if (!opt)
+        goto fail;
+    sc = nt_grad_scaler_create(NULL);
+    if (!sc)
         goto fail;
     for (int step = 0; step < STEPS; step++) {
         s = nt_scope_begin();
@@ -394,16 +400,22 @@ static int program(result *out)
         nt_tensor *loss = nt_add(nt_cross_entropy(hh, y), nt_mean(big, NT_DIM_ALL, false));
         if (!loss)
             goto fail;
-        if ((rc = nt_backward(loss)) || (rc = nt_optim_step(opt)) ||
-            (rc = nt_item(loss, &out->loss[step])) || (rc = nt_optim_zero_grad(opt)))
+        nt_tensor *scaled = nt_grad_scaler_scale(sc, loss);
+        if (!scaled)
+            goto fail;
+        if ((rc = nt_backward(scaled)) || (rc = nt_grad_scaler_step(sc, opt)) < 0 ||
+            (rc = nt_grad_scaler_update(sc)) || (rc = nt_item(loss, &out->loss[step])) ||
+            (rc = nt_optim_zero_grad(opt)))
             goto out;
         rc = nt_scope_end(s);
         s = NULL;
         if (rc)
             goto out;
     }
-    if ((rc = nt_sync()) || (rc = nt_save(ckpt, p, 2, opt)) || (rc = nt_load(ckpt, p, 2, opt)))
+    if ((rc = nt_sync()) || (rc = nt_checkpoint_save(ckpt, p, 2, opt, sc)) ||
+        (rc = nt_checkpoint_load(ckpt, p, 2, opt, sc)))
         goto out;
+    out->scale = nt_grad_scaler_get_scale(sc);
     if ((rc = nt_to_host(p[0], out->w, sizeof out->w)) ||
         (rc = nt_to_host(p[1], out->b, sizeof out->b)))
         goto out;
@@ -414,6 +426,8 @@ static int program(result *out)
         rc = -1000;
         goto out;
     }
+    if (do_print)
+        rc = nt_print(p[0]);
     goto out;
 fail:
     rc = nt_last_error();
@@ -423,6 +437,7 @@ out:
     free(txt);
     if (s)
         nt_scope_end(s);
+    nt_grad_scaler_destroy(sc);
     nt_optim_destroy(opt);
     nt_release(p[0]);
     nt_release(p[1]);
@@ -539,6 +554,9 @@ static void run_point(long n, tally *t)
         static const int sigs[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP};
         for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++)
             signal(sigs[i], SIG_DFL);
+        if (!freopen("/dev/null", "w", stdout))
+            _exit(CH_INIT);
+        do_print = true;
         int code = 0;
         int st = child(n, &code);
         (void)!write(pipefd[1], &code, sizeof code);
