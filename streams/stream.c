@@ -76,10 +76,21 @@ static nt_stream *stream_new(bool is_default)
     g_cond_init(&s->done_cond);
     s->ooo = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     snprintf(s->name, sizeof s->name, is_default ? "nt-stream-default" : "nt-stream-%u", s->id);
-    AO_store_release(&S.reg[s->id], (AO_t)s);
     /* Deterministic mode runs everything inline; the worker still exists so
-     * that switching mode at run time needs no special case. */
-    s->worker = g_thread_new(s->name, worker_main, s);
+     * that switching mode at run time needs no special case.  Started before
+     * the stream is published, so a thread the system refuses (no memory
+     * for its stack) leaves nothing anyone could have seen. */
+    s->worker = g_thread_try_new(s->name, worker_main, s, NULL);
+    if (!s->worker) {
+        g_array_unref(s->ooo);
+        nt__ptrvec_free(s->held);
+        g_mutex_clear(&s->lock);
+        g_cond_clear(&s->work_cond);
+        g_cond_clear(&s->done_cond);
+        free(s);
+        return NULL;
+    }
+    AO_store_release(&S.reg[s->id], (AO_t)s);
     return s;
 }
 
