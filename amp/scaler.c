@@ -101,7 +101,11 @@ NT_API nt_grad_scaler *nt_grad_scaler_create(const nt_grad_scaler_opts *opts)
         nt__err(NULL, NT_EINVAL, fn, "bad option: %s", why);
         return NULL;
     }
-    nt_grad_scaler *s = g_new0(nt_grad_scaler, 1);
+    nt_grad_scaler *s = calloc(1, sizeof *s);
+    if (!s) {
+        nt__err_hostmem(NULL, fn, "the scaler");
+        return NULL;
+    }
     s->magic = SCALER_MAGIC;
     g_mutex_init(&s->lock);
     s->st = st;
@@ -116,7 +120,7 @@ NT_API void nt_grad_scaler_destroy(nt_grad_scaler *s)
     if (s->flagbuf)
         nt_release(s->flagbuf);
     g_mutex_clear(&s->lock);
-    g_free(s);
+    free(s);
 }
 
 NT_API nt_tensor *nt_grad_scaler_scale(nt_grad_scaler *s, nt_tensor *loss)

@@ -49,6 +49,7 @@ struct nt__node {
     int64_t *sizes;       /* cat: size of each input along p.dim */
     nt_tensor *leaf;      /* accumulator: the leaf (weak: cleared when it dies) */
     const struct nt__custom_op *custom; /* user ops */
+    nt__node *dead_next;  /* nt__node_unref's list of nodes to free */
 };
 
 #define NT__OP_ACCUMULATE (NT_OP_COUNT + 0)

@@ -96,12 +96,25 @@ static int register_op(const char *fn, const nt_op_def *def, const nt_kernel_op_
         g_mutex_unlock(&reg_lock);
         return nt__err(NULL, NT_ENOMEM, fn, "too many user ops (at most %d)", NT_MAX_CUSTOM);
     }
-    nt__custom_op *c = g_new0(nt__custom_op, 1);
+    nt__custom_op *c = calloc(1, sizeof *c);
+    size_t alen = strlen(def->name) + sizeof "nt_op_call()";
+    if (c) {
+        c->name = strdup(def->name);
+        c->api = malloc(alen);
+    }
+    if (!c || !c->name || !c->api) {
+        if (c) {
+            free(c->name);
+            free(c->api);
+        }
+        free(c);
+        g_mutex_unlock(&reg_lock);
+        return nt__err_hostmem(NULL, fn, "a user op");
+    }
+    snprintf(c->api, alen, "nt_op_call(%s)", def->name);
     c->def = *def;
     if (kdef)
         c->kdef = *kdef;
-    c->name = g_strdup(def->name);
-    c->api = g_strdup_printf("nt_op_call(%s)", def->name);
     c->def.name = c->name;
     c->kdef.name = c->name;
     c->info = (nt__opinfo){c->name, c->api, def->nin, NT_KIND_CUSTOM, NT_OPF_DIFF};
@@ -111,8 +124,8 @@ static int register_op(const char *fn, const nt_op_def *def, const nt_kernel_op_
     return NT_OP_CUSTOM_BASE + (int)n;
 }
 
-static void record_node(const nt_site *site, const nt__custom_op *c, int op,
-                        nt_tensor *const *in, nt_tensor *out, bool grad);
+static int record_node(const nt_site *site, const nt__custom_op *c, int op,
+                       nt_tensor *const *in, nt_tensor *out, bool grad);
 
 void nt__tensor_view_of(nt_tensor_view *v, const nt_tensor *t)
 {
@@ -187,7 +200,10 @@ NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *i
         out = call_kernel_op(site, c, op, in);
         if (!out)
             return NULL;
-        record_node(site, c, op, in, out, grad);
+        if (record_node(site, c, op, in, out, grad) < 0) {
+            nt_release(out); /* still in the scope's list, which skips it once released */
+            return NULL;
+        }
         return out; /* nt__dispatch adopted it into the open scope */
     }
     nt_scope *s = nt_scope_begin();
@@ -201,19 +217,24 @@ NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *i
     nt_scope_end(s);
     if (!out)
         return NULL;
-    record_node(site, c, op, in, out, grad);
+    if (record_node(site, c, op, in, out, grad) < 0) {
+        nt_release(out);
+        return NULL;
+    }
     return nt__scope_adopt(out);
 }
 
 /* The autograd node of a user op's call, as a built-in op gets. */
-static void record_node(const nt_site *site, const nt__custom_op *c, int op,
-                        nt_tensor *const *in, nt_tensor *out, bool grad)
+static int record_node(const nt_site *site, const nt__custom_op *c, int op,
+                       nt_tensor *const *in, nt_tensor *out, bool grad)
 {
     bool any = false;
     for (int i = 0; i < c->def.nin; i++)
         any |= nt_requires_grad(in[i]);
     if (grad && any && nt__dtype_is_float((nt_dtype)out->dtype)) {
         nt__node *n = nt__node_new(op, c->def.nin, 1);
+        if (!n)
+            return nt__err_hostmem(site, c->api, "an autograd node");
         n->site = site ? *site : (nt_site){0};
         n->custom = c;
         for (int i = 0; i < c->def.nin; i++) {
@@ -223,17 +244,27 @@ static void record_node(const nt_site *site, const nt__custom_op *c, int op,
             n->next[i] = nt__edge_of(in[i]);
             if (n->next[i].node)
                 AO_fetch_and_add1(&n->next[i].node->refs);
+            else if (nt_requires_grad(in[i]))
+                goto oom;
             n->saved_in[i] = nt__save(in[i]);
+            if (!n->saved_in[i])
+                goto oom;
             n->saved_in_ver[i] = AO_load(&in[i]->st->version);
         }
         n->saved_out[0] = nt__save(out);
         n->saved_out_ver[0] = AO_load(&out->st->version);
-        struct nt__ag *ag = nt__ag_of(out);
+        struct nt__ag *ag = n->saved_out[0] ? nt__ag_of(out) : NULL;
+        if (!ag) {
+        oom:
+            nt__node_unref(n);
+            return nt__err_hostmem(site, c->api, "autograd's record of the op");
+        }
         nt__node_unref(ag->grad_fn);
         ag->grad_fn = n;
         ag->out_idx = 0;
         ag->requires_grad = true;
     }
+    return 0;
 }
 
 NT_API nt_tensor *nt_op_call(int op, nt_tensor *const *in) { return nt_op_call_at(NT_RA_SITE, op, in); }
@@ -267,9 +298,9 @@ void nt__custom_shutdown(void)
     AO_t n = nreg;
     AO_store_release(&nreg, 0);
     for (AO_t i = 0; i < n; i++) {
-        g_free(reg[i]->name);
-        g_free(reg[i]->api);
-        g_free(reg[i]);
+        free(reg[i]->name);
+        free(reg[i]->api);
+        free(reg[i]);
         reg[i] = NULL;
     }
     g_mutex_unlock(&reg_lock);

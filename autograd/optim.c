@@ -23,6 +23,7 @@
 #include <errno.h>
 
 #include "amp/amp.h"
+#include "streams/stream.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,11 +121,19 @@ static bool check_params(const char *fn, nt_tensor *const *params, int n)
 
 static nt_optim *opt_new(opt_kind kind, nt_tensor *const *params, int n)
 {
-    nt_optim *o = g_new0(nt_optim, 1);
+    nt_optim *o = calloc(1, sizeof *o);
+    slot *slots = calloc((size_t)n, sizeof *slots);
+    if (!o || !slots) {
+        free(o);
+        free(slots);
+        nt__err_hostmem(NULL, kind == KIND_SGD ? "nt_optim_sgd" : "nt_optim_adamw",
+                        "the optimizer");
+        return NULL;
+    }
     o->magic = OPT_MAGIC;
     o->kind = kind;
     o->n = n;
-    o->slots = g_new0(slot, n);
+    o->slots = slots;
     for (int i = 0; i < n; i++)
         o->slots[i].p = nt_retain(params[i]);
     g_mutex_init(&o->lock);
@@ -148,6 +157,8 @@ NT_API nt_optim *nt_optim_sgd(nt_tensor *const *params, int n, double lr, double
         return NULL;
     }
     nt_optim *o = opt_new(KIND_SGD, params, n);
+    if (!o)
+        return NULL;
     o->lr = lr;
     o->momentum = momentum;
     o->weight_decay = weight_decay;
@@ -172,6 +183,8 @@ NT_API nt_optim *nt_optim_adamw(nt_tensor *const *params, int n, double lr, doub
         return NULL;
     }
     nt_optim *o = opt_new(KIND_ADAMW, params, n);
+    if (!o)
+        return NULL;
     o->lr = lr;
     o->beta1 = beta1;
     o->beta2 = beta2;
@@ -432,9 +445,9 @@ NT_API void nt_optim_destroy(nt_optim *o)
         drop(&s->master);
         drop(&s->p);
     }
-    g_free(o->slots);
+    free(o->slots);
     g_mutex_clear(&o->lock);
-    g_free(o);
+    free(o);
 }
 
 int nt__optim_nparams(nt_optim *o)
@@ -568,15 +581,39 @@ typedef struct {
     uint32_t crc;
 } ck_rec;
 
-static void rec_free(GArray *recs)
+/* The records of a checkpoint: an own array, so running out of host memory
+ * is an error (NT_EHOSTMEM), not an abort. */
+typedef struct {
+    ck_rec *v;
+    guint len, cap;
+} ck_recs;
+
+static bool recs_add(ck_recs *recs, const ck_rec *r)
 {
-    for (guint i = 0; i < recs->len; i++)
-        g_free(g_array_index(recs, ck_rec, i).data);
-    g_array_unref(recs);
+    if (recs->len == recs->cap) {
+        guint cap = recs->cap ? recs->cap * 2 : 16;
+        ck_rec *v = realloc(recs->v, cap * sizeof *v);
+        if (!v)
+            return false;
+        recs->v = v;
+        recs->cap = cap;
+    }
+    recs->v[recs->len++] = *r;
+    return true;
+}
+
+/* owns: the records' data is theirs (saving), not the file's (loading) */
+static void rec_free(ck_recs *recs, bool owns)
+{
+    for (guint i = 0; owns && i < recs->len; i++)
+        free(recs->v[i].data);
+    free(recs->v);
+    recs->v = NULL;
+    recs->len = recs->cap = 0;
 }
 
 /* Appends a record holding t's values (a sync point). */
-static int rec_tensor(GArray *recs, uint16_t kind, uint32_t index, uint32_t slot_,
+static int rec_tensor(ck_recs *recs, uint16_t kind, uint32_t index, uint32_t slot_,
                       nt_tensor *t)
 {
     ck_rec r = {.kind = kind, .dtype = t->dtype, .ndim = (uint8_t)t->ndim, .index = index,
@@ -585,23 +622,30 @@ static int rec_tensor(GArray *recs, uint16_t kind, uint32_t index, uint32_t slot
         r.shape[i] = t->shape[i];
     size_t es = nt_dtype_size((nt_dtype)t->dtype);
     r.nbytes = (uint64_t)nt__numel(t->ndim, t->shape) * es;
-    r.data = g_malloc(r.nbytes ? r.nbytes : 1);
+    r.data = malloc(r.nbytes ? r.nbytes : 1);
+    if (!r.data)
+        return nt__err_hostmem(NULL, "nt_save", "a copy of a tensor");
     int rc = nt_to_host_at(NULL, t, r.data, r.nbytes);
     if (rc) {
-        g_free(r.data);
+        free(r.data);
         return rc;
     }
     to_from_le(r.data, r.nbytes, es);
-    g_array_append_val(recs, r);
+    if (!recs_add(recs, &r)) {
+        free(r.data);
+        return nt__err_hostmem(NULL, "nt_save", "the list of records");
+    }
     return 0;
 }
 
-static void rec_meta(GArray *recs, nt_optim *o)
+static int rec_meta(ck_recs *recs, nt_optim *o)
 {
     ck_rec r = {.kind = REC_OPT_META, .dtype = NT_U8, .ndim = 1};
     r.nbytes = META_FIXED + 8 * (uint64_t)o->n;
     r.shape[0] = (int64_t)r.nbytes;
-    uint8_t *p = r.data = g_malloc0(r.nbytes);
+    uint8_t *p = r.data = calloc(1, r.nbytes);
+    if (!p)
+        return nt__err_hostmem(NULL, "nt_save", "the optimizer record");
     put_u32(p + 0, (uint32_t)o->kind);
     put_u32(p + 4, (o->nesterov ? 1u : 0u) | (o->master ? 2u : 0u));
     put_u32(p + 8, (uint32_t)o->n);
@@ -614,19 +658,25 @@ static void rec_meta(GArray *recs, nt_optim *o)
     put_f64(p + 64, o->eps);
     for (int i = 0; i < o->n; i++)
         put_u64(p + META_FIXED + 8 * i, (uint64_t)o->slots[i].steps);
-    g_array_append_val(recs, r);
+    if (!recs_add(recs, &r)) {
+        free(p);
+        return nt__err_hostmem(NULL, "nt_save", "the list of records");
+    }
+    return 0;
 }
 
 /* The loss scaler's record: its state in a fixed little-endian layout
  * (docs/checkpoint.md). */
-static void rec_scaler(GArray *recs, nt_grad_scaler *sc)
+static int rec_scaler(ck_recs *recs, nt_grad_scaler *sc)
 {
     nt__scaler_state st;
     nt__scaler_get_state(sc, &st);
     ck_rec r = {.kind = REC_LOSS_SCALER, .dtype = NT_U8, .ndim = 1};
     r.nbytes = SCALER_BYTES;
     r.shape[0] = SCALER_BYTES;
-    uint8_t *p = r.data = g_malloc0(r.nbytes);
+    uint8_t *p = r.data = calloc(1, r.nbytes);
+    if (!p)
+        return nt__err_hostmem(NULL, "nt_checkpoint_save", "the loss scaler record");
     put_u32(p + 0, 1u); /* layout version */
     put_f64(p + 8, st.scale);
     put_f64(p + 16, st.growth_factor);
@@ -634,37 +684,52 @@ static void rec_scaler(GArray *recs, nt_grad_scaler *sc)
     put_u64(p + 32, (uint64_t)st.growth_interval);
     put_u64(p + 40, (uint64_t)st.growth_tracker);
     put_u64(p + 48, (uint64_t)st.skipped_steps);
-    g_array_append_val(recs, r);
+    if (!recs_add(recs, &r)) {
+        free(p);
+        return nt__err_hostmem(NULL, "nt_checkpoint_save", "the list of records");
+    }
+    return 0;
 }
 
 static int io_err(const char *fn, const char *path, const char *what)
 {
-    return nt__err(NULL, NT_EIO, fn, "%s '%s': %s", what, path, g_strerror(errno));
+    char eb[128]; /* not g_strerror: it may allocate */
+    const char *why = strerror_r(errno, eb, sizeof eb);
+    return nt__err(NULL, errno == ENOMEM ? NT_EHOSTMEM : NT_EIO, fn, "%s '%s': %s", what, path,
+                   why);
 }
 
-static int write_file(const char *fn, const char *path, GArray *recs)
+static int write_file(const char *fn, const char *path, ck_recs *recs)
 {
     uint64_t table_end = CK_HEADER + (uint64_t)recs->len * CK_ENTRY + 8;
     uint64_t off = (table_end + CK_ALIGN - 1) / CK_ALIGN * CK_ALIGN;
     for (guint i = 0; i < recs->len; i++) {
-        ck_rec *r = &g_array_index(recs, ck_rec, i);
+        ck_rec *r = &recs->v[i];
         r->offset = off;
         r->crc = crc32_of(r->data, r->nbytes);
         off = (off + r->nbytes + CK_ALIGN - 1) / CK_ALIGN * CK_ALIGN;
     }
     /* no padding after the last record: every byte of the file is covered
      * by a checksum or is padding that must be zero */
-    uint64_t total = recs->len ? g_array_index(recs, ck_rec, recs->len - 1).offset +
-                                     g_array_index(recs, ck_rec, recs->len - 1).nbytes
+    uint64_t total = recs->len ? recs->v[recs->len - 1].offset +
+                                     recs->v[recs->len - 1].nbytes
                                : table_end;
     size_t hsize = (size_t)table_end;
-    uint8_t *h = g_malloc0(hsize);
+    uint8_t *h = calloc(1, hsize);
+    size_t tlen = strlen(path) + sizeof ".tmp";
+    char *tmp = malloc(tlen);
+    if (!h || !tmp) {
+        free(h);
+        free(tmp);
+        return nt__err_hostmem(NULL, fn, "the checkpoint's header");
+    }
+    snprintf(tmp, tlen, "%s.tmp", path);
     memcpy(h, CK_MAGIC, 8);
     put_u32(h + 8, CK_VERSION);
     put_u32(h + 12, recs->len);
     put_u64(h + 16, total);
     for (guint i = 0; i < recs->len; i++) {
-        ck_rec *r = &g_array_index(recs, ck_rec, i);
+        ck_rec *r = &recs->v[i];
         uint8_t *e = h + CK_HEADER + (size_t)i * CK_ENTRY;
         put_u16(e + 0, r->kind);
         e[2] = r->dtype;
@@ -679,7 +744,6 @@ static int write_file(const char *fn, const char *path, GArray *recs)
     }
     put_u32(h + hsize - 8, crc32_of(h, hsize - 8));
 
-    char *tmp = g_strconcat(path, ".tmp", NULL);
     int rc = 0;
     FILE *f = fopen(tmp, "wb");
     if (!f) {
@@ -690,7 +754,7 @@ static int write_file(const char *fn, const char *path, GArray *recs)
     uint64_t pos = hsize;
     bool ok = fwrite(h, 1, hsize, f) == hsize;
     for (guint i = 0; ok && i < recs->len; i++) {
-        ck_rec *r = &g_array_index(recs, ck_rec, i);
+        ck_rec *r = &recs->v[i];
         ok = fwrite(zeros, 1, r->offset - pos, f) == r->offset - pos &&
              fwrite(r->data, 1, r->nbytes, f) == r->nbytes;
         pos = r->offset + r->nbytes;
@@ -714,8 +778,8 @@ static int write_file(const char *fn, const char *path, GArray *recs)
         unlink(tmp);
     }
 out:
-    g_free(tmp);
-    g_free(h);
+    free(tmp);
+    free(h);
     return rc;
 }
 
@@ -747,12 +811,13 @@ static int save_impl(const char *fn, const char *path, nt_tensor *const *params,
         return nt_last_error();
     if (opt)
         g_mutex_lock(&opt->lock);
-    GArray *recs = g_array_new(FALSE, TRUE, sizeof(ck_rec));
+    ck_recs recs_ = {0}, *recs = &recs_;
     int rc = 0;
     for (int i = 0; i < n && !rc; i++)
         rc = rec_tensor(recs, REC_PARAM, (uint32_t)i, 0, params[i]);
+    if (opt && !rc)
+        rc = rec_meta(recs, opt);
     if (opt && !rc) {
-        rec_meta(recs, opt);
         for (int i = 0; i < opt->n && !rc; i++) {
             slot *s = &opt->slots[i];
             if (s->s0)
@@ -766,10 +831,10 @@ static int save_impl(const char *fn, const char *path, nt_tensor *const *params,
     if (opt)
         g_mutex_unlock(&opt->lock);
     if (scaler && !rc)
-        rec_scaler(recs, scaler);
+        rc = rec_scaler(recs, scaler);
     if (!rc)
         rc = write_file(fn, path, recs);
-    rec_free(recs);
+    rec_free(recs, true);
     return rc;
 }
 
@@ -791,12 +856,11 @@ static int fmt_err(const char *path, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    char *what = g_strdup_vprintf(fmt, ap);
+    char what[512];
+    vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    int rc = nt__err(NULL, NT_EFORMAT, "nt_load", "'%s' is not a valid checkpoint: %s", path,
-                     what);
-    g_free(what);
-    return rc;
+    return nt__err(NULL, NT_EFORMAT, "nt_load", "'%s' is not a valid checkpoint: %s", path,
+                   what);
 }
 
 static bool same_shape(const ck_rec *r, nt_tensor *t)
@@ -819,7 +883,7 @@ static int mismatch(const char *path, const char *what, int idx, const ck_rec *r
                    nt_dtype_name((nt_dtype)t->dtype), nt__shape_str(t->ndim, t->shape, s2, sizeof s2));
 }
 
-static gint by_offset(gconstpointer a, gconstpointer b)
+static int by_offset(const void *a, const void *b)
 {
     uint64_t x = ((const ck_rec *)a)->offset, y = ((const ck_rec *)b)->offset;
     return x < y ? -1 : x > y;
@@ -828,14 +892,17 @@ static gint by_offset(gconstpointer a, gconstpointer b)
 /* Records must not overlap, and the bytes between them (alignment padding)
  * must be zero, so that no byte of the file escapes a check. */
 static int check_gaps(const char *path, const uint8_t *b, uint64_t size, uint64_t table_end,
-                      GArray *recs)
+                      ck_recs *recs)
 {
-    GArray *sorted = g_array_copy(recs);
-    g_array_sort(sorted, by_offset);
+    ck_rec *sorted = malloc((recs->len ? recs->len : 1) * sizeof *sorted);
+    if (!sorted)
+        return nt__err_hostmem(NULL, "nt_load", "the checkpoint's record list");
+    memcpy(sorted, recs->v, recs->len * sizeof *sorted);
+    qsort(sorted, recs->len, sizeof *sorted, by_offset);
     uint64_t pos = table_end;
     int rc = 0;
-    for (guint i = 0; i <= sorted->len && !rc; i++) {
-        const ck_rec *r = i < sorted->len ? &g_array_index(sorted, ck_rec, i) : NULL;
+    for (guint i = 0; i <= recs->len && !rc; i++) {
+        const ck_rec *r = i < recs->len ? &sorted[i] : NULL;
         uint64_t next = r ? r->offset : size;
         if (next < pos) {
             rc = fmt_err(path, "records overlap at byte %llu", (unsigned long long)next);
@@ -850,18 +917,18 @@ static int check_gaps(const char *path, const uint8_t *b, uint64_t size, uint64_
         if (r)
             pos = r->offset + r->nbytes;
     }
-    g_array_unref(sorted);
+    free(sorted);
     return rc;
 }
 
 /* Reads and checks the whole file: header, table, every record's bounds and
  * checksum.  On success *buf holds the file and *recs its records (data
  * pointing into *buf). */
-static int read_checked(const char *path, uint8_t **buf, GArray **recs)
+static int read_checked(const char *path, uint8_t **buf, ck_recs *recs)
 {
     const char *fn = "nt_load";
     *buf = NULL;
-    *recs = NULL;
+    *recs = (ck_recs){0};
     uint8_t *raw = NULL;
     size_t size = 0;
     FILE *f = fopen(path, "rb");
@@ -869,10 +936,15 @@ static int read_checked(const char *path, uint8_t **buf, GArray **recs)
         return io_err(fn, path, "cannot open");
     /* the whole file: it is checked completely before anything is used */
     size_t cap = 1 << 16;
-    raw = g_malloc(cap);
+    raw = malloc(cap);
     for (;;) {
-        if (size == cap)
-            raw = g_realloc(raw, cap *= 2);
+        uint8_t *more = size == cap ? realloc(raw, cap *= 2) : raw;
+        if (!more) {
+            fclose(f);
+            free(raw);
+            return nt__err_hostmem(NULL, fn, "the checkpoint's bytes");
+        }
+        raw = more;
         size_t got = fread(raw + size, 1, cap - size, f);
         size += got;
         if (got == 0)
@@ -881,7 +953,7 @@ static int read_checked(const char *path, uint8_t **buf, GArray **recs)
     if (ferror(f)) {
         int rc = io_err(fn, path, "cannot read");
         fclose(f);
-        g_free(raw);
+        free(raw);
         return rc;
     }
     fclose(f);
@@ -917,7 +989,7 @@ static int read_checked(const char *path, uint8_t **buf, GArray **recs)
         rc = fmt_err(path, "header checksum mismatch (the header or record table is corrupt)");
         goto fail;
     }
-    GArray *rs = g_array_new(FALSE, TRUE, sizeof(ck_rec));
+    ck_recs rs_ = {0}, *rs = &rs_;
     for (uint32_t i = 0; i < count; i++) {
         const uint8_t *e = b + CK_HEADER + (size_t)i * CK_ENTRY;
         ck_rec r = {.kind = get_u16(e), .dtype = e[2], .ndim = e[3], .index = get_u32(e + 4),
@@ -951,20 +1023,22 @@ static int read_checked(const char *path, uint8_t **buf, GArray **recs)
             rc = fmt_err(path, "checksum mismatch in the data of record %u", i);
             break;
         }
-        if (known)
-            g_array_append_val(rs, r);
+        if (known && !recs_add(rs, &r)) {
+            rc = nt__err_hostmem(NULL, fn, "the checkpoint's record list");
+            break;
+        }
     }
     if (!rc)
         rc = check_gaps(path, b, size, table_end, rs);
     if (rc) {
-        g_array_unref(rs);
+        rec_free(rs, false);
         goto fail;
     }
     *buf = b;
-    *recs = rs;
+    *recs = *rs;
     return 0;
 fail:
-    g_free(raw);
+    free(raw);
     return rc;
 }
 
@@ -1005,13 +1079,13 @@ static int plan_scaler(const char *fn, const char *path, const ck_rec *r, ck_pla
     return 0;
 }
 
-static int plan_load(const char *fn, const char *path, GArray *recs, nt_tensor *const *params,
+static int plan_load(const char *fn, const char *path, ck_recs *recs, nt_tensor *const *params,
                      int n, nt_optim *o, nt_grad_scaler *scaler, ck_plan *pl)
 {
     int nparams = 0;
     ck_rec *meta = NULL, *srec = NULL;
     for (guint i = 0; i < recs->len; i++) {
-        ck_rec *r = &g_array_index(recs, ck_rec, i);
+        ck_rec *r = &recs->v[i];
         if (r->kind == REC_PARAM)
             nparams++;
         else if (r->kind == REC_OPT_META) {
@@ -1056,15 +1130,19 @@ static int plan_load(const char *fn, const char *path, GArray *recs, nt_tensor *
                            "'%s' holds optimizer state for %u parameters; the optimizer has %d",
                            path, mn, o->n);
         pl->meta = m;
-        pl->psteps = g_new0(int64_t, o->n);
+        pl->psteps = calloc((size_t)o->n, sizeof *pl->psteps);
+        pl->state = calloc((size_t)o->n * 3, sizeof *pl->state);
+        if (!pl->psteps || !pl->state)
+            return nt__err_hostmem(NULL, fn, "the optimizer state to load");
         for (int i = 0; i < o->n; i++)
             pl->psteps[i] = (int64_t)get_u64(m + META_FIXED + 8 * i);
-        pl->state = g_new0(nt_tensor *, (size_t)o->n * 3);
     }
-    pl->vals = g_new0(nt_tensor *, n);
+    pl->vals = calloc((size_t)n, sizeof *pl->vals);
+    if (!pl->vals)
+        return nt__err_hostmem(NULL, fn, "the values to load");
     /* first every check, then every allocation */
     for (guint i = 0; i < recs->len; i++) {
-        ck_rec *r = &g_array_index(recs, ck_rec, i);
+        ck_rec *r = &recs->v[i];
         if (r->kind == REC_PARAM) {
             if (r->index >= (uint32_t)n || pl->vals[r->index] == (nt_tensor *)1)
                 return fmt_err(path, "parameter record with index %u (duplicate or out of range)",
@@ -1104,7 +1182,7 @@ static int plan_load(const char *fn, const char *path, GArray *recs, nt_tensor *
     if (pl->state)
         memset(pl->state, 0, sizeof(nt_tensor *) * (size_t)o->n * 3);
     for (guint i = 0; i < recs->len; i++) {
-        ck_rec *r = &g_array_index(recs, ck_rec, i);
+        ck_rec *r = &recs->v[i];
         nt_tensor **dst = r->kind == REC_PARAM ? &pl->vals[r->index]
                           : r->kind == REC_OPT_STATE && o ? &pl->state[r->index * 3 + r->slot]
                                                           : NULL;
@@ -1124,9 +1202,29 @@ static void plan_free(ck_plan *pl, int n, int nstate)
         for (int i = 0; i < nstate; i++)
             if (pl->state[i] && pl->state[i] != (nt_tensor *)1)
                 nt_release(pl->state[i]);
-    g_free(pl->vals);
-    g_free(pl->state);
-    g_free(pl->psteps);
+    free(pl->vals);
+    free(pl->state);
+    free(pl->psteps);
+}
+
+/* The install below queues one copy per parameter; each needs an op
+ * record, and running out of host memory half-way would leave some
+ * parameters loaded and others not.  So the records are taken first and
+ * handed back to this thread's pool, where those copies find them. */
+static int reserve_records(const char *fn, int n)
+{
+    nt__rec **r = calloc((size_t)n, sizeof *r);
+    if (!r)
+        return nt__err_hostmem(NULL, fn, "the copies of the loaded values");
+    nt_stream *s = nt__stream_current();
+    int got = 0;
+    while (got < n && (r[got] = nt__rec_alloc(s)) != NULL)
+        got++;
+    bool ok = got == n;
+    while (got > 0)
+        nt__rec_unalloc(r[--got]);
+    free(r);
+    return ok ? 0 : nt__err_hostmem(NULL, fn, "the copies of the loaded values");
 }
 
 static int load_impl(const char *fn, const char *path, nt_tensor *const *params, int n,
@@ -1140,8 +1238,8 @@ static int load_impl(const char *fn, const char *path, nt_tensor *const *params,
         (scaler && !nt__scaler_ok(scaler, fn)))
         return nt_last_error();
     uint8_t *buf;
-    GArray *recs;
-    int rc = read_checked(path, &buf, &recs);
+    ck_recs recs_, *recs = &recs_;
+    int rc = read_checked(path, &buf, recs);
     if (rc)
         return rc;
     if (opt)
@@ -1149,6 +1247,8 @@ static int load_impl(const char *fn, const char *path, nt_tensor *const *params,
     ck_plan pl = {0};
     int nstate = opt ? opt->n * 3 : 0;
     rc = plan_load(fn, path, recs, params, n, opt, scaler, &pl);
+    if (!rc)
+        rc = reserve_records(fn, n);
     if (!rc) {
         /* Everything is checked and staged: install it. */
         nt_no_grad_begin();
@@ -1184,8 +1284,8 @@ static int load_impl(const char *fn, const char *path, nt_tensor *const *params,
     if (opt)
         g_mutex_unlock(&opt->lock);
     plan_free(&pl, n, nstate);
-    g_array_unref(recs);
-    g_free(buf);
+    rec_free(recs, false);
+    free(buf);
     return rc;
 }
 

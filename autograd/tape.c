@@ -22,15 +22,23 @@ NT_API bool nt_grad_enabled(void) { return tls_no_grad == 0; }
 
 nt__node *nt__node_new(int op, int nin, int nout)
 {
-    nt__node *n = g_new0(nt__node, 1);
+    nt__node *n = calloc(1, sizeof *n);
+    if (!n)
+        return NULL;
     n->refs = 1;
     n->op = op;
     n->seq = AO_fetch_and_add1(&node_seq) + 1;
     n->nin = nin;
     n->nout = nout;
     if (nin) {
-        n->next = g_new0(nt__edge, nin);
-        n->in_meta = g_new0(nt__tmeta, nin);
+        n->next = calloc((size_t)nin, sizeof *n->next);
+        n->in_meta = calloc((size_t)nin, sizeof *n->in_meta);
+        if (!n->next || !n->in_meta) {
+            free(n->next);
+            free(n->in_meta);
+            free(n);
+            return NULL;
+        }
     }
     return n;
 }
@@ -55,28 +63,32 @@ static void drop_saved(nt__node *n)
         }
 }
 
-/* Frees nodes iteratively: a long chain would overflow the stack. */
+/* Frees nodes iteratively: a long chain would overflow the stack.  The
+ * dead nodes wait in a list linked through the nodes themselves, so freeing
+ * never needs memory. */
 void nt__node_unref(nt__node *n)
 {
-    GPtrArray *todo = NULL;
-    while (n) {
-        if (AO_fetch_and_sub1(&n->refs) == 1) {
-            drop_saved(n);
-            for (int i = 0; i < n->nin; i++)
-                if (n->next[i].node) {
-                    if (!todo)
-                        todo = g_ptr_array_new();
-                    g_ptr_array_add(todo, n->next[i].node);
-                }
-            g_free(n->next);
-            g_free(n->in_meta);
-            g_free(n->sizes);
-            g_free(n);
-        }
-        n = (todo && todo->len) ? g_ptr_array_steal_index_fast(todo, todo->len - 1) : NULL;
+    nt__node *dead = NULL;
+    if (n && AO_fetch_and_sub1(&n->refs) == 1) {
+        n->dead_next = NULL;
+        dead = n;
     }
-    if (todo)
-        g_ptr_array_unref(todo);
+    while (dead) {
+        n = dead;
+        dead = n->dead_next;
+        drop_saved(n);
+        for (int i = 0; i < n->nin; i++) {
+            nt__node *m = n->next[i].node;
+            if (m && AO_fetch_and_sub1(&m->refs) == 1) {
+                m->dead_next = dead;
+                dead = m;
+            }
+        }
+        free(n->next);
+        free(n->in_meta);
+        free(n->sizes);
+        free(n);
+    }
 }
 
 static void meta_of(nt__tmeta *m, const nt_tensor *t)
@@ -89,8 +101,8 @@ static void meta_of(nt__tmeta *m, const nt_tensor *t)
 
 struct nt__ag *nt__ag_of(nt_tensor *t)
 {
-    if (!t->ag)
-        t->ag = g_new0(struct nt__ag, 1);
+    if (!t->ag) /* NULL if the host is out of memory */
+        t->ag = calloc(1, sizeof *t->ag);
     return t->ag;
 }
 
@@ -103,7 +115,7 @@ void nt__ag_free(struct nt__ag *ag)
     nt__node_unref(ag->acc);
     if (ag->grad)
         nt_release(ag->grad);
-    g_free(ag);
+    free(ag);
 }
 
 static bool requires(const nt_tensor *t) { return t && t->ag && t->ag->requires_grad; }
@@ -120,6 +132,8 @@ nt__edge nt__edge_of(nt_tensor *t)
     } else {
         if (!ag->acc) {
             ag->acc = nt__node_new(NT__OP_ACCUMULATE, 0, 1);
+            if (!ag->acc)
+                return e; /* the host is out of memory: the caller checks */
             ag->acc->seq = 0; /* a sink: made lazily, but always runs last */
             ag->acc->leaf = t;
             meta_of(&ag->acc->out_meta[0], t);
@@ -146,6 +160,8 @@ static int record(nt__call *c, nt_tensor *const *ins, int nin)
                        nt__op_name(op));
     int nout = c->dst ? 1 : c->nout;
     nt__node *n = nt__node_new(op, nin, nout);
+    if (!n)
+        return nt__err_hostmem(c->site, c->fn, "an autograd node");
     n->site = c->site ? *c->site : (nt_site){0};
     n->p = c->p;
     for (int i = 0; i < nin; i++) {
@@ -153,6 +169,8 @@ static int record(nt__call *c, nt_tensor *const *ins, int nin)
             continue;
         meta_of(&n->in_meta[i], ins[i]);
         n->next[i] = nt__edge_of(ins[i]);
+        if (requires(ins[i]) && !n->next[i].node)
+            goto oom;
         node_ref(n->next[i].node);
     }
     for (int i = 0; i < nout; i++)
@@ -161,15 +179,24 @@ static int record(nt__call *c, nt_tensor *const *ins, int nin)
         for (int i = 0; i < nin && i < NT__MAX_IN; i++)
             if ((be->save_in >> i & 1) && ins[i]) {
                 n->saved_in[i] = nt__save(ins[i]);
+                if (!n->saved_in[i])
+                    goto oom;
                 n->saved_in_ver[i] = AO_load(&ins[i]->st->version);
             }
         for (int i = 0; i < nout; i++)
             if (be->save_out >> i & 1) {
                 n->saved_out[i] = nt__save(c->out[i]);
+                if (!n->saved_out[i])
+                    goto oom;
                 /* an in-place op's own write is counted already */
                 n->saved_out_ver[i] = AO_load(&c->out[i]->st->version);
             }
     }
+    /* Every allocation before the first change to an output: a failure
+     * leaves the outputs as they were. */
+    for (int i = 0; i < nout; i++)
+        if (!nt__ag_of(c->out[i]))
+            goto oom;
     for (int i = 0; i < nout; i++) {
         struct nt__ag *ag = nt__ag_of(c->out[i]);
         nt__node *old = ag->grad_fn;
@@ -184,6 +211,9 @@ static int record(nt__call *c, nt_tensor *const *ins, int nin)
     }
     nt__node_unref(n);
     return 0;
+oom:
+    nt__node_unref(n); /* drops what it saved and its edges */
+    return nt__err_hostmem(c->site, c->fn, "autograd's record of the op");
 }
 
 /* In-place writes that autograd can follow: the old value is not needed by
@@ -246,17 +276,27 @@ int nt__ag_on_cat(const nt_site *site, nt_tensor *const *ts, int n, int dim, nt_
     if (!any)
         return 0;
     nt__node *nd = nt__node_new(NT_OP_CAT, n, 1);
+    if (!nd)
+        return nt__err_hostmem(site, "nt_cat", "an autograd node");
     nd->site = site ? *site : (nt_site){0};
     nd->p.dim = dim;
-    nd->sizes = g_new(int64_t, n);
+    nd->sizes = malloc(sizeof *nd->sizes * (size_t)n);
+    struct nt__ag *ag = nd->sizes ? nt__ag_of(out) : NULL;
+    if (!ag) {
+        nt__node_unref(nd);
+        return nt__err_hostmem(site, "nt_cat", "an autograd node");
+    }
     for (int i = 0; i < n; i++) {
         meta_of(&nd->in_meta[i], ts[i]);
         nd->sizes[i] = ts[i]->shape[dim];
         nd->next[i] = nt__edge_of(ts[i]);
+        if (requires(ts[i]) && !nd->next[i].node) {
+            nt__node_unref(nd);
+            return nt__err_hostmem(site, "nt_cat", "an autograd node");
+        }
         node_ref(nd->next[i].node);
     }
     meta_of(&nd->out_meta[0], out);
-    struct nt__ag *ag = nt__ag_of(out);
     ag->grad_fn = nd;
     ag->out_idx = 0;
     ag->requires_grad = true;
@@ -288,6 +328,8 @@ NT_API int nt_set_requires_grad(nt_tensor *t, bool rg)
                        "leaf); use nt_detach() to get a leaf");
     if (!rg && !t->ag)
         return 0;
+    if (!nt__ag_of(t))
+        return nt__err_hostmem(NULL, fn, "autograd's state of the tensor");
     nt__ag_of(t)->requires_grad = rg;
     return 0;
 }
@@ -379,18 +421,86 @@ bad:
                    "was saved", api);
 }
 
+/* The nodes of one backward pass, in the order they run, each with its
+ * gradient slots; a node's position comes from an open-addressing map.  Own
+ * containers, not GLib's: running out of host memory is an error here, not
+ * an abort. */
 typedef struct {
-    GHashTable *slots; /* node -> nt_tensor *[nout] */
+    nt__node **order; /* reachable nodes, newest first */
+    size_t n, cap;
+    nt__node **key;   /* map: node -> position in order */
+    size_t *pos;
+    size_t mcap;      /* a power of two, at least twice n */
+    nt_tensor **slots; /* [n][NT__MAX_OUT] */
 } gradmap;
 
+static size_t map_find(const gradmap *gm, const nt__node *n)
+{
+    size_t h = ((uintptr_t)n >> 4) * UINT64_C(0x9e3779b97f4a7c15) & (gm->mcap - 1);
+    while (gm->key[h] && gm->key[h] != n)
+        h = (h + 1) & (gm->mcap - 1);
+    return h;
+}
+
+/* Grows *v (of *cap pointers) to hold one more than n; false: out of
+ * memory. */
+static bool room_for(nt__node ***v, size_t *cap, size_t n)
+{
+    if (n < *cap)
+        return true;
+    size_t c = *cap ? *cap * 2 : 64;
+    nt__node **nv = realloc(*v, c * sizeof *nv);
+    if (!nv)
+        return false;
+    *v = nv;
+    *cap = c;
+    return true;
+}
+
+/* Puts n (not yet present) in the map; false: out of memory. */
+static bool gm_mark(gradmap *gm, nt__node *n, size_t *nmarked)
+{
+    if (2 * (*nmarked + 1) > gm->mcap) {
+        size_t mcap = gm->mcap ? gm->mcap * 2 : 128;
+        nt__node **key = calloc(mcap, sizeof *key);
+        size_t *pos = calloc(mcap, sizeof *pos);
+        if (!key || !pos) {
+            free(key);
+            free(pos);
+            return false;
+        }
+        gradmap old = *gm;
+        gm->key = key;
+        gm->pos = pos;
+        gm->mcap = mcap;
+        for (size_t i = 0; i < old.mcap; i++)
+            if (old.key[i])
+                gm->key[map_find(gm, old.key[i])] = old.key[i];
+        free(old.key);
+        free(old.pos);
+    }
+    gm->key[map_find(gm, n)] = n;
+    (*nmarked)++;
+    return true;
+}
+
+static bool gm_has(const gradmap *gm, const nt__node *n)
+{
+    return gm->mcap && gm->key[map_find(gm, n)] == n;
+}
+
+static void gm_free(gradmap *gm)
+{
+    free(gm->order);
+    free(gm->key);
+    free(gm->pos);
+    free(gm->slots);
+}
+
+/* A reachable node's gradient slots. */
 static nt_tensor **slots_of(gradmap *gm, nt__node *n)
 {
-    nt_tensor **s = g_hash_table_lookup(gm->slots, n);
-    if (!s) {
-        s = g_new0(nt_tensor *, NT__MAX_OUT);
-        g_hash_table_insert(gm->slots, n, s);
-    }
-    return s;
+    return gm->slots + gm->pos[map_find(gm, n)] * NT__MAX_OUT;
 }
 
 static int add_grad(gradmap *gm, nt__edge e, nt_tensor *g, const nt_site *site)
@@ -407,29 +517,51 @@ static int add_grad(gradmap *gm, nt__edge e, nt_tensor *g, const nt_site *site)
     return 0;
 }
 
-/* Collects every node reachable from root, once. */
-static GPtrArray *reachable(nt__node *root)
+/* Collects every node reachable from root, once, newest first (depth
+ * first; leaf accumulators, all of seq 0, last in the order found); false:
+ * out of host memory. */
+static bool reachable(gradmap *gm, nt__node *root)
 {
-    GPtrArray *out = g_ptr_array_new();
-    GHashTable *seen = g_hash_table_new(g_direct_hash, g_direct_equal);
-    GPtrArray *stack = g_ptr_array_new();
-    g_ptr_array_add(stack, root);
-    g_hash_table_add(seen, root);
-    while (stack->len) {
-        nt__node *n = g_ptr_array_steal_index_fast(stack, stack->len - 1);
-        g_ptr_array_add(out, n);
-        for (int i = 0; i < n->nin; i++) {
+    nt__node **stack = NULL;
+    size_t nstack = 0, stackcap = 0, nmarked = 0;
+    bool ok = room_for(&stack, &stackcap, 0) && gm_mark(gm, root, &nmarked);
+    if (ok)
+        stack[nstack++] = root;
+    while (ok && nstack) {
+        nt__node *n = stack[--nstack];
+        if (!(ok = room_for(&gm->order, &gm->cap, gm->n)))
+            break;
+        gm->order[gm->n++] = n;
+        for (int i = 0; i < n->nin && ok; i++) {
             nt__node *m = n->next[i].node;
-            if (m && !g_hash_table_contains(seen, m)) {
-                g_hash_table_add(seen, m);
-                g_ptr_array_add(stack, m);
+            if (m && !gm_has(gm, m)) {
+                ok = room_for(&stack, &stackcap, nstack) && gm_mark(gm, m, &nmarked);
+                if (ok)
+                    stack[nstack++] = m;
             }
         }
     }
-    g_ptr_array_unref(stack);
-    g_hash_table_destroy(seen);
-    g_ptr_array_sort(out, cmp_seq_desc);
-    return out;
+    free(stack);
+    if (!ok)
+        return false;
+    /* Sorted newest first, as a stable sort would: the accumulators (all
+     * of seq 0) go last in the order found, the rest have distinct seqs. */
+    nt__node **acc = malloc((gm->n ? gm->n : 1) * sizeof *acc);
+    if (!acc)
+        return false;
+    size_t k = 0, nacc = 0;
+    for (size_t i = 0; i < gm->n; i++)
+        if (gm->order[i]->seq != 0)
+            gm->order[k++] = gm->order[i];
+        else
+            acc[nacc++] = gm->order[i];
+    qsort(gm->order, k, sizeof *gm->order, cmp_seq_desc);
+    memcpy(gm->order + k, acc, nacc * sizeof *acc);
+    free(acc);
+    for (size_t i = 0; i < gm->n; i++)
+        gm->pos[map_find(gm, gm->order[i])] = i;
+    gm->slots = calloc(gm->n * NT__MAX_OUT, sizeof *gm->slots);
+    return gm->slots != NULL;
 }
 
 NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
@@ -448,15 +580,22 @@ NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
                        "argument 'loss' does not require grad: no input of the ops that made it "
                        "requires grad (or they ran in a no-grad region)");
     nt__edge root = nt__edge_of(loss);
+    if (!root.node)
+        return nt__err_hostmem(site, fn, "a gradient accumulator");
     if (root.node->freed)
         return nt__err(site, NT_ESTATE, fn,
                        "the graph behind 'loss' was already freed by an earlier nt_backward; "
                        "pass retain_graph = true to nt_backward_ex the first time");
 
     nt_scope *scope = nt_scope_begin(); /* every temporary of the pass */
+    if (!scope)
+        return nt__err_hostmem(site, fn, "the scope of the pass");
     int rc = 0;
-    gradmap gm = {g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL, g_free)};
-    GPtrArray *order = reachable(root.node);
+    gradmap gm = {0};
+    if (!reachable(&gm, root.node)) {
+        rc = nt__err_hostmem(site, fn, "the list of the graph's nodes");
+        goto out;
+    }
     nt_tensor *seed = nt_ones_like_at(site, loss);
     if (!seed) {
         rc = nt_last_error();
@@ -464,10 +603,13 @@ NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
     }
     slots_of(&gm, root.node)[root.idx] = seed;
     nt_no_grad_begin();
-    for (guint k = 0; k < order->len && !rc; k++) {
-        nt__node *n = order->pdata[k];
-        nt_tensor **gout = g_hash_table_lookup(gm.slots, n);
-        if (!gout)
+    for (size_t k = 0; k < gm.n && !rc; k++) {
+        nt__node *n = gm.order[k];
+        nt_tensor **gout = gm.slots + k * NT__MAX_OUT;
+        bool any = false;
+        for (int i = 0; i < NT__MAX_OUT; i++)
+            any |= gout[i] != NULL;
+        if (!any)
             continue; /* no gradient reaches it */
         if (n->op == NT__OP_ACCUMULATE) {
             if (n->leaf && n->leaf->st && gout[0])
@@ -484,7 +626,11 @@ NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
         if ((rc = check_versions(n, api)) != 0)
             break;
         nt_tensor *gin[64] = {0};
-        nt_tensor **gp = n->nin <= 64 ? gin : g_new0(nt_tensor *, n->nin);
+        nt_tensor **gp = n->nin <= 64 ? gin : calloc((size_t)n->nin, sizeof *gp);
+        if (!gp) {
+            rc = nt__err_hostmem(site, fn, "an op's input gradients");
+            break;
+        }
         nt__bctx b = {.n = n, .gin = gp, .site = &n->site};
         for (int i = 0; i < n->nout; i++)
             b.gout[i] = gout[i];
@@ -520,7 +666,7 @@ NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
             rc = add_grad(&gm, n->next[i], g, &n->site);
         }
         if (gp != gin)
-            g_free(gp);
+            free(gp);
         if (!retain) {
             drop_saved(n);
             n->freed = true;
@@ -528,8 +674,7 @@ NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
     }
     nt_no_grad_end();
 out:
-    g_ptr_array_unref(order);
-    g_hash_table_destroy(gm.slots);
+    gm_free(&gm);
     nt_scope_end(scope);
     return rc;
 }

@@ -57,6 +57,10 @@
 #define NT_TL_MAXCLASS 64 /* classes 1..64: up to 4 KiB */
 #define NT_TL_KEEP 16
 
+/* Set when the last failed allocation of this thread failed for want of
+ * host memory, not device capacity (nt__arena_host_failed). */
+static _Thread_local bool tl_host_failed;
+
 /* The first cache line holds what every allocation and free touches (the
  * host reserves, a worker frees and takes blocks): one line moves between
  * them per op, not two. */
@@ -76,7 +80,7 @@ static struct {
     uint64_t *pool;           /* per stream id: credit, under lock */
     uint32_t npool;
     uint64_t cached;
-    GPtrArray *free[NT_NCLASS]; /* cached blocks of each class */
+    nt__ptrvec *free[NT_NCLASS]; /* cached blocks of each class */
     uint64_t sys_allocs, sys_frees; /* blocks taken from / given back to the system */
     size_t bytes[NT_NCLASS];    /* the size of each class */
     bool ready;
@@ -124,10 +128,14 @@ static void tl_flush(gpointer p)
         for (int ci = 1; ci <= NT_TL_MAXCLASS; ci++) {
             for (int i = 0; i < c->n[ci]; i++) {
                 if (!A.free[ci]) {
-                    A.free[ci] = g_ptr_array_new();
+                    A.free[ci] = nt__ptrvec_new(0);
                     A.bytes[ci] = (size_t)ci * 64;
                 }
-                g_ptr_array_add(A.free[ci], c->blk[ci][i]);
+                if (!A.free[ci] || !nt__ptrvec_add(A.free[ci], c->blk[ci][i])) {
+                    NT_UNPOISON(c->blk[ci][i], (size_t)ci * 64);
+                    free(c->blk[ci][i]); /* no room to keep it: back to the system */
+                    continue;
+                }
                 A.cached += (size_t)ci * 64;
             }
             c->n[ci] = 0;
@@ -136,14 +144,15 @@ static void tl_flush(gpointer p)
     }
     if (tl_a == c)
         tl_a = NULL;
-    g_free(c);
+    free(c);
 }
 
 static tlcache *tl_get(void)
 {
     if (!tl_a) {
-        tl_a = g_new0(tlcache, 1);
-        g_private_set(&tl_key, tl_a);
+        tl_a = calloc(1, sizeof *tl_a);
+        if (tl_a) /* else the caller goes without a cache */
+            g_private_set(&tl_key, tl_a);
     }
     return tl_a;
 }
@@ -151,14 +160,14 @@ static tlcache *tl_get(void)
 static void drop_cache_locked(void)
 {
     for (int c = 0; c < NT_NCLASS; c++) {
-        GPtrArray *arr = A.free[c];
+        nt__ptrvec *arr = A.free[c];
         if (!arr)
             continue;
         for (guint i = 0; i < arr->len; i++) {
             NT_UNPOISON(arr->pdata[i], A.bytes[c]);
             free(arr->pdata[i]);
         }
-        g_ptr_array_set_size(arr, 0);
+        arr->len = 0;
     }
     A.cached = 0;
 }
@@ -197,7 +206,7 @@ void nt__arena_shutdown(void)
     drop_cache_locked();
     for (int c = 0; c < NT_NCLASS; c++)
         if (A.free[c]) {
-            g_ptr_array_unref(A.free[c]);
+            nt__ptrvec_free(A.free[c]);
             A.free[c] = NULL;
         }
     g_free(A.pool);
@@ -399,18 +408,18 @@ static void *take_block(int ci, size_t cls)
 {
     if (ci <= NT_TL_MAXCLASS) {
         tlcache *c = tl_get();
-        if (!c->n[ci] && A.free[ci] && A.free[ci]->len) {
+        if (c && !c->n[ci] && A.free[ci] && A.free[ci]->len) {
             /* refill half the cache in one lock: the blocks a worker thread
              * freed come back to the thread that allocates */
             g_mutex_lock(&A.lock);
-            GPtrArray *arr = A.free[ci];
+            nt__ptrvec *arr = A.free[ci];
             while (arr->len && c->n[ci] < NT_TL_KEEP / 2) {
-                c->blk[ci][c->n[ci]++] = g_ptr_array_steal_index_fast(arr, arr->len - 1);
+                c->blk[ci][c->n[ci]++] = arr->pdata[--arr->len];
                 A.cached -= cls;
             }
             g_mutex_unlock(&A.lock);
         }
-        if (c->n[ci]) {
+        if (c && c->n[ci]) {
             void *q = c->blk[ci][--c->n[ci]];
             NT_UNPOISON(q, cls);
             if (c->n[ci]) /* the next block's first lines (a storage header) */
@@ -421,9 +430,9 @@ static void *take_block(int ci, size_t cls)
     }
     void *p = NULL;
     g_mutex_lock(&A.lock);
-    GPtrArray *arr = A.free[ci];
+    nt__ptrvec *arr = A.free[ci];
     if (arr && arr->len) {
-        p = g_ptr_array_steal_index_fast(arr, arr->len - 1);
+        p = arr->pdata[--arr->len];
         A.cached -= cls;
         NT_UNPOISON(p, cls);
     } else {
@@ -435,6 +444,8 @@ static void *take_block(int ci, size_t cls)
         }
     }
     g_mutex_unlock(&A.lock);
+    if (!p)
+        tl_host_failed = true;
     return p;
 }
 
@@ -529,17 +540,22 @@ void nt__arena_free_pended(void *p, size_t nbytes, uint32_t sid)
 static void give_block(void *p, int ci, size_t cls)
 {
     AO_fetch_and_add(&A.backed, (AO_t)0 - cls);
-    if (ci <= NT_TL_MAXCLASS) {
-        tlcache *c = tl_get();
+    tlcache *c = ci <= NT_TL_MAXCLASS ? tl_get() : NULL;
+    if (c) {
         if (c->n[ci] == NT_TL_KEEP) {
             /* full: give half back in one lock */
             g_mutex_lock(&A.lock);
             if (!A.free[ci]) {
-                A.free[ci] = g_ptr_array_new();
+                A.free[ci] = nt__ptrvec_new(0);
                 A.bytes[ci] = cls;
             }
             while (c->n[ci] > NT_TL_KEEP / 2) {
-                g_ptr_array_add(A.free[ci], c->blk[ci][--c->n[ci]]);
+                void *q = c->blk[ci][--c->n[ci]];
+                if (!A.free[ci] || !nt__ptrvec_add(A.free[ci], q)) {
+                    NT_UNPOISON(q, cls);
+                    free(q); /* no room to keep it: back to the system */
+                    continue;
+                }
                 A.cached += cls;
             }
             g_mutex_unlock(&A.lock);
@@ -550,20 +566,28 @@ static void give_block(void *p, int ci, size_t cls)
     }
     g_mutex_lock(&A.lock);
     if (A.cached + cls <= NT_ARENA_CACHE_MAX && A.cached + cls + A.in_use <= A.capacity) {
-        GPtrArray *arr = A.free[ci];
+        nt__ptrvec *arr = A.free[ci];
         if (!arr) {
-            arr = A.free[ci] = g_ptr_array_new();
+            arr = A.free[ci] = nt__ptrvec_new(0);
             A.bytes[ci] = cls;
         }
-        g_ptr_array_add(arr, p);
-        A.cached += cls;
-        NT_POISON(p, cls);
-        p = NULL;
+        if (arr && nt__ptrvec_add(arr, p)) { /* else no room to keep it: freed below */
+            A.cached += cls;
+            NT_POISON(p, cls);
+            p = NULL;
+        }
     }
     if (p)
         A.sys_frees++;
     g_mutex_unlock(&A.lock);
     free(p);
+}
+
+bool nt__arena_host_failed(void)
+{
+    bool f = tl_host_failed;
+    tl_host_failed = false;
+    return f;
 }
 
 uint64_t nt__arena_in_use(void) { return A.in_use; }

@@ -73,18 +73,24 @@ void nt__err_set(int code, const char *msg)
 
 int nt__err(const nt_site *site, int code, const char *fn, const char *fmt, ...)
 {
+    /* Formatted on the stack: reporting an error must work when the host is
+     * out of memory (long messages are cut). */
     char body[NT__ERRMSG_MAX], where[256];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(body, sizeof body, fmt, ap);
     va_end(ap);
-    if (site)
+    size_t n = sizeof tls_err.msg;
+    g_strlcpy(tls_err.msg, fn ? fn : "ntensor", n);
+    g_strlcat(tls_err.msg, ": ", n);
+    g_strlcat(tls_err.msg, body, n);
+    if (site) {
         nt__site_format(site, where, sizeof where);
-    char *full = site ? g_strdup_printf("%s: %s (at %s)", fn ? fn : "ntensor", body, where)
-                      : g_strdup_printf("%s: %s", fn ? fn : "ntensor", body);
+        g_strlcat(tls_err.msg, " (at ", n);
+        g_strlcat(tls_err.msg, where, n);
+        g_strlcat(tls_err.msg, ")", n);
+    }
     tls_err.code = code;
-    g_strlcpy(tls_err.msg, full, sizeof tls_err.msg); /* long messages are cut */
-    g_free(full);
     return code;
 }
 
@@ -99,12 +105,40 @@ int nt__kerr(int code, const char *fmt, ...)
 
 const char *nt__kerr_msg(void) { return tls_kerr; }
 
+/* When the host cannot hold an error's message, one of these (per code)
+ * stands in: never freed, so its count never reaches 0. */
+#define NT__NCODES 32
+static nt__errobj fallback_err[NT__NCODES];
+static char fallback_msg[NT__NCODES][96];
+
+__attribute__((constructor)) static void fallback_init(void)
+{
+    for (int i = 0; i < NT__NCODES; i++) {
+        snprintf(fallback_msg[i], sizeof fallback_msg[i],
+                 "%s (the message was lost: out of host memory)", nt_strerror(-i));
+        fallback_err[i].code = -i;
+        fallback_err[i].refs = (AO_t)1 << 40;
+        fallback_err[i].msg = fallback_msg[i];
+    }
+}
+
+static bool is_fallback(const nt__errobj *e)
+{
+    return e >= fallback_err && e < fallback_err + NT__NCODES;
+}
+
 nt__errobj *nt__errobj_new(int code, const char *msg)
 {
-    nt__errobj *e = g_new0(nt__errobj, 1);
+    size_t len = strlen(msg ? msg : "");
+    /* One block for the object and its message. */
+    nt__errobj *e = malloc(sizeof *e + len + 1);
+    if (!e)
+        return &fallback_err[code < 0 && code > -NT__NCODES ? -code : 0];
+    memset(e, 0, sizeof *e);
     e->refs = 1;
     e->code = code;
-    e->msg = g_strdup(msg);
+    e->msg = (char *)(e + 1);
+    memcpy(e->msg, msg ? msg : "", len + 1);
     return e;
 }
 
@@ -116,8 +150,6 @@ void nt__errobj_ref(nt__errobj *e)
 
 void nt__errobj_unref(nt__errobj *e)
 {
-    if (e && AO_fetch_and_sub1(&e->refs) == 1) {
-        g_free(e->msg);
-        g_free(e);
-    }
+    if (e && AO_fetch_and_sub1(&e->refs) == 1 && !is_fallback(e))
+        free(e);
 }

@@ -148,16 +148,30 @@ static void pbuf_free(gpointer p)
 {
     if (p) {
         free(((pbuf *)p)->p);
-        g_free(p);
+        free(p);
     }
 }
 static GPrivate bpanel_key = G_PRIVATE_INIT(pbuf_free);
+static GPrivate apanel_key = G_PRIVATE_INIT(pbuf_free);
+static GPrivate fa_key = G_PRIVATE_INIT(pbuf_free), fb_key = G_PRIVATE_INIT(pbuf_free);
+
+/* GLib makes a GPrivate's key at its first use and aborts if the host has
+ * no memory for it: make them all while the library loads. */
+__attribute__((constructor)) static void panel_keys_init(void)
+{
+    g_private_get(&bpanel_key);
+    g_private_get(&apanel_key);
+    g_private_get(&fa_key);
+    g_private_get(&fb_key);
+}
 
 static float *panel(GPrivate *key, size_t n)
 {
     pbuf *b = g_private_get(key);
     if (!b) {
-        b = g_new0(pbuf, 1);
+        b = calloc(1, sizeof *b);
+        if (!b)
+            return NULL; /* the callers handle a missing panel */
         g_private_set(key, b);
     }
     if (b->n < n) {
@@ -335,8 +349,8 @@ static gpointer pool_start(gpointer unused)
     g_mutex_init(&P.use);
     g_mutex_init(&P.lock);
     g_cond_init(&P.cond);
-    if (g_get_num_processors() > 1)
-        P.th = g_thread_new("nt-gemm", helper, NULL);
+    if (g_get_num_processors() > 1) /* no thread (host short): the caller does it all */
+        P.th = g_thread_try_new("nt-gemm", helper, NULL, NULL);
     return NULL;
 }
 
@@ -372,7 +386,6 @@ void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B
     }
     g_once(&pool_once, pool_start, NULL);
 #if NT_VEC
-    static GPrivate apanel_key = G_PRIVATE_INIT(pbuf_free);
     float *Ap = panel(&apanel_key, (size_t)K * (size_t)((M + NT_MR - 1) / NT_MR * NT_MR));
     if (!Ap) { /* host memory short: element by element, same bits */
         run_cols_plain(M, 0, N, K, A, lda, B, ldb, C, ldc, acc);
@@ -452,7 +465,6 @@ void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int 
     }
     g_once(&pool_once, pool_start, NULL);
 #if NT_VEC
-    static GPrivate fa_key = G_PRIVATE_INIT(pbuf_free), fb_key = G_PRIVATE_INIT(pbuf_free);
     int Mpad = (M + NT_MR - 1) / NT_MR * NT_MR, Npad = (N + NT_NR - 1) / NT_NR * NT_NR;
     float *Ap = panel(&fa_key, (size_t)Mpad * (size_t)K);
     float *Bp = Ap ? panel(&fb_key, (size_t)Npad * (size_t)K) : NULL;

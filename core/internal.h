@@ -22,6 +22,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <urcu/wfcqueue.h>
 
 #include "ntensor.h"
@@ -54,6 +56,10 @@ typedef struct nt__errobj {
  * Returns code, so callers can `return nt__err(...)`. */
 int nt__err(const nt_site *site, int code, const char *fn, const char *fmt, ...)
     G_GNUC_PRINTF(4, 5);
+/* The host is out of memory: sets NT_EHOSTMEM "<fn>: out of host memory
+ * for <what>" (formatted without allocating) and returns the code. */
+#define nt__err_hostmem(site, fn, what) \
+    nt__err((site), NT_EHOSTMEM, (fn), "out of host memory for %s", (what))
 /* Sets the thread's error to a preformatted message. */
 void nt__err_set(int code, const char *msg);
 /* Writes "file:line in func" (or a symbolised return address) to buf. */
@@ -61,6 +67,137 @@ void nt__site_format(const nt_site *site, char *buf, size_t n);
 nt__errobj *nt__errobj_new(int code, const char *msg);
 void nt__errobj_ref(nt__errobj *e);
 void nt__errobj_unref(nt__errobj *e);
+
+/* A growable array of pointers with GPtrArray's field names (pdata, len)
+ * whose growth fails cleanly (false) instead of aborting the process when
+ * the host is out of memory, as GLib's containers do. */
+typedef struct {
+    void **pdata;
+    unsigned len, cap;
+} nt__ptrvec;
+
+/* Room for n pointers in all; false if the host has no memory for it. */
+static inline bool nt__ptrvec_reserve(nt__ptrvec *v, unsigned n)
+{
+    if (n <= v->cap)
+        return true;
+    size_t cap = v->cap ? (size_t)v->cap * 2 : 16;
+    if (cap < n)
+        cap = n;
+    if (cap > UINT32_MAX)
+        return false;
+    void **p = realloc(v->pdata, cap * sizeof *p);
+    if (!p)
+        return false;
+    v->pdata = p;
+    v->cap = (unsigned)cap;
+    return true;
+}
+
+/* A new empty array with room for `reserve`; NULL if out of memory. */
+static inline nt__ptrvec *nt__ptrvec_new(unsigned reserve)
+{
+    nt__ptrvec *v = calloc(1, sizeof *v);
+    if (v && reserve && !nt__ptrvec_reserve(v, reserve)) {
+        free(v);
+        return NULL;
+    }
+    return v;
+}
+
+static inline bool nt__ptrvec_add(nt__ptrvec *v, void *p)
+{
+    if (!nt__ptrvec_reserve(v, v->len + 1))
+        return false;
+    v->pdata[v->len++] = p;
+    return true;
+}
+
+/* Drops the first k elements. */
+static inline void nt__ptrvec_remove_front(nt__ptrvec *v, unsigned k)
+{
+    memmove(v->pdata, v->pdata + k, (v->len - k) * sizeof *v->pdata);
+    v->len -= k;
+}
+
+static inline void nt__ptrvec_free(nt__ptrvec *v)
+{
+    if (v) {
+        free(v->pdata);
+        free(v);
+    }
+}
+
+/* Text being built: like a GString, but running out of host memory marks
+ * it failed (oom) instead of aborting the process. */
+typedef struct {
+    char *str; /* NULL until something is appended; free() it */
+    size_t len, cap;
+    bool oom;
+} nt__strbuf;
+
+static inline bool nt__sb_room(nt__strbuf *b, size_t add)
+{
+    if (b->oom)
+        return false;
+    if (b->len + add + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + add + 1)
+            cap *= 2;
+        char *p = realloc(b->str, cap);
+        if (!p) {
+            b->oom = true;
+            return false;
+        }
+        b->str = p;
+        b->cap = cap;
+    }
+    return true;
+}
+
+static inline void nt__sb_append_len(nt__strbuf *b, const char *s, size_t n)
+{
+    if (!nt__sb_room(b, n))
+        return;
+    memcpy(b->str + b->len, s, n);
+    b->len += n;
+    b->str[b->len] = '\0';
+}
+
+static inline void nt__sb_append(nt__strbuf *b, const char *s)
+{
+    nt__sb_append_len(b, s, strlen(s));
+}
+
+static inline void nt__sb_append_c(nt__strbuf *b, char ch) { nt__sb_append_len(b, &ch, 1); }
+
+static inline void nt__sb_printf(nt__strbuf *b, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+static inline void nt__sb_printf(nt__strbuf *b, const char *fmt, ...)
+{
+    char small[128];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n < sizeof small) {
+        nt__sb_append_len(b, small, (size_t)n);
+        return;
+    }
+    if (!nt__sb_room(b, (size_t)n))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(b->str + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+/* The text, or `fallback` if building it ran out of memory. */
+static inline const char *nt__sb_str(const nt__strbuf *b, const char *fallback)
+{
+    return b->oom || !b->str ? fallback : b->str;
+}
 
 /* ------------------------------------------------------------------ */
 /* Storage, handles                                                   */
@@ -175,6 +312,9 @@ void nt__arena_init(uint64_t capacity, uint64_t max_waiting);
 void nt__arena_shutdown(void);
 /* NULL if over capacity (after waiting for queued work that frees memory). */
 void *nt__arena_alloc(size_t nbytes);
+/* True (once) if this thread's last failed arena allocation failed for want
+ * of host memory rather than device capacity. */
+bool nt__arena_host_failed(void);
 void nt__arena_free(void *p, size_t nbytes); /* also ends the reservation */
 /* Capacity only, for an op of stream nt__alloc_sid (0: none), which may take
  * the stream's pool; waits for queued work when full (streams/ sets

@@ -26,7 +26,7 @@ typedef struct {
     bool is_float;
     int mode; /* 0 fixed, 1 integer-valued, 2 scientific */
     int width; /* at least 1, like PyTorch's max_width */
-    GString *out;
+    nt__strbuf *out;
 } pctx;
 
 static double elem(const pctx *c, const int64_t *idx)
@@ -115,7 +115,7 @@ static void put_elem(pctx *c, double v)
 {
     char buf[64];
     fmt_value(c, v, buf, sizeof buf);
-    g_string_append_printf(c->out, "%*s", c->width, buf);
+    nt__sb_printf(c->out, "%*s", c->width, buf);
 }
 
 /* Writes dim `dim`, whose '[' sits at column `indent`, like PyTorch's
@@ -126,7 +126,7 @@ static void emit(pctx *c, int dim, int64_t *idx, int indent)
     const nt_tensor *t = c->t;
     int64_t n = t->shape[dim];
     bool cut = c->summarize && n > 2 * NT_PRINT_EDGE;
-    g_string_append_c(c->out, '[');
+    nt__sb_append_c(c->out, '[');
     if (dim == t->ndim - 1) {
         int per_line = (NT_PRINT_WIDTH - indent) / (c->width + 2);
         if (per_line < 1)
@@ -136,21 +136,21 @@ static void emit(pctx *c, int dim, int64_t *idx, int indent)
             bool ellipsis = cut && i == NT_PRINT_EDGE;
             if (i > 0 || ellipsis) {
                 if (k == per_line) {
-                    g_string_append_printf(c->out, ",\n%*s", indent + 1, "");
+                    nt__sb_printf(c->out, ",\n%*s", indent + 1, "");
                     k = 0;
                 } else if (i > 0) {
-                    g_string_append(c->out, ", ");
+                    nt__sb_append(c->out, ", ");
                 }
             }
             if (ellipsis) {
-                g_string_append(c->out, " ...");
+                nt__sb_append(c->out, " ...");
                 k++;
                 i = n - NT_PRINT_EDGE;
                 if (k == per_line) {
-                    g_string_append_printf(c->out, ",\n%*s", indent + 1, "");
+                    nt__sb_printf(c->out, ",\n%*s", indent + 1, "");
                     k = 0;
                 } else {
-                    g_string_append(c->out, ", ");
+                    nt__sb_append(c->out, ", ");
                 }
             }
             idx[dim] = i;
@@ -161,43 +161,46 @@ static void emit(pctx *c, int dim, int64_t *idx, int indent)
         int newlines = t->ndim - dim - 1;
         for (int64_t i = 0; i < n; i++) {
             if (i > 0) {
-                g_string_append_c(c->out, ',');
+                nt__sb_append_c(c->out, ',');
                 for (int k = 0; k < newlines; k++)
-                    g_string_append_c(c->out, '\n');
-                g_string_append_printf(c->out, "%*s", indent + 1, "");
+                    nt__sb_append_c(c->out, '\n');
+                nt__sb_printf(c->out, "%*s", indent + 1, "");
             }
             if (cut && i == NT_PRINT_EDGE) {
-                g_string_append(c->out, "...,");
+                nt__sb_append(c->out, "...,");
                 for (int k = 0; k < newlines; k++)
-                    g_string_append_c(c->out, '\n');
-                g_string_append_printf(c->out, "%*s", indent + 1, "");
+                    nt__sb_append_c(c->out, '\n');
+                nt__sb_printf(c->out, "%*s", indent + 1, "");
                 i = n - NT_PRINT_EDGE;
             }
             idx[dim] = i;
             emit(c, dim + 1, idx, indent + 1);
         }
     }
-    g_string_append_c(c->out, ']');
+    nt__sb_append_c(c->out, ']');
 }
 
-/* The text for a ready tensor (the caller synchronised).  g_free it. */
+/* The text for a ready tensor (the caller synchronised).  free it.  NULL:
+ * the host is out of memory. */
 char *nt__format_tensor(nt_tensor *t)
 {
     pctx c = {0};
+    nt__strbuf out = {0};
     c.t = t;
     c.base = nt__tensor_data(t);
     c.is_float = nt__dtype_is_float((nt_dtype)t->dtype);
     int64_t n = nt__numel(t->ndim, t->shape);
     c.summarize = n > NT_PRINT_THRESHOLD;
-    c.out = g_string_new("tensor(");
+    c.out = &out;
+    nt__sb_append(c.out, "tensor(");
     int64_t idx[NT_MAX_DIMS] = {0};
     if (n == 0) {
-        g_string_append(c.out, "[]");
+        nt__sb_append(c.out, "[]");
         if (t->ndim != 1) {
-            g_string_append(c.out, ", size=(");
+            nt__sb_append(c.out, ", size=(");
             for (int i = 0; i < t->ndim; i++)
-                g_string_append_printf(c.out, i ? ", %lld" : "%lld", (long long)t->shape[i]);
-            g_string_append(c.out, t->ndim == 1 ? ",)" : ")");
+                nt__sb_printf(c.out, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+            nt__sb_append(c.out, t->ndim == 1 ? ",)" : ")");
         }
     } else {
         if (c.is_float) {
@@ -218,7 +221,11 @@ char *nt__format_tensor(nt_tensor *t)
             emit(&c, 0, idx, (int)strlen("tensor("));
     }
     if (t->dtype != NT_F32)
-        g_string_append_printf(c.out, ", dtype=%s", nt_dtype_name((nt_dtype)t->dtype));
-    g_string_append_c(c.out, ')');
-    return g_string_free(c.out, FALSE);
+        nt__sb_printf(c.out, ", dtype=%s", nt_dtype_name((nt_dtype)t->dtype));
+    nt__sb_append_c(c.out, ')');
+    if (out.oom) {
+        free(out.str);
+        return NULL;
+    }
+    return out.str;
 }

@@ -17,7 +17,8 @@
 
 static struct {
     GMutex lock;
-    GPtrArray *slabs;
+    nt_tensor **slabs; /* own array: growing it may fail cleanly */
+    size_t nslabs, slabcap;
     nt_tensor *head, *tail; /* FIFO of batches of free handles (their first handles) */
     size_t nfree;
     volatile AO_t next_id;
@@ -29,7 +30,8 @@ static volatile AO_t pool_epoch; /* bumped by nt_shutdown: thread caches die */
 struct nt_scope {
     uint32_t magic;
     nt_scope *parent;
-    GPtrArray *items;
+    nt_tensor **items; /* own array, not a GPtrArray: growing it may fail cleanly */
+    uint32_t nitems, cap;
 };
 #define NT__SCOPE_MAGIC 0x5c09e5c0u
 
@@ -39,18 +41,19 @@ void nt__ag_free(struct nt__ag *ag) __attribute__((weak));
 void nt__tensor_pool_init(void)
 {
     g_mutex_init(&P.lock);
-    P.slabs = g_ptr_array_new_with_free_func(free);
+    P.slabs = NULL;
+    P.nslabs = P.slabcap = 0;
     P.head = P.tail = NULL;
     P.nfree = 0;
 }
 
 void nt__tensor_pool_shutdown(void)
 {
-    if (!P.slabs)
+    if (!P.nslabs)
         return;
     /* Handles the user never released: their storage goes with them. */
-    for (guint i = 0; i < P.slabs->len; i++) {
-        nt_tensor *slab = P.slabs->pdata[i];
+    for (size_t i = 0; i < P.nslabs; i++) {
+        nt_tensor *slab = P.slabs[i];
         for (int k = 0; k < NT_SLAB_HANDLES; k++) {
             nt_tensor *t = &slab[k];
             if (!t->st)
@@ -64,8 +67,11 @@ void nt__tensor_pool_shutdown(void)
         }
     }
 
-    g_ptr_array_unref(P.slabs);
+    for (size_t i = 0; i < P.nslabs; i++)
+        free(P.slabs[i]);
+    free(P.slabs);
     P.slabs = NULL;
+    P.nslabs = P.slabcap = 0;
     P.head = P.tail = NULL;
     P.nfree = 0;
     AO_fetch_and_add1(&pool_epoch);
@@ -78,8 +84,8 @@ uint64_t nt__tensor_live_handles(void)
 {
     uint64_t n = 0;
     g_mutex_lock(&P.lock);
-    for (guint i = 0; P.slabs && i < P.slabs->len; i++) {
-        nt_tensor *slab = P.slabs->pdata[i];
+    for (size_t i = 0; i < P.nslabs; i++) {
+        nt_tensor *slab = P.slabs[i];
         for (int k = 0; k < NT_SLAB_HANDLES; k++)
             n += slab[k].st != NULL;
     }
@@ -147,12 +153,22 @@ static nt_tensor *handle_alloc(void)
     if (!tl_h.take) {
         g_mutex_lock(&P.lock);
         if (P.nfree <= NT_QUARANTINE + NT_TL_BATCH) {
+            if (P.nslabs == P.slabcap) {
+                size_t cap = P.slabcap ? P.slabcap * 2 : 64;
+                nt_tensor **v = realloc(P.slabs, cap * sizeof *v);
+                if (!v) {
+                    g_mutex_unlock(&P.lock);
+                    return NULL;
+                }
+                P.slabs = v;
+                P.slabcap = cap;
+            }
             nt_tensor *slab = calloc(NT_SLAB_HANDLES, sizeof *slab);
             if (!slab) {
                 g_mutex_unlock(&P.lock);
                 return NULL;
             }
-            g_ptr_array_add(P.slabs, slab);
+            P.slabs[P.nslabs++] = slab;
             for (int i = 0; i < NT_SLAB_HANDLES; i += NT_TL_BATCH) {
                 for (int k = i; k < i + NT_TL_BATCH; k++) {
                     slab[k].magic = NT__MAGIC_DEAD;
@@ -337,7 +353,14 @@ nt_tensor *nt__tensor_empty(nt_dtype dt, int ndim, const int64_t *shape, const n
 {
     int64_t n = nt__numel(ndim, shape);
     size_t nbytes = (size_t)n * nt__dtype_size(dt);
+    nt__arena_host_failed(); /* forget an earlier failure */
     nt__storage *st = nt__storage_new(nbytes);
+    if (!st && nt__arena_host_failed()) {
+        char sh[128];
+        nt__err(site, NT_EHOSTMEM, fn, "out of host memory for a %s tensor of shape %s",
+                nt_dtype_name(dt), nt__shape_str(ndim, shape, sh, sizeof sh));
+        return NULL;
+    }
     if (!st) {
         char sh[128];
         uint64_t cap = nt__arena_capacity(), used = nt__arena_in_use();
@@ -364,7 +387,7 @@ nt_tensor *nt__tensor_empty(nt_dtype dt, int ndim, const int64_t *shape, const n
     nt_tensor *t = handle_new(st, true, dt, ndim, shape, stride, 0, site); /* holds st now */
     if (!t) {
         nt__storage_unref(st);
-        nt__err(site, NT_ENOMEM, fn, "out of host memory for a tensor handle");
+        nt__err_hostmem(site, fn, "a tensor handle");
     }
     return t;
 }
@@ -413,9 +436,9 @@ NT_API nt_tensor *nt_retain(nt_tensor *t)
 static void scope_detach(nt_tensor *t)
 {
     nt_scope *s = t->scope;
-    if (s && t->scope_idx >= 0 && (guint)t->scope_idx < s->items->len &&
-        s->items->pdata[t->scope_idx] == t)
-        s->items->pdata[t->scope_idx] = NULL;
+    if (s && t->scope_idx >= 0 && (uint32_t)t->scope_idx < s->nitems &&
+        s->items[t->scope_idx] == t)
+        s->items[t->scope_idx] = NULL;
     t->scope = NULL;
     t->scope_idx = -1;
 }
@@ -484,18 +507,37 @@ nt_tensor *nt__scope_adopt(nt_tensor *t)
 {
     nt_scope *s = tls_scope;
     if (t && s) {
+        if (s->nitems == s->cap) {
+            size_t cap = (size_t)s->cap * 2;
+            nt_tensor **v = cap <= INT32_MAX ? realloc(s->items, cap * sizeof *v) : NULL;
+            if (!v) { /* the scope cannot own it: nobody would release it */
+                nt_release(t);
+                nt__err_hostmem(NULL, "nt_scope", "a scope's list of tensors");
+                return NULL;
+            }
+            s->items = v;
+            s->cap = (uint32_t)cap;
+        }
         t->scope = s;
-        t->scope_idx = (int32_t)s->items->len;
-        g_ptr_array_add(s->items, t);
+        t->scope_idx = (int32_t)s->nitems;
+        s->items[s->nitems++] = t;
     }
     return t;
 }
 
 NT_API nt_scope *nt_scope_begin(void)
 {
-    nt_scope *s = g_new0(nt_scope, 1);
+    nt_scope *s = calloc(1, sizeof *s);
+    if (s) {
+        s->cap = 64;
+        s->items = malloc(s->cap * sizeof *s->items);
+    }
+    if (!s || !s->items) {
+        free(s);
+        nt__err_hostmem(NULL, "nt_scope_begin", "a scope");
+        return NULL;
+    }
     s->magic = NT__SCOPE_MAGIC;
-    s->items = g_ptr_array_sized_new(64);
     s->parent = tls_scope;
     tls_scope = s;
     return s;
@@ -503,17 +545,17 @@ NT_API nt_scope *nt_scope_begin(void)
 
 static void scope_close(nt_scope *s)
 {
-    for (guint i = 0; i < s->items->len; i++) {
-        nt_tensor *t = s->items->pdata[i];
+    for (uint32_t i = 0; i < s->nitems; i++) {
+        nt_tensor *t = s->items[i];
         if (!t)
             continue;
         t->scope = NULL;
         t->scope_idx = -1;
         nt_release(t);
     }
-    g_ptr_array_unref(s->items);
+    free(s->items);
     s->magic = 0;
-    g_free(s);
+    free(s);
 }
 
 NT_API int nt_scope_end(nt_scope *s)

@@ -17,7 +17,7 @@ int nt__cpu_embedding_bwd(const nt__rec *r)
     int32_t *ix = malloc((size_t)(P > 0 ? P : 1) * sizeof(int32_t));
     if (!acc || !gf || !ix) {
         free(acc), free(gf), free(ix);
-        return nt__kerr(NT_ENOMEM, "out of host memory for a %lld x %lld gradient",
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a %lld x %lld gradient",
                         (long long)V, (long long)D);
     }
     nt__gather_f32(gf, g);

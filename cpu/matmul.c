@@ -24,6 +24,10 @@
  * training loop does not page-fault a fresh buffer every call. */
 static void scratch_free(gpointer p) { g_free(p); }
 static GPrivate scratch_key = G_PRIVATE_INIT(scratch_free);
+
+/* GLib makes a GPrivate's key at its first use and aborts if the host has
+ * no memory for it: make it while the library loads. */
+__attribute__((constructor)) static void scratch_key_init(void) { g_private_get(&scratch_key); }
 static _Thread_local size_t scratch_n NT_TLS_HOT;
 
 static float *scratch(size_t n)
@@ -65,7 +69,7 @@ int nt__cpu_matmul(const nt__rec *r)
     size_t nc = c_direct ? 0 : (size_t)(M * N);
     float *buf = scratch(na + nb + nc + 1);
     if (!buf)
-        return nt__kerr(NT_ENOMEM, "out of host memory for matmul buffers (%zu floats)",
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for matmul buffers (%zu floats)",
                         na + nb + nc);
     float *At = buf, *B = buf + na, *C = buf + na + nb;
     const char *ad = nt__tensor_data(a), *bd = nt__tensor_data(b);

@@ -196,7 +196,7 @@ static int run_rows(rowop *c, const nt_tensor *t, int d, bool same_shape, nt__ro
     size_t cells = (size_t)(R.n > 0 ? R.n : 1) * (size_t)w;
     float *buf = g_try_malloc((2 * cells + 2 * (size_t)w) * sizeof(float));
     if (!buf)
-        return nt__kerr(NT_ENOMEM, "out of host memory for a %zu-float row buffer", 2 * cells);
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a %zu-float row buffer", 2 * cells);
     c->T = buf;
     c->U = buf + cells;
     c->s1 = buf + 2 * cells;
@@ -240,7 +240,7 @@ static int norm_kernel(const nt__rec *r)
         return 0;
     float *aff = g_try_malloc((size_t)(2 * D) * sizeof(float));
     if (!aff)
-        return nt__kerr(NT_ENOMEM, "out of host memory for the affine parameters");
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for the affine parameters");
     if (w) {
         nt__gather_f32(aff, w);
         c.wv = aff;
@@ -265,7 +265,7 @@ int nt__cpu_cross_entropy(const nt__rec *r)
     rowop_out(&c, r);
     int32_t *labels = g_try_malloc((size_t)N * (sizeof(int32_t) + sizeof(float)));
     if (!labels)
-        return nt__kerr(NT_ENOMEM, "out of host memory for %lld labels", (long long)N);
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for %lld labels", (long long)N);
     nt__ld_i32(labels, nt__tensor_data(lab), (nt_dtype)lab->dtype, lab->stride[0], N);
     for (int64_t i = 0; i < N; i++)
         if (labels[i] < 0 || labels[i] >= C) {

@@ -327,7 +327,7 @@ static int reduce_kernel(const nt__rec *r)
     size_t cells = (size_t)(m > 0 ? m : 1) * (size_t)w;
     void *buf = g_try_malloc(cells * 4);
     if (!buf)
-        return nt__kerr(NT_ENOMEM, "out of host memory for a %zu-byte reduction tile",
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a %zu-byte reduction tile",
                         cells * 4);
     c.T = buf;
     c.Ti = buf;

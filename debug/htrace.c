@@ -89,19 +89,19 @@ const char *nt__rec_label(const nt__rec *r, char *buf, size_t n)
 }
 
 /* Appends "key":"escaped value" (with a leading comma unless first). */
-static void jstr(GString *g, const char *key, const char *val)
+static void jstr(nt__strbuf *g, const char *key, const char *val)
 {
     char q[512];
     nt__trace_json_str(q, sizeof q, val);
-    g_string_append_printf(g, "%s\"%s\":%s", g->len > 1 ? "," : "", key, q);
+    nt__sb_printf(g, "%s\"%s\":%s", g->len > 1 ? "," : "", key, q);
 }
 
-static void jnum(GString *g, const char *key, double v)
+static void jnum(nt__strbuf *g, const char *key, double v)
 {
-    g_string_append_printf(g, "%s\"%s\":%.17g", g->len > 1 ? "," : "", key, v);
+    nt__sb_printf(g, "%s\"%s\":%.17g", g->len > 1 ? "," : "", key, v);
 }
 
-static void jsite(GString *g, const nt_site *site)
+static void jsite(nt__strbuf *g, const nt_site *site)
 {
     char where[256];
     nt__site_format(site, where, sizeof where);
@@ -113,18 +113,20 @@ void nt__htrace_enqueue(const nt__rec *r, const nt_stream *s)
     double ts = nt__htrace_now();
     int tid = track(NULL);
     char label[128], shape[160];
-    GString *g = g_string_new("{");
+    nt__strbuf g_ = {0}, *g = &g_; /* a failed buffer gives "{}" */
+    nt__sb_append(g, "{");
     jsite(g, &r->site);
     jnum(g, "seq", (double)r->seq);
     jstr(g, "stream", s->name);
     if (r->out[0]) {
         nt__shape_str(r->out[0]->ndim, r->out[0]->shape, shape, sizeof shape);
-        g_string_append_printf(g, ",\"out\":\"t#%llu %s %s\"", (unsigned long long)r->out[0]->id,
-                               shape, nt_dtype_name((nt_dtype)r->out[0]->dtype));
+        nt__sb_printf(g, ",\"out\":\"t#%llu %s %s\"", (unsigned long long)r->out[0]->id, shape,
+                      nt_dtype_name((nt_dtype)r->out[0]->dtype));
     }
-    g_string_append_c(g, '}');
-    nt__trace_instant(NT_TRACE_PID_HOST, tid, nt__rec_label(r, label, sizeof label), ts, g->str);
-    g_string_free(g, TRUE);
+    nt__sb_append_c(g, '}');
+    nt__trace_instant(NT_TRACE_PID_HOST, tid, nt__rec_label(r, label, sizeof label), ts,
+                      nt__sb_str(g, "{}"));
+    free(g->str);
 }
 
 void nt__htrace_sync(const char *fn, const nt_site *site, uint64_t tensor_id, uint64_t packed,
@@ -132,10 +134,11 @@ void nt__htrace_sync(const char *fn, const nt_site *site, uint64_t tensor_id, ui
 {
     double t1 = nt__htrace_now();
     int tid = track(NULL);
-    GString *g = g_string_new("{");
+    nt__strbuf g_ = {0}, *g = &g_; /* a failed buffer gives "{}" */
+    nt__sb_append(g, "{");
     jsite(g, site);
     if (tensor_id)
-        g_string_append_printf(g, ",\"tensor\":\"t#%llu\"", (unsigned long long)tensor_id);
+        nt__sb_printf(g, ",\"tensor\":\"t#%llu\"", (unsigned long long)tensor_id);
     if (packed) {
         nt_stream *s = nt__stream_by_id(NT__PACK_SID(packed));
         char w[96];
@@ -144,11 +147,11 @@ void nt__htrace_sync(const char *fn, const nt_site *site, uint64_t tensor_id, ui
         jstr(g, "waited_for", w);
     }
     jnum(g, "wait_us", t1 - t0);
-    g_string_append_c(g, '}');
+    nt__sb_append_c(g, '}');
     char name[64];
     snprintf(name, sizeof name, "sync: %s", fn);
-    nt__trace_complete(NT_TRACE_PID_HOST, tid, name, t0, t1 - t0, g->str);
-    g_string_free(g, TRUE);
+    nt__trace_complete(NT_TRACE_PID_HOST, tid, name, t0, t1 - t0, nt__sb_str(g, "{}"));
+    free(g->str);
 }
 
 void nt__htrace_kernel(const nt__rec *r, double t0, int rc)
@@ -156,16 +159,17 @@ void nt__htrace_kernel(const nt__rec *r, double t0, int rc)
     double t1 = nt__htrace_now();
     int tid = track(r->stream);
     char label[128];
-    GString *g = g_string_new("{");
+    nt__strbuf g_ = {0}, *g = &g_; /* a failed buffer gives "{}" */
+    nt__sb_append(g, "{");
     jsite(g, &r->site);
     jnum(g, "seq", (double)r->seq);
     jstr(g, "backend", r->backend == NT_BACKEND_SIM ? "sim" : "cpu");
     if (rc < 0)
         jstr(g, "error", nt__kerr_msg());
-    g_string_append_c(g, '}');
+    nt__sb_append_c(g, '}');
     nt__trace_complete(NT_TRACE_PID_HOST, tid, nt__rec_label(r, label, sizeof label), t0,
-                       t1 - t0, g->str);
-    g_string_free(g, TRUE);
+                       t1 - t0, nt__sb_str(g, "{}"));
+    free(g->str);
 }
 
 /* "exp (x.c:5 in main)", as the fusion log names an op. */
@@ -181,22 +185,23 @@ void nt__htrace_fused(const char *kind, unsigned long kernel_no, nt__rec *const 
 {
     double t1 = nt__htrace_now();
     int tid = track(n ? recs[0]->stream : NULL);
-    GString *g = g_string_new("{\"ops\":[");
+    nt__strbuf g_ = {0}, *g = &g_; /* a failed buffer gives "{}" */
+    nt__sb_append(g, "{\"ops\":[");
     for (int k = 0; k < n; k++) {
         char one[400], q[512];
         op_site(recs[k], one, sizeof one);
         nt__trace_json_str(q, sizeof q, one);
-        g_string_append_printf(g, "%s%s", k ? "," : "", q);
+        nt__sb_printf(g, "%s%s", k ? "," : "", q);
     }
-    g_string_append_printf(g, "],\"written\":%d,\"elided\":%d,\"cache\":\"%s\"", written, elided,
-                           hit ? "hit" : "miss");
+    nt__sb_printf(g, "],\"written\":%d,\"elided\":%d,\"cache\":\"%s\"", written, elided,
+                  hit ? "hit" : "miss");
     if (rc < 0)
-        g_string_append(g, ",\"result\":\"failed: replayed op by op\"");
-    g_string_append_c(g, '}');
+        nt__sb_append(g, ",\"result\":\"failed: replayed op by op\"");
+    nt__sb_append_c(g, '}');
     char name[96];
     snprintf(name, sizeof name, "fused %s kernel #%lu (%d ops)", kind, kernel_no, n);
-    nt__trace_complete(NT_TRACE_PID_HOST, tid, name, t0, t1 - t0, g->str);
-    g_string_free(g, TRUE);
+    nt__trace_complete(NT_TRACE_PID_HOST, tid, name, t0, t1 - t0, nt__sb_str(g, "{}"));
+    free(g->str);
 }
 
 void nt__htrace_break(const nt__rec *r, const char *reason)
@@ -205,10 +210,11 @@ void nt__htrace_break(const nt__rec *r, const char *reason)
     int tid = track(r->stream);
     char one[400];
     op_site(r, one, sizeof one);
-    GString *g = g_string_new("{");
+    nt__strbuf g_ = {0}, *g = &g_; /* a failed buffer gives "{}" */
+    nt__sb_append(g, "{");
     jstr(g, "before", one);
     jstr(g, "reason", reason);
-    g_string_append_c(g, '}');
-    nt__trace_instant(NT_TRACE_PID_HOST, tid, "fusion break", ts, g->str);
-    g_string_free(g, TRUE);
+    nt__sb_append_c(g, '}');
+    nt__trace_instant(NT_TRACE_PID_HOST, tid, "fusion break", ts, nt__sb_str(g, "{}"));
+    free(g->str);
 }

@@ -66,8 +66,17 @@ NT_API nt_tensor *nt_from_host_at(const nt_site *site, const void *src, nt_dtype
     if (!t)
         return NULL;
     size_t nbytes = (size_t)n * nt__dtype_size(dt);
+    /* a big tensor's block is taken now (nt__tensor_data would abort) */
+    void *d = nbytes ? nt__storage_materialize(t->st) : NULL;
+    if (nbytes && !d) {
+        nt_release(t);
+        char sh[128];
+        nt__err(site, NT_EHOSTMEM, fn, "out of host memory for the %zu bytes of a %s tensor of "
+                "shape %s", nbytes, nt_dtype_name(dt), nt__shape_str(ndim, shape, sh, sizeof sh));
+        return NULL;
+    }
     if (nbytes)
-        memcpy(nt__tensor_data(t), src, nbytes);
+        memcpy(d, src, nbytes);
     NT__COUNT(bytes_from_host, nbytes);
     if (nt__cfg.check_nan)
         nt__nan_note_host(t, site, fn);
@@ -212,9 +221,9 @@ int nt__wait_tensor(const nt_site *site, const char *fn, nt_tensor *t)
     AO_store(&e->reported, 1);
     char where[256];
     nt__site_format(site, where, sizeof where);
-    char *msg = g_strdup_printf("%s [reported by %s at %s]", e->msg, fn, where);
+    char msg[1024]; /* on the stack: reporting must work with the host out of memory */
+    snprintf(msg, sizeof msg, "%s [reported by %s at %s]", e->msg, fn, where);
     nt__err_set(e->code, msg);
-    g_free(msg);
     return e->code;
 }
 
@@ -296,7 +305,10 @@ NT_API char *nt_format_at(const nt_site *site, nt_tensor *t)
         return NULL;
     NT__COUNT(bytes_to_host, (size_t)nt__numel(t->ndim, t->shape) *
                                  nt__dtype_size((nt_dtype)t->dtype));
-    return nt__format_tensor(t);
+    char *text = nt__format_tensor(t);
+    if (!text)
+        nt__err_hostmem(site, fn, "the text");
+    return text;
 }
 
 NT_API int nt_print_at(const nt_site *site, nt_tensor *t)
@@ -310,10 +322,12 @@ NT_API int nt_print_at(const nt_site *site, nt_tensor *t)
     NT__COUNT(bytes_to_host, (size_t)nt__numel(t->ndim, t->shape) *
                                  nt__dtype_size((nt_dtype)t->dtype));
     char *s = nt__format_tensor(t);
+    if (!s)
+        return nt__err_hostmem(site, "nt_print", "the text");
     fputs(s, stdout);
     fputc('\n', stdout);
     fflush(stdout);
-    g_free(s);
+    free(s);
     return 0;
 }
 
@@ -351,9 +365,9 @@ NT_API int nt_sync_at(const nt_site *site)
     AO_store(&e->reported, 1);
     char where[256];
     nt__site_format(site, where, sizeof where);
-    char *msg = g_strdup_printf("%s [reported by nt_sync at %s]", e->msg, where);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s [reported by nt_sync at %s]", e->msg, where);
     nt__err_set(e->code, msg);
-    g_free(msg);
     int code = e->code;
     nt__errobj_unref(e);
     return code;

@@ -40,18 +40,23 @@ uint64_t nt__now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+static void log_handler(const gchar *domain, GLogLevelFlags level, const gchar *msg, gpointer u);
+
 void nt__log(int level, const char *fmt, ...)
 {
     if (level > nt__cfg.log_level)
         return;
+    /* Formatted on the stack and handed to the handler directly: g_log
+     * copies the message on the heap and aborts when the host is out of
+     * memory, which is when a warning matters most. */
+    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    char *msg = g_strdup_vprintf(fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     static const GLogLevelFlags gl[] = {G_LOG_LEVEL_CRITICAL, G_LOG_LEVEL_WARNING,
                                         G_LOG_LEVEL_MESSAGE, G_LOG_LEVEL_DEBUG};
-    g_log(NT_LOG_DOMAIN, gl[level], "%s", msg);
-    g_free(msg);
+    log_handler(NT_LOG_DOMAIN, gl[level], msg, NULL);
 }
 
 /* NT_LOG filters; this handler prints what passes, one plain line each. */
@@ -184,8 +189,11 @@ static int apply_opt(const char *name, const char *v, const char *fn)
         if (inited)
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_TRACE can only be set before nt_init (environment)");
-        g_free(nt__cfg.trace_path);
-        nt__cfg.trace_path = *v ? g_strdup(v) : NULL;
+        char *path = *v ? strdup(v) : NULL;
+        if (*v && !path)
+            return nt__err_hostmem(NULL, fn, "the trace file's name");
+        free(nt__cfg.trace_path);
+        nt__cfg.trace_path = path;
     } else if (!strcmp(name, "NT_LOG")) {
         if (!strcmp(v, "error"))
             nt__cfg.log_level = NT__LOG_ERROR;
@@ -255,7 +263,10 @@ NT_API int nt_init(void)
     bool detb;
     if (det && parse_bool(det, &detb) && detb)
         nt__cfg.mode = NT_MODE_DETERMINISTIC;
-    g_log_set_handler(NT_LOG_DOMAIN, G_LOG_LEVEL_MASK, log_handler, NULL);
+    /* Once per process: each call adds a handler GLib keeps for good. */
+    static guint log_handler_id;
+    if (!log_handler_id)
+        log_handler_id = g_log_set_handler(NT_LOG_DOMAIN, G_LOG_LEVEL_MASK, log_handler, NULL);
     memset(&nt__ctr, 0, sizeof nt__ctr);
     nt__arena_init(nt__cfg.hbm_bytes, nt__cfg.max_inflight_bytes);
     nt__tensor_pool_init();

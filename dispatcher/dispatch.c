@@ -191,13 +191,17 @@ static nt_tensor *dispatch_inner(nt__call *c)
     }
     nt__alloc_sid = 0;
 
-    /* Autograd records the node (and refuses bad in-place writes). */
-    if (!c->no_grad && nt__ag_on_dispatch && nt__ag_on_dispatch(c) < 0)
-        goto fail_out;
-
+    /* The record before autograd: once autograd has recorded the node (an
+     * in-place op's replaces dst's history) nothing may fail. */
     nt__rec *r = nt__rec_alloc(s);
     if (!r) {
-        nt__err(c->site, NT_ENOMEM, c->fn, "out of host memory for an op record");
+        nt__err_hostmem(c->site, c->fn, "an op record");
+        goto fail_out;
+    }
+
+    /* Autograd records the node (and refuses bad in-place writes). */
+    if (!c->no_grad && nt__ag_on_dispatch && nt__ag_on_dispatch(c) < 0) {
+        nt__rec_unalloc(r);
         goto fail_out;
     }
     r->type = NT_REC_OP;
@@ -260,9 +264,12 @@ static nt_tensor *dispatch_inner(nt__call *c)
 
     if (c->dst)
         return c->dst;
+    /* The op is queued whatever happens now; an output the scope has no
+     * room for is released (its value is never read) and the call fails. */
+    bool adopted = true;
     for (int i = 0; i < nout; i++)
-        nt__scope_adopt(c->out[i]);
-    return c->out[0];
+        adopted &= nt__scope_adopt(c->out[i]) != NULL;
+    return adopted ? c->out[0] : NULL;
 
 fail_out:
     if (!c->dst)
@@ -279,6 +286,6 @@ nt_tensor *nt__make_view(nt_tensor *t, int ndim, const int64_t *shape, const int
 {
     nt_tensor *v = nt__tensor_new(t->st, (nt_dtype)t->dtype, ndim, shape, stride, offset, site);
     if (!v)
-        nt__err(site, NT_ENOMEM, "nt_view", "out of host memory for a tensor handle");
+        nt__err_hostmem(site, "nt_view", "a tensor handle");
     return v;
 }

@@ -48,16 +48,15 @@ nt__errobj *nt__rec_error(const nt__rec *r, int code, const char *msg)
     char where[256];
     nt__site_format(&r->site, where, sizeof where);
     const char *api = nt__op_api(r->op);
-    char *full;
+    char full[1024]; /* on the stack: an error must be reported with the host out of memory */
     if (r->bwd_of)
-        full = g_strdup_printf("%s (in the backward of %s at %s): %s", api, r->bwd_of, where,
-                               msg);
+        snprintf(full, sizeof full, "%s (in the backward of %s at %s): %s", api, r->bwd_of,
+                 where, msg);
     else if (r->fn && strcmp(r->fn, api) != 0)
-        full = g_strdup_printf("%s (in %s at %s): %s", api, r->fn, where, msg);
+        snprintf(full, sizeof full, "%s (in %s at %s): %s", api, r->fn, where, msg);
     else
-        full = g_strdup_printf("%s (at %s): %s", api, where, msg);
+        snprintf(full, sizeof full, "%s (at %s): %s", api, where, msg);
     nt__errobj *e = nt__errobj_new(code, full);
-    g_free(full);
     return e;
 }
 
@@ -67,7 +66,7 @@ static bool ready(const nt_tensor *t)
 {
     if (!t || __atomic_load_n(&t->st->data, __ATOMIC_ACQUIRE) || nt__storage_materialize(t->st))
         return true;
-    nt__kerr(NT_ENOMEM, "out of host memory for the %zu-byte storage of a %s tensor",
+    nt__kerr(NT_EHOSTMEM, "out of host memory for the %zu-byte storage of a %s tensor",
              t->st->nbytes, nt_dtype_name((nt_dtype)t->dtype));
     return false;
 }
@@ -76,10 +75,10 @@ int nt__rec_materialize(const nt__rec *r)
 {
     for (int i = 0; i < r->nin; i++)
         if (!ready(r->in[i]))
-            return NT_ENOMEM;
+            return NT_EHOSTMEM;
     for (int i = 0; i < r->nout; i++)
         if (!ready(r->out[i]))
-            return NT_ENOMEM;
+            return NT_EHOSTMEM;
     return 0;
 }
 
@@ -87,7 +86,7 @@ int nt__tensors_materialize(nt_tensor *const *t, int n)
 {
     for (int i = 0; i < n; i++)
         if (!ready(t[i]))
-            return NT_ENOMEM;
+            return NT_EHOSTMEM;
     return 0;
 }
 
@@ -132,7 +131,7 @@ void nt__exec_rec(nt__rec *r)
     }
     nt__kernel_fn k = pick_kernel(r);
     if (nt__rec_materialize(r) < 0) {
-        nt__errobj *e = nt__rec_error(r, NT_ENOMEM, nt__kerr_msg());
+        nt__errobj *e = nt__rec_error(r, NT_EHOSTMEM, nt__kerr_msg());
         poison_outputs(r, e);
         if (r->stream)
             nt__stream_note_error(r->stream, e);

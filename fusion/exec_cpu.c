@@ -395,7 +395,7 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
     float *scratch = malloc(sizeof(float) * 4 * CH);
     if (!R || !scratch) {
         free(R), free(scratch);
-        return NT_ENOMEM;
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
     }
     blk *E = R + P->nvals;
     int64_t inner = nd ? shape[nd - 1] : 1;
@@ -480,7 +480,7 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
     const nt__fprog *P = g->prog;
     ew_ctx *c = malloc(sizeof *c);
     if (!c)
-        return NT_ENOMEM;
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
     c->g = g;
     c->from = from;
     c->prev = prev;
@@ -523,7 +523,7 @@ static int run_row(const nt__fgroup *g)
     /* scratch: a whole row for reductions, then 4 chunks for eval */
     float *buf = malloc(sizeof(float) * (cells + (size_t)C + 4 * CH));
     if (!buf)
-        return NT_ENOMEM;
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
     float *scratch = buf + cells;
     float *V = buf, *E = buf + (size_t)P->nvals * (size_t)C;
     uint64_t keys[NT_F_MAXOPS];
@@ -624,7 +624,7 @@ static int run_mm(const nt__fgroup *g)
         size_t nb = (size_t)nt__numel(P->ndim, P->shape) * nt__dtype_size((nt_dtype)v0->dtype);
         scratch = malloc(nb ? nb : 1);
         if (!scratch)
-            return NT_ENOMEM;
+            return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
         memset(&tmp_st, 0, sizeof tmp_st);
         tmp_st.data = scratch;
         tmp_st.nbytes = nb;

@@ -72,7 +72,8 @@ typedef struct nt__fprog {
     uint64_t hash;
     volatile AO_t runs;
     volatile AO_t refs;          /* the cache's, plus one per running group */
-    GList *lru;                  /* its link in the cache's recency list */
+    struct nt__fprog *lru_prev, *lru_next; /* the cache's recency list */
+    struct nt__fprog *hnext;     /* the cache's hash chain */
 } nt__fprog;
 
 /* A program bound to this batch's tensors. */

@@ -19,10 +19,39 @@ int (*nt__fused_sim)(const nt__fgroup *g);
  * NT_F_CACHE_MAX entries.  Programs are refcounted so an eviction cannot
  * free one a worker is running. */
 #define NT_F_CACHE_MAX 4096
+/* Chains and the recency list run through the programs themselves: adding
+ * one allocates only the program, so the host running out of memory is a
+ * failed compile (the group runs op by op), never an abort. */
+#define NT_F_BUCKETS 8192
 static GMutex cache_lock;
-static GHashTable *cache;
-static GQueue lru = G_QUEUE_INIT;
+static nt__fprog *buckets[NT_F_BUCKETS];
+static nt__fprog *lru_head, *lru_tail; /* most recent first */
+static unsigned cache_n;
 static volatile AO_t evictions;
+
+static void lru_unlink(nt__fprog *c)
+{
+    *(c->lru_prev ? &c->lru_prev->lru_next : &lru_head) = c->lru_next;
+    *(c->lru_next ? &c->lru_next->lru_prev : &lru_tail) = c->lru_prev;
+    c->lru_prev = c->lru_next = NULL;
+}
+
+static void lru_push_head(nt__fprog *c)
+{
+    c->lru_prev = NULL;
+    c->lru_next = lru_head;
+    *(lru_head ? &lru_head->lru_prev : &lru_tail) = c;
+    lru_head = c;
+}
+
+static void bucket_remove(nt__fprog *c)
+{
+    nt__fprog **pp = &buckets[c->hash % NT_F_BUCKETS];
+    while (*pp && *pp != c)
+        pp = &(*pp)->hnext;
+    if (*pp)
+        *pp = c->hnext;
+}
 
 static void prog_unref(nt__fprog *c)
 {
@@ -462,16 +491,13 @@ static uint64_t key_hash(const uint8_t *b, size_t n)
     return h * 0xc4ceb9fe1a85ec53ull;
 }
 
-static guint prog_hash(gconstpointer p) { return (guint)((const nt__fprog *)p)->hash; }
-
-static gboolean prog_equal(gconstpointer a, gconstpointer b)
+static bool prog_equal(const nt__fprog *x, const nt__fprog *y)
 {
-    const nt__fprog *x = a, *y = b;
     return x->hash == y->hash && x->keylen == y->keylen && !memcmp(x->key, y->key, x->keylen);
 }
 
 /* Looks the program up by signature (or caches this one); the caller owns
- * one reference. */
+ * one reference.  NULL: the host is out of memory. */
 static nt__fprog *compile(const nt__fprog *p, bool *hit)
 {
     keybuf kb; /* 8 KiB of stack: workers have megabytes */
@@ -481,26 +507,39 @@ static nt__fprog *compile(const nt__fprog *p, bool *hit)
     probe.keylen = kb.n;
     probe.hash = key_hash(kb.buf, kb.n);
     g_mutex_lock(&cache_lock);
-    nt__fprog *c = g_hash_table_lookup(cache, &probe);
+    nt__fprog *c = buckets[probe.hash % NT_F_BUCKETS];
+    while (c && !prog_equal(c, &probe))
+        c = c->hnext;
     if (c) {
         *hit = true;
-        g_queue_unlink(&lru, c->lru);
-        g_queue_push_head_link(&lru, c->lru);
+        lru_unlink(c);
+        lru_push_head(c);
     } else {
         *hit = false;
-        c = g_new(nt__fprog, 1);
+        c = malloc(sizeof *c);
+        uint8_t *key = malloc(kb.n ? kb.n : 1);
+        if (!c || !key) {
+            free(c);
+            free(key);
+            g_mutex_unlock(&cache_lock);
+            return NULL;
+        }
         *c = *p;
-        c->key = g_memdup2(kb.buf, kb.n);
+        c->key = key;
+        memcpy(key, kb.buf, kb.n);
         c->keylen = kb.n;
         c->hash = probe.hash;
         c->runs = 0;
         c->refs = 1; /* the cache's */
-        g_queue_push_head(&lru, c);
-        c->lru = lru.head;
-        g_hash_table_add(cache, c);
-        while (lru.length > NT_F_CACHE_MAX) {
-            nt__fprog *old = g_queue_pop_tail(&lru);
-            g_hash_table_remove(cache, old);
+        c->hnext = buckets[c->hash % NT_F_BUCKETS];
+        buckets[c->hash % NT_F_BUCKETS] = c;
+        lru_push_head(c);
+        cache_n++;
+        while (cache_n > NT_F_CACHE_MAX) {
+            nt__fprog *old = lru_tail;
+            lru_unlink(old);
+            bucket_remove(old);
+            cache_n--;
             AO_fetch_and_add1(&evictions);
             prog_unref(old);
         }
@@ -512,20 +551,21 @@ static nt__fprog *compile(const nt__fprog *p, bool *hit)
 
 /* ---------------- the log ---------------- */
 
-static void log_site(GString *g, const nt__rec *r)
+static void log_site(nt__strbuf *g, const nt__rec *r)
 {
     char where[160];
     nt__site_format(&r->site, where, sizeof where);
-    g_string_append_printf(g, "%s%s (%s)", r->bwd_of ? "backward:" : "", nt__op_name(r->op), where);
+    nt__sb_printf(g, "%s%s (%s)", r->bwd_of ? "backward:" : "", nt__op_name(r->op), where);
 }
 
 static void log_break(const nt__rec *r, const char *reason)
 {
-    GString *g = g_string_new("fusion: break before ");
+    nt__strbuf g_ = {0}, *g = &g_; /* a failed buffer prints what it could */
+    nt__sb_append(g, "fusion: break before ");
     log_site(g, r);
-    g_string_append_printf(g, ": %s", reason);
-    fprintf(stderr, "ntensor: %s\n", g->str);
-    g_string_free(g, TRUE);
+    nt__sb_printf(g, ": %s", reason);
+    fprintf(stderr, "ntensor: %s\n", nt__sb_str(g, "fusion: (no host memory for this line)"));
+    free(g->str);
 }
 
 static const char *kind_name(nt__fkind k)
@@ -536,16 +576,16 @@ static const char *kind_name(nt__fkind k)
 static void log_group(const gstate *s, const nt__fprog *c, bool hit, int stored, int elided,
                       const char *const *why_stored)
 {
-    GString *g = g_string_new(NULL);
-    g_string_append_printf(g, "fusion: kernel #%lu %s, %d ops [", (unsigned long)kernel_no,
-                           kind_name(c->kind), s->g.nrecs);
+    nt__strbuf g_ = {0}, *g = &g_;
+    nt__sb_printf(g, "fusion: kernel #%lu %s, %d ops [", (unsigned long)kernel_no,
+                  kind_name(c->kind), s->g.nrecs);
     for (int k = 0; k < s->g.nrecs; k++) {
         if (k)
-            g_string_append(g, ", ");
+            nt__sb_append(g, ", ");
         log_site(g, s->g.recs[k]);
     }
-    g_string_append_printf(g, "] reads %d, writes %d, elides %d intermediate%s; cache %s",
-                           c->next, stored, elided, elided == 1 ? "" : "s", hit ? "hit" : "miss");
+    nt__sb_printf(g, "] reads %d, writes %d, elides %d intermediate%s; cache %s", c->next,
+                  stored, elided, elided == 1 ? "" : "s", hit ? "hit" : "miss");
     /* why each written value could not stay on chip, grouped by reason */
     const char *seen[NT_F_MAXVALS];
     int nseen = 0;
@@ -558,13 +598,13 @@ static void log_group(const gstate *s, const nt__fprog *c, bool hit, int stored,
         if (dup)
             continue;
         seen[nseen++] = why_stored[v];
-        g_string_append_printf(g, "; written out (%s):", why_stored[v]);
+        nt__sb_printf(g, "; written out (%s):", why_stored[v]);
         for (int w = v; w < c->nvals; w++)
             if (why_stored[w] == why_stored[v])
-                g_string_append_printf(g, " v%d", w);
+                nt__sb_printf(g, " v%d", w);
     }
-    fprintf(stderr, "ntensor: %s\n", g->str);
-    g_string_free(g, TRUE);
+    fprintf(stderr, "ntensor: %s\n", nt__sb_str(g, "fusion: (no host memory for this line)"));
+    free(g->str);
 }
 
 /* ---------------- running ---------------- */
@@ -629,6 +669,13 @@ static void run_group_kernel(gstate *s)
             elided++;
     bool hit;
     nt__fprog *c = compile(&s->p, &hit);
+    if (!c) { /* the host is out of memory: the same bits, op by op */
+        plan_pause();
+        for (int k = 0; k < s->g.nrecs; k++)
+            nt__exec_rec(s->g.recs[k]);
+        plan_resume();
+        return;
+    }
     s->g.prog = c;
     AO_fetch_and_add1(&c->runs);
     AO_fetch_and_add1(&kernel_no);
@@ -748,10 +795,6 @@ void nt__fusion_run(nt__rec **recs, int n)
 
 int nt__fusion_init(void)
 {
-    g_mutex_lock(&cache_lock);
-    if (!cache)
-        cache = g_hash_table_new(prog_hash, prog_equal);
-    g_mutex_unlock(&cache_lock);
     memset(&nt__fst, 0, sizeof nt__fst);
     kernel_no = 0;
     nt__fusion_batch = nt__fusion_run;
@@ -761,12 +804,13 @@ int nt__fusion_init(void)
 void nt__fusion_shutdown(void)
 {
     g_mutex_lock(&cache_lock);
-    if (cache)
-        g_hash_table_destroy(cache);
-    cache = NULL;
     nt__fprog *c;
-    while ((c = g_queue_pop_head(&lru)) != NULL)
+    while ((c = lru_head) != NULL) {
+        lru_unlink(c);
         prog_unref(c);
+    }
+    memset(buckets, 0, sizeof buckets);
+    cache_n = 0;
     g_mutex_unlock(&cache_lock);
 }
 

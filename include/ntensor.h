@@ -70,7 +70,10 @@ extern "C" {
 /* Error codes                                                              */
 /* ------------------------------------------------------------------------ */
 
-/* X(name, value, description).  Codes are negative; 0 is success. */
+/* X(name, value, description).  Codes are negative; 0 is success.
+ * NT_ENOMEM is the device (the simulated HBM) full; NT_EHOSTMEM is the
+ * host's memory (malloc) exhausted.  Neither aborts the process: the call
+ * fails cleanly, and the runtime works again once memory is available. */
 #define NT_ERRNO_MAP(X)                                                     \
     X(EINVAL, -1, "invalid argument")                                       \
     X(ENOMEM, -2, "out of device memory")                                   \
@@ -86,7 +89,8 @@ extern "C" {
     X(ESIM, -12, "simulator constraint violated")                           \
     X(ENAN, -13, "NaN or Inf produced")                                     \
     X(EVERSION, -14, "tensor modified in place after it was saved")         \
-    X(EFORMAT, -15, "malformed file")
+    X(EFORMAT, -15, "malformed file")                                      \
+    X(EHOSTMEM, -16, "out of host memory")
 
 typedef enum nt_error {
     NT_OK = 0,
@@ -256,7 +260,9 @@ NT_API nt_tensor *nt_retain(nt_tensor *t);
  *  no-op; releasing a released handle sets NT_ERELEASED and returns it. */
 NT_API int nt_release(nt_tensor *t);
 /** Opens a scope on the calling thread.  Every tensor returned to this thread
- *  while it is the innermost open scope is released by nt_scope_end. */
+ *  while it is the innermost open scope is released by nt_scope_end.  NULL
+ *  (NT_EHOSTMEM) if the host is out of memory; an op whose result the scope
+ *  has no memory to record returns NULL with NT_EHOSTMEM too. */
 NT_API nt_scope *nt_scope_begin(void);
 /** Closes `s` (and any scope opened inside it and not closed), releasing the
  *  tensors it owns.  Must be called on the thread that opened it. */

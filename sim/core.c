@@ -141,7 +141,7 @@ static int ensure_memories(void)
     ht = calloc(ht_cap, sizeof *ht);
     if (!c->sbuf_raw || !c->psum_raw || !dep_sbuf || !dep_psum || !ht || !c->scratch[0] ||
         !c->scratch[1] || !c->scratch[2] || !c->scratch[3])
-        return NT_ENOMEM;
+        return NT_EHOSTMEM;
     c->sbuf = (uint8_t *)(((uintptr_t)c->sbuf_raw + 63) & ~(uintptr_t)63);
     c->psum = (uint8_t *)(((uintptr_t)c->psum_raw + 63) & ~(uintptr_t)63);
     ht_gen = 1;
@@ -414,7 +414,7 @@ static int alloc_init(nt__sim_alloc *a, int64_t total)
     a->cap = 16;
     a->free = malloc(sizeof *a->free * (size_t)a->cap);
     if (!a->free)
-        return NT_ENOMEM;
+        return NT_EHOSTMEM;
     a->n = 1;
     a->free[0] = (nt__sim_block){0, total};
     a->total = total;
@@ -590,7 +590,7 @@ nt_tile *nt_tile_alloc(nt_sim_kernel *k, const char *name, nt_mem mem, nt_dtype 
     nt_tile *t = calloc(1, sizeof *t);
     if (!t) {
         alloc_give(a, off, bytes);
-        k->err = NT_ENOMEM;
+        k->err = NT_EHOSTMEM;
         snprintf(k->msg, sizeof k->msg, "%s in kernel '%s': out of host memory", I, k->name);
         return NULL;
     }

@@ -1137,7 +1137,8 @@ static bool helper_start(void)
     if (hp.started)
         return true;
     for (int i = 0; i < 4; i++) {
-        hp.scr[i] = malloc(nt__sim.scratch_elems * sizeof(float) * 2);
+        if (!hp.scr[i]) /* kept from an earlier try that failed part-way */
+            hp.scr[i] = malloc(nt__sim.scratch_elems * sizeof(float) * 2);
         if (!hp.scr[i])
             return false;
     }

@@ -17,8 +17,8 @@ static struct {
     GMutex lock; /* registry, record chunks */
     volatile AO_t reg[NT__MAX_STREAMS + 1];
     uint32_t next_id;
-    GPtrArray *chunks;
-    GPtrArray *graveyard; /* destroyed streams */
+    nt__ptrvec *chunks;    /* own arrays: growing them may fail cleanly */
+    nt__ptrvec *graveyard; /* destroyed streams */
     volatile AO_t epoch; /* bumped by every init: invalidates thread caches */
     nt_stream *dflt;
 } S;
@@ -75,9 +75,18 @@ static nt_stream *stream_new(bool is_default)
     if (!s)
         return NULL;
     memset(s, 0, sizeof *s);
+    /* A first batch of held records (take_queued never grows it past what
+     * the host gives). */
+    s->held = nt__ptrvec_new(256);
+    if (!s->held) {
+        free(s);
+        return NULL;
+    }
     g_mutex_lock(&S.lock);
-    if (S.next_id >= NT__MAX_STREAMS) {
+    /* Room for the graveyard entry the stream takes when destroyed. */
+    if (S.next_id >= NT__MAX_STREAMS || !nt__ptrvec_reserve(S.graveyard, S.next_id + 1)) {
         g_mutex_unlock(&S.lock);
+        nt__ptrvec_free(s->held);
         free(s);
         return NULL;
     }
@@ -89,12 +98,22 @@ static nt_stream *stream_new(bool is_default)
     g_cond_init(&s->work_cond);
     g_cond_init(&s->done_cond);
     s->ooo = g_array_new(FALSE, FALSE, sizeof(uint64_t));
-    s->held = g_ptr_array_new();
     snprintf(s->name, sizeof s->name, is_default ? "nt-stream-default" : "nt-stream-%u", s->id);
-    AO_store_release(&S.reg[s->id], (AO_t)s);
     /* Deterministic mode runs everything inline; the worker still exists so
-     * that switching mode at run time needs no special case. */
-    s->worker = g_thread_new(s->name, worker_main, s);
+     * that switching mode at run time needs no special case.  Started before
+     * the stream is published, so a thread the system refuses (no memory
+     * for its stack) leaves nothing anyone could have seen. */
+    s->worker = g_thread_try_new(s->name, worker_main, s, NULL);
+    if (!s->worker) {
+        g_array_unref(s->ooo);
+        nt__ptrvec_free(s->held);
+        g_mutex_clear(&s->lock);
+        g_cond_clear(&s->work_cond);
+        g_cond_clear(&s->done_cond);
+        free(s);
+        return NULL;
+    }
+    AO_store_release(&S.reg[s->id], (AO_t)s);
     return s;
 }
 
@@ -109,7 +128,7 @@ static void stream_free(nt_stream *s)
     if (s->first_error)
         nt__errobj_unref(s->first_error);
     g_array_unref(s->ooo);
-    g_ptr_array_unref(s->held);
+    nt__ptrvec_free(s->held);
     g_mutex_clear(&s->lock);
     g_cond_clear(&s->work_cond);
     g_cond_clear(&s->done_cond);
@@ -117,7 +136,7 @@ static void stream_free(nt_stream *s)
     /* Kept until nt_shutdown so a stale handle is reported, not dereferenced
      * after free. */
     g_mutex_lock(&S.lock);
-    g_ptr_array_add(S.graveyard, s);
+    nt__ptrvec_add(S.graveyard, s); /* room was reserved by stream_new */
     g_mutex_unlock(&S.lock);
 }
 
@@ -125,8 +144,8 @@ void nt__streams_init(void)
 {
     g_mutex_init(&S.lock);
     S.next_id = 0;
-    S.chunks = g_ptr_array_new_with_free_func(free);
-    S.graveyard = g_ptr_array_new_with_free_func(free);
+    S.chunks = nt__ptrvec_new(0);
+    S.graveyard = nt__ptrvec_new(0);
     AO_fetch_and_add1(&S.epoch);
     S.dflt = stream_new(true);
     nt__arena_progress = arena_progress;
@@ -157,9 +176,13 @@ void nt__streams_shutdown(void)
             stream_free(s);
     }
     S.dflt = NULL;
-    g_ptr_array_unref(S.chunks);
+    for (unsigned i = 0; S.chunks && i < S.chunks->len; i++)
+        free(S.chunks->pdata[i]);
+    nt__ptrvec_free(S.chunks);
     S.chunks = NULL;
-    g_ptr_array_unref(S.graveyard);
+    for (unsigned i = 0; S.graveyard && i < S.graveyard->len; i++)
+        free(S.graveyard->pdata[i]);
+    nt__ptrvec_free(S.graveyard);
     S.graveyard = NULL;
     AO_fetch_and_add1(&S.epoch);
     tl_recs.head = NULL;
@@ -208,8 +231,12 @@ nt__rec *nt__rec_alloc(nt_stream *s)
         if (!chunk)
             return NULL;
         g_mutex_lock(&S.lock);
-        g_ptr_array_add(S.chunks, chunk);
+        bool kept = S.chunks && nt__ptrvec_add(S.chunks, chunk);
         g_mutex_unlock(&S.lock);
+        if (!kept) {
+            free(chunk);
+            return NULL;
+        }
         for (int i = 0; i < NT_REC_CHUNK - 1; i++)
             chunk[i].pool_next = &chunk[i + 1];
         r = chunk;
@@ -231,6 +258,12 @@ nt__rec *nt__rec_alloc(nt_stream *s)
     r->stream = NULL;
     r->seq = 0;
     return r;
+}
+
+void nt__rec_unalloc(nt__rec *r)
+{
+    r->pool_next = tl_recs.head;
+    tl_recs.head = r;
 }
 
 void nt__rec_release(nt__rec *r)
@@ -457,9 +490,13 @@ static int take_queued(nt_stream *s)
 {
     int got = 0;
     struct cds_wfcq_node *node;
-    while ((node = __cds_wfcq_dequeue_nonblocking(&s->head, &s->tail)) != NULL &&
+    s->held_full = false;
+    /* Room first: a record taken from the queue must not be dropped.  If
+     * the host has none, the worker runs what it holds and comes back. */
+    while ((s->held_full = !nt__ptrvec_reserve(s->held, s->held->len + 1)) == false &&
+           (node = __cds_wfcq_dequeue_nonblocking(&s->head, &s->tail)) != NULL &&
            node != CDS_WFCQ_WOULDBLOCK) {
-        g_ptr_array_add(s->held, caa_container_of(node, nt__rec, node));
+        s->held->pdata[s->held->len++] = caa_container_of(node, nt__rec, node);
         got++;
     }
     return got;
@@ -477,7 +514,7 @@ static guint runnable_prefix(nt_stream *s)
     if (AO_load(&s->stop))
         return n;
     bool lazy = nt__cfg.mode == NT_MODE_LAZY;
-    if (lazy && n >= (guint)nt__cfg.lazy_window) {
+    if (lazy && (n >= (guint)nt__cfg.lazy_window || s->held_full)) {
         s->end_reason = "lazy window full";
         return n;
     }
@@ -512,7 +549,7 @@ static guint runnable_prefix(nt_stream *s)
 /* The first k held records left the array. */
 static void held_consumed(nt_stream *s, guint k)
 {
-    g_ptr_array_remove_range(s->held, 0, k);
+    nt__ptrvec_remove_front(s->held, k);
     s->scan_i = s->scan_i > k ? s->scan_i - k : 0;
     s->scan_k = s->scan_k > k ? s->scan_k - k : 0;
 }
@@ -687,7 +724,9 @@ NT_API nt_stream *nt_stream_create(void)
     if (!nt__ensure_init())
         return NULL;
     nt_stream *s = stream_new(false);
-    if (!s)
+    if (!s && S.next_id < NT__MAX_STREAMS)
+        nt__err_hostmem(NULL, "nt_stream_create", "a stream");
+    else if (!s)
         nt__err(NULL, NT_ENOMEM, "nt_stream_create", "too many streams (at most %d per process)",
                 NT__MAX_STREAMS);
     return s;
@@ -774,7 +813,11 @@ NT_API nt_event *nt_event_create(void)
 {
     if (!nt__ensure_init())
         return NULL;
-    nt_event *e = g_new0(nt_event, 1);
+    nt_event *e = calloc(1, sizeof *e);
+    if (!e) {
+        nt__err_hostmem(NULL, "nt_event_create", "an event");
+        return NULL;
+    }
     e->magic = NT__EVENT_MAGIC;
     return e;
 }
@@ -784,7 +827,7 @@ NT_API void nt_event_destroy(nt_event *e)
     if (!e || e->magic != NT__EVENT_MAGIC)
         return;
     e->magic = 0;
-    g_free(e);
+    free(e);
 }
 
 NT_API int nt_event_record(nt_event *e, nt_stream *s)
@@ -812,7 +855,7 @@ NT_API int nt_stream_wait_event(nt_stream *s, nt_event *e)
         return 0; /* same stream: already ordered */
     nt__rec *r = nt__rec_alloc(s);
     if (!r)
-        return nt__err(NULL, NT_ENOMEM, "nt_stream_wait_event", "out of host memory");
+        return nt__err_hostmem(NULL, "nt_stream_wait_event", "an op record");
     r->type = NT_REC_WAIT;
     r->deps[0] = p;
     r->ndeps = 1;

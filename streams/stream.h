@@ -46,7 +46,8 @@ struct nt_stream {
     GCond work_cond, done_cond;
     nt__errobj *first_error;  /* under lock: first error not yet reported */
     GArray *ooo;              /* worker: seqs done out of order */
-    GPtrArray *held;          /* worker: records taken but not yet run */
+    nt__ptrvec *held;         /* worker: records taken but not yet run */
+    bool held_full;           /* worker: the host had no memory to hold more */
     guint scan_i, scan_k;     /* worker: held[0..scan_k) have seq <= scan_f;
                                  held[0..scan_i) were looked at */
     uint64_t scan_f;
@@ -66,6 +67,9 @@ nt_stream *nt__stream_by_id(uint32_t id);
 /* Records: allocate on the producer side, fill, then enqueue (or execute
  * inline in deterministic mode with nt__stream_run_inline). */
 nt__rec *nt__rec_alloc(nt_stream *s);
+/* Gives back a record just taken with nt__rec_alloc and never enqueued (the
+ * call that wanted it failed). */
+void nt__rec_unalloc(nt__rec *r);
 uint64_t nt__stream_next_seq(nt_stream *s);
 void nt__stream_enqueue(nt_stream *s, nt__rec *r);
 void nt__stream_run_inline(nt_stream *s, nt__rec *r);

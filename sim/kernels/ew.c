@@ -760,7 +760,9 @@ static int ew_tile(void *ctx, const sk_tile_iter *it)
 static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out,
                   const uint64_t *keys)
 {
-    plan *L = g_new(plan, 1);
+    plan *L = malloc(sizeof *L);
+    if (!L)
+        return sk_data_error(s, NT_EHOSTMEM, "out of host memory for a kernel plan");
     int rc = plan_make(L, P, 0);
     if (rc) {
         g_free(L);
@@ -861,7 +863,9 @@ static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor
 {
     int nd = P->ndim;
     int64_t C = P->shape[nd - 1];
-    plan *L = g_new(plan, 1);
+    plan *L = malloc(sizeof *L);
+    if (!L)
+        return sk_data_error(s, NT_EHOSTMEM, "out of host memory for a kernel plan");
     int rc = plan_make(L, P, 0);
     L->needs |= NEED_TF; /* mean's f32 sum */
     int nbuf = plan_bytes(L, C, 2) <= SK_SBUF_BUDGET ? 2 : 1;
@@ -982,14 +986,20 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     char why[160];
     if (!nt__matmul_info(a, b, &mi, why, sizeof why))
         return NT_ENOTSUP;
-    plan *L = g_new(plan, 1);
+    plan *L = malloc(sizeof *L);
+    if (!L)
+        return sk_data_error(s, NT_EHOSTMEM, "out of host memory for a kernel plan");
     int rc = plan_make(L, P, 1);
     if (rc || plan_bytes(L, 512, 2) > SK_SBUF_BUDGET - 64 * 1024) {
         g_free(L);
         return rc ? rc : NT_ENOTSUP;
     }
     /* the matmul's inputs are read by the matmul, not the epilogue */
-    mm_run *w = g_new0(mm_run, 1);
+    mm_run *w = calloc(1, sizeof *w);
+    if (!w) {
+        g_free(L);
+        return sk_data_error(s, NT_EHOSTMEM, "out of host memory for a kernel plan");
+    }
     w->s = s;
     w->P = P;
     w->ext = ext;
@@ -1077,7 +1087,9 @@ int nt__sk_fused(const nt__fgroup *g)
 
 int nt__sk_ew(const nt__rec *r)
 {
-    nt__fprog *P = g_new0(nt__fprog, 1);
+    nt__fprog *P = calloc(1, sizeof *P);
+    if (!P)
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a kernel program");
     const nt_tensor *o = r->out[0];
     P->kind = NT_FK_EW;
     P->nops = 1;

@@ -111,9 +111,9 @@ int sk_matmul_run(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tens
     bool b_col = !b_row && (mi.b_rs == 1 || K == 1) && (N == 1 || mi.b_cs >= K);
     char *ascr = NULL, *bscr = NULL;
     if (K > 0 && !a_row && !a_col && !(ascr = sk_scratch(s, (size_t)(M * K * esz))))
-        return NT_ENOMEM;
+        return s->derr_code;
     if (K > 0 && !b_row && !(bscr = sk_scratch(s, (size_t)(K * N * esz))))
-        return NT_ENOMEM;
+        return s->derr_code;
     int64_t idx[NT_MAX_DIMS] = {0};
     int64_t a_prev = -1, b_prev = -1, bi = 0;
     int rc = 0;

@@ -91,7 +91,7 @@ int sk_begin(sk_k *s, const char *name)
     memset(s, 0, sizeof *s);
     s->k = nt_sim_kernel_begin(name);
     if (!s->k)
-        return nt__kerr(NT_ENOMEM, "out of host memory for a simulator kernel");
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a simulator kernel");
     return 0;
 }
 
@@ -113,7 +113,12 @@ void *sk_scratch(sk_k *s, size_t n)
         sk_data_error(s, NT_ENOMEM, "too many scratch buffers in one kernel");
         return NULL;
     }
+    nt__arena_host_failed(); /* forget an earlier failure */
     void *p = nt__arena_alloc_scratch(n ? n : 1);
+    if (!p && nt__arena_host_failed()) {
+        sk_data_error(s, NT_EHOSTMEM, "out of host memory for %zu bytes of scratch", n);
+        return NULL;
+    }
     if (!p) {
         sk_data_error(s, NT_ENOMEM,
                       "device memory (HBM) is full: the kernel needs %zu bytes of scratch", n);

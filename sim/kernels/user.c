@@ -20,7 +20,7 @@ static int user_kernel(const nt__rec *r)
     nt__tensor_view_of(&out, r->out[0]);
     nt_sim_kernel *k = nt_sim_kernel_begin(d->name);
     if (!k)
-        return nt__kerr(NT_ENOMEM, "out of host memory for a simulator kernel");
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a simulator kernel");
     int rc = d->kernel(k, in, d->nin, &out, d->ctx);
     nt_sim_report rep;
     int krc = nt_sim_kernel_end(k, &rep);
