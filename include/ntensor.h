@@ -251,9 +251,14 @@ NT_API bool nt_is_contiguous(nt_tensor *t);
 /** Adds a reference; returns t (NULL for a NULL or released tensor). */
 NT_API nt_tensor *nt_retain(nt_tensor *t);
 /** Drops a reference.  When the last user reference goes, the handle becomes
- *  invalid at once (using it again is reported as NT_ERELEASED); its storage
- *  lives on while queued work or a view still needs it.  Releasing NULL is a
- *  no-op; releasing a released handle sets NT_ERELEASED and returns it. */
+ *  invalid at once; its storage lives on while queued work or a view still
+ *  needs it.  Releasing NULL is a no-op.  Using a released handle (releasing
+ *  it again included) sets NT_ERELEASED and returns it, as long as the
+ *  handle's memory has not been reused for a new tensor: that happens only
+ *  after NT_HANDLE_QUARANTINE (default 4096) other handles were released,
+ *  and never with NT_HANDLE_QUARANTINE=all (docs/env.md).  A pointer kept
+ *  longer than that may name the new tensor, and a use of it cannot be told
+ *  from a use of that tensor: do not keep released handles. */
 NT_API int nt_release(nt_tensor *t);
 /** Opens a scope on the calling thread.  Every tensor returned to this thread
  *  while it is the innermost open scope is released by nt_scope_end. */

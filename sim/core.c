@@ -217,7 +217,7 @@ void nt_sim_shutdown(void)
 int nt_sim_config_get(nt_sim_config *out)
 {
     if (!out)
-        return NT_EINVAL;
+        return NT__SIM_NULL("nt_sim_config_get", "out");
     int rc = nt_sim_init();
     if (rc)
         return rc;
@@ -230,7 +230,9 @@ int nt_sim_config_get(nt_sim_config *out)
 int nt_sim_set_target(nt_sim_target target)
 {
     if (target != NT_SIM_TRN1 && target != NT_SIM_TRN2)
-        return NT_EINVAL;
+        return nt__err(NULL, NT_EINVAL, "nt_sim_set_target",
+                       "argument 'target' is %d; expected NT_SIM_TRN1 or NT_SIM_TRN2",
+                       (int)target);
     int rc = nt_sim_init();
     if (rc)
         return rc;
@@ -387,7 +389,7 @@ int nt__sim_fail(nt_sim_kernel *k, const char *instr, const char *fmt, ...)
 
 int nt_sim_kernel_error(const nt_sim_kernel *k)
 {
-    return k ? k->err : NT_EINVAL;
+    return k ? k->err : NT__SIM_NULL("nt_sim_kernel_error", "k");
 }
 
 const char *nt_sim_kernel_message(const nt_sim_kernel *k)
@@ -398,7 +400,7 @@ const char *nt_sim_kernel_message(const nt_sim_kernel *k)
 int nt_sim_kernel_last(const nt_sim_kernel *k, nt_sim_instr_info *out)
 {
     if (!k || !out)
-        return NT_EINVAL;
+        return NT__SIM_NULL("nt_sim_kernel_last", k ? "out" : "k");
     if (!k->has_last)
         return NT_ESTATE;
     *out = k->last;
@@ -540,8 +542,10 @@ nt_tile *nt_tile_alloc(nt_sim_kernel *k, const char *name, nt_mem mem, nt_dtype 
                        int partitions, int64_t free_elems)
 {
     static const char *I = "nt_tile_alloc";
-    if (!k)
+    if (!k) {
+        NT__SIM_NULL(I, "k");
         return NULL;
+    }
     if (k->err)
         return NULL;
     if (!name)
@@ -566,9 +570,19 @@ nt_tile *nt_tile_alloc(nt_sim_kernel *k, const char *name, nt_mem mem, nt_dtype 
                      (long long)free_elems);
         return NULL;
     }
-    int64_t bytes = free_elems * (int64_t)nt__dtype_size(dt);
     bool psum = mem == NT_MEM_PSUM;
     nt__sim_alloc *a = psum ? &k->psum : &k->sbuf;
+    /* Checked before the multiplication below, which would wrap for a huge
+     * free size and leave a tiny block behind a huge tile. */
+    if (free_elems > a->total / (int64_t)nt__dtype_size(dt)) {
+        nt__sim_fail(k, I,
+                     "tile '%s' [%d x %lld %s] needs more than the %lld B per partition of %s "
+                     "(rule: a tile fits in its memory)",
+                     name, partitions, (long long)free_elems, dt_name(dt), (long long)a->total,
+                     nt_mem_name(mem));
+        return NULL;
+    }
+    int64_t bytes = free_elems * (int64_t)nt__dtype_size(dt);
     if (psum && bytes > NT_SIM_PSUM_BANK_BYTES) {
         nt__sim_fail(k, I,
                      "tile '%s' [%d x %lld %s] needs %lld B per partition (rule: a PSUM tile fits "
@@ -611,7 +625,7 @@ nt_tile *nt_tile_alloc(nt_sim_kernel *k, const char *name, nt_mem mem, nt_dtype 
 int nt_tile_release(nt_sim_kernel *k, nt_tile *t)
 {
     if (!k || !t)
-        return NT_EINVAL;
+        return NT__SIM_NULL("nt_tile_release", k ? "t" : "k");
     if (t->k != k || !t->live)
         return nt__sim_fail(k, "nt_tile_release",
                             "tile '%s' is not a live tile of this kernel (rule: release a tile "
@@ -741,7 +755,7 @@ static double dma_union(nt_sim_kernel *k)
 int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
 {
     if (!k)
-        return NT_EINVAL;
+        return NT__SIM_NULL("nt_sim_kernel_end", "k");
     nt__sim_fx_flush(k); /* queued functional work lands before the report */
     double dur = k->tend - k->t0;
     k->busy[NT_ENGINE_DMA] = dma_union(k);
@@ -817,7 +831,7 @@ int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
 int nt_sim_stats_get(nt_sim_stats *out)
 {
     if (!out)
-        return NT_EINVAL;
+        return NT__SIM_NULL("nt_sim_stats_get", "out");
     int rc = nt_sim_init();
     if (rc)
         return rc;

@@ -363,7 +363,7 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
 {
     static const char *I = "nt_tile_matmul";
     if (!k)
-        return NT_EINVAL;
+        return NT__SIM_NULL(I, "k");
     if (k->err)
         return k->err;
     if (!a)
