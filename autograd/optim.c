@@ -327,9 +327,11 @@ NT_API int nt_optim_step_at(const nt_site *site, nt_optim *o)
 NT_API int nt_optim_step(nt_optim *o) { return nt_optim_step_at(NT_RA_SITE, o); }
 NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *o)
 {
+    if (!opt_ok(o, "nt_sgd_step")) /* the error names the function the user called */
+        return nt_last_error();
     return nt_optim_step_at(site, o);
 }
-NT_API int nt_sgd_step(nt_optim *o) { return nt_optim_step_at(NT_RA_SITE, o); }
+NT_API int nt_sgd_step(nt_optim *o) { return nt_sgd_step_at(NT_RA_SITE, o); }
 
 NT_API int nt_optim_zero_grad(nt_optim *o)
 {

@@ -402,7 +402,8 @@ int nt_sim_kernel_last(const nt_sim_kernel *k, nt_sim_instr_info *out)
     if (!k || !out)
         return NT__SIM_NULL("nt_sim_kernel_last", k ? "out" : "k");
     if (!k->has_last)
-        return NT_ESTATE;
+        return nt__err(NULL, NT_ESTATE, "nt_sim_kernel_last",
+                       "kernel '%s' has issued no instruction yet", k->name);
     *out = k->last;
     return 0;
 }
