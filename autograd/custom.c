@@ -26,8 +26,10 @@ static volatile AO_t nreg;
 
 static const nt__custom_op *lookup(int op)
 {
+    if (op < NT_OP_CUSTOM_BASE) /* before subtracting: op - base overflows near INT_MIN */
+        return NULL;
     int k = op - NT_OP_CUSTOM_BASE;
-    if (k < 0 || (AO_t)k >= AO_load_acquire(&nreg))
+    if ((AO_t)k >= AO_load_acquire(&nreg))
         return NULL;
     return reg[k];
 }
