@@ -17,6 +17,13 @@
  *   file:line).  A NULL tensor argument makes an op return NULL and keep the
  *   first error, so `nt_relu(nt_add(a, b))` needs one check at the end.
  *   int-returning functions return 0 on success or a negative NT_E* code.
+ *
+ * Shapes.  Sizes are >= 0 and a tensor has at most 2^48 elements (counting
+ *   a size-0 dim as 1, so strides and byte counts can never overflow).  A
+ *   shape argument outside that is NT_EINVAL naming it; an op whose result
+ *   would be (a broadcast, matmul or cat of huge expanded views) is
+ *   NT_ESHAPE.  Within the bound, a result that does not fit the device
+ *   memory is NT_ENOMEM.
  *   An error raised later, while a queued op executes, poisons that op's
  *   outputs and is returned by the next sync point that touches them; its
  *   message names the op and the file:line that enqueued it.
@@ -633,8 +640,10 @@ NT_API int nt_save(const char *path, nt_tensor *const *params, int n, nt_optim *
  *  step counts, master-weight setting and state (opt must be of the same
  *  kind and have as many parameters of the same shapes).  The whole file is
  *  read and checked before anything is written: a missing or unreadable
- *  file is NT_EIO; a truncated file, bad magic or version or a checksum
- *  mismatch is NT_EFORMAT; a count, dtype or shape mismatch is NT_ESHAPE;
+ *  file is NT_EIO; a truncated file, bad magic or version, a checksum
+ *  mismatch, a nonzero reserved byte or a field no writer could have
+ *  produced (lr NaN, beta1 >= 1, a negative step count, an impossible
+ *  shape: docs/checkpoint.md) is NT_EFORMAT, naming the field; a count, dtype or shape mismatch is NT_ESHAPE;
  *  an optimizer of another kind, or opt given for a file without optimizer
  *  state, is NT_EINVAL.  On any error the tensors and opt are untouched and
  *  the message names the path and what was wrong.  Values are written as

@@ -1304,6 +1304,22 @@ static int run_sim_misc(int v)
     }
     case 22: rc = nt_isa_dma_copy(k, &(nt_ap){0}, &(nt_ap){0}, 99); break;
     case 23: rc = nt_isa_gpsimd_custom(k, "c", NULL, NULL, 9, 1, NULL, NULL); break;
+    case 24: { /* M + 127 would overflow */
+        float x[4];
+        rc = nt_tile_matmul(k, &(nt_tile_matmul_args){.M = INT64_MAX, .N = 2, .K = 2, .a = x,
+                                                        .lda = 2, .b = x, .ldb = 2, .c = x,
+                                                        .ldc = 2, .in_dtype = NT_F32,
+                                                        .out_dtype = NT_F32});
+        break;
+    }
+    case 25: {
+        float x[4];
+        rc = nt_tile_matmul(k, &(nt_tile_matmul_args){.M = 2, .N = 2, .K = 2, .a = x,
+                                                        .lda = INT64_MAX, .b = x, .ldb = 2,
+                                                        .c = x, .ldc = 2, .in_dtype = NT_F32,
+                                                        .out_dtype = NT_F32});
+        break;
+    }
     }
     if (v <= 12) {
         if (t)
@@ -1320,7 +1336,7 @@ static const char *const SIM_MISC_WANT[] = {
     "nt_tile_alloc", "nt_tile_alloc", "nt_tile_alloc", "nt_tile_alloc", "nt_tile_alloc",
     "nt_tile_alloc", "nt_tile_alloc", "nt_tile_alloc", "nt_tile_release", "",
     "nt_tile_matmul", "nt_tile_matmul", "dma_copy", "memset", "memset", "memset", "nc_matmul",
-    "dma_copy", "gpsimd_custom",
+    "dma_copy", "gpsimd_custom", "nt_tile_matmul", "nt_tile_matmul",
 };
 #define NSIMMISC ((int)(sizeof SIM_MISC_WANT / sizeof SIM_MISC_WANT[0]))
 
@@ -1737,7 +1753,7 @@ static void build(void)
     static const int MISC_CODE[] = {
         NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM,
         NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESTATE, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM,
-        NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM,
+        NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM,
     };
     static const char *const MISC_NAME[] = {
         "tile in HBM", "memory 9", "dtype 9", "0 partitions", "129 partitions", "free size 0",
@@ -1746,6 +1762,7 @@ static void build(void)
         "release twice", "last with nothing issued", "args NULL", "M -1",
         "HBM partition step INT64_MAX/2", "PSUM access across banks", "GpSimd on PSUM",
         "a released tile", "K 129", "DMA queue 99", "gpsimd_custom nsrc 9",
+        "nt_tile_matmul M INT64_MAX", "nt_tile_matmul lda INT64_MAX",
     };
     for (int k = 0; k < NSIMMISC; k++)
         add(*SIM_MISC_WANT[k] ? SIM_MISC_WANT[k] : "nt_sim_kernel_last",
