@@ -138,7 +138,9 @@ static nt_tensor *call_kernel_op(const nt_site *site, const nt__custom_op *c, in
     char why[256] = "";
     int rc = c->kdef.shape(iv, c->def.nin, &ov, why, sizeof why, c->kdef.ctx);
     if (rc) {
-        nt__err(site, rc < 0 ? rc : NT_EINVAL, c->api, "the shape rule of op '%s' rejected the "
+        /* only an NT_E* code passes through; anything else is NT_EINVAL */
+        nt__err(site, rc < 0 && rc >= NT_EFORMAT ? rc : NT_EINVAL, c->api,
+                "the shape rule of op '%s' rejected the "
                 "inputs: %s", c->name, why[0] ? why : "(no reason given)");
         return NULL;
     }

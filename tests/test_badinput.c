@@ -74,6 +74,27 @@ static int kshape(const nt_tensor_view *in, int nin, nt_tensor_view *out, char *
     return 0;
 }
 
+/* Shape rules that break the contract in the way ctx says. */
+static int kshape_bad(const nt_tensor_view *in, int nin, nt_tensor_view *out, char *why,
+                      size_t n, void *ctx)
+{
+    (void)nin;
+    *out = in[0];
+    switch ((int)(intptr_t)ctx) {
+    case 0: out->ndim = 9; break;
+    case 1: out->ndim = -1; break;
+    case 2: out->shape[0] = -4; break;
+    case 3: out->ndim = 2, out->shape[0] = out->shape[1] = (int64_t)1 << 60; break;
+    case 4: out->dtype = (nt_dtype)42; break;
+    case 5: snprintf(why, n, "no thanks"); return NT_ESHAPE;
+    case 6: return 7;      /* not an error code */
+    case 7: return -12345; /* not an NT_E* code */
+    case 8: out->ndim = 2, out->shape[0] = (int64_t)1 << 32, out->shape[1] = (int64_t)1 << 32;
+        break; /* 2^64: wraps to 0 */
+    }
+    return 0;
+}
+
 static int kkernel(nt_sim_kernel *k, const nt_tensor_view *in, int nin, const nt_tensor_view *out,
                    void *ctx)
 {
@@ -693,6 +714,14 @@ static int run_life(int v)
     return -999;
 }
 
+static char name_store[9][32];
+static const char *g_strdup_name(const char *n) /* names live as long as the ops */
+{
+    static int k;
+    snprintf(name_store[k], sizeof name_store[k], "%s", n);
+    return name_store[k++];
+}
+
 static int run_custom(int v)
 {
     nt_op_def d = {"badinput_x", 1, uop_fwd, NULL, NULL};
@@ -721,6 +750,19 @@ static int run_custom(int v)
     case 20: return T(nt_op_call(F.kernel_op, NULL));
     case 21: return T(nt_op_call(F.kernel_op, (nt_tensor *const[]){F.rel}));
     case 22: return T(nt_op_call(INT32_MIN, (nt_tensor *const[]){F.a23}));
+    default: { /* kernel ops whose shape rule misbehaves */
+        static int ids[9];
+        int m = v - 23;
+        if (!ids[m]) {
+            char name[32];
+            snprintf(name, sizeof name, "badshape%d", m);
+            nt_kernel_op_def bad = {g_strdup_name(name), 1, kshape_bad, kkernel, NULL,
+                                    (void *)(intptr_t)m};
+            ids[m] = nt_op_register_kernel(&bad);
+            assert_true(ids[m] >= 0);
+        }
+        return T(nt_op_call(ids[m], (nt_tensor *const[]){F.a23}));
+    }
     }
     return -999;
 }
@@ -1172,6 +1214,7 @@ static char sim_msg[400];
 static const char *const INSTR[] = {
     "dma_copy", "tensor_tensor", "tensor_scalar", "activation", "tensor_copy", "memset",
     "iota", "select", "tensor_copy_sr", "affine_select", "tensor_reduce", "tensor_tensor_scan",
+    "nc_matmul", "nc_transpose", "dma_gather", "gpsimd_custom",
 };
 #define NINSTR ((int)(sizeof INSTR / sizeof INSTR[0]))
 enum { D_NULL, D_NUM0, D_HUGE, D_STEP, D_OFF, D_PARTS, D_DTYPE, D_P0NEG, D_NDIM, D_NUMPROD,
@@ -1181,6 +1224,13 @@ static const char *const DNAME[] = {
     "partitions past the tile", "another dtype", "a negative partition start", "5 free dims",
     "a free count past 2^48", "a huge negative offset",
 };
+
+static int gp_fn(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *src, int nsrc,
+                 void *ctx, char *msg, size_t msglen)
+{
+    (void)dst, (void)src, (void)nsrc, (void)ctx, (void)msg, (void)msglen;
+    return 0;
+}
 
 static int run_sim_bad(int v)
 {
@@ -1229,6 +1279,20 @@ static int run_sim_bad(int v)
         rc = nt_isa_tensor_reduce(k, &sc, dp, NT_ALU_ADD, 0);
         break;
     case 11: rc = nt_isa_tensor_tensor_scan(k, dp, &sa, &sb, &init, NT_ALU_ADD, NT_ALU_ADD); break;
+    case 12: rc = nt_isa_nc_matmul(k, dp, &sa, &sb, false); break;
+    case 13: rc = nt_isa_nc_transpose(k, dp, &sb); break;
+    case 14: {
+        static float hbuf[4 * 64];
+        nt_tile *ix = nt_tile_alloc(k, "ix", NT_MEM_SBUF, NT_I32, 128, 1);
+        nt_ap hs = nt_hbm_ap(hbuf, NT_F32, 0, 4, 64, 64), ia = nt_tile_ap(ix);
+        rc = nt_isa_dma_gather(k, dp, &hs, &ia, 0);
+        break;
+    }
+    case 15: {
+        const nt_ap *srcs[] = {&sb};
+        rc = nt_isa_gpsimd_custom(k, "c", dp, srcs, 1, 1.0, gp_fn, NULL);
+        break;
+    }
     }
     snprintf(sim_msg, sizeof sim_msg, "%s", nt_sim_kernel_message(k));
     int end = nt_sim_kernel_end(k, NULL);
@@ -1612,6 +1676,15 @@ static void build(void)
         {"nt_op_call", NT_EINVAL, "kernel op, in NULL"},
         {"badinput_kernel", NT_ERELEASED, "kernel op, in[0] released"},
         {"nt_op_call", NT_EINVAL, "op INT32_MIN"},
+        {"nt_op_call(badshape0)", NT_EINVAL, "shape rule: 9 dims"},
+        {"nt_op_call(badshape1)", NT_EINVAL, "shape rule: -1 dims"},
+        {"nt_op_call(badshape2)", NT_EINVAL, "shape rule: size -4"},
+        {"nt_op_call(badshape3)", NT_ESHAPE, "shape rule: 2^60 x 2^60"},
+        {"nt_op_call(badshape4)", NT_EINVAL, "shape rule: dtype 42"},
+        {"nt_op_call(badshape5)", NT_ESHAPE, "shape rule: refuses"},
+        {"nt_op_call(badshape6)", NT_EINVAL, "shape rule: returns 7"},
+        {"nt_op_call(badshape7)", NT_EINVAL, "shape rule: returns -12345"},
+        {"nt_op_call(badshape8)", NT_ESHAPE, "shape rule: 2^32 x 2^32"},
     };
     for (int k = 0; k < (int)(sizeof CU / sizeof CU[0]); k++)
         add(CU[k].fn, CU[k].code, NULL, run_custom, k, "%s: %s", CU[k].fn, CU[k].name);
@@ -1747,6 +1820,7 @@ static void build(void)
             SIM_NULL_FN[k]);
     for (int i = 0; i < NINSTR; i++)
         for (int k = 0; k < D_NV; k++)
+            if (!(i == 15 && k == D_NULL)) /* gpsimd_custom: a NULL dst is a pure check */
             add(INSTR[i], KERNEL, k == D_HUGE || k == D_STEP || k == D_NUMPROD ||
                 k == D_OFFNEG ? "2^48" : NULL, run_sim_bad, i * D_NV + k,
                 "nt_isa_%s: %s with %s", INSTR[i], i == 10 ? "src" : "dst", DNAME[k]);
