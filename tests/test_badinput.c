@@ -450,6 +450,8 @@ static int run_nn(int v)
     case 34: return T(nt_linear(F.a23, F.a23, F.v4)); /* bias 4 vs out 2 */
     case 35: return T(nt_matmul(F.s0, F.a23));
     case 36: return T(nt_matmul(F.i23, F.a32));
+    case 37: return T(nt_linear(F.i23, F.i23, NULL)); /* the inner matmul refuses */
+    case 38: return T(nt_linear(F.big_a, F.a23, NULL));
     }
     return -999;
 }
@@ -1524,6 +1526,7 @@ static void build(void)
         {"nt_linear", NT_ERELEASED, "b released"},   {"nt_linear", NT_ESHAPE, "in 3 vs w's 2"},
         {"nt_linear", NT_ESHAPE, "bias 4 for 2 outputs"},
         {"nt_matmul", NT_ESHAPE, "0-d a"},           {"nt_matmul", NT_EDTYPE, "i32 operands"},
+        {"nt_linear", NT_EDTYPE, "i32 operands"},    {"nt_linear", NT_ESHAPE, "x [2^33, 1] for w [2, 3]"},
     };
     for (int k = 0; k < (int)(sizeof NN / sizeof NN[0]); k++)
         add(NN[k].fn, NN[k].code, NULL, run_nn, k, "%s: %s", NN[k].fn, NN[k].name);

@@ -36,6 +36,8 @@ static void fail(const char *what, int rc)
     abort();
 }
 
+static void remove_input(void) { remove(path); }
+
 static void init_once(void)
 {
     if (P[0])
@@ -59,6 +61,7 @@ static void init_once(void)
     nt_optim_set_master_weights(adam_m, true);
     const char *dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
     snprintf(path, sizeof path, "%s/nt_fuzz_ckpt_%d.ntck", dir, (int)getpid());
+    atexit(remove_input);
 }
 
 static uint32_t crc32_ieee(const uint8_t *p, size_t n)
