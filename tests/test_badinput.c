@@ -2029,24 +2029,42 @@ static void test_released_handle_detection(void **state)
     nt_shutdown();
 }
 
+static int table_setup(void **state)
+{
+    (void)state;
+    return group_setup(NULL);
+}
+
+static int table_teardown(void **state)
+{
+    (void)state;
+    return group_teardown(NULL);
+}
+
 int main(void)
 {
     build();
-    struct CMUnitTest *tests = calloc((size_t)ncases, sizeof *tests);
-    for (int i = 0; i < ncases; i++) {
-        tests[i].name = cases[i].name;
-        tests[i].test_func = run_case;
-        tests[i].initial_state = &cases[i];
-    }
-    /* fixed-size groups in cmocka's API: run the table through the generic runner */
-    int fails = _cmocka_run_group_tests("bad_inputs", tests, (size_t)ncases, group_setup,
-                                        group_teardown);
-    const struct CMUnitTest other[] = {
+    /* One group (one TAP plan): the three tests that start and stop the
+     * runtime themselves first, then the table, whose first case sets the
+     * fixture up and whose last tears it down. */
+    const struct CMUnitTest edges[] = {
         cmocka_unit_test(test_bad_environment),
         cmocka_unit_test(test_edge_shapes_are_right),
         cmocka_unit_test(test_released_handle_detection),
     };
-    fails += cmocka_run_group_tests_name("bad_input_edges", other, NULL, NULL);
+    size_t ne = sizeof edges / sizeof edges[0], n = ne + (size_t)ncases;
+    struct CMUnitTest *tests = calloc(n, sizeof *tests);
+    memcpy(tests, edges, sizeof edges);
+    for (int i = 0; i < ncases; i++) {
+        struct CMUnitTest *t = &tests[ne + (size_t)i];
+        t->name = cases[i].name;
+        t->test_func = run_case;
+        t->initial_state = &cases[i];
+    }
+    tests[ne].setup_func = table_setup;
+    tests[n - 1].teardown_func = table_teardown;
+    /* the table is built at run time: cmocka's generic runner takes a count */
+    int fails = _cmocka_run_group_tests("bad_inputs", tests, n, NULL, NULL);
     free(tests);
     free(cases);
     return fails;
