@@ -6,9 +6,10 @@
  * (NT_ERELEASED) instead of touching freed memory.  A pointer kept past the
  * quarantine may name a new tensor: the handle is the address, and nothing
  * in it can tell the two uses apart; NT_HANDLE_QUARANTINE=all closes that
- * gap for a debugging run by never reusing a handle.  User references (refs) and internal ones (irefs) are counted
- * apart: a handle is invalid for the user as soon as refs reaches 0, while
- * queued work that still reads it keeps it (and its storage) alive. */
+ * gap for a debugging run by never reusing a handle.  User references
+ * (refs) and internal ones (irefs) are counted apart: a handle is invalid
+ * for the user as soon as refs reaches 0, while queued work that still
+ * reads it keeps it (and its storage) alive. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -209,7 +209,7 @@ static int apply_opt(const char *name, const char *v, const char *fn)
                            "NT_SR_SEED: expected an integer from 0 to 2^64 - 1, got '%s'", v);
         nt__cfg.sr_seed = u;
     } else if (!strcmp(name, "NT_HANDLE_QUARANTINE")) {
-        /* read by handle_alloc under the pool lock: safe to change at any time */
+        /* applies to the handles released and allocated from now on */
         if (!g_ascii_strcasecmp(v, "all"))
             u = UINT64_MAX;
         else if (!parse_u64(v, &u) || u < 4096)

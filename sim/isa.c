@@ -116,20 +116,22 @@ static int check_ap(nt_sim_kernel *k, const char *I, const char *role, const nt_
         return nt__sim_fail(k, I, "operand '%s': %d partitions (rule: >= 1)", role, ap->np);
     /* Bounds first, so that the free count, the extent and the byte
      * offsets computed below and when the instruction runs cannot wrap. */
-    int64_t F = 1;
+    const int64_t B = NT__SIM_MAX_ELEMS;
+    int64_t F = 1, span;
     for (int i = 0; i < ap->ndim; i++)
-        if (ap->num[i] > NT__SIM_MAX_ELEMS || ap->step[i] > NT__SIM_MAX_ELEMS ||
-            ap->step[i] < -NT__SIM_MAX_ELEMS || (F *= ap->num[i]) > NT__SIM_MAX_ELEMS)
+        if (__builtin_mul_overflow(F, ap->num[i], &F) || F > B ||
+            __builtin_mul_overflow(ap->num[i] - 1, ap->step[i], &span) || span > B || span < -B)
             return nt__sim_fail(k, I,
                                 "operand '%s': free dim %d has size %lld and step %lld (rule: "
-                                "sizes, steps and the free count within 2^48 elements)",
+                                "the free count and each dim's span within 2^48 elements)",
                                 role, i, (long long)ap->num[i], (long long)ap->step[i]);
-    if (ap->offset > NT__SIM_MAX_ELEMS || ap->offset < -NT__SIM_MAX_ELEMS ||
-        (!ap->tile && (ap->pstep > NT__SIM_MAX_ELEMS || ap->pstep < -NT__SIM_MAX_ELEMS)))
+    if (ap->offset > B || ap->offset < -B ||
+        (!ap->tile && (__builtin_mul_overflow((int64_t)ap->np - 1, ap->pstep, &span) ||
+                       span > B || span < -B)))
         return nt__sim_fail(k, I,
-                            "operand '%s': offset %lld, partition step %lld (rule: within 2^48 "
-                            "elements)",
-                            role, (long long)ap->offset, (long long)ap->pstep);
+                            "operand '%s': offset %lld, %d rows %lld apart (rule: offset and "
+                            "row span within 2^48 elements)",
+                            role, (long long)ap->offset, ap->np, (long long)ap->pstep);
     nt_mem m = mem_of(ap);
     unsigned bit = m == NT_MEM_HBM ? M_HBM : m == NT_MEM_SBUF ? M_SBUF : M_PSUM;
     if (!(mems & bit)) {
