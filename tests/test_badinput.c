@@ -657,6 +657,24 @@ static int run_meta(int v)
     case 37: return S(nt_tile_free_bytes(NULL, NT_MEM_HBM) == 0);
     case 38: return S(nt_autocast_dtype() == NT_DTYPE_COUNT);
     case 39: return S(nt_grad_enabled());
+    case 40: /* an unmatched end is ignored: grad mode stays on */
+        nt_no_grad_end();
+        return S(nt_grad_enabled());
+    case 41: /* begin/end nest */
+        nt_no_grad_begin();
+        nt_no_grad_begin();
+        nt_no_grad_end();
+        { bool off = !nt_grad_enabled(); nt_no_grad_end(); return S(off && nt_grad_enabled()); }
+    case 42: return S(nt_stream_set_current(NULL) == 0 &&
+                      nt_stream_current() == nt_stream_default());
+    case 43: return S(nt_get_mode() == NT_MODE_ADAPTIVE);
+    case 44: /* idempotent set-up calls */
+        return S(nt_sim_init() == 0 && nt_sim_get_functional());
+    case 45:
+        nt_sim_set_functional(true);
+        nt_stats_reset();
+        nt_sim_stats_reset();
+        return S(nt_sim_get_functional());
     }
     return -999;
 }
@@ -1633,7 +1651,9 @@ static void build(void)
         "nt_tile_dtype(NULL)", "nt_tile_partitions(NULL)", "nt_tile_size(NULL)",
         "nt_tile_free_bytes(NULL)", "nt_sim_kernel_message(NULL)", "nt_tile_ap(NULL)",
         "nt_tile_free_bytes(NULL, HBM)", "nt_autocast_dtype() outside a region",
-        "nt_grad_enabled() outside a no-grad region",
+        "nt_grad_enabled() outside a no-grad region", "nt_no_grad_end() unmatched",
+        "nt_no_grad_begin() nested", "nt_stream_set_current(NULL): the default",
+        "nt_get_mode()", "nt_sim_init() again", "nt_sim_set_functional/nt_stats_reset twice",
     };
     for (int k = 0; k < (int)(sizeof MT / sizeof MT[0]); k++)
         add(NULL, SENTINEL, NULL, run_meta, k, "sentinel: %s", MT[k]);
