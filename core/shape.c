@@ -44,7 +44,11 @@ bool nt__is_contig(const nt_tensor *t)
     int64_t s = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->shape[i] != 1 && t->stride[i] != s)
-            return false;
+            /* An empty tensor has nothing to lay out: contiguous whatever its
+             * strides (a fresh [2, 0, 3] has strides [3, 3, 1], which the
+             * running product 0 would reject, and nt_reshape, copying to get
+             * a contiguous tensor, recursed until the stack overflowed). */
+            return nt__numel(t->ndim, t->shape) == 0;
         s *= t->shape[i];
     }
     return true;

@@ -2013,6 +2013,17 @@ static void test_edge_shapes_are_right(void **state)
     nt_tensor *z = nt_zeros(NT_F32, 2, SH(0, (int64_t)1 << 40));
     assert_non_null(z);
     assert_int_equal(nt_numel(z), 0);
+    /* empty tensors are contiguous whatever their strides: reshape of one
+     * (found by fuzz_api: it recursed until the stack overflowed) */
+    nt_tensor *e3 = nt_zeros(NT_F32, 3, SH(2, 0, 3));
+    assert_true(nt_is_contiguous(e3));
+    nt_tensor *tr = nt_transpose(e3, 0, 2);
+    assert_true(nt_is_contiguous(tr));
+    nt_tensor *r0 = nt_reshape(tr, 2, SH(0, 7));
+    assert_non_null(r0);
+    assert_int_equal(nt_shape(r0, 1), 7);
+    assert_non_null(nt_reshape(nt_slice(e3, 2, 0, 3, 2), 1, SH(-1)));
+    assert_non_null(nt_contiguous(tr));
     assert_int_equal(nt_sync(), 0);
     nt_shutdown();
 }
