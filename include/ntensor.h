@@ -904,7 +904,8 @@ typedef struct nt_sim_config {
 /** Initialises the simulator (idempotent, thread-safe; nt_init and every
  *  other nt_sim_* call do it implicitly).  Reads NT_SIM_TARGET=trn1|trn2,
  *  NT_SIM_FUNCTIONAL=0|1 and NT_TRACE=file.json (opens the trace unless one
- *  is open already).  Returns 0 or NT_ENOMEM. */
+ *  is open already).  Returns 0, NT_EINVAL for a bad NT_SIM_* value
+ *  (docs/env.md; the message names the variable) or NT_ENOMEM. */
 NT_API int nt_sim_init(void);
 /** Frees the simulated memories and closes a trace opened by nt_sim_init.
  *  No kernel may be open.  nt_sim_init may be called again afterwards. */

@@ -167,13 +167,41 @@ static void free_memories(void)
     ht_cap = ht_count = 0;
 }
 
+/* Checks the simulator's environment variables (docs/env.md): a bad value
+ * is an error naming the variable, never silently a default. */
+static int check_env(void)
+{
+    static const struct { const char *name, *const vals[5], *expect; } V[] = {
+        {"NT_SIM_TARGET", {"", "trn1", "trn2", "v2", "v3"}, "trn1 or trn2"},
+        {"NT_SIM_FUNCTIONAL", {"", "0", "1", NULL, NULL}, "0 or 1"},
+        {"NT_SIM_PROGRAM_GEMM", {"", "0", "1", NULL, NULL}, "0 or 1"},
+        {"NT_SIM_DEFER", {"", "0", "1", NULL, NULL}, "0 or 1"},
+        {"NT_SIM_THREADS", {"", NULL, NULL, NULL, NULL}, "a count >= 1 (more than 2 uses 2)"},
+    };
+    for (size_t i = 0; i < sizeof V / sizeof V[0]; i++) {
+        const char *v = getenv(V[i].name);
+        if (!v)
+            continue;
+        bool ok = false;
+        for (int k = 0; k < 5 && V[i].vals[k] && !ok; k++)
+            ok = !strcmp(v, V[i].vals[k]);
+        if (!strcmp(V[i].name, "NT_SIM_THREADS")) /* digits, not 0 */
+            ok = !*v || (strspn(v, "0123456789") == strlen(v) && strspn(v, "0") < strlen(v));
+        if (!ok)
+            return nt__err(NULL, NT_EINVAL, "nt_sim_init",
+                           "environment variable %s: expected %s, got '%s'", V[i].name,
+                           V[i].expect, v);
+    }
+    return 0;
+}
+
 int nt_sim_init(void)
 {
     if (atomic_load_explicit(&inited, memory_order_acquire))
         return 0;
     pthread_mutex_lock(&state_lock);
     int rc = 0;
-    if (!atomic_load(&inited)) {
+    if (!atomic_load(&inited) && (rc = check_env()) == 0) {
         const char *t = getenv("NT_SIM_TARGET");
         nt_sim_target target = NT_SIM_TRN1;
         if (t && (!strcmp(t, "trn2") || !strcmp(t, "v3")))

@@ -1949,6 +1949,10 @@ static void test_bad_environment(void **state)
         {"NT_SR_SEED", "99999999999999999999"}, {"NT_MODE", "bogus"},
         {"NT_LAZY_WINDOW", "0"},          {"NT_HANDLE_QUARANTINE", "1"},
         {"NT_MAX_INFLIGHT", "1K1"},       {"NT_BACKEND", "tpu"},
+        {"NT_SIM_TARGET", "trn3"},        {"NT_SIM_FUNCTIONAL", "yes"},
+        {"NT_SIM_THREADS", "0"},          {"NT_SIM_THREADS", "-2"},
+        {"NT_SIM_DEFER", "01"},
+        {"NT_SIM_PROGRAM_GEMM", "-1"},
     };
     for (size_t i = 0; i < sizeof E / sizeof E[0]; i++) {
         nt_clear_error();
