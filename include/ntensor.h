@@ -1018,7 +1018,8 @@ NT_API nt_ap nt_tile_ap(const nt_tile *t);
 /** Partitions [p0, p0+np) and free elements [f0, f0+nf) of t. */
 NT_API nt_ap nt_tile_slice(const nt_tile *t, int p0, int np, int64_t f0, int64_t nf);
 /** A 2-D HBM view: `rows` rows of `cols` contiguous elements of `dt`,
- *  row r at element offset + r*row_stride of base. */
+ *  row r at element offset + r*row_stride of base.  rows outside
+ *  0..INT32_MAX gives np = -1, which every instruction refuses. */
 NT_API nt_ap nt_hbm_ap(const void *base, nt_dtype dt, int64_t offset, int64_t rows,
                        int64_t row_stride, int64_t cols);
 

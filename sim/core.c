@@ -387,7 +387,9 @@ nt_ap nt_hbm_ap(const void *base, nt_dtype dt, int64_t offset, int64_t rows, int
     memset(&ap, 0, sizeof ap);
     ap.hbm = (void *)base;
     ap.dtype = dt;
-    ap.np = (int32_t)rows;
+    /* np is 32-bit: a row count it cannot hold becomes -1, which every
+     * instruction refuses, instead of a silently truncated count */
+    ap.np = rows >= 0 && rows <= INT32_MAX ? (int32_t)rows : -1;
     ap.pstep = row_stride;
     ap.offset = offset;
     ap.ndim = 1;

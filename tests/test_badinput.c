@@ -1396,6 +1396,13 @@ static int run_sim_misc(int v)
                                                         .out_dtype = NT_F32});
         break;
     }
+    case 26: { /* 2^32 + 2 rows: not truncated to 2 */
+        float h[4];
+        nt_tile *s = nt_tile_alloc(k, "s", NT_MEM_SBUF, NT_F32, 2, 2);
+        nt_ap hp = nt_hbm_ap(h, NT_F32, 0, ((int64_t)1 << 32) + 2, 2, 2), sp = nt_tile_ap(s);
+        rc = nt_isa_dma_copy(k, &sp, &hp, 0);
+        break;
+    }
     case 25: {
         float x[4];
         rc = nt_tile_matmul(k, &(nt_tile_matmul_args){.M = 2, .N = 2, .K = 2, .a = x,
@@ -1420,7 +1427,7 @@ static const char *const SIM_MISC_WANT[] = {
     "nt_tile_alloc", "nt_tile_alloc", "nt_tile_alloc", "nt_tile_alloc", "nt_tile_alloc",
     "nt_tile_alloc", "nt_tile_alloc", "nt_tile_alloc", "nt_tile_release", "",
     "nt_tile_matmul", "nt_tile_matmul", "dma_copy", "memset", "memset", "memset", "nc_matmul",
-    "dma_copy", "gpsimd_custom", "nt_tile_matmul", "nt_tile_matmul",
+    "dma_copy", "gpsimd_custom", "nt_tile_matmul", "nt_tile_matmul", "dma_copy",
 };
 #define NSIMMISC ((int)(sizeof SIM_MISC_WANT / sizeof SIM_MISC_WANT[0]))
 
@@ -1850,7 +1857,7 @@ static void build(void)
     static const int MISC_CODE[] = {
         NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM,
         NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESTATE, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM,
-        NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM,
+        NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM, NT_ESIM,
     };
     static const char *const MISC_NAME[] = {
         "tile in HBM", "memory 9", "dtype 9", "0 partitions", "129 partitions", "free size 0",
@@ -1860,6 +1867,7 @@ static void build(void)
         "HBM partition step INT64_MAX/2", "PSUM access across banks", "GpSimd on PSUM",
         "a released tile", "K 129", "DMA queue 99", "gpsimd_custom nsrc 9",
         "nt_tile_matmul M INT64_MAX", "nt_tile_matmul lda INT64_MAX",
+        "nt_hbm_ap with 2^32 + 2 rows",
     };
     for (int k = 0; k < NSIMMISC; k++)
         add(*SIM_MISC_WANT[k] ? SIM_MISC_WANT[k] : "nt_sim_kernel_last",
