@@ -26,8 +26,10 @@ static volatile AO_t nreg;
 
 static const nt__custom_op *lookup(int op)
 {
+    if (op < NT_OP_CUSTOM_BASE) /* before subtracting: op - base overflows near INT_MIN */
+        return NULL;
     int k = op - NT_OP_CUSTOM_BASE;
-    if (k < 0 || (AO_t)k >= AO_load_acquire(&nreg))
+    if ((AO_t)k >= AO_load_acquire(&nreg))
         return NULL;
     return reg[k];
 }
@@ -149,7 +151,9 @@ static nt_tensor *call_kernel_op(const nt_site *site, const nt__custom_op *c, in
     char why[256] = "";
     int rc = c->kdef.shape(iv, c->def.nin, &ov, why, sizeof why, c->kdef.ctx);
     if (rc) {
-        nt__err(site, rc < 0 ? rc : NT_EINVAL, c->api, "the shape rule of op '%s' rejected the "
+        /* only an NT_E* code passes through; anything else is NT_EINVAL */
+        nt__err(site, rc < 0 && rc >= NT_EFORMAT ? rc : NT_EINVAL, c->api,
+                "the shape rule of op '%s' rejected the "
                 "inputs: %s", c->name, why[0] ? why : "(no reason given)");
         return NULL;
     }

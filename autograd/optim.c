@@ -340,9 +340,11 @@ NT_API int nt_optim_step_at(const nt_site *site, nt_optim *o)
 NT_API int nt_optim_step(nt_optim *o) { return nt_optim_step_at(NT_RA_SITE, o); }
 NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *o)
 {
+    if (!opt_ok(o, "nt_sgd_step")) /* the error names the function the user called */
+        return nt_last_error();
     return nt_optim_step_at(site, o);
 }
-NT_API int nt_sgd_step(nt_optim *o) { return nt_optim_step_at(NT_RA_SITE, o); }
+NT_API int nt_sgd_step(nt_optim *o) { return nt_sgd_step_at(NT_RA_SITE, o); }
 
 NT_API int nt_optim_zero_grad(nt_optim *o)
 {
@@ -851,16 +853,15 @@ NT_API int nt_checkpoint_save(const char *path, nt_tensor *const *params, int n,
 
 /* ---------------- loading ---------------- */
 
-static int fmt_err(const char *path, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
-static int fmt_err(const char *path, const char *fmt, ...)
+static int fmt_err(const char *fn, const char *path, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
+static int fmt_err(const char *fn, const char *path, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     char what[512];
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    return nt__err(NULL, NT_EFORMAT, "nt_load", "'%s' is not a valid checkpoint: %s", path,
-                   what);
+    return nt__err(NULL, NT_EFORMAT, fn, "'%s' is not a valid checkpoint: %s", path, what);
 }
 
 static bool same_shape(const ck_rec *r, nt_tensor *t)
@@ -873,11 +874,11 @@ static bool same_shape(const ck_rec *r, nt_tensor *t)
     return true;
 }
 
-static int mismatch(const char *path, const char *what, int idx, const ck_rec *r,
-                    nt_tensor *t)
+static int mismatch(const char *fn, const char *path, const char *what, int idx,
+                    const ck_rec *r, nt_tensor *t)
 {
     char s1[128], s2[128];
-    return nt__err(NULL, NT_ESHAPE, "nt_load",
+    return nt__err(NULL, NT_ESHAPE, fn,
                    "'%s': %s %d is %s %s in the checkpoint but %s %s here", path, what, idx,
                    nt_dtype_name((nt_dtype)r->dtype), nt__shape_str(r->ndim, r->shape, s1, sizeof s1),
                    nt_dtype_name((nt_dtype)t->dtype), nt__shape_str(t->ndim, t->shape, s2, sizeof s2));
@@ -891,8 +892,8 @@ static int by_offset(const void *a, const void *b)
 
 /* Records must not overlap, and the bytes between them (alignment padding)
  * must be zero, so that no byte of the file escapes a check. */
-static int check_gaps(const char *path, const uint8_t *b, uint64_t size, uint64_t table_end,
-                      ck_recs *recs)
+static int check_gaps(const char *fn, const char *path, const uint8_t *b, uint64_t size,
+                      uint64_t table_end, ck_recs *recs)
 {
     ck_rec *sorted = malloc((recs->len ? recs->len : 1) * sizeof *sorted);
     if (!sorted)
@@ -905,12 +906,12 @@ static int check_gaps(const char *path, const uint8_t *b, uint64_t size, uint64_
         const ck_rec *r = i < recs->len ? &sorted[i] : NULL;
         uint64_t next = r ? r->offset : size;
         if (next < pos) {
-            rc = fmt_err(path, "records overlap at byte %llu", (unsigned long long)next);
+            rc = fmt_err(fn, path, "records overlap at byte %llu", (unsigned long long)next);
             break;
         }
         for (uint64_t k = pos; k < next; k++)
             if (b[k]) {
-                rc = fmt_err(path, "nonzero padding byte at offset %llu (the file is corrupt)",
+                rc = fmt_err(fn, path, "nonzero padding byte at offset %llu (the file is corrupt)",
                              (unsigned long long)k);
                 break;
             }
@@ -921,12 +922,95 @@ static int check_gaps(const char *path, const uint8_t *b, uint64_t size, uint64_
     return rc;
 }
 
+static bool all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            return false;
+    return true;
+}
+
+/* The optimizer record's contents (docs/checkpoint.md), checked whether or
+ * not the caller restores an optimizer: a file whose CRCs match but whose
+ * hyper-parameters no optimizer could have (lr NaN, beta1 1.5, a negative
+ * step count) is corrupt, and loading it would turn training to NaN. */
+static int check_meta(const char *fn, const char *path, const ck_rec *r)
+{
+    const char *what = "the optimizer record";
+    if (r->nbytes < META_FIXED)
+        return fmt_err(fn, path, "%s is %llu bytes, shorter than %d", what,
+                       (unsigned long long)r->nbytes, META_FIXED);
+    const uint8_t *m = r->data;
+    uint32_t kind = get_u32(m), flags = get_u32(m + 4), mn = get_u32(m + 8);
+    if (kind != KIND_SGD && kind != KIND_ADAMW)
+        return fmt_err(fn, path, "%s's optimizer kind is %u (expected 1 SGD or 2 AdamW)", what,
+                       kind);
+    if (flags & ~3u)
+        return fmt_err(fn, path, "%s's flags are 0x%x (expected only bits 0 and 1)", what, flags);
+    if (mn < 1 || r->nbytes != META_FIXED + 8 * (uint64_t)mn)
+        return fmt_err(fn, path, "%s's parameter count %u does not match its %llu bytes", what,
+                       mn, (unsigned long long)r->nbytes);
+    if (!all_zero(m + 12, 4) || !all_zero(m + 72, 8))
+        return fmt_err(fn, path, "%s's reserved bytes (12..15, 72..79) are not zero", what);
+    int64_t steps = (int64_t)get_u64(m + 16);
+    if (steps < 0)
+        return fmt_err(fn, path, "%s's step count is %lld (expected >= 0)", what,
+                       (long long)steps);
+    static const char *const names[] = {"lr", "momentum", "weight_decay", "beta1", "beta2", "eps"};
+    bool sgd = kind == KIND_SGD;
+    for (int i = 0; i < 6; i++) {
+        double v = get_f64(m + 24 + 8 * i);
+        bool beta = i == 3 || i == 4;
+        /* a field the kind does not use is written as 0 */
+        bool unused = sgd ? i >= 3 : i == 1;
+        bool ok = unused ? v == 0 && !signbit(v)
+                         : beta ? v >= 0 && v < 1 : isfinite(v) && v >= 0;
+        if (!ok)
+            return fmt_err(fn, path, "%s's %s is %g (expected %s)", what, names[i], v,
+                           unused ? (sgd ? "0: SGD does not use it" : "0: AdamW does not use it")
+                           : beta ? "a value in [0, 1)"
+                                  : "a finite value >= 0");
+    }
+    if (flags & 1) {
+        double momentum = get_f64(m + 32);
+        if (!sgd || !(momentum > 0))
+            return fmt_err(fn, path, "%s sets nesterov for %s (expected SGD with momentum > 0)",
+                           what, sgd ? "momentum 0" : "AdamW");
+    }
+    for (uint32_t i = 0; i < mn; i++) {
+        int64_t ps = (int64_t)get_u64(m + META_FIXED + 8 * i);
+        if (ps < 0 || ps > steps)
+            return fmt_err(fn, path, "%s's step count of parameter %u is %lld (expected 0..%lld, "
+                           "the optimizer's steps)", what, i, (long long)ps, (long long)steps);
+    }
+    return 0;
+}
+
+/* The loss scaler record's fixed bytes (its values: plan_scaler). */
+static int check_scaler_rec(const char *fn, const char *path, const ck_rec *r)
+{
+    if (r->nbytes != SCALER_BYTES || get_u32(r->data) != 1u)
+        return fmt_err(fn, path, "the loss scaler record has an unknown layout (%llu bytes, "
+                       "version %u; expected 64 bytes, version 1)", (unsigned long long)r->nbytes,
+                       r->nbytes >= 4 ? get_u32(r->data) : 0u);
+    if (!all_zero(r->data + 4, 4) || !all_zero(r->data + 56, 8))
+        return fmt_err(fn, path, "the loss scaler record's reserved bytes (4..7, 56..63) are not "
+                       "zero");
+    const uint8_t *p = r->data;
+    nt__scaler_state st = {get_f64(p + 8), get_f64(p + 16), get_f64(p + 24),
+                           (int64_t)get_u64(p + 32), (int64_t)get_u64(p + 40),
+                           (int64_t)get_u64(p + 48)};
+    char why[160];
+    if (!nt__scaler_state_valid(&st, why, sizeof why))
+        return fmt_err(fn, path, "the loss scaler record is invalid: %s", why);
+    return 0;
+}
+
 /* Reads and checks the whole file: header, table, every record's bounds and
  * checksum.  On success *buf holds the file and *recs its records (data
  * pointing into *buf). */
-static int read_checked(const char *path, uint8_t **buf, ck_recs *recs)
+static int read_checked(const char *fn, const char *path, uint8_t **buf, ck_recs *recs)
 {
-    const char *fn = "nt_load";
     *buf = NULL;
     *recs = (ck_recs){0};
     uint8_t *raw = NULL;
@@ -961,32 +1045,37 @@ static int read_checked(const char *path, uint8_t **buf, ck_recs *recs)
     int rc = 0;
     if (size < CK_HEADER + 8 || memcmp(b, CK_MAGIC, 8) != 0) {
         rc = size >= 8 && memcmp(b, CK_MAGIC, 8) != 0
-                 ? fmt_err(path, "bad magic (not an ntensor checkpoint)")
-                 : fmt_err(path, "truncated: %zu bytes, shorter than the header", (size_t)size);
+                 ? fmt_err(fn, path, "bad magic (not an ntensor checkpoint)")
+                 : fmt_err(fn, path, "truncated: %zu bytes, shorter than the header", (size_t)size);
         goto fail;
     }
     uint32_t version = get_u32(b + 8), count = get_u32(b + 12);
     uint64_t total = get_u64(b + 16);
     if (version != CK_VERSION) {
-        rc = fmt_err(path, "format version %u; this build reads version %u", version,
+        rc = fmt_err(fn, path, "format version %u; this build reads version %u", version,
                      CK_VERSION);
         goto fail;
     }
     if (total != size) {
-        rc = total > size ? fmt_err(path, "truncated: %zu of %llu bytes", (size_t)size,
+        rc = total > size ? fmt_err(fn, path, "truncated: %zu of %llu bytes", (size_t)size,
                                     (unsigned long long)total)
-                          : fmt_err(path, "%zu bytes but the header says %llu", (size_t)size,
+                          : fmt_err(fn, path, "%zu bytes but the header says %llu", (size_t)size,
                                     (unsigned long long)total);
         goto fail;
     }
     uint64_t table_end = CK_HEADER + (uint64_t)count * CK_ENTRY + 8;
     if (table_end > size) {
-        rc = fmt_err(path, "the record table (%u records) runs past the end of the file",
+        rc = fmt_err(fn, path, "the record table (%u records) runs past the end of the file",
                      count);
         goto fail;
     }
     if (get_u32(b + table_end - 8) != crc32_of(b, table_end - 8)) {
-        rc = fmt_err(path, "header checksum mismatch (the header or record table is corrupt)");
+        rc = fmt_err(fn, path, "header checksum mismatch (the header or record table is corrupt)");
+        goto fail;
+    }
+    if (!all_zero(b + 24, 8) || !all_zero(b + table_end - 4, 4)) {
+        rc = fmt_err(fn, path, "the header's reserved bytes (%s) are not zero",
+                     all_zero(b + 24, 8) ? "the 4 after the header checksum" : "24..31");
         goto fail;
     }
     ck_recs rs_ = {0}, *rs = &rs_;
@@ -997,39 +1086,67 @@ static int read_checked(const char *path, uint8_t **buf, ck_recs *recs)
                     .nbytes = get_u64(e + 24)};
         bool known = r.kind >= REC_PARAM && r.kind <= REC_LOSS_SCALER;
         if (!known && !(r.kind & CK_OPTIONAL)) {
-            rc = fmt_err(path, "record %u has kind %u, unknown to this build", i, r.kind);
+            rc = fmt_err(fn, path, "record %u has kind %u, unknown to this build", i, r.kind);
             break;
         }
         if (r.dtype >= NT_DTYPE_COUNT || r.ndim > NT_MAX_DIMS) {
-            rc = fmt_err(path, "record %u has dtype %u and %u dims", i, r.dtype, r.ndim);
+            rc = fmt_err(fn, path, "record %u has dtype %u and %u dims", i, r.dtype, r.ndim);
             break;
         }
-        uint64_t numel = 1;
-        bool ok = true;
-        for (int d = 0; d < r.ndim; d++) {
+        for (int d = 0; d < r.ndim; d++)
             r.shape[d] = (int64_t)get_u64(e + 32 + 8 * d);
-            if (r.shape[d] < 0 || (r.shape[d] && numel > UINT64_MAX / (uint64_t)r.shape[d]))
-                ok = false;
-            else
-                numel *= (uint64_t)r.shape[d];
+        char why[256];
+        if (!nt__shape_ok(r.ndim, r.shape, why, sizeof why)) {
+            rc = fmt_err(fn, path, "record %u: %s", i, why);
+            break;
         }
-        if (!ok || numel > UINT64_MAX / 8 || numel * nt_dtype_size((nt_dtype)r.dtype) != r.nbytes ||
-            r.offset < table_end || r.offset > size || r.nbytes > size - r.offset) {
-            rc = fmt_err(path, "record %u has an inconsistent shape, size or offset", i);
+        if (!all_zero(e + 32 + 8 * r.ndim, 8 * (size_t)(NT_MAX_DIMS - r.ndim))) {
+            rc = fmt_err(fn, path, "record %u: the shape entries past its %u dims are not zero", i,
+                         r.ndim);
+            break;
+        }
+        uint64_t want = (uint64_t)nt__numel(r.ndim, r.shape) * nt_dtype_size((nt_dtype)r.dtype);
+        if (want != r.nbytes) {
+            rc = fmt_err(fn, path, "record %u: size %llu bytes, but its %s shape needs %llu", i,
+                         (unsigned long long)r.nbytes, nt_dtype_name((nt_dtype)r.dtype),
+                         (unsigned long long)want);
+            break;
+        }
+        if (r.offset < table_end || r.offset % CK_ALIGN || r.offset > size ||
+            r.nbytes > size - r.offset) {
+            rc = fmt_err(fn, path, "record %u: offset %llu (expected a multiple of %d from %llu, "
+                         "with its %llu bytes inside the file's %zu)", i,
+                         (unsigned long long)r.offset, CK_ALIGN, (unsigned long long)table_end,
+                         (unsigned long long)r.nbytes, size);
+            break;
+        }
+        /* what each kind leaves unused is zero; settings records are bytes */
+        bool settings = r.kind == REC_OPT_META || r.kind == REC_LOSS_SCALER;
+        if (known && ((r.kind != REC_OPT_STATE && r.slot != 0) || (settings && r.index != 0) ||
+                      (settings && (r.dtype != NT_U8 || r.ndim != 1)))) {
+            rc = fmt_err(fn, path, "record %u (kind %u) has dtype %s, %u dims, index %u, slot %u "
+                         "(expected %s)", i, r.kind, nt_dtype_name((nt_dtype)r.dtype), r.ndim,
+                         r.index, r.slot, settings ? "u8, 1 dim, index 0, slot 0" : "slot 0");
             break;
         }
         r.data = b + r.offset;
         if (crc32_of(r.data, r.nbytes) != r.crc) {
-            rc = fmt_err(path, "checksum mismatch in the data of record %u", i);
+            rc = fmt_err(fn, path, "checksum mismatch in the data of record %u", i);
             break;
         }
+        if (r.kind == REC_OPT_META)
+            rc = check_meta(fn, path, &r);
+        else if (r.kind == REC_LOSS_SCALER)
+            rc = check_scaler_rec(fn, path, &r);
+        if (rc)
+            break;
         if (known && !recs_add(rs, &r)) {
             rc = nt__err_hostmem(NULL, fn, "the checkpoint's record list");
             break;
         }
     }
     if (!rc)
-        rc = check_gaps(path, b, size, table_end, rs);
+        rc = check_gaps(fn, path, b, size, table_end, rs);
     if (rc) {
         rec_free(rs, false);
         goto fail;
@@ -1067,14 +1184,14 @@ static int plan_scaler(const char *fn, const char *path, const ck_rec *r, ck_pla
                        "'%s' holds no loss scaler state (it was saved without one); pass "
                        "scaler = NULL", path);
     if (r->nbytes != SCALER_BYTES || r->dtype != NT_U8 || get_u32(r->data) != 1u)
-        return fmt_err(path, "the loss scaler record has an unknown layout");
+        return fmt_err(fn, path, "the loss scaler record has an unknown layout");
     const uint8_t *p = r->data;
     nt__scaler_state st = {get_f64(p + 8), get_f64(p + 16), get_f64(p + 24),
                            (int64_t)get_u64(p + 32), (int64_t)get_u64(p + 40),
                            (int64_t)get_u64(p + 48)};
     char why[160];
     if (!nt__scaler_state_valid(&st, why, sizeof why))
-        return fmt_err(path, "the loss scaler record is invalid: %s", why);
+        return fmt_err(fn, path, "the loss scaler record is invalid: %s", why);
     pl->scaler = st;
     return 0;
 }
@@ -1090,11 +1207,11 @@ static int plan_load(const char *fn, const char *path, ck_recs *recs, nt_tensor 
             nparams++;
         else if (r->kind == REC_OPT_META) {
             if (meta)
-                return fmt_err(path, "two optimizer records");
+                return fmt_err(fn, path, "two optimizer records");
             meta = r;
         } else if (r->kind == REC_LOSS_SCALER) {
             if (srec)
-                return fmt_err(path, "two loss scaler records");
+                return fmt_err(fn, path, "two loss scaler records");
             srec = r;
         }
     }
@@ -1113,13 +1230,13 @@ static int plan_load(const char *fn, const char *path, ck_recs *recs, nt_tensor 
     uint32_t mflags = 0;
     if (o) {
         if (meta->nbytes < META_FIXED)
-            return fmt_err(path, "the optimizer record is %llu bytes, shorter than %d",
+            return fmt_err(fn, path, "the optimizer record is %llu bytes, shorter than %d",
                            (unsigned long long)meta->nbytes, META_FIXED);
         const uint8_t *m = meta->data;
         uint32_t kind = get_u32(m), mn = get_u32(m + 8);
         mflags = get_u32(m + 4);
         if (meta->nbytes != META_FIXED + 8 * (uint64_t)mn)
-            return fmt_err(path, "the optimizer record's size does not match its %u parameters",
+            return fmt_err(fn, path, "the optimizer record's size does not match its %u parameters",
                            mn);
         if (kind != (uint32_t)o->kind)
             return nt__err(NULL, NT_EINVAL, fn, "'%s' holds %s state; the optimizer is %s",
@@ -1145,11 +1262,11 @@ static int plan_load(const char *fn, const char *path, ck_recs *recs, nt_tensor 
         ck_rec *r = &recs->v[i];
         if (r->kind == REC_PARAM) {
             if (r->index >= (uint32_t)n || pl->vals[r->index] == (nt_tensor *)1)
-                return fmt_err(path, "parameter record with index %u (duplicate or out of range)",
+                return fmt_err(fn, path, "parameter record with index %u (duplicate or out of range)",
                                r->index);
             nt_tensor *t = params[r->index];
             if (r->dtype != t->dtype || !same_shape(r, t))
-                return mismatch(path, "parameter", (int)r->index, r, t);
+                return mismatch(fn, path, "parameter", (int)r->index, r, t);
             if (t->expanded)
                 return nt__err(NULL, NT_EINVAL, fn, "argument 'params[%u]' is an expanded view; "
                                "it cannot be written", r->index);
@@ -1157,16 +1274,16 @@ static int plan_load(const char *fn, const char *path, ck_recs *recs, nt_tensor 
         } else if (r->kind == REC_OPT_STATE && o) {
             if (r->index >= (uint32_t)o->n || r->slot > SLOT_MASTER ||
                 pl->state[r->index * 3 + r->slot])
-                return fmt_err(path, "optimizer state record (%u, %u) is duplicate or out of "
+                return fmt_err(fn, path, "optimizer state record (%u, %u) is duplicate or out of "
                                "range", r->index, r->slot);
             nt_tensor *p = o->slots[r->index].p;
             bool master = (mflags & 2) && low_precision(p);
             nt_dtype want = r->slot == SLOT_MASTER || master ? NT_F32 : (nt_dtype)p->dtype;
             if ((r->slot == SLOT_MASTER && !master) || (r->slot == SLOT_S1 && o->kind == KIND_SGD))
-                return fmt_err(path, "optimizer state record (%u, %u) does not belong to this "
+                return fmt_err(fn, path, "optimizer state record (%u, %u) does not belong to this "
                                "optimizer's configuration", r->index, r->slot);
             if (r->dtype != want || !same_shape(r, p))
-                return mismatch(path, "optimizer state of parameter", (int)r->index, r, p);
+                return mismatch(fn, path, "optimizer state of parameter", (int)r->index, r, p);
             pl->state[r->index * 3 + r->slot] = (nt_tensor *)1;
         }
     }
@@ -1174,9 +1291,9 @@ static int plan_load(const char *fn, const char *path, ck_recs *recs, nt_tensor 
         for (int i = 0; i < o->n; i++) {
             nt_tensor **st = &pl->state[i * 3];
             if ((mflags & 2) && low_precision(o->slots[i].p) && !st[SLOT_MASTER])
-                return fmt_err(path, "the master weight of parameter %d is missing", i);
+                return fmt_err(fn, path, "the master weight of parameter %d is missing", i);
             if (o->kind == KIND_ADAMW && !st[SLOT_S0] != !st[SLOT_S1])
-                return fmt_err(path, "parameter %d has only one of AdamW's two moments", i);
+                return fmt_err(fn, path, "parameter %d has only one of AdamW's two moments", i);
         }
     memset(pl->vals, 0, sizeof(nt_tensor *) * (size_t)n);
     if (pl->state)
@@ -1239,7 +1356,7 @@ static int load_impl(const char *fn, const char *path, nt_tensor *const *params,
         return nt_last_error();
     uint8_t *buf;
     ck_recs recs_, *recs = &recs_;
-    int rc = read_checked(path, &buf, recs);
+    int rc = read_checked(fn, path, &buf, recs);
     if (rc)
         return rc;
     if (opt)

@@ -39,10 +39,12 @@ static inline float nt__ew_add_scalar(float a, float s0, float s1) { (void)s1; r
 static inline float nt__ew_mul_scalar(float a, float s0, float s1) { (void)s1; return a * s0; }
 static inline float nt__ew_div_scalar(float a, float s0, float s1) { (void)s1; return a / s0; }
 static inline float nt__ew_pow_scalar(float a, float s0, float s1) { (void)s1; return nt__powf(a, s0); }
-/* NaN propagates */
+/* min(max(a, lo), hi) as the header says, also when lo > hi (every value
+ * becomes hi); NaN propagates */
 static inline float nt__ew_clamp(float a, float lo, float hi)
 {
-    return a != a ? a : (a < lo ? lo : (a > hi ? hi : a));
+    float x = a < lo ? lo : a;
+    return x > hi ? hi : x;
 }
 static inline int32_t nt__ewi_add_scalar(int32_t a, int32_t s0, int32_t s1)
 {
@@ -56,7 +58,8 @@ static inline int32_t nt__ewi_mul_scalar(int32_t a, int32_t s0, int32_t s1)
 }
 static inline int32_t nt__ewi_clamp(int32_t a, int32_t lo, int32_t hi)
 {
-    return a < lo ? lo : (a > hi ? hi : a);
+    int32_t x = a < lo ? lo : a;
+    return x > hi ? hi : x;
 }
 
 /* ---- binary: float ---- */

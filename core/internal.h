@@ -355,7 +355,18 @@ void nt__arena_reset_peak(void);
 /* Shapes                                                             */
 /* ------------------------------------------------------------------ */
 
+/* Every tensor's shape keeps sizes >= 0 and the product of its sizes, with
+ * 0 counted as 1, at most NT__MAX_NUMEL: then numel, numel * dtype size,
+ * contiguous strides and element offsets all fit in int64 with room to
+ * spare, and no later size arithmetic can overflow.  2^48 elements is far
+ * beyond any device memory. */
+#define NT__MAX_NUMEL ((int64_t)1 << 48)
+/* Number of elements; saturates at INT64_MAX instead of overflowing (only
+ * possible for a shape that nt__shape_ok rejects). */
 int64_t nt__numel(int ndim, const int64_t *shape);
+/* True if shape obeys the rule above.  Otherwise false with why filled
+ * ("shape[1] is -3; expected a size >= 0", "... more than 2^48 elements"). */
+bool nt__shape_ok(int ndim, const int64_t *shape, char *why, size_t whylen);
 void nt__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
 /* Advances a row-major index over shape; false when it wraps to zero. */
 static inline bool nt__idx_next(int64_t *idx, int ndim, const int64_t *shape)
@@ -497,6 +508,8 @@ typedef struct nt__config {
     int log_level;         /* NT_LOG */
     bool sr;               /* NT_STOCHASTIC_ROUNDING */
     uint64_t sr_seed;      /* NT_SR_SEED */
+    uint64_t handle_quarantine; /* NT_HANDLE_QUARANTINE: releases before a handle's
+                                   memory is reused (UINT64_MAX: never) */
 } nt__config;
 
 extern nt__config nt__cfg;

@@ -5,8 +5,29 @@ int64_t nt__numel(int ndim, const int64_t *shape)
 {
     int64_t n = 1;
     for (int i = 0; i < ndim; i++)
-        n *= shape[i];
+        if (__builtin_mul_overflow(n, shape[i], &n))
+            return INT64_MAX;
     return n;
+}
+
+bool nt__shape_ok(int ndim, const int64_t *shape, char *why, size_t whylen)
+{
+    int64_t span = 1; /* product of the sizes, 0 counted as 1: bounds the strides too */
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) {
+            snprintf(why, whylen, "shape[%d] is %lld; expected a size >= 0", i,
+                     (long long)shape[i]);
+            return false;
+        }
+        if (__builtin_mul_overflow(span, shape[i] ? shape[i] : 1, &span) ||
+            span > NT__MAX_NUMEL) {
+            char s[160];
+            snprintf(why, whylen, "shape %s has more than 2^48 elements (the most a tensor may "
+                     "have)", nt__shape_str(ndim, shape, s, sizeof s));
+            return false;
+        }
+    }
+    return true;
 }
 
 void nt__contig_strides(int ndim, const int64_t *shape, int64_t *stride)
@@ -23,7 +44,11 @@ bool nt__is_contig(const nt_tensor *t)
     int64_t s = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->shape[i] != 1 && t->stride[i] != s)
-            return false;
+            /* An empty tensor has nothing to lay out: contiguous whatever its
+             * strides (a fresh [2, 0, 3] has strides [3, 3, 1], which the
+             * running product 0 would reject, and nt_reshape, copying to get
+             * a contiguous tensor, recursed until the stack overflowed). */
+            return nt__numel(t->ndim, t->shape) == 0;
         s *= t->shape[i];
     }
     return true;

@@ -1,11 +1,15 @@
 /* core/tensor.c - handles, storage, references, scopes, metadata.
  *
  * Handles come from slabs that are only freed at nt_shutdown, and a released
- * handle waits in a FIFO quarantine before it is reused, so using a handle
- * after releasing it is reported (NT_ERELEASED) instead of touching freed
- * memory.  User references (refs) and internal ones (irefs) are counted
- * apart: a handle is invalid for the user as soon as refs reaches 0, while
- * queued work that still reads it keeps it (and its storage) alive. */
+ * handle waits in a FIFO quarantine (NT_HANDLE_QUARANTINE releases) before
+ * it is reused, so using a handle after releasing it is reported
+ * (NT_ERELEASED) instead of touching freed memory.  A pointer kept past the
+ * quarantine may name a new tensor: the handle is the address, and nothing
+ * in it can tell the two uses apart; NT_HANDLE_QUARANTINE=all closes that
+ * gap for a debugging run by never reusing a handle.  User references
+ * (refs) and internal ones (irefs) are counted apart: a handle is invalid
+ * for the user as soon as refs reaches 0, while queued work that still
+ * reads it keeps it (and its storage) alive. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +17,6 @@
 #include "internal.h"
 
 #define NT_SLAB_HANDLES 256
-#define NT_QUARANTINE 4096
 
 static struct {
     GMutex lock;
@@ -152,7 +155,14 @@ static nt_tensor *handle_alloc(void)
     tl_check_epoch();
     if (!tl_h.take) {
         g_mutex_lock(&P.lock);
-        if (P.nfree <= NT_QUARANTINE + NT_TL_BATCH) {
+        /* The quarantine (NT_HANDLE_QUARANTINE, default 4096): a handle is
+         * reused only after that many others were released, so a stale
+         * pointer finds a dead handle, not another tensor.  "all" never
+         * reuses one: every stale use is caught, for a debugging run. */
+        uint64_t q = nt__cfg.handle_quarantine;
+        if (q == 0) /* nt__cfg not set up: a handle made outside nt_init */
+            q = 4096;
+        if (q == UINT64_MAX ? !P.head : P.nfree <= q + NT_TL_BATCH) {
             if (P.nslabs == P.slabcap) {
                 size_t cap = P.slabcap ? P.slabcap * 2 : 64;
                 nt_tensor **v = realloc(P.slabs, cap * sizeof *v);
@@ -210,7 +220,9 @@ static void handle_free(nt_tensor *t)
     if (++tl_h.ngive < NT_TL_BATCH)
         return;
     g_mutex_lock(&P.lock);
-    push_batch(tl_h.give, tl_h.ngive);
+    /* NT_HANDLE_QUARANTINE=all: released handles stay dead in their slabs */
+    if (nt__cfg.handle_quarantine != UINT64_MAX)
+        push_batch(tl_h.give, tl_h.ngive);
     g_mutex_unlock(&P.lock);
     tl_h.give = tl_h.give_tail = NULL;
     tl_h.ngive = 0;
@@ -351,6 +363,14 @@ nt_tensor *nt__tensor_new(nt__storage *st, nt_dtype dt, int ndim, const int64_t 
 nt_tensor *nt__tensor_empty(nt_dtype dt, int ndim, const int64_t *shape, const nt_site *site,
                             const char *fn)
 {
+    /* The one place every fresh tensor passes: a shape rule (broadcast,
+     * matmul, cat, a custom op's) that produced an impossible shape stops
+     * here, before any size is computed from it. */
+    char why[256];
+    if (!nt__shape_ok(ndim, shape, why, sizeof why)) {
+        nt__err(site, NT_ESHAPE, fn, "the result's %s", why);
+        return NULL;
+    }
     int64_t n = nt__numel(ndim, shape);
     size_t nbytes = (size_t)n * nt__dtype_size(dt);
     nt__arena_host_failed(); /* forget an earlier failure */

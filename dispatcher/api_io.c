@@ -18,17 +18,9 @@ static bool check_shape(const nt_site *site, const char *fn, int ndim, const int
         nt__err(site, NT_EINVAL, fn, "argument 'shape' is NULL for ndim %d", ndim);
         return false;
     }
-    double total = 1;
-    for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 0) {
-            nt__err(site, NT_EINVAL, fn, "shape[%d] is %lld; sizes must be >= 0", i,
-                    (long long)shape[i]);
-            return false;
-        }
-        total *= (double)shape[i];
-    }
-    if (total > 9.0e15) {
-        nt__err(site, NT_EINVAL, fn, "the shape has %.3g elements; that is too many", total);
+    char why[256];
+    if (!nt__shape_ok(ndim, shape, why, sizeof why)) {
+        nt__err(site, NT_EINVAL, fn, "argument 'shape': %s", why);
         return false;
     }
     return true;

@@ -335,8 +335,15 @@ NT_API nt_tensor *nt_linear_at(const nt_site *site, nt_tensor *x, nt_tensor *w, 
     nt_tensor *y = nt_matmul_at(site, x, wt);
     if (y && b)
         y = nt__binary(site, fn, NT_OP_ADD, y, b);
-    if (y)
+    if (y) {
         nt_keep(y);
+    } else {
+        /* the inner op's error names itself: say which call it was part of */
+        char m[1100];
+        int code = nt_last_error();
+        snprintf(m, sizeof m, "%s: %s", fn, nt_last_error_message());
+        nt__err_set(code ? code : NT_EINVAL, m);
+    }
     nt_scope_end(s);
     return y ? nt__scope_adopt(y) : NULL;
 }

@@ -37,8 +37,11 @@ NT_API nt_tensor *nt_reshape_at(const nt_site *site, nt_tensor *t, int ndim, con
             nt__err(site, NT_EINVAL, fn, "shape[%d] is %lld; expected a size >= 0 or one -1", i,
                     (long long)shape[i]);
             return nt__call_fail(&c);
-        } else {
-            known *= shape[i];
+        } else if (__builtin_mul_overflow(known, shape[i], &known) || known > NT__MAX_NUMEL) {
+            char s2[160];
+            nt__err(site, NT_EINVAL, fn, "argument 'shape' %s has more than 2^48 elements (the "
+                    "most a tensor may have)", nt__shape_str(ndim, shape, s2, sizeof s2));
+            return nt__call_fail(&c);
         }
     }
     if (infer >= 0) {
@@ -57,6 +60,11 @@ NT_API nt_tensor *nt_reshape_at(const nt_site *site, nt_tensor *t, int ndim, con
         nt__err(site, NT_ESHAPE, fn, "cannot reshape %s (%lld elements) to %s",
                 nt__shape_str(t->ndim, t->shape, s1, sizeof s1), (long long)n,
                 nt__shape_str(ndim, sh, s2, sizeof s2));
+        return nt__call_fail(&c);
+    }
+    char why[256];
+    if (!nt__shape_ok(ndim, sh, why, sizeof why)) { /* [0] to [0, 2^60] has the same numel */
+        nt__err(site, NT_EINVAL, fn, "argument 'shape': %s", why);
         return nt__call_fail(&c);
     }
     set_out(&c, (nt_dtype)t->dtype, ndim, sh);
@@ -164,12 +172,17 @@ NT_API nt_tensor *nt_slice_at(const nt_site *site, nt_tensor *t, int dim, int64_
         end += n;
     start = start < 0 ? 0 : (start > n ? n : start);
     end = end < start ? start : (end > n ? n : end);
-    int64_t len = (end - start + step - 1) / step;
+    /* ceil((end - start) / step) without forming end - start + step, which
+     * overflows for a huge step */
+    int64_t len = end > start ? (end - start - 1) / step + 1 : 0;
     int64_t sh[NT_MAX_DIMS], st[NT_MAX_DIMS];
     for (int i = 0; i < t->ndim; i++)
         sh[i] = t->shape[i], st[i] = t->stride[i];
     sh[d] = len;
-    st[d] = t->stride[d] * step;
+    /* With two or more elements step < n, so stride * step stays inside the
+     * storage; with fewer the stride is never used and keeps t's. */
+    if (len > 1)
+        st[d] = t->stride[d] * step;
     c.p.dim = d;
     c.p.i[0] = start;
     c.p.i[1] = end;
@@ -218,6 +231,11 @@ NT_API nt_tensor *nt_expand_at(const nt_site *site, nt_tensor *t, int ndim, cons
                     nt__shape_str(ndim, shape, s2, sizeof s2), i, (long long)t->shape[j]);
             return nt__call_fail(&c);
         }
+    }
+    char why[256];
+    if (!nt__shape_ok(ndim, sh, why, sizeof why)) {
+        nt__err(site, NT_EINVAL, fn, "argument 'shape': %s", why);
+        return nt__call_fail(&c);
     }
     set_out(&c, (nt_dtype)t->dtype, ndim, sh);
     return nt__dispatch_view(&c, nt__make_view(t, ndim, sh, st, t->offset, site));
@@ -286,7 +304,10 @@ NT_API nt_tensor *nt_cat_at(const nt_site *site, nt_tensor *const *ts, int n, in
                     nt__shape_str(t0->ndim, t0->shape, s2, sizeof s2), d);
             return NULL;
         }
-        sh[d] += t->shape[d];
+        if (__builtin_add_overflow(sh[d], t->shape[d], &sh[d])) {
+            nt__err(site, NT_ESHAPE, fn, "the sizes of dim %d add up to more than 2^63", d);
+            return NULL;
+        }
     }
     nt_tensor *out = nt__tensor_empty((nt_dtype)t0->dtype, t0->ndim, sh, site, fn);
     if (!out)

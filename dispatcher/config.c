@@ -87,25 +87,34 @@ static bool parse_bool(const char *v, bool *out)
     return false;
 }
 
+/* A decimal integer >= 0 with an optional binary K/M/G suffix.  strtoull
+ * alone would take "-1" as 2^64 - 1 and " 5" as 5, and a suffix shift could
+ * wrap: all three are rejected. */
 static bool parse_u64(const char *v, uint64_t *out)
 {
+    if (!g_ascii_isdigit(v[0]))
+        return false;
     char *end;
     errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
     if (errno || end == v)
         return false;
-    /* accept K/M/G suffixes (binary) for sizes */
+    int shift = 0;
     if (*end == 'K' || *end == 'k')
-        x <<= 10, end++;
+        shift = 10, end++;
     else if (*end == 'M' || *end == 'm')
-        x <<= 20, end++;
+        shift = 20, end++;
     else if (*end == 'G' || *end == 'g')
-        x <<= 30, end++;
-    if (*end)
+        shift = 30, end++;
+    if (*end || (shift && x > (UINT64_MAX >> shift)))
         return false;
-    *out = x;
+    *out = (uint64_t)x << shift;
     return true;
 }
+
+/* Largest NT_HBM_BYTES: 1 PiB.  Keeps the arena's byte counts (capacity plus
+ * a reservation) far from wrapping. */
+#define NT__MAX_HBM_BYTES ((uint64_t)1 << 50)
 
 /* Applies one option; returns 0 or NT_EINVAL with the thread error set. */
 static int apply_opt(const char *name, const char *v, const char *fn)
@@ -178,9 +187,10 @@ static int apply_opt(const char *name, const char *v, const char *fn)
         if (inited)
             nt__arena_set_max_waiting(u);
     } else if (!strcmp(name, "NT_HBM_BYTES")) {
-        if (!parse_u64(v, &u) || u == 0)
+        if (!parse_u64(v, &u) || u == 0 || u > NT__MAX_HBM_BYTES)
             return nt__err(NULL, NT_EINVAL, fn,
-                           "NT_HBM_BYTES: expected a positive size like 16G, got '%s'", v);
+                           "NT_HBM_BYTES: expected a size from 1 to 1048576G (1 PiB) like 16G, "
+                           "got '%s'", v);
         if (inited)
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_HBM_BYTES can only be set before nt_init (environment)");
@@ -212,8 +222,18 @@ static int apply_opt(const char *name, const char *v, const char *fn)
                            "NT_STOCHASTIC_ROUNDING: expected 0 or 1, got '%s'", v);
     } else if (!strcmp(name, "NT_SR_SEED")) {
         if (!parse_u64(v, &u))
-            return nt__err(NULL, NT_EINVAL, fn, "NT_SR_SEED: expected an integer, got '%s'", v);
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_SR_SEED: expected an integer from 0 to 2^64 - 1, got '%s'", v);
         nt__cfg.sr_seed = u;
+    } else if (!strcmp(name, "NT_HANDLE_QUARANTINE")) {
+        /* applies to the handles released and allocated from now on */
+        if (!g_ascii_strcasecmp(v, "all"))
+            u = UINT64_MAX;
+        else if (!parse_u64(v, &u) || u < 4096)
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_HANDLE_QUARANTINE: expected a count >= 4096 or 'all', got '%s'",
+                           v);
+        nt__cfg.handle_quarantine = u;
     } else {
         return nt__err(NULL, NT_EINVAL, fn, "unknown option '%s'", name);
     }
@@ -223,8 +243,8 @@ static int apply_opt(const char *name, const char *v, const char *fn)
 static const char *const env_names[] = {
     "NT_MODE", "NT_DETERMINISTIC", "NT_FUSION", "NT_BACKEND", "NT_REQUIRE_SIM",
     "NT_MIN_SIM_FLOPS", "NT_CHECK_NAN", "NT_STATS", "NT_FUSION_LOG", "NT_LAZY_WINDOW",
-    "NT_MAX_INFLIGHT", "NT_MAX_INFLIGHT_BYTES", "NT_HBM_BYTES", "NT_TRACE", "NT_LOG", "NT_STOCHASTIC_ROUNDING",
-    "NT_SR_SEED",
+    "NT_MAX_INFLIGHT", "NT_MAX_INFLIGHT_BYTES", "NT_HBM_BYTES", "NT_TRACE", "NT_LOG",
+    "NT_STOCHASTIC_ROUNDING", "NT_SR_SEED", "NT_HANDLE_QUARANTINE",
 };
 
 static void cfg_defaults(void)
@@ -239,6 +259,7 @@ static void cfg_defaults(void)
     nt__cfg.max_inflight = 1 << 16;
     nt__cfg.hbm_bytes = UINT64_C(16) << 30; /* one NeuronCore-v2's share of 32 GiB */
     nt__cfg.log_level = NT__LOG_WARN;
+    nt__cfg.handle_quarantine = 4096;
 }
 
 NT_API int nt_init(void)
@@ -408,6 +429,10 @@ NT_API const char *nt_config_get(const char *name)
         v = nt__cfg.hbm_bytes;
     else if (!strcmp(name, "NT_SR_SEED"))
         v = nt__cfg.sr_seed;
+    else if (!strcmp(name, "NT_HANDLE_QUARANTINE") && nt__cfg.handle_quarantine == UINT64_MAX)
+        return "all";
+    else if (!strcmp(name, "NT_HANDLE_QUARANTINE"))
+        v = nt__cfg.handle_quarantine;
     else
         return NULL;
     snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);

@@ -17,6 +17,13 @@
  *   file:line).  A NULL tensor argument makes an op return NULL and keep the
  *   first error, so `nt_relu(nt_add(a, b))` needs one check at the end.
  *   int-returning functions return 0 on success or a negative NT_E* code.
+ *
+ * Shapes.  Sizes are >= 0 and a tensor has at most 2^48 elements (counting
+ *   a size-0 dim as 1, so strides and byte counts can never overflow).  A
+ *   shape argument outside that is NT_EINVAL naming it; an op whose result
+ *   would be (a broadcast, matmul or cat of huge expanded views) is
+ *   NT_ESHAPE.  Within the bound, a result that does not fit the device
+ *   memory is NT_ENOMEM.
  *   An error raised later, while a queued op executes, poisons that op's
  *   outputs and is returned by the next sync point that touches them; its
  *   message names the op and the file:line that enqueued it.
@@ -255,9 +262,14 @@ NT_API bool nt_is_contiguous(nt_tensor *t);
 /** Adds a reference; returns t (NULL for a NULL or released tensor). */
 NT_API nt_tensor *nt_retain(nt_tensor *t);
 /** Drops a reference.  When the last user reference goes, the handle becomes
- *  invalid at once (using it again is reported as NT_ERELEASED); its storage
- *  lives on while queued work or a view still needs it.  Releasing NULL is a
- *  no-op; releasing a released handle sets NT_ERELEASED and returns it. */
+ *  invalid at once; its storage lives on while queued work or a view still
+ *  needs it.  Releasing NULL is a no-op.  Using a released handle (releasing
+ *  it again included) sets NT_ERELEASED and returns it, as long as the
+ *  handle's memory has not been reused for a new tensor: that happens only
+ *  after NT_HANDLE_QUARANTINE (default 4096) other handles were released,
+ *  and never with NT_HANDLE_QUARANTINE=all (docs/env.md).  A pointer kept
+ *  longer than that may name the new tensor, and a use of it cannot be told
+ *  from a use of that tensor: do not keep released handles. */
 NT_API int nt_release(nt_tensor *t);
 /** Opens a scope on the calling thread.  Every tensor returned to this thread
  *  while it is the innermost open scope is released by nt_scope_end.  NULL
@@ -644,8 +656,10 @@ NT_API int nt_save(const char *path, nt_tensor *const *params, int n, nt_optim *
  *  step counts, master-weight setting and state (opt must be of the same
  *  kind and have as many parameters of the same shapes).  The whole file is
  *  read and checked before anything is written: a missing or unreadable
- *  file is NT_EIO; a truncated file, bad magic or version or a checksum
- *  mismatch is NT_EFORMAT; a count, dtype or shape mismatch is NT_ESHAPE;
+ *  file is NT_EIO; a truncated file, bad magic or version, a checksum
+ *  mismatch, a nonzero reserved byte or a field no writer could have
+ *  produced (lr NaN, beta1 >= 1, a negative step count, an impossible
+ *  shape: docs/checkpoint.md) is NT_EFORMAT, naming the field; a count, dtype or shape mismatch is NT_ESHAPE;
  *  an optimizer of another kind, or opt given for a file without optimizer
  *  state, is NT_EINVAL.  On any error the tensors and opt are untouched and
  *  the message names the path and what was wrong.  Values are written as
@@ -906,7 +920,8 @@ typedef struct nt_sim_config {
 /** Initialises the simulator (idempotent, thread-safe; nt_init and every
  *  other nt_sim_* call do it implicitly).  Reads NT_SIM_TARGET=trn1|trn2,
  *  NT_SIM_FUNCTIONAL=0|1 and NT_TRACE=file.json (opens the trace unless one
- *  is open already).  Returns 0 or NT_ENOMEM. */
+ *  is open already).  Returns 0, NT_EINVAL for a bad NT_SIM_* value
+ *  (docs/env.md; the message names the variable) or NT_ENOMEM. */
 NT_API int nt_sim_init(void);
 /** Frees the simulated memories and closes a trace opened by nt_sim_init.
  *  No kernel may be open.  nt_sim_init may be called again afterwards. */
@@ -1019,7 +1034,8 @@ NT_API nt_ap nt_tile_ap(const nt_tile *t);
 /** Partitions [p0, p0+np) and free elements [f0, f0+nf) of t. */
 NT_API nt_ap nt_tile_slice(const nt_tile *t, int p0, int np, int64_t f0, int64_t nf);
 /** A 2-D HBM view: `rows` rows of `cols` contiguous elements of `dt`,
- *  row r at element offset + r*row_stride of base. */
+ *  row r at element offset + r*row_stride of base.  rows outside
+ *  0..INT32_MAX gives np = -1, which every instruction refuses. */
 NT_API nt_ap nt_hbm_ap(const void *base, nt_dtype dt, int64_t offset, int64_t rows,
                        int64_t row_stride, int64_t cols);
 

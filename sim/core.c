@@ -167,13 +167,41 @@ static void free_memories(void)
     ht_cap = ht_count = 0;
 }
 
+/* Checks the simulator's environment variables (docs/env.md): a bad value
+ * is an error naming the variable, never silently a default. */
+static int check_env(void)
+{
+    static const struct { const char *name, *const vals[5], *expect; } V[] = {
+        {"NT_SIM_TARGET", {"", "trn1", "trn2", "v2", "v3"}, "trn1 or trn2"},
+        {"NT_SIM_FUNCTIONAL", {"", "0", "1", NULL, NULL}, "0 or 1"},
+        {"NT_SIM_PROGRAM_GEMM", {"", "0", "1", NULL, NULL}, "0 or 1"},
+        {"NT_SIM_DEFER", {"", "0", "1", NULL, NULL}, "0 or 1"},
+        {"NT_SIM_THREADS", {"", NULL, NULL, NULL, NULL}, "a count >= 1 (more than 2 uses 2)"},
+    };
+    for (size_t i = 0; i < sizeof V / sizeof V[0]; i++) {
+        const char *v = getenv(V[i].name);
+        if (!v)
+            continue;
+        bool ok = false;
+        for (int k = 0; k < 5 && V[i].vals[k] && !ok; k++)
+            ok = !strcmp(v, V[i].vals[k]);
+        if (!strcmp(V[i].name, "NT_SIM_THREADS")) /* digits, not 0 */
+            ok = !*v || (strspn(v, "0123456789") == strlen(v) && strspn(v, "0") < strlen(v));
+        if (!ok)
+            return nt__err(NULL, NT_EINVAL, "nt_sim_init",
+                           "environment variable %s: expected %s, got '%s'", V[i].name,
+                           V[i].expect, v);
+    }
+    return 0;
+}
+
 int nt_sim_init(void)
 {
     if (atomic_load_explicit(&inited, memory_order_acquire))
         return 0;
     pthread_mutex_lock(&state_lock);
     int rc = 0;
-    if (!atomic_load(&inited)) {
+    if (!atomic_load(&inited) && (rc = check_env()) == 0) {
         const char *t = getenv("NT_SIM_TARGET");
         nt_sim_target target = NT_SIM_TRN1;
         if (t && (!strcmp(t, "trn2") || !strcmp(t, "v3")))
@@ -217,7 +245,7 @@ void nt_sim_shutdown(void)
 int nt_sim_config_get(nt_sim_config *out)
 {
     if (!out)
-        return NT_EINVAL;
+        return NT__SIM_NULL("nt_sim_config_get", "out");
     int rc = nt_sim_init();
     if (rc)
         return rc;
@@ -230,7 +258,9 @@ int nt_sim_config_get(nt_sim_config *out)
 int nt_sim_set_target(nt_sim_target target)
 {
     if (target != NT_SIM_TRN1 && target != NT_SIM_TRN2)
-        return NT_EINVAL;
+        return nt__err(NULL, NT_EINVAL, "nt_sim_set_target",
+                       "argument 'target' is %d; expected NT_SIM_TRN1 or NT_SIM_TRN2",
+                       (int)target);
     int rc = nt_sim_init();
     if (rc)
         return rc;
@@ -357,7 +387,9 @@ nt_ap nt_hbm_ap(const void *base, nt_dtype dt, int64_t offset, int64_t rows, int
     memset(&ap, 0, sizeof ap);
     ap.hbm = (void *)base;
     ap.dtype = dt;
-    ap.np = (int32_t)rows;
+    /* np is 32-bit: a row count it cannot hold becomes -1, which every
+     * instruction refuses, instead of a silently truncated count */
+    ap.np = rows >= 0 && rows <= INT32_MAX ? (int32_t)rows : -1;
     ap.pstep = row_stride;
     ap.offset = offset;
     ap.ndim = 1;
@@ -387,7 +419,7 @@ int nt__sim_fail(nt_sim_kernel *k, const char *instr, const char *fmt, ...)
 
 int nt_sim_kernel_error(const nt_sim_kernel *k)
 {
-    return k ? k->err : NT_EINVAL;
+    return k ? k->err : NT__SIM_NULL("nt_sim_kernel_error", "k");
 }
 
 const char *nt_sim_kernel_message(const nt_sim_kernel *k)
@@ -398,9 +430,10 @@ const char *nt_sim_kernel_message(const nt_sim_kernel *k)
 int nt_sim_kernel_last(const nt_sim_kernel *k, nt_sim_instr_info *out)
 {
     if (!k || !out)
-        return NT_EINVAL;
+        return NT__SIM_NULL("nt_sim_kernel_last", k ? "out" : "k");
     if (!k->has_last)
-        return NT_ESTATE;
+        return nt__err(NULL, NT_ESTATE, "nt_sim_kernel_last",
+                       "kernel '%s' has issued no instruction yet", k->name);
     *out = k->last;
     return 0;
 }
@@ -540,8 +573,10 @@ nt_tile *nt_tile_alloc(nt_sim_kernel *k, const char *name, nt_mem mem, nt_dtype 
                        int partitions, int64_t free_elems)
 {
     static const char *I = "nt_tile_alloc";
-    if (!k)
+    if (!k) {
+        NT__SIM_NULL(I, "k");
         return NULL;
+    }
     if (k->err)
         return NULL;
     if (!name)
@@ -566,9 +601,19 @@ nt_tile *nt_tile_alloc(nt_sim_kernel *k, const char *name, nt_mem mem, nt_dtype 
                      (long long)free_elems);
         return NULL;
     }
-    int64_t bytes = free_elems * (int64_t)nt__dtype_size(dt);
     bool psum = mem == NT_MEM_PSUM;
     nt__sim_alloc *a = psum ? &k->psum : &k->sbuf;
+    /* Checked before the multiplication below, which would wrap for a huge
+     * free size and leave a tiny block behind a huge tile. */
+    if (free_elems > a->total / (int64_t)nt__dtype_size(dt)) {
+        nt__sim_fail(k, I,
+                     "tile '%s' [%d x %lld %s] needs more than the %lld B per partition of %s "
+                     "(rule: a tile fits in its memory)",
+                     name, partitions, (long long)free_elems, dt_name(dt), (long long)a->total,
+                     nt_mem_name(mem));
+        return NULL;
+    }
+    int64_t bytes = free_elems * (int64_t)nt__dtype_size(dt);
     if (psum && bytes > NT_SIM_PSUM_BANK_BYTES) {
         nt__sim_fail(k, I,
                      "tile '%s' [%d x %lld %s] needs %lld B per partition (rule: a PSUM tile fits "
@@ -611,7 +656,7 @@ nt_tile *nt_tile_alloc(nt_sim_kernel *k, const char *name, nt_mem mem, nt_dtype 
 int nt_tile_release(nt_sim_kernel *k, nt_tile *t)
 {
     if (!k || !t)
-        return NT_EINVAL;
+        return NT__SIM_NULL("nt_tile_release", k ? "t" : "k");
     if (t->k != k || !t->live)
         return nt__sim_fail(k, "nt_tile_release",
                             "tile '%s' is not a live tile of this kernel (rule: release a tile "
@@ -741,7 +786,7 @@ static double dma_union(nt_sim_kernel *k)
 int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
 {
     if (!k)
-        return NT_EINVAL;
+        return NT__SIM_NULL("nt_sim_kernel_end", "k");
     nt__sim_fx_flush(k); /* queued functional work lands before the report */
     double dur = k->tend - k->t0;
     k->busy[NT_ENGINE_DMA] = dma_union(k);
@@ -817,7 +862,7 @@ int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
 int nt_sim_stats_get(nt_sim_stats *out)
 {
     if (!out)
-        return NT_EINVAL;
+        return NT__SIM_NULL("nt_sim_stats_get", "out");
     int rc = nt_sim_init();
     if (rc)
         return rc;

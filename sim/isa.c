@@ -114,6 +114,24 @@ static int check_ap(nt_sim_kernel *k, const char *I, const char *role, const nt_
                                 role, i, (long long)ap->num[i]);
     if (ap->np < 1)
         return nt__sim_fail(k, I, "operand '%s': %d partitions (rule: >= 1)", role, ap->np);
+    /* Bounds first, so that the free count, the extent and the byte
+     * offsets computed below and when the instruction runs cannot wrap. */
+    const int64_t B = NT__SIM_MAX_ELEMS;
+    int64_t F = 1, span;
+    for (int i = 0; i < ap->ndim; i++)
+        if (__builtin_mul_overflow(F, ap->num[i], &F) || F > B ||
+            __builtin_mul_overflow(ap->num[i] - 1, ap->step[i], &span) || span > B || span < -B)
+            return nt__sim_fail(k, I,
+                                "operand '%s': free dim %d has size %lld and step %lld (rule: "
+                                "the free count and each dim's span within 2^48 elements)",
+                                role, i, (long long)ap->num[i], (long long)ap->step[i]);
+    if (ap->offset > B || ap->offset < -B ||
+        (!ap->tile && (__builtin_mul_overflow((int64_t)ap->np - 1, ap->pstep, &span) ||
+                       span > B || span < -B)))
+        return nt__sim_fail(k, I,
+                            "operand '%s': offset %lld, %d rows %lld apart (rule: offset and "
+                            "row span within 2^48 elements)",
+                            role, (long long)ap->offset, ap->np, (long long)ap->pstep);
     nt_mem m = mem_of(ap);
     unsigned bit = m == NT_MEM_HBM ? M_HBM : m == NT_MEM_SBUF ? M_SBUF : M_PSUM;
     if (!(mems & bit)) {
@@ -128,7 +146,6 @@ static int check_ap(nt_sim_kernel *k, const char *I, const char *role, const nt_
         return nt__sim_fail(k, I, "operand '%s' is in %s (rule: %s may be in: %s)", role,
                             nt_mem_name(m), role, allowed);
     }
-    int64_t F = nt__sim_free_count(ap);
     if (m == NT_MEM_HBM) {
         if (!ap->hbm)
             return nt__sim_fail(k, I, "operand '%s': NULL HBM pointer", role);
@@ -145,7 +162,7 @@ static int check_ap(nt_sim_kernel *k, const char *I, const char *role, const nt_
                             "operand '%s': pattern dtype %s differs from tile '%s' dtype %s "
                             "(rule: a pattern has its tile's dtype)",
                             role, dtn(ap->dtype), t->name, dtn(t->dt));
-    if (ap->p0 < 0 || ap->p0 + ap->np > t->parts)
+    if (ap->p0 < 0 || (int64_t)ap->p0 + ap->np > t->parts)
         return nt__sim_fail(k, I,
                             "operand '%s': partitions [%d, %d) outside tile '%s' of %d partitions "
                             "(rule: partition range inside the tile)",
@@ -259,7 +276,7 @@ static int pick_engine(nt_sim_kernel *k, const char *I, nt_engine e, nt_engine d
 #define PROLOGUE(k)                \
     do {                           \
         if (!(k))                  \
-            return NT_EINVAL;      \
+            return NT__SIM_NULL(__func__, "k"); \
         if ((k)->err)              \
             return (k)->err;       \
     } while (0)
@@ -1567,7 +1584,7 @@ static void fx_submit(nt_sim_kernel *k, const fx_rec *r, bool rowlocal)
 int nt_sim_kernel_sync(nt_sim_kernel *k)
 {
     if (!k)
-        return NT_EINVAL;
+        return NT__SIM_NULL("nt_sim_kernel_sync", "k");
     nt__sim_fx_flush(k);
     return k->err;
 }

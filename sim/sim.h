@@ -17,6 +17,17 @@
 #include "dtype.h"
 #include "isa.h"
 
+/* The thread's error (core/error.c): set by the public functions that fail
+ * without a kernel to hold the message (a NULL kernel or argument). */
+int nt__err(const nt_site *site, int code, const char *fn, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* "argument 'what' is NULL" as fn's NT_EINVAL. */
+#define NT__SIM_NULL(fn, what) nt__err(NULL, NT_EINVAL, (fn), "argument '%s' is NULL", (what))
+/* Bound on every size and offset in an access pattern (elements): with it
+ * the pattern arithmetic (free count, extent, byte offsets) stays far from
+ * int64 overflow. */
+#define NT__SIM_MAX_ELEMS ((int64_t)1 << 48)
+
 #define NT__SIM_SBUF_MAX_BYTES (224 * 1024) /* largest target (trn2) */
 #define NT__SIM_PSUM_BYTES (16 * 1024)
 /* Partitions are laid out with a cache line of padding so that a column of

@@ -363,14 +363,18 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
 {
     static const char *I = "nt_tile_matmul";
     if (!k)
-        return NT_EINVAL;
+        return NT__SIM_NULL(I, "k");
     if (k->err)
         return k->err;
     if (!a)
         return nt__sim_fail(k, I, "args is NULL");
-    if (a->M < 0 || a->N < 0 || a->K < 0)
-        return nt__sim_fail(k, I, "shape M=%lld N=%lld K=%lld (rule: sizes >= 0)",
+    if (a->M < 0 || a->N < 0 || a->K < 0 || a->M > NT__SIM_MAX_ELEMS ||
+        a->N > NT__SIM_MAX_ELEMS || a->K > NT__SIM_MAX_ELEMS)
+        return nt__sim_fail(k, I, "shape M=%lld N=%lld K=%lld (rule: sizes in 0..2^48)",
                             (long long)a->M, (long long)a->N, (long long)a->K);
+    if (a->lda > NT__SIM_MAX_ELEMS || a->ldb > NT__SIM_MAX_ELEMS || a->ldc > NT__SIM_MAX_ELEMS)
+        return nt__sim_fail(k, I, "row strides lda=%lld ldb=%lld ldc=%lld (rule: at most 2^48)",
+                            (long long)a->lda, (long long)a->ldb, (long long)a->ldc);
     if (!nt__dtype_is_float(a->in_dtype) || !nt__dtype_is_float(a->out_dtype))
         return nt__sim_fail(k, I, "dtypes in=%d out=%d (rule: f32, bf16 or f16)",
                             (int)a->in_dtype, (int)a->out_dtype);

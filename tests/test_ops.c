@@ -587,6 +587,47 @@ static void test_pow_and_clamp(void **state)
     }
 }
 
+/* clamp is min(max(t, lo), hi) as documented, also when lo > hi: every
+ * non-NaN value becomes hi.  Same bits on both backends, unfused (eager)
+ * and fused into a chain (lazy), out of place and in place. */
+static void test_clamp_lo_above_hi(void **state)
+{
+    (void)state;
+    const char *backends[] = {"cpu", "sim"}, *modes[] = {"eager", "lazy"};
+    const nt_dtype all[] = {NT_F32, NT_BF16, NT_F16, NT_I32, NT_U8};
+    for (int b = 0; b < 2; b++)
+        for (int m = 0; m < 2; m++) {
+            assert_int_equal(nt_config_set("NT_BACKEND", backends[b]), 0);
+            assert_int_equal(nt_config_set("NT_MODE", modes[m]), 0);
+            for (int k = 0; k < 5; k++) {
+                bool fl = k < 3;
+                double x[] = {0, 3, 7, fl ? -2.5 : 1, fl ? NAN : 200, fl ? -INFINITY : 9};
+                nt_tensor *t = mk(all[k], 1, SH(6), x);
+                double want[6];
+                for (int i = 0; i < 6; i++)
+                    want[i] = fl && isnan(x[i]) ? NAN : 1;
+                exact("clamp(t, 5, 1)", fetch(nt_clamp(t, 5, 1)), want, 6);
+                /* fused: clamp between two elementwise ops */
+                double wf[6];
+                for (int i = 0; i < 6; i++)
+                    wf[i] = want[i] + 1;
+                exact("clamp(t, 5, 1) fused", fetch(nt_add_scalar(nt_clamp(nt_mul_scalar(t, 1),
+                                                                           5, 1), 1)),
+                      wf, 6);
+                nt_tensor *d = nt_mul_scalar(t, 1);
+                assert_int_equal(nt_clamp_inplace(d, 5, 1), 0);
+                exact("clamp_inplace(d, 5, 1)", fetch(d), want, 6);
+                /* lo == hi and ordinary bounds keep working */
+                double w3[6];
+                for (int i = 0; i < 6; i++)
+                    w3[i] = fl && isnan(x[i]) ? NAN : 3;
+                exact("clamp(t, 3, 3)", fetch(nt_clamp(t, 3, 3)), w3, 6);
+            }
+        }
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+    assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+}
+
 static void test_scalar_ops_int(void **state)
 {
     (void)state;
@@ -2753,6 +2794,7 @@ int main(void)
         T(test_unary_int_inputs),
         T(test_scalar_ops_float_exact),
         T(test_pow_and_clamp),
+        T(test_clamp_lo_above_hi),
         T(test_scalar_ops_int),
         T(test_binary_float_exact_with_broadcast),
         T(test_binary_broadcast_shapes),

@@ -105,13 +105,6 @@ static double memset_value(nt_dtype dt, double v)
  * which constants?  Constants live in [128, 2] tiles per op, set once. */
 enum { NEED_TF = 1, NEED_TI = 2, NEED_CF = 4, NEED_CI = 8 };
 
-static bool clamp_ordered(const nt__fop *o, bool fc)
-{
-    if (fc)
-        return (float)o->p.f[0] <= (float)o->p.f[1];
-    return nt__f64_to_i32(o->p.f[0]) <= nt__f64_to_i32(o->p.f[1]);
-}
-
 static unsigned op_needs(const nt__fop *o, bool fc)
 {
     switch (o->op) {
@@ -123,10 +116,7 @@ static unsigned op_needs(const nt__fop *o, bool fc)
     case NT_OP_ABS: return fc ? 0 : NEED_TI;
     case NT_OP_ADD_SCALAR:
     case NT_OP_MUL_SCALAR: return fc ? 0 : NEED_CI;
-    case NT_OP_CLAMP:
-        if (clamp_ordered(o, fc))
-            return fc ? 0 : NEED_CI;
-        return fc ? (NEED_TF | NEED_CF) : (NEED_TF | NEED_TI | NEED_CI);
+    case NT_OP_CLAMP: return fc ? 0 : NEED_CI;
     default: return 0;
     }
 }
@@ -261,7 +251,6 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
     int np = E->np;
     int64_t nf = E->nf;
     nt_ap T0 = E->tf[0] ? tslice(E->tf[0], np, nf) : (nt_ap){0};
-    nt_ap T1 = E->tf[1] ? tslice(E->tf[1], np, nf) : (nt_ap){0};
     nt_ap TI = E->ti ? tslice(E->ti, np, nf) : (nt_ap){0};
     switch (info->kind) {
     case NT_KIND_FILL:
@@ -298,20 +287,11 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
         }
         if (o->op != NT_OP_CLAMP)
             return ts1(s, dst, &a[0].ap, op, fc ? NULL : &c0, s0, false);
-        if (clamp_ordered(o, fc)) {
-            /* lo <= hi: max(a, lo) then min(., hi) is the CPU's clamp,
-             * NaN and signed zeros included */
-            nt_isa_alu lo = {NT_ALU_MAX, {fc ? NULL : &c0, s0}, false};
-            nt_isa_alu hi = {NT_ALU_MIN, {fc ? NULL : &c1, s1}, false};
-            return nt_isa_tensor_scalar(k, dst, &a[0].ap, &lo, &hi, sk_eng(s));
-        }
-        /* lo > hi: a < lo ? lo : min(a, hi) */
-        nt_ap *t = fc ? &T1 : &TI;
-        int rc = ts1(s, t, &a[0].ap, NT_ALU_MIN, fc ? NULL : &c1, s1, false);
-        if (!rc)
-            rc = ts1(s, &T0, &a[0].ap, NT_ALU_LT, fc ? NULL : &c0, s0, false);
-        nt_ap lov = cslice(E, fc ? E->cf : E->ci, opk, 0, true);
-        return rc ? rc : nt_isa_select(k, dst, &T0, &lov, t, NT_ENGINE_VECTOR);
+        /* max(a, lo) then min(., hi) is the CPU's clamp, NaN, signed zeros
+         * and lo > hi (all hi) included */
+        nt_isa_alu lo = {NT_ALU_MAX, {fc ? NULL : &c0, s0}, false};
+        nt_isa_alu hi = {NT_ALU_MIN, {fc ? NULL : &c1, s1}, false};
+        return nt_isa_tensor_scalar(k, dst, &a[0].ap, &lo, &hi, sk_eng(s));
     }
     case NT_KIND_BINARY:
     case NT_KIND_CMP: {

@@ -58,6 +58,12 @@ static bool table_complete(void)
 int nt__sim_init(void)
 {
     int rc = nt_sim_init();
+    if (rc == NT_EINVAL) { /* a bad NT_SIM_* variable: keep the reason */
+        char m[1100];
+        snprintf(m, sizeof m, "nt_init: %s", nt_last_error_message());
+        nt__err_set(rc, m);
+        return rc;
+    }
     if (rc)
         return nt__err(NULL, rc, "nt_init", "the NeuronCore simulator failed to start (%s)",
                        nt_strerror(rc));
