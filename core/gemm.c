@@ -42,8 +42,7 @@
 typedef void (*micro_fn)(int K, const float *Ap, const float *Bp, float *C, int ldc, int rows_,
                          int w, bool acc);
 typedef struct kern {
-    const char *name; /* the NT_CPU_ISA value */
-    int mr, nr;       /* tile; NT_MC is a multiple of mr, NT_JB and NT_NC of nr */
+    int mr, nr; /* tile: NT_MC is a multiple of mr, NT_JB, NT_NC and NT_NCB of nr */
     micro_fn micro;
 } kern;
 
@@ -174,10 +173,10 @@ __attribute__((target("avx512f,avx2,fma"))) static void micro_avx512(int K, cons
 /* ---------------- run-time choice of the kernel ---------------- */
 
 static const kern kerns[NT_ISA_COUNT] = {
-    [NT_ISA_SCALAR] = {"scalar", 4, 8, micro_c},
+    [NT_ISA_SCALAR] = {4, 8, micro_c},
 #if NT_X86
-    [NT_ISA_AVX2] = {"avx2", 6, 16, micro_avx2},
-    [NT_ISA_AVX512] = {"avx512", 12, 32, micro_avx512},
+    [NT_ISA_AVX2] = {6, 16, micro_avx2},
+    [NT_ISA_AVX512] = {12, 32, micro_avx512},
 #endif
 };
 

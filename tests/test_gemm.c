@@ -3,8 +3,9 @@
  * internal setter) must give bit for bit the naive recurrence of
  * docs/ops.md section 7 -- K-tiles of 128 ascending, s = fma(a, b, s) from +0
  * inside a tile, C = C + s across tiles -- on shapes around every blocking
- * edge of every kernel, on the helper thread's path, and through nt_matmul
- * with batched and strided (transposed, sliced) operands. */
+ * edge of every kernel, on the helper thread's path, through nt_matmul
+ * with batched and strided (transposed, sliced) operands, and over 20
+ * training steps on both backends in every mode. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -283,6 +284,75 @@ static void test_matmul_every_level(void **state)
     free(a), free(b), free(first), free(got);
 }
 
+/* 20 AdamW steps of a small MLP (ragged sizes: 100-160-10, batch 40) on
+ * every level, both backends, every mode: the parameters come out the same
+ * bit for bit (issue 11's "every dispatch path" check at unit-test scale). */
+static void train(const char *backend, const char *isa, const char *mode, float *out, size_t n)
+{
+    assert_int_equal(nt_config_set("NT_BACKEND", backend), 0);
+    assert_int_equal(nt_config_set("NT_CPU_ISA", isa), 0);
+    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+    static const int64_t shp[4][2] = {{160, 100}, {160, 1}, {10, 160}, {10, 1}};
+    nt_tensor *p[4];
+    for (int i = 0; i < 4; i++) {
+        int nd = shp[i][1] == 1 ? 1 : 2;
+        nt_tensor *u = nt_rand(NT_F32, nd, shp[i], 100 + (uint64_t)i);
+        p[i] = nt_mul_scalar(nt_add_scalar(u, -0.5), 0.2);
+        nt_release(u);
+        assert_int_equal(nt_set_requires_grad(p[i], true), 0);
+    }
+    nt_tensor *x = nt_rand(NT_F32, 2, (int64_t[]){40, 100}, 7);
+    int32_t lab[40];
+    for (int i = 0; i < 40; i++)
+        lab[i] = (i * 7) % 10;
+    nt_tensor *y = nt_from_host(lab, NT_I32, 1, (int64_t[]){40});
+    nt_optim *opt = nt_optim_adamw(p, 4, 1e-2, 0.9, 0.999, 1e-8, 0.01);
+    assert_non_null(opt);
+    for (int step = 0; step < 20; step++) {
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *h = nt_relu(nt_linear(x, p[0], p[1]));
+        nt_tensor *loss = nt_cross_entropy(nt_linear(h, p[2], p[3]), y);
+        assert_int_equal(nt_backward(loss), 0);
+        assert_int_equal(nt_optim_step(opt), 0);
+        assert_int_equal(nt_optim_zero_grad(opt), 0);
+        nt_scope_end(sc);
+    }
+    size_t off = 0;
+    for (int i = 0; i < 4; i++) {
+        size_t k = (size_t)(shp[i][0] * shp[i][1]);
+        assert_true(off + k <= n);
+        assert_int_equal(nt_to_host(p[i], out + off, k * sizeof(float)), 0);
+        off += k;
+    }
+    nt_optim_destroy(opt);
+    for (int i = 0; i < 4; i++)
+        nt_release(p[i]);
+    nt_release(x), nt_release(y);
+}
+
+static void test_train_every_level(void **state)
+{
+    (void)state;
+    const size_t n = 160 * 100 + 160 + 10 * 160 + 10;
+    float *first = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    static const char *backends[] = {"cpu", "sim"};
+    static const char *modes[] = {"eager", "adaptive", "lazy", "deterministic"};
+    int best = nt__gemm_isa_best(), runs = 0;
+    for (int be = 0; be < 2; be++)
+        for (int m = 0; m < 4; m++)
+            for (int isa = 0; isa <= best; isa++) {
+                train(backends[be], nt__gemm_isa_label(isa), modes[m], runs ? got : first, n);
+                if (runs++) {
+                    int bad = differ(got, first, n);
+                    if (bad)
+                        print_message("# training on %s, %s, %s: %d parameters differ\n",
+                                      backends[be], modes[m], nt__gemm_isa_label(isa), bad);
+                    assert_int_equal(bad, 0);
+                }
+            }
+    free(first), free(got);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -291,6 +361,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ktile_every_level, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_whole_every_level, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_matmul_every_level, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_train_every_level, nt_test_setup,
                                         nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
