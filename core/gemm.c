@@ -541,7 +541,28 @@ typedef struct full {
     float *Ap, *Bp; /* K-tile kt's panels start at Mpad * k0 and Npad * k0 */
     int Mpad, Npad, nk;
     int mc, ncb; /* C block */
+    bool arow;   /* A given row-major M x K (nt__gemm_rowa) */
 } full;
+
+/* pack_a's panels from a row-major A (M x K, rows lda apart): row i + r
+ * read in order, written with stride MR. */
+static void pack_a_rows(const kern *kn, float *dst, int M, int K, const float *A, int lda)
+{
+    const int MR = kn->mr;
+    for (int i = 0; i < M; i += MR) {
+        int mr = M - i < MR ? M - i : MR;
+        float *d = dst + (long)(i / MR) * K * MR;
+        for (int r = 0; r < MR; r++) {
+            const float *a = A + (long)(i + r) * lda;
+            if (r < mr)
+                for (int k = 0; k < K; k++)
+                    d[k * MR + r] = a[k];
+            else
+                for (int k = 0; k < K; k++)
+                    d[k * MR + r] = 0.0f;
+        }
+    }
+}
 
 /* Pack job: block b < nk packs A's K-tile b, else B's K-tile b - nk. */
 static void pack_block(const job *jb, int b)
@@ -549,7 +570,9 @@ static void pack_block(const job *jb, int b)
     const full *f = (const full *)jb;
     int kt = b < f->nk ? b : b - f->nk, k0 = kt * NT_GEMM_KTILE;
     int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
-    if (b < f->nk)
+    if (b < f->nk && f->arow)
+        pack_a_rows(jb->kn, f->Ap + (long)f->Mpad * k0, jb->M, kw, jb->A + k0, jb->lda);
+    else if (b < f->nk)
         pack_a(jb->kn, f->Ap + (long)f->Mpad * k0, jb->M, kw, jb->A + (long)k0 * jb->lda,
                jb->lda);
     else
@@ -582,8 +605,8 @@ static void full_block(const job *jb, int b)
     }
 }
 
-void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
-              int ldc)
+static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, const float *B,
+                      int ldb, float *C, int ldc)
 {
     if (M <= 0 || N <= 0)
         return;
@@ -602,7 +625,7 @@ void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int 
         bool split = (long)M * N * K >= NT_GEMM_SPLIT;
         int nk = (K + NT_GEMM_KTILE - 1) / NT_GEMM_KTILE;
         full f = {{pack_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, 2 * nk, 0, 0, 0},
-                  Ap, Bp, Mpad, Npad, nk, 0, 0};
+                  Ap, Bp, Mpad, Npad, nk, 0, 0, arow};
         f.j.kn = kn;
         run_job(&f.j, split);
         int mc = gemm_mc_big, ncb = gemm_ncb_big;
@@ -610,7 +633,7 @@ void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int 
             mc = NT_MC, ncb = NT_NCB;
         int nbm = (M + mc - 1) / mc, nbn = (N + ncb - 1) / ncb;
         full g = {{full_block, M, N, K, lda, ldb, ldc, A, B, C, false, nbn, nbm * nbn, 0, 0, 0},
-                  Ap, Bp, Mpad, Npad, nk, mc, ncb};
+                  Ap, Bp, Mpad, Npad, nk, mc, ncb, arow};
         g.j.kn = kn;
         run_job(&g.j, split);
         return;
@@ -618,6 +641,26 @@ void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int 
     /* host memory short for the panels: K-tile by K-tile */
     for (int k0 = 0; k0 < K; k0 += NT_GEMM_KTILE) {
         int kw = K - k0 < NT_GEMM_KTILE ? K - k0 : NT_GEMM_KTILE;
-        nt__gemm_ktile(M, N, kw, A + (long)k0 * lda, lda, B + (long)k0 * ldb, ldb, C, ldc, k0 > 0);
+        if (!arow) {
+            nt__gemm_ktile(M, N, kw, A + (long)k0 * lda, lda, B + (long)k0 * ldb, ldb, C, ldc,
+                           k0 > 0);
+            continue;
+        }
+        for (int i = 0; i < M; i++) /* element by element: the same recurrence */
+            for (int j = 0; j < N; j++)
+                put(C + (long)i * ldc + j,
+                    dot1(kw, A + (long)i * lda + k0, 1, B + (long)k0 * ldb + j, ldb), k0 > 0);
     }
+}
+
+void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
+              int ldc)
+{
+    gemm_full(M, N, K, A, lda, false, B, ldb, C, ldc);
+}
+
+void nt__gemm_rowa(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                   float *C, int ldc)
+{
+    gemm_full(M, N, K, A, lda, true, B, ldb, C, ldc);
 }

@@ -44,6 +44,12 @@ void nt__par_blocks(int nblocks, void (*fn)(void *arg, int b), void *arg, bool s
 void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
               int ldc);
 
+/* nt__gemm with A given row-major, M x K (A[i][k] at A[i * lda + k], lda
+ * >= K), as a matmul's left operand usually is: the panels are packed from
+ * it directly, instead of transposing it to K x M first.  Same bits. */
+void nt__gemm_rowa(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                   float *C, int ldc);
+
 /* The vector ISA levels of the micro-kernel, chosen at run time (the first
  * call takes the widest this CPU runs; NT_CPU_ISA in docs/env.md forces
  * one).  Every level gives the same bits: only the speed differs. */

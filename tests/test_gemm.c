@@ -220,17 +220,27 @@ static void test_whole_every_level(void **state)
         float *pad = malloc(sizeof(float) * (size_t)M * ldc);
         memcpy(pad, ref, sizeof(float) * (size_t)M * ldc);
         naive(M, N, K, A, lda, B, ldb, ref, ldc);
-        for (int isa = 0; isa <= best; isa++) {
-            assert_int_equal(nt__gemm_set_isa(isa), 0);
-            memcpy(got, pad, sizeof(float) * (size_t)M * ldc);
-            nt__gemm(M, N, K, A, lda, B, ldb, got, ldc);
-            int bad = differ(got, ref, (size_t)M * ldc);
-            if (bad)
-                print_message("# gemm %dx%dx%d on %s: %d elements differ\n", M, N, K,
-                              nt__gemm_isa_label(isa), bad);
-            assert_int_equal(bad, 0);
-        }
-        free(A), free(B), free(ref), free(got), free(pad);
+        /* the same A row-major (M x K, rows K + 2 apart) for nt__gemm_rowa */
+        int ldr = K + 2;
+        float *Ar = malloc(sizeof(float) * ((size_t)M * ldr + 1));
+        for (int i = 0; i < M; i++)
+            for (int k = 0; k < ldr; k++)
+                Ar[(long)i * ldr + k] = k < K ? A[(long)k * lda + i] : NAN; /* never read */
+        for (int isa = 0; isa <= best; isa++)
+            for (int rowa = 0; rowa < 2; rowa++) {
+                assert_int_equal(nt__gemm_set_isa(isa), 0);
+                memcpy(got, pad, sizeof(float) * (size_t)M * ldc);
+                if (rowa)
+                    nt__gemm_rowa(M, N, K, Ar, ldr, B, ldb, got, ldc);
+                else
+                    nt__gemm(M, N, K, A, lda, B, ldb, got, ldc);
+                int bad = differ(got, ref, (size_t)M * ldc);
+                if (bad)
+                    print_message("# gemm%s %dx%dx%d on %s: %d elements differ\n",
+                                  rowa ? "_rowa" : "", M, N, K, nt__gemm_isa_label(isa), bad);
+                assert_int_equal(bad, 0);
+            }
+        free(A), free(B), free(ref), free(got), free(pad), free(Ar);
     }
     nt__gemm_set_isa(-1);
 }
@@ -246,42 +256,52 @@ static void test_matmul_every_level(void **state)
         a[i] = isinf(a[i]) || fabsf(a[i]) > 1 ? 0.5f : a[i]; /* finite sums to compare */
     for (size_t i = 0; i < (size_t)(K * (N + 10)); i++)
         b[i] = isinf(b[i]) || fabsf(b[i]) > 1 ? -0.25f : b[i];
+    /* the same values row-major, [3, M, K]: the in-place row-major path */
+    float *arm = malloc(sizeof(float) * (size_t)(Bt * K * M));
+    for (int64_t q = 0; q < Bt; q++)
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t k = 0; k < K; k++)
+                arm[(q * M + i) * K + k] = a[(q * K + k) * M + i];
     size_t n = (size_t)(Bt * M * N);
     float *first = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
     static const char *backends[] = {"cpu", "sim"};
     int best = nt__gemm_isa_best();
     for (int be = 0; be < 2; be++) {
         assert_int_equal(nt_config_set("NT_BACKEND", backends[be]), 0);
-        for (int isa = 0; isa <= best; isa++) {
-            assert_int_equal(nt_config_set("NT_CPU_ISA", nt__gemm_isa_label(isa)), 0);
-            /* a: [3, K, M] stored, used as its transpose [3, M, K]; b: the
-             * first N of N + 10 columns */
-            nt_tensor *ta = nt_from_host(a, NT_F32, 3, (int64_t[]){Bt, K, M});
-            nt_tensor *tb = nt_from_host(b, NT_F32, 2, (int64_t[]){K, N + 10});
-            nt_tensor *at = nt_transpose(ta, 1, 2), *bs = nt_slice(tb, 1, 0, N, 1);
-            nt_tensor *y = nt_matmul(at, bs);
-            assert_non_null(y);
-            assert_int_equal(nt_to_host(y, got, n * sizeof(float)), 0);
-            if (be == 0 && isa == 0) {
-                memcpy(first, got, n * sizeof(float));
-                /* and the naive order, batch by batch */
-                float *ref = malloc((size_t)(M * N) * sizeof(float));
-                for (int64_t q = 0; q < Bt; q++) {
-                    naive((int)M, (int)N, (int)K, a + q * K * M, (int)M, b, (int)(N + 10), ref,
-                          (int)N);
-                    assert_int_equal(differ(ref, got + q * M * N, (size_t)(M * N)), 0);
+        for (int isa = 0; isa <= best; isa++)
+            for (int rm = 0; rm < 2; rm++) {
+                assert_int_equal(nt_config_set("NT_CPU_ISA", nt__gemm_isa_label(isa)), 0);
+                /* a: [3, K, M] stored, used as its transpose [3, M, K] (or the
+                 * row-major copy); b: the first N of N + 10 columns */
+                nt_tensor *ta = rm ? nt_from_host(arm, NT_F32, 3, (int64_t[]){Bt, M, K})
+                                   : nt_from_host(a, NT_F32, 3, (int64_t[]){Bt, K, M});
+                nt_tensor *tb = nt_from_host(b, NT_F32, 2, (int64_t[]){K, N + 10});
+                nt_tensor *at = rm ? nt_retain(ta) : nt_transpose(ta, 1, 2);
+                nt_tensor *bs = nt_slice(tb, 1, 0, N, 1);
+                nt_tensor *y = nt_matmul(at, bs);
+                assert_non_null(y);
+                assert_int_equal(nt_to_host(y, got, n * sizeof(float)), 0);
+                if (be == 0 && isa == 0 && rm == 0) {
+                    memcpy(first, got, n * sizeof(float));
+                    /* and the naive order, batch by batch */
+                    float *ref = malloc((size_t)(M * N) * sizeof(float));
+                    for (int64_t q = 0; q < Bt; q++) {
+                        naive((int)M, (int)N, (int)K, a + q * K * M, (int)M, b, (int)(N + 10),
+                              ref, (int)N);
+                        assert_int_equal(differ(ref, got + q * M * N, (size_t)(M * N)), 0);
+                    }
+                    free(ref);
                 }
-                free(ref);
+                int bad = differ(got, first, n);
+                if (bad)
+                    print_message("# nt_matmul on %s, %s, a %s: %d elements differ\n",
+                                  backends[be], nt__gemm_isa_label(isa),
+                                  rm ? "row-major" : "transposed", bad);
+                assert_int_equal(bad, 0);
+                nt_release(y), nt_release(at), nt_release(bs), nt_release(ta), nt_release(tb);
             }
-            int bad = differ(got, first, n);
-            if (bad)
-                print_message("# nt_matmul on %s, %s: %d elements differ\n", backends[be],
-                              nt__gemm_isa_label(isa), bad);
-            assert_int_equal(bad, 0);
-            nt_release(y), nt_release(at), nt_release(bs), nt_release(ta), nt_release(tb);
-        }
     }
-    free(a), free(b), free(first), free(got);
+    free(a), free(b), free(first), free(got), free(arm);
 }
 
 /* 20 AdamW steps of a small MLP (ragged sizes: 100-160-10, batch 40) on
