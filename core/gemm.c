@@ -261,7 +261,11 @@ static void pack_b(const kern *kn, float *dst, int j0, int j1, int K, const floa
         float *d = dst + (long)((j - j0) / NR) * K * NR;
         for (int k = 0; k < K; k++) {
             const float *b = B + (long)k * ldb + j;
-            if (w == NR) {
+            if (w == NR && NR == 32) { /* constant sizes: inline copies, not calls */
+                memcpy(d + k * 32, b, 32 * sizeof(float));
+            } else if (w == NR && NR == 16) {
+                memcpy(d + k * 16, b, 16 * sizeof(float));
+            } else if (w == NR) {
                 memcpy(d + k * NR, b, (size_t)NR * sizeof(float));
             } else {
                 int q = 0;
