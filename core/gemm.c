@@ -1,17 +1,26 @@
 /* core/gemm.c - the K-tile matmul primitive; see gemm.h for the recurrence.
  *
  * Every element is s = fma(A[k][i], B[k][j], s) for k ascending, then added
- * to C.  fma rounds once and exactly, so an AVX2 lane and the portable
- * fmaf loop give the same bits: where an element is computed, and by which
- * thread, never changes it.
+ * to C.  fma rounds once and exactly, so an AVX-512 lane, an AVX2 lane and
+ * the portable fmaf loop give the same bits: where an element is computed,
+ * by which thread and with which vector width never changes it.
  *
- * Speed: register-blocked micro-kernels (up to 6 rows x 16 columns of C held
- * in AVX2 registers across the whole K loop, B rows loaded as vectors, A
- * broadcast; edge rows and columns use the same kernels with fewer rows and
- * masked lanes, never a scalar loop), columns blocked so a panel of B stays
- * in L2, and a second thread taking half the column blocks of big calls.
- * nt__gemm (the whole product) packs both operands once and keeps each
- * block of C in cache across all its K-tiles. */
+ * Speed: register-blocked micro-kernels (rows x columns of C held in vector
+ * registers across the whole K loop, B rows loaded as vectors, A broadcast;
+ * edge rows and columns use the same kernels with fewer rows and masked
+ * lanes, never a scalar loop), columns blocked so a panel of B stays in L2,
+ * and a second thread taking half the column blocks of big calls.  nt__gemm
+ * (the whole product) packs both operands once and keeps each block of C in
+ * cache across all its K-tiles.
+ *
+ * The micro-kernel is chosen at run time, not by the build machine: the
+ * widest of AVX-512F (12 x 32), AVX2+FMA (6 x 16) and portable C (4 x 8)
+ * that this CPU runs, or the level NT_CPU_ISA asks for (docs/env.md).  The
+ * x86 kernels are compiled for their own ISA with target attributes, so the
+ * rest of the library needs no more than the baseline the build targets.
+ * (Not ifunc / target_clones: their resolvers run before ThreadSanitizer is
+ * up.)  A call reads the kernel once and uses it throughout, so a change of
+ * level never mixes panel layouts inside one product. */
 #include "gemm.h"
 
 #include <glib.h>
@@ -20,21 +29,27 @@
 
 #include <atomic_ops.h>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-#define NT_MR 6
-#define NT_NR 16
-#define NT_VEC 1
+#define NT_X86 1
 #else
-#define NT_MR 4
-#define NT_NR 4
-#define NT_VEC 0
+#define NT_X86 0
 #endif
+
+/* A micro-kernel: c[0..mr)[0..nr) = A^T . B for one pair of packed panels
+ * (A panel [K][mr], B panel [K][nr], see pack_a / pack_b), stored to C's
+ * first rows_ rows and w columns (acc: added to C, as C + s). */
+typedef void (*micro_fn)(int K, const float *Ap, const float *Bp, float *C, int ldc, int rows_,
+                         int w, bool acc);
+typedef struct kern {
+    int mr, nr; /* tile: NT_MC is a multiple of mr, NT_JB, NT_NC and NT_NCB of nr */
+    micro_fn micro;
+} kern;
 
 /* Columns per block: a 128 x 256 panel of B is 128 KiB, comfortably in L2. */
 #define NT_NC 256
 
-/* One element the scalar way (only without AVX2). */
+/* One element the plain way (the fallback when panel memory is short). */
 static inline float dot1(int K, const float *A, int lda, const float *B, int ldb)
 {
     float s = 0.0f;
@@ -45,24 +60,38 @@ static inline float dot1(int K, const float *A, int lda, const float *B, int ldb
 
 static inline void put(float *p, float s, bool acc) { *p = acc ? *p + s : s; }
 
-#if NT_VEC
-/* Packed operands.  A micro-kernel reads an A panel [K][6] and a B panel
- * [K][16], both contiguous: B rows of a strided matrix sit ldb floats apart
+/* Packed operands.  A micro-kernel reads an A panel [K][mr] and a B panel
+ * [K][nr], both contiguous: B rows of a strided matrix sit ldb floats apart
  * (often a multiple of 4 KiB), and 128 of them would all land in one L1 set.
  * Panels are zero-padded to full width; the padding's lanes compute zeros
  * that are never stored, and no lane affects another. */
 
-/* c[0..6)[0..16) = A^T . B for one pair of panels, stored to C's first mr
- * rows and w columns (acc: added to C). */
-static void micro(int K, const float *Ap, const float *Bp, float *C, int ldc, int mr, int w,
-                  bool acc)
+/* Portable: 4 x 8, plain C fmaf (any CPU; NT_CPU_ISA=scalar). */
+static void micro_c(int K, const float *Ap, const float *Bp, float *C, int ldc, int rows_, int w,
+                    bool acc)
+{
+    float c[4][8] = {{0}};
+    for (int k = 0; k < K; k++)
+        for (int r = 0; r < 4; r++)
+            for (int q = 0; q < 8; q++)
+                c[r][q] = fmaf(Ap[k * 4 + r], Bp[k * 8 + q], c[r][q]);
+    for (int r = 0; r < rows_; r++)
+        for (int j = 0; j < w; j++)
+            put(C + (long)r * ldc + j, c[r][j], acc);
+}
+
+#if NT_X86
+/* AVX2 + FMA: 6 x 16, twelve 256-bit accumulators. */
+__attribute__((target("avx2,fma"))) static void micro_avx2(int K, const float *Ap,
+                                                           const float *Bp, float *C, int ldc,
+                                                           int rows_, int w, bool acc)
 {
     /* twelve named accumulators: an array here would be spilled to the
      * stack after every fma (GCC keeps address-taken arrays in memory) */
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     for (int k = 0; k < K; k++) {
-        const float *a = Ap + k * NT_MR, *b = Bp + k * NT_NR;
+        const float *a = Ap + k * 6, *b = Bp + k * 16;
         __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8), ar;
         ar = _mm256_broadcast_ss(a + 0);
         c00 = _mm256_fmadd_ps(ar, b0, c00), c01 = _mm256_fmadd_ps(ar, b1, c01);
@@ -77,9 +106,9 @@ static void micro(int K, const float *Ap, const float *Bp, float *C, int ldc, in
         ar = _mm256_broadcast_ss(a + 5);
         c50 = _mm256_fmadd_ps(ar, b0, c50), c51 = _mm256_fmadd_ps(ar, b1, c51);
     }
-    __m256 c[NT_MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
-    if (mr == NT_MR && w == NT_NR) {
-        for (int r = 0; r < NT_MR; r++) {
+    __m256 c[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+    if (rows_ == 6 && w == 16) {
+        for (int r = 0; r < 6; r++) {
             float *p = C + (long)r * ldc;
             __m256 v0 = c[r][0], v1 = c[r][1];
             if (acc) {
@@ -91,49 +120,159 @@ static void micro(int K, const float *Ap, const float *Bp, float *C, int ldc, in
         }
         return;
     }
-    float t[NT_MR][NT_NR] __attribute__((aligned(32)));
-    for (int r = 0; r < NT_MR; r++) {
+    float t[6][16] __attribute__((aligned(32)));
+    for (int r = 0; r < 6; r++) {
         _mm256_store_ps(t[r], c[r][0]);
         _mm256_store_ps(t[r] + 8, c[r][1]);
     }
-    for (int r = 0; r < mr; r++)
+    for (int r = 0; r < rows_; r++)
         for (int j = 0; j < w; j++)
             put(C + (long)r * ldc + j, t[r][j], acc);
 }
 
-/* Panels of A^T: for each MR rows i, [K][MR] floats. */
-static void pack_a(float *dst, int M, int K, const float *A, int lda)
+/* AVX-512F: 12 x 32, twenty-four 512-bit accumulators (plus two B vectors
+ * and the broadcast: 27 of the 32 registers).  Edge columns use masked
+ * loads and stores, which touch no memory outside the mask. */
+#define NT_R12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+__attribute__((target("avx512f,avx2,fma"))) static void micro_avx512(int K, const float *Ap,
+                                                                     const float *Bp, float *C,
+                                                                     int ldc, int rows_, int w,
+                                                                     bool acc)
 {
-    for (int i = 0; i < M; i += NT_MR) {
-        int mr = M - i < NT_MR ? M - i : NT_MR;
-        float *d = dst + (long)(i / NT_MR) * K * NT_MR;
+#define NT_DECL(r) __m512 c##r##a = _mm512_setzero_ps(), c##r##b = c##r##a;
+    NT_R12(NT_DECL)
+#undef NT_DECL
+    for (int k = 0; k < K; k++) {
+        const float *a = Ap + k * 12, *b = Bp + k * 32;
+        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), ar;
+#define NT_ROW(r)                                                                                  \
+    ar = _mm512_set1_ps(a[r]);                                                                     \
+    c##r##a = _mm512_fmadd_ps(ar, b0, c##r##a), c##r##b = _mm512_fmadd_ps(ar, b1, c##r##b);
+        NT_R12(NT_ROW)
+#undef NT_ROW
+    }
+#define NT_LIST(r) {c##r##a, c##r##b},
+    __m512 c[12][2] = {NT_R12(NT_LIST)};
+#undef NT_LIST
+    __mmask16 m0 = w >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << w) - 1);
+    __mmask16 m1 = w >= 32 ? (__mmask16)0xffff : w > 16 ? (__mmask16)((1u << (w - 16)) - 1) : 0;
+    for (int r = 0; r < rows_; r++) {
+        float *p = C + (long)r * ldc;
+        __m512 v0 = c[r][0], v1 = c[r][1];
+        if (acc) {
+            v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, p), v0);
+            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, p + 16), v1);
+        }
+        _mm512_mask_storeu_ps(p, m0, v0);
+        _mm512_mask_storeu_ps(p + 16, m1, v1);
+    }
+}
+#undef NT_R12
+#endif
+
+/* ---------------- run-time choice of the kernel ---------------- */
+
+static const kern kerns[NT_ISA_COUNT] = {
+    [NT_ISA_SCALAR] = {4, 8, micro_c},
+#if NT_X86
+    [NT_ISA_AVX2] = {6, 16, micro_avx2},
+    [NT_ISA_AVX512] = {12, 32, micro_avx512},
+#endif
+};
+
+bool nt__gemm_isa_runs(int isa)
+{
+    if (isa == NT_ISA_SCALAR)
+        return true;
+#if NT_X86
+    __builtin_cpu_init();
+    /* libgcc's checks include the OS saving the wider registers (XCR0) */
+    if (isa == NT_ISA_AVX2)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (isa == NT_ISA_AVX512)
+        return __builtin_cpu_supports("avx512f") && nt__gemm_isa_runs(NT_ISA_AVX2);
+#endif
+    return false;
+}
+
+int nt__gemm_isa_best(void)
+{
+    for (int i = NT_ISA_COUNT - 1; i > 0; i--)
+        if (nt__gemm_isa_runs(i))
+            return i;
+    return NT_ISA_SCALAR;
+}
+
+const char *nt__gemm_isa_label(int isa)
+{
+    static const char *const names[NT_ISA_COUNT] = {"scalar", "avx2", "avx512"};
+    return isa >= 0 && isa < NT_ISA_COUNT ? names[isa] : NULL;
+}
+
+static volatile AO_t cur_kern; /* const kern *, 0 until the first use */
+
+static const kern *kern_now(void)
+{
+    AO_t k = AO_load_acquire(&cur_kern);
+    if (!k) {
+        /* first use: the widest level (two racing threads pick the same) */
+        AO_compare_and_swap_full(&cur_kern, 0, (AO_t)&kerns[nt__gemm_isa_best()]);
+        k = AO_load_acquire(&cur_kern);
+    }
+    return (const kern *)k;
+}
+
+int nt__gemm_set_isa(int isa)
+{
+    if (isa < 0)
+        isa = nt__gemm_isa_best();
+    if (isa >= NT_ISA_COUNT || !nt__gemm_isa_runs(isa))
+        return -1;
+    AO_store_release(&cur_kern, (AO_t)&kerns[isa]);
+    return 0;
+}
+
+int nt__gemm_isa(void) { return (int)(kern_now() - kerns); }
+
+/* Panels of A^T: for each MR rows i, [K][MR] floats (MR: kn's tile). */
+static void pack_a(const kern *kn, float *dst, int M, int K, const float *A, int lda)
+{
+    const int MR = kn->mr;
+    for (int i = 0; i < M; i += MR) {
+        int mr = M - i < MR ? M - i : MR;
+        float *d = dst + (long)(i / MR) * K * MR;
         for (int k = 0; k < K; k++) {
             const float *a = A + (long)k * lda + i;
             int r = 0;
             for (; r < mr; r++)
-                d[k * NT_MR + r] = a[r];
-            for (; r < NT_MR; r++)
-                d[k * NT_MR + r] = 0.0f;
+                d[k * MR + r] = a[r];
+            for (; r < MR; r++)
+                d[k * MR + r] = 0.0f;
         }
     }
 }
 
 /* Panels of B's columns [j0, j1): for each NR columns, [K][NR] floats. */
-static void pack_b(float *dst, int j0, int j1, int K, const float *B, int ldb)
+static void pack_b(const kern *kn, float *dst, int j0, int j1, int K, const float *B, int ldb)
 {
-    for (int j = j0; j < j1; j += NT_NR) {
-        int w = j1 - j < NT_NR ? j1 - j : NT_NR;
-        float *d = dst + (long)((j - j0) / NT_NR) * K * NT_NR;
+    const int NR = kn->nr;
+    for (int j = j0; j < j1; j += NR) {
+        int w = j1 - j < NR ? j1 - j : NR;
+        float *d = dst + (long)((j - j0) / NR) * K * NR;
         for (int k = 0; k < K; k++) {
             const float *b = B + (long)k * ldb + j;
-            if (w == NT_NR) {
-                memcpy(d + k * NT_NR, b, NT_NR * sizeof(float));
+            if (w == NR && NR == 32) { /* constant sizes: inline copies, not calls */
+                memcpy(d + k * 32, b, 32 * sizeof(float));
+            } else if (w == NR && NR == 16) {
+                memcpy(d + k * 16, b, 16 * sizeof(float));
+            } else if (w == NR) {
+                memcpy(d + k * NR, b, (size_t)NR * sizeof(float));
             } else {
                 int q = 0;
                 for (; q < w; q++)
-                    d[k * NT_NR + q] = b[q];
-                for (; q < NT_NR; q++)
-                    d[k * NT_NR + q] = 0.0f;
+                    d[k * NR + q] = b[q];
+                for (; q < NR; q++)
+                    d[k * NR + q] = 0.0f;
             }
         }
     }
@@ -183,28 +322,28 @@ static float *panel(GPrivate *key, size_t n)
 }
 
 /* Columns [j0, j1) with A already packed (Ap). */
-static int run_cols_packed(int M, int j0, int j1, int K, const float *Ap, const float *B, int ldb,
-                           float *C, int ldc, bool acc)
+static int run_cols_packed(const kern *kn, int M, int j0, int j1, int K, const float *Ap,
+                           const float *B, int ldb, float *C, int ldc, bool acc)
 {
+    const int MR = kn->mr, NR = kn->nr;
     float *Bp = panel(&bpanel_key, (size_t)K * NT_NC);
     if (!Bp)
         return -1;
     for (int jb = j0; jb < j1; jb += NT_NC) {
         int je = jb + NT_NC < j1 ? jb + NT_NC : j1;
-        pack_b(Bp, jb, je, K, B, ldb);
-        for (int i = 0; i < M; i += NT_MR) {
-            int mr = M - i < NT_MR ? M - i : NT_MR;
-            const float *a = Ap + (long)(i / NT_MR) * K * NT_MR;
-            for (int j = jb; j < je; j += NT_NR) {
-                int w = je - j < NT_NR ? je - j : NT_NR;
-                micro(K, a, Bp + (long)((j - jb) / NT_NR) * K * NT_NR,
-                      C + (long)i * ldc + j, ldc, mr, w, acc);
+        pack_b(kn, Bp, jb, je, K, B, ldb);
+        for (int i = 0; i < M; i += MR) {
+            int mr = M - i < MR ? M - i : MR;
+            const float *a = Ap + (long)(i / MR) * K * MR;
+            for (int j = jb; j < je; j += NR) {
+                int w = je - j < NR ? je - j : NR;
+                kn->micro(K, a, Bp + (long)((j - jb) / NR) * K * NR, C + (long)i * ldc + j, ldc,
+                          mr, w, acc);
             }
         }
     }
     return 0;
 }
-#endif
 
 /* Portable: the same recurrence, element by element. */
 static void run_cols_plain(int M, int j0, int j1, int K, const float *A, int lda,
@@ -228,7 +367,7 @@ typedef struct job job;
 struct job {
     void (*block)(const job *j, int b); /* runs block b */
     int M, N, K, lda, ldb, ldc;
-    const float *A, *B; /* A: packed panels when vectorised (ktile jobs) */
+    const float *A, *B; /* A: packed panels (ktile jobs) */
     float *C;
     bool acc;
     int nbn;             /* full jobs: blocks per row of C blocks */
@@ -239,6 +378,7 @@ struct job {
                              caller's stack: it must not return before 0) */
     void (*gfn)(void *arg, int b); /* nt__par_blocks jobs */
     void *garg;
+    const kern *kn; /* the micro-kernel and panel layout of this product */
 };
 
 static struct {
@@ -251,31 +391,27 @@ static struct {
 } P;
 static GOnce pool_once = G_ONCE_INIT;
 
-/* Columns [j0, j1): packed when vectorised (A given as panels). */
-static void run(int M, int j0, int j1, int K, const float *A, int lda, const float *B, int ldb,
-                float *C, int ldc, bool acc)
+/* Columns [j0, j1), A given as kn's panels. */
+static void run(const kern *kn, int M, int j0, int j1, int K, const float *A, const float *B,
+                int ldb, float *C, int ldc, bool acc)
 {
-#if NT_VEC
-    if (run_cols_packed(M, j0, j1, K, A, B, ldb, C, ldc, acc) == 0)
+    if (run_cols_packed(kn, M, j0, j1, K, A, B, ldb, C, ldc, acc) == 0)
         return;
     /* no memory for a B panel: element by element from A's panels (same
      * recurrence, same bits) */
+    const int MR = kn->mr;
     for (int i = 0; i < M; i++) {
-        const float *a = A + (long)(i / NT_MR) * K * NT_MR + i % NT_MR;
+        const float *a = A + (long)(i / MR) * K * MR + i % MR;
         for (int j = j0; j < j1; j++)
-            put(C + (long)i * ldc + j, dot1(K, a, NT_MR, B + j, ldb), acc);
+            put(C + (long)i * ldc + j, dot1(K, a, MR, B + j, ldb), acc);
     }
-    (void)lda;
-#else
-    run_cols_plain(M, j0, j1, K, A, lda, B, ldb, C, ldc, acc);
-#endif
 }
 
 /* A ktile job's block b: columns [b * NT_JB, ...). */
 static void ktile_block(const job *j, int b)
 {
     int j0 = b * NT_JB, j1 = j0 + NT_JB < j->N ? j0 + NT_JB : j->N;
-    run(j->M, j0, j1, j->K, j->A, j->lda, j->B, j->ldb, j->C, j->ldc, j->acc);
+    run(j->kn, j->M, j0, j1, j->K, j->A, j->B, j->ldb, j->C, j->ldc, j->acc);
 }
 
 static void work(job *j)
@@ -385,39 +521,65 @@ void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B
         return;
     }
     g_once(&pool_once, pool_start, NULL);
-#if NT_VEC
-    float *Ap = panel(&apanel_key, (size_t)K * (size_t)((M + NT_MR - 1) / NT_MR * NT_MR));
+    const kern *kn = kern_now();
+    float *Ap = panel(&apanel_key, (size_t)K * (size_t)((M + kn->mr - 1) / kn->mr * kn->mr));
     if (!Ap) { /* host memory short: element by element, same bits */
         run_cols_plain(M, 0, N, K, A, lda, B, ldb, C, ldc, acc);
         return;
     }
-    pack_a(Ap, M, K, A, lda);
+    pack_a(kn, Ap, M, K, A, lda);
     const float *Ause = Ap;
-#else
-    const float *Ause = A;
-#endif
     job j = {ktile_block, M, N, K, lda, ldb, ldc, Ause, B, C, acc, 0, (N + NT_JB - 1) / NT_JB,
              0, 0, 0};
+    j.kn = kn;
     run_job(&j, (long)M * N * K >= NT_GEMM_SPLIT && N >= 2 * NT_JB);
 }
 
 /* ---------------- the whole product ----------------
  *
  * Both operands are packed once, every K-tile (in parallel: one block per
- * tile), then C is cut into blocks of NT_MC x NT_NCB; each block runs every
+ * tile), then C is cut into blocks of mc x ncb; each block runs every
  * K-tile in ascending order before the next block starts, so it stays in L2
  * while it accumulates instead of streaming through memory once per K-tile.
  * Each element still follows the recurrence of gemm.h exactly. */
 
-#define NT_MC 96   /* rows per C block (a multiple of NT_MR) */
-#define NT_NCB 256 /* columns per C block (a multiple of NT_NR) */
+/* C blocks: rows a multiple of every kernel's mr, columns of every nr.  Big
+ * products take the big blocks: their operands stream from L3 or memory
+ * once per block and K-tile, (mc + ncb) x 128 floats for mc x ncb x 128
+ * FMAs, so a bigger block needs less bandwidth per FLOP (192 x 512: 3.4
+ * GB/s per core at 240 GFLOPS, where 96 x 256 needs 6.9); smaller ones keep
+ * enough blocks for both threads. */
+#define NT_MC 96
+#define NT_NCB 256
+static int gemm_mc_big = 2 * NT_MC, gemm_ncb_big = 2 * NT_NCB;
 
-#if NT_VEC
 typedef struct full {
     job j;
     float *Ap, *Bp; /* K-tile kt's panels start at Mpad * k0 and Npad * k0 */
     int Mpad, Npad, nk;
+    int mc, ncb; /* C block */
+    bool arow;   /* A given row-major M x K (nt__gemm_rowa) */
 } full;
+
+/* pack_a's panels from a row-major A (M x K, rows lda apart): row i + r
+ * read in order, written with stride MR. */
+static void pack_a_rows(const kern *kn, float *dst, int M, int K, const float *A, int lda)
+{
+    const int MR = kn->mr;
+    for (int i = 0; i < M; i += MR) {
+        int mr = M - i < MR ? M - i : MR;
+        float *d = dst + (long)(i / MR) * K * MR;
+        for (int r = 0; r < MR; r++) {
+            const float *a = A + (long)(i + r) * lda;
+            if (r < mr)
+                for (int k = 0; k < K; k++)
+                    d[k * MR + r] = a[k];
+            else
+                for (int k = 0; k < K; k++)
+                    d[k * MR + r] = 0.0f;
+        }
+    }
+}
 
 /* Pack job: block b < nk packs A's K-tile b, else B's K-tile b - nk. */
 static void pack_block(const job *jb, int b)
@@ -425,36 +587,43 @@ static void pack_block(const job *jb, int b)
     const full *f = (const full *)jb;
     int kt = b < f->nk ? b : b - f->nk, k0 = kt * NT_GEMM_KTILE;
     int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
-    if (b < f->nk)
-        pack_a(f->Ap + (long)f->Mpad * k0, jb->M, kw, jb->A + (long)k0 * jb->lda, jb->lda);
+    if (b < f->nk && f->arow)
+        pack_a_rows(jb->kn, f->Ap + (long)f->Mpad * k0, jb->M, kw, jb->A + k0, jb->lda);
+    else if (b < f->nk)
+        pack_a(jb->kn, f->Ap + (long)f->Mpad * k0, jb->M, kw, jb->A + (long)k0 * jb->lda,
+               jb->lda);
     else
-        pack_b(f->Bp + (long)f->Npad * k0, 0, jb->N, kw, jb->B + (long)k0 * jb->ldb, jb->ldb);
+        pack_b(jb->kn, f->Bp + (long)f->Npad * k0, 0, jb->N, kw, jb->B + (long)k0 * jb->ldb,
+               jb->ldb);
 }
 
 static void full_block(const job *jb, int b)
 {
     const full *f = (const full *)jb;
+    const kern *kn = jb->kn;
+    const int MR = kn->mr, NR = kn->nr;
     int bi = b / jb->nbn, bj = b % jb->nbn;
-    int i0 = bi * NT_MC, i1 = i0 + NT_MC < jb->M ? i0 + NT_MC : jb->M;
-    int j0 = bj * NT_NCB, j1 = j0 + NT_NCB < jb->N ? j0 + NT_NCB : jb->N;
+    int i0 = bi * f->mc, i1 = i0 + f->mc < jb->M ? i0 + f->mc : jb->M;
+    int j0 = bj * f->ncb, j1 = j0 + f->ncb < jb->N ? j0 + f->ncb : jb->N;
     for (int k0 = 0; k0 < jb->K; k0 += NT_GEMM_KTILE) {
         int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
         const float *Ak = f->Ap + (long)f->Mpad * k0, *Bk = f->Bp + (long)f->Npad * k0;
-        for (int i = i0; i < i1; i += NT_MR) {
-            int mr = i1 - i < NT_MR ? i1 - i : NT_MR;
-            const float *a = Ak + (long)(i / NT_MR) * kw * NT_MR;
-            for (int c = j0; c < j1; c += NT_NR) {
-                int w = j1 - c < NT_NR ? j1 - c : NT_NR;
-                micro(kw, a, Bk + (long)(c / NT_NR) * kw * NT_NR, jb->C + (long)i * jb->ldc + c,
-                      jb->ldc, mr, w, k0 > 0);
+        /* a B panel (kw x NR) stays in L1 while the block's A panels
+         * stream past it from L2 */
+        for (int c = j0; c < j1; c += NR) {
+            int w = j1 - c < NR ? j1 - c : NR;
+            const float *bp = Bk + (long)(c / NR) * kw * NR;
+            for (int i = i0; i < i1; i += MR) {
+                int mr = i1 - i < MR ? i1 - i : MR;
+                kn->micro(kw, Ak + (long)(i / MR) * kw * MR, bp, jb->C + (long)i * jb->ldc + c,
+                          jb->ldc, mr, w, k0 > 0);
             }
         }
     }
 }
-#endif
 
-void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
-              int ldc)
+static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, const float *B,
+                      int ldb, float *C, int ldc)
 {
     if (M <= 0 || N <= 0)
         return;
@@ -464,26 +633,50 @@ void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int 
         return;
     }
     g_once(&pool_once, pool_start, NULL);
-#if NT_VEC
-    int Mpad = (M + NT_MR - 1) / NT_MR * NT_MR, Npad = (N + NT_NR - 1) / NT_NR * NT_NR;
+    const kern *kn = kern_now();
+    int Mpad = (M + kn->mr - 1) / kn->mr * kn->mr, Npad = (N + kn->nr - 1) / kn->nr * kn->nr;
     float *Ap = panel(&fa_key, (size_t)Mpad * (size_t)K);
     float *Bp = Ap ? panel(&fb_key, (size_t)Npad * (size_t)K) : NULL;
     if (Ap && Bp) {
         bool split = (long)M * N * K >= NT_GEMM_SPLIT;
         int nk = (K + NT_GEMM_KTILE - 1) / NT_GEMM_KTILE;
         full f = {{pack_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, 2 * nk, 0, 0, 0},
-                  Ap, Bp, Mpad, Npad, nk};
+                  Ap, Bp, Mpad, Npad, nk, 0, 0, arow};
+        f.j.kn = kn;
         run_job(&f.j, split);
-        int nbm = (M + NT_MC - 1) / NT_MC, nbn = (N + NT_NCB - 1) / NT_NCB;
+        int mc = gemm_mc_big, ncb = gemm_ncb_big;
+        if ((long)((M + mc - 1) / mc) * ((N + ncb - 1) / ncb) < 8)
+            mc = NT_MC, ncb = NT_NCB;
+        int nbm = (M + mc - 1) / mc, nbn = (N + ncb - 1) / ncb;
         full g = {{full_block, M, N, K, lda, ldb, ldc, A, B, C, false, nbn, nbm * nbn, 0, 0, 0},
-                  Ap, Bp, Mpad, Npad, nk};
+                  Ap, Bp, Mpad, Npad, nk, mc, ncb, arow};
+        g.j.kn = kn;
         run_job(&g.j, split);
         return;
     }
-#endif
-    /* portable, or host memory short for the panels: K-tile by K-tile */
+    /* host memory short for the panels: K-tile by K-tile */
     for (int k0 = 0; k0 < K; k0 += NT_GEMM_KTILE) {
         int kw = K - k0 < NT_GEMM_KTILE ? K - k0 : NT_GEMM_KTILE;
-        nt__gemm_ktile(M, N, kw, A + (long)k0 * lda, lda, B + (long)k0 * ldb, ldb, C, ldc, k0 > 0);
+        if (!arow) {
+            nt__gemm_ktile(M, N, kw, A + (long)k0 * lda, lda, B + (long)k0 * ldb, ldb, C, ldc,
+                           k0 > 0);
+            continue;
+        }
+        for (int i = 0; i < M; i++) /* element by element: the same recurrence */
+            for (int j = 0; j < N; j++)
+                put(C + (long)i * ldc + j,
+                    dot1(kw, A + (long)i * lda + k0, 1, B + (long)k0 * ldb + j, ldb), k0 > 0);
     }
+}
+
+void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
+              int ldc)
+{
+    gemm_full(M, N, K, A, lda, false, B, ldb, C, ldc);
+}
+
+void nt__gemm_rowa(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                   float *C, int ldc)
+{
+    gemm_full(M, N, K, A, lda, true, B, ldb, C, ldc);
 }

@@ -44,4 +44,28 @@ void nt__par_blocks(int nblocks, void (*fn)(void *arg, int b), void *arg, bool s
 void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
               int ldc);
 
+/* nt__gemm with A given row-major, M x K (A[i][k] at A[i * lda + k], lda
+ * >= K), as a matmul's left operand usually is: the panels are packed from
+ * it directly, instead of transposing it to K x M first.  Same bits. */
+void nt__gemm_rowa(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                   float *C, int ldc);
+
+/* The vector ISA levels of the micro-kernel, chosen at run time (the first
+ * call takes the widest this CPU runs; NT_CPU_ISA in docs/env.md forces
+ * one).  Every level gives the same bits: only the speed differs. */
+enum { NT_ISA_SCALAR, NT_ISA_AVX2, NT_ISA_AVX512, NT_ISA_COUNT };
+
+/* Whether this CPU (and OS) runs level isa; scalar always. */
+bool nt__gemm_isa_runs(int isa);
+/* The widest level this CPU runs. */
+int nt__gemm_isa_best(void);
+/* "scalar", "avx2", "avx512"; NULL for anything else. */
+const char *nt__gemm_isa_label(int isa);
+/* Makes level isa (or the widest, for isa < 0) the one later calls use;
+ * -1 (and no change) when this CPU does not run it.  Calls already running
+ * finish with the kernel they started with. */
+int nt__gemm_set_isa(int isa);
+/* The level calls use now. */
+int nt__gemm_isa(void);
+
 #endif

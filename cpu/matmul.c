@@ -63,9 +63,12 @@ int nt__cpu_matmul(const nt__rec *r)
      * (K x M) when a's rows are unit-strided (a transposed view), B (K x N)
      * when b's columns are; C is the output itself when it is f32. */
     bool a_direct = adt == NT_F32 && mi.a_rs == 1 && mi.a_cs >= M && mi.a_cs <= INT32_MAX;
+    /* a row-major f32 a (M x K) too: nt__gemm_rowa packs its panels from it */
+    bool a_rows = !a_direct && adt == NT_F32 && mi.a_cs == 1 && mi.a_rs >= K &&
+                  mi.a_rs <= INT32_MAX;
     bool b_direct = bdt == NT_F32 && mi.b_cs == 1 && mi.b_rs >= N && mi.b_rs <= INT32_MAX;
     bool c_direct = odt == NT_F32;
-    size_t na = a_direct ? 0 : (size_t)(K * M), nb = b_direct ? 0 : (size_t)(K * N);
+    size_t na = a_direct || a_rows ? 0 : (size_t)(K * M), nb = b_direct ? 0 : (size_t)(K * N);
     size_t nc = c_direct ? 0 : (size_t)(M * N);
     float *buf = scratch(na + nb + nc + 1);
     if (!buf)
@@ -83,9 +86,9 @@ int nt__cpu_matmul(const nt__rec *r)
             aoff += idx[i] * mi.a_bstride[i], boff += idx[i] * mi.b_bstride[i];
         const float *Ap = At, *Bp = B;
         int lda = (int)M, ldb = (int)N;
-        if (a_direct) {
+        if (a_direct || a_rows) {
             Ap = (const float *)(ad + aoff * aes);
-            lda = (int)mi.a_cs;
+            lda = (int)(a_rows ? mi.a_rs : mi.a_cs);
         } else if (aoff != a_prev) {
             nt__mm_pack(At, M, ad + aoff * aes, adt, aes, K, M, mi.a_cs, mi.a_rs);
         }
@@ -97,7 +100,10 @@ int nt__cpu_matmul(const nt__rec *r)
         }
         a_prev = aoff, b_prev = boff;
         float *Cp = c_direct ? (float *)(od + bi * (int64_t)(M * N) * oes) : C;
-        nt__gemm((int)M, (int)N, (int)K, Ap, lda, Bp, ldb, Cp, (int)N);
+        if (a_rows)
+            nt__gemm_rowa((int)M, (int)N, (int)K, Ap, lda, Bp, ldb, Cp, (int)N);
+        else
+            nt__gemm((int)M, (int)N, (int)K, Ap, lda, Bp, ldb, Cp, (int)N);
         /* one rounding to the output dtype (for f32: NaNs made canonical) */
         nt__st_f32((char *)(od + bi * (int64_t)(M * N) * oes), odt, 1, Cp, M * N);
         bi++;

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "gemm.h"
 #include "internal.h"
 #include "streams/stream.h"
 
@@ -234,6 +235,22 @@ static int apply_opt(const char *name, const char *v, const char *fn)
                            "NT_HANDLE_QUARANTINE: expected a count >= 4096 or 'all', got '%s'",
                            v);
         nt__cfg.handle_quarantine = u;
+    } else if (!strcmp(name, "NT_CPU_ISA")) {
+        /* the matmul micro-kernel's vector level (core/gemm.c); lives there,
+         * not in nt__cfg, as the primitive runs without nt_init too */
+        int isa = -2;
+        if (!strcmp(v, "auto"))
+            isa = -1;
+        for (int i = 0; i < NT_ISA_COUNT; i++)
+            if (!strcmp(v, nt__gemm_isa_label(i)))
+                isa = i;
+        if (isa == -2)
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_CPU_ISA: expected auto, avx512, avx2 or scalar, got '%s'", v);
+        if (nt__gemm_set_isa(isa) < 0)
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_CPU_ISA: this CPU does not run %s (the widest it runs is %s)", v,
+                           nt__gemm_isa_label(nt__gemm_isa_best()));
     } else {
         return nt__err(NULL, NT_EINVAL, fn, "unknown option '%s'", name);
     }
@@ -244,7 +261,7 @@ static const char *const env_names[] = {
     "NT_MODE", "NT_DETERMINISTIC", "NT_FUSION", "NT_BACKEND", "NT_REQUIRE_SIM",
     "NT_MIN_SIM_FLOPS", "NT_CHECK_NAN", "NT_STATS", "NT_FUSION_LOG", "NT_LAZY_WINDOW",
     "NT_MAX_INFLIGHT", "NT_MAX_INFLIGHT_BYTES", "NT_HBM_BYTES", "NT_TRACE", "NT_LOG",
-    "NT_STOCHASTIC_ROUNDING", "NT_SR_SEED", "NT_HANDLE_QUARANTINE",
+    "NT_STOCHASTIC_ROUNDING", "NT_SR_SEED", "NT_HANDLE_QUARANTINE", "NT_CPU_ISA",
 };
 
 static void cfg_defaults(void)
@@ -260,6 +277,7 @@ static void cfg_defaults(void)
     nt__cfg.hbm_bytes = UINT64_C(16) << 30; /* one NeuronCore-v2's share of 32 GiB */
     nt__cfg.log_level = NT__LOG_WARN;
     nt__cfg.handle_quarantine = 4096;
+    nt__gemm_set_isa(-1);
 }
 
 NT_API int nt_init(void)
@@ -412,6 +430,8 @@ NT_API const char *nt_config_get(const char *name)
         return nt__cfg.sr ? "1" : "0";
     if (!strcmp(name, "NT_TRACE"))
         return nt__cfg.trace_path ? nt__cfg.trace_path : "";
+    if (!strcmp(name, "NT_CPU_ISA"))
+        return nt__gemm_isa_label(nt__gemm_isa());
     if (!strcmp(name, "NT_LOG")) {
         static const char *l[] = {"error", "warn", "info", "debug"};
         return l[nt__cfg.log_level];

@@ -207,7 +207,10 @@ static int program_product(mm *p)
     int64_t M = a->M, N = a->N, K = a->K;
     nt_dtype dt = a->in_dtype;
     bool at_direct = a->a_trans && dt == NT_F32, b_direct = dt == NT_F32;
-    size_t n = (size_t)(M * N) + (at_direct ? 0 : (size_t)(K * M)) + (b_direct ? 0 : (size_t)(K * N));
+    /* a row-major f32 A goes in place too: nt__gemm_rowa packs from it */
+    bool a_rows = !a->a_trans && dt == NT_F32;
+    size_t n = (size_t)(M * N) + (at_direct || a_rows ? 0 : (size_t)(K * M)) +
+               (b_direct ? 0 : (size_t)(K * N));
     float *buf = pg_scratch(n);
     if (!buf)
         return nt__sim_fail(p->k, "nt_tile_matmul", "out of host memory for the product");
@@ -217,7 +220,7 @@ static int program_product(mm *p)
     float *c = buf, *w = buf + M * N;
     const float *at = a->a, *b = a->b;
     int64_t ldat = a->lda, ldb = a->ldb, es = (int64_t)nt__dtype_size(dt);
-    if (!at_direct) {
+    if (!at_direct && !a_rows) {
         /* A^T [K, M]: from A^T (a_trans) or from row-major A [M, K] */
         nt__mm_pack(w, M, a->a, dt, es, K, M, a->a_trans ? a->lda : 1, a->a_trans ? 1 : a->lda);
         at = w;
@@ -229,7 +232,10 @@ static int program_product(mm *p)
         b = w;
         ldb = N;
     }
-    nt__gemm((int)M, (int)N, (int)K, at, (int)ldat, b, (int)ldb, c, (int)N);
+    if (a_rows)
+        nt__gemm_rowa((int)M, (int)N, (int)K, a->a, (int)a->lda, b, (int)ldb, c, (int)N);
+    else
+        nt__gemm((int)M, (int)N, (int)K, at, (int)ldat, b, (int)ldb, c, (int)N);
     p->k->gemm_ns += nt__sim_now_ns() - t0;
     p->c32 = c;
     return 0;

@@ -1,0 +1,389 @@
+/* tests/test_gemm.c - the f32 matmul primitive (core/gemm.c) on every vector
+ * ISA level this CPU runs: each level forced in turn (NT_CPU_ISA, or the
+ * internal setter) must give bit for bit the naive recurrence of
+ * docs/ops.md section 7 -- K-tiles of 128 ascending, s = fma(a, b, s) from +0
+ * inside a tile, C = C + s across tiles -- on shapes around every blocking
+ * edge of every kernel, on the helper thread's path, through nt_matmul
+ * with batched and strided (transposed, sliced) operands, and over 20
+ * training steps on both backends in every mode. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gemm.h"
+#include "internal.h"
+#include "nt_test.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15u;
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+/* Mostly uniform in [-1, 1), with special values sprinkled in: signed
+ * zeros, subnormals, values whose products overflow, infinities (whose
+ * products with 0 and sums with the other sign give the default NaN).  No
+ * NaN inputs: which of two NaN operands an fma passes on is not part of the
+ * contract (NaNs are made canonical where results are rounded). */
+static float val(void)
+{
+    uint32_t r = rnd();
+    switch (r % 509) {
+    case 0: return -0.0f;
+    case 1: return 0.0f;
+    case 2: return 1e-40f;
+    case 3: return -3e-39f;
+    case 4: return 3e38f;
+    case 5: return INFINITY;
+    default: return (float)((double)(r >> 8) / (double)(1u << 23) * 2.0 - 1.0);
+    }
+}
+
+static float *fill(size_t n)
+{
+    float *p = malloc(n * sizeof(float) + 4);
+    for (size_t i = 0; i < n; i++)
+        p[i] = val();
+    return p;
+}
+
+/* The documented order, one element at a time, nothing shared with
+ * core/gemm.c. */
+static void naive(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                  float *C, int ldc)
+{
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float c = 0.0f;
+            for (int k0 = 0; k0 < K || k0 == 0; k0 += 128) {
+                float s = 0.0f;
+                for (int k = k0; k < K && k < k0 + 128; k++)
+                    s = fmaf(A[(long)k * lda + i], B[(long)k * ldb + j], s);
+                c = k0 == 0 ? s : c + s;
+            }
+            C[(long)i * ldc + j] = c;
+        }
+}
+
+static int differ(const float *x, const float *y, size_t n)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += memcmp(&x[i], &y[i], sizeof(float)) != 0;
+    return bad;
+}
+
+/* ---------------- the levels ---------------- */
+
+static void test_levels(void **state)
+{
+    (void)state;
+    assert_true(nt__gemm_isa_runs(NT_ISA_SCALAR));
+    int best = nt__gemm_isa_best();
+    assert_true(best >= NT_ISA_SCALAR && best < NT_ISA_COUNT);
+    assert_true(nt__gemm_isa_runs(best));
+    for (int i = best + 1; i < NT_ISA_COUNT; i++)
+        assert_false(nt__gemm_isa_runs(i));
+    assert_string_equal(nt__gemm_isa_label(NT_ISA_SCALAR), "scalar");
+    assert_string_equal(nt__gemm_isa_label(NT_ISA_AVX2), "avx2");
+    assert_string_equal(nt__gemm_isa_label(NT_ISA_AVX512), "avx512");
+    assert_null(nt__gemm_isa_label(NT_ISA_COUNT));
+    assert_null(nt__gemm_isa_label(-1));
+    /* nt_init chose the widest (NT_CPU_ISA unset) */
+    assert_int_equal(nt__gemm_isa(), best);
+    assert_string_equal(nt_config_get("NT_CPU_ISA"), nt__gemm_isa_label(best));
+    /* a level that does not exist is refused and changes nothing */
+    assert_int_equal(nt__gemm_set_isa(NT_ISA_COUNT), -1);
+    assert_int_equal(nt__gemm_isa(), best);
+    assert_int_equal(nt__gemm_set_isa(NT_ISA_SCALAR), 0);
+    assert_int_equal(nt__gemm_isa(), NT_ISA_SCALAR);
+    assert_int_equal(nt__gemm_set_isa(-1), 0);
+    assert_int_equal(nt__gemm_isa(), best);
+}
+
+static void test_config(void **state)
+{
+    (void)state;
+    int best = nt__gemm_isa_best();
+    for (int i = 0; i <= best; i++) {
+        assert_int_equal(nt_config_set("NT_CPU_ISA", nt__gemm_isa_label(i)), 0);
+        assert_string_equal(nt_config_get("NT_CPU_ISA"), nt__gemm_isa_label(i));
+        assert_int_equal(nt__gemm_isa(), i);
+    }
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_string_equal(nt_config_get("NT_CPU_ISA"), nt__gemm_isa_label(best));
+    /* a bad name: an error naming the variable, the level unchanged */
+    nt_config_set("NT_CPU_ISA", "scalar");
+    nt_clear_error();
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "avx1024"), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "NT_CPU_ISA"));
+    assert_non_null(strstr(nt_last_error_message(), "avx1024"));
+    assert_string_equal(nt_config_get("NT_CPU_ISA"), "scalar");
+    /* a level this CPU does not run (when there is one) */
+    if (best + 1 < NT_ISA_COUNT) {
+        nt_clear_error();
+        assert_int_equal(nt_config_set("NT_CPU_ISA", nt__gemm_isa_label(best + 1)), NT_EINVAL);
+        assert_non_null(strstr(nt_last_error_message(), "does not run"));
+        assert_string_equal(nt_config_get("NT_CPU_ISA"), "scalar");
+    }
+    nt_clear_error();
+    /* nt_shutdown + nt_init go back to the default, then read the
+     * environment: a bad value fails nt_init, a good one is taken */
+    nt_shutdown();
+    setenv("NT_CPU_ISA", "sse9", 1);
+    assert_int_equal(nt_init(), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "NT_CPU_ISA"));
+    setenv("NT_CPU_ISA", "scalar", 1);
+    assert_int_equal(nt_init(), 0);
+    assert_string_equal(nt_config_get("NT_CPU_ISA"), "scalar");
+    nt_shutdown();
+    unsetenv("NT_CPU_ISA");
+    assert_int_equal(nt_init(), 0);
+    assert_string_equal(nt_config_get("NT_CPU_ISA"), nt__gemm_isa_label(best));
+}
+
+/* ---------------- bit for bit on every level ---------------- */
+
+/* One K-tile (K <= 128), plain and accumulating into C, with leading dims
+ * wider than the matrices: every level gives the naive recurrence's bits,
+ * and C's padding columns are never written. */
+static void test_ktile_every_level(void **state)
+{
+    (void)state;
+    /* edges of the 4x8, 6x16 and 12x32 tiles, of the 64-column helper
+     * blocks and 256-column B panels, and a call big enough to split
+     * between two threads */
+    static const int shapes[][3] = {
+        {1, 1, 1},    {3, 5, 7},     {4, 8, 128},    {5, 9, 128},    {6, 16, 2},
+        {7, 17, 3},   {11, 31, 127}, {12, 32, 128},  {13, 33, 100},  {25, 65, 64},
+        {24, 96, 17}, {1, 300, 128}, {300, 1, 128},  {130, 300, 128}, {97, 513, 128},
+    };
+    int best = nt__gemm_isa_best();
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        int lda = M + 3, ldb = N + 5, ldc = N + 2;
+        float *A = fill((size_t)K * lda), *B = fill((size_t)K * ldb);
+        float *C0 = fill((size_t)M * ldc); /* what "acc" adds to */
+        float *ref = malloc(sizeof(float) * (size_t)M * ldc);
+        float *got = malloc(sizeof(float) * (size_t)M * ldc);
+        for (int acc = 0; acc < 2; acc++) {
+            memcpy(ref, C0, sizeof(float) * (size_t)M * ldc);
+            naive(M, N, K, A, lda, B, ldb, ref, ldc);
+            if (acc)
+                for (int i = 0; i < M; i++)
+                    for (int j = 0; j < N; j++) {
+                        float t = ref[(long)i * ldc + j];
+                        ref[(long)i * ldc + j] = C0[(long)i * ldc + j] + t;
+                    }
+            for (int isa = 0; isa <= best; isa++) {
+                assert_int_equal(nt__gemm_set_isa(isa), 0);
+                memcpy(got, C0, sizeof(float) * (size_t)M * ldc);
+                nt__gemm_ktile(M, N, K, A, lda, B, ldb, got, ldc, acc);
+                int bad = differ(got, ref, (size_t)M * ldc);
+                if (bad)
+                    print_message("# ktile %dx%dx%d acc %d on %s: %d elements differ\n", M, N, K,
+                                  acc, nt__gemm_isa_label(isa), bad);
+                assert_int_equal(bad, 0);
+            }
+        }
+        free(A), free(B), free(C0), free(ref), free(got);
+    }
+    nt__gemm_set_isa(-1);
+}
+
+/* The whole product: K > 128 and not a multiple of it, shapes around the
+ * C blocks (96 x 256, and 192 x 512 for big products), big enough for the
+ * second thread. */
+static void test_whole_every_level(void **state)
+{
+    (void)state;
+    static const int shapes[][3] = {
+        {1, 1, 129},    {13, 33, 300},  {12, 32, 256},   {97, 257, 385}, {96, 256, 129},
+        {300, 1100, 228}, {12, 64, 1000}, {1, 700, 130},  {200, 520, 257}, {40, 40, 0},
+        {37, 45, 200},  {390, 1601, 130}, /* the last: 192 x 512 C blocks */
+    };
+    int best = nt__gemm_isa_best();
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        int lda = M + 1, ldb = N + 7, ldc = N + 3;
+        float *A = fill((size_t)K * lda + 1), *B = fill((size_t)K * ldb + 1);
+        float *ref = fill((size_t)M * ldc);
+        float *got = malloc(sizeof(float) * (size_t)M * ldc);
+        memcpy(got, ref, sizeof(float) * (size_t)M * ldc); /* same padding */
+        float *pad = malloc(sizeof(float) * (size_t)M * ldc);
+        memcpy(pad, ref, sizeof(float) * (size_t)M * ldc);
+        naive(M, N, K, A, lda, B, ldb, ref, ldc);
+        /* the same A row-major (M x K, rows K + 2 apart) for nt__gemm_rowa */
+        int ldr = K + 2;
+        float *Ar = malloc(sizeof(float) * ((size_t)M * ldr + 1));
+        for (int i = 0; i < M; i++)
+            for (int k = 0; k < ldr; k++)
+                Ar[(long)i * ldr + k] = k < K ? A[(long)k * lda + i] : NAN; /* never read */
+        for (int isa = 0; isa <= best; isa++)
+            for (int rowa = 0; rowa < 2; rowa++) {
+                assert_int_equal(nt__gemm_set_isa(isa), 0);
+                memcpy(got, pad, sizeof(float) * (size_t)M * ldc);
+                if (rowa)
+                    nt__gemm_rowa(M, N, K, Ar, ldr, B, ldb, got, ldc);
+                else
+                    nt__gemm(M, N, K, A, lda, B, ldb, got, ldc);
+                int bad = differ(got, ref, (size_t)M * ldc);
+                if (bad)
+                    print_message("# gemm%s %dx%dx%d on %s: %d elements differ\n",
+                                  rowa ? "_rowa" : "", M, N, K, nt__gemm_isa_label(isa), bad);
+                assert_int_equal(bad, 0);
+            }
+        free(A), free(B), free(ref), free(got), free(pad), free(Ar);
+    }
+    nt__gemm_set_isa(-1);
+}
+
+/* Through the public API with NT_CPU_ISA: batched operands, a transposed
+ * and a sliced view, on both backends; every level the same bits. */
+static void test_matmul_every_level(void **state)
+{
+    (void)state;
+    const int64_t Bt = 3, M = 37, K = 300, N = 45;
+    float *a = fill((size_t)(Bt * K * M)), *b = fill((size_t)(K * (N + 10)));
+    for (size_t i = 0; i < (size_t)(Bt * K * M); i++)
+        a[i] = isinf(a[i]) || fabsf(a[i]) > 1 ? 0.5f : a[i]; /* finite sums to compare */
+    for (size_t i = 0; i < (size_t)(K * (N + 10)); i++)
+        b[i] = isinf(b[i]) || fabsf(b[i]) > 1 ? -0.25f : b[i];
+    /* the same values row-major, [3, M, K]: the in-place row-major path */
+    float *arm = malloc(sizeof(float) * (size_t)(Bt * K * M));
+    for (int64_t q = 0; q < Bt; q++)
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t k = 0; k < K; k++)
+                arm[(q * M + i) * K + k] = a[(q * K + k) * M + i];
+    size_t n = (size_t)(Bt * M * N);
+    float *first = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    static const char *backends[] = {"cpu", "sim"};
+    int best = nt__gemm_isa_best();
+    for (int be = 0; be < 2; be++) {
+        assert_int_equal(nt_config_set("NT_BACKEND", backends[be]), 0);
+        for (int isa = 0; isa <= best; isa++)
+            for (int rm = 0; rm < 2; rm++) {
+                assert_int_equal(nt_config_set("NT_CPU_ISA", nt__gemm_isa_label(isa)), 0);
+                /* a: [3, K, M] stored, used as its transpose [3, M, K] (or the
+                 * row-major copy); b: the first N of N + 10 columns */
+                nt_tensor *ta = rm ? nt_from_host(arm, NT_F32, 3, (int64_t[]){Bt, M, K})
+                                   : nt_from_host(a, NT_F32, 3, (int64_t[]){Bt, K, M});
+                nt_tensor *tb = nt_from_host(b, NT_F32, 2, (int64_t[]){K, N + 10});
+                nt_tensor *at = rm ? nt_retain(ta) : nt_transpose(ta, 1, 2);
+                nt_tensor *bs = nt_slice(tb, 1, 0, N, 1);
+                nt_tensor *y = nt_matmul(at, bs);
+                assert_non_null(y);
+                assert_int_equal(nt_to_host(y, got, n * sizeof(float)), 0);
+                if (be == 0 && isa == 0 && rm == 0) {
+                    memcpy(first, got, n * sizeof(float));
+                    /* and the naive order, batch by batch */
+                    float *ref = malloc((size_t)(M * N) * sizeof(float));
+                    for (int64_t q = 0; q < Bt; q++) {
+                        naive((int)M, (int)N, (int)K, a + q * K * M, (int)M, b, (int)(N + 10),
+                              ref, (int)N);
+                        assert_int_equal(differ(ref, got + q * M * N, (size_t)(M * N)), 0);
+                    }
+                    free(ref);
+                }
+                int bad = differ(got, first, n);
+                if (bad)
+                    print_message("# nt_matmul on %s, %s, a %s: %d elements differ\n",
+                                  backends[be], nt__gemm_isa_label(isa),
+                                  rm ? "row-major" : "transposed", bad);
+                assert_int_equal(bad, 0);
+                nt_release(y), nt_release(at), nt_release(bs), nt_release(ta), nt_release(tb);
+            }
+    }
+    free(a), free(b), free(first), free(got), free(arm);
+}
+
+/* 20 AdamW steps of a small MLP (ragged sizes: 100-160-10, batch 40) on
+ * every level, both backends, every mode: the parameters come out the same
+ * bit for bit (issue 11's "every dispatch path" check at unit-test scale). */
+static void train(const char *backend, const char *isa, const char *mode, float *out, size_t n)
+{
+    assert_int_equal(nt_config_set("NT_BACKEND", backend), 0);
+    assert_int_equal(nt_config_set("NT_CPU_ISA", isa), 0);
+    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+    static const int64_t shp[4][2] = {{160, 100}, {160, 1}, {10, 160}, {10, 1}};
+    nt_tensor *p[4];
+    for (int i = 0; i < 4; i++) {
+        int nd = shp[i][1] == 1 ? 1 : 2;
+        nt_tensor *u = nt_rand(NT_F32, nd, shp[i], 100 + (uint64_t)i);
+        p[i] = nt_mul_scalar(nt_add_scalar(u, -0.5), 0.2);
+        nt_release(u);
+        assert_int_equal(nt_set_requires_grad(p[i], true), 0);
+    }
+    nt_tensor *x = nt_rand(NT_F32, 2, (int64_t[]){40, 100}, 7);
+    int32_t lab[40];
+    for (int i = 0; i < 40; i++)
+        lab[i] = (i * 7) % 10;
+    nt_tensor *y = nt_from_host(lab, NT_I32, 1, (int64_t[]){40});
+    nt_optim *opt = nt_optim_adamw(p, 4, 1e-2, 0.9, 0.999, 1e-8, 0.01);
+    assert_non_null(opt);
+    for (int step = 0; step < 20; step++) {
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *h = nt_relu(nt_linear(x, p[0], p[1]));
+        nt_tensor *loss = nt_cross_entropy(nt_linear(h, p[2], p[3]), y);
+        assert_int_equal(nt_backward(loss), 0);
+        assert_int_equal(nt_optim_step(opt), 0);
+        assert_int_equal(nt_optim_zero_grad(opt), 0);
+        nt_scope_end(sc);
+    }
+    size_t off = 0;
+    for (int i = 0; i < 4; i++) {
+        size_t k = (size_t)(shp[i][0] * shp[i][1]);
+        assert_true(off + k <= n);
+        assert_int_equal(nt_to_host(p[i], out + off, k * sizeof(float)), 0);
+        off += k;
+    }
+    nt_optim_destroy(opt);
+    for (int i = 0; i < 4; i++)
+        nt_release(p[i]);
+    nt_release(x), nt_release(y);
+}
+
+static void test_train_every_level(void **state)
+{
+    (void)state;
+    const size_t n = 160 * 100 + 160 + 10 * 160 + 10;
+    float *first = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    static const char *backends[] = {"cpu", "sim"};
+    static const char *modes[] = {"eager", "adaptive", "lazy", "deterministic"};
+    int best = nt__gemm_isa_best(), runs = 0;
+    for (int be = 0; be < 2; be++)
+        for (int m = 0; m < 4; m++)
+            for (int isa = 0; isa <= best; isa++) {
+                train(backends[be], nt__gemm_isa_label(isa), modes[m], runs ? got : first, n);
+                if (runs++) {
+                    int bad = differ(got, first, n);
+                    if (bad)
+                        print_message("# training on %s, %s, %s: %d parameters differ\n",
+                                      backends[be], modes[m], nt__gemm_isa_label(isa), bad);
+                    assert_int_equal(bad, 0);
+                }
+            }
+    free(first), free(got);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_levels, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_config, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_ktile_every_level, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_whole_every_level, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_matmul_every_level, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_train_every_level, nt_test_setup,
+                                        nt_test_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
