@@ -897,8 +897,9 @@ static int check_gaps(const char *fn, const char *path, const uint8_t *b, uint64
 {
     ck_rec *sorted = malloc((recs->len ? recs->len : 1) * sizeof *sorted);
     if (!sorted)
-        return nt__err_hostmem(NULL, "nt_load", "the checkpoint's record list");
-    memcpy(sorted, recs->v, recs->len * sizeof *sorted);
+        return nt__err_hostmem(NULL, fn, "the checkpoint's record list");
+    if (recs->len) /* an empty list has no array (memcpy needs one) */
+        memcpy(sorted, recs->v, recs->len * sizeof *sorted);
     qsort(sorted, recs->len, sizeof *sorted, by_offset);
     uint64_t pos = table_end;
     int rc = 0;
