@@ -60,7 +60,7 @@ void nt__node_unref(nt__node *n)
 {
     GPtrArray *todo = NULL;
     while (n) {
-        if (AO_fetch_and_sub1(&n->refs) == 1) {
+        if (nt__ref_drop(&n->refs, 1)) {
             drop_saved(n);
             for (int i = 0; i < n->nin; i++)
                 if (n->next[i].node) {

@@ -40,8 +40,8 @@ static struct {
     GMutex lock;
     volatile AO_t in_use;
     volatile AO_t backed; /* bytes of blocks handed out (in_use minus bare reservations) */
-    uint64_t backed_peak;
-    uint64_t capacity, peak, cached;
+    volatile AO_t backed_peak, peak; /* statistics, raised by any thread */
+    uint64_t capacity, cached;
     GPtrArray *free[NT_NCLASS]; /* cached blocks of each class */
     uint64_t sys_allocs, sys_frees; /* blocks taken from / given back to the system */
     size_t bytes[NT_NCLASS];    /* the size of each class */
@@ -90,8 +90,8 @@ static void tl_flush(gpointer p)
         for (int ci = 1; ci <= NT_TL_MAXCLASS; ci++) {
             for (int i = 0; i < c->n[ci]; i++) {
                 if (!A.free[ci]) {
-                    A.free[ci] = g_ptr_array_new();
                     A.bytes[ci] = (size_t)ci * 64;
+                    __atomic_store_n(&A.free[ci], g_ptr_array_new(), __ATOMIC_RELAXED);
                 }
                 g_ptr_array_add(A.free[ci], c->blk[ci][i]);
                 A.cached += (size_t)ci * 64;
@@ -165,6 +165,14 @@ void nt__arena_shutdown(void)
     A.ready = false;
 }
 
+static void raise_peak(volatile AO_t *peak, AO_t now)
+{
+    AO_t p;
+    do {
+        p = AO_load(peak);
+    } while (now > p && !AO_compare_and_swap(peak, p, now));
+}
+
 /* Reserves cls bytes of capacity; false if the device is full. */
 static bool reserve(size_t cls)
 {
@@ -174,16 +182,14 @@ static bool reserve(size_t cls)
         if (old + cls > A.capacity)
             return false;
     } while (!AO_compare_and_swap_full(&A.in_use, old, old + cls));
-    if (old + cls > A.peak)
-        A.peak = old + cls; /* a statistic: a lost race only understates it */
+    raise_peak(&A.peak, old + cls);
     return true;
 }
 
 static void backed_add(size_t cls)
 {
     AO_t now = AO_fetch_and_add(&A.backed, (AO_t)cls) + cls;
-    if (now > A.backed_peak)
-        A.backed_peak = now; /* a statistic: a lost race only understates it */
+    raise_peak(&A.backed_peak, now);
 }
 
 /* A block of class ci (cls bytes) from the caches or the system; the
@@ -192,7 +198,9 @@ static void *take_block(int ci, size_t cls)
 {
     if (ci <= NT_TL_MAXCLASS) {
         tlcache *c = tl_get();
-        if (!c->n[ci] && A.free[ci] && A.free[ci]->len) {
+        /* An unlocked look (a hint, checked again under the lock). */
+        GPtrArray *hint = __atomic_load_n(&A.free[ci], __ATOMIC_RELAXED);
+        if (!c->n[ci] && hint && __atomic_load_n(&hint->len, __ATOMIC_RELAXED)) {
             /* refill half the cache in one lock: the blocks a worker thread
              * freed come back to the thread that allocates */
             g_mutex_lock(&A.lock);
@@ -283,8 +291,8 @@ void nt__arena_free(void *p, size_t nbytes)
             /* full: give half back in one lock */
             g_mutex_lock(&A.lock);
             if (!A.free[ci]) {
-                A.free[ci] = g_ptr_array_new();
                 A.bytes[ci] = cls;
+                __atomic_store_n(&A.free[ci], g_ptr_array_new(), __ATOMIC_RELAXED);
             }
             while (c->n[ci] > NT_TL_KEEP / 2) {
                 g_ptr_array_add(A.free[ci], c->blk[ci][--c->n[ci]]);
@@ -297,7 +305,7 @@ void nt__arena_free(void *p, size_t nbytes)
         return;
     }
     g_mutex_lock(&A.lock);
-    if (A.cached + cls <= NT_ARENA_CACHE_MAX && A.cached + cls + A.in_use <= A.capacity) {
+    if (A.cached + cls <= NT_ARENA_CACHE_MAX && A.cached + cls + AO_load(&A.in_use) <= A.capacity) {
         GPtrArray *arr = A.free[ci];
         if (!arr) {
             arr = A.free[ci] = g_ptr_array_new();
@@ -314,14 +322,14 @@ void nt__arena_free(void *p, size_t nbytes)
     free(p);
 }
 
-uint64_t nt__arena_in_use(void) { return A.in_use; }
-uint64_t nt__arena_backed(void) { return A.backed; }
-uint64_t nt__arena_backed_peak(void) { return A.backed_peak; }
-uint64_t nt__arena_peak(void) { return A.peak; }
+uint64_t nt__arena_in_use(void) { return AO_load(&A.in_use); }
+uint64_t nt__arena_backed(void) { return AO_load(&A.backed); }
+uint64_t nt__arena_backed_peak(void) { return AO_load(&A.backed_peak); }
+uint64_t nt__arena_peak(void) { return AO_load(&A.peak); }
 uint64_t nt__arena_capacity(void) { return A.capacity; }
 
 void nt__arena_reset_peak(void)
 {
-    A.peak = AO_load(&A.in_use);
-    A.backed_peak = AO_load(&A.backed);
+    AO_store(&A.peak, AO_load(&A.in_use));
+    AO_store(&A.backed_peak, AO_load(&A.backed));
 }

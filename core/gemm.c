@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include <atomic_ops.h>
+#include "tsan.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>

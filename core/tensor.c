@@ -266,7 +266,7 @@ void nt__storage_ref(nt__storage *st) { AO_fetch_and_add1(&st->refs); }
 
 void nt__storage_unref(nt__storage *st)
 {
-    if (st && AO_fetch_and_sub1(&st->refs) == 1) {
+    if (st && nt__ref_drop(&st->refs, 1)) {
         nt__errobj_unref((nt__errobj *)st->poison);
         if (!st->deferred) {
             nt__arena_free(st, NT_ST_HDR + st->nbytes);
@@ -353,7 +353,7 @@ void nt__tensor_iunref(nt_tensor *t) { nt__tensor_iunref_n(t, 1); }
 
 void nt__tensor_iunref_n(nt_tensor *t, AO_t n)
 {
-    if (!t || AO_fetch_and_add(&t->irefs, (AO_t)0 - n) != n)
+    if (!t || !nt__ref_drop(&t->irefs, n))
         return;
     if (t->ag && nt__ag_free)
         nt__ag_free(t->ag);
@@ -405,8 +405,7 @@ NT_API int nt_release(nt_tensor *t)
     if (t->magic != NT__MAGIC_LIVE)
         return nt__err(NULL, NT_ERELEASED, "nt_release",
                        "argument 't' is a tensor that was already released");
-    AO_t old = AO_fetch_and_sub1(&t->refs);
-    if (old == 1) {
+    if (nt__ref_drop(&t->refs, 1)) {
         t->magic = NT__MAGIC_DEAD;
         scope_detach(t);
         nt__tensor_iunref(t);
