@@ -104,7 +104,7 @@ static void stream_free(nt_stream *s)
     /* The lock and conditions stay until nt_shutdown (stream_dispose): a
      * thread may still be inside nt__wait_packed on s, about to see that
      * its seq has run. */
-    s->magic = 0;
+    __atomic_store_n(&s->magic, 0, __ATOMIC_RELAXED); /* stream_ok may look meanwhile */
     /* Kept until nt_shutdown so a stale handle is reported, not dereferenced
      * after free. */
     g_mutex_lock(&S.lock);
@@ -275,7 +275,9 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Worker (or inline executor, under s->lock): seq has run. */
+/* Under s->lock (the worker and, after a switch to deterministic mode,
+ * threads running ops inline may complete seqs of one stream at once):
+ * seq has run. */
 static void complete_seq(nt_stream *s, uint64_t seq)
 {
     uint64_t done = AO_load(&s->done_upto);
@@ -340,8 +342,10 @@ static void release_batch(nt_stream *s, nt__rec **recs, guint k)
     for (int h = 0; h < SLOTS; h++)
         if (key[h])
             nt__tensor_iunref_n(key[h], cnt[h]);
+    g_mutex_lock(&s->lock);
     for (guint j = 0; j < k; j++)
         complete_seq(s, recs[j]->seq);
+    g_mutex_unlock(&s->lock);
     for (guint j = 0; j < k; j++)
         rec_push(&s->free_recs, recs[j]); /* the host may reuse it at once */
 }
@@ -486,6 +490,11 @@ static void run_batch(nt__rec **recs, int n)
 
 void nt__stream_run_inline(nt_stream *s, nt__rec *r)
 {
+    /* Ops queued on s before a switch to deterministic mode may not have
+     * run yet (nt_config_set drains only what was queued when it began):
+     * they come first, as in any mode. */
+    if (r->seq > 1)
+        nt__wait_packed(NT__PACK(s->id, r->seq - 1));
     r->stream = s;
     nt__exec_rec(r);
     g_mutex_lock(&s->lock);
@@ -719,7 +728,7 @@ static bool stream_ok(nt_stream *s, const char *fn)
         nt__err(NULL, NT_EINVAL, fn, "argument 's' is NULL");
         return false;
     }
-    if (s->magic != NT__STREAM_MAGIC) {
+    if (__atomic_load_n(&s->magic, __ATOMIC_RELAXED) != NT__STREAM_MAGIC) {
         nt__err(NULL, NT_EINVAL, fn, "argument 's' is not a live stream");
         return false;
     }
