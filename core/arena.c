@@ -91,7 +91,7 @@ static void tl_flush(gpointer p)
             for (int i = 0; i < c->n[ci]; i++) {
                 if (!A.free[ci]) {
                     A.bytes[ci] = (size_t)ci * 64;
-                    __atomic_store_n(&A.free[ci], g_ptr_array_new(), __ATOMIC_RELAXED);
+                    __atomic_store_n(&A.free[ci], g_ptr_array_new(), __ATOMIC_RELEASE);
                 }
                 g_ptr_array_add(A.free[ci], c->blk[ci][i]);
                 A.cached += (size_t)ci * 64;
@@ -199,7 +199,7 @@ static void *take_block(int ci, size_t cls)
     if (ci <= NT_TL_MAXCLASS) {
         tlcache *c = tl_get();
         /* An unlocked look (a hint, checked again under the lock). */
-        GPtrArray *hint = __atomic_load_n(&A.free[ci], __ATOMIC_RELAXED);
+        GPtrArray *hint = __atomic_load_n(&A.free[ci], __ATOMIC_ACQUIRE);
         if (!c->n[ci] && hint && __atomic_load_n(&hint->len, __ATOMIC_RELAXED)) {
             /* refill half the cache in one lock: the blocks a worker thread
              * freed come back to the thread that allocates */
@@ -292,7 +292,7 @@ void nt__arena_free(void *p, size_t nbytes)
             g_mutex_lock(&A.lock);
             if (!A.free[ci]) {
                 A.bytes[ci] = cls;
-                __atomic_store_n(&A.free[ci], g_ptr_array_new(), __ATOMIC_RELAXED);
+                __atomic_store_n(&A.free[ci], g_ptr_array_new(), __ATOMIC_RELEASE);
             }
             while (c->n[ci] > NT_TL_KEEP / 2) {
                 g_ptr_array_add(A.free[ci], c->blk[ci][--c->n[ci]]);
