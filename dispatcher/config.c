@@ -4,6 +4,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "gemm.h"
 #include "internal.h"
 #include "streams/stream.h"
 
@@ -344,6 +345,7 @@ NT_API void nt_shutdown(void)
     nt__tensor_pool_shutdown();
     if (nt__custom_shutdown)
         nt__custom_shutdown();
+    nt__gemm_shutdown(); /* joined, not left running (valgrind) */
     nt__arena_shutdown();
     g_mutex_lock(&cfg_lock);
     char *path = NT__CFG(trace_path);
