@@ -86,8 +86,7 @@ static int choose_backend(nt__call *c, uint8_t *backend)
                            "op '%s' has no simulator kernel and NT_REQUIRE_SIM=1 forbids the CPU "
                            "fallback",
                            nt__op_name(c->op));
-        if (!logged_fallback[c->op]) {
-            logged_fallback[c->op] = true;
+        if (!__atomic_exchange_n(&logged_fallback[c->op], true, __ATOMIC_RELAXED)) {
             nt__log(NT__LOG_WARN, "op '%s' has no simulator kernel; it runs on the CPU backend",
                     nt__op_name(c->op));
         }
@@ -224,7 +223,10 @@ static nt_tensor *dispatch_inner(nt__call *c)
 
     /* May move the op to the default stream if s was destroyed meanwhile
      * (stream.h); the deps skipped above as s's own have all run then. */
+    nt_stream *picked = s;
     uint64_t seq = nt__stream_next_seq(&s);
+    if (s != picked)
+        nt__rec_drop_deps_on(r, s);
     r->seq = seq;
     uint64_t packed = NT__PACK(s->id, seq);
     for (int i = 0; i < c->nin; i++)

@@ -126,15 +126,18 @@ static double sim_clock; /* end of the last kernel, ns */
 static unsigned trace_gen_seen;
 
 static nt_sim_stats stats; /* under state_lock */
-/* The sums of kernel times, kept in whole picoseconds: integer addition
- * does not depend on the order kernels of several streams end in (double
- * addition does, in the last bits), so identical programs report identical
- * times.  stats' double fields are derived from these. */
+/* The sums of kernel times, kept exactly in 128-bit fixed point (64
+ * fractional bits hold every bit of a time above 2^-11 ns): integer
+ * addition does not depend on the order kernels of several streams end in,
+ * where double addition does in the last bits, so identical programs report
+ * identical times.  stats' double fields are the sums rounded once. */
+typedef __int128 nt_fx;
 static struct {
-    uint64_t sim, busy[NT_ENGINE_COUNT], qbusy[NT_SIM_DMA_QUEUES], ideal;
-} sums_ps;
+    nt_fx sim, busy[NT_ENGINE_COUNT], qbusy[NT_SIM_DMA_QUEUES], ideal;
+} sums;
 
-static uint64_t to_ps(double ns) { return ns > 0 ? (uint64_t)llround(ns * 1e3) : 0; }
+static nt_fx to_fx(double ns) { return ns > 0 ? (nt_fx)ldexp(ns, 64) : 0; }
+static double from_fx(nt_fx v) { return ldexp((double)v, -64); }
 
 static int ensure_memories(void)
 {
@@ -802,21 +805,21 @@ int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
     stats.instructions += k->ninstr;
     if (k->err)
         stats.errors++;
-    sums_ps.sim += to_ps(dur);
-    stats.sim_ns = (double)sums_ps.sim / 1e3;
+    sums.sim += to_fx(dur);
+    stats.sim_ns = from_fx(sums.sim);
     for (int e = 0; e < NT_ENGINE_COUNT; e++) {
-        sums_ps.busy[e] += to_ps(k->busy[e]);
-        stats.busy_ns[e] = (double)sums_ps.busy[e] / 1e3;
+        sums.busy[e] += to_fx(k->busy[e]);
+        stats.busy_ns[e] = from_fx(sums.busy[e]);
     }
     for (int q = 0; q < NT_SIM_DMA_QUEUES; q++) {
-        sums_ps.qbusy[q] += to_ps(k->qbusy[q]);
-        stats.dma_queue_busy_ns[q] = (double)sums_ps.qbusy[q] / 1e3;
+        sums.qbusy[q] += to_fx(k->qbusy[q]);
+        stats.dma_queue_busy_ns[q] = from_fx(sums.qbusy[q]);
     }
     stats.hbm_read_bytes += k->hbm_rd;
     stats.hbm_write_bytes += k->hbm_wr;
     stats.flops += k->flops;
-    sums_ps.ideal += to_ps(k->ideal_ns);
-    stats.tensor_ideal_ns = (double)sums_ps.ideal / 1e3;
+    sums.ideal += to_fx(k->ideal_ns);
+    stats.tensor_ideal_ns = from_fx(sums.ideal);
     stats.clock_ns = sim_clock;
     stats.host_ns += nt__sim_now_ns() - k->host_t0;
     stats.host_gemm_ns += k->gemm_ns;
@@ -867,7 +870,7 @@ void nt_sim_stats_reset(void)
     nt_sim_init();
     pthread_mutex_lock(&state_lock);
     memset(&stats, 0, sizeof stats);
-    memset(&sums_ps, 0, sizeof sums_ps);
+    memset(&sums, 0, sizeof sums);
     pthread_mutex_unlock(&state_lock);
 }
 

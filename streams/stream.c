@@ -403,6 +403,15 @@ uint64_t nt__stream_next_seq(nt_stream **sp)
     }
 }
 
+void nt__rec_drop_deps_on(nt__rec *r, const nt_stream *s)
+{
+    int k = 0;
+    for (int d = 0; d < r->ndeps; d++)
+        if (NT__PACK_SID(r->deps[d]) != s->id)
+            r->deps[k++] = r->deps[d];
+    r->ndeps = (uint8_t)k;
+}
+
 uint64_t nt__stream_last_seq(nt_stream *s)
 {
     AO_t n = AO_load_full(&s->next_seq);
@@ -888,7 +897,10 @@ NT_API int nt_stream_wait_event(nt_stream *s, nt_event *e)
     r->type = NT_REC_WAIT;
     r->deps[0] = p;
     r->ndeps = 1;
+    nt_stream *picked = s;
     r->seq = nt__stream_next_seq(&s);
+    if (s != picked)
+        nt__rec_drop_deps_on(r, s);
     if (NT__CFG(mode) == NT_MODE_DETERMINISTIC) {
         nt__wait_packed(p);
         nt__stream_run_inline(s, r);

@@ -83,6 +83,9 @@ nt__rec *nt__rec_alloc(nt_stream *s);
 /* Draws the next seq on *s; if *s was sealed by nt_stream_destroy meanwhile,
  * on the default stream instead, and *s becomes the default stream. */
 uint64_t nt__stream_next_seq(nt_stream **s);
+/* After nt__stream_next_seq moved r to s: drops r's waits on s itself (the
+ * worker must never wait for its own stream). */
+void nt__rec_drop_deps_on(nt__rec *r, const nt_stream *s);
 /* The last seq drawn on s (sealed or not). */
 uint64_t nt__stream_last_seq(nt_stream *s);
 void nt__stream_enqueue(nt_stream *s, nt__rec *r);
