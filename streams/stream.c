@@ -523,7 +523,18 @@ static int take_queued(nt_stream *s)
            node != CDS_WFCQ_WOULDBLOCK) {
         nt__rec *r = caa_container_of(node, nt__rec, node);
         NT__TSAN_ACQUIRE(r);
+        /* Held in seq order: threads sharing s may enqueue in another order
+         * than they drew (rarely; then a short move, and a fresh scan). */
         g_ptr_array_add(s->held, r);
+        guint i = s->held->len - 1;
+        while (i > 0 && ((nt__rec *)s->held->pdata[i - 1])->seq > r->seq) {
+            s->held->pdata[i] = s->held->pdata[i - 1];
+            i--;
+        }
+        if (i != s->held->len - 1) {
+            s->held->pdata[i] = r;
+            s->scan_i = s->scan_k = 0;
+        }
         got++;
     }
     return got;
@@ -589,6 +600,16 @@ static bool lazy_should_run(nt_stream *s)
     uint64_t done = AO_load_acquire(&s->done_upto);
     return nt__stream_last_seq(s) - done >= (uint64_t)NT__CFG(lazy_window) ||
            AO_load(&s->flush_upto) > done;
+}
+
+/* Of held[0..k), the records whose seqs follow done_upto without a gap. */
+static guint in_order_prefix(nt_stream *s, guint k)
+{
+    uint64_t next = AO_load_acquire(&s->done_upto) + 1;
+    guint c = 0;
+    while (c < k && ((nt__rec *)s->held->pdata[c])->seq == next + c)
+        c++;
+    return c;
 }
 
 static bool deps_met(const nt__rec *r)
@@ -662,6 +683,23 @@ static gpointer worker_main(gpointer arg)
         idle = false;
         guint k = runnable_prefix(s);
         if (k) {
+            /* Strictly in seq order.  An op waits only for ops drawn before
+             * it (its own stream's earlier seqs, and the writers its inputs
+             * had when it was recorded), so if every stream runs in draw
+             * order no wait can close a circle; running in arrival order
+             * could (an op at the front waiting on another stream that
+             * waits on an op of this one still behind it).  A gap is the
+             * op of a producer between drawing its seq and enqueueing it,
+             * or one a thread runs inline: a moment. */
+            guint c = in_order_prefix(s, k);
+            if (!c) {
+                g_thread_yield();
+                continue;
+            }
+            if (c < k) {
+                k = c;
+                s->end_reason = "the next op is still being enqueued";
+            }
             nt__rec **recs = (nt__rec **)s->held->pdata;
             /* An op waiting on another stream: run what precedes it first. */
             guint i = 0;

@@ -6,9 +6,13 @@
  *     (liburcu wfcqueue) except for the backpressure wait when a stream has
  *     more than NT_MAX_INFLIGHT ops outstanding.
  *   - Each op gets a sequence number from an atomic counter.  Two threads on
- *     one stream may enqueue in the other order than they drew numbers, so
- *     the worker tracks completion as `done_upto`: every seq <= done_upto has
- *     run.  Each thread's own ops stay in its program order.
+ *     one stream may enqueue in the other order than they drew numbers; the
+ *     worker still runs them in seq order (waiting a moment for a gap), so
+ *     every wait -- on an earlier seq, or on the writer an input had when
+ *     the op was recorded -- points to an op drawn earlier, and waits across
+ *     streams can never form a circle.  Completion is `done_upto`: every
+ *     seq <= done_upto has run.  Each thread's own ops stay in its program
+ *     order.
  *   - A wait for (stream, seq) asks a lazy worker to flush up to seq, then
  *     sleeps on the stream's condition variable until done_upto >= seq.
  *   - Records are recycled through per-stream lock-free stacks (the worker
