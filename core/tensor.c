@@ -184,7 +184,10 @@ static nt_tensor *handle_alloc(void)
 static void handle_free(nt_tensor *t)
 {
     tl_check_epoch();
-    t->magic = NT__MAGIC_DEAD;
+    /* Normally dead already (nt_release): then only read, since the user's
+     * thread may still read it to report NT_ERELEASED. */
+    if (t->magic != NT__MAGIC_DEAD)
+        t->magic = NT__MAGIC_DEAD;
     t->pool_next = NULL;
     if (tl_h.give_tail)
         tl_h.give_tail->pool_next = t;
