@@ -69,7 +69,7 @@ static void drop_saved(nt__node *n)
 void nt__node_unref(nt__node *n)
 {
     nt__node *dead = NULL;
-    if (n && AO_fetch_and_sub1(&n->refs) == 1) {
+    if (n && nt__ref_drop(&n->refs, 1)) {
         n->dead_next = NULL;
         dead = n;
     }
@@ -79,7 +79,7 @@ void nt__node_unref(nt__node *n)
         drop_saved(n);
         for (int i = 0; i < n->nin; i++) {
             nt__node *m = n->next[i].node;
-            if (m && AO_fetch_and_sub1(&m->refs) == 1) {
+            if (m && nt__ref_drop(&m->refs, 1)) {
                 m->dead_next = dead;
                 dead = m;
             }

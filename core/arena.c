@@ -66,13 +66,14 @@ static _Thread_local bool tl_host_failed;
  * them per op, not two. */
 static struct {
     volatile AO_t in_use;
-    uint64_t capacity, peak;
+    uint64_t capacity;
+    volatile AO_t peak;       /* statistics, raised by any thread */
     volatile AO_t pooled;     /* sum of pool[]: credit of waiting storages not drawn */
     volatile AO_t waiting_nc; /* bytes of waiting storages not credited (used on
                                  several streams, or small: see nt__arena_pend) */
-    uint64_t live_peak;
+    volatile AO_t live_peak;
     volatile AO_t backed; /* bytes of blocks handed out (in_use minus bare reservations) */
-    uint64_t backed_peak;
+    volatile AO_t backed_peak; /* statistics, raised by any thread */
     _Alignas(64) GMutex lock;
     volatile AO_t waiting_c;  /* bytes of waiting storages credited to a pool */
     volatile AO_t alloc_waits, alloc_wait_ns;
@@ -128,8 +129,8 @@ static void tl_flush(gpointer p)
         for (int ci = 1; ci <= NT_TL_MAXCLASS; ci++) {
             for (int i = 0; i < c->n[ci]; i++) {
                 if (!A.free[ci]) {
-                    A.free[ci] = nt__ptrvec_new(0);
                     A.bytes[ci] = (size_t)ci * 64;
+                    __atomic_store_n(&A.free[ci], nt__ptrvec_new(0), __ATOMIC_RELEASE);
                 }
                 if (!A.free[ci] || !nt__ptrvec_add(A.free[ci], c->blk[ci][i])) {
                     NT_UNPOISON(c->blk[ci][i], (size_t)ci * 64);
@@ -217,15 +218,20 @@ void nt__arena_shutdown(void)
     A.ready = false;
 }
 
-/* Statistics: a lost race only understates a peak. */
+static void raise_peak(volatile AO_t *peak, AO_t now)
+{
+    AO_t p;
+    do {
+        p = AO_load(peak);
+    } while (now > p && !AO_compare_and_swap(peak, p, now));
+}
+
+/* Statistics, raised by any thread. */
 static void note_peaks(uint64_t now)
 {
-    if (now > A.peak)
-        A.peak = now;
+    raise_peak(&A.peak, now);
     uint64_t hold = AO_load(&A.pooled) + AO_load(&A.waiting_nc);
-    uint64_t live = now > hold ? now - hold : 0;
-    if (live > A.live_peak)
-        A.live_peak = live;
+    raise_peak(&A.live_peak, now > hold ? now - hold : 0);
 }
 
 /* Reserves cls bytes of capacity; false if the device is full. */
@@ -398,8 +404,7 @@ bool nt__arena_too_big(void) { return tl_nomem == 1; }
 static void backed_add(size_t cls)
 {
     AO_t now = AO_fetch_and_add(&A.backed, (AO_t)cls) + cls;
-    if (now > A.backed_peak)
-        A.backed_peak = now; /* a statistic: a lost race only understates it */
+    raise_peak(&A.backed_peak, now);
 }
 
 /* A block of class ci (cls bytes) from the caches or the system; the
@@ -408,7 +413,9 @@ static void *take_block(int ci, size_t cls)
 {
     if (ci <= NT_TL_MAXCLASS) {
         tlcache *c = tl_get();
-        if (c && !c->n[ci] && A.free[ci] && A.free[ci]->len) {
+        /* An unlocked look (a hint, checked again under the lock). */
+        nt__ptrvec *hint = __atomic_load_n(&A.free[ci], __ATOMIC_ACQUIRE);
+        if (c && !c->n[ci] && hint && __atomic_load_n(&hint->len, __ATOMIC_RELAXED)) {
             /* refill half the cache in one lock: the blocks a worker thread
              * freed come back to the thread that allocates */
             g_mutex_lock(&A.lock);
@@ -546,8 +553,8 @@ static void give_block(void *p, int ci, size_t cls)
             /* full: give half back in one lock */
             g_mutex_lock(&A.lock);
             if (!A.free[ci]) {
-                A.free[ci] = nt__ptrvec_new(0);
                 A.bytes[ci] = cls;
+                __atomic_store_n(&A.free[ci], nt__ptrvec_new(0), __ATOMIC_RELEASE);
             }
             while (c->n[ci] > NT_TL_KEEP / 2) {
                 void *q = c->blk[ci][--c->n[ci]];
@@ -565,7 +572,7 @@ static void give_block(void *p, int ci, size_t cls)
         return;
     }
     g_mutex_lock(&A.lock);
-    if (A.cached + cls <= NT_ARENA_CACHE_MAX && A.cached + cls + A.in_use <= A.capacity) {
+    if (A.cached + cls <= NT_ARENA_CACHE_MAX && A.cached + cls + AO_load(&A.in_use) <= A.capacity) {
         nt__ptrvec *arr = A.free[ci];
         if (!arr) {
             arr = A.free[ci] = nt__ptrvec_new(0);
@@ -590,21 +597,21 @@ bool nt__arena_host_failed(void)
     return f;
 }
 
-uint64_t nt__arena_in_use(void) { return A.in_use; }
-uint64_t nt__arena_backed(void) { return A.backed; }
-uint64_t nt__arena_backed_peak(void) { return A.backed_peak; }
-uint64_t nt__arena_peak(void) { return A.peak; }
+uint64_t nt__arena_in_use(void) { return AO_load(&A.in_use); }
+uint64_t nt__arena_backed(void) { return AO_load(&A.backed); }
+uint64_t nt__arena_backed_peak(void) { return AO_load(&A.backed_peak); }
+uint64_t nt__arena_peak(void) { return AO_load(&A.peak); }
 uint64_t nt__arena_capacity(void) { return A.capacity; }
-uint64_t nt__arena_live_peak(void) { return A.live_peak; }
+uint64_t nt__arena_live_peak(void) { return AO_load(&A.live_peak); }
 uint64_t nt__arena_waiting(void) { return AO_load(&A.waiting_c) + AO_load(&A.waiting_nc); }
 uint64_t nt__arena_alloc_waits(void) { return AO_load(&A.alloc_waits); }
 uint64_t nt__arena_alloc_wait_ns(void) { return AO_load(&A.alloc_wait_ns); }
 
 void nt__arena_reset_peak(void)
 {
-    A.peak = AO_load(&A.in_use);
-    A.backed_peak = AO_load(&A.backed);
-    A.live_peak = nt__arena_live();
+    AO_store(&A.peak, AO_load(&A.in_use));
+    AO_store(&A.backed_peak, AO_load(&A.backed));
+    AO_store(&A.live_peak, nt__arena_live());
     AO_store(&A.alloc_waits, 0);
     AO_store(&A.alloc_wait_ns, 0);
 }

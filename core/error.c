@@ -150,6 +150,6 @@ void nt__errobj_ref(nt__errobj *e)
 
 void nt__errobj_unref(nt__errobj *e)
 {
-    if (e && AO_fetch_and_sub1(&e->refs) == 1 && !is_fallback(e))
+    if (e && nt__ref_drop(&e->refs, 1) && !is_fallback(e))
         free(e);
 }

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include <atomic_ops.h>
+#include "tsan.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -388,8 +389,10 @@ static struct {
     GThread *th;
     job *volatile j;       /* the current job, or NULL */
     volatile AO_t seq;
+    bool quit;             /* under lock: nt__gemm_shutdown */
 } P;
-static GOnce pool_once = G_ONCE_INIT;
+static GMutex pool_lock;           /* starting and stopping the helper */
+static volatile AO_t pool_started; /* P is set up (release: read with acquire) */
 
 /* Columns [j0, j1), A given as kn's panels. */
 static void run(const kern *kn, int M, int j0, int j1, int K, const float *A, const float *B,
@@ -467,6 +470,10 @@ static gpointer helper(gpointer unused)
         while (AO_load_acquire(&P.seq) == seen)
             g_cond_wait(&P.cond, &P.lock);
         seen = AO_load_acquire(&P.seq);
+        if (P.quit) {
+            g_mutex_unlock(&P.lock);
+            return NULL;
+        }
         job *j = P.j;
         if (j)
             AO_fetch_and_add1_full(&j->inside); /* under the lock: see below */
@@ -479,15 +486,45 @@ static gpointer helper(gpointer unused)
     return NULL;
 }
 
-static gpointer pool_start(gpointer unused)
+static void pool_start(void)
 {
-    (void)unused;
-    g_mutex_init(&P.use);
-    g_mutex_init(&P.lock);
-    g_cond_init(&P.cond);
-    if (g_get_num_processors() > 1) /* no thread (host short): the caller does it all */
-        P.th = g_thread_try_new("nt-gemm", helper, NULL, NULL);
-    return NULL;
+    if (AO_load_acquire(&pool_started))
+        return;
+    g_mutex_lock(&pool_lock);
+    if (!AO_load(&pool_started)) {
+        g_mutex_init(&P.use);
+        g_mutex_init(&P.lock);
+        g_cond_init(&P.cond);
+        P.quit = false;
+        P.j = NULL;
+        if (g_get_num_processors() > 1)
+            P.th = g_thread_try_new("nt-gemm", helper, NULL, NULL); /* NULL (host short): the caller does it all */
+        AO_store_release(&pool_started, 1);
+    }
+    g_mutex_unlock(&pool_lock);
+}
+
+void nt__gemm_shutdown(void)
+{
+    g_mutex_lock(&pool_lock);
+    if (AO_load(&pool_started)) {
+        if (P.th) {
+            g_mutex_lock(&P.use); /* no job is using the helper */
+            g_mutex_lock(&P.lock);
+            P.quit = true;
+            AO_store_release(&P.seq, AO_load(&P.seq) + 1);
+            g_cond_signal(&P.cond);
+            g_mutex_unlock(&P.lock);
+            g_thread_join(P.th);
+            P.th = NULL;
+            g_mutex_unlock(&P.use);
+        }
+        g_mutex_clear(&P.use);
+        g_mutex_clear(&P.lock);
+        g_cond_clear(&P.cond);
+        AO_store_release(&pool_started, 0);
+    }
+    g_mutex_unlock(&pool_lock);
 }
 
 static void generic_block(const job *j, int b) { j->gfn(j->garg, b); }
@@ -496,7 +533,7 @@ void nt__par_blocks(int nblocks, void (*fn)(void *arg, int b), void *arg, bool s
 {
     if (nblocks <= 0)
         return;
-    g_once(&pool_once, pool_start, NULL);
+    pool_start();
     job j;
     memset(&j, 0, sizeof j);
     j.block = generic_block;
@@ -520,7 +557,7 @@ void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B
                 memset(C + (long)i * ldc, 0, (size_t)N * sizeof(float));
         return;
     }
-    g_once(&pool_once, pool_start, NULL);
+    pool_start();
     const kern *kn = kern_now();
     float *Ap = panel(&apanel_key, (size_t)K * (size_t)((M + kn->mr - 1) / kn->mr * kn->mr));
     if (!Ap) { /* host memory short: element by element, same bits */
@@ -632,7 +669,7 @@ static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, c
             memset(C + (long)i * ldc, 0, (size_t)N * sizeof(float));
         return;
     }
-    g_once(&pool_once, pool_start, NULL);
+    pool_start();
     const kern *kn = kern_now();
     int Mpad = (M + kn->mr - 1) / kn->mr * kn->mr, Npad = (N + kn->nr - 1) / kn->nr * kn->nr;
     float *Ap = panel(&fa_key, (size_t)Mpad * (size_t)K);

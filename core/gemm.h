@@ -40,6 +40,9 @@ void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B
  * too (blocks are claimed from a shared counter; each runs once).  Returns
  * when every block has run. */
 void nt__par_blocks(int nblocks, void (*fn)(void *arg, int b), void *arg, bool split);
+/* Stops and joins the helper thread (nt_shutdown); the next call starts it
+ * again.  No call may run meanwhile. */
+void nt__gemm_shutdown(void);
 
 void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
               int ldc);

@@ -29,6 +29,7 @@
 #include "ntensor.h"
 #include "dtype.h"
 #include "optable.h"
+#include "tsan.h"
 
 /* Hot thread-locals (touched on every op) use the initial-exec TLS model:
  * a plain %fs-relative access instead of a __tls_get_addr call.  They are a
@@ -43,6 +44,20 @@
 /* ------------------------------------------------------------------ */
 /* Errors                                                             */
 /* ------------------------------------------------------------------ */
+
+/* Drops n references from a count; true if they were the last.  Every drop
+ * releases and the last one then acquires (its load reads the value its own
+ * drop wrote, the end of every other drop's release sequence), so all that
+ * any holder did to the object happens before the freeing thread frees or
+ * reuses it -- on weakly ordered CPUs too, and visibly to TSan, which does
+ * not model a bare fence. */
+static inline bool nt__ref_drop(volatile AO_t *count, AO_t n)
+{
+    if (AO_fetch_and_add_release(count, (AO_t)0 - n) != n)
+        return false;
+    (void)AO_load_acquire(count);
+    return true;
+}
 
 /* A refcounted error carried by poisoned storage until a sync reports it. */
 typedef struct nt__errobj {
@@ -513,6 +528,18 @@ typedef struct nt__config {
 } nt__config;
 
 extern nt__config nt__cfg;
+
+/* Reads one setting.  nt_config_set changes settings while workers and
+ * other threads run, so every field is read and written atomically.
+ * Relaxed is enough: settings are independent of each other and of the
+ * data, and nt_config_set drains the streams before it changes one, so no
+ * op depends on seeing a change at a precise moment. */
+#define NT__CFG(field)                                                    \
+    __extension__({                                                       \
+        __typeof__(nt__cfg.field) nt_cfg_v_;                              \
+        __atomic_load(&nt__cfg.field, &nt_cfg_v_, __ATOMIC_RELAXED);      \
+        nt_cfg_v_;                                                        \
+    })
 
 /* Global counters (libatomic_ops).  Each on its own cache line: the host
  * bumps ops_enqueued while a worker bumps ops_executed, and two counters on

@@ -17,7 +17,10 @@ float nt__powf(float x, float y) { return powf(x, y); }
  * the same C compiled for those (ifunc): 2-4x faster.  The clones perform
  * the same IEEE operations (no FMA: -ffp-contract=off, and neither target
  * enables it) so every clone gives the same bits as the scalar functions. */
-#if defined(__x86_64__) && defined(__has_attribute) && !defined(NT_NMATH_NO_CLONES)
+/* Not under ThreadSanitizer: ifunc resolvers run during relocation, before
+ * TSan's runtime is up, and an instrumented resolver crashes there. */
+#if defined(__x86_64__) && defined(__has_attribute) && !defined(NT_NMATH_NO_CLONES) && \
+    !defined(__SANITIZE_THREAD__)
 #if __has_attribute(target_clones)
 #define NT__CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif

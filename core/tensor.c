@@ -159,7 +159,7 @@ static nt_tensor *handle_alloc(void)
          * reused only after that many others were released, so a stale
          * pointer finds a dead handle, not another tensor.  "all" never
          * reuses one: every stale use is caught, for a debugging run. */
-        uint64_t q = nt__cfg.handle_quarantine;
+        uint64_t q = NT__CFG(handle_quarantine);
         if (q == 0) /* nt__cfg not set up: a handle made outside nt_init */
             q = 4096;
         if (q == UINT64_MAX ? !P.head : P.nfree <= q + NT_TL_BATCH) {
@@ -210,7 +210,10 @@ static nt_tensor *handle_alloc(void)
 static void handle_free(nt_tensor *t)
 {
     tl_check_epoch();
-    t->magic = NT__MAGIC_DEAD;
+    /* Normally dead already (nt_release): then only read, since the user's
+     * thread may still read it to report NT_ERELEASED. */
+    if (t->magic != NT__MAGIC_DEAD)
+        t->magic = NT__MAGIC_DEAD;
     t->pool_next = NULL;
     if (tl_h.give_tail)
         tl_h.give_tail->pool_next = t;
@@ -221,7 +224,7 @@ static void handle_free(nt_tensor *t)
         return;
     g_mutex_lock(&P.lock);
     /* NT_HANDLE_QUARANTINE=all: released handles stay dead in their slabs */
-    if (nt__cfg.handle_quarantine != UINT64_MAX)
+    if (NT__CFG(handle_quarantine) != UINT64_MAX)
         push_batch(tl_h.give, tl_h.ngive);
     g_mutex_unlock(&P.lock);
     tl_h.give = tl_h.give_tail = NULL;
@@ -295,7 +298,7 @@ void nt__storage_ref(nt__storage *st) { AO_fetch_and_add1(&st->refs); }
 
 void nt__storage_unref(nt__storage *st)
 {
-    if (st && AO_fetch_and_sub1(&st->refs) == 1) {
+    if (st && nt__ref_drop(&st->refs, 1)) {
         nt__errobj_unref((nt__errobj *)st->poison);
         if (!st->deferred) {
             if (st->hostdead)
@@ -418,7 +421,7 @@ void nt__tensor_iunref(nt_tensor *t) { nt__tensor_iunref_n(t, 1); }
 
 void nt__tensor_iunref_n(nt_tensor *t, AO_t n)
 {
-    if (!t || AO_fetch_and_add(&t->irefs, (AO_t)0 - n) != n)
+    if (!t || !nt__ref_drop(&t->irefs, n))
         return;
     if (t->ag && nt__ag_free)
         nt__ag_free(t->ag);
@@ -511,8 +514,7 @@ NT_API int nt_release(nt_tensor *t)
     if (t->magic != NT__MAGIC_LIVE)
         return nt__err(NULL, NT_ERELEASED, "nt_release",
                        "argument 't' is a tensor that was already released");
-    AO_t old = AO_fetch_and_sub1(&t->refs);
-    if (old == 1) {
+    if (nt__ref_drop(&t->refs, 1)) {
         t->magic = NT__MAGIC_DEAD;
         scope_detach(t);
         host_release(t);

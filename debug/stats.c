@@ -78,7 +78,7 @@ void nt__debug_stats_print(FILE *f)
     /* The simulator's totals, when the runtime runs kernels on it (asking
      * otherwise would start a simulator just to print zeros). */
     nt_sim_stats ss;
-    if (!nt__sim_init || nt__cfg.backend != NT_BACKEND_SIM || nt_sim_stats_get(&ss) != 0)
+    if (!nt__sim_init || NT__CFG(backend) != NT_BACKEND_SIM || nt_sim_stats_get(&ss) != 0)
         return;
     fprintf(f, "  simulator   %llu kernels, %llu instructions, %.3f ms simulated (host %.3f ms "
             "inside kernels)\n",

@@ -199,9 +199,9 @@ static nt_tensor *copy_to(const nt_site *site, const char *fn, nt_tensor *src, n
         return nt__call_fail(&c);
     src = c.in[0];
     out_like(&c, src, dt == (nt_dtype)-1 ? (nt_dtype)src->dtype : dt);
-    if ((sr || nt__cfg.sr) && src->dtype == NT_F32 && (dt == NT_BF16 || dt == NT_F16)) {
+    if ((sr || NT__CFG(sr)) && src->dtype == NT_F32 && (dt == NT_BF16 || dt == NT_F16)) {
         c.p.flag |= NT__CAST_SR;
-        c.p.seed = nt__cfg.sr_seed;
+        c.p.seed = NT__CFG(sr_seed);
     }
     return nt__dispatch(&c);
 }

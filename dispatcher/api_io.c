@@ -70,7 +70,7 @@ NT_API nt_tensor *nt_from_host_at(const nt_site *site, const void *src, nt_dtype
     if (nbytes)
         memcpy(d, src, nbytes);
     NT__COUNT(bytes_from_host, nbytes);
-    if (nt__cfg.check_nan)
+    if (NT__CFG(check_nan))
         nt__nan_note_host(t, site, fn);
     return nt__scope_adopt(t);
 }

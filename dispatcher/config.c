@@ -45,7 +45,7 @@ static void log_handler(const gchar *domain, GLogLevelFlags level, const gchar *
 
 void nt__log(int level, const char *fmt, ...)
 {
-    if (level > nt__cfg.log_level)
+    if (level > NT__CFG(log_level))
         return;
     /* Formatted on the stack and handed to the handler directly: g_log
      * copies the message on the heap and aborts when the host is out of
@@ -117,8 +117,8 @@ static bool parse_u64(const char *v, uint64_t *out)
  * a reservation) far from wrapping. */
 #define NT__MAX_HBM_BYTES ((uint64_t)1 << 50)
 
-/* Applies one option; returns 0 or NT_EINVAL with the thread error set. */
-static int apply_opt(const char *name, const char *v, const char *fn)
+/* Applies one option to c; returns 0 or NT_EINVAL with the thread error set. */
+static int apply_opt(nt__config *c, const char *name, const char *v, const char *fn)
 {
     bool b;
     uint64_t u;
@@ -126,65 +126,65 @@ static int apply_opt(const char *name, const char *v, const char *fn)
         if (!parse_bool(v, &b))
             return nt__err(NULL, NT_EINVAL, fn, "NT_DETERMINISTIC: expected 0 or 1, got '%s'", v);
         if (b)
-            nt__cfg.mode = NT_MODE_DETERMINISTIC;
-        else if (nt__cfg.mode == NT_MODE_DETERMINISTIC)
-            nt__cfg.mode = NT_MODE_ADAPTIVE;
+            c->mode = NT_MODE_DETERMINISTIC;
+        else if (c->mode == NT_MODE_DETERMINISTIC)
+            c->mode = NT_MODE_ADAPTIVE;
     } else if (!strcmp(name, "NT_MODE")) {
         if (!strcmp(v, "eager"))
-            nt__cfg.mode = NT_MODE_EAGER;
+            c->mode = NT_MODE_EAGER;
         else if (!strcmp(v, "adaptive"))
-            nt__cfg.mode = NT_MODE_ADAPTIVE;
+            c->mode = NT_MODE_ADAPTIVE;
         else if (!strcmp(v, "lazy"))
-            nt__cfg.mode = NT_MODE_LAZY;
+            c->mode = NT_MODE_LAZY;
         else if (!strcmp(v, "deterministic"))
-            nt__cfg.mode = NT_MODE_DETERMINISTIC;
+            c->mode = NT_MODE_DETERMINISTIC;
         else
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_MODE: expected eager, adaptive, lazy or deterministic, got '%s'", v);
     } else if (!strcmp(name, "NT_FUSION")) {
-        if (!parse_bool(v, &nt__cfg.fusion))
+        if (!parse_bool(v, &c->fusion))
             return nt__err(NULL, NT_EINVAL, fn, "NT_FUSION: expected 0 or 1, got '%s'", v);
     } else if (!strcmp(name, "NT_BACKEND")) {
         if (!strcmp(v, "sim"))
-            nt__cfg.backend = NT_BACKEND_SIM;
+            c->backend = NT_BACKEND_SIM;
         else if (!strcmp(v, "cpu"))
-            nt__cfg.backend = NT_BACKEND_CPU;
+            c->backend = NT_BACKEND_CPU;
         else
             return nt__err(NULL, NT_EINVAL, fn, "NT_BACKEND: expected sim or cpu, got '%s'", v);
     } else if (!strcmp(name, "NT_REQUIRE_SIM")) {
-        if (!parse_bool(v, &nt__cfg.require_sim))
+        if (!parse_bool(v, &c->require_sim))
             return nt__err(NULL, NT_EINVAL, fn, "NT_REQUIRE_SIM: expected 0 or 1, got '%s'", v);
     } else if (!strcmp(name, "NT_MIN_SIM_FLOPS")) {
         if (!parse_u64(v, &u))
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_MIN_SIM_FLOPS: expected a non-negative integer, got '%s'", v);
-        nt__cfg.min_sim_flops = (double)u;
+        c->min_sim_flops = (double)u;
     } else if (!strcmp(name, "NT_CHECK_NAN")) {
-        if (!parse_bool(v, &nt__cfg.check_nan))
+        if (!parse_bool(v, &c->check_nan))
             return nt__err(NULL, NT_EINVAL, fn, "NT_CHECK_NAN: expected 0 or 1, got '%s'", v);
     } else if (!strcmp(name, "NT_STATS")) {
-        if (!parse_bool(v, &nt__cfg.stats_at_exit))
+        if (!parse_bool(v, &c->stats_at_exit))
             return nt__err(NULL, NT_EINVAL, fn, "NT_STATS: expected 0 or 1, got '%s'", v);
     } else if (!strcmp(name, "NT_FUSION_LOG")) {
-        if (!parse_bool(v, &nt__cfg.fusion_log))
+        if (!parse_bool(v, &c->fusion_log))
             return nt__err(NULL, NT_EINVAL, fn, "NT_FUSION_LOG: expected 0 or 1, got '%s'", v);
     } else if (!strcmp(name, "NT_LAZY_WINDOW")) {
         if (!parse_u64(v, &u) || u < 1 || u > 10000000)
             return nt__err(NULL, NT_EINVAL, fn, "NT_LAZY_WINDOW: expected 1..10000000, got '%s'",
                            v);
-        nt__cfg.lazy_window = (int)u;
+        c->lazy_window = (int)u;
     } else if (!strcmp(name, "NT_MAX_INFLIGHT")) {
         if (!parse_u64(v, &u) || u < 2 || u > 100000000)
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_MAX_INFLIGHT: expected 2..100000000, got '%s'", v);
-        nt__cfg.max_inflight = (int)u;
+        c->max_inflight = (int)u;
     } else if (!strcmp(name, "NT_MAX_INFLIGHT_BYTES")) {
         if (!parse_u64(v, &u))
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_MAX_INFLIGHT_BYTES: expected a size like 512M (0: half of "
                            "NT_HBM_BYTES), got '%s'",
                            v);
-        nt__cfg.max_inflight_bytes = u;
+        c->max_inflight_bytes = u;
         if (inited)
             nt__arena_set_max_waiting(u);
     } else if (!strcmp(name, "NT_HBM_BYTES")) {
@@ -195,7 +195,7 @@ static int apply_opt(const char *name, const char *v, const char *fn)
         if (inited)
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_HBM_BYTES can only be set before nt_init (environment)");
-        nt__cfg.hbm_bytes = u;
+        c->hbm_bytes = u;
     } else if (!strcmp(name, "NT_TRACE")) {
         if (inited)
             return nt__err(NULL, NT_EINVAL, fn,
@@ -203,29 +203,29 @@ static int apply_opt(const char *name, const char *v, const char *fn)
         char *path = *v ? strdup(v) : NULL;
         if (*v && !path)
             return nt__err_hostmem(NULL, fn, "the trace file's name");
-        free(nt__cfg.trace_path);
-        nt__cfg.trace_path = path;
+        free(c->trace_path);
+        c->trace_path = path;
     } else if (!strcmp(name, "NT_LOG")) {
         if (!strcmp(v, "error"))
-            nt__cfg.log_level = NT__LOG_ERROR;
+            c->log_level = NT__LOG_ERROR;
         else if (!strcmp(v, "warn"))
-            nt__cfg.log_level = NT__LOG_WARN;
+            c->log_level = NT__LOG_WARN;
         else if (!strcmp(v, "info"))
-            nt__cfg.log_level = NT__LOG_INFO;
+            c->log_level = NT__LOG_INFO;
         else if (!strcmp(v, "debug"))
-            nt__cfg.log_level = NT__LOG_DEBUG;
+            c->log_level = NT__LOG_DEBUG;
         else
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_LOG: expected error, warn, info or debug, got '%s'", v);
     } else if (!strcmp(name, "NT_STOCHASTIC_ROUNDING")) {
-        if (!parse_bool(v, &nt__cfg.sr))
+        if (!parse_bool(v, &c->sr))
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_STOCHASTIC_ROUNDING: expected 0 or 1, got '%s'", v);
     } else if (!strcmp(name, "NT_SR_SEED")) {
         if (!parse_u64(v, &u))
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_SR_SEED: expected an integer from 0 to 2^64 - 1, got '%s'", v);
-        nt__cfg.sr_seed = u;
+        c->sr_seed = u;
     } else if (!strcmp(name, "NT_HANDLE_QUARANTINE")) {
         /* applies to the handles released and allocated from now on */
         if (!g_ascii_strcasecmp(v, "all"))
@@ -234,7 +234,7 @@ static int apply_opt(const char *name, const char *v, const char *fn)
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_HANDLE_QUARANTINE: expected a count >= 4096 or 'all', got '%s'",
                            v);
-        nt__cfg.handle_quarantine = u;
+        c->handle_quarantine = u;
     } else if (!strcmp(name, "NT_CPU_ISA")) {
         /* the matmul micro-kernel's vector level (core/gemm.c); lives there,
          * not in nt__cfg, as the primitive runs without nt_init too */
@@ -264,19 +264,50 @@ static const char *const env_names[] = {
     "NT_STOCHASTIC_ROUNDING", "NT_SR_SEED", "NT_HANDLE_QUARANTINE", "NT_CPU_ISA",
 };
 
-static void cfg_defaults(void)
+/* Writers of nt__cfg (nt_init, nt_config_set) hold this, so each works on a
+ * private copy that it then publishes. */
+static GMutex cfg_lock;
+
+/* Makes c the configuration.  Field by field, each atomically: readers
+ * (NT__CFG) may run on any thread meanwhile. */
+static void cfg_publish(const nt__config *c)
 {
-    g_free(nt__cfg.trace_path);
-    memset(&nt__cfg, 0, sizeof nt__cfg);
-    nt__cfg.mode = NT_MODE_ADAPTIVE;
-    nt__cfg.fusion = true;
+#define NT_PUB(f) __atomic_store(&nt__cfg.f, &c->f, __ATOMIC_RELAXED)
+    NT_PUB(mode);
+    NT_PUB(fusion);
+    NT_PUB(backend);
+    NT_PUB(require_sim);
+    NT_PUB(min_sim_flops);
+    NT_PUB(check_nan);
+    NT_PUB(stats_at_exit);
+    NT_PUB(fusion_log);
+    NT_PUB(lazy_window);
+    NT_PUB(max_inflight);
+    NT_PUB(hbm_bytes);
+    NT_PUB(trace_path);
+    NT_PUB(log_level);
+    NT_PUB(sr);
+    NT_PUB(sr_seed);
+    NT_PUB(max_inflight_bytes);
+    NT_PUB(handle_quarantine);
+#undef NT_PUB
+}
+/* A field added to nt__config must be published above too. */
+_Static_assert(sizeof(nt__config) == 88, "nt__config grew: add the new field to cfg_publish");
+
+static void cfg_defaults(nt__config *c)
+{
+    g_free(c->trace_path);
+    memset(c, 0, sizeof *c);
+    c->mode = NT_MODE_ADAPTIVE;
+    c->fusion = true;
     /* The simulator becomes the default once its kernels are in (sim/). */
-    nt__cfg.backend = nt__sim_init ? NT_BACKEND_SIM : NT_BACKEND_CPU;
-    nt__cfg.lazy_window = 4096;
-    nt__cfg.max_inflight = 1 << 16;
-    nt__cfg.hbm_bytes = UINT64_C(16) << 30; /* one NeuronCore-v2's share of 32 GiB */
-    nt__cfg.log_level = NT__LOG_WARN;
-    nt__cfg.handle_quarantine = 4096;
+    c->backend = nt__sim_init ? NT_BACKEND_SIM : NT_BACKEND_CPU;
+    c->lazy_window = 4096;
+    c->max_inflight = 1 << 16;
+    c->hbm_bytes = UINT64_C(16) << 30; /* one NeuronCore-v2's share of 32 GiB */
+    c->log_level = NT__LOG_WARN;
+    c->handle_quarantine = 4096;
     nt__gemm_set_isa(-1);
 }
 
@@ -289,10 +320,14 @@ NT_API int nt_init(void)
         g_mutex_unlock(&init_lock);
         return 0;
     }
-    cfg_defaults();
+    g_mutex_lock(&cfg_lock);
+    nt__config c = nt__cfg;
+    cfg_defaults(&c);
     for (size_t i = 0; i < G_N_ELEMENTS(env_names); i++) {
         const char *v = getenv(env_names[i]);
-        if (v && apply_opt(env_names[i], v, "nt_init: environment variable") < 0) {
+        if (v && apply_opt(&c, env_names[i], v, "nt_init: environment variable") < 0) {
+            cfg_publish(&c);
+            g_mutex_unlock(&cfg_lock);
             g_mutex_unlock(&init_lock);
             return NT_EINVAL;
         }
@@ -301,13 +336,15 @@ NT_API int nt_init(void)
     const char *det = getenv("NT_DETERMINISTIC");
     bool detb;
     if (det && parse_bool(det, &detb) && detb)
-        nt__cfg.mode = NT_MODE_DETERMINISTIC;
+        c.mode = NT_MODE_DETERMINISTIC;
+    cfg_publish(&c);
+    g_mutex_unlock(&cfg_lock);
     /* Once per process: each call adds a handler GLib keeps for good. */
     static guint log_handler_id;
     if (!log_handler_id)
         log_handler_id = g_log_set_handler(NT_LOG_DOMAIN, G_LOG_LEVEL_MASK, log_handler, NULL);
     memset(&nt__ctr, 0, sizeof nt__ctr);
-    nt__arena_init(nt__cfg.hbm_bytes, nt__cfg.max_inflight_bytes);
+    nt__arena_init(c.hbm_bytes, c.max_inflight_bytes);
     nt__tensor_pool_init();
     if (nt__trace_open_env)
         nt__trace_open_env();
@@ -341,7 +378,7 @@ NT_API void nt_shutdown(void)
     }
     nt__scopes_close_thread();
     nt__streams_shutdown();
-    if (nt__cfg.stats_at_exit) {
+    if (NT__CFG(stats_at_exit)) {
         if (nt__debug_stats_print)
             nt__debug_stats_print(stderr);
         else {
@@ -368,9 +405,13 @@ NT_API void nt_shutdown(void)
     nt__tensor_pool_shutdown();
     if (nt__custom_shutdown)
         nt__custom_shutdown();
+    nt__gemm_shutdown(); /* joined, not left running (valgrind) */
     nt__arena_shutdown();
-    g_free(nt__cfg.trace_path);
-    nt__cfg.trace_path = NULL;
+    g_mutex_lock(&cfg_lock);
+    char *path = NT__CFG(trace_path);
+    __atomic_store_n(&nt__cfg.trace_path, NULL, __ATOMIC_RELAXED);
+    g_mutex_unlock(&cfg_lock);
+    g_free(path);
     AO_store_release(&inited, 0);
     g_mutex_unlock(&init_lock);
 }
@@ -386,19 +427,28 @@ NT_API int nt_config_set(const char *name, const char *value)
     if (!name || !value)
         return nt__err(NULL, NT_EINVAL, "nt_config_set", "argument '%s' is NULL",
                        name ? "value" : "name");
-    if (!strcmp(name, "NT_HBM_BYTES") || !strcmp(name, "NT_TRACE")) {
-        if (nt__initialized())
-            return apply_opt(name, value, "nt_config_set"); /* "only before nt_init" */
-        return apply_opt(name, value, "nt_config_set");
+    bool early = !strcmp(name, "NT_HBM_BYTES") || !strcmp(name, "NT_TRACE");
+    if (!early) {
+        if (!nt__ensure_init())
+            return nt_last_error();
+        /* Everything queued so far runs under the old settings. */
+        nt__streams_foreach(drain_one, NULL);
     }
-    if (!nt__ensure_init())
-        return nt_last_error();
-    /* Everything queued so far runs under the old settings. */
-    nt__streams_foreach(drain_one, NULL);
-    nt__config saved = nt__cfg;
-    int rc = apply_opt(name, value, "nt_config_set");
-    if (rc < 0)
-        nt__cfg = saved;
+    /* (NT_HBM_BYTES and NT_TRACE refuse "only before nt_init" once inited.)
+     * A private copy, published whole on success: a failed set changes
+     * nothing, and no reader sees a half-parsed value. */
+    g_mutex_lock(&cfg_lock);
+    nt__config c = nt__cfg;
+    int rc = apply_opt(&c, name, value, "nt_config_set");
+    if (rc == 0)
+        cfg_publish(&c);
+    else if (c.trace_path != nt__cfg.trace_path)
+        g_free(c.trace_path);
+    g_mutex_unlock(&cfg_lock);
+    /* A worker holding ops for lazy mode re-reads the mode now: an op of
+     * the new mode must not wait for a sync. */
+    if (rc == 0 && !early)
+        nt__streams_wake();
     return rc;
 }
 
@@ -410,49 +460,49 @@ NT_API const char *nt_config_get(const char *name)
     nt__ensure_init();
     if (!strcmp(name, "NT_MODE")) {
         static const char *m[] = {"adaptive", "eager", "lazy", "deterministic"};
-        return m[nt__cfg.mode];
+        return m[NT__CFG(mode)];
     }
     if (!strcmp(name, "NT_DETERMINISTIC"))
-        return nt__cfg.mode == NT_MODE_DETERMINISTIC ? "1" : "0";
+        return NT__CFG(mode) == NT_MODE_DETERMINISTIC ? "1" : "0";
     if (!strcmp(name, "NT_FUSION"))
-        return nt__cfg.fusion ? "1" : "0";
+        return NT__CFG(fusion) ? "1" : "0";
     if (!strcmp(name, "NT_BACKEND"))
-        return nt__cfg.backend == NT_BACKEND_SIM ? "sim" : "cpu";
+        return NT__CFG(backend) == NT_BACKEND_SIM ? "sim" : "cpu";
     if (!strcmp(name, "NT_REQUIRE_SIM"))
-        return nt__cfg.require_sim ? "1" : "0";
+        return NT__CFG(require_sim) ? "1" : "0";
     if (!strcmp(name, "NT_CHECK_NAN"))
-        return nt__cfg.check_nan ? "1" : "0";
+        return NT__CFG(check_nan) ? "1" : "0";
     if (!strcmp(name, "NT_STATS"))
-        return nt__cfg.stats_at_exit ? "1" : "0";
+        return NT__CFG(stats_at_exit) ? "1" : "0";
     if (!strcmp(name, "NT_FUSION_LOG"))
-        return nt__cfg.fusion_log ? "1" : "0";
+        return NT__CFG(fusion_log) ? "1" : "0";
     if (!strcmp(name, "NT_STOCHASTIC_ROUNDING"))
-        return nt__cfg.sr ? "1" : "0";
+        return NT__CFG(sr) ? "1" : "0";
     if (!strcmp(name, "NT_TRACE"))
-        return nt__cfg.trace_path ? nt__cfg.trace_path : "";
+        return NT__CFG(trace_path) ? NT__CFG(trace_path) : "";
     if (!strcmp(name, "NT_CPU_ISA"))
         return nt__gemm_isa_label(nt__gemm_isa());
     if (!strcmp(name, "NT_LOG")) {
         static const char *l[] = {"error", "warn", "info", "debug"};
-        return l[nt__cfg.log_level];
+        return l[NT__CFG(log_level)];
     }
     uint64_t v;
     if (!strcmp(name, "NT_MIN_SIM_FLOPS"))
-        v = (uint64_t)nt__cfg.min_sim_flops;
+        v = (uint64_t)NT__CFG(min_sim_flops);
     else if (!strcmp(name, "NT_LAZY_WINDOW"))
-        v = (uint64_t)nt__cfg.lazy_window;
+        v = (uint64_t)NT__CFG(lazy_window);
     else if (!strcmp(name, "NT_MAX_INFLIGHT"))
-        v = (uint64_t)nt__cfg.max_inflight;
+        v = (uint64_t)NT__CFG(max_inflight);
     else if (!strcmp(name, "NT_MAX_INFLIGHT_BYTES"))
-        v = nt__cfg.max_inflight_bytes ? nt__cfg.max_inflight_bytes : nt__cfg.hbm_bytes / 2;
+        v = NT__CFG(max_inflight_bytes) ? NT__CFG(max_inflight_bytes) : NT__CFG(hbm_bytes) / 2;
     else if (!strcmp(name, "NT_HBM_BYTES"))
-        v = nt__cfg.hbm_bytes;
+        v = NT__CFG(hbm_bytes);
     else if (!strcmp(name, "NT_SR_SEED"))
-        v = nt__cfg.sr_seed;
-    else if (!strcmp(name, "NT_HANDLE_QUARANTINE") && nt__cfg.handle_quarantine == UINT64_MAX)
+        v = NT__CFG(sr_seed);
+    else if (!strcmp(name, "NT_HANDLE_QUARANTINE") && NT__CFG(handle_quarantine) == UINT64_MAX)
         return "all";
     else if (!strcmp(name, "NT_HANDLE_QUARANTINE"))
-        v = nt__cfg.handle_quarantine;
+        v = NT__CFG(handle_quarantine);
     else
         return NULL;
     snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
@@ -462,7 +512,7 @@ NT_API const char *nt_config_get(const char *name)
 NT_API nt_mode nt_get_mode(void)
 {
     nt__ensure_init();
-    return nt__cfg.mode;
+    return NT__CFG(mode);
 }
 
 NT_API int nt_stats_get(nt_stats *out)

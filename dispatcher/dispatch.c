@@ -67,13 +67,13 @@ static bool logged_fallback[NT_OP_COUNT];
 static int choose_backend(nt__call *c, uint8_t *backend)
 {
     *backend = NT_BACKEND_CPU;
-    if (nt__cfg.backend == NT_BACKEND_CPU)
+    if (NT__CFG(backend) == NT_BACKEND_CPU)
         return 0;
     bool has_sim = c->op >= NT_OP_COUNT || nt__sim_kernels[c->op] != NULL;
     /* A simulator without stochastic rounding (nt__sim_sr unset) leaves those
      * casts to the CPU (the same bits any path gives, docs/amp.md). */
     if (c->op == NT_OP_CAST && (c->p.flag & NT__CAST_SR) && !nt__sim_sr) {
-        if (nt__cfg.require_sim)
+        if (NT__CFG(require_sim))
             return nt__err(c->site, NT_ENOTSUP, c->fn,
                            "a cast with stochastic rounding has no simulator kernel and "
                            "NT_REQUIRE_SIM=1 forbids the CPU fallback");
@@ -81,20 +81,19 @@ static int choose_backend(nt__call *c, uint8_t *backend)
         return 0;
     }
     if (!has_sim) {
-        if (nt__cfg.require_sim)
+        if (NT__CFG(require_sim))
             return nt__err(c->site, NT_ENOTSUP, c->fn,
                            "op '%s' has no simulator kernel and NT_REQUIRE_SIM=1 forbids the CPU "
                            "fallback",
                            nt__op_name(c->op));
-        if (!logged_fallback[c->op]) {
-            logged_fallback[c->op] = true;
+        if (!__atomic_exchange_n(&logged_fallback[c->op], true, __ATOMIC_RELAXED)) {
             nt__log(NT__LOG_WARN, "op '%s' has no simulator kernel; it runs on the CPU backend",
                     nt__op_name(c->op));
         }
         NT__COUNT(cpu_fallbacks, 1);
         return 0;
     }
-    if (c->flops < nt__cfg.min_sim_flops) {
+    if (c->flops < NT__CFG(min_sim_flops)) {
         NT__COUNT(cpu_fallbacks, 1);
         return 0;
     }
@@ -242,7 +241,12 @@ static nt_tensor *dispatch_inner(nt__call *c)
         AO_fetch_and_add1(&c->dst->st->version);
     }
 
-    uint64_t seq = nt__stream_next_seq(s);
+    /* May move the op to the default stream if s was destroyed meanwhile
+     * (stream.h); the deps skipped above as s's own have all run then. */
+    nt_stream *picked = s;
+    uint64_t seq = nt__stream_next_seq(&s);
+    if (s != picked)
+        nt__rec_drop_deps_on(r, s);
     r->seq = seq;
     uint64_t packed = NT__PACK(s->id, seq);
     for (int i = 0; i < c->nin; i++)
@@ -254,7 +258,7 @@ static nt_tensor *dispatch_inner(nt__call *c)
     if (nt__trace_enabled())
         nt__htrace_enqueue(r, s); /* before the worker may recycle r */
 
-    if (nt__cfg.mode == NT_MODE_DETERMINISTIC) {
+    if (NT__CFG(mode) == NT_MODE_DETERMINISTIC) {
         for (int d = 0; d < r->ndeps; d++)
             nt__wait_packed(r->deps[d]);
         nt__stream_run_inline(s, r);

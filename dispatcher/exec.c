@@ -138,7 +138,7 @@ void nt__exec_rec(nt__rec *r)
         nt__errobj_unref(e);
         return;
     }
-    if (nt__cfg.check_nan && nt__nan_pre)
+    if (NT__CFG(check_nan) && nt__nan_pre)
         nt__nan_pre(r);
     bool traced = nt__trace_enabled();
     double t0 = traced ? nt__htrace_now() : 0;
@@ -147,7 +147,7 @@ void nt__exec_rec(nt__rec *r)
                           r->backend == NT_BACKEND_SIM ? "sim" : "cpu");
     NT__COUNT(ops_executed, 1);
     NT__COUNT(kernels, 1);
-    if (rc >= 0 && nt__cfg.check_nan && nt__nan_check)
+    if (rc >= 0 && NT__CFG(check_nan) && nt__nan_check)
         rc = nt__nan_check(r);
     if (traced)
         nt__htrace_kernel(r, t0, rc);

@@ -55,7 +55,7 @@ static void bucket_remove(nt__fprog *c)
 
 static void prog_unref(nt__fprog *c)
 {
-    if (c && AO_fetch_and_sub1(&c->refs) == 1) {
+    if (c && nt__ref_drop(&c->refs, 1)) {
         g_free(c->key);
         g_free(c);
     }
@@ -648,7 +648,7 @@ static void run_group_kernel(gstate *s)
         }
         const char *why = NULL;
         bool live = live_after(s, v, &why);
-        if (!live && nt__cfg.check_nan) { /* no NaN may hide in an elided value */
+        if (!live && NT__CFG(check_nan)) { /* no NaN may hide in an elided value */
             live = true;
             why = "NT_CHECK_NAN checks every value";
         }
@@ -684,7 +684,7 @@ static void run_group_kernel(gstate *s)
     AO_fetch_and_add1(hit ? &nt__fst.hits : &nt__fst.misses);
     AO_fetch_and_add(&nt__fst.stored, (AO_t)stored);
     AO_fetch_and_add(&nt__fst.elided, (AO_t)elided);
-    if (nt__cfg.fusion_log)
+    if (NT__CFG(fusion_log))
         log_group(s, c, hit, stored, elided, why_stored);
 
     /* An input already poisoned: run op by op so only its consumers fail.
@@ -694,7 +694,7 @@ static void run_group_kernel(gstate *s)
     for (int k = 0; k < c->next; k++)
         if (AO_load_acquire(&s->g.ext[k]->st->poison))
             poisoned = true;
-    for (int k = 0; nt__cfg.check_nan && k < s->g.nrecs; k++)
+    for (int k = 0; NT__CFG(check_nan) && k < s->g.nrecs; k++)
         if (s->g.recs[k]->flags & NT_RECF_INPLACE)
             poisoned = true;
     int rc = NT_ENOTSUP;
@@ -721,7 +721,7 @@ static void run_group_kernel(gstate *s)
      * an Inf, replay the group op by op with the check on.  The replay
      * recomputes the same bits, and nt__exec_rec names the first op that
      * made a NaN or Inf from finite inputs, as an unfused run would. */
-    if (rc == 0 && nt__cfg.check_nan && nt__nan_any(s->g.out, s->p.nout))
+    if (rc == 0 && NT__CFG(check_nan) && nt__nan_any(s->g.out, s->p.nout))
         rc = NT_ENAN;
     if (rc == 0) {
         NT__COUNT(ops_executed, s->g.nrecs);
@@ -769,7 +769,7 @@ void nt__fusion_run(nt__rec **recs, int n)
             if (!reason)
                 continue;
             AO_fetch_and_add1(&nt__fst.breaks);
-            if (nt__cfg.fusion_log)
+            if (NT__CFG(fusion_log))
                 log_break(r, reason);
             if (nt__trace_enabled())
                 nt__htrace_break(r, reason);
@@ -786,7 +786,7 @@ void nt__fusion_run(nt__rec **recs, int n)
     }
     run_group(&s);
     plan_pause();
-    if (n > 0 && nt__cfg.fusion_log)
+    if (n > 0 && NT__CFG(fusion_log))
         fprintf(stderr, "ntensor: fusion: batch of %d ops ends: %s\n", n,
                 nt__batch_end_reason ? nt__batch_end_reason : "end of the queued work");
 }

@@ -3,7 +3,7 @@
 # Usage: scripts/deps.sh [extra packages...]
 set -eu
 pkgs="gcc meson ninja-build pkg-config python3 libglib2.0-dev liburcu-dev libatomic-ops-dev
-      libcmocka-dev libopenblas-dev zlib1g-dev gdb $*"
+      libcmocka-dev libopenblas-dev zlib1g-dev gdb libtsan2 $*"
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||

@@ -105,11 +105,16 @@ typedef struct dep_tab {
 } dep_tab;
 static dep_tab *dep_sbuf, *dep_psum; /* psum uses the first PSUM_CHUNKS */
 
-/* HBM dependencies: an open-addressing table of 2 KiB pages, entries
- * belonging to an older kernel (gen) count as empty. */
+/* HBM dependencies: an open-addressing table of 16 KiB pages, entries
+ * belonging to an older kernel (gen) count as empty.  A page is counted from
+ * the access pattern's base (its tensor's data), never from the host
+ * address: where the host allocator put a buffer must not change the
+ * simulated time (two identical runs give identical nanoseconds, whatever
+ * each buffer's alignment, and two buffers never share a page). */
 #define HBM_PAGE_SHIFT 14 /* 16 KiB: fine enough to pipeline tiles, cheap on 16 MiB DMAs */
 typedef struct hpage {
-    uintptr_t key;
+    uintptr_t base; /* the pattern's base pointer */
+    uintptr_t key;  /* the page, counted from base */
     uint32_t gen;
     double wend, rend;
 } hpage;
@@ -121,6 +126,18 @@ static double sim_clock; /* end of the last kernel, ns */
 static unsigned trace_gen_seen;
 
 static nt_sim_stats stats; /* under state_lock */
+/* The sums of kernel times, kept exactly in 128-bit fixed point (64
+ * fractional bits hold every bit of a time above 2^-11 ns): integer
+ * addition does not depend on the order kernels of several streams end in,
+ * where double addition does in the last bits, so identical programs report
+ * identical times.  stats' double fields are the sums rounded once. */
+typedef __int128 nt_fx;
+static struct {
+    nt_fx sim, busy[NT_ENGINE_COUNT], qbusy[NT_SIM_DMA_QUEUES], ideal;
+} sums;
+
+static nt_fx to_fx(double ns) { return ns > 0 ? (nt_fx)ldexp(ns, 64) : 0; }
+static double from_fx(nt_fx v) { return ldexp((double)v, -64); }
 
 static int ensure_memories(void)
 {
@@ -741,7 +758,12 @@ nt_sim_kernel *nt_sim_kernel_begin(const char *name)
     }
     g_strlcpy(k->name, name ? name : "kernel", sizeof k->name);
     k->functional = atomic_load(&functional);
-    k->t0 = k->tend = sim_clock;
+    /* Timed from 0, placed on the clock only in reports: a kernel's
+     * duration must not depend on how far the clock has run (doubles round
+     * t0 + x - t0 differently at different t0, and the order kernels of
+     * several streams reach the core is host timing). */
+    k->clock0 = sim_clock;
+    k->t0 = k->tend = 0.0;
     for (int e = 0; e < NT_ENGINE_DMA; e++)
         k->eng_free[e] = k->t0;
     for (int q = 0; q < NT_SIM_DMA_QUEUES; q++)
@@ -800,15 +822,16 @@ int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
                  (unsigned long long)k->ninstr, k->flops, (unsigned long long)k->hbm_rd,
                  (unsigned long long)k->hbm_wr, k->busy[0] / 1e3,
                  dur > 0 ? k->ideal_ns / dur : 0.0, q);
-        nt__trace_complete(NT_TRACE_PID_SIM, 0, k->name, k->t0 / 1e3, dur / 1e3, args);
+        nt__trace_complete(NT_TRACE_PID_SIM, 0, k->name, (k->clock0 + k->t0) / 1e3, dur / 1e3,
+                           args);
     }
     if (rep) {
         memset(rep, 0, sizeof *rep);
         g_strlcpy(rep->name, k->name, sizeof rep->name);
         rep->error = k->err;
         g_strlcpy(rep->message, k->msg, sizeof rep->message);
-        rep->start_ns = k->t0;
-        rep->end_ns = k->tend;
+        rep->start_ns = k->clock0 + k->t0;
+        rep->end_ns = k->clock0 + k->tend;
         rep->duration_ns = dur;
         memcpy(rep->busy_ns, k->busy, sizeof rep->busy_ns);
         memcpy(rep->dma_queue_busy_ns, k->qbusy, sizeof rep->dma_queue_busy_ns);
@@ -821,21 +844,27 @@ int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
         rep->psum_peak_bytes = k->psum.peak;
     }
     pthread_mutex_lock(&state_lock);
-    if (k->tend > sim_clock)
-        sim_clock = k->tend;
+    if (k->clock0 + k->tend > sim_clock)
+        sim_clock = k->clock0 + k->tend;
     stats.kernels++;
     stats.instructions += k->ninstr;
     if (k->err)
         stats.errors++;
-    stats.sim_ns += dur;
-    for (int e = 0; e < NT_ENGINE_COUNT; e++)
-        stats.busy_ns[e] += k->busy[e];
-    for (int q = 0; q < NT_SIM_DMA_QUEUES; q++)
-        stats.dma_queue_busy_ns[q] += k->qbusy[q];
+    sums.sim += to_fx(dur);
+    stats.sim_ns = from_fx(sums.sim);
+    for (int e = 0; e < NT_ENGINE_COUNT; e++) {
+        sums.busy[e] += to_fx(k->busy[e]);
+        stats.busy_ns[e] = from_fx(sums.busy[e]);
+    }
+    for (int q = 0; q < NT_SIM_DMA_QUEUES; q++) {
+        sums.qbusy[q] += to_fx(k->qbusy[q]);
+        stats.dma_queue_busy_ns[q] = from_fx(sums.qbusy[q]);
+    }
     stats.hbm_read_bytes += k->hbm_rd;
     stats.hbm_write_bytes += k->hbm_wr;
     stats.flops += k->flops;
-    stats.tensor_ideal_ns += k->ideal_ns;
+    sums.ideal += to_fx(k->ideal_ns);
+    stats.tensor_ideal_ns = from_fx(sums.ideal);
     stats.clock_ns = sim_clock;
     stats.host_ns += nt__sim_now_ns() - k->host_t0;
     stats.host_gemm_ns += k->gemm_ns;
@@ -886,6 +915,7 @@ void nt_sim_stats_reset(void)
     nt_sim_init();
     pthread_mutex_lock(&state_lock);
     memset(&stats, 0, sizeof stats);
+    memset(&sums, 0, sizeof sums);
     pthread_mutex_unlock(&state_lock);
 }
 
@@ -893,9 +923,9 @@ void nt_sim_stats_reset(void)
 /* HBM page table                                                           */
 /* ------------------------------------------------------------------------ */
 
-static size_t ht_hash(uintptr_t key)
+static size_t ht_hash(uintptr_t base, uintptr_t key)
 {
-    return (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 20);
+    return (size_t)((((uint64_t)base ^ ((uint64_t)key << 40)) * 0x9E3779B97F4A7C15ull) >> 20);
 }
 
 static void ht_grow(void)
@@ -907,7 +937,7 @@ static void ht_grow(void)
     for (size_t i = 0; i < ht_cap; i++) {
         if (ht[i].gen != ht_gen)
             continue;
-        size_t j = ht_hash(ht[i].key) & (ncap - 1);
+        size_t j = ht_hash(ht[i].base, ht[i].key) & (ncap - 1);
         while (nt[j].gen == ht_gen)
             j = (j + 1) & (ncap - 1);
         nt[j] = ht[i];
@@ -918,16 +948,17 @@ static void ht_grow(void)
 }
 
 /* The page's entry, created empty (times 0) if absent. */
-static hpage *ht_get(uintptr_t key)
+static hpage *ht_get(uintptr_t base, uintptr_t key)
 {
     if (ht_count * 2 >= ht_cap)
         ht_grow();
-    size_t j = ht_hash(key) & (ht_cap - 1);
+    size_t j = ht_hash(base, key) & (ht_cap - 1);
     while (ht[j].gen == ht_gen) {
-        if (ht[j].key == key)
+        if (ht[j].key == key && ht[j].base == base)
             return &ht[j];
         j = (j + 1) & (ht_cap - 1);
     }
+    ht[j].base = base;
     ht[j].key = key;
     ht[j].gen = ht_gen;
     ht[j].wend = ht[j].rend = 0.0;
@@ -956,14 +987,14 @@ static double hbm_pages(const nt_ap *ap, bool write, int mode, double end)
         rows = 1;
     }
     double t = 0.0;
-    uintptr_t last_page = (uintptr_t)-1;
+    int64_t last_page = INT64_MIN;
     for (int p = 0; p < rows; p++) {
-        uintptr_t a = base + (uintptr_t)((ap->offset + (int64_t)p * ap->pstep + lo) * esz);
-        uintptr_t first = a >> HBM_PAGE_SHIFT, last = (a + (uintptr_t)row_bytes - 1) >> HBM_PAGE_SHIFT;
-        for (uintptr_t pg = first; pg <= last; pg++) {
+        int64_t a = (ap->offset + (int64_t)p * ap->pstep + lo) * esz; /* from base */
+        int64_t first = a >> HBM_PAGE_SHIFT, last = (a + row_bytes - 1) >> HBM_PAGE_SHIFT;
+        for (int64_t pg = first; pg <= last; pg++) {
             if (pg == last_page)
                 continue; /* adjacent rows on one page: visited already */
-            hpage *e = ht_get(pg);
+            hpage *e = ht_get(base, (uintptr_t)pg);
             if (mode == 0) {
                 if (e->wend > t)
                     t = e->wend;
@@ -1228,9 +1259,11 @@ void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in)
     k->hbm_wr += in->hbm_wr;
     k->last = (nt_sim_instr_info){in->name, (nt_engine)me,
                                   me == NT_ENGINE_DMA ? in->queue : -1,
-                                  me == NT_ENGINE_DMA ? 0.0 : in->cycles, start, end};
+                                  me == NT_ENGINE_DMA ? 0.0 : in->cycles, k->clock0 + start,
+                                  k->clock0 + end};
     k->has_last = true;
     if (nt__trace_enabled())
-        trace_instr(k, in, me == NT_ENGINE_DMA ? 16 + in->queue : 1 + me, start, end);
+        trace_instr(k, in, me == NT_ENGINE_DMA ? 16 + in->queue : 1 + me, k->clock0 + start,
+                    k->clock0 + end);
     k->ninstr++;
 }

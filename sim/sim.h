@@ -97,7 +97,8 @@ struct nt_sim_kernel {
     char msg[320];
     uint64_t ninstr;
     bool functional;
-    double t0, tend;
+    double t0, tend;   /* the kernel's own timeline: t0 = 0 */
+    double clock0;     /* where it starts on the core's clock (reports, trace) */
     double eng_free[NT_ENGINE_DMA];
     double q_free[NT_SIM_DMA_QUEUES];
     int rr_queue;

@@ -90,7 +90,8 @@ static nt_stream *stream_new(bool is_default)
         free(s);
         return NULL;
     }
-    s->id = ++S.next_id;
+    s->id = S.next_id + 1;
+    __atomic_store_n(&S.next_id, s->id, __ATOMIC_RELAXED); /* foreach reads it unlocked */
     g_mutex_unlock(&S.lock);
     s->magic = NT__STREAM_MAGIC;
     __cds_wfcq_init(&s->head, &s->tail);
@@ -117,6 +118,9 @@ static nt_stream *stream_new(bool is_default)
     return s;
 }
 
+static void rec_push_chain(volatile AO_t *stack, nt__rec *first);
+
+/* Stops s's worker (everything drawn on s has run) and retires s. */
 static void stream_free(nt_stream *s)
 {
     AO_store(&s->stop, 1);
@@ -125,19 +129,38 @@ static void stream_free(nt_stream *s)
     g_mutex_unlock(&s->lock);
     g_thread_join(s->worker);
     AO_store_release(&S.reg[s->id], 0);
+    g_mutex_lock(&s->lock);
     if (s->first_error)
         nt__errobj_unref(s->first_error);
+    s->first_error = NULL;
+    g_mutex_unlock(&s->lock);
     g_array_unref(s->ooo);
     nt__ptrvec_free(s->held);
-    g_mutex_clear(&s->lock);
-    g_cond_clear(&s->work_cond);
-    g_cond_clear(&s->done_cond);
-    s->magic = 0;
+    /* Its recycled records serve the default stream from now on. */
+    AO_t recs;
+    do {
+        recs = AO_load(&s->free_recs);
+    } while (recs && !AO_compare_and_swap_full(&s->free_recs, recs, 0));
+    if (recs && S.dflt && S.dflt != s) /* (at shutdown they go with S.chunks) */
+        rec_push_chain(&S.dflt->free_recs, (nt__rec *)recs);
+    /* The lock and conditions stay until nt_shutdown (stream_dispose): a
+     * thread may still be inside nt__wait_packed on s, about to see that
+     * its seq has run. */
+    __atomic_store_n(&s->magic, 0, __ATOMIC_RELAXED); /* stream_ok may look meanwhile */
     /* Kept until nt_shutdown so a stale handle is reported, not dereferenced
      * after free. */
     g_mutex_lock(&S.lock);
     nt__ptrvec_add(S.graveyard, s); /* room was reserved by stream_new */
     g_mutex_unlock(&S.lock);
+}
+
+static void stream_dispose(gpointer p)
+{
+    nt_stream *s = p;
+    g_mutex_clear(&s->lock);
+    g_cond_clear(&s->work_cond);
+    g_cond_clear(&s->done_cond);
+    free(s);
 }
 
 void nt__streams_init(void)
@@ -153,13 +176,23 @@ void nt__streams_init(void)
 
 void nt__streams_foreach(void (*fn)(nt_stream *s, void *arg), void *arg)
 {
-    uint32_t n = S.next_id;
+    uint32_t n = __atomic_load_n(&S.next_id, __ATOMIC_RELAXED);
     for (uint32_t id = 1; id <= n; id++) {
         nt_stream *s = nt__stream_by_id(id);
         if (s)
             fn(s, arg);
     }
 }
+
+static void wake_one(nt_stream *s, void *arg)
+{
+    (void)arg;
+    g_mutex_lock(&s->lock);
+    g_cond_signal(&s->work_cond);
+    g_mutex_unlock(&s->lock);
+}
+
+void nt__streams_wake(void) { nt__streams_foreach(wake_one, NULL); }
 
 void nt__streams_shutdown(void)
 {
@@ -181,7 +214,7 @@ void nt__streams_shutdown(void)
     nt__ptrvec_free(S.chunks);
     S.chunks = NULL;
     for (unsigned i = 0; S.graveyard && i < S.graveyard->len; i++)
-        free(S.graveyard->pdata[i]);
+        stream_dispose(S.graveyard->pdata[i]);
     nt__ptrvec_free(S.graveyard);
     S.graveyard = NULL;
     AO_fetch_and_add1(&S.epoch);
@@ -193,7 +226,8 @@ void nt__streams_shutdown(void)
 nt_stream *nt__stream_current(void)
 {
     nt_stream *s = tl_cur.s;
-    if (s && nt__stream_by_id(tl_cur.id) == s)
+    /* A stream being destroyed takes no new work (stream.h). */
+    if (s && nt__stream_by_id(tl_cur.id) == s && !AO_load(&s->closing))
         return s;
     tl_cur.s = NULL;
     return S.dflt;
@@ -208,6 +242,19 @@ static void rec_push(volatile AO_t *stack, nt__rec *r)
         old = AO_load(stack);
         r->pool_next = (nt__rec *)old;
     } while (!AO_compare_and_swap_release(stack, old, (AO_t)r));
+}
+
+/* Pushes the chain first..(pool_next == NULL) onto a stack. */
+static void rec_push_chain(volatile AO_t *stack, nt__rec *first)
+{
+    nt__rec *last = first;
+    while (last->pool_next)
+        last = last->pool_next;
+    AO_t old;
+    do {
+        old = AO_load(stack);
+        last->pool_next = (nt__rec *)old;
+    } while (!AO_compare_and_swap_release(stack, old, (AO_t)first));
 }
 
 nt__rec *nt__rec_alloc(nt_stream *s)
@@ -286,7 +333,9 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Worker (or inline executor, under s->lock): seq has run. */
+/* Under s->lock (the worker and, after a switch to deterministic mode,
+ * threads running ops inline may complete seqs of one stream at once):
+ * seq has run. */
 static void complete_seq(nt_stream *s, uint64_t seq)
 {
     uint64_t done = AO_load(&s->done_upto);
@@ -351,8 +400,10 @@ static void release_batch(nt_stream *s, nt__rec **recs, guint k)
     for (int h = 0; h < SLOTS; h++)
         if (key[h])
             nt__tensor_iunref_n(key[h], cnt[h]);
+    g_mutex_lock(&s->lock);
     for (guint j = 0; j < k; j++)
         complete_seq(s, recs[j]->seq);
+    g_mutex_unlock(&s->lock);
     for (guint j = 0; j < k; j++)
         rec_push(&s->free_recs, recs[j]); /* the host may reuse it at once */
 }
@@ -396,11 +447,38 @@ void nt__wait_packed(uint64_t packed)
     NT__COUNT(sync_wait_ns, nt__now_ns() - t0);
 }
 
-uint64_t nt__stream_next_seq(nt_stream *s) { return AO_fetch_and_add1_full(&s->next_seq) + 1; }
+uint64_t nt__stream_next_seq(nt_stream **sp)
+{
+    for (;;) {
+        AO_t q = AO_fetch_and_add1_full(&(*sp)->next_seq);
+        if (!(q & NT__SEQ_SEALED))
+            return q + 1;
+        /* Sealed by nt_stream_destroy after this thread picked it: all of
+         * its work has run, and this op goes where the header says a
+         * destroyed stream's work goes.  (The increment hit only the
+         * sealed value, which no reader uses.) */
+        *sp = S.dflt;
+    }
+}
+
+void nt__rec_drop_deps_on(nt__rec *r, const nt_stream *s)
+{
+    int k = 0;
+    for (int d = 0; d < r->ndeps; d++)
+        if (NT__PACK_SID(r->deps[d]) != s->id)
+            r->deps[k++] = r->deps[d];
+    r->ndeps = (uint8_t)k;
+}
+
+uint64_t nt__stream_last_seq(nt_stream *s)
+{
+    AO_t n = AO_load_full(&s->next_seq);
+    return n & NT__SEQ_SEALED ? AO_load_acquire(&s->sealed_seq) : n;
+}
 
 void nt__stream_drain(nt_stream *s)
 {
-    uint64_t last = AO_load_full(&s->next_seq);
+    uint64_t last = nt__stream_last_seq(s);
     if (last)
         nt__wait_packed(NT__PACK(s->id, last));
 }
@@ -432,8 +510,13 @@ nt__errobj *nt__stream_take_error(nt_stream *s)
 
 void nt__stream_enqueue(nt_stream *s, nt__rec *r)
 {
+    /* Once enqueued, r belongs to the worker, which may run and recycle it
+     * before the enqueue returns here: read nothing of r after. */
+    uint64_t seq = r->seq;
     r->stream = s;
     cds_wfcq_node_init(&r->node);
+    /* liburcu (not instrumented) hands r over: tell TSan (take_queued). */
+    NT__TSAN_RELEASE(r);
     cds_wfcq_enqueue(&s->head, &s->tail, &r->node);
     /* Ring the worker if it sleeps -- in lazy mode only once a window's
      * worth of ops is waiting.  A plain load suffices: the enqueue's
@@ -442,8 +525,8 @@ void nt__stream_enqueue(nt_stream *s, nt__rec *r)
      * the worker sets `sleeping` with a full barrier before it looks at
      * the queue again. */
     if (AO_load(&s->sleeping) &&
-        (nt__cfg.mode != NT_MODE_LAZY ||
-         r->seq - AO_load(&s->done_upto) >= (uint64_t)nt__cfg.lazy_window)) {
+        (NT__CFG(mode) != NT_MODE_LAZY ||
+         seq - AO_load(&s->done_upto) >= (uint64_t)NT__CFG(lazy_window))) {
         g_mutex_lock(&s->lock);
         g_cond_signal(&s->work_cond);
         g_mutex_unlock(&s->lock);
@@ -451,10 +534,11 @@ void nt__stream_enqueue(nt_stream *s, nt__rec *r)
     /* Backpressure: a host far ahead of its worker waits (and, in lazy mode,
      * makes the worker run) rather than queueing without bound.  Checked
      * every 64 ops: done_upto is the worker's line. */
-    if ((r->seq & 63) == 0) {
+    if ((seq & 63) == 0) {
         uint64_t done = AO_load(&s->done_upto);
-        if (r->seq > done + (uint64_t)nt__cfg.max_inflight)
-            nt__wait_packed(NT__PACK(s->id, r->seq - (uint64_t)nt__cfg.max_inflight / 2));
+        uint64_t inflight = (uint64_t)NT__CFG(max_inflight);
+        if (seq > done + inflight)
+            nt__wait_packed(NT__PACK(s->id, seq - inflight / 2));
     }
 }
 
@@ -462,8 +546,8 @@ _Thread_local const char *nt__batch_end_reason NT_TLS_HOT;
 
 static void run_batch(nt__rec **recs, int n)
 {
-    if (nt__fusion_batch && nt__cfg.fusion && nt__cfg.mode != NT_MODE_EAGER &&
-        nt__cfg.mode != NT_MODE_DETERMINISTIC) {
+    if (nt__fusion_batch && NT__CFG(fusion) && NT__CFG(mode) != NT_MODE_EAGER &&
+        NT__CFG(mode) != NT_MODE_DETERMINISTIC) {
         nt__fusion_batch(recs, n);
         return;
     }
@@ -475,6 +559,11 @@ static void run_batch(nt__rec **recs, int n)
 
 void nt__stream_run_inline(nt_stream *s, nt__rec *r)
 {
+    /* Ops queued on s before a switch to deterministic mode may not have
+     * run yet (nt_config_set drains only what was queued when it began):
+     * they come first, as in any mode. */
+    if (r->seq > 1)
+        nt__wait_packed(NT__PACK(s->id, r->seq - 1));
     r->stream = s;
     nt__exec_rec(r);
     g_mutex_lock(&s->lock);
@@ -496,7 +585,20 @@ static int take_queued(nt_stream *s)
     while ((s->held_full = !nt__ptrvec_reserve(s->held, s->held->len + 1)) == false &&
            (node = __cds_wfcq_dequeue_nonblocking(&s->head, &s->tail)) != NULL &&
            node != CDS_WFCQ_WOULDBLOCK) {
-        s->held->pdata[s->held->len++] = caa_container_of(node, nt__rec, node);
+        nt__rec *r = caa_container_of(node, nt__rec, node);
+        NT__TSAN_ACQUIRE(r);
+        /* Held in seq order: threads sharing s may enqueue in another order
+         * than they drew (rarely; then a short move, and a fresh scan). */
+        s->held->pdata[s->held->len++] = r; /* room was reserved above */
+        guint i = s->held->len - 1;
+        while (i > 0 && ((nt__rec *)s->held->pdata[i - 1])->seq > r->seq) {
+            s->held->pdata[i] = s->held->pdata[i - 1];
+            i--;
+        }
+        if (i != s->held->len - 1) {
+            s->held->pdata[i] = r;
+            s->scan_i = s->scan_k = 0;
+        }
         got++;
     }
     return got;
@@ -513,8 +615,8 @@ static guint runnable_prefix(nt_stream *s)
         return 0;
     if (AO_load(&s->stop))
         return n;
-    bool lazy = nt__cfg.mode == NT_MODE_LAZY;
-    if (lazy && (n >= (guint)nt__cfg.lazy_window || s->held_full)) {
+    bool lazy = NT__CFG(mode) == NT_MODE_LAZY;
+    if (lazy && (n >= (guint)NT__CFG(lazy_window) || s->held_full)) {
         s->end_reason = "lazy window full";
         return n;
     }
@@ -557,9 +659,21 @@ static void held_consumed(nt_stream *s, guint k)
 /* Lazy mode: is there a reason to run held work? */
 static bool lazy_should_run(nt_stream *s)
 {
+    if (NT__CFG(mode) != NT_MODE_LAZY)
+        return true; /* nt_config_set left lazy mode: stop holding */
     uint64_t done = AO_load_acquire(&s->done_upto);
-    return AO_load(&s->next_seq) - done >= (uint64_t)nt__cfg.lazy_window ||
+    return nt__stream_last_seq(s) - done >= (uint64_t)NT__CFG(lazy_window) ||
            AO_load(&s->flush_upto) > done;
+}
+
+/* Of held[0..k), the records whose seqs follow done_upto without a gap. */
+static guint in_order_prefix(nt_stream *s, guint k)
+{
+    uint64_t next = AO_load_acquire(&s->done_upto) + 1;
+    guint c = 0;
+    while (c < k && ((nt__rec *)s->held->pdata[c])->seq == next + c)
+        c++;
+    return c;
 }
 
 static bool deps_met(const nt__rec *r)
@@ -590,27 +704,31 @@ static uint64_t held_elems(nt_stream *s, guint from)
  * what the held work will take to run anyway (so a lone small op is not
  * delayed at all, and a slow host's op by at most ~3%), ends when the host
  * stops enqueueing for NT_GATHER_GAP_NS, and ends at once when a sync (or a
- * host blocked on back-pressure) waits. */
-uint64_t nt__gather_scale = 1; /* stream.h */
+ * host blocked on back-pressure) waits -- taking what was queued before the
+ * sync first, so the op it asks for is in the batch. */
+volatile AO_t nt__gather_scale = 1; /* stream.h */
 
 static void gather_burst(nt_stream *s)
 {
-    uint64_t t0 = nt__now_ns(), last = t0, k = nt__gather_scale;
+    uint64_t t0 = nt__now_ns(), last = t0, k = AO_load(&nt__gather_scale);
     uint64_t budget = held_elems(s, 0) / NT_GATHER_ELEMS_PER_NS * k;
     for (;;) {
         if (budget > NT_GATHER_MAX_NS * k)
             budget = NT_GATHER_MAX_NS * k;
-        if (AO_load(&s->stop) || AO_load_acquire(&s->flush_upto) > AO_load(&s->done_upto) ||
-            s->held->len >= (guint)nt__cfg.max_inflight / 2)
+        if (AO_load(&s->stop) || s->held->len >= (guint)NT__CFG(max_inflight) / 2)
             return;
+        if (AO_load_acquire(&s->flush_upto) > AO_load(&s->done_upto)) {
+            take_queued(s); /* enqueued before the request: all visible now */
+            return;
+        }
         uint64_t t = nt__now_ns();
-        if (t - t0 >= budget)
+        if (k && t - t0 >= budget) /* k == 0 (tests): no time bound */
             return;
         guint had = s->held->len;
         if (take_queued(s)) {
             last = t;
             budget += held_elems(s, had) / NT_GATHER_ELEMS_PER_NS * k;
-        } else if (t - last > NT_GATHER_GAP_NS * k) {
+        } else if (k && t - last > NT_GATHER_GAP_NS * k) {
             return;
         }
 #if defined(__x86_64__) || defined(__i386__)
@@ -625,11 +743,28 @@ static gpointer worker_main(gpointer arg)
     bool idle = false;
     tl_worker = true;
     for (;;) {
-        if (take_queued(s) && idle && nt__cfg.mode == NT_MODE_ADAPTIVE && nt__cfg.fusion)
+        if (take_queued(s) && idle && NT__CFG(mode) == NT_MODE_ADAPTIVE && NT__CFG(fusion))
             gather_burst(s);
         idle = false;
         guint k = runnable_prefix(s);
         if (k) {
+            /* Strictly in seq order.  An op waits only for ops drawn before
+             * it (its own stream's earlier seqs, and the writers its inputs
+             * had when it was recorded), so if every stream runs in draw
+             * order no wait can close a circle; running in arrival order
+             * could (an op at the front waiting on another stream that
+             * waits on an op of this one still behind it).  A gap is the
+             * op of a producer between drawing its seq and enqueueing it,
+             * or one a thread runs inline: a moment. */
+            guint c = in_order_prefix(s, k);
+            if (!c) {
+                g_thread_yield();
+                continue;
+            }
+            if (c < k) {
+                k = c;
+                s->end_reason = "the next op is still being enqueued";
+            }
             nt__rec **recs = (nt__rec **)s->held->pdata;
             /* An op waiting on another stream: run what precedes it first. */
             guint i = 0;
@@ -656,7 +791,7 @@ static gpointer worker_main(gpointer arg)
         if (AO_load(&s->stop) && !s->held->len &&
             cds_wfcq_empty(&s->head, &s->tail))
             break;
-        if (nt__cfg.mode == NT_MODE_LAZY) {
+        if (NT__CFG(mode) == NT_MODE_LAZY) {
             /* Holding: sleep until the window fills, a sync asks for a held
              * op, or the stream stops.  No spinning: producers ring only
              * when the window is full. */
@@ -687,7 +822,7 @@ static gpointer worker_main(gpointer arg)
         g_mutex_lock(&s->lock);
         AO_store_full(&s->sleeping, 1);
         while (cds_wfcq_empty(&s->head, &s->tail) && !AO_load(&s->stop) &&
-               nt__cfg.mode != NT_MODE_LAZY) {
+               NT__CFG(mode) != NT_MODE_LAZY) {
             gint64 until = g_get_monotonic_time() + 100000;
             g_cond_wait_until(&s->work_cond, &s->lock, until);
         }
@@ -705,7 +840,7 @@ static bool stream_ok(nt_stream *s, const char *fn)
         nt__err(NULL, NT_EINVAL, fn, "argument 's' is NULL");
         return false;
     }
-    if (s->magic != NT__STREAM_MAGIC) {
+    if (__atomic_load_n(&s->magic, __ATOMIC_RELAXED) != NT__STREAM_MAGIC) {
         nt__err(NULL, NT_EINVAL, fn, "argument 's' is not a live stream");
         return false;
     }
@@ -739,9 +874,21 @@ NT_API int nt_stream_destroy(nt_stream *s)
     if (s == S.dflt)
         return nt__err(NULL, NT_EINVAL, "nt_stream_destroy",
                        "the default stream cannot be destroyed");
-    nt__stream_drain(s);
+    if (!AO_compare_and_swap_full(&s->closing, 0, 1))
+        return nt__err(NULL, NT_EINVAL, "nt_stream_destroy",
+                       "argument 's' is already being destroyed by another thread");
     if (tl_cur.s == s)
         tl_cur.s = NULL;
+    /* No thread picks s any more; wait out the ops of those that had, then
+     * seal: the CAS fails if one more seq was drawn meanwhile (stream.h). */
+    for (;;) {
+        AO_t n = AO_load_full(&s->next_seq);
+        if (n)
+            nt__wait_packed(NT__PACK(s->id, n));
+        AO_store(&s->sealed_seq, n);
+        if (AO_compare_and_swap_full(&s->next_seq, n, n | NT__SEQ_SEALED))
+            break;
+    }
     stream_free(s);
     return 0;
 }
@@ -838,7 +985,7 @@ NT_API int nt_event_record(nt_event *e, nt_stream *s)
         s = nt__stream_current();
     if (!stream_ok(s, "nt_event_record"))
         return nt_last_error();
-    AO_store_full(&e->packed, NT__PACK(s->id, AO_load_full(&s->next_seq)));
+    AO_store_full(&e->packed, NT__PACK(s->id, nt__stream_last_seq(s)));
     return 0;
 }
 
@@ -859,8 +1006,11 @@ NT_API int nt_stream_wait_event(nt_stream *s, nt_event *e)
     r->type = NT_REC_WAIT;
     r->deps[0] = p;
     r->ndeps = 1;
-    r->seq = nt__stream_next_seq(s);
-    if (nt__cfg.mode == NT_MODE_DETERMINISTIC) {
+    nt_stream *picked = s;
+    r->seq = nt__stream_next_seq(&s);
+    if (s != picked)
+        nt__rec_drop_deps_on(r, s);
+    if (NT__CFG(mode) == NT_MODE_DETERMINISTIC) {
         nt__wait_packed(p);
         nt__stream_run_inline(s, r);
     } else {

@@ -6,14 +6,28 @@
  *     (liburcu wfcqueue) except for the backpressure wait when a stream has
  *     more than NT_MAX_INFLIGHT ops outstanding.
  *   - Each op gets a sequence number from an atomic counter.  Two threads on
- *     one stream may enqueue in the other order than they drew numbers, so
- *     the worker tracks completion as `done_upto`: every seq <= done_upto has
- *     run.  Each thread's own ops stay in its program order.
+ *     one stream may enqueue in the other order than they drew numbers; the
+ *     worker still runs them in seq order (waiting a moment for a gap), so
+ *     every wait -- on an earlier seq, or on the writer an input had when
+ *     the op was recorded -- points to an op drawn earlier, and waits across
+ *     streams can never form a circle.  Completion is `done_upto`: every
+ *     seq <= done_upto has run.  Each thread's own ops stay in its program
+ *     order.
  *   - A wait for (stream, seq) asks a lazy worker to flush up to seq, then
  *     sleeps on the stream's condition variable until done_upto >= seq.
  *   - Records are recycled through per-stream lock-free stacks (the worker
  *     pushes; producers take the whole stack at once, which is ABA-free) into
- *     a per-thread cache. */
+ *     a per-thread cache.
+ *   - Destroying a stream loses no op, whatever other threads do meanwhile:
+ *     nt_stream_destroy marks it closing (nt__stream_current then answers
+ *     the default stream), waits until every seq drawn on it has run, and
+ *     seals next_seq with NT__SEQ_SEALED in one compare-and-swap that only
+ *     succeeds if no seq was drawn since.  A producer that had picked the
+ *     stream before and draws after the seal gets the sealed bit back from
+ *     its fetch-and-add and draws again on the default stream
+ *     (nt__stream_next_seq); a seq drawn before the seal was waited for.
+ *     Only then does the worker stop.  The object stays allocated (lock and
+ *     conditions too) until nt_shutdown, for threads still inside a wait. */
 #ifndef NT_STREAMS_STREAM_H
 #define NT_STREAMS_STREAM_H
 
@@ -28,6 +42,8 @@ struct nt_stream {
     uint32_t magic;
     uint32_t id;
     GThread *worker;
+    volatile AO_t closing;    /* nt_stream_destroy has begun: pick no more */
+    volatile AO_t sealed_seq; /* the last seq, once next_seq is sealed */
     /* producers: every enqueue */
     _Alignas(64) struct cds_wfcq_tail tail;
     volatile AO_t next_seq;   /* last seq handed out */
@@ -56,6 +72,8 @@ struct nt_stream {
 };
 
 #define NT__STREAM_MAGIC 0x57524d53u
+/* Set in next_seq when the stream is sealed (seqs stay below 2^48). */
+#define NT__SEQ_SEALED ((AO_t)1 << 62)
 #define NT__MAX_STREAMS 65535
 
 void nt__streams_init(void);
@@ -70,7 +88,14 @@ nt__rec *nt__rec_alloc(nt_stream *s);
 /* Gives back a record just taken with nt__rec_alloc and never enqueued (the
  * call that wanted it failed). */
 void nt__rec_unalloc(nt__rec *r);
-uint64_t nt__stream_next_seq(nt_stream *s);
+/* Draws the next seq on *s; if *s was sealed by nt_stream_destroy meanwhile,
+ * on the default stream instead, and *s becomes the default stream. */
+uint64_t nt__stream_next_seq(nt_stream **s);
+/* After nt__stream_next_seq moved r to s: drops r's waits on s itself (the
+ * worker must never wait for its own stream). */
+void nt__rec_drop_deps_on(nt__rec *r, const nt_stream *s);
+/* The last seq drawn on s (sealed or not). */
+uint64_t nt__stream_last_seq(nt_stream *s);
 void nt__stream_enqueue(nt_stream *s, nt__rec *r);
 void nt__stream_run_inline(nt_stream *s, nt__rec *r);
 
@@ -96,10 +121,13 @@ extern nt__batch_fn nt__fusion_batch; /* set by fusion/ at init; NULL = off */
 extern _Thread_local const char *nt__batch_end_reason NT_TLS_HOT;
 
 /* Multiplies every bound of adaptive mode's wait for the rest of a host
- * burst (1; tests raise it so a loaded machine cannot split a burst). */
-extern uint64_t nt__gather_scale;
+ * burst (1).  0 lifts the time bounds: the wait then ends only when a sync
+ * asks (tests, so that no timing decides what fuses). */
+extern volatile AO_t nt__gather_scale;
 
 /* For every live stream (debugger, nt_sync): calls fn(s, arg). */
 void nt__streams_foreach(void (*fn)(nt_stream *s, void *arg), void *arg);
+/* Wakes every sleeping worker to re-read the configuration (nt_config_set). */
+void nt__streams_wake(void);
 
 #endif

@@ -418,6 +418,314 @@ static void test_async_error_provenance(void **state)
     check_provenance("deterministic");
 }
 
+/* ---------------- lifecycle and stress ---------------- */
+
+/* NT_STRESS_SCALE=k multiplies the sizes below (the soak: k = 10 gives the
+ * 1,000 destroy-while-in-use iterations per mode of issue 16). */
+static int stress_scale(void)
+{
+    const char *v = getenv("NT_STRESS_SCALE");
+    int k = v ? atoi(v) : 1;
+    return k > 0 ? k : 1;
+}
+
+static const char *const all_modes[] = {"eager", "adaptive", "lazy", "deterministic"};
+
+#define DW_PRODUCERS 2
+#define DW_OPS 24
+
+typedef struct {
+    nt_stream *s;
+    int id;
+    volatile AO_t *started, *finished;
+    int failures;
+} dw_arg;
+
+/* Issues a chain on s (its current stream) while the main thread destroys
+ * s; the header sends the rest of the chain to the default stream.  The
+ * result must be exact and the read must return (issue 16: an op was lost
+ * and nt_to_host hung). */
+static gpointer dw_producer(gpointer p)
+{
+    dw_arg *a = p;
+    int32_t start = 100 * (a->id + 1);
+    nt_stream_set_current(a->s);
+    nt_tensor *x = ivec(16, start);
+    AO_fetch_and_add1_full(a->started);
+    nt_tensor *y = chain(x, DW_OPS);
+    int32_t out[16];
+    if (nt_to_host(y, out, sizeof out) != 0)
+        a->failures++;
+    else
+        for (int k = 0; k < 16; k++)
+            a->failures += (uint32_t)out[k] != chain_expect((uint32_t)(start + k), DW_OPS);
+    nt_release(x);
+    nt_release(y);
+    nt_stream_set_current(NULL);
+    AO_fetch_and_add1_full(a->finished);
+    return NULL;
+}
+
+static void destroy_while_in_use(const char *mode, int iters)
+{
+    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+    int failures = 0;
+    for (int it = 0; it < iters; it++) {
+        nt_stream *s = nt_stream_create();
+        assert_non_null(s);
+        volatile AO_t started = 0, finished = 0;
+        dw_arg args[DW_PRODUCERS];
+        GThread *th[DW_PRODUCERS];
+        for (int i = 0; i < DW_PRODUCERS; i++) {
+            args[i] = (dw_arg){s, i, &started, &finished, 0};
+            th[i] = g_thread_new("dw", dw_producer, &args[i]);
+        }
+        /* Destroy at a different point of the chains each time: once the
+         * stream has seen `at` ops (an observed state, not a delay). */
+        uint64_t at = (uint64_t)(it * 7 % (DW_PRODUCERS * 2 * DW_OPS));
+        while (AO_load_full(&started) < DW_PRODUCERS)
+            g_thread_yield();
+        while (nt__stream_last_seq(s) < at && AO_load_full(&finished) < DW_PRODUCERS)
+            g_thread_yield();
+        assert_int_equal(nt_stream_destroy(s), 0);
+        for (int i = 0; i < DW_PRODUCERS; i++) {
+            g_thread_join(th[i]);
+            failures += args[i].failures;
+        }
+    }
+    print_message("# %s: %d destroy-while-in-use iterations, %d wrong values\n", mode, iters,
+                  failures);
+    assert_int_equal(failures, 0);
+    assert_int_equal(nt_sync(), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+}
+
+static void test_destroy_while_in_use(void **state)
+{
+    (void)state;
+    int iters = 100 * stress_scale();
+    if (getenv("NT_TEST_QUICK"))
+        iters /= 4;
+    for (size_t m = 0; m < G_N_ELEMENTS(all_modes); m++)
+        destroy_while_in_use(all_modes[m], iters);
+}
+
+/* An op issued after leaving lazy mode runs without a sync: the worker
+ * stops holding when the mode changes (issue 16: it stayed in its lazy
+ * hold loop).  The only bound is a failure guard. */
+static void test_mode_switch_leaves_lazy(void **state)
+{
+    (void)state;
+    const char *to[] = {"eager", "adaptive"};
+    for (int m = 0; m < 2; m++) {
+        assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+        nt_tensor *x = ivec(8, 3);
+        nt_tensor *held = nt_add_scalar(x, 1); /* held by the lazy worker */
+        assert_int_equal(nt_config_set("NT_MODE", to[m]), 0);
+        nt_tensor *y = nt_mul_scalar(x, 2); /* after the switch */
+        nt_event *e = nt_event_create();
+        assert_int_equal(nt_event_record(e, NULL), 0);
+        bool done = false;
+        for (int i = 0; i < 60000 && !(done = nt_event_query(e)); i++)
+            g_usleep(1000); /* failure guard only: a minute */
+        assert_true(done);
+        int32_t out[8];
+        assert_int_equal(nt_to_host(y, out, sizeof out), 0);
+        for (int k = 0; k < 8; k++)
+            assert_int_equal(out[k], 2 * (3 + k));
+        assert_int_equal(nt_to_host(held, out, sizeof out), 0);
+        assert_int_equal(out[0], 4);
+        nt_event_destroy(e);
+        nt_release(x);
+        nt_release(held);
+        nt_release(y);
+    }
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+}
+
+/* The stress test: threads run seeded random programs on their own
+ * streams, hop onto a shared stream that another thread keeps destroying
+ * and recreating, destroy and recreate their own, while a third kind of
+ * thread switches mode (and backend); every result must equal, bit for
+ * bit, the same program run alone in deterministic mode. */
+
+#define ST_VALS 64 /* each pool tensor: 8 x 8 f32 */
+#define ST_POOL 4
+
+static uint64_t st_next(uint64_t *r)
+{
+    *r ^= *r << 13;
+    *r ^= *r >> 7;
+    *r ^= *r << 17;
+    return *r;
+}
+
+typedef struct st_shared {
+    GMutex lock;
+    nt_stream *victim; /* under lock */
+    volatile AO_t stop;
+} st_shared;
+
+typedef struct {
+    int id, rounds, nops;
+    st_shared *sh;
+    const float *ref; /* rounds x ST_POOL x ST_VALS */
+    int mismatches, errors;
+    uint64_t hop; /* its own generator: the programs' must not see the hops */
+} st_arg;
+
+/* Between ops (concurrent runs only): change what the current stream is. */
+static void st_hop(st_arg *a, nt_stream **own, uint64_t *r)
+{
+    uint64_t x = st_next(r) % 64;
+    if (x == 0) { /* destroy our own stream with our work in flight */
+        nt_stream *old = *own;
+        *own = nt_stream_create();
+        if (nt_stream_destroy(old) != 0)
+            a->errors++;
+        nt_stream_set_current(*own);
+    } else if (x < 4) { /* onto the shared one, which may go away at once */
+        g_mutex_lock(&a->sh->lock);
+        nt_stream_set_current(a->sh->victim);
+        g_mutex_unlock(&a->sh->lock);
+    } else if (x < 8) {
+        nt_stream_set_current(*own);
+    }
+}
+
+static void st_program(uint64_t seed, int nops, float *out, st_arg *a, nt_stream **own)
+{
+    uint64_t r = seed * 0x9e3779b97f4a7c15ull + 1;
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *pool[ST_POOL];
+    for (int i = 0; i < ST_POOL; i++)
+        pool[i] = nt_randn(NT_F32, 2, (int64_t[]){8, 8}, seed * ST_POOL + (uint64_t)i);
+    for (int k = 0; k < nops; k++) {
+        uint64_t v = st_next(&r);
+        nt_tensor *p = pool[(v >> 8) % ST_POOL], *q = pool[(v >> 12) % ST_POOL], *y;
+        switch (v % 10) {
+        case 0: y = nt_add(p, q); break;
+        case 1: y = nt_sub(p, q); break;
+        case 2: y = nt_tanh(nt_mul(p, q)); break;
+        case 3: y = nt_mul_scalar(p, 0.5); break;
+        case 4: y = nt_add_scalar(p, 0.25); break;
+        case 5: y = nt_relu(p); break;
+        case 6: y = nt_tanh(p); break;
+        case 7: y = nt_mul_scalar(nt_matmul(p, q), 0.125); break;
+        case 8: y = nt_softmax(p, 1); break;
+        default: y = nt_add(p, nt_sum(q, 1, true)); break;
+        }
+        pool[(v >> 16) % ST_POOL] = y;
+        if (a)
+            st_hop(a, own, &a->hop);
+    }
+    for (int i = 0; i < ST_POOL; i++)
+        if (nt_to_host(pool[i], out + i * ST_VALS, ST_VALS * sizeof(float)) != 0 && a)
+            a->errors++;
+    nt_scope_end(sc);
+}
+
+static gpointer st_worker(gpointer p)
+{
+    st_arg *a = p;
+    nt_stream *own = nt_stream_create();
+    nt_stream_set_current(own);
+    float out[ST_POOL * ST_VALS];
+    for (int round = 0; round < a->rounds; round++) {
+        st_program((uint64_t)(a->id * 1000 + round), a->nops, out, a, &own);
+        if (memcmp(out, a->ref + (size_t)round * ST_POOL * ST_VALS, sizeof out) != 0)
+            a->mismatches++;
+        st_hop(a, &own, &a->hop);
+    }
+    nt_stream_set_current(NULL);
+    if (nt_stream_destroy(own) != 0)
+        a->errors++;
+    return NULL;
+}
+
+static gpointer st_destroyer(gpointer p)
+{
+    st_shared *sh = p;
+    int n = 0;
+    while (!AO_load_full(&sh->stop)) {
+        nt_stream *fresh = nt_stream_create();
+        g_mutex_lock(&sh->lock);
+        nt_stream *old = sh->victim;
+        sh->victim = fresh;
+        g_mutex_unlock(&sh->lock);
+        nt_stream_destroy(old);
+        n++;
+        g_thread_yield();
+    }
+    return GINT_TO_POINTER(n);
+}
+
+static gpointer st_switcher(gpointer p)
+{
+    st_shared *sh = p;
+    int n = 0;
+    static const char *const backends[] = {"sim", "cpu"};
+    while (!AO_load_full(&sh->stop)) {
+        nt_config_set("NT_MODE", all_modes[n % 4]);
+        if (n % 3 == 0)
+            nt_config_set("NT_BACKEND", backends[(n / 3) % 2]);
+        n++;
+        g_usleep(500); /* pacing only: nothing depends on it */
+    }
+    return GINT_TO_POINTER(n);
+}
+
+static void test_stress_vs_reference(void **state)
+{
+    (void)state;
+    enum { NT_ = 4 };
+    int k = stress_scale(), rounds = 8 * k, nops = 64;
+    /* The reference: every program alone, in deterministic mode. */
+    assert_int_equal(nt_config_set("NT_MODE", "deterministic"), 0);
+    float *ref = malloc(sizeof(float) * NT_ * (size_t)rounds * ST_POOL * ST_VALS);
+    assert_non_null(ref);
+    for (int t = 0; t < NT_; t++)
+        for (int round = 0; round < rounds; round++)
+            st_program((uint64_t)(t * 1000 + round), nops,
+                       ref + ((size_t)t * rounds + round) * ST_POOL * ST_VALS, NULL, NULL);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+
+    st_shared sh;
+    g_mutex_init(&sh.lock);
+    sh.victim = nt_stream_create();
+    sh.stop = 0;
+    st_arg args[NT_];
+    GThread *th[NT_];
+    for (int t = 0; t < NT_; t++) {
+        args[t] = (st_arg){t, rounds, nops, &sh,
+                           ref + (size_t)t * rounds * ST_POOL * ST_VALS, 0, 0,
+                           (uint64_t)t * 7919 + 17};
+        th[t] = g_thread_new("st", st_worker, &args[t]);
+    }
+    GThread *d = g_thread_new("st-destroy", st_destroyer, &sh);
+    GThread *w = g_thread_new("st-switch", st_switcher, &sh);
+    int mism = 0, errs = 0;
+    for (int t = 0; t < NT_; t++) {
+        g_thread_join(th[t]);
+        mism += args[t].mismatches;
+        errs += args[t].errors;
+    }
+    AO_store_full(&sh.stop, 1);
+    int destroyed = GPOINTER_TO_INT(g_thread_join(d));
+    int switches = GPOINTER_TO_INT(g_thread_join(w));
+    print_message("# stress: %d threads x %d programs of %d ops; %d shared-stream destroys, "
+                  "%d mode switches; %d mismatches, %d errors\n",
+                  NT_, rounds, nops, destroyed, switches, mism, errs);
+    assert_int_equal(nt_stream_destroy(sh.victim), 0);
+    g_mutex_clear(&sh.lock);
+    free(ref);
+    assert_int_equal(mism, 0);
+    assert_int_equal(errs, 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+    assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+    assert_int_equal(nt_sync(), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -433,6 +741,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stream_api_errors, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_backpressure, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_async_error_provenance, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_mode_switch_leaves_lazy, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_destroy_while_in_use, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_stress_vs_reference, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

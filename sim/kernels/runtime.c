@@ -86,8 +86,8 @@ void nt__sim_shutdown(void)
  * it alone); nt_shutdown closes it. */
 void nt__trace_open_env(void)
 {
-    if (nt__cfg.trace_path && !nt__trace_enabled() && nt__trace_open(nt__cfg.trace_path) != 0)
-        nt__log(NT__LOG_WARN, "NT_TRACE: cannot open '%s' for writing", nt__cfg.trace_path);
+    if (NT__CFG(trace_path) && !nt__trace_enabled() && nt__trace_open(NT__CFG(trace_path)) != 0)
+        nt__log(NT__LOG_WARN, "NT_TRACE: cannot open '%s' for writing", NT__CFG(trace_path));
 }
 
 /* ---------------- kernels ---------------- */
