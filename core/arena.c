@@ -413,14 +413,14 @@ static void *take_block(int ci, size_t cls)
 {
     if (ci <= NT_TL_MAXCLASS) {
         tlcache *c = tl_get();
-        /* An unlocked look (a hint, checked again under the lock). */
-        nt__ptrvec *hint = __atomic_load_n(&A.free[ci], __ATOMIC_ACQUIRE);
-        if (c && !c->n[ci] && hint && __atomic_load_n(&hint->len, __ATOMIC_RELAXED)) {
+        if (c && !c->n[ci]) {
             /* refill half the cache in one lock: the blocks a worker thread
-             * freed come back to the thread that allocates */
+             * freed come back to the thread that allocates.  (No unlocked
+             * look at the list first: the lists change under the lock
+             * only, and an empty one takes the lock below anyway.) */
             g_mutex_lock(&A.lock);
             nt__ptrvec *arr = A.free[ci];
-            while (arr->len && c->n[ci] < NT_TL_KEEP / 2) {
+            while (arr && arr->len && c->n[ci] < NT_TL_KEEP / 2) {
                 c->blk[ci][c->n[ci]++] = arr->pdata[--arr->len];
                 A.cached -= cls;
             }

@@ -25,6 +25,7 @@
 
 #include <glib.h>
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include <atomic_ops.h>
@@ -386,7 +387,8 @@ static struct {
     GMutex use;            /* one caller at a time shares the helper */
     GMutex lock;
     GCond cond;
-    GThread *th;
+    pthread_t th;
+    bool have_th;          /* th runs (pthread_create succeeded) */
     job *volatile j;       /* the current job, or NULL */
     volatile AO_t seq;
     bool quit;             /* under lock: nt__gemm_shutdown */
@@ -431,7 +433,7 @@ static void work(job *j)
 /* Runs j's blocks on the caller and, when worth it and free, the helper. */
 static void run_job(job *j, bool split)
 {
-    if (P.th && split && j->nblocks >= 2 && g_mutex_trylock(&P.use)) {
+    if (P.have_th && split && j->nblocks >= 2 && g_mutex_trylock(&P.use)) {
         g_mutex_lock(&P.lock);
         P.j = j;
         AO_store_release(&P.seq, AO_load(&P.seq) + 1);
@@ -455,7 +457,7 @@ static void run_job(job *j, bool split)
     work(j);
 }
 
-static gpointer helper(gpointer unused)
+static void *helper(void *unused)
 {
     (void)unused;
     AO_t seen = 0;
@@ -497,8 +499,12 @@ static void pool_start(void)
         g_cond_init(&P.cond);
         P.quit = false;
         P.j = NULL;
-        if (g_get_num_processors() > 1)
-            P.th = g_thread_try_new("nt-gemm", helper, NULL, NULL); /* NULL (host short): the caller does it all */
+        /* A plain pthread: GLib's thread wrapper allocates its own
+         * structures and aborts when the host is out of memory.  No thread
+         * (host short): the caller does all the work. */
+        P.have_th = g_get_num_processors() > 1 && pthread_create(&P.th, NULL, helper, NULL) == 0;
+        if (P.have_th)
+            pthread_setname_np(P.th, "nt-gemm");
         AO_store_release(&pool_started, 1);
     }
     g_mutex_unlock(&pool_lock);
@@ -508,15 +514,15 @@ void nt__gemm_shutdown(void)
 {
     g_mutex_lock(&pool_lock);
     if (AO_load(&pool_started)) {
-        if (P.th) {
+        if (P.have_th) {
             g_mutex_lock(&P.use); /* no job is using the helper */
             g_mutex_lock(&P.lock);
             P.quit = true;
             AO_store_release(&P.seq, AO_load(&P.seq) + 1);
             g_cond_signal(&P.cond);
             g_mutex_unlock(&P.lock);
-            g_thread_join(P.th);
-            P.th = NULL;
+            pthread_join(P.th, NULL);
+            P.have_th = false;
             g_mutex_unlock(&P.use);
         }
         g_mutex_clear(&P.use);
