@@ -987,6 +987,20 @@ static int check_meta(const char *fn, const char *path, const ck_rec *r)
     return 0;
 }
 
+/* The scaler state a loss-scaler record holds (bytes 8..55), checked. */
+static int scaler_rec_state(const char *fn, const char *path, const ck_rec *r,
+                            nt__scaler_state *st)
+{
+    const uint8_t *p = r->data;
+    *st = (nt__scaler_state){get_f64(p + 8), get_f64(p + 16), get_f64(p + 24),
+                             (int64_t)get_u64(p + 32), (int64_t)get_u64(p + 40),
+                             (int64_t)get_u64(p + 48)};
+    char why[160];
+    if (!nt__scaler_state_valid(st, why, sizeof why))
+        return fmt_err(fn, path, "the loss scaler record is invalid: %s", why);
+    return 0;
+}
+
 /* The loss scaler record's fixed bytes (its values: plan_scaler). */
 static int check_scaler_rec(const char *fn, const char *path, const ck_rec *r)
 {
@@ -997,14 +1011,8 @@ static int check_scaler_rec(const char *fn, const char *path, const ck_rec *r)
     if (!all_zero(r->data + 4, 4) || !all_zero(r->data + 56, 8))
         return fmt_err(fn, path, "the loss scaler record's reserved bytes (4..7, 56..63) are not "
                        "zero");
-    const uint8_t *p = r->data;
-    nt__scaler_state st = {get_f64(p + 8), get_f64(p + 16), get_f64(p + 24),
-                           (int64_t)get_u64(p + 32), (int64_t)get_u64(p + 40),
-                           (int64_t)get_u64(p + 48)};
-    char why[160];
-    if (!nt__scaler_state_valid(&st, why, sizeof why))
-        return fmt_err(fn, path, "the loss scaler record is invalid: %s", why);
-    return 0;
+    nt__scaler_state st;
+    return scaler_rec_state(fn, path, r, &st);
 }
 
 /* Reads and checks the whole file: header, table, every record's bounds and
@@ -1186,15 +1194,7 @@ static int plan_scaler(const char *fn, const char *path, const ck_rec *r, ck_pla
                        "scaler = NULL", path);
     if (r->nbytes != SCALER_BYTES || r->dtype != NT_U8 || get_u32(r->data) != 1u)
         return fmt_err(fn, path, "the loss scaler record has an unknown layout");
-    const uint8_t *p = r->data;
-    nt__scaler_state st = {get_f64(p + 8), get_f64(p + 16), get_f64(p + 24),
-                           (int64_t)get_u64(p + 32), (int64_t)get_u64(p + 40),
-                           (int64_t)get_u64(p + 48)};
-    char why[160];
-    if (!nt__scaler_state_valid(&st, why, sizeof why))
-        return fmt_err(fn, path, "the loss scaler record is invalid: %s", why);
-    pl->scaler = st;
-    return 0;
+    return scaler_rec_state(fn, path, r, &pl->scaler);
 }
 
 static int plan_load(const char *fn, const char *path, ck_recs *recs, nt_tensor *const *params,

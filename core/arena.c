@@ -456,18 +456,25 @@ static void *take_block(int ci, size_t cls)
     return p;
 }
 
-void *nt__arena_alloc(size_t nbytes)
+/* The block for capacity cls the caller has reserved; NULL (the host is
+ * out of memory) gives the reservation back. */
+static void *take_reserved(int ci, size_t cls)
 {
-    size_t cls;
-    int ci = class_of(nbytes, &cls);
-    if (!reserve(cls) && !reserve_wait(0, cls))
-        return NULL;
     void *p = take_block(ci, cls);
     if (!p)
         AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
     else
         backed_add(cls);
     return p;
+}
+
+void *nt__arena_alloc(size_t nbytes)
+{
+    size_t cls;
+    int ci = class_of(nbytes, &cls);
+    if (!reserve(cls) && !reserve_wait(0, cls))
+        return NULL;
+    return take_reserved(ci, cls);
 }
 
 void *nt__arena_alloc_scratch(size_t nbytes)
@@ -483,12 +490,7 @@ void *nt__arena_alloc_scratch(size_t nbytes)
         else if (!reserve_wait(0, cls))
             return NULL;
     }
-    void *p = take_block(ci, cls);
-    if (!p)
-        AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
-    else
-        backed_add(cls);
-    return p;
+    return take_reserved(ci, cls);
 }
 
 bool nt__arena_reserve(size_t nbytes)
