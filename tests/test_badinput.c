@@ -31,6 +31,7 @@
 
 #include "ntensor.h"
 #include "nt_test.h"
+#include "crc32.h"
 
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 #define SENTINEL 1000 /* a case whose contract is a return value, not an error */
@@ -964,17 +965,6 @@ static int run_save(int v)
     return -999;
 }
 
-/* CRC-32 (IEEE), to rewrite the checksums of a deliberately edited file. */
-static uint32_t crc32_ieee(const uint8_t *p, size_t n)
-{
-    uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; i++) {
-        c ^= p[i];
-        for (int k = 0; k < 8; k++)
-            c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
-    }
-    return c ^ 0xFFFFFFFFu;
-}
 static uint32_t rd32(const uint8_t *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
 static uint64_t rd64(const uint8_t *p) { return rd32(p) | (uint64_t)rd32(p + 4) << 32; }
 static void wr32(uint8_t *p, uint32_t v)

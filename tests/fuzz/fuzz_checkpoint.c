@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "ntensor.h"
+#include "../crc32.h"
 
 static nt_tensor *P[2];
 static nt_optim *sgd, *adam, *adam_m, *sgd_m;
@@ -64,16 +65,6 @@ static void init_once(void)
     atexit(remove_input);
 }
 
-static uint32_t crc32_ieee(const uint8_t *p, size_t n)
-{
-    uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; i++) {
-        c ^= p[i];
-        for (int k = 0; k < 8; k++)
-            c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
-    }
-    return c ^ 0xFFFFFFFFu;
-}
 static uint64_t rd(const uint8_t *p, int n)
 {
     uint64_t v = 0;
