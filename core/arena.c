@@ -176,6 +176,10 @@ static void drop_cache_locked(void)
 void nt__arena_init(uint64_t capacity, uint64_t max_waiting)
 {
     g_mutex_init(&A.lock);
+    /* GLib makes a GPrivate's key at its first use, with an allocation that
+     * aborts when the host is out of memory; a worker's first free could
+     * be that use.  Make it here, where a failure is still nt_init's. */
+    g_private_get(&tl_key);
     A.capacity = capacity;
     A.in_use = A.peak = A.cached = 0;
     A.backed = A.backed_peak = 0;
