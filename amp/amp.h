@@ -9,7 +9,7 @@
 #ifndef NT_AMP_AMP_H
 #define NT_AMP_AMP_H
 
-#include "dispatch.h"
+#include "dispatcher/dispatch.h"
 
 /* Turns autocast off on the calling thread until the matching resume:
  * the library's own helpers (the scaler's checks) run at their own

@@ -15,7 +15,7 @@
 #ifndef NT_AUTOGRAD_AUTOGRAD_H
 #define NT_AUTOGRAD_AUTOGRAD_H
 
-#include "dispatch.h"
+#include "dispatcher/dispatch.h"
 
 typedef struct nt__node nt__node;
 

@@ -5,7 +5,7 @@
  * Gradients are borrowed: nt_backward runs inside a scope that owns every
  * tensor made during the pass.
  * tests/test_autograd.c checks every entry with finite differences. */
-#include "autograd.h"
+#include "autograd/autograd.h"
 
 #include <math.h>
 

@@ -6,7 +6,7 @@
  * runs its shape rule and queues one record that sim/kernels/user.c executes
  * -- and records one node whose backward is the user's, exactly as a
  * built-in op's node is. */
-#include "autograd.h"
+#include "autograd/autograd.h"
 
 #include <string.h>
 

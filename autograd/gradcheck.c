@@ -1,5 +1,5 @@
 /* autograd/gradcheck.c - analytic gradients against central differences. */
-#include "autograd.h"
+#include "autograd/autograd.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -18,7 +18,7 @@
  * set_master_weights, nt_save and nt_load on one optimizer serialise.  The
  * parameters are ordinary tensors: a thread that writes them while another
  * steps the optimizer needs its own ordering (events). */
-#include "autograd.h"
+#include "autograd/autograd.h"
 
 #include <errno.h>
 

@@ -1,6 +1,6 @@
 /* autograd/tape.c - recording nodes, nt_backward, gradients of leaves,
  * no-grad regions, detach.  See autograd.h. */
-#include "autograd.h"
+#include "autograd/autograd.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "isa.h"
+#include "sim/isa.h"
 
 enum { TM = 128, TK = 128, TN = 512 };
 

@@ -4,7 +4,7 @@
  * (core/dtype.h has the element rules). */
 #include <string.h>
 
-#include "dtype.h"
+#include "core/dtype.h"
 
 void nt__ld_f32(float *dst, const char *src, nt_dtype dt, int64_t st, int64_t n)
 {

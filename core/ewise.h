@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "nmath.h"
+#include "core/nmath.h"
 
 /* ---- unary: float ---- */
 static inline float nt__ew_neg(float a) { return -a; }

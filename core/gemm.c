@@ -21,7 +21,7 @@
  * (Not ifunc / target_clones: their resolvers run before ThreadSanitizer is
  * up.)  A call reads the kernel once and uses it throughout, so a change of
  * level never mixes panel layouts inside one product. */
-#include "gemm.h"
+#include "core/gemm.h"
 
 #include <glib.h>
 #include <math.h>
@@ -29,7 +29,7 @@
 #include <string.h>
 
 #include <atomic_ops.h>
-#include "tsan.h"
+#include "core/tsan.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

@@ -27,9 +27,9 @@
 #include <urcu/wfcqueue.h>
 
 #include "ntensor.h"
-#include "dtype.h"
-#include "optable.h"
-#include "tsan.h"
+#include "core/dtype.h"
+#include "core/optable.h"
+#include "core/tsan.h"
 
 /* Hot thread-locals (touched on every op) use the initial-exec TLS model:
  * a plain %fs-relative access instead of a __tls_get_addr call.  They are a

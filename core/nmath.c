@@ -6,7 +6,7 @@
  * The tail of a call is padded with zeros and goes through the same loop, so
  * every element is computed by the same vector code, and that code performs
  * the same IEEE operations as the scalar inline function: bit-identical. */
-#include "nmath.h"
+#include "core/nmath.h"
 
 float nt__powf(float x, float y) { return powf(x, y); }
 

@@ -1,5 +1,5 @@
 /* core/optable.c - names, arities, kinds and flags, expanded from the table. */
-#include "internal.h"
+#include "core/internal.h"
 
 const nt__opinfo nt__ops[NT_OP_COUNT] = {
 #define NT__OP_INFO(ID, name, nin, kind, flags) [NT_OP_##ID] = {#name, "nt_" #name, nin, kind, flags},

@@ -13,7 +13,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "internal.h"
+#include "core/internal.h"
 
 #define NT_PRINT_THRESHOLD 1000
 #define NT_PRINT_EDGE 3

@@ -1,9 +1,9 @@
 /* core/reduce.c - the canonical reduction order; see reduce.h. */
-#include "reduce.h"
+#include "core/reduce.h"
 
 #include <math.h>
 
-#include "ewise.h"
+#include "core/ewise.h"
 
 float nt__red_block_sum_f32(const float *x, int64_t n, int64_t stride)
 {

@@ -1,5 +1,5 @@
 /* core/shape.c - shapes, strides and NumPy broadcasting. */
-#include "internal.h"
+#include "core/internal.h"
 
 int64_t nt__numel(int ndim, const int64_t *shape)
 {

@@ -1,5 +1,5 @@
 /* cpu/bwd.c - kernels of the backward-only ops (autograd enqueues them). */
-#include "cpu.h"
+#include "cpu/cpu.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -8,7 +8,7 @@
 #ifndef NT_CPU_CPU_H
 #define NT_CPU_CPU_H
 
-#include "internal.h"
+#include "core/internal.h"
 
 /* A strided view as kernels see it. */
 typedef struct nt__kv {

@@ -6,11 +6,11 @@
  * family function, which widens the inputs to f32 (or i32 for integer math),
  * applies the op's core/ewise.h definition, and rounds once into the output.
  * Compute type: f32 if the output or any input is floating, else i32. */
-#include "cpu.h"
+#include "cpu/cpu.h"
 
 #include <string.h>
 
-#include "ewise.h"
+#include "core/ewise.h"
 #include "streams/stream.h"
 
 #define NT_CHUNK 512

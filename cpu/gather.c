@@ -5,7 +5,7 @@
  * copied bit for bit (no conversion, so NaN payloads and -0 survive).  An
  * index outside [0, V) is a data error found when the op runs: NT_ERANGE
  * naming the flat (row-major) position in idx and the value. */
-#include "rows.h"
+#include "cpu/rows.h"
 
 #include <string.h>
 

@@ -1,7 +1,7 @@
 /* cpu/kernels.c - the CPU backend's kernel table, expanded from the op table:
  * each elementwise family shares one generic kernel; every other op has its
  * own nt__cpu_<name>.  Views never run a kernel. */
-#include "cpu.h"
+#include "cpu/cpu.h"
 
 #define NT__K_FAMILY(fn) [NT_OP_##ID] = fn
 #define NT__K_UNARY(ID, name, nin, kind, flags) [NT_OP_##ID] = nt__cpu_unary,

@@ -13,12 +13,12 @@
  * blocks of C): the per-element order does not depend on M, N or the
  * blocking (core/gemm.h), so this equals the simulator's 128 x 512 output
  * blocks bit for bit. */
-#include "cpu.h"
+#include "cpu/cpu.h"
 
 #include <glib.h>
 #include <string.h>
 
-#include "gemm.h"
+#include "core/gemm.h"
 
 /* Scratch for packed operands: per thread, grown as needed and kept, so a
  * training loop does not page-fault a fresh buffer every call. */

@@ -17,12 +17,12 @@
  *                sum in row-major order
  * Every sum and max is nt__red_sum_f32 / nt__red_max_f32 over the row in
  * index order, and every division by a count divides by (float)count. */
-#include "rows.h"
+#include "cpu/rows.h"
 
 #include <string.h>
 
-#include "ewise.h"
-#include "reduce.h"
+#include "core/ewise.h"
+#include "core/reduce.h"
 
 /* Floats a row-op kernel holds per group ([n, w] tiles). */
 #define ROW_TILE (32 * 1024)

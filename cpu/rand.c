@@ -1,9 +1,9 @@
 /* cpu/rand.c - nt_rand and nt_randn: element i of out[0] (fresh, contiguous,
  * floating) from the counter-based generators of core/rng.h, so the value
  * depends only on (p.seed, i). */
-#include "cpu.h"
+#include "cpu/cpu.h"
 
-#include "rng.h"
+#include "core/rng.h"
 
 #define NT_RAND_CHUNK 512
 

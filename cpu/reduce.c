@@ -15,12 +15,12 @@
  * acc = op(acc, block partial) from the identity), exactly as
  * nt__red_sum_f32 / nt__red_max_f32 do, so a long row never needs to be held
  * in memory at once. */
-#include "rows.h"
+#include "cpu/rows.h"
 
 #include <string.h>
 
-#include "ewise.h"
-#include "reduce.h"
+#include "core/ewise.h"
+#include "core/reduce.h"
 
 /* ---------------- rows ---------------- */
 

@@ -15,7 +15,7 @@
 #ifndef NT_CPU_ROWS_H
 #define NT_CPU_ROWS_H
 
-#include "cpu.h"
+#include "cpu/cpu.h"
 
 typedef struct nt__rows {
     const char *x;        /* input data at the view's offset */

@@ -11,7 +11,7 @@
 #ifndef NT_DEBUG_DEBUG_H
 #define NT_DEBUG_DEBUG_H
 
-#include "internal.h"
+#include "core/internal.h"
 #include "sim/trace.h"
 
 /* ---------------- NaN / Inf ---------------- */

@@ -18,7 +18,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "debug.h"
+#include "debug/debug.h"
 #include "streams/stream.h"
 
 static pthread_mutex_t origin_lock = PTHREAD_MUTEX_INITIALIZER;

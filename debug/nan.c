@@ -15,7 +15,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "debug.h"
+#include "debug/debug.h"
 
 enum { NF_NONE = 0, NF_NAN, NF_PINF, NF_NINF };
 

@@ -7,7 +7,7 @@
  *
  * Everything comes from nt_stats_get (and nt_sim_stats_get when the
  * runtime drives the simulator), so the numbers match the API's. */
-#include "debug.h"
+#include "debug/debug.h"
 
 /* Present when the simulator backend is linked (sim/kernels/). */
 int nt__sim_init(void) __attribute__((weak));

@@ -3,7 +3,7 @@
  * and hands the call to nt__dispatch. */
 #include <math.h>
 
-#include "dispatch.h"
+#include "dispatcher/dispatch.h"
 
 static void out_like(nt__call *c, const nt_tensor *t, nt_dtype dt)
 {

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "debug/debug.h"
-#include "dispatch.h"
+#include "dispatcher/dispatch.h"
 #include "streams/stream.h"
 
 char *nt__format_tensor(nt_tensor *t); /* core/print.c */

@@ -2,7 +2,7 @@
  * matmul, linear, embedding. */
 #include <math.h>
 
-#include "dispatch.h"
+#include "dispatcher/dispatch.h"
 
 static bool need_float(nt__call *c, nt_tensor *t, const char *arg)
 {

@@ -1,5 +1,5 @@
 /* dispatcher/api_view.c - views (no data moves), cat, contiguous, detach. */
-#include "dispatch.h"
+#include "dispatcher/dispatch.h"
 
 static bool begin1(nt__call *c, const nt_site *site, const char *fn, int op, nt_tensor *t)
 {

@@ -4,8 +4,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "gemm.h"
-#include "internal.h"
+#include "core/gemm.h"
+#include "core/internal.h"
 #include "streams/stream.h"
 
 nt__config nt__cfg;

@@ -1,5 +1,5 @@
 /* dispatcher/dispatch.c - validate, allocate, record, enqueue.  The hot path. */
-#include "dispatch.h"
+#include "dispatcher/dispatch.h"
 
 #include <string.h>
 

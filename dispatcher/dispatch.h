@@ -9,7 +9,7 @@
 #ifndef NT_DISPATCHER_DISPATCH_H
 #define NT_DISPATCHER_DISPATCH_H
 
-#include "internal.h"
+#include "core/internal.h"
 
 typedef struct nt__call {
     const nt_site *site;

@@ -5,7 +5,7 @@
  * message that finally reaches the user names the op that failed first. */
 #include <string.h>
 
-#include "internal.h"
+#include "core/internal.h"
 #include "debug/debug.h"
 #include "streams/stream.h"
 

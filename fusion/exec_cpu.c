@@ -6,15 +6,15 @@
  * unfused kernel would have loaded them from memory (f32 widening, (float)
  * of an int) and computes through the same core/ewise.h definitions, so the
  * fused result has the bits of the ops run one by one. */
-#include "fusion.h"
+#include "fusion/fusion.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu/cpu.h"
-#include "gemm.h"
-#include "ewise.h"
-#include "reduce.h"
+#include "core/gemm.h"
+#include "core/ewise.h"
+#include "core/reduce.h"
 #include "streams/stream.h"
 
 #define CH 256

@@ -24,7 +24,7 @@
 #ifndef NT_FUSION_FUSION_H
 #define NT_FUSION_FUSION_H
 
-#include "internal.h"
+#include "core/internal.h"
 
 typedef enum nt__fkind { NT_FK_EW = 0, NT_FK_ROW, NT_FK_MM } nt__fkind;
 

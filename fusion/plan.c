@@ -5,7 +5,7 @@
  * group or closes it (with a reason the log reports) and starts the next.
  * Cost per record is bounded by the group limits, so planning is linear in
  * the batch size. */
-#include "fusion.h"
+#include "fusion/fusion.h"
 
 #include <string.h>
 

@@ -1,7 +1,7 @@
 /* sim/core.c - the simulated NeuronCore: memories, kernels, tile allocation,
  * dependency tracking, engine and DMA timelines, statistics, trace events.
  * The numbers come from NEURONCORE.md; docs/sim.md says which and why. */
-#include "sim.h"
+#include "sim/sim.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -12,7 +12,7 @@
 
 #include <glib.h>
 
-#include "trace.h"
+#include "sim/trace.h"
 
 nt__sim_core nt__sim;
 

@@ -29,10 +29,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ewise.h"
-#include "gemm.h"
-#include "reduce.h"
-#include "sim.h"
+#include "core/ewise.h"
+#include "core/gemm.h"
+#include "core/reduce.h"
+#include "sim/sim.h"
 
 /* The functional loops below are the simulator's hot path: on a host with
  * AVX-512 let GCC use the full width (GCC's tuning otherwise stops at 256

@@ -14,8 +14,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "dtype.h"
-#include "isa.h"
+#include "core/dtype.h"
+#include "sim/isa.h"
 
 /* The thread's error (core/error.c): set by the public functions that fail
  * without a kernel to hold the message (a NULL kernel or argument). */

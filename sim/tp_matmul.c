@@ -41,8 +41,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gemm.h"
-#include "sim.h"
+#include "core/gemm.h"
+#include "sim/sim.h"
 
 enum {
     TM = 128, /* M rows per tile (stationary free size) */

@@ -1,5 +1,5 @@
 /* sim/trace.c - see trace.h. */
-#include "trace.h"
+#include "sim/trace.h"
 
 #include <pthread.h>
 #include <stdarg.h>

@@ -1,6 +1,6 @@
 /* streams/stream.c - queues, workers, events, synchronisation.
  * See stream.h for the concurrency contract. */
-#include "stream.h"
+#include "streams/stream.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -31,7 +31,7 @@
 #ifndef NT_STREAMS_STREAM_H
 #define NT_STREAMS_STREAM_H
 
-#include "internal.h"
+#include "core/internal.h"
 
 /* Fields are grouped by who writes them, a cache line per group: producers
  * write the queue tail and next_seq on every enqueue, the worker writes

@@ -19,7 +19,7 @@
 
 #include <cmocka.h>
 
-#include "internal.h"
+#include "core/internal.h"
 #include "nt_test.h"
 
 static int setup_cpu(void **state)

@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "internal.h"
+#include "core/internal.h"
 #include "nt_test.h"
 
 uint64_t nt__tensor_live_handles(void);

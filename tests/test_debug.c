@@ -26,7 +26,7 @@
 #include <glib.h>
 
 #include "ntensor.h"
-#include "internal.h"
+#include "core/internal.h"
 #include "streams/stream.h"
 #include "nt_test.h"
 

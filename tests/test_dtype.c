@@ -28,7 +28,7 @@
 #include <math.h>
 #include <cmocka.h>
 
-#include "dtype.h"
+#include "core/dtype.h"
 
 static uint64_t sweep_step(void)
 {

@@ -16,8 +16,8 @@
 
 #include <cmocka.h>
 
-#include "gemm.h"
-#include "internal.h"
+#include "core/gemm.h"
+#include "core/internal.h"
 #include "nt_test.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15u;

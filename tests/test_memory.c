@@ -13,9 +13,9 @@
 
 #include <cmocka.h>
 
-#include "internal.h"
+#include "core/internal.h"
 #include "nt_test.h"
-#include "../bench/models.h"
+#include "bench/models.h"
 
 static const char *const modes[] = {"deterministic", "eager", "adaptive", "lazy"};
 #define NMODES 4

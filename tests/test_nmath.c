@@ -26,7 +26,7 @@
 #include <math.h>
 #include <cmocka.h>
 
-#include "nmath.h"
+#include "core/nmath.h"
 
 enum { F_EXP, F_LOG, F_TANH, F_ERF, F_COUNT };
 static const char *const fname[F_COUNT] = { "exp", "log", "tanh", "erf" };

@@ -32,7 +32,7 @@
 
 #include <cmocka.h>
 
-#include "internal.h"
+#include "core/internal.h"
 #include "ntensor.h"
 #include "nt_test.h"
 

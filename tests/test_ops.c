@@ -38,7 +38,7 @@
 #include <cmocka.h>
 
 #include "ntensor.h"
-#include "gemm.h" /* the matmul K-tile primitive: only for the blocking test */
+#include "core/gemm.h" /* the matmul K-tile primitive: only for the blocking test */
 
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 #define U 0x1p-24 /* f32 unit roundoff */

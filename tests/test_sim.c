@@ -14,12 +14,12 @@
 
 #include <cmocka.h>
 
-#include "dtype.h"
-#include "ewise.h"
-#include "gemm.h"
-#include "isa.h"
-#include "reduce.h"
-#include "trace.h"
+#include "core/dtype.h"
+#include "core/ewise.h"
+#include "core/gemm.h"
+#include "sim/isa.h"
+#include "core/reduce.h"
+#include "sim/trace.h"
 
 /* ------------------------------------------------------------------------ */
 /* Helpers                                                                  */

@@ -24,7 +24,7 @@
 
 #include <cmocka.h>
 
-#include "internal.h"
+#include "core/internal.h"
 #include "sim/sim.h"
 #include "nt_test.h"
 

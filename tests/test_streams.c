@@ -10,7 +10,7 @@
 #include <cmocka.h>
 #include <glib.h>
 
-#include "internal.h"
+#include "core/internal.h"
 #include "streams/stream.h"
 #include "nt_test.h"
 

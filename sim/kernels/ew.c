@@ -25,7 +25,7 @@
  * CPU's order (docs/sim.md lists them).  Values get SBUF tiles from a
  * register allocator (a value's tile is reused once its last reader ran),
  * two register sets alternate between tiles so DMA overlaps compute. */
-#include "sk.h"
+#include "sim/kernels/sk.h"
 
 #include <string.h>
 

@@ -12,7 +12,7 @@
  * when it does not fit); a GpSimd scatter-add walks the positions of each
  * [128, D] tile of g in order, so every row sees its additions in the CPU's
  * order. */
-#include "sk.h"
+#include "sim/kernels/sk.h"
 
 #include <string.h>
 

@@ -6,11 +6,11 @@
  * double (start + i * step, rounded once), rand and randn from core/rng.h's
  * counter-based generators (so the same seed gives the same bits on every
  * backend, tiling and fusion). */
-#include "sk.h"
+#include "sim/kernels/sk.h"
 
 #include <string.h>
 
-#include "rng.h"
+#include "core/rng.h"
 
 typedef struct gen {
     int op;

@@ -10,7 +10,7 @@
  * TensorE itself); B row-major [K, N].  A B that is a transposed view
  * (x @ w^T, the linear layer) is transposed once per call on TensorE into
  * HBM scratch; any other strides are copied contiguous by DMA. */
-#include "sk.h"
+#include "sim/kernels/sk.h"
 
 #include <string.h>
 

@@ -15,7 +15,7 @@
  * row, then the scan).  argmax: a first pass finds the maximum m, a second
  * marks x == m or x != x and takes the smallest marked index as the
  * maximum of -index (iota) in exact int32. */
-#include "sk.h"
+#include "sim/kernels/sk.h"
 
 #include <math.h>
 #include <string.h>

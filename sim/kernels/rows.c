@@ -21,7 +21,7 @@
  * the one rounding is the last instruction's write into the output tile.
  * d[label] is a masked maximum: every other element is -Inf, so the maximum
  * is d[label] itself, bit for bit. */
-#include "sk.h"
+#include "sim/kernels/sk.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,9 +1,9 @@
 /* sim/kernels/runtime.c - the simulator as the runtime's default backend:
  * set-up, the kernel table, kernel begin/end with error mapping, HBM
  * scratch, and the tilers every kernel uses to map tensors onto tiles. */
-#include "sk.h"
+#include "sim/kernels/sk.h"
 
-#include "dispatch.h"
+#include "dispatcher/dispatch.h"
 
 #include <stdarg.h>
 #include <string.h>

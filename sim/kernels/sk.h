@@ -22,11 +22,11 @@
 #ifndef NT_SIM_KERNELS_SK_H
 #define NT_SIM_KERNELS_SK_H
 
-#include "internal.h"
+#include "core/internal.h"
 #include "cpu/cpu.h"
 #include "cpu/rows.h"
 #include "fusion/fusion.h"
-#include "reduce.h"
+#include "core/reduce.h"
 
 /* ---------------- kernels ---------------- */
 

@@ -5,7 +5,7 @@
  * kernel named after the op, hands the user's kernel plain views of the
  * inputs and the output, and maps a failure to the record's error, which
  * the executor prefixes with "nt_op_call(<name>) (at <file:line>)". */
-#include "sk.h"
+#include "sim/kernels/sk.h"
 
 #include "autograd/autograd.h"
 

@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "ntensor.h"
-#include "../crc32.h"
+#include "tests/crc32.h"
 
 static nt_tensor *P[2];
 static nt_optim *sgd, *adam, *adam_m, *sgd_m;
