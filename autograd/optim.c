@@ -64,17 +64,20 @@ static bool low_precision(nt_tensor *t)
 /* The tensor an update reads and writes: the master copy if there is one. */
 static nt_tensor *working(slot *s) { return s->master ? s->master : s->p; }
 
-static bool opt_ok(nt_optim *o, const char *fn)
+/* site: the caller's, for the functions that have an _at form. */
+static bool opt_ok_at(const nt_site *site, nt_optim *o, const char *fn)
 {
     if (!nt__ensure_init())
         return false;
     if (!o || o->magic != OPT_MAGIC) {
-        nt__err(NULL, NT_EINVAL, fn, "argument 'opt' is %s", o ? "not a live optimizer"
+        nt__err(site, NT_EINVAL, fn, "argument 'opt' is %s", o ? "not a live optimizer"
                                                                 : "NULL");
         return false;
     }
     return true;
 }
+
+static bool opt_ok(nt_optim *o, const char *fn) { return opt_ok_at(NULL, o, fn); }
 
 static bool finite_ge0(double v) { return isfinite(v) && v >= 0; }
 
@@ -330,7 +333,7 @@ static int step_locked(nt_optim *o, const nt_site *site)
 
 NT_API int nt_optim_step_at(const nt_site *site, nt_optim *o)
 {
-    if (!opt_ok(o, "nt_optim_step"))
+    if (!opt_ok_at(site, o, "nt_optim_step"))
         return nt_last_error();
     g_mutex_lock(&o->lock);
     int rc = step_locked(o, site);
@@ -340,7 +343,7 @@ NT_API int nt_optim_step_at(const nt_site *site, nt_optim *o)
 NT_API int nt_optim_step(nt_optim *o) { return nt_optim_step_at(NT_RA_SITE, o); }
 NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *o)
 {
-    if (!opt_ok(o, "nt_sgd_step")) /* the error names the function the user called */
+    if (!opt_ok_at(site, o, "nt_sgd_step")) /* the error names the function the user called */
         return nt_last_error();
     return nt_optim_step_at(site, o);
 }

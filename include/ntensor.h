@@ -1,6 +1,9 @@
 /*
- * ntensor.h - the one public header of ntensor, an adaptive eager execution
- * runtime for C training programs.
+ * ntensor.h - the public header of ntensor, an adaptive eager execution
+ * runtime for C training programs.  Include this file only; it includes the
+ * parts under include/ntensor/: sim.h (the simulated NeuronCore's
+ * instruction set and user tile kernels), and the generated ops.h (the op
+ * table's elementwise ops) and site.h (the call-site layer).
  *
  * Conventions that hold for every function below unless its comment says
  * otherwise:
@@ -44,7 +47,8 @@
  *   caller's __FILE__, __LINE__ and __func__ (see "Call-site capture" at the
  *   end) so that errors, the fusion log and traces name the user's line.
  *   Define NT_NO_SITE_MACROS before including this header to get plain
- *   function calls only (then the return address stands in for the site).
+ *   function calls only (then the return address stands in for the site);
+ *   NT_HERE and the X_at forms stay available.
  */
 #ifndef NTENSOR_H
 #define NTENSOR_H
@@ -148,6 +152,12 @@ typedef struct nt_site {
     int line;
     const void *ra;
 } nt_site;
+
+#ifndef __cplusplus
+/** The caller's site, as a compound literal living for the call: pass it to
+ *  an X_at form.  Defined with NT_NO_SITE_MACROS too (C only). */
+#define NT_HERE (&(const nt_site){__FILE__, __func__, __LINE__, 0})
+#endif
 
 /** Name ("f32", "bf16", ...) of a dtype, or "?" if out of range. */
 NT_API const char *nt_dtype_name(nt_dtype dt);
@@ -289,19 +299,13 @@ NT_API nt_tensor *nt_keep(nt_tensor *t);
 /* u8).  Floating math is done in f32 and rounded once to the result dtype. */
 /* ------------------------------------------------------------------------ */
 
-NT_API nt_tensor *nt_add(nt_tensor *a, nt_tensor *b);     /* a + b */
-NT_API nt_tensor *nt_sub(nt_tensor *a, nt_tensor *b);     /* a - b */
-NT_API nt_tensor *nt_mul(nt_tensor *a, nt_tensor *b);     /* a * b */
-NT_API nt_tensor *nt_div(nt_tensor *a, nt_tensor *b);     /* a / b, true division (ints give f32) */
-NT_API nt_tensor *nt_maximum(nt_tensor *a, nt_tensor *b); /* max(a, b), NaN propagates */
-NT_API nt_tensor *nt_minimum(nt_tensor *a, nt_tensor *b); /* min(a, b), NaN propagates */
-/** Comparisons: u8 tensors of 0/1 (NaN compares false except ne). */
-NT_API nt_tensor *nt_eq(nt_tensor *a, nt_tensor *b);
-NT_API nt_tensor *nt_ne(nt_tensor *a, nt_tensor *b);
-NT_API nt_tensor *nt_lt(nt_tensor *a, nt_tensor *b);
-NT_API nt_tensor *nt_le(nt_tensor *a, nt_tensor *b);
-NT_API nt_tensor *nt_gt(nt_tensor *a, nt_tensor *b);
-NT_API nt_tensor *nt_ge(nt_tensor *a, nt_tensor *b);
+/* The op table's unary ops (nt_neg, nt_exp, nt_relu, nt_gelu ...), binary
+ * ops (nt_add, nt_sub, nt_mul, nt_div, nt_maximum, nt_minimum) and
+ * comparisons (nt_eq, nt_lt ...) are declared in include/ntensor/ops.h,
+ * generated from core/optable.h; docs/ops.md (section 3) gives each one's
+ * exact arithmetic and dtype rules. */
+#include "ntensor/ops.h"
+
 /** cond ? a : b, elementwise, all three broadcast together; cond is any
  *  dtype (nonzero is true); the result has a's and b's promoted dtype. */
 NT_API nt_tensor *nt_where(nt_tensor *cond, nt_tensor *a, nt_tensor *b);
@@ -313,20 +317,6 @@ NT_API nt_tensor *nt_mul_scalar(nt_tensor *t, double s); /* t * s */
 NT_API nt_tensor *nt_div_scalar(nt_tensor *t, double s); /* t / s */
 NT_API nt_tensor *nt_pow_scalar(nt_tensor *t, double s); /* t ^ s (float result) */
 NT_API nt_tensor *nt_clamp(nt_tensor *t, double lo, double hi); /* min(max(t, lo), hi) */
-
-/** Unary ops.  Integer inputs give f32, except neg, abs and relu, which keep
- *  the integer dtype.  gelu is the exact erf form, 0.5x(1 + erf(x/sqrt 2)). */
-NT_API nt_tensor *nt_neg(nt_tensor *t);
-NT_API nt_tensor *nt_exp(nt_tensor *t);
-NT_API nt_tensor *nt_log(nt_tensor *t);
-NT_API nt_tensor *nt_sqrt(nt_tensor *t);
-NT_API nt_tensor *nt_rsqrt(nt_tensor *t); /* 1 / sqrt(t) */
-NT_API nt_tensor *nt_abs(nt_tensor *t);
-NT_API nt_tensor *nt_relu(nt_tensor *t);
-NT_API nt_tensor *nt_gelu(nt_tensor *t);
-NT_API nt_tensor *nt_sigmoid(nt_tensor *t);
-NT_API nt_tensor *nt_tanh(nt_tensor *t);
-NT_API nt_tensor *nt_silu(nt_tensor *t); /* t * sigmoid(t) */
 
 /** Converts to dtype `dt` (round to nearest even for floats; float to int
  *  truncates toward zero, saturates, and maps NaN to 0; int to u8 wraps).
@@ -666,14 +656,6 @@ NT_API int nt_save(const char *path, nt_tensor *const *params, int n, nt_optim *
  *  queued in-place copies (no graph is recorded).  Thread-safe. */
 NT_API int nt_load(const char *path, nt_tensor *const *params, int n, nt_optim *opt);
 
-/* Site-capturing forms of the step (see "Call-site capture" below). */
-NT_API int nt_optim_step_at(const nt_site *site, nt_optim *opt);
-NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
-#if !defined(__cplusplus) && !defined(NT_NO_SITE_MACROS) && !defined(NT_BUILDING_LIBRARY)
-#define nt_optim_step(...) nt_optim_step_at(NT_HERE, __VA_ARGS__)
-#define nt_sgd_step(...) nt_sgd_step_at(NT_HERE, __VA_ARGS__)
-#endif
-
 /* ------------------------------------------------------------------------ */
 /* Mixed precision: autocast, loss scaling (docs/amp.md)                     */
 /* ------------------------------------------------------------------------ */
@@ -757,723 +739,26 @@ NT_API int nt_checkpoint_load(const char *path, nt_tensor *const *params, int n,
                               nt_optim *opt, nt_grad_scaler *scaler);
 
 /* ------------------------------------------------------------------------ */
-/* NeuronCore simulator and user tile kernels                                */
-/* ------------------------------------------------------------------------ */
-/*
- * ntensor's default device is a simulated AWS Trainium NeuronCore-v2 (trn1;
- * NT_SIM_TARGET=trn2 models v3).  Every op runs as a tile kernel on it: a
- * straight-line program of NKI-like instructions issued from C.  The same
- * instruction set is public, so a user can write a kernel and register it
- * as an op (nt_op_register_kernel).  docs/sim.md explains the model.
- *
- *   nt_sim_kernel *k = nt_sim_kernel_begin("scale");     // takes the core
- *   nt_tile *x = nt_tile_alloc(k, "x", NT_MEM_SBUF, NT_F32, 128, 512);
- *   nt_ap hx = nt_hbm_ap(src, NT_F32, 0, 128, 512, 512);  // [128, 512] rows
- *   nt_ap sx = nt_tile_ap(x);
- *   nt_isa_dma_copy(k, &sx, &hx, NT_DMA_QUEUE_AUTO);
- *   nt_isa_tensor_scalar(k, &sx, &sx, &(nt_isa_alu){NT_ALU_MUL, {NULL, 2.0f}, false},
- *                        NULL, NT_ENGINE_DEFAULT);
- *   ...
- *   int rc = nt_sim_kernel_end(k, &report);              // releases the core
- *
- * Every instruction is checked against the hardware's rules and placed on
- * its engine's simulated timeline after the instructions it depends on; its
- * exact result is computed (unless timing-only mode is on) and visible in
- * HBM at the latest when the kernel ends or nt_sim_kernel_sync returns.  An
- * instruction that breaks a rule returns NT_ESIM, records a message naming
- * the kernel, the instruction and the rule (nt_sim_kernel_message), and the
- * kernel then ignores every later instruction and returns the same error.
- *
- * Memories.  HBM is the runtime's device memory: an HBM access pattern holds
- * a plain pointer (a tensor's storage pointer is its HBM address).  SBUF
- * (128 partitions x 192 KiB on trn1) and PSUM (128 x 16 KiB = 8 banks of
- * 2 KiB per partition) are allocated explicitly, per kernel, with
- * nt_tile_alloc.
- *
- * Exactness.  Floating math is done in f32 and rounded once when written,
- * through the same definitions as the CPU backend (NaN canonical on every
- * store), so a kernel built from these instructions can reproduce the CPU's
- * bits: the library's own kernels all do.
- *
- * Threads.  One simulated core runs one kernel at a time: nt_sim_kernel_begin
- * blocks while another thread's kernel is open.  A kernel handle and its
- * tiles belong to the thread that began it until nt_sim_kernel_end.  The
- * nt_sim_* configuration and statistics functions are thread-safe.
- */
-
-#define NT_SIM_PARTITIONS 128        /* partitions of SBUF and PSUM */
-#define NT_SIM_DMA_QUEUES 16         /* DMA queues per core */
-#define NT_SIM_PSUM_BANKS 8          /* PSUM banks per partition */
-#define NT_SIM_PSUM_BANK_BYTES 2048  /* one bank = 512 f32 per partition */
-#define NT_SIM_MATMUL_MAX_K 128      /* contraction (partitions) per nc_matmul */
-#define NT_SIM_MATMUL_MAX_M 128      /* stationary free size */
-#define NT_SIM_MATMUL_MAX_N 512      /* moving free size */
-#define NT_SIM_SBUF_MAX_FREE 65536   /* elements per partition in one SBUF access */
-#define NT_AP_MAX_DIMS 4             /* free-axis dims of an access pattern */
-#define NT_DMA_QUEUE_AUTO (-1)       /* dma_copy: pick queues round robin */
-
-typedef enum nt_sim_target {
-    NT_SIM_TRN1 = 0, /* NeuronCore-v2 (default) */
-    NT_SIM_TRN2 = 1, /* NeuronCore-v3 */
-} nt_sim_target;
-
-typedef enum nt_mem {
-    NT_MEM_HBM = 0, /* device memory = host pointers */
-    NT_MEM_SBUF,    /* state buffer, 128 partitions */
-    NT_MEM_PSUM,    /* matmul accumulators, 8 banks of 2 KiB per partition */
-} nt_mem;
-
-/* The engines.  NT_ENGINE_DMA stands for the 16 DMA queues in statistics;
- * NT_ENGINE_DEFAULT lets an instruction use its usual engine. */
-typedef enum nt_engine {
-    NT_ENGINE_DEFAULT = -1,
-    NT_ENGINE_TENSOR = 0, /* TensorE: nc_matmul, nc_transpose */
-    NT_ENGINE_VECTOR,     /* VectorE */
-    NT_ENGINE_SCALAR,     /* ScalarE (activation) */
-    NT_ENGINE_GPSIMD,     /* GpSimd (iota, affine_select, custom code); no PSUM access */
-    NT_ENGINE_DMA,
-    NT_ENGINE_COUNT
-} nt_engine;
-
-/* ALU operators of tensor_tensor / tensor_scalar / tensor_reduce / scans.
- * Floating forms evaluate through the CPU backend's definitions (add,
- * maximum with NaN propagating, ...).  Comparisons give 1.0 or 0.0. */
-#define NT_ALU_OP_MAP(X) \
-    X(BYPASS, bypass)    \
-    X(ADD, add)          \
-    X(SUB, subtract)     \
-    X(MUL, multiply)     \
-    X(DIV, divide)       \
-    X(MAX, maximum)      \
-    X(MIN, minimum)      \
-    X(POW, power)        \
-    X(EQ, equal)         \
-    X(NE, not_equal)     \
-    X(LT, less)          \
-    X(LE, less_equal)    \
-    X(GT, greater)       \
-    X(GE, greater_equal)
-
-typedef enum nt_alu_op {
-#define NT__ALU_ENUM(id, name) NT_ALU_##id,
-    NT_ALU_OP_MAP(NT__ALU_ENUM)
-#undef NT__ALU_ENUM
-    NT_ALU_COUNT
-} nt_alu_op;
-
-/* Activation functions of ScalarE, evaluated through the CPU backend's
- * definitions.  GELU_DX and SILU_DX are the derivatives d/dx gelu(x) and
- * d/dx silu(x) exactly as the backward ops compute them. */
-#define NT_ACT_FUNC_MAP(X) \
-    X(IDENTITY, identity)  \
-    X(EXP, exp)            \
-    X(LOG, log)            \
-    X(SQRT, sqrt)          \
-    X(RSQRT, rsqrt)        \
-    X(TANH, tanh)          \
-    X(SIGMOID, sigmoid)    \
-    X(GELU, gelu)          \
-    X(SILU, silu)          \
-    X(RELU, relu)          \
-    X(ABS, abs)            \
-    X(NEG, negative)       \
-    X(SQUARE, square)      \
-    X(GELU_DX, gelu_dx)    \
-    X(SILU_DX, silu_dx)
-
-typedef enum nt_act_func {
-#define NT__ACT_ENUM(id, name) NT_ACT_##id,
-    NT_ACT_FUNC_MAP(NT__ACT_ENUM)
-#undef NT__ACT_ENUM
-    NT_ACT_COUNT
-} nt_act_func;
-
-/** Static names ("TensorE", "add", "exp", "SBUF", ...); "?" if out of range. */
-NT_API const char *nt_engine_name(nt_engine e);
-NT_API const char *nt_alu_op_name(nt_alu_op op);
-NT_API const char *nt_act_func_name(nt_act_func f);
-NT_API const char *nt_mem_name(nt_mem m);
-
-/** The numbers of the simulated core (docs/sim.md cites each one). */
-typedef struct nt_sim_config {
-    nt_sim_target target;
-    const char *name;                 /* "trn1 (NeuronCore-v2)" */
-    int partitions;                   /* 128 */
-    int64_t sbuf_partition_bytes;     /* 196608 (trn2: 229376) */
-    int64_t psum_partition_bytes;     /* 16384 */
-    double clock_ghz[NT_ENGINE_COUNT];/* per engine; 0 for DMA */
-    int dma_queues;                   /* 16 */
-    int dma_engines;                  /* 16, shared by all queues */
-    double dma_fixed_ns;              /* fixed cost of one dma_copy */
-    double dma_engine_bytes_per_ns;   /* sustained rate of one DMA engine */
-    int64_t dma_min_descriptor_bytes; /* a shorter contiguous run costs this much */
-    double hbm_bytes_per_ns;          /* this core's share of HBM bandwidth */
-    int min_instr_cycles;             /* minimum issue interval of an engine */
-    int access_latency_cycles;        /* a result reaches SBUF/PSUM this late */
-    double act_table_switch_ns;       /* ScalarE loads another function table */
-    bool vector_gpsimd_share_sbuf;    /* v2: VectorE and GpSimd exclude each other on SBUF */
-    bool vector_scalar_share_psum;    /* v2: VectorE and ScalarE exclude each other on PSUM */
-    double tensor_peak_flops_bf16;    /* 128*128*2*clock */
-    double tensor_peak_flops_f32;     /* a quarter of that */
-} nt_sim_config;
-
-/** Initialises the simulator (idempotent, thread-safe; nt_init and every
- *  other nt_sim_* call do it implicitly).  Reads NT_SIM_TARGET=trn1|trn2,
- *  NT_SIM_FUNCTIONAL=0|1 and NT_TRACE=file.json (opens the trace unless one
- *  is open already).  Returns 0, NT_EINVAL for a bad NT_SIM_* value
- *  (docs/env.md; the message names the variable) or NT_ENOMEM. */
-NT_API int nt_sim_init(void);
-/** Frees the simulated memories and closes a trace opened by nt_sim_init.
- *  No kernel may be open.  nt_sim_init may be called again afterwards. */
-NT_API void nt_sim_shutdown(void);
-/** Copies the active configuration into *out.  Thread-safe. */
-NT_API int nt_sim_config_get(nt_sim_config *out);
-/** Switches the modelled core (waits until no kernel runs).  Thread-safe. */
-NT_API int nt_sim_set_target(nt_sim_target target);
-/** Timing-only mode when `on` is false: instructions are checked and timed
- *  but no data is read or written (no DMA copy, no GEMM), so huge shapes
- *  can be modelled quickly.  Applies to kernels begun afterwards.  (The
- *  runtime's ops need the data: leave it on while ops run.) */
-NT_API void nt_sim_set_functional(bool on);
-NT_API bool nt_sim_get_functional(void);
-
-/** Opaque kernel being issued; owned by the library, valid from begin to end. */
-typedef struct nt_sim_kernel nt_sim_kernel;
-/** Opaque SBUF/PSUM tile; owned by its kernel, freed at the latest by
- *  nt_sim_kernel_end. */
-typedef struct nt_tile nt_tile;
-
-/** What one kernel did (plain data). */
-typedef struct nt_sim_report {
-    char name[64];
-    int error;                  /* 0 or the kernel's first NT_E* code */
-    char message[320];          /* "" or the error message */
-    double start_ns, end_ns;    /* on the core's simulated clock */
-    double duration_ns;         /* end - start */
-    double busy_ns[NT_ENGINE_COUNT];              /* DMA: time any queue was active */
-    double dma_queue_busy_ns[NT_SIM_DMA_QUEUES];
-    uint64_t instructions;
-    double flops;               /* matmul FLOPs, 2*M*N*K */
-    double tensor_ideal_ns;     /* time TensorE needs for them at peak */
-    uint64_t hbm_read_bytes, hbm_write_bytes;
-    int64_t sbuf_peak_bytes;    /* per partition */
-    int64_t psum_peak_bytes;
-} nt_sim_report;
-
-/** Timing of the most recent instruction (plain data). */
-typedef struct nt_sim_instr_info {
-    const char *name;     /* "nc_matmul" (static) */
-    nt_engine engine;     /* NT_ENGINE_DMA for dma_copy */
-    int queue;            /* DMA queue, else -1 */
-    double cycles;        /* engine cycles (0 for DMA) */
-    double start_ns, end_ns;
-} nt_sim_instr_info;
-
-/** Opens a kernel named `name` (copied; for messages and the trace).
- *  Blocks until the simulated core is free, then owns it until
- *  nt_sim_kernel_end: never begin a second kernel on the same thread before
- *  ending the first.  The kernel starts when the previous one ended on the
- *  simulated clock.  Returns NULL only if memory runs out. */
-NT_API nt_sim_kernel *nt_sim_kernel_begin(const char *name);
-/** Closes k: completes its functional work, frees its tiles, adds its times
- *  to the global statistics, writes its trace events and releases the core.
- *  Fills *report if non-NULL.  Returns 0 or the kernel's first error.  k is
- *  invalid afterwards. */
-NT_API int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *report);
-/** Completes the functional work of the instructions issued so far, so
- *  their results are in HBM for the host to read.  Returns the kernel's
- *  error (0 if none).  Kernels that only read results after
- *  nt_sim_kernel_end never need it. */
-NT_API int nt_sim_kernel_sync(nt_sim_kernel *k);
-/** The kernel's first error code (0 if none) and its message ("" if none);
- *  the string is owned by k and valid until nt_sim_kernel_end. */
-NT_API int nt_sim_kernel_error(const nt_sim_kernel *k);
-NT_API const char *nt_sim_kernel_message(const nt_sim_kernel *k);
-/** Timing of the last instruction issued in k; NT_ESTATE if none. */
-NT_API int nt_sim_kernel_last(const nt_sim_kernel *k, nt_sim_instr_info *out);
-
-/** Allocates a tile of `partitions` x `free_elems` elements of `dt` in SBUF
- *  or PSUM.  It occupies the same bytes in every partition.  A PSUM tile is
- *  at most one bank (2 KiB per partition) and never crosses a bank.  Returns
- *  NULL and sets the kernel's error (NT_ESIM, naming the kernel and the tile)
- *  if it does not fit.  `name` is copied. */
-NT_API nt_tile *nt_tile_alloc(nt_sim_kernel *k, const char *name, nt_mem mem,
-                              nt_dtype dt, int partitions, int64_t free_elems);
-/** Returns t's space to k's allocator; later instructions that reuse the space
- *  wait for t's pending readers and writers.  Using t afterwards is an error. */
-NT_API int nt_tile_release(nt_sim_kernel *k, nt_tile *t);
-/** Largest tile (bytes per partition) that nt_tile_alloc could place now. */
-NT_API int64_t nt_tile_free_bytes(const nt_sim_kernel *k, nt_mem mem);
-/** A tile's dtype, partition count and free size (elements per partition);
- *  NT_DTYPE_COUNT / 0 for NULL. */
-NT_API nt_dtype nt_tile_dtype(const nt_tile *t);
-NT_API int nt_tile_partitions(const nt_tile *t);
-NT_API int64_t nt_tile_size(const nt_tile *t); /* free elements per partition */
-
-/** A view of memory as [np partitions] x [num[0] x ... x num[ndim-1]] with
- *  steps in elements (row-major: the last dim varies fastest; a step of 0
- *  repeats an element).  On-chip: the partitions p0 .. p0+np-1 of `tile`,
- *  element `offset` of each partition.  HBM (tile == NULL): row p starts at
- *  element offset + p*pstep of `hbm`.  Plain data: build it with the helpers
- *  below and edit num/step for 2-4-D views.  The simulator writes only
- *  through destination patterns. */
-typedef struct nt_ap {
-    nt_tile *tile;   /* SBUF/PSUM tile, or NULL for HBM */
-    void *hbm;       /* HBM base pointer when tile == NULL */
-    nt_dtype dtype;  /* must equal the tile's dtype on chip */
-    int32_t p0, np;  /* partition start (relative to the tile) and count */
-    int64_t pstep;   /* HBM only: elements between partition rows */
-    int64_t offset;  /* elements */
-    int32_t ndim;    /* 1 .. NT_AP_MAX_DIMS free dims */
-    int64_t num[NT_AP_MAX_DIMS];
-    int64_t step[NT_AP_MAX_DIMS];
-} nt_ap;
-
-/** The whole tile as [partitions, size]. */
-NT_API nt_ap nt_tile_ap(const nt_tile *t);
-/** Partitions [p0, p0+np) and free elements [f0, f0+nf) of t. */
-NT_API nt_ap nt_tile_slice(const nt_tile *t, int p0, int np, int64_t f0, int64_t nf);
-/** A 2-D HBM view: `rows` rows of `cols` contiguous elements of `dt`,
- *  row r at element offset + r*row_stride of base.  rows outside
- *  0..INT32_MAX gives np = -1, which every instruction refuses. */
-NT_API nt_ap nt_hbm_ap(const void *base, nt_dtype dt, int64_t offset, int64_t rows,
-                       int64_t row_stride, int64_t cols);
-
-/* Instructions.  Each returns 0 or a negative NT_E* code (NT_ESIM for a
- * broken rule) and is a no-op returning the kernel's error once it failed.
- * Floating math is done in f32 and rounded once when written.  Lanes are
- * partitions: an elementwise instruction reads partition p0_in + i and
- * writes p0_out + i. */
-
-/** A scalar operand: the per-partition value of a [np, 1] pattern `ap`
- *  (SBUF or PSUM, same partition count as the data) or, if ap is NULL, the
- *  immediate `imm`. */
-typedef struct nt_isa_scalar {
-    const nt_ap *ap;
-    float imm;
-} nt_isa_scalar;
-
-/** One ALU step of tensor_scalar: x <op> operand, or operand <op> x when
- *  `reverse` is set. */
-typedef struct nt_isa_alu {
-    nt_alu_op op;
-    nt_isa_scalar operand;
-    bool reverse;
-} nt_isa_alu;
-
-/** An affine function of the position, for iota and affine_select:
- *  value = offset + channel_multiplier * p + sum_i step[i] * idx[i], with p
- *  the partition index within the destination pattern and idx[i] the index
- *  along its free dim i.  Computed in 32-bit integers. */
-typedef struct nt_isa_affine {
-    int32_t offset;
-    int32_t channel_multiplier;
-    int32_t step[NT_AP_MAX_DIMS];
-} nt_isa_affine;
-
-/** dst <- src on a DMA queue (0..15, or NT_DMA_QUEUE_AUTO).  HBM<->SBUF,
- *  SBUF<->SBUF or HBM<->HBM (never PSUM); same dtype (no conversion), same
- *  partition count, same number of free elements (shapes may differ: both
- *  are walked in row-major order).  HBM bytes moved are counted. */
-NT_API int nt_isa_dma_copy(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, int queue);
-
-/** Indirect DMA (an embedding gather): partition i of dst (SBUF) receives
- *  row idx[i] of src, an HBM pattern whose row r starts at element
- *  offset + r * pstep and has src's free dims; src->np is the number of rows
- *  (the bound).  idx is an SBUF [dst->np, 1] pattern of i32 or u8 on dst's
- *  partitions.  An index outside [0, src->np) is a broken rule (NT_ESIM).
- *  src is not dependency-tracked: do not write it earlier in the kernel. */
-NT_API int nt_isa_dma_gather(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
-                             const nt_ap *idx, int queue);
-
-/** TensorE: dst[M, N] (+)= stationary[K, M]^T . moving[K, N].
- *  stationary and moving in SBUF, same dtype (f32, bf16 or f16), K <= 128
- *  partitions, M <= 128, N <= 512; dst an f32 PSUM pattern of M partitions
- *  and N contiguous elements inside one bank.  accumulate=false overwrites.
- *  Products accumulate in f32 exactly as the CPU backend's K-tile. */
-NT_API int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *stationary,
-                            const nt_ap *moving, bool accumulate);
-
-/** TensorE: dst[F, P] = src[P, F]^T with P, F <= 128; src in SBUF, dst in
- *  one PSUM bank with src's dtype or f32. */
-NT_API int nt_isa_nc_transpose(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src);
-
-/** dst = a <op> b elementwise (VectorE or GpSimd).  a and b may not both be
- *  in PSUM.  All-integer operands compute exactly in int32. */
-NT_API int nt_isa_tensor_tensor(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *a,
-                                const nt_ap *b, nt_alu_op op, nt_engine engine);
-
-/** dst = (src <op0> operand0) <op1> operand1 (op1 may be NULL) on VectorE,
- *  ScalarE or GpSimd.  Operands are immediates or per-partition [np, 1]
- *  patterns.  All-integer operands compute exactly in int32. */
-NT_API int nt_isa_tensor_scalar(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
-                                const nt_isa_alu *op0, const nt_isa_alu *op1,
-                                nt_engine engine);
-
-/** ScalarE: dst = func(src * scale + bias).  scale and bias are optional
- *  (NULL): an absent one is not applied at all, so -0 stays -0.  If
- *  reduce_dst ([np, 1]) is given, the f32 results of each partition are also
- *  summed there in the canonical order of the CPU's sums. */
-NT_API int nt_isa_activation(nt_sim_kernel *k, const nt_ap *dst, nt_act_func func,
-                             const nt_ap *src, const nt_isa_scalar *scale,
-                             const nt_isa_scalar *bias, const nt_ap *reduce_dst);
-
-/** VectorE: reduces (NT_ALU_ADD or NT_ALU_MAX) the innermost `naxes` free
- *  dims of src (0 = all of them); dst has the remaining elements per
- *  partition.  Each run is reduced exactly like the CPU's sum / max of that
- *  many elements: acc = +0 (or -Inf); acc = op(acc, partial) over blocks of
- *  2048 in order, each block in a fixed 16-lane order. */
-NT_API int nt_isa_tensor_reduce(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
-                                nt_alu_op op, int naxes);
-
-/** dst = src with dtype conversion (VectorE, ScalarE or GpSimd). */
-NT_API int nt_isa_tensor_copy(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
-                              nt_engine engine);
-
-/** A 64-bit affine element index, for tensor_copy_sr: index = offset +
- *  channel_multiplier * p + sum_i step[i] * idx[i] over dst's partitions p
- *  and free dims i. */
-typedef struct nt_isa_index {
-    int64_t offset;
-    int64_t channel_multiplier;
-    int64_t step[NT_AP_MAX_DIMS];
-} nt_isa_index;
-
-/** dst = src with stochastic rounding (VectorE, ScalarE or GpSimd): an f32
- *  value going to a bf16 or f16 dst rounds to one of its two neighbours
- *  with the random bits of (key, its element index), exactly as the CPU
- *  backend's NT_STOCHASTIC_ROUNDING casts do (core/dtype.h); any other
- *  pair of dtypes converts as tensor_copy does. */
-NT_API int nt_isa_tensor_copy_sr(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
-                                 uint64_t key, const nt_isa_index *index, nt_engine engine);
-
-/** dst = value (VectorE or GpSimd): (float)value rounded to dst's dtype;
- *  integer tiles get value truncated (saturated to int32). */
-NT_API int nt_isa_memset(nt_sim_kernel *k, const nt_ap *dst, double value, nt_engine engine);
-
-/** GpSimd: dst = the affine function of each position (SBUF only). */
-NT_API int nt_isa_iota(nt_sim_kernel *k, const nt_ap *dst, const nt_isa_affine *expr);
-
-/** GpSimd: dst = cmp(affine value, 0) ? on_true : on_false, where cmp is one
- *  of the comparison ALU ops (SBUF only). */
-NT_API int nt_isa_affine_select(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *on_true,
-                                const nt_isa_affine *pred, nt_alu_op cmp, float on_false);
-
-/** dst = pred != 0 ? on_true : on_false elementwise (VectorE or GpSimd),
- *  like nl.where: pred is read as f32 (any dtype); the chosen value is
- *  rounded to dst (all-integer values are copied exactly).  Use a step-0
- *  pattern of a [np, 1] tile for a constant. */
-NT_API int nt_isa_select(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *pred,
-                         const nt_ap *on_true, const nt_ap *on_false, nt_engine engine);
-
-/** VectorE: a scan along the free elements of each partition (row-major
- *  order), like NKI's tensor_tensor_scan: r = initial; for each j:
- *  r = (data0[j] <op0> r) <op1> data1[j]; dst[j] = r.  r stays f32 between
- *  steps; each dst[j] is rounded once.  initial: immediate or [np, 1]. */
-NT_API int nt_isa_tensor_tensor_scan(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *data0,
-                                     const nt_ap *data1, const nt_isa_scalar *initial,
-                                     nt_alu_op op0, nt_alu_op op1);
-
-/** One operand of a custom GpSimd operator, as its code sees it: partition
- *  p's n elements start at (char *)data + p * pstride. */
-typedef struct nt_gpsimd_operand {
-    void *data;
-    int64_t pstride; /* bytes between partitions */
-    nt_dtype dtype;
-    int np;          /* partitions */
-    int64_t n;       /* elements per partition, contiguous */
-} nt_gpsimd_operand;
-
-/** A custom GpSimd operator (like a Neuron custom C++ operator): reads src
- *  and writes dst (NULL for a check that writes nothing) on the host.  It
- *  may move data across partitions.  Returns 0, or a negative NT_E* code
- *  after writing a message into msg (msglen bytes): the instruction then
- *  fails with that code and message. */
-typedef int (*nt_gpsimd_fn)(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *src,
-                            int nsrc, void *ctx, char *msg, size_t msglen);
-
-/** GpSimd: runs fn over dst and src[0..nsrc) (nsrc <= 4; contiguous [np, n]
- *  SBUF patterns).  Costs 150 + cycles_per_elem * n cycles (n = free
- *  elements per partition of dst, or of src[0]).  `name` is for messages.
- *  fn is not called in timing-only mode. */
-NT_API int nt_isa_gpsimd_custom(nt_sim_kernel *k, const char *name, const nt_ap *dst,
-                                const nt_ap *const *src, int nsrc, double cycles_per_elem,
-                                nt_gpsimd_fn fn, void *ctx);
-
-/** Called by nt_tile_matmul for every finished accumulator block instead of
- *  its own store: acc is an f32 PSUM pattern [mw, nw] holding
- *  C[m0 .. m0+mw, n0 .. n0+nw]; the epilogue must read it (evacuate it)
- *  before returning, with any instructions.  Returns 0 or an error. */
-typedef int (*nt_tile_matmul_epilogue)(nt_sim_kernel *k, const nt_ap *acc, int64_t m0,
-                                       int64_t n0, void *ctx);
-
-/** C[M, N] = A[M, K] . B[K, N] from HBM to HBM. */
-typedef struct nt_tile_matmul_args {
-    int64_t M, N, K;
-    const void *a;        /* A [M, K] (row stride lda), or A^T [K, M] if a_trans */
-    int64_t lda;
-    bool a_trans;
-    const void *b;        /* B [K, N], row stride ldb */
-    int64_t ldb;
-    nt_dtype in_dtype;    /* of A and B: f32, bf16 or f16 */
-    void *c;              /* C [M, N], row stride ldc (unused with an epilogue) */
-    int64_t ldc;
-    nt_dtype out_dtype;   /* f32, bf16 or f16 */
-    nt_tile_matmul_epilogue epilogue; /* NULL: round to out_dtype and store C */
-    void *epilogue_ctx;
-} nt_tile_matmul_args;
-
-/** Issues into k a matmul program: PSUM accumulation over K-tiles of 128 in
- *  ascending order (bitwise equal to the CPU backend's matmul), one
- *  rounding to out_dtype, stationary panels reused across N, DMA spread over
- *  queues with multi-buffering.  Uses (and frees again) SBUF and PSUM left
- *  free in k.  Any M, N, K >= 0 and row strides. */
-NT_API int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *args);
-
-/** Totals over all kernels since the start or the last reset (plain data). */
-typedef struct nt_sim_stats {
-    uint64_t kernels, instructions, errors;
-    double sim_ns;                          /* sum of kernel durations */
-    double clock_ns;                        /* the core's clock: end of the last kernel */
-    double busy_ns[NT_ENGINE_COUNT];
-    double utilization[NT_ENGINE_COUNT];    /* busy / sim_ns */
-    double dma_queue_busy_ns[NT_SIM_DMA_QUEUES];
-    uint64_t hbm_read_bytes, hbm_write_bytes;
-    double hbm_bytes_per_ns;                /* peak used for the utilisation */
-    double hbm_bw_utilization;              /* bytes / (sim_ns * peak) */
-    double flops;                           /* matmul FLOPs */
-    double tensor_ideal_ns;                 /* at TensorE peak for the dtypes used */
-    double mfu;                             /* tensor_ideal_ns / sim_ns */
-    double host_ns;                         /* wall time the host spent inside kernels */
-    double host_gemm_ns;                    /* of which in nc_matmul's functional GEMM */
-} nt_sim_stats;
-
-/** Fills *out with the totals.  Thread-safe; after nt_init it covers every
- *  op the runtime ran on the simulator. */
-NT_API int nt_sim_stats_get(nt_sim_stats *out);
-/** Zeroes the totals (not the clock, which only moves forward).  Thread-safe. */
-NT_API void nt_sim_stats_reset(void);
-
-/** A device tensor as a tile kernel sees it (plain data): element
- *  [i0, i1, ...] is at data + (i0 * stride[0] + i1 * stride[1] + ...) *
- *  nt_dtype_size(dtype), an HBM address to use in nt_ap patterns. */
-typedef struct nt_tensor_view {
-    void *data;
-    nt_dtype dtype;
-    int ndim;
-    int64_t shape[NT_MAX_DIMS];
-    int64_t stride[NT_MAX_DIMS]; /* in elements */
-} nt_tensor_view;
-
-/** A user op whose forward is a tile kernel on the simulator.  Called with
- *  nt_op_call like an nt_op_register op; it is queued, ordered and
- *  reported like a built-in op. */
-typedef struct nt_kernel_op_def {
-    const char *name; /* for messages, the trace and kernel names (copied) */
-    int nin;          /* tensor inputs: 1..4 */
-    /** The shape rule, run by nt_op_call before anything is queued: given
-     *  the inputs' dtypes and shapes (data and strides are filled but the
-     *  data may not be computed yet: do not read it), set out->dtype,
-     *  out->ndim (0..NT_MAX_DIMS) and out->shape.  Return 0, or a negative
-     *  NT_E* code after writing the reason into why (whylen bytes):
-     *  nt_op_call then fails with that code, naming the op. */
-    int (*shape)(const nt_tensor_view *in, int nin, nt_tensor_view *out, char *why,
-                 size_t whylen, void *ctx);
-    /** The kernel: issue instructions into k (opened and closed by the
-     *  runtime, named after the op) that read in[0..nin) and write out (a
-     *  fresh contiguous tensor).  Return 0 or a negative code; an error (or
-     *  a broken rule) poisons the output, and the next sync on it reports
-     *  it with the op's name and the nt_op_call site. */
-    int (*kernel)(nt_sim_kernel *k, const nt_tensor_view *in, int nin,
-                  const nt_tensor_view *out, void *ctx);
-    /** Optional: as nt_op_def.backward (ntensor ops, gin[i] shaped like
-     *  in[i]); NULL for an op without a gradient. */
-    int (*backward)(nt_tensor *gout, nt_tensor *const *in, nt_tensor *out, nt_tensor **gin,
-                    void *ctx);
-    void *ctx;        /* passed to all three; must outlive the op */
-} nt_kernel_op_def;
-
-/** Registers a tile-kernel op; returns its id for nt_op_call, or a negative
- *  error (NULL def, shape or kernel, nin out of range, empty or duplicate
- *  name).  The kernel always runs on the simulator (NT_BACKEND=cpu does not
- *  apply: it has no CPU form).  Thread-safe. */
-NT_API int nt_op_register_kernel(const nt_kernel_op_def *def);
-
-/* ------------------------------------------------------------------------ */
-/* Call-site capture.  Each entry point X also exists as X_at taking the     */
-/* caller's site first; in C the macros below route X(...) to X_at.          */
+/* Call-site capture.  Each function X listed in include/ntensor/site.list  */
+/* (every op, sync point and step) also exists as X_at taking the caller's   */
+/* site first; in C, the macro X(...) calls X_at(NT_HERE, ...).  The X_at    */
+/* declarations and the macros are generated into include/ntensor/site.h    */
+/* (docs/architecture.md, section 1, says how to add a function).            */
 /* ------------------------------------------------------------------------ */
 
+/** Declares name##_at taking a site first: NT_DECL_AT(int, my_fn, int)
+ *  gives `int my_fn_at(const nt_site *site, int)`. */
 #define NT_DECL_AT(ret, name, ...) NT_API ret name##_at(const nt_site *site, __VA_ARGS__)
-NT_DECL_AT(nt_tensor *, nt_from_host, const void *, nt_dtype, int, const int64_t *);
-NT_DECL_AT(nt_tensor *, nt_zeros, nt_dtype, int, const int64_t *);
-NT_DECL_AT(nt_tensor *, nt_ones, nt_dtype, int, const int64_t *);
-NT_DECL_AT(nt_tensor *, nt_full, nt_dtype, int, const int64_t *, double);
-NT_DECL_AT(nt_tensor *, nt_zeros_like, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_ones_like, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_full_like, nt_tensor *, double);
-NT_DECL_AT(nt_tensor *, nt_arange, nt_dtype, double, double, double);
-NT_DECL_AT(nt_tensor *, nt_rand, nt_dtype, int, const int64_t *, uint64_t);
-NT_DECL_AT(nt_tensor *, nt_randn, nt_dtype, int, const int64_t *, uint64_t);
-NT_DECL_AT(int, nt_to_host, nt_tensor *, void *, size_t);
-NT_DECL_AT(int, nt_item, nt_tensor *, double *);
-NT_DECL_AT(int, nt_print, nt_tensor *);
-NT_DECL_AT(char *, nt_format, nt_tensor *);
-NT_API int nt_sync_at(const nt_site *site);
-NT_DECL_AT(nt_tensor *, nt_add, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_sub, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_mul, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_div, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_maximum, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_minimum, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_eq, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_ne, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_lt, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_le, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_gt, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_ge, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_where, nt_tensor *, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_add_scalar, nt_tensor *, double);
-NT_DECL_AT(nt_tensor *, nt_mul_scalar, nt_tensor *, double);
-NT_DECL_AT(nt_tensor *, nt_div_scalar, nt_tensor *, double);
-NT_DECL_AT(nt_tensor *, nt_pow_scalar, nt_tensor *, double);
-NT_DECL_AT(nt_tensor *, nt_clamp, nt_tensor *, double, double);
-NT_DECL_AT(nt_tensor *, nt_neg, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_exp, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_log, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_sqrt, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_rsqrt, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_abs, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_relu, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_gelu, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_sigmoid, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_tanh, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_silu, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_cast, nt_tensor *, nt_dtype);
-NT_DECL_AT(nt_tensor *, nt_cast_sr, nt_tensor *, nt_dtype);
-NT_DECL_AT(nt_tensor *, nt_matmul, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_linear, nt_tensor *, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_sum, nt_tensor *, int, bool);
-NT_DECL_AT(nt_tensor *, nt_mean, nt_tensor *, int, bool);
-NT_DECL_AT(nt_tensor *, nt_max, nt_tensor *, int, bool);
-NT_DECL_AT(nt_tensor *, nt_argmax, nt_tensor *, int, bool);
-NT_DECL_AT(nt_tensor *, nt_softmax, nt_tensor *, int);
-NT_DECL_AT(nt_tensor *, nt_log_softmax, nt_tensor *, int);
-NT_DECL_AT(nt_tensor *, nt_layer_norm, nt_tensor *, nt_tensor *, nt_tensor *, double);
-NT_DECL_AT(nt_tensor *, nt_rms_norm, nt_tensor *, nt_tensor *, double);
-NT_DECL_AT(nt_tensor *, nt_cross_entropy, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_mse_loss, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_embedding, nt_tensor *, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_reshape, nt_tensor *, int, const int64_t *);
-NT_DECL_AT(nt_tensor *, nt_transpose, nt_tensor *, int, int);
-NT_DECL_AT(nt_tensor *, nt_permute, nt_tensor *, const int *);
-NT_DECL_AT(nt_tensor *, nt_slice, nt_tensor *, int, int64_t, int64_t, int64_t);
-NT_DECL_AT(nt_tensor *, nt_expand, nt_tensor *, int, const int64_t *);
-NT_DECL_AT(nt_tensor *, nt_cat, nt_tensor *const *, int, int);
-NT_DECL_AT(nt_tensor *, nt_contiguous, nt_tensor *);
-NT_DECL_AT(int, nt_copy_into, nt_tensor *, nt_tensor *);
-NT_DECL_AT(int, nt_add_inplace, nt_tensor *, nt_tensor *);
-NT_DECL_AT(int, nt_sub_inplace, nt_tensor *, nt_tensor *);
-NT_DECL_AT(int, nt_mul_inplace, nt_tensor *, nt_tensor *);
-NT_DECL_AT(int, nt_div_inplace, nt_tensor *, nt_tensor *);
-NT_DECL_AT(int, nt_add_scalar_inplace, nt_tensor *, double);
-NT_DECL_AT(int, nt_mul_scalar_inplace, nt_tensor *, double);
-NT_DECL_AT(int, nt_fill_inplace, nt_tensor *, double);
-NT_DECL_AT(int, nt_relu_inplace, nt_tensor *);
-NT_DECL_AT(int, nt_neg_inplace, nt_tensor *);
-NT_DECL_AT(int, nt_clamp_inplace, nt_tensor *, double, double);
-NT_DECL_AT(int, nt_backward, nt_tensor *);
-NT_DECL_AT(int, nt_backward_ex, nt_tensor *, bool);
-NT_DECL_AT(nt_tensor *, nt_detach, nt_tensor *);
-NT_DECL_AT(nt_tensor *, nt_op_call, int, nt_tensor *const *);
 
-#if !defined(__cplusplus) && !defined(NT_NO_SITE_MACROS) && !defined(NT_BUILDING_LIBRARY)
-/** The caller's site, as a compound literal living for the call. */
-#define NT_HERE (&(const nt_site){__FILE__, __func__, __LINE__, 0})
-#define nt_from_host(...) nt_from_host_at(NT_HERE, __VA_ARGS__)
-#define nt_zeros(...) nt_zeros_at(NT_HERE, __VA_ARGS__)
-#define nt_ones(...) nt_ones_at(NT_HERE, __VA_ARGS__)
-#define nt_full(...) nt_full_at(NT_HERE, __VA_ARGS__)
-#define nt_zeros_like(...) nt_zeros_like_at(NT_HERE, __VA_ARGS__)
-#define nt_ones_like(...) nt_ones_like_at(NT_HERE, __VA_ARGS__)
-#define nt_full_like(...) nt_full_like_at(NT_HERE, __VA_ARGS__)
-#define nt_arange(...) nt_arange_at(NT_HERE, __VA_ARGS__)
-#define nt_rand(...) nt_rand_at(NT_HERE, __VA_ARGS__)
-#define nt_randn(...) nt_randn_at(NT_HERE, __VA_ARGS__)
-#define nt_to_host(...) nt_to_host_at(NT_HERE, __VA_ARGS__)
-#define nt_item(...) nt_item_at(NT_HERE, __VA_ARGS__)
-#define nt_print(...) nt_print_at(NT_HERE, __VA_ARGS__)
-#define nt_format(...) nt_format_at(NT_HERE, __VA_ARGS__)
-#define nt_sync() nt_sync_at(NT_HERE)
-#define nt_add(...) nt_add_at(NT_HERE, __VA_ARGS__)
-#define nt_sub(...) nt_sub_at(NT_HERE, __VA_ARGS__)
-#define nt_mul(...) nt_mul_at(NT_HERE, __VA_ARGS__)
-#define nt_div(...) nt_div_at(NT_HERE, __VA_ARGS__)
-#define nt_maximum(...) nt_maximum_at(NT_HERE, __VA_ARGS__)
-#define nt_minimum(...) nt_minimum_at(NT_HERE, __VA_ARGS__)
-#define nt_eq(...) nt_eq_at(NT_HERE, __VA_ARGS__)
-#define nt_ne(...) nt_ne_at(NT_HERE, __VA_ARGS__)
-#define nt_lt(...) nt_lt_at(NT_HERE, __VA_ARGS__)
-#define nt_le(...) nt_le_at(NT_HERE, __VA_ARGS__)
-#define nt_gt(...) nt_gt_at(NT_HERE, __VA_ARGS__)
-#define nt_ge(...) nt_ge_at(NT_HERE, __VA_ARGS__)
-#define nt_where(...) nt_where_at(NT_HERE, __VA_ARGS__)
-#define nt_add_scalar(...) nt_add_scalar_at(NT_HERE, __VA_ARGS__)
-#define nt_mul_scalar(...) nt_mul_scalar_at(NT_HERE, __VA_ARGS__)
-#define nt_div_scalar(...) nt_div_scalar_at(NT_HERE, __VA_ARGS__)
-#define nt_pow_scalar(...) nt_pow_scalar_at(NT_HERE, __VA_ARGS__)
-#define nt_clamp(...) nt_clamp_at(NT_HERE, __VA_ARGS__)
-#define nt_neg(...) nt_neg_at(NT_HERE, __VA_ARGS__)
-#define nt_exp(...) nt_exp_at(NT_HERE, __VA_ARGS__)
-#define nt_log(...) nt_log_at(NT_HERE, __VA_ARGS__)
-#define nt_sqrt(...) nt_sqrt_at(NT_HERE, __VA_ARGS__)
-#define nt_rsqrt(...) nt_rsqrt_at(NT_HERE, __VA_ARGS__)
-#define nt_abs(...) nt_abs_at(NT_HERE, __VA_ARGS__)
-#define nt_relu(...) nt_relu_at(NT_HERE, __VA_ARGS__)
-#define nt_gelu(...) nt_gelu_at(NT_HERE, __VA_ARGS__)
-#define nt_sigmoid(...) nt_sigmoid_at(NT_HERE, __VA_ARGS__)
-#define nt_tanh(...) nt_tanh_at(NT_HERE, __VA_ARGS__)
-#define nt_silu(...) nt_silu_at(NT_HERE, __VA_ARGS__)
-#define nt_cast(...) nt_cast_at(NT_HERE, __VA_ARGS__)
-#define nt_cast_sr(...) nt_cast_sr_at(NT_HERE, __VA_ARGS__)
-#define nt_matmul(...) nt_matmul_at(NT_HERE, __VA_ARGS__)
-#define nt_linear(...) nt_linear_at(NT_HERE, __VA_ARGS__)
-#define nt_sum(...) nt_sum_at(NT_HERE, __VA_ARGS__)
-#define nt_mean(...) nt_mean_at(NT_HERE, __VA_ARGS__)
-#define nt_max(...) nt_max_at(NT_HERE, __VA_ARGS__)
-#define nt_argmax(...) nt_argmax_at(NT_HERE, __VA_ARGS__)
-#define nt_softmax(...) nt_softmax_at(NT_HERE, __VA_ARGS__)
-#define nt_log_softmax(...) nt_log_softmax_at(NT_HERE, __VA_ARGS__)
-#define nt_layer_norm(...) nt_layer_norm_at(NT_HERE, __VA_ARGS__)
-#define nt_rms_norm(...) nt_rms_norm_at(NT_HERE, __VA_ARGS__)
-#define nt_cross_entropy(...) nt_cross_entropy_at(NT_HERE, __VA_ARGS__)
-#define nt_mse_loss(...) nt_mse_loss_at(NT_HERE, __VA_ARGS__)
-#define nt_embedding(...) nt_embedding_at(NT_HERE, __VA_ARGS__)
-#define nt_reshape(...) nt_reshape_at(NT_HERE, __VA_ARGS__)
-#define nt_transpose(...) nt_transpose_at(NT_HERE, __VA_ARGS__)
-#define nt_permute(...) nt_permute_at(NT_HERE, __VA_ARGS__)
-#define nt_slice(...) nt_slice_at(NT_HERE, __VA_ARGS__)
-#define nt_expand(...) nt_expand_at(NT_HERE, __VA_ARGS__)
-#define nt_cat(...) nt_cat_at(NT_HERE, __VA_ARGS__)
-#define nt_contiguous(...) nt_contiguous_at(NT_HERE, __VA_ARGS__)
-#define nt_copy_into(...) nt_copy_into_at(NT_HERE, __VA_ARGS__)
-#define nt_add_inplace(...) nt_add_inplace_at(NT_HERE, __VA_ARGS__)
-#define nt_sub_inplace(...) nt_sub_inplace_at(NT_HERE, __VA_ARGS__)
-#define nt_mul_inplace(...) nt_mul_inplace_at(NT_HERE, __VA_ARGS__)
-#define nt_div_inplace(...) nt_div_inplace_at(NT_HERE, __VA_ARGS__)
-#define nt_add_scalar_inplace(...) nt_add_scalar_inplace_at(NT_HERE, __VA_ARGS__)
-#define nt_mul_scalar_inplace(...) nt_mul_scalar_inplace_at(NT_HERE, __VA_ARGS__)
-#define nt_fill_inplace(...) nt_fill_inplace_at(NT_HERE, __VA_ARGS__)
-#define nt_relu_inplace(...) nt_relu_inplace_at(NT_HERE, __VA_ARGS__)
-#define nt_neg_inplace(...) nt_neg_inplace_at(NT_HERE, __VA_ARGS__)
-#define nt_clamp_inplace(...) nt_clamp_inplace_at(NT_HERE, __VA_ARGS__)
-#define nt_backward(...) nt_backward_at(NT_HERE, __VA_ARGS__)
-#define nt_backward_ex(...) nt_backward_ex_at(NT_HERE, __VA_ARGS__)
-#define nt_detach(...) nt_detach_at(NT_HERE, __VA_ARGS__)
-#define nt_op_call(...) nt_op_call_at(NT_HERE, __VA_ARGS__)
-#endif
+/* After every prototype of a listed function: the macros would rewrite one
+ * that came after them (sim.h, below, declares none). */
+#include "ntensor/site.h"
 
 #ifdef __cplusplus
 }
 #endif
+
+/* The simulated NeuronCore's instruction set and user tile kernels. */
+#include "ntensor/sim.h"
+
 #endif /* NTENSOR_H */
