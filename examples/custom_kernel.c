@@ -13,7 +13,7 @@
  *
  * Build: part of the tree (meson); run: build/examples/custom_kernel. */
 #include <math.h>
-#include <ntensor.h>
+#include <ntensor/sim.h> /* the tile-kernel API; it includes <ntensor.h> */
 #include <stdio.h>
 #include <string.h>
 

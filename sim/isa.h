@@ -1,13 +1,12 @@
 /*
  * sim/isa.h - the simulator's public API, for the simulator's own files.
  *
- * The declarations live in include/ntensor.h, section "NeuronCore simulator
- * and user tile kernels" (the one public header); this file only keeps the
- * old include working inside the tree.
+ * The declarations live in include/ntensor/sim.h (public; ntensor.h
+ * includes it); this file only keeps the old include working inside the tree.
  */
 #ifndef NT_SIM_ISA_H
 #define NT_SIM_ISA_H
 
-#include "ntensor.h"
+#include "ntensor/sim.h"
 
 #endif /* NT_SIM_ISA_H */

@@ -1,7 +1,7 @@
 /* sim/kernels/sk.h - what the simulator backend's kernels share.
  *
  * Every op of the runtime runs on the simulated NeuronCore as a tile program
- * built from the public ISA (ntensor.h, "NeuronCore simulator"):
+ * built from the public ISA (include/ntensor/sim.h):
  *
  *   runtime.c  wiring (nt__sim_init, the kernel table, NT_TRACE), kernel
  *              begin/end with error mapping, HBM scratch, the tilers
