@@ -128,10 +128,16 @@ def parse_proto(proto, where):
     if not m:
         raise Error(f"{where}: expected 'return-type nt_name(parameters)', got '{proto}'")
     ret, name, params = m.group(1).strip(), m.group(2), m.group(3).strip()
-    plist = [] if params in ("", "void") else [p.strip() for p in params.split(",")]
+    if "(" in params:
+        raise Error(f"{where}: {name}: use a typedef for a function-pointer parameter")
+    plist = [] if params == "void" else [p.strip() for p in params.split(",")]
     for p in plist:
-        if not re.search(r"[A-Za-z_]\w*$", p) or p.split()[-1].lstrip("*") in ("const",):
-            raise Error(f"{where}: parameter '{p}' of {name} needs a name")
+        # a type and a name: the macros do not need names, but the _at
+        # declarations read better with them, and (void) is not ()
+        words = re.findall(r"[A-Za-z_]\w*", p)
+        if len(words) < 2 or not p.endswith(words[-1]) or words[-1] in ("const", "void"):
+            raise Error(f"{where}: {name}: parameter '{p}' needs a type and a name "
+                        "(write (void) for none)")
     return ret, name, plist
 
 
@@ -256,6 +262,21 @@ def gen_site(funcs):
     return "\n".join(out)
 
 
+# Entries as the op table may grow them: more columns after the four read,
+# continued over lines, holding parentheses, commas, literals and comments.
+PARSE_SAMPLE = r"""
+#define NT_OPS_UNARY(X)                                                     \
+    X(NEG, neg, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_INT,                 \
+      NT_ACT(NEG, (a, b)), "x(", ')', /* ( */ X_BWD(neg))                  \
+    X(FOO, foo, 1, NT_KIND_UNARY)
+"""
+
+
+def parse_sample_ok():
+    ops = optable_group(strip_c_comments(PARSE_SAMPLE), "NT_OPS_UNARY")
+    return ops == [("NEG", "neg"), ("FOO", "foo")]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true",
@@ -273,7 +294,7 @@ def main():
         return 1
     outputs = [(OPS_H, gen_ops(funcs)), (SITE_H, gen_site(funcs))]
     if args.check:
-        print(f"1..{len(outputs)}")
+        print(f"1..{len(outputs) + 1}")
         status = 0
         for i, (path, text) in enumerate(outputs, 1):
             try:
@@ -284,8 +305,13 @@ def main():
             print(f"{'ok' if same else 'not ok'} {i} - {path} matches {LIST} and {OPTABLE}")
             if not same:
                 print(f"# {path} is stale: run `{REGEN}` and commit the result")
+                print(f"gen_api: {path} is stale: run `{REGEN}` and commit the result",
+                      file=sys.stderr)
                 status = 1
-        return status
+        sample = parse_sample_ok()
+        print(f"{'ok' if sample else 'not ok'} {len(outputs) + 1} - op-table entries with "
+              "more columns than ID, name, nin, kind are read")
+        return status if sample else 1
     for path, text in outputs:
         full = os.path.join(root, path)
         old = None

@@ -32,7 +32,8 @@
     _Static_assert(__builtin_types_compatible_p(__typeof__(&name), ret(*) params),           \
                    #name ": the prototype differs from include/ntensor/site.list");          \
     _Static_assert(__builtin_types_compatible_p(__typeof__(&name##_at), ret(*) at_params),   \
-                   #name "_at: the declaration differs from include/ntensor/site.list");
+                   #name "_at: the declaration differs from include/ntensor/site.list");      \
+    _Static_assert(n <= 8, #name ": add ZARGS_" #n " below");
 NT_SITE_FUNCS(AGREE)
 
 /* The check itself must be able to fail: a wrong signature is not
