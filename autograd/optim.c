@@ -64,20 +64,17 @@ static bool low_precision(nt_tensor *t)
 /* The tensor an update reads and writes: the master copy if there is one. */
 static nt_tensor *working(slot *s) { return s->master ? s->master : s->p; }
 
-/* site: the caller's, for the functions that have an _at form. */
-static bool opt_ok_at(const nt_site *site, nt_optim *o, const char *fn)
+static bool opt_ok(nt_optim *o, const char *fn)
 {
     if (!nt__ensure_init())
         return false;
     if (!o || o->magic != OPT_MAGIC) {
-        nt__err(site, NT_EINVAL, fn, "argument 'opt' is %s", o ? "not a live optimizer"
+        nt__err(NULL, NT_EINVAL, fn, "argument 'opt' is %s", o ? "not a live optimizer"
                                                                 : "NULL");
         return false;
     }
     return true;
 }
-
-static bool opt_ok(nt_optim *o, const char *fn) { return opt_ok_at(NULL, o, fn); }
 
 static bool finite_ge0(double v) { return isfinite(v) && v >= 0; }
 
@@ -329,6 +326,20 @@ static int step_locked(nt_optim *o, const nt_site *site)
     if (!rc)
         o->steps++;
     return rc;
+}
+
+/* As opt_ok, with the caller's site in the error: for the steps, which have
+ * _at forms. */
+static bool opt_ok_at(const nt_site *site, nt_optim *o, const char *fn)
+{
+    if (!nt__ensure_init())
+        return false;
+    if (!o || o->magic != OPT_MAGIC) {
+        nt__err(site, NT_EINVAL, fn, "argument 'opt' is %s", o ? "not a live optimizer"
+                                                                : "NULL");
+        return false;
+    }
+    return true;
 }
 
 NT_API int nt_optim_step_at(const nt_site *site, nt_optim *o)
