@@ -48,7 +48,8 @@ static bool arena_progress(bool all)
 {
     if (tl_worker)
         return false;
-    uint32_t n = __atomic_load_n(&S.next_id, __ATOMIC_RELAXED); /* unlocked, as foreach */
+    /* another thread may be making a stream (stream_new stores it) */
+    uint32_t n = __atomic_load_n(&S.next_id, __ATOMIC_RELAXED);
     for (uint32_t id = 1; id <= n; id++) {
         nt_stream *s = nt__stream_by_id(id);
         if (!s)
