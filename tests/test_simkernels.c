@@ -25,6 +25,8 @@
 #include <cmocka.h>
 
 #include "core/internal.h"
+#include "cpu/cpu.h"
+#include "sim/kernels/sk.h"
 #include "sim/sim.h"
 #include "nt_test.h"
 
