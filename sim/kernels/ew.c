@@ -17,7 +17,7 @@
  *        block is rounded to the matmul's dtype as it leaves PSUM and the
  *        elementwise ops run on it before anything is stored.
  *
- * Exactness (the CPU executor fusion/exec_cpu.c is the reference): every
+ * Exactness (the CPU executor cpu/fused.c is the reference): every
  * value lives in an SBUF tile of the dtype its op would have stored, so
  * writing it rounds exactly there, and reading it widens exactly as the
  * unfused kernel's load would; an op whose CPU definition is not one ALU or
