@@ -65,23 +65,25 @@ static bool logged_fallback[NT_OP_COUNT];
 static int choose_backend(nt__call *c, uint8_t *backend)
 {
     *backend = NT_BACKEND_CPU;
-    if (NT__CFG(backend) == NT_BACKEND_CPU)
+    uint8_t want = (uint8_t)NT__CFG(backend);
+    if (want == NT_BACKEND_CPU)
         return 0;
-    /* What the simulator cannot run goes to the CPU backend (the reference
+    /* What the backend cannot run goes to the CPU backend (the reference
      * runs every op), or is refused under NT_REQUIRE_SIM (core/backend.h). */
-    const nt__backend_i *sim = nt__backends[NT_BACKEND_SIM];
-    bool has_sim = sim && (sim->supports ? sim->supports(c->op, &c->p)
-                                         : c->op < NT_OP_COUNT && sim->kernels[c->op]);
-    if (!has_sim) {
+    const nt__backend_i *be = nt__backends[want];
+    bool ok = be && (be->supports ? be->supports(c->op, &c->p)
+                                  : c->op < NT_OP_COUNT && be->kernels[c->op]);
+    if (!ok) {
+        const char *name = want == NT_BACKEND_SIM ? "simulator" : be ? be->name : "?";
         if (NT__CFG(require_sim))
             return nt__err(c->site, NT_ENOTSUP, c->fn,
-                           "op '%s' has no simulator kernel and NT_REQUIRE_SIM=1 forbids the CPU "
+                           "op '%s' has no %s kernel and NT_REQUIRE_SIM=1 forbids the CPU "
                            "fallback",
-                           nt__op_name(c->op));
+                           nt__op_name(c->op), name);
         if (c->op < NT_OP_COUNT &&
             !__atomic_exchange_n(&logged_fallback[c->op], true, __ATOMIC_RELAXED)) {
-            nt__log(NT__LOG_WARN, "op '%s' has no simulator kernel; it runs on the CPU backend",
-                    nt__op_name(c->op));
+            nt__log(NT__LOG_WARN, "op '%s' has no %s kernel; it runs on the CPU backend",
+                    nt__op_name(c->op), name);
         }
         NT__COUNT(cpu_fallbacks, 1);
         return 0;
@@ -90,7 +92,7 @@ static int choose_backend(nt__call *c, uint8_t *backend)
         NT__COUNT(cpu_fallbacks, 1);
         return 0;
     }
-    *backend = NT_BACKEND_SIM;
+    *backend = want;
     return 0;
 }
 
