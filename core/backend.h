@@ -34,7 +34,8 @@ typedef struct nt__backend_i {
     const nt__kernel_fn *kernels;
     /* Whether the backend runs op `op` with parameters p (what the record
      * will carry); user ops included (op >= NT_OP_CUSTOM_BASE).  Asked once
-     * per op at dispatch.  NULL: "kernels[op] is set". */
+     * per op at dispatch (an indirect call on the hot path: leave it NULL
+     * unless the backend refuses some parameters).  NULL: nt__backend_can. */
     bool (*supports)(int op, const nt__params *p);
     /* Kernel of a registered user op (op >= NT_OP_CUSTOM_BASE), or NULL if
      * this backend has none.  May be NULL. */
@@ -60,6 +61,18 @@ static inline nt__kernel_fn nt__backend_kernel(int b, int op)
 {
     nt__kernel_fn k = nt__backends[b]->kernels[op];
     return k ? k : nt__backends[NT_BACKEND_CPU]->kernels[op];
+}
+
+/* Whether backend be runs op `op` with parameters p: its supports(), or
+ * without one, whether its table has the op (a user op: whether it has
+ * user kernels at all -- which one runs is found when the record runs). */
+static inline bool nt__backend_can(const nt__backend_i *be, int op, const nt__params *p)
+{
+    if (be->supports)
+        return be->supports(op, p);
+    if (op < NT_OP_COUNT)
+        return be->kernels[op] != NULL;
+    return op >= NT_OP_CUSTOM_BASE && be->custom_kernel != NULL;
 }
 
 /* A plain view of a tensor for user tile kernels (nt_tensor_view). */

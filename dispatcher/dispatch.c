@@ -71,8 +71,7 @@ static int choose_backend(nt__call *c, uint8_t *backend)
     /* What the backend cannot run goes to the CPU backend (the reference
      * runs every op), or is refused under NT_REQUIRE_SIM (core/backend.h). */
     const nt__backend_i *be = nt__backends[want];
-    bool ok = be && (be->supports ? be->supports(c->op, &c->p)
-                                  : c->op < NT_OP_COUNT && be->kernels[c->op]);
+    bool ok = be && nt__backend_can(be, c->op, &c->p);
     if (!ok) {
         const char *name = want == NT_BACKEND_SIM ? "simulator" : be ? be->name : "?";
         if (NT__CFG(require_sim))

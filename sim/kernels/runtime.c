@@ -71,16 +71,6 @@ static void sim_shutdown(void)
     nt_sim_shutdown();
 }
 
-/* Every op of the table with a kernel here (casts with stochastic rounding
- * included), and every user op: a tile kernel runs only here. */
-static bool sim_supports(int op, const nt__params *p)
-{
-    (void)p;
-    if (op >= NT_OP_CUSTOM_BASE)
-        return true;
-    return op < NT_OP_COUNT && nt__sim_kernels[op] != NULL;
-}
-
 /* ---------------- kernels ---------------- */
 
 int sk_begin(sk_k *s, const char *name)
@@ -498,7 +488,9 @@ const nt__backend_i nt__sim_backend = {
     .init = sim_init,
     .shutdown = sim_shutdown,
     .kernels = nt__sim_kernels,
-    .supports = sim_supports,
+    /* .supports: none needed -- it runs every op its table has, whatever
+     * the parameters (stochastic-rounding casts included), so the
+     * dispatcher's question stays a table load */
     .custom_kernel = nt__sk_custom_kernel,
     .run_fused = nt__sk_fused,
     .stats_fill = sim_stats_fill,
