@@ -367,6 +367,11 @@ int nt__runtime_init(void (*register_modules)(void))
         log_handler_id = g_log_set_handler(NT_LOG_DOMAIN, G_LOG_LEVEL_MASK, log_handler, NULL);
     memset(&nt__ctr, 0, sizeof nt__ctr);
     nt__gemm_keys_init();
+    /* GLib makes its own thread key (g_thread_self's) when the first GLib
+     * thread starts, inside that thread, whenever it gets to run -- aborting
+     * if the host is out of memory then.  The first stream worker may be
+     * that thread: make the key here, where nothing else runs yet. */
+    (void)g_thread_self();
     nt__arena_init(c.hbm_bytes, c.max_inflight_bytes);
     nt__tensor_pool_init();
     /* NT_TRACE opens here once (nt_sim_init then finds it open and leaves

@@ -48,7 +48,8 @@ static bool arena_progress(bool all)
 {
     if (tl_worker)
         return false;
-    uint32_t n = S.next_id;
+    /* another thread may be making a stream (stream_new stores it) */
+    uint32_t n = __atomic_load_n(&S.next_id, __ATOMIC_RELAXED);
     for (uint32_t id = 1; id <= n; id++) {
         nt_stream *s = nt__stream_by_id(id);
         if (!s)
@@ -859,7 +860,7 @@ NT_API nt_stream *nt_stream_create(void)
     if (!nt__ensure_init())
         return NULL;
     nt_stream *s = stream_new(false);
-    if (!s && S.next_id < NT__MAX_STREAMS)
+    if (!s && __atomic_load_n(&S.next_id, __ATOMIC_RELAXED) < NT__MAX_STREAMS)
         nt__err_hostmem(NULL, "nt_stream_create", "a stream");
     else if (!s)
         nt__err(NULL, NT_ENOMEM, "nt_stream_create", "too many streams (at most %d per process)",
