@@ -19,6 +19,9 @@ void nt__amp_resume(void);
 /* The autocast dtype that applies to the calling thread's next op (none
  * while suspended or inside nt_backward), or NT_DTYPE_COUNT. */
 nt_dtype nt__amp_active(void);
+/* The dispatcher's hook (nt__dhooks.amp_on_call, registered by
+ * init/init.c): casts c's inputs by the autocast policy; 0 or an error. */
+int nt__amp_on_call(nt__call *c);
 
 /* The loss scaler's state as the checkpoint stores it (record kind 4). */
 typedef struct nt__scaler_state {

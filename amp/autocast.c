@@ -1,7 +1,7 @@
 /* amp/autocast.c - autocast regions and the per-op precision policy.
  *
  * A region is an entry on a per-thread stack; the dispatcher calls
- * nt__amp_on_call at the end of nt__call_begin (arguments checked, shape
+ * nt__amp_on_call (nt__dhooks.amp_on_call) at the end of nt__call_begin (arguments checked, shape
  * rule not yet run) for every op.  Outside a region that is one thread-local
  * load.  Inside one, the policy below may replace inputs by casts: ordinary
  * CAST ops through nt__copy_to, so they are queued, fused and recorded for
@@ -150,7 +150,7 @@ static int on_call(nt__call *c)
     return 0;
 }
 
-__attribute__((constructor)) static void install_hook(void) { nt__amp_on_call = on_call; }
+int nt__amp_on_call(nt__call *c) { return on_call(c); }
 
 nt_dtype nt__amp_active(void)
 {

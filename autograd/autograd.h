@@ -91,13 +91,23 @@ bool nt__edge_live(const nt__node *n, int i);
 nt_tensor *nt__saved_in(nt__bctx *b, int i);
 nt_tensor *nt__saved_out(nt__bctx *b, int i);
 
+/* The dispatcher's hooks (nt__dhooks; init/init.c registers them): record
+ * the node of a call, whether grad mode is on, cat's node. */
+int nt__ag_on_dispatch(nt__call *c);
+bool nt__ag_grad_mode(void);
+int nt__ag_on_cat(const nt_site *site, nt_tensor *const *ts, int n, int dim, nt_tensor *out);
+
+/* Frees a handle's autograd metadata (core/tensor.c calls it through
+ * core/hooks.h). */
+void nt__ag_free(struct nt__ag *ag);
+
 /* Custom ops (autograd/custom.c). */
 struct nt__custom_op;
 int nt__custom_backward(nt__bctx *b);
 /* The definition of a registered tile-kernel op, or NULL. */
 const nt_kernel_op_def *nt__custom_kernel_def(int op);
-/* t as the nt_tensor_view a user kernel receives. */
-void nt__tensor_view_of(nt_tensor_view *v, const nt_tensor *t);
+const nt__opinfo *nt__custom_opinfo(int op);
+void nt__custom_shutdown(void);
 
 /* The thread's no-grad depth and the "backward of" tag read by dispatch. */
 bool nt__ag_enabled(void);

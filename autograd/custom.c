@@ -7,6 +7,7 @@
  * -- and records one node whose backward is the user's, exactly as a
  * built-in op's node is. */
 #include "autograd/autograd.h"
+#include "core/backend.h"
 
 #include <string.h>
 
@@ -128,16 +129,6 @@ static int register_op(const char *fn, const nt_op_def *def, const nt_kernel_op_
 
 static int record_node(const nt_site *site, const nt__custom_op *c, int op,
                        nt_tensor *const *in, nt_tensor *out, bool grad);
-
-void nt__tensor_view_of(nt_tensor_view *v, const nt_tensor *t)
-{
-    memset(v, 0, sizeof *v);
-    v->data = nt__tensor_data(t);
-    v->dtype = (nt_dtype)t->dtype;
-    v->ndim = t->ndim;
-    memcpy(v->shape, t->shape, sizeof v->shape);
-    memcpy(v->stride, t->stride, sizeof v->stride);
-}
 
 /* A tile-kernel op: the shape rule, then one queued record like any op. */
 static nt_tensor *call_kernel_op(const nt_site *site, const nt__custom_op *c, int op,

@@ -305,11 +305,9 @@ int nt__ag_on_cat(const nt_site *site, nt_tensor *const *ts, int n, int dim, nt_
 
 static bool grad_mode(void) { return tls_no_grad == 0; }
 
-__attribute__((constructor)) static void install_hooks(void)
-{
-    nt__ag_on_dispatch = on_dispatch;
-    nt__ag_grad_mode = grad_mode;
-}
+/* The dispatcher's hooks (nt__dhooks, registered by init/init.c). */
+int nt__ag_on_dispatch(nt__call *c) { return on_dispatch(c); }
+bool nt__ag_grad_mode(void) { return grad_mode(); }
 
 /* ---------------- public: leaves, grads ---------------- */
 

@@ -106,21 +106,26 @@ int nt__kerr(int code, const char *fmt, ...)
 const char *nt__kerr_msg(void) { return tls_kerr; }
 
 /* When the host cannot hold an error's message, one of these (per code)
- * stands in: never freed, so its count never reaches 0. */
+ * stands in: never freed, so its count never reaches 0.  A constant
+ * initializer, not code run at load or at nt_init: they are there before
+ * anything can fail, and making them cannot fail. */
 #define NT__NCODES 32
-static nt__errobj fallback_err[NT__NCODES];
-static char fallback_msg[NT__NCODES][96];
-
-__attribute__((constructor)) static void fallback_init(void)
-{
-    for (int i = 0; i < NT__NCODES; i++) {
-        snprintf(fallback_msg[i], sizeof fallback_msg[i],
-                 "%s (the message was lost: out of host memory)", nt_strerror(-i));
-        fallback_err[i].code = -i;
-        fallback_err[i].refs = (AO_t)1 << 40;
-        fallback_err[i].msg = fallback_msg[i];
-    }
-}
+#define NT__LOST " (the message was lost: out of host memory)"
+#define NT__FALLBACK(code, desc) [-(code)] = {(AO_t)1 << 40, (code), 0, (char *)desc NT__LOST}
+#define NT__FALLBACK_ERR(name, val, desc) NT__FALLBACK(val, desc),
+/* Codes past the last NT_E* (nt__errobj_new takes any code > -32). */
+#define NT__FALLBACK_UNKNOWN(i) NT__FALLBACK(-(i), "unknown error")
+_Static_assert(NT_EHOSTMEM == -16 && -NT_EHOSTMEM + 1 == 17,
+               "a new NT_E* code: move the first NT__FALLBACK_UNKNOWN below past it");
+static nt__errobj fallback_err[NT__NCODES] = {
+    NT__FALLBACK(0, "success"),
+    NT_ERRNO_MAP(NT__FALLBACK_ERR)
+    NT__FALLBACK_UNKNOWN(17), NT__FALLBACK_UNKNOWN(18), NT__FALLBACK_UNKNOWN(19),
+    NT__FALLBACK_UNKNOWN(20), NT__FALLBACK_UNKNOWN(21), NT__FALLBACK_UNKNOWN(22),
+    NT__FALLBACK_UNKNOWN(23), NT__FALLBACK_UNKNOWN(24), NT__FALLBACK_UNKNOWN(25),
+    NT__FALLBACK_UNKNOWN(26), NT__FALLBACK_UNKNOWN(27), NT__FALLBACK_UNKNOWN(28),
+    NT__FALLBACK_UNKNOWN(29), NT__FALLBACK_UNKNOWN(30), NT__FALLBACK_UNKNOWN(31),
+};
 
 static bool is_fallback(const nt__errobj *e)
 {

@@ -297,8 +297,9 @@ static GPrivate apanel_key = G_PRIVATE_INIT(pbuf_free);
 static GPrivate fa_key = G_PRIVATE_INIT(pbuf_free), fb_key = G_PRIVATE_INIT(pbuf_free);
 
 /* GLib makes a GPrivate's key at its first use and aborts if the host has
- * no memory for it: make them all while the library loads. */
-__attribute__((constructor)) static void panel_keys_init(void)
+ * no memory for it: nt_init makes them all (core/gemm.h), where a failure
+ * is still nt_init's and no worker runs yet. */
+void nt__gemm_keys_init(void)
 {
     g_private_get(&bpanel_key);
     g_private_get(&apanel_key);

@@ -456,6 +456,9 @@ typedef struct nt__rec {
     const char *bwd_of;     /* "nt_mul" if enqueued by its backward, else NULL */
     const char *fn;         /* the public function that issued it ("nt_linear"
                                for its matmul): op records only */
+    uint32_t sid;           /* id of the stream whose seq it holds: with seq,
+                               what kernels key random bits with
+                               (nt__rec_sr_key), never read through stream */
     void (*host_fn)(void *);
     void *host_arg;
     struct nt__rec *pool_next;
@@ -464,6 +467,14 @@ typedef struct nt__rec {
 enum {
     NT_RECF_INPLACE = 1u << 0, /* out[0] aliases in[0] */
 };
+
+/* The stochastic-rounding key of a CAST record (core/dtype.h): its seed and
+ * its place on its stream, so a cast's bits do not depend on the path that
+ * runs it (eager, fused, either backend). */
+static inline uint64_t nt__rec_sr_key(const nt__rec *r)
+{
+    return nt__sr_key(r->p.seed, r->sid, r->seq);
+}
 
 typedef enum nt__backend {
     NT_BACKEND_CPU = 0,
@@ -479,24 +490,6 @@ typedef int (*nt__kernel_fn)(const nt__rec *r);
  * the executor adds) and returns code. */
 int nt__kerr(int code, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
 const char *nt__kerr_msg(void);
-
-/* Backend kernel tables, expanded from the op table. */
-extern const nt__kernel_fn nt__cpu_kernels[NT_OP_COUNT];
-/* The sim backend (sim/) fills this at init; NULL entries fall back to CPU. */
-extern nt__kernel_fn nt__sim_kernels[NT_OP_COUNT];
-
-/* Runs one op record's kernel (no queue): used by workers and by
- * deterministic mode.  Handles poisoned inputs, errors, stats, NaN checks. */
-void nt__exec_rec(nt__rec *r);
-/* Takes the blocks of every deferred storage a record (or a list of
- * tensors, NULLs skipped) touches, before a kernel runs: 0, or NT_ENOMEM
- * with the kernel error message set when the host is out of memory. */
-int nt__rec_materialize(const nt__rec *r);
-int nt__tensors_materialize(nt_tensor *const *t, int n);
-/* After r ran (worker): drops its references to big tensors no handle of the
- * host can reach any more, so their blocks go back now rather than at the
- * end of the batch (core/arena.c, stream-ordered reuse). */
-void nt__rec_drop_dead(nt__rec *r);
 
 /* Human name of an op id: "add"; api name "nt_add". */
 const char *nt__op_name(int op);

@@ -1,4 +1,5 @@
 /* core/optable.c - names, arities, kinds and flags, expanded from the table. */
+#include "core/hooks.h"
 #include "core/internal.h"
 
 const nt__opinfo nt__ops[NT_OP_COUNT] = {
@@ -12,15 +13,13 @@ const nt__opinfo nt__ops[NT_OP_COUNT] = {
 _Static_assert(sizeof nt__ops / sizeof nt__ops[0] == NT_OP_COUNT, "op table out of step");
 _Static_assert(NT_OP_COUNT < NT_OP_CUSTOM_BASE, "too many built-in ops");
 
-/* Registered user ops live in autograd/custom.c; it provides this lookup. */
-const nt__opinfo *nt__custom_opinfo(int op) __attribute__((weak));
-
 const nt__opinfo *nt__opinfo_get(int op)
 {
     if (op >= 0 && op < NT_OP_COUNT)
         return &nt__ops[op];
-    if (op >= NT_OP_CUSTOM_BASE && nt__custom_opinfo)
-        return nt__custom_opinfo(op);
+    /* registered user ops live in autograd/custom.c (core/hooks.h) */
+    if (op >= NT_OP_CUSTOM_BASE && nt__chooks.custom_opinfo)
+        return nt__chooks.custom_opinfo(op);
     return NULL;
 }
 

@@ -1,5 +1,6 @@
 /* core/shape.c - shapes, strides and NumPy broadcasting. */
 #include "core/internal.h"
+#include "core/rows.h"
 
 int64_t nt__numel(int ndim, const int64_t *shape)
 {
@@ -147,4 +148,40 @@ bool nt__matmul_info(const nt_tensor *a, const nt_tensor *b, nt__mminfo *mi, cha
         mi->oshape[o++] = mi->N;
     mi->ondim = o;
     return true;
+}
+
+/* core/rows.h */
+void nt__rows_shape(nt__rows *R, const nt_tensor *t, int d, bool same_shape)
+{
+    memset(R, 0, sizeof *R);
+    R->C = 1;
+    if (t->ndim == 0) {
+        R->n = 1;
+        return;
+    }
+    int64_t cs[NT_MAX_DIMS] = {0}; /* set by nt__contig_strides (GCC cannot tell) */
+    nt__contig_strides(t->ndim, t->shape, cs);
+    R->n = t->shape[d];
+    R->sn = t->stride[d];
+    R->on = same_shape ? cs[d] : 0;
+    int64_t bs[NT_MAX_DIMS], bsi[NT_MAX_DIMS], bso[NT_MAX_DIMS];
+    int nb = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (i == d)
+            continue;
+        bs[nb] = t->shape[i];
+        bsi[nb] = t->stride[i];
+        bso[nb] = cs[i];
+        nb++;
+    }
+    if (!same_shape)
+        nt__contig_strides(nb, bs, bso);
+    if (nb == 0)
+        return;
+    R->C = bs[nb - 1];
+    R->sc = bsi[nb - 1];
+    R->oc = bso[nb - 1];
+    R->nouter = nb - 1;
+    for (int i = 0; i < nb - 1; i++)
+        R->oshape[i] = bs[i], R->osi[i] = bsi[i], R->oso[i] = bso[i];
 }

@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/backend.h"
+#include "core/hooks.h"
 #include "core/internal.h"
 
 #define NT_SLAB_HANDLES 256
@@ -38,9 +40,6 @@ struct nt_scope {
 };
 #define NT__SCOPE_MAGIC 0x5c09e5c0u
 
-/* Autograd frees its per-tensor metadata through this hook (autograd/). */
-void nt__ag_free(struct nt__ag *ag) __attribute__((weak));
-
 void nt__tensor_pool_init(void)
 {
     g_mutex_init(&P.lock);
@@ -61,8 +60,8 @@ void nt__tensor_pool_shutdown(void)
             nt_tensor *t = &slab[k];
             if (!t->st)
                 continue;
-            if (t->ag && nt__ag_free)
-                nt__ag_free(t->ag);
+            if (t->ag && nt__chooks.ag_free)
+                nt__chooks.ag_free(t->ag);
             t->ag = NULL;
             nt__storage_unref(t->st);
             t->st = NULL;
@@ -423,8 +422,8 @@ void nt__tensor_iunref_n(nt_tensor *t, AO_t n)
 {
     if (!t || !nt__ref_drop(&t->irefs, n))
         return;
-    if (t->ag && nt__ag_free)
-        nt__ag_free(t->ag);
+    if (t->ag && nt__chooks.ag_free)
+        nt__chooks.ag_free(t->ag);
     t->ag = NULL;
     nt__storage_unref(t->st);
     t->st = NULL;
@@ -651,3 +650,14 @@ NT_API nt_dtype nt_dtype_of(nt_tensor *t)
 }
 
 NT_API bool nt_is_contiguous(nt_tensor *t) { return meta_ok(t) && nt__is_contig(t); }
+
+/* core/backend.h: what a user tile kernel sees of a tensor. */
+void nt__tensor_view_of(nt_tensor_view *v, const nt_tensor *t)
+{
+    memset(v, 0, sizeof *v);
+    v->data = nt__tensor_data(t);
+    v->dtype = (nt_dtype)t->dtype;
+    v->ndim = t->ndim;
+    memcpy(v->shape, t->shape, sizeof v->shape);
+    memcpy(v->stride, t->stride, sizeof v->stride);
+}

@@ -8,7 +8,18 @@
 #ifndef NT_CPU_CPU_H
 #define NT_CPU_CPU_H
 
+#include "core/backend.h"
 #include "core/internal.h"
+
+struct nt__fgroup;
+
+/* The backend (cpu/kernels.c), its kernel table (expanded from the op
+ * table) and its fused-program executor (cpu/fused.c). */
+extern const nt__backend_i nt__cpu_backend;
+extern const nt__kernel_fn nt__cpu_kernels[NT_OP_COUNT];
+int nt__fused_cpu(const struct nt__fgroup *g);
+/* Makes the matmul scratch's GPrivate key (cpu/matmul.c): backend init. */
+void nt__cpu_matmul_init(void);
 
 /* A strided view as kernels see it. */
 typedef struct nt__kv {

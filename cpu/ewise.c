@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "core/ewise.h"
-#include "streams/stream.h"
 
 #define NT_CHUNK 512
 #define NT_MAXV (1 + NT__MAX_IN)
@@ -402,7 +401,7 @@ static void sr_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
     const nt_tensor *o = r->out[0];
     int64_t es = (int64_t)nt__dtype_size(c->dt[0]);
     int64_t i0 = (c->p[0] - (const char *)nt__tensor_data(o)) / es;
-    uint64_t key = nt__sr_key(r->p.seed, r->stream->id, r->seq);
+    uint64_t key = nt__rec_sr_key(r);
     float *a = scr;
     nt__ld_f32(a, c->p[1], c->dt[1], c->st[1], n);
     for (int64_t i = 0; i < n; i++)

@@ -26,8 +26,9 @@ static void scratch_free(gpointer p) { g_free(p); }
 static GPrivate scratch_key = G_PRIVATE_INIT(scratch_free);
 
 /* GLib makes a GPrivate's key at its first use and aborts if the host has
- * no memory for it: make it while the library loads. */
-__attribute__((constructor)) static void scratch_key_init(void) { g_private_get(&scratch_key); }
+ * no memory for it: the backend's init makes it, at nt_init (before any
+ * worker runs a kernel). */
+void nt__cpu_matmul_init(void) { g_private_get(&scratch_key); }
 static _Thread_local size_t scratch_n NT_TLS_HOT;
 
 static float *scratch(size_t n)

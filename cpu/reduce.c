@@ -24,41 +24,6 @@
 
 /* ---------------- rows ---------------- */
 
-void nt__rows_shape(nt__rows *R, const nt_tensor *t, int d, bool same_shape)
-{
-    memset(R, 0, sizeof *R);
-    R->C = 1;
-    if (t->ndim == 0) {
-        R->n = 1;
-        return;
-    }
-    int64_t cs[NT_MAX_DIMS];
-    nt__contig_strides(t->ndim, t->shape, cs);
-    R->n = t->shape[d];
-    R->sn = t->stride[d];
-    R->on = same_shape ? cs[d] : 0;
-    int64_t bs[NT_MAX_DIMS], bsi[NT_MAX_DIMS], bso[NT_MAX_DIMS];
-    int nb = 0;
-    for (int i = 0; i < t->ndim; i++) {
-        if (i == d)
-            continue;
-        bs[nb] = t->shape[i];
-        bsi[nb] = t->stride[i];
-        bso[nb] = cs[i];
-        nb++;
-    }
-    if (!same_shape)
-        nt__contig_strides(nb, bs, bso);
-    if (nb == 0)
-        return;
-    R->C = bs[nb - 1];
-    R->sc = bsi[nb - 1];
-    R->oc = bso[nb - 1];
-    R->nouter = nb - 1;
-    for (int i = 0; i < nb - 1; i++)
-        R->oshape[i] = bs[i], R->osi[i] = bsi[i], R->oso[i] = bso[i];
-}
-
 void nt__rows_init(nt__rows *R, const nt_tensor *t, int d, bool same_shape)
 {
     nt__rows_shape(R, t, d, same_shape);

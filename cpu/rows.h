@@ -15,27 +15,14 @@
 #ifndef NT_CPU_ROWS_H
 #define NT_CPU_ROWS_H
 
+#include "core/rows.h"
 #include "cpu/cpu.h"
 
-typedef struct nt__rows {
-    const char *x;        /* input data at the view's offset */
-    nt_dtype dt;
-    int64_t es;           /* input element size */
-    int64_t n, sn, on;    /* row length; input and output strides along it */
-    int64_t C, sc, oc;    /* the batch's innermost dim: size, input/output stride */
-    int nouter;           /* the other batch dims */
-    int64_t oshape[NT_MAX_DIMS], osi[NT_MAX_DIMS], oso[NT_MAX_DIMS];
-    bool tile;            /* read adjacent rows as [m, w] tiles */
-} nt__rows;
-
-/* Rows of t along dim d.  Output offsets (in elements) are those of a fresh
- * contiguous output shaped like t when same_shape (softmax, norms), else of
+/* Rows of t along dim d (the type: core/rows.h).  Output offsets (in
+ * elements) are those of a fresh contiguous output shaped like t when same_shape (softmax, norms), else of
  * one shaped like the batch (a reduction: keepdim does not change offsets).
  * A 0-d t is one row of one element. */
 void nt__rows_init(nt__rows *R, const nt_tensor *t, int d, bool same_shape);
-/* The geometry alone (n, strides, batch dims; no data pointer, dtype or
- * tiling): what the simulator's row kernels walk with DMAs. */
-void nt__rows_shape(nt__rows *R, const nt_tensor *t, int d, bool same_shape);
 
 /* Called per group of w adjacent rows (w = 1 unless R->tile): x points at
  * element 0 of the group's first row; row j of the group starts at

@@ -1,8 +1,9 @@
 /* debug/debug.h - observability: NaN/Inf hunting, host trace events, the
  * NT_STATS summary.  Not installed.  See docs/debugging.md.
  *
- *   nan.c    NT_CHECK_NAN: the exec.c hooks nt__nan_pre / nt__nan_check
- *            (declared weak there) and the fused-kernel scan below
+ *   nan.c    NT_CHECK_NAN: nt__nan_pre / nt__nan_check, which the record
+ *            executor (fusion/exec.c, above) calls, and the fused-kernel
+ *            scan below
  *   trace.c  host-side events of the NT_TRACE file ("host" process):
  *            enqueues, sync waits, kernel spans, fusion decisions
  *   stats.c  nt__debug_stats_print, the NT_STATS=1 summary at nt_shutdown
@@ -16,6 +17,11 @@
 
 /* ---------------- NaN / Inf ---------------- */
 
+/* Under NT_CHECK_NAN, around one record's kernel: nt__nan_pre notes what
+ * an in-place op is about to overwrite; nt__nan_check returns NT_ENAN (the
+ * kernel error set) if the kernel made a NaN or Inf from finite inputs. */
+void nt__nan_pre(nt__rec *r);
+int nt__nan_check(nt__rec *r);
 /* True if any element of the floating tensors ts[0..n) is a NaN or an Inf
  * (integer tensors and NULL entries are skipped).  Reads the data: the
  * tensors must be computed. */
@@ -30,8 +36,7 @@ void nt__nan_note_host(const nt_tensor *t, const nt_site *site, const char *fn);
  * are wall-clock microseconds since the trace was opened; each thread gets
  * its own track (tid = the OS thread id) named on first use. */
 
-/* Now, on the host trace's clock. */
-double nt__htrace_now(void);
+/* nt__htrace_now, the host trace's clock, is in sim/trace.h. */
 /* One op record enqueued (instant on the calling thread's track).  Call
  * before the record is handed to the stream (the worker recycles it). */
 void nt__htrace_enqueue(const nt__rec *r, const nt_stream *s);
@@ -48,6 +53,9 @@ void nt__htrace_fused(const char *kind, unsigned long kernel_no, nt__rec *const 
                       int written, int elided, bool hit, double t0, int rc);
 /* The fusion planner closed a group before r, for `reason`. */
 void nt__htrace_break(const nt__rec *r, const char *reason);
+
+/* The NT_STATS=1 summary (nt_shutdown). */
+void nt__debug_stats_print(FILE *f);
 
 /* "nt_add", "nt_add (in nt_linear)", "nt_mul (backward of nt_log)" into buf. */
 const char *nt__rec_label(const nt__rec *r, char *buf, size_t n);

@@ -21,33 +21,10 @@
 #include "debug/debug.h"
 #include "streams/stream.h"
 
-static pthread_mutex_t origin_lock = PTHREAD_MUTEX_INITIALIZER;
-static volatile AO_t origin_gen; /* trace generation the origin belongs to */
-static double origin_us;
-
 static _Thread_local struct {
     unsigned gen; /* trace generation this thread's track was named in */
     int tid;
 } tl_track;
-
-static double wall_us(void) { return (double)nt__now_ns() / 1000.0; }
-
-/* The origin is the first host event of each trace file: host tracks start
- * near 0, like the simulator's. */
-double nt__htrace_now(void)
-{
-    unsigned gen = nt__trace_generation();
-    if ((unsigned)AO_load_acquire(&origin_gen) != gen) {
-        pthread_mutex_lock(&origin_lock);
-        if ((unsigned)AO_load(&origin_gen) != gen) {
-            origin_us = wall_us();
-            nt__trace_process_name(NT_TRACE_PID_HOST, "host", 0);
-            AO_store_release(&origin_gen, gen);
-        }
-        pthread_mutex_unlock(&origin_lock);
-    }
-    return wall_us() - origin_us;
-}
 
 /* This thread's track id, named the first time it is used in a trace.
  * `stream` is the stream whose record the thread runs, if any. */

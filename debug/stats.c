@@ -9,8 +9,7 @@
  * runtime drives the simulator), so the numbers match the API's. */
 #include "debug/debug.h"
 
-/* Present when the simulator backend is linked (sim/kernels/). */
-int nt__sim_init(void) __attribute__((weak));
+#include "core/backend.h"
 
 static const char *bytes_str(double b, char *buf, size_t n)
 {
@@ -78,7 +77,7 @@ void nt__debug_stats_print(FILE *f)
     /* The simulator's totals, when the runtime runs kernels on it (asking
      * otherwise would start a simulator just to print zeros). */
     nt_sim_stats ss;
-    if (!nt__sim_init || NT__CFG(backend) != NT_BACKEND_SIM || nt_sim_stats_get(&ss) != 0)
+    if (!nt__backends[NT_BACKEND_SIM] || NT__CFG(backend) != NT_BACKEND_SIM || nt_sim_stats_get(&ss) != 0)
         return;
     fprintf(f, "  simulator   %llu kernels, %llu instructions, %.3f ms simulated (host %.3f ms "
             "inside kernels)\n",

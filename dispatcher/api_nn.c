@@ -299,10 +299,6 @@ NT_API nt_tensor *nt_matmul_at(const nt_site *site, nt_tensor *a, nt_tensor *b)
 NT_API nt_tensor *nt_matmul(nt_tensor *a, nt_tensor *b) { return nt_matmul_at(NT_RA_SITE, a, b); }
 
 NT_API nt_tensor *nt_transpose_at(const nt_site *site, nt_tensor *t, int d0, int d1);
-/* amp/: the autocast dtype that applies to this thread's next op, or
- * NT_DTYPE_COUNT (weak: the dispatcher links without amp). */
-nt_dtype nt__amp_active(void) __attribute__((weak));
-
 NT_API nt_tensor *nt_linear_at(const nt_site *site, nt_tensor *x, nt_tensor *w, nt_tensor *b)
 {
     const char *fn = "nt_linear";
@@ -328,7 +324,7 @@ NT_API nt_tensor *nt_linear_at(const nt_site *site, nt_tensor *x, nt_tensor *w, 
     nt_scope *s = nt_scope_begin();
     /* Under autocast the bias add runs in the matmul's low dtype (amp/): cast
      * the bias first, so that its cast does not split the matmul's epilogue. */
-    nt_dtype low = nt__amp_active ? nt__amp_active() : NT_DTYPE_COUNT;
+    nt_dtype low = nt__dhooks.amp_active ? nt__dhooks.amp_active() : NT_DTYPE_COUNT;
     if (b && low != NT_DTYPE_COUNT && b->dtype != low && nt__dtype_is_float((nt_dtype)b->dtype))
         b = nt__copy_to(site, fn, b, low);
     nt_tensor *wt = nt_transpose_at(site, w, 0, 1);

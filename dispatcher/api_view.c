@@ -259,10 +259,6 @@ NT_API nt_tensor *nt_contiguous_at(const nt_site *site, nt_tensor *t)
 }
 NT_API nt_tensor *nt_contiguous(nt_tensor *t) { return nt_contiguous_at(NT_RA_SITE, t); }
 
-/* Autograd records cat as one node with n inputs (autograd/). */
-int nt__ag_on_cat(const nt_site *site, nt_tensor *const *ts, int n, int dim, nt_tensor *out)
-    __attribute__((weak));
-
 NT_API nt_tensor *nt_cat_at(const nt_site *site, nt_tensor *const *ts, int n, int dim)
 {
     const char *fn = "nt_cat";
@@ -347,7 +343,7 @@ NT_API nt_tensor *nt_cat_at(const nt_site *site, nt_tensor *const *ts, int n, in
         }
         off += len;
     }
-    if (nt__ag_on_cat && nt__ag_on_cat(site, ts, n, d, out) < 0) {
+    if (nt__dhooks.ag_on_cat && nt__dhooks.ag_on_cat(site, ts, n, d, out) < 0) {
         nt_release(out);
         return NULL;
     }

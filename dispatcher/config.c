@@ -4,35 +4,25 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/backend.h"
 #include "core/gemm.h"
+#include "core/hooks.h"
 #include "core/internal.h"
+#include "debug/debug.h"
+#include "dispatcher/dispatch.h"
+#include "fusion/fusion.h"
+#include "sim/trace.h"
 #include "streams/stream.h"
 
 nt__config nt__cfg;
 nt__counters nt__ctr;
 
 static GMutex init_lock;
-static volatile AO_t inited;
 
 void nt__tensor_pool_init(void);
 void nt__tensor_pool_shutdown(void);
 void nt__scopes_close_thread(void);
 uint64_t nt__tensor_live_handles(void);
-
-/* Module hooks: each module that needs set-up provides these (weak so the
- * foundation links without them). */
-int nt__sim_init(void) __attribute__((weak));
-void nt__sim_shutdown(void) __attribute__((weak));
-int nt__fusion_init(void) __attribute__((weak));
-void nt__fusion_shutdown(void) __attribute__((weak));
-void nt__trace_open_env(void) __attribute__((weak));
-void nt__trace_close(void) __attribute__((weak));
-void nt__debug_stats_print(FILE *f) __attribute__((weak));
-void nt__custom_shutdown(void) __attribute__((weak));
-void nt__fusion_stats(nt_stats *out) __attribute__((weak));
-void nt__fusion_stats_reset(void) __attribute__((weak));
-void nt__sim_stats_fill(nt_stats *out) __attribute__((weak));
-void nt__sim_stats_clear(void) __attribute__((weak));
 
 uint64_t nt__now_ns(void)
 {
@@ -185,19 +175,19 @@ static int apply_opt(nt__config *c, const char *name, const char *v, const char 
                            "NT_HBM_BYTES), got '%s'",
                            v);
         c->max_inflight_bytes = u;
-        if (inited)
+        if (nt__inited)
             nt__arena_set_max_waiting(u);
     } else if (!strcmp(name, "NT_HBM_BYTES")) {
         if (!parse_u64(v, &u) || u == 0 || u > NT__MAX_HBM_BYTES)
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_HBM_BYTES: expected a size from 1 to 1048576G (1 PiB) like 16G, "
                            "got '%s'", v);
-        if (inited)
+        if (nt__inited)
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_HBM_BYTES can only be set before nt_init (environment)");
         c->hbm_bytes = u;
     } else if (!strcmp(name, "NT_TRACE")) {
-        if (inited)
+        if (nt__inited)
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_TRACE can only be set before nt_init (environment)");
         char *path = *v ? strdup(v) : NULL;
@@ -301,8 +291,8 @@ static void cfg_defaults(nt__config *c)
     memset(c, 0, sizeof *c);
     c->mode = NT_MODE_ADAPTIVE;
     c->fusion = true;
-    /* The simulator becomes the default once its kernels are in (sim/). */
-    c->backend = nt__sim_init ? NT_BACKEND_SIM : NT_BACKEND_CPU;
+    /* The simulator is the default when it is registered (init/init.c). */
+    c->backend = nt__backends[NT_BACKEND_SIM] ? NT_BACKEND_SIM : NT_BACKEND_CPU;
     c->lazy_window = 4096;
     c->max_inflight = 1 << 16;
     c->hbm_bytes = UINT64_C(16) << 30; /* one NeuronCore-v2's share of 32 GiB */
@@ -311,14 +301,46 @@ static void cfg_defaults(nt__config *c)
     nt__gemm_set_isa(-1);
 }
 
-NT_API int nt_init(void)
+/* Backends in id order; shutdown in the reverse order. */
+static int backends_init(void)
 {
-    if (AO_load_acquire(&inited))
+    for (int b = 0; b < NT_BACKEND_COUNT; b++) {
+        const nt__backend_i *be = nt__backends[b];
+        int rc = be && be->init ? be->init() : 0;
+        if (rc < 0) {
+            while (--b >= 0)
+                if (nt__backends[b] && nt__backends[b]->shutdown)
+                    nt__backends[b]->shutdown();
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static void backends_shutdown(void)
+{
+    for (int b = NT_BACKEND_COUNT - 1; b >= 0; b--)
+        if (nt__backends[b] && nt__backends[b]->shutdown)
+            nt__backends[b]->shutdown();
+}
+
+int nt__runtime_init(void (*register_modules)(void))
+{
+    if (AO_load_acquire(&nt__inited))
         return 0;
     g_mutex_lock(&init_lock);
-    if (inited) {
+    if (nt__inited) {
         g_mutex_unlock(&init_lock);
         return 0;
+    }
+    /* Once per process, before anything reads the tables: no stream worker
+     * runs yet, and every other thread reaches them only after the release
+     * of `nt__inited` below (or of a later nt_init) -- the tables are never
+     * written again, so nt_shutdown leaves them for a later nt_init. */
+    static bool registered;
+    if (!registered) {
+        register_modules();
+        registered = true;
     }
     g_mutex_lock(&cfg_lock);
     nt__config c = nt__cfg;
@@ -344,67 +366,46 @@ NT_API int nt_init(void)
     if (!log_handler_id)
         log_handler_id = g_log_set_handler(NT_LOG_DOMAIN, G_LOG_LEVEL_MASK, log_handler, NULL);
     memset(&nt__ctr, 0, sizeof nt__ctr);
+    nt__gemm_keys_init();
+    /* GLib makes its own thread key (g_thread_self's) when the first GLib
+     * thread starts, inside that thread, whenever it gets to run -- aborting
+     * if the host is out of memory then.  The first stream worker may be
+     * that thread: make the key here, where nothing else runs yet. */
+    (void)g_thread_self();
     nt__arena_init(c.hbm_bytes, c.max_inflight_bytes);
     nt__tensor_pool_init();
-    if (nt__trace_open_env)
-        nt__trace_open_env();
-    if (nt__sim_init && nt__sim_init() < 0) {
+    /* NT_TRACE opens here once (nt_sim_init then finds it open and leaves
+     * it alone); nt_shutdown closes it. */
+    if (c.trace_path && !nt__trace_enabled() && nt__trace_open(c.trace_path) != 0)
+        nt__log(NT__LOG_WARN, "NT_TRACE: cannot open '%s' for writing", c.trace_path);
+    if (backends_init() < 0) {
         g_mutex_unlock(&init_lock);
         return nt_last_error();
     }
-    if (nt__fusion_init)
-        nt__fusion_init();
+    nt__fusion_init();
     nt__streams_init();
-    AO_store_release(&inited, 1);
+    AO_store_release(&nt__inited, 1); /* core/hooks.h */
     g_mutex_unlock(&init_lock);
     return 0;
 }
 
-bool nt__initialized(void) { return AO_load_acquire(&inited) != 0; }
-
-bool nt__ensure_init(void)
-{
-    if (AO_load_acquire(&inited))
-        return true;
-    return nt_init() == 0;
-}
-
-NT_API void nt_shutdown(void)
+void nt__runtime_shutdown(void)
 {
     g_mutex_lock(&init_lock);
-    if (!inited) {
+    if (!nt__inited) {
         g_mutex_unlock(&init_lock);
         return;
     }
     nt__scopes_close_thread();
     nt__streams_shutdown();
-    if (NT__CFG(stats_at_exit)) {
-        if (nt__debug_stats_print)
-            nt__debug_stats_print(stderr);
-        else {
-            nt_stats st;
-            nt_stats_get(&st);
-            fprintf(stderr,
-                    "ntensor stats: %llu ops enqueued, %llu executed, %llu kernels, %llu syncs "
-                    "(%.3f ms waiting), %llu B to host, %llu B from host, peak device memory "
-                    "%llu B; %llu simulator kernels, %.3f ms simulated\n",
-                    (unsigned long long)st.ops_enqueued, (unsigned long long)st.ops_executed,
-                    (unsigned long long)st.kernels_launched, (unsigned long long)st.syncs,
-                    st.sync_wait_ns / 1e6, (unsigned long long)st.bytes_to_host,
-                    (unsigned long long)st.bytes_from_host,
-                    (unsigned long long)st.device_bytes_peak,
-                    (unsigned long long)st.sim_kernels, st.sim_time_ns / 1e6);
-        }
-    }
-    if (nt__fusion_shutdown)
-        nt__fusion_shutdown();
-    if (nt__sim_shutdown)
-        nt__sim_shutdown();
-    if (nt__trace_close)
-        nt__trace_close();
+    if (NT__CFG(stats_at_exit))
+        nt__debug_stats_print(stderr);
+    nt__fusion_shutdown();
+    backends_shutdown();
+    nt__trace_close();
     nt__tensor_pool_shutdown();
-    if (nt__custom_shutdown)
-        nt__custom_shutdown();
+    if (nt__dhooks.custom_shutdown)
+        nt__dhooks.custom_shutdown();
     nt__gemm_shutdown(); /* joined, not left running (valgrind) */
     nt__arena_shutdown();
     g_mutex_lock(&cfg_lock);
@@ -412,7 +413,7 @@ NT_API void nt_shutdown(void)
     __atomic_store_n(&nt__cfg.trace_path, NULL, __ATOMIC_RELAXED);
     g_mutex_unlock(&cfg_lock);
     g_free(path);
-    AO_store_release(&inited, 0);
+    AO_store_release(&nt__inited, 0);
     g_mutex_unlock(&init_lock);
 }
 
@@ -434,7 +435,7 @@ NT_API int nt_config_set(const char *name, const char *value)
         /* Everything queued so far runs under the old settings. */
         nt__streams_foreach(drain_one, NULL);
     }
-    /* (NT_HBM_BYTES and NT_TRACE refuse "only before nt_init" once inited.)
+    /* (NT_HBM_BYTES and NT_TRACE refuse "only before nt_init" once nt__inited.)
      * A private copy, published whole on success: a failed set changes
      * nothing, and no reader sees a half-parsed value. */
     g_mutex_lock(&cfg_lock);
@@ -531,10 +532,10 @@ NT_API int nt_stats_get(nt_stats *out)
     out->bytes_to_host = NT__COUNTER(bytes_to_host);
     out->bytes_from_host = NT__COUNTER(bytes_from_host);
     out->cpu_fallbacks = NT__COUNTER(cpu_fallbacks);
-    if (nt__fusion_stats)
-        nt__fusion_stats(out);
-    if (nt__sim_stats_fill)
-        nt__sim_stats_fill(out);
+    nt__fusion_stats(out);
+    for (int b = 0; b < NT_BACKEND_COUNT; b++)
+        if (nt__backends[b] && nt__backends[b]->stats_fill)
+            nt__backends[b]->stats_fill(out);
     out->device_bytes_in_use = nt__arena_in_use();
     out->device_bytes_backed = nt__arena_backed();
     out->device_bytes_backed_peak = nt__arena_backed_peak();
@@ -561,9 +562,9 @@ NT_API void nt_stats_reset(void)
     AO_store(&nt__ctr.bytes_to_host.v, 0);
     AO_store(&nt__ctr.bytes_from_host.v, 0);
     AO_store(&nt__ctr.cpu_fallbacks.v, 0);
-    if (nt__fusion_stats_reset)
-        nt__fusion_stats_reset();
-    if (nt__sim_stats_clear)
-        nt__sim_stats_clear();
+    nt__fusion_stats_reset();
+    for (int b = 0; b < NT_BACKEND_COUNT; b++)
+        if (nt__backends[b] && nt__backends[b]->stats_clear)
+            nt__backends[b]->stats_clear();
     nt__arena_reset_peak();
 }

@@ -3,13 +3,11 @@
 
 #include <string.h>
 
+#include "core/backend.h"
 #include "debug/debug.h"
 #include "streams/stream.h"
 
-int (*nt__ag_on_dispatch)(nt__call *c);
-bool (*nt__ag_grad_mode)(void);
-int (*nt__amp_on_call)(nt__call *c);
-bool nt__sim_sr; /* set by sim/ once its cast kernels round stochastically */
+nt__dispatch_hooks nt__dhooks;
 _Thread_local const char *nt__tls_bwd_of NT_TLS_HOT;
 
 bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, int nin,
@@ -57,7 +55,7 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
                 return false;
         }
     }
-    if (nt__amp_on_call && nt__amp_on_call(c) < 0)
+    if (nt__dhooks.amp_on_call && nt__dhooks.amp_on_call(c) < 0)
         return false;
     return true;
 }
@@ -67,28 +65,24 @@ static bool logged_fallback[NT_OP_COUNT];
 static int choose_backend(nt__call *c, uint8_t *backend)
 {
     *backend = NT_BACKEND_CPU;
-    if (NT__CFG(backend) == NT_BACKEND_CPU)
+    uint8_t want = (uint8_t)NT__CFG(backend);
+    if (want == NT_BACKEND_CPU)
         return 0;
-    bool has_sim = c->op >= NT_OP_COUNT || nt__sim_kernels[c->op] != NULL;
-    /* A simulator without stochastic rounding (nt__sim_sr unset) leaves those
-     * casts to the CPU (the same bits any path gives, docs/amp.md). */
-    if (c->op == NT_OP_CAST && (c->p.flag & NT__CAST_SR) && !nt__sim_sr) {
+    /* What the backend cannot run goes to the CPU backend (the reference
+     * runs every op), or is refused under NT_REQUIRE_SIM (core/backend.h). */
+    const nt__backend_i *be = nt__backends[want];
+    bool ok = be && nt__backend_can(be, c->op, &c->p);
+    if (!ok) {
+        const char *name = want == NT_BACKEND_SIM ? "simulator" : be ? be->name : "?";
         if (NT__CFG(require_sim))
             return nt__err(c->site, NT_ENOTSUP, c->fn,
-                           "a cast with stochastic rounding has no simulator kernel and "
-                           "NT_REQUIRE_SIM=1 forbids the CPU fallback");
-        NT__COUNT(cpu_fallbacks, 1);
-        return 0;
-    }
-    if (!has_sim) {
-        if (NT__CFG(require_sim))
-            return nt__err(c->site, NT_ENOTSUP, c->fn,
-                           "op '%s' has no simulator kernel and NT_REQUIRE_SIM=1 forbids the CPU "
+                           "op '%s' has no %s kernel and NT_REQUIRE_SIM=1 forbids the CPU "
                            "fallback",
-                           nt__op_name(c->op));
-        if (!__atomic_exchange_n(&logged_fallback[c->op], true, __ATOMIC_RELAXED)) {
-            nt__log(NT__LOG_WARN, "op '%s' has no simulator kernel; it runs on the CPU backend",
-                    nt__op_name(c->op));
+                           nt__op_name(c->op), name);
+        if (c->op < NT_OP_COUNT &&
+            !__atomic_exchange_n(&logged_fallback[c->op], true, __ATOMIC_RELAXED)) {
+            nt__log(NT__LOG_WARN, "op '%s' has no %s kernel; it runs on the CPU backend",
+                    nt__op_name(c->op), name);
         }
         NT__COUNT(cpu_fallbacks, 1);
         return 0;
@@ -97,7 +91,7 @@ static int choose_backend(nt__call *c, uint8_t *backend)
         NT__COUNT(cpu_fallbacks, 1);
         return 0;
     }
-    *backend = NT_BACKEND_SIM;
+    *backend = want;
     return 0;
 }
 
@@ -142,7 +136,7 @@ nt_tensor *nt__dispatch_view(nt__call *c, nt_tensor *v)
     if (!v)
         return nt__call_fail(c);
     c->out[0] = v;
-    if (!c->no_grad && nt__ag_on_dispatch && nt__ag_on_dispatch(c) < 0) {
+    if (!c->no_grad && nt__dhooks.ag_on_dispatch && nt__dhooks.ag_on_dispatch(c) < 0) {
         nt_release(v);
         return nt__call_fail(c);
     }
@@ -199,7 +193,7 @@ static nt_tensor *dispatch_inner(nt__call *c)
     }
 
     /* Autograd records the node (and refuses bad in-place writes). */
-    if (!c->no_grad && nt__ag_on_dispatch && nt__ag_on_dispatch(c) < 0) {
+    if (!c->no_grad && nt__dhooks.ag_on_dispatch && nt__dhooks.ag_on_dispatch(c) < 0) {
         nt__rec_unalloc(r);
         goto fail_out;
     }
@@ -248,6 +242,7 @@ static nt_tensor *dispatch_inner(nt__call *c)
     if (s != picked)
         nt__rec_drop_deps_on(r, s);
     r->seq = seq;
+    r->sid = s->id;
     uint64_t packed = NT__PACK(s->id, seq);
     for (int i = 0; i < c->nin; i++)
         if (c->in[i])

@@ -54,11 +54,26 @@ nt_tensor *nt__dispatch(nt__call *c);
  * every op the backward issues (error messages say "in the backward of"). */
 extern _Thread_local const char *nt__tls_bwd_of NT_TLS_HOT;
 
-/* Hooks of later layers (NULL until they are linked in and initialised). */
-extern int (*nt__ag_on_dispatch)(nt__call *c);     /* autograd: record a node */
-extern bool (*nt__ag_grad_mode)(void);             /* autograd: grad enabled? */
-extern int (*nt__amp_on_call)(nt__call *c);        /* amp: autocast the inputs */
-extern bool nt__sim_sr; /* sim: casts with stochastic rounding run there too */
+/* The calls the dispatcher makes into the layers above it (autograd, amp),
+ * through this table: the top-level registration (init/init.c) fills it at
+ * the first nt_init, assigning the real functions, so each entry's type is
+ * checked against its prototype.  NULL: that module is not registered. */
+typedef struct nt__dispatch_hooks {
+    int (*ag_on_dispatch)(nt__call *c); /* autograd: record a node */
+    bool (*ag_grad_mode)(void);         /* autograd: grad enabled? */
+    /* autograd: record cat as one node with n inputs */
+    int (*ag_on_cat)(const nt_site *site, nt_tensor *const *ts, int n, int dim, nt_tensor *out);
+    int (*amp_on_call)(nt__call *c);    /* amp: autocast the inputs */
+    nt_dtype (*amp_active)(void);       /* amp: the autocast dtype, or NT_DTYPE_COUNT */
+    void (*custom_shutdown)(void);      /* autograd: drop the registered user ops */
+} nt__dispatch_hooks;
+extern nt__dispatch_hooks nt__dhooks;
+
+/* nt_init / nt_shutdown (init/init.c) call these: the environment, the
+ * arena, the backends, fusion and the streams.  register_modules runs
+ * once, under the init lock, before anything else starts. */
+int nt__runtime_init(void (*register_modules)(void));
+void nt__runtime_shutdown(void);
 
 /* A view of t (same storage) with new metadata; records no op. */
 nt_tensor *nt__make_view(nt_tensor *t, int ndim, const int64_t *shape, const int64_t *stride,

@@ -25,77 +25,37 @@
 #define NT_FUSION_FUSION_H
 
 #include "core/internal.h"
+#include "fusion/ir.h"
 
-typedef enum nt__fkind { NT_FK_EW = 0, NT_FK_ROW, NT_FK_MM } nt__fkind;
+/* ---------------- running records (fusion/exec.c) ---------------- */
 
-#define NT_F_MAXOPS 64
-#define NT_F_MAXVALS 64
-#define NT_F_MAXEXT 24
-#define NT_F_MAXOUT NT_F_MAXVALS /* every value may be live */
+/* Runs one op record's kernel (no queue) on the backend the record names,
+ * through core/backend.h: used by workers (through nt__shooks), by
+ * deterministic mode and by the planner for what it does not fuse.  Handles
+ * poisoned inputs, errors, stats, NaN checks. */
+void nt__exec_rec(nt__rec *r);
+/* Takes the blocks of every deferred storage a record (or a list of
+ * tensors, NULLs skipped) touches, before a kernel runs: 0, or NT_ENOMEM
+ * with the kernel error message set when the host is out of memory. */
+int nt__rec_materialize(const nt__rec *r);
+int nt__tensors_materialize(nt_tensor *const *t, int n);
+/* After r ran (worker): drops its references to big tensors no handle of the
+ * host can reach any more, so their blocks go back now rather than at the
+ * end of the batch (core/arena.c, stream-ordered reuse). */
+void nt__rec_drop_dead(nt__rec *r);
 
-/* An operand: a value of the program (>= 0) or an external input (~k < 0). */
-#define NT_F_EXT(k) (-(k)-1)
-#define NT_F_IS_EXT(a) ((a) < 0)
-#define NT_F_EXT_IDX(a) (-(a)-1)
+/* ---------------- the planner (fusion/plan.c) ---------------- */
 
-typedef struct nt__fop {
-    uint16_t op;      /* op id from core/optable.h */
-    uint8_t nin;
-    int8_t a[3];      /* operands */
-    int8_t out;       /* the value it defines */
-    nt__params p;     /* scalars, dim */
-} nt__fop;
-
-typedef struct nt__fval {
-    uint8_t dtype;    /* the rounding point: what the op would have stored */
-    uint8_t red;      /* ROW: one value per row */
-    int8_t store;     /* >= 0: written to output slot `store` */
-} nt__fval;
-
-typedef struct nt__fext {
-    uint8_t dtype;
-    uint8_t red;      /* ROW: an input with one value per row */
-    uint16_t bcast;   /* bit i: stretched along iteration dim i */
-} nt__fext;
-
-typedef struct nt__fprog {
-    nt__fkind kind;
-    int nops, nvals, next, nout;
-    nt__fop ops[NT_F_MAXOPS];
-    nt__fval vals[NT_F_MAXVALS];
-    nt__fext ext[NT_F_MAXEXT];
-    int8_t out_val[NT_F_MAXOUT]; /* output slot -> value */
-    int ndim;                    /* iteration shape (ROW: the full shape) */
-    int64_t shape[NT_MAX_DIMS];
-    uint8_t *key;                /* the signature: program bytes, below */
-    size_t keylen;
-    uint64_t hash;
-    volatile AO_t runs;
-    volatile AO_t refs;          /* the cache's, plus one per running group */
-    struct nt__fprog *lru_prev, *lru_next; /* the cache's recency list */
-    struct nt__fprog *hnext;     /* the cache's hash chain */
-} nt__fprog;
-
-/* A program bound to this batch's tensors. */
-typedef struct nt__fgroup {
-    nt__fprog *prog;
-    nt_tensor *ext[NT_F_MAXEXT];
-    nt_tensor *out[NT_F_MAXOUT];
-    nt__rec **recs; /* the records it replaces, in order */
-    int nrecs;
-    uint8_t backend;
-} nt__fgroup;
-
-/* Runs a bound group on the CPU (fusion/exec_cpu.c). */
-int nt__fused_cpu(const nt__fgroup *g);
-/* The simulator's executor of programs (sim/), when present; returns
- * NT_ENOTSUP for a program it cannot run, so the planner falls back. */
-extern int (*nt__fused_sim)(const nt__fgroup *g);
+/* At nt_init / nt_shutdown (dispatcher/config.c); counters for nt_stats. */
+int nt__fusion_init(void);
+void nt__fusion_shutdown(void);
+void nt__fusion_stats(nt_stats *out);
+void nt__fusion_stats_reset(void);
 
 /* Set by the stream worker: why the batch it hands over ends here. */
 extern _Thread_local const char *nt__batch_end_reason NT_TLS_HOT;
 
-/* The batch entry point, installed as nt__fusion_batch. */
+/* The batch entry point, registered as nt__shooks.batch (init/init.c). */
 void nt__fusion_run(nt__rec **recs, int n);
 
 /* Counters (also in nt_stats). */

@@ -9,11 +9,11 @@
 
 #include <string.h>
 
+#include "core/backend.h"
 #include "debug/debug.h"
 #include "streams/stream.h"
 
 nt__fstats nt__fst;
-int (*nt__fused_sim)(const nt__fgroup *g);
 
 /* The kernel cache: signature -> program, least recently used evicted past
  * NT_F_CACHE_MAX entries.  Programs are refcounted so an eviction cannot
@@ -707,10 +707,9 @@ static void run_group_kernel(gstate *s)
                       nt__tensors_materialize(s->g.out, s->p.nout) < 0))
         poisoned = true; /* host out of memory: op by op reports it per op */
     if (!poisoned) {
-        if (s->g.backend == NT_BACKEND_SIM && nt__fused_sim)
-            rc = nt__fused_sim(&s->g);
-        else if (s->g.backend == NT_BACKEND_CPU)
-            rc = nt__fused_cpu(&s->g);
+        const nt__backend_i *be = nt__backends[s->g.backend];
+        if (be->run_fused)
+            rc = be->run_fused(&s->g);
     }
     if (traced)
         nt__htrace_fused(kind_name(c->kind), (unsigned long)AO_load(&kernel_no), s->g.recs,
@@ -797,7 +796,6 @@ int nt__fusion_init(void)
 {
     memset(&nt__fst, 0, sizeof nt__fst);
     kernel_no = 0;
-    nt__fusion_batch = nt__fusion_run;
     return 0;
 }
 

@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <atomic_ops.h>
+#include <time.h>
+
 #include "ntensor.h"
 
 static pthread_mutex_t trace_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -199,4 +202,34 @@ void nt__trace_counter(int pid, const char *name, double ts_us, const char *args
     nt__trace_json_str(q, sizeof q, name);
     emitf("{\"ph\":\"C\",\"pid\":%d,\"tid\":0,\"name\":%s,\"ts\":%.4f,\"args\":%s}", pid, q,
           ts_us, args_json ? args_json : "{}");
+}
+
+/* ---------------- the host tracks' clock ---------------- */
+
+static pthread_mutex_t origin_lock = PTHREAD_MUTEX_INITIALIZER;
+static volatile AO_t origin_gen; /* trace generation the origin belongs to */
+static double origin_us;
+
+static double wall_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1000.0;
+}
+
+/* The origin is the first host event of each trace file: host tracks start
+ * near 0, like the simulator's. */
+double nt__htrace_now(void)
+{
+    unsigned gen = nt__trace_generation();
+    if ((unsigned)AO_load_acquire(&origin_gen) != gen) {
+        pthread_mutex_lock(&origin_lock);
+        if ((unsigned)AO_load(&origin_gen) != gen) {
+            origin_us = wall_us();
+            nt__trace_process_name(NT_TRACE_PID_HOST, "host", 0);
+            AO_store_release(&origin_gen, gen);
+        }
+        pthread_mutex_unlock(&origin_lock);
+    }
+    return wall_us() - origin_us;
 }

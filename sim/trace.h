@@ -33,6 +33,10 @@ bool nt__trace_enabled(void);
  * (process and thread names) re-emits it when this changes. */
 unsigned nt__trace_generation(void);
 
+/* Wall-clock microseconds on the host tracks' clock: since the first host
+ * event of the open trace file (debug/htrace.c, sim/kernels). */
+double nt__htrace_now(void);
+
 /* Metadata: names a process / a thread (track) and orders them in the UI. */
 void nt__trace_process_name(int pid, const char *name, int sort_index);
 void nt__trace_thread_name(int pid, int tid, const char *name, int sort_index);

@@ -23,7 +23,7 @@ static struct {
     nt_stream *dflt;
 } S;
 
-nt__batch_fn nt__fusion_batch;
+nt__stream_hooks nt__shooks;
 
 static _Thread_local struct {
     nt__rec *head;
@@ -547,14 +547,14 @@ _Thread_local const char *nt__batch_end_reason NT_TLS_HOT;
 
 static void run_batch(nt__rec **recs, int n)
 {
-    if (nt__fusion_batch && NT__CFG(fusion) && NT__CFG(mode) != NT_MODE_EAGER &&
+    if (nt__shooks.batch && NT__CFG(fusion) && NT__CFG(mode) != NT_MODE_EAGER &&
         NT__CFG(mode) != NT_MODE_DETERMINISTIC) {
-        nt__fusion_batch(recs, n);
+        nt__shooks.batch(recs, n);
         return;
     }
     for (int i = 0; i < n; i++) {
-        nt__exec_rec(recs[i]);
-        nt__rec_drop_dead(recs[i]);
+        nt__shooks.exec(recs[i]);
+        nt__shooks.drop_dead(recs[i]);
     }
 }
 
@@ -566,7 +566,7 @@ void nt__stream_run_inline(nt_stream *s, nt__rec *r)
     if (r->seq > 1)
         nt__wait_packed(NT__PACK(s->id, r->seq - 1));
     r->stream = s;
-    nt__exec_rec(r);
+    nt__shooks.exec(r);
     g_mutex_lock(&s->lock);
     complete_seq(s, r->seq);
     g_cond_broadcast(&s->done_cond);
@@ -1009,6 +1009,7 @@ NT_API int nt_stream_wait_event(nt_stream *s, nt_event *e)
     r->ndeps = 1;
     nt_stream *picked = s;
     r->seq = nt__stream_next_seq(&s);
+    r->sid = s->id;
     if (s != picked)
         nt__rec_drop_deps_on(r, s);
     if (NT__CFG(mode) == NT_MODE_DETERMINISTIC) {

@@ -113,10 +113,17 @@ nt__errobj *nt__stream_take_error(nt_stream *s);
 /* Called for every record after it ran: drops its references. */
 void nt__rec_release(nt__rec *r);
 
-/* Batch executor: the fusion engine when it is linked and enabled, else
- * one kernel per op.  Runs recs[0..n) in order. */
+/* What a worker calls to run records.  These live above streams/ (the
+ * executor and the planner, fusion/), so streams calls them through this
+ * table, which the top-level registration (init/init.c) fills at the first
+ * nt_init, before any worker starts. */
 typedef void (*nt__batch_fn)(nt__rec **recs, int n);
-extern nt__batch_fn nt__fusion_batch; /* set by fusion/ at init; NULL = off */
+typedef struct nt__stream_hooks {
+    void (*exec)(nt__rec *r);      /* runs one record's kernel (nt__exec_rec) */
+    void (*drop_dead)(nt__rec *r); /* after it ran (nt__rec_drop_dead) */
+    nt__batch_fn batch;            /* the fusion engine; NULL = off (op by op) */
+} nt__stream_hooks;
+extern nt__stream_hooks nt__shooks;
 /* Why the batch being run ends where it does (for the fusion log). */
 extern _Thread_local const char *nt__batch_end_reason NT_TLS_HOT;
 

@@ -747,7 +747,7 @@ static void test_elided_values_take_no_memory(void **state)
 }
 
 /* A big EW program on the CPU runs in spans of the row-major order over two
- * threads (fusion/exec_cpu.c): spans that cut rows mid-way, a broadcast
+ * threads (cpu/fused.c): spans that cut rows mid-way, a broadcast
  * bf16 operand, a transposed (strided) input, a stochastic-rounding cast
  * keyed by element index, and two outputs must all give the bits of the ops
  * run one by one. */

@@ -25,6 +25,8 @@
 #include <cmocka.h>
 
 #include "core/internal.h"
+#include "cpu/cpu.h"
+#include "sim/kernels/sk.h"
 #include "sim/sim.h"
 #include "nt_test.h"
 
@@ -904,6 +906,65 @@ static void test_stochastic_rounding(void **state)
 
 /* ---------------- backend switches ---------------- */
 
+/* A backend that refuses a multiply by 3 (by parameter, not by op): what
+ * core/backend.h's supports() is for. */
+static bool refuse_mul3(int op, const nt__params *p)
+{
+    if (op == NT_OP_MUL_SCALAR && p->f[0] == 3.0)
+        return false;
+    return op >= NT_OP_COUNT || nt__sim_kernels[op] != NULL;
+}
+
+static void test_backend_supports(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+    assert_ptr_equal(nt__backends[NT_BACKEND_SIM], &nt__sim_backend);
+    assert_ptr_equal(nt__backends[NT_BACKEND_CPU], &nt__cpu_backend);
+    assert_string_equal(nt__backends[NT_BACKEND_SIM]->name, "sim");
+    nt_tensor *x = nt_full(NT_F32, 1, (int64_t[]){1000}, 2.0);
+    nt_sync(); /* no record runs while the table changes */
+    nt__backend_i picky = nt__sim_backend;
+    picky.supports = refuse_mul3;
+    nt__backends[NT_BACKEND_SIM] = &picky;
+    /* refused under NT_REQUIRE_SIM=1: a clear error at the call, nothing queued */
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "1"), 0);
+    nt_stats st;
+    nt_stats_reset();
+    assert_null(nt_mul_scalar(x, 3.0));
+    assert_int_equal(nt_last_error(), NT_ENOTSUP);
+    assert_non_null(strstr(nt_last_error_message(), "nt_mul_scalar"));
+    assert_non_null(strstr(nt_last_error_message(), "NT_REQUIRE_SIM"));
+    nt_stats_get(&st);
+    assert_int_equal(st.ops_enqueued, 0);
+    nt_clear_error();
+    /* the same op with other parameters runs on the simulator */
+    nt_sim_stats_reset();
+    nt_tensor *y = nt_mul_scalar(x, 2.0);
+    double v;
+    assert_int_equal(nt_item(nt_sum(y, NT_DIM_ALL, false), &v), 0);
+    assert_true(v == 4000.0);
+    nt_sim_stats ss;
+    nt_sim_stats_get(&ss);
+    assert_true(ss.kernels >= 2); /* the multiply and the sum */
+    /* without NT_REQUIRE_SIM the refused op runs on the CPU, counted */
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "0"), 0);
+    nt_stats_reset();
+    nt_tensor *z = nt_mul_scalar(x, 3.0);
+    assert_non_null(z);
+    nt_sync();
+    nt_stats_get(&st);
+    assert_int_equal(st.cpu_fallbacks, 1);
+    float out[1000];
+    assert_int_equal(nt_to_host(z, out, sizeof out), 0);
+    for (int i = 0; i < 1000; i++)
+        assert_true(out[i] == 6.0f);
+    nt__backends[NT_BACKEND_SIM] = &nt__sim_backend;
+    nt_release(x);
+    nt_release(y);
+    nt_release(z);
+}
+
 static void test_require_sim_and_min_flops(void **state)
 {
     (void)state;
@@ -1236,6 +1297,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fused_hbm_bytes, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_stochastic_rounding, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_require_sim_and_min_flops, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_backend_supports, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_user_tile_kernel, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_big_shapes, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_sim_stats_and_trace_hook, setup, nt_test_teardown),

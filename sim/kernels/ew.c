@@ -17,7 +17,7 @@
  *        block is rounded to the matmul's dtype as it leaves PSUM and the
  *        elementwise ops run on it before anything is stored.
  *
- * Exactness (the CPU executor fusion/exec_cpu.c is the reference): every
+ * Exactness (the CPU executor cpu/fused.c is the reference): every
  * value lives in an SBUF tile of the dtype its op would have stored, so
  * writing it rounds exactly there, and reading it widens exactly as the
  * unfused kernel's load would; an op whose CPU definition is not one ALU or
@@ -28,8 +28,6 @@
 #include "sim/kernels/sk.h"
 
 #include <string.h>
-
-#include "streams/stream.h"
 
 /* Free elements per partition of an EW tile (a power of two; smaller when
  * two register sets would not fit SBUF).  Measured on the 8-op chain of
@@ -1047,7 +1045,7 @@ int nt__sk_fused(const nt__fgroup *g)
     uint64_t keys[NT_F_MAXOPS] = {0};
     for (int k = 0; k < P->nops && k < g->nrecs; k++)
         if (is_sr(&P->ops[k]))
-            keys[k] = nt__sr_key(g->recs[k]->p.seed, g->recs[k]->stream->id, g->recs[k]->seq);
+            keys[k] = nt__rec_sr_key(g->recs[k]);
     sk_k s;
     int rc = sk_begin(&s, names[P->kind]);
     if (rc)
@@ -1100,7 +1098,7 @@ int nt__sk_ew(const nt__rec *r)
     P->out_val[0] = 0;
     uint64_t keys[1] = {0};
     if (is_sr(op))
-        keys[0] = nt__sr_key(r->p.seed, r->stream->id, r->seq);
+        keys[0] = nt__rec_sr_key(r);
     sk_k s;
     int rc = sk_begin(&s, nt__op_name(r->op));
     if (!rc) {

@@ -3,12 +3,9 @@
  * scratch, and the tilers every kernel uses to map tensors onto tiles. */
 #include "sim/kernels/sk.h"
 
-#include "dispatcher/dispatch.h"
-
 #include <stdarg.h>
 #include <string.h>
 
-#include "debug/debug.h"
 #include "sim/trace.h"
 
 /* ---------------- the kernel table ---------------- */
@@ -46,16 +43,13 @@ static const nt__kernel_fn sk_table[NT_OP_COUNT] = {
 _Static_assert(sizeof sk_table / sizeof sk_table[0] == NT_OP_COUNT,
                "simulator kernel table out of step with the op table");
 
-/* Every op with a CPU kernel has a simulator kernel (views have neither). */
-static bool table_complete(void)
-{
-    for (int op = 0; op < NT_OP_COUNT; op++)
-        if (nt__cpu_kernels[op] && !sk_table[op])
-            return false;
-    return true;
-}
+bool nt__sim_kernel_exists(int op) { return sk_table[op] != NULL; }
 
-int nt__sim_init(void)
+/* The table the backend runs: sk_table while the simulator is up, empty
+ * otherwise (tests clear an entry to see the CPU fallback). */
+nt__kernel_fn nt__sim_kernels[NT_OP_COUNT];
+
+static int sim_init(void)
 {
     int rc = nt_sim_init();
     if (rc == NT_EINVAL) { /* a bad NT_SIM_* variable: keep the reason */
@@ -67,27 +61,14 @@ int nt__sim_init(void)
     if (rc)
         return nt__err(NULL, rc, "nt_init", "the NeuronCore simulator failed to start (%s)",
                        nt_strerror(rc));
-    g_assert(table_complete());
     memcpy(nt__sim_kernels, sk_table, sizeof sk_table);
-    nt__fused_sim = nt__sk_fused;
-    nt__sim_sr = true; /* casts with stochastic rounding run here too */
     return 0;
 }
 
-void nt__sim_shutdown(void)
+static void sim_shutdown(void)
 {
-    nt__sim_sr = false;
-    nt__fused_sim = NULL;
     memset(nt__sim_kernels, 0, sizeof nt__sim_kernels);
     nt_sim_shutdown();
-}
-
-/* nt_init opens NT_TRACE once (nt_sim_init then finds it open and leaves
- * it alone); nt_shutdown closes it. */
-void nt__trace_open_env(void)
-{
-    if (NT__CFG(trace_path) && !nt__trace_enabled() && nt__trace_open(NT__CFG(trace_path)) != 0)
-        nt__log(NT__LOG_WARN, "NT_TRACE: cannot open '%s' for writing", NT__CFG(trace_path));
 }
 
 /* ---------------- kernels ---------------- */
@@ -488,7 +469,7 @@ int sk_fold(sk_k *s, const nt_ap *acc, const nt_ap *x, nt_alu_op op)
 
 /* ---------------- nt_stats ---------------- */
 
-void nt__sim_stats_fill(nt_stats *out)
+static void sim_stats_fill(nt_stats *out)
 {
     nt_sim_stats st;
     if (nt_sim_stats_get(&st))
@@ -498,4 +479,20 @@ void nt__sim_stats_fill(nt_stats *out)
     out->sim_hbm_bytes = st.hbm_read_bytes + st.hbm_write_bytes;
 }
 
-void nt__sim_stats_clear(void) { nt_sim_stats_reset(); }
+static void sim_stats_clear(void) { nt_sim_stats_reset(); }
+
+/* ---------------- the backend ---------------- */
+
+const nt__backend_i nt__sim_backend = {
+    .name = "sim",
+    .init = sim_init,
+    .shutdown = sim_shutdown,
+    .kernels = nt__sim_kernels,
+    /* .supports: none needed -- it runs every op its table has, whatever
+     * the parameters (stochastic-rounding casts included), so the
+     * dispatcher's question stays a table load */
+    .custom_kernel = nt__sk_custom_kernel,
+    .run_fused = nt__sk_fused,
+    .stats_fill = sim_stats_fill,
+    .stats_clear = sim_stats_clear,
+};

@@ -3,7 +3,8 @@
  * Every op of the runtime runs on the simulated NeuronCore as a tile program
  * built from the public ISA (include/ntensor/sim.h):
  *
- *   runtime.c  wiring (nt__sim_init, the kernel table, NT_TRACE), kernel
+ *   runtime.c  the backend (nt__sim_backend, core/backend.h), the kernel
+ *              table, kernel
  *              begin/end with error mapping, HBM scratch, the tilers
  *   ew.c       elementwise programs: every eager elementwise op (a program of
  *              one op) and the fusion engine's EW, ROW and MM programs
@@ -22,11 +23,11 @@
 #ifndef NT_SIM_KERNELS_SK_H
 #define NT_SIM_KERNELS_SK_H
 
+#include "core/backend.h"
 #include "core/internal.h"
-#include "cpu/cpu.h"
-#include "cpu/rows.h"
-#include "fusion/fusion.h"
 #include "core/reduce.h"
+#include "core/rows.h"
+#include "fusion/ir.h"
 
 /* ---------------- kernels ---------------- */
 
@@ -159,6 +160,15 @@ int nt__sk_randn(const nt__rec *r);
 
 /* Fusion programs on the simulator (ew.c). */
 int nt__sk_fused(const nt__fgroup *g);
+/* The kernel of a user tile-kernel op (user.c), or NULL. */
+nt__kernel_fn nt__sk_custom_kernel(int op);
+
+/* The simulator backend (runtime.c) and the kernel table it runs: filled
+ * by its init, NULL entries fall back to the CPU. */
+extern const nt__backend_i nt__sim_backend;
+extern nt__kernel_fn nt__sim_kernels[NT_OP_COUNT];
+/* Whether the simulator has a kernel for built-in op `op` (up or not). */
+bool nt__sim_kernel_exists(int op);
 
 /* The matmul driver shared by nt_matmul and MM programs: C = a . b with the
  * runtime's shape rules; epi (may be NULL) evacuates each accumulator block,

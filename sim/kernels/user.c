@@ -7,11 +7,12 @@
  * the executor prefixes with "nt_op_call(<name>) (at <file:line>)". */
 #include "sim/kernels/sk.h"
 
-#include "autograd/autograd.h"
+#include "core/hooks.h"
 
 static int user_kernel(const nt__rec *r)
 {
-    const nt_kernel_op_def *d = nt__custom_kernel_def(r->op);
+    const nt_kernel_op_def *d =
+        nt__chooks.custom_kernel_def ? nt__chooks.custom_kernel_def(r->op) : NULL;
     if (!d)
         return nt__kerr(NT_ENOTSUP, "op %d has no tile kernel", r->op);
     nt_tensor_view in[NT__MAX_IN], out;
@@ -32,10 +33,9 @@ static int user_kernel(const nt__rec *r)
     return 0;
 }
 
-/* The exec path's hook (dispatcher/exec.c): a tile-kernel op runs on the
- * simulator whatever the backend (it has no CPU form). */
-nt__kernel_fn nt__custom_kernel(int op, int backend)
+/* The backend's custom_kernel (core/backend.h): a tile-kernel op runs on
+ * the simulator whatever the backend (it has no CPU form). */
+nt__kernel_fn nt__sk_custom_kernel(int op)
 {
-    (void)backend;
-    return nt__custom_kernel_def(op) ? user_kernel : NULL;
+    return nt__chooks.custom_kernel_def && nt__chooks.custom_kernel_def(op) ? user_kernel : NULL;
 }

@@ -1,22 +1,15 @@
-/* dispatcher/exec.c - running one record: backend kernel, poison, errors.
+/* fusion/exec.c - running one record: backend kernel, poison, errors.
  *
  * Called by stream workers (and inline in deterministic mode).  An op whose
  * input is poisoned is not run: its outputs carry the same error, so the
  * message that finally reaches the user names the op that failed first. */
 #include <string.h>
 
+#include "core/backend.h"
 #include "core/internal.h"
 #include "debug/debug.h"
+#include "fusion/fusion.h"
 #include "streams/stream.h"
-
-nt__kernel_fn nt__sim_kernels[NT_OP_COUNT];
-
-/* Kernel of a registered user op (autograd/custom.c). */
-nt__kernel_fn nt__custom_kernel(int op, int backend) __attribute__((weak));
-/* NaN/Inf check of an executed record's outputs (debug module), and what
- * it needs to see before the kernel (inputs an in-place op overwrites). */
-int nt__nan_check(nt__rec *r) __attribute__((weak));
-void nt__nan_pre(nt__rec *r) __attribute__((weak));
 
 static void poison_outputs(nt__rec *r, nt__errobj *e)
 {
@@ -32,13 +25,19 @@ static void poison_outputs(nt__rec *r, nt__errobj *e)
 
 static nt__kernel_fn pick_kernel(const nt__rec *r)
 {
-    if (r->op >= NT_OP_CUSTOM_BASE)
-        return nt__custom_kernel ? nt__custom_kernel(r->op, r->backend) : NULL;
-    if (r->op >= NT_OP_COUNT)
+    if (r->op < NT_OP_COUNT)
+        return nt__backend_kernel(r->backend, r->op);
+    if (r->op < NT_OP_CUSTOM_BASE)
         return NULL;
-    if (r->backend == NT_BACKEND_SIM && nt__sim_kernels[r->op])
-        return nt__sim_kernels[r->op];
-    return nt__cpu_kernels[r->op];
+    /* A user op runs on the backend that has its kernel (a tile kernel has
+     * only the simulator's), whichever backend the record names. */
+    for (int b = 0; b < NT_BACKEND_COUNT; b++) {
+        const nt__backend_i *be = nt__backends[(r->backend + b) % NT_BACKEND_COUNT];
+        nt__kernel_fn k = be && be->custom_kernel ? be->custom_kernel(r->op) : NULL;
+        if (k)
+            return k;
+    }
+    return NULL;
 }
 
 /* Formats "<api> (at <site>): <msg>" into a new error object; an op issued
@@ -138,16 +137,16 @@ void nt__exec_rec(nt__rec *r)
         nt__errobj_unref(e);
         return;
     }
-    if (NT__CFG(check_nan) && nt__nan_pre)
+    if (NT__CFG(check_nan))
         nt__nan_pre(r);
     bool traced = nt__trace_enabled();
     double t0 = traced ? nt__htrace_now() : 0;
     int rc = k ? k(r)
                : nt__kerr(NT_ENOTSUP, "no kernel for op '%s' on the %s backend", nt__op_name(r->op),
-                          r->backend == NT_BACKEND_SIM ? "sim" : "cpu");
+                          nt__backends[r->backend]->name);
     NT__COUNT(ops_executed, 1);
     NT__COUNT(kernels, 1);
-    if (rc >= 0 && NT__CFG(check_nan) && nt__nan_check)
+    if (rc >= 0 && NT__CFG(check_nan))
         rc = nt__nan_check(r);
     if (traced)
         nt__htrace_kernel(r, t0, rc);

@@ -1,4 +1,4 @@
-/* fusion/exec_cpu.c - runs fused programs on the CPU.
+/* cpu/fused.c - the CPU backend's fused-program executor (run_fused).
  *
  * Every value lives in a register block, already rounded the way its op
  * would have stored it: floating dtypes as the f32 of the rounded value,
@@ -6,16 +6,15 @@
  * unfused kernel would have loaded them from memory (f32 widening, (float)
  * of an int) and computes through the same core/ewise.h definitions, so the
  * fused result has the bits of the ops run one by one. */
-#include "fusion/fusion.h"
+#include "cpu/cpu.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/cpu.h"
+#include "fusion/ir.h"
 #include "core/gemm.h"
 #include "core/ewise.h"
 #include "core/reduce.h"
-#include "streams/stream.h"
 
 #define CH 256
 
@@ -311,7 +310,7 @@ static void sr_keys(const nt__fgroup *g, uint64_t *keys)
     for (int k = 0; k < P->nops; k++)
         if (is_sr(&P->ops[k])) {
             const nt__rec *r = g->recs[k];
-            keys[k] = nt__sr_key(r->p.seed, r->stream->id, r->seq);
+            keys[k] = nt__rec_sr_key(r);
         }
 }
 

@@ -1,0 +1,973 @@
+/* io/checkpoint.c - checkpoints of parameters, optimizer state
+ * (autograd/optim.h) and the loss scaler (amp/amp.h): nt_save, nt_load and
+ * their nt_checkpoint_* forms.  The format is docs/checkpoint.md.
+ *
+ * io/ sits above autograd/ and amp/, so neither needs the other for this:
+ * an optimizer knows nothing of files, a scaler nothing of optimizers'
+ * files.  Concurrency: the optimizer's mutex is held while its state is
+ * read or replaced. */
+#include "amp/amp.h"
+#include "autograd/optim.h"
+#include "streams/stream.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ======================================================================== */
+/* Checkpoints (docs/checkpoint.md)                                          */
+/* ======================================================================== */
+
+static const char CK_MAGIC[8] = {'N', 'T', 'C', 'K', 'P', 'T', '\r', '\n'};
+#define CK_VERSION 1u
+#define CK_HEADER 32
+#define CK_ENTRY 96
+#define CK_ALIGN 64
+#define CK_OPTIONAL 0x8000u /* kinds a reader may skip if it does not know them */
+
+enum {
+    REC_PARAM = 1,       /* index: parameter */
+    REC_OPT_META = 2,    /* optimizer kind, hyper-parameters, step counts (u8 bytes) */
+    REC_OPT_STATE = 3,   /* index: parameter, slot: SLOT_* */
+    REC_LOSS_SCALER = 4, /* amp's loss scaler (u8 bytes, SCALER_BYTES) */
+};
+#define SCALER_BYTES 64
+enum { SLOT_S0 = 0, SLOT_S1 = 1, SLOT_MASTER = 2 };
+
+#define META_FIXED 80 /* bytes before the per-parameter step counts */
+
+/* CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), as zlib and PNG. */
+static uint32_t crc_table[256];
+static GOnce crc_once = G_ONCE_INIT;
+
+static gpointer crc_init(gpointer unused)
+{
+    (void)unused;
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+    return NULL;
+}
+
+static uint32_t crc32_of(const void *data, size_t n)
+{
+    g_once(&crc_once, crc_init, NULL);
+    const uint8_t *p = data;
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++)
+        c = crc_table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+static void put_u16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_f64(uint8_t *p, double d)
+{
+    uint64_t v;
+    memcpy(&v, &d, 8);
+    put_u64(p, v);
+}
+static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t get_u32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+static double get_f64(const uint8_t *p)
+{
+    uint64_t v = get_u64(p);
+    double d;
+    memcpy(&d, &v, 8);
+    return d;
+}
+
+/* Tensor data is stored little-endian; on a big-endian host each element's
+ * bytes are reversed in place (the operation is its own inverse). */
+static void to_from_le(void *data, size_t nbytes, size_t esize)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    uint8_t *p = data;
+    for (size_t i = 0; i + esize <= nbytes; i += esize)
+        for (size_t a = 0, b = esize - 1; a < b; a++, b--) {
+            uint8_t t = p[i + a];
+            p[i + a] = p[i + b];
+            p[i + b] = t;
+        }
+#else
+    (void)data, (void)nbytes, (void)esize;
+#endif
+}
+
+/* One record: table entry fields plus its data (owned). */
+typedef struct {
+    uint16_t kind;
+    uint8_t dtype, ndim;
+    uint32_t index, slot;
+    int64_t shape[NT_MAX_DIMS];
+    uint8_t *data;
+    uint64_t nbytes;
+    uint64_t offset; /* in the file */
+    uint32_t crc;
+} ck_rec;
+
+/* The records of a checkpoint: an own array, so running out of host memory
+ * is an error (NT_EHOSTMEM), not an abort. */
+typedef struct {
+    ck_rec *v;
+    guint len, cap;
+} ck_recs;
+
+static bool recs_add(ck_recs *recs, const ck_rec *r)
+{
+    if (recs->len == recs->cap) {
+        guint cap = recs->cap ? recs->cap * 2 : 16;
+        ck_rec *v = realloc(recs->v, cap * sizeof *v);
+        if (!v)
+            return false;
+        recs->v = v;
+        recs->cap = cap;
+    }
+    recs->v[recs->len++] = *r;
+    return true;
+}
+
+/* owns: the records' data is theirs (saving), not the file's (loading) */
+static void rec_free(ck_recs *recs, bool owns)
+{
+    for (guint i = 0; owns && i < recs->len; i++)
+        free(recs->v[i].data);
+    free(recs->v);
+    recs->v = NULL;
+    recs->len = recs->cap = 0;
+}
+
+/* Appends a record holding t's values (a sync point). */
+static int rec_tensor(ck_recs *recs, uint16_t kind, uint32_t index, uint32_t slot_,
+                      nt_tensor *t)
+{
+    ck_rec r = {.kind = kind, .dtype = t->dtype, .ndim = (uint8_t)t->ndim, .index = index,
+                .slot = slot_};
+    for (int i = 0; i < t->ndim; i++)
+        r.shape[i] = t->shape[i];
+    size_t es = nt_dtype_size((nt_dtype)t->dtype);
+    r.nbytes = (uint64_t)nt__numel(t->ndim, t->shape) * es;
+    r.data = malloc(r.nbytes ? r.nbytes : 1);
+    if (!r.data)
+        return nt__err_hostmem(NULL, "nt_save", "a copy of a tensor");
+    int rc = nt_to_host_at(NULL, t, r.data, r.nbytes);
+    if (rc) {
+        free(r.data);
+        return rc;
+    }
+    to_from_le(r.data, r.nbytes, es);
+    if (!recs_add(recs, &r)) {
+        free(r.data);
+        return nt__err_hostmem(NULL, "nt_save", "the list of records");
+    }
+    return 0;
+}
+
+static int rec_meta(ck_recs *recs, nt_optim *o)
+{
+    ck_rec r = {.kind = REC_OPT_META, .dtype = NT_U8, .ndim = 1};
+    r.nbytes = META_FIXED + 8 * (uint64_t)o->n;
+    r.shape[0] = (int64_t)r.nbytes;
+    uint8_t *p = r.data = calloc(1, r.nbytes);
+    if (!p)
+        return nt__err_hostmem(NULL, "nt_save", "the optimizer record");
+    put_u32(p + 0, (uint32_t)o->kind);
+    put_u32(p + 4, (o->nesterov ? 1u : 0u) | (o->master ? 2u : 0u));
+    put_u32(p + 8, (uint32_t)o->n);
+    put_u64(p + 16, (uint64_t)o->steps);
+    put_f64(p + 24, o->lr);
+    put_f64(p + 32, o->momentum);
+    put_f64(p + 40, o->weight_decay);
+    put_f64(p + 48, o->beta1);
+    put_f64(p + 56, o->beta2);
+    put_f64(p + 64, o->eps);
+    for (int i = 0; i < o->n; i++)
+        put_u64(p + META_FIXED + 8 * i, (uint64_t)o->slots[i].steps);
+    if (!recs_add(recs, &r)) {
+        free(p);
+        return nt__err_hostmem(NULL, "nt_save", "the list of records");
+    }
+    return 0;
+}
+
+/* The loss scaler's record: its state in a fixed little-endian layout
+ * (docs/checkpoint.md). */
+static int rec_scaler(ck_recs *recs, nt_grad_scaler *sc)
+{
+    nt__scaler_state st;
+    nt__scaler_get_state(sc, &st);
+    ck_rec r = {.kind = REC_LOSS_SCALER, .dtype = NT_U8, .ndim = 1};
+    r.nbytes = SCALER_BYTES;
+    r.shape[0] = SCALER_BYTES;
+    uint8_t *p = r.data = calloc(1, r.nbytes);
+    if (!p)
+        return nt__err_hostmem(NULL, "nt_checkpoint_save", "the loss scaler record");
+    put_u32(p + 0, 1u); /* layout version */
+    put_f64(p + 8, st.scale);
+    put_f64(p + 16, st.growth_factor);
+    put_f64(p + 24, st.backoff_factor);
+    put_u64(p + 32, (uint64_t)st.growth_interval);
+    put_u64(p + 40, (uint64_t)st.growth_tracker);
+    put_u64(p + 48, (uint64_t)st.skipped_steps);
+    if (!recs_add(recs, &r)) {
+        free(p);
+        return nt__err_hostmem(NULL, "nt_checkpoint_save", "the list of records");
+    }
+    return 0;
+}
+
+static int io_err(const char *fn, const char *path, const char *what)
+{
+    char eb[128]; /* not g_strerror: it may allocate */
+    const char *why = strerror_r(errno, eb, sizeof eb);
+    return nt__err(NULL, errno == ENOMEM ? NT_EHOSTMEM : NT_EIO, fn, "%s '%s': %s", what, path,
+                   why);
+}
+
+static int write_file(const char *fn, const char *path, ck_recs *recs)
+{
+    uint64_t table_end = CK_HEADER + (uint64_t)recs->len * CK_ENTRY + 8;
+    uint64_t off = (table_end + CK_ALIGN - 1) / CK_ALIGN * CK_ALIGN;
+    for (guint i = 0; i < recs->len; i++) {
+        ck_rec *r = &recs->v[i];
+        r->offset = off;
+        r->crc = crc32_of(r->data, r->nbytes);
+        off = (off + r->nbytes + CK_ALIGN - 1) / CK_ALIGN * CK_ALIGN;
+    }
+    /* no padding after the last record: every byte of the file is covered
+     * by a checksum or is padding that must be zero */
+    uint64_t total = recs->len ? recs->v[recs->len - 1].offset +
+                                     recs->v[recs->len - 1].nbytes
+                               : table_end;
+    size_t hsize = (size_t)table_end;
+    uint8_t *h = calloc(1, hsize);
+    size_t tlen = strlen(path) + sizeof ".tmp";
+    char *tmp = malloc(tlen);
+    if (!h || !tmp) {
+        free(h);
+        free(tmp);
+        return nt__err_hostmem(NULL, fn, "the checkpoint's header");
+    }
+    snprintf(tmp, tlen, "%s.tmp", path);
+    memcpy(h, CK_MAGIC, 8);
+    put_u32(h + 8, CK_VERSION);
+    put_u32(h + 12, recs->len);
+    put_u64(h + 16, total);
+    for (guint i = 0; i < recs->len; i++) {
+        ck_rec *r = &recs->v[i];
+        uint8_t *e = h + CK_HEADER + (size_t)i * CK_ENTRY;
+        put_u16(e + 0, r->kind);
+        e[2] = r->dtype;
+        e[3] = r->ndim;
+        put_u32(e + 4, r->index);
+        put_u32(e + 8, r->slot);
+        put_u32(e + 12, r->crc);
+        put_u64(e + 16, r->offset);
+        put_u64(e + 24, r->nbytes);
+        for (int d = 0; d < r->ndim; d++)
+            put_u64(e + 32 + 8 * d, (uint64_t)r->shape[d]);
+    }
+    put_u32(h + hsize - 8, crc32_of(h, hsize - 8));
+
+    int rc = 0;
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        rc = io_err(fn, tmp, "cannot create");
+        goto out;
+    }
+    static const uint8_t zeros[CK_ALIGN];
+    uint64_t pos = hsize;
+    bool ok = fwrite(h, 1, hsize, f) == hsize;
+    for (guint i = 0; ok && i < recs->len; i++) {
+        ck_rec *r = &recs->v[i];
+        ok = fwrite(zeros, 1, r->offset - pos, f) == r->offset - pos &&
+             fwrite(r->data, 1, r->nbytes, f) == r->nbytes;
+        pos = r->offset + r->nbytes;
+    }
+    ok = ok && fwrite(zeros, 1, total - pos, f) == total - pos;
+    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (!ok) {
+        rc = io_err(fn, tmp, "cannot write");
+        fclose(f);
+        unlink(tmp);
+        goto out;
+    }
+    if (fclose(f) != 0) {
+        rc = io_err(fn, tmp, "cannot write");
+        unlink(tmp);
+        goto out;
+    }
+    /* the rename is atomic: a reader sees the old file or the new one */
+    if (rename(tmp, path) != 0) {
+        rc = io_err(fn, path, "cannot rename the temporary file to");
+        unlink(tmp);
+    }
+out:
+    free(tmp);
+    free(h);
+    return rc;
+}
+
+static bool check_list(const char *fn, nt_tensor *const *params, int n)
+{
+    if (!params || n <= 0) {
+        nt__err(NULL, NT_EINVAL, fn, "argument '%s' is %s; expected at least one tensor",
+                params ? "n" : "params", params ? "<= 0" : "NULL");
+        return false;
+    }
+    for (int i = 0; i < n; i++) {
+        char arg[32];
+        snprintf(arg, sizeof arg, "params[%d]", i);
+        if (!nt__check_arg(NULL, fn, arg, params[i]))
+            return false;
+    }
+    return true;
+}
+
+static int save_impl(const char *fn, const char *path, nt_tensor *const *params, int n,
+                     nt_optim *opt, nt_grad_scaler *scaler)
+{
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (!path || !*path)
+        return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is %s", path ? "empty" : "NULL");
+    if (!check_list(fn, params, n) || (opt && !nt__optim_ok(opt, fn)) ||
+        (scaler && !nt__scaler_ok(scaler, fn)))
+        return nt_last_error();
+    if (opt)
+        g_mutex_lock(&opt->lock);
+    ck_recs recs_ = {0}, *recs = &recs_;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++)
+        rc = rec_tensor(recs, REC_PARAM, (uint32_t)i, 0, params[i]);
+    if (opt && !rc)
+        rc = rec_meta(recs, opt);
+    if (opt && !rc) {
+        for (int i = 0; i < opt->n && !rc; i++) {
+            slot *s = &opt->slots[i];
+            if (s->s0)
+                rc = rec_tensor(recs, REC_OPT_STATE, (uint32_t)i, SLOT_S0, s->s0);
+            if (!rc && s->s1)
+                rc = rec_tensor(recs, REC_OPT_STATE, (uint32_t)i, SLOT_S1, s->s1);
+            if (!rc && s->master)
+                rc = rec_tensor(recs, REC_OPT_STATE, (uint32_t)i, SLOT_MASTER, s->master);
+        }
+    }
+    if (opt)
+        g_mutex_unlock(&opt->lock);
+    if (scaler && !rc)
+        rc = rec_scaler(recs, scaler);
+    if (!rc)
+        rc = write_file(fn, path, recs);
+    rec_free(recs, true);
+    return rc;
+}
+
+NT_API int nt_save(const char *path, nt_tensor *const *params, int n, nt_optim *opt)
+{
+    return save_impl("nt_save", path, params, n, opt, NULL);
+}
+
+NT_API int nt_checkpoint_save(const char *path, nt_tensor *const *params, int n,
+                              nt_optim *opt, nt_grad_scaler *scaler)
+{
+    return save_impl("nt_checkpoint_save", path, params, n, opt, scaler);
+}
+
+/* ---------------- loading ---------------- */
+
+static int fmt_err(const char *fn, const char *path, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
+static int fmt_err(const char *fn, const char *path, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char what[512];
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return nt__err(NULL, NT_EFORMAT, fn, "'%s' is not a valid checkpoint: %s", path, what);
+}
+
+static bool same_shape(const ck_rec *r, nt_tensor *t)
+{
+    if (r->ndim != t->ndim)
+        return false;
+    for (int i = 0; i < t->ndim; i++)
+        if (r->shape[i] != t->shape[i])
+            return false;
+    return true;
+}
+
+static int mismatch(const char *fn, const char *path, const char *what, int idx,
+                    const ck_rec *r, nt_tensor *t)
+{
+    char s1[128], s2[128];
+    return nt__err(NULL, NT_ESHAPE, fn,
+                   "'%s': %s %d is %s %s in the checkpoint but %s %s here", path, what, idx,
+                   nt_dtype_name((nt_dtype)r->dtype), nt__shape_str(r->ndim, r->shape, s1, sizeof s1),
+                   nt_dtype_name((nt_dtype)t->dtype), nt__shape_str(t->ndim, t->shape, s2, sizeof s2));
+}
+
+static int by_offset(const void *a, const void *b)
+{
+    uint64_t x = ((const ck_rec *)a)->offset, y = ((const ck_rec *)b)->offset;
+    return x < y ? -1 : x > y;
+}
+
+/* Records must not overlap, and the bytes between them (alignment padding)
+ * must be zero, so that no byte of the file escapes a check. */
+static int check_gaps(const char *fn, const char *path, const uint8_t *b, uint64_t size,
+                      uint64_t table_end, ck_recs *recs)
+{
+    ck_rec *sorted = malloc((recs->len ? recs->len : 1) * sizeof *sorted);
+    if (!sorted)
+        return nt__err_hostmem(NULL, fn, "the checkpoint's record list");
+    if (recs->len) /* an empty list has no array (memcpy needs one) */
+        memcpy(sorted, recs->v, recs->len * sizeof *sorted);
+    qsort(sorted, recs->len, sizeof *sorted, by_offset);
+    uint64_t pos = table_end;
+    int rc = 0;
+    for (guint i = 0; i <= recs->len && !rc; i++) {
+        const ck_rec *r = i < recs->len ? &sorted[i] : NULL;
+        uint64_t next = r ? r->offset : size;
+        if (next < pos) {
+            rc = fmt_err(fn, path, "records overlap at byte %llu", (unsigned long long)next);
+            break;
+        }
+        for (uint64_t k = pos; k < next; k++)
+            if (b[k]) {
+                rc = fmt_err(fn, path, "nonzero padding byte at offset %llu (the file is corrupt)",
+                             (unsigned long long)k);
+                break;
+            }
+        if (r)
+            pos = r->offset + r->nbytes;
+    }
+    free(sorted);
+    return rc;
+}
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            return false;
+    return true;
+}
+
+/* The optimizer record's contents (docs/checkpoint.md), checked whether or
+ * not the caller restores an optimizer: a file whose CRCs match but whose
+ * hyper-parameters no optimizer could have (lr NaN, beta1 1.5, a negative
+ * step count) is corrupt, and loading it would turn training to NaN. */
+static int check_meta(const char *fn, const char *path, const ck_rec *r)
+{
+    const char *what = "the optimizer record";
+    if (r->nbytes < META_FIXED)
+        return fmt_err(fn, path, "%s is %llu bytes, shorter than %d", what,
+                       (unsigned long long)r->nbytes, META_FIXED);
+    const uint8_t *m = r->data;
+    uint32_t kind = get_u32(m), flags = get_u32(m + 4), mn = get_u32(m + 8);
+    if (kind != KIND_SGD && kind != KIND_ADAMW)
+        return fmt_err(fn, path, "%s's optimizer kind is %u (expected 1 SGD or 2 AdamW)", what,
+                       kind);
+    if (flags & ~3u)
+        return fmt_err(fn, path, "%s's flags are 0x%x (expected only bits 0 and 1)", what, flags);
+    if (mn < 1 || r->nbytes != META_FIXED + 8 * (uint64_t)mn)
+        return fmt_err(fn, path, "%s's parameter count %u does not match its %llu bytes", what,
+                       mn, (unsigned long long)r->nbytes);
+    if (!all_zero(m + 12, 4) || !all_zero(m + 72, 8))
+        return fmt_err(fn, path, "%s's reserved bytes (12..15, 72..79) are not zero", what);
+    int64_t steps = (int64_t)get_u64(m + 16);
+    if (steps < 0)
+        return fmt_err(fn, path, "%s's step count is %lld (expected >= 0)", what,
+                       (long long)steps);
+    static const char *const names[] = {"lr", "momentum", "weight_decay", "beta1", "beta2", "eps"};
+    bool sgd = kind == KIND_SGD;
+    for (int i = 0; i < 6; i++) {
+        double v = get_f64(m + 24 + 8 * i);
+        bool beta = i == 3 || i == 4;
+        /* a field the kind does not use is written as 0 */
+        bool unused = sgd ? i >= 3 : i == 1;
+        bool ok = unused ? v == 0 && !signbit(v)
+                         : beta ? v >= 0 && v < 1 : isfinite(v) && v >= 0;
+        if (!ok)
+            return fmt_err(fn, path, "%s's %s is %g (expected %s)", what, names[i], v,
+                           unused ? (sgd ? "0: SGD does not use it" : "0: AdamW does not use it")
+                           : beta ? "a value in [0, 1)"
+                                  : "a finite value >= 0");
+    }
+    if (flags & 1) {
+        double momentum = get_f64(m + 32);
+        if (!sgd || !(momentum > 0))
+            return fmt_err(fn, path, "%s sets nesterov for %s (expected SGD with momentum > 0)",
+                           what, sgd ? "momentum 0" : "AdamW");
+    }
+    for (uint32_t i = 0; i < mn; i++) {
+        int64_t ps = (int64_t)get_u64(m + META_FIXED + 8 * i);
+        if (ps < 0 || ps > steps)
+            return fmt_err(fn, path, "%s's step count of parameter %u is %lld (expected 0..%lld, "
+                           "the optimizer's steps)", what, i, (long long)ps, (long long)steps);
+    }
+    return 0;
+}
+
+/* The scaler state a loss-scaler record holds (bytes 8..55), checked. */
+static int scaler_rec_state(const char *fn, const char *path, const ck_rec *r,
+                            nt__scaler_state *st)
+{
+    const uint8_t *p = r->data;
+    *st = (nt__scaler_state){get_f64(p + 8), get_f64(p + 16), get_f64(p + 24),
+                             (int64_t)get_u64(p + 32), (int64_t)get_u64(p + 40),
+                             (int64_t)get_u64(p + 48)};
+    char why[160];
+    if (!nt__scaler_state_valid(st, why, sizeof why))
+        return fmt_err(fn, path, "the loss scaler record is invalid: %s", why);
+    return 0;
+}
+
+/* The loss scaler record's fixed bytes (its values: plan_scaler). */
+static int check_scaler_rec(const char *fn, const char *path, const ck_rec *r)
+{
+    if (r->nbytes != SCALER_BYTES || get_u32(r->data) != 1u)
+        return fmt_err(fn, path, "the loss scaler record has an unknown layout (%llu bytes, "
+                       "version %u; expected 64 bytes, version 1)", (unsigned long long)r->nbytes,
+                       r->nbytes >= 4 ? get_u32(r->data) : 0u);
+    if (!all_zero(r->data + 4, 4) || !all_zero(r->data + 56, 8))
+        return fmt_err(fn, path, "the loss scaler record's reserved bytes (4..7, 56..63) are not "
+                       "zero");
+    nt__scaler_state st;
+    return scaler_rec_state(fn, path, r, &st);
+}
+
+/* Reads and checks the whole file: header, table, every record's bounds and
+ * checksum.  On success *buf holds the file and *recs its records (data
+ * pointing into *buf). */
+static int read_checked(const char *fn, const char *path, uint8_t **buf, ck_recs *recs)
+{
+    *buf = NULL;
+    *recs = (ck_recs){0};
+    uint8_t *raw = NULL;
+    size_t size = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return io_err(fn, path, "cannot open");
+    /* the whole file: it is checked completely before anything is used */
+    size_t cap = 1 << 16;
+    raw = malloc(cap);
+    for (;;) {
+        uint8_t *more = size == cap ? realloc(raw, cap *= 2) : raw;
+        if (!more) {
+            fclose(f);
+            free(raw);
+            return nt__err_hostmem(NULL, fn, "the checkpoint's bytes");
+        }
+        raw = more;
+        size_t got = fread(raw + size, 1, cap - size, f);
+        size += got;
+        if (got == 0)
+            break;
+    }
+    if (ferror(f)) {
+        int rc = io_err(fn, path, "cannot read");
+        fclose(f);
+        free(raw);
+        return rc;
+    }
+    fclose(f);
+    uint8_t *b = (uint8_t *)raw;
+    int rc = 0;
+    if (size < CK_HEADER + 8 || memcmp(b, CK_MAGIC, 8) != 0) {
+        rc = size >= 8 && memcmp(b, CK_MAGIC, 8) != 0
+                 ? fmt_err(fn, path, "bad magic (not an ntensor checkpoint)")
+                 : fmt_err(fn, path, "truncated: %zu bytes, shorter than the header", (size_t)size);
+        goto fail;
+    }
+    uint32_t version = get_u32(b + 8), count = get_u32(b + 12);
+    uint64_t total = get_u64(b + 16);
+    if (version != CK_VERSION) {
+        rc = fmt_err(fn, path, "format version %u; this build reads version %u", version,
+                     CK_VERSION);
+        goto fail;
+    }
+    if (total != size) {
+        rc = total > size ? fmt_err(fn, path, "truncated: %zu of %llu bytes", (size_t)size,
+                                    (unsigned long long)total)
+                          : fmt_err(fn, path, "%zu bytes but the header says %llu", (size_t)size,
+                                    (unsigned long long)total);
+        goto fail;
+    }
+    uint64_t table_end = CK_HEADER + (uint64_t)count * CK_ENTRY + 8;
+    if (table_end > size) {
+        rc = fmt_err(fn, path, "the record table (%u records) runs past the end of the file",
+                     count);
+        goto fail;
+    }
+    if (get_u32(b + table_end - 8) != crc32_of(b, table_end - 8)) {
+        rc = fmt_err(fn, path, "header checksum mismatch (the header or record table is corrupt)");
+        goto fail;
+    }
+    if (!all_zero(b + 24, 8) || !all_zero(b + table_end - 4, 4)) {
+        rc = fmt_err(fn, path, "the header's reserved bytes (%s) are not zero",
+                     all_zero(b + 24, 8) ? "the 4 after the header checksum" : "24..31");
+        goto fail;
+    }
+    ck_recs rs_ = {0}, *rs = &rs_;
+    for (uint32_t i = 0; i < count; i++) {
+        const uint8_t *e = b + CK_HEADER + (size_t)i * CK_ENTRY;
+        ck_rec r = {.kind = get_u16(e), .dtype = e[2], .ndim = e[3], .index = get_u32(e + 4),
+                    .slot = get_u32(e + 8), .crc = get_u32(e + 12), .offset = get_u64(e + 16),
+                    .nbytes = get_u64(e + 24)};
+        bool known = r.kind >= REC_PARAM && r.kind <= REC_LOSS_SCALER;
+        if (!known && !(r.kind & CK_OPTIONAL)) {
+            rc = fmt_err(fn, path, "record %u has kind %u, unknown to this build", i, r.kind);
+            break;
+        }
+        if (r.dtype >= NT_DTYPE_COUNT || r.ndim > NT_MAX_DIMS) {
+            rc = fmt_err(fn, path, "record %u has dtype %u and %u dims", i, r.dtype, r.ndim);
+            break;
+        }
+        for (int d = 0; d < r.ndim; d++)
+            r.shape[d] = (int64_t)get_u64(e + 32 + 8 * d);
+        char why[256];
+        if (!nt__shape_ok(r.ndim, r.shape, why, sizeof why)) {
+            rc = fmt_err(fn, path, "record %u: %s", i, why);
+            break;
+        }
+        if (!all_zero(e + 32 + 8 * r.ndim, 8 * (size_t)(NT_MAX_DIMS - r.ndim))) {
+            rc = fmt_err(fn, path, "record %u: the shape entries past its %u dims are not zero", i,
+                         r.ndim);
+            break;
+        }
+        uint64_t want = (uint64_t)nt__numel(r.ndim, r.shape) * nt_dtype_size((nt_dtype)r.dtype);
+        if (want != r.nbytes) {
+            rc = fmt_err(fn, path, "record %u: size %llu bytes, but its %s shape needs %llu", i,
+                         (unsigned long long)r.nbytes, nt_dtype_name((nt_dtype)r.dtype),
+                         (unsigned long long)want);
+            break;
+        }
+        if (r.offset < table_end || r.offset % CK_ALIGN || r.offset > size ||
+            r.nbytes > size - r.offset) {
+            rc = fmt_err(fn, path, "record %u: offset %llu (expected a multiple of %d from %llu, "
+                         "with its %llu bytes inside the file's %zu)", i,
+                         (unsigned long long)r.offset, CK_ALIGN, (unsigned long long)table_end,
+                         (unsigned long long)r.nbytes, size);
+            break;
+        }
+        /* what each kind leaves unused is zero; settings records are bytes */
+        bool settings = r.kind == REC_OPT_META || r.kind == REC_LOSS_SCALER;
+        if (known && ((r.kind != REC_OPT_STATE && r.slot != 0) || (settings && r.index != 0) ||
+                      (settings && (r.dtype != NT_U8 || r.ndim != 1)))) {
+            rc = fmt_err(fn, path, "record %u (kind %u) has dtype %s, %u dims, index %u, slot %u "
+                         "(expected %s)", i, r.kind, nt_dtype_name((nt_dtype)r.dtype), r.ndim,
+                         r.index, r.slot, settings ? "u8, 1 dim, index 0, slot 0" : "slot 0");
+            break;
+        }
+        r.data = b + r.offset;
+        if (crc32_of(r.data, r.nbytes) != r.crc) {
+            rc = fmt_err(fn, path, "checksum mismatch in the data of record %u", i);
+            break;
+        }
+        if (r.kind == REC_OPT_META)
+            rc = check_meta(fn, path, &r);
+        else if (r.kind == REC_LOSS_SCALER)
+            rc = check_scaler_rec(fn, path, &r);
+        if (rc)
+            break;
+        if (known && !recs_add(rs, &r)) {
+            rc = nt__err_hostmem(NULL, fn, "the checkpoint's record list");
+            break;
+        }
+    }
+    if (!rc)
+        rc = check_gaps(fn, path, b, size, table_end, rs);
+    if (rc) {
+        rec_free(rs, false);
+        goto fail;
+    }
+    *buf = b;
+    *recs = *rs;
+    return 0;
+fail:
+    free(raw);
+    return rc;
+}
+
+/* What a load will install, built completely before anything is touched. */
+typedef struct {
+    nt_tensor **vals;        /* [n] new values of the params */
+    nt_tensor **state;       /* [opt->n * 3] new optimizer state, NULL where absent */
+    int64_t *psteps;         /* [opt->n] */
+    const uint8_t *meta;
+    nt__scaler_state scaler; /* when a scaler is loaded */
+} ck_plan;
+
+static nt_tensor *rec_to_tensor(ck_rec *r)
+{
+    /* little-endian to host order in place (the file buffer is ours) */
+    to_from_le(r->data, r->nbytes, nt_dtype_size((nt_dtype)r->dtype));
+    nt_tensor *t = nt_from_host_at(NULL, r->data, (nt_dtype)r->dtype, r->ndim, r->shape);
+    return t ? nt_keep(t) : NULL;
+}
+
+/* Checks the scaler record and decodes it into pl->scaler. */
+static int plan_scaler(const char *fn, const char *path, const ck_rec *r, ck_plan *pl)
+{
+    if (!r)
+        return nt__err(NULL, NT_EINVAL, fn,
+                       "'%s' holds no loss scaler state (it was saved without one); pass "
+                       "scaler = NULL", path);
+    if (r->nbytes != SCALER_BYTES || r->dtype != NT_U8 || get_u32(r->data) != 1u)
+        return fmt_err(fn, path, "the loss scaler record has an unknown layout");
+    return scaler_rec_state(fn, path, r, &pl->scaler);
+}
+
+static int plan_load(const char *fn, const char *path, ck_recs *recs, nt_tensor *const *params,
+                     int n, nt_optim *o, nt_grad_scaler *scaler, ck_plan *pl)
+{
+    int nparams = 0;
+    ck_rec *meta = NULL, *srec = NULL;
+    for (guint i = 0; i < recs->len; i++) {
+        ck_rec *r = &recs->v[i];
+        if (r->kind == REC_PARAM)
+            nparams++;
+        else if (r->kind == REC_OPT_META) {
+            if (meta)
+                return fmt_err(fn, path, "two optimizer records");
+            meta = r;
+        } else if (r->kind == REC_LOSS_SCALER) {
+            if (srec)
+                return fmt_err(fn, path, "two loss scaler records");
+            srec = r;
+        }
+    }
+    if (scaler) {
+        int rc = plan_scaler(fn, path, srec, pl);
+        if (rc)
+            return rc;
+    }
+    if (nparams != n)
+        return nt__err(NULL, NT_ESHAPE, fn, "'%s' holds %d parameters; %d were passed", path,
+                       nparams, n);
+    if (o && !meta)
+        return nt__err(NULL, NT_EINVAL, fn,
+                       "'%s' holds no optimizer state (it was saved with opt = NULL); pass "
+                       "opt = NULL to load only the parameters", path);
+    uint32_t mflags = 0;
+    if (o) {
+        if (meta->nbytes < META_FIXED)
+            return fmt_err(fn, path, "the optimizer record is %llu bytes, shorter than %d",
+                           (unsigned long long)meta->nbytes, META_FIXED);
+        const uint8_t *m = meta->data;
+        uint32_t kind = get_u32(m), mn = get_u32(m + 8);
+        mflags = get_u32(m + 4);
+        if (meta->nbytes != META_FIXED + 8 * (uint64_t)mn)
+            return fmt_err(fn, path, "the optimizer record's size does not match its %u parameters",
+                           mn);
+        if (kind != (uint32_t)o->kind)
+            return nt__err(NULL, NT_EINVAL, fn, "'%s' holds %s state; the optimizer is %s",
+                           path, kind == KIND_SGD ? "SGD" : kind == KIND_ADAMW ? "AdamW" : "unknown",
+                           o->kind == KIND_SGD ? "SGD" : "AdamW");
+        if ((int)mn != o->n)
+            return nt__err(NULL, NT_ESHAPE, fn,
+                           "'%s' holds optimizer state for %u parameters; the optimizer has %d",
+                           path, mn, o->n);
+        pl->meta = m;
+        pl->psteps = calloc((size_t)o->n, sizeof *pl->psteps);
+        pl->state = calloc((size_t)o->n * 3, sizeof *pl->state);
+        if (!pl->psteps || !pl->state)
+            return nt__err_hostmem(NULL, fn, "the optimizer state to load");
+        for (int i = 0; i < o->n; i++)
+            pl->psteps[i] = (int64_t)get_u64(m + META_FIXED + 8 * i);
+    }
+    pl->vals = calloc((size_t)n, sizeof *pl->vals);
+    if (!pl->vals)
+        return nt__err_hostmem(NULL, fn, "the values to load");
+    /* first every check, then every allocation */
+    for (guint i = 0; i < recs->len; i++) {
+        ck_rec *r = &recs->v[i];
+        if (r->kind == REC_PARAM) {
+            if (r->index >= (uint32_t)n || pl->vals[r->index] == (nt_tensor *)1)
+                return fmt_err(fn, path, "parameter record with index %u (duplicate or out of range)",
+                               r->index);
+            nt_tensor *t = params[r->index];
+            if (r->dtype != t->dtype || !same_shape(r, t))
+                return mismatch(fn, path, "parameter", (int)r->index, r, t);
+            if (t->expanded)
+                return nt__err(NULL, NT_EINVAL, fn, "argument 'params[%u]' is an expanded view; "
+                               "it cannot be written", r->index);
+            pl->vals[r->index] = (nt_tensor *)1; /* seen */
+        } else if (r->kind == REC_OPT_STATE && o) {
+            if (r->index >= (uint32_t)o->n || r->slot > SLOT_MASTER ||
+                pl->state[r->index * 3 + r->slot])
+                return fmt_err(fn, path, "optimizer state record (%u, %u) is duplicate or out of "
+                               "range", r->index, r->slot);
+            nt_tensor *p = o->slots[r->index].p;
+            bool master = (mflags & 2) && nt__optim_low_precision(p);
+            nt_dtype want = r->slot == SLOT_MASTER || master ? NT_F32 : (nt_dtype)p->dtype;
+            if ((r->slot == SLOT_MASTER && !master) || (r->slot == SLOT_S1 && o->kind == KIND_SGD))
+                return fmt_err(fn, path, "optimizer state record (%u, %u) does not belong to this "
+                               "optimizer's configuration", r->index, r->slot);
+            if (r->dtype != want || !same_shape(r, p))
+                return mismatch(fn, path, "optimizer state of parameter", (int)r->index, r, p);
+            pl->state[r->index * 3 + r->slot] = (nt_tensor *)1;
+        }
+    }
+    if (o)
+        for (int i = 0; i < o->n; i++) {
+            nt_tensor **st = &pl->state[i * 3];
+            if ((mflags & 2) && nt__optim_low_precision(o->slots[i].p) && !st[SLOT_MASTER])
+                return fmt_err(fn, path, "the master weight of parameter %d is missing", i);
+            if (o->kind == KIND_ADAMW && !st[SLOT_S0] != !st[SLOT_S1])
+                return fmt_err(fn, path, "parameter %d has only one of AdamW's two moments", i);
+        }
+    memset(pl->vals, 0, sizeof(nt_tensor *) * (size_t)n);
+    if (pl->state)
+        memset(pl->state, 0, sizeof(nt_tensor *) * (size_t)o->n * 3);
+    for (guint i = 0; i < recs->len; i++) {
+        ck_rec *r = &recs->v[i];
+        nt_tensor **dst = r->kind == REC_PARAM ? &pl->vals[r->index]
+                          : r->kind == REC_OPT_STATE && o ? &pl->state[r->index * 3 + r->slot]
+                                                          : NULL;
+        if (dst && !(*dst = rec_to_tensor(r)))
+            return nt_last_error();
+    }
+    return 0;
+}
+
+static void plan_free(ck_plan *pl, int n, int nstate)
+{
+    if (pl->vals)
+        for (int i = 0; i < n; i++)
+            if (pl->vals[i] && pl->vals[i] != (nt_tensor *)1)
+                nt_release(pl->vals[i]);
+    if (pl->state)
+        for (int i = 0; i < nstate; i++)
+            if (pl->state[i] && pl->state[i] != (nt_tensor *)1)
+                nt_release(pl->state[i]);
+    free(pl->vals);
+    free(pl->state);
+    free(pl->psteps);
+}
+
+/* The install below queues one copy per parameter; each needs an op
+ * record, and running out of host memory half-way would leave some
+ * parameters loaded and others not.  So the records are taken first and
+ * handed back to this thread's pool, where those copies find them. */
+static int reserve_records(const char *fn, int n)
+{
+    nt__rec **r = calloc((size_t)n, sizeof *r);
+    if (!r)
+        return nt__err_hostmem(NULL, fn, "the copies of the loaded values");
+    nt_stream *s = nt__stream_current();
+    int got = 0;
+    while (got < n && (r[got] = nt__rec_alloc(s)) != NULL)
+        got++;
+    bool ok = got == n;
+    while (got > 0)
+        nt__rec_unalloc(r[--got]);
+    free(r);
+    return ok ? 0 : nt__err_hostmem(NULL, fn, "the copies of the loaded values");
+}
+
+static int load_impl(const char *fn, const char *path, nt_tensor *const *params, int n,
+                     nt_optim *opt, nt_grad_scaler *scaler)
+{
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (!path || !*path)
+        return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is %s", path ? "empty" : "NULL");
+    if (!check_list(fn, params, n) || (opt && !nt__optim_ok(opt, fn)) ||
+        (scaler && !nt__scaler_ok(scaler, fn)))
+        return nt_last_error();
+    uint8_t *buf;
+    ck_recs recs_, *recs = &recs_;
+    int rc = read_checked(fn, path, &buf, recs);
+    if (rc)
+        return rc;
+    if (opt)
+        g_mutex_lock(&opt->lock);
+    ck_plan pl = {0};
+    int nstate = opt ? opt->n * 3 : 0;
+    rc = plan_load(fn, path, recs, params, n, opt, scaler, &pl);
+    if (!rc)
+        rc = reserve_records(fn, n);
+    if (!rc) {
+        /* Everything is checked and staged: install it. */
+        nt_no_grad_begin();
+        for (int i = 0; i < n && !rc; i++)
+            rc = nt_copy_into_at(NULL, params[i], pl.vals[i]);
+        nt_no_grad_end();
+        if (opt && !rc) {
+            const uint8_t *m = pl.meta;
+            uint32_t flags = get_u32(m + 4);
+            opt->nesterov = flags & 1;
+            opt->master = (flags & 2) != 0;
+            opt->steps = (int64_t)get_u64(m + 16);
+            opt->lr = get_f64(m + 24);
+            opt->momentum = get_f64(m + 32);
+            opt->weight_decay = get_f64(m + 40);
+            opt->beta1 = get_f64(m + 48);
+            opt->beta2 = get_f64(m + 56);
+            opt->eps = get_f64(m + 64);
+            for (int i = 0; i < opt->n; i++) {
+                slot *s = &opt->slots[i];
+                nt_tensor **st[3] = {&s->s0, &s->s1, &s->master};
+                for (int k = 0; k < 3; k++) {
+                    nt__optim_drop(st[k]);
+                    *st[k] = pl.state[i * 3 + k];
+                    pl.state[i * 3 + k] = NULL;
+                }
+                s->steps = pl.psteps[i];
+            }
+        }
+    }
+    if (scaler && !rc)
+        nt__scaler_set_state(scaler, &pl.scaler);
+    if (opt)
+        g_mutex_unlock(&opt->lock);
+    plan_free(&pl, n, nstate);
+    rec_free(recs, false);
+    free(buf);
+    return rc;
+}
+
+NT_API int nt_load(const char *path, nt_tensor *const *params, int n, nt_optim *opt)
+{
+    return load_impl("nt_load", path, params, n, opt, NULL);
+}
+
+NT_API int nt_checkpoint_load(const char *path, nt_tensor *const *params, int n,
+                              nt_optim *opt, nt_grad_scaler *scaler)
+{
+    return load_impl("nt_checkpoint_load", path, params, n, opt, scaler);
+}
