@@ -9,7 +9,7 @@
 
 /* The tensor API first: this file uses its types (nt_dtype, nt_tensor,
  * NT_API ...).  Its include of this file then finds NTENSOR_SIM_H defined. */
-#include "../ntensor.h"
+#include "ntensor.h" /* from the include root, like ntensor.h's includes */
 
 #ifdef __cplusplus
 extern "C" {
