@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "core/nmath.h"
+#include "core/optable.h"
 
 /* ---- unary: float ---- */
 static inline float nt__ew_neg(float a) { return -a; }
@@ -29,7 +30,32 @@ static inline float nt__ew_sigmoid(float a) { return 1.0f / (1.0f + nt__expf(-a)
 static inline float nt__ew_tanh(float a) { return nt__tanhf(a); }
 static inline float nt__ew_silu(float a) { return a * nt__ew_sigmoid(a); }
 
-/* ---- unary: int (only ops flagged NT_OPF_INT) ---- */
+/* ---- unary: derivatives, d/dx f as a function of x or of y = f(x) (the
+ * save column of core/optable.h says which).  The generic backward
+ * (UNARY_BWD) multiplies g by them; ops whose bwd column names a
+ * specialised backward keep it (its bits predate these) ---- */
+static inline float nt__ew_neg_dx(float v) { (void)v; return -1.0f; }
+static inline float nt__ew_exp_dx(float y) { return y; }
+static inline float nt__ew_log_dx(float x) { return 1.0f / x; }
+static inline float nt__ew_sqrt_dx(float y) { return 0.5f / y; }
+static inline float nt__ew_rsqrt_dx(float y) { return -0.5f * (y * (y * y)); }
+static inline float nt__ew_abs_dx(float x) { return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : 0.0f; }
+static inline float nt__ew_relu_dx(float y) { return y > 0.0f ? 1.0f : 0.0f; }
+static inline float nt__ew_gelu_dx(float x)
+{
+    float cdf = 0.5f * (1.0f + nt__erff(x * 0.70710678118654752440f));
+    float pdf = nt__expf(-0.5f * x * x) * 0.39894228040143267794f;
+    return cdf + x * pdf;
+}
+static inline float nt__ew_sigmoid_dx(float y) { return y * (1.0f - y); }
+static inline float nt__ew_tanh_dx(float y) { return 1.0f - y * y; }
+static inline float nt__ew_silu_dx(float x)
+{
+    float s = 1.0f / (1.0f + nt__expf(-x));
+    return s * (1.0f + x * (1.0f - s));
+}
+
+/* ---- unary: int (only ops whose ints column is INT or INTONLY) ---- */
 static inline int32_t nt__ewi_neg(int32_t a) { return (int32_t)(0u - (uint32_t)a); }
 static inline int32_t nt__ewi_abs(int32_t a) { return a < 0 ? nt__ewi_neg(a) : a; }
 static inline int32_t nt__ewi_relu(int32_t a) { return a > 0 ? a : 0; }
@@ -115,5 +141,73 @@ static inline int nt__ewi_lt(int32_t a, int32_t b) { return a < b; }
 static inline int nt__ewi_le(int32_t a, int32_t b) { return a <= b; }
 static inline int nt__ewi_gt(int32_t a, int32_t b) { return a > b; }
 static inline int nt__ewi_ge(int32_t a, int32_t b) { return a >= b; }
+
+/* ---- the families by op id, expanded from core/optable.h.  Evaluators
+ * that run a table op through one entry point (the simulator's table
+ * activation, the generic backward) use these; an op id outside the family
+ * stops with its name (nt__op_unhandled), never computes something else. ---- */
+static inline float nt__ew_unary_f(int op, float a)
+{
+    switch (op) {
+#define NT__EWU(ID, name, nin, kind, flags, ints, ...)                                      \
+    NT__IF_FLOAT(ints, case NT_OP_##ID: return nt__ew_##name(a);)
+        NT_OPS_UNARY(NT__EWU)
+#undef NT__EWU
+    default: nt__op_unhandled("nt__ew_unary_f", op);
+    }
+}
+
+static inline float nt__ew_unary_dx(int op, float v)
+{
+    switch (op) {
+#define NT__EWD(ID, name, nin, kind, flags, ints, ...)                                      \
+    NT__IF_FLOAT(ints, case NT_OP_##ID: return nt__ew_##name##_dx(v);)
+        NT_OPS_UNARY(NT__EWD)
+#undef NT__EWD
+    default: nt__op_unhandled("nt__ew_unary_dx", op);
+    }
+}
+
+/* The simulator's activation instruction runs table ops by these codes,
+ * past the public nt_act_func values (sim/isa.c): NT__ACT_OP_BASE + op is
+ * nt__ew_unary_f(op, x), NT__ACT_DX_BASE + op is nt__ew_unary_dx(op, x). */
+#define NT__ACT_OP_BASE 0x1000
+#define NT__ACT_DX_BASE 0x2000
+
+/* UNARY_BWD: g * f'(v) for the forward op f */
+static inline float nt__ew_unary_bwd(int op, float g, float v) { return g * nt__ew_unary_dx(op, v); }
+
+static inline int32_t nt__ewi_unary(int op, int32_t a)
+{
+    switch (op) {
+#define NT__EWIU(ID, name, nin, kind, flags, ints, ...)                                     \
+    NT__IF_INT(ints, case NT_OP_##ID: return nt__ewi_##name(a);)
+        NT_OPS_UNARY(NT__EWIU)
+#undef NT__EWIU
+    default: nt__op_unhandled("nt__ewi_unary", op);
+    }
+}
+
+static inline int32_t nt__ewi_scalar(int op, int32_t a, int32_t s0, int32_t s1)
+{
+    switch (op) {
+#define NT__EWIS(ID, name, nin, kind, flags, ints, ...)                                     \
+    NT__IF_INT(ints, case NT_OP_##ID: return nt__ewi_##name(a, s0, s1);)
+        NT_OPS_SCALAR(NT__EWIS)
+#undef NT__EWIS
+    default: nt__op_unhandled("nt__ewi_scalar", op);
+    }
+}
+
+static inline int32_t nt__ewi_binary(int op, int32_t a, int32_t b)
+{
+    switch (op) {
+#define NT__EWIB(ID, name, nin, kind, flags, ints, ...)                                     \
+    NT__IF_INT(ints, case NT_OP_##ID: return nt__ewi_##name(a, b);)
+        NT_OPS_BINARY(NT__EWIB)
+#undef NT__EWIB
+    default: nt__op_unhandled("nt__ewi_binary", op);
+    }
+}
 
 #endif

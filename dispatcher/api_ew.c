@@ -28,13 +28,18 @@ nt_tensor *nt__unary(const nt_site *site, const char *fn, int op, nt_tensor *t)
         return nt__call_fail(&c);
     t = c.in[0];
     nt_dtype dt = (nt_dtype)t->dtype;
+    if (nt__dtype_is_float(dt) && (nt__ops[op].flags & NT_OPF_INTONLY)) {
+        nt__err(c.site, NT_EDTYPE, c.fn, "argument 't' is %s; expected an integer dtype (i32, u8)",
+                nt_dtype_name(dt));
+        return nt__call_fail(&c);
+    }
     if (!nt__dtype_is_float(dt) && (nt__ops[op].flags & NT_OPF_F32INT))
         dt = NT_F32;
     out_like(&c, t, dt);
     return nt__dispatch(&c);
 }
 
-#define NT_DEF_UNARY(ID, name, nin, kind, flags)                                            \
+#define NT_DEF_UNARY(ID, name, nin, kind, flags, ...)                                            \
     NT_API nt_tensor *nt_##name##_at(const nt_site *site, nt_tensor *t)                    \
     {                                                                                       \
         return nt__unary(site, "nt_" #name, NT_OP_##ID, t);                                \
@@ -82,7 +87,7 @@ nt_tensor *nt__binary(const nt_site *site, const char *fn, int op, nt_tensor *a,
     return nt__dispatch(&c);
 }
 
-#define NT_DEF_BINARY(ID, name, nin, kind, flags)                                           \
+#define NT_DEF_BINARY(ID, name, nin, kind, flags, ...)                                           \
     NT_API nt_tensor *nt_##name##_at(const nt_site *site, nt_tensor *a, nt_tensor *b)      \
     {                                                                                       \
         return nt__binary(site, "nt_" #name, NT_OP_##ID, a, b);                            \

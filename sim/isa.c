@@ -601,9 +601,30 @@ static void act_apply(nt_act_func f, float *y, const float *x, int64_t n)
     case NT_ACT_SQUARE: for (int64_t i = 0; i < n; i++) y[i] = nt__ew_mul(x[i], x[i]); break;
     case NT_ACT_GELU_DX: ACT_LOOP(act_gelu_dx)
     case NT_ACT_SILU_DX: ACT_LOOP(act_silu_dx)
-    default: break;
+    default: {
+        /* a table op (nt_isa_activation checked the code) */
+        int op = (int)f - NT__ACT_OP_BASE, dop = (int)f - NT__ACT_DX_BASE;
+        if (op >= 0 && op < NT_OP_COUNT)
+            for (int64_t i = 0; i < n; i++)
+                y[i] = nt__ew_unary_f(op, x[i]);
+        else if (dop >= 0 && dop < NT_OP_COUNT)
+            for (int64_t i = 0; i < n; i++)
+                y[i] = nt__ew_unary_dx(dop, x[i]);
+        else
+            nt__op_unhandled("sim activation", (int)f);
+        break;
+    }
     }
 #undef ACT_LOOP
+}
+
+/* An activation code past the public functions: a float unary op of the
+ * table, or its derivative (core/ewise.h). */
+static bool act_is_table(nt_act_func f)
+{
+    int op = (int)f - ((int)f >= NT__ACT_DX_BASE ? NT__ACT_DX_BASE : NT__ACT_OP_BASE);
+    return (int)f >= NT__ACT_OP_BASE && op >= 0 && op < NT_OP_COUNT &&
+           nt__ops[op].kind == NT_KIND_UNARY && !(nt__ops[op].flags & NT_OPF_INTONLY);
 }
 
 /* the same, each result canonicalised: a direct f32 store */
@@ -2058,7 +2079,7 @@ int nt_isa_activation(nt_sim_kernel *k, const nt_ap *dst, nt_act_func func, cons
     static const char *I = "activation";
     PROLOGUE(k);
     int e = NT_ENGINE_SCALAR;
-    if ((unsigned)func >= NT_ACT_COUNT)
+    if ((unsigned)func >= NT_ACT_COUNT && !act_is_table(func))
         return nt__sim_fail(k, I, "function %d (rule: one of nt_act_func)", (int)func);
     TRY(check_dst_src(k, I, dst, src, e));
     TRY(check_scalar(k, I, "scale", scale, src, e));
