@@ -327,6 +327,11 @@ NT_API nt_tensor *nt_gelu(nt_tensor *t);
 NT_API nt_tensor *nt_sigmoid(nt_tensor *t);
 NT_API nt_tensor *nt_tanh(nt_tensor *t);
 NT_API nt_tensor *nt_silu(nt_tensor *t); /* t * sigmoid(t) */
+/* temporary: replaced by the generated header (issue 15) */
+NT_API nt_tensor *nt_softplus(nt_tensor *t);
+NT_API nt_tensor *nt_mish(nt_tensor *t);
+NT_API nt_tensor *nt_reciprocal(nt_tensor *t);
+NT_API nt_tensor *nt_bitwise_not(nt_tensor *t);
 
 /** Converts to dtype `dt` (round to nearest even for floats; float to int
  *  truncates toward zero, saturates, and maps NaN to 0; int to u8 wraps).
@@ -1349,6 +1354,10 @@ NT_DECL_AT(nt_tensor *, nt_gelu, nt_tensor *);
 NT_DECL_AT(nt_tensor *, nt_sigmoid, nt_tensor *);
 NT_DECL_AT(nt_tensor *, nt_tanh, nt_tensor *);
 NT_DECL_AT(nt_tensor *, nt_silu, nt_tensor *);
+NT_DECL_AT(nt_tensor *, nt_softplus, nt_tensor *); /* temporary */
+NT_DECL_AT(nt_tensor *, nt_mish, nt_tensor *); /* temporary */
+NT_DECL_AT(nt_tensor *, nt_reciprocal, nt_tensor *); /* temporary */
+NT_DECL_AT(nt_tensor *, nt_bitwise_not, nt_tensor *); /* temporary */
 NT_DECL_AT(nt_tensor *, nt_cast, nt_tensor *, nt_dtype);
 NT_DECL_AT(nt_tensor *, nt_cast_sr, nt_tensor *, nt_dtype);
 NT_DECL_AT(nt_tensor *, nt_matmul, nt_tensor *, nt_tensor *);
@@ -1434,6 +1443,10 @@ NT_DECL_AT(nt_tensor *, nt_op_call, int, nt_tensor *const *);
 #define nt_sigmoid(...) nt_sigmoid_at(NT_HERE, __VA_ARGS__)
 #define nt_tanh(...) nt_tanh_at(NT_HERE, __VA_ARGS__)
 #define nt_silu(...) nt_silu_at(NT_HERE, __VA_ARGS__)
+#define nt_softplus(...) nt_softplus_at(NT_HERE, __VA_ARGS__) /* temporary */
+#define nt_mish(...) nt_mish_at(NT_HERE, __VA_ARGS__) /* temporary */
+#define nt_reciprocal(...) nt_reciprocal_at(NT_HERE, __VA_ARGS__) /* temporary */
+#define nt_bitwise_not(...) nt_bitwise_not_at(NT_HERE, __VA_ARGS__) /* temporary */
 #define nt_cast(...) nt_cast_at(NT_HERE, __VA_ARGS__)
 #define nt_cast_sr(...) nt_cast_sr_at(NT_HERE, __VA_ARGS__)
 #define nt_matmul(...) nt_matmul_at(NT_HERE, __VA_ARGS__)
