@@ -29,6 +29,16 @@ static inline float nt__ew_gelu(float a)
 static inline float nt__ew_sigmoid(float a) { return 1.0f / (1.0f + nt__expf(-a)); }
 static inline float nt__ew_tanh(float a) { return nt__tanhf(a); }
 static inline float nt__ew_silu(float a) { return a * nt__ew_sigmoid(a); }
+/* PyTorch's default (beta 1, threshold 20): x > 20 ? x : log1p(exp(x)).
+ * log1p(u) = log(1 + u) * u / ((1 + u) - 1), exact-ish where 1 + u rounds
+ * (Goldberg's trick), u itself where 1 + u == 1; NaN stays NaN. */
+static inline float nt__ew_softplus(float a)
+{
+    float u = nt__expf(a), w = 1.0f + u;
+    float l = nt__fsel(w == 1.0f, u, nt__logf(w) * (u / (w - 1.0f)));
+    return nt__fsel(a > 20.0f, a, l);
+}
+static inline float nt__ew_mish(float a) { return a * nt__tanhf(nt__ew_softplus(a)); }
 
 /* ---- unary: derivatives, d/dx f as a function of x or of y = f(x) (the
  * save column of core/optable.h says which).  The generic backward
@@ -53,6 +63,18 @@ static inline float nt__ew_silu_dx(float x)
 {
     float s = 1.0f / (1.0f + nt__expf(-x));
     return s * (1.0f + x * (1.0f - s));
+}
+/* PyTorch's: z = exp(x), x > 20 ? 1 : z / (z + 1) */
+static inline float nt__ew_softplus_dx(float x)
+{
+    float z = nt__expf(x);
+    return nt__fsel(x > 20.0f, 1.0f, z / (z + 1.0f));
+}
+/* tanh(sp) + x sigmoid(x) (1 - tanh(sp)^2), sp = softplus(x) */
+static inline float nt__ew_mish_dx(float x)
+{
+    float t = nt__tanhf(nt__ew_softplus(x));
+    return t + x * nt__ew_sigmoid(x) * (1.0f - t * t);
 }
 
 /* ---- unary: int (only ops whose ints column is INT or INTONLY) ---- */
