@@ -181,9 +181,10 @@ static int bwd_silu(nt__bctx *b)
     TRY(b->gin[0] = bwd_helper(b, NT_OP_SILU_BWD, IN(0)));
     return 0;
 }
-/* The generic backward of an elementwise unary op (bwd column `dx`):
- * g * nt__ew_<f>_dx(v), one UNARY_BWD helper for every such op, with v the
- * saved input or output as the op's save column says. */
+/* The generic backward of an elementwise unary or tensor-scalar op (bwd
+ * column `dx`): g * nt__ew_<f>_dx(v[, s0, s1]), one UNARY_BWD helper for
+ * every such op, with v the saved input or output as the op's save column
+ * says. */
 static int bwd_dx(nt__bctx *b)
 {
     nt__call c;
@@ -194,6 +195,8 @@ static int bwd_dx(nt__bctx *b)
         return nt_last_error();
     c.no_grad = true;
     c.p.i[0] = op;
+    c.p.f[0] = b->n->p.f[0]; /* a tensor-scalar op's scalars */
+    c.p.f[1] = b->n->p.f[1];
     c.odt[0] = nt__promote((nt_dtype)G->dtype, (nt_dtype)v->dtype);
     c.ondim[0] = G->ndim;
     for (int i = 0; i < G->ndim; i++)

@@ -94,6 +94,17 @@ static inline float nt__ew_clamp(float a, float lo, float hi)
     float x = a < lo ? lo : a;
     return x > hi ? hi : x;
 }
+/* derivatives d/dx of the tensor-scalar ops (the generic backward needs one
+ * per op; add/mul/div/pow/clamp keep their specialised backwards) */
+static inline float nt__ew_add_scalar_dx(float x, float s0, float s1) { (void)x, (void)s0, (void)s1; return 1.0f; }
+static inline float nt__ew_mul_scalar_dx(float x, float s0, float s1) { (void)x, (void)s1; return s0; }
+static inline float nt__ew_div_scalar_dx(float x, float s0, float s1) { (void)x, (void)s1; return 1.0f / s0; }
+static inline float nt__ew_pow_scalar_dx(float x, float s0, float s1)
+{
+    (void)s1;
+    return s0 * nt__powf(x, s0 - 1.0f);
+}
+static inline float nt__ew_clamp_dx(float x, float lo, float hi) { return x >= lo && x <= hi ? 1.0f : 0.0f; }
 static inline int32_t nt__ewi_add_scalar(int32_t a, int32_t s0, int32_t s1)
 {
     (void)s1;
@@ -168,36 +179,53 @@ static inline int nt__ewi_ge(int32_t a, int32_t b) { return a >= b; }
  * that run a table op through one entry point (the simulator's table
  * activation, the generic backward) use these; an op id outside the family
  * stops with its name (nt__op_unhandled), never computes something else. ---- */
-static inline float nt__ew_unary_f(int op, float a)
+/* A float unary or tensor-scalar op by id: y = f(a[, s0, s1]) */
+static inline float nt__ew_table_f(int op, float a, float s0, float s1)
 {
+    (void)s0, (void)s1;
     switch (op) {
 #define NT__EWU(ID, name, nin, kind, flags, ints, ...)                                      \
     NT__IF_FLOAT(ints, case NT_OP_##ID: return nt__ew_##name(a);)
         NT_OPS_UNARY(NT__EWU)
 #undef NT__EWU
-    default: nt__op_unhandled("nt__ew_unary_f", op);
+#define NT__EWS(ID, name, nin, kind, flags, ints, ...)                                      \
+    NT__IF_FLOAT(ints, case NT_OP_##ID: return nt__ew_##name(a, s0, s1);)
+        NT_OPS_SCALAR(NT__EWS)
+#undef NT__EWS
+    default: nt__op_unhandled("nt__ew_table_f", op);
     }
 }
 
-static inline float nt__ew_unary_dx(int op, float v)
+/* Its derivative f'(v) (v = x or y, per the op's save column) */
+static inline float nt__ew_table_dx(int op, float v, float s0, float s1)
 {
+    (void)s0, (void)s1;
     switch (op) {
 #define NT__EWD(ID, name, nin, kind, flags, ints, ...)                                      \
     NT__IF_FLOAT(ints, case NT_OP_##ID: return nt__ew_##name##_dx(v);)
         NT_OPS_UNARY(NT__EWD)
 #undef NT__EWD
-    default: nt__op_unhandled("nt__ew_unary_dx", op);
+#define NT__EWSD(ID, name, nin, kind, flags, ints, ...)                                     \
+    NT__IF_FLOAT(ints, case NT_OP_##ID: return nt__ew_##name##_dx(v, s0, s1);)
+        NT_OPS_SCALAR(NT__EWSD)
+#undef NT__EWSD
+    default: nt__op_unhandled("nt__ew_table_dx", op);
     }
 }
 
 /* The simulator's activation instruction runs table ops by these codes,
  * past the public nt_act_func values (sim/isa.c): NT__ACT_OP_BASE + op is
- * nt__ew_unary_f(op, x), NT__ACT_DX_BASE + op is nt__ew_unary_dx(op, x). */
+ * nt__ew_table_f(op, x, s0, s1), NT__ACT_DX_BASE + op is nt__ew_table_dx;
+ * the instruction's two scalar operands are s0 and s1. */
 #define NT__ACT_OP_BASE 0x1000
 #define NT__ACT_DX_BASE 0x2000
 
-/* UNARY_BWD: g * f'(v) for the forward op f */
-static inline float nt__ew_unary_bwd(int op, float g, float v) { return g * nt__ew_unary_dx(op, v); }
+/* UNARY_BWD: g * f'(v) for the forward op f (p.i[0]) with its scalars
+ * (p.f[0], p.f[1]) */
+static inline float nt__ew_unary_bwd(int op, float g, float v, float s0, float s1)
+{
+    return g * nt__ew_table_dx(op, v, s0, s1);
+}
 
 static inline int32_t nt__ewi_unary(int op, int32_t a)
 {

@@ -266,9 +266,11 @@ static void binary_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
             NT_OPS_EW_BWD(NT__BI_F)
 #undef NT__BI_F
         case NT_OP_UNARY_BWD: {
-            int f = (int)r->p.i[0]; /* the forward op */
+            /* the forward op and its scalars */
+            int f = (int)r->p.i[0];
+            float s0 = (float)r->p.f[0], s1 = (float)r->p.f[1];
             for (int64_t i = 0; i < n; i++)
-                y[i] = nt__ew_unary_bwd(f, a[i], b[i]);
+                y[i] = nt__ew_unary_bwd(f, a[i], b[i], s0, s1);
             break;
         }
         default: nt__op_unhandled("cpu binary (float)", r->op);

@@ -19,6 +19,25 @@ static bool is_int_valued(double s)
     return isfinite(s) && s == floor(s) && s >= -2147483648.0 && s <= 2147483647.0;
 }
 
+/* The ints column of core/optable.h: INTONLY ops refuse floats, FLOAT ops
+ * refuse integers (the evaluators have no form for them). */
+static bool ints_ok(nt__call *c, int op, nt_dtype dt, const char *arg)
+{
+    unsigned fl = nt__ops[op].flags;
+    bool isfl = nt__dtype_is_float(dt);
+    if (isfl && (fl & NT_OPF_INTONLY)) {
+        nt__err(c->site, NT_EDTYPE, c->fn, "argument '%s' is %s; expected an integer dtype (i32, u8)",
+                arg, nt_dtype_name(dt));
+        return false;
+    }
+    if (!isfl && !(fl & (NT_OPF_INT | NT_OPF_F32INT))) {
+        nt__err(c->site, NT_EDTYPE, c->fn, "argument '%s' is %s; expected a floating dtype (f32, bf16, f16)",
+                arg, nt_dtype_name(dt));
+        return false;
+    }
+    return true;
+}
+
 /* ---------------- unary ---------------- */
 
 nt_tensor *nt__unary(const nt_site *site, const char *fn, int op, nt_tensor *t)
@@ -28,11 +47,8 @@ nt_tensor *nt__unary(const nt_site *site, const char *fn, int op, nt_tensor *t)
         return nt__call_fail(&c);
     t = c.in[0];
     nt_dtype dt = (nt_dtype)t->dtype;
-    if (nt__dtype_is_float(dt) && (nt__ops[op].flags & NT_OPF_INTONLY)) {
-        nt__err(c.site, NT_EDTYPE, c.fn, "argument 't' is %s; expected an integer dtype (i32, u8)",
-                nt_dtype_name(dt));
+    if (!ints_ok(&c, op, dt, "t"))
         return nt__call_fail(&c);
-    }
     if (!nt__dtype_is_float(dt) && (nt__ops[op].flags & NT_OPF_F32INT))
         dt = NT_F32;
     out_like(&c, t, dt);
@@ -79,6 +95,8 @@ nt_tensor *nt__binary(const nt_site *site, const char *fn, int op, nt_tensor *a,
     if (!bcast_out(&c, a, b, "a", "b"))
         return nt__call_fail(&c);
     nt_dtype dt = nt__promote((nt_dtype)a->dtype, (nt_dtype)b->dtype);
+    if (!ints_ok(&c, op, dt, nt__dtype_is_float((nt_dtype)a->dtype) ? "b" : "a"))
+        return nt__call_fail(&c);
     if (nt__ops[op].kind == NT_KIND_CMP)
         dt = NT_U8;
     else if (!nt__dtype_is_float(dt) && (nt__ops[op].flags & NT_OPF_F32INT))
@@ -119,6 +137,8 @@ nt_tensor *nt__scalar(const nt_site *site, const char *fn, int op, nt_tensor *t,
     if (!nt__call_begin(&c, site, fn, op, 1, &t, "t"))
         return nt__call_fail(&c);
     t = c.in[0];
+    if (!ints_ok(&c, op, (nt_dtype)t->dtype, "t"))
+        return nt__call_fail(&c);
     out_like(&c, t, scalar_dtype(op, (nt_dtype)t->dtype, s0, s1, op == NT_OP_CLAMP));
     c.p.f[0] = s0;
     c.p.f[1] = s1;

@@ -237,8 +237,10 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
                 NT_OPS_EW_BWD(NT__FB)
 #undef NT__FB
             case NT_OP_UNARY_BWD: {
-                int f = (int)o->p.i[0]; /* the forward op */
-                F32_LOOP(nt__ew_unary_bwd(f, x[i], z[i]));
+                /* the forward op and its scalars */
+                int f = (int)o->p.i[0];
+                float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
+                F32_LOOP(nt__ew_unary_bwd(f, x[i], z[i], s0, s1));
                 break;
             }
             default: nt__op_unhandled("fused cpu binary (float)", o->op);

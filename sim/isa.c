@@ -601,30 +601,34 @@ static void act_apply(nt_act_func f, float *y, const float *x, int64_t n)
     case NT_ACT_SQUARE: for (int64_t i = 0; i < n; i++) y[i] = nt__ew_mul(x[i], x[i]); break;
     case NT_ACT_GELU_DX: ACT_LOOP(act_gelu_dx)
     case NT_ACT_SILU_DX: ACT_LOOP(act_silu_dx)
-    default: {
-        /* a table op (nt_isa_activation checked the code) */
-        int op = (int)f - NT__ACT_OP_BASE, dop = (int)f - NT__ACT_DX_BASE;
-        if (op >= 0 && op < NT_OP_COUNT)
-            for (int64_t i = 0; i < n; i++)
-                y[i] = nt__ew_unary_f(op, x[i]);
-        else if (dop >= 0 && dop < NT_OP_COUNT)
-            for (int64_t i = 0; i < n; i++)
-                y[i] = nt__ew_unary_dx(dop, x[i]);
-        else
-            nt__op_unhandled("sim activation", (int)f);
-        break;
-    }
+    default: nt__op_unhandled("sim activation", (int)f); /* checked at issue */
     }
 #undef ACT_LOOP
 }
 
-/* An activation code past the public functions: a float unary op of the
- * table, or its derivative (core/ewise.h). */
+/* An activation code past the public functions: a float unary or
+ * tensor-scalar op of the table, or its derivative (core/ewise.h). */
 static bool act_is_table(nt_act_func f)
 {
     int op = (int)f - ((int)f >= NT__ACT_DX_BASE ? NT__ACT_DX_BASE : NT__ACT_OP_BASE);
-    return (int)f >= NT__ACT_OP_BASE && op >= 0 && op < NT_OP_COUNT &&
-           nt__ops[op].kind == NT_KIND_UNARY && !(nt__ops[op].flags & NT_OPF_INTONLY);
+    if ((int)f < NT__ACT_OP_BASE || op < 0 || op >= NT_OP_COUNT)
+        return false;
+    nt__opkind kd = nt__ops[op].kind;
+    return (kd == NT_KIND_UNARY || kd == NT_KIND_SCALAR) && !(nt__ops[op].flags & NT_OPF_INTONLY);
+}
+
+/* y = op(x, s0, s1) or op'(x, s0, s1) for a table code */
+static void act_table(nt_act_func f, float *y, const float *x, int64_t n, float s0, float s1)
+{
+    if ((int)f >= NT__ACT_DX_BASE) {
+        int op = (int)f - NT__ACT_DX_BASE;
+        for (int64_t i = 0; i < n; i++)
+            y[i] = nt__ew_table_dx(op, x[i], s0, s1);
+    } else {
+        int op = (int)f - NT__ACT_OP_BASE;
+        for (int64_t i = 0; i < n; i++)
+            y[i] = nt__ew_table_f(op, x[i], s0, s1);
+    }
 }
 
 /* the same, each result canonicalised: a direct f32 store */
@@ -866,6 +870,18 @@ static void lane_act(const fx_rec *r, int i, float **s)
     int64_t N = d->n;
     float tmp[4];
     const float *x = ld_f32(&r->o[1], i, s[0]);
+    if (act_is_table(r->func)) {
+        /* a table op: the scalar operands are its parameters s0, s1 */
+        float s0 = r->has_scale ? scalar_f(r, 0, i, tmp) : 0.0f;
+        float s1 = r->has_bias ? scalar_f(r, 1, i, tmp) : 0.0f;
+        act_table(r->func, s[2], x, N, s0, s1);
+        st(d, i, s[2], NULL);
+        if (r->red) {
+            float v = reduce_run(NT_ALU_ADD, s[2], N);
+            st(&r->o[r->red], i, &v, NULL);
+        }
+        return;
+    }
     /* absent scale/bias are skipped, not applied as *1 and +0: x*1+0
      * would turn -0 into +0 */
     if (r->has_scale) {

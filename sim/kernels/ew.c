@@ -60,11 +60,12 @@ static const int sim_of[NT_OP_COUNT] = {
 };
 
 /* A unary op's activation: its own function, or the table's (the
- * activation instruction evaluates nt__ew_<name> by op id). */
+ * activation instruction evaluates nt__ew_<name> by op id; a tensor-scalar
+ * op's scalars ride in its scale and bias operands). */
 static nt_act_func act_of(int op)
 {
     int f = sim_of[op];
-    if (nt__ops[op].kind != NT_KIND_UNARY || f == NT__SIM_NONE || f == NT__SIM_SEQ)
+    if (f == NT__SIM_NONE || f == NT__SIM_SEQ || (f != NT__SIM_TABLE && nt__ops[op].kind != NT_KIND_UNARY))
         nt__op_unhandled("sim act_of", op);
     return f == NT__SIM_TABLE ? (nt_act_func)(NT__ACT_OP_BASE + op) : (nt_act_func)f;
 }
@@ -276,6 +277,9 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
         }
         if (sim_of[o->op] >= 0) /* one ALU step */
             return ts1(s, dst, &a[0].ap, (nt_alu_op)sim_of[o->op], fc ? NULL : &c0, s0, false);
+        if (sim_of[o->op] == NT__SIM_TABLE && fc) /* through the table, s0 and s1 */
+            return nt_isa_activation(k, dst, act_of(o->op), &a[0].ap, &(nt_isa_scalar){NULL, s0},
+                                     &(nt_isa_scalar){NULL, s1}, NULL);
         switch (o->op) {
         case NT_OP_CLAMP: {
             /* max(a, lo) then min(., hi) is the CPU's clamp, NaN, signed
@@ -326,7 +330,8 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
             break;
         case NT_OP_UNARY_BWD: /* g * f'(v), f' through the table */
             rc = nt_isa_activation(k, &T0, (nt_act_func)(NT__ACT_DX_BASE + (int)o->p.i[0]), y,
-                                   NULL, NULL, NULL);
+                                   &(nt_isa_scalar){NULL, (float)o->p.f[0]},
+                                   &(nt_isa_scalar){NULL, (float)o->p.f[1]}, NULL);
             break;
         default: nt__op_unhandled("sim backward-helper sequence", o->op);
         }
