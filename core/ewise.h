@@ -39,6 +39,7 @@ static inline float nt__ew_softplus(float a)
     return nt__fsel(a > 20.0f, a, l);
 }
 static inline float nt__ew_mish(float a) { return a * nt__tanhf(nt__ew_softplus(a)); }
+static inline float nt__ew_reciprocal(float a) { return 1.0f / a; }
 
 /* ---- unary: derivatives, d/dx f as a function of x or of y = f(x) (the
  * save column of core/optable.h says which).  The generic backward
@@ -70,6 +71,8 @@ static inline float nt__ew_softplus_dx(float x)
     float z = nt__expf(x);
     return nt__fsel(x > 20.0f, 1.0f, z / (z + 1.0f));
 }
+/* -1/x^2 = -y^2; g * -(y*y) has the bits of PyTorch's -g * (y*y) */
+static inline float nt__ew_reciprocal_dx(float y) { return -(y * y); }
 /* tanh(sp) + x sigmoid(x) (1 - tanh(sp)^2), sp = softplus(x) */
 static inline float nt__ew_mish_dx(float x)
 {
@@ -81,6 +84,8 @@ static inline float nt__ew_mish_dx(float x)
 static inline int32_t nt__ewi_neg(int32_t a) { return (int32_t)(0u - (uint32_t)a); }
 static inline int32_t nt__ewi_abs(int32_t a) { return a < 0 ? nt__ewi_neg(a) : a; }
 static inline int32_t nt__ewi_relu(int32_t a) { return a > 0 ? a : 0; }
+/* integers only (ints INTONLY); a u8 result keeps the low 8 bits: 255 - a */
+static inline int32_t nt__ewi_bitwise_not(int32_t a) { return (int32_t)~(uint32_t)a; }
 
 /* ---- tensor-scalar: s0 = p.f[0], s1 = p.f[1], already rounded to f32 ---- */
 static inline float nt__ew_add_scalar(float a, float s0, float s1) { (void)s1; return a + s0; }

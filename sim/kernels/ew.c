@@ -265,6 +265,11 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
             return rc ? rc : nt_isa_tensor_tensor(k, dst, &a[0].ap, &TI, NT_ALU_MAX,
                                                   NT_ENGINE_VECTOR);
         }
+        case NT_OP_BITWISE_NOT: { /* ~a = -a - 1, wrapping */
+            nt_isa_alu neg = {NT_ALU_MUL, {NULL, -1.0f}, false};
+            nt_isa_alu dec = {NT_ALU_ADD, {NULL, -1.0f}, false};
+            return nt_isa_tensor_scalar(k, dst, &a[0].ap, &neg, &dec, sk_eng(s));
+        }
         default:
             return nt__kerr(NT_ENOTSUP, "no simulator sequence for integer %s", nt__op_api(o->op));
         }
