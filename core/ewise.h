@@ -110,6 +110,14 @@ static inline float nt__ew_pow_scalar_dx(float x, float s0, float s1)
     return s0 * nt__powf(x, s0 - 1.0f);
 }
 static inline float nt__ew_clamp_dx(float x, float lo, float hi) { return x >= lo && x <= hi ? 1.0f : 0.0f; }
+/* PyTorch's: x > 0 ? x : x * negative_slope (NaN stays NaN, -0 * s keeps
+ * its sign); gradient x > 0 ? g : g * s */
+static inline float nt__ew_leaky_relu(float a, float s, float s1) { (void)s1; return a > 0.0f ? a : a * s; }
+static inline float nt__ew_leaky_relu_dx(float x, float s, float s1) { (void)s1; return x > 0.0f ? 1.0f : s; }
+/* PyTorch's: clamp to [lo, hi]; gradient 0 where x <= lo or x >= hi (NaN
+ * passes g through, as PyTorch's mask does) */
+static inline float nt__ew_hardtanh(float a, float lo, float hi) { return nt__ew_clamp(a, lo, hi); }
+static inline float nt__ew_hardtanh_dx(float x, float lo, float hi) { return x <= lo || x >= hi ? 0.0f : 1.0f; }
 static inline int32_t nt__ewi_add_scalar(int32_t a, int32_t s0, int32_t s1)
 {
     (void)s1;

@@ -134,7 +134,9 @@ typedef enum nt__opkind {
     X(MUL_SCALAR, mul_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF, INT, KEEP, mul_scalar, 0, NT_ALU_MUL) \
     X(DIV_SCALAR, div_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF, F32INT, KEEP, div_scalar, 0, NT_ALU_DIV) \
     X(POW_SCALAR, pow_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF, F32INT, F32, pow_scalar, I0, NT_ALU_POW) \
-    X(CLAMP, clamp, 1, NT_KIND_SCALAR, NT_OPF_DIFF, INT, KEEP, clamp, I0, NT__SIM_SEQ)
+    X(CLAMP, clamp, 1, NT_KIND_SCALAR, NT_OPF_DIFF, INT, KEEP, clamp, I0, NT__SIM_SEQ)              \
+    X(LEAKY_RELU, leaky_relu, 1, NT_KIND_SCALAR, NT_OPF_DIFF, FLOAT, KEEP, dx, I0, NT__SIM_TABLE)   \
+    X(HARDTANH, hardtanh, 1, NT_KIND_SCALAR, NT_OPF_DIFF, FLOAT, KEEP, dx, I0, NT__SIM_TABLE)
 
 /* y = nt__ew_<name>(a, b) with broadcasting */
 #define NT_OPS_BINARY(X)                                                    \

@@ -169,6 +169,32 @@ NT_API nt_tensor *nt_clamp_at(const nt_site *site, nt_tensor *t, double lo, doub
     }
     return nt__scalar(site, "nt_clamp", NT_OP_CLAMP, t, lo, hi);
 }
+NT_API nt_tensor *nt_leaky_relu_at(const nt_site *site, nt_tensor *t, double negative_slope)
+{
+    if (isnan(negative_slope)) {
+        nt__err(site, NT_EINVAL, "nt_leaky_relu", "argument 'negative_slope' must not be NaN");
+        return NULL;
+    }
+    return nt__scalar(site, "nt_leaky_relu", NT_OP_LEAKY_RELU, t, negative_slope, 0);
+}
+NT_API nt_tensor *nt_hardtanh_at(const nt_site *site, nt_tensor *t, double min_val, double max_val)
+{
+    if (isnan(min_val) || isnan(max_val) || min_val > max_val) {
+        nt__err(site, NT_EINVAL, "nt_hardtanh",
+                "arguments 'min_val' %g and 'max_val' %g: expected min_val <= max_val, not NaN",
+                min_val, max_val);
+        return NULL;
+    }
+    return nt__scalar(site, "nt_hardtanh", NT_OP_HARDTANH, t, min_val, max_val);
+}
+NT_API nt_tensor *nt_leaky_relu(nt_tensor *t, double negative_slope)
+{
+    return nt_leaky_relu_at(NT_RA_SITE, t, negative_slope);
+}
+NT_API nt_tensor *nt_hardtanh(nt_tensor *t, double min_val, double max_val)
+{
+    return nt_hardtanh_at(NT_RA_SITE, t, min_val, max_val);
+}
 NT_API nt_tensor *nt_add_scalar(nt_tensor *t, double s) { return nt_add_scalar_at(NT_RA_SITE, t, s); }
 NT_API nt_tensor *nt_mul_scalar(nt_tensor *t, double s) { return nt_mul_scalar_at(NT_RA_SITE, t, s); }
 NT_API nt_tensor *nt_div_scalar(nt_tensor *t, double s) { return nt_div_scalar_at(NT_RA_SITE, t, s); }

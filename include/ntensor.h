@@ -313,6 +313,11 @@ NT_API nt_tensor *nt_mul_scalar(nt_tensor *t, double s); /* t * s */
 NT_API nt_tensor *nt_div_scalar(nt_tensor *t, double s); /* t / s */
 NT_API nt_tensor *nt_pow_scalar(nt_tensor *t, double s); /* t ^ s (float result) */
 NT_API nt_tensor *nt_clamp(nt_tensor *t, double lo, double hi); /* min(max(t, lo), hi) */
+/** PyTorch's leaky_relu and hardtanh (floating inputs only; an integer input
+ *  is NT_EDTYPE): t > 0 ? t : t * negative_slope, and t clamped to
+ *  [min_val, max_val] (min_val > max_val or a NaN bound is NT_EINVAL). */
+NT_API nt_tensor *nt_leaky_relu(nt_tensor *t, double negative_slope);
+NT_API nt_tensor *nt_hardtanh(nt_tensor *t, double min_val, double max_val);
 
 /** Unary ops.  Integer inputs give f32, except neg, abs and relu, which keep
  *  the integer dtype.  gelu is the exact erf form, 0.5x(1 + erf(x/sqrt 2)). */
@@ -1343,6 +1348,8 @@ NT_DECL_AT(nt_tensor *, nt_mul_scalar, nt_tensor *, double);
 NT_DECL_AT(nt_tensor *, nt_div_scalar, nt_tensor *, double);
 NT_DECL_AT(nt_tensor *, nt_pow_scalar, nt_tensor *, double);
 NT_DECL_AT(nt_tensor *, nt_clamp, nt_tensor *, double, double);
+NT_DECL_AT(nt_tensor *, nt_leaky_relu, nt_tensor *, double);
+NT_DECL_AT(nt_tensor *, nt_hardtanh, nt_tensor *, double, double);
 NT_DECL_AT(nt_tensor *, nt_neg, nt_tensor *);
 NT_DECL_AT(nt_tensor *, nt_exp, nt_tensor *);
 NT_DECL_AT(nt_tensor *, nt_log, nt_tensor *);
@@ -1432,6 +1439,8 @@ NT_DECL_AT(nt_tensor *, nt_op_call, int, nt_tensor *const *);
 #define nt_div_scalar(...) nt_div_scalar_at(NT_HERE, __VA_ARGS__)
 #define nt_pow_scalar(...) nt_pow_scalar_at(NT_HERE, __VA_ARGS__)
 #define nt_clamp(...) nt_clamp_at(NT_HERE, __VA_ARGS__)
+#define nt_leaky_relu(...) nt_leaky_relu_at(NT_HERE, __VA_ARGS__)
+#define nt_hardtanh(...) nt_hardtanh_at(NT_HERE, __VA_ARGS__)
 #define nt_neg(...) nt_neg_at(NT_HERE, __VA_ARGS__)
 #define nt_exp(...) nt_exp_at(NT_HERE, __VA_ARGS__)
 #define nt_log(...) nt_log_at(NT_HERE, __VA_ARGS__)
