@@ -184,7 +184,7 @@ typedef enum nt__opkind {
     X(CROSS_ENTROPY, cross_entropy, 2, NT_KIND_LOSS, NT_OPF_DIFF, FLOAT, F32, cross_entropy, I01, NT__SIM_NONE) \
     X(MSE_LOSS, mse_loss, 2, NT_KIND_LOSS, NT_OPF_DIFF, FLOAT, F32, mse_loss, I01, NT__SIM_NONE)    \
     X(MATMUL, matmul, 2, NT_KIND_MATMUL, NT_OPF_DIFF, FLOAT, LOW, matmul, I01, NT__SIM_NONE)        \
-    X(EMBEDDING, embedding, 2, NT_KIND_GATHER, NT_OPF_DIFF, FLOAT, KEEP, embedding, I1, NT__SIM_NONE)
+    X(EMBEDDING, embedding, 2, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, embedding, I1, NT__SIM_NONE)
 
 /* Views (no kernel: metadata only) and composites that autograd records as
  * one node.  nin 0 = variadic (cat). */
