@@ -30,6 +30,7 @@
 #include <cmocka.h>
 
 #include "ntensor.h"
+#include "core/optable.h"
 #include "nt_test.h"
 #include "crc32.h"
 
@@ -231,10 +232,11 @@ typedef int (*isc_fn)(nt_tensor *, double);
 typedef nt_tensor *(*red_fn)(nt_tensor *, int, bool);
 
 static const struct { const char *name; un_fn f; } UN[] = {
-    {"nt_neg", nt_neg},         {"nt_exp", nt_exp},         {"nt_log", nt_log},
-    {"nt_sqrt", nt_sqrt},       {"nt_rsqrt", nt_rsqrt},     {"nt_abs", nt_abs},
-    {"nt_relu", nt_relu},       {"nt_gelu", nt_gelu},       {"nt_sigmoid", nt_sigmoid},
-    {"nt_tanh", nt_tanh},       {"nt_silu", nt_silu},       {"nt_contiguous", nt_contiguous},
+/* every unary op of core/optable.h, then the other one-tensor calls */
+#define T_UNARY(ID, name, ...) {"nt_" #name, nt_##name},
+    NT_OPS_UNARY(T_UNARY)
+#undef T_UNARY
+    {"nt_contiguous", nt_contiguous},
     {"nt_detach", nt_detach},   {"nt_zeros_like", nt_zeros_like},
     {"nt_ones_like", nt_ones_like},
 };
