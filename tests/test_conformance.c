@@ -183,7 +183,8 @@ static nt_tensor *unary_bwd(nt_tensor *g, nt_tensor *v)
 {
     nt__call c;
     nt_tensor *in[2] = {g, v};
-    if (!nt__call_begin(&c, NT_HERE, "nt_unary_bwd", NT_OP_UNARY_BWD, 2, in, "g,v"))
+    const nt_site *site = NT_HERE; /* the call keeps the pointer: not inside the if */
+    if (!nt__call_begin(&c, site, "nt_unary_bwd", NT_OP_UNARY_BWD, 2, in, "g,v"))
         return nt__call_fail(&c);
     c.no_grad = true;
     c.p.i[0] = grad_of_op;
