@@ -205,6 +205,33 @@ static int bwd_dx(nt__bctx *b)
     TRY(b->gin[0] = nt__dispatch(&c));
     return 0;
 }
+/* The generic backward of a binary op (bwd column `dxy`): g times its
+ * partial d/da or d/db (BINARY_DX, through the table on every backend),
+ * summed back over broadcast dims. */
+static nt_tensor *binary_dx(nt__bctx *b, int which)
+{
+    nt__call c;
+    nt_tensor *in[2] = {IN(0), IN(1)};
+    if (!nt__call_begin(&c, S, nt__op_api(b->n->op), NT_OP_BINARY_DX, 2, in, "a,b"))
+        return NULL;
+    c.no_grad = true;
+    c.p.i[0] = b->n->op;
+    c.p.i[1] = which;
+    int nd;
+    if (!nt__broadcast(in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape, &nd, c.oshape[0]))
+        return NULL; /* the forward broadcast them: cannot happen */
+    c.ondim[0] = nd;
+    c.odt[0] = nt__promote((nt_dtype)in[0]->dtype, (nt_dtype)in[1]->dtype);
+    c.flops = (double)nt__numel(nd, c.oshape[0]);
+    return nt__dispatch(&c);
+}
+static int bwd_dxy(nt__bctx *b)
+{
+    for (int i = 0; i < 2; i++)
+        if (LIVE(i))
+            TRY(b->gin[i] = reduce_to(b, nt_mul_at(S, G, binary_dx(b, i)), META(i)));
+    return 0;
+}
 static int bwd_sigmoid(nt__bctx *b)
 {
     TRY(b->gin[0] = bwd_helper(b, NT_OP_SIGMOID_BWD, OUT(0)));

@@ -167,6 +167,23 @@ static inline float nt__ew_silu_bwd(float g, float x)
     return g * (s * (1.0f + x * (1.0f - s)));
 }
 
+/* ---- binary: partial derivatives d/da, d/db (the generic backward needs
+ * them for every binary op; the ops above keep their specialised
+ * backwards) ---- */
+static inline float nt__ew_add_da(float a, float b) { (void)a, (void)b; return 1.0f; }
+static inline float nt__ew_add_db(float a, float b) { (void)a, (void)b; return 1.0f; }
+static inline float nt__ew_sub_da(float a, float b) { (void)a, (void)b; return 1.0f; }
+static inline float nt__ew_sub_db(float a, float b) { (void)a, (void)b; return -1.0f; }
+static inline float nt__ew_mul_da(float a, float b) { (void)a; return b; }
+static inline float nt__ew_mul_db(float a, float b) { (void)b; return a; }
+static inline float nt__ew_div_da(float a, float b) { (void)a; return 1.0f / b; }
+static inline float nt__ew_div_db(float a, float b) { return -(a / b) / b; }
+/* ties go to the first operand, as the forward picks it */
+static inline float nt__ew_maximum_da(float a, float b) { return a >= b ? 1.0f : 0.0f; }
+static inline float nt__ew_maximum_db(float a, float b) { return a >= b ? 0.0f : 1.0f; }
+static inline float nt__ew_minimum_da(float a, float b) { return a <= b ? 1.0f : 0.0f; }
+static inline float nt__ew_minimum_db(float a, float b) { return a <= b ? 0.0f : 1.0f; }
+
 /* ---- binary: int ---- */
 static inline int32_t nt__ewi_add(int32_t a, int32_t b) { return (int32_t)((uint32_t)a + (uint32_t)b); }
 static inline int32_t nt__ewi_sub(int32_t a, int32_t b) { return (int32_t)((uint32_t)a - (uint32_t)b); }
@@ -239,6 +256,39 @@ static inline float nt__ew_unary_bwd(int op, float g, float v, float s0, float s
 {
     return g * nt__ew_table_dx(op, v, s0, s1);
 }
+
+/* A float binary op by id, and its partial derivative (which 0: d/da,
+ * 1: d/db) */
+static inline float nt__ew_binary_f(int op, float a, float b)
+{
+    switch (op) {
+#define NT__EWB(ID, name, nin, kind, flags, ints, ...)                                      \
+    NT__IF_FLOAT(ints, case NT_OP_##ID: return nt__ew_##name(a, b);)
+        NT_OPS_BINARY(NT__EWB)
+#undef NT__EWB
+    default: nt__op_unhandled("nt__ew_binary_f", op);
+    }
+}
+
+static inline float nt__ew_binary_dx(int op, int which, float a, float b)
+{
+    switch (op) {
+#define NT__EWBD(ID, name, nin, kind, flags, ints, ...)                                     \
+    NT__IF_FLOAT(ints, case NT_OP_##ID: return which ? nt__ew_##name##_db(a, b)            \
+                                                     : nt__ew_##name##_da(a, b);)
+        NT_OPS_BINARY(NT__EWBD)
+#undef NT__EWBD
+    default: nt__op_unhandled("nt__ew_binary_dx", op);
+    }
+}
+
+/* The simulator's tensor_tensor instruction runs binary table ops by these
+ * ALU codes, past the public nt_alu_op values (sim/isa.c):
+ * NT__ALU_OP_BASE + op is nt__ew_binary_f(op, a, b), NT__ALU_DA_BASE /
+ * NT__ALU_DB_BASE + op its partials. */
+#define NT__ALU_OP_BASE 0x1000
+#define NT__ALU_DA_BASE 0x2000
+#define NT__ALU_DB_BASE 0x3000
 
 static inline int32_t nt__ewi_unary(int op, int32_t a)
 {

@@ -18,9 +18,11 @@
  *             LOW cast floating inputs to the region's dtype, F32 cast
  *             bf16/f16 inputs up to f32
  *   bwd       the backward function bwd_<bwd> of autograd/backward.c;
- *             `dx` is the generic one of an elementwise unary op: g *
- *             nt__ew_<name>_dx(v), through the UNARY_BWD helper, on every
- *             backend; `nograd` none
+ *             `dx` is the generic one of an elementwise unary or
+ *             tensor-scalar op: g * nt__ew_<name>_dx(v), through the
+ *             UNARY_BWD helper, on every backend; `dxy` the generic one of a
+ *             binary op: g * nt__ew_<name>_da(a, b) and g * _db(a, b),
+ *             through BINARY_DX; `nograd` none
  *   save      what the backward needs saved: 0, I0, I1, I01, O0 (input i,
  *             output 0).  For `dx` it says what nt__ew_<name>_dx reads:
  *             I0 the input x, O0 the output y
@@ -156,11 +158,14 @@ typedef enum nt__opkind {
     X(SIGMOID_BWD, sigmoid_bwd, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)          \
     X(TANH_BWD, tanh_bwd, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)
 
-/* The generic backward of the unary ops with bwd `dx`: y = g *
- * nt__ew_<f>_dx(v) for the forward op f = p.i[0] (v = x or y, per f's save
- * column); binary elementwise, enqueued only by autograd. */
+/* The generic backwards, enqueued only by autograd: UNARY_BWD(g, v) = g *
+ * nt__ew_<f>_dx(v) for the unary or tensor-scalar op f = p.i[0] with bwd
+ * `dx` (v = x or y, per f's save column; f's scalars in p.f); BINARY_DX(a,
+ * b) = nt__ew_<f>_da(a, b) (p.i[1] = 0) or nt__ew_<f>_db (p.i[1] = 1) for
+ * the binary op f = p.i[0] with bwd `dxy`, which autograd multiplies by g. */
 #define NT_OPS_GRAD(X)                                                                             \
-    X(UNARY_BWD, unary_bwd, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)
+    X(UNARY_BWD, unary_bwd, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)             \
+    X(BINARY_DX, binary_dx, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)
 
 /* u8 y = nt__ew_<name>(a, b) */
 #define NT_OPS_CMP(X)                                                       \

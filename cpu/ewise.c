@@ -273,6 +273,12 @@ static void binary_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
                 y[i] = nt__ew_unary_bwd(f, a[i], b[i], s0, s1);
             break;
         }
+        case NT_OP_BINARY_DX: {
+            int f = (int)r->p.i[0], which = (int)r->p.i[1]; /* the forward op, d/da or d/db */
+            for (int64_t i = 0; i < n; i++)
+                y[i] = nt__ew_binary_dx(f, which, a[i], b[i]);
+            break;
+        }
         default: nt__op_unhandled("cpu binary (float)", r->op);
         }
         nt__st_f32(c->p[0], c->dt[0], c->st[0], y, n);

@@ -243,6 +243,11 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
                 F32_LOOP(nt__ew_unary_bwd(f, x[i], z[i], s0, s1));
                 break;
             }
+            case NT_OP_BINARY_DX: {
+                int f = (int)o->p.i[0], which = (int)o->p.i[1]; /* forward op, d/da or d/db */
+                F32_LOOP(nt__ew_binary_dx(f, which, x[i], z[i]));
+                break;
+            }
             default: nt__op_unhandled("fused cpu binary (float)", o->op);
             }
             if (odt != NT_F32)

@@ -508,7 +508,38 @@ static bool alu_vs2_c(nt_alu_op op0, nt_alu_op op1, float *o, const float *a, fl
 
 static bool alu_int_ok(nt_alu_op op)
 {
-    return op != NT_ALU_DIV && op != NT_ALU_POW;
+    return op != NT_ALU_DIV && op != NT_ALU_POW && (unsigned)op < NT_ALU_COUNT;
+}
+
+/* An ALU code past the public ones (tensor_tensor only): a float binary op
+ * of the table or one of its partials (core/ewise.h). */
+static bool alu_is_table(nt_alu_op f)
+{
+    int c = (int)f;
+    int op = c >= NT__ALU_DB_BASE   ? c - NT__ALU_DB_BASE
+             : c >= NT__ALU_DA_BASE ? c - NT__ALU_DA_BASE
+                                    : c - NT__ALU_OP_BASE;
+    static const bool binary[NT_OP_COUNT] = {
+#define NT__TAB_B(ID, name, nin, kind, flags, ints, ...) NT__IF_FLOAT(ints, [NT_OP_##ID] = true,)
+        NT_OPS_BINARY(NT__TAB_B)
+#undef NT__TAB_B
+    };
+    return c >= NT__ALU_OP_BASE && c < NT__ALU_DB_BASE + NT_OP_COUNT && op >= 0 &&
+           op < NT_OP_COUNT && binary[op];
+}
+
+/* o = a op b for a table code */
+static void alu_table(nt_alu_op f, float *o, const float *x, const float *y, int64_t n)
+{
+    int c = (int)f;
+    if (c >= NT__ALU_DA_BASE) {
+        int which = c >= NT__ALU_DB_BASE, op = c - (which ? NT__ALU_DB_BASE : NT__ALU_DA_BASE);
+        for (int64_t i = 0; i < n; i++)
+            o[i] = nt__ew_binary_dx(op, which, x[i], y[i]);
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            o[i] = nt__ew_binary_f(c - NT__ALU_OP_BASE, x[i], y[i]);
+    }
 }
 
 static inline int32_t alui1(nt_alu_op op, int32_t a, int32_t b)
@@ -815,6 +846,11 @@ static void lane_tt(const fx_rec *r, int i, float **s)
     }
     const float *x = ld_f32(&r->o[1], i, s[0]);
     const float *y = ld_f32(&r->o[2], i, s[1]);
+    if (alu_is_table(op)) {
+        alu_table(op, s[2], x, y, N);
+        st(d, i, s[2], NULL);
+        return;
+    }
     float *o = direct_f32(d, i, x, y);
     if (o) {
         alu_vv_c(op, o, x, y, N);
@@ -1993,7 +2029,7 @@ int nt_isa_tensor_tensor(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *a, con
     int e = pick_engine(k, I, engine, NT_ENGINE_VECTOR, ENG(VECTOR) | ENG(GPSIMD));
     if (e < 0)
         return k->err;
-    if ((unsigned)op >= NT_ALU_COUNT)
+    if ((unsigned)op >= NT_ALU_COUNT && !alu_is_table(op))
         return nt__sim_fail(k, I, "ALU op %d (rule: one of nt_alu_op)", (int)op);
     TRY(check_ap(k, I, "dst", dst, M_SBUF | M_PSUM, e));
     TRY(check_ap(k, I, "a", a, M_SBUF | M_PSUM, e));

@@ -198,6 +198,27 @@ static nt_tensor *unary_bwd(nt_tensor *g, nt_tensor *v)
     return nt__dispatch(&c);
 }
 
+static int partial_of_op = NT_OP_DIV, partial_which = 1; /* BINARY_DX's forward op, d/db */
+
+/* BINARY_DX(a, b) for partial_of_op, as autograd/backward.c builds it */
+static nt_tensor *binary_dx(nt_tensor *a, nt_tensor *b)
+{
+    nt__call c;
+    nt_tensor *in[2] = {a, b};
+    const nt_site *site = NT_HERE;
+    if (!nt__call_begin(&c, site, "nt_binary_dx", NT_OP_BINARY_DX, 2, in, "a,b"))
+        return nt__call_fail(&c);
+    c.no_grad = true;
+    c.p.i[0] = partial_of_op;
+    c.p.i[1] = partial_which;
+    c.odt[0] = nt__promote((nt_dtype)a->dtype, (nt_dtype)b->dtype);
+    c.ondim[0] = a->ndim; /* a [4, 33], b [33] */
+    for (int i = 0; i < a->ndim; i++)
+        c.oshape[0][i] = a->shape[i];
+    c.flops = (double)nt_numel(a);
+    return nt__dispatch(&c);
+}
+
 /* Runs op on in[] (the spec's inputs); NULL with the error set if the
  * dispatcher refused, or (nt_tensor *)-1 if there is no driver. */
 #define NO_DRIVER ((nt_tensor *)(intptr_t)-1)
@@ -215,6 +236,8 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
     case NT_KIND_BINARY:
         if (op == NT_OP_UNARY_BWD)
             return unary_bwd(in[0], nt_expand(in[1], 2, (int64_t[]){4, 33}));
+        if (op == NT_OP_BINARY_DX)
+            return binary_dx(in[0], in[1]);
         return nt__binary(NT_HERE, I->api, op, in[0], in[1]);
     case NT_KIND_CMP: return nt__binary(NT_HERE, I->api, op, in[0], in[1]);
     case NT_KIND_WHERE: {
@@ -555,7 +578,7 @@ static void check_int(int op)
     const nt__opinfo *I = &nt__ops[op];
     unsigned fl = I->flags;
     spec s = spec_of(op);
-    if (op == NT_OP_UNARY_BWD || I->kind == NT_KIND_BWD) {
+    if (op == NT_OP_UNARY_BWD || op == NT_OP_BINARY_DX || I->kind == NT_KIND_BWD) {
         cell(op, K_INT, "n/a: internal, reached from float gradients only");
         return;
     }
@@ -797,7 +820,33 @@ static void test_every_derivative_sim_cpu(void **state)
         n++;
     }
     grad_of_op = NT_OP_SOFTPLUS;
-    print_message("# %d derivatives (nt__ew_<op>_dx): sim == cpu\n", n);
+    int nb = 0;
+    static const int binary[] = {
+#define T_BIN(ID, name, nin, kind, flags, ints, ...) NT__IF_FLOAT(ints, NT_OP_##ID,)
+        NT_OPS_BINARY(T_BIN)
+#undef T_BIN
+    };
+    for (size_t q = 0; q < sizeof binary / sizeof binary[0]; q++) {
+        int f = binary[q];
+        for (int which = 0; which < 2; which++) {
+            partial_of_op = f;
+            partial_which = which;
+            result c, s;
+            config("cpu", "deterministic", "1");
+            run(NT_OP_BINARY_DX, NT_F32, V_MIXED, false, &c);
+            config("sim", "deterministic", "1");
+            run(NT_OP_BINARY_DX, NT_F32, V_MIXED, false, &s);
+            const char *w = diff(&c, &s);
+            if (*w)
+                fail_msg("partial %d of %s: sim != cpu: %s", which, nt__ops[f].name, w);
+            result_free(&c);
+            result_free(&s);
+            nb++;
+        }
+    }
+    partial_of_op = NT_OP_DIV, partial_which = 1;
+    print_message("# %d derivatives (nt__ew_<op>_dx), %d partials (_da, _db): sim == cpu\n", n,
+                  nb);
 }
 
 /* The dispatcher's refusal names the function and the argument. */

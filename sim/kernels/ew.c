@@ -77,6 +77,8 @@ static int alu_of(int op)
     int f = sim_of[op];
     if (f == NT__SIM_SEQ)
         return -1;
+    if (f == NT__SIM_TABLE) /* tensor_tensor evaluates it through the table */
+        return NT__ALU_OP_BASE + op;
     if (f < 0)
         nt__op_unhandled("sim alu_of", op);
     return f;
@@ -299,6 +301,10 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
     case NT_KIND_BINARY:
     case NT_KIND_CMP: {
         int alu = alu_of(o->op);
+        if (alu >= NT__ALU_OP_BASE) /* a table code: tensor_tensor only, per-row
+                                       operands as step-0 patterns */
+            return nt_isa_tensor_tensor(k, dst, &a[0].ap, &a[1].ap, (nt_alu_op)alu,
+                                        NT_ENGINE_VECTOR);
         if (alu >= 0) {
             /* a per-row operand becomes the per-partition scalar */
             if (a[1].red && !a[0].red)
@@ -311,6 +317,11 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
         /* backward helpers (g, y-or-x) in the CPU's order on f32 temps */
         const nt_ap *g = &a[0].ap, *y = &a[1].ap;
         int rc = 0;
+        if (o->op == NT_OP_BINARY_DX) /* f's partial through the table */
+            return nt_isa_tensor_tensor(k, dst, &a[0].ap, &a[1].ap,
+                                        (nt_alu_op)((o->p.i[1] ? NT__ALU_DB_BASE : NT__ALU_DA_BASE) +
+                                                    (int)o->p.i[0]),
+                                        NT_ENGINE_VECTOR);
         switch (o->op) {
         case NT_OP_RELU_BWD: { /* y > 0 ? g : 0 */
             nt_ap zero = cslice(E, E->cf, opk, 0, true);
