@@ -337,6 +337,7 @@ NT_API nt_tensor *nt_softplus(nt_tensor *t);
 NT_API nt_tensor *nt_mish(nt_tensor *t);
 NT_API nt_tensor *nt_reciprocal(nt_tensor *t);
 NT_API nt_tensor *nt_bitwise_not(nt_tensor *t);
+NT_API nt_tensor *nt_pow(nt_tensor *a, nt_tensor *b); /* temporary */
 
 /** Converts to dtype `dt` (round to nearest even for floats; float to int
  *  truncates toward zero, saturates, and maps NaN to 0; int to u8 wraps).
@@ -1365,6 +1366,7 @@ NT_DECL_AT(nt_tensor *, nt_softplus, nt_tensor *); /* temporary */
 NT_DECL_AT(nt_tensor *, nt_mish, nt_tensor *); /* temporary */
 NT_DECL_AT(nt_tensor *, nt_reciprocal, nt_tensor *); /* temporary */
 NT_DECL_AT(nt_tensor *, nt_bitwise_not, nt_tensor *); /* temporary */
+NT_DECL_AT(nt_tensor *, nt_pow, nt_tensor *, nt_tensor *); /* temporary */
 NT_DECL_AT(nt_tensor *, nt_cast, nt_tensor *, nt_dtype);
 NT_DECL_AT(nt_tensor *, nt_cast_sr, nt_tensor *, nt_dtype);
 NT_DECL_AT(nt_tensor *, nt_matmul, nt_tensor *, nt_tensor *);
@@ -1456,6 +1458,7 @@ NT_DECL_AT(nt_tensor *, nt_op_call, int, nt_tensor *const *);
 #define nt_mish(...) nt_mish_at(NT_HERE, __VA_ARGS__) /* temporary */
 #define nt_reciprocal(...) nt_reciprocal_at(NT_HERE, __VA_ARGS__) /* temporary */
 #define nt_bitwise_not(...) nt_bitwise_not_at(NT_HERE, __VA_ARGS__) /* temporary */
+#define nt_pow(...) nt_pow_at(NT_HERE, __VA_ARGS__) /* temporary */
 #define nt_cast(...) nt_cast_at(NT_HERE, __VA_ARGS__)
 #define nt_cast_sr(...) nt_cast_sr_at(NT_HERE, __VA_ARGS__)
 #define nt_matmul(...) nt_matmul_at(NT_HERE, __VA_ARGS__)
