@@ -166,6 +166,8 @@ static inline float nt__ew_silu_bwd(float g, float x)
     float s = 1.0f / (1.0f + nt__expf(-x));
     return g * (s * (1.0f + x * (1.0f - s)));
 }
+/* a^b, the libm powf every path shares (nt__powf) */
+static inline float nt__ew_pow(float a, float b) { return nt__powf(a, b); }
 
 /* ---- binary: partial derivatives d/da, d/db (the generic backward needs
  * them for every binary op; the ops above keep their specialised
@@ -183,6 +185,13 @@ static inline float nt__ew_maximum_da(float a, float b) { return a >= b ? 1.0f :
 static inline float nt__ew_maximum_db(float a, float b) { return a >= b ? 0.0f : 1.0f; }
 static inline float nt__ew_minimum_da(float a, float b) { return a <= b ? 1.0f : 0.0f; }
 static inline float nt__ew_minimum_db(float a, float b) { return a <= b ? 0.0f : 1.0f; }
+/* PyTorch's: b a^(b-1), 0 where b == 0; a^b log(a), 0 where a == 0 and
+ * b >= 0 */
+static inline float nt__ew_pow_da(float a, float b) { return b == 0.0f ? 0.0f : b * nt__powf(a, b - 1.0f); }
+static inline float nt__ew_pow_db(float a, float b)
+{
+    return a == 0.0f && b >= 0.0f ? 0.0f : nt__powf(a, b) * nt__logf(a);
+}
 
 /* ---- binary: int ---- */
 static inline int32_t nt__ewi_add(int32_t a, int32_t b) { return (int32_t)((uint32_t)a + (uint32_t)b); }

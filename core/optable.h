@@ -147,7 +147,8 @@ typedef enum nt__opkind {
     X(MUL, mul, 2, NT_KIND_BINARY, NT_OPF_DIFF, INT, KEEP, mul, I01, NT_ALU_MUL)                    \
     X(DIV, div, 2, NT_KIND_BINARY, NT_OPF_DIFF, F32INT, KEEP, div, I01, NT_ALU_DIV)                 \
     X(MAXIMUM, maximum, 2, NT_KIND_BINARY, NT_OPF_DIFF, INT, KEEP, maximum, I01, NT_ALU_MAX)        \
-    X(MINIMUM, minimum, 2, NT_KIND_BINARY, NT_OPF_DIFF, INT, KEEP, minimum, I01, NT_ALU_MIN)
+    X(MINIMUM, minimum, 2, NT_KIND_BINARY, NT_OPF_DIFF, INT, KEEP, minimum, I01, NT_ALU_MIN)        \
+    X(POW, pow, 2, NT_KIND_BINARY, NT_OPF_DIFF, F32INT, F32, dxy, I01, NT__SIM_TABLE)
 
 /* Backward helpers of the unary ops: y = nt__ew_<name>(g, x-or-y), binary
  * elementwise like the family above, enqueued only by autograd. */
