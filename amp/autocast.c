@@ -9,7 +9,8 @@
  * in f32.  The casts are temporaries of the call (c->tmp), released when the
  * call ends; the queued op and autograd hold their own references.
  *
- * The policy (docs/amp.md has the table), after PyTorch's autocast lists:
+ * The policy is the amp column of core/optable.h (docs/amp.md has the
+ * table), after PyTorch's autocast lists:
  *   low   matmul (and so linear, with its bias add: nt_linear casts the
  *         bias before the matmul, so the cast does not split the matmul's
  *         epilogue kernel): floating inputs are cast to the region's dtype;
@@ -39,29 +40,10 @@ static _Thread_local int tls_depth NT_TLS_HOT;
 static _Thread_local int tls_suspended NT_TLS_HOT;
 static _Thread_local uint8_t tls_stack[NT_AMP_MAX_DEPTH];
 
-typedef enum { POL_KEEP = 0, POL_LOW, POL_F32 } policy;
-
-static policy policy_of(int op)
+/* The amp column of core/optable.h; registered user ops keep their dtypes. */
+static nt__amp_policy policy_of(int op)
 {
-    switch (op) {
-    case NT_OP_MATMUL:
-        return POL_LOW;
-    case NT_OP_SUM:
-    case NT_OP_MEAN:
-    case NT_OP_SOFTMAX:
-    case NT_OP_LOG_SOFTMAX:
-    case NT_OP_LAYER_NORM:
-    case NT_OP_RMS_NORM:
-    case NT_OP_EXP:
-    case NT_OP_LOG:
-    case NT_OP_RSQRT:
-    case NT_OP_POW_SCALAR:
-    case NT_OP_CROSS_ENTROPY:
-    case NT_OP_MSE_LOSS:
-        return POL_F32;
-    default:
-        return POL_KEEP;
-    }
+    return op >= 0 && op < NT_OP_COUNT ? nt__ops[op].amp : NT__AMP_KEEP;
 }
 
 /* If t is a permutation of a dense block (a transpose, say: every element
@@ -126,20 +108,14 @@ static int on_call(nt__call *c)
     if (tls_suspended || c->bwd_of)
         return 0;
     nt_dtype low = (nt_dtype)tls_stack[tls_depth - 1];
-    policy pol = policy_of(c->op);
-    int first = 0;
-    if (pol == POL_KEEP) {
-        /* nt_linear is matmul(x, w^T) + b op for op: its bias add joins the
-         * matmul's precision, so linear's result is low precision as a
-         * whole (PyTorch's linear is one low-precision op). */
-        if (c->op != NT_OP_ADD || !c->fn || strcmp(c->fn, "nt_linear") != 0 || !c->in[0] ||
-            c->in[0]->dtype != low)
-            return 0;
-        pol = POL_LOW;
-        first = 1;
-    }
-    nt_dtype want = pol == POL_LOW ? low : NT_F32;
-    for (int i = first; i < c->nin; i++) {
+    nt__amp_policy pol = policy_of(c->op);
+    /* nt_linear's bias add needs no rule here: nt_linear casts the bias to
+     * the region's dtype before its matmul (dispatcher/api_nn.c), so the
+     * add sees two low-precision inputs and keeps them. */
+    if (pol == NT__AMP_KEEP)
+        return 0;
+    nt_dtype want = pol == NT__AMP_LOW ? low : NT_F32;
+    for (int i = 0; i < c->nin; i++) {
         nt_tensor *t = c->in[i];
         if (!t || t->dtype == want || !nt__dtype_is_float((nt_dtype)t->dtype) || c->tmp[i])
             continue;

@@ -181,6 +181,57 @@ static int bwd_silu(nt__bctx *b)
     TRY(b->gin[0] = bwd_helper(b, NT_OP_SILU_BWD, IN(0)));
     return 0;
 }
+/* The generic backward of an elementwise unary or tensor-scalar op (bwd
+ * column `dx`): g * nt__ew_<f>_dx(v[, s0, s1]), one UNARY_BWD helper for
+ * every such op, with v the saved input or output as the op's save column
+ * says. */
+static int bwd_dx(nt__bctx *b)
+{
+    nt__call c;
+    int op = b->n->op;
+    nt_tensor *v = nt__bwd_table[op].save_out ? OUT(0) : IN(0);
+    nt_tensor *in[2] = {G, v};
+    if (!nt__call_begin(&c, S, nt__op_api(op), NT_OP_UNARY_BWD, 2, in, "g,v"))
+        return nt_last_error();
+    c.no_grad = true;
+    c.p.i[0] = op;
+    c.p.f[0] = b->n->p.f[0]; /* a tensor-scalar op's scalars */
+    c.p.f[1] = b->n->p.f[1];
+    c.odt[0] = nt__promote((nt_dtype)G->dtype, (nt_dtype)v->dtype);
+    c.ondim[0] = G->ndim;
+    for (int i = 0; i < G->ndim; i++)
+        c.oshape[0][i] = G->shape[i];
+    c.flops = (double)nt__numel(G->ndim, G->shape);
+    TRY(b->gin[0] = nt__dispatch(&c));
+    return 0;
+}
+/* The generic backward of a binary op (bwd column `dxy`): g times its
+ * partial d/da or d/db (BINARY_DX, through the table on every backend),
+ * summed back over broadcast dims. */
+static nt_tensor *binary_dx(nt__bctx *b, int which)
+{
+    nt__call c;
+    nt_tensor *in[2] = {IN(0), IN(1)};
+    if (!nt__call_begin(&c, S, nt__op_api(b->n->op), NT_OP_BINARY_DX, 2, in, "a,b"))
+        return NULL;
+    c.no_grad = true;
+    c.p.i[0] = b->n->op;
+    c.p.i[1] = which;
+    int nd;
+    if (!nt__broadcast(in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape, &nd, c.oshape[0]))
+        return NULL; /* the forward broadcast them: cannot happen */
+    c.ondim[0] = nd;
+    c.odt[0] = nt__promote((nt_dtype)in[0]->dtype, (nt_dtype)in[1]->dtype);
+    c.flops = (double)nt__numel(nd, c.oshape[0]);
+    return nt__dispatch(&c);
+}
+static int bwd_dxy(nt__bctx *b)
+{
+    for (int i = 0; i < 2; i++)
+        if (LIVE(i))
+            TRY(b->gin[i] = reduce_to(b, nt_mul_at(S, G, binary_dx(b, i)), META(i)));
+    return 0;
+}
 static int bwd_sigmoid(nt__bctx *b)
 {
     TRY(b->gin[0] = bwd_helper(b, NT_OP_SIGMOID_BWD, OUT(0)));
@@ -507,54 +558,11 @@ static int bwd_embedding(nt__bctx *b)
 
 /* ---------------- the table ---------------- */
 
-#define I0 1u
-#define I1 2u
-#define I2 4u
-#define O0 1u
+/* Generated from the bwd and save columns of core/optable.h: op ->
+ * {bwd_<bwd>, saved inputs, saved outputs}. */
+#define bwd_nograd NULL
+#define NT__BWD_ROW(ID, name, nin, kind, flags, ints, amp, bwd, save, sim)                   \
+    [NT_OP_##ID] = {bwd_##bwd, NT__SAVE_##save},
 
-const nt__bwd_entry nt__bwd_table[NT_OP_COUNT] = {
-    [NT_OP_FILL] = {bwd_none, 0, 0},
-    [NT_OP_COPY] = {bwd_identity, 0, 0},
-    [NT_OP_CAST] = {bwd_identity, 0, 0},
-    [NT_OP_NEG] = {bwd_neg, 0, 0},
-    [NT_OP_EXP] = {bwd_exp, 0, O0},
-    [NT_OP_LOG] = {bwd_log, I0, 0},
-    [NT_OP_SQRT] = {bwd_sqrt, 0, O0},
-    [NT_OP_RSQRT] = {bwd_rsqrt, 0, O0},
-    [NT_OP_ABS] = {bwd_abs, I0, 0},
-    [NT_OP_RELU] = {bwd_relu, 0, O0},
-    [NT_OP_GELU] = {bwd_gelu, I0, 0},
-    [NT_OP_SIGMOID] = {bwd_sigmoid, 0, O0},
-    [NT_OP_TANH] = {bwd_tanh, 0, O0},
-    [NT_OP_SILU] = {bwd_silu, I0, 0},
-    [NT_OP_ADD_SCALAR] = {bwd_add_scalar, 0, 0},
-    [NT_OP_MUL_SCALAR] = {bwd_mul_scalar, 0, 0},
-    [NT_OP_DIV_SCALAR] = {bwd_div_scalar, 0, 0},
-    [NT_OP_POW_SCALAR] = {bwd_pow_scalar, I0, 0},
-    [NT_OP_CLAMP] = {bwd_clamp, I0, 0},
-    [NT_OP_ADD] = {bwd_add, 0, 0},
-    [NT_OP_SUB] = {bwd_sub, 0, 0},
-    [NT_OP_MUL] = {bwd_mul, I0 | I1, 0},
-    [NT_OP_DIV] = {bwd_div, I0 | I1, 0},
-    [NT_OP_MAXIMUM] = {bwd_maximum, I0 | I1, 0},
-    [NT_OP_MINIMUM] = {bwd_minimum, I0 | I1, 0},
-    [NT_OP_WHERE] = {bwd_where, I0, 0},
-    [NT_OP_SUM] = {bwd_sum, 0, 0},
-    [NT_OP_MEAN] = {bwd_mean, 0, 0},
-    [NT_OP_MAX] = {bwd_max, I0, 0},
-    [NT_OP_SOFTMAX] = {bwd_softmax, 0, O0},
-    [NT_OP_LOG_SOFTMAX] = {bwd_log_softmax, 0, O0},
-    [NT_OP_LAYER_NORM] = {bwd_layer_norm, I0 | I1, 0},
-    [NT_OP_RMS_NORM] = {bwd_rms_norm, I0 | I1, 0},
-    [NT_OP_CROSS_ENTROPY] = {bwd_cross_entropy, I0 | I1, 0},
-    [NT_OP_MSE_LOSS] = {bwd_mse_loss, I0 | I1, 0},
-    [NT_OP_MATMUL] = {bwd_matmul, I0 | I1, 0},
-    [NT_OP_EMBEDDING] = {bwd_embedding, I1, 0},
-    [NT_OP_RESHAPE] = {bwd_reshape, 0, 0},
-    [NT_OP_TRANSPOSE] = {bwd_transpose, 0, 0},
-    [NT_OP_PERMUTE] = {bwd_permute, 0, 0},
-    [NT_OP_SLICE] = {bwd_slice, 0, 0},
-    [NT_OP_EXPAND] = {bwd_expand, 0, 0},
-    [NT_OP_ALIAS] = {bwd_identity, 0, 0},
-    [NT_OP_CAT] = {bwd_cat, 0, 0},
-};
+const nt__bwd_entry nt__bwd_table[NT_OP_COUNT] = {NT_OP_TABLE(NT__BWD_ROW)};
+#undef NT__BWD_ROW

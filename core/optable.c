@@ -2,8 +2,12 @@
 #include "core/hooks.h"
 #include "core/internal.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+
 const nt__opinfo nt__ops[NT_OP_COUNT] = {
-#define NT__OP_INFO(ID, name, nin, kind, flags) [NT_OP_##ID] = {#name, "nt_" #name, nin, kind, flags},
+#define NT__OP_INFO(ID, name, nin, kind, flags, ints, amp, bwd, save, sim)                 \
+    [NT_OP_##ID] = {#name, "nt_" #name, nin, kind, (flags) | NT__INTS_##ints, NT__AMP_##amp},
     NT_OP_TABLE(NT__OP_INFO)
 #undef NT__OP_INFO
 };
@@ -21,6 +25,15 @@ const nt__opinfo *nt__opinfo_get(int op)
     if (op >= NT_OP_CUSTOM_BASE && nt__chooks.custom_opinfo)
         return nt__chooks.custom_opinfo(op);
     return NULL;
+}
+
+_Noreturn void nt__op_unhandled(const char *where, int op)
+{
+    /* a table column or a switch is missing this op: a wrong answer would
+     * be worse than stopping here */
+    fprintf(stderr, "ntensor: internal error: %s has no case for op %d (%s)\n", where, op,
+            nt__op_name(op));
+    abort();
 }
 
 const char *nt__op_name(int op)

@@ -1,16 +1,47 @@
 /* core/optable.h - the one op table.
  *
- * Every op is one line X(ID, name, nin, kind, flags).  The table expands into
- * the op enum, the names, arities, kinds and flags (core/optable.c), and into
- * each backend's kernel table (cpu/kernels.c, sim/kernels/).  Ops are grouped
- * by kind so a backend can expand one family with one generator (all
- * elementwise unary ops share one generic kernel, for example).  Adding an op
- * is one line here plus its functions; the _Static_asserts in optable.c and
- * the backend tables catch a table that fell out of step.
+ * Every op is one line
  *
- * nin is the most inputs the op takes (optional inputs may be NULL).
- * Flags: NT_OPF_DIFF differentiable; NT_OPF_INT accepts integer inputs and
- * keeps their dtype; NT_OPF_F32INT integer inputs give an f32 result. */
+ *   X(ID, name, nin, kind, flags, ints, amp, bwd, save, sim)
+ *
+ *   ID, name  NT_OP_<ID>, "name", the public nt_<name>; an elementwise op's
+ *             scalar definition is nt__ew_<name> in core/ewise.h
+ *   nin       the most inputs the op takes (optional inputs may be NULL)
+ *   kind      the family (nt__opkind): which generic kernel, fusion rule
+ *             and conformance driver (tests/test_conformance.c) it gets
+ *   flags     NT_OPF_DIFF (differentiable) or 0
+ *   ints      integer inputs: INT (the op has nt__ewi_<name> and keeps the
+ *             integer dtype), F32INT (integer inputs give an f32 result),
+ *             INTONLY (integers only, nt__ewi_<name>; a float input is an
+ *             error), FLOAT (no integer path)
+ *   amp       the autocast policy (amp/autocast.c): KEEP the input dtype,
+ *             LOW cast floating inputs to the region's dtype, F32 cast
+ *             bf16/f16 inputs up to f32
+ *   bwd       the backward function bwd_<bwd> of autograd/backward.c;
+ *             `dx` is the generic one of an elementwise unary or
+ *             tensor-scalar op: g * nt__ew_<name>_dx(v), through the
+ *             UNARY_BWD helper, on every backend; `dxy` the generic one of a
+ *             binary op: g * nt__ew_<name>_da(a, b) and g * _db(a, b),
+ *             through BINARY_DX; `nograd` none
+ *   save      what the backward needs saved: 0, I0, I1, I01, O0 (input i,
+ *             output 0).  For `dx` it says what nt__ew_<name>_dx reads:
+ *             I0 the input x, O0 the output y
+ *   sim       how sim/kernels/ew.c runs it: an NT_ACT_* activation (unary),
+ *             an NT_ALU_* step (scalar, binary, compare), NT__SIM_TABLE (the
+ *             activation instruction evaluates nt__ew_<name> through this
+ *             table: new unary ops need no instruction of their own),
+ *             NT__SIM_SEQ (a hand-written instruction sequence in
+ *             sim/kernels/ew.c), NT__SIM_NONE (an op with its own kernel)
+ *
+ * The table expands into the op enum and info (core/optable.c), each
+ * backend's kernel table (cpu/kernels.c, sim/kernels/runtime.c), the
+ * per-op switches of the CPU, fused-CPU and sim evaluators, the public
+ * entry points of the unary/binary/compare groups (dispatcher/api_ew.c),
+ * the autocast policy and the backward table.  Every switch over ops that
+ * is left has a default that fails naming the op.  docs/architecture.md
+ * ("Adding an op") lists what a new op needs besides its line here.
+ * The _Static_asserts in optable.c and the backend tables catch a table
+ * that fell out of step; tests/test_conformance.c runs every op id. */
 #ifndef NT_CORE_OPTABLE_H
 #define NT_CORE_OPTABLE_H
 
@@ -18,7 +49,39 @@ enum {
     NT_OPF_DIFF = 1u << 0,
     NT_OPF_INT = 1u << 1,
     NT_OPF_F32INT = 1u << 2,
+    NT_OPF_INTONLY = 1u << 3,
 };
+
+/* the ints column as flag bits */
+#define NT__INTS_INT NT_OPF_INT
+#define NT__INTS_F32INT NT_OPF_F32INT
+#define NT__INTS_INTONLY (NT_OPF_INT | NT_OPF_INTONLY)
+#define NT__INTS_FLOAT 0u
+/* NT__IF_INT(ints, code...): code if the op has an integer form
+ * nt__ewi_<name>; NT__IF_FLOAT: code if it has a float form nt__ew_<name> */
+#define NT__IF_INT(ints, ...) NT__IFI_##ints(__VA_ARGS__)
+#define NT__IFI_INT(...) __VA_ARGS__
+#define NT__IFI_INTONLY(...) __VA_ARGS__
+#define NT__IFI_F32INT(...)
+#define NT__IFI_FLOAT(...)
+#define NT__IF_FLOAT(ints, ...) NT__IFF_##ints(__VA_ARGS__)
+#define NT__IFF_INT(...) __VA_ARGS__
+#define NT__IFF_INTONLY(...)
+#define NT__IFF_F32INT(...) __VA_ARGS__
+#define NT__IFF_FLOAT(...) __VA_ARGS__
+
+/* the amp column */
+typedef enum { NT__AMP_KEEP = 0, NT__AMP_LOW, NT__AMP_F32 } nt__amp_policy;
+
+/* the save column: (saved inputs mask, saved outputs mask) */
+#define NT__SAVE_0 0u, 0u
+#define NT__SAVE_I0 1u, 0u
+#define NT__SAVE_I1 2u, 0u
+#define NT__SAVE_I01 3u, 0u
+#define NT__SAVE_O0 0u, 1u
+
+/* the sim column's non-instruction values */
+enum { NT__SIM_NONE = -1, NT__SIM_TABLE = -2, NT__SIM_SEQ = -3 };
 
 typedef enum nt__opkind {
     NT_KIND_FILL,    /* no inputs: creation */
@@ -36,106 +99,123 @@ typedef enum nt__opkind {
     NT_KIND_VIEW,    /* views and composites: no kernel, autograd only */
     NT_KIND_BWD,     /* backward helpers (autograd) */
     NT_KIND_CUSTOM,  /* user-registered kernels */
+    NT_KIND_COUNT
 } nt__opkind;
 
 #define NT_OPS_FILL(X)                                                      \
-    X(FILL, fill, 0, NT_KIND_FILL, NT_OPF_INT)                              \
-    X(ARANGE, arange, 0, NT_KIND_FILL, NT_OPF_INT)                          \
-    X(RAND, rand, 0, NT_KIND_FILL, 0)                                       \
-    X(RANDN, randn, 0, NT_KIND_FILL, 0)
+    X(FILL, fill, 0, NT_KIND_FILL, 0, INT, KEEP, none, 0, NT__SIM_NONE)                             \
+    X(ARANGE, arange, 0, NT_KIND_FILL, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)                       \
+    X(RAND, rand, 0, NT_KIND_FILL, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                         \
+    X(RANDN, randn, 0, NT_KIND_FILL, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
 
 #define NT_OPS_COPY(X)                                                      \
-    X(COPY, copy, 1, NT_KIND_COPY, NT_OPF_DIFF | NT_OPF_INT)                \
-    X(CAST, cast, 1, NT_KIND_COPY, NT_OPF_DIFF | NT_OPF_INT)
+    X(COPY, copy, 1, NT_KIND_COPY, NT_OPF_DIFF, INT, KEEP, identity, 0, NT__SIM_NONE)               \
+    X(CAST, cast, 1, NT_KIND_COPY, NT_OPF_DIFF, INT, KEEP, identity, 0, NT__SIM_NONE)
 
-/* X(ID, name, nin, kind, flags) for y = nt__ew_<name>(a) */
+/* y = nt__ew_<name>(a); gradient nt__ew_<name>_dx (x or y, per `save`) */
 #define NT_OPS_UNARY(X)                                                     \
-    X(NEG, neg, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_INT)                 \
-    X(EXP, exp, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_F32INT)              \
-    X(LOG, log, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_F32INT)              \
-    X(SQRT, sqrt, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_F32INT)            \
-    X(RSQRT, rsqrt, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_F32INT)          \
-    X(ABS, abs, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_INT)                 \
-    X(RELU, relu, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_INT)               \
-    X(GELU, gelu, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_F32INT)            \
-    X(SIGMOID, sigmoid, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_F32INT)      \
-    X(TANH, tanh, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_F32INT)            \
-    X(SILU, silu, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_F32INT)
+    X(NEG, neg, 1, NT_KIND_UNARY, NT_OPF_DIFF, INT, KEEP, neg, 0, NT_ACT_NEG)                       \
+    X(EXP, exp, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, exp, O0, NT_ACT_EXP)                    \
+    X(LOG, log, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, log, I0, NT_ACT_LOG)                    \
+    X(SQRT, sqrt, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, sqrt, O0, NT_ACT_SQRT)               \
+    X(RSQRT, rsqrt, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, rsqrt, O0, NT_ACT_RSQRT)            \
+    X(ABS, abs, 1, NT_KIND_UNARY, NT_OPF_DIFF, INT, KEEP, abs, I0, NT_ACT_ABS)                      \
+    X(RELU, relu, 1, NT_KIND_UNARY, NT_OPF_DIFF, INT, KEEP, relu, O0, NT_ACT_RELU)                  \
+    X(GELU, gelu, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, gelu, I0, NT_ACT_GELU)               \
+    X(SIGMOID, sigmoid, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, sigmoid, O0, NT_ACT_SIGMOID)   \
+    X(TANH, tanh, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, tanh, O0, NT_ACT_TANH)               \
+    X(SILU, silu, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, silu, I0, NT_ACT_SILU)               \
+    X(SOFTPLUS, softplus, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, dx, I0, NT__SIM_TABLE)        \
+    X(MISH, mish, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT__SIM_TABLE)              \
+    X(RECIPROCAL, reciprocal, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, dx, O0, NT__SIM_TABLE)    \
+    X(BITWISE_NOT, bitwise_not, 1, NT_KIND_UNARY, 0, INTONLY, KEEP, nograd, 0, NT__SIM_SEQ)
 
 /* y = nt__ew_<name>(a, p.f[0], p.f[1]) */
 #define NT_OPS_SCALAR(X)                                                    \
-    X(ADD_SCALAR, add_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF | NT_OPF_INT)  \
-    X(MUL_SCALAR, mul_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF | NT_OPF_INT)  \
-    X(DIV_SCALAR, div_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF | NT_OPF_F32INT) \
-    X(POW_SCALAR, pow_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF | NT_OPF_F32INT) \
-    X(CLAMP, clamp, 1, NT_KIND_SCALAR, NT_OPF_DIFF | NT_OPF_INT)
+    X(ADD_SCALAR, add_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF, INT, KEEP, add_scalar, 0, NT_ALU_ADD) \
+    X(MUL_SCALAR, mul_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF, INT, KEEP, mul_scalar, 0, NT_ALU_MUL) \
+    X(DIV_SCALAR, div_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF, F32INT, KEEP, div_scalar, 0, NT_ALU_DIV) \
+    X(POW_SCALAR, pow_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF, F32INT, F32, pow_scalar, I0, NT_ALU_POW) \
+    X(CLAMP, clamp, 1, NT_KIND_SCALAR, NT_OPF_DIFF, INT, KEEP, clamp, I0, NT__SIM_SEQ)              \
+    X(LEAKY_RELU, leaky_relu, 1, NT_KIND_SCALAR, NT_OPF_DIFF, FLOAT, KEEP, dx, I0, NT__SIM_TABLE)   \
+    X(HARDTANH, hardtanh, 1, NT_KIND_SCALAR, NT_OPF_DIFF, FLOAT, KEEP, dx, I0, NT__SIM_TABLE)
 
 /* y = nt__ew_<name>(a, b) with broadcasting */
 #define NT_OPS_BINARY(X)                                                    \
-    X(ADD, add, 2, NT_KIND_BINARY, NT_OPF_DIFF | NT_OPF_INT)                \
-    X(SUB, sub, 2, NT_KIND_BINARY, NT_OPF_DIFF | NT_OPF_INT)                \
-    X(MUL, mul, 2, NT_KIND_BINARY, NT_OPF_DIFF | NT_OPF_INT)                \
-    X(DIV, div, 2, NT_KIND_BINARY, NT_OPF_DIFF | NT_OPF_F32INT)             \
-    X(MAXIMUM, maximum, 2, NT_KIND_BINARY, NT_OPF_DIFF | NT_OPF_INT)        \
-    X(MINIMUM, minimum, 2, NT_KIND_BINARY, NT_OPF_DIFF | NT_OPF_INT)
+    X(ADD, add, 2, NT_KIND_BINARY, NT_OPF_DIFF, INT, KEEP, add, 0, NT_ALU_ADD)                      \
+    X(SUB, sub, 2, NT_KIND_BINARY, NT_OPF_DIFF, INT, KEEP, sub, 0, NT_ALU_SUB)                      \
+    X(MUL, mul, 2, NT_KIND_BINARY, NT_OPF_DIFF, INT, KEEP, mul, I01, NT_ALU_MUL)                    \
+    X(DIV, div, 2, NT_KIND_BINARY, NT_OPF_DIFF, F32INT, KEEP, div, I01, NT_ALU_DIV)                 \
+    X(MAXIMUM, maximum, 2, NT_KIND_BINARY, NT_OPF_DIFF, INT, KEEP, maximum, I01, NT_ALU_MAX)        \
+    X(MINIMUM, minimum, 2, NT_KIND_BINARY, NT_OPF_DIFF, INT, KEEP, minimum, I01, NT_ALU_MIN)        \
+    X(POW, pow, 2, NT_KIND_BINARY, NT_OPF_DIFF, F32INT, F32, dxy, I01, NT__SIM_TABLE)
 
 /* Backward helpers of the unary ops: y = nt__ew_<name>(g, x-or-y), binary
  * elementwise like the family above, enqueued only by autograd. */
 #define NT_OPS_EW_BWD(X)                                                    \
-    X(RELU_BWD, relu_bwd, 2, NT_KIND_BINARY, 0)                             \
-    X(GELU_BWD, gelu_bwd, 2, NT_KIND_BINARY, 0)                             \
-    X(SILU_BWD, silu_bwd, 2, NT_KIND_BINARY, 0)                             \
-    X(SIGMOID_BWD, sigmoid_bwd, 2, NT_KIND_BINARY, 0)                       \
-    X(TANH_BWD, tanh_bwd, 2, NT_KIND_BINARY, 0)
+    X(RELU_BWD, relu_bwd, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)                \
+    X(GELU_BWD, gelu_bwd, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)                \
+    X(SILU_BWD, silu_bwd, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)                \
+    X(SIGMOID_BWD, sigmoid_bwd, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)          \
+    X(TANH_BWD, tanh_bwd, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)
+
+/* The generic backwards, enqueued only by autograd: UNARY_BWD(g, v) = g *
+ * nt__ew_<f>_dx(v) for the unary or tensor-scalar op f = p.i[0] with bwd
+ * `dx` (v = x or y, per f's save column; f's scalars in p.f); BINARY_DX(a,
+ * b) = nt__ew_<f>_da(a, b) (p.i[1] = 0) or nt__ew_<f>_db (p.i[1] = 1) for
+ * the binary op f = p.i[0] with bwd `dxy`, which autograd multiplies by g. */
+#define NT_OPS_GRAD(X)                                                                             \
+    X(UNARY_BWD, unary_bwd, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)             \
+    X(BINARY_DX, binary_dx, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)
 
 /* u8 y = nt__ew_<name>(a, b) */
 #define NT_OPS_CMP(X)                                                       \
-    X(EQ, eq, 2, NT_KIND_CMP, NT_OPF_INT)                                   \
-    X(NE, ne, 2, NT_KIND_CMP, NT_OPF_INT)                                   \
-    X(LT, lt, 2, NT_KIND_CMP, NT_OPF_INT)                                   \
-    X(LE, le, 2, NT_KIND_CMP, NT_OPF_INT)                                   \
-    X(GT, gt, 2, NT_KIND_CMP, NT_OPF_INT)                                   \
-    X(GE, ge, 2, NT_KIND_CMP, NT_OPF_INT)
+    X(EQ, eq, 2, NT_KIND_CMP, 0, INT, KEEP, nograd, 0, NT_ALU_EQ)                                   \
+    X(NE, ne, 2, NT_KIND_CMP, 0, INT, KEEP, nograd, 0, NT_ALU_NE)                                   \
+    X(LT, lt, 2, NT_KIND_CMP, 0, INT, KEEP, nograd, 0, NT_ALU_LT)                                   \
+    X(LE, le, 2, NT_KIND_CMP, 0, INT, KEEP, nograd, 0, NT_ALU_LE)                                   \
+    X(GT, gt, 2, NT_KIND_CMP, 0, INT, KEEP, nograd, 0, NT_ALU_GT)                                   \
+    X(GE, ge, 2, NT_KIND_CMP, 0, INT, KEEP, nograd, 0, NT_ALU_GE)
 
 #define NT_OPS_MISC(X)                                                      \
-    X(WHERE, where, 3, NT_KIND_WHERE, NT_OPF_DIFF | NT_OPF_INT)             \
-    X(SUM, sum, 1, NT_KIND_REDUCE, NT_OPF_DIFF | NT_OPF_INT)                \
-    X(MEAN, mean, 1, NT_KIND_REDUCE, NT_OPF_DIFF)                           \
-    X(MAX, max, 1, NT_KIND_REDUCE, NT_OPF_DIFF | NT_OPF_INT)                \
-    X(ARGMAX, argmax, 1, NT_KIND_REDUCE, NT_OPF_INT)                        \
-    X(SOFTMAX, softmax, 1, NT_KIND_ROW, NT_OPF_DIFF)                        \
-    X(LOG_SOFTMAX, log_softmax, 1, NT_KIND_ROW, NT_OPF_DIFF)                \
-    X(LAYER_NORM, layer_norm, 3, NT_KIND_ROW, NT_OPF_DIFF)                  \
-    X(RMS_NORM, rms_norm, 2, NT_KIND_ROW, NT_OPF_DIFF)                      \
-    X(CROSS_ENTROPY, cross_entropy, 2, NT_KIND_LOSS, NT_OPF_DIFF)           \
-    X(MSE_LOSS, mse_loss, 2, NT_KIND_LOSS, NT_OPF_DIFF)                     \
-    X(MATMUL, matmul, 2, NT_KIND_MATMUL, NT_OPF_DIFF)                       \
-    X(EMBEDDING, embedding, 2, NT_KIND_GATHER, NT_OPF_DIFF)
+    X(WHERE, where, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)              \
+    X(SUM, sum, 1, NT_KIND_REDUCE, NT_OPF_DIFF, INT, F32, sum, 0, NT__SIM_NONE)                     \
+    X(MEAN, mean, 1, NT_KIND_REDUCE, NT_OPF_DIFF, FLOAT, F32, mean, 0, NT__SIM_NONE)                \
+    X(MAX, max, 1, NT_KIND_REDUCE, NT_OPF_DIFF, INT, KEEP, max, I0, NT__SIM_NONE)                   \
+    X(ARGMAX, argmax, 1, NT_KIND_REDUCE, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)                     \
+    X(SOFTMAX, softmax, 1, NT_KIND_ROW, NT_OPF_DIFF, FLOAT, F32, softmax, O0, NT__SIM_NONE)         \
+    X(LOG_SOFTMAX, log_softmax, 1, NT_KIND_ROW, NT_OPF_DIFF, FLOAT, F32, log_softmax, O0, NT__SIM_NONE) \
+    X(LAYER_NORM, layer_norm, 3, NT_KIND_ROW, NT_OPF_DIFF, FLOAT, F32, layer_norm, I01, NT__SIM_NONE) \
+    X(RMS_NORM, rms_norm, 2, NT_KIND_ROW, NT_OPF_DIFF, FLOAT, F32, rms_norm, I01, NT__SIM_NONE)     \
+    X(CROSS_ENTROPY, cross_entropy, 2, NT_KIND_LOSS, NT_OPF_DIFF, FLOAT, F32, cross_entropy, I01, NT__SIM_NONE) \
+    X(MSE_LOSS, mse_loss, 2, NT_KIND_LOSS, NT_OPF_DIFF, FLOAT, F32, mse_loss, I01, NT__SIM_NONE)    \
+    X(MATMUL, matmul, 2, NT_KIND_MATMUL, NT_OPF_DIFF, FLOAT, LOW, matmul, I01, NT__SIM_NONE)        \
+    X(EMBEDDING, embedding, 2, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, embedding, I1, NT__SIM_NONE)
 
 /* Views (no kernel: metadata only) and composites that autograd records as
  * one node.  nin 0 = variadic (cat). */
 #define NT_OPS_VIEW(X)                                                      \
-    X(RESHAPE, reshape, 1, NT_KIND_VIEW, NT_OPF_DIFF | NT_OPF_INT)          \
-    X(TRANSPOSE, transpose, 1, NT_KIND_VIEW, NT_OPF_DIFF | NT_OPF_INT)      \
-    X(PERMUTE, permute, 1, NT_KIND_VIEW, NT_OPF_DIFF | NT_OPF_INT)          \
-    X(SLICE, slice, 1, NT_KIND_VIEW, NT_OPF_DIFF | NT_OPF_INT)              \
-    X(EXPAND, expand, 1, NT_KIND_VIEW, NT_OPF_DIFF | NT_OPF_INT)            \
-    X(ALIAS, alias, 1, NT_KIND_VIEW, NT_OPF_DIFF | NT_OPF_INT)              \
-    X(CAT, cat, 0, NT_KIND_VIEW, NT_OPF_DIFF | NT_OPF_INT)
+    X(RESHAPE, reshape, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, reshape, 0, NT__SIM_NONE)          \
+    X(TRANSPOSE, transpose, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, transpose, 0, NT__SIM_NONE)    \
+    X(PERMUTE, permute, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, permute, 0, NT__SIM_NONE)          \
+    X(SLICE, slice, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, slice, 0, NT__SIM_NONE)                \
+    X(EXPAND, expand, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, expand, 0, NT__SIM_NONE)             \
+    X(ALIAS, alias, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, identity, 0, NT__SIM_NONE)             \
+    X(CAT, cat, 0, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, cat, 0, NT__SIM_NONE)
 
 /* Backward helpers with their own kernels (autograd/ enqueues them):
  * embedding_bwd(g [..., D], idx [...]) -> [p.i[0] = V, D], rows added in
  * index order. */
 #define NT_OPS_BWD(X)                                                       \
-    X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, 0)
+    X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
 
 #define NT_OP_TABLE(X)                                                      \
     NT_OPS_FILL(X) NT_OPS_COPY(X) NT_OPS_UNARY(X) NT_OPS_SCALAR(X)          \
-    NT_OPS_BINARY(X) NT_OPS_EW_BWD(X) NT_OPS_CMP(X) NT_OPS_MISC(X) NT_OPS_VIEW(X)    \
+    NT_OPS_BINARY(X) NT_OPS_EW_BWD(X) NT_OPS_GRAD(X) NT_OPS_CMP(X) NT_OPS_MISC(X) NT_OPS_VIEW(X)    \
     NT_OPS_BWD(X)
 
 typedef enum nt__op {
-#define NT__OP_ENUM(ID, name, nin, kind, flags) NT_OP_##ID,
+#define NT__OP_ENUM(ID, ...) NT_OP_##ID,
     NT_OP_TABLE(NT__OP_ENUM)
 #undef NT__OP_ENUM
     NT_OP_COUNT,
@@ -154,12 +234,17 @@ typedef struct nt__opinfo {
     const char *api;  /* "nt_add" */
     int nin;
     nt__opkind kind;
-    unsigned flags;
+    unsigned flags;   /* flags | the ints column's bits */
+    nt__amp_policy amp;
 } nt__opinfo;
 
 extern const nt__opinfo nt__ops[NT_OP_COUNT];
 
 /* Info for a built-in or registered op id (NULL if unknown). */
 const nt__opinfo *nt__opinfo_get(int op);
+
+/* For a switch over ops that met an op it has no case for: fails loudly,
+ * naming the op and the place, instead of computing something else. */
+_Noreturn void nt__op_unhandled(const char *where, int op);
 
 #endif

@@ -58,7 +58,7 @@ int nt__cpu_arange(const nt__rec *r);
 
 /* Per-op kernels of the other families (one function per op, named
  * nt__cpu_<name> after the op table). */
-#define NT__CPU_DECL(ID, name, nin, kind, flags) int nt__cpu_##name(const nt__rec *r);
+#define NT__CPU_DECL(ID, name, nin, kind, flags, ...) int nt__cpu_##name(const nt__rec *r);
 NT_OPS_MISC(NT__CPU_DECL)
 int nt__cpu_rand(const nt__rec *r);
 int nt__cpu_embedding_bwd(const nt__rec *r);

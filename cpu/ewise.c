@@ -174,24 +174,24 @@ static void unary_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
         const float *a = src_f32(scr, c, 1, n);
         float *y = dst_f32((float *)scr + NT_CHUNK, c);
         switch (r->op) {
-#define NT__UN_F(ID, name, nin, kind, flags)                                                \
-    case NT_OP_##ID:                                                                        \
-        for (int64_t i = 0; i < n; i++)                                                     \
-            y[i] = nt__ew_##name(a[i]);                                                     \
-        break;
+#define NT__UN_F(ID, name, nin, kind, flags, ints, ...)                                     \
+    NT__IF_FLOAT(ints, case NT_OP_##ID: for (int64_t i = 0; i < n; i++) y[i] = nt__ew_##name(a[i]); \
+                 break;)
             NT_OPS_UNARY(NT__UN_F)
 #undef NT__UN_F
-        default: break;
+        default: nt__op_unhandled("cpu unary (float)", r->op);
         }
         nt__st_f32(c->p[0], c->dt[0], c->st[0], y, n);
     } else {
         int32_t *a = scr, *y = a + NT_CHUNK;
         nt__ld_i32(a, c->p[1], c->dt[1], c->st[1], n);
         switch (r->op) {
-        case NT_OP_NEG: for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_neg(a[i]); break;
-        case NT_OP_ABS: for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_abs(a[i]); break;
-        case NT_OP_RELU: for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_relu(a[i]); break;
-        default: break;
+#define NT__UN_I(ID, name, nin, kind, flags, ints, ...)                                     \
+    NT__IF_INT(ints, case NT_OP_##ID: for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_##name(a[i]); \
+               break;)
+            NT_OPS_UNARY(NT__UN_I)
+#undef NT__UN_I
+        default: nt__op_unhandled("cpu unary (int)", r->op);
         }
         nt__st_i32(c->p[0], c->dt[0], c->st[0], y, n);
     }
@@ -213,14 +213,14 @@ static void scalar_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
         float *y = dst_f32((float *)scr + NT_CHUNK, c);
         float s0 = (float)r->p.f[0], s1 = (float)r->p.f[1];
         switch (r->op) {
-#define NT__SC_F(ID, name, nin, kind, flags)                                                \
+#define NT__SC_F(ID, name, nin, kind, flags, ...)                                                \
     case NT_OP_##ID:                                                                        \
         for (int64_t i = 0; i < n; i++)                                                     \
             y[i] = nt__ew_##name(a[i], s0, s1);                                             \
         break;
             NT_OPS_SCALAR(NT__SC_F)
 #undef NT__SC_F
-        default: break;
+        default: nt__op_unhandled("cpu scalar (float)", r->op);
         }
         nt__st_f32(c->p[0], c->dt[0], c->st[0], y, n);
     } else {
@@ -229,16 +229,12 @@ static void scalar_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
         int32_t s0 = nt__f64_to_i32(r->p.f[0]), s1 = nt__f64_to_i32(r->p.f[1]);
         nt__ld_i32(a, c->p[1], c->dt[1], c->st[1], n);
         switch (r->op) {
-        case NT_OP_ADD_SCALAR:
-            for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_add_scalar(a[i], s0, s1);
-            break;
-        case NT_OP_MUL_SCALAR:
-            for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_mul_scalar(a[i], s0, s1);
-            break;
-        case NT_OP_CLAMP:
-            for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_clamp(a[i], s0, s1);
-            break;
-        default: break;
+#define NT__SC_I(ID, name, nin, kind, flags, ints, ...)                                     \
+    NT__IF_INT(ints, case NT_OP_##ID:                                                       \
+               for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_##name(a[i], s0, s1); break;)
+            NT_OPS_SCALAR(NT__SC_I)
+#undef NT__SC_I
+        default: nt__op_unhandled("cpu scalar (int)", r->op);
         }
         nt__st_i32(c->p[0], c->dt[0], c->st[0], y, n);
     }
@@ -260,7 +256,7 @@ static void binary_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
         const float *b = src_f32((float *)scr + NT_CHUNK, c, 2, n);
         float *y = dst_f32((float *)scr + 2 * NT_CHUNK, c);
         switch (r->op) {
-#define NT__BI_F(ID, name, nin, kind, flags)                                                \
+#define NT__BI_F(ID, name, nin, kind, flags, ...)                                                \
     case NT_OP_##ID:                                                                        \
         for (int64_t i = 0; i < n; i++)                                                     \
             y[i] = nt__ew_##name(a[i], b[i]);                                               \
@@ -268,7 +264,21 @@ static void binary_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
             NT_OPS_BINARY(NT__BI_F)
             NT_OPS_EW_BWD(NT__BI_F)
 #undef NT__BI_F
-        default: break;
+        case NT_OP_UNARY_BWD: {
+            /* the forward op and its scalars */
+            int f = (int)r->p.i[0];
+            float s0 = (float)r->p.f[0], s1 = (float)r->p.f[1];
+            for (int64_t i = 0; i < n; i++)
+                y[i] = nt__ew_unary_bwd(f, a[i], b[i], s0, s1);
+            break;
+        }
+        case NT_OP_BINARY_DX: {
+            int f = (int)r->p.i[0], which = (int)r->p.i[1]; /* the forward op, d/da or d/db */
+            for (int64_t i = 0; i < n; i++)
+                y[i] = nt__ew_binary_dx(f, which, a[i], b[i]);
+            break;
+        }
+        default: nt__op_unhandled("cpu binary (float)", r->op);
         }
         nt__st_f32(c->p[0], c->dt[0], c->st[0], y, n);
     } else {
@@ -276,16 +286,12 @@ static void binary_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
         nt__ld_i32(a, c->p[1], c->dt[1], c->st[1], n);
         nt__ld_i32(b, c->p[2], c->dt[2], c->st[2], n);
         switch (r->op) {
-        case NT_OP_ADD: for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_add(a[i], b[i]); break;
-        case NT_OP_SUB: for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_sub(a[i], b[i]); break;
-        case NT_OP_MUL: for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_mul(a[i], b[i]); break;
-        case NT_OP_MAXIMUM:
-            for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_maximum(a[i], b[i]);
-            break;
-        case NT_OP_MINIMUM:
-            for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_minimum(a[i], b[i]);
-            break;
-        default: break;
+#define NT__BI_I(ID, name, nin, kind, flags, ints, ...)                                     \
+    NT__IF_INT(ints, case NT_OP_##ID:                                                       \
+               for (int64_t i = 0; i < n; i++) y[i] = nt__ewi_##name(a[i], b[i]); break;)
+            NT_OPS_BINARY(NT__BI_I)
+#undef NT__BI_I
+        default: nt__op_unhandled("cpu binary (int)", r->op);
         }
         nt__st_i32(c->p[0], c->dt[0], c->st[0], y, n);
     }
@@ -308,28 +314,28 @@ static void cmp_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
         nt__ld_f32(a, c->p[1], c->dt[1], c->st[1], n);
         nt__ld_f32(b, c->p[2], c->dt[2], c->st[2], n);
         switch (r->op) {
-#define NT__CM_F(ID, name, nin, kind, flags)                                                \
+#define NT__CM_F(ID, name, nin, kind, flags, ...)                                                \
     case NT_OP_##ID:                                                                        \
         for (int64_t i = 0; i < n; i++)                                                     \
             y[i] = nt__ew_##name(a[i], b[i]);                                               \
         break;
             NT_OPS_CMP(NT__CM_F)
 #undef NT__CM_F
-        default: break;
+        default: nt__op_unhandled("cpu compare (float)", r->op);
         }
     } else {
         int32_t *a = scr, *b = a + NT_CHUNK;
         nt__ld_i32(a, c->p[1], c->dt[1], c->st[1], n);
         nt__ld_i32(b, c->p[2], c->dt[2], c->st[2], n);
         switch (r->op) {
-#define NT__CM_I(ID, name, nin, kind, flags)                                                \
+#define NT__CM_I(ID, name, nin, kind, flags, ...)                                                \
     case NT_OP_##ID:                                                                        \
         for (int64_t i = 0; i < n; i++)                                                     \
             y[i] = nt__ewi_##name(a[i], b[i]);                                              \
         break;
             NT_OPS_CMP(NT__CM_I)
 #undef NT__CM_I
-        default: break;
+        default: nt__op_unhandled("cpu compare (int)", r->op);
         }
     }
     nt__st_i32(c->p[0], c->dt[0], c->st[0], y, n);

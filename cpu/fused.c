@@ -178,20 +178,24 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
         if (fc) {
             const float *x = as_f32(&a[0], t0, n);
             switch (o->op) {
-#define NT__FU(ID, name, nin, kind, flags)                                                  \
-    case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i])); break;
+#define NT__FU(ID, name, nin, kind, flags, ints, ...)                                       \
+    NT__IF_FLOAT(ints, case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i])); break;)
                 NT_OPS_UNARY(NT__FU)
 #undef NT__FU
-            default: break;
+            default: nt__op_unhandled("fused cpu unary (float)", o->op);
             }
             if (odt != NT_F32)
                 settle_f(out, odt, y, n);
         } else {
             const int32_t *x = as_i32(&a[0], (int32_t *)t0, n);
-            for (int64_t i = 0; i < n; i++)
-                yi[i] = o->op == NT_OP_NEG   ? nt__ewi_neg(x[i])
-                        : o->op == NT_OP_ABS ? nt__ewi_abs(x[i])
-                                             : nt__ewi_relu(x[i]);
+            switch (o->op) {
+#define NT__FUI(ID, name, nin, kind, flags, ints, ...)                                      \
+    NT__IF_INT(ints, case NT_OP_##ID: for (int64_t i = 0; i < n; i++) yi[i] = nt__ewi_##name(x[i]); \
+               break;)
+                NT_OPS_UNARY(NT__FUI)
+#undef NT__FUI
+            default: nt__op_unhandled("fused cpu unary (int)", o->op);
+            }
             settle_i(out, odt, yi, n);
         }
         return;
@@ -200,21 +204,25 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
             float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
             const float *x = as_f32(&a[0], t0, n);
             switch (o->op) {
-#define NT__FS(ID, name, nin, kind, flags)                                                  \
+#define NT__FS(ID, name, nin, kind, flags, ...)                                                  \
     case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i], s0, s1)); break;
                 NT_OPS_SCALAR(NT__FS)
 #undef NT__FS
-            default: break;
+            default: nt__op_unhandled("fused cpu scalar (float)", o->op);
             }
             if (odt != NT_F32)
                 settle_f(out, odt, y, n);
         } else {
             int32_t s0 = nt__f64_to_i32(o->p.f[0]), s1 = nt__f64_to_i32(o->p.f[1]);
             const int32_t *x = as_i32(&a[0], (int32_t *)t0, n);
-            for (int64_t i = 0; i < n; i++)
-                yi[i] = o->op == NT_OP_ADD_SCALAR   ? nt__ewi_add_scalar(x[i], s0, s1)
-                        : o->op == NT_OP_MUL_SCALAR ? nt__ewi_mul_scalar(x[i], s0, s1)
-                                                    : nt__ewi_clamp(x[i], s0, s1);
+            switch (o->op) {
+#define NT__FSI(ID, name, nin, kind, flags, ints, ...)                                      \
+    NT__IF_INT(ints, case NT_OP_##ID:                                                       \
+               for (int64_t i = 0; i < n; i++) yi[i] = nt__ewi_##name(x[i], s0, s1); break;)
+                NT_OPS_SCALAR(NT__FSI)
+#undef NT__FSI
+            default: nt__op_unhandled("fused cpu scalar (int)", o->op);
+            }
             settle_i(out, odt, yi, n);
         }
         return;
@@ -222,24 +230,38 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
         if (fc) {
             const float *x = as_f32(&a[0], t0, n), *z = as_f32(&a[1], t1, n);
             switch (o->op) {
-#define NT__FB(ID, name, nin, kind, flags)                                                  \
+#define NT__FB(ID, name, nin, kind, flags, ...)                                                  \
     case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i], z[i])); break;
                 NT_OPS_BINARY(NT__FB)
                 NT_OPS_EW_BWD(NT__FB)
 #undef NT__FB
-            default: break;
+            case NT_OP_UNARY_BWD: {
+                /* the forward op and its scalars */
+                int f = (int)o->p.i[0];
+                float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
+                F32_LOOP(nt__ew_unary_bwd(f, x[i], z[i], s0, s1));
+                break;
+            }
+            case NT_OP_BINARY_DX: {
+                int f = (int)o->p.i[0], which = (int)o->p.i[1]; /* forward op, d/da or d/db */
+                F32_LOOP(nt__ew_binary_dx(f, which, x[i], z[i]));
+                break;
+            }
+            default: nt__op_unhandled("fused cpu binary (float)", o->op);
             }
             if (odt != NT_F32)
                 settle_f(out, odt, y, n);
         } else {
             const int32_t *x = as_i32(&a[0], (int32_t *)t0, n);
             const int32_t *z = as_i32(&a[1], (int32_t *)t1, n);
-            for (int64_t i = 0; i < n; i++)
-                yi[i] = o->op == NT_OP_ADD       ? nt__ewi_add(x[i], z[i])
-                        : o->op == NT_OP_SUB     ? nt__ewi_sub(x[i], z[i])
-                        : o->op == NT_OP_MUL     ? nt__ewi_mul(x[i], z[i])
-                        : o->op == NT_OP_MAXIMUM ? nt__ewi_maximum(x[i], z[i])
-                                                 : nt__ewi_minimum(x[i], z[i]);
+            switch (o->op) {
+#define NT__FBI(ID, name, nin, kind, flags, ints, ...)                                      \
+    NT__IF_INT(ints, case NT_OP_##ID:                                                       \
+               for (int64_t i = 0; i < n; i++) yi[i] = nt__ewi_##name(x[i], z[i]); break;)
+                NT_OPS_BINARY(NT__FBI)
+#undef NT__FBI
+            default: nt__op_unhandled("fused cpu binary (int)", o->op);
+            }
             settle_i(out, odt, yi, n);
         }
         return;
@@ -249,27 +271,27 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
         if (isf(a[0].dt) || isf(a[1].dt)) {
             const float *x = as_f32(&a[0], t0, n), *z = as_f32(&a[1], t1, n);
             switch (o->op) {
-#define NT__FC(ID, name, nin, kind, flags)                                                  \
+#define NT__FC(ID, name, nin, kind, flags, ...)                                                  \
     case NT_OP_##ID:                                                                        \
         for (int64_t i = 0; i < n; i++)                                                     \
             r[i] = nt__ew_##name(x[i], z[i]);                                               \
         break;
                 NT_OPS_CMP(NT__FC)
 #undef NT__FC
-            default: break;
+            default: nt__op_unhandled("fused cpu compare (float)", o->op);
             }
         } else {
             const int32_t *x = as_i32(&a[0], (int32_t *)t0, n);
             const int32_t *z = as_i32(&a[1], (int32_t *)t1, n);
             switch (o->op) {
-#define NT__FCI(ID, name, nin, kind, flags)                                                 \
+#define NT__FCI(ID, name, nin, kind, flags, ...)                                                 \
     case NT_OP_##ID:                                                                        \
         for (int64_t i = 0; i < n; i++)                                                     \
             r[i] = nt__ewi_##name(x[i], z[i]);                                              \
         break;
                 NT_OPS_CMP(NT__FCI)
 #undef NT__FCI
-            default: break;
+            default: nt__op_unhandled("fused cpu compare (int)", o->op);
             }
         }
         settle_i(out, odt, r, n);

@@ -4,13 +4,13 @@
 #include "cpu/cpu.h"
 
 #define NT__K_FAMILY(fn) [NT_OP_##ID] = fn
-#define NT__K_UNARY(ID, name, nin, kind, flags) [NT_OP_##ID] = nt__cpu_unary,
-#define NT__K_SCALAR(ID, name, nin, kind, flags) [NT_OP_##ID] = nt__cpu_scalar,
-#define NT__K_BINARY(ID, name, nin, kind, flags) [NT_OP_##ID] = nt__cpu_binary,
-#define NT__K_CMP(ID, name, nin, kind, flags) [NT_OP_##ID] = nt__cpu_cmp,
-#define NT__K_COPY(ID, name, nin, kind, flags) [NT_OP_##ID] = nt__cpu_copy,
-#define NT__K_MISC(ID, name, nin, kind, flags) [NT_OP_##ID] = nt__cpu_##name,
-#define NT__K_NONE(ID, name, nin, kind, flags) [NT_OP_##ID] = NULL,
+#define NT__K_UNARY(ID, name, nin, kind, flags, ...) [NT_OP_##ID] = nt__cpu_unary,
+#define NT__K_SCALAR(ID, name, nin, kind, flags, ...) [NT_OP_##ID] = nt__cpu_scalar,
+#define NT__K_BINARY(ID, name, nin, kind, flags, ...) [NT_OP_##ID] = nt__cpu_binary,
+#define NT__K_CMP(ID, name, nin, kind, flags, ...) [NT_OP_##ID] = nt__cpu_cmp,
+#define NT__K_COPY(ID, name, nin, kind, flags, ...) [NT_OP_##ID] = nt__cpu_copy,
+#define NT__K_MISC(ID, name, nin, kind, flags, ...) [NT_OP_##ID] = nt__cpu_##name,
+#define NT__K_NONE(ID, name, nin, kind, flags, ...) [NT_OP_##ID] = NULL,
 
 const nt__kernel_fn nt__cpu_kernels[NT_OP_COUNT] = {
     [NT_OP_FILL] = nt__cpu_fill,
@@ -22,6 +22,7 @@ const nt__kernel_fn nt__cpu_kernels[NT_OP_COUNT] = {
     NT_OPS_SCALAR(NT__K_SCALAR)
     NT_OPS_BINARY(NT__K_BINARY)
     NT_OPS_EW_BWD(NT__K_BINARY)
+    NT_OPS_GRAD(NT__K_BINARY)
     NT_OPS_CMP(NT__K_CMP)
     NT_OPS_MISC(NT__K_MISC)
     NT_OPS_VIEW(NT__K_NONE)

@@ -19,6 +19,25 @@ static bool is_int_valued(double s)
     return isfinite(s) && s == floor(s) && s >= -2147483648.0 && s <= 2147483647.0;
 }
 
+/* The ints column of core/optable.h: INTONLY ops refuse floats, FLOAT ops
+ * refuse integers (the evaluators have no form for them). */
+static bool ints_ok(nt__call *c, int op, nt_dtype dt, const char *arg)
+{
+    unsigned fl = nt__ops[op].flags;
+    bool isfl = nt__dtype_is_float(dt);
+    if (isfl && (fl & NT_OPF_INTONLY)) {
+        nt__err(c->site, NT_EDTYPE, c->fn, "argument '%s' is %s; expected an integer dtype (i32, u8)",
+                arg, nt_dtype_name(dt));
+        return false;
+    }
+    if (!isfl && !(fl & (NT_OPF_INT | NT_OPF_F32INT))) {
+        nt__err(c->site, NT_EDTYPE, c->fn, "argument '%s' is %s; expected a floating dtype (f32, bf16, f16)",
+                arg, nt_dtype_name(dt));
+        return false;
+    }
+    return true;
+}
+
 /* ---------------- unary ---------------- */
 
 nt_tensor *nt__unary(const nt_site *site, const char *fn, int op, nt_tensor *t)
@@ -28,13 +47,15 @@ nt_tensor *nt__unary(const nt_site *site, const char *fn, int op, nt_tensor *t)
         return nt__call_fail(&c);
     t = c.in[0];
     nt_dtype dt = (nt_dtype)t->dtype;
+    if (!ints_ok(&c, op, dt, "t"))
+        return nt__call_fail(&c);
     if (!nt__dtype_is_float(dt) && (nt__ops[op].flags & NT_OPF_F32INT))
         dt = NT_F32;
     out_like(&c, t, dt);
     return nt__dispatch(&c);
 }
 
-#define NT_DEF_UNARY(ID, name, nin, kind, flags)                                            \
+#define NT_DEF_UNARY(ID, name, nin, kind, flags, ...)                                            \
     NT_API nt_tensor *nt_##name##_at(const nt_site *site, nt_tensor *t)                    \
     {                                                                                       \
         return nt__unary(site, "nt_" #name, NT_OP_##ID, t);                                \
@@ -74,6 +95,8 @@ nt_tensor *nt__binary(const nt_site *site, const char *fn, int op, nt_tensor *a,
     if (!bcast_out(&c, a, b, "a", "b"))
         return nt__call_fail(&c);
     nt_dtype dt = nt__promote((nt_dtype)a->dtype, (nt_dtype)b->dtype);
+    if (!ints_ok(&c, op, dt, nt__dtype_is_float((nt_dtype)a->dtype) ? "b" : "a"))
+        return nt__call_fail(&c);
     if (nt__ops[op].kind == NT_KIND_CMP)
         dt = NT_U8;
     else if (!nt__dtype_is_float(dt) && (nt__ops[op].flags & NT_OPF_F32INT))
@@ -82,7 +105,7 @@ nt_tensor *nt__binary(const nt_site *site, const char *fn, int op, nt_tensor *a,
     return nt__dispatch(&c);
 }
 
-#define NT_DEF_BINARY(ID, name, nin, kind, flags)                                           \
+#define NT_DEF_BINARY(ID, name, nin, kind, flags, ...)                                           \
     NT_API nt_tensor *nt_##name##_at(const nt_site *site, nt_tensor *a, nt_tensor *b)      \
     {                                                                                       \
         return nt__binary(site, "nt_" #name, NT_OP_##ID, a, b);                            \
@@ -114,6 +137,8 @@ nt_tensor *nt__scalar(const nt_site *site, const char *fn, int op, nt_tensor *t,
     if (!nt__call_begin(&c, site, fn, op, 1, &t, "t"))
         return nt__call_fail(&c);
     t = c.in[0];
+    if (!ints_ok(&c, op, (nt_dtype)t->dtype, "t"))
+        return nt__call_fail(&c);
     out_like(&c, t, scalar_dtype(op, (nt_dtype)t->dtype, s0, s1, op == NT_OP_CLAMP));
     c.p.f[0] = s0;
     c.p.f[1] = s1;
@@ -143,6 +168,32 @@ NT_API nt_tensor *nt_clamp_at(const nt_site *site, nt_tensor *t, double lo, doub
         return NULL;
     }
     return nt__scalar(site, "nt_clamp", NT_OP_CLAMP, t, lo, hi);
+}
+NT_API nt_tensor *nt_leaky_relu_at(const nt_site *site, nt_tensor *t, double negative_slope)
+{
+    if (isnan(negative_slope)) {
+        nt__err(site, NT_EINVAL, "nt_leaky_relu", "argument 'negative_slope' must not be NaN");
+        return NULL;
+    }
+    return nt__scalar(site, "nt_leaky_relu", NT_OP_LEAKY_RELU, t, negative_slope, 0);
+}
+NT_API nt_tensor *nt_hardtanh_at(const nt_site *site, nt_tensor *t, double min_val, double max_val)
+{
+    if (isnan(min_val) || isnan(max_val) || min_val > max_val) {
+        nt__err(site, NT_EINVAL, "nt_hardtanh",
+                "arguments 'min_val' %g and 'max_val' %g: expected min_val <= max_val, not NaN",
+                min_val, max_val);
+        return NULL;
+    }
+    return nt__scalar(site, "nt_hardtanh", NT_OP_HARDTANH, t, min_val, max_val);
+}
+NT_API nt_tensor *nt_leaky_relu(nt_tensor *t, double negative_slope)
+{
+    return nt_leaky_relu_at(NT_RA_SITE, t, negative_slope);
+}
+NT_API nt_tensor *nt_hardtanh(nt_tensor *t, double min_val, double max_val)
+{
+    return nt_hardtanh_at(NT_RA_SITE, t, min_val, max_val);
 }
 NT_API nt_tensor *nt_add_scalar(nt_tensor *t, double s) { return nt_add_scalar_at(NT_RA_SITE, t, s); }
 NT_API nt_tensor *nt_mul_scalar(nt_tensor *t, double s) { return nt_mul_scalar_at(NT_RA_SITE, t, s); }

@@ -317,6 +317,11 @@ NT_API nt_tensor *nt_mul_scalar(nt_tensor *t, double s); /* t * s */
 NT_API nt_tensor *nt_div_scalar(nt_tensor *t, double s); /* t / s */
 NT_API nt_tensor *nt_pow_scalar(nt_tensor *t, double s); /* t ^ s (float result) */
 NT_API nt_tensor *nt_clamp(nt_tensor *t, double lo, double hi); /* min(max(t, lo), hi) */
+/** PyTorch's leaky_relu and hardtanh (floating inputs only; an integer input
+ *  is NT_EDTYPE): t > 0 ? t : t * negative_slope, and t clamped to
+ *  [min_val, max_val] (min_val > max_val or a NaN bound is NT_EINVAL). */
+NT_API nt_tensor *nt_leaky_relu(nt_tensor *t, double negative_slope);
+NT_API nt_tensor *nt_hardtanh(nt_tensor *t, double min_val, double max_val);
 
 /** Converts to dtype `dt` (round to nearest even for floats; float to int
  *  truncates toward zero, saturates, and maps NaN to 0; int to u8 wraps).

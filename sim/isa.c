@@ -508,7 +508,38 @@ static bool alu_vs2_c(nt_alu_op op0, nt_alu_op op1, float *o, const float *a, fl
 
 static bool alu_int_ok(nt_alu_op op)
 {
-    return op != NT_ALU_DIV && op != NT_ALU_POW;
+    return op != NT_ALU_DIV && op != NT_ALU_POW && (unsigned)op < NT_ALU_COUNT;
+}
+
+/* An ALU code past the public ones (tensor_tensor only): a float binary op
+ * of the table or one of its partials (core/ewise.h). */
+static bool alu_is_table(nt_alu_op f)
+{
+    int c = (int)f;
+    int op = c >= NT__ALU_DB_BASE   ? c - NT__ALU_DB_BASE
+             : c >= NT__ALU_DA_BASE ? c - NT__ALU_DA_BASE
+                                    : c - NT__ALU_OP_BASE;
+    static const bool binary[NT_OP_COUNT] = {
+#define NT__TAB_B(ID, name, nin, kind, flags, ints, ...) NT__IF_FLOAT(ints, [NT_OP_##ID] = true,)
+        NT_OPS_BINARY(NT__TAB_B)
+#undef NT__TAB_B
+    };
+    return c >= NT__ALU_OP_BASE && c < NT__ALU_DB_BASE + NT_OP_COUNT && op >= 0 &&
+           op < NT_OP_COUNT && binary[op];
+}
+
+/* o = a op b for a table code */
+static void alu_table(nt_alu_op f, float *o, const float *x, const float *y, int64_t n)
+{
+    int c = (int)f;
+    if (c >= NT__ALU_DA_BASE) {
+        int which = c >= NT__ALU_DB_BASE, op = c - (which ? NT__ALU_DB_BASE : NT__ALU_DA_BASE);
+        for (int64_t i = 0; i < n; i++)
+            o[i] = nt__ew_binary_dx(op, which, x[i], y[i]);
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            o[i] = nt__ew_binary_f(c - NT__ALU_OP_BASE, x[i], y[i]);
+    }
 }
 
 static inline int32_t alui1(nt_alu_op op, int32_t a, int32_t b)
@@ -601,9 +632,34 @@ static void act_apply(nt_act_func f, float *y, const float *x, int64_t n)
     case NT_ACT_SQUARE: for (int64_t i = 0; i < n; i++) y[i] = nt__ew_mul(x[i], x[i]); break;
     case NT_ACT_GELU_DX: ACT_LOOP(act_gelu_dx)
     case NT_ACT_SILU_DX: ACT_LOOP(act_silu_dx)
-    default: break;
+    default: nt__op_unhandled("sim activation", (int)f); /* checked at issue */
     }
 #undef ACT_LOOP
+}
+
+/* An activation code past the public functions: a float unary or
+ * tensor-scalar op of the table, or its derivative (core/ewise.h). */
+static bool act_is_table(nt_act_func f)
+{
+    int op = (int)f - ((int)f >= NT__ACT_DX_BASE ? NT__ACT_DX_BASE : NT__ACT_OP_BASE);
+    if ((int)f < NT__ACT_OP_BASE || op < 0 || op >= NT_OP_COUNT)
+        return false;
+    nt__opkind kd = nt__ops[op].kind;
+    return (kd == NT_KIND_UNARY || kd == NT_KIND_SCALAR) && !(nt__ops[op].flags & NT_OPF_INTONLY);
+}
+
+/* y = op(x, s0, s1) or op'(x, s0, s1) for a table code */
+static void act_table(nt_act_func f, float *y, const float *x, int64_t n, float s0, float s1)
+{
+    if ((int)f >= NT__ACT_DX_BASE) {
+        int op = (int)f - NT__ACT_DX_BASE;
+        for (int64_t i = 0; i < n; i++)
+            y[i] = nt__ew_table_dx(op, x[i], s0, s1);
+    } else {
+        int op = (int)f - NT__ACT_OP_BASE;
+        for (int64_t i = 0; i < n; i++)
+            y[i] = nt__ew_table_f(op, x[i], s0, s1);
+    }
 }
 
 /* the same, each result canonicalised: a direct f32 store */
@@ -790,6 +846,11 @@ static void lane_tt(const fx_rec *r, int i, float **s)
     }
     const float *x = ld_f32(&r->o[1], i, s[0]);
     const float *y = ld_f32(&r->o[2], i, s[1]);
+    if (alu_is_table(op)) {
+        alu_table(op, s[2], x, y, N);
+        st(d, i, s[2], NULL);
+        return;
+    }
     float *o = direct_f32(d, i, x, y);
     if (o) {
         alu_vv_c(op, o, x, y, N);
@@ -845,6 +906,18 @@ static void lane_act(const fx_rec *r, int i, float **s)
     int64_t N = d->n;
     float tmp[4];
     const float *x = ld_f32(&r->o[1], i, s[0]);
+    if (act_is_table(r->func)) {
+        /* a table op: the scalar operands are its parameters s0, s1 */
+        float s0 = r->has_scale ? scalar_f(r, 0, i, tmp) : 0.0f;
+        float s1 = r->has_bias ? scalar_f(r, 1, i, tmp) : 0.0f;
+        act_table(r->func, s[2], x, N, s0, s1);
+        st(d, i, s[2], NULL);
+        if (r->red) {
+            float v = reduce_run(NT_ALU_ADD, s[2], N);
+            st(&r->o[r->red], i, &v, NULL);
+        }
+        return;
+    }
     /* absent scale/bias are skipped, not applied as *1 and +0: x*1+0
      * would turn -0 into +0 */
     if (r->has_scale) {
@@ -1956,7 +2029,7 @@ int nt_isa_tensor_tensor(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *a, con
     int e = pick_engine(k, I, engine, NT_ENGINE_VECTOR, ENG(VECTOR) | ENG(GPSIMD));
     if (e < 0)
         return k->err;
-    if ((unsigned)op >= NT_ALU_COUNT)
+    if ((unsigned)op >= NT_ALU_COUNT && !alu_is_table(op))
         return nt__sim_fail(k, I, "ALU op %d (rule: one of nt_alu_op)", (int)op);
     TRY(check_ap(k, I, "dst", dst, M_SBUF | M_PSUM, e));
     TRY(check_ap(k, I, "a", a, M_SBUF | M_PSUM, e));
@@ -2058,7 +2131,7 @@ int nt_isa_activation(nt_sim_kernel *k, const nt_ap *dst, nt_act_func func, cons
     static const char *I = "activation";
     PROLOGUE(k);
     int e = NT_ENGINE_SCALAR;
-    if ((unsigned)func >= NT_ACT_COUNT)
+    if ((unsigned)func >= NT_ACT_COUNT && !act_is_table(func))
         return nt__sim_fail(k, I, "function %d (rule: one of nt_act_func)", (int)func);
     TRY(check_dst_src(k, I, dst, src, e));
     TRY(check_scalar(k, I, "scale", scale, src, e));

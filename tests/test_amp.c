@@ -370,6 +370,27 @@ static void test_policy_every_op(void **state)
 
 /* Binary ops with mixed inputs promote (no cast is added), and the linear
  * bias add follows its matmul into the low dtype. */
+/* OPS's policy column agrees with core/optable.h's amp column for every
+ * entry that is a table op (tests/test_conformance.c checks every op id). */
+static void test_policy_list_matches_table(void **state)
+{
+    (void)state;
+    int n = 0;
+    for (size_t k = 0; k < sizeof OPS / sizeof OPS[0]; k++)
+        for (int op = 0; op < NT_OP_COUNT; op++) {
+            if (strcmp(OPS[k].name, nt__ops[op].name) != 0)
+                continue;
+            pol want = nt__ops[op].amp == NT__AMP_LOW   ? P_LOW
+                       : nt__ops[op].amp == NT__AMP_F32 ? P_F32
+                                                        : P_KEEP;
+            if (OPS[k].policy != want)
+                fail_msg("%s: this list says policy %d, core/optable.h's amp column %d",
+                         OPS[k].name, (int)OPS[k].policy, (int)want);
+            n++;
+        }
+    assert_true(n >= 40); /* the names did not drift apart */
+}
+
 static void test_policy_promotion(void **state)
 {
     (void)state;
@@ -1189,6 +1210,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_region_per_thread, setup_cpu, teardown),
         cmocka_unit_test_setup_teardown(test_policy_every_op, setup_cpu, teardown),
         cmocka_unit_test_setup_teardown(test_policy_every_op, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_policy_list_matches_table, setup_cpu, teardown),
         cmocka_unit_test_setup_teardown(test_policy_promotion, setup_cpu, teardown),
         cmocka_unit_test_setup_teardown(test_grads_reach_f32_leaves, setup_cpu, teardown),
         cmocka_unit_test_setup_teardown(test_grads_reach_f32_leaves, nt_test_setup, teardown),

@@ -30,6 +30,7 @@
 #include <cmocka.h>
 
 #include "ntensor.h"
+#include "core/optable.h"
 #include "nt_test.h"
 #include "crc32.h"
 
@@ -231,10 +232,11 @@ typedef int (*isc_fn)(nt_tensor *, double);
 typedef nt_tensor *(*red_fn)(nt_tensor *, int, bool);
 
 static const struct { const char *name; un_fn f; } UN[] = {
-    {"nt_neg", nt_neg},         {"nt_exp", nt_exp},         {"nt_log", nt_log},
-    {"nt_sqrt", nt_sqrt},       {"nt_rsqrt", nt_rsqrt},     {"nt_abs", nt_abs},
-    {"nt_relu", nt_relu},       {"nt_gelu", nt_gelu},       {"nt_sigmoid", nt_sigmoid},
-    {"nt_tanh", nt_tanh},       {"nt_silu", nt_silu},       {"nt_contiguous", nt_contiguous},
+/* every unary op of core/optable.h, then the other one-tensor calls */
+#define T_UNARY(ID, name, ...) {"nt_" #name, nt_##name},
+    NT_OPS_UNARY(T_UNARY)
+#undef T_UNARY
+    {"nt_contiguous", nt_contiguous},
     {"nt_detach", nt_detach},   {"nt_zeros_like", nt_zeros_like},
     {"nt_ones_like", nt_ones_like},
 };
@@ -247,10 +249,12 @@ static int run_un(int v)
 }
 
 static const struct { const char *name; bin_fn f; } BIN[] = {
-    {"nt_add", nt_add}, {"nt_sub", nt_sub}, {"nt_mul", nt_mul},         {"nt_div", nt_div},
-    {"nt_maximum", nt_maximum},             {"nt_minimum", nt_minimum}, {"nt_eq", nt_eq},
-    {"nt_ne", nt_ne},   {"nt_lt", nt_lt},   {"nt_le", nt_le},           {"nt_gt", nt_gt},
-    {"nt_ge", nt_ge},   {"nt_mse_loss", nt_mse_loss},                   {"nt_matmul", nt_matmul},
+/* every binary and compare op of core/optable.h, then the other two-tensor calls */
+#define T_BINARY(ID, name, ...) {"nt_" #name, nt_##name},
+    NT_OPS_BINARY(T_BINARY)
+    NT_OPS_CMP(T_BINARY)
+#undef T_BINARY
+    {"nt_mse_loss", nt_mse_loss}, {"nt_matmul", nt_matmul},
 };
 #define NBIN ((int)(sizeof BIN / sizeof BIN[0]))
 enum { B_NULL_A, B_NULL_B, B_REL_A, B_REL_B, B_SHAPE, B_OVERFLOW, B_RANK, B_NV };

@@ -197,10 +197,11 @@ static const struct {
     un_fn f;
     bool ints;
 } UNARY[] = {
-    {"neg", (nt_neg), true},       {"exp", (nt_exp), true},   {"log", (nt_log), true},
-    {"sqrt", (nt_sqrt), true},     {"rsqrt", (nt_rsqrt), true}, {"abs", (nt_abs), true},
-    {"relu", (nt_relu), true},     {"gelu", (nt_gelu), true}, {"sigmoid", (nt_sigmoid), true},
-    {"tanh", (nt_tanh), true},     {"silu", (nt_silu), true},
+/* every unary op of core/optable.h with a float form (integer-only ones
+ * run in tests/test_conformance.c) */
+#define T_UNARY(ID, name, nin, kind, flags, ints, ...) NT__IF_FLOAT(ints, {#name, (nt_##name), true},)
+    NT_OPS_UNARY(T_UNARY)
+#undef T_UNARY
 };
 
 typedef struct ew_ctx {

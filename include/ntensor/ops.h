@@ -25,6 +25,7 @@ NT_API nt_tensor *nt_mul(nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_div(nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_maximum(nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_minimum(nt_tensor *a, nt_tensor *b);
+NT_API nt_tensor *nt_pow(nt_tensor *a, nt_tensor *b);
 
 /* Comparisons: u8 tensors of 0/1 (NT_OPS_CMP). */
 NT_API nt_tensor *nt_eq(nt_tensor *a, nt_tensor *b);
@@ -46,5 +47,9 @@ NT_API nt_tensor *nt_gelu(nt_tensor *t);
 NT_API nt_tensor *nt_sigmoid(nt_tensor *t);
 NT_API nt_tensor *nt_tanh(nt_tensor *t);
 NT_API nt_tensor *nt_silu(nt_tensor *t);
+NT_API nt_tensor *nt_softplus(nt_tensor *t);
+NT_API nt_tensor *nt_mish(nt_tensor *t);
+NT_API nt_tensor *nt_reciprocal(nt_tensor *t);
+NT_API nt_tensor *nt_bitwise_not(nt_tensor *t);
 
 #endif /* NTENSOR_OPS_H */

@@ -46,6 +46,7 @@ NT_API nt_tensor *nt_mul_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_div_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_maximum_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_minimum_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
+NT_API nt_tensor *nt_pow_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_eq_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_ne_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_lt_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
@@ -58,6 +59,9 @@ NT_API nt_tensor *nt_mul_scalar_at(const nt_site *site, nt_tensor *t, double s);
 NT_API nt_tensor *nt_div_scalar_at(const nt_site *site, nt_tensor *t, double s);
 NT_API nt_tensor *nt_pow_scalar_at(const nt_site *site, nt_tensor *t, double s);
 NT_API nt_tensor *nt_clamp_at(const nt_site *site, nt_tensor *t, double lo, double hi);
+NT_API nt_tensor *nt_leaky_relu_at(const nt_site *site, nt_tensor *t, double negative_slope);
+NT_API nt_tensor *nt_hardtanh_at(const nt_site *site, nt_tensor *t, double min_val,
+                                 double max_val);
 NT_API nt_tensor *nt_neg_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_exp_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_log_at(const nt_site *site, nt_tensor *t);
@@ -69,6 +73,10 @@ NT_API nt_tensor *nt_gelu_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_sigmoid_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_tanh_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_silu_at(const nt_site *site, nt_tensor *t);
+NT_API nt_tensor *nt_softplus_at(const nt_site *site, nt_tensor *t);
+NT_API nt_tensor *nt_mish_at(const nt_site *site, nt_tensor *t);
+NT_API nt_tensor *nt_reciprocal_at(const nt_site *site, nt_tensor *t);
+NT_API nt_tensor *nt_bitwise_not_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_cast_at(const nt_site *site, nt_tensor *t, nt_dtype dt);
 NT_API nt_tensor *nt_cast_sr_at(const nt_site *site, nt_tensor *t, nt_dtype dt);
 NT_API nt_tensor *nt_matmul_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
@@ -139,6 +147,7 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
     X(nt_tensor *, nt_div, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_maximum, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_minimum, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
+    X(nt_tensor *, nt_pow, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_eq, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_ne, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_lt, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
@@ -151,6 +160,8 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
     X(nt_tensor *, nt_div_scalar, (nt_tensor *t, double s), (const nt_site *site, nt_tensor *t, double s), 2) \
     X(nt_tensor *, nt_pow_scalar, (nt_tensor *t, double s), (const nt_site *site, nt_tensor *t, double s), 2) \
     X(nt_tensor *, nt_clamp, (nt_tensor *t, double lo, double hi), (const nt_site *site, nt_tensor *t, double lo, double hi), 3) \
+    X(nt_tensor *, nt_leaky_relu, (nt_tensor *t, double negative_slope), (const nt_site *site, nt_tensor *t, double negative_slope), 2) \
+    X(nt_tensor *, nt_hardtanh, (nt_tensor *t, double min_val, double max_val), (const nt_site *site, nt_tensor *t, double min_val, double max_val), 3) \
     X(nt_tensor *, nt_neg, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_exp, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_log, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
@@ -162,6 +173,10 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
     X(nt_tensor *, nt_sigmoid, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_tanh, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_silu, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(nt_tensor *, nt_softplus, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(nt_tensor *, nt_mish, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(nt_tensor *, nt_reciprocal, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(nt_tensor *, nt_bitwise_not, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_cast, (nt_tensor *t, nt_dtype dt), (const nt_site *site, nt_tensor *t, nt_dtype dt), 2) \
     X(nt_tensor *, nt_cast_sr, (nt_tensor *t, nt_dtype dt), (const nt_site *site, nt_tensor *t, nt_dtype dt), 2) \
     X(nt_tensor *, nt_matmul, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
@@ -224,6 +239,7 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 #define nt_div(...) nt_div_at(NT_HERE, __VA_ARGS__)
 #define nt_maximum(...) nt_maximum_at(NT_HERE, __VA_ARGS__)
 #define nt_minimum(...) nt_minimum_at(NT_HERE, __VA_ARGS__)
+#define nt_pow(...) nt_pow_at(NT_HERE, __VA_ARGS__)
 #define nt_eq(...) nt_eq_at(NT_HERE, __VA_ARGS__)
 #define nt_ne(...) nt_ne_at(NT_HERE, __VA_ARGS__)
 #define nt_lt(...) nt_lt_at(NT_HERE, __VA_ARGS__)
@@ -236,6 +252,8 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 #define nt_div_scalar(...) nt_div_scalar_at(NT_HERE, __VA_ARGS__)
 #define nt_pow_scalar(...) nt_pow_scalar_at(NT_HERE, __VA_ARGS__)
 #define nt_clamp(...) nt_clamp_at(NT_HERE, __VA_ARGS__)
+#define nt_leaky_relu(...) nt_leaky_relu_at(NT_HERE, __VA_ARGS__)
+#define nt_hardtanh(...) nt_hardtanh_at(NT_HERE, __VA_ARGS__)
 #define nt_neg(...) nt_neg_at(NT_HERE, __VA_ARGS__)
 #define nt_exp(...) nt_exp_at(NT_HERE, __VA_ARGS__)
 #define nt_log(...) nt_log_at(NT_HERE, __VA_ARGS__)
@@ -247,6 +265,10 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 #define nt_sigmoid(...) nt_sigmoid_at(NT_HERE, __VA_ARGS__)
 #define nt_tanh(...) nt_tanh_at(NT_HERE, __VA_ARGS__)
 #define nt_silu(...) nt_silu_at(NT_HERE, __VA_ARGS__)
+#define nt_softplus(...) nt_softplus_at(NT_HERE, __VA_ARGS__)
+#define nt_mish(...) nt_mish_at(NT_HERE, __VA_ARGS__)
+#define nt_reciprocal(...) nt_reciprocal_at(NT_HERE, __VA_ARGS__)
+#define nt_bitwise_not(...) nt_bitwise_not_at(NT_HERE, __VA_ARGS__)
 #define nt_cast(...) nt_cast_at(NT_HERE, __VA_ARGS__)
 #define nt_cast_sr(...) nt_cast_sr_at(NT_HERE, __VA_ARGS__)
 #define nt_matmul(...) nt_matmul_at(NT_HERE, __VA_ARGS__)

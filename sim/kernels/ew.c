@@ -29,6 +29,8 @@
 
 #include <string.h>
 
+#include "core/ewise.h"
+
 /* Free elements per partition of an EW tile (a power of two; smaller when
  * two register sets would not fit SBUF).  Measured on the 8-op chain of
  * bench/fusion: [128, 8192] tiles run the functional simulator ~25% faster
@@ -49,41 +51,36 @@ static int64_t ap_count(const nt_ap *a)
 
 /* ---------------- op -> instructions ---------------- */
 
+/* The sim column of core/optable.h: which instruction runs each op. */
+static const int sim_of[NT_OP_COUNT] = {
+#define NT__SIM_COL(ID, name, nin, kind, flags, ints, amp, bwd, save, sim) [NT_OP_##ID] = (sim),
+    NT_OP_TABLE(NT__SIM_COL)
+#undef NT__SIM_COL
+};
+
+/* A unary op's activation: its own function, or the table's (the
+ * activation instruction evaluates nt__ew_<name> by op id; a tensor-scalar
+ * op's scalars ride in its scale and bias operands). */
 static nt_act_func act_of(int op)
 {
-    switch (op) {
-    case NT_OP_NEG: return NT_ACT_NEG;
-    case NT_OP_EXP: return NT_ACT_EXP;
-    case NT_OP_LOG: return NT_ACT_LOG;
-    case NT_OP_SQRT: return NT_ACT_SQRT;
-    case NT_OP_RSQRT: return NT_ACT_RSQRT;
-    case NT_OP_ABS: return NT_ACT_ABS;
-    case NT_OP_RELU: return NT_ACT_RELU;
-    case NT_OP_GELU: return NT_ACT_GELU;
-    case NT_OP_SIGMOID: return NT_ACT_SIGMOID;
-    case NT_OP_TANH: return NT_ACT_TANH;
-    case NT_OP_SILU: return NT_ACT_SILU;
-    default: return NT_ACT_IDENTITY;
-    }
+    int f = sim_of[op];
+    if (f == NT__SIM_NONE || f == NT__SIM_SEQ || (f != NT__SIM_TABLE && nt__ops[op].kind != NT_KIND_UNARY))
+        nt__op_unhandled("sim act_of", op);
+    return f == NT__SIM_TABLE ? (nt_act_func)(NT__ACT_OP_BASE + op) : (nt_act_func)f;
 }
 
+/* A binary or compare op's ALU step; -1 for the ones with a hand-written
+ * sequence (NT__SIM_SEQ: the backward helpers). */
 static int alu_of(int op)
 {
-    switch (op) {
-    case NT_OP_ADD: return NT_ALU_ADD;
-    case NT_OP_SUB: return NT_ALU_SUB;
-    case NT_OP_MUL: return NT_ALU_MUL;
-    case NT_OP_DIV: return NT_ALU_DIV;
-    case NT_OP_MAXIMUM: return NT_ALU_MAX;
-    case NT_OP_MINIMUM: return NT_ALU_MIN;
-    case NT_OP_EQ: return NT_ALU_EQ;
-    case NT_OP_NE: return NT_ALU_NE;
-    case NT_OP_LT: return NT_ALU_LT;
-    case NT_OP_LE: return NT_ALU_LE;
-    case NT_OP_GT: return NT_ALU_GT;
-    case NT_OP_GE: return NT_ALU_GE;
-    default: return -1;
-    }
+    int f = sim_of[op];
+    if (f == NT__SIM_SEQ)
+        return -1;
+    if (f == NT__SIM_TABLE) /* tensor_tensor evaluates it through the table */
+        return NT__ALU_OP_BASE + op;
+    if (f < 0)
+        nt__op_unhandled("sim alu_of", op);
+    return f;
 }
 
 /* The value memset must be given so that it stores what nt__store_f64
@@ -105,17 +102,16 @@ enum { NEED_TF = 1, NEED_TI = 2, NEED_CF = 4, NEED_CI = 8 };
 
 static unsigned op_needs(const nt__fop *o, bool fc)
 {
-    switch (o->op) {
-    case NT_OP_RELU_BWD: return NEED_TF | NEED_CF;
-    case NT_OP_GELU_BWD:
-    case NT_OP_SILU_BWD:
-    case NT_OP_SIGMOID_BWD:
-    case NT_OP_TANH_BWD: return NEED_TF;
-    case NT_OP_ABS: return fc ? 0 : NEED_TI;
-    case NT_OP_ADD_SCALAR:
-    case NT_OP_MUL_SCALAR: return fc ? 0 : NEED_CI;
-    case NT_OP_CLAMP: return fc ? 0 : NEED_CI;
-    default: return 0;
+    switch (nt__ops[o->op].kind) {
+    case NT_KIND_UNARY: /* int abs = max(a, -a) */
+        return !fc && o->op == NT_OP_ABS ? NEED_TI : 0;
+    case NT_KIND_SCALAR: /* int forms read their scalars from i32 constants */
+        return fc ? 0 : NEED_CI;
+    case NT_KIND_BINARY: /* the helpers' sequences: an f32 temporary (relu_bwd's 0) */
+        if (sim_of[o->op] != NT__SIM_SEQ)
+            return 0;
+        return o->op == NT_OP_RELU_BWD ? NEED_TF | NEED_CF : NEED_TF;
+    default: return 0; /* copies, fills, compare, where, row reductions */
     }
 }
 
@@ -260,40 +256,54 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
     case NT_KIND_UNARY:
         if (fc)
             return nt_isa_activation(k, dst, act_of(o->op), &a[0].ap, NULL, NULL, NULL);
-        /* exact int32: -a wraps like 0u - a; relu = max(a, 0); abs = max(a, -a) */
-        if (o->op == NT_OP_NEG)
-            return ts1(s, dst, &a[0].ap, NT_ALU_MUL, NULL, -1.0f, false);
-        if (o->op == NT_OP_RELU)
-            return ts1(s, dst, &a[0].ap, NT_ALU_MAX, NULL, 0.0f, false);
-        if (o->op == NT_OP_ABS) {
+        /* exact int32 (the ops whose ints column is INT or INTONLY): -a wraps
+         * like 0u - a; relu = max(a, 0); abs = max(a, -a) */
+        switch (o->op) {
+        case NT_OP_NEG: return ts1(s, dst, &a[0].ap, NT_ALU_MUL, NULL, -1.0f, false);
+        case NT_OP_RELU: return ts1(s, dst, &a[0].ap, NT_ALU_MAX, NULL, 0.0f, false);
+        case NT_OP_ABS: {
             int rc = ts1(s, &TI, &a[0].ap, NT_ALU_MUL, NULL, -1.0f, false);
             return rc ? rc : nt_isa_tensor_tensor(k, dst, &a[0].ap, &TI, NT_ALU_MAX,
                                                   NT_ENGINE_VECTOR);
         }
-        return NT_ENOTSUP;
+        case NT_OP_BITWISE_NOT: { /* ~a = -a - 1, wrapping */
+            nt_isa_alu neg = {NT_ALU_MUL, {NULL, -1.0f}, false};
+            nt_isa_alu dec = {NT_ALU_ADD, {NULL, -1.0f}, false};
+            return nt_isa_tensor_scalar(k, dst, &a[0].ap, &neg, &dec, sk_eng(s));
+        }
+        default:
+            return nt__kerr(NT_ENOTSUP, "no simulator sequence for integer %s", nt__op_api(o->op));
+        }
     case NT_KIND_SCALAR: {
-        nt_alu_op op = o->op == NT_OP_ADD_SCALAR   ? NT_ALU_ADD
-                       : o->op == NT_OP_MUL_SCALAR ? NT_ALU_MUL
-                       : o->op == NT_OP_DIV_SCALAR ? NT_ALU_DIV
-                       : o->op == NT_OP_POW_SCALAR ? NT_ALU_POW
-                                                   : NT_ALU_BYPASS;
         float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
         nt_ap c0 = {0}, c1 = {0};
         if (!fc) {
             c0 = cslice(E, E->ci, opk, 0, false);
             c1 = cslice(E, E->ci, opk, 1, false);
         }
-        if (o->op != NT_OP_CLAMP)
-            return ts1(s, dst, &a[0].ap, op, fc ? NULL : &c0, s0, false);
-        /* max(a, lo) then min(., hi) is the CPU's clamp, NaN, signed zeros
-         * and lo > hi (all hi) included */
-        nt_isa_alu lo = {NT_ALU_MAX, {fc ? NULL : &c0, s0}, false};
-        nt_isa_alu hi = {NT_ALU_MIN, {fc ? NULL : &c1, s1}, false};
-        return nt_isa_tensor_scalar(k, dst, &a[0].ap, &lo, &hi, sk_eng(s));
+        if (sim_of[o->op] >= 0) /* one ALU step */
+            return ts1(s, dst, &a[0].ap, (nt_alu_op)sim_of[o->op], fc ? NULL : &c0, s0, false);
+        if (sim_of[o->op] == NT__SIM_TABLE && fc) /* through the table, s0 and s1 */
+            return nt_isa_activation(k, dst, act_of(o->op), &a[0].ap, &(nt_isa_scalar){NULL, s0},
+                                     &(nt_isa_scalar){NULL, s1}, NULL);
+        switch (o->op) {
+        case NT_OP_CLAMP: {
+            /* max(a, lo) then min(., hi) is the CPU's clamp, NaN, signed
+             * zeros and lo > hi (all hi) included */
+            nt_isa_alu lo = {NT_ALU_MAX, {fc ? NULL : &c0, s0}, false};
+            nt_isa_alu hi = {NT_ALU_MIN, {fc ? NULL : &c1, s1}, false};
+            return nt_isa_tensor_scalar(k, dst, &a[0].ap, &lo, &hi, sk_eng(s));
+        }
+        default: nt__op_unhandled("sim scalar sequence", o->op);
+        }
     }
     case NT_KIND_BINARY:
     case NT_KIND_CMP: {
         int alu = alu_of(o->op);
+        if (alu >= NT__ALU_OP_BASE) /* a table code: tensor_tensor only, per-row
+                                       operands as step-0 patterns */
+            return nt_isa_tensor_tensor(k, dst, &a[0].ap, &a[1].ap, (nt_alu_op)alu,
+                                        NT_ENGINE_VECTOR);
         if (alu >= 0) {
             /* a per-row operand becomes the per-partition scalar */
             if (a[1].red && !a[0].red)
@@ -306,6 +316,11 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
         /* backward helpers (g, y-or-x) in the CPU's order on f32 temps */
         const nt_ap *g = &a[0].ap, *y = &a[1].ap;
         int rc = 0;
+        if (o->op == NT_OP_BINARY_DX) /* f's partial through the table */
+            return nt_isa_tensor_tensor(k, dst, &a[0].ap, &a[1].ap,
+                                        (nt_alu_op)((o->p.i[1] ? NT__ALU_DB_BASE : NT__ALU_DA_BASE) +
+                                                    (int)o->p.i[0]),
+                                        NT_ENGINE_VECTOR);
         switch (o->op) {
         case NT_OP_RELU_BWD: { /* y > 0 ? g : 0 */
             nt_ap zero = cslice(E, E->cf, opk, 0, true);
@@ -328,7 +343,12 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
         case NT_OP_SILU_BWD: /* g * silu'(x) */
             rc = nt_isa_activation(k, &T0, NT_ACT_SILU_DX, y, NULL, NULL, NULL);
             break;
-        default: return NT_ENOTSUP;
+        case NT_OP_UNARY_BWD: /* g * f'(v), f' through the table */
+            rc = nt_isa_activation(k, &T0, (nt_act_func)(NT__ACT_DX_BASE + (int)o->p.i[0]), y,
+                                   &(nt_isa_scalar){NULL, (float)o->p.f[0]},
+                                   &(nt_isa_scalar){NULL, (float)o->p.f[1]}, NULL);
+            break;
+        default: nt__op_unhandled("sim backward-helper sequence", o->op);
         }
         return rc ? rc : nt_isa_tensor_tensor(k, dst, g, &T0, NT_ALU_MUL, NT_ENGINE_VECTOR);
     }
@@ -560,13 +580,7 @@ static nt_ap val_ap(tile_state *t, int v)
 
 static int scalar_alu(int op)
 {
-    switch (op) {
-    case NT_OP_ADD_SCALAR: return NT_ALU_ADD;
-    case NT_OP_MUL_SCALAR: return NT_ALU_MUL;
-    case NT_OP_DIV_SCALAR: return NT_ALU_DIV;
-    case NT_OP_POW_SCALAR: return NT_ALU_POW;
-    default: return -1;
-    }
+    return nt__ops[op].kind == NT_KIND_SCALAR && sim_of[op] >= 0 ? sim_of[op] : -1;
 }
 
 /* Is value v (defined by op k) an f32 full value read only by op k + 1? */

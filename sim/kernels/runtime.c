@@ -10,7 +10,7 @@
 
 /* ---------------- the kernel table ---------------- */
 
-#define SK_EW(ID, name, nin, kind, flags) [NT_OP_##ID] = nt__sk_ew,
+#define SK_EW(ID, name, nin, kind, flags, ...) [NT_OP_##ID] = nt__sk_ew,
 
 static const nt__kernel_fn sk_table[NT_OP_COUNT] = {
     [NT_OP_FILL] = nt__sk_ew,
@@ -22,6 +22,7 @@ static const nt__kernel_fn sk_table[NT_OP_COUNT] = {
     NT_OPS_SCALAR(SK_EW)
     NT_OPS_BINARY(SK_EW)
     NT_OPS_EW_BWD(SK_EW)
+    NT_OPS_GRAD(SK_EW)
     NT_OPS_CMP(SK_EW)
     [NT_OP_WHERE] = nt__sk_ew,
     [NT_OP_SUM] = nt__sk_reduce,

@@ -1,0 +1,938 @@
+/* tests/test_conformance.c - every op of the table, on every backend and
+ * mode, in the spirit of ggml's test-backend-ops.
+ *
+ * One test per op id of core/optable.h (the list is built from NT_OP_COUNT
+ * at run time, so a new op gets its test without an edit here).  Each op is
+ * driven by its kind: the elementwise kinds through the dispatcher's
+ * generic entry points (nt__unary, nt__scalar, nt__binary), the others by a
+ * per-op case below.  An op whose kind or case has no driver fails, naming
+ * the op: nothing can be added to the table without being run here.
+ *
+ * Checks per op (a cell of the coverage table printed at the end):
+ *   sim=cpu       the simulator (NT_REQUIRE_SIM=1, no CPU fallback) gives
+ *                 the CPU's bits, deterministic mode, f32 and bf16 inputs
+ *   fused=unfused a chain x*1 -> op -> *2 in lazy mode (fused) against
+ *                 eager with NT_FUSION=0, on both backends, bit for bit
+ *   det=adaptive  the same chain, deterministic against adaptive
+ *   gradcheck     nt_gradcheck on every NT_OPF_DIFF op (CPU)
+ *   autocast      the result dtype in nt_autocast_begin(NT_BF16) is the one
+ *                 the amp column says (LOW: bf16 from f32; F32: f32 from
+ *                 bf16; KEEP: bf16 stays bf16)
+ *   int           the ints column: INT/INTONLY ops give an integer result
+ *                 from i32 and u8 inputs (sim == cpu), F32INT ones f32,
+ *                 INTONLY ones refuse floats and FLOAT ones refuse integers
+ *                 with NT_EDTYPE naming the function
+ *   reference     the new ops against a double-precision host formula over
+ *                 a sweep: max ulp within the bound stated in ref_of
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ntensor.h"
+#include "core/internal.h"
+#include "dispatcher/dispatch.h"
+#include "nt_test.h"
+
+enum { K_SIM, K_FUSE, K_MODES, K_GRAD, K_AMP, K_INT, K_REF, NCHK };
+static const char *chk_name[NCHK] = {"sim=cpu", "fused=unfused", "det=adaptive", "gradcheck",
+                                     "autocast", "int", "reference"};
+static char cov[NT_OP_COUNT][NCHK][72];
+static bool op_failed[NT_OP_COUNT];
+
+static void cell(int op, int k, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
+static void cell(int op, int k, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cov[op][k], sizeof cov[op][k], fmt, ap);
+    va_end(ap);
+    if (!strncmp(cov[op][k], "FAIL", 4)) {
+        op_failed[op] = true;
+        print_message("%s %s: %s\n", nt__ops[op].name, chk_name[k], cov[op][k]);
+    }
+}
+
+static void config(const char *backend, const char *mode, const char *fusion)
+{
+    assert_int_equal(nt_config_set("NT_BACKEND", backend), 0);
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", strcmp(backend, "sim") ? "0" : "1"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+    assert_int_equal(nt_config_set("NT_FUSION", fusion), 0);
+}
+
+/* ---------------- inputs ---------------- */
+
+enum { V_MIXED, V_GRID, V_POS }; /* values: with specials; smooth; positive */
+
+typedef struct {
+    int n;                       /* tensor inputs */
+    int nd[4];
+    int64_t sh[4][2];
+    bool has_driver;
+} spec;
+
+static void shp(spec *s, int nd, int64_t a, int64_t b)
+{
+    s->nd[s->n] = nd;
+    s->sh[s->n][0] = a;
+    s->sh[s->n][1] = b;
+    s->n++;
+}
+
+/* The inputs each op is driven with. */
+static spec spec_of(int op)
+{
+    spec s = {0};
+    s.has_driver = true;
+    switch (nt__ops[op].kind) {
+    case NT_KIND_FILL: break;
+    case NT_KIND_COPY:
+    case NT_KIND_UNARY:
+    case NT_KIND_SCALAR:
+    case NT_KIND_REDUCE: shp(&s, 2, 4, 33); break;
+    case NT_KIND_BINARY:
+    case NT_KIND_CMP: shp(&s, 2, 4, 33); shp(&s, 1, 33, 0); break;
+    case NT_KIND_WHERE: shp(&s, 2, 4, 33); shp(&s, 2, 4, 33); break;
+    case NT_KIND_ROW:
+        shp(&s, 2, 4, 33);
+        if (op == NT_OP_LAYER_NORM || op == NT_OP_RMS_NORM)
+            shp(&s, 1, 33, 0);
+        if (op == NT_OP_LAYER_NORM)
+            shp(&s, 1, 33, 0);
+        break;
+    case NT_KIND_LOSS:
+        shp(&s, 2, 4, 33);
+        if (op == NT_OP_MSE_LOSS)
+            shp(&s, 2, 4, 33);
+        break;
+    case NT_KIND_MATMUL: shp(&s, 2, 4, 33); shp(&s, 2, 33, 5); break;
+    case NT_KIND_GATHER:
+    case NT_KIND_BWD: shp(&s, 2, 10, 33); break;
+    case NT_KIND_VIEW:
+        shp(&s, 2, 4, 33);
+        if (op == NT_OP_CAT)
+            shp(&s, 2, 4, 33);
+        break;
+    default: s.has_driver = false; break;
+    }
+    return s;
+}
+
+static float frac(double x) { return (float)(x - floor(x)); }
+
+/* Input i of n elements: floats as described by `v`, integers small and
+ * mixed in sign (u8: 0..255). */
+static nt_tensor *make_input(const spec *s, int i, nt_dtype dt, int v)
+{
+    int64_t n = s->sh[i][0] * (s->nd[i] > 1 ? s->sh[i][1] : 1);
+    float *h = malloc((size_t)n * sizeof(float));
+    int32_t *hi = malloc((size_t)n * sizeof(int32_t));
+    static const float specials[] = {0.0f, -0.0f, 25.0f, -30.0f, 1e-3f, -1e-3f, 100.0f, -100.0f,
+                                     0.5f, -1.0f, 20.0f, 19.5f, INFINITY, -INFINITY};
+    for (int64_t k = 0; k < n; k++) {
+        double u = frac((double)(k + 1 + 7 * i) * 0.6180339887);
+        float x = (float)(-3.0 + 6.0 * u);
+        if (v == V_MIXED && k % 5 == 0)
+            x = specials[(k / 5 + (int64_t)i) % (int64_t)(sizeof specials / sizeof specials[0])];
+        if (v == V_GRID) {
+            /* smooth: |x| >= 0.3 (1/x, x/b stay tame) and away from the
+             * scalar driver's kinks */
+            float m = (float)(0.3 + 1.7 * frac((double)(k + 1 + 7 * i) * 0.7548776662));
+            x = (u < 0.5 ? -m : m) + 0.013f * (float)i;
+            const float kinks[] = {0.0f, -0.5f, 1.25f};
+            for (int q = 0; q < 3; q++)
+                if (fabsf(x - kinks[q]) < 0.05f)
+                    x += 0.11f;
+        }
+        if (v == V_POS)
+            x = (float)(0.3 + 1.7 * u) + 0.013f * (float)i;
+        h[k] = x;
+        hi[k] = dt == NT_U8 ? (int32_t)((k * 37 + 11 * i) % 256) : (int32_t)((k * 37 + 11 * i) % 101) - 50;
+    }
+    int64_t shape[2] = {s->sh[i][0], s->sh[i][1]};
+    nt_tensor *t;
+    if (nt__dtype_is_float(dt)) {
+        t = nt_from_host(h, NT_F32, s->nd[i], shape);
+        if (t && dt != NT_F32)
+            t = nt_cast(t, dt);
+    } else {
+        t = nt_from_host(hi, NT_I32, s->nd[i], shape);
+        if (t && dt != NT_I32)
+            t = nt_cast(t, dt);
+    }
+    free(h);
+    free(hi);
+    return t;
+}
+
+/* ---------------- drivers ---------------- */
+
+static int grad_of_op = NT_OP_SOFTPLUS; /* UNARY_BWD's forward op */
+
+/* UNARY_BWD(g, v) for the forward op grad_of_op with the scalar driver's
+ * scalars, built like autograd/backward.c builds it. */
+static nt_tensor *unary_bwd(nt_tensor *g, nt_tensor *v)
+{
+    nt__call c;
+    nt_tensor *in[2] = {g, v};
+    const nt_site *site = NT_HERE; /* the call keeps the pointer: not inside the if */
+    if (!nt__call_begin(&c, site, "nt_unary_bwd", NT_OP_UNARY_BWD, 2, in, "g,v"))
+        return nt__call_fail(&c);
+    c.no_grad = true;
+    c.p.i[0] = grad_of_op;
+    c.p.f[0] = -0.5;
+    c.p.f[1] = 1.25;
+    c.odt[0] = nt__promote((nt_dtype)g->dtype, (nt_dtype)v->dtype);
+    c.ondim[0] = g->ndim;
+    for (int i = 0; i < g->ndim; i++)
+        c.oshape[0][i] = g->shape[i];
+    c.flops = (double)nt_numel(g);
+    return nt__dispatch(&c);
+}
+
+static int partial_of_op = NT_OP_DIV, partial_which = 1; /* BINARY_DX's forward op, d/db */
+
+/* BINARY_DX(a, b) for partial_of_op, as autograd/backward.c builds it */
+static nt_tensor *binary_dx(nt_tensor *a, nt_tensor *b)
+{
+    nt__call c;
+    nt_tensor *in[2] = {a, b};
+    const nt_site *site = NT_HERE;
+    if (!nt__call_begin(&c, site, "nt_binary_dx", NT_OP_BINARY_DX, 2, in, "a,b"))
+        return nt__call_fail(&c);
+    c.no_grad = true;
+    c.p.i[0] = partial_of_op;
+    c.p.i[1] = partial_which;
+    c.odt[0] = nt__promote((nt_dtype)a->dtype, (nt_dtype)b->dtype);
+    c.ondim[0] = a->ndim; /* a [4, 33], b [33] */
+    for (int i = 0; i < a->ndim; i++)
+        c.oshape[0][i] = a->shape[i];
+    c.flops = (double)nt_numel(a);
+    return nt__dispatch(&c);
+}
+
+/* Runs op on in[] (the spec's inputs); NULL with the error set if the
+ * dispatcher refused, or (nt_tensor *)-1 if there is no driver. */
+#define NO_DRIVER ((nt_tensor *)(intptr_t)-1)
+
+static nt_tensor *run_op(int op, nt_tensor *const *in)
+{
+    const nt__opinfo *I = &nt__ops[op];
+    const int64_t lab[4] = {3, 0, 32, 17};
+    switch (I->kind) {
+    case NT_KIND_UNARY: return nt__unary(NT_HERE, I->api, op, in[0]);
+    case NT_KIND_SCALAR: {
+        bool fl = nt__dtype_is_float(nt_dtype_of(in[0]));
+        return nt__scalar(NT_HERE, I->api, op, in[0], fl ? -0.5 : -2.0, fl ? 1.25 : 3.0);
+    }
+    case NT_KIND_BINARY:
+        if (op == NT_OP_UNARY_BWD)
+            return unary_bwd(in[0], nt_expand(in[1], 2, (int64_t[]){4, 33}));
+        if (op == NT_OP_BINARY_DX)
+            return binary_dx(in[0], in[1]);
+        return nt__binary(NT_HERE, I->api, op, in[0], in[1]);
+    case NT_KIND_CMP: return nt__binary(NT_HERE, I->api, op, in[0], in[1]);
+    case NT_KIND_WHERE: {
+        nt_tensor *z = nt_zeros(nt_dtype_of(in[0]), 0, NULL);
+        return nt_where(nt_gt(in[0], z), in[0], in[1]);
+    }
+    case NT_KIND_FILL:
+        switch (op) {
+        case NT_OP_FILL: return nt_full(NT_F32, 2, (int64_t[]){4, 33}, 1.5);
+        case NT_OP_ARANGE: return nt_arange(NT_F32, -3.0, 30.0, 0.25);
+        case NT_OP_RAND: return nt_rand(NT_F32, 2, (int64_t[]){4, 33}, 7);
+        case NT_OP_RANDN: return nt_randn(NT_F32, 2, (int64_t[]){4, 33}, 7);
+        default: return NO_DRIVER;
+        }
+    case NT_KIND_COPY:
+        switch (op) {
+        case NT_OP_COPY: return nt_contiguous(nt_transpose(in[0], 0, 1));
+        case NT_OP_CAST:
+            return nt_cast(in[0], nt__dtype_is_float(nt_dtype_of(in[0])) ? NT_F16 : NT_U8);
+        default: return NO_DRIVER;
+        }
+    case NT_KIND_REDUCE:
+        switch (op) {
+        case NT_OP_SUM: return nt_sum(in[0], 1, false);
+        case NT_OP_MEAN: return nt_mean(in[0], 1, true);
+        case NT_OP_MAX: return nt_max(in[0], 1, false);
+        case NT_OP_ARGMAX: return nt_argmax(in[0], 1, false);
+        default: return NO_DRIVER;
+        }
+    case NT_KIND_ROW:
+        switch (op) {
+        case NT_OP_SOFTMAX: return nt_softmax(in[0], 1);
+        case NT_OP_LOG_SOFTMAX: return nt_log_softmax(in[0], 1);
+        case NT_OP_LAYER_NORM: return nt_layer_norm(in[0], in[1], in[2], 1e-5);
+        case NT_OP_RMS_NORM: return nt_rms_norm(in[0], in[1], 1e-5);
+        default: return NO_DRIVER;
+        }
+    case NT_KIND_LOSS:
+        switch (op) {
+        case NT_OP_CROSS_ENTROPY: {
+            int32_t l[4] = {(int32_t)lab[0], (int32_t)lab[1], (int32_t)lab[2], (int32_t)lab[3]};
+            return nt_cross_entropy(in[0], nt_from_host(l, NT_I32, 1, (int64_t[]){4}));
+        }
+        case NT_OP_MSE_LOSS: return nt_mse_loss(in[0], in[1]);
+        default: return NO_DRIVER;
+        }
+    case NT_KIND_MATMUL: return op == NT_OP_MATMUL ? nt_matmul(in[0], in[1]) : NO_DRIVER;
+    case NT_KIND_GATHER:
+        if (op == NT_OP_EMBEDDING) {
+            int32_t ix[5] = {3, 0, 9, 3, 5};
+            return nt_embedding(in[0], nt_from_host(ix, NT_I32, 1, (int64_t[]){5}));
+        }
+        return NO_DRIVER;
+    case NT_KIND_VIEW:
+        switch (op) {
+        case NT_OP_RESHAPE: return nt_reshape(in[0], 2, (int64_t[]){12, 11});
+        case NT_OP_TRANSPOSE: return nt_transpose(in[0], 0, 1);
+        case NT_OP_PERMUTE: return nt_permute(in[0], (int[]){1, 0});
+        case NT_OP_SLICE: return nt_slice(in[0], 1, 2, 30, 3);
+        case NT_OP_EXPAND:
+            return nt_expand(nt_reshape(in[0], 3, (int64_t[]){1, 4, 33}), 3, (int64_t[]){2, 4, 33});
+        case NT_OP_ALIAS: return nt_contiguous(in[0]);
+        case NT_OP_CAT: return nt_cat(in, 2, 0);
+        default: return NO_DRIVER;
+        }
+    case NT_KIND_BWD:
+        if (op == NT_OP_EMBEDDING_BWD) {
+            /* the gradient of an embedding: idx repeats, rows add in order */
+            nt_tensor *w = nt_detach(in[0]);
+            nt_set_requires_grad(w, true);
+            int32_t ix[5] = {3, 0, 9, 3, 5};
+            nt_tensor *e = nt_embedding(w, nt_from_host(ix, NT_I32, 1, (int64_t[]){5}));
+            nt_tensor *c = nt_arange(nt_dtype_of(in[0]), 0.0, 165.0 * 0.03, 0.03);
+            nt_tensor *l = e ? nt_sum(nt_mul(e, nt_reshape(c, 2, (int64_t[]){5, 33})), NT_DIM_ALL,
+                                     false)
+                             : NULL;
+            if (!l || nt_backward(l))
+                return NULL;
+            nt_tensor *g = nt_grad(w);
+            nt_release(w);
+            return g; /* a new reference: the caller's scope does not own it */
+        }
+        return NO_DRIVER;
+    default: return NO_DRIVER;
+    }
+}
+
+/* ---------------- one run, as bytes ---------------- */
+
+typedef struct {
+    int rc;
+    char msg[200];
+    nt_dtype dt;
+    int nd;
+    int64_t sh[NT_MAX_DIMS];
+    size_t nb;
+    unsigned char *b;
+    nt_stats st;
+} result;
+
+static void result_free(result *r)
+{
+    free(r->b);
+    memset(r, 0, sizeof *r);
+}
+
+/* Builds the inputs (dtype dt, values v), runs op (in a chain if asked)
+ * and reads the result.  The current configuration is used. */
+static void run(int op, nt_dtype dt, int v, bool chain, result *r)
+{
+    memset(r, 0, sizeof *r);
+    spec s = spec_of(op);
+    nt_stats_reset();
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *in[4] = {0};
+    for (int i = 0; i < s.n; i++) {
+        in[i] = make_input(&s, i, dt, v);
+        if (chain && in[i])
+            in[i] = nt_mul_scalar(in[i], 1.0);
+    }
+    nt_sync();
+    nt_stats_reset();
+    nt_tensor *y = run_op(op, in);
+    bool owned = nt__ops[op].kind == NT_KIND_BWD && y && y != NO_DRIVER;
+    if (y == NO_DRIVER) {
+        r->rc = NT_ENOTSUP;
+        snprintf(r->msg, sizeof r->msg, "no driver for op %s (kind %d) in tests/test_conformance.c",
+                 nt__ops[op].name, (int)nt__ops[op].kind);
+        nt_scope_end(sc);
+        return;
+    }
+    nt_tensor *yy = y;
+    if (chain && y)
+        yy = nt_mul_scalar(y, 2.0);
+    if (yy)
+        yy = nt_contiguous(yy);
+    if (!yy || nt_sync()) {
+        r->rc = nt_last_error() ? nt_last_error() : NT_EEXEC;
+        snprintf(r->msg, sizeof r->msg, "%s", nt_last_error_message());
+        nt_clear_error();
+        if (owned)
+            nt_release(y);
+        nt_scope_end(sc);
+        return;
+    }
+    r->dt = nt_dtype_of(yy);
+    r->nd = nt_ndim(yy);
+    for (int i = 0; i < r->nd; i++)
+        r->sh[i] = nt_shape(yy, i);
+    r->nb = (size_t)nt_numel(yy) * nt_dtype_size(r->dt);
+    r->b = malloc(r->nb ? r->nb : 1);
+    r->rc = nt_to_host(yy, r->b, r->nb);
+    if (r->rc) {
+        snprintf(r->msg, sizeof r->msg, "%s", nt_last_error_message());
+        nt_clear_error();
+    }
+    nt_stats_get(&r->st);
+    if (owned)
+        nt_release(y);
+    nt_scope_end(sc);
+}
+
+/* "" if equal, else why not */
+static const char *diff(const result *a, const result *b)
+{
+    static char why[120];
+    if (a->rc || b->rc) {
+        snprintf(why, sizeof why, "error: %.100s", a->rc ? a->msg : b->msg);
+        return why;
+    }
+    if (a->dt != b->dt || a->nb != b->nb)
+        return "dtype or size differs";
+    for (size_t i = 0; i < a->nb; i++)
+        if (a->b[i] != b->b[i]) {
+            snprintf(why, sizeof why, "bytes differ from byte %zu", i);
+            return why;
+        }
+    return "";
+}
+
+/* ---------------- the checks ---------------- */
+
+/* the float dtype to drive op with, or i32 for an integer-only op */
+static nt_dtype dt_main(int op) { return (nt__ops[op].flags & NT_OPF_INTONLY) ? NT_I32 : NT_F32; }
+
+static void check_sim(int op)
+{
+    nt_dtype dts[2] = {NT_F32, NT_BF16};
+    if (nt__ops[op].flags & NT_OPF_INTONLY)
+        dts[0] = NT_I32, dts[1] = NT_U8;
+    uint64_t sim_kernels = 0;
+    for (int d = 0; d < 2; d++) {
+        result c, s;
+        config("cpu", "deterministic", "1");
+        run(op, dts[d], V_MIXED, false, &c);
+        config("sim", "deterministic", "1");
+        run(op, dts[d], V_MIXED, false, &s);
+        const char *w = diff(&c, &s);
+        if (*w)
+            cell(op, K_SIM, "FAIL %s: %s", nt_dtype_name(dts[d]), w);
+        else if (s.st.cpu_fallbacks)
+            cell(op, K_SIM, "FAIL %s: ran on the CPU", nt_dtype_name(dts[d]));
+        sim_kernels += s.st.sim_kernels;
+        result_free(&c);
+        result_free(&s);
+        if (*w)
+            return;
+    }
+    cell(op, K_SIM, sim_kernels ? "ok" : "ok (no kernel)");
+}
+
+static void check_chain(int op)
+{
+    static const char *be[2] = {"cpu", "sim"};
+    uint64_t groups = 0;
+    for (int b = 0; b < 2; b++) {
+        result det, ada, lazy, eager;
+        nt_dtype dt = dt_main(op);
+        config(be[b], "deterministic", "1");
+        run(op, dt, V_MIXED, true, &det);
+        config(be[b], "adaptive", "1");
+        run(op, dt, V_MIXED, true, &ada);
+        config(be[b], "lazy", "1");
+        run(op, dt, V_MIXED, true, &lazy);
+        config(be[b], "eager", "0");
+        run(op, dt, V_MIXED, true, &eager);
+        groups += lazy.st.fusion_groups;
+        const char *w1 = diff(&lazy, &eager);
+        if (*w1)
+            cell(op, K_FUSE, "FAIL %s: %s", be[b], w1);
+        const char *w2 = diff(&det, &ada);
+        if (*w2)
+            cell(op, K_MODES, "FAIL %s: %s", be[b], w2);
+        result_free(&det);
+        result_free(&ada);
+        result_free(&lazy);
+        result_free(&eager);
+        if (*w1 || *w2)
+            return;
+    }
+    /* views and backward helpers run no fusable kernel of their own */
+    cell(op, K_FUSE, groups ? "ok" : "ok (nothing fused)");
+    cell(op, K_MODES, "ok");
+}
+
+static nt_tensor *grad_f(nt_tensor *const *in, void *ctx)
+{
+    nt_tensor *y = run_op(*(int *)ctx, in);
+    return y == NO_DRIVER ? NULL : y;
+}
+
+static void check_grad(int op)
+{
+    if (!(nt__ops[op].flags & NT_OPF_DIFF)) {
+        cell(op, K_GRAD, "n/a: not differentiable");
+        return;
+    }
+    spec s = spec_of(op);
+    if (s.n == 0) {
+        cell(op, K_GRAD, "n/a: no inputs");
+        return;
+    }
+    config("cpu", "deterministic", "1");
+    nt_scope *sc = nt_scope_begin();
+    /* positive inputs where the op is not finite on both signs (log, sqrt,
+     * pow_scalar's x^-0.5 ...) */
+    int v = V_GRID;
+    nt_tensor *in[4];
+    for (int i = 0; i < s.n; i++)
+        in[i] = make_input(&s, i, NT_F32, V_GRID);
+    nt_tensor *y = run_op(op, in);
+    nt_tensor *fin = y ? nt_sum(nt_cast(nt_ne(nt_sub(y, y), nt_zeros(NT_F32, 0, NULL)), NT_F32),
+                                NT_DIM_ALL, false)
+                       : NULL;
+    double bad = 0;
+    if (fin && !nt_item(fin, &bad) && bad > 0)
+        v = V_POS;
+    for (int i = 0; i < s.n; i++) {
+        in[i] = make_input(&s, i, NT_F32, v);
+        nt_set_requires_grad(in[i], true);
+    }
+    /* a cast to f16 rounds: a wider step keeps the difference quotient honest */
+    double eps = op == NT_OP_CAST ? 0.25 : 1e-2;
+    int o = op;
+    int rc = nt_gradcheck(grad_f, in, s.n, &o, eps, 2e-2, 2e-2);
+    if (rc)
+        cell(op, K_GRAD, "FAIL %.60s", nt_last_error_message());
+    else
+        cell(op, K_GRAD, "ok%s", v == V_POS ? " (x > 0)" : "");
+    nt_clear_error();
+    nt_scope_end(sc);
+}
+
+static void check_amp(int op)
+{
+    const nt__opinfo *I = &nt__ops[op];
+    spec s = spec_of(op);
+    if (s.n == 0) {
+        cell(op, K_AMP, "n/a: no inputs");
+        return;
+    }
+    if (I->kind == NT_KIND_BWD) {
+        cell(op, K_AMP, "n/a: backward ops are never autocast");
+        return;
+    }
+    config("cpu", "deterministic", "1");
+    nt_dtype in_dt = I->amp == NT__AMP_LOW ? NT_F32 : NT_BF16;
+    nt_dtype want = I->amp == NT__AMP_F32 ? NT_F32 : NT_BF16;
+    if (I->kind == NT_KIND_CMP || op == NT_OP_ARGMAX || (I->flags & NT_OPF_INTONLY)) {
+        cell(op, K_AMP, "n/a: integer result");
+        return;
+    }
+    if (op == NT_OP_CAST)
+        want = NT_F16; /* the driver asks for f16 */
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *in[4];
+    for (int i = 0; i < s.n; i++)
+        in[i] = make_input(&s, i, in_dt, V_GRID);
+    assert_int_equal(nt_autocast_begin(NT_BF16), 0);
+    nt_tensor *y = run_op(op, in);
+    assert_int_equal(nt_autocast_end(), 0);
+    if (!y || y == NO_DRIVER)
+        cell(op, K_AMP, "FAIL: %.60s", nt_last_error_message());
+    else if (nt_dtype_of(y) != want)
+        cell(op, K_AMP, "FAIL: %s from %s, the amp column says %s", nt_dtype_name(nt_dtype_of(y)),
+             nt_dtype_name(in_dt), nt_dtype_name(want));
+    else
+        cell(op, K_AMP, "ok: %s -> %s (%s)", nt_dtype_name(in_dt), nt_dtype_name(want),
+             I->amp == NT__AMP_LOW ? "low" : I->amp == NT__AMP_F32 ? "f32" : "keep");
+    if (y && y != NO_DRIVER && I->kind == NT_KIND_BWD)
+        nt_release(y);
+    nt_clear_error();
+    nt_scope_end(sc);
+}
+
+static void check_int(int op)
+{
+    const nt__opinfo *I = &nt__ops[op];
+    unsigned fl = I->flags;
+    spec s = spec_of(op);
+    if (op == NT_OP_UNARY_BWD || op == NT_OP_BINARY_DX || I->kind == NT_KIND_BWD) {
+        cell(op, K_INT, "n/a: internal, reached from float gradients only");
+        return;
+    }
+    if (s.n == 0 && I->kind == NT_KIND_FILL) {
+        /* creation: the dtype is an argument */
+        config("cpu", "deterministic", "1");
+        nt_tensor *t = op == NT_OP_FILL     ? nt_full(NT_I32, 1, (int64_t[]){3}, 2)
+                       : op == NT_OP_ARANGE ? nt_arange(NT_I32, 0, 5, 1)
+                       : op == NT_OP_RAND   ? nt_rand(NT_I32, 1, (int64_t[]){3}, 1)
+                                            : nt_randn(NT_I32, 1, (int64_t[]){3}, 1);
+        bool ok = (fl & NT_OPF_INT) ? t && nt_dtype_of(t) == NT_I32 : !t && nt_last_error() == NT_EDTYPE;
+        cell(op, K_INT, ok ? ((fl & NT_OPF_INT) ? "ok: i32" : "ok: NT_EDTYPE") : "FAIL: i32 creation");
+        if (t)
+            nt_release(t);
+        nt_clear_error();
+        return;
+    }
+    if (!(fl & (NT_OPF_INT | NT_OPF_F32INT))) {
+        /* floats only: an integer input is refused, naming the function */
+        config("cpu", "deterministic", "1");
+        result r;
+        run(op, NT_I32, V_MIXED, false, &r);
+        if (r.rc == NT_EDTYPE && strstr(r.msg, I->api))
+            cell(op, K_INT, "ok: i32 is NT_EDTYPE");
+        else
+            cell(op, K_INT, "FAIL: i32 input gave %s", r.rc ? nt_strerror(r.rc) : "a result");
+        result_free(&r);
+        return;
+    }
+    static const nt_dtype dts[2] = {NT_I32, NT_U8};
+    for (int d = 0; d < 2; d++) {
+        result c, sm;
+        config("cpu", "deterministic", "1");
+        run(op, dts[d], V_MIXED, false, &c);
+        config("sim", "deterministic", "1");
+        run(op, dts[d], V_MIXED, false, &sm);
+        const char *w = diff(&c, &sm);
+        bool isint = !c.rc && !nt__dtype_is_float(c.dt);
+        bool want_int = (fl & NT_OPF_INT) != 0;
+        if (*w)
+            cell(op, K_INT, "FAIL %s sim!=cpu: %s", nt_dtype_name(dts[d]), w);
+        else if (op != NT_OP_CAST && isint != want_int)
+            cell(op, K_INT, "FAIL %s gave %s", nt_dtype_name(dts[d]), nt_dtype_name(c.dt));
+        result_free(&c);
+        result_free(&sm);
+        if (!strncmp(cov[op][K_INT], "FAIL", 4))
+            return;
+    }
+    if (fl & NT_OPF_INTONLY) {
+        result r;
+        config("cpu", "deterministic", "1");
+        run(op, NT_F32, V_MIXED, false, &r);
+        bool ok = r.rc == NT_EDTYPE && strstr(r.msg, I->api) && strstr(r.msg, "'t'");
+        if (!ok)
+            cell(op, K_INT, "FAIL: f32 input gave %s", r.rc ? r.msg : "a result");
+        else
+            cell(op, K_INT, "ok: i32, u8 (sim=cpu); f32 is NT_EDTYPE");
+        result_free(&r);
+        return;
+    }
+    cell(op, K_INT, "ok: i32, u8 -> %s (sim=cpu)", (fl & NT_OPF_INT) ? "int" : "f32");
+}
+
+/* ---------------- independent references ---------------- */
+
+typedef struct {
+    int op;
+    double (*f)(double x, double s0, double s1); /* NULL: an integer op */
+    int32_t (*fi)(int32_t x);
+    double s0, s1;
+    double max_ulp; /* the bound (0: the f32 rounding of the exact value,
+                       sign of zero included), from the measured sweep */
+} ref;
+
+static double r_softplus(double x, double s0, double s1)
+{
+    (void)s0, (void)s1;
+    return x > 20 ? x : log1p(exp(x));
+}
+static double r_mish(double x, double s0, double s1) { return x * tanh(r_softplus(x, s0, s1)); }
+static double r_reciprocal(double x, double s0, double s1)
+{
+    (void)s0, (void)s1;
+    return 1.0 / x;
+}
+static double r_leaky(double x, double s, double s1)
+{
+    (void)s1;
+    return x > 0 ? x : x * (double)(float)s;
+}
+static double r_hardtanh(double x, double lo, double hi)
+{
+    return x != x ? x : x < lo ? lo : x > hi ? hi : x;
+}
+static double r_pow(double x, double e, double s1)
+{
+    (void)s1;
+    return pow(x, e);
+}
+static int32_t r_not(int32_t x) { return (int32_t)~(uint32_t)x; }
+
+static const ref refs[] = {
+    {NT_OP_SOFTPLUS, r_softplus, NULL, 0, 0, 3},
+    {NT_OP_MISH, r_mish, NULL, 0, 0, 4},
+    {NT_OP_RECIPROCAL, r_reciprocal, NULL, 0, 0, 0},
+    {NT_OP_LEAKY_RELU, r_leaky, NULL, 0.01, 0, 0},
+    {NT_OP_HARDTANH, r_hardtanh, NULL, -1.0, 1.0, 0},
+    {NT_OP_BITWISE_NOT, NULL, r_not, 0, 0, 0},
+    {NT_OP_POW, r_pow, NULL, 1.5, 0, 1}, /* b: a 0-d tensor of s0, broadcast */
+    {NT_OP_POW, r_pow, NULL, -2.25, 0, 1},
+};
+
+/* |a - ref| in units of the f32 spacing at ref; 0 when a is the f32
+ * rounding of ref (also the same infinity, or both NaN) */
+static double ulps(float a, double r)
+{
+    if (isnan(r) || isnan(a))
+        return isnan(r) && isnan(a) ? 0 : INFINITY;
+    float rf = (float)r;
+    if (a == rf && signbit(a) == signbit(rf))
+        return 0;
+    if (isinf(rf) || isinf(a))
+        return INFINITY;
+    double sp = (double)nextafterf(fabsf(rf), INFINITY) - fabsf(rf);
+    return fabs((double)a - r) / sp;
+}
+
+static void check_ref1(const ref *R);
+
+static void check_ref(int op)
+{
+    bool any = false;
+    for (size_t i = 0; i < sizeof refs / sizeof refs[0]; i++)
+        if (refs[i].op == op) {
+            any = true;
+            check_ref1(&refs[i]);
+        }
+    if (!any)
+        cell(op, K_REF, "n/a: values checked in test_ops.c / test_autograd.c");
+}
+
+static void check_ref1(const ref *R)
+{
+    int op = R->op;
+    enum { N = 20011 };
+    static const char *be[2] = {"cpu", "sim"};
+    double worst = 0;
+    for (int b = 0; b < 2; b++) {
+        config(be[b], "deterministic", "1");
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *y;
+        if (R->f) {
+            static float x[N];
+            for (int k = 0; k < N; k++)
+                x[k] = (float)(-45.0 + 90.0 * k / (N - 1)); /* covers 20 and the tails */
+            x[0] = NAN, x[1] = -0.0f, x[2] = INFINITY, x[3] = -INFINITY, x[4] = 1e-30f;
+            x[5] = 20.0f, x[6] = nextafterf(20.0f, 30.0f), x[7] = -1e-30f, x[8] = 88.0f;
+            nt_tensor *t = nt_from_host(x, NT_F32, 1, (int64_t[]){N});
+            nt__opkind kd = nt__ops[op].kind;
+            y = kd == NT_KIND_SCALAR   ? nt__scalar(NT_HERE, nt__ops[op].api, op, t, R->s0, R->s1)
+                : kd == NT_KIND_BINARY ? nt__binary(NT_HERE, nt__ops[op].api, op, t,
+                                                    nt_full(NT_F32, 0, NULL, R->s0))
+                                       : nt__unary(NT_HERE, nt__ops[op].api, op, t);
+            static float out[N];
+            assert_non_null(y);
+            assert_int_equal(nt_to_host(y, out, sizeof out), 0);
+            for (int k = 0; k < N; k++) {
+                double u = ulps(out[k], R->f((double)x[k], R->s0, R->s1));
+                if (u > worst)
+                    worst = u;
+            }
+        } else {
+            static int32_t x[N], out[N];
+            for (int k = 0; k < N; k++)
+                x[k] = (int32_t)((uint32_t)k * 2654435761u);
+            x[0] = INT32_MIN, x[1] = INT32_MAX, x[2] = 0, x[3] = -1;
+            nt_tensor *t = nt_from_host(x, NT_I32, 1, (int64_t[]){N});
+            y = nt__unary(NT_HERE, nt__ops[op].api, op, t);
+            assert_non_null(y);
+            assert_int_equal(nt_to_host(y, out, sizeof out), 0);
+            for (int k = 0; k < N; k++)
+                if (out[k] != R->fi(x[k]))
+                    worst = INFINITY;
+            /* u8: 255 - x */
+            uint8_t xb[256], ob[256];
+            for (int k = 0; k < 256; k++)
+                xb[k] = (uint8_t)k;
+            nt_tensor *tb = nt_from_host(xb, NT_U8, 1, (int64_t[]){256});
+            nt_tensor *yb = nt__unary(NT_HERE, nt__ops[op].api, op, tb);
+            assert_non_null(yb);
+            assert_int_equal(nt_dtype_of(yb), NT_U8);
+            assert_int_equal(nt_to_host(yb, ob, sizeof ob), 0);
+            for (int k = 0; k < 256; k++)
+                if (ob[k] != (uint8_t)(255 - k))
+                    worst = INFINITY;
+        }
+        nt_scope_end(sc);
+    }
+    if (!strncmp(cov[op][K_REF], "FAIL", 4))
+        return; /* an earlier reference of this op failed: keep that */
+    if (worst > R->max_ulp)
+        cell(op, K_REF, "FAIL: %.1f ulp > %.0f", worst, R->max_ulp);
+    else if (R->max_ulp == 0)
+        cell(op, K_REF, R->f ? "ok: exact, == (f32)ref (cpu, sim)" : "ok: exact, i32 and u8 (cpu, sim)");
+    else
+        cell(op, K_REF, "ok: max %.2f ulp <= %.0f (cpu, sim)", worst, R->max_ulp);
+}
+
+/* ---------------- the tests ---------------- */
+
+static void test_op(void **state)
+{
+    int op = (int)(intptr_t)*state;
+    spec s = spec_of(op);
+    result probe;
+    config("cpu", "deterministic", "1");
+    if (s.has_driver)
+        run(op, dt_main(op), V_MIXED, false, &probe);
+    if (!s.has_driver || probe.rc == NT_ENOTSUP) {
+        for (int k = 0; k < NCHK; k++)
+            cell(op, k, "FAIL: no driver");
+        if (s.has_driver)
+            result_free(&probe);
+        fail_msg("op %s (kind %d) has no driver in tests/test_conformance.c", nt__ops[op].name,
+                 (int)nt__ops[op].kind);
+    }
+    result_free(&probe);
+    check_sim(op);
+    check_chain(op);
+    check_grad(op);
+    check_amp(op);
+    check_int(op);
+    check_ref(op);
+    if (op_failed[op])
+        fail_msg("op %s failed a conformance check (see above)", nt__ops[op].name);
+}
+
+/* UNARY_BWD with every forward op that has a derivative: sim == cpu */
+static void test_every_derivative_sim_cpu(void **state)
+{
+    (void)state;
+    int n = 0;
+    for (int f = 0; f < NT_OP_COUNT; f++) {
+        nt__opkind kd = nt__ops[f].kind;
+        if ((kd != NT_KIND_UNARY && kd != NT_KIND_SCALAR) || (nt__ops[f].flags & NT_OPF_INTONLY))
+            continue;
+        grad_of_op = f;
+        result c, s;
+        config("cpu", "deterministic", "1");
+        run(NT_OP_UNARY_BWD, NT_F32, V_MIXED, false, &c);
+        config("sim", "deterministic", "1");
+        run(NT_OP_UNARY_BWD, NT_F32, V_MIXED, false, &s);
+        const char *w = diff(&c, &s);
+        if (*w)
+            fail_msg("derivative of %s: sim != cpu: %s", nt__ops[f].name, w);
+        result_free(&c);
+        result_free(&s);
+        n++;
+    }
+    grad_of_op = NT_OP_SOFTPLUS;
+    int nb = 0;
+    static const int binary[] = {
+#define T_BIN(ID, name, nin, kind, flags, ints, ...) NT__IF_FLOAT(ints, NT_OP_##ID,)
+        NT_OPS_BINARY(T_BIN)
+#undef T_BIN
+    };
+    for (size_t q = 0; q < sizeof binary / sizeof binary[0]; q++) {
+        int f = binary[q];
+        for (int which = 0; which < 2; which++) {
+            partial_of_op = f;
+            partial_which = which;
+            result c, s;
+            config("cpu", "deterministic", "1");
+            run(NT_OP_BINARY_DX, NT_F32, V_MIXED, false, &c);
+            config("sim", "deterministic", "1");
+            run(NT_OP_BINARY_DX, NT_F32, V_MIXED, false, &s);
+            const char *w = diff(&c, &s);
+            if (*w)
+                fail_msg("partial %d of %s: sim != cpu: %s", which, nt__ops[f].name, w);
+            result_free(&c);
+            result_free(&s);
+            nb++;
+        }
+    }
+    partial_of_op = NT_OP_DIV, partial_which = 1;
+    print_message("# %d derivatives (nt__ew_<op>_dx), %d partials (_da, _db): sim == cpu\n", n,
+                  nb);
+}
+
+/* The dispatcher's refusal names the function and the argument. */
+static void test_int_only_error(void **state)
+{
+    (void)state;
+    nt_tensor *x = nt_ones(NT_F32, 1, (int64_t[]){3});
+    assert_null(nt_bitwise_not(x));
+    assert_int_equal(nt_last_error(), NT_EDTYPE);
+    assert_non_null(strstr(nt_last_error_message(), "nt_bitwise_not"));
+    assert_non_null(strstr(nt_last_error_message(), "argument 't' is f32"));
+    nt_clear_error();
+    nt_tensor *i = nt_ones(NT_I32, 1, (int64_t[]){3});
+    assert_null(nt_leaky_relu(i, 0.1));
+    assert_int_equal(nt_last_error(), NT_EDTYPE);
+    assert_non_null(strstr(nt_last_error_message(), "nt_leaky_relu"));
+    nt_clear_error();
+    assert_null(nt_hardtanh(x, 1.0, -1.0));
+    assert_int_equal(nt_last_error(), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "min_val"));
+    nt_clear_error();
+    assert_null(nt_leaky_relu(x, NAN));
+    assert_int_equal(nt_last_error(), NT_EINVAL);
+    nt_clear_error();
+    nt_release(x);
+    nt_release(i);
+}
+
+static void test_coverage_table(void **state)
+{
+    (void)state;
+    int nfail = 0;
+    printf("# coverage: op x check\n# %-14s", "op");
+    for (int k = 0; k < NCHK; k++)
+        printf(" | %s", chk_name[k]);
+    printf("\n");
+    for (int op = 0; op < NT_OP_COUNT; op++) {
+        printf("# %-14s", nt__ops[op].name);
+        for (int k = 0; k < NCHK; k++)
+            printf(" | %s", cov[op][k][0] ? cov[op][k] : "FAIL: not run");
+        printf("\n");
+        nfail += op_failed[op] || !cov[op][0][0];
+    }
+    printf("# %d ops, %d failing\n", NT_OP_COUNT, nfail);
+    assert_int_equal(nfail, 0);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_init(), 0);
+    nt_clear_error();
+    return 0;
+}
+
+int main(void)
+{
+    static struct CMUnitTest tests[NT_OP_COUNT + 3];
+    static char names[NT_OP_COUNT][48];
+    int n = 0;
+    for (int op = 0; op < NT_OP_COUNT; op++) {
+        snprintf(names[op], sizeof names[op], "op_%s", nt__ops[op].name);
+        tests[n++] = (struct CMUnitTest){names[op], test_op, NULL, NULL, (void *)(intptr_t)op};
+    }
+    tests[n++] = (struct CMUnitTest){"every_derivative_sim_cpu", test_every_derivative_sim_cpu,
+                                     NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"int_only_error", test_int_only_error, NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"coverage_table", test_coverage_table, NULL, NULL, NULL};
+    return _cmocka_run_group_tests("conformance", tests, (size_t)n, setup, nt_test_teardown);
+}
