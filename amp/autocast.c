@@ -52,6 +52,7 @@ static policy policy_of(int op)
     case NT_OP_LOG_SOFTMAX:
     case NT_OP_LAYER_NORM:
     case NT_OP_RMS_NORM:
+    case NT_OP_NORM:
     case NT_OP_EXP:
     case NT_OP_LOG:
     case NT_OP_RSQRT:

@@ -32,7 +32,7 @@ typedef enum nt__opkind {
     NT_KIND_ROW,     /* softmax family and norms over one dim */
     NT_KIND_LOSS,    /* scalar losses */
     NT_KIND_MATMUL,  /* batched matmul */
-    NT_KIND_GATHER,  /* embedding */
+    NT_KIND_GATHER,  /* embedding, gather, index_select */
     NT_KIND_VIEW,    /* views and composites: no kernel, autograd only */
     NT_KIND_BWD,     /* backward helpers (autograd) */
     NT_KIND_CUSTOM,  /* user-registered kernels */
@@ -110,7 +110,14 @@ typedef enum nt__opkind {
     X(CROSS_ENTROPY, cross_entropy, 2, NT_KIND_LOSS, NT_OPF_DIFF)           \
     X(MSE_LOSS, mse_loss, 2, NT_KIND_LOSS, NT_OPF_DIFF)                     \
     X(MATMUL, matmul, 2, NT_KIND_MATMUL, NT_OPF_DIFF)                       \
-    X(EMBEDDING, embedding, 2, NT_KIND_GATHER, NT_OPF_DIFF)
+    X(EMBEDDING, embedding, 2, NT_KIND_GATHER, NT_OPF_DIFF)                 \
+    /* issue 15: the Torch-to-NKIPy registry's reductions and gathers */    \
+    X(MIN, min, 1, NT_KIND_REDUCE, NT_OPF_DIFF | NT_OPF_INT)                \
+    X(ARGMIN, argmin, 1, NT_KIND_REDUCE, NT_OPF_INT)                        \
+    X(ANY, any, 1, NT_KIND_REDUCE, NT_OPF_INT)                              \
+    X(NORM, norm, 1, NT_KIND_REDUCE, NT_OPF_DIFF)                           \
+    X(GATHER, gather, 2, NT_KIND_GATHER, NT_OPF_DIFF | NT_OPF_INT)          \
+    X(INDEX_SELECT, index_select, 2, NT_KIND_GATHER, NT_OPF_DIFF | NT_OPF_INT)
 
 /* Views (no kernel: metadata only) and composites that autograd records as
  * one node.  nin 0 = variadic (cat). */
@@ -125,9 +132,11 @@ typedef enum nt__opkind {
 
 /* Backward helpers with their own kernels (autograd/ enqueues them):
  * embedding_bwd(g [..., D], idx [...]) -> [p.i[0] = V, D], rows added in
- * index order. */
+ * index order; index_add(g, idx) -> the gathered tensor's shape, g's
+ * elements added in g's row-major order (gather, index_select). */
 #define NT_OPS_BWD(X)                                                       \
-    X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, 0)
+    X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, 0)                      \
+    X(INDEX_ADD, index_add, 2, NT_KIND_BWD, 0)
 
 #define NT_OP_TABLE(X)                                                      \
     NT_OPS_FILL(X) NT_OPS_COPY(X) NT_OPS_UNARY(X) NT_OPS_SCALAR(X)          \
