@@ -900,7 +900,7 @@ static void test_errors(void **state)
         assert_int_equal(nt_tile_release(k, a), 0);
         nt_isa_tensor_copy(k, &A, &A, NT_ENGINE_VECTOR);
     });
-    EXPECT_FAIL("tensor_reduce", "add or maximum", {
+    EXPECT_FAIL("tensor_reduce", "add, maximum or minimum", {
         nt_tile *a = nt_tile_alloc(k, "a", NT_MEM_SBUF, NT_F32, 8, 8);
         nt_ap A = nt_tile_ap(a), R = nt_tile_slice(a, 0, 8, 0, 1);
         nt_isa_tensor_reduce(k, &R, &A, NT_ALU_MUL, 0);
