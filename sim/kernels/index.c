@@ -140,7 +140,13 @@ static const void *per_position(sk_k *s, const nt_tensor *ix, bool select, int n
 {
     if (!select)
         return sk_contig_of(s, ix);
-    nt_tensor v = *ix;
+    /* a broadcast view of idx's storage: only the view fields (the counts
+     * of the real handle change under other threads) */
+    nt_tensor v;
+    memset(&v, 0, sizeof v);
+    v.st = ix->st;
+    v.offset = ix->offset;
+    v.dtype = ix->dtype;
     v.ndim = (int8_t)nd;
     for (int i = 0; i < nd; i++) {
         v.shape[i] = shape[i];
