@@ -97,6 +97,8 @@ typedef enum nt__opkind {
     X(GT, gt, 2, NT_KIND_CMP, NT_OPF_INT)                                   \
     X(GE, ge, 2, NT_KIND_CMP, NT_OPF_INT)
 
+/* min .. index_select at the end: the reductions and gathers of the
+ * Torch-to-NKIPy op registry that ntensor lacked (issue 15). */
 #define NT_OPS_MISC(X)                                                      \
     X(WHERE, where, 3, NT_KIND_WHERE, NT_OPF_DIFF | NT_OPF_INT)             \
     X(SUM, sum, 1, NT_KIND_REDUCE, NT_OPF_DIFF | NT_OPF_INT)                \
@@ -111,7 +113,6 @@ typedef enum nt__opkind {
     X(MSE_LOSS, mse_loss, 2, NT_KIND_LOSS, NT_OPF_DIFF)                     \
     X(MATMUL, matmul, 2, NT_KIND_MATMUL, NT_OPF_DIFF)                       \
     X(EMBEDDING, embedding, 2, NT_KIND_GATHER, NT_OPF_DIFF)                 \
-    /* issue 15: the Torch-to-NKIPy registry's reductions and gathers */    \
     X(MIN, min, 1, NT_KIND_REDUCE, NT_OPF_DIFF | NT_OPF_INT)                \
     X(ARGMIN, argmin, 1, NT_KIND_REDUCE, NT_OPF_INT)                        \
     X(ANY, any, 1, NT_KIND_REDUCE, NT_OPF_INT)                              \
