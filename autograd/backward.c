@@ -389,6 +389,106 @@ static int bwd_max(nt__bctx *b)
     return 0;
 }
 
+/* The gradient goes to the first minimum (the element nt_argmin picks),
+ * exactly as bwd_max does for the maximum. */
+static int bwd_min(nt__bctx *b)
+{
+    const nt__tmeta *m = META(0);
+    nt_tensor *x = IN(0), *z, *idx, *ar, *mask, *gk;
+    int dim = b->n->p.dim;
+    TRY(z = zero0d(b, G));
+    if (dim == NT_DIM_ALL || m->ndim == 0) {
+        int64_t n = nt__numel(m->ndim, m->shape);
+        nt_tensor *xf, *gf;
+        TRY(xf = nt_reshape_at(S, x, 1, &n));
+        TRY(idx = nt_argmin_at(S, xf, 0, true));
+        TRY(ar = nt_arange_at(S, NT_I32, 0, (double)n, 1));
+        TRY(mask = nt_eq_at(S, ar, idx));
+        TRY(gk = nt_reshape_at(S, G, 1, (int64_t[]){1}));
+        TRY(gf = nt_where_at(S, mask, gk, z));
+        TRY(b->gin[0] = nt_reshape_at(S, gf, m->ndim, m->shape));
+        return 0;
+    }
+    int64_t as[NT_MAX_DIMS], ks[NT_MAX_DIMS];
+    for (int i = 0; i < m->ndim; i++) {
+        as[i] = i == dim ? m->shape[i] : 1;
+        ks[i] = i == dim ? 1 : m->shape[i];
+    }
+    TRY(idx = nt_argmin_at(S, x, dim, true));
+    TRY(ar = nt_reshape_at(S, nt_arange_at(S, NT_I32, 0, (double)m->shape[dim], 1), m->ndim, as));
+    TRY(mask = nt_eq_at(S, ar, idx));
+    TRY(gk = nt_reshape_at(S, G, m->ndim, ks));
+    TRY(b->gin[0] = nt_where_at(S, mask, gk, z));
+    return 0;
+}
+
+/* sign(x) in x's dtype: 1, -1, 0 at +-0 (and 0 at NaN: it compares false
+ * both ways). */
+static nt_tensor *sgn(nt__bctx *b, nt_tensor *x)
+{
+    nt_tensor *one, *mone, *z;
+    nt_dtype dt = (nt_dtype)x->dtype;
+    if (!(one = nt_full_at(S, dt, 0, NULL, 1.0)) || !(mone = nt_full_at(S, dt, 0, NULL, -1.0)) ||
+        !(z = nt_zeros_at(S, dt, 0, NULL)))
+        return NULL;
+    return nt_where_at(S, nt_gt_at(S, x, z), one, nt_where_at(S, nt_lt_at(S, x, z), mone, z));
+}
+
+/* torch.linalg.vector_norm's backward (PyTorch's norm_backward): with n the
+ * norm and g its gradient, both broadcast back over the reduced dims,
+ *   ord 0:       0
+ *   ord 1:       sgn(x) g
+ *   ord 2:       x g / n, 0 where n == 0
+ *   ord +-inf:   sgn(x) g / count on the elements with |x| == n or x NaN
+ *                (the count of them shares g evenly), else 0
+ *   ord p < 1:   sgn(x) |x|^(p-1) g n^(1-p), 0 where x == 0
+ *   other p:     sgn(x) |x|^(p-1) g / n^(p-1), 0 where n == 0
+ * (x |x|^(p-2) for p >= 2 in PyTorch: the same value away from 0.)
+ * Computed in the input's dtype with ordinary ops. */
+static int bwd_norm(nt__bctx *b)
+{
+    const nt__tmeta *m = META(0);
+    double p = b->n->p.f[0];
+    nt_tensor *x = IN(0), *n = OUT(0), *g, *nb, *z, *r;
+    if (p == 0.0) {
+        TRY(b->gin[0] = nt_zeros_at(S, (nt_dtype)m->dtype, m->ndim, m->shape));
+        return 0;
+    }
+    TRY(g = expand_back(b, G));
+    if (p == 1.0) {
+        TRY(b->gin[0] = nt_mul_at(S, sgn(b, x), g));
+        return 0;
+    }
+    TRY(nb = expand_back(b, n));
+    TRY(z = zero0d(b, G));
+    if (isinf(p)) {
+        nt_tensor *mask, *cnt;
+        int dim = b->n->p.dim;
+        TRY(mask = nt_maximum_at(S, nt_eq_at(S, nt_abs_at(S, x), nb), nt_ne_at(S, x, x)));
+        /* keepdim: broadcasts back over the reduced dims */
+        TRY(cnt = nt_sum_at(S, nt_cast_at(S, mask, (nt_dtype)m->dtype), dim, true));
+        TRY(r = nt_mul_at(S, sgn(b, x), nt_div_at(S, g, cnt)));
+        TRY(b->gin[0] = nt_where_at(S, mask, r, z));
+        return 0;
+    }
+    if (p == 2.0) {
+        TRY(r = nt_div_at(S, nt_mul_at(S, x, g), nb));
+        TRY(b->gin[0] = nt_where_at(S, nt_eq_at(S, nb, z), z, r));
+        return 0;
+    }
+    nt_tensor *xs;
+    TRY(xs = nt_mul_at(S, sgn(b, x), nt_pow_scalar_at(S, nt_abs_at(S, x), p - 1.0)));
+    if (p < 1.0) {
+        TRY(xs = nt_where_at(S, nt_eq_at(S, x, z), z, xs));
+        TRY(b->gin[0] = nt_mul_at(S, nt_mul_at(S, xs, g), nt_pow_scalar_at(S, nb, 1.0 - p)));
+        return 0;
+    }
+    TRY(r = nt_div_at(S, g, nt_pow_scalar_at(S, nb, p - 1.0)));
+    TRY(r = nt_where_at(S, nt_eq_at(S, nb, z), z, r));
+    TRY(b->gin[0] = nt_mul_at(S, xs, r));
+    return 0;
+}
+
 /* ---------------- row ops ---------------- */
 
 static int bwd_softmax(nt__bctx *b) /* y (g - sum(g y)) */
@@ -535,6 +635,28 @@ static int bwd_matmul(nt__bctx *b)
         }
         TRY(b->gin[1] = reduce_to(b, gb, META(1)));
     }
+    return 0;
+}
+
+/* gather / index_select: g added into t's shape at the indexed places, in
+ * g's row-major order (index_add, cpu/index.c). */
+static int bwd_gather(nt__bctx *b)
+{
+    const nt__tmeta *xm = META(0);
+    nt__call c;
+    nt_tensor *in[2] = {G, IN(1)};
+    const char *fn = b->n->op == NT_OP_GATHER ? "nt_gather" : "nt_index_select";
+    if (!nt__call_begin(&c, S, fn, NT_OP_INDEX_ADD, 2, in, "g,index"))
+        return nt_last_error();
+    c.no_grad = true;
+    c.p.dim = b->n->p.dim;
+    c.p.flag = b->n->op == NT_OP_INDEX_SELECT;
+    c.odt[0] = (nt_dtype)G->dtype;
+    c.ondim[0] = xm->ndim;
+    for (int i = 0; i < xm->ndim; i++)
+        c.oshape[0][i] = xm->shape[i];
+    c.flops = (double)nt__numel(G->ndim, G->shape);
+    TRY(b->gin[0] = nt__dispatch(&c));
     return 0;
 }
 

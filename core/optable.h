@@ -23,8 +23,8 @@
  *             UNARY_BWD helper, on every backend; `dxy` the generic one of a
  *             binary op: g * nt__ew_<name>_da(a, b) and g * _db(a, b),
  *             through BINARY_DX; `nograd` none
- *   save      what the backward needs saved: 0, I0, I1, I01, O0 (input i,
- *             output 0).  For `dx` it says what nt__ew_<name>_dx reads:
+ *   save      what the backward needs saved: 0, I0, I1, I01, O0, I0O0
+ *             (input i, output 0).  For `dx` it says what nt__ew_<name>_dx reads:
  *             I0 the input x, O0 the output y
  *   sim       how sim/kernels/ew.c runs it: an NT_ACT_* activation (unary),
  *             an NT_ALU_* step (scalar, binary, compare), NT__SIM_TABLE (the
@@ -79,6 +79,7 @@ typedef enum { NT__AMP_KEEP = 0, NT__AMP_LOW, NT__AMP_F32 } nt__amp_policy;
 #define NT__SAVE_I1 2u, 0u
 #define NT__SAVE_I01 3u, 0u
 #define NT__SAVE_O0 0u, 1u
+#define NT__SAVE_I0O0 1u, 1u
 
 /* the sim column's non-instruction values */
 enum { NT__SIM_NONE = -1, NT__SIM_TABLE = -2, NT__SIM_SEQ = -3 };
@@ -95,7 +96,7 @@ typedef enum nt__opkind {
     NT_KIND_ROW,     /* softmax family and norms over one dim */
     NT_KIND_LOSS,    /* scalar losses */
     NT_KIND_MATMUL,  /* batched matmul */
-    NT_KIND_GATHER,  /* embedding */
+    NT_KIND_GATHER,  /* embedding, gather, index_select */
     NT_KIND_VIEW,    /* views and composites: no kernel, autograd only */
     NT_KIND_BWD,     /* backward helpers (autograd) */
     NT_KIND_CUSTOM,  /* user-registered kernels */
@@ -177,6 +178,8 @@ typedef enum nt__opkind {
     X(GT, gt, 2, NT_KIND_CMP, 0, INT, KEEP, nograd, 0, NT_ALU_GT)                                   \
     X(GE, ge, 2, NT_KIND_CMP, 0, INT, KEEP, nograd, 0, NT_ALU_GE)
 
+/* min .. index_select at the end: the reductions and gathers of the
+ * Torch-to-NKIPy op registry that ntensor lacked (issue 15). */
 #define NT_OPS_MISC(X)                                                      \
     X(WHERE, where, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)              \
     X(SUM, sum, 1, NT_KIND_REDUCE, NT_OPF_DIFF, INT, F32, sum, 0, NT__SIM_NONE)                     \
@@ -190,7 +193,13 @@ typedef enum nt__opkind {
     X(CROSS_ENTROPY, cross_entropy, 2, NT_KIND_LOSS, NT_OPF_DIFF, FLOAT, F32, cross_entropy, I01, NT__SIM_NONE) \
     X(MSE_LOSS, mse_loss, 2, NT_KIND_LOSS, NT_OPF_DIFF, FLOAT, F32, mse_loss, I01, NT__SIM_NONE)    \
     X(MATMUL, matmul, 2, NT_KIND_MATMUL, NT_OPF_DIFF, FLOAT, LOW, matmul, I01, NT__SIM_NONE)        \
-    X(EMBEDDING, embedding, 2, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, embedding, I1, NT__SIM_NONE)
+    X(EMBEDDING, embedding, 2, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, embedding, I1, NT__SIM_NONE) \
+    X(MIN, min, 1, NT_KIND_REDUCE, NT_OPF_DIFF, INT, KEEP, min, I0, NT__SIM_NONE)                   \
+    X(ARGMIN, argmin, 1, NT_KIND_REDUCE, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)                     \
+    X(ANY, any, 1, NT_KIND_REDUCE, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)                           \
+    X(NORM, norm, 1, NT_KIND_REDUCE, NT_OPF_DIFF, FLOAT, F32, norm, I0O0, NT__SIM_NONE)             \
+    X(GATHER, gather, 2, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, gather, I1, NT__SIM_NONE)          \
+    X(INDEX_SELECT, index_select, 2, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, gather, I1, NT__SIM_NONE)
 
 /* Views (no kernel: metadata only) and composites that autograd records as
  * one node.  nin 0 = variadic (cat). */
@@ -205,9 +214,11 @@ typedef enum nt__opkind {
 
 /* Backward helpers with their own kernels (autograd/ enqueues them):
  * embedding_bwd(g [..., D], idx [...]) -> [p.i[0] = V, D], rows added in
- * index order. */
+ * index order; index_add(g, idx) -> the gathered tensor's shape, g's
+ * elements added in g's row-major order (gather, index_select). */
 #define NT_OPS_BWD(X)                                                       \
-    X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
+    X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                                             \
+    X(INDEX_ADD, index_add, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
 
 #define NT_OP_TABLE(X)                                                      \
     NT_OPS_FILL(X) NT_OPS_COPY(X) NT_OPS_UNARY(X) NT_OPS_SCALAR(X)          \

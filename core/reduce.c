@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "core/ewise.h"
+#include "core/optable.h"
 
 float nt__red_block_sum_f32(const float *x, int64_t n, int64_t stride)
 {
@@ -56,6 +57,25 @@ float nt__red_block_max_f32(const float *x, int64_t n, int64_t stride)
     return lane[0];
 }
 
+/* The max's lanes and folds with nt__ew_minimum (min is rare: no
+ * vectorised arm). */
+float nt__red_block_min_f32(const float *x, int64_t n, int64_t stride)
+{
+    float lane[NT_RED_LANES];
+    for (int l = 0; l < NT_RED_LANES; l++)
+        lane[l] = INFINITY;
+    int64_t i = 0;
+    for (; i + NT_RED_LANES <= n; i += NT_RED_LANES)
+        for (int l = 0; l < NT_RED_LANES; l++)
+            lane[l] = nt__ew_minimum(lane[l], x[(i + l) * stride]);
+    for (int l = 0; i < n; i++, l++)
+        lane[l] = nt__ew_minimum(lane[l], x[i * stride]);
+    for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)
+        for (int l = 0; l < h; l++)
+            lane[l] = nt__ew_minimum(lane[l], lane[l + h]);
+    return lane[0];
+}
+
 float nt__red_sum_f32(const float *x, int64_t n, int64_t stride)
 {
     float acc = 0.0f;
@@ -76,10 +96,51 @@ float nt__red_max_f32(const float *x, int64_t n, int64_t stride)
     return acc;
 }
 
+float nt__red_min_f32(const float *x, int64_t n, int64_t stride)
+{
+    float acc = INFINITY;
+    for (int64_t b = 0; b < n; b += NT_RED_BLOCK) {
+        int64_t m = n - b < NT_RED_BLOCK ? n - b : NT_RED_BLOCK;
+        acc = nt__ew_minimum(acc, nt__red_block_min_f32(x + b * stride, m, stride));
+    }
+    return acc;
+}
+
 int32_t nt__red_sum_i32(const int32_t *x, int64_t n, int64_t stride)
 {
     uint32_t acc = 0;
     for (int64_t i = 0; i < n; i++)
         acc += (uint32_t)x[i * stride];
     return (int32_t)acc;
+}
+
+int nt__red_plan(int op, double ord, int *rop, int *pre, int *fin)
+{
+    *rop = NT_RED_SUM, *pre = NT_RED_PRE_NONE, *fin = NT_RED_FIN_NONE;
+    switch (op) {
+    case NT_OP_SUM: break;
+    case NT_OP_MEAN: *rop = NT_RED_SUM, *fin = NT_RED_FIN_MEAN; break;
+    case NT_OP_MAX: *rop = NT_RED_MAX; break;
+    case NT_OP_MIN: *rop = NT_RED_MIN; break;
+    case NT_OP_ARGMAX: *rop = NT_RED_ARGMAX; break;
+    case NT_OP_ARGMIN: *rop = NT_RED_ARGMIN; break;
+    case NT_OP_ANY: *rop = NT_RED_MAX, *pre = NT_RED_PRE_NZ; break;
+    case NT_OP_NORM:
+        *rop = NT_RED_SUM;
+        if (ord == 2.0)
+            *pre = NT_RED_PRE_SQ, *fin = NT_RED_FIN_SQRT;
+        else if (ord == 1.0)
+            *pre = NT_RED_PRE_ABS;
+        else if (ord == INFINITY)
+            *pre = NT_RED_PRE_ABS, *rop = NT_RED_MAX;
+        else if (ord == -INFINITY)
+            *pre = NT_RED_PRE_ABS, *rop = NT_RED_MIN;
+        else if (ord == 0.0)
+            *pre = NT_RED_PRE_NZ;
+        else
+            *pre = NT_RED_PRE_POW, *fin = NT_RED_FIN_POW;
+        break;
+    default: return -1; /* not a reduction: the caller's error */
+    }
+    return 0;
 }

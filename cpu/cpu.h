@@ -47,6 +47,11 @@ static inline int64_t nt__kv_off(const nt__kv *v, const int64_t *idx)
 /* Reads a whole (possibly strided) tensor into a contiguous f32 array. */
 void nt__gather_f32(float *dst, const nt_tensor *t);
 
+/* The values of index tensor ix in row-major order (malloc'd into *out),
+ * each checked against [0, V): NT_ERANGE naming the first bad position
+ * (cpu/index.c). */
+int nt__index_load(const nt_tensor *ix, int64_t V, int32_t **out);
+
 /* The elementwise family kernels (cpu/ewise.c). */
 int nt__cpu_unary(const nt__rec *r);
 int nt__cpu_scalar(const nt__rec *r);
@@ -62,6 +67,7 @@ int nt__cpu_arange(const nt__rec *r);
 NT_OPS_MISC(NT__CPU_DECL)
 int nt__cpu_rand(const nt__rec *r);
 int nt__cpu_embedding_bwd(const nt__rec *r);
+int nt__cpu_index_add(const nt__rec *r);
 int nt__cpu_randn(const nt__rec *r);
 #undef NT__CPU_DECL
 

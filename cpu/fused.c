@@ -575,12 +575,14 @@ static int run_row(const nt__fgroup *g)
                 }
             }
             float *out = V + (size_t)o->out * (size_t)C;
-            if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN) {
+            if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN ||
+                o->op == NT_OP_MIN) {
                 /* the reduced row, as the unfused kernel loads it */
                 float *row = scratch;
                 to_f32(row, &a[0], C);
-                float v = o->op == NT_OP_MAX ? nt__red_max_f32(row, C, 1)
-                                             : nt__red_sum_f32(row, C, 1);
+                float v = o->op == NT_OP_MAX   ? nt__red_max_f32(row, C, 1)
+                          : o->op == NT_OP_MIN ? nt__red_min_f32(row, C, 1)
+                                               : nt__red_sum_f32(row, C, 1);
                 if (o->op == NT_OP_MEAN)
                     v = v / (float)C;
                 settle_f(out, (nt_dtype)ov_->dtype, &v, 1);

@@ -11,6 +11,15 @@
  *          integers: plain max, same dtype.
  *   argmax i32 index of the first maximum; a NaN counts as the maximum, so
  *          the first NaN wins.
+ *   min, argmin  the same with nt__ew_minimum (identity +Inf / INT32_MAX);
+ *          a NaN counts as the minimum (PyTorch propagates NaN both ways).
+ *   any    u8: 1 if an element is nonzero (NaN is nonzero), computed as the
+ *          max of the 0/1 flags (f32 for floats, i32 for ints) from 0.
+ *   norm   floats only, p.f[0] = ord: each element widened to f32 and
+ *          mapped (ord 2: v*v; 1, +-Inf: |v|; 0: v != 0 as 1/0; p:
+ *          nt__ew_pow_scalar(|v|, p)), reduced in the canonical order (sum;
+ *          max for +Inf, min for -Inf), then ord 2: sqrtf, other p:
+ *          nt__ew_pow_scalar(s, (float)(1 / p)); rounded once to the output.
  * The canonical order is consumed block by block (NT_RED_BLOCK elements,
  * acc = op(acc, block partial) from the identity), exactly as
  * nt__red_sum_f32 / nt__red_max_f32 do, so a long row never needs to be held
@@ -144,6 +153,8 @@ void nt__flat_read_i32(nt__flat *F, int32_t *dst, int64_t m) { flat_read(F, dst,
 
 typedef struct red {
     int op;
+    int rop, pre, fin;  /* nt__red_plan */
+    float p;            /* norm: ord (NT_RED_PRE_POW) */
     bool ints;          /* integer input: integer compute */
     int64_t n;          /* reduced length */
     char *y;            /* output */
@@ -159,11 +170,71 @@ typedef struct red {
 
 static void acc_init(red *c, int64_t w)
 {
+    bool lo = c->rop == NT_RED_MAX || c->rop == NT_RED_ARGMAX, hi = c->rop == NT_RED_MIN || c->rop == NT_RED_ARGMIN;
+    if (c->op == NT_OP_ANY)
+        lo = false; /* any of nothing is false */
     for (int64_t j = 0; j < w; j++) {
-        c->f[j] = c->op == NT_OP_MAX ? -INFINITY : 0.0f;
-        c->i[j] = c->op == NT_OP_MAX ? INT32_MIN : 0;
+        c->f[j] = lo ? -INFINITY : hi ? INFINITY : 0.0f;
+        c->i[j] = lo ? INT32_MIN : hi ? INT32_MAX : 0;
         c->bi[j] = -1;
     }
+}
+
+/* The element map of any / norm, in place on m x w loaded elements. */
+static void pre_map(red *c, int64_t n)
+{
+    if (c->pre == NT_RED_PRE_NONE)
+        return;
+    if (c->ints) { /* any */
+        for (int64_t k = 0; k < n; k++)
+            c->Ti[k] = c->Ti[k] != 0;
+        return;
+    }
+    float *T = c->T;
+    switch (c->pre) {
+    case NT_RED_PRE_NZ:
+        for (int64_t k = 0; k < n; k++)
+            T[k] = T[k] != 0.0f ? 1.0f : 0.0f;
+        break;
+    case NT_RED_PRE_SQ:
+        for (int64_t k = 0; k < n; k++)
+            T[k] = nt__ew_mul(T[k], T[k]);
+        break;
+    case NT_RED_PRE_ABS:
+        for (int64_t k = 0; k < n; k++)
+            T[k] = nt__ew_abs(T[k]);
+        break;
+    case NT_RED_PRE_POW:
+        for (int64_t k = 0; k < n; k++)
+            T[k] = nt__ew_pow_scalar(nt__ew_abs(T[k]), c->p, 0.0f);
+        break;
+    default: break;
+    }
+}
+
+/* First extreme of column j over elements k0 .. k0+m-1; once a float
+ * column holds a NaN it keeps it. */
+static void acc_arg(red *c, int64_t k0, int64_t m, int64_t w, int64_t j, bool is_max)
+{
+    int32_t bi = c->bi[j];
+    if (c->ints) {
+        int32_t best = c->i[j];
+        for (int64_t k = 0; k < m; k++) {
+            int32_t v = c->Ti[k * w + j];
+            if (bi < 0 || (is_max ? v > best : v < best))
+                best = v, bi = (int32_t)(k0 + k);
+        }
+        c->i[j] = best;
+    } else {
+        float best = c->f[j];
+        for (int64_t k = 0; k < m; k++) {
+            float v = c->T[k * w + j];
+            if (bi < 0 || (best == best && ((is_max ? v > best : v < best) || v != v)))
+                best = v, bi = (int32_t)(k0 + k);
+        }
+        c->f[j] = best;
+    }
+    c->bi[j] = bi;
 }
 
 /* Folds elements k0 .. k0+m-1 (m <= NT_RED_BLOCK: one canonical block) of w
@@ -172,9 +243,9 @@ static void acc_block(red *c, int64_t k0, int64_t m, int64_t w)
 {
     const float *T = c->T;
     const int32_t *Ti = c->Ti;
-    switch (c->op) {
-    case NT_OP_SUM:
-    case NT_OP_MEAN:
+    pre_map(c, m * w);
+    switch (c->rop) {
+    case NT_RED_SUM:
         if (c->ints)
             for (int64_t j = 0; j < w; j++)
                 c->i[j] = (int32_t)((uint32_t)c->i[j] + (uint32_t)nt__red_sum_i32(Ti + j, m, w));
@@ -182,7 +253,7 @@ static void acc_block(red *c, int64_t k0, int64_t m, int64_t w)
             for (int64_t j = 0; j < w; j++)
                 c->f[j] += nt__red_block_sum_f32(T + j, m, w);
         break;
-    case NT_OP_MAX:
+    case NT_RED_MAX:
         if (c->ints)
             for (int64_t k = 0; k < m; k++)
                 for (int64_t j = 0; j < w; j++)
@@ -191,29 +262,19 @@ static void acc_block(red *c, int64_t k0, int64_t m, int64_t w)
             for (int64_t j = 0; j < w; j++)
                 c->f[j] = nt__ew_maximum(c->f[j], nt__red_block_max_f32(T + j, m, w));
         break;
-    case NT_OP_ARGMAX:
-        /* First maximum; once a column holds a NaN it keeps it. */
-        for (int64_t j = 0; j < w; j++) {
-            int32_t bi = c->bi[j];
-            if (c->ints) {
-                int32_t best = c->i[j];
-                for (int64_t k = 0; k < m; k++) {
-                    int32_t v = Ti[k * w + j];
-                    if (bi < 0 || v > best)
-                        best = v, bi = (int32_t)(k0 + k);
-                }
-                c->i[j] = best;
-            } else {
-                float best = c->f[j];
-                for (int64_t k = 0; k < m; k++) {
-                    float v = T[k * w + j];
-                    if (bi < 0 || (best == best && (v > best || v != v)))
-                        best = v, bi = (int32_t)(k0 + k);
-                }
-                c->f[j] = best;
-            }
-            c->bi[j] = bi;
-        }
+    case NT_RED_MIN:
+        if (c->ints)
+            for (int64_t k = 0; k < m; k++)
+                for (int64_t j = 0; j < w; j++)
+                    c->i[j] = Ti[k * w + j] < c->i[j] ? Ti[k * w + j] : c->i[j];
+        else
+            for (int64_t j = 0; j < w; j++)
+                c->f[j] = nt__ew_minimum(c->f[j], nt__red_block_min_f32(T + j, m, w));
+        break;
+    case NT_RED_ARGMAX:
+    case NT_RED_ARGMIN:
+        for (int64_t j = 0; j < w; j++)
+            acc_arg(c, k0, m, w, j, c->rop == NT_RED_ARGMAX);
         break;
     default: break;
     }
@@ -223,14 +284,17 @@ static void acc_block(red *c, int64_t k0, int64_t m, int64_t w)
 static void acc_store(red *c, int64_t oo, int64_t ost, int64_t w)
 {
     char *y = c->y + oo * c->yes;
-    if (c->op == NT_OP_ARGMAX) {
+    if (c->rop == NT_RED_ARGMAX || c->rop == NT_RED_ARGMIN) {
         nt__st_i32(y, c->ydt, ost, c->bi, w);
     } else if (c->ints) {
         nt__st_i32(y, c->ydt, ost, c->i, w);
     } else {
-        if (c->op == NT_OP_MEAN)
-            for (int64_t j = 0; j < w; j++)
-                c->f[j] = c->f[j] / (float)c->n;
+        float inv = (float)(1.0 / c->p);
+        for (int64_t j = 0; j < w; j++)
+            c->f[j] = c->fin == NT_RED_FIN_MEAN   ? c->f[j] / (float)c->n
+                      : c->fin == NT_RED_FIN_SQRT ? nt__ew_sqrt(c->f[j])
+                      : c->fin == NT_RED_FIN_POW  ? nt__ew_pow_scalar(c->f[j], inv, 0.0f)
+                                           : c->f[j];
         nt__st_f32(y, c->ydt, ost, c->f, w);
     }
 }
@@ -256,6 +320,9 @@ static int reduce_kernel(const nt__rec *r)
     red c;
     memset(&c, 0, sizeof c);
     c.op = r->op;
+    if (nt__red_plan(r->op, r->p.f[0], &c.rop, &c.pre, &c.fin))
+        return nt__kerr(NT_EINVAL, "op %s is not a reduction", nt__op_name(r->op));
+    c.p = (float)r->p.f[0];
     c.ints = !nt__dtype_is_float((nt_dtype)t->dtype);
     c.y = nt__tensor_data(o);
     c.ydt = (nt_dtype)o->dtype;
@@ -305,3 +372,7 @@ int nt__cpu_sum(const nt__rec *r) { return reduce_kernel(r); }
 int nt__cpu_mean(const nt__rec *r) { return reduce_kernel(r); }
 int nt__cpu_max(const nt__rec *r) { return reduce_kernel(r); }
 int nt__cpu_argmax(const nt__rec *r) { return reduce_kernel(r); }
+int nt__cpu_min(const nt__rec *r) { return reduce_kernel(r); }
+int nt__cpu_argmin(const nt__rec *r) { return reduce_kernel(r); }
+int nt__cpu_any(const nt__rec *r) { return reduce_kernel(r); }
+int nt__cpu_norm(const nt__rec *r) { return reduce_kernel(r); }

@@ -37,20 +37,28 @@ static bool norm_dim(nt__call *c, nt_tensor *t, int dim, int *out)
 
 /* ---------------- reductions ---------------- */
 
-nt_tensor *nt__reduce(const nt_site *site, const char *fn, int op, nt_tensor *t, int dim,
-                      bool keepdim)
+/* The reductions; ord is nt_norm's (ignored by the others). */
+static nt_tensor *reduce_ord(const nt_site *site, const char *fn, int op, nt_tensor *t, int dim,
+                             bool keepdim, double ord)
 {
     nt__call c;
     if (!nt__call_begin(&c, site, fn, op, 1, &t, "t"))
         return nt__call_fail(&c);
     t = c.in[0];
     nt_dtype dt = (nt_dtype)t->dtype;
-    if (op == NT_OP_MEAN && !need_float(&c, t, "t"))
+    if ((op == NT_OP_MEAN || op == NT_OP_NORM) && !need_float(&c, t, "t"))
         return nt__call_fail(&c);
+    if (op == NT_OP_NORM && isnan(ord)) {
+        nt__err(site, NT_EINVAL, fn, "argument 'ord' is NaN; expected a number or +-INFINITY");
+        return nt__call_fail(&c);
+    }
+    c.p.f[0] = op == NT_OP_NORM ? ord : 0.0;
     if (op == NT_OP_SUM && !nt__dtype_is_float(dt))
         dt = NT_I32;
-    if (op == NT_OP_ARGMAX)
+    if (op == NT_OP_ARGMAX || op == NT_OP_ARGMIN)
         dt = NT_I32;
+    if (op == NT_OP_ANY)
+        dt = NT_U8;
     int64_t n;
     int o = 0;
     if (dim == NT_DIM_ALL) {
@@ -72,9 +80,11 @@ nt_tensor *nt__reduce(const nt_site *site, const char *fn, int op, nt_tensor *t,
                 c.oshape[0][o++] = 1;
         }
     }
-    if (n == 0 && (op == NT_OP_MAX || op == NT_OP_ARGMAX)) {
+    bool no_identity = op == NT_OP_MAX || op == NT_OP_ARGMAX || op == NT_OP_MIN ||
+                       op == NT_OP_ARGMIN || (op == NT_OP_NORM && isinf(ord));
+    if (n == 0 && no_identity) {
         nt__err(site, NT_ESHAPE, fn, "cannot take the %s of an empty dim (it has no identity)",
-                op == NT_OP_MAX ? "max" : "argmax");
+                op == NT_OP_NORM ? (ord > 0 ? "inf-norm" : "-inf-norm") : nt__op_name(op));
         return nt__call_fail(&c);
     }
     c.p.flag = keepdim;
@@ -82,6 +92,12 @@ nt_tensor *nt__reduce(const nt_site *site, const char *fn, int op, nt_tensor *t,
     c.odt[0] = dt;
     c.flops = (double)nt__numel(t->ndim, t->shape);
     return nt__dispatch(&c);
+}
+
+nt_tensor *nt__reduce(const nt_site *site, const char *fn, int op, nt_tensor *t, int dim,
+                      bool keepdim)
+{
+    return reduce_ord(site, fn, op, t, dim, keepdim, 0.0);
 }
 
 #define NT_DEF_REDUCE(name, ID)                                                             \
@@ -97,6 +113,18 @@ NT_DEF_REDUCE(sum, SUM)
 NT_DEF_REDUCE(mean, MEAN)
 NT_DEF_REDUCE(max, MAX)
 NT_DEF_REDUCE(argmax, ARGMAX)
+NT_DEF_REDUCE(min, MIN)
+NT_DEF_REDUCE(argmin, ARGMIN)
+NT_DEF_REDUCE(any, ANY)
+
+NT_API nt_tensor *nt_norm_at(const nt_site *site, nt_tensor *t, double ord, int dim, bool keep)
+{
+    return reduce_ord(site, "nt_norm", NT_OP_NORM, t, dim, keep, ord);
+}
+NT_API nt_tensor *nt_norm(nt_tensor *t, double ord, int dim, bool keep)
+{
+    return nt_norm_at(NT_RA_SITE, t, ord, dim, keep);
+}
 
 /* ---------------- softmax family ---------------- */
 

@@ -83,7 +83,7 @@ bool nt__fusable_ew(int op)
 
 static bool is_row_reduce(const nt__rec *r)
 {
-    if (r->op != NT_OP_SUM && r->op != NT_OP_MAX && r->op != NT_OP_MEAN)
+    if (r->op != NT_OP_SUM && r->op != NT_OP_MAX && r->op != NT_OP_MEAN && r->op != NT_OP_MIN)
         return false;
     const nt_tensor *x = r->in[0];
     return x->ndim >= 1 && r->p.dim == x->ndim - 1 && r->p.flag &&

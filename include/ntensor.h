@@ -358,6 +358,27 @@ NT_API nt_tensor *nt_sum(nt_tensor *t, int dim, bool keepdim);  /* ints sum in i
 NT_API nt_tensor *nt_mean(nt_tensor *t, int dim, bool keepdim); /* floating only */
 NT_API nt_tensor *nt_max(nt_tensor *t, int dim, bool keepdim);  /* values */
 NT_API nt_tensor *nt_argmax(nt_tensor *t, int dim, bool keepdim); /* i32, first max */
+/** Minimum over `dim` (or NT_DIM_ALL), like nt_max: every dtype, same dtype
+ *  out; a NaN propagates; an empty dim is NT_ESHAPE (no identity).  The
+ *  gradient goes to the first minimum (the element nt_argmin picks). */
+NT_API nt_tensor *nt_min(nt_tensor *t, int dim, bool keepdim);
+/** i32 index of the first minimum over `dim` (a NaN counts as the minimum,
+ *  so the first NaN wins, as in PyTorch); with NT_DIM_ALL the index into
+ *  the row-major flattening.  Not differentiable. */
+NT_API nt_tensor *nt_argmin(nt_tensor *t, int dim, bool keepdim);
+/** u8 1 where some element over `dim` is nonzero (NaN is nonzero), else 0;
+ *  an empty dim gives 0.  Every dtype.  Not differentiable. */
+NT_API nt_tensor *nt_any(nt_tensor *t, int dim, bool keepdim);
+/** torch.linalg.vector_norm: (sum |x|^ord)^(1/ord) over `dim` (or every
+ *  element with NT_DIM_ALL); ord 2 (sqrt of the sum of squares), 1, INFINITY
+ *  (max |x|), -INFINITY (min |x|), 0 (count of nonzeros) or any other
+ *  number p.  Floating dtypes only; same dtype out, computed in f32 with the
+ *  sum in the canonical order of every reduction (docs/exactness.md) and
+ *  rounded once.  NaN ord: NT_EINVAL; +-INFINITY over an empty dim:
+ *  NT_ESHAPE.  Gradient: PyTorch's conventions (docs/ops.md): 0 where the
+ *  norm is 0, for ord 0 everywhere, ord +-inf shares g evenly among the
+ *  elements with |x| equal to the norm. */
+NT_API nt_tensor *nt_norm(nt_tensor *t, double ord, int dim, bool keepdim);
 /** exp(x - max) / sum(exp(x - max)) over `dim`. */
 NT_API nt_tensor *nt_softmax(nt_tensor *t, int dim);
 /** x - max - log(sum(exp(x - max))) over `dim`. */
@@ -376,6 +397,19 @@ NT_API nt_tensor *nt_mse_loss(nt_tensor *a, nt_tensor *b);
 /** Rows of weight [V, D] picked by the i32 indices idx [...]: [..., D].
  *  Indices outside [0, V) are an error when the op runs. */
 NT_API nt_tensor *nt_embedding(nt_tensor *weight, nt_tensor *idx);
+/** torch.gather: out[i][j][k] = t[index[i][j][k]][j][k] (dim 0; likewise for
+ *  other dims).  t has at least 1 dim; index (i32 or u8; PyTorch's is
+ *  int64) has t's ndim and index.shape[d] <=
+ *  t.shape[d] for d != dim; out has index's shape and t's dtype (any dtype;
+ *  values copied bit for bit).  Indices must lie in [0, t.shape[dim]):
+ *  negative ones are not wrapped; a bad one is NT_ERANGE when the op runs,
+ *  naming its position.  The gradient adds g into t's shape in g's
+ *  row-major order (deterministic; repeated indices accumulate). */
+NT_API nt_tensor *nt_gather(nt_tensor *t, int dim, nt_tensor *index);
+/** torch.index_select: the entries index[0], index[1], ... of t along
+ *  `dim` (t at least 1-D); index is 1-D (or 0-d) i32 or u8.  Same index rules and gradient
+ *  as nt_gather. */
+NT_API nt_tensor *nt_index_select(nt_tensor *t, int dim, nt_tensor *index);
 
 /* ------------------------------------------------------------------------ */
 /* Shapes and views.  reshape, transpose, permute, slice and expand return   */
@@ -398,6 +432,18 @@ NT_API nt_tensor *nt_slice(nt_tensor *t, int dim, int64_t start, int64_t end,
 NT_API nt_tensor *nt_expand(nt_tensor *t, int ndim, const int64_t *shape);
 /** Concatenates n tensors of equal dtype along dim (other dims equal). */
 NT_API nt_tensor *nt_cat(nt_tensor *const *ts, int n, int dim);
+/** torch.Tensor.repeat: t tiled repeats[i] times along dim i; n >= t's ndim
+ *  (extra leading repeats add dims), every repeats[i] >= 0.  A new
+ *  contiguous tensor (an expand of t copied, op for op); the gradient sums
+ *  the copies by the canonical order of nt_sum. */
+NT_API nt_tensor *nt_repeat(nt_tensor *t, const int64_t *repeats, int n);
+/** torch.split with an int: views of t along `dim` of split_size elements
+ *  each, the last one smaller if the size does not divide (an empty dim
+ *  gives one empty view).  Writes up to max_out new references to out and
+ *  returns how many it made; out may be NULL with max_out 0 to ask for the
+ *  count only.  split_size <= 0 or too few slots: NT_EINVAL (negative return,
+ *  nothing made).  Gradients flow through nt_slice. */
+NT_API int nt_split(nt_tensor *t, int64_t split_size, int dim, nt_tensor **out, int max_out);
 /** A contiguous tensor with t's values: a new handle on t's storage if t is
  *  already contiguous, else a copy. */
 NT_API nt_tensor *nt_contiguous(nt_tensor *t);

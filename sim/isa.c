@@ -590,7 +590,9 @@ static void alui_vs(nt_alu_op op, int32_t *o, const int32_t *a, int32_t s, bool 
  * acc = +0 (-Inf); acc = op(acc, block partial) */
 static float reduce_run(nt_alu_op op, const float *x, int64_t n)
 {
-    return op == NT_ALU_MAX ? nt__red_max_f32(x, n, 1) : nt__red_sum_f32(x, n, 1);
+    return op == NT_ALU_MAX   ? nt__red_max_f32(x, n, 1)
+           : op == NT_ALU_MIN ? nt__red_min_f32(x, n, 1)
+                              : nt__red_sum_f32(x, n, 1);
 }
 
 /* ScalarE function tables: -1 = needs none; a change costs a table load. */
@@ -960,7 +962,8 @@ static void lane_red(const fx_rec *r, int i, float **s)
             } else {
                 int32_t m = x[j * inner];
                 for (int64_t q = 1; q < inner; q++)
-                    m = nt__ewi_maximum(m, x[j * inner + q]);
+                    m = r->op[0] == NT_ALU_MIN ? nt__ewi_minimum(m, x[j * inner + q])
+                                               : nt__ewi_maximum(m, x[j * inner + q]);
                 o[j] = m;
             }
         }
@@ -2176,8 +2179,8 @@ int nt_isa_tensor_reduce(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, n
     static const char *I = "tensor_reduce";
     PROLOGUE(k);
     int e = NT_ENGINE_VECTOR;
-    if (op != NT_ALU_ADD && op != NT_ALU_MAX)
-        return nt__sim_fail(k, I, "op %s (rule: add or maximum)", nt_alu_op_name(op));
+    if (op != NT_ALU_ADD && op != NT_ALU_MAX && op != NT_ALU_MIN)
+        return nt__sim_fail(k, I, "op %s (rule: add, maximum or minimum)", nt_alu_op_name(op));
     TRY(check_ap(k, I, "dst", dst, M_SBUF | M_PSUM, e));
     TRY(check_ap(k, I, "src", src, M_SBUF | M_PSUM, e));
     if (naxes < 0 || naxes > src->ndim)

@@ -253,6 +253,24 @@ static nt_tensor *f_cat(nt_tensor **x) { return nt_cat((nt_tensor *[]){x[0], x[1
 static nt_tensor *f_contiguous(nt_tensor **x) { return nt_contiguous(nt_transpose(x[0], 0, 1)); }
 static nt_tensor *f_zeros_like(nt_tensor **x) { return nt_zeros_like(x[0]); }
 static nt_tensor *f_detach(nt_tensor **x) { return nt_detach(x[0]); }
+static nt_tensor *f_min(nt_tensor **x) { return nt_min(x[0], 1, false); }
+static nt_tensor *f_argmin(nt_tensor **x) { return nt_argmin(x[0], 1, false); }
+static nt_tensor *f_any(nt_tensor **x) { return nt_any(x[0], 1, false); }
+static nt_tensor *f_norm(nt_tensor **x) { return nt_norm(x[0], 2.0, -1, false); }
+static nt_tensor *f_gather(nt_tensor **x)
+{
+    return nt_gather(x[0], 1, nt_zeros(NT_I32, 2, (int64_t[]){2, 3}));
+}
+static nt_tensor *f_index_select(nt_tensor **x)
+{
+    return nt_index_select(x[0], 0, nt_zeros(NT_U8, 1, (int64_t[]){3}));
+}
+static nt_tensor *f_repeat(nt_tensor **x) { return nt_repeat(x[0], (int64_t[]){2, 1}, 2); }
+static nt_tensor *f_split(nt_tensor **x)
+{
+    nt_tensor *p[2];
+    return nt_split(x[0], 4, 1, p, 2) == 2 ? p[1] : NULL;
+}
 
 /* shapes: linear and layer_norm take [4, 6] x, [6] (or [w, b]) params;
  * matmul/linear use [5, 6] weights */
@@ -284,6 +302,10 @@ static const op_case OPS[] = {
     {"expand", P_KEEP, f_expand, 1},    {"cat", P_KEEP, f_cat, 2},
     {"contiguous", P_KEEP, f_contiguous, 1}, {"zeros_like", P_KEEP, f_zeros_like, 1},
     {"detach", P_KEEP, f_detach, 1},
+    {"min", P_KEEP, f_min, 1},          {"argmin", P_KEEP, f_argmin, 1},
+    {"any", P_KEEP, f_any, 1},          {"norm", P_F32, f_norm, 1},
+    {"gather", P_KEEP, f_gather, 1},    {"index_select", P_KEEP, f_index_select, 1},
+    {"repeat", P_KEEP, f_repeat, 1},    {"split", P_KEEP, f_split, 1},
 };
 
 /* The inputs of case c, of dtype dt. */

@@ -168,7 +168,7 @@ static void test_where(void **state)
     nt_release(a), nt_release(b), nt_release(c);
 }
 
-enum { R_SUM, R_MEAN, R_MAX };
+enum { R_SUM, R_MEAN, R_MAX, R_MIN };
 
 static nt_tensor *f_reduce(nt_tensor *const *x, void *cp)
 {
@@ -177,7 +177,8 @@ static nt_tensor *f_reduce(nt_tensor *const *x, void *cp)
     switch (c->which) {
     case R_SUM: return nt_sum(x[0], c->dim, keep);
     case R_MEAN: return nt_mean(x[0], c->dim, keep);
-    default: return nt_max(x[0], c->dim, keep);
+    case R_MAX: return nt_max(x[0], c->dim, keep);
+    default: return nt_min(x[0], c->dim, keep);
     }
 }
 
@@ -186,7 +187,7 @@ static void test_reductions(void **state)
     (void)state;
     int64_t s[3] = {2, 3, 4};
     int dims[] = {0, 1, -1, NT_DIM_ALL};
-    for (int op = R_SUM; op <= R_MAX; op++)
+    for (int op = R_SUM; op <= R_MIN; op++)
         for (int d = 0; d < 4; d++)
             for (int keep = 0; keep < 2; keep++) {
                 opctx c = {op, dims[d], keep, 0};
@@ -349,6 +350,166 @@ static void test_views(void **state)
         nt_tensor *in[1] = {x};
         grad_ok(f_view, in, 1, &c);
         nt_release(x);
+    }
+}
+
+/* ---------------- issue 15's ops ---------------- */
+
+static const double NORM_ORDS[] = {2, 1, INFINITY, -INFINITY, 0, 3, 0.5, -1.5};
+
+/* x in [0.3, 1.5) with fixed signs: away from 0, where |x|^p is smooth */
+static nt_tensor *f_norm(nt_tensor *const *x, void *cp)
+{
+    opctx *c = cp;
+    float sg[24];
+    for (int i = 0; i < 24; i++)
+        sg[i] = (i * 7) % 3 ? 1.0f : -1.0f;
+    nt_tensor *s = nt_from_host(sg, NT_F32, 3, (int64_t[]){2, 3, 4});
+    return nt_norm(nt_mul(x[0], s), c->s1, c->dim, c->s0 != 0);
+}
+
+enum { G_GATHER0, G_GATHER2, G_SELECT, G_REPEAT, G_SPLIT, G_COUNT };
+
+static nt_tensor *f_index(nt_tensor *const *x, void *cp)
+{
+    opctx *c = cp;
+    nt_tensor *t = x[0]; /* [2, 3, 4] */
+    switch (c->which) {
+    case G_GATHER0: { /* repeated indices accumulate */
+        int32_t ix[12] = {1, 0, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1};
+        return nt_gather(t, 0, nt_from_host(ix, NT_I32, 3, (int64_t[]){1, 3, 4}));
+    }
+    case G_GATHER2: {
+        uint8_t ix[12] = {3, 3, 0, 2, 1, 3, 3, 3, 0, 0, 2, 1};
+        return nt_gather(t, -1, nt_from_host(ix, NT_U8, 3, (int64_t[]){2, 3, 2}));
+    }
+    case G_SELECT: {
+        int32_t ix[5] = {2, 0, 2, 2, 1};
+        return nt_index_select(t, 1, nt_from_host(ix, NT_I32, 1, (int64_t[]){5}));
+    }
+    case G_REPEAT: return nt_repeat(nt_transpose(t, 0, 2), (int64_t[]){2, 1, 3, 2}, 4);
+    case G_SPLIT: {
+        nt_tensor *p[3];
+        if (nt_split(t, 3, 2, p, 3) != 2)
+            return NULL;
+        /* [2, 3, 3] and [2, 3, 1]: different weights so each part's grad shows */
+        return nt_add(nt_mul_scalar(p[0], 2.0), nt_exp(p[1]));
+    }
+    default: return NULL;
+    }
+}
+
+static void test_new_ops_gradcheck(void **state)
+{
+    (void)state;
+    int64_t s[3] = {2, 3, 4};
+    int dims[] = {0, -1, NT_DIM_ALL};
+    for (size_t o = 0; o < sizeof NORM_ORDS / sizeof *NORM_ORDS; o++)
+        for (int d = 0; d < 3; d++) {
+            opctx c = {0, dims[d], d == 1, NORM_ORDS[o]};
+            nt_tensor *x = leaf(3, s, 0.3, 1.5, 800 + o * 3 + d);
+            nt_tensor *in[1] = {x};
+            grad_ok(f_norm, in, 1, &c);
+            nt_release(x);
+        }
+    for (int g = 0; g < G_COUNT; g++) {
+        opctx c = {g, 0, 0, 0};
+        nt_tensor *x = leaf(3, s, -1, 1, 900 + g);
+        nt_tensor *in[1] = {x};
+        grad_ok(f_index, in, 1, &c);
+        nt_release(x);
+    }
+}
+
+static void grad_of(nt_tensor *x, nt_tensor *y, float *out, int64_t n)
+{
+    nt_zero_grad(x);
+    nt_scope *s = nt_scope_begin();
+    assert_int_equal(nt_backward(nt_sum(y, NT_DIM_ALL, false)), 0);
+    nt_tensor *g = nt_grad(x);
+    assert_int_equal(nt_to_host(g, out, (size_t)n * sizeof(float)), 0);
+    nt_release(g);
+    nt_scope_end(s);
+}
+
+/* The subgradients at the kinks, as PyTorch's norm_backward gives them. */
+static void test_norm_min_subgradients(void **state)
+{
+    (void)state;
+    float z[4] = {0, 0, 0, 0}, t[4] = {3, -3, 1, 0}, got[4];
+    nt_tensor *x0 = nt_from_host(z, NT_F32, 1, (int64_t[]){4});
+    nt_tensor *xt = nt_from_host(t, NT_F32, 1, (int64_t[]){4});
+    nt_set_requires_grad(x0, true);
+    nt_set_requires_grad(xt, true);
+    const double ords[] = {2, 1, 3, 1.5, 0.5, 0};
+    for (int k = 0; k < 6; k++) { /* a zero vector: 0, not NaN */
+        grad_of(x0, nt_norm(x0, ords[k], 0, false), got, 4);
+        assert_memory_equal(got, ((float[]){0, 0, 0, 0}), sizeof got);
+    }
+    /* ord 1: sgn(x), 0 at 0 */
+    grad_of(xt, nt_norm(xt, 1, 0, false), got, 4);
+    assert_memory_equal(got, ((float[]){1, -1, 1, 0}), sizeof got);
+    /* inf: the two elements with |x| = 3 share g evenly, with their signs */
+    grad_of(xt, nt_norm(xt, INFINITY, 0, false), got, 4);
+    assert_memory_equal(got, ((float[]){0.5f, -0.5f, 0, 0}), sizeof got);
+    /* -inf: the zero element; sgn(0) = 0 */
+    grad_of(xt, nt_norm(xt, -INFINITY, 0, false), got, 4);
+    assert_memory_equal(got, ((float[]){0, 0, 0, 0}), sizeof got);
+    /* ord 0.5 with a zero element: 0 there, finite elsewhere */
+    grad_of(xt, nt_norm(xt, 0.5, 0, false), got, 4);
+    assert_true(got[3] == 0 && isfinite(got[0]) && got[0] > 0 && got[1] < 0);
+    /* ord 2: x / |x| */
+    grad_of(xt, nt_norm(xt, 2, 0, false), got, 4);
+    double n2 = sqrt(19.0);
+    assert_true(fabs(got[0] - 3 / n2) < 1e-6 && fabs(got[1] + 3 / n2) < 1e-6 && got[3] == 0);
+    /* min with a tie: the first minimum gets g (the element nt_argmin picks) */
+    float m[4] = {2, -1, 5, -1};
+    nt_tensor *xm = nt_from_host(m, NT_F32, 1, (int64_t[]){4});
+    nt_set_requires_grad(xm, true);
+    grad_of(xm, nt_min(xm, 0, false), got, 4);
+    assert_memory_equal(got, ((float[]){0, 1, 0, 0}), sizeof got);
+    /* gather with a repeated index: the grads add up */
+    int32_t ix[3] = {2, 2, 0};
+    nt_tensor *gi = nt_from_host(ix, NT_I32, 1, (int64_t[]){3});
+    grad_of(xm, nt_gather(xm, 0, gi), got, 4);
+    assert_memory_equal(got, ((float[]){1, 0, 2, 0}), sizeof got);
+    grad_of(xm, nt_index_select(xm, 0, gi), got, 4);
+    assert_memory_equal(got, ((float[]){1, 0, 2, 0}), sizeof got);
+    grad_of(xm, nt_repeat(xm, (int64_t[]){3, 2}, 2), got, 4);
+    assert_memory_equal(got, ((float[]){6, 6, 6, 6}), sizeof got);
+    nt_release(x0), nt_release(xt), nt_release(xm), nt_release(gi);
+}
+
+/* The new ops' gradients: the same bits in every mode. */
+static void new_grads_in_mode(const char *mode, float *out)
+{
+    nt_config_set("NT_MODE", mode);
+    nt_tensor *x = nt_randn(NT_F32, 2, (int64_t[]){6, 40}, 3);
+    nt_set_requires_grad(x, true);
+    int32_t ix[240];
+    for (int i = 0; i < 240; i++)
+        ix[i] = (i * 7 + i / 40) % 6;
+    nt_tensor *idx = nt_from_host(ix, NT_I32, 2, (int64_t[]){6, 40});
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *y = nt_mul(nt_gather(x, 0, idx), nt_repeat(nt_min(x, 0, true), (int64_t[]){6, 1}, 2));
+    nt_tensor *loss = nt_add(nt_sum(nt_norm(y, 3, 1, false), NT_DIM_ALL, false),
+                             nt_sum(nt_norm(nt_index_select(x, 1, nt_slice(nt_reshape(idx, 1, (int64_t[]){240}), 0, 0, 9, 1)), 2, NT_DIM_ALL, false), NT_DIM_ALL, false));
+    assert_int_equal(nt_backward(loss), 0);
+    assert_int_equal(nt_to_host(nt_grad(x), out, 240 * sizeof(float)), 0);
+    nt_scope_end(s);
+    nt_release(x), nt_release(idx);
+    nt_config_set("NT_MODE", "adaptive");
+}
+
+static void test_new_ops_grads_bitwise_across_modes(void **state)
+{
+    (void)state;
+    float ref[240], got[240];
+    new_grads_in_mode("deterministic", ref);
+    const char *modes[] = {"eager", "adaptive", "lazy"};
+    for (int m = 0; m < 3; m++) {
+        new_grads_in_mode(modes[m], got);
+        assert_memory_equal(ref, got, sizeof ref);
     }
 }
 
@@ -720,6 +881,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_matmul_family, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_embedding, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_views, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_new_ops_gradcheck, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_norm_min_subgradients, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_new_ops_grads_bitwise_across_modes, nt_test_setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_two_layer_mlp_by_hand, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_broadcast_grad_shapes, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_accumulation_and_zero_grad, nt_test_setup, nt_test_teardown),

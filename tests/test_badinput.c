@@ -384,7 +384,9 @@ static int run_cast(int v)
 
 static const struct { const char *name; red_fn f; } RED[] = {
     {"nt_sum", nt_sum}, {"nt_mean", nt_mean}, {"nt_max", nt_max}, {"nt_argmax", nt_argmax},
+    {"nt_min", nt_min}, {"nt_argmin", nt_argmin}, {"nt_any", nt_any},
 };
+#define NRED ((int)(sizeof RED / sizeof RED[0]))
 static const int BADDIM[] = {2, -3, 100, -1001, 8};
 
 static int run_red(int v)
@@ -459,6 +461,82 @@ static int run_nn(int v)
     case 38: return T(nt_linear(F.big_a, F.a23, NULL));
     }
     return -999;
+}
+
+/* ---- issue 15's ops: min/argmin on empty dims, norm, gather,
+ * index_select, repeat, split ---- */
+
+/* An op whose bad index is found when it runs: the sync reports it. */
+static int run_late(nt_tensor *y)
+{
+    if (!y)
+        return nt_last_error();
+    float buf[64];
+    int rc = nt_to_host(y, buf, sizeof buf);
+    nt_release(y);
+    return rc;
+}
+
+static int run_new(int v)
+{
+    nt_tensor *e = NULL, *ix = NULL, *outs[4] = {0};
+    int rc = -999;
+    switch (v) {
+    case 0: e = mk(NT_F32, 2, SH(2, 0)); rc = T(nt_min(e, 1, false)); break;
+    case 1: e = mk(NT_F32, 2, SH(2, 0)); rc = T(nt_argmin(e, NT_DIM_ALL, false)); break;
+    case 2: return T(nt_norm(NULL, 2.0, 0, false));
+    case 3: return T(nt_norm(F.rel, 2.0, 0, false));
+    case 4: return T(nt_norm(F.i23, 2.0, 0, false));
+    case 5: return T(nt_norm(F.a23, NAN, 0, false));
+    case 6: return T(nt_norm(F.a23, 2.0, 2, false));
+    case 7: e = mk(NT_F32, 2, SH(2, 0)); rc = T(nt_norm(e, INFINITY, 1, false)); break;
+    case 8: e = mk(NT_F32, 2, SH(2, 0)); rc = T(nt_norm(e, -INFINITY, NT_DIM_ALL, false)); break;
+    case 9: return T(nt_gather(NULL, 0, F.lab2));
+    case 10: return T(nt_gather(F.a23, 0, NULL));
+    case 11: return T(nt_gather(F.a23, 0, F.rel));
+    case 12: return T(nt_gather(F.a23, 0, F.a23));  /* f32 index */
+    case 13: return T(nt_gather(F.a23, 0, F.lab2)); /* 1-D index for 2-D t */
+    case 14: ix = mk(NT_I32, 2, SH(3, 3)); rc = T(nt_gather(F.a23, 1, ix)); break;
+    case 15: return T(nt_gather(F.a23, 2, F.i23));
+    case 16: return T(nt_gather(F.s0, 0, F.lab2));
+    case 17:
+        ix = nt_from_host((int32_t[]){0, 1, 2, 0, 3, 1}, NT_I32, 2, SH(2, 3));
+        rc = run_late(nt_gather(F.a23, 1, ix));
+        break;
+    case 18:
+        ix = nt_from_host((int32_t[]){0, -1}, NT_I32, 2, SH(2, 1));
+        rc = run_late(nt_gather(F.a23, 0, ix));
+        break;
+    case 19: return T(nt_index_select(F.a23, 0, F.i23)); /* 2-D index */
+    case 20: return T(nt_index_select(F.a23, 0, F.v4));  /* f32 index */
+    case 21: return T(nt_index_select(F.a23, -3, F.lab2));
+    case 22:
+        ix = nt_from_host((int32_t[]){1, 0, 2}, NT_I32, 1, SH(3));
+        rc = run_late(nt_index_select(F.a23, 0, ix));
+        break;
+    case 23: return T(nt_repeat(NULL, SH(1, 1), 2));
+    case 24: return T(nt_repeat(F.rel, SH(1, 1), 2));
+    case 25: return T(nt_repeat(F.a23, SH(2), 1));      /* fewer repeats than dims */
+    case 26: return T(nt_repeat(F.a23, NULL, 2));
+    case 27: return T(nt_repeat(F.a23, SH(1, -2), 2));
+    case 28: return T(nt_repeat(F.a23, SH(1, 1, 1, 1, 1, 1, 1, 1, 1), 9));
+    case 29: return T(nt_repeat(F.a23, SH(1LL << 40, 1LL << 20), 2));
+    case 30: return nt_split(NULL, 1, 0, outs, 4);
+    case 31: return nt_split(F.rel, 1, 0, outs, 4);
+    case 32: return nt_split(F.a23, 0, 1, outs, 4);
+    case 33: return nt_split(F.a23, -3, 1, outs, 4);
+    case 34: return nt_split(F.a23, 1, 1, outs, 2); /* makes 3 */
+    case 35: return nt_split(F.a23, 1, 1, NULL, 3);
+    case 36: return nt_split(F.a23, 1, 2, outs, 4);
+    case 37: return nt_split(F.s0, 1, 0, outs, 4);
+    }
+    if (outs[0])
+        fail_msg("a refused nt_split wrote out[0]");
+    if (e)
+        nt_release(e);
+    if (ix)
+        nt_release(ix);
+    return rc;
 }
 
 /* ---- views ---- */
@@ -1508,7 +1586,7 @@ static void build(void)
     };
     for (int k = 0; k < 11; k++)
         add(CA[k].fn, CA[k].code, NULL, run_cast, k, "%s: %s", CA[k].fn, CA[k].name);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < NRED; i++)
         for (int k = 0; k < 7; k++)
             add(RED[i].name, k == 0 ? NT_EINVAL : k == 1 ? NT_ERELEASED : NT_EDIM, NULL, run_red,
                 i * 7 + k, "%s: %s", RED[i].name,
@@ -1549,6 +1627,48 @@ static void build(void)
     };
     for (int k = 0; k < (int)(sizeof NN / sizeof NN[0]); k++)
         add(NN[k].fn, NN[k].code, NULL, run_nn, k, "%s: %s", NN[k].fn, NN[k].name);
+    static const struct { const char *fn; int code; const char *w, *name; } NW[] = {
+        {"nt_min", NT_ESHAPE, "empty", "empty dim"},
+        {"nt_argmin", NT_ESHAPE, "empty", "empty tensor"},
+        {"nt_norm", NT_EINVAL, "NULL", "t NULL"},
+        {"nt_norm", NT_ERELEASED, NULL, "t released"},
+        {"nt_norm", NT_EDTYPE, "'t'", "i32 input"},
+        {"nt_norm", NT_EINVAL, "'ord' is NaN", "ord NaN"},
+        {"nt_norm", NT_EDIM, "dim 2", "dim 2"},
+        {"nt_norm", NT_ESHAPE, "inf-norm", "inf-norm of an empty dim"},
+        {"nt_norm", NT_ESHAPE, "-inf-norm", "-inf-norm of an empty tensor"},
+        {"nt_gather", NT_EINVAL, "NULL", "t NULL"},
+        {"nt_gather", NT_EINVAL, "index", "index NULL"},
+        {"nt_gather", NT_ERELEASED, "index", "index released"},
+        {"nt_gather", NT_EDTYPE, "'index' has dtype f32", "f32 index"},
+        {"nt_gather", NT_ESHAPE, "'index' has shape [2]", "1-D index for 2-D t"},
+        {"nt_gather", NT_ESHAPE, "'index' has shape [3, 3]", "index larger than t"},
+        {"nt_gather", NT_EDIM, "dim 2", "dim 2"},
+        {"nt_gather", NT_ESHAPE, "0-d", "0-d t"},
+        {"nt_gather", NT_ERANGE, "index[4] = 3 is out of range [0, 3)", "index 3 of 3"},
+        {"nt_gather", NT_ERANGE, "index[1] = -1 is out of range [0, 2)", "negative index"},
+        {"nt_index_select", NT_ESHAPE, "1-D", "2-D index"},
+        {"nt_index_select", NT_EDTYPE, "'index' has dtype f32", "f32 index"},
+        {"nt_index_select", NT_EDIM, "dim -3", "dim -3"},
+        {"nt_index_select", NT_ERANGE, "index[2] = 2 is out of range [0, 2)", "index 2 of 2"},
+        {"nt_repeat", NT_EINVAL, "NULL", "t NULL"},
+        {"nt_repeat", NT_ERELEASED, NULL, "t released"},
+        {"nt_repeat", NT_EINVAL, "'n' is 1", "fewer repeats than dims"},
+        {"nt_repeat", NT_EINVAL, "repeats array", "repeats NULL"},
+        {"nt_repeat", NT_EINVAL, "repeats[1] is -2", "negative repeat"},
+        {"nt_repeat", NT_EINVAL, "'n' is 9", "9 repeats"},
+        {"nt_repeat", NT_EINVAL, "2^48", "2^41 x 3 x 2^20 elements"},
+        {"nt_split", NT_EINVAL, "NULL", "t NULL"},
+        {"nt_split", NT_ERELEASED, NULL, "t released"},
+        {"nt_split", NT_EINVAL, "'split_size' is 0", "split_size 0"},
+        {"nt_split", NT_EINVAL, "'split_size' is -3", "split_size -3"},
+        {"nt_split", NT_EINVAL, "'max_out' is 2; the split makes 3", "max_out too small"},
+        {"nt_split", NT_EINVAL, "out NULL", "out NULL"},
+        {"nt_split", NT_EDIM, "dim 2", "dim 2"},
+        {"nt_split", NT_EDIM, "0 dims", "0-d t"},
+    };
+    for (int k = 0; k < (int)(sizeof NW / sizeof NW[0]); k++)
+        add(NW[k].fn, NW[k].code, NW[k].w, run_new, k, "%s: %s", NW[k].fn, NW[k].name);
     static const struct { const char *fn; int code; const char *w, *name; } VW[] = {
         {"nt_reshape", NT_EINVAL, "NULL", "t NULL"},
         {"nt_reshape", NT_ERELEASED, NULL, "t released"},

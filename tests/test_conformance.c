@@ -175,6 +175,17 @@ static nt_tensor *make_input(const spec *s, int i, nt_dtype dt, int v)
 
 /* ---------------- drivers ---------------- */
 
+/* gather's index for a [10, 33] input along dim 1: [10, 5], repeats within
+ * a row (the backward adds them in order) */
+static nt_tensor *gather_index(void)
+{
+    int32_t ix[50];
+    for (int k = 0; k < 50; k++)
+        ix[k] = (int32_t)((k * 13 + k / 5) % 33);
+    ix[1] = ix[0];
+    return nt_from_host(ix, NT_I32, 2, (int64_t[]){10, 5});
+}
+
 static int grad_of_op = NT_OP_SOFTPLUS; /* UNARY_BWD's forward op */
 
 /* UNARY_BWD(g, v) for the forward op grad_of_op with the scalar driver's
@@ -265,6 +276,10 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
         case NT_OP_MEAN: return nt_mean(in[0], 1, true);
         case NT_OP_MAX: return nt_max(in[0], 1, false);
         case NT_OP_ARGMAX: return nt_argmax(in[0], 1, false);
+        case NT_OP_MIN: return nt_min(in[0], 1, false);
+        case NT_OP_ARGMIN: return nt_argmin(in[0], 1, true);
+        case NT_OP_ANY: return nt_any(in[0], 0, false);
+        case NT_OP_NORM: return nt_norm(in[0], 2.0, 1, false);
         default: return NO_DRIVER;
         }
     case NT_KIND_ROW:
@@ -289,6 +304,12 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
         if (op == NT_OP_EMBEDDING) {
             int32_t ix[5] = {3, 0, 9, 3, 5};
             return nt_embedding(in[0], nt_from_host(ix, NT_I32, 1, (int64_t[]){5}));
+        }
+        if (op == NT_OP_GATHER)
+            return nt_gather(in[0], 1, gather_index());
+        if (op == NT_OP_INDEX_SELECT) {
+            int32_t ix[4] = {7, 0, 7, 2};
+            return nt_index_select(in[0], 0, nt_from_host(ix, NT_I32, 1, (int64_t[]){4}));
         }
         return NO_DRIVER;
     case NT_KIND_VIEW:
@@ -319,6 +340,21 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
             nt_tensor *g = nt_grad(w);
             nt_release(w);
             return g; /* a new reference: the caller's scope does not own it */
+        }
+        if (op == NT_OP_INDEX_ADD) {
+            /* the gradient of a gather: repeated indices add in g's order */
+            nt_tensor *w = nt_detach(in[0]);
+            nt_set_requires_grad(w, true);
+            nt_tensor *e = nt_gather(w, 1, gather_index());
+            nt_tensor *c = nt_arange(nt_dtype_of(in[0]), 0.0, 50.0 * 0.03, 0.03);
+            nt_tensor *l = e ? nt_sum(nt_mul(e, nt_reshape(c, 2, (int64_t[]){10, 5})), NT_DIM_ALL,
+                                     false)
+                             : NULL;
+            if (!l || nt_backward(l))
+                return NULL;
+            nt_tensor *g = nt_grad(w);
+            nt_release(w);
+            return g;
         }
         return NO_DRIVER;
     default: return NO_DRIVER;
@@ -546,7 +582,8 @@ static void check_amp(int op)
     config("cpu", "deterministic", "1");
     nt_dtype in_dt = I->amp == NT__AMP_LOW ? NT_F32 : NT_BF16;
     nt_dtype want = I->amp == NT__AMP_F32 ? NT_F32 : NT_BF16;
-    if (I->kind == NT_KIND_CMP || op == NT_OP_ARGMAX || (I->flags & NT_OPF_INTONLY)) {
+    if (I->kind == NT_KIND_CMP || op == NT_OP_ARGMAX || op == NT_OP_ARGMIN || op == NT_OP_ANY ||
+        (I->flags & NT_OPF_INTONLY)) {
         cell(op, K_AMP, "n/a: integer result");
         return;
     }

@@ -1148,10 +1148,11 @@ static void test_rand_same_in_deterministic_mode(void **state)
 /* Reductions                                                         */
 /* ================================================================== */
 
-enum { R_SUM, R_MEAN, R_MAX, R_ARGMAX };
+enum { R_SUM, R_MEAN, R_MAX, R_ARGMAX, R_MIN, R_ARGMIN, R_ANY, R_COUNT };
 
-/* Reference over dim (or NT_DIM_ALL) of row-major x: max propagates NaN;
- * argmax is the first maximum, a NaN counting as the maximum. */
+/* Reference over dim (or NT_DIM_ALL) of row-major x: max and min propagate
+ * NaN; argmax/argmin are the first maximum/minimum, a NaN counting as it;
+ * any is 1 if some element is nonzero (NaN is). */
 static void ref_reduce(int op, const double *x, int nd, const int64_t *sh, int dim, double *out)
 {
     int64_t outer = 1, n = 1, inner = 1;
@@ -1171,19 +1172,26 @@ static void ref_reduce(int op, const double *x, int nd, const int64_t *sh, int d
     }
     for (int64_t o = 0; o < outer; o++)
         for (int64_t i = 0; i < inner; i++) {
-            double acc = op == R_MAX ? -INFINITY : 0, best = 0;
+            double acc = op == R_MAX ? -INFINITY : op == R_MIN ? INFINITY : 0, best = 0;
             int64_t bi = -1;
             for (int64_t k = 0; k < n; k++) {
                 double v = x[(o * n + k) * inner + i];
                 if (op == R_MAX)
                     acc = (isnan(v) || isnan(acc)) ? NAN : (v > acc ? v : acc);
-                else if (op == R_ARGMAX) {
-                    if (bi < 0 || (!isnan(best) && (v > best || isnan(v))))
+                else if (op == R_MIN)
+                    acc = (isnan(v) || isnan(acc)) ? NAN : (v < acc ? v : acc);
+                else if (op == R_ANY)
+                    acc = (acc != 0 || v != 0) ? 1 : 0;
+                else if (op == R_ARGMAX || op == R_ARGMIN) {
+                    bool better = op == R_ARGMAX ? v > best : v < best;
+                    if (bi < 0 || (!isnan(best) && (better || isnan(v))))
                         best = v, bi = k;
                 } else
                     acc += v;
             }
-            out[o * inner + i] = op == R_MEAN ? acc / (double)n : op == R_ARGMAX ? (double)bi : acc;
+            out[o * inner + i] = op == R_MEAN                      ? acc / (double)n
+                                 : op == R_ARGMAX || op == R_ARGMIN ? (double)bi
+                                                                    : acc;
         }
 }
 
@@ -1193,6 +1201,9 @@ static nt_tensor *red_apply(int op, nt_tensor *t, int dim, bool keep)
     case R_SUM: return nt_sum(t, dim, keep);
     case R_MEAN: return nt_mean(t, dim, keep);
     case R_MAX: return nt_max(t, dim, keep);
+    case R_MIN: return nt_min(t, dim, keep);
+    case R_ARGMIN: return nt_argmin(t, dim, keep);
+    case R_ANY: return nt_any(t, dim, keep);
     default: return nt_argmax(t, dim, keep);
     }
 }
@@ -1229,7 +1240,7 @@ static void check_reductions_exact(const char *what, nt_tensor *t, nt_dtype dt, 
     dims[nd2++] = NT_DIM_ALL;
     for (int di = 0; di < nd2; di++)
         for (int keep = 0; keep < 2; keep++)
-            for (int op = 0; op < 4; op++) {
+            for (int op = 0; op < R_COUNT; op++) {
                 if (op == R_MEAN && !isf)
                     continue;
                 int dim = dims[di];
@@ -1239,7 +1250,8 @@ static void check_reductions_exact(const char *what, nt_tensor *t, nt_dtype dt, 
                 int64_t osh[NT_MAX_DIMS];
                 int ond = red_shape(nd, sh, dim, keep, osh);
                 expect_shape(y, ond, osh);
-                nt_dtype want_dt = op == R_ARGMAX ? NT_I32
+                nt_dtype want_dt = op == R_ARGMAX || op == R_ARGMIN ? NT_I32
+                                   : op == R_ANY                  ? NT_U8
                                    : (op == R_SUM && !isf) ? NT_I32
                                                            : dt;
                 assert_int_equal(nt_dtype_of(y), want_dt);
@@ -1274,10 +1286,10 @@ static void test_reductions_each_dim_and_dtype_exact(void **state)
     check_reductions_exact("1-D", mk(NT_F32, 1, SH(9), x1), NT_F32, x1, 1, SH(9));
     double s[] = {-3};
     nt_tensor *t0 = mk(NT_F32, 0, NULL, s);
-    for (int op = 0; op < 4; op++) {
+    for (int op = 0; op < R_COUNT; op++) {
         nt_tensor *y = red_apply(op, t0, 0, false);
         expect_shape(y, 0, NULL);
-        exact1("0-d", fetch(y)[0], op == R_ARGMAX ? 0 : -3);
+        exact1("0-d", fetch(y)[0], op == R_ARGMAX || op == R_ARGMIN ? 0 : op == R_ANY ? 1 : -3);
         expect_shape(red_apply(op, t0, NT_DIM_ALL, true), 0, NULL);
     }
 }
@@ -1328,7 +1340,7 @@ static void test_reductions_tile_and_row_paths_agree(void **state)
             double *x = randv(R * C, -1, 1);
             nt_tensor *t = mk(FLOATS[k], 2, SH(R, C), x);
             nt_tensor *tt = nt_contiguous(nt_transpose(t, 0, 1));
-            for (int op = 0; op < 4; op++) {
+            for (int op = 0; op < R_COUNT; op++) {
                 double *a = fetch(red_apply(op, t, 0, false));
                 double *b = fetch(red_apply(op, tt, 1, false));
                 exact("dim 0 (tiles) vs last dim (rows)", a, b, C);
@@ -1445,6 +1457,265 @@ static void test_reductions_empty_dims(void **state)
     expect_err(NT_ESHAPE, "nt_argmax", NULL);
     /* a dim of size 0 elsewhere: an empty result, no error */
     expect_shape(nt_max(e, 0, false), 1, SH(0));
+}
+
+static void test_min_argmin_any_nan_inf_zero(void **state)
+{
+    (void)state;
+    double x[20] = {1, NAN, -3, -3,
+                    NAN, NAN, 1, 0,
+                    INFINITY, INFINITY, INFINITY, INFINITY,
+                    0.0, -0.0, 1, 2,
+                    -7, 3, -7, 1};
+    for (int k = 0; k < 3; k++) {
+        nt_tensor *t = mk(FLOATS[k], 2, SH(5, 4), copyv(x, 20));
+        /* NaN wins (argmin: the first NaN), +inf rows give +inf and index 0,
+         * ties give the first index; min(+0, -0) keeps the first (+0) */
+        double *mn = fetch(nt_min(t, 1, false));
+        exact("min rows", mn, (double[]){NAN, NAN, INFINITY, 0.0, -7}, 5);
+        exact("argmin rows", fetch(nt_argmin(t, 1, false)), (double[]){1, 0, 0, 0, 0}, 5);
+        exact("min cols", fetch(nt_min(t, 0, false)), (double[]){NAN, NAN, -7, -3}, 4);
+        exact("argmin cols", fetch(nt_argmin(t, 0, false)), (double[]){1, 0, 4, 0}, 4);
+        exact1("min all", fetch(nt_min(t, NT_DIM_ALL, false))[0], NAN);
+        exact1("argmin all", fetch(nt_argmin(t, NT_DIM_ALL, false))[0], 1);
+        nt_tensor *a = nt_any(t, 1, true);
+        assert_int_equal(nt_dtype_of(a), NT_U8);
+        expect_shape(a, 2, SH(5, 1));
+        exact("any rows", fetch(a), (double[]){1, 1, 1, 1, 1}, 5);
+        /* -0 is zero; NaN is nonzero */
+        nt_tensor *z = mk(FLOATS[k], 2, SH(2, 3), (double[]){0.0, -0.0, 0.0, 0.0, NAN, -0.0});
+        exact("any zeros", fetch(nt_any(z, 1, false)), (double[]){0, 1}, 2);
+        exact1("any all", fetch(nt_any(z, NT_DIM_ALL, false))[0], 1);
+    }
+    /* integers: min in the same dtype, i32 extremes, u8 */
+    nt_tensor *ti = mk(NT_I32, 2, SH(2, 3), (double[]){2147483647.0, -2147483648.0, 5, 0, 0, 0});
+    nt_tensor *mi = nt_min(ti, 1, false);
+    assert_int_equal(nt_dtype_of(mi), NT_I32);
+    exact("i32 min", fetch(mi), (double[]){-2147483648.0, 0}, 2);
+    exact("i32 argmin", fetch(nt_argmin(ti, 1, false)), (double[]){1, 0}, 2);
+    exact("i32 any", fetch(nt_any(ti, 1, false)), (double[]){1, 0}, 2);
+    nt_tensor *tu = mk(NT_U8, 1, SH(4), (double[]){200, 7, 255, 7});
+    assert_int_equal(nt_dtype_of(nt_min(tu, 0, false)), NT_U8);
+    exact1("u8 min", fetch(nt_min(tu, 0, false))[0], 7);
+    exact1("u8 argmin", fetch(nt_argmin(tu, 0, false))[0], 1);
+    /* empty: any of nothing is false; min has no identity */
+    nt_tensor *e = nt_zeros(NT_F32, 2, SH(3, 0));
+    exact("any of nothing", fetch(nt_any(e, 1, false)), (double[]){0, 0, 0}, 3);
+    assert_null(nt_min(e, 1, false));
+    expect_err(NT_ESHAPE, "nt_min", NULL);
+    assert_null(nt_argmin(e, NT_DIM_ALL, false));
+    expect_err(NT_ESHAPE, "nt_argmin", NULL);
+    expect_shape(nt_min(e, 0, false), 1, SH(0));
+}
+
+/* Reference vector norm of n values at stride st, in double. */
+static double ref_norm(const double *x, int64_t n, int64_t st, double ord)
+{
+    double acc = ord == -INFINITY ? INFINITY : 0;
+    for (int64_t k = 0; k < n; k++) {
+        double a = fabs(x[k * st]);
+        if (isnan(a))
+            return NAN;
+        if (ord == INFINITY)
+            acc = a > acc ? a : acc;
+        else if (ord == -INFINITY)
+            acc = a < acc ? a : acc;
+        else if (ord == 0)
+            acc += a != 0;
+        else
+            acc += pow(a, ord);
+    }
+    return (isinf(ord) || ord == 0 || ord == 1) ? acc : pow(acc, 1.0 / ord);
+}
+
+static void test_norm_values(void **state)
+{
+    (void)state;
+    const double ords[] = {2, 1, INFINITY, -INFINITY, 0, 3, 0.5, -1.5};
+    for (int k = 0; k < 3; k++) {
+        nt_dtype dt = FLOATS[k];
+        /* small integers: every sum is exact in f32, so ord 1, 0, +-inf are
+         * exact and ord 2 is sqrtf of the exact sum, rounded to dt */
+        double *xi = intv(60, -9, 9);
+        nt_tensor *ti = mk(dt, 2, SH(6, 10), xi);
+        for (int o = 0; o < 5; o++) {
+            nt_tensor *y = nt_norm(ti, ords[o], 1, false);
+            assert_int_equal(nt_dtype_of(y), dt);
+            expect_shape(y, 1, SH(6));
+            double ref[6];
+            for (int r = 0; r < 6; r++) {
+                double v = ref_norm(xi + r * 10, 10, 1, ords[o]);
+                ref[r] = rnd(dt, o == 0 ? (double)sqrtf((float)(v * v)) : v);
+            }
+            exact("norm of integers", fetch(y), ref, 6);
+            double col[10];
+            for (int c = 0; c < 10; c++) {
+                double v = ref_norm(xi + c, 6, 10, ords[o]);
+                col[c] = rnd(dt, o == 0 ? (double)sqrtf((float)(v * v)) : v);
+            }
+            exact("norm over dim 0", fetch(nt_norm(ti, ords[o], 0, true)), col, 10);
+        }
+        /* random reals: within the summation bound, the root's and pow's
+         * error, and 1 ulp of dt; max, min and count are exact */
+        double *x = randv(3 * 3000, -2, 2);
+        nt_tensor *t = mk(dt, 2, SH(3, 3000), x);
+        for (int o = 0; o < 8; o++) {
+            double ref[3], tol[3];
+            for (int r = 0; r < 3; r++) {
+                ref[r] = ref_norm(x + r * 3000, 3000, 1, ords[o]);
+                double p = fabs(ords[o]);
+                /* relative error of the sum, scaled by 1/p through the
+                 * root, plus a few u for the pow of each element and the
+                 * root */
+                double rs = (3000 / 16.0 + 8) * U + 4 * U;
+                tol[r] = (rs / p + 4 * U) * fabs(ref[r]) + ulp_of(dt, ref[r]);
+                /* max, min, count: exact in f32, rounded to dt; and a norm
+                 * past dt's range (ord 0.5 in f16) is +Inf */
+                if (isinf(ords[o]) || ords[o] == 0 || isinf(rnd(dt, ref[r])))
+                    tol[r] = 0, ref[r] = rnd(dt, ref[r]);
+            }
+            within("norm of reals", fetch(nt_norm(t, ords[o], -1, false)), ref, tol, 3);
+        }
+        exact1("2-norm all", fetch(nt_norm(ti, 2, NT_DIM_ALL, false))[0],
+               rnd(dt, (double)sqrtf((float)pow(ref_norm(xi, 60, 1, 2), 2))));
+        /* NaN propagates; Inf gives Inf; zeros give 0, and for ord -1.5
+         * (|0|^-1.5 = Inf, Inf^(1/-1.5) = 0) */
+        nt_tensor *sp = mk(dt, 2, SH(3, 2), (double[]){NAN, 1, INFINITY, 1, 0, -0.0});
+        exact("norm NaN Inf 0", fetch(nt_norm(sp, 2, 1, false)), (double[]){NAN, INFINITY, 0}, 3);
+        exact("norm -1.5", fetch(nt_norm(sp, -1.5, 1, false)), (double[]){NAN, 1, 0}, 3);
+        /* an empty dim: 0 for the sums */
+        nt_tensor *e = nt_zeros(dt, 2, SH(2, 0));
+        exact("norm of nothing", fetch(nt_norm(e, 2, 1, false)), (double[]){0, 0}, 2);
+    }
+    double iv[2] = {3, 4};
+    nt_tensor *ti = mk(NT_I32, 1, SH(2), iv);
+    assert_null(nt_norm(ti, 2, 0, false));
+    expect_err(NT_EDTYPE, "nt_norm", "t");
+}
+
+static void test_gather_index_select_values(void **state)
+{
+    (void)state;
+    const nt_dtype all[] = {NT_F32, NT_BF16, NT_F16, NT_I32, NT_U8};
+    for (int k = 0; k < 5; k++) {
+        nt_dtype dt = all[k];
+        double *x = dt == NT_U8 ? intv(60, 0, 255) : intv(60, -100, 100);
+        if (k < 3)
+            x[7] = NAN, x[8] = -0.0;
+        nt_tensor *t = mk(dt, 3, SH(3, 4, 5), x);
+        for (int dim = 0; dim < 3; dim++) {
+            /* gather: index [2, 3, 4] (each dim no larger than t's) */
+            int64_t ish[3] = {2, 3, 4}, tsh[3] = {3, 4, 5};
+            double *iv = dv(24);
+            for (int i = 0; i < 24; i++)
+                iv[i] = (double)(rng_next() % (uint64_t)tsh[dim]);
+            nt_tensor *ix = mk(k % 2 ? NT_U8 : NT_I32, 3, ish, iv);
+            nt_tensor *g = nt_gather(t, dim - 3, ix);
+            assert_int_equal(nt_dtype_of(g), dt);
+            expect_shape(g, 3, ish);
+            double ref[24];
+            for (int a = 0; a < 2; a++)
+                for (int b = 0; b < 3; b++)
+                    for (int c = 0; c < 4; c++) {
+                        int64_t q[3] = {a, b, c};
+                        q[dim] = (int64_t)iv[(a * 3 + b) * 4 + c];
+                        ref[(a * 3 + b) * 4 + c] = x[(q[0] * 4 + q[1]) * 5 + q[2]];
+                    }
+            exact("gather", fetch(g), ref, 24);
+            /* index_select: 7 entries, repeats included */
+            double sv[7];
+            for (int i = 0; i < 7; i++)
+                sv[i] = (double)(rng_next() % (uint64_t)tsh[dim]);
+            nt_tensor *si = mk(NT_I32, 1, SH(7), sv);
+            nt_tensor *s = nt_index_select(t, dim, si);
+            int64_t osh[3] = {3, 4, 5};
+            osh[dim] = 7;
+            expect_shape(s, 3, osh);
+            double *sref = dv(numel_of(3, osh));
+            for (int a = 0; a < osh[0]; a++)
+                for (int b = 0; b < osh[1]; b++)
+                    for (int c = 0; c < osh[2]; c++) {
+                        int64_t q[3] = {a, b, c};
+                        q[dim] = (int64_t)sv[q[dim]];
+                        sref[(a * osh[1] + b) * osh[2] + c] = x[(q[0] * 4 + q[1]) * 5 + q[2]];
+                    }
+            exact("index_select", fetch(s), sref, numel_of(3, osh));
+        }
+        /* through views: a transposed t and a transposed index */
+        nt_tensor *tt = nt_transpose(nt_reshape(t, 2, SH(12, 5)), 0, 1); /* [5, 12] */
+        double ivs[10] = {11, 0, 3, 3, 7, 1, 2, 10, 11, 0};
+        nt_tensor *ix = mk(NT_I32, 2, SH(2, 5), copyv(ivs, 10));
+        nt_tensor *g = nt_gather(tt, 1, nt_transpose(ix, 0, 1)); /* index [5, 2] */
+        double ref[10];
+        for (int r = 0; r < 5; r++)
+            for (int c = 0; c < 2; c++)
+                ref[r * 2 + c] = x[(int)ivs[c * 5 + r] * 5 + r];
+        exact("gather of views", fetch(g), ref, 10);
+        /* a 0-d index selects one slice */
+        double two = 2;
+        nt_tensor *s0 = nt_index_select(t, 1, mk(NT_I32, 0, NULL, &two));
+        expect_shape(s0, 3, SH(3, 1, 5));
+        exact1("index_select 0-d", fetch(s0)[5], x[(1 * 4 + 2) * 5 + 0]);
+    }
+    /* a bit-for-bit copy: a NaN payload survives */
+    uint32_t nb = 0x7fa12345u;
+    nt_tensor *tn = nt_from_host(&nb, NT_F32, 1, SH(1));
+    double zero = 0;
+    uint32_t got = 0;
+    assert_int_equal(nt_to_host(nt_gather(tn, 0, mk(NT_I32, 1, SH(1), &zero)), &got, 4), 0);
+    assert_int_equal(got, nb);
+}
+
+static void test_repeat_and_split_values(void **state)
+{
+    (void)state;
+    const nt_dtype all[] = {NT_F32, NT_BF16, NT_F16, NT_I32, NT_U8};
+    for (int k = 0; k < 5; k++) {
+        nt_dtype dt = all[k];
+        double *x = dt == NT_U8 ? intv(6, 0, 255) : intv(6, -50, 50);
+        nt_tensor *t = mk(dt, 2, SH(2, 3), x);
+        /* [2, 3] repeated (2, 1, 3) -> [2, 2, 9]: y[a][b][c] = x[b][c % 3] */
+        nt_tensor *r = nt_repeat(t, SH(2, 1, 3), 3);
+        expect_shape(r, 3, SH(2, 2, 9));
+        assert_int_equal(nt_dtype_of(r), dt);
+        double ref[36];
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++)
+                for (int c = 0; c < 9; c++)
+                    ref[(a * 2 + b) * 9 + c] = x[b * 3 + c % 3];
+        exact("repeat", fetch(r), ref, 36);
+        /* of a transposed view: [3, 2] repeated (2, 2) */
+        nt_tensor *rt = nt_repeat(nt_transpose(t, 0, 1), SH(2, 2), 2);
+        expect_shape(rt, 2, SH(6, 4));
+        double reft[24];
+        for (int i = 0; i < 6; i++)
+            for (int j = 0; j < 4; j++)
+                reft[i * 4 + j] = x[(j % 2) * 3 + i % 3];
+        exact("repeat of a view", fetch(rt), reft, 24);
+        /* all ones: a new tensor with the same values; a zero: empty */
+        nt_tensor *r1 = nt_repeat(t, SH(1, 1), 2);
+        exact("repeat ones", fetch(r1), x, 6);
+        expect_shape(nt_repeat(t, SH(2, 0), 2), 2, SH(4, 0));
+        /* split: 3 of dim 1 in 2s -> [2, 2] and [2, 1], views of t */
+        nt_tensor *p[4];
+        assert_int_equal(nt_split(t, 2, -1, NULL, 0), 2);
+        assert_int_equal(nt_split(t, 2, -1, p, 4), 2);
+        expect_shape(p[0], 2, SH(2, 2));
+        expect_shape(p[1], 2, SH(2, 1));
+        exact("split 0", fetch(p[0]), (double[]){x[0], x[1], x[3], x[4]}, 4);
+        exact("split 1", fetch(p[1]), (double[]){x[2], x[5]}, 2);
+        if (k == 0) { /* views: a write through one is seen by t */
+            assert_int_equal(nt_fill_inplace(p[1], 42), 0);
+            exact1("split is a view", fetch(t)[5], 42);
+        }
+        /* split_size larger than the dim: one view of all of it */
+        assert_int_equal(nt_split(t, 5, 0, p, 1), 1);
+        expect_shape(p[0], 2, SH(2, 3));
+    }
+    /* an empty dim gives one empty view, as torch.split does */
+    nt_tensor *e = nt_zeros(NT_F32, 2, SH(0, 3)), *p[2];
+    assert_int_equal(nt_split(e, 2, 0, p, 2), 1);
+    expect_shape(p[0], 2, SH(0, 3));
 }
 
 /* ================================================================== */
@@ -2827,6 +3098,10 @@ int main(void)
         T(test_max_argmax_nan_inf_zero),
         T(test_int_reductions_wrap_and_u8),
         T(test_reductions_empty_dims),
+        T(test_min_argmin_any_nan_inf_zero),
+        T(test_norm_values),
+        T(test_gather_index_select_values),
+        T(test_repeat_and_split_values),
         T(test_softmax_and_log_softmax_each_dim),
         T(test_softmax_long_rows_and_views),
         T(test_softmax_masked_large_and_degenerate),

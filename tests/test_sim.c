@@ -638,16 +638,19 @@ static void test_tensor_reduce(void **state)
 {
     (void)state;
     enum { P = 8, N = 5000 };
-    float *x = malloc(P * N * 4), s[P], m[P], part[P * 4];
+    float *x = malloc(P * N * 4), s[P], m[P], mn[P], part[P * 4];
     fill(x, P * N);
     nt_sim_kernel *k = begin("reduce");
     nt_tile *tx = load(k, "x", x, P, N);
     nt_tile *ts = nt_tile_alloc(k, "s", NT_MEM_SBUF, NT_F32, P, 1);
     nt_tile *tm = nt_tile_alloc(k, "m", NT_MEM_SBUF, NT_F32, P, 1);
+    nt_tile *tn = nt_tile_alloc(k, "mn", NT_MEM_SBUF, NT_F32, P, 1);
     nt_tile *tp = nt_tile_alloc(k, "part", NT_MEM_SBUF, NT_F32, P, 4);
     nt_ap X = nt_tile_ap(tx), S = nt_tile_ap(ts), M = nt_tile_ap(tm), PT = nt_tile_ap(tp);
+    nt_ap MN = nt_tile_ap(tn);
     assert_int_equal(nt_isa_tensor_reduce(k, &S, &X, NT_ALU_ADD, 0), 0);
     assert_int_equal(nt_isa_tensor_reduce(k, &M, &X, NT_ALU_MAX, 0), 0);
+    assert_int_equal(nt_isa_tensor_reduce(k, &MN, &X, NT_ALU_MIN, 0), 0);
     /* [P, 4, 1000] with the innermost dim reduced: 4 partials of 1000 */
     nt_ap X3 = nt_tile_slice(tx, 0, P, 0, 4000);
     X3.ndim = 2;
@@ -656,11 +659,19 @@ static void test_tensor_reduce(void **state)
     assert_int_equal(nt_isa_tensor_reduce(k, &PT, &X3, NT_ALU_ADD, 1), 0);
     store(k, s, &S);
     store(k, m, &M);
+    store(k, mn, &MN);
     store(k, part, &PT);
     end_ok(k);
     for (int p = 0; p < P; p++) {
         assert_true(bits(s[p]) == bits(nt__red_sum_f32(x + p * N, N, 1)));
         assert_true(bits(m[p]) == bits(nt__red_max_f32(x + p * N, N, 1)));
+        /* the minimum of a sequence is its plain minimum (fill() makes no
+         * NaN and no signed-zero ties) */
+        float lo = INFINITY;
+        for (int j = 0; j < N; j++)
+            lo = x[p * N + j] < lo ? x[p * N + j] : lo;
+        assert_true(bits(mn[p]) == bits(lo));
+        assert_true(bits(mn[p]) == bits(nt__red_min_f32(x + p * N, N, 1)));
         for (int j = 0; j < 4; j++)
             assert_true(bits(part[p * 4 + j]) ==
                         bits(nt__red_block_sum_f32(x + p * N + j * 1000, 1000, 1)));
@@ -900,7 +911,7 @@ static void test_errors(void **state)
         assert_int_equal(nt_tile_release(k, a), 0);
         nt_isa_tensor_copy(k, &A, &A, NT_ENGINE_VECTOR);
     });
-    EXPECT_FAIL("tensor_reduce", "add or maximum", {
+    EXPECT_FAIL("tensor_reduce", "add, maximum or minimum", {
         nt_tile *a = nt_tile_alloc(k, "a", NT_MEM_SBUF, NT_F32, 8, 8);
         nt_ap A = nt_tile_ap(a), R = nt_tile_slice(a, 0, 8, 0, 1);
         nt_isa_tensor_reduce(k, &R, &A, NT_ALU_MUL, 0);

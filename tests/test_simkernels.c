@@ -746,6 +746,155 @@ static void test_data_error_messages(void **state)
     nt_clear_error();
 }
 
+/* ---------------- issue 15: min, argmin, any, norm, gather, index_select,
+ * repeat, split ---------------- */
+
+static const double ORDS[] = {2.0, 1.0, INFINITY, -INFINITY, 0.0, 3.0, 0.5, -1.5};
+
+static void b_newred(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    int64_t L = c->shape[0];
+    nt_tensor *x = c->variant ? nt_transpose(T(c->dt, 2, (int64_t[]){L, 3}, 2.0, c->variant == 2), 0, 1)
+                              : T(c->dt, 2, (int64_t[]){3, L}, 2.0, false);
+    for (int dim = 0; dim < 2; dim++) {
+        out[(*n)++] = nt_min(x, dim, dim == 1);
+        out[(*n)++] = nt_argmin(x, dim, false);
+        out[(*n)++] = nt_any(x, dim, true);
+    }
+    out[(*n)++] = nt_min(x, NT_DIM_ALL, false);
+    out[(*n)++] = nt_argmin(x, NT_DIM_ALL, false);
+    out[(*n)++] = nt_any(x, NT_DIM_ALL, false);
+    out[(*n)++] = nt_any(nt_mul_scalar(x, 0.0), 1, false); /* all zero (ints), NaN*0 (floats) */
+}
+
+static void b_norm(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    int64_t L = c->shape[0];
+    nt_tensor *x = c->variant ? nt_transpose(T(c->dt, 2, (int64_t[]){L, 3}, 2.0, c->variant == 2), 0, 1)
+                              : T(c->dt, 2, (int64_t[]){3, L}, 2.0, false);
+    for (size_t k = 0; k < sizeof ORDS / sizeof *ORDS; k++) {
+            out[(*n)++] = nt_norm(x, ORDS[k], 1, false);
+            if (k < 4)
+                out[(*n)++] = nt_norm(x, ORDS[k], NT_DIM_ALL, k == 0);
+        }
+}
+
+static void test_new_reductions(void **state)
+{
+    (void)state;
+    for (size_t d = 0; d < 5; d++)
+        for (size_t s = 0; s < sizeof SIZES / sizeof *SIZES; s++)
+            for (int v = 0; v < 3; v++) {
+                ew_ctx c = {.dt = ALL[d], .variant = v, .shape = {SIZES[s]}};
+                char w[80];
+                snprintf(w, sizeof w, "min/argmin/any/norm %s L=%lld variant %d",
+                         nt_dtype_name(c.dt), (long long)SIZES[s], v);
+                cmp(w, b_newred, &c);
+                if (nt__dtype_is_float(c.dt))
+                    cmp(w, b_norm, &c);
+            }
+}
+
+/* gather / index_select (values and, for floats, gradients), repeat and
+ * split; variant 1 puts a bad index in, variant -1 a negative one */
+static void b_index(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    int64_t R = 37, C = c->shape[0];
+    nt_tensor *x = T(c->dt, 2, (int64_t[]){R, C}, 2.0, true);
+    int64_t GR = 300, P = GR * C;
+    int32_t *ix = malloc((size_t)P * 4);
+    uint8_t *i8 = malloc((size_t)GR);
+    for (int64_t i = 0; i < P; i++)
+        ix[i] = (int32_t)(rnd() % (uint64_t)R);
+    for (int64_t i = 0; i < GR; i++)
+        i8[i] = (uint8_t)(rnd() % (uint64_t)C);
+    if (c->variant)
+        ix[P / 2 + 1] = c->variant > 0 ? (int32_t)R : -1;
+    nt_tensor *idx = nt_from_host(ix, NT_I32, 2, (int64_t[]){GR, C});
+    nt_tensor *idx8 = nt_from_host(i8, NT_U8, 1, (int64_t[]){GR});
+    nt_tensor *sel = nt_reshape(nt_slice(idx, 1, 0, 1, 1), 1, (int64_t[]){GR});
+    free(ix);
+    free(i8);
+    out[(*n)++] = nt_gather(x, 0, idx);
+    out[(*n)++] = nt_gather(nt_transpose(x, 0, 1), 1, nt_transpose(idx, 0, 1));
+    out[(*n)++] = nt_index_select(x, 0, sel);
+    out[(*n)++] = nt_index_select(x, 1, idx8);
+    int64_t reps[3] = {2, 3, 1};
+    out[(*n)++] = nt_repeat(nt_transpose(x, 0, 1), reps, 3);
+    nt_tensor *parts[8];
+    int np = nt_split(x, 10, 0, parts, 8);
+    assert_int_equal(np, 4);
+    out[(*n)++] = nt_add(parts[3], parts[3]); /* the short last chunk, through a kernel */
+    if (nt__dtype_is_float(c->dt)) {
+        nt_tensor *xg = nt_detach(x);
+        nt_set_requires_grad(xg, true);
+        nt_tensor *g = T(c->dt, 2, (int64_t[]){GR, C}, 1.0, false);
+        nt_tensor *l = nt_add(nt_sum(nt_mul(nt_gather(xg, 0, idx), g), NT_DIM_ALL, false),
+                              nt_sum(nt_index_select(xg, 1, idx8), NT_DIM_ALL, false));
+        l = nt_add(l, nt_sum(nt_mul(nt_index_select(xg, 0, sel), g), NT_DIM_ALL, false));
+        l = nt_add(l, nt_sum(nt_mul(nt_repeat(xg, reps + 1, 2), nt_slice(g, 0, 0, 111, 1)),
+                             NT_DIM_ALL, false));
+        l = nt_add(l, nt_sum(nt_min(xg, 1, false), NT_DIM_ALL, false));
+        for (size_t k = 0; k < sizeof ORDS / sizeof *ORDS; k++)
+            l = nt_add(l, nt_sum(nt_norm(xg, ORDS[k], 1, false), NT_DIM_ALL, false));
+        nt_backward(l);
+        out[(*n)++] = nt_grad(xg);
+        nt_release(out[*n - 1]);
+    }
+}
+
+static void test_gather_index_select_repeat_split(void **state)
+{
+    (void)state;
+    const int64_t Cs[] = {1, 5, 130};
+    for (size_t d = 0; d < 5; d++)
+        for (size_t k = 0; k < 3; k++)
+            for (int v = -1; v <= 1; v++) {
+                ew_ctx c = {.dt = ALL[d], .shape = {Cs[k]}, .variant = v};
+                char w[80];
+                snprintf(w, sizeof w, "gather/index_select %s C=%lld bad=%d", nt_dtype_name(c.dt),
+                         (long long)Cs[k], v);
+                cmp(w, b_index, &c);
+            }
+}
+
+/* min as a row-reduction epilogue: fused on both backends, and the fused
+ * simulator against the unfused (deterministic) CPU */
+static void b_fused_min(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    nt_tensor *x = T(c->dt, 2, (int64_t[]){9, 2100}, 2.0, true);
+    nt_tensor *m = nt_min(nt_add_scalar(nt_mul_scalar(x, 1.5), 0.25), -1, true);
+    out[(*n)++] = nt_exp(nt_sub(x, m));
+    out[(*n)++] = nt_mul_scalar(nt_min(nt_abs(x), 1, true), 2.0);
+}
+
+static void test_fused_min_epilogue(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_config_set("NT_FUSION", "1"), 0);
+    for (size_t d = 0; d < 3; d++) {
+        ew_ctx c = {.dt = FLOATS[d]};
+        cmp_mode("fused min", "lazy", b_fused_min, &c);
+        uint64_t seed = rnd();
+        result a, b;
+        run("cpu", "deterministic", seed, b_fused_min, &c, &a);
+        run("sim", "lazy", seed, b_fused_min, &c, &b);
+        assert_int_equal(a.n, b.n);
+        for (int i = 0; i < a.n; i++)
+            assert_memory_equal(a.data[i], b.data[i], a.bytes[i]);
+        free_result(&a);
+        free_result(&b);
+    }
+    nt_stats st;
+    nt_stats_get(&st);
+    assert_true(st.fusion_groups > 0);
+    assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
+}
+
 /* ---------------- fused programs ---------------- */
 
 static nt_tensor *chain8(nt_tensor *x)
@@ -1294,6 +1443,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_matmul_instruction_level, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_embedding, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_data_error_messages, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_new_reductions, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_gather_index_select_repeat_split, setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_fused_min_epilogue, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_programs, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_hbm_bytes, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_stochastic_rounding, setup, nt_test_teardown),

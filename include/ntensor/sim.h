@@ -374,10 +374,10 @@ NT_API int nt_isa_activation(nt_sim_kernel *k, const nt_ap *dst, nt_act_func fun
                              const nt_ap *src, const nt_isa_scalar *scale,
                              const nt_isa_scalar *bias, const nt_ap *reduce_dst);
 
-/** VectorE: reduces (NT_ALU_ADD or NT_ALU_MAX) the innermost `naxes` free
+/** VectorE: reduces (NT_ALU_ADD, NT_ALU_MAX or NT_ALU_MIN) the innermost `naxes` free
  *  dims of src (0 = all of them); dst has the remaining elements per
  *  partition.  Each run is reduced exactly like the CPU's sum / max of that
- *  many elements: acc = +0 (or -Inf); acc = op(acc, partial) over blocks of
+ *  many elements: acc = +0 (or -Inf, +Inf); acc = op(acc, partial) over blocks of
  *  2048 in order, each block in a fixed 16-lane order. */
 NT_API int nt_isa_tensor_reduce(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
                                 nt_alu_op op, int naxes);

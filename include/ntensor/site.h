@@ -85,6 +85,11 @@ NT_API nt_tensor *nt_sum_at(const nt_site *site, nt_tensor *t, int dim, bool kee
 NT_API nt_tensor *nt_mean_at(const nt_site *site, nt_tensor *t, int dim, bool keepdim);
 NT_API nt_tensor *nt_max_at(const nt_site *site, nt_tensor *t, int dim, bool keepdim);
 NT_API nt_tensor *nt_argmax_at(const nt_site *site, nt_tensor *t, int dim, bool keepdim);
+NT_API nt_tensor *nt_min_at(const nt_site *site, nt_tensor *t, int dim, bool keepdim);
+NT_API nt_tensor *nt_argmin_at(const nt_site *site, nt_tensor *t, int dim, bool keepdim);
+NT_API nt_tensor *nt_any_at(const nt_site *site, nt_tensor *t, int dim, bool keepdim);
+NT_API nt_tensor *nt_norm_at(const nt_site *site, nt_tensor *t, double ord, int dim,
+                             bool keepdim);
 NT_API nt_tensor *nt_softmax_at(const nt_site *site, nt_tensor *t, int dim);
 NT_API nt_tensor *nt_log_softmax_at(const nt_site *site, nt_tensor *t, int dim);
 NT_API nt_tensor *nt_layer_norm_at(const nt_site *site, nt_tensor *x, nt_tensor *w,
@@ -94,6 +99,9 @@ NT_API nt_tensor *nt_cross_entropy_at(const nt_site *site, nt_tensor *logits,
                                       nt_tensor *labels);
 NT_API nt_tensor *nt_mse_loss_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_embedding_at(const nt_site *site, nt_tensor *weight, nt_tensor *idx);
+NT_API nt_tensor *nt_gather_at(const nt_site *site, nt_tensor *t, int dim, nt_tensor *index);
+NT_API nt_tensor *nt_index_select_at(const nt_site *site, nt_tensor *t, int dim,
+                                     nt_tensor *index);
 NT_API nt_tensor *nt_reshape_at(const nt_site *site, nt_tensor *t, int ndim,
                                 const int64_t *shape);
 NT_API nt_tensor *nt_transpose_at(const nt_site *site, nt_tensor *t, int d0, int d1);
@@ -103,6 +111,10 @@ NT_API nt_tensor *nt_slice_at(const nt_site *site, nt_tensor *t, int dim, int64_
 NT_API nt_tensor *nt_expand_at(const nt_site *site, nt_tensor *t, int ndim,
                                const int64_t *shape);
 NT_API nt_tensor *nt_cat_at(const nt_site *site, nt_tensor *const *ts, int n, int dim);
+NT_API nt_tensor *nt_repeat_at(const nt_site *site, nt_tensor *t, const int64_t *repeats,
+                               int n);
+NT_API int nt_split_at(const nt_site *site, nt_tensor *t, int64_t split_size, int dim,
+                       nt_tensor **out, int max_out);
 NT_API nt_tensor *nt_contiguous_at(const nt_site *site, nt_tensor *t);
 NT_API int nt_copy_into_at(const nt_site *site, nt_tensor *dst, nt_tensor *src);
 NT_API int nt_add_inplace_at(const nt_site *site, nt_tensor *dst, nt_tensor *src);
@@ -185,6 +197,10 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
     X(nt_tensor *, nt_mean, (nt_tensor *t, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, int dim, bool keepdim), 3) \
     X(nt_tensor *, nt_max, (nt_tensor *t, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, int dim, bool keepdim), 3) \
     X(nt_tensor *, nt_argmax, (nt_tensor *t, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, int dim, bool keepdim), 3) \
+    X(nt_tensor *, nt_min, (nt_tensor *t, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, int dim, bool keepdim), 3) \
+    X(nt_tensor *, nt_argmin, (nt_tensor *t, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, int dim, bool keepdim), 3) \
+    X(nt_tensor *, nt_any, (nt_tensor *t, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, int dim, bool keepdim), 3) \
+    X(nt_tensor *, nt_norm, (nt_tensor *t, double ord, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, double ord, int dim, bool keepdim), 4) \
     X(nt_tensor *, nt_softmax, (nt_tensor *t, int dim), (const nt_site *site, nt_tensor *t, int dim), 2) \
     X(nt_tensor *, nt_log_softmax, (nt_tensor *t, int dim), (const nt_site *site, nt_tensor *t, int dim), 2) \
     X(nt_tensor *, nt_layer_norm, (nt_tensor *x, nt_tensor *w, nt_tensor *b, double eps), (const nt_site *site, nt_tensor *x, nt_tensor *w, nt_tensor *b, double eps), 4) \
@@ -192,12 +208,16 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
     X(nt_tensor *, nt_cross_entropy, (nt_tensor *logits, nt_tensor *labels), (const nt_site *site, nt_tensor *logits, nt_tensor *labels), 2) \
     X(nt_tensor *, nt_mse_loss, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_embedding, (nt_tensor *weight, nt_tensor *idx), (const nt_site *site, nt_tensor *weight, nt_tensor *idx), 2) \
+    X(nt_tensor *, nt_gather, (nt_tensor *t, int dim, nt_tensor *index), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index), 3) \
+    X(nt_tensor *, nt_index_select, (nt_tensor *t, int dim, nt_tensor *index), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index), 3) \
     X(nt_tensor *, nt_reshape, (nt_tensor *t, int ndim, const int64_t *shape), (const nt_site *site, nt_tensor *t, int ndim, const int64_t *shape), 3) \
     X(nt_tensor *, nt_transpose, (nt_tensor *t, int d0, int d1), (const nt_site *site, nt_tensor *t, int d0, int d1), 3) \
     X(nt_tensor *, nt_permute, (nt_tensor *t, const int *perm), (const nt_site *site, nt_tensor *t, const int *perm), 2) \
     X(nt_tensor *, nt_slice, (nt_tensor *t, int dim, int64_t start, int64_t end, int64_t step), (const nt_site *site, nt_tensor *t, int dim, int64_t start, int64_t end, int64_t step), 5) \
     X(nt_tensor *, nt_expand, (nt_tensor *t, int ndim, const int64_t *shape), (const nt_site *site, nt_tensor *t, int ndim, const int64_t *shape), 3) \
     X(nt_tensor *, nt_cat, (nt_tensor *const *ts, int n, int dim), (const nt_site *site, nt_tensor *const *ts, int n, int dim), 3) \
+    X(nt_tensor *, nt_repeat, (nt_tensor *t, const int64_t *repeats, int n), (const nt_site *site, nt_tensor *t, const int64_t *repeats, int n), 3) \
+    X(int, nt_split, (nt_tensor *t, int64_t split_size, int dim, nt_tensor **out, int max_out), (const nt_site *site, nt_tensor *t, int64_t split_size, int dim, nt_tensor **out, int max_out), 5) \
     X(nt_tensor *, nt_contiguous, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(int, nt_copy_into, (nt_tensor *dst, nt_tensor *src), (const nt_site *site, nt_tensor *dst, nt_tensor *src), 2) \
     X(int, nt_add_inplace, (nt_tensor *dst, nt_tensor *src), (const nt_site *site, nt_tensor *dst, nt_tensor *src), 2) \
@@ -277,6 +297,10 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 #define nt_mean(...) nt_mean_at(NT_HERE, __VA_ARGS__)
 #define nt_max(...) nt_max_at(NT_HERE, __VA_ARGS__)
 #define nt_argmax(...) nt_argmax_at(NT_HERE, __VA_ARGS__)
+#define nt_min(...) nt_min_at(NT_HERE, __VA_ARGS__)
+#define nt_argmin(...) nt_argmin_at(NT_HERE, __VA_ARGS__)
+#define nt_any(...) nt_any_at(NT_HERE, __VA_ARGS__)
+#define nt_norm(...) nt_norm_at(NT_HERE, __VA_ARGS__)
 #define nt_softmax(...) nt_softmax_at(NT_HERE, __VA_ARGS__)
 #define nt_log_softmax(...) nt_log_softmax_at(NT_HERE, __VA_ARGS__)
 #define nt_layer_norm(...) nt_layer_norm_at(NT_HERE, __VA_ARGS__)
@@ -284,12 +308,16 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 #define nt_cross_entropy(...) nt_cross_entropy_at(NT_HERE, __VA_ARGS__)
 #define nt_mse_loss(...) nt_mse_loss_at(NT_HERE, __VA_ARGS__)
 #define nt_embedding(...) nt_embedding_at(NT_HERE, __VA_ARGS__)
+#define nt_gather(...) nt_gather_at(NT_HERE, __VA_ARGS__)
+#define nt_index_select(...) nt_index_select_at(NT_HERE, __VA_ARGS__)
 #define nt_reshape(...) nt_reshape_at(NT_HERE, __VA_ARGS__)
 #define nt_transpose(...) nt_transpose_at(NT_HERE, __VA_ARGS__)
 #define nt_permute(...) nt_permute_at(NT_HERE, __VA_ARGS__)
 #define nt_slice(...) nt_slice_at(NT_HERE, __VA_ARGS__)
 #define nt_expand(...) nt_expand_at(NT_HERE, __VA_ARGS__)
 #define nt_cat(...) nt_cat_at(NT_HERE, __VA_ARGS__)
+#define nt_repeat(...) nt_repeat_at(NT_HERE, __VA_ARGS__)
+#define nt_split(...) nt_split_at(NT_HERE, __VA_ARGS__)
 #define nt_contiguous(...) nt_contiguous_at(NT_HERE, __VA_ARGS__)
 #define nt_copy_into(...) nt_copy_into_at(NT_HERE, __VA_ARGS__)
 #define nt_add_inplace(...) nt_add_inplace_at(NT_HERE, __VA_ARGS__)

@@ -681,9 +681,12 @@ static int run_ops(tile_state *t, int (*store)(void *ctx, int slot, const nt_ap 
             a[q] = arg_of(t, o->a[q]);
         const nt__fval *val = &P->vals[o->out];
         nt_ap dst = val_ap(t, o->out);
-        if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN) {
+        if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN ||
+            o->op == NT_OP_MIN) {
             /* ROW: a row reduction, the CPU's canonical order over C */
-            nt_alu_op op = o->op == NT_OP_MAX ? NT_ALU_MAX : NT_ALU_ADD;
+            nt_alu_op op = o->op == NT_OP_MAX   ? NT_ALU_MAX
+                           : o->op == NT_OP_MIN ? NT_ALU_MIN
+                                                : NT_ALU_ADD;
             if (o->op == NT_OP_MEAN) {
                 nt_ap t0 = nt_tile_slice(t->E.tf[0], 0, t->np, 0, 1);
                 rc = nt_isa_tensor_reduce(s->k, &t0, &a[0].ap, op, 0);
@@ -1039,7 +1042,8 @@ static bool prog_supported(const nt__fprog *P)
         case NT_KIND_CMP:
         case NT_KIND_WHERE: break;
         case NT_KIND_REDUCE:
-            if (P->kind != NT_FK_ROW || o->op == NT_OP_ARGMAX)
+            if (P->kind != NT_FK_ROW || (o->op != NT_OP_SUM && o->op != NT_OP_MEAN &&
+                                         o->op != NT_OP_MAX && o->op != NT_OP_MIN))
                 return false;
             break;
         default: return false;

@@ -1,4 +1,5 @@
-/* sim/kernels/reduce.c - sum, mean, max, argmax over a dim or all.
+/* sim/kernels/reduce.c - sum, mean, max, argmax, min, argmin, any, norm over
+ * a dim or all.
  *
  * The CPU's arithmetic (cpu/reduce.c) is: the reduced sequence widened to
  * f32, blocks of 2048 in order, acc = +0 (-Inf); acc = op(acc, block
@@ -14,23 +15,33 @@
  * their partials are folded in order across partitions (nc_transpose into a
  * row, then the scan).  argmax: a first pass finds the maximum m, a second
  * marks x == m or x != x and takes the smallest marked index as the
- * maximum of -index (iota) in exact int32. */
+ * maximum of -index (iota) in exact int32.  min/argmin are the same with
+ * the minimum.  any and norm follow core/reduce.h's plan: each loaded tile is
+ * first mapped elementwise into an f32 (any of ints: i32) tile (x != 0,
+ * x*x, |x|, |x|^p: the CPU's nt__ew_* through the ALU and ScalarE), then
+ * folded; the finish (sqrt, ^(1/p)) runs on the accumulator. */
 #include "sim/kernels/sk.h"
 
 #include <math.h>
 #include <string.h>
+
+#include "core/ewise.h"
 
 #define CH 4096 /* elements of a row per tile: two canonical blocks */
 
 typedef struct red {
     sk_k *s;
     int op;
+    int rop, pre, fin; /* nt__red_plan */
+    nt_alu_op alu;     /* the fold */
+    float p;           /* norm: ord */
     bool ints;
     int64_t n, sn, sc, oc;
     nt_dtype xdt, odt;
     char *xb, *ob;
     nt_tile *x[2], *part, *parti, *scan, *one, *acc, *acci, *mi, *res, *y;
     nt_tile *mask, *mask2, *neg, *cand; /* argmax */
+    nt_tile *pre_t;                     /* any, norm: the mapped tile */
     int ng;
 } red;
 
@@ -92,8 +103,37 @@ static nt_ap hx(const red *c, int64_t off, int np, int64_t m)
 static int init_acc(red *c, int np, nt_alu_op op)
 {
     nt_ap a = col(c->ints ? c->acci : c->acc, np);
-    double v = op == NT_ALU_MAX ? (c->ints ? (double)INT32_MIN : -INFINITY) : 0.0;
+    double v = op == NT_ALU_MAX   ? (c->ints ? (double)INT32_MIN : -INFINITY)
+               : op == NT_ALU_MIN ? (c->ints ? (double)INT32_MAX : INFINITY)
+                                  : 0.0;
+    if (c->op == NT_OP_ANY)
+        v = 0.0; /* any of nothing is false */
     return nt_isa_memset(c->s->k, &a, v, NT_ENGINE_VECTOR);
+}
+
+/* The element map of any / norm (core/reduce.h): x [np, m] -> the mapped
+ * tile, which *out then names; other ops fold x itself. */
+static int pre_map(red *c, const nt_ap *x, int np, int64_t m, nt_ap *out)
+{
+    nt_sim_kernel *k = c->s->k;
+    *out = *x;
+    if (c->pre == NT_RED_PRE_NONE)
+        return 0;
+    nt_ap t = nt_tile_slice(c->pre_t, 0, np, 0, m);
+    *out = t;
+    switch (c->pre) {
+    case NT_RED_PRE_NZ:
+        return nt_isa_tensor_scalar(k, &t, x, &(nt_isa_alu){NT_ALU_NE, {NULL, 0.0f}, false}, NULL,
+                                    NT_ENGINE_VECTOR);
+    case NT_RED_PRE_SQ: return nt_isa_tensor_tensor(k, &t, x, x, NT_ALU_MUL, NT_ENGINE_VECTOR);
+    case NT_RED_PRE_ABS: return nt_isa_activation(k, &t, NT_ACT_ABS, x, NULL, NULL, NULL);
+    case NT_RED_PRE_POW: {
+        int rc = nt_isa_activation(k, &t, NT_ACT_ABS, x, NULL, NULL, NULL);
+        return rc ? rc : nt_isa_tensor_scalar(k, &t, &t, &(nt_isa_alu){NT_ALU_POW, {NULL, c->p}, false},
+                                              NULL, NT_ENGINE_VECTOR);
+    }
+    default: return nt_sim_kernel_error(k) ? nt_sim_kernel_error(k) : NT_EINVAL;
+    }
 }
 
 /* Writes the group's result [np, 1], rounded once to the output dtype. */
@@ -103,18 +143,28 @@ static int finish(red *c, int np, int64_t ooff)
     nt_ap r = col(c->y, np), a = col(c->ints ? c->acci : c->acc, np);
     int rc;
     if (c->n == 0) {
-        /* the CPU's identities: 0, -Inf (INT32_MIN), 0/0, index -1 */
+        /* the CPU's identities: 0, -Inf (INT32_MIN), 0/0, index -1; any:
+         * false; norm: its finish of 0 (min, argmin: refused when queued) */
         double v = c->op == NT_OP_SUM    ? 0.0
                    : c->op == NT_OP_MEAN ? NAN
                    : c->op == NT_OP_MAX  ? (c->ints ? (double)INT32_MIN : -INFINITY)
+                   : c->op == NT_OP_ANY  ? 0.0
+                   : c->op == NT_OP_NORM ? (c->fin == NT_RED_FIN_POW
+                                                ? nt__ew_pow_scalar(0.0f, (float)(1.0 / c->p), 0.0f)
+                                                : 0.0)
                                          : -1.0;
         rc = nt_isa_memset(k, &r, v, NT_ENGINE_VECTOR);
-    } else if (c->op == NT_OP_ARGMAX) {
+    } else if (c->rop == NT_RED_ARGMAX || c->rop == NT_RED_ARGMIN) {
         nt_ap b = col(c->res, np);
         rc = nt_isa_tensor_copy(k, &r, &b, NT_ENGINE_VECTOR);
     } else if (c->op == NT_OP_MEAN) {
         rc = nt_isa_tensor_scalar(k, &r, &a, &(nt_isa_alu){NT_ALU_DIV, {NULL, (float)c->n}, false},
                                   NULL, NT_ENGINE_VECTOR);
+    } else if (c->fin == NT_RED_FIN_SQRT) {
+        rc = nt_isa_activation(k, &r, NT_ACT_SQRT, &a, NULL, NULL, NULL);
+    } else if (c->fin == NT_RED_FIN_POW) {
+        nt_isa_alu pw = {NT_ALU_POW, {NULL, (float)(1.0 / c->p)}, false};
+        rc = nt_isa_tensor_scalar(k, &r, &a, &pw, NULL, NT_ENGINE_VECTOR);
     } else {
         rc = nt_isa_tensor_copy(k, &r, &a, NT_ENGINE_VECTOR);
     }
@@ -138,7 +188,7 @@ static int red_group(void *ctx, int64_t ioff, int64_t ooff, int np)
     red *c = ctx;
     sk_k *s = c->s;
     nt_sim_kernel *k = s->k;
-    nt_alu_op op = c->op == NT_OP_SUM || c->op == NT_OP_MEAN ? NT_ALU_ADD : NT_ALU_MAX;
+    nt_alu_op op = c->alu;
     int64_t nch = (c->n + CH - 1) / CH;
     int rc = init_acc(c, np, op);
     nt_ap xt[2];
@@ -148,12 +198,15 @@ static int red_group(void *ctx, int64_t ioff, int64_t ooff, int np)
         xt[b] = nt_tile_slice(c->x[b], 0, np, 0, m);
         nt_ap h = hx(c, ioff + c0 * c->sn, np, m);
         rc = nt_isa_dma_copy(k, &xt[b], &h, sk_qin(s));
+        nt_ap xm;
         if (!rc)
-            rc = fold_chunk(c, &xt[b], np, m, op);
+            rc = pre_map(c, &xt[b], np, m, &xm);
+        if (!rc)
+            rc = fold_chunk(c, &xm, np, m, op);
     }
-    if (!rc && c->op == NT_OP_ARGMAX) {
+    if (!rc && (c->rop == NT_RED_ARGMAX || c->rop == NT_RED_ARGMIN)) {
         /* second pass: the smallest index with x == m or x != x, as the
-         * maximum of -index */
+         * maximum of -index (m is the max, or for argmin the min) */
         nt_ap m = col(c->ints ? c->acci : c->acc, np);
         nt_ap best = col(c->res, np);
         rc = nt_isa_memset(k, &best, (double)INT32_MIN, NT_ENGINE_VECTOR);
@@ -224,7 +277,7 @@ static int red_all(red *c)
 {
     sk_k *s = c->s;
     nt_sim_kernel *k = s->k;
-    nt_alu_op op = c->op == NT_OP_MAX ? NT_ALU_MAX : NT_ALU_ADD;
+    nt_alu_op op = c->alu;
     int64_t nbf = c->n / NT_RED_BLOCK, rem = c->n % NT_RED_BLOCK;
     int rc = init_acc(c, 1, op);
     nt_ap acc = col(c->ints ? c->acci : c->acc, 1);
@@ -236,9 +289,11 @@ static int red_all(red *c)
         nt_ap x = nt_tile_slice(c->x[t & 1], 0, np, 0, w);
         nt_ap h = nt_hbm_ap(c->xb, c->xdt, b0 * NT_RED_BLOCK, np, NT_RED_BLOCK, w);
         rc = nt_isa_dma_copy(k, &x, &h, sk_qin(s));
-        nt_ap p = col(c->ints ? c->parti : c->part, np);
+        nt_ap p = col(c->ints ? c->parti : c->part, np), xm;
         if (!rc)
-            rc = nt_isa_tensor_reduce(k, &p, &x, op, 0);
+            rc = pre_map(c, &x, np, w, &xm);
+        if (!rc)
+            rc = nt_isa_tensor_reduce(k, &p, &xm, op, 0);
         if (!rc)
             rc = c->ints ? int_combine(c, &acc, &p, op) : sk_seq_combine(s, &acc, &p, op);
         b0 += np;
@@ -251,6 +306,9 @@ int nt__sk_reduce(const nt__rec *r)
     const nt_tensor *x = r->in[0], *o = r->out[0];
     if (nt__numel(o->ndim, o->shape) == 0)
         return 0;
+    int rop, pre, fin;
+    if (nt__red_plan(r->op, r->p.f[0], &rop, &pre, &fin))
+        return nt__kerr(NT_EINVAL, "op %s is not a reduction", nt__op_name(r->op));
     sk_k s;
     int rc = sk_begin(&s, nt__op_name(r->op));
     if (rc)
@@ -259,6 +317,11 @@ int nt__sk_reduce(const nt__rec *r)
     memset(&c, 0, sizeof c);
     c.s = &s;
     c.op = r->op;
+    c.rop = rop, c.pre = pre, c.fin = fin;
+    c.alu = c.rop == NT_RED_SUM                               ? NT_ALU_ADD
+            : c.rop == NT_RED_MAX || c.rop == NT_RED_ARGMAX ? NT_ALU_MAX
+                                                             : NT_ALU_MIN;
+    c.p = (float)r->p.f[0];
     c.ints = !nt__dtype_is_float((nt_dtype)x->dtype);
     c.xdt = (nt_dtype)x->dtype;
     c.odt = (nt_dtype)o->dtype;
@@ -275,7 +338,9 @@ int nt__sk_reduce(const nt__rec *r)
     c.res = sk_tile(&s, "red.best", NT_I32, 128, 1);
     c.mi = sk_tile(&s, "red.min", NT_I32, 128, 1);
     c.y = sk_tile(&s, "red.y", c.odt, 128, 1);
-    if (r->op == NT_OP_ARGMAX) {
+    if (c.pre != NT_RED_PRE_NONE)
+        c.pre_t = sk_tile(&s, "red.pre", adt, 128, CH);
+    if (c.rop == NT_RED_ARGMAX || c.rop == NT_RED_ARGMIN) {
         c.mask = sk_tile(&s, "am.mask", adt, 128, CH);
         c.mask2 = sk_tile(&s, "am.nan", NT_F32, 128, CH);
         c.neg = sk_tile(&s, "am.negidx", NT_I32, 128, CH);
@@ -291,7 +356,7 @@ int nt__sk_reduce(const nt__rec *r)
             c.sn = 1;
             if (!c.xb)
                 ;
-            else if (r->op == NT_OP_ARGMAX || c.n == 0)
+            else if (c.rop == NT_RED_ARGMAX || c.rop == NT_RED_ARGMIN || c.n == 0)
                 red_group(&c, 0, 0, 1); /* one row */
             else
                 red_all(&c);

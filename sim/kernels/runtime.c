@@ -38,6 +38,13 @@ static const nt__kernel_fn sk_table[NT_OP_COUNT] = {
     [NT_OP_MATMUL] = nt__sk_matmul,
     [NT_OP_EMBEDDING] = nt__sk_embedding,
     [NT_OP_EMBEDDING_BWD] = nt__sk_embedding_bwd,
+    [NT_OP_MIN] = nt__sk_reduce,
+    [NT_OP_ARGMIN] = nt__sk_reduce,
+    [NT_OP_ANY] = nt__sk_reduce,
+    [NT_OP_NORM] = nt__sk_reduce,
+    [NT_OP_GATHER] = nt__sk_gather,
+    [NT_OP_INDEX_SELECT] = nt__sk_gather,
+    [NT_OP_INDEX_ADD] = nt__sk_index_add,
 };
 #undef SK_EW
 

@@ -8,11 +8,13 @@
  *              begin/end with error mapping, HBM scratch, the tilers
  *   ew.c       elementwise programs: every eager elementwise op (a program of
  *              one op) and the fusion engine's EW, ROW and MM programs
- *   reduce.c   sum, mean, max, argmax over a dim or all
+ *   reduce.c   sum, mean, max, argmax, min, argmin, any, norm over a dim
+ *              or all
  *   rows.c     softmax, log_softmax, layer_norm, rms_norm, cross_entropy,
  *              mse_loss
  *   matmul.c   batched matmul through nt_tile_matmul (and MM programs)
  *   gather.c   embedding and embedding_bwd
+ *   index.c    gather, index_select and their backward index_add
  *   gen.c      arange, rand, randn (GpSimd custom code)
  *   user.c     user tile kernels (nt_op_register_kernel)
  *
@@ -146,7 +148,7 @@ int sk_fold(sk_k *s, const nt_ap *acc, const nt_ap *x, nt_alu_op op);
 /* ---------------- entry points ---------------- */
 
 int nt__sk_ew(const nt__rec *r);          /* unary, scalar, binary, cmp, where, copy, fill */
-int nt__sk_reduce(const nt__rec *r);      /* sum, mean, max, argmax */
+int nt__sk_reduce(const nt__rec *r);      /* sum, mean, max, argmax, min, argmin, any, norm */
 int nt__sk_softmax(const nt__rec *r);     /* softmax, log_softmax */
 int nt__sk_norm(const nt__rec *r);        /* layer_norm, rms_norm */
 int nt__sk_cross_entropy(const nt__rec *r);
@@ -154,6 +156,8 @@ int nt__sk_mse_loss(const nt__rec *r);
 int nt__sk_matmul(const nt__rec *r);
 int nt__sk_embedding(const nt__rec *r);
 int nt__sk_embedding_bwd(const nt__rec *r);
+int nt__sk_gather(const nt__rec *r);       /* gather, index_select */
+int nt__sk_index_add(const nt__rec *r);
 int nt__sk_arange(const nt__rec *r);
 int nt__sk_rand(const nt__rec *r);
 int nt__sk_randn(const nt__rec *r);

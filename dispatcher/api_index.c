@@ -1,0 +1,218 @@
+/* dispatcher/api_index.c - gather, index_select (kernels: cpu/index.c,
+ * sim/kernels/index.c), and the composites repeat and split. */
+#include "dispatcher/dispatch.h"
+
+/* An index argument: i32 or u8, like nt_embedding's. */
+static bool index_dtype(nt__call *c, nt_tensor *ix)
+{
+    if (ix->dtype == NT_I32 || ix->dtype == NT_U8)
+        return true;
+    nt__err(c->site, NT_EDTYPE, c->fn, "argument 'index' has dtype %s; expected i32 or u8",
+            nt_dtype_name((nt_dtype)ix->dtype));
+    return false;
+}
+
+/* dim of t (at least 1-D), normalised into *d. */
+static bool index_dim(nt__call *c, nt_tensor *t, int dim, int *d)
+{
+    if (t->ndim == 0) {
+        nt__err(c->site, NT_ESHAPE, c->fn, "argument 't' is 0-d; expected at least 1 dim");
+        return false;
+    }
+    *d = nt__norm_dim(dim, t->ndim);
+    if (*d < 0) {
+        nt__err(c->site, NT_EDIM, c->fn, "dim %d is out of range for a tensor with %d dims", dim,
+                t->ndim);
+        return false;
+    }
+    return true;
+}
+
+NT_API nt_tensor *nt_gather_at(const nt_site *site, nt_tensor *t, int dim, nt_tensor *index)
+{
+    nt__call c;
+    nt_tensor *in[2] = {t, index};
+    if (!nt__call_begin(&c, site, "nt_gather", NT_OP_GATHER, 2, in, "t,index"))
+        return nt__call_fail(&c);
+    t = c.in[0], index = c.in[1];
+    int d;
+    if (!index_dtype(&c, index) || !index_dim(&c, t, dim, &d))
+        return nt__call_fail(&c);
+    bool ok = index->ndim == t->ndim;
+    for (int i = 0; ok && i < t->ndim; i++)
+        ok = i == d || index->shape[i] <= t->shape[i];
+    if (!ok) {
+        char s1[128], s2[128];
+        nt__err(site, NT_ESHAPE, "nt_gather", "argument 'index' has shape %s; expected %d dims, "
+                "each no larger than t's %s except dim %d",
+                nt__shape_str(index->ndim, index->shape, s1, sizeof s1), t->ndim,
+                nt__shape_str(t->ndim, t->shape, s2, sizeof s2), d);
+        return nt__call_fail(&c);
+    }
+    c.p.dim = d;
+    c.odt[0] = (nt_dtype)t->dtype;
+    c.ondim[0] = index->ndim;
+    for (int i = 0; i < index->ndim; i++)
+        c.oshape[0][i] = index->shape[i];
+    c.flops = (double)nt__numel(index->ndim, index->shape);
+    return nt__dispatch(&c);
+}
+NT_API nt_tensor *nt_gather(nt_tensor *t, int dim, nt_tensor *index)
+{
+    return nt_gather_at(NT_RA_SITE, t, dim, index);
+}
+
+NT_API nt_tensor *nt_index_select_at(const nt_site *site, nt_tensor *t, int dim,
+                                     nt_tensor *index)
+{
+    nt__call c;
+    nt_tensor *in[2] = {t, index};
+    if (!nt__call_begin(&c, site, "nt_index_select", NT_OP_INDEX_SELECT, 2, in, "t,index"))
+        return nt__call_fail(&c);
+    t = c.in[0], index = c.in[1];
+    int d;
+    if (!index_dtype(&c, index) || !index_dim(&c, t, dim, &d))
+        return nt__call_fail(&c);
+    if (index->ndim > 1) {
+        char s1[128];
+        nt__err(site, NT_ESHAPE, "nt_index_select", "argument 'index' has shape %s; expected "
+                "1-D (or 0-d)", nt__shape_str(index->ndim, index->shape, s1, sizeof s1));
+        return nt__call_fail(&c);
+    }
+    c.p.dim = d;
+    c.p.flag = 1; /* index_add's mode for the backward */
+    c.odt[0] = (nt_dtype)t->dtype;
+    c.ondim[0] = t->ndim;
+    for (int i = 0; i < t->ndim; i++)
+        c.oshape[0][i] = i == d ? nt__numel(index->ndim, index->shape) : t->shape[i];
+    c.flops = (double)nt__numel(c.ondim[0], c.oshape[0]);
+    return nt__dispatch(&c);
+}
+NT_API nt_tensor *nt_index_select(nt_tensor *t, int dim, nt_tensor *index)
+{
+    return nt_index_select_at(NT_RA_SITE, t, dim, index);
+}
+
+/* ---------------- repeat ---------------- */
+
+/* One dim i of x (n dims, contiguous or not) repeated r times: x as
+ * [P, a, Q] -> [P, 1, a, Q] -> expand [P, r, a, Q] -> a contiguous copy ->
+ * x's shape with dim i of r * a.  The expand's backward sums the r copies
+ * (nt_sum over that dim: the canonical order). */
+static nt_tensor *repeat_dim(const nt_site *site, nt_tensor *x, int i, int64_t r)
+{
+    int64_t P = 1, Q = 1, a = x->shape[i];
+    for (int k = 0; k < x->ndim; k++) {
+        if (k < i)
+            P *= x->shape[k];
+        else if (k > i)
+            Q *= x->shape[k];
+    }
+    int64_t s4[4] = {P, 1, a, Q}, e4[4] = {P, r, a, Q}, out[NT_MAX_DIMS];
+    for (int k = 0; k < x->ndim; k++)
+        out[k] = k == i ? r * a : x->shape[k];
+    nt_tensor *y = nt_reshape_at(site, x, 4, s4);
+    y = y ? nt_expand_at(site, y, 4, e4) : NULL;
+    y = y ? nt__copy_to(site, "nt_repeat", y, (nt_dtype)-1) : NULL;
+    return y ? nt_reshape_at(site, y, x->ndim, out) : NULL;
+}
+
+NT_API nt_tensor *nt_repeat_at(const nt_site *site, nt_tensor *t, const int64_t *repeats, int n)
+{
+    const char *fn = "nt_repeat";
+    if (!nt__ensure_init() || !nt__check_arg(site, fn, "t", t))
+        return NULL;
+    if (n < t->ndim || n > NT_MAX_DIMS || (n > 0 && !repeats)) {
+        nt__err(site, NT_EINVAL, fn, "argument 'n' is %d; expected %d..%d (t's dims or more) "
+                "with a repeats array", n, t->ndim, NT_MAX_DIMS);
+        return NULL;
+    }
+    int64_t sh[NT_MAX_DIMS], total = 1;
+    for (int i = 0; i < n; i++) {
+        int64_t a = i < n - t->ndim ? 1 : t->shape[i - (n - t->ndim)];
+        if (repeats[i] < 0) {
+            nt__err(site, NT_EINVAL, fn, "repeats[%d] is %lld; expected >= 0", i,
+                    (long long)repeats[i]);
+            return NULL;
+        }
+        if (__builtin_mul_overflow(a, repeats[i], &sh[i]) ||
+            __builtin_mul_overflow(total, sh[i], &total) || total > NT__MAX_NUMEL) {
+            nt__err(site, NT_EINVAL, fn, "the result would have more than 2^48 elements (the "
+                    "most a tensor may have)");
+            return NULL;
+        }
+    }
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *y = t;
+    if (n > t->ndim) { /* leading repeats add dims of 1 */
+        int64_t s1[NT_MAX_DIMS];
+        for (int i = 0; i < n; i++)
+            s1[i] = i < n - t->ndim ? 1 : t->shape[i - (n - t->ndim)];
+        y = nt_reshape_at(site, y, n, s1);
+    }
+    bool copied = false;
+    for (int i = 0; y && i < n; i++)
+        if (repeats[i] != 1) {
+            y = repeat_dim(site, y, i, repeats[i]);
+            copied = true;
+        }
+    if (y && !copied) /* all ones: still a new tensor, as in PyTorch */
+        y = nt__copy_to(site, fn, y, (nt_dtype)-1);
+    if (y)
+        nt_keep(y);
+    nt_scope_end(s);
+    return y ? nt__scope_adopt(y) : NULL;
+}
+NT_API nt_tensor *nt_repeat(nt_tensor *t, const int64_t *repeats, int n)
+{
+    return nt_repeat_at(NT_RA_SITE, t, repeats, n);
+}
+
+/* ---------------- split ---------------- */
+
+NT_API int nt_split_at(const nt_site *site, nt_tensor *t, int64_t split_size, int dim,
+                       nt_tensor **out, int max_out)
+{
+    const char *fn = "nt_split";
+    if (!nt__ensure_init())
+        return nt_last_error() ? nt_last_error() : NT_ESTATE;
+    if (!nt__check_arg(site, fn, "t", t))
+        return nt_last_error();
+    int d = nt__norm_dim(dim, t->ndim);
+    if (d < 0) {
+        nt__err(site, NT_EDIM, fn, "dim %d is out of range for a tensor with %d dims", dim,
+                t->ndim);
+        return NT_EDIM;
+    }
+    if (split_size <= 0) {
+        nt__err(site, NT_EINVAL, fn, "argument 'split_size' is %lld; expected >= 1",
+                (long long)split_size);
+        return NT_EINVAL;
+    }
+    int64_t len = t->shape[d];
+    int64_t cnt = len == 0 ? 1 : (len - 1) / split_size + 1;
+    if (!out && max_out == 0)
+        return cnt > INT32_MAX ? INT32_MAX : (int)cnt;
+    if (!out || max_out < cnt) {
+        nt__err(site, NT_EINVAL, fn, "argument 'max_out' is %d%s; the split makes %lld views",
+                max_out, out ? "" : " with out NULL", (long long)cnt);
+        return NT_EINVAL;
+    }
+    for (int64_t k = 0; k < cnt; k++) {
+        int64_t a = k * split_size, b = len - a < split_size ? len : a + split_size;
+        out[k] = nt_slice_at(site, t, d, a, b, 1);
+        if (!out[k]) {
+            int rc = nt_last_error();
+            while (k-- > 0) {
+                nt_release(out[k]);
+                out[k] = NULL;
+            }
+            return rc ? rc : NT_EINVAL;
+        }
+    }
+    return (int)cnt;
+}
+NT_API int nt_split(nt_tensor *t, int64_t split_size, int dim, nt_tensor **out, int max_out)
+{
+    return nt_split_at(NT_RA_SITE, t, split_size, dim, out, max_out);
+}
