@@ -390,11 +390,9 @@ enum { UN_NEG, UN_EXP, UN_LOG, UN_SQRT, UN_RSQRT, UN_ABS, UN_RELU, UN_GELU, UN_S
        UN_SILU, UN_COUNT };
 static const char *const un_name[UN_COUNT] = {"neg", "exp", "log", "sqrt", "rsqrt", "abs", "relu",
                                               "gelu", "sigmoid", "tanh", "silu"};
-/* The unary ops added since (softplus, mish, reciprocal, bitwise_not) have
- * their double-precision references in tests/test_conformance.c; a new
- * one gets its reference here or there. */
-_Static_assert(UN_COUNT + 4 == NT__N_UNARY,
-               "core/optable.h's unary group changed: add the op's reference test");
+/* The unary ops added since (softplus, mish, ...) have their double-
+ * precision references in tests/test_conformance.c, which fails for a
+ * public elementwise op with none. */
 
 static nt_tensor *un_apply(int op, nt_tensor *t)
 {
