@@ -40,6 +40,8 @@ static inline float nt__ew_softplus(float a)
 }
 static inline float nt__ew_mish(float a) { return a * nt__tanhf(nt__ew_softplus(a)); }
 static inline float nt__ew_reciprocal(float a) { return 1.0f / a; }
+/* PyTorch's x / (1 + |x|); NaN stays NaN, +-Inf gives NaN as there */
+static inline float nt__ew_softsign(float a) { return a / (1.0f + fabsf(a)); }
 
 /* ---- unary: derivatives, d/dx f as a function of x or of y = f(x) (the
  * save column of core/optable.h says which).  The generic backward
@@ -73,6 +75,12 @@ static inline float nt__ew_softplus_dx(float x)
 }
 /* -1/x^2 = -y^2; g * -(y*y) has the bits of PyTorch's -g * (y*y) */
 static inline float nt__ew_reciprocal_dx(float y) { return -(y * y); }
+/* 1 / (1 + |x|)^2, squared after the sum is rounded */
+static inline float nt__ew_softsign_dx(float x)
+{
+    float d = 1.0f + fabsf(x);
+    return 1.0f / (d * d);
+}
 /* tanh(sp) + x sigmoid(x) (1 - tanh(sp)^2), sp = softplus(x) */
 static inline float nt__ew_mish_dx(float x)
 {

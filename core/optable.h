@@ -128,6 +128,7 @@ typedef enum nt__opkind {
     X(SILU, silu, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, silu, I0, NT_ACT_SILU)               \
     X(SOFTPLUS, softplus, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, dx, I0, NT__SIM_TABLE)        \
     X(MISH, mish, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT__SIM_TABLE)              \
+    X(SOFTSIGN, softsign, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT__SIM_TABLE)      \
     X(RECIPROCAL, reciprocal, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, dx, O0, NT__SIM_TABLE)    \
     X(BITWISE_NOT, bitwise_not, 1, NT_KIND_UNARY, 0, INTONLY, KEEP, nograd, 0, NT__SIM_SEQ)
 

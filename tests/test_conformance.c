@@ -696,6 +696,11 @@ static double r_softplus(double x, double s0, double s1)
     return x > 20 ? x : log1p(exp(x));
 }
 static double r_mish(double x, double s0, double s1) { return x * tanh(r_softplus(x, s0, s1)); }
+static double r_softsign(double x, double s0, double s1)
+{
+    (void)s0, (void)s1;
+    return x / (1.0 + fabs(x));
+}
 static double r_reciprocal(double x, double s0, double s1)
 {
     (void)s0, (void)s1;
@@ -720,6 +725,7 @@ static int32_t r_not(int32_t x) { return (int32_t)~(uint32_t)x; }
 static const ref refs[] = {
     {NT_OP_SOFTPLUS, r_softplus, NULL, 0, 0, 3},
     {NT_OP_MISH, r_mish, NULL, 0, 0, 4},
+    {NT_OP_SOFTSIGN, r_softsign, NULL, 0, 0, 2}, /* two roundings: 1 + |x|, then / */
     {NT_OP_RECIPROCAL, r_reciprocal, NULL, 0, 0, 0},
     {NT_OP_LEAKY_RELU, r_leaky, NULL, 0.01, 0, 0},
     {NT_OP_HARDTANH, r_hardtanh, NULL, -1.0, 1.0, 0},

@@ -49,6 +49,7 @@ NT_API nt_tensor *nt_tanh(nt_tensor *t);
 NT_API nt_tensor *nt_silu(nt_tensor *t);
 NT_API nt_tensor *nt_softplus(nt_tensor *t);
 NT_API nt_tensor *nt_mish(nt_tensor *t);
+NT_API nt_tensor *nt_softsign(nt_tensor *t);
 NT_API nt_tensor *nt_reciprocal(nt_tensor *t);
 NT_API nt_tensor *nt_bitwise_not(nt_tensor *t);
 

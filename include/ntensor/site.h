@@ -75,6 +75,7 @@ NT_API nt_tensor *nt_tanh_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_silu_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_softplus_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_mish_at(const nt_site *site, nt_tensor *t);
+NT_API nt_tensor *nt_softsign_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_reciprocal_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_bitwise_not_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_cast_at(const nt_site *site, nt_tensor *t, nt_dtype dt);
@@ -187,6 +188,7 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
     X(nt_tensor *, nt_silu, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_softplus, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_mish, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(nt_tensor *, nt_softsign, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_reciprocal, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_bitwise_not, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_cast, (nt_tensor *t, nt_dtype dt), (const nt_site *site, nt_tensor *t, nt_dtype dt), 2) \
@@ -287,6 +289,7 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 #define nt_silu(...) nt_silu_at(NT_HERE, __VA_ARGS__)
 #define nt_softplus(...) nt_softplus_at(NT_HERE, __VA_ARGS__)
 #define nt_mish(...) nt_mish_at(NT_HERE, __VA_ARGS__)
+#define nt_softsign(...) nt_softsign_at(NT_HERE, __VA_ARGS__)
 #define nt_reciprocal(...) nt_reciprocal_at(NT_HERE, __VA_ARGS__)
 #define nt_bitwise_not(...) nt_bitwise_not_at(NT_HERE, __VA_ARGS__)
 #define nt_cast(...) nt_cast_at(NT_HERE, __VA_ARGS__)
