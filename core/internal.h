@@ -555,9 +555,23 @@ bool nt__ensure_init(void);
 
 uint64_t nt__now_ns(void);
 
+/* core/tensor.c: the handle pool and the per-thread scopes, which nt_init
+ * and nt_shutdown (dispatcher/config.c) start and stop */
+void nt__tensor_pool_init(void);
+void nt__tensor_pool_shutdown(void);
+void nt__scopes_close_thread(void);
+uint64_t nt__tensor_live_handles(void);
+
+/* core/print.c: a ready tensor's values as text (nt_print, nt_format);
+ * free() it; NULL when the host is out of memory */
+char *nt__format_tensor(nt_tensor *t);
+
 /* Logging through glib (NT_LOG) */
 #define NT_LOG_DOMAIN "ntensor"
 void nt__log(int level, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+/* the handler nt__log prints through; nt_init installs it for GLib's own
+ * messages of the domain NT_LOG_DOMAIN */
+void nt__log_handler(const gchar *domain, GLogLevelFlags level, const gchar *msg, gpointer u);
 enum { NT__LOG_ERROR = 0, NT__LOG_WARN = 1, NT__LOG_INFO = 2, NT__LOG_DEBUG = 3 };
 
 #endif

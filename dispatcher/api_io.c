@@ -6,7 +6,6 @@
 #include "dispatcher/dispatch.h"
 #include "streams/stream.h"
 
-char *nt__format_tensor(nt_tensor *t); /* core/print.c */
 
 static bool check_shape(const nt_site *site, const char *fn, int ndim, const int64_t *shape)
 {

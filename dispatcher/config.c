@@ -19,48 +19,6 @@ nt__counters nt__ctr;
 
 static GMutex init_lock;
 
-void nt__tensor_pool_init(void);
-void nt__tensor_pool_shutdown(void);
-void nt__scopes_close_thread(void);
-uint64_t nt__tensor_live_handles(void);
-
-uint64_t nt__now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static void log_handler(const gchar *domain, GLogLevelFlags level, const gchar *msg, gpointer u);
-
-void nt__log(int level, const char *fmt, ...)
-{
-    if (level > NT__CFG(log_level))
-        return;
-    /* Formatted on the stack and handed to the handler directly: g_log
-     * copies the message on the heap and aborts when the host is out of
-     * memory, which is when a warning matters most. */
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    static const GLogLevelFlags gl[] = {G_LOG_LEVEL_CRITICAL, G_LOG_LEVEL_WARNING,
-                                        G_LOG_LEVEL_MESSAGE, G_LOG_LEVEL_DEBUG};
-    log_handler(NT_LOG_DOMAIN, gl[level], msg, NULL);
-}
-
-/* NT_LOG filters; this handler prints what passes, one plain line each. */
-static void log_handler(const gchar *domain, GLogLevelFlags level, const gchar *msg, gpointer u)
-{
-    (void)domain, (void)u;
-    const char *name = (level & G_LOG_LEVEL_CRITICAL)  ? "error"
-                       : (level & G_LOG_LEVEL_WARNING) ? "warning"
-                       : (level & G_LOG_LEVEL_MESSAGE) ? "info"
-                                                       : "debug";
-    fprintf(stderr, "ntensor: %s: %s\n", name, msg);
-}
-
 /* ---------------- options ---------------- */
 
 static bool parse_bool(const char *v, bool *out)
@@ -364,7 +322,7 @@ int nt__runtime_init(void (*register_modules)(void))
     /* Once per process: each call adds a handler GLib keeps for good. */
     static guint log_handler_id;
     if (!log_handler_id)
-        log_handler_id = g_log_set_handler(NT_LOG_DOMAIN, G_LOG_LEVEL_MASK, log_handler, NULL);
+        log_handler_id = g_log_set_handler(NT_LOG_DOMAIN, G_LOG_LEVEL_MASK, nt__log_handler, NULL);
     memset(&nt__ctr, 0, sizeof nt__ctr);
     nt__gemm_keys_init();
     /* GLib makes its own thread key (g_thread_self's) when the first GLib
