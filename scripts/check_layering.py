@@ -10,7 +10,11 @@ include goes up.  The script fails, naming file:line and the include, when
     path: "core/internal.h");
   - a library file declares a weak symbol or a constructor/destructor: a
     call between modules goes through a table that nt_init fills
-    (init/init.c), which the includes show and the compiler checks.
+    (init/init.c), which the includes show and the compiler checks;
+  - an internal function (nt__*) is declared in a unit below the one that
+    defines it (a call up the layers that no include shows), or a .c file
+    writes its own prototype of another unit's function (the compiler would
+    not see a signature change).
 
 Usage: check_layering.py [--tap] [--matrix] [ROOT]
   --tap     print TAP (the meson test 'layering')
@@ -141,6 +145,46 @@ def scan(root):
     return layer_errs, banned_errs, matrix
 
 
+# a non-static function definition / a prototype, starting in column 0
+DEFN = re.compile(r"^(?!static\b)[A-Za-z_][\w \t*]*?\b(nt__\w+)\s*\(([^;{}]*)\)\s*\{", re.M)
+DECL = re.compile(r"^(?!static\b|typedef\b|return\b)[A-Za-z_][\w \t*]*?\b(nt__\w+)\s*\(([^;{}]*)\)"
+                  r"\s*(?:G_GNUC_\w+(?:\([^()]*\))?\s*)*;", re.M)
+
+
+def strip_comments(text):
+    return re.sub(r"/\*.*?\*/|//[^\n]*", lambda m: re.sub(r"[^\n]", " ", m.group(0)), text,
+                  flags=re.S)
+
+
+def scan_decls(root):
+    """Where each internal function is defined, and every prototype of it."""
+    defined, decls = {}, []
+    for rel in library_files(root):
+        with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as fh:
+            text = strip_comments(fh.read())
+        line_of = lambda pos: text.count("\n", 0, pos) + 1
+        if rel.endswith(".c"):
+            for m in DEFN.finditer(text):
+                defined.setdefault(m.group(1), rel)
+        for m in DECL.finditer(text):
+            decls.append((m.group(1), rel, line_of(m.start(1))))
+    errs = []
+    for name, rel, no in decls:
+        home = defined.get(name)
+        if home is None:
+            continue  # a public function's _at form, or defined by a macro
+        du, hu = unit_of(rel), unit_of(home)
+        if du == hu:
+            continue
+        if rel.endswith(".c"):
+            errs.append(f"{rel}:{no}: {name} is {home}'s: declare it in {hu}'s header, "
+                        "not in the caller")
+        elif RANK[du] < RANK[hu]:
+            errs.append(f"{rel}:{no}: {name} is declared in {du} (rank {RANK[du]}) but defined "
+                        f"in {home} ({hu}, rank {RANK[hu]}): a call up the layers")
+    return errs
+
+
 def main(argv):
     tap = "--tap" in argv
     want_matrix = "--matrix" in argv
@@ -148,6 +192,7 @@ def main(argv):
     root = os.path.abspath(args[0] if args else os.path.join(os.path.dirname(__file__), ".."))
     table_errs = check_table()
     layer_errs, banned_errs, matrix = scan(root)
+    decl_errs = scan_decls(root)
     if want_matrix:
         for u, _, _ in LAYERS:
             if u in matrix:
@@ -157,6 +202,7 @@ def main(argv):
         ("the layer table has no cycle", table_errs),
         ("every include goes down the layering", layer_errs),
         ("no weak symbol or constructor in the library", banned_errs),
+        ("every internal function is declared by its own unit or above", decl_errs),
     ]
     failed = 0
     if tap:
