@@ -180,7 +180,12 @@ typedef enum nt__opkind {
     X(GE, ge, 2, NT_KIND_CMP, 0, INT, KEEP, nograd, 0, NT_ALU_GE)
 
 /* min .. index_select at the end: the reductions and gathers of the
- * Torch-to-NKIPy op registry that ntensor lacked (issue 15). */
+ * Torch-to-NKIPy op registry that ntensor lacked (issue 15).  tril, triu
+ * and masked_fill (issue 13) are selects, kind WHERE, so every backend runs
+ * them and the planner fuses them like nt_where: the dispatcher makes the
+ * condition and the fill (tril/triu: inputs mask, t, 0 with the u8 mask
+ * built on the device from two aranges; masked_fill: mask, value, t with
+ * the value a 0-d tensor of t's dtype), and the backward is where's. */
 #define NT_OPS_MISC(X)                                                      \
     X(WHERE, where, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)              \
     X(SUM, sum, 1, NT_KIND_REDUCE, NT_OPF_DIFF, INT, F32, sum, 0, NT__SIM_NONE)                     \
@@ -200,7 +205,10 @@ typedef enum nt__opkind {
     X(ANY, any, 1, NT_KIND_REDUCE, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)                           \
     X(NORM, norm, 1, NT_KIND_REDUCE, NT_OPF_DIFF, FLOAT, F32, norm, I0O0, NT__SIM_NONE)             \
     X(GATHER, gather, 2, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, gather, I1, NT__SIM_NONE)          \
-    X(INDEX_SELECT, index_select, 2, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, gather, I1, NT__SIM_NONE)
+    X(INDEX_SELECT, index_select, 2, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, gather, I1, NT__SIM_NONE) \
+    X(TRIL, tril, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)                \
+    X(TRIU, triu, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)                \
+    X(MASKED_FILL, masked_fill, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)
 
 /* Views (no kernel: metadata only) and composites that autograd records as
  * one node.  nin 0 = variadic (cat). */

@@ -378,6 +378,11 @@ int nt__cpu_where(const nt__rec *r)
     drive(r, v, setup(r, v, 3), where_chunk);
     return 0;
 }
+/* tril, triu, masked_fill: selects whose condition and fill the dispatcher
+ * made (core/optable.h) */
+int nt__cpu_tril(const nt__rec *r) { return nt__cpu_where(r); }
+int nt__cpu_triu(const nt__rec *r) { return nt__cpu_where(r); }
+int nt__cpu_masked_fill(const nt__rec *r) { return nt__cpu_where(r); }
 
 /* ---------------- copy / cast ---------------- */
 

@@ -236,6 +236,142 @@ NT_API nt_tensor *nt_where(nt_tensor *cond, nt_tensor *a, nt_tensor *b)
     return nt_where_at(NT_RA_SITE, cond, a, b);
 }
 
+/* ---------------- tril, triu, masked_fill ---------------- */
+
+/* A select the dispatcher set up (core/optable.h): in = {cond, a, b}, the
+ * result t's shape and dtype.  The caller releases its temporaries after
+ * (a queued record keeps its inputs alive). */
+static nt_tensor *select_op(const nt_site *site, const char *fn, int op, nt_tensor *cond,
+                            nt_tensor *a, nt_tensor *b, const char *names, nt_tensor *t)
+{
+    nt__call c;
+    nt_tensor *in[3] = {cond, a, b};
+    if (!nt__call_begin(&c, site, fn, op, 3, in, names))
+        return nt__call_fail(&c);
+    c.ondim[0] = t->ndim;
+    for (int i = 0; i < t->ndim; i++)
+        c.oshape[0][i] = t->shape[i];
+    c.odt[0] = (nt_dtype)t->dtype;
+    c.flops = (double)nt__numel(t->ndim, t->shape);
+    return nt__dispatch(&c);
+}
+
+/* u8 [R, C] mask of the kept triangle: col - row <= d (tril) or >= d
+ * (triu), computed on the device.  d is clamped to [-R, C], which keeps
+ * every answer and keeps col - row - d inside i32. */
+static nt_tensor *tri_mask(const nt_site *site, int64_t R, int64_t C, int64_t d, bool lower)
+{
+    if (d < -R)
+        d = -R;
+    if (d > C)
+        d = C;
+    int64_t sh[2] = {R, C};
+    nt_scope *s = nt_scope_begin();
+    if (!s)
+        return NULL;
+    nt_tensor *m = NULL;
+    if (R == 0 || C == 0) {
+        m = nt_zeros_at(site, NT_U8, 2, sh);
+    } else {
+        nt_tensor *row = nt_reshape_at(site, nt_arange_at(site, NT_I32, 0, (double)R, 1),
+                                       2, (int64_t[]){R, 1});
+        nt_tensor *col = nt_reshape_at(site, nt_arange_at(site, NT_I32, 0, (double)C, 1),
+                                       2, (int64_t[]){1, C});
+        nt_tensor *off = nt_sub_at(site, col, row);
+        nt_tensor *dd = nt_full_at(site, NT_I32, 0, NULL, (double)d);
+        if (off && dd)
+            m = lower ? nt_le_at(site, off, dd) : nt_ge_at(site, off, dd);
+    }
+    if (m)
+        nt_keep(m);
+    nt_scope_end(s);
+    return m;
+}
+
+static nt_tensor *tri(const nt_site *site, const char *fn, int op, nt_tensor *t,
+                      int64_t diagonal)
+{
+    if (!nt__ensure_init() || !nt__check_arg(site, fn, "t", t))
+        return NULL;
+    if (t->ndim < 2) {
+        char s1[128];
+        nt__err(site, NT_ESHAPE, fn,
+                "argument 't' %s must have at least 2 dimensions (the matrix is the last two)",
+                nt__shape_str(t->ndim, t->shape, s1, sizeof s1));
+        return NULL;
+    }
+    nt_tensor *m = tri_mask(site, t->shape[t->ndim - 2], t->shape[t->ndim - 1], diagonal,
+                            op == NT_OP_TRIL);
+    if (!m)
+        return NULL;
+    nt_tensor *z = nt_zeros_at(site, (nt_dtype)t->dtype, 0, NULL);
+    if (!z) {
+        nt_release(m);
+        return NULL;
+    }
+    nt_keep(z);
+    nt_tensor *y = select_op(site, fn, op, m, t, z, "mask,t,zero", t);
+    nt_release(m);
+    nt_release(z);
+    return y;
+}
+
+NT_API nt_tensor *nt_tril_at(const nt_site *site, nt_tensor *t, int64_t diagonal)
+{
+    return tri(site, "nt_tril", NT_OP_TRIL, t, diagonal);
+}
+NT_API nt_tensor *nt_tril(nt_tensor *t, int64_t diagonal)
+{
+    return nt_tril_at(NT_RA_SITE, t, diagonal);
+}
+NT_API nt_tensor *nt_triu_at(const nt_site *site, nt_tensor *t, int64_t diagonal)
+{
+    return tri(site, "nt_triu", NT_OP_TRIU, t, diagonal);
+}
+NT_API nt_tensor *nt_triu(nt_tensor *t, int64_t diagonal)
+{
+    return nt_triu_at(NT_RA_SITE, t, diagonal);
+}
+
+NT_API nt_tensor *nt_masked_fill_at(const nt_site *site, nt_tensor *t, nt_tensor *mask,
+                                    double value)
+{
+    const char *fn = "nt_masked_fill";
+    if (!nt__ensure_init() || !nt__check_arg(site, fn, "t", t) ||
+        !nt__check_arg(site, fn, "mask", mask))
+        return NULL;
+    if (mask->dtype != NT_U8) {
+        nt__err(site, NT_EDTYPE, fn, "argument 'mask' has dtype %s; expected u8",
+                nt_dtype_name((nt_dtype)mask->dtype));
+        return NULL;
+    }
+    int nd;
+    int64_t sh[NT_MAX_DIMS];
+    bool same = nt__broadcast(mask->ndim, mask->shape, t->ndim, t->shape, &nd, sh) &&
+                nd == t->ndim;
+    for (int i = 0; same && i < nd; i++)
+        same = sh[i] == t->shape[i];
+    if (!same) {
+        char s1[128], s2[128];
+        nt__err(site, NT_ESHAPE, fn, "argument 'mask' %s does not broadcast to 't' %s",
+                nt__shape_str(mask->ndim, mask->shape, s1, sizeof s1),
+                nt__shape_str(t->ndim, t->shape, s2, sizeof s2));
+        return NULL;
+    }
+    /* the value rounds to t's dtype exactly as nt_full rounds it */
+    nt_tensor *v = nt_full_at(site, (nt_dtype)t->dtype, 0, NULL, value);
+    if (!v)
+        return NULL;
+    nt_keep(v);
+    nt_tensor *y = select_op(site, fn, NT_OP_MASKED_FILL, mask, v, t, "mask,value,t", t);
+    nt_release(v);
+    return y;
+}
+NT_API nt_tensor *nt_masked_fill(nt_tensor *t, nt_tensor *mask, double value)
+{
+    return nt_masked_fill_at(NT_RA_SITE, t, mask, value);
+}
+
 /* ---------------- casts and copies ---------------- */
 
 /* A copy (dt == -1) or a cast.  An f32 -> bf16/f16 cast rounds

@@ -310,6 +310,20 @@ NT_API nt_tensor *nt_keep(nt_tensor *t);
  *  dtype (nonzero is true); the result has a's and b's promoted dtype. */
 NT_API nt_tensor *nt_where(nt_tensor *cond, nt_tensor *a, nt_tensor *b);
 
+/** The lower (tril) or upper (triu) triangle of the last two dims of t,
+ *  batched over the leading ones, the rest zero: element (i, j) is kept when
+ *  j - i <= diagonal (tril) or j - i >= diagonal (triu), like torch.tril and
+ *  torch.triu.  Any dtype and any diagonal; t needs at least 2 dims.  The
+ *  gradient passes through the same triangle. */
+NT_API nt_tensor *nt_tril(nt_tensor *t, int64_t diagonal);
+NT_API nt_tensor *nt_triu(nt_tensor *t, int64_t diagonal);
+/** t with `value` where the u8 `mask` (broadcast to t's shape) is nonzero,
+ *  like torch.Tensor.masked_fill.  value rounds to t's dtype exactly as
+ *  nt_full rounds it (NaN into an integer dtype is accepted and stored as
+ *  nt_full stores it).  The gradient is g where mask is 0, 0 elsewhere; the
+ *  mask gets none. */
+NT_API nt_tensor *nt_masked_fill(nt_tensor *t, nt_tensor *mask, double value);
+
 /** Tensor-scalar ops.  The result keeps t's dtype, except that an integer
  *  tensor with a non-integral scalar gives f32. */
 NT_API nt_tensor *nt_add_scalar(nt_tensor *t, double s); /* t + s */

@@ -54,6 +54,10 @@ NT_API nt_tensor *nt_le_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_gt_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_ge_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_where_at(const nt_site *site, nt_tensor *cond, nt_tensor *a, nt_tensor *b);
+NT_API nt_tensor *nt_tril_at(const nt_site *site, nt_tensor *t, int64_t diagonal);
+NT_API nt_tensor *nt_triu_at(const nt_site *site, nt_tensor *t, int64_t diagonal);
+NT_API nt_tensor *nt_masked_fill_at(const nt_site *site, nt_tensor *t, nt_tensor *mask,
+                                    double value);
 NT_API nt_tensor *nt_add_scalar_at(const nt_site *site, nt_tensor *t, double s);
 NT_API nt_tensor *nt_mul_scalar_at(const nt_site *site, nt_tensor *t, double s);
 NT_API nt_tensor *nt_div_scalar_at(const nt_site *site, nt_tensor *t, double s);
@@ -168,6 +172,9 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
     X(nt_tensor *, nt_gt, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_ge, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_where, (nt_tensor *cond, nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *cond, nt_tensor *a, nt_tensor *b), 3) \
+    X(nt_tensor *, nt_tril, (nt_tensor *t, int64_t diagonal), (const nt_site *site, nt_tensor *t, int64_t diagonal), 2) \
+    X(nt_tensor *, nt_triu, (nt_tensor *t, int64_t diagonal), (const nt_site *site, nt_tensor *t, int64_t diagonal), 2) \
+    X(nt_tensor *, nt_masked_fill, (nt_tensor *t, nt_tensor *mask, double value), (const nt_site *site, nt_tensor *t, nt_tensor *mask, double value), 3) \
     X(nt_tensor *, nt_add_scalar, (nt_tensor *t, double s), (const nt_site *site, nt_tensor *t, double s), 2) \
     X(nt_tensor *, nt_mul_scalar, (nt_tensor *t, double s), (const nt_site *site, nt_tensor *t, double s), 2) \
     X(nt_tensor *, nt_div_scalar, (nt_tensor *t, double s), (const nt_site *site, nt_tensor *t, double s), 2) \
@@ -269,6 +276,9 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 #define nt_gt(...) nt_gt_at(NT_HERE, __VA_ARGS__)
 #define nt_ge(...) nt_ge_at(NT_HERE, __VA_ARGS__)
 #define nt_where(...) nt_where_at(NT_HERE, __VA_ARGS__)
+#define nt_tril(...) nt_tril_at(NT_HERE, __VA_ARGS__)
+#define nt_triu(...) nt_triu_at(NT_HERE, __VA_ARGS__)
+#define nt_masked_fill(...) nt_masked_fill_at(NT_HERE, __VA_ARGS__)
 #define nt_add_scalar(...) nt_add_scalar_at(NT_HERE, __VA_ARGS__)
 #define nt_mul_scalar(...) nt_mul_scalar_at(NT_HERE, __VA_ARGS__)
 #define nt_div_scalar(...) nt_div_scalar_at(NT_HERE, __VA_ARGS__)

@@ -45,6 +45,9 @@ static const nt__kernel_fn sk_table[NT_OP_COUNT] = {
     [NT_OP_GATHER] = nt__sk_gather,
     [NT_OP_INDEX_SELECT] = nt__sk_gather,
     [NT_OP_INDEX_ADD] = nt__sk_index_add,
+    [NT_OP_TRIL] = nt__sk_ew,
+    [NT_OP_TRIU] = nt__sk_ew,
+    [NT_OP_MASKED_FILL] = nt__sk_ew,
 };
 #undef SK_EW
 
