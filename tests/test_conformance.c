@@ -100,7 +100,11 @@ static spec spec_of(int op)
     case NT_KIND_REDUCE: shp(&s, 2, 4, 33); break;
     case NT_KIND_BINARY:
     case NT_KIND_CMP: shp(&s, 2, 4, 33); shp(&s, 1, 33, 0); break;
-    case NT_KIND_WHERE: shp(&s, 2, 4, 33); shp(&s, 2, 4, 33); break;
+    case NT_KIND_WHERE:
+        shp(&s, 2, 4, 33);
+        if (op == NT_OP_WHERE)
+            shp(&s, 2, 4, 33);
+        break;
     case NT_KIND_ROW:
         shp(&s, 2, 4, 33);
         if (op == NT_OP_LAYER_NORM || op == NT_OP_RMS_NORM)
@@ -252,6 +256,19 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
         return nt__binary(NT_HERE, I->api, op, in[0], in[1]);
     case NT_KIND_CMP: return nt__binary(NT_HERE, I->api, op, in[0], in[1]);
     case NT_KIND_WHERE: {
+        if (op == NT_OP_TRIL)
+            return nt_tril(in[0], 1);
+        if (op == NT_OP_TRIU)
+            return nt_triu(in[0], -2);
+        if (op == NT_OP_MASKED_FILL) {
+            /* a fixed mask, broadcast over the rows: one the gradcheck's
+             * steps cannot flip */
+            uint8_t m[33];
+            for (int k = 0; k < 33; k++)
+                m[k] = k % 3 == 0;
+            nt_tensor *mk = nt_from_host(m, NT_U8, 2, (int64_t[]){1, 33});
+            return nt_masked_fill(in[0], mk, nt__dtype_is_float(nt_dtype_of(in[0])) ? -2.5 : 7);
+        }
         nt_tensor *z = nt_zeros(nt_dtype_of(in[0]), 0, NULL);
         return nt_where(nt_gt(in[0], z), in[0], in[1]);
     }
@@ -751,6 +768,133 @@ static double ulps(float a, double r)
 
 static void check_ref1(const ref *R);
 
+/* tril, triu, masked_fill against a plain host loop over the bytes: every
+ * dtype, batched and non-square shapes, diagonals beyond the size either
+ * way, broadcast masks, empty tensors; cpu and sim, bit for bit.  The fill
+ * value's bytes are nt_full's (the op promises its rounding). */
+static bool tri_keep(int op, int64_t i, int64_t j, int64_t d)
+{
+    return op == NT_OP_TRIL ? j - i <= d : j - i >= d;
+}
+
+static int64_t check_mask_ref1(int op, const char *be, nt_dtype dt, int nd, const int64_t *sh,
+                               int64_t d, int mnd, const int64_t *msh, double value)
+{
+    int64_t n = 1, es = (int64_t)nt_dtype_size(dt);
+    for (int k = 0; k < nd; k++)
+        n *= sh[k];
+    float *xf = malloc((size_t)(n ? n : 1) * sizeof(float));
+    for (int64_t k = 0; k < n; k++)
+        xf[k] = (float)((double)(k * 37 % 101) * 0.75 - 30.0);
+    if (n > 3)
+        xf[1] = -0.0f, xf[2] = NAN, xf[3] = -INFINITY;
+    nt_tensor *x = n ? nt_cast(nt_from_host(xf, NT_F32, nd, sh), dt) : nt_zeros(dt, nd, sh);
+    assert_non_null(x);
+    unsigned char *xb = malloc((size_t)(n * es + 1)), *yb = malloc((size_t)(n * es + 1));
+    if (n)
+        assert_int_equal(nt_to_host(x, xb, (size_t)(n * es)), 0);
+    nt_tensor *y;
+    unsigned char fill[4] = {0}, *mb = NULL;
+    int64_t mst[NT_MAX_DIMS] = {0};
+    if (op == NT_OP_MASKED_FILL) {
+        int64_t mn = 1;
+        for (int k = 0; k < mnd; k++)
+            mn *= msh[k];
+        mb = malloc((size_t)(mn + 1));
+        for (int64_t k = 0; k < mn; k++)
+            mb[k] = (uint8_t)(k % 3 == 1 ? 1 : k % 5 == 0 ? 255 : 0);
+        nt_tensor *m = mn ? nt_from_host(mb, NT_U8, mnd, msh) : nt_zeros(NT_U8, mnd, msh);
+        y = nt_masked_fill(x, m, value);
+        assert_int_equal(nt_to_host(nt_full(dt, 0, NULL, value), fill, (size_t)es), 0);
+        /* the mask's strides against x's dims, right-aligned, 0 where broadcast */
+        int64_t st = 1;
+        for (int k = mnd - 1; k >= 0; k--) {
+            mst[nd - mnd + k] = msh[k] == 1 ? 0 : st;
+            st *= msh[k];
+        }
+    } else {
+        y = op == NT_OP_TRIL ? nt_tril(x, d) : nt_triu(x, d);
+    }
+    assert_non_null(y);
+    assert_int_equal(nt_ndim(y), nd);
+    for (int k = 0; k < nd; k++)
+        assert_int_equal(nt_shape(y, k), sh[k]);
+    assert_int_equal(nt_dtype_of(y), dt);
+    int64_t bad = 0;
+    if (n) {
+        assert_int_equal(nt_to_host(y, yb, (size_t)(n * es)), 0);
+        int64_t R = sh[nd - 2 >= 0 ? nd - 2 : 0], C = sh[nd - 1];
+        for (int64_t e = 0; e < n; e++) {
+            const unsigned char *want;
+            static const unsigned char zero[4];
+            if (op == NT_OP_MASKED_FILL) {
+                int64_t rem = e, mo = 0;
+                for (int k = nd - 1; k >= 0; k--) {
+                    mo += (rem % sh[k]) * mst[k];
+                    rem /= sh[k];
+                }
+                want = mb[mo] ? fill : xb + e * es;
+            } else {
+                int64_t i = (e / C) % R, j = e % C;
+                want = tri_keep(op, i, j, d) ? xb + e * es : zero;
+            }
+            if (memcmp(yb + e * es, want, (size_t)es))
+                bad++;
+        }
+    } else {
+        assert_int_equal(nt_numel(y), 0);
+    }
+    if (bad)
+        print_message("# %s %s %s nd %d d %lld value %g: %lld elements differ\n", be,
+                      nt__ops[op].name, nt_dtype_name(dt), nd, (long long)d, value, (long long)bad);
+    free(xf), free(xb), free(yb), free(mb);
+    return bad;
+}
+
+static void check_mask_ref(int op)
+{
+    static const char *be[2] = {"cpu", "sim"};
+    static const struct { int nd; int64_t sh[3]; } shapes[] = {
+        {2, {3, 4}}, {2, {5, 2}}, {3, {2, 3, 5}}, {2, {1, 1}}, {2, {0, 4}}, {3, {2, 4, 0}},
+        {2, {17, 33}},
+    };
+    static const int64_t diags[] = {INT64_MIN, -100, -4, -1, 0, 1, 3, 100, INT64_MAX};
+    static const double values[] = {1.5, -INFINITY, NAN, 1e10, -0.0, 300.7};
+    int64_t bad = 0, cases = 0;
+    for (int b = 0; b < 2; b++) {
+        config(be[b], "deterministic", "1");
+        for (int dt = 0; dt < NT_DTYPE_COUNT; dt++)
+            for (size_t q = 0; q < sizeof shapes / sizeof shapes[0]; q++) {
+                nt_scope *sc = nt_scope_begin();
+                int nd = shapes[q].nd;
+                const int64_t *sh = shapes[q].sh;
+                if (op != NT_OP_MASKED_FILL) {
+                    for (size_t k = 0; k < sizeof diags / sizeof diags[0]; k++, cases++)
+                        bad += check_mask_ref1(op, be[b], (nt_dtype)dt, nd, sh, diags[k], 0,
+                                               NULL, 0);
+                } else {
+                    /* masks: the full shape, the last dim, the rows [.., R, 1], 0-d */
+                    int64_t last[1] = {sh[nd - 1]}, rows[2] = {sh[nd - 2], 1};
+                    for (size_t k = 0; k < sizeof values / sizeof values[0]; k++, cases += 4) {
+                        bad += check_mask_ref1(op, be[b], (nt_dtype)dt, nd, sh, 0, nd, sh,
+                                               values[k]);
+                        bad += check_mask_ref1(op, be[b], (nt_dtype)dt, nd, sh, 0, 1, last,
+                                               values[k]);
+                        bad += check_mask_ref1(op, be[b], (nt_dtype)dt, nd, sh, 0, 2, rows,
+                                               values[k]);
+                        bad += check_mask_ref1(op, be[b], (nt_dtype)dt, nd, sh, 0, 0, NULL,
+                                               values[k]);
+                    }
+                }
+                nt_scope_end(sc);
+            }
+    }
+    if (bad)
+        cell(op, K_REF, "FAIL: %lld elements differ from the host loop", (long long)bad);
+    else
+        cell(op, K_REF, "ok: exact, %lld cases, every dtype (cpu, sim)", (long long)cases);
+}
+
 /* The public elementwise ops (the unary, tensor-scalar and binary groups of
  * core/optable.h): each needs a reference, here or in test_ops.c. */
 static bool public_ew(int op)
@@ -770,6 +914,10 @@ static bool legacy_ref(int op)
 
 static void check_ref(int op)
 {
+    if (op == NT_OP_TRIL || op == NT_OP_TRIU || op == NT_OP_MASKED_FILL) {
+        check_mask_ref(op);
+        return;
+    }
     bool any = false;
     for (size_t i = 0; i < sizeof refs / sizeof refs[0]; i++)
         if (refs[i].op == op) {
