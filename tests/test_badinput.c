@@ -362,6 +362,36 @@ static int run_where(int v)
     return T(nt_where(c, a, b));
 }
 
+static int run_masks(int v)
+{
+    nt_tensor *t = F.a23, *m = F.u23;
+    switch (v) {
+    case 0: return T(nt_tril(NULL, 0));
+    case 1: return T(nt_tril(F.rel, 0));
+    case 2: return T(nt_tril(F.v4, 0));
+    case 3: return T(nt_triu(NULL, 1));
+    case 4: return T(nt_triu(F.s0, -1));
+    case 5: t = NULL; break;
+    case 6: m = NULL; break;
+    case 7: t = F.rel; break;
+    case 8: m = F.rel; break;
+    case 9: m = F.a23; break;  /* f32, not u8 */
+    case 10: t = F.a32; break; /* [2, 3] against [3, 2] */
+    case 11: t = F.s0; break;  /* the mask would grow t */
+    case 12: {
+        /* NaN into i32: accepted and stored as nt_full stores it */
+        nt_tensor *y = nt_masked_fill(F.i23, m, NAN), *f = nt_full(NT_I32, 0, NULL, NAN);
+        int32_t yv[6], fv = -7;
+        bool ok = y && f && !nt_to_host(y, yv, sizeof yv) && !nt_to_host(f, &fv, sizeof fv) &&
+                  yv[0] == fv && yv[5] == fv;
+        nt_release(y);
+        nt_release(f);
+        return S(ok);
+    }
+    }
+    return T(nt_masked_fill(t, m, 1.5));
+}
+
 static int run_cast(int v)
 {
     switch (v) {
@@ -1576,6 +1606,25 @@ static void build(void)
     };
     for (int k = 0; k < 9; k++)
         add("nt_where", WH[k].code, WH[k].w, run_where, k, "nt_where: %s", WH[k].name);
+    static const struct { const char *fn; int code; const char *w, *name; } MF[] = {
+        {"nt_tril", NT_EINVAL, "'t'", "t NULL"},
+        {"nt_tril", NT_ERELEASED, "'t'", "t released"},
+        {"nt_tril", NT_ESHAPE, "'t' [4] must have at least 2 dimensions", "t 1-d"},
+        {"nt_triu", NT_EINVAL, "'t'", "t NULL"},
+        {"nt_triu", NT_ESHAPE, "at least 2 dimensions", "t 0-d"},
+        {"nt_masked_fill", NT_EINVAL, "'t'", "t NULL"},
+        {"nt_masked_fill", NT_EINVAL, "'mask'", "mask NULL"},
+        {"nt_masked_fill", NT_ERELEASED, "'t'", "t released"},
+        {"nt_masked_fill", NT_ERELEASED, "'mask'", "mask released"},
+        {"nt_masked_fill", NT_EDTYPE, "'mask' has dtype f32; expected u8", "mask f32"},
+        {"nt_masked_fill", NT_ESHAPE, "'mask' [2, 3] does not broadcast to 't' [3, 2]",
+         "mask does not broadcast"},
+        {"nt_masked_fill", NT_ESHAPE, "'mask'", "mask would grow t"},
+        {NULL, SENTINEL, NULL, "NaN into i32 is stored as nt_full stores it"},
+    };
+    for (int k = 0; k < (int)(sizeof MF / sizeof MF[0]); k++)
+        add(MF[k].fn, MF[k].code, MF[k].w, run_masks, k, "%s: %s",
+            MF[k].fn ? MF[k].fn : "nt_masked_fill", MF[k].name);
     static const struct { const char *fn; int code; const char *name; } CA[] = {
         {"nt_cast", NT_EINVAL, "t NULL"},       {"nt_cast", NT_ERELEASED, "t released"},
         {"nt_cast", NT_EDTYPE, "dt -1"},        {"nt_cast", NT_EDTYPE, "dt NT_DTYPE_COUNT"},
