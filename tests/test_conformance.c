@@ -1125,6 +1125,43 @@ static void test_coverage_table(void **state)
     assert_int_equal(nfail, 0);
 }
 
+/* The backwards, exactly: d sum(tril(x, -1) * w) / dx = tril(w, -1), the
+ * same for triu, and masked_fill's is w where the mask is 0, +0 elsewhere. */
+static void test_mask_backward(void **state)
+{
+    (void)state;
+    static const char *be[2] = {"cpu", "sim"};
+    enum { B = 2, R = 3, C = 4, N = B * R * C };
+    float xv[N], wv[N], g[N];
+    uint8_t mv[C] = {1, 0, 0, 1};
+    for (int k = 0; k < N; k++)
+        xv[k] = (float)k * 0.5f - 3.0f, wv[k] = (float)(k % 7) - 2.5f;
+    for (int b = 0; b < 2; b++)
+        for (int which = 0; which < 3; which++) {
+            config(be[b], "deterministic", "1");
+            nt_scope *sc = nt_scope_begin();
+            nt_tensor *x = nt_from_host(xv, NT_F32, 3, (int64_t[]){B, R, C});
+            nt_tensor *w = nt_from_host(wv, NT_F32, 3, (int64_t[]){B, R, C});
+            nt_tensor *m = nt_from_host(mv, NT_U8, 1, (int64_t[]){C});
+            nt_set_requires_grad(x, true);
+            nt_tensor *y = which == 0   ? nt_tril(x, -1)
+                           : which == 1 ? nt_triu(x, 1)
+                                        : nt_masked_fill(x, m, 9.0);
+            assert_int_equal(nt_backward(nt_sum(nt_mul(y, w), NT_DIM_ALL, false)), 0);
+            assert_int_equal(nt_to_host(nt_grad(x), g, sizeof g), 0);
+            for (int k = 0; k < N; k++) {
+                int i = (k / C) % R, j = k % C;
+                bool keep = which == 0 ? j - i <= -1 : which == 1 ? j - i >= 1 : !mv[j];
+                float want = keep ? wv[k] : 0.0f;
+                if (memcmp(&g[k], &want, sizeof want))
+                    fail_msg("%s: %s grad[%d] = %g, expected %g", be[b],
+                             which == 0 ? "tril" : which == 1 ? "triu" : "masked_fill", k,
+                             (double)g[k], (double)want);
+            }
+            nt_scope_end(sc);
+        }
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -1135,7 +1172,7 @@ static int setup(void **state)
 
 int main(void)
 {
-    static struct CMUnitTest tests[NT_OP_COUNT + 3];
+    static struct CMUnitTest tests[NT_OP_COUNT + 4];
     static char names[NT_OP_COUNT][48];
     int n = 0;
     for (int op = 0; op < NT_OP_COUNT; op++) {
@@ -1145,6 +1182,7 @@ int main(void)
     tests[n++] = (struct CMUnitTest){"every_derivative_sim_cpu", test_every_derivative_sim_cpu,
                                      NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"int_only_error", test_int_only_error, NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"mask_backward", test_mask_backward, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"coverage_table", test_coverage_table, NULL, NULL, NULL};
     return _cmocka_run_group_tests("conformance", tests, (size_t)n, setup, nt_test_teardown);
 }
