@@ -356,8 +356,10 @@ static int bwd_mean(nt__bctx *b)
     TRY(b->gin[0] = nt_div_scalar_at(S, expand_back(b, G), n));
     return 0;
 }
-/* The gradient goes to the first maximum (the element nt_argmax picks). */
-static int bwd_max(nt__bctx *b)
+/* max and min: the gradient goes to the first extreme, the element `arg`
+ * (nt_argmax_at / nt_argmin_at) picks. */
+typedef nt_tensor *(*argext_fn)(const nt_site *, nt_tensor *, int, bool);
+static int extreme_bwd(nt__bctx *b, argext_fn arg)
 {
     const nt__tmeta *m = META(0);
     nt_tensor *x = IN(0), *z, *idx, *ar, *mask, *gk;
@@ -367,7 +369,7 @@ static int bwd_max(nt__bctx *b)
         int64_t n = nt__numel(m->ndim, m->shape);
         nt_tensor *xf;
         TRY(xf = nt_reshape_at(S, x, 1, &n));
-        TRY(idx = nt_argmax_at(S, xf, 0, true));
+        TRY(idx = arg(S, xf, 0, true));
         TRY(ar = nt_arange_at(S, NT_I32, 0, (double)n, 1));
         TRY(mask = nt_eq_at(S, ar, idx));
         TRY(gk = nt_reshape_at(S, G, 1, (int64_t[]){1}));
@@ -381,7 +383,7 @@ static int bwd_max(nt__bctx *b)
         as[i] = i == dim ? m->shape[i] : 1;
         ks[i] = i == dim ? 1 : m->shape[i];
     }
-    TRY(idx = nt_argmax_at(S, x, dim, true));
+    TRY(idx = arg(S, x, dim, true));
     TRY(ar = nt_reshape_at(S, nt_arange_at(S, NT_I32, 0, (double)m->shape[dim], 1), m->ndim, as));
     TRY(mask = nt_eq_at(S, ar, idx));
     TRY(gk = nt_reshape_at(S, G, m->ndim, ks));
@@ -389,38 +391,8 @@ static int bwd_max(nt__bctx *b)
     return 0;
 }
 
-/* The gradient goes to the first minimum (the element nt_argmin picks),
- * exactly as bwd_max does for the maximum. */
-static int bwd_min(nt__bctx *b)
-{
-    const nt__tmeta *m = META(0);
-    nt_tensor *x = IN(0), *z, *idx, *ar, *mask, *gk;
-    int dim = b->n->p.dim;
-    TRY(z = zero0d(b, G));
-    if (dim == NT_DIM_ALL || m->ndim == 0) {
-        int64_t n = nt__numel(m->ndim, m->shape);
-        nt_tensor *xf, *gf;
-        TRY(xf = nt_reshape_at(S, x, 1, &n));
-        TRY(idx = nt_argmin_at(S, xf, 0, true));
-        TRY(ar = nt_arange_at(S, NT_I32, 0, (double)n, 1));
-        TRY(mask = nt_eq_at(S, ar, idx));
-        TRY(gk = nt_reshape_at(S, G, 1, (int64_t[]){1}));
-        TRY(gf = nt_where_at(S, mask, gk, z));
-        TRY(b->gin[0] = nt_reshape_at(S, gf, m->ndim, m->shape));
-        return 0;
-    }
-    int64_t as[NT_MAX_DIMS], ks[NT_MAX_DIMS];
-    for (int i = 0; i < m->ndim; i++) {
-        as[i] = i == dim ? m->shape[i] : 1;
-        ks[i] = i == dim ? 1 : m->shape[i];
-    }
-    TRY(idx = nt_argmin_at(S, x, dim, true));
-    TRY(ar = nt_reshape_at(S, nt_arange_at(S, NT_I32, 0, (double)m->shape[dim], 1), m->ndim, as));
-    TRY(mask = nt_eq_at(S, ar, idx));
-    TRY(gk = nt_reshape_at(S, G, m->ndim, ks));
-    TRY(b->gin[0] = nt_where_at(S, mask, gk, z));
-    return 0;
-}
+static int bwd_max(nt__bctx *b) { return extreme_bwd(b, nt_argmax_at); }
+static int bwd_min(nt__bctx *b) { return extreme_bwd(b, nt_argmin_at); }
 
 /* sign(x) in x's dtype: 1, -1, 0 at +-0 (and 0 at NaN: it compares false
  * both ways). */
