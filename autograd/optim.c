@@ -45,45 +45,40 @@ bool nt__optim_ok(nt_optim *o, const char *fn) { return opt_ok_at(NULL, o, fn); 
 
 static bool finite_ge0(double v) { return isfinite(v) && v >= 0; }
 
-/* Checks the parameter list shared by both constructors. */
-static bool check_params(const char *fn, nt_tensor *const *params, int n)
+/* One parameter of the list both constructors take (nt__check_list has
+ * checked it is a live tensor). */
+static bool check_param(const char *fn, const char *arg, nt_tensor *const *params, int i)
 {
-    if (!params || n <= 0) {
-        nt__err(NULL, NT_EINVAL, fn, "argument '%s' is %s; expected at least one parameter",
-                params ? "n" : "params", params ? "<= 0" : "NULL");
+    nt_tensor *t = params[i];
+    if (!nt__dtype_is_float((nt_dtype)t->dtype)) {
+        nt__err(NULL, NT_EDTYPE, fn, "argument '%s' is %s; parameters must be floating", arg,
+                nt_dtype_name((nt_dtype)t->dtype));
         return false;
     }
-    for (int i = 0; i < n; i++) {
-        char arg[32];
-        snprintf(arg, sizeof arg, "params[%d]", i);
-        if (!nt__check_arg(NULL, fn, arg, params[i]))
-            return false;
-        nt_tensor *t = params[i];
-        if (!nt__dtype_is_float((nt_dtype)t->dtype)) {
-            nt__err(NULL, NT_EDTYPE, fn, "argument '%s' is %s; parameters must be floating", arg,
-                    nt_dtype_name((nt_dtype)t->dtype));
-            return false;
-        }
-        if (t->ag && t->ag->grad_fn) {
-            nt__err(NULL, NT_EINVAL, fn,
-                    "argument '%s' was computed by an op that records a graph; only leaf "
-                    "tensors can be optimized (use nt_detach)", arg);
-            return false;
-        }
-        if (t->expanded) {
-            nt__err(NULL, NT_EINVAL, fn,
-                    "argument '%s' is an expanded view; an optimizer writes its parameters in "
-                    "place", arg);
-            return false;
-        }
-        for (int j = 0; j < i; j++)
-            if (params[j] == t) {
-                nt__err(NULL, NT_EINVAL, fn, "argument 'params' lists the same tensor at %d "
-                        "and %d", j, i);
-                return false;
-            }
+    if (t->ag && t->ag->grad_fn) {
+        nt__err(NULL, NT_EINVAL, fn,
+                "argument '%s' was computed by an op that records a graph; only leaf "
+                "tensors can be optimized (use nt_detach)", arg);
+        return false;
     }
+    if (t->expanded) {
+        nt__err(NULL, NT_EINVAL, fn,
+                "argument '%s' is an expanded view; an optimizer writes its parameters in "
+                "place", arg);
+        return false;
+    }
+    for (int j = 0; j < i; j++)
+        if (params[j] == t) {
+            nt__err(NULL, NT_EINVAL, fn, "argument 'params' lists the same tensor at %d "
+                    "and %d", j, i);
+            return false;
+        }
     return true;
+}
+
+static bool check_params(const char *fn, nt_tensor *const *params, int n)
+{
+    return nt__check_list(fn, params, n, "parameter", check_param);
 }
 
 static nt_optim *opt_new(opt_kind kind, nt_tensor *const *params, int n)

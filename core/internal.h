@@ -274,6 +274,12 @@ struct nt_tensor {
 /* Validates a tensor argument: NULL keeps the first error (or sets EINVAL);
  * a released handle is NT_ERELEASED.  Returns true if usable. */
 bool nt__check_arg(const nt_site *site, const char *fn, const char *arg, nt_tensor *t);
+/* The list argument `params` of n live tensors (nt_save, the optimizers):
+ * NULL or n <= 0 is NT_EINVAL ("expected at least one <noun>"); then each
+ * element is checked by nt__check_arg and, if given, by each(.., i), in
+ * order, so the first bad element is the one named. */
+bool nt__check_list(const char *fn, nt_tensor *const *ts, int n, const char *noun,
+                    bool (*each)(const char *fn, const char *arg, nt_tensor *const *ts, int i));
 
 /* Handles.  nt__tensor_new returns a handle with refs = 1, irefs = 1, for a
  * view of `st` (which it references); ndim/shape/stride copied. */

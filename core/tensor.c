@@ -445,6 +445,23 @@ bool nt__check_arg(const nt_site *site, const char *fn, const char *arg, nt_tens
     return true;
 }
 
+bool nt__check_list(const char *fn, nt_tensor *const *ts, int n, const char *noun,
+                    bool (*each)(const char *fn, const char *arg, nt_tensor *const *ts, int i))
+{
+    if (!ts || n <= 0) {
+        nt__err(NULL, NT_EINVAL, fn, "argument '%s' is %s; expected at least one %s",
+                ts ? "n" : "params", ts ? "<= 0" : "NULL", noun);
+        return false;
+    }
+    for (int i = 0; i < n; i++) {
+        char arg[32];
+        snprintf(arg, sizeof arg, "params[%d]", i);
+        if (!nt__check_arg(NULL, fn, arg, ts[i]) || (each && !each(fn, arg, ts, i)))
+            return false;
+    }
+    return true;
+}
+
 /* ---------------- references ---------------- */
 
 NT_API nt_tensor *nt_retain(nt_tensor *t)

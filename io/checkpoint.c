@@ -339,22 +339,6 @@ out:
     return rc;
 }
 
-static bool check_list(const char *fn, nt_tensor *const *params, int n)
-{
-    if (!params || n <= 0) {
-        nt__err(NULL, NT_EINVAL, fn, "argument '%s' is %s; expected at least one tensor",
-                params ? "n" : "params", params ? "<= 0" : "NULL");
-        return false;
-    }
-    for (int i = 0; i < n; i++) {
-        char arg[32];
-        snprintf(arg, sizeof arg, "params[%d]", i);
-        if (!nt__check_arg(NULL, fn, arg, params[i]))
-            return false;
-    }
-    return true;
-}
-
 static int save_impl(const char *fn, const char *path, nt_tensor *const *params, int n,
                      nt_optim *opt, nt_grad_scaler *scaler)
 {
@@ -362,7 +346,7 @@ static int save_impl(const char *fn, const char *path, nt_tensor *const *params,
         return nt_last_error();
     if (!path || !*path)
         return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is %s", path ? "empty" : "NULL");
-    if (!check_list(fn, params, n) || (opt && !nt__optim_ok(opt, fn)) ||
+    if (!nt__check_list(fn, params, n, "tensor", NULL) || (opt && !nt__optim_ok(opt, fn)) ||
         (scaler && !nt__scaler_ok(scaler, fn)))
         return nt_last_error();
     if (opt)
@@ -906,7 +890,7 @@ static int load_impl(const char *fn, const char *path, nt_tensor *const *params,
         return nt_last_error();
     if (!path || !*path)
         return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is %s", path ? "empty" : "NULL");
-    if (!check_list(fn, params, n) || (opt && !nt__optim_ok(opt, fn)) ||
+    if (!nt__check_list(fn, params, n, "tensor", NULL) || (opt && !nt__optim_ok(opt, fn)) ||
         (scaler && !nt__scaler_ok(scaler, fn)))
         return nt_last_error();
     uint8_t *buf;
