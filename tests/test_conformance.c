@@ -190,6 +190,29 @@ static nt_tensor *gather_index(void)
     return nt_from_host(ix, NT_I32, 2, (int64_t[]){10, 5});
 }
 
+/* The gradient of x through an embedding (EMBEDDING_BWD: idx repeats, rows
+ * add in order) or a gather (INDEX_ADD: repeated indices add in g's
+ * order), weighted so every element's share differs.  A new reference:
+ * the caller's scope does not own it. */
+static nt_tensor *index_grad(nt_tensor *x, int op)
+{
+    nt_tensor *w = nt_detach(x);
+    nt_set_requires_grad(w, true);
+    int32_t ix[5] = {3, 0, 9, 3, 5};
+    bool emb = op == NT_OP_EMBEDDING_BWD;
+    int64_t r = emb ? 5 : 10, c = emb ? 33 : 5;
+    nt_tensor *e = emb ? nt_embedding(w, nt_from_host(ix, NT_I32, 1, (int64_t[]){5}))
+                       : nt_gather(w, 1, gather_index());
+    nt_tensor *k = nt_arange(nt_dtype_of(x), 0.0, (double)(r * c) * 0.03, 0.03);
+    nt_tensor *l = e ? nt_sum(nt_mul(e, nt_reshape(k, 2, (int64_t[]){r, c})), NT_DIM_ALL, false)
+                     : NULL;
+    if (!l || nt_backward(l))
+        return NULL;
+    nt_tensor *g = nt_grad(w);
+    nt_release(w);
+    return g;
+}
+
 static int grad_of_op = NT_OP_SOFTPLUS; /* UNARY_BWD's forward op */
 
 /* UNARY_BWD(g, v) for the forward op grad_of_op with the scalar driver's
@@ -342,37 +365,8 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
         default: return NO_DRIVER;
         }
     case NT_KIND_BWD:
-        if (op == NT_OP_EMBEDDING_BWD) {
-            /* the gradient of an embedding: idx repeats, rows add in order */
-            nt_tensor *w = nt_detach(in[0]);
-            nt_set_requires_grad(w, true);
-            int32_t ix[5] = {3, 0, 9, 3, 5};
-            nt_tensor *e = nt_embedding(w, nt_from_host(ix, NT_I32, 1, (int64_t[]){5}));
-            nt_tensor *c = nt_arange(nt_dtype_of(in[0]), 0.0, 165.0 * 0.03, 0.03);
-            nt_tensor *l = e ? nt_sum(nt_mul(e, nt_reshape(c, 2, (int64_t[]){5, 33})), NT_DIM_ALL,
-                                     false)
-                             : NULL;
-            if (!l || nt_backward(l))
-                return NULL;
-            nt_tensor *g = nt_grad(w);
-            nt_release(w);
-            return g; /* a new reference: the caller's scope does not own it */
-        }
-        if (op == NT_OP_INDEX_ADD) {
-            /* the gradient of a gather: repeated indices add in g's order */
-            nt_tensor *w = nt_detach(in[0]);
-            nt_set_requires_grad(w, true);
-            nt_tensor *e = nt_gather(w, 1, gather_index());
-            nt_tensor *c = nt_arange(nt_dtype_of(in[0]), 0.0, 50.0 * 0.03, 0.03);
-            nt_tensor *l = e ? nt_sum(nt_mul(e, nt_reshape(c, 2, (int64_t[]){10, 5})), NT_DIM_ALL,
-                                     false)
-                             : NULL;
-            if (!l || nt_backward(l))
-                return NULL;
-            nt_tensor *g = nt_grad(w);
-            nt_release(w);
-            return g;
-        }
+        if (op == NT_OP_EMBEDDING_BWD || op == NT_OP_INDEX_ADD)
+            return index_grad(in[0], op);
         return NO_DRIVER;
     default: return NO_DRIVER;
     }
