@@ -605,6 +605,10 @@ static void b_matmul(void *ctx, nt_tensor **out, int *n)
         a = T(c->dt, 3, (int64_t[]){3, M, K}, 1.0, false);
         b = T(c->dt, 4, (int64_t[]){2, 1, K, N}, 1.0, false);
         break;
+    case 4: /* batched, B a transposed view (q @ k^T): B^T tiles transposed in SBUF */
+        a = T(c->dt, 3, (int64_t[]){2, M, K}, 1.0, false);
+        b = nt_transpose(T(c->dt, 3, (int64_t[]){2, N, K}, 1.0, false), 1, 2);
+        break;
     default: /* strided columns (every other) */
         a = nt_slice(T(c->dt, 2, (int64_t[]){M, 2 * K}, 1.0, false), 1, 0, 2 * K, 2);
         b = nt_slice(T(c->dt, 2, (int64_t[]){K, 2 * N}, 1.0, false), 1, 1, 2 * N, 2);
@@ -627,9 +631,9 @@ static void matmul_all(void)
                                {2, 257, 515}, {130, 0, 9},   {64, 300, 1},   {513, 129, 65}};
     for (size_t d = 0; d < 3; d++)
         for (size_t k = 0; k < sizeof dims / sizeof *dims; k++)
-            for (int v = 0; v < 4; v++) {
+            for (int v = 0; v < 5; v++) {
                 mm_ctx c = {FLOATS[d], dims[k][0], dims[k][1], dims[k][2], v};
-                if (v == 2 && dims[k][0] * dims[k][1] * dims[k][2] > 3000000)
+                if ((v == 2 || v == 4) && dims[k][0] * dims[k][1] * dims[k][2] > 3000000)
                     continue;
                 char w[80];
                 snprintf(w, sizeof w, "matmul %s %lldx%lldx%lld variant %d", nt_dtype_name(c.dt),

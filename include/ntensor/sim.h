@@ -463,7 +463,10 @@ NT_API int nt_isa_gpsimd_custom(nt_sim_kernel *k, const char *name, const nt_ap 
 typedef int (*nt_tile_matmul_epilogue)(nt_sim_kernel *k, const nt_ap *acc, int64_t m0,
                                        int64_t n0, void *ctx);
 
-/** C[M, N] = A[M, K] . B[K, N] from HBM to HBM. */
+/** C[M, N] = A[M, K] . B[K, N] from HBM to HBM.  With b_trans, b holds B^T
+ *  [N, K] row-major (row stride ldb >= K), as a linear layer's weight does
+ *  for x . w^T: the program transposes its tiles on TensorE in SBUF/PSUM,
+ *  never through HBM.  Same bits as B given row-major. */
 typedef struct nt_tile_matmul_args {
     int64_t M, N, K;
     const void *a;        /* A [M, K] (row stride lda), or A^T [K, M] if a_trans */
@@ -477,6 +480,7 @@ typedef struct nt_tile_matmul_args {
     nt_dtype out_dtype;   /* f32, bf16 or f16 */
     nt_tile_matmul_epilogue epilogue; /* NULL: round to out_dtype and store C */
     void *epilogue_ctx;
+    bool b_trans;         /* b is B^T [N, K], row stride ldb */
 } nt_tile_matmul_args;
 
 /** Issues into k a matmul program: PSUM accumulation over K-tiles of 128 in
