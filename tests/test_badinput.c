@@ -2123,7 +2123,7 @@ static void test_bad_environment(void **state)
         {"NT_SIM_TARGET", "trn3"},        {"NT_SIM_FUNCTIONAL", "yes"},
         {"NT_SIM_THREADS", "0"},          {"NT_SIM_THREADS", "-2"},
         {"NT_SIM_DEFER", "01"},
-        {"NT_SIM_PROGRAM_GEMM", "-1"},
+        {"NT_SIM_PROGRAM_GEMM", "-1"},   {"NT_SIM_PROGRAM_VALUES", "on"},
     };
     for (size_t i = 0; i < sizeof E / sizeof E[0]; i++) {
         nt_clear_error();

@@ -1068,12 +1068,17 @@ int nt__sk_fused(const nt__fgroup *g)
     int rc = sk_begin(&s, names[P->kind]);
     if (rc)
         return rc;
+    bool values = sk_values_begin(&s);
     switch (P->kind) {
     case NT_FK_EW: rc = run_ew(&s, P, g->ext, g->out, keys); break;
     case NT_FK_ROW: rc = run_row(&s, P, g->ext, g->out, keys); break;
     case NT_FK_MM: rc = run_mm(&s, P, g->ext, g->out, keys); break;
     default: rc = NT_ENOTSUP; break;
     }
+    /* a refused program issued nothing and computed nothing: the planner
+     * replays the group op by op, so the reference must not run either */
+    if (values)
+        rc = sk_values_end(&s, rc, sk_ref_fused, g);
     bool refused = rc == NT_ENOTSUP && !nt_sim_kernel_error(s.k);
     int rc2 = sk_end(&s);
     if (refused)
@@ -1121,7 +1126,10 @@ int nt__sk_ew(const nt__rec *r)
     int rc = sk_begin(&s, nt__op_name(r->op));
     if (!rc) {
         nt_tensor *outs[1] = {r->out[0]};
+        bool values = sk_values_begin(&s);
         rc = run_ew(&s, P, ext, outs, keys);
+        if (values)
+            rc = sk_values_end(&s, rc, sk_ref_rec, r);
         int rc2 = sk_end(&s);
         if (rc2)
             rc = rc2;

@@ -2,6 +2,7 @@
  * set-up, the kernel table, kernel begin/end with error mapping, HBM
  * scratch, and the tilers every kernel uses to map tensors onto tiles. */
 #include "sim/kernels/sk.h"
+#include "sim/sim.h"
 
 #include <stdarg.h>
 #include <string.h>
@@ -92,6 +93,32 @@ int sk_begin(sk_k *s, const char *name)
         return nt__kerr(NT_EHOSTMEM, "out of host memory for a simulator kernel");
     return 0;
 }
+
+bool sk_values_begin(sk_k *s)
+{
+    if (!nt__sim_program_values() || !nt__sim_kernel_functional(s->k))
+        return false;
+    nt__sim_kernel_set_functional(s->k, false);
+    return true;
+}
+
+int sk_values_end(sk_k *s, int rc, int (*ref)(const void *arg), const void *arg)
+{
+    nt__sim_kernel_set_functional(s->k, true);
+    if (rc || nt_sim_kernel_error(s->k))
+        return rc;
+    /* inside the kernel's window, so host_ns counts it; the HBM it reads is
+     * final (earlier kernels flushed their functional work at their end) */
+    return ref(arg);
+}
+
+int sk_ref_rec(const void *r)
+{
+    const nt__rec *rec = r;
+    return nt__backends[NT_BACKEND_CPU]->kernels[rec->op](rec);
+}
+
+int sk_ref_fused(const void *g) { return nt__backends[NT_BACKEND_CPU]->run_fused(g); }
 
 int sk_data_error(sk_k *s, int code, const char *fmt, ...)
 {

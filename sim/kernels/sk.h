@@ -47,6 +47,21 @@ typedef struct sk_k {
 
 /* Opens kernel `name` (an op name, "fused.ew", ...). */
 int sk_begin(sk_k *s, const char *name);
+/* Values once per program (NT_SIM_PROGRAM_VALUES, docs/sim.md): when on and
+ * the kernel computes values, turns its instructions' functional steps off
+ * and returns true -- the caller then issues the program (checked and timed
+ * as usual) and, if it ran, gets the values from the reference kernel with
+ * sk_values_end; false: the instructions compute the values themselves. */
+bool sk_values_begin(sk_k *s);
+/* Ends what sk_values_begin started: turns the kernel's functional steps
+ * back on and, if rc (the program's result) is 0, runs ref(arg) -- the CPU
+ * backend's kernel or fused executor for the same record or group -- for the
+ * values.  Returns rc, or ref's result. */
+int sk_values_end(sk_k *s, int rc, int (*ref)(const void *arg), const void *arg);
+/* The references: the CPU backend's kernel of record r (an nt__rec), its
+ * fused executor for group g (an nt__fgroup). */
+int sk_ref_rec(const void *r);
+int sk_ref_fused(const void *g);
 /* Ends the kernel; returns 0, or a negative code after nt__kerr() described
  * the problem (a data error in CPU words, else the simulator's message). */
 int sk_end(sk_k *s);
