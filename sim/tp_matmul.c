@@ -251,7 +251,7 @@ static int program_product(mm *p)
     const nt_tile_matmul_args *a = p->a;
     int64_t M = a->M, N = a->N, K = a->K;
     nt_dtype dt = a->in_dtype;
-    bool at_direct = a->a_trans && dt == NT_F32, b_direct = dt == NT_F32 && !a->b_trans;
+    bool at_direct = a->a_trans && dt == NT_F32, b_direct = dt == NT_F32; /* B or B^T in place */
     /* a row-major f32 A goes in place too: nt__gemm_rowa packs from it */
     bool a_rows = !a->a_trans && dt == NT_F32;
     size_t n = (size_t)(M * N) + (at_direct || a_rows ? 0 : (size_t)(K * M)) +
@@ -272,16 +272,15 @@ static int program_product(mm *p)
         ldat = M;
         w += K * M;
     }
+    bool bcol = b_direct && a->b_trans;
     if (!b_direct) {
         /* B [K, N] from row-major B, or from B^T [N, K] (b_trans) */
         nt__mm_pack(w, N, a->b, dt, es, K, N, a->b_trans ? 1 : a->ldb, a->b_trans ? a->ldb : 1);
         b = w;
         ldb = N;
     }
-    if (a_rows)
-        nt__gemm_rowa((int)M, (int)N, (int)K, a->a, (int)a->lda, b, (int)ldb, c, (int)N);
-    else
-        nt__gemm((int)M, (int)N, (int)K, at, (int)ldat, b, (int)ldb, c, (int)N);
+    nt__gemm_ex((int)M, (int)N, (int)K, a_rows ? a->a : at, (int)(a_rows ? a->lda : ldat), a_rows,
+                b, (int)ldb, bcol, c, (int)N);
     p->k->gemm_ns += nt__sim_now_ns() - t0;
     p->c32 = c;
     return 0;

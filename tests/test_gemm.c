@@ -228,21 +228,32 @@ static void test_whole_every_level(void **state)
         for (int i = 0; i < M; i++)
             for (int k = 0; k < ldr; k++)
                 Ar[(long)i * ldr + k] = k < K ? A[(long)k * lda + i] : NAN; /* never read */
+        /* and B^T (N x K, rows K + 3 apart) for nt__gemm_ex's bcol */
+        int ldt = K + 3;
+        float *Bt = malloc(sizeof(float) * ((size_t)N * ldt + 1));
+        for (int j = 0; j < N; j++)
+            for (int k = 0; k < ldt; k++)
+                Bt[(long)j * ldt + k] = k < K ? B[(long)k * ldb + j] : NAN; /* never read */
         for (int isa = 0; isa <= best; isa++)
-            for (int rowa = 0; rowa < 2; rowa++) {
+            for (int lay = 0; lay < 4; lay++) {
+                bool rowa = lay & 1, bcol = lay & 2;
                 assert_int_equal(nt__gemm_set_isa(isa), 0);
                 memcpy(got, pad, sizeof(float) * (size_t)M * ldc);
-                if (rowa)
+                if (lay == 1)
                     nt__gemm_rowa(M, N, K, Ar, ldr, B, ldb, got, ldc);
-                else
+                else if (lay == 0)
                     nt__gemm(M, N, K, A, lda, B, ldb, got, ldc);
+                else
+                    nt__gemm_ex(M, N, K, rowa ? Ar : A, rowa ? ldr : lda, rowa, bcol ? Bt : B,
+                                bcol ? ldt : ldb, bcol, got, ldc);
                 int bad = differ(got, ref, (size_t)M * ldc);
                 if (bad)
-                    print_message("# gemm%s %dx%dx%d on %s: %d elements differ\n",
-                                  rowa ? "_rowa" : "", M, N, K, nt__gemm_isa_label(isa), bad);
+                    print_message("# gemm (A %s, B %s) %dx%dx%d on %s: %d elements differ\n",
+                                  rowa ? "row-major" : "transposed", bcol ? "transposed" : "row-major",
+                                  M, N, K, nt__gemm_isa_label(isa), bad);
                 assert_int_equal(bad, 0);
             }
-        free(A), free(B), free(ref), free(got), free(pad), free(Ar);
+        free(A), free(B), free(ref), free(got), free(pad), free(Ar), free(Bt);
     }
     nt__gemm_set_isa(-1);
 }
