@@ -304,6 +304,10 @@ void nt__sim_set_program_gemm(bool on) { atomic_store(&program_gemm, on); }
 bool nt__sim_program_values(void) { return atomic_load(&program_values); }
 bool nt__sim_kernel_functional(const nt_sim_kernel *k) { return k->functional; }
 void nt__sim_kernel_set_functional(nt_sim_kernel *k, bool on) { k->functional = on; }
+double nt__sim_kernel_engine_free(const nt_sim_kernel *k, nt_engine e)
+{
+    return e >= 0 && e < NT_ENGINE_DMA ? k->eng_free[e] : 0.0;
+}
 void nt__sim_set_program_values(bool on) { atomic_store(&program_values, on); }
 
 bool nt_sim_get_functional(void)

@@ -164,6 +164,9 @@ void nt__sim_set_program_values(bool on); /* for tests */
  * from elsewhere turns it off for its own instructions only. */
 bool nt__sim_kernel_functional(const nt_sim_kernel *k);
 void nt__sim_kernel_set_functional(nt_sim_kernel *k, bool on);
+/* When compute engine e of kernel k finishes what was issued to it so far
+ * (simulated ns): kernels balance work that may run on several engines. */
+double nt__sim_kernel_engine_free(const nt_sim_kernel *k, nt_engine e);
 /* Wall clock in ns (CLOCK_MONOTONIC). */
 double nt__sim_now_ns(void);
 

@@ -1336,7 +1336,7 @@ static char sim_msg[400];
 static const char *const INSTR[] = {
     "dma_copy", "tensor_tensor", "tensor_scalar", "activation", "tensor_copy", "memset",
     "iota", "select", "tensor_copy_sr", "affine_select", "tensor_reduce", "tensor_tensor_scan",
-    "nc_matmul", "nc_transpose", "dma_gather", "gpsimd_custom",
+    "nc_matmul", "nc_transpose", "dma_gather", "gpsimd_custom", "scalar_tensor_tensor",
 };
 #define NINSTR ((int)(sizeof INSTR / sizeof INSTR[0]))
 enum { D_NULL, D_NUM0, D_HUGE, D_STEP, D_OFF, D_PARTS, D_DTYPE, D_P0NEG, D_NDIM, D_NUMPROD,
@@ -1415,6 +1415,10 @@ static int run_sim_bad(int v)
         rc = nt_isa_gpsimd_custom(k, "c", dp, srcs, 1, 1.0, gp_fn, NULL);
         break;
     }
+    case 16:
+        rc = nt_isa_scalar_tensor_tensor(k, dp, &sb, &alu, NT_ALU_ADD, &sa, false,
+                                         NT_ENGINE_DEFAULT);
+        break;
     }
     snprintf(sim_msg, sizeof sim_msg, "%s", nt_sim_kernel_message(k));
     int end = nt_sim_kernel_end(k, NULL);

@@ -366,6 +366,17 @@ NT_API int nt_isa_tensor_scalar(nt_sim_kernel *k, const nt_ap *dst, const nt_ap 
                                 const nt_isa_alu *op0, const nt_isa_alu *op1,
                                 nt_engine engine);
 
+/** VectorE or GpSimd: dst = (src <op0> operand0) <op1> b -- a tensor_scalar
+ *  step, then a tensor_tensor step with b (b <op1> t when reverse1), in one
+ *  instruction at tensor_tensor's cost (NKI's scalar_tensor_tensor).  The
+ *  intermediate t stays f32 (exact, as an f32 tile would hold it); the
+ *  result is rounded once to dst's dtype.  op0 and op1 are nt_alu_op
+ *  codes; at most one of src and b in PSUM.  All-integer operands compute
+ *  exactly in int32. */
+NT_API int nt_isa_scalar_tensor_tensor(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
+                                       const nt_isa_alu *op0, nt_alu_op op1, const nt_ap *b,
+                                       bool reverse1, nt_engine engine);
+
 /** ScalarE: dst = func(src * scale + bias).  scale and bias are optional
  *  (NULL): an absent one is not applied at all, so -0 stays -0.  If
  *  reduce_dst ([np, 1]) is given, the f32 results of each partition are also

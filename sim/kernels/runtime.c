@@ -94,6 +94,16 @@ int sk_begin(sk_k *s, const char *name)
     return 0;
 }
 
+nt_engine sk_eng(sk_k *s)
+{
+    double v = nt__sim_kernel_engine_free(s->k, NT_ENGINE_VECTOR);
+    double a = nt__sim_kernel_engine_free(s->k, NT_ENGINE_SCALAR);
+    if (v != a)
+        return v < a ? NT_ENGINE_VECTOR : NT_ENGINE_SCALAR;
+    s->eng ^= 1;
+    return s->eng ? NT_ENGINE_VECTOR : NT_ENGINE_SCALAR;
+}
+
 bool sk_values_begin(sk_k *s)
 {
     if (!nt__sim_program_values() || !nt__sim_kernel_functional(s->k))
@@ -321,13 +331,16 @@ int sk_tiler_run(const sk_tiler *T, int (*fn)(void *ctx, const sk_tile_iter *t),
                 off[k] += idx[i] * T->st[k][i];
         }
         if (P == n - 1) {
-            /* rows of F elements; with more rows than partitions, partition
-             * p of tile t holds row p * nt + t, so each partition walks one
-             * contiguous stretch of memory across the tiles */
+            /* rows of F elements; tile t holds rows t * Pp .. t * Pp + Pp - 1,
+             * one contiguous stretch of memory.  (Interleaving the tiles --
+             * partition p of tile t on row p * nt + t -- put neighbouring
+             * tiles' rows on the same 16 KiB HBM pages of the simulator's
+             * dependency tracking, so an in-place update like AdamW's waited
+             * for the previous tile's stores before loading the next tile.) */
             int64_t L = T->c[n - 1], F = T->cs, rows = L / F, rem = L % F;
             int64_t Pp = rows < 128 ? rows : 128, nt = Pp ? rows / Pp : 0;
             for (int64_t t = 0; t < nt; t++) {
-                int rc = row_tile(T, &it, off, (int)Pp, F, t * F, nt * F, fn, ctx);
+                int rc = row_tile(T, &it, off, (int)Pp, F, t * Pp * F, F, fn, ctx);
                 if (rc)
                     return rc;
             }

@@ -73,8 +73,11 @@ int sk_data_error(sk_k *s, int code, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
 
 static inline int sk_qin(sk_k *s) { int q = s->qin; s->qin = (q + 1) % 8; return q; }
 static inline int sk_qout(sk_k *s) { int q = s->qout; s->qout = (q + 1) % 8; return 8 + q; }
-/* Alternates tensor_scalar work between VectorE and ScalarE. */
-static inline nt_engine sk_eng(sk_k *s) { s->eng ^= 1; return s->eng ? NT_ENGINE_VECTOR : NT_ENGINE_SCALAR; }
+/* VectorE or ScalarE for work either runs (tensor_scalar, tensor_copy):
+ * the one that frees up first for what was issued so far, so a program
+ * heavy in tensor_tensor work (VectorE only) moves its scalar steps and
+ * copies to ScalarE.  Ties alternate. */
+nt_engine sk_eng(sk_k *s);
 
 /* SBUF bytes per partition a kernel plans with (the rest is headroom for
  * nt_tile_matmul's minimum and small tiles). */
