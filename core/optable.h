@@ -130,7 +130,8 @@ typedef enum nt__opkind {
     X(MISH, mish, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT__SIM_TABLE)              \
     X(SOFTSIGN, softsign, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT__SIM_TABLE)      \
     X(RECIPROCAL, reciprocal, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, dx, O0, NT__SIM_TABLE)    \
-    X(BITWISE_NOT, bitwise_not, 1, NT_KIND_UNARY, 0, INTONLY, KEEP, nograd, 0, NT__SIM_SEQ)
+    X(BITWISE_NOT, bitwise_not, 1, NT_KIND_UNARY, 0, INTONLY, KEEP, nograd, 0, NT__SIM_SEQ)     \
+    X(GELU_TANH, gelu_tanh, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT__SIM_TABLE)
 
 /* y = nt__ew_<name>(a, p.f[0], p.f[1]) */
 #define NT_OPS_SCALAR(X)                                                    \

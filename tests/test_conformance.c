@@ -732,6 +732,18 @@ static double r_pow(double x, double e, double s1)
     return pow(x, e);
 }
 static int32_t r_not(int32_t x) { return (int32_t)~(uint32_t)x; }
+/* PyTorch's gelu(approximate='tanh') formula in double, 0.5 x (1 + tanh(u));
+ * below u = -1 the same value as x e^2u / (1 + e^2u), since 1 + tanh(u)
+ * cancels there even in double (to 0 below about x = -4.7) */
+static double r_gelu_tanh(double x, double s0, double s1)
+{
+    (void)s0, (void)s1;
+    double u = sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x);
+    if (u >= -1.0 || isnan(u))
+        return 0.5 * x * (1.0 + tanh(u));
+    double e = exp(2.0 * u);
+    return x * e / (1.0 + e);
+}
 
 static const ref refs[] = {
     {NT_OP_SOFTPLUS, r_softplus, NULL, 0, 0, 3},
@@ -743,6 +755,7 @@ static const ref refs[] = {
     {NT_OP_BITWISE_NOT, NULL, r_not, 0, 0, 0},
     {NT_OP_POW, r_pow, NULL, 1.5, 0, 1}, /* b: a 0-d tensor of s0, broadcast */
     {NT_OP_POW, r_pow, NULL, -2.25, 0, 1},
+    {NT_OP_GELU_TANH, r_gelu_tanh, NULL, 0, 0, 400},
 };
 
 /* |a - ref| in units of the f32 spacing at ref; 0 when a is the f32

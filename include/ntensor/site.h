@@ -82,6 +82,7 @@ NT_API nt_tensor *nt_mish_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_softsign_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_reciprocal_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_bitwise_not_at(const nt_site *site, nt_tensor *t);
+NT_API nt_tensor *nt_gelu_tanh_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_cast_at(const nt_site *site, nt_tensor *t, nt_dtype dt);
 NT_API nt_tensor *nt_cast_sr_at(const nt_site *site, nt_tensor *t, nt_dtype dt);
 NT_API nt_tensor *nt_matmul_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
@@ -198,6 +199,7 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
     X(nt_tensor *, nt_softsign, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_reciprocal, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_bitwise_not, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(nt_tensor *, nt_gelu_tanh, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_cast, (nt_tensor *t, nt_dtype dt), (const nt_site *site, nt_tensor *t, nt_dtype dt), 2) \
     X(nt_tensor *, nt_cast_sr, (nt_tensor *t, nt_dtype dt), (const nt_site *site, nt_tensor *t, nt_dtype dt), 2) \
     X(nt_tensor *, nt_matmul, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
@@ -302,6 +304,7 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 #define nt_softsign(...) nt_softsign_at(NT_HERE, __VA_ARGS__)
 #define nt_reciprocal(...) nt_reciprocal_at(NT_HERE, __VA_ARGS__)
 #define nt_bitwise_not(...) nt_bitwise_not_at(NT_HERE, __VA_ARGS__)
+#define nt_gelu_tanh(...) nt_gelu_tanh_at(NT_HERE, __VA_ARGS__)
 #define nt_cast(...) nt_cast_at(NT_HERE, __VA_ARGS__)
 #define nt_cast_sr(...) nt_cast_sr_at(NT_HERE, __VA_ARGS__)
 #define nt_matmul(...) nt_matmul_at(NT_HERE, __VA_ARGS__)
