@@ -1,6 +1,7 @@
 /* dispatcher/api_nn.c - reductions, row ops (softmax family, norms), losses,
  * matmul, linear, embedding. */
 #include <math.h>
+#include <string.h>
 
 #include "dispatcher/dispatch.h"
 
@@ -229,39 +230,140 @@ NT_API nt_tensor *nt_rms_norm(nt_tensor *x, nt_tensor *w, double eps)
 
 /* ---------------- losses ---------------- */
 
-NT_API nt_tensor *nt_cross_entropy_at(const nt_site *site, nt_tensor *logits, nt_tensor *labels)
+/* The argument checks of the cross-entropies, in fn's name. */
+static bool xent_args(nt__call *c, const char *fn, nt_tensor *logits, nt_tensor *labels)
 {
-    nt__call c;
-    nt_tensor *in[2] = {logits, labels};
-    if (!nt__call_begin(&c, site, "nt_cross_entropy", NT_OP_CROSS_ENTROPY, 2, in,
-                        "logits,labels"))
-        return nt__call_fail(&c);
-    logits = c.in[0], labels = c.in[1];
-    if (!need_float(&c, logits, "logits") || !need_int(&c, labels, "labels"))
-        return nt__call_fail(&c);
+    if (!need_float(c, logits, "logits") || !need_int(c, labels, "labels"))
+        return false;
     char s1[128], s2[128];
     if (logits->ndim != 2 || logits->shape[0] < 1 || logits->shape[1] < 1) {
-        nt__err(site, NT_ESHAPE, "nt_cross_entropy",
+        nt__err(c->site, NT_ESHAPE, fn,
                 "argument 'logits' has shape %s; expected [N, C] with N, C >= 1",
                 nt__shape_str(logits->ndim, logits->shape, s1, sizeof s1));
-        return nt__call_fail(&c);
+        return false;
     }
     if (labels->ndim != 1 || labels->shape[0] != logits->shape[0]) {
-        nt__err(site, NT_ESHAPE, "nt_cross_entropy",
+        nt__err(c->site, NT_ESHAPE, fn,
                 "argument 'labels' has shape %s; expected [%lld] to match 'logits' %s",
                 nt__shape_str(labels->ndim, labels->shape, s1, sizeof s1),
                 (long long)logits->shape[0],
                 nt__shape_str(logits->ndim, logits->shape, s2, sizeof s2));
-        return nt__call_fail(&c);
+        return false;
     }
+    return true;
+}
+
+/* The CROSS_ENTROPY op, issued by fn (nt_cross_entropy, or the label check
+ * of nt_cross_entropy_ex, whose run-time errors then name it). */
+static nt_tensor *xent_op(const nt_site *site, const char *fn, nt_tensor *logits,
+                          nt_tensor *labels)
+{
+    nt__call c;
+    nt_tensor *in[2] = {logits, labels};
+    if (!nt__call_begin(&c, site, fn, NT_OP_CROSS_ENTROPY, 2, in, "logits,labels"))
+        return nt__call_fail(&c);
+    logits = c.in[0], labels = c.in[1];
+    if (!xent_args(&c, fn, logits, labels))
+        return nt__call_fail(&c);
     c.odt[0] = (nt_dtype)logits->dtype;
     c.ondim[0] = 0;
     c.flops = 6.0 * (double)nt__numel(2, logits->shape);
     return nt__dispatch(&c);
 }
+
+NT_API nt_tensor *nt_cross_entropy_at(const nt_site *site, nt_tensor *logits, nt_tensor *labels)
+{
+    return xent_op(site, "nt_cross_entropy", logits, labels);
+}
 NT_API nt_tensor *nt_cross_entropy(nt_tensor *logits, nt_tensor *labels)
 {
     return nt_cross_entropy_at(NT_RA_SITE, logits, labels);
+}
+
+/* A composite of existing ops (so every backend, fusion and autograd have
+ * it), in f32 and rounded once to the logits' dtype at the end:
+ *   valid = labels != ignore_index; y = valid ? labels : 0
+ *   nll = valid ? -log_softmax(logits)[i, y] : 0; n = sum(valid)
+ *   loss = sum(nll) / n                                  (eps == 0)
+ *   loss = loss * (1 - eps) + (sum(sm) / n) * (eps / C)  (eps > 0),
+ *     sm = valid ? -sum_c log_softmax(logits)[i, c] : 0
+ * log_softmax's d - log(s) is the bits of nt_cross_entropy's d_label - ls
+ * and the sums are the canonical ones over the rows in order, so with no
+ * row ignored and eps == 0 this is nt_cross_entropy's value bit for bit.
+ * Labels out of range that are not ignored: the CROSS_ENTROPY op run on
+ * y over zero logits checks them on the device, and y passes through a
+ * select on its result, so its error poisons the loss (no host sync). */
+NT_API nt_tensor *nt_cross_entropy_ex_at(const nt_site *site, nt_tensor *logits,
+                                         nt_tensor *labels, int64_t ignore_index,
+                                         double label_smoothing)
+{
+    const char *fn = "nt_cross_entropy_ex";
+    nt__call c;
+    memset(&c, 0, sizeof c);
+    c.site = site, c.fn = fn;
+    if (!nt__ensure_init() || !nt__check_arg(site, fn, "logits", logits) ||
+        !nt__check_arg(site, fn, "labels", labels) || !xent_args(&c, fn, logits, labels))
+        return NULL;
+    if (!(label_smoothing >= 0.0 && label_smoothing <= 1.0)) {
+        nt__err(site, NT_EINVAL, fn, "argument 'label_smoothing' is %g; expected a value in [0, 1]",
+                label_smoothing);
+        return NULL;
+    }
+    int64_t N = logits->shape[0], C = logits->shape[1];
+    nt_dtype ldt = (nt_dtype)labels->dtype, odt = (nt_dtype)logits->dtype;
+    int64_t lo = ldt == NT_U8 ? 0 : INT32_MIN, hi = ldt == NT_U8 ? 255 : INT32_MAX;
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *y = labels, *valid = NULL, *loss = NULL;
+    if (ignore_index >= lo && ignore_index <= hi) { /* else no label can equal it */
+        valid = nt__binary(site, fn, NT_OP_NE, labels, nt_full_at(site, ldt, 0, NULL, (double)ignore_index));
+        y = nt_where_at(site, valid, labels, nt_zeros_at(site, ldt, 0, NULL));
+    }
+    nt_tensor *z = nt_expand_at(site, nt_zeros_at(site, NT_F32, 2, (int64_t[]){1, 1}), 2,
+                                (int64_t[]){N, C});
+    nt_tensor *chk = xent_op(site, fn, z, y);
+    if (chk)
+        y = nt_where_at(site, nt__binary(site, fn, NT_OP_EQ, chk, chk), y, y);
+    nt_tensor *x = odt == NT_F32 ? logits : nt__copy_to(site, fn, logits, NT_F32);
+    nt_tensor *lp = nt_log_softmax_at(site, x, 1);
+    nt_tensor *zf = nt_zeros_at(site, NT_F32, 0, NULL);
+    nt_tensor *nll = nt__unary(site, fn, NT_OP_NEG,
+                               nt_reshape_at(site, nt_gather_at(site, lp, 1,
+                                                                nt_reshape_at(site, y, 2, (int64_t[]){N, 1})),
+                                             1, (int64_t[]){N}));
+    nt_tensor *n;
+    if (valid) {
+        nll = nt_where_at(site, valid, nll, zf);
+        n = nt__reduce(site, fn, NT_OP_SUM, nt__copy_to(site, fn, valid, NT_F32), -1, false);
+    } else {
+        n = nt_full_at(site, NT_F32, 0, NULL, (double)N);
+    }
+    loss = nt__binary(site, fn, NT_OP_DIV, nt__reduce(site, fn, NT_OP_SUM, nll, -1, false), n);
+    if (loss && label_smoothing > 0.0) {
+        nt_tensor *sm = nt__unary(site, fn, NT_OP_NEG, nt__reduce(site, fn, NT_OP_SUM, lp, 1, false));
+        if (valid)
+            sm = nt_where_at(site, valid, sm, zf);
+        nt_tensor *smean = nt__binary(site, fn, NT_OP_DIV, nt__reduce(site, fn, NT_OP_SUM, sm, -1, false), n);
+        loss = nt__binary(site, fn, NT_OP_ADD,
+                          nt__scalar(site, fn, NT_OP_MUL_SCALAR, loss, 1.0 - label_smoothing, 0),
+                          nt__scalar(site, fn, NT_OP_MUL_SCALAR, smean, label_smoothing / (double)C, 0));
+    }
+    if (loss && odt != NT_F32)
+        loss = nt__copy_to(site, fn, loss, odt);
+    if (loss) {
+        nt_keep(loss);
+    } else {
+        char m[1100];
+        int code = nt_last_error();
+        snprintf(m, sizeof m, "%s: %s", fn, nt_last_error_message());
+        nt__err_set(code ? code : NT_EINVAL, m);
+    }
+    nt_scope_end(sc);
+    return loss;
+}
+NT_API nt_tensor *nt_cross_entropy_ex(nt_tensor *logits, nt_tensor *labels, int64_t ignore_index,
+                                      double label_smoothing)
+{
+    return nt_cross_entropy_ex_at(NT_RA_SITE, logits, labels, ignore_index, label_smoothing);
 }
 
 NT_API nt_tensor *nt_mse_loss_at(const nt_site *site, nt_tensor *a, nt_tensor *b)

@@ -406,6 +406,16 @@ NT_API nt_tensor *nt_rms_norm(nt_tensor *x, nt_tensor *w, double eps);
 /** Mean over the batch of -log_softmax(logits)[i, labels[i]].
  *  logits [N, C] floating, labels [N] i32 in [0, C) (checked when it runs). */
 NT_API nt_tensor *nt_cross_entropy(nt_tensor *logits, nt_tensor *labels);
+/** nt_cross_entropy with PyTorch's ignore_index (rows whose label equals it
+ *  add nothing and do not count in the mean; -100 is PyTorch's default; all
+ *  rows ignored gives NaN, as there) and label_smoothing in [0, 1]:
+ *  (1 - eps) * nll + eps / C * sum_c(-log_softmax(logits)[i, c]), each part
+ *  averaged over the rows not ignored.  Labels out of [0, C) that are not
+ *  ignore_index are an error when it runs.  A composite of ntensor ops
+ *  (docs/ops.md); nt_cross_entropy(l, y) == nt_cross_entropy_ex(l, y, -100,
+ *  0.0) bit for bit. */
+NT_API nt_tensor *nt_cross_entropy_ex(nt_tensor *logits, nt_tensor *labels,
+                                      int64_t ignore_index, double label_smoothing);
 /** mean((a - b)^2) over every element; a and b have the same shape. */
 NT_API nt_tensor *nt_mse_loss(nt_tensor *a, nt_tensor *b);
 /** Rows of weight [V, D] picked by the i32 indices idx [...]: [..., D].

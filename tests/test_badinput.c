@@ -1534,6 +1534,56 @@ static const char *const SIM_MISC_WANT[] = {
 #define NSIMMISC ((int)(sizeof SIM_MISC_WANT / sizeof SIM_MISC_WANT[0]))
 
 /* ------------------------------------------------------------------ */
+/* Issue 13's training ops                                            */
+/* ------------------------------------------------------------------ */
+
+/* A run-time error: the op is accepted, the sync reports the error. */
+static int R(nt_tensor *t)
+{
+    if (!t)
+        return 1; /* refused at the call: not what the case expects */
+    double v;
+    int rc = nt_item(t, &v);
+    nt_release(t);
+    return rc;
+}
+
+static const struct { const char *fn; int code; const char *want; const char *name; } TR[] = {
+    {"nt_cross_entropy_ex", NT_EINVAL, "'logits'", "logits NULL"},
+    {"nt_cross_entropy_ex", NT_EINVAL, "'labels'", "labels NULL"},
+    {"nt_cross_entropy_ex", NT_ERELEASED, "'logits'", "logits released"},
+    {"nt_cross_entropy_ex", NT_EDTYPE, "'labels'", "f32 labels"},
+    {"nt_cross_entropy_ex", NT_ESHAPE, "'labels'", "3 rows, 2 labels"},
+    {"nt_cross_entropy_ex", NT_EINVAL, "label_smoothing", "label_smoothing NaN"},
+    {"nt_cross_entropy_ex", NT_EINVAL, "label_smoothing", "label_smoothing -0.1"},
+    {"nt_cross_entropy_ex", NT_EINVAL, "label_smoothing", "label_smoothing 1.5"},
+    {"nt_cross_entropy_ex", NT_ERANGE, "labels[1] = 3 is out of range [0, 3)",
+     "a label out of range, not ignore_index (when it runs)"},
+};
+#define NTR ((int)(sizeof TR / sizeof TR[0]))
+
+static int run_trainops(int v)
+{
+    switch (v) {
+    case 0: return T(nt_cross_entropy_ex(NULL, F.lab2, -100, 0.0));
+    case 1: return T(nt_cross_entropy_ex(F.a23, NULL, -100, 0.0));
+    case 2: return T(nt_cross_entropy_ex(F.rel, F.lab2, -100, 0.0));
+    case 3: return T(nt_cross_entropy_ex(F.a23, F.v4, -100, 0.0));
+    case 4: return T(nt_cross_entropy_ex(F.a32, F.lab2, -100, 0.0));
+    case 5: return T(nt_cross_entropy_ex(F.a23, F.lab2, -100, NAN));
+    case 6: return T(nt_cross_entropy_ex(F.a23, F.lab2, -100, -0.1));
+    case 7: return T(nt_cross_entropy_ex(F.a23, F.lab2, -100, 1.5));
+    case 8: {
+        nt_tensor *lab = nt_from_host((int32_t[]){-100, 3}, NT_I32, 1, SH(2));
+        int rc = R(nt_cross_entropy_ex(F.a23, lab, -100, 0.1));
+        nt_release(lab);
+        return rc;
+    }
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
 /* The table                                                          */
 /* ------------------------------------------------------------------ */
 
@@ -2036,6 +2086,8 @@ static void build(void)
         add(*SIM_MISC_WANT[k] ? SIM_MISC_WANT[k] : "nt_sim_kernel_last",
             MISC_CODE[k] == NT_ESTATE ? NT_ESTATE : KERNEL, NULL, run_sim_misc, k,
             "simulator: %s", MISC_NAME[k]);
+    for (int k = 0; k < NTR; k++)
+        add(TR[k].fn, TR[k].code, TR[k].want, run_trainops, k, "%s: %s", TR[k].fn, TR[k].name);
 }
 
 

@@ -103,6 +103,9 @@ NT_API nt_tensor *nt_layer_norm_at(const nt_site *site, nt_tensor *x, nt_tensor 
 NT_API nt_tensor *nt_rms_norm_at(const nt_site *site, nt_tensor *x, nt_tensor *w, double eps);
 NT_API nt_tensor *nt_cross_entropy_at(const nt_site *site, nt_tensor *logits,
                                       nt_tensor *labels);
+NT_API nt_tensor *nt_cross_entropy_ex_at(const nt_site *site, nt_tensor *logits,
+                                         nt_tensor *labels, int64_t ignore_index,
+                                         double label_smoothing);
 NT_API nt_tensor *nt_mse_loss_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_embedding_at(const nt_site *site, nt_tensor *weight, nt_tensor *idx);
 NT_API nt_tensor *nt_gather_at(const nt_site *site, nt_tensor *t, int dim, nt_tensor *index);
@@ -217,6 +220,7 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
     X(nt_tensor *, nt_layer_norm, (nt_tensor *x, nt_tensor *w, nt_tensor *b, double eps), (const nt_site *site, nt_tensor *x, nt_tensor *w, nt_tensor *b, double eps), 4) \
     X(nt_tensor *, nt_rms_norm, (nt_tensor *x, nt_tensor *w, double eps), (const nt_site *site, nt_tensor *x, nt_tensor *w, double eps), 3) \
     X(nt_tensor *, nt_cross_entropy, (nt_tensor *logits, nt_tensor *labels), (const nt_site *site, nt_tensor *logits, nt_tensor *labels), 2) \
+    X(nt_tensor *, nt_cross_entropy_ex, (nt_tensor *logits, nt_tensor *labels, int64_t ignore_index, double label_smoothing), (const nt_site *site, nt_tensor *logits, nt_tensor *labels, int64_t ignore_index, double label_smoothing), 4) \
     X(nt_tensor *, nt_mse_loss, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_embedding, (nt_tensor *weight, nt_tensor *idx), (const nt_site *site, nt_tensor *weight, nt_tensor *idx), 2) \
     X(nt_tensor *, nt_gather, (nt_tensor *t, int dim, nt_tensor *index), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index), 3) \
@@ -322,6 +326,7 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 #define nt_layer_norm(...) nt_layer_norm_at(NT_HERE, __VA_ARGS__)
 #define nt_rms_norm(...) nt_rms_norm_at(NT_HERE, __VA_ARGS__)
 #define nt_cross_entropy(...) nt_cross_entropy_at(NT_HERE, __VA_ARGS__)
+#define nt_cross_entropy_ex(...) nt_cross_entropy_ex_at(NT_HERE, __VA_ARGS__)
 #define nt_mse_loss(...) nt_mse_loss_at(NT_HERE, __VA_ARGS__)
 #define nt_embedding(...) nt_embedding_at(NT_HERE, __VA_ARGS__)
 #define nt_gather(...) nt_gather_at(NT_HERE, __VA_ARGS__)
