@@ -512,3 +512,60 @@ NT_API nt_tensor *nt_embedding(nt_tensor *weight, nt_tensor *idx)
 {
     return nt_embedding_at(NT_RA_SITE, weight, idx);
 }
+
+/* ---------------- dropout and the training mode ---------------- */
+
+/* Per thread, like nt_no_grad_begin; a thread starts in training mode. */
+static _Thread_local bool tls_eval;
+
+NT_API void nt_set_training(bool on) { tls_eval = !on; }
+NT_API bool nt_is_training(void) { return !tls_eval; }
+
+/* The DROPOUT op, whatever the training mode (autograd's backward runs it on
+ * g with the forward's p and seed). */
+nt_tensor *nt__dropout(const nt_site *site, const char *fn, nt_tensor *x, double p, uint64_t seed)
+{
+    nt__call c;
+    if (!nt__call_begin(&c, site, fn, NT_OP_DROPOUT, 1, &x, "x"))
+        return nt__call_fail(&c);
+    x = c.in[0];
+    if (!need_float(&c, x, "x"))
+        return nt__call_fail(&c);
+    c.p.f[0] = p;
+    c.p.seed = seed;
+    c.odt[0] = (nt_dtype)x->dtype;
+    c.ondim[0] = x->ndim;
+    for (int i = 0; i < x->ndim; i++)
+        c.oshape[0][i] = x->shape[i];
+    c.flops = (double)nt__numel(x->ndim, x->shape);
+    return nt__dispatch(&c);
+}
+
+NT_API nt_tensor *nt_dropout_at(const nt_site *site, nt_tensor *x, double p, uint64_t seed)
+{
+    const char *fn = "nt_dropout";
+    if (!nt__ensure_init() || !nt__check_arg(site, fn, "x", x))
+        return NULL;
+    if (!nt__dtype_is_float((nt_dtype)x->dtype)) {
+        nt__err(site, NT_EDTYPE, fn, "argument 'x' has dtype %s; expected f32, bf16 or f16",
+                nt_dtype_name((nt_dtype)x->dtype));
+        return NULL;
+    }
+    if (!(p >= 0.0 && p < 1.0)) {
+        nt__err(site, NT_EINVAL, fn, "argument 'p' is %g; expected a probability in [0, 1)", p);
+        return NULL;
+    }
+    if (p == 0.0 || tls_eval) {
+        /* the identity: a new handle on x's value, in the graph like x */
+        nt__call c;
+        if (!nt__call_begin(&c, site, fn, NT_OP_ALIAS, 1, &x, "x"))
+            return nt__call_fail(&c);
+        return nt__dispatch_view(&c, nt__make_view(x, x->ndim, x->shape, x->stride, x->offset,
+                                                    site));
+    }
+    return nt__dropout(site, fn, x, p, seed);
+}
+NT_API nt_tensor *nt_dropout(nt_tensor *x, double p, uint64_t seed)
+{
+    return nt_dropout_at(NT_RA_SITE, x, p, seed);
+}

@@ -418,6 +418,19 @@ NT_API nt_tensor *nt_cross_entropy_ex(nt_tensor *logits, nt_tensor *labels,
                                       int64_t ignore_index, double label_smoothing);
 /** mean((a - b)^2) over every element; a and b have the same shape. */
 NT_API nt_tensor *nt_mse_loss(nt_tensor *a, nt_tensor *b);
+/** Training mode, per thread like nt_no_grad_begin; a thread starts in it.
+ *  Only nt_dropout reads it (the identity when off, as PyTorch's eval()). */
+NT_API void nt_set_training(bool on);
+NT_API bool nt_is_training(void);
+/** Zeroes each element of floating x with probability p and scales the rest
+ *  by 1/(1-p): y = x * m, m = 0 or (float)(1 / (1 - p)) (PyTorch's input *
+ *  noise: a dropped NaN or Inf gives NaN).  The keep mask is a pure function
+ *  of (seed, element index) (counter-based, core/sample.h): the same seed
+ *  gives the same mask in every mode, fused or not, on every backend.  The
+ *  backward recomputes it from the seed (g * m); nothing is saved.  When
+ *  training mode is off or p == 0: a new reference to x's value (no op).
+ *  p in [0, 1), else NT_EINVAL naming nt_dropout and p. */
+NT_API nt_tensor *nt_dropout(nt_tensor *x, double p, uint64_t seed);
 /** Rows of weight [V, D] picked by the i32 indices idx [...]: [..., D].
  *  Indices outside [0, V) are an error when the op runs. */
 NT_API nt_tensor *nt_embedding(nt_tensor *weight, nt_tensor *idx);

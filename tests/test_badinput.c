@@ -1559,6 +1559,12 @@ static const struct { const char *fn; int code; const char *want; const char *na
     {"nt_cross_entropy_ex", NT_EINVAL, "label_smoothing", "label_smoothing 1.5"},
     {"nt_cross_entropy_ex", NT_ERANGE, "labels[1] = 3 is out of range [0, 3)",
      "a label out of range, not ignore_index (when it runs)"},
+    {"nt_dropout", NT_EINVAL, "'x'", "x NULL"},
+    {"nt_dropout", NT_ERELEASED, "'x'", "x released"},
+    {"nt_dropout", NT_EDTYPE, "'x' has dtype i32", "i32 x"},
+    {"nt_dropout", NT_EINVAL, "'p' is -0.1; expected a probability in [0, 1)", "p -0.1"},
+    {"nt_dropout", NT_EINVAL, "'p' is 1", "p 1"},
+    {"nt_dropout", NT_EINVAL, "'p' is nan", "p NaN"},
 };
 #define NTR ((int)(sizeof TR / sizeof TR[0]))
 
@@ -1579,6 +1585,12 @@ static int run_trainops(int v)
         nt_release(lab);
         return rc;
     }
+    case 9: return T(nt_dropout(NULL, 0.5, 1));
+    case 10: return T(nt_dropout(F.rel, 0.5, 1));
+    case 11: return T(nt_dropout(F.i23, 0.5, 1));
+    case 12: return T(nt_dropout(F.a23, -0.1, 1));
+    case 13: return T(nt_dropout(F.a23, 1.0, 1));
+    case 14: return T(nt_dropout(F.a23, NAN, 1));
     }
     return 1;
 }

@@ -9,6 +9,7 @@
  * random ops use fixed seeds, so their statistical checks are deterministic;
  * the bounds are wide (many standard deviations). */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -234,6 +235,186 @@ static void test_ce_ex_edges(void **state)
     assert_int_equal(ab, bb);
 }
 
+/* ---------------- nt_dropout ---------------- */
+
+/* The documented generator (core/rng.h, core/sample.h), written out again:
+ * h(s, i) = fmix(fmix(s ^ salt) + (i + 1) * golden), u = (h >> 11) 2^-53,
+ * element i kept iff u >= p. */
+static uint64_t fmix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static double u53(uint64_t seed, uint64_t i)
+{
+    uint64_t key = fmix(seed ^ 0x6e74656e736f7221ull);
+    return (double)(fmix(key + (i + 1) * 0x9e3779b97f4a7c15ull) >> 11) * 0x1p-53;
+}
+static float drop_ref(float x, uint64_t seed, uint64_t i, double p)
+{
+    return x * (u53(seed, i) >= p ? (float)(1.0 / (1.0 - p)) : 0.0f);
+}
+
+/* The same mask and values on every backend and mode, fused into a chain
+ * or not, on a strided view, against the host formula bit for bit. */
+static void test_dropout_values(void **state)
+{
+    (void)state;
+    enum { R = 37, C = 300 };
+    static float x[R * C];
+    for (int k = 0; k < R * C; k++)
+        x[k] = (float)(2.0 * rnd());
+    x[5] = NAN, x[6] = INFINITY, x[7] = -0.0f;
+    static const double ps[] = {0.1, 0.5, 0.9};
+    for (int pi = 0; pi < 3; pi++) {
+        double p = ps[pi];
+        uint64_t seed = 1234 + (uint64_t)pi;
+        for (int k = 0; k < NCFG; k++) {
+            cfg(k);
+            nt_scope *sc = nt_scope_begin();
+            nt_tensor *t = nt_from_host(x, NT_F32, 2, SH(R, C));
+            /* plain, in a chain (fused in lazy mode), and of the transpose */
+            float *a = host_f32(nt_dropout(t, p, seed), R * C);
+            float *b = host_f32(
+                nt_mul_scalar(nt_dropout(nt_add_scalar(nt_mul_scalar(t, 1.0), 0.0), p, seed), 2.0),
+                R * C);
+            float *c = host_f32(nt_dropout(nt_transpose(t, 0, 1), p, seed), R * C);
+            for (int64_t i = 0; i < R * C; i++) {
+                float ra = drop_ref(x[i], seed, (uint64_t)i, p);
+                float rb = drop_ref(x[i] + 0.0f, seed, (uint64_t)i, p) * 2.0f;
+                /* transpose: output element i = (j, r) reads x[r, j] */
+                int64_t j = i / R, rr = i % R;
+                float rc = drop_ref(x[rr * C + j], seed, (uint64_t)i, p);
+                bool ok = (bits(a[i]) == bits(ra) || (isnan(a[i]) && isnan(ra))) &&
+                          (bits(b[i]) == bits(rb) || (isnan(b[i]) && isnan(rb))) &&
+                          (bits(c[i]) == bits(rc) || (isnan(c[i]) && isnan(rc)));
+                if (!ok)
+                    fail_msg("p %g %s/%s/fusion %s: element %lld: %a %a %a, want %a %a %a", p,
+                             CFGS[k][0], CFGS[k][1], CFGS[k][2], (long long)i, a[i], b[i], c[i],
+                             ra, rb, rc);
+            }
+            free(a), free(b), free(c);
+            nt_scope_end(sc);
+        }
+    }
+}
+
+/* The kept fraction over 2^20 elements is 1 - p within 6 standard
+ * deviations (fixed seeds: deterministic); kept values are x * scale. */
+static void test_dropout_fraction(void **state)
+{
+    (void)state;
+    enum { N = 1 << 20 };
+    static const double ps[] = {0.05, 0.2, 0.5, 0.75, 0.999};
+    nt_tensor *ones = nt_full(NT_F32, 1, SH(N), 1.0);
+    float *y = malloc(N * sizeof(float));
+    for (int pi = 0; pi < 5; pi++) {
+        double p = ps[pi];
+        assert_int_equal(nt_to_host(nt_dropout(ones, p, 99 + (uint64_t)pi), y, N * sizeof(float)), 0);
+        int64_t kept = 0;
+        float sc = (float)(1.0 / (1.0 - p));
+        for (int i = 0; i < N; i++) {
+            assert_true(y[i] == 0.0f || y[i] == sc);
+            kept += y[i] != 0.0f;
+        }
+        double sd = sqrt(p * (1 - p) / N), f = (double)kept / N;
+        if (fabs(f - (1 - p)) > 6 * sd)
+            fail_msg("p %g: kept %.6f of %d, expected %.6f +- %.6f", p, f, N, 1 - p, 6 * sd);
+    }
+    free(y);
+    nt_release(ones);
+}
+
+static nt_tensor *f_dropout(nt_tensor *const *in, void *ctx)
+{
+    (void)ctx;
+    return nt_dropout(in[0], 0.4, 5);
+}
+
+/* backward = g * m from the seed: bit for bit against the host mask, the
+ * same on every backend and mode; and nt_gradcheck. bf16: rounded once. */
+static void test_dropout_backward(void **state)
+{
+    (void)state;
+    enum { N = 999 };
+    static float x[N], w[N];
+    for (int k = 0; k < N; k++)
+        x[k] = (float)rnd(), w[k] = (float)rnd();
+    for (int k = 0; k < NCFG; k++) {
+        cfg(k);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *t = nt_from_host(x, NT_F32, 1, SH(N));
+        assert_int_equal(nt_set_requires_grad(t, true), 0);
+        nt_tensor *l = nt_sum(nt_mul(nt_dropout(t, 0.25, 77), nt_from_host(w, NT_F32, 1, SH(N))),
+                              NT_DIM_ALL, false);
+        assert_int_equal(nt_backward(l), 0);
+        float *g = host_f32(nt_grad(t), N);
+        for (int i = 0; i < N; i++)
+            if (bits(g[i]) != bits(drop_ref(w[i], 77, (uint64_t)i, 0.25)))
+                fail_msg("%s/%s: grad[%d] %a, want %a", CFGS[k][0], CFGS[k][1], i, g[i],
+                         drop_ref(w[i], 77, (uint64_t)i, 0.25));
+        free(g);
+        nt_scope_end(sc);
+    }
+    cfg(0);
+    nt_tensor *t = nt_from_host(x, NT_F32, 2, SH(27, 37));
+    assert_int_equal(nt_set_requires_grad(t, true), 0);
+    assert_int_equal(nt_gradcheck(f_dropout, &t, 1, NULL, 1e-3, 1e-3, 1e-3), 0);
+    /* bf16: x * m in f32, rounded once */
+    nt_tensor *xb = nt_cast(nt_from_host(x, NT_F32, 1, SH(N)), NT_BF16);
+    float *xr = host_f32(nt_cast(xb, NT_F32), N);
+    float *yb = host_f32(nt_cast(nt_dropout(xb, 0.3, 3), NT_F32), N);
+    for (int i = 0; i < N; i++) {
+        float want = drop_ref(xr[i], 3, (uint64_t)i, 0.3);
+        uint32_t u = bits(want), rnd_bf = ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16;
+        float wb;
+        memcpy(&wb, &rnd_bf, 4);
+        if (bits(yb[i]) != bits(wb))
+            fail_msg("bf16 element %d: %a, want %a", i, yb[i], wb);
+    }
+    free(xr), free(yb);
+}
+
+/* Eval mode and p == 0: the identity, with no op queued; per thread,
+ * training by default; the gradient passes through unchanged. */
+static void *other_thread(void *arg)
+{
+    *(bool *)arg = nt_is_training();
+    return NULL;
+}
+
+static void test_dropout_eval(void **state)
+{
+    (void)state;
+    assert_true(nt_is_training());
+    nt_set_training(false);
+    bool other = false;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, other_thread, &other), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_true(other); /* another thread is still training */
+    nt_set_training(true);
+    float x[5] = {1, -2, 3.5f, NAN, -0.0f}, y[5];
+    nt_tensor *t = nt_from_host(x, NT_F32, 1, SH(5));
+    assert_int_equal(nt_set_requires_grad(t, true), 0);
+    nt_set_training(false);
+    assert_false(nt_is_training());
+    nt_tensor *a = nt_dropout(t, 0.9, 1);
+    nt_set_training(true);
+    nt_tensor *b = nt_dropout(t, 0.0, 1);
+    assert_true(nt_is_training());
+    assert_int_equal(nt_to_host(a, y, sizeof y), 0);
+    assert_memory_equal(x, y, sizeof x);
+    assert_int_equal(nt_to_host(b, y, sizeof y), 0);
+    assert_memory_equal(x, y, sizeof x);
+    assert_int_equal(nt_backward(nt_sum(nt_add(a, b), NT_DIM_ALL, false)), 0);
+    float g[5];
+    assert_int_equal(nt_to_host(nt_grad(t), g, sizeof g), 0);
+    for (int i = 0; i < 5; i++)
+        assert_true(g[i] == 2.0f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -241,6 +422,10 @@ int main(void)
         T(test_ce_ex_is_cross_entropy),
         T(test_ce_ex_values),
         T(test_ce_ex_edges),
+        T(test_dropout_values),
+        T(test_dropout_fraction),
+        T(test_dropout_backward),
+        T(test_dropout_eval),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

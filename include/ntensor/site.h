@@ -107,6 +107,7 @@ NT_API nt_tensor *nt_cross_entropy_ex_at(const nt_site *site, nt_tensor *logits,
                                          nt_tensor *labels, int64_t ignore_index,
                                          double label_smoothing);
 NT_API nt_tensor *nt_mse_loss_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
+NT_API nt_tensor *nt_dropout_at(const nt_site *site, nt_tensor *x, double p, uint64_t seed);
 NT_API nt_tensor *nt_embedding_at(const nt_site *site, nt_tensor *weight, nt_tensor *idx);
 NT_API nt_tensor *nt_gather_at(const nt_site *site, nt_tensor *t, int dim, nt_tensor *index);
 NT_API nt_tensor *nt_index_select_at(const nt_site *site, nt_tensor *t, int dim,
@@ -222,6 +223,7 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
     X(nt_tensor *, nt_cross_entropy, (nt_tensor *logits, nt_tensor *labels), (const nt_site *site, nt_tensor *logits, nt_tensor *labels), 2) \
     X(nt_tensor *, nt_cross_entropy_ex, (nt_tensor *logits, nt_tensor *labels, int64_t ignore_index, double label_smoothing), (const nt_site *site, nt_tensor *logits, nt_tensor *labels, int64_t ignore_index, double label_smoothing), 4) \
     X(nt_tensor *, nt_mse_loss, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
+    X(nt_tensor *, nt_dropout, (nt_tensor *x, double p, uint64_t seed), (const nt_site *site, nt_tensor *x, double p, uint64_t seed), 3) \
     X(nt_tensor *, nt_embedding, (nt_tensor *weight, nt_tensor *idx), (const nt_site *site, nt_tensor *weight, nt_tensor *idx), 2) \
     X(nt_tensor *, nt_gather, (nt_tensor *t, int dim, nt_tensor *index), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index), 3) \
     X(nt_tensor *, nt_index_select, (nt_tensor *t, int dim, nt_tensor *index), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index), 3) \
@@ -328,6 +330,7 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 #define nt_cross_entropy(...) nt_cross_entropy_at(NT_HERE, __VA_ARGS__)
 #define nt_cross_entropy_ex(...) nt_cross_entropy_ex_at(NT_HERE, __VA_ARGS__)
 #define nt_mse_loss(...) nt_mse_loss_at(NT_HERE, __VA_ARGS__)
+#define nt_dropout(...) nt_dropout_at(NT_HERE, __VA_ARGS__)
 #define nt_embedding(...) nt_embedding_at(NT_HERE, __VA_ARGS__)
 #define nt_gather(...) nt_gather_at(NT_HERE, __VA_ARGS__)
 #define nt_index_select(...) nt_index_select_at(NT_HERE, __VA_ARGS__)
