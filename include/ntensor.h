@@ -709,6 +709,14 @@ NT_API double nt_optim_get_lr(nt_optim *opt);
 /** Number of successful nt_optim_step calls (restored by nt_load), or a
  *  negative error code for a bad opt. */
 NT_API int64_t nt_optim_steps(nt_optim *opt);
+/** torch.nn.utils.clip_grad_norm_ (L2): total = the L2 norm of all the
+ *  params' .grads as one vector (the norm of their norms); each .grad is
+ *  multiplied in place by min(1, max_norm / (total + 1e-6)), on the device,
+ *  no host sync.  Returns total as a 0-dim f32 tensor (the caller releases
+ *  it), NULL on bad input (params NULL, n < 0, max_norm <= 0 or NaN, a
+ *  non-floating or repeated parameter).  Params without a .grad are
+ *  skipped; with none, total is 0. */
+NT_API nt_tensor *nt_clip_grad_norm(nt_tensor *const *params, int n, double max_norm);
 /** Master weights for bf16/f16 parameters: when on, the optimizer keeps an
  *  f32 copy of each such parameter, applies the update to the copy (with the
  *  gradient cast to f32 and f32 state) and writes the copy, rounded, into the

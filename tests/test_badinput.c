@@ -1565,6 +1565,15 @@ static const struct { const char *fn; int code; const char *want; const char *na
     {"nt_dropout", NT_EINVAL, "'p' is -0.1; expected a probability in [0, 1)", "p -0.1"},
     {"nt_dropout", NT_EINVAL, "'p' is 1", "p 1"},
     {"nt_dropout", NT_EINVAL, "'p' is nan", "p NaN"},
+    {"nt_clip_grad_norm", NT_EINVAL, "'params' is NULL", "params NULL"},
+    {"nt_clip_grad_norm", NT_EINVAL, "'n' is < 0", "n -1"},
+    {"nt_clip_grad_norm", NT_EINVAL, "'max_norm' is 0; expected a value > 0", "max_norm 0"},
+    {"nt_clip_grad_norm", NT_EINVAL, "'max_norm' is -1", "max_norm -1"},
+    {"nt_clip_grad_norm", NT_EINVAL, "'max_norm' is nan", "max_norm NaN"},
+    {"nt_clip_grad_norm", NT_EDTYPE, "'params[1]' is i32", "an i32 parameter"},
+    {"nt_clip_grad_norm", NT_ERELEASED, "params[0]", "a released parameter"},
+    {"nt_clip_grad_norm", NT_EINVAL, "params[1]", "a NULL parameter"},
+    {"nt_clip_grad_norm", NT_EINVAL, "same tensor at 0 and 1", "a repeated parameter"},
 };
 #define NTR ((int)(sizeof TR / sizeof TR[0]))
 
@@ -1591,6 +1600,15 @@ static int run_trainops(int v)
     case 12: return T(nt_dropout(F.a23, -0.1, 1));
     case 13: return T(nt_dropout(F.a23, 1.0, 1));
     case 14: return T(nt_dropout(F.a23, NAN, 1));
+    case 15: return T(nt_clip_grad_norm(NULL, 1, 1.0));
+    case 16: return T(nt_clip_grad_norm(&F.pw, -1, 1.0));
+    case 17: return T(nt_clip_grad_norm(&F.pw, 1, 0.0));
+    case 18: return T(nt_clip_grad_norm(&F.pw, 1, -1.0));
+    case 19: return T(nt_clip_grad_norm(&F.pw, 1, NAN));
+    case 20: return T(nt_clip_grad_norm((nt_tensor *[]){F.pw, F.i23}, 2, 1.0));
+    case 21: return T(nt_clip_grad_norm((nt_tensor *[]){F.rel, F.pw}, 2, 1.0));
+    case 22: return T(nt_clip_grad_norm((nt_tensor *[]){F.pw, NULL}, 2, 1.0));
+    case 23: return T(nt_clip_grad_norm((nt_tensor *[]){F.pw, F.pw}, 2, 1.0));
     }
     return 1;
 }

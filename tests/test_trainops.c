@@ -415,6 +415,106 @@ static void test_dropout_eval(void **state)
         assert_true(g[i] == 2.0f);
 }
 
+/* ---------------- nt_clip_grad_norm ---------------- */
+
+/* torch.nn.utils.clip_grad_norm_ in double against the device's: the
+ * total norm and the clipped gradients (clipping and not), the same bits in
+ * every backend and mode, and no sync point inside the call. */
+static void test_clip_grad_norm(void **state)
+{
+    (void)state;
+    static const int64_t sz[3] = {35, 13, 24};
+    static float w[3][35];
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < sz[i]; k++)
+            w[i][k] = (float)(3.0 * rnd());
+    double t2 = 0;
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < sz[i]; k++)
+            t2 += (double)w[i][k] * w[i][k];
+    double total = sqrt(t2);
+    static const double maxn[] = {1.0, 0.25, 1e3, INFINITY};
+    for (int m = 0; m < 4; m++) {
+        double coef = fmin(1.0, maxn[m] / (total + 1e-6));
+        uint32_t want[3][35], wt = 0;
+        for (int k = 0; k < NCFG; k++) {
+            cfg(k);
+            nt_scope *sc = nt_scope_begin();
+            nt_tensor *p[4];
+            p[0] = nt_zeros(NT_F32, 2, SH(5, 7));
+            p[1] = nt_zeros(NT_F32, 1, SH(13));
+            p[2] = nt_zeros(NT_F32, 3, SH(2, 3, 4));
+            p[3] = nt_zeros(NT_F32, 1, SH(3)); /* no .grad: skipped */
+            nt_tensor *l = NULL;
+            for (int i = 0; i < 4; i++)
+                assert_int_equal(nt_set_requires_grad(p[i], true), 0);
+            for (int i = 0; i < 3; i++) {
+                nt_tensor *wi = nt_reshape(nt_from_host(w[i], NT_F32, 1, SH(sz[i])), nt_ndim(p[i]),
+                                           (int64_t[]){nt_shape(p[i], 0), nt_shape(p[i], 1),
+                                                       nt_shape(p[i], 2)});
+                nt_tensor *li = nt_sum(nt_mul(p[i], wi), NT_DIM_ALL, false);
+                l = l ? nt_add(l, li) : li;
+            }
+            assert_int_equal(nt_backward(l), 0); /* .grad = w exactly */
+            assert_int_equal(nt_sync(), 0);
+            nt_stats s0, s1;
+            assert_int_equal(nt_stats_get(&s0), 0);
+            nt_tensor *tot = nt_clip_grad_norm(p, 4, maxn[m]);
+            assert_int_equal(nt_stats_get(&s1), 0);
+            assert_int_equal(s1.syncs, s0.syncs);
+            assert_non_null(tot);
+            assert_int_equal(nt_ndim(tot), 0);
+            assert_int_equal(nt_dtype_of(tot), NT_F32);
+            float tv = (float)item(tot);
+            if (!(fabs(tv - total) <= 1e-6 * total))
+                fail_msg("max_norm %g %s/%s: total %.9g, reference %.9g", maxn[m], CFGS[k][0],
+                         CFGS[k][1], tv, total);
+            if (k == 0)
+                wt = bits(tv);
+            assert_int_equal(bits(tv), wt);
+            for (int i = 0; i < 3; i++) {
+                float *g = host_f32(nt_grad(p[i]), sz[i]);
+                for (int e = 0; e < sz[i]; e++) {
+                    double r = (double)w[i][e] * coef;
+                    if (coef == 1.0 ? bits(g[e]) != bits(w[i][e])
+                                    : !(fabs(g[e] - r) <= 2e-7 * fabs(r) + 1e-12))
+                        fail_msg("max_norm %g %s/%s: grad %d[%d] %.9g, reference %.9g", maxn[m],
+                                 CFGS[k][0], CFGS[k][1], i, e, g[e], r);
+                    if (k == 0)
+                        want[i][e] = bits(g[e]);
+                    else
+                        assert_int_equal(bits(g[e]), want[i][e]);
+                }
+                free(g);
+            }
+            assert_null(nt_grad(p[3]));
+            nt_release(tot);
+            nt_scope_end(sc);
+        }
+    }
+    /* no gradients at all: total 0, nothing to clip; n = 0 too */
+    nt_tensor *q = nt_zeros(NT_F32, 1, SH(4));
+    nt_tensor *z = nt_clip_grad_norm(&q, 1, 1.0);
+    assert_true(item(z) == 0.0);
+    nt_release(z);
+    z = nt_clip_grad_norm(&q, 0, 1.0);
+    assert_true(item(z) == 0.0);
+    nt_release(z);
+    nt_release(q);
+    /* a bf16 parameter: its norm from the widened .grad, clipped in bf16 */
+    float hb[4] = {3, 4, 0, 0};
+    nt_tensor *b = nt_cast(nt_zeros(NT_F32, 1, SH(4)), NT_BF16);
+    assert_int_equal(nt_set_requires_grad(b, true), 0);
+    nt_tensor *wb = nt_cast(nt_from_host(hb, NT_F32, 1, SH(4)), NT_BF16);
+    assert_int_equal(nt_backward(nt_sum(nt_mul(b, wb), NT_DIM_ALL, false)), 0);
+    z = nt_clip_grad_norm(&b, 1, 1.0);
+    assert_true(fabs(item(z) - 5.0) < 1e-6);
+    float gb[4];
+    assert_int_equal(nt_to_host(nt_cast(nt_grad(b), NT_F32), gb, sizeof gb), 0);
+    assert_true(fabs(gb[0] - 0.6) < 4e-3 && fabs(gb[1] - 0.8) < 4e-3 && gb[2] == 0.0f);
+    nt_release(z);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -426,6 +526,7 @@ int main(void)
         T(test_dropout_fraction),
         T(test_dropout_backward),
         T(test_dropout_eval),
+        T(test_clip_grad_norm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

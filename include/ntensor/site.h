@@ -143,6 +143,8 @@ NT_API nt_tensor *nt_detach_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *in);
 NT_API int nt_optim_step_at(const nt_site *site, nt_optim *opt);
 NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
+NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *params, int n,
+                                       double max_norm);
 
 /* NT_SITE_FUNCS(X) calls X(ret, name, (params), (site, params), nparams)
  * for every function above, e.g. to wrap them all; tests/test_api.c
@@ -252,7 +254,8 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
     X(nt_tensor *, nt_detach, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_op_call, (int op, nt_tensor *const *in), (const nt_site *site, int op, nt_tensor *const *in), 2) \
     X(int, nt_optim_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1) \
-    X(int, nt_sgd_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1)
+    X(int, nt_sgd_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1) \
+    X(nt_tensor *, nt_clip_grad_norm, (nt_tensor *const *params, int n, double max_norm), (const nt_site *site, nt_tensor *const *params, int n, double max_norm), 3)
 
 #if !defined(__cplusplus) && !defined(NT_NO_SITE_MACROS) && !defined(NT_BUILDING_LIBRARY)
 #define nt_from_host(...) nt_from_host_at(NT_HERE, __VA_ARGS__)
@@ -360,6 +363,7 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 #define nt_op_call(...) nt_op_call_at(NT_HERE, __VA_ARGS__)
 #define nt_optim_step(...) nt_optim_step_at(NT_HERE, __VA_ARGS__)
 #define nt_sgd_step(...) nt_sgd_step_at(NT_HERE, __VA_ARGS__)
+#define nt_clip_grad_norm(...) nt_clip_grad_norm_at(NT_HERE, __VA_ARGS__)
 #endif
 
 #endif /* NTENSOR_SITE_H */
