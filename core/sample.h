@@ -31,11 +31,13 @@ static inline float nt__dropout_mul(uint64_t key, uint64_t i, double p, float sc
     return nt__rng_u53(key, i) >= p ? scale : 0.0f;
 }
 
-/* nt_topk's order: whether (va, ia) comes before (vb, ib).  largest: NaN
- * first, then descending; smallest: ascending, NaN last (NaN is above every
- * number, as in PyTorch's sort); equal values (and two NaNs) by index, the
- * lower first.  A strict total order, so the selection is unique. */
-static inline bool nt__topk_before(float va, int64_t ia, float vb, int64_t ib, bool largest)
+/* nt_topk's order: whether (va, ia) comes before (vb, ib), the values
+ * widened exactly to double (every dtype's values are exact there).
+ * largest: NaN first, then descending; smallest: ascending, NaN last (NaN is
+ * above every number, as in PyTorch's sort); equal values (+0 and -0, two
+ * NaNs) by index, the lower first.  A strict total order, so the k first
+ * elements are one set in one order, whatever algorithm finds them. */
+static inline bool nt__topk_before(double va, int64_t ia, double vb, int64_t ib, bool largest)
 {
     bool na = va != va, nb = vb != vb;
     if (na || nb) {

@@ -3,6 +3,8 @@
  * (sim/kernels/sample.c) compute the same elements from the same functions. */
 #include "cpu/cpu.h"
 
+#include <stdlib.h>
+
 #include "core/sample.h"
 #include "cpu/rows.h"
 
@@ -27,5 +29,73 @@ int nt__cpu_dropout(const nt__rec *r)
             buf[k] = buf[k] * nt__dropout_mul(key, (uint64_t)(i0 + k), p, scale);
         nt__st_f32(y + i0 * es, dt, 1, buf, m); /* one rounding */
     }
+    return 0;
+}
+
+/* ---------------- topk ---------------- */
+
+typedef struct tk_ent {
+    double v;
+    int64_t i;
+} tk_ent;
+
+static int tk_large(const void *a, const void *b)
+{
+    const tk_ent *x = a, *y = b;
+    return nt__topk_before(x->v, x->i, y->v, y->i, true) ? -1 : 1;
+}
+static int tk_small(const void *a, const void *b)
+{
+    const tk_ent *x = a, *y = b;
+    return nt__topk_before(x->v, x->i, y->v, y->i, false) ? -1 : 1;
+}
+
+/* x [O, L, I] (dim d in the middle) -> i32 [O, k, I]: each row (o, i)
+ * sorted by nt__topk_before (a strict total order, so qsort's instability
+ * cannot show), its first k indices kept. */
+int nt__cpu_topk(const nt__rec *r)
+{
+    const nt_tensor *x = r->in[0], *o = r->out[0];
+    int d = r->p.dim;
+    int64_t k = r->p.i[0], L = x->shape[d], O = 1, I = 1, n = nt__numel(x->ndim, x->shape);
+    for (int a = 0; a < d; a++)
+        O *= x->shape[a];
+    for (int a = d + 1; a < x->ndim; a++)
+        I *= x->shape[a];
+    if (n == 0 || k == 0)
+        return 0;
+    bool fl = nt__dtype_is_float((nt_dtype)x->dtype);
+    double *v = g_try_malloc((size_t)n * sizeof(double));
+    tk_ent *row = g_try_malloc((size_t)L * sizeof(tk_ent));
+    float *tf = g_try_malloc(SAMPLE_CHUNK * sizeof(float));
+    if (!v || !row || !tf) {
+        g_free(v), g_free(row), g_free(tf);
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for topk over %lld elements",
+                        (long long)n);
+    }
+    nt__flat F;
+    nt__flat_init(&F, x);
+    for (int64_t i0 = 0; i0 < n; i0 += SAMPLE_CHUNK) {
+        int64_t m = n - i0 < SAMPLE_CHUNK ? n - i0 : SAMPLE_CHUNK;
+        if (fl) {
+            nt__flat_read_f32(&F, tf, m); /* exact: every float dtype widens to f32 */
+            for (int64_t j = 0; j < m; j++)
+                v[i0 + j] = tf[j];
+        } else {
+            nt__flat_read_i32(&F, (int32_t *)tf, m);
+            for (int64_t j = 0; j < m; j++)
+                v[i0 + j] = ((int32_t *)tf)[j];
+        }
+    }
+    int32_t *y = nt__tensor_data(o);
+    for (int64_t a = 0; a < O; a++)
+        for (int64_t i = 0; i < I; i++) {
+            for (int64_t j = 0; j < L; j++)
+                row[j] = (tk_ent){v[(a * L + j) * I + i], j};
+            qsort(row, (size_t)L, sizeof *row, r->p.flag ? tk_large : tk_small);
+            for (int64_t j = 0; j < k; j++)
+                y[(a * k + j) * I + i] = (int32_t)row[j].i;
+        }
+    g_free(v), g_free(row), g_free(tf);
     return 0;
 }

@@ -434,6 +434,15 @@ NT_API nt_tensor *nt_dropout(nt_tensor *x, double p, uint64_t seed);
 /** Rows of weight [V, D] picked by the i32 indices idx [...]: [..., D].
  *  Indices outside [0, V) are an error when the op runs. */
 NT_API nt_tensor *nt_embedding(nt_tensor *weight, nt_tensor *idx);
+/** The k largest (largest = true) or smallest elements of x along dim, in
+ *  order (ties: the lower index first; NaN counts as above every number, as
+ *  in PyTorch's sort).  *values has x's dtype and shape with dim of size k;
+ *  *indices is i32, the same shape.  values is differentiable (gathered
+ *  with the indices: its gradient goes back through nt_gather's).  0 <= k
+ *  <= the size of dim.  Returns 0, or an error code with both outputs set
+ *  to NULL. */
+NT_API int nt_topk(nt_tensor *x, int64_t k, int dim, bool largest, nt_tensor **values,
+                   nt_tensor **indices);
 /** torch.gather: out[i][j][k] = t[index[i][j][k]][j][k] (dim 0; likewise for
  *  other dims).  t has at least 1 dim; index (i32 or u8; PyTorch's is
  *  int64) has t's ndim and index.shape[d] <=

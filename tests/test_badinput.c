@@ -1548,6 +1548,21 @@ static int R(nt_tensor *t)
     return rc;
 }
 
+/* nt_topk with either output pointer NULL or not; a given one must come
+ * back NULL on an error. */
+static int TK(nt_tensor *x, int64_t k, int dim, bool give_v, bool give_i)
+{
+    nt_tensor *v = F.a23, *i = F.a23; /* not NULL: the call must clear them */
+    int rc = nt_topk(x, k, dim, true, give_v ? &v : NULL, give_i ? &i : NULL);
+    if (rc == 0) {
+        nt_release(v), nt_release(i);
+        return 1;
+    }
+    if ((give_v && v) || (give_i && i))
+        return 2; /* an output left set */
+    return rc;
+}
+
 static const struct { const char *fn; int code; const char *want; const char *name; } TR[] = {
     {"nt_cross_entropy_ex", NT_EINVAL, "'logits'", "logits NULL"},
     {"nt_cross_entropy_ex", NT_EINVAL, "'labels'", "labels NULL"},
@@ -1574,6 +1589,15 @@ static const struct { const char *fn; int code; const char *want; const char *na
     {"nt_clip_grad_norm", NT_ERELEASED, "params[0]", "a released parameter"},
     {"nt_clip_grad_norm", NT_EINVAL, "params[1]", "a NULL parameter"},
     {"nt_clip_grad_norm", NT_EINVAL, "same tensor at 0 and 1", "a repeated parameter"},
+    {"nt_topk", NT_EINVAL, "'x'", "x NULL"},
+    {"nt_topk", NT_ERELEASED, "'x'", "x released"},
+    {"nt_topk", NT_EINVAL, "'values' is NULL", "values NULL"},
+    {"nt_topk", NT_EINVAL, "'indices' is NULL", "indices NULL"},
+    {"nt_topk", NT_EINVAL, "'k' is 4; expected 0 <= k <= 3, the size of dim 1", "k > size"},
+    {"nt_topk", NT_EINVAL, "'k' is -1", "k -1"},
+    {"nt_topk", NT_EDIM, "dim 2 is out of range", "dim 2 of 2"},
+    {"nt_topk", NT_EDIM, "dim -3", "dim -3 of 2"},
+    {"nt_topk", NT_ESHAPE, "'x' is 0-d", "0-d x"},
 };
 #define NTR ((int)(sizeof TR / sizeof TR[0]))
 
@@ -1609,6 +1633,15 @@ static int run_trainops(int v)
     case 21: return T(nt_clip_grad_norm((nt_tensor *[]){F.rel, F.pw}, 2, 1.0));
     case 22: return T(nt_clip_grad_norm((nt_tensor *[]){F.pw, NULL}, 2, 1.0));
     case 23: return T(nt_clip_grad_norm((nt_tensor *[]){F.pw, F.pw}, 2, 1.0));
+    case 24: return TK(NULL, 1, 0, true, true);
+    case 25: return TK(F.rel, 1, 0, true, true);
+    case 26: return TK(F.a23, 1, 1, false, true);
+    case 27: return TK(F.a23, 1, 1, true, false);
+    case 28: return TK(F.a23, 4, 1, true, true);
+    case 29: return TK(F.a23, -1, 1, true, true);
+    case 30: return TK(F.a23, 1, 2, true, true);
+    case 31: return TK(F.a23, 1, -3, true, true);
+    case 32: return TK(F.s0, 1, 0, true, true);
     }
     return 1;
 }

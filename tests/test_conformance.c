@@ -320,6 +320,10 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
         case NT_OP_ARGMIN: return nt_argmin(in[0], 1, true);
         case NT_OP_ANY: return nt_any(in[0], 0, false);
         case NT_OP_NORM: return nt_norm(in[0], 2.0, 1, false);
+        case NT_OP_TOPK: {
+            nt_tensor *v, *ix;
+            return nt_topk(in[0], 7, 1, true, &v, &ix) ? NULL : ix;
+        }
         default: return NO_DRIVER;
         }
     case NT_KIND_ROW:
@@ -595,6 +599,7 @@ static void check_amp(int op)
     nt_dtype in_dt = I->amp == NT__AMP_LOW ? NT_F32 : NT_BF16;
     nt_dtype want = I->amp == NT__AMP_F32 ? NT_F32 : NT_BF16;
     if (I->kind == NT_KIND_CMP || op == NT_OP_ARGMAX || op == NT_OP_ARGMIN || op == NT_OP_ANY ||
+        op == NT_OP_TOPK ||
         (I->flags & NT_OPF_INTONLY)) {
         cell(op, K_AMP, "n/a: integer result");
         return;

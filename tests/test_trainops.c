@@ -36,6 +36,8 @@ enum { NCFG = sizeof CFGS / sizeof CFGS[0] };
 static void cfg(int k)
 {
     assert_int_equal(nt_config_set("NT_BACKEND", CFGS[k][0]), 0);
+    /* the simulator runs every op itself: no silent CPU fallback */
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", strcmp(CFGS[k][0], "sim") ? "0" : "1"), 0);
     assert_int_equal(nt_config_set("NT_MODE", CFGS[k][1]), 0);
     assert_int_equal(nt_config_set("NT_FUSION", CFGS[k][2]), 0);
 }
@@ -515,6 +517,171 @@ static void test_clip_grad_norm(void **state)
     nt_release(z);
 }
 
+/* ---------------- nt_topk ---------------- */
+
+typedef struct {
+    double v;
+    int64_t j;
+} ent;
+/* rank classes: NaN above every number */
+static int cmp_desc(const void *a, const void *b)
+{
+    const ent *x = a, *y = b;
+    int nx = isnan(x->v), ny = isnan(y->v);
+    if (nx != ny)
+        return nx ? -1 : 1;
+    if (!nx && x->v != y->v)
+        return x->v > y->v ? -1 : 1;
+    return x->j < y->j ? -1 : 1;
+}
+static int cmp_asc(const void *a, const void *b)
+{
+    const ent *x = a, *y = b;
+    int nx = isnan(x->v), ny = isnan(y->v);
+    if (nx != ny)
+        return nx ? 1 : -1;
+    if (!nx && x->v != y->v)
+        return x->v < y->v ? -1 : 1;
+    return x->j < y->j ? -1 : 1;
+}
+
+/* One case: x [sh] of dtype dt (values from hv, as doubles exact in dt),
+ * along dim d, against a sort on the host; values and indices on every
+ * backend and mode; and transposed input when asked. */
+static void topk_case(nt_dtype dt, int nd, const int64_t *sh, int d, int64_t k, bool largest,
+                      const double *hv)
+{
+    int64_t n = 1, O = 1, I = 1, L = sh[d];
+    for (int a = 0; a < nd; a++)
+        n *= sh[a];
+    for (int a = 0; a < d; a++)
+        O *= sh[a];
+    for (int a = d + 1; a < nd; a++)
+        I *= sh[a];
+    int64_t nk = O * k * I;
+    int32_t *wi = malloc((size_t)(nk ? nk : 1) * 4);
+    double *wv = malloc((size_t)(nk ? nk : 1) * 8);
+    ent *row = malloc((size_t)L * sizeof(ent));
+    for (int64_t a = 0; a < O; a++)
+        for (int64_t i = 0; i < I; i++) {
+            for (int64_t j = 0; j < L; j++)
+                row[j] = (ent){hv[(a * L + j) * I + i], j};
+            qsort(row, (size_t)L, sizeof(ent), largest ? cmp_desc : cmp_asc);
+            for (int64_t j = 0; j < k; j++) {
+                wi[(a * k + j) * I + i] = (int32_t)row[j].j;
+                wv[(a * k + j) * I + i] = row[j].v;
+            }
+        }
+    float *hf = malloc((size_t)n * 4);
+    int32_t *hi = malloc((size_t)n * 4);
+    for (int64_t e = 0; e < n; e++)
+        hf[e] = (float)hv[e], hi[e] = (int32_t)hv[e];
+    int32_t *gi = malloc((size_t)(nk ? nk : 1) * 4);
+    for (int kc = 0; kc < NCFG; kc++) {
+        cfg(kc);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = (dt == NT_F32 || dt == NT_BF16 || dt == NT_F16) ? nt_cast(nt_from_host(hf, NT_F32, nd, sh), dt)
+                                              : nt_from_host(hi, NT_I32, nd, sh);
+        nt_tensor *v = NULL, *ix = NULL;
+        assert_int_equal(nt_topk(x, k, d, largest, &v, &ix), 0);
+        assert_int_equal(nt_dtype_of(ix), NT_I32);
+        assert_int_equal(nt_dtype_of(v), dt);
+        for (int a = 0; a < nd; a++)
+            assert_int_equal(nt_shape(ix, a), a == d ? k : sh[a]);
+        if (nk) {
+            assert_int_equal(nt_to_host(ix, gi, (size_t)nk * 4), 0);
+            double *gv = malloc((size_t)nk * 8);
+            if ((dt == NT_F32 || dt == NT_BF16 || dt == NT_F16)) {
+                float *f = host_f32(nt_cast(v, NT_F32), nk);
+                for (int64_t e = 0; e < nk; e++)
+                    gv[e] = f[e];
+                free(f);
+            } else {
+                int32_t *f = malloc((size_t)nk * 4);
+                assert_int_equal(nt_to_host(v, f, (size_t)nk * 4), 0);
+                for (int64_t e = 0; e < nk; e++)
+                    gv[e] = f[e];
+                free(f);
+            }
+            for (int64_t e = 0; e < nk; e++)
+                if (gi[e] != wi[e] || !(gv[e] == wv[e] || (isnan(gv[e]) && isnan(wv[e]))))
+                    fail_msg("%s topk k %lld dim %d %s, %s/%s: element %lld: index %d value %g, "
+                             "want %d %g", nt_dtype_name(dt), (long long)k, d,
+                             largest ? "largest" : "smallest", CFGS[kc][0], CFGS[kc][1],
+                             (long long)e, gi[e], gv[e], wi[e], wv[e]);
+            free(gv);
+        }
+        nt_scope_end(sc);
+    }
+    free(wi), free(wv), free(row), free(hf), free(hi), free(gi);
+}
+
+static void test_topk_values(void **state)
+{
+    (void)state;
+    enum { NMAX = 2 * 300 * 150 };
+    double *hv = malloc(NMAX * sizeof(double));
+    /* few distinct values (ties everywhere), with NaN, +-0 and +-Inf */
+    for (int e = 0; e < NMAX; e++) {
+        hv[e] = floor(4.0 * rnd()) * 0.5;
+        if (e % 17 == 3)
+            hv[e] = NAN;
+        if (e % 23 == 5)
+            hv[e] = e % 2 ? -0.0 : 0.0;
+        if (e % 41 == 7)
+            hv[e] = e % 2 ? INFINITY : -INFINITY;
+    }
+    for (int lg = 0; lg < 2; lg++) {
+        topk_case(NT_F32, 2, SH(7, 50), 1, 5, lg, hv);
+        topk_case(NT_F32, 2, SH(7, 50), 0, 7, lg, hv);
+        topk_case(NT_BF16, 2, SH(300, 20), 1, 20, lg, hv);  /* > 128 rows, k = L */
+        topk_case(NT_F32, 3, SH(2, 300, 150), 1, 3, lg, hv); /* I = 150 > 128 */
+        topk_case(NT_F32, 3, SH(3, 5000, 2), 1, 2500, lg, hv); /* chunks, pieces */
+        topk_case(NT_F32, 2, SH(4, 9), 1, 0, lg, hv);
+        topk_case(NT_F32, 1, SH(1), 0, 1, lg, hv);
+    }
+    /* i32 above 2^24: compared exactly */
+    for (int e = 0; e < 200; e++)
+        hv[e] = (double)((int32_t)(rnd() * 2e9)) + (e % 3);
+    hv[10] = hv[11] = 16777217.0, hv[12] = 16777216.0;
+    topk_case(NT_I32, 2, SH(4, 50), 1, 10, true, hv);
+    topk_case(NT_I32, 2, SH(4, 50), 0, 4, false, hv);
+    free(hv);
+}
+
+/* values' gradient: w scattered back to where the values came from (x's
+ * shape, zeros elsewhere), on a transposed (strided) x. */
+static void test_topk_backward(void **state)
+{
+    (void)state;
+    enum { R = 6, C = 11, K = 4 };
+    float hx[R * C], hw[C * K];
+    for (int e = 0; e < R * C; e++)
+        hx[e] = (float)rnd();
+    for (int e = 0; e < C * K; e++)
+        hw[e] = (float)(e + 1);
+    for (int kc = 0; kc < NCFG; kc++) {
+        cfg(kc);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = nt_from_host(hx, NT_F32, 2, SH(R, C));
+        assert_int_equal(nt_set_requires_grad(x, true), 0);
+        nt_tensor *v, *ix;
+        /* x^T [C, R], top K along dim 1 (the rows of x^T) */
+        assert_int_equal(nt_topk(nt_transpose(x, 0, 1), K, -1, false, &v, &ix), 0);
+        assert_int_equal(nt_backward(nt_sum(nt_mul(v, nt_from_host(hw, NT_F32, 2, SH(C, K))),
+                                            NT_DIM_ALL, false)), 0);
+        int32_t gi[C * K];
+        float g[R * C], want[R * C] = {0};
+        assert_int_equal(nt_to_host(ix, gi, sizeof gi), 0);
+        for (int c = 0; c < C; c++)
+            for (int j = 0; j < K; j++)
+                want[gi[c * K + j] * C + c] += hw[c * K + j];
+        assert_int_equal(nt_to_host(nt_grad(x), g, sizeof g), 0);
+        assert_memory_equal(g, want, sizeof g);
+        nt_scope_end(sc);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -527,6 +694,8 @@ int main(void)
         T(test_dropout_backward),
         T(test_dropout_eval),
         T(test_clip_grad_norm),
+        T(test_topk_values),
+        T(test_topk_backward),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

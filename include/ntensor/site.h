@@ -109,6 +109,8 @@ NT_API nt_tensor *nt_cross_entropy_ex_at(const nt_site *site, nt_tensor *logits,
 NT_API nt_tensor *nt_mse_loss_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_dropout_at(const nt_site *site, nt_tensor *x, double p, uint64_t seed);
 NT_API nt_tensor *nt_embedding_at(const nt_site *site, nt_tensor *weight, nt_tensor *idx);
+NT_API int nt_topk_at(const nt_site *site, nt_tensor *x, int64_t k, int dim, bool largest,
+                      nt_tensor **values, nt_tensor **indices);
 NT_API nt_tensor *nt_gather_at(const nt_site *site, nt_tensor *t, int dim, nt_tensor *index);
 NT_API nt_tensor *nt_index_select_at(const nt_site *site, nt_tensor *t, int dim,
                                      nt_tensor *index);
@@ -227,6 +229,7 @@ NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *pa
     X(nt_tensor *, nt_mse_loss, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_dropout, (nt_tensor *x, double p, uint64_t seed), (const nt_site *site, nt_tensor *x, double p, uint64_t seed), 3) \
     X(nt_tensor *, nt_embedding, (nt_tensor *weight, nt_tensor *idx), (const nt_site *site, nt_tensor *weight, nt_tensor *idx), 2) \
+    X(int, nt_topk, (nt_tensor *x, int64_t k, int dim, bool largest, nt_tensor **values, nt_tensor **indices), (const nt_site *site, nt_tensor *x, int64_t k, int dim, bool largest, nt_tensor **values, nt_tensor **indices), 6) \
     X(nt_tensor *, nt_gather, (nt_tensor *t, int dim, nt_tensor *index), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index), 3) \
     X(nt_tensor *, nt_index_select, (nt_tensor *t, int dim, nt_tensor *index), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index), 3) \
     X(nt_tensor *, nt_reshape, (nt_tensor *t, int ndim, const int64_t *shape), (const nt_site *site, nt_tensor *t, int ndim, const int64_t *shape), 3) \
@@ -335,6 +338,7 @@ NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *pa
 #define nt_mse_loss(...) nt_mse_loss_at(NT_HERE, __VA_ARGS__)
 #define nt_dropout(...) nt_dropout_at(NT_HERE, __VA_ARGS__)
 #define nt_embedding(...) nt_embedding_at(NT_HERE, __VA_ARGS__)
+#define nt_topk(...) nt_topk_at(NT_HERE, __VA_ARGS__)
 #define nt_gather(...) nt_gather_at(NT_HERE, __VA_ARGS__)
 #define nt_index_select(...) nt_index_select_at(NT_HERE, __VA_ARGS__)
 #define nt_reshape(...) nt_reshape_at(NT_HERE, __VA_ARGS__)

@@ -76,3 +76,156 @@ int nt__sk_dropout(const nt__rec *r)
     }
     return sk_end(&s);
 }
+
+/* ---------------- topk ----------------
+ *
+ * x (made contiguous) as rows (o, i) of length L along dim d, one row per
+ * partition, streamed through SBUF in chunks of TK_CH.  The k first
+ * elements of each row (in nt__topk_before's strict order) are found in
+ * pieces of at most TK_B: a piece keeps, in a state tile, the TK_B first
+ * elements that come after the previous piece's last one, merging each
+ * chunk into it (GpSimd custom code); its indices then go out by DMA.  The
+ * order is total, so this selects exactly the CPU's sorted indices. */
+
+#define TK_CH 4096
+#define TK_B 2048
+
+typedef struct tk_ctx {
+    bool largest, fl, has_thr;
+    nt_dtype xdt;
+    int64_t j0;          /* index along dim of the chunk's first element */
+    int64_t B;           /* this piece's size */
+    double thr_v[128];   /* per row: the previous piece's last element */
+    int64_t thr_i[128];
+    int64_t cnt[128];    /* per row: entries in the state */
+} tk_ctx;
+
+/* The state tile, per partition: TK_B doubles (as 2 TK_B i32 words), then
+ * TK_B i32 indices; entries 0 .. cnt-1 sorted. */
+static double tk_v(const char *st, int64_t e)
+{
+    double v;
+    memcpy(&v, st + e * 8, 8);
+    return v;
+}
+
+static int tk_merge(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *src, int nsrc,
+                    void *ctx, char *msg, size_t msglen)
+{
+    (void)nsrc, (void)msg, (void)msglen;
+    tk_ctx *c = ctx;
+    for (int q = 0; q < dst->np; q++) {
+        const char *x = (const char *)src[0].data + q * src[0].pstride;
+        char *st = (char *)dst->data + q * dst->pstride;
+        int32_t *ix = (int32_t *)(st + TK_B * 8);
+        int64_t cnt = c->cnt[q];
+        for (int64_t j = 0; j < src[0].n; j++) {
+            double v = c->fl ? (double)nt__load_f32(x, c->xdt, j) : nt__load_f64(x, c->xdt, j);
+            int64_t id = c->j0 + j;
+            if (c->has_thr && !nt__topk_before(c->thr_v[q], c->thr_i[q], v, id, c->largest))
+                continue; /* taken by an earlier piece */
+            if (cnt == c->B && !nt__topk_before(v, id, tk_v(st, cnt - 1), ix[cnt - 1], c->largest))
+                continue;
+            /* insert at the first entry it comes before */
+            int64_t lo = 0, hi = cnt;
+            while (lo < hi) {
+                int64_t mid = (lo + hi) / 2;
+                if (nt__topk_before(tk_v(st, mid), ix[mid], v, id, c->largest))
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            int64_t keep = cnt < c->B ? cnt : c->B - 1;
+            memmove(st + (lo + 1) * 8, st + lo * 8, (size_t)(keep - lo) * 8);
+            memmove(ix + lo + 1, ix + lo, (size_t)(keep - lo) * sizeof(int32_t));
+            memcpy(st + lo * 8, &v, 8);
+            ix[lo] = (int32_t)id;
+            cnt = keep + 1;
+        }
+        c->cnt[q] = cnt;
+    }
+    return 0;
+}
+
+/* End of a piece: its last entry is the next piece's threshold. */
+static int tk_end(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *src, int nsrc,
+                  void *ctx, char *msg, size_t msglen)
+{
+    (void)dst, (void)nsrc, (void)msg, (void)msglen;
+    tk_ctx *c = ctx;
+    for (int q = 0; q < src[0].np; q++) {
+        const char *st = (const char *)src[0].data + q * src[0].pstride;
+        int64_t e = c->cnt[q] - 1;
+        c->thr_v[q] = tk_v(st, e);
+        c->thr_i[q] = ((const int32_t *)(st + TK_B * 8))[e];
+        c->cnt[q] = 0;
+    }
+    c->has_thr = true;
+    return 0;
+}
+
+int nt__sk_topk(const nt__rec *r)
+{
+    const nt_tensor *x = r->in[0], *o = r->out[0];
+    int d = r->p.dim;
+    int64_t k = r->p.i[0], L = x->shape[d], O = 1, I = 1, n = nt__numel(x->ndim, x->shape);
+    for (int a = 0; a < d; a++)
+        O *= x->shape[a];
+    for (int a = d + 1; a < x->ndim; a++)
+        I *= x->shape[a];
+    if (n == 0 || k == 0)
+        return 0;
+    nt_dtype xdt = (nt_dtype)x->dtype;
+    sk_k s;
+    int rc = sk_begin(&s, "topk");
+    if (rc)
+        return rc;
+    const char *xb = sk_contig_of(&s, x);
+    char *ob = nt__tensor_data(o);
+    nt_tile *tx[2] = {sk_tile(&s, "topk.x", xdt, 128, TK_CH), sk_tile(&s, "topk.x", xdt, 128, TK_CH)};
+    nt_tile *ts = sk_tile(&s, "topk.state", NT_I32, 128, 3 * TK_B);
+    tk_ctx *c = g_try_malloc0(sizeof *c);
+    if (!c) {
+        sk_end(&s);
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for the topk state");
+    }
+    c->largest = r->p.flag != 0;
+    c->fl = nt__dtype_is_float(xdt);
+    c->xdt = xdt;
+    /* row groups: rows (a, i0 .. i0+np) of one a (partition step 1) when
+     * I > 1, else rows a0 .. a0+np (partition step L) */
+    int64_t nrows = O * I, kk = 0;
+    for (int64_t r0 = 0; xb && r0 < nrows && !nt_sim_kernel_error(s.k);) {
+        int64_t a = r0 / I, i0 = r0 % I;
+        int np = (int)(I > 1 ? (I - i0 < 128 ? I - i0 : 128) : (nrows - r0 < 128 ? nrows - r0 : 128));
+        int64_t xoff = a * L * I + i0, ooff = a * k * I + i0;
+        int64_t xps = I > 1 ? 1 : L, ops = I > 1 ? 1 : k;
+        c->has_thr = false;
+        memset(c->cnt, 0, sizeof c->cnt);
+        for (int64_t s0 = 0; s0 < k && !nt_sim_kernel_error(s.k); s0 += TK_B) {
+            c->B = k - s0 < TK_B ? k - s0 : TK_B;
+            nt_ap st = nt_tile_slice(ts, 0, np, 0, 3 * TK_B);
+            for (int64_t j0 = 0; j0 < L; j0 += TK_CH, kk++) {
+                int64_t w = L - j0 < TK_CH ? L - j0 : TK_CH;
+                nt_ap xs = nt_tile_slice(tx[kk & 1], 0, np, 0, w);
+                nt_ap hx = nt_hbm_ap(xb, xdt, xoff + j0 * I, np, xps, w);
+                hx.step[0] = I;
+                c->j0 = j0;
+                const nt_ap *srcs[2] = {&xs, &st};
+                if (nt_isa_dma_copy(s.k, &xs, &hx, sk_qin(&s)) ||
+                    nt_isa_gpsimd_custom(s.k, "topk", &st, srcs, 2, 6.0, tk_merge, c))
+                    break;
+            }
+            const nt_ap *srcs[1] = {&st};
+            nt_ap idx = nt_tile_slice(ts, 0, np, 2 * TK_B, c->B);
+            nt_ap ho = nt_hbm_ap(ob, NT_I32, ooff + s0 * I, np, ops, c->B);
+            ho.step[0] = I;
+            if (nt_sim_kernel_error(s.k) || nt_isa_dma_copy(s.k, &ho, &idx, sk_qout(&s)) ||
+                (s0 + TK_B < k && nt_isa_gpsimd_custom(s.k, "topk.end", NULL, srcs, 1, 1.0, tk_end, c)))
+                break;
+        }
+        r0 += np;
+    }
+    g_free(c);
+    return sk_end(&s);
+}
