@@ -218,7 +218,8 @@ typedef enum nt__opkind {
     X(TRIU, triu, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)                \
     X(MASKED_FILL, masked_fill, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)     \
     X(DROPOUT, dropout, 1, NT_KIND_ROW, NT_OPF_DIFF, FLOAT, KEEP, dropout, 0, NT__SIM_NONE)          \
-    X(TOPK, topk, 1, NT_KIND_REDUCE, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)
+    X(TOPK, topk, 1, NT_KIND_REDUCE, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)                         \
+    X(MULTINOMIAL, multinomial, 1, NT_KIND_REDUCE, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
 
 /* Views (no kernel: metadata only) and composites that autograd records as
  * one node.  nin 0 = variadic (cat). */

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "core/rng.h"
 
@@ -59,6 +60,24 @@ static inline bool nt__topk_before(double va, int64_t ia, double vb, int64_t ib,
 static inline double nt__multinomial_target(uint64_t key, uint64_t i, double total)
 {
     return nt__rng_u53(key, i) * total;
+}
+
+/* The first bad probability's message, or "" (and the row sum checked
+ * after the row's elements): the CPU and the simulator report the first
+ * bad row's first problem in the same words.  nd: probs' dims (1 or 2). */
+static inline bool nt__multinomial_bad(double v) { return !(v >= 0.0) || v == INFINITY; }
+static inline void nt__multinomial_msg(char *m, size_t len, int nd, int64_t r, int64_t c, double v,
+                                       bool zero_sum)
+{
+    if (zero_sum && nd == 1)
+        snprintf(m, len, "probs sums to 0; expected a positive sum");
+    else if (zero_sum)
+        snprintf(m, len, "row %lld of probs sums to 0; expected a positive sum", (long long)r);
+    else if (nd == 1)
+        snprintf(m, len, "probs[%lld] = %g; expected finite probabilities >= 0", (long long)c, v);
+    else
+        snprintf(m, len, "probs[%lld, %lld] = %g; expected finite probabilities >= 0",
+                 (long long)r, (long long)c, v);
 }
 
 #endif

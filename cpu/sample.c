@@ -99,3 +99,61 @@ int nt__cpu_topk(const nt__rec *r)
     g_free(v), g_free(row), g_free(tf);
     return 0;
 }
+
+/* ---------------- multinomial ---------------- */
+
+/* probs [C] or [N, C] -> i32 [n] or [N, n]; core/sample.h's draw per row. */
+int nt__cpu_multinomial(const nt__rec *r)
+{
+    const nt_tensor *pr = r->in[0], *o = r->out[0];
+    int nd = pr->ndim;
+    int64_t C = pr->shape[nd - 1], N = nd == 2 ? pr->shape[0] : 1, n = r->p.i[0];
+    if (N == 0)
+        return 0;
+    double *cum = g_try_malloc((size_t)C * sizeof(double));
+    float *row = g_try_malloc((size_t)C * sizeof(float));
+    if (!cum || !row) {
+        g_free(cum), g_free(row);
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a %lld-category row", (long long)C);
+    }
+    uint64_t key = nt__rng_key(r->p.seed);
+    int32_t *y = nt__tensor_data(o);
+    nt__flat F;
+    nt__flat_init(&F, pr);
+    int rc = 0;
+    for (int64_t a = 0; a < N && !rc; a++) {
+        nt__flat_read_f32(&F, row, C); /* exact */
+        double s = 0;
+        int64_t last = -1;
+        for (int64_t c = 0; c < C && !rc; c++) {
+            if (nt__multinomial_bad(row[c])) {
+                char m[160];
+                nt__multinomial_msg(m, sizeof m, nd, a, c, row[c], false);
+                rc = nt__kerr(NT_EINVAL, "%s", m);
+            }
+            s += row[c];
+            cum[c] = s;
+            if (row[c] > 0)
+                last = c;
+        }
+        if (!rc && s == 0) {
+            char m[160];
+            nt__multinomial_msg(m, sizeof m, nd, a, 0, 0, true);
+            rc = nt__kerr(NT_EINVAL, "%s", m);
+        }
+        for (int64_t j = 0; j < n && !rc; j++) {
+            double t = nt__multinomial_target(key, (uint64_t)(a * n + j), s);
+            int64_t lo = 0, hi = C; /* the first c with cum[c] > t */
+            while (lo < hi) {
+                int64_t mid = lo + (hi - lo) / 2;
+                if (cum[mid] > t)
+                    hi = mid;
+                else
+                    lo = mid + 1;
+            }
+            y[a * n + j] = (int32_t)(lo < C ? lo : last);
+        }
+    }
+    g_free(cum), g_free(row);
+    return rc;
+}

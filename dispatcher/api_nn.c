@@ -569,3 +569,41 @@ NT_API nt_tensor *nt_dropout(nt_tensor *x, double p, uint64_t seed)
 {
     return nt_dropout_at(NT_RA_SITE, x, p, seed);
 }
+
+/* ---------------- multinomial ---------------- */
+
+NT_API nt_tensor *nt_multinomial_at(const nt_site *site, nt_tensor *probs, int64_t n,
+                                    uint64_t seed)
+{
+    const char *fn = "nt_multinomial";
+    nt__call c;
+    if (!nt__call_begin(&c, site, fn, NT_OP_MULTINOMIAL, 1, &probs, "probs"))
+        return nt__call_fail(&c);
+    probs = c.in[0];
+    if (!need_float(&c, probs, "probs"))
+        return nt__call_fail(&c);
+    if ((probs->ndim != 1 && probs->ndim != 2) || probs->shape[probs->ndim - 1] < 1) {
+        char s1[128];
+        nt__err(site, NT_ESHAPE, fn, "argument 'probs' has shape %s; expected [C] or [N, C] "
+                "with C >= 1", nt__shape_str(probs->ndim, probs->shape, s1, sizeof s1));
+        return nt__call_fail(&c);
+    }
+    if (n < 1 || n > INT32_MAX) {
+        nt__err(site, NT_EINVAL, fn, "argument 'n' is %lld; expected 1 <= n <= %d", (long long)n,
+                INT32_MAX);
+        return nt__call_fail(&c);
+    }
+    c.p.i[0] = n;
+    c.p.seed = seed;
+    c.odt[0] = NT_I32;
+    c.ondim[0] = probs->ndim;
+    if (probs->ndim == 2)
+        c.oshape[0][0] = probs->shape[0];
+    c.oshape[0][probs->ndim - 1] = n;
+    c.flops = (double)nt__numel(probs->ndim, probs->shape) + (double)n;
+    return nt__dispatch(&c);
+}
+NT_API nt_tensor *nt_multinomial(nt_tensor *probs, int64_t n, uint64_t seed)
+{
+    return nt_multinomial_at(NT_RA_SITE, probs, n, seed);
+}

@@ -431,6 +431,15 @@ NT_API bool nt_is_training(void);
  *  training mode is off or p == 0: a new reference to x's value (no op).
  *  p in [0, 1), else NT_EINVAL naming nt_dropout and p. */
 NT_API nt_tensor *nt_dropout(nt_tensor *x, double p, uint64_t seed);
+/** n samples, with replacement, from each row of probs [C] or [N, C]
+ *  (floating, non-negative, not necessarily normalised): i32 [n] or [N, n].
+ *  Draw j of row r is a pure function of (seed, r * n + j) (counter-based,
+ *  like nt_rand): the first category whose running sum (double, in index
+ *  order) exceeds u * total, u uniform in [0, 1) (docs/ops.md); the same
+ *  result on every backend and mode; a zero-probability category is never
+ *  drawn.  A negative, NaN or Inf probability or a row that sums to 0 is an
+ *  error when it runs (NT_EINVAL naming nt_multinomial and probs); n >= 1. */
+NT_API nt_tensor *nt_multinomial(nt_tensor *probs, int64_t n, uint64_t seed);
 /** Rows of weight [V, D] picked by the i32 indices idx [...]: [..., D].
  *  Indices outside [0, V) are an error when the op runs. */
 NT_API nt_tensor *nt_embedding(nt_tensor *weight, nt_tensor *idx);

@@ -1542,8 +1542,10 @@ static int R(nt_tensor *t)
 {
     if (!t)
         return 1; /* refused at the call: not what the case expects */
-    double v;
-    int rc = nt_item(t, &v);
+    size_t nb = (size_t)nt_numel(t) * nt_dtype_size(nt_dtype_of(t));
+    void *buf = malloc(nb ? nb : 1);
+    int rc = nt_to_host(t, buf, nb);
+    free(buf);
     nt_release(t);
     return rc;
 }
@@ -1598,6 +1600,18 @@ static const struct { const char *fn; int code; const char *want; const char *na
     {"nt_topk", NT_EDIM, "dim 2 is out of range", "dim 2 of 2"},
     {"nt_topk", NT_EDIM, "dim -3", "dim -3 of 2"},
     {"nt_topk", NT_ESHAPE, "'x' is 0-d", "0-d x"},
+    {"nt_multinomial", NT_EINVAL, "'probs'", "probs NULL"},
+    {"nt_multinomial", NT_ERELEASED, "'probs'", "probs released"},
+    {"nt_multinomial", NT_EDTYPE, "'probs' has dtype i32", "i32 probs"},
+    {"nt_multinomial", NT_ESHAPE, "expected [C] or [N, C]", "0-d probs"},
+    {"nt_multinomial", NT_ESHAPE, "expected [C] or [N, C]", "3-d probs"},
+    {"nt_multinomial", NT_EINVAL, "'n' is 0; expected 1 <= n", "n 0"},
+    {"nt_multinomial", NT_EINVAL, "'n' is -3", "n -3"},
+    {"nt_multinomial", NT_EINVAL, "probs[1, 2] = -0.5; expected finite probabilities >= 0",
+     "a negative probability (when it runs)"},
+    {"nt_multinomial", NT_EINVAL, "probs[0, 1] = nan", "a NaN probability (when it runs)"},
+    {"nt_multinomial", NT_EINVAL, "probs[2] = inf", "an Inf probability (when it runs)"},
+    {"nt_multinomial", NT_EINVAL, "row 1 of probs sums to 0", "a zero row (when it runs)"},
 };
 #define NTR ((int)(sizeof TR / sizeof TR[0]))
 
@@ -1642,6 +1656,38 @@ static int run_trainops(int v)
     case 30: return TK(F.a23, 1, 2, true, true);
     case 31: return TK(F.a23, 1, -3, true, true);
     case 32: return TK(F.s0, 1, 0, true, true);
+    case 33: return T(nt_multinomial(NULL, 1, 1));
+    case 34: return T(nt_multinomial(F.rel, 1, 1));
+    case 35: return T(nt_multinomial(F.i23, 1, 1));
+    case 36: return T(nt_multinomial(F.s0, 1, 1));
+    case 37: {
+        nt_tensor *t3 = nt_ones(NT_F32, 3, SH(2, 2, 2));
+        int rc = T(nt_multinomial(t3, 1, 1));
+        nt_release(t3);
+        return rc;
+    }
+    case 38: return T(nt_multinomial(F.a23, 0, 1));
+    case 39: return T(nt_multinomial(F.a23, -3, 1));
+    case 40:
+    case 41:
+    case 42:
+    case 43: {
+        /* rows [2, 3] (or [3] for the Inf case); the bad value or the zero row */
+        float h[6] = {0.5f, 1, 2, 3, 0, 1};
+        if (v == 40)
+            h[5] = -0.5f;
+        if (v == 41)
+            h[1] = NAN;
+        if (v == 42)
+            h[2] = INFINITY;
+        if (v == 43)
+            h[3] = h[4] = h[5] = 0;
+        nt_tensor *pr = v == 42 ? nt_from_host(h, NT_F32, 1, SH(3))
+                                : nt_from_host(h, NT_F32, 2, SH(2, 3));
+        int rc = R(nt_multinomial(pr, 4, 9));
+        nt_release(pr);
+        return rc;
+    }
     }
     return 1;
 }

@@ -324,6 +324,11 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
             nt_tensor *v, *ix;
             return nt_topk(in[0], 7, 1, true, &v, &ix) ? NULL : ix;
         }
+        case NT_OP_MULTINOMIAL: /* exp(-|x|): in [0, 1], zero where x is +-Inf */
+            return nt_multinomial(nt__dtype_is_float(nt_dtype_of(in[0]))
+                                      ? nt_exp(nt_neg(nt_abs(in[0])))
+                                      : in[0],
+                                  40, 3);
         default: return NO_DRIVER;
         }
     case NT_KIND_ROW:
@@ -599,7 +604,7 @@ static void check_amp(int op)
     nt_dtype in_dt = I->amp == NT__AMP_LOW ? NT_F32 : NT_BF16;
     nt_dtype want = I->amp == NT__AMP_F32 ? NT_F32 : NT_BF16;
     if (I->kind == NT_KIND_CMP || op == NT_OP_ARGMAX || op == NT_OP_ARGMIN || op == NT_OP_ANY ||
-        op == NT_OP_TOPK ||
+        op == NT_OP_TOPK || op == NT_OP_MULTINOMIAL ||
         (I->flags & NT_OPF_INTONLY)) {
         cell(op, K_AMP, "n/a: integer result");
         return;

@@ -682,6 +682,176 @@ static void test_topk_backward(void **state)
     }
 }
 
+/* ---------------- nt_multinomial ---------------- */
+
+/* The documented draw, on the host: the first category whose running sum
+ * (double, index order) exceeds u * total; the last positive one if none. */
+static void mn_ref(const float *p, int64_t N, int64_t C, int64_t n, uint64_t seed, int32_t *out)
+{
+    for (int64_t r = 0; r < N; r++) {
+        const float *row = p + r * C;
+        double total = 0;
+        int64_t last = -1;
+        for (int64_t c = 0; c < C; c++) {
+            total += row[c];
+            if (row[c] > 0)
+                last = c;
+        }
+        for (int64_t j = 0; j < n; j++) {
+            double t = u53(seed, (uint64_t)(r * n + j)) * total, cum = 0;
+            int64_t pick = last;
+            for (int64_t c = 0; c < C; c++) {
+                cum += row[c];
+                if (cum > t) {
+                    pick = c;
+                    break;
+                }
+            }
+            out[r * n + j] = (int32_t)pick;
+        }
+    }
+}
+
+static void mn_case(nt_dtype dt, int64_t N, int64_t C, int64_t n, bool one_d, bool transposed)
+{
+    float *p = malloc((size_t)(N * C) * sizeof(float));
+    for (int64_t e = 0; e < N * C; e++) {
+        double u = rnd();
+        p[e] = e % 7 == 2 ? 0.0f : (float)(u * u * 10.0);
+    }
+    if (dt == NT_BF16) /* the values the op sees */
+        for (int64_t e = 0; e < N * C; e++) {
+            uint32_t b = bits(p[e]);
+            b = ((b + 0x7fffu + ((b >> 16) & 1u)) >> 16) << 16;
+            memcpy(&p[e], &b, 4);
+        }
+    int32_t *want = malloc((size_t)(N * n) * 4), *got = malloc((size_t)(N * n) * 4);
+    mn_ref(p, N, C, n, 42, want);
+    for (int64_t e = 0; e < N * n; e++)
+        assert_true(want[e] >= 0 && p[(e / n) * C + want[e]] > 0);
+    for (int k = 0; k < NCFG; k++) {
+        cfg(k);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *t;
+        if (transposed) /* a [C, N] buffer viewed as [N, C] */ {
+            float *pt = malloc((size_t)(N * C) * sizeof(float));
+            for (int64_t r = 0; r < N; r++)
+                for (int64_t c = 0; c < C; c++)
+                    pt[c * N + r] = p[r * C + c];
+            t = nt_transpose(nt_from_host(pt, NT_F32, 2, SH(C, N)), 0, 1);
+            free(pt);
+        } else {
+            t = one_d ? nt_from_host(p, NT_F32, 1, SH(C)) : nt_from_host(p, NT_F32, 2, SH(N, C));
+        }
+        if (dt != NT_F32)
+            t = nt_cast(t, dt);
+        nt_tensor *y = nt_multinomial(t, n, 42);
+        assert_non_null(y);
+        assert_int_equal(nt_dtype_of(y), NT_I32);
+        assert_int_equal(nt_ndim(y), one_d ? 1 : 2);
+        assert_int_equal(nt_shape(y, one_d ? 0 : 1), n);
+        assert_int_equal(nt_to_host(y, got, (size_t)(N * n) * 4), 0);
+        for (int64_t e = 0; e < N * n; e++)
+            if (got[e] != want[e])
+                fail_msg("multinomial [%lld, %lld] n %lld %s/%s: draw %lld = %d, want %d",
+                         (long long)N, (long long)C, (long long)n, CFGS[k][0], CFGS[k][1],
+                         (long long)e, got[e], want[e]);
+        nt_scope_end(sc);
+    }
+    free(p), free(want), free(got);
+}
+
+/* Every draw against the host formula, on every backend and mode: long
+ * rows (chunks), more than 128 rows, more draws than one block, bf16 and
+ * strided probabilities, zero-probability categories (never drawn). */
+static void test_multinomial_values(void **state)
+{
+    (void)state;
+    mn_case(NT_F32, 1, 5, 1000, true, false);
+    mn_case(NT_F32, 130, 9000, 3, false, false);
+    mn_case(NT_F32, 3, 7, 5000, false, false);
+    mn_case(NT_BF16, 4, 33, 17, false, false);
+    mn_case(NT_F32, 6, 10, 9, false, true);
+}
+
+/* Frequencies over 2^18 draws are the probabilities within 6 standard
+ * deviations (fixed seed: deterministic); zero categories never come up. */
+static void test_multinomial_frequencies(void **state)
+{
+    (void)state;
+    enum { N = 1 << 18 };
+    static const float p[6] = {0.3f, 0.0f, 0.6f, 0.9f, 1.2f, 0.0f}; /* sums to 3 */
+    nt_tensor *t = nt_from_host(p, NT_F32, 1, SH(6));
+    int32_t *y = malloc(N * 4);
+    assert_int_equal(nt_to_host(nt_multinomial(t, N, 2026), y, N * 4), 0);
+    int64_t cnt[6] = {0};
+    for (int i = 0; i < N; i++) {
+        assert_true(y[i] >= 0 && y[i] < 6);
+        cnt[y[i]]++;
+    }
+    assert_int_equal(cnt[1], 0);
+    assert_int_equal(cnt[5], 0);
+    for (int c = 0; c < 6; c++) {
+        double q = p[c] / 3.0, f = (double)cnt[c] / N, sd = sqrt(q * (1 - q) / N);
+        if (fabs(f - q) > 6 * sd + 1e-12)
+            fail_msg("category %d: frequency %.5f, probability %.5f +- %.5f", c, f, q, 6 * sd);
+    }
+    free(y);
+    nt_release(t);
+}
+
+/* A bad row reported when the op runs: the first bad row's first problem,
+ * in the same words on the CPU and the simulator (which checks 128 rows at
+ * a time); the runtime keeps working. */
+static void test_multinomial_errors(void **state)
+{
+    (void)state;
+    enum { N = 300, C = 5 };
+    static float p[N * C];
+    for (int e = 0; e < N * C; e++)
+        p[e] = 1.0f;
+    for (int c = 0; c < C; c++)
+        p[140 * C + c] = 0.0f; /* row 140 sums to 0 ... */
+    p[150 * C + 3] = -1.0f;   /* ... before row 150's two bad values */
+    p[150 * C + 1] = NAN;
+    p[20 * C + 4] = 0.0f; /* a zero category, fine */
+    char msg[2][400];
+    for (int k = 0; k < 2; k++) {
+        cfg(k);
+        nt_tensor *t = nt_from_host(p, NT_F32, 2, SH(N, C));
+        nt_tensor *y = nt_multinomial(t, 3, 1);
+        assert_non_null(y);
+        static int32_t out[N * 3];
+        assert_int_equal(nt_to_host(y, out, sizeof out), NT_EINVAL);
+        const char *m = nt_last_error_message();
+        assert_non_null(strstr(m, "nt_multinomial"));
+        assert_non_null(strstr(m, "row 140 of probs sums to 0"));
+        /* the part before "[reported by": the op's own message */
+        snprintf(msg[k], sizeof msg[k], "%.*s", (int)(strstr(m, " [reported") - m), m);
+        nt_release(y);
+        p[140 * C] = 1.0f;
+        nt_release(t);
+        t = nt_from_host(p, NT_F32, 2, SH(N, C));
+        y = nt_multinomial(t, 3, 1);
+        assert_int_equal(nt_to_host(y, out, sizeof out), NT_EINVAL);
+        assert_non_null(strstr(nt_last_error_message(), "probs[150, 1] = nan"));
+        p[140 * C] = 0.0f;
+        nt_release(y);
+        nt_release(t);
+        nt_clear_error();
+        assert_int_equal(nt_sync(), 0);
+        /* still working */
+        float q[2] = {0, 1};
+        int32_t o[4];
+        nt_tensor *t2 = nt_from_host(q, NT_F32, 1, SH(2));
+        assert_int_equal(nt_to_host(nt_multinomial(t2, 4, 5), o, sizeof o), 0);
+        for (int i = 0; i < 4; i++)
+            assert_int_equal(o[i], 1);
+        nt_release(t2);
+    }
+    assert_string_equal(msg[0], msg[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -696,6 +866,9 @@ int main(void)
         T(test_clip_grad_norm),
         T(test_topk_values),
         T(test_topk_backward),
+        T(test_multinomial_values),
+        T(test_multinomial_frequencies),
+        T(test_multinomial_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -229,3 +229,192 @@ int nt__sk_topk(const nt__rec *r)
     g_free(c);
     return sk_end(&s);
 }
+
+/* ---------------- multinomial ----------------
+ *
+ * Rows of probs on partitions (up to 128), streamed through SBUF in chunks
+ * of MN_CH.  Pass 1 (GpSimd): each row's running sum in double, in index
+ * order, and its first bad value; the first bad row is reported in the
+ * CPU's words.  Pass 2, per block of MN_DB draws: the chunks again, the
+ * running sums carried from chunk to chunk (the same additions as the
+ * CPU's), each draw resolved in the chunk where the running sum first
+ * exceeds its target. */
+
+#define MN_CH 4096
+#define MN_DB 2048
+
+typedef struct mn_ctx {
+    sk_k *s;
+    int nd;
+    int64_t row0, C, n, c0, j0, db;
+    uint64_t key;
+    double total[128], cum[128];
+    int64_t bad[128], last[128];
+    double badv[128];
+} mn_ctx;
+
+static int mn_sum(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *src, int nsrc,
+                  void *ctx, char *msg, size_t msglen)
+{
+    (void)dst, (void)nsrc, (void)msg, (void)msglen;
+    mn_ctx *c = ctx;
+    for (int q = 0; q < src[0].np; q++) {
+        const char *x = (const char *)src[0].data + q * src[0].pstride;
+        for (int64_t j = 0; j < src[0].n; j++) {
+            double v = nt__load_f32(x, src[0].dtype, j);
+            if (nt__multinomial_bad(v) && c->bad[q] < 0)
+                c->bad[q] = c->c0 + j, c->badv[q] = v;
+            c->total[q] += v;
+            if (v > 0)
+                c->last[q] = c->c0 + j;
+        }
+    }
+    return 0;
+}
+
+/* After pass 1: the first row with a bad value or a zero sum fails. */
+static int mn_check(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *src, int nsrc,
+                    void *ctx, char *msg, size_t msglen)
+{
+    (void)dst, (void)nsrc;
+    mn_ctx *c = ctx;
+    for (int q = 0; q < src[0].np; q++)
+        if (c->bad[q] >= 0 || c->total[q] == 0) {
+            nt__multinomial_msg(msg, msglen, c->nd, c->row0 + q, c->bad[q], c->badv[q],
+                                c->bad[q] < 0);
+            return sk_data_error(c->s, NT_EINVAL, "%s", msg);
+        }
+    return 0;
+}
+
+/* One chunk of pass 2: dst = the block's results (i32, -1 = not yet). */
+static int mn_draw(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *src, int nsrc,
+                   void *ctx, char *msg, size_t msglen)
+{
+    (void)nsrc, (void)msg, (void)msglen;
+    mn_ctx *c = ctx;
+    double cc[MN_CH];
+    for (int q = 0; q < dst->np; q++) {
+        const char *x = (const char *)src[0].data + q * src[0].pstride;
+        int32_t *res = (int32_t *)((char *)dst->data + q * dst->pstride);
+        int64_t w = src[0].n;
+        double s = c->cum[q];
+        for (int64_t j = 0; j < w; j++) {
+            s += (double)nt__load_f32(x, src[0].dtype, j);
+            cc[j] = s;
+        }
+        c->cum[q] = s;
+        for (int64_t j = 0; j < c->db; j++) {
+            if (res[j] >= 0)
+                continue;
+            double t = nt__multinomial_target(c->key, (uint64_t)((c->row0 + q) * c->n + c->j0 + j),
+                                              c->total[q]);
+            if (!(cc[w - 1] > t))
+                continue;
+            int64_t lo = 0, hi = w;
+            while (lo < hi) {
+                int64_t mid = lo + (hi - lo) / 2;
+                if (cc[mid] > t)
+                    hi = mid;
+                else
+                    lo = mid + 1;
+            }
+            res[j] = (int32_t)(c->c0 + lo);
+        }
+    }
+    return 0;
+}
+
+/* End of a block: draws no running sum exceeded (t rounded to the total)
+ * take the last category with p > 0, as on the CPU. */
+static int mn_fin(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *src, int nsrc,
+                  void *ctx, char *msg, size_t msglen)
+{
+    (void)src, (void)nsrc, (void)msg, (void)msglen;
+    mn_ctx *c = ctx;
+    for (int q = 0; q < dst->np; q++) {
+        int32_t *res = (int32_t *)((char *)dst->data + q * dst->pstride);
+        for (int64_t j = 0; j < c->db; j++)
+            if (res[j] < 0)
+                res[j] = (int32_t)c->last[q];
+        c->cum[q] = 0;
+    }
+    return 0;
+}
+
+int nt__sk_multinomial(const nt__rec *r)
+{
+    const nt_tensor *pr = r->in[0], *o = r->out[0];
+    int nd = pr->ndim;
+    int64_t C = pr->shape[nd - 1], N = nd == 2 ? pr->shape[0] : 1, n = r->p.i[0];
+    if (N == 0)
+        return 0;
+    nt_dtype pdt = (nt_dtype)pr->dtype;
+    sk_k s;
+    int rc = sk_begin(&s, "multinomial");
+    if (rc)
+        return rc;
+    const char *pb = sk_contig_of(&s, pr);
+    char *ob = nt__tensor_data(o);
+    nt_tile *tx[2] = {sk_tile(&s, "mn.p", pdt, 128, MN_CH), sk_tile(&s, "mn.p", pdt, 128, MN_CH)};
+    nt_tile *tr = sk_tile(&s, "mn.draws", NT_I32, 128, MN_DB);
+    mn_ctx *c = g_try_malloc0(sizeof *c);
+    if (!c) {
+        sk_end(&s);
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for the multinomial state");
+    }
+    c->s = &s;
+    c->nd = nd;
+    c->C = C;
+    c->n = n;
+    c->key = nt__rng_key(r->p.seed);
+    int kk = 0;
+    for (int64_t r0 = 0; pb && r0 < N && !nt_sim_kernel_error(s.k); r0 += 128) {
+        int np = (int)(N - r0 < 128 ? N - r0 : 128);
+        c->row0 = r0;
+        for (int q = 0; q < 128; q++)
+            c->total[q] = 0, c->cum[q] = 0, c->bad[q] = -1, c->last[q] = -1, c->badv[q] = 0;
+        /* pass 1 */
+        for (int64_t c0 = 0; c0 < C; c0 += MN_CH, kk++) {
+            int64_t w = C - c0 < MN_CH ? C - c0 : MN_CH;
+            nt_ap xs = nt_tile_slice(tx[kk & 1], 0, np, 0, w);
+            nt_ap hx = nt_hbm_ap(pb, pdt, r0 * C + c0, np, C, w);
+            const nt_ap *srcs[1] = {&xs};
+            c->c0 = c0;
+            if (nt_isa_dma_copy(s.k, &xs, &hx, sk_qin(&s)) ||
+                nt_isa_gpsimd_custom(s.k, "multinomial.sum", NULL, srcs, 1, 2.0, mn_sum, c))
+                break;
+        }
+        nt_ap all = nt_tile_slice(tx[0], 0, np, 0, 1);
+        const nt_ap *chk[1] = {&all};
+        if (nt_sim_kernel_error(s.k) ||
+            nt_isa_gpsimd_custom(s.k, "multinomial.check", NULL, chk, 1, 1.0, mn_check, c))
+            break;
+        /* pass 2 */
+        for (int64_t j0 = 0; j0 < n && !nt_sim_kernel_error(s.k); j0 += MN_DB) {
+            c->j0 = j0;
+            c->db = n - j0 < MN_DB ? n - j0 : MN_DB;
+            nt_ap res = nt_tile_slice(tr, 0, np, 0, c->db);
+            if (nt_isa_memset(s.k, &res, -1.0, NT_ENGINE_VECTOR))
+                break;
+            for (int64_t c0 = 0; c0 < C; c0 += MN_CH, kk++) {
+                int64_t w = C - c0 < MN_CH ? C - c0 : MN_CH;
+                nt_ap xs = nt_tile_slice(tx[kk & 1], 0, np, 0, w);
+                nt_ap hx = nt_hbm_ap(pb, pdt, r0 * C + c0, np, C, w);
+                const nt_ap *srcs[2] = {&xs, &res};
+                c->c0 = c0;
+                if (nt_isa_dma_copy(s.k, &xs, &hx, sk_qin(&s)) ||
+                    nt_isa_gpsimd_custom(s.k, "multinomial", &res, srcs, 2, 4.0, mn_draw, c))
+                    break;
+            }
+            const nt_ap *srcs[1] = {&res};
+            nt_ap ho = nt_hbm_ap(ob, NT_I32, r0 * n + j0, np, n, c->db);
+            if (nt_sim_kernel_error(s.k) ||
+                nt_isa_gpsimd_custom(s.k, "multinomial.fin", &res, srcs, 1, 1.0, mn_fin, c) ||
+                nt_isa_dma_copy(s.k, &ho, &res, sk_qout(&s)))
+                break;
+        }
+    }
+    g_free(c);
+    return sk_end(&s);
+}

@@ -164,6 +164,7 @@ int nt__sk_rand(const nt__rec *r);
 int nt__sk_randn(const nt__rec *r);
 int nt__sk_dropout(const nt__rec *r);      /* sample.c */
 int nt__sk_topk(const nt__rec *r);
+int nt__sk_multinomial(const nt__rec *r);
 
 /* Fusion programs on the simulator (ew.c). */
 int nt__sk_fused(const nt__fgroup *g);
