@@ -87,5 +87,8 @@ nt_tensor *nt__scalar(const nt_site *site, const char *fn, int op, nt_tensor *t,
 nt_tensor *nt__reduce(const nt_site *site, const char *fn, int op, nt_tensor *t, int dim,
                       bool keepdim);
 nt_tensor *nt__copy_to(const nt_site *site, const char *fn, nt_tensor *src, nt_dtype dt);
+/* The DROPOUT op on x (any training mode): nt_dropout's, and its backward's
+ * on g with the same p and seed. */
+nt_tensor *nt__dropout(const nt_site *site, const char *fn, nt_tensor *x, double p, uint64_t seed);
 
 #endif

@@ -406,11 +406,52 @@ NT_API nt_tensor *nt_rms_norm(nt_tensor *x, nt_tensor *w, double eps);
 /** Mean over the batch of -log_softmax(logits)[i, labels[i]].
  *  logits [N, C] floating, labels [N] i32 in [0, C) (checked when it runs). */
 NT_API nt_tensor *nt_cross_entropy(nt_tensor *logits, nt_tensor *labels);
+/** nt_cross_entropy with PyTorch's ignore_index (rows whose label equals it
+ *  add nothing and do not count in the mean; -100 is PyTorch's default; all
+ *  rows ignored gives NaN, as there) and label_smoothing in [0, 1]:
+ *  (1 - eps) * nll + eps / C * sum_c(-log_softmax(logits)[i, c]), each part
+ *  averaged over the rows not ignored.  Labels out of [0, C) that are not
+ *  ignore_index are an error when it runs.  A composite of ntensor ops
+ *  (docs/ops.md); nt_cross_entropy(l, y) == nt_cross_entropy_ex(l, y, -100,
+ *  0.0) bit for bit. */
+NT_API nt_tensor *nt_cross_entropy_ex(nt_tensor *logits, nt_tensor *labels,
+                                      int64_t ignore_index, double label_smoothing);
 /** mean((a - b)^2) over every element; a and b have the same shape. */
 NT_API nt_tensor *nt_mse_loss(nt_tensor *a, nt_tensor *b);
+/** Training mode, per thread like nt_no_grad_begin; a thread starts in it.
+ *  Only nt_dropout reads it (the identity when off, as PyTorch's eval()). */
+NT_API void nt_set_training(bool on);
+NT_API bool nt_is_training(void);
+/** Zeroes each element of floating x with probability p and scales the rest
+ *  by 1/(1-p): y = x * m, m = 0 or (float)(1 / (1 - p)) (PyTorch's input *
+ *  noise: a dropped NaN or Inf gives NaN).  The keep mask is a pure function
+ *  of (seed, element index) (counter-based, core/sample.h): the same seed
+ *  gives the same mask in every mode, fused or not, on every backend.  The
+ *  backward recomputes it from the seed (g * m); nothing is saved.  When
+ *  training mode is off or p == 0: a new reference to x's value (no op).
+ *  p in [0, 1), else NT_EINVAL naming nt_dropout and p. */
+NT_API nt_tensor *nt_dropout(nt_tensor *x, double p, uint64_t seed);
+/** n samples, with replacement, from each row of probs [C] or [N, C]
+ *  (floating, non-negative, not necessarily normalised): i32 [n] or [N, n].
+ *  Draw j of row r is a pure function of (seed, r * n + j) (counter-based,
+ *  like nt_rand): the first category whose running sum (double, in index
+ *  order) exceeds u * total, u uniform in [0, 1) (docs/ops.md); the same
+ *  result on every backend and mode; a zero-probability category is never
+ *  drawn.  A negative, NaN or Inf probability or a row that sums to 0 is an
+ *  error when it runs (NT_EINVAL naming nt_multinomial and probs); n >= 1. */
+NT_API nt_tensor *nt_multinomial(nt_tensor *probs, int64_t n, uint64_t seed);
 /** Rows of weight [V, D] picked by the i32 indices idx [...]: [..., D].
  *  Indices outside [0, V) are an error when the op runs. */
 NT_API nt_tensor *nt_embedding(nt_tensor *weight, nt_tensor *idx);
+/** The k largest (largest = true) or smallest elements of x along dim, in
+ *  order (ties: the lower index first; NaN counts as above every number, as
+ *  in PyTorch's sort).  *values has x's dtype and shape with dim of size k;
+ *  *indices is i32, the same shape.  values is differentiable (gathered
+ *  with the indices: its gradient goes back through nt_gather's).  0 <= k
+ *  <= the size of dim.  Returns 0, or an error code with both outputs set
+ *  to NULL. */
+NT_API int nt_topk(nt_tensor *x, int64_t k, int dim, bool largest, nt_tensor **values,
+                   nt_tensor **indices);
 /** torch.gather: out[i][j][k] = t[index[i][j][k]][j][k] (dim 0; likewise for
  *  other dims).  t has at least 1 dim; index (i32 or u8; PyTorch's is
  *  int64) has t's ndim and index.shape[d] <=
@@ -686,6 +727,14 @@ NT_API double nt_optim_get_lr(nt_optim *opt);
 /** Number of successful nt_optim_step calls (restored by nt_load), or a
  *  negative error code for a bad opt. */
 NT_API int64_t nt_optim_steps(nt_optim *opt);
+/** torch.nn.utils.clip_grad_norm_ (L2): total = the L2 norm of all the
+ *  params' .grads as one vector (the norm of their norms); each .grad is
+ *  multiplied in place by min(1, max_norm / (total + 1e-6)), on the device,
+ *  no host sync.  Returns total as a 0-dim f32 tensor (the caller releases
+ *  it), NULL on bad input (params NULL, n < 0, max_norm <= 0 or NaN, a
+ *  non-floating or repeated parameter).  Params without a .grad are
+ *  skipped; with none, total is 0. */
+NT_API nt_tensor *nt_clip_grad_norm(nt_tensor *const *params, int n, double max_norm);
 /** Master weights for bf16/f16 parameters: when on, the optimizer keeps an
  *  f32 copy of each such parameter, applies the update to the copy (with the
  *  gradient cast to f32 and f32 state) and writes the copy, rounded, into the

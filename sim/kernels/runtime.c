@@ -49,6 +49,9 @@ static const nt__kernel_fn sk_table[NT_OP_COUNT] = {
     [NT_OP_TRIL] = nt__sk_ew,
     [NT_OP_TRIU] = nt__sk_ew,
     [NT_OP_MASKED_FILL] = nt__sk_ew,
+    [NT_OP_DROPOUT] = nt__sk_dropout,
+    [NT_OP_TOPK] = nt__sk_topk,
+    [NT_OP_MULTINOMIAL] = nt__sk_multinomial,
 };
 #undef SK_EW
 

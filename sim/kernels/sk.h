@@ -16,6 +16,7 @@
  *   gather.c   embedding and embedding_bwd
  *   index.c    gather, index_select and their backward index_add
  *   gen.c      arange, rand, randn (GpSimd custom code)
+ *   sample.c   dropout, topk, multinomial (GpSimd custom code)
  *   user.c     user tile kernels (nt_op_register_kernel)
  *
  * Contract: a kernel computes exactly the CPU kernel's bits for the same
@@ -179,6 +180,9 @@ int nt__sk_index_add(const nt__rec *r);
 int nt__sk_arange(const nt__rec *r);
 int nt__sk_rand(const nt__rec *r);
 int nt__sk_randn(const nt__rec *r);
+int nt__sk_dropout(const nt__rec *r);      /* sample.c */
+int nt__sk_topk(const nt__rec *r);
+int nt__sk_multinomial(const nt__rec *r);
 
 /* Fusion programs on the simulator (ew.c). */
 int nt__sk_fused(const nt__fgroup *g);
