@@ -375,13 +375,14 @@ NT_API int nt_zero_grad(nt_tensor *t)
     return 0;
 }
 
-/* Adds g into the leaf's .grad (cast to the leaf's dtype).  The first
- * gradient becomes .grad as a contiguous tensor of its own, so later
- * accumulations can be in place: g itself when nothing else can see it
- * (only this pass's scope holds it, no view or saved copy shares its
- * storage), else a copy. */
-static int accumulate_leaf(nt_tensor *leaf, nt_tensor *g, const nt_site *site)
+/* Adds the gradient *slot into the leaf's .grad (cast to the leaf's
+ * dtype).  The first gradient becomes .grad as a contiguous tensor of its
+ * own, so later accumulations can be in place: the slot's tensor itself
+ * when nothing else can see it (only the slot holds it, no view or saved
+ * copy shares its storage; the slot gives its reference up), else a copy. */
+static int accumulate_leaf(nt_tensor *leaf, nt_tensor **slot, const nt_site *site)
 {
+    nt_tensor *g = *slot;
     struct nt__ag *ag = nt__ag_of(leaf);
     if (ag->grad) {
         nt_no_grad_begin();
@@ -389,10 +390,11 @@ static int accumulate_leaf(nt_tensor *leaf, nt_tensor *g, const nt_site *site)
         nt_no_grad_end();
         return rc;
     }
-    if (g->dtype == leaf->dtype && g->scope && AO_load_full(&g->refs) == 1 &&
+    if (g->dtype == leaf->dtype && !g->scope && AO_load_full(&g->refs) == 1 &&
         AO_load_full(&g->st->refs) == 1 && g->offset == 0 && !g->expanded &&
         nt__is_contig(g) && !(g->ag && g->ag->requires_grad)) {
-        ag->grad = nt_keep(g); /* out of the pass's scope, into the leaf */
+        ag->grad = g; /* the slot's reference, into the leaf */
+        *slot = NULL;
         return 0;
     }
     nt_tensor *c = nt__copy_to(site, "nt_backward", g, (nt_dtype)leaf->dtype);
@@ -446,7 +448,7 @@ typedef struct {
     nt__node **key;   /* map: node -> position in order */
     size_t *pos;
     size_t mcap;      /* a power of two, at least twice n */
-    nt_tensor **slots; /* [n][NT__MAX_OUT] */
+    nt_tensor **slots; /* [n][NT__MAX_OUT]: each holds a reference */
     nt__node **held;   /* references on the nodes recomputed by checkpoints */
     size_t nheld, heldcap;
 } gradmap;
@@ -511,6 +513,9 @@ static void gm_free(gradmap *gm)
     for (size_t i = 0; i < gm->nheld; i++)
         nt__node_unref(gm->held[i]);
     free(gm->held);
+    for (size_t i = 0; gm->slots && i < gm->n * NT__MAX_OUT; i++)
+        if (gm->slots[i])
+            nt_release(gm->slots[i]);
     free(gm->order);
     free(gm->key);
     free(gm->pos);
@@ -527,13 +532,14 @@ static int add_grad(gradmap *gm, nt__edge e, nt_tensor *g, const nt_site *site)
 {
     nt_tensor **s = slots_of(gm, e.node);
     if (!s[e.idx]) {
-        s[e.idx] = g;
+        s[e.idx] = nt_retain(g);
         return 0;
     }
     nt_tensor *sum = nt__binary(site, "nt_backward", NT_OP_ADD, s[e.idx], g);
     if (!sum)
         return nt_last_error();
-    s[e.idx] = sum;
+    nt_release(s[e.idx]);
+    s[e.idx] = nt_retain(sum);
     return 0;
 }
 
@@ -696,6 +702,8 @@ out:
     return rc;
 }
 
+static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site);
+
 NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
 {
     const char *fn = "nt_backward";
@@ -733,46 +741,76 @@ NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
         rc = nt_last_error();
         goto out;
     }
-    slots_of(&gm, root.node)[root.idx] = seed;
+    slots_of(&gm, root.node)[root.idx] = nt_retain(seed);
     nt_no_grad_begin();
     for (size_t k = 0; k < gm.n && !rc; k++) {
-        nt__node *n = gm.order[k];
         nt_tensor **gout = gm.slots + k * NT__MAX_OUT;
         bool any = false;
         for (int i = 0; i < NT__MAX_OUT; i++)
             any |= gout[i] != NULL;
         if (!any)
             continue; /* no gradient reaches it */
-        if (n->op == NT__OP_ACCUMULATE) {
-            if (n->leaf && n->leaf->st && gout[0])
-                rc = accumulate_leaf(n->leaf, gout[0], site);
-            continue;
-        }
-        const char *api = n->ckpt ? "nt_checkpoint" : nt__op_api(n->op);
-        if (n->freed) {
-            rc = nt__err(site, NT_ESTATE, fn,
-                         "part of the graph (%s) was freed by an earlier nt_backward; pass "
-                         "retain_graph = true the first time", api);
+        /* What the node's backward makes lives in a scope of its own, and
+         * the slots hold references on what flows on: each temporary goes
+         * as soon as its node is done, each gradient once its node has
+         * used it, not at the end of the pass (a checkpoint's recompute
+         * would save little otherwise). */
+        nt_scope *ns = nt_scope_begin();
+        if (!ns) {
+            rc = nt__err_hostmem(site, fn, "the scope of an op's backward");
             break;
         }
-        if (n->ckpt) {
-            nt_tensor *g[NT__MAX_OUT];
-            memcpy(g, gout, sizeof g); /* the splice moves the slots */
-            rc = ckpt_splice(&gm, k, n, g, site);
-            if (!retain) {
-                drop_saved(n);
-                n->freed = true;
+        rc = run_node(&gm, k, retain, site);
+        nt_scope_end(ns);
+        gout = gm.slots + k * NT__MAX_OUT; /* a checkpoint's splice moves them */
+        for (int i = 0; i < NT__MAX_OUT; i++)
+            if (gout[i]) {
+                nt_release(gout[i]);
+                gout[i] = NULL;
             }
-            continue;
+    }
+    nt_no_grad_end();
+out:
+    gm_free(&gm);
+    nt_scope_end(scope);
+    return rc;
+}
+
+/* Runs the backward of node k of the pass (which some gradient reaches):
+ * adds its input gradients into the slots of the nodes its edges lead to. */
+static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
+{
+    const char *fn = "nt_backward";
+    nt__node *n = gm->order[k];
+    nt_tensor **gout = gm->slots + k * NT__MAX_OUT;
+    int rc = 0;
+    if (n->op == NT__OP_ACCUMULATE) {
+        if (n->leaf && n->leaf->st && gout[0])
+            return accumulate_leaf(n->leaf, &gout[0], site);
+        return 0;
+    }
+    const char *api = n->ckpt ? "nt_checkpoint" : nt__op_api(n->op);
+    if (n->freed)
+        return nt__err(site, NT_ESTATE, fn,
+                       "part of the graph (%s) was freed by an earlier nt_backward; pass "
+                       "retain_graph = true the first time", api);
+    if (n->ckpt) {
+        nt_tensor *g[NT__MAX_OUT];
+        memcpy(g, gout, sizeof g); /* the splice moves the slots */
+        rc = ckpt_splice(gm, k, n, g, site);
+        if (!retain) {
+            drop_saved(n);
+            n->freed = true;
         }
-        if ((rc = check_versions(n, api)) != 0)
-            break;
+        return rc;
+    }
+    if ((rc = check_versions(n, api)) != 0)
+        return rc;
+    {
         nt_tensor *gin[64] = {0};
         nt_tensor **gp = n->nin <= 64 ? gin : calloc((size_t)n->nin, sizeof *gp);
-        if (!gp) {
-            rc = nt__err_hostmem(site, fn, "an op's input gradients");
-            break;
-        }
+        if (!gp)
+            return nt__err_hostmem(site, fn, "an op's input gradients");
         nt__bctx b = {.n = n, .gin = gp, .site = &n->site};
         for (int i = 0; i < n->nout; i++)
             b.gout[i] = gout[i];
@@ -805,7 +843,7 @@ NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
                     break;
                 }
             }
-            rc = add_grad(&gm, n->next[i], g, &n->site);
+            rc = add_grad(gm, n->next[i], g, &n->site);
         }
         if (gp != gin)
             free(gp);
@@ -814,10 +852,6 @@ NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
             n->freed = true;
         }
     }
-    nt_no_grad_end();
-out:
-    gm_free(&gm);
-    nt_scope_end(scope);
     return rc;
 }
 
