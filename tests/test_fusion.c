@@ -100,6 +100,174 @@ static bool bcast_ok(const vinfo *x, const vinfo *y)
 
 static const int float_dts[3] = {NT_F32, NT_BF16, NT_F16};
 
+/* ---------------- more ops for the programs: one line each ----------------
+ *
+ * The ops added since the kinds above were written (the transformer era),
+ * as a table: a program step of kind P_NKINDS + i runs xops[i].  A new op
+ * is one line here -- a plain unary op by name (`un`), anything else
+ * through a small x_<name> adaptor (`fn`) -- and its shape class says which
+ * operands the generator may give it and what it returns. */
+typedef enum {
+    XS_SAME,   /* floating a of any shape -> a's shape and dtype */
+    XS_SAME1,  /* the same, a at least 1-D */
+    XS_2D,     /* the same, a 2-D */
+    XS_REDUCE, /* floating a, reduced over s->dim (NT_DIM_ALL too) as nt_sum is */
+    XS_BINARY, /* floating a and b broadcast together, promoted as nt_add */
+} xshape;
+
+typedef struct {
+    const char *name;
+    xshape shape;
+    nt_tensor *(*un)(nt_tensor *a);                              /* a unary op, or */
+    nt_tensor *(*fn)(nt_tensor *a, nt_tensor *b, const step *s); /* an adaptor */
+} xop;
+
+/* u8 [R, C] where a < s0: masks that depend on the values. */
+static nt_tensor *x_masked_fill(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b;
+    nt_tensor *z = nt_full(NT_F32, 0, NULL, s->s0);
+    nt_tensor *m = nt_lt(a, z);
+    nt_tensor *y = nt_masked_fill(a, m, s->s1);
+    nt_release(z);
+    nt_release(m);
+    return y;
+}
+
+static nt_tensor *x_gather(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b, (void)s;
+    int64_t r = nt_shape(a, 0), c = nt_shape(a, 1);
+    int32_t *buf = malloc(sizeof *buf * (size_t)(r * c));
+    for (int64_t i = 0; i < r; i++)
+        for (int64_t j = 0; j < c; j++)
+            buf[i * c + j] = (int32_t)((i * 7 + j * 3 + 1) % c);
+    nt_tensor *idx = nt_from_host(buf, NT_I32, 2, (int64_t[]){r, c});
+    free(buf);
+    nt_tensor *y = nt_gather(a, 1, idx);
+    nt_release(idx);
+    return y;
+}
+
+static nt_tensor *x_index_select(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b, (void)s;
+    int64_t r = nt_shape(a, 0);
+    int32_t *buf = malloc(sizeof *buf * (size_t)r);
+    for (int64_t i = 0; i < r; i++)
+        buf[i] = (int32_t)((i * 5 + 1) % r);
+    nt_tensor *idx = nt_from_host(buf, NT_I32, 1, (int64_t[]){r});
+    free(buf);
+    nt_tensor *y = nt_index_select(a, 0, idx);
+    nt_release(idx);
+    return y;
+}
+
+static nt_tensor *x_tril(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b;
+    return nt_tril(a, (int64_t)lround(s->s0 * 2));
+}
+static nt_tensor *x_triu(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b;
+    return nt_triu(a, (int64_t)lround(s->s0 * 2));
+}
+static nt_tensor *x_norm(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b;
+    static const double ords[4] = {2, 1, INFINITY, 3};
+    return nt_norm(a, ords[(s->dt + (int)(s->s1 * 4)) & 3], s->dim, s->keep);
+}
+static nt_tensor *x_min(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b;
+    return nt_min(a, s->dim, s->keep);
+}
+static nt_tensor *x_leaky_relu(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b;
+    return nt_leaky_relu(a, s->s0);
+}
+static nt_tensor *x_hardtanh(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b;
+    return nt_hardtanh(a, s->s0, s->s1);
+}
+static nt_tensor *x_pow(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)s;
+    return nt_pow(a, b);
+}
+
+static const xop xops[] = {
+    {"softplus", XS_SAME, nt_softplus, NULL},
+    {"mish", XS_SAME, nt_mish, NULL},
+    {"softsign", XS_SAME, nt_softsign, NULL},
+    {"reciprocal", XS_SAME, nt_reciprocal, NULL},
+    {"leaky_relu", XS_SAME, NULL, x_leaky_relu},
+    {"hardtanh", XS_SAME, NULL, x_hardtanh},
+    {"tril", XS_2D, NULL, x_tril},
+    {"triu", XS_2D, NULL, x_triu},
+    {"masked_fill", XS_2D, NULL, x_masked_fill},
+    {"gather", XS_2D, NULL, x_gather},
+    {"index_select", XS_SAME1, NULL, x_index_select},
+    {"norm", XS_REDUCE, NULL, x_norm},
+    {"min", XS_REDUCE, NULL, x_min},
+    {"pow", XS_BINARY, NULL, x_pow},
+    /* issue 13's ops go here once merged, e.g.
+     *   {"gelu_tanh", XS_SAME, nt_gelu_tanh, NULL},
+     *   {"dropout", XS_SAME, NULL, x_dropout},  with x_dropout returning
+     *                                           nt_dropout(a, 0.25, 7) */
+};
+#define NXOPS ((int)(sizeof xops / sizeof xops[0]))
+static int xop_runs[NXOPS]; /* steps each ran, for the summary */
+
+/* The output of xop x on A, B (or false: it does not apply to them). */
+static bool xop_out(const xop *x, step *s, const vinfo *A, const vinfo *B, vinfo *out, rng *r)
+{
+    bool af = A->dt != NT_U8;
+    *out = *A;
+    if (!af)
+        return false;
+    switch (x->shape) {
+    case XS_SAME:
+        return true;
+    case XS_SAME1:
+        return A->ndim >= 1;
+    case XS_2D:
+        return A->ndim == 2;
+    case XS_REDUCE:
+        if (A->ndim == 0)
+            return false;
+        s->dim = rint_(r, 3) == 0 ? NT_DIM_ALL : rint_(r, A->ndim);
+        if (s->dim == NT_DIM_ALL) {
+            out->ndim = s->keep ? A->ndim : 0;
+            out->sh[0] = out->sh[1] = 1;
+        } else if (s->keep) {
+            out->sh[s->dim] = 1;
+        } else {
+            out->ndim = A->ndim - 1;
+            if (s->dim == 0)
+                out->sh[0] = A->sh[1];
+        }
+        return true;
+    case XS_BINARY:
+        if (!bcast_ok(A, B) || B->dt == NT_U8)
+            return false;
+        if (B->ndim > out->ndim || (B->ndim == out->ndim && B->sh[0] > out->sh[0]))
+            *out = *B;
+        for (int i = 0; i < out->ndim; i++) {
+            int ia = A->ndim - out->ndim + i, ib = B->ndim - out->ndim + i;
+            int64_t da = ia >= 0 ? A->sh[ia] : 1, db = ib >= 0 ? B->sh[ib] : 1;
+            out->sh[i] = da > db ? da : db;
+        }
+        out->dt = A->dt == B->dt ? A->dt : NT_F32;
+        return true;
+    }
+    return false;
+}
+
 static void gen(program *p, uint64_t seed)
 {
     rng r = {seed * 0x2545f4914f6cdd1dull + 1};
@@ -127,7 +295,7 @@ static void gen(program *p, uint64_t seed)
         p->sync_at[k] = -1;
         for (int tries = 0; tries < 50; tries++) {
             memset(s, 0, sizeof *s);
-            s->kind = rint_(&r, P_NKINDS);
+            s->kind = rint_(&r, P_NKINDS + NXOPS);
             /* prefer recent values: long chains fuse */
             s->a = nv - 1 - rint_(&r, nv < 6 ? nv : 6);
             if (rint_(&r, 4) == 0)
@@ -141,6 +309,12 @@ static void gen(program *p, uint64_t seed)
             vinfo *A = &v[s->a], *B = &v[s->b];
             bool af = A->dt != NT_U8;
             vinfo out = *A;
+            if (s->kind >= P_NKINDS) {
+                if (!xop_out(&xops[s->kind - P_NKINDS], s, A, B, &out, &r))
+                    continue;
+                v[nv++] = out;
+                goto next;
+            }
             switch (s->kind) {
             case P_ADD: case P_SUB: case P_MUL: case P_DIV: case P_MAXIMUM: case P_MINIMUM:
                 if (!bcast_ok(A, B) || !af || B->dt == NT_U8)
@@ -320,6 +494,11 @@ static void run(const program *p, GByteArray *out, bool syncs, uint64_t sync_see
     for (int k = 0; k < p->nsteps; k++) {
         const step *s = &p->st[k];
         nt_tensor *A = v[s->a], *B = v[s->b], *Cc = v[s->c], *y = NULL;
+        if (s->kind >= P_NKINDS) {
+            const xop *x = &xops[s->kind - P_NKINDS];
+            y = x->un ? x->un(A) : x->fn(A, B, s);
+            xop_runs[s->kind - P_NKINDS]++;
+        }
         switch (s->kind) {
         case P_ADD: y = nt_add(A, B); break;
         case P_SUB: y = nt_sub(A, B); break;
@@ -454,8 +633,9 @@ static void dump(const program *p)
                   p->in_dt[3]);
     for (int k = 0; k < p->nsteps; k++) {
         const step *s = &p->st[k];
-        print_message("#   v%d = kind %d (v%d, v%d, v%d) s0=%g s1=%g dim=%d keep=%d dt=%d%s\n",
-                      p->nin + k, s->kind, s->a, s->b, s->c, s->s0, s->s1, s->dim, s->keep, s->dt,
+        print_message("#   v%d = kind %d%s%s (v%d, v%d, v%d) s0=%g s1=%g dim=%d keep=%d dt=%d%s\n",
+                      p->nin + k, s->kind, s->kind >= P_NKINDS ? " " : "",
+                      s->kind >= P_NKINDS ? xops[s->kind - P_NKINDS].name : "", s->a, s->b, s->c, s->s0, s->s1, s->dim, s->keep, s->dt,
                       p->keep[p->nin + k] ? " [kept]" : "");
     }
 }
@@ -529,6 +709,11 @@ static void differential(bool syncs, int count, const char *backend)
                   (unsigned long long)st.kernel_cache_misses);
     if (!one) /* the programs must actually exercise fusion */
         assert_true(st.fusion_groups > 0 && st.fused_values_elided > 0);
+    for (int x = 0; x < NXOPS; x++) {
+        if (!one && count >= 100 && !xop_runs[x])
+            fail_msg("no program ran %s", xops[x].name);
+        xop_runs[x] = 0;
+    }
 }
 
 static void test_differential(void **state)
