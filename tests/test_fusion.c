@@ -737,6 +737,223 @@ static void test_print_invariance(void **state)
     differential(true, nprograms(150), "sim");
 }
 
+/* ---------------- a transformer block, every mode, printing or not ----------------
+ *
+ * A small character model (token embedding + positions by index_select,
+ * one pre-LN block with causal attention over 2 heads, a final norm and a
+ * head, cross-entropy) trained 3 SGD steps: the losses and parameters must
+ * have the bits of the CPU backend in deterministic mode in every config
+ * above, on both backends, and again when every step prints the loss and
+ * reads the attention weights back half-way through the forward pass.  The
+ * cases table varies the parts; issue 13's ops are one line each there. */
+enum { TB_V = 11, TB_B = 2, TB_T = 8, TB_C = 16, TB_H = 2, TB_NP = 15 };
+
+typedef struct tb_case {
+    const char *name;
+    /* attention of q, k, v [B, H, T, D] under the causal u8 mask [T, T]
+     * (1 = masked); NULL: matmul, masked_fill, softmax, matmul */
+    nt_tensor *(*attn)(nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_tensor *mask);
+    nt_tensor *(*act)(nt_tensor *h);                       /* NULL: nt_gelu */
+    nt_tensor *(*loss)(nt_tensor *logits, nt_tensor *y);   /* NULL: nt_cross_entropy */
+    nt_tensor *(*drop)(nt_tensor *h, uint64_t seed);       /* NULL: none */
+    bool checkpoint; /* the block under nt_checkpoint */
+    bool amp;        /* under bf16 autocast */
+} tb_case;
+
+static nt_tensor *tb_attn_additive(nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_tensor *mask)
+{
+    /* the additive form: where(mask, -1e9, 0) added to the scores */
+    nt_tensor *s = nt_mul_scalar(nt_matmul(q, nt_transpose(k, 2, 3)), 1.0 / sqrt(TB_C / TB_H));
+    nt_tensor *zero = nt_zeros(NT_F32, 2, (int64_t[]){TB_T, TB_T});
+    nt_tensor *add = nt_masked_fill(zero, mask, -1e9);
+    nt_tensor *a = nt_matmul(nt_softmax(nt_add(s, add), -1), v);
+    nt_release(zero);
+    return a;
+}
+
+static const tb_case tb_cases[] = {
+    {"masked_fill attention, gelu", NULL, NULL, NULL, NULL, false, false},
+    {"additive mask, mish", tb_attn_additive, nt_mish, NULL, NULL, false, false},
+    {"checkpointed block", NULL, NULL, NULL, NULL, true, false},
+    {"bf16 autocast", NULL, NULL, NULL, NULL, false, true},
+    {"checkpointed block, bf16 autocast", NULL, NULL, NULL, NULL, true, true},
+    /* issue 13's ops, one line each once merged (with a one-line adaptor
+     * where the signature differs):
+     *   {"sdpa", tb_sdpa, NULL, NULL, NULL, false, false},
+     *       tb_sdpa: nt_scaled_dot_product_attention(q, k, v, NULL, true, 0)
+     *   {"gelu_tanh", NULL, nt_gelu_tanh, NULL, NULL, false, false},
+     *   {"dropout", NULL, NULL, NULL, tb_dropout, false, false},
+     *       tb_dropout: nt_dropout(h, 0.25, seed)
+     *   {"cross_entropy_ex", NULL, NULL, tb_ce_ex, NULL, false, false},
+     *       tb_ce_ex: nt_cross_entropy_ex(logits, y, 3, 0.1) */
+};
+
+typedef struct tb_model {
+    const tb_case *c;
+    nt_tensor *p[TB_NP]; /* wte, wpe, ln1 w b, wq, wk, wv, wo, ln2 w b, w1, w2, lnf w b, head */
+    nt_tensor *idx, *pos, *y, *mask;
+    bool print;          /* read the attention weights back mid-step */
+    uint64_t step;
+} tb_model;
+
+static nt_tensor *tb_heads(nt_tensor *x)
+{
+    int64_t sh[4] = {TB_B, TB_T, TB_H, TB_C / TB_H};
+    return nt_permute(nt_reshape(x, 4, sh), (int[]){0, 2, 1, 3});
+}
+
+static int tb_block(void *ctx, nt_tensor *const *in, int n_in, nt_tensor **out, int n_out)
+{
+    tb_model *m = ctx;
+    nt_tensor **p = m->p, *x = in[0];
+    (void)n_in, (void)n_out;
+    nt_tensor *h = nt_layer_norm(x, p[2], p[3], 1e-5);
+    nt_tensor *q = tb_heads(nt_linear(h, p[4], NULL)), *k = tb_heads(nt_linear(h, p[5], NULL));
+    nt_tensor *v = tb_heads(nt_linear(h, p[6], NULL)), *a;
+    if (m->c->attn) {
+        a = m->c->attn(q, k, v, m->mask);
+    } else {
+        nt_tensor *s = nt_mul_scalar(nt_matmul(q, nt_transpose(k, 2, 3)),
+                                     1.0 / sqrt(TB_C / TB_H));
+        nt_tensor *w = nt_softmax(nt_masked_fill(s, m->mask, -INFINITY), -1);
+        if (m->print && w) { /* a sync in the middle of the forward pass */
+            float buf[TB_B * TB_H * TB_T * TB_T];
+            nt_tensor *w32 = nt_cast(w, NT_F32);
+            nt_to_host(w32, buf, sizeof buf);
+            nt_release(w32);
+        }
+        a = nt_matmul(w, v);
+    }
+    a = nt_reshape(nt_permute(a, (int[]){0, 2, 1, 3}), 3, (int64_t[]){TB_B, TB_T, TB_C});
+    x = nt_add(x, nt_linear(a, p[7], NULL));
+    h = nt_linear(nt_layer_norm(x, p[8], p[9], 1e-5), p[10], NULL);
+    h = m->c->act ? m->c->act(h) : nt_gelu(h);
+    if (m->c->drop)
+        h = m->c->drop(h, 1000 + m->step);
+    out[0] = nt_add(x, nt_linear(h, p[11], NULL));
+    return out[0] ? 0 : nt_last_error();
+}
+
+static void tb_init(tb_model *m, const tb_case *c)
+{
+    memset(m, 0, sizeof *m);
+    m->c = c;
+    int64_t sh[TB_NP][2] = {{TB_V, TB_C}, {TB_T, TB_C}, {TB_C}, {TB_C}, {TB_C, TB_C},
+                            {TB_C, TB_C}, {TB_C, TB_C}, {TB_C, TB_C}, {TB_C}, {TB_C},
+                            {4 * TB_C, TB_C}, {TB_C, 4 * TB_C}, {TB_C}, {TB_C}, {TB_V, TB_C}};
+    for (int i = 0; i < TB_NP; i++) {
+        int nd = sh[i][1] ? 2 : 1;
+        bool lnw = i == 2 || i == 8 || i == 12;
+        nt_tensor *r = nt_randn(NT_F32, nd, sh[i], 500 + (uint64_t)i);
+        nt_tensor *sc = nt_mul_scalar(r, lnw ? 0.1 : 0.3);
+        m->p[i] = nt_add_scalar(sc, lnw ? 1.0 : 0.0);
+        nt_release(sc);
+        nt_release(r);
+        assert_int_equal(nt_set_requires_grad(m->p[i], true), 0);
+    }
+    int32_t idx[TB_B * TB_T], y[TB_B * TB_T], pos[TB_T];
+    for (int i = 0; i < TB_B * TB_T; i++) {
+        idx[i] = (i * 5 + 2) % TB_V;
+        y[i] = (i * 3 + 1) % TB_V;
+    }
+    for (int t = 0; t < TB_T; t++)
+        pos[t] = t;
+    m->idx = nt_from_host(idx, NT_I32, 2, (int64_t[]){TB_B, TB_T});
+    m->y = nt_from_host(y, NT_I32, 1, (int64_t[]){TB_B * TB_T});
+    m->pos = nt_from_host(pos, NT_I32, 1, (int64_t[]){TB_T});
+    nt_tensor *ones = nt_ones(NT_U8, 2, (int64_t[]){TB_T, TB_T});
+    m->mask = nt_triu(ones, 1);
+    nt_release(ones);
+}
+
+static void tb_free(tb_model *m)
+{
+    for (int i = 0; i < TB_NP; i++)
+        nt_release(m->p[i]);
+    nt_release(m->idx), nt_release(m->y), nt_release(m->pos), nt_release(m->mask);
+}
+
+/* 3 SGD steps; the losses and the parameters' bytes go to out. */
+static void tb_train(const tb_case *c, bool print, GByteArray *out)
+{
+    tb_model m;
+    tb_init(&m, c);
+    m.print = print;
+    nt_optim *opt = nt_optim_sgd(m.p, TB_NP, 0.1, 0.9, 0.0, false);
+    assert_non_null(opt);
+    for (int st = 0; st < 3; st++) {
+        m.step = (uint64_t)st;
+        nt_scope *s = nt_scope_begin();
+        if (c->amp)
+            assert_int_equal(nt_autocast_begin(NT_BF16), 0);
+        nt_tensor *x = nt_add(nt_embedding(m.p[0], m.idx), nt_index_select(m.p[1], 0, m.pos));
+        nt_tensor *y = NULL;
+        if (c->checkpoint)
+            assert_int_equal(nt_checkpoint(tb_block, &m, &x, 1, &y, 1), 0);
+        else
+            assert_int_equal(tb_block(&m, &x, 1, &y, 1), 0);
+        nt_tensor *h = nt_layer_norm(y, m.p[12], m.p[13], 1e-5);
+        nt_tensor *logits = nt_reshape(nt_linear(h, m.p[14], NULL), 2,
+                                       (int64_t[]){TB_B * TB_T, TB_V});
+        nt_tensor *loss = c->loss ? c->loss(logits, m.y) : nt_cross_entropy(logits, m.y);
+        if (c->amp)
+            assert_int_equal(nt_autocast_end(), 0);
+        if (!loss || nt_backward(loss) || nt_optim_step(opt) || nt_optim_zero_grad(opt))
+            fail_msg("%s, step %d: %s", c->name, st, nt_last_error_message());
+        if (print) {
+            char *txt = nt_format(loss);
+            assert_non_null(txt);
+            g_free(txt);
+        }
+        float l;
+        nt_tensor *l32 = nt_cast(loss, NT_F32);
+        assert_int_equal(nt_to_host(l32, &l, sizeof l), 0);
+        g_byte_array_append(out, (const guint8 *)&l, sizeof l);
+        nt_scope_end(s);
+    }
+    for (int i = 0; i < TB_NP; i++) {
+        size_t nb = (size_t)nt_numel(m.p[i]) * sizeof(float);
+        guint8 *buf = g_malloc(nb);
+        assert_int_equal(nt_to_host(m.p[i], buf, nb), 0);
+        g_byte_array_append(out, buf, (guint)nb);
+        g_free(buf);
+    }
+    nt_optim_destroy(opt);
+    tb_free(&m);
+}
+
+static void test_transformer_block_every_mode(void **state)
+{
+    (void)state;
+    const char *backends[] = {"cpu", "sim"};
+    for (size_t k = 0; k < sizeof tb_cases / sizeof tb_cases[0]; k++) {
+        const tb_case *c = &tb_cases[k];
+        GByteArray *ref = g_byte_array_new();
+        nt_config_set("NT_BACKEND", "cpu");
+        nt_config_set("NT_MODE", "deterministic");
+        tb_train(c, false, ref);
+        for (int be = 0; be < 2; be++) {
+            nt_config_set("NT_BACKEND", backends[be]);
+            for (size_t cf = 0; cf < sizeof configs / sizeof configs[0]; cf++)
+                for (int print = 0; print < 2; print++) {
+                    apply(&configs[cf]);
+                    GByteArray *got = g_byte_array_new();
+                    tb_train(c, print, got);
+                    if (got->len != ref->len || memcmp(got->data, ref->data, ref->len))
+                        fail_msg("transformer block (%s): config %s on the %s backend%s "
+                                 "differs from the deterministic CPU run", c->name,
+                                 configs[cf].name, backends[be], print ? ", printing" : "");
+                    g_byte_array_unref(got);
+                }
+        }
+        g_byte_array_unref(ref);
+    }
+    nt_config_set("NT_BACKEND", "cpu");
+    nt_config_set("NT_MODE", "adaptive");
+    nt_config_set("NT_LAZY_WINDOW", "4096");
+    nt_config_set("NT_FUSION", "1");
+}
+
 /* ---------------- grouping rules, via the log ---------------- */
 
 /* Captures the fusion log (stderr) while fn runs. */
@@ -1269,6 +1486,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_differential, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_differential_sim, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_print_invariance, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_transformer_block_every_mode, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_ew_chain_one_kernel, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_adaptive_gathers_burst, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_elided_values_take_no_memory, setup, nt_test_teardown),
