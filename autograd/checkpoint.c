@@ -35,6 +35,9 @@ struct nt__ckpt {
                            the explicit ones are the recompute's inputs) */
     uint64_t *ver;      /* [nsaved] storage versions at the forward */
     nt_dtype amp;       /* the autocast dtype of the forward (COUNT: none) */
+    /* Any other per-thread state an op reads belongs here too, recorded in
+     * nt_checkpoint_at and restored around the recompute (as amp is): the
+     * training mode of nt_dropout, once it exists. */
 };
 
 /* The tensors a running block read, as the node's edges will be. */

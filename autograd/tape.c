@@ -662,8 +662,10 @@ static int ckpt_splice(gradmap *gm, size_t k, nt__node *n, nt_tensor *const *gou
             gm->order = order;
             gm->cap = total;
         }
-        if (!slots || !held || !order)
+        if (!slots || !held || !order) {
+            free(slots);
             rc = nt__err_hostmem(site, fn, "the list of the graph's nodes");
+        }
     }
     if (!rc && nfresh) {
         qsort(fresh, nfresh, sizeof *fresh, cmp_seq_desc);
