@@ -66,6 +66,11 @@ typedef struct nt__dispatch_hooks {
     int (*amp_on_call)(nt__call *c);    /* amp: autocast the inputs */
     nt_dtype (*amp_active)(void);       /* amp: the autocast dtype, or NT_DTYPE_COUNT */
     void (*custom_shutdown)(void);      /* autograd: drop the registered user ops */
+    /* amp: makes dt (NT_DTYPE_COUNT: no autocast) the thread's autocast
+     * state until the matching amp_leave (nt_checkpoint's recompute runs
+     * under the forward's state); 0 or an error */
+    int (*amp_enter)(nt_dtype dt);
+    void (*amp_leave)(void);
 } nt__dispatch_hooks;
 extern nt__dispatch_hooks nt__dhooks;
 

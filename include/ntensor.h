@@ -578,6 +578,37 @@ NT_API int nt_op_register(const nt_op_def *def);
  *  autograd like a built-in. */
 NT_API nt_tensor *nt_op_call(int op, nt_tensor *const *in);
 
+/** Gradient checkpointing (torch.utils.checkpoint): runs
+ *  fn(ctx, inputs, n_in, outputs, n_out) without keeping its intermediate
+ *  activations on the tape, and in nt_backward re-runs it (with grad on,
+ *  under the autocast state of the forward) to get them back.  Gradients
+ *  are bit-identical to calling fn directly, in every mode.
+ *  - fn builds outputs[0..n_out) from inputs[0..n_in) (and anything ctx
+ *    points to) with ntensor ops; each outputs[j] must be a new reference
+ *    (an op's result, or nt_retain of a tensor).  It returns 0 or an error
+ *    code.  fn must be deterministic: the same inputs give the same ops
+ *    (dropout inside: a fixed seed) and it must not write its inputs in
+ *    place.
+ *  - Tensors requiring grad that fn reads without being passed in inputs
+ *    (parameters reached through ctx) are found while it runs and get
+ *    their gradients too; ctx and what it points to must stay valid until
+ *    the backward that recomputes (or until the graph is freed).
+ *  - Saved for backward: the inputs (and references to those tensors).
+ *  - Outside a graph (no-grad region, nothing requires grad) it is a plain
+ *    call of fn.
+ *  n_in in 0..NT_CHECKPOINT_MAX_IN (inputs may be NULL when 0), n_out in
+ *  1..NT_CHECKPOINT_MAX_OUT.  Returns 0 with each outputs[j] a new
+ *  reference (adopted by the open scope, like an op's result), or an
+ *  error code with every outputs[j] set to NULL.  An error of fn while it
+ *  is recomputed is an error of nt_backward naming nt_checkpoint and its
+ *  call site.  docs/checkpointing.md has the details. */
+#define NT_CHECKPOINT_MAX_IN 1024
+#define NT_CHECKPOINT_MAX_OUT 2
+typedef int (*nt_checkpoint_fn)(void *ctx, nt_tensor *const *inputs, int n_in,
+                                nt_tensor **outputs, int n_out);
+NT_API int nt_checkpoint(nt_checkpoint_fn fn, void *ctx, nt_tensor *const *inputs, int n_in,
+                         nt_tensor **outputs, int n_out);
+
 /** Checks autograd against central finite differences: loss = sum(f(x) * w)
  *  for a fixed pseudo-random w; every element of every input's analytic
  *  gradient must be within atol + rtol * |numeric| of (L(x + eps) - L(x -

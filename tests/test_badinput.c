@@ -924,6 +924,44 @@ static int run_gradcheck(int v)
     return -999;
 }
 
+/* nt_checkpoint's block: never runs in these cases (or fails by design). */
+static int ck_fn(void *ctx, nt_tensor *const *in, int n_in, nt_tensor **out, int n_out)
+{
+    (void)ctx, (void)n_in, (void)n_out;
+    out[0] = nt_mul(in[0], in[0]);
+    return out[0] ? 0 : nt_last_error();
+}
+
+static int ck_fail_fn(void *ctx, nt_tensor *const *in, int n_in, nt_tensor **out, int n_out)
+{
+    (void)ctx, (void)in, (void)n_in, (void)n_out;
+    out[0] = NULL;
+    return 5;
+}
+
+static int run_ckpt(int v)
+{
+    nt_tensor *out[3] = {NULL, NULL, NULL};
+    nt_tensor *in[2] = {F.a23, F.a23};
+    switch (v) {
+    case 0: return nt_checkpoint(NULL, NULL, in, 1, out, 1);
+    case 1: return nt_checkpoint(ck_fn, NULL, in, -1, out, 1);
+    case 2: return nt_checkpoint(ck_fn, NULL, in, NT_CHECKPOINT_MAX_IN + 1, out, 1);
+    case 3: return nt_checkpoint(ck_fn, NULL, in, 1, out, 0);
+    case 4: return nt_checkpoint(ck_fn, NULL, in, 1, out, NT_CHECKPOINT_MAX_OUT + 1);
+    case 5: return nt_checkpoint(ck_fn, NULL, in, 1, NULL, 1);
+    case 6: return nt_checkpoint(ck_fn, NULL, NULL, 1, out, 1);
+    case 7: in[1] = NULL; return nt_checkpoint(ck_fn, NULL, in, 2, out, 1);
+    case 8: in[0] = F.rel; return nt_checkpoint(ck_fn, NULL, in, 1, out, 1);
+    case 9: { /* a block that fails: its own error, the outputs NULL */
+        int rc = nt_checkpoint(ck_fail_fn, NULL, in, 1, out, 1);
+        return out[0] ? 1 : rc;
+    }
+    }
+    return -999;
+}
+
+
 /* ---- streams, events, stats, amp ---- */
 
 static int run_stream(int v)
@@ -2049,6 +2087,17 @@ static void build(void)
     for (int k = 0; k < 10; k++)
         add("nt_gradcheck", k == 6 ? NT_ERELEASED : NT_EINVAL, NULL, run_gradcheck, k,
             "nt_gradcheck: %s", GC[k]);
+    static const struct { int code; const char *want, *name; } CK[] = {
+        {NT_EINVAL, "'fn'", "fn NULL"},           {NT_EINVAL, "'n_in'", "n_in -1"},
+        {NT_EINVAL, "'n_in'", "n_in too big"},    {NT_EINVAL, "'n_out'", "n_out 0"},
+        {NT_EINVAL, "'n_out'", "n_out too big"},  {NT_EINVAL, "'outputs'", "outputs NULL"},
+        {NT_EINVAL, "'inputs'", "inputs NULL"},   {NT_EINVAL, "'inputs[1]'", "inputs[1] NULL"},
+        {NT_ERELEASED, "'inputs[0]'", "inputs[0] released"},
+        {NT_EINVAL, "returned 5", "the block fails without an error"},
+    };
+    for (int k = 0; k < (int)(sizeof CK / sizeof CK[0]); k++)
+        add("nt_checkpoint", CK[k].code, CK[k].want, run_ckpt, k, "nt_checkpoint: %s",
+            CK[k].name);
     static const struct { const char *fn; int code; const char *name; } ST[] = {
         {"nt_stream_destroy", NT_EINVAL, "NULL"},      {"nt_stream_destroy", NT_EINVAL, "default"},
         {"nt_stream_synchronize", NT_EINVAL, "NULL"},  {"nt_event_record", NT_EINVAL, "e NULL"},

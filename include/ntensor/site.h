@@ -145,6 +145,8 @@ NT_API int nt_backward_at(const nt_site *site, nt_tensor *loss);
 NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain_graph);
 NT_API nt_tensor *nt_detach_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *in);
+NT_API int nt_checkpoint_at(const nt_site *site, nt_checkpoint_fn fn, void *ctx,
+                            nt_tensor *const *inputs, int n_in, nt_tensor **outputs, int n_out);
 NT_API int nt_optim_step_at(const nt_site *site, nt_optim *opt);
 NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *params, int n,
@@ -259,6 +261,7 @@ NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *pa
     X(int, nt_backward_ex, (nt_tensor *loss, bool retain_graph), (const nt_site *site, nt_tensor *loss, bool retain_graph), 2) \
     X(nt_tensor *, nt_detach, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_op_call, (int op, nt_tensor *const *in), (const nt_site *site, int op, nt_tensor *const *in), 2) \
+    X(int, nt_checkpoint, (nt_checkpoint_fn fn, void *ctx, nt_tensor *const *inputs, int n_in, nt_tensor **outputs, int n_out), (const nt_site *site, nt_checkpoint_fn fn, void *ctx, nt_tensor *const *inputs, int n_in, nt_tensor **outputs, int n_out), 6) \
     X(int, nt_optim_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1) \
     X(int, nt_sgd_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1) \
     X(nt_tensor *, nt_clip_grad_norm, (nt_tensor *const *params, int n, double max_norm), (const nt_site *site, nt_tensor *const *params, int n, double max_norm), 3)
@@ -369,6 +372,7 @@ NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *pa
 #define nt_backward_ex(...) nt_backward_ex_at(NT_HERE, __VA_ARGS__)
 #define nt_detach(...) nt_detach_at(NT_HERE, __VA_ARGS__)
 #define nt_op_call(...) nt_op_call_at(NT_HERE, __VA_ARGS__)
+#define nt_checkpoint(...) nt_checkpoint_at(NT_HERE, __VA_ARGS__)
 #define nt_optim_step(...) nt_optim_step_at(NT_HERE, __VA_ARGS__)
 #define nt_sgd_step(...) nt_sgd_step_at(NT_HERE, __VA_ARGS__)
 #define nt_clip_grad_norm(...) nt_clip_grad_norm_at(NT_HERE, __VA_ARGS__)
