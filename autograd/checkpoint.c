@@ -36,8 +36,8 @@ struct nt__ckpt {
     uint64_t *ver;      /* [nsaved] storage versions at the forward */
     nt_dtype amp;       /* the autocast dtype of the forward (COUNT: none) */
     /* Any other per-thread state an op reads belongs here too, recorded in
-     * nt_checkpoint_at and restored around the recompute (as amp is): the
-     * training mode of nt_dropout, once it exists. */
+     * nt_checkpoint_at and restored around the recompute (as amp is). */
+    bool training;      /* nt_dropout's training mode at the forward */
 };
 
 /* The tensors a running block read, as the node's edges will be. */
@@ -219,7 +219,7 @@ static int record(const nt_site *site, const char *api, cap_list *cap, nt_checkp
     }
     n->ckpt = ck;
     n->site = site ? *site : (nt_site){0};
-    *ck = (struct nt__ckpt){fn, ctx, n_in, cap->n, cap->saved, cap->ver, amp};
+    *ck = (struct nt__ckpt){fn, ctx, n_in, cap->n, cap->saved, cap->ver, amp, nt_is_training()};
     for (int i = 0; i < cap->n; i++) {
         n->next[i] = cap->e[i]; /* the list's references move to the node */
         nt_tensor *t = cap->saved[i];
@@ -403,10 +403,12 @@ int nt__ckpt_recompute(nt__node *n, nt_tensor **outs)
          * (which would turn autocast off), no outer capture. */
         int ng = nt__ag_set_no_grad(0);
         const char *bwd = nt__tls_bwd_of;
-        bool capc = nt__ckpt_capturing;
+        bool capc = nt__ckpt_capturing, train = nt_is_training();
         nt__tls_bwd_of = NULL;
         nt__ckpt_capturing = false;
+        nt_set_training(ck->training); /* dropout masks as in the forward */
         int frc = ck->fn(ck->ctx, h, ck->n_in, outs, n->nout);
+        nt_set_training(train);
         nt__ckpt_capturing = capc;
         nt__tls_bwd_of = bwd;
         nt__ag_set_no_grad(ng);

@@ -306,6 +306,43 @@ static void test_mlp_every_mode(void **state)
     nt_config_set("NT_MODE", "adaptive");
 }
 
+/* Dropout inside a checkpoint: the recompute runs in the forward's training
+ * mode, so a program that switches to eval mode between its forward and
+ * nt_backward (to evaluate, say) still gets the direct call's gradients --
+ * the same mask, not the identity. */
+static int drop_fn(void *ctx, nt_tensor *const *in, int n_in, nt_tensor **out, int n_out)
+{
+    (void)ctx, (void)n_in, (void)n_out;
+    out[0] = nt_dropout(nt_mul(in[0], in[0]), 0.3, 1234);
+    return out[0] ? 0 : nt_last_error();
+}
+
+static void test_dropout_training_mode(void **state)
+{
+    (void)state;
+    float ref[64], got[64];
+    for (int way = 0; way < 2; way++) {
+        nt_tensor *x = nt_rand(NT_F32, 1, (int64_t[]){64}, 5);
+        assert_int_equal(nt_set_requires_grad(x, true), 0);
+        nt_tensor *y = NULL;
+        if (way == 0)
+            assert_int_equal(drop_fn(NULL, &x, 1, &y, 1), 0);
+        else
+            assert_int_equal(nt_checkpoint(drop_fn, NULL, &x, 1, &y, 1), 0);
+        nt_set_training(false); /* eval between forward and backward */
+        assert_int_equal(nt_backward(nt_sum(y, NT_DIM_ALL, false)), 0);
+        nt_set_training(true);
+        nt_tensor *g = nt_grad(x);
+        assert_int_equal(nt_to_host(g, way ? got : ref, sizeof ref), 0);
+        nt_release(g), nt_release(y), nt_release(x);
+    }
+    int zeros = 0;
+    for (int i = 0; i < 64; i++)
+        zeros += ref[i] == 0.0f;
+    assert_true(zeros > 0 && zeros < 64); /* a mask, not the identity */
+    assert_memory_equal(ref, got, sizeof ref);
+}
+
 /* A block with two outputs of which only the first reaches the loss, and
  * one whose outputs reach nothing: gradients as the direct call's. */
 static void test_unused_outputs(void **state)
@@ -629,6 +666,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_transformer_bf16_autocast_every_mode, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_unused_outputs, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_dropout_training_mode, nt_test_setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_retain_graph, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_plain_call_and_passthrough, nt_test_setup,
                                         nt_test_teardown),
