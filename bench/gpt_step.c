@@ -16,8 +16,14 @@
  * forward, backward, clipping, AdamW) over their count, evaluations
  * excluded, in both.
  *
- * Usage: gpt_step [--steps N] [--configs sim,cpu,bf16,peer] [--peer PATH]
- *                 [--python PATH] [--eval-batches N] [--data DIR] */
+ * Every --eval-every steps each run prints an "eval step=N train=X val=Y"
+ * line (the mean training loss since the last one, the loss on fixed
+ * validation batches); --curves DIR also writes each run's lines to
+ * DIR/peer.log, DIR/sim.log ... for bench/peer/plot_loss.py.
+ *
+ * Usage: gpt_step [--steps N] [--configs peer,sim,cpu,bf16] [--peer PATH]
+ *                 [--python PATH] [--eval-every N] [--eval-batches N]
+ *                 [--curves DIR] [--data DIR] */
 #include <math.h>
 #include <ntensor.h>
 #include <stdio.h>
@@ -43,9 +49,23 @@ typedef struct {
     double ms, sim_ms, mfu, val;
 } result;
 
+static const char *curves_dir; /* --curves DIR: each run's eval lines in DIR/NAME.log */
+
+static FILE *curves_open(const char *name)
+{
+    if (!curves_dir)
+        return NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.log", curves_dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        fprintf(stderr, "gpt_step: cannot write '%s'\n", path);
+    return f;
+}
+
 /* Trains on `backend` (amp: NT_BF16 or NT_DTYPE_COUNT) and fills r. */
 static void run_ours(const char *backend, nt_dtype amp, const gpt_data *d, int steps,
-                     int eval_batches, result *r)
+                     int eval_every, int eval_batches, result *r)
 {
     bench_check(nt_config_set("NT_BACKEND", backend), "nt_config_set NT_BACKEND");
     gpt_config c = {.n_layer = 4, .n_head = 4, .width = 128, .context = 128,
@@ -60,9 +80,11 @@ static void run_ours(const char *backend, nt_dtype amp, const gpt_data *d, int s
     int32_t *xb = malloc(sizeof *xb * 16 * 128), *yb = malloc(sizeof *yb * 16 * 128);
     nt_tensor *sum = nt_zeros(NT_F32, 0, NULL);
     bench_check(nt_sync(), "nt_sync");
-    nt_sim_stats s0, s1;
+    FILE *log = curves_open(r->name);
+    nt_sim_stats s0, s1, e0, e1;
     nt_sim_stats_get(&s0);
-    double t0 = bench_now_ns();
+    double t0 = bench_now_ns(), train_ns = 0, eval_sim_ns = 0, eval_ideal_ns = 0, total = 0;
+    int since = 0;
     for (int s = 0; s < steps; s++) {
         nt_tensor *loss = gpt_train_step(&m, opt, d, &o, s, xb, yb);
         if (!loss)
@@ -71,15 +93,38 @@ static void run_ours(const char *backend, nt_dtype amp, const gpt_data *d, int s
         bench_check(nt_add_inplace(sum, loss), "summing the loss");
         nt_no_grad_end();
         nt_release(loss);
+        since++;
+        if ((s + 1) % eval_every == 0 || s + 1 == steps) {
+            /* the evaluation's wall and simulated time are not a step's */
+            double l;
+            bench_check(nt_item(sum, &l), "reading the loss");
+            bench_check(nt_fill_inplace(sum, 0), "resetting the loss sum");
+            double t1 = bench_now_ns();
+            train_ns += t1 - t0;
+            total += l;
+            nt_sim_stats_get(&e0);
+            r->val = gpt_eval(&m, d, 16, eval_batches, amp);
+            nt_sim_stats_get(&e1);
+            eval_sim_ns += e1.sim_ns - e0.sim_ns;
+            eval_ideal_ns += e1.tensor_ideal_ns - e0.tensor_ideal_ns;
+            char line[256];
+            snprintf(line, sizeof line, "eval step=%d train=%.4f val=%.4f ms_per_step=%.1f\n",
+                     s + 1, l / since, r->val, (t1 - t0) * 1e-6 / since);
+            printf("  %s: %s", r->name, line);
+            fflush(stdout);
+            if (log)
+                fputs(line, log);
+            since = 0;
+            t0 = bench_now_ns();
+        }
     }
-    double total;
-    bench_check(nt_item(sum, &total), "reading the loss");
-    r->ms = (bench_now_ns() - t0) * 1e-6 / steps;
+    if (log)
+        fclose(log);
+    r->ms = train_ns * 1e-6 / steps;
     nt_sim_stats_get(&s1);
-    double sim_ns = s1.sim_ns - s0.sim_ns;
+    double sim_ns = s1.sim_ns - s0.sim_ns - eval_sim_ns;
     r->sim_ms = sim_ns * 1e-6 / steps;
-    r->mfu = sim_ns > 0 ? (s1.tensor_ideal_ns - s0.tensor_ideal_ns) / sim_ns : 0;
-    r->val = gpt_eval(&m, d, 16, eval_batches, amp);
+    r->mfu = sim_ns > 0 ? (s1.tensor_ideal_ns - s0.tensor_ideal_ns - eval_ideal_ns) / sim_ns : 0;
     r->ran = true;
     printf("  %-5s %8.1f ms/step", r->name, r->ms);
     if (sim_ns > 0)
@@ -95,7 +140,7 @@ static void run_ours(const char *backend, nt_dtype amp, const gpt_data *d, int s
 
 /* Runs the peer, echoing its eval lines; fills r from its "final" line. */
 static void run_peer(const char *python, const char *script, const char *data, int steps,
-                     int eval_batches, result *r)
+                     int eval_every, int eval_batches, result *r)
 {
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "'%s' -c 'import torch' 2>/dev/null", python);
@@ -107,14 +152,17 @@ static void run_peer(const char *python, const char *script, const char *data, i
     }
     snprintf(cmd, sizeof cmd,
              "'%s' '%s' --steps %d --warmup %d --eval-every %d --eval-batches %d --data '%s'",
-             python, script, steps, steps / 10, steps, eval_batches, data);
+             python, script, steps, steps / 10, eval_every, eval_batches, data);
     FILE *f = popen(cmd, "r");
     if (!f) {
         printf("  peer  skipped: cannot run %s\n", script);
         return;
     }
     char line[1024];
+    FILE *log = curves_open(r->name);
     while (fgets(line, sizeof line, f)) {
+        if (log && !strncmp(line, "eval ", 5))
+            fputs(line, log);
         double v, ms;
         if (sscanf(line, "final val=%lf ms_per_step=%lf", &v, &ms) == 2) {
             r->val = v;
@@ -123,6 +171,8 @@ static void run_peer(const char *python, const char *script, const char *data, i
         }
         printf("  peer: %s", line);
     }
+    if (log)
+        fclose(log);
     int st = pclose(f);
     if (st != 0 || !r->ran) {
         printf("  peer  failed (exit status %d)\n", st);
@@ -135,13 +185,17 @@ static void run_peer(const char *python, const char *script, const char *data, i
 
 int main(int argc, char **argv)
 {
-    int steps = STEPS, eval_batches = 8;
+    int steps = STEPS, eval_batches = 8, eval_every = 50;
     const char *configs = "peer,sim,cpu,bf16", *peer = GPT_PEER_SCRIPT,
                *python = "/usr/bin/python3", *data = GPT_DATA_DIR;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--steps") && v)
             steps = atoi(v);
+        else if (!strcmp(argv[i], "--eval-every") && v)
+            eval_every = atoi(v);
+        else if (!strcmp(argv[i], "--curves") && v)
+            curves_dir = v;
         else if (!strcmp(argv[i], "--eval-batches") && v)
             eval_batches = atoi(v);
         else if (!strcmp(argv[i], "--configs") && v)
@@ -154,13 +208,14 @@ int main(int argc, char **argv)
             data = v;
         else {
             fprintf(stderr, "usage: gpt_step [--steps N] [--configs sim,cpu,bf16,peer] "
-                            "[--peer PATH] [--python PATH] [--eval-batches N] [--data DIR]\n");
+                            "[--peer PATH] [--python PATH] [--eval-every N] [--eval-batches N] "
+                            "[--curves DIR] [--data DIR]\n");
             return 1;
         }
         i++;
     }
-    if (steps < 1 || eval_batches < 1) {
-        fprintf(stderr, "gpt_step: --steps and --eval-batches must be >= 1\n");
+    if (steps < 1 || eval_batches < 1 || eval_every < 1) {
+        fprintf(stderr, "gpt_step: --steps, --eval-every and --eval-batches must be >= 1\n");
         return 1;
     }
     gpt_data d;
@@ -177,13 +232,13 @@ int main(int argc, char **argv)
     snprintf(buf, sizeof buf, "%s", configs);
     for (char *save = NULL, *c = strtok_r(buf, ",", &save); c; c = strtok_r(NULL, ",", &save)) {
         if (!strcmp(c, "peer"))
-            run_peer(python, peer, data, steps, eval_batches, &r[PEER]);
+            run_peer(python, peer, data, steps, eval_every, eval_batches, &r[PEER]);
         else if (!strcmp(c, "sim"))
-            run_ours("sim", NT_DTYPE_COUNT, &d, steps, eval_batches, &r[SIM]);
+            run_ours("sim", NT_DTYPE_COUNT, &d, steps, eval_every, eval_batches, &r[SIM]);
         else if (!strcmp(c, "cpu"))
-            run_ours("cpu", NT_DTYPE_COUNT, &d, steps, eval_batches, &r[CPU]);
+            run_ours("cpu", NT_DTYPE_COUNT, &d, steps, eval_every, eval_batches, &r[CPU]);
         else if (!strcmp(c, "bf16"))
-            run_ours("sim", NT_BF16, &d, steps, eval_batches, &r[BF16]);
+            run_ours("sim", NT_BF16, &d, steps, eval_every, eval_batches, &r[BF16]);
         else {
             fprintf(stderr, "gpt_step: unknown config '%s' (sim, cpu, bf16, peer)\n", c);
             return 1;
