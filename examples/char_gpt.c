@@ -40,6 +40,7 @@ typedef struct {
     gpt_config c;
     gpt_train_opts t;
     int eval_every, eval_batches, log_every, sample;
+    int64_t limit_steps; /* stop after this many steps (0: none); the schedule still spans --steps */
     const char *save, *resume, *prompt, *data, *backend, *amp;
 } options;
 
@@ -70,6 +71,8 @@ static void usage(FILE *f)
             "  --batch N          sequences per step (16)\n"
             "  --lr X             peak learning rate (2e-3)\n"
             "  --warmup N         warm-up steps (30)\n"
+            "  --limit-steps N    stop after step N (the schedule still spans --steps: for\n"
+            "                     trying --save and --resume)\n"
             "  --eval-every N     an eval line every N steps (50)\n"
             "  --eval-batches N   validation batches per evaluation (8)\n"
             "  --log-every N      a progress line every N steps (10; 0: none)\n"
@@ -129,6 +132,8 @@ static void parse_args(int argc, char **argv, options *o)
             o->c.context = (int)parse_long(a, v, 1);
         else if (!strcmp(a, "--batch"))
             o->t.batch = (int)parse_long(a, v, 1);
+        else if (!strcmp(a, "--limit-steps"))
+            o->limit_steps = parse_long(a, v, 1);
         else if (!strcmp(a, "--warmup"))
             o->t.warmup = parse_long(a, v, 0);
         else if (!strcmp(a, "--eval-every"))
@@ -320,7 +325,8 @@ int main(int argc, char **argv)
     nt_sim_stats_get(&sim_log);
     sim_all0 = sim_log;
     double val = NAN;
-    for (int64_t step = start; step < o.t.steps; step++) {
+    int64_t end = o.limit_steps && o.limit_steps < o.t.steps ? o.limit_steps : o.t.steps;
+    for (int64_t step = start; step < end; step++) {
         nt_tensor *loss = gpt_train_step(&m, opt, &d, &o.t, step, xb, yb);
         if (!loss)
             check(-1, "training step");
@@ -330,7 +336,7 @@ int main(int argc, char **argv)
         nt_release(loss);
         n_log++;
         n_eval++;
-        bool last = step + 1 == o.t.steps, eval = (step + 1) % o.eval_every == 0 || last;
+        bool last = step + 1 == end, eval = (step + 1) % o.eval_every == 0 || last;
         if ((o.log_every && (step + 1) % o.log_every == 0) || eval) {
             double s;
             check(nt_item(loss_sum, &s), "reading the loss");
@@ -373,7 +379,7 @@ int main(int argc, char **argv)
         }
     }
     nt_sim_stats_get(&sim_now);
-    int64_t ran = o.t.steps > start ? o.t.steps - start : 0;
+    int64_t ran = end > start ? end - start : 0;
     if (ran > 0) {
         printf("trained %lld steps: %.0f tok/s, %.1f ms/step", (long long)ran,
                (double)B * T * ran / t_train, 1e3 * t_train / ran);
