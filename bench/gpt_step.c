@@ -227,7 +227,7 @@ int main(int argc, char **argv)
            "16), %d steps of AdamW from seed 1 on %lld characters of %s; mode %s\n",
            steps, (long long)d.n, data, nt_config_get("NT_MODE"));
     enum { PEER, SIM, CPU, BF16, NCFG };
-    result r[NCFG] = {{"peer"}, {"sim"}, {"cpu"}, {"bf16"}};
+    result r[NCFG] = {{.name = "peer"}, {.name = "sim"}, {.name = "cpu"}, {.name = "bf16"}};
     char buf[256];
     snprintf(buf, sizeof buf, "%s", configs);
     for (char *save = NULL, *c = strtok_r(buf, ",", &save); c; c = strtok_r(NULL, ",", &save)) {

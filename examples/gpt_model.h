@@ -246,7 +246,7 @@ typedef struct {
     int n_params;
     nt_tensor **p;   /* wte, wpe, blocks, ln_f w, ln_f b[, head] */
     nt_tensor *mask; /* u8 [context, context]: 1 where a query may NOT look */
-    uint64_t dropout_seed; /* the next dropout call's seed */
+    uint64_t dropout_seed; /* the step's: each dropout adds its site number */
 } gpt_model;
 
 #define GPT_WTE 0
@@ -365,12 +365,15 @@ static inline nt_tensor *gpt_attn(gpt_model *m, nt_tensor *q, nt_tensor *k, nt_t
     return nt_matmul(att, v);
 }
 
-/* Dropout with probability p (the identity when p is 0 or in evaluation).
+/* Dropout with probability p (the identity when p is 0 or in evaluation),
+ * seeded by the step's seed plus `site` (0 the embedding, then two per
+ * block), not by a running counter: a block recomputed in backward
+ * (gradient checkpointing) draws the same masks.
  * TODO(issue 13): nt_dropout(x, p, seed) once merged (its mask is a
  * counter-based hash of (seed, index), on the device, fused).  Today the
  * composite: keep where a uniform draw (nt_rand, also counter-based on the
  * seed) is >= p, scale by 1 / (1 - p). */
-static inline nt_tensor *gpt_dropout(gpt_model *m, nt_tensor *x)
+static inline nt_tensor *gpt_dropout(gpt_model *m, nt_tensor *x, int site)
 {
     double p = m->c.dropout;
     if (p <= 0 || !nt_grad_enabled()) /* evaluation runs without a graph */
@@ -379,7 +382,7 @@ static inline nt_tensor *gpt_dropout(gpt_model *m, nt_tensor *x)
     int nd = nt_ndim(x);
     for (int i = 0; i < nd; i++)
         shape[i] = nt_shape(x, i);
-    nt_tensor *u = nt_rand(NT_F32, nd, shape, m->dropout_seed++);
+    nt_tensor *u = nt_rand(NT_F32, nd, shape, m->dropout_seed + (uint64_t)site);
     nt_tensor *keep = nt_cast(nt_ge(u, nt_full(NT_F32, 0, NULL, p)), nt_dtype_of(x));
     return nt_mul(x, nt_mul_scalar(keep, 1.0 / (1.0 - p)));
 }
@@ -392,8 +395,8 @@ static inline nt_tensor *gpt_heads(gpt_model *m, nt_tensor *qkv, int64_t off)
     return nt_permute(nt_reshape(s, 4, (int64_t[]){B, T, H, D / H}), (int[]){0, 2, 1, 3});
 }
 
-/* One pre-LN block on x [B, T, D]; p = the block's GPT_PER_BLOCK params. */
-static inline nt_tensor *gpt_block_fn(gpt_model *m, nt_tensor *const *p, nt_tensor *x)
+/* Pre-LN block l on x [B, T, D]; p = its GPT_PER_BLOCK params. */
+static inline nt_tensor *gpt_block_fn(gpt_model *m, int l, nt_tensor *const *p, nt_tensor *x)
 {
     int64_t B = nt_shape(x, 0), T = nt_shape(x, 1), D = m->c.width;
     nt_tensor *h = nt_layer_norm(x, p[GPT_LN1W], p[GPT_LN1B], 1e-5);
@@ -401,10 +404,10 @@ static inline nt_tensor *gpt_block_fn(gpt_model *m, nt_tensor *const *p, nt_tens
     nt_tensor *y = gpt_attn(m, gpt_heads(m, qkv, 0), gpt_heads(m, qkv, D),
                             gpt_heads(m, qkv, 2 * D));
     y = nt_reshape(nt_permute(y, (int[]){0, 2, 1, 3}), 3, (int64_t[]){B, T, D});
-    x = nt_add(x, gpt_dropout(m, nt_linear(y, p[GPT_WO], p[GPT_BO])));
+    x = nt_add(x, gpt_dropout(m, nt_linear(y, p[GPT_WO], p[GPT_BO]), 1 + 2 * l));
     h = nt_layer_norm(x, p[GPT_LN2W], p[GPT_LN2B], 1e-5);
     h = nt_linear(nt_gelu(nt_linear(h, p[GPT_W1], p[GPT_B1])), p[GPT_W2], p[GPT_B2]);
-    return nt_add(x, gpt_dropout(m, h));
+    return nt_add(x, gpt_dropout(m, h, 2 + 2 * l));
 }
 
 /* Block l on x.  TODO(issue 13): with c.checkpoint, run gpt_block_fn through
@@ -413,7 +416,7 @@ static inline nt_tensor *gpt_block_fn(gpt_model *m, nt_tensor *const *p, nt_tens
  * caller refuses c.checkpoint until then. */
 static inline nt_tensor *gpt_block(gpt_model *m, int l, nt_tensor *x)
 {
-    return gpt_block_fn(m, m->p + GPT_BLOCK(l, 0), x);
+    return gpt_block_fn(m, l, m->p + GPT_BLOCK(l, 0), x);
 }
 
 /* Logits [B * T, V] of idx [B, T] (i32). */
@@ -423,7 +426,7 @@ static inline nt_tensor *gpt_logits(gpt_model *m, nt_tensor *idx)
     int64_t B = nt_shape(idx, 0), T = nt_shape(idx, 1);
     nt_tensor *pos = nt_arange(NT_I32, 0, (double)T, 1);
     nt_tensor *x = nt_add(nt_embedding(p[GPT_WTE], idx), nt_embedding(p[GPT_WPE], pos));
-    x = gpt_dropout(m, x);
+    x = gpt_dropout(m, x, 0);
     for (int l = 0; l < m->c.n_layer; l++)
         x = gpt_block(m, l, x);
     int f = GPT_BLOCK(m->c.n_layer, 0);
@@ -492,7 +495,8 @@ static inline nt_tensor *gpt_train_step(gpt_model *m, nt_optim *opt, const gpt_d
     int B = o->batch, T = m->c.context;
     if (nt_optim_set_lr(opt, gpt_lr(o->lr, step, o->steps, o->warmup)) != 0)
         return NULL;
-    m->dropout_seed = o->seed * 0x100000000ull + (uint64_t)step * 1024; /* a resume redraws them */
+    /* a function of the step, so a resumed run draws the same masks */
+    m->dropout_seed = o->seed * 0x100000000ull + (uint64_t)step * 1024;
     gpt_batch(d, false, o->seed, step, B, T, xb, yb);
     nt_scope *sc = nt_scope_begin();
     if (!sc)
