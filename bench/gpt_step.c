@@ -14,7 +14,10 @@
  * backend <= 0.7x; validation loss within 0.05 nats of PyTorch's after the
  * default steps.  A step's time is the wall time of all steps (batch,
  * forward, backward, clipping, AdamW) over their count, evaluations
- * excluded, in both.
+ * excluded, in both.  PyTorch runs with its own default thread count
+ * (printed; OMP_NUM_THREADS sets it): on a loaded 2-core machine its
+ * OpenMP at 2 threads was about 9x slower than at 1 (1411 against 159
+ * ms/step), so forcing more threads would not be a fair peer.
  *
  * Every --eval-every steps each run prints an "eval step=N train=X val=Y"
  * line (the mean training loss since the last one, the loss on fixed

@@ -75,8 +75,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--untied", action="store_true")
     ap.add_argument("--data", default=DATA_DIR)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                    help="torch.set_num_threads (default: the CPU count)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch.set_num_threads; 0 (default) keeps torch's own default "
+                         "(OMP_NUM_THREADS, else what OpenMP gives it)")
     a = ap.parse_args()
     try:
         import torch
@@ -85,7 +86,8 @@ def main():
         print("char_gpt.py: torch is not installed (Debian: python3-torch; "
               "sh scripts/deps.sh --bench)", file=sys.stderr)
         return 2
-    torch.set_num_threads(a.threads)
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
 
     text, nfiles = load_text(a.data)
