@@ -1,9 +1,20 @@
 #!/bin/sh
 # Installs the Debian 12 packages ntensor needs that are missing (run as root).
-# Usage: scripts/deps.sh [extra packages...]
+# Usage: scripts/deps.sh [--bench] [extra packages...]
+#   --bench  also PyTorch and matplotlib, for bench/gpt_step's peer
+#            (bench/peer/char_gpt.py) and bench/peer/plot_loss.py; the tests
+#            never need them.
+# fortunes: the text examples/char_gpt trains on.
 set -eu
+extra=""
+for a in "$@"; do
+    case "$a" in
+    --bench) extra="$extra python3-torch python3-matplotlib" ;;
+    *) extra="$extra $a" ;;
+    esac
+done
 pkgs="gcc meson ninja-build pkg-config python3 libglib2.0-dev liburcu-dev libatomic-ops-dev
-      libcmocka-dev libopenblas-dev zlib1g-dev gdb libtsan2 $*"
+      libcmocka-dev libopenblas-dev zlib1g-dev gdb libtsan2 fortunes $extra"
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||

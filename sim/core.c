@@ -935,9 +935,16 @@ void nt_sim_stats_reset(void)
 /* HBM page table                                                           */
 /* ------------------------------------------------------------------------ */
 
+/* splitmix64's finaliser over base and the page number: the table's low bits
+ * depend on both, so the pages of one tensor spread over the table (a
+ * product shifted right left the page number out of the index bits, and
+ * every page of a big tensor probed one chain). */
 static size_t ht_hash(uintptr_t base, uintptr_t key)
 {
-    return (size_t)((((uint64_t)base ^ ((uint64_t)key << 40)) * 0x9E3779B97F4A7C15ull) >> 20);
+    uint64_t z = (uint64_t)base ^ ((uint64_t)key * 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (size_t)(z ^ (z >> 31));
 }
 
 static void ht_grow(void)
@@ -1000,9 +1007,21 @@ static double hbm_pages(const nt_ap *ap, bool write, int mode, double end)
     }
     double t = 0.0;
     int64_t last_page = INT64_MIN;
+    /* Visiting a page twice changes nothing (mode 0 takes a maximum, mode 1
+     * stores the same end), so when rows go up in memory each visits only
+     * the pages above those already seen: a strided read whose rows span
+     * the same pages (a reduction over a leading dim) costs its page count,
+     * not rows times that. */
+    int64_t seen_hi = INT64_MIN;
     for (int p = 0; p < rows; p++) {
         int64_t a = (ap->offset + (int64_t)p * ap->pstep + lo) * esz; /* from base */
         int64_t first = a >> HBM_PAGE_SHIFT, last = (a + row_bytes - 1) >> HBM_PAGE_SHIFT;
+        if (ap->pstep >= 0) {
+            if (first <= seen_hi)
+                first = seen_hi + 1;
+            if (last > seen_hi)
+                seen_hi = last;
+        }
         for (int64_t pg = first; pg <= last; pg++) {
             if (pg == last_page)
                 continue; /* adjacent rows on one page: visited already */

@@ -1,0 +1,300 @@
+/* bench/gpt_step.c - the character GPT of examples/char_gpt.c against its
+ * PyTorch peer (bench/peer/char_gpt.py), in one run.
+ *
+ * Trains the default model (examples/gpt_model.h: 4 layers, 4 heads, width
+ * 128, context 128, batch 16) for --steps steps from the same seed on the
+ * simulated NeuronCore (the default backend), on the CPU backend, with
+ * --amp bf16 on the simulator, and in PyTorch 1.13 eager fp32 (when
+ * /usr/bin/python3 imports torch; else it says so), and prints for each the
+ * wall time per step, its ratio to PyTorch's, the simulated NeuronCore time
+ * per step and MFU, and the validation loss after the last step with its
+ * difference from PyTorch's.
+ *
+ * Targets (issue 13): sim <= 1.0x PyTorch eager fp32's step time, CPU
+ * backend <= 0.7x; validation loss within 0.05 nats of PyTorch's after the
+ * default steps.  A step's time is the wall time of all steps (batch,
+ * forward, backward, clipping, AdamW) over their count, evaluations
+ * excluded, in both.  PyTorch runs with its own default thread count
+ * (printed; OMP_NUM_THREADS sets it): on a loaded 2-core machine its
+ * OpenMP at 2 threads was about 9x slower than at 1 (1411 against 159
+ * ms/step), so forcing more threads would not be a fair peer.
+ *
+ * Measured 2026-11-24 (300 steps, adaptive mode, 2 cores shared with other
+ * jobs): PyTorch 1 thread 202.6 ms/step, val 2.5550; sim 530.9 ms/step
+ * (2.62x; simulated 50.15 ms/step, MFU 1.0%), val 2.5599 (+0.0049); cpu
+ * 252.5 ms/step (1.25x), the same val bits as sim; sim bf16 520.6 ms/step,
+ * val 2.5602.  The loss target is met, the step-time targets are not: on
+ * the CPU backend the exact erf of GELU (nt__erff, about 16% of a step) and
+ * the GEMMs (about 30%) dominate; on the simulator its functional model.
+ *
+ * Every --eval-every steps each run prints an "eval step=N train=X val=Y"
+ * line (the mean training loss since the last one, the loss on fixed
+ * validation batches); --curves DIR also writes each run's lines to
+ * DIR/peer.log, DIR/sim.log ... for bench/peer/plot_loss.py.
+ *
+ * Usage: gpt_step [--steps N] [--configs peer,sim,cpu,bf16] [--peer PATH]
+ *                 [--python PATH] [--eval-every N] [--eval-batches N]
+ *                 [--curves DIR] [--data DIR] */
+#include <math.h>
+#include <ntensor.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BENCH_NAME "bench/gpt_step"
+#include "bench.h"
+#include "examples/gpt_model.h"
+
+#ifndef GPT_PEER_SCRIPT
+#define GPT_PEER_SCRIPT "bench/peer/char_gpt.py"
+#endif
+
+#define STEPS 300 /* examples/char_gpt.c's default */
+#define SIM_TARGET 1.0
+#define CPU_TARGET 0.7
+#define LOSS_TARGET 0.05
+
+typedef struct {
+    char name[16];
+    bool ran;
+    double ms, sim_ms, mfu, val;
+} result;
+
+static const char *curves_dir; /* --curves DIR: each run's eval lines in DIR/NAME.log */
+
+static FILE *curves_open(const char *name)
+{
+    if (!curves_dir)
+        return NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.log", curves_dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        fprintf(stderr, "gpt_step: cannot write '%s'\n", path);
+    return f;
+}
+
+/* Trains on `backend` (amp: NT_BF16 or NT_DTYPE_COUNT) and fills r. */
+static void run_ours(const char *backend, nt_dtype amp, const gpt_data *d, int steps,
+                     int eval_every, int eval_batches, result *r)
+{
+    bench_check(nt_config_set("NT_BACKEND", backend), "nt_config_set NT_BACKEND");
+    gpt_config c = {.n_layer = 4, .n_head = 4, .width = 128, .context = 128,
+                    .vocab = d->vocab};
+    gpt_train_opts o = {.batch = 16, .lr = 2e-3, .clip = 1.0, .steps = steps,
+                        .warmup = steps / 10, .amp = amp, .seed = 1};
+    gpt_model m;
+    bench_check(gpt_init(&m, &c, 1), "gpt_init");
+    nt_optim *opt = nt_optim_adamw(m.p, m.n_params, o.lr, 0.9, 0.95, 1e-8, 0.1);
+    if (!opt)
+        bench_fail("nt_optim_adamw");
+    int32_t *xb = malloc(sizeof *xb * 16 * 128), *yb = malloc(sizeof *yb * 16 * 128);
+    nt_tensor *sum = nt_zeros(NT_F32, 0, NULL);
+    bench_check(nt_sync(), "nt_sync");
+    FILE *log = curves_open(r->name);
+    nt_sim_stats s0, s1, e0, e1;
+    nt_sim_stats_get(&s0);
+    double t0 = bench_now_ns(), train_ns = 0, eval_sim_ns = 0, eval_ideal_ns = 0, total = 0;
+    int since = 0;
+    for (int s = 0; s < steps; s++) {
+        nt_tensor *loss = gpt_train_step(&m, opt, d, &o, s, xb, yb);
+        if (!loss)
+            bench_fail("training step");
+        nt_no_grad_begin();
+        bench_check(nt_add_inplace(sum, loss), "summing the loss");
+        nt_no_grad_end();
+        nt_release(loss);
+        since++;
+        if ((s + 1) % eval_every == 0 || s + 1 == steps) {
+            /* the evaluation's wall and simulated time are not a step's */
+            double l;
+            bench_check(nt_item(sum, &l), "reading the loss");
+            bench_check(nt_fill_inplace(sum, 0), "resetting the loss sum");
+            double t1 = bench_now_ns();
+            train_ns += t1 - t0;
+            total += l;
+            nt_sim_stats_get(&e0);
+            r->val = gpt_eval(&m, d, 16, eval_batches, amp);
+            nt_sim_stats_get(&e1);
+            eval_sim_ns += e1.sim_ns - e0.sim_ns;
+            eval_ideal_ns += e1.tensor_ideal_ns - e0.tensor_ideal_ns;
+            char line[256];
+            snprintf(line, sizeof line, "eval step=%d train=%.4f val=%.4f ms_per_step=%.1f\n",
+                     s + 1, l / since, r->val, (t1 - t0) * 1e-6 / since);
+            printf("  %s: %s", r->name, line);
+            fflush(stdout);
+            if (log)
+                fputs(line, log);
+            since = 0;
+            t0 = bench_now_ns();
+        }
+    }
+    if (log)
+        fclose(log);
+    r->ms = train_ns * 1e-6 / steps;
+    nt_sim_stats_get(&s1);
+    double sim_ns = s1.sim_ns - s0.sim_ns - eval_sim_ns;
+    r->sim_ms = sim_ns * 1e-6 / steps;
+    r->mfu = sim_ns > 0 ? (s1.tensor_ideal_ns - s0.tensor_ideal_ns - eval_ideal_ns) / sim_ns : 0;
+    r->ran = true;
+    printf("  %-5s %8.1f ms/step", r->name, r->ms);
+    if (sim_ns > 0)
+        printf("  NeuronCore (simulated) %.2f ms/step, MFU %.1f%%", r->sim_ms, 100 * r->mfu);
+    printf("  train loss (mean) %.4f  val loss %.4f\n", total / steps, r->val);
+    fflush(stdout);
+    nt_release(sum);
+    nt_optim_destroy(opt);
+    gpt_free(&m);
+    free(xb);
+    free(yb);
+}
+
+/* Runs the peer, echoing its eval lines; fills r from its "final" line. */
+static void run_peer(const char *python, const char *script, const char *data, int steps,
+                     int eval_every, int eval_batches, result *r)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' -c 'import torch' 2>/dev/null", python);
+    if (system(cmd) != 0) {
+        printf("  peer  skipped: %s cannot import torch (Debian: python3-torch; sh "
+               "scripts/deps.sh --bench)\n",
+               python);
+        return;
+    }
+    snprintf(cmd, sizeof cmd,
+             "'%s' '%s' --steps %d --warmup %d --eval-every %d --eval-batches %d --data '%s'",
+             python, script, steps, steps / 10, eval_every, eval_batches, data);
+    FILE *f = popen(cmd, "r");
+    if (!f) {
+        printf("  peer  skipped: cannot run %s\n", script);
+        return;
+    }
+    char line[1024];
+    FILE *log = curves_open(r->name);
+    while (fgets(line, sizeof line, f)) {
+        if (log && !strncmp(line, "eval ", 5))
+            fputs(line, log);
+        double v, ms;
+        if (sscanf(line, "final val=%lf ms_per_step=%lf", &v, &ms) == 2) {
+            r->val = v;
+            r->ms = ms;
+            r->ran = true;
+        }
+        printf("  peer: %s", line);
+    }
+    if (log)
+        fclose(log);
+    int st = pclose(f);
+    if (st != 0 || !r->ran) {
+        printf("  peer  failed (exit status %d)\n", st);
+        r->ran = false;
+        return;
+    }
+    printf("  %-5s %8.1f ms/step  val loss %.4f\n", r->name, r->ms, r->val);
+    fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+    int steps = STEPS, eval_batches = 8, eval_every = 50;
+    const char *configs = "peer,sim,cpu,bf16", *peer = GPT_PEER_SCRIPT,
+               *python = "/usr/bin/python3", *data = GPT_DATA_DIR;
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--steps") && v)
+            steps = atoi(v);
+        else if (!strcmp(argv[i], "--eval-every") && v)
+            eval_every = atoi(v);
+        else if (!strcmp(argv[i], "--curves") && v)
+            curves_dir = v;
+        else if (!strcmp(argv[i], "--eval-batches") && v)
+            eval_batches = atoi(v);
+        else if (!strcmp(argv[i], "--configs") && v)
+            configs = v;
+        else if (!strcmp(argv[i], "--peer") && v)
+            peer = v;
+        else if (!strcmp(argv[i], "--python") && v)
+            python = v;
+        else if (!strcmp(argv[i], "--data") && v)
+            data = v;
+        else {
+            fprintf(stderr, "usage: gpt_step [--steps N] [--configs sim,cpu,bf16,peer] "
+                            "[--peer PATH] [--python PATH] [--eval-every N] [--eval-batches N] "
+                            "[--curves DIR] [--data DIR]\n");
+            return 1;
+        }
+        i++;
+    }
+    if (steps < 1 || eval_batches < 1 || eval_every < 1) {
+        fprintf(stderr, "gpt_step: --steps, --eval-every and --eval-batches must be >= 1\n");
+        return 1;
+    }
+    gpt_data d;
+    if (gpt_data_load(&d, data) != 0)
+        return 1;
+    if (nt_init() != 0)
+        bench_fail("nt_init");
+    printf("bench/gpt_step: character GPT (4 layers, 4 heads, width 128, context 128, batch "
+           "16), %d steps of AdamW from seed 1 on %lld characters of %s; mode %s\n",
+           steps, (long long)d.n, data, nt_config_get("NT_MODE"));
+    enum { PEER, SIM, CPU, BF16, NCFG };
+    result r[NCFG] = {{.name = "peer"}, {.name = "sim"}, {.name = "cpu"}, {.name = "bf16"}};
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", configs);
+    for (char *save = NULL, *c = strtok_r(buf, ",", &save); c; c = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(c, "peer"))
+            run_peer(python, peer, data, steps, eval_every, eval_batches, &r[PEER]);
+        else if (!strcmp(c, "sim"))
+            run_ours("sim", NT_DTYPE_COUNT, &d, steps, eval_every, eval_batches, &r[SIM]);
+        else if (!strcmp(c, "cpu"))
+            run_ours("cpu", NT_DTYPE_COUNT, &d, steps, eval_every, eval_batches, &r[CPU]);
+        else if (!strcmp(c, "bf16"))
+            run_ours("sim", NT_BF16, &d, steps, eval_every, eval_batches, &r[BF16]);
+        else {
+            fprintf(stderr, "gpt_step: unknown config '%s' (sim, cpu, bf16, peer)\n", c);
+            return 1;
+        }
+    }
+    printf("\n| run | ms/step | x PyTorch fp32 | simulated ms/step | MFU | val loss | val - "
+           "PyTorch |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    const char *label[NCFG] = {"PyTorch 1.13 eager fp32", "ntensor sim", "ntensor cpu",
+                               "ntensor sim bf16"};
+    for (int i = 0; i < NCFG; i++) {
+        if (!r[i].ran)
+            continue;
+        printf("| %s | %.1f |", label[i], r[i].ms);
+        if (r[PEER].ran)
+            printf(" %.2fx |", r[i].ms / r[PEER].ms);
+        else
+            printf(" - |");
+        if (i != PEER && r[i].sim_ms > 0)
+            printf(" %.2f | %.1f%% |", r[i].sim_ms, 100 * r[i].mfu);
+        else
+            printf(" - | - |");
+        printf(" %.4f |", r[i].val);
+        if (r[PEER].ran && i != PEER)
+            printf(" %+.4f |\n", r[i].val - r[PEER].val);
+        else
+            printf(" - |\n");
+    }
+    if (r[PEER].ran) {
+        if (r[SIM].ran)
+            printf("sim backend <= %.1fx PyTorch's step time: %s (%.2fx)\n", SIM_TARGET,
+                   r[SIM].ms <= SIM_TARGET * r[PEER].ms ? "met" : "NOT met",
+                   r[SIM].ms / r[PEER].ms);
+        if (r[CPU].ran)
+            printf("cpu backend <= %.1fx PyTorch's step time: %s (%.2fx)\n", CPU_TARGET,
+                   r[CPU].ms <= CPU_TARGET * r[PEER].ms ? "met" : "NOT met",
+                   r[CPU].ms / r[PEER].ms);
+        for (int i = SIM; i < NCFG; i++)
+            if (r[i].ran)
+                printf("%s: val loss within %.2f nats of PyTorch's after %d steps: %s "
+                       "(%+.4f)\n",
+                       r[i].name, LOSS_TARGET, steps,
+                       fabs(r[i].val - r[PEER].val) <= LOSS_TARGET ? "met" : "NOT met",
+                       r[i].val - r[PEER].val);
+    }
+    gpt_data_free(&d);
+    nt_shutdown();
+    return 0;
+}

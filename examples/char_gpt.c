@@ -1,0 +1,408 @@
+/* examples/char_gpt.c - trains a character-level GPT on the text of
+ * Debian's fortunes package and samples from it.
+ *
+ *   4 layers, 4 heads, width 128, context 128, batch 16 (about 0.82M
+ *   parameters): token + position embedding, pre-LN blocks of multi-head
+ *   causal attention and a GELU MLP, the head tied to the token embedding
+ *   (--untied for its own weight).  AdamW (betas 0.9, 0.95, weight decay 0.1
+ *   on every parameter), linear warm-up then cosine decay to a tenth of the
+ *   peak, gradient clipping at norm 1.
+ *
+ * The model, the data and the batch order are in examples/gpt_model.h;
+ * bench/peer/char_gpt.py trains the same in PyTorch, and bench/gpt_step runs
+ * both.  Every --eval-every steps a line
+ *   eval step=N train=X val=Y ms_per_step=Z
+ * gives the mean training loss since the last one and the loss on fixed
+ * validation batches (the peer prints the same; bench/peer/plot_loss.py
+ * plots both); between them, lines with tokens per second and what the
+ * simulated NeuronCore did per step (time, MFU).  It ends by sampling
+ * characters from a prompt with a fixed seed.
+ *
+ * The backend is NT_BACKEND (sim, the default, or cpu; --backend sets it),
+ * the execution mode NT_MODE (docs/env.md).  Run with --help for the
+ * options. */
+#include <errno.h>
+#include <math.h>
+#include <ntensor.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpt_model.h"
+
+/* nt_checkpoint (issue 13) is not in this build yet; gpt_block says how
+ * --checkpoint-activations uses it once merged. */
+#define HAVE_NT_CHECKPOINT 0
+
+typedef struct {
+    gpt_config c;
+    gpt_train_opts t;
+    int eval_every, eval_batches, log_every, sample;
+    int64_t limit_steps; /* stop after this many steps (0: none); the schedule still spans --steps */
+    const char *save, *resume, *prompt, *data, *backend, *amp;
+} options;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void check(int rc, const char *what)
+{
+    if (rc != 0) {
+        fprintf(stderr, "char_gpt: %s failed: %s\n", what, nt_last_error_message());
+        exit(1);
+    }
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: char_gpt [options]\n"
+            "  --steps N          training steps (300)\n"
+            "  --layers N         transformer blocks (4)\n"
+            "  --heads N          attention heads (4)\n"
+            "  --width N          model width, a multiple of --heads (128)\n"
+            "  --context N        characters per sequence (128)\n"
+            "  --batch N          sequences per step (16)\n"
+            "  --lr X             peak learning rate (2e-3)\n"
+            "  --warmup N         warm-up steps (30)\n"
+            "  --limit-steps N    stop after step N (the schedule still spans --steps: for\n"
+            "                     trying --save and --resume)\n"
+            "  --eval-every N     an eval line every N steps (50)\n"
+            "  --eval-batches N   validation batches per evaluation (8)\n"
+            "  --log-every N      a progress line every N steps (10; 0: none)\n"
+            "  --untied           the head has its own weight (tied to the embedding)\n"
+            "  --dropout P        dropout probability in [0, 1) (0)\n"
+            "  --amp bf16         autocast the forward pass to bf16 (none)\n"
+            "  --checkpoint-activations  recompute each block's activations in backward\n"
+            "  --save PATH        save parameters and optimizer state at every eval\n"
+            "  --resume PATH      load PATH first and continue from its step\n"
+            "  --seed N           seed of the initialisation and the batches (1)\n"
+            "  --sample N         characters to sample at the end (300; 0: none)\n"
+            "  --prompt STR       the sample's prompt (\"The \")\n"
+            "  --backend NAME     sim (simulated NeuronCore) or cpu; default NT_BACKEND\n"
+            "                     or sim (docs/env.md)\n"
+            "  --data DIR         the fortune files (" GPT_DATA_DIR ")\n");
+}
+
+static long parse_long(const char *opt, const char *v, long lo)
+{
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || errno || *end || x < lo) {
+        fprintf(stderr, "char_gpt: %s needs an integer >= %ld (got '%s')\n", opt, lo,
+                v ? v : "");
+        exit(1);
+    }
+    return x;
+}
+
+static double parse_double(const char *opt, const char *v, double lo, double hi)
+{
+    char *end;
+    double x = v ? strtod(v, &end) : NAN;
+    if (!v || *end || !(x >= lo && x < hi)) {
+        fprintf(stderr, "char_gpt: %s needs a number in [%g, %g) (got '%s')\n", opt, lo, hi,
+                v ? v : "");
+        exit(1);
+    }
+    return x;
+}
+
+static void parse_args(int argc, char **argv, options *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool used = true;
+        if (!strcmp(a, "--steps"))
+            o->t.steps = parse_long(a, v, 1);
+        else if (!strcmp(a, "--layers"))
+            o->c.n_layer = (int)parse_long(a, v, 1);
+        else if (!strcmp(a, "--heads"))
+            o->c.n_head = (int)parse_long(a, v, 1);
+        else if (!strcmp(a, "--width"))
+            o->c.width = (int)parse_long(a, v, 1);
+        else if (!strcmp(a, "--context"))
+            o->c.context = (int)parse_long(a, v, 1);
+        else if (!strcmp(a, "--batch"))
+            o->t.batch = (int)parse_long(a, v, 1);
+        else if (!strcmp(a, "--limit-steps"))
+            o->limit_steps = parse_long(a, v, 1);
+        else if (!strcmp(a, "--warmup"))
+            o->t.warmup = parse_long(a, v, 0);
+        else if (!strcmp(a, "--eval-every"))
+            o->eval_every = (int)parse_long(a, v, 1);
+        else if (!strcmp(a, "--eval-batches"))
+            o->eval_batches = (int)parse_long(a, v, 1);
+        else if (!strcmp(a, "--log-every"))
+            o->log_every = (int)parse_long(a, v, 0);
+        else if (!strcmp(a, "--seed"))
+            o->t.seed = (uint64_t)parse_long(a, v, 0);
+        else if (!strcmp(a, "--sample"))
+            o->sample = (int)parse_long(a, v, 0);
+        else if (!strcmp(a, "--lr"))
+            o->t.lr = parse_double(a, v, 1e-12, 10);
+        else if (!strcmp(a, "--dropout"))
+            o->c.dropout = parse_double(a, v, 0, 1);
+        else if (!strcmp(a, "--amp") && v)
+            o->amp = v;
+        else if (!strcmp(a, "--save") && v)
+            o->save = v;
+        else if (!strcmp(a, "--resume") && v)
+            o->resume = v;
+        else if (!strcmp(a, "--prompt") && v)
+            o->prompt = v;
+        else if (!strcmp(a, "--data") && v)
+            o->data = v;
+        else if (!strcmp(a, "--backend") && v)
+            o->backend = v;
+        else {
+            used = false;
+            if (!strcmp(a, "--untied"))
+                o->c.untied = true;
+            else if (!strcmp(a, "--checkpoint-activations"))
+                o->c.checkpoint = true;
+            else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+                usage(stdout);
+                exit(0);
+            } else {
+                fprintf(stderr, "char_gpt: unknown or incomplete option '%s'\n", a);
+                usage(stderr);
+                exit(1);
+            }
+        }
+        if (used)
+            i++;
+    }
+    if (o->c.width % o->c.n_head) {
+        fprintf(stderr, "char_gpt: --width (%d) must be a multiple of --heads (%d)\n",
+                o->c.width, o->c.n_head);
+        exit(1);
+    }
+    if (strcmp(o->amp, "none") && strcmp(o->amp, "bf16")) {
+        fprintf(stderr, "char_gpt: --amp must be none or bf16 (got '%s')\n", o->amp);
+        exit(1);
+    }
+    o->t.amp = strcmp(o->amp, "bf16") ? NT_DTYPE_COUNT : NT_BF16;
+    if (o->backend && strcmp(o->backend, "sim") && strcmp(o->backend, "cpu")) {
+        fprintf(stderr, "char_gpt: --backend must be sim or cpu (got '%s')\n", o->backend);
+        exit(1);
+    }
+    if (o->c.checkpoint && !HAVE_NT_CHECKPOINT) {
+        fprintf(stderr, "char_gpt: --checkpoint-activations needs nt_checkpoint (issue 13), "
+                        "which this build of ntensor does not have yet\n");
+        exit(1);
+    }
+}
+
+/* The next character from probs [V] (a softmax, on the host).
+ * TODO(issue 13): nt_multinomial(probs, 1, seed) on the device once merged.
+ * Today a host-side inverse-CDF draw from the counter-based generator. */
+static int sample_next(const float *probs, int V, uint64_t seed, uint64_t i)
+{
+    double u = gpt_uniform_at(seed, i), acc = 0, total = 0;
+    for (int c = 0; c < V; c++)
+        total += probs[c];
+    u *= total;
+    for (int c = 0; c < V; c++) {
+        acc += probs[c];
+        if (u < acc)
+            return c;
+    }
+    return V - 1; /* u within rounding of the total */
+}
+
+/* Prints the prompt and n sampled characters (seed fixed), feeding the
+ * last `context` characters back each time. */
+static void generate(gpt_model *m, const gpt_data *d, const char *prompt, int n, uint64_t seed)
+{
+    int T = m->c.context, V = m->c.vocab;
+    size_t plen = strlen(prompt);
+    int32_t *ctx = malloc(sizeof *ctx * (plen + (size_t)n + 1));
+    float *probs = malloc(sizeof *probs * (size_t)V);
+    if (!ctx || !probs) {
+        fprintf(stderr, "char_gpt: out of memory\n");
+        exit(1);
+    }
+    size_t len = 0;
+    for (size_t i = 0; i < plen; i++) {
+        int id = d->stoi[(uint8_t)prompt[i]];
+        if (id < 0) {
+            fprintf(stderr, "char_gpt: --prompt: the character '%c' does not occur in the "
+                            "training text\n",
+                    prompt[i]);
+            exit(1);
+        }
+        ctx[len++] = id;
+    }
+    if (len == 0)
+        ctx[len++] = d->stoi['\n'] >= 0 ? d->stoi['\n'] : 0;
+    printf("sample (%d characters, seed %llu):\n%s", n, (unsigned long long)seed, prompt);
+    nt_no_grad_begin();
+    for (int i = 0; i < n; i++) {
+        int t = len < (size_t)T ? (int)len : T;
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = nt_from_host(ctx + len - t, NT_I32, 2, (int64_t[]){1, t});
+        nt_tensor *last = nt_slice(gpt_logits(m, x), 0, t - 1, t, 1);
+        check(nt_to_host(nt_softmax(last, 1), probs, sizeof *probs * (size_t)V), "sampling");
+        nt_scope_end(sc);
+        int c = sample_next(probs, V, seed, (uint64_t)i);
+        ctx[len++] = c;
+        putchar(d->itos[c]);
+    }
+    nt_no_grad_end();
+    printf("\n");
+    free(ctx);
+    free(probs);
+}
+
+int main(int argc, char **argv)
+{
+    options o = {.c = {.n_layer = 4, .n_head = 4, .width = 128, .context = 128},
+                 .t = {.batch = 16, .lr = 2e-3, .clip = 1.0, .steps = 300, .warmup = 30,
+                       .seed = 1},
+                 .eval_every = 50, .eval_batches = 8, .log_every = 10, .sample = 300,
+                 .prompt = "The ", .data = GPT_DATA_DIR, .amp = "none"};
+    parse_args(argc, argv, &o);
+    double t_start = now_s();
+    gpt_data d;
+    if (gpt_data_load(&d, o.data) != 0)
+        return 1;
+    if (d.n - d.n_train <= o.c.context + 1) {
+        fprintf(stderr, "char_gpt: --context %d is longer than the validation text\n",
+                o.c.context);
+        return 1;
+    }
+    o.c.vocab = d.vocab;
+    if (o.backend)
+        setenv("NT_BACKEND", o.backend, 1); /* read by nt_init */
+    check(nt_init(), "nt_init");
+    gpt_model m;
+    check(gpt_init(&m, &o.c, o.t.seed), "initialising the model");
+    int64_t nparam = 0;
+    for (int i = 0; i < m.n_params; i++)
+        nparam += nt_numel(m.p[i]);
+    printf("char_gpt: %lld characters from %d files of %s, vocabulary %d, %lld train / %lld "
+           "validation\n",
+           (long long)d.n, d.files, o.data, d.vocab, (long long)d.n_train,
+           (long long)(d.n - d.n_train));
+    printf("model: %d layers, %d heads, width %d, context %d, %s head, dropout %g: %lld "
+           "parameters\n",
+           o.c.n_layer, o.c.n_head, o.c.width, o.c.context, o.c.untied ? "untied" : "tied",
+           o.c.dropout, (long long)nparam);
+    printf("training: %lld steps of batch %d, AdamW lr %g (warm-up %lld, cosine to %g), "
+           "clip 1.0, seed %llu; mode %s, backend %s, amp %s\n",
+           (long long)o.t.steps, o.t.batch, o.t.lr, (long long)o.t.warmup, o.t.lr * 0.1,
+           (unsigned long long)o.t.seed, nt_config_get("NT_MODE"), nt_config_get("NT_BACKEND"),
+           o.amp);
+    nt_optim *opt = nt_optim_adamw(m.p, m.n_params, o.t.lr, 0.9, 0.95, 1e-8, 0.1);
+    if (!opt)
+        check(-1, "nt_optim_adamw");
+    int64_t start = 0;
+    if (o.resume) {
+        check(nt_load(o.resume, m.p, m.n_params, opt), "--resume");
+        start = nt_optim_steps(opt);
+        printf("resumed from %s at step %lld\n", o.resume, (long long)start);
+    }
+    int B = o.t.batch, T = o.c.context;
+    int32_t *xb = malloc(sizeof *xb * (size_t)B * T), *yb = malloc(sizeof *yb * (size_t)B * T);
+    if (!xb || !yb) {
+        fprintf(stderr, "char_gpt: out of memory\n");
+        return 1;
+    }
+    /* Losses are summed on the device and read at log lines only: a step
+     * never waits for the device. */
+    nt_tensor *loss_sum = nt_zeros(NT_F32, 0, NULL);
+    double eval_sum = 0, t_log = now_s(), t_eval = t_log, t_train = 0;
+    int64_t n_log = 0, n_eval = 0;
+    nt_sim_stats sim_log, sim_all0, sim_now;
+    nt_sim_stats_get(&sim_log);
+    sim_all0 = sim_log;
+    double val = NAN;
+    int64_t end = o.limit_steps && o.limit_steps < o.t.steps ? o.limit_steps : o.t.steps;
+    for (int64_t step = start; step < end; step++) {
+        nt_tensor *loss = gpt_train_step(&m, opt, &d, &o.t, step, xb, yb);
+        if (!loss)
+            check(-1, "training step");
+        nt_no_grad_begin();
+        check(nt_add_inplace(loss_sum, loss), "summing the loss");
+        nt_no_grad_end();
+        nt_release(loss);
+        n_log++;
+        n_eval++;
+        bool last = step + 1 == end, eval = (step + 1) % o.eval_every == 0 || last;
+        if ((o.log_every && (step + 1) % o.log_every == 0) || eval) {
+            double s;
+            check(nt_item(loss_sum, &s), "reading the loss");
+            check(nt_fill_inplace(loss_sum, 0), "resetting the loss sum");
+            double now = now_s(), dt = now - t_log;
+            nt_sim_stats_get(&sim_now);
+            double sim_ns = sim_now.sim_ns - sim_log.sim_ns;
+            eval_sum += s;
+            t_train += dt;
+            if (o.log_every && (step + 1) % o.log_every == 0) {
+                printf("step %5lld/%lld  loss %.4f  lr %.2e  %6.0f tok/s  %7.1f ms/step",
+                       (long long)step + 1, (long long)o.t.steps, s / n_log,
+                       nt_optim_get_lr(opt), (double)B * T * n_log / dt, 1e3 * dt / n_log);
+                if (sim_ns > 0)
+                    printf("  NeuronCore (simulated) %.3f ms/step, MFU %.1f%%",
+                           sim_ns * 1e-6 / n_log,
+                           100.0 * (sim_now.tensor_ideal_ns - sim_log.tensor_ideal_ns) / sim_ns);
+                printf("\n");
+            }
+            n_log = 0;
+            if (eval) {
+                val = gpt_eval(&m, &d, B, o.eval_batches, o.t.amp);
+                if (isnan(val))
+                    check(-1, "evaluation");
+                printf("eval step=%lld train=%.4f val=%.4f ms_per_step=%.1f\n",
+                       (long long)step + 1, eval_sum / n_eval, val,
+                       1e3 * (now - t_eval) / n_eval);
+                eval_sum = 0;
+                n_eval = 0;
+                if (o.save) {
+                    check(nt_save(o.save, m.p, m.n_params, opt), "--save");
+                    printf("saved %s at step %lld\n", o.save, (long long)step + 1);
+                }
+            }
+            fflush(stdout);
+            nt_sim_stats_get(&sim_log); /* the evaluation is not a training step */
+            t_log = now_s();
+            if (eval)
+                t_eval = t_log;
+        }
+    }
+    nt_sim_stats_get(&sim_now);
+    int64_t ran = end > start ? end - start : 0;
+    if (ran > 0) {
+        printf("trained %lld steps: %.0f tok/s, %.1f ms/step", (long long)ran,
+               (double)B * T * ran / t_train, 1e3 * t_train / ran);
+        double sim_ns = sim_now.sim_ns - sim_all0.sim_ns; /* includes the evaluations */
+        if (sim_ns > 0)
+            printf("; NeuronCore (simulated, evaluations included) %.3f s, MFU %.1f%%",
+                   sim_ns * 1e-9,
+                   100.0 * (sim_now.tensor_ideal_ns - sim_all0.tensor_ideal_ns) / sim_ns);
+        printf("\n");
+    } else {
+        val = gpt_eval(&m, &d, B, o.eval_batches, o.t.amp);
+        printf("eval step=%lld train=nan val=%.4f ms_per_step=nan\n", (long long)start, val);
+    }
+    printf("final val loss %.4f after %lld steps (%.1f s wall)\n", val,
+           (long long)nt_optim_steps(opt), now_s() - t_start);
+    if (o.sample > 0)
+        generate(&m, &d, o.prompt, o.sample, 1234);
+    nt_release(loss_sum);
+    nt_optim_destroy(opt);
+    gpt_free(&m);
+    gpt_data_free(&d);
+    free(xb);
+    free(yb);
+    nt_shutdown();
+    return 0;
+}
