@@ -32,9 +32,6 @@
 
 #include "gpt_model.h"
 
-/* nt_checkpoint (issue 13) is not in this build yet; gpt_block says how
- * --checkpoint-activations uses it once merged. */
-#define HAVE_NT_CHECKPOINT 0
 
 typedef struct {
     gpt_config c;
@@ -194,39 +191,16 @@ static void parse_args(int argc, char **argv, options *o)
         fprintf(stderr, "char_gpt: --backend must be sim or cpu (got '%s')\n", o->backend);
         exit(1);
     }
-    if (o->c.checkpoint && !HAVE_NT_CHECKPOINT) {
-        fprintf(stderr, "char_gpt: --checkpoint-activations needs nt_checkpoint (issue 13), "
-                        "which this build of ntensor does not have yet\n");
-        exit(1);
-    }
-}
-
-/* The next character from probs [V] (a softmax, on the host).
- * TODO(issue 13): nt_multinomial(probs, 1, seed) on the device once merged.
- * Today a host-side inverse-CDF draw from the counter-based generator. */
-static int sample_next(const float *probs, int V, uint64_t seed, uint64_t i)
-{
-    double u = gpt_uniform_at(seed, i), acc = 0, total = 0;
-    for (int c = 0; c < V; c++)
-        total += probs[c];
-    u *= total;
-    for (int c = 0; c < V; c++) {
-        acc += probs[c];
-        if (u < acc)
-            return c;
-    }
-    return V - 1; /* u within rounding of the total */
 }
 
 /* Prints the prompt and n sampled characters (seed fixed), feeding the
  * last `context` characters back each time. */
 static void generate(gpt_model *m, const gpt_data *d, const char *prompt, int n, uint64_t seed)
 {
-    int T = m->c.context, V = m->c.vocab;
+    int T = m->c.context;
     size_t plen = strlen(prompt);
     int32_t *ctx = malloc(sizeof *ctx * (plen + (size_t)n + 1));
-    float *probs = malloc(sizeof *probs * (size_t)V);
-    if (!ctx || !probs) {
+    if (!ctx) {
         fprintf(stderr, "char_gpt: out of memory\n");
         exit(1);
     }
@@ -250,16 +224,19 @@ static void generate(gpt_model *m, const gpt_data *d, const char *prompt, int n,
         nt_scope *sc = nt_scope_begin();
         nt_tensor *x = nt_from_host(ctx + len - t, NT_I32, 2, (int64_t[]){1, t});
         nt_tensor *last = nt_slice(gpt_logits(m, x), 0, t - 1, t, 1);
-        check(nt_to_host(nt_softmax(last, 1), probs, sizeof *probs * (size_t)V), "sampling");
+        /* the draw on the device: nt_multinomial's counter-based uniform of
+         * (seed + i), inverse CDF over the softmax -- one sync per character */
+        int32_t c;
+        check(nt_to_host(nt_multinomial(nt_softmax(last, 1), 1, seed + (uint64_t)i), &c,
+                         sizeof c),
+              "sampling");
         nt_scope_end(sc);
-        int c = sample_next(probs, V, seed, (uint64_t)i);
         ctx[len++] = c;
         putchar(d->itos[c]);
     }
     nt_no_grad_end();
     printf("\n");
     free(ctx);
-    free(probs);
 }
 
 int main(int argc, char **argv)

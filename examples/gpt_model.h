@@ -241,12 +241,21 @@ enum {
     GPT_LN2W, GPT_LN2B, GPT_W1, GPT_B1, GPT_W2, GPT_B2, GPT_PER_BLOCK
 };
 
-typedef struct {
+struct gpt_model;
+/* nt_checkpoint's context of block l: it must live until the backward pass
+ * that recomputes the block, so the model owns one per block. */
+typedef struct gpt_block_ctx {
+    struct gpt_model *m;
+    int l;
+} gpt_block_ctx;
+
+typedef struct gpt_model {
     gpt_config c;
     int n_params;
     nt_tensor **p;   /* wte, wpe, blocks, ln_f w, ln_f b[, head] */
     nt_tensor *mask; /* u8 [context, context]: 1 where a query may NOT look */
     uint64_t dropout_seed; /* the step's: each dropout adds its site number */
+    gpt_block_ctx *bctx;   /* [n_layer]; the model must not move after gpt_init */
 } gpt_model;
 
 #define GPT_WTE 0
@@ -284,6 +293,7 @@ static inline void gpt_free(gpt_model *m)
     for (int i = 0; m->p && i < m->n_params; i++)
         nt_release(m->p[i]);
     free(m->p);
+    free(m->bctx);
     nt_release(m->mask);
     memset(m, 0, sizeof *m);
 }
@@ -295,8 +305,13 @@ static inline int gpt_init(gpt_model *m, const gpt_config *c, uint64_t seed)
     m->c = *c;
     m->n_params = gpt_n_params(c);
     m->p = calloc((size_t)m->n_params, sizeof *m->p);
-    if (!m->p)
+    m->bctx = calloc((size_t)(c->n_layer > 0 ? c->n_layer : 1), sizeof *m->bctx);
+    for (int l = 0; m->bctx && l < c->n_layer; l++)
+        m->bctx[l] = (gpt_block_ctx){m, l};
+    if (!m->p || !m->bctx) {
+        gpt_free(m);
         return -1;
+    }
     int64_t D = c->width, V = c->vocab;
     const double s = 0.02, so = 0.02 / sqrt(2.0 * c->n_layer);
     uint64_t k = seed * 1000; /* one nt_randn seed per parameter */
@@ -365,26 +380,19 @@ static inline nt_tensor *gpt_attn(gpt_model *m, nt_tensor *q, nt_tensor *k, nt_t
     return nt_matmul(att, v);
 }
 
-/* Dropout with probability p (the identity when p is 0 or in evaluation),
- * seeded by the step's seed plus `site` (0 the embedding, then two per
- * block), not by a running counter: a block recomputed in backward
- * (gradient checkpointing) draws the same masks.
- * TODO(issue 13): nt_dropout(x, p, seed) once merged (its mask is a
- * counter-based hash of (seed, index), on the device, fused).  Today the
- * composite: keep where a uniform draw (nt_rand, also counter-based on the
- * seed) is >= p, scale by 1 / (1 - p). */
+/* Dropout with probability p (the identity when p is 0 or outside training
+ * mode: gpt_eval turns nt_set_training off), seeded by the step's seed plus
+ * `site` (0 the embedding, then two per block), not by a running counter.
+ * nt_dropout's mask is a counter-based hash of (seed, element index), the
+ * same in every mode and on every backend, and nt_checkpoint's recompute
+ * runs in the forward's training mode: a checkpointed block draws the same
+ * masks in its recompute. */
 static inline nt_tensor *gpt_dropout(gpt_model *m, nt_tensor *x, int site)
 {
     double p = m->c.dropout;
-    if (p <= 0 || !nt_grad_enabled()) /* evaluation runs without a graph */
+    if (p <= 0)
         return x;
-    int64_t shape[NT_MAX_DIMS];
-    int nd = nt_ndim(x);
-    for (int i = 0; i < nd; i++)
-        shape[i] = nt_shape(x, i);
-    nt_tensor *u = nt_rand(NT_F32, nd, shape, m->dropout_seed + (uint64_t)site);
-    nt_tensor *keep = nt_cast(nt_ge(u, nt_full(NT_F32, 0, NULL, p)), nt_dtype_of(x));
-    return nt_mul(x, nt_mul_scalar(keep, 1.0 / (1.0 - p)));
+    return nt_dropout(x, p, m->dropout_seed + (uint64_t)site);
 }
 
 /* Heads of the slice [off, off + D) of qkv [B, T, 3D]: [B, H, T, D/H]. */
@@ -410,13 +418,26 @@ static inline nt_tensor *gpt_block_fn(gpt_model *m, int l, nt_tensor *const *p, 
     return nt_add(x, gpt_dropout(m, h, 2 + 2 * l));
 }
 
-/* Block l on x.  TODO(issue 13): with c.checkpoint, run gpt_block_fn through
- * nt_checkpoint(fn, ctx, inputs, n_in, outputs, 1) once merged, so its
- * activations are recomputed in backward (bit-identical gradients).  The
- * caller refuses c.checkpoint until then. */
+/* nt_checkpoint's view of block l: ctx is m->bctx[l], inputs[0] is x; the
+ * block's parameters are read through ctx (nt_checkpoint finds them as the
+ * block runs). */
+static inline int gpt_block_ckpt(void *ctx, nt_tensor *const *in, int n_in, nt_tensor **out,
+                                 int n_out)
+{
+    (void)n_in, (void)n_out;
+    gpt_block_ctx *c = ctx;
+    out[0] = gpt_block_fn(c->m, c->l, c->m->p + GPT_BLOCK(c->l, 0), in[0]);
+    return out[0] ? 0 : nt_last_error();
+}
+
+/* Block l on x; with c.checkpoint through nt_checkpoint, so its activations
+ * are recomputed in backward (bit-identical gradients, less memory). */
 static inline nt_tensor *gpt_block(gpt_model *m, int l, nt_tensor *x)
 {
-    return gpt_block_fn(m, l, m->p + GPT_BLOCK(l, 0), x);
+    if (!m->c.checkpoint)
+        return gpt_block_fn(m, l, m->p + GPT_BLOCK(l, 0), x);
+    nt_tensor *y = NULL;
+    return nt_checkpoint(gpt_block_ckpt, &m->bctx[l], &x, 1, &y, 1) == 0 ? y : NULL;
 }
 
 /* Logits [B * T, V] of idx [B, T] (i32). */
@@ -443,35 +464,11 @@ static inline nt_tensor *gpt_loss(gpt_model *m, nt_tensor *idx, nt_tensor *tgt)
 
 /* torch.nn.utils.clip_grad_norm_(params, max_norm): scales every .grad by
  * min(1, max_norm / (total + 1e-6)), total the L2 norm of all of them, on
- * the device (no sync).  Returns total (0-dim, owned by the caller's scope),
- * or NULL.  TODO(issue 13): nt_clip_grad_norm(p, n, max_norm) once merged. */
+ * the device (nt_clip_grad_norm: no sync).  Returns total (0-dim, in the
+ * caller's scope), or NULL. */
 static inline nt_tensor *gpt_clip_grads(nt_tensor *const *p, int n, double max_norm)
 {
-    nt_no_grad_begin();
-    nt_tensor *sq = NULL;
-    for (int i = 0; i < n; i++) {
-        nt_tensor *g = nt_grad(p[i]);
-        if (!g)
-            continue;
-        nt_tensor *nrm = nt_norm(g, 2, NT_DIM_ALL, false);
-        nt_tensor *s = nt_mul(nrm, nrm);
-        sq = sq ? nt_add(sq, s) : s;
-    }
-    nt_tensor *total = sq ? nt_sqrt(sq) : NULL;
-    nt_tensor *coef = NULL;
-    if (total) {
-        nt_tensor *num = nt_full(NT_F32, 0, NULL, max_norm);
-        coef = nt_clamp(nt_div(num, nt_add_scalar(total, 1e-6)), 0.0, 1.0);
-    }
-    for (int i = 0; coef && i < n; i++) {
-        nt_tensor *g = nt_grad(p[i]);
-        if (g && nt_mul_inplace(g, coef) != 0) {
-            total = NULL;
-            break;
-        }
-    }
-    nt_no_grad_end();
-    return total;
+    return nt_clip_grad_norm(p, n, max_norm);
 }
 
 /* ---------------- training ---------------- */
@@ -531,6 +528,8 @@ static inline double gpt_eval(gpt_model *m, const gpt_data *d, int B, int nb, nt
     double v = NAN;
     nt_scope *sc = xb && yb ? nt_scope_begin() : NULL;
     if (sc) {
+        bool train = nt_is_training();
+        nt_set_training(false); /* no dropout */
         nt_no_grad_begin();
         nt_tensor *sum = nt_zeros(NT_F32, 0, NULL);
         int rc = !sum;
@@ -546,6 +545,7 @@ static inline double gpt_eval(gpt_model *m, const gpt_data *d, int B, int nb, nt
             rc = nt_add_inplace(sum, l) != 0;
         }
         nt_no_grad_end();
+        nt_set_training(train);
         double s;
         if (!rc && nt_item(sum, &s) == 0)
             v = s / nb;

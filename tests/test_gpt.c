@@ -50,6 +50,8 @@ static uint32_t f32_bits(double v)
     return u;
 }
 
+static bool tiny_checkpoint; /* the blocks under nt_checkpoint */
+
 static void train_tiny(const char *mode, const char *backend, nt_dtype amp, bool untied,
                        run_result *r)
 {
@@ -58,7 +60,7 @@ static void train_tiny(const char *mode, const char *backend, nt_dtype amp, bool
     gpt_data d;
     tiny_data(&d);
     gpt_config c = {.n_layer = 2, .n_head = 2, .width = 16, .context = 8, .vocab = d.vocab,
-                    .untied = untied, .dropout = 0.1};
+                    .untied = untied, .dropout = 0.1, .checkpoint = tiny_checkpoint};
     gpt_train_opts o = {.batch = 2, .lr = 1e-2, .clip = 0.5, .steps = STEPS, .warmup = 1,
                         .amp = amp, .seed = 7};
     gpt_model m;
@@ -90,12 +92,17 @@ static void train_tiny(const char *mode, const char *backend, nt_dtype amp, bool
     gpt_data_free(&d);
 }
 
-/* Every mode and backend: the same bits as deterministic mode on the CPU. */
+/* Every mode and backend: the same bits as deterministic mode on the CPU
+ * (without checkpointing: with it, the runs must give that reference's
+ * bits too). */
 static void check_all_modes(nt_dtype amp, bool untied)
 {
     run_result ref;
     memset(&ref, 0, sizeof ref);
+    bool ck = tiny_checkpoint;
+    tiny_checkpoint = false;
     train_tiny("deterministic", "cpu", amp, untied, &ref);
+    tiny_checkpoint = ck;
     /* it learned something: the loss moved */
     assert_true(ref.loss[0] != ref.loss[STEPS - 1]);
     for (int b = 0; b < 2; b++)
@@ -123,6 +130,16 @@ static void test_bitwise_bf16_untied(void **state)
 {
     (void)state;
     check_all_modes(NT_BF16, true);
+}
+
+/* --checkpoint-activations (dropout included): bit-identical training. */
+static void test_bitwise_checkpointed(void **state)
+{
+    (void)state;
+    tiny_checkpoint = true;
+    check_all_modes(NT_DTYPE_COUNT, false);
+    check_all_modes(NT_BF16, true);
+    tiny_checkpoint = false;
 }
 
 /* splitmix64 (seed 0: first outputs known), windows in range, the
@@ -248,6 +265,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_bitwise_f32, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bitwise_checkpointed, nt_test_setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bitwise_bf16_untied, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test(test_sampler),
