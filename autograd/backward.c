@@ -650,6 +650,59 @@ static int bwd_embedding(nt__bctx *b)
     return 0;
 }
 
+/* ---------------- attention ---------------- */
+
+/* FlashAttention-2's backward as one op, SDPA_BWD (cpu/attention.c): the
+ * scores are recomputed block by block from q, k and the saved log-sum-exp,
+ * never stored.  An op has at most four inputs, so q, dO and O travel as
+ * one [..., Tq, D + 2 Dv] tensor and k, v as one [..., Tk, D + Dv] (copies
+ * of size T x D, not T x T); dk and dv come back as the two column ranges
+ * of one output.  A floating mask gets no gradient. */
+static int bwd_sdpa(nt__bctx *b)
+{
+    nt_tensor *q = IN(0), *k = IN(1), *v = IN(2), *mask = IN(3), *o = OUT(0), *lse = OUT(1);
+    nt_tensor *g = G;
+    if (!g)
+        return 0;
+    int nd = q->ndim;
+    int64_t D = q->shape[nd - 1], Dv = v->shape[nd - 1];
+    if (g->dtype != o->dtype)
+        TRY(g = nt_cast_at(S, g, (nt_dtype)o->dtype));
+    nt_tensor *qx, *kv;
+    TRY(qx = nt_cat_at(S, (nt_tensor *[]){q, g, o}, 3, nd - 1));
+    TRY(kv = nt_cat_at(S, (nt_tensor *[]){k, v}, 2, nd - 1));
+    nt__call c;
+    nt_tensor *in[4] = {qx, kv, lse, mask};
+    if (!nt__call_begin(&c, S, "nt_scaled_dot_product_attention", NT_OP_SDPA_BWD, 4, in,
+                        "qx,kv,lse,?mask"))
+        return nt_last_error();
+    c.no_grad = true;
+    c.p = b->n->p;
+    c.p.i[0] = D;
+    c.p.i[1] = Dv;
+    c.nout = 2;
+    c.odt[0] = c.odt[1] = (nt_dtype)q->dtype;
+    c.ondim[0] = c.ondim[1] = nd;
+    for (int i = 0; i < nd - 2; i++)
+        c.oshape[0][i] = c.oshape[1][i] = q->shape[i];
+    c.oshape[0][nd - 2] = q->shape[nd - 2];
+    c.oshape[0][nd - 1] = D;
+    c.oshape[1][nd - 2] = k->shape[nd - 2];
+    c.oshape[1][nd - 1] = D + Dv;
+    c.flops = 4.0 * (double)nt__numel(nd - 2, q->shape) * (double)q->shape[nd - 2] *
+              (double)k->shape[nd - 2] * (double)(D + Dv);
+    nt_tensor *dq;
+    TRY(dq = nt__dispatch(&c));
+    nt_tensor *dkv = c.out[1];
+    if (LIVE(0))
+        b->gin[0] = dq;
+    if (LIVE(1))
+        TRY(b->gin[1] = nt_slice_at(S, dkv, nd - 1, 0, D, 1));
+    if (LIVE(2))
+        TRY(b->gin[2] = nt_slice_at(S, dkv, nd - 1, D, D + Dv, 1));
+    return 0;
+}
+
 /* ---------------- the table ---------------- */
 
 /* Generated from the bwd and save columns of core/optable.h: op ->

@@ -80,6 +80,7 @@ typedef enum { NT__AMP_KEEP = 0, NT__AMP_LOW, NT__AMP_F32 } nt__amp_policy;
 #define NT__SAVE_I01 3u, 0u
 #define NT__SAVE_O0 0u, 1u
 #define NT__SAVE_I0O0 1u, 1u
+#define NT__SAVE_I0123O01 15u, 3u
 
 /* the sim column's non-instruction values */
 enum { NT__SIM_NONE = -1, NT__SIM_TABLE = -2, NT__SIM_SEQ = -3 };
@@ -99,6 +100,7 @@ typedef enum nt__opkind {
     NT_KIND_GATHER,  /* embedding, gather, index_select */
     NT_KIND_VIEW,    /* views and composites: no kernel, autograd only */
     NT_KIND_BWD,     /* backward helpers (autograd) */
+    NT_KIND_ATTN,    /* scaled dot-product attention (cpu/attention.c) */
     NT_KIND_CUSTOM,  /* user-registered kernels */
     NT_KIND_COUNT
 } nt__opkind;
@@ -208,7 +210,8 @@ typedef enum nt__opkind {
     X(INDEX_SELECT, index_select, 2, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, gather, I1, NT__SIM_NONE) \
     X(TRIL, tril, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)                \
     X(TRIU, triu, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)                \
-    X(MASKED_FILL, masked_fill, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)
+    X(MASKED_FILL, masked_fill, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE) \
+    X(SDPA, scaled_dot_product_attention, 4, NT_KIND_ATTN, NT_OPF_DIFF, FLOAT, LOW, sdpa, I0123O01, NT__SIM_NONE)
 
 /* Views (no kernel: metadata only) and composites that autograd records as
  * one node.  nin 0 = variadic (cat). */
@@ -227,7 +230,8 @@ typedef enum nt__opkind {
  * elements added in g's row-major order (gather, index_select). */
 #define NT_OPS_BWD(X)                                                       \
     X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                                             \
-    X(INDEX_ADD, index_add, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
+    X(INDEX_ADD, index_add, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                \
+    X(SDPA_BWD, sdpa_bwd, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
 
 #define NT_OP_TABLE(X)                                                      \
     NT_OPS_FILL(X) NT_OPS_COPY(X) NT_OPS_UNARY(X) NT_OPS_SCALAR(X)          \

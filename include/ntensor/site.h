@@ -103,6 +103,10 @@ NT_API nt_tensor *nt_rms_norm_at(const nt_site *site, nt_tensor *x, nt_tensor *w
 NT_API nt_tensor *nt_cross_entropy_at(const nt_site *site, nt_tensor *logits,
                                       nt_tensor *labels);
 NT_API nt_tensor *nt_mse_loss_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
+NT_API nt_tensor *nt_scaled_dot_product_attention_at(const nt_site *site, nt_tensor *q,
+                                                     nt_tensor *k, nt_tensor *v,
+                                                     nt_tensor *mask, bool causal,
+                                                     double scale);
 NT_API nt_tensor *nt_embedding_at(const nt_site *site, nt_tensor *weight, nt_tensor *idx);
 NT_API nt_tensor *nt_gather_at(const nt_site *site, nt_tensor *t, int dim, nt_tensor *index);
 NT_API nt_tensor *nt_index_select_at(const nt_site *site, nt_tensor *t, int dim,
@@ -216,6 +220,7 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
     X(nt_tensor *, nt_rms_norm, (nt_tensor *x, nt_tensor *w, double eps), (const nt_site *site, nt_tensor *x, nt_tensor *w, double eps), 3) \
     X(nt_tensor *, nt_cross_entropy, (nt_tensor *logits, nt_tensor *labels), (const nt_site *site, nt_tensor *logits, nt_tensor *labels), 2) \
     X(nt_tensor *, nt_mse_loss, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
+    X(nt_tensor *, nt_scaled_dot_product_attention, (nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_tensor *mask, bool causal, double scale), (const nt_site *site, nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_tensor *mask, bool causal, double scale), 6) \
     X(nt_tensor *, nt_embedding, (nt_tensor *weight, nt_tensor *idx), (const nt_site *site, nt_tensor *weight, nt_tensor *idx), 2) \
     X(nt_tensor *, nt_gather, (nt_tensor *t, int dim, nt_tensor *index), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index), 3) \
     X(nt_tensor *, nt_index_select, (nt_tensor *t, int dim, nt_tensor *index), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index), 3) \
@@ -320,6 +325,7 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 #define nt_rms_norm(...) nt_rms_norm_at(NT_HERE, __VA_ARGS__)
 #define nt_cross_entropy(...) nt_cross_entropy_at(NT_HERE, __VA_ARGS__)
 #define nt_mse_loss(...) nt_mse_loss_at(NT_HERE, __VA_ARGS__)
+#define nt_scaled_dot_product_attention(...) nt_scaled_dot_product_attention_at(NT_HERE, __VA_ARGS__)
 #define nt_embedding(...) nt_embedding_at(NT_HERE, __VA_ARGS__)
 #define nt_gather(...) nt_gather_at(NT_HERE, __VA_ARGS__)
 #define nt_index_select(...) nt_index_select_at(NT_HERE, __VA_ARGS__)

@@ -48,6 +48,8 @@ static const nt__kernel_fn sk_table[NT_OP_COUNT] = {
     [NT_OP_TRIL] = nt__sk_ew,
     [NT_OP_TRIU] = nt__sk_ew,
     [NT_OP_MASKED_FILL] = nt__sk_ew,
+    [NT_OP_SDPA] = nt__sk_sdpa,
+    [NT_OP_SDPA_BWD] = nt__sk_sdpa_bwd,
 };
 #undef SK_EW
 
