@@ -22,6 +22,7 @@
 
 typedef struct {
     double peak_mb, sim_ms, hbm_mb, wall_ms, loss;
+    double busy_ms[NT_ENGINE_COUNT]; /* per engine, the last repeat */
 } result;
 
 static int64_t B = 1, H = 4, T = 1024, D = 64;
@@ -81,6 +82,8 @@ static result step(bool fused, int reps)
         sim[it] = ss.sim_ns;
         r.peak_mb = (double)(st.device_bytes_peak - before.device_bytes_in_use) / 1e6;
         r.hbm_mb = (double)(ss.hbm_read_bytes + ss.hbm_write_bytes) / 1e6;
+        for (int e = 0; e < NT_ENGINE_COUNT; e++)
+            r.busy_ms[e] = ss.busy_ns[e] / 1e6;
     }
     r.wall_ms = bench_median(wall, reps) / 1e6;
     r.sim_ms = bench_median(sim, reps) / 1e6;
@@ -127,6 +130,14 @@ int main(int argc, char **argv)
            c.hbm_mb, c.wall_ms, c.loss);
     printf("%-10s %14.2f %12.3f %12.1f %12.1f %14.6g\n", "fused", f.peak_mb, f.sim_ms, f.hbm_mb,
            f.wall_ms, f.loss);
+    printf("engine busy ms (TensorE VectorE ScalarE GpSimd DMA):\n");
+    const result *rr[2] = {&c, &f};
+    for (int i = 0; i < 2; i++) {
+        printf("%-10s", i ? "fused" : "composite");
+        for (int e = 0; e < NT_ENGINE_COUNT; e++)
+            printf(" %8.3f", rr[i]->busy_ms[e]);
+        printf("\n");
+    }
     printf("fused / composite: peak memory %.3f (target <= 0.25), simulated time %.3f (target "
            "<= 0.5), HBM bytes %.3f, wall %.3f\n",
            f.peak_mb / c.peak_mb, f.sim_ms / c.sim_ms, f.hbm_mb / c.hbm_mb,
