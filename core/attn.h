@@ -60,6 +60,33 @@ static inline void nt__attn_opnd_of(nt__attn_opnd *o, const nt_tensor *t,
               col0 * (nd >= 1 ? t->stride[nd - 1] : 0) * (int64_t)nt__dtype_size(o->dt);
 }
 
+/* The backward's packed inputs (autograd/backward.c): t [..lead, N] holds,
+ * per batch, several row-major blocks one after the other; the operand is
+ * the block at element off, rows of stride rs, columns contiguous. */
+static inline void nt__attn_opnd_flat(nt__attn_opnd *o, const nt_tensor *t,
+                                      const nt__attn_geom *g, int64_t off, int64_t rs)
+{
+    o->dt = (nt_dtype)t->dtype;
+    o->rs = rs;
+    o->cs = 1;
+    o->nb = g->nb;
+    for (int i = 0; i < g->nb; i++)
+        o->bst[i] = t->shape[i] != 1 ? t->stride[i] : 0;
+    o->base = (const char *)nt__tensor_data(t) +
+              off * t->stride[t->ndim - 1] * (int64_t)nt__dtype_size(o->dt);
+}
+
+/* The batch geometry of the packed t [..lead, N]. */
+static inline void nt__attn_geom_flat(nt__attn_geom *g, const nt_tensor *t)
+{
+    g->nb = t->ndim - 1;
+    g->nbatch = 1;
+    for (int i = 0; i < g->nb; i++) {
+        g->bshape[i] = t->shape[i];
+        g->nbatch *= t->shape[i];
+    }
+}
+
 /* Element offset of batch b (flat, row-major over g's leading dims). */
 static inline int64_t nt__attn_boff(const nt__attn_opnd *o, const nt__attn_geom *g, int64_t b)
 {

@@ -12,9 +12,10 @@
  *
  * sdpa:     in q, k, v, mask (NULL, u8 or floating); out o (q's dtype),
  *           lse (f32 [..., Tq]: m + log(max(l, 1)), for the backward).
- * sdpa_bwd: in qx = [q | dO | O] (columns 0..D, D..D+Dv, D+Dv..D+2Dv),
- *           kv = [k | v], lse, mask; out dq, dkv = [dk | dv].  p.i[0] = D,
- *           p.i[1] = Dv.  The scores are recomputed block by block
+ * sdpa_bwd: in qx = [q | dO | O], kv = [k | v] (per batch, the row-major
+ *           blocks one after the other: [..., Tq*D + 2*Tq*Dv] and [...,
+ *           Tk*D + Tk*Dv]), lse, mask; out dq [..., Tq, D] and dkv = [dk |
+ *           dv] packed like kv.  p.i[0..3] = D, Dv, Tq, Tk.  The scores are recomputed block by block
  *           (FlashAttention-2): P = exp(s - lse), Dr = rowsum(dO * O),
  *           dS = ((dP - Dr) * scale) * P. */
 #include "cpu/cpu.h"
@@ -176,15 +177,14 @@ int nt__cpu_sdpa_bwd(const nt__rec *r)
     memset(&a, 0, sizeof a);
     ctx_params(&a, r);
     const nt_tensor *qx = r->in[0], *kv = r->in[1], *lse = r->in[2];
-    a.D = r->p.i[0], a.Dv = r->p.i[1];
+    a.D = r->p.i[0], a.Dv = r->p.i[1], a.Tq = r->p.i[2], a.Tk = r->p.i[3];
     int64_t D = a.D, Dv = a.Dv;
-    nt__attn_geom_of(&a.g, qx);
-    a.Tq = qx->shape[qx->ndim - 2], a.Tk = kv->shape[kv->ndim - 2];
-    nt__attn_opnd_of(&a.q, qx, &a.g, 0);
-    nt__attn_opnd_of(&a.dO, qx, &a.g, D);
-    nt__attn_opnd_of(&a.O, qx, &a.g, D + Dv);
-    nt__attn_opnd_of(&a.k, kv, &a.g, 0);
-    nt__attn_opnd_of(&a.v, kv, &a.g, D);
+    nt__attn_geom_flat(&a.g, qx);
+    nt__attn_opnd_flat(&a.q, qx, &a.g, 0, D);
+    nt__attn_opnd_flat(&a.dO, qx, &a.g, a.Tq * D, Dv);
+    nt__attn_opnd_flat(&a.O, qx, &a.g, a.Tq * (D + Dv), Dv);
+    nt__attn_opnd_flat(&a.k, kv, &a.g, 0, D);
+    nt__attn_opnd_flat(&a.v, kv, &a.g, a.Tk * D, Dv);
     if (a.has_mask)
         nt__attn_opnd_of(&a.m, r->in[3], &a.g, 0);
     const float *lsed = nt__tensor_data(lse);
@@ -261,12 +261,10 @@ int nt__cpu_sdpa_bwd(const nt__rec *r)
                 memset(dK, 0, (size_t)(nk * D) * sizeof(float));
                 memset(dV, 0, (size_t)(nk * Dv) * sizeof(float));
             }
-            /* dkv is fresh and contiguous: [nbatch, Tk, D + Dv] */
-            for (int j = 0; j < nk; j++) {
-                char *row = dkvd + ((b * Tk + k0 + j) * (D + Dv)) * es;
-                nt__st_f32(row, dt, 1, dK + j * D, D);
-                nt__st_f32(row + D * es, dt, 1, dV + j * Dv, Dv);
-            }
+            /* dkv is fresh and contiguous: per batch Tk x D, then Tk x Dv */
+            char *dkb = dkvd + b * Tk * (D + Dv) * es;
+            nt__st_f32(dkb + k0 * D * es, dt, 1, dK, nk * D);
+            nt__st_f32(dkb + (Tk * D + k0 * Dv) * es, dt, 1, dV, nk * Dv);
         }
         nt__st_f32(dqd + (b * Tq * D) * es, dt, 1, dqa, Tq * D);
     }

@@ -183,7 +183,7 @@ static inline bool skip_block(const ak *a, int64_t q0, int Mq, int64_t k0)
     return a->causal && k0 > q0 + Mq - 1;
 }
 
-static int setup(ak *a, sk_k *s, const nt__rec *r, int64_t raw_elems)
+static int setup(ak *a, sk_k *s, const nt__rec *r, int64_t raw_elems, bool packed)
 {
     memset(a, 0, sizeof *a);
     a->s = s;
@@ -191,7 +191,10 @@ static int setup(ak *a, sk_k *s, const nt__rec *r, int64_t raw_elems)
     a->scale = (float)r->p.f[0];
     a->causal = r->p.flag != 0;
     a->has_mask = r->in[3] != NULL;
-    nt__attn_geom_of(&a->g, r->in[0]);
+    if (packed)
+        nt__attn_geom_flat(&a->g, r->in[0]);
+    else
+        nt__attn_geom_of(&a->g, r->in[0]);
     if (a->has_mask)
         nt__attn_opnd_of(&a->m, r->in[3], &a->g, 0);
     nt_sim_kernel *k = a->k;
@@ -272,7 +275,7 @@ int nt__sk_sdpa(const nt__rec *r)
     if (rc)
         return rc;
     ak a;
-    rc = setup(&a, &s, r, raw);
+    rc = setup(&a, &s, r, raw, false);
     a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv, a.nqb = nqb, a.nkb = nkb;
     nt__attn_opnd_of(&a.q, q, &a.g, 0);
     nt__attn_opnd_of(&a.kk, kt, &a.g, 0);
@@ -409,8 +412,7 @@ enum { B_MM, B_SCORES, B_P, B_DV, B_DP, B_DS, B_DSP, B_DK, B_TR, B_TRC, B_DQ, B_
 int nt__sk_sdpa_bwd(const nt__rec *r)
 {
     const nt_tensor *qx = r->in[0], *kv = r->in[1], *lse = r->in[2];
-    int64_t D = r->p.i[0], Dv = r->p.i[1];
-    int64_t Tq = qx->shape[qx->ndim - 2], Tk = kv->shape[kv->ndim - 2];
+    int64_t D = r->p.i[0], Dv = r->p.i[1], Tq = r->p.i[2], Tk = r->p.i[3];
     int64_t nqb = nblocks(Tq), nkb = nblocks(Tk);
     int64_t raw = nqb * (D > Dv ? D : Dv) > nkb * (D > Dv ? D : Dv) ? nqb * (D > Dv ? D : Dv)
                                                                    : nkb * (D > Dv ? D : Dv);
@@ -426,13 +428,13 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
     if (rc)
         return rc;
     ak a;
-    rc = setup(&a, &s, r, raw);
+    rc = setup(&a, &s, r, raw, true);
     a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv, a.nqb = nqb, a.nkb = nkb;
-    nt__attn_opnd_of(&a.q, qx, &a.g, 0);
-    nt__attn_opnd_of(&a.dO, qx, &a.g, D);
-    nt__attn_opnd_of(&a.O, qx, &a.g, D + Dv);
-    nt__attn_opnd_of(&a.kk, kv, &a.g, 0);
-    nt__attn_opnd_of(&a.v, kv, &a.g, D);
+    nt__attn_opnd_flat(&a.q, qx, &a.g, 0, D);
+    nt__attn_opnd_flat(&a.dO, qx, &a.g, Tq * D, Dv);
+    nt__attn_opnd_flat(&a.O, qx, &a.g, Tq * (D + Dv), Dv);
+    nt__attn_opnd_flat(&a.kk, kv, &a.g, 0, D);
+    nt__attn_opnd_flat(&a.v, kv, &a.g, Tk * D, Dv);
     nt_sim_kernel *k = s.k;
     const nt_tensor *dq = r->out[0], *dkv = r->out[1];
     nt_dtype dt = (nt_dtype)dq->dtype;
@@ -451,7 +453,8 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
     nt_tile *Dr = sk_tile(&s, "attn.Dr", NT_F32, BLK, nqb);
     nt_tile *NL = sk_tile(&s, "attn.negl", NT_F32, BLK, nqb);
     nt_tile *dQo = sk_tile(&s, "attn.dq.out", dt, BLK, nqb * D);
-    nt_tile *dKV = sk_tile(&s, "attn.dkv.out", dt, BLK, nkb * (D + Dv));
+    nt_tile *dKo = sk_tile(&s, "attn.dk.out", dt, BLK, nkb * D);
+    nt_tile *dVo = sk_tile(&s, "attn.dv.out", dt, BLK, nkb * Dv);
     nt_tile *dS[G], *dSt[G], *dPp[G], *dQp[G];
     for (int g = 0; g < G; g++) {
         dS[g] = sk_tile(&s, "attn.dS", NT_F32, BLK, BLK);
@@ -574,9 +577,9 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
             }
             if (rc)
                 break;
-            /* dk, dv of this block: columns [0, D) and [D, D + Dv) of dkv */
-            nt_ap o1 = nt_tile_slice(dKV, 0, nk, (int64_t)j * (D + Dv), D);
-            nt_ap o2 = nt_tile_slice(dKV, 0, nk, (int64_t)j * (D + Dv) + D, Dv);
+            /* dk, dv of this block */
+            nt_ap o1 = nt_tile_slice(dKo, 0, nk, (int64_t)j * D, D);
+            nt_ap o2 = nt_tile_slice(dVo, 0, nk, (int64_t)j * Dv, Dv);
             if (firstq < 0) { /* no query reached this block */
                 if (!(rc = nt_isa_memset(k, &o1, 0.0, NT_ENGINE_VECTOR)))
                     rc = nt_isa_memset(k, &o2, 0.0, NT_ENGINE_VECTOR);
@@ -592,7 +595,9 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
         if (!rc)
             rc = store_head(&a, dqd, dt, b * Tq * D, D, dQo, Tq, D);
         if (!rc)
-            rc = store_head(&a, dkvd, dt, b * Tk * (D + Dv), D + Dv, dKV, Tk, D + Dv);
+            rc = store_head(&a, dkvd, dt, b * Tk * (D + Dv), D, dKo, Tk, D);
+        if (!rc)
+            rc = store_head(&a, dkvd, dt, b * Tk * (D + Dv) + Tk * D, Dv, dVo, Tk, Dv);
     }
     int rc2 = sk_end(&s);
     return rc2 ? rc2 : rc;
