@@ -187,7 +187,10 @@ typedef enum nt__opkind {
  * them and the planner fuses them like nt_where: the dispatcher makes the
  * condition and the fill (tril/triu: inputs mask, t, 0 with the u8 mask
  * built on the device from two aranges; masked_fill: mask, value, t with
- * the value a 0-d tensor of t's dtype), and the backward is where's. */
+ * the value a 0-d tensor of t's dtype), and the backward is where's.
+ * scaled_dot_product_attention (issue 13, kind ATTN): in q, k, v, mask
+ * (NULL, u8 or floating), p.f[0] = scale, p.flag = causal; out o and the
+ * f32 log-sum-exp its backward reads (docs/ops.md §7a). */
 #define NT_OPS_MISC(X)                                                      \
     X(WHERE, where, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)              \
     X(SUM, sum, 1, NT_KIND_REDUCE, NT_OPF_DIFF, INT, F32, sum, 0, NT__SIM_NONE)                     \
@@ -227,7 +230,9 @@ typedef enum nt__opkind {
 /* Backward helpers with their own kernels (autograd/ enqueues them):
  * embedding_bwd(g [..., D], idx [...]) -> [p.i[0] = V, D], rows added in
  * index order; index_add(g, idx) -> the gathered tensor's shape, g's
- * elements added in g's row-major order (gather, index_select). */
+ * elements added in g's row-major order (gather, index_select);
+ * sdpa_bwd(qx, kv, lse, mask) -> dq, dkv: attention's gradient with the
+ * scores recomputed (cpu/attention.c says how qx and kv are packed). */
 #define NT_OPS_BWD(X)                                                       \
     X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                                             \
     X(INDEX_ADD, index_add, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                \
