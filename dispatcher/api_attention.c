@@ -135,6 +135,9 @@ NT_API nt_tensor *nt_scaled_dot_product_attention_at(const nt_site *site, nt_ten
     }
     c.p.f[0] = scale == 0.0 ? 1.0 / sqrt((double)D) : scale;
     c.p.flag = causal;
+    /* the sizes, for the simulator's question whether a head fits SBUF
+     * (sim/kernels/attention.c; else the op runs on the CPU) */
+    c.p.i[0] = D, c.p.i[1] = Dv, c.p.i[2] = Tq, c.p.i[3] = Tk;
     c.nout = 2;
     c.odt[0] = (nt_dtype)q->dtype;
     c.odt[1] = NT_F32;

@@ -486,6 +486,46 @@ static void test_gradcheck(void **state)
     }
 }
 
+/* A head too long for the simulator's SBUF runs on the CPU backend (the
+ * same arithmetic): counted as a fallback, refused at the call under
+ * NT_REQUIRE_SIM=1. */
+static void test_long_falls_back(void **state)
+{
+    (void)state;
+    cfg c = {1, 1, 1, 40000, 8, 8, false, M_NONE, false, 0};
+    host h;
+    host_make(&h, &c, 11);
+    double *y = malloc(8 * sizeof(double)), *dq = malloc(8 * 8),
+           *dk = malloc((size_t)(40000 * 8) * 8), *dv = malloc((size_t)(40000 * 8) * 8);
+    reference(&h, y, dq, dk, dv);
+    run_out a, b;
+    config("cpu", "deterministic", "1");
+    run(&h, NT_F32, true, false, false, &a);
+    config("sim", "deterministic", "1");
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "0"), 0);
+    run(&h, NT_F32, true, false, false, &b);
+    assert_int_equal(a.rc, 0);
+    assert_int_equal(b.rc, 0);
+    assert_true(b.fallbacks >= 2); /* the forward and the backward */
+    assert_run_same(&h, &a, &b);
+    assert_true(rel_err(b.y, y, 8, 1e-3) <= 1e-5);
+    assert_true(rel_err(b.dk, dk, 40000 * 8, 1e-3) <= 1e-4);
+    run_free(&a);
+    run_free(&b);
+    /* NT_REQUIRE_SIM=1: a clear error at the call, naming the function */
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "1"), 0);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *q = nt_zeros(NT_F32, 2, (int64_t[]){1, 8});
+    nt_tensor *k = nt_zeros(NT_F32, 2, (int64_t[]){40000, 8});
+    assert_null(nt_scaled_dot_product_attention(q, k, k, NULL, false, 0));
+    assert_int_equal(nt_last_error(), NT_ENOTSUP);
+    assert_non_null(strstr(nt_last_error_message(), "nt_scaled_dot_product_attention"));
+    nt_clear_error();
+    nt_scope_end(sc);
+    free(y), free(dq), free(dk), free(dv);
+    host_free(&h);
+}
+
 /* autocast: the inputs run in bf16 (the amp column LOW), like PyTorch's
  * sdpa under autocast. */
 static void test_autocast(void **state)
@@ -515,6 +555,7 @@ int main(void)
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fully_masked_row, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_gradcheck, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_long_falls_back, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_autocast, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -247,6 +247,40 @@ static int store_head(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, n
 
 enum { C_M, C_MNEW, C_BMAX, C_ALPHA, C_NEGM, C_RS, C_L, C_LS, C_T, C_NCOL };
 
+/* a head's widest operand, in elements per partition (the raw loads) */
+static int64_t raw_elems(int64_t D, int64_t Dv, int64_t nqb, int64_t nkb)
+{
+    int64_t w = D > Dv ? D : Dv, nb = nqb > nkb ? nqb : nkb;
+    return nb * w;
+}
+
+/* SBUF bytes per partition the forward plans with: k^T, q^T, the rows of
+ * k, v, q, the output and lse of the head, the raw loads (at most half an
+ * f32's size), the blocks in flight */
+static int64_t fwd_need(int64_t D, int64_t Dv, int64_t Tq, int64_t Tk)
+{
+    int64_t nqb = nblocks(Tq), nkb = nblocks(Tk);
+    return 4 * (Tk + Tq + nkb * (D + Dv) + nqb * (D + Dv + 1) +
+                raw_elems(D, Dv, nqb, nkb) / 2 + G * (3 * BLK + Dv + C_NCOL) + 2);
+}
+
+/* the backward's: q^T, dO^T, k^T, v^T; the rows of q, dO, O, k, v; dQ's
+ * accumulator, Dr, -lse; the head's dq, dk, dv; raw loads; the blocks in
+ * flight */
+static int64_t bwd_need(int64_t D, int64_t Dv, int64_t Tq, int64_t Tk)
+{
+    int64_t nqb = nblocks(Tq), nkb = nblocks(Tk);
+    return 4 * (2 * Tq + 2 * Tk + nqb * (2 * D + 3 * Dv + 2) + nkb * (2 * D + 2 * Dv) +
+                raw_elems(D, Dv, nqb, nkb) / 2 + G * 3 * BLK + 2);
+}
+
+bool nt__sk_sdpa_fits(int op, const nt__params *p)
+{
+    int64_t D = p->i[0], Dv = p->i[1], Tq = p->i[2], Tk = p->i[3];
+    return (op == NT_OP_SDPA ? fwd_need(D, Dv, Tq, Tk) : bwd_need(D, Dv, Tq, Tk)) <=
+           SK_SBUF_BUDGET;
+}
+
 /* the steps of one key block for one query block, in order */
 enum { F_MM, F_SCORES, F_MAX, F_MNEW, F_SUB, F_ALPHA, F_P, F_L, F_TR, F_TRC, F_PV, F_OA,
        F_OADD, F_NSTEP };
@@ -263,12 +297,8 @@ int nt__sk_sdpa(const nt__rec *r)
     int64_t Tq = q->shape[q->ndim - 2], D = q->shape[q->ndim - 1];
     int64_t Tk = kt->shape[kt->ndim - 2], Dv = vt->shape[vt->ndim - 1];
     int64_t nqb = nblocks(Tq), nkb = nblocks(Tk);
-    int64_t raw = nkb * (D > Dv ? D : Dv) > nqb * D ? nkb * (D > Dv ? D : Dv) : nqb * D;
-    /* SBUF bytes per partition: k^T, q^T, the rows of k, v, q, the output
-     * and lse of the head, the raw loads, the blocks in flight */
-    int64_t need = 4 * (Tk + Tq + nkb * (D + Dv) + nqb * (D + Dv + 1) + raw / 2 +
-                        G * (3 * BLK + Dv + C_NCOL) + 2);
-    if (need > SK_SBUF_BUDGET)
+    int64_t raw = raw_elems(D, Dv, nqb, nkb), need = fwd_need(D, Dv, Tq, Tk);
+    if (need > SK_SBUF_BUDGET) /* nt__sk_sdpa_fits sent it to the CPU: unreachable */
         return too_long(Tq, Tk, need);
     sk_k s;
     int rc = sk_begin(&s, "scaled_dot_product_attention");
@@ -414,14 +444,8 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
     const nt_tensor *qx = r->in[0], *kv = r->in[1], *lse = r->in[2];
     int64_t D = r->p.i[0], Dv = r->p.i[1], Tq = r->p.i[2], Tk = r->p.i[3];
     int64_t nqb = nblocks(Tq), nkb = nblocks(Tk);
-    int64_t raw = nqb * (D > Dv ? D : Dv) > nkb * (D > Dv ? D : Dv) ? nqb * (D > Dv ? D : Dv)
-                                                                   : nkb * (D > Dv ? D : Dv);
-    /* SBUF bytes per partition: q^T, dO^T, k^T, v^T; the rows of q, dO, O,
-     * k, v; dQ's accumulator, Dr, -lse; the head's dq, dk, dv; raw loads;
-     * the blocks in flight */
-    int64_t need = 4 * (2 * Tq + 2 * Tk + nqb * (2 * D + 3 * Dv + 2) + nkb * (2 * D + 2 * Dv) +
-                        raw / 2 + G * 3 * BLK + 2);
-    if (need > SK_SBUF_BUDGET)
+    int64_t raw = raw_elems(D, Dv, nqb, nkb), need = bwd_need(D, Dv, Tq, Tk);
+    if (need > SK_SBUF_BUDGET) /* nt__sk_sdpa_fits sent it to the CPU: unreachable */
         return too_long(Tq, Tk, need);
     sk_k s;
     int rc = sk_begin(&s, "sdpa_bwd");

@@ -161,6 +161,9 @@ int nt__sk_gather(const nt__rec *r);       /* gather, index_select */
 int nt__sk_index_add(const nt__rec *r);
 int nt__sk_sdpa(const nt__rec *r);         /* attention.c */
 int nt__sk_sdpa_bwd(const nt__rec *r);
+/* Whether a head of SDPA / SDPA_BWD with p's sizes fits SBUF (else the op
+ * runs on the CPU: the backend's supports()). */
+bool nt__sk_sdpa_fits(int op, const nt__params *p);
 int nt__sk_arange(const nt__rec *r);
 int nt__sk_rand(const nt__rec *r);
 int nt__sk_randn(const nt__rec *r);
