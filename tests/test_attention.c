@@ -303,6 +303,8 @@ static const cfg shapes[] = {
     {2, 2, 300, 129, 24, 16, false, M_U8, true, 0},
     {1, 1, 300, 300, 64, 40, true, M_ADD, false, 0},
     {1, 1, 257, 130, 8, 8, true, M_U8, false, -0.2},
+    {1, 2, 3, 0, 4, 5, false, M_NONE, false, 0}, /* no keys: zeros */
+    {2, 1, 0, 5, 4, 5, true, M_NONE, false, 0},  /* no queries: empty */
 };
 #define NSHAPES (sizeof shapes / sizeof shapes[0])
 
