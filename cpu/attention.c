@@ -26,6 +26,7 @@
 #include "core/attn.h"
 #include "core/ewise.h"
 #include "core/gemm.h"
+#include "core/nmath.h"
 #include "core/reduce.h"
 
 #define BLK NT_ATTN_BLOCK
@@ -48,6 +49,17 @@ static inline float ld(const nt__attn_opnd *x, int64_t boff, int64_t r, int64_t 
 static void pack(float *dst, const nt__attn_opnd *x, int64_t boff, int64_t r0, int64_t nr,
                  int64_t nc, bool trans)
 {
+    if (x->dt == NT_F32 && x->cs == 1) { /* the usual case: rows of floats */
+        for (int64_t r = 0; r < nr; r++) {
+            const float *row = (const float *)x->base + boff + (r0 + r) * x->rs;
+            if (trans)
+                for (int64_t c = 0; c < nc; c++)
+                    dst[c * nr + r] = row[c];
+            else
+                memcpy(dst + r * nc, row, (size_t)nc * sizeof(float));
+        }
+        return;
+    }
     for (int64_t r = 0; r < nr; r++)
         for (int64_t c = 0; c < nc; c++) {
             float v = ld(x, boff, r0 + r, c);
@@ -143,7 +155,8 @@ int nt__cpu_scaled_dot_product_attention(const nt__rec *r)
                     float alpha = nt__ew_exp(nt__ew_sub(m[i], mnew));
                     float negm = nt__ew_mul(mnew, -1.0f);
                     for (int j = 0; j < nk; j++)
-                        si[j] = nt__ew_exp(nt__ew_add(si[j], negm));
+                        si[j] = nt__ew_add(si[j], negm);
+                    nt__expf_n(si, si, nk); /* nt__ew_exp's bits (core/nmath.h) */
                     float rs = nt__red_sum_f32(si, nk, 1);
                     l[i] = nt__ew_add(nt__ew_mul(l[i], alpha), rs);
                     m[i] = mnew;
@@ -240,7 +253,8 @@ int nt__cpu_sdpa_bwd(const nt__rec *r)
                 scores(&a, S, mb, q0, Mq, k0, nk);
                 for (int i = 0; i < Mq; i++)
                     for (int j = 0; j < nk; j++)
-                        S[i * nk + j] = nt__ew_exp(nt__ew_add(S[i * nk + j], negl[q0 + i]));
+                        S[i * nk + j] = nt__ew_add(S[i * nk + j], negl[q0 + i]);
+                nt__expf_n(S, S, (long)Mq * nk); /* nt__ew_exp's bits (core/nmath.h) */
                 /* dV += P^T dO (P is the stationary [Mq, nk] operand) */
                 nt__gemm_ktile(nk, (int)Dv, Mq, S, nk, dOb, (int)Dv, dV, (int)Dv, !first);
                 /* dP = dO V^T */
