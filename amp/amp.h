@@ -22,6 +22,12 @@ nt_dtype nt__amp_active(void);
 /* The dispatcher's hook (nt__dhooks.amp_on_call, registered by
  * init/init.c): casts c's inputs by the autocast policy; 0 or an error. */
 int nt__amp_on_call(nt__call *c);
+/* nt__dhooks.amp_enter / amp_leave: pushes dt (NT_DTYPE_COUNT: autocast
+ * off) as the thread's innermost region, whatever regions are open or the
+ * backward tag says, so nt_checkpoint's recompute runs as its forward did;
+ * NT_ESTATE when the stack is full. */
+int nt__amp_enter(nt_dtype dt);
+void nt__amp_leave(void);
 
 /* The loss scaler's state as the checkpoint stores it (record kind 4). */
 typedef struct nt__scaler_state {

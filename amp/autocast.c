@@ -108,6 +108,8 @@ static int on_call(nt__call *c)
     if (tls_suspended || c->bwd_of)
         return 0;
     nt_dtype low = (nt_dtype)tls_stack[tls_depth - 1];
+    if (low == NT_DTYPE_COUNT)
+        return 0; /* an "autocast off" entry (nt__amp_enter) */
     nt__amp_policy pol = policy_of(c->op);
     /* nt_linear's bias add needs no rule here: nt_linear casts the bias to
      * the region's dtype before its matmul (dispatcher/api_nn.c), so the
@@ -157,6 +159,22 @@ NT_API int nt_autocast_begin(nt_dtype dt)
                        "nt_autocast_end missing?", tls_depth);
     tls_stack[tls_depth++] = (uint8_t)dt;
     return 0;
+}
+
+int nt__amp_enter(nt_dtype dt)
+{
+    if (tls_depth >= NT_AMP_MAX_DEPTH)
+        return nt__err(NULL, NT_ESTATE, "nt_checkpoint",
+                       "autocast regions are nested %d deep on this thread (the limit)",
+                       tls_depth);
+    tls_stack[tls_depth++] = (uint8_t)dt; /* NT_DTYPE_COUNT: off */
+    return 0;
+}
+
+void nt__amp_leave(void)
+{
+    if (tls_depth > 0)
+        tls_depth--;
 }
 
 NT_API int nt_autocast_end(void)

@@ -49,10 +49,12 @@ struct nt__node {
     int64_t *sizes;       /* cat: size of each input along p.dim */
     nt_tensor *leaf;      /* accumulator: the leaf (weak: cleared when it dies) */
     const struct nt__custom_op *custom; /* user ops */
+    struct nt__ckpt *ckpt; /* nt_checkpoint's node (autograd/checkpoint.c) */
     nt__node *dead_next;  /* nt__node_unref's list of nodes to free */
 };
 
 #define NT__OP_ACCUMULATE (NT_OP_COUNT + 0)
+#define NT__OP_CHECKPOINT (NT_OP_COUNT + 1)
 
 /* Per-tensor autograd state (nt_tensor.ag). */
 struct nt__ag {
@@ -108,6 +110,24 @@ int nt__custom_backward(nt__bctx *b);
 const nt_kernel_op_def *nt__custom_kernel_def(int op);
 const nt__opinfo *nt__custom_opinfo(int op);
 void nt__custom_shutdown(void);
+
+/* Gradient checkpointing (autograd/checkpoint.c).  While nt_checkpoint
+ * runs its block without a graph, nt__ckpt_capturing is set and every op
+ * that records nothing hands its inputs to nt__ckpt_capture, which notes
+ * those that require grad: they become inputs of the checkpoint's node. */
+extern _Thread_local bool nt__ckpt_capturing NT_TLS_HOT;
+void nt__ckpt_capture(nt_tensor *const *ts, int n);
+/* Re-runs a checkpoint node's block with grad on; outs[0..n->nout) get the
+ * recomputed outputs (owned by the caller), whose graph edges lead to
+ * n->next[].  0 or an error naming nt_backward and the checkpoint. */
+int nt__ckpt_recompute(nt__node *n, nt_tensor **outs);
+/* Drops the node's saved tensors / frees its state (tape.c's drop_saved
+ * and nt__node_unref). */
+void nt__ckpt_drop_saved(struct nt__ckpt *ck);
+void nt__ckpt_free(struct nt__ckpt *ck);
+/* Sets the thread's no-grad depth, returning the old one (the recompute
+ * runs with grad on inside nt_backward's no-grad region). */
+int nt__ag_set_no_grad(int depth);
 
 /* The thread's no-grad depth and the "backward of" tag read by dispatch. */
 bool nt__ag_enabled(void);

@@ -560,6 +560,15 @@ static int bwd_mse_loss(nt__bctx *b)
     return 0;
 }
 
+/* ---------------- dropout ---------------- */
+
+/* g * m: the same op on g with the forward's p and seed recomputes the mask */
+static int bwd_dropout(nt__bctx *b)
+{
+    TRY(b->gin[0] = nt__dropout(S, "nt_dropout", G, b->n->p.f[0], b->n->p.seed));
+    return 0;
+}
+
 /* ---------------- matmul, embedding ---------------- */
 
 /* ga = g b^T, gb = a^T g, with 1-D operands promoted like the forward and

@@ -223,6 +223,8 @@ NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *i
 static int record_node(const nt_site *site, const nt__custom_op *c, int op,
                        nt_tensor *const *in, nt_tensor *out, bool grad)
 {
+    if (!grad && nt__ckpt_capturing)
+        nt__ckpt_capture(in, c->def.nin); /* a kernel op's inputs reach no other hook */
     bool any = false;
     for (int i = 0; i < c->def.nin; i++)
         any |= nt_requires_grad(in[i]);

@@ -18,6 +18,13 @@ NT_API void nt_no_grad_end(void)
 }
 NT_API bool nt_grad_enabled(void) { return tls_no_grad == 0; }
 
+int nt__ag_set_no_grad(int depth)
+{
+    int old = tls_no_grad;
+    tls_no_grad = depth;
+    return old;
+}
+
 /* ---------------- nodes ---------------- */
 
 nt__node *nt__node_new(int op, int nin, int nout)
@@ -51,6 +58,8 @@ static void node_ref(nt__node *n)
 
 static void drop_saved(nt__node *n)
 {
+    if (n->ckpt)
+        nt__ckpt_drop_saved(n->ckpt);
     for (int i = 0; i < NT__MAX_IN; i++)
         if (n->saved_in[i]) {
             nt_release(n->saved_in[i]);
@@ -87,6 +96,8 @@ void nt__node_unref(nt__node *n)
         free(n->next);
         free(n->in_meta);
         free(n->sizes);
+        if (n->ckpt)
+            nt__ckpt_free(n->ckpt);
         free(n);
     }
 }
@@ -226,8 +237,11 @@ static bool inplace_ok(int op)
 
 static int on_dispatch(nt__call *c)
 {
-    if (tls_no_grad)
+    if (tls_no_grad) {
+        if (nt__ckpt_capturing)
+            nt__ckpt_capture(c->in, c->nin);
         return 0;
+    }
     bool any = false;
     for (int i = 0; i < c->nin; i++)
         if (requires(c->in[i]))
@@ -268,8 +282,11 @@ static int on_dispatch(nt__call *c)
 
 int nt__ag_on_cat(const nt_site *site, nt_tensor *const *ts, int n, int dim, nt_tensor *out)
 {
-    if (tls_no_grad)
+    if (tls_no_grad) {
+        if (nt__ckpt_capturing)
+            nt__ckpt_capture(ts, n);
         return 0;
+    }
     bool any = false;
     for (int i = 0; i < n; i++)
         any |= requires(ts[i]);
@@ -358,13 +375,14 @@ NT_API int nt_zero_grad(nt_tensor *t)
     return 0;
 }
 
-/* Adds g into the leaf's .grad (cast to the leaf's dtype).  The first
- * gradient becomes .grad as a contiguous tensor of its own, so later
- * accumulations can be in place: g itself when nothing else can see it
- * (only this pass's scope holds it, no view or saved copy shares its
- * storage), else a copy. */
-static int accumulate_leaf(nt_tensor *leaf, nt_tensor *g, const nt_site *site)
+/* Adds the gradient *slot into the leaf's .grad (cast to the leaf's
+ * dtype).  The first gradient becomes .grad as a contiguous tensor of its
+ * own, so later accumulations can be in place: the slot's tensor itself
+ * when nothing else can see it (only the slot holds it, no view or saved
+ * copy shares its storage; the slot gives its reference up), else a copy. */
+static int accumulate_leaf(nt_tensor *leaf, nt_tensor **slot, const nt_site *site)
 {
+    nt_tensor *g = *slot;
     struct nt__ag *ag = nt__ag_of(leaf);
     if (ag->grad) {
         nt_no_grad_begin();
@@ -372,10 +390,11 @@ static int accumulate_leaf(nt_tensor *leaf, nt_tensor *g, const nt_site *site)
         nt_no_grad_end();
         return rc;
     }
-    if (g->dtype == leaf->dtype && g->scope && AO_load_full(&g->refs) == 1 &&
+    if (g->dtype == leaf->dtype && !g->scope && AO_load_full(&g->refs) == 1 &&
         AO_load_full(&g->st->refs) == 1 && g->offset == 0 && !g->expanded &&
         nt__is_contig(g) && !(g->ag && g->ag->requires_grad)) {
-        ag->grad = nt_keep(g); /* out of the pass's scope, into the leaf */
+        ag->grad = g; /* the slot's reference, into the leaf */
+        *slot = NULL;
         return 0;
     }
     nt_tensor *c = nt__copy_to(site, "nt_backward", g, (nt_dtype)leaf->dtype);
@@ -429,7 +448,9 @@ typedef struct {
     nt__node **key;   /* map: node -> position in order */
     size_t *pos;
     size_t mcap;      /* a power of two, at least twice n */
-    nt_tensor **slots; /* [n][NT__MAX_OUT] */
+    nt_tensor **slots; /* [n][NT__MAX_OUT]: each holds a reference */
+    nt__node **held;   /* references on the nodes recomputed by checkpoints */
+    size_t nheld, heldcap;
 } gradmap;
 
 static size_t map_find(const gradmap *gm, const nt__node *n)
@@ -489,6 +510,12 @@ static bool gm_has(const gradmap *gm, const nt__node *n)
 
 static void gm_free(gradmap *gm)
 {
+    for (size_t i = 0; i < gm->nheld; i++)
+        nt__node_unref(gm->held[i]);
+    free(gm->held);
+    for (size_t i = 0; gm->slots && i < gm->n * NT__MAX_OUT; i++)
+        if (gm->slots[i])
+            nt_release(gm->slots[i]);
     free(gm->order);
     free(gm->key);
     free(gm->pos);
@@ -505,13 +532,14 @@ static int add_grad(gradmap *gm, nt__edge e, nt_tensor *g, const nt_site *site)
 {
     nt_tensor **s = slots_of(gm, e.node);
     if (!s[e.idx]) {
-        s[e.idx] = g;
+        s[e.idx] = nt_retain(g);
         return 0;
     }
     nt_tensor *sum = nt__binary(site, "nt_backward", NT_OP_ADD, s[e.idx], g);
     if (!sum)
         return nt_last_error();
-    s[e.idx] = sum;
+    nt_release(s[e.idx]);
+    s[e.idx] = nt_retain(sum);
     return 0;
 }
 
@@ -562,6 +590,122 @@ static bool reachable(gradmap *gm, nt__node *root)
     return gm->slots != NULL;
 }
 
+/* nt_checkpoint's node n, at position k of the pass: its block is run
+ * again with grad on (autograd/checkpoint.c), and the nodes that recompute
+ * made go into the pass right after n, newest first.  They were all made
+ * after n, and their edges out of the block are n's own (its inputs and
+ * the tensors the block captured), which are already in the pass and not
+ * yet run; so the pass runs them exactly where it would have run the
+ * block's nodes had there been no checkpoint, adds the same gradients in
+ * the same order, and the gradients have the same bits.  The pass holds a
+ * reference on each until it ends; a node's saved tensors go as it runs. */
+static int ckpt_splice(gradmap *gm, size_t k, nt__node *n, nt_tensor *const *gout,
+                       const nt_site *site)
+{
+    const char *fn = "nt_backward";
+    nt_tensor *outs[NT__MAX_OUT] = {0};
+    int rc = nt__ckpt_recompute(n, outs);
+    if (rc)
+        return rc;
+    nt__edge e[NT__MAX_OUT] = {{0}};
+    nt__node **stack = NULL, **fresh = NULL;
+    size_t nstack = 0, stackcap = 0, nfresh = 0, freshcap = 0, nmarked = gm->n;
+    for (int j = 0; j < n->nout && !rc; j++) {
+        if (!gout[j] || !requires(outs[j]))
+            continue; /* no gradient reaches it, or none flows back */
+        e[j] = nt__edge_of(outs[j]);
+        nt__node *m = e[j].node;
+        if (!m)
+            rc = nt__err_hostmem(site, fn, "a gradient accumulator");
+        else if (!gm_has(gm, m) && m->seq > n->seq) {
+            if (!room_for(&stack, &stackcap, nstack) || !gm_mark(gm, m, &nmarked))
+                rc = nt__err_hostmem(site, fn, "the list of the graph's nodes");
+            else
+                stack[nstack++] = m;
+        } else if (!gm_has(gm, m)) {
+            goto nondet;
+        }
+    }
+    while (!rc && nstack) {
+        nt__node *m = stack[--nstack];
+        if (!room_for(&fresh, &freshcap, nfresh)) {
+            rc = nt__err_hostmem(site, fn, "the list of the graph's nodes");
+            break;
+        }
+        fresh[nfresh++] = m;
+        for (int i = 0; i < m->nin && !rc; i++) {
+            nt__node *x = m->next[i].node;
+            if (!x || gm_has(gm, x))
+                continue;
+            if (x->seq <= n->seq)
+                goto nondet; /* an edge out of the block that n does not have */
+            if (!room_for(&stack, &stackcap, nstack) || !gm_mark(gm, x, &nmarked))
+                rc = nt__err_hostmem(site, fn, "the list of the graph's nodes");
+            else
+                stack[nstack++] = x;
+        }
+    }
+    /* Room first, then changes: a failure leaves the pass as it was. */
+    size_t total = gm->n + nfresh;
+    nt_tensor **slots = NULL;
+    if (!rc && nfresh) {
+        slots = calloc(total * NT__MAX_OUT, sizeof *slots);
+        nt__node **held = gm->nheld + nfresh > gm->heldcap
+                              ? realloc(gm->held, (gm->nheld + nfresh) * sizeof *held)
+                              : gm->held;
+        if (held && held != gm->held) {
+            gm->held = held;
+            gm->heldcap = gm->nheld + nfresh;
+        }
+        nt__node **order = total > gm->cap ? realloc(gm->order, total * sizeof *order) : gm->order;
+        if (order && order != gm->order) {
+            gm->order = order;
+            gm->cap = total;
+        }
+        if (!slots || !held || !order) {
+            free(slots);
+            rc = nt__err_hostmem(site, fn, "the list of the graph's nodes");
+        }
+    }
+    if (!rc && nfresh) {
+        qsort(fresh, nfresh, sizeof *fresh, cmp_seq_desc);
+        for (size_t i = 0; i < nfresh; i++) {
+            node_ref(fresh[i]);
+            gm->held[gm->nheld++] = fresh[i];
+        }
+        size_t tail = gm->n - (k + 1);
+        memcpy(slots, gm->slots, (k + 1) * NT__MAX_OUT * sizeof *slots);
+        memcpy(slots + (k + 1 + nfresh) * NT__MAX_OUT, gm->slots + (k + 1) * NT__MAX_OUT,
+               tail * NT__MAX_OUT * sizeof *slots);
+        free(gm->slots);
+        gm->slots = slots;
+        memmove(gm->order + k + 1 + nfresh, gm->order + k + 1, tail * sizeof *gm->order);
+        memcpy(gm->order + k + 1, fresh, nfresh * sizeof *fresh);
+        gm->n = total;
+        /* gm_mark may have rehashed the map without the positions */
+        for (size_t i = 0; i < gm->n; i++)
+            gm->pos[map_find(gm, gm->order[i])] = i;
+    }
+    for (int j = 0; j < n->nout && !rc; j++)
+        if (e[j].node)
+            rc = add_grad(gm, e[j], gout[j], site);
+    goto out;
+nondet:
+    rc = nt__err(&n->site, NT_ESTATE, fn,
+                 "recomputing the block of nt_checkpoint reached a tensor that requires grad "
+                 "which the block did not read in the forward pass; the block must be "
+                 "deterministic (the same ops on the same tensors each time it runs)");
+out:
+    for (int j = 0; j < n->nout; j++)
+        if (outs[j])
+            nt_release(outs[j]);
+    free(stack);
+    free(fresh);
+    return rc;
+}
+
+static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site);
+
 NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
 {
     const char *fn = "nt_backward";
@@ -599,36 +743,76 @@ NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
         rc = nt_last_error();
         goto out;
     }
-    slots_of(&gm, root.node)[root.idx] = seed;
+    slots_of(&gm, root.node)[root.idx] = nt_retain(seed);
     nt_no_grad_begin();
     for (size_t k = 0; k < gm.n && !rc; k++) {
-        nt__node *n = gm.order[k];
         nt_tensor **gout = gm.slots + k * NT__MAX_OUT;
         bool any = false;
         for (int i = 0; i < NT__MAX_OUT; i++)
             any |= gout[i] != NULL;
         if (!any)
             continue; /* no gradient reaches it */
-        if (n->op == NT__OP_ACCUMULATE) {
-            if (n->leaf && n->leaf->st && gout[0])
-                rc = accumulate_leaf(n->leaf, gout[0], site);
-            continue;
-        }
-        const char *api = nt__op_api(n->op);
-        if (n->freed) {
-            rc = nt__err(site, NT_ESTATE, fn,
-                         "part of the graph (%s) was freed by an earlier nt_backward; pass "
-                         "retain_graph = true the first time", api);
+        /* What the node's backward makes lives in a scope of its own, and
+         * the slots hold references on what flows on: each temporary goes
+         * as soon as its node is done, each gradient once its node has
+         * used it, not at the end of the pass (a checkpoint's recompute
+         * would save little otherwise). */
+        nt_scope *ns = nt_scope_begin();
+        if (!ns) {
+            rc = nt__err_hostmem(site, fn, "the scope of an op's backward");
             break;
         }
-        if ((rc = check_versions(n, api)) != 0)
-            break;
+        rc = run_node(&gm, k, retain, site);
+        nt_scope_end(ns);
+        gout = gm.slots + k * NT__MAX_OUT; /* a checkpoint's splice moves them */
+        for (int i = 0; i < NT__MAX_OUT; i++)
+            if (gout[i]) {
+                nt_release(gout[i]);
+                gout[i] = NULL;
+            }
+    }
+    nt_no_grad_end();
+out:
+    gm_free(&gm);
+    nt_scope_end(scope);
+    return rc;
+}
+
+/* Runs the backward of node k of the pass (which some gradient reaches):
+ * adds its input gradients into the slots of the nodes its edges lead to. */
+static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
+{
+    const char *fn = "nt_backward";
+    nt__node *n = gm->order[k];
+    nt_tensor **gout = gm->slots + k * NT__MAX_OUT;
+    int rc = 0;
+    if (n->op == NT__OP_ACCUMULATE) {
+        if (n->leaf && n->leaf->st && gout[0])
+            return accumulate_leaf(n->leaf, &gout[0], site);
+        return 0;
+    }
+    const char *api = n->ckpt ? "nt_checkpoint" : nt__op_api(n->op);
+    if (n->freed)
+        return nt__err(site, NT_ESTATE, fn,
+                       "part of the graph (%s) was freed by an earlier nt_backward; pass "
+                       "retain_graph = true the first time", api);
+    if (n->ckpt) {
+        nt_tensor *g[NT__MAX_OUT];
+        memcpy(g, gout, sizeof g); /* the splice moves the slots */
+        rc = ckpt_splice(gm, k, n, g, site);
+        if (!retain) {
+            drop_saved(n);
+            n->freed = true;
+        }
+        return rc;
+    }
+    if ((rc = check_versions(n, api)) != 0)
+        return rc;
+    {
         nt_tensor *gin[64] = {0};
         nt_tensor **gp = n->nin <= 64 ? gin : calloc((size_t)n->nin, sizeof *gp);
-        if (!gp) {
-            rc = nt__err_hostmem(site, fn, "an op's input gradients");
-            break;
-        }
+        if (!gp)
+            return nt__err_hostmem(site, fn, "an op's input gradients");
         nt__bctx b = {.n = n, .gin = gp, .site = &n->site};
         for (int i = 0; i < n->nout; i++)
             b.gout[i] = gout[i];
@@ -661,7 +845,7 @@ NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
                     break;
                 }
             }
-            rc = add_grad(&gm, n->next[i], g, &n->site);
+            rc = add_grad(gm, n->next[i], g, &n->site);
         }
         if (gp != gin)
             free(gp);
@@ -670,10 +854,6 @@ NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
             n->freed = true;
         }
     }
-    nt_no_grad_end();
-out:
-    gm_free(&gm);
-    nt_scope_end(scope);
     return rc;
 }
 

@@ -15,8 +15,19 @@
  * for both models against deterministic mode's (issue 12: async modes need
  * at most 1.5x the memory of NT_DETERMINISTIC=1).
  *
+ * With --peer it also measures, in the same run, the MLP step on both
+ * backends in f32 and under bf16 autocast, runs PyTorch's eager step
+ * (../shared/peer/torch_train_step.py, or --peer-script PATH, with
+ * /usr/bin/python3 when that has torch: `sh scripts/deps.sh --bench`) and
+ * prints every ratio issue 11 asks for: ours / PyTorch f32 per backend,
+ * bf16 / our own f32, bf16 / PyTorch bf16.  It also prints the simulated
+ * step's TensorE and DMA busy %, and the DMA-limited floor: the step's HBM
+ * bytes over the core's DMA rate (the lower of HBM bandwidth and its DMA
+ * engines' sustained rate), the time no schedule of those bytes can beat.
+ *
  * Usage: train_step [--steps N] [--warmup N]
- *                   [--modes deterministic,eager,adaptive,lazy] [--model mlp|tf|both] */
+ *                   [--modes deterministic,eager,adaptive,lazy] [--model mlp|tf|both]
+ *                   [--peer] [--peer-script PATH] */
 #include <ntensor.h>
 #include <math.h>
 #include <stdio.h>
@@ -48,9 +59,12 @@ typedef struct {
     double sim_ms;          /* simulated NeuronCore time per step (0: no sim kernels) */
     uint64_t peak, live_peak, backed_peak; /* device bytes, from the mode's start */
     double sim_ns;          /* ... and over all measured steps, exactly */
+    double tensor_busy, dma_busy; /* simulated TensorE / DMA busy, fraction of sim time */
+    double hbm_bytes;       /* HBM bytes read + written per step */
 } result;
 
-static result run(const char *mode, bool tf, int warmup, int steps)
+/* amp: NT_BF16 runs the forward under bf16 autocast; NT_F32 does not. */
+static result run_amp(const char *mode, bool tf, int warmup, int steps, nt_dtype amp)
 {
     if (nt_config_set("NT_MODE", mode) != 0)
         bench_fail("nt_config_set");
@@ -83,7 +97,11 @@ static result run(const char *mode, bool tf, int warmup, int steps)
         }
         double t0 = bench_now_ns() * 1e-6;
         nt_scope *sc = nt_scope_begin();
+        if (amp != NT_F32 && nt_autocast_begin(amp) != 0)
+            bench_fail("nt_autocast_begin");
         nt_tensor *loss = tf ? model_tf_loss(&tfm) : model_mlp_loss(&mlp);
+        if (amp != NT_F32 && nt_autocast_end() != 0)
+            bench_fail("nt_autocast_end");
         double l;
         if (nt_backward(loss) || nt_optim_step(opt) || nt_optim_zero_grad(opt) ||
             nt_item(loss, &l))
@@ -100,7 +118,14 @@ static result run(const char *mode, bool tf, int warmup, int steps)
                 (double)(st1.ops_enqueued - st0.ops_enqueued) / steps,
                 (sim1.sim_ns - sim0.sim_ns) * 1e-6 / steps, st1.device_bytes_peak,
                 st1.device_bytes_live_peak, st1.device_bytes_backed_peak,
-                sim1.sim_ns - sim0.sim_ns};
+                sim1.sim_ns - sim0.sim_ns, 0, 0,
+                (double)(sim1.hbm_read_bytes + sim1.hbm_write_bytes - sim0.hbm_read_bytes -
+                         sim0.hbm_write_bytes) /
+                    steps};
+    if (r.sim_ns > 0) {
+        r.tensor_busy = (sim1.busy_ns[NT_ENGINE_TENSOR] - sim0.busy_ns[NT_ENGINE_TENSOR]) / r.sim_ns;
+        r.dma_busy = (sim1.busy_ns[NT_ENGINE_DMA] - sim0.busy_ns[NT_ENGINE_DMA]) / r.sim_ns;
+    }
     free(t);
     nt_optim_destroy(opt);
     if (tf)
@@ -108,6 +133,128 @@ static result run(const char *mode, bool tf, int warmup, int steps)
     else
         model_mlp_free(&mlp);
     return r;
+}
+
+static result run(const char *mode, bool tf, int warmup, int steps)
+{
+    return run_amp(mode, tf, warmup, steps, NT_F32);
+}
+
+/* The DMA-limited floor of a step that moves `bytes` of HBM traffic, in ms:
+ * the core's DMA rate is the lower of its HBM share and its DMA engines'
+ * sustained rate (nt_sim_config). */
+static double dma_floor_ms(double bytes)
+{
+    nt_sim_config c;
+    if (nt_sim_config_get(&c) != 0)
+        return 0;
+    double rate = c.dma_engines * c.dma_engine_bytes_per_ns;
+    if (c.hbm_bytes_per_ns > 0 && c.hbm_bytes_per_ns < rate)
+        rate = c.hbm_bytes_per_ns;
+    return rate > 0 ? bytes / rate * 1e-6 : 0;
+}
+
+/* PyTorch's median ms/step in f32 and bf16 from the peer script's JSON
+ * lines; false (with the reason printed) when it cannot run. */
+static bool run_peer(const char *script, int warmup, int steps, double *f32_ms, double *bf16_ms)
+{
+    FILE *f = fopen(script, "r");
+#ifdef NT_BENCH_SRCDIR
+    static char near[1024]; /* the default path, taken from the checkout's root instead */
+    if (!f && script[0] == '.') {
+        snprintf(near, sizeof near, "%s/%s", NT_BENCH_SRCDIR, script);
+        if ((f = fopen(near, "r")))
+            script = near;
+    }
+#endif
+    if (!f) {
+        printf("peer: %s not found: PyTorch not measured (--peer-script PATH)\n", script);
+        return false;
+    }
+    fclose(f);
+    if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+        printf("peer: /usr/bin/python3 cannot import torch (sh scripts/deps.sh --bench "
+               "installs python3-torch): PyTorch not measured\n");
+        return false;
+    }
+    char cmd[1200];
+    if (strlen(script) > 1000 || strchr(script, '\'')) {
+        printf("peer: the script path is too long or has a quote: PyTorch not measured\n");
+        return false;
+    }
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s' --steps %d --warmup %d --precision fp32,bf16",
+             script, steps, warmup);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return false;
+    char line[1024];
+    *f32_ms = *bf16_ms = 0;
+    while (fgets(line, sizeof line, p)) {
+        printf("peer: %s", line);
+        const char *m = strstr(line, "\"median_ms\": ");
+        if (!m)
+            continue;
+        double v = atof(m + strlen("\"median_ms\": "));
+        if (strstr(line, "_fp32\""))
+            *f32_ms = v;
+        else if (strstr(line, "_bf16\""))
+            *bf16_ms = v;
+    }
+    int rc = pclose(p);
+    if (rc != 0 || *f32_ms <= 0 || *bf16_ms <= 0) {
+        printf("peer: the PyTorch script failed (status %d)\n", rc);
+        return false;
+    }
+    return true;
+}
+
+static void print_ratio(const char *what, double ours, double ref, double limit)
+{
+    printf("  %-44s %6.2fx  (target <= %.1fx: %s)\n", what, ours / ref, limit,
+           ours / ref <= limit ? "met" : "NOT met");
+}
+
+/* Issue 11's comparison: the MLP on both backends, f32 and bf16 autocast,
+ * against PyTorch eager measured right after, in the same run. */
+static void peer_compare(const char *script, int warmup, int steps)
+{
+    const char *backend0 = nt_config_get("NT_BACKEND");
+    char b0[16];
+    snprintf(b0, sizeof b0, "%s", backend0 ? backend0 : "sim");
+    const char *mode_sim = "adaptive", *mode_cpu = "lazy"; /* each backend's default / best */
+    if (nt_config_set("NT_BACKEND", "sim") != 0)
+        bench_fail("nt_config_set NT_BACKEND sim");
+    result sf = run_amp(mode_sim, false, warmup, steps, NT_F32);
+    result sb = run_amp(mode_sim, false, warmup, steps, NT_BF16);
+    if (nt_config_set("NT_BACKEND", "cpu") != 0)
+        bench_fail("nt_config_set NT_BACKEND cpu");
+    result cf = run_amp(mode_cpu, false, warmup, steps, NT_F32);
+    result cb = run_amp(mode_cpu, false, warmup, steps, NT_BF16);
+    if (nt_config_set("NT_BACKEND", b0) != 0)
+        bench_fail("nt_config_set NT_BACKEND");
+    printf("\npeer comparison (MLP 784-1024-1024-10, batch %d, AdamW), median ms/step:\n", BATCH);
+    printf("  ours sim %-8s f32 %8.2f   bf16 %8.2f\n", mode_sim, sf.ms, sb.ms);
+    printf("  ours cpu %-8s f32 %8.2f   bf16 %8.2f\n", mode_cpu, cf.ms, cb.ms);
+    const result *sims[2] = {&sf, &sb};
+    for (int i = 0; i < 2; i++) {
+        const result *r = sims[i];
+        printf("  simulated NeuronCore, %s: %.3f ms/step, TensorE %.1f%% busy, DMA %.1f%% busy, "
+               "%.1f MB HBM traffic/step, DMA-limited floor %.3f ms (%.2fx of it)\n",
+               i ? "bf16" : "f32 ", r->sim_ms, 100 * r->tensor_busy, 100 * r->dma_busy,
+               r->hbm_bytes / 1e6, dma_floor_ms(r->hbm_bytes),
+               dma_floor_ms(r->hbm_bytes) > 0 ? r->sim_ms / dma_floor_ms(r->hbm_bytes) : 0);
+    }
+    printf("  simulated step target <= 0.4 ms (f32): %s\n", sf.sim_ms <= 0.4 ? "met" : "NOT met");
+    print_ratio("bf16 / own f32, sim backend", sb.ms, sf.ms, 0.8);
+    print_ratio("bf16 / own f32, cpu backend", cb.ms, cf.ms, 0.8);
+    double pf, pb;
+    if (!run_peer(script, warmup, steps, &pf, &pb))
+        return;
+    printf("  PyTorch eager: f32 %.2f ms/step, bf16 %.2f ms/step\n", pf, pb);
+    print_ratio("sim backend (adaptive) / PyTorch f32", sf.ms, pf, 1.0);
+    print_ratio("cpu backend (lazy) / PyTorch f32", cf.ms, pf, 0.6);
+    print_ratio("sim backend bf16 / PyTorch bf16", sb.ms, pb, 1.0);
+    print_ratio("cpu backend bf16 / PyTorch bf16", cb.ms, pb, 1.0);
 }
 
 /* Runs every mode of modes_arg on one model; returns the best time and
@@ -158,8 +305,19 @@ int main(int argc, char **argv)
 {
     int warmup = 5, steps = 20;
     const char *modes_arg = "deterministic,eager,adaptive,lazy", *model = "both";
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--steps"))
+    const char *peer_script = "../shared/peer/torch_train_step.py";
+    bool peer = false;
+    for (int i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "--peer")) {
+            peer = true;
+            i--; /* a flag: no value */
+            continue;
+        }
+        if (i + 1 >= argc)
+            goto usage;
+        if (!strcmp(argv[i], "--peer-script"))
+            peer_script = argv[i + 1], peer = true;
+        else if (!strcmp(argv[i], "--steps"))
             steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--warmup"))
             warmup = atoi(argv[i + 1]);
@@ -168,8 +326,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--model"))
             model = argv[i + 1];
         else {
+        usage:
             fprintf(stderr, "usage: train_step [--steps N] [--warmup N] [--modes a,b,c] "
-                            "[--model mlp|tf|both]\n");
+                            "[--model mlp|tf|both] [--peer] [--peer-script PATH]\n");
             return 1;
         }
     }
@@ -209,6 +368,8 @@ int main(int argc, char **argv)
                "%.2f of the limit); PyTorch 1.13 eager: ~10-31 ms/step\n",
                best, best_mode, TARGET_MS, best <= TARGET_MS ? "met" : "NOT met",
                best / TARGET_MS);
+    if (peer)
+        peer_compare(peer_script, warmup, steps);
     nt_shutdown();
     return 0;
 }

@@ -42,6 +42,22 @@ static inline float nt__ew_mish(float a) { return a * nt__tanhf(nt__ew_softplus(
 static inline float nt__ew_reciprocal(float a) { return 1.0f / a; }
 /* PyTorch's x / (1 + |x|); NaN stays NaN, +-Inf gives NaN as there */
 static inline float nt__ew_softsign(float a) { return a / (1.0f + fabsf(a)); }
+/* PyTorch's F.gelu(x, approximate='tanh'), 0.5 x (1 + tanh(u)) with
+ * u = sqrt(2/pi) (x + 0.044715 x^3), written as the same function x s(2u),
+ * s the logistic function, from q = exp(-|2u|) <= 1: x / (1 + q) for u >= 0,
+ * x (q / (1 + q)) below.  1 + tanh(u) cancels to 0 below about x = -4
+ * (PyTorch's f32 form is off by 30% at x = -5), and exp(-2u) would overflow
+ * while the result is still a subnormal; this keeps the tail.  +Inf, -Inf
+ * and NaN give what PyTorch gives (Inf, NaN, NaN). */
+static inline float nt__ew_gelu_tanh_2u(float a)
+{
+    return 2.0f * (0.79788456080286535588f * (a + 0.044715f * (a * (a * a))));
+}
+static inline float nt__ew_gelu_tanh(float a)
+{
+    float t = nt__ew_gelu_tanh_2u(a), q = nt__expf(-fabsf(t)), d = 1.0f + q;
+    return nt__fsel(t >= 0.0f, a / d, a * (q / d));
+}
 
 /* ---- unary: derivatives, d/dx f as a function of x or of y = f(x) (the
  * save column of core/optable.h says which).  The generic backward
@@ -86,6 +102,17 @@ static inline float nt__ew_mish_dx(float x)
 {
     float t = nt__tanhf(nt__ew_softplus(x));
     return t + x * nt__ew_sigmoid(x) * (1.0f - t * t);
+}
+/* d/dx x s(2u) = s + 2 x s (1 - s) u', u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2),
+ * s (1 - s) = q / (1 + q)^2 with q as above; PyTorch's 0.5 (1 + t) +
+ * 0.5 x (1 - t^2) u' is the same function.  Where q is 0 (|x| > ~9) the
+ * derivative is s (PyTorch's gives NaN past |x| ~ 1e19, where x^2 overflows). */
+static inline float nt__ew_gelu_tanh_dx(float x)
+{
+    float t = nt__ew_gelu_tanh_2u(x), q = nt__expf(-fabsf(t)), d = 1.0f + q;
+    float s = nt__fsel(t >= 0.0f, 1.0f / d, q / d), ss = (q / d) / d;
+    float du = 0.79788456080286535588f * (1.0f + 0.134145f * (x * x));
+    return nt__fsel(q == 0.0f, s, s + 2.0f * x * ss * du);
 }
 
 /* ---- unary: int (only ops whose ints column is INT or INTONLY) ---- */

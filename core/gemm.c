@@ -603,6 +603,7 @@ typedef struct full {
     int Mpad, Npad, nk;
     int mc, ncb; /* C block */
     bool arow;   /* A given row-major M x K (nt__gemm_rowa) */
+    bool bcol;   /* B given as B^T, row-major N x K (nt__gemm_ex) */
 } full;
 
 /* pack_a's panels from a row-major A (M x K, rows lda apart): row i + r
@@ -625,6 +626,27 @@ static void pack_a_rows(const kern *kn, float *dst, int M, int K, const float *A
     }
 }
 
+/* pack_b's panels from B^T (N x K, rows ldb apart: a linear layer's weight
+ * as stored): column j + q of B is row j + q of B^T, read in order and
+ * written with stride NR.  The same panels, so the same bits. */
+static void pack_b_cols(const kern *kn, float *dst, int N, int K, const float *BT, int ldb)
+{
+    const int NR = kn->nr;
+    for (int j = 0; j < N; j += NR) {
+        int w = N - j < NR ? N - j : NR;
+        float *d = dst + (long)(j / NR) * K * NR;
+        for (int q = 0; q < NR; q++) {
+            const float *b = BT + (long)(j + q) * ldb;
+            if (q < w)
+                for (int k = 0; k < K; k++)
+                    d[k * NR + q] = b[k];
+            else
+                for (int k = 0; k < K; k++)
+                    d[k * NR + q] = 0.0f;
+        }
+    }
+}
+
 /* Pack job: block b < nk packs A's K-tile b, else B's K-tile b - nk. */
 static void pack_block(const job *jb, int b)
 {
@@ -636,6 +658,8 @@ static void pack_block(const job *jb, int b)
     else if (b < f->nk)
         pack_a(jb->kn, f->Ap + (long)f->Mpad * k0, jb->M, kw, jb->A + (long)k0 * jb->lda,
                jb->lda);
+    else if (f->bcol)
+        pack_b_cols(jb->kn, f->Bp + (long)f->Npad * k0, jb->N, kw, jb->B + k0, jb->ldb);
     else
         pack_b(jb->kn, f->Bp + (long)f->Npad * k0, 0, jb->N, kw, jb->B + (long)k0 * jb->ldb,
                jb->ldb);
@@ -667,7 +691,7 @@ static void full_block(const job *jb, int b)
 }
 
 static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, const float *B,
-                      int ldb, float *C, int ldc)
+                      int ldb, bool bcol, float *C, int ldc)
 {
     if (M <= 0 || N <= 0)
         return;
@@ -685,7 +709,7 @@ static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, c
         bool split = (long)M * N * K >= NT_GEMM_SPLIT;
         int nk = (K + NT_GEMM_KTILE - 1) / NT_GEMM_KTILE;
         full f = {{pack_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, 2 * nk, 0, 0, 0},
-                  Ap, Bp, Mpad, Npad, nk, 0, 0, arow};
+                  Ap, Bp, Mpad, Npad, nk, 0, 0, arow, bcol};
         f.j.kn = kn;
         run_job(&f.j, split);
         int mc = gemm_mc_big, ncb = gemm_ncb_big;
@@ -693,7 +717,7 @@ static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, c
             mc = NT_MC, ncb = NT_NCB;
         int nbm = (M + mc - 1) / mc, nbn = (N + ncb - 1) / ncb;
         full g = {{full_block, M, N, K, lda, ldb, ldc, A, B, C, false, nbn, nbm * nbn, 0, 0, 0},
-                  Ap, Bp, Mpad, Npad, nk, mc, ncb, arow};
+                  Ap, Bp, Mpad, Npad, nk, mc, ncb, arow, bcol};
         g.j.kn = kn;
         run_job(&g.j, split);
         return;
@@ -701,26 +725,35 @@ static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, c
     /* host memory short for the panels: K-tile by K-tile */
     for (int k0 = 0; k0 < K; k0 += NT_GEMM_KTILE) {
         int kw = K - k0 < NT_GEMM_KTILE ? K - k0 : NT_GEMM_KTILE;
-        if (!arow) {
+        if (!arow && !bcol) {
             nt__gemm_ktile(M, N, kw, A + (long)k0 * lda, lda, B + (long)k0 * ldb, ldb, C, ldc,
                            k0 > 0);
             continue;
         }
         for (int i = 0; i < M; i++) /* element by element: the same recurrence */
-            for (int j = 0; j < N; j++)
-                put(C + (long)i * ldc + j,
-                    dot1(kw, A + (long)i * lda + k0, 1, B + (long)k0 * ldb + j, ldb), k0 > 0);
+            for (int j = 0; j < N; j++) {
+                const float *a = arow ? A + (long)i * lda + k0 : A + (long)k0 * lda + i;
+                const float *b = bcol ? B + (long)j * ldb + k0 : B + (long)k0 * ldb + j;
+                put(C + (long)i * ldc + j, dot1(kw, a, arow ? 1 : lda, b, bcol ? 1 : ldb),
+                    k0 > 0);
+            }
     }
 }
 
 void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
               int ldc)
 {
-    gemm_full(M, N, K, A, lda, false, B, ldb, C, ldc);
+    gemm_full(M, N, K, A, lda, false, B, ldb, false, C, ldc);
 }
 
 void nt__gemm_rowa(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                    float *C, int ldc)
 {
-    gemm_full(M, N, K, A, lda, true, B, ldb, C, ldc);
+    gemm_full(M, N, K, A, lda, true, B, ldb, false, C, ldc);
+}
+
+void nt__gemm_ex(int M, int N, int K, const float *A, int lda, bool arow, const float *B, int ldb,
+                 bool bcol, float *C, int ldc)
+{
+    gemm_full(M, N, K, A, lda, arow, B, ldb, bcol, C, ldc);
 }

@@ -56,6 +56,13 @@ void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int 
 void nt__gemm_rowa(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                    float *C, int ldc);
 
+/* Either operand in either layout: A row-major M x K (arow) or A^T K x M;
+ * B^T row-major N x K (bcol: a linear layer's weight, B[k][j] at
+ * B[j * ldb + k]) or B K x N.  The panels are packed from whichever is given,
+ * so every layout gives the same bits. */
+void nt__gemm_ex(int M, int N, int K, const float *A, int lda, bool arow, const float *B, int ldb,
+                 bool bcol, float *C, int ldc);
+
 /* The vector ISA levels of the micro-kernel, chosen at run time (the first
  * call takes the widest this CPU runs; NT_CPU_ISA in docs/env.md forces
  * one).  Every level gives the same bits: only the speed differs. */

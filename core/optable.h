@@ -132,7 +132,8 @@ typedef enum nt__opkind {
     X(MISH, mish, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT__SIM_TABLE)              \
     X(SOFTSIGN, softsign, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT__SIM_TABLE)      \
     X(RECIPROCAL, reciprocal, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, dx, O0, NT__SIM_TABLE)    \
-    X(BITWISE_NOT, bitwise_not, 1, NT_KIND_UNARY, 0, INTONLY, KEEP, nograd, 0, NT__SIM_SEQ)
+    X(BITWISE_NOT, bitwise_not, 1, NT_KIND_UNARY, 0, INTONLY, KEEP, nograd, 0, NT__SIM_SEQ)     \
+    X(GELU_TANH, gelu_tanh, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT__SIM_TABLE)
 
 /* y = nt__ew_<name>(a, p.f[0], p.f[1]) */
 #define NT_OPS_SCALAR(X)                                                    \
@@ -188,6 +189,13 @@ typedef enum nt__opkind {
  * condition and the fill (tril/triu: inputs mask, t, 0 with the u8 mask
  * built on the device from two aranges; masked_fill: mask, value, t with
  * the value a 0-d tensor of t's dtype), and the backward is where's.
+ * dropout, topk and multinomial (issue 13) have their own kernels
+ * (cpu/sample.c, sim/kernels/sample.c; arithmetic in core/sample.h):
+ * dropout(x) with p.f[0] = p, p.seed = seed (its backward is dropout of g
+ * with the same seed: the mask is recomputed, not saved); topk(x) -> the
+ * i32 indices along p.dim, p.i[0] = k, p.flag = largest (nt_topk gathers
+ * the values, so their gradient is gather's); multinomial(probs) -> i32
+ * [.., n] draws, p.i[0] = n, p.seed = seed.
  * scaled_dot_product_attention (issue 13, kind ATTN): in q, k, v, mask
  * (NULL, u8 or floating), p.f[0] = scale, p.flag = causal; out o and the
  * f32 log-sum-exp its backward reads (docs/ops.md §7a). */
@@ -213,7 +221,10 @@ typedef enum nt__opkind {
     X(INDEX_SELECT, index_select, 2, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, gather, I1, NT__SIM_NONE) \
     X(TRIL, tril, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)                \
     X(TRIU, triu, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)                \
-    X(MASKED_FILL, masked_fill, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE) \
+    X(MASKED_FILL, masked_fill, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)     \
+    X(DROPOUT, dropout, 1, NT_KIND_ROW, NT_OPF_DIFF, FLOAT, KEEP, dropout, 0, NT__SIM_NONE)          \
+    X(TOPK, topk, 1, NT_KIND_REDUCE, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)                         \
+    X(MULTINOMIAL, multinomial, 1, NT_KIND_REDUCE, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)         \
     X(SDPA, scaled_dot_product_attention, 4, NT_KIND_ATTN, NT_OPF_DIFF, FLOAT, LOW, sdpa, I0123O01, NT__SIM_NONE)
 
 /* Views (no kernel: metadata only) and composites that autograd records as

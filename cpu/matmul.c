@@ -68,8 +68,12 @@ int nt__cpu_matmul(const nt__rec *r)
     bool a_rows = !a_direct && adt == NT_F32 && mi.a_cs == 1 && mi.a_rs >= K &&
                   mi.a_rs <= INT32_MAX;
     bool b_direct = bdt == NT_F32 && mi.b_cs == 1 && mi.b_rs >= N && mi.b_rs <= INT32_MAX;
+    /* a transposed f32 b (x @ w^T: w N x K row-major): packed from w itself */
+    bool b_cols = !b_direct && bdt == NT_F32 && mi.b_rs == 1 && mi.b_cs >= K &&
+                  mi.b_cs <= INT32_MAX;
     bool c_direct = odt == NT_F32;
-    size_t na = a_direct || a_rows ? 0 : (size_t)(K * M), nb = b_direct ? 0 : (size_t)(K * N);
+    size_t na = a_direct || a_rows ? 0 : (size_t)(K * M);
+    size_t nb = b_direct || b_cols ? 0 : (size_t)(K * N);
     size_t nc = c_direct ? 0 : (size_t)(M * N);
     float *buf = scratch(na + nb + nc + 1);
     if (!buf)
@@ -93,18 +97,15 @@ int nt__cpu_matmul(const nt__rec *r)
         } else if (aoff != a_prev) {
             nt__mm_pack(At, M, ad + aoff * aes, adt, aes, K, M, mi.a_cs, mi.a_rs);
         }
-        if (b_direct) {
+        if (b_direct || b_cols) {
             Bp = (const float *)(bd + boff * bes);
-            ldb = (int)mi.b_rs;
+            ldb = (int)(b_cols ? mi.b_cs : mi.b_rs);
         } else if (boff != b_prev) {
             nt__mm_pack(B, N, bd + boff * bes, bdt, bes, K, N, mi.b_rs, mi.b_cs);
         }
         a_prev = aoff, b_prev = boff;
         float *Cp = c_direct ? (float *)(od + bi * (int64_t)(M * N) * oes) : C;
-        if (a_rows)
-            nt__gemm_rowa((int)M, (int)N, (int)K, Ap, lda, Bp, ldb, Cp, (int)N);
-        else
-            nt__gemm((int)M, (int)N, (int)K, Ap, lda, Bp, ldb, Cp, (int)N);
+        nt__gemm_ex((int)M, (int)N, (int)K, Ap, lda, a_rows, Bp, ldb, b_cols, Cp, (int)N);
         /* one rounding to the output dtype (for f32: NaNs made canonical) */
         nt__st_f32((char *)(od + bi * (int64_t)(M * N) * oes), odt, 1, Cp, M * N);
         bi++;

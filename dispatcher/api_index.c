@@ -1,5 +1,7 @@
 /* dispatcher/api_index.c - gather, index_select (kernels: cpu/index.c,
  * sim/kernels/index.c), and the composites repeat and split. */
+#include <math.h>
+
 #include "dispatcher/dispatch.h"
 
 /* An index argument: i32 or u8, like nt_embedding's. */
@@ -215,4 +217,68 @@ NT_API int nt_split_at(const nt_site *site, nt_tensor *t, int64_t split_size, in
 NT_API int nt_split(nt_tensor *t, int64_t split_size, int dim, nt_tensor **out, int max_out)
 {
     return nt_split_at(NT_RA_SITE, t, split_size, dim, out, max_out);
+}
+
+/* ---------------- topk ---------------- */
+
+/* The TOPK op gives the indices (cpu/sample.c, sim/kernels/sample.c); the
+ * values are gathered with them, so their gradient is gather's (index_add
+ * into x's shape). */
+NT_API int nt_topk_at(const nt_site *site, nt_tensor *x, int64_t k, int dim, bool largest,
+                      nt_tensor **values, nt_tensor **indices)
+{
+    const char *fn = "nt_topk";
+    if (values)
+        *values = NULL;
+    if (indices)
+        *indices = NULL;
+    if (!nt__ensure_init())
+        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+    if (!values || !indices)
+        return nt__err(site, NT_EINVAL, fn, "argument '%s' is NULL; expected where to put the %s",
+                       values ? "indices" : "values", values ? "indices" : "values");
+    nt__call c;
+    if (!nt__call_begin(&c, site, fn, NT_OP_TOPK, 1, &x, "x")) {
+        nt__call_fail(&c);
+        return nt_last_error();
+    }
+    x = c.in[0];
+    int d = x->ndim ? nt__norm_dim(dim, x->ndim) : -1;
+    if (x->ndim == 0) {
+        nt__err(site, NT_ESHAPE, fn, "argument 'x' is 0-d; expected at least 1 dim");
+    } else if (d < 0) {
+        nt__err(site, NT_EDIM, fn, "dim %d is out of range for a tensor with %d dims", dim,
+                x->ndim);
+    } else if (k < 0 || k > x->shape[d]) {
+        nt__err(site, NT_EINVAL, fn, "argument 'k' is %lld; expected 0 <= k <= %lld, the size "
+                "of dim %d", (long long)k, (long long)x->shape[d], d);
+    } else {
+        c.p.dim = d;
+        c.p.i[0] = k;
+        c.p.flag = largest;
+        c.odt[0] = NT_I32;
+        c.ondim[0] = x->ndim;
+        for (int i = 0; i < x->ndim; i++)
+            c.oshape[0][i] = i == d ? k : x->shape[i];
+        double n = (double)nt__numel(x->ndim, x->shape);
+        c.flops = n * (k > 1 ? log2((double)x->shape[d]) : 1.0);
+        nt_tensor *ix = nt__dispatch(&c);
+        nt_tensor *v = ix ? nt_gather_at(site, x, d, ix) : NULL;
+        if (v) {
+            *values = v;
+            *indices = ix;
+            return 0;
+        }
+        int rc = nt_last_error();
+        if (ix)
+            nt_release(ix);
+        return rc ? rc : NT_EINVAL;
+    }
+    nt__call_fail(&c);
+    return nt_last_error();
+}
+NT_API int nt_topk(nt_tensor *x, int64_t k, int dim, bool largest, nt_tensor **values,
+                   nt_tensor **indices)
+{
+    return nt_topk_at(NT_RA_SITE, x, k, dim, largest, values, indices);
 }

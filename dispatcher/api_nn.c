@@ -1,6 +1,7 @@
 /* dispatcher/api_nn.c - reductions, row ops (softmax family, norms), losses,
  * matmul, linear, embedding. */
 #include <math.h>
+#include <string.h>
 
 #include "dispatcher/dispatch.h"
 
@@ -229,39 +230,140 @@ NT_API nt_tensor *nt_rms_norm(nt_tensor *x, nt_tensor *w, double eps)
 
 /* ---------------- losses ---------------- */
 
-NT_API nt_tensor *nt_cross_entropy_at(const nt_site *site, nt_tensor *logits, nt_tensor *labels)
+/* The argument checks of the cross-entropies, in fn's name. */
+static bool xent_args(nt__call *c, const char *fn, nt_tensor *logits, nt_tensor *labels)
 {
-    nt__call c;
-    nt_tensor *in[2] = {logits, labels};
-    if (!nt__call_begin(&c, site, "nt_cross_entropy", NT_OP_CROSS_ENTROPY, 2, in,
-                        "logits,labels"))
-        return nt__call_fail(&c);
-    logits = c.in[0], labels = c.in[1];
-    if (!need_float(&c, logits, "logits") || !need_int(&c, labels, "labels"))
-        return nt__call_fail(&c);
+    if (!need_float(c, logits, "logits") || !need_int(c, labels, "labels"))
+        return false;
     char s1[128], s2[128];
     if (logits->ndim != 2 || logits->shape[0] < 1 || logits->shape[1] < 1) {
-        nt__err(site, NT_ESHAPE, "nt_cross_entropy",
+        nt__err(c->site, NT_ESHAPE, fn,
                 "argument 'logits' has shape %s; expected [N, C] with N, C >= 1",
                 nt__shape_str(logits->ndim, logits->shape, s1, sizeof s1));
-        return nt__call_fail(&c);
+        return false;
     }
     if (labels->ndim != 1 || labels->shape[0] != logits->shape[0]) {
-        nt__err(site, NT_ESHAPE, "nt_cross_entropy",
+        nt__err(c->site, NT_ESHAPE, fn,
                 "argument 'labels' has shape %s; expected [%lld] to match 'logits' %s",
                 nt__shape_str(labels->ndim, labels->shape, s1, sizeof s1),
                 (long long)logits->shape[0],
                 nt__shape_str(logits->ndim, logits->shape, s2, sizeof s2));
-        return nt__call_fail(&c);
+        return false;
     }
+    return true;
+}
+
+/* The CROSS_ENTROPY op, issued by fn (nt_cross_entropy, or the label check
+ * of nt_cross_entropy_ex, whose run-time errors then name it). */
+static nt_tensor *xent_op(const nt_site *site, const char *fn, nt_tensor *logits,
+                          nt_tensor *labels)
+{
+    nt__call c;
+    nt_tensor *in[2] = {logits, labels};
+    if (!nt__call_begin(&c, site, fn, NT_OP_CROSS_ENTROPY, 2, in, "logits,labels"))
+        return nt__call_fail(&c);
+    logits = c.in[0], labels = c.in[1];
+    if (!xent_args(&c, fn, logits, labels))
+        return nt__call_fail(&c);
     c.odt[0] = (nt_dtype)logits->dtype;
     c.ondim[0] = 0;
     c.flops = 6.0 * (double)nt__numel(2, logits->shape);
     return nt__dispatch(&c);
 }
+
+NT_API nt_tensor *nt_cross_entropy_at(const nt_site *site, nt_tensor *logits, nt_tensor *labels)
+{
+    return xent_op(site, "nt_cross_entropy", logits, labels);
+}
 NT_API nt_tensor *nt_cross_entropy(nt_tensor *logits, nt_tensor *labels)
 {
     return nt_cross_entropy_at(NT_RA_SITE, logits, labels);
+}
+
+/* A composite of existing ops (so every backend, fusion and autograd have
+ * it), in f32 and rounded once to the logits' dtype at the end:
+ *   valid = labels != ignore_index; y = valid ? labels : 0
+ *   nll = valid ? -log_softmax(logits)[i, y] : 0; n = sum(valid)
+ *   loss = sum(nll) / n                                  (eps == 0)
+ *   loss = loss * (1 - eps) + (sum(sm) / n) * (eps / C)  (eps > 0),
+ *     sm = valid ? -sum_c log_softmax(logits)[i, c] : 0
+ * log_softmax's d - log(s) is the bits of nt_cross_entropy's d_label - ls
+ * and the sums are the canonical ones over the rows in order, so with no
+ * row ignored and eps == 0 this is nt_cross_entropy's value bit for bit.
+ * Labels out of range that are not ignored: the CROSS_ENTROPY op run on
+ * y over zero logits checks them on the device, and y passes through a
+ * select on its result, so its error poisons the loss (no host sync). */
+NT_API nt_tensor *nt_cross_entropy_ex_at(const nt_site *site, nt_tensor *logits,
+                                         nt_tensor *labels, int64_t ignore_index,
+                                         double label_smoothing)
+{
+    const char *fn = "nt_cross_entropy_ex";
+    nt__call c;
+    memset(&c, 0, sizeof c);
+    c.site = site, c.fn = fn;
+    if (!nt__ensure_init() || !nt__check_arg(site, fn, "logits", logits) ||
+        !nt__check_arg(site, fn, "labels", labels) || !xent_args(&c, fn, logits, labels))
+        return NULL;
+    if (!(label_smoothing >= 0.0 && label_smoothing <= 1.0)) {
+        nt__err(site, NT_EINVAL, fn, "argument 'label_smoothing' is %g; expected a value in [0, 1]",
+                label_smoothing);
+        return NULL;
+    }
+    int64_t N = logits->shape[0], C = logits->shape[1];
+    nt_dtype ldt = (nt_dtype)labels->dtype, odt = (nt_dtype)logits->dtype;
+    int64_t lo = ldt == NT_U8 ? 0 : INT32_MIN, hi = ldt == NT_U8 ? 255 : INT32_MAX;
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *y = labels, *valid = NULL, *loss = NULL;
+    if (ignore_index >= lo && ignore_index <= hi) { /* else no label can equal it */
+        valid = nt__binary(site, fn, NT_OP_NE, labels, nt_full_at(site, ldt, 0, NULL, (double)ignore_index));
+        y = nt_where_at(site, valid, labels, nt_zeros_at(site, ldt, 0, NULL));
+    }
+    nt_tensor *z = nt_expand_at(site, nt_zeros_at(site, NT_F32, 2, (int64_t[]){1, 1}), 2,
+                                (int64_t[]){N, C});
+    nt_tensor *chk = xent_op(site, fn, z, y);
+    if (chk)
+        y = nt_where_at(site, nt__binary(site, fn, NT_OP_EQ, chk, chk), y, y);
+    nt_tensor *x = odt == NT_F32 ? logits : nt__copy_to(site, fn, logits, NT_F32);
+    nt_tensor *lp = nt_log_softmax_at(site, x, 1);
+    nt_tensor *zf = nt_zeros_at(site, NT_F32, 0, NULL);
+    nt_tensor *nll = nt__unary(site, fn, NT_OP_NEG,
+                               nt_reshape_at(site, nt_gather_at(site, lp, 1,
+                                                                nt_reshape_at(site, y, 2, (int64_t[]){N, 1})),
+                                             1, (int64_t[]){N}));
+    nt_tensor *n;
+    if (valid) {
+        nll = nt_where_at(site, valid, nll, zf);
+        n = nt__reduce(site, fn, NT_OP_SUM, nt__copy_to(site, fn, valid, NT_F32), -1, false);
+    } else {
+        n = nt_full_at(site, NT_F32, 0, NULL, (double)N);
+    }
+    loss = nt__binary(site, fn, NT_OP_DIV, nt__reduce(site, fn, NT_OP_SUM, nll, -1, false), n);
+    if (loss && label_smoothing > 0.0) {
+        nt_tensor *sm = nt__unary(site, fn, NT_OP_NEG, nt__reduce(site, fn, NT_OP_SUM, lp, 1, false));
+        if (valid)
+            sm = nt_where_at(site, valid, sm, zf);
+        nt_tensor *smean = nt__binary(site, fn, NT_OP_DIV, nt__reduce(site, fn, NT_OP_SUM, sm, -1, false), n);
+        loss = nt__binary(site, fn, NT_OP_ADD,
+                          nt__scalar(site, fn, NT_OP_MUL_SCALAR, loss, 1.0 - label_smoothing, 0),
+                          nt__scalar(site, fn, NT_OP_MUL_SCALAR, smean, label_smoothing / (double)C, 0));
+    }
+    if (loss && odt != NT_F32)
+        loss = nt__copy_to(site, fn, loss, odt);
+    if (loss) {
+        nt_keep(loss);
+    } else {
+        char m[1100];
+        int code = nt_last_error();
+        snprintf(m, sizeof m, "%s: %s", fn, nt_last_error_message());
+        nt__err_set(code ? code : NT_EINVAL, m);
+    }
+    nt_scope_end(sc);
+    return loss;
+}
+NT_API nt_tensor *nt_cross_entropy_ex(nt_tensor *logits, nt_tensor *labels, int64_t ignore_index,
+                                      double label_smoothing)
+{
+    return nt_cross_entropy_ex_at(NT_RA_SITE, logits, labels, ignore_index, label_smoothing);
 }
 
 NT_API nt_tensor *nt_mse_loss_at(const nt_site *site, nt_tensor *a, nt_tensor *b)
@@ -409,4 +511,99 @@ NT_API nt_tensor *nt_embedding_at(const nt_site *site, nt_tensor *weight, nt_ten
 NT_API nt_tensor *nt_embedding(nt_tensor *weight, nt_tensor *idx)
 {
     return nt_embedding_at(NT_RA_SITE, weight, idx);
+}
+
+/* ---------------- dropout and the training mode ---------------- */
+
+/* Per thread, like nt_no_grad_begin; a thread starts in training mode. */
+static _Thread_local bool tls_eval;
+
+NT_API void nt_set_training(bool on) { tls_eval = !on; }
+NT_API bool nt_is_training(void) { return !tls_eval; }
+
+/* The DROPOUT op, whatever the training mode (autograd's backward runs it on
+ * g with the forward's p and seed). */
+nt_tensor *nt__dropout(const nt_site *site, const char *fn, nt_tensor *x, double p, uint64_t seed)
+{
+    nt__call c;
+    if (!nt__call_begin(&c, site, fn, NT_OP_DROPOUT, 1, &x, "x"))
+        return nt__call_fail(&c);
+    x = c.in[0];
+    if (!need_float(&c, x, "x"))
+        return nt__call_fail(&c);
+    c.p.f[0] = p;
+    c.p.seed = seed;
+    c.odt[0] = (nt_dtype)x->dtype;
+    c.ondim[0] = x->ndim;
+    for (int i = 0; i < x->ndim; i++)
+        c.oshape[0][i] = x->shape[i];
+    c.flops = (double)nt__numel(x->ndim, x->shape);
+    return nt__dispatch(&c);
+}
+
+NT_API nt_tensor *nt_dropout_at(const nt_site *site, nt_tensor *x, double p, uint64_t seed)
+{
+    const char *fn = "nt_dropout";
+    if (!nt__ensure_init() || !nt__check_arg(site, fn, "x", x))
+        return NULL;
+    if (!nt__dtype_is_float((nt_dtype)x->dtype)) {
+        nt__err(site, NT_EDTYPE, fn, "argument 'x' has dtype %s; expected f32, bf16 or f16",
+                nt_dtype_name((nt_dtype)x->dtype));
+        return NULL;
+    }
+    if (!(p >= 0.0 && p < 1.0)) {
+        nt__err(site, NT_EINVAL, fn, "argument 'p' is %g; expected a probability in [0, 1)", p);
+        return NULL;
+    }
+    if (p == 0.0 || tls_eval) {
+        /* the identity: a new handle on x's value, in the graph like x */
+        nt__call c;
+        if (!nt__call_begin(&c, site, fn, NT_OP_ALIAS, 1, &x, "x"))
+            return nt__call_fail(&c);
+        return nt__dispatch_view(&c, nt__make_view(x, x->ndim, x->shape, x->stride, x->offset,
+                                                    site));
+    }
+    return nt__dropout(site, fn, x, p, seed);
+}
+NT_API nt_tensor *nt_dropout(nt_tensor *x, double p, uint64_t seed)
+{
+    return nt_dropout_at(NT_RA_SITE, x, p, seed);
+}
+
+/* ---------------- multinomial ---------------- */
+
+NT_API nt_tensor *nt_multinomial_at(const nt_site *site, nt_tensor *probs, int64_t n,
+                                    uint64_t seed)
+{
+    const char *fn = "nt_multinomial";
+    nt__call c;
+    if (!nt__call_begin(&c, site, fn, NT_OP_MULTINOMIAL, 1, &probs, "probs"))
+        return nt__call_fail(&c);
+    probs = c.in[0];
+    if (!need_float(&c, probs, "probs"))
+        return nt__call_fail(&c);
+    if ((probs->ndim != 1 && probs->ndim != 2) || probs->shape[probs->ndim - 1] < 1) {
+        char s1[128];
+        nt__err(site, NT_ESHAPE, fn, "argument 'probs' has shape %s; expected [C] or [N, C] "
+                "with C >= 1", nt__shape_str(probs->ndim, probs->shape, s1, sizeof s1));
+        return nt__call_fail(&c);
+    }
+    if (n < 1 || n > INT32_MAX) {
+        nt__err(site, NT_EINVAL, fn, "argument 'n' is %lld; expected 1 <= n <= %d", (long long)n,
+                INT32_MAX);
+        return nt__call_fail(&c);
+    }
+    c.p.i[0] = n;
+    c.p.seed = seed;
+    c.odt[0] = NT_I32;
+    c.ondim[0] = probs->ndim;
+    if (probs->ndim == 2)
+        c.oshape[0][0] = probs->shape[0];
+    c.oshape[0][probs->ndim - 1] = n;
+    c.flops = (double)nt__numel(probs->ndim, probs->shape) + (double)n;
+    return nt__dispatch(&c);
+}
+NT_API nt_tensor *nt_multinomial(nt_tensor *probs, int64_t n, uint64_t seed)
+{
+    return nt_multinomial_at(NT_RA_SITE, probs, n, seed);
 }

@@ -66,6 +66,11 @@ typedef struct nt__dispatch_hooks {
     int (*amp_on_call)(nt__call *c);    /* amp: autocast the inputs */
     nt_dtype (*amp_active)(void);       /* amp: the autocast dtype, or NT_DTYPE_COUNT */
     void (*custom_shutdown)(void);      /* autograd: drop the registered user ops */
+    /* amp: makes dt (NT_DTYPE_COUNT: no autocast) the thread's autocast
+     * state until the matching amp_leave (nt_checkpoint's recompute runs
+     * under the forward's state); 0 or an error */
+    int (*amp_enter)(nt_dtype dt);
+    void (*amp_leave)(void);
 } nt__dispatch_hooks;
 extern nt__dispatch_hooks nt__dhooks;
 
@@ -87,5 +92,8 @@ nt_tensor *nt__scalar(const nt_site *site, const char *fn, int op, nt_tensor *t,
 nt_tensor *nt__reduce(const nt_site *site, const char *fn, int op, nt_tensor *t, int dim,
                       bool keepdim);
 nt_tensor *nt__copy_to(const nt_site *site, const char *fn, nt_tensor *src, nt_dtype dt);
+/* The DROPOUT op on x (any training mode): nt_dropout's, and its backward's
+ * on g with the same p and seed. */
+nt_tensor *nt__dropout(const nt_site *site, const char *fn, nt_tensor *x, double p, uint64_t seed);
 
 #endif

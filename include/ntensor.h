@@ -406,8 +406,40 @@ NT_API nt_tensor *nt_rms_norm(nt_tensor *x, nt_tensor *w, double eps);
 /** Mean over the batch of -log_softmax(logits)[i, labels[i]].
  *  logits [N, C] floating, labels [N] i32 in [0, C) (checked when it runs). */
 NT_API nt_tensor *nt_cross_entropy(nt_tensor *logits, nt_tensor *labels);
+/** nt_cross_entropy with PyTorch's ignore_index (rows whose label equals it
+ *  add nothing and do not count in the mean; -100 is PyTorch's default; all
+ *  rows ignored gives NaN, as there) and label_smoothing in [0, 1]:
+ *  (1 - eps) * nll + eps / C * sum_c(-log_softmax(logits)[i, c]), each part
+ *  averaged over the rows not ignored.  Labels out of [0, C) that are not
+ *  ignore_index are an error when it runs.  A composite of ntensor ops
+ *  (docs/ops.md); nt_cross_entropy(l, y) == nt_cross_entropy_ex(l, y, -100,
+ *  0.0) bit for bit. */
+NT_API nt_tensor *nt_cross_entropy_ex(nt_tensor *logits, nt_tensor *labels,
+                                      int64_t ignore_index, double label_smoothing);
 /** mean((a - b)^2) over every element; a and b have the same shape. */
 NT_API nt_tensor *nt_mse_loss(nt_tensor *a, nt_tensor *b);
+/** Training mode, per thread like nt_no_grad_begin; a thread starts in it.
+ *  Only nt_dropout reads it (the identity when off, as PyTorch's eval()). */
+NT_API void nt_set_training(bool on);
+NT_API bool nt_is_training(void);
+/** Zeroes each element of floating x with probability p and scales the rest
+ *  by 1/(1-p): y = x * m, m = 0 or (float)(1 / (1 - p)) (PyTorch's input *
+ *  noise: a dropped NaN or Inf gives NaN).  The keep mask is a pure function
+ *  of (seed, element index) (counter-based, core/sample.h): the same seed
+ *  gives the same mask in every mode, fused or not, on every backend.  The
+ *  backward recomputes it from the seed (g * m); nothing is saved.  When
+ *  training mode is off or p == 0: a new reference to x's value (no op).
+ *  p in [0, 1), else NT_EINVAL naming nt_dropout and p. */
+NT_API nt_tensor *nt_dropout(nt_tensor *x, double p, uint64_t seed);
+/** n samples, with replacement, from each row of probs [C] or [N, C]
+ *  (floating, non-negative, not necessarily normalised): i32 [n] or [N, n].
+ *  Draw j of row r is a pure function of (seed, r * n + j) (counter-based,
+ *  like nt_rand): the first category whose running sum (double, in index
+ *  order) exceeds u * total, u uniform in [0, 1) (docs/ops.md); the same
+ *  result on every backend and mode; a zero-probability category is never
+ *  drawn.  A negative, NaN or Inf probability or a row that sums to 0 is an
+ *  error when it runs (NT_EINVAL naming nt_multinomial and probs); n >= 1. */
+NT_API nt_tensor *nt_multinomial(nt_tensor *probs, int64_t n, uint64_t seed);
 /** softmax(q k^T * scale + mask) v, flash-attention style (docs/ops.md §7a):
  *  q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv] -> [..., Tq, Dv] in q's
  *  dtype (q, k, v floating, one dtype, the same leading dims; 1 <= D, Dv <=
@@ -424,6 +456,15 @@ NT_API nt_tensor *nt_scaled_dot_product_attention(nt_tensor *q, nt_tensor *k, nt
 /** Rows of weight [V, D] picked by the i32 indices idx [...]: [..., D].
  *  Indices outside [0, V) are an error when the op runs. */
 NT_API nt_tensor *nt_embedding(nt_tensor *weight, nt_tensor *idx);
+/** The k largest (largest = true) or smallest elements of x along dim, in
+ *  order (ties: the lower index first; NaN counts as above every number, as
+ *  in PyTorch's sort).  *values has x's dtype and shape with dim of size k;
+ *  *indices is i32, the same shape.  values is differentiable (gathered
+ *  with the indices: its gradient goes back through nt_gather's).  0 <= k
+ *  <= the size of dim.  Returns 0, or an error code with both outputs set
+ *  to NULL. */
+NT_API int nt_topk(nt_tensor *x, int64_t k, int dim, bool largest, nt_tensor **values,
+                   nt_tensor **indices);
 /** torch.gather: out[i][j][k] = t[index[i][j][k]][j][k] (dim 0; likewise for
  *  other dims).  t has at least 1 dim; index (i32 or u8; PyTorch's is
  *  int64) has t's ndim and index.shape[d] <=
@@ -549,6 +590,37 @@ NT_API int nt_op_register(const nt_op_def *def);
 /** Runs registered op `op` on its def->nin inputs and records it for
  *  autograd like a built-in. */
 NT_API nt_tensor *nt_op_call(int op, nt_tensor *const *in);
+
+/** Gradient checkpointing (torch.utils.checkpoint): runs
+ *  fn(ctx, inputs, n_in, outputs, n_out) without keeping its intermediate
+ *  activations on the tape, and in nt_backward re-runs it (with grad on,
+ *  under the autocast state of the forward) to get them back.  Gradients
+ *  are bit-identical to calling fn directly, in every mode.
+ *  - fn builds outputs[0..n_out) from inputs[0..n_in) (and anything ctx
+ *    points to) with ntensor ops; each outputs[j] must be a new reference
+ *    (an op's result, or nt_retain of a tensor).  It returns 0 or an error
+ *    code.  fn must be deterministic: the same inputs give the same ops
+ *    (dropout inside: a fixed seed) and it must not write its inputs in
+ *    place.
+ *  - Tensors requiring grad that fn reads without being passed in inputs
+ *    (parameters reached through ctx) are found while it runs and get
+ *    their gradients too; ctx and what it points to must stay valid until
+ *    the backward that recomputes (or until the graph is freed).
+ *  - Saved for backward: the inputs (and references to those tensors).
+ *  - Outside a graph (no-grad region, nothing requires grad) it is a plain
+ *    call of fn.
+ *  n_in in 0..NT_CHECKPOINT_MAX_IN (inputs may be NULL when 0), n_out in
+ *  1..NT_CHECKPOINT_MAX_OUT.  Returns 0 with each outputs[j] a new
+ *  reference (adopted by the open scope, like an op's result), or an
+ *  error code with every outputs[j] set to NULL.  An error of fn while it
+ *  is recomputed is an error of nt_backward naming nt_checkpoint and its
+ *  call site.  docs/checkpointing.md has the details. */
+#define NT_CHECKPOINT_MAX_IN 1024
+#define NT_CHECKPOINT_MAX_OUT 2
+typedef int (*nt_checkpoint_fn)(void *ctx, nt_tensor *const *inputs, int n_in,
+                                nt_tensor **outputs, int n_out);
+NT_API int nt_checkpoint(nt_checkpoint_fn fn, void *ctx, nt_tensor *const *inputs, int n_in,
+                         nt_tensor **outputs, int n_out);
 
 /** Checks autograd against central finite differences: loss = sum(f(x) * w)
  *  for a fixed pseudo-random w; every element of every input's analytic
@@ -699,6 +771,14 @@ NT_API double nt_optim_get_lr(nt_optim *opt);
 /** Number of successful nt_optim_step calls (restored by nt_load), or a
  *  negative error code for a bad opt. */
 NT_API int64_t nt_optim_steps(nt_optim *opt);
+/** torch.nn.utils.clip_grad_norm_ (L2): total = the L2 norm of all the
+ *  params' .grads as one vector (the norm of their norms); each .grad is
+ *  multiplied in place by min(1, max_norm / (total + 1e-6)), on the device,
+ *  no host sync.  Returns total as a 0-dim f32 tensor (the caller releases
+ *  it), NULL on bad input (params NULL, n < 0, max_norm <= 0 or NaN, a
+ *  non-floating or repeated parameter).  Params without a .grad are
+ *  skipped; with none, total is 0. */
+NT_API nt_tensor *nt_clip_grad_norm(nt_tensor *const *params, int n, double max_norm);
 /** Master weights for bf16/f16 parameters: when on, the optimizer keeps an
  *  f32 copy of each such parameter, applies the update to the copy (with the
  *  gradient cast to f32 and f32 state) and writes the copy, rounded, into the

@@ -48,6 +48,8 @@ static void register_modules(void)
         .amp_on_call = nt__amp_on_call,
         .amp_active = nt__amp_active,
         .custom_shutdown = nt__custom_shutdown,
+        .amp_enter = nt__amp_enter,
+        .amp_leave = nt__amp_leave,
     };
     /* Every op with a CPU kernel has a simulator kernel (views have
      * neither): the CPU fallback is for what a backend refuses, not for an

@@ -91,6 +91,7 @@ static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_bool inited;
 static atomic_bool functional = true;
 static atomic_bool program_gemm = true; /* NT_SIM_PROGRAM_GEMM */
+static atomic_bool program_values = true; /* NT_SIM_PROGRAM_VALUES */
 static bool trace_ours; /* nt_sim_init opened the trace (NT_TRACE) */
 
 /* Dependency state of on-chip memory, per chunk.  An entry stamped by an
@@ -192,6 +193,7 @@ static int check_env(void)
         {"NT_SIM_TARGET", {"", "trn1", "trn2", "v2", "v3"}, "trn1 or trn2"},
         {"NT_SIM_FUNCTIONAL", {"", "0", "1", NULL, NULL}, "0 or 1"},
         {"NT_SIM_PROGRAM_GEMM", {"", "0", "1", NULL, NULL}, "0 or 1"},
+        {"NT_SIM_PROGRAM_VALUES", {"", "0", "1", NULL, NULL}, "0 or 1"},
         {"NT_SIM_DEFER", {"", "0", "1", NULL, NULL}, "0 or 1"},
         {"NT_SIM_THREADS", {"", NULL, NULL, NULL, NULL}, "a count >= 1 (more than 2 uses 2)"},
     };
@@ -229,6 +231,8 @@ int nt_sim_init(void)
             atomic_store(&functional, false);
         const char *pg = getenv("NT_SIM_PROGRAM_GEMM");
         atomic_store(&program_gemm, !(pg && pg[0] == '0'));
+        const char *pv = getenv("NT_SIM_PROGRAM_VALUES");
+        atomic_store(&program_values, !(pv && pv[0] == '0'));
         rc = ensure_memories();
         if (rc == 0) {
             const char *tr = getenv("NT_TRACE");
@@ -297,6 +301,14 @@ void nt_sim_set_functional(bool on)
 
 bool nt__sim_program_gemm(void) { return atomic_load(&program_gemm); }
 void nt__sim_set_program_gemm(bool on) { atomic_store(&program_gemm, on); }
+bool nt__sim_program_values(void) { return atomic_load(&program_values); }
+bool nt__sim_kernel_functional(const nt_sim_kernel *k) { return k->functional; }
+void nt__sim_kernel_set_functional(nt_sim_kernel *k, bool on) { k->functional = on; }
+double nt__sim_kernel_engine_free(const nt_sim_kernel *k, nt_engine e)
+{
+    return e >= 0 && e < NT_ENGINE_DMA ? k->eng_free[e] : 0.0;
+}
+void nt__sim_set_program_values(bool on) { atomic_store(&program_values, on); }
 
 bool nt_sim_get_functional(void)
 {

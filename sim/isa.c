@@ -688,7 +688,7 @@ static void act_apply_c(nt_act_func f, float *y, const float *x, int64_t n)
 /* ------------------------------------------------------------------------ */
 
 enum { FX_DMA, FX_TT, FX_TS, FX_ACT, FX_RED, FX_COPY, FX_MEMSET, FX_IOTA, FX_ASEL, FX_SEL,
-       FX_SCAN, FX_COPY_SR };
+       FX_SCAN, FX_COPY_SR, FX_STT };
 
 #define FX_MAXOP 5
 
@@ -900,6 +900,38 @@ static void lane_ts(const fx_rec *r, int i, float **s)
     }
     alu_vs(r->op[1], s[1], s[1], s1, r->rev[1], N);
     st(d, i, s[1], NULL);
+}
+
+/* scalar_tensor_tensor: t = x <op0> s0 (f32), then t <op1> b (b <op1> t if
+ * rev[1]), rounded once by the store; o[2] is b */
+static void lane_stt(const fx_rec *r, int i, float **s)
+{
+    const fx_opnd *d = &r->o[0];
+    int64_t N = d->n;
+    if (r->ints) {
+        int32_t *x = (int32_t *)s[0], *y = (int32_t *)s[1];
+        ld_i32(&r->o[1], i, x);
+        alui_vs(r->op[0], x, x, scalar_i(r, 0, i), r->rev[0], N);
+        ld_i32(&r->o[2], i, y);
+        if (r->rev[1])
+            alui_vv(r->op[1], x, y, x, N);
+        else
+            alui_vv(r->op[1], x, x, y, N);
+        st(d, i, NULL, x);
+        return;
+    }
+    float tmp[4];
+    const float *x = ld_f32(&r->o[1], i, s[0]);
+    alu_vs(r->op[0], s[2], x, scalar_f(r, 0, i, tmp), r->rev[0], N);
+    const float *y = ld_f32(&r->o[2], i, s[1]);
+    const float *a = r->rev[1] ? y : s[2], *b = r->rev[1] ? s[2] : y;
+    float *o = direct_f32(d, i, a, b);
+    if (o) {
+        alu_vv_c(r->op[1], o, a, b, N);
+        return;
+    }
+    alu_vv(r->op[1], s[2], a, b, N); /* element i reads a[i], b[i] before writing o[i] */
+    st(d, i, s[2], NULL);
 }
 
 static void lane_act(const fx_rec *r, int i, float **s)
@@ -1133,6 +1165,7 @@ static void lane_run(const fx_rec *r, int i, float **s)
     case FX_DMA: lane_dma(r, i, s); break;
     case FX_TT: lane_tt(r, i, s); break;
     case FX_TS: lane_ts(r, i, s); break;
+    case FX_STT: lane_stt(r, i, s); break;
     case FX_ACT: lane_act(r, i, s); break;
     case FX_RED: lane_red(r, i, s); break;
     case FX_COPY: lane_copy(r, i, s); break;
@@ -1314,6 +1347,7 @@ static bool rec_positionwise(const fx_rec *r)
     case FX_DMA:
     case FX_TT:
     case FX_TS:
+    case FX_STT:
     case FX_COPY:
     case FX_MEMSET:
     case FX_SEL: break;
@@ -2123,6 +2157,55 @@ int nt_isa_tensor_scalar(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
         r.rev[1] = op1->reverse;
         set_scalar(&r, 1, &op1->operand);
     }
+    fx_submit(k, &r, true);
+    return 0;
+}
+
+int nt_isa_scalar_tensor_tensor(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
+                                const nt_isa_alu *op0, nt_alu_op op1, const nt_ap *b,
+                                bool reverse1, nt_engine engine)
+{
+    static const char *I = "scalar_tensor_tensor";
+    PROLOGUE(k);
+    int e = pick_engine(k, I, engine, NT_ENGINE_VECTOR, ENG(VECTOR) | ENG(GPSIMD));
+    if (e < 0)
+        return k->err;
+    if (!op0)
+        return nt__sim_fail(k, I, "op0 is missing (rule: an ALU step with its operand)");
+    if ((unsigned)op0->op >= NT_ALU_COUNT || (unsigned)op1 >= NT_ALU_COUNT)
+        return nt__sim_fail(k, I, "bad ALU op (rule: one of nt_alu_op)");
+    TRY(check_dst_src(k, I, dst, src, e));
+    TRY(check_scalar(k, I, "operand0", &op0->operand, src, e));
+    TRY(check_ap(k, I, "b", b, M_SBUF | M_PSUM, e));
+    if (mem_of(src) == NT_MEM_PSUM && mem_of(b) == NT_MEM_PSUM)
+        return nt__sim_fail(k, I, "src and b are both in PSUM (rule: at most one input in PSUM)");
+    TRY(check_same(k, I, "dst", dst, "b", b));
+    int64_t N = nt__sim_free_count(dst);
+    /* tensor_tensor's cost: the scalar step rides in the same pass */
+    bool fast = mem_of(src) == NT_MEM_PSUM || mem_of(b) == NT_MEM_PSUM ||
+                (src->dtype == NT_BF16 && b->dtype == NT_BF16 && dst->dtype == NT_BF16 &&
+                 (op1 == NT_ALU_ADD || op1 == NT_ALU_SUB || op1 == NT_ALU_MUL));
+    nt__sim_instr in = {.name = I, .engine = e, .cycles = fast ? (double)N : 2.0 * N,
+                        .act_table = -1};
+    in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
+    in.acc[in.nacc++] = (nt__sim_acc){"src", src, false, false};
+    in.acc[in.nacc++] = (nt__sim_acc){"b", b, false, false};
+    if (op0->operand.ap)
+        in.acc[in.nacc++] = (nt__sim_acc){"operand0", op0->operand.ap, false, false};
+    nt__sim_issue(k, &in);
+    if (!k->functional)
+        return 0;
+    fx_rec r = {.kind = FX_STT, .np = dst->np};
+    r.ints = is_int(src->dtype) && is_int(b->dtype) && is_int(dst->dtype) &&
+             alu_int_ok(op0->op) && imm_int(op0) && alu_int_ok(op1);
+    add_opnd(&r, dst);
+    add_opnd(&r, src);
+    add_opnd(&r, b); /* o[2], before the scalar's operand */
+    r.op[0] = op0->op;
+    r.rev[0] = op0->reverse;
+    r.op[1] = op1;
+    r.rev[1] = reverse1;
+    set_scalar(&r, 0, &op0->operand);
     fx_submit(k, &r, true);
     return 0;
 }

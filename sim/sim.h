@@ -154,6 +154,19 @@ void nt__sim_fx_shutdown(void);
  * product once for the whole program (tp_matmul.c). */
 bool nt__sim_program_gemm(void);
 void nt__sim_set_program_gemm(bool on); /* for tests */
+/* NT_SIM_PROGRAM_VALUES (default on): the built-in elementwise, row and
+ * matmul programs (sim/kernels/ew.c, matmul.c) take their values from the
+ * reference kernels once per program and issue their instructions timed
+ * only (docs/sim.md, "values once per program"). */
+bool nt__sim_program_values(void);
+void nt__sim_set_program_values(bool on); /* for tests */
+/* Whether kernel k's instructions compute values; a kernel whose values come
+ * from elsewhere turns it off for its own instructions only. */
+bool nt__sim_kernel_functional(const nt_sim_kernel *k);
+void nt__sim_kernel_set_functional(nt_sim_kernel *k, bool on);
+/* When compute engine e of kernel k finishes what was issued to it so far
+ * (simulated ns): kernels balance work that may run on several engines. */
+double nt__sim_kernel_engine_free(const nt_sim_kernel *k, nt_engine e);
 /* Wall clock in ns (CLOCK_MONOTONIC). */
 double nt__sim_now_ns(void);
 

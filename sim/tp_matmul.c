@@ -15,6 +15,13 @@
  * (nc_transpose into a PSUM bank) and copied into the panel by VectorE, one
  * K-tile ahead of the matmuls that need it.
  *
+ * B given as B^T [N, K] (b_trans: x . w^T with w [N, K] row-major, the
+ * linear layer) is loaded as [128 n, 128 k] blocks (rows of w, one DMA per
+ * 128 n), transposed on TensorE into the same PSUM transpose bank and copied
+ * into the B ring slot by VectorE (GpSimd cannot read PSUM), so the
+ * weight never makes a round trip through HBM scratch.  The transposes and
+ * copies are exact, so the bits are those of a row-major B.
+ *
  * Loop nest (per M-block of BM tiles):
  *   for n-chunk (512):
  *     for k-tile (128, ascending):
@@ -66,7 +73,9 @@ typedef struct mm {
     int NO;            /* output ring slots */
     nt_tile *panel, *bring, *oring, *acc[NT_SIM_PSUM_BANKS];
     nt_tile *strip[2]; /* row-major A: [128 m, BM * STRIP_KT*128 k] x 2 */
-    nt_tile *tpsum;    /* row-major A: transpose slots, one bank */
+    nt_tile *tpsum;    /* row-major A or B^T: transpose slots, one bank */
+    nt_tile *bstage;   /* B^T: [128 n, 4 * 128 k] x 2, rows of B^T before their transpose */
+    int64_t bsnext;
     int tslots, tnext;
     int qb, qa, qc;
     int64_t bnext, onext;
@@ -93,6 +102,8 @@ static int64_t need_bytes(const mm *p, int BM, int NP)
                 (int64_t)NP * BM * TM * p->esz + align;
     if (!p->a->a_trans)
         b += 2 * (int64_t)BM * STRIP_KT * TK * p->esz;
+    if (p->a->b_trans)
+        b += 2 * (int64_t)TN * p->esz;
     return b;
 }
 
@@ -153,6 +164,37 @@ static int load_panel(mm *p, int64_t kt, int64_t m0, int mt)
     return 0;
 }
 
+/* Fills B ring slot bo with B[k0:k0+kw, n0:n0+nw]: DMA for a row-major B;
+ * for B^T, [128 n, kw] row blocks of B^T, each transposed on TensorE into
+ * the transpose bank and copied into the slot. */
+static int load_b(mm *p, int64_t k0, int64_t kw, int64_t n0, int64_t nw, int64_t bo)
+{
+    const nt_tile_matmul_args *a = p->a;
+    if (!a->b_trans) {
+        nt_ap bsrc = nt_hbm_ap(a->b, a->in_dtype, k0 * a->ldb + n0, kw, a->ldb, nw);
+        nt_ap bdst = sl(p->bring, (int)kw, bo, nw);
+        return nt_isa_dma_copy(p->k, &bdst, &bsrc, next_q(&p->qb, Q_B0, Q_BN));
+    }
+    int64_t stage = (p->bsnext++ % 2) * TN;
+    for (int64_t j0 = 0; j0 < nw; j0 += TM) {
+        int64_t jw = min64(TM, nw - j0);
+        nt_ap src = nt_hbm_ap(a->b, a->in_dtype, (n0 + j0) * a->ldb + k0, jw, a->ldb, kw);
+        nt_ap st = sl(p->bstage, (int)jw, stage + j0, kw);
+        int rc = nt_isa_dma_copy(p->k, &st, &src, next_q(&p->qb, Q_B0, Q_BN));
+        if (rc)
+            return rc;
+        int slot = p->tnext;
+        p->tnext = (p->tnext + 1) % p->tslots;
+        nt_ap tp = sl(p->tpsum, (int)kw, (int64_t)slot * TM, jw);
+        if ((rc = nt_isa_nc_transpose(p->k, &tp, &st)))
+            return rc;
+        nt_ap dst = sl(p->bring, (int)kw, bo + j0, jw);
+        if ((rc = nt_isa_tensor_copy(p->k, &dst, &tp, NT_ENGINE_VECTOR)))
+            return rc;
+    }
+    return 0;
+}
+
 /* ---------------- the program-level product ---------------- */
 
 /* Host buffer for it, kept between calls (kernels are serialised by the
@@ -194,7 +236,10 @@ static bool overlaps(const nt_tile_matmul_args *a)
         span(a->a, a->M, a->K, a->lda, esz, &lo, &hi);
     if (lo < chi && clo < hi)
         return true;
-    span(a->b, a->K, a->N, a->ldb, esz, &lo, &hi);
+    if (a->b_trans)
+        span(a->b, a->N, a->K, a->ldb, esz, &lo, &hi);
+    else
+        span(a->b, a->K, a->N, a->ldb, esz, &lo, &hi);
     return lo < chi && clo < hi;
 }
 
@@ -206,7 +251,7 @@ static int program_product(mm *p)
     const nt_tile_matmul_args *a = p->a;
     int64_t M = a->M, N = a->N, K = a->K;
     nt_dtype dt = a->in_dtype;
-    bool at_direct = a->a_trans && dt == NT_F32, b_direct = dt == NT_F32;
+    bool at_direct = a->a_trans && dt == NT_F32, b_direct = dt == NT_F32; /* B or B^T in place */
     /* a row-major f32 A goes in place too: nt__gemm_rowa packs from it */
     bool a_rows = !a->a_trans && dt == NT_F32;
     size_t n = (size_t)(M * N) + (at_direct || a_rows ? 0 : (size_t)(K * M)) +
@@ -227,15 +272,15 @@ static int program_product(mm *p)
         ldat = M;
         w += K * M;
     }
+    bool bcol = b_direct && a->b_trans;
     if (!b_direct) {
-        nt__mm_pack(w, N, a->b, dt, es, K, N, a->ldb, 1);
+        /* B [K, N] from row-major B, or from B^T [N, K] (b_trans) */
+        nt__mm_pack(w, N, a->b, dt, es, K, N, a->b_trans ? 1 : a->ldb, a->b_trans ? a->ldb : 1);
         b = w;
         ldb = N;
     }
-    if (a_rows)
-        nt__gemm_rowa((int)M, (int)N, (int)K, a->a, (int)a->lda, b, (int)ldb, c, (int)N);
-    else
-        nt__gemm((int)M, (int)N, (int)K, at, (int)ldat, b, (int)ldb, c, (int)N);
+    nt__gemm_ex((int)M, (int)N, (int)K, a_rows ? a->a : at, (int)(a_rows ? a->lda : ldat), a_rows,
+                b, (int)ldb, bcol, c, (int)N);
     p->k->gemm_ns += nt__sim_now_ns() - t0;
     p->c32 = c;
     return 0;
@@ -321,11 +366,9 @@ static int run(mm *p)
                         return rc;
                 }
                 int64_t bo = (p->bnext++ % NB) * TN;
-                nt_ap bsrc = nt_hbm_ap(a->b, a->in_dtype, k0 * a->ldb + n0, kw, a->ldb, nw);
-                nt_ap bdst = sl(p->bring, (int)kw, bo, nw);
-                rc = nt_isa_dma_copy(p->k, &bdst, &bsrc, next_q(&p->qb, Q_B0, Q_BN));
-                if (rc)
+                if ((rc = load_b(p, k0, kw, n0, nw, bo)))
                     return rc;
+                nt_ap bdst = sl(p->bring, (int)kw, bo, nw);
                 int64_t so = slot_off(p, kt);
                 for (int bm = 0; bm < mt; bm++) {
                     int64_t mw = min64(TM, a->M - (m0 + (int64_t)bm * TM));
@@ -389,7 +432,8 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
     if ((!a->c && !a->epilogue) || (a->K > 0 && (!a->a || !a->b)))
         return nt__sim_fail(k, I, "NULL matrix pointer");
     if ((!a->epilogue && a->ldc < a->N) ||
-        (a->K > 0 && (a->ldb < a->N || a->lda < (a->a_trans ? a->M : a->K))))
+        (a->K > 0 &&
+         (a->ldb < (a->b_trans ? a->K : a->N) || a->lda < (a->a_trans ? a->M : a->K))))
         return nt__sim_fail(k, I,
                             "row strides lda=%lld ldb=%lld ldc=%lld too small for M=%lld "
                             "N=%lld K=%lld",
@@ -407,13 +451,14 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
     p.nn = (a->N + TN - 1) / TN;
 
     /* PSUM: one bank per M-tile of a block, plus one for transposes */
-    int banks = nt__sim_free_banks(k) - (a->a_trans || a->K == 0 ? 0 : 1);
+    bool tbank = a->K > 0 && (!a->a_trans || a->b_trans); /* transposes on TensorE */
+    int banks = nt__sim_free_banks(k) - (tbank ? 1 : 0);
     int bm_max = (int)min64(banks, p.nm);
     if (bm_max > NT_SIM_PSUM_BANKS)
         bm_max = NT_SIM_PSUM_BANKS;
     if (bm_max < 1)
         return nt__sim_fail(k, I, "needs %d free PSUM banks, %d left in the kernel",
-                            a->a_trans ? 1 : 2, nt__sim_free_banks(k));
+                            tbank ? 2 : 1, nt__sim_free_banks(k));
 
     /* SBUF: the largest block whose whole A panel stays resident, else the
      * largest block that streams the panel through a few slots */
@@ -452,10 +497,13 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
                                 (int64_t)p.NP * p.BM * TM);
         for (int i = 0; i < p.BM; i++)
             p.acc[i] = nt_tile_alloc(k, "mm.acc", NT_MEM_PSUM, NT_F32, TM, TN);
-        if (!a->a_trans) {
+        if (!a->a_trans)
             for (int i = 0; i < 2; i++)
                 p.strip[i] = nt_tile_alloc(k, "mm.Astrip", NT_MEM_SBUF, a->in_dtype, TM,
                                            (int64_t)p.BM * STRIP_KT * TK);
+        if (a->b_trans)
+            p.bstage = nt_tile_alloc(k, "mm.Bt", NT_MEM_SBUF, a->in_dtype, TM, 2 * TN);
+        if (tbank) {
             p.tslots = (int)(NT_SIM_PSUM_BANK_BYTES / (TM * p.esz));
             p.tpsum = nt_tile_alloc(k, "mm.T", NT_MEM_PSUM, a->in_dtype, TK,
                                     (int64_t)p.tslots * TM);
@@ -472,7 +520,7 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
 
     /* give the space back to the kernel (dependencies keep later users of
      * these bytes behind this program's accesses) */
-    nt_tile *all[] = {p.oring, p.bring, p.panel, p.strip[0], p.strip[1], p.tpsum};
+    nt_tile *all[] = {p.oring, p.bring, p.panel, p.strip[0], p.strip[1], p.tpsum, p.bstage};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (all[i] && all[i]->live)
             nt_tile_release(k, all[i]);

@@ -953,6 +953,44 @@ static int run_gradcheck(int v)
     return -999;
 }
 
+/* nt_checkpoint's block: never runs in these cases (or fails by design). */
+static int ck_fn(void *ctx, nt_tensor *const *in, int n_in, nt_tensor **out, int n_out)
+{
+    (void)ctx, (void)n_in, (void)n_out;
+    out[0] = nt_mul(in[0], in[0]);
+    return out[0] ? 0 : nt_last_error();
+}
+
+static int ck_fail_fn(void *ctx, nt_tensor *const *in, int n_in, nt_tensor **out, int n_out)
+{
+    (void)ctx, (void)in, (void)n_in, (void)n_out;
+    out[0] = NULL;
+    return 5;
+}
+
+static int run_ckpt(int v)
+{
+    nt_tensor *out[3] = {NULL, NULL, NULL};
+    nt_tensor *in[2] = {F.a23, F.a23};
+    switch (v) {
+    case 0: return nt_checkpoint(NULL, NULL, in, 1, out, 1);
+    case 1: return nt_checkpoint(ck_fn, NULL, in, -1, out, 1);
+    case 2: return nt_checkpoint(ck_fn, NULL, in, NT_CHECKPOINT_MAX_IN + 1, out, 1);
+    case 3: return nt_checkpoint(ck_fn, NULL, in, 1, out, 0);
+    case 4: return nt_checkpoint(ck_fn, NULL, in, 1, out, NT_CHECKPOINT_MAX_OUT + 1);
+    case 5: return nt_checkpoint(ck_fn, NULL, in, 1, NULL, 1);
+    case 6: return nt_checkpoint(ck_fn, NULL, NULL, 1, out, 1);
+    case 7: in[1] = NULL; return nt_checkpoint(ck_fn, NULL, in, 2, out, 1);
+    case 8: in[0] = F.rel; return nt_checkpoint(ck_fn, NULL, in, 1, out, 1);
+    case 9: { /* a block that fails: its own error, the outputs NULL */
+        int rc = nt_checkpoint(ck_fail_fn, NULL, in, 1, out, 1);
+        return out[0] ? 1 : rc;
+    }
+    }
+    return -999;
+}
+
+
 /* ---- streams, events, stats, amp ---- */
 
 static int run_stream(int v)
@@ -1365,7 +1403,7 @@ static char sim_msg[400];
 static const char *const INSTR[] = {
     "dma_copy", "tensor_tensor", "tensor_scalar", "activation", "tensor_copy", "memset",
     "iota", "select", "tensor_copy_sr", "affine_select", "tensor_reduce", "tensor_tensor_scan",
-    "nc_matmul", "nc_transpose", "dma_gather", "gpsimd_custom",
+    "nc_matmul", "nc_transpose", "dma_gather", "gpsimd_custom", "scalar_tensor_tensor",
 };
 #define NINSTR ((int)(sizeof INSTR / sizeof INSTR[0]))
 enum { D_NULL, D_NUM0, D_HUGE, D_STEP, D_OFF, D_PARTS, D_DTYPE, D_P0NEG, D_NDIM, D_NUMPROD,
@@ -1444,6 +1482,10 @@ static int run_sim_bad(int v)
         rc = nt_isa_gpsimd_custom(k, "c", dp, srcs, 1, 1.0, gp_fn, NULL);
         break;
     }
+    case 16:
+        rc = nt_isa_scalar_tensor_tensor(k, dp, &sb, &alu, NT_ALU_ADD, &sa, false,
+                                         NT_ENGINE_DEFAULT);
+        break;
     }
     snprintf(sim_msg, sizeof sim_msg, "%s", nt_sim_kernel_message(k));
     int end = nt_sim_kernel_end(k, NULL);
@@ -1561,6 +1603,165 @@ static const char *const SIM_MISC_WANT[] = {
     "dma_copy", "gpsimd_custom", "nt_tile_matmul", "nt_tile_matmul", "dma_copy",
 };
 #define NSIMMISC ((int)(sizeof SIM_MISC_WANT / sizeof SIM_MISC_WANT[0]))
+
+/* ------------------------------------------------------------------ */
+/* Issue 13's training ops                                            */
+/* ------------------------------------------------------------------ */
+
+/* A run-time error: the op is accepted, the sync reports the error. */
+static int R(nt_tensor *t)
+{
+    if (!t)
+        return 1; /* refused at the call: not what the case expects */
+    size_t nb = (size_t)nt_numel(t) * nt_dtype_size(nt_dtype_of(t));
+    void *buf = malloc(nb ? nb : 1);
+    int rc = nt_to_host(t, buf, nb);
+    free(buf);
+    nt_release(t);
+    return rc;
+}
+
+/* nt_topk with either output pointer NULL or not; a given one must come
+ * back NULL on an error. */
+static int TK(nt_tensor *x, int64_t k, int dim, bool give_v, bool give_i)
+{
+    nt_tensor *v = F.a23, *i = F.a23; /* not NULL: the call must clear them */
+    int rc = nt_topk(x, k, dim, true, give_v ? &v : NULL, give_i ? &i : NULL);
+    if (rc == 0) {
+        nt_release(v), nt_release(i);
+        return 1;
+    }
+    if ((give_v && v) || (give_i && i))
+        return 2; /* an output left set */
+    return rc;
+}
+
+static const struct { const char *fn; int code; const char *want; const char *name; } TR[] = {
+    {"nt_cross_entropy_ex", NT_EINVAL, "'logits'", "logits NULL"},
+    {"nt_cross_entropy_ex", NT_EINVAL, "'labels'", "labels NULL"},
+    {"nt_cross_entropy_ex", NT_ERELEASED, "'logits'", "logits released"},
+    {"nt_cross_entropy_ex", NT_EDTYPE, "'labels'", "f32 labels"},
+    {"nt_cross_entropy_ex", NT_ESHAPE, "'labels'", "3 rows, 2 labels"},
+    {"nt_cross_entropy_ex", NT_EINVAL, "label_smoothing", "label_smoothing NaN"},
+    {"nt_cross_entropy_ex", NT_EINVAL, "label_smoothing", "label_smoothing -0.1"},
+    {"nt_cross_entropy_ex", NT_EINVAL, "label_smoothing", "label_smoothing 1.5"},
+    {"nt_cross_entropy_ex", NT_ERANGE, "labels[1] = 3 is out of range [0, 3)",
+     "a label out of range, not ignore_index (when it runs)"},
+    {"nt_dropout", NT_EINVAL, "'x'", "x NULL"},
+    {"nt_dropout", NT_ERELEASED, "'x'", "x released"},
+    {"nt_dropout", NT_EDTYPE, "'x' has dtype i32", "i32 x"},
+    {"nt_dropout", NT_EINVAL, "'p' is -0.1; expected a probability in [0, 1)", "p -0.1"},
+    {"nt_dropout", NT_EINVAL, "'p' is 1", "p 1"},
+    {"nt_dropout", NT_EINVAL, "'p' is nan", "p NaN"},
+    {"nt_clip_grad_norm", NT_EINVAL, "'params' is NULL", "params NULL"},
+    {"nt_clip_grad_norm", NT_EINVAL, "'n' is < 0", "n -1"},
+    {"nt_clip_grad_norm", NT_EINVAL, "'max_norm' is 0; expected a value > 0", "max_norm 0"},
+    {"nt_clip_grad_norm", NT_EINVAL, "'max_norm' is -1", "max_norm -1"},
+    {"nt_clip_grad_norm", NT_EINVAL, "'max_norm' is nan", "max_norm NaN"},
+    {"nt_clip_grad_norm", NT_EDTYPE, "'params[1]' is i32", "an i32 parameter"},
+    {"nt_clip_grad_norm", NT_ERELEASED, "params[0]", "a released parameter"},
+    {"nt_clip_grad_norm", NT_EINVAL, "params[1]", "a NULL parameter"},
+    {"nt_clip_grad_norm", NT_EINVAL, "same tensor at 0 and 1", "a repeated parameter"},
+    {"nt_topk", NT_EINVAL, "'x'", "x NULL"},
+    {"nt_topk", NT_ERELEASED, "'x'", "x released"},
+    {"nt_topk", NT_EINVAL, "'values' is NULL", "values NULL"},
+    {"nt_topk", NT_EINVAL, "'indices' is NULL", "indices NULL"},
+    {"nt_topk", NT_EINVAL, "'k' is 4; expected 0 <= k <= 3, the size of dim 1", "k > size"},
+    {"nt_topk", NT_EINVAL, "'k' is -1", "k -1"},
+    {"nt_topk", NT_EDIM, "dim 2 is out of range", "dim 2 of 2"},
+    {"nt_topk", NT_EDIM, "dim -3", "dim -3 of 2"},
+    {"nt_topk", NT_ESHAPE, "'x' is 0-d", "0-d x"},
+    {"nt_multinomial", NT_EINVAL, "'probs'", "probs NULL"},
+    {"nt_multinomial", NT_ERELEASED, "'probs'", "probs released"},
+    {"nt_multinomial", NT_EDTYPE, "'probs' has dtype i32", "i32 probs"},
+    {"nt_multinomial", NT_ESHAPE, "expected [C] or [N, C]", "0-d probs"},
+    {"nt_multinomial", NT_ESHAPE, "expected [C] or [N, C]", "3-d probs"},
+    {"nt_multinomial", NT_EINVAL, "'n' is 0; expected 1 <= n", "n 0"},
+    {"nt_multinomial", NT_EINVAL, "'n' is -3", "n -3"},
+    {"nt_multinomial", NT_EINVAL, "probs[1, 2] = -0.5; expected finite probabilities >= 0",
+     "a negative probability (when it runs)"},
+    {"nt_multinomial", NT_EINVAL, "probs[0, 1] = nan", "a NaN probability (when it runs)"},
+    {"nt_multinomial", NT_EINVAL, "probs[2] = inf", "an Inf probability (when it runs)"},
+    {"nt_multinomial", NT_EINVAL, "row 1 of probs sums to 0", "a zero row (when it runs)"},
+};
+#define NTR ((int)(sizeof TR / sizeof TR[0]))
+
+static int run_trainops(int v)
+{
+    switch (v) {
+    case 0: return T(nt_cross_entropy_ex(NULL, F.lab2, -100, 0.0));
+    case 1: return T(nt_cross_entropy_ex(F.a23, NULL, -100, 0.0));
+    case 2: return T(nt_cross_entropy_ex(F.rel, F.lab2, -100, 0.0));
+    case 3: return T(nt_cross_entropy_ex(F.a23, F.v4, -100, 0.0));
+    case 4: return T(nt_cross_entropy_ex(F.a32, F.lab2, -100, 0.0));
+    case 5: return T(nt_cross_entropy_ex(F.a23, F.lab2, -100, NAN));
+    case 6: return T(nt_cross_entropy_ex(F.a23, F.lab2, -100, -0.1));
+    case 7: return T(nt_cross_entropy_ex(F.a23, F.lab2, -100, 1.5));
+    case 8: {
+        nt_tensor *lab = nt_from_host((int32_t[]){-100, 3}, NT_I32, 1, SH(2));
+        int rc = R(nt_cross_entropy_ex(F.a23, lab, -100, 0.1));
+        nt_release(lab);
+        return rc;
+    }
+    case 9: return T(nt_dropout(NULL, 0.5, 1));
+    case 10: return T(nt_dropout(F.rel, 0.5, 1));
+    case 11: return T(nt_dropout(F.i23, 0.5, 1));
+    case 12: return T(nt_dropout(F.a23, -0.1, 1));
+    case 13: return T(nt_dropout(F.a23, 1.0, 1));
+    case 14: return T(nt_dropout(F.a23, NAN, 1));
+    case 15: return T(nt_clip_grad_norm(NULL, 1, 1.0));
+    case 16: return T(nt_clip_grad_norm(&F.pw, -1, 1.0));
+    case 17: return T(nt_clip_grad_norm(&F.pw, 1, 0.0));
+    case 18: return T(nt_clip_grad_norm(&F.pw, 1, -1.0));
+    case 19: return T(nt_clip_grad_norm(&F.pw, 1, NAN));
+    case 20: return T(nt_clip_grad_norm((nt_tensor *[]){F.pw, F.i23}, 2, 1.0));
+    case 21: return T(nt_clip_grad_norm((nt_tensor *[]){F.rel, F.pw}, 2, 1.0));
+    case 22: return T(nt_clip_grad_norm((nt_tensor *[]){F.pw, NULL}, 2, 1.0));
+    case 23: return T(nt_clip_grad_norm((nt_tensor *[]){F.pw, F.pw}, 2, 1.0));
+    case 24: return TK(NULL, 1, 0, true, true);
+    case 25: return TK(F.rel, 1, 0, true, true);
+    case 26: return TK(F.a23, 1, 1, false, true);
+    case 27: return TK(F.a23, 1, 1, true, false);
+    case 28: return TK(F.a23, 4, 1, true, true);
+    case 29: return TK(F.a23, -1, 1, true, true);
+    case 30: return TK(F.a23, 1, 2, true, true);
+    case 31: return TK(F.a23, 1, -3, true, true);
+    case 32: return TK(F.s0, 1, 0, true, true);
+    case 33: return T(nt_multinomial(NULL, 1, 1));
+    case 34: return T(nt_multinomial(F.rel, 1, 1));
+    case 35: return T(nt_multinomial(F.i23, 1, 1));
+    case 36: return T(nt_multinomial(F.s0, 1, 1));
+    case 37: {
+        nt_tensor *t3 = nt_ones(NT_F32, 3, SH(2, 2, 2));
+        int rc = T(nt_multinomial(t3, 1, 1));
+        nt_release(t3);
+        return rc;
+    }
+    case 38: return T(nt_multinomial(F.a23, 0, 1));
+    case 39: return T(nt_multinomial(F.a23, -3, 1));
+    case 40:
+    case 41:
+    case 42:
+    case 43: {
+        /* rows [2, 3] (or [3] for the Inf case); the bad value or the zero row */
+        float h[6] = {0.5f, 1, 2, 3, 0, 1};
+        if (v == 40)
+            h[5] = -0.5f;
+        if (v == 41)
+            h[1] = NAN;
+        if (v == 42)
+            h[2] = INFINITY;
+        if (v == 43)
+            h[3] = h[4] = h[5] = 0;
+        nt_tensor *pr = v == 42 ? nt_from_host(h, NT_F32, 1, SH(3))
+                                : nt_from_host(h, NT_F32, 2, SH(2, 3));
+        int rc = R(nt_multinomial(pr, 4, 9));
+        nt_release(pr);
+        return rc;
+    }
+    }
+    return 1;
+}
 
 /* ------------------------------------------------------------------ */
 /* The table                                                          */
@@ -1937,6 +2138,17 @@ static void build(void)
     for (int k = 0; k < 10; k++)
         add("nt_gradcheck", k == 6 ? NT_ERELEASED : NT_EINVAL, NULL, run_gradcheck, k,
             "nt_gradcheck: %s", GC[k]);
+    static const struct { int code; const char *want, *name; } CK[] = {
+        {NT_EINVAL, "'fn'", "fn NULL"},           {NT_EINVAL, "'n_in'", "n_in -1"},
+        {NT_EINVAL, "'n_in'", "n_in too big"},    {NT_EINVAL, "'n_out'", "n_out 0"},
+        {NT_EINVAL, "'n_out'", "n_out too big"},  {NT_EINVAL, "'outputs'", "outputs NULL"},
+        {NT_EINVAL, "'inputs'", "inputs NULL"},   {NT_EINVAL, "'inputs[1]'", "inputs[1] NULL"},
+        {NT_ERELEASED, "'inputs[0]'", "inputs[0] released"},
+        {NT_EINVAL, "returned 5", "the block fails without an error"},
+    };
+    for (int k = 0; k < (int)(sizeof CK / sizeof CK[0]); k++)
+        add("nt_checkpoint", CK[k].code, CK[k].want, run_ckpt, k, "nt_checkpoint: %s",
+            CK[k].name);
     static const struct { const char *fn; int code; const char *name; } ST[] = {
         {"nt_stream_destroy", NT_EINVAL, "NULL"},      {"nt_stream_destroy", NT_EINVAL, "default"},
         {"nt_stream_synchronize", NT_EINVAL, "NULL"},  {"nt_event_record", NT_EINVAL, "e NULL"},
@@ -2087,6 +2299,8 @@ static void build(void)
         add(*SIM_MISC_WANT[k] ? SIM_MISC_WANT[k] : "nt_sim_kernel_last",
             MISC_CODE[k] == NT_ESTATE ? NT_ESTATE : KERNEL, NULL, run_sim_misc, k,
             "simulator: %s", MISC_NAME[k]);
+    for (int k = 0; k < NTR; k++)
+        add(TR[k].fn, TR[k].code, TR[k].want, run_trainops, k, "%s: %s", TR[k].fn, TR[k].name);
 }
 
 
@@ -2174,7 +2388,7 @@ static void test_bad_environment(void **state)
         {"NT_SIM_TARGET", "trn3"},        {"NT_SIM_FUNCTIONAL", "yes"},
         {"NT_SIM_THREADS", "0"},          {"NT_SIM_THREADS", "-2"},
         {"NT_SIM_DEFER", "01"},
-        {"NT_SIM_PROGRAM_GEMM", "-1"},
+        {"NT_SIM_PROGRAM_GEMM", "-1"},   {"NT_SIM_PROGRAM_VALUES", "on"},
     };
     for (size_t i = 0; i < sizeof E / sizeof E[0]; i++) {
         nt_clear_error();

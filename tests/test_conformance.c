@@ -353,6 +353,15 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
         case NT_OP_ARGMIN: return nt_argmin(in[0], 1, true);
         case NT_OP_ANY: return nt_any(in[0], 0, false);
         case NT_OP_NORM: return nt_norm(in[0], 2.0, 1, false);
+        case NT_OP_TOPK: {
+            nt_tensor *v, *ix;
+            return nt_topk(in[0], 7, 1, true, &v, &ix) ? NULL : ix;
+        }
+        case NT_OP_MULTINOMIAL: /* exp(-|x|): in [0, 1], zero where x is +-Inf */
+            return nt_multinomial(nt__dtype_is_float(nt_dtype_of(in[0]))
+                                      ? nt_exp(nt_neg(nt_abs(in[0])))
+                                      : in[0],
+                                  40, 3);
         default: return NO_DRIVER;
         }
     case NT_KIND_ROW:
@@ -361,6 +370,7 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
         case NT_OP_LOG_SOFTMAX: return nt_log_softmax(in[0], 1);
         case NT_OP_LAYER_NORM: return nt_layer_norm(in[0], in[1], in[2], 1e-5);
         case NT_OP_RMS_NORM: return nt_rms_norm(in[0], in[1], 1e-5);
+        case NT_OP_DROPOUT: return nt_dropout(in[0], 0.3, 7);
         default: return NO_DRIVER;
         }
     case NT_KIND_LOSS:
@@ -633,6 +643,7 @@ static void check_amp(int op)
     nt_dtype in_dt = I->amp == NT__AMP_LOW ? NT_F32 : NT_BF16;
     nt_dtype want = I->amp == NT__AMP_F32 ? NT_F32 : NT_BF16;
     if (I->kind == NT_KIND_CMP || op == NT_OP_ARGMAX || op == NT_OP_ARGMIN || op == NT_OP_ANY ||
+        op == NT_OP_TOPK || op == NT_OP_MULTINOMIAL ||
         (I->flags & NT_OPF_INTONLY)) {
         cell(op, K_AMP, "n/a: integer result");
         return;
@@ -771,6 +782,18 @@ static double r_pow(double x, double e, double s1)
     return pow(x, e);
 }
 static int32_t r_not(int32_t x) { return (int32_t)~(uint32_t)x; }
+/* PyTorch's gelu(approximate='tanh') formula in double, 0.5 x (1 + tanh(u));
+ * below u = -1 the same value as x e^2u / (1 + e^2u), since 1 + tanh(u)
+ * cancels there even in double (to 0 below about x = -4.7) */
+static double r_gelu_tanh(double x, double s0, double s1)
+{
+    (void)s0, (void)s1;
+    double u = sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x);
+    if (u >= -1.0 || isnan(u))
+        return 0.5 * x * (1.0 + tanh(u));
+    double e = exp(2.0 * u);
+    return x * e / (1.0 + e);
+}
 
 static const ref refs[] = {
     {NT_OP_SOFTPLUS, r_softplus, NULL, 0, 0, 3},
@@ -782,6 +805,7 @@ static const ref refs[] = {
     {NT_OP_BITWISE_NOT, NULL, r_not, 0, 0, 0},
     {NT_OP_POW, r_pow, NULL, 1.5, 0, 1}, /* b: a 0-d tensor of s0, broadcast */
     {NT_OP_POW, r_pow, NULL, -2.25, 0, 1},
+    {NT_OP_GELU_TANH, r_gelu_tanh, NULL, 0, 0, 400},
 };
 
 /* |a - ref| in units of the f32 spacing at ref; 0 when a is the f32

@@ -100,6 +100,177 @@ static bool bcast_ok(const vinfo *x, const vinfo *y)
 
 static const int float_dts[3] = {NT_F32, NT_BF16, NT_F16};
 
+/* ---------------- more ops for the programs: one line each ----------------
+ *
+ * The ops added since the kinds above were written (the transformer era),
+ * as a table: a program step of kind P_NKINDS + i runs xops[i].  A new op
+ * is one line here -- a plain unary op by name (`un`), anything else
+ * through a small x_<name> adaptor (`fn`) -- and its shape class says which
+ * operands the generator may give it and what it returns. */
+typedef enum {
+    XS_SAME,   /* floating a of any shape -> a's shape and dtype */
+    XS_SAME1,  /* the same, a at least 1-D */
+    XS_2D,     /* the same, a 2-D */
+    XS_REDUCE, /* floating a, reduced over s->dim (NT_DIM_ALL too) as nt_sum is */
+    XS_BINARY, /* floating a and b broadcast together, promoted as nt_add */
+} xshape;
+
+typedef struct {
+    const char *name;
+    xshape shape;
+    nt_tensor *(*un)(nt_tensor *a);                              /* a unary op, or */
+    nt_tensor *(*fn)(nt_tensor *a, nt_tensor *b, const step *s); /* an adaptor */
+} xop;
+
+/* u8 [R, C] where a < s0: masks that depend on the values. */
+static nt_tensor *x_masked_fill(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b;
+    nt_tensor *z = nt_full(NT_F32, 0, NULL, s->s0);
+    nt_tensor *m = nt_lt(a, z);
+    nt_tensor *y = nt_masked_fill(a, m, s->s1);
+    nt_release(z);
+    nt_release(m);
+    return y;
+}
+
+static nt_tensor *x_gather(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b, (void)s;
+    int64_t r = nt_shape(a, 0), c = nt_shape(a, 1);
+    int32_t *buf = malloc(sizeof *buf * (size_t)(r * c));
+    for (int64_t i = 0; i < r; i++)
+        for (int64_t j = 0; j < c; j++)
+            buf[i * c + j] = (int32_t)((i * 7 + j * 3 + 1) % c);
+    nt_tensor *idx = nt_from_host(buf, NT_I32, 2, (int64_t[]){r, c});
+    free(buf);
+    nt_tensor *y = nt_gather(a, 1, idx);
+    nt_release(idx);
+    return y;
+}
+
+static nt_tensor *x_index_select(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b, (void)s;
+    int64_t r = nt_shape(a, 0);
+    int32_t *buf = malloc(sizeof *buf * (size_t)r);
+    for (int64_t i = 0; i < r; i++)
+        buf[i] = (int32_t)((i * 5 + 1) % r);
+    nt_tensor *idx = nt_from_host(buf, NT_I32, 1, (int64_t[]){r});
+    free(buf);
+    nt_tensor *y = nt_index_select(a, 0, idx);
+    nt_release(idx);
+    return y;
+}
+
+static nt_tensor *x_tril(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b;
+    return nt_tril(a, (int64_t)lround(s->s0 * 2));
+}
+static nt_tensor *x_triu(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b;
+    return nt_triu(a, (int64_t)lround(s->s0 * 2));
+}
+static nt_tensor *x_norm(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b;
+    static const double ords[4] = {2, 1, INFINITY, 3};
+    return nt_norm(a, ords[(s->dt + (int)(s->s1 * 4)) & 3], s->dim, s->keep);
+}
+static nt_tensor *x_min(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b;
+    return nt_min(a, s->dim, s->keep);
+}
+static nt_tensor *x_leaky_relu(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b;
+    return nt_leaky_relu(a, s->s0);
+}
+static nt_tensor *x_hardtanh(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b;
+    return nt_hardtanh(a, s->s0, s->s1);
+}
+static nt_tensor *x_pow(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)s;
+    return nt_pow(a, b);
+}
+static nt_tensor *x_dropout(nt_tensor *a, nt_tensor *b, const step *s)
+{
+    (void)b, (void)s;
+    return nt_dropout(a, 0.25, 7);
+}
+
+static const xop xops[] = {
+    {"softplus", XS_SAME, nt_softplus, NULL},
+    {"mish", XS_SAME, nt_mish, NULL},
+    {"softsign", XS_SAME, nt_softsign, NULL},
+    {"reciprocal", XS_SAME, nt_reciprocal, NULL},
+    {"leaky_relu", XS_SAME, NULL, x_leaky_relu},
+    {"hardtanh", XS_SAME, NULL, x_hardtanh},
+    {"tril", XS_2D, NULL, x_tril},
+    {"triu", XS_2D, NULL, x_triu},
+    {"masked_fill", XS_2D, NULL, x_masked_fill},
+    {"gather", XS_2D, NULL, x_gather},
+    {"index_select", XS_SAME1, NULL, x_index_select},
+    {"norm", XS_REDUCE, NULL, x_norm},
+    {"min", XS_REDUCE, NULL, x_min},
+    {"pow", XS_BINARY, NULL, x_pow},
+    {"gelu_tanh", XS_SAME, nt_gelu_tanh, NULL},
+    {"dropout", XS_SAME, NULL, x_dropout},
+};
+#define NXOPS ((int)(sizeof xops / sizeof xops[0]))
+static int xop_runs[NXOPS]; /* steps each ran, for the summary */
+
+/* The output of xop x on A, B (or false: it does not apply to them). */
+static bool xop_out(const xop *x, step *s, const vinfo *A, const vinfo *B, vinfo *out, rng *r)
+{
+    bool af = A->dt != NT_U8;
+    *out = *A;
+    if (!af)
+        return false;
+    switch (x->shape) {
+    case XS_SAME:
+        return true;
+    case XS_SAME1:
+        return A->ndim >= 1;
+    case XS_2D:
+        return A->ndim == 2;
+    case XS_REDUCE:
+        if (A->ndim == 0)
+            return false;
+        s->dim = rint_(r, 3) == 0 ? NT_DIM_ALL : rint_(r, A->ndim);
+        if (s->dim == NT_DIM_ALL) {
+            out->ndim = s->keep ? A->ndim : 0;
+            out->sh[0] = out->sh[1] = 1;
+        } else if (s->keep) {
+            out->sh[s->dim] = 1;
+        } else {
+            out->ndim = A->ndim - 1;
+            if (s->dim == 0)
+                out->sh[0] = A->sh[1];
+        }
+        return true;
+    case XS_BINARY:
+        if (!bcast_ok(A, B) || B->dt == NT_U8)
+            return false;
+        if (B->ndim > out->ndim || (B->ndim == out->ndim && B->sh[0] > out->sh[0]))
+            *out = *B;
+        for (int i = 0; i < out->ndim; i++) {
+            int ia = A->ndim - out->ndim + i, ib = B->ndim - out->ndim + i;
+            int64_t da = ia >= 0 ? A->sh[ia] : 1, db = ib >= 0 ? B->sh[ib] : 1;
+            out->sh[i] = da > db ? da : db;
+        }
+        out->dt = A->dt == B->dt ? A->dt : NT_F32;
+        return true;
+    }
+    return false;
+}
+
 static void gen(program *p, uint64_t seed)
 {
     rng r = {seed * 0x2545f4914f6cdd1dull + 1};
@@ -127,7 +298,7 @@ static void gen(program *p, uint64_t seed)
         p->sync_at[k] = -1;
         for (int tries = 0; tries < 50; tries++) {
             memset(s, 0, sizeof *s);
-            s->kind = rint_(&r, P_NKINDS);
+            s->kind = rint_(&r, P_NKINDS + NXOPS);
             /* prefer recent values: long chains fuse */
             s->a = nv - 1 - rint_(&r, nv < 6 ? nv : 6);
             if (rint_(&r, 4) == 0)
@@ -141,6 +312,12 @@ static void gen(program *p, uint64_t seed)
             vinfo *A = &v[s->a], *B = &v[s->b];
             bool af = A->dt != NT_U8;
             vinfo out = *A;
+            if (s->kind >= P_NKINDS) {
+                if (!xop_out(&xops[s->kind - P_NKINDS], s, A, B, &out, &r))
+                    continue;
+                v[nv++] = out;
+                goto next;
+            }
             switch (s->kind) {
             case P_ADD: case P_SUB: case P_MUL: case P_DIV: case P_MAXIMUM: case P_MINIMUM:
                 if (!bcast_ok(A, B) || !af || B->dt == NT_U8)
@@ -320,6 +497,11 @@ static void run(const program *p, GByteArray *out, bool syncs, uint64_t sync_see
     for (int k = 0; k < p->nsteps; k++) {
         const step *s = &p->st[k];
         nt_tensor *A = v[s->a], *B = v[s->b], *Cc = v[s->c], *y = NULL;
+        if (s->kind >= P_NKINDS) {
+            const xop *x = &xops[s->kind - P_NKINDS];
+            y = x->un ? x->un(A) : x->fn(A, B, s);
+            xop_runs[s->kind - P_NKINDS]++;
+        }
         switch (s->kind) {
         case P_ADD: y = nt_add(A, B); break;
         case P_SUB: y = nt_sub(A, B); break;
@@ -454,8 +636,9 @@ static void dump(const program *p)
                   p->in_dt[3]);
     for (int k = 0; k < p->nsteps; k++) {
         const step *s = &p->st[k];
-        print_message("#   v%d = kind %d (v%d, v%d, v%d) s0=%g s1=%g dim=%d keep=%d dt=%d%s\n",
-                      p->nin + k, s->kind, s->a, s->b, s->c, s->s0, s->s1, s->dim, s->keep, s->dt,
+        print_message("#   v%d = kind %d%s%s (v%d, v%d, v%d) s0=%g s1=%g dim=%d keep=%d dt=%d%s\n",
+                      p->nin + k, s->kind, s->kind >= P_NKINDS ? " " : "",
+                      s->kind >= P_NKINDS ? xops[s->kind - P_NKINDS].name : "", s->a, s->b, s->c, s->s0, s->s1, s->dim, s->keep, s->dt,
                       p->keep[p->nin + k] ? " [kept]" : "");
     }
 }
@@ -529,6 +712,11 @@ static void differential(bool syncs, int count, const char *backend)
                   (unsigned long long)st.kernel_cache_misses);
     if (!one) /* the programs must actually exercise fusion */
         assert_true(st.fusion_groups > 0 && st.fused_values_elided > 0);
+    for (int x = 0; x < NXOPS; x++) {
+        if (!one && count >= 100 && !xop_runs[x])
+            fail_msg("no program ran %s", xops[x].name);
+        xop_runs[x] = 0;
+    }
 }
 
 static void test_differential(void **state)
@@ -550,6 +738,226 @@ static void test_print_invariance(void **state)
     (void)state;
     differential(true, nprograms(600), "cpu");
     differential(true, nprograms(150), "sim");
+}
+
+/* ---------------- a transformer block, every mode, printing or not ----------------
+ *
+ * A small character model (token embedding + positions by index_select,
+ * one pre-LN block with causal attention over 2 heads, a final norm and a
+ * head, cross-entropy) trained 3 SGD steps: the losses and parameters must
+ * have the bits of the CPU backend in deterministic mode in every config
+ * above, on both backends, and again when every step prints the loss and
+ * reads the attention weights back half-way through the forward pass.  The
+ * cases table varies the parts; issue 13's ops are one line each there. */
+enum { TB_V = 11, TB_B = 2, TB_T = 8, TB_C = 16, TB_H = 2, TB_NP = 15 };
+
+typedef struct tb_case {
+    const char *name;
+    /* attention of q, k, v [B, H, T, D] under the causal u8 mask [T, T]
+     * (1 = masked); NULL: matmul, masked_fill, softmax, matmul */
+    nt_tensor *(*attn)(nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_tensor *mask);
+    nt_tensor *(*act)(nt_tensor *h);                       /* NULL: nt_gelu */
+    nt_tensor *(*loss)(nt_tensor *logits, nt_tensor *y);   /* NULL: nt_cross_entropy */
+    nt_tensor *(*drop)(nt_tensor *h, uint64_t seed);       /* NULL: none */
+    bool checkpoint; /* the block under nt_checkpoint */
+    bool amp;        /* under bf16 autocast */
+} tb_case;
+
+static nt_tensor *tb_attn_additive(nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_tensor *mask)
+{
+    /* the additive form: where(mask, -1e9, 0) added to the scores */
+    nt_tensor *s = nt_mul_scalar(nt_matmul(q, nt_transpose(k, 2, 3)), 1.0 / sqrt(TB_C / TB_H));
+    nt_tensor *zero = nt_zeros(NT_F32, 2, (int64_t[]){TB_T, TB_T});
+    nt_tensor *add = nt_masked_fill(zero, mask, -1e9);
+    nt_tensor *a = nt_matmul(nt_softmax(nt_add(s, add), -1), v);
+    nt_release(zero);
+    return a;
+}
+
+static nt_tensor *tb_dropout(nt_tensor *h, uint64_t seed) { return nt_dropout(h, 0.25, seed); }
+static nt_tensor *tb_ce_ex(nt_tensor *logits, nt_tensor *y)
+{
+    return nt_cross_entropy_ex(logits, y, 3, 0.1); /* label 3 ignored, smoothing 0.1 */
+}
+
+static const tb_case tb_cases[] = {
+    {"masked_fill attention, gelu", NULL, NULL, NULL, NULL, false, false},
+    {"additive mask, mish", tb_attn_additive, nt_mish, NULL, NULL, false, false},
+    {"checkpointed block", NULL, NULL, NULL, NULL, true, false},
+    {"bf16 autocast", NULL, NULL, NULL, NULL, false, true},
+    {"checkpointed block, bf16 autocast", NULL, NULL, NULL, NULL, true, true},
+    {"gelu_tanh", NULL, nt_gelu_tanh, NULL, NULL, false, false},
+    {"dropout", NULL, NULL, NULL, tb_dropout, false, false},
+    {"dropout, checkpointed block", NULL, NULL, NULL, tb_dropout, true, false},
+    {"cross_entropy_ex", NULL, NULL, tb_ce_ex, NULL, false, false},
+    /* sdpa, once merged: {"sdpa", tb_sdpa, NULL, NULL, NULL, false, false}, with
+     *   tb_sdpa: nt_scaled_dot_product_attention(q, k, v, NULL, true, 0) */
+};
+
+typedef struct tb_model {
+    const tb_case *c;
+    nt_tensor *p[TB_NP]; /* wte, wpe, ln1 w b, wq, wk, wv, wo, ln2 w b, w1, w2, lnf w b, head */
+    nt_tensor *idx, *pos, *y, *mask;
+    bool print;          /* read the attention weights back mid-step */
+    uint64_t step;
+} tb_model;
+
+static nt_tensor *tb_heads(nt_tensor *x)
+{
+    int64_t sh[4] = {TB_B, TB_T, TB_H, TB_C / TB_H};
+    return nt_permute(nt_reshape(x, 4, sh), (int[]){0, 2, 1, 3});
+}
+
+static int tb_block(void *ctx, nt_tensor *const *in, int n_in, nt_tensor **out, int n_out)
+{
+    tb_model *m = ctx;
+    nt_tensor **p = m->p, *x = in[0];
+    (void)n_in, (void)n_out;
+    nt_tensor *h = nt_layer_norm(x, p[2], p[3], 1e-5);
+    nt_tensor *q = tb_heads(nt_linear(h, p[4], NULL)), *k = tb_heads(nt_linear(h, p[5], NULL));
+    nt_tensor *v = tb_heads(nt_linear(h, p[6], NULL)), *a;
+    if (m->c->attn) {
+        a = m->c->attn(q, k, v, m->mask);
+    } else {
+        nt_tensor *s = nt_mul_scalar(nt_matmul(q, nt_transpose(k, 2, 3)),
+                                     1.0 / sqrt(TB_C / TB_H));
+        nt_tensor *w = nt_softmax(nt_masked_fill(s, m->mask, -INFINITY), -1);
+        if (m->print && w) { /* a sync in the middle of the forward pass */
+            float buf[TB_B * TB_H * TB_T * TB_T];
+            nt_tensor *w32 = nt_cast(w, NT_F32);
+            nt_to_host(w32, buf, sizeof buf);
+            nt_release(w32);
+        }
+        a = nt_matmul(w, v);
+    }
+    a = nt_reshape(nt_permute(a, (int[]){0, 2, 1, 3}), 3, (int64_t[]){TB_B, TB_T, TB_C});
+    x = nt_add(x, nt_linear(a, p[7], NULL));
+    h = nt_linear(nt_layer_norm(x, p[8], p[9], 1e-5), p[10], NULL);
+    h = m->c->act ? m->c->act(h) : nt_gelu(h);
+    if (m->c->drop)
+        h = m->c->drop(h, 1000 + m->step);
+    out[0] = nt_add(x, nt_linear(h, p[11], NULL));
+    return out[0] ? 0 : nt_last_error();
+}
+
+static void tb_init(tb_model *m, const tb_case *c)
+{
+    memset(m, 0, sizeof *m);
+    m->c = c;
+    int64_t sh[TB_NP][2] = {{TB_V, TB_C}, {TB_T, TB_C}, {TB_C}, {TB_C}, {TB_C, TB_C},
+                            {TB_C, TB_C}, {TB_C, TB_C}, {TB_C, TB_C}, {TB_C}, {TB_C},
+                            {4 * TB_C, TB_C}, {TB_C, 4 * TB_C}, {TB_C}, {TB_C}, {TB_V, TB_C}};
+    for (int i = 0; i < TB_NP; i++) {
+        int nd = sh[i][1] ? 2 : 1;
+        bool lnw = i == 2 || i == 8 || i == 12;
+        nt_tensor *r = nt_randn(NT_F32, nd, sh[i], 500 + (uint64_t)i);
+        nt_tensor *sc = nt_mul_scalar(r, lnw ? 0.1 : 0.3);
+        m->p[i] = nt_add_scalar(sc, lnw ? 1.0 : 0.0);
+        nt_release(sc);
+        nt_release(r);
+        assert_int_equal(nt_set_requires_grad(m->p[i], true), 0);
+    }
+    int32_t idx[TB_B * TB_T], y[TB_B * TB_T], pos[TB_T];
+    for (int i = 0; i < TB_B * TB_T; i++) {
+        idx[i] = (i * 5 + 2) % TB_V;
+        y[i] = (i * 3 + 1) % TB_V;
+    }
+    for (int t = 0; t < TB_T; t++)
+        pos[t] = t;
+    m->idx = nt_from_host(idx, NT_I32, 2, (int64_t[]){TB_B, TB_T});
+    m->y = nt_from_host(y, NT_I32, 1, (int64_t[]){TB_B * TB_T});
+    m->pos = nt_from_host(pos, NT_I32, 1, (int64_t[]){TB_T});
+    nt_tensor *ones = nt_ones(NT_U8, 2, (int64_t[]){TB_T, TB_T});
+    m->mask = nt_triu(ones, 1);
+    nt_release(ones);
+}
+
+static void tb_free(tb_model *m)
+{
+    for (int i = 0; i < TB_NP; i++)
+        nt_release(m->p[i]);
+    nt_release(m->idx), nt_release(m->y), nt_release(m->pos), nt_release(m->mask);
+}
+
+/* 3 SGD steps; the losses and the parameters' bytes go to out. */
+static void tb_train(const tb_case *c, bool print, GByteArray *out)
+{
+    tb_model m;
+    tb_init(&m, c);
+    m.print = print;
+    nt_optim *opt = nt_optim_sgd(m.p, TB_NP, 0.1, 0.9, 0.0, false);
+    assert_non_null(opt);
+    for (int st = 0; st < 3; st++) {
+        m.step = (uint64_t)st;
+        nt_scope *s = nt_scope_begin();
+        if (c->amp)
+            assert_int_equal(nt_autocast_begin(NT_BF16), 0);
+        nt_tensor *x = nt_add(nt_embedding(m.p[0], m.idx), nt_index_select(m.p[1], 0, m.pos));
+        nt_tensor *y = NULL;
+        if (c->checkpoint)
+            assert_int_equal(nt_checkpoint(tb_block, &m, &x, 1, &y, 1), 0);
+        else
+            assert_int_equal(tb_block(&m, &x, 1, &y, 1), 0);
+        nt_tensor *h = nt_layer_norm(y, m.p[12], m.p[13], 1e-5);
+        nt_tensor *logits = nt_reshape(nt_linear(h, m.p[14], NULL), 2,
+                                       (int64_t[]){TB_B * TB_T, TB_V});
+        nt_tensor *loss = c->loss ? c->loss(logits, m.y) : nt_cross_entropy(logits, m.y);
+        if (c->amp)
+            assert_int_equal(nt_autocast_end(), 0);
+        if (!loss || nt_backward(loss) || nt_optim_step(opt) || nt_optim_zero_grad(opt))
+            fail_msg("%s, step %d: %s", c->name, st, nt_last_error_message());
+        if (print) {
+            char *txt = nt_format(loss);
+            assert_non_null(txt);
+            g_free(txt);
+        }
+        float l;
+        nt_tensor *l32 = nt_cast(loss, NT_F32);
+        assert_int_equal(nt_to_host(l32, &l, sizeof l), 0);
+        g_byte_array_append(out, (const guint8 *)&l, sizeof l);
+        nt_scope_end(s);
+    }
+    for (int i = 0; i < TB_NP; i++) {
+        size_t nb = (size_t)nt_numel(m.p[i]) * sizeof(float);
+        guint8 *buf = g_malloc(nb);
+        assert_int_equal(nt_to_host(m.p[i], buf, nb), 0);
+        g_byte_array_append(out, buf, (guint)nb);
+        g_free(buf);
+    }
+    nt_optim_destroy(opt);
+    tb_free(&m);
+}
+
+static void test_transformer_block_every_mode(void **state)
+{
+    (void)state;
+    const char *backends[] = {"cpu", "sim"};
+    for (size_t k = 0; k < sizeof tb_cases / sizeof tb_cases[0]; k++) {
+        const tb_case *c = &tb_cases[k];
+        GByteArray *ref = g_byte_array_new();
+        nt_config_set("NT_BACKEND", "cpu");
+        nt_config_set("NT_MODE", "deterministic");
+        tb_train(c, false, ref);
+        for (int be = 0; be < 2; be++) {
+            nt_config_set("NT_BACKEND", backends[be]);
+            for (size_t cf = 0; cf < sizeof configs / sizeof configs[0]; cf++)
+                for (int print = 0; print < 2; print++) {
+                    apply(&configs[cf]);
+                    GByteArray *got = g_byte_array_new();
+                    tb_train(c, print, got);
+                    if (got->len != ref->len || memcmp(got->data, ref->data, ref->len))
+                        fail_msg("transformer block (%s): config %s on the %s backend%s "
+                                 "differs from the deterministic CPU run", c->name,
+                                 configs[cf].name, backends[be], print ? ", printing" : "");
+                    g_byte_array_unref(got);
+                }
+        }
+        g_byte_array_unref(ref);
+    }
+    nt_config_set("NT_BACKEND", "cpu");
+    nt_config_set("NT_MODE", "adaptive");
+    nt_config_set("NT_LAZY_WINDOW", "4096");
+    nt_config_set("NT_FUSION", "1");
 }
 
 /* ---------------- grouping rules, via the log ---------------- */
@@ -1084,6 +1492,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_differential, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_differential_sim, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_print_invariance, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_transformer_block_every_mode, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_ew_chain_one_kernel, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_adaptive_gathers_burst, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_elided_values_take_no_memory, setup, nt_test_teardown),

@@ -5,7 +5,8 @@
  * inside a tile, C = C + s across tiles -- on shapes around every blocking
  * edge of every kernel, on the helper thread's path, through nt_matmul
  * with batched and strided (transposed, sliced) operands, and over 20
- * training steps on both backends in every mode. */
+ * training steps on both backends in every mode (the simulator with its
+ * values computed per instruction and once per program, NT_SIM_PROGRAM_VALUES). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,6 +19,7 @@
 
 #include "core/gemm.h"
 #include "core/internal.h"
+#include "sim/sim.h"
 #include "nt_test.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15u;
@@ -226,21 +228,32 @@ static void test_whole_every_level(void **state)
         for (int i = 0; i < M; i++)
             for (int k = 0; k < ldr; k++)
                 Ar[(long)i * ldr + k] = k < K ? A[(long)k * lda + i] : NAN; /* never read */
+        /* and B^T (N x K, rows K + 3 apart) for nt__gemm_ex's bcol */
+        int ldt = K + 3;
+        float *Bt = malloc(sizeof(float) * ((size_t)N * ldt + 1));
+        for (int j = 0; j < N; j++)
+            for (int k = 0; k < ldt; k++)
+                Bt[(long)j * ldt + k] = k < K ? B[(long)k * ldb + j] : NAN; /* never read */
         for (int isa = 0; isa <= best; isa++)
-            for (int rowa = 0; rowa < 2; rowa++) {
+            for (int lay = 0; lay < 4; lay++) {
+                bool rowa = lay & 1, bcol = lay & 2;
                 assert_int_equal(nt__gemm_set_isa(isa), 0);
                 memcpy(got, pad, sizeof(float) * (size_t)M * ldc);
-                if (rowa)
+                if (lay == 1)
                     nt__gemm_rowa(M, N, K, Ar, ldr, B, ldb, got, ldc);
-                else
+                else if (lay == 0)
                     nt__gemm(M, N, K, A, lda, B, ldb, got, ldc);
+                else
+                    nt__gemm_ex(M, N, K, rowa ? Ar : A, rowa ? ldr : lda, rowa, bcol ? Bt : B,
+                                bcol ? ldt : ldb, bcol, got, ldc);
                 int bad = differ(got, ref, (size_t)M * ldc);
                 if (bad)
-                    print_message("# gemm%s %dx%dx%d on %s: %d elements differ\n",
-                                  rowa ? "_rowa" : "", M, N, K, nt__gemm_isa_label(isa), bad);
+                    print_message("# gemm (A %s, B %s) %dx%dx%d on %s: %d elements differ\n",
+                                  rowa ? "row-major" : "transposed", bcol ? "transposed" : "row-major",
+                                  M, N, K, nt__gemm_isa_label(isa), bad);
                 assert_int_equal(bad, 0);
             }
-        free(A), free(B), free(ref), free(got), free(pad), free(Ar);
+        free(A), free(B), free(ref), free(got), free(pad), free(Ar), free(Bt);
     }
     nt__gemm_set_isa(-1);
 }
@@ -305,7 +318,8 @@ static void test_matmul_every_level(void **state)
 }
 
 /* 20 AdamW steps of a small MLP (ragged sizes: 100-160-10, batch 40) on
- * every level, both backends, every mode: the parameters come out the same
+ * every level, both backends, every mode, and on the simulator with its
+ * values per instruction and per program: the parameters come out the same
  * bit for bit (issue 11's "every dispatch path" check at unit-test scale). */
 static void train(const char *backend, const char *isa, const char *mode, float *out, size_t n)
 {
@@ -355,21 +369,27 @@ static void test_train_every_level(void **state)
     (void)state;
     const size_t n = 160 * 100 + 160 + 10 * 160 + 10;
     float *first = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
-    static const char *backends[] = {"cpu", "sim"};
+    /* the simulator twice: values per instruction, then once per program */
+    static const char *backends[] = {"cpu", "sim", "sim"};
     static const char *modes[] = {"eager", "adaptive", "lazy", "deterministic"};
+    bool pv0 = nt__sim_program_values();
     int best = nt__gemm_isa_best(), runs = 0;
-    for (int be = 0; be < 2; be++)
+    for (int be = 0; be < 3; be++) {
+        nt__sim_set_program_values(be == 2);
         for (int m = 0; m < 4; m++)
             for (int isa = 0; isa <= best; isa++) {
                 train(backends[be], nt__gemm_isa_label(isa), modes[m], runs ? got : first, n);
                 if (runs++) {
                     int bad = differ(got, first, n);
                     if (bad)
-                        print_message("# training on %s, %s, %s: %d parameters differ\n",
-                                      backends[be], modes[m], nt__gemm_isa_label(isa), bad);
+                        print_message("# training on %s%s, %s, %s: %d parameters differ\n",
+                                      backends[be], be == 2 ? " (values per program)" : "",
+                                      modes[m], nt__gemm_isa_label(isa), bad);
                     assert_int_equal(bad, 0);
                 }
             }
+    }
+    nt__sim_set_program_values(pv0);
     free(first), free(got);
 }
 

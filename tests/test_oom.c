@@ -363,7 +363,16 @@ typedef struct {
 static char ckpt[300];
 static bool do_print; /* children only: their stdout goes to /dev/null */
 
-/* A linear classifier trained for STEPS AdamW steps through a loss scaler,
+/* relu(x w^T + b), w and b reached through ctx: run under nt_checkpoint. */
+static int oom_block(void *ctx, nt_tensor *const *in, int n_in, nt_tensor **out, int n_out)
+{
+    nt_tensor **p = ctx;
+    (void)n_in, (void)n_out;
+    out[0] = nt_relu(nt_linear(in[0], p[0], p[1]));
+    return out[0] ? 0 : nt_last_error();
+}
+
+/* A linear classifier (its layer checkpointed) trained for STEPS AdamW steps through a loss scaler,
  * saved and loaded back, its weights read, formatted and printed.  Returns 0 or the first error code; frees
  * everything it made on every path. */
 static int program(result *out)
@@ -402,7 +411,9 @@ static int program(result *out)
             goto fail;
         nt_tensor *x = nt_from_host(xv, NT_F32, 2, (int64_t[]){B, I});
         nt_tensor *y = nt_from_host(yv, NT_I32, 1, (int64_t[]){B});
-        nt_tensor *h = nt_relu(nt_linear(x, p[0], p[1]));
+        nt_tensor *h = NULL;
+        if (x && (rc = nt_checkpoint(oom_block, p, &x, 1, &h, 1)))
+            goto out;
         nt_tensor *hh = nt_cat((nt_tensor *[]){nt_mul_scalar(h, 2.0), h}, 2, 1);
         /* a tensor over 4 KiB: its block is taken apart from its header */
         nt_tensor *big = nt_from_host(bigv, NT_F32, 1, (int64_t[]){BIG});
@@ -603,7 +614,10 @@ static void run_point(long n, tally *t)
         if (code < 0 && -code < 32)
             t->by_code[-code]++;
         break;
-    case CH_LEAK: t->leaks++; break;
+    case CH_LEAK:
+        t->leaks++;
+        fprintf(stderr, "N=%ld: leaked\n", n);
+        break;
     case CH_WRONG: t->wrong++; break;
     case CH_NOERR: t->noerr++; break;
     default:

@@ -563,6 +563,118 @@ static void test_tensor_scalar_pairs(void **state)
                 }
 }
 
+/* scalar_tensor_tensor against its two steps, one at a time: every pair of
+ * ALU ops, both orders of the second step, an immediate and a per-partition
+ * scalar, an f32 and a bf16 destination, in place over b too; specials
+ * included (a generated NaN is canonical).  Then the all-int path, the cost
+ * (tensor_tensor's) and the rules. */
+static void test_scalar_tensor_tensor(void **state)
+{
+    (void)state;
+    enum { P = 8, N = 40 };
+    float x[P * N], b[P * N], v[P], y[P * N], w[P * N];
+    uint16_t h[P * N];
+    fill(x, P * N);
+    fill(b, P * N);
+    fill(v, P);
+    x[1] = INFINITY, x[2] = -INFINITY, x[3] = 0.0f, x[4] = -0.0f;
+    b[5] = nt__bits_f32(0xffc00001u); /* a NaN with payload and sign */
+    b[6] = INFINITY;
+    const nt_alu_op ops[] = {NT_ALU_ADD, NT_ALU_SUB, NT_ALU_MUL, NT_ALU_DIV, NT_ALU_MAX};
+    for (int a = 0; a < 5; a++)
+        for (int c = 0; c < 5; c++)
+            for (int rv = 0; rv < 8; rv++) {
+                bool rev0 = rv & 1, rev1 = rv & 2, per_part = rv & 4;
+                nt_sim_kernel *k = begin("stt");
+                nt_tile *tx = load(k, "x", x, P, N), *tb = load(k, "b", b, P, N);
+                nt_tile *tv = load(k, "v", v, P, 1);
+                nt_tile *ty = nt_tile_alloc(k, "y", NT_MEM_SBUF, NT_F32, P, N);
+                nt_tile *th = nt_tile_alloc(k, "h", NT_MEM_SBUF, NT_BF16, P, N);
+                nt_ap X = nt_tile_ap(tx), B = nt_tile_ap(tb), V = nt_tile_ap(tv);
+                nt_ap Y = nt_tile_ap(ty), H = nt_tile_ap(th);
+                nt_isa_alu o0 = {ops[a], {per_part ? &V : NULL, 1.5f}, rev0};
+                assert_int_equal(nt_isa_scalar_tensor_tensor(k, &Y, &X, &o0, ops[c], &B, rev1,
+                                                             NT_ENGINE_DEFAULT),
+                                 0);
+                store(k, y, &Y);
+                assert_int_equal(nt_isa_scalar_tensor_tensor(k, &H, &X, &o0, ops[c], &B, rev1,
+                                                             NT_ENGINE_GPSIMD),
+                                 0);
+                nt_ap hh = nt_hbm_ap(h, NT_BF16, 0, P, N, N);
+                assert_int_equal(nt_isa_dma_copy(k, &hh, &H, NT_DMA_QUEUE_AUTO), 0);
+                /* in place over b */
+                assert_int_equal(nt_isa_scalar_tensor_tensor(k, &B, &X, &o0, ops[c], &B, rev1,
+                                                             NT_ENGINE_VECTOR),
+                                 0);
+                store(k, w, &B);
+                end_ok(k);
+                for (int p = 0; p < P; p++)
+                    for (int i = 0; i < N; i++) {
+                        int j = p * N + i;
+                        float sc = per_part ? v[p] : 1.5f;
+                        float t = rev0 ? ref_alu(ops[a], sc, x[j]) : ref_alu(ops[a], x[j], sc);
+                        float e = nt__canon(rev1 ? ref_alu(ops[c], b[j], t) : ref_alu(ops[c], t, b[j]));
+                        if (bits(y[j]) != bits(e) || bits(w[j]) != bits(e) ||
+                            h[j] != nt__f32_to_bf16(e))
+                            fail_msg("ops %d,%d rev %d elem %d: %08x %08x %04x want %08x", a, c, rv,
+                                     j, bits(y[j]), bits(w[j]), h[j], bits(e));
+                    }
+            }
+    /* all ints: exact int32, wrapping */
+    {
+        int32_t xi[P * N], bi[P * N], ci[P * N];
+        for (int i = 0; i < P * N; i++)
+            xi[i] = (int32_t)rnd32(), bi[i] = (int32_t)rnd32();
+        nt_sim_kernel *k = begin("stt_int");
+        nt_tile *ta = nt_tile_alloc(k, "a", NT_MEM_SBUF, NT_I32, P, N);
+        nt_tile *tb = nt_tile_alloc(k, "b", NT_MEM_SBUF, NT_I32, P, N);
+        nt_ap A = nt_tile_ap(ta), B = nt_tile_ap(tb);
+        nt_ap ha = nt_hbm_ap(xi, NT_I32, 0, P, N, N), hb = nt_hbm_ap(bi, NT_I32, 0, P, N, N),
+              hc = nt_hbm_ap(ci, NT_I32, 0, P, N, N);
+        assert_int_equal(nt_isa_dma_copy(k, &A, &ha, 0), 0);
+        assert_int_equal(nt_isa_dma_copy(k, &B, &hb, 1), 0);
+        nt_isa_alu m3 = {NT_ALU_MUL, {NULL, 3.0f}, false};
+        assert_int_equal(nt_isa_scalar_tensor_tensor(k, &A, &A, &m3, NT_ALU_SUB, &B, true,
+                                                     NT_ENGINE_VECTOR),
+                         0);
+        assert_int_equal(nt_isa_dma_copy(k, &hc, &A, 2), 0);
+        end_ok(k);
+        for (int i = 0; i < P * N; i++)
+            assert_int_equal(ci[i], (int32_t)((uint32_t)bi[i] - (uint32_t)xi[i] * 3u));
+    }
+    /* cost: exactly a tensor_tensor's (2 cycles an element in f32), where the
+     * two steps as instructions cost a tensor_scalar more */
+    {
+        double dur[3];
+        for (int q = 0; q < 3; q++) {
+            nt_sim_kernel *k = begin("stt_cost");
+            nt_tile *ta = nt_tile_alloc(k, "a", NT_MEM_SBUF, NT_F32, 128, 4096);
+            nt_tile *tb = nt_tile_alloc(k, "b", NT_MEM_SBUF, NT_F32, 128, 4096);
+            nt_ap A = nt_tile_ap(ta), B = nt_tile_ap(tb);
+            nt_isa_alu m2 = {NT_ALU_MUL, {NULL, 2.0f}, false};
+            assert_int_equal(nt_isa_memset(k, &A, 1.0, NT_ENGINE_VECTOR), 0);
+            assert_int_equal(nt_isa_memset(k, &B, 1.0, NT_ENGINE_VECTOR), 0);
+            if (q == 0)
+                assert_int_equal(nt_isa_tensor_tensor(k, &A, &A, &B, NT_ALU_ADD, NT_ENGINE_VECTOR),
+                                 0);
+            else if (q == 1)
+                assert_int_equal(nt_isa_scalar_tensor_tensor(k, &A, &A, &m2, NT_ALU_ADD, &B, false,
+                                                             NT_ENGINE_VECTOR),
+                                 0);
+            else {
+                assert_int_equal(nt_isa_tensor_scalar(k, &A, &A, &m2, NULL, NT_ENGINE_VECTOR), 0);
+                assert_int_equal(nt_isa_tensor_tensor(k, &A, &A, &B, NT_ALU_ADD, NT_ENGINE_VECTOR),
+                                 0);
+            }
+            nt_sim_report r;
+            assert_int_equal(nt_sim_kernel_end(k, &r), 0);
+            dur[q] = r.duration_ns;
+        }
+        assert_true(dur[1] == dur[0]);
+        assert_true(dur[2] > dur[1]);
+    }
+}
+
 static void test_activation(void **state)
 {
     (void)state;
@@ -879,6 +991,37 @@ static void test_errors(void **state)
         nt_tile *a = nt_tile_alloc(k, "a", NT_MEM_SBUF, NT_F32, 8, 8);
         nt_ap A = nt_tile_ap(a);
         nt_isa_tensor_tensor(k, &A, &A, &A, NT_ALU_ADD, NT_ENGINE_SCALAR);
+    });
+    EXPECT_FAIL("scalar_tensor_tensor", "at most one input in PSUM", {
+        nt_tile *a = nt_tile_alloc(k, "a", NT_MEM_SBUF, NT_F32, 8, 8);
+        nt_tile *p = nt_tile_alloc(k, "p", NT_MEM_PSUM, NT_F32, 8, 8);
+        nt_ap A = nt_tile_ap(a), P = nt_tile_ap(p);
+        nt_isa_alu m = {NT_ALU_MUL, {NULL, 2.0f}, false};
+        nt_isa_scalar_tensor_tensor(k, &A, &P, &m, NT_ALU_ADD, &P, false, NT_ENGINE_VECTOR);
+    });
+    EXPECT_FAIL("scalar_tensor_tensor", "scalar_tensor_tensor runs on", {
+        nt_tile *a = nt_tile_alloc(k, "a", NT_MEM_SBUF, NT_F32, 8, 8);
+        nt_ap A = nt_tile_ap(a);
+        nt_isa_alu m = {NT_ALU_MUL, {NULL, 2.0f}, false};
+        nt_isa_scalar_tensor_tensor(k, &A, &A, &m, NT_ALU_ADD, &A, false, NT_ENGINE_SCALAR);
+    });
+    EXPECT_FAIL("scalar_tensor_tensor", "op0 is missing", {
+        nt_tile *a = nt_tile_alloc(k, "a", NT_MEM_SBUF, NT_F32, 8, 8);
+        nt_ap A = nt_tile_ap(a);
+        nt_isa_scalar_tensor_tensor(k, &A, &A, NULL, NT_ALU_ADD, &A, false, NT_ENGINE_VECTOR);
+    });
+    EXPECT_FAIL("scalar_tensor_tensor", "bad ALU op", {
+        nt_tile *a = nt_tile_alloc(k, "a", NT_MEM_SBUF, NT_F32, 8, 8);
+        nt_ap A = nt_tile_ap(a);
+        nt_isa_alu m = {NT_ALU_MUL, {NULL, 2.0f}, false};
+        nt_isa_scalar_tensor_tensor(k, &A, &A, &m, (nt_alu_op)NT_ALU_COUNT, &A, false,
+                                    NT_ENGINE_VECTOR);
+    });
+    EXPECT_FAIL("scalar_tensor_tensor", "same free size", {
+        nt_tile *a = nt_tile_alloc(k, "a", NT_MEM_SBUF, NT_F32, 8, 8);
+        nt_ap A = nt_tile_ap(a), B = nt_tile_slice(a, 0, 8, 0, 4);
+        nt_isa_alu m = {NT_ALU_MUL, {NULL, 2.0f}, false};
+        nt_isa_scalar_tensor_tensor(k, &A, &A, &m, NT_ALU_ADD, &B, false, NT_ENGINE_VECTOR);
     });
     EXPECT_FAIL("tensor_tensor", "same free size", {
         nt_tile *a = nt_tile_alloc(k, "a", NT_MEM_SBUF, NT_F32, 8, 8);
@@ -1664,6 +1807,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tensor_tensor_int, reset, teardown),
         cmocka_unit_test_setup_teardown(test_tensor_scalar, reset, teardown),
         cmocka_unit_test_setup_teardown(test_tensor_scalar_pairs, reset, teardown),
+        cmocka_unit_test_setup_teardown(test_scalar_tensor_tensor, reset, teardown),
         cmocka_unit_test_setup_teardown(test_activation, reset, teardown),
         cmocka_unit_test_setup_teardown(test_activation_funcs, reset, teardown),
         cmocka_unit_test_setup_teardown(test_tensor_reduce, reset, teardown),

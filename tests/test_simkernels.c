@@ -605,6 +605,10 @@ static void b_matmul(void *ctx, nt_tensor **out, int *n)
         a = T(c->dt, 3, (int64_t[]){3, M, K}, 1.0, false);
         b = T(c->dt, 4, (int64_t[]){2, 1, K, N}, 1.0, false);
         break;
+    case 4: /* batched, B a transposed view (q @ k^T): B^T tiles transposed in SBUF */
+        a = T(c->dt, 3, (int64_t[]){2, M, K}, 1.0, false);
+        b = nt_transpose(T(c->dt, 3, (int64_t[]){2, N, K}, 1.0, false), 1, 2);
+        break;
     default: /* strided columns (every other) */
         a = nt_slice(T(c->dt, 2, (int64_t[]){M, 2 * K}, 1.0, false), 1, 0, 2 * K, 2);
         b = nt_slice(T(c->dt, 2, (int64_t[]){K, 2 * N}, 1.0, false), 1, 1, 2 * N, 2);
@@ -627,9 +631,9 @@ static void matmul_all(void)
                                {2, 257, 515}, {130, 0, 9},   {64, 300, 1},   {513, 129, 65}};
     for (size_t d = 0; d < 3; d++)
         for (size_t k = 0; k < sizeof dims / sizeof *dims; k++)
-            for (int v = 0; v < 4; v++) {
+            for (int v = 0; v < 5; v++) {
                 mm_ctx c = {FLOATS[d], dims[k][0], dims[k][1], dims[k][2], v};
-                if (v == 2 && dims[k][0] * dims[k][1] * dims[k][2] > 3000000)
+                if ((v == 2 || v == 4) && dims[k][0] * dims[k][1] * dims[k][2] > 3000000)
                     continue;
                 char w[80];
                 snprintf(w, sizeof w, "matmul %s %lldx%lldx%lld variant %d", nt_dtype_name(c.dt),
@@ -663,6 +667,73 @@ static void test_matmul_instruction_level(void **state)
     }
     assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
     nt__sim_set_program_gemm(true);
+}
+
+/* Values once per program (NT_SIM_PROGRAM_VALUES=1, the default outside the
+ * tests) against every instruction computing its own: the same bits, and
+ * the same simulated kernels -- instructions, time, HBM bytes -- since only
+ * where the values come from changes, not the program.  Eager single ops,
+ * fused elementwise/row/matmul programs, and a refused-then-replayed path
+ * (nothing computed twice: an in-place update would show it). */
+static void b_values(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    nt_tensor *x = T(c->dt, 2, (int64_t[]){130, 515}, 2.0, true);
+    nt_tensor *w = T(c->dt, 2, (int64_t[]){200, 515}, 1.0, false);
+    nt_tensor *b = T(c->dt, 1, (int64_t[]){200}, 1.0, false);
+    out[(*n)++] = nt_relu(nt_linear(x, w, b));                  /* fused.mm */
+    out[(*n)++] = nt_softmax(nt_mul_scalar(x, 0.5), -1);        /* fused.row or rows */
+    out[(*n)++] = nt_sqrt(nt_add_scalar(nt_mul(x, x), 1e-3));   /* fused.ew */
+    out[(*n)++] = nt_matmul(x, nt_transpose(w, 0, 1));          /* matmul, B^T */
+    nt_tensor *acc = nt_zeros(c->dt, 2, (int64_t[]){130, 515});
+    for (int i = 0; i < 3; i++) /* in place: applied exactly once per call */
+        assert_int_equal(nt_copy_into(acc, nt_add_scalar(nt_mul_scalar(acc, 0.5), 1.0)), 0);
+    out[(*n)++] = acc;
+}
+
+static void values_run(bool pv, const char *mode, ew_ctx *c, result *r, nt_sim_stats *st)
+{
+    nt__sim_set_program_values(pv);
+    nt_sync();
+    nt_sim_stats_reset();
+    run("sim", mode, 12345, b_values, c, r);
+    nt_sync();
+    assert_int_equal(nt_sim_stats_get(st), 0);
+}
+
+static void test_program_values(void **state)
+{
+    (void)state;
+    bool pv0 = nt__sim_program_values();
+    static const char *modes[] = {"eager", "lazy"};
+    for (size_t d = 0; d < 3; d++)
+        for (int m = 0; m < 2; m++) {
+            ew_ctx c = {.dt = FLOATS[d]};
+            assert_int_equal(nt_config_set("NT_FUSION", m ? "1" : "0"), 0);
+            result a, b;
+            nt_sim_stats sa, sb;
+            values_run(false, modes[m], &c, &a, &sa);
+            values_run(true, modes[m], &c, &b, &sb);
+            assert_int_equal(a.err, 0);
+            assert_int_equal(b.err, 0);
+            assert_int_equal(a.n, b.n);
+            for (int i = 0; i < a.n; i++) {
+                assert_int_equal(a.bytes[i], b.bytes[i]);
+                if (memcmp(a.data[i], b.data[i], a.bytes[i]))
+                    fail_msg("program values, %s %s: output %d differs", nt_dtype_name(c.dt),
+                             modes[m], i);
+            }
+            assert_true(sa.kernels > 0);
+            assert_int_equal(sa.kernels, sb.kernels);
+            assert_int_equal(sa.instructions, sb.instructions);
+            assert_int_equal(sa.hbm_read_bytes, sb.hbm_read_bytes);
+            assert_int_equal(sa.hbm_write_bytes, sb.hbm_write_bytes);
+            assert_true(sa.sim_ns == sb.sim_ns);
+            free_result(&a);
+            free_result(&b);
+        }
+    assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
+    nt__sim_set_program_values(pv0);
 }
 
 /* ---------------- embedding ---------------- */
@@ -1440,6 +1511,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rows, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_cross_entropy_rows, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_matmul, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_program_values, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_matmul_instruction_level, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_embedding, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_data_error_messages, setup, nt_test_teardown),

@@ -52,5 +52,6 @@ NT_API nt_tensor *nt_mish(nt_tensor *t);
 NT_API nt_tensor *nt_softsign(nt_tensor *t);
 NT_API nt_tensor *nt_reciprocal(nt_tensor *t);
 NT_API nt_tensor *nt_bitwise_not(nt_tensor *t);
+NT_API nt_tensor *nt_gelu_tanh(nt_tensor *t);
 
 #endif /* NTENSOR_OPS_H */

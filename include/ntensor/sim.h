@@ -366,6 +366,17 @@ NT_API int nt_isa_tensor_scalar(nt_sim_kernel *k, const nt_ap *dst, const nt_ap 
                                 const nt_isa_alu *op0, const nt_isa_alu *op1,
                                 nt_engine engine);
 
+/** VectorE or GpSimd: dst = (src <op0> operand0) <op1> b -- a tensor_scalar
+ *  step, then a tensor_tensor step with b (b <op1> t when reverse1), in one
+ *  instruction at tensor_tensor's cost (NKI's scalar_tensor_tensor).  The
+ *  intermediate t stays f32 (exact, as an f32 tile would hold it); the
+ *  result is rounded once to dst's dtype.  op0 and op1 are nt_alu_op
+ *  codes; at most one of src and b in PSUM.  All-integer operands compute
+ *  exactly in int32. */
+NT_API int nt_isa_scalar_tensor_tensor(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
+                                       const nt_isa_alu *op0, nt_alu_op op1, const nt_ap *b,
+                                       bool reverse1, nt_engine engine);
+
 /** ScalarE: dst = func(src * scale + bias).  scale and bias are optional
  *  (NULL): an absent one is not applied at all, so -0 stays -0.  If
  *  reduce_dst ([np, 1]) is given, the f32 results of each partition are also
@@ -463,7 +474,10 @@ NT_API int nt_isa_gpsimd_custom(nt_sim_kernel *k, const char *name, const nt_ap 
 typedef int (*nt_tile_matmul_epilogue)(nt_sim_kernel *k, const nt_ap *acc, int64_t m0,
                                        int64_t n0, void *ctx);
 
-/** C[M, N] = A[M, K] . B[K, N] from HBM to HBM. */
+/** C[M, N] = A[M, K] . B[K, N] from HBM to HBM.  With b_trans, b holds B^T
+ *  [N, K] row-major (row stride ldb >= K), as a linear layer's weight does
+ *  for x . w^T: the program transposes its tiles on TensorE in SBUF/PSUM,
+ *  never through HBM.  Same bits as B given row-major. */
 typedef struct nt_tile_matmul_args {
     int64_t M, N, K;
     const void *a;        /* A [M, K] (row stride lda), or A^T [K, M] if a_trans */
@@ -477,6 +491,7 @@ typedef struct nt_tile_matmul_args {
     nt_dtype out_dtype;   /* f32, bf16 or f16 */
     nt_tile_matmul_epilogue epilogue; /* NULL: round to out_dtype and store C */
     void *epilogue_ctx;
+    bool b_trans;         /* b is B^T [N, K], row stride ldb */
 } nt_tile_matmul_args;
 
 /** Issues into k a matmul program: PSUM accumulation over K-tiles of 128 in

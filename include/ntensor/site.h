@@ -82,6 +82,7 @@ NT_API nt_tensor *nt_mish_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_softsign_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_reciprocal_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_bitwise_not_at(const nt_site *site, nt_tensor *t);
+NT_API nt_tensor *nt_gelu_tanh_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_cast_at(const nt_site *site, nt_tensor *t, nt_dtype dt);
 NT_API nt_tensor *nt_cast_sr_at(const nt_site *site, nt_tensor *t, nt_dtype dt);
 NT_API nt_tensor *nt_matmul_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
@@ -102,12 +103,20 @@ NT_API nt_tensor *nt_layer_norm_at(const nt_site *site, nt_tensor *x, nt_tensor 
 NT_API nt_tensor *nt_rms_norm_at(const nt_site *site, nt_tensor *x, nt_tensor *w, double eps);
 NT_API nt_tensor *nt_cross_entropy_at(const nt_site *site, nt_tensor *logits,
                                       nt_tensor *labels);
+NT_API nt_tensor *nt_cross_entropy_ex_at(const nt_site *site, nt_tensor *logits,
+                                         nt_tensor *labels, int64_t ignore_index,
+                                         double label_smoothing);
 NT_API nt_tensor *nt_mse_loss_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
+NT_API nt_tensor *nt_dropout_at(const nt_site *site, nt_tensor *x, double p, uint64_t seed);
+NT_API nt_tensor *nt_multinomial_at(const nt_site *site, nt_tensor *probs, int64_t n,
+                                    uint64_t seed);
 NT_API nt_tensor *nt_scaled_dot_product_attention_at(const nt_site *site, nt_tensor *q,
                                                      nt_tensor *k, nt_tensor *v,
                                                      nt_tensor *mask, bool causal,
                                                      double scale);
 NT_API nt_tensor *nt_embedding_at(const nt_site *site, nt_tensor *weight, nt_tensor *idx);
+NT_API int nt_topk_at(const nt_site *site, nt_tensor *x, int64_t k, int dim, bool largest,
+                      nt_tensor **values, nt_tensor **indices);
 NT_API nt_tensor *nt_gather_at(const nt_site *site, nt_tensor *t, int dim, nt_tensor *index);
 NT_API nt_tensor *nt_index_select_at(const nt_site *site, nt_tensor *t, int dim,
                                      nt_tensor *index);
@@ -140,8 +149,12 @@ NT_API int nt_backward_at(const nt_site *site, nt_tensor *loss);
 NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain_graph);
 NT_API nt_tensor *nt_detach_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *in);
+NT_API int nt_checkpoint_at(const nt_site *site, nt_checkpoint_fn fn, void *ctx,
+                            nt_tensor *const *inputs, int n_in, nt_tensor **outputs, int n_out);
 NT_API int nt_optim_step_at(const nt_site *site, nt_optim *opt);
 NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
+NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *params, int n,
+                                       double max_norm);
 
 /* NT_SITE_FUNCS(X) calls X(ret, name, (params), (site, params), nparams)
  * for every function above, e.g. to wrap them all; tests/test_api.c
@@ -202,6 +215,7 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
     X(nt_tensor *, nt_softsign, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_reciprocal, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_bitwise_not, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(nt_tensor *, nt_gelu_tanh, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_cast, (nt_tensor *t, nt_dtype dt), (const nt_site *site, nt_tensor *t, nt_dtype dt), 2) \
     X(nt_tensor *, nt_cast_sr, (nt_tensor *t, nt_dtype dt), (const nt_site *site, nt_tensor *t, nt_dtype dt), 2) \
     X(nt_tensor *, nt_matmul, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
@@ -219,9 +233,13 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
     X(nt_tensor *, nt_layer_norm, (nt_tensor *x, nt_tensor *w, nt_tensor *b, double eps), (const nt_site *site, nt_tensor *x, nt_tensor *w, nt_tensor *b, double eps), 4) \
     X(nt_tensor *, nt_rms_norm, (nt_tensor *x, nt_tensor *w, double eps), (const nt_site *site, nt_tensor *x, nt_tensor *w, double eps), 3) \
     X(nt_tensor *, nt_cross_entropy, (nt_tensor *logits, nt_tensor *labels), (const nt_site *site, nt_tensor *logits, nt_tensor *labels), 2) \
+    X(nt_tensor *, nt_cross_entropy_ex, (nt_tensor *logits, nt_tensor *labels, int64_t ignore_index, double label_smoothing), (const nt_site *site, nt_tensor *logits, nt_tensor *labels, int64_t ignore_index, double label_smoothing), 4) \
     X(nt_tensor *, nt_mse_loss, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
+    X(nt_tensor *, nt_dropout, (nt_tensor *x, double p, uint64_t seed), (const nt_site *site, nt_tensor *x, double p, uint64_t seed), 3) \
+    X(nt_tensor *, nt_multinomial, (nt_tensor *probs, int64_t n, uint64_t seed), (const nt_site *site, nt_tensor *probs, int64_t n, uint64_t seed), 3) \
     X(nt_tensor *, nt_scaled_dot_product_attention, (nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_tensor *mask, bool causal, double scale), (const nt_site *site, nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_tensor *mask, bool causal, double scale), 6) \
     X(nt_tensor *, nt_embedding, (nt_tensor *weight, nt_tensor *idx), (const nt_site *site, nt_tensor *weight, nt_tensor *idx), 2) \
+    X(int, nt_topk, (nt_tensor *x, int64_t k, int dim, bool largest, nt_tensor **values, nt_tensor **indices), (const nt_site *site, nt_tensor *x, int64_t k, int dim, bool largest, nt_tensor **values, nt_tensor **indices), 6) \
     X(nt_tensor *, nt_gather, (nt_tensor *t, int dim, nt_tensor *index), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index), 3) \
     X(nt_tensor *, nt_index_select, (nt_tensor *t, int dim, nt_tensor *index), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index), 3) \
     X(nt_tensor *, nt_reshape, (nt_tensor *t, int ndim, const int64_t *shape), (const nt_site *site, nt_tensor *t, int ndim, const int64_t *shape), 3) \
@@ -248,8 +266,10 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
     X(int, nt_backward_ex, (nt_tensor *loss, bool retain_graph), (const nt_site *site, nt_tensor *loss, bool retain_graph), 2) \
     X(nt_tensor *, nt_detach, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_op_call, (int op, nt_tensor *const *in), (const nt_site *site, int op, nt_tensor *const *in), 2) \
+    X(int, nt_checkpoint, (nt_checkpoint_fn fn, void *ctx, nt_tensor *const *inputs, int n_in, nt_tensor **outputs, int n_out), (const nt_site *site, nt_checkpoint_fn fn, void *ctx, nt_tensor *const *inputs, int n_in, nt_tensor **outputs, int n_out), 6) \
     X(int, nt_optim_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1) \
-    X(int, nt_sgd_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1)
+    X(int, nt_sgd_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1) \
+    X(nt_tensor *, nt_clip_grad_norm, (nt_tensor *const *params, int n, double max_norm), (const nt_site *site, nt_tensor *const *params, int n, double max_norm), 3)
 
 #if !defined(__cplusplus) && !defined(NT_NO_SITE_MACROS) && !defined(NT_BUILDING_LIBRARY)
 #define nt_from_host(...) nt_from_host_at(NT_HERE, __VA_ARGS__)
@@ -307,6 +327,7 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 #define nt_softsign(...) nt_softsign_at(NT_HERE, __VA_ARGS__)
 #define nt_reciprocal(...) nt_reciprocal_at(NT_HERE, __VA_ARGS__)
 #define nt_bitwise_not(...) nt_bitwise_not_at(NT_HERE, __VA_ARGS__)
+#define nt_gelu_tanh(...) nt_gelu_tanh_at(NT_HERE, __VA_ARGS__)
 #define nt_cast(...) nt_cast_at(NT_HERE, __VA_ARGS__)
 #define nt_cast_sr(...) nt_cast_sr_at(NT_HERE, __VA_ARGS__)
 #define nt_matmul(...) nt_matmul_at(NT_HERE, __VA_ARGS__)
@@ -324,9 +345,13 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 #define nt_layer_norm(...) nt_layer_norm_at(NT_HERE, __VA_ARGS__)
 #define nt_rms_norm(...) nt_rms_norm_at(NT_HERE, __VA_ARGS__)
 #define nt_cross_entropy(...) nt_cross_entropy_at(NT_HERE, __VA_ARGS__)
+#define nt_cross_entropy_ex(...) nt_cross_entropy_ex_at(NT_HERE, __VA_ARGS__)
 #define nt_mse_loss(...) nt_mse_loss_at(NT_HERE, __VA_ARGS__)
+#define nt_dropout(...) nt_dropout_at(NT_HERE, __VA_ARGS__)
+#define nt_multinomial(...) nt_multinomial_at(NT_HERE, __VA_ARGS__)
 #define nt_scaled_dot_product_attention(...) nt_scaled_dot_product_attention_at(NT_HERE, __VA_ARGS__)
 #define nt_embedding(...) nt_embedding_at(NT_HERE, __VA_ARGS__)
+#define nt_topk(...) nt_topk_at(NT_HERE, __VA_ARGS__)
 #define nt_gather(...) nt_gather_at(NT_HERE, __VA_ARGS__)
 #define nt_index_select(...) nt_index_select_at(NT_HERE, __VA_ARGS__)
 #define nt_reshape(...) nt_reshape_at(NT_HERE, __VA_ARGS__)
@@ -353,8 +378,10 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 #define nt_backward_ex(...) nt_backward_ex_at(NT_HERE, __VA_ARGS__)
 #define nt_detach(...) nt_detach_at(NT_HERE, __VA_ARGS__)
 #define nt_op_call(...) nt_op_call_at(NT_HERE, __VA_ARGS__)
+#define nt_checkpoint(...) nt_checkpoint_at(NT_HERE, __VA_ARGS__)
 #define nt_optim_step(...) nt_optim_step_at(NT_HERE, __VA_ARGS__)
 #define nt_sgd_step(...) nt_sgd_step_at(NT_HERE, __VA_ARGS__)
+#define nt_clip_grad_norm(...) nt_clip_grad_norm_at(NT_HERE, __VA_ARGS__)
 #endif
 
 #endif /* NTENSOR_SITE_H */

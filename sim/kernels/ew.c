@@ -572,6 +572,10 @@ static nt_ap val_ap(tile_state *t, int v)
  * is one; a NaN's payload never matters, every store canonicalises it).  So
  * the pair may run as one instruction that keeps it in f32:
  *   scalar op then scalar op         -> one tensor_scalar with two ALU steps
+ *   scalar op then binary op reading it (the other input a full tile)
+ *                                    -> one scalar_tensor_tensor: AdamW's
+ *                                       m + (g - m) * c, b2 * v + g*g * c and
+ *                                       w - u * lr each lose an instruction
  *   x - m (m per row) then exp [then the row's sum of that]
  *                                    -> activation(exp, bias = -m) with the
  *                                       add-reduce: x + (-m) is x - m in IEEE
@@ -625,6 +629,25 @@ static int peephole(tile_state *t, int k, int *rcp, int (*store)(void *, int, co
         nt_isa_alu op0 = {(nt_alu_op)scalar_alu(o->op), {NULL, (float)o->p.f[0]}, false};
         nt_isa_alu op1 = {(nt_alu_op)scalar_alu(n->op), {NULL, (float)n->p.f[0]}, false};
         int rc = nt_isa_tensor_scalar(s->k, &dst, &a.ap, &op0, &op1, sk_eng(s));
+        if (!rc && P->vals[n->out].store >= 0)
+            rc = store(sctx, P->vals[n->out].store, &dst);
+        *rcp = rc;
+        return 2;
+    }
+    int kn = nt__ops[n->op].kind;
+    int alu1 = kn == NT_KIND_BINARY || kn == NT_KIND_CMP ? alu_of(n->op) : -1;
+    if (float_scalar_op(P, o) && alu1 >= 0 && alu1 < NT_ALU_COUNT && !P->vals[n->out].red) {
+        int other = n->a[0] == o->out ? n->a[1] : n->a[0];
+        if (other == o->out)
+            return 0;
+        sk_arg x = arg_of(t, o->a[0]), b = arg_of(t, other);
+        /* a float x: the scalar step computes in f32, as the op alone would */
+        if (x.red || b.red || !isf(x.dt))
+            return 0;
+        nt_ap dst = val_ap(t, n->out);
+        nt_isa_alu op0 = {(nt_alu_op)scalar_alu(o->op), {NULL, (float)o->p.f[0]}, false};
+        int rc = nt_isa_scalar_tensor_tensor(s->k, &dst, &x.ap, &op0, (nt_alu_op)alu1, &b.ap,
+                                             n->a[0] != o->out, NT_ENGINE_VECTOR);
         if (!rc && P->vals[n->out].store >= 0)
             rc = store(sctx, P->vals[n->out].store, &dst);
         *rcp = rc;
@@ -1068,12 +1091,17 @@ int nt__sk_fused(const nt__fgroup *g)
     int rc = sk_begin(&s, names[P->kind]);
     if (rc)
         return rc;
+    bool values = sk_values_begin(&s);
     switch (P->kind) {
     case NT_FK_EW: rc = run_ew(&s, P, g->ext, g->out, keys); break;
     case NT_FK_ROW: rc = run_row(&s, P, g->ext, g->out, keys); break;
     case NT_FK_MM: rc = run_mm(&s, P, g->ext, g->out, keys); break;
     default: rc = NT_ENOTSUP; break;
     }
+    /* a refused program issued nothing and computed nothing: the planner
+     * replays the group op by op, so the reference must not run either */
+    if (values)
+        rc = sk_values_end(&s, rc, sk_ref_fused, g);
     bool refused = rc == NT_ENOTSUP && !nt_sim_kernel_error(s.k);
     int rc2 = sk_end(&s);
     if (refused)
@@ -1121,7 +1149,10 @@ int nt__sk_ew(const nt__rec *r)
     int rc = sk_begin(&s, nt__op_name(r->op));
     if (!rc) {
         nt_tensor *outs[1] = {r->out[0]};
+        bool values = sk_values_begin(&s);
         rc = run_ew(&s, P, ext, outs, keys);
+        if (values)
+            rc = sk_values_end(&s, rc, sk_ref_rec, r);
         int rc2 = sk_end(&s);
         if (rc2)
             rc = rc2;

@@ -7,9 +7,9 @@
  *
  * Operands reach the tile program as it wants them: A row-major [M, K] or
  * given as A^T (a transposed view: the program transposes row-major A on
- * TensorE itself); B row-major [K, N].  A B that is a transposed view
- * (x @ w^T, the linear layer) is transposed once per call on TensorE into
- * HBM scratch; any other strides are copied contiguous by DMA. */
+ * TensorE itself); B row-major [K, N], or given as B^T (x @ w^T, the linear
+ * layer: the program transposes w's tiles on TensorE in SBUF, never through
+ * HBM); any other strides are copied contiguous by DMA. */
 #include "sim/kernels/sk.h"
 
 #include <string.h>
@@ -36,42 +36,6 @@ static int copy2d(sk_k *s, const char *src, nt_dtype dt, int64_t rows, int64_t c
             return rc;
     }
     return 0;
-}
-
-/* T [R, C] row-major (row stride ld) -> dst [C, R] row-major, through
- * TensorE transposes of 128 x 128 blocks (same dtype: bit for bit). */
-static int transpose2d(sk_k *s, const char *src, nt_dtype dt, int64_t R, int64_t C, int64_t ld,
-                       char *dst)
-{
-    nt_sim_kernel *k = s->k;
-    nt_tile *in[2], *ps[2], *out[2];
-    for (int b = 0; b < 2; b++) {
-        in[b] = sk_tile(s, "tr.in", dt, 128, 128);
-        ps[b] = nt_tile_alloc(k, "tr.psum", NT_MEM_PSUM, dt, 128, 128);
-        out[b] = sk_tile(s, "tr.out", dt, 128, 128);
-    }
-    int rc = nt_sim_kernel_error(k), n = 0;
-    for (int64_t r0 = 0; r0 < R && !rc; r0 += 128)
-        for (int64_t c0 = 0; c0 < C && !rc; c0 += 128, n++) {
-            int rw = (int)(R - r0 < 128 ? R - r0 : 128), cw = (int)(C - c0 < 128 ? C - c0 : 128);
-            int b = n & 1;
-            nt_ap h = nt_hbm_ap(src, dt, r0 * ld + c0, rw, ld, cw);
-            nt_ap i = nt_tile_slice(in[b], 0, rw, 0, cw);
-            nt_ap p = nt_tile_slice(ps[b], 0, cw, 0, rw);
-            nt_ap o = nt_tile_slice(out[b], 0, cw, 0, rw);
-            nt_ap d = nt_hbm_ap(dst, dt, c0 * R + r0, cw, R, rw);
-            if ((rc = nt_isa_dma_copy(k, &i, &h, sk_qin(s))) ||
-                (rc = nt_isa_nc_transpose(k, &p, &i)) ||
-                (rc = nt_isa_tensor_copy(k, &o, &p, NT_ENGINE_VECTOR)) ||
-                (rc = nt_isa_dma_copy(k, &d, &o, sk_qout(s))))
-                break;
-        }
-    for (int b = 0; b < 2; b++) {
-        nt_tile_release(k, in[b]);
-        nt_tile_release(k, ps[b]);
-        nt_tile_release(k, out[b]);
-    }
-    return rc ? rc : nt_sim_kernel_error(k);
 }
 
 typedef struct epi_tramp {
@@ -112,7 +76,7 @@ int sk_matmul_run(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tens
     char *ascr = NULL, *bscr = NULL;
     if (K > 0 && !a_row && !a_col && !(ascr = sk_scratch(s, (size_t)(M * K * esz))))
         return s->derr_code;
-    if (K > 0 && !b_row && !(bscr = sk_scratch(s, (size_t)(K * N * esz))))
+    if (K > 0 && !b_row && !b_col && !(bscr = sk_scratch(s, (size_t)(K * N * esz))))
         return s->derr_code;
     int64_t idx[NT_MAX_DIMS] = {0};
     int64_t a_prev = -1, b_prev = -1, bi = 0;
@@ -143,13 +107,13 @@ int sk_matmul_run(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tens
             if (b_row) {
                 g.b = bp;
                 g.ldb = K == 1 ? N : mi.b_rs;
+            } else if (b_col) {
+                g.b = bp;
+                g.b_trans = true;
+                g.ldb = N == 1 ? K : mi.b_cs;
             } else {
-                if (boff != b_prev) {
-                    rc = b_col ? transpose2d(s, bp, dt, N, K, mi.b_cs, bscr)
-                               : copy2d(s, bp, dt, K, N, mi.b_rs, mi.b_cs, bscr);
-                    if (rc)
-                        break;
-                }
+                if (boff != b_prev && (rc = copy2d(s, bp, dt, K, N, mi.b_rs, mi.b_cs, bscr)))
+                    break;
                 g.b = bscr;
                 g.ldb = N;
             }
@@ -178,7 +142,10 @@ int nt__sk_matmul(const nt__rec *r)
     int rc = sk_begin(&s, "matmul");
     if (rc)
         return rc;
+    bool values = sk_values_begin(&s);
     int rc1 = sk_matmul_run(&s, r->in[0], r->in[1], r->out[0], NULL, NULL);
+    if (values)
+        rc1 = sk_values_end(&s, rc1, sk_ref_rec, r);
     rc = sk_end(&s);
     return rc ? rc : rc1;
 }

@@ -2,6 +2,7 @@
  * set-up, the kernel table, kernel begin/end with error mapping, HBM
  * scratch, and the tilers every kernel uses to map tensors onto tiles. */
 #include "sim/kernels/sk.h"
+#include "sim/sim.h"
 
 #include <stdarg.h>
 #include <string.h>
@@ -48,6 +49,9 @@ static const nt__kernel_fn sk_table[NT_OP_COUNT] = {
     [NT_OP_TRIL] = nt__sk_ew,
     [NT_OP_TRIU] = nt__sk_ew,
     [NT_OP_MASKED_FILL] = nt__sk_ew,
+    [NT_OP_DROPOUT] = nt__sk_dropout,
+    [NT_OP_TOPK] = nt__sk_topk,
+    [NT_OP_MULTINOMIAL] = nt__sk_multinomial,
     [NT_OP_SDPA] = nt__sk_sdpa,
     [NT_OP_SDPA_BWD] = nt__sk_sdpa_bwd,
 };
@@ -94,6 +98,42 @@ int sk_begin(sk_k *s, const char *name)
         return nt__kerr(NT_EHOSTMEM, "out of host memory for a simulator kernel");
     return 0;
 }
+
+nt_engine sk_eng(sk_k *s)
+{
+    double v = nt__sim_kernel_engine_free(s->k, NT_ENGINE_VECTOR);
+    double a = nt__sim_kernel_engine_free(s->k, NT_ENGINE_SCALAR);
+    if (v != a)
+        return v < a ? NT_ENGINE_VECTOR : NT_ENGINE_SCALAR;
+    s->eng ^= 1;
+    return s->eng ? NT_ENGINE_VECTOR : NT_ENGINE_SCALAR;
+}
+
+bool sk_values_begin(sk_k *s)
+{
+    if (!nt__sim_program_values() || !nt__sim_kernel_functional(s->k))
+        return false;
+    nt__sim_kernel_set_functional(s->k, false);
+    return true;
+}
+
+int sk_values_end(sk_k *s, int rc, int (*ref)(const void *arg), const void *arg)
+{
+    nt__sim_kernel_set_functional(s->k, true);
+    if (rc || nt_sim_kernel_error(s->k))
+        return rc;
+    /* inside the kernel's window, so host_ns counts it; the HBM it reads is
+     * final (earlier kernels flushed their functional work at their end) */
+    return ref(arg);
+}
+
+int sk_ref_rec(const void *r)
+{
+    const nt__rec *rec = r;
+    return nt__backends[NT_BACKEND_CPU]->kernels[rec->op](rec);
+}
+
+int sk_ref_fused(const void *g) { return nt__backends[NT_BACKEND_CPU]->run_fused(g); }
 
 int sk_data_error(sk_k *s, int code, const char *fmt, ...)
 {
@@ -296,13 +336,16 @@ int sk_tiler_run(const sk_tiler *T, int (*fn)(void *ctx, const sk_tile_iter *t),
                 off[k] += idx[i] * T->st[k][i];
         }
         if (P == n - 1) {
-            /* rows of F elements; with more rows than partitions, partition
-             * p of tile t holds row p * nt + t, so each partition walks one
-             * contiguous stretch of memory across the tiles */
+            /* rows of F elements; tile t holds rows t * Pp .. t * Pp + Pp - 1,
+             * one contiguous stretch of memory.  (Interleaving the tiles --
+             * partition p of tile t on row p * nt + t -- put neighbouring
+             * tiles' rows on the same 16 KiB HBM pages of the simulator's
+             * dependency tracking, so an in-place update like AdamW's waited
+             * for the previous tile's stores before loading the next tile.) */
             int64_t L = T->c[n - 1], F = T->cs, rows = L / F, rem = L % F;
             int64_t Pp = rows < 128 ? rows : 128, nt = Pp ? rows / Pp : 0;
             for (int64_t t = 0; t < nt; t++) {
-                int rc = row_tile(T, &it, off, (int)Pp, F, t * F, nt * F, fn, ctx);
+                int rc = row_tile(T, &it, off, (int)Pp, F, t * Pp * F, F, fn, ctx);
                 if (rc)
                     return rc;
             }

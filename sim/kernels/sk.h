@@ -17,6 +17,7 @@
  *   index.c    gather, index_select and their backward index_add
  *   attention.c  scaled dot-product attention and its backward (flash style)
  *   gen.c      arange, rand, randn (GpSimd custom code)
+ *   sample.c   dropout, topk, multinomial (GpSimd custom code)
  *   user.c     user tile kernels (nt_op_register_kernel)
  *
  * Contract: a kernel computes exactly the CPU kernel's bits for the same
@@ -48,6 +49,21 @@ typedef struct sk_k {
 
 /* Opens kernel `name` (an op name, "fused.ew", ...). */
 int sk_begin(sk_k *s, const char *name);
+/* Values once per program (NT_SIM_PROGRAM_VALUES, docs/sim.md): when on and
+ * the kernel computes values, turns its instructions' functional steps off
+ * and returns true -- the caller then issues the program (checked and timed
+ * as usual) and, if it ran, gets the values from the reference kernel with
+ * sk_values_end; false: the instructions compute the values themselves. */
+bool sk_values_begin(sk_k *s);
+/* Ends what sk_values_begin started: turns the kernel's functional steps
+ * back on and, if rc (the program's result) is 0, runs ref(arg) -- the CPU
+ * backend's kernel or fused executor for the same record or group -- for the
+ * values.  Returns rc, or ref's result. */
+int sk_values_end(sk_k *s, int rc, int (*ref)(const void *arg), const void *arg);
+/* The references: the CPU backend's kernel of record r (an nt__rec), its
+ * fused executor for group g (an nt__fgroup). */
+int sk_ref_rec(const void *r);
+int sk_ref_fused(const void *g);
 /* Ends the kernel; returns 0, or a negative code after nt__kerr() described
  * the problem (a data error in CPU words, else the simulator's message). */
 int sk_end(sk_k *s);
@@ -59,8 +75,11 @@ int sk_data_error(sk_k *s, int code, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
 
 static inline int sk_qin(sk_k *s) { int q = s->qin; s->qin = (q + 1) % 8; return q; }
 static inline int sk_qout(sk_k *s) { int q = s->qout; s->qout = (q + 1) % 8; return 8 + q; }
-/* Alternates tensor_scalar work between VectorE and ScalarE. */
-static inline nt_engine sk_eng(sk_k *s) { s->eng ^= 1; return s->eng ? NT_ENGINE_VECTOR : NT_ENGINE_SCALAR; }
+/* VectorE or ScalarE for work either runs (tensor_scalar, tensor_copy):
+ * the one that frees up first for what was issued so far, so a program
+ * heavy in tensor_tensor work (VectorE only) moves its scalar steps and
+ * copies to ScalarE.  Ties alternate. */
+nt_engine sk_eng(sk_k *s);
 
 /* SBUF bytes per partition a kernel plans with (the rest is headroom for
  * nt_tile_matmul's minimum and small tiles). */
@@ -167,6 +186,9 @@ bool nt__sk_sdpa_fits(int op, const nt__params *p);
 int nt__sk_arange(const nt__rec *r);
 int nt__sk_rand(const nt__rec *r);
 int nt__sk_randn(const nt__rec *r);
+int nt__sk_dropout(const nt__rec *r);      /* sample.c */
+int nt__sk_topk(const nt__rec *r);
+int nt__sk_multinomial(const nt__rec *r);
 
 /* Fusion programs on the simulator (ew.c). */
 int nt__sk_fused(const nt__fgroup *g);

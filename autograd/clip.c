@@ -1,0 +1,99 @@
+/* autograd/clip.c - nt_clip_grad_norm: torch.nn.utils.clip_grad_norm_ (L2)
+ * built from ops, so it runs on the device with no host sync:
+ *   n_i   = nt_norm(g_i, 2) over all of g_i (f32; a bf16/f16 g_i widened first)
+ *   total = nt_norm([n_0, n_1, ...], 2)        (PyTorch: the norm of the stack)
+ *   coef  = min(reciprocal(total + 1e-6) * max_norm, 1)
+ *                                              (PyTorch's max_norm / t is t.reciprocal() * max_norm)
+ *   g_i  *= coef, in place                     (by 1 exactly when not clipping)
+ * Parameters without a .grad are skipped; with none, total is 0. */
+#include "autograd/autograd.h"
+
+#include <math.h>
+
+static bool clip_param(const char *fn, const char *arg, nt_tensor *const *ps, int i)
+{
+    nt_tensor *t = ps[i];
+    if (!nt__dtype_is_float((nt_dtype)t->dtype)) {
+        nt__err(NULL, NT_EDTYPE, fn, "argument '%s' is %s; parameters must be floating", arg,
+                nt_dtype_name((nt_dtype)t->dtype));
+        return false;
+    }
+    for (int j = 0; j < i; j++)
+        if (ps[j] == t) {
+            nt__err(NULL, NT_EINVAL, fn,
+                    "argument 'params' lists the same tensor at %d and %d (its gradient would "
+                    "count twice)", j, i);
+            return false;
+        }
+    return true;
+}
+
+NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *params, int n,
+                                       double max_norm)
+{
+    const char *fn = "nt_clip_grad_norm";
+    if (!nt__ensure_init())
+        return NULL;
+    if (!params || n < 0) {
+        nt__err(site, NT_EINVAL, fn, "argument '%s' is %s; expected an array of n >= 0 tensors",
+                params ? "n" : "params", params ? "< 0" : "NULL");
+        return NULL;
+    }
+    if (!(max_norm > 0)) {
+        nt__err(site, NT_EINVAL, fn, "argument 'max_norm' is %g; expected a value > 0", max_norm);
+        return NULL;
+    }
+    if (n > 0 && !nt__check_list(fn, params, n, "parameter", clip_param))
+        return NULL;
+    nt_tensor **norms = calloc((size_t)n + 1, sizeof *norms);
+    if (!norms) {
+        nt__err_hostmem(site, fn, "the list of norms");
+        return NULL;
+    }
+    nt_no_grad_begin();
+    nt_scope *sc = nt_scope_begin();
+    int k = 0, rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        nt_tensor *g = params[i]->ag ? params[i]->ag->grad : NULL;
+        if (!g)
+            continue;
+        nt_tensor *g32 = g->dtype == NT_F32 ? g : nt__copy_to(site, fn, g, NT_F32);
+        norms[k] = nt_reshape_at(site, nt_norm_at(site, g32, 2.0, NT_DIM_ALL, false), 1,
+                                 (int64_t[]){1});
+        if (!norms[k++])
+            rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+    }
+    nt_tensor *total = NULL;
+    if (!rc)
+        total = k == 0 ? nt_zeros_at(site, NT_F32, 0, NULL)
+                       : nt_norm_at(site, k == 1 ? norms[0] : nt_cat_at(site, norms, k, 0), 2.0,
+                                    NT_DIM_ALL, false);
+    if (total && k > 0) {
+        nt_tensor *coef = nt__scalar(
+            site, fn, NT_OP_CLAMP,
+            nt__scalar(site, fn, NT_OP_MUL_SCALAR,
+                       nt__unary(site, fn, NT_OP_RECIPROCAL,
+                                 nt__scalar(site, fn, NT_OP_ADD_SCALAR, total, 1e-6, 0)),
+                       max_norm, 0),
+            -INFINITY, 1.0);
+        for (int i = 0; i < n && !rc; i++) {
+            nt_tensor *g = params[i]->ag ? params[i]->ag->grad : NULL;
+            if (!g)
+                continue;
+            nt_tensor *c = !coef || g->dtype == NT_F32 ? coef : nt__copy_to(site, fn, coef, (nt_dtype)g->dtype);
+            rc = c ? nt_mul_inplace_at(site, g, c) : (nt_last_error() ? nt_last_error() : NT_EINVAL);
+        }
+    }
+    if (total && !rc)
+        nt_keep(total);
+    else
+        total = NULL;
+    nt_scope_end(sc);
+    nt_no_grad_end();
+    free(norms);
+    return total;
+}
+NT_API nt_tensor *nt_clip_grad_norm(nt_tensor *const *params, int n, double max_norm)
+{
+    return nt_clip_grad_norm_at(NT_RA_SITE, params, n, max_norm);
+}
