@@ -659,6 +659,84 @@ static int bwd_embedding(nt__bctx *b)
     return 0;
 }
 
+/* ---------------- attention ---------------- */
+
+/* FlashAttention-2's backward as one op, SDPA_BWD (cpu/attention.c): the
+ * scores are recomputed block by block from q, k and the saved log-sum-exp,
+ * never stored.  An op has at most four inputs, so q, dO and O travel as
+ * one tensor and k, v as another (copies of size T x D, not T x T): per
+ * batch the three (two) row-major blocks one after the other, which copies
+ * in long contiguous runs; dk and dv come back packed like k, v.  A
+ * floating mask gets no gradient. */
+static int bwd_sdpa(nt__bctx *b)
+{
+    nt_tensor *q = IN(0), *k = IN(1), *v = IN(2), *mask = IN(3), *o = OUT(0), *lse = OUT(1);
+    nt_tensor *g = G;
+    if (!g)
+        return 0;
+    int nd = q->ndim;
+    int64_t D = q->shape[nd - 1], Dv = v->shape[nd - 1];
+    if (g->dtype != o->dtype)
+        TRY(g = nt_cast_at(S, g, (nt_dtype)o->dtype));
+    int64_t Tq = q->shape[nd - 2], Tk = k->shape[nd - 2], fs[NT_MAX_DIMS];
+    for (int i = 0; i < nd - 2; i++)
+        fs[i] = q->shape[i];
+    nt_tensor *f[3] = {q, g, o}, *fk[2] = {k, v};
+    int64_t qn[3] = {Tq * D, Tq * Dv, Tq * Dv}, kn[2] = {Tk * D, Tk * Dv};
+    for (int i = 0; i < 3; i++) {
+        fs[nd - 2] = qn[i];
+        TRY(f[i] = nt_reshape_at(S, f[i], nd - 1, fs));
+    }
+    for (int i = 0; i < 2; i++) {
+        fs[nd - 2] = kn[i];
+        TRY(fk[i] = nt_reshape_at(S, fk[i], nd - 1, fs));
+    }
+    nt_tensor *qx, *kv;
+    TRY(qx = nt_cat_at(S, f, 3, nd - 2));
+    TRY(kv = nt_cat_at(S, fk, 2, nd - 2));
+    nt__call c;
+    nt_tensor *in[4] = {qx, kv, lse, mask};
+    if (!nt__call_begin(&c, S, "nt_scaled_dot_product_attention", NT_OP_SDPA_BWD, 4, in,
+                        "qx,kv,lse,?mask"))
+        return nt_last_error();
+    c.no_grad = true;
+    c.p = b->n->p;
+    c.p.i[0] = D;
+    c.p.i[1] = Dv;
+    c.p.i[2] = Tq;
+    c.p.i[3] = Tk;
+    c.nout = 2;
+    c.odt[0] = c.odt[1] = (nt_dtype)q->dtype;
+    c.ondim[0] = nd;
+    c.ondim[1] = nd - 1;
+    for (int i = 0; i < nd - 2; i++)
+        c.oshape[0][i] = c.oshape[1][i] = q->shape[i];
+    c.oshape[0][nd - 2] = Tq;
+    c.oshape[0][nd - 1] = D;
+    c.oshape[1][nd - 2] = Tk * (D + Dv);
+    c.flops = 4.0 * (double)nt__numel(nd - 2, q->shape) * (double)q->shape[nd - 2] *
+              (double)k->shape[nd - 2] * (double)(D + Dv);
+    nt_tensor *dq;
+    TRY(dq = nt__dispatch(&c));
+    nt_tensor *dkv = c.out[1];
+    if (LIVE(0))
+        b->gin[0] = dq;
+    int64_t ks[NT_MAX_DIMS];
+    for (int i = 0; i < nd - 2; i++)
+        ks[i] = q->shape[i];
+    ks[nd - 2] = Tk;
+    if (LIVE(1)) {
+        ks[nd - 1] = D;
+        TRY(b->gin[1] = nt_reshape_at(S, nt_slice_at(S, dkv, nd - 2, 0, Tk * D, 1), nd, ks));
+    }
+    if (LIVE(2)) {
+        ks[nd - 1] = Dv;
+        TRY(b->gin[2] = nt_reshape_at(S, nt_slice_at(S, dkv, nd - 2, Tk * D, Tk * (D + Dv), 1),
+                                      nd, ks));
+    }
+    return 0;
+}
+
 /* ---------------- the table ---------------- */
 
 /* Generated from the bwd and save columns of core/optable.h: op ->

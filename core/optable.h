@@ -80,6 +80,7 @@ typedef enum { NT__AMP_KEEP = 0, NT__AMP_LOW, NT__AMP_F32 } nt__amp_policy;
 #define NT__SAVE_I01 3u, 0u
 #define NT__SAVE_O0 0u, 1u
 #define NT__SAVE_I0O0 1u, 1u
+#define NT__SAVE_I0123O01 15u, 3u
 
 /* the sim column's non-instruction values */
 enum { NT__SIM_NONE = -1, NT__SIM_TABLE = -2, NT__SIM_SEQ = -3 };
@@ -99,6 +100,7 @@ typedef enum nt__opkind {
     NT_KIND_GATHER,  /* embedding, gather, index_select */
     NT_KIND_VIEW,    /* views and composites: no kernel, autograd only */
     NT_KIND_BWD,     /* backward helpers (autograd) */
+    NT_KIND_ATTN,    /* scaled dot-product attention (cpu/attention.c) */
     NT_KIND_CUSTOM,  /* user-registered kernels */
     NT_KIND_COUNT
 } nt__opkind;
@@ -193,7 +195,10 @@ typedef enum nt__opkind {
  * with the same seed: the mask is recomputed, not saved); topk(x) -> the
  * i32 indices along p.dim, p.i[0] = k, p.flag = largest (nt_topk gathers
  * the values, so their gradient is gather's); multinomial(probs) -> i32
- * [.., n] draws, p.i[0] = n, p.seed = seed. */
+ * [.., n] draws, p.i[0] = n, p.seed = seed.
+ * scaled_dot_product_attention (issue 13, kind ATTN): in q, k, v, mask
+ * (NULL, u8 or floating), p.f[0] = scale, p.flag = causal; out o and the
+ * f32 log-sum-exp its backward reads (docs/ops.md §7a). */
 #define NT_OPS_MISC(X)                                                      \
     X(WHERE, where, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)              \
     X(SUM, sum, 1, NT_KIND_REDUCE, NT_OPF_DIFF, INT, F32, sum, 0, NT__SIM_NONE)                     \
@@ -219,7 +224,8 @@ typedef enum nt__opkind {
     X(MASKED_FILL, masked_fill, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)     \
     X(DROPOUT, dropout, 1, NT_KIND_ROW, NT_OPF_DIFF, FLOAT, KEEP, dropout, 0, NT__SIM_NONE)          \
     X(TOPK, topk, 1, NT_KIND_REDUCE, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)                         \
-    X(MULTINOMIAL, multinomial, 1, NT_KIND_REDUCE, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
+    X(MULTINOMIAL, multinomial, 1, NT_KIND_REDUCE, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)         \
+    X(SDPA, scaled_dot_product_attention, 4, NT_KIND_ATTN, NT_OPF_DIFF, FLOAT, LOW, sdpa, I0123O01, NT__SIM_NONE)
 
 /* Views (no kernel: metadata only) and composites that autograd records as
  * one node.  nin 0 = variadic (cat). */
@@ -235,10 +241,13 @@ typedef enum nt__opkind {
 /* Backward helpers with their own kernels (autograd/ enqueues them):
  * embedding_bwd(g [..., D], idx [...]) -> [p.i[0] = V, D], rows added in
  * index order; index_add(g, idx) -> the gathered tensor's shape, g's
- * elements added in g's row-major order (gather, index_select). */
+ * elements added in g's row-major order (gather, index_select);
+ * sdpa_bwd(qx, kv, lse, mask) -> dq, dkv: attention's gradient with the
+ * scores recomputed (cpu/attention.c says how qx and kv are packed). */
 #define NT_OPS_BWD(X)                                                       \
     X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                                             \
-    X(INDEX_ADD, index_add, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
+    X(INDEX_ADD, index_add, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                \
+    X(SDPA_BWD, sdpa_bwd, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
 
 #define NT_OP_TABLE(X)                                                      \
     NT_OPS_FILL(X) NT_OPS_COPY(X) NT_OPS_UNARY(X) NT_OPS_SCALAR(X)          \

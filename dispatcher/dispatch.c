@@ -76,13 +76,13 @@ static int choose_backend(nt__call *c, uint8_t *backend)
         const char *name = want == NT_BACKEND_SIM ? "simulator" : be ? be->name : "?";
         if (NT__CFG(require_sim))
             return nt__err(c->site, NT_ENOTSUP, c->fn,
-                           "op '%s' has no %s kernel and NT_REQUIRE_SIM=1 forbids the CPU "
-                           "fallback",
+                           "op '%s' has no %s kernel (for these sizes or parameters) and "
+                           "NT_REQUIRE_SIM=1 forbids the CPU fallback",
                            nt__op_name(c->op), name);
         if (c->op < NT_OP_COUNT &&
             !__atomic_exchange_n(&logged_fallback[c->op], true, __ATOMIC_RELAXED)) {
-            nt__log(NT__LOG_WARN, "op '%s' has no %s kernel; it runs on the CPU backend",
-                    nt__op_name(c->op), name);
+            nt__log(NT__LOG_WARN, "op '%s' has no %s kernel (for these sizes or parameters); "
+                    "it runs on the CPU backend", nt__op_name(c->op), name);
         }
         NT__COUNT(cpu_fallbacks, 1);
         return 0;

@@ -440,6 +440,19 @@ NT_API nt_tensor *nt_dropout(nt_tensor *x, double p, uint64_t seed);
  *  drawn.  A negative, NaN or Inf probability or a row that sums to 0 is an
  *  error when it runs (NT_EINVAL naming nt_multinomial and probs); n >= 1. */
 NT_API nt_tensor *nt_multinomial(nt_tensor *probs, int64_t n, uint64_t seed);
+/** softmax(q k^T * scale + mask) v, flash-attention style (docs/ops.md §7a):
+ *  q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv] -> [..., Tq, Dv] in q's
+ *  dtype (q, k, v floating, one dtype, the same leading dims; 1 <= D, Dv <=
+ *  128).  mask: NULL, or u8 (true = may attend, like PyTorch's bool
+ *  attn_mask) or floating (added to the scores), broadcastable to [..., Tq,
+ *  Tk]; it gets no gradient.  causal: query i attends keys j <= i
+ *  (top-left aligned, PyTorch's is_causal).  scale: 0 means 1/sqrt(D).
+ *  The scores are computed in key blocks of 128 with an online softmax in
+ *  f32 and never stored; the backward recomputes them.  A row that may
+ *  attend no key gives 0 (PyTorch: NaN).  Under autocast the inputs run in
+ *  the low dtype (the arithmetic stays f32). */
+NT_API nt_tensor *nt_scaled_dot_product_attention(nt_tensor *q, nt_tensor *k, nt_tensor *v,
+                                                  nt_tensor *mask, bool causal, double scale);
 /** Rows of weight [V, D] picked by the i32 indices idx [...]: [..., D].
  *  Indices outside [0, V) are an error when the op runs. */
 NT_API nt_tensor *nt_embedding(nt_tensor *weight, nt_tensor *idx);

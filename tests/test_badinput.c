@@ -392,6 +392,35 @@ static int run_masks(int v)
     return T(nt_masked_fill(t, m, 1.5));
 }
 
+/* nt_scaled_dot_product_attention: q, k, v [2, 3] (Tq = Tk = 2, D = Dv =
+ * 3) with one argument broken per case */
+static int run_sdpa(int v)
+{
+    nt_tensor *q = F.a23, *k = F.b23, *vv = F.a23, *m = NULL, *tmp = NULL;
+    double scale = 0;
+    switch (v) {
+    case 0: q = NULL; break;
+    case 1: k = NULL; break;
+    case 2: vv = NULL; break;
+    case 3: q = F.rel; break;
+    case 4: vv = F.rel; break;
+    case 5: m = F.rel; break;
+    case 6: q = F.i23; break;
+    case 7: k = F.bf; break;
+    case 8: q = F.v4; break;
+    case 9: k = F.a32; break;  /* D 2 against q's 3 */
+    case 10: vv = F.a32; break; /* 3 rows against k's 2 */
+    case 11: m = F.a32; break;  /* [3, 2] against [2, 2] */
+    case 12: m = F.i23; break;
+    case 13: k = tmp = mk(NT_F32, 3, SH(2, 2, 3)); break;
+    case 14: scale = NAN; break;
+    case 15: q = tmp = mk(NT_F32, 2, SH(2, 129)), k = q, vv = F.a23; break;
+    }
+    nt_tensor *y = nt_scaled_dot_product_attention(q, k, vv, m, false, scale);
+    nt_release(tmp);
+    return T(y);
+}
+
 static int run_cast(int v)
 {
     switch (v) {
@@ -1826,6 +1855,28 @@ static void build(void)
     for (int k = 0; k < (int)(sizeof MF / sizeof MF[0]); k++)
         add(MF[k].fn, MF[k].code, MF[k].w, run_masks, k, "%s: %s",
             MF[k].fn ? MF[k].fn : "nt_masked_fill", MF[k].name);
+    static const struct { int code; const char *w, *name; } SD[] = {
+        {NT_EINVAL, "'q'", "q NULL"},
+        {NT_EINVAL, "'k'", "k NULL"},
+        {NT_EINVAL, "'v'", "v NULL"},
+        {NT_ERELEASED, "'q'", "q released"},
+        {NT_ERELEASED, "'v'", "v released"},
+        {NT_ERELEASED, "'mask'", "mask released"},
+        {NT_EDTYPE, "'q' has dtype i32", "q i32"},
+        {NT_EDTYPE, "'k' has dtype bf16; expected q's f32", "k bf16, q f32"},
+        {NT_ESHAPE, "'q' has shape [4]; expected at least 2 dims", "q 1-d"},
+        {NT_ESHAPE, "'k' has shape [3, 2]; expected its last dim to be q's 3", "k's D"},
+        {NT_ESHAPE, "'v' has shape [3, 2]; expected 2 rows", "v's rows"},
+        {NT_ESHAPE, "'mask' has shape [3, 2]; expected one that broadcasts to [2, 2]",
+         "mask does not broadcast"},
+        {NT_EDTYPE, "'mask' has dtype i32", "mask i32"},
+        {NT_ESHAPE, "'k' has shape [2, 2, 3]; expected the leading dims", "k's leading dims"},
+        {NT_EINVAL, "'scale' is nan", "scale NaN"},
+        {NT_ESHAPE, "head dim 129; expected 1..128", "D 129"},
+    };
+    for (int k = 0; k < (int)(sizeof SD / sizeof SD[0]); k++)
+        add("nt_scaled_dot_product_attention", SD[k].code, SD[k].w, run_sdpa, k,
+            "nt_scaled_dot_product_attention: %s", SD[k].name);
     static const struct { const char *fn; int code; const char *name; } CA[] = {
         {"nt_cast", NT_EINVAL, "t NULL"},       {"nt_cast", NT_ERELEASED, "t released"},
         {"nt_cast", NT_EDTYPE, "dt -1"},        {"nt_cast", NT_EDTYPE, "dt NT_DTYPE_COUNT"},

@@ -120,6 +120,11 @@ static spec spec_of(int op)
     case NT_KIND_MATMUL: shp(&s, 2, 4, 33); shp(&s, 2, 33, 5); break;
     case NT_KIND_GATHER:
     case NT_KIND_BWD: shp(&s, 2, 10, 33); break;
+    case NT_KIND_ATTN: /* q [9, 8], k [11, 8], v [11, 6]: no batch dims */
+        shp(&s, 2, 9, 8);
+        shp(&s, 2, 11, 8);
+        shp(&s, 2, 11, 6);
+        break;
     case NT_KIND_VIEW:
         shp(&s, 2, 4, 33);
         if (op == NT_OP_CAT)
@@ -205,6 +210,34 @@ static nt_tensor *index_grad(nt_tensor *x, int op)
                        : nt_gather(w, 1, gather_index());
     nt_tensor *k = nt_arange(nt_dtype_of(x), 0.0, (double)(r * c) * 0.03, 0.03);
     nt_tensor *l = e ? nt_sum(nt_mul(e, nt_reshape(k, 2, (int64_t[]){r, c})), NT_DIM_ALL, false)
+                     : NULL;
+    if (!l || nt_backward(l))
+        return NULL;
+    nt_tensor *g = nt_grad(w);
+    nt_release(w);
+    return g;
+}
+
+/* SDPA's fixed u8 mask for the [9, 8] x [11, 8] driver: every row keeps
+ * key 0 and a pattern of others */
+static nt_tensor *attn_mask(void)
+{
+    uint8_t m[9 * 11];
+    for (int k = 0; k < 99; k++)
+        m[k] = k % 11 == 0 || (k * 7) % 5 != 2;
+    return nt_from_host(m, NT_U8, 2, (int64_t[]){9, 11});
+}
+
+/* The gradient of x through causal self-attention (SDPA_BWD), weighted so
+ * every output element's share differs.  A new reference, like
+ * index_grad's. */
+static nt_tensor *attn_grad(nt_tensor *x)
+{
+    nt_tensor *w = nt_detach(x);
+    nt_set_requires_grad(w, true);
+    nt_tensor *y = nt_scaled_dot_product_attention(w, w, w, NULL, true, 0.125);
+    nt_tensor *k = nt_arange(nt_dtype_of(x), 0.0, 330 * 0.01, 0.01);
+    nt_tensor *l = y ? nt_sum(nt_mul(y, nt_reshape(k, 2, (int64_t[]){10, 33})), NT_DIM_ALL, false)
                      : NULL;
     if (!l || nt_backward(l))
         return NULL;
@@ -377,6 +410,12 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
     case NT_KIND_BWD:
         if (op == NT_OP_EMBEDDING_BWD || op == NT_OP_INDEX_ADD)
             return index_grad(in[0], op);
+        if (op == NT_OP_SDPA_BWD)
+            return attn_grad(in[0]);
+        return NO_DRIVER;
+    case NT_KIND_ATTN:
+        if (op == NT_OP_SDPA)
+            return nt_scaled_dot_product_attention(in[0], in[1], in[2], attn_mask(), false, 0);
         return NO_DRIVER;
     default: return NO_DRIVER;
     }
@@ -946,6 +985,8 @@ static void check_ref(int op)
         return;
     if (public_ew(op) && !legacy_ref(op))
         cell(op, K_REF, "FAIL: no double-precision reference: add one to refs[] above");
+    else if (op == NT_OP_SDPA || op == NT_OP_SDPA_BWD)
+        cell(op, K_REF, "n/a: values and gradients vs double in test_attention.c");
     else
         cell(op, K_REF, "n/a: values checked in test_ops.c / test_autograd.c");
 }

@@ -110,6 +110,10 @@ NT_API nt_tensor *nt_mse_loss_at(const nt_site *site, nt_tensor *a, nt_tensor *b
 NT_API nt_tensor *nt_dropout_at(const nt_site *site, nt_tensor *x, double p, uint64_t seed);
 NT_API nt_tensor *nt_multinomial_at(const nt_site *site, nt_tensor *probs, int64_t n,
                                     uint64_t seed);
+NT_API nt_tensor *nt_scaled_dot_product_attention_at(const nt_site *site, nt_tensor *q,
+                                                     nt_tensor *k, nt_tensor *v,
+                                                     nt_tensor *mask, bool causal,
+                                                     double scale);
 NT_API nt_tensor *nt_embedding_at(const nt_site *site, nt_tensor *weight, nt_tensor *idx);
 NT_API int nt_topk_at(const nt_site *site, nt_tensor *x, int64_t k, int dim, bool largest,
                       nt_tensor **values, nt_tensor **indices);
@@ -233,6 +237,7 @@ NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *pa
     X(nt_tensor *, nt_mse_loss, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_dropout, (nt_tensor *x, double p, uint64_t seed), (const nt_site *site, nt_tensor *x, double p, uint64_t seed), 3) \
     X(nt_tensor *, nt_multinomial, (nt_tensor *probs, int64_t n, uint64_t seed), (const nt_site *site, nt_tensor *probs, int64_t n, uint64_t seed), 3) \
+    X(nt_tensor *, nt_scaled_dot_product_attention, (nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_tensor *mask, bool causal, double scale), (const nt_site *site, nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_tensor *mask, bool causal, double scale), 6) \
     X(nt_tensor *, nt_embedding, (nt_tensor *weight, nt_tensor *idx), (const nt_site *site, nt_tensor *weight, nt_tensor *idx), 2) \
     X(int, nt_topk, (nt_tensor *x, int64_t k, int dim, bool largest, nt_tensor **values, nt_tensor **indices), (const nt_site *site, nt_tensor *x, int64_t k, int dim, bool largest, nt_tensor **values, nt_tensor **indices), 6) \
     X(nt_tensor *, nt_gather, (nt_tensor *t, int dim, nt_tensor *index), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index), 3) \
@@ -344,6 +349,7 @@ NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *pa
 #define nt_mse_loss(...) nt_mse_loss_at(NT_HERE, __VA_ARGS__)
 #define nt_dropout(...) nt_dropout_at(NT_HERE, __VA_ARGS__)
 #define nt_multinomial(...) nt_multinomial_at(NT_HERE, __VA_ARGS__)
+#define nt_scaled_dot_product_attention(...) nt_scaled_dot_product_attention_at(NT_HERE, __VA_ARGS__)
 #define nt_embedding(...) nt_embedding_at(NT_HERE, __VA_ARGS__)
 #define nt_topk(...) nt_topk_at(NT_HERE, __VA_ARGS__)
 #define nt_gather(...) nt_gather_at(NT_HERE, __VA_ARGS__)

@@ -52,6 +52,8 @@ static const nt__kernel_fn sk_table[NT_OP_COUNT] = {
     [NT_OP_DROPOUT] = nt__sk_dropout,
     [NT_OP_TOPK] = nt__sk_topk,
     [NT_OP_MULTINOMIAL] = nt__sk_multinomial,
+    [NT_OP_SDPA] = nt__sk_sdpa,
+    [NT_OP_SDPA_BWD] = nt__sk_sdpa_bwd,
 };
 #undef SK_EW
 
@@ -537,14 +539,25 @@ static void sim_stats_clear(void) { nt_sim_stats_reset(); }
 
 /* ---------------- the backend ---------------- */
 
+/* What the backend runs: every op its table has, but attention only when a
+ * head fits SBUF (the tile program keeps one resident). */
+static bool sim_supports(int op, const nt__params *p)
+{
+    if (op >= NT_OP_COUNT)
+        return op >= NT_OP_CUSTOM_BASE;
+    if (op == NT_OP_SDPA || op == NT_OP_SDPA_BWD)
+        return nt__sim_kernels[op] != NULL && nt__sk_sdpa_fits(op, p);
+    return nt__sim_kernels[op] != NULL;
+}
+
 const nt__backend_i nt__sim_backend = {
     .name = "sim",
     .init = sim_init,
     .shutdown = sim_shutdown,
     .kernels = nt__sim_kernels,
-    /* .supports: none needed -- it runs every op its table has, whatever
-     * the parameters (stochastic-rounding casts included), so the
-     * dispatcher's question stays a table load */
+    /* every op its table has, whatever the parameters (stochastic-rounding
+     * casts included), except attention that does not fit SBUF */
+    .supports = sim_supports,
     .custom_kernel = nt__sk_custom_kernel,
     .run_fused = nt__sk_fused,
     .stats_fill = sim_stats_fill,

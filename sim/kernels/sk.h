@@ -15,6 +15,7 @@
  *   matmul.c   batched matmul through nt_tile_matmul (and MM programs)
  *   gather.c   embedding and embedding_bwd
  *   index.c    gather, index_select and their backward index_add
+ *   attention.c  scaled dot-product attention and its backward (flash style)
  *   gen.c      arange, rand, randn (GpSimd custom code)
  *   sample.c   dropout, topk, multinomial (GpSimd custom code)
  *   user.c     user tile kernels (nt_op_register_kernel)
@@ -177,6 +178,11 @@ int nt__sk_embedding(const nt__rec *r);
 int nt__sk_embedding_bwd(const nt__rec *r);
 int nt__sk_gather(const nt__rec *r);       /* gather, index_select */
 int nt__sk_index_add(const nt__rec *r);
+int nt__sk_sdpa(const nt__rec *r);         /* attention.c */
+int nt__sk_sdpa_bwd(const nt__rec *r);
+/* Whether a head of SDPA / SDPA_BWD with p's sizes fits SBUF (else the op
+ * runs on the CPU: the backend's supports()). */
+bool nt__sk_sdpa_fits(int op, const nt__params *p);
 int nt__sk_arange(const nt__rec *r);
 int nt__sk_rand(const nt__rec *r);
 int nt__sk_randn(const nt__rec *r);

@@ -1,0 +1,287 @@
+/* cpu/attention.c - scaled dot-product attention and its backward: the
+ * reference the simulator's tile program (sim/kernels/attention.c) matches
+ * bit for bit.
+ *
+ * The arithmetic is the op's definition (docs/ops.md §7a), flash-attention
+ * style: per batch and query block of NT_ATTN_BLOCK rows, the key blocks in
+ * ascending order, each folded into a running max m, sum l and f32
+ * accumulator o; scores never exist for more than one block.  Every product
+ * goes through nt__gemm_ktile (one K-tile: D, Dv and the block sizes are <=
+ * 128) and every scalar step through core/ewise.h and the canonical
+ * reductions, in the order the tile program issues its instructions.
+ *
+ * sdpa:     in q, k, v, mask (NULL, u8 or floating); out o (q's dtype),
+ *           lse (f32 [..., Tq]: m + log(max(l, 1)), for the backward).
+ * sdpa_bwd: in qx = [q | dO | O], kv = [k | v] (per batch, the row-major
+ *           blocks one after the other: [..., Tq*D + 2*Tq*Dv] and [...,
+ *           Tk*D + Tk*Dv]), lse, mask; out dq [..., Tq, D] and dkv = [dk |
+ *           dv] packed like kv.  p.i[0..3] = D, Dv, Tq, Tk.  The scores are recomputed block by block
+ *           (FlashAttention-2): P = exp(s - lse), Dr = rowsum(dO * O),
+ *           dS = ((dP - Dr) * scale) * P. */
+#include "cpu/cpu.h"
+
+#include <math.h>
+#include <float.h>
+
+#include "core/attn.h"
+#include "core/ewise.h"
+#include "core/gemm.h"
+#include "core/nmath.h"
+#include "core/reduce.h"
+
+#define BLK NT_ATTN_BLOCK
+
+typedef struct attn_ctx {
+    nt__attn_geom g;
+    nt__attn_opnd q, k, v, m, o, dO, O, lse, dq, dk, dv;
+    bool has_mask, causal;
+    float scale;
+    int64_t Tq, Tk, D, Dv;
+} attn_ctx;
+
+static inline float ld(const nt__attn_opnd *x, int64_t boff, int64_t r, int64_t c)
+{
+    return nt__load_f32(x->base, x->dt, boff + r * x->rs + c * x->cs);
+}
+
+/* block [r0, r0+nr) x [0, nc) of x at batch offset boff -> f32, row-major
+ * (ld = nc) or transposed (trans: [nc][nr]) */
+static void pack(float *dst, const nt__attn_opnd *x, int64_t boff, int64_t r0, int64_t nr,
+                 int64_t nc, bool trans)
+{
+    if (x->dt == NT_F32 && x->cs == 1) { /* the usual case: rows of floats */
+        for (int64_t r = 0; r < nr; r++) {
+            const float *row = (const float *)x->base + boff + (r0 + r) * x->rs;
+            if (trans)
+                for (int64_t c = 0; c < nc; c++)
+                    dst[c * nr + r] = row[c];
+            else
+                memcpy(dst + r * nc, row, (size_t)nc * sizeof(float));
+        }
+        return;
+    }
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t c = 0; c < nc; c++) {
+            float v = ld(x, boff, r0 + r, c);
+            if (trans)
+                dst[c * nr + r] = v;
+            else
+                dst[r * nc + c] = v;
+        }
+}
+
+/* s[i][j] = S * scale, then the mask and the causal rule (-Inf where a
+ * query may not attend): the scores of one block, as the tile program
+ * makes them (tensor_scalar, tensor_tensor add or select, affine_select). */
+static void scores(const attn_ctx *a, float *s, int64_t mb, int64_t q0, int Mq, int64_t k0,
+                   int nk)
+{
+    for (int i = 0; i < Mq; i++)
+        for (int j = 0; j < nk; j++) {
+            float x = nt__ew_mul(s[i * nk + j], a->scale);
+            if (a->has_mask) {
+                float mv = ld(&a->m, mb, q0 + i, k0 + j);
+                if (a->m.dt == NT_U8)
+                    x = mv != 0.0f ? x : -INFINITY;
+                else
+                    x = nt__ew_add(x, mv);
+            }
+            if (a->causal && (q0 + i) - (k0 + j) < 0)
+                x = -INFINITY;
+            s[i * nk + j] = x;
+        }
+}
+
+/* whether key block k0 lies wholly after query block [q0, q0+Mq): causal
+ * skips it (docs/ops.md §7a) */
+static inline bool skip_block(const attn_ctx *a, int64_t q0, int Mq, int64_t k0)
+{
+    return a->causal && k0 > q0 + Mq - 1;
+}
+
+static void ctx_params(attn_ctx *a, const nt__rec *r)
+{
+    a->scale = (float)r->p.f[0];
+    a->causal = r->p.flag != 0;
+    a->has_mask = r->in[3] != NULL;
+}
+
+int nt__cpu_scaled_dot_product_attention(const nt__rec *r)
+{
+    attn_ctx a;
+    memset(&a, 0, sizeof a);
+    ctx_params(&a, r);
+    const nt_tensor *q = r->in[0], *k = r->in[1], *v = r->in[2];
+    nt__attn_geom_of(&a.g, q);
+    a.Tq = q->shape[q->ndim - 2], a.D = q->shape[q->ndim - 1];
+    a.Tk = k->shape[k->ndim - 2], a.Dv = v->shape[v->ndim - 1];
+    nt__attn_opnd_of(&a.q, q, &a.g, 0);
+    nt__attn_opnd_of(&a.k, k, &a.g, 0);
+    nt__attn_opnd_of(&a.v, v, &a.g, 0);
+    if (a.has_mask)
+        nt__attn_opnd_of(&a.m, r->in[3], &a.g, 0);
+    const nt_tensor *o = r->out[0], *lse = r->out[1];
+    int64_t D = a.D, Dv = a.Dv;
+    size_t nf = (size_t)(D * BLK * 2 + BLK * BLK * 3 + BLK * Dv * 3 + BLK * 4);
+    float *buf = g_try_malloc(nf * sizeof(float));
+    if (!buf)
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for attention buffers (%zu floats)", nf);
+    float *Qt = buf, *Kt = Qt + D * BLK, *S = Kt + D * BLK, *Pt = S + BLK * BLK,
+          *Vb = Pt + BLK * BLK, *PV = Vb + BLK * Dv, *acc = PV + BLK * Dv, *m = acc + BLK * Dv,
+          *l = m + BLK, *row = l + BLK;
+    (void)row;
+    nt_dtype odt = (nt_dtype)o->dtype;
+    int64_t oes = (int64_t)nt__dtype_size(odt);
+    char *od = nt__tensor_data(o);
+    float *ld_ = nt__tensor_data(lse);
+    for (int64_t b = 0; b < a.g.nbatch; b++) {
+        int64_t qb = nt__attn_boff(&a.q, &a.g, b), kb = nt__attn_boff(&a.k, &a.g, b);
+        int64_t vb = nt__attn_boff(&a.v, &a.g, b);
+        int64_t mb = a.has_mask ? nt__attn_boff(&a.m, &a.g, b) : 0;
+        for (int64_t q0 = 0; q0 < a.Tq; q0 += BLK) {
+            int Mq = (int)(a.Tq - q0 < BLK ? a.Tq - q0 : BLK);
+            pack(Qt, &a.q, qb, q0, Mq, D, true);
+            for (int i = 0; i < Mq; i++)
+                m[i] = -FLT_MAX, l[i] = 0.0f;
+            memset(acc, 0, (size_t)(Mq * Dv) * sizeof(float));
+            for (int64_t k0 = 0; k0 < a.Tk && !skip_block(&a, q0, Mq, k0); k0 += BLK) {
+                int nk = (int)(a.Tk - k0 < BLK ? a.Tk - k0 : BLK);
+                pack(Kt, &a.k, kb, k0, nk, D, true);
+                nt__gemm_ktile(Mq, nk, (int)D, Qt, Mq, Kt, nk, S, nk, false);
+                scores(&a, S, mb, q0, Mq, k0, nk);
+                for (int i = 0; i < Mq; i++) {
+                    float *si = S + i * nk;
+                    float mnew = nt__ew_maximum(m[i], nt__red_max_f32(si, nk, 1));
+                    float alpha = nt__ew_exp(nt__ew_sub(m[i], mnew));
+                    float negm = nt__ew_mul(mnew, -1.0f);
+                    for (int j = 0; j < nk; j++)
+                        si[j] = nt__ew_add(si[j], negm);
+                    nt__expf_n(si, si, nk); /* nt__ew_exp's bits (core/nmath.h) */
+                    float rs = nt__red_sum_f32(si, nk, 1);
+                    l[i] = nt__ew_add(nt__ew_mul(l[i], alpha), rs);
+                    m[i] = mnew;
+                    for (int j = 0; j < nk; j++)
+                        Pt[j * Mq + i] = si[j];
+                    for (int64_t d = 0; d < Dv; d++)
+                        acc[i * Dv + d] = nt__ew_mul(acc[i * Dv + d], alpha);
+                }
+                pack(Vb, &a.v, vb, k0, nk, Dv, false);
+                nt__gemm_ktile(Mq, (int)Dv, nk, Pt, Mq, Vb, (int)Dv, PV, (int)Dv, false);
+                for (int64_t e = 0; e < Mq * Dv; e++)
+                    acc[e] = nt__ew_add(acc[e], PV[e]);
+            }
+            for (int i = 0; i < Mq; i++) {
+                float ls = nt__ew_maximum(l[i], 1.0f);
+                for (int64_t d = 0; d < Dv; d++)
+                    acc[i * Dv + d] = nt__ew_div(acc[i * Dv + d], ls);
+                ld_[b * a.Tq + q0 + i] = nt__canon(nt__ew_add(m[i], nt__ew_log(ls)));
+            }
+            /* out is fresh and contiguous: [nbatch, Tq, Dv] */
+            nt__st_f32(od + ((b * a.Tq + q0) * Dv) * oes, odt, 1, acc, Mq * Dv);
+        }
+    }
+    g_free(buf);
+    return 0;
+}
+
+int nt__cpu_sdpa_bwd(const nt__rec *r)
+{
+    attn_ctx a;
+    memset(&a, 0, sizeof a);
+    ctx_params(&a, r);
+    const nt_tensor *qx = r->in[0], *kv = r->in[1], *lse = r->in[2];
+    a.D = r->p.i[0], a.Dv = r->p.i[1], a.Tq = r->p.i[2], a.Tk = r->p.i[3];
+    int64_t D = a.D, Dv = a.Dv;
+    nt__attn_geom_flat(&a.g, qx);
+    nt__attn_opnd_flat(&a.q, qx, &a.g, 0, D);
+    nt__attn_opnd_flat(&a.dO, qx, &a.g, a.Tq * D, Dv);
+    nt__attn_opnd_flat(&a.O, qx, &a.g, a.Tq * (D + Dv), Dv);
+    nt__attn_opnd_flat(&a.k, kv, &a.g, 0, D);
+    nt__attn_opnd_flat(&a.v, kv, &a.g, a.Tk * D, Dv);
+    if (a.has_mask)
+        nt__attn_opnd_of(&a.m, r->in[3], &a.g, 0);
+    const float *lsed = nt__tensor_data(lse);
+    const nt_tensor *dq = r->out[0], *dkv = r->out[1];
+    nt_dtype dt = (nt_dtype)dq->dtype;
+    int64_t es = (int64_t)nt__dtype_size(dt);
+    char *dqd = nt__tensor_data(dq), *dkvd = nt__tensor_data(dkv);
+    int64_t Tq = a.Tq, Tk = a.Tk;
+    /* f32 scratch: dQ's accumulator and the per-row terms for a whole
+     * batch, the rest per block */
+    int64_t sizes[] = {Tq * D, Tq, Tq, BLK * D, BLK * D, BLK * Dv, BLK * D, BLK * Dv, BLK * D,
+                       BLK * D, BLK * Dv, BLK * Dv, BLK * BLK, BLK * BLK, BLK * BLK, Dv};
+    float *p[16];
+    size_t nf = 0;
+    for (int i = 0; i < 16; i++)
+        nf += (size_t)sizes[i];
+    float *buf = g_try_malloc((nf + 1) * sizeof(float));
+    if (!buf)
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for attention buffers (%zu floats)", nf);
+    p[0] = buf;
+    for (int i = 1; i < 16; i++)
+        p[i] = p[i - 1] + sizes[i - 1];
+    float *dqa = p[0], *Dr = p[1], *negl = p[2], *Kb = p[3], *Kt = p[4], *Vt = p[5], *dK = p[6],
+          *dV = p[7], *Qt = p[8], *Qrow = p[9], *dOb = p[10], *dOt = p[11], *S = p[12],
+          *dP = p[13], *dSt = p[14], *tmp = p[15];
+    for (int64_t b = 0; b < a.g.nbatch; b++) {
+        int64_t qb = nt__attn_boff(&a.q, &a.g, b), kb = nt__attn_boff(&a.k, &a.g, b);
+        int64_t mb = a.has_mask ? nt__attn_boff(&a.m, &a.g, b) : 0;
+        /* Dr_i = rowsum(dO_i * O_i) (products rounded to f32, canonical sum);
+         * -lse_i the exponent's bias */
+        for (int64_t i = 0; i < Tq; i++) {
+            for (int64_t d = 0; d < Dv; d++)
+                tmp[d] = nt__ew_mul(ld(&a.dO, qb, i, d), ld(&a.O, qb, i, d));
+            Dr[i] = nt__red_sum_f32(tmp, Dv, 1);
+            negl[i] = nt__ew_mul(lsed[b * Tq + i], -1.0f);
+        }
+        memset(dqa, 0, (size_t)(Tq * D) * sizeof(float));
+        for (int64_t k0 = 0; k0 < Tk; k0 += BLK) {
+            int nk = (int)(Tk - k0 < BLK ? Tk - k0 : BLK);
+            pack(Kb, &a.k, kb, k0, nk, D, false);
+            pack(Kt, &a.k, kb, k0, nk, D, true);
+            pack(Vt, &a.v, kb, k0, nk, Dv, true);
+            bool first = true;
+            for (int64_t q0 = 0; q0 < Tq; q0 += BLK) {
+                int Mq = (int)(Tq - q0 < BLK ? Tq - q0 : BLK);
+                if (skip_block(&a, q0, Mq, k0))
+                    continue;
+                pack(Qt, &a.q, qb, q0, Mq, D, true);
+                pack(Qrow, &a.q, qb, q0, Mq, D, false);
+                pack(dOb, &a.dO, qb, q0, Mq, Dv, false);
+                pack(dOt, &a.dO, qb, q0, Mq, Dv, true);
+                nt__gemm_ktile(Mq, nk, (int)D, Qt, Mq, Kt, nk, S, nk, false);
+                scores(&a, S, mb, q0, Mq, k0, nk);
+                for (int i = 0; i < Mq; i++)
+                    for (int j = 0; j < nk; j++)
+                        S[i * nk + j] = nt__ew_add(S[i * nk + j], negl[q0 + i]);
+                nt__expf_n(S, S, (long)Mq * nk); /* nt__ew_exp's bits (core/nmath.h) */
+                /* dV += P^T dO (P is the stationary [Mq, nk] operand) */
+                nt__gemm_ktile(nk, (int)Dv, Mq, S, nk, dOb, (int)Dv, dV, (int)Dv, !first);
+                /* dP = dO V^T */
+                nt__gemm_ktile(Mq, nk, (int)Dv, dOt, Mq, Vt, nk, dP, nk, false);
+                for (int i = 0; i < Mq; i++)
+                    for (int j = 0; j < nk; j++) {
+                        float t = nt__ew_mul(nt__ew_sub(dP[i * nk + j], Dr[q0 + i]), a.scale);
+                        float ds = nt__ew_mul(t, S[i * nk + j]);
+                        dP[i * nk + j] = ds;
+                        dSt[j * Mq + i] = ds;
+                    }
+                /* dK += dS^T Q; dQ (+)= dS K, key blocks in ascending order */
+                nt__gemm_ktile(nk, (int)D, Mq, dP, nk, Qrow, (int)D, dK, (int)D, !first);
+                nt__gemm_ktile(Mq, (int)D, nk, dSt, Mq, Kb, (int)D, dqa + q0 * D, (int)D, k0 > 0);
+                first = false;
+            }
+            if (first) { /* no query reached this block */
+                memset(dK, 0, (size_t)(nk * D) * sizeof(float));
+                memset(dV, 0, (size_t)(nk * Dv) * sizeof(float));
+            }
+            /* dkv is fresh and contiguous: per batch Tk x D, then Tk x Dv */
+            char *dkb = dkvd + b * Tk * (D + Dv) * es;
+            nt__st_f32(dkb + k0 * D * es, dt, 1, dK, nk * D);
+            nt__st_f32(dkb + (Tk * D + k0 * Dv) * es, dt, 1, dV, nk * Dv);
+        }
+        nt__st_f32(dqd + (b * Tq * D) * es, dt, 1, dqa, Tq * D);
+    }
+    g_free(buf);
+    return 0;
+}

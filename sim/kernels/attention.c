@@ -1,0 +1,628 @@
+/* sim/kernels/attention.c - scaled dot-product attention on the simulator:
+ * one flash-attention tile program per op, the scores never in HBM.
+ *
+ * Forward, per batch (b, h): q, k and v of the head come into SBUF with a
+ * couple of DMAs each (row r of a block at partition r % 128), q and k are
+ * transposed on TensorE; then per query block of <= 128 rows (one row per
+ * partition) the key blocks stream through TensorE: S = q k^T into PSUM,
+ * then on VectorE/ScalarE the scale, the mask (DMA'd block by block:
+ * tensor_tensor add, or select on a u8 mask), the causal affine_select, the
+ * block max, the online-softmax rescale alpha = exp(m - m_new), P = exp(s -
+ * m_new) with its row sum from the same activation, l = l * alpha + sum,
+ * P^T on TensorE and P V into PSUM, o = o * alpha + P V.  o / max(l, 1) and
+ * the log-sum-exp m + log(max(l, 1)) are the only writes to HBM.
+ *
+ * Backward, per batch: q, dO (rows and transposes), Dr = rowsum(dO * O) and
+ * -lse for the head stay in SBUF, and k, v (rows and transposes); per key
+ * block each query block recomputes S and P = exp(s - lse) (lse is final:
+ * no running state), dV += P^T dO and dK += dS^T q accumulate in PSUM over
+ * the query blocks in ascending order, dP = dO v^T, dS = ((dP - Dr) *
+ * scale) * P, and dQ's f32 accumulator in SBUF takes dS k (key blocks in
+ * ascending order).
+ *
+ * Query blocks run G at a time, their instructions interleaved step by step
+ * (software pipelining): the engines are in-order, so one block's chain of
+ * dependent steps would leave them idle between its steps.  The order of
+ * the steps of any one block, and so every value, is unchanged.
+ *
+ * Every instruction computes what cpu/attention.c computes at that step
+ * (the same nt__gemm_ktile products, core/ewise.h steps and canonical
+ * reductions), so the bits are the CPU's; the simulator charges each
+ * instruction its engine and DMA time. */
+#include "sim/kernels/sk.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "core/attn.h"
+
+#define BLK NT_ATTN_BLOCK
+#define G 4 /* query blocks in flight */
+
+typedef struct ak {
+    sk_k *s;
+    nt_sim_kernel *k;
+    nt__attn_geom g;
+    nt__attn_opnd q, kk, v, m, dO, O;
+    bool has_mask, causal;
+    float scale;
+    int64_t Tq, Tk, D, Dv;
+    int64_t nqb, nkb;
+    nt_tile *raw;       /* a head's operand in its own dtype, before widening */
+    nt_tile *tp[2];     /* PSUM for transposes, [128, 512] f32 */
+    int ntp;
+    nt_tile *ninf;      /* [128, 1] of -Inf */
+    /* per query block in flight */
+    nt_tile *mraw[G];   /* a mask block, [128, BLK] */
+    nt_tile *S[G];      /* PSUM scores, [128, BLK] f32 */
+    nt_tile *sc[G];     /* SBUF scores / P, [128, BLK] f32 */
+} ak;
+
+static nt_ap hpat(const char *base, nt_dtype dt, int64_t off, int np, int64_t pstep, int64_t m,
+                  int64_t step)
+{
+    nt_ap a;
+    memset(&a, 0, sizeof a);
+    a.hbm = (void *)base;
+    a.dtype = dt;
+    a.np = np;
+    a.pstep = pstep;
+    a.offset = off;
+    a.ndim = 1;
+    a.num[0] = m;
+    a.step[0] = step;
+    return a;
+}
+
+static nt_ap col(nt_tile *t, int np, int64_t j) { return nt_tile_slice(t, 0, np, j, 1); }
+
+static int ts(ak *a, const nt_ap *d, const nt_ap *x, nt_alu_op op, const nt_ap *sap, float imm)
+{
+    return nt_isa_tensor_scalar(a->k, d, x, &(nt_isa_alu){op, {sap, imm}, false}, NULL,
+                                sk_eng(a->s));
+}
+
+static int tt(ak *a, const nt_ap *d, const nt_ap *x, const nt_ap *y, nt_alu_op op)
+{
+    return nt_isa_tensor_tensor(a->k, d, x, y, op, NT_ENGINE_VECTOR);
+}
+
+static inline int nblocks(int64_t T) { return (int)((T + BLK - 1) / BLK); }
+static inline int bsize(int64_t T, int j) { return (int)(T - (int64_t)j * BLK < BLK ? T - (int64_t)j * BLK : BLK); }
+
+/* Rows [0, T) x [0, nc) of operand x (batch offset boff) -> tile t (f32,
+ * [128, nblocks(T) * nc], block j at column j * nc, row r at partition
+ * r % 128): one DMA for the full blocks, one for the last, and a widening
+ * copy on-chip when x is not f32 (exact). */
+static int load_head(ak *a, nt_tile *t, const nt__attn_opnd *x, int64_t boff, int64_t T,
+                     int64_t nc)
+{
+    int64_t nfull = T / BLK, tail = T % BLK;
+    bool f32 = x->dt == NT_F32;
+    int rc = 0;
+    for (int part = 0; part < 2 && !rc; part++) {
+        int np = part ? (int)tail : BLK;
+        int64_t nb = part ? 1 : nfull, c0 = part ? nfull * nc : 0;
+        if (np == 0 || nb == 0)
+            continue;
+        nt_ap h = hpat(x->base, x->dt, boff + (part ? nfull * BLK : 0) * x->rs, np, x->rs, nb * nc,
+                       x->cs);
+        h.ndim = 2;
+        h.num[0] = nb, h.step[0] = BLK * x->rs;
+        h.num[1] = nc, h.step[1] = x->cs;
+        nt_ap d = nt_tile_slice(t, 0, np, c0, nb * nc);
+        if (f32) {
+            rc = nt_isa_dma_copy(a->k, &d, &h, sk_qin(a->s));
+        } else {
+            nt_ap r = nt_tile_slice(a->raw, 0, np, c0, nb * nc);
+            rc = nt_isa_dma_copy(a->k, &r, &h, sk_qin(a->s));
+            if (!rc)
+                rc = nt_isa_tensor_copy(a->k, &d, &r, NT_ENGINE_GPSIMD);
+        }
+    }
+    return rc;
+}
+
+/* tT [nc, T] (f32) = the head's rows t (load_head's layout) transposed: up
+ * to 4 blocks per PSUM tile, one evacuating copy each */
+static int transpose_head(ak *a, nt_tile *tT, nt_tile *t, int64_t T, int64_t nc)
+{
+    int nb = nblocks(T), rc = 0;
+    for (int j0 = 0; j0 < nb && !rc; j0 += 4) {
+        nt_tile *p = a->tp[a->ntp++ & 1];
+        int64_t w = 0;
+        for (int j = j0; j < nb && j < j0 + 4 && !rc; j++) {
+            int n = bsize(T, j);
+            nt_ap src = nt_tile_slice(t, 0, n, (int64_t)j * nc, nc);
+            nt_ap dst = nt_tile_slice(p, 0, (int)nc, w, n);
+            rc = nt_isa_nc_transpose(a->k, &dst, &src);
+            w += n;
+        }
+        nt_ap ps = nt_tile_slice(p, 0, (int)nc, 0, w);
+        nt_ap d = nt_tile_slice(tT, 0, (int)nc, (int64_t)j0 * BLK, w);
+        if (!rc)
+            rc = nt_isa_tensor_copy(a->k, &d, &ps, NT_ENGINE_SCALAR);
+    }
+    return rc;
+}
+
+/* s [Mq, nk] (SBUF f32) = S (PSUM) * scale, then the mask and the causal
+ * rule, as cpu/attention.c's scores() */
+static int scores(ak *a, int g, const nt_ap *s, const nt_ap *S, int64_t mb, int64_t q0, int Mq,
+                  int64_t k0, int nk)
+{
+    int rc = ts(a, s, S, NT_ALU_MUL, NULL, a->scale);
+    if (!rc && a->has_mask) {
+        nt_ap mt = nt_tile_slice(a->mraw[g], 0, Mq, 0, nk);
+        nt_ap h = hpat(a->m.base, a->m.dt, mb + q0 * a->m.rs + k0 * a->m.cs, Mq, a->m.rs, nk,
+                       a->m.cs);
+        rc = nt_isa_dma_copy(a->k, &mt, &h, sk_qin(a->s));
+        if (!rc && a->m.dt == NT_U8) {
+            nt_ap ni = col(a->ninf, Mq, 0);
+            ni.num[0] = nk;
+            ni.step[0] = 0;
+            rc = nt_isa_select(a->k, s, &mt, s, &ni, NT_ENGINE_VECTOR);
+        } else if (!rc) {
+            rc = tt(a, s, s, &mt, NT_ALU_ADD);
+        }
+    }
+    /* only a block that reaches past its first query's diagonal has
+     * anything to mask */
+    if (!rc && a->causal && k0 + nk - 1 > q0)
+        rc = nt_isa_affine_select(a->k, s, s,
+                                  &(nt_isa_affine){(int32_t)(q0 - k0), 1, {-1, 0, 0, 0}},
+                                  NT_ALU_GE, -INFINITY);
+    return rc;
+}
+
+/* whether key block k0 lies wholly after query block [q0, q0+Mq): causal
+ * skips it (docs/ops.md §7a) */
+static inline bool skip_block(const ak *a, int64_t q0, int Mq, int64_t k0)
+{
+    return a->causal && k0 > q0 + Mq - 1;
+}
+
+static int setup(ak *a, sk_k *s, const nt__rec *r, int64_t raw_elems, bool packed)
+{
+    memset(a, 0, sizeof *a);
+    a->s = s;
+    a->k = s->k;
+    a->scale = (float)r->p.f[0];
+    a->causal = r->p.flag != 0;
+    a->has_mask = r->in[3] != NULL;
+    if (packed)
+        nt__attn_geom_flat(&a->g, r->in[0]);
+    else
+        nt__attn_geom_of(&a->g, r->in[0]);
+    if (a->has_mask)
+        nt__attn_opnd_of(&a->m, r->in[3], &a->g, 0);
+    nt_sim_kernel *k = a->k;
+    nt_dtype dt = (nt_dtype)r->in[0]->dtype;
+    a->raw = dt != NT_F32 ? sk_tile(s, "attn.raw", dt, BLK, raw_elems) : NULL;
+    for (int b = 0; b < 2; b++)
+        a->tp[b] = nt_tile_alloc(k, "attn.tr", NT_MEM_PSUM, NT_F32, BLK, 4 * BLK);
+    for (int g = 0; g < G; g++) {
+        a->mraw[g] = a->has_mask ? sk_tile(s, "attn.mask", a->m.dt, BLK, BLK) : NULL;
+        a->S[g] = nt_tile_alloc(k, "attn.S", NT_MEM_PSUM, NT_F32, BLK, BLK);
+        a->sc[g] = sk_tile(s, "attn.s", NT_F32, BLK, BLK);
+    }
+    a->ninf = sk_tile(s, "attn.ninf", NT_F32, BLK, 1);
+    nt_ap ni = nt_tile_ap(a->ninf);
+    return nt_sim_kernel_error(k) ? nt_sim_kernel_error(k)
+                                  : nt_isa_memset(k, &ni, -INFINITY, NT_ENGINE_VECTOR);
+}
+
+static int too_long(int64_t Tq, int64_t Tk, int64_t bytes)
+{
+    return nt__kerr(NT_ENOTSUP, "the simulator's attention program keeps a whole head in SBUF: "
+                    "Tq = %lld, Tk = %lld need %lld bytes per partition, more than its %d",
+                    (long long)Tq, (long long)Tk, (long long)bytes, SK_SBUF_BUDGET);
+}
+
+/* Stores tile t (load_head's layout, [128, nblocks(T) * nc], dtype dt) to
+ * the contiguous rows [0, T) x [0, nc) at element off of base (row stride
+ * ld): one DMA for the full blocks, one for the last. */
+static int store_head(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, nt_tile *t,
+                      int64_t T, int64_t nc)
+{
+    int64_t nfull = T / BLK, tail = T % BLK;
+    int rc = 0;
+    for (int part = 0; part < 2 && !rc; part++) {
+        int np = part ? (int)tail : BLK;
+        int64_t nb = part ? 1 : nfull, c0 = part ? nfull * nc : 0;
+        if (np == 0 || nb == 0)
+            continue;
+        nt_ap h = hpat(base, dt, off + (part ? nfull * BLK : 0) * ld, np, ld, nb * nc, 1);
+        h.ndim = 2;
+        h.num[0] = nb, h.step[0] = BLK * ld;
+        h.num[1] = nc, h.step[1] = 1;
+        nt_ap d = nt_tile_slice(t, 0, np, c0, nb * nc);
+        rc = nt_isa_dma_copy(a->k, &h, &d, sk_qout(a->s));
+    }
+    return rc;
+}
+
+/* ---------------- forward ---------------- */
+
+enum { C_M, C_MNEW, C_BMAX, C_ALPHA, C_NEGM, C_RS, C_L, C_LS, C_T, C_NCOL };
+
+/* a head's widest operand, in elements per partition (the raw loads) */
+static int64_t raw_elems(int64_t D, int64_t Dv, int64_t nqb, int64_t nkb)
+{
+    int64_t w = D > Dv ? D : Dv, nb = nqb > nkb ? nqb : nkb;
+    return nb * w;
+}
+
+/* SBUF bytes per partition the forward plans with: k^T, q^T, the rows of
+ * k, v, q, the output and lse of the head, the raw loads (at most half an
+ * f32's size), the blocks in flight */
+static int64_t fwd_need(int64_t D, int64_t Dv, int64_t Tq, int64_t Tk)
+{
+    int64_t nqb = nblocks(Tq), nkb = nblocks(Tk);
+    return 4 * (Tk + Tq + nkb * (D + Dv) + nqb * (D + Dv + 1) +
+                raw_elems(D, Dv, nqb, nkb) / 2 + G * (3 * BLK + Dv + C_NCOL) + 2);
+}
+
+/* the backward's: q^T, dO^T, k^T, v^T; the rows of q, dO, O, k, v; dQ's
+ * accumulator, Dr, -lse; the head's dq, dk, dv; raw loads; the blocks in
+ * flight */
+static int64_t bwd_need(int64_t D, int64_t Dv, int64_t Tq, int64_t Tk)
+{
+    int64_t nqb = nblocks(Tq), nkb = nblocks(Tk);
+    return 4 * (2 * Tq + 2 * Tk + nqb * (2 * D + 3 * Dv + 2) + nkb * (2 * D + 2 * Dv) +
+                raw_elems(D, Dv, nqb, nkb) / 2 + G * 3 * BLK + 2);
+}
+
+bool nt__sk_sdpa_fits(int op, const nt__params *p)
+{
+    int64_t D = p->i[0], Dv = p->i[1], Tq = p->i[2], Tk = p->i[3];
+    return (op == NT_OP_SDPA ? fwd_need(D, Dv, Tq, Tk) : bwd_need(D, Dv, Tq, Tk)) <=
+           SK_SBUF_BUDGET;
+}
+
+/* the steps of one key block for one query block, in order */
+enum { F_MM, F_SCORES, F_MAX, F_MNEW, F_SUB, F_ALPHA, F_P, F_L, F_TR, F_TRC, F_PV, F_OA,
+       F_OADD, F_NSTEP };
+
+typedef struct fq {
+    int64_t q0;
+    int Mq;
+    nt_tile *st, *acc, *PT, *pv;
+} fq;
+
+int nt__sk_sdpa(const nt__rec *r)
+{
+    const nt_tensor *q = r->in[0], *kt = r->in[1], *vt = r->in[2];
+    int64_t Tq = q->shape[q->ndim - 2], D = q->shape[q->ndim - 1];
+    int64_t Tk = kt->shape[kt->ndim - 2], Dv = vt->shape[vt->ndim - 1];
+    int64_t nqb = nblocks(Tq), nkb = nblocks(Tk);
+    int64_t raw = raw_elems(D, Dv, nqb, nkb), need = fwd_need(D, Dv, Tq, Tk);
+    if (need > SK_SBUF_BUDGET) /* nt__sk_sdpa_fits sent it to the CPU: unreachable */
+        return too_long(Tq, Tk, need);
+    sk_k s;
+    int rc = sk_begin(&s, "scaled_dot_product_attention");
+    if (rc)
+        return rc;
+    ak a;
+    rc = setup(&a, &s, r, raw, false);
+    a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv, a.nqb = nqb, a.nkb = nkb;
+    nt__attn_opnd_of(&a.q, q, &a.g, 0);
+    nt__attn_opnd_of(&a.kk, kt, &a.g, 0);
+    nt__attn_opnd_of(&a.v, vt, &a.g, 0);
+    nt_sim_kernel *k = s.k;
+    const nt_tensor *o = r->out[0], *lse = r->out[1];
+    nt_dtype odt = (nt_dtype)o->dtype;
+    char *od = nt__tensor_data(o), *ld = nt__tensor_data(lse);
+    nt_tile *KT = sk_tile(&s, "attn.kT", NT_F32, (int)D, Tk);
+    nt_tile *QT = sk_tile(&s, "attn.qT", NT_F32, (int)D, Tq);
+    nt_tile *Kr = sk_tile(&s, "attn.k", NT_F32, BLK, nkb * D);
+    nt_tile *V = sk_tile(&s, "attn.v", NT_F32, BLK, nkb * Dv);
+    nt_tile *Qr = sk_tile(&s, "attn.q", NT_F32, BLK, nqb * D);
+    nt_tile *OT = sk_tile(&s, "attn.out", odt, BLK, nqb * Dv);
+    nt_tile *LS = sk_tile(&s, "attn.lse", NT_F32, BLK, nqb);
+    fq f[G];
+    for (int g = 0; g < G; g++) {
+        f[g].st = sk_tile(&s, "attn.stats", NT_F32, BLK, C_NCOL);
+        f[g].acc = sk_tile(&s, "attn.o", NT_F32, BLK, Dv);
+        f[g].PT = sk_tile(&s, "attn.pT", NT_F32, BLK, BLK);
+        f[g].pv = nt_tile_alloc(k, "attn.pv", NT_MEM_PSUM, NT_F32, BLK, Dv);
+    }
+    if (!rc)
+        rc = nt_sim_kernel_error(k);
+    for (int64_t b = 0; b < a.g.nbatch && !rc; b++) {
+        int64_t qb = nt__attn_boff(&a.q, &a.g, b), kb = nt__attn_boff(&a.kk, &a.g, b);
+        int64_t vb = nt__attn_boff(&a.v, &a.g, b);
+        int64_t mb = a.has_mask ? nt__attn_boff(&a.m, &a.g, b) : 0;
+        if ((rc = load_head(&a, Kr, &a.kk, kb, Tk, D)) ||
+            (rc = transpose_head(&a, KT, Kr, Tk, D)) ||
+            (rc = load_head(&a, V, &a.v, vb, Tk, Dv)) ||
+            (rc = load_head(&a, Qr, &a.q, qb, Tq, D)) ||
+            (rc = transpose_head(&a, QT, Qr, Tq, D)))
+            break;
+        for (int64_t i0 = 0; i0 < nqb && !rc; i0 += G) {
+            int ng = (int)(nqb - i0 < G ? nqb - i0 : G);
+            for (int g = 0; g < ng && !rc; g++) {
+                f[g].q0 = (i0 + g) * BLK;
+                f[g].Mq = bsize(Tq, (int)(i0 + g));
+                nt_ap m = col(f[g].st, f[g].Mq, C_M), l = col(f[g].st, f[g].Mq, C_L);
+                nt_ap o_ = nt_tile_slice(f[g].acc, 0, f[g].Mq, 0, Dv);
+                if (!(rc = nt_isa_memset(k, &m, -FLT_MAX, NT_ENGINE_VECTOR)) &&
+                    !(rc = nt_isa_memset(k, &l, 0.0, NT_ENGINE_VECTOR)))
+                    rc = nt_isa_memset(k, &o_, 0.0, NT_ENGINE_GPSIMD);
+            }
+            for (int j = 0; j < nkb && !rc; j++) {
+                int64_t k0 = (int64_t)j * BLK;
+                int nk = bsize(Tk, j);
+                for (int step = 0; step < F_NSTEP && !rc; step++)
+                    for (int g = 0; g < ng && !rc; g++) {
+                        int Mq = f[g].Mq;
+                        int64_t q0 = f[g].q0;
+                        if (skip_block(&a, q0, Mq, k0))
+                            continue;
+                        nt_tile *st = f[g].st;
+                        nt_ap S = nt_tile_slice(a.S[g], 0, Mq, 0, nk);
+                        nt_ap sc = nt_tile_slice(a.sc[g], 0, Mq, 0, nk);
+                        nt_ap m = col(st, Mq, C_M), mnew = col(st, Mq, C_MNEW);
+                        nt_ap bmax = col(st, Mq, C_BMAX), alpha = col(st, Mq, C_ALPHA);
+                        nt_ap negm = col(st, Mq, C_NEGM), rs = col(st, Mq, C_RS);
+                        nt_ap l = col(st, Mq, C_L), t = col(st, Mq, C_T);
+                        nt_ap o_ = nt_tile_slice(f[g].acc, 0, Mq, 0, Dv);
+                        nt_ap pT = nt_tile_slice(f[g].PT, 0, nk, 0, Mq);
+                        nt_ap PV = nt_tile_slice(f[g].pv, 0, Mq, 0, Dv);
+                        nt_ap trp = nt_tile_slice(a.tp[g & 1], 0, nk, (g >> 1) * BLK, Mq);
+                        switch (step) {
+                        case F_MM: {
+                            nt_ap qT = nt_tile_slice(QT, 0, (int)D, q0, Mq);
+                            nt_ap kd = nt_tile_slice(KT, 0, (int)D, k0, nk);
+                            rc = nt_isa_nc_matmul(k, &S, &qT, &kd, false);
+                            break;
+                        }
+                        case F_SCORES: rc = scores(&a, g, &sc, &S, mb, q0, Mq, k0, nk); break;
+                        case F_MAX: rc = nt_isa_tensor_reduce(k, &bmax, &sc, NT_ALU_MAX, 1); break;
+                        case F_MNEW: rc = tt(&a, &mnew, &m, &bmax, NT_ALU_MAX); break;
+                        case F_SUB:
+                            if (!(rc = tt(&a, &t, &m, &mnew, NT_ALU_SUB)))
+                                rc = ts(&a, &negm, &mnew, NT_ALU_MUL, NULL, -1.0f);
+                            break;
+                        case F_ALPHA:
+                            rc = nt_isa_activation(k, &alpha, NT_ACT_EXP, &t, NULL, NULL, NULL);
+                            break;
+                        case F_P:
+                            rc = nt_isa_activation(k, &sc, NT_ACT_EXP, &sc, NULL,
+                                                   &(nt_isa_scalar){&negm, 0}, &rs);
+                            break;
+                        case F_L:
+                            rc = nt_isa_tensor_scalar(
+                                k, &l, &l, &(nt_isa_alu){NT_ALU_MUL, {&alpha, 0}, false},
+                                &(nt_isa_alu){NT_ALU_ADD, {&rs, 0}, false}, NT_ENGINE_VECTOR);
+                            if (!rc)
+                                rc = nt_isa_tensor_copy(k, &m, &mnew, NT_ENGINE_GPSIMD);
+                            break;
+                        case F_TR: rc = nt_isa_nc_transpose(k, &trp, &sc); break;
+                        case F_TRC: rc = nt_isa_tensor_copy(k, &pT, &trp, NT_ENGINE_SCALAR); break;
+                        case F_PV: {
+                            nt_ap vd = nt_tile_slice(V, 0, nk, (int64_t)j * Dv, Dv);
+                            rc = nt_isa_nc_matmul(k, &PV, &pT, &vd, false);
+                            break;
+                        }
+                        case F_OA: rc = ts(&a, &o_, &o_, NT_ALU_MUL, &alpha, 0); break;
+                        case F_OADD: rc = tt(&a, &o_, &o_, &PV, NT_ALU_ADD); break;
+                        }
+                    }
+            }
+            /* out = o / max(l, 1); lse = m + log(max(l, 1)) */
+            for (int g = 0; g < ng && !rc; g++) {
+                int Mq = f[g].Mq;
+                int64_t i = i0 + g;
+                nt_ap m = col(f[g].st, Mq, C_M), l = col(f[g].st, Mq, C_L);
+                nt_ap ls = col(f[g].st, Mq, C_LS), t = col(f[g].st, Mq, C_T);
+                nt_ap o_ = nt_tile_slice(f[g].acc, 0, Mq, 0, Dv);
+                nt_ap out = nt_tile_slice(OT, 0, Mq, i * Dv, Dv), lo = col(LS, Mq, i);
+                if ((rc = ts(&a, &ls, &l, NT_ALU_MAX, NULL, 1.0f)) ||
+                    (rc = ts(&a, &out, &o_, NT_ALU_DIV, &ls, 0)) ||
+                    (rc = nt_isa_activation(k, &t, NT_ACT_LOG, &ls, NULL, NULL, NULL)))
+                    break;
+                rc = tt(&a, &lo, &m, &t, NT_ALU_ADD);
+            }
+        }
+        if (!rc)
+            rc = store_head(&a, od, odt, b * Tq * Dv, Dv, OT, Tq, Dv);
+        if (!rc)
+            rc = store_head(&a, ld, NT_F32, b * Tq, 1, LS, Tq, 1);
+    }
+    int rc2 = sk_end(&s);
+    return rc2 ? rc2 : rc;
+}
+
+/* ---------------- backward ---------------- */
+
+enum { B_MM, B_SCORES, B_P, B_DV, B_DP, B_DS, B_DSP, B_DK, B_TR, B_TRC, B_DQ, B_DQA, B_NSTEP };
+
+int nt__sk_sdpa_bwd(const nt__rec *r)
+{
+    const nt_tensor *qx = r->in[0], *kv = r->in[1], *lse = r->in[2];
+    int64_t D = r->p.i[0], Dv = r->p.i[1], Tq = r->p.i[2], Tk = r->p.i[3];
+    int64_t nqb = nblocks(Tq), nkb = nblocks(Tk);
+    int64_t raw = raw_elems(D, Dv, nqb, nkb), need = bwd_need(D, Dv, Tq, Tk);
+    if (need > SK_SBUF_BUDGET) /* nt__sk_sdpa_fits sent it to the CPU: unreachable */
+        return too_long(Tq, Tk, need);
+    sk_k s;
+    int rc = sk_begin(&s, "sdpa_bwd");
+    if (rc)
+        return rc;
+    ak a;
+    rc = setup(&a, &s, r, raw, true);
+    a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv, a.nqb = nqb, a.nkb = nkb;
+    nt__attn_opnd_flat(&a.q, qx, &a.g, 0, D);
+    nt__attn_opnd_flat(&a.dO, qx, &a.g, Tq * D, Dv);
+    nt__attn_opnd_flat(&a.O, qx, &a.g, Tq * (D + Dv), Dv);
+    nt__attn_opnd_flat(&a.kk, kv, &a.g, 0, D);
+    nt__attn_opnd_flat(&a.v, kv, &a.g, Tk * D, Dv);
+    nt_sim_kernel *k = s.k;
+    const nt_tensor *dq = r->out[0], *dkv = r->out[1];
+    nt_dtype dt = (nt_dtype)dq->dtype;
+    char *dqd = nt__tensor_data(dq), *dkvd = nt__tensor_data(dkv);
+    const char *lsed = nt__tensor_data(lse);
+    nt_tile *QT = sk_tile(&s, "attn.qT", NT_F32, (int)D, Tq);
+    nt_tile *GT = sk_tile(&s, "attn.dOT", NT_F32, (int)Dv, Tq);
+    nt_tile *KT = sk_tile(&s, "attn.kT", NT_F32, (int)D, Tk);
+    nt_tile *VT = sk_tile(&s, "attn.vT", NT_F32, (int)Dv, Tk);
+    nt_tile *Qr = sk_tile(&s, "attn.q", NT_F32, BLK, nqb * D);
+    nt_tile *Gr = sk_tile(&s, "attn.dO", NT_F32, BLK, nqb * Dv);
+    nt_tile *Of = sk_tile(&s, "attn.O", NT_F32, BLK, nqb * Dv);
+    nt_tile *Kr = sk_tile(&s, "attn.k", NT_F32, BLK, nkb * D);
+    nt_tile *Vr = sk_tile(&s, "attn.v", NT_F32, BLK, nkb * Dv);
+    nt_tile *dQ = sk_tile(&s, "attn.dq", NT_F32, BLK, nqb * D);
+    nt_tile *Dr = sk_tile(&s, "attn.Dr", NT_F32, BLK, nqb);
+    nt_tile *NL = sk_tile(&s, "attn.negl", NT_F32, BLK, nqb);
+    nt_tile *dQo = sk_tile(&s, "attn.dq.out", dt, BLK, nqb * D);
+    nt_tile *dKo = sk_tile(&s, "attn.dk.out", dt, BLK, nkb * D);
+    nt_tile *dVo = sk_tile(&s, "attn.dv.out", dt, BLK, nkb * Dv);
+    nt_tile *dS[G], *dSt[G], *dPp[G], *dQp[G];
+    for (int g = 0; g < G; g++) {
+        dS[g] = sk_tile(&s, "attn.dS", NT_F32, BLK, BLK);
+        dSt[g] = sk_tile(&s, "attn.dST", NT_F32, BLK, BLK);
+        dPp[g] = nt_tile_alloc(k, "attn.dP", NT_MEM_PSUM, NT_F32, BLK, BLK);
+        dQp[g] = nt_tile_alloc(k, "attn.dQp", NT_MEM_PSUM, NT_F32, BLK, D);
+    }
+    nt_tile *dKp[2], *dVp[2];
+    for (int i = 0; i < 2; i++) {
+        dKp[i] = nt_tile_alloc(k, "attn.dK", NT_MEM_PSUM, NT_F32, BLK, D);
+        dVp[i] = nt_tile_alloc(k, "attn.dV", NT_MEM_PSUM, NT_F32, BLK, Dv);
+    }
+    if (!rc)
+        rc = nt_sim_kernel_error(k);
+    for (int64_t b = 0; b < a.g.nbatch && !rc; b++) {
+        int64_t qb = nt__attn_boff(&a.q, &a.g, b), kb = nt__attn_boff(&a.kk, &a.g, b);
+        int64_t mb = a.has_mask ? nt__attn_boff(&a.m, &a.g, b) : 0;
+        nt_ap dqall = nt_tile_ap(dQ);
+        if ((rc = nt_isa_memset(k, &dqall, 0.0, NT_ENGINE_GPSIMD)) ||
+            (rc = load_head(&a, Qr, &a.q, qb, Tq, D)) ||
+            (rc = transpose_head(&a, QT, Qr, Tq, D)) ||
+            (rc = load_head(&a, Gr, &a.dO, qb, Tq, Dv)) ||
+            (rc = transpose_head(&a, GT, Gr, Tq, Dv)) ||
+            (rc = load_head(&a, Of, &a.O, qb, Tq, Dv)) ||
+            (rc = load_head(&a, Kr, &a.kk, kb, Tk, D)) ||
+            (rc = transpose_head(&a, KT, Kr, Tk, D)) ||
+            (rc = load_head(&a, Vr, &a.v, kb, Tk, Dv)) ||
+            (rc = transpose_head(&a, VT, Vr, Tk, Dv)))
+            break;
+        /* Dr = rowsum(dO * O) (products rounded to f32), -lse; dO * O goes
+         * into O's tile */
+        for (int64_t i = 0; i < nqb && !rc; i++) {
+            int Mq = bsize(Tq, (int)i);
+            nt_ap gr = nt_tile_slice(Gr, 0, Mq, i * Dv, Dv), of = nt_tile_slice(Of, 0, Mq, i * Dv, Dv);
+            nt_ap dr = col(Dr, Mq, i), nl = col(NL, Mq, i);
+            nt_ap hl = hpat(lsed, NT_F32, b * Tq + i * BLK, Mq, 1, 1, 1);
+            if ((rc = tt(&a, &of, &gr, &of, NT_ALU_MUL)) ||
+                (rc = nt_isa_tensor_reduce(k, &dr, &of, NT_ALU_ADD, 1)) ||
+                (rc = nt_isa_dma_copy(k, &nl, &hl, sk_qin(&s))))
+                break;
+            rc = ts(&a, &nl, &nl, NT_ALU_MUL, NULL, -1.0f);
+        }
+        for (int j = 0; j < nkb && !rc; j++) {
+            int64_t k0 = (int64_t)j * BLK;
+            int nk = bsize(Tk, j);
+            nt_ap kT = nt_tile_slice(KT, 0, (int)D, k0, nk), vT = nt_tile_slice(VT, 0, (int)Dv, k0, nk);
+            nt_ap kr = nt_tile_slice(Kr, 0, nk, (int64_t)j * D, D);
+            nt_ap dK = nt_tile_slice(dKp[j & 1], 0, nk, 0, D);
+            nt_ap dV = nt_tile_slice(dVp[j & 1], 0, nk, 0, Dv);
+            int64_t firstq = -1; /* the first query block that reaches key block j */
+            for (int64_t i = 0; i < nqb && firstq < 0; i++)
+                if (!skip_block(&a, i * BLK, bsize(Tq, (int)i), k0))
+                    firstq = i;
+            for (int64_t i0 = 0; i0 < nqb && !rc && firstq >= 0; i0 += G) {
+                int ng = (int)(nqb - i0 < G ? nqb - i0 : G);
+                for (int step = 0; step < B_NSTEP && !rc; step++)
+                    for (int g = 0; g < ng && !rc; g++) {
+                        int64_t i = i0 + g, q0 = i * BLK;
+                        int Mq = bsize(Tq, (int)i);
+                        if (skip_block(&a, q0, Mq, k0))
+                            continue;
+                        bool first = i == firstq;
+                        nt_ap S = nt_tile_slice(a.S[g], 0, Mq, 0, nk);
+                        nt_ap P = nt_tile_slice(a.sc[g], 0, Mq, 0, nk);
+                        nt_ap dP = nt_tile_slice(dPp[g], 0, Mq, 0, nk);
+                        nt_ap ds = nt_tile_slice(dS[g], 0, Mq, 0, nk);
+                        nt_ap dsT = nt_tile_slice(dSt[g], 0, nk, 0, Mq);
+                        nt_ap dQs = nt_tile_slice(dQp[g], 0, Mq, 0, D);
+                        nt_ap trp = nt_tile_slice(a.tp[g & 1], 0, nk, (g >> 1) * BLK, Mq);
+                        switch (step) {
+                        case B_MM: {
+                            nt_ap qT = nt_tile_slice(QT, 0, (int)D, q0, Mq);
+                            rc = nt_isa_nc_matmul(k, &S, &qT, &kT, false);
+                            break;
+                        }
+                        case B_SCORES: rc = scores(&a, g, &P, &S, mb, q0, Mq, k0, nk); break;
+                        case B_P: {
+                            nt_ap nl = col(NL, Mq, i);
+                            rc = nt_isa_activation(k, &P, NT_ACT_EXP, &P, NULL,
+                                                   &(nt_isa_scalar){&nl, 0}, NULL);
+                            break;
+                        }
+                        case B_DV: {
+                            nt_ap gr = nt_tile_slice(Gr, 0, Mq, i * Dv, Dv);
+                            rc = nt_isa_nc_matmul(k, &dV, &P, &gr, !first);
+                            break;
+                        }
+                        case B_DP: {
+                            nt_ap gT = nt_tile_slice(GT, 0, (int)Dv, q0, Mq);
+                            rc = nt_isa_nc_matmul(k, &dP, &gT, &vT, false);
+                            break;
+                        }
+                        case B_DS: {
+                            nt_ap dr = col(Dr, Mq, i);
+                            rc = nt_isa_tensor_scalar(
+                                k, &ds, &dP, &(nt_isa_alu){NT_ALU_SUB, {&dr, 0}, false},
+                                &(nt_isa_alu){NT_ALU_MUL, {NULL, a.scale}, false},
+                                NT_ENGINE_VECTOR);
+                            break;
+                        }
+                        case B_DSP: rc = tt(&a, &ds, &ds, &P, NT_ALU_MUL); break;
+                        case B_DK: {
+                            nt_ap qr = nt_tile_slice(Qr, 0, Mq, i * D, D);
+                            rc = nt_isa_nc_matmul(k, &dK, &ds, &qr, !first);
+                            break;
+                        }
+                        case B_TR: rc = nt_isa_nc_transpose(k, &trp, &ds); break;
+                        case B_TRC:
+                            rc = nt_isa_tensor_copy(k, &dsT, &trp, NT_ENGINE_SCALAR);
+                            break;
+                        case B_DQ: rc = nt_isa_nc_matmul(k, &dQs, &dsT, &kr, false); break;
+                        case B_DQA: {
+                            nt_ap dqa = nt_tile_slice(dQ, 0, Mq, i * D, D);
+                            rc = j == 0 ? nt_isa_tensor_copy(k, &dqa, &dQs, NT_ENGINE_SCALAR)
+                                        : tt(&a, &dqa, &dqa, &dQs, NT_ALU_ADD);
+                            break;
+                        }
+                        }
+                    }
+            }
+            if (rc)
+                break;
+            /* dk, dv of this block */
+            nt_ap o1 = nt_tile_slice(dKo, 0, nk, (int64_t)j * D, D);
+            nt_ap o2 = nt_tile_slice(dVo, 0, nk, (int64_t)j * Dv, Dv);
+            if (firstq < 0) { /* no query reached this block */
+                if (!(rc = nt_isa_memset(k, &o1, 0.0, NT_ENGINE_VECTOR)))
+                    rc = nt_isa_memset(k, &o2, 0.0, NT_ENGINE_VECTOR);
+            } else if (!(rc = nt_isa_tensor_copy(k, &o1, &dK, NT_ENGINE_VECTOR))) {
+                rc = nt_isa_tensor_copy(k, &o2, &dV, NT_ENGINE_SCALAR);
+            }
+        }
+        for (int64_t i = 0; i < nqb && !rc; i++) {
+            int Mq = bsize(Tq, (int)i);
+            nt_ap dqa = nt_tile_slice(dQ, 0, Mq, i * D, D), o1 = nt_tile_slice(dQo, 0, Mq, i * D, D);
+            rc = nt_isa_tensor_copy(k, &o1, &dqa, NT_ENGINE_VECTOR);
+        }
+        if (!rc)
+            rc = store_head(&a, dqd, dt, b * Tq * D, D, dQo, Tq, D);
+        if (!rc)
+            rc = store_head(&a, dkvd, dt, b * Tk * (D + Dv), D, dKo, Tk, D);
+        if (!rc)
+            rc = store_head(&a, dkvd, dt, b * Tk * (D + Dv) + Tk * D, Dv, dVo, Tk, Dv);
+    }
+    int rc2 = sk_end(&s);
+    return rc2 ? rc2 : rc;
+}
