@@ -77,6 +77,8 @@ static void usage(FILE *f)
             "  --dropout P        dropout probability in [0, 1) (0)\n"
             "  --amp bf16         autocast the forward pass to bf16 (none)\n"
             "  --checkpoint-activations  recompute each block's activations in backward\n"
+            "  --no-sdpa                attention as matmul/masked_fill/softmax/matmul, not the\n"
+            "                           fused nt_scaled_dot_product_attention\n"
             "  --save PATH        save parameters and optimizer state at every eval\n"
             "  --resume PATH      load PATH first and continue from its step\n"
             "  --seed N           seed of the initialisation and the batches (1)\n"
@@ -165,6 +167,8 @@ static void parse_args(int argc, char **argv, options *o)
                 o->c.untied = true;
             else if (!strcmp(a, "--checkpoint-activations"))
                 o->c.checkpoint = true;
+            else if (!strcmp(a, "--no-sdpa"))
+                o->c.composite_attn = true;
             else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
                 usage(stdout);
                 exit(0);

@@ -233,6 +233,7 @@ typedef struct {
     bool untied;
     double dropout; /* 0: none */
     bool checkpoint; /* recompute each block's activations in backward */
+    bool composite_attn; /* matmul/masked_fill/softmax/matmul, not the fused op */
 } gpt_config;
 
 /* Per block, in the peer's parameter order. */
@@ -364,13 +365,16 @@ static inline nt_tensor *gpt_head_weight(gpt_model *m)
     return m->c.untied ? m->p[m->n_params - 1] : m->p[GPT_WTE];
 }
 
-/* Causal self-attention of q, k, v [B, H, T, hd] -> [B, H, T, hd].
- * TODO(issue 13): nt_scaled_dot_product_attention(q, k, v, NULL, true, 0)
- * once it is merged (the fused tile program: no [T, T] scores in HBM).
- * Today the composite: scores, masked_fill(-inf) above the diagonal,
- * softmax, times v -- what the peer computes. */
+/* Causal self-attention of q, k, v [B, H, T, hd] -> [B, H, T, hd]:
+ * nt_scaled_dot_product_attention, the flash-style op (on the simulator one
+ * tile program: the [T, T] scores never reach HBM; backward recomputes
+ * them), within 1e-5 of the peer's softmax(q k^T / sqrt(hd)) v.  --no-sdpa
+ * (c.composite_attn) runs the composite instead: scores, masked_fill(-inf)
+ * above the diagonal, softmax, times v -- to compare the two. */
 static inline nt_tensor *gpt_attn(gpt_model *m, nt_tensor *q, nt_tensor *k, nt_tensor *v)
 {
+    if (!m->c.composite_attn)
+        return nt_scaled_dot_product_attention(q, k, v, NULL, true, 0.0);
     int64_t T = nt_shape(q, 2), hd = nt_shape(q, 3);
     nt_tensor *mask = m->mask;
     if (T != m->c.context)

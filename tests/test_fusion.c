@@ -775,6 +775,11 @@ static nt_tensor *tb_attn_additive(nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_
 }
 
 static nt_tensor *tb_dropout(nt_tensor *h, uint64_t seed) { return nt_dropout(h, 0.25, seed); }
+static nt_tensor *tb_sdpa(nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_tensor *mask)
+{
+    (void)mask; /* causal: the same positions the u8 mask hides */
+    return nt_scaled_dot_product_attention(q, k, v, NULL, true, 0.0);
+}
 static nt_tensor *tb_ce_ex(nt_tensor *logits, nt_tensor *y)
 {
     return nt_cross_entropy_ex(logits, y, 3, 0.1); /* label 3 ignored, smoothing 0.1 */
@@ -790,8 +795,8 @@ static const tb_case tb_cases[] = {
     {"dropout", NULL, NULL, NULL, tb_dropout, false, false},
     {"dropout, checkpointed block", NULL, NULL, NULL, tb_dropout, true, false},
     {"cross_entropy_ex", NULL, NULL, tb_ce_ex, NULL, false, false},
-    /* sdpa, once merged: {"sdpa", tb_sdpa, NULL, NULL, NULL, false, false}, with
-     *   tb_sdpa: nt_scaled_dot_product_attention(q, k, v, NULL, true, 0) */
+    {"sdpa", tb_sdpa, NULL, NULL, NULL, false, false},
+    {"sdpa, checkpointed block, bf16 autocast", tb_sdpa, NULL, NULL, NULL, true, true},
 };
 
 typedef struct tb_model {
