@@ -304,6 +304,7 @@ int nt__sk_sdpa(const nt__rec *r)
     int rc = sk_begin(&s, "scaled_dot_product_attention");
     if (rc)
         return rc;
+    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
     ak a;
     rc = setup(&a, &s, r, raw, false);
     a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv, a.nqb = nqb, a.nkb = nkb;
@@ -431,8 +432,7 @@ int nt__sk_sdpa(const nt__rec *r)
         if (!rc)
             rc = store_head(&a, ld, NT_F32, b * Tq, 1, LS, Tq, 1);
     }
-    int rc2 = sk_end(&s);
-    return rc2 ? rc2 : rc;
+    return sk_end_values(&s, values, rc, r);
 }
 
 /* ---------------- backward ---------------- */
@@ -451,6 +451,7 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
     int rc = sk_begin(&s, "sdpa_bwd");
     if (rc)
         return rc;
+    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
     ak a;
     rc = setup(&a, &s, r, raw, true);
     a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv, a.nqb = nqb, a.nkb = nkb;
@@ -623,6 +624,5 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
         if (!rc)
             rc = store_head(&a, dkvd, dt, b * Tk * (D + Dv) + Tk * D, Dv, dVo, Tk, Dv);
     }
-    int rc2 = sk_end(&s);
-    return rc2 ? rc2 : rc;
+    return sk_end_values(&s, values, rc, r);
 }

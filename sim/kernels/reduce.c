@@ -313,6 +313,7 @@ int nt__sk_reduce(const nt__rec *r)
     int rc = sk_begin(&s, nt__op_name(r->op));
     if (rc)
         return rc;
+    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
     red c;
     memset(&c, 0, sizeof c);
     c.s = &s;
@@ -371,5 +372,5 @@ int nt__sk_reduce(const nt__rec *r)
             sk_rows_run(&R, red_group, &c);
         }
     }
-    return sk_end(&s);
+    return sk_end_values(&s, values, 0, r);
 }

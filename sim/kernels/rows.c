@@ -233,12 +233,13 @@ int nt__sk_softmax(const nt__rec *r)
     int rc = sk_begin(&s, nt__op_name(r->op));
     if (rc)
         return rc;
+    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
     rk c;
     sk_rows R;
     rk_begin(&c, &s, r, &R, x->ndim ? r->p.dim : 0, true);
     if (!rk_tiles(&c, false))
         sk_rows_run(&R, softmax_group, &c);
-    return sk_end(&s);
+    return sk_end_values(&s, values, 0, r);
 }
 
 typedef struct lab_check {
@@ -287,6 +288,7 @@ int nt__sk_cross_entropy(const nt__rec *r)
     int rc = sk_begin(&s, "cross_entropy");
     if (rc)
         return rc;
+    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
     rk c;
     sk_rows R;
     rk_begin(&c, &s, r, &R, 1, false);
@@ -315,7 +317,7 @@ int nt__sk_cross_entropy(const nt__rec *r)
             }
         }
     }
-    return sk_end(&s);
+    return sk_end_values(&s, values, 0, r);
 }
 
 /* ---------------- layer_norm, rms_norm ---------------- */
@@ -421,6 +423,7 @@ int nt__sk_norm(const nt__rec *r)
     int rc = sk_begin(&s, nt__op_name(r->op));
     if (rc)
         return rc;
+    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
     rk c;
     sk_rows R;
     rk_begin(&c, &s, r, &R, x->ndim - 1, true);
@@ -434,7 +437,7 @@ int nt__sk_norm(const nt__rec *r)
         c.bt = sk_tile(&s, "norm.b", (nt_dtype)c.b->dtype, 128, RCH);
     if (!nt_sim_kernel_error(s.k))
         sk_rows_run(&R, norm_group, &c);
-    return sk_end(&s);
+    return sk_end_values(&s, values, 0, r);
 }
 
 /* ---------------- mse_loss ---------------- */
@@ -446,6 +449,7 @@ int nt__sk_mse_loss(const nt__rec *r)
     int rc = sk_begin(&s, "mse_loss");
     if (rc)
         return rc;
+    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
     nt_sim_kernel *k = s.k;
     int64_t n = nt__numel(a->ndim, a->shape);
     const char *ab = sk_contig_of(&s, a), *bb = sk_contig_of(&s, b);
@@ -489,5 +493,5 @@ int nt__sk_mse_loss(const nt__rec *r)
         if (!rc)
             nt_isa_dma_copy(k, &out, &y, sk_qout(&s));
     }
-    return sk_end(&s);
+    return sk_end_values(&s, values, 0, r);
 }

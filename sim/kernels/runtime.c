@@ -135,6 +135,14 @@ int sk_ref_rec(const void *r)
 
 int sk_ref_fused(const void *g) { return nt__backends[NT_BACKEND_CPU]->run_fused(g); }
 
+int sk_end_values(sk_k *s, bool values, int rc, const nt__rec *r)
+{
+    if (values)
+        rc = sk_values_end(s, rc, sk_ref_rec, r);
+    int rc2 = sk_end(s);
+    return rc2 ? rc2 : rc;
+}
+
 int sk_data_error(sk_k *s, int code, const char *fmt, ...)
 {
     if (s->derr_code)

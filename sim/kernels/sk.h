@@ -64,6 +64,10 @@ int sk_values_end(sk_k *s, int rc, int (*ref)(const void *arg), const void *arg)
  * fused executor for group g (an nt__fgroup). */
 int sk_ref_rec(const void *r);
 int sk_ref_fused(const void *g);
+/* The end of a record's kernel that began its stretch with values =
+ * sk_values_begin(s): the reference for record r (when values and the
+ * program's rc is 0), then sk_end; sk_end's error first, else rc. */
+int sk_end_values(sk_k *s, bool values, int rc, const nt__rec *r);
 /* Ends the kernel; returns 0, or a negative code after nt__kerr() described
  * the problem (a data error in CPU words, else the simulator's message). */
 int sk_end(sk_k *s);
