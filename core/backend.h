@@ -32,11 +32,13 @@ typedef struct nt__backend_i {
      * this backend leaves to the CPU.  Read on every executed record: a
      * plain table, no call. */
     const nt__kernel_fn *kernels;
-    /* Whether the backend runs op `op` with parameters p (what the record
-     * will carry); user ops included (op >= NT_OP_CUSTOM_BASE).  Asked once
-     * per op at dispatch (an indirect call on the hot path: leave it NULL
-     * unless the backend refuses some parameters).  NULL: nt__backend_can. */
+    /* Whether the backend runs built-in op `op` with parameters p (what the
+     * record will carry), for the ops marked in `checked` (NT_OP_COUNT
+     * entries) only: the dispatcher asks it at dispatch, and every other op
+     * is decided by the kernel table alone, so the hot path makes no
+     * indirect call for them.  Both NULL: the table decides every op. */
     bool (*supports)(int op, const nt__params *p);
+    const bool *checked;
     /* Kernel of a registered user op (op >= NT_OP_CUSTOM_BASE), or NULL if
      * this backend has none.  May be NULL. */
     nt__kernel_fn (*custom_kernel)(int op);
@@ -63,15 +65,14 @@ static inline nt__kernel_fn nt__backend_kernel(int b, int op)
     return k ? k : nt__backends[NT_BACKEND_CPU]->kernels[op];
 }
 
-/* Whether backend be runs op `op` with parameters p: its supports(), or
- * without one, whether its table has the op (a user op: whether it has
- * user kernels at all -- which one runs is found when the record runs). */
+/* Whether backend be runs op `op` with parameters p: whether its table has
+ * the op, and for an op it marks `checked`, its supports() (a user op:
+ * whether it has user kernels at all -- which one runs is found when the
+ * record runs). */
 static inline bool nt__backend_can(const nt__backend_i *be, int op, const nt__params *p)
 {
-    if (be->supports)
-        return be->supports(op, p);
     if (op < NT_OP_COUNT)
-        return be->kernels[op] != NULL;
+        return be->kernels[op] != NULL && !(be->checked && be->checked[op] && !be->supports(op, p));
     return op >= NT_OP_CUSTOM_BASE && be->custom_kernel != NULL;
 }
 

@@ -1184,7 +1184,9 @@ static void test_backend_supports(void **state)
     nt_tensor *x = nt_full(NT_F32, 1, (int64_t[]){1000}, 2.0);
     nt_sync(); /* no record runs while the table changes */
     nt__backend_i picky = nt__sim_backend;
+    static const bool picky_checked[NT_OP_COUNT] = {[NT_OP_MUL_SCALAR] = true};
     picky.supports = refuse_mul3;
+    picky.checked = picky_checked;
     nt__backends[NT_BACKEND_SIM] = &picky;
     /* refused under NT_REQUIRE_SIM=1: a clear error at the call, nothing queued */
     assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "1"), 0);

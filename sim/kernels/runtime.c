@@ -547,16 +547,11 @@ static void sim_stats_clear(void) { nt_sim_stats_reset(); }
 
 /* ---------------- the backend ---------------- */
 
-/* What the backend runs: every op its table has, but attention only when a
- * head fits SBUF (the tile program keeps one resident). */
-static bool sim_supports(int op, const nt__params *p)
-{
-    if (op >= NT_OP_COUNT)
-        return op >= NT_OP_CUSTOM_BASE;
-    if (op == NT_OP_SDPA || op == NT_OP_SDPA_BWD)
-        return nt__sim_kernels[op] != NULL && nt__sk_sdpa_fits(op, p);
-    return nt__sim_kernels[op] != NULL;
-}
+/* Attention runs here only when a head fits SBUF (the tile program keeps
+ * one resident); every other op its table has, whatever the parameters. */
+static const bool sim_checked[NT_OP_COUNT] = {[NT_OP_SDPA] = true, [NT_OP_SDPA_BWD] = true};
+
+static bool sim_supports(int op, const nt__params *p) { return nt__sk_sdpa_fits(op, p); }
 
 const nt__backend_i nt__sim_backend = {
     .name = "sim",
@@ -566,6 +561,7 @@ const nt__backend_i nt__sim_backend = {
     /* every op its table has, whatever the parameters (stochastic-rounding
      * casts included), except attention that does not fit SBUF */
     .supports = sim_supports,
+    .checked = sim_checked,
     .custom_kernel = nt__sk_custom_kernel,
     .run_fused = nt__sk_fused,
     .stats_fill = sim_stats_fill,
