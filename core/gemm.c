@@ -606,43 +606,24 @@ typedef struct full {
     bool bcol;   /* B given as B^T, row-major N x K (nt__gemm_ex) */
 } full;
 
-/* pack_a's panels from a row-major A (M x K, rows lda apart): row i + r
- * read in order, written with stride MR. */
-static void pack_a_rows(const kern *kn, float *dst, int M, int K, const float *A, int lda)
+/* Panels of width R (pack_a's MR, pack_b's NR) from a matrix stored with
+ * the panel dim as rows: n rows of K, ld apart -- A row-major (M x K) or
+ * B^T (N x K, a linear layer's weight).  Row i + r is read in order and
+ * written with stride R, zero-padded to R rows: the panels pack_a/pack_b
+ * make from the other layout, so the same bits. */
+static void pack_rows(int R, float *dst, int n, int K, const float *src, int ld)
 {
-    const int MR = kn->mr;
-    for (int i = 0; i < M; i += MR) {
-        int mr = M - i < MR ? M - i : MR;
-        float *d = dst + (long)(i / MR) * K * MR;
-        for (int r = 0; r < MR; r++) {
-            const float *a = A + (long)(i + r) * lda;
-            if (r < mr)
+    for (int i = 0; i < n; i += R) {
+        int w = n - i < R ? n - i : R;
+        float *d = dst + (long)(i / R) * K * R;
+        for (int r = 0; r < R; r++) {
+            const float *a = src + (long)(i + r) * ld;
+            if (r < w)
                 for (int k = 0; k < K; k++)
-                    d[k * MR + r] = a[k];
+                    d[k * R + r] = a[k];
             else
                 for (int k = 0; k < K; k++)
-                    d[k * MR + r] = 0.0f;
-        }
-    }
-}
-
-/* pack_b's panels from B^T (N x K, rows ldb apart: a linear layer's weight
- * as stored): column j + q of B is row j + q of B^T, read in order and
- * written with stride NR.  The same panels, so the same bits. */
-static void pack_b_cols(const kern *kn, float *dst, int N, int K, const float *BT, int ldb)
-{
-    const int NR = kn->nr;
-    for (int j = 0; j < N; j += NR) {
-        int w = N - j < NR ? N - j : NR;
-        float *d = dst + (long)(j / NR) * K * NR;
-        for (int q = 0; q < NR; q++) {
-            const float *b = BT + (long)(j + q) * ldb;
-            if (q < w)
-                for (int k = 0; k < K; k++)
-                    d[k * NR + q] = b[k];
-            else
-                for (int k = 0; k < K; k++)
-                    d[k * NR + q] = 0.0f;
+                    d[k * R + r] = 0.0f;
         }
     }
 }
@@ -654,12 +635,12 @@ static void pack_block(const job *jb, int b)
     int kt = b < f->nk ? b : b - f->nk, k0 = kt * NT_GEMM_KTILE;
     int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
     if (b < f->nk && f->arow)
-        pack_a_rows(jb->kn, f->Ap + (long)f->Mpad * k0, jb->M, kw, jb->A + k0, jb->lda);
+        pack_rows(jb->kn->mr, f->Ap + (long)f->Mpad * k0, jb->M, kw, jb->A + k0, jb->lda);
     else if (b < f->nk)
         pack_a(jb->kn, f->Ap + (long)f->Mpad * k0, jb->M, kw, jb->A + (long)k0 * jb->lda,
                jb->lda);
     else if (f->bcol)
-        pack_b_cols(jb->kn, f->Bp + (long)f->Npad * k0, jb->N, kw, jb->B + k0, jb->ldb);
+        pack_rows(jb->kn->nr, f->Bp + (long)f->Npad * k0, jb->N, kw, jb->B + k0, jb->ldb);
     else
         pack_b(jb->kn, f->Bp + (long)f->Npad * k0, 0, jb->N, kw, jb->B + (long)k0 * jb->ldb,
                jb->ldb);

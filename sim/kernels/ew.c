@@ -1150,14 +1150,15 @@ int nt__sk_ew(const nt__rec *r)
     if (!rc) {
         nt_tensor *outs[1] = {r->out[0]};
         bool values = sk_values_begin(&s);
-        rc = run_ew(&s, P, ext, outs, keys);
-        if (values)
-            rc = sk_values_end(&s, rc, sk_ref_rec, r);
+        int prog = run_ew(&s, P, ext, outs, keys);
+        rc = values ? sk_values_end(&s, prog, sk_ref_rec, r) : prog;
         int rc2 = sk_end(&s);
+        /* the program's own refusal gets a message; sk_end's and the
+         * reference's errors already have theirs */
         if (rc2)
             rc = rc2;
-        else if (rc)
-            rc = nt__kerr(rc, "no simulator program for this op (%s)", nt_strerror(rc));
+        else if (prog)
+            rc = nt__kerr(prog, "no simulator program for this op (%s)", nt_strerror(prog));
     }
     g_free(P);
     return rc;

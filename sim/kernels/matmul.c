@@ -143,9 +143,6 @@ int nt__sk_matmul(const nt__rec *r)
     if (rc)
         return rc;
     bool values = sk_values_begin(&s);
-    int rc1 = sk_matmul_run(&s, r->in[0], r->in[1], r->out[0], NULL, NULL);
-    if (values)
-        rc1 = sk_values_end(&s, rc1, sk_ref_rec, r);
-    rc = sk_end(&s);
-    return rc ? rc : rc1;
+    return sk_end_values(&s, values, sk_matmul_run(&s, r->in[0], r->in[1], r->out[0], NULL, NULL),
+                         r);
 }
