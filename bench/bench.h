@@ -7,8 +7,10 @@
 
 #include <math.h>
 #include <ntensor.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static inline double bench_now_ns(void)
@@ -43,6 +45,32 @@ static inline void bench_check(int rc, const char *what)
 {
     if (rc)
         bench_fail(what);
+}
+
+/* Whether the interpreter `python` imports torch (a PyTorch peer can run);
+ * false when its path cannot be quoted or it lacks torch.  The caller says
+ * what is skipped. */
+static inline bool bench_python_has_torch(const char *python)
+{
+    char cmd[1100];
+    if (strlen(python) > 1000 || strchr(python, '\''))
+        return false;
+    snprintf(cmd, sizeof cmd, "'%s' -c 'import torch' >/dev/null 2>&1", python);
+    return system(cmd) == 0;
+}
+
+/* Runs the peer command `cmd` (a shell line), handing each line it prints to
+ * fn; returns its exit status (nonzero also when it cannot start). */
+static inline int bench_peer_lines(const char *cmd, void (*fn)(const char *line, void *arg),
+                                   void *arg)
+{
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    char line[1024];
+    while (fgets(line, sizeof line, p))
+        fn(line, arg);
+    return pclose(p);
 }
 
 /* PyTorch's nn.Linear initialisation: uniform in +-1/sqrt(fan_in), with

@@ -149,42 +149,45 @@ static void run_ours(const char *backend, nt_dtype amp, const gpt_data *d, int s
     free(yb);
 }
 
+/* The peer's output as it arrives: eval lines to the curve log, the
+ * "final" line into the result. */
+typedef struct {
+    result *r;
+    FILE *log;
+} peer_out;
+
+static void peer_line(const char *line, void *arg)
+{
+    peer_out *o = arg;
+    if (o->log && !strncmp(line, "eval ", 5))
+        fputs(line, o->log);
+    double v, ms;
+    if (sscanf(line, "final val=%lf ms_per_step=%lf", &v, &ms) == 2) {
+        o->r->val = v;
+        o->r->ms = ms;
+        o->r->ran = true;
+    }
+    printf("  peer: %s", line);
+}
+
 /* Runs the peer, echoing its eval lines; fills r from its "final" line. */
 static void run_peer(const char *python, const char *script, const char *data, int steps,
                      int eval_every, int eval_batches, result *r)
 {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' -c 'import torch' 2>/dev/null", python);
-    if (system(cmd) != 0) {
+    if (!bench_python_has_torch(python)) {
         printf("  peer  skipped: %s cannot import torch (Debian: python3-torch; sh "
                "scripts/deps.sh --bench)\n",
                python);
         return;
     }
+    char cmd[8192];
     snprintf(cmd, sizeof cmd,
              "'%s' '%s' --steps %d --warmup %d --eval-every %d --eval-batches %d --data '%s'",
              python, script, steps, steps / 10, eval_every, eval_batches, data);
-    FILE *f = popen(cmd, "r");
-    if (!f) {
-        printf("  peer  skipped: cannot run %s\n", script);
-        return;
-    }
-    char line[1024];
-    FILE *log = curves_open(r->name);
-    while (fgets(line, sizeof line, f)) {
-        if (log && !strncmp(line, "eval ", 5))
-            fputs(line, log);
-        double v, ms;
-        if (sscanf(line, "final val=%lf ms_per_step=%lf", &v, &ms) == 2) {
-            r->val = v;
-            r->ms = ms;
-            r->ran = true;
-        }
-        printf("  peer: %s", line);
-    }
-    if (log)
-        fclose(log);
-    int st = pclose(f);
+    peer_out o = {r, curves_open(r->name)};
+    int st = bench_peer_lines(cmd, peer_line, &o);
+    if (o.log)
+        fclose(o.log);
     if (st != 0 || !r->ran) {
         printf("  peer  failed (exit status %d)\n", st);
         r->ran = false;

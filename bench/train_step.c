@@ -154,6 +154,22 @@ static double dma_floor_ms(double bytes)
     return rate > 0 ? bytes / rate * 1e-6 : 0;
 }
 
+/* Echoes one line of the peer's output and takes its median (ms[0] f32,
+ * ms[1] bf16) from a JSON line. */
+static void peer_line(const char *line, void *arg)
+{
+    double *ms = arg;
+    printf("peer: %s", line);
+    const char *m = strstr(line, "\"median_ms\": ");
+    if (!m)
+        return;
+    double v = atof(m + strlen("\"median_ms\": "));
+    if (strstr(line, "_fp32\""))
+        ms[0] = v;
+    else if (strstr(line, "_bf16\""))
+        ms[1] = v;
+}
+
 /* PyTorch's median ms/step in f32 and bf16 from the peer script's JSON
  * lines; false (with the reason printed) when it cannot run. */
 static bool run_peer(const char *script, int warmup, int steps, double *f32_ms, double *bf16_ms)
@@ -172,7 +188,7 @@ static bool run_peer(const char *script, int warmup, int steps, double *f32_ms, 
         return false;
     }
     fclose(f);
-    if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    if (!bench_python_has_torch("/usr/bin/python3")) {
         printf("peer: /usr/bin/python3 cannot import torch (sh scripts/deps.sh --bench "
                "installs python3-torch): PyTorch not measured\n");
         return false;
@@ -184,23 +200,10 @@ static bool run_peer(const char *script, int warmup, int steps, double *f32_ms, 
     }
     snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s' --steps %d --warmup %d --precision fp32,bf16",
              script, steps, warmup);
-    FILE *p = popen(cmd, "r");
-    if (!p)
-        return false;
-    char line[1024];
-    *f32_ms = *bf16_ms = 0;
-    while (fgets(line, sizeof line, p)) {
-        printf("peer: %s", line);
-        const char *m = strstr(line, "\"median_ms\": ");
-        if (!m)
-            continue;
-        double v = atof(m + strlen("\"median_ms\": "));
-        if (strstr(line, "_fp32\""))
-            *f32_ms = v;
-        else if (strstr(line, "_bf16\""))
-            *bf16_ms = v;
-    }
-    int rc = pclose(p);
+    double ms[2] = {0, 0}; /* f32, bf16 */
+    int rc = bench_peer_lines(cmd, peer_line, ms);
+    *f32_ms = ms[0];
+    *bf16_ms = ms[1];
     if (rc != 0 || *f32_ms <= 0 || *bf16_ms <= 0) {
         printf("peer: the PyTorch script failed (status %d)\n", rc);
         return false;
