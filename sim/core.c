@@ -1080,6 +1080,20 @@ int nt_sim_stats_get(nt_sim_stats *out)
     return 0;
 }
 
+int nt_device_stats_get(int dev, nt_sim_stats *out)
+{
+    if (!out)
+        return NT__SIM_NULL("nt_device_stats_get", "out");
+    int rc = nt_sim_init();
+    if (rc)
+        return rc;
+    if (dev < 0 || dev >= nt__sim.ncores)
+        return nt__err(NULL, NT_EINVAL, "nt_device_stats_get",
+                       "argument 'dev' is %d; expected a device from 0 to %d (NT_SIM_CORES=%d)",
+                       dev, nt__sim.ncores - 1, nt__sim.ncores);
+    return nt__sim_core_stats(dev, out);
+}
+
 int nt__sim_core_stats(int core, nt_sim_stats *out)
 {
     int rc = nt_sim_init();

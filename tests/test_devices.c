@@ -510,6 +510,45 @@ static void test_cores_run_at_once(void **state)
     unsetenv("NT_SIM_CORES");
 }
 
+/* Per-core statistics: each device's own kernels and clock; the totals
+ * add them; bad index and NULL are errors. */
+static void test_device_stats(void **state)
+{
+    (void)state;
+    init_with(2, "sim");
+    nt_sim_stats_reset();
+    static float out[PROG_N];
+    program(out, PROG_N);
+    nt_device_set(1);
+    program(out, PROG_N);
+    program(out, PROG_N);
+    nt_device_set(0);
+    assert_int_equal(nt_sync(), 0);
+    nt_sim_stats s0, s1, all;
+    assert_int_equal(nt_device_stats_get(0, &s0), 0);
+    assert_int_equal(nt_device_stats_get(1, &s1), 0);
+    assert_int_equal(nt_sim_stats_get(&all), 0);
+    assert_true(s0.kernels > 0);
+    assert_int_equal(s1.kernels, 2 * s0.kernels);
+    assert_int_equal(all.kernels, s0.kernels + s1.kernels);
+    assert_true(s1.sim_ns == 2 * s0.sim_ns);
+    assert_true(s0.clock_ns == nt__sim_core_clock(0));
+    assert_true(s1.clock_ns == nt__sim_core_clock(1));
+    assert_true(all.clock_ns == (s0.clock_ns > s1.clock_ns ? s0.clock_ns : s1.clock_ns));
+    assert_true(all.flops == s0.flops + s1.flops);
+    nt_clear_error();
+    assert_int_equal(nt_device_stats_get(2, &s0), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "nt_device_stats_get"));
+    assert_non_null(strstr(nt_last_error_message(), "argument 'dev' is 2"));
+    assert_int_equal(nt_device_stats_get(-1, &s0), NT_EINVAL);
+    assert_int_equal(nt_device_stats_get(0, NULL), NT_EINVAL);
+    nt_sim_stats_reset();
+    assert_int_equal(nt_device_stats_get(1, &s1), 0);
+    assert_int_equal(s1.kernels, 0);
+    assert_true(s1.clock_ns == nt__sim_core_clock(1)); /* the clock stays */
+    done();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -528,6 +567,7 @@ int main(void)
         cmocka_unit_test(test_same_bits_cpu),
         cmocka_unit_test(test_concurrent_devices),
         cmocka_unit_test(test_cores_run_at_once),
+        cmocka_unit_test(test_device_stats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
