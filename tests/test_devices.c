@@ -549,6 +549,70 @@ static void test_device_stats(void **state)
     done();
 }
 
+/* Each device has NT_HBM_BYTES of its own: one full device does not stop
+ * another, and the error names the device that is full. */
+static void hbm_per_device(const char *backend)
+{
+    setenv("NT_HBM_BYTES", "1M", 1);
+    init_with(2, backend);
+    int64_t big[] = {200 * 1024}; /* 800 KiB of f32 */
+    nt_tensor *a = nt_zeros(NT_F32, 1, big);
+    assert_non_null(a);
+    nt_device_set(1);
+    nt_tensor *b = nt_zeros(NT_F32, 1, big); /* device 1: room of its own */
+    assert_non_null(b);
+    assert_int_equal(nt_tensor_device(b), 1);
+    nt_clear_error();
+    nt_tensor *c = nt_zeros(NT_F32, 1, big); /* device 1 is full now */
+    assert_null(c);
+    assert_int_equal(nt_last_error(), NT_ENOMEM);
+    assert_non_null(strstr(nt_last_error_message(), "device 1's memory"));
+    nt_device_set(0);
+    nt_clear_error();
+    assert_null(nt_ones(NT_F32, 1, big));
+    assert_int_equal(nt_last_error(), NT_ENOMEM);
+    assert_non_null(strstr(nt_last_error_message(), "device 0's memory"));
+    /* a copy goes to the device it names: the full one refuses it */
+    nt_clear_error();
+    assert_null(nt_to_device(a, 1));
+    assert_int_equal(nt_last_error(), NT_ENOMEM);
+    assert_non_null(strstr(nt_last_error_message(), "device 1's memory"));
+    nt_stats st;
+    assert_int_equal(nt_stats_get(&st), 0);
+    assert_true(st.device_bytes_in_use >= 2 * 800 * 1024);
+    /* freeing device 1's tensor makes room there only */
+    nt_release(b);
+    assert_int_equal(nt_sync(), 0);
+    nt_clear_error();
+    nt_tensor *d = nt_to_device(a, 1);
+    assert_non_null(d);
+    assert_int_equal(nt_tensor_device(d), 1);
+    float v[4];
+    nt_device_set(1); /* a view is an op on its tensor's device */
+    nt_tensor *h = nt_slice(d, 0, 0, 4, 1);
+    nt_device_set(0);
+    assert_int_equal(nt_to_host(h, v, sizeof v), 0);
+    for (int i = 0; i < 4; i++)
+        assert_true(v[i] == 0.0f);
+    nt_release(h);
+    nt_release(a);
+    nt_release(d);
+    done();
+    unsetenv("NT_HBM_BYTES");
+}
+
+static void test_hbm_per_device_sim(void **state)
+{
+    (void)state;
+    hbm_per_device("sim");
+}
+
+static void test_hbm_per_device_cpu(void **state)
+{
+    (void)state;
+    hbm_per_device("cpu");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -568,6 +632,8 @@ int main(void)
         cmocka_unit_test(test_concurrent_devices),
         cmocka_unit_test(test_cores_run_at_once),
         cmocka_unit_test(test_device_stats),
+        cmocka_unit_test(test_hbm_per_device_sim),
+        cmocka_unit_test(test_hbm_per_device_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
