@@ -475,6 +475,8 @@ NT_API const char *nt_config_get(const char *name)
         return "all";
     else if (!strcmp(name, "NT_HANDLE_QUARANTINE"))
         v = NT__CFG(handle_quarantine);
+    else if (!strcmp(name, "NT_SIM_CORES"))
+        v = (uint64_t)NT__CFG(devices);
     else
         return NULL;
     snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);

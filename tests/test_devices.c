@@ -174,6 +174,7 @@ static void test_bad_core_count(void **state)
     setenv("NT_SIM_CORES", "64", 1);
     assert_int_equal(nt_init(), 0);
     assert_int_equal(nt_device_count(), 64);
+    assert_string_equal(nt_config_get("NT_SIM_CORES"), "64");
     /* only before nt_init */
     nt_clear_error();
     assert_int_equal(nt_config_set("NT_SIM_CORES", "2"), NT_EINVAL);
