@@ -229,8 +229,16 @@ typedef struct nt__storage {
     uint8_t deferred;       /* data is a separate block, taken at first use */
     volatile uint8_t hostdead; /* no handle the host can use is left: only queued
                                records hold it (set once, by nt_release) */
+    uint8_t dev;            /* the device whose HBM holds it (never changes) */
     uint32_t pend_sid;      /* hostdead: the stream whose pool its bytes were
                                credited to, 0 = none (core/arena.c) */
+    /* Simulated ns (on the clock of the core that wrote it) at which its
+     * last writer's kernel ended: a kernel that reads it starts no earlier
+     * (sim/sim.h).  Written by the worker that ran the writer (or by a
+     * collective, with its end), read by the executor of a later reader;
+     * the stream ordering between the two orders the accesses too.  Atomic
+     * (relaxed) all the same: nt__storage_ready_get / _set. */
+    double sim_ready;
     /* line 2: what every enqueue writes -- apart, so a worker reading line
      * 1 does not see it change under it on every op */
     _Alignas(64) volatile AO_t last_write; /* packed (stream id, seq) of the last writer */
@@ -252,7 +260,8 @@ struct nt_tensor {
     int8_t ndim;
     uint8_t dtype;
     uint8_t expanded;        /* has a stride-0 dim from expand: not writable */
-    uint8_t pad_;
+    uint8_t dev;             /* st->dev, here for the dispatcher's device check
+                                (a line it reads anyway) */
     nt__storage *st;
     int64_t offset;          /* in elements */
     int64_t shape[NT_MAX_DIMS];
@@ -270,6 +279,17 @@ struct nt_tensor {
     _Alignas(64) volatile AO_t refs; /* user references; 0 = released */
     volatile AO_t irefs;     /* internal references, +1 while refs > 0 */
 };
+
+static inline double nt__storage_ready_get(const nt__storage *st)
+{
+    double t;
+    __atomic_load(&st->sim_ready, &t, __ATOMIC_RELAXED);
+    return t;
+}
+static inline void nt__storage_ready_set(nt__storage *st, double t)
+{
+    __atomic_store(&st->sim_ready, &t, __ATOMIC_RELAXED);
+}
 
 /* Validates a tensor argument: NULL keeps the first error (or sets EINVAL);
  * a released handle is NT_ERELEASED.  Returns true if usable. */
@@ -295,7 +315,13 @@ void nt__tensor_iunref_n(nt_tensor *t, AO_t n);
 /* Registers a fresh reference in the thread's innermost scope, if any. */
 nt_tensor *nt__scope_adopt(nt_tensor *t);
 
-nt__storage *nt__storage_new(size_t nbytes); /* NULL: arena full (no error set) */
+/* NULL: arena full (no error set).  On device nt__alloc_dev. */
+nt__storage *nt__storage_new(size_t nbytes);
+/* The device new storage goes on (nt__storage_new, nt__tensor_empty): 0
+ * unless a caller sets it -- the dispatcher sets its stream's device around
+ * the outputs it makes, the creation functions the current stream's device,
+ * a collective the device of each output.  Set it, make, set it back to 0. */
+extern _Thread_local uint8_t nt__alloc_dev NT_TLS_HOT;
 void nt__storage_ref(nt__storage *st);
 void nt__storage_unref(nt__storage *st);
 
@@ -328,16 +354,21 @@ static inline void *nt__tensor_data(const nt_tensor *t)
 /* Device memory arena (the simulated HBM)                            */
 /* ------------------------------------------------------------------ */
 
-/* max_waiting: NT_MAX_INFLIGHT_BYTES, 0 = half the capacity. */
-void nt__arena_init(uint64_t capacity, uint64_t max_waiting);
+/* Each of ndev devices has `capacity` bytes (NT_HBM_BYTES) and its own
+ * counts; a function that makes or frees bytes names their device (a
+ * storage's dev, or nt__alloc_dev for a new one).  max_waiting:
+ * NT_MAX_INFLIGHT_BYTES, 0 = half the capacity. */
+void nt__arena_init(uint64_t capacity, uint64_t max_waiting, int ndev);
 void nt__arena_shutdown(void);
-/* NULL if over capacity (after waiting for queued work that frees memory). */
+/* On device nt__alloc_dev.  NULL if over capacity (after waiting for
+ * queued work that frees memory). */
 void *nt__arena_alloc(size_t nbytes);
 /* True (once) if this thread's last failed arena allocation failed for want
  * of host memory rather than device capacity. */
 bool nt__arena_host_failed(void);
-void nt__arena_free(void *p, size_t nbytes); /* also ends the reservation */
-/* Capacity only, for an op of stream nt__alloc_sid (0: none), which may take
+void nt__arena_free(void *p, size_t nbytes, int dev); /* also ends the reservation */
+/* Capacity only, on device nt__alloc_dev for an op of stream nt__alloc_sid
+ * (0: none), which may take
  * the stream's pool; waits for queued work when full (streams/ sets
  * nt__arena_progress); false if it still does not fit (nt__arena_too_big:
  * because it is bigger than the whole capacity). */
@@ -346,30 +377,36 @@ bool nt__arena_too_big(void);
 /* A kernel's workspace, freed with nt__arena_free when the kernel ends: may
  * use capacity reserved for tensors not written yet while the blocks handed
  * out leave room (a worker cannot wait for its own stream); NULL if not. */
-void *nt__arena_alloc_scratch(size_t nbytes);
+void *nt__arena_alloc_scratch(size_t nbytes, int dev);
 extern _Thread_local uint32_t nt__alloc_sid NT_TLS_HOT;
 /* Runs queued work of every stream (all: to its end; else about half);
  * false on a thread that must not wait (a stream worker). */
 extern bool (*nt__arena_progress)(bool all);
-/* A storage of nbytes became hostdead while queued ops still use it: its
- * bytes are waiting, credited to stream sid's pool (0: to none). */
-void nt__arena_pend(uint32_t sid, size_t nbytes);
+/* A storage of nbytes on device dev became hostdead while queued ops still
+ * use it: its bytes are waiting, credited to stream sid's pool (0: to
+ * none).  Returns the pool it was credited to (0: none -- sid's pool holds
+ * another device's bytes), which the storage keeps for the free. */
+uint32_t nt__arena_pend(uint32_t sid, size_t nbytes, int dev);
 /* Frees such a storage's block (p may be NULL: it never took one). */
-void nt__arena_free_pended(void *p, size_t nbytes, uint32_t sid);
+void nt__arena_free_pended(void *p, size_t nbytes, uint32_t sid, int dev);
 uint64_t nt__arena_live(void);      /* reserved bytes no queued work gives back */
 uint64_t nt__arena_live_peak(void);
 uint64_t nt__arena_waiting(void);   /* bytes of hostdead storages not yet freed */
 uint64_t nt__arena_alloc_waits(void);
 uint64_t nt__arena_alloc_wait_ns(void);
 void nt__arena_set_max_waiting(uint64_t bytes);
-void nt__arena_unreserve(size_t nbytes);     /* a reservation that never got a block */
-void *nt__arena_alloc_reserved(size_t nbytes); /* the block of a reservation; NULL:
-                                                  the host is out of memory */
+void nt__arena_unreserve(size_t nbytes, int dev); /* a reservation that never got a block */
+void *nt__arena_alloc_reserved(size_t nbytes, int dev); /* the block of a reservation;
+                                                  NULL: the host is out of memory */
+/* The counts below add up every device; the _on forms are one device's. */
 uint64_t nt__arena_in_use(void);
+uint64_t nt__arena_in_use_on(int dev);
+uint64_t nt__arena_live_on(int dev);
+uint64_t nt__arena_waiting_on(int dev);
 uint64_t nt__arena_backed(void); /* of in_use: bytes that hold a block */
 uint64_t nt__arena_backed_peak(void);
 uint64_t nt__arena_peak(void);
-uint64_t nt__arena_capacity(void);
+uint64_t nt__arena_capacity(void); /* of one device */
 void nt__arena_reset_peak(void);
 
 /* ------------------------------------------------------------------ */
@@ -524,6 +561,7 @@ typedef struct nt__config {
     uint64_t sr_seed;      /* NT_SR_SEED */
     uint64_t handle_quarantine; /* NT_HANDLE_QUARANTINE: releases before a handle's
                                    memory is reused (UINT64_MAX: never) */
+    int devices;           /* NT_SIM_CORES: devices (simulated cores), 1..64 */
 } nt__config;
 
 extern nt__config nt__cfg;
