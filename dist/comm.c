@@ -1,0 +1,2 @@
+/* dist/comm.c - communicators and the collective ops (in progress). */
+#include "dist/dist.h"
