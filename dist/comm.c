@@ -677,7 +677,9 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
     void *block = c ? calloc((size_t)n, sizeof(nt_tensor *) * 2 + sizeof(nt_stream *) +
                                             sizeof(double) + sizeof(member) + 1)
                     : NULL;
-    nt__rec **recs = calloc((size_t)n, sizeof *recs);
+    /* per member: its record, then (after enqueueing, when c may be gone)
+     * its stream and seq */
+    nt__rec **recs = calloc((size_t)n, sizeof *recs + sizeof(nt_stream *) + sizeof(uint64_t));
     if (!c || !block || !recs) {
         free(c);
         free(block);
@@ -741,7 +743,15 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
         c->out[i]->irefs++; /* the collective's, until its last member is done */
         c->mem[i] = (member){c, i};
     }
-    uint64_t *seqs = (uint64_t *)recs; /* reused below: one seq per member */
+    /* The caller's outputs and what the lazy flush needs, copied now: once
+     * the records are queued (or, in deterministic mode, have run) the
+     * collective may be finished and freed. */
+    nt_stream **strm = (nt_stream **)(recs + n);
+    uint64_t *seqs = (uint64_t *)(strm + n);
+    for (int i = 0; i < n; i++)
+        out[i] = c->out[i];
+    bool lazy = !c->inline_run && NT__CFG(mode) == NT_MODE_LAZY;
+    bool inl = c->inline_run;
     for (int i = 0; i < n; i++) {
         nt__rec *r = recs[i];
         nt_stream *s = c->stream[i];
@@ -776,24 +786,23 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
             AO_store(&in[i]->st->last_read, packed);
         AO_store_release(&c->out[i]->st->last_write, packed);
         NT__COUNT(ops_enqueued, 1);
-        if (c->inline_run) {
+        strm[i] = s;
+        seqs[i] = seq;
+        if (inl) {
             for (int d = 0; d < r->ndeps; d++)
                 nt__wait_packed(r->deps[d]);
             nt__stream_run_inline(s, r);
         } else {
             nt__stream_enqueue(s, r);
-            seqs[i] = seq; /* r may be recycled now: keep its seq only */
         }
     }
-    if (!c->inline_run && NT__CFG(mode) == NT_MODE_LAZY)
+    if (lazy)
         for (int i = 0; i < n; i++)
-            flush_to(c->stream[i], seqs[i]);
+            flush_to(strm[i], seqs[i]);
     free(recs);
     bool adopted = true;
-    for (int i = 0; i < n; i++) {
-        out[i] = c->out[i];
+    for (int i = 0; i < n; i++)
         adopted &= nt__scope_adopt(out[i]) != NULL;
-    }
     if (!adopted) {
         for (int i = 0; i < n; i++)
             out[i] = NULL;

@@ -325,6 +325,266 @@ static void test_env_settings(void **state)
     assert_int_equal(nt_process_rank(), 0);
 }
 
+
+/* ------------------------------------------------------------------ */
+/* The collective ops                                                 */
+/* ------------------------------------------------------------------ */
+
+/* Devices of this process (NT_SIM_CORES, set in main). */
+static int ndev(void) { return 1; }
+static void dev_set(int d) { (void)d; }
+
+/* Rank r's input element k: values whose sums depend on the order. */
+static void fill_input(void *buf, nt_dtype dt, int r, int64_t count)
+{
+    for (int64_t k = 0; k < count; k++) {
+        int64_t h = (r * 7919 + k * 104729) % 2001;
+        if (dt == NT_I32)
+            nt__store_i32(buf, dt, k, (int32_t)(h * 1000003 - 77));
+        else if (dt == NT_U8)
+            nt__store_i32(buf, dt, k, (int32_t)(h & 255));
+        else
+            nt__store_f64(buf, dt, k, ldexp((double)(h - 1000) / 1000.0, (int)((r * 3 + k) % 20) - 10));
+    }
+}
+
+/* Every collective x dtype x op over devices 0..n-1 in the current mode:
+ * values against the reference, read back through an op on each device
+ * (so the outputs' readiness is what a later kernel waits for). */
+static void all_ops_once(int n)
+{
+    int devs[64];
+    for (int i = 0; i < n; i++)
+        devs[i] = i;
+    nt_comm *c = nt_comm_create(devs, n);
+    assert_non_null(c);
+    assert_int_equal(nt_comm_size(c), n);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(nt_comm_rank(c, i), i);
+    const nt_dtype dts[] = {NT_F32, NT_BF16, NT_F16, NT_I32, NT_U8};
+    const int64_t rows = 2 * n, cols = 21;
+    int64_t count = rows * cols;
+    for (int di = 0; di < 5; di++) {
+        nt_dtype dt = dts[di];
+        size_t es = nt_dtype_size(dt);
+        void *g[64];
+        nt_tensor *in[64], *out[64];
+        for (int r = 0; r < n; r++) {
+            g[r] = malloc((size_t)count * es);
+            fill_input(g[r], dt, r, count);
+            dev_set(r);
+            nt_tensor *h = nt_from_host(g[r], dt, 2, (int64_t[]){rows, cols});
+            in[r] = nt_mul_scalar(h, 1.0); /* made by a kernel on the device */
+            assert_non_null(in[r]);
+            nt_release(h);
+        }
+        dev_set(0);
+        char *want = malloc((size_t)count * es * (size_t)n), *got = malloc((size_t)count * es * (size_t)n);
+        for (int kind = 0; kind < 4; kind++)
+            for (int op = 0; op < 3; op++) {
+                if ((kind == 1 || kind == 3) && op > 0)
+                    continue;
+                if (op == NT_REDUCE_MEAN && !nt__dtype_is_float(dt))
+                    continue;
+                size_t ob = (size_t)count * es;
+                int rc, root = n / 2;
+                switch (kind) {
+                case 0:
+                    rc = nt_all_reduce(c, in, out, (nt_reduce_op)op);
+                    break;
+                case 1:
+                    rc = nt_all_gather(c, in, out);
+                    ob *= (size_t)n;
+                    break;
+                case 2:
+                    rc = nt_reduce_scatter(c, in, out, (nt_reduce_op)op);
+                    ob /= (size_t)n;
+                    break;
+                default:
+                    rc = nt_broadcast(c, in, out, root);
+                    break;
+                }
+                assert_int_equal(rc, 0);
+                for (int i = 0; i < n; i++) {
+                    switch (kind) {
+                    case 0:
+                        nt__tree_reduce(want, (const void *const *)g, n, count, dt, (nt_reduce_op)op);
+                        break;
+                    case 1:
+                        for (int r = 0; r < n; r++)
+                            memcpy(want + (size_t)r * count * es, g[r], (size_t)count * es);
+                        break;
+                    case 2: {
+                        const void *bv[64];
+                        for (int r = 0; r < n; r++)
+                            bv[r] = (const char *)g[r] + (size_t)i * ob;
+                        nt__tree_reduce(want, bv, n, count / n, dt, (nt_reduce_op)op);
+                        break;
+                    }
+                    default:
+                        memcpy(want, g[root], ob);
+                    }
+                    dev_set(i);
+                    nt_tensor *y = nt_mul_scalar(out[i], 1.0);
+                    assert_int_equal(nt_to_host(y, got, ob), 0);
+                    if (memcmp(got, want, ob))
+                        fail_msg("kind %d op %d dtype %s member %d of %d: values differ", kind, op,
+                                 nt_dtype_name(dt), i, n);
+                    assert_int_equal(nt_shape(out[i], 0),
+                                     kind == 1 ? rows * n : kind == 2 ? rows / n : rows);
+                    nt_release(y);
+                    nt_release(out[i]);
+                }
+                dev_set(0);
+            }
+        for (int r = 0; r < n; r++) {
+            nt_release(in[r]);
+            free(g[r]);
+        }
+        free(want);
+        free(got);
+    }
+    nt_comm_destroy(c);
+    assert_int_equal(nt_sync(), 0);
+}
+
+static void test_ops_every_mode_backend(void **state)
+{
+    (void)state;
+    const char *modes[] = {"deterministic", "eager", "adaptive", "lazy"};
+    const char *backends[] = {"sim", "cpu"};
+    for (int b = 0; b < 2; b++)
+        for (int m = 0; m < 4; m++) {
+            assert_int_equal(nt_config_set("NT_BACKEND", backends[b]), 0);
+            if (!strcmp(modes[m], "deterministic"))
+                assert_int_equal(nt_config_set("NT_DETERMINISTIC", "1"), 0);
+            else {
+                assert_int_equal(nt_config_set("NT_DETERMINISTIC", "0"), 0);
+                assert_int_equal(nt_config_set("NT_MODE", modes[m]), 0);
+            }
+            for (int n = 1; n <= ndev(); n++)
+                all_ops_once(n);
+        }
+    nt_config_set("NT_DETERMINISTIC", "0");
+    nt_config_set("NT_MODE", "adaptive");
+    nt_config_set("NT_BACKEND", "sim");
+}
+
+/* Inputs released right after the call: the collective keeps them alive
+ * until every member has read them. */
+static void test_inputs_released_early(void **state)
+{
+    (void)state;
+    int n = ndev();
+    int devs[64];
+    nt_tensor *in[64], *out[64];
+    for (int i = 0; i < n; i++) {
+        devs[i] = i;
+        dev_set(i);
+        in[i] = nt_full(NT_F32, 1, (int64_t[]){1000}, (double)(i + 1));
+    }
+    dev_set(0);
+    nt_comm *c = nt_comm_create(devs, n);
+    assert_int_equal(nt_all_reduce(c, in, out, NT_REDUCE_SUM), 0);
+    nt_comm_destroy(c); /* queued work keeps what it needs */
+    for (int i = 0; i < n; i++)
+        nt_release(in[i]);
+    float v[1000];
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(nt_to_host(out[i], v, sizeof v), 0);
+        assert_true(v[0] == (float)(n * (n + 1) / 2) && v[999] == v[0]);
+        nt_release(out[i]);
+    }
+}
+
+/* Bad input: a clear error at the call naming the function and the
+ * argument, nothing queued, every out[i] NULL. */
+static void test_bad_input(void **state)
+{
+    (void)state;
+    int d0 = 0;
+    nt_tensor *x = nt_ones(NT_F32, 1, (int64_t[]){6});
+    nt_tensor *xi = nt_ones(NT_I32, 1, (int64_t[]){6});
+    nt_tensor *s0 = nt_full(NT_F32, 0, NULL, 1.0);
+    nt_tensor *out[2] = {(nt_tensor *)1, (nt_tensor *)1};
+    nt_tensor *dead = nt_ones(NT_F32, 1, (int64_t[]){6});
+    nt_release(dead);
+    assert_int_equal(nt_sync(), 0);
+    uint64_t before = nt__tensor_live_handles();
+#define BAD(call, code, text)                                                    \
+    do {                                                                         \
+        out[0] = (nt_tensor *)1;                                                 \
+        nt_clear_error();                                                        \
+        assert_int_equal((call), (code));                                        \
+        if (!strstr(nt_last_error_message(), (text)))                            \
+            fail_msg("message '%s' lacks '%s'", nt_last_error_message(), (text)); \
+        assert_true(out[0] == NULL || out[0] == (nt_tensor *)1);                 \
+    } while (0)
+    /* comm creation */
+    assert_null(nt_comm_create(NULL, 1));
+    assert_non_null(strstr(nt_last_error_message(), "nt_comm_create: argument 'devices'"));
+    assert_null(nt_comm_create(&d0, 0));
+    assert_non_null(strstr(nt_last_error_message(), "n is 0"));
+    assert_null(nt_comm_create((int[]){ndev()}, 1));
+    assert_non_null(strstr(nt_last_error_message(), "devices[0]"));
+    assert_int_equal(nt_comm_size(NULL), -1);
+    assert_int_equal(nt_comm_rank(NULL, 0), -1);
+    nt_comm_destroy(NULL);
+    nt_comm *c = nt_comm_create(&d0, 1);
+    assert_non_null(c);
+    assert_int_equal(nt_comm_rank(c, 1), -1);
+    /* the ops */
+    BAD(nt_all_reduce(NULL, &x, out, NT_REDUCE_SUM), NT_EINVAL, "nt_all_reduce: argument 'c'");
+    BAD(nt_all_reduce(c, NULL, out, NT_REDUCE_SUM), NT_EINVAL, "argument 'in'");
+    assert_null(out[0]);
+    assert_int_equal(nt_all_reduce(c, &x, NULL, NT_REDUCE_SUM), NT_EINVAL);
+    BAD(nt_all_reduce(c, &x, out, (nt_reduce_op)7), NT_EINVAL, "op is 7");
+    BAD(nt_reduce_scatter(c, &x, out, (nt_reduce_op)-1), NT_EINVAL, "nt_reduce_scatter");
+    BAD(nt_all_reduce(c, &xi, out, NT_REDUCE_MEAN), NT_EDTYPE, "NT_REDUCE_MEAN");
+    BAD(nt_all_reduce(c, (nt_tensor *[]){NULL}, out, NT_REDUCE_SUM), NT_EINVAL, "in[0]");
+    BAD(nt_all_gather(c, &s0, out), NT_ESHAPE, "0-d");
+    BAD(nt_reduce_scatter(c, &s0, out, NT_REDUCE_SUM), NT_ESHAPE, "0-d");
+    BAD(nt_broadcast(c, &x, out, 1), NT_EINVAL, "root is 1");
+    BAD(nt_broadcast(c, &x, out, -1), NT_EINVAL, "root is -1");
+    BAD(nt_broadcast(c, (nt_tensor *[]){NULL}, out, 0), NT_EINVAL, "the root's input");
+    BAD(nt_all_gather(c, &dead, out), NT_ERELEASED, "nt_all_gather");
+    assert_int_equal(nt_sync(), 0);
+    assert_true(nt__tensor_live_handles() == before); /* nothing made, nothing queued */
+    /* a communicator of an earlier session */
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+    x = nt_ones(NT_F32, 1, (int64_t[]){6});
+    BAD(nt_all_reduce(c, &x, out, NT_REDUCE_SUM), NT_ESTATE, "before the last nt_shutdown");
+    nt_comm_destroy(c);
+    nt_release(x);
+#undef BAD
+}
+
+/* A poisoned input: the outputs carry its error (the op that failed and
+ * its line), as any op's do. */
+static void test_poisoned_input(void **state)
+{
+    (void)state;
+    nt_tensor *w = nt_ones(NT_F32, 2, (int64_t[]){3, 2});
+    int32_t bad[1] = {9};
+    nt_tensor *idx = nt_from_host(bad, NT_I32, 1, (int64_t[]){1});
+    nt_tensor *e = nt_embedding(w, idx); /* fails when it runs */
+    nt_comm *c = nt_comm_create((int[]){0}, 1);
+    nt_tensor *out = NULL;
+    assert_int_equal(nt_all_reduce(c, &e, &out, NT_REDUCE_SUM), 0);
+    float v[2];
+    assert_int_equal(nt_to_host(out, v, sizeof v), NT_ERANGE);
+    assert_non_null(strstr(nt_last_error_message(), "nt_embedding"));
+    nt_clear_error();
+    nt_sync();
+    nt_clear_error();
+    nt_release(out);
+    nt_release(e);
+    nt_release(idx);
+    nt_release(w);
+    nt_comm_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -334,6 +594,10 @@ int main(void)
         cmocka_unit_test(test_cost_formula_vs_schedule),
         cmocka_unit_test_setup_teardown(test_cost_public, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_env_settings, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_ops_every_mode_backend, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_inputs_released_early, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bad_input, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_poisoned_input, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
