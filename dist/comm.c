@@ -84,29 +84,19 @@ struct coll {
 /* Devices                                                            */
 /* ------------------------------------------------------------------ */
 
-static int dev_count(void) { return 1; }
-static int tensor_dev(const nt_tensor *t)
-{
-    (void)t;
-    return 0;
-}
-/* The member's stream: the thread's current one if it is on the device. */
+static int dev_count(void) { return NT__CFG(devices); }
+static int tensor_dev(const nt_tensor *t) { return t->dev; }
+/* The member's stream: the thread's current one if it is on the device,
+ * else the device's default stream. */
 static nt_stream *member_stream(int dev)
 {
-    (void)dev;
-    return nt__stream_current();
+    nt_stream *s = nt__stream_current();
+    return s->dev == dev ? s : nt__stream_default_on(dev);
 }
-/* When t's last writer finished on the simulated core (ns). */
-static double tensor_ready_ns(const nt_tensor *t)
-{
-    (void)t;
-    return 0;
-}
-static void tensor_set_ready_ns(nt_tensor *t, double ns)
-{
-    (void)t;
-    (void)ns;
-}
+/* When t's last writer ended on the simulated cores (ns). */
+static double tensor_ready_ns(const nt_tensor *t) { return nt__storage_ready_get(t->st); }
+/* A kernel that reads t starts no earlier than ns (sim/sim.h). */
+static void tensor_set_ready_ns(nt_tensor *t, double ns) { nt__storage_ready_set(t->st, ns); }
 
 /* Each core's collective engine: when its last collective ended
  * (simulated ns).  A core runs its collectives one at a time, so the next
@@ -723,7 +713,9 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
         nt_stream *s = member_stream(cm->dev[i]);
         c->stream[i] = s;
         nt__alloc_sid = s->id;
+        nt__alloc_dev = (uint8_t)cm->dev[i];
         c->out[i] = nt__tensor_empty(dt, ondim, oshape, site, fn);
+        nt__alloc_dev = 0;
         nt__alloc_sid = 0;
         if (!c->out[i]) {
             rc = nt_last_error();
