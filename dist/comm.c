@@ -365,7 +365,9 @@ static int complete(coll *c, nt__errobj **err)
             len[p] = sizeof(hdr);
             off[p] = (size_t)p * sizeof(hdr);
         }
-        rc = nt__pcomm_allgather(cm->pc, &mine, hs, len, off, why, sizeof why);
+        rc = nt__pcomm_allgather(cm->pc, &mine, hs, len, off,
+                                 "exchanging the collective's description (shape, dtype, op)", why,
+                                 sizeof why);
         if (rc < 0) {
             *err = coll_error(c, rc, "%s", why);
             rc = -1;
@@ -406,14 +408,16 @@ static int complete(coll *c, nt__errobj **err)
             rc = -1;
             goto out;
         }
-        rc = nt__pcomm_allgather(cm->pc, ready + cm->first, rtmp, len, off, why, sizeof why);
+        rc = nt__pcomm_allgather(cm->pc, ready + cm->first, rtmp, len, off,
+                                 "exchanging the inputs' ready times", why, sizeof why);
         if (rc == 0) {
             memcpy(ready, rtmp, sizeof(double) * (size_t)N);
             for (int p = 0; p < np; p++) {
                 len[p] = bc ? (p == root_proc ? bytes : 0) : bytes * (size_t)cm->pcount[p];
                 off[p] = bc ? bytes * (size_t)c->root : bytes * (size_t)cm->pfirst[p];
             }
-            rc = nt__pcomm_allgather(cm->pc, all + off[cm->me], all, len, off, why, sizeof why);
+            rc = nt__pcomm_allgather(cm->pc, all + off[cm->me], all, len, off,
+                                     "exchanging the inputs", why, sizeof why);
         }
         free(rtmp);
         if (rc < 0) {

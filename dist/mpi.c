@@ -321,10 +321,11 @@ void nt__pcomm_destroy(nt__pcomm *pc)
 }
 
 int nt__pcomm_allgather(nt__pcomm *pc, const void *send, void *recv, const size_t *len,
-                        const size_t *off, char *errbuf, size_t errlen)
+                        const size_t *off, const char *what, char *errbuf, size_t errlen)
 {
     int np = pc->nproc, me = pc->me;
-    memcpy((char *)recv + off[me], send, len[me]);
+    if ((char *)recv + off[me] != send)
+        memcpy((char *)recv + off[me], send, len[me]);
     if (pc->broken) {
         snprintf(errbuf, errlen, "an earlier exchange on this communicator failed");
         return NT_ECOMM;
@@ -381,7 +382,7 @@ int nt__pcomm_allgather(nt__pcomm *pc, const void *send, void *recv, const size_
         snprintf(errbuf, errlen, "MPI failed to start the exchange");
         ret = NT_ECOMM;
     } else {
-        ret = poll_all(reqs, n, "exchanging the members' data", errbuf, errlen, peer);
+        ret = poll_all(reqs, n, what, errbuf, errlen, peer);
     }
     if (ret < 0) {
         abandon(pc, reqs, n, sbuf, rbuf);
@@ -415,12 +416,14 @@ int nt__pcomm_create(int mine, int *counts, nt__pcomm **out, char *errbuf, size_
 void nt__pcomm_destroy(nt__pcomm *pc) { (void)pc; }
 
 int nt__pcomm_allgather(nt__pcomm *pc, const void *send, void *recv, const size_t *len,
-                        const size_t *off, char *errbuf, size_t errlen)
+                        const size_t *off, const char *what, char *errbuf, size_t errlen)
 {
     (void)pc;
+    (void)what;
     (void)errbuf;
     (void)errlen;
-    memcpy((char *)recv + off[0], send, len[0]);
+    if ((char *)recv + off[0] != send)
+        memcpy((char *)recv + off[0], send, len[0]);
     return 0;
 }
 

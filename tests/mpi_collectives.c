@@ -7,6 +7,8 @@
  *       inputs (they are a function of the rank), and prints a hash of
  *       each local rank's outputs, "rank R hash H": the same lines for any
  *       split of the N ranks over processes.
+ *   mpi_collectives mismatch     2 processes whose inputs' shapes differ:
+ *       each reports the other's shape and its own.
  *   mpi_collectives kill         2 processes: process 1 dies (SIGKILL) after
  *       creating the communicator; process 0's all-reduce must fail with an
  *       error naming nt_all_reduce and this file's line, within
@@ -197,6 +199,35 @@ static int kill_test(void)
     return fails ? 1 : 0;
 }
 
+/* Shapes that differ between processes: both get an error naming the
+ * other process and both shapes, at the first sync. */
+static int mismatch_test(void)
+{
+    nt_comm *c = nt_comm_create((int[]){0}, 1);
+    if (!c) {
+        fprintf(stderr, "nt_comm_create: %s\n", nt_last_error_message());
+        return 1;
+    }
+    int me = nt_process_rank(), other = 1 - me;
+    nt_tensor *x = nt_ones(NT_F32, 1, (int64_t[]){4 + me}), *y = NULL;
+    CHECK(nt_all_reduce(c, (nt_tensor *[]){x}, &y, NT_REDUCE_SUM) == 0, "the call fails: %s",
+          nt_last_error_message());
+    float o[8];
+    int e = nt_to_host(y, o, (size_t)(4 + me) * sizeof(float));
+    const char *msg = nt_last_error_message();
+    char want[96];
+    snprintf(want, sizeof want, "process %d's inputs are f32 [%d]; this process's are f32 [%d]",
+             other, 4 + other, 4 + me);
+    printf("process %d's error: %s\n", me, msg);
+    CHECK(e == NT_ESHAPE, "expected NT_ESHAPE, got %d", e);
+    CHECK(strstr(msg, "nt_all_reduce") && strstr(msg, want), "expected '%s'", want);
+    nt_release(x);
+    nt_release(y);
+    nt_comm_destroy(c);
+    printf("mismatch test: %s\n", fails ? "FAILED" : "ok");
+    return fails ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -207,7 +238,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "nt_init: %s\n", nt_last_error_message());
         return 1;
     }
-    int rc = !strcmp(argv[1], "kill") ? kill_test() : check(argc > 2 ? atoi(argv[2]) : 1);
+    int rc = !strcmp(argv[1], "kill")       ? kill_test()
+             : !strcmp(argv[1], "mismatch") ? mismatch_test()
+                                            : check(argc > 2 ? atoi(argv[2]) : 1);
     nt_shutdown();
     return rc;
 }

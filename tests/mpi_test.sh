@@ -36,7 +36,7 @@ ok() { n=$((n + 1)); echo "ok $n - $1"; }
 notok() { n=$((n + 1)); echo "not ok $n - $1"; sed 's/^/# /' "$out"; fail=1; }
 
 devs=${NT_MPI_TEST_DEVS:-1}
-echo "1..4"
+echo "1..5"
 # 1 process, 2*devs global ranks when devices allow it; otherwise the
 # reference is the 2-process run's own check against computed values.
 if NT_SIM_CORES=$((2 * devs)) "$prog" check $((2 * devs)) >"$out" 2>&1; then
@@ -62,6 +62,12 @@ elif [ "$hashes" = "$ref" ]; then
     ok "every rank's outputs bit-identical to the 1-process run ($(echo $ref | tr '\n' ' '))"
 else
     notok "outputs differ from the 1-process run: $(echo $hashes) vs $(echo $ref)"
+fi
+if timeout 120 "$mpirun" -np 2 --oversubscribe "$prog" mismatch >"$out" 2>&1 &&
+    [ "$(grep -c 'mismatch test: ok' "$out")" = 2 ]; then
+    ok "shapes that differ between processes: $(sed -n 's/^process 0.s error: //p' "$out" | head -1)"
+else
+    notok "shapes that differ between processes"
 fi
 # The fault test.  --enable-recovery: without it mpirun kills the survivor
 # as soon as a rank dies (it aborts the job on a process killed by a
