@@ -32,6 +32,7 @@
 
 #include "dispatcher/dispatch.h"
 #include "sim/sim.h"
+#include "sim/trace.h"
 #include "streams/stream.h"
 
 #define COMM_MAGIC 0x434f4d4du /* "COMM" */
@@ -104,11 +105,16 @@ static void tensor_set_ready_ns(nt_tensor *t, double ns) { nt__storage_ready_set
 #define MAX_CORES 64
 static GMutex cc_lock;
 static double cc_free[MAX_CORES];
+static unsigned cc_trace_gen[MAX_CORES]; /* under cc_lock */
+/* The trace track of a core's collectives, beside its engines (0..15) and
+ * DMA queues (16..31, sim/core.c). */
+#define CC_TRACE_TID 64
 
 void nt__coll_reset_clocks(void)
 {
     g_mutex_lock(&cc_lock);
     memset(cc_free, 0, sizeof cc_free);
+    memset(cc_trace_gen, 0, sizeof cc_trace_gen);
     g_mutex_unlock(&cc_lock);
 }
 
@@ -482,8 +488,32 @@ static int complete(coll *c, nt__errobj **err)
     g_mutex_lock(&cc_lock);
     nt__coll_schedule(nt__topology_current(), c->kind, N, full, ready, end);
     for (int i = 0; i < c->n; i++) {
-        cc_free[cm->dev[i] % MAX_CORES] = end[cm->first + i];
-        tensor_set_ready_ns(c->out[i], end[cm->first + i]);
+        int d = cm->dev[i] % MAX_CORES, r = cm->first + i;
+        cc_free[d] = end[r];
+        tensor_set_ready_ns(c->out[i], end[r]);
+        if (nt__trace_enabled()) {
+            /* one span per core, on its track group (simulated us) */
+            int pid = nt__sim_trace_pid(cm->dev[i]);
+            unsigned g = nt__trace_generation();
+            if (cc_trace_gen[d] != g) {
+                cc_trace_gen[d] = g;
+                nt__trace_thread_name(pid, CC_TRACE_TID, "collectives", CC_TRACE_TID);
+            }
+            char name[96], args[512], where[256], js[300];
+            snprintf(name, sizeof name, "%s %s", c->fn + 3,
+                     c->kind == NT__COLL_ALL_REDUCE || c->kind == NT__COLL_REDUCE_SCATTER
+                         ? nt__reduce_op_name(c->op)
+                         : "");
+            nt__site_format(&c->site, where, sizeof where);
+            nt__trace_json_str(js, sizeof js, where);
+            snprintf(args, sizeof args,
+                     "{\"rank\":%d,\"ranks\":%d,\"bytes\":%.0f,\"formula_us\":%.3f,"
+                     "\"site\":%s}",
+                     r, N, full,
+                     nt__coll_formula_ns(nt__topology_current(), c->kind, N, full) / 1e3, js);
+            nt__trace_complete(pid, CC_TRACE_TID, name, ready[r] / 1e3,
+                               (end[r] - ready[r]) / 1e3, args);
+        }
     }
     g_mutex_unlock(&cc_lock);
 out:

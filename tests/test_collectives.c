@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include <math.h>
+#include <unistd.h>
 
 #include "ntensor.h"
 #include "dist/dist.h"
@@ -747,6 +748,46 @@ static void test_sim_time(void **state)
     nt_comm_destroy(c);
 }
 
+/* NT_TRACE: each core's track group gets a span per collective. */
+static void test_trace(void **state)
+{
+    (void)state;
+    nt_shutdown();
+    char path[] = "/tmp/nt_coll_trace_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    setenv("NT_TRACE", path, 1);
+    assert_int_equal(nt_init(), 0);
+    nt_tensor *in[2], *out[2];
+    for (int i = 0; i < 2; i++) {
+        dev_set(i);
+        in[i] = nt_full(NT_F32, 1, (int64_t[]){1024}, 1.0);
+    }
+    dev_set(0);
+    nt_comm *c = nt_comm_create((int[]){0, 1}, 2);
+    assert_int_equal(nt_reduce_scatter(c, in, out, NT_REDUCE_MAX), 0);
+    assert_int_equal(nt_sync(), 0);
+    for (int i = 0; i < 2; i++) {
+        nt_release(in[i]);
+        nt_release(out[i]);
+    }
+    nt_comm_destroy(c);
+    nt_shutdown();
+    unsetenv("NT_TRACE");
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    unlink(path);
+    assert_non_null(strstr(buf, "\"name\":\"reduce_scatter max\""));
+    assert_non_null(strstr(buf, "\"rank\":1,\"ranks\":2"));
+    assert_non_null(strstr(buf, "\"collectives\""));
+    assert_int_equal(nt_init(), 0);
+}
+
 int main(void)
 {
     /* four cores: members 1..4 in every test (unless the caller set it) */
@@ -765,6 +806,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_input_members, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_timeout, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_sim_time, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_trace, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
