@@ -48,7 +48,7 @@ struct nt_comm {
     int nproc, me;
     int *pcount, *pfirst; /* members and first global rank of each process */
     nt__pcomm *pc;       /* NULL with one process */
-    uint64_t issued;     /* collectives issued (the calling threads) */
+    volatile AO_t issued; /* collectives issued: numbers them for MPI's tags */
 };
 
 enum { ST_WAITING = 0, ST_RUNNING, ST_DONE, ST_FAILED };
@@ -783,7 +783,7 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
     c->fn = fn;
     c->site = site ? *site : (nt_site){0};
     c->inline_run = NT__CFG(mode) == NT_MODE_DETERMINISTIC;
-    c->tag = cm->issued++;
+    c->tag = (uint64_t)AO_fetch_and_add1(&cm->issued);
     c->n = n;
     c->refs = (AO_t)n;
     g_mutex_init(&c->lock);
