@@ -156,6 +156,14 @@ NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *params, int n,
                                        double max_norm);
 NT_API nt_tensor *nt_to_device_at(const nt_site *site, nt_tensor *t, int dev);
+NT_API int nt_all_reduce_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
+                            nt_tensor **out, nt_reduce_op op);
+NT_API int nt_all_gather_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
+                            nt_tensor **out);
+NT_API int nt_reduce_scatter_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
+                                nt_tensor **out, nt_reduce_op op);
+NT_API int nt_broadcast_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
+                           nt_tensor **out, int root);
 
 /* NT_SITE_FUNCS(X) calls X(ret, name, (params), (site, params), nparams)
  * for every function above, e.g. to wrap them all; tests/test_api.c
@@ -271,7 +279,11 @@ NT_API nt_tensor *nt_to_device_at(const nt_site *site, nt_tensor *t, int dev);
     X(int, nt_optim_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1) \
     X(int, nt_sgd_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1) \
     X(nt_tensor *, nt_clip_grad_norm, (nt_tensor *const *params, int n, double max_norm), (const nt_site *site, nt_tensor *const *params, int n, double max_norm), 3) \
-    X(nt_tensor *, nt_to_device, (nt_tensor *t, int dev), (const nt_site *site, nt_tensor *t, int dev), 2)
+    X(nt_tensor *, nt_to_device, (nt_tensor *t, int dev), (const nt_site *site, nt_tensor *t, int dev), 2) \
+    X(int, nt_all_reduce, (nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), 4) \
+    X(int, nt_all_gather, (nt_comm *c, nt_tensor *const *in, nt_tensor **out), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out), 3) \
+    X(int, nt_reduce_scatter, (nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), 4) \
+    X(int, nt_broadcast, (nt_comm *c, nt_tensor *const *in, nt_tensor **out, int root), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out, int root), 4)
 
 #if !defined(__cplusplus) && !defined(NT_NO_SITE_MACROS) && !defined(NT_BUILDING_LIBRARY)
 #define nt_from_host(...) nt_from_host_at(NT_HERE, __VA_ARGS__)
@@ -385,6 +397,10 @@ NT_API nt_tensor *nt_to_device_at(const nt_site *site, nt_tensor *t, int dev);
 #define nt_sgd_step(...) nt_sgd_step_at(NT_HERE, __VA_ARGS__)
 #define nt_clip_grad_norm(...) nt_clip_grad_norm_at(NT_HERE, __VA_ARGS__)
 #define nt_to_device(...) nt_to_device_at(NT_HERE, __VA_ARGS__)
+#define nt_all_reduce(...) nt_all_reduce_at(NT_HERE, __VA_ARGS__)
+#define nt_all_gather(...) nt_all_gather_at(NT_HERE, __VA_ARGS__)
+#define nt_reduce_scatter(...) nt_reduce_scatter_at(NT_HERE, __VA_ARGS__)
+#define nt_broadcast(...) nt_broadcast_at(NT_HERE, __VA_ARGS__)
 #endif
 
 #endif /* NTENSOR_SITE_H */
