@@ -155,6 +155,15 @@ NT_API int nt_optim_step_at(const nt_site *site, nt_optim *opt);
 NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *params, int n,
                                        double max_norm);
+NT_API nt_ddp *nt_ddp_create_at(const nt_site *site, nt_tensor *const *params, int nparams,
+                                int shards, const int *devices, int ndev);
+NT_API nt_tensor *nt_ddp_shard_at(const nt_site *site, nt_ddp *d, nt_tensor *batch, int shard);
+NT_API nt_tensor *nt_ddp_shard_from_host_at(const nt_site *site, nt_ddp *d, int shard,
+                                            const void *src, nt_dtype dt, int ndim,
+                                            const int64_t *shape);
+NT_API int nt_ddp_backward_at(const nt_site *site, nt_ddp *d, int shard, nt_tensor *loss);
+NT_API int nt_ddp_reduce_at(const nt_site *site, nt_ddp *d);
+NT_API int nt_ddp_step_at(const nt_site *site, nt_ddp *d, nt_optim *const *opts, int nopts);
 
 /* NT_SITE_FUNCS(X) calls X(ret, name, (params), (site, params), nparams)
  * for every function above, e.g. to wrap them all; tests/test_api.c
@@ -269,7 +278,13 @@ NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *pa
     X(int, nt_checkpoint, (nt_checkpoint_fn fn, void *ctx, nt_tensor *const *inputs, int n_in, nt_tensor **outputs, int n_out), (const nt_site *site, nt_checkpoint_fn fn, void *ctx, nt_tensor *const *inputs, int n_in, nt_tensor **outputs, int n_out), 6) \
     X(int, nt_optim_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1) \
     X(int, nt_sgd_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1) \
-    X(nt_tensor *, nt_clip_grad_norm, (nt_tensor *const *params, int n, double max_norm), (const nt_site *site, nt_tensor *const *params, int n, double max_norm), 3)
+    X(nt_tensor *, nt_clip_grad_norm, (nt_tensor *const *params, int n, double max_norm), (const nt_site *site, nt_tensor *const *params, int n, double max_norm), 3) \
+    X(nt_ddp *, nt_ddp_create, (nt_tensor *const *params, int nparams, int shards, const int *devices, int ndev), (const nt_site *site, nt_tensor *const *params, int nparams, int shards, const int *devices, int ndev), 5) \
+    X(nt_tensor *, nt_ddp_shard, (nt_ddp *d, nt_tensor *batch, int shard), (const nt_site *site, nt_ddp *d, nt_tensor *batch, int shard), 3) \
+    X(nt_tensor *, nt_ddp_shard_from_host, (nt_ddp *d, int shard, const void *src, nt_dtype dt, int ndim, const int64_t *shape), (const nt_site *site, nt_ddp *d, int shard, const void *src, nt_dtype dt, int ndim, const int64_t *shape), 6) \
+    X(int, nt_ddp_backward, (nt_ddp *d, int shard, nt_tensor *loss), (const nt_site *site, nt_ddp *d, int shard, nt_tensor *loss), 3) \
+    X(int, nt_ddp_reduce, (nt_ddp *d), (const nt_site *site, nt_ddp *d), 1) \
+    X(int, nt_ddp_step, (nt_ddp *d, nt_optim *const *opts, int nopts), (const nt_site *site, nt_ddp *d, nt_optim *const *opts, int nopts), 3)
 
 #if !defined(__cplusplus) && !defined(NT_NO_SITE_MACROS) && !defined(NT_BUILDING_LIBRARY)
 #define nt_from_host(...) nt_from_host_at(NT_HERE, __VA_ARGS__)
@@ -382,6 +397,12 @@ NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *pa
 #define nt_optim_step(...) nt_optim_step_at(NT_HERE, __VA_ARGS__)
 #define nt_sgd_step(...) nt_sgd_step_at(NT_HERE, __VA_ARGS__)
 #define nt_clip_grad_norm(...) nt_clip_grad_norm_at(NT_HERE, __VA_ARGS__)
+#define nt_ddp_create(...) nt_ddp_create_at(NT_HERE, __VA_ARGS__)
+#define nt_ddp_shard(...) nt_ddp_shard_at(NT_HERE, __VA_ARGS__)
+#define nt_ddp_shard_from_host(...) nt_ddp_shard_from_host_at(NT_HERE, __VA_ARGS__)
+#define nt_ddp_backward(...) nt_ddp_backward_at(NT_HERE, __VA_ARGS__)
+#define nt_ddp_reduce(...) nt_ddp_reduce_at(NT_HERE, __VA_ARGS__)
+#define nt_ddp_step(...) nt_ddp_step_at(NT_HERE, __VA_ARGS__)
 #endif
 
 #endif /* NTENSOR_SITE_H */

@@ -1,0 +1,317 @@
+/* tests/test_ddp.c - data-parallel training (autograd/ddp.c, docs/ddp.md):
+ * the shard tree against a hand-written tree of the same order, shards in
+ * any order, every error path (and the runtime working after it), and the
+ * parameters after 20 AdamW steps bit-identical for 1, 2, 4 and 8 cores.
+ *
+ * NT_SIM_CORES is read by nt_init, so the core counts run as child
+ * processes of this test (it re-executes itself with --child and the
+ * environment of the case), each printing a CRC-32 of its parameters. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ntensor.h"
+#include "nt_test.h"
+#include "crc32.h"
+
+/* ---------------- a small MLP ---------------- */
+
+enum { F = 12, H = 24, C = 5, NP = 4 };
+
+static void make_data(float *x, int32_t *y, int rows, uint32_t seed)
+{
+    uint32_t s = seed * 2654435761u + 1;
+    for (int i = 0; i < rows * F; i++) {
+        s = s * 1664525u + 1013904223u;
+        x[i] = (float)((s >> 8) & 0xFFFF) / 65536.0f - 0.5f;
+    }
+    for (int i = 0; i < rows; i++) {
+        s = s * 1664525u + 1013904223u;
+        y[i] = (int32_t)((s >> 16) % C);
+    }
+}
+
+static void make_params(nt_tensor **p, nt_dtype dt, uint64_t seed)
+{
+    const int64_t shapes[NP][2] = {{H, F}, {H, 0}, {C, H}, {C, 0}};
+    for (int j = 0; j < NP; j++) {
+        int nd = shapes[j][1] ? 2 : 1;
+        nt_tensor *r = nt_randn(NT_F32, nd, shapes[j], seed * 8 + (uint64_t)j);
+        nt_tensor *t = nt_mul_scalar(r, 0.3);
+        if (dt != NT_F32) {
+            nt_tensor *c = nt_cast(t, dt);
+            nt_release(t);
+            t = c;
+        }
+        nt_release(r);
+        assert_non_null(t);
+        assert_int_equal(nt_set_requires_grad(t, true), 0);
+        p[j] = t;
+    }
+}
+
+static nt_tensor *model_loss(nt_tensor **p, nt_tensor *x, nt_tensor *y)
+{
+    nt_dtype dt = nt_dtype_of(p[0]);
+    nt_tensor *xx = dt == NT_F32 ? x : nt_cast(x, dt);
+    nt_tensor *h = nt_relu(nt_linear(xx, p[0], p[1]));
+    nt_tensor *logits = nt_linear(h, p[2], p[3]);
+    if (nt_dtype_of(logits) != NT_F32)
+        logits = nt_cast(logits, NT_F32);
+    return nt_cross_entropy(logits, y);
+}
+
+static void grad_bytes(nt_tensor *p, void *dst, size_t cap)
+{
+    nt_tensor *g = nt_grad(p);
+    assert_non_null(g);
+    size_t nb = (size_t)nt_numel(g) * nt_dtype_size(nt_dtype_of(g));
+    assert_true(nb <= cap);
+    assert_int_equal(nt_to_host(g, dst, nb), 0);
+    nt_release(g);
+}
+
+/* ---------------- the tree against a hand-written one ---------------- */
+
+/* The shard tree written out: adjacent pairs level by level, odd last
+ * carried, in f32, then times 1/S, rounded to dt. */
+static nt_tensor *ref_tree(nt_tensor **g, int n, nt_dtype dt)
+{
+    nt_tensor *v[64];
+    int m = n;
+    for (int i = 0; i < n; i++)
+        v[i] = g[i];
+    while (m > 1) {
+        int k = 0;
+        for (int i = 0; i + 1 < m; i += 2)
+            v[k++] = nt_add(v[i], v[i + 1]);
+        if (m & 1)
+            v[k++] = v[m - 1];
+        m = k;
+    }
+    nt_tensor *r = nt_mul_scalar(v[0], 1.0 / n);
+    return dt == NT_F32 ? r : nt_cast(r, dt);
+}
+
+static void tree_case(nt_dtype dt, int S, bool reverse)
+{
+    enum { B = 32 };
+    float xb[B * F];
+    int32_t yb[B];
+    make_data(xb, yb, B, 7);
+    nt_tensor *p[NP], *q[NP];
+    make_params(p, dt, 3);
+    make_params(q, dt, 3);
+    int dev0 = 0;
+    nt_ddp *d = nt_ddp_create(p, NP, S, &dev0, 1);
+    assert_non_null(d);
+    assert_int_equal(nt_ddp_shards(d), S);
+    nt_tensor **rep = nt_ddp_params(d, 0);
+    assert_non_null(rep);
+    for (int j = 0; j < NP; j++)
+        assert_ptr_equal(rep[j], p[j]); /* the home device's replica is the params */
+    for (int k = 0; k < S; k++) {
+        int s = reverse ? S - 1 - k : k;
+        assert_int_equal(nt_ddp_shard_device(d, s), 0);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, (int64_t[]){B, F});
+        nt_tensor *y = nt_ddp_shard_from_host(d, s, yb, NT_I32, 1, (int64_t[]){B});
+        assert_non_null(x);
+        assert_int_equal(nt_shape(x, 0), B / S);
+        assert_int_equal(nt_ddp_backward(d, s, model_loss(rep, x, y)), 0);
+        nt_scope_end(sc);
+        /* the shard's gradients went into the tree, not into .grad */
+        nt_tensor *g = nt_grad(p[0]);
+        assert_null(g);
+    }
+    assert_int_equal(nt_ddp_reduce(d), 0);
+
+    /* by hand */
+    nt_tensor *g[NP][64];
+    for (int s = 0; s < S; s++) {
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = nt_from_host(xb + (size_t)s * (B / S) * F, NT_F32, 2,
+                                    (int64_t[]){B / S, F});
+        nt_tensor *y = nt_from_host(yb + (size_t)s * (B / S), NT_I32, 1, (int64_t[]){B / S});
+        assert_int_equal(nt_backward(model_loss(q, x, y)), 0);
+        nt_scope_end(sc);
+        for (int j = 0; j < NP; j++) {
+            nt_tensor *gj = nt_grad(q[j]);
+            g[j][s] = nt_dtype_of(gj) == NT_F32 ? gj : nt_cast(gj, NT_F32);
+            if (g[j][s] != gj)
+                nt_release(gj);
+            assert_int_equal(nt_zero_grad(q[j]), 0);
+        }
+    }
+    static uint8_t a[H * F * 4], b[H * F * 4];
+    for (int j = 0; j < NP; j++) {
+        nt_tensor *r = ref_tree(g[j], S, dt);
+        assert_non_null(r);
+        size_t nb = (size_t)nt_numel(r) * nt_dtype_size(dt);
+        assert_int_equal(nt_to_host(r, b, nb), 0);
+        grad_bytes(p[j], a, sizeof a);
+        if (memcmp(a, b, nb) != 0)
+            fail_msg("%s S=%d%s: parameter %d's gradient differs from the hand-written tree",
+                     nt_dtype_name(dt), S, reverse ? " (shards reversed)" : "", j);
+        nt_release(r);
+        for (int s = 0; s < S; s++)
+            nt_release(g[j][s]);
+    }
+    nt_ddp_destroy(d);
+    for (int j = 0; j < NP; j++) {
+        nt_release(p[j]);
+        nt_release(q[j]);
+    }
+    assert_int_equal(nt_sync(), 0);
+}
+
+static void test_tree_matches_reference(void **state)
+{
+    (void)state;
+    for (int S = 1; S <= 8; S *= 2) {
+        tree_case(NT_F32, S, false);
+        tree_case(NT_F32, S, true);
+        tree_case(NT_BF16, S, S == 4);
+    }
+}
+
+/* ---------------- bad input ---------------- */
+
+static void expect_err(int rc, int code, const char *fn, const char *what)
+{
+    if (rc != code || nt_last_error() != code || !strstr(nt_last_error_message(), fn) ||
+        !strstr(nt_last_error_message(), what))
+        fail_msg("expected %d from %s naming '%s'; got %d: %s", code, fn, what, rc,
+                 nt_last_error_message());
+    nt_clear_error();
+}
+
+static void test_bad_input(void **state)
+{
+    (void)state;
+    enum { B = 8 };
+    float xb[B * F];
+    int32_t yb[B];
+    make_data(xb, yb, B, 1);
+    nt_tensor *p[NP];
+    make_params(p, NT_F32, 5);
+    int dev0 = 0, bad_dev = 999;
+
+    /* nt_ddp_create */
+    expect_err(nt_ddp_create(NULL, NP, 2, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "params");
+    expect_err(nt_ddp_create(p, 0, 2, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "parameter");
+    nt_tensor *dup[2] = {p[0], p[0]};
+    expect_err(nt_ddp_create(dup, 2, 2, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "same tensor");
+    nt_tensor *plain = nt_zeros(NT_F32, 1, (int64_t[]){3});
+    nt_tensor *nrg[2] = {p[0], plain};
+    expect_err(nt_ddp_create(nrg, 2, 2, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "require grad");
+    expect_err(nt_ddp_create(p, NP, 0, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "shards");
+    expect_err(nt_ddp_create(p, NP, 3, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "power of two");
+    expect_err(nt_ddp_create(p, NP, 2, NULL, 1) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "devices");
+    expect_err(nt_ddp_create(p, NP, 2, &dev0, 0) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "ndev");
+    expect_err(nt_ddp_create(p, NP, 2, &bad_dev, 1) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "devices[0]");
+
+    /* a NULL or dead nt_ddp */
+    expect_err(nt_ddp_reduce(NULL), NT_EINVAL, "nt_ddp_reduce", "'d'");
+    expect_err(nt_ddp_shards(NULL), NT_EINVAL, "nt_ddp_shards", "'d'");
+    expect_err(nt_ddp_params(NULL, 0) ? 0 : nt_last_error(), NT_EINVAL, "nt_ddp_params", "'d'");
+    nt_ddp_destroy(NULL);
+
+    nt_ddp *d = nt_ddp_create(p, NP, 4, &dev0, 1);
+    assert_non_null(d);
+    nt_tensor **rep = nt_ddp_params(d, 0);
+    expect_err(nt_ddp_params(d, 5) ? 0 : nt_last_error(), NT_EINVAL, "nt_ddp_params", "'dev'");
+    expect_err(nt_ddp_shard_device(d, 4), NT_EINVAL, "nt_ddp_shard_device", "'shard'");
+    expect_err(nt_ddp_shard_device(d, -1), NT_EINVAL, "nt_ddp_shard_device", "'shard'");
+    expect_err(nt_ddp_shard_from_host(d, 4, xb, NT_F32, 2, (int64_t[]){B, F}) ? 0
+                                                                             : nt_last_error(),
+               NT_EINVAL, "nt_ddp_shard_from_host", "'shard'");
+    expect_err(nt_ddp_shard_from_host(d, 0, xb, NT_F32, 2, (int64_t[]){B - 1, F})
+                   ? 0 : nt_last_error(),
+               NT_ESHAPE, "nt_ddp_shard_from_host", "'shape'");
+    expect_err(nt_ddp_shard_from_host(d, 0, NULL, NT_F32, 2, (int64_t[]){B, F})
+                   ? 0 : nt_last_error(),
+               NT_EINVAL, "nt_ddp_shard_from_host", "'src'");
+    nt_tensor *odd = nt_zeros(NT_F32, 2, (int64_t[]){6, F});
+    expect_err(nt_ddp_shard(d, odd, 0) ? 0 : nt_last_error(), NT_ESHAPE, "nt_ddp_shard",
+               "'batch'");
+    nt_tensor *whole = nt_from_host(xb, NT_F32, 2, (int64_t[]){B, F});
+    nt_tensor *part = nt_ddp_shard(d, whole, 1);
+    assert_non_null(part);
+    float got[2 * F];
+    assert_int_equal(nt_to_host(part, got, sizeof got), 0);
+    assert_memory_equal(got, xb + 2 * F, sizeof got);
+    expect_err(nt_ddp_shard(d, whole, 7) ? 0 : nt_last_error(), NT_EINVAL, "nt_ddp_shard",
+               "'shard'");
+
+    /* a step with every kind of misuse on the way */
+    expect_err(nt_ddp_reduce(d), NT_ESTATE, "nt_ddp_reduce", "shard 0");
+    for (int s = 0; s < 4; s++) {
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, (int64_t[]){B, F});
+        nt_tensor *y = nt_ddp_shard_from_host(d, s, yb, NT_I32, 1, (int64_t[]){B});
+        nt_tensor *loss = model_loss(rep, x, y);
+        expect_err(nt_ddp_backward(d, 9, loss), NT_EINVAL, "nt_ddp_backward", "'shard'");
+        expect_err(nt_ddp_backward(d, s, NULL), NT_EINVAL, "nt_ddp_backward", "loss");
+        nt_tensor *nograd = nt_sum(x, NT_DIM_ALL, false);
+        expect_err(nt_ddp_backward(d, s, nograd), NT_ESTATE, "nt_backward", "require grad");
+        assert_int_equal(nt_ddp_backward(d, s, loss), 0);
+        nt_tensor *again = model_loss(rep, x, y);
+        expect_err(nt_ddp_backward(d, s, again), NT_ESTATE, "nt_ddp_backward", "already");
+        nt_scope_end(sc);
+        if (s == 1)
+            expect_err(nt_ddp_reduce(d), NT_ESTATE, "nt_ddp_reduce", "shard 2");
+    }
+    assert_int_equal(nt_ddp_reduce(d), 0);
+    nt_optim *opt = nt_optim_adamw(rep, NP, 1e-2, 0.9, 0.999, 1e-8, 0.0);
+    nt_optim *other = nt_optim_adamw(rep, 2, 1e-2, 0.9, 0.999, 1e-8, 0.0);
+    expect_err(nt_ddp_step(d, NULL, 1), NT_EINVAL, "nt_ddp_step", "'opts'");
+    expect_err(nt_ddp_step(d, &opt, 2), NT_EINVAL, "nt_ddp_step", "'nopts'");
+    expect_err(nt_ddp_step(d, &other, 1), NT_EINVAL, "nt_ddp_step", "'opts[0]'");
+    uint8_t before[H * F * 4], after[H * F * 4];
+    assert_int_equal(nt_to_host(rep[0], before, sizeof before), 0);
+    assert_int_equal(nt_ddp_step(d, &opt, 1), 0);
+    assert_int_equal(nt_to_host(rep[0], after, sizeof after), 0);
+    assert_true(memcmp(before, after, sizeof after) != 0); /* it stepped */
+    assert_null(nt_grad(rep[0]));                          /* and zeroed */
+    assert_int_equal(nt_sync(), 0);
+    nt_optim_destroy(opt);
+    nt_optim_destroy(other);
+    nt_ddp_destroy(d);
+    nt_release(odd);
+    nt_release(whole);
+    nt_release(part);
+    nt_release(plain);
+    for (int j = 0; j < NP; j++)
+        nt_release(p[j]);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_tree_matches_reference, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bad_input, nt_test_setup, nt_test_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
