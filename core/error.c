@@ -115,12 +115,12 @@ const char *nt__kerr_msg(void) { return tls_kerr; }
 #define NT__FALLBACK_ERR(name, val, desc) NT__FALLBACK(val, desc),
 /* Codes past the last NT_E* (nt__errobj_new takes any code > -32). */
 #define NT__FALLBACK_UNKNOWN(i) NT__FALLBACK(-(i), "unknown error")
-_Static_assert(NT_EHOSTMEM == -16 && -NT_EHOSTMEM + 1 == 17,
+_Static_assert(NT_ECOMM == -18 && -NT_ECOMM + 1 == 19,
                "a new NT_E* code: move the first NT__FALLBACK_UNKNOWN below past it");
 static nt__errobj fallback_err[NT__NCODES] = {
     NT__FALLBACK(0, "success"),
     NT_ERRNO_MAP(NT__FALLBACK_ERR)
-    NT__FALLBACK_UNKNOWN(17), NT__FALLBACK_UNKNOWN(18), NT__FALLBACK_UNKNOWN(19),
+    NT__FALLBACK_UNKNOWN(19),
     NT__FALLBACK_UNKNOWN(20), NT__FALLBACK_UNKNOWN(21), NT__FALLBACK_UNKNOWN(22),
     NT__FALLBACK_UNKNOWN(23), NT__FALLBACK_UNKNOWN(24), NT__FALLBACK_UNKNOWN(25),
     NT__FALLBACK_UNKNOWN(26), NT__FALLBACK_UNKNOWN(27), NT__FALLBACK_UNKNOWN(28),

@@ -101,7 +101,9 @@ extern "C" {
     X(ENAN, -13, "NaN or Inf produced")                                     \
     X(EVERSION, -14, "tensor modified in place after it was saved")         \
     X(EFORMAT, -15, "malformed file")                                      \
-    X(EHOSTMEM, -16, "out of host memory")
+    X(EHOSTMEM, -16, "out of host memory")                                  \
+    X(ETIMEDOUT, -17, "collective timed out waiting for its peers")         \
+    X(ECOMM, -18, "communication between processes failed")
 
 typedef enum nt_error {
     NT_OK = 0,
@@ -897,6 +899,89 @@ NT_API int nt_checkpoint_load(const char *path, nt_tensor *const *params, int n,
                               nt_optim *opt, nt_grad_scaler *scaler);
 
 /* ------------------------------------------------------------------------ */
+/* Collectives (docs/collectives.md)                                         */
+/* ------------------------------------------------------------------------ */
+
+/** A communicator: simulated NeuronCores (devices) of this process and, under
+ *  MPI, of every process that created it.  Opaque. */
+typedef struct nt_comm nt_comm;
+
+/** How all-reduce and reduce-scatter combine.  Every reduction follows the
+ *  rank tree: adjacent pairs (v[2i] op v[2i+1]) level by level in rank
+ *  order, an odd last one carried up, in f32 (integers: exact, SUM wraps),
+ *  rounded once to the dtype.  MEAN = that SUM times (float)(1/n), one
+ *  rounding (floating dtypes only).  MAX propagates NaN.  The order never
+ *  depends on arrival order, threads, timing or the number of processes. */
+typedef enum nt_reduce_op { NT_REDUCE_SUM = 0, NT_REDUCE_MEAN, NT_REDUCE_MAX } nt_reduce_op;
+
+/** A communicator of this process's devices devices[0..n-1] (distinct, in
+ *  local rank order).  Under MPI every process must call it (collective
+ *  over processes, in the same order as its other nt_comm_create calls);
+ *  global ranks are ordered by process, then local index.  NULL with the
+ *  thread's error set on bad input (NT_EINVAL), or when another process
+ *  does not answer within NT_COLLECTIVE_TIMEOUT (NT_ETIMEDOUT).  The caller
+ *  owns it: nt_comm_destroy.  Valid until nt_shutdown. */
+NT_API nt_comm *nt_comm_create(const int *devices, int n);
+/** Frees c (NULL: no-op).  Call after the collectives on it were issued;
+ *  queued ones keep what they need. */
+NT_API void nt_comm_destroy(nt_comm *c);
+/** Number of global ranks (every process's members); -1 if c is NULL. */
+NT_API int nt_comm_size(const nt_comm *c);
+/** Global rank of local member i; -1 if c is NULL or i out of range. */
+NT_API int nt_comm_rank(const nt_comm *c, int i);
+
+/** Collectives are queued, asynchronous ops with call sites, like any op:
+ *  in[i] is local member i's input (on that member's device), out[i] gets a
+ *  new tensor on that device.  They return 0, or an error code at the call
+ *  (nothing queued, every out[i] NULL): NULL comm or arrays, a released or
+ *  NULL tensor, shapes or dtypes that differ across members, a tensor on
+ *  the wrong device, a bad op or root, a communicator of an earlier
+ *  nt_init.  An error while they run (a peer that does not arrive within
+ *  NT_COLLECTIVE_TIMEOUT, a dead MPI process, a poisoned input, shapes that
+ *  differ across processes) poisons the outputs with a message naming the
+ *  collective and the call site; the next sync on an output reports it.
+ *  Simulated time: the collective starts on each core when every member's
+ *  input is ready and its outputs are ready when the modelled transfer
+ *  ends (docs/collectives.md); compute of other work overlaps it.
+ *
+ *  nt_all_reduce: out[i] = the rank-tree reduction of every rank's input. */
+NT_API int nt_all_reduce(nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op);
+/** out[i] = every rank's input concatenated along dim 0 in rank order (the
+ *  inputs have the same shape, ndim >= 1). */
+NT_API int nt_all_gather(nt_comm *c, nt_tensor *const *in, nt_tensor **out);
+/** out[i] = block r (r = member i's global rank) of the reduction along dim
+ *  0, which the comm size must divide. */
+NT_API int nt_reduce_scatter(nt_comm *c, nt_tensor *const *in, nt_tensor **out,
+                             nt_reduce_op op);
+/** out[i] = a copy of the input of global rank root.  in[i] may be NULL for
+ *  members other than root, except when root is in another process: then
+ *  every member gives a tensor of the root's shape and dtype (its values
+ *  are not read), since the shape must be known at the call. */
+NT_API int nt_broadcast(nt_comm *c, nt_tensor *const *in, nt_tensor **out, int root);
+
+/** The collectives the cost model knows (nt_collective_cost). */
+typedef enum nt_collective {
+    NT_COLL_ALL_REDUCE = 0,
+    NT_COLL_ALL_GATHER,
+    NT_COLL_REDUCE_SCATTER,
+    NT_COLL_BROADCAST,
+} nt_collective;
+
+/** The cost model of the current topology (NT_SIM_TOPOLOGY and its
+ *  overrides, read at nt_init; docs/collectives.md) for a collective over
+ *  `ranks` cores moving a result of `bytes` bytes (reduce-scatter: the
+ *  input's): *formula_ns gets the closed formula (e.g. ring all-reduce:
+ *  2(N-1)/N x bytes / bandwidth + 2(N-1) x latency + the reductions), and
+ *  *schedule_ns the end of the step-by-step schedule the collective ops
+ *  book on the cores' timelines, every rank starting at 0.  Either pointer
+ *  may be NULL.  NT_EINVAL for a bad kind, ranks < 1 or bytes < 0. */
+NT_API int nt_collective_cost(nt_collective kind, int ranks, double bytes, double *formula_ns,
+                              double *schedule_ns);
+
+/** This process's rank among the MPI processes (0 without MPI). */
+NT_API int nt_process_rank(void);
+/** Number of MPI processes (1 without MPI or when not launched by mpirun). */
+NT_API int nt_process_count(void);
 /* Data-parallel training (docs/ddp.md)                                     */
 /* ------------------------------------------------------------------------ */
 

@@ -20,6 +20,7 @@
 #include "core/hooks.h"
 #include "cpu/cpu.h"
 #include "dispatcher/dispatch.h"
+#include "dist/dist.h"
 #include "fusion/fusion.h"
 #include "sim/kernels/sk.h"
 #include "streams/stream.h"
@@ -58,6 +59,21 @@ static void register_modules(void)
         g_assert(!nt__cpu_backend.kernels[op] || nt__sim_kernel_exists(op));
 }
 
-NT_API int nt_init(void) { return nt__runtime_init(register_modules); }
+/* Processes first (MPI, NT_COLLECTIVE_TIMEOUT, the topology): a bad setting
+ * fails nt_init before anything starts.  MPI stops after the streams
+ * drained, since queued collectives may still exchange data. */
+NT_API int nt_init(void)
+{
+    if (nt__initialized())
+        return 0;
+    int rc = nt__dist_init();
+    if (rc < 0)
+        return rc;
+    return nt__runtime_init(register_modules);
+}
 
-NT_API void nt_shutdown(void) { nt__runtime_shutdown(); }
+NT_API void nt_shutdown(void)
+{
+    nt__runtime_shutdown();
+    nt__dist_shutdown();
+}

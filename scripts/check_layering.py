@@ -42,9 +42,13 @@ LAYERS = [
     ("autograd", 6, ["include", "core", "streams", "debug", "fusion", "dispatcher"]),
     ("amp", 7, ["include", "core", "streams", "debug", "dispatcher", "autograd"]),
     ("io", 8, ["include", "core", "streams", "debug", "dispatcher", "autograd", "amp"]),
+    # Collectives over cores and processes (MPI): ops queued like the
+    # dispatcher's, above autograd so data parallel can use both.
+    ("dist", 9, ["include", "core", "sim", "streams", "fusion/ir.h", "debug", "fusion",
+                 "dispatcher", "autograd", "amp", "io"]),
     # The one place that knows every module: registers them at nt_init.
-    ("init", 9, ["include", "core", "sim", "streams", "fusion/ir.h", "debug", "cpu",
-                 "sim/kernels", "fusion", "dispatcher", "autograd", "amp", "io"]),
+    ("init", 10, ["include", "core", "sim", "streams", "fusion/ir.h", "debug", "cpu",
+                  "sim/kernels", "fusion", "dispatcher", "autograd", "amp", "io", "dist"]),
 ]
 RANK = {u: r for u, r, _ in LAYERS}
 ALLOWED = {u: set(a) for u, _, a in LAYERS}

@@ -5,6 +5,8 @@
 #            (bench/peer/char_gpt.py) and bench/peer/plot_loss.py; the tests
 #            never need them.
 # fortunes: the text examples/char_gpt trains on.
+# libopenmpi-dev, openmpi-bin: collectives between processes (meson option
+# mpi, on when found) and the tests that run mpirun -np 2.
 set -eu
 extra=""
 for a in "$@"; do
@@ -14,7 +16,8 @@ for a in "$@"; do
     esac
 done
 pkgs="gcc meson ninja-build pkg-config python3 libglib2.0-dev liburcu-dev libatomic-ops-dev
-      libcmocka-dev libopenblas-dev zlib1g-dev gdb libtsan2 fortunes $extra"
+      libcmocka-dev libopenblas-dev zlib1g-dev gdb libtsan2 fortunes
+      libopenmpi-dev openmpi-bin $extra"
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||

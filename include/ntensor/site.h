@@ -155,6 +155,14 @@ NT_API int nt_optim_step_at(const nt_site *site, nt_optim *opt);
 NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *params, int n,
                                        double max_norm);
+NT_API int nt_all_reduce_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
+                            nt_tensor **out, nt_reduce_op op);
+NT_API int nt_all_gather_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
+                            nt_tensor **out);
+NT_API int nt_reduce_scatter_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
+                                nt_tensor **out, nt_reduce_op op);
+NT_API int nt_broadcast_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
+                           nt_tensor **out, int root);
 NT_API nt_ddp *nt_ddp_create_at(const nt_site *site, nt_tensor *const *params, int nparams,
                                 int shards, const int *devices, int ndev);
 NT_API nt_tensor *nt_ddp_shard_at(const nt_site *site, nt_ddp *d, nt_tensor *batch, int shard);
@@ -279,6 +287,10 @@ NT_API int nt_ddp_step_at(const nt_site *site, nt_ddp *d, nt_optim *const *opts,
     X(int, nt_optim_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1) \
     X(int, nt_sgd_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1) \
     X(nt_tensor *, nt_clip_grad_norm, (nt_tensor *const *params, int n, double max_norm), (const nt_site *site, nt_tensor *const *params, int n, double max_norm), 3) \
+    X(int, nt_all_reduce, (nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), 4) \
+    X(int, nt_all_gather, (nt_comm *c, nt_tensor *const *in, nt_tensor **out), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out), 3) \
+    X(int, nt_reduce_scatter, (nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), 4) \
+    X(int, nt_broadcast, (nt_comm *c, nt_tensor *const *in, nt_tensor **out, int root), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out, int root), 4) \
     X(nt_ddp *, nt_ddp_create, (nt_tensor *const *params, int nparams, int shards, const int *devices, int ndev), (const nt_site *site, nt_tensor *const *params, int nparams, int shards, const int *devices, int ndev), 5) \
     X(nt_tensor *, nt_ddp_shard, (nt_ddp *d, nt_tensor *batch, int shard), (const nt_site *site, nt_ddp *d, nt_tensor *batch, int shard), 3) \
     X(nt_tensor *, nt_ddp_shard_from_host, (nt_ddp *d, int shard, const void *src, nt_dtype dt, int ndim, const int64_t *shape), (const nt_site *site, nt_ddp *d, int shard, const void *src, nt_dtype dt, int ndim, const int64_t *shape), 6) \
@@ -397,6 +409,10 @@ NT_API int nt_ddp_step_at(const nt_site *site, nt_ddp *d, nt_optim *const *opts,
 #define nt_optim_step(...) nt_optim_step_at(NT_HERE, __VA_ARGS__)
 #define nt_sgd_step(...) nt_sgd_step_at(NT_HERE, __VA_ARGS__)
 #define nt_clip_grad_norm(...) nt_clip_grad_norm_at(NT_HERE, __VA_ARGS__)
+#define nt_all_reduce(...) nt_all_reduce_at(NT_HERE, __VA_ARGS__)
+#define nt_all_gather(...) nt_all_gather_at(NT_HERE, __VA_ARGS__)
+#define nt_reduce_scatter(...) nt_reduce_scatter_at(NT_HERE, __VA_ARGS__)
+#define nt_broadcast(...) nt_broadcast_at(NT_HERE, __VA_ARGS__)
 #define nt_ddp_create(...) nt_ddp_create_at(NT_HERE, __VA_ARGS__)
 #define nt_ddp_shard(...) nt_ddp_shard_at(NT_HERE, __VA_ARGS__)
 #define nt_ddp_shard_from_host(...) nt_ddp_shard_from_host_at(NT_HERE, __VA_ARGS__)

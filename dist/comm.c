@@ -1,0 +1,853 @@
+/* dist/comm.c - communicators and the collective ops.
+ *
+ * A collective is one record per local member, on a stream of that
+ * member's device (NT_REC_HOST: a fusion boundary, run in order like any
+ * op), all pointing at one shared object (`coll`).  A member's record runs
+ * when its input is ready (its stream's order and the input writer's
+ * cross-stream dependency); it *arrives*.  The last local member to arrive
+ * completes the collective for every local member: under MPI it exchanges
+ * the members' inputs with the other processes (dist/mpi.c), then computes
+ * every local output in the rank tree (dist/tree.c) and books the
+ * simulated time (dist/cost.c).  The others wait for that, bounded by
+ * NT_COLLECTIVE_TIMEOUT, so that no op after the collective on their
+ * stream reads an output before it is written.
+ *
+ *   - Deterministic mode runs each member's record inline at the call, in
+ *     member order, on the calling thread: a member that is not the last
+ *     returns at once (it must not wait for a member the same thread runs
+ *     next); the last completes everything before the call returns.
+ *   - Lazy mode: the call asks each member's worker to run up to the
+ *     member's record (as a sync would), so no held window keeps a member
+ *     from arriving while the others wait for it.
+ *   - Lifetime: `coll` holds references on every input and output until
+ *     the last member is done with it, so an input stays alive until every
+ *     member has read it, whatever the program releases meanwhile.
+ *   - Failure (a member that does not arrive in time, a dead process, a
+ *     poisoned input): every output is poisoned with one error naming the
+ *     collective and the user's call site; members that arrive later find
+ *     the collective failed and return. */
+#include "dist/dist.h"
+
+#include <math.h>
+
+#include "dispatcher/dispatch.h"
+#include "sim/sim.h"
+#include "streams/stream.h"
+
+#define COMM_MAGIC 0x434f4d4du /* "COMM" */
+
+struct nt_comm {
+    uint32_t magic;
+    uint64_t gen;        /* nt__dist_generation() when made */
+    volatile AO_t refs;  /* the user's + one per collective in flight */
+    int n;               /* local members */
+    int *dev;            /* their devices */
+    int size;            /* global ranks */
+    int first;           /* global rank of local member 0 */
+    int nproc, me;
+    int *pcount, *pfirst; /* members and first global rank of each process */
+    nt__pcomm *pc;       /* NULL with one process */
+    uint64_t issued;     /* collectives issued (the calling threads) */
+};
+
+enum { ST_WAITING = 0, ST_RUNNING, ST_DONE, ST_FAILED };
+
+typedef struct coll coll;
+typedef struct member {
+    coll *c;
+    int i;
+} member;
+
+struct coll {
+    volatile AO_t refs;  /* members not yet finished */
+    nt_comm *comm;
+    nt__coll_kind kind;
+    nt_reduce_op op;
+    int root;            /* broadcast: global rank */
+    const char *fn;      /* "nt_all_reduce" */
+    nt_site site;
+    bool inline_run;     /* deterministic mode: records run at the call */
+    uint64_t tag;        /* its number among the comm's collectives */
+    int n;
+    nt_tensor **in, **out;
+    nt_stream **stream;
+    double *ready;       /* simulated ns each local input was ready */
+    member *mem;
+    uint8_t *here;       /* member i arrived (under lock) */
+    GMutex lock;
+    GCond cond;
+    int arrived;
+    int state;           /* ST_*, under lock */
+};
+
+/* ------------------------------------------------------------------ */
+/* Devices                                                            */
+/* ------------------------------------------------------------------ */
+
+static int dev_count(void) { return 1; }
+static int tensor_dev(const nt_tensor *t)
+{
+    (void)t;
+    return 0;
+}
+/* The member's stream: the thread's current one if it is on the device. */
+static nt_stream *member_stream(int dev)
+{
+    (void)dev;
+    return nt__stream_current();
+}
+/* When t's last writer finished on the simulated core (ns). */
+static double tensor_ready_ns(const nt_tensor *t)
+{
+    (void)t;
+    return 0;
+}
+static void tensor_set_ready_ns(nt_tensor *t, double ns)
+{
+    (void)t;
+    (void)ns;
+}
+
+/* ------------------------------------------------------------------ */
+/* Communicators                                                      */
+/* ------------------------------------------------------------------ */
+
+static void comm_unref(nt_comm *c)
+{
+    if (!nt__ref_drop(&c->refs, 1))
+        return;
+    c->magic = 0;
+    nt__pcomm_destroy(c->pc);
+    free(c->dev);
+    free(c->pcount);
+    free(c->pfirst);
+    free(c);
+}
+
+NT_API nt_comm *nt_comm_create(const int *devices, int n)
+{
+    static const char fn[] = "nt_comm_create";
+    if (!nt__ensure_init())
+        return NULL;
+    if (!devices) {
+        nt__err(NULL, NT_EINVAL, fn, "argument 'devices' is NULL");
+        return NULL;
+    }
+    int nd = dev_count();
+    if (n < 1 || n > nd) {
+        nt__err(NULL, NT_EINVAL, fn, "n is %d; expected 1 .. %d (the devices of this process)",
+                n, nd);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        if (devices[i] < 0 || devices[i] >= nd) {
+            nt__err(NULL, NT_EINVAL, fn, "devices[%d] is %d; expected a device 0 .. %d", i,
+                    devices[i], nd - 1);
+            return NULL;
+        }
+        for (int j = 0; j < i; j++)
+            if (devices[j] == devices[i]) {
+                nt__err(NULL, NT_EINVAL, fn,
+                        "devices[%d] and devices[%d] are both device %d; expected distinct "
+                        "devices",
+                        j, i, devices[i]);
+                return NULL;
+            }
+    }
+    nt_comm *c = calloc(1, sizeof *c);
+    int np = nt__mpi_active() ? nt_process_count() : 1;
+    if (c) {
+        c->dev = malloc(sizeof *c->dev * (size_t)n);
+        c->pcount = calloc((size_t)np, sizeof *c->pcount);
+        c->pfirst = calloc((size_t)np, sizeof *c->pfirst);
+    }
+    if (!c || !c->dev || !c->pcount || !c->pfirst) {
+        if (c) {
+            free(c->dev);
+            free(c->pcount);
+            free(c->pfirst);
+        }
+        free(c);
+        nt__err_hostmem(NULL, fn, "a communicator");
+        return NULL;
+    }
+    memcpy(c->dev, devices, sizeof *c->dev * (size_t)n);
+    c->n = n;
+    c->nproc = np;
+    c->me = np > 1 ? nt_process_rank() : 0;
+    char why[256] = "";
+    int rc = nt__pcomm_create(n, c->pcount, &c->pc, why, sizeof why);
+    if (rc < 0) {
+        free(c->dev);
+        free(c->pcount);
+        free(c->pfirst);
+        free(c);
+        nt__err(NULL, rc, fn, "%s", why);
+        return NULL;
+    }
+    for (int p = 0; p < np; p++) {
+        c->pfirst[p] = c->size;
+        c->size += c->pcount[p];
+    }
+    c->first = c->pfirst[c->me];
+    c->gen = nt__dist_generation();
+    c->refs = 1;
+    c->magic = COMM_MAGIC;
+    return c;
+}
+
+NT_API void nt_comm_destroy(nt_comm *c)
+{
+    if (!c || c->magic != COMM_MAGIC)
+        return;
+    comm_unref(c);
+}
+
+NT_API int nt_comm_size(const nt_comm *c)
+{
+    return c && c->magic == COMM_MAGIC ? c->size : -1;
+}
+
+NT_API int nt_comm_rank(const nt_comm *c, int i)
+{
+    if (!c || c->magic != COMM_MAGIC || i < 0 || i >= c->n)
+        return -1;
+    return c->first + i;
+}
+
+/* ------------------------------------------------------------------ */
+/* Running a collective                                               */
+/* ------------------------------------------------------------------ */
+
+static const char *kind_api(nt__coll_kind k)
+{
+    static const char *const names[] = {"nt_all_reduce", "nt_all_gather", "nt_reduce_scatter",
+                                        "nt_broadcast"};
+    return names[k];
+}
+
+/* An error naming the collective and the user's call site. */
+static nt__errobj *coll_error(const coll *c, int code, const char *fmt, ...)
+    G_GNUC_PRINTF(3, 4);
+static nt__errobj *coll_error(const coll *c, int code, const char *fmt, ...)
+{
+    char where[256], msg[768], full[1100];
+    nt__site_format(&c->site, where, sizeof where);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(full, sizeof full, "%s (at %s): %s", c->fn, where, msg);
+    return nt__errobj_new(code, full);
+}
+
+/* Poisons every local output with e (keeps an earlier poison) and notes it
+ * on the members' streams for nt_sync.  Takes e's reference. */
+static void fail_all(coll *c, nt__errobj *e)
+{
+    for (int i = 0; i < c->n; i++) {
+        nt_tensor *o = c->out[i];
+        nt__errobj_ref(e);
+        if (!AO_compare_and_swap_full(&o->st->poison, 0, (AO_t)e))
+            nt__errobj_unref(e);
+        nt__stream_note_error(c->stream[i], e);
+    }
+    nt__errobj_unref(e);
+}
+
+/* Bytes of one member's input (broadcast: the root's shape). */
+static size_t member_bytes(const nt_tensor *t)
+{
+    return (size_t)nt__numel(t->ndim, t->shape) * nt__dtype_size((nt_dtype)t->dtype);
+}
+
+/* Copies t's elements in row-major order into dst (any strides). */
+static void pack(char *dst, const nt_tensor *t)
+{
+    size_t es = nt__dtype_size((nt_dtype)t->dtype);
+    const char *src = nt__tensor_data(t);
+    if (nt__is_contig(t)) {
+        memcpy(dst, src, member_bytes(t));
+        return;
+    }
+    int64_t idx[NT_MAX_DIMS] = {0};
+    int64_t n = nt__numel(t->ndim, t->shape);
+    for (int64_t k = 0; k < n; k++) {
+        int64_t off = 0;
+        for (int d = 0; d < t->ndim; d++)
+            off += idx[d] * t->stride[d];
+        memcpy(dst + (size_t)k * es, src + off * (int64_t)es, es);
+        nt__idx_next(idx, t->ndim, t->shape);
+    }
+}
+
+/* What every process sends first: enough to check the members agree. */
+typedef struct hdr {
+    int32_t kind, op, root, dtype, ndim, nmem;
+    uint64_t tag;
+    int64_t shape[NT_MAX_DIMS];
+} hdr;
+
+static void fmt_shape(char *buf, size_t n, const hdr *h)
+{
+    char sh[128];
+    snprintf(buf, n, "%s %s", nt_dtype_name((nt_dtype)h->dtype),
+             nt__shape_str(h->ndim, h->shape, sh, sizeof sh));
+}
+
+/* The completer: every local member arrived.  Returns 0 or fails with *err
+ * set (a new error object). */
+static int complete(coll *c, nt__errobj **err)
+{
+    nt_comm *cm = c->comm;
+    int N = cm->size, np = cm->nproc;
+    /* a poisoned input: the outputs carry its error, as any op's do */
+    for (int i = 0; i < c->n; i++) {
+        nt_tensor *t = c->in[i];
+        nt__errobj *pe = t ? (nt__errobj *)AO_load_acquire(&t->st->poison) : NULL;
+        if (pe) {
+            nt__errobj_ref(pe);
+            *err = pe;
+            return -1;
+        }
+    }
+    /* the shape every rank's input has (broadcast: any member's template
+     * or the root's input) */
+    const nt_tensor *ref = NULL;
+    for (int i = 0; i < c->n && !ref; i++)
+        ref = c->in[i];
+    hdr mine = {.kind = c->kind, .op = c->op, .root = c->root, .dtype = ref->dtype,
+                .ndim = ref->ndim, .nmem = c->n, .tag = c->tag};
+    memcpy(mine.shape, ref->shape, sizeof(int64_t) * (size_t)ref->ndim);
+    size_t bytes = member_bytes(ref);
+    size_t *len = malloc(sizeof *len * (size_t)np * 2);
+    hdr *hs = malloc(sizeof *hs * (size_t)np);
+    double *ready = malloc(sizeof *ready * (size_t)N), *end = malloc(sizeof *end * (size_t)N);
+    char *all = malloc(bytes * (size_t)N + 1);
+    const void **vals = malloc(sizeof *vals * (size_t)N);
+    char why[512] = "";
+    int rc = 0;
+    if (!len || !hs || !ready || !end || !all || !vals) {
+        *err = coll_error(c, NT_EHOSTMEM, "out of host memory for %zu bytes of inputs",
+                          bytes * (size_t)N);
+        rc = -1;
+        goto out;
+    }
+    size_t *off = len + np;
+    /* Broadcast moves the root's input only. */
+    bool bc = c->kind == NT__COLL_BROADCAST;
+    int root_proc = 0;
+    if (bc)
+        for (int p = 0; p < np; p++)
+            if (c->root >= cm->pfirst[p] && c->root < cm->pfirst[p] + cm->pcount[p])
+                root_proc = p;
+    for (int i = 0; i < c->n; i++) {
+        int r = cm->first + i;
+        ready[r] = c->ready[i];
+        if (!bc || r == c->root)
+            pack(all + (size_t)r * bytes, c->in[i]);
+    }
+    if (np > 1) {
+        /* 1: headers, so a mismatch is a clear error, not a garbled
+         * exchange; 2: the inputs' ready times; 3: the data */
+        for (int p = 0; p < np; p++) {
+            len[p] = sizeof(hdr);
+            off[p] = (size_t)p * sizeof(hdr);
+        }
+        rc = nt__pcomm_allgather(cm->pc, &mine, hs, len, off, why, sizeof why);
+        if (rc < 0) {
+            *err = coll_error(c, rc, "%s", why);
+            rc = -1;
+            goto out;
+        }
+        for (int p = 0; p < np; p++) {
+            const hdr *h = &hs[p];
+            if (h->kind != mine.kind || h->tag != mine.tag || h->op != mine.op ||
+                h->root != mine.root) {
+                *err = coll_error(c, NT_ESTATE,
+                                  "process %d runs %s (its collective #%llu) where this process "
+                                  "runs %s (#%llu): every process must issue the same "
+                                  "collectives on a communicator in the same order",
+                                  p, kind_api((nt__coll_kind)h->kind),
+                                  (unsigned long long)h->tag, c->fn,
+                                  (unsigned long long)mine.tag);
+                rc = -1;
+                goto out;
+            }
+            if (h->dtype != mine.dtype || h->ndim != mine.ndim ||
+                memcmp(h->shape, mine.shape, sizeof(int64_t) * (size_t)mine.ndim)) {
+                char a[160], b[160];
+                fmt_shape(a, sizeof a, h);
+                fmt_shape(b, sizeof b, &mine);
+                *err = coll_error(c, h->dtype != mine.dtype ? NT_EDTYPE : NT_ESHAPE,
+                                  "process %d's inputs are %s; this process's are %s", p, a, b);
+                rc = -1;
+                goto out;
+            }
+        }
+        for (int p = 0; p < np; p++) {
+            len[p] = sizeof(double) * (size_t)cm->pcount[p];
+            off[p] = sizeof(double) * (size_t)cm->pfirst[p];
+        }
+        double *rtmp = malloc(sizeof(double) * (size_t)N);
+        if (!rtmp) {
+            *err = coll_error(c, NT_EHOSTMEM, "out of host memory for the exchange");
+            rc = -1;
+            goto out;
+        }
+        rc = nt__pcomm_allgather(cm->pc, ready + cm->first, rtmp, len, off, why, sizeof why);
+        if (rc == 0) {
+            memcpy(ready, rtmp, sizeof(double) * (size_t)N);
+            for (int p = 0; p < np; p++) {
+                len[p] = bc ? (p == root_proc ? bytes : 0) : bytes * (size_t)cm->pcount[p];
+                off[p] = bc ? bytes * (size_t)c->root : bytes * (size_t)cm->pfirst[p];
+            }
+            rc = nt__pcomm_allgather(cm->pc, all + off[cm->me], all, len, off, why, sizeof why);
+        }
+        free(rtmp);
+        if (rc < 0) {
+            *err = coll_error(c, rc, "%s", why);
+            rc = -1;
+            goto out;
+        }
+    }
+    /* The values, in the rank tree. */
+    nt_dtype dt = (nt_dtype)ref->dtype;
+    size_t es = nt__dtype_size(dt);
+    int64_t count = nt__numel(ref->ndim, ref->shape);
+    for (int r = 0; r < N; r++)
+        vals[r] = all + (size_t)r * bytes;
+    for (int i = 0; i < c->n && rc == 0; i++) {
+        char *dst = nt__storage_materialize(c->out[i]->st);
+        if (!dst) {
+            *err = coll_error(c, NT_EHOSTMEM, "out of host memory for the output of member %d",
+                              i);
+            rc = -1;
+            break;
+        }
+        int g = cm->first + i;
+        switch (c->kind) {
+        case NT__COLL_ALL_REDUCE:
+            if (i == 0)
+                rc = nt__tree_reduce(dst, vals, N, count, dt, c->op);
+            else
+                memcpy(dst, nt__tensor_data(c->out[0]), bytes);
+            break;
+        case NT__COLL_REDUCE_SCATTER: {
+            int64_t blk = count / N;
+            const void **bv = malloc(sizeof *bv * (size_t)N);
+            if (!bv) {
+                rc = NT_EHOSTMEM;
+                break;
+            }
+            for (int r = 0; r < N; r++)
+                bv[r] = (const char *)vals[r] + (size_t)(blk * g) * es;
+            rc = nt__tree_reduce(dst, bv, N, blk, dt, c->op);
+            free(bv);
+            break;
+        }
+        case NT__COLL_ALL_GATHER:
+            memcpy(dst, all, bytes * (size_t)N);
+            break;
+        case NT__COLL_BROADCAST:
+            memcpy(dst, vals[c->root], bytes);
+            break;
+        }
+        if (rc < 0)
+            *err = coll_error(c, rc, "out of host memory for the reduction's scratch");
+    }
+    if (rc < 0) {
+        rc = -1;
+        goto out;
+    }
+    /* The simulated time: the schedule over every global rank, from when
+     * each input was ready. */
+    double full = c->kind == NT__COLL_ALL_GATHER ? (double)bytes * N : (double)bytes;
+    nt__coll_schedule(nt__topology_current(), c->kind, N, full, ready, end);
+    for (int i = 0; i < c->n; i++)
+        tensor_set_ready_ns(c->out[i], end[cm->first + i]);
+out:
+    free(len);
+    free(hs);
+    free(ready);
+    free(end);
+    free(all);
+    free(vals);
+    return rc;
+}
+
+static void coll_unref(coll *c)
+{
+    if (!nt__ref_drop(&c->refs, 1))
+        return;
+    for (int i = 0; i < c->n; i++) {
+        if (c->in[i])
+            nt__tensor_iunref(c->in[i]);
+        nt__tensor_iunref(c->out[i]);
+    }
+    comm_unref(c->comm);
+    g_mutex_clear(&c->lock);
+    g_cond_clear(&c->cond);
+    free(c->in);
+    free(c);
+}
+
+/* A member's record runs: arrive, then complete (the last) or wait. */
+static void member_run(void *arg)
+{
+    member *m = arg;
+    coll *c = m->c;
+    if (c->in[m->i])
+        c->ready[m->i] = tensor_ready_ns(c->in[m->i]);
+    g_mutex_lock(&c->lock);
+    c->here[m->i] = 1;
+    bool last = ++c->arrived == c->n;
+    if (last && c->state == ST_WAITING) {
+        c->state = ST_RUNNING;
+        g_mutex_unlock(&c->lock);
+        nt__errobj *err = NULL;
+        int rc = complete(c, &err);
+        if (rc < 0)
+            fail_all(c, err);
+        g_mutex_lock(&c->lock);
+        c->state = rc < 0 ? ST_FAILED : ST_DONE;
+        g_cond_broadcast(&c->cond);
+    } else if (!c->inline_run) {
+        /* Wait until the collective is done: a later op of this stream may
+         * read the output.  The timeout counts while members are missing;
+         * once the completer runs, it bounds its own waits. */
+        gint64 deadline =
+            g_get_monotonic_time() + (gint64)(nt__coll_timeout_s() * G_USEC_PER_SEC);
+        while (c->state == ST_WAITING || c->state == ST_RUNNING) {
+            if (c->state == ST_WAITING && g_get_monotonic_time() >= deadline) {
+                /* name the members whose records have not run */
+                char missing[256] = "";
+                size_t o = 0;
+                for (int i = 0; i < c->n && o + 40 < sizeof missing; i++)
+                    if (!c->here[i])
+                        o += (size_t)snprintf(missing + o, sizeof missing - o, "%s%d (device %d)",
+                                              o ? ", " : "", i, c->comm->dev[i]);
+                c->state = ST_FAILED;
+                g_mutex_unlock(&c->lock);
+                fail_all(c, coll_error(c, NT_ETIMEDOUT,
+                                       "timed out after %g s (NT_COLLECTIVE_TIMEOUT) waiting for "
+                                       "member %s: its input was never ready or its stream is "
+                                       "blocked (%d of %d local members arrived)",
+                                       nt__coll_timeout_s(), missing, c->arrived, c->n));
+                g_mutex_lock(&c->lock);
+                g_cond_broadcast(&c->cond);
+                break;
+            }
+            g_cond_wait_until(&c->cond, &c->lock, c->state == ST_WAITING ? deadline
+                                                  : g_get_monotonic_time() + 100000);
+        }
+    }
+    g_mutex_unlock(&c->lock);
+    coll_unref(c);
+}
+
+/* Asks s's worker (lazy mode) to run at least up to seq, without waiting:
+ * a held window must not keep a member from its collective. */
+static void flush_to(nt_stream *s, uint64_t seq)
+{
+    AO_t f;
+    do {
+        f = AO_load(&s->flush_upto);
+    } while (f < seq && !AO_compare_and_swap_full(&s->flush_upto, f, seq));
+    g_mutex_lock(&s->lock);
+    g_cond_signal(&s->work_cond);
+    g_mutex_unlock(&s->lock);
+}
+
+static bool other_stream(uint64_t packed, const nt_stream *s)
+{
+    return packed && NT__PACK_SID(packed) != s->id;
+}
+
+/* ------------------------------------------------------------------ */
+/* The calls                                                          */
+/* ------------------------------------------------------------------ */
+
+/* Checks and issues one collective; every out[i] is NULL on failure. */
+static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor *const *in,
+                 nt_tensor **out, int op, int root)
+{
+    const char *fn = kind_api(kind);
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (!cm)
+        return nt__err(site, NT_EINVAL, fn, "argument 'c' is NULL");
+    if (cm->magic != COMM_MAGIC)
+        return nt__err(site, NT_EINVAL, fn, "argument 'c' is not a live communicator "
+                                            "(destroyed?)");
+    if (cm->gen != nt__dist_generation())
+        return nt__err(site, NT_ESTATE, fn,
+                       "communicator 'c' was created before the last nt_shutdown; create it "
+                       "again after nt_init");
+    if (!out)
+        return nt__err(site, NT_EINVAL, fn, "argument 'out' is NULL");
+    for (int i = 0; i < cm->n; i++)
+        out[i] = NULL;
+    if (!in)
+        return nt__err(site, NT_EINVAL, fn, "argument 'in' is NULL");
+    if (kind == NT__COLL_ALL_REDUCE || kind == NT__COLL_REDUCE_SCATTER) {
+        if (!nt__reduce_op_name(op))
+            return nt__err(site, NT_EINVAL, fn,
+                           "op is %d; expected NT_REDUCE_SUM, NT_REDUCE_MEAN or NT_REDUCE_MAX",
+                           op);
+    }
+    int root_local = -1;
+    if (kind == NT__COLL_BROADCAST) {
+        if (root < 0 || root >= cm->size)
+            return nt__err(site, NT_EINVAL, fn, "root is %d; expected a rank 0 .. %d", root,
+                           cm->size - 1);
+        if (root >= cm->first && root < cm->first + cm->n)
+            root_local = root - cm->first;
+    }
+    /* The inputs: live, on their member's device, one shape and dtype. */
+    const nt_tensor *ref = NULL;
+    int refi = -1;
+    char name[32];
+    for (int i = 0; i < cm->n; i++) {
+        snprintf(name, sizeof name, "in[%d]", i);
+        if (kind == NT__COLL_BROADCAST && !in[i]) {
+            if (i == root_local)
+                return nt__err(site, NT_EINVAL, fn, "in[%d] is NULL; it is the root's input",
+                               i);
+            if (root_local < 0)
+                return nt__err(site, NT_EINVAL, fn,
+                               "in[%d] is NULL; the root (rank %d) is in another process, so "
+                               "every member gives a tensor of the root's shape and dtype",
+                               i, root);
+            continue;
+        }
+        if (!nt__check_arg(site, fn, name, in[i]))
+            return nt_last_error();
+        int d = tensor_dev(in[i]);
+        if (d != cm->dev[i])
+            return nt__err(site, NT_EINVAL, fn,
+                           "in[%d] is on device %d; expected member %d's device %d", i, d, i,
+                           cm->dev[i]);
+        if (!ref) {
+            ref = in[i];
+            refi = i;
+            continue;
+        }
+        char a[128], b[128];
+        if (in[i]->dtype != ref->dtype)
+            return nt__err(site, NT_EDTYPE, fn, "in[%d] is %s; in[%d] is %s: expected one dtype",
+                           i, nt_dtype_name((nt_dtype)in[i]->dtype), refi,
+                           nt_dtype_name((nt_dtype)ref->dtype));
+        if (in[i]->ndim != ref->ndim ||
+            memcmp(in[i]->shape, ref->shape, sizeof(int64_t) * (size_t)ref->ndim))
+            return nt__err(site, NT_ESHAPE, fn, "in[%d] has shape %s; in[%d] has %s", i,
+                           nt__shape_str(in[i]->ndim, in[i]->shape, a, sizeof a), refi,
+                           nt__shape_str(ref->ndim, ref->shape, b, sizeof b));
+    }
+    if (kind == NT__COLL_BROADCAST && root_local >= 0)
+        ref = in[root_local];
+    nt_dtype dt = (nt_dtype)ref->dtype;
+    if ((kind == NT__COLL_ALL_REDUCE || kind == NT__COLL_REDUCE_SCATTER) &&
+        op == NT_REDUCE_MEAN && !nt__dtype_is_float(dt))
+        return nt__err(site, NT_EDTYPE, fn, "NT_REDUCE_MEAN needs a floating dtype; got %s",
+                       nt_dtype_name(dt));
+    int ondim = ref->ndim;
+    int64_t oshape[NT_MAX_DIMS];
+    memcpy(oshape, ref->shape, sizeof oshape);
+    if (kind == NT__COLL_ALL_GATHER || kind == NT__COLL_REDUCE_SCATTER) {
+        char a[128];
+        if (ref->ndim < 1)
+            return nt__err(site, NT_ESHAPE, fn, "the inputs are 0-d; expected a dim 0 to %s",
+                           kind == NT__COLL_ALL_GATHER ? "concatenate along" : "split");
+        if (kind == NT__COLL_ALL_GATHER) {
+            oshape[0] = ref->shape[0] * cm->size;
+        } else {
+            if (ref->shape[0] % cm->size)
+                return nt__err(site, NT_ESHAPE, fn,
+                               "the inputs have shape %s; dim 0 must be a multiple of the "
+                               "communicator's %d ranks",
+                               nt__shape_str(ref->ndim, ref->shape, a, sizeof a), cm->size);
+            oshape[0] = ref->shape[0] / cm->size;
+        }
+    }
+
+    /* Everything that can fail is taken before anything is queued. */
+    int n = cm->n;
+    coll *c = calloc(1, sizeof *c);
+    void *block = c ? calloc((size_t)n, sizeof(nt_tensor *) * 2 + sizeof(nt_stream *) +
+                                            sizeof(double) + sizeof(member) + 1)
+                    : NULL;
+    /* per member: its record, then (after enqueueing, when c may be gone)
+     * its stream and seq */
+    nt__rec **recs = calloc((size_t)n, sizeof *recs + sizeof(nt_stream *) + sizeof(uint64_t));
+    if (!c || !block || !recs) {
+        free(c);
+        free(block);
+        free(recs);
+        return nt__err_hostmem(site, fn, "a collective");
+    }
+    c->in = block;
+    c->out = c->in + n;
+    c->stream = (nt_stream **)(c->out + n);
+    c->ready = (double *)(c->stream + n);
+    c->mem = (member *)(c->ready + n);
+    c->here = (uint8_t *)(c->mem + n);
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        nt_stream *s = member_stream(cm->dev[i]);
+        c->stream[i] = s;
+        nt__alloc_sid = s->id;
+        c->out[i] = nt__tensor_empty(dt, ondim, oshape, site, fn);
+        nt__alloc_sid = 0;
+        if (!c->out[i]) {
+            rc = nt_last_error();
+            break;
+        }
+        recs[i] = nt__rec_alloc(s);
+        if (!recs[i]) {
+            rc = nt__err_hostmem(site, fn, "an op record");
+            break;
+        }
+    }
+    if (rc < 0) {
+        for (int i = 0; i < n; i++) {
+            if (c->out[i])
+                nt_release(c->out[i]);
+            if (recs[i])
+                nt__rec_unalloc(recs[i]);
+        }
+        free(block);
+        free(c);
+        free(recs);
+        return rc;
+    }
+
+    /* Nothing fails from here on. */
+    c->comm = cm;
+    AO_fetch_and_add1(&cm->refs);
+    c->kind = kind;
+    c->op = (nt_reduce_op)op;
+    c->root = root;
+    c->fn = fn;
+    c->site = site ? *site : (nt_site){0};
+    c->inline_run = NT__CFG(mode) == NT_MODE_DETERMINISTIC;
+    c->tag = cm->issued++;
+    c->n = n;
+    c->refs = (AO_t)n;
+    g_mutex_init(&c->lock);
+    g_cond_init(&c->cond);
+    for (int i = 0; i < n; i++) {
+        c->in[i] = in[i];
+        if (in[i])
+            nt__tensor_iref(in[i]);
+        c->out[i]->irefs++; /* the collective's, until its last member is done */
+        c->mem[i] = (member){c, i};
+    }
+    /* The caller's outputs and what the lazy flush needs, copied now: once
+     * the records are queued (or, in deterministic mode, have run) the
+     * collective may be finished and freed. */
+    nt_stream **strm = (nt_stream **)(recs + n);
+    uint64_t *seqs = (uint64_t *)(strm + n);
+    for (int i = 0; i < n; i++)
+        out[i] = c->out[i];
+    bool lazy = !c->inline_run && NT__CFG(mode) == NT_MODE_LAZY;
+    bool inl = c->inline_run;
+    for (int i = 0; i < n; i++) {
+        nt__rec *r = recs[i];
+        nt_stream *s = c->stream[i];
+        r->type = NT_REC_HOST;
+        r->host_fn = member_run;
+        r->host_arg = &c->mem[i];
+        r->site = c->site;
+        r->fn = fn;
+        if (in[i]) {
+            nt__tensor_iref(in[i]);
+            r->in[0] = in[i];
+            r->nin = 1;
+            uint64_t lw = AO_load(&in[i]->st->last_write);
+            if (other_stream(lw, s) && !nt__packed_done(lw))
+                r->deps[r->ndeps++] = lw;
+            if (other_stream(lw, s) || other_stream(AO_load(&in[i]->st->last_read), s))
+                __atomic_store_n(&in[i]->st->xstream, 1, __ATOMIC_RELAXED);
+        }
+        c->out[i]->irefs++; /* the record's; a fresh handle no other thread knows */
+        r->out[0] = c->out[i];
+        r->nout = 1;
+        nt_stream *picked = s;
+        uint64_t seq = nt__stream_next_seq(&s);
+        if (s != picked) {
+            nt__rec_drop_deps_on(r, s);
+            c->stream[i] = s;
+        }
+        r->seq = seq;
+        r->sid = s->id;
+        uint64_t packed = NT__PACK(s->id, seq);
+        if (in[i])
+            AO_store(&in[i]->st->last_read, packed);
+        AO_store_release(&c->out[i]->st->last_write, packed);
+        NT__COUNT(ops_enqueued, 1);
+        strm[i] = s;
+        seqs[i] = seq;
+        if (inl) {
+            for (int d = 0; d < r->ndeps; d++)
+                nt__wait_packed(r->deps[d]);
+            nt__stream_run_inline(s, r);
+        } else {
+            nt__stream_enqueue(s, r);
+        }
+    }
+    if (lazy)
+        for (int i = 0; i < n; i++)
+            flush_to(strm[i], seqs[i]);
+    free(recs);
+    bool adopted = true;
+    for (int i = 0; i < n; i++)
+        adopted &= nt__scope_adopt(out[i]) != NULL;
+    if (!adopted) {
+        for (int i = 0; i < n; i++)
+            out[i] = NULL;
+        return nt_last_error();
+    }
+    return 0;
+}
+
+int nt_all_reduce_at(const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out,
+                     nt_reduce_op op)
+{
+    return issue(site, NT__COLL_ALL_REDUCE, c, in, out, (int)op, 0);
+}
+int nt_all_gather_at(const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out)
+{
+    return issue(site, NT__COLL_ALL_GATHER, c, in, out, 0, 0);
+}
+int nt_reduce_scatter_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
+                         nt_tensor **out, nt_reduce_op op)
+{
+    return issue(site, NT__COLL_REDUCE_SCATTER, c, in, out, (int)op, 0);
+}
+int nt_broadcast_at(const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out,
+                    int root)
+{
+    return issue(site, NT__COLL_BROADCAST, c, in, out, 0, root);
+}
+
+#undef nt_all_reduce
+#undef nt_all_gather
+#undef nt_reduce_scatter
+#undef nt_broadcast
+NT_API int nt_all_reduce(nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op)
+{
+    return nt_all_reduce_at(NT_RA_SITE, c, in, out, op);
+}
+NT_API int nt_all_gather(nt_comm *c, nt_tensor *const *in, nt_tensor **out)
+{
+    return nt_all_gather_at(NT_RA_SITE, c, in, out);
+}
+NT_API int nt_reduce_scatter(nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op)
+{
+    return nt_reduce_scatter_at(NT_RA_SITE, c, in, out, op);
+}
+NT_API int nt_broadcast(nt_comm *c, nt_tensor *const *in, nt_tensor **out, int root)
+{
+    return nt_broadcast_at(NT_RA_SITE, c, in, out, root);
+}

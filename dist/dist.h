@@ -1,0 +1,118 @@
+/* dist/dist.h - collectives across simulated NeuronCores and processes
+ * (internal; the public API is in include/ntensor.h, the design in
+ * docs/collectives.md).
+ *
+ *   tree.c  the rank-tree reduction: the one order in which every
+ *           collective combines its members' values
+ *   cost.c  the topologies and the cost model (ring / hierarchical), as a
+ *           closed formula and as a schedule of per-step transfers
+ *   mpi.c   processes: MPI bootstrap at nt_init, the byte exchange polled
+ *           against NT_COLLECTIVE_TIMEOUT (a stub without MPI)
+ *   comm.c  communicators and the public collective ops */
+#ifndef NT_DIST_DIST_H
+#define NT_DIST_DIST_H
+
+#include "core/internal.h"
+
+/* ------------------------------------------------------------------ */
+/* The rank tree (tree.c)                                             */
+/* ------------------------------------------------------------------ */
+
+/* Combines n contiguous buffers vals[0..n-1] of `count` elements of dt into
+ * dst (which may be one of vals) in the rank tree: level by level, adjacent
+ * pairs (v[2i] op v[2i+1]) in index order, an odd last one carried up
+ * unchanged, until one is left.  Floating dtypes combine in f32 and round
+ * once to dt at the end; MEAN is the SUM times (float)(1/n), one rounding.
+ * MAX propagates NaN.  Integer dtypes: SUM wraps (two's complement, like
+ * nt_add), MAX is exact, MEAN is refused (NT_EDTYPE, the caller checks).
+ * Returns 0, or NT_EHOSTMEM when the scratch cannot be allocated (dst is
+ * then untouched).  Thread-safe; allocates its own scratch. */
+int nt__tree_reduce(void *dst, const void *const *vals, int n, int64_t count, nt_dtype dt,
+                    nt_reduce_op op);
+/* The name of op ("sum", "mean", "max"), or NULL if op is not one. */
+const char *nt__reduce_op_name(int op);
+
+/* ------------------------------------------------------------------ */
+/* Topologies and the cost model (cost.c)                             */
+/* ------------------------------------------------------------------ */
+
+typedef struct nt__topology {
+    char name[32];          /* "trn1.32xlarge" */
+    int cores_per_instance; /* ranks one NeuronLink domain joins */
+    double link_gbps;       /* NeuronLink: GB/s each way per core-to-core ring hop */
+    double link_latency_us; /* per hop and step */
+    double efa_gbps;        /* EFA: GB/s each way per instance */
+    double efa_latency_us;  /* per message between instances */
+    double reduce_gbps;     /* the reduction's own rate (bytes of one operand / s) */
+} nt__topology;
+
+/* Reads NT_SIM_TOPOLOGY and the overrides NT_SIM_LINK_GBPS,
+ * NT_SIM_LINK_LATENCY_US, NT_SIM_EFA_GBPS, NT_SIM_EFA_LATENCY_US into *t.
+ * A bad value: NT_EINVAL naming the variable, the value and what was
+ * expected (t then holds the default topology).  Called at nt_init. */
+int nt__topology_load(nt__topology *t);
+/* Fills *t with the named topology's parameters (no overrides); false if
+ * no topology has that name. */
+bool nt__topology_named(const char *name, nt__topology *t);
+/* The topology nt_init loaded (the default before nt_init). */
+const nt__topology *nt__topology_current(void);
+
+typedef enum nt__coll_kind {
+    NT__COLL_ALL_REDUCE = 0,
+    NT__COLL_ALL_GATHER,
+    NT__COLL_REDUCE_SCATTER,
+    NT__COLL_BROADCAST,
+} nt__coll_kind;
+
+/* The model's closed formula: simulated ns a collective of `kind` over n
+ * ranks takes, `bytes` being the size of the full result (all-reduce,
+ * broadcast: the tensor; all-gather: the gathered tensor; reduce-scatter:
+ * the input), when every rank starts at once.  Ring inside one instance
+ * (n <= cores_per_instance); hierarchical across instances.  n = 1: 0. */
+double nt__coll_formula_ns(const nt__topology *t, nt__coll_kind kind, int n, double bytes);
+
+/* The schedule: the same algorithm as a sequence of per-step transfers and
+ * reductions, each booked on its rank's timeline: a step of rank r starts
+ * when r finished its previous step and the data it receives has arrived.
+ * start[r] is when rank r's input is ready (simulated ns); end[r] gets
+ * when rank r's output is (n = 1: end = start).  Returns the number of
+ * steps booked per rank.  Thread-safe. */
+int nt__coll_schedule(const nt__topology *t, nt__coll_kind kind, int n, double bytes,
+                      const double *start, double *end);
+
+/* ------------------------------------------------------------------ */
+/* Processes (mpi.c)                                                  */
+/* ------------------------------------------------------------------ */
+
+/* At nt_init (after the runtime started): MPI_Init_thread when the process
+ * was launched by mpirun (OMPI_COMM_WORLD_SIZE / PMI_SIZE set) and MPI is
+ * built in; reads NT_COLLECTIVE_TIMEOUT and the topology.  Idempotent. */
+int nt__dist_init(void);
+/* At nt_shutdown (after the streams drained): MPI_Finalize. */
+void nt__dist_shutdown(void);
+/* NT_COLLECTIVE_TIMEOUT in seconds (default 60). */
+double nt__coll_timeout_s(void);
+/* True when built with MPI and running under it. */
+bool nt__mpi_active(void);
+/* Bumped by every nt_shutdown: communicators of an earlier session are
+ * refused. */
+uint64_t nt__dist_generation(void);
+
+/* A process-level communicator (a duplicate of MPI_COMM_WORLD), or NULL
+ * without MPI. */
+typedef struct nt__pcomm nt__pcomm;
+/* Collective over every process: makes *out (NULL when there is one
+ * process) and fills counts[p] with each process's `mine` (counts has
+ * nt_process_count() entries).  Polled against the timeout: a silent peer
+ * is NT_ETIMEDOUT with errbuf filled, never a hang. */
+int nt__pcomm_create(int mine, int *counts, nt__pcomm **out, char *errbuf, size_t errlen);
+void nt__pcomm_destroy(nt__pcomm *pc);
+/* All-gather of byte blocks: every process contributes `len[me]` bytes at
+ * send, and recv gets process p's block at recv + off[p] (len[p] bytes).
+ * Nonblocking sends and receives polled against NT_COLLECTIVE_TIMEOUT; a
+ * dead or silent peer: NT_ETIMEDOUT or NT_ECOMM with errbuf saying which
+ * process and what was waited for.  Thread-safe (calls are serialised). */
+int nt__pcomm_allgather(nt__pcomm *pc, const void *send, void *recv, const size_t *len,
+                        const size_t *off, char *errbuf, size_t errlen);
+
+#endif

@@ -1,0 +1,77 @@
+#!/bin/sh
+# tests/mpi_test.sh MPIRUN PROGRAM - the collectives between processes
+# (docs/collectives.md, "Processes"), as TAP:
+#   1. mpirun -np 2: every collective x dtype x op, values against the
+#      reference, and the same output hash as one process with the same
+#      number of global ranks;
+#   2. the fault test: one of two ranks is killed; the survivor reports an
+#      error naming the collective and its call site within
+#      NT_COLLECTIVE_TIMEOUT, and exits.
+# Without MPI built (MPIRUN is "none") it skips (exit 77): MPI is an
+# optional feature; scripts/test.sh's build has it (scripts/deps.sh).
+set -u
+mpirun=$1
+prog=$2
+if [ "$mpirun" = none ]; then
+    echo "1..0 # SKIP ntensor was built without MPI (meson option mpi) or mpirun is missing"
+    exit 77
+fi
+# Open MPI in a container as root, on loopback: allow root; shared memory
+# between the two processes (vader) without the single-copy mechanism
+# (CMA needs ptrace rights a container may not grant); no network BTL.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_plm=isolated 2>/dev/null || true
+unset OMPI_MCA_plm
+# Open MPI's own allocations live until exit: not ours to report.
+supp=$(mktemp)
+printf 'leak:libmpi\nleak:libopen-pal\nleak:libopen-rte\nleak:libpmix\nleak:libevent\nleak:libhwloc\nleak:mca_\nleak:libc.so\n' >"$supp"
+export LSAN_OPTIONS="suppressions=$supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+out=$(mktemp)
+trap 'rm -f "$supp" "$out"' EXIT
+fail=0
+n=0
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+notok() { n=$((n + 1)); echo "not ok $n - $1"; sed 's/^/# /' "$out"; fail=1; }
+
+devs=${NT_MPI_TEST_DEVS:-1}
+echo "1..4"
+# 1 process, 2*devs global ranks when devices allow it; otherwise the
+# reference is the 2-process run's own check against computed values.
+if NT_SIM_CORES=$((2 * devs)) "$prog" check $((2 * devs)) >"$out" 2>&1; then
+    ref=$(sed -n 's/.*hash \([0-9a-f]*\).*/\1/p' "$out")
+    ok "one process, $((2 * devs)) ranks: values match the reference (hash $ref)"
+else
+    ref=""
+    if grep -q "expected 1 .. " "$out"; then
+        ok "one process, $((2 * devs)) ranks # SKIP this build has one device per process"
+    else
+        notok "one process, $((2 * devs)) ranks"
+    fi
+fi
+if NT_SIM_CORES=$devs timeout 600 "$mpirun" -np 2 --oversubscribe "$prog" check "$devs" >"$out" 2>&1; then
+    ok "mpirun -np 2, $devs device(s) each: values match the reference"
+else
+    notok "mpirun -np 2, $devs device(s) each"
+fi
+hashes=$(sed -n 's/.*hash \([0-9a-f]*\).*/\1/p' "$out" | sort -u)
+if [ -z "$ref" ]; then
+    # the 1-process reference over 2 ranks: 2 processes hash alike
+    [ "$(echo "$hashes" | wc -l)" = 1 ] && [ -n "$hashes" ] &&
+        ok "both processes hash the outputs alike ($hashes)" || notok "hashes differ: $hashes"
+elif [ "$hashes" = "$ref" ]; then
+    ok "bit-identical to the 1-process run (hash $ref)"
+else
+    notok "hash $hashes differs from the 1-process run's $ref"
+fi
+# The fault test.  --enable-recovery: without it mpirun kills the survivor
+# as soon as a rank dies (it aborts the job on a process killed by a
+# signal), so nobody would see the error.
+NT_COLLECTIVE_TIMEOUT=${NT_MPI_TEST_TIMEOUT:-5} timeout 300 "$mpirun" -np 2 --oversubscribe \
+    --enable-recovery "$prog" kill >"$out" 2>&1
+if grep -q "fault test: ok" "$out"; then
+    ok "a killed rank: $(sed -n 's/^survivor.s error: //p' "$out" | head -1)"
+else
+    notok "a killed rank: no clear error from the survivor"
+fi
+exit $fail
