@@ -1,4 +1,4 @@
-/* autograd/ddp.c - data-parallel training whose parameters are the same
+/* dist/ddp.c - data-parallel training whose parameters are the same
  * bits at any core count (docs/ddp.md).
  *
  * A global batch is cut into S fixed shards.  Shard s's gradient g_s is the
@@ -30,10 +30,12 @@
 
 #include <glib.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define DDP_MAGIC 0x44445031u /* "DDP1" */
+#define DDP_MAX_DEV 64     /* local devices (NT_SIM_CORES at most 64) */
 
 typedef struct member {
     int dev;          /* the local device */
@@ -56,6 +58,7 @@ struct nt_ddp {
     int nmem;       /* local devices */
     member *m;
     uint8_t *done;  /* [S] the shard's backward was taken this step */
+    nt_comm *comm;  /* the ranks' rank tree; NULL with one rank */
     GMutex lock;
 };
 
@@ -107,33 +110,37 @@ static bool ddp_ok(const nt_site *site, const nt_ddp *d, const char *fn)
     return true;
 }
 
-static bool check_param(const char *fn, const char *arg, nt_tensor *const *ps, int i)
+static bool check_param(const nt_site *site, const char *fn, nt_tensor *const *ps, int i)
 {
+    char arg[32];
+    snprintf(arg, sizeof arg, "params[%d]", i);
+    if (!nt__check_arg(site, fn, arg, ps[i]))
+        return false;
     nt_tensor *t = ps[i];
     if (!nt__dtype_is_float((nt_dtype)t->dtype)) {
-        nt__err(NULL, NT_EDTYPE, fn, "argument '%s' is %s; parameters must be floating", arg,
+        nt__err(site, NT_EDTYPE, fn, "argument '%s' is %s; parameters must be floating", arg,
                 nt_dtype_name((nt_dtype)t->dtype));
         return false;
     }
     if (t->ag && t->ag->grad_fn) {
-        nt__err(NULL, NT_EINVAL, fn,
+        nt__err(site, NT_EINVAL, fn,
                 "argument '%s' was computed by an op that records a graph; only leaf tensors "
                 "can be replicated (use nt_detach)", arg);
         return false;
     }
     if (!t->ag || !t->ag->requires_grad) {
-        nt__err(NULL, NT_EINVAL, fn,
+        nt__err(site, NT_EINVAL, fn,
                 "argument '%s' does not require grad (nt_set_requires_grad it first)", arg);
         return false;
     }
     for (int j = 0; j < i; j++)
         if (ps[j] == t) {
-            nt__err(NULL, NT_EINVAL, fn,
+            nt__err(site, NT_EINVAL, fn,
                     "argument 'params' lists the same tensor at %d and %d", j, i);
             return false;
         }
     if (i > 0 && tensor_device(t) != tensor_device(ps[0])) {
-        nt__err(NULL, NT_EINVAL, fn,
+        nt__err(site, NT_EINVAL, fn,
                 "argument '%s' is on device %d but params[0] is on device %d; the parameters "
                 "must be on one device", arg, tensor_device(t), tensor_device(ps[0]));
         return false;
@@ -214,6 +221,7 @@ static void ddp_free(nt_ddp *d)
     }
     free(d->m);
     free(d->done);
+    nt_comm_destroy(d->comm);
     d->magic = 0;
     g_mutex_clear(&d->lock);
     free(d);
@@ -223,9 +231,17 @@ NT_API nt_ddp *nt_ddp_create_at(const nt_site *site, nt_tensor *const *params, i
                                 int shards, const int *devices, int ndev)
 {
     const char *fn = "nt_ddp_create";
-    if (!nt__ensure_init() || !nt__check_list(fn, params, nparams, "parameter", check_param))
+    if (!nt__ensure_init())
         return NULL;
-    int count = device_count();
+    if (!params || nparams < 1) {
+        nt__err(site, NT_EINVAL, fn, "argument '%s' is %s; expected at least one parameter",
+                params ? "nparams" : "params", params ? "< 1" : "NULL");
+        return NULL;
+    }
+    for (int i = 0; i < nparams; i++)
+        if (!check_param(site, fn, params, i))
+            return NULL;
+    int count = device_count() < DDP_MAX_DEV ? device_count() : DDP_MAX_DEV;
     if (!devices || ndev < 1 || ndev > count) {
         if (!devices)
             nt__err(site, NT_EINVAL, fn, "argument 'devices' is NULL; expected an array of "
@@ -249,22 +265,34 @@ NT_API nt_ddp *nt_ddp_create_at(const nt_site *site, nt_tensor *const *params, i
                 return NULL;
             }
     }
-    int nproc = 1, first_rank = 0;
-    int ranks = ndev * nproc;
+    /* The global ranks: this process's devices in order, after those of the
+     * processes before it (nt_comm_create is collective over processes). */
+    int nproc = nt_process_count() > 1 ? nt_process_count() : 1, first_rank = 0, ranks = ndev;
+    nt_comm *comm = NULL;
+    if (ndev > 1 || nproc > 1) {
+        comm = nt_comm_create(devices, ndev);
+        if (!comm)
+            return NULL;
+        ranks = nt_comm_size(comm);
+        first_rank = nt_comm_rank(comm, 0);
+    }
     if (shards < 1 || shards % ranks || !is_pow2(shards / ranks)) {
         nt__err(site, NT_EINVAL, fn,
                 "argument 'shards' is %d; expected a multiple of the %d global ranks (%d "
-                "devices x %d processes) whose quotient is a power of two (e.g. %d)",
+                "devices here, %d processes) whose quotient is a power of two (e.g. %d)",
                 shards, ranks, ndev, nproc, ranks);
+        nt_comm_destroy(comm);
         return NULL;
     }
 
     nt_ddp *d = calloc(1, sizeof *d);
     if (!d) {
+        nt_comm_destroy(comm);
         nt__err_hostmem(site, fn, "the nt_ddp");
         return NULL;
     }
     g_mutex_init(&d->lock);
+    d->comm = comm;
     d->magic = DDP_MAGIC;
     d->n = nparams;
     d->shards = shards;
@@ -618,6 +646,19 @@ NT_API int nt_ddp_reduce_at(const nt_site *site, nt_ddp *d)
     for (int k = 0; k < d->nmem; k++)
         for (int j = 0; j < n; j++)
             sum[k * n + j] = d->m[k].tree[d->levels][j];
+    /* Above the blocks: the rank tree of the collective, one per parameter
+     * (its outputs replace the block sums, owned by the tree's slots). */
+    for (int j = 0; j < n && d->comm && !rc; j++) {
+        nt_tensor *in[DDP_MAX_DEV], *out[DDP_MAX_DEV];
+        for (int k = 0; k < d->nmem; k++)
+            in[k] = sum[k * n + j];
+        rc = nt_all_reduce_at(site, d->comm, in, out, NT_REDUCE_SUM);
+        for (int k = 0; k < d->nmem && !rc; k++) {
+            nt_keep(out[k]);
+            nt_release(d->m[k].tree[d->levels][j]);
+            d->m[k].tree[d->levels][j] = sum[k * n + j] = out[k];
+        }
+    }
     const double inv = 1.0 / d->shards;
     for (int k = 0; k < d->nmem && !rc; k++) {
         member *m = &d->m[k];
