@@ -36,6 +36,7 @@
 
 #define DDP_MAGIC 0x44445031u /* "DDP1" */
 #define DDP_MAX_DEV 64     /* local devices (NT_SIM_CORES at most 64) */
+#define DDP_BUCKET_BYTES (25.0 * 1024 * 1024) /* PyTorch DDP's default bucket */
 
 typedef struct member {
     int dev;          /* the local device */
@@ -621,6 +622,67 @@ NT_API int nt_ddp_backward(nt_ddp *d, int shard, nt_tensor *loss)
 
 /* ---------------- reduce ---------------- */
 
+/* All-reduces (SUM) the block sums of parameters lo..hi (one flat f32
+ * tensor per member when there are several) and puts the results in place
+ * of the sums: sum[k * n + j] and member k's tree root.  0 or an error. */
+static int bucket_all_reduce(const nt_site *site, nt_ddp *d, nt_tensor **sum, int lo, int hi)
+{
+    int n = d->n, rc = 0;
+    nt_tensor *in[DDP_MAX_DEV] = {0}, *out[DDP_MAX_DEV] = {0};
+    nt_scope *sc = nt_scope_begin();
+    if (!sc)
+        return nt__err_hostmem(site, "nt_ddp_reduce", "a scope");
+    nt_no_grad_begin();
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        if (lo == hi) {
+            in[k] = sum[k * n + lo];
+            continue;
+        }
+        nt_tensor *flat[64];
+        nt_tensor **parts = hi - lo + 1 <= 64 ? flat : calloc((size_t)(hi - lo + 1), sizeof *parts);
+        if (!parts) {
+            rc = nt__err_hostmem(site, "nt_ddp_reduce", "a bucket");
+            break;
+        }
+        nt_stream *old = enter(d->m[k].dev);
+        for (int j = lo; j <= hi; j++)
+            parts[j - lo] = nt_reshape_at(site, sum[k * n + j], 1,
+                                          (int64_t[]){nt_numel(sum[k * n + j])});
+        in[k] = nt_cat_at(site, parts, hi - lo + 1, 0);
+        leave(old);
+        if (parts != flat)
+            free(parts);
+        if (!in[k])
+            rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+    }
+    if (!rc)
+        rc = nt_all_reduce_at(site, d->comm, in, out, NT_REDUCE_SUM);
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        int64_t off = 0;
+        for (int j = lo; j <= hi && !rc; j++) {
+            nt_tensor *t = sum[k * n + j], *r = out[k];
+            int64_t len = nt_numel(t);
+            if (lo != hi)
+                r = nt_reshape_at(site, nt_slice_at(site, out[k], 0, off, off + len, 1), t->ndim,
+                                  t->shape);
+            off += len;
+            if (!r) {
+                rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+                break;
+            }
+            if (r == out[k])
+                nt_retain(r); /* the scope keeps its own reference */
+            else
+                nt_keep(r);
+            nt_release(d->m[k].tree[d->levels][j]);
+            d->m[k].tree[d->levels][j] = sum[k * n + j] = r;
+        }
+    }
+    nt_no_grad_end();
+    nt_scope_end(sc);
+    return rc;
+}
+
 NT_API int nt_ddp_reduce_at(const nt_site *site, nt_ddp *d)
 {
     const char *fn = "nt_ddp_reduce";
@@ -646,18 +708,17 @@ NT_API int nt_ddp_reduce_at(const nt_site *site, nt_ddp *d)
     for (int k = 0; k < d->nmem; k++)
         for (int j = 0; j < n; j++)
             sum[k * n + j] = d->m[k].tree[d->levels][j];
-    /* Above the blocks: the rank tree of the collective, one per parameter
-     * (its outputs replace the block sums, owned by the tree's slots). */
-    for (int j = 0; j < n && d->comm && !rc; j++) {
-        nt_tensor *in[DDP_MAX_DEV], *out[DDP_MAX_DEV];
-        for (int k = 0; k < d->nmem; k++)
-            in[k] = sum[k * n + j];
-        rc = nt_all_reduce_at(site, d->comm, in, out, NT_REDUCE_SUM);
-        for (int k = 0; k < d->nmem && !rc; k++) {
-            nt_keep(out[k]);
-            nt_release(d->m[k].tree[d->levels][j]);
-            d->m[k].tree[d->levels][j] = sum[k * n + j] = out[k];
-        }
+    /* Above the blocks: the rank tree of the collective.  Its cost is
+     * mostly per call (2(N-1) latency steps of a ring), so the sums go in
+     * buckets of up to DDP_BUCKET_BYTES, the last parameters first (their
+     * gradients are ready first), each bucket one flat f32 all-reduce. */
+    for (int hi_j = n - 1; hi_j >= 0 && d->comm && !rc;) {
+        int lo_j = hi_j;
+        double bytes = 4.0 * (double)nt_numel(sum[hi_j]);
+        while (lo_j > 0 && bytes + 4.0 * (double)nt_numel(sum[lo_j - 1]) <= DDP_BUCKET_BYTES)
+            bytes += 4.0 * (double)nt_numel(sum[--lo_j]);
+        rc = bucket_all_reduce(site, d, sum, lo_j, hi_j);
+        hi_j = lo_j - 1;
     }
     const double inv = 1.0 / d->shards;
     for (int k = 0; k < d->nmem && !rc; k++) {
