@@ -27,6 +27,7 @@ typedef struct nt__edge {
 typedef struct nt__tmeta {
     uint8_t dtype;
     int8_t ndim;
+    uint8_t dev;          /* the device it was on */
     int64_t shape[NT_MAX_DIMS];
 } nt__tmeta;
 

@@ -285,6 +285,10 @@ static int bwd_clamp(nt__bctx *b) /* g where lo <= x <= hi */
 
 static int bwd_identity(nt__bctx *b) /* copy, cast (the engine casts back), alias */
 {
+    if (META(0)->dev != G->dev) { /* nt_to_device: the gradient goes back */
+        TRY(b->gin[0] = nt_to_device_at(S, G, META(0)->dev));
+        return 0;
+    }
     b->gin[0] = G;
     return 0;
 }

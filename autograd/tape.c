@@ -102,10 +102,38 @@ void nt__node_unref(nt__node *n)
     }
 }
 
+/* Devices: an op's backward runs on the device of its gradients, the
+ * device its forward ran on; a gradient is summed and accumulated on its
+ * tensor's device.  dev_enter makes device dev's default stream the
+ * thread's current one for a while, if the current stream is on another
+ * device (the user's own stream stays when it is on dev); dev_leave puts
+ * the thread's stream back. */
+typedef struct {
+    nt_stream *prev;
+    bool moved;
+} devsw;
+
+static void dev_enter(devsw *d, int dev)
+{
+    nt_stream *cur = nt_stream_current();
+    d->moved = nt_stream_device(cur) != dev;
+    if (d->moved) {
+        d->prev = cur;
+        nt_stream_set_current(nt_stream_default_on(dev));
+    }
+}
+
+static void dev_leave(devsw *d)
+{
+    if (d->moved)
+        nt_stream_set_current(d->prev);
+}
+
 static void meta_of(nt__tmeta *m, const nt_tensor *t)
 {
     m->dtype = t->dtype;
     m->ndim = t->ndim;
+    m->dev = t->dev;
     for (int i = 0; i < t->ndim; i++)
         m->shape[i] = t->shape[i];
 }
@@ -535,7 +563,10 @@ static int add_grad(gradmap *gm, nt__edge e, nt_tensor *g, const nt_site *site)
         s[e.idx] = nt_retain(g);
         return 0;
     }
+    devsw d;
+    dev_enter(&d, g->dev);
     nt_tensor *sum = nt__binary(site, "nt_backward", NT_OP_ADD, s[e.idx], g);
+    dev_leave(&d);
     if (!sum)
         return nt_last_error();
     nt_release(s[e.idx]);
@@ -738,7 +769,10 @@ NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
         rc = nt__err_hostmem(site, fn, "the list of the graph's nodes");
         goto out;
     }
+    devsw d;
+    dev_enter(&d, loss->dev); /* the seed goes where the loss is */
     nt_tensor *seed = nt_ones_like_at(site, loss);
+    dev_leave(&d);
     if (!seed) {
         rc = nt_last_error();
         goto out;
@@ -787,9 +821,13 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
     nt_tensor **gout = gm->slots + k * NT__MAX_OUT;
     int rc = 0;
     if (n->op == NT__OP_ACCUMULATE) {
-        if (n->leaf && n->leaf->st && gout[0])
-            return accumulate_leaf(n->leaf, &gout[0], site);
-        return 0;
+        if (n->leaf && n->leaf->st && gout[0]) {
+            devsw d;
+            dev_enter(&d, n->leaf->dev);
+            rc = accumulate_leaf(n->leaf, &gout[0], site);
+            dev_leave(&d);
+        }
+        return rc;
     }
     const char *api = n->ckpt ? "nt_checkpoint" : nt__op_api(n->op);
     if (n->freed)
@@ -814,8 +852,14 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
         if (!gp)
             return nt__err_hostmem(site, fn, "an op's input gradients");
         nt__bctx b = {.n = n, .gin = gp, .site = &n->site};
-        for (int i = 0; i < n->nout; i++)
+        int dev = -1;
+        for (int i = 0; i < n->nout; i++) {
             b.gout[i] = gout[i];
+            if (gout[i] && dev < 0)
+                dev = gout[i]->dev;
+        }
+        devsw d;
+        dev_enter(&d, dev >= 0 ? dev : n->out_meta[0].dev);
         /* Ops issued by the backward carry the forward's site and say whose
          * backward they belong to. */
         nt__tls_bwd_of = api;
@@ -839,7 +883,10 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
                 break;
             }
             if (g->dtype != n->in_meta[i].dtype) {
+                devsw dg;
+                dev_enter(&dg, g->dev);
                 g = nt__copy_to(&n->site, fn, g, (nt_dtype)n->in_meta[i].dtype);
+                dev_leave(&dg);
                 if (!g) {
                     rc = nt_last_error();
                     break;
@@ -847,6 +894,7 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
             }
             rc = add_grad(gm, n->next[i], g, &n->site);
         }
+        dev_leave(&d);
         if (gp != gin)
             free(gp);
         if (!retain) {

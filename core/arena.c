@@ -254,6 +254,7 @@ static bool reserve(size_t cls)
 /* ---------------- stream-ordered reuse ---------------- */
 
 _Thread_local uint32_t nt__alloc_sid NT_TLS_HOT;
+_Thread_local uint8_t nt__alloc_dev NT_TLS_HOT; /* core/internal.h */
 bool (*nt__arena_progress)(bool all);
 
 void nt__arena_set_max_waiting(uint64_t bytes)

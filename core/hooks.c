@@ -5,6 +5,11 @@
  * the runtime's nt_init (core/ready.c). */
 #include "core/backend.h"
 #include "core/hooks.h"
+#include "core/simtls.h"
 
 nt__core_hooks nt__chooks;
 const nt__backend_i *nt__backends[NT_BACKEND_COUNT];
+
+_Thread_local int nt__tl_core;
+_Thread_local double nt__tl_sim_after;
+_Thread_local double nt__tl_sim_end = -1.0;

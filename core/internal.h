@@ -229,8 +229,16 @@ typedef struct nt__storage {
     uint8_t deferred;       /* data is a separate block, taken at first use */
     volatile uint8_t hostdead; /* no handle the host can use is left: only queued
                                records hold it (set once, by nt_release) */
+    uint8_t dev;            /* the device whose HBM holds it (never changes) */
     uint32_t pend_sid;      /* hostdead: the stream whose pool its bytes were
                                credited to, 0 = none (core/arena.c) */
+    /* Simulated ns (on the clock of the core that wrote it) at which its
+     * last writer's kernel ended: a kernel that reads it starts no earlier
+     * (sim/sim.h).  Written by the worker that ran the writer (or by a
+     * collective, with its end), read by the executor of a later reader;
+     * the stream ordering between the two orders the accesses too.  Atomic
+     * (relaxed) all the same: nt__storage_ready_get / _set. */
+    double sim_ready;
     /* line 2: what every enqueue writes -- apart, so a worker reading line
      * 1 does not see it change under it on every op */
     _Alignas(64) volatile AO_t last_write; /* packed (stream id, seq) of the last writer */
@@ -252,7 +260,8 @@ struct nt_tensor {
     int8_t ndim;
     uint8_t dtype;
     uint8_t expanded;        /* has a stride-0 dim from expand: not writable */
-    uint8_t pad_;
+    uint8_t dev;             /* st->dev, here for the dispatcher's device check
+                                (a line it reads anyway) */
     nt__storage *st;
     int64_t offset;          /* in elements */
     int64_t shape[NT_MAX_DIMS];
@@ -270,6 +279,17 @@ struct nt_tensor {
     _Alignas(64) volatile AO_t refs; /* user references; 0 = released */
     volatile AO_t irefs;     /* internal references, +1 while refs > 0 */
 };
+
+static inline double nt__storage_ready_get(const nt__storage *st)
+{
+    double t;
+    __atomic_load(&st->sim_ready, &t, __ATOMIC_RELAXED);
+    return t;
+}
+static inline void nt__storage_ready_set(nt__storage *st, double t)
+{
+    __atomic_store(&st->sim_ready, &t, __ATOMIC_RELAXED);
+}
 
 /* Validates a tensor argument: NULL keeps the first error (or sets EINVAL);
  * a released handle is NT_ERELEASED.  Returns true if usable. */
@@ -295,7 +315,13 @@ void nt__tensor_iunref_n(nt_tensor *t, AO_t n);
 /* Registers a fresh reference in the thread's innermost scope, if any. */
 nt_tensor *nt__scope_adopt(nt_tensor *t);
 
-nt__storage *nt__storage_new(size_t nbytes); /* NULL: arena full (no error set) */
+/* NULL: arena full (no error set).  On device nt__alloc_dev. */
+nt__storage *nt__storage_new(size_t nbytes);
+/* The device new storage goes on (nt__storage_new, nt__tensor_empty): 0
+ * unless a caller sets it -- the dispatcher sets its stream's device around
+ * the outputs it makes, the creation functions the current stream's device,
+ * a collective the device of each output.  Set it, make, set it back to 0. */
+extern _Thread_local uint8_t nt__alloc_dev NT_TLS_HOT;
 void nt__storage_ref(nt__storage *st);
 void nt__storage_unref(nt__storage *st);
 
@@ -524,6 +550,7 @@ typedef struct nt__config {
     uint64_t sr_seed;      /* NT_SR_SEED */
     uint64_t handle_quarantine; /* NT_HANDLE_QUARANTINE: releases before a handle's
                                    memory is reused (UINT64_MAX: never) */
+    int devices;           /* NT_SIM_CORES: devices (simulated cores), 1..64 */
 } nt__config;
 
 extern nt__config nt__cfg;

@@ -263,6 +263,7 @@ nt__storage *nt__storage_new(size_t nbytes)
     st->deferred = deferred;
     st->nbytes = nbytes;
     st->id = next_id();
+    st->dev = nt__alloc_dev;
     return st;
 }
 
@@ -337,6 +338,7 @@ static nt_tensor *handle_new(nt__storage *st, bool adopt, nt_dtype dt, int ndim,
     t->ndim = (int8_t)ndim;
     t->dtype = (uint8_t)dt;
     t->expanded = 0;
+    t->dev = st->dev;
     t->refs = 1;
     t->irefs = 1;
     t->st = st;

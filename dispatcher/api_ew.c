@@ -398,6 +398,31 @@ nt_tensor *nt__copy_to(const nt_site *site, const char *fn, nt_tensor *src, nt_d
     return copy_to(site, fn, src, dt, false);
 }
 
+NT_API nt_tensor *nt_to_device_at(const nt_site *site, nt_tensor *t, int dev)
+{
+    const char *fn = "nt_to_device";
+    nt__call c;
+    /* Begun without inputs: nt__call_begin's device check is for ops that
+     * run where their inputs are, and a copy between devices reads another
+     * device's memory by design. */
+    if (!nt__call_begin(&c, site, fn, NT_OP_COPY, 0, NULL, ""))
+        return nt__call_fail(&c);
+    if (!nt__check_arg(site, fn, "t", t))
+        return nt__call_fail(&c);
+    int n = NT__CFG(devices);
+    if (dev < 0 || dev >= n) {
+        nt__err(site, NT_EINVAL, fn, "argument 'dev' is %d; expected a device from 0 to %d "
+                "(NT_SIM_CORES=%d)", dev, n - 1, n);
+        return nt__call_fail(&c);
+    }
+    c.in[0] = t;
+    c.nin = 1;
+    c.out_dev = dev;
+    out_like(&c, t, (nt_dtype)t->dtype);
+    return nt__dispatch(&c);
+}
+NT_API nt_tensor *nt_to_device(nt_tensor *t, int dev) { return nt_to_device_at(NT_RA_SITE, t, dev); }
+
 NT_API nt_tensor *nt_cast_at(const nt_site *site, nt_tensor *t, nt_dtype dt)
 {
     if ((unsigned)dt >= NT_DTYPE_COUNT) {

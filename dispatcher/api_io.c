@@ -53,7 +53,9 @@ NT_API nt_tensor *nt_from_host_at(const nt_site *site, const void *src, nt_dtype
         nt__err(site, NT_EINVAL, fn, "argument 'src' is NULL");
         return NULL;
     }
+    nt__alloc_dev = nt__stream_current()->dev; /* the current device's memory */
     nt_tensor *t = nt__tensor_empty(dt, ndim, shape, site, fn);
+    nt__alloc_dev = 0;
     if (!t)
         return NULL;
     size_t nbytes = (size_t)n * nt__dtype_size(dt);

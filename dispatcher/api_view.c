@@ -1,5 +1,6 @@
 /* dispatcher/api_view.c - views (no data moves), cat, contiguous, detach. */
 #include "dispatcher/dispatch.h"
+#include "streams/stream.h"
 
 static bool begin1(nt__call *c, const nt_site *site, const char *fn, int op, nt_tensor *t)
 {
@@ -305,7 +306,10 @@ NT_API nt_tensor *nt_cat_at(const nt_site *site, nt_tensor *const *ts, int n, in
             return NULL;
         }
     }
+    /* on the current device: the copies into it below check the inputs */
+    nt__alloc_dev = nt__stream_current()->dev;
     nt_tensor *out = nt__tensor_empty((nt_dtype)t0->dtype, t0->ndim, sh, site, fn);
+    nt__alloc_dev = 0;
     if (!out)
         return NULL;
     /* One copy per input into its slice of the output. */

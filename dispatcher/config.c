@@ -144,6 +144,15 @@ static int apply_opt(nt__config *c, const char *name, const char *v, const char 
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_HBM_BYTES can only be set before nt_init (environment)");
         c->hbm_bytes = u;
+    } else if (!strcmp(name, "NT_SIM_CORES")) {
+        if (!parse_u64(v, &u) || u < 1 || u > NT_MAX_DEVICES)
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_SIM_CORES: expected a core count from 1 to %d, got '%s'",
+                           NT_MAX_DEVICES, v);
+        if (nt__inited)
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_SIM_CORES can only be set before nt_init (environment)");
+        c->devices = (int)u;
     } else if (!strcmp(name, "NT_TRACE")) {
         if (nt__inited)
             return nt__err(NULL, NT_EINVAL, fn,
@@ -210,6 +219,7 @@ static const char *const env_names[] = {
     "NT_MIN_SIM_FLOPS", "NT_CHECK_NAN", "NT_STATS", "NT_FUSION_LOG", "NT_LAZY_WINDOW",
     "NT_MAX_INFLIGHT", "NT_MAX_INFLIGHT_BYTES", "NT_HBM_BYTES", "NT_TRACE", "NT_LOG",
     "NT_STOCHASTIC_ROUNDING", "NT_SR_SEED", "NT_HANDLE_QUARANTINE", "NT_CPU_ISA",
+    "NT_SIM_CORES",
 };
 
 /* Writers of nt__cfg (nt_init, nt_config_set) hold this, so each works on a
@@ -238,10 +248,11 @@ static void cfg_publish(const nt__config *c)
     NT_PUB(sr_seed);
     NT_PUB(max_inflight_bytes);
     NT_PUB(handle_quarantine);
+    NT_PUB(devices);
 #undef NT_PUB
 }
 /* A field added to nt__config must be published above too. */
-_Static_assert(sizeof(nt__config) == 88, "nt__config grew: add the new field to cfg_publish");
+_Static_assert(sizeof(nt__config) == 96, "nt__config grew: add the new field to cfg_publish");
 
 static void cfg_defaults(nt__config *c)
 {
@@ -256,6 +267,7 @@ static void cfg_defaults(nt__config *c)
     c->hbm_bytes = UINT64_C(16) << 30; /* one NeuronCore-v2's share of 32 GiB */
     c->log_level = NT__LOG_WARN;
     c->handle_quarantine = 4096;
+    c->devices = 1;
     nt__gemm_set_isa(-1);
 }
 
@@ -386,7 +398,8 @@ NT_API int nt_config_set(const char *name, const char *value)
     if (!name || !value)
         return nt__err(NULL, NT_EINVAL, "nt_config_set", "argument '%s' is NULL",
                        name ? "value" : "name");
-    bool early = !strcmp(name, "NT_HBM_BYTES") || !strcmp(name, "NT_TRACE");
+    bool early = !strcmp(name, "NT_HBM_BYTES") || !strcmp(name, "NT_TRACE") ||
+                 !strcmp(name, "NT_SIM_CORES");
     if (!early) {
         if (!nt__ensure_init())
             return nt_last_error();

@@ -10,6 +10,35 @@
 nt__dispatch_hooks nt__dhooks;
 _Thread_local const char *nt__tls_bwd_of NT_TLS_HOT;
 
+/* Argument i's name from a names list ("x,?w,?b") into buf. */
+static const char *arg_name(const char *names, int i, char *buf, size_t n)
+{
+    const char *p = names;
+    for (int k = 0; k < i && *p; k++) {
+        while (*p && *p != ',')
+            p++;
+        if (*p == ',')
+            p++;
+    }
+    if (*p == '?')
+        p++;
+    size_t k = 0;
+    while (*p && *p != ',' && k < n - 1)
+        buf[k++] = *p++;
+    buf[k] = '\0';
+    return buf;
+}
+
+int nt__device_mismatch(const nt_site *site, const char *fn, const char *arg, int tdev,
+                        int sdev)
+{
+    return nt__err(site, NT_EINVAL, fn,
+                   "argument '%s' is on device %d but the current stream is on device %d "
+                   "(an op's tensors must be on its stream's device: copy with nt_to_device, "
+                   "or pick the stream with nt_device_set)",
+                   arg, tdev, sdev);
+}
+
 bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, int nin,
                     nt_tensor *const *in, const char *names)
 {
@@ -20,6 +49,7 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
     memset(c->out, 0, sizeof c->out);
     memset(c->tmp, 0, sizeof c->tmp);
     c->dst = NULL;
+    c->out_dev = -1;
     c->flops = 0;
     c->no_grad = false;
     c->site = site;
@@ -54,6 +84,21 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
             if (!nt__check_arg(site, fn, name, in[i]))
                 return false;
         }
+    }
+    /* Every input on the device of the stream the op goes to: one byte of
+     * each handle's first line (read above) against the stream's. */
+    uint8_t dev = nt__stream_current()->dev;
+    bool other = false;
+    for (int i = 0; i < nin; i++)
+        other |= in[i] && in[i]->dev != dev;
+    if (other) {
+        for (int i = 0; i < nin; i++)
+            if (in[i] && in[i]->dev != dev) {
+                char name[32];
+                nt__device_mismatch(site, fn, arg_name(names, i, name, sizeof name),
+                                    in[i]->dev, dev);
+                return false;
+            }
     }
     if (nt__dhooks.amp_on_call && nt__dhooks.amp_on_call(c) < 0)
         return false;
@@ -166,10 +211,19 @@ static nt_tensor *dispatch_inner(nt__call *c)
             nt__tensor_iref(c->in[i]);
 
     /* Outputs, for an op of stream s: they may take memory that s's queued
-     * ops are about to give back (core/arena.c). */
+     * ops are about to give back (core/arena.c); on s's device, or the one
+     * the call asks for (nt_to_device). */
     nt_stream *s = nt__stream_current();
+    if (c->dst && c->dst->dev != s->dev && c->out_dev < 0) {
+        nt__device_mismatch(c->site, c->fn, "out", c->dst->dev, s->dev);
+        for (int i = 0; i < c->nin; i++)
+            if (c->in[i])
+                nt__tensor_iunref(c->in[i]);
+        return NULL;
+    }
     int nout = c->dst ? 1 : c->nout;
     nt__alloc_sid = s->id;
+    nt__alloc_dev = c->out_dev >= 0 ? (uint8_t)c->out_dev : s->dev;
     for (int i = 0; i < nout; i++) {
         if (c->dst) {
             c->out[0] = c->dst;
@@ -179,10 +233,12 @@ static nt_tensor *dispatch_inner(nt__call *c)
         if (!c->out[i]) {
             nout = i; /* the ones made so far */
             nt__alloc_sid = 0;
+            nt__alloc_dev = 0;
             goto fail_out;
         }
     }
     nt__alloc_sid = 0;
+    nt__alloc_dev = 0;
 
     /* The record before autograd: once autograd has recorded the node (an
      * in-place op's replaces dst's history) nothing may fail. */

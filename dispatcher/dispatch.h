@@ -23,6 +23,8 @@ typedef struct nt__call {
     int ondim[NT__MAX_OUT];
     int64_t oshape[NT__MAX_OUT][NT_MAX_DIMS];
     nt_tensor *dst;  /* in-place: out[0] is this existing tensor */
+    int out_dev;     /* -1: outputs on the stream's device (every op but a
+                        copy between devices, whose dst may be elsewhere) */
     nt_tensor *out[NT__MAX_OUT];
     const char *bwd_of; /* set by autograd for backward ops */
     double flops;    /* estimate, for NT_MIN_SIM_FLOPS */
@@ -31,6 +33,9 @@ typedef struct nt__call {
                                    when the call ends */
 } nt__call;
 
+/* NT_EINVAL: fn's argument `arg` is on device tdev, its stream on sdev. */
+int nt__device_mismatch(const nt_site *site, const char *fn, const char *arg, int tdev,
+                        int sdev);
 /* Ends a call that failed before nt__dispatch: releases temporaries. */
 nt_tensor *nt__call_fail(nt__call *c);
 /* Finishes a view: autograd records it, the scope adopts it. */

@@ -108,6 +108,20 @@ static void tensor_set_ready_ns(nt_tensor *t, double ns)
     (void)ns;
 }
 
+/* Each core's collective engine: when its last collective ended
+ * (simulated ns).  A core runs its collectives one at a time, so the next
+ * starts no earlier; other kernels overlap them. */
+#define MAX_CORES 64
+static GMutex cc_lock;
+static double cc_free[MAX_CORES];
+
+void nt__coll_reset_clocks(void)
+{
+    g_mutex_lock(&cc_lock);
+    memset(cc_free, 0, sizeof cc_free);
+    g_mutex_unlock(&cc_lock);
+}
+
 /* ------------------------------------------------------------------ */
 /* Communicators                                                      */
 /* ------------------------------------------------------------------ */
@@ -341,6 +355,13 @@ static int complete(coll *c, nt__errobj **err)
         for (int p = 0; p < np; p++)
             if (c->root >= cm->pfirst[p] && c->root < cm->pfirst[p] + cm->pcount[p])
                 root_proc = p;
+    g_mutex_lock(&cc_lock);
+    for (int i = 0; i < c->n; i++) {
+        double f = cc_free[cm->dev[i] % MAX_CORES];
+        if (f > c->ready[i])
+            c->ready[i] = f;
+    }
+    g_mutex_unlock(&cc_lock);
     for (int i = 0; i < c->n; i++) {
         int r = cm->first + i;
         ready[r] = c->ready[i];
@@ -461,11 +482,16 @@ static int complete(coll *c, nt__errobj **err)
         goto out;
     }
     /* The simulated time: the schedule over every global rank, from when
-     * each input was ready. */
+     * each input was ready and its core's collective engine was free
+     * (applied above, before the ready times were exchanged). */
     double full = c->kind == NT__COLL_ALL_GATHER ? (double)bytes * N : (double)bytes;
+    g_mutex_lock(&cc_lock);
     nt__coll_schedule(nt__topology_current(), c->kind, N, full, ready, end);
-    for (int i = 0; i < c->n; i++)
+    for (int i = 0; i < c->n; i++) {
+        cc_free[cm->dev[i] % MAX_CORES] = end[cm->first + i];
         tensor_set_ready_ns(c->out[i], end[cm->first + i]);
+    }
+    g_mutex_unlock(&cc_lock);
 out:
     free(len);
     free(hs);

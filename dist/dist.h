@@ -80,6 +80,9 @@ double nt__coll_formula_ns(const nt__topology *t, nt__coll_kind kind, int n, dou
 int nt__coll_schedule(const nt__topology *t, nt__coll_kind kind, int n, double bytes,
                       const double *start, double *end);
 
+/* Every core's collective engine free again (comm.c; nt_init). */
+void nt__coll_reset_clocks(void);
+
 /* ------------------------------------------------------------------ */
 /* Processes (mpi.c)                                                  */
 /* ------------------------------------------------------------------ */

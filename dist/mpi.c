@@ -83,6 +83,7 @@ int nt__dist_init(void)
         return rc;
     }
     __atomic_store(&timeout_s, &to, __ATOMIC_RELAXED);
+    nt__coll_reset_clocks();
     if (launched_by_mpirun()) {
 #ifdef NT_HAVE_MPI
         if (mpi_finalized) {

@@ -7,6 +7,7 @@
 
 #include "core/backend.h"
 #include "core/internal.h"
+#include "core/simtls.h"
 #include "debug/debug.h"
 #include "fusion/fusion.h"
 #include "streams/stream.h"
@@ -111,6 +112,33 @@ void nt__rec_drop_dead(nt__rec *r)
         drop_if_dead(&r->out[i]);
 }
 
+static double ready_max(nt_tensor *const *t, int n, double m)
+{
+    for (int i = 0; i < n; i++)
+        if (t[i]) {
+            double x = nt__storage_ready_get(t[i]->st);
+            if (x > m)
+                m = x;
+        }
+    return m;
+}
+
+void nt__sim_ready_begin(nt_tensor *const *in, int nin, nt_tensor *const *out, int nout)
+{
+    nt__tl_sim_after = ready_max(out, nout, ready_max(in, nin, 0.0));
+    nt__tl_sim_end = -1.0;
+}
+
+void nt__sim_ready_end(nt_tensor *const *out, int nout)
+{
+    /* a kernel that ran consumed "after"; one that did not left it */
+    double t = nt__tl_sim_end >= 0 ? nt__tl_sim_end : nt__tl_sim_after;
+    nt__tl_sim_after = 0.0;
+    for (int i = 0; i < nout; i++)
+        if (out[i] && t > 0)
+            nt__storage_ready_set(out[i]->st, t);
+}
+
 void nt__exec_rec(nt__rec *r)
 {
     if (r->type == NT_REC_WAIT)
@@ -141,9 +169,11 @@ void nt__exec_rec(nt__rec *r)
         nt__nan_pre(r);
     bool traced = nt__trace_enabled();
     double t0 = traced ? nt__htrace_now() : 0;
+    nt__sim_ready_begin(r->in, r->nin, r->out, r->nout);
     int rc = k ? k(r)
                : nt__kerr(NT_ENOTSUP, "no kernel for op '%s' on the %s backend", nt__op_name(r->op),
                           nt__backends[r->backend]->name);
+    nt__sim_ready_end(r->out, r->nout);
     NT__COUNT(ops_executed, 1);
     NT__COUNT(kernels, 1);
     if (rc >= 0 && NT__CFG(check_nan))

@@ -39,6 +39,15 @@ void nt__exec_rec(nt__rec *r);
  * with the kernel error message set when the host is out of memory. */
 int nt__rec_materialize(const nt__rec *r);
 int nt__tensors_materialize(nt_tensor *const *t, int n);
+/* Simulated readiness (sim/sim.h): before a kernel that reads in[0..nin)
+ * and writes out[0..nout), nt__sim_ready_begin tells the thread's next
+ * simulator kernel to start no earlier than the latest ready time of them
+ * all (an in-place write waits for the previous writer too);
+ * nt__sim_ready_end then stamps the outputs with the kernel's end (or, if
+ * no simulator kernel ran -- the CPU backend, a fallback -- with that same
+ * start bound, so readiness carries through). */
+void nt__sim_ready_begin(nt_tensor *const *in, int nin, nt_tensor *const *out, int nout);
+void nt__sim_ready_end(nt_tensor *const *out, int nout);
 /* After r ran (worker): drops its references to big tensors no handle of the
  * host can reach any more, so their blocks go back now rather than at the
  * end of the batch (core/arena.c, stream-ordered reuse). */

@@ -708,8 +708,10 @@ static void run_group_kernel(gstate *s)
         poisoned = true; /* host out of memory: op by op reports it per op */
     if (!poisoned) {
         const nt__backend_i *be = nt__backends[s->g.backend];
+        nt__sim_ready_begin(s->g.ext, c->next, s->g.out, s->p.nout);
         if (be->run_fused)
             rc = be->run_fused(&s->g);
+        nt__sim_ready_end(s->g.out, s->p.nout);
     }
     if (traced)
         nt__htrace_fused(kind_name(c->kind), (unsigned long)AO_load(&kernel_no), s->g.recs,

@@ -637,13 +637,14 @@ NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_ten
 /* Streams and events                                                        */
 /* ------------------------------------------------------------------------ */
 
-/** The stream every thread starts on.  Owned by the runtime. */
+/** The stream every thread starts on (device 0's default stream).  Owned
+ *  by the runtime. */
 NT_API nt_stream *nt_stream_default(void);
-/** A new stream with its own worker thread.  Destroy with
- *  nt_stream_destroy. */
+/** A new stream with its own worker thread, on the calling thread's current
+ *  device.  Destroy with nt_stream_destroy. */
 NT_API nt_stream *nt_stream_create(void);
 /** Waits for the stream's work and frees it.  Threads whose current stream it
- *  was go back to the default stream.  The default stream cannot be
+ *  was go back to its device's default stream.  A default stream cannot be
  *  destroyed (NT_EINVAL). */
 NT_API int nt_stream_destroy(nt_stream *s);
 /** The calling thread's current stream (where its ops are queued). */
@@ -663,6 +664,46 @@ NT_API int nt_event_synchronize(nt_event *e);
 /** True if the event's work is done (or it was never recorded). */
 NT_API bool nt_event_query(nt_event *e);
 NT_API void nt_event_destroy(nt_event *e);
+
+/* ------------------------------------------------------------------------ */
+/* Devices                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* One process drives NT_SIM_CORES devices (default 1): simulated
+ * NeuronCores, each with its own simulator state, clock, HBM capacity
+ * (NT_HBM_BYTES each) and default stream, whose worker runs its kernels
+ * concurrently with the other devices' (on the CPU backend: the same number
+ * of logical devices).  A stream belongs to one device; a tensor lives on one
+ * device (the one whose HBM holds it).  New tensors -- from the host,
+ * factories, op outputs -- go on the device of the calling thread's current
+ * stream, and an op whose tensor inputs are not all on its stream's device
+ * fails at the call (NT_EINVAL naming the argument and both devices, nothing
+ * queued): move data with nt_to_device.  Device d's simulated time is core
+ * d's (nt_device_stats_get); the trace has one track group per core. */
+
+/** Most devices (NT_SIM_CORES). */
+#define NT_MAX_DEVICES 64
+
+/** The number of devices (NT_SIM_CORES, 1..NT_MAX_DEVICES). */
+NT_API int nt_device_count(void);
+/** The device of the calling thread's current stream. */
+NT_API int nt_device_current(void);
+/** Makes device `dev`'s default stream the calling thread's current stream.
+ *  NT_EINVAL if dev is not in 0..nt_device_count()-1. */
+NT_API int nt_device_set(int dev);
+/** Device `dev`'s default stream (NULL + NT_EINVAL for a bad dev). */
+NT_API nt_stream *nt_stream_default_on(int dev);
+/** A new stream on device `dev` (NULL + NT_EINVAL for a bad dev). */
+NT_API nt_stream *nt_stream_create_on(int dev);
+/** The device a stream runs on; -1 + NT_EINVAL for a bad stream. */
+NT_API int nt_stream_device(const nt_stream *s);
+/** The device whose memory holds t; -1 + the error for a bad tensor. */
+NT_API int nt_tensor_device(const nt_tensor *t);
+/** A copy of t on device `dev` (t may be on any device): queued on the
+ *  calling thread's current stream, whose core's DMA moves the bytes, after
+ *  whatever writes t; ops on dev's streams that read the copy wait for it.
+ *  Differentiable: its backward copies the gradient back to t's device. */
+NT_API nt_tensor *nt_to_device(nt_tensor *t, int dev);
 
 /* ------------------------------------------------------------------------ */
 /* Statistics                                                                */

@@ -12,9 +12,10 @@
 
 #include <glib.h>
 
+#include "core/simtls.h" /* the thread's core and timing hand-offs (sim/sim.h) */
 #include "sim/trace.h"
 
-nt__sim_core nt__sim;
+nt__sim_global nt__sim;
 
 /* ------------------------------------------------------------------------ */
 /* Configuration                                                            */
@@ -83,10 +84,9 @@ const char *nt_mem_name(nt_mem m)
 /* Global state                                                             */
 /* ------------------------------------------------------------------------ */
 
-/* Held from kernel begin to end: one core runs one kernel at a time. */
-static pthread_mutex_t run_lock = PTHREAD_MUTEX_INITIALIZER;
-/* Guards init/shutdown and the statistics (never held while waiting for
- * run_lock, so stats can be read while a kernel runs). */
+/* Guards init/shutdown, the core count and the configuration.  Never held
+ * while a kernel runs: each core has its own run_lock (kernel begin to end)
+ * and stats_lock (its clock and statistics). */
 static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_bool inited;
 static atomic_bool functional = true;
@@ -97,14 +97,13 @@ static bool trace_ours; /* nt_sim_init opened the trace (NT_TRACE) */
 /* Dependency state of on-chip memory, per chunk.  An entry stamped by an
  * earlier kernel (gen) counts as empty: kernels are ordered by the core
  * anyway, and stale entries never need clearing. */
-typedef struct dep_tab {
+typedef struct nt__sim_dep {
     double wend[NT__SIM_SBUF_CHUNKS];  /* end of the last write */
     double avail[NT__SIM_SBUF_CHUNKS]; /* when readers see that write */
     double rend[NT__SIM_SBUF_CHUNKS];  /* end of the latest read */
     uint32_t gen[NT__SIM_SBUF_CHUNKS]; /* kernel that wrote the entry */
     uint8_t weng[NT__SIM_SBUF_CHUNKS]; /* engine of the last write */
-} dep_tab;
-static dep_tab *dep_sbuf, *dep_psum; /* psum uses the first PSUM_CHUNKS */
+} dep_tab; /* psum uses the first PSUM_CHUNKS */
 
 /* HBM dependencies: an open-addressing table of 16 KiB pages, entries
  * belonging to an older kernel (gen) count as empty.  A page is counted from
@@ -113,76 +112,117 @@ static dep_tab *dep_sbuf, *dep_psum; /* psum uses the first PSUM_CHUNKS */
  * simulated time (two identical runs give identical nanoseconds, whatever
  * each buffer's alignment, and two buffers never share a page). */
 #define HBM_PAGE_SHIFT 14 /* 16 KiB: fine enough to pipeline tiles, cheap on 16 MiB DMAs */
-typedef struct hpage {
+typedef struct nt__sim_hpage {
     uintptr_t base; /* the pattern's base pointer */
     uintptr_t key;  /* the page, counted from base */
     uint32_t gen;
     double wend, rend;
 } hpage;
-static hpage *ht;
-static size_t ht_cap, ht_count;
-static uint32_t ht_gen; /* the running kernel's generation (HBM and chunks) */
 
-static double sim_clock; /* end of the last kernel, ns */
-static unsigned trace_gen_seen;
-
-static nt_sim_stats stats; /* under state_lock */
 /* The sums of kernel times, kept exactly in 128-bit fixed point (64
  * fractional bits hold every bit of a time above 2^-11 ns): integer
  * addition does not depend on the order kernels of several streams end in,
  * where double addition does in the last bits, so identical programs report
- * identical times.  stats' double fields are the sums rounded once. */
+ * identical times.  stats' double fields are the sums rounded once.  One per
+ * core (nt__sim_core.sums); the totals over cores add them exactly too. */
 typedef __int128 nt_fx;
-static struct {
+typedef struct fx_sums {
     nt_fx sim, busy[NT_ENGINE_COUNT], qbusy[NT_SIM_DMA_QUEUES], ideal;
-} sums;
+} fx_sums;
 
 static nt_fx to_fx(double ns) { return ns > 0 ? (nt_fx)ldexp(ns, 64) : 0; }
 static double from_fx(nt_fx v) { return ldexp((double)v, -64); }
 
-static int ensure_memories(void)
+/* Core c's memories, taken at its first kernel (under its run_lock): a
+ * core that runs nothing costs nothing. */
+static int ensure_core(nt__sim_core *c)
 {
-    nt__sim_core *c = &nt__sim;
     if (c->sbuf)
         return 0;
-    c->sbuf_stride = NT__SIM_SBUF_MAX_BYTES + NT__SIM_PART_PAD;
-    c->psum_stride = NT__SIM_PSUM_BYTES + NT__SIM_PART_PAD;
     /* calloc: untouched pages cost nothing in timing-only runs */
-    c->sbuf_raw = calloc(1, (size_t)c->sbuf_stride * NT_SIM_PARTITIONS + 64);
-    c->psum_raw = calloc(1, (size_t)c->psum_stride * NT_SIM_PARTITIONS + 64);
-    c->scratch_elems = NT_SIM_SBUF_MAX_FREE + 64;
+    c->sbuf_raw = calloc(1, (size_t)nt__sim.sbuf_stride * NT_SIM_PARTITIONS + 64);
+    c->psum_raw = calloc(1, (size_t)nt__sim.psum_stride * NT_SIM_PARTITIONS + 64);
     for (int i = 0; i < 4; i++)
-        c->scratch[i] = malloc(c->scratch_elems * sizeof(float) * 2);
-    dep_sbuf = calloc(1, sizeof *dep_sbuf);
-    dep_psum = calloc(1, sizeof *dep_psum);
-    ht_cap = 4096;
-    ht = calloc(ht_cap, sizeof *ht);
-    if (!c->sbuf_raw || !c->psum_raw || !dep_sbuf || !dep_psum || !ht || !c->scratch[0] ||
-        !c->scratch[1] || !c->scratch[2] || !c->scratch[3])
+        if (!c->scratch[i])
+            c->scratch[i] = malloc(nt__sim.scratch_elems * sizeof(float) * 2);
+    if (!c->dep_sbuf)
+        c->dep_sbuf = calloc(1, sizeof *c->dep_sbuf);
+    if (!c->dep_psum)
+        c->dep_psum = calloc(1, sizeof *c->dep_psum);
+    if (!c->ht) {
+        c->ht_cap = 4096;
+        c->ht = calloc(c->ht_cap, sizeof *c->ht);
+    }
+    if (!c->sbuf_raw || !c->psum_raw || !c->dep_sbuf || !c->dep_psum || !c->ht ||
+        !c->scratch[0] || !c->scratch[1] || !c->scratch[2] || !c->scratch[3]) {
+        free(c->sbuf_raw);
+        free(c->psum_raw);
+        c->sbuf_raw = c->psum_raw = NULL;
         return NT_EHOSTMEM;
+    }
     c->sbuf = (uint8_t *)(((uintptr_t)c->sbuf_raw + 63) & ~(uintptr_t)63);
     c->psum = (uint8_t *)(((uintptr_t)c->psum_raw + 63) & ~(uintptr_t)63);
-    ht_gen = 1;
+    c->ht_gen = 1;
     return 0;
+}
+
+static int ensure_memories(int ncores)
+{
+    nt__sim.sbuf_stride = NT__SIM_SBUF_MAX_BYTES + NT__SIM_PART_PAD;
+    nt__sim.psum_stride = NT__SIM_PSUM_BYTES + NT__SIM_PART_PAD;
+    nt__sim.scratch_elems = NT_SIM_SBUF_MAX_FREE + 64;
+    nt__sim.cores = calloc((size_t)ncores, sizeof *nt__sim.cores);
+    if (!nt__sim.cores)
+        return NT_EHOSTMEM;
+    for (int i = 0; i < ncores; i++) {
+        nt__sim_core *c = &nt__sim.cores[i];
+        c->index = i;
+        pthread_mutex_init(&c->run_lock, NULL);
+        pthread_mutex_init(&c->stats_lock, NULL);
+        c->sums = calloc(1, sizeof(fx_sums));
+        if (!c->sums) {
+            nt__sim.ncores = i + 1;
+            return NT_EHOSTMEM;
+        }
+    }
+    nt__sim.ncores = ncores;
+    /* core 0 at once, as before cores existed: a simulator that cannot get
+     * its memories fails at init, not at the first kernel */
+    return ensure_core(&nt__sim.cores[0]);
 }
 
 static void free_memories(void)
 {
-    nt__sim_core *c = &nt__sim;
-    free(c->sbuf_raw);
-    free(c->psum_raw);
-    for (int i = 0; i < 4; i++) {
-        free(c->scratch[i]);
-        c->scratch[i] = NULL;
+    for (int i = 0; i < nt__sim.ncores; i++) {
+        nt__sim_core *c = &nt__sim.cores[i];
+        nt__sim_fx_shutdown(c);
+        free(c->sbuf_raw);
+        free(c->psum_raw);
+        for (int j = 0; j < 4; j++)
+            free(c->scratch[j]);
+        free(c->dep_sbuf);
+        free(c->dep_psum);
+        free(c->ht);
+        free(c->pg_buf);
+        free(c->sums);
+        pthread_mutex_destroy(&c->run_lock);
+        pthread_mutex_destroy(&c->stats_lock);
     }
-    free(dep_sbuf);
-    free(dep_psum);
-    free(ht);
-    c->sbuf = c->psum = NULL;
-    c->sbuf_raw = c->psum_raw = NULL;
-    dep_sbuf = dep_psum = NULL;
-    ht = NULL;
-    ht_cap = ht_count = 0;
+    free(nt__sim.cores);
+    nt__sim.cores = NULL;
+    nt__sim.ncores = 0;
+}
+
+/* NT_SIM_CORES: 1..NT__SIM_MAX_CORES, default 1; 0 if malformed. */
+static int env_cores(void)
+{
+    const char *v = getenv("NT_SIM_CORES");
+    if (!v || !*v)
+        return 1;
+    if (strspn(v, "0123456789") != strlen(v) || strlen(v) > 3)
+        return 0;
+    int n = atoi(v);
+    return n >= 1 && n <= NT__SIM_MAX_CORES ? n : 0;
 }
 
 /* Checks the simulator's environment variables (docs/env.md): a bad value
@@ -211,6 +251,10 @@ static int check_env(void)
                            "environment variable %s: expected %s, got '%s'", V[i].name,
                            V[i].expect, v);
     }
+    if (!env_cores())
+        return nt__err(NULL, NT_EINVAL, "nt_sim_init",
+                       "environment variable NT_SIM_CORES: expected a core count from 1 to %d, "
+                       "got '%s'", NT__SIM_MAX_CORES, getenv("NT_SIM_CORES"));
     return 0;
 }
 
@@ -233,7 +277,7 @@ int nt_sim_init(void)
         atomic_store(&program_gemm, !(pg && pg[0] == '0'));
         const char *pv = getenv("NT_SIM_PROGRAM_VALUES");
         atomic_store(&program_values, !(pv && pv[0] == '0'));
-        rc = ensure_memories();
+        rc = ensure_memories(env_cores());
         if (rc == 0) {
             const char *tr = getenv("NT_TRACE");
             if (tr && *tr && !nt__trace_enabled() && nt__trace_open(tr) == 0)
@@ -249,10 +293,15 @@ int nt_sim_init(void)
 
 void nt_sim_shutdown(void)
 {
-    pthread_mutex_lock(&run_lock); /* no kernel may be open */
     pthread_mutex_lock(&state_lock);
     if (atomic_load(&inited)) {
-        nt__sim_fx_shutdown();
+        /* no kernel may be open on any core: wait out each core's (one at
+         * a time; a kernel begun meanwhile is the caller's error, as
+         * before) */
+        for (int i = 0; i < nt__sim.ncores; i++) {
+            pthread_mutex_lock(&nt__sim.cores[i].run_lock);
+            pthread_mutex_unlock(&nt__sim.cores[i].run_lock);
+        }
         if (trace_ours)
             nt__trace_close();
         trace_ours = false;
@@ -260,7 +309,6 @@ void nt_sim_shutdown(void)
         atomic_store(&inited, false);
     }
     pthread_mutex_unlock(&state_lock);
-    pthread_mutex_unlock(&run_lock);
 }
 
 int nt_sim_config_get(nt_sim_config *out)
@@ -285,11 +333,14 @@ int nt_sim_set_target(nt_sim_target target)
     int rc = nt_sim_init();
     if (rc)
         return rc;
-    pthread_mutex_lock(&run_lock);
+    /* every core idle: a kernel reads the configuration while it runs */
     pthread_mutex_lock(&state_lock);
+    for (int i = 0; i < nt__sim.ncores; i++)
+        pthread_mutex_lock(&nt__sim.cores[i].run_lock);
     config_for(target, &nt__sim.cfg);
+    for (int i = nt__sim.ncores - 1; i >= 0; i--)
+        pthread_mutex_unlock(&nt__sim.cores[i].run_lock);
     pthread_mutex_unlock(&state_lock);
-    pthread_mutex_unlock(&run_lock);
     return 0;
 }
 
@@ -379,7 +430,7 @@ uint8_t *nt__sim_row(const nt_ap *ap, int p)
     if (!ap->tile)
         return (uint8_t *)ap->hbm + (ap->offset + (int64_t)p * ap->pstep) * esz;
     const nt_tile *t = ap->tile;
-    uint8_t *base = t->mem == NT_MEM_PSUM ? nt__sim.psum : nt__sim.sbuf;
+    uint8_t *base = t->mem == NT_MEM_PSUM ? t->k->core->psum : t->k->core->sbuf;
     int64_t stride = t->mem == NT_MEM_PSUM ? nt__sim.psum_stride : nt__sim.sbuf_stride;
     return base + (int64_t)(ap->p0 + p) * stride + t->off + ap->offset * esz;
 }
@@ -734,21 +785,78 @@ int64_t nt_tile_size(const nt_tile *t)
 /* Kernels                                                                  */
 /* ------------------------------------------------------------------------ */
 
-static void trace_meta(void)
+int nt__sim_trace_pid(int core)
+{
+    return core <= 0 ? NT_TRACE_PID_SIM : NT_TRACE_PID_CORE0 + core;
+}
+
+/* Names core c's track group once per trace file (under its run_lock). */
+static void trace_meta(nt__sim_core *c)
 {
     unsigned g = nt__trace_generation();
-    if (g == trace_gen_seen)
+    if (g == c->trace_gen_seen)
         return;
-    trace_gen_seen = g;
-    nt__trace_process_name(NT_TRACE_PID_SIM, "NeuronCore (simulated)", 1);
-    nt__trace_thread_name(NT_TRACE_PID_SIM, 0, "kernels", 0);
+    c->trace_gen_seen = g;
+    int pid = nt__sim_trace_pid(c->index);
+    if (c->index == 0) {
+        nt__trace_process_name(pid, "NeuronCore (simulated)", 1);
+    } else {
+        char n[48];
+        snprintf(n, sizeof n, "NeuronCore %d (simulated)", c->index);
+        nt__trace_process_name(pid, n, 2 + c->index);
+    }
+    nt__trace_thread_name(pid, 0, "kernels", 0);
     for (int e = 0; e < NT_ENGINE_DMA; e++)
-        nt__trace_thread_name(NT_TRACE_PID_SIM, 1 + e, engine_names[e], 1 + e);
+        nt__trace_thread_name(pid, 1 + e, engine_names[e], 1 + e);
     for (int q = 0; q < NT_SIM_DMA_QUEUES; q++) {
         char n[32];
         snprintf(n, sizeof n, "DMA queue %d", q);
-        nt__trace_thread_name(NT_TRACE_PID_SIM, 16 + q, n, 16 + q);
+        nt__trace_thread_name(pid, 16 + q, n, 16 + q);
     }
+}
+
+/* ---- cores and threads (sim/sim.h) ---- */
+
+int nt__sim_core_count(void)
+{
+    if (nt_sim_init())
+        return 0;
+    return nt__sim.ncores;
+}
+
+void nt__sim_thread_core_set(int core) { nt__tl_core = core; }
+int nt__sim_thread_core(void) { return nt__tl_core; }
+void nt__sim_thread_after(double t) { nt__tl_sim_after = t; }
+double nt__sim_thread_last_end(void) { return nt__tl_sim_end; }
+
+static nt__sim_core *core_at(int core)
+{
+    if (!atomic_load_explicit(&inited, memory_order_acquire) || core < 0 ||
+        core >= nt__sim.ncores)
+        return NULL;
+    return &nt__sim.cores[core];
+}
+
+double nt__sim_core_clock(int core)
+{
+    nt__sim_core *c = core_at(core);
+    if (!c)
+        return 0.0;
+    pthread_mutex_lock(&c->stats_lock);
+    double t = c->clock;
+    pthread_mutex_unlock(&c->stats_lock);
+    return t;
+}
+
+void nt__sim_core_advance(int core, double t)
+{
+    nt__sim_core *c = core_at(core);
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->stats_lock);
+    if (t > c->clock)
+        c->clock = t;
+    pthread_mutex_unlock(&c->stats_lock);
 }
 
 nt_sim_kernel *nt_sim_kernel_begin(const char *name)
@@ -758,11 +866,18 @@ nt_sim_kernel *nt_sim_kernel_begin(const char *name)
     nt_sim_kernel *k = calloc(1, sizeof *k);
     if (!k)
         return NULL;
-    pthread_mutex_lock(&run_lock);
+    /* the thread's core; one it cannot have (more than NT_SIM_CORES) is
+     * core 0's, which the runtime never asks for (it checks devices) */
+    int ci = nt__tl_core;
+    nt__sim_core *core = &nt__sim.cores[ci >= 0 && ci < nt__sim.ncores ? ci : 0];
+    double after = nt__tl_sim_after;
+    nt__tl_sim_after = 0.0;
+    pthread_mutex_lock(&core->run_lock);
+    k->core = core;
     const nt_sim_config *c = &nt__sim.cfg;
-    if (alloc_init(&k->sbuf, c->sbuf_partition_bytes) ||
+    if (ensure_core(core) || alloc_init(&k->sbuf, c->sbuf_partition_bytes) ||
         alloc_init(&k->psum, c->psum_partition_bytes)) {
-        pthread_mutex_unlock(&run_lock);
+        pthread_mutex_unlock(&core->run_lock);
         free(k->sbuf.free);
         free(k->psum.free);
         free(k);
@@ -773,8 +888,13 @@ nt_sim_kernel *nt_sim_kernel_begin(const char *name)
     /* Timed from 0, placed on the clock only in reports: a kernel's
      * duration must not depend on how far the clock has run (doubles round
      * t0 + x - t0 differently at different t0, and the order kernels of
-     * several streams reach the core is host timing). */
-    k->clock0 = sim_clock;
+     * several streams reach the core is host timing).  It starts when its
+     * core is free and what it reads is ready (sim/sim.h). */
+    pthread_mutex_lock(&core->stats_lock);
+    k->clock0 = core->clock;
+    pthread_mutex_unlock(&core->stats_lock);
+    if (after > k->clock0)
+        k->clock0 = after;
     k->t0 = k->tend = 0.0;
     for (int e = 0; e < NT_ENGINE_DMA; e++)
         k->eng_free[e] = k->t0;
@@ -783,11 +903,11 @@ nt_sim_kernel *nt_sim_kernel_begin(const char *name)
     k->port_sbuf_vg = k->port_psum_vs = k->t0;
     k->act_table = -1;
     k->host_t0 = nt__sim_now_ns();
-    if (++ht_gen == 0)
-        ht_gen = 1;
-    ht_count = 0;
+    if (++core->ht_gen == 0)
+        core->ht_gen = 1;
+    core->ht_count = 0;
     if (nt__trace_enabled())
-        trace_meta();
+        trace_meta(core);
     return k;
 }
 
@@ -824,8 +944,9 @@ int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
     nt__sim_fx_flush(k); /* queued functional work lands before the report */
     double dur = k->tend - k->t0;
     k->busy[NT_ENGINE_DMA] = dma_union(k);
+    nt__sim_core *core = k->core;
     if (nt__trace_enabled()) {
-        trace_meta();
+        trace_meta(core);
         char args[512], q[128];
         nt__trace_json_str(q, sizeof q, k->msg);
         snprintf(args, sizeof args,
@@ -834,8 +955,8 @@ int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
                  (unsigned long long)k->ninstr, k->flops, (unsigned long long)k->hbm_rd,
                  (unsigned long long)k->hbm_wr, k->busy[0] / 1e3,
                  dur > 0 ? k->ideal_ns / dur : 0.0, q);
-        nt__trace_complete(NT_TRACE_PID_SIM, 0, k->name, (k->clock0 + k->t0) / 1e3, dur / 1e3,
-                           args);
+        nt__trace_complete(nt__sim_trace_pid(core->index), 0, k->name,
+                           (k->clock0 + k->t0) / 1e3, dur / 1e3, args);
     }
     if (rep) {
         memset(rep, 0, sizeof *rep);
@@ -855,32 +976,28 @@ int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
         rep->sbuf_peak_bytes = k->sbuf.peak;
         rep->psum_peak_bytes = k->psum.peak;
     }
-    pthread_mutex_lock(&state_lock);
-    if (k->clock0 + k->tend > sim_clock)
-        sim_clock = k->clock0 + k->tend;
-    stats.kernels++;
-    stats.instructions += k->ninstr;
+    pthread_mutex_lock(&core->stats_lock);
+    if (k->clock0 + k->tend > core->clock)
+        core->clock = k->clock0 + k->tend;
+    nt_sim_stats *st = &core->stats;
+    fx_sums *sums = core->sums;
+    st->kernels++;
+    st->instructions += k->ninstr;
     if (k->err)
-        stats.errors++;
-    sums.sim += to_fx(dur);
-    stats.sim_ns = from_fx(sums.sim);
-    for (int e = 0; e < NT_ENGINE_COUNT; e++) {
-        sums.busy[e] += to_fx(k->busy[e]);
-        stats.busy_ns[e] = from_fx(sums.busy[e]);
-    }
-    for (int q = 0; q < NT_SIM_DMA_QUEUES; q++) {
-        sums.qbusy[q] += to_fx(k->qbusy[q]);
-        stats.dma_queue_busy_ns[q] = from_fx(sums.qbusy[q]);
-    }
-    stats.hbm_read_bytes += k->hbm_rd;
-    stats.hbm_write_bytes += k->hbm_wr;
-    stats.flops += k->flops;
-    sums.ideal += to_fx(k->ideal_ns);
-    stats.tensor_ideal_ns = from_fx(sums.ideal);
-    stats.clock_ns = sim_clock;
-    stats.host_ns += nt__sim_now_ns() - k->host_t0;
-    stats.host_gemm_ns += k->gemm_ns;
-    pthread_mutex_unlock(&state_lock);
+        st->errors++;
+    sums->sim += to_fx(dur);
+    for (int e = 0; e < NT_ENGINE_COUNT; e++)
+        sums->busy[e] += to_fx(k->busy[e]);
+    for (int q = 0; q < NT_SIM_DMA_QUEUES; q++)
+        sums->qbusy[q] += to_fx(k->qbusy[q]);
+    st->hbm_read_bytes += k->hbm_rd;
+    st->hbm_write_bytes += k->hbm_wr;
+    st->flops += k->flops;
+    sums->ideal += to_fx(k->ideal_ns);
+    st->host_ns += nt__sim_now_ns() - k->host_t0;
+    st->host_gemm_ns += k->gemm_ns;
+    pthread_mutex_unlock(&core->stats_lock);
+    nt__tl_sim_end = k->clock0 + k->tend;
 
     int err = k->err;
     for (nt_tile *t = k->tiles, *n; t; t = n) {
@@ -892,7 +1009,7 @@ int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
     free(k->dma_iv);
     free(k->bucket);
     free(k);
-    pthread_mutex_unlock(&run_lock);
+    pthread_mutex_unlock(&core->run_lock);
     return err;
 }
 
@@ -900,16 +1017,40 @@ int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
 /* Statistics                                                               */
 /* ------------------------------------------------------------------------ */
 
-int nt_sim_stats_get(nt_sim_stats *out)
+/* Adds core c's counters and sums into *out / *sums (under its lock). */
+static void stats_add(nt__sim_core *c, nt_sim_stats *out, fx_sums *sums)
 {
-    if (!out)
-        return NT__SIM_NULL("nt_sim_stats_get", "out");
-    int rc = nt_sim_init();
-    if (rc)
-        return rc;
-    pthread_mutex_lock(&state_lock);
-    *out = stats;
-    out->clock_ns = sim_clock;
+    pthread_mutex_lock(&c->stats_lock);
+    const nt_sim_stats *st = &c->stats;
+    const fx_sums *cs = c->sums;
+    out->kernels += st->kernels;
+    out->instructions += st->instructions;
+    out->errors += st->errors;
+    out->hbm_read_bytes += st->hbm_read_bytes;
+    out->hbm_write_bytes += st->hbm_write_bytes;
+    out->flops += st->flops;
+    out->host_ns += st->host_ns;
+    out->host_gemm_ns += st->host_gemm_ns;
+    if (c->clock > out->clock_ns)
+        out->clock_ns = c->clock;
+    sums->sim += cs->sim;
+    for (int e = 0; e < NT_ENGINE_COUNT; e++)
+        sums->busy[e] += cs->busy[e];
+    for (int q = 0; q < NT_SIM_DMA_QUEUES; q++)
+        sums->qbusy[q] += cs->qbusy[q];
+    sums->ideal += cs->ideal;
+    pthread_mutex_unlock(&c->stats_lock);
+}
+
+/* The derived fields of *out from the exact sums. */
+static void stats_finish(nt_sim_stats *out, const fx_sums *sums)
+{
+    out->sim_ns = from_fx(sums->sim);
+    for (int e = 0; e < NT_ENGINE_COUNT; e++)
+        out->busy_ns[e] = from_fx(sums->busy[e]);
+    for (int q = 0; q < NT_SIM_DMA_QUEUES; q++)
+        out->dma_queue_busy_ns[q] = from_fx(sums->qbusy[q]);
+    out->tensor_ideal_ns = from_fx(sums->ideal);
     out->hbm_bytes_per_ns = nt__sim.cfg.hbm_bytes_per_ns;
     if (out->sim_ns > 0) {
         for (int e = 0; e < NT_ENGINE_COUNT; e++)
@@ -918,6 +1059,56 @@ int nt_sim_stats_get(nt_sim_stats *out)
                                   (out->sim_ns * out->hbm_bytes_per_ns);
         out->mfu = out->tensor_ideal_ns / out->sim_ns;
     }
+}
+
+int nt_sim_stats_get(nt_sim_stats *out)
+{
+    if (!out)
+        return NT__SIM_NULL("nt_sim_stats_get", "out");
+    int rc = nt_sim_init();
+    if (rc)
+        return rc;
+    /* every core's totals; the clock is the latest core's */
+    memset(out, 0, sizeof *out);
+    fx_sums sums;
+    memset(&sums, 0, sizeof sums);
+    pthread_mutex_lock(&state_lock);
+    for (int i = 0; i < nt__sim.ncores; i++)
+        stats_add(&nt__sim.cores[i], out, &sums);
+    stats_finish(out, &sums);
+    pthread_mutex_unlock(&state_lock);
+    return 0;
+}
+
+int nt_device_stats_get(int dev, nt_sim_stats *out)
+{
+    if (!out)
+        return NT__SIM_NULL("nt_device_stats_get", "out");
+    int rc = nt_sim_init();
+    if (rc)
+        return rc;
+    if (dev < 0 || dev >= nt__sim.ncores)
+        return nt__err(NULL, NT_EINVAL, "nt_device_stats_get",
+                       "argument 'dev' is %d; expected a device from 0 to %d (NT_SIM_CORES=%d)",
+                       dev, nt__sim.ncores - 1, nt__sim.ncores);
+    return nt__sim_core_stats(dev, out);
+}
+
+int nt__sim_core_stats(int core, nt_sim_stats *out)
+{
+    int rc = nt_sim_init();
+    if (rc)
+        return rc;
+    memset(out, 0, sizeof *out);
+    fx_sums sums;
+    memset(&sums, 0, sizeof sums);
+    pthread_mutex_lock(&state_lock);
+    if (core < 0 || core >= nt__sim.ncores) {
+        pthread_mutex_unlock(&state_lock);
+        return NT_EINVAL;
+    }
+    stats_add(&nt__sim.cores[core], out, &sums);
+    stats_finish(out, &sums);
     pthread_mutex_unlock(&state_lock);
     return 0;
 }
@@ -926,8 +1117,13 @@ void nt_sim_stats_reset(void)
 {
     nt_sim_init();
     pthread_mutex_lock(&state_lock);
-    memset(&stats, 0, sizeof stats);
-    memset(&sums, 0, sizeof sums);
+    for (int i = 0; i < nt__sim.ncores; i++) {
+        nt__sim_core *c = &nt__sim.cores[i];
+        pthread_mutex_lock(&c->stats_lock);
+        memset(&c->stats, 0, sizeof c->stats);
+        memset(c->sums, 0, sizeof(fx_sums));
+        pthread_mutex_unlock(&c->stats_lock);
+    }
     pthread_mutex_unlock(&state_lock);
 }
 
@@ -947,48 +1143,48 @@ static size_t ht_hash(uintptr_t base, uintptr_t key)
     return (size_t)(z ^ (z >> 31));
 }
 
-static void ht_grow(void)
+static void ht_grow(nt__sim_core *c)
 {
-    size_t ncap = ht_cap * 2;
+    size_t ncap = c->ht_cap * 2;
     hpage *nt = calloc(ncap, sizeof *nt);
     if (!nt)
         return;
-    for (size_t i = 0; i < ht_cap; i++) {
-        if (ht[i].gen != ht_gen)
+    for (size_t i = 0; i < c->ht_cap; i++) {
+        if (c->ht[i].gen != c->ht_gen)
             continue;
-        size_t j = ht_hash(ht[i].base, ht[i].key) & (ncap - 1);
-        while (nt[j].gen == ht_gen)
+        size_t j = ht_hash(c->ht[i].base, c->ht[i].key) & (ncap - 1);
+        while (nt[j].gen == c->ht_gen)
             j = (j + 1) & (ncap - 1);
-        nt[j] = ht[i];
+        nt[j] = c->ht[i];
     }
-    free(ht);
-    ht = nt;
-    ht_cap = ncap;
+    free(c->ht);
+    c->ht = nt;
+    c->ht_cap = ncap;
 }
 
 /* The page's entry, created empty (times 0) if absent. */
-static hpage *ht_get(uintptr_t base, uintptr_t key)
+static hpage *ht_get(nt__sim_core *c, uintptr_t base, uintptr_t key)
 {
-    if (ht_count * 2 >= ht_cap)
-        ht_grow();
-    size_t j = ht_hash(base, key) & (ht_cap - 1);
-    while (ht[j].gen == ht_gen) {
-        if (ht[j].key == key && ht[j].base == base)
-            return &ht[j];
-        j = (j + 1) & (ht_cap - 1);
+    if (c->ht_count * 2 >= c->ht_cap)
+        ht_grow(c);
+    size_t j = ht_hash(base, key) & (c->ht_cap - 1);
+    while (c->ht[j].gen == c->ht_gen) {
+        if (c->ht[j].key == key && c->ht[j].base == base)
+            return &c->ht[j];
+        j = (j + 1) & (c->ht_cap - 1);
     }
-    ht[j].base = base;
-    ht[j].key = key;
-    ht[j].gen = ht_gen;
-    ht[j].wend = ht[j].rend = 0.0;
-    ht_count++;
-    return &ht[j];
+    c->ht[j].base = base;
+    c->ht[j].key = key;
+    c->ht[j].gen = c->ht_gen;
+    c->ht[j].wend = c->ht[j].rend = 0.0;
+    c->ht_count++;
+    return &c->ht[j];
 }
 
 /* Visits the HBM pages of every row of ap: mode 0 = collect the time a read
  * (write=false) or write must wait for, mode 1 = record the access ending at
  * `end`. */
-static double hbm_pages(const nt_ap *ap, bool write, int mode, double end)
+static double hbm_pages(nt__sim_core *c, const nt_ap *ap, bool write, int mode, double end)
 {
     int64_t esz = (int64_t)nt__dtype_size(ap->dtype);
     int64_t lo, hi;
@@ -1025,7 +1221,7 @@ static double hbm_pages(const nt_ap *ap, bool write, int mode, double end)
         for (int64_t pg = first; pg <= last; pg++) {
             if (pg == last_page)
                 continue; /* adjacent rows on one page: visited already */
-            hpage *e = ht_get(base, (uintptr_t)pg);
+            hpage *e = ht_get(c, base, (uintptr_t)pg);
             if (mode == 0) {
                 if (e->wend > t)
                     t = e->wend;
@@ -1053,9 +1249,9 @@ int nt__sim_auto_queue(nt_sim_kernel *k)
     return q;
 }
 
-static dep_tab *dep_of(const nt_ap *ap)
+static dep_tab *dep_of(nt__sim_core *c, const nt_ap *ap)
 {
-    return ap->tile->mem == NT_MEM_PSUM ? dep_psum : dep_sbuf;
+    return ap->tile->mem == NT_MEM_PSUM ? c->dep_psum : c->dep_sbuf;
 }
 
 static void chunk_range(const nt_ap *ap, int *c0, int *c1)
@@ -1152,12 +1348,14 @@ static void trace_instr(nt_sim_kernel *k, const nt__sim_instr *in, int tid, doub
     if (in->flops > 0)
         o += (size_t)snprintf(args + o, sizeof args - o, ",\"flops\":%.0f", in->flops);
     snprintf(args + o, sizeof args - o, "}");
-    nt__trace_complete(NT_TRACE_PID_SIM, tid, in->name, start / 1e3, (end - start) / 1e3, args);
+    nt__trace_complete(nt__sim_trace_pid(k->core->index), tid, in->name, start / 1e3,
+                       (end - start) / 1e3, args);
 }
 
 void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in)
 {
     const nt_sim_config *c = &nt__sim.cfg;
+    nt__sim_core *core = k->core;
     int me = in->engine;
     double ready = k->t0;
     bool sbuf = false, psum = false;
@@ -1168,7 +1366,7 @@ void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in)
         const nt__sim_acc *a = &in->acc[i];
         const nt_ap *ap = a->ap;
         if (!ap->tile) {
-            double t = hbm_pages(ap, a->write, 0, 0.0);
+            double t = hbm_pages(core, ap, a->write, 0, 0.0);
             if (t > ready)
                 ready = t;
             continue;
@@ -1177,11 +1375,11 @@ void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in)
             psum = true;
         else
             sbuf = true;
-        dep_tab *d = dep_of(ap);
+        dep_tab *d = dep_of(core, ap);
         int c0, c1;
         chunk_range(ap, &c0, &c1);
         for (int j = c0; j < c1; j++) {
-            if (d->gen[j] != ht_gen)
+            if (d->gen[j] != core->ht_gen)
                 continue;
             if (!a->write) {
                 if (d->avail[j] > ready)
@@ -1260,15 +1458,15 @@ void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in)
         const nt__sim_acc *a = &in->acc[i];
         const nt_ap *ap = a->ap;
         if (!ap->tile) {
-            hbm_pages(ap, a->write, 1, end);
+            hbm_pages(core, ap, a->write, 1, end);
             continue;
         }
-        dep_tab *d = dep_of(ap);
+        dep_tab *d = dep_of(core, ap);
         int c0, c1;
         chunk_range(ap, &c0, &c1);
         for (int j = c0; j < c1; j++) {
-            if (d->gen[j] != ht_gen) {
-                d->gen[j] = ht_gen;
+            if (d->gen[j] != core->ht_gen) {
+                d->gen[j] = core->ht_gen;
                 d->wend[j] = d->avail[j] = d->rend[j] = k->t0;
                 d->weng[j] = NT_ENGINE_DMA;
             }

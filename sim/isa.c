@@ -1205,7 +1205,6 @@ typedef struct fx_batch {
     int nrng;
 } fx_batch;
 
-static fx_batch *fxb; /* one: kernels are serialised by the core */
 static int fx_defer = -1;   /* NT_SIM_DEFER (default on) */
 static int fx_threads = -1; /* NT_SIM_THREADS (default 2 when the host has 2 cores) */
 
@@ -1215,42 +1214,66 @@ typedef struct fx_job {
     int lo, hi;
 } fx_job;
 
-static struct {
-    pthread_t th;
-    pthread_mutex_t mu;
-    pthread_cond_t cv, done_cv;
-    bool started, quit, has_job, done;
-    fx_job job;
-    float *scr[4];
-} hp = {.mu = PTHREAD_MUTEX_INITIALIZER,
-        .cv = PTHREAD_COND_INITIALIZER,
-        .done_cv = PTHREAD_COND_INITIALIZER};
+/* A core's functional state (nt__sim_core.fx): its batch and its helper
+ * thread.  Kernels of one core are serialised, so the owner thread of the
+ * core's open kernel is the only one touching it (the helper gets its job
+ * under mu). */
+struct nt__sim_fx {
+    fx_batch *fxb;
+    struct {
+        pthread_t th;
+        pthread_mutex_t mu;
+        pthread_cond_t cv, done_cv;
+        bool started, quit, has_job, done;
+        fx_job job;
+        float *scr[4];
+    } hp;
+    /* flush_chunked's windows, kept between flushes: a fresh malloc of
+     * this size would be a fresh mmap, page faults and all, every flush */
+    fx_rec *w;
+    bool *has;
+    size_t cap;
+};
+
+/* Core c's functional state, made at its first use (by the thread that
+ * holds the core); NULL if the host has no memory for it. */
+static struct nt__sim_fx *fx_of(nt__sim_core *c)
+{
+    if (c->fx)
+        return c->fx;
+    struct nt__sim_fx *f = calloc(1, sizeof *f);
+    if (!f)
+        return NULL;
+    pthread_mutex_init(&f->hp.mu, NULL);
+    pthread_cond_init(&f->hp.cv, NULL);
+    pthread_cond_init(&f->hp.done_cv, NULL);
+    c->fx = f;
+    return f;
+}
 
 static void *helper_main(void *arg)
 {
-    (void)arg;
-    pthread_mutex_lock(&hp.mu);
+    struct nt__sim_fx *f = arg;
+    pthread_mutex_lock(&f->hp.mu);
     for (;;) {
-        while (!hp.has_job && !hp.quit)
-            pthread_cond_wait(&hp.cv, &hp.mu);
-        if (hp.quit)
+        while (!f->hp.has_job && !f->hp.quit)
+            pthread_cond_wait(&f->hp.cv, &f->hp.mu);
+        if (f->hp.quit)
             break;
-        fx_job j = hp.job;
-        hp.has_job = false;
-        pthread_mutex_unlock(&hp.mu);
-        j.fn(j.arg, j.lo, j.hi, hp.scr);
-        pthread_mutex_lock(&hp.mu);
-        hp.done = true;
-        pthread_cond_signal(&hp.done_cv);
+        fx_job j = f->hp.job;
+        f->hp.has_job = false;
+        pthread_mutex_unlock(&f->hp.mu);
+        j.fn(j.arg, j.lo, j.hi, f->hp.scr);
+        pthread_mutex_lock(&f->hp.mu);
+        f->hp.done = true;
+        pthread_cond_signal(&f->hp.done_cv);
     }
-    pthread_mutex_unlock(&hp.mu);
+    pthread_mutex_unlock(&f->hp.mu);
     return NULL;
 }
 
-static void fx_config(void)
+static void fx_config_once(void)
 {
-    if (fx_defer >= 0)
-        return;
     const char *d = getenv("NT_SIM_DEFER");
     fx_defer = !(d && d[0] == '0');
     const char *t = getenv("NT_SIM_THREADS");
@@ -1258,62 +1281,78 @@ static void fx_config(void)
     fx_threads = t && *t ? (atoi(t) >= 2 ? 2 : 1) : (ncpu >= 2 ? 2 : 1);
 }
 
-static bool helper_start(void)
+/* Once per process, whichever core's thread comes first. */
+static void fx_config(void)
 {
-    if (hp.started)
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, fx_config_once);
+}
+
+static bool helper_start(struct nt__sim_fx *f)
+{
+    if (f->hp.started)
         return true;
     for (int i = 0; i < 4; i++) {
-        if (!hp.scr[i]) /* kept from an earlier try that failed part-way */
-            hp.scr[i] = malloc(nt__sim.scratch_elems * sizeof(float) * 2);
-        if (!hp.scr[i])
+        if (!f->hp.scr[i]) /* kept from an earlier try that failed part-way */
+            f->hp.scr[i] = malloc(nt__sim.scratch_elems * sizeof(float) * 2);
+        if (!f->hp.scr[i])
             return false;
     }
-    hp.quit = false;
-    if (pthread_create(&hp.th, NULL, helper_main, NULL) != 0)
+    f->hp.quit = false;
+    if (pthread_create(&f->hp.th, NULL, helper_main, f) != 0)
         return false;
-    hp.started = true;
+    f->hp.started = true;
     return true;
 }
 
-void nt__sim_fx_shutdown(void)
+void nt__sim_fx_shutdown(nt__sim_core *c)
 {
-    if (hp.started) {
-        pthread_mutex_lock(&hp.mu);
-        hp.quit = true;
-        pthread_cond_signal(&hp.cv);
-        pthread_mutex_unlock(&hp.mu);
-        pthread_join(hp.th, NULL);
-        hp.started = false;
+    struct nt__sim_fx *f = c->fx;
+    if (!f)
+        return;
+    if (f->hp.started) {
+        pthread_mutex_lock(&f->hp.mu);
+        f->hp.quit = true;
+        pthread_cond_signal(&f->hp.cv);
+        pthread_mutex_unlock(&f->hp.mu);
+        pthread_join(f->hp.th, NULL);
+        f->hp.started = false;
     }
-    for (int i = 0; i < 4; i++) {
-        free(hp.scr[i]);
-        hp.scr[i] = NULL;
-    }
-    free(fxb);
-    fxb = NULL;
+    for (int i = 0; i < 4; i++)
+        free(f->hp.scr[i]);
+    free(f->fxb);
+    free(f->w);
+    free(f->has);
+    pthread_mutex_destroy(&f->hp.mu);
+    pthread_cond_destroy(&f->hp.cv);
+    pthread_cond_destroy(&f->hp.done_cv);
+    free(f);
+    c->fx = NULL;
 }
 
-/* Runs fn over lanes [0, n): split in two halves over the helper thread
- * when the work is big enough, else on the calling thread. */
-static void run_split(void (*fn)(void *, int, int, float **), void *arg, int n, double work)
+/* Runs fn over lanes [0, n) for core c: split in two halves over the core's
+ * helper thread when the work is big enough, else on the calling thread. */
+static void run_split(nt__sim_core *c, void (*fn)(void *, int, int, float **), void *arg, int n,
+                      double work)
 {
     fx_config();
-    if (fx_threads < 2 || n < 2 || work < FX_SPLIT_WORK || !helper_start()) {
-        fn(arg, 0, n, nt__sim.scratch);
+    struct nt__sim_fx *f = fx_threads < 2 || n < 2 || work < FX_SPLIT_WORK ? NULL : fx_of(c);
+    if (!f || !helper_start(f)) {
+        fn(arg, 0, n, c->scratch);
         return;
     }
     int h = n / 2;
-    pthread_mutex_lock(&hp.mu);
-    hp.job = (fx_job){fn, arg, h, n};
-    hp.has_job = true;
-    hp.done = false;
-    pthread_cond_signal(&hp.cv);
-    pthread_mutex_unlock(&hp.mu);
-    fn(arg, 0, h, nt__sim.scratch);
-    pthread_mutex_lock(&hp.mu);
-    while (!hp.done)
-        pthread_cond_wait(&hp.done_cv, &hp.mu);
-    pthread_mutex_unlock(&hp.mu);
+    pthread_mutex_lock(&f->hp.mu);
+    f->hp.job = (fx_job){fn, arg, h, n};
+    f->hp.has_job = true;
+    f->hp.done = false;
+    pthread_cond_signal(&f->hp.cv);
+    pthread_mutex_unlock(&f->hp.mu);
+    fn(arg, 0, h, c->scratch);
+    pthread_mutex_lock(&f->hp.mu);
+    while (!f->hp.done)
+        pthread_cond_wait(&f->hp.done_cv, &f->hp.mu);
+    pthread_mutex_unlock(&f->hp.mu);
 }
 
 typedef struct lanes_arg {
@@ -1458,7 +1497,7 @@ static void run_chunks(void *arg, int lo, int hi, float **s)
 }
 
 /* Runs the batch chunk by chunk when it can; false if it cannot. */
-static bool flush_chunked(fx_batch *b)
+static bool flush_chunked(nt__sim_core *core, fx_batch *b)
 {
     int64_t nmax = 0;
     for (int j = 0; j < b->n; j++)
@@ -1467,23 +1506,21 @@ static bool flush_chunked(fx_batch *b)
     if (nmax <= FX_COL || !batch_chunkable(b))
         return false;
     int nch = (int)((nmax + FX_COL - 1) / FX_COL);
-    /* kept between flushes (kernels are serialised): a fresh malloc of this
-     * size would be a fresh mmap, page faults and all, every flush */
-    static fx_rec *w;
-    static bool *has;
-    static size_t cap;
+    struct nt__sim_fx *f = core->fx; /* the batch lives there */
     size_t need = (size_t)nch * (size_t)b->n;
-    if (need > cap) {
-        fx_rec *nw = realloc(w, sizeof *w * need);
+    if (need > f->cap) {
+        fx_rec *nw = realloc(f->w, sizeof *nw * need);
         if (!nw)
             return false;
-        w = nw;
-        bool *nh = realloc(has, need);
+        f->w = nw;
+        bool *nh = realloc(f->has, need);
         if (!nh)
             return false;
-        has = nh;
-        cap = need;
+        f->has = nh;
+        f->cap = need;
     }
+    fx_rec *w = f->w;
+    bool *has = f->has;
     memset(has, 0, need);
     for (int c = 0; c < nch; c++)
         for (int j = 0; j < b->n; j++) {
@@ -1495,7 +1532,7 @@ static bool flush_chunked(fx_batch *b)
             has[c * b->n + j] = true;
         }
     chunks_arg a = {w, has, b->n, nch};
-    run_split(run_chunks, &a, b->maxnp, b->work);
+    run_split(core, run_chunks, &a, b->maxnp, b->work);
     return true;
 }
 
@@ -1510,13 +1547,13 @@ static double rec_work(const fx_rec *r)
 
 void nt__sim_fx_flush(nt_sim_kernel *k)
 {
-    (void)k;
-    fx_batch *b = fxb;
+    nt__sim_core *core = k->core;
+    fx_batch *b = core->fx ? core->fx->fxb : NULL;
     if (!b || !b->n)
         return;
-    if (!flush_chunked(b)) {
+    if (!flush_chunked(core, b)) {
         lanes_arg a = {b->rec, b->n};
-        run_split(run_lanes, &a, b->maxnp, b->work);
+        run_split(core, run_lanes, &a, b->maxnp, b->work);
     }
     b->n = 0;
     b->nrng = 0;
@@ -1648,12 +1685,14 @@ static void fx_submit(nt_sim_kernel *k, const fx_rec *r, bool rowlocal)
     if (!k->functional)
         return;
     fx_config();
-    if (!fxb) {
-        fxb = calloc(1, sizeof *fxb);
-        if (fxb)
-            fxb->p0 = -1;
+    nt__sim_core *core = k->core;
+    struct nt__sim_fx *f = fx_of(core);
+    if (f && !f->fxb) {
+        f->fxb = calloc(1, sizeof *f->fxb);
+        if (f->fxb)
+            f->fxb->p0 = -1;
     }
-    fx_batch *b = fxb;
+    fx_batch *b = f ? f->fxb : NULL;
     int adm = b ? fx_admit(b, r, rowlocal) : ADM_NEVER;
     if (adm == ADM_CONFLICT) {
         nt__sim_fx_flush(k);
@@ -1663,9 +1702,9 @@ static void fx_submit(nt_sim_kernel *k, const fx_rec *r, bool rowlocal)
         nt__sim_fx_flush(k);
         lanes_arg a = {r, 1};
         if (adm == ADM_OK) /* lanes independent: may split over threads */
-            run_split(run_lanes, &a, r->np, rec_work(r));
+            run_split(core, run_lanes, &a, r->np, rec_work(r));
         else /* lanes in order, as the engine streams partitions */
-            run_lanes(&a, 0, r->np, nt__sim.scratch);
+            run_lanes(&a, 0, r->np, core->scratch);
         return;
     }
     fx_rec *slot = &b->rec[b->n];
@@ -1706,9 +1745,10 @@ double nt__sim_now_ns(void)
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
-static float **scr(void)
+/* The work rows of k's core. */
+static float **scr(const nt_sim_kernel *k)
 {
-    return nt__sim.scratch;
+    return k->core->scratch;
 }
 /* ------------------------------------------------------------------------ */
 /* dma_copy                                                                 */
@@ -1843,7 +1883,7 @@ int nt_isa_dma_gather(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, cons
         /* lane p of dst, row v of src */
         r.o[0].base = lane_row(&d, p);
         r.o[1].base = lane_row(&s, v);
-        lane_dma(&r, 0, scr());
+        lane_dma(&r, 0, scr(k));
     }
     return 0;
 }
@@ -1956,8 +1996,8 @@ int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st_, const
     /* operands as f32 matrices: SBUF itself when already f32 and contiguous,
      * else widened exactly into scratch */
     gemm_arg g = {.M = (int)M, .N = (int)N, .K = K, .acc = accumulate};
-    g.S = as_matrix(st_, scr()[0], &g.lds);
-    g.B = as_matrix(mv, scr()[1], &g.ldb);
+    g.S = as_matrix(st_, scr(k)[0], &g.lds);
+    g.B = as_matrix(mv, scr(k)[1], &g.ldb);
     g.C = (float *)nt__sim_row(dst, 0);
     g.ldc = (int)(nt__sim.psum_stride / 4);
     /* one call: core/gemm.c spreads big calls over its own threads */
@@ -1996,7 +2036,7 @@ int nt_isa_nc_transpose(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src)
     if (!k->functional)
         return 0;
     nt__sim_fx_flush(k);
-    float *m = scr()[0], *col = scr()[1];
+    float *m = scr(k)[0], *col = scr(k)[1];
     fx_opnd s, d;
     opnd_init(&s, src);
     opnd_init(&d, dst);

@@ -117,20 +117,94 @@ struct nt_sim_kernel {
     nt_sim_instr_info last;
     bool has_last;
     double host_t0;    /* wall clock at begin (ns) */
+    struct nt__sim_core *core; /* the core it runs on */
     double gemm_ns;    /* wall time of the functional GEMMs */
 };
 
-/* The one simulated core. */
+/* Most simulated NeuronCores in one process (NT_SIM_CORES). */
+#define NT__SIM_MAX_CORES 64
+
+struct nt__sim_fx;  /* isa.c: the functional batch and helper thread of a core */
+struct nt__sim_dep; /* core.c: on-chip dependency tables */
+struct nt__sim_hpage; /* core.c: the HBM page table */
+
+/* One simulated NeuronCore: everything a kernel running on it touches.
+ * Cores share nothing while kernels run, so kernels of two cores run at
+ * once on two host threads; one core runs one kernel at a time (run_lock,
+ * held from nt_sim_kernel_begin to nt_sim_kernel_end). */
 typedef struct nt__sim_core {
-    nt_sim_config cfg;
+    int index;
+    pthread_mutex_t run_lock;
     uint8_t *sbuf, *psum; /* 64-byte aligned views of the raw buffers */
     void *sbuf_raw, *psum_raw;
-    int64_t sbuf_stride, psum_stride; /* bytes between partitions */
-    float *scratch[4];    /* per-kernel work rows (kernels are serialised) */
-    size_t scratch_elems;
+    float *scratch[4];    /* per-kernel work rows (kernels of a core are serialised) */
+    struct nt__sim_dep *dep_sbuf, *dep_psum;
+    struct nt__sim_hpage *ht;
+    size_t ht_cap, ht_count;
+    uint32_t ht_gen;      /* the running kernel's generation (HBM and chunks) */
+    struct nt__sim_fx *fx;
+    float *pg_buf;        /* tp_matmul.c: the program-level product's buffer */
+    size_t pg_cap;
+    /* under stats_lock: the clock (end of the core's last kernel, ns) and
+     * the statistics */
+    pthread_mutex_t stats_lock;
+    double clock;
+    nt_sim_stats stats;
+    void *sums;           /* core.c: exact fixed-point sums of kernel times */
+    unsigned trace_gen_seen;
 } nt__sim_core;
 
-extern nt__sim_core nt__sim;
+/* What all cores share: the configuration (one target for every core) and
+ * the geometry of the on-chip memories. */
+typedef struct nt__sim_global {
+    nt_sim_config cfg;
+    int64_t sbuf_stride, psum_stride; /* bytes between partitions */
+    size_t scratch_elems;
+    int ncores;                       /* NT_SIM_CORES, set by nt_sim_init */
+    nt__sim_core *cores;              /* ncores entries */
+} nt__sim_global;
+
+extern nt__sim_global nt__sim;
+
+/* ---- Cores, for the runtime (devices) and collectives --------------------
+ *
+ * The runtime's device d is simulated core d.  A kernel runs on the calling
+ * thread's core: a stream worker sets its stream's device once at start, a
+ * thread running ops inline (deterministic mode) sets the op's device around
+ * each op.  Threads that never set one run on core 0, so the standalone
+ * simulator and every single-core program behave as before.
+ *
+ * Timing.  Each core has its own clock (the end of its last kernel).  A
+ * kernel starts at max(its core's clock, the thread's "after" time), where
+ * the runtime sets "after" to the latest ready time of the storages the op
+ * reads (nt__storage.sim_ready, the end of their last writer on whatever
+ * core wrote them).  With one core "after" never exceeds the clock, so
+ * every time is exactly what it was before cores existed. */
+
+/* NT_SIM_CORES (1..64, default 1); initialises the simulator if needed
+ * (0 if that fails). */
+int nt__sim_core_count(void);
+/* The core the calling thread's kernels run on (0 unless set). */
+void nt__sim_thread_core_set(int core);
+int nt__sim_thread_core(void);
+/* Simulated ns at which core `core`'s last kernel ended (its clock); 0 for
+ * a core out of range.  Thread-safe. */
+double nt__sim_core_clock(int core);
+/* Moves core `core`'s clock forward to at least t (a collective that
+ * occupies the core until t); never backwards.  Thread-safe. */
+void nt__sim_core_advance(int core, double t);
+/* The next kernel this thread begins starts no earlier than t on its core's
+ * clock (consumed by that nt_sim_kernel_begin). */
+void nt__sim_thread_after(double t);
+/* Simulated end (on its core's clock) of the last kernel this thread ended,
+ * or -1 if it ended none since the last nt__sim_thread_after: the runtime
+ * stores it as the ready time of the op's outputs. */
+double nt__sim_thread_last_end(void);
+/* The trace process (track group) of core `core`: NT_TRACE_PID_SIM for core
+ * 0, NT_TRACE_PID_CORE0 + core for the others (sim/trace.h). */
+int nt__sim_trace_pid(int core);
+/* Statistics of one core (as nt_sim_stats_get for all of them). */
+int nt__sim_core_stats(int core, nt_sim_stats *out);
 
 /* Records k's first error (NT_ESIM): "<instr> in kernel '<k>': <what>" and
  * returns NT_ESIM.  Later calls keep the first message. */
@@ -148,8 +222,9 @@ int nt__sim_auto_queue(nt_sim_kernel *k);
  * partition-major when the kernel flushes (before an instruction that is not
  * row-local, at nt_sim_kernel_sync and nt_sim_kernel_end): see docs/sim.md. */
 void nt__sim_fx_flush(nt_sim_kernel *k);
-/* Stops the functional helper thread (nt_sim_shutdown). */
-void nt__sim_fx_shutdown(void);
+/* Stops core c's functional helper thread and frees its batch
+ * (nt_sim_shutdown). */
+void nt__sim_fx_shutdown(nt__sim_core *c);
 /* NT_SIM_PROGRAM_GEMM (default on): the matmul tile program computes its
  * product once for the whole program (tp_matmul.c). */
 bool nt__sim_program_gemm(void);

@@ -197,22 +197,19 @@ static int load_b(mm *p, int64_t k0, int64_t kw, int64_t n0, int64_t nw, int64_t
 
 /* ---------------- the program-level product ---------------- */
 
-/* Host buffer for it, kept between calls (kernels are serialised by the
- * core; a fresh malloc this big would be a fresh mmap, page faults and all,
- * on every call). */
-static float *pg_buf;
-static size_t pg_cap;
-
-static float *pg_scratch(size_t n)
+/* Host buffer for it, one per core (nt__sim_core.pg_buf), kept between
+ * calls (kernels of a core are serialised; a fresh malloc this big would be
+ * a fresh mmap, page faults and all, on every call). */
+static float *pg_scratch(nt__sim_core *c, size_t n)
 {
-    if (n > pg_cap) {
-        float *q = realloc(pg_buf, n * sizeof(float));
+    if (n > c->pg_cap) {
+        float *q = realloc(c->pg_buf, n * sizeof(float));
         if (!q)
             return NULL;
-        pg_buf = q;
-        pg_cap = n;
+        c->pg_buf = q;
+        c->pg_cap = n;
     }
-    return pg_buf;
+    return c->pg_buf;
 }
 
 /* Byte range [lo, hi) of a rows x cols matrix with row stride ld. */
@@ -256,7 +253,7 @@ static int program_product(mm *p)
     bool a_rows = !a->a_trans && dt == NT_F32;
     size_t n = (size_t)(M * N) + (at_direct || a_rows ? 0 : (size_t)(K * M)) +
                (b_direct ? 0 : (size_t)(K * N));
-    float *buf = pg_scratch(n);
+    float *buf = pg_scratch(p->k->core, n);
     if (!buf)
         return nt__sim_fail(p->k, "nt_tile_matmul", "out of host memory for the product");
     /* HBM holds the operands' final values once queued work has landed */

@@ -20,6 +20,9 @@
 enum {
     NT_TRACE_PID_SIM = 1,  /* the simulated NeuronCore */
     NT_TRACE_PID_HOST = 2, /* host threads: enqueue, fusion, workers */
+    /* simulated core c > 0 (NT_SIM_CORES): NT_TRACE_PID_CORE0 + c; core 0
+     * keeps NT_TRACE_PID_SIM */
+    NT_TRACE_PID_CORE0 = 100,
 };
 
 /* Opens `path` for writing (closing any open trace first).  Returns 0 or

@@ -3,6 +3,8 @@
 #include "streams/stream.h"
 
 #include <stdlib.h>
+
+#include "core/simtls.h"
 #include <string.h>
 
 #define NT_REC_CHUNK 128
@@ -20,7 +22,9 @@ static struct {
     nt__ptrvec *chunks;    /* own arrays: growing them may fail cleanly */
     nt__ptrvec *graveyard; /* destroyed streams */
     volatile AO_t epoch; /* bumped by every init: invalidates thread caches */
-    nt_stream *dflt;
+    nt_stream *dflt;     /* device 0's default stream */
+    nt_stream *dflt_dev[NT_MAX_DEVICES]; /* each device's default stream */
+    int ndev;
 } S;
 
 nt__stream_hooks nt__shooks;
@@ -33,6 +37,7 @@ static _Thread_local struct {
 static _Thread_local struct {
     nt_stream *s;
     uint32_t id;
+    uint8_t dev; /* s's device: where the thread goes back to if s dies */
 } tl_cur NT_TLS_HOT;
 
 static gpointer worker_main(gpointer arg);
@@ -70,7 +75,7 @@ nt_stream *nt__stream_by_id(uint32_t id)
     return (nt_stream *)AO_load_acquire(&S.reg[id]);
 }
 
-static nt_stream *stream_new(bool is_default)
+static nt_stream *stream_new(bool is_default, int dev)
 {
     nt_stream *s = aligned_alloc(64, sizeof *s); /* for the per-line groups */
     if (!s)
@@ -95,12 +100,18 @@ static nt_stream *stream_new(bool is_default)
     __atomic_store_n(&S.next_id, s->id, __ATOMIC_RELAXED); /* foreach reads it unlocked */
     g_mutex_unlock(&S.lock);
     s->magic = NT__STREAM_MAGIC;
+    s->dev = (uint8_t)dev;
     __cds_wfcq_init(&s->head, &s->tail);
     g_mutex_init(&s->lock);
     g_cond_init(&s->work_cond);
     g_cond_init(&s->done_cond);
     s->ooo = g_array_new(FALSE, FALSE, sizeof(uint64_t));
-    snprintf(s->name, sizeof s->name, is_default ? "nt-stream-default" : "nt-stream-%u", s->id);
+    if (is_default && dev == 0)
+        snprintf(s->name, sizeof s->name, "nt-stream-default");
+    else if (is_default)
+        snprintf(s->name, sizeof s->name, "nt-stream-default%d", dev);
+    else
+        snprintf(s->name, sizeof s->name, "nt-stream-%u", s->id);
     /* Deterministic mode runs everything inline; the worker still exists so
      * that switching mode at run time needs no special case.  Started before
      * the stream is published, so a thread the system refuses (no memory
@@ -171,7 +182,12 @@ void nt__streams_init(void)
     S.chunks = nt__ptrvec_new(0);
     S.graveyard = nt__ptrvec_new(0);
     AO_fetch_and_add1(&S.epoch);
-    S.dflt = stream_new(true);
+    /* One default stream (and worker) per device, device 0's first: with
+     * one device, exactly the streams there always were. */
+    S.ndev = NT__CFG(devices) >= 1 ? NT__CFG(devices) : 1;
+    for (int d = 0; d < S.ndev; d++)
+        S.dflt_dev[d] = stream_new(true, d);
+    S.dflt = S.dflt_dev[0];
     nt__arena_progress = arena_progress;
 }
 
@@ -210,6 +226,8 @@ void nt__streams_shutdown(void)
             stream_free(s);
     }
     S.dflt = NULL;
+    memset(S.dflt_dev, 0, sizeof S.dflt_dev);
+    S.ndev = 0;
     for (unsigned i = 0; S.chunks && i < S.chunks->len; i++)
         free(S.chunks->pdata[i]);
     nt__ptrvec_free(S.chunks);
@@ -221,6 +239,7 @@ void nt__streams_shutdown(void)
     AO_fetch_and_add1(&S.epoch);
     tl_recs.head = NULL;
     tl_cur.s = NULL;
+    tl_cur.dev = 0;
     g_mutex_clear(&S.lock);
 }
 
@@ -228,11 +247,20 @@ nt_stream *nt__stream_current(void)
 {
     nt_stream *s = tl_cur.s;
     /* A stream being destroyed takes no new work (stream.h). */
-    if (s && nt__stream_by_id(tl_cur.id) == s && !AO_load(&s->closing))
+    if (!s)
+        return S.dflt;
+    if (nt__stream_by_id(tl_cur.id) == s && !AO_load(&s->closing))
         return s;
-    tl_cur.s = NULL;
-    return S.dflt;
+    /* a stream destroyed under the thread: its device's default stream
+     * (nt_stream_destroy's contract) from now on */
+    nt_stream *d = tl_cur.dev < S.ndev ? S.dflt_dev[tl_cur.dev] : NULL;
+    tl_cur.s = d;
+    if (d)
+        tl_cur.id = d->id;
+    return d ? d : S.dflt;
 }
+
+nt_stream *nt__stream_default_on(int dev) { return S.dflt_dev[dev]; }
 
 /* ---------------- records ---------------- */
 
@@ -456,9 +484,10 @@ uint64_t nt__stream_next_seq(nt_stream **sp)
             return q + 1;
         /* Sealed by nt_stream_destroy after this thread picked it: all of
          * its work has run, and this op goes where the header says a
-         * destroyed stream's work goes.  (The increment hit only the
-         * sealed value, which no reader uses.) */
-        *sp = S.dflt;
+         * destroyed stream's work goes: its device's default stream, so
+         * the op's tensors stay on the op's device.  (The increment hit
+         * only the sealed value, which no reader uses.) */
+        *sp = S.dflt_dev[(*sp)->dev];
     }
 }
 
@@ -566,7 +595,11 @@ void nt__stream_run_inline(nt_stream *s, nt__rec *r)
     if (r->seq > 1)
         nt__wait_packed(NT__PACK(s->id, r->seq - 1));
     r->stream = s;
+    /* this thread runs s's kernels now: on s's device's core */
+    int core = nt__tl_core;
+    nt__tl_core = s->dev;
     nt__shooks.exec(r);
+    nt__tl_core = core;
     g_mutex_lock(&s->lock);
     complete_seq(s, r->seq);
     g_cond_broadcast(&s->done_cond);
@@ -743,6 +776,7 @@ static gpointer worker_main(gpointer arg)
     nt_stream *s = arg;
     bool idle = false;
     tl_worker = true;
+    nt__tl_core = s->dev; /* its kernels run on its device's simulated core */
     for (;;) {
         if (take_queued(s) && idle && NT__CFG(mode) == NT_MODE_ADAPTIVE && NT__CFG(fusion))
             gather_burst(s);
@@ -855,31 +889,109 @@ NT_API nt_stream *nt_stream_default(void)
     return S.dflt;
 }
 
+static nt_stream *create_on(int dev, const char *fn)
+{
+    nt_stream *s = stream_new(false, dev);
+    if (!s && __atomic_load_n(&S.next_id, __ATOMIC_RELAXED) < NT__MAX_STREAMS)
+        nt__err_hostmem(NULL, fn, "a stream");
+    else if (!s)
+        nt__err(NULL, NT_ENOMEM, fn, "too many streams (at most %d per process)",
+                NT__MAX_STREAMS);
+    return s;
+}
+
 NT_API nt_stream *nt_stream_create(void)
 {
     if (!nt__ensure_init())
         return NULL;
-    nt_stream *s = stream_new(false);
-    if (!s && __atomic_load_n(&S.next_id, __ATOMIC_RELAXED) < NT__MAX_STREAMS)
-        nt__err_hostmem(NULL, "nt_stream_create", "a stream");
-    else if (!s)
-        nt__err(NULL, NT_ENOMEM, "nt_stream_create", "too many streams (at most %d per process)",
-                NT__MAX_STREAMS);
-    return s;
+    return create_on(nt__stream_current()->dev, "nt_stream_create");
+}
+
+/* ---------------- public API: devices ---------------- */
+
+/* dev names a device; else NT_EINVAL naming fn's argument 'dev'. */
+static bool dev_ok(int dev, const char *fn)
+{
+    if (dev >= 0 && dev < S.ndev)
+        return true;
+    nt__err(NULL, NT_EINVAL, fn, "argument 'dev' is %d; expected a device from 0 to %d "
+            "(NT_SIM_CORES=%d)", dev, S.ndev - 1, S.ndev);
+    return false;
+}
+
+NT_API int nt_device_count(void)
+{
+    if (!nt__ensure_init())
+        return 0;
+    return S.ndev;
+}
+
+NT_API int nt_device_current(void)
+{
+    if (!nt__ensure_init())
+        return 0;
+    return nt__stream_current()->dev;
+}
+
+NT_API int nt_device_set(int dev)
+{
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (!dev_ok(dev, "nt_device_set"))
+        return NT_EINVAL;
+    nt_stream *s = S.dflt_dev[dev];
+    tl_cur.s = s;
+    tl_cur.id = s->id;
+    tl_cur.dev = s->dev;
+    return 0;
+}
+
+NT_API nt_stream *nt_stream_default_on(int dev)
+{
+    if (!nt__ensure_init() || !dev_ok(dev, "nt_stream_default_on"))
+        return NULL;
+    return S.dflt_dev[dev];
+}
+
+NT_API nt_stream *nt_stream_create_on(int dev)
+{
+    if (!nt__ensure_init() || !dev_ok(dev, "nt_stream_create_on"))
+        return NULL;
+    return create_on(dev, "nt_stream_create_on");
+}
+
+NT_API int nt_stream_device(const nt_stream *s)
+{
+    if (!stream_ok((nt_stream *)s, "nt_stream_device"))
+        return -1;
+    return s->dev;
+}
+
+NT_API int nt_tensor_device(const nt_tensor *t)
+{
+    if (!nt__check_arg(NULL, "nt_tensor_device", "t", (nt_tensor *)t))
+        return -1;
+    return t->dev;
 }
 
 NT_API int nt_stream_destroy(nt_stream *s)
 {
     if (!stream_ok(s, "nt_stream_destroy"))
         return nt_last_error();
-    if (s == S.dflt)
+    if (s == S.dflt_dev[s->dev]) {
+        if (s->dev == 0)
+            return nt__err(NULL, NT_EINVAL, "nt_stream_destroy",
+                           "the default stream cannot be destroyed");
         return nt__err(NULL, NT_EINVAL, "nt_stream_destroy",
-                       "the default stream cannot be destroyed");
+                       "device %d's default stream cannot be destroyed", s->dev);
+    }
     if (!AO_compare_and_swap_full(&s->closing, 0, 1))
         return nt__err(NULL, NT_EINVAL, "nt_stream_destroy",
                        "argument 's' is already being destroyed by another thread");
-    if (tl_cur.s == s)
-        tl_cur.s = NULL;
+    if (tl_cur.s == s) { /* back to its device's default stream */
+        tl_cur.s = S.dflt_dev[s->dev];
+        tl_cur.id = tl_cur.s->id;
+    }
     /* No thread picks s any more; wait out the ops of those that had, then
      * seal: the CAS fails if one more seq was drawn meanwhile (stream.h). */
     for (;;) {
@@ -907,12 +1019,14 @@ NT_API int nt_stream_set_current(nt_stream *s)
         return nt_last_error();
     if (!s) {
         tl_cur.s = NULL;
+        tl_cur.dev = 0;
         return 0;
     }
     if (!stream_ok(s, "nt_stream_set_current"))
         return nt_last_error();
     tl_cur.s = s;
     tl_cur.id = s->id;
+    tl_cur.dev = s->dev;
     return 0;
 }
 

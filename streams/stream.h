@@ -41,6 +41,7 @@ struct nt_stream {
     /* read-mostly */
     uint32_t magic;
     uint32_t id;
+    uint8_t dev;              /* the device it runs on (its worker's core) */
     GThread *worker;
     volatile AO_t closing;    /* nt_stream_destroy has begun: pick no more */
     volatile AO_t sealed_seq; /* the last seq, once next_seq is sealed */
@@ -80,6 +81,8 @@ void nt__streams_init(void);
 void nt__streams_shutdown(void);
 
 nt_stream *nt__stream_current(void);
+/* Device dev's default stream (dev < nt__cfg.devices). */
+nt_stream *nt__stream_default_on(int dev);
 nt_stream *nt__stream_by_id(uint32_t id);
 
 /* Records: allocate on the producer side, fill, then enqueue (or execute

@@ -524,6 +524,13 @@ typedef struct nt_sim_stats {
 NT_API int nt_sim_stats_get(nt_sim_stats *out);
 /** Zeroes the totals (not the clock, which only moves forward).  Thread-safe. */
 NT_API void nt_sim_stats_reset(void);
+/** The totals of one device (simulated core `dev`, NT_SIM_CORES): its
+ *  kernels, their simulated time, its clock (clock_ns), engine busy time,
+ *  HBM traffic; nt_sim_stats_get adds them over every core (clock_ns: the
+ *  latest core's).  NT_EINVAL for a dev out of 0..NT_SIM_CORES-1.  All
+ *  zero for a device that ran nothing on the simulator (the CPU backend).
+ *  Reset with the others by nt_sim_stats_reset. */
+NT_API int nt_device_stats_get(int dev, nt_sim_stats *out);
 
 /** A device tensor as a tile kernel sees it (plain data): element
  *  [i0, i1, ...] is at data + (i0 * stride[0] + i1 * stride[1] + ...) *

@@ -155,6 +155,7 @@ NT_API int nt_optim_step_at(const nt_site *site, nt_optim *opt);
 NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *params, int n,
                                        double max_norm);
+NT_API nt_tensor *nt_to_device_at(const nt_site *site, nt_tensor *t, int dev);
 NT_API int nt_all_reduce_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
                             nt_tensor **out, nt_reduce_op op);
 NT_API int nt_all_gather_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
@@ -287,6 +288,7 @@ NT_API int nt_ddp_step_at(const nt_site *site, nt_ddp *d, nt_optim *const *opts,
     X(int, nt_optim_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1) \
     X(int, nt_sgd_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1) \
     X(nt_tensor *, nt_clip_grad_norm, (nt_tensor *const *params, int n, double max_norm), (const nt_site *site, nt_tensor *const *params, int n, double max_norm), 3) \
+    X(nt_tensor *, nt_to_device, (nt_tensor *t, int dev), (const nt_site *site, nt_tensor *t, int dev), 2) \
     X(int, nt_all_reduce, (nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), 4) \
     X(int, nt_all_gather, (nt_comm *c, nt_tensor *const *in, nt_tensor **out), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out), 3) \
     X(int, nt_reduce_scatter, (nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), 4) \
@@ -409,6 +411,7 @@ NT_API int nt_ddp_step_at(const nt_site *site, nt_ddp *d, nt_optim *const *opts,
 #define nt_optim_step(...) nt_optim_step_at(NT_HERE, __VA_ARGS__)
 #define nt_sgd_step(...) nt_sgd_step_at(NT_HERE, __VA_ARGS__)
 #define nt_clip_grad_norm(...) nt_clip_grad_norm_at(NT_HERE, __VA_ARGS__)
+#define nt_to_device(...) nt_to_device_at(NT_HERE, __VA_ARGS__)
 #define nt_all_reduce(...) nt_all_reduce_at(NT_HERE, __VA_ARGS__)
 #define nt_all_gather(...) nt_all_gather_at(NT_HERE, __VA_ARGS__)
 #define nt_reduce_scatter(...) nt_reduce_scatter_at(NT_HERE, __VA_ARGS__)

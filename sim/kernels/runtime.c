@@ -190,8 +190,8 @@ int sk_end(sk_k *s)
     s->nscratch = 0;
     if (nt__trace_enabled()) {
         unsigned g = nt__trace_generation();
-        if (g != trace_gen_seen) {
-            trace_gen_seen = g;
+        /* kernels of several cores end at once: one names the track */
+        if (__atomic_exchange_n(&trace_gen_seen, g, __ATOMIC_RELAXED) != g) {
             nt__trace_process_name(NT_TRACE_PID_HOST, "host", 2);
             nt__trace_thread_name(NT_TRACE_PID_HOST, 100, "simulator kernels (wall clock)", 100);
         }
