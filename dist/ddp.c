@@ -65,21 +65,17 @@ struct nt_ddp {
 
 /* ---------------- devices ---------------- */
 
-static int device_count(void) { return 1; }
-static int tensor_device(nt_tensor *t)
-{
-    (void)t;
-    return 0;
-}
+static int device_count(void) { return nt_device_count(); }
+static int tensor_device(nt_tensor *t) { return nt_tensor_device(t); }
+/* The thread's current stream if it is on dev, else dev's default. */
 static nt_stream *device_stream(int dev)
 {
-    (void)dev;
-    return nt_stream_current();
+    nt_stream *cur = nt_stream_current();
+    return nt_stream_device(cur) == dev ? cur : nt_stream_default_on(dev);
 }
 static nt_tensor *to_device(const nt_site *site, nt_tensor *t, int dev)
 {
-    (void)dev;
-    return nt_contiguous_at(site, t);
+    return nt_to_device_at(site, t, dev);
 }
 
 /* Makes a stream of `dev` the thread's current one; returns the old one
@@ -346,6 +342,13 @@ NT_API nt_ddp *nt_ddp_create_at(const nt_site *site, nt_tensor *const *params, i
             m->rep[j] = c;
         }
         nt_no_grad_end();
+        /* Wait for the copies: they are the only ops of DDP that read
+         * another device, and a worker that has taken the copy's producer
+         * into a batch with a later collective would not report it done
+         * before that collective completes (a cycle with this device's
+         * member, queued behind the copy). */
+        if (!rc && m->dev != home)
+            rc = nt_stream_synchronize(device_stream(m->dev));
         leave(old);
     }
     if (rc) {
@@ -659,6 +662,7 @@ static int bucket_all_reduce(const nt_site *site, nt_ddp *d, nt_tensor **sum, in
         rc = nt_all_reduce_at(site, d->comm, in, out, NT_REDUCE_SUM);
     for (int k = 0; k < d->nmem && !rc; k++) {
         int64_t off = 0;
+        nt_stream *old = enter(d->m[k].dev);
         for (int j = lo; j <= hi && !rc; j++) {
             nt_tensor *t = sum[k * n + j], *r = out[k];
             int64_t len = nt_numel(t);
@@ -677,6 +681,7 @@ static int bucket_all_reduce(const nt_site *site, nt_ddp *d, nt_tensor **sum, in
             nt_release(d->m[k].tree[d->levels][j]);
             d->m[k].tree[d->levels][j] = sum[k * n + j] = r;
         }
+        leave(old);
     }
     nt_no_grad_end();
     nt_scope_end(sc);

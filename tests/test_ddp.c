@@ -304,14 +304,248 @@ static void test_bad_input(void **state)
         nt_release(p[j]);
 }
 
+/* ---------------- bit-identical at any core count ---------------- */
+
+enum { TRAIN_STEPS = 20, TRAIN_SHARDS = 8, TRAIN_B = 32 };
+
+/* CRC-32 of a replica's parameter bytes. */
+static uint32_t replica_crc(nt_tensor **p)
+{
+    uint32_t c = 0;
+    static uint8_t buf[H * F * 4];
+    for (int j = 0; j < NP; j++) {
+        size_t nb = (size_t)nt_numel(p[j]) * nt_dtype_size(nt_dtype_of(p[j]));
+        if (nt_to_host(p[j], buf, nb) != 0) {
+            fprintf(stderr, "child: %s\n", nt_last_error_message());
+            return 0;
+        }
+        c = crc32_ieee(buf, nb) ^ (c * 31u);
+    }
+    return c;
+}
+
+/* The child: 20 AdamW steps of the MLP on every core nt_init found
+ * (NT_SIM_CORES), global batch 32 in 8 shards, under autocast `amp` (or
+ * none); prints "crc <hex> cores <n> replicas <same|differ>". */
+static int child_main(const char *amp_name)
+{
+    nt_dtype amp = !strcmp(amp_name, "bf16") ? NT_BF16 : NT_DTYPE_COUNT;
+    if (nt_init() != 0)
+        return 3;
+    int ndev = nt_device_count(), devs[64];
+    for (int i = 0; i < ndev; i++)
+        devs[i] = i;
+    nt_tensor *p[NP];
+    make_params(p, NT_F32, 11);
+    int shards = getenv("NT_TEST_SHARDS") ? atoi(getenv("NT_TEST_SHARDS")) : TRAIN_SHARDS;
+    nt_ddp *d = nt_ddp_create(p, NP, shards, devs, ndev);
+    if (!d) {
+        fprintf(stderr, "child: %s\n", nt_last_error_message());
+        return 4;
+    }
+    nt_optim *opts[64];
+    for (int i = 0; i < ndev; i++) {
+        nt_device_set(devs[i]);
+        opts[i] = nt_optim_adamw(nt_ddp_params(d, devs[i]), NP, 1e-2, 0.9, 0.999, 1e-8, 0.01);
+    }
+    static float xb[TRAIN_B * F];
+    static int32_t yb[TRAIN_B];
+    for (int step = 0; step < TRAIN_STEPS; step++) {
+        make_data(xb, yb, TRAIN_B, 100 + (uint32_t)step);
+        for (int s = 0; s < shards; s++) {
+            int dev = nt_ddp_shard_device(d, s);
+            if (dev < 0)
+                continue;
+            nt_device_set(dev);
+            nt_scope *sc = nt_scope_begin();
+            nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, (int64_t[]){TRAIN_B, F});
+            nt_tensor *y = nt_ddp_shard_from_host(d, s, yb, NT_I32, 1, (int64_t[]){TRAIN_B});
+            if (amp != NT_DTYPE_COUNT)
+                nt_autocast_begin(amp);
+            nt_tensor *loss = model_loss(nt_ddp_params(d, dev), x, y);
+            if (amp != NT_DTYPE_COUNT)
+                nt_autocast_end();
+            int rc = nt_ddp_backward(d, s, loss);
+            nt_scope_end(sc);
+            if (rc) {
+                fprintf(stderr, "child: %s\n", nt_last_error_message());
+                return 5;
+            }
+        }
+        if (nt_ddp_reduce(d) || nt_ddp_step(d, opts, ndev)) {
+            fprintf(stderr, "child: %s\n", nt_last_error_message());
+            return 6;
+        }
+    }
+    uint32_t crc = replica_crc(nt_ddp_params(d, devs[0]));
+    bool same = true;
+    for (int i = 1; i < ndev; i++)
+        same &= replica_crc(nt_ddp_params(d, devs[i])) == crc;
+    int rc = nt_sync();
+    if (nt_process_rank() <= 0)
+        printf("crc %08x cores %d procs %d replicas %s\n", crc, ndev,
+               nt_process_count() > 1 ? nt_process_count() : 1, same ? "same" : "differ");
+    for (int i = 0; i < ndev; i++)
+        nt_optim_destroy(opts[i]);
+    nt_ddp_destroy(d);
+    for (int j = 0; j < NP; j++)
+        nt_release(p[j]);
+    nt_shutdown();
+    return rc ? 7 : 0;
+}
+
+/* Runs this executable as a child with --child amp and the given
+ * environment (NAME=VALUE strings, NULL-terminated); returns its line. */
+static void run_child_argv(const char *const *env, char *const *argv, char *line, size_t cap)
+{
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fd[1], 1);
+        close(fd[0]);
+        close(fd[1]);
+        for (int i = 0; env[i]; i++)
+            putenv((char *)env[i]);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    close(fd[1]);
+    size_t n = 0;
+    ssize_t r;
+    while (n + 1 < cap && (r = read(fd[0], line + n, cap - 1 - n)) > 0)
+        n += (size_t)r;
+    line[n] = '\0';
+    close(fd[0]);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("child (%s %s %s %s, %s %s) failed with status %d: '%s'", env[0],
+                 env[1] ? env[1] : "", env[1] && env[2] ? env[2] : "",
+                 env[1] && env[2] && env[3] ? env[3] : "", argv[0], argv[1], status, line);
+}
+
+static char self_exe[4096];
+
+static void run_child(const char *const *env, const char *amp, char *line, size_t cap)
+{
+    char *argv[] = {self_exe, "--child", (char *)amp, NULL};
+    run_child_argv(env, argv, line, cap);
+}
+
+static void test_bitwise_across_cores(void **state)
+{
+    (void)state;
+    static const char *const backends[] = {"NT_BACKEND=sim", "NT_BACKEND=cpu"};
+    static const char *const modes[][2] = {{"NT_MODE=adaptive", "NT_DETERMINISTIC=0"},
+                                           {"NT_MODE=adaptive", "NT_DETERMINISTIC=1"}};
+    static const char *const amps[] = {"none", "bf16"};
+    static const char *const cores[] = {"NT_SIM_CORES=1", "NT_SIM_CORES=2", "NT_SIM_CORES=4",
+                                        "NT_SIM_CORES=8"};
+    printf("# parameters after %d AdamW steps, %d shards (crc32):\n", TRAIN_STEPS,
+           TRAIN_SHARDS);
+    printf("# backend  mode           amp    1 core    2 cores   4 cores   8 cores\n");
+    for (int a = 0; a < 2; a++) {
+        unsigned first = 0;
+        for (int b = 0; b < 2; b++)
+            for (int m = 0; m < 2; m++) {
+                unsigned crc[4];
+                char row[160];
+                int k = snprintf(row, sizeof row, "# %-8s %-14s %-5s", backends[b] + 11,
+                                 m ? "deterministic" : "adaptive", amps[a]);
+                for (int c = 0; c < 4; c++) {
+                    const char *env[] = {backends[b], modes[m][0], modes[m][1], cores[c], NULL};
+                    char line[256];
+                    run_child(env, amps[a], line, sizeof line);
+                    int nc = 0, np = 0;
+                    char rep[16] = "";
+                    if (sscanf(line, "crc %x cores %d procs %d replicas %15s", &crc[c], &nc, &np,
+                               rep) != 4 || np != 1)
+                        fail_msg("child printed '%s'", line);
+                    assert_int_equal(nc, 1 << c);
+                    if (strcmp(rep, "same"))
+                        fail_msg("%s %s %s amp %s: the replicas differ", env[0], env[2],
+                                 env[3], amps[a]);
+                    k += snprintf(row + k, sizeof row - (size_t)k, "  %08x", crc[c]);
+                }
+                printf("%s\n", row);
+                for (int c = 1; c < 4; c++)
+                    if (crc[c] != crc[0])
+                        fail_msg("%s %s amp %s: %d cores give %08x, 1 core %08x", backends[b],
+                                 modes[m][1], amps[a], 1 << c, crc[c], crc[0]);
+                /* and the same bits in every mode and on both backends */
+                if (b == 0 && m == 0)
+                    first = crc[0];
+                else if (crc[0] != first)
+                    fail_msg("%s %s amp %s: %08x, but sim adaptive gives %08x", backends[b],
+                             modes[m][1], amps[a], crc[0], first);
+            }
+    }
+}
+
+/* ---------------- and over 2 processes (mpirun) ---------------- */
+
+static const char *mpirun_path;
+
+/* 2 processes x 1, 2, 4 cores give the parameters of 1 process x 1 core. */
+static void test_bitwise_across_processes(void **state)
+{
+    (void)state;
+    /* Open MPI as root in a container, on loopback (tests/mpi_test.sh). */
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMPI_MCA_btl", "self,vader", 1);
+    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
+    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+    char line[512];
+    unsigned ref = 0, crc;
+    int nc, np;
+    char rep[16];
+    const char *env1[] = {"NT_SIM_CORES=1", NULL};
+    run_child(env1, "none", line, sizeof line);
+    assert_int_equal(sscanf(line, "crc %x cores %d procs %d replicas %15s", &ref, &nc, &np, rep),
+                     4);
+    printf("# 1 process x 1 core: %08x\n", ref);
+    static const char *const cores[] = {"NT_SIM_CORES=1", "NT_SIM_CORES=2", "NT_SIM_CORES=4"};
+    for (int c = 0; c < 3; c++) {
+        const char *env[] = {cores[c], NULL};
+        char *argv[] = {(char *)mpirun_path, "-np", "2", self_exe, "--child", "none", NULL};
+        run_child_argv(env, argv, line, sizeof line);
+        if (sscanf(line, "crc %x cores %d procs %d replicas %15s", &crc, &nc, &np, rep) != 4)
+            fail_msg("mpirun child printed '%s'", line);
+        printf("# 2 processes x %d cores: %08x (replicas %s)\n", nc, crc, rep);
+        assert_int_equal(np, 2);
+        assert_int_equal(nc, 1 << c);
+        assert_string_equal(rep, "same");
+        if (crc != ref)
+            fail_msg("2 processes x %d cores give %08x, 1 process %08x", nc, crc, ref);
+    }
+}
+
 int main(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    if (argc == 3 && !strcmp(argv[1], "--child"))
+        return child_main(argv[2]);
+    ssize_t k = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
+    if (k <= 0)
+        return 1;
+    self_exe[k] = '\0';
+    if (argc == 3 && !strcmp(argv[1], "--mpi")) {
+        if (!strcmp(argv[2], "none")) {
+            printf("1..0 # SKIP ntensor was built without MPI or mpirun is missing\n");
+            return 77;
+        }
+        mpirun_path = argv[2];
+        const struct CMUnitTest mpi_tests[] = {cmocka_unit_test(test_bitwise_across_processes)};
+        return cmocka_run_group_tests(mpi_tests, NULL, NULL);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_tree_matches_reference, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test(test_bitwise_across_cores),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
