@@ -31,7 +31,14 @@
  * reserved but not yet backed: it is given back when the kernel ends, before
  * the stream's later ops take the blocks they reserved (another stream's
  * worker may take one meanwhile: then the blocks briefly exceed the
- * capacity, which the simulator's host memory absorbs). */
+ * capacity, which the simulator's host memory absorbs).
+ *
+ * Devices.  Each device (NT_SIM_CORES) has its own capacity, NT_HBM_BYTES,
+ * and its own counts (dev_acct): every function takes or knows the device
+ * its bytes belong to -- a storage's (nt__storage.dev), or nt__alloc_dev
+ * for a new one.  A stream's pool lends only to allocations on the device
+ * whose bytes it holds.  The block caches are shared: host memory is one.
+ * The statistics (nt__arena_in_use ...) add up every device. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,24 +68,30 @@
  * host memory, not device capacity (nt__arena_host_failed). */
 static _Thread_local bool tl_host_failed;
 
-/* The first cache line holds what every allocation and free touches (the
- * host reserves, a worker frees and takes blocks): one line moves between
- * them per op, not two. */
-static struct {
-    volatile AO_t in_use;
-    uint64_t capacity;
+/* One device's counts, on a line of its own (the host reserves, a worker
+ * frees and takes blocks: one line moves between them per op, not two, and
+ * devices do not share lines). */
+typedef struct dev_acct {
+    _Alignas(64) volatile AO_t in_use;
     volatile AO_t peak;       /* statistics, raised by any thread */
-    volatile AO_t pooled;     /* sum of pool[]: credit of waiting storages not drawn */
+    volatile AO_t pooled;     /* credit of waiting storages not drawn (its streams' pools) */
     volatile AO_t waiting_nc; /* bytes of waiting storages not credited (used on
                                  several streams, or small: see nt__arena_pend) */
     volatile AO_t live_peak;
     volatile AO_t backed; /* bytes of blocks handed out (in_use minus bare reservations) */
     volatile AO_t backed_peak; /* statistics, raised by any thread */
-    _Alignas(64) GMutex lock;
     volatile AO_t waiting_c;  /* bytes of waiting storages credited to a pool */
+} dev_acct;
+
+static struct {
+    uint64_t capacity;        /* per device (NT_HBM_BYTES) */
+    int ndev;
+    dev_acct d[NT_MAX_DEVICES];
+    _Alignas(64) GMutex lock;
     volatile AO_t alloc_waits, alloc_wait_ns;
     uint64_t max_waiting;     /* NT_MAX_INFLIGHT_BYTES: back-pressure on waiting bytes */
     uint64_t *pool;           /* per stream id: credit, under lock */
+    uint8_t *pool_dev;        /* per stream id: the device its credit belongs to */
     uint32_t npool;
     uint64_t cached;
     nt__ptrvec *free[NT_NCLASS]; /* cached blocks of each class */
@@ -86,6 +99,23 @@ static struct {
     size_t bytes[NT_NCLASS];    /* the size of each class */
     bool ready;
 } A;
+
+/* Device dev's counts (a device out of range is device 0's: the callers
+ * pass a storage's device or nt__alloc_dev, both checked where they are
+ * set). */
+static inline dev_acct *dev_of(int dev)
+{
+    return &A.d[dev >= 0 && dev < A.ndev ? dev : 0];
+}
+
+/* The sum of one count over every device. */
+#define SUM_DEV(field)                                                        \
+    __extension__({                                                           \
+        uint64_t s_ = 0;                                                      \
+        for (int d_ = 0; d_ < A.ndev; d_++)                                   \
+            s_ += AO_load(&A.d[d_].field);                                    \
+        s_;                                                                   \
+    })
 
 /* Classes 1..64: 64-byte steps up to 4 KiB; from 65 on, four per power of
  * two: 2^p, 1.25 2^p, 1.5 2^p, 1.75 2^p. */
@@ -173,7 +203,7 @@ static void drop_cache_locked(void)
     A.cached = 0;
 }
 
-void nt__arena_init(uint64_t capacity, uint64_t max_waiting)
+void nt__arena_init(uint64_t capacity, uint64_t max_waiting, int ndev)
 {
     g_mutex_init(&A.lock);
     /* GLib makes a GPrivate's key at its first use, with an allocation that
@@ -181,13 +211,13 @@ void nt__arena_init(uint64_t capacity, uint64_t max_waiting)
      * be that use.  Make it here, where a failure is still nt_init's. */
     g_private_get(&tl_key);
     A.capacity = capacity;
-    A.in_use = A.peak = A.cached = 0;
-    A.backed = A.backed_peak = 0;
-    A.pooled = A.waiting_c = A.waiting_nc = 0;
+    A.ndev = ndev >= 1 && ndev <= NT_MAX_DEVICES ? ndev : 1;
+    memset(A.d, 0, sizeof A.d);
+    A.cached = 0;
     A.alloc_waits = A.alloc_wait_ns = 0;
-    A.live_peak = 0;
     A.max_waiting = max_waiting ? max_waiting : capacity / 2;
     A.pool = NULL;
+    A.pool_dev = NULL;
     A.npool = 0;
     for (int c = 0; c < NT_NCLASS; c++)
         A.free[c] = NULL;
@@ -207,7 +237,7 @@ void nt__arena_shutdown(void)
     if (getenv("NT_ARENA_TRACE"))
         fprintf(stderr, "arena: %llu system allocations, %llu returned early, peak %llu B\n",
                 (unsigned long long)A.sys_allocs, (unsigned long long)A.sys_frees,
-                (unsigned long long)A.peak);
+                (unsigned long long)nt__arena_peak());
     drop_cache_locked();
     for (int c = 0; c < NT_NCLASS; c++)
         if (A.free[c]) {
@@ -215,7 +245,9 @@ void nt__arena_shutdown(void)
             A.free[c] = NULL;
         }
     g_free(A.pool);
+    g_free(A.pool_dev);
     A.pool = NULL;
+    A.pool_dev = NULL;
     A.npool = 0;
     g_mutex_unlock(&A.lock);
     g_mutex_clear(&A.lock);
@@ -230,24 +262,24 @@ static void raise_peak(volatile AO_t *peak, AO_t now)
     } while (now > p && !AO_compare_and_swap(peak, p, now));
 }
 
-/* Statistics, raised by any thread. */
-static void note_peaks(uint64_t now)
+/* Statistics, raised by any thread: device a's in_use is now `now`. */
+static void note_peaks(dev_acct *a, uint64_t now)
 {
-    raise_peak(&A.peak, now);
-    uint64_t hold = AO_load(&A.pooled) + AO_load(&A.waiting_nc);
-    raise_peak(&A.live_peak, now > hold ? now - hold : 0);
+    raise_peak(&a->peak, now);
+    uint64_t hold = AO_load(&a->pooled) + AO_load(&a->waiting_nc);
+    raise_peak(&a->live_peak, now > hold ? now - hold : 0);
 }
 
-/* Reserves cls bytes of capacity; false if the device is full. */
-static bool reserve(size_t cls)
+/* Reserves cls bytes of device a's capacity; false if the device is full. */
+static bool reserve(dev_acct *a, size_t cls)
 {
     AO_t old;
     do {
-        old = AO_load(&A.in_use);
+        old = AO_load(&a->in_use);
         if (old + cls > A.capacity)
             return false;
-    } while (!AO_compare_and_swap_full(&A.in_use, old, old + cls));
-    note_peaks(old + cls);
+    } while (!AO_compare_and_swap_full(&a->in_use, old, old + cls));
+    note_peaks(a, old + cls);
     return true;
 }
 
@@ -272,51 +304,65 @@ static uint64_t *pool_slot(uint32_t sid)
         uint64_t *p = g_try_realloc(A.pool, sizeof *p * n);
         if (!p)
             return NULL;
-        memset(p + A.npool, 0, sizeof *p * (n - A.npool));
         A.pool = p;
+        uint8_t *pd = g_try_realloc(A.pool_dev, n);
+        if (!pd)
+            return NULL; /* A.pool grew; npool did not: the next call retries */
+        A.pool_dev = pd;
+        memset(p + A.npool, 0, sizeof *p * (n - A.npool));
+        memset(pd + A.npool, 0, n - A.npool);
         A.npool = n;
     }
     return &A.pool[sid];
 }
 
-/* Reserves cls bytes for an op of stream sid, taking what its pool holds
- * first; false if even that does not fit. */
-static bool reserve_on(uint32_t sid, size_t cls)
+/* Reserves cls bytes on device dev for an op of stream sid, taking what its
+ * pool holds for that device first; false if even that does not fit. */
+static bool reserve_on(uint32_t sid, int dev, size_t cls)
 {
-    if (!sid || !AO_load(&A.pooled))
-        return reserve(cls);
+    dev_acct *a = dev_of(dev);
+    if (!sid || !AO_load(&a->pooled))
+        return reserve(a, cls);
     g_mutex_lock(&A.lock);
     uint64_t d = 0; /* what the pool lends */
-    if (sid < A.npool)
+    if (sid < A.npool && A.pool_dev[sid] == (uint8_t)(a - A.d))
         d = A.pool[sid] < cls ? A.pool[sid] : cls;
-    bool ok = reserve(cls - d);
+    bool ok = reserve(a, cls - d);
     if (ok && d) {
         A.pool[sid] -= d;
-        AO_fetch_and_add(&A.pooled, (AO_t)0 - d);
-        note_peaks(AO_load(&A.in_use));
+        AO_fetch_and_add(&a->pooled, (AO_t)0 - d);
+        note_peaks(a, AO_load(&a->in_use));
     }
     g_mutex_unlock(&A.lock);
     return ok;
 }
 
-void nt__arena_pend(uint32_t sid, size_t nbytes)
+uint32_t nt__arena_pend(uint32_t sid, size_t nbytes, int dev)
 {
     size_t cls;
     class_of(nbytes, &cls);
+    dev_acct *a = dev_of(dev);
     if (!sid) { /* no lock: a small tensor's release stays cheap */
-        AO_fetch_and_add(&A.waiting_nc, (AO_t)cls);
-        return;
+        AO_fetch_and_add(&a->waiting_nc, (AO_t)cls);
+        return 0;
     }
     g_mutex_lock(&A.lock);
     uint64_t *slot = pool_slot(sid);
+    /* a pool holds one device's bytes (its stream's, in practice): a credit
+     * of another device waits uncredited */
+    if (slot && *slot && A.pool_dev[sid] != (uint8_t)(a - A.d))
+        slot = NULL;
     if (slot) {
+        A.pool_dev[sid] = (uint8_t)(a - A.d);
         *slot += cls;
-        AO_fetch_and_add(&A.pooled, (AO_t)cls);
-        AO_fetch_and_add(&A.waiting_c, (AO_t)cls);
+        AO_fetch_and_add(&a->pooled, (AO_t)cls);
+        AO_fetch_and_add(&a->waiting_c, (AO_t)cls);
     } else {
-        AO_fetch_and_add(&A.waiting_nc, (AO_t)cls);
+        AO_fetch_and_add(&a->waiting_nc, (AO_t)cls);
+        sid = 0;
     }
     g_mutex_unlock(&A.lock);
+    return sid;
 }
 
 /* A waiting storage's bytes leave the arena's count: its credit still in
@@ -324,31 +370,41 @@ void nt__arena_pend(uint32_t sid, size_t nbytes)
  * (A credit that found no pool slot was counted as not credited: pool_slot
  * fails only when the host is out of memory, and then sid's slot does not
  * exist, which unpend checks.) */
-static void unpend(uint32_t sid, size_t cls)
+static void unpend(uint32_t sid, size_t cls, dev_acct *a)
 {
     g_mutex_lock(&A.lock);
     uint64_t *slot = sid < A.npool ? &A.pool[sid] : NULL;
     if (!slot) {
         g_mutex_unlock(&A.lock);
-        AO_fetch_and_add(&A.waiting_nc, (AO_t)0 - cls);
-        AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
+        AO_fetch_and_add(&a->waiting_nc, (AO_t)0 - cls);
+        AO_fetch_and_add(&a->in_use, (AO_t)0 - cls);
         return;
     }
-    AO_fetch_and_add(&A.waiting_c, (AO_t)0 - cls);
-    uint64_t d = *slot < cls ? *slot : cls;
+    AO_fetch_and_add(&a->waiting_c, (AO_t)0 - cls);
+    /* (a pool that now holds another device's credit was emptied of this
+     * one's first: nothing of it is left to take) */
+    uint64_t d = A.pool_dev[sid] != (uint8_t)(a - A.d) ? 0 : *slot < cls ? *slot : cls;
     if (d) {
         *slot -= d;
-        AO_fetch_and_add(&A.pooled, (AO_t)0 - d);
-        AO_fetch_and_add(&A.in_use, (AO_t)0 - d);
+        AO_fetch_and_add(&a->pooled, (AO_t)0 - d);
+        AO_fetch_and_add(&a->in_use, (AO_t)0 - d);
     }
     g_mutex_unlock(&A.lock);
 }
 
-/* Live bytes: what no queued work will give back. */
+/* Device a's live bytes: what no queued work will give back. */
+static uint64_t live_of(dev_acct *a)
+{
+    uint64_t u = AO_load(&a->in_use), hold = AO_load(&a->pooled) + AO_load(&a->waiting_nc);
+    return u > hold ? u - hold : 0;
+}
+
 uint64_t nt__arena_live(void)
 {
-    uint64_t u = AO_load(&A.in_use), hold = AO_load(&A.pooled) + AO_load(&A.waiting_nc);
-    return u > hold ? u - hold : 0;
+    uint64_t s = 0;
+    for (int d = 0; d < A.ndev; d++)
+        s += live_of(&A.d[d]);
+    return s;
 }
 
 static _Thread_local int tl_nomem; /* why the thread's last reservation failed */
@@ -357,14 +413,15 @@ static _Thread_local int tl_nomem; /* why the thread's last reservation failed *
  * waiting for queued work while that can free enough.  Fails when live
  * storage alone leaves no room for cls, or when the queues are empty and it
  * still does not fit. */
-static bool reserve_wait(uint32_t sid, size_t cls)
+static bool reserve_wait(uint32_t sid, int dev, size_t cls)
 {
+    dev_acct *a = dev_of(dev);
     tl_nomem = 0;
     if (cls > A.capacity) {
         tl_nomem = 1;
         return false;
     }
-    if (reserve_on(sid, cls))
+    if (reserve_on(sid, dev, cls))
         return true;
     if (!nt__arena_progress) {
         tl_nomem = 2;
@@ -375,15 +432,16 @@ static bool reserve_wait(uint32_t sid, size_t cls)
     /* Each round runs every stream's queued work to its end; other threads
      * may queue more meanwhile, so a few rounds, then a clear failure. */
     for (int round = 0; round < 64 && !ok; round++) {
-        if (nt__arena_live() + cls > A.capacity)
+        if (live_of(a) + cls > A.capacity)
             break;
-        uint64_t before = AO_load(&A.in_use);
+        uint64_t before = AO_load(&a->in_use);
         if (round == 0)
             AO_fetch_and_add1(&A.alloc_waits);
         if (!nt__arena_progress(true))
             break; /* a worker cannot wait for its own stream */
-        ok = reserve_on(sid, cls);
-        if (!ok && nt__arena_waiting() == 0 && AO_load(&A.in_use) >= before)
+        ok = reserve_on(sid, dev, cls);
+        if (!ok && AO_load(&a->waiting_c) + AO_load(&a->waiting_nc) == 0 &&
+            AO_load(&a->in_use) >= before)
             break; /* nothing left to wait for */
     }
     AO_fetch_and_add(&A.alloc_wait_ns, (AO_t)(nt__now_ns() - t0));
@@ -396,7 +454,8 @@ static bool reserve_wait(uint32_t sid, size_t cls)
  * its queued readers exceeds max_waiting lets the workers catch up. */
 static void waiting_backpressure(void)
 {
-    if (nt__arena_waiting() <= A.max_waiting || !nt__arena_progress)
+    /* (max_waiting is a device's share: the bound grows with the devices) */
+    if (nt__arena_waiting() <= A.max_waiting * (uint64_t)A.ndev || !nt__arena_progress)
         return;
     uint64_t t0 = nt__now_ns();
     if (nt__arena_progress(false))
@@ -406,10 +465,10 @@ static void waiting_backpressure(void)
 
 bool nt__arena_too_big(void) { return tl_nomem == 1; }
 
-static void backed_add(size_t cls)
+static void backed_add(dev_acct *a, size_t cls)
 {
-    AO_t now = AO_fetch_and_add(&A.backed, (AO_t)cls) + cls;
-    raise_peak(&A.backed_peak, now);
+    AO_t now = AO_fetch_and_add(&a->backed, (AO_t)cls) + cls;
+    raise_peak(&a->backed_peak, now);
 }
 
 /* A block of class ci (cls bytes) from the caches or the system; the
@@ -463,13 +522,13 @@ static void *take_block(int ci, size_t cls)
 
 /* The block for capacity cls the caller has reserved; NULL (the host is
  * out of memory) gives the reservation back. */
-static void *take_reserved(int ci, size_t cls)
+static void *take_reserved(int ci, size_t cls, dev_acct *a)
 {
     void *p = take_block(ci, cls);
     if (!p)
-        AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
+        AO_fetch_and_add(&a->in_use, (AO_t)0 - cls);
     else
-        backed_add(cls);
+        backed_add(a, cls);
     return p;
 }
 
@@ -477,25 +536,28 @@ void *nt__arena_alloc(size_t nbytes)
 {
     size_t cls;
     int ci = class_of(nbytes, &cls);
-    if (!reserve(cls) && !reserve_wait(0, cls))
+    int dev = nt__alloc_dev;
+    dev_acct *a = dev_of(dev);
+    if (!reserve(a, cls) && !reserve_wait(0, dev, cls))
         return NULL;
-    return take_reserved(ci, cls);
+    return take_reserved(ci, cls, a);
 }
 
-void *nt__arena_alloc_scratch(size_t nbytes)
+void *nt__arena_alloc_scratch(size_t nbytes, int dev)
 {
     size_t cls;
     int ci = class_of(nbytes, &cls);
-    if (!reserve(cls)) {
+    dev_acct *a = dev_of(dev);
+    if (!reserve(a, cls)) {
         /* Capacity reserved for tensors that queued ops will write later is
          * not in use yet: a kernel's workspace, given back when it ends, may
          * use it while the device's blocks (backed) leave room. */
-        if (AO_load(&A.backed) + cls <= A.capacity)
-            note_peaks(AO_fetch_and_add(&A.in_use, (AO_t)cls) + cls);
-        else if (!reserve_wait(0, cls))
+        if (AO_load(&a->backed) + cls <= A.capacity)
+            note_peaks(a, AO_fetch_and_add(&a->in_use, (AO_t)cls) + cls);
+        else if (!reserve_wait(0, dev, cls))
             return NULL;
     }
-    return take_reserved(ci, cls);
+    return take_reserved(ci, cls, a);
 }
 
 bool nt__arena_reserve(size_t nbytes)
@@ -503,57 +565,60 @@ bool nt__arena_reserve(size_t nbytes)
     size_t cls;
     class_of(nbytes, &cls);
     uint32_t sid = nt__alloc_sid;
+    int dev = nt__alloc_dev;
     waiting_backpressure();
-    return reserve_on(sid, cls) || reserve_wait(sid, cls);
+    return reserve_on(sid, dev, cls) || reserve_wait(sid, dev, cls);
 }
 
-void nt__arena_unreserve(size_t nbytes)
+void nt__arena_unreserve(size_t nbytes, int dev)
 {
     size_t cls;
     class_of(nbytes, &cls);
-    AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
+    AO_fetch_and_add(&dev_of(dev)->in_use, (AO_t)0 - cls);
 }
 
-void *nt__arena_alloc_reserved(size_t nbytes)
+void *nt__arena_alloc_reserved(size_t nbytes, int dev)
 {
     size_t cls;
     int ci = class_of(nbytes, &cls);
     void *p = take_block(ci, cls);
     if (p)
-        backed_add(cls);
+        backed_add(dev_of(dev), cls);
     return p;
 }
 
-static void give_block(void *p, int ci, size_t cls);
+static void give_block(void *p, int ci, size_t cls, dev_acct *a);
 
-void nt__arena_free(void *p, size_t nbytes)
+void nt__arena_free(void *p, size_t nbytes, int dev)
 {
     if (!p)
         return;
     size_t cls;
     int ci = class_of(nbytes, &cls);
-    AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
-    give_block(p, ci, cls);
+    dev_acct *a = dev_of(dev);
+    AO_fetch_and_add(&a->in_use, (AO_t)0 - cls);
+    give_block(p, ci, cls, a);
 }
 
-void nt__arena_free_pended(void *p, size_t nbytes, uint32_t sid)
+void nt__arena_free_pended(void *p, size_t nbytes, uint32_t sid, int dev)
 {
     size_t cls;
     int ci = class_of(nbytes, &cls);
+    dev_acct *a = dev_of(dev);
     if (sid) {
-        unpend(sid, cls);
+        unpend(sid, cls, a);
     } else {
-        AO_fetch_and_add(&A.waiting_nc, (AO_t)0 - cls);
-        AO_fetch_and_add(&A.in_use, (AO_t)0 - cls);
+        AO_fetch_and_add(&a->waiting_nc, (AO_t)0 - cls);
+        AO_fetch_and_add(&a->in_use, (AO_t)0 - cls);
     }
     if (p)
-        give_block(p, ci, cls);
+        give_block(p, ci, cls, a);
 }
 
 /* A block back to the caches (or the system); in_use is the caller's. */
-static void give_block(void *p, int ci, size_t cls)
+static void give_block(void *p, int ci, size_t cls, dev_acct *a)
 {
-    AO_fetch_and_add(&A.backed, (AO_t)0 - cls);
+    AO_fetch_and_add(&a->backed, (AO_t)0 - cls);
     tlcache *c = ci <= NT_TL_MAXCLASS ? tl_get() : NULL;
     if (c) {
         if (c->n[ci] == NT_TL_KEEP) {
@@ -579,7 +644,8 @@ static void give_block(void *p, int ci, size_t cls)
         return;
     }
     g_mutex_lock(&A.lock);
-    if (A.cached + cls <= NT_ARENA_CACHE_MAX && A.cached + cls + AO_load(&A.in_use) <= A.capacity) {
+    if (A.cached + cls <= NT_ARENA_CACHE_MAX &&
+        A.cached + cls + SUM_DEV(in_use) <= A.capacity * (uint64_t)A.ndev) {
         nt__ptrvec *arr = A.free[ci];
         if (!arr) {
             arr = A.free[ci] = nt__ptrvec_new(0);
@@ -604,21 +670,30 @@ bool nt__arena_host_failed(void)
     return f;
 }
 
-uint64_t nt__arena_in_use(void) { return AO_load(&A.in_use); }
-uint64_t nt__arena_backed(void) { return AO_load(&A.backed); }
-uint64_t nt__arena_backed_peak(void) { return AO_load(&A.backed_peak); }
-uint64_t nt__arena_peak(void) { return AO_load(&A.peak); }
+uint64_t nt__arena_in_use(void) { return SUM_DEV(in_use); }
+uint64_t nt__arena_backed(void) { return SUM_DEV(backed); }
+uint64_t nt__arena_backed_peak(void) { return SUM_DEV(backed_peak); }
+uint64_t nt__arena_peak(void) { return SUM_DEV(peak); }
 uint64_t nt__arena_capacity(void) { return A.capacity; }
-uint64_t nt__arena_live_peak(void) { return AO_load(&A.live_peak); }
-uint64_t nt__arena_waiting(void) { return AO_load(&A.waiting_c) + AO_load(&A.waiting_nc); }
+uint64_t nt__arena_live_peak(void) { return SUM_DEV(live_peak); }
+uint64_t nt__arena_waiting(void) { return SUM_DEV(waiting_c) + SUM_DEV(waiting_nc); }
 uint64_t nt__arena_alloc_waits(void) { return AO_load(&A.alloc_waits); }
 uint64_t nt__arena_alloc_wait_ns(void) { return AO_load(&A.alloc_wait_ns); }
+uint64_t nt__arena_in_use_on(int dev) { return AO_load(&dev_of(dev)->in_use); }
+uint64_t nt__arena_live_on(int dev) { return live_of(dev_of(dev)); }
+uint64_t nt__arena_waiting_on(int dev)
+{
+    return AO_load(&dev_of(dev)->waiting_c) + AO_load(&dev_of(dev)->waiting_nc);
+}
 
 void nt__arena_reset_peak(void)
 {
-    AO_store(&A.peak, AO_load(&A.in_use));
-    AO_store(&A.backed_peak, AO_load(&A.backed));
-    AO_store(&A.live_peak, nt__arena_live());
+    for (int d = 0; d < A.ndev; d++) {
+        dev_acct *a = &A.d[d];
+        AO_store(&a->peak, AO_load(&a->in_use));
+        AO_store(&a->backed_peak, AO_load(&a->backed));
+        AO_store(&a->live_peak, live_of(a));
+    }
     AO_store(&A.alloc_waits, 0);
     AO_store(&A.alloc_wait_ns, 0);
 }

@@ -354,16 +354,21 @@ static inline void *nt__tensor_data(const nt_tensor *t)
 /* Device memory arena (the simulated HBM)                            */
 /* ------------------------------------------------------------------ */
 
-/* max_waiting: NT_MAX_INFLIGHT_BYTES, 0 = half the capacity. */
-void nt__arena_init(uint64_t capacity, uint64_t max_waiting);
+/* Each of ndev devices has `capacity` bytes (NT_HBM_BYTES) and its own
+ * counts; a function that makes or frees bytes names their device (a
+ * storage's dev, or nt__alloc_dev for a new one).  max_waiting:
+ * NT_MAX_INFLIGHT_BYTES, 0 = half the capacity. */
+void nt__arena_init(uint64_t capacity, uint64_t max_waiting, int ndev);
 void nt__arena_shutdown(void);
-/* NULL if over capacity (after waiting for queued work that frees memory). */
+/* On device nt__alloc_dev.  NULL if over capacity (after waiting for
+ * queued work that frees memory). */
 void *nt__arena_alloc(size_t nbytes);
 /* True (once) if this thread's last failed arena allocation failed for want
  * of host memory rather than device capacity. */
 bool nt__arena_host_failed(void);
-void nt__arena_free(void *p, size_t nbytes); /* also ends the reservation */
-/* Capacity only, for an op of stream nt__alloc_sid (0: none), which may take
+void nt__arena_free(void *p, size_t nbytes, int dev); /* also ends the reservation */
+/* Capacity only, on device nt__alloc_dev for an op of stream nt__alloc_sid
+ * (0: none), which may take
  * the stream's pool; waits for queued work when full (streams/ sets
  * nt__arena_progress); false if it still does not fit (nt__arena_too_big:
  * because it is bigger than the whole capacity). */
@@ -372,30 +377,36 @@ bool nt__arena_too_big(void);
 /* A kernel's workspace, freed with nt__arena_free when the kernel ends: may
  * use capacity reserved for tensors not written yet while the blocks handed
  * out leave room (a worker cannot wait for its own stream); NULL if not. */
-void *nt__arena_alloc_scratch(size_t nbytes);
+void *nt__arena_alloc_scratch(size_t nbytes, int dev);
 extern _Thread_local uint32_t nt__alloc_sid NT_TLS_HOT;
 /* Runs queued work of every stream (all: to its end; else about half);
  * false on a thread that must not wait (a stream worker). */
 extern bool (*nt__arena_progress)(bool all);
-/* A storage of nbytes became hostdead while queued ops still use it: its
- * bytes are waiting, credited to stream sid's pool (0: to none). */
-void nt__arena_pend(uint32_t sid, size_t nbytes);
+/* A storage of nbytes on device dev became hostdead while queued ops still
+ * use it: its bytes are waiting, credited to stream sid's pool (0: to
+ * none).  Returns the pool it was credited to (0: none -- sid's pool holds
+ * another device's bytes), which the storage keeps for the free. */
+uint32_t nt__arena_pend(uint32_t sid, size_t nbytes, int dev);
 /* Frees such a storage's block (p may be NULL: it never took one). */
-void nt__arena_free_pended(void *p, size_t nbytes, uint32_t sid);
+void nt__arena_free_pended(void *p, size_t nbytes, uint32_t sid, int dev);
 uint64_t nt__arena_live(void);      /* reserved bytes no queued work gives back */
 uint64_t nt__arena_live_peak(void);
 uint64_t nt__arena_waiting(void);   /* bytes of hostdead storages not yet freed */
 uint64_t nt__arena_alloc_waits(void);
 uint64_t nt__arena_alloc_wait_ns(void);
 void nt__arena_set_max_waiting(uint64_t bytes);
-void nt__arena_unreserve(size_t nbytes);     /* a reservation that never got a block */
-void *nt__arena_alloc_reserved(size_t nbytes); /* the block of a reservation; NULL:
-                                                  the host is out of memory */
+void nt__arena_unreserve(size_t nbytes, int dev); /* a reservation that never got a block */
+void *nt__arena_alloc_reserved(size_t nbytes, int dev); /* the block of a reservation;
+                                                  NULL: the host is out of memory */
+/* The counts below add up every device; the _on forms are one device's. */
 uint64_t nt__arena_in_use(void);
+uint64_t nt__arena_in_use_on(int dev);
+uint64_t nt__arena_live_on(int dev);
+uint64_t nt__arena_waiting_on(int dev);
 uint64_t nt__arena_backed(void); /* of in_use: bytes that hold a block */
 uint64_t nt__arena_backed_peak(void);
 uint64_t nt__arena_peak(void);
-uint64_t nt__arena_capacity(void);
+uint64_t nt__arena_capacity(void); /* of one device */
 void nt__arena_reset_peak(void);
 
 /* ------------------------------------------------------------------ */

@@ -252,7 +252,7 @@ nt__storage *nt__storage_new(size_t nbytes)
     char *block = nt__arena_alloc(NT_ST_HDR + (deferred ? 0 : nbytes));
     if (!block) {
         if (deferred)
-            nt__arena_unreserve(nbytes);
+            nt__arena_unreserve(nbytes, nt__alloc_dev);
         return NULL;
     }
     nt__storage *st = (nt__storage *)block;
@@ -275,7 +275,7 @@ void *nt__storage_materialize(nt__storage *st)
     g_mutex_lock(&materialize_lock);
     d = st->data;
     if (!d && st->deferred) {
-        d = nt__arena_alloc_reserved(st->nbytes);
+        d = nt__arena_alloc_reserved(st->nbytes, st->dev);
         if (d)
             __atomic_store_n(&st->data, d, __ATOMIC_RELEASE);
     }
@@ -300,23 +300,24 @@ void nt__storage_unref(nt__storage *st)
 {
     if (st && nt__ref_drop(&st->refs, 1)) {
         nt__errobj_unref((nt__errobj *)st->poison);
+        int dev = st->dev; /* the header goes back last: read nothing of it after */
         if (!st->deferred) {
             if (st->hostdead)
-                nt__arena_free_pended(st, NT_ST_HDR + st->nbytes, 0);
+                nt__arena_free_pended(st, NT_ST_HDR + st->nbytes, 0, dev);
             else
-                nt__arena_free(st, NT_ST_HDR + st->nbytes);
+                nt__arena_free(st, NT_ST_HDR + st->nbytes, dev);
             return;
         }
         if (st->hostdead) {
-            nt__arena_free_pended(st->data, st->nbytes, st->pend_sid);
-            nt__arena_free_pended(st, NT_ST_HDR, 0);
+            nt__arena_free_pended(st->data, st->nbytes, st->pend_sid, dev);
+            nt__arena_free_pended(st, NT_ST_HDR, 0, dev);
             return;
         }
         if (st->data)
-            nt__arena_free(st->data, st->nbytes);
+            nt__arena_free(st->data, st->nbytes, dev);
         else
-            nt__arena_unreserve(st->nbytes); /* never touched: never took a block */
-        nt__arena_free(st, NT_ST_HDR);
+            nt__arena_unreserve(st->nbytes, dev); /* never touched: never took a block */
+        nt__arena_free(st, NT_ST_HDR, dev);
     }
 }
 
@@ -387,22 +388,27 @@ nt_tensor *nt__tensor_empty(nt_dtype dt, int ndim, const int64_t *shape, const n
     }
     if (!st) {
         char sh[128];
-        uint64_t cap = nt__arena_capacity(), used = nt__arena_in_use();
+        int dev = nt__alloc_dev;
+        uint64_t cap = nt__arena_capacity(), used = nt__arena_in_use_on(dev);
+        /* "device memory" with one device, as always; "device N's" with more */
+        char which[48] = "device memory";
+        if (NT__CFG(devices) > 1)
+            snprintf(which, sizeof which, "device %d's memory", dev);
         if (nt__arena_too_big())
             nt__err(site, NT_ENOMEM, fn,
-                    "out of device memory: a %s tensor of shape %s needs %zu bytes, more than "
+                    "out of %s: a %s tensor of shape %s needs %zu bytes, more than "
                     "the whole device capacity of %llu bytes (NT_HBM_BYTES)",
-                    nt_dtype_name(dt), nt__shape_str(ndim, shape, sh, sizeof sh), nbytes,
+                    which, nt_dtype_name(dt), nt__shape_str(ndim, shape, sh, sizeof sh), nbytes,
                     (unsigned long long)cap);
         else
             nt__err(site, NT_ENOMEM, fn,
-                    "out of device memory: a %s tensor of shape %s needs %zu bytes; live "
+                    "out of %s: a %s tensor of shape %s needs %zu bytes; live "
                     "tensors hold %llu bytes, %llu bytes are waiting to be freed by queued "
                     "ops, the largest free block is %llu bytes (capacity %llu, "
                     "NT_HBM_BYTES)",
-                    nt_dtype_name(dt), nt__shape_str(ndim, shape, sh, sizeof sh), nbytes,
-                    (unsigned long long)nt__arena_live(),
-                    (unsigned long long)nt__arena_waiting(),
+                    which, nt_dtype_name(dt), nt__shape_str(ndim, shape, sh, sizeof sh), nbytes,
+                    (unsigned long long)nt__arena_live_on(dev),
+                    (unsigned long long)nt__arena_waiting_on(dev),
                     (unsigned long long)(cap > used ? cap - used : 0), (unsigned long long)cap);
         return NULL;
     }
@@ -510,7 +516,7 @@ static void host_release(nt_tensor *t)
     if (!st->deferred) {
         /* small: waiting, but not lent -- its block is its header's */
         st->pend_sid = 0;
-        nt__arena_pend(0, NT_ST_HDR + st->nbytes);
+        nt__arena_pend(0, NT_ST_HDR + st->nbytes, st->dev);
         __atomic_store_n(&st->hostdead, 1, __ATOMIC_RELEASE);
         return;
     }
@@ -519,9 +525,8 @@ static void host_release(nt_tensor *t)
     uint32_t sid = sr ? sr : sw;
     if (__atomic_load_n(&st->xstream, __ATOMIC_RELAXED) || (sw && sw != sid))
         sid = 0; /* read on another stream: wait for it to finish */
-    st->pend_sid = sid;
-    nt__arena_pend(sid, st->nbytes);
-    nt__arena_pend(0, NT_ST_HDR); /* its header waits too, not lent */
+    st->pend_sid = nt__arena_pend(sid, st->nbytes, st->dev);
+    nt__arena_pend(0, NT_ST_HDR, st->dev); /* its header waits too, not lent */
     __atomic_store_n(&st->hostdead, 1, __ATOMIC_RELEASE);
 }
 

@@ -342,7 +342,7 @@ int nt__runtime_init(void (*register_modules)(void))
      * if the host is out of memory then.  The first stream worker may be
      * that thread: make the key here, where nothing else runs yet. */
     (void)g_thread_self();
-    nt__arena_init(c.hbm_bytes, c.max_inflight_bytes);
+    nt__arena_init(c.hbm_bytes, c.max_inflight_bytes, c.devices);
     nt__tensor_pool_init();
     /* NT_TRACE opens here once (nt_sim_init then finds it open and leaves
      * it alone); nt_shutdown closes it. */
@@ -475,6 +475,8 @@ NT_API const char *nt_config_get(const char *name)
         return "all";
     else if (!strcmp(name, "NT_HANDLE_QUARANTINE"))
         v = NT__CFG(handle_quarantine);
+    else if (!strcmp(name, "NT_SIM_CORES"))
+        v = (uint64_t)NT__CFG(devices);
     else
         return NULL;
     snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);

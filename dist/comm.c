@@ -32,6 +32,7 @@
 
 #include "dispatcher/dispatch.h"
 #include "sim/sim.h"
+#include "sim/trace.h"
 #include "streams/stream.h"
 
 #define COMM_MAGIC 0x434f4d4du /* "COMM" */
@@ -47,7 +48,7 @@ struct nt_comm {
     int nproc, me;
     int *pcount, *pfirst; /* members and first global rank of each process */
     nt__pcomm *pc;       /* NULL with one process */
-    uint64_t issued;     /* collectives issued (the calling threads) */
+    volatile AO_t issued; /* collectives issued: numbers them for MPI's tags */
 };
 
 enum { ST_WAITING = 0, ST_RUNNING, ST_DONE, ST_FAILED };
@@ -84,29 +85,19 @@ struct coll {
 /* Devices                                                            */
 /* ------------------------------------------------------------------ */
 
-static int dev_count(void) { return 1; }
-static int tensor_dev(const nt_tensor *t)
-{
-    (void)t;
-    return 0;
-}
-/* The member's stream: the thread's current one if it is on the device. */
+static int dev_count(void) { return NT__CFG(devices); }
+static int tensor_dev(const nt_tensor *t) { return t->dev; }
+/* The member's stream: the thread's current one if it is on the device,
+ * else the device's default stream. */
 static nt_stream *member_stream(int dev)
 {
-    (void)dev;
-    return nt__stream_current();
+    nt_stream *s = nt__stream_current();
+    return s->dev == dev ? s : nt__stream_default_on(dev);
 }
-/* When t's last writer finished on the simulated core (ns). */
-static double tensor_ready_ns(const nt_tensor *t)
-{
-    (void)t;
-    return 0;
-}
-static void tensor_set_ready_ns(nt_tensor *t, double ns)
-{
-    (void)t;
-    (void)ns;
-}
+/* When t's last writer ended on the simulated cores (ns). */
+static double tensor_ready_ns(const nt_tensor *t) { return nt__storage_ready_get(t->st); }
+/* A kernel that reads t starts no earlier than ns (sim/sim.h). */
+static void tensor_set_ready_ns(nt_tensor *t, double ns) { nt__storage_ready_set(t->st, ns); }
 
 /* Each core's collective engine: when its last collective ended
  * (simulated ns).  A core runs its collectives one at a time, so the next
@@ -114,11 +105,16 @@ static void tensor_set_ready_ns(nt_tensor *t, double ns)
 #define MAX_CORES 64
 static GMutex cc_lock;
 static double cc_free[MAX_CORES];
+static unsigned cc_trace_gen[MAX_CORES]; /* under cc_lock */
+/* The trace track of a core's collectives, beside its engines (0..15) and
+ * DMA queues (16..31, sim/core.c). */
+#define CC_TRACE_TID 64
 
 void nt__coll_reset_clocks(void)
 {
     g_mutex_lock(&cc_lock);
     memset(cc_free, 0, sizeof cc_free);
+    memset(cc_trace_gen, 0, sizeof cc_trace_gen);
     g_mutex_unlock(&cc_lock);
 }
 
@@ -375,7 +371,9 @@ static int complete(coll *c, nt__errobj **err)
             len[p] = sizeof(hdr);
             off[p] = (size_t)p * sizeof(hdr);
         }
-        rc = nt__pcomm_allgather(cm->pc, &mine, hs, len, off, why, sizeof why);
+        rc = nt__pcomm_allgather(cm->pc, &mine, hs, len, off,
+                                 "exchanging the collective's description (shape, dtype, op)", why,
+                                 sizeof why);
         if (rc < 0) {
             *err = coll_error(c, rc, "%s", why);
             rc = -1;
@@ -416,14 +414,16 @@ static int complete(coll *c, nt__errobj **err)
             rc = -1;
             goto out;
         }
-        rc = nt__pcomm_allgather(cm->pc, ready + cm->first, rtmp, len, off, why, sizeof why);
+        rc = nt__pcomm_allgather(cm->pc, ready + cm->first, rtmp, len, off,
+                                 "exchanging the inputs' ready times", why, sizeof why);
         if (rc == 0) {
             memcpy(ready, rtmp, sizeof(double) * (size_t)N);
             for (int p = 0; p < np; p++) {
                 len[p] = bc ? (p == root_proc ? bytes : 0) : bytes * (size_t)cm->pcount[p];
                 off[p] = bc ? bytes * (size_t)c->root : bytes * (size_t)cm->pfirst[p];
             }
-            rc = nt__pcomm_allgather(cm->pc, all + off[cm->me], all, len, off, why, sizeof why);
+            rc = nt__pcomm_allgather(cm->pc, all + off[cm->me], all, len, off,
+                                     "exchanging the inputs", why, sizeof why);
         }
         free(rtmp);
         if (rc < 0) {
@@ -488,8 +488,32 @@ static int complete(coll *c, nt__errobj **err)
     g_mutex_lock(&cc_lock);
     nt__coll_schedule(nt__topology_current(), c->kind, N, full, ready, end);
     for (int i = 0; i < c->n; i++) {
-        cc_free[cm->dev[i] % MAX_CORES] = end[cm->first + i];
-        tensor_set_ready_ns(c->out[i], end[cm->first + i]);
+        int d = cm->dev[i] % MAX_CORES, r = cm->first + i;
+        cc_free[d] = end[r];
+        tensor_set_ready_ns(c->out[i], end[r]);
+        if (nt__trace_enabled()) {
+            /* one span per core, on its track group (simulated us) */
+            int pid = nt__sim_trace_pid(cm->dev[i]);
+            unsigned g = nt__trace_generation();
+            if (cc_trace_gen[d] != g) {
+                cc_trace_gen[d] = g;
+                nt__trace_thread_name(pid, CC_TRACE_TID, "collectives", CC_TRACE_TID);
+            }
+            char name[96], args[512], where[256], js[300];
+            snprintf(name, sizeof name, "%s %s", c->fn + 3,
+                     c->kind == NT__COLL_ALL_REDUCE || c->kind == NT__COLL_REDUCE_SCATTER
+                         ? nt__reduce_op_name(c->op)
+                         : "");
+            nt__site_format(&c->site, where, sizeof where);
+            nt__trace_json_str(js, sizeof js, where);
+            snprintf(args, sizeof args,
+                     "{\"rank\":%d,\"ranks\":%d,\"bytes\":%.0f,\"formula_us\":%.3f,"
+                     "\"site\":%s}",
+                     r, N, full,
+                     nt__coll_formula_ns(nt__topology_current(), c->kind, N, full) / 1e3, js);
+            nt__trace_complete(pid, CC_TRACE_TID, name, ready[r] / 1e3,
+                               (end[r] - ready[r]) / 1e3, args);
+        }
     }
     g_mutex_unlock(&cc_lock);
 out:
@@ -723,7 +747,9 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
         nt_stream *s = member_stream(cm->dev[i]);
         c->stream[i] = s;
         nt__alloc_sid = s->id;
+        nt__alloc_dev = (uint8_t)cm->dev[i];
         c->out[i] = nt__tensor_empty(dt, ondim, oshape, site, fn);
+        nt__alloc_dev = 0;
         nt__alloc_sid = 0;
         if (!c->out[i]) {
             rc = nt_last_error();
@@ -757,7 +783,7 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
     c->fn = fn;
     c->site = site ? *site : (nt_site){0};
     c->inline_run = NT__CFG(mode) == NT_MODE_DETERMINISTIC;
-    c->tag = cm->issued++;
+    c->tag = (uint64_t)AO_fetch_and_add1(&cm->issued);
     c->n = n;
     c->refs = (AO_t)n;
     g_mutex_init(&c->lock);

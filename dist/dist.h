@@ -114,8 +114,8 @@ void nt__pcomm_destroy(nt__pcomm *pc);
  * send, and recv gets process p's block at recv + off[p] (len[p] bytes).
  * Nonblocking sends and receives polled against NT_COLLECTIVE_TIMEOUT; a
  * dead or silent peer: NT_ETIMEDOUT or NT_ECOMM with errbuf saying which
- * process and what was waited for.  Thread-safe (calls are serialised). */
+ * process and `what` was being done ("exchanging the inputs").  Thread-safe (calls are serialised). */
 int nt__pcomm_allgather(nt__pcomm *pc, const void *send, void *recv, const size_t *len,
-                        const size_t *off, char *errbuf, size_t errlen);
+                        const size_t *off, const char *what, char *errbuf, size_t errlen);
 
 #endif

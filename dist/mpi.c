@@ -18,6 +18,9 @@
 #endif
 
 static GMutex dist_lock;      /* nt__dist_init / shutdown */
+#ifdef NT_HAVE_MPI
+static bool peer_has_failed(void);
+#endif
 static bool dist_inited;
 static double timeout_s = 60;
 static volatile AO_t generation = 1;
@@ -138,7 +141,9 @@ void nt__dist_shutdown(void)
         __atomic_store_n(&mpi_on, false, __ATOMIC_RELEASE);
         int fin = 0;
         MPI_Finalized(&fin);
-        if (!fin)
+        /* After a peer failed, MPI_Finalize may wait for it forever (its
+         * fence counts the dead process): the process ends without it. */
+        if (!fin && !peer_has_failed())
             MPI_Finalize();
         mpi_finalized = true;
     }
@@ -215,11 +220,21 @@ static int poll_all(MPI_Request *reqs, int n, const char *what, char *errbuf, si
  * still write the receive buffers and read the send buffers, so they are
  * kept (reachable, not freed) and the communicator is not used again. */
 static nt__ptrvec *abandoned;
+static bool peer_failed; /* under mpi_lock */
+
+static bool peer_has_failed(void)
+{
+    g_mutex_lock(&mpi_lock);
+    bool f = peer_failed;
+    g_mutex_unlock(&mpi_lock);
+    return f;
+}
 
 static void abandon(nt__pcomm *pc, MPI_Request *reqs, int n, void *a, void *b)
 {
     g_mutex_lock(&mpi_lock);
     pc->broken = true;
+    peer_failed = true;
     for (int i = 0; i < n; i++)
         if (reqs[i] != MPI_REQUEST_NULL)
             MPI_Request_free(&reqs[i]);
@@ -306,10 +321,11 @@ void nt__pcomm_destroy(nt__pcomm *pc)
 }
 
 int nt__pcomm_allgather(nt__pcomm *pc, const void *send, void *recv, const size_t *len,
-                        const size_t *off, char *errbuf, size_t errlen)
+                        const size_t *off, const char *what, char *errbuf, size_t errlen)
 {
     int np = pc->nproc, me = pc->me;
-    memcpy((char *)recv + off[me], send, len[me]);
+    if ((char *)recv + off[me] != send)
+        memcpy((char *)recv + off[me], send, len[me]);
     if (pc->broken) {
         snprintf(errbuf, errlen, "an earlier exchange on this communicator failed");
         return NT_ECOMM;
@@ -366,7 +382,7 @@ int nt__pcomm_allgather(nt__pcomm *pc, const void *send, void *recv, const size_
         snprintf(errbuf, errlen, "MPI failed to start the exchange");
         ret = NT_ECOMM;
     } else {
-        ret = poll_all(reqs, n, "exchanging the members' data", errbuf, errlen, peer);
+        ret = poll_all(reqs, n, what, errbuf, errlen, peer);
     }
     if (ret < 0) {
         abandon(pc, reqs, n, sbuf, rbuf);
@@ -400,12 +416,14 @@ int nt__pcomm_create(int mine, int *counts, nt__pcomm **out, char *errbuf, size_
 void nt__pcomm_destroy(nt__pcomm *pc) { (void)pc; }
 
 int nt__pcomm_allgather(nt__pcomm *pc, const void *send, void *recv, const size_t *len,
-                        const size_t *off, char *errbuf, size_t errlen)
+                        const size_t *off, const char *what, char *errbuf, size_t errlen)
 {
     (void)pc;
+    (void)what;
     (void)errbuf;
     (void)errlen;
-    memcpy((char *)recv + off[0], send, len[0]);
+    if ((char *)recv + off[0] != send)
+        memcpy((char *)recv + off[0], send, len[0]);
     return 0;
 }
 

@@ -4,9 +4,11 @@
  *   mpi_collectives check DEVS   every collective x dtype x op over this
  *       process's DEVS devices (NT_SIM_CORES must allow them); checks each
  *       output against a reference computed here from every global rank's
- *       inputs (they are a function of the rank), and prints one CRC of all
- *       outputs of global rank 0..N-1, identical for any split of the N
- *       ranks over processes.
+ *       inputs (they are a function of the rank), and prints a hash of
+ *       each local rank's outputs, "rank R hash H": the same lines for any
+ *       split of the N ranks over processes.
+ *   mpi_collectives mismatch     2 processes whose inputs' shapes differ:
+ *       each reports the other's shape and its own.
  *   mpi_collectives kill         2 processes: process 1 dies (SIGKILL) after
  *       creating the communicator; process 0's all-reduce must fail with an
  *       error naming nt_all_reduce and this file's line, within
@@ -48,8 +50,8 @@ static void fill(void *buf, nt_dtype dt, int r, int64_t count)
     }
 }
 
-/* FNV-1a over every output byte, in rank order. */
-static uint64_t crc = 1469598103934665603u;
+/* FNV-1a over every output byte of each local member, in issue order. */
+static uint64_t rank_hash[64];
 static uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -57,8 +59,13 @@ static uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
     return h;
 }
 
-/* Makes dev the thread's current device (one device until devices land). */
-static void set_dev(int dev) { (void)dev; }
+static void set_dev(int dev)
+{
+    if (nt_device_set(dev) != 0) {
+        fprintf(stderr, "nt_device_set: %s\n", nt_last_error_message());
+        exit(1);
+    }
+}
 
 static int check(int ndev)
 {
@@ -71,6 +78,8 @@ static int check(int ndev)
         return 1;
     }
     int N = nt_comm_size(c);
+    for (int i = 0; i < ndev; i++)
+        rank_hash[i] = 1469598103934665603u;
     const nt_dtype dts[] = {NT_F32, NT_BF16, NT_F16, NT_I32, NT_U8};
     const int64_t rows = 2 * N, cols = 37; /* rows divisible by N */
     int64_t count = rows * cols;
@@ -129,24 +138,11 @@ static int check(int ndev)
                     }
                     int e = nt_to_host(out[i], got, obytes);
                     CHECK(e == 0, "kind %d: nt_to_host: %s", kind, nt_last_error_message());
+                    rank_hash[i] = hash_bytes(rank_hash[i], got, obytes);
                     CHECK(e != 0 || !memcmp(got, want, obytes),
                           "kind %d op %d dtype %d rank %d: values differ from the reference", kind,
                           op, dt, r);
                     nt_release(out[i]);
-                }
-                /* the CRC of every rank's output in rank order: each
-                 * process has its own ranks', the reference (all ranks,
-                 * computed here) stands for the others -- equal, as just
-                 * checked, or the run fails */
-                for (int r = 0; r < N; r++) {
-                    if (kind == 2) {
-                        const void **bv = malloc(sizeof *bv * (size_t)N);
-                        for (int q = 0; q < N; q++)
-                            bv[q] = g[q] + (size_t)r * obytes;
-                        nt__tree_reduce(want, bv, N, count / N, dt, (nt_reduce_op)op);
-                        free(bv);
-                    }
-                    crc = hash_bytes(crc, want, obytes);
                 }
             }
         for (int i = 0; i < ndev; i++)
@@ -159,10 +155,14 @@ static int check(int ndev)
         free(want);
         free(got);
     }
-    nt_comm_destroy(c);
     free(devs);
-    printf("process %d of %d: %d global ranks, hash %016llx, %s\n", nt_process_rank(),
-           nt_process_count(), N, (unsigned long long)crc, fails ? "FAILED" : "ok");
+    /* one line per global rank: the same lines for any split of the ranks
+     * over processes when the outputs are bit-identical */
+    for (int i = 0; i < ndev; i++)
+        printf("rank %d hash %016llx\n", nt_comm_rank(c, i), (unsigned long long)rank_hash[i]);
+    printf("process %d of %d: %d global ranks, %s\n", nt_process_rank(), nt_process_count(), N,
+           fails ? "FAILED" : "ok");
+    nt_comm_destroy(c);
     return fails ? 1 : 0;
 }
 
@@ -199,6 +199,35 @@ static int kill_test(void)
     return fails ? 1 : 0;
 }
 
+/* Shapes that differ between processes: both get an error naming the
+ * other process and both shapes, at the first sync. */
+static int mismatch_test(void)
+{
+    nt_comm *c = nt_comm_create((int[]){0}, 1);
+    if (!c) {
+        fprintf(stderr, "nt_comm_create: %s\n", nt_last_error_message());
+        return 1;
+    }
+    int me = nt_process_rank(), other = 1 - me;
+    nt_tensor *x = nt_ones(NT_F32, 1, (int64_t[]){4 + me}), *y = NULL;
+    CHECK(nt_all_reduce(c, (nt_tensor *[]){x}, &y, NT_REDUCE_SUM) == 0, "the call fails: %s",
+          nt_last_error_message());
+    float o[8];
+    int e = nt_to_host(y, o, (size_t)(4 + me) * sizeof(float));
+    const char *msg = nt_last_error_message();
+    char want[96];
+    snprintf(want, sizeof want, "process %d's inputs are f32 [%d]; this process's are f32 [%d]",
+             other, 4 + other, 4 + me);
+    printf("process %d's error: %s\n", me, msg);
+    CHECK(e == NT_ESHAPE, "expected NT_ESHAPE, got %d", e);
+    CHECK(strstr(msg, "nt_all_reduce") && strstr(msg, want), "expected '%s'", want);
+    nt_release(x);
+    nt_release(y);
+    nt_comm_destroy(c);
+    printf("mismatch test: %s\n", fails ? "FAILED" : "ok");
+    return fails ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -209,7 +238,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "nt_init: %s\n", nt_last_error_message());
         return 1;
     }
-    int rc = !strcmp(argv[1], "kill") ? kill_test() : check(argc > 2 ? atoi(argv[2]) : 1);
+    int rc = !strcmp(argv[1], "kill")       ? kill_test()
+             : !strcmp(argv[1], "mismatch") ? mismatch_test()
+                                            : check(argc > 2 ? atoi(argv[2]) : 1);
     nt_shutdown();
     return rc;
 }

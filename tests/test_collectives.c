@@ -5,9 +5,11 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include <math.h>
+#include <unistd.h>
 
 #include "ntensor.h"
 #include "dist/dist.h"
+#include "streams/stream.h"
 #include "nt_test.h"
 
 /* ------------------------------------------------------------------ */
@@ -331,8 +333,8 @@ static void test_env_settings(void **state)
 /* ------------------------------------------------------------------ */
 
 /* Devices of this process (NT_SIM_CORES, set in main). */
-static int ndev(void) { return 1; }
-static void dev_set(int d) { (void)d; }
+static int ndev(void) { return nt_device_count(); }
+static void dev_set(int d) { assert_int_equal(nt_device_set(d), 0); }
 
 /* Rank r's input element k: values whose sums depend on the order. */
 static void fill_input(void *buf, nt_dtype dt, int r, int64_t count)
@@ -585,8 +587,211 @@ static void test_poisoned_input(void **state)
     nt_comm_destroy(c);
 }
 
+/* Bad input across members (two devices). */
+static void test_bad_input_members(void **state)
+{
+    (void)state;
+    dev_set(0);
+    nt_tensor *a0 = nt_ones(NT_F32, 1, (int64_t[]){6});
+    nt_tensor *b0 = nt_ones(NT_F32, 1, (int64_t[]){3});
+    dev_set(1);
+    nt_tensor *a1 = nt_ones(NT_F32, 1, (int64_t[]){6});
+    nt_tensor *s1 = nt_ones(NT_F32, 1, (int64_t[]){5});
+    nt_tensor *i1 = nt_ones(NT_I32, 1, (int64_t[]){6});
+    nt_tensor *b1 = nt_ones(NT_F32, 1, (int64_t[]){3});
+    dev_set(0);
+    assert_null(nt_comm_create((int[]){1, 1}, 2));
+    assert_non_null(strstr(nt_last_error_message(), "distinct"));
+    nt_comm *c = nt_comm_create((int[]){0, 1}, 2);
+    assert_non_null(c);
+    nt_tensor *out[2] = {(nt_tensor *)1, (nt_tensor *)1};
+    assert_int_equal(nt_all_reduce(c, (nt_tensor *[]){a0, s1}, out, NT_REDUCE_SUM), NT_ESHAPE);
+    assert_non_null(strstr(nt_last_error_message(), "in[1] has shape [5]; in[0] has [6]"));
+    assert_null(out[0]);
+    assert_null(out[1]);
+    assert_int_equal(nt_all_gather(c, (nt_tensor *[]){a0, i1}, out), NT_EDTYPE);
+    assert_non_null(strstr(nt_last_error_message(), "in[1] is i32"));
+    assert_int_equal(nt_all_reduce(c, (nt_tensor *[]){a0, a0}, out, NT_REDUCE_MAX), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "in[1] is on device 0; expected member 1's device 1"));
+    assert_int_equal(nt_reduce_scatter(c, (nt_tensor *[]){b0, b1}, out, NT_REDUCE_SUM), NT_ESHAPE);
+    assert_non_null(strstr(nt_last_error_message(), "multiple of the communicator's 2 ranks"));
+    assert_int_equal(nt_broadcast(c, (nt_tensor *[]){NULL, a1}, out, 0), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "in[0] is NULL; it is the root's input"));
+    /* a NULL input of a member other than the root is fine */
+    assert_int_equal(nt_broadcast(c, (nt_tensor *[]){NULL, s1}, out, 1), 0);
+    float v[5];
+    assert_int_equal(nt_tensor_device(out[0]), 0);
+    assert_int_equal(nt_tensor_device(out[1]), 1);
+    assert_int_equal(nt_to_host(out[0], v, sizeof v), 0);
+    assert_true(v[0] == 1 && v[4] == 1);
+    nt_release(out[0]);
+    nt_release(out[1]);
+    nt_comm_destroy(c);
+    nt_tensor *all[] = {a0, b0, a1, s1, i1, b1};
+    for (int i = 0; i < 6; i++)
+        nt_release(all[i]);
+    assert_int_equal(nt_sync(), 0);
+}
+
+/* A member that never arrives: the other's wait ends after
+ * NT_COLLECTIVE_TIMEOUT with an error naming the collective, its line and
+ * the missing member, and the late member finds the collective failed. */
+static GMutex blk_lock;
+static GCond blk_cond;
+static bool blk_open;
+
+static void blocker(void *arg)
+{
+    (void)arg;
+    g_mutex_lock(&blk_lock);
+    while (!blk_open)
+        g_cond_wait(&blk_cond, &blk_lock);
+    g_mutex_unlock(&blk_lock);
+}
+
+static void block_stream(nt_stream *s)
+{
+    nt__rec *r = nt__rec_alloc(s);
+    assert_non_null(r);
+    r->type = NT_REC_HOST;
+    r->host_fn = blocker;
+    r->host_arg = NULL;
+    r->seq = nt__stream_next_seq(&s);
+    r->sid = s->id;
+    nt__stream_enqueue(s, r);
+}
+
+static void test_timeout(void **state)
+{
+    (void)state;
+    const char *modes[] = {"eager", "adaptive", "lazy"};
+    for (int m = 0; m < 3; m++) {
+        nt_shutdown();
+        setenv("NT_COLLECTIVE_TIMEOUT", "0.2", 1);
+        assert_int_equal(nt_init(), 0);
+        assert_int_equal(nt_config_set("NT_MODE", modes[m]), 0);
+        blk_open = false;
+        dev_set(1);
+        nt_tensor *x1 = nt_full(NT_F32, 1, (int64_t[]){8}, 2.0);
+        block_stream(nt_stream_default_on(1)); /* device 1's stream stops here */
+        dev_set(0);
+        nt_tensor *x0 = nt_full(NT_F32, 1, (int64_t[]){8}, 1.0);
+        nt_comm *c = nt_comm_create((int[]){0, 1}, 2);
+        nt_tensor *out[2];
+        int line = __LINE__ + 1;
+        assert_int_equal(nt_all_reduce(c, (nt_tensor *[]){x0, x1}, out, NT_REDUCE_SUM), 0);
+        float v[8];
+        assert_int_equal(nt_to_host(out[0], v, sizeof v), NT_ETIMEDOUT);
+        char where[64];
+        snprintf(where, sizeof where, "test_collectives.c:%d", line);
+        const char *msg = nt_last_error_message();
+        if (!strstr(msg, "nt_all_reduce (at ") || !strstr(msg, where) ||
+            !strstr(msg, "member 1 (device 1)") || !strstr(msg, "NT_COLLECTIVE_TIMEOUT"))
+            fail_msg("mode %s: unexpected message '%s'", modes[m], msg);
+        g_mutex_lock(&blk_lock);
+        blk_open = true;
+        g_cond_broadcast(&blk_cond);
+        g_mutex_unlock(&blk_lock);
+        assert_int_equal(nt_to_host(out[1], v, sizeof v), NT_ETIMEDOUT);
+        nt_clear_error();
+        nt_sync();
+        nt_sync();
+        nt_clear_error();
+        /* the communicator still works */
+        assert_int_equal(nt_all_reduce(c, (nt_tensor *[]){x0, x1}, out + 0, NT_REDUCE_SUM), 0);
+        assert_int_equal(nt_to_host(out[1], v, sizeof v), 0);
+        assert_true(v[0] == 3 && v[7] == 3);
+        nt_release(out[0]);
+        nt_release(out[1]);
+        nt_release(x0);
+        nt_release(x1);
+        nt_comm_destroy(c);
+        unsetenv("NT_COLLECTIVE_TIMEOUT");
+    }
+    nt_config_set("NT_MODE", "adaptive");
+}
+
+/* The simulated time: outputs are ready when the schedule over the
+ * members' input-ready times ends, and a core's next collective starts no
+ * earlier than its previous one ended. */
+static void test_sim_time(void **state)
+{
+    (void)state;
+    int n = ndev();
+    int devs[64];
+    nt_tensor *in[64], *out[64], *out2[64];
+    for (int i = 0; i < n; i++) {
+        devs[i] = i;
+        dev_set(i);
+        in[i] = nt_full(NT_F32, 1, (int64_t[]){1 << 16}, 1.0);
+    }
+    dev_set(0);
+    assert_int_equal(nt_sync(), 0);
+    double start = 0;
+    for (int i = 0; i < n; i++)
+        start = fmax(start, nt__storage_ready_get(in[i]->st));
+    nt_comm *c = nt_comm_create(devs, n);
+    assert_int_equal(nt_all_reduce(c, in, out, NT_REDUCE_SUM), 0);
+    assert_int_equal(nt_all_reduce(c, in, out2, NT_REDUCE_SUM), 0);
+    assert_int_equal(nt_sync(), 0);
+    double f = 0, sched = 0;
+    assert_int_equal(nt_collective_cost(NT_COLL_ALL_REDUCE, n, 4.0 * (1 << 16), &f, &sched), 0);
+    for (int i = 0; i < n; i++) {
+        double e1 = nt__storage_ready_get(out[i]->st), e2 = nt__storage_ready_get(out2[i]->st);
+        assert_true(e1 > start && e1 <= start + sched * 1.0001 + 1);
+        /* the second waits for the first on every core's collective engine */
+        assert_true(e2 >= e1 + sched * 0.9999 - 1);
+        nt_release(out[i]);
+        nt_release(out2[i]);
+        nt_release(in[i]);
+    }
+    nt_comm_destroy(c);
+}
+
+/* NT_TRACE: each core's track group gets a span per collective. */
+static void test_trace(void **state)
+{
+    (void)state;
+    nt_shutdown();
+    char path[] = "/tmp/nt_coll_trace_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    setenv("NT_TRACE", path, 1);
+    assert_int_equal(nt_init(), 0);
+    nt_tensor *in[2], *out[2];
+    for (int i = 0; i < 2; i++) {
+        dev_set(i);
+        in[i] = nt_full(NT_F32, 1, (int64_t[]){1024}, 1.0);
+    }
+    dev_set(0);
+    nt_comm *c = nt_comm_create((int[]){0, 1}, 2);
+    assert_int_equal(nt_reduce_scatter(c, in, out, NT_REDUCE_MAX), 0);
+    assert_int_equal(nt_sync(), 0);
+    for (int i = 0; i < 2; i++) {
+        nt_release(in[i]);
+        nt_release(out[i]);
+    }
+    nt_comm_destroy(c);
+    nt_shutdown();
+    unsetenv("NT_TRACE");
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    unlink(path);
+    assert_non_null(strstr(buf, "\"name\":\"reduce_scatter max\""));
+    assert_non_null(strstr(buf, "\"rank\":1,\"ranks\":2"));
+    assert_non_null(strstr(buf, "\"collectives\""));
+    assert_int_equal(nt_init(), 0);
+}
+
 int main(void)
 {
+    /* four cores: members 1..4 in every test (unless the caller set it) */
+    setenv("NT_SIM_CORES", "4", 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tree_every_dtype_op),
         cmocka_unit_test(test_tree_edges),
@@ -598,6 +803,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_inputs_released_early, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_poisoned_input, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bad_input_members, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_timeout, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_sim_time, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_trace, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

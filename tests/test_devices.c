@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <glib.h>
@@ -174,6 +175,7 @@ static void test_bad_core_count(void **state)
     setenv("NT_SIM_CORES", "64", 1);
     assert_int_equal(nt_init(), 0);
     assert_int_equal(nt_device_count(), 64);
+    assert_string_equal(nt_config_get("NT_SIM_CORES"), "64");
     /* only before nt_init */
     nt_clear_error();
     assert_int_equal(nt_config_set("NT_SIM_CORES", "2"), NT_EINVAL);
@@ -549,6 +551,166 @@ static void test_device_stats(void **state)
     done();
 }
 
+/* Each device has NT_HBM_BYTES of its own: one full device does not stop
+ * another, and the error names the device that is full. */
+static void hbm_per_device(const char *backend)
+{
+    setenv("NT_HBM_BYTES", "1M", 1);
+    init_with(2, backend);
+    int64_t big[] = {200 * 1024}; /* 800 KiB of f32 */
+    nt_tensor *a = nt_zeros(NT_F32, 1, big);
+    assert_non_null(a);
+    nt_device_set(1);
+    nt_tensor *b = nt_zeros(NT_F32, 1, big); /* device 1: room of its own */
+    assert_non_null(b);
+    assert_int_equal(nt_tensor_device(b), 1);
+    nt_clear_error();
+    nt_tensor *c = nt_zeros(NT_F32, 1, big); /* device 1 is full now */
+    assert_null(c);
+    assert_int_equal(nt_last_error(), NT_ENOMEM);
+    assert_non_null(strstr(nt_last_error_message(), "device 1's memory"));
+    nt_device_set(0);
+    nt_clear_error();
+    assert_null(nt_ones(NT_F32, 1, big));
+    assert_int_equal(nt_last_error(), NT_ENOMEM);
+    assert_non_null(strstr(nt_last_error_message(), "device 0's memory"));
+    /* a copy goes to the device it names: the full one refuses it */
+    nt_clear_error();
+    assert_null(nt_to_device(a, 1));
+    assert_int_equal(nt_last_error(), NT_ENOMEM);
+    assert_non_null(strstr(nt_last_error_message(), "device 1's memory"));
+    nt_stats st;
+    assert_int_equal(nt_stats_get(&st), 0);
+    assert_true(st.device_bytes_in_use >= 2 * 800 * 1024);
+    /* freeing device 1's tensor makes room there only */
+    nt_release(b);
+    assert_int_equal(nt_sync(), 0);
+    nt_clear_error();
+    nt_tensor *d = nt_to_device(a, 1);
+    assert_non_null(d);
+    assert_int_equal(nt_tensor_device(d), 1);
+    float v[4];
+    nt_device_set(1); /* a view is an op on its tensor's device */
+    nt_tensor *h = nt_slice(d, 0, 0, 4, 1);
+    nt_device_set(0);
+    assert_int_equal(nt_to_host(h, v, sizeof v), 0);
+    for (int i = 0; i < 4; i++)
+        assert_true(v[i] == 0.0f);
+    nt_release(h);
+    nt_release(a);
+    nt_release(d);
+    done();
+    unsetenv("NT_HBM_BYTES");
+}
+
+static void test_hbm_per_device_sim(void **state)
+{
+    (void)state;
+    hbm_per_device("sim");
+}
+
+static void test_hbm_per_device_cpu(void **state)
+{
+    (void)state;
+    hbm_per_device("cpu");
+}
+
+/* A kernel starts no earlier than what it reads is ready: a tensor copied
+ * to device 1 at the end of a long stretch on core 0 holds up core 1's
+ * kernel that reads it until then, on core 1's clock. */
+static void test_ready_time_orders_cores(void **state)
+{
+    (void)state;
+    init_with(2, "sim");
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    nt_tensor *a = nt_randn(NT_F32, 2, (int64_t[]){128, 128}, 3);
+    nt_tensor *x = nt_retain(a);
+    for (int i = 0; i < 20; i++) {
+        nt_tensor *y = nt_tanh(nt_matmul(x, a));
+        nt_release(x);
+        x = y;
+    }
+    nt_tensor *c = nt_to_device(x, 1); /* on core 0, at the end of its work */
+    assert_int_equal(nt_sync(), 0);
+    double t0 = nt__sim_core_clock(0);
+    assert_true(nt__sim_core_clock(1) == 0.0);
+    assert_true(nt__storage_ready_get(c->st) == t0);
+    nt_device_set(1);
+    nt_tensor *e = nt_exp(c);
+    assert_int_equal(nt_sync(), 0);
+    double t1 = nt__sim_core_clock(1);
+    assert_true(t1 > t0);
+    assert_true(nt__storage_ready_get(e->st) == t1);
+    /* without a dependency core 1 starts at its own clock */
+    nt_tensor *f = nt_full(NT_F32, 1, (int64_t[]){8}, 1.0);
+    assert_int_equal(nt_sync(), 0);
+    nt_sim_stats s1;
+    assert_int_equal(nt_device_stats_get(1, &s1), 0);
+    /* f's kernel began at t1: the clock moved by no more than its kernels */
+    assert_true(nt__sim_core_clock(1) > t1);
+    assert_true(nt__sim_core_clock(1) - t1 <= s1.sim_ns);
+    nt_device_set(0);
+    nt_tensor *all[] = {a, x, c, e, f};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        nt_release(all[i]);
+    done();
+}
+
+/* The trace has a track group per core, named, with its kernels in it. */
+static void test_trace_per_core(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/nt_test_devices_trace_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    setenv("NT_TRACE", path, 1);
+    init_with(3, "sim");
+    for (int d = 0; d < 3; d++) {
+        nt_device_set(d);
+        nt_tensor *x = nt_full(NT_F32, 1, (int64_t[]){64}, d);
+        nt_tensor *y = nt_exp(x);
+        assert_int_equal(nt_sync(), 0);
+        nt_release(x);
+        nt_release(y);
+    }
+    nt_device_set(0);
+    done();
+    unsetenv("NT_TRACE");
+    gchar *text = NULL;
+    assert_true(g_file_get_contents(path, &text, NULL, NULL));
+    assert_non_null(strstr(text, "\"NeuronCore (simulated)\""));
+    assert_non_null(strstr(text, "\"NeuronCore 1 (simulated)\""));
+    assert_non_null(strstr(text, "\"NeuronCore 2 (simulated)\""));
+    char pid[32];
+    for (int c = 1; c < 3; c++) {
+        snprintf(pid, sizeof pid, "\"pid\":%d", nt__sim_trace_pid(c));
+        assert_non_null(strstr(text, pid));
+    }
+    assert_int_equal(nt__sim_trace_pid(0), 1);
+    g_free(text);
+    unlink(path);
+}
+
+/* Handles that are no longer live: a clear error, not a crash. */
+static void test_dead_handles(void **state)
+{
+    (void)state;
+    init_with(2, "sim");
+    nt_stream *s = nt_stream_create_on(1);
+    assert_int_equal(nt_stream_destroy(s), 0);
+    nt_clear_error();
+    assert_int_equal(nt_stream_device(s), -1);
+    assert_int_equal(nt_last_error(), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "not a live stream"));
+    nt_tensor *x = nt_zeros(NT_F32, 1, (int64_t[]){4});
+    nt_release(x);
+    nt_clear_error();
+    assert_int_equal(nt_tensor_device(x), -1);
+    assert_int_equal(nt_last_error(), NT_ERELEASED);
+    done();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -568,6 +730,11 @@ int main(void)
         cmocka_unit_test(test_concurrent_devices),
         cmocka_unit_test(test_cores_run_at_once),
         cmocka_unit_test(test_device_stats),
+        cmocka_unit_test(test_hbm_per_device_sim),
+        cmocka_unit_test(test_hbm_per_device_cpu),
+        cmocka_unit_test(test_ready_time_orders_cores),
+        cmocka_unit_test(test_trace_per_core),
+        cmocka_unit_test(test_dead_handles),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

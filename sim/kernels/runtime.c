@@ -162,7 +162,7 @@ void *sk_scratch(sk_k *s, size_t n)
         return NULL;
     }
     nt__arena_host_failed(); /* forget an earlier failure */
-    void *p = nt__arena_alloc_scratch(n ? n : 1);
+    void *p = nt__arena_alloc_scratch(n ? n : 1, nt__sim_thread_core()); /* this core's HBM */
     if (!p && nt__arena_host_failed()) {
         sk_data_error(s, NT_EHOSTMEM, "out of host memory for %zu bytes of scratch", n);
         return NULL;
@@ -186,7 +186,7 @@ int sk_end(sk_k *s)
     int rc = nt_sim_kernel_end(s->k, &rep);
     s->k = NULL;
     for (int i = 0; i < s->nscratch; i++)
-        nt__arena_free(s->scratch[i], s->scratch_bytes[i]);
+        nt__arena_free(s->scratch[i], s->scratch_bytes[i], nt__sim_thread_core());
     s->nscratch = 0;
     if (nt__trace_enabled()) {
         unsigned g = nt__trace_generation();
