@@ -485,6 +485,120 @@ static void test_bitwise_across_cores(void **state)
     }
 }
 
+/* ---------------- two devices in this process ---------------- */
+
+static int setup_2dev(void **state)
+{
+    setenv("NT_SIM_CORES", "2", 1);
+    return nt_test_setup(state);
+}
+
+static int teardown_2dev(void **state)
+{
+    int rc = nt_test_teardown(state);
+    unsetenv("NT_SIM_CORES");
+    return rc;
+}
+
+/* What needs two devices: duplicate devices, shard counts that do not
+ * split over them, parameters on two devices, a loss on the wrong device;
+ * the replica on device 1 is a copy with the same bits; after the errors a
+ * step still works and leaves both replicas equal. */
+static void test_two_devices(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_device_count(), 2);
+    enum { B = 8 };
+    float xb[B * F];
+    int32_t yb[B];
+    make_data(xb, yb, B, 3);
+    nt_tensor *p[NP];
+    make_params(p, NT_F32, 9);
+    int devs[2] = {0, 1}, dup[2] = {1, 1};
+    expect_err(nt_ddp_create(p, NP, 2, dup, 2) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "device 1 at 0 and 1");
+    expect_err(nt_ddp_create(p, NP, 3, devs, 2) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "'shards' is 3");
+    expect_err(nt_ddp_create(p, NP, 6, devs, 2) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "power of two");
+    assert_int_equal(nt_device_set(1), 0);
+    nt_tensor *far = nt_zeros(NT_F32, 1, (int64_t[]){3});
+    assert_int_equal(nt_set_requires_grad(far, true), 0);
+    assert_int_equal(nt_device_set(0), 0);
+    nt_tensor *mixed[2] = {p[0], far};
+    expect_err(nt_ddp_create(mixed, 2, 2, devs, 2) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "one device");
+
+    nt_ddp *d = nt_ddp_create(p, NP, 4, devs, 2);
+    assert_non_null(d);
+    nt_tensor **r0 = nt_ddp_params(d, 0), **r1 = nt_ddp_params(d, 1);
+    assert_ptr_equal(r0[0], p[0]);
+    assert_true(r1[0] != p[0]);
+    assert_int_equal(nt_tensor_device(r1[0]), 1);
+    assert_true(nt_requires_grad(r1[0]));
+    static uint8_t a[H * F * 4], b[H * F * 4];
+    for (int j = 0; j < NP; j++) {
+        size_t nb = (size_t)nt_numel(p[j]) * 4;
+        assert_int_equal(nt_to_host(r0[j], a, nb), 0);
+        assert_int_equal(nt_to_host(r1[j], b, nb), 0);
+        assert_memory_equal(a, b, nb);
+    }
+    assert_int_equal(nt_ddp_shard_device(d, 0), 0);
+    assert_int_equal(nt_ddp_shard_device(d, 1), 0);
+    assert_int_equal(nt_ddp_shard_device(d, 2), 1);
+    assert_int_equal(nt_ddp_shard_device(d, 3), 1);
+    /* a batch on device 0 sliced for shard 3 lands on device 1 */
+    nt_tensor *whole = nt_from_host(xb, NT_F32, 2, (int64_t[]){B, F});
+    nt_tensor *part = nt_ddp_shard(d, whole, 3);
+    assert_non_null(part);
+    assert_int_equal(nt_tensor_device(part), 1);
+    float got[2 * F];
+    assert_int_equal(nt_to_host(part, got, sizeof got), 0);
+    assert_memory_equal(got, xb + 6 * F, sizeof got);
+
+    nt_optim *opts[2];
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(nt_device_set(k), 0);
+        opts[k] = nt_optim_adamw(nt_ddp_params(d, k), NP, 1e-2, 0.9, 0.999, 1e-8, 0.0);
+        assert_non_null(opts[k]);
+    }
+    nt_optim *swapped[2] = {opts[1], opts[0]};
+    for (int s = 0; s < 4; s++) {
+        int dev = nt_ddp_shard_device(d, s);
+        assert_int_equal(nt_device_set(dev), 0);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, (int64_t[]){B, F});
+        nt_tensor *y = nt_ddp_shard_from_host(d, s, yb, NT_I32, 1, (int64_t[]){B});
+        assert_int_equal(nt_tensor_device(x), dev);
+        if (s == 0) {
+            /* shard 0's loss computed on device 1 */
+            assert_int_equal(nt_device_set(1), 0);
+            nt_tensor *x1 = nt_ddp_shard_from_host(d, 2, xb, NT_F32, 2, (int64_t[]){B, F});
+            nt_tensor *y1 = nt_ddp_shard_from_host(d, 2, yb, NT_I32, 1, (int64_t[]){B});
+            nt_tensor *wrong = model_loss(r1, x1, y1);
+            expect_err(nt_ddp_backward(d, 0, wrong), NT_EINVAL, "nt_ddp_backward",
+                       "'loss' is on device 1");
+            assert_int_equal(nt_device_set(dev), 0);
+        }
+        assert_int_equal(nt_ddp_backward(d, s, model_loss(nt_ddp_params(d, dev), x, y)), 0);
+        nt_scope_end(sc);
+    }
+    assert_int_equal(nt_ddp_reduce(d), 0);
+    expect_err(nt_ddp_step(d, swapped, 2), NT_EINVAL, "nt_ddp_step", "'opts[0]'");
+    assert_int_equal(nt_ddp_step(d, opts, 2), 0);
+    assert_int_equal(nt_device_set(0), 0);
+    assert_int_equal(replica_crc(r0), replica_crc(r1));
+    assert_int_equal(nt_sync(), 0);
+    for (int k = 0; k < 2; k++)
+        nt_optim_destroy(opts[k]);
+    nt_ddp_destroy(d);
+    nt_release(part);
+    nt_release(whole);
+    nt_release(far);
+    for (int j = 0; j < NP; j++)
+        nt_release(p[j]);
+}
+
 /* ---------------- and over 2 processes (mpirun) ---------------- */
 
 static const char *mpirun_path;
@@ -545,6 +659,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_tree_matches_reference, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_two_devices, setup_2dev, teardown_2dev),
         cmocka_unit_test(test_bitwise_across_cores),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
