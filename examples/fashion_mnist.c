@@ -657,9 +657,10 @@ static int train_ddp(const options *o, nt_tensor **p, const dataset *train, cons
         last_test = evaluate(nt_ddp_params(d, devs[0]), test, o->normalize, amp);
         if (lead) {
             int local = seen / procs;
-            printf("epoch %d/%d: loss %.4f  train acc %.2f%%  test acc %.2f%%  %.0f ex/s  "
-                   "(%.1f s)\n", ep + 1, o->epochs, l / local, 100.0 * c / local, last_test,
-                   seen / train_s, train_s);
+            printf("epoch %d/%d: loss %.4f  train acc %.2f%%%s  test acc %.2f%%  %.0f ex/s  "
+                   "(%.1f s)\n", ep + 1, o->epochs, l / local, 100.0 * c / local,
+                   procs > 1 ? " (this process's shards)" : "", last_test, seen / train_s,
+                   train_s);
             fflush(stdout);
         }
         if (o->checkpoint && lead) {
