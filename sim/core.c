@@ -826,7 +826,11 @@ int nt__sim_core_count(void)
 
 void nt__sim_thread_core_set(int core) { nt__tl_core = core; }
 int nt__sim_thread_core(void) { return nt__tl_core; }
-void nt__sim_thread_after(double t) { nt__tl_sim_after = t; }
+void nt__sim_thread_after(double t)
+{
+    nt__tl_sim_after = t;
+    nt__tl_sim_end = -1.0;
+}
 double nt__sim_thread_last_end(void) { return nt__tl_sim_end; }
 
 static nt__sim_core *core_at(int core)

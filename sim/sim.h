@@ -194,17 +194,30 @@ double nt__sim_core_clock(int core);
  * occupies the core until t); never backwards.  Thread-safe. */
 void nt__sim_core_advance(int core, double t);
 /* The next kernel this thread begins starts no earlier than t on its core's
- * clock (consumed by that nt_sim_kernel_begin). */
+ * clock (consumed by that nt_sim_kernel_begin, which resets it to 0); also
+ * forgets the last end below.  The runtime's executor does the same through
+ * core/simtls.h around every op (fusion/exec.c, nt__sim_ready_begin/_end):
+ * "after" = the latest nt__storage.sim_ready of the op's inputs (and of an
+ * in-place output), and afterwards each output's sim_ready = the last end
+ * (or "after" when no simulator kernel ran). */
 void nt__sim_thread_after(double t);
 /* Simulated end (on its core's clock) of the last kernel this thread ended,
- * or -1 if it ended none since the last nt__sim_thread_after: the runtime
- * stores it as the ready time of the op's outputs. */
+ * or -1 if it ended none since the last nt__sim_thread_after. */
 double nt__sim_thread_last_end(void);
 /* The trace process (track group) of core `core`: NT_TRACE_PID_SIM for core
  * 0, NT_TRACE_PID_CORE0 + core for the others (sim/trace.h). */
 int nt__sim_trace_pid(int core);
-/* Statistics of one core (as nt_sim_stats_get for all of them). */
+/* Statistics of one core (as nt_sim_stats_get for all of them); NT_EINVAL
+ * (no message) for a core out of range.  nt_device_stats_get is the public
+ * form. */
 int nt__sim_core_stats(int core, nt_sim_stats *out);
+/* For a collective (or anything that is not a kernel but takes simulated
+ * time): read its inputs' ready times with nt__storage_ready_get
+ * (core/internal.h), start at the latest of them and of the members' clocks
+ * as it models, and stamp its outputs with nt__storage_ready_set(st, end);
+ * a kernel that reads them then starts after `end` on its own core.  Call
+ * nt__sim_core_advance(core, end) only if the core can do nothing else
+ * meanwhile. */
 
 /* Records k's first error (NT_ESIM): "<instr> in kernel '<k>': <what>" and
  * returns NT_ESIM.  Later calls keep the first message. */
