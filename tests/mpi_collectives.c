@@ -209,7 +209,14 @@ static int mismatch_test(void)
         return 1;
     }
     int me = nt_process_rank(), other = 1 - me;
-    nt_tensor *x = nt_ones(NT_F32, 1, (int64_t[]){4 + me}), *y = NULL;
+    /* a broadcast from the other process needs a template on every member:
+     * an error at the call, nothing queued, nothing exchanged */
+    nt_tensor *y = (nt_tensor *)1;
+    CHECK(nt_broadcast(c, (nt_tensor *[]){NULL}, &y, other) == NT_EINVAL && y == NULL &&
+              strstr(nt_last_error_message(), "another process"),
+          "broadcast without a template: %s", nt_last_error_message());
+    nt_clear_error();
+    nt_tensor *x = nt_ones(NT_F32, 1, (int64_t[]){4 + me});
     CHECK(nt_all_reduce(c, (nt_tensor *[]){x}, &y, NT_REDUCE_SUM) == 0, "the call fails: %s",
           nt_last_error_message());
     float o[8];

@@ -21,8 +21,7 @@ fi
 # (CMA needs ptrace rights a container may not grant); no network BTL.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_plm=isolated 2>/dev/null || true
-unset OMPI_MCA_plm
+export OMPI_MCA_rmaps_base_oversubscribe=1
 # Open MPI's plugins (dlopen'ed, closed at MPI_Finalize) leave allocations
 # LeakSanitizer can only name as "<unknown module>", so no suppression can
 # match them: leak checking is off for the MPI processes (the in-process
