@@ -1071,8 +1071,9 @@ NT_API int nt_ddp_shards(const nt_ddp *d);
  *  does, or a negative error for a shard out of range. */
 NT_API int nt_ddp_shard_device(const nt_ddp *d, int shard);
 /** Rows [shard B/S, (shard+1) B/S) of a global batch (dim 0 = B, divisible
- *  by S): of a tensor, copied onto the shard's device; of host data
- *  `src` with the global shape, copied from the host onto it.  A new
+ *  by S): of a tensor, copied onto the shard's device (from another device
+ *  through the host: nt_ddp_shard waits for the batch's value then); of
+ *  host data `src` with the global shape, copied from the host onto it.  A new
  *  tensor (ownership as for any op); NULL with the error set for a shard
  *  out of range or of another process, or a B that S does not divide. */
 NT_API nt_tensor *nt_ddp_shard(nt_ddp *d, nt_tensor *batch, int shard);

@@ -555,6 +555,16 @@ static void test_two_devices(void **state)
     float got[2 * F];
     assert_int_equal(nt_to_host(part, got, sizeof got), 0);
     assert_memory_equal(got, xb + 6 * F, sizeof got);
+    /* and shard 0 of it, asked from device 1, stays on device 0 */
+    assert_int_equal(nt_device_set(1), 0);
+    nt_tensor *part0 = nt_ddp_shard(d, whole, 0);
+    assert_non_null(part0);
+    assert_int_equal(nt_tensor_device(part0), 0);
+    assert_ptr_equal(nt_stream_current(), nt_stream_default_on(1));
+    assert_int_equal(nt_to_host(part0, got, sizeof got), 0);
+    assert_memory_equal(got, xb, sizeof got);
+    nt_release(part0);
+    assert_int_equal(nt_device_set(0), 0);
 
     nt_optim *opts[2];
     for (int k = 0; k < 2; k++) {
