@@ -668,8 +668,9 @@ int main(int argc, char **argv)
     self_exe[k] = '\0';
     if (argc == 3 && !strcmp(argv[1], "--mpi")) {
         if (!strcmp(argv[2], "none")) {
+            /* a skipped TAP plan: meson's TAP protocol counts exit 77 as an error */
             printf("1..0 # SKIP ntensor was built without MPI or mpirun is missing\n");
-            return 77;
+            return 0;
         }
         mpirun_path = argv[2];
         const struct CMUnitTest mpi_tests[] = {cmocka_unit_test(test_bitwise_across_processes)};
