@@ -17,6 +17,14 @@
  * line is followed by what the device did: simulated NeuronCore time and
  * engine utilisation (nt_sim_stats) and the runtime's counters.
  *
+ * --ddp trains data-parallel (docs/ddp.md) on every NeuronCore of the process
+ * (NT_SIM_CORES=N) and, under mpirun, on every process: each global batch
+ * is cut into --shards fixed shards (8), each shard's gradient computed on
+ * the core that owns it, and the gradients combined in one fixed order, so
+ * the parameters, and the checksum printed at the end, are the same bits
+ * for 1, 2, 4 or 8 cores and 1 or 2 processes.  It drops an epoch's last
+ * partial batch (the shards must divide every batch).
+ *
  * Build against an installed ntensor with
  *   cc fashion_mnist.c $(pkg-config --cflags --libs ntensor) -lz
  * Run with --help for the options. */
@@ -50,6 +58,8 @@ typedef struct {
     const char *checkpoint;
     bool resume, normalize;
     const char *amp;
+    bool ddp;
+    int shards;
 } options;
 
 /* ---------------- reading the IDX files ---------------- */
@@ -205,10 +215,10 @@ static nt_tensor *forward(nt_tensor **p, nt_tensor *x)
     return nt_linear(h2, p[W3], p[B3]);
 }
 
-/* Host batch -> device: pixels scaled to [0, 1] (optionally standardised
- * with Fashion-MNIST's mean and std), labels as i32. */
-static void make_batch(const dataset *d, const int *idx, int bs, bool normalize, float *xb,
-                       int32_t *yb, nt_tensor **x, nt_tensor **y)
+/* Host batch: pixels scaled to [0, 1] (optionally standardised with
+ * Fashion-MNIST's mean and std), labels as i32. */
+static void fill_batch(const dataset *d, const int *idx, int bs, bool normalize, float *xb,
+                       int32_t *yb)
 {
     const float mean = 0.2860f, inv_std = 1.0f / 0.3530f;
     for (int i = 0; i < bs; i++) {
@@ -220,6 +230,13 @@ static void make_batch(const dataset *d, const int *idx, int bs, bool normalize,
         }
         yb[i] = d->labels[idx[i]];
     }
+}
+
+/* Host batch -> device. */
+static void make_batch(const dataset *d, const int *idx, int bs, bool normalize, float *xb,
+                       int32_t *yb, nt_tensor **x, nt_tensor **y)
+{
+    fill_batch(d, idx, bs, normalize, xb, yb);
     *x = nt_from_host(xb, NT_F32, 2, (int64_t[]){bs, PIXELS});
     *y = nt_from_host(yb, NT_I32, 1, (int64_t[]){bs});
 }
@@ -309,7 +326,11 @@ static void usage(FILE *f)
             "  --amp MODE        mixed precision: none, bf16 (autocast) or fp16 (autocast\n"
             "                    and dynamic loss scaling) (none)\n"
             "  --data DIR        where the .gz IDX files are\n"
-            "                    (/usr/share/datasets/fashion-mnist)\n");
+            "                    (/usr/share/datasets/fashion-mnist)\n"
+            "  --ddp             data-parallel on every core (NT_SIM_CORES) and MPI process;\n"
+            "                    same parameters, bit for bit, at any count (docs/ddp.md)\n"
+            "  --shards N        with --ddp: fixed shards per batch (8); a multiple of the\n"
+            "                    cores x processes, by a power of two, dividing --batch\n");
 }
 
 static long parse_long(const char *opt, const char *v, long lo)
@@ -359,12 +380,16 @@ static void parse_args(int argc, char **argv, options *o)
             o->data_dir = v;
         else if (!strcmp(a, "--amp") && v)
             o->amp = v;
+        else if (!strcmp(a, "--shards"))
+            o->shards = (int)parse_long(a, v, 1);
         else {
             used = false;
             if (!strcmp(a, "--resume"))
                 o->resume = true;
             else if (!strcmp(a, "--normalize"))
                 o->normalize = true;
+            else if (!strcmp(a, "--ddp"))
+                o->ddp = true;
             else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
                 usage(stdout);
                 exit(0);
@@ -396,6 +421,16 @@ static void parse_args(int argc, char **argv, options *o)
     }
     if (o->lr <= 0)
         o->lr = strcmp(o->optim, "sgd") ? 1e-3 : 0.05;
+    if (o->ddp && !strcmp(o->amp, "fp16")) {
+        fprintf(stderr, "fashion_mnist: --ddp does not take --amp fp16 (its loss scaler is "
+                        "per process); use --amp bf16\n");
+        exit(1);
+    }
+    if (o->ddp && o->batch % o->shards) {
+        fprintf(stderr, "fashion_mnist: --batch %d is not a multiple of --shards %d\n", o->batch,
+                o->shards);
+        exit(1);
+    }
 }
 
 /* Fisher-Yates with splitmix64: the order depends only on the seed. */
@@ -455,11 +490,211 @@ static double cosine_lr(double lr, int64_t step, int64_t total)
     return 0.5 * lr * (1 + cos(M_PI * (double)step / (double)total));
 }
 
+/* ---------------- data-parallel training (--ddp) ---------------- */
+
+#define MAX_DEV 64
+
+/* CRC-32 (zlib's) of every parameter's bytes, in order. */
+static uint32_t params_crc(nt_tensor **p)
+{
+    uLong c = crc32(0L, Z_NULL, 0);
+    for (int i = 0; i < NPARAMS; i++) {
+        size_t nb = (size_t)nt_numel(p[i]) * nt_dtype_size(nt_dtype_of(p[i]));
+        void *buf = malloc(nb);
+        if (!buf) {
+            fprintf(stderr, "fashion_mnist: out of memory\n");
+            exit(1);
+        }
+        check(nt_to_host(p[i], buf, nb), "reading the parameters");
+        c = crc32(c, buf, (uInt)nb);
+        free(buf);
+    }
+    return (uint32_t)c;
+}
+
+/* Sum over the local devices of per-device scalar accumulators (a sync). */
+static double sum_devices(nt_tensor **acc, int ndev)
+{
+    double t = 0;
+    for (int i = 0; i < ndev; i++) {
+        double v;
+        check(nt_item(acc[i], &v), "reading a total");
+        t += v;
+    }
+    return t;
+}
+
+/* The training loop of --ddp: one replica per local core, one optimizer per
+ * replica, every shard's forward and backward on the core that owns it.
+ * Per device the loss (times the shard's rows) and the correct predictions
+ * are summed on the device and read when a line is printed; the host waits
+ * only for the previous step's last shard, so one step is queued while the
+ * cores run the last. */
+static int train_ddp(const options *o, nt_tensor **p, const dataset *train, const dataset *test,
+                     nt_dtype amp, double t_start)
+{
+    int ndev = nt_device_count();
+    if (ndev > MAX_DEV)
+        ndev = MAX_DEV;
+    int devs[MAX_DEV];
+    for (int i = 0; i < ndev; i++)
+        devs[i] = i;
+    int procs = nt_process_count() > 1 ? nt_process_count() : 1;
+    bool lead = nt_process_rank() <= 0;
+    nt_ddp *d = nt_ddp_create(p, NPARAMS, o->shards, devs, ndev);
+    if (!d) {
+        fprintf(stderr, "fashion_mnist: --ddp: %s\n", nt_last_error_message());
+        return 1;
+    }
+    nt_optim *opts[MAX_DEV];
+    for (int i = 0; i < ndev; i++) {
+        nt_tensor **r = nt_ddp_params(d, devs[i]);
+        check(nt_device_set(devs[i]), "nt_device_set");
+        opts[i] = !strcmp(o->optim, "sgd") ? nt_optim_sgd(r, NPARAMS, o->lr, 0.9, 0.0, false)
+                                           : nt_optim_adamw(r, NPARAMS, o->lr, 0.9, 0.999, 1e-8,
+                                                            0.01);
+        check_t((nt_tensor *)opts[i], "the optimizer");
+        if (o->resume)
+            check(nt_checkpoint_load(o->checkpoint, r, NPARAMS, opts[i], NULL), "--resume");
+    }
+    int steps_per_epoch = train->n / o->batch; /* whole batches: the shards divide each */
+    int first_epoch = 0, first_step = 0;
+    if (o->resume) {
+        int64_t done = nt_optim_steps(opts[0]);
+        first_epoch = (int)(done / steps_per_epoch);
+        first_step = (int)(done % steps_per_epoch);
+        if (lead)
+            printf("resumed from %s after %lld steps\n", o->checkpoint, (long long)done);
+    }
+    if (lead)
+        printf("data parallel: %d shards of %d rows per batch over %d cores x %d processes\n",
+               o->shards, o->batch / o->shards, ndev, procs);
+    bool cosine = !strcmp(o->schedule, "cosine");
+    int64_t total_planned = (int64_t)o->epochs * steps_per_epoch;
+    float *xb = malloc(sizeof(float) * (size_t)o->batch * PIXELS);
+    int32_t *yb = malloc(sizeof(int32_t) * (size_t)o->batch);
+    int *order = malloc(sizeof(int) * (size_t)train->n);
+    long total_steps = 0;
+    double last_test = 0;
+    bool stop = false;
+    const int64_t xshape[2] = {o->batch, PIXELS}, yshape[1] = {o->batch};
+    for (int ep = first_epoch; ep < o->epochs && !stop; ep++) {
+        shuffle(order, train->n, o->seed * 1000003u + (uint64_t)ep);
+        nt_tensor *loss_acc[MAX_DEV], *corr_acc[MAX_DEV];
+        for (int i = 0; i < ndev; i++) {
+            check(nt_device_set(devs[i]), "nt_device_set");
+            loss_acc[i] = check_t(nt_zeros(NT_F32, 0, NULL), "nt_zeros");
+            corr_acc[i] = check_t(nt_zeros(NT_F32, 0, NULL), "nt_zeros");
+        }
+        nt_tensor *prev = NULL;
+        double t0 = now_s();
+        int seen = 0, step;
+        for (step = ep == first_epoch ? first_step : 0; step < steps_per_epoch; step++) {
+            if (o->limit_steps && total_steps >= o->limit_steps) {
+                stop = true;
+                break;
+            }
+            for (int i = 0; i < ndev && cosine; i++)
+                check(nt_optim_set_lr(opts[i], cosine_lr(o->lr, nt_optim_steps(opts[i]),
+                                                         total_planned)),
+                      "nt_optim_set_lr");
+            fill_batch(train, order + step * o->batch, o->batch, o->normalize, xb, yb);
+            nt_tensor *last = NULL;
+            for (int s = 0; s < o->shards; s++) {
+                int dev = nt_ddp_shard_device(d, s);
+                if (dev < 0)
+                    continue; /* another process's shard */
+                check(nt_device_set(dev), "nt_device_set");
+                nt_scope *sc = nt_scope_begin();
+                nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, xshape);
+                nt_tensor *y = nt_ddp_shard_from_host(d, s, yb, NT_I32, 1, yshape);
+                if (amp != NT_DTYPE_COUNT)
+                    check(nt_autocast_begin(amp), "nt_autocast_begin");
+                nt_tensor *logits = forward(nt_ddp_params(d, dev), x);
+                nt_tensor *loss = nt_cross_entropy(logits, y);
+                if (amp != NT_DTYPE_COUNT)
+                    check(nt_autocast_end(), "nt_autocast_end");
+                check(nt_ddp_backward(d, s, loss), "nt_ddp_backward");
+                nt_no_grad_begin();
+                check(nt_add_inplace(loss_acc[dev],
+                                     nt_mul_scalar(loss, (double)(o->batch / o->shards))),
+                      "the loss total");
+                check(nt_add_inplace(corr_acc[dev], count_correct(logits, y)), "accuracy");
+                nt_no_grad_end();
+                nt_release(last);
+                last = nt_keep(loss);
+                nt_scope_end(sc);
+            }
+            check(nt_ddp_reduce(d), "nt_ddp_reduce");
+            check(nt_ddp_step(d, opts, ndev), "nt_ddp_step");
+            if (prev) { /* at most two steps in flight */
+                double l;
+                check(nt_item(prev, &l), "reading the loss");
+                nt_release(prev);
+            }
+            prev = last;
+            seen += o->batch;
+            total_steps++;
+            if (lead && o->log_every && (step + 1) % o->log_every == 0) {
+                double l = sum_devices(loss_acc, ndev), c = sum_devices(corr_acc, ndev);
+                int local = seen / procs;
+                printf("  epoch %d step %4d/%d  loss %.4f  train acc %6.2f%%  %7.0f ex/s\n",
+                       ep + 1, step + 1, steps_per_epoch, l / local, 100.0 * c / local,
+                       seen / (now_s() - t0));
+                fflush(stdout);
+            }
+        }
+        nt_release(prev);
+        double l = sum_devices(loss_acc, ndev), c = sum_devices(corr_acc, ndev);
+        double train_s = now_s() - t0;
+        for (int i = 0; i < ndev; i++) {
+            nt_release(loss_acc[i]);
+            nt_release(corr_acc[i]);
+        }
+        if (seen == 0)
+            break;
+        check(nt_device_set(devs[0]), "nt_device_set");
+        last_test = evaluate(nt_ddp_params(d, devs[0]), test, o->normalize, amp);
+        if (lead) {
+            int local = seen / procs;
+            printf("epoch %d/%d: loss %.4f  train acc %.2f%%%s  test acc %.2f%%  %.0f ex/s  "
+                   "(%.1f s)\n", ep + 1, o->epochs, l / local, 100.0 * c / local,
+                   procs > 1 ? " (this process's shards)" : "", last_test, seen / train_s,
+                   train_s);
+            fflush(stdout);
+        }
+        if (o->checkpoint && lead) {
+            check(nt_checkpoint_save(o->checkpoint, nt_ddp_params(d, devs[0]), NPARAMS,
+                                     opts[0], NULL), "saving the checkpoint");
+            printf("  saved %s (step %lld)\n", o->checkpoint, (long long)nt_optim_steps(opts[0]));
+        }
+    }
+    /* Every replica holds the same bits; the checksum is the run's result. */
+    uint32_t crc = params_crc(nt_ddp_params(d, devs[0]));
+    bool same = true;
+    for (int i = 1; i < ndev; i++)
+        same &= params_crc(nt_ddp_params(d, devs[i])) == crc;
+    if (lead) {
+        printf("final test accuracy %.2f%% after %lld steps (%.1f s wall)\n", last_test,
+               (long long)nt_optim_steps(opts[0]), now_s() - t_start);
+        printf("parameter checksum %08x (crc32 of every parameter's bytes; %d shards, %d cores "
+               "x %d processes; replicas %s)\n", crc, o->shards, ndev, procs,
+               same ? "identical" : "DIFFER");
+    }
+    for (int i = 0; i < ndev; i++)
+        nt_optim_destroy(opts[i]);
+    nt_ddp_destroy(d);
+    free(xb);
+    free(yb);
+    free(order);
+    return same ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     options o = {.data_dir = "/usr/share/datasets/fashion-mnist", .epochs = 5, .batch = 128,
                  .hidden = 1024, .log_every = 100, .seed = 1, .optim = "adamw", .schedule = "cosine",
-                 .amp = "none"};
+                 .amp = "none", .shards = 8};
     parse_args(argc, argv, &o);
     double t_start = now_s();
 
@@ -482,6 +717,17 @@ int main(int argc, char **argv)
     init_params(p, o.hidden, o.seed);
     for (int i = 0; i < NPARAMS; i++)
         check_t(p[i], "initialisation");
+    if (o.ddp) {
+        int rc = train_ddp(&o, p, &train, &test, amp, t_start);
+        for (int i = 0; i < NPARAMS; i++)
+            nt_release(p[i]);
+        free(train.images);
+        free(train.labels);
+        free(test.images);
+        free(test.labels);
+        nt_shutdown();
+        return rc;
+    }
     nt_optim *opt = !strcmp(o.optim, "sgd")
                         ? nt_optim_sgd(p, NPARAMS, o.lr, 0.9, 0.0, false)
                         : nt_optim_adamw(p, NPARAMS, o.lr, 0.9, 0.999, 1e-8, 0.01);

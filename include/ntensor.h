@@ -1023,6 +1023,81 @@ NT_API int nt_collective_cost(nt_collective kind, int ranks, double bytes, doubl
 NT_API int nt_process_rank(void);
 /** Number of MPI processes (1 without MPI or when not launched by mpirun). */
 NT_API int nt_process_count(void);
+/* Data-parallel training (docs/ddp.md)                                     */
+/* ------------------------------------------------------------------------ */
+
+/** Opaque data-parallel trainer: one replica of the parameters per device,
+ *  a global batch cut into S fixed shards, and the shards' gradients
+ *  combined in one fixed order (the shard tree: adjacent pairs level by
+ *  level, in shard order, then times 1/S, in f32), so the parameters after
+ *  any number of steps are the same bits on 1, 2, 4 or 8 devices and 1 or 2
+ *  processes.  Thread-safe: a lock per nt_ddp; the ops its functions issue
+ *  go on the device concerned (its default stream, or the thread's current
+ *  stream when that is on the device), and the thread's current stream is
+ *  the same again when they return.
+ *
+ *  A step:
+ *    for (int s = 0; s < nt_ddp_shards(d); s++) {
+ *        int dev = nt_ddp_shard_device(d, s);
+ *        if (dev < 0) continue;                     (another process's shard)
+ *        nt_device_set(dev);
+ *        nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, shape);
+ *        loss = model(nt_ddp_params(d, dev), x, ...);
+ *        nt_ddp_backward(d, s, loss);
+ *    }
+ *    nt_ddp_reduce(d);                              (each replica's .grad = mean)
+ *    nt_ddp_step(d, opts, ndev);                    (one optimizer per replica)
+ */
+typedef struct nt_ddp nt_ddp;
+
+/** Replicates params[0..nparams) (distinct floating leaves requiring grad,
+ *  all on one device; borrowed) onto devices[0..ndev) (distinct local
+ *  devices): on the parameters' own device the replica is the parameters
+ *  themselves (retained), elsewhere a bit copy that requires grad.  shards
+ *  (S) must be a multiple of the global rank count R (ndev, times the
+ *  processes) with S/R a power of two; global rank r computes shards
+ *  [r S/R, (r+1) S/R).  NULL with NT_EINVAL (naming the argument) on bad
+ *  input.  Free with nt_ddp_destroy. */
+NT_API nt_ddp *nt_ddp_create(nt_tensor *const *params, int nparams, int shards,
+                             const int *devices, int ndev);
+/** Releases the replicas and any gradients held.  NULL is a no-op. */
+NT_API void nt_ddp_destroy(nt_ddp *d);
+/** The replica on local device `dev` (an array of nparams tensors owned by
+ *  d, valid until nt_ddp_destroy), or NULL with NT_EINVAL. */
+NT_API nt_tensor **nt_ddp_params(nt_ddp *d, int dev);
+/** S, or a negative error. */
+NT_API int nt_ddp_shards(const nt_ddp *d);
+/** The local device computing global shard `shard`, -1 if another process
+ *  does, or a negative error for a shard out of range. */
+NT_API int nt_ddp_shard_device(const nt_ddp *d, int shard);
+/** Rows [shard B/S, (shard+1) B/S) of a global batch (dim 0 = B, divisible
+ *  by S): of a tensor, copied onto the shard's device (from another device
+ *  through the host: nt_ddp_shard waits for the batch's value then); of
+ *  host data `src` with the global shape, copied from the host onto it.  A new
+ *  tensor (ownership as for any op); NULL with the error set for a shard
+ *  out of range or of another process, or a B that S does not divide. */
+NT_API nt_tensor *nt_ddp_shard(nt_ddp *d, nt_tensor *batch, int shard);
+NT_API nt_tensor *nt_ddp_shard_from_host(nt_ddp *d, int shard, const void *src, nt_dtype dt,
+                                         int ndim, const int64_t *shape);
+/** nt_backward of shard `shard`'s loss (computed from the replica on the
+ *  shard's device; `loss` must be on that device), keeping that shard's
+ *  gradients apart: the replica's .grads are as before when it returns, and
+ *  the gradients go into the shard tree (a parameter the loss does not
+ *  reach counts as zeros).  Once per shard per step (NT_ESTATE for a
+ *  second).  On an error inside the backward the step's gradients so far
+ *  are dropped. */
+NT_API int nt_ddp_backward(nt_ddp *d, int shard, nt_tensor *loss);
+/** Combines the step's shard gradients (every shard of this process must
+ *  have had its nt_ddp_backward, else NT_ESTATE naming the first missing
+ *  one): the shard tree, the collective over processes and devices, times
+ *  1/S; each replica's .grad is set to the result (in its dtype), replacing
+ *  the one it had.  Every replica gets the same bits.  Under MPI, every
+ *  process calls it. */
+NT_API int nt_ddp_reduce(nt_ddp *d);
+/** nt_optim_step then nt_optim_zero_grad of opts[i] on the i-th device
+ *  of d (nopts = ndev), each of which must optimise that device's replica
+ *  (nt_ddp_params, the same tensors in the same order). */
+NT_API int nt_ddp_step(nt_ddp *d, nt_optim *const *opts, int nopts);
 
 /* ------------------------------------------------------------------------ */
 /* Call-site capture.  Each function X listed in include/ntensor/site.list  */

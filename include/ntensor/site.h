@@ -164,6 +164,15 @@ NT_API int nt_reduce_scatter_at(const nt_site *site, nt_comm *c, nt_tensor *cons
                                 nt_tensor **out, nt_reduce_op op);
 NT_API int nt_broadcast_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
                            nt_tensor **out, int root);
+NT_API nt_ddp *nt_ddp_create_at(const nt_site *site, nt_tensor *const *params, int nparams,
+                                int shards, const int *devices, int ndev);
+NT_API nt_tensor *nt_ddp_shard_at(const nt_site *site, nt_ddp *d, nt_tensor *batch, int shard);
+NT_API nt_tensor *nt_ddp_shard_from_host_at(const nt_site *site, nt_ddp *d, int shard,
+                                            const void *src, nt_dtype dt, int ndim,
+                                            const int64_t *shape);
+NT_API int nt_ddp_backward_at(const nt_site *site, nt_ddp *d, int shard, nt_tensor *loss);
+NT_API int nt_ddp_reduce_at(const nt_site *site, nt_ddp *d);
+NT_API int nt_ddp_step_at(const nt_site *site, nt_ddp *d, nt_optim *const *opts, int nopts);
 
 /* NT_SITE_FUNCS(X) calls X(ret, name, (params), (site, params), nparams)
  * for every function above, e.g. to wrap them all; tests/test_api.c
@@ -283,7 +292,13 @@ NT_API int nt_broadcast_at(const nt_site *site, nt_comm *c, nt_tensor *const *in
     X(int, nt_all_reduce, (nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), 4) \
     X(int, nt_all_gather, (nt_comm *c, nt_tensor *const *in, nt_tensor **out), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out), 3) \
     X(int, nt_reduce_scatter, (nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), 4) \
-    X(int, nt_broadcast, (nt_comm *c, nt_tensor *const *in, nt_tensor **out, int root), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out, int root), 4)
+    X(int, nt_broadcast, (nt_comm *c, nt_tensor *const *in, nt_tensor **out, int root), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out, int root), 4) \
+    X(nt_ddp *, nt_ddp_create, (nt_tensor *const *params, int nparams, int shards, const int *devices, int ndev), (const nt_site *site, nt_tensor *const *params, int nparams, int shards, const int *devices, int ndev), 5) \
+    X(nt_tensor *, nt_ddp_shard, (nt_ddp *d, nt_tensor *batch, int shard), (const nt_site *site, nt_ddp *d, nt_tensor *batch, int shard), 3) \
+    X(nt_tensor *, nt_ddp_shard_from_host, (nt_ddp *d, int shard, const void *src, nt_dtype dt, int ndim, const int64_t *shape), (const nt_site *site, nt_ddp *d, int shard, const void *src, nt_dtype dt, int ndim, const int64_t *shape), 6) \
+    X(int, nt_ddp_backward, (nt_ddp *d, int shard, nt_tensor *loss), (const nt_site *site, nt_ddp *d, int shard, nt_tensor *loss), 3) \
+    X(int, nt_ddp_reduce, (nt_ddp *d), (const nt_site *site, nt_ddp *d), 1) \
+    X(int, nt_ddp_step, (nt_ddp *d, nt_optim *const *opts, int nopts), (const nt_site *site, nt_ddp *d, nt_optim *const *opts, int nopts), 3)
 
 #if !defined(__cplusplus) && !defined(NT_NO_SITE_MACROS) && !defined(NT_BUILDING_LIBRARY)
 #define nt_from_host(...) nt_from_host_at(NT_HERE, __VA_ARGS__)
@@ -401,6 +416,12 @@ NT_API int nt_broadcast_at(const nt_site *site, nt_comm *c, nt_tensor *const *in
 #define nt_all_gather(...) nt_all_gather_at(NT_HERE, __VA_ARGS__)
 #define nt_reduce_scatter(...) nt_reduce_scatter_at(NT_HERE, __VA_ARGS__)
 #define nt_broadcast(...) nt_broadcast_at(NT_HERE, __VA_ARGS__)
+#define nt_ddp_create(...) nt_ddp_create_at(NT_HERE, __VA_ARGS__)
+#define nt_ddp_shard(...) nt_ddp_shard_at(NT_HERE, __VA_ARGS__)
+#define nt_ddp_shard_from_host(...) nt_ddp_shard_from_host_at(NT_HERE, __VA_ARGS__)
+#define nt_ddp_backward(...) nt_ddp_backward_at(NT_HERE, __VA_ARGS__)
+#define nt_ddp_reduce(...) nt_ddp_reduce_at(NT_HERE, __VA_ARGS__)
+#define nt_ddp_step(...) nt_ddp_step_at(NT_HERE, __VA_ARGS__)
 #endif
 
 #endif /* NTENSOR_SITE_H */

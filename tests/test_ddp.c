@@ -1,0 +1,687 @@
+/* tests/test_ddp.c - data-parallel training (autograd/ddp.c, docs/ddp.md):
+ * the shard tree against a hand-written tree of the same order, shards in
+ * any order, every error path (and the runtime working after it), and the
+ * parameters after 20 AdamW steps bit-identical for 1, 2, 4 and 8 cores.
+ *
+ * NT_SIM_CORES is read by nt_init, so the core counts run as child
+ * processes of this test (it re-executes itself with --child and the
+ * environment of the case), each printing a CRC-32 of its parameters. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ntensor.h"
+#include "nt_test.h"
+#include "crc32.h"
+
+/* ---------------- a small MLP ---------------- */
+
+enum { F = 12, H = 24, C = 5, NP = 4 };
+
+static void make_data(float *x, int32_t *y, int rows, uint32_t seed)
+{
+    uint32_t s = seed * 2654435761u + 1;
+    for (int i = 0; i < rows * F; i++) {
+        s = s * 1664525u + 1013904223u;
+        x[i] = (float)((s >> 8) & 0xFFFF) / 65536.0f - 0.5f;
+    }
+    for (int i = 0; i < rows; i++) {
+        s = s * 1664525u + 1013904223u;
+        y[i] = (int32_t)((s >> 16) % C);
+    }
+}
+
+static void make_params(nt_tensor **p, nt_dtype dt, uint64_t seed)
+{
+    const int64_t shapes[NP][2] = {{H, F}, {H, 0}, {C, H}, {C, 0}};
+    for (int j = 0; j < NP; j++) {
+        int nd = shapes[j][1] ? 2 : 1;
+        nt_tensor *r = nt_randn(NT_F32, nd, shapes[j], seed * 8 + (uint64_t)j);
+        nt_tensor *t = nt_mul_scalar(r, 0.3);
+        if (dt != NT_F32) {
+            nt_tensor *c = nt_cast(t, dt);
+            nt_release(t);
+            t = c;
+        }
+        nt_release(r);
+        assert_non_null(t);
+        assert_int_equal(nt_set_requires_grad(t, true), 0);
+        p[j] = t;
+    }
+}
+
+static nt_tensor *model_loss(nt_tensor **p, nt_tensor *x, nt_tensor *y)
+{
+    nt_dtype dt = nt_dtype_of(p[0]);
+    nt_tensor *xx = dt == NT_F32 ? x : nt_cast(x, dt);
+    nt_tensor *h = nt_relu(nt_linear(xx, p[0], p[1]));
+    nt_tensor *logits = nt_linear(h, p[2], p[3]);
+    if (nt_dtype_of(logits) != NT_F32)
+        logits = nt_cast(logits, NT_F32);
+    return nt_cross_entropy(logits, y);
+}
+
+static void grad_bytes(nt_tensor *p, void *dst, size_t cap)
+{
+    nt_tensor *g = nt_grad(p);
+    assert_non_null(g);
+    size_t nb = (size_t)nt_numel(g) * nt_dtype_size(nt_dtype_of(g));
+    assert_true(nb <= cap);
+    assert_int_equal(nt_to_host(g, dst, nb), 0);
+    nt_release(g);
+}
+
+/* ---------------- the tree against a hand-written one ---------------- */
+
+/* The shard tree written out: adjacent pairs level by level, odd last
+ * carried, in f32, then times 1/S, rounded to dt. */
+static nt_tensor *ref_tree(nt_tensor **g, int n, nt_dtype dt)
+{
+    nt_tensor *v[64];
+    int m = n;
+    for (int i = 0; i < n; i++)
+        v[i] = g[i];
+    while (m > 1) {
+        int k = 0;
+        for (int i = 0; i + 1 < m; i += 2)
+            v[k++] = nt_add(v[i], v[i + 1]);
+        if (m & 1)
+            v[k++] = v[m - 1];
+        m = k;
+    }
+    nt_tensor *r = nt_mul_scalar(v[0], 1.0 / n);
+    return dt == NT_F32 ? r : nt_cast(r, dt);
+}
+
+static void tree_case(nt_dtype dt, int S, bool reverse)
+{
+    enum { B = 32 };
+    float xb[B * F];
+    int32_t yb[B];
+    make_data(xb, yb, B, 7);
+    nt_tensor *p[NP], *q[NP];
+    make_params(p, dt, 3);
+    make_params(q, dt, 3);
+    int dev0 = 0;
+    nt_ddp *d = nt_ddp_create(p, NP, S, &dev0, 1);
+    assert_non_null(d);
+    assert_int_equal(nt_ddp_shards(d), S);
+    nt_tensor **rep = nt_ddp_params(d, 0);
+    assert_non_null(rep);
+    for (int j = 0; j < NP; j++)
+        assert_ptr_equal(rep[j], p[j]); /* the home device's replica is the params */
+    for (int k = 0; k < S; k++) {
+        int s = reverse ? S - 1 - k : k;
+        assert_int_equal(nt_ddp_shard_device(d, s), 0);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, (int64_t[]){B, F});
+        nt_tensor *y = nt_ddp_shard_from_host(d, s, yb, NT_I32, 1, (int64_t[]){B});
+        assert_non_null(x);
+        assert_int_equal(nt_shape(x, 0), B / S);
+        assert_int_equal(nt_ddp_backward(d, s, model_loss(rep, x, y)), 0);
+        nt_scope_end(sc);
+        /* the shard's gradients went into the tree, not into .grad */
+        nt_tensor *g = nt_grad(p[0]);
+        assert_null(g);
+    }
+    assert_int_equal(nt_ddp_reduce(d), 0);
+
+    /* by hand */
+    nt_tensor *g[NP][64];
+    for (int s = 0; s < S; s++) {
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = nt_from_host(xb + (size_t)s * (B / S) * F, NT_F32, 2,
+                                    (int64_t[]){B / S, F});
+        nt_tensor *y = nt_from_host(yb + (size_t)s * (B / S), NT_I32, 1, (int64_t[]){B / S});
+        assert_int_equal(nt_backward(model_loss(q, x, y)), 0);
+        nt_scope_end(sc);
+        for (int j = 0; j < NP; j++) {
+            nt_tensor *gj = nt_grad(q[j]);
+            g[j][s] = nt_dtype_of(gj) == NT_F32 ? gj : nt_cast(gj, NT_F32);
+            if (g[j][s] != gj)
+                nt_release(gj);
+            assert_int_equal(nt_zero_grad(q[j]), 0);
+        }
+    }
+    static uint8_t a[H * F * 4], b[H * F * 4];
+    for (int j = 0; j < NP; j++) {
+        nt_tensor *r = ref_tree(g[j], S, dt);
+        assert_non_null(r);
+        size_t nb = (size_t)nt_numel(r) * nt_dtype_size(dt);
+        assert_int_equal(nt_to_host(r, b, nb), 0);
+        grad_bytes(p[j], a, sizeof a);
+        if (memcmp(a, b, nb) != 0)
+            fail_msg("%s S=%d%s: parameter %d's gradient differs from the hand-written tree",
+                     nt_dtype_name(dt), S, reverse ? " (shards reversed)" : "", j);
+        nt_release(r);
+        for (int s = 0; s < S; s++)
+            nt_release(g[j][s]);
+    }
+    nt_ddp_destroy(d);
+    for (int j = 0; j < NP; j++) {
+        nt_release(p[j]);
+        nt_release(q[j]);
+    }
+    assert_int_equal(nt_sync(), 0);
+}
+
+static void test_tree_matches_reference(void **state)
+{
+    (void)state;
+    for (int S = 1; S <= 8; S *= 2) {
+        tree_case(NT_F32, S, false);
+        tree_case(NT_F32, S, true);
+        tree_case(NT_BF16, S, S == 4);
+    }
+}
+
+/* ---------------- bad input ---------------- */
+
+static void expect_err(int rc, int code, const char *fn, const char *what)
+{
+    if (rc != code || nt_last_error() != code || !strstr(nt_last_error_message(), fn) ||
+        !strstr(nt_last_error_message(), what))
+        fail_msg("expected %d from %s naming '%s'; got %d: %s", code, fn, what, rc,
+                 nt_last_error_message());
+    nt_clear_error();
+}
+
+static void test_bad_input(void **state)
+{
+    (void)state;
+    enum { B = 8 };
+    float xb[B * F];
+    int32_t yb[B];
+    make_data(xb, yb, B, 1);
+    nt_tensor *p[NP];
+    make_params(p, NT_F32, 5);
+    int dev0 = 0, bad_dev = 999;
+
+    /* nt_ddp_create */
+    expect_err(nt_ddp_create(NULL, NP, 2, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "params");
+    expect_err(nt_ddp_create(p, 0, 2, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "parameter");
+    nt_tensor *dup[2] = {p[0], p[0]};
+    expect_err(nt_ddp_create(dup, 2, 2, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "same tensor");
+    nt_tensor *plain = nt_zeros(NT_F32, 1, (int64_t[]){3});
+    nt_tensor *nrg[2] = {p[0], plain};
+    expect_err(nt_ddp_create(nrg, 2, 2, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "require grad");
+    expect_err(nt_ddp_create(p, NP, 0, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "shards");
+    expect_err(nt_ddp_create(p, NP, 3, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "power of two");
+    expect_err(nt_ddp_create(p, NP, 2, NULL, 1) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "devices");
+    expect_err(nt_ddp_create(p, NP, 2, &dev0, 0) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "ndev");
+    expect_err(nt_ddp_create(p, NP, 2, &bad_dev, 1) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "devices[0]");
+
+    /* a NULL or dead nt_ddp */
+    expect_err(nt_ddp_reduce(NULL), NT_EINVAL, "nt_ddp_reduce", "'d'");
+    expect_err(nt_ddp_shards(NULL), NT_EINVAL, "nt_ddp_shards", "'d'");
+    expect_err(nt_ddp_params(NULL, 0) ? 0 : nt_last_error(), NT_EINVAL, "nt_ddp_params", "'d'");
+    nt_ddp_destroy(NULL);
+
+    nt_ddp *d = nt_ddp_create(p, NP, 4, &dev0, 1);
+    assert_non_null(d);
+    nt_tensor **rep = nt_ddp_params(d, 0);
+    expect_err(nt_ddp_params(d, 5) ? 0 : nt_last_error(), NT_EINVAL, "nt_ddp_params", "'dev'");
+    expect_err(nt_ddp_shard_device(d, 4), NT_EINVAL, "nt_ddp_shard_device", "'shard'");
+    expect_err(nt_ddp_shard_device(d, -1), NT_EINVAL, "nt_ddp_shard_device", "'shard'");
+    expect_err(nt_ddp_shard_from_host(d, 4, xb, NT_F32, 2, (int64_t[]){B, F}) ? 0
+                                                                             : nt_last_error(),
+               NT_EINVAL, "nt_ddp_shard_from_host", "'shard'");
+    expect_err(nt_ddp_shard_from_host(d, 0, xb, NT_F32, 2, (int64_t[]){B - 1, F})
+                   ? 0 : nt_last_error(),
+               NT_ESHAPE, "nt_ddp_shard_from_host", "'shape'");
+    expect_err(nt_ddp_shard_from_host(d, 0, NULL, NT_F32, 2, (int64_t[]){B, F})
+                   ? 0 : nt_last_error(),
+               NT_EINVAL, "nt_ddp_shard_from_host", "'src'");
+    nt_tensor *odd = nt_zeros(NT_F32, 2, (int64_t[]){6, F});
+    expect_err(nt_ddp_shard(d, odd, 0) ? 0 : nt_last_error(), NT_ESHAPE, "nt_ddp_shard",
+               "'batch'");
+    nt_tensor *whole = nt_from_host(xb, NT_F32, 2, (int64_t[]){B, F});
+    nt_tensor *part = nt_ddp_shard(d, whole, 1);
+    assert_non_null(part);
+    float got[2 * F];
+    assert_int_equal(nt_to_host(part, got, sizeof got), 0);
+    assert_memory_equal(got, xb + 2 * F, sizeof got);
+    expect_err(nt_ddp_shard(d, whole, 7) ? 0 : nt_last_error(), NT_EINVAL, "nt_ddp_shard",
+               "'shard'");
+
+    /* a step with every kind of misuse on the way */
+    expect_err(nt_ddp_reduce(d), NT_ESTATE, "nt_ddp_reduce", "shard 0");
+    for (int s = 0; s < 4; s++) {
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, (int64_t[]){B, F});
+        nt_tensor *y = nt_ddp_shard_from_host(d, s, yb, NT_I32, 1, (int64_t[]){B});
+        nt_tensor *loss = model_loss(rep, x, y);
+        expect_err(nt_ddp_backward(d, 9, loss), NT_EINVAL, "nt_ddp_backward", "'shard'");
+        expect_err(nt_ddp_backward(d, s, NULL), NT_EINVAL, "nt_ddp_backward", "loss");
+        nt_tensor *nograd = nt_sum(x, NT_DIM_ALL, false);
+        expect_err(nt_ddp_backward(d, s, nograd), NT_ESTATE, "nt_backward", "require grad");
+        assert_int_equal(nt_ddp_backward(d, s, loss), 0);
+        nt_tensor *again = model_loss(rep, x, y);
+        expect_err(nt_ddp_backward(d, s, again), NT_ESTATE, "nt_ddp_backward", "already");
+        nt_scope_end(sc);
+        if (s == 1)
+            expect_err(nt_ddp_reduce(d), NT_ESTATE, "nt_ddp_reduce", "shard 2");
+    }
+    assert_int_equal(nt_ddp_reduce(d), 0);
+    nt_optim *opt = nt_optim_adamw(rep, NP, 1e-2, 0.9, 0.999, 1e-8, 0.0);
+    nt_optim *other = nt_optim_adamw(rep, 2, 1e-2, 0.9, 0.999, 1e-8, 0.0);
+    expect_err(nt_ddp_step(d, NULL, 1), NT_EINVAL, "nt_ddp_step", "'opts'");
+    expect_err(nt_ddp_step(d, &opt, 2), NT_EINVAL, "nt_ddp_step", "'nopts'");
+    expect_err(nt_ddp_step(d, &other, 1), NT_EINVAL, "nt_ddp_step", "'opts[0]'");
+    uint8_t before[H * F * 4], after[H * F * 4];
+    assert_int_equal(nt_to_host(rep[0], before, sizeof before), 0);
+    assert_int_equal(nt_ddp_step(d, &opt, 1), 0);
+    assert_int_equal(nt_to_host(rep[0], after, sizeof after), 0);
+    assert_true(memcmp(before, after, sizeof after) != 0); /* it stepped */
+    assert_null(nt_grad(rep[0]));                          /* and zeroed */
+    assert_int_equal(nt_sync(), 0);
+    nt_optim_destroy(opt);
+    nt_optim_destroy(other);
+    nt_ddp_destroy(d);
+    nt_release(odd);
+    nt_release(whole);
+    nt_release(part);
+    nt_release(plain);
+    for (int j = 0; j < NP; j++)
+        nt_release(p[j]);
+}
+
+/* ---------------- bit-identical at any core count ---------------- */
+
+enum { TRAIN_STEPS = 20, TRAIN_SHARDS = 8, TRAIN_B = 32 };
+
+/* CRC-32 of a replica's parameter bytes. */
+static uint32_t replica_crc(nt_tensor **p)
+{
+    uint32_t c = 0;
+    static uint8_t buf[H * F * 4];
+    for (int j = 0; j < NP; j++) {
+        size_t nb = (size_t)nt_numel(p[j]) * nt_dtype_size(nt_dtype_of(p[j]));
+        if (nt_to_host(p[j], buf, nb) != 0) {
+            fprintf(stderr, "child: %s\n", nt_last_error_message());
+            return 0;
+        }
+        c = crc32_ieee(buf, nb) ^ (c * 31u);
+    }
+    return c;
+}
+
+/* The child: 20 AdamW steps of the MLP on every core nt_init found
+ * (NT_SIM_CORES), global batch 32 in 8 shards, under autocast `amp` (or
+ * none); prints "crc <hex> cores <n> replicas <same|differ>". */
+static int child_main(const char *amp_name)
+{
+    nt_dtype amp = !strcmp(amp_name, "bf16") ? NT_BF16 : NT_DTYPE_COUNT;
+    if (nt_init() != 0)
+        return 3;
+    int ndev = nt_device_count(), devs[64];
+    for (int i = 0; i < ndev; i++)
+        devs[i] = i;
+    nt_tensor *p[NP];
+    make_params(p, NT_F32, 11);
+    int shards = getenv("NT_TEST_SHARDS") ? atoi(getenv("NT_TEST_SHARDS")) : TRAIN_SHARDS;
+    nt_ddp *d = nt_ddp_create(p, NP, shards, devs, ndev);
+    if (!d) {
+        fprintf(stderr, "child: %s\n", nt_last_error_message());
+        return 4;
+    }
+    nt_optim *opts[64];
+    for (int i = 0; i < ndev; i++) {
+        nt_device_set(devs[i]);
+        opts[i] = nt_optim_adamw(nt_ddp_params(d, devs[i]), NP, 1e-2, 0.9, 0.999, 1e-8, 0.01);
+    }
+    static float xb[TRAIN_B * F];
+    static int32_t yb[TRAIN_B];
+    for (int step = 0; step < TRAIN_STEPS; step++) {
+        make_data(xb, yb, TRAIN_B, 100 + (uint32_t)step);
+        for (int s = 0; s < shards; s++) {
+            int dev = nt_ddp_shard_device(d, s);
+            if (dev < 0)
+                continue;
+            nt_device_set(dev);
+            nt_scope *sc = nt_scope_begin();
+            nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, (int64_t[]){TRAIN_B, F});
+            nt_tensor *y = nt_ddp_shard_from_host(d, s, yb, NT_I32, 1, (int64_t[]){TRAIN_B});
+            if (amp != NT_DTYPE_COUNT)
+                nt_autocast_begin(amp);
+            nt_tensor *loss = model_loss(nt_ddp_params(d, dev), x, y);
+            if (amp != NT_DTYPE_COUNT)
+                nt_autocast_end();
+            int rc = nt_ddp_backward(d, s, loss);
+            nt_scope_end(sc);
+            if (rc) {
+                fprintf(stderr, "child: %s\n", nt_last_error_message());
+                return 5;
+            }
+        }
+        if (nt_ddp_reduce(d) || nt_ddp_step(d, opts, ndev)) {
+            fprintf(stderr, "child: %s\n", nt_last_error_message());
+            return 6;
+        }
+    }
+    uint32_t crc = replica_crc(nt_ddp_params(d, devs[0]));
+    bool same = true;
+    for (int i = 1; i < ndev; i++)
+        same &= replica_crc(nt_ddp_params(d, devs[i])) == crc;
+    int rc = nt_sync();
+    if (nt_process_rank() <= 0)
+        printf("crc %08x cores %d procs %d replicas %s\n", crc, ndev,
+               nt_process_count() > 1 ? nt_process_count() : 1, same ? "same" : "differ");
+    for (int i = 0; i < ndev; i++)
+        nt_optim_destroy(opts[i]);
+    nt_ddp_destroy(d);
+    for (int j = 0; j < NP; j++)
+        nt_release(p[j]);
+    nt_shutdown();
+    return rc ? 7 : 0;
+}
+
+/* Runs this executable as a child with --child amp and the given
+ * environment (NAME=VALUE strings, NULL-terminated); returns its line. */
+static void run_child_argv(const char *const *env, char *const *argv, char *line, size_t cap)
+{
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fd[1], 1);
+        close(fd[0]);
+        close(fd[1]);
+        for (int i = 0; env[i]; i++)
+            putenv((char *)env[i]);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    close(fd[1]);
+    size_t n = 0;
+    ssize_t r;
+    while (n + 1 < cap && (r = read(fd[0], line + n, cap - 1 - n)) > 0)
+        n += (size_t)r;
+    line[n] = '\0';
+    close(fd[0]);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("child (%s %s %s %s, %s %s) failed with status %d: '%s'", env[0],
+                 env[1] ? env[1] : "", env[1] && env[2] ? env[2] : "",
+                 env[1] && env[2] && env[3] ? env[3] : "", argv[0], argv[1], status, line);
+}
+
+static char self_exe[4096];
+
+static void run_child(const char *const *env, const char *amp, char *line, size_t cap)
+{
+    char *argv[] = {self_exe, "--child", (char *)amp, NULL};
+    run_child_argv(env, argv, line, cap);
+}
+
+static void test_bitwise_across_cores(void **state)
+{
+    (void)state;
+    static const char *const backends[] = {"NT_BACKEND=sim", "NT_BACKEND=cpu"};
+    static const char *const modes[][2] = {{"NT_MODE=adaptive", "NT_DETERMINISTIC=0"},
+                                           {"NT_MODE=adaptive", "NT_DETERMINISTIC=1"}};
+    static const char *const amps[] = {"none", "bf16"};
+    static const char *const cores[] = {"NT_SIM_CORES=1", "NT_SIM_CORES=2", "NT_SIM_CORES=4",
+                                        "NT_SIM_CORES=8"};
+    printf("# parameters after %d AdamW steps, %d shards (crc32):\n", TRAIN_STEPS,
+           TRAIN_SHARDS);
+    printf("# backend  mode           amp    1 core    2 cores   4 cores   8 cores\n");
+    for (int a = 0; a < 2; a++) {
+        unsigned first = 0;
+        for (int b = 0; b < 2; b++)
+            for (int m = 0; m < 2; m++) {
+                unsigned crc[4];
+                char row[160];
+                int k = snprintf(row, sizeof row, "# %-8s %-14s %-5s", backends[b] + 11,
+                                 m ? "deterministic" : "adaptive", amps[a]);
+                for (int c = 0; c < 4; c++) {
+                    const char *env[] = {backends[b], modes[m][0], modes[m][1], cores[c], NULL};
+                    char line[256];
+                    run_child(env, amps[a], line, sizeof line);
+                    int nc = 0, np = 0;
+                    char rep[16] = "";
+                    if (sscanf(line, "crc %x cores %d procs %d replicas %15s", &crc[c], &nc, &np,
+                               rep) != 4 || np != 1)
+                        fail_msg("child printed '%s'", line);
+                    assert_int_equal(nc, 1 << c);
+                    if (strcmp(rep, "same"))
+                        fail_msg("%s %s %s amp %s: the replicas differ", env[0], env[2],
+                                 env[3], amps[a]);
+                    k += snprintf(row + k, sizeof row - (size_t)k, "  %08x", crc[c]);
+                }
+                printf("%s\n", row);
+                for (int c = 1; c < 4; c++)
+                    if (crc[c] != crc[0])
+                        fail_msg("%s %s amp %s: %d cores give %08x, 1 core %08x", backends[b],
+                                 modes[m][1], amps[a], 1 << c, crc[c], crc[0]);
+                /* and the same bits in every mode and on both backends */
+                if (b == 0 && m == 0)
+                    first = crc[0];
+                else if (crc[0] != first)
+                    fail_msg("%s %s amp %s: %08x, but sim adaptive gives %08x", backends[b],
+                             modes[m][1], amps[a], crc[0], first);
+            }
+    }
+}
+
+/* ---------------- two devices in this process ---------------- */
+
+static int setup_2dev(void **state)
+{
+    setenv("NT_SIM_CORES", "2", 1);
+    return nt_test_setup(state);
+}
+
+static int teardown_2dev(void **state)
+{
+    int rc = nt_test_teardown(state);
+    unsetenv("NT_SIM_CORES");
+    return rc;
+}
+
+/* What needs two devices: duplicate devices, shard counts that do not
+ * split over them, parameters on two devices, a loss on the wrong device;
+ * the replica on device 1 is a copy with the same bits; after the errors a
+ * step still works and leaves both replicas equal. */
+static void test_two_devices(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_device_count(), 2);
+    enum { B = 8 };
+    float xb[B * F];
+    int32_t yb[B];
+    make_data(xb, yb, B, 3);
+    nt_tensor *p[NP];
+    make_params(p, NT_F32, 9);
+    int devs[2] = {0, 1}, dup[2] = {1, 1};
+    expect_err(nt_ddp_create(p, NP, 2, dup, 2) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "device 1 at 0 and 1");
+    expect_err(nt_ddp_create(p, NP, 3, devs, 2) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "'shards' is 3");
+    expect_err(nt_ddp_create(p, NP, 6, devs, 2) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "power of two");
+    assert_int_equal(nt_device_set(1), 0);
+    nt_tensor *far = nt_zeros(NT_F32, 1, (int64_t[]){3});
+    assert_int_equal(nt_set_requires_grad(far, true), 0);
+    assert_int_equal(nt_device_set(0), 0);
+    nt_tensor *mixed[2] = {p[0], far};
+    expect_err(nt_ddp_create(mixed, 2, 2, devs, 2) ? 0 : nt_last_error(), NT_EINVAL,
+               "nt_ddp_create", "one device");
+
+    nt_ddp *d = nt_ddp_create(p, NP, 4, devs, 2);
+    assert_non_null(d);
+    nt_tensor **r0 = nt_ddp_params(d, 0), **r1 = nt_ddp_params(d, 1);
+    assert_ptr_equal(r0[0], p[0]);
+    assert_true(r1[0] != p[0]);
+    assert_int_equal(nt_tensor_device(r1[0]), 1);
+    assert_true(nt_requires_grad(r1[0]));
+    static uint8_t a[H * F * 4], b[H * F * 4];
+    for (int j = 0; j < NP; j++) {
+        size_t nb = (size_t)nt_numel(p[j]) * 4;
+        assert_int_equal(nt_to_host(r0[j], a, nb), 0);
+        assert_int_equal(nt_to_host(r1[j], b, nb), 0);
+        assert_memory_equal(a, b, nb);
+    }
+    assert_int_equal(nt_ddp_shard_device(d, 0), 0);
+    assert_int_equal(nt_ddp_shard_device(d, 1), 0);
+    assert_int_equal(nt_ddp_shard_device(d, 2), 1);
+    assert_int_equal(nt_ddp_shard_device(d, 3), 1);
+    /* a batch on device 0 sliced for shard 3 lands on device 1 */
+    nt_tensor *whole = nt_from_host(xb, NT_F32, 2, (int64_t[]){B, F});
+    nt_tensor *part = nt_ddp_shard(d, whole, 3);
+    assert_non_null(part);
+    assert_int_equal(nt_tensor_device(part), 1);
+    float got[2 * F];
+    assert_int_equal(nt_to_host(part, got, sizeof got), 0);
+    assert_memory_equal(got, xb + 6 * F, sizeof got);
+    /* and shard 0 of it, asked from device 1, stays on device 0 */
+    assert_int_equal(nt_device_set(1), 0);
+    nt_tensor *part0 = nt_ddp_shard(d, whole, 0);
+    assert_non_null(part0);
+    assert_int_equal(nt_tensor_device(part0), 0);
+    assert_ptr_equal(nt_stream_current(), nt_stream_default_on(1));
+    assert_int_equal(nt_to_host(part0, got, sizeof got), 0);
+    assert_memory_equal(got, xb, sizeof got);
+    nt_release(part0);
+    assert_int_equal(nt_device_set(0), 0);
+
+    nt_optim *opts[2];
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(nt_device_set(k), 0);
+        opts[k] = nt_optim_adamw(nt_ddp_params(d, k), NP, 1e-2, 0.9, 0.999, 1e-8, 0.0);
+        assert_non_null(opts[k]);
+    }
+    nt_optim *swapped[2] = {opts[1], opts[0]};
+    for (int s = 0; s < 4; s++) {
+        int dev = nt_ddp_shard_device(d, s);
+        assert_int_equal(nt_device_set(dev), 0);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, (int64_t[]){B, F});
+        nt_tensor *y = nt_ddp_shard_from_host(d, s, yb, NT_I32, 1, (int64_t[]){B});
+        assert_int_equal(nt_tensor_device(x), dev);
+        if (s == 0) {
+            /* shard 0's loss computed on device 1 */
+            assert_int_equal(nt_device_set(1), 0);
+            nt_tensor *x1 = nt_ddp_shard_from_host(d, 2, xb, NT_F32, 2, (int64_t[]){B, F});
+            nt_tensor *y1 = nt_ddp_shard_from_host(d, 2, yb, NT_I32, 1, (int64_t[]){B});
+            nt_tensor *wrong = model_loss(r1, x1, y1);
+            expect_err(nt_ddp_backward(d, 0, wrong), NT_EINVAL, "nt_ddp_backward",
+                       "'loss' is on device 1");
+            assert_int_equal(nt_device_set(dev), 0);
+        }
+        assert_int_equal(nt_ddp_backward(d, s, model_loss(nt_ddp_params(d, dev), x, y)), 0);
+        nt_scope_end(sc);
+    }
+    assert_int_equal(nt_ddp_reduce(d), 0);
+    expect_err(nt_ddp_step(d, swapped, 2), NT_EINVAL, "nt_ddp_step", "'opts[0]'");
+    assert_int_equal(nt_ddp_step(d, opts, 2), 0);
+    assert_int_equal(nt_device_set(0), 0);
+    assert_int_equal(replica_crc(r0), replica_crc(r1));
+    assert_int_equal(nt_sync(), 0);
+    for (int k = 0; k < 2; k++)
+        nt_optim_destroy(opts[k]);
+    nt_ddp_destroy(d);
+    nt_release(part);
+    nt_release(whole);
+    nt_release(far);
+    for (int j = 0; j < NP; j++)
+        nt_release(p[j]);
+}
+
+/* ---------------- and over 2 processes (mpirun) ---------------- */
+
+static const char *mpirun_path;
+
+/* 2 processes x 1, 2, 4 cores give the parameters of 1 process x 1 core. */
+static void test_bitwise_across_processes(void **state)
+{
+    (void)state;
+    /* Open MPI as root in a container, on loopback (tests/mpi_test.sh). */
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMPI_MCA_btl", "self,vader", 1);
+    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
+    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+    /* Open MPI's plugins leave allocations at exit that no suppression can
+     * name (tests/mpi_test.sh): no leak check in the MPI processes. */
+    const char *asan = getenv("ASAN_OPTIONS");
+    char opts[512];
+    snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
+    char line[512];
+    unsigned ref = 0, crc;
+    int nc, np;
+    char rep[16];
+    const char *env1[] = {"NT_SIM_CORES=1", NULL};
+    run_child(env1, "none", line, sizeof line);
+    assert_int_equal(sscanf(line, "crc %x cores %d procs %d replicas %15s", &ref, &nc, &np, rep),
+                     4);
+    printf("# 1 process x 1 core: %08x\n", ref);
+    static const char *const cores[] = {"NT_SIM_CORES=1", "NT_SIM_CORES=2", "NT_SIM_CORES=4"};
+    for (int c = 0; c < 3; c++) {
+        const char *env[] = {cores[c], NULL};
+        char *argv[] = {(char *)mpirun_path, "-np", "2", self_exe, "--child", "none", NULL};
+        setenv("ASAN_OPTIONS", opts, 1);
+        run_child_argv(env, argv, line, sizeof line);
+        if (asan)
+            setenv("ASAN_OPTIONS", asan, 1);
+        else
+            unsetenv("ASAN_OPTIONS");
+        if (sscanf(line, "crc %x cores %d procs %d replicas %15s", &crc, &nc, &np, rep) != 4)
+            fail_msg("mpirun child printed '%s'", line);
+        printf("# 2 processes x %d cores: %08x (replicas %s)\n", nc, crc, rep);
+        assert_int_equal(np, 2);
+        assert_int_equal(nc, 1 << c);
+        assert_string_equal(rep, "same");
+        if (crc != ref)
+            fail_msg("2 processes x %d cores give %08x, 1 process %08x", nc, crc, ref);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && !strcmp(argv[1], "--child"))
+        return child_main(argv[2]);
+    ssize_t k = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
+    if (k <= 0)
+        return 1;
+    self_exe[k] = '\0';
+    if (argc == 3 && !strcmp(argv[1], "--mpi")) {
+        if (!strcmp(argv[2], "none")) {
+            /* a skipped TAP plan: meson's TAP protocol counts exit 77 as an error */
+            printf("1..0 # SKIP ntensor was built without MPI or mpirun is missing\n");
+            return 0;
+        }
+        mpirun_path = argv[2];
+        const struct CMUnitTest mpi_tests[] = {cmocka_unit_test(test_bitwise_across_processes)};
+        return cmocka_run_group_tests(mpi_tests, NULL, NULL);
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_tree_matches_reference, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bad_input, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_two_devices, setup_2dev, teardown_2dev),
+        cmocka_unit_test(test_bitwise_across_cores),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
