@@ -509,6 +509,11 @@ typedef struct nt__rec {
 
 enum {
     NT_RECF_INPLACE = 1u << 0, /* out[0] aliases in[0] */
+    /* Runs in a batch of its own, after the records before it are done
+     * (streams/stream.c): a collective member may block until the other
+     * members arrive, and another member may be waiting (through a
+     * cross-stream dependency) for a record this worker ran before it. */
+    NT_RECF_ALONE = 1u << 1,
 };
 
 /* The stochastic-rounding key of a CAST record (core/dtype.h): its seed and

@@ -808,6 +808,7 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
         nt__rec *r = recs[i];
         nt_stream *s = c->stream[i];
         r->type = NT_REC_HOST;
+        r->flags = NT_RECF_ALONE; /* ops before it done first (core/internal.h) */
         r->host_fn = member_run;
         r->host_arg = &c->mem[i];
         r->site = c->site;

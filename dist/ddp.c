@@ -342,13 +342,6 @@ NT_API nt_ddp *nt_ddp_create_at(const nt_site *site, nt_tensor *const *params, i
             m->rep[j] = c;
         }
         nt_no_grad_end();
-        /* Wait for the copies: they are the only ops of DDP that read
-         * another device, and a worker that has taken the copy's producer
-         * into a batch with a later collective would not report it done
-         * before that collective completes (a cycle with this device's
-         * member, queued behind the copy). */
-        if (!rc && m->dev != home)
-            rc = nt_stream_synchronize(device_stream(m->dev));
         leave(old);
     }
     if (rc) {
@@ -428,25 +421,8 @@ NT_API nt_tensor *nt_ddp_shard_at(const nt_site *site, nt_ddp *d, nt_tensor *bat
     int dev = d->m[member_of(d, shard)].dev, bdev = tensor_device(batch);
     nt_stream *old = enter(bdev);
     nt_tensor *v = nt_slice_at(site, batch, 0, shard * rows, (shard + 1) * rows, 1);
-    if (v && bdev == dev) {
-        r = to_device(site, v, dev);
-    } else if (v) {
-        /* Through the host, not nt_to_device: a copy queued on this device
-         * waiting for the batch's producer on another could wait forever
-         * if that device's worker runs the producer in one batch with a
-         * collective whose other member is queued behind the copy (see
-         * nt_ddp_create). */
-        size_t nb = (size_t)nt_numel(v) * nt_dtype_size((nt_dtype)v->dtype);
-        void *buf = malloc(nb ? nb : 1);
-        if (!buf) {
-            nt__err_hostmem(site, fn, "the shard's host copy");
-        } else if (nt_to_host_at(site, v, buf, nb) == 0) {
-            leave(old);
-            old = enter(dev);
-            r = nt_from_host_at(site, buf, (nt_dtype)v->dtype, v->ndim, v->shape);
-        }
-        free(buf);
-    }
+    if (v)
+        r = to_device(site, v, dev); /* queued on the batch's device */
     leave(old);
     nt_release(v);
 out:

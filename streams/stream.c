@@ -803,8 +803,10 @@ static gpointer worker_main(gpointer arg)
             nt__rec **recs = (nt__rec **)s->held->pdata;
             /* An op waiting on another stream: run what precedes it first. */
             guint i = 0;
-            while (i < k && deps_met(recs[i]))
+            while (i < k && deps_met(recs[i]) && !((recs[i]->flags & NT_RECF_ALONE) && i))
                 i++;
+            if (i && (recs[0]->flags & NT_RECF_ALONE))
+                i = 1; /* a collective member runs alone: see NT_RECF_ALONE */
             if (i == 0) {
                 for (int d = 0; d < recs[0]->ndeps; d++)
                     nt__wait_packed(recs[0]->deps[d]);
@@ -812,7 +814,9 @@ static gpointer worker_main(gpointer arg)
                 continue;
             }
             if (i < k)
-                s->end_reason = "an op waits for another stream";
+                s->end_reason = ((recs[0]->flags | recs[i]->flags) & NT_RECF_ALONE)
+                                    ? "a collective runs alone"
+                                    : "an op waits for another stream";
             k = i;
             AO_store(&s->busy, 1);
             nt__batch_end_reason = s->end_reason;

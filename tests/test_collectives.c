@@ -711,6 +711,45 @@ static void test_timeout(void **state)
     nt_config_set("NT_MODE", "adaptive");
 }
 
+/* A member's input made on another device from an op its stream ran just
+ * before the collective: device 1 copies what device 0 computed, then both
+ * all-reduce.  Device 0's worker must mark its producer done before its
+ * member waits, or device 1's copy (waiting for the producer) never runs
+ * and the collective times out: members run in batches of their own
+ * (NT_RECF_ALONE).  No timing: with the defect it is an NT_ETIMEDOUT. */
+static void test_member_after_cross_device_producer(void **state)
+{
+    (void)state;
+    const char *modes[] = {"eager", "adaptive", "lazy", "deterministic"};
+    nt_comm *c = nt_comm_create((int[]){0, 1}, 2);
+    assert_non_null(c);
+    for (int m = 0; m < 4; m++) {
+        bool det = !strcmp(modes[m], "deterministic");
+        assert_int_equal(nt_config_set("NT_DETERMINISTIC", det ? "1" : "0"), 0);
+        if (!det)
+            assert_int_equal(nt_config_set("NT_MODE", modes[m]), 0);
+        for (int it = 0; it < 20; it++) {
+            nt_scope *sc = nt_scope_begin();
+            dev_set(0);
+            nt_tensor *a = nt_full(NT_F32, 1, (int64_t[]){4096}, 2.0);
+            for (int k = 0; k < 8; k++)
+                a = nt_add_scalar(a, 1.0);
+            dev_set(1);
+            nt_tensor *b = nt_to_device(a, 1);
+            nt_tensor *out[2];
+            assert_int_equal(nt_all_reduce(c, (nt_tensor *[]){a, b}, out, NT_REDUCE_SUM), 0);
+            float v[2];
+            assert_int_equal(nt_to_host(nt_slice(out[1], 0, 0, 2, 1), v, sizeof v), 0);
+            assert_true(v[0] == 20.0f && v[1] == 20.0f);
+            nt_scope_end(sc);
+            dev_set(0);
+        }
+    }
+    nt_config_set("NT_DETERMINISTIC", "0");
+    nt_config_set("NT_MODE", "adaptive");
+    nt_comm_destroy(c);
+}
+
 /* The simulated time: outputs are ready when the schedule over the
  * members' input-ready times ends, and a core's next collective starts no
  * earlier than its previous one ended. */
@@ -805,6 +844,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_poisoned_input, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bad_input_members, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_timeout, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_member_after_cross_device_producer, nt_test_setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_sim_time, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_trace, nt_test_setup, nt_test_teardown),
     };
