@@ -373,7 +373,7 @@ struct job {
     const float *A, *B; /* A: packed panels (ktile jobs) */
     float *C;
     bool acc;
-    int nbn;             /* full jobs: blocks per row of C blocks */
+    int nbn;             /* full jobs: blocks per column of C blocks */
     int nblocks;
     volatile AO_t next;  /* next block to claim */
     volatile AO_t done;  /* blocks finished */
@@ -616,14 +616,20 @@ static void pack_rows(int R, float *dst, int n, int K, const float *src, int ld)
     for (int i = 0; i < n; i += R) {
         int w = n - i < R ? n - i : R;
         float *d = dst + (long)(i / R) * K * R;
-        for (int r = 0; r < R; r++) {
-            const float *a = src + (long)(i + r) * ld;
-            if (r < w)
-                for (int k = 0; k < K; k++)
-                    d[k * R + r] = a[k];
-            else
-                for (int k = 0; k < K; k++)
-                    d[k * R + r] = 0.0f;
+        const float *a = src + (long)i * ld;
+        /* k outer, a few k at a time: the panel is written in order and the
+         * w rows are read as w sequential streams (row by row, the strided
+         * writes would sweep the whole panel through L1 once per row) */
+        for (int k0 = 0; k0 < K; k0 += 16) {
+            int kn = K - k0 < 16 ? K - k0 : 16;
+            for (int k = k0; k < k0 + kn; k++) {
+                float *dk = d + (long)k * R;
+                int r = 0;
+                for (; r < w; r++)
+                    dk[r] = a[(long)r * ld + k];
+                for (; r < R; r++)
+                    dk[r] = 0.0f;
+            }
         }
     }
 }
@@ -646,24 +652,72 @@ static void pack_block(const job *jb, int b)
                jb->ldb);
 }
 
+/* Prefetches the cache lines [p + 64 * l0, p + 64 * l1) of a panel of n
+ * bytes: into L1 (near) or L2. */
+static inline void prefetch_lines(const float *p, size_t n, size_t l0, size_t l1, bool near)
+{
+    size_t nl = (n + 63) / 64;
+    if (l1 > nl)
+        l1 = nl;
+    for (size_t l = l0; l < l1; l++) {
+        if (near)
+            __builtin_prefetch((const char *)p + l * 64, 0, 3);
+        else
+            __builtin_prefetch((const char *)p + l * 64, 0, 2);
+    }
+}
+
 static void full_block(const job *jb, int b)
 {
     const full *f = (const full *)jb;
     const kern *kn = jb->kn;
     const int MR = kn->mr, NR = kn->nr;
-    int bi = b / jb->nbn, bj = b % jb->nbn;
+    /* blocks down a column of C in turn: the two threads take neighbours,
+     * which share the column's B panels (read from memory once, then from
+     * the shared cache); A is the smaller stream */
+    int bi = b % jb->nbn, bj = b / jb->nbn;
     int i0 = bi * f->mc, i1 = i0 + f->mc < jb->M ? i0 + f->mc : jb->M;
     int j0 = bj * f->ncb, j1 = j0 + f->ncb < jb->N ? j0 + f->ncb : jb->N;
+    int nrow = (i1 - i0 + MR - 1) / MR, ncol = (j1 - j0 + NR - 1) / NR;
     for (int k0 = 0; k0 < jb->K; k0 += NT_GEMM_KTILE) {
         int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
         const float *Ak = f->Ap + (long)f->Mpad * k0, *Bk = f->Bp + (long)f->Npad * k0;
+        /* The next K-tile's panels of this block come from memory or the
+         * shared cache: fetched into L2 a few lines per micro-kernel call,
+         * spread over this K-tile's calls, so they are there when needed. */
+        int k1 = k0 + NT_GEMM_KTILE, kw1 = jb->K - k1 < NT_GEMM_KTILE ? jb->K - k1 : NT_GEMM_KTILE;
+        const float *An = NULL, *Bn = NULL;
+        size_t an = 0, bn = 0, fl = 0, fper = 0;
+        if (k1 < jb->K) {
+            An = f->Ap + (long)f->Mpad * k1 + (long)(i0 / MR) * kw1 * MR;
+            Bn = f->Bp + (long)f->Npad * k1 + (long)(j0 / NR) * kw1 * NR;
+            an = (size_t)nrow * MR * kw1 * sizeof(float);
+            bn = (size_t)ncol * NR * kw1 * sizeof(float);
+            fper = ((an + bn) / 64 + (size_t)(nrow * ncol) - 1) / (size_t)(nrow * ncol);
+        }
+        size_t anl = (an + 63) / 64;
         /* a B panel (kw x NR) stays in L1 while the block's A panels
-         * stream past it from L2 */
+         * stream past it from L2; the next B panel is fetched into L1
+         * meanwhile */
+        size_t bpl = ((size_t)kw * NR * sizeof(float) + 63) / 64;
+        size_t bper = (bpl + (size_t)nrow - 1) / (size_t)nrow;
         for (int c = j0; c < j1; c += NR) {
             int w = j1 - c < NR ? j1 - c : NR;
             const float *bp = Bk + (long)(c / NR) * kw * NR;
-            for (int i = i0; i < i1; i += MR) {
+            bool bnext = c + NR < j1;
+            for (int i = i0, r = 0; i < i1; i += MR, r++) {
                 int mr = i1 - i < MR ? i1 - i : MR;
+                if (bnext)
+                    prefetch_lines(bp + (long)kw * NR, bpl * 64, r * bper, (r + 1) * bper, true);
+                if (fper) {
+                    /* lines [fl, fl + fper) of An then Bn */
+                    size_t e = fl + fper;
+                    if (fl < anl)
+                        prefetch_lines(An, an, fl, e, false);
+                    if (e > anl)
+                        prefetch_lines(Bn, bn, fl > anl ? fl - anl : 0, e - anl, false);
+                    fl = e;
+                }
                 kn->micro(kw, Ak + (long)(i / MR) * kw * MR, bp, jb->C + (long)i * jb->ldc + c,
                           jb->ldc, mr, w, k0 > 0);
             }
@@ -697,7 +751,7 @@ static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, c
         if ((long)((M + mc - 1) / mc) * ((N + ncb - 1) / ncb) < 8)
             mc = NT_MC, ncb = NT_NCB;
         int nbm = (M + mc - 1) / mc, nbn = (N + ncb - 1) / ncb;
-        full g = {{full_block, M, N, K, lda, ldb, ldc, A, B, C, false, nbn, nbm * nbn, 0, 0, 0},
+        full g = {{full_block, M, N, K, lda, ldb, ldc, A, B, C, false, nbm, nbm * nbn, 0, 0, 0},
                   Ap, Bp, Mpad, Npad, nk, mc, ncb, arow, bcol};
         g.j.kn = kn;
         run_job(&g.j, split);
