@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include <atomic_ops.h>
+#include "core/dtype.h"
 #include "core/tsan.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -40,9 +41,12 @@
 
 /* A micro-kernel: c[0..mr)[0..nr) = A^T . B for one pair of packed panels
  * (A panel [K][mr], B panel [K][nr], see pack_a / pack_b), stored to C's
- * first rows_ rows and w columns (acc: added to C, as C + s). */
+ * first rows_ rows and w columns; fl: MICRO_ACC adds it to C (as C + s),
+ * MICRO_CANON makes NaNs canonical as they are stored (nt__canon: the CPU
+ * kernel's rounding to f32, folded into the last K-tile's store). */
+enum { MICRO_ACC = 1, MICRO_CANON = 2 };
 typedef void (*micro_fn)(int K, const float *Ap, const float *Bp, float *C, int ldc, int rows_,
-                         int w, bool acc);
+                         int w, int fl);
 typedef struct kern {
     int mr, nr; /* tile: NT_MC is a multiple of mr, NT_JB, NT_NC and NT_NCB of nr */
     micro_fn micro;
@@ -61,6 +65,11 @@ static inline float dot1(int K, const float *A, int lda, const float *B, int ldb
 }
 
 static inline void put(float *p, float s, bool acc) { *p = acc ? *p + s : s; }
+static inline void putf(float *p, float s, int fl)
+{
+    float v = fl & MICRO_ACC ? *p + s : s;
+    *p = fl & MICRO_CANON ? nt__canon(v) : v;
+}
 
 /* Packed operands.  A micro-kernel reads an A panel [K][mr] and a B panel
  * [K][nr], both contiguous: B rows of a strided matrix sit ldb floats apart
@@ -70,7 +79,7 @@ static inline void put(float *p, float s, bool acc) { *p = acc ? *p + s : s; }
 
 /* Portable: 4 x 8, plain C fmaf (any CPU; NT_CPU_ISA=scalar). */
 static void micro_c(int K, const float *Ap, const float *Bp, float *C, int ldc, int rows_, int w,
-                    bool acc)
+                    int fl)
 {
     float c[4][8] = {{0}};
     for (int k = 0; k < K; k++)
@@ -79,14 +88,14 @@ static void micro_c(int K, const float *Ap, const float *Bp, float *C, int ldc, 
                 c[r][q] = fmaf(Ap[k * 4 + r], Bp[k * 8 + q], c[r][q]);
     for (int r = 0; r < rows_; r++)
         for (int j = 0; j < w; j++)
-            put(C + (long)r * ldc + j, c[r][j], acc);
+            putf(C + (long)r * ldc + j, c[r][j], fl);
 }
 
 #if NT_X86
 /* AVX2 + FMA: 6 x 16, twelve 256-bit accumulators. */
 __attribute__((target("avx2,fma"))) static void micro_avx2(int K, const float *Ap,
                                                            const float *Bp, float *C, int ldc,
-                                                           int rows_, int w, bool acc)
+                                                           int rows_, int w, int fl)
 {
     /* twelve named accumulators: an array here would be spilled to the
      * stack after every fma (GCC keeps address-taken arrays in memory) */
@@ -110,12 +119,17 @@ __attribute__((target("avx2,fma"))) static void micro_avx2(int K, const float *A
     }
     __m256 c[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
     if (rows_ == 6 && w == 16) {
+        const __m256 qnan = _mm256_castsi256_ps(_mm256_set1_epi32((int)NT__QNAN_F32));
         for (int r = 0; r < 6; r++) {
             float *p = C + (long)r * ldc;
             __m256 v0 = c[r][0], v1 = c[r][1];
-            if (acc) {
+            if (fl & MICRO_ACC) {
                 v0 = _mm256_add_ps(_mm256_loadu_ps(p), v0);
                 v1 = _mm256_add_ps(_mm256_loadu_ps(p + 8), v1);
+            }
+            if (fl & MICRO_CANON) {
+                v0 = _mm256_blendv_ps(v0, qnan, _mm256_cmp_ps(v0, v0, _CMP_UNORD_Q));
+                v1 = _mm256_blendv_ps(v1, qnan, _mm256_cmp_ps(v1, v1, _CMP_UNORD_Q));
             }
             _mm256_storeu_ps(p, v0);
             _mm256_storeu_ps(p + 8, v1);
@@ -129,7 +143,7 @@ __attribute__((target("avx2,fma"))) static void micro_avx2(int K, const float *A
     }
     for (int r = 0; r < rows_; r++)
         for (int j = 0; j < w; j++)
-            put(C + (long)r * ldc + j, t[r][j], acc);
+            putf(C + (long)r * ldc + j, t[r][j], fl);
 }
 
 /* AVX-512F: 12 x 32, twenty-four 512-bit accumulators (plus two B vectors
@@ -139,7 +153,7 @@ __attribute__((target("avx2,fma"))) static void micro_avx2(int K, const float *A
 __attribute__((target("avx512f,avx2,fma"))) static void micro_avx512(int K, const float *Ap,
                                                                      const float *Bp, float *C,
                                                                      int ldc, int rows_, int w,
-                                                                     bool acc)
+                                                                     int fl)
 {
 #define NT_DECL(r) __m512 c##r##a = _mm512_setzero_ps(), c##r##b = c##r##a;
     NT_R12(NT_DECL)
@@ -158,12 +172,17 @@ __attribute__((target("avx512f,avx2,fma"))) static void micro_avx512(int K, cons
 #undef NT_LIST
     __mmask16 m0 = w >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << w) - 1);
     __mmask16 m1 = w >= 32 ? (__mmask16)0xffff : w > 16 ? (__mmask16)((1u << (w - 16)) - 1) : 0;
+    const __m512 qnan = _mm512_castsi512_ps(_mm512_set1_epi32((int)NT__QNAN_F32));
     for (int r = 0; r < rows_; r++) {
         float *p = C + (long)r * ldc;
         __m512 v0 = c[r][0], v1 = c[r][1];
-        if (acc) {
+        if (fl & MICRO_ACC) {
             v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, p), v0);
             v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, p + 16), v1);
+        }
+        if (fl & MICRO_CANON) {
+            v0 = _mm512_mask_mov_ps(v0, _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q), qnan);
+            v1 = _mm512_mask_mov_ps(v1, _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q), qnan);
         }
         _mm512_mask_storeu_ps(p, m0, v0);
         _mm512_mask_storeu_ps(p + 16, m1, v1);
@@ -604,6 +623,7 @@ typedef struct full {
     int mc, ncb; /* C block */
     bool arow;   /* A given row-major M x K (nt__gemm_rowa) */
     bool bcol;   /* B given as B^T, row-major N x K (nt__gemm_ex) */
+    bool canon;  /* NaNs made canonical in the last K-tile's store */
 } full;
 
 /* Panels of width R (pack_a's MR, pack_b's NR) from a matrix stored with
@@ -687,7 +707,7 @@ static void full_block(const job *jb, int b)
          * spread over this K-tile's calls, so they are there when needed. */
         int k1 = k0 + NT_GEMM_KTILE, kw1 = jb->K - k1 < NT_GEMM_KTILE ? jb->K - k1 : NT_GEMM_KTILE;
         const float *An = NULL, *Bn = NULL;
-        size_t an = 0, bn = 0, fl = 0, fper = 0;
+        size_t an = 0, bn = 0, pl = 0, fper = 0;
         if (k1 < jb->K) {
             An = f->Ap + (long)f->Mpad * k1 + (long)(i0 / MR) * kw1 * MR;
             Bn = f->Bp + (long)f->Npad * k1 + (long)(j0 / NR) * kw1 * NR;
@@ -696,6 +716,7 @@ static void full_block(const job *jb, int b)
             fper = ((an + bn) / 64 + (size_t)(nrow * ncol) - 1) / (size_t)(nrow * ncol);
         }
         size_t anl = (an + 63) / 64;
+        int fl = (k0 > 0 ? MICRO_ACC : 0) | (f->canon && k1 >= jb->K ? MICRO_CANON : 0);
         /* a B panel (kw x NR) stays in L1 while the block's A panels
          * stream past it from L2; the next B panel is fetched into L1
          * meanwhile */
@@ -710,23 +731,23 @@ static void full_block(const job *jb, int b)
                 if (bnext)
                     prefetch_lines(bp + (long)kw * NR, bpl * 64, r * bper, (r + 1) * bper, true);
                 if (fper) {
-                    /* lines [fl, fl + fper) of An then Bn */
-                    size_t e = fl + fper;
-                    if (fl < anl)
-                        prefetch_lines(An, an, fl, e, false);
+                    /* lines [pl, pl + fper) of An then Bn */
+                    size_t e = pl + fper;
+                    if (pl < anl)
+                        prefetch_lines(An, an, pl, e, false);
                     if (e > anl)
-                        prefetch_lines(Bn, bn, fl > anl ? fl - anl : 0, e - anl, false);
-                    fl = e;
+                        prefetch_lines(Bn, bn, pl > anl ? pl - anl : 0, e - anl, false);
+                    pl = e;
                 }
                 kn->micro(kw, Ak + (long)(i / MR) * kw * MR, bp, jb->C + (long)i * jb->ldc + c,
-                          jb->ldc, mr, w, k0 > 0);
+                          jb->ldc, mr, w, fl);
             }
         }
     }
 }
 
 static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, const float *B,
-                      int ldb, bool bcol, float *C, int ldc)
+                      int ldb, bool bcol, float *C, int ldc, bool canon)
 {
     if (M <= 0 || N <= 0)
         return;
@@ -744,7 +765,7 @@ static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, c
         bool split = (long)M * N * K >= NT_GEMM_SPLIT;
         int nk = (K + NT_GEMM_KTILE - 1) / NT_GEMM_KTILE;
         full f = {{pack_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, 2 * nk, 0, 0, 0},
-                  Ap, Bp, Mpad, Npad, nk, 0, 0, arow, bcol};
+                  Ap, Bp, Mpad, Npad, nk, 0, 0, arow, bcol, false};
         f.j.kn = kn;
         run_job(&f.j, split);
         int mc = gemm_mc_big, ncb = gemm_ncb_big;
@@ -752,7 +773,7 @@ static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, c
             mc = NT_MC, ncb = NT_NCB;
         int nbm = (M + mc - 1) / mc, nbn = (N + ncb - 1) / ncb;
         full g = {{full_block, M, N, K, lda, ldb, ldc, A, B, C, false, nbm, nbm * nbn, 0, 0, 0},
-                  Ap, Bp, Mpad, Npad, nk, mc, ncb, arow, bcol};
+                  Ap, Bp, Mpad, Npad, nk, mc, ncb, arow, bcol, canon};
         g.j.kn = kn;
         run_job(&g.j, split);
         return;
@@ -773,22 +794,32 @@ static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, c
                     k0 > 0);
             }
     }
+    if (canon)
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++)
+                C[(long)i * ldc + j] = nt__canon(C[(long)i * ldc + j]);
 }
 
 void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
               int ldc)
 {
-    gemm_full(M, N, K, A, lda, false, B, ldb, false, C, ldc);
+    gemm_full(M, N, K, A, lda, false, B, ldb, false, C, ldc, false);
 }
 
 void nt__gemm_rowa(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                    float *C, int ldc)
 {
-    gemm_full(M, N, K, A, lda, true, B, ldb, false, C, ldc);
+    gemm_full(M, N, K, A, lda, true, B, ldb, false, C, ldc, false);
 }
 
 void nt__gemm_ex(int M, int N, int K, const float *A, int lda, bool arow, const float *B, int ldb,
                  bool bcol, float *C, int ldc)
 {
-    gemm_full(M, N, K, A, lda, arow, B, ldb, bcol, C, ldc);
+    gemm_full(M, N, K, A, lda, arow, B, ldb, bcol, C, ldc, false);
+}
+
+void nt__gemm_ex_canon(int M, int N, int K, const float *A, int lda, bool arow, const float *B,
+                       int ldb, bool bcol, float *C, int ldc)
+{
+    gemm_full(M, N, K, A, lda, arow, B, ldb, bcol, C, ldc, true);
 }
