@@ -27,6 +27,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <atomic_ops.h>
 #include "core/dtype.h"
@@ -337,7 +338,20 @@ static float *panel(GPrivate *key, size_t n)
     }
     if (b->n < n) {
         free(b->p);
-        b->p = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+        size_t by = (n * sizeof(float) + 63) / 64 * 64;
+#ifdef MADV_HUGEPAGE
+        /* The whole product's panels (tens of MB at 2048^3) are streamed
+         * once per block of C: on 2 MB pages (where the host allows them
+         * on request) that walks 512x fewer page tables. */
+        const size_t huge = (size_t)2 << 20;
+        if (by >= 2 * huge) {
+            by = (by + huge - 1) / huge * huge;
+            b->p = aligned_alloc(huge, by);
+            if (b->p)
+                (void)madvise(b->p, by, MADV_HUGEPAGE); /* advice: may be refused */
+        } else
+#endif
+            b->p = aligned_alloc(64, by);
         b->n = b->p ? n : 0;
     }
     return b->p;
@@ -620,6 +634,7 @@ typedef struct full {
     job j;
     float *Ap, *Bp; /* K-tile kt's panels start at Mpad * k0 and Npad * k0 */
     int Mpad, Npad, nk;
+    int nca, ncbp; /* pack job: A and B chunks per K-tile */
     int mc, ncb; /* C block */
     bool arow;   /* A given row-major M x K (nt__gemm_rowa) */
     bool bcol;   /* B given as B^T, row-major N x K (nt__gemm_ex) */
@@ -637,39 +652,69 @@ static void pack_rows(int R, float *dst, int n, int K, const float *src, int ld)
         int w = n - i < R ? n - i : R;
         float *d = dst + (long)(i / R) * K * R;
         const float *a = src + (long)i * ld;
-        /* k outer, a few k at a time: the panel is written in order and the
-         * w rows are read as w sequential streams (row by row, the strided
-         * writes would sweep the whole panel through L1 once per row) */
-        for (int k0 = 0; k0 < K; k0 += 16) {
-            int kn = K - k0 < 16 ? K - k0 : 16;
-            for (int k = k0; k < k0 + kn; k++) {
-                float *dk = d + (long)k * R;
-                int r = 0;
-                for (; r < w; r++)
-                    dk[r] = a[(long)r * ld + k];
-                for (; r < R; r++)
-                    dk[r] = 0.0f;
-            }
+        int k = 0;
+#if NT_X86
+        /* full panels of a width that is a multiple of 4 (12 and 32 for
+         * AVX-512, 16 for AVX2, 8 for the portable kernel's B): 4 x 4
+         * blocks transposed in SSE registers (the x86-64 baseline), the
+         * panel written in order */
+        if (w == R && R % 4 == 0)
+            for (; k + 4 <= K; k += 4)
+                for (int r = 0; r < R; r += 4) {
+                    const float *s0 = a + (long)r * ld + k;
+                    __m128 x0 = _mm_loadu_ps(s0), x1 = _mm_loadu_ps(s0 + ld);
+                    __m128 x2 = _mm_loadu_ps(s0 + 2 * (long)ld), x3 = _mm_loadu_ps(s0 + 3 * (long)ld);
+                    _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
+                    float *d0 = d + (long)k * R + r;
+                    _mm_storeu_ps(d0, x0);
+                    _mm_storeu_ps(d0 + R, x1);
+                    _mm_storeu_ps(d0 + 2 * R, x2);
+                    _mm_storeu_ps(d0 + 3 * R, x3);
+                }
+#endif
+        /* the rest k outer: the panel written in order, the w rows read as
+         * w sequential streams (row by row, the strided writes would sweep
+         * the whole panel through L1 once per row) */
+        for (; k < K; k++) {
+            float *dk = d + (long)k * R;
+            int r = 0;
+            for (; r < w; r++)
+                dk[r] = a[(long)r * ld + k];
+            for (; r < R; r++)
+                dk[r] = 0.0f;
         }
     }
 }
 
-/* Pack job: block b < nk packs A's K-tile b, else B's K-tile b - nk. */
+/* Pack job: per K-tile, A's panels in chunks of NT_PACK_A panels (rows),
+ * then B's in chunks of NT_PACK_B panels (columns): enough blocks that the
+ * two threads share the packing of a skinny product evenly (x [2048, 128]
+ * against w [384, 128]: one block each would leave one thread 5x the
+ * other's work).  Block b < nk * nca packs A chunk b % nca of K-tile
+ * b / nca, else B chunk (b - nk * nca) % ncb of K-tile (b - nk * nca) / ncb. */
+#define NT_PACK_A 16
+#define NT_PACK_B 8
 static void pack_block(const job *jb, int b)
 {
     const full *f = (const full *)jb;
-    int kt = b < f->nk ? b : b - f->nk, k0 = kt * NT_GEMM_KTILE;
+    const kern *kn = jb->kn;
+    bool isa = b < f->nk * f->nca;
+    int n = isa ? f->nca : f->ncbp, q = isa ? b : b - f->nk * f->nca;
+    int kt = q / n, ch = q % n, k0 = kt * NT_GEMM_KTILE;
     int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
-    if (b < f->nk && f->arow)
-        pack_rows(jb->kn->mr, f->Ap + (long)f->Mpad * k0, jb->M, kw, jb->A + k0, jb->lda);
-    else if (b < f->nk)
-        pack_a(jb->kn, f->Ap + (long)f->Mpad * k0, jb->M, kw, jb->A + (long)k0 * jb->lda,
-               jb->lda);
+    int R = isa ? kn->mr : kn->nr, span = R * (isa ? NT_PACK_A : NT_PACK_B);
+    int tot = isa ? jb->M : jb->N;
+    int r0 = ch * span, r1 = r0 + span < tot ? r0 + span : tot;
+    /* panels r0 / R, ... of K-tile kt (r0 is a multiple of R) */
+    float *d = (isa ? f->Ap + (long)f->Mpad * k0 : f->Bp + (long)f->Npad * k0) + (long)r0 * kw;
+    if (isa && f->arow)
+        pack_rows(R, d, r1 - r0, kw, jb->A + (long)r0 * jb->lda + k0, jb->lda);
+    else if (isa)
+        pack_a(kn, d, r1 - r0, kw, jb->A + (long)k0 * jb->lda + r0, jb->lda);
     else if (f->bcol)
-        pack_rows(jb->kn->nr, f->Bp + (long)f->Npad * k0, jb->N, kw, jb->B + k0, jb->ldb);
+        pack_rows(R, d, r1 - r0, kw, jb->B + (long)r0 * jb->ldb + k0, jb->ldb);
     else
-        pack_b(jb->kn, f->Bp + (long)f->Npad * k0, 0, jb->N, kw, jb->B + (long)k0 * jb->ldb,
-               jb->ldb);
+        pack_b(kn, d, r0, r1, kw, jb->B + (long)k0 * jb->ldb, jb->ldb);
 }
 
 /* Prefetches the cache lines [p + 64 * l0, p + 64 * l1) of a panel of n
@@ -764,8 +809,11 @@ static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, c
     if (Ap && Bp) {
         bool split = (long)M * N * K >= NT_GEMM_SPLIT;
         int nk = (K + NT_GEMM_KTILE - 1) / NT_GEMM_KTILE;
-        full f = {{pack_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, 2 * nk, 0, 0, 0},
-                  Ap, Bp, Mpad, Npad, nk, 0, 0, arow, bcol, false};
+        int nca = (M + kn->mr * NT_PACK_A - 1) / (kn->mr * NT_PACK_A);
+        int ncbp = (N + kn->nr * NT_PACK_B - 1) / (kn->nr * NT_PACK_B);
+        full f = {{pack_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, nk * (nca + ncbp), 0,
+                   0, 0},
+                  Ap, Bp, Mpad, Npad, nk, nca, ncbp, 0, 0, arow, bcol, false};
         f.j.kn = kn;
         run_job(&f.j, split);
         int mc = gemm_mc_big, ncb = gemm_ncb_big;
@@ -773,7 +821,7 @@ static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, c
             mc = NT_MC, ncb = NT_NCB;
         int nbm = (M + mc - 1) / mc, nbn = (N + ncb - 1) / ncb;
         full g = {{full_block, M, N, K, lda, ldb, ldc, A, B, C, false, nbm, nbm * nbn, 0, 0, 0},
-                  Ap, Bp, Mpad, Npad, nk, mc, ncb, arow, bcol, canon};
+                  Ap, Bp, Mpad, Npad, nk, 0, 0, mc, ncb, arow, bcol, canon};
         g.j.kn = kn;
         run_job(&g.j, split);
         return;
