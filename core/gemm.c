@@ -10,8 +10,10 @@
  * edge rows and columns use the same kernels with fewer rows and masked
  * lanes, never a scalar loop), columns blocked so a panel of B stays in L2,
  * and a second thread taking half the column blocks of big calls.  nt__gemm
- * (the whole product) packs both operands once and keeps each block of C in
- * cache across all its K-tiles.
+ * (the whole product) packs both operands once (in chunks both threads
+ * share) and keeps each block of C in cache across all its K-tiles, while
+ * prefetching the next K-tile's panels (they come from memory: at 2048^3
+ * the packed operands are 32 MB).
  *
  * The micro-kernel is chosen at run time, not by the build machine: the
  * widest of AVX-512F (12 x 32), AVX2+FMA (6 x 16) and portable C (4 x 8)

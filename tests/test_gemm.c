@@ -201,8 +201,9 @@ static void test_ktile_every_level(void **state)
 }
 
 /* The whole product: K > 128 and not a multiple of it, shapes around the
- * C blocks (96 x 256, and 192 x 512 for big products), big enough for the
- * second thread. */
+ * C blocks (96 x 256, and 192 x 512 for big products) and the pack job's
+ * chunks (16 A panels, 8 B panels), big enough for the second thread;
+ * nt__gemm_ex_canon too. */
 static void test_whole_every_level(void **state)
 {
     (void)state;
@@ -210,6 +211,7 @@ static void test_whole_every_level(void **state)
         {1, 1, 129},    {13, 33, 300},  {12, 32, 256},   {97, 257, 385}, {96, 256, 129},
         {300, 1100, 228}, {12, 64, 1000}, {1, 700, 130},  {200, 520, 257}, {40, 40, 0},
         {37, 45, 200},  {390, 1601, 130}, /* the last: 192 x 512 C blocks */
+        {8, 8200, 129}, /* B's panels over 4 MB: the huge-page buffer */
     };
     int best = nt__gemm_isa_best();
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
