@@ -10,8 +10,10 @@
  * edge rows and columns use the same kernels with fewer rows and masked
  * lanes, never a scalar loop), columns blocked so a panel of B stays in L2,
  * and a second thread taking half the column blocks of big calls.  nt__gemm
- * (the whole product) packs both operands once and keeps each block of C in
- * cache across all its K-tiles.
+ * (the whole product) packs both operands once (in chunks both threads
+ * share) and keeps each block of C in cache across all its K-tiles, while
+ * prefetching the next K-tile's panels (they come from memory: at 2048^3
+ * the packed operands are 32 MB).
  *
  * The micro-kernel is chosen at run time, not by the build machine: the
  * widest of AVX-512F (12 x 32), AVX2+FMA (6 x 16) and portable C (4 x 8)
@@ -27,8 +29,10 @@
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <atomic_ops.h>
+#include "core/dtype.h"
 #include "core/tsan.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -40,9 +44,12 @@
 
 /* A micro-kernel: c[0..mr)[0..nr) = A^T . B for one pair of packed panels
  * (A panel [K][mr], B panel [K][nr], see pack_a / pack_b), stored to C's
- * first rows_ rows and w columns (acc: added to C, as C + s). */
+ * first rows_ rows and w columns; fl: MICRO_ACC adds it to C (as C + s),
+ * MICRO_CANON makes NaNs canonical as they are stored (nt__canon: the CPU
+ * kernel's rounding to f32, folded into the last K-tile's store). */
+enum { MICRO_ACC = 1, MICRO_CANON = 2 };
 typedef void (*micro_fn)(int K, const float *Ap, const float *Bp, float *C, int ldc, int rows_,
-                         int w, bool acc);
+                         int w, int fl);
 typedef struct kern {
     int mr, nr; /* tile: NT_MC is a multiple of mr, NT_JB, NT_NC and NT_NCB of nr */
     micro_fn micro;
@@ -61,6 +68,11 @@ static inline float dot1(int K, const float *A, int lda, const float *B, int ldb
 }
 
 static inline void put(float *p, float s, bool acc) { *p = acc ? *p + s : s; }
+static inline void putf(float *p, float s, int fl)
+{
+    float v = fl & MICRO_ACC ? *p + s : s;
+    *p = fl & MICRO_CANON ? nt__canon(v) : v;
+}
 
 /* Packed operands.  A micro-kernel reads an A panel [K][mr] and a B panel
  * [K][nr], both contiguous: B rows of a strided matrix sit ldb floats apart
@@ -70,7 +82,7 @@ static inline void put(float *p, float s, bool acc) { *p = acc ? *p + s : s; }
 
 /* Portable: 4 x 8, plain C fmaf (any CPU; NT_CPU_ISA=scalar). */
 static void micro_c(int K, const float *Ap, const float *Bp, float *C, int ldc, int rows_, int w,
-                    bool acc)
+                    int fl)
 {
     float c[4][8] = {{0}};
     for (int k = 0; k < K; k++)
@@ -79,14 +91,14 @@ static void micro_c(int K, const float *Ap, const float *Bp, float *C, int ldc, 
                 c[r][q] = fmaf(Ap[k * 4 + r], Bp[k * 8 + q], c[r][q]);
     for (int r = 0; r < rows_; r++)
         for (int j = 0; j < w; j++)
-            put(C + (long)r * ldc + j, c[r][j], acc);
+            putf(C + (long)r * ldc + j, c[r][j], fl);
 }
 
 #if NT_X86
 /* AVX2 + FMA: 6 x 16, twelve 256-bit accumulators. */
 __attribute__((target("avx2,fma"))) static void micro_avx2(int K, const float *Ap,
                                                            const float *Bp, float *C, int ldc,
-                                                           int rows_, int w, bool acc)
+                                                           int rows_, int w, int fl)
 {
     /* twelve named accumulators: an array here would be spilled to the
      * stack after every fma (GCC keeps address-taken arrays in memory) */
@@ -110,12 +122,17 @@ __attribute__((target("avx2,fma"))) static void micro_avx2(int K, const float *A
     }
     __m256 c[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
     if (rows_ == 6 && w == 16) {
+        const __m256 qnan = _mm256_castsi256_ps(_mm256_set1_epi32((int)NT__QNAN_F32));
         for (int r = 0; r < 6; r++) {
             float *p = C + (long)r * ldc;
             __m256 v0 = c[r][0], v1 = c[r][1];
-            if (acc) {
+            if (fl & MICRO_ACC) {
                 v0 = _mm256_add_ps(_mm256_loadu_ps(p), v0);
                 v1 = _mm256_add_ps(_mm256_loadu_ps(p + 8), v1);
+            }
+            if (fl & MICRO_CANON) {
+                v0 = _mm256_blendv_ps(v0, qnan, _mm256_cmp_ps(v0, v0, _CMP_UNORD_Q));
+                v1 = _mm256_blendv_ps(v1, qnan, _mm256_cmp_ps(v1, v1, _CMP_UNORD_Q));
             }
             _mm256_storeu_ps(p, v0);
             _mm256_storeu_ps(p + 8, v1);
@@ -129,7 +146,7 @@ __attribute__((target("avx2,fma"))) static void micro_avx2(int K, const float *A
     }
     for (int r = 0; r < rows_; r++)
         for (int j = 0; j < w; j++)
-            put(C + (long)r * ldc + j, t[r][j], acc);
+            putf(C + (long)r * ldc + j, t[r][j], fl);
 }
 
 /* AVX-512F: 12 x 32, twenty-four 512-bit accumulators (plus two B vectors
@@ -139,7 +156,7 @@ __attribute__((target("avx2,fma"))) static void micro_avx2(int K, const float *A
 __attribute__((target("avx512f,avx2,fma"))) static void micro_avx512(int K, const float *Ap,
                                                                      const float *Bp, float *C,
                                                                      int ldc, int rows_, int w,
-                                                                     bool acc)
+                                                                     int fl)
 {
 #define NT_DECL(r) __m512 c##r##a = _mm512_setzero_ps(), c##r##b = c##r##a;
     NT_R12(NT_DECL)
@@ -158,12 +175,17 @@ __attribute__((target("avx512f,avx2,fma"))) static void micro_avx512(int K, cons
 #undef NT_LIST
     __mmask16 m0 = w >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << w) - 1);
     __mmask16 m1 = w >= 32 ? (__mmask16)0xffff : w > 16 ? (__mmask16)((1u << (w - 16)) - 1) : 0;
+    const __m512 qnan = _mm512_castsi512_ps(_mm512_set1_epi32((int)NT__QNAN_F32));
     for (int r = 0; r < rows_; r++) {
         float *p = C + (long)r * ldc;
         __m512 v0 = c[r][0], v1 = c[r][1];
-        if (acc) {
+        if (fl & MICRO_ACC) {
             v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, p), v0);
             v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, p + 16), v1);
+        }
+        if (fl & MICRO_CANON) {
+            v0 = _mm512_mask_mov_ps(v0, _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q), qnan);
+            v1 = _mm512_mask_mov_ps(v1, _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q), qnan);
         }
         _mm512_mask_storeu_ps(p, m0, v0);
         _mm512_mask_storeu_ps(p + 16, m1, v1);
@@ -318,7 +340,20 @@ static float *panel(GPrivate *key, size_t n)
     }
     if (b->n < n) {
         free(b->p);
-        b->p = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+        size_t by = (n * sizeof(float) + 63) / 64 * 64;
+#ifdef MADV_HUGEPAGE
+        /* The whole product's panels (tens of MB at 2048^3) are streamed
+         * once per block of C: on 2 MB pages (where the host allows them
+         * on request) that walks 512x fewer page tables. */
+        const size_t huge = (size_t)2 << 20;
+        if (by >= 2 * huge) {
+            by = (by + huge - 1) / huge * huge;
+            b->p = aligned_alloc(huge, by);
+            if (b->p)
+                (void)madvise(b->p, by, MADV_HUGEPAGE); /* advice: may be refused */
+        } else
+#endif
+            b->p = aligned_alloc(64, by);
         b->n = b->p ? n : 0;
     }
     return b->p;
@@ -373,7 +408,7 @@ struct job {
     const float *A, *B; /* A: packed panels (ktile jobs) */
     float *C;
     bool acc;
-    int nbn;             /* full jobs: blocks per row of C blocks */
+    int nbn;             /* full jobs: blocks per column of C blocks */
     int nblocks;
     volatile AO_t next;  /* next block to claim */
     volatile AO_t done;  /* blocks finished */
@@ -601,9 +636,11 @@ typedef struct full {
     job j;
     float *Ap, *Bp; /* K-tile kt's panels start at Mpad * k0 and Npad * k0 */
     int Mpad, Npad, nk;
+    int nca, ncbp; /* pack job: A and B chunks per K-tile */
     int mc, ncb; /* C block */
     bool arow;   /* A given row-major M x K (nt__gemm_rowa) */
     bool bcol;   /* B given as B^T, row-major N x K (nt__gemm_ex) */
+    bool canon;  /* NaNs made canonical in the last K-tile's store */
 } full;
 
 /* Panels of width R (pack_a's MR, pack_b's NR) from a matrix stored with
@@ -616,34 +653,85 @@ static void pack_rows(int R, float *dst, int n, int K, const float *src, int ld)
     for (int i = 0; i < n; i += R) {
         int w = n - i < R ? n - i : R;
         float *d = dst + (long)(i / R) * K * R;
-        for (int r = 0; r < R; r++) {
-            const float *a = src + (long)(i + r) * ld;
-            if (r < w)
-                for (int k = 0; k < K; k++)
-                    d[k * R + r] = a[k];
-            else
-                for (int k = 0; k < K; k++)
-                    d[k * R + r] = 0.0f;
+        const float *a = src + (long)i * ld;
+        int k = 0;
+#if NT_X86
+        /* full panels of a width that is a multiple of 4 (12 and 32 for
+         * AVX-512, 16 for AVX2, 8 for the portable kernel's B): 4 x 4
+         * blocks transposed in SSE registers (the x86-64 baseline), the
+         * panel written in order */
+        if (w == R && R % 4 == 0)
+            for (; k + 4 <= K; k += 4)
+                for (int r = 0; r < R; r += 4) {
+                    const float *s0 = a + (long)r * ld + k;
+                    __m128 x0 = _mm_loadu_ps(s0), x1 = _mm_loadu_ps(s0 + ld);
+                    __m128 x2 = _mm_loadu_ps(s0 + 2 * (long)ld), x3 = _mm_loadu_ps(s0 + 3 * (long)ld);
+                    _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
+                    float *d0 = d + (long)k * R + r;
+                    _mm_storeu_ps(d0, x0);
+                    _mm_storeu_ps(d0 + R, x1);
+                    _mm_storeu_ps(d0 + 2 * R, x2);
+                    _mm_storeu_ps(d0 + 3 * R, x3);
+                }
+#endif
+        /* the rest k outer: the panel written in order, the w rows read as
+         * w sequential streams (row by row, the strided writes would sweep
+         * the whole panel through L1 once per row) */
+        for (; k < K; k++) {
+            float *dk = d + (long)k * R;
+            int r = 0;
+            for (; r < w; r++)
+                dk[r] = a[(long)r * ld + k];
+            for (; r < R; r++)
+                dk[r] = 0.0f;
         }
     }
 }
 
-/* Pack job: block b < nk packs A's K-tile b, else B's K-tile b - nk. */
+/* Pack job: per K-tile, A's panels in chunks of NT_PACK_A panels (rows),
+ * then B's in chunks of NT_PACK_B panels (columns): enough blocks that the
+ * two threads share the packing of a skinny product evenly (x [2048, 128]
+ * against w [384, 128]: one block each would leave one thread 5x the
+ * other's work).  Block b < nk * nca packs A chunk b % nca of K-tile
+ * b / nca, else B chunk (b - nk * nca) % ncb of K-tile (b - nk * nca) / ncb. */
+#define NT_PACK_A 16
+#define NT_PACK_B 8
 static void pack_block(const job *jb, int b)
 {
     const full *f = (const full *)jb;
-    int kt = b < f->nk ? b : b - f->nk, k0 = kt * NT_GEMM_KTILE;
+    const kern *kn = jb->kn;
+    bool isa = b < f->nk * f->nca;
+    int n = isa ? f->nca : f->ncbp, q = isa ? b : b - f->nk * f->nca;
+    int kt = q / n, ch = q % n, k0 = kt * NT_GEMM_KTILE;
     int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
-    if (b < f->nk && f->arow)
-        pack_rows(jb->kn->mr, f->Ap + (long)f->Mpad * k0, jb->M, kw, jb->A + k0, jb->lda);
-    else if (b < f->nk)
-        pack_a(jb->kn, f->Ap + (long)f->Mpad * k0, jb->M, kw, jb->A + (long)k0 * jb->lda,
-               jb->lda);
+    int R = isa ? kn->mr : kn->nr, span = R * (isa ? NT_PACK_A : NT_PACK_B);
+    int tot = isa ? jb->M : jb->N;
+    int r0 = ch * span, r1 = r0 + span < tot ? r0 + span : tot;
+    /* panels r0 / R, ... of K-tile kt (r0 is a multiple of R) */
+    float *d = (isa ? f->Ap + (long)f->Mpad * k0 : f->Bp + (long)f->Npad * k0) + (long)r0 * kw;
+    if (isa && f->arow)
+        pack_rows(R, d, r1 - r0, kw, jb->A + (long)r0 * jb->lda + k0, jb->lda);
+    else if (isa)
+        pack_a(kn, d, r1 - r0, kw, jb->A + (long)k0 * jb->lda + r0, jb->lda);
     else if (f->bcol)
-        pack_rows(jb->kn->nr, f->Bp + (long)f->Npad * k0, jb->N, kw, jb->B + k0, jb->ldb);
+        pack_rows(R, d, r1 - r0, kw, jb->B + (long)r0 * jb->ldb + k0, jb->ldb);
     else
-        pack_b(jb->kn, f->Bp + (long)f->Npad * k0, 0, jb->N, kw, jb->B + (long)k0 * jb->ldb,
-               jb->ldb);
+        pack_b(kn, d, r0, r1, kw, jb->B + (long)k0 * jb->ldb, jb->ldb);
+}
+
+/* Prefetches the cache lines [p + 64 * l0, p + 64 * l1) of a panel of n
+ * bytes: into L1 (near) or L2. */
+static inline void prefetch_lines(const float *p, size_t n, size_t l0, size_t l1, bool near)
+{
+    size_t nl = (n + 63) / 64;
+    if (l1 > nl)
+        l1 = nl;
+    for (size_t l = l0; l < l1; l++) {
+        if (near)
+            __builtin_prefetch((const char *)p + l * 64, 0, 3);
+        else
+            __builtin_prefetch((const char *)p + l * 64, 0, 2);
+    }
 }
 
 static void full_block(const job *jb, int b)
@@ -651,28 +739,62 @@ static void full_block(const job *jb, int b)
     const full *f = (const full *)jb;
     const kern *kn = jb->kn;
     const int MR = kn->mr, NR = kn->nr;
-    int bi = b / jb->nbn, bj = b % jb->nbn;
+    /* blocks down a column of C in turn: the two threads take neighbours,
+     * which share the column's B panels (read from memory once, then from
+     * the shared cache); A is the smaller stream */
+    int bi = b % jb->nbn, bj = b / jb->nbn;
     int i0 = bi * f->mc, i1 = i0 + f->mc < jb->M ? i0 + f->mc : jb->M;
     int j0 = bj * f->ncb, j1 = j0 + f->ncb < jb->N ? j0 + f->ncb : jb->N;
+    int nrow = (i1 - i0 + MR - 1) / MR, ncol = (j1 - j0 + NR - 1) / NR;
     for (int k0 = 0; k0 < jb->K; k0 += NT_GEMM_KTILE) {
         int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
         const float *Ak = f->Ap + (long)f->Mpad * k0, *Bk = f->Bp + (long)f->Npad * k0;
+        /* The next K-tile's panels of this block come from memory or the
+         * shared cache: fetched into L2 a few lines per micro-kernel call,
+         * spread over this K-tile's calls, so they are there when needed. */
+        int k1 = k0 + NT_GEMM_KTILE, kw1 = jb->K - k1 < NT_GEMM_KTILE ? jb->K - k1 : NT_GEMM_KTILE;
+        const float *An = NULL, *Bn = NULL;
+        size_t an = 0, bn = 0, pl = 0, fper = 0;
+        if (k1 < jb->K) {
+            An = f->Ap + (long)f->Mpad * k1 + (long)(i0 / MR) * kw1 * MR;
+            Bn = f->Bp + (long)f->Npad * k1 + (long)(j0 / NR) * kw1 * NR;
+            an = (size_t)nrow * MR * kw1 * sizeof(float);
+            bn = (size_t)ncol * NR * kw1 * sizeof(float);
+            fper = ((an + bn) / 64 + (size_t)(nrow * ncol) - 1) / (size_t)(nrow * ncol);
+        }
+        size_t anl = (an + 63) / 64;
+        int fl = (k0 > 0 ? MICRO_ACC : 0) | (f->canon && k1 >= jb->K ? MICRO_CANON : 0);
         /* a B panel (kw x NR) stays in L1 while the block's A panels
-         * stream past it from L2 */
+         * stream past it from L2; the next B panel is fetched into L1
+         * meanwhile */
+        size_t bpl = ((size_t)kw * NR * sizeof(float) + 63) / 64;
+        size_t bper = (bpl + (size_t)nrow - 1) / (size_t)nrow;
         for (int c = j0; c < j1; c += NR) {
             int w = j1 - c < NR ? j1 - c : NR;
             const float *bp = Bk + (long)(c / NR) * kw * NR;
-            for (int i = i0; i < i1; i += MR) {
+            bool bnext = c + NR < j1;
+            for (int i = i0, r = 0; i < i1; i += MR, r++) {
                 int mr = i1 - i < MR ? i1 - i : MR;
+                if (bnext)
+                    prefetch_lines(bp + (long)kw * NR, bpl * 64, r * bper, (r + 1) * bper, true);
+                if (fper) {
+                    /* lines [pl, pl + fper) of An then Bn */
+                    size_t e = pl + fper;
+                    if (pl < anl)
+                        prefetch_lines(An, an, pl, e, false);
+                    if (e > anl)
+                        prefetch_lines(Bn, bn, pl > anl ? pl - anl : 0, e - anl, false);
+                    pl = e;
+                }
                 kn->micro(kw, Ak + (long)(i / MR) * kw * MR, bp, jb->C + (long)i * jb->ldc + c,
-                          jb->ldc, mr, w, k0 > 0);
+                          jb->ldc, mr, w, fl);
             }
         }
     }
 }
 
 static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, const float *B,
-                      int ldb, bool bcol, float *C, int ldc)
+                      int ldb, bool bcol, float *C, int ldc, bool canon)
 {
     if (M <= 0 || N <= 0)
         return;
@@ -689,16 +811,19 @@ static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, c
     if (Ap && Bp) {
         bool split = (long)M * N * K >= NT_GEMM_SPLIT;
         int nk = (K + NT_GEMM_KTILE - 1) / NT_GEMM_KTILE;
-        full f = {{pack_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, 2 * nk, 0, 0, 0},
-                  Ap, Bp, Mpad, Npad, nk, 0, 0, arow, bcol};
+        int nca = (M + kn->mr * NT_PACK_A - 1) / (kn->mr * NT_PACK_A);
+        int ncbp = (N + kn->nr * NT_PACK_B - 1) / (kn->nr * NT_PACK_B);
+        full f = {{pack_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, nk * (nca + ncbp), 0,
+                   0, 0},
+                  Ap, Bp, Mpad, Npad, nk, nca, ncbp, 0, 0, arow, bcol, false};
         f.j.kn = kn;
         run_job(&f.j, split);
         int mc = gemm_mc_big, ncb = gemm_ncb_big;
         if ((long)((M + mc - 1) / mc) * ((N + ncb - 1) / ncb) < 8)
             mc = NT_MC, ncb = NT_NCB;
         int nbm = (M + mc - 1) / mc, nbn = (N + ncb - 1) / ncb;
-        full g = {{full_block, M, N, K, lda, ldb, ldc, A, B, C, false, nbn, nbm * nbn, 0, 0, 0},
-                  Ap, Bp, Mpad, Npad, nk, mc, ncb, arow, bcol};
+        full g = {{full_block, M, N, K, lda, ldb, ldc, A, B, C, false, nbm, nbm * nbn, 0, 0, 0},
+                  Ap, Bp, Mpad, Npad, nk, 0, 0, mc, ncb, arow, bcol, canon};
         g.j.kn = kn;
         run_job(&g.j, split);
         return;
@@ -719,22 +844,32 @@ static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, c
                     k0 > 0);
             }
     }
+    if (canon)
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++)
+                C[(long)i * ldc + j] = nt__canon(C[(long)i * ldc + j]);
 }
 
 void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
               int ldc)
 {
-    gemm_full(M, N, K, A, lda, false, B, ldb, false, C, ldc);
+    gemm_full(M, N, K, A, lda, false, B, ldb, false, C, ldc, false);
 }
 
 void nt__gemm_rowa(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                    float *C, int ldc)
 {
-    gemm_full(M, N, K, A, lda, true, B, ldb, false, C, ldc);
+    gemm_full(M, N, K, A, lda, true, B, ldb, false, C, ldc, false);
 }
 
 void nt__gemm_ex(int M, int N, int K, const float *A, int lda, bool arow, const float *B, int ldb,
                  bool bcol, float *C, int ldc)
 {
-    gemm_full(M, N, K, A, lda, arow, B, ldb, bcol, C, ldc);
+    gemm_full(M, N, K, A, lda, arow, B, ldb, bcol, C, ldc, false);
+}
+
+void nt__gemm_ex_canon(int M, int N, int K, const float *A, int lda, bool arow, const float *B,
+                       int ldb, bool bcol, float *C, int ldc)
+{
+    gemm_full(M, N, K, A, lda, arow, B, ldb, bcol, C, ldc, true);
 }

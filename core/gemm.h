@@ -62,6 +62,11 @@ void nt__gemm_rowa(int M, int N, int K, const float *A, int lda, const float *B,
  * so every layout gives the same bits. */
 void nt__gemm_ex(int M, int N, int K, const float *A, int lda, bool arow, const float *B, int ldb,
                  bool bcol, float *C, int ldc);
+/* nt__gemm_ex, then every element of C made canonical (nt__canon: NaNs
+ * become the one quiet NaN), as the CPU kernel rounds its f32 result --
+ * done in the last K-tile's store instead of another pass over C. */
+void nt__gemm_ex_canon(int M, int N, int K, const float *A, int lda, bool arow, const float *B,
+                       int ldb, bool bcol, float *C, int ldc);
 
 /* The vector ISA levels of the micro-kernel, chosen at run time (the first
  * call takes the widest this CPU runs; NT_CPU_ISA in docs/env.md forces

@@ -105,9 +105,15 @@ int nt__cpu_matmul(const nt__rec *r)
         }
         a_prev = aoff, b_prev = boff;
         float *Cp = c_direct ? (float *)(od + bi * (int64_t)(M * N) * oes) : C;
-        nt__gemm_ex((int)M, (int)N, (int)K, Ap, lda, a_rows, Bp, ldb, b_cols, Cp, (int)N);
-        /* one rounding to the output dtype (for f32: NaNs made canonical) */
-        nt__st_f32((char *)(od + bi * (int64_t)(M * N) * oes), odt, 1, Cp, M * N);
+        /* one rounding to the output dtype (for f32: NaNs made canonical,
+         * in the GEMM's last store rather than another pass over C) */
+        if (c_direct) {
+            nt__gemm_ex_canon((int)M, (int)N, (int)K, Ap, lda, a_rows, Bp, ldb, b_cols, Cp,
+                              (int)N);
+        } else {
+            nt__gemm_ex((int)M, (int)N, (int)K, Ap, lda, a_rows, Bp, ldb, b_cols, Cp, (int)N);
+            nt__st_f32((char *)(od + bi * (int64_t)(M * N) * oes), odt, 1, Cp, M * N);
+        }
         bi++;
     } while (nt__idx_next(idx, mi.nbatch, mi.batch));
     return 0;

@@ -1000,6 +1000,7 @@ int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
     sums->ideal += to_fx(k->ideal_ns);
     st->host_ns += nt__sim_now_ns() - k->host_t0;
     st->host_gemm_ns += k->gemm_ns;
+    st->host_values_ns += k->values_ns;
     pthread_mutex_unlock(&core->stats_lock);
     nt__tl_sim_end = k->clock0 + k->tend;
 
@@ -1035,6 +1036,7 @@ static void stats_add(nt__sim_core *c, nt_sim_stats *out, fx_sums *sums)
     out->flops += st->flops;
     out->host_ns += st->host_ns;
     out->host_gemm_ns += st->host_gemm_ns;
+    out->host_values_ns += st->host_values_ns;
     if (c->clock > out->clock_ns)
         out->clock_ns = c->clock;
     sums->sim += cs->sim;

@@ -119,6 +119,7 @@ struct nt_sim_kernel {
     double host_t0;    /* wall clock at begin (ns) */
     struct nt__sim_core *core; /* the core it runs on */
     double gemm_ns;    /* wall time of the functional GEMMs */
+    double values_ns;  /* wall time of the values computed once per program */
 };
 
 /* Most simulated NeuronCores in one process (NT_SIM_CORES). */

@@ -1464,6 +1464,19 @@ static void test_sim_stats_and_trace_hook(void **state)
     nt_stats_get(&s);
     assert_true(s.sim_kernels >= 2);
     assert_true(s.sim_time_ns > 0);
+    /* values per instruction here (the suite's setting): none once per program */
+    assert_true(!nt__sim_program_values() && st.host_values_ns == 0);
+    /* once per program: the GEMM runs in the CPU kernel, counted there */
+    nt__sim_set_program_values(true);
+    nt_sim_stats_reset();
+    nt_tensor *y2 = nt_matmul(x, x);
+    assert_int_equal(nt_sync(), 0);
+    nt_sim_stats st2;
+    assert_int_equal(nt_sim_stats_get(&st2), 0);
+    nt__sim_set_program_values(false);
+    assert_true(st2.host_values_ns > 0 && st2.host_gemm_ns == 0);
+    assert_true(st2.host_values_ns <= st2.host_ns);
+    nt_release(y2);
     nt_release(x), nt_release(y);
 }
 

@@ -517,6 +517,9 @@ typedef struct nt_sim_stats {
     double mfu;                             /* tensor_ideal_ns / sim_ns */
     double host_ns;                         /* wall time the host spent inside kernels */
     double host_gemm_ns;                    /* of which in nc_matmul's functional GEMM */
+    double host_values_ns;                  /* of which computing values once per program
+                                               (the CPU backend's kernel or fused executor,
+                                               NT_SIM_PROGRAM_VALUES) */
 } nt_sim_stats;
 
 /** Fills *out with the totals.  Thread-safe; after nt_init it covers every
