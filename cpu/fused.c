@@ -16,11 +16,14 @@
 #include "core/ewise.h"
 #include "core/reduce.h"
 
-#define CH 256
+#define CH 1024
 
+/* A register: CH values and a cache line of padding, so that registers (and
+ * the inputs read in place) are not 4 KiB apart: loads and stores at the
+ * same address bits modulo 4 KiB stall on each other (4K aliasing). */
 typedef union {
-    float f[CH];
-    int32_t i[CH];
+    float f[CH + 16];
+    int32_t i[CH + 16];
 } blk;
 
 static inline bool isf(nt_dtype dt) { return nt__dtype_is_float(dt); }
@@ -469,7 +472,8 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
     const int64_t *shape = P->shape;
     const int from = c->from, prev = c->prev;
     const mview *pre = c->pre, *ev = c->ev, *ov = c->ov;
-    blk *R = malloc(sizeof(blk) * (size_t)(P->nvals + P->next));
+    /* cache-line aligned: a 64-byte vector never splits across two lines */
+    blk *R = aligned_alloc(64, sizeof(blk) * (size_t)(P->nvals + P->next));
     float *scratch = malloc(sizeof(float) * 4 * CH);
     if (!R || !scratch) {
         free(R), free(scratch);
@@ -628,6 +632,12 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
                     int e = NT_F_EXT_IDX(s);
                     float *dst = E + (size_t)e * (size_t)C;
                     bool red = P->ext[e].red;
+                    if (!red && ev[e].dt == NT_F32 && ev[e].stride[nd - 1] == 1) {
+                        /* contiguous f32: read in place */
+                        a[q] = (opnd){(const float *)ev[e].data + offset_of(&ev[e], idx, nd),
+                                      NT_F32, false};
+                        continue;
+                    }
                     if (!loaded[e]) {
                         load(dst, &ev[e], offset_of(&ev[e], idx, nd), ev[e].stride[nd - 1],
                              red ? 1 : C);
@@ -643,8 +653,7 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
             if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN ||
                 o->op == NT_OP_MIN) {
                 /* the reduced row, as the unfused kernel loads it */
-                float *row = scratch;
-                to_f32(row, &a[0], C);
+                const float *row = as_f32(&a[0], scratch, C);
                 float v = o->op == NT_OP_MAX   ? nt__red_max_f32(row, C, 1)
                           : o->op == NT_OP_MIN ? nt__red_min_f32(row, C, 1)
                                                : nt__red_sum_f32(row, C, 1);
