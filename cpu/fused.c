@@ -162,6 +162,11 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
     case NT_KIND_COPY:
         if (isf(a[0].dt)) {
             const float *x = as_f32(&a[0], t0, n);
+            if (odt == NT_F32 && x != y) { /* copy and canonicalise in one pass */
+                for (int64_t i = 0; i < n; i++)
+                    y[i] = nt__canon(x[i]);
+                return;
+            }
             if (isf(odt) && x != y)
                 memcpy(y, x, (size_t)n * sizeof(float));
             settle_f(out, odt, isf(odt) ? y : (float *)x, n);
