@@ -335,7 +335,12 @@ typedef void eval_fn(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, i
 
 /* NT_CPU_ISA=scalar: the loops as written, one element at a time (the
  * reference the vector levels are tested against). */
-__attribute__((optimize("no-tree-vectorize"))) static void
+#if defined(__clang__)
+#define NT_FUSED_NOVEC /* clang has no optimize attribute: vector loops, same bits */
+#else
+#define NT_FUSED_NOVEC __attribute__((optimize("no-tree-vectorize")))
+#endif
+NT_FUSED_NOVEC static void
 eval_scalar(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64_t n, float *scratch)
 {
     eval_body(o, odt, a, out, n, scratch);
