@@ -16,11 +16,14 @@
 #include "core/ewise.h"
 #include "core/reduce.h"
 
-#define CH 256
+#define CH 1024
 
+/* A register: CH values and a cache line of padding, so that registers (and
+ * the inputs read in place) are not 4 KiB apart: loads and stores at the
+ * same address bits modulo 4 KiB stall on each other (4K aliasing). */
 typedef union {
-    float f[CH];
-    int32_t i[CH];
+    float f[CH + 16];
+    int32_t i[CH + 16];
 } blk;
 
 static inline bool isf(nt_dtype dt) { return nt__dtype_is_float(dt); }
@@ -125,9 +128,13 @@ static const int32_t *as_i32(const opnd *o, int32_t *tmp, int64_t n)
 }
 
 /* Evaluates one op over n elements into `out` (a register of the op's
- * output dtype, never one of its operands).  scratch: 4 * n floats. */
-static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64_t n,
-                 float *scratch)
+ * output dtype, never one of its operands).  scratch: 4 * n floats.
+ * Compiled once per vector ISA level (eval_isa below); the loops perform the
+ * same IEEE operations at every width (-ffp-contract=off), so every level
+ * gives the same bits. */
+static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt_dtype odt,
+                                                            const opnd *a, void *out, int64_t n,
+                                                            float *scratch)
 {
     float *t0 = scratch, *t1 = scratch + n, *t2 = scratch + 2 * n, *t3 = scratch + 3 * n;
     const nt__opinfo *info = &nt__ops[o->op];
@@ -155,6 +162,11 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
     case NT_KIND_COPY:
         if (isf(a[0].dt)) {
             const float *x = as_f32(&a[0], t0, n);
+            if (odt == NT_F32 && x != y) { /* copy and canonicalise in one pass */
+                for (int64_t i = 0; i < n; i++)
+                    y[i] = nt__canon(x[i]);
+                return;
+            }
             if (isf(odt) && x != y)
                 memcpy(y, x, (size_t)n * sizeof(float));
             settle_f(out, odt, isf(odt) ? y : (float *)x, n);
@@ -318,6 +330,64 @@ static void eval(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64
     }
 }
 
+typedef void eval_fn(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64_t n,
+                     float *scratch);
+
+/* NT_CPU_ISA=scalar: the loops as written, one element at a time (the
+ * reference the vector levels are tested against). */
+#if defined(__clang__)
+#define NT_FUSED_NOVEC /* clang has no optimize attribute: vector loops, same bits */
+#else
+#define NT_FUSED_NOVEC __attribute__((optimize("no-tree-vectorize")))
+#endif
+NT_FUSED_NOVEC static void
+eval_scalar(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64_t n, float *scratch)
+{
+    eval_body(o, odt, a, out, n, scratch);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define NT_FUSED_X86 1
+__attribute__((target("avx2,fma"))) static void
+eval_avx2(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64_t n, float *scratch)
+{
+    eval_body(o, odt, a, out, n, scratch);
+}
+
+/* 512-bit vectors (GCC's generic tuning would otherwise stay at 256) */
+#if defined(__clang__)
+#define NT_FUSED_V4 "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma"
+#else
+#define NT_FUSED_V4 "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,prefer-vector-width=512"
+#endif
+__attribute__((target(NT_FUSED_V4))) static void
+eval_avx512(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64_t n, float *scratch)
+{
+    eval_body(o, odt, a, out, n, scratch);
+}
+#else
+static void eval_vec(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64_t n,
+                     float *scratch)
+{
+    eval_body(o, odt, a, out, n, scratch);
+}
+#endif
+
+/* The evaluator of the ISA level the matmul uses (NT_CPU_ISA): one choice
+ * for both, read once per kernel. */
+static eval_fn *eval_isa(void)
+{
+    switch (nt__gemm_isa()) {
+    case NT_ISA_SCALAR: return eval_scalar;
+#ifdef NT_FUSED_X86
+    case NT_ISA_AVX2: return eval_avx2;
+    default: return eval_avx512;
+#else
+    default: return eval_vec;
+#endif
+    }
+}
+
 /* ---------------- stochastic rounding ---------------- */
 
 /* A CAST op with NT__CAST_SR: its random bits come from its own record's
@@ -412,13 +482,15 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
     const int64_t *shape = P->shape;
     const int from = c->from, prev = c->prev;
     const mview *pre = c->pre, *ev = c->ev, *ov = c->ov;
-    blk *R = malloc(sizeof(blk) * (size_t)(P->nvals + P->next));
+    /* cache-line aligned: a 64-byte vector never splits across two lines */
+    blk *R = aligned_alloc(64, sizeof(blk) * (size_t)(P->nvals + P->next));
     float *scratch = malloc(sizeof(float) * 4 * CH);
     if (!R || !scratch) {
         free(R), free(scratch);
         return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
     }
     blk *E = R + P->nvals;
+    eval_fn *eval = eval_isa();
     int64_t inner = nd ? shape[nd - 1] : 1;
     int64_t idx[NT_MAX_DIMS] = {0};
     for (int64_t rem = lo, d = nd - 1; d >= 0; d--) {
@@ -524,21 +596,25 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
 
 /* ---------------- ROW ---------------- */
 
-static int run_row(const nt__fgroup *g)
+/* A ROW program over rows [r0, r1); rows are independent (each reduction
+ * runs over its own row, a stochastic-rounding cast keys by index), so the
+ * cut into blocks of rows never changes a bit. */
+typedef struct row_ctx {
+    const nt__fgroup *g;
+    mview ev[NT_F_MAXEXT], ov[NT_F_MAXOUT];
+    uint64_t keys[NT_F_MAXOPS];
+    int64_t R, C, rows; /* rows per block */
+    volatile int rc;
+} row_ctx;
+
+static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
 {
-    const nt__fprog *P = g->prog;
+    const nt__fprog *P = c->g->prog;
     int nd = P->ndim;
     const int64_t *shape = P->shape;
-    int64_t C = shape[nd - 1];
-    int64_t R = nt__numel(nd, shape) / C;
-    mview ev[NT_F_MAXEXT], ov[NT_F_MAXOUT];
-    for (int k = 0; k < P->next; k++)
-        mview_of(&ev[k], g->ext[k], nd, shape);
-    for (int s = 0; s < P->nout; s++) {
-        /* per-row outputs are [..., 1]: view them at the full shape, with
-         * stride 0 along the row */
-        mview_of(&ov[s], g->out[s], nd, shape);
-    }
+    const int64_t C = c->C;
+    const mview *ev = c->ev, *ov = c->ov;
+    const uint64_t *keys = c->keys;
     /* one row of every value and loaded input */
     size_t cells = (size_t)(P->nvals + P->next) * (size_t)C;
     /* scratch: a whole row for reductions, then 4 chunks for eval */
@@ -547,10 +623,13 @@ static int run_row(const nt__fgroup *g)
         return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
     float *scratch = buf + cells;
     float *V = buf, *E = buf + (size_t)P->nvals * (size_t)C;
-    uint64_t keys[NT_F_MAXOPS];
-    sr_keys(g, keys);
+    eval_fn *eval = eval_isa();
     int64_t idx[NT_MAX_DIMS] = {0};
-    for (int64_t r = 0; r < R; r++) {
+    for (int64_t rem = r0, d = nd - 2; d >= 0; d--) {
+        idx[d] = rem % shape[d];
+        rem /= shape[d];
+    }
+    for (int64_t r = r0; r < r1; r++) {
         bool loaded[NT_F_MAXEXT] = {0};
         idx[nd - 1] = 0;
         for (int k = 0; k < P->nops; k++) {
@@ -563,6 +642,12 @@ static int run_row(const nt__fgroup *g)
                     int e = NT_F_EXT_IDX(s);
                     float *dst = E + (size_t)e * (size_t)C;
                     bool red = P->ext[e].red;
+                    if (!red && ev[e].dt == NT_F32 && ev[e].stride[nd - 1] == 1) {
+                        /* contiguous f32: read in place */
+                        a[q] = (opnd){(const float *)ev[e].data + offset_of(&ev[e], idx, nd),
+                                      NT_F32, false};
+                        continue;
+                    }
                     if (!loaded[e]) {
                         load(dst, &ev[e], offset_of(&ev[e], idx, nd), ev[e].stride[nd - 1],
                              red ? 1 : C);
@@ -578,8 +663,7 @@ static int run_row(const nt__fgroup *g)
             if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN ||
                 o->op == NT_OP_MIN) {
                 /* the reduced row, as the unfused kernel loads it */
-                float *row = scratch;
-                to_f32(row, &a[0], C);
+                const float *row = as_f32(&a[0], scratch, C);
                 float v = o->op == NT_OP_MAX   ? nt__red_max_f32(row, C, 1)
                           : o->op == NT_OP_MIN ? nt__red_min_f32(row, C, 1)
                                                : nt__red_sum_f32(row, C, 1);
@@ -626,6 +710,45 @@ static int run_row(const nt__fgroup *g)
     }
     free(buf);
     return 0;
+}
+
+static void row_block(void *arg, int b)
+{
+    row_ctx *c = arg;
+    int64_t r0 = (int64_t)b * c->rows, r1 = r0 + c->rows < c->R ? r0 + c->rows : c->R;
+    int rc = row_span(c, r0, r1);
+    if (rc)
+        c->rc = rc;
+}
+
+static int run_row(const nt__fgroup *g)
+{
+    const nt__fprog *P = g->prog;
+    int nd = P->ndim;
+    const int64_t *shape = P->shape;
+    row_ctx *c = malloc(sizeof *c);
+    if (!c)
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
+    c->g = g;
+    c->rc = 0;
+    c->C = shape[nd - 1];
+    c->R = c->C ? nt__numel(nd, shape) / c->C : 0;
+    for (int k = 0; k < P->next; k++)
+        mview_of(&c->ev[k], g->ext[k], nd, shape);
+    for (int s = 0; s < P->nout; s++) {
+        /* per-row outputs are [..., 1]: view them at the full shape, with
+         * stride 0 along the row */
+        mview_of(&c->ov[s], g->out[s], nd, shape);
+    }
+    sr_keys(g, c->keys);
+    /* blocks of about EW_SPAN elements; fewer than two run on this thread */
+    c->rows = c->C >= EW_SPAN ? 1 : EW_SPAN / (c->C ? c->C : 1);
+    int nblocks = (int)((c->R + c->rows - 1) / c->rows);
+    if (c->R > 0)
+        nt__par_blocks(nblocks, row_block, c, nblocks >= 2);
+    int rc = c->rc;
+    free(c);
+    return rc;
 }
 
 /* ---------------- MM ---------------- */

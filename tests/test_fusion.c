@@ -1231,6 +1231,121 @@ static void softmax_body(void *arg)
     nt_config_set("NT_MODE", "adaptive");
 }
 
+/* ---- every vector ISA level gives the scalar bits ---- */
+
+/* Values with every kind of special: NaN (both signs, payloads), +-inf,
+ * +-0, subnormals, the edges of exp's clamps, and random normals. */
+static void isa_values(float *v, size_t n, uint64_t seed)
+{
+    static const uint32_t special[] = {
+        0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fa00000u, 0x7f800000u, 0xff800000u,
+        0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u, 0x007fffffu, 0x807fffffu,
+        0x00800000u, 0x7f7fffffu, 0xff7fffffu, 0x3f800000u, 0xbf800000u, 0x42b20000u,
+        0xc2d00000u, 0x42b40000u, 0xc2cf0000u, 0x34000000u,
+    };
+    rng r = {seed};
+    size_t ns = sizeof special / sizeof special[0];
+    for (size_t i = 0; i < n; i++) {
+        uint64_t k = rnext(&r);
+        if (k % 5 == 0) {
+            uint32_t u = special[(k >> 8) % ns];
+            memcpy(&v[i], &u, 4);
+        } else if (k % 5 == 1) {
+            uint32_t u = (uint32_t)(k >> 16); /* any bit pattern */
+            memcpy(&v[i], &u, 4);
+        } else {
+            v[i] = (float)((runi(&r) - 0.5) * 40.0);
+        }
+    }
+}
+
+/* An EW program touching every kind of loop eval has (unary with sqrt / exp
+ * / log / tanh, scalar, binary, compare, where, casts) and a ROW one. */
+static nt_tensor *isa_ew_prog(nt_tensor *x, nt_tensor *z)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *a = nt_add(nt_sqrt(nt_abs(x)), nt_exp(nt_mul_scalar(z, 0.25)));
+    nt_tensor *b = nt_div(nt_log(nt_abs(z)), nt_tanh(x));
+    nt_tensor *c = nt_where(nt_gt(x, z), nt_rsqrt(nt_abs(a)), nt_sigmoid(b));
+    nt_tensor *d = nt_maximum(nt_minimum(c, nt_gelu(z)), nt_silu(nt_add_scalar(x, -1.5)));
+    nt_tensor *e = nt_cast(nt_cast(nt_mul(d, nt_sub(a, b)), NT_BF16), NT_F32);
+    nt_tensor *f = nt_pow(nt_abs(nt_softplus(e)), nt_relu(nt_neg(nt_reciprocal(x))));
+    nt_tensor *y = nt_add(nt_cast(nt_cast(f, NT_F16), NT_F32), nt_relu(e));
+    nt_keep(y);
+    nt_scope_end(s);
+    return y;
+}
+
+static nt_tensor *isa_row_prog(nt_tensor *x)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *m = nt_max(x, -1, true);
+    nt_tensor *e = nt_exp(nt_sub(x, m));
+    nt_tensor *y = nt_mul(nt_div(e, nt_sum(e, -1, true)), nt_sqrt(nt_abs(x)));
+    nt_keep(y);
+    nt_scope_end(s);
+    return y;
+}
+
+static void test_isa_levels_bitwise(void **state)
+{
+    (void)state;
+    /* rows of 4099 (no multiple of any vector width); 37 rows: several
+     * blocks of rows and spans, so both threads take part */
+    const int64_t R = 37, C = 4099;
+    size_t n = (size_t)(R * C);
+    float *xv = malloc(n * 4), *zv = malloc(n * 4);
+    float *ref_ew = malloc(n * 4), *ref_row = malloc(n * 4), *got = malloc(n * 4);
+    isa_values(xv, n, 101);
+    isa_values(zv, n, 202);
+    /* rows of finite values for the softmax: a NaN or inf row would make
+     * every element NaN and hide the lanes */
+    float *xr = malloc(n * 4);
+    for (size_t i = 0; i < n; i++)
+        xr[i] = isfinite(xv[i]) ? xv[i] : (float)i * 1e-3f;
+    const char *levels[] = {"scalar", "avx2", "avx512"};
+    const char *backends[] = {"cpu", "sim"};
+    for (int be = 0; be < 2; be++) {
+        assert_int_equal(nt_config_set("NT_BACKEND", backends[be]), 0);
+        nt_tensor *x = nt_from_host(xv, NT_F32, 2, (int64_t[]){R, C});
+        nt_tensor *z = nt_from_host(zv, NT_F32, 2, (int64_t[]){R, C});
+        nt_tensor *xs = nt_from_host(xr, NT_F32, 2, (int64_t[]){R, C});
+        /* the reference: op by op (eager), unfused kernels */
+        assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+        nt_tensor *y = isa_ew_prog(x, z);
+        assert_int_equal(nt_to_host(y, ref_ew, n * 4), 0);
+        nt_release(y);
+        y = isa_row_prog(xs);
+        assert_int_equal(nt_to_host(y, ref_row, n * 4), 0);
+        nt_release(y);
+        int ran = 0;
+        for (int l = 0; l < 3; l++) {
+            if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+                continue; /* this CPU does not run it */
+            ran++;
+            assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+            nt_stats_reset();
+            y = isa_ew_prog(x, z);
+            assert_int_equal(nt_to_host(y, got, n * 4), 0);
+            nt_release(y);
+            assert_memory_equal(got, ref_ew, n * 4);
+            y = isa_row_prog(xs);
+            assert_int_equal(nt_to_host(y, got, n * 4), 0);
+            nt_release(y);
+            assert_memory_equal(got, ref_row, n * 4);
+            nt_stats st;
+            nt_stats_get(&st);
+            assert_true(st.fusion_groups >= 2); /* both ran fused */
+        }
+        assert_true(ran >= 1); /* scalar always runs */
+        assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+        assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+        nt_release(x), nt_release(z), nt_release(xs);
+    }
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0); /* as setup left it */
+    free(xv), free(zv), free(xr), free(ref_ew), free(ref_row), free(got);
+}
+
 static void test_softmax_primitives_one_row_kernel(void **state)
 {
     (void)state;
@@ -1502,6 +1617,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_adaptive_gathers_burst, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_elided_values_take_no_memory, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_cpu_spans_bitwise, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_isa_levels_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_softmax_primitives_one_row_kernel, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_matmul_epilogue, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_liveness_reasons, setup, nt_test_teardown),
