@@ -282,17 +282,21 @@ static int child_bits(int steps)
 /* ---------------- the parent ---------------- */
 
 /* Runs `argv` (argv[0] a path) with NAME=VALUE strings added to the
- * environment; its first line that starts with `tag` goes into line. */
-static bool run(char *const *argv, const char *const *env, const char *tag, char *line,
-                size_t cap)
+ * environment; its whole output goes into out (cap bytes, NUL-terminated).
+ * True when it exited with 0. */
+static bool run_child(char *const *argv, const char *const *env, char *out, size_t cap)
 {
     int fd[2];
+    out[0] = '\0';
     if (pipe(fd))
         return false;
     fflush(NULL);
     pid_t pid = fork();
-    if (pid < 0)
+    if (pid < 0) {
+        close(fd[0]);
+        close(fd[1]);
         return false;
+    }
     if (pid == 0) {
         dup2(fd[1], 1);
         close(fd[0]);
@@ -303,15 +307,24 @@ static bool run(char *const *argv, const char *const *env, const char *tag, char
         _exit(127);
     }
     close(fd[1]);
-    static char buf[1 << 16];
     size_t n = 0;
     ssize_t r;
-    while (n + 1 < sizeof buf && (r = read(fd[0], buf + n, sizeof buf - 1 - n)) > 0)
+    while (n + 1 < cap && (r = read(fd[0], out + n, cap - 1 - n)) > 0)
         n += (size_t)r;
-    buf[n] = '\0';
+    out[n] = '\0';
     close(fd[0]);
     int st;
     waitpid(pid, &st, 0);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+/* run_child; the first line of its output that starts with `tag` goes
+ * into line.  True when it exited with 0 and printed such a line. */
+static bool run(char *const *argv, const char *const *env, const char *tag, char *line,
+                size_t cap)
+{
+    static char buf[1 << 16];
+    bool ok = run_child(argv, env, buf, sizeof buf);
     line[0] = '\0';
     for (char *l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
         if (!strncmp(l, tag, strlen(tag))) {
@@ -322,7 +335,7 @@ static bool run(char *const *argv, const char *const *env, const char *tag, char
             line[k] = '\0';
             break;
         }
-    return WIFEXITED(st) && WEXITSTATUS(st) == 0 && line[0];
+    return ok && line[0];
 }
 
 static long arg_long(int argc, char **argv, const char *name, long def)
@@ -423,30 +436,7 @@ int main(int argc, char **argv)
         const char *env[] = {cores_env, topo, NULL};
         char *av[] = {self, "--child-allreduce", NULL};
         static char out[1 << 14];
-        /* every line of the child */
-        int fd[2];
-        if (pipe(fd))
-            return 1;
-        fflush(NULL);
-        pid_t pid = fork();
-        if (pid == 0) {
-            dup2(fd[1], 1);
-            close(fd[0]);
-            close(fd[1]);
-            for (int i = 0; env[i]; i++)
-                putenv((char *)env[i]);
-            execv(av[0], av);
-            _exit(127);
-        }
-        close(fd[1]);
-        size_t n = 0;
-        ssize_t r;
-        while (n + 1 < sizeof out && (r = read(fd[0], out + n, sizeof out - 1 - n)) > 0)
-            n += (size_t)r;
-        out[n] = '\0';
-        close(fd[0]);
-        int st;
-        waitpid(pid, &st, 0);
+        bool ran = run_child(av, env, out, sizeof out); /* every line of the child */
         int rows = 0;
         for (char *l = strstr(out, "allreduce"); l; l = strstr(l + 1, "\nallreduce")) {
             if (*l == '\n')
@@ -464,7 +454,7 @@ int main(int argc, char **argv)
             fails += !ok;
             rows++;
         }
-        if (!rows || !WIFEXITED(st) || WEXITSTATUS(st)) {
+        if (!rows || !ran) {
             printf("  %5d  failed\n", c);
             fails++;
         }

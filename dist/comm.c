@@ -596,19 +596,6 @@ static void member_run(void *arg)
     coll_unref(c);
 }
 
-/* Asks s's worker (lazy mode) to run at least up to seq, without waiting:
- * a held window must not keep a member from its collective. */
-static void flush_to(nt_stream *s, uint64_t seq)
-{
-    AO_t f;
-    do {
-        f = AO_load(&s->flush_upto);
-    } while (f < seq && !AO_compare_and_swap_full(&s->flush_upto, f, seq));
-    g_mutex_lock(&s->lock);
-    g_cond_signal(&s->work_cond);
-    g_mutex_unlock(&s->lock);
-}
-
 static bool other_stream(uint64_t packed, const nt_stream *s)
 {
     return packed && NT__PACK_SID(packed) != s->id;
@@ -849,9 +836,9 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
             nt__stream_enqueue(s, r);
         }
     }
-    if (lazy)
+    if (lazy) /* a held window must not keep a member from its collective */
         for (int i = 0; i < n; i++)
-            flush_to(strm[i], seqs[i]);
+            nt__stream_request_flush(strm[i], seqs[i]);
     free(recs);
     bool adopted = true;
     for (int i = 0; i < n; i++)

@@ -446,6 +446,23 @@ static void notify_done(nt_stream *s)
     }
 }
 
+/* flush_upto = max(flush_upto, seq): a lazy worker runs at least this far. */
+static void raise_flush(nt_stream *s, uint64_t seq)
+{
+    AO_t f;
+    do {
+        f = AO_load(&s->flush_upto);
+    } while (f < seq && !AO_compare_and_swap_full(&s->flush_upto, f, seq));
+}
+
+void nt__stream_request_flush(nt_stream *s, uint64_t seq)
+{
+    raise_flush(s, seq);
+    g_mutex_lock(&s->lock);
+    g_cond_signal(&s->work_cond);
+    g_mutex_unlock(&s->lock);
+}
+
 bool nt__packed_done(uint64_t packed)
 {
     nt_stream *s = nt__stream_by_id(NT__PACK_SID(packed));
@@ -460,10 +477,7 @@ void nt__wait_packed(uint64_t packed)
         return;
     uint64_t t0 = nt__now_ns();
     /* Ask a lazy worker to run at least this far. */
-    AO_t f;
-    do {
-        f = AO_load(&s->flush_upto);
-    } while (f < seq && !AO_compare_and_swap_full(&s->flush_upto, f, seq));
+    raise_flush(s, seq);
     g_mutex_lock(&s->lock);
     g_cond_signal(&s->work_cond);
     AO_fetch_and_add1_full(&s->waiters);

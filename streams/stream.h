@@ -106,6 +106,9 @@ void nt__stream_run_inline(nt_stream *s, nt__rec *r);
 bool nt__packed_done(uint64_t packed);
 /* Waits until (stream, seq) has run; counts the wait in the stats. */
 void nt__wait_packed(uint64_t packed);
+/* Asks s's worker to run at least up to seq (a lazy window stops holding
+ * it), without waiting. */
+void nt__stream_request_flush(nt_stream *s, uint64_t seq);
 /* Waits for everything queued on s so far. */
 void nt__stream_drain(nt_stream *s);
 /* Records err as s's first unreported error (if it has none). */
