@@ -258,6 +258,23 @@ int nt__gemm_set_isa(int isa)
 
 int nt__gemm_isa(void) { return (int)(kern_now() - kerns); }
 
+/* NT_CPU_THREADS: 2 lets big calls share their blocks with the helper
+ * thread, 1 keeps every call on its caller.  Blocks are independent and
+ * each runs once whoever claims it, so the bits never depend on it. */
+static volatile AO_t max_threads = 2;
+
+int nt__gemm_set_threads(int n)
+{
+    if (n == 0)
+        n = 2;
+    if (n != 1 && n != 2)
+        return -1;
+    AO_store(&max_threads, (AO_t)n);
+    return 0;
+}
+
+int nt__gemm_threads(void) { return (int)AO_load(&max_threads); }
+
 /* Panels of A^T: for each MR rows i, [K][MR] floats (MR: kn's tile). */
 static void pack_a(const kern *kn, float *dst, int M, int K, const float *A, int lda)
 {
@@ -469,7 +486,8 @@ static void work(job *j)
 /* Runs j's blocks on the caller and, when worth it and free, the helper. */
 static void run_job(job *j, bool split)
 {
-    if (P.have_th && split && j->nblocks >= 2 && g_mutex_trylock(&P.use)) {
+    if (P.have_th && split && j->nblocks >= 2 && AO_load(&max_threads) > 1 &&
+        g_mutex_trylock(&P.use)) {
         g_mutex_lock(&P.lock);
         P.j = j;
         AO_store_release(&P.seq, AO_load(&P.seq) + 1);

@@ -85,5 +85,10 @@ const char *nt__gemm_isa_label(int isa);
 int nt__gemm_set_isa(int isa);
 /* The level calls use now. */
 int nt__gemm_isa(void);
+/* Host threads a big call (and nt__par_blocks) may use: 1 or 2 (0: the
+ * default, 2); -1 for anything else.  NT_CPU_THREADS in docs/env.md.  The
+ * helper thread is used only when the host has a second processor. */
+int nt__gemm_set_threads(int n);
+int nt__gemm_threads(void);
 
 #endif

@@ -208,6 +208,12 @@ static int apply_opt(nt__config *c, const char *name, const char *v, const char 
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_CPU_ISA: this CPU does not run %s (the widest it runs is %s)", v,
                            nt__gemm_isa_label(nt__gemm_isa_best()));
+    } else if (!strcmp(name, "NT_CPU_THREADS")) {
+        /* like NT_CPU_ISA, it lives with the primitive (core/gemm.c) */
+        int n = !strcmp(v, "auto") ? 0 : !strcmp(v, "1") ? 1 : !strcmp(v, "2") ? 2 : -1;
+        if (n < 0 || nt__gemm_set_threads(n) < 0)
+            return nt__err(NULL, NT_EINVAL, fn, "NT_CPU_THREADS: expected auto, 1 or 2, got '%s'",
+                           v);
     } else {
         return nt__err(NULL, NT_EINVAL, fn, "unknown option '%s'", name);
     }
@@ -219,7 +225,7 @@ static const char *const env_names[] = {
     "NT_MIN_SIM_FLOPS", "NT_CHECK_NAN", "NT_STATS", "NT_FUSION_LOG", "NT_LAZY_WINDOW",
     "NT_MAX_INFLIGHT", "NT_MAX_INFLIGHT_BYTES", "NT_HBM_BYTES", "NT_TRACE", "NT_LOG",
     "NT_STOCHASTIC_ROUNDING", "NT_SR_SEED", "NT_HANDLE_QUARANTINE", "NT_CPU_ISA",
-    "NT_SIM_CORES",
+    "NT_SIM_CORES", "NT_CPU_THREADS",
 };
 
 /* Writers of nt__cfg (nt_init, nt_config_set) hold this, so each works on a
@@ -269,6 +275,7 @@ static void cfg_defaults(nt__config *c)
     c->handle_quarantine = 4096;
     c->devices = 1;
     nt__gemm_set_isa(-1);
+    nt__gemm_set_threads(0);
 }
 
 /* Backends in id order; shutdown in the reverse order. */
@@ -454,6 +461,8 @@ NT_API const char *nt_config_get(const char *name)
         return NT__CFG(trace_path) ? NT__CFG(trace_path) : "";
     if (!strcmp(name, "NT_CPU_ISA"))
         return nt__gemm_isa_label(nt__gemm_isa());
+    if (!strcmp(name, "NT_CPU_THREADS"))
+        return nt__gemm_threads() == 1 ? "1" : "2";
     if (!strcmp(name, "NT_LOG")) {
         static const char *l[] = {"error", "warn", "info", "debug"};
         return l[NT__CFG(log_level)];

@@ -6,7 +6,8 @@
  * edge of every kernel, on the helper thread's path, through nt_matmul
  * with batched and strided (transposed, sliced) operands, and over 20
  * training steps on both backends in every mode (the simulator with its
- * values computed per instruction and once per program, NT_SIM_PROGRAM_VALUES). */
+ * values computed per instruction and once per program, NT_SIM_PROGRAM_VALUES),
+ * on one host thread and two (NT_CPU_THREADS). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -339,12 +340,16 @@ static void test_matmul_every_level(void **state)
  * every level, both backends, every mode, and on the simulator with its
  * values per instruction and per program: the parameters come out the same
  * bit for bit (issue 11's "every dispatch path" check at unit-test scale). */
+static int m_in = 100, m_hid = 160, m_batch = 40; /* the MLP train() builds */
+static const char *m_threads = "2";                 /* NT_CPU_THREADS */
+
 static void train(const char *backend, const char *isa, const char *mode, float *out, size_t n)
 {
     assert_int_equal(nt_config_set("NT_BACKEND", backend), 0);
     assert_int_equal(nt_config_set("NT_CPU_ISA", isa), 0);
     assert_int_equal(nt_config_set("NT_MODE", mode), 0);
-    static const int64_t shp[4][2] = {{160, 100}, {160, 1}, {10, 160}, {10, 1}};
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", m_threads), 0);
+    const int64_t shp[4][2] = {{m_hid, m_in}, {m_hid, 1}, {10, m_hid}, {10, 1}};
     nt_tensor *p[4];
     for (int i = 0; i < 4; i++) {
         int nd = shp[i][1] == 1 ? 1 : 2;
@@ -353,11 +358,12 @@ static void train(const char *backend, const char *isa, const char *mode, float 
         nt_release(u);
         assert_int_equal(nt_set_requires_grad(p[i], true), 0);
     }
-    nt_tensor *x = nt_rand(NT_F32, 2, (int64_t[]){40, 100}, 7);
-    int32_t lab[40];
-    for (int i = 0; i < 40; i++)
+    nt_tensor *x = nt_rand(NT_F32, 2, (int64_t[]){m_batch, m_in}, 7);
+    int32_t lab[64];
+    assert_true(m_batch <= 64);
+    for (int i = 0; i < m_batch; i++)
         lab[i] = (i * 7) % 10;
-    nt_tensor *y = nt_from_host(lab, NT_I32, 1, (int64_t[]){40});
+    nt_tensor *y = nt_from_host(lab, NT_I32, 1, (int64_t[]){m_batch});
     nt_optim *opt = nt_optim_adamw(p, 4, 1e-2, 0.9, 0.999, 1e-8, 0.01);
     assert_non_null(opt);
     for (int step = 0; step < 20; step++) {
@@ -411,6 +417,53 @@ static void test_train_every_level(void **state)
     free(first), free(got);
 }
 
+/* The same training on 1 and 2 host threads (NT_CPU_THREADS), with a
+ * model whose calls are big enough to be split (the first layer's products
+ * are 4 Mi multiply-adds, its AdamW programs 128 Ki elements: two blocks
+ * each), on both backends in every mode, at the widest ISA level (and the
+ * portable one once): the parameters come out the same bit for bit. */
+static void test_train_threads(void **state)
+{
+    (void)state;
+    m_in = 256, m_hid = 512, m_batch = 32;
+    const size_t n = 512 * 256 + 512 + 10 * 512 + 10;
+    float *first = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    static const char *backends[] = {"cpu", "sim", "sim"};
+    static const char *modes[] = {"eager", "adaptive", "lazy", "deterministic"};
+    bool pv0 = nt__sim_program_values();
+    int isas[2] = {nt__gemm_isa_best(), NT_ISA_SCALAR}, runs = 0;
+    for (int be = 0; be < 3; be++) {
+        nt__sim_set_program_values(be == 2);
+        for (int m = 0; m < 4; m++)
+            for (int i = 0; i < (be == 0 && m == 1 ? 2 : 1); i++)
+                for (int th = 1; th <= 2; th++) {
+                    m_threads = th == 1 ? "1" : "2";
+                    train(backends[be], nt__gemm_isa_label(isas[i]), modes[m],
+                          runs ? got : first, n);
+                    if (runs++) {
+                        int bad = differ(got, first, n);
+                        if (bad)
+                            print_message("# training on %s%s, %s, %s, %d thread(s): %d "
+                                          "parameters differ\n",
+                                          backends[be], be == 2 ? " (values per program)" : "",
+                                          modes[m], nt__gemm_isa_label(isas[i]), th, bad);
+                        assert_int_equal(bad, 0);
+                    }
+                }
+    }
+    assert_string_equal(nt_config_get("NT_CPU_THREADS"), "2");
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "1"), 0);
+    assert_string_equal(nt_config_get("NT_CPU_THREADS"), "1");
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "3"), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "NT_CPU_THREADS: expected auto, 1 or 2"));
+    nt_clear_error();
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    assert_string_equal(nt_config_get("NT_CPU_THREADS"), "2");
+    nt__sim_set_program_values(pv0);
+    m_in = 100, m_hid = 160, m_batch = 40, m_threads = "2";
+    free(first), free(got);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -422,6 +475,7 @@ int main(void)
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_train_every_level, nt_test_setup,
                                         nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_train_threads, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
