@@ -17,6 +17,8 @@
  *    library has MPI, 2 processes x 1, 2, 4 cores) train the same global
  *    batches (128 rows, 8 shards) for --bits-steps steps; the CRC-32 of the
  *    parameters must be the same in every run.
+ * 4. Host wall time: bench/batch_split (next to this executable) run whole,
+ *    B independent pieces on 2 simulated cores over 1 (target <= 0.6x).
  *
  * nt_init reads NT_SIM_CORES, so every configuration runs in a child
  * process of this program (it re-executes itself with --child-*).
@@ -497,5 +499,22 @@ int main(int argc, char **argv)
         }
     printf("  bit-identical: %s\n", have && same ? "yes" : "NO");
     fails += !(have && same);
+
+    /* 4. the host wall time of batch-split work: bench/batch_split, beside
+     * this executable, run whole (its own table and target line) */
+    printf("\n%s: host wall time of batch-split work, 2 simulated cores over 1 "
+           "(bench/batch_split)\n", BENCH_NAME);
+    char split[4096 + 16];
+    char *slash = strrchr(self, '/');
+    snprintf(split, sizeof split, "%.*sbatch_split", slash ? (int)(slash - self + 1) : 0, self);
+    char *avs[] = {split, NULL};
+    const char *envs[] = {NULL};
+    static char sout[1 << 14];
+    if (run_child(avs, envs, sout, sizeof sout)) {
+        fputs(sout, stdout);
+    } else {
+        printf("  failed (%s)\n", split);
+        fails++;
+    }
     return fails ? 1 : 0;
 }
