@@ -59,22 +59,6 @@ typedef struct ak {
     nt_tile *sc[G];     /* SBUF scores / P, [128, BLK] f32 */
 } ak;
 
-static nt_ap hpat(const char *base, nt_dtype dt, int64_t off, int np, int64_t pstep, int64_t m,
-                  int64_t step)
-{
-    nt_ap a;
-    memset(&a, 0, sizeof a);
-    a.hbm = (void *)base;
-    a.dtype = dt;
-    a.np = np;
-    a.pstep = pstep;
-    a.offset = off;
-    a.ndim = 1;
-    a.num[0] = m;
-    a.step[0] = step;
-    return a;
-}
-
 static nt_ap col(nt_tile *t, int np, int64_t j) { return nt_tile_slice(t, 0, np, j, 1); }
 
 static int ts(ak *a, const nt_ap *d, const nt_ap *x, nt_alu_op op, const nt_ap *sap, float imm)
@@ -106,7 +90,7 @@ static int load_head(ak *a, nt_tile *t, const nt__attn_opnd *x, int64_t boff, in
         int64_t nb = part ? 1 : nfull, c0 = part ? nfull * nc : 0;
         if (np == 0 || nb == 0)
             continue;
-        nt_ap h = hpat(x->base, x->dt, boff + (part ? nfull * BLK : 0) * x->rs, np, x->rs, nb * nc,
+        nt_ap h = sk_hbm_rows(x->base, x->dt, boff + (part ? nfull * BLK : 0) * x->rs, np, x->rs, nb * nc,
                        x->cs);
         h.ndim = 2;
         h.num[0] = nb, h.step[0] = BLK * x->rs;
@@ -155,7 +139,7 @@ static int scores(ak *a, int g, const nt_ap *s, const nt_ap *S, int64_t mb, int6
     int rc = ts(a, s, S, NT_ALU_MUL, NULL, a->scale);
     if (!rc && a->has_mask) {
         nt_ap mt = nt_tile_slice(a->mraw[g], 0, Mq, 0, nk);
-        nt_ap h = hpat(a->m.base, a->m.dt, mb + q0 * a->m.rs + k0 * a->m.cs, Mq, a->m.rs, nk,
+        nt_ap h = sk_hbm_rows(a->m.base, a->m.dt, mb + q0 * a->m.rs + k0 * a->m.cs, Mq, a->m.rs, nk,
                        a->m.cs);
         rc = nt_isa_dma_copy(a->k, &mt, &h, sk_qin(a->s));
         if (!rc && a->m.dt == NT_U8) {
@@ -233,7 +217,7 @@ static int store_head(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, n
         int64_t nb = part ? 1 : nfull, c0 = part ? nfull * nc : 0;
         if (np == 0 || nb == 0)
             continue;
-        nt_ap h = hpat(base, dt, off + (part ? nfull * BLK : 0) * ld, np, ld, nb * nc, 1);
+        nt_ap h = sk_hbm_rows(base, dt, off + (part ? nfull * BLK : 0) * ld, np, ld, nb * nc, 1);
         h.ndim = 2;
         h.num[0] = nb, h.step[0] = BLK * ld;
         h.num[1] = nc, h.step[1] = 1;
@@ -515,7 +499,7 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
             int Mq = bsize(Tq, (int)i);
             nt_ap gr = nt_tile_slice(Gr, 0, Mq, i * Dv, Dv), of = nt_tile_slice(Of, 0, Mq, i * Dv, Dv);
             nt_ap dr = col(Dr, Mq, i), nl = col(NL, Mq, i);
-            nt_ap hl = hpat(lsed, NT_F32, b * Tq + i * BLK, Mq, 1, 1, 1);
+            nt_ap hl = sk_hbm_rows(lsed, NT_F32, b * Tq + i * BLK, Mq, 1, 1, 1);
             if ((rc = tt(&a, &of, &gr, &of, NT_ALU_MUL)) ||
                 (rc = nt_isa_tensor_reduce(k, &dr, &of, NT_ALU_ADD, 1)) ||
                 (rc = nt_isa_dma_copy(k, &nl, &hl, sk_qin(&s))))

@@ -48,22 +48,6 @@ typedef struct rk {
 
 static nt_ap colk(nt_tile *t, int np, int j) { return nt_tile_slice(t, 0, np, j, 1); }
 
-static nt_ap rowpat(char *base, nt_dtype dt, int64_t off, int np, int64_t pstep, int64_t m,
-                    int64_t step)
-{
-    nt_ap a;
-    memset(&a, 0, sizeof a);
-    a.hbm = base;
-    a.dtype = dt;
-    a.np = np;
-    a.pstep = pstep;
-    a.offset = off;
-    a.ndim = 1;
-    a.num[0] = m;
-    a.step[0] = step;
-    return a;
-}
-
 static int ts(sk_k *s, const nt_ap *d, const nt_ap *x, nt_alu_op op, const nt_ap *sap, float imm)
 {
     return nt_isa_tensor_scalar(s->k, d, x, &(nt_isa_alu){op, {sap, imm}, false}, NULL, sk_eng(s));
@@ -74,7 +58,7 @@ static int load_chunk(rk *c, int64_t ioff, int np, int64_t c0, int64_t m, nt_ap 
 {
     int b = c->ng & 1;
     *x = nt_tile_slice(c->x[b], 0, np, 0, m);
-    nt_ap h = rowpat(c->xb, c->xdt, ioff + c0 * c->sn, np, c->sc, m, c->sn);
+    nt_ap h = sk_hbm_rows(c->xb, c->xdt, ioff + c0 * c->sn, np, c->sc, m, c->sn);
     return nt_isa_dma_copy(c->s->k, x, &h, sk_qin(c->s));
 }
 
@@ -186,7 +170,7 @@ static int softmax_group(void *ctx, int64_t ioff, int64_t ooff, int np)
         if (!rc)
             rc = c->op == NT_OP_SOFTMAX ? ts(s, &Y, &U, NT_ALU_DIV, &sum, 0)
                                         : ts(s, &Y, &T, NT_ALU_SUB, &ls, 0);
-        nt_ap o = rowpat(c->ob, c->odt, ooff + c0 * c->on, np, c->oc, w, c->on);
+        nt_ap o = sk_hbm_rows(c->ob, c->odt, ooff + c0 * c->on, np, c->oc, w, c->on);
         if (!rc)
             rc = nt_isa_dma_copy(k, &o, &Y, sk_qout(s));
     }
@@ -271,7 +255,7 @@ static int xent_group(void *ctx, int64_t ioff, int64_t ooff, int np)
     /* labels of these rows, checked before anything uses them */
     const nt_tensor *L = c->labels;
     nt_ap lab = colk(c->lab, np, 0);
-    nt_ap h = rowpat(nt__tensor_data(L), (nt_dtype)L->dtype, c->row0 * L->stride[0], np,
+    nt_ap h = sk_hbm_rows(nt__tensor_data(L), (nt_dtype)L->dtype, c->row0 * L->stride[0], np,
                      L->stride[0], 1, 1);
     int rc = nt_isa_dma_copy(c->s->k, &lab, &h, sk_qin(c->s));
     lab_check lc = {c->s, c->row0, c->n};
@@ -327,7 +311,7 @@ int nt__sk_cross_entropy(const nt__rec *r)
 static int load_affine(rk *c, const nt_tensor *v, nt_tile *t, int np, int64_t c0, int64_t m)
 {
     nt_ap d = nt_tile_slice(t, 0, np, 0, m);
-    nt_ap h = rowpat(nt__tensor_data(v), (nt_dtype)v->dtype, c0 * v->stride[0], np, 0, m,
+    nt_ap h = sk_hbm_rows(nt__tensor_data(v), (nt_dtype)v->dtype, c0 * v->stride[0], np, 0, m,
                      v->stride[0]);
     return nt_isa_dma_copy(c->s->k, &d, &h, sk_qin(c->s));
 }
@@ -407,7 +391,7 @@ static int norm_group(void *ctx, int64_t ioff, int64_t ooff, int np)
                 rc = nt_isa_tensor_tensor(k, &Y, &T, &B, NT_ALU_ADD, NT_ENGINE_VECTOR);
         }
         c->wb_loaded = res;
-        nt_ap o = rowpat(c->ob, c->odt, ooff + c0 * c->on, np, c->oc, w, c->on);
+        nt_ap o = sk_hbm_rows(c->ob, c->odt, ooff + c0 * c->on, np, c->oc, w, c->on);
         if (!rc)
             rc = nt_isa_dma_copy(k, &o, &Y, sk_qout(s));
     }

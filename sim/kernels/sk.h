@@ -97,6 +97,16 @@ static inline nt_tile *sk_tile(sk_k *s, const char *name, nt_dtype dt, int np, i
 
 /* ---------------- HBM views ---------------- */
 
+/* np rows of HBM from base + off (elements), pstep elements apart, each of
+ * m elements step apart: nt_hbm_ap with a free-dim step. */
+static inline nt_ap sk_hbm_rows(const void *base, nt_dtype dt, int64_t off, int np, int64_t pstep,
+                                int64_t m, int64_t step)
+{
+    nt_ap a = nt_hbm_ap(base, dt, off, np, pstep, m);
+    a.step[0] = step;
+    return a;
+}
+
 /* A tensor in HBM: base pointer at its offset, dtype, strides at some
  * iteration shape (0 on broadcast dims). */
 typedef struct sk_hv {
