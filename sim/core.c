@@ -1067,23 +1067,34 @@ static void stats_finish(nt_sim_stats *out, const fx_sums *sums)
     }
 }
 
+/* The totals of cores [c0, c1) into out (NT_EINVAL for a range outside
+ * the cores); the clock is the latest core's. */
+static int stats_of(int c0, int c1, nt_sim_stats *out)
+{
+    int rc = nt_sim_init();
+    if (rc)
+        return rc;
+    memset(out, 0, sizeof *out);
+    fx_sums sums;
+    memset(&sums, 0, sizeof sums);
+    pthread_mutex_lock(&state_lock);
+    if (c0 < 0 || c1 > nt__sim.ncores) {
+        pthread_mutex_unlock(&state_lock);
+        return NT_EINVAL;
+    }
+    for (int i = c0; i < c1; i++)
+        stats_add(&nt__sim.cores[i], out, &sums);
+    stats_finish(out, &sums);
+    pthread_mutex_unlock(&state_lock);
+    return 0;
+}
+
 int nt_sim_stats_get(nt_sim_stats *out)
 {
     if (!out)
         return NT__SIM_NULL("nt_sim_stats_get", "out");
     int rc = nt_sim_init();
-    if (rc)
-        return rc;
-    /* every core's totals; the clock is the latest core's */
-    memset(out, 0, sizeof *out);
-    fx_sums sums;
-    memset(&sums, 0, sizeof sums);
-    pthread_mutex_lock(&state_lock);
-    for (int i = 0; i < nt__sim.ncores; i++)
-        stats_add(&nt__sim.cores[i], out, &sums);
-    stats_finish(out, &sums);
-    pthread_mutex_unlock(&state_lock);
-    return 0;
+    return rc ? rc : stats_of(0, nt__sim.ncores, out);
 }
 
 int nt_device_stats_get(int dev, nt_sim_stats *out)
@@ -1097,27 +1108,10 @@ int nt_device_stats_get(int dev, nt_sim_stats *out)
         return nt__err(NULL, NT_EINVAL, "nt_device_stats_get",
                        "argument 'dev' is %d; expected a device from 0 to %d (NT_SIM_CORES=%d)",
                        dev, nt__sim.ncores - 1, nt__sim.ncores);
-    return nt__sim_core_stats(dev, out);
+    return stats_of(dev, dev + 1, out);
 }
 
-int nt__sim_core_stats(int core, nt_sim_stats *out)
-{
-    int rc = nt_sim_init();
-    if (rc)
-        return rc;
-    memset(out, 0, sizeof *out);
-    fx_sums sums;
-    memset(&sums, 0, sizeof sums);
-    pthread_mutex_lock(&state_lock);
-    if (core < 0 || core >= nt__sim.ncores) {
-        pthread_mutex_unlock(&state_lock);
-        return NT_EINVAL;
-    }
-    stats_add(&nt__sim.cores[core], out, &sums);
-    stats_finish(out, &sums);
-    pthread_mutex_unlock(&state_lock);
-    return 0;
-}
+int nt__sim_core_stats(int core, nt_sim_stats *out) { return stats_of(core, core + 1, out); }
 
 void nt_sim_stats_reset(void)
 {
