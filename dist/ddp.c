@@ -66,16 +66,11 @@ struct nt_ddp {
 /* ---------------- devices ---------------- */
 
 static int device_count(void) { return nt_device_count(); }
-static int tensor_device(nt_tensor *t) { return nt_tensor_device(t); }
 /* The thread's current stream if it is on dev, else dev's default. */
 static nt_stream *device_stream(int dev)
 {
     nt_stream *cur = nt_stream_current();
     return nt_stream_device(cur) == dev ? cur : nt_stream_default_on(dev);
-}
-static nt_tensor *to_device(const nt_site *site, nt_tensor *t, int dev)
-{
-    return nt_to_device_at(site, t, dev);
 }
 
 /* Makes a stream of `dev` the thread's current one; returns the old one
@@ -136,10 +131,10 @@ static bool check_param(const nt_site *site, const char *fn, nt_tensor *const *p
                     "argument 'params' lists the same tensor at %d and %d", j, i);
             return false;
         }
-    if (i > 0 && tensor_device(t) != tensor_device(ps[0])) {
+    if (i > 0 && t->dev != ps[0]->dev) {
         nt__err(site, NT_EINVAL, fn,
                 "argument '%s' is on device %d but params[0] is on device %d; the parameters "
-                "must be on one device", arg, tensor_device(t), tensor_device(ps[0]));
+                "must be on one device", arg, (int)t->dev, (int)ps[0]->dev);
         return false;
     }
     return true;
@@ -320,7 +315,7 @@ NT_API nt_ddp *nt_ddp_create_at(const nt_site *site, nt_tensor *const *params, i
     }
     /* Replicas: the parameters themselves on their own device, bit copies
      * (new leaves requiring grad) elsewhere. */
-    int home = tensor_device(params[0]);
+    int home = (int)params[0]->dev;
     int rc = 0;
     for (int k = 0; k < ndev && !rc; k++) {
         member *m = &d->m[k];
@@ -331,7 +326,7 @@ NT_API nt_ddp *nt_ddp_create_at(const nt_site *site, nt_tensor *const *params, i
                 m->rep[j] = nt_retain(params[j]);
                 continue;
             }
-            nt_tensor *c = to_device(site, params[j], m->dev);
+            nt_tensor *c = nt_to_device_at(site, params[j], m->dev);
             if (c)
                 c = nt_keep(c);
             if (!c || nt_set_requires_grad(c, true) != 0) {
@@ -418,11 +413,11 @@ NT_API nt_tensor *nt_ddp_shard_at(const nt_site *site, nt_ddp *d, nt_tensor *bat
         goto out;
     }
     int64_t rows = batch->shape[0] / d->shards;
-    int dev = d->m[member_of(d, shard)].dev, bdev = tensor_device(batch);
+    int dev = d->m[member_of(d, shard)].dev, bdev = (int)batch->dev;
     nt_stream *old = enter(bdev);
     nt_tensor *v = nt_slice_at(site, batch, 0, shard * rows, (shard + 1) * rows, 1);
     if (v)
-        r = to_device(site, v, dev); /* queued on the batch's device */
+        r = nt_to_device_at(site, v, dev); /* queued on the batch's device */
     leave(old);
     nt_release(v);
 out:
@@ -533,11 +528,11 @@ NT_API int nt_ddp_backward_at(const nt_site *site, nt_ddp *d, int shard, nt_tens
         goto out;
     }
     member *m = &d->m[member_of(d, shard)];
-    if (tensor_device(loss) != m->dev) {
+    if (loss->dev != m->dev) {
         rc = nt__err(site, NT_EINVAL, fn,
                      "argument 'loss' is on device %d, but shard %d belongs to device %d "
                      "(compute it with nt_ddp_params(d, %d) after nt_device_set(%d))",
-                     tensor_device(loss), shard, m->dev, m->dev, m->dev);
+                     (int)loss->dev, shard, m->dev, m->dev, m->dev);
         goto out;
     }
     if (d->done[shard]) {
