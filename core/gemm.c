@@ -346,8 +346,16 @@ void nt__gemm_keys_init(void)
     g_private_get(&fb_key);
 }
 
+/* Tests: the most floats a panel buffer may hold (0: no cap), so the
+ * paths for a host short of panel memory run on demand. */
+static volatile AO_t panel_cap;
+void nt__gemm_set_panel_cap(size_t n) { AO_store(&panel_cap, (AO_t)n); }
+
 static float *panel(GPrivate *key, size_t n)
 {
+    size_t cap = (size_t)AO_load(&panel_cap);
+    if (cap && n > cap)
+        return NULL;
     pbuf *b = g_private_get(key);
     if (!b) {
         b = calloc(1, sizeof *b);
@@ -659,7 +667,33 @@ typedef struct full {
     bool arow;   /* A given row-major M x K (nt__gemm_rowa) */
     bool bcol;   /* B given as B^T, row-major N x K (nt__gemm_ex) */
     bool canon;  /* NaNs made canonical in the last K-tile's store */
+    bool abf, bbf; /* A, B stored as bf16 (j.A, j.B point at uint16_t) */
+    char *out;     /* non-NULL: each block of C rounded to odt here (nt__gemm_typed) */
+    nt_dtype odt;
 } full;
+
+/* bf16 -> f32 is exact (the 16 bits on top, zeros below), so a panel
+ * packed from bf16 holds the very floats a widened copy would: the
+ * micro-kernels then compute the same bits. */
+static inline void widen_bf16(float *d, const uint16_t *s, int n)
+{
+    for (int q = 0; q < n; q++)
+        d[q] = nt__bf16_to_f32(s[q]);
+}
+
+/* pack_a and pack_b from bf16 A (K x M) or B (K x N). */
+static void pack_cols_bf16(int R, float *dst, int n, int K, const uint16_t *src, int ld)
+{
+    for (int i = 0; i < n; i += R) {
+        int w = n - i < R ? n - i : R;
+        float *d = dst + (long)(i / R) * K * R;
+        for (int k = 0; k < K; k++) {
+            widen_bf16(d + (long)k * R, src + (long)k * ld + i, w);
+            for (int q = w; q < R; q++)
+                d[(long)k * R + q] = 0.0f;
+        }
+    }
+}
 
 /* Panels of width R (pack_a's MR, pack_b's NR) from a matrix stored with
  * the panel dim as rows: n rows of K, ld apart -- A row-major (M x K) or
@@ -706,6 +740,50 @@ static void pack_rows(int R, float *dst, int n, int K, const float *src, int ld)
     }
 }
 
+/* pack_rows from bf16 rows: the same panels, each element widened. */
+static void pack_rows_bf16(int R, float *dst, int n, int K, const uint16_t *src, int ld)
+{
+    for (int i = 0; i < n; i += R) {
+        int w = n - i < R ? n - i : R;
+        float *d = dst + (long)(i / R) * K * R;
+        const uint16_t *a = src + (long)i * ld;
+        int k = 0;
+#if NT_X86
+        /* 4 x 4 blocks as in pack_rows: 4 bf16 of a row put on top of zero
+         * halves (their f32 values), then transposed */
+        if (w == R && R % 4 == 0) {
+            const __m128i z = _mm_setzero_si128();
+            for (; k + 4 <= K; k += 4)
+                for (int r = 0; r < R; r += 4) {
+                    const uint16_t *s0 = a + (long)r * ld + k;
+                    __m128 x0 = _mm_castsi128_ps(
+                        _mm_unpacklo_epi16(z, _mm_loadl_epi64((const __m128i *)s0)));
+                    __m128 x1 = _mm_castsi128_ps(
+                        _mm_unpacklo_epi16(z, _mm_loadl_epi64((const __m128i *)(s0 + ld))));
+                    __m128 x2 = _mm_castsi128_ps(_mm_unpacklo_epi16(
+                        z, _mm_loadl_epi64((const __m128i *)(s0 + 2 * (long)ld))));
+                    __m128 x3 = _mm_castsi128_ps(_mm_unpacklo_epi16(
+                        z, _mm_loadl_epi64((const __m128i *)(s0 + 3 * (long)ld))));
+                    _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
+                    float *d0 = d + (long)k * R + r;
+                    _mm_storeu_ps(d0, x0);
+                    _mm_storeu_ps(d0 + R, x1);
+                    _mm_storeu_ps(d0 + 2 * R, x2);
+                    _mm_storeu_ps(d0 + 3 * R, x3);
+                }
+        }
+#endif
+        for (; k < K; k++) {
+            float *dk = d + (long)k * R;
+            int r = 0;
+            for (; r < w; r++)
+                dk[r] = nt__bf16_to_f32(a[(long)r * ld + k]);
+            for (; r < R; r++)
+                dk[r] = 0.0f;
+        }
+    }
+}
+
 /* Pack job: per K-tile, A's panels in chunks of NT_PACK_A panels (rows),
  * then B's in chunks of NT_PACK_B panels (columns): enough blocks that the
  * two threads share the packing of a skinny product evenly (x [2048, 128]
@@ -727,6 +805,15 @@ static void pack_block(const job *jb, int b)
     int r0 = ch * span, r1 = r0 + span < tot ? r0 + span : tot;
     /* panels r0 / R, ... of K-tile kt (r0 is a multiple of R) */
     float *d = (isa ? f->Ap + (long)f->Mpad * k0 : f->Bp + (long)f->Npad * k0) + (long)r0 * kw;
+    if (isa ? f->abf : f->bbf) {
+        const uint16_t *s = (const uint16_t *)(isa ? (const void *)jb->A : (const void *)jb->B);
+        int ld = isa ? jb->lda : jb->ldb;
+        if (isa ? f->arow : f->bcol)
+            pack_rows_bf16(R, d, r1 - r0, kw, s + (long)r0 * ld + k0, ld);
+        else
+            pack_cols_bf16(R, d, r1 - r0, kw, s + (long)k0 * ld + r0, ld);
+        return;
+    }
     if (isa && f->arow)
         pack_rows(R, d, r1 - r0, kw, jb->A + (long)r0 * jb->lda + k0, jb->lda);
     else if (isa)
@@ -809,17 +896,35 @@ static void full_block(const job *jb, int b)
             }
         }
     }
+    if (f->out) /* the block is complete and still in cache: round it once */
+        for (int i = i0; i < i1; i++) {
+            long o = (long)i * jb->ldc + j0;
+            nt__st_f32(f->out + o * (long)nt__dtype_size(f->odt), f->odt, 1, jb->C + o,
+                       j1 - j0);
+        }
 }
 
-static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, const float *B,
-                      int ldb, bool bcol, float *C, int ldc, bool canon)
+/* The typed part of a product (nt__gemm_typed): bf16 operands, a rounded
+ * copy of C.  NULL: f32 operands, C is the result. */
+typedef struct typed {
+    bool abf, bbf;
+    char *out;
+    nt_dtype odt;
+} typed;
+
+static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, const float *B,
+                     int ldb, bool bcol, float *C, int ldc, bool canon, const typed *ty)
 {
     if (M <= 0 || N <= 0)
-        return;
+        return 0;
     if (K <= 0) {
         for (int i = 0; i < M; i++)
             memset(C + (long)i * ldc, 0, (size_t)N * sizeof(float));
-        return;
+        if (ty && ty->out)
+            for (int i = 0; i < M; i++)
+                nt__st_f32(ty->out + (long)i * ldc * (long)nt__dtype_size(ty->odt), ty->odt, 1,
+                           C + (long)i * ldc, N);
+        return 0;
     }
     pool_start();
     const kern *kn = kern_now();
@@ -833,7 +938,8 @@ static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, c
         int ncbp = (N + kn->nr * NT_PACK_B - 1) / (kn->nr * NT_PACK_B);
         full f = {{pack_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, nk * (nca + ncbp), 0,
                    0, 0},
-                  Ap, Bp, Mpad, Npad, nk, nca, ncbp, 0, 0, arow, bcol, false};
+                  Ap, Bp, Mpad, Npad, nk, nca, ncbp, 0, 0, arow, bcol, false,
+                  ty && ty->abf, ty && ty->bbf, NULL, NT_F32};
         f.j.kn = kn;
         run_job(&f.j, split);
         int mc = gemm_mc_big, ncb = gemm_ncb_big;
@@ -841,11 +947,14 @@ static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, c
             mc = NT_MC, ncb = NT_NCB;
         int nbm = (M + mc - 1) / mc, nbn = (N + ncb - 1) / ncb;
         full g = {{full_block, M, N, K, lda, ldb, ldc, A, B, C, false, nbm, nbm * nbn, 0, 0, 0},
-                  Ap, Bp, Mpad, Npad, nk, 0, 0, mc, ncb, arow, bcol, canon};
+                  Ap, Bp, Mpad, Npad, nk, 0, 0, mc, ncb, arow, bcol, canon,
+                  ty && ty->abf, ty && ty->bbf, ty ? ty->out : NULL, ty ? ty->odt : NT_F32};
         g.j.kn = kn;
         run_job(&g.j, split);
-        return;
+        return 0;
     }
+    if (ty)
+        return -1; /* the caller widens the operands and calls nt__gemm_ex */
     /* host memory short for the panels: K-tile by K-tile */
     for (int k0 = 0; k0 < K; k0 += NT_GEMM_KTILE) {
         int kw = K - k0 < NT_GEMM_KTILE ? K - k0 : NT_GEMM_KTILE;
@@ -866,28 +975,40 @@ static void gemm_full(int M, int N, int K, const float *A, int lda, bool arow, c
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++)
                 C[(long)i * ldc + j] = nt__canon(C[(long)i * ldc + j]);
+    return 0;
 }
 
 void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
               int ldc)
 {
-    gemm_full(M, N, K, A, lda, false, B, ldb, false, C, ldc, false);
+    gemm_full(M, N, K, A, lda, false, B, ldb, false, C, ldc, false, NULL);
 }
 
 void nt__gemm_rowa(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                    float *C, int ldc)
 {
-    gemm_full(M, N, K, A, lda, true, B, ldb, false, C, ldc, false);
+    gemm_full(M, N, K, A, lda, true, B, ldb, false, C, ldc, false, NULL);
 }
 
 void nt__gemm_ex(int M, int N, int K, const float *A, int lda, bool arow, const float *B, int ldb,
                  bool bcol, float *C, int ldc)
 {
-    gemm_full(M, N, K, A, lda, arow, B, ldb, bcol, C, ldc, false);
+    gemm_full(M, N, K, A, lda, arow, B, ldb, bcol, C, ldc, false, NULL);
 }
 
 void nt__gemm_ex_canon(int M, int N, int K, const float *A, int lda, bool arow, const float *B,
                        int ldb, bool bcol, float *C, int ldc)
 {
-    gemm_full(M, N, K, A, lda, arow, B, ldb, bcol, C, ldc, true);
+    gemm_full(M, N, K, A, lda, arow, B, ldb, bcol, C, ldc, true, NULL);
+}
+
+int nt__gemm_typed(int M, int N, int K, const void *A, int lda, bool arow, nt_dtype adt,
+                   const void *B, int ldb, bool bcol, nt_dtype bdt, float *C, int ldc, void *out,
+                   nt_dtype odt)
+{
+    if ((adt != NT_F32 && adt != NT_BF16) || (bdt != NT_F32 && bdt != NT_BF16))
+        return -1;
+    typed ty = {adt == NT_BF16, bdt == NT_BF16, odt == NT_F32 ? NULL : (char *)out, odt};
+    return gemm_full(M, N, K, (const float *)A, lda, arow, (const float *)B, ldb, bcol, C, ldc,
+                     odt == NT_F32, &ty);
 }

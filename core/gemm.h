@@ -24,6 +24,9 @@
 #define NT_CORE_GEMM_H
 
 #include <stdbool.h>
+#include <stddef.h>
+
+#include "ntensor.h"
 
 #define NT_GEMM_KTILE 128
 
@@ -67,6 +70,23 @@ void nt__gemm_ex(int M, int N, int K, const float *A, int lda, bool arow, const 
  * done in the last K-tile's store instead of another pass over C. */
 void nt__gemm_ex_canon(int M, int N, int K, const float *A, int lda, bool arow, const float *B,
                        int ldb, bool bcol, float *C, int ldc);
+
+/* nt__gemm_ex with bf16 operands too (adt, bdt: NT_F32 or NT_BF16), widened
+ * exactly as they are packed (no widened copy first), and the result
+ * rounded to odt: odt NT_F32 makes C the result, NaNs canonical, as
+ * nt__gemm_ex_canon; any other odt rounds each block of C (f32 scratch, ldc)
+ * into out (M x N of odt, rows ldc apart) with nt__st_f32 while the block is
+ * still in cache.  The same bits as widening the operands to f32, calling
+ * nt__gemm_ex and rounding C.  0, or -1 (nothing written) when the host has
+ * no memory for the panels or a dtype is neither f32 nor bf16: the caller
+ * then widens and calls nt__gemm_ex. */
+int nt__gemm_typed(int M, int N, int K, const void *A, int lda, bool arow, nt_dtype adt,
+                   const void *B, int ldb, bool bcol, nt_dtype bdt, float *C, int ldc, void *out,
+                   nt_dtype odt);
+
+/* Tests only: panel buffers of more than n floats fail as if the host had
+ * no memory for them (0: no cap), to run the fallback paths. */
+void nt__gemm_set_panel_cap(size_t n);
 
 /* The vector ISA levels of the micro-kernel, chosen at run time (the first
  * call takes the widest this CPU runs; NT_CPU_ISA in docs/env.md forces

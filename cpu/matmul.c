@@ -43,34 +43,30 @@ static float *scratch(size_t n)
     return p;
 }
 
-int nt__cpu_matmul(const nt__rec *r)
+/* One pass over the batches.  typed: bf16 operands are used in place too
+ * (nt__gemm_typed widens them as it packs its panels) and a non-f32 result
+ * is rounded block by block inside the GEMM; 1 when nt__gemm_typed had no
+ * memory for its panels (the caller reruns the pass untyped).  Untyped:
+ * only f32 operands in place, the rest widened into scratch first. */
+static int mm_pass(const nt__rec *r, const nt__mminfo *mip, bool typed)
 {
     const nt_tensor *a = r->in[0], *b = r->in[1], *o = r->out[0];
-    nt__mminfo mi;
-    char why[160];
-    if (!nt__matmul_info(a, b, &mi, why, sizeof why))
-        return nt__kerr(NT_ESHAPE, "%s", why); /* the dispatcher checked: unreachable */
+    const nt__mminfo mi = *mip;
     int64_t M = mi.M, N = mi.N, K = mi.K;
-    int64_t nbatch = nt__numel(mi.nbatch, mi.batch);
-    if (M == 0 || N == 0 || nbatch == 0)
-        return 0;
-    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
-        return nt__kerr(NT_ENOTSUP, "matrix dims %lld x %lld x %lld exceed the int range",
-                        (long long)M, (long long)K, (long long)N);
     nt_dtype adt = (nt_dtype)a->dtype, bdt = (nt_dtype)b->dtype, odt = (nt_dtype)o->dtype;
     int64_t aes = (int64_t)nt__dtype_size(adt), bes = (int64_t)nt__dtype_size(bdt);
     int64_t oes = (int64_t)nt__dtype_size(odt);
+    bool a_flat = adt == NT_F32 || (typed && adt == NT_BF16);
+    bool b_flat = bdt == NT_F32 || (typed && bdt == NT_BF16);
     /* Operands already in the primitive's layout are used in place: A^T
      * (K x M) when a's rows are unit-strided (a transposed view), B (K x N)
      * when b's columns are; C is the output itself when it is f32. */
-    bool a_direct = adt == NT_F32 && mi.a_rs == 1 && mi.a_cs >= M && mi.a_cs <= INT32_MAX;
-    /* a row-major f32 a (M x K) too: nt__gemm_rowa packs its panels from it */
-    bool a_rows = !a_direct && adt == NT_F32 && mi.a_cs == 1 && mi.a_rs >= K &&
-                  mi.a_rs <= INT32_MAX;
-    bool b_direct = bdt == NT_F32 && mi.b_cs == 1 && mi.b_rs >= N && mi.b_rs <= INT32_MAX;
-    /* a transposed f32 b (x @ w^T: w N x K row-major): packed from w itself */
-    bool b_cols = !b_direct && bdt == NT_F32 && mi.b_rs == 1 && mi.b_cs >= K &&
-                  mi.b_cs <= INT32_MAX;
+    bool a_direct = a_flat && mi.a_rs == 1 && mi.a_cs >= M && mi.a_cs <= INT32_MAX;
+    /* a row-major a (M x K) too: the GEMM packs its panels from it */
+    bool a_rows = !a_direct && a_flat && mi.a_cs == 1 && mi.a_rs >= K && mi.a_rs <= INT32_MAX;
+    bool b_direct = b_flat && mi.b_cs == 1 && mi.b_rs >= N && mi.b_rs <= INT32_MAX;
+    /* a transposed b (x @ w^T: w N x K row-major): packed from w itself */
+    bool b_cols = !b_direct && b_flat && mi.b_rs == 1 && mi.b_cs >= K && mi.b_cs <= INT32_MAX;
     bool c_direct = odt == NT_F32;
     size_t na = a_direct || a_rows ? 0 : (size_t)(K * M);
     size_t nb = b_direct || b_cols ? 0 : (size_t)(K * N);
@@ -89,32 +85,62 @@ int nt__cpu_matmul(const nt__rec *r)
         int64_t aoff = 0, boff = 0;
         for (int i = 0; i < mi.nbatch; i++)
             aoff += idx[i] * mi.a_bstride[i], boff += idx[i] * mi.b_bstride[i];
-        const float *Ap = At, *Bp = B;
+        const void *Ap = At, *Bp = B;
+        nt_dtype apt = NT_F32, bpt = NT_F32; /* what Ap and Bp hold */
         int lda = (int)M, ldb = (int)N;
         if (a_direct || a_rows) {
-            Ap = (const float *)(ad + aoff * aes);
+            Ap = ad + aoff * aes;
+            apt = adt;
             lda = (int)(a_rows ? mi.a_rs : mi.a_cs);
         } else if (aoff != a_prev) {
             nt__mm_pack(At, M, ad + aoff * aes, adt, aes, K, M, mi.a_cs, mi.a_rs);
         }
         if (b_direct || b_cols) {
-            Bp = (const float *)(bd + boff * bes);
+            Bp = bd + boff * bes;
+            bpt = bdt;
             ldb = (int)(b_cols ? mi.b_cs : mi.b_rs);
         } else if (boff != b_prev) {
             nt__mm_pack(B, N, bd + boff * bes, bdt, bes, K, N, mi.b_rs, mi.b_cs);
         }
         a_prev = aoff, b_prev = boff;
-        float *Cp = c_direct ? (float *)(od + bi * (int64_t)(M * N) * oes) : C;
-        /* one rounding to the output dtype (for f32: NaNs made canonical,
-         * in the GEMM's last store rather than another pass over C) */
-        if (c_direct) {
+        char *ob = od + bi * (int64_t)(M * N) * oes;
+        float *Cp = c_direct ? (float *)ob : C;
+        /* one rounding to the output dtype (for f32: NaNs made canonical),
+         * in the GEMM's last store or per block of C while it is in cache,
+         * rather than another pass over C */
+        if (typed) {
+            if (nt__gemm_typed((int)M, (int)N, (int)K, Ap, lda, a_rows, apt, Bp, ldb, b_cols,
+                               bpt, Cp, (int)N, ob, odt) != 0)
+                return 1;
+        } else if (c_direct) {
             nt__gemm_ex_canon((int)M, (int)N, (int)K, Ap, lda, a_rows, Bp, ldb, b_cols, Cp,
                               (int)N);
         } else {
             nt__gemm_ex((int)M, (int)N, (int)K, Ap, lda, a_rows, Bp, ldb, b_cols, Cp, (int)N);
-            nt__st_f32((char *)(od + bi * (int64_t)(M * N) * oes), odt, 1, Cp, M * N);
+            nt__st_f32(ob, odt, 1, Cp, M * N);
         }
         bi++;
     } while (nt__idx_next(idx, mi.nbatch, mi.batch));
     return 0;
+}
+
+int nt__cpu_matmul(const nt__rec *r)
+{
+    const nt_tensor *a = r->in[0], *b = r->in[1];
+    nt__mminfo mi;
+    char why[160];
+    if (!nt__matmul_info(a, b, &mi, why, sizeof why))
+        return nt__kerr(NT_ESHAPE, "%s", why); /* the dispatcher checked: unreachable */
+    int64_t M = mi.M, N = mi.N, K = mi.K;
+    int64_t nbatch = nt__numel(mi.nbatch, mi.batch);
+    if (M == 0 || N == 0 || nbatch == 0)
+        return 0;
+    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
+        return nt__kerr(NT_ENOTSUP, "matrix dims %lld x %lld x %lld exceed the int range",
+                        (long long)M, (long long)K, (long long)N);
+    /* Typed first; with no memory for its panels, every batch again the
+     * plain way (outputs never alias inputs, and each batch's result is
+     * the same bits either way). */
+    int rc = mm_pass(r, &mi, true);
+    return rc == 1 ? mm_pass(r, &mi, false) : rc;
 }

@@ -277,6 +277,163 @@ static void test_whole_every_level(void **state)
     nt__gemm_set_isa(-1);
 }
 
+/* nt__gemm_typed: bf16 operands packed straight into the f32 panels and
+ * the result rounded to bf16 block by block must give the bits of widening
+ * both operands to f32, the naive order and one rounding of C (f32: NaNs
+ * made canonical), in every layout, mixed with f32 operands, on every
+ * level and 1 and 2 threads; with no memory for the panels it writes
+ * nothing and says so; a dtype it does not take is refused. */
+static void test_typed_every_level(void **state)
+{
+    (void)state;
+    static const int shapes[][3] = {
+        {1, 1, 129}, {13, 33, 300}, {97, 257, 385}, {128, 1024, 300}, {390, 700, 130}, {5, 7, 0},
+    };
+    int best = nt__gemm_isa_best();
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        int lda = M + 1, ldb = N + 7, ldc = N + 3, ldr = K + 2, ldt = K + 5;
+        size_t na = (size_t)K * lda + 1, nb = (size_t)K * ldb + 1, nc = (size_t)M * ldc;
+        /* values that bf16 holds exactly: A, B as floats and as bf16, in
+         * both layouts each */
+        float *A = fill(na), *B = fill(nb);
+        uint16_t *Ah = malloc(2 * na), *Bh = malloc(2 * nb);
+        uint16_t *Arh = malloc(2 * ((size_t)M * ldr + 1)), *Bth = malloc(2 * ((size_t)N * ldt + 1));
+        float *Ar = malloc(4 * ((size_t)M * ldr + 1)), *Bt = malloc(4 * ((size_t)N * ldt + 1));
+        for (size_t i = 0; i < na; i++)
+            Ah[i] = nt__f32_to_bf16(A[i]), A[i] = nt__bf16_to_f32(Ah[i]);
+        for (size_t i = 0; i < nb; i++)
+            Bh[i] = nt__f32_to_bf16(B[i]), B[i] = nt__bf16_to_f32(Bh[i]);
+        for (int i = 0; i < M; i++)
+            for (int k = 0; k < ldr; k++) {
+                Arh[(long)i * ldr + k] = k < K ? Ah[(long)k * lda + i] : 0x7fc1; /* never read */
+                Ar[(long)i * ldr + k] = nt__bf16_to_f32(Arh[(long)i * ldr + k]);
+            }
+        for (int j = 0; j < N; j++)
+            for (int k = 0; k < ldt; k++) {
+                Bth[(long)j * ldt + k] = k < K ? Bh[(long)k * ldb + j] : 0x7fc1;
+                Bt[(long)j * ldt + k] = nt__bf16_to_f32(Bth[(long)j * ldt + k]);
+            }
+        float *ref = malloc(4 * nc), *got = malloc(4 * nc);
+        uint16_t *refh = malloc(2 * nc), *goth = malloc(2 * nc);
+        naive(M, N, K, A, lda, B, ldb, ref, ldc);
+        for (int i = 0; i < M; i++)
+            nt__st_f32((char *)(refh + (long)i * ldc), NT_BF16, 1, ref + (long)i * ldc, N);
+        for (size_t i = 0; i < nc; i++)
+            ref[i] = nt__canon(ref[i]);
+        for (int isa = 0; isa <= best; isa++)
+            for (int th = 1; th <= 2; th++)
+                for (int lay = 0; lay < 16; lay++) {
+                    bool rowa = lay & 1, bcol = lay & 2, a16 = !(lay & 4), o16 = lay & 8;
+                    bool b16 = a16 ? (lay & 8) || rowa : true; /* mixed pairs too */
+                    assert_int_equal(nt__gemm_set_isa(isa), 0);
+                    assert_int_equal(nt__gemm_set_threads(th), 0);
+                    const void *a = rowa ? (a16 ? (const void *)Arh : Ar)
+                                         : (a16 ? (const void *)Ah : A);
+                    const void *b = bcol ? (b16 ? (const void *)Bth : Bt)
+                                         : (b16 ? (const void *)Bh : B);
+                    memset(got, 0x55, 4 * nc);
+                    memset(goth, 0x55, 2 * nc);
+                    int rc = nt__gemm_typed(M, N, K, a, rowa ? ldr : lda, rowa,
+                                            a16 ? NT_BF16 : NT_F32, b, bcol ? ldt : ldb, bcol,
+                                            b16 ? NT_BF16 : NT_F32, got, ldc,
+                                            o16 ? (void *)goth : NULL, o16 ? NT_BF16 : NT_F32);
+                    assert_int_equal(rc, 0);
+                    int bad = 0;
+                    for (int i = 0; i < M; i++)
+                        bad += o16 ? memcmp(goth + (long)i * ldc, refh + (long)i * ldc, 2 * (size_t)N) != 0
+                                   : differ(got + (long)i * ldc, ref + (long)i * ldc, (size_t)N);
+                    if (bad)
+                        print_message("# gemm_typed %dx%dx%d A %s %s, B %s %s, out %s, %s, %d "
+                                      "thread(s): %d rows differ\n",
+                                      M, N, K, a16 ? "bf16" : "f32", rowa ? "rows" : "cols",
+                                      b16 ? "bf16" : "f32", bcol ? "cols" : "rows",
+                                      o16 ? "bf16" : "f32", nt__gemm_isa_label(isa), th, bad);
+                    assert_int_equal(bad, 0);
+                }
+        /* no memory for the panels: -1, nothing written; a dtype it does
+         * not take: -1 */
+        if (K > 0) {
+            nt__gemm_set_panel_cap(1);
+            memset(goth, 0x55, 2 * nc);
+            assert_int_equal(nt__gemm_typed(M, N, K, Ah, lda, false, NT_BF16, Bh, ldb, false,
+                                            NT_BF16, got, ldc, goth, NT_BF16),
+                             -1);
+            for (size_t i = 0; i < nc; i++)
+                assert_int_equal(goth[i], 0x5555);
+            nt__gemm_set_panel_cap(0);
+        }
+        assert_int_equal(nt__gemm_typed(M, N, K, Ah, lda, false, NT_F16, Bh, ldb, false, NT_BF16,
+                                        got, ldc, goth, NT_BF16),
+                         -1);
+        free(A), free(B), free(Ah), free(Bh), free(Arh), free(Bth), free(Ar), free(Bt);
+        free(ref), free(got), free(refh), free(goth);
+    }
+    nt__gemm_set_isa(-1);
+    nt__gemm_set_threads(0);
+}
+
+/* nt_matmul on bf16 tensors (autocast's matmuls) in every layout the
+ * CPU kernel takes in place (row-major, transposed view) and one it widens
+ * first (a strided slice), with bf16 and f32 results, against the same
+ * product of the widened f32 tensors rounded once; and the same when the
+ * host has no memory for the GEMM's panels (the kernel then widens the
+ * operands itself): the same bits. */
+static void test_matmul_bf16(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    const int64_t M = 37, K = 300, N = 45;
+    float *a = fill((size_t)(M * K * 2)), *b = fill((size_t)(K * N * 2));
+    for (int64_t i = 0; i < M * K * 2; i++)
+        a[i] = isinf(a[i]) || fabsf(a[i]) > 1 ? 0.5f : a[i];
+    for (int64_t i = 0; i < K * N * 2; i++)
+        b[i] = isinf(b[i]) || fabsf(b[i]) > 1 ? -0.25f : b[i];
+    size_t n = (size_t)(M * N);
+    float *want = malloc(4 * n), *got = malloc(4 * n);
+    for (int cap = 0; cap < 2; cap++)
+        for (int lay = 0; lay < 3; lay++) {
+            /* a [M, 2K]: every second column (a strided slice, widened by
+             * the kernel), or a [M, K] / its transpose's transpose */
+            nt_tensor *fa = lay == 2 ? nt_from_host(a, NT_F32, 2, (int64_t[]){M, 2 * K})
+                          : lay == 1 ? nt_from_host(a, NT_F32, 2, (int64_t[]){K, M})
+                                     : nt_from_host(a, NT_F32, 2, (int64_t[]){M, K});
+            nt_tensor *fb = lay == 1 ? nt_from_host(b, NT_F32, 2, (int64_t[]){N, K})
+                                     : nt_from_host(b, NT_F32, 2, (int64_t[]){K, N});
+            nt_tensor *ha = nt_cast(fa, NT_BF16), *hb = nt_cast(fb, NT_BF16);
+            nt_tensor *wa = nt_cast(ha, NT_F32), *wb = nt_cast(hb, NT_F32);
+            nt_tensor *va[2], *vb[2];
+            nt_tensor *src[2][2] = {{wa, wb}, {ha, hb}};
+            for (int t = 0; t < 2; t++) {
+                va[t] = lay == 2 ? nt_slice(src[t][0], 1, 0, 2 * K, 2)
+                      : lay == 1 ? nt_transpose(src[t][0], 0, 1)
+                                 : nt_retain(src[t][0]);
+                vb[t] = lay == 1 ? nt_transpose(src[t][1], 0, 1) : nt_retain(src[t][1]);
+            }
+            nt__gemm_set_panel_cap(cap ? 16 : 0);
+            nt_tensor *yf = nt_matmul(va[0], vb[0]); /* f32 product of the widened values */
+            nt_tensor *yh = nt_matmul(va[1], vb[1]); /* bf16 product */
+            nt_tensor *yhf = nt_cast(yh, NT_F32);
+            nt_tensor *yfh = nt_cast(nt_cast(yf, NT_BF16), NT_F32);
+            assert_non_null(yhf);
+            assert_non_null(yfh);
+            assert_int_equal(nt_to_host(yfh, want, 4 * n), 0);
+            assert_int_equal(nt_to_host(yhf, got, 4 * n), 0);
+            nt__gemm_set_panel_cap(0);
+            int bad = differ(got, want, n);
+            if (bad)
+                print_message("# bf16 nt_matmul, layout %d, panel cap %d: %d elements differ\n",
+                              lay, cap, bad);
+            assert_int_equal(bad, 0);
+            nt_release(yf), nt_release(yh), nt_release(yhf), nt_release(yfh);
+            for (int t = 0; t < 2; t++)
+                nt_release(va[t]), nt_release(vb[t]);
+            nt_release(fa), nt_release(fb), nt_release(ha), nt_release(hb), nt_release(wa),
+                nt_release(wb);
+        }
+    free(a), free(b), free(want), free(got);
+}
+
 /* Through the public API with NT_CPU_ISA: batched operands, a transposed
  * and a sliced view, on both backends; every level the same bits. */
 static void test_matmul_every_level(void **state)
@@ -471,8 +628,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_config, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_ktile_every_level, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_whole_every_level, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_typed_every_level, nt_test_setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_matmul_every_level, nt_test_setup,
                                         nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_matmul_bf16, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_train_every_level, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_train_threads, nt_test_setup, nt_test_teardown),
