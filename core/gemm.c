@@ -28,6 +28,7 @@
 #include <glib.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -508,9 +509,17 @@ static void run_job(job *j, bool split)
         g_mutex_lock(&P.lock);
         P.j = NULL;
         g_mutex_unlock(&P.lock);
-        while (AO_load_acquire(&j->done) != (AO_t)j->nblocks || AO_load_acquire(&j->inside)) {
+        /* Spin a little (a block ends within microseconds), then yield:
+         * on a busy host the helper may have been preempted inside its
+         * block, and spinning would only keep it off the processor. */
+        for (int spins = 0;
+             AO_load_acquire(&j->done) != (AO_t)j->nblocks || AO_load_acquire(&j->inside);
+             spins++) {
+            if (spins >= 500)
+                sched_yield();
 #if defined(__x86_64__)
-            __builtin_ia32_pause();
+            else
+                __builtin_ia32_pause();
 #endif
         }
         g_mutex_unlock(&P.use);
@@ -847,9 +856,16 @@ static void full_block(const job *jb, int b)
     /* blocks down a column of C in turn: the two threads take neighbours,
      * which share the column's B panels (read from memory once, then from
      * the shared cache); A is the smaller stream */
-    int bi = b % jb->nbn, bj = b / jb->nbn;
-    int i0 = bi * f->mc, i1 = i0 + f->mc < jb->M ? i0 + f->mc : jb->M;
-    int j0 = bj * f->ncb, j1 = j0 + f->ncb < jb->N ? j0 + f->ncb : jb->N;
+    int bi = b % jb->nbn, bj = b / jb->nbn, nbc = jb->nblocks / jb->nbn;
+    /* block edges at whole panels, spread evenly (784 columns in 4 blocks:
+     * 7, 6, 6 and 6 panels of 32, not 8, 8, 8 and 1/2): the two threads'
+     * last blocks end together instead of one waiting for the other */
+    int npr = (jb->M + MR - 1) / MR, npc = (jb->N + NR - 1) / NR;
+    int i0 = (int)((long)bi * npr / jb->nbn) * MR;
+    int i1 = (int)((long)(bi + 1) * npr / jb->nbn) * MR;
+    int j0 = (int)((long)bj * npc / nbc) * NR, j1 = (int)((long)(bj + 1) * npc / nbc) * NR;
+    i1 = i1 < jb->M ? i1 : jb->M;
+    j1 = j1 < jb->N ? j1 : jb->N;
     int nrow = (i1 - i0 + MR - 1) / MR, ncol = (j1 - j0 + NR - 1) / NR;
     for (int k0 = 0; k0 < jb->K; k0 += NT_GEMM_KTILE) {
         int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
