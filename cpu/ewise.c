@@ -393,7 +393,9 @@ static void copy_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 {
     (void)r;
     nt_dtype sd = c->dt[1], dd = c->dt[0];
-    if (nt__dtype_is_float(sd)) {
+    if (sd == NT_F32 && c->st[1] == 1) { /* autocast's casts: no staging copy */
+        nt__st_f32(c->p[0], dd, c->st[0], (const float *)c->p[1], n);
+    } else if (nt__dtype_is_float(sd)) {
         float *a = scr;
         nt__ld_f32(a, c->p[1], sd, c->st[1], n);
         nt__st_f32(c->p[0], dd, c->st[0], a, n);
