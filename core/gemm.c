@@ -679,6 +679,9 @@ typedef struct full {
     bool abf, bbf; /* A, B stored as bf16 (j.A, j.B point at uint16_t) */
     char *out;     /* non-NULL: each block of C rounded to odt here (nt__gemm_typed) */
     nt_dtype odt;
+    int nbc;       /* full job: columns of C blocks (j.nbn: rows) */
+    int nreg;      /* full job: blocks run whole; each later one in tsub pieces */
+    int tsub;
 } full;
 
 /* bf16 -> f32 is exact (the 16 bits on top, zeros below), so a panel
@@ -856,7 +859,15 @@ static void full_block(const job *jb, int b)
     /* blocks down a column of C in turn: the two threads take neighbours,
      * which share the column's B panels (read from memory once, then from
      * the shared cache); A is the smaller stream */
-    int bi = b % jb->nbn, bj = b / jb->nbn, nbc = jb->nblocks / jb->nbn;
+    /* The last few blocks run as tsub pieces (columns): whichever thread
+     * finishes first takes pieces, so the other waits for a piece at
+     * most, not a whole block (192 x 512 x 2048: 2 ms). */
+    int piece = -1;
+    if (b >= f->nreg) {
+        piece = (b - f->nreg) % f->tsub;
+        b = f->nreg + (b - f->nreg) / f->tsub;
+    }
+    int bi = b % jb->nbn, bj = b / jb->nbn, nbc = f->nbc;
     /* block edges at whole panels, spread evenly (784 columns in 4 blocks:
      * 7, 6, 6 and 6 panels of 32, not 8, 8, 8 and 1/2): the two threads'
      * last blocks end together instead of one waiting for the other */
@@ -864,6 +875,13 @@ static void full_block(const job *jb, int b)
     int i0 = (int)((long)bi * npr / jb->nbn) * MR;
     int i1 = (int)((long)(bi + 1) * npr / jb->nbn) * MR;
     int j0 = (int)((long)bj * npc / nbc) * NR, j1 = (int)((long)(bj + 1) * npc / nbc) * NR;
+    if (piece >= 0) {
+        int np = (j1 - j0) / NR; /* whole panels: j1 is a panel edge here */
+        int p0 = (int)((long)piece * np / f->tsub), p1 = (int)((long)(piece + 1) * np / f->tsub);
+        if (p0 == p1)
+            return; /* a block of fewer panels than pieces */
+        j1 = j0 + p1 * NR, j0 += p0 * NR;
+    }
     i1 = i1 < jb->M ? i1 : jb->M;
     j1 = j1 < jb->N ? j1 : jb->N;
     int nrow = (i1 - i0 + MR - 1) / MR, ncol = (j1 - j0 + NR - 1) / NR;
@@ -955,16 +973,20 @@ static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, co
         full f = {{pack_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, nk * (nca + ncbp), 0,
                    0, 0},
                   Ap, Bp, Mpad, Npad, nk, nca, ncbp, 0, 0, arow, bcol, false,
-                  ty && ty->abf, ty && ty->bbf, NULL, NT_F32};
+                  ty && ty->abf, ty && ty->bbf, NULL, NT_F32, 0, 0, 1};
         f.j.kn = kn;
         run_job(&f.j, split);
         int mc = gemm_mc_big, ncb = gemm_ncb_big;
         if ((long)((M + mc - 1) / mc) * ((N + ncb - 1) / ncb) < 8)
             mc = NT_MC, ncb = NT_NCB;
         int nbm = (M + mc - 1) / mc, nbn = (N + ncb - 1) / ncb;
-        full g = {{full_block, M, N, K, lda, ldb, ldc, A, B, C, false, nbm, nbm * nbn, 0, 0, 0},
+        /* two threads: the last 4 blocks in 4 pieces each */
+        int nbl = nbm * nbn, ntail = split && nbl >= 8 ? 4 : 0, tsub = 4;
+        full g = {{full_block, M, N, K, lda, ldb, ldc, A, B, C, false, nbm,
+                   nbl - ntail + ntail * tsub, 0, 0, 0},
                   Ap, Bp, Mpad, Npad, nk, 0, 0, mc, ncb, arow, bcol, canon,
-                  ty && ty->abf, ty && ty->bbf, ty ? ty->out : NULL, ty ? ty->odt : NT_F32};
+                  ty && ty->abf, ty && ty->bbf, ty ? ty->out : NULL, ty ? ty->odt : NT_F32,
+                  nbn, nbl - ntail, tsub};
         g.j.kn = kn;
         run_job(&g.j, split);
         return 0;
