@@ -213,6 +213,7 @@ static void test_whole_every_level(void **state)
         {300, 1100, 228}, {12, 64, 1000}, {1, 700, 130},  {200, 520, 257}, {40, 40, 0},
         {37, 45, 200},  {390, 1601, 130}, /* the last: 192 x 512 C blocks */
         {8, 8200, 129}, /* B's panels over 4 MB: the huge-page buffer */
+        {24, 32800, 130}, /* panels over 16 MB: the blocks prefetch the next ones */
     };
     int best = nt__gemm_isa_best();
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
