@@ -12,8 +12,11 @@
  * and a second thread taking half the column blocks of big calls.  nt__gemm
  * (the whole product) packs both operands once (in chunks both threads
  * share) and keeps each block of C in cache across all its K-tiles, while
- * prefetching the next K-tile's panels (they come from memory: at 2048^3
- * the packed operands are 32 MB).
+ * prefetching the next K-tile's panels when they come from memory (at
+ * 2048^3 the packed operands are 32 MB).  Block edges fall on whole panels,
+ * spread evenly, and the last blocks run in pieces, so the two threads end
+ * together.  bf16 operands are widened as they are packed, and a bf16
+ * result rounded block by block (nt__gemm_typed).
  *
  * The micro-kernel is chosen at run time, not by the build machine: the
  * widest of AVX-512F (12 x 32), AVX2+FMA (6 x 16) and portable C (4 x 8)

@@ -8,7 +8,9 @@
  *     C = C + A^T[kt] . B[kt]       for every later tile,
  * where A^T[kt] is rows kt..kt+127 of a stored transposed (an f32 [Kt, M]
  * buffer) and B[kt] those of b (f32 [Kt, N]), both widened exactly from the
- * input dtype; then C is rounded once to the output dtype.  K = 0 gives
+ * input dtype (f32 and bf16 operands as the GEMM packs its panels, others
+ * into scratch first); then C is rounded once to the output dtype (per
+ * block of C inside the GEMM, while it is in cache).  K = 0 gives
  * zeros.  nt__gemm runs those K-tiles over the whole M x N (in cache-sized
  * blocks of C): the per-element order does not depend on M, N or the
  * blocking (core/gemm.h), so this equals the simulator's 128 x 512 output
