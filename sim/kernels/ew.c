@@ -39,7 +39,7 @@
 #define EW_FMAX 8192
 #define EW_FMIN 512 /* 2 KiB per partition in f32: an efficient DMA */
 #define EW_TILES 16 /* tiles a big elementwise program is cut into, at least */
-#define EW_NBUF 4   /* register sets in flight, at most: two pairs of tiles */
+#define EW_NBUF 6   /* register sets in flight, at most: two pairs of tiles */
 #define NT_F_MAXREG 48
 
 static bool isf(nt_dtype dt) { return nt__dtype_is_float(dt); }
@@ -413,7 +413,7 @@ static bool val_fc(const nt__fprog *P, const nt__fop *o)
 
 /* Liveness and register allocation.  mm_v0: value 0 is the matmul result
  * (a register of its own, like an input). */
-static int plan_make(plan *L, const nt__fprog *P, int first)
+static int plan_make(plan *L, const nt__fprog *P, int first, bool keep_stored)
 {
     memset(L, 0, sizeof *L);
     L->P = P;
@@ -461,14 +461,18 @@ static int plan_make(plan *L, const nt__fprog *P, int first)
         for (int e = 0; e < P->next; e++)
             if (L->eused[e] && elast[e] == k)
                 L->R.busy[L->ereg[e]] = false;
+        /* keep_stored (EW programs, whose tiles are small): a stored value
+         * keeps its register for the rest of the tile, as a later op
+         * writing there would wait for the store's DMA (2 us and more) to
+         * have read it */
         for (int v = 0; v < P->nvals; v++)
-            if (L->vreg[v] >= 0 && vlast[v] == k)
+            if (L->vreg[v] >= 0 && vlast[v] == k && !(keep_stored && P->vals[v].store >= 0))
                 L->R.busy[L->vreg[v]] = false;
         int v = o->out;
         L->vreg[v] = reg_get(&L->R, (nt_dtype)P->vals[v].dtype, P->vals[v].red);
         if (L->vreg[v] < 0)
             return NT_ENOTSUP;
-        if (vlast[v] <= k) /* stored right away and never read again */
+        if (vlast[v] <= k && !keep_stored) /* stored right away and never read again */
             L->R.busy[L->vreg[v]] = false;
     }
     return 0;
@@ -840,7 +844,7 @@ static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     plan *L = malloc(sizeof *L);
     if (!L)
         return sk_data_error(s, NT_EHOSTMEM, "out of host memory for a kernel plan");
-    int rc = plan_make(L, P, 0);
+    int rc = plan_make(L, P, 0, true);
     if (rc) {
         g_free(L);
         return rc;
@@ -857,6 +861,17 @@ static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
         F /= 2;
     while (F > 64 && plan_bytes(L, F, 2) > SK_SBUF_BUDGET)
         F /= 2;
+    /* a row length that cuts a partition's share evenly (down to F / 2, in
+     * steps of 16 elements), so the last tile is not a sliver on a few
+     * partitions -- as slow per instruction as a full one, and its DMAs on
+     * few engines ([1024, 784]: 14 tiles of 448, not 12 of 512 and one on
+     * 32 partitions) */
+    if (nt__numel(P->ndim, P->shape) % 128 == 0 && per % F)
+        for (int64_t f = F - F % 16; f >= F / 2 && f >= 16; f -= 16)
+            if (per % f == 0) {
+                F = f;
+                break;
+            }
     int nbuf = plan_bytes(L, F, EW_NBUF) <= SK_SBUF_BUDGET ? EW_NBUF
                : plan_bytes(L, F, 2) <= SK_SBUF_BUDGET ? 2
                                                         : 1;
@@ -956,7 +971,7 @@ static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor
     plan *L = malloc(sizeof *L);
     if (!L)
         return sk_data_error(s, NT_EHOSTMEM, "out of host memory for a kernel plan");
-    int rc = plan_make(L, P, 0);
+    int rc = plan_make(L, P, 0, false);
     L->needs |= NEED_TF; /* mean's f32 sum */
     int nbuf = plan_bytes(L, C, 2) <= SK_SBUF_BUDGET ? 2 : 1;
     if (rc || plan_bytes(L, C, nbuf) > SK_SBUF_BUDGET || C > NT_SIM_SBUF_MAX_FREE) {
@@ -1079,7 +1094,7 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     plan *L = malloc(sizeof *L);
     if (!L)
         return sk_data_error(s, NT_EHOSTMEM, "out of host memory for a kernel plan");
-    int rc = plan_make(L, P, 1);
+    int rc = plan_make(L, P, 1, true);
     if (rc || plan_bytes(L, 512, 2) > SK_SBUF_BUDGET - 64 * 1024) {
         g_free(L);
         return rc ? rc : NT_ENOTSUP;
