@@ -57,6 +57,8 @@ enum {
     TN = 512, /* N per matmul (moving free size, one PSUM bank of f32) */
     NB = 8,   /* B ring slots */
     STRIP_KT = 4, /* K-tiles per row-major A strip */
+    BT_KT = 4,    /* K-tiles per staged block of B^T rows */
+    BT_SETS = 2,  /* staged blocks of B^T in flight */
     Q_B0 = 0, Q_BN = 8,  /* B loads: queues 0-7 */
     Q_A0 = 8, Q_AN = 4,  /* A loads: queues 8-11 */
     Q_C0 = 12, Q_CN = 4, /* C stores: queues 12-15 */
@@ -74,8 +76,10 @@ typedef struct mm {
     nt_tile *panel, *bring, *oring, *acc[NT_SIM_PSUM_BANKS];
     nt_tile *strip[2]; /* row-major A: [128 m, BM * STRIP_KT*128 k] x 2 */
     nt_tile *tpsum;    /* row-major A or B^T: transpose slots, one bank */
-    nt_tile *bstage;   /* B^T: [128 n, 4 * 128 k] x 2, rows of B^T before their transpose */
+    nt_tile *bstage;   /* B^T: BT_SETS x (TN / TM) x [128 n, BT_KT * 128 k], rows of B^T
+                          before their transpose */
     int64_t bsnext;
+    int bset;          /* the stage set of the current K-group */
     int tslots, tnext;
     int qb, qa, qc;
     int64_t bnext, onext;
@@ -103,7 +107,7 @@ static int64_t need_bytes(const mm *p, int BM, int NP)
     if (!p->a->a_trans)
         b += 2 * (int64_t)BM * STRIP_KT * TK * p->esz;
     if (p->a->b_trans)
-        b += 2 * (int64_t)TN * p->esz;
+        b += (int64_t)BT_SETS * (TN / TM) * BT_KT * TK * p->esz;
     return b;
 }
 
@@ -166,7 +170,11 @@ static int load_panel(mm *p, int64_t kt, int64_t m0, int mt)
 
 /* Fills B ring slot bo with B[k0:k0+kw, n0:n0+nw]: DMA for a row-major B;
  * for B^T, [128 n, kw] row blocks of B^T, each transposed on TensorE into
- * the transpose bank and copied into the slot. */
+ * the transpose bank and copied into the slot.  The rows of B^T are loaded
+ * BT_KT K-tiles at a time ([128 n, 512 k]: 2 KiB runs per partition in f32,
+ * where one K-tile's [128 n, 128 k] is a 512-byte run per partition and a
+ * 2 us DMA for 64 KiB), when the first K-tile of the group comes: the
+ * caller walks the K-tiles of a chunk in ascending order. */
 static int load_b(mm *p, int64_t k0, int64_t kw, int64_t n0, int64_t nw, int64_t bo)
 {
     const nt_tile_matmul_args *a = p->a;
@@ -175,14 +183,25 @@ static int load_b(mm *p, int64_t k0, int64_t kw, int64_t n0, int64_t nw, int64_t
         nt_ap bdst = sl(p->bring, (int)kw, bo, nw);
         return nt_isa_dma_copy(p->k, &bdst, &bsrc, next_q(&p->qb, Q_B0, Q_BN));
     }
-    int64_t stage = (p->bsnext++ % 2) * TN;
+    const int64_t gk = (int64_t)BT_KT * TK; /* stage columns per row block */
+    int64_t kg0 = k0 / gk * gk;
+    if (k0 == kg0) {
+        int64_t gw = min64(gk, a->K - kg0);
+        p->bset = (int)(p->bsnext++ % BT_SETS);
+        for (int64_t j0 = 0; j0 < nw; j0 += TM) {
+            int64_t jw = min64(TM, nw - j0);
+            nt_ap src = nt_hbm_ap(a->b, a->in_dtype, (n0 + j0) * a->ldb + kg0, jw, a->ldb, gw);
+            nt_ap st = sl(p->bstage, (int)jw, ((int64_t)p->bset * (TN / TM) + j0 / TM) * gk, gw);
+            int rc = nt_isa_dma_copy(p->k, &st, &src, next_q(&p->qb, Q_B0, Q_BN));
+            if (rc)
+                return rc;
+        }
+    }
     for (int64_t j0 = 0; j0 < nw; j0 += TM) {
         int64_t jw = min64(TM, nw - j0);
-        nt_ap src = nt_hbm_ap(a->b, a->in_dtype, (n0 + j0) * a->ldb + k0, jw, a->ldb, kw);
-        nt_ap st = sl(p->bstage, (int)jw, stage + j0, kw);
-        int rc = nt_isa_dma_copy(p->k, &st, &src, next_q(&p->qb, Q_B0, Q_BN));
-        if (rc)
-            return rc;
+        nt_ap st = sl(p->bstage, (int)jw,
+                      ((int64_t)p->bset * (TN / TM) + j0 / TM) * gk + (k0 - kg0), kw);
+        int rc;
         int slot = p->tnext;
         p->tnext = (p->tnext + 1) % p->tslots;
         nt_ap tp = sl(p->tpsum, (int)kw, (int64_t)slot * TM, jw);
@@ -351,6 +370,15 @@ static int run(mm *p)
                 if (rc)
                     return rc;
             }
+            /* B one K-tile ahead too: for B^T its transposes and VectorE
+             * copies then overlap the previous K-tile's matmuls instead of
+             * holding TensorE up (TensorE runs in program order) */
+            int64_t bo = (p->bnext++ % NB) * TN;
+            {
+                int rc = load_b(p, 0, min64(TK, a->K), n0, nw, bo);
+                if (rc)
+                    return rc;
+            }
             for (int64_t kt = 0; kt < p->nk; kt++) {
                 int64_t k0 = kt * TK, kw = min64(TK, a->K - k0);
                 int rc;
@@ -362,9 +390,13 @@ static int run(mm *p)
                     if (rc)
                         return rc;
                 }
-                int64_t bo = (p->bnext++ % NB) * TN;
-                if ((rc = load_b(p, k0, kw, n0, nw, bo)))
-                    return rc;
+                int64_t bo_next = 0;
+                if (kt + 1 < p->nk) {
+                    int64_t k1 = k0 + TK;
+                    bo_next = (p->bnext++ % NB) * TN;
+                    if ((rc = load_b(p, k1, min64(TK, a->K - k1), n0, nw, bo_next)))
+                        return rc;
+                }
                 nt_ap bdst = sl(p->bring, (int)kw, bo, nw);
                 int64_t so = slot_off(p, kt);
                 for (int bm = 0; bm < mt; bm++) {
@@ -375,6 +407,7 @@ static int run(mm *p)
                     if (rc)
                         return rc;
                 }
+                bo = bo_next;
             }
             if (p->c32) {
                 p->k->functional = true;
@@ -499,7 +532,8 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
                 p.strip[i] = nt_tile_alloc(k, "mm.Astrip", NT_MEM_SBUF, a->in_dtype, TM,
                                            (int64_t)p.BM * STRIP_KT * TK);
         if (a->b_trans)
-            p.bstage = nt_tile_alloc(k, "mm.Bt", NT_MEM_SBUF, a->in_dtype, TM, 2 * TN);
+            p.bstage = nt_tile_alloc(k, "mm.Bt", NT_MEM_SBUF, a->in_dtype, TM,
+                                     (int64_t)BT_SETS * (TN / TM) * BT_KT * TK);
         if (tbank) {
             p.tslots = (int)(NT_SIM_PSUM_BANK_BYTES / (TM * p.esz));
             p.tpsum = nt_tile_alloc(k, "mm.T", NT_MEM_PSUM, a->in_dtype, TK,

@@ -1437,6 +1437,147 @@ static void b_big(void *ctx, nt_tensor **out, int *n)
                                                     (int64_t[]){2}));
 }
 
+/* ---------------- schedules: what the kernels do with the hardware ----------------
+ *
+ * Simulated-time properties of the kernels the MLP training step spends its
+ * time in (issue 11, target 2).  Simulated time depends only on the program
+ * (never on the host), so these are exact, repeatable checks; each also
+ * compares the values with the CPU backend's, bit for bit. */
+
+/* The DMA-limited time of `bytes` of HBM traffic (bench/train_step's floor). */
+static double dma_floor_ns(double bytes)
+{
+    nt_sim_config c;
+    assert_int_equal(nt_sim_config_get(&c), 0);
+    double rate = c.dma_engines * c.dma_engine_bytes_per_ns;
+    if (c.hbm_bytes_per_ns > 0 && c.hbm_bytes_per_ns < rate)
+        rate = c.hbm_bytes_per_ns;
+    return bytes / rate;
+}
+
+/* Runs f(x...) on the sim in `mode`, returns its stats and output bytes. */
+typedef nt_tensor *(*sched_fn)(nt_tensor **in);
+static void sched_run(const char *mode, sched_fn f, nt_tensor **in, nt_sim_stats *st, void *out,
+                      size_t bytes)
+{
+    assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+    assert_int_equal(nt_sync(), 0);
+    nt_sim_stats_reset();
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *y = nt_keep(f(in));
+    nt_scope_end(sc);
+    assert_int_equal(nt_sync(), 0);
+    assert_int_equal(nt_sim_stats_get(st), 0);
+    assert_int_equal(nt_to_host(y, out, bytes), 0);
+    nt_release(y);
+}
+
+static void sched_cpu(sched_fn f, nt_tensor **in, void *out, size_t bytes)
+{
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "deterministic"), 0);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *y = nt_keep(f(in));
+    nt_scope_end(sc);
+    assert_int_equal(nt_to_host(y, out, bytes), 0);
+    nt_release(y);
+    assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+}
+
+static nt_tensor *sched_sum0(nt_tensor **in) { return nt_sum(in[0], 0, false); }
+static nt_tensor *sched_sum1(nt_tensor **in) { return nt_sum(in[0], 1, false); }
+/* AdamW's shape of program: four inputs, the new parameter out (m and v
+ * stay in SBUF: the property is the schedule of a long chain per tile) */
+static nt_tensor *sched_adamw(nt_tensor **in)
+{
+    nt_tensor *p = in[0], *g = in[1], *m = in[2], *v = in[3];
+    nt_tensor *m2 = nt_add(nt_mul_scalar(m, 0.9), nt_mul_scalar(g, 0.1));
+    nt_tensor *v2 = nt_add(nt_mul_scalar(v, 0.999), nt_mul_scalar(nt_mul(g, g), 0.001));
+    nt_tensor *u = nt_div(m2, nt_add_scalar(nt_sqrt(v2), 1e-8));
+    return nt_sub(nt_mul_scalar(p, 1.0 - 1e-5), nt_mul_scalar(u, 1e-3));
+}
+static nt_tensor *sched_linear(nt_tensor **in) { return nt_matmul(in[0], nt_transpose(in[1], 0, 1)); }
+
+static void test_kernel_schedules(void **state)
+{
+    (void)state;
+    nt_sim_stats st, st1;
+    /* 1. the bias gradient: a sum over the batch dim of [128, 1024].  Rows
+     * of 1024 go on partitions as contiguous runs and turn on TensorE; no
+     * element is read twice, and it costs about what the contiguous
+     * reduction of the same bytes costs (it took 4x: one-element
+     * descriptors and a serialised store per group) */
+    {
+        nt_tensor *x = nt_randn(NT_F32, 2, (int64_t[]){128, 1024}, 5);
+        nt_tensor *xt = nt_contiguous(nt_transpose(x, 0, 1)); /* [1024, 128] */
+        float a[1024], b[1024];
+        sched_run("eager", sched_sum0, &x, &st, a, sizeof a);
+        assert_int_equal(st.hbm_read_bytes, (uint64_t)128 * 1024 * 4);
+        assert_int_equal(st.hbm_write_bytes, (uint64_t)1024 * 4);
+        assert_true(st.busy_ns[NT_ENGINE_TENSOR] > 0);
+        sched_run("eager", sched_sum1, &xt, &st1, b, sizeof b);
+        print_message("# sum over dim 0 of [128, 1024]: %.0f ns; over dim 1 of [1024, 128]: %.0f ns\n",
+                      st.sim_ns, st1.sim_ns);
+        assert_true(st.sim_ns <= 1.5 * st1.sim_ns);
+        sched_cpu(sched_sum0, &x, b, sizeof b);
+        assert_memory_equal(a, b, sizeof a);
+        nt_release(x), nt_release(xt);
+    }
+    /* 2. a long elementwise chain over [1024, 784] (AdamW's program): one
+     * kernel, each input read once, and within 25% of the DMA-limited time
+     * of its bytes (four tiles of 2048 took 1.8x: nothing overlapped the
+     * first loads and the last stores, and one tile's chain made VectorE
+     * and ScalarE wait for each other) */
+    {
+        const int64_t shape[2] = {1024, 784}, n = 1024 * 784;
+        nt_tensor *in[4];
+        for (int i = 0; i < 4; i++)
+            in[i] = nt_randn(NT_F32, 2, shape, 11 + (uint64_t)i);
+        nt_tensor *vp = nt_abs(in[3]); /* v >= 0 */
+        nt_release(in[3]);
+        in[3] = vp;
+        assert_int_equal(nt_config_set("NT_FUSION", "1"), 0);
+        float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+        sched_run("lazy", sched_adamw, in, &st, a, (size_t)n * 4);
+        assert_int_equal(st.kernels, 1);
+        assert_int_equal(st.hbm_read_bytes, (uint64_t)n * 4 * 4);
+        assert_int_equal(st.hbm_write_bytes, (uint64_t)n * 4);
+        double floor = dma_floor_ns((double)(st.hbm_read_bytes + st.hbm_write_bytes));
+        print_message("# AdamW-like chain over [1024, 784]: %.0f ns, DMA floor %.0f ns (%.2fx)\n",
+                      st.sim_ns, floor, st.sim_ns / floor);
+        assert_true(st.sim_ns <= 1.25 * floor);
+        sched_cpu(sched_adamw, in, b, (size_t)n * 4);
+        assert_memory_equal(a, b, (size_t)n * 4);
+        assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
+        free(a), free(b);
+        for (int i = 0; i < 4; i++)
+            nt_release(in[i]);
+    }
+    /* 3. the linear layer x @ w^T, w [1024, 784]: w is read once, straight
+     * (no HBM scratch), and transposed on TensorE from 2 KiB runs; the
+     * transposes of the next K-tile overlap this one's matmuls (1.75x of
+     * the floor with 512-byte runs transposed in line; what is left is the
+     * first loads' and the last store's fixed DMA cost) */
+    {
+        nt_tensor *in[2] = {nt_randn(NT_F32, 2, (int64_t[]){128, 784}, 21),
+                            nt_randn(NT_F32, 2, (int64_t[]){1024, 784}, 22)};
+        size_t ob = (size_t)128 * 1024 * 4;
+        float *a = malloc(ob), *b = malloc(ob);
+        sched_run("eager", sched_linear, in, &st, a, ob);
+        assert_int_equal(st.hbm_read_bytes, (uint64_t)(128 + 1024) * 784 * 4);
+        assert_int_equal(st.hbm_write_bytes, (uint64_t)ob);
+        double floor = dma_floor_ns((double)(st.hbm_read_bytes + st.hbm_write_bytes));
+        print_message("# x @ w^T [128, 784] x [784, 1024]: %.0f ns, DMA floor %.0f ns (%.2fx)\n",
+                      st.sim_ns, floor, st.sim_ns / floor);
+        assert_true(st.sim_ns <= 1.65 * floor);
+        sched_cpu(sched_linear, in, b, ob);
+        assert_memory_equal(a, b, ob);
+        free(a), free(b);
+        nt_release(in[0]), nt_release(in[1]);
+    }
+}
+
 static void test_big_shapes(void **state)
 {
     (void)state;
@@ -1574,6 +1715,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fused_min_epilogue, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_programs, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_hbm_bytes, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_kernel_schedules, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_stochastic_rounding, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_require_sim_and_min_flops, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_supports, setup, nt_test_teardown),

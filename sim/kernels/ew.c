@@ -37,6 +37,9 @@
  * than [128, 2048] ones (a quarter of the instructions to issue, time and
  * dispatch per partition) although a row no longer stays in L1 (docs/sim.md). */
 #define EW_FMAX 8192
+#define EW_FMIN 512 /* 2 KiB per partition in f32: an efficient DMA */
+#define EW_TILES 16 /* tiles a big elementwise program is cut into, at least */
+#define EW_NBUF 6   /* register sets in flight, at most: two pairs of tiles */
 #define NT_F_MAXREG 48
 
 static bool isf(nt_dtype dt) { return nt__dtype_is_float(dt); }
@@ -367,7 +370,7 @@ typedef struct regs {
     nt_dtype dt[NT_F_MAXREG];
     bool red[NT_F_MAXREG];
     bool busy[NT_F_MAXREG];
-    nt_tile *tile[2][NT_F_MAXREG];
+    nt_tile *tile[EW_NBUF][NT_F_MAXREG];
 } regs;
 
 static int reg_get(regs *R, nt_dtype dt, bool red)
@@ -410,7 +413,7 @@ static bool val_fc(const nt__fprog *P, const nt__fop *o)
 
 /* Liveness and register allocation.  mm_v0: value 0 is the matmul result
  * (a register of its own, like an input). */
-static int plan_make(plan *L, const nt__fprog *P, int first)
+static int plan_make(plan *L, const nt__fprog *P, int first, bool keep_stored)
 {
     memset(L, 0, sizeof *L);
     L->P = P;
@@ -458,14 +461,18 @@ static int plan_make(plan *L, const nt__fprog *P, int first)
         for (int e = 0; e < P->next; e++)
             if (L->eused[e] && elast[e] == k)
                 L->R.busy[L->ereg[e]] = false;
+        /* keep_stored (EW programs, whose tiles are small): a stored value
+         * keeps its register for the rest of the tile, as a later op
+         * writing there would wait for the store's DMA (2 us and more) to
+         * have read it */
         for (int v = 0; v < P->nvals; v++)
-            if (L->vreg[v] >= 0 && vlast[v] == k)
+            if (L->vreg[v] >= 0 && vlast[v] == k && !(keep_stored && P->vals[v].store >= 0))
                 L->R.busy[L->vreg[v]] = false;
         int v = o->out;
         L->vreg[v] = reg_get(&L->R, (nt_dtype)P->vals[v].dtype, P->vals[v].red);
         if (L->vreg[v] < 0)
             return NT_ENOTSUP;
-        if (vlast[v] <= k) /* stored right away and never read again */
+        if (vlast[v] <= k && !keep_stored) /* stored right away and never read again */
             L->R.busy[L->vreg[v]] = false;
     }
     return 0;
@@ -680,98 +687,154 @@ static int peephole(tile_state *t, int k, int *rcp, int (*store)(void *, int, co
     return 0;
 }
 
+/* Runs live op *kp (with whatever a peephole merges into it) on the current
+ * tile and advances *kp past what it ran; stores go through store(). */
+static int run_op(tile_state *t, int *kp, int (*store)(void *ctx, int slot, const nt_ap *src),
+                  void *sctx)
+{
+    const nt__fprog *P = t->L->P;
+    sk_k *s = t->E.s;
+    int k = *kp;
+    int rc = 0, ran = peephole(t, k, &rc, store, sctx);
+    *kp = k + (ran ? ran : 1);
+    if (rc || ran)
+        return rc;
+    const nt__fop *o = &P->ops[k];
+    sk_arg a[3];
+    for (int q = 0; q < o->nin; q++)
+        a[q] = arg_of(t, o->a[q]);
+    const nt__fval *val = &P->vals[o->out];
+    nt_ap dst = val_ap(t, o->out);
+    if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN || o->op == NT_OP_MIN) {
+        /* ROW: a row reduction, the CPU's canonical order over C */
+        nt_alu_op op = o->op == NT_OP_MAX   ? NT_ALU_MAX
+                       : o->op == NT_OP_MIN ? NT_ALU_MIN
+                                            : NT_ALU_ADD;
+        if (o->op == NT_OP_MEAN) {
+            nt_ap t0 = nt_tile_slice(t->E.tf[0], 0, t->np, 0, 1);
+            rc = nt_isa_tensor_reduce(s->k, &t0, &a[0].ap, op, 0);
+            if (!rc)
+                rc = ts1(s, &dst, &t0, NT_ALU_DIV, NULL, (float)a[0].ap.num[0], false);
+        } else {
+            rc = nt_isa_tensor_reduce(s->k, &dst, &a[0].ap, op, 0);
+        }
+    } else {
+        emit_ctx E = t->E;
+        if (val->red) /* a per-row op works on [np, 1] */
+            E.nf = 1;
+        if (val->red)
+            for (int q = 0; q < o->nin; q++)
+                a[q].ap = a[q].col;
+        rc = emit_op(&E, o, k, (nt_dtype)val->dtype, &dst, a);
+    }
+    if (!rc && val->store >= 0)
+        rc = store(sctx, val->store, &dst);
+    return rc;
+}
+
+/* The next live op at or after k (nops when none). */
+static int next_live(const tile_state *t, int k)
+{
+    while (k < t->L->P->nops && !t->L->live[k])
+        k++;
+    return k;
+}
+
 /* Runs ops [first, nops) on the current tile; stores go through store(). */
 static int run_ops(tile_state *t, int (*store)(void *ctx, int slot, const nt_ap *src),
                    void *sctx)
 {
-    const nt__fprog *P = t->L->P;
-    sk_k *s = t->E.s;
     t->E.np = t->np;
     t->E.nf = t->nf;
-    for (int k = t->L->first; k < P->nops; k++) {
-        if (!t->L->live[k])
-            continue;
-        int rc = 0, ran = peephole(t, k, &rc, store, sctx);
-        if (rc)
-            return rc;
-        if (ran) {
-            k += ran - 1;
-            continue;
-        }
-        const nt__fop *o = &P->ops[k];
-        sk_arg a[3];
-        for (int q = 0; q < o->nin; q++)
-            a[q] = arg_of(t, o->a[q]);
-        const nt__fval *val = &P->vals[o->out];
-        nt_ap dst = val_ap(t, o->out);
-        if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN ||
-            o->op == NT_OP_MIN) {
-            /* ROW: a row reduction, the CPU's canonical order over C */
-            nt_alu_op op = o->op == NT_OP_MAX   ? NT_ALU_MAX
-                           : o->op == NT_OP_MIN ? NT_ALU_MIN
-                                                : NT_ALU_ADD;
-            if (o->op == NT_OP_MEAN) {
-                nt_ap t0 = nt_tile_slice(t->E.tf[0], 0, t->np, 0, 1);
-                rc = nt_isa_tensor_reduce(s->k, &t0, &a[0].ap, op, 0);
-                if (!rc)
-                    rc = ts1(s, &dst, &t0, NT_ALU_DIV, NULL, (float)a[0].ap.num[0], false);
-            } else {
-                rc = nt_isa_tensor_reduce(s->k, &dst, &a[0].ap, op, 0);
-            }
-        } else {
-            emit_ctx E = t->E;
-            if (val->red) /* a per-row op works on [np, 1] */
-                E.nf = 1;
-            if (val->red)
-                for (int q = 0; q < o->nin; q++)
-                    a[q].ap = a[q].col;
-            rc = emit_op(&E, o, k, (nt_dtype)val->dtype, &dst, a);
-        }
-        if (rc)
-            return rc;
-        if (val->store >= 0 && (rc = store(sctx, val->store, &dst)))
-            return rc;
+    int rc = 0;
+    for (int k = next_live(t, t->L->first); k < t->L->P->nops && !rc; k = next_live(t, k))
+        rc = run_op(t, &k, store, sctx);
+    return rc;
+}
+
+/* Runs the ops of two tiles interleaved, op by op: the instruction streams
+ * of the engines then alternate between two independent dependency chains,
+ * so one engine works on one tile while the other engine's step of the other
+ * tile is still running (one tile's chain alone alternates VectorE and
+ * ScalarE, each waiting for the other).  Temporaries live inside one op, so
+ * sharing them between the tiles moves no value; each instruction computes
+ * what it computed in run_ops. */
+static int run_ops2(tile_state *t0, void *c0, tile_state *t1, void *c1,
+                    int (*store)(void *ctx, int slot, const nt_ap *src))
+{
+    tile_state *t[2] = {t0, t1};
+    void *c[2] = {c0, c1};
+    int k[2], n = t0->L->P->nops, rc = 0;
+    for (int i = 0; i < 2; i++) {
+        t[i]->E.np = t[i]->np;
+        t[i]->E.nf = t[i]->nf;
+        k[i] = next_live(t[i], t[i]->L->first);
     }
-    return 0;
+    while (!rc && (k[0] < n || k[1] < n)) {
+        int i = k[0] < n && (k[1] >= n || k[0] <= k[1]) ? 0 : 1;
+        rc = run_op(t[i], &k[i], store, c[i]);
+        k[i] = next_live(t[i], k[i]);
+    }
+    return rc;
 }
 
 /* ---------------- EW programs ---------------- */
+
+/* A tile of an EW program waiting for its pair: its patterns (the tiler's
+ * are gone once its callback returns) and its state. */
+typedef struct ew_tile_rec {
+    struct ew_run *w;
+    sk_tile_iter it;
+    tile_state t;
+} ew_tile_rec;
 
 typedef struct ew_run {
     sk_k *s;
     tile_state t;
     int ntile;
-    const sk_tile_iter *it;
     int next;
     bool has_sr;
+    int nbuf;
+    int npend;        /* tiles loaded whose ops wait for a partner (0 or 1) */
+    ew_tile_rec tr[2];
 } ew_run;
 
 static int ew_store(void *ctx, int slot, const nt_ap *src)
 {
-    ew_run *w = ctx;
-    return nt_isa_dma_copy(w->s->k, &w->it->ap[w->next + slot], src, sk_qout(w->s));
+    ew_tile_rec *r = ctx;
+    return nt_isa_dma_copy(r->w->s->k, &r->it.ap[r->w->next + slot], src, sk_qout(r->w->s));
 }
 
+/* Loads a tile and runs the ops of tiles in pairs (run_ops2); run_ew runs
+ * a last odd tile alone. */
 static int ew_tile(void *ctx, const sk_tile_iter *it)
 {
     ew_run *w = ctx;
     plan *L = w->t.L;
     const nt__fprog *P = L->P;
-    w->t.buf = w->ntile++ & 1;
-    w->t.np = it->np;
-    w->t.nf = it->nf;
-    w->it = it;
+    ew_tile_rec *r = &w->tr[w->npend];
+    r->w = w;
+    r->it = *it;
+    r->t = w->t;
+    r->t.buf = w->ntile++ % w->nbuf;
+    r->t.np = it->np;
+    r->t.nf = it->nf;
     if (w->has_sr)
-        set_index(&w->t.E, &it->ap[w->next + P->nout]);
+        set_index(&r->t.E, &r->it.ap[w->next + P->nout]);
     for (int e = 0; e < P->next; e++) {
         if (!L->eused[e])
             continue;
-        nt_ap d = nt_tile_slice(L->R.tile[w->t.buf][L->ereg[e]], 0, it->np, 0, it->nf);
-        int rc = nt_isa_dma_copy(w->s->k, &d, &it->ap[e], sk_qin(w->s));
+        nt_ap d = nt_tile_slice(L->R.tile[r->t.buf][L->ereg[e]], 0, it->np, 0, it->nf);
+        int rc = nt_isa_dma_copy(w->s->k, &d, &r->it.ap[e], sk_qin(w->s));
         if (rc)
             return rc;
     }
-    return run_ops(&w->t, ew_store, w);
+    if (w->npend == 0) {
+        w->npend = 1;
+        return 0;
+    }
+    w->npend = 0;
+    return run_ops2(&w->tr[0].t, &w->tr[0], &w->tr[1].t, &w->tr[1], ew_store);
 }
 
 /* Runs an EW program over its iteration shape. */
@@ -781,16 +844,37 @@ static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     plan *L = malloc(sizeof *L);
     if (!L)
         return sk_data_error(s, NT_EHOSTMEM, "out of host memory for a kernel plan");
-    int rc = plan_make(L, P, 0);
+    int rc = plan_make(L, P, 0, true);
     if (rc) {
         g_free(L);
         return rc;
     }
-    /* the largest free size (<= EW_FMAX) whose two register sets fit */
-    int64_t F = EW_FMAX;
+    /* The largest free size (<= EW_FMAX) whose two register sets fit, but
+     * no more than a sixteenth of each partition's share of the iteration
+     * space (down to EW_FMIN): a program of few big tiles loads its first
+     * tile and computes and stores its last one with nothing to overlap
+     * (AdamW over [1024, 1024] in four tiles of 2048 spent a third of its
+     * time so).  Tiles run in pairs (run_ops2); up to EW_NBUF register
+     * sets, so the next pair loads while this one computes and stores. */
+    int64_t F = EW_FMAX, per = nt__numel(P->ndim, P->shape) / 128;
+    while (F > EW_FMIN && F > per / EW_TILES)
+        F /= 2;
     while (F > 64 && plan_bytes(L, F, 2) > SK_SBUF_BUDGET)
         F /= 2;
-    int nbuf = plan_bytes(L, F, 2) <= SK_SBUF_BUDGET ? 2 : 1;
+    /* a row length that cuts a partition's share evenly (down to F / 2, in
+     * steps of 16 elements), so the last tile is not a sliver on a few
+     * partitions -- as slow per instruction as a full one, and its DMAs on
+     * few engines ([1024, 784]: 14 tiles of 448, not 12 of 512 and one on
+     * 32 partitions) */
+    if (nt__numel(P->ndim, P->shape) % 128 == 0 && per % F)
+        for (int64_t f = F - F % 16; f >= F / 2 && f >= 16; f -= 16)
+            if (per % f == 0) {
+                F = f;
+                break;
+            }
+    int nbuf = plan_bytes(L, F, EW_NBUF) <= SK_SBUF_BUDGET ? EW_NBUF
+               : plan_bytes(L, F, 2) <= SK_SBUF_BUDGET ? 2
+                                                        : 1;
     if (plan_bytes(L, F, nbuf) > SK_SBUF_BUDGET) {
         g_free(L);
         return NT_ENOTSUP;
@@ -801,6 +885,7 @@ static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     w.t.L = L;
     w.next = P->next;
     w.has_sr = prog_has_sr(P);
+    w.nbuf = nbuf;
     rc = plan_alloc(s, L, &w.t.E, F, nbuf);
     w.t.E.keys = keys;
     if (!rc) {
@@ -815,6 +900,8 @@ static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
         sk_tiler T;
         sk_tiler_init(&T, P->ndim, P->shape, nv, v, F);
         rc = sk_tiler_run(&T, ew_tile, &w);
+        if (!rc && w.npend)
+            rc = run_ops(&w.tr[0].t, ew_store, &w.tr[0]);
     }
     g_free(L);
     return rc;
@@ -884,7 +971,7 @@ static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor
     plan *L = malloc(sizeof *L);
     if (!L)
         return sk_data_error(s, NT_EHOSTMEM, "out of host memory for a kernel plan");
-    int rc = plan_make(L, P, 0);
+    int rc = plan_make(L, P, 0, false);
     L->needs |= NEED_TF; /* mean's f32 sum */
     int nbuf = plan_bytes(L, C, 2) <= SK_SBUF_BUDGET ? 2 : 1;
     if (rc || plan_bytes(L, C, nbuf) > SK_SBUF_BUDGET || C > NT_SIM_SBUF_MAX_FREE) {
@@ -1007,7 +1094,7 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     plan *L = malloc(sizeof *L);
     if (!L)
         return sk_data_error(s, NT_EHOSTMEM, "out of host memory for a kernel plan");
-    int rc = plan_make(L, P, 1);
+    int rc = plan_make(L, P, 1, true);
     if (rc || plan_bytes(L, 512, 2) > SK_SBUF_BUDGET - 64 * 1024) {
         g_free(L);
         return rc ? rc : NT_ENOTSUP;

@@ -28,6 +28,14 @@
 #include "core/ewise.h"
 
 #define CH 4096 /* elements of a row per tile: two canonical blocks */
+/* Result columns in flight: a group's result waits for its store only when
+ * the ring comes round, not for the previous group's store. */
+#define Y_RING 8
+/* The transposed path: row blocks in flight, and the longest reduced dim
+ * it takes (one PSUM bank of f32). */
+#define TX_RING 8
+#define TX_MAXN 512
+#define TX_MAXG 64 /* result columns of the transposed path */
 
 typedef struct red {
     sk_k *s;
@@ -43,6 +51,12 @@ typedef struct red {
     nt_tile *mask, *mask2, *neg, *cand; /* argmax */
     nt_tile *pre_t;                     /* any, norm: the mapped tile */
     int ng;
+    int ny;                             /* results written: y's column ring */
+    nt_tile *tx[TX_RING], *tp[2];       /* the transposed path (red_group_t) */
+    int ntx;
+    nt_tile *yq;                        /* its pending results */
+    int nq, qnp, qcol;
+    int64_t qoff;
 } red;
 
 static nt_ap col(nt_tile *t, int np) { return nt_tile_slice(t, 0, np, 0, 1); }
@@ -136,11 +150,11 @@ static int pre_map(red *c, const nt_ap *x, int np, int64_t m, nt_ap *out)
     }
 }
 
-/* Writes the group's result [np, 1], rounded once to the output dtype. */
-static int finish(red *c, int np, int64_t ooff)
+/* The group's result [np, 1] into r, rounded once to the output dtype. */
+static int finish_to(red *c, int np, const nt_ap *rp)
 {
     nt_sim_kernel *k = c->s->k;
-    nt_ap r = col(c->y, np), a = col(c->ints ? c->acci : c->acc, np);
+    nt_ap r = *rp, a = col(c->ints ? c->acci : c->acc, np);
     int rc;
     if (c->n == 0) {
         /* the CPU's identities: 0, -Inf (INT32_MIN), 0/0, index -1; any:
@@ -168,6 +182,17 @@ static int finish(red *c, int np, int64_t ooff)
     } else {
         rc = nt_isa_tensor_copy(k, &r, &a, NT_ENGINE_VECTOR);
     }
+    return rc;
+}
+
+/* Writes the group's result [np, 1], rounded once to the output dtype. */
+static int finish(red *c, int np, int64_t ooff)
+{
+    nt_sim_kernel *k = c->s->k;
+    /* each slot its own 64-byte chunk (the unit of dependency tracking) */
+    int64_t slot = (int64_t)(c->ny++ % Y_RING) * (64 / (int64_t)nt__dtype_size(c->odt));
+    nt_ap r = nt_tile_slice(c->y, 0, np, slot, 1);
+    int rc = finish_to(c, np, &r);
     nt_ap o;
     memset(&o, 0, sizeof o);
     o.hbm = c->ob;
@@ -181,11 +206,100 @@ static int finish(red *c, int np, int64_t ooff)
     return rc ? rc : nt_isa_dma_copy(k, &o, &r, sk_qout(c->s));
 }
 
+/* Can a group take the transposed path?  A float sum / mean / max / min
+ * over a short dim whose neighbouring rows are adjacent in memory (the
+ * reduced dim strided: a bias gradient, the sum over the batch of [B, C]).
+ * Loading the rows on partitions would read one element per descriptor;
+ * this path loads [n, np] blocks whose partitions are contiguous runs of
+ * np elements and turns them on TensorE instead. */
+static bool red_transposed(const red *c)
+{
+    return !c->ints && c->pre == NT_RED_PRE_NONE &&
+           (c->rop == NT_RED_SUM || c->rop == NT_RED_MAX || c->rop == NT_RED_MIN) && c->sc == 1 &&
+           c->sn != 1 && c->n >= 1 && c->n <= TX_MAXN;
+}
+
+/* The transposed path's results wait in columns of yq and leave by one DMA
+ * per run of consecutive full groups: neighbouring outputs share HBM pages,
+ * so a store per group would wait for the one before it. */
+static int flush_q(red *c)
+{
+    if (!c->nq)
+        return 0;
+    nt_ap src = nt_tile_slice(c->yq, 0, c->qnp, c->qcol, c->nq), o;
+    memset(&o, 0, sizeof o);
+    o.hbm = c->ob;
+    o.dtype = c->odt;
+    o.np = c->qnp;
+    o.pstep = c->oc;
+    o.offset = c->qoff;
+    o.ndim = 1;
+    o.num[0] = c->nq;
+    o.step[0] = 128 * c->oc;
+    int rc = nt_isa_dma_copy(c->s->k, &o, &src, sk_qout(c->s));
+    c->qcol += c->nq;
+    c->nq = 0;
+    return rc;
+}
+
+/* The transposed path: positions j0 .. j0+127 of the reduced dim go on
+ * partitions ([w, np], each partition one contiguous run of the group's
+ * rows), nc_transpose puts them back as rows [np, w] at column j0 of a PSUM
+ * tile (bits moved as they are), and the row is folded from PSUM exactly
+ * as red_group folds it from SBUF: the same values in the same order. */
+static int red_group_t(red *c, int64_t ioff, int64_t ooff, int np)
+{
+    nt_sim_kernel *k = c->s->k;
+    nt_alu_op op = c->alu;
+    int rc = init_acc(c, np, op);
+    nt_tile *pt = c->tp[c->ng++ & 1];
+    for (int64_t j0 = 0; j0 < c->n && !rc; j0 += 128) {
+        int w = (int)(c->n - j0 < 128 ? c->n - j0 : 128);
+        nt_ap xs = nt_tile_slice(c->tx[c->ntx++ % TX_RING], 0, w, 0, np);
+        nt_ap h;
+        memset(&h, 0, sizeof h);
+        h.hbm = c->xb;
+        h.dtype = c->xdt;
+        h.np = w;
+        h.pstep = c->sn;
+        h.offset = ioff + j0 * c->sn;
+        h.ndim = 1;
+        h.num[0] = np;
+        h.step[0] = 1;
+        rc = nt_isa_dma_copy(k, &xs, &h, sk_qin(c->s));
+        nt_ap d = nt_tile_slice(pt, 0, np, j0, w);
+        if (!rc)
+            rc = nt_isa_nc_transpose(k, &d, &xs);
+    }
+    nt_ap row = nt_tile_slice(pt, 0, np, 0, c->n);
+    if (!rc)
+        rc = fold_chunk(c, &row, np, c->n, op);
+    if (rc)
+        return rc;
+    /* the result joins the pending store when it continues it */
+    if (c->nq && (np != c->qnp || c->qnp != 128 || ooff != c->qoff + c->nq * 128 * c->oc ||
+                  c->qcol + c->nq == TX_MAXG))
+        rc = flush_q(c);
+    if (!rc && !c->nq) {
+        c->qoff = ooff;
+        c->qnp = np;
+        if (c->qcol >= TX_MAXG)
+            c->qcol = 0; /* round the ring: waits for the first run's store */
+    }
+    nt_ap r = nt_tile_slice(c->yq, 0, np, c->qcol + c->nq, 1);
+    if (!rc)
+        rc = finish_to(c, np, &r);
+    c->nq++;
+    return rc;
+}
+
 /* One group of np rows starting at element offsets ioff (input) and ooff
  * (output). */
 static int red_group(void *ctx, int64_t ioff, int64_t ooff, int np)
 {
     red *c = ctx;
+    if (c->tp[0])
+        return red_group_t(c, ioff, ooff, np);
     sk_k *s = c->s;
     nt_sim_kernel *k = s->k;
     nt_alu_op op = c->alu;
@@ -338,7 +452,7 @@ int nt__sk_reduce(const nt__rec *r)
     c.acci = sk_tile(&s, "red.acci", NT_I32, 128, 1);
     c.res = sk_tile(&s, "red.best", NT_I32, 128, 1);
     c.mi = sk_tile(&s, "red.min", NT_I32, 128, 1);
-    c.y = sk_tile(&s, "red.y", c.odt, 128, 1);
+    c.y = sk_tile(&s, "red.y", c.odt, 128, Y_RING * 64 / (int64_t)nt__dtype_size(c.odt));
     if (c.pre != NT_RED_PRE_NONE)
         c.pre_t = sk_tile(&s, "red.pre", adt, 128, CH);
     if (c.rop == NT_RED_ARGMAX || c.rop == NT_RED_ARGMIN) {
@@ -369,7 +483,15 @@ int nt__sk_reduce(const nt__rec *r)
             c.sc = R.sc;
             c.oc = R.oc;
             c.xb = nt__tensor_data(x);
-            sk_rows_run(&R, red_group, &c);
+            if (red_transposed(&c)) {
+                for (int b = 0; b < TX_RING; b++)
+                    c.tx[b] = sk_tile(&s, "red.xt", c.xdt, 128, 128);
+                for (int b = 0; b < 2; b++)
+                    c.tp[b] = nt_tile_alloc(s.k, "red.T", NT_MEM_PSUM, c.xdt, 128, TX_MAXN);
+                c.yq = sk_tile(&s, "red.yq", c.odt, 128, TX_MAXG);
+            }
+            if (!nt_sim_kernel_error(s.k) && !sk_rows_run(&R, red_group, &c))
+                flush_q(&c);
         }
     }
     return sk_end_values(&s, values, 0, r);
