@@ -22,6 +22,9 @@
 
 #include <math.h>
 #include <float.h>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 #include "core/attn.h"
 #include "core/ewise.h"
@@ -36,6 +39,7 @@ typedef struct attn_ctx {
     nt__attn_opnd q, k, v, m, o, dO, O, lse, dq, dk, dv;
     bool has_mask, causal;
     float scale;
+    float exp_lo; /* exp(-104): nt__expf's value for every x < -104 */
     int64_t Tq, Tk, D, Dv;
 } attn_ctx;
 
@@ -44,20 +48,57 @@ static inline float ld(const nt__attn_opnd *x, int64_t boff, int64_t r, int64_t 
     return nt__load_f32(x->base, x->dt, boff + r * x->rs + c * x->cs);
 }
 
+/* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols, in tiles of
+ * 16 x 16: a row-at-a-time transpose writes one cache line per element. */
+static void transpose(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows,
+                      int64_t cols)
+{
+    enum { TB = 16 };
+    for (int64_t r0 = 0; r0 < rows; r0 += TB) {
+        int64_t r1 = r0 + TB < rows ? r0 + TB : rows;
+        for (int64_t c0 = 0; c0 < cols; c0 += TB) {
+            int64_t c1 = c0 + TB < cols ? c0 + TB : cols;
+            int64_t c = c0;
+#if defined(__SSE2__)
+            /* whole 4 x 4 squares with SSE shuffles (copies: no value changes) */
+            int64_t r4 = r0 + (r1 - r0) / 4 * 4;
+            for (; c + 4 <= c1; c += 4) {
+                for (int64_t r = r0; r < r4; r += 4) {
+                    __m128 x0 = _mm_loadu_ps(src + r * lds + c);
+                    __m128 x1 = _mm_loadu_ps(src + (r + 1) * lds + c);
+                    __m128 x2 = _mm_loadu_ps(src + (r + 2) * lds + c);
+                    __m128 x3 = _mm_loadu_ps(src + (r + 3) * lds + c);
+                    _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
+                    _mm_storeu_ps(dst + c * ldd + r, x0);
+                    _mm_storeu_ps(dst + (c + 1) * ldd + r, x1);
+                    _mm_storeu_ps(dst + (c + 2) * ldd + r, x2);
+                    _mm_storeu_ps(dst + (c + 3) * ldd + r, x3);
+                }
+                for (int64_t cc = c; cc < c + 4; cc++)
+                    for (int64_t r = r4; r < r1; r++)
+                        dst[cc * ldd + r] = src[r * lds + cc];
+            }
+#endif
+            for (; c < c1; c++)
+                for (int64_t r = r0; r < r1; r++)
+                    dst[c * ldd + r] = src[r * lds + c];
+        }
+    }
+}
+
 /* block [r0, r0+nr) x [0, nc) of x at batch offset boff -> f32, row-major
  * (ld = nc) or transposed (trans: [nc][nr]) */
 static void pack(float *dst, const nt__attn_opnd *x, int64_t boff, int64_t r0, int64_t nr,
                  int64_t nc, bool trans)
 {
     if (x->dt == NT_F32 && x->cs == 1) { /* the usual case: rows of floats */
-        for (int64_t r = 0; r < nr; r++) {
-            const float *row = (const float *)x->base + boff + (r0 + r) * x->rs;
-            if (trans)
-                for (int64_t c = 0; c < nc; c++)
-                    dst[c * nr + r] = row[c];
-            else
-                memcpy(dst + r * nc, row, (size_t)nc * sizeof(float));
+        const float *rows = (const float *)x->base + boff + r0 * x->rs;
+        if (trans) {
+            transpose(dst, nr, rows, x->rs, nr, nc);
+            return;
         }
+        for (int64_t r = 0; r < nr; r++)
+            memcpy(dst + r * nc, rows + r * x->rs, (size_t)nc * sizeof(float));
         return;
     }
     for (int64_t r = 0; r < nr; r++)
@@ -110,17 +151,24 @@ static void scores(const attn_ctx *a, float *s, int64_t mb, int64_t q0, int Mq, 
     }
 }
 
+/* nt__ew_exp(x): nt__expf clamps x below -104 to -104, so those all get
+ * a->exp_lo, here without the exp (it underflows: on x86 a microcode assist
+ * per underflowing operation, hundreds of cycles). */
+static inline float exp_clamped(const attn_ctx *a, float x)
+{
+    return x < -104.0f ? a->exp_lo : nt__ew_exp(x);
+}
+
 /* si[j] = exp(si[j] + bias) for the row's nk scores, c of them valid: the
  * causal tail (-Inf) gets the one value exp(-Inf + bias) without an exp per
- * element (that exp underflows, and on x86 each underflowing vector op
- * costs a microcode assist).  Same bits as the add and exp per element. */
-static void exp_row(float *si, int nk, int c, float bias)
+ * element (see exp_clamped).  Same bits as the add and exp per element. */
+static void exp_row(const attn_ctx *a, float *si, int nk, int c, float bias)
 {
     for (int j = 0; j < c; j++)
         si[j] = nt__ew_add(si[j], bias);
     nt__expf_n(si, si, c); /* nt__ew_exp's bits (core/nmath.h) */
     if (c < nk) {
-        float e = nt__ew_exp(nt__ew_add(-INFINITY, bias));
+        float e = exp_clamped(a, nt__ew_add(-INFINITY, bias));
         for (int j = c; j < nk; j++)
             si[j] = e;
     }
@@ -138,6 +186,7 @@ static void ctx_params(attn_ctx *a, const nt__rec *r)
     a->scale = (float)r->p.f[0];
     a->causal = r->p.flag != 0;
     a->has_mask = r->in[3] != NULL;
+    a->exp_lo = nt__ew_exp(-104.0f);
 }
 
 /* Both kernels cut their work into independent units (a query block of a
@@ -225,17 +274,16 @@ static void fwd_unit(par_run *p, float *buf, int64_t u)
         for (int i = 0; i < Mq; i++) {
             float *si = S + i * nk;
             float mnew = nt__ew_maximum(m[i], nt__red_max_f32(si, nk, 1));
-            float alpha = nt__ew_exp(nt__ew_sub(m[i], mnew));
+            float alpha = exp_clamped(&a, nt__ew_sub(m[i], mnew)); /* m = -FLT_MAX: 0 */
             float negm = nt__ew_mul(mnew, -1.0f);
-            exp_row(si, nk, valid_keys(&a, q0 + i, k0, nk), negm);
+            exp_row(&a, si, nk, valid_keys(&a, q0 + i, k0, nk), negm);
             float rs = nt__red_sum_f32(si, nk, 1);
             l[i] = nt__ew_add(nt__ew_mul(l[i], alpha), rs);
             m[i] = mnew;
-            for (int j = 0; j < nk; j++)
-                Pt[j * Mq + i] = si[j];
             for (int64_t d = 0; d < Dv; d++)
                 acc[i * Dv + d] = nt__ew_mul(acc[i * Dv + d], alpha);
         }
+        transpose(Pt, Mq, S, nk, Mq, nk);
         pack(Vb, &a.v, vb, k0, nk, Dv, false);
         nt__gemm_ktile(Mq, (int)Dv, nk, Pt, Mq, Vb, (int)Dv, PV, (int)Dv, false);
         for (int64_t e = 0; e < Mq * Dv; e++)
@@ -357,7 +405,7 @@ static void bwd_unit(par_run *pr, float *buf, int64_t b)
             nt__gemm_ktile(Mq, nk, (int)D, Qt, Mq, Kt, nk, S, nk, false);
             scores(&a, S, mb, q0, Mq, k0, nk);
             for (int i = 0; i < Mq; i++)
-                exp_row(S + i * nk, nk, valid_keys(&a, q0 + i, k0, nk), negl[q0 + i]);
+                exp_row(&a, S + i * nk, nk, valid_keys(&a, q0 + i, k0, nk), negl[q0 + i]);
             /* dV += P^T dO (P is the stationary [Mq, nk] operand) */
             nt__gemm_ktile(nk, (int)Dv, Mq, S, nk, dOb, (int)Dv, dV, (int)Dv, !first);
             /* dP = dO V^T */
@@ -368,9 +416,8 @@ static void bwd_unit(par_run *pr, float *buf, int64_t b)
                 const float *Si = S + i * nk;
                 for (int j = 0; j < nk; j++)
                     dPi[j] = nt__ew_mul(nt__ew_mul(nt__ew_sub(dPi[j], dr), a.scale), Si[j]);
-                for (int j = 0; j < nk; j++)
-                    dSt[j * Mq + i] = dPi[j];
             }
+            transpose(dSt, Mq, dP, nk, Mq, nk);
             /* dK += dS^T Q; dQ (+)= dS K, key blocks in ascending order */
             nt__gemm_ktile(nk, (int)D, Mq, dP, nk, Qrow, (int)D, dK, (int)D, !first);
             nt__gemm_ktile(Mq, (int)D, nk, dSt, Mq, Kb, (int)D, dqa + q0 * D, (int)D, k0 > 0);
