@@ -237,6 +237,34 @@ static void acc_arg(red *c, int64_t k0, int64_t m, int64_t w, int64_t j, bool is
     c->bi[j] = bi;
 }
 
+/* part[j] = nt__red_block_sum_f32(T + j, m, w) for every column j < w of
+ * the [m, w] tile at once: each column gets the same lanes, in the same
+ * order, and the same folds, but the loops run across the columns, which
+ * are contiguous, so they vectorise (a column alone is a stride-w walk). */
+static void cols_block_sum(const float *T, int64_t m, int64_t w, float *part)
+{
+    float lane[NT_RED_LANES][RED_W];
+    for (int l = 0; l < NT_RED_LANES; l++)
+        for (int64_t j = 0; j < w; j++)
+            lane[l][j] = 0.0f;
+    int64_t k = 0;
+    for (; k + NT_RED_LANES <= m; k += NT_RED_LANES)
+        for (int l = 0; l < NT_RED_LANES; l++) {
+            const float *row = T + (k + l) * w;
+            for (int64_t j = 0; j < w; j++)
+                lane[l][j] += row[j];
+        }
+    for (int l = 0; k < m; k++, l++)
+        for (int64_t j = 0; j < w; j++)
+            lane[l][j] += T[k * w + j];
+    for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)
+        for (int l = 0; l < h; l++)
+            for (int64_t j = 0; j < w; j++)
+                lane[l][j] += lane[l + h][j];
+    for (int64_t j = 0; j < w; j++)
+        part[j] = lane[0][j];
+}
+
 /* Folds elements k0 .. k0+m-1 (m <= NT_RED_BLOCK: one canonical block) of w
  * columns, held in c->T / c->Ti as [m, w]. */
 static void acc_block(red *c, int64_t k0, int64_t m, int64_t w)
@@ -249,9 +277,14 @@ static void acc_block(red *c, int64_t k0, int64_t m, int64_t w)
         if (c->ints)
             for (int64_t j = 0; j < w; j++)
                 c->i[j] = (int32_t)((uint32_t)c->i[j] + (uint32_t)nt__red_sum_i32(Ti + j, m, w));
-        else
+        else if (w == 1)
+            c->f[0] += nt__red_block_sum_f32(T, m, 1);
+        else {
+            float part[RED_W];
+            cols_block_sum(T, m, w, part);
             for (int64_t j = 0; j < w; j++)
-                c->f[j] += nt__red_block_sum_f32(T + j, m, w);
+                c->f[j] += part[j];
+        }
         break;
     case NT_RED_MAX:
         if (c->ints)
