@@ -6,13 +6,15 @@
  *
  * Eager mode, so each op runs its own (unfused) kernel: cpu/ewise.c picks a
  * vector level per call and cuts calls of 128K elements or more into spans
- * that two threads share. */
+ * that two threads share; cpu/attention.c runs its query blocks (forward)
+ * and batches (backward) on two threads. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 
 #include <cmocka.h>
 
@@ -229,12 +231,80 @@ static void test_families_each_level_and_thread_count(void **state)
     free(xv), free(zv), free(rv);
 }
 
+/* Attention forward and backward (causal; with an additive mask; Tq, Tk
+ * cutting the 128-key blocks; strided q, k, v): the one-thread scalar bits
+ * at every level and thread count. */
+static void attention_run(int variant, float *out, int64_t *n_out)
+{
+    const int64_t B = 3, H = 2, T = variant ? 200 : 130, D = 24;
+    nt_tensor *qkv = nt_randn(NT_F32, 3, (int64_t[]){B, T, 3 * H * D}, 9);
+    assert_int_equal(nt_set_requires_grad(qkv, true), 0);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *hd[3];
+    for (int i = 0; i < 3; i++)
+        hd[i] = nt_transpose(nt_reshape(nt_slice(qkv, 2, i * H * D, (i + 1) * H * D, 1), 4,
+                                        (int64_t[]){B, T, H, D}),
+                             1, 2);
+    nt_tensor *mask = NULL;
+    if (variant) { /* additive: finite values, and -Inf where r > 1.5 */
+        nt_tensor *r = nt_randn(NT_F32, 2, (int64_t[]){T, T}, 4);
+        mask = nt_where(nt_gt(r, nt_full(NT_F32, 0, NULL, 1.5)),
+                        nt_full(NT_F32, 0, NULL, -INFINITY), nt_mul_scalar(r, 0.5));
+    }
+    nt_tensor *o = nt_scaled_dot_product_attention(hd[0], hd[1], hd[2], mask, !variant, 0.0);
+    assert_non_null(o);
+    nt_tensor *w = nt_randn(NT_F32, 4, (int64_t[]){B, H, T, D}, 5);
+    assert_int_equal(nt_backward(nt_sum(nt_mul(o, w), NT_DIM_ALL, false)), 0);
+    int64_t no = nt_numel(o), ng = nt_numel(qkv);
+    assert_int_equal(nt_to_host(o, out, (size_t)no * 4), 0);
+    assert_int_equal(nt_to_host(nt_grad(qkv), out + no, (size_t)ng * 4), 0);
+    *n_out = no + ng;
+    nt_scope_end(sc);
+    nt_release(qkv);
+}
+
+static void test_attention_each_level_and_thread_count(void **state)
+{
+    (void)state;
+    size_t cap = (size_t)4 * 3 * 200 * 2 * 2 * 24 * 4;
+    float *ref = malloc(cap * 4), *got = malloc(cap * 4);
+    assert_true(ref && got);
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    static const char *const threads[] = {"1", "2"};
+    for (int variant = 0; variant < 2; variant++) {
+        int64_t nref, ngot;
+        assert_int_equal(nt_config_set("NT_CPU_ISA", "scalar"), 0);
+        assert_int_equal(nt_config_set("NT_CPU_THREADS", "1"), 0);
+        attention_run(variant, ref, &nref);
+        assert_true((size_t)nref <= cap);
+        for (int l = 0; l < NLEVELS; l++) {
+            if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+                continue;
+            for (int t = 0; t < 2; t++) {
+                assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[t]), 0);
+                attention_run(variant, got, &ngot);
+                assert_int_equal(ngot, nref);
+                int64_t d = first_diff(got, ref, nref);
+                if (d >= 0)
+                    fail_msg("attention %d, %s, %s thread(s): element %lld: %08x, scalar %08x",
+                             variant, levels[l], threads[t], (long long)d, fbits(got[d]),
+                             fbits(ref[d]));
+            }
+        }
+    }
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    free(ref), free(got);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_gelu_sweep_each_level, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_families_each_level_and_thread_count,
+                                        nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_attention_each_level_and_thread_count,
                                         nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
