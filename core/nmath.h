@@ -37,6 +37,13 @@ void nt__logf_n(float *y, const float *x, long n);
 void nt__tanhf_n(float *y, const float *x, long n);
 void nt__erff_n(float *y, const float *x, long n);
 
+/* Always inlined: a caller with a big body (cpu/fused.c's evaluators, one
+ * switch over every op) otherwise gets an out-of-line copy, and its loops
+ * then make one scalar call per element instead of vectorising (measured
+ * 2026-11-24: the out-of-line erf was 17% of bench/gpt_step).  Inlining
+ * changes no bit: the same IEEE operations run either way. */
+#define NT__MATH_INLINE static inline __attribute__((always_inline))
+
 /* ---- bit helpers ---- */
 static inline uint32_t nt__f2u(float x)
 {
@@ -68,7 +75,7 @@ static inline float nt__fsel(int c, float a, float b)
 #define NT__LN2_HI 0x1.62e4p-1f      /* 0.693145751953125, 15 significant bits */
 #define NT__LN2_LO 0x1.7f7d1cp-20f   /* ln2 - NT__LN2_HI */
 
-static inline float nt__expf(float x)
+NT__MATH_INLINE float nt__expf(float x)
 {
     float xc = nt__fsel(x < -104.0f, -104.0f, x);
     xc = nt__fsel(xc > 89.0f, 89.0f, xc);
@@ -101,7 +108,7 @@ static inline float nt__expf(float x)
  * by 2^23), f = m - 1 exactly, log(1+f) = f - f^2/2 + f^3 P(f)
  * (rel. error 0.11 ulp).  e*ln2 + f is summed with an exact error term so
  * only the final add rounds. */
-static inline float nt__logf(float x)
+NT__MATH_INLINE float nt__logf(float x)
 {
     int sub = x < 0x1p-126f;                     /* also 0, negatives, -inf */
     float xs = nt__fsel(sub, x * 0x1p23f, x);
@@ -132,7 +139,7 @@ static inline float nt__logf(float x)
  * Odd: computed on a = |x|, the sign bit put back at the end.
  * a < 0.625: tanh(a) = a + a^3 P(a^2) (rel. error 0.05 ulp);
  * otherwise 1 - 2 / (1 + exp(2a)) (exp(2a) = inf gives exactly 1). */
-static inline float nt__tanhf(float x)
+NT__MATH_INLINE float nt__tanhf(float x)
 {
     uint32_t sx = nt__f2u(x) & 0x80000000u;
     float a = nt__u2f(nt__f2u(x) ^ sx);
@@ -155,7 +162,7 @@ static inline float nt__tanhf(float x)
  * otherwise erf(a) = 1 - exp(L(a - 0.875)), L ~ log(erfc) on [0.875, 4]
  * (erfc error 0.15 ulp of erf); a is clamped to 4 there, where
  * erfc(4) < 2^-25 already rounds the result to 1. */
-static inline float nt__erff(float x)
+NT__MATH_INLINE float nt__erff(float x)
 {
     uint32_t sx = nt__f2u(x) & 0x80000000u;
     float a = nt__u2f(nt__f2u(x) ^ sx);

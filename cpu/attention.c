@@ -22,6 +22,9 @@
 
 #include <math.h>
 #include <float.h>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 #include "core/attn.h"
 #include "core/ewise.h"
@@ -36,6 +39,7 @@ typedef struct attn_ctx {
     nt__attn_opnd q, k, v, m, o, dO, O, lse, dq, dk, dv;
     bool has_mask, causal;
     float scale;
+    float exp_lo; /* exp(-104): nt__expf's value for every x < -104 */
     int64_t Tq, Tk, D, Dv;
 } attn_ctx;
 
@@ -44,20 +48,57 @@ static inline float ld(const nt__attn_opnd *x, int64_t boff, int64_t r, int64_t 
     return nt__load_f32(x->base, x->dt, boff + r * x->rs + c * x->cs);
 }
 
+/* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols, in tiles of
+ * 16 x 16: a row-at-a-time transpose writes one cache line per element. */
+static void transpose(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows,
+                      int64_t cols)
+{
+    enum { TB = 16 };
+    for (int64_t r0 = 0; r0 < rows; r0 += TB) {
+        int64_t r1 = r0 + TB < rows ? r0 + TB : rows;
+        for (int64_t c0 = 0; c0 < cols; c0 += TB) {
+            int64_t c1 = c0 + TB < cols ? c0 + TB : cols;
+            int64_t c = c0;
+#if defined(__SSE2__)
+            /* whole 4 x 4 squares with SSE shuffles (copies: no value changes) */
+            int64_t r4 = r0 + (r1 - r0) / 4 * 4;
+            for (; c + 4 <= c1; c += 4) {
+                for (int64_t r = r0; r < r4; r += 4) {
+                    __m128 x0 = _mm_loadu_ps(src + r * lds + c);
+                    __m128 x1 = _mm_loadu_ps(src + (r + 1) * lds + c);
+                    __m128 x2 = _mm_loadu_ps(src + (r + 2) * lds + c);
+                    __m128 x3 = _mm_loadu_ps(src + (r + 3) * lds + c);
+                    _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
+                    _mm_storeu_ps(dst + c * ldd + r, x0);
+                    _mm_storeu_ps(dst + (c + 1) * ldd + r, x1);
+                    _mm_storeu_ps(dst + (c + 2) * ldd + r, x2);
+                    _mm_storeu_ps(dst + (c + 3) * ldd + r, x3);
+                }
+                for (int64_t cc = c; cc < c + 4; cc++)
+                    for (int64_t r = r4; r < r1; r++)
+                        dst[cc * ldd + r] = src[r * lds + cc];
+            }
+#endif
+            for (; c < c1; c++)
+                for (int64_t r = r0; r < r1; r++)
+                    dst[c * ldd + r] = src[r * lds + c];
+        }
+    }
+}
+
 /* block [r0, r0+nr) x [0, nc) of x at batch offset boff -> f32, row-major
  * (ld = nc) or transposed (trans: [nc][nr]) */
 static void pack(float *dst, const nt__attn_opnd *x, int64_t boff, int64_t r0, int64_t nr,
                  int64_t nc, bool trans)
 {
     if (x->dt == NT_F32 && x->cs == 1) { /* the usual case: rows of floats */
-        for (int64_t r = 0; r < nr; r++) {
-            const float *row = (const float *)x->base + boff + (r0 + r) * x->rs;
-            if (trans)
-                for (int64_t c = 0; c < nc; c++)
-                    dst[c * nr + r] = row[c];
-            else
-                memcpy(dst + r * nc, row, (size_t)nc * sizeof(float));
+        const float *rows = (const float *)x->base + boff + r0 * x->rs;
+        if (trans) {
+            transpose(dst, nr, rows, x->rs, nr, nc);
+            return;
         }
+        for (int64_t r = 0; r < nr; r++)
+            memcpy(dst + r * nc, rows + r * x->rs, (size_t)nc * sizeof(float));
         return;
     }
     for (int64_t r = 0; r < nr; r++)
@@ -70,26 +111,67 @@ static void pack(float *dst, const nt__attn_opnd *x, int64_t boff, int64_t r0, i
         }
 }
 
+/* Keys of row q (absolute) that block k0 of nk lets it attend: the first
+ * valid_keys ones; the causal rule makes the rest -Inf. */
+static inline int valid_keys(const attn_ctx *a, int64_t q, int64_t k0, int nk)
+{
+    if (!a->causal)
+        return nk;
+    int64_t c = q - k0 + 1;
+    return c < 0 ? 0 : c > nk ? nk : (int)c;
+}
+
 /* s[i][j] = S * scale, then the mask and the causal rule (-Inf where a
  * query may not attend): the scores of one block, as the tile program
- * makes them (tensor_scalar, tensor_tensor add or select, affine_select). */
+ * makes them (tensor_scalar, tensor_tensor add or select, affine_select).
+ * Keys past a row's causal limit are -Inf whatever the product and mask,
+ * so they are only stored; the loops have no branch and vectorise. */
 static void scores(const attn_ctx *a, float *s, int64_t mb, int64_t q0, int Mq, int64_t k0,
                    int nk)
 {
-    for (int i = 0; i < Mq; i++)
-        for (int j = 0; j < nk; j++) {
-            float x = nt__ew_mul(s[i * nk + j], a->scale);
-            if (a->has_mask) {
+    for (int i = 0; i < Mq; i++) {
+        float *si = s + i * nk;
+        int c = valid_keys(a, q0 + i, k0, nk);
+        if (!a->has_mask) {
+            for (int j = 0; j < c; j++)
+                si[j] = nt__ew_mul(si[j], a->scale);
+        } else {
+            for (int j = 0; j < c; j++) {
+                float x = nt__ew_mul(si[j], a->scale);
                 float mv = ld(&a->m, mb, q0 + i, k0 + j);
                 if (a->m.dt == NT_U8)
                     x = mv != 0.0f ? x : -INFINITY;
                 else
                     x = nt__ew_add(x, mv);
+                si[j] = x;
             }
-            if (a->causal && (q0 + i) - (k0 + j) < 0)
-                x = -INFINITY;
-            s[i * nk + j] = x;
         }
+        for (int j = c; j < nk; j++)
+            si[j] = -INFINITY;
+    }
+}
+
+/* nt__ew_exp(x): nt__expf clamps x below -104 to -104, so those all get
+ * a->exp_lo, here without the exp (it underflows: on x86 a microcode assist
+ * per underflowing operation, hundreds of cycles). */
+static inline float exp_clamped(const attn_ctx *a, float x)
+{
+    return x < -104.0f ? a->exp_lo : nt__ew_exp(x);
+}
+
+/* si[j] = exp(si[j] + bias) for the row's nk scores, c of them valid: the
+ * causal tail (-Inf) gets the one value exp(-Inf + bias) without an exp per
+ * element (see exp_clamped).  Same bits as the add and exp per element. */
+static void exp_row(const attn_ctx *a, float *si, int nk, int c, float bias)
+{
+    for (int j = 0; j < c; j++)
+        si[j] = nt__ew_add(si[j], bias);
+    nt__expf_n(si, si, c); /* nt__ew_exp's bits (core/nmath.h) */
+    if (c < nk) {
+        float e = exp_clamped(a, nt__ew_add(-INFINITY, bias));
+        for (int j = c; j < nk; j++)
+            si[j] = e;
+    }
 }
 
 /* whether key block k0 lies wholly after query block [q0, q0+Mq): causal
@@ -104,6 +186,117 @@ static void ctx_params(attn_ctx *a, const nt__rec *r)
     a->scale = (float)r->p.f[0];
     a->causal = r->p.flag != 0;
     a->has_mask = r->in[3] != NULL;
+    a->exp_lo = nt__ew_exp(-104.0f);
+}
+
+/* Both kernels cut their work into independent units (a query block of a
+ * batch forward, a whole batch backward: each writes its own part of the
+ * outputs, in the one order of the op's definition) and run them on the
+ * calling thread and the helper that the matmul primitive uses
+ * (nt__par_blocks; NT_CPU_THREADS).  Two lanes, each with its own f32
+ * scratch, claim units from a shared counter; which lane runs a unit never
+ * changes its bits. */
+#define NLANE 2
+
+typedef struct par_run {
+    attn_ctx *a;
+    float *scratch[NLANE];
+    int64_t nunits;
+    volatile AO_t next;
+    /* outputs */
+    char *o, *dq, *dkv;
+    float *lse;
+    const float *lse_in;
+    nt_dtype dt;
+    int64_t es;
+} par_run;
+
+typedef void unit_fn(par_run *p, float *buf, int64_t u);
+
+static void run_units(par_run *p, unit_fn *fn, float *buf)
+{
+    for (;;) {
+        AO_t u = AO_fetch_and_add1(&p->next);
+        if (u >= (AO_t)p->nunits)
+            return;
+        fn(p, buf, (int64_t)u);
+    }
+}
+
+static void fwd_unit(par_run *p, float *buf, int64_t u);
+static void bwd_unit(par_run *p, float *buf, int64_t u);
+
+static void fwd_lane(void *arg, int lane)
+{
+    par_run *p = arg;
+    run_units(p, fwd_unit, p->scratch[lane]);
+}
+
+static void bwd_lane(void *arg, int lane)
+{
+    par_run *p = arg;
+    run_units(p, bwd_unit, p->scratch[lane]);
+}
+
+/* Lane scratch of nf floats each, or NULL (host memory short). */
+static float *lanes_alloc(par_run *p, size_t nf)
+{
+    float *buf = g_try_malloc(nf * NLANE * sizeof(float));
+    for (int i = 0; i < NLANE; i++)
+        p->scratch[i] = buf ? buf + (size_t)i * nf : NULL;
+    return buf;
+}
+
+/* The forward of query block q0 of batch b (unit b * nqb + q0 / BLK). */
+static void fwd_unit(par_run *p, float *buf, int64_t u)
+{
+    const attn_ctx *ap = p->a;
+    const attn_ctx a = *ap;
+    int64_t D = a.D, Dv = a.Dv;
+    int64_t nqb = (a.Tq + BLK - 1) / BLK;
+    int64_t b = u / nqb, q0 = (u % nqb) * BLK;
+    float *Qt = buf, *Kt = Qt + D * BLK, *S = Kt + D * BLK, *Pt = S + BLK * BLK,
+          *Vb = Pt + BLK * BLK, *PV = Vb + BLK * Dv, *acc = PV + BLK * Dv, *m = acc + BLK * Dv,
+          *l = m + BLK;
+    int64_t qb = nt__attn_boff(&a.q, &a.g, b), kb = nt__attn_boff(&a.k, &a.g, b);
+    int64_t vb = nt__attn_boff(&a.v, &a.g, b);
+    int64_t mb = a.has_mask ? nt__attn_boff(&a.m, &a.g, b) : 0;
+    int Mq = (int)(a.Tq - q0 < BLK ? a.Tq - q0 : BLK);
+    pack(Qt, &a.q, qb, q0, Mq, D, true);
+    for (int i = 0; i < Mq; i++)
+        m[i] = -FLT_MAX, l[i] = 0.0f;
+    memset(acc, 0, (size_t)(Mq * Dv) * sizeof(float));
+    for (int64_t k0 = 0; k0 < a.Tk && !skip_block(&a, q0, Mq, k0); k0 += BLK) {
+        int nk = (int)(a.Tk - k0 < BLK ? a.Tk - k0 : BLK);
+        pack(Kt, &a.k, kb, k0, nk, D, true);
+        nt__gemm_ktile(Mq, nk, (int)D, Qt, Mq, Kt, nk, S, nk, false);
+        scores(&a, S, mb, q0, Mq, k0, nk);
+        for (int i = 0; i < Mq; i++) {
+            float *si = S + i * nk;
+            float mnew = nt__ew_maximum(m[i], nt__red_max_f32(si, nk, 1));
+            float alpha = exp_clamped(&a, nt__ew_sub(m[i], mnew)); /* m = -FLT_MAX: 0 */
+            float negm = nt__ew_mul(mnew, -1.0f);
+            exp_row(&a, si, nk, valid_keys(&a, q0 + i, k0, nk), negm);
+            float rs = nt__red_sum_f32(si, nk, 1);
+            l[i] = nt__ew_add(nt__ew_mul(l[i], alpha), rs);
+            m[i] = mnew;
+            for (int64_t d = 0; d < Dv; d++)
+                acc[i * Dv + d] = nt__ew_mul(acc[i * Dv + d], alpha);
+        }
+        transpose(Pt, Mq, S, nk, Mq, nk);
+        pack(Vb, &a.v, vb, k0, nk, Dv, false);
+        nt__gemm_ktile(Mq, (int)Dv, nk, Pt, Mq, Vb, (int)Dv, PV, (int)Dv, false);
+        for (int64_t e = 0; e < Mq * Dv; e++)
+            acc[e] = nt__ew_add(acc[e], PV[e]);
+    }
+    for (int i = 0; i < Mq; i++) {
+        float ls = nt__ew_maximum(l[i], 1.0f);
+        for (int64_t d = 0; d < Dv; d++)
+            acc[i * Dv + d] = nt__ew_div(acc[i * Dv + d], ls);
+        p->lse[b * a.Tq + q0 + i] = nt__canon(nt__ew_add(m[i], nt__ew_log(ls)));
+    }
+    /* out is fresh and contiguous: [nbatch, Tq, Dv] */
+    nt__st_f32(p->o + ((b * a.Tq + q0) * Dv) * p->es, p->dt, 1, acc, Mq * Dv);
 }
 
 int nt__cpu_scaled_dot_product_attention(const nt__rec *r)
@@ -122,66 +315,124 @@ int nt__cpu_scaled_dot_product_attention(const nt__rec *r)
         nt__attn_opnd_of(&a.m, r->in[3], &a.g, 0);
     const nt_tensor *o = r->out[0], *lse = r->out[1];
     int64_t D = a.D, Dv = a.Dv;
-    size_t nf = (size_t)(D * BLK * 2 + BLK * BLK * 3 + BLK * Dv * 3 + BLK * 4);
-    float *buf = g_try_malloc(nf * sizeof(float));
+    size_t nf = (size_t)(D * BLK * 2 + BLK * BLK * 2 + BLK * Dv * 3 + BLK * 2);
+    par_run p;
+    memset(&p, 0, sizeof p);
+    float *buf = lanes_alloc(&p, nf);
     if (!buf)
-        return nt__kerr(NT_EHOSTMEM, "out of host memory for attention buffers (%zu floats)", nf);
-    float *Qt = buf, *Kt = Qt + D * BLK, *S = Kt + D * BLK, *Pt = S + BLK * BLK,
-          *Vb = Pt + BLK * BLK, *PV = Vb + BLK * Dv, *acc = PV + BLK * Dv, *m = acc + BLK * Dv,
-          *l = m + BLK, *row = l + BLK;
-    (void)row;
-    nt_dtype odt = (nt_dtype)o->dtype;
-    int64_t oes = (int64_t)nt__dtype_size(odt);
-    char *od = nt__tensor_data(o);
-    float *ld_ = nt__tensor_data(lse);
-    for (int64_t b = 0; b < a.g.nbatch; b++) {
-        int64_t qb = nt__attn_boff(&a.q, &a.g, b), kb = nt__attn_boff(&a.k, &a.g, b);
-        int64_t vb = nt__attn_boff(&a.v, &a.g, b);
-        int64_t mb = a.has_mask ? nt__attn_boff(&a.m, &a.g, b) : 0;
-        for (int64_t q0 = 0; q0 < a.Tq; q0 += BLK) {
-            int Mq = (int)(a.Tq - q0 < BLK ? a.Tq - q0 : BLK);
-            pack(Qt, &a.q, qb, q0, Mq, D, true);
-            for (int i = 0; i < Mq; i++)
-                m[i] = -FLT_MAX, l[i] = 0.0f;
-            memset(acc, 0, (size_t)(Mq * Dv) * sizeof(float));
-            for (int64_t k0 = 0; k0 < a.Tk && !skip_block(&a, q0, Mq, k0); k0 += BLK) {
-                int nk = (int)(a.Tk - k0 < BLK ? a.Tk - k0 : BLK);
-                pack(Kt, &a.k, kb, k0, nk, D, true);
-                nt__gemm_ktile(Mq, nk, (int)D, Qt, Mq, Kt, nk, S, nk, false);
-                scores(&a, S, mb, q0, Mq, k0, nk);
-                for (int i = 0; i < Mq; i++) {
-                    float *si = S + i * nk;
-                    float mnew = nt__ew_maximum(m[i], nt__red_max_f32(si, nk, 1));
-                    float alpha = nt__ew_exp(nt__ew_sub(m[i], mnew));
-                    float negm = nt__ew_mul(mnew, -1.0f);
-                    for (int j = 0; j < nk; j++)
-                        si[j] = nt__ew_add(si[j], negm);
-                    nt__expf_n(si, si, nk); /* nt__ew_exp's bits (core/nmath.h) */
-                    float rs = nt__red_sum_f32(si, nk, 1);
-                    l[i] = nt__ew_add(nt__ew_mul(l[i], alpha), rs);
-                    m[i] = mnew;
-                    for (int j = 0; j < nk; j++)
-                        Pt[j * Mq + i] = si[j];
-                    for (int64_t d = 0; d < Dv; d++)
-                        acc[i * Dv + d] = nt__ew_mul(acc[i * Dv + d], alpha);
-                }
-                pack(Vb, &a.v, vb, k0, nk, Dv, false);
-                nt__gemm_ktile(Mq, (int)Dv, nk, Pt, Mq, Vb, (int)Dv, PV, (int)Dv, false);
-                for (int64_t e = 0; e < Mq * Dv; e++)
-                    acc[e] = nt__ew_add(acc[e], PV[e]);
-            }
-            for (int i = 0; i < Mq; i++) {
-                float ls = nt__ew_maximum(l[i], 1.0f);
-                for (int64_t d = 0; d < Dv; d++)
-                    acc[i * Dv + d] = nt__ew_div(acc[i * Dv + d], ls);
-                ld_[b * a.Tq + q0 + i] = nt__canon(nt__ew_add(m[i], nt__ew_log(ls)));
-            }
-            /* out is fresh and contiguous: [nbatch, Tq, Dv] */
-            nt__st_f32(od + ((b * a.Tq + q0) * Dv) * oes, odt, 1, acc, Mq * Dv);
-        }
-    }
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for attention buffers (%zu floats)",
+                        nf * NLANE);
+    p.a = &a;
+    p.nunits = a.g.nbatch * ((a.Tq + BLK - 1) / BLK);
+    p.o = nt__tensor_data(o);
+    p.lse = nt__tensor_data(lse);
+    p.dt = (nt_dtype)o->dtype;
+    p.es = (int64_t)nt__dtype_size(p.dt);
+    nt__par_blocks(NLANE, fwd_lane, &p, p.nunits >= 2);
     g_free(buf);
     return 0;
+}
+
+/* The number of f32 scratch values bwd_unit uses, and their split. */
+#define BWD_NBUF 16
+static size_t bwd_sizes(const attn_ctx *a, int64_t *sizes)
+{
+    int64_t D = a->D, Dv = a->Dv, Tq = a->Tq;
+    int64_t sz[BWD_NBUF] = {Tq * D, Tq, Tq, BLK * D, BLK * D, BLK * Dv, BLK * D, BLK * Dv,
+                            BLK * D, BLK * D, BLK * Dv, BLK * Dv, BLK * BLK, BLK * BLK,
+                            BLK * BLK, Dv};
+    size_t nf = 0;
+    for (int i = 0; i < BWD_NBUF; i++)
+        nf += (size_t)(sizes[i] = sz[i]);
+    return nf;
+}
+
+/* Row i's dO . O elementwise into tmp (products rounded to f32). */
+static void dO_times_O(const attn_ctx *a, float *tmp, int64_t qb, int64_t i)
+{
+    if (a->dO.dt == NT_F32 && a->O.dt == NT_F32) { /* packed by autograd: rows of floats */
+        const float *x = (const float *)a->dO.base + qb + i * a->dO.rs;
+        const float *y = (const float *)a->O.base + qb + i * a->O.rs;
+        for (int64_t d = 0; d < a->Dv; d++)
+            tmp[d] = nt__ew_mul(x[d], y[d]);
+        return;
+    }
+    for (int64_t d = 0; d < a->Dv; d++)
+        tmp[d] = nt__ew_mul(ld(&a->dO, qb, i, d), ld(&a->O, qb, i, d));
+}
+
+/* The backward of batch b (unit b): dq, dk and dv of that batch. */
+static void bwd_unit(par_run *pr, float *buf, int64_t b)
+{
+    const attn_ctx *ap = pr->a;
+    const attn_ctx a = *ap;
+    int64_t D = a.D, Dv = a.Dv, Tq = a.Tq, Tk = a.Tk;
+    int64_t sizes[BWD_NBUF];
+    bwd_sizes(&a, sizes);
+    float *p[BWD_NBUF];
+    p[0] = buf;
+    for (int i = 1; i < BWD_NBUF; i++)
+        p[i] = p[i - 1] + sizes[i - 1];
+    float *dqa = p[0], *Dr = p[1], *negl = p[2], *Kb = p[3], *Kt = p[4], *Vt = p[5], *dK = p[6],
+          *dV = p[7], *Qt = p[8], *Qrow = p[9], *dOb = p[10], *dOt = p[11], *S = p[12],
+          *dP = p[13], *dSt = p[14], *tmp = p[15];
+    nt_dtype dt = pr->dt;
+    int64_t es = pr->es;
+    int64_t qb = nt__attn_boff(&a.q, &a.g, b), kb = nt__attn_boff(&a.k, &a.g, b);
+    int64_t mb = a.has_mask ? nt__attn_boff(&a.m, &a.g, b) : 0;
+    /* Dr_i = rowsum(dO_i * O_i) (products rounded to f32, canonical sum);
+     * -lse_i the exponent's bias */
+    for (int64_t i = 0; i < Tq; i++) {
+        dO_times_O(&a, tmp, qb, i);
+        Dr[i] = nt__red_sum_f32(tmp, Dv, 1);
+        negl[i] = nt__ew_mul(pr->lse_in[b * Tq + i], -1.0f);
+    }
+    memset(dqa, 0, (size_t)(Tq * D) * sizeof(float));
+    for (int64_t k0 = 0; k0 < Tk; k0 += BLK) {
+        int nk = (int)(Tk - k0 < BLK ? Tk - k0 : BLK);
+        pack(Kb, &a.k, kb, k0, nk, D, false);
+        pack(Kt, &a.k, kb, k0, nk, D, true);
+        pack(Vt, &a.v, kb, k0, nk, Dv, true);
+        bool first = true;
+        for (int64_t q0 = 0; q0 < Tq; q0 += BLK) {
+            int Mq = (int)(Tq - q0 < BLK ? Tq - q0 : BLK);
+            if (skip_block(&a, q0, Mq, k0))
+                continue;
+            pack(Qt, &a.q, qb, q0, Mq, D, true);
+            pack(Qrow, &a.q, qb, q0, Mq, D, false);
+            pack(dOb, &a.dO, qb, q0, Mq, Dv, false);
+            pack(dOt, &a.dO, qb, q0, Mq, Dv, true);
+            nt__gemm_ktile(Mq, nk, (int)D, Qt, Mq, Kt, nk, S, nk, false);
+            scores(&a, S, mb, q0, Mq, k0, nk);
+            for (int i = 0; i < Mq; i++)
+                exp_row(&a, S + i * nk, nk, valid_keys(&a, q0 + i, k0, nk), negl[q0 + i]);
+            /* dV += P^T dO (P is the stationary [Mq, nk] operand) */
+            nt__gemm_ktile(nk, (int)Dv, Mq, S, nk, dOb, (int)Dv, dV, (int)Dv, !first);
+            /* dP = dO V^T */
+            nt__gemm_ktile(Mq, nk, (int)Dv, dOt, Mq, Vt, nk, dP, nk, false);
+            for (int i = 0; i < Mq; i++) {
+                float dr = Dr[q0 + i];
+                float *dPi = dP + i * nk;
+                const float *Si = S + i * nk;
+                for (int j = 0; j < nk; j++)
+                    dPi[j] = nt__ew_mul(nt__ew_mul(nt__ew_sub(dPi[j], dr), a.scale), Si[j]);
+            }
+            transpose(dSt, Mq, dP, nk, Mq, nk);
+            /* dK += dS^T Q; dQ (+)= dS K, key blocks in ascending order */
+            nt__gemm_ktile(nk, (int)D, Mq, dP, nk, Qrow, (int)D, dK, (int)D, !first);
+            nt__gemm_ktile(Mq, (int)D, nk, dSt, Mq, Kb, (int)D, dqa + q0 * D, (int)D, k0 > 0);
+            first = false;
+        }
+        if (first) { /* no query reached this block */
+            memset(dK, 0, (size_t)(nk * D) * sizeof(float));
+            memset(dV, 0, (size_t)(nk * Dv) * sizeof(float));
+        }
+        /* dkv is fresh and contiguous: per batch Tk x D, then Tk x Dv */
+        char *dkb = pr->dkv + b * Tk * (D + Dv) * es;
+        nt__st_f32(dkb + k0 * D * es, dt, 1, dK, nk * D);
+        nt__st_f32(dkb + (Tk * D + k0 * Dv) * es, dt, 1, dV, nk * Dv);
+    }
+    nt__st_f32(pr->dq + (b * Tq * D) * es, dt, 1, dqa, Tq * D);
 }
 
 int nt__cpu_sdpa_bwd(const nt__rec *r)
@@ -200,88 +451,25 @@ int nt__cpu_sdpa_bwd(const nt__rec *r)
     nt__attn_opnd_flat(&a.v, kv, &a.g, a.Tk * D, Dv);
     if (a.has_mask)
         nt__attn_opnd_of(&a.m, r->in[3], &a.g, 0);
-    const float *lsed = nt__tensor_data(lse);
     const nt_tensor *dq = r->out[0], *dkv = r->out[1];
-    nt_dtype dt = (nt_dtype)dq->dtype;
-    int64_t es = (int64_t)nt__dtype_size(dt);
-    char *dqd = nt__tensor_data(dq), *dkvd = nt__tensor_data(dkv);
-    int64_t Tq = a.Tq, Tk = a.Tk;
-    /* f32 scratch: dQ's accumulator and the per-row terms for a whole
-     * batch, the rest per block */
-    int64_t sizes[] = {Tq * D, Tq, Tq, BLK * D, BLK * D, BLK * Dv, BLK * D, BLK * Dv, BLK * D,
-                       BLK * D, BLK * Dv, BLK * Dv, BLK * BLK, BLK * BLK, BLK * BLK, Dv};
-    float *p[16];
-    size_t nf = 0;
-    for (int i = 0; i < 16; i++)
-        nf += (size_t)sizes[i];
-    float *buf = g_try_malloc((nf + 1) * sizeof(float));
+    /* f32 scratch per lane: dQ's accumulator and the per-row terms for a
+     * whole batch, the rest per block */
+    int64_t sizes[BWD_NBUF];
+    size_t nf = bwd_sizes(&a, sizes) + 1;
+    par_run p;
+    memset(&p, 0, sizeof p);
+    float *buf = lanes_alloc(&p, nf);
     if (!buf)
-        return nt__kerr(NT_EHOSTMEM, "out of host memory for attention buffers (%zu floats)", nf);
-    p[0] = buf;
-    for (int i = 1; i < 16; i++)
-        p[i] = p[i - 1] + sizes[i - 1];
-    float *dqa = p[0], *Dr = p[1], *negl = p[2], *Kb = p[3], *Kt = p[4], *Vt = p[5], *dK = p[6],
-          *dV = p[7], *Qt = p[8], *Qrow = p[9], *dOb = p[10], *dOt = p[11], *S = p[12],
-          *dP = p[13], *dSt = p[14], *tmp = p[15];
-    for (int64_t b = 0; b < a.g.nbatch; b++) {
-        int64_t qb = nt__attn_boff(&a.q, &a.g, b), kb = nt__attn_boff(&a.k, &a.g, b);
-        int64_t mb = a.has_mask ? nt__attn_boff(&a.m, &a.g, b) : 0;
-        /* Dr_i = rowsum(dO_i * O_i) (products rounded to f32, canonical sum);
-         * -lse_i the exponent's bias */
-        for (int64_t i = 0; i < Tq; i++) {
-            for (int64_t d = 0; d < Dv; d++)
-                tmp[d] = nt__ew_mul(ld(&a.dO, qb, i, d), ld(&a.O, qb, i, d));
-            Dr[i] = nt__red_sum_f32(tmp, Dv, 1);
-            negl[i] = nt__ew_mul(lsed[b * Tq + i], -1.0f);
-        }
-        memset(dqa, 0, (size_t)(Tq * D) * sizeof(float));
-        for (int64_t k0 = 0; k0 < Tk; k0 += BLK) {
-            int nk = (int)(Tk - k0 < BLK ? Tk - k0 : BLK);
-            pack(Kb, &a.k, kb, k0, nk, D, false);
-            pack(Kt, &a.k, kb, k0, nk, D, true);
-            pack(Vt, &a.v, kb, k0, nk, Dv, true);
-            bool first = true;
-            for (int64_t q0 = 0; q0 < Tq; q0 += BLK) {
-                int Mq = (int)(Tq - q0 < BLK ? Tq - q0 : BLK);
-                if (skip_block(&a, q0, Mq, k0))
-                    continue;
-                pack(Qt, &a.q, qb, q0, Mq, D, true);
-                pack(Qrow, &a.q, qb, q0, Mq, D, false);
-                pack(dOb, &a.dO, qb, q0, Mq, Dv, false);
-                pack(dOt, &a.dO, qb, q0, Mq, Dv, true);
-                nt__gemm_ktile(Mq, nk, (int)D, Qt, Mq, Kt, nk, S, nk, false);
-                scores(&a, S, mb, q0, Mq, k0, nk);
-                for (int i = 0; i < Mq; i++)
-                    for (int j = 0; j < nk; j++)
-                        S[i * nk + j] = nt__ew_add(S[i * nk + j], negl[q0 + i]);
-                nt__expf_n(S, S, (long)Mq * nk); /* nt__ew_exp's bits (core/nmath.h) */
-                /* dV += P^T dO (P is the stationary [Mq, nk] operand) */
-                nt__gemm_ktile(nk, (int)Dv, Mq, S, nk, dOb, (int)Dv, dV, (int)Dv, !first);
-                /* dP = dO V^T */
-                nt__gemm_ktile(Mq, nk, (int)Dv, dOt, Mq, Vt, nk, dP, nk, false);
-                for (int i = 0; i < Mq; i++)
-                    for (int j = 0; j < nk; j++) {
-                        float t = nt__ew_mul(nt__ew_sub(dP[i * nk + j], Dr[q0 + i]), a.scale);
-                        float ds = nt__ew_mul(t, S[i * nk + j]);
-                        dP[i * nk + j] = ds;
-                        dSt[j * Mq + i] = ds;
-                    }
-                /* dK += dS^T Q; dQ (+)= dS K, key blocks in ascending order */
-                nt__gemm_ktile(nk, (int)D, Mq, dP, nk, Qrow, (int)D, dK, (int)D, !first);
-                nt__gemm_ktile(Mq, (int)D, nk, dSt, Mq, Kb, (int)D, dqa + q0 * D, (int)D, k0 > 0);
-                first = false;
-            }
-            if (first) { /* no query reached this block */
-                memset(dK, 0, (size_t)(nk * D) * sizeof(float));
-                memset(dV, 0, (size_t)(nk * Dv) * sizeof(float));
-            }
-            /* dkv is fresh and contiguous: per batch Tk x D, then Tk x Dv */
-            char *dkb = dkvd + b * Tk * (D + Dv) * es;
-            nt__st_f32(dkb + k0 * D * es, dt, 1, dK, nk * D);
-            nt__st_f32(dkb + (Tk * D + k0 * Dv) * es, dt, 1, dV, nk * Dv);
-        }
-        nt__st_f32(dqd + (b * Tq * D) * es, dt, 1, dqa, Tq * D);
-    }
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for attention buffers (%zu floats)",
+                        nf * NLANE);
+    p.a = &a;
+    p.nunits = a.g.nbatch;
+    p.lse_in = nt__tensor_data(lse);
+    p.dt = (nt_dtype)dq->dtype;
+    p.es = (int64_t)nt__dtype_size(p.dt);
+    p.dq = nt__tensor_data(dq);
+    p.dkv = nt__tensor_data(dkv);
+    nt__par_blocks(NLANE, bwd_lane, &p, p.nunits >= 2);
     g_free(buf);
     return 0;
 }

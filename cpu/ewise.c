@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/ewise.h"
+#include "core/gemm.h"
 
 #define NT_CHUNK 512
 #define NT_MAXV (1 + NT__MAX_IN)
@@ -63,9 +64,74 @@ typedef struct {
 
 typedef void (*chunk_fn)(const nt__rec *r, const chunk *c, int64_t n, void *scratch);
 
+/* The collapsed iteration space of one call: nd dims of shape cs, per
+ * operand the element strides cst and element size es. */
+typedef struct walk {
+    const nt__rec *r;
+    nt__kv *v;
+    int nv, nd;
+    int64_t cs[NT_MAX_DIMS], cst[NT_MAXV][NT_MAX_DIMS];
+    size_t es[NT_MAXV];
+    chunk_fn fn;
+    int64_t n_all, span;
+} walk;
+
+/* Elements [lo, hi) of the collapsed row-major order, in chunks of at most
+ * NT_CHUNK that never cross a row. */
+static void walk_span(const walk *w, int64_t lo, int64_t hi)
+{
+    float scratch[(NT_MAXV + 1) * NT_CHUNK];
+    int nd = w->nd, nv = w->nv;
+    int64_t inner = w->cs[nd - 1];
+    int64_t idx[NT_MAX_DIMS] = {0};
+    for (int64_t rem = lo, d = nd - 1; d >= 0; d--) {
+        idx[d] = rem % w->cs[d];
+        rem /= w->cs[d];
+    }
+    chunk c;
+    c.nv = nv;
+    for (int k = 0; k < nv; k++)
+        c.st[k] = w->cst[k][nd - 1], c.dt[k] = w->v[k].dt;
+    for (int64_t pos = lo; pos < hi;) {
+        int64_t j = idx[nd - 1];
+        int64_t n = inner - j < NT_CHUNK ? inner - j : NT_CHUNK;
+        if (n > hi - pos)
+            n = hi - pos;
+        for (int k = 0; k < nv; k++) {
+            int64_t off = 0;
+            for (int i = 0; i < nd; i++)
+                off += idx[i] * w->cst[k][i];
+            c.p[k] = w->v[k].data + off * (int64_t)w->es[k];
+        }
+        w->fn(w->r, &c, n, scratch);
+        pos += n;
+        idx[nd - 1] += n;
+        if (idx[nd - 1] == inner) { /* next row */
+            idx[nd - 1] = 0;
+            nt__idx_next(idx, nd - 1, w->cs);
+        }
+    }
+}
+
+static void walk_block(void *arg, int b)
+{
+    const walk *w = arg;
+    int64_t lo = (int64_t)b * w->span, hi = lo + w->span < w->n_all ? lo + w->span : w->n_all;
+    walk_span(w, lo, hi);
+}
+
+/* Spans of this many elements, which the caller and the matmul's helper
+ * thread claim (nt__par_blocks; NT_CPU_THREADS): calls smaller than two
+ * run on the calling thread alone (waking the helper costs more).
+ * Elements are independent, and a chunk's stochastic rounding keys each
+ * element by its own index, so the cut never changes a bit. */
+#define EW_SPAN (64 * 1024)
+
 /* Walks views v[0..nv) (v[0] the output) of a common shape. */
 static void drive(const nt__rec *r, nt__kv *v, int nv, chunk_fn fn)
 {
+    walk w;
+    w.r = r, w.v = v, w.nv = nv, w.fn = fn;
     int ndim = v[0].ndim;
     int64_t shape[NT_MAX_DIMS], st[NT_MAXV][NT_MAX_DIMS];
     for (int i = 0; i < ndim; i++)
@@ -75,61 +141,47 @@ static void drive(const nt__rec *r, nt__kv *v, int nv, chunk_fn fn)
             st[k][i] = v[k].stride[i];
     /* Collapse dim i into i+1 where every operand is contiguous across them. */
     int nd = 0;
-    int64_t cs[NT_MAX_DIMS], cst[NT_MAXV][NT_MAX_DIMS];
+    int64_t *cs = w.cs;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] == 1 && ndim > 1)
             continue; /* size-1 dims do not move */
         if (nd > 0) {
             bool merge = true;
             for (int k = 0; k < nv && merge; k++)
-                merge = cst[k][nd - 1] == st[k][i] * shape[i];
+                merge = w.cst[k][nd - 1] == st[k][i] * shape[i];
             if (merge) {
                 cs[nd - 1] *= shape[i];
                 for (int k = 0; k < nv; k++)
-                    cst[k][nd - 1] = st[k][i];
+                    w.cst[k][nd - 1] = st[k][i];
                 continue;
             }
         }
         cs[nd] = shape[i];
         for (int k = 0; k < nv; k++)
-            cst[k][nd] = st[k][i];
+            w.cst[k][nd] = st[k][i];
         nd++;
     }
     if (nd == 0) { /* a scalar, or all dims 1 */
         cs[0] = 1;
         for (int k = 0; k < nv; k++)
-            cst[k][0] = 1;
+            w.cst[k][0] = 1;
         nd = 1;
     }
+    w.nd = nd;
+    w.n_all = 1;
     for (int i = 0; i < nd; i++)
-        if (cs[i] == 0)
-            return;
-    size_t es[NT_MAXV];
+        w.n_all *= cs[i];
+    if (w.n_all == 0)
+        return;
     for (int k = 0; k < nv; k++)
-        es[k] = nt__dtype_size(v[k].dt);
-    float scratch[(NT_MAXV + 1) * NT_CHUNK];
-    int64_t idx[NT_MAX_DIMS] = {0};
-    int64_t inner = cs[nd - 1];
-    chunk c;
-    c.nv = nv;
-    for (int k = 0; k < nv; k++)
-        c.st[k] = cst[k][nd - 1], c.dt[k] = v[k].dt;
-    do {
-        char *base[NT_MAXV];
-        for (int k = 0; k < nv; k++) {
-            int64_t off = 0;
-            for (int i = 0; i < nd - 1; i++)
-                off += idx[i] * cst[k][i];
-            base[k] = v[k].data + off * (int64_t)es[k];
-        }
-        for (int64_t j = 0; j < inner; j += NT_CHUNK) {
-            int64_t n = inner - j < NT_CHUNK ? inner - j : NT_CHUNK;
-            for (int k = 0; k < nv; k++)
-                c.p[k] = base[k] + j * c.st[k] * (int64_t)es[k];
-            fn(r, &c, n, scratch);
-        }
-        idx[nd - 1] = inner - 1;
-    } while (nt__idx_next(idx, nd, cs));
+        w.es[k] = nt__dtype_size(v[k].dt);
+    w.span = EW_SPAN;
+    int64_t nblocks = (w.n_all + EW_SPAN - 1) / EW_SPAN;
+    if (nblocks < 2 || nblocks > INT32_MAX) {
+        walk_span(&w, 0, w.n_all);
+        return;
+    }
+    nt__par_blocks((int)nblocks, walk_block, &w, true);
 }
 
 /* Output view plus input views broadcast to the output's shape. */
@@ -166,9 +218,72 @@ static inline float *dst_f32(float *buf, const chunk *c)
     return (c->dt[0] == NT_F32 && c->st[0] == 1) ? (float *)c->p[0] : buf;
 }
 
+/* ---------------- vector ISA levels ----------------
+ *
+ * The compute-heavy families (unary, tensor-scalar, binary: GELU and its
+ * backward are most of their time) are compiled once per vector level and
+ * the level of NT_CPU_ISA is picked at run time, as core/gemm.c and
+ * cpu/fused.c do; the rest move memory and stay at the build's level.
+ * Every level performs the same IEEE operations per element (no FMA
+ * contraction, -ffp-contract=off; the transcendentals are core/nmath.h's
+ * branch-free code), so every level gives the same bits.  scalar: the loops
+ * as written, not vectorised (the reference the tests compare against). */
+#if defined(__clang__)
+#define NT_EW_NOVEC /* clang has no optimize attribute: vector loops, same bits */
+#else
+#define NT_EW_NOVEC __attribute__((optimize("no-tree-vectorize")))
+#endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__clang__)
+#define NT_EW_V4 "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma"
+#else
+#define NT_EW_V4 "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,prefer-vector-width=512"
+#endif
+#define NT_EW_VARIANTS(fam)                                                                \
+    NT_EW_NOVEC static void fam##_scalar(const nt__rec *r, const chunk *c, int64_t n,      \
+                                         void *scr)                                        \
+    {                                                                                      \
+        fam##_body(r, c, n, scr);                                                          \
+    }                                                                                      \
+    __attribute__((target("avx2,fma"))) static void fam##_avx2(                            \
+        const nt__rec *r, const chunk *c, int64_t n, void *scr)                            \
+    {                                                                                      \
+        fam##_body(r, c, n, scr);                                                          \
+    }                                                                                      \
+    __attribute__((target(NT_EW_V4))) static void fam##_avx512(                            \
+        const nt__rec *r, const chunk *c, int64_t n, void *scr)                            \
+    {                                                                                      \
+        fam##_body(r, c, n, scr);                                                          \
+    }                                                                                      \
+    static chunk_fn fam##_isa(void)                                                        \
+    {                                                                                      \
+        switch (nt__gemm_isa()) {                                                          \
+        case NT_ISA_SCALAR: return fam##_scalar;                                           \
+        case NT_ISA_AVX2: return fam##_avx2;                                               \
+        default: return fam##_avx512;                                                      \
+        }                                                                                  \
+    }
+#else
+#define NT_EW_VARIANTS(fam)                                                                \
+    NT_EW_NOVEC static void fam##_scalar(const nt__rec *r, const chunk *c, int64_t n,      \
+                                         void *scr)                                        \
+    {                                                                                      \
+        fam##_body(r, c, n, scr);                                                          \
+    }                                                                                      \
+    static void fam##_vec(const nt__rec *r, const chunk *c, int64_t n, void *scr)          \
+    {                                                                                      \
+        fam##_body(r, c, n, scr);                                                          \
+    }                                                                                      \
+    static chunk_fn fam##_isa(void)                                                        \
+    {                                                                                      \
+        return nt__gemm_isa() == NT_ISA_SCALAR ? fam##_scalar : fam##_vec;                 \
+    }
+#endif
+
 /* ---------------- unary ---------------- */
 
-static void unary_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
+static inline __attribute__((always_inline)) void unary_body(const nt__rec *r, const chunk *c,
+                                                             int64_t n, void *scr)
 {
     if (float_compute(c)) {
         const float *a = src_f32(scr, c, 1, n);
@@ -197,16 +312,19 @@ static void unary_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
     }
 }
 
+NT_EW_VARIANTS(unary)
+
 int nt__cpu_unary(const nt__rec *r)
 {
     nt__kv v[2];
-    drive(r, v, setup(r, v, 1), unary_chunk);
+    drive(r, v, setup(r, v, 1), unary_isa());
     return 0;
 }
 
 /* ---------------- tensor-scalar ---------------- */
 
-static void scalar_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
+static inline __attribute__((always_inline)) void scalar_body(const nt__rec *r, const chunk *c,
+                                                              int64_t n, void *scr)
 {
     if (float_compute(c)) {
         const float *a = src_f32(scr, c, 1, n);
@@ -240,16 +358,19 @@ static void scalar_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
     }
 }
 
+NT_EW_VARIANTS(scalar)
+
 int nt__cpu_scalar(const nt__rec *r)
 {
     nt__kv v[2];
-    drive(r, v, setup(r, v, 1), scalar_chunk);
+    drive(r, v, setup(r, v, 1), scalar_isa());
     return 0;
 }
 
 /* ---------------- binary ---------------- */
 
-static void binary_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
+static inline __attribute__((always_inline)) void binary_body(const nt__rec *r, const chunk *c,
+                                                              int64_t n, void *scr)
 {
     if (float_compute(c)) {
         const float *a = src_f32(scr, c, 1, n);
@@ -297,10 +418,12 @@ static void binary_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
     }
 }
 
+NT_EW_VARIANTS(binary)
+
 int nt__cpu_binary(const nt__rec *r)
 {
     nt__kv v[3];
-    drive(r, v, setup(r, v, 2), binary_chunk);
+    drive(r, v, setup(r, v, 2), binary_isa());
     return 0;
 }
 
@@ -439,6 +562,11 @@ static void fill_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
     size_t es = nt__dtype_size(c->dt[0]);
     char first[8];
     nt__store_f64(first, c->dt[0], 0, v);
+    if (c->st[0] == 1 && es == 4) { /* the usual case: a constant size, a vector loop */
+        for (int64_t i = 0; i < n; i++)
+            memcpy(c->p[0] + i * 4, first, 4);
+        return;
+    }
     for (int64_t i = 0; i < n; i++)
         memcpy(c->p[0] + i * c->st[0] * (int64_t)es, first, es);
 }

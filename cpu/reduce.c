@@ -160,6 +160,7 @@ typedef struct red {
     char *y;            /* output */
     nt_dtype ydt;
     int64_t yes;
+    bool direct;        /* f32 sum of contiguous columns: no tile (red_group) */
     float *T;           /* tile buffers */
     int32_t *Ti;
     /* accumulators per column */
@@ -237,6 +238,35 @@ static void acc_arg(red *c, int64_t k0, int64_t m, int64_t w, int64_t j, bool is
     c->bi[j] = bi;
 }
 
+/* part[j] = nt__red_block_sum_f32(T + j, m, ld) for every column j < w of
+ * the m rows T + k * ld at once: each column gets the same lanes, in the
+ * same order, and the same folds, but the loops run across the columns,
+ * which are contiguous, so they vectorise (a column alone is a strided
+ * walk). */
+static void cols_block_sum(const float *T, int64_t m, int64_t w, int64_t ld, float *part)
+{
+    float lane[NT_RED_LANES][RED_W];
+    for (int l = 0; l < NT_RED_LANES; l++)
+        for (int64_t j = 0; j < w; j++)
+            lane[l][j] = 0.0f;
+    int64_t k = 0;
+    for (; k + NT_RED_LANES <= m; k += NT_RED_LANES)
+        for (int l = 0; l < NT_RED_LANES; l++) {
+            const float *row = T + (k + l) * ld;
+            for (int64_t j = 0; j < w; j++)
+                lane[l][j] += row[j];
+        }
+    for (int l = 0; k < m; k++, l++)
+        for (int64_t j = 0; j < w; j++)
+            lane[l][j] += T[k * ld + j];
+    for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)
+        for (int l = 0; l < h; l++)
+            for (int64_t j = 0; j < w; j++)
+                lane[l][j] += lane[l + h][j];
+    for (int64_t j = 0; j < w; j++)
+        part[j] = lane[0][j];
+}
+
 /* Folds elements k0 .. k0+m-1 (m <= NT_RED_BLOCK: one canonical block) of w
  * columns, held in c->T / c->Ti as [m, w]. */
 static void acc_block(red *c, int64_t k0, int64_t m, int64_t w)
@@ -249,9 +279,14 @@ static void acc_block(red *c, int64_t k0, int64_t m, int64_t w)
         if (c->ints)
             for (int64_t j = 0; j < w; j++)
                 c->i[j] = (int32_t)((uint32_t)c->i[j] + (uint32_t)nt__red_sum_i32(Ti + j, m, w));
-        else
+        else if (w == 1)
+            c->f[0] += nt__red_block_sum_f32(T, m, 1);
+        else {
+            float part[RED_W];
+            cols_block_sum(T, m, w, w, part);
             for (int64_t j = 0; j < w; j++)
-                c->f[j] += nt__red_block_sum_f32(T + j, m, w);
+                c->f[j] += part[j];
+        }
         break;
     case NT_RED_MAX:
         if (c->ints)
@@ -303,6 +338,17 @@ static void red_group(const nt__rows *R, void *ctx, const char *x, int64_t oo, i
 {
     red *c = ctx;
     acc_init(c, w);
+    if (c->direct) { /* the tile's rows are the source's: sum them where they are */
+        for (int64_t k0 = 0; k0 < R->n; k0 += NT_RED_BLOCK) {
+            int64_t m = R->n - k0 < NT_RED_BLOCK ? R->n - k0 : NT_RED_BLOCK;
+            float part[RED_W];
+            cols_block_sum((const float *)x + k0 * R->sn, m, w, R->sn, part);
+            for (int64_t j = 0; j < w; j++)
+                c->f[j] += part[j];
+        }
+        acc_store(c, oo, R->oc, w);
+        return;
+    }
     for (int64_t k0 = 0; k0 < R->n; k0 += NT_RED_BLOCK) {
         int64_t m = R->n - k0 < NT_RED_BLOCK ? R->n - k0 : NT_RED_BLOCK;
         if (c->ints)
@@ -353,6 +399,15 @@ static int reduce_kernel(const nt__rec *r)
     nt__rows R;
     nt__rows_init(&R, t, r->p.dim, false);
     c.n = R.n;
+    /* A sum over a dim whose neighbour columns are contiguous f32 (a bias
+     * gradient: [N, C] over dim 0) reads the rows in place, RED_W columns
+     * at a time, instead of copying a tile of them first. */
+    c.direct = R.tile && R.sc == 1 && R.dt == NT_F32 && !c.ints && c.rop == NT_RED_SUM &&
+               c.pre == NT_RED_PRE_NONE;
+    if (c.direct) {
+        nt__rows_each(&R, RED_W, red_group, &c);
+        return 0;
+    }
     int64_t m = R.n < NT_RED_BLOCK ? R.n : NT_RED_BLOCK;
     int64_t w = nt__rows_width(&R, m, RED_TILE);
     w = w < RED_W ? w : RED_W;

@@ -1,0 +1,311 @@
+/* tests/test_cpukernels.c - the CPU backend's eager elementwise and
+ * reduction kernels at every vector level (NT_CPU_ISA) and host thread count
+ * (NT_CPU_THREADS): the same bits everywhere; and GELU and its backward,
+ * over a sweep of the whole f32 bit space, equal to core/ewise.h's scalar
+ * definition computed here one element at a time.
+ *
+ * Eager mode, so each op runs its own (unfused) kernel: cpu/ewise.c picks a
+ * vector level per call and cuts calls of 128K elements or more into spans
+ * that two threads share; cpu/attention.c runs its query blocks (forward)
+ * and batches (backward) on two threads. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#include <cmocka.h>
+
+#include "ntensor.h"
+#include "nt_test.h"
+#include "core/dtype.h"
+#include "core/ewise.h"
+
+static const char *const levels[] = {"scalar", "avx2", "avx512"};
+#define NLEVELS 3
+
+/* The scalar definitions, called through volatile pointers so this loop is
+ * never vectorised: one element at a time, as written. */
+static float s_gelu(float x) { return nt__ew_gelu(x); }
+static float s_gelu_bwd(float g, float x) { return nt__ew_gelu_bwd(g, x); }
+static float (*volatile const ref_gelu)(float) = s_gelu;
+static float (*volatile const ref_gelu_bwd)(float, float) = s_gelu_bwd;
+
+static uint32_t fbits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float bitsf(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* The first index where a and b differ bitwise, or -1. */
+static int64_t first_diff(const float *a, const float *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (fbits(a[i]) != fbits(b[i]))
+            return i;
+    return -1;
+}
+
+/* Every 2048th f32 bit pattern (both signs, every exponent, subnormals,
+ * infinities, NaNs), offset so the patterns are not all round. */
+#define SWEEP_STEP 2048u
+#define SWEEP_N ((int64_t)(UINT64_C(1) << 32) / SWEEP_STEP)
+
+static void test_gelu_sweep_each_level(void **state)
+{
+    (void)state;
+    int64_t n = SWEEP_N;
+    float *x = malloc((size_t)n * 4), *g = malloc((size_t)n * 4);
+    float *ref = malloc((size_t)n * 4), *ref_b = malloc((size_t)n * 4);
+    float *got = malloc((size_t)n * 4);
+    assert_true(x && g && ref && ref_b && got);
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = bitsf((uint32_t)i * SWEEP_STEP + 977u);
+        g[i] = (float)((i * 7919) % 2001 - 1000) / 64.0f; /* finite upstream grads */
+        ref[i] = nt__canon(ref_gelu(x[i]));
+        ref_b[i] = nt__canon(ref_gelu_bwd(g[i], x[i]));
+    }
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    int64_t sh[1] = {n};
+    int ran = 0;
+    for (int l = 0; l < NLEVELS; l++) {
+        if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+            continue; /* this CPU does not run it */
+        ran++;
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *tx = nt_from_host(x, NT_F32, 1, sh);
+        nt_tensor *tg = nt_from_host(g, NT_F32, 1, sh);
+        assert_int_equal(nt_set_requires_grad(tx, true), 0);
+        nt_tensor *y = nt_gelu(tx);
+        assert_int_equal(nt_to_host(y, got, (size_t)n * 4), 0);
+        int64_t d = first_diff(got, ref, n);
+        if (d >= 0)
+            fail_msg("%s: gelu(%a) = %08x, the scalar definition %08x", levels[l], (double)x[d],
+                     fbits(got[d]), fbits(ref[d]));
+        /* d(sum(y * g))/dy = g exactly: the backward runs gelu_bwd(g, x) */
+        assert_int_equal(nt_backward(nt_sum(nt_mul(y, tg), NT_DIM_ALL, false)), 0);
+        assert_int_equal(nt_to_host(nt_grad(tx), got, (size_t)n * 4), 0);
+        d = first_diff(got, ref_b, n);
+        if (d >= 0)
+            fail_msg("%s: gelu_bwd(%a, %a) = %08x, the scalar definition %08x", levels[l],
+                     (double)g[d], (double)x[d], fbits(got[d]), fbits(ref_b[d]));
+        nt_scope_end(sc);
+    }
+    assert_true(ran >= 1); /* scalar always runs */
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    free(x), free(g), free(ref), free(ref_b), free(got);
+}
+
+/* Values with every kind of lane: NaNs, infinities, zeros of both signs,
+ * subnormals, any bit pattern, ordinary numbers. */
+static void mixed_values(float *v, int64_t n, uint64_t seed)
+{
+    static const uint32_t special[] = {
+        0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7f800000u, 0xff800000u, 0x00000000u,
+        0x80000000u, 0x00000001u, 0x807fffffu, 0x00800000u, 0x7f7fffffu, 0x3f800000u,
+        0xbf800000u, 0x42b20000u, 0xc2d00000u, 0xc2cf0000u,
+    };
+    uint64_t s = seed;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t k = (uint32_t)(s >> 33);
+        if (k % 7 == 0)
+            v[i] = bitsf(special[(k >> 3) % (sizeof special / sizeof special[0])]);
+        else if (k % 7 == 1)
+            v[i] = bitsf((uint32_t)(s >> 7));
+        else
+            v[i] = (float)((double)(k >> 3) / (double)(1u << 28) - 0.5) * 40.0f;
+    }
+}
+
+/* Rows of 4099 (no multiple of any vector width), 37 of them: 151663
+ * elements, three spans of the threaded driver. */
+#define R 37
+#define C 4099
+#define NV (R * C)
+#define NOUT 40
+
+/* Every family of cpu/ewise.c and the reductions of cpu/reduce.c, on plain,
+ * broadcast and transposed operands; each result widened to f32 into
+ * out[k] (NV floats each). */
+static void families(nt_tensor *x, nt_tensor *z, nt_tensor *xt, nt_tensor *row, float **out)
+{
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *r[NOUT];
+    int k = 0;
+    nt_tensor *(*const unary[])(nt_tensor *) = {nt_exp, nt_log, nt_sqrt, nt_rsqrt, nt_gelu,
+                                                nt_gelu_tanh, nt_sigmoid, nt_tanh, nt_silu,
+                                                nt_softplus, nt_mish, nt_softsign,
+                                                nt_reciprocal, nt_relu, nt_abs, nt_neg};
+    for (size_t i = 0; i < sizeof unary / sizeof unary[0]; i++)
+        r[k++] = unary[i](x);
+    r[k++] = nt_gelu(xt); /* a strided input */
+    r[k++] = nt_add_scalar(x, 0.3);
+    r[k++] = nt_mul_scalar(z, -1.7);
+    r[k++] = nt_pow_scalar(x, 1.5);
+    nt_tensor *(*const binary[])(nt_tensor *, nt_tensor *) = {nt_add, nt_sub, nt_mul, nt_div,
+                                                              nt_maximum, nt_minimum, nt_pow};
+    for (size_t i = 0; i < sizeof binary / sizeof binary[0]; i++)
+        r[k++] = binary[i](x, z);
+    r[k++] = nt_mul(x, row);  /* broadcast */
+    r[k++] = nt_add(xt, z);   /* transposed + plain */
+    r[k++] = nt_cast(nt_lt(x, z), NT_F32);
+    r[k++] = nt_where(nt_gt(x, z), x, row);
+    r[k++] = nt_cast(nt_cast(x, NT_BF16), NT_F32);
+    r[k++] = nt_cast(nt_cast(z, NT_F16), NT_F32);
+    r[k++] = nt_contiguous(xt);
+    nt_tensor *f = nt_mul_scalar(x, 1.0); /* a fresh tensor (contiguous(x) is x) */
+    assert_int_equal(nt_fill_inplace(f, -2.5), 0);
+    r[k++] = f;
+    /* reductions over each dim (the column sums run the tile path) */
+    r[k++] = nt_sum(x, 0, true);
+    r[k++] = nt_sum(z, 1, true);
+    r[k++] = nt_sum(xt, 0, true);
+    r[k++] = nt_mean(z, 0, true);
+    assert_true(k <= NOUT);
+    for (int i = 0; i < k; i++) {
+        assert_non_null(r[i]);
+        int64_t n = nt_numel(r[i]);
+        memset(out[i], 0, (size_t)NV * 4);
+        assert_int_equal(nt_to_host(r[i], out[i], (size_t)n * 4), 0);
+    }
+    for (int i = k; i < NOUT; i++)
+        memset(out[i], 0, (size_t)NV * 4);
+    nt_scope_end(sc);
+}
+
+static void test_families_each_level_and_thread_count(void **state)
+{
+    (void)state;
+    float *xv = malloc(NV * 4), *zv = malloc(NV * 4), *rv = malloc(C * 4);
+    float *ref[NOUT], *got[NOUT];
+    for (int i = 0; i < NOUT; i++) {
+        ref[i] = malloc(NV * 4);
+        got[i] = malloc(NV * 4);
+        assert_true(ref[i] && got[i]);
+    }
+    mixed_values(xv, NV, 11);
+    mixed_values(zv, NV, 22);
+    mixed_values(rv, C, 33);
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    nt_tensor *x = nt_from_host(xv, NT_F32, 2, (int64_t[]){R, C});
+    nt_tensor *z = nt_from_host(zv, NT_F32, 2, (int64_t[]){R, C});
+    nt_tensor *row = nt_from_host(rv, NT_F32, 2, (int64_t[]){1, C});
+    /* xt: a transposed view with z's shape */
+    nt_tensor *xt = nt_transpose(nt_from_host(xv, NT_F32, 2, (int64_t[]){C, R}), 0, 1);
+    /* the reference: portable loops, one thread */
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "scalar"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "1"), 0);
+    families(x, z, xt, row, ref);
+    static const char *const threads[] = {"1", "2"};
+    for (int l = 0; l < NLEVELS; l++) {
+        if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+            continue;
+        for (int t = 0; t < 2; t++) {
+            assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[t]), 0);
+            families(x, z, xt, row, got);
+            for (int i = 0; i < NOUT; i++) {
+                int64_t d = first_diff(got[i], ref[i], NV);
+                if (d >= 0)
+                    fail_msg("%s, %s thread(s): result %d element %lld: %08x, scalar %08x",
+                             levels[l], threads[t], i, (long long)d, fbits(got[i][d]),
+                             fbits(ref[i][d]));
+            }
+        }
+    }
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    nt_release(x), nt_release(z), nt_release(row), nt_release(xt);
+    for (int i = 0; i < NOUT; i++)
+        free(ref[i]), free(got[i]);
+    free(xv), free(zv), free(rv);
+}
+
+/* Attention forward and backward (causal; with an additive mask; Tq, Tk
+ * cutting the 128-key blocks; strided q, k, v): the one-thread scalar bits
+ * at every level and thread count. */
+static void attention_run(int variant, float *out, int64_t *n_out)
+{
+    const int64_t B = 3, H = 2, T = variant ? 200 : 130, D = 24;
+    nt_tensor *qkv = nt_randn(NT_F32, 3, (int64_t[]){B, T, 3 * H * D}, 9);
+    assert_int_equal(nt_set_requires_grad(qkv, true), 0);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *hd[3];
+    for (int i = 0; i < 3; i++)
+        hd[i] = nt_transpose(nt_reshape(nt_slice(qkv, 2, i * H * D, (i + 1) * H * D, 1), 4,
+                                        (int64_t[]){B, T, H, D}),
+                             1, 2);
+    nt_tensor *mask = NULL;
+    if (variant) { /* additive: finite values, and -Inf where r > 1.5 */
+        nt_tensor *r = nt_randn(NT_F32, 2, (int64_t[]){T, T}, 4);
+        mask = nt_where(nt_gt(r, nt_full(NT_F32, 0, NULL, 1.5)),
+                        nt_full(NT_F32, 0, NULL, -INFINITY), nt_mul_scalar(r, 0.5));
+    }
+    nt_tensor *o = nt_scaled_dot_product_attention(hd[0], hd[1], hd[2], mask, !variant, 0.0);
+    assert_non_null(o);
+    nt_tensor *w = nt_randn(NT_F32, 4, (int64_t[]){B, H, T, D}, 5);
+    assert_int_equal(nt_backward(nt_sum(nt_mul(o, w), NT_DIM_ALL, false)), 0);
+    int64_t no = nt_numel(o), ng = nt_numel(qkv);
+    assert_int_equal(nt_to_host(o, out, (size_t)no * 4), 0);
+    assert_int_equal(nt_to_host(nt_grad(qkv), out + no, (size_t)ng * 4), 0);
+    *n_out = no + ng;
+    nt_scope_end(sc);
+    nt_release(qkv);
+}
+
+static void test_attention_each_level_and_thread_count(void **state)
+{
+    (void)state;
+    size_t cap = (size_t)4 * 3 * 200 * 2 * 2 * 24 * 4;
+    float *ref = malloc(cap * 4), *got = malloc(cap * 4);
+    assert_true(ref && got);
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    static const char *const threads[] = {"1", "2"};
+    for (int variant = 0; variant < 2; variant++) {
+        int64_t nref, ngot;
+        assert_int_equal(nt_config_set("NT_CPU_ISA", "scalar"), 0);
+        assert_int_equal(nt_config_set("NT_CPU_THREADS", "1"), 0);
+        attention_run(variant, ref, &nref);
+        assert_true((size_t)nref <= cap);
+        for (int l = 0; l < NLEVELS; l++) {
+            if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+                continue;
+            for (int t = 0; t < 2; t++) {
+                assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[t]), 0);
+                attention_run(variant, got, &ngot);
+                assert_int_equal(ngot, nref);
+                int64_t d = first_diff(got, ref, nref);
+                if (d >= 0)
+                    fail_msg("attention %d, %s, %s thread(s): element %lld: %08x, scalar %08x",
+                             variant, levels[l], threads[t], (long long)d, fbits(got[d]),
+                             fbits(ref[d]));
+            }
+        }
+    }
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    free(ref), free(got);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_gelu_sweep_each_level, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_families_each_level_and_thread_count,
+                                        nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_attention_each_level_and_thread_count,
+                                        nt_test_setup, nt_test_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
