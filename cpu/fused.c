@@ -15,8 +15,11 @@
 #include "core/gemm.h"
 #include "core/ewise.h"
 #include "core/reduce.h"
+#include "cpu/subnormal.h"
 
 #define CH 1024
+/* elements per subnormal test (cpu/subnormal.h): a few vectors */
+#define SN_BLK 64
 
 /* A register: CH values and a cache line of padding, so that registers (and
  * the inputs read in place) are not 4 KiB apart: loads and stores at the
@@ -186,6 +189,36 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
             for (int64_t i = 0; i < n; i++)                                                \
                 y[i] = (E);                                                                \
     } while (0)
+    /* SN_LOOP(RISK, E, F64): F32_LOOP for an op that takes a microcode
+     * assist on subnormals (cpu/subnormal.h).  A block of SN_BLK elements
+     * where RISK (an integer test of element i's operand bits) holds for
+     * any element is computed by F64(i0, len) instead, through f64: the
+     * same bits, at a small fraction of the assists' cost. */
+#define SN_LOOP(RISK, E, F64)                                                              \
+    do {                                                                                   \
+        for (int64_t i0 = 0; i0 < n; i0 += SN_BLK) {                                       \
+            int64_t i1 = n - i0 < SN_BLK ? n : i0 + SN_BLK;                                \
+            uint32_t risk = 0;                                                             \
+            if (i1 - i0 == SN_BLK)                                                         \
+                for (int64_t i = i0; i < i0 + SN_BLK; i++)                                 \
+                    risk |= (RISK);                                                        \
+            else                                                                           \
+                for (int64_t i = i0; i < i1; i++)                                          \
+                    risk |= (RISK);                                                        \
+            if (risk) {                                                                    \
+                F64(i0, i1 - i0);                                                          \
+                if (odt == NT_F32)                                                         \
+                    for (int64_t i = i0; i < i1; i++)                                      \
+                        y[i] = nt__canon(y[i]);                                            \
+            } else if (odt == NT_F32) {                                                    \
+                for (int64_t i = i0; i < i1; i++)                                          \
+                    y[i] = nt__canon(E);                                                   \
+            } else {                                                                       \
+                for (int64_t i = i0; i < i1; i++)                                          \
+                    y[i] = (E);                                                            \
+            }                                                                              \
+        }                                                                                  \
+    } while (0)
     case NT_KIND_UNARY:
         if (fc) {
             const float *x = as_f32(&a[0], t0, n);
@@ -215,6 +248,23 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
         if (fc) {
             float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
             const float *x = as_f32(&a[0], t0, n);
+            if (o->op == NT_OP_MUL_SCALAR || o->op == NT_OP_DIV_SCALAR) {
+                bool mul = o->op == NT_OP_MUL_SCALAR;
+                uint32_t bound = mul ? nt__sn_mul_bound(s0) : nt__sn_div_bound(s0);
+#define SN_MULS(i0, len) nt__sn_mul_f64(y + (i0), x + (i0), &s0, true, (len))
+#define SN_DIVS(i0, len) nt__sn_div_f64(y + (i0), x + (i0), &s0, true, (len))
+                if (mul)
+                    SN_LOOP(nt__sn_abs(x[i]) - 1u < bound, nt__ew_mul_scalar(x[i], s0, s1),
+                            SN_MULS);
+                else
+                    SN_LOOP(nt__sn_abs(x[i]) - 1u < bound, nt__ew_div_scalar(x[i], s0, s1),
+                            SN_DIVS);
+#undef SN_MULS
+#undef SN_DIVS
+                if (odt != NT_F32)
+                    settle_f(out, odt, y, n);
+                return;
+            }
             switch (o->op) {
 #define NT__FS(ID, name, nin, kind, flags, ...)                                                  \
     case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i], s0, s1)); break;
@@ -241,6 +291,21 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
     case NT_KIND_BINARY:
         if (fc) {
             const float *x = as_f32(&a[0], t0, n), *z = as_f32(&a[1], t1, n);
+            if (o->op == NT_OP_MUL || o->op == NT_OP_DIV) {
+#define SN_MUL(i0, len) nt__sn_mul_f64(y + (i0), x + (i0), z + (i0), false, (len))
+#define SN_DIV(i0, len) nt__sn_div_f64(y + (i0), x + (i0), z + (i0), false, (len))
+                if (o->op == NT_OP_MUL)
+                    SN_LOOP(nt__sn_mul_risk(nt__sn_abs(x[i]), nt__sn_abs(z[i])),
+                            nt__ew_mul(x[i], z[i]), SN_MUL);
+                else
+                    SN_LOOP(nt__sn_div_risk(nt__sn_abs(x[i]), nt__sn_abs(z[i])),
+                            nt__ew_div(x[i], z[i]), SN_DIV);
+#undef SN_MUL
+#undef SN_DIV
+                if (odt != NT_F32)
+                    settle_f(out, odt, y, n);
+                return;
+            }
             switch (o->op) {
 #define NT__FB(ID, name, nin, kind, flags, ...)                                                  \
     case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i], z[i])); break;
@@ -278,6 +343,7 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
         }
         return;
 #undef F32_LOOP
+#undef SN_LOOP
     case NT_KIND_CMP: {
         int32_t *r = (int32_t *)t2;
         if (isf(a[0].dt) || isf(a[1].dt)) {
