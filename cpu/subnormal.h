@@ -95,9 +95,8 @@ static inline uint32_t nt__sn_div_bound(float s)
 #define NT__SN_HIDE(v) __asm__("" : "+m"(v))
 #endif
 #if defined(__x86_64__) && defined(__AVX__)
-#define NT__SN_V4 1 /* 4 lanes at a time in a ymm */
-typedef float nt__sn_v4f __attribute__((vector_size(16)));
-typedef double nt__sn_v4d __attribute__((vector_size(32)));
+#include <immintrin.h>
+#define NT__SN_V4 1 /* 4 lanes at a time in a ymm (every x86 level here has AVX) */
 #endif
 
 /* OP(da, db) on f64 values, rounded to f32; z[0] for every element when
@@ -116,17 +115,10 @@ typedef double nt__sn_v4d __attribute__((vector_size(32)));
 #ifdef NT__SN_V4
 #define NT__SN_BINARY_V4(OP)                                                                 \
     for (; i + 4 <= n; i += 4) {                                                             \
-        nt__sn_v4f a, b, r;                                                                  \
-        memcpy(&a, x + i, sizeof a);                                                         \
-        if (zscalar)                                                                         \
-            b = (nt__sn_v4f){z[0], z[0], z[0], z[0]};                                        \
-        else                                                                                 \
-            memcpy(&b, z + i, sizeof b);                                                     \
-        nt__sn_v4d da = __builtin_convertvector(a, nt__sn_v4d);                              \
-        nt__sn_v4d db = __builtin_convertvector(b, nt__sn_v4d);                              \
+        __m256d da = _mm256_cvtps_pd(_mm_loadu_ps(x + i));                                   \
+        __m256d db = _mm256_cvtps_pd(zscalar ? _mm_set1_ps(z[0]) : _mm_loadu_ps(z + i));     \
         NT__SN_HIDE(da);                                                                     \
-        r = __builtin_convertvector(OP(da, db), nt__sn_v4f);                                 \
-        memcpy(y + i, &r, sizeof r);                                                         \
+        _mm_storeu_ps(y + i, _mm256_cvtpd_ps(OP(da, db)));                                   \
     }
 #else
 #define NT__SN_BINARY_V4(OP)
