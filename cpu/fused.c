@@ -15,8 +15,11 @@
 #include "core/gemm.h"
 #include "core/ewise.h"
 #include "core/reduce.h"
+#include "cpu/subnormal.h"
 
 #define CH 1024
+/* elements per subnormal test (cpu/subnormal.h): a few vectors */
+#define SN_BLK 64
 
 /* A register: CH values and a cache line of padding, so that registers (and
  * the inputs read in place) are not 4 KiB apart: loads and stores at the
@@ -27,6 +30,13 @@ typedef union {
 } blk;
 
 static inline bool isf(nt_dtype dt) { return nt__dtype_is_float(dt); }
+
+/* v, or 1.0 where the mask k is all ones (an integer select: it vectorises,
+ * a float ?: does not under -ftrapping-math) */
+static inline float sel1(float v, uint32_t k)
+{
+    return nt__bits_f32((nt__f32_bits(v) & ~k) | (0x3f800000u & k));
+}
 
 /* An operand as the op sees it: n values or one broadcast value. */
 typedef struct {
@@ -127,6 +137,91 @@ static const int32_t *as_i32(const opnd *o, int32_t *tmp, int64_t n)
     return tmp;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#define NT_FUSED_X86 1
+#include <immintrin.h>
+/* 512-bit vectors (GCC's generic tuning would otherwise stay at 256) */
+#if defined(__clang__)
+#define NT_FUSED_V4 "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma"
+#else
+#define NT_FUSED_V4 "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,prefer-vector-width=512"
+#endif
+
+/* AVX-512 level: y = x * z or x / z (z == NULL: by s) over n elements,
+ * NaN made canonical when `canon`, in one pass that takes no microcode
+ * assist: it runs with MXCSR's DAZ and FTZ set.  Those change a result
+ * only through a subnormal operand (an exponent-bits test notes every one) or a tiny
+ * result (MXCSR.UE notes every one under FTZ); when neither happened the
+ * results are IEEE's and true is returned.  Otherwise false, and the
+ * caller computes the block exactly (cpu/subnormal.h).  Costs two mask
+ * uops an operand vector, where the full integer test of the exponents
+ * (subnormal operand or result) cost more (measured: the 8-op chain of
+ * bench/fusion 1.45x slower). */
+static inline __attribute__((always_inline, target(NT_FUSED_V4))) bool
+sn_fast512_body(bool mul, bool zvec, const float *x, const float *z, float s, float *y, int64_t n,
+                bool canon)
+{
+    if (!zvec && nt__sn_sub(nt__sn_abs(s)))
+        return false; /* a subnormal scalar: every element is the exact path's */
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr((csr & ~0x3fu) | 0x8040u); /* DAZ | FTZ, flags clear */
+    __asm__ volatile("" ::: "memory");
+    const __m512 vs = _mm512_set1_ps(s);
+    const __m512i absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i qnan = _mm512_set1_epi32((int)NT__QNAN_F32);
+    const __m512i expm = _mm512_set1_epi32(0x7f800000), mantm = _mm512_set1_epi32(0x007fffff);
+    __mmask16 den = 0;
+    /* subnormal lanes: exponent bits 0, mantissa not (vfpclassps would see
+     * zeros: it honours DAZ) */
+#define SN_SUBNORMAL(v)                                                                    \
+    _mm512_mask_test_epi32_mask(_mm512_testn_epi32_mask(_mm512_castps_si512(v), expm),     \
+                                _mm512_castps_si512(v), mantm)
+    /* full vectors, then the tail under a mask (masked stores cost more) */
+#define SN_FAST_VEC(LOAD, STORE)                                                           \
+    do {                                                                                   \
+        __m512 a = LOAD(x + i), b = zvec ? LOAD(z + i) : vs;                               \
+        den |= SN_SUBNORMAL(a);                                                            \
+        if (zvec)                                                                          \
+            den |= SN_SUBNORMAL(b);                                                        \
+        __m512 r = mul ? _mm512_mul_ps(a, b) : _mm512_div_ps(a, b);                        \
+        if (canon) {                                                                       \
+            __m512i u = _mm512_castps_si512(r);                                            \
+            __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absm), inf);       \
+            r = _mm512_castsi512_ps(_mm512_mask_mov_epi32(u, nan, qnan));                  \
+        }                                                                                  \
+        STORE(y + i, r);                                                                   \
+    } while (0)
+#define SN_TAIL_LOAD(p) _mm512_maskz_loadu_ps(m, (p))
+#define SN_TAIL_STORE(p, r) _mm512_mask_storeu_ps((p), m, (r))
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        SN_FAST_VEC(_mm512_loadu_ps, _mm512_storeu_ps);
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        SN_FAST_VEC(SN_TAIL_LOAD, SN_TAIL_STORE);
+    }
+#undef SN_FAST_VEC
+#undef SN_SUBNORMAL
+#undef SN_TAIL_LOAD
+#undef SN_TAIL_STORE
+    __asm__ volatile("" ::: "memory");
+    const unsigned flags = _mm_getcsr();
+    _mm_setcsr(csr);
+    return !den && !(flags & 0x10u); /* 0x10: underflow */
+}
+
+__attribute__((target(NT_FUSED_V4))) static bool sn_fast512(int op, const float *x, const float *z,
+                                                           float s, float *y, int64_t n, bool canon)
+{
+    switch (op) {
+    case NT_OP_MUL: return sn_fast512_body(true, true, x, z, s, y, n, canon);
+    case NT_OP_DIV: return sn_fast512_body(false, true, x, z, s, y, n, canon);
+    case NT_OP_MUL_SCALAR: return sn_fast512_body(true, false, x, z, s, y, n, canon);
+    default: return sn_fast512_body(false, false, x, z, s, y, n, canon);
+    }
+}
+#endif
+
 /* Evaluates one op over n elements into `out` (a register of the op's
  * output dtype, never one of its operands).  scratch: 4 * n floats.
  * Compiled once per vector ISA level (eval_isa below); the loops perform the
@@ -134,9 +229,10 @@ static const int32_t *as_i32(const opnd *o, int32_t *tmp, int64_t n)
  * gives the same bits. */
 static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt_dtype odt,
                                                             const opnd *a, void *out, int64_t n,
-                                                            float *scratch)
+                                                            float *scratch, int lvl)
 {
     float *t0 = scratch, *t1 = scratch + n, *t2 = scratch + 2 * n, *t3 = scratch + 3 * n;
+    (void)lvl; /* 2: AVX-512, whose mul and div avoid subnormal assists */
     const nt__opinfo *info = &nt__ops[o->op];
     bool fc = isf(odt);
     for (int k = 0; k < o->nin; k++)
@@ -186,6 +282,44 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
             for (int64_t i = 0; i < n; i++)                                                \
                 y[i] = (E);                                                                \
     } while (0)
+    /* SN_LOOP(RISK, E, F64): F32_LOOP for an op that takes a microcode
+     * assist on subnormals (cpu/subnormal.h).  RISK is an integer test of
+     * element i's operand bits; E(k) the op on operands that are replaced
+     * by 1.0 where k is all ones (sel1 below: such lanes never reach the
+     * f32 unit with a subnormal, and one pass does test and op).  Then, only
+     * where RISK held somewhere, the blocks of SN_BLK elements where it
+     * held are recomputed by F64(i0, len), through f64: the same bits as
+     * the f32 op, at a small fraction of the assists' cost. */
+#define SN_LOOP(RISK, E, F64)                                                              \
+    do {                                                                                   \
+        uint32_t risk = 0;                                                                 \
+        if (odt == NT_F32)                                                                 \
+            for (int64_t i = 0; i < n; i++) {                                              \
+                uint32_t k = 0u - (uint32_t)(RISK);                                        \
+                risk |= k;                                                                 \
+                y[i] = nt__canon(E(k));                                                    \
+            }                                                                              \
+        else                                                                               \
+            for (int64_t i = 0; i < n; i++) {                                              \
+                uint32_t k = 0u - (uint32_t)(RISK);                                        \
+                risk |= k;                                                                 \
+                y[i] = E(k);                                                               \
+            }                                                                              \
+        if (!risk)                                                                         \
+            break;                                                                         \
+        for (int64_t i0 = 0; i0 < n; i0 += SN_BLK) {                                       \
+            int64_t i1 = n - i0 < SN_BLK ? n : i0 + SN_BLK;                                \
+            uint32_t r = 0;                                                                \
+            for (int64_t i = i0; i < i1; i++)                                              \
+                r |= (RISK);                                                               \
+            if (!r)                                                                        \
+                continue;                                                                  \
+            F64(i0, i1 - i0);                                                              \
+            if (odt == NT_F32)                                                             \
+                for (int64_t i = i0; i < i1; i++)                                          \
+                    y[i] = nt__canon(y[i]);                                                \
+        }                                                                                  \
+    } while (0)
     case NT_KIND_UNARY:
         if (fc) {
             const float *x = as_f32(&a[0], t0, n);
@@ -215,6 +349,30 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
         if (fc) {
             float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
             const float *x = as_f32(&a[0], t0, n);
+#ifdef NT_FUSED_X86
+            if (lvl == 2 && (o->op == NT_OP_MUL_SCALAR || o->op == NT_OP_DIV_SCALAR)) {
+                if (sn_fast512(o->op, x, NULL, s0, y, n, odt == NT_F32))
+                    goto scalar_done;
+                bool mul = o->op == NT_OP_MUL_SCALAR;
+                uint32_t bound = mul ? nt__sn_mul_bound(s0) : nt__sn_div_bound(s0);
+#define SN_MULS(i0, len) nt__sn_mul_f64(y + (i0), x + (i0), &s0, true, (len))
+#define SN_DIVS(i0, len) nt__sn_div_f64(y + (i0), x + (i0), &s0, true, (len))
+#define SN_EMULS(k) (sel1(x[i], k) * s0)
+#define SN_EDIVS(k) (sel1(x[i], k) / s0)
+                if (mul)
+                    SN_LOOP(nt__sn_abs(x[i]) - 1u < bound, SN_EMULS, SN_MULS);
+                else
+                    SN_LOOP(nt__sn_abs(x[i]) - 1u < bound, SN_EDIVS, SN_DIVS);
+#undef SN_EMULS
+#undef SN_EDIVS
+#undef SN_MULS
+#undef SN_DIVS
+            scalar_done:
+                if (odt != NT_F32)
+                    settle_f(out, odt, y, n);
+                return;
+            }
+#endif
             switch (o->op) {
 #define NT__FS(ID, name, nin, kind, flags, ...)                                                  \
     case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i], s0, s1)); break;
@@ -241,6 +399,28 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
     case NT_KIND_BINARY:
         if (fc) {
             const float *x = as_f32(&a[0], t0, n), *z = as_f32(&a[1], t1, n);
+#ifdef NT_FUSED_X86
+            if (lvl == 2 && (o->op == NT_OP_MUL || o->op == NT_OP_DIV)) {
+                if (sn_fast512(o->op, x, z, 0.0f, y, n, odt == NT_F32))
+                    goto binary_done;
+#define SN_MUL(i0, len) nt__sn_mul_f64(y + (i0), x + (i0), z + (i0), false, (len))
+#define SN_DIV(i0, len) nt__sn_div_f64(y + (i0), x + (i0), z + (i0), false, (len))
+#define SN_EMUL(k) (sel1(x[i], k) * sel1(z[i], k))
+#define SN_EDIV(k) (sel1(x[i], k) / sel1(z[i], k))
+                if (o->op == NT_OP_MUL)
+                    SN_LOOP(nt__sn_mul_risk(nt__sn_abs(x[i]), nt__sn_abs(z[i])), SN_EMUL, SN_MUL);
+                else
+                    SN_LOOP(nt__sn_div_risk(nt__sn_abs(x[i]), nt__sn_abs(z[i])), SN_EDIV, SN_DIV);
+#undef SN_EMUL
+#undef SN_EDIV
+#undef SN_MUL
+#undef SN_DIV
+            binary_done:
+                if (odt != NT_F32)
+                    settle_f(out, odt, y, n);
+                return;
+            }
+#endif
             switch (o->op) {
 #define NT__FB(ID, name, nin, kind, flags, ...)                                                  \
     case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i], z[i])); break;
@@ -278,6 +458,7 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
         }
         return;
 #undef F32_LOOP
+#undef SN_LOOP
     case NT_KIND_CMP: {
         int32_t *r = (int32_t *)t2;
         if (isf(a[0].dt) || isf(a[1].dt)) {
@@ -343,33 +524,26 @@ typedef void eval_fn(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, i
 NT_FUSED_NOVEC static void
 eval_scalar(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64_t n, float *scratch)
 {
-    eval_body(o, odt, a, out, n, scratch);
+    eval_body(o, odt, a, out, n, scratch, 0);
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define NT_FUSED_X86 1
+#ifdef NT_FUSED_X86
 __attribute__((target("avx2,fma"))) static void
 eval_avx2(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64_t n, float *scratch)
 {
-    eval_body(o, odt, a, out, n, scratch);
+    eval_body(o, odt, a, out, n, scratch, 1);
 }
 
-/* 512-bit vectors (GCC's generic tuning would otherwise stay at 256) */
-#if defined(__clang__)
-#define NT_FUSED_V4 "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma"
-#else
-#define NT_FUSED_V4 "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,prefer-vector-width=512"
-#endif
 __attribute__((target(NT_FUSED_V4))) static void
 eval_avx512(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64_t n, float *scratch)
 {
-    eval_body(o, odt, a, out, n, scratch);
+    eval_body(o, odt, a, out, n, scratch, 2);
 }
 #else
 static void eval_vec(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64_t n,
                      float *scratch)
 {
-    eval_body(o, odt, a, out, n, scratch);
+    eval_body(o, odt, a, out, n, scratch, 0);
 }
 #endif
 

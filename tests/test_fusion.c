@@ -22,6 +22,7 @@
 #include <glib.h>
 
 #include "ntensor.h"
+#include "cpu/subnormal.h"
 #include "streams/stream.h"
 #include "nt_test.h"
 
@@ -1346,6 +1347,224 @@ static void test_isa_levels_bitwise(void **state)
     free(xv), free(zv), free(xr), free(ref_ew), free(ref_row), free(got);
 }
 
+/* ---- f32 multiply and divide through f64 (cpu/subnormal.h) ---- */
+
+static uint32_t sn_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float sn_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* the same value as stored: equal bits, or both NaN (stored NaNs are
+ * canonical) */
+static bool sn_same(float got, float want)
+{
+    return (isnan(got) && isnan(want)) || sn_bits(got) == sn_bits(want);
+}
+
+/* Every exponent with mantissas at the edges, both signs: zeros,
+ * subnormals, the smallest normals, the largest finite, infinities, NaNs
+ * (quiet and signalling). */
+static size_t sn_edges(float *v)
+{
+    static const uint32_t mant[] = {0, 1, 2, 0x3fffffu, 0x400000u, 0x400001u, 0x7ffffeu, 0x7fffffu};
+    size_t k = 0;
+    for (uint32_t sign = 0; sign < 2; sign++)
+        for (uint32_t e = 0; e < 256; e++)
+            for (size_t m = 0; m < sizeof mant / sizeof mant[0]; m++)
+                v[k++] = sn_float(sign << 31 | e << 23 | mant[m]);
+    return k; /* 4096 */
+}
+
+/* A random f32 with biased exponent e (0: zero or subnormal), random
+ * mantissa and sign. */
+static float sn_rand_exp(rng *r, int e)
+{
+    uint64_t k = rnext(r);
+    uint32_t m = (uint32_t)k & 0x7fffffu;
+    if ((k >> 23) % 8 == 0)
+        m &= 0x7u; /* the few lowest bits set: the smallest subnormals */
+    return sn_float((uint32_t)(k >> 40 & 1) << 31 | (uint32_t)e << 23 | m);
+}
+
+/* Random pairs whose product (div: quotient) lands around the subnormal
+ * range: from 2^-190 (zero) up through the smallest normals. */
+static void sn_pairs(rng *r, bool div, float *x, float *z, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        int t = 64 + rint_(r, 84); /* ea + eb (mul) or eb - ea + 127 (div) */
+        int ea, eb;
+        if (!div) {
+            ea = rint_(r, t + 1);
+            eb = t - ea;
+        } else {
+            ea = rint_(r, 128);
+            eb = ea + 254 - t;
+        }
+        if (eb > 254)
+            eb = 254;
+        x[i] = sn_rand_exp(r, ea);
+        z[i] = sn_rand_exp(r, eb);
+        if (rnext(r) % 2)
+            x[i] = sn_rand_exp(r, (int)(rnext(r) % 3)), z[i] = sn_rand_exp(r, (int)(rnext(r) % 255));
+        if (rnext(r) % 4 == 0) { /* swap: the subnormal side on either operand */
+            float t_ = x[i];
+            x[i] = z[i], z[i] = t_;
+        }
+    }
+}
+
+/* one call of the f64 route (not inlined: the checks below see it as the
+ * evaluator does, a call on pointers of unknown extent) */
+static __attribute__((noinline)) void sn_run(bool div, float *y, const float *x, const float *z,
+                                             bool zscalar, int64_t n)
+{
+    if (div)
+        nt__sn_div_f64(y, x, z, zscalar, n);
+    else
+        nt__sn_mul_f64(y, x, z, zscalar, n);
+}
+
+/* Checks nt__sn_{mul,div}_f64 against the f32 operation for n pairs, with
+ * z as a vector and (for every 97th z) as the fixed second operand, and
+ * that the risk tests mark every pair with a subnormal operand or result. */
+static void sn_check(const float *x, const float *z, size_t n, float *got)
+{
+    for (int div = 0; div < 2; div++) {
+        for (size_t i0 = 0; i0 < n; i0 += 4096) {
+            int64_t len = (int64_t)(n - i0 < 4096 ? n - i0 : 4096);
+            /* odd lengths: the 4-lane loop and the tail both run */
+            for (int64_t j = 0; j < len; j += 1021) {
+                int64_t l = len - j < 1021 ? len - j : 1021;
+                sn_run(div, got + j, x + i0 + j, z + i0 + j, false, l);
+            }
+            for (int64_t j = 0; j < len; j++) {
+                float a = x[i0 + j], b = z[i0 + j];
+                float want = div ? a / b : a * b;
+                if (!sn_same(got[j], want))
+                    fail_msg("%s %08x %08x: %08x, want %08x", div ? "div" : "mul", sn_bits(a),
+                             sn_bits(b), sn_bits(got[j]), sn_bits(want));
+                uint32_t ua = sn_bits(a) & 0x7fffffffu, ub = sn_bits(b) & 0x7fffffffu;
+                uint32_t uw = sn_bits(want) & 0x7fffffffu;
+                bool sub = nt__sn_sub(ua) || nt__sn_sub(ub) || nt__sn_sub(uw);
+                uint32_t risk = div ? nt__sn_div_risk(ua, ub) : nt__sn_mul_risk(ua, ub);
+                if (sub && !risk)
+                    fail_msg("%s %08x %08x: not marked", div ? "div" : "mul", sn_bits(a), sn_bits(b));
+                (void)uw;
+            }
+        }
+        /* a fixed second operand */
+        for (size_t k = 0; k < n; k += 97) {
+            float s = z[k];
+            uint32_t us = sn_bits(s) & 0x7fffffffu;
+            uint32_t bound = div ? nt__sn_div_bound(s) : nt__sn_mul_bound(s);
+            size_t m = n < 4096 ? n : 4096;
+            size_t i0 = (k * 31) % (n - m + 1);
+            sn_run(div, got, x + i0, &s, true, (int64_t)m);
+            for (size_t j = 0; j < m; j++) {
+                float a = x[i0 + j];
+                float want = div ? a / s : a * s;
+                if (!sn_same(got[j], want))
+                    fail_msg("%s %08x by %08x: %08x, want %08x", div ? "div_scalar" : "mul_scalar",
+                             sn_bits(a), sn_bits(s), sn_bits(got[j]), sn_bits(want));
+                uint32_t ua = sn_bits(a) & 0x7fffffffu, uw = sn_bits(want) & 0x7fffffffu;
+                bool sub = nt__sn_sub(ua) || nt__sn_sub(us) || nt__sn_sub(uw);
+                if (sub && ua != 0 && !(ua - 1u < bound))
+                    fail_msg("%s %08x by %08x: not marked", div ? "div_scalar" : "mul_scalar",
+                             sn_bits(a), sn_bits(s));
+            }
+        }
+    }
+}
+
+static void test_subnormal_f64_route(void **state)
+{
+    (void)state;
+    /* every pair of edge values */
+    float *e = malloc(4096 * 4), *x = malloc(4096 * 4096 * sizeof(float));
+    float *z = malloc(4096 * 4096 * sizeof(float)), *got = malloc(4096 * 4);
+    size_t ne = sn_edges(e);
+    assert_int_equal(ne, 4096);
+    for (size_t i = 0; i < ne; i++)
+        for (size_t j = 0; j < ne; j++)
+            x[i * ne + j] = e[i], z[i * ne + j] = e[j];
+    sn_check(x, z, ne * ne, got);
+    /* millions of random pairs around the subnormal range, both ops */
+    rng r = {77};
+    for (int div = 0; div < 2; div++) {
+        sn_pairs(&r, div, x, z, 4u << 20);
+        sn_check(x, z, 4u << 20, got);
+    }
+    free(e), free(x), free(z), free(got);
+}
+
+/* The fused evaluator at every ISA level: mul, div, mul_scalar and
+ * div_scalar (the ops with the f64 route) give the f32 operation's bits on
+ * operands that mix subnormal-range blocks with ordinary ones. */
+static void test_subnormal_fused_isa(void **state)
+{
+    (void)state;
+    const int64_t n = 3 * 4096 + 37;
+    float *xv = malloc((size_t)n * 4), *zv = malloc((size_t)n * 4), *got = malloc((size_t)n * 4);
+    float *e = malloc(4096 * 4);
+    rng r = {99};
+    sn_edges(e);
+    sn_pairs(&r, false, xv, zv, (size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t blk = i / 256;
+        if (blk % 3 == 0) /* ordinary values: blocks that take the f32 path */
+            xv[i] = (float)(runi(&r) - 0.5), zv[i] = (float)(runi(&r) + 0.5);
+        else if (blk % 3 == 1 && rnext(&r) % 2) /* edges, NaN and infinities among them */
+            xv[i] = e[rnext(&r) % 4096], zv[i] = e[rnext(&r) % 4096];
+    }
+    const double scal[] = {0.999, 0.1, 1e-3, 3e-39, 0.0, 1e30, -7.5};
+    const char *levels[] = {"scalar", "avx2", "avx512"};
+    nt_tensor *x = nt_from_host(xv, NT_F32, 1, (int64_t[]){n});
+    nt_tensor *z = nt_from_host(zv, NT_F32, 1, (int64_t[]){n});
+    int ran = 0;
+    for (int l = 0; l < 3; l++) {
+        if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+            continue; /* this CPU does not run it */
+        ran++;
+        assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+        for (int k = 0; k < 2 + 2 * 7; k++) {
+            nt_stats_reset();
+            /* -(x op z): the op and a neg, one fused kernel */
+            float s = k >= 2 ? (float)scal[(k - 2) / 2] : 0.0f;
+            nt_tensor *y = k == 0   ? nt_neg(nt_mul(x, z))
+                           : k == 1 ? nt_neg(nt_div(x, z))
+                           : k % 2  ? nt_neg(nt_div_scalar(x, scal[(k - 2) / 2]))
+                                    : nt_neg(nt_mul_scalar(x, scal[(k - 2) / 2]));
+            assert_non_null(y);
+            assert_int_equal(nt_to_host(y, got, (size_t)n * 4), 0);
+            nt_release(y);
+            nt_stats st;
+            nt_stats_get(&st);
+            assert_true(st.fusion_groups >= 1);
+            for (int64_t i = 0; i < n; i++) {
+                float a = xv[i], b = k >= 2 ? s : zv[i];
+                float want = -(k == 0 ? a * b : k == 1 || k % 2 ? a / b : a * b);
+                if (!sn_same(got[i], want))
+                    fail_msg("%s, case %d: %08x, %08x: %08x, want %08x", levels[l], k, sn_bits(a),
+                             sn_bits(b), sn_bits(got[i]), sn_bits(want));
+            }
+        }
+    }
+    assert_true(ran >= 1);
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+    nt_release(x), nt_release(z);
+    free(xv), free(zv), free(got), free(e);
+}
+
 static void test_softmax_primitives_one_row_kernel(void **state)
 {
     (void)state;
@@ -1618,6 +1837,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_elided_values_take_no_memory, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_cpu_spans_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_isa_levels_bitwise, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_subnormal_f64_route, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_subnormal_fused_isa, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_softmax_primitives_one_row_kernel, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_matmul_epilogue, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_liveness_reasons, setup, nt_test_teardown),
