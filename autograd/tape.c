@@ -407,7 +407,15 @@ NT_API int nt_zero_grad(nt_tensor *t)
  * dtype).  The first gradient becomes .grad as a contiguous tensor of its
  * own, so later accumulations can be in place: the slot's tensor itself
  * when nothing else can see it (only the slot holds it, no view or saved
- * copy shares its storage; the slot gives its reference up), else a copy. */
+ * copy shares its storage; the slot gives its reference up), else a copy.
+ * "Shares" counts the handles the host can still use (st->hrefs), not all
+ * of them (st->refs): a released handle that only queued records still
+ * hold -- in the async modes, the matmul product that linear's weight
+ * gradient is a transposed-back view of, until the matmul has run -- can
+ * be reached by no later op, and the ops already queued on it run before
+ * anything enqueued on .grad after this (stream order), as they would
+ * before the copy.  No other thread can make a handle on the storage
+ * meanwhile: that needs a live handle, and g is the only one. */
 static int accumulate_leaf(nt_tensor *leaf, nt_tensor **slot, const nt_site *site)
 {
     nt_tensor *g = *slot;
@@ -419,7 +427,7 @@ static int accumulate_leaf(nt_tensor *leaf, nt_tensor **slot, const nt_site *sit
         return rc;
     }
     if (g->dtype == leaf->dtype && !g->scope && AO_load_full(&g->refs) == 1 &&
-        AO_load_full(&g->st->refs) == 1 && g->offset == 0 && !g->expanded &&
+        AO_load_full(&g->st->hrefs) == 1 && g->offset == 0 && !g->expanded &&
         nt__is_contig(g) && !(g->ag && g->ag->requires_grad)) {
         ag->grad = g; /* the slot's reference, into the leaf */
         *slot = NULL;

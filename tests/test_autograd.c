@@ -867,6 +867,151 @@ static void test_grads_bitwise_across_modes(void **state)
     }
 }
 
+/* ---------------- the first gradient of a leaf: taken or copied ---------------- */
+
+/* Linear's weight gradient reaches its leaf as a view of a matmul product
+ * whose released handle only the queued matmul still holds (async modes):
+ * it becomes .grad without a copy, so the backward enqueues the same ops
+ * in every mode.  passes = 2 runs a second backward (of a second graph, or
+ * of the same one kept by retain), which adds in place into the taken
+ * storage.  Returns the ops the backward passes enqueued. */
+static uint64_t linear_grads_in_mode(const char *mode, int passes, bool retain, float *gw,
+                                     float *gb)
+{
+    nt_config_set("NT_MODE", mode);
+    nt_tensor *x = nt_randn(NT_F32, 2, (int64_t[]){8, 16}, 11);
+    nt_tensor *w = nt_randn(NT_F32, 2, (int64_t[]){12, 16}, 12);
+    nt_tensor *b = nt_randn(NT_F32, 1, (int64_t[]){12}, 13);
+    nt_set_requires_grad(w, true);
+    nt_set_requires_grad(b, true);
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *loss[2];
+    for (int i = 0; i < 2; i++) {
+        nt_tensor *y = nt_linear(x, w, b);
+        loss[i] = nt_sum(nt_mul(y, y), NT_DIM_ALL, false);
+    }
+    nt_sync();
+    nt_stats st0, st1;
+    nt_stats_get(&st0);
+    assert_int_equal(nt_backward_ex(loss[0], retain), 0);
+    if (passes == 2)
+        assert_int_equal(nt_backward(loss[retain ? 0 : 1]), 0);
+    nt_stats_get(&st1);
+    assert_int_equal(nt_to_host(nt_grad(w), gw, 12 * 16 * sizeof(float)), 0);
+    assert_int_equal(nt_to_host(nt_grad(b), gb, 12 * sizeof(float)), 0);
+    nt_scope_end(s);
+    nt_release(x), nt_release(w), nt_release(b);
+    nt_config_set("NT_MODE", "adaptive");
+    return st1.ops_enqueued - st0.ops_enqueued;
+}
+
+static void test_leaf_grad_taken_without_copy(void **state)
+{
+    (void)state;
+    const char *modes[] = {"deterministic", "eager", "adaptive", "lazy"};
+    float w1[192], b1[12], w2[192], b2[12], gw[192], gb[12];
+    uint64_t ops1 = linear_grads_in_mode("deterministic", 1, false, w1, b1);
+    uint64_t ops2 = linear_grads_in_mode("deterministic", 2, false, w2, b2);
+    /* the second pass adds the same bits in place: exactly twice the first */
+    for (int i = 0; i < 192; i++)
+        assert_true(w2[i] == 2 * w1[i]);
+    for (int i = 0; i < 12; i++)
+        assert_true(b2[i] == 2 * b1[i]);
+    for (int m = 0; m < 4; m++) {
+        /* no copy in any mode: the deterministic pass's ops, and its bits */
+        assert_int_equal(linear_grads_in_mode(modes[m], 1, false, gw, gb), ops1);
+        assert_memory_equal(gw, w1, sizeof gw);
+        assert_memory_equal(gb, b1, sizeof gb);
+        assert_int_equal(linear_grads_in_mode(modes[m], 2, false, gw, gb), ops2);
+        assert_memory_equal(gw, w2, sizeof gw);
+        assert_memory_equal(gb, b2, sizeof gb);
+        /* retain_graph: the same graph twice, the same sums */
+        assert_int_equal(linear_grads_in_mode(modes[m], 2, true, gw, gb), ops2);
+        assert_memory_equal(gw, w2, sizeof gw);
+        assert_memory_equal(gb, b2, sizeof gb);
+    }
+}
+
+/* A user op x * c whose backward returns its gradient, c, as a view of the
+ * user's c itself; ctx points to c. */
+static nt_tensor *scale_fwd(nt_tensor *const *in, void *ctx)
+{
+    return nt_mul(in[0], nt_reshape(*(nt_tensor **)ctx, 2, (int64_t[]){3, 4}));
+}
+static int scale_bwd(nt_tensor *g, nt_tensor *const *in, nt_tensor *out, nt_tensor **gin,
+                     void *ctx)
+{
+    (void)g, (void)in, (void)out;
+    gin[0] = nt_reshape(*(nt_tensor **)ctx, 2, (int64_t[]){3, 4});
+    return gin[0] ? 0 : nt_last_error();
+}
+static nt_tensor *scale_c;
+
+/* Gradients that other handles can see are copied: changing one afterwards
+ * changes nothing else. */
+static void shared_grads_in_mode(const char *mode, int op)
+{
+    nt_config_set("NT_MODE", mode);
+    float av[12], bv[12], cv[12];
+    for (int i = 0; i < 12; i++)
+        av[i] = 0.25f * (float)i - 1, bv[i] = 0.5f - 0.125f * (float)i, cv[i] = (float)i + 1;
+    nt_tensor *a = nt_from_host(av, NT_F32, 1, (int64_t[]){12});
+    nt_tensor *b = nt_from_host(bv, NT_F32, 2, (int64_t[]){3, 4});
+    nt_set_requires_grad(a, true);
+    nt_set_requires_grad(b, true);
+    nt_scope *s = nt_scope_begin();
+    /* one gradient tensor reaches both leaves, to a through a view of it */
+    nt_tensor *e = nt_exp(nt_add(nt_reshape(a, 2, (int64_t[]){3, 4}), b));
+    assert_int_equal(nt_backward(nt_sum(e, NT_DIM_ALL, false)), 0);
+    float ev[12], ga[12], gb[12];
+    assert_int_equal(nt_to_host(e, ev, sizeof ev), 0);
+    assert_int_equal(nt_add_scalar_inplace(nt_grad(a), 1), 0);
+    assert_int_equal(nt_to_host(nt_grad(a), ga, sizeof ga), 0);
+    assert_int_equal(nt_to_host(nt_grad(b), gb, sizeof gb), 0);
+    for (int i = 0; i < 12; i++) {
+        assert_true(ga[i] == ev[i] + 1);
+        assert_true(gb[i] == ev[i]);
+    }
+    /* a gradient that is a view of a live user tensor */
+    nt_tensor *c = scale_c = nt_from_host(cv, NT_F32, 1, (int64_t[]){12});
+    nt_tensor *x = nt_from_host(bv, NT_F32, 2, (int64_t[]){3, 4});
+    nt_set_requires_grad(x, true);
+    assert_int_equal(nt_backward(nt_sum(nt_op_call(op, (nt_tensor *[]){x}), NT_DIM_ALL, false)), 0);
+    assert_int_equal(nt_add_scalar_inplace(c, 5), 0);      /* .grad must not follow */
+    assert_int_equal(nt_mul_scalar_inplace(nt_grad(x), 2), 0); /* nor c follow .grad */
+    float gx[12], cn[12];
+    assert_int_equal(nt_to_host(nt_grad(x), gx, sizeof gx), 0);
+    assert_int_equal(nt_to_host(c, cn, sizeof cn), 0);
+    for (int i = 0; i < 12; i++) {
+        assert_true(gx[i] == 2 * cv[i]);
+        assert_true(cn[i] == cv[i] + 5);
+    }
+    /* a gradient owned by a scope that outlives the pass: the seed of a
+     * one-element leaf that is its own loss */
+    float one = 3;
+    nt_tensor *l = nt_from_host(&one, NT_F32, 0, NULL);
+    nt_set_requires_grad(l, true);
+    assert_int_equal(nt_backward(l), 0);
+    assert_int_equal(nt_backward(l), 0);
+    float gl;
+    assert_int_equal(nt_to_host(nt_grad(l), &gl, sizeof gl), 0);
+    assert_true(gl == 2);
+    nt_scope_end(s);
+    nt_release(a), nt_release(b), nt_release(c), nt_release(x), nt_release(l);
+    nt_config_set("NT_MODE", "adaptive");
+}
+
+static void test_leaf_grad_copied_when_shared(void **state)
+{
+    (void)state;
+    nt_op_def def = {"scale_by_view", 1, scale_fwd, scale_bwd, &scale_c};
+    int op = nt_op_register(&def);
+    assert_true(op >= 0);
+    const char *modes[] = {"deterministic", "eager", "adaptive", "lazy"};
+    for (int m = 0; m < 4; m++)
+        shared_grads_in_mode(modes[m], op);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -892,6 +1037,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_inplace_followed, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_custom_op, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_grads_bitwise_across_modes, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_leaf_grad_taken_without_copy, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_leaf_grad_copied_when_shared, nt_test_setup,
+                                        nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
