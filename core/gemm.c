@@ -715,25 +715,35 @@ static void pack_cols_bf16(int R, float *dst, int n, int K, const uint16_t *src,
  * the panel dim as rows: n rows of K, ld apart -- A row-major (M x K) or
  * B^T (N x K, a linear layer's weight).  Row i + r is read in order and
  * written with stride R, zero-padded to R rows: the panels pack_a/pack_b
- * make from the other layout, so the same bits. */
-static void pack_rows(int R, float *dst, int n, int K, const float *src, int ld)
+ * make from the other layout, so the same bits.  src holds f32, or bf16
+ * (each element widened, exactly) when `bf16`; always inlined into the two
+ * packers below, so each gets its own loop. */
+static inline __attribute__((always_inline)) void pack_rows_body(int R, float *dst, int n, int K,
+                                                                 const void *src, int ld,
+                                                                 bool bf16)
 {
     for (int i = 0; i < n; i += R) {
         int w = n - i < R ? n - i : R;
         float *d = dst + (long)(i / R) * K * R;
-        const float *a = src + (long)i * ld;
+        const float *af = (const float *)src + (long)i * ld;
+        const uint16_t *ah = (const uint16_t *)src + (long)i * ld;
         int k = 0;
 #if NT_X86
         /* full panels of a width that is a multiple of 4 (12 and 32 for
          * AVX-512, 16 for AVX2, 8 for the portable kernel's B): 4 x 4
          * blocks transposed in SSE registers (the x86-64 baseline), the
-         * panel written in order */
+         * panel written in order; 4 bf16 of a row are put on top of zero
+         * halves (their f32 values) first */
+#define PACK_ROW4(off)                                                                     \
+    (bf16 ? _mm_castsi128_ps(_mm_unpacklo_epi16(                                           \
+                _mm_setzero_si128(), _mm_loadl_epi64((const __m128i *)(ah + (off)))))      \
+          : _mm_loadu_ps(af + (off)))
         if (w == R && R % 4 == 0)
             for (; k + 4 <= K; k += 4)
                 for (int r = 0; r < R; r += 4) {
-                    const float *s0 = a + (long)r * ld + k;
-                    __m128 x0 = _mm_loadu_ps(s0), x1 = _mm_loadu_ps(s0 + ld);
-                    __m128 x2 = _mm_loadu_ps(s0 + 2 * (long)ld), x3 = _mm_loadu_ps(s0 + 3 * (long)ld);
+                    long o = (long)r * ld + k;
+                    __m128 x0 = PACK_ROW4(o), x1 = PACK_ROW4(o + ld);
+                    __m128 x2 = PACK_ROW4(o + 2 * (long)ld), x3 = PACK_ROW4(o + 3 * (long)ld);
                     _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
                     float *d0 = d + (long)k * R + r;
                     _mm_storeu_ps(d0, x0);
@@ -741,6 +751,7 @@ static void pack_rows(int R, float *dst, int n, int K, const float *src, int ld)
                     _mm_storeu_ps(d0 + 2 * R, x2);
                     _mm_storeu_ps(d0 + 3 * R, x3);
                 }
+#undef PACK_ROW4
 #endif
         /* the rest k outer: the panel written in order, the w rows read as
          * w sequential streams (row by row, the strided writes would sweep
@@ -749,55 +760,21 @@ static void pack_rows(int R, float *dst, int n, int K, const float *src, int ld)
             float *dk = d + (long)k * R;
             int r = 0;
             for (; r < w; r++)
-                dk[r] = a[(long)r * ld + k];
+                dk[r] = bf16 ? nt__bf16_to_f32(ah[(long)r * ld + k]) : af[(long)r * ld + k];
             for (; r < R; r++)
                 dk[r] = 0.0f;
         }
     }
 }
 
-/* pack_rows from bf16 rows: the same panels, each element widened. */
+static void pack_rows(int R, float *dst, int n, int K, const float *src, int ld)
+{
+    pack_rows_body(R, dst, n, K, src, ld, false);
+}
+
 static void pack_rows_bf16(int R, float *dst, int n, int K, const uint16_t *src, int ld)
 {
-    for (int i = 0; i < n; i += R) {
-        int w = n - i < R ? n - i : R;
-        float *d = dst + (long)(i / R) * K * R;
-        const uint16_t *a = src + (long)i * ld;
-        int k = 0;
-#if NT_X86
-        /* 4 x 4 blocks as in pack_rows: 4 bf16 of a row put on top of zero
-         * halves (their f32 values), then transposed */
-        if (w == R && R % 4 == 0) {
-            const __m128i z = _mm_setzero_si128();
-            for (; k + 4 <= K; k += 4)
-                for (int r = 0; r < R; r += 4) {
-                    const uint16_t *s0 = a + (long)r * ld + k;
-                    __m128 x0 = _mm_castsi128_ps(
-                        _mm_unpacklo_epi16(z, _mm_loadl_epi64((const __m128i *)s0)));
-                    __m128 x1 = _mm_castsi128_ps(
-                        _mm_unpacklo_epi16(z, _mm_loadl_epi64((const __m128i *)(s0 + ld))));
-                    __m128 x2 = _mm_castsi128_ps(_mm_unpacklo_epi16(
-                        z, _mm_loadl_epi64((const __m128i *)(s0 + 2 * (long)ld))));
-                    __m128 x3 = _mm_castsi128_ps(_mm_unpacklo_epi16(
-                        z, _mm_loadl_epi64((const __m128i *)(s0 + 3 * (long)ld))));
-                    _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
-                    float *d0 = d + (long)k * R + r;
-                    _mm_storeu_ps(d0, x0);
-                    _mm_storeu_ps(d0 + R, x1);
-                    _mm_storeu_ps(d0 + 2 * R, x2);
-                    _mm_storeu_ps(d0 + 3 * R, x3);
-                }
-        }
-#endif
-        for (; k < K; k++) {
-            float *dk = d + (long)k * R;
-            int r = 0;
-            for (; r < w; r++)
-                dk[r] = nt__bf16_to_f32(a[(long)r * ld + k]);
-            for (; r < R; r++)
-                dk[r] = 0.0f;
-        }
-    }
+    pack_rows_body(R, dst, n, K, src, ld, true);
 }
 
 /* Pack job: per K-tile, A's panels in chunks of NT_PACK_A panels (rows),
