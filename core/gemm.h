@@ -93,6 +93,15 @@ void nt__gemm_set_panel_cap(size_t n);
  * one).  Every level gives the same bits: only the speed differs. */
 enum { NT_ISA_SCALAR, NT_ISA_AVX2, NT_ISA_AVX512, NT_ISA_COUNT };
 
+/* The target attribute string of the AVX-512 level's loops outside the
+ * micro-kernel (cpu/fused.c, cpu/ewise.c): 512-bit vectors, which GCC's
+ * generic tuning would otherwise keep at 256. */
+#if defined(__clang__)
+#define NT_TARGET_AVX512 "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma"
+#else
+#define NT_TARGET_AVX512 "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,prefer-vector-width=512"
+#endif
+
 /* Whether this CPU (and OS) runs level isa; scalar always. */
 bool nt__gemm_isa_runs(int isa);
 /* The widest level this CPU runs. */

@@ -234,11 +234,7 @@ static inline float *dst_f32(float *buf, const chunk *c)
 #define NT_EW_NOVEC __attribute__((optimize("no-tree-vectorize")))
 #endif
 #if defined(__x86_64__) && defined(__GNUC__)
-#if defined(__clang__)
-#define NT_EW_V4 "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma"
-#else
-#define NT_EW_V4 "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,prefer-vector-width=512"
-#endif
+#define NT_EW_V4 NT_TARGET_AVX512 /* core/gemm.h */
 #define NT_EW_VARIANTS(fam)                                                                \
     NT_EW_NOVEC static void fam##_scalar(const nt__rec *r, const chunk *c, int64_t n,      \
                                          void *scr)                                        \

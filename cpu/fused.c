@@ -140,12 +140,7 @@ static const int32_t *as_i32(const opnd *o, int32_t *tmp, int64_t n)
 #if defined(__x86_64__) && defined(__GNUC__)
 #define NT_FUSED_X86 1
 #include <immintrin.h>
-/* 512-bit vectors (GCC's generic tuning would otherwise stay at 256) */
-#if defined(__clang__)
-#define NT_FUSED_V4 "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma"
-#else
-#define NT_FUSED_V4 "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,prefer-vector-width=512"
-#endif
+#define NT_FUSED_V4 NT_TARGET_AVX512 /* core/gemm.h */
 
 /* AVX-512 level: y = x * z or x / z (z == NULL: by s) over n elements,
  * NaN made canonical when `canon`, in one pass that takes no microcode
