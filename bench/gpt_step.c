@@ -30,8 +30,12 @@
  * elementwise kernels per vector level and on two threads, column sums in
  * place): before sim 1.41x, cpu 1.59x of PyTorch (394.8 ms/step); after
  * sim 309.8 ms/step (0.91x), cpu 309.4 ms/step (0.91x) of PyTorch (339.8
- * ms/step); val 2.5599 both times.  The sim target is met there, the cpu
- * one (0.7x) is not: the GEMMs (matmuls and their backward, fused matmul
+ * ms/step); val 2.5599 both times.  On a quiet machine the same hour
+ * (150 steps, nothing else running), before and after: PyTorch 116.2 and
+ * 121.7 ms/step; sim 2.41x then 1.33x (simulated 42.24 then 18.75
+ * ms/step), cpu 2.06x then 1.11x; val 2.6377 both times.  So neither
+ * target is met when the machine is quiet: under load PyTorch's one
+ * thread loses more than our two.  What bounds the cpu step: the GEMMs (matmuls and their backward, fused matmul
  * epilogues: about 45% of a step, core/gemm.c) bound it, then attention
  * (about 18%, mostly its small products) and memory-bound elementwise
  * passes.
