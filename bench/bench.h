@@ -11,7 +11,48 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
+
+/* Runs argv (argv[0] a path, or a name looked up in PATH) with the
+ * NAME=VALUE strings of env (NULL-terminated) added to its environment;
+ * its whole standard output goes into out (cap bytes, NUL-terminated).
+ * Returns its wait status (waitpid's), or -1 when it could not start.
+ * Also used by tests that rerun their own executable (tests/test_ddp.c). */
+static inline int bench_run_child(char *const *argv, const char *const *env, char *out,
+                                  size_t cap)
+{
+    int fd[2];
+    out[0] = '\0';
+    if (pipe(fd))
+        return -1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fd[0]);
+        close(fd[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        dup2(fd[1], 1);
+        close(fd[0]);
+        close(fd[1]);
+        for (int i = 0; env[i]; i++)
+            putenv((char *)env[i]);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    close(fd[1]);
+    size_t n = 0;
+    ssize_t r;
+    while (n + 1 < cap && (r = read(fd[0], out + n, cap - 1 - n)) > 0)
+        n += (size_t)r;
+    out[n] = '\0';
+    close(fd[0]);
+    int st;
+    return waitpid(pid, &st, 0) == pid ? st : -1;
+}
 
 static inline double bench_now_ns(void)
 {

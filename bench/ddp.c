@@ -288,36 +288,8 @@ static int child_bits(int steps)
  * True when it exited with 0. */
 static bool run_child(char *const *argv, const char *const *env, char *out, size_t cap)
 {
-    int fd[2];
-    out[0] = '\0';
-    if (pipe(fd))
-        return false;
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(fd[0]);
-        close(fd[1]);
-        return false;
-    }
-    if (pid == 0) {
-        dup2(fd[1], 1);
-        close(fd[0]);
-        close(fd[1]);
-        for (int i = 0; env[i]; i++)
-            putenv((char *)env[i]);
-        execvp(argv[0], argv);
-        _exit(127);
-    }
-    close(fd[1]);
-    size_t n = 0;
-    ssize_t r;
-    while (n + 1 < cap && (r = read(fd[0], out + n, cap - 1 - n)) > 0)
-        n += (size_t)r;
-    out[n] = '\0';
-    close(fd[0]);
-    int st;
-    waitpid(pid, &st, 0);
-    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    int st = bench_run_child(argv, env, out, cap);
+    return st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
 
 /* run_child; the first line of its output that starts with `tag` goes

@@ -22,6 +22,8 @@
 #include "ntensor.h"
 #include "nt_test.h"
 #include "crc32.h"
+#define BENCH_NAME "tests/test_ddp"
+#include "bench/bench.h" /* bench_run_child */
 
 /* ---------------- a small MLP ---------------- */
 
@@ -398,29 +400,8 @@ static int child_main(const char *amp_name)
  * environment (NAME=VALUE strings, NULL-terminated); returns its line. */
 static void run_child_argv(const char *const *env, char *const *argv, char *line, size_t cap)
 {
-    int fd[2];
-    assert_int_equal(pipe(fd), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(fd[1], 1);
-        close(fd[0]);
-        close(fd[1]);
-        for (int i = 0; env[i]; i++)
-            putenv((char *)env[i]);
-        execvp(argv[0], argv);
-        _exit(127);
-    }
-    close(fd[1]);
-    size_t n = 0;
-    ssize_t r;
-    while (n + 1 < cap && (r = read(fd[0], line + n, cap - 1 - n)) > 0)
-        n += (size_t)r;
-    line[n] = '\0';
-    close(fd[0]);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
+    int status = bench_run_child(argv, env, line, cap);
+    assert_true(status >= 0);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
         fail_msg("child (%s %s %s %s, %s %s) failed with status %d: '%s'", env[0],
                  env[1] ? env[1] : "", env[1] && env[2] ? env[2] : "",
