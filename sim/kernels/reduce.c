@@ -101,17 +101,7 @@ static int fold_chunk(red *c, const nt_ap *x, int np, int64_t m, nt_alu_op op)
 
 static nt_ap hx(const red *c, int64_t off, int np, int64_t m)
 {
-    nt_ap a;
-    memset(&a, 0, sizeof a);
-    a.hbm = c->xb;
-    a.dtype = c->xdt;
-    a.np = np;
-    a.pstep = c->sc;
-    a.offset = off;
-    a.ndim = 1;
-    a.num[0] = m;
-    a.step[0] = c->sn;
-    return a;
+    return sk_hbm_rows(c->xb, c->xdt, off, np, c->sc, m, c->sn);
 }
 
 static int init_acc(red *c, int np, nt_alu_op op)
@@ -256,16 +246,8 @@ static int red_group_t(red *c, int64_t ioff, int64_t ooff, int np)
     for (int64_t j0 = 0; j0 < c->n && !rc; j0 += 128) {
         int w = (int)(c->n - j0 < 128 ? c->n - j0 : 128);
         nt_ap xs = nt_tile_slice(c->tx[c->ntx++ % TX_RING], 0, w, 0, np);
-        nt_ap h;
-        memset(&h, 0, sizeof h);
-        h.hbm = c->xb;
-        h.dtype = c->xdt;
-        h.np = w;
-        h.pstep = c->sn;
-        h.offset = ioff + j0 * c->sn;
-        h.ndim = 1;
-        h.num[0] = np;
-        h.step[0] = 1;
+        /* w rows of the reduced dim (sn apart), np contiguous columns each */
+        nt_ap h = sk_hbm_rows(c->xb, c->xdt, ioff + j0 * c->sn, w, c->sn, np, 1);
         rc = nt_isa_dma_copy(k, &xs, &h, sk_qin(c->s));
         nt_ap d = nt_tile_slice(pt, 0, np, j0, w);
         if (!rc)
