@@ -233,20 +233,23 @@ static inline float *dst_f32(float *buf, const chunk *c)
 #else
 #define NT_EW_NOVEC __attribute__((optimize("no-tree-vectorize")))
 #endif
-#if defined(__x86_64__) && defined(__GNUC__)
-#define NT_EW_V4 NT_TARGET_AVX512 /* core/gemm.h */
-#define NT_EW_VARIANTS(fam)                                                                \
+/* the scalar level, on every machine */
+#define NT_EW_SCALAR(fam)                                                                  \
     NT_EW_NOVEC static void fam##_scalar(const nt__rec *r, const chunk *c, int64_t n,      \
                                          void *scr)                                        \
     {                                                                                      \
         fam##_body(r, c, n, scr);                                                          \
-    }                                                                                      \
+    }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define NT_EW_VARIANTS(fam)                                                                \
+    NT_EW_SCALAR(fam)                                                                      \
     __attribute__((target("avx2,fma"))) static void fam##_avx2(                            \
         const nt__rec *r, const chunk *c, int64_t n, void *scr)                            \
     {                                                                                      \
         fam##_body(r, c, n, scr);                                                          \
     }                                                                                      \
-    __attribute__((target(NT_EW_V4))) static void fam##_avx512(                            \
+    __attribute__((target(NT_TARGET_AVX512))) static void fam##_avx512(                    \
         const nt__rec *r, const chunk *c, int64_t n, void *scr)                            \
     {                                                                                      \
         fam##_body(r, c, n, scr);                                                          \
@@ -261,11 +264,7 @@ static inline float *dst_f32(float *buf, const chunk *c)
     }
 #else
 #define NT_EW_VARIANTS(fam)                                                                \
-    NT_EW_NOVEC static void fam##_scalar(const nt__rec *r, const chunk *c, int64_t n,      \
-                                         void *scr)                                        \
-    {                                                                                      \
-        fam##_body(r, c, n, scr);                                                          \
-    }                                                                                      \
+    NT_EW_SCALAR(fam)                                                                      \
     static void fam##_vec(const nt__rec *r, const chunk *c, int64_t n, void *scr)          \
     {                                                                                      \
         fam##_body(r, c, n, scr);                                                          \

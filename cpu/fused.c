@@ -140,7 +140,6 @@ static const int32_t *as_i32(const opnd *o, int32_t *tmp, int64_t n)
 #if defined(__x86_64__) && defined(__GNUC__)
 #define NT_FUSED_X86 1
 #include <immintrin.h>
-#define NT_FUSED_V4 NT_TARGET_AVX512 /* core/gemm.h */
 
 /* AVX-512 level: y = x * z or x / z (z == NULL: by s) over n elements,
  * NaN made canonical when `canon`, in one pass that takes no microcode
@@ -152,7 +151,7 @@ static const int32_t *as_i32(const opnd *o, int32_t *tmp, int64_t n)
  * uops an operand vector, where the full integer test of the exponents
  * (subnormal operand or result) cost more (measured: the 8-op chain of
  * bench/fusion 1.45x slower). */
-static inline __attribute__((always_inline, target(NT_FUSED_V4))) bool
+static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) bool
 sn_fast512_body(bool mul, bool zvec, const float *x, const float *z, float s, float *y, int64_t n,
                 bool canon)
 {
@@ -205,8 +204,8 @@ sn_fast512_body(bool mul, bool zvec, const float *x, const float *z, float s, fl
     return !den && !(flags & 0x10u); /* 0x10: underflow */
 }
 
-__attribute__((target(NT_FUSED_V4))) static bool sn_fast512(int op, const float *x, const float *z,
-                                                           float s, float *y, int64_t n, bool canon)
+__attribute__((target(NT_TARGET_AVX512))) static bool
+sn_fast512(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon)
 {
     switch (op) {
     case NT_OP_MUL: return sn_fast512_body(true, true, x, z, s, y, n, canon);
@@ -529,7 +528,7 @@ eval_avx2(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64_t n, f
     eval_body(o, odt, a, out, n, scratch, 1);
 }
 
-__attribute__((target(NT_FUSED_V4))) static void
+__attribute__((target(NT_TARGET_AVX512))) static void
 eval_avx512(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64_t n, float *scratch)
 {
     eval_body(o, odt, a, out, n, scratch, 2);
