@@ -815,12 +815,14 @@ static gpointer worker_main(gpointer arg)
                 s->end_reason = "the next op is still being enqueued";
             }
             nt__rec **recs = (nt__rec **)s->held->pdata;
-            /* An op waiting on another stream: run what precedes it first. */
+            /* An op waiting on another stream: run what precedes it first.
+             * A collective member runs in a batch of its own (NT_RECF_ALONE):
+             * the batch ends before one, and right after one that leads. */
+            bool alone = recs[0]->flags & NT_RECF_ALONE;
             guint i = 0;
-            while (i < k && deps_met(recs[i]) && !((recs[i]->flags & NT_RECF_ALONE) && i))
+            while (i < k && deps_met(recs[i]) &&
+                   !(i && (alone || (recs[i]->flags & NT_RECF_ALONE))))
                 i++;
-            if (i && (recs[0]->flags & NT_RECF_ALONE))
-                i = 1; /* a collective member runs alone: see NT_RECF_ALONE */
             if (i == 0) {
                 for (int d = 0; d < recs[0]->ndeps; d++)
                     nt__wait_packed(recs[0]->deps[d]);
