@@ -686,6 +686,8 @@ typedef struct full {
     int nreg;      /* full job: blocks run whole; each later one in tsub pieces */
     int tsub;
     bool pf;       /* full job: prefetch the next panels (operands past the caches) */
+    float *Bs;     /* rows job: two threads' B tile buffers, bslot floats each */
+    size_t bslot;
 } full;
 
 /* bf16 -> f32 is exact (the 16 bits on top, zeros below), so a panel
@@ -817,6 +819,25 @@ static void pack_block(const job *jb, int b)
         pack_b(kn, d, r0, r1, kw, jb->B + (long)k0 * jb->ldb, jb->ldb);
 }
 
+/* B's panels of columns [r0, r1) (r0 a multiple of NR) and rows [k0, k0 +
+ * kw) into d: what pack_block writes for them, from any layout and dtype. */
+static void pack_b_tile(const full *f, float *d, int r0, int r1, int k0, int kw)
+{
+    const job *jb = &f->j;
+    const int R = jb->kn->nr, ld = jb->ldb;
+    if (f->bbf) {
+        const uint16_t *s = (const uint16_t *)(const void *)jb->B;
+        if (f->bcol)
+            pack_rows_bf16(R, d, r1 - r0, kw, s + (long)r0 * ld + k0, ld);
+        else
+            pack_cols_bf16(R, d, r1 - r0, kw, s + (long)k0 * ld + r0, ld);
+    } else if (f->bcol) {
+        pack_rows(R, d, r1 - r0, kw, jb->B + (long)r0 * ld + k0, ld);
+    } else {
+        pack_b(jb->kn, d, r0, r1, kw, jb->B + (long)k0 * ld, ld);
+    }
+}
+
 /* Prefetches the cache lines [p + 64 * l0, p + 64 * l1) of a panel of n
  * bytes: into L1 (near) or L2. */
 static inline void prefetch_lines(const float *p, size_t n, size_t l0, size_t l1, bool near)
@@ -919,6 +940,47 @@ static void full_block(const job *jb, int b)
         }
 }
 
+/* Few rows (M within one block of C, as a training step's x @ w^T at
+ * batch 128): each B element serves only M FMAs, so packing B is a fifth
+ * of the work, and B packed by the other thread sits in the other core's
+ * cache when used.  A column block here packs its own B, K-tile by
+ * K-tile, into its thread's buffer and runs it at once from L1/L2; A (all
+ * rows, packed before) is read by every block.  Same panels, same K-tile
+ * order and stores as full_block: the same bits. */
+static void rows_block(const job *jb, int b)
+{
+    const full *f = (const full *)jb;
+    const kern *kn = jb->kn;
+    const int MR = kn->mr, NR = kn->nr;
+    int npc = (jb->N + NR - 1) / NR;
+    int j0 = (int)((long)b * npc / jb->nblocks) * NR;
+    int j1 = (int)((long)(b + 1) * npc / jb->nblocks) * NR;
+    j1 = j1 < jb->N ? j1 : jb->N;
+    /* the helper thread takes the second buffer */
+    float *Bt = f->Bs + (P.have_th && pthread_equal(pthread_self(), P.th) ? f->bslot : 0);
+    for (int k0 = 0; k0 < jb->K; k0 += NT_GEMM_KTILE) {
+        int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
+        const float *Ak = f->Ap + (long)f->Mpad * k0;
+        pack_b_tile(f, Bt, j0, j1, k0, kw);
+        int fl = (k0 > 0 ? MICRO_ACC : 0) | (f->canon && k0 + kw >= jb->K ? MICRO_CANON : 0);
+        for (int c = j0; c < j1; c += NR) {
+            int w = j1 - c < NR ? j1 - c : NR;
+            const float *bp = Bt + (long)((c - j0) / NR) * kw * NR;
+            for (int i = 0; i < jb->M; i += MR) {
+                int mr = jb->M - i < MR ? jb->M - i : MR;
+                kn->micro(kw, Ak + (long)(i / MR) * kw * MR, bp, jb->C + (long)i * jb->ldc + c,
+                          jb->ldc, mr, w, fl);
+            }
+        }
+    }
+    if (f->out)
+        for (int i = 0; i < jb->M; i++) {
+            long o = (long)i * jb->ldc + j0;
+            nt__st_f32(f->out + o * (long)nt__dtype_size(f->odt), f->odt, 1, jb->C + o,
+                       j1 - j0);
+        }
+}
+
 /* The typed part of a product (nt__gemm_typed): bf16 operands, a rounded
  * copy of C.  NULL: f32 operands, C is the result. */
 typedef struct typed {
@@ -926,6 +988,37 @@ typedef struct typed {
     char *out;
     nt_dtype odt;
 } typed;
+
+/* gemm_full for few rows (rows_block): A packed by a pack job, then
+ * column blocks of NT_NC.  -1 (nothing written) when the host has no
+ * memory for the buffers: gemm_full's other paths then run. */
+static int gemm_rows(const kern *kn, int M, int N, int K, const float *A, int lda, bool arow,
+                     const float *B, int ldb, bool bcol, float *C, int ldc, bool canon,
+                     const typed *ty)
+{
+    int Mpad = (M + kn->mr - 1) / kn->mr * kn->mr, NB = NT_NC;
+    int npc = (N + kn->nr - 1) / kn->nr, nbl = (N + NB - 1) / NB;
+    size_t bslot = (size_t)NT_GEMM_KTILE * (size_t)((npc + nbl - 1) / nbl * kn->nr);
+    float *Ap = panel(&fa_key, (size_t)Mpad * (size_t)K);
+    float *Bs = Ap ? panel(&fb_key, 2 * bslot) : NULL;
+    if (!Bs)
+        return -1;
+    bool split = (long)M * N * K >= NT_GEMM_SPLIT;
+    int nk = (K + NT_GEMM_KTILE - 1) / NT_GEMM_KTILE;
+    int nca = (M + kn->mr * NT_PACK_A - 1) / (kn->mr * NT_PACK_A);
+    full f = {{pack_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, nk * nca, 0, 0, 0},
+              Ap, NULL, Mpad, 0, nk, nca, 0, 0, 0, arow, bcol, false,
+              ty && ty->abf, ty && ty->bbf, NULL, NT_F32, 0, 0, 1, false, NULL, 0};
+    f.j.kn = kn;
+    run_job(&f.j, split);
+    full g = {{rows_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, nbl, 0, 0, 0},
+              Ap, NULL, Mpad, 0, nk, 0, 0, 0, 0, arow, bcol, canon,
+              ty && ty->abf, ty && ty->bbf, ty ? ty->out : NULL, ty ? ty->odt : NT_F32,
+              0, 0, 1, false, Bs, bslot};
+    g.j.kn = kn;
+    run_job(&g.j, split);
+    return 0;
+}
 
 static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, const float *B,
                      int ldb, bool bcol, float *C, int ldc, bool canon, const typed *ty)
@@ -944,6 +1037,9 @@ static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, co
     pool_start();
     const kern *kn = kern_now();
     int Mpad = (M + kn->mr - 1) / kn->mr * kn->mr, Npad = (N + kn->nr - 1) / kn->nr * kn->nr;
+    if (Mpad <= gemm_mc_big && gemm_rows(kn, M, N, K, A, lda, arow, B, ldb, bcol, C, ldc, canon,
+                                         ty) == 0)
+        return 0;
     float *Ap = panel(&fa_key, (size_t)Mpad * (size_t)K);
     float *Bp = Ap ? panel(&fb_key, (size_t)Npad * (size_t)K) : NULL;
     if (Ap && Bp) {
