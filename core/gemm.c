@@ -338,6 +338,7 @@ static void pbuf_free(gpointer p)
 static GPrivate bpanel_key = G_PRIVATE_INIT(pbuf_free);
 static GPrivate apanel_key = G_PRIVATE_INIT(pbuf_free);
 static GPrivate fa_key = G_PRIVATE_INIT(pbuf_free), fb_key = G_PRIVATE_INIT(pbuf_free);
+static GPrivate fc_key = G_PRIVATE_INIT(pbuf_free);
 
 /* GLib makes a GPrivate's key at its first use and aborts if the host has
  * no memory for it: nt_init makes them all (core/gemm.h), where a failure
@@ -348,6 +349,7 @@ void nt__gemm_keys_init(void)
     g_private_get(&apanel_key);
     g_private_get(&fa_key);
     g_private_get(&fb_key);
+    g_private_get(&fc_key);
 }
 
 /* Tests: the most floats a panel buffer may hold (0: no cap), so the
@@ -899,6 +901,18 @@ static inline void prefetch_lines(const float *p, size_t n, size_t l0, size_t l1
     }
 }
 
+/* Copies a block's scratch (micro-tiles of MR x NR, contiguous, tile (r,
+ * q) at (q * nrow + r) * MR * NR) to its m x n place in C. */
+static void scratch_to_c(const float *Cs, int nrow, int MR, int NR, int m, int n, float *C,
+                         int ldc)
+{
+    for (int i = 0; i < m; i++)
+        for (int c = 0; c < n; c += NR)
+            memcpy(C + (long)i * ldc + c,
+                   Cs + ((long)(c / NR) * nrow + i / MR) * MR * NR + (long)(i % MR) * NR,
+                   (size_t)(n - c < NR ? n - c : NR) * sizeof(float));
+}
+
 static void full_block(const job *jb, int b)
 {
     const full *f = (const full *)jb;
@@ -933,6 +947,12 @@ static void full_block(const job *jb, int b)
     i1 = i1 < jb->M ? i1 : jb->M;
     j1 = j1 < jb->N ? j1 : jb->N;
     int nrow = (i1 - i0 + MR - 1) / MR, ncol = (j1 - j0 + NR - 1) / NR;
+    /* With more than one K-tile the block accumulates in a scratch copy
+     * whose micro-tiles are contiguous, copied to C at the end: C's rows
+     * are often a multiple of 4 KiB apart, so a tile's 12 rows all fall in
+     * one L1 set and evict each other and the panels (the scratch holds
+     * the very floats C would, the same adds and stores). */
+    float *Cs = jb->K > NT_GEMM_KTILE ? panel(&fc_key, (size_t)nrow * ncol * MR * NR) : NULL;
     for (int k0 = 0; k0 < jb->K; k0 += NT_GEMM_KTILE) {
         int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
         const float *Ak = f->Ap + (long)f->Mpad * k0, *Bk = f->Bp + (long)f->Npad * k0;
@@ -973,11 +993,16 @@ static void full_block(const job *jb, int b)
                         prefetch_lines(Bn, bn, pl > anl ? pl - anl : 0, e - anl, false);
                     pl = e;
                 }
-                kn->micro(kw, Ak + (long)(i / MR) * kw * MR, bp, jb->C + (long)i * jb->ldc + c,
-                          jb->ldc, mr, w, fl);
+                float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + r) * MR * NR
+                               : jb->C + (long)i * jb->ldc + c;
+                kn->micro(kw, Ak + (long)(i / MR) * kw * MR, bp, cp, Cs ? NR : jb->ldc, mr, w,
+                          fl);
             }
         }
     }
+    if (Cs)
+        scratch_to_c(Cs, nrow, MR, NR, i1 - i0, j1 - j0, jb->C + (long)i0 * jb->ldc + j0,
+                     jb->ldc);
     if (f->out) /* the block is complete and still in cache: round it once */
         for (int i = i0; i < i1; i++) {
             long o = (long)i * jb->ldc + j0;
@@ -1004,6 +1029,9 @@ static void rows_block(const job *jb, int b)
     j1 = j1 < jb->N ? j1 : jb->N;
     /* the helper thread takes the second buffer */
     float *Bt = f->Bs + (P.have_th && pthread_equal(pthread_self(), P.th) ? f->bslot : 0);
+    /* C's rows in a scratch of contiguous micro-tiles (full_block) */
+    int nrow = (jb->M + MR - 1) / MR, ncol = (j1 - j0 + NR - 1) / NR;
+    float *Cs = jb->K > NT_GEMM_KTILE ? panel(&fc_key, (size_t)nrow * ncol * MR * NR) : NULL;
     for (int k0 = 0; k0 < jb->K; k0 += NT_GEMM_KTILE) {
         int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
         const float *Ak = f->Ap + (long)f->Mpad * k0;
@@ -1014,11 +1042,15 @@ static void rows_block(const job *jb, int b)
             const float *bp = Bt + (long)((c - j0) / NR) * kw * NR;
             for (int i = 0; i < jb->M; i += MR) {
                 int mr = jb->M - i < MR ? jb->M - i : MR;
-                kn->micro(kw, Ak + (long)(i / MR) * kw * MR, bp, jb->C + (long)i * jb->ldc + c,
-                          jb->ldc, mr, w, fl);
+                float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + i / MR) * MR * NR
+                               : jb->C + (long)i * jb->ldc + c;
+                kn->micro(kw, Ak + (long)(i / MR) * kw * MR, bp, cp, Cs ? NR : jb->ldc, mr, w,
+                          fl);
             }
         }
     }
+    if (Cs)
+        scratch_to_c(Cs, nrow, MR, NR, jb->M, j1 - j0, jb->C + j0, jb->ldc);
     if (f->out)
         for (int i = 0; i < jb->M; i++) {
             long o = (long)i * jb->ldc + j0;
