@@ -907,10 +907,14 @@ static void scratch_to_c(const float *Cs, int nrow, int MR, int NR, int m, int n
                          int ldc)
 {
     for (int i = 0; i < m; i++)
-        for (int c = 0; c < n; c += NR)
-            memcpy(C + (long)i * ldc + c,
-                   Cs + ((long)(c / NR) * nrow + i / MR) * MR * NR + (long)(i % MR) * NR,
-                   (size_t)(n - c < NR ? n - c : NR) * sizeof(float));
+        for (int c = 0; c < n; c += NR) {
+            float *d = C + (long)i * ldc + c;
+            const float *s = Cs + ((long)(c / NR) * nrow + i / MR) * MR * NR + (long)(i % MR) * NR;
+            if (NR == 32 && n - c >= 32) /* a constant size: inline moves, not a call */
+                memcpy(d, s, 32 * sizeof(float));
+            else
+                memcpy(d, s, (size_t)(n - c < NR ? n - c : NR) * sizeof(float));
+        }
 }
 
 static void full_block(const job *jb, int b)
