@@ -716,22 +716,25 @@ static void pack_cols_bf16(int R, float *dst, int n, int K, const uint16_t *src,
 }
 
 #if NT_X86
-/* pack_rows_body's full 32-wide panels on AVX-512 (only the AVX-512
- * kernel has them): 16 x 16 blocks transposed in four shuffle stages, a
- * fourth of the 4 x 4 SSE blocks' loads, stores and shuffles per element.
- * Rows r of src (ld apart) -> d[k * 32 + r]; returns the k done (a
- * multiple of 16). */
-__attribute__((target("avx512f"))) static int pack32_avx512(float *d, const float *src, int ld,
-                                                            int K)
+/* pack_rows_body's full panels on AVX-512 (R 32 and 12: only the AVX-512
+ * kernel has them): 16 x 16 blocks (12 rows: 4 of zeros, not stored)
+ * transposed in four shuffle stages, a fourth of the 4 x 4 SSE blocks'
+ * loads, stores and shuffles per element.  Rows r of src (ld apart) ->
+ * d[k * R + r]; returns the k done (a multiple of 16). */
+__attribute__((target("avx512f"))) static int pack_rows_avx512(float *d, const float *src,
+                                                               int ld, int K, int R)
 {
     int k = 0;
     for (; k + 16 <= K; k += 16)
-        for (int h = 0; h < 32; h += 16) {
+        for (int h = 0; h < R; h += 16) {
             const float *s = src + (long)h * ld + k;
+            int nr = R - h < 16 ? R - h : 16;
+            __mmask16 m = (__mmask16)((1u << nr) - 1);
             __m512 t[16], u[16];
             for (int r = 0; r < 16; r += 2) {
-                __m512 a = _mm512_loadu_ps(s + (long)r * ld);
-                __m512 b = _mm512_loadu_ps(s + (long)(r + 1) * ld);
+                __m512 a = r < nr ? _mm512_loadu_ps(s + (long)r * ld) : _mm512_setzero_ps();
+                __m512 b = r + 1 < nr ? _mm512_loadu_ps(s + (long)(r + 1) * ld)
+                                      : _mm512_setzero_ps();
                 t[r] = _mm512_unpacklo_ps(a, b), t[r + 1] = _mm512_unpackhi_ps(a, b);
             }
             /* u[4g + m], 128-bit lane l: rows 4g..4g+3 of column 4l + m */
@@ -743,16 +746,16 @@ __attribute__((target("avx512f"))) static int pack32_avx512(float *d, const floa
                 u[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
                 u[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
             }
-            for (int m = 0; m < 4; m++) {
-                __m512 v0 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88);
-                __m512 v1 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xdd);
-                __m512 w0 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
-                __m512 w1 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xdd);
-                float *o = d + (long)(k + m) * 32 + h; /* column 4l + m: row k + 4l + m */
-                _mm512_storeu_ps(o, _mm512_shuffle_f32x4(v0, w0, 0x88));
-                _mm512_storeu_ps(o + 4 * 32, _mm512_shuffle_f32x4(v1, w1, 0x88));
-                _mm512_storeu_ps(o + 8 * 32, _mm512_shuffle_f32x4(v0, w0, 0xdd));
-                _mm512_storeu_ps(o + 12 * 32, _mm512_shuffle_f32x4(v1, w1, 0xdd));
+            for (int q = 0; q < 4; q++) {
+                __m512 v0 = _mm512_shuffle_f32x4(u[q], u[4 + q], 0x88);
+                __m512 v1 = _mm512_shuffle_f32x4(u[q], u[4 + q], 0xdd);
+                __m512 w0 = _mm512_shuffle_f32x4(u[8 + q], u[12 + q], 0x88);
+                __m512 w1 = _mm512_shuffle_f32x4(u[8 + q], u[12 + q], 0xdd);
+                float *o = d + (long)(k + q) * R + h; /* column 4l + q: row k + 4l + q */
+                _mm512_mask_storeu_ps(o, m, _mm512_shuffle_f32x4(v0, w0, 0x88));
+                _mm512_mask_storeu_ps(o + 4 * R, m, _mm512_shuffle_f32x4(v1, w1, 0x88));
+                _mm512_mask_storeu_ps(o + 8 * R, m, _mm512_shuffle_f32x4(v0, w0, 0xdd));
+                _mm512_mask_storeu_ps(o + 12 * R, m, _mm512_shuffle_f32x4(v1, w1, 0xdd));
             }
         }
     return k;
@@ -786,8 +789,8 @@ static inline __attribute__((always_inline)) void pack_rows_body(int R, float *d
     (bf16 ? _mm_castsi128_ps(_mm_unpacklo_epi16(                                           \
                 _mm_setzero_si128(), _mm_loadl_epi64((const __m128i *)(ah + (off)))))      \
           : _mm_loadu_ps(af + (off)))
-        if (!bf16 && w == R && R == 32)
-            k = pack32_avx512(d, af, ld, K);
+        if (!bf16 && w == R && (R == 32 || R == 12))
+            k = pack_rows_avx512(d, af, ld, K, R);
         if (w == R && R % 4 == 0)
             for (; k + 4 <= K; k += 4)
                 for (int r = 0; r < R; r += 4) {
