@@ -15,8 +15,12 @@
  * prefetching the next K-tile's panels when they come from memory (at
  * 2048^3 the packed operands are 32 MB).  Block edges fall on whole panels,
  * spread evenly, and the last blocks run in pieces, so the two threads end
- * together.  bf16 operands are widened as they are packed, and a bf16
- * result rounded block by block (nt__gemm_typed).
+ * together.  A block accumulates in a scratch of contiguous micro-tiles
+ * (C's rows are often a multiple of 4 KiB apart, one L1 set) and is copied
+ * to C once.  Products of few rows (a batch of 128) pack B per column
+ * block, on the thread that then uses it (rows_block).  bf16 operands are
+ * widened as they are packed, and a bf16 result rounded block by block
+ * (nt__gemm_typed).
  *
  * The micro-kernel is chosen at run time, not by the build machine: the
  * widest of AVX-512F (12 x 32), AVX2+FMA (6 x 16) and portable C (4 x 8)
