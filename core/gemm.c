@@ -15,8 +15,12 @@
  * prefetching the next K-tile's panels when they come from memory (at
  * 2048^3 the packed operands are 32 MB).  Block edges fall on whole panels,
  * spread evenly, and the last blocks run in pieces, so the two threads end
- * together.  bf16 operands are widened as they are packed, and a bf16
- * result rounded block by block (nt__gemm_typed).
+ * together.  A block accumulates in a scratch of contiguous micro-tiles
+ * (C's rows are often a multiple of 4 KiB apart, one L1 set) and is copied
+ * to C once.  Products of few rows (a batch of 128) pack B per column
+ * block, on the thread that then uses it (rows_block).  bf16 operands are
+ * widened as they are packed, and a bf16 result rounded block by block
+ * (nt__gemm_typed).
  *
  * The micro-kernel is chosen at run time, not by the build machine: the
  * widest of AVX-512F (12 x 32), AVX2+FMA (6 x 16) and portable C (4 x 8)
@@ -338,6 +342,7 @@ static void pbuf_free(gpointer p)
 static GPrivate bpanel_key = G_PRIVATE_INIT(pbuf_free);
 static GPrivate apanel_key = G_PRIVATE_INIT(pbuf_free);
 static GPrivate fa_key = G_PRIVATE_INIT(pbuf_free), fb_key = G_PRIVATE_INIT(pbuf_free);
+static GPrivate fc_key = G_PRIVATE_INIT(pbuf_free);
 
 /* GLib makes a GPrivate's key at its first use and aborts if the host has
  * no memory for it: nt_init makes them all (core/gemm.h), where a failure
@@ -348,6 +353,7 @@ void nt__gemm_keys_init(void)
     g_private_get(&apanel_key);
     g_private_get(&fa_key);
     g_private_get(&fb_key);
+    g_private_get(&fc_key);
 }
 
 /* Tests: the most floats a panel buffer may hold (0: no cap), so the
@@ -686,6 +692,8 @@ typedef struct full {
     int nreg;      /* full job: blocks run whole; each later one in tsub pieces */
     int tsub;
     bool pf;       /* full job: prefetch the next panels (operands past the caches) */
+    float *Bs;     /* rows job: two threads' B tile buffers, bslot floats each */
+    size_t bslot;
 } full;
 
 /* bf16 -> f32 is exact (the 16 bits on top, zeros below), so a panel
@@ -710,6 +718,53 @@ static void pack_cols_bf16(int R, float *dst, int n, int K, const uint16_t *src,
         }
     }
 }
+
+#if NT_X86
+/* pack_rows_body's full panels on AVX-512 (R 32 and 12: only the AVX-512
+ * kernel has them): 16 x 16 blocks (12 rows: 4 of zeros, not stored)
+ * transposed in four shuffle stages, a fourth of the 4 x 4 SSE blocks'
+ * loads, stores and shuffles per element.  Rows r of src (ld apart) ->
+ * d[k * R + r]; returns the k done (a multiple of 16). */
+__attribute__((target("avx512f"))) static int pack_rows_avx512(float *d, const float *src,
+                                                               int ld, int K, int R)
+{
+    int k = 0;
+    for (; k + 16 <= K; k += 16)
+        for (int h = 0; h < R; h += 16) {
+            const float *s = src + (long)h * ld + k;
+            int nr = R - h < 16 ? R - h : 16;
+            __mmask16 m = (__mmask16)((1u << nr) - 1);
+            __m512 t[16], u[16];
+            for (int r = 0; r < 16; r += 2) {
+                __m512 a = r < nr ? _mm512_loadu_ps(s + (long)r * ld) : _mm512_setzero_ps();
+                __m512 b = r + 1 < nr ? _mm512_loadu_ps(s + (long)(r + 1) * ld)
+                                      : _mm512_setzero_ps();
+                t[r] = _mm512_unpacklo_ps(a, b), t[r + 1] = _mm512_unpackhi_ps(a, b);
+            }
+            /* u[4g + m], 128-bit lane l: rows 4g..4g+3 of column 4l + m */
+            for (int g = 0; g < 16; g += 4) {
+                __m512d a = _mm512_castps_pd(t[g]), b = _mm512_castps_pd(t[g + 1]);
+                __m512d c = _mm512_castps_pd(t[g + 2]), e = _mm512_castps_pd(t[g + 3]);
+                u[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+                u[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+                u[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
+                u[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
+            }
+            for (int q = 0; q < 4; q++) {
+                __m512 v0 = _mm512_shuffle_f32x4(u[q], u[4 + q], 0x88);
+                __m512 v1 = _mm512_shuffle_f32x4(u[q], u[4 + q], 0xdd);
+                __m512 w0 = _mm512_shuffle_f32x4(u[8 + q], u[12 + q], 0x88);
+                __m512 w1 = _mm512_shuffle_f32x4(u[8 + q], u[12 + q], 0xdd);
+                float *o = d + (long)(k + q) * R + h; /* column 4l + q: row k + 4l + q */
+                _mm512_mask_storeu_ps(o, m, _mm512_shuffle_f32x4(v0, w0, 0x88));
+                _mm512_mask_storeu_ps(o + 4 * R, m, _mm512_shuffle_f32x4(v1, w1, 0x88));
+                _mm512_mask_storeu_ps(o + 8 * R, m, _mm512_shuffle_f32x4(v0, w0, 0xdd));
+                _mm512_mask_storeu_ps(o + 12 * R, m, _mm512_shuffle_f32x4(v1, w1, 0xdd));
+            }
+        }
+    return k;
+}
+#endif
 
 /* Panels of width R (pack_a's MR, pack_b's NR) from a matrix stored with
  * the panel dim as rows: n rows of K, ld apart -- A row-major (M x K) or
@@ -738,6 +793,8 @@ static inline __attribute__((always_inline)) void pack_rows_body(int R, float *d
     (bf16 ? _mm_castsi128_ps(_mm_unpacklo_epi16(                                           \
                 _mm_setzero_si128(), _mm_loadl_epi64((const __m128i *)(ah + (off)))))      \
           : _mm_loadu_ps(af + (off)))
+        if (!bf16 && w == R && (R == 32 || R == 12))
+            k = pack_rows_avx512(d, af, ld, K, R);
         if (w == R && R % 4 == 0)
             for (; k + 4 <= K; k += 4)
                 for (int r = 0; r < R; r += 4) {
@@ -817,6 +874,25 @@ static void pack_block(const job *jb, int b)
         pack_b(kn, d, r0, r1, kw, jb->B + (long)k0 * jb->ldb, jb->ldb);
 }
 
+/* B's panels of columns [r0, r1) (r0 a multiple of NR) and rows [k0, k0 +
+ * kw) into d: what pack_block writes for them, from any layout and dtype. */
+static void pack_b_tile(const full *f, float *d, int r0, int r1, int k0, int kw)
+{
+    const job *jb = &f->j;
+    const int R = jb->kn->nr, ld = jb->ldb;
+    if (f->bbf) {
+        const uint16_t *s = (const uint16_t *)(const void *)jb->B;
+        if (f->bcol)
+            pack_rows_bf16(R, d, r1 - r0, kw, s + (long)r0 * ld + k0, ld);
+        else
+            pack_cols_bf16(R, d, r1 - r0, kw, s + (long)k0 * ld + r0, ld);
+    } else if (f->bcol) {
+        pack_rows(R, d, r1 - r0, kw, jb->B + (long)r0 * ld + k0, ld);
+    } else {
+        pack_b(jb->kn, d, r0, r1, kw, jb->B + (long)k0 * ld, ld);
+    }
+}
+
 /* Prefetches the cache lines [p + 64 * l0, p + 64 * l1) of a panel of n
  * bytes: into L1 (near) or L2. */
 static inline void prefetch_lines(const float *p, size_t n, size_t l0, size_t l1, bool near)
@@ -830,6 +906,22 @@ static inline void prefetch_lines(const float *p, size_t n, size_t l0, size_t l1
         else
             __builtin_prefetch((const char *)p + l * 64, 0, 2);
     }
+}
+
+/* Copies a block's scratch (micro-tiles of MR x NR, contiguous, tile (r,
+ * q) at (q * nrow + r) * MR * NR) to its m x n place in C. */
+static void scratch_to_c(const float *Cs, int nrow, int MR, int NR, int m, int n, float *C,
+                         int ldc)
+{
+    for (int i = 0; i < m; i++)
+        for (int c = 0; c < n; c += NR) {
+            float *d = C + (long)i * ldc + c;
+            const float *s = Cs + ((long)(c / NR) * nrow + i / MR) * MR * NR + (long)(i % MR) * NR;
+            if (NR == 32 && n - c >= 32) /* a constant size: inline moves, not a call */
+                memcpy(d, s, 32 * sizeof(float));
+            else
+                memcpy(d, s, (size_t)(n - c < NR ? n - c : NR) * sizeof(float));
+        }
 }
 
 static void full_block(const job *jb, int b)
@@ -866,6 +958,12 @@ static void full_block(const job *jb, int b)
     i1 = i1 < jb->M ? i1 : jb->M;
     j1 = j1 < jb->N ? j1 : jb->N;
     int nrow = (i1 - i0 + MR - 1) / MR, ncol = (j1 - j0 + NR - 1) / NR;
+    /* With more than one K-tile the block accumulates in a scratch copy
+     * whose micro-tiles are contiguous, copied to C at the end: C's rows
+     * are often a multiple of 4 KiB apart, so a tile's 12 rows all fall in
+     * one L1 set and evict each other and the panels (the scratch holds
+     * the very floats C would, the same adds and stores). */
+    float *Cs = jb->K > NT_GEMM_KTILE ? panel(&fc_key, (size_t)nrow * ncol * MR * NR) : NULL;
     for (int k0 = 0; k0 < jb->K; k0 += NT_GEMM_KTILE) {
         int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
         const float *Ak = f->Ap + (long)f->Mpad * k0, *Bk = f->Bp + (long)f->Npad * k0;
@@ -906,13 +1004,66 @@ static void full_block(const job *jb, int b)
                         prefetch_lines(Bn, bn, pl > anl ? pl - anl : 0, e - anl, false);
                     pl = e;
                 }
-                kn->micro(kw, Ak + (long)(i / MR) * kw * MR, bp, jb->C + (long)i * jb->ldc + c,
-                          jb->ldc, mr, w, fl);
+                float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + r) * MR * NR
+                               : jb->C + (long)i * jb->ldc + c;
+                kn->micro(kw, Ak + (long)(i / MR) * kw * MR, bp, cp, Cs ? NR : jb->ldc, mr, w,
+                          fl);
             }
         }
     }
+    if (Cs)
+        scratch_to_c(Cs, nrow, MR, NR, i1 - i0, j1 - j0, jb->C + (long)i0 * jb->ldc + j0,
+                     jb->ldc);
     if (f->out) /* the block is complete and still in cache: round it once */
         for (int i = i0; i < i1; i++) {
+            long o = (long)i * jb->ldc + j0;
+            nt__st_f32(f->out + o * (long)nt__dtype_size(f->odt), f->odt, 1, jb->C + o,
+                       j1 - j0);
+        }
+}
+
+/* Few rows (M within one block of C, as a training step's x @ w^T at
+ * batch 128): each B element serves only M FMAs, so packing B is a fifth
+ * of the work, and B packed by the other thread sits in the other core's
+ * cache when used.  A column block here packs its own B, K-tile by
+ * K-tile, into its thread's buffer and runs it at once from L1/L2; A (all
+ * rows, packed before) is read by every block.  Same panels, same K-tile
+ * order and stores as full_block: the same bits. */
+static void rows_block(const job *jb, int b)
+{
+    const full *f = (const full *)jb;
+    const kern *kn = jb->kn;
+    const int MR = kn->mr, NR = kn->nr;
+    int npc = (jb->N + NR - 1) / NR;
+    int j0 = (int)((long)b * npc / jb->nblocks) * NR;
+    int j1 = (int)((long)(b + 1) * npc / jb->nblocks) * NR;
+    j1 = j1 < jb->N ? j1 : jb->N;
+    /* the helper thread takes the second buffer */
+    float *Bt = f->Bs + (P.have_th && pthread_equal(pthread_self(), P.th) ? f->bslot : 0);
+    /* C's rows in a scratch of contiguous micro-tiles (full_block) */
+    int nrow = (jb->M + MR - 1) / MR, ncol = (j1 - j0 + NR - 1) / NR;
+    float *Cs = jb->K > NT_GEMM_KTILE ? panel(&fc_key, (size_t)nrow * ncol * MR * NR) : NULL;
+    for (int k0 = 0; k0 < jb->K; k0 += NT_GEMM_KTILE) {
+        int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
+        const float *Ak = f->Ap + (long)f->Mpad * k0;
+        pack_b_tile(f, Bt, j0, j1, k0, kw);
+        int fl = (k0 > 0 ? MICRO_ACC : 0) | (f->canon && k0 + kw >= jb->K ? MICRO_CANON : 0);
+        for (int c = j0; c < j1; c += NR) {
+            int w = j1 - c < NR ? j1 - c : NR;
+            const float *bp = Bt + (long)((c - j0) / NR) * kw * NR;
+            for (int i = 0; i < jb->M; i += MR) {
+                int mr = jb->M - i < MR ? jb->M - i : MR;
+                float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + i / MR) * MR * NR
+                               : jb->C + (long)i * jb->ldc + c;
+                kn->micro(kw, Ak + (long)(i / MR) * kw * MR, bp, cp, Cs ? NR : jb->ldc, mr, w,
+                          fl);
+            }
+        }
+    }
+    if (Cs)
+        scratch_to_c(Cs, nrow, MR, NR, jb->M, j1 - j0, jb->C + j0, jb->ldc);
+    if (f->out)
+        for (int i = 0; i < jb->M; i++) {
             long o = (long)i * jb->ldc + j0;
             nt__st_f32(f->out + o * (long)nt__dtype_size(f->odt), f->odt, 1, jb->C + o,
                        j1 - j0);
@@ -926,6 +1077,37 @@ typedef struct typed {
     char *out;
     nt_dtype odt;
 } typed;
+
+/* gemm_full for few rows (rows_block): A packed by a pack job, then
+ * column blocks of NT_NC.  -1 (nothing written) when the host has no
+ * memory for the buffers: gemm_full's other paths then run. */
+static int gemm_rows(const kern *kn, int M, int N, int K, const float *A, int lda, bool arow,
+                     const float *B, int ldb, bool bcol, float *C, int ldc, bool canon,
+                     const typed *ty)
+{
+    int Mpad = (M + kn->mr - 1) / kn->mr * kn->mr, NB = NT_NC;
+    int npc = (N + kn->nr - 1) / kn->nr, nbl = (N + NB - 1) / NB;
+    size_t bslot = (size_t)NT_GEMM_KTILE * (size_t)((npc + nbl - 1) / nbl * kn->nr);
+    float *Ap = panel(&fa_key, (size_t)Mpad * (size_t)K);
+    float *Bs = Ap ? panel(&fb_key, 2 * bslot) : NULL;
+    if (!Bs)
+        return -1;
+    bool split = (long)M * N * K >= NT_GEMM_SPLIT;
+    int nk = (K + NT_GEMM_KTILE - 1) / NT_GEMM_KTILE;
+    int nca = (M + kn->mr * NT_PACK_A - 1) / (kn->mr * NT_PACK_A);
+    full f = {{pack_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, nk * nca, 0, 0, 0},
+              Ap, NULL, Mpad, 0, nk, nca, 0, 0, 0, arow, bcol, false,
+              ty && ty->abf, ty && ty->bbf, NULL, NT_F32, 0, 0, 1, false, NULL, 0};
+    f.j.kn = kn;
+    run_job(&f.j, split);
+    full g = {{rows_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, nbl, 0, 0, 0},
+              Ap, NULL, Mpad, 0, nk, 0, 0, 0, 0, arow, bcol, canon,
+              ty && ty->abf, ty && ty->bbf, ty ? ty->out : NULL, ty ? ty->odt : NT_F32,
+              0, 0, 1, false, Bs, bslot};
+    g.j.kn = kn;
+    run_job(&g.j, split);
+    return 0;
+}
 
 static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, const float *B,
                      int ldb, bool bcol, float *C, int ldc, bool canon, const typed *ty)
@@ -944,6 +1126,9 @@ static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, co
     pool_start();
     const kern *kn = kern_now();
     int Mpad = (M + kn->mr - 1) / kn->mr * kn->mr, Npad = (N + kn->nr - 1) / kn->nr * kn->nr;
+    if (Mpad <= gemm_mc_big && gemm_rows(kn, M, N, K, A, lda, arow, B, ldb, bcol, C, ldc, canon,
+                                         ty) == 0)
+        return 0;
     float *Ap = panel(&fa_key, (size_t)Mpad * (size_t)K);
     float *Bp = Ap ? panel(&fb_key, (size_t)Npad * (size_t)K) : NULL;
     if (Ap && Bp) {

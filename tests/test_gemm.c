@@ -214,6 +214,9 @@ static void test_whole_every_level(void **state)
         {37, 45, 200},  {390, 1601, 130}, /* the last: 192 x 512 C blocks */
         {8, 8200, 129}, /* B's panels over 4 MB: the huge-page buffer */
         {24, 32800, 130}, /* panels over 16 MB: the blocks prefetch the next ones */
+        /* rows within one C block (192): each column block packs its own
+         * B; at the limit of 192 rows and just past it */
+        {128, 1024, 300}, {192, 700, 257}, {193, 300, 130},
     };
     int best = nt__gemm_isa_best();
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
@@ -251,9 +254,11 @@ static void test_whole_every_level(void **state)
             for (int k = 0; k < ldt; k++)
                 Bt[(long)j * ldt + k] = k < K ? B[(long)k * ldb + j] : NAN; /* never read */
         for (int isa = 0; isa <= best; isa++)
-            for (int lay = 0; lay < 8; lay++) {
+            for (int lay = 0; lay < 16; lay++) {
                 bool rowa = lay & 1, bcol = lay & 2, canon = lay & 4;
+                int th = lay & 8 ? 1 : 2;
                 assert_int_equal(nt__gemm_set_isa(isa), 0);
+                assert_int_equal(nt__gemm_set_threads(th), 0);
                 memcpy(got, pad, sizeof(float) * (size_t)M * ldc);
                 if (lay == 1)
                     nt__gemm_rowa(M, N, K, Ar, ldr, B, ldb, got, ldc);
@@ -267,13 +272,33 @@ static void test_whole_every_level(void **state)
                                 bcol ? ldt : ldb, bcol, got, ldc);
                 int bad = differ(got, canon ? refc : ref, (size_t)M * ldc);
                 if (bad)
-                    print_message("# gemm%s (A %s, B %s) %dx%dx%d on %s: %d elements differ\n",
+                    print_message("# gemm%s (A %s, B %s) %dx%dx%d on %s, %d thread(s): %d "
+                                  "elements differ\n",
                                   canon ? "_ex_canon" : "", rowa ? "row-major" : "transposed",
                                   bcol ? "transposed" : "row-major", M, N, K,
-                                  nt__gemm_isa_label(isa), bad);
+                                  nt__gemm_isa_label(isa), th, bad);
                 assert_int_equal(bad, 0);
             }
         free(A), free(B), free(ref), free(refc), free(got), free(pad), free(Ar), free(Bt);
+    }
+    nt__gemm_set_threads(0);
+    /* Few rows, memory short for the column blocks' own B buffers (two
+     * 128 x 32 tiles: 8192 floats on AVX-512) but not for the whole
+     * product's panels (12 x 129 and 32 x 129): the other path runs, the
+     * same bits. */
+    {
+        int M = 12, N = 32, K = 129;
+        float *A = fill((size_t)K * M), *B = fill((size_t)K * N);
+        float *ref = calloc((size_t)M * N, sizeof(float)), *got = fill((size_t)M * N);
+        naive(M, N, K, A, M, B, N, ref, N);
+        nt__gemm_set_panel_cap(5000);
+        for (int isa = 0; isa <= best; isa++) {
+            assert_int_equal(nt__gemm_set_isa(isa), 0);
+            nt__gemm(M, N, K, A, M, B, N, got, N);
+            assert_int_equal(differ(got, ref, (size_t)M * N), 0);
+        }
+        nt__gemm_set_panel_cap(0);
+        free(A), free(B), free(ref), free(got);
     }
     nt__gemm_set_isa(-1);
 }
