@@ -7,7 +7,8 @@
  * Eager mode, so each op runs its own (unfused) kernel: cpu/ewise.c picks a
  * vector level per call and cuts calls of 128K elements or more into spans
  * that two threads share; cpu/attention.c runs its query blocks (forward)
- * and batches (backward) on two threads. */
+ * and batches (backward) on two threads; its products take row-major
+ * operands through nt__gemm_ktile_rowa, checked against nt__gemm_ktile. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,6 +23,7 @@
 #include "nt_test.h"
 #include "core/dtype.h"
 #include "core/ewise.h"
+#include "core/gemm.h"
 
 static const char *const levels[] = {"scalar", "avx2", "avx512"};
 #define NLEVELS 3
@@ -297,6 +299,72 @@ static void test_attention_each_level_and_thread_count(void **state)
     free(ref), free(got);
 }
 
+/* nt__gemm_ktile_rowa (A row-major, as cpu/attention.c passes P, dS, Q and
+ * dO) against nt__gemm_ktile on the transposed A: the same bits at every
+ * level and thread count, over sizes that leave partial register panels
+ * (M, N not multiples of the tile, K not of 4), with A's rows further
+ * apart than K, accumulating and not. */
+static void test_ktile_rowa_each_level_and_thread_count(void **state)
+{
+    (void)state;
+    static const int shapes[][3] = {{128, 128, 32}, {37, 29, 13}, {1, 1, 1}, {128, 32, 128},
+                                    {96, 200, 7}, {5, 64, 128}};
+    static const char *const threads[] = {"1", "2"};
+    uint32_t seed = 12345;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], lda = K + 3;
+        float *A = malloc(sizeof(float) * (size_t)M * lda);
+        float *At = malloc(sizeof(float) * (size_t)K * M);
+        float *B = malloc(sizeof(float) * (size_t)K * N);
+        float *C0 = malloc(sizeof(float) * (size_t)M * N);
+        float *ref = malloc(sizeof(float) * (size_t)M * N);
+        float *got = malloc(sizeof(float) * (size_t)M * N);
+        assert_true(A && At && B && C0 && ref && got);
+        for (int64_t i = 0; i < (int64_t)M * lda; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            A[i] = (float)((int32_t)seed >> 8) * 0x1p-20f;
+        }
+        for (int i = 0; i < M; i++)
+            for (int k = 0; k < K; k++)
+                At[(int64_t)k * M + i] = A[(int64_t)i * lda + k];
+        for (int64_t i = 0; i < (int64_t)K * N; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            B[i] = (float)((int32_t)seed >> 8) * 0x1p-21f;
+        }
+        for (int64_t i = 0; i < (int64_t)M * N; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            C0[i] = (float)((int32_t)seed >> 8) * 0x1p-19f;
+        }
+        for (int acc = 0; acc < 2; acc++)
+            for (int l = 0; l < NLEVELS; l++) {
+                if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+                    continue;
+                for (int t = 0; t < 2; t++) {
+                    assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[t]), 0);
+                    memcpy(ref, C0, sizeof(float) * (size_t)M * N);
+                    memcpy(got, C0, sizeof(float) * (size_t)M * N);
+                    nt__gemm_ktile(M, N, K, At, M, B, N, ref, N, acc);
+                    nt__gemm_ktile_rowa(M, N, K, A, lda, B, N, got, N, acc);
+                    int64_t d = first_diff(got, ref, (int64_t)M * N);
+                    if (d >= 0)
+                        fail_msg("ktile_rowa %dx%dx%d acc %d, %s, %s thread(s): element "
+                                 "%lld: %08x, ktile %08x",
+                                 M, N, K, acc, levels[l], threads[t], (long long)d,
+                                 fbits(got[d]), fbits(ref[d]));
+                }
+            }
+        /* and the value itself: element (0, 0) summed in double is close */
+        double e = 0.0;
+        for (int k = 0; k < K; k++)
+            e += (double)A[k] * (double)B[(int64_t)k * N];
+        nt__gemm_ktile_rowa(M, N, K, A, lda, B, N, got, N, false);
+        assert_true(fabs((double)got[0] - e) <= 1e-4 * (1.0 + fabs(e)));
+        free(A), free(At), free(B), free(C0), free(ref), free(got);
+    }
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -305,6 +373,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_families_each_level_and_thread_count,
                                         nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_attention_each_level_and_thread_count,
+                                        nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_ktile_rowa_each_level_and_thread_count,
                                         nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
