@@ -4,7 +4,9 @@
  * over a sweep of the whole f32 bit space, equal to core/ewise.h's scalar
  * definition computed here one element at a time.
  *
- * Eager mode, so each op runs its own (unfused) kernel: cpu/ewise.c picks a
+ * The CPU backend (NT_BACKEND=cpu: the default, the simulator, would run
+ * its own tile programs under the suite's NT_SIM_PROGRAM_VALUES=0), eager
+ * mode, so each op runs its own (unfused) kernel: cpu/ewise.c picks a
  * vector level per call and cuts calls of 128K elements or more into spans
  * that two threads share; cpu/attention.c runs its query blocks (forward)
  * and batches (backward) on two threads; its products take row-major
@@ -77,6 +79,7 @@ static void test_gelu_sweep_each_level(void **state)
         ref[i] = nt__canon(ref_gelu(x[i]));
         ref_b[i] = nt__canon(ref_gelu_bwd(g[i], x[i]));
     }
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
     assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
     int64_t sh[1] = {n};
     int ran = 0;
@@ -199,6 +202,7 @@ static void test_families_each_level_and_thread_count(void **state)
     mixed_values(xv, NV, 11);
     mixed_values(zv, NV, 22);
     mixed_values(rv, C, 33);
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
     assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
     nt_tensor *x = nt_from_host(xv, NT_F32, 2, (int64_t[]){R, C});
     nt_tensor *z = nt_from_host(zv, NT_F32, 2, (int64_t[]){R, C});
@@ -271,6 +275,7 @@ static void test_attention_each_level_and_thread_count(void **state)
     size_t cap = (size_t)4 * 3 * 200 * 2 * 2 * 24 * 4;
     float *ref = malloc(cap * 4), *got = malloc(cap * 4);
     assert_true(ref && got);
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
     assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
     static const char *const threads[] = {"1", "2"};
     for (int variant = 0; variant < 2; variant++) {
@@ -297,6 +302,51 @@ static void test_attention_each_level_and_thread_count(void **state)
     assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
     assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
     free(ref), free(got);
+}
+
+/* nt_fill on f32 and i32 (cpu/ewise.c: zeros by memset, other values by a
+ * vector loop of the element's bytes): every element the value's bits,
+ * +0 and -0 told apart, a NaN canonical; a span of 151663 elements split
+ * over one and two threads. */
+static void test_fill_values(void **state)
+{
+    (void)state;
+    static const double vals[] = {0.0, -0.0, -2.5, 1e30, NAN};
+    static const char *const threads[] = {"1", "2"};
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    uint32_t *buf = malloc(NV * 4);
+    assert_non_null(buf);
+    for (int t = 0; t < 2; t++) {
+        assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[t]), 0);
+        for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+            nt_tensor *f = nt_zeros(NT_F32, 2, (int64_t[]){R, C});
+            nt_tensor *n = nt_zeros(NT_I32, 2, (int64_t[]){R, C});
+            assert_non_null(f);
+            assert_non_null(n);
+            memset(buf, 0xA5, NV * 4);
+            assert_int_equal(nt_fill_inplace(f, vals[i]), 0);
+            assert_int_equal(nt_to_host(f, buf, NV * 4), 0);
+            uint32_t want = isnan(vals[i]) ? 0x7fc00000u : fbits((float)vals[i]);
+            for (int64_t e = 0; e < NV; e++)
+                if (buf[e] != want)
+                    fail_msg("fill f32 %g, %s thread(s): element %lld is %08x, expected %08x",
+                             vals[i], threads[t], (long long)e, buf[e], want);
+            if (!isnan(vals[i]) && fabs(vals[i]) < 1e9) {
+                memset(buf, 0xA5, NV * 4);
+                assert_int_equal(nt_fill_inplace(n, vals[i]), 0);
+                assert_int_equal(nt_to_host(n, buf, NV * 4), 0);
+                uint32_t wi = (uint32_t)(int32_t)vals[i];
+                for (int64_t e = 0; e < NV; e++)
+                    if (buf[e] != wi)
+                        fail_msg("fill i32 %g: element %lld is %08x, expected %08x", vals[i],
+                                 (long long)e, buf[e], wi);
+            }
+            nt_release(f), nt_release(n);
+        }
+    }
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    free(buf);
 }
 
 /* nt__gemm_ktile_rowa (A row-major, as cpu/attention.c passes P, dS, Q and
@@ -376,6 +426,7 @@ int main(void)
                                         nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_ktile_rowa_each_level_and_thread_count,
                                         nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_fill_values, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
