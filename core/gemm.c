@@ -658,6 +658,35 @@ void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B
     run_job(&j, (long)M * N * K >= NT_GEMM_SPLIT && N >= 2 * NT_JB);
 }
 
+/* nt__gemm_ktile with A given row-major, M x K (A[i][k] at A[i * lda + k]):
+ * its panels are packed from the rows (pack_rows makes the panels pack_a
+ * makes from A^T), so the same bits without the caller transposing A
+ * first (cpu/attention.c: P . V, dS . K).  A separate entry, so
+ * nt__gemm_ktile itself stays as it is. */
+static void pack_rows(int R, float *dst, int n, int K, const float *src, int ld);
+void nt__gemm_ktile_rowa(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                         float *C, int ldc, bool acc)
+{
+    if (M <= 0 || N <= 0 || K <= 0) {
+        nt__gemm_ktile(M, N, K, A, lda, B, ldb, C, ldc, acc);
+        return;
+    }
+    pool_start();
+    const kern *kn = kern_now();
+    float *Ap = panel(&apanel_key, (size_t)K * (size_t)((M + kn->mr - 1) / kn->mr * kn->mr));
+    if (!Ap) { /* host memory short: element by element, same recurrence */
+        for (int i = 0; i < M; i++)
+            for (int jj = 0; jj < N; jj++)
+                put(C + (long)i * ldc + jj, dot1(K, A + (long)i * lda, 1, B + jj, ldb), acc);
+        return;
+    }
+    pack_rows(kn->mr, Ap, M, K, A, lda);
+    job j = {ktile_block, M, N, K, lda, ldb, ldc, Ap, B, C, acc, 0, (N + NT_JB - 1) / NT_JB,
+             0, 0, 0};
+    j.kn = kn;
+    run_job(&j, (long)M * N * K >= NT_GEMM_SPLIT && N >= 2 * NT_JB);
+}
+
 /* ---------------- the whole product ----------------
  *
  * Both operands are packed once, every K-tile (in parallel: one block per

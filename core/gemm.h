@@ -32,6 +32,9 @@
 
 void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                     float *C, int ldc, bool acc);
+/* nt__gemm_ktile with A row-major M x K (lda >= K): the same bits. */
+void nt__gemm_ktile_rowa(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                         float *C, int ldc, bool acc);
 
 /* The whole product for any K: C = A^T[0] . B[0], then C = C + A^T[kt] .
  * B[kt] for the K-tiles kt = 1, 2, ... of NT_GEMM_KTILE rows in ascending

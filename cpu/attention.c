@@ -111,6 +111,22 @@ static void pack(float *dst, const nt__attn_opnd *x, int64_t boff, int64_t r0, i
         }
 }
 
+/* Rows [r0, r0+nr) x [0, nc) of x as f32 rows, *ld apart: where they are
+ * when x holds rows of floats, else packed into buf (*ld = nc).  The
+ * products take them row-major (nt__gemm_ktile_rowa, or as B), so nothing
+ * is transposed or copied for them. */
+static const float *rows_f32(float *buf, const nt__attn_opnd *x, int64_t boff, int64_t r0,
+                             int64_t nr, int64_t nc, int *ld)
+{
+    if (x->dt == NT_F32 && x->cs == 1 && x->rs >= nc && x->rs <= INT32_MAX) {
+        *ld = (int)x->rs;
+        return (const float *)x->base + boff + r0 * x->rs;
+    }
+    pack(buf, x, boff, r0, nr, nc, false);
+    *ld = (int)nc;
+    return buf;
+}
+
 /* Keys of row q (absolute) that block k0 of nk lets it attend: the first
  * valid_keys ones; the causal rule makes the rest -Inf. */
 static inline int valid_keys(const attn_ctx *a, int64_t q, int64_t k0, int nk)
@@ -255,21 +271,22 @@ static void fwd_unit(par_run *p, float *buf, int64_t u)
     int64_t D = a.D, Dv = a.Dv;
     int64_t nqb = (a.Tq + BLK - 1) / BLK;
     int64_t b = u / nqb, q0 = (u % nqb) * BLK;
-    float *Qt = buf, *Kt = Qt + D * BLK, *S = Kt + D * BLK, *Pt = S + BLK * BLK,
+    float *Qb = buf, *Kt = Qb + D * BLK, *S = Kt + D * BLK, *Pt = S + BLK * BLK,
           *Vb = Pt + BLK * BLK, *PV = Vb + BLK * Dv, *acc = PV + BLK * Dv, *m = acc + BLK * Dv,
           *l = m + BLK;
     int64_t qb = nt__attn_boff(&a.q, &a.g, b), kb = nt__attn_boff(&a.k, &a.g, b);
     int64_t vb = nt__attn_boff(&a.v, &a.g, b);
     int64_t mb = a.has_mask ? nt__attn_boff(&a.m, &a.g, b) : 0;
     int Mq = (int)(a.Tq - q0 < BLK ? a.Tq - q0 : BLK);
-    pack(Qt, &a.q, qb, q0, Mq, D, true);
+    int ldq, ldv;
+    const float *Q = rows_f32(Qb, &a.q, qb, q0, Mq, D, &ldq);
     for (int i = 0; i < Mq; i++)
         m[i] = -FLT_MAX, l[i] = 0.0f;
     memset(acc, 0, (size_t)(Mq * Dv) * sizeof(float));
     for (int64_t k0 = 0; k0 < a.Tk && !skip_block(&a, q0, Mq, k0); k0 += BLK) {
         int nk = (int)(a.Tk - k0 < BLK ? a.Tk - k0 : BLK);
         pack(Kt, &a.k, kb, k0, nk, D, true);
-        nt__gemm_ktile(Mq, nk, (int)D, Qt, Mq, Kt, nk, S, nk, false);
+        nt__gemm_ktile_rowa(Mq, nk, (int)D, Q, ldq, Kt, nk, S, nk, false);
         scores(&a, S, mb, q0, Mq, k0, nk);
         for (int i = 0; i < Mq; i++) {
             float *si = S + i * nk;
@@ -283,9 +300,8 @@ static void fwd_unit(par_run *p, float *buf, int64_t u)
             for (int64_t d = 0; d < Dv; d++)
                 acc[i * Dv + d] = nt__ew_mul(acc[i * Dv + d], alpha);
         }
-        transpose(Pt, Mq, S, nk, Mq, nk);
-        pack(Vb, &a.v, vb, k0, nk, Dv, false);
-        nt__gemm_ktile(Mq, (int)Dv, nk, Pt, Mq, Vb, (int)Dv, PV, (int)Dv, false);
+        const float *V = rows_f32(Vb, &a.v, vb, k0, nk, Dv, &ldv);
+        nt__gemm_ktile_rowa(Mq, (int)Dv, nk, S, nk, V, ldv, PV, (int)Dv, false);
         for (int64_t e = 0; e < Mq * Dv; e++)
             acc[e] = nt__ew_add(acc[e], PV[e]);
     }
@@ -373,9 +389,9 @@ static void bwd_unit(par_run *pr, float *buf, int64_t b)
     p[0] = buf;
     for (int i = 1; i < BWD_NBUF; i++)
         p[i] = p[i - 1] + sizes[i - 1];
-    float *dqa = p[0], *Dr = p[1], *negl = p[2], *Kb = p[3], *Kt = p[4], *Vt = p[5], *dK = p[6],
-          *dV = p[7], *Qt = p[8], *Qrow = p[9], *dOb = p[10], *dOt = p[11], *S = p[12],
-          *dP = p[13], *dSt = p[14], *tmp = p[15];
+    float *dqa = p[0], *Dr = p[1], *negl = p[2], *Kbuf = p[3], *Kt = p[4], *Vt = p[5],
+          *dK = p[6], *dV = p[7], *Qbuf = p[9], *dObuf = p[10], *S = p[12], *dP = p[13],
+          *tmp = p[15];
     nt_dtype dt = pr->dt;
     int64_t es = pr->es;
     int64_t qb = nt__attn_boff(&a.q, &a.g, b), kb = nt__attn_boff(&a.k, &a.g, b);
@@ -390,7 +406,8 @@ static void bwd_unit(par_run *pr, float *buf, int64_t b)
     memset(dqa, 0, (size_t)(Tq * D) * sizeof(float));
     for (int64_t k0 = 0; k0 < Tk; k0 += BLK) {
         int nk = (int)(Tk - k0 < BLK ? Tk - k0 : BLK);
-        pack(Kb, &a.k, kb, k0, nk, D, false);
+        int ldk, ldq, ldo;
+        const float *Kb = rows_f32(Kbuf, &a.k, kb, k0, nk, D, &ldk);
         pack(Kt, &a.k, kb, k0, nk, D, true);
         pack(Vt, &a.v, kb, k0, nk, Dv, true);
         bool first = true;
@@ -398,18 +415,16 @@ static void bwd_unit(par_run *pr, float *buf, int64_t b)
             int Mq = (int)(Tq - q0 < BLK ? Tq - q0 : BLK);
             if (skip_block(&a, q0, Mq, k0))
                 continue;
-            pack(Qt, &a.q, qb, q0, Mq, D, true);
-            pack(Qrow, &a.q, qb, q0, Mq, D, false);
-            pack(dOb, &a.dO, qb, q0, Mq, Dv, false);
-            pack(dOt, &a.dO, qb, q0, Mq, Dv, true);
-            nt__gemm_ktile(Mq, nk, (int)D, Qt, Mq, Kt, nk, S, nk, false);
+            const float *Qrow = rows_f32(Qbuf, &a.q, qb, q0, Mq, D, &ldq);
+            const float *dOb = rows_f32(dObuf, &a.dO, qb, q0, Mq, Dv, &ldo);
+            nt__gemm_ktile_rowa(Mq, nk, (int)D, Qrow, ldq, Kt, nk, S, nk, false);
             scores(&a, S, mb, q0, Mq, k0, nk);
             for (int i = 0; i < Mq; i++)
                 exp_row(&a, S + i * nk, nk, valid_keys(&a, q0 + i, k0, nk), negl[q0 + i]);
             /* dV += P^T dO (P is the stationary [Mq, nk] operand) */
-            nt__gemm_ktile(nk, (int)Dv, Mq, S, nk, dOb, (int)Dv, dV, (int)Dv, !first);
+            nt__gemm_ktile(nk, (int)Dv, Mq, S, nk, dOb, ldo, dV, (int)Dv, !first);
             /* dP = dO V^T */
-            nt__gemm_ktile(Mq, nk, (int)Dv, dOt, Mq, Vt, nk, dP, nk, false);
+            nt__gemm_ktile_rowa(Mq, nk, (int)Dv, dOb, ldo, Vt, nk, dP, nk, false);
             for (int i = 0; i < Mq; i++) {
                 float dr = Dr[q0 + i];
                 float *dPi = dP + i * nk;
@@ -417,10 +432,9 @@ static void bwd_unit(par_run *pr, float *buf, int64_t b)
                 for (int j = 0; j < nk; j++)
                     dPi[j] = nt__ew_mul(nt__ew_mul(nt__ew_sub(dPi[j], dr), a.scale), Si[j]);
             }
-            transpose(dSt, Mq, dP, nk, Mq, nk);
             /* dK += dS^T Q; dQ (+)= dS K, key blocks in ascending order */
-            nt__gemm_ktile(nk, (int)D, Mq, dP, nk, Qrow, (int)D, dK, (int)D, !first);
-            nt__gemm_ktile(Mq, (int)D, nk, dSt, Mq, Kb, (int)D, dqa + q0 * D, (int)D, k0 > 0);
+            nt__gemm_ktile(nk, (int)D, Mq, dP, nk, Qrow, ldq, dK, (int)D, !first);
+            nt__gemm_ktile_rowa(Mq, (int)D, nk, dP, nk, Kb, ldk, dqa + q0 * D, (int)D, k0 > 0);
             first = false;
         }
         if (first) { /* no query reached this block */

@@ -558,8 +558,17 @@ static void fill_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
     char first[8];
     nt__store_f64(first, c->dt[0], 0, v);
     if (c->st[0] == 1 && es == 4) { /* the usual case: a constant size, a vector loop */
+        uint32_t u;
+        memcpy(&u, first, 4);
+        char *d = c->p[0];
+        if (u == 0) { /* zeros (autograd's nt_zeros): the library's widest stores */
+            memset(d, 0, (size_t)n * 4);
+            return;
+        }
+        /* from a local word, not the byte array: GCC left the copy from
+         * `first` one 4-byte store per element */
         for (int64_t i = 0; i < n; i++)
-            memcpy(c->p[0] + i * 4, first, 4);
+            memcpy(d + i * 4, &u, 4);
         return;
     }
     for (int64_t i = 0; i < n; i++)

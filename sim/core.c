@@ -96,13 +96,18 @@ static bool trace_ours; /* nt_sim_init opened the trace (NT_TRACE) */
 
 /* Dependency state of on-chip memory, per chunk.  An entry stamped by an
  * earlier kernel (gen) counts as empty: kernels are ordered by the core
- * anyway, and stale entries never need clearing. */
+ * anyway, and stale entries never need clearing.  One chunk's fields side
+ * by side (32 bytes): every instruction walks its operands' chunks, and
+ * one line then holds two chunks instead of one field of each. */
+typedef struct dep_ent {
+    double wend;  /* end of the last write */
+    double avail; /* when readers see that write */
+    double rend;  /* end of the latest read */
+    uint32_t gen; /* kernel that wrote the entry */
+    uint8_t weng; /* engine of the last write */
+} dep_ent;
 typedef struct nt__sim_dep {
-    double wend[NT__SIM_SBUF_CHUNKS];  /* end of the last write */
-    double avail[NT__SIM_SBUF_CHUNKS]; /* when readers see that write */
-    double rend[NT__SIM_SBUF_CHUNKS];  /* end of the latest read */
-    uint32_t gen[NT__SIM_SBUF_CHUNKS]; /* kernel that wrote the entry */
-    uint8_t weng[NT__SIM_SBUF_CHUNKS]; /* engine of the last write */
+    dep_ent e[NT__SIM_SBUF_CHUNKS];
 } dep_tab; /* psum uses the first PSUM_CHUNKS */
 
 /* HBM dependencies: an open-addressing table of 16 KiB pages, entries
@@ -203,6 +208,7 @@ static void free_memories(void)
         free(c->dep_sbuf);
         free(c->dep_psum);
         free(c->ht);
+        free(c->hp);
         free(c->pg_buf);
         free(c->sums);
         pthread_mutex_destroy(&c->run_lock);
@@ -435,29 +441,28 @@ uint8_t *nt__sim_row(const nt_ap *ap, int p)
     return base + (int64_t)(ap->p0 + p) * stride + t->off + ap->offset * esz;
 }
 
+/* Built with one initialiser (the rest zero), no memset and copy: the
+ * kernels make several patterns per instruction they issue.  An exported
+ * function is not inlined into another (it could be interposed), so the
+ * slice does not go through nt_tile_ap. */
+static inline nt_ap tile_ap(const nt_tile *t, int p0, int np, int64_t f0, int64_t nf)
+{
+    if (!t)
+        return (nt_ap){.p0 = p0, .np = np, .offset = f0, .num = {nf}};
+    return (nt_ap){.tile = (nt_tile *)t, .dtype = t->dt, .p0 = p0, .np = np, .offset = f0,
+                   .ndim = 1, .num = {nf}, .step = {1}};
+}
+
 nt_ap nt_tile_ap(const nt_tile *t)
 {
-    nt_ap ap;
-    memset(&ap, 0, sizeof ap);
-    ap.tile = (nt_tile *)t;
     if (!t)
-        return ap;
-    ap.dtype = t->dt;
-    ap.np = t->parts;
-    ap.ndim = 1;
-    ap.num[0] = t->nfree;
-    ap.step[0] = 1;
-    return ap;
+        return tile_ap(NULL, 0, 0, 0, 0);
+    return tile_ap(t, 0, t->parts, 0, t->nfree);
 }
 
 nt_ap nt_tile_slice(const nt_tile *t, int p0, int np, int64_t f0, int64_t nf)
 {
-    nt_ap ap = nt_tile_ap(t);
-    ap.p0 = p0;
-    ap.np = np;
-    ap.offset = f0;
-    ap.num[0] = nf;
-    return ap;
+    return tile_ap(t, p0, np, f0, nf);
 }
 
 nt_ap nt_hbm_ap(const void *base, nt_dtype dt, int64_t offset, int64_t rows, int64_t row_stride,
@@ -1181,10 +1186,30 @@ static hpage *ht_get(nt__sim_core *c, uintptr_t base, uintptr_t key)
     return &c->ht[j];
 }
 
+/* Room for n page entries in c->hp; false: the host is short (the caller
+ * then looks the pages up again). */
+static bool hp_room(nt__sim_core *c, size_t n)
+{
+    if (n <= c->hp_cap)
+        return true;
+    size_t cap = c->hp_cap ? c->hp_cap : 256;
+    while (cap < n)
+        cap *= 2;
+    hpage **hp = realloc(c->hp, cap * sizeof *hp);
+    if (!hp)
+        return false;
+    c->hp = hp;
+    c->hp_cap = cap;
+    return true;
+}
+
 /* Visits the HBM pages of every row of ap: mode 0 = collect the time a read
  * (write=false) or write must wait for, mode 1 = record the access ending at
- * `end`. */
-static double hbm_pages(nt__sim_core *c, const nt_ap *ap, bool write, int mode, double end)
+ * `end`.  In mode 0, when *nhp is not SIZE_MAX each visited entry is also
+ * appended to c->hp (at *nhp, which is advanced), so that mode 1 can update
+ * them without another lookup; SIZE_MAX on return: the list is incomplete. */
+static double hbm_pages(nt__sim_core *c, const nt_ap *ap, bool write, int mode, double end,
+                        size_t *nhp)
 {
     int64_t esz = (int64_t)nt__dtype_size(ap->dtype);
     int64_t lo, hi;
@@ -1222,6 +1247,12 @@ static double hbm_pages(nt__sim_core *c, const nt_ap *ap, bool write, int mode, 
             if (pg == last_page)
                 continue; /* adjacent rows on one page: visited already */
             hpage *e = ht_get(c, base, (uintptr_t)pg);
+            if (nhp && *nhp != SIZE_MAX) {
+                if (hp_room(c, *nhp + 1))
+                    c->hp[(*nhp)++] = e;
+                else
+                    *nhp = SIZE_MAX;
+            }
             if (mode == 0) {
                 if (e->wend > t)
                     t = e->wend;
@@ -1362,11 +1393,17 @@ void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in)
 
     /* when may it start: after what it reads was written (RAW), what it
      * writes was read (WAR) and written (WAW) */
+    /* the HBM page entries each access visits, collected while the wait is
+     * found, so that recording the access needs no second lookup: valid
+     * while the table is not rehashed (only a new entry grows it) */
+    size_t nhp = 0, hp_end[NT__SIM_MAX_ACC];
+    const hpage *ht0 = core->ht;
     for (int i = 0; i < in->nacc; i++) {
         const nt__sim_acc *a = &in->acc[i];
         const nt_ap *ap = a->ap;
         if (!ap->tile) {
-            double t = hbm_pages(core, ap, a->write, 0, 0.0);
+            double t = hbm_pages(core, ap, a->write, 0, 0.0, &nhp);
+            hp_end[i] = nhp;
             if (t > ready)
                 ready = t;
             continue;
@@ -1375,27 +1412,29 @@ void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in)
             psum = true;
         else
             sbuf = true;
-        dep_tab *d = dep_of(core, ap);
+        dep_ent *d = dep_of(core, ap)->e;
         int c0, c1;
         chunk_range(ap, &c0, &c1);
+        uint32_t gen = core->ht_gen;
+        if (!a->write) {
+            for (int j = c0; j < c1; j++)
+                if (d[j].gen == gen && d[j].avail > ready)
+                    ready = d[j].avail;
+            continue;
+        }
         for (int j = c0; j < c1; j++) {
-            if (d->gen[j] != core->ht_gen)
+            if (d[j].gen != gen)
                 continue;
-            if (!a->write) {
-                if (d->avail[j] > ready)
-                    ready = d->avail[j];
-                continue;
-            }
             /* WAW orders after the last write; an accumulating matmul also
              * reads it, without the access latency when the previous
              * accumulation is TensorE's own (it stays in the pipeline) */
-            double w = d->wend[j];
-            if (a->accum && d->weng[j] != me)
-                w = d->avail[j];
+            double w = d[j].wend;
+            if (a->accum && d[j].weng != me)
+                w = d[j].avail;
             if (w > ready)
                 ready = w;
-            if (d->rend[j] > ready)
-                ready = d->rend[j];
+            if (d[j].rend > ready)
+                ready = d[j].rend;
         }
     }
 
@@ -1454,29 +1493,45 @@ void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in)
         }
     }
 
+    bool hp_ok = nhp != SIZE_MAX && core->ht == ht0;
+    size_t hp0 = 0;
     for (int i = 0; i < in->nacc; i++) {
         const nt__sim_acc *a = &in->acc[i];
         const nt_ap *ap = a->ap;
         if (!ap->tile) {
-            hbm_pages(core, ap, a->write, 1, end);
+            if (!hp_ok) {
+                hbm_pages(core, ap, a->write, 1, end, NULL);
+                continue;
+            }
+            /* what hbm_pages' mode 1 does to each page it visits */
+            for (size_t h = hp0; h < hp_end[i]; h++) {
+                hpage *e = core->hp[h];
+                if (a->write)
+                    e->wend = end;
+                else if (end > e->rend)
+                    e->rend = end;
+            }
+            hp0 = hp_end[i];
             continue;
         }
-        dep_tab *d = dep_of(core, ap);
+        dep_ent *d = dep_of(core, ap)->e;
         int c0, c1;
         chunk_range(ap, &c0, &c1);
+        uint32_t gen = core->ht_gen;
+        bool reads = !a->write || a->accum;
         for (int j = c0; j < c1; j++) {
-            if (d->gen[j] != core->ht_gen) {
-                d->gen[j] = core->ht_gen;
-                d->wend[j] = d->avail[j] = d->rend[j] = k->t0;
-                d->weng[j] = NT_ENGINE_DMA;
+            if (d[j].gen != gen) {
+                d[j].gen = gen;
+                d[j].wend = d[j].avail = d[j].rend = k->t0;
+                d[j].weng = NT_ENGINE_DMA;
             }
             if (a->write) {
-                d->wend[j] = end;
-                d->avail[j] = end + lat;
-                d->weng[j] = (uint8_t)me;
+                d[j].wend = end;
+                d[j].avail = end + lat;
+                d[j].weng = (uint8_t)me;
             }
-            if ((!a->write || a->accum) && end > d->rend[j])
-                d->rend[j] = end;
+            if (reads && end > d[j].rend)
+                d[j].rend = end;
         }
     }
 

@@ -143,6 +143,8 @@ typedef struct nt__sim_core {
     struct nt__sim_hpage *ht;
     size_t ht_cap, ht_count;
     uint32_t ht_gen;      /* the running kernel's generation (HBM and chunks) */
+    struct nt__sim_hpage **hp; /* core.c: the HBM pages one instruction touches */
+    size_t hp_cap;
     struct nt__sim_fx *fx;
     float *pg_buf;        /* tp_matmul.c: the program-level product's buffer */
     size_t pg_cap;

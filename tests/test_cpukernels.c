@@ -4,10 +4,13 @@
  * over a sweep of the whole f32 bit space, equal to core/ewise.h's scalar
  * definition computed here one element at a time.
  *
- * Eager mode, so each op runs its own (unfused) kernel: cpu/ewise.c picks a
+ * The CPU backend (NT_BACKEND=cpu: the default, the simulator, would run
+ * its own tile programs under the suite's NT_SIM_PROGRAM_VALUES=0), eager
+ * mode, so each op runs its own (unfused) kernel: cpu/ewise.c picks a
  * vector level per call and cuts calls of 128K elements or more into spans
  * that two threads share; cpu/attention.c runs its query blocks (forward)
- * and batches (backward) on two threads. */
+ * and batches (backward) on two threads; its products take row-major
+ * operands through nt__gemm_ktile_rowa, checked against nt__gemm_ktile. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,6 +25,7 @@
 #include "nt_test.h"
 #include "core/dtype.h"
 #include "core/ewise.h"
+#include "core/gemm.h"
 
 static const char *const levels[] = {"scalar", "avx2", "avx512"};
 #define NLEVELS 3
@@ -75,6 +79,7 @@ static void test_gelu_sweep_each_level(void **state)
         ref[i] = nt__canon(ref_gelu(x[i]));
         ref_b[i] = nt__canon(ref_gelu_bwd(g[i], x[i]));
     }
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
     assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
     int64_t sh[1] = {n};
     int ran = 0;
@@ -197,6 +202,7 @@ static void test_families_each_level_and_thread_count(void **state)
     mixed_values(xv, NV, 11);
     mixed_values(zv, NV, 22);
     mixed_values(rv, C, 33);
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
     assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
     nt_tensor *x = nt_from_host(xv, NT_F32, 2, (int64_t[]){R, C});
     nt_tensor *z = nt_from_host(zv, NT_F32, 2, (int64_t[]){R, C});
@@ -269,6 +275,7 @@ static void test_attention_each_level_and_thread_count(void **state)
     size_t cap = (size_t)4 * 3 * 200 * 2 * 2 * 24 * 4;
     float *ref = malloc(cap * 4), *got = malloc(cap * 4);
     assert_true(ref && got);
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
     assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
     static const char *const threads[] = {"1", "2"};
     for (int variant = 0; variant < 2; variant++) {
@@ -297,6 +304,117 @@ static void test_attention_each_level_and_thread_count(void **state)
     free(ref), free(got);
 }
 
+/* nt_fill on f32 and i32 (cpu/ewise.c: zeros by memset, other values by a
+ * vector loop of the element's bytes): every element the value's bits,
+ * +0 and -0 told apart, a NaN canonical; a span of 151663 elements split
+ * over one and two threads. */
+static void test_fill_values(void **state)
+{
+    (void)state;
+    static const double vals[] = {0.0, -0.0, -2.5, 1e30, NAN};
+    static const char *const threads[] = {"1", "2"};
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    uint32_t *buf = malloc(NV * 4);
+    assert_non_null(buf);
+    for (int t = 0; t < 2; t++) {
+        assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[t]), 0);
+        for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+            nt_tensor *f = nt_zeros(NT_F32, 2, (int64_t[]){R, C});
+            nt_tensor *n = nt_zeros(NT_I32, 2, (int64_t[]){R, C});
+            assert_non_null(f);
+            assert_non_null(n);
+            memset(buf, 0xA5, NV * 4);
+            assert_int_equal(nt_fill_inplace(f, vals[i]), 0);
+            assert_int_equal(nt_to_host(f, buf, NV * 4), 0);
+            uint32_t want = isnan(vals[i]) ? 0x7fc00000u : fbits((float)vals[i]);
+            for (int64_t e = 0; e < NV; e++)
+                if (buf[e] != want)
+                    fail_msg("fill f32 %g, %s thread(s): element %lld is %08x, expected %08x",
+                             vals[i], threads[t], (long long)e, buf[e], want);
+            if (!isnan(vals[i]) && fabs(vals[i]) < 1e9) {
+                memset(buf, 0xA5, NV * 4);
+                assert_int_equal(nt_fill_inplace(n, vals[i]), 0);
+                assert_int_equal(nt_to_host(n, buf, NV * 4), 0);
+                uint32_t wi = (uint32_t)(int32_t)vals[i];
+                for (int64_t e = 0; e < NV; e++)
+                    if (buf[e] != wi)
+                        fail_msg("fill i32 %g: element %lld is %08x, expected %08x", vals[i],
+                                 (long long)e, buf[e], wi);
+            }
+            nt_release(f), nt_release(n);
+        }
+    }
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    free(buf);
+}
+
+/* nt__gemm_ktile_rowa (A row-major, as cpu/attention.c passes P, dS, Q and
+ * dO) against nt__gemm_ktile on the transposed A: the same bits at every
+ * level and thread count, over sizes that leave partial register panels
+ * (M, N not multiples of the tile, K not of 4), with A's rows further
+ * apart than K, accumulating and not. */
+static void test_ktile_rowa_each_level_and_thread_count(void **state)
+{
+    (void)state;
+    static const int shapes[][3] = {{128, 128, 32}, {37, 29, 13}, {1, 1, 1}, {128, 32, 128},
+                                    {96, 200, 7}, {5, 64, 128}};
+    static const char *const threads[] = {"1", "2"};
+    uint32_t seed = 12345;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], lda = K + 3;
+        float *A = malloc(sizeof(float) * (size_t)M * lda);
+        float *At = malloc(sizeof(float) * (size_t)K * M);
+        float *B = malloc(sizeof(float) * (size_t)K * N);
+        float *C0 = malloc(sizeof(float) * (size_t)M * N);
+        float *ref = malloc(sizeof(float) * (size_t)M * N);
+        float *got = malloc(sizeof(float) * (size_t)M * N);
+        assert_true(A && At && B && C0 && ref && got);
+        for (int64_t i = 0; i < (int64_t)M * lda; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            A[i] = (float)((int32_t)seed >> 8) * 0x1p-20f;
+        }
+        for (int i = 0; i < M; i++)
+            for (int k = 0; k < K; k++)
+                At[(int64_t)k * M + i] = A[(int64_t)i * lda + k];
+        for (int64_t i = 0; i < (int64_t)K * N; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            B[i] = (float)((int32_t)seed >> 8) * 0x1p-21f;
+        }
+        for (int64_t i = 0; i < (int64_t)M * N; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            C0[i] = (float)((int32_t)seed >> 8) * 0x1p-19f;
+        }
+        for (int acc = 0; acc < 2; acc++)
+            for (int l = 0; l < NLEVELS; l++) {
+                if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+                    continue;
+                for (int t = 0; t < 2; t++) {
+                    assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[t]), 0);
+                    memcpy(ref, C0, sizeof(float) * (size_t)M * N);
+                    memcpy(got, C0, sizeof(float) * (size_t)M * N);
+                    nt__gemm_ktile(M, N, K, At, M, B, N, ref, N, acc);
+                    nt__gemm_ktile_rowa(M, N, K, A, lda, B, N, got, N, acc);
+                    int64_t d = first_diff(got, ref, (int64_t)M * N);
+                    if (d >= 0)
+                        fail_msg("ktile_rowa %dx%dx%d acc %d, %s, %s thread(s): element "
+                                 "%lld: %08x, ktile %08x",
+                                 M, N, K, acc, levels[l], threads[t], (long long)d,
+                                 fbits(got[d]), fbits(ref[d]));
+                }
+            }
+        /* and the value itself: element (0, 0) summed in double is close */
+        double e = 0.0;
+        for (int k = 0; k < K; k++)
+            e += (double)A[k] * (double)B[(int64_t)k * N];
+        nt__gemm_ktile_rowa(M, N, K, A, lda, B, N, got, N, false);
+        assert_true(fabs((double)got[0] - e) <= 1e-4 * (1.0 + fabs(e)));
+        free(A), free(At), free(B), free(C0), free(ref), free(got);
+    }
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -306,6 +424,9 @@ int main(void)
                                         nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_attention_each_level_and_thread_count,
                                         nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_ktile_rowa_each_level_and_thread_count,
+                                        nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_fill_values, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
