@@ -396,13 +396,13 @@ __attribute__((target(DP_TARGET), noinline)) static float loop_fma(int n)
 }
 
 /* Whether vdpbf16ps does clearly more multiply-adds per second than FMA:
- * the best of a few short runs of each (about 0.1 ms in all), interleaved
+ * the best of nine short runs of each (about 0.1 ms in all), interleaved
  * so a busy host slows both alike.  Only the speed depends on it. */
 static bool faster(void)
 {
     double bd = 1e30, bf = 1e30;
     volatile float sink = 0;
-    for (int r = 0; r < 5; r++) {
+    for (int r = 0; r < 9; r++) {
         double t0 = now_ns();
         sink += loop_dp(1000);
         double t1 = now_ns();
