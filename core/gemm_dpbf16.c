@@ -181,7 +181,8 @@ __attribute__((target(DP_TARGET))) static void pair_across(uint32_t *dst, int R,
             __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r0 + c));
             __m512i l = two ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r1 + c))
                             : _mm512_maskz_mov_epi32(m, padv);
-            _mm512_storeu_si512(dst + (long)p * R + c, _mm512_or_si512(_mm512_slli_epi32(h, 16), l));
+            __m512i v = _mm512_or_si512(_mm512_slli_epi32(h, 16), l);
+            _mm512_storeu_si512(dst + (long)p * R + c, v);
         }
     }
 }
@@ -364,7 +365,8 @@ __attribute__((target(DP_TARGET), noinline)) static float loop_dp(int n)
 {
     __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0,
            c7 = c0;
-    __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = (__m512bh)_mm512_set1_epi32(0x3c003c00);
+    __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80);
+    __m512bh b = (__m512bh)_mm512_set1_epi32(0x3c003c00);
     for (int i = 0; i < n; i++) {
         c0 = _mm512_dpbf16_ps(c0, a, b), c1 = _mm512_dpbf16_ps(c1, a, b);
         c2 = _mm512_dpbf16_ps(c2, a, b), c3 = _mm512_dpbf16_ps(c3, a, b);

@@ -819,7 +819,21 @@ static void test_dpbf16_fallback(void **state)
             }
         }
     }
-    free(Ah), free(Bh);
+    /* tests that cap the panel memory get the f32 path's answer to it
+     * (-1, nothing written), not this path */
+    for (size_t i = 0; i < (size_t)K * lda; i++)
+        Ah[i] = rbf();
+    for (size_t i = 0; i < (size_t)K * ldb; i++)
+        Bh[i] = rbf();
+    float *C = malloc(4 * (size_t)M * N);
+    unsigned long c0 = nt__gemm_dpbf16_calls();
+    nt__gemm_set_panel_cap(1);
+    assert_int_equal(nt__gemm_typed(M, N, K, Ah, lda, false, NT_BF16, Bh, ldb, false, NT_BF16, C,
+                                    N, NULL, NT_F32),
+                     -1);
+    nt__gemm_set_panel_cap(0);
+    assert_true(nt__gemm_dpbf16_calls() == c0);
+    free(C), free(Ah), free(Bh);
     nt__gemm_set_dpbf16(-1);
 }
 
