@@ -182,7 +182,11 @@ __attribute__((target(DP_TARGET))) static void pair_across(uint32_t *dst, int R,
             __m512i l = two ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r1 + c))
                             : _mm512_maskz_mov_epi32(m, padv);
             __m512i v = _mm512_or_si512(_mm512_slli_epi32(h, 16), l);
-            _mm512_storeu_si512(dst + (long)p * R + c, v);
+            /* only this pair's R lanes (R = 12 for A): writing 16 would
+             * clobber the next pair's, or the next panel's, which another
+             * thread may have packed already */
+            int q = R - c < 16 ? R - c : 16;
+            _mm512_mask_storeu_epi32(dst + (long)p * R + c, (__mmask16)((1u << q) - 1), v);
         }
     }
 }
