@@ -712,6 +712,9 @@ static void test_dpbf16_shapes(void **state)
     int best = nt__gemm_isa_best();
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], lda = M + 1, ldb = N + 5;
+        /* sanitizer builds: one big (two-thread) shape, not three */
+        if (getenv("NT_TEST_QUICK") && (M == 97 || M == 7))
+            continue;
         uint16_t *Ah = malloc(2 * ((size_t)K * lda + 1)), *Bh = malloc(2 * ((size_t)K * ldb + 1));
         for (size_t i = 0; i < (size_t)K * lda; i++)
             Ah[i] = rbf();
