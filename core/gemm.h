@@ -87,6 +87,24 @@ int nt__gemm_typed(int M, int N, int K, const void *A, int lda, bool arow, nt_dt
                    const void *B, int ldb, bool bcol, nt_dtype bdt, float *C, int ldc, void *out,
                    nt_dtype odt);
 
+/* nt__gemm_typed's bf16 x bf16 products on AVX512_BF16's vdpbf16ps
+ * (core/gemm_dpbf16.c), where that gives the same bits: at the AVX-512
+ * level, on a CPU whose instruction passes a self-test, where it is faster
+ * than the f32 kernel (or forced on), and only for operands whose range
+ * provably keeps every product and partial sum normal and finite.  0: C
+ * (and out, for odt other than NT_F32, else NULL) written as
+ * nt__gemm_typed would; 1: not taken, nothing written. */
+int nt__gemm_dpbf16(int M, int N, int K, const void *A, int lda, bool arow, const void *B,
+                    int ldb, bool bcol, float *C, int ldc, void *out, nt_dtype odt);
+/* Whether this CPU runs the path (AVX512_BF16, self-test passed). */
+bool nt__gemm_dpbf16_runs(void);
+/* Tests and benches: 1 takes the path wherever it is safe even if slower
+ * here (-1 when the CPU does not run it), 0 never, -1 as measured at first
+ * use; -1 for anything else. */
+int nt__gemm_set_dpbf16(int mode);
+/* Products that took the path so far. */
+unsigned long nt__gemm_dpbf16_calls(void);
+
 /* Tests only: panel buffers of more than n floats fail as if the host had
  * no memory for them (0: no cap), to run the fallback paths. */
 void nt__gemm_set_panel_cap(size_t n);

@@ -647,6 +647,260 @@ static void test_train_threads(void **state)
     free(first), free(got);
 }
 
+/* ---------------- bf16 x bf16 on vdpbf16ps (core/gemm_dpbf16.c) ---------------- */
+
+/* bf16 bits, normal, exponents 2^-20 .. 2^19, either sign; a few signed
+ * zeros. */
+static uint16_t rbf(void)
+{
+    uint32_t r = rnd();
+    if (r % 61 == 0)
+        return r & 0x100 ? 0x8000 : 0x0000;
+    return (uint16_t)((r >> 20 & 0x8000) | ((107 + (r >> 8) % 40) << 7) | (r & 0x7f));
+}
+
+/* nt__gemm_typed on bf16 x bf16 (A K x M, lda; B K x N, ldb; both layouts
+ * made here), out f32 or bf16, against the naive recurrence on the widened
+ * values: 0 when every element matches; *took: the call went through the
+ * vdpbf16ps path. */
+static int dp_check(int M, int N, int K, const uint16_t *Ah, int lda, const uint16_t *Bh, int ldb,
+                    bool rowa, bool bcol, bool o16, bool *took)
+{
+    int ldc = N + 3, ldr = K + 1, ldt = K + 3;
+    size_t nc = (size_t)M * ldc;
+    float *A = malloc(4 * ((size_t)K * lda + 1)), *B = malloc(4 * ((size_t)K * ldb + 1));
+    uint16_t *Ar = malloc(2 * ((size_t)M * ldr + 1)), *Bt = malloc(2 * ((size_t)N * ldt + 1));
+    for (size_t i = 0; i < (size_t)K * lda; i++)
+        A[i] = nt__bf16_to_f32(Ah[i]);
+    for (size_t i = 0; i < (size_t)K * ldb; i++)
+        B[i] = nt__bf16_to_f32(Bh[i]);
+    for (int i = 0; i < M; i++)
+        for (int k = 0; k < ldr; k++)
+            Ar[(long)i * ldr + k] = k < K ? Ah[(long)k * lda + i] : 0x7fc1; /* never read */
+    for (int j = 0; j < N; j++)
+        for (int k = 0; k < ldt; k++)
+            Bt[(long)j * ldt + k] = k < K ? Bh[(long)k * ldb + j] : 0x7fc1;
+    float *ref = malloc(4 * nc), *got = malloc(4 * nc);
+    uint16_t *refh = malloc(2 * nc), *goth = malloc(2 * nc);
+    naive(M, N, K, A, lda, B, ldb, ref, ldc);
+    for (int i = 0; i < M; i++)
+        nt__st_f32((char *)(refh + (long)i * ldc), NT_BF16, 1, ref + (long)i * ldc, N);
+    for (size_t i = 0; i < nc; i++)
+        ref[i] = nt__canon(ref[i]);
+    memset(got, 0x55, 4 * nc);
+    memset(goth, 0x55, 2 * nc);
+    unsigned long c0 = nt__gemm_dpbf16_calls();
+    int rc = nt__gemm_typed(M, N, K, rowa ? (const void *)Ar : Ah, rowa ? ldr : lda, rowa, NT_BF16,
+                            bcol ? (const void *)Bt : Bh, bcol ? ldt : ldb, bcol, NT_BF16, got,
+                            ldc, o16 ? (void *)goth : NULL, o16 ? NT_BF16 : NT_F32);
+    *took = nt__gemm_dpbf16_calls() != c0;
+    assert_int_equal(rc, 0);
+    int bad = 0;
+    for (int i = 0; i < M; i++)
+        bad += o16 ? memcmp(goth + (long)i * ldc, refh + (long)i * ldc, 2 * (size_t)N) != 0
+                   : differ(got + (long)i * ldc, ref + (long)i * ldc, (size_t)N);
+    if (bad)
+        print_message("# dpbf16 %dx%dx%d, A %s, B %s, out %s: %d rows differ\n", M, N, K,
+                      rowa ? "rows" : "cols", bcol ? "cols" : "rows", o16 ? "bf16" : "f32", bad);
+    free(A), free(B), free(Ar), free(Bt), free(ref), free(got), free(refh), free(goth);
+    return bad;
+}
+
+/* The path (forced on where the CPU runs it, whatever its speed here) on
+ * shapes around its edges -- K = 1, odd K (the pad), K-tile edges, tails
+ * of M and N, both layouts of each operand, f32 and bf16 results, 1 and 2
+ * threads -- gives the naive recurrence's bits; at every level below
+ * AVX-512, and when forced off, the call takes the f32 path (same bits).
+ * Where the CPU lacks AVX512_BF16 (or its self-test fails) forcing it on
+ * is refused. */
+static void test_dpbf16_shapes(void **state)
+{
+    (void)state;
+    bool has = false;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    has = __builtin_cpu_supports("avx512bf16") && nt__gemm_isa_runs(NT_ISA_AVX512);
+#endif
+    /* the self-test passes on every CPU that has the instruction */
+    assert_int_equal(nt__gemm_dpbf16_runs(), has);
+    assert_int_equal(nt__gemm_set_dpbf16(2), -1);
+    assert_int_equal(nt__gemm_set_dpbf16(-2), -1);
+    if (!has) {
+        assert_int_equal(nt__gemm_set_dpbf16(1), -1);
+        return;
+    }
+    static const int shapes[][3] = {
+        {1, 1, 1},    {1, 1, 2},     {3, 5, 3},     {13, 33, 1},    {12, 32, 64},
+        {13, 33, 129}, {24, 64, 128}, {25, 70, 127}, {40, 50, 255}, {97, 257, 385},
+        {7, 600, 784}, {128, 300, 257},
+    };
+    int best = nt__gemm_isa_best();
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], lda = M + 1, ldb = N + 5;
+        /* sanitizer builds: one big (two-thread) shape, not three */
+        if (getenv("NT_TEST_QUICK") && (M == 97 || M == 7))
+            continue;
+        uint16_t *Ah = malloc(2 * ((size_t)K * lda + 1)), *Bh = malloc(2 * ((size_t)K * ldb + 1));
+        for (size_t i = 0; i < (size_t)K * lda; i++)
+            Ah[i] = rbf();
+        for (size_t i = 0; i < (size_t)K * ldb; i++)
+            Bh[i] = rbf();
+        for (int th = 1; th <= 2; th++)
+            for (int lay = 0; lay < 8; lay++) {
+                bool took;
+                assert_int_equal(nt__gemm_set_threads(th), 0);
+                assert_int_equal(nt__gemm_set_dpbf16(1), 0);
+                assert_int_equal(dp_check(M, N, K, Ah, lda, Bh, ldb, lay & 1, lay & 2, lay & 4,
+                                          &took),
+                                 0);
+                assert_true(took);
+                /* forced off, and every level below AVX-512: the f32 path */
+                assert_int_equal(nt__gemm_set_dpbf16(0), 0);
+                assert_int_equal(dp_check(M, N, K, Ah, lda, Bh, ldb, lay & 1, lay & 2, lay & 4,
+                                          &took),
+                                 0);
+                assert_false(took);
+                assert_int_equal(nt__gemm_set_dpbf16(1), 0);
+                for (int isa = 0; isa < NT_ISA_AVX512 && isa <= best && lay == 0; isa++) {
+                    assert_int_equal(nt__gemm_set_isa(isa), 0);
+                    assert_int_equal(dp_check(M, N, K, Ah, lda, Bh, ldb, false, false, false,
+                                              &took),
+                                     0);
+                    assert_false(took);
+                    assert_int_equal(nt__gemm_set_isa(-1), 0);
+                }
+            }
+        free(Ah), free(Bh);
+    }
+    nt__gemm_set_dpbf16(-1);
+    nt__gemm_set_threads(0);
+    nt__gemm_set_isa(-1);
+}
+
+/* Operands the instruction would not compute the recurrence's bits for
+ * (it reads subnormals as 0, flushes subnormal results, and NaN payloads
+ * are its own) must take the f32 path: a subnormal input, a pair whose
+ * product is subnormal, products that cancel into the subnormal range,
+ * Inf, NaN, a product that overflows, sums that could overflow; all give
+ * the naive bits.  Ranges just inside the bounds take the path and give
+ * them too. */
+static void test_dpbf16_fallback(void **state)
+{
+    (void)state;
+    if (nt__gemm_set_dpbf16(1) != 0)
+        return; /* this CPU does not run it (test_dpbf16_shapes checks why) */
+    const int M = 20, N = 40, K = 131, lda = M, ldb = N;
+    uint16_t *Ah = malloc(2 * (size_t)K * lda), *Bh = malloc(2 * (size_t)K * ldb);
+    static const struct {
+        const char *what;
+        uint16_t a0, a1, b0, b1; /* A[0][0], A[1][0], B[0][0], B[1][0] */
+        int scale;               /* added to every exponent of A and of B (biased) */
+        bool takes;
+        bool alone; /* C[0][0] is the pair's alone (A[k][0] = 0 past it): the
+                       instruction's flushing to 0 would show */
+    } cases[] = {
+        {"plain values", 0x3f80, 0xbf80, 0x3f80, 0x3f80, 0, true, false},
+        {"a subnormal input", 0x0001, 0x0000, 0x3f80, 0x3f80, 0, false, true},
+        {"a subnormal product", 0x1c80, 0x0000, 0x2080, 0x3f80, 0, false, true},
+        /* 2^-60 (1 + 2^-7) * 2^-60 - 2^-60 * 2^-60 = 2^-127 */
+        {"sums cancelling below 2^-126", 0x2181, 0xa180, 0x2180, 0x2180, -60, false, true},
+        {"an infinity", 0x7f80, 0xbf80, 0x3f80, 0x3f80, 0, false, false},
+        {"a NaN", 0x3f80, 0xbf80, 0x7fc1, 0x3f80, 0, false, false},
+        {"an overflowing product", 0x7180, 0xbf80, 0x7180, 0x3f80, 0, false, false},
+        /* products below 2^122, but 256 of them could pass 2^127 */
+        {"sums that may overflow", 0x3f80, 0xbf80, 0x3f80, 0x3f80, 41, false, false},
+        /* the least exponents (2^-56 each) make q = 2^-126 exactly: taken */
+        {"quantum 2^-126", 0x3f80, 0xbf80, 0x3f80, 0x3f80, -36, true, false},
+        /* exponents up to 2^58: 256 products below 2^119 each */
+        {"the greatest sums allowed", 0x3f80, 0xbf80, 0x3f80, 0x3f80, 39, true, false},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        for (int rep = 0; rep < 2; rep++) {
+            /* values with exponents [127 - 20, 127 + 19] shifted by scale
+             * (rbf's range), A and B alike */
+            for (size_t i = 0; i < (size_t)K * lda; i++) {
+                uint16_t v = rbf();
+                Ah[i] = (v & 0x7fff) ? (uint16_t)(v + cases[c].scale * 128) : v;
+            }
+            for (size_t i = 0; i < (size_t)K * ldb; i++) {
+                uint16_t v = rbf();
+                Bh[i] = (v & 0x7fff) ? (uint16_t)(v + cases[c].scale * 128) : v;
+            }
+            /* the case's elements at k = 0 and 1 of row 0 and column 0 (or,
+             * rep 1, at the odd K's last k: the pair with the pad) */
+            int k0 = rep ? K - 1 : 0;
+            Ah[(long)k0 * lda] = cases[c].a0, Bh[(long)k0 * ldb] = cases[c].b0;
+            if (!rep)
+                Ah[lda] = cases[c].a1, Bh[ldb] = cases[c].b1;
+            if (cases[c].alone && !rep)
+                for (int k = 2; k < K; k++)
+                    Ah[(long)k * lda] = 0;
+            for (int lay = 0; lay < 8; lay++) {
+                bool took;
+                assert_int_equal(dp_check(M, N, K, Ah, lda, Bh, ldb, lay & 1, lay & 2, lay & 4,
+                                          &took),
+                                 0);
+                if (took != cases[c].takes)
+                    print_message("# dpbf16 with %s (%d): %s\n", cases[c].what, rep,
+                                  took ? "taken" : "not taken");
+                assert_int_equal(took, cases[c].takes);
+            }
+        }
+    }
+    /* tests that cap the panel memory get the f32 path's answer to it
+     * (-1, nothing written), not this path */
+    for (size_t i = 0; i < (size_t)K * lda; i++)
+        Ah[i] = rbf();
+    for (size_t i = 0; i < (size_t)K * ldb; i++)
+        Bh[i] = rbf();
+    float *C = malloc(4 * (size_t)M * N);
+    unsigned long c0 = nt__gemm_dpbf16_calls();
+    nt__gemm_set_panel_cap(1);
+    assert_int_equal(nt__gemm_typed(M, N, K, Ah, lda, false, NT_BF16, Bh, ldb, false, NT_BF16, C,
+                                    N, NULL, NT_F32),
+                     -1);
+    nt__gemm_set_panel_cap(0);
+    assert_true(nt__gemm_dpbf16_calls() == c0);
+    free(C), free(Ah), free(Bh);
+    nt__gemm_set_dpbf16(-1);
+}
+
+/* 20 AdamW steps of the MLP under bf16 autocast on the CPU backend, 1 and
+ * 2 threads: with the path forced on (taken by some of the products) the
+ * parameters come out as with it off, bit for bit. */
+static void test_dpbf16_train(void **state)
+{
+    (void)state;
+    if (nt__gemm_set_dpbf16(1) != 0)
+        return;
+    const size_t n = 160 * 100 + 160 + 10 * 160 + 10;
+    float *first = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    int runs = 0;
+    for (int th = 1; th <= 2; th++)
+        for (int on = 0; on < 2; on++) {
+            m_threads = th == 1 ? "1" : "2";
+            assert_int_equal(nt__gemm_set_dpbf16(on), 0);
+            unsigned long c0 = nt__gemm_dpbf16_calls();
+            assert_int_equal(nt_autocast_begin(NT_BF16), 0);
+            train("cpu", nt__gemm_isa_label(nt__gemm_isa_best()), "eager", runs ? got : first, n);
+            assert_int_equal(nt_autocast_end(), 0);
+            if (on)
+                assert_true(nt__gemm_dpbf16_calls() > c0);
+            else
+                assert_true(nt__gemm_dpbf16_calls() == c0);
+            if (runs++) {
+                int bad = differ(got, first, n);
+                if (bad)
+                    print_message("# bf16 training, path %s, %d thread(s): %d parameters "
+                                  "differ\n", on ? "on" : "off", th, bad);
+                assert_int_equal(bad, 0);
+            }
+        }
+    nt__gemm_set_dpbf16(-1);
+    m_threads = "2";
+    free(first), free(got);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -662,6 +916,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_train_every_level, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_train_threads, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_dpbf16_shapes, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_dpbf16_fallback, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_dpbf16_train, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
