@@ -41,6 +41,12 @@
 #define EW_TILES 16 /* tiles a big elementwise program is cut into, at least */
 #define EW_NBUF 6   /* register sets in flight, at most: two pairs of tiles */
 #define NT_F_MAXREG 48
+/* epilogue register sets of an MM program, at most: an accumulator block's
+ * epilogue loads (AdamW's parameter and moments) then run ahead of the
+ * blocks still computing and storing instead of waiting for the block
+ * before the last to have stored (two sets: the W1 gradient + AdamW kernel
+ * took 158 us, its ops alone 78 us of VectorE) */
+#define MM_NBUF EW_NBUF
 
 static bool isf(nt_dtype dt) { return nt__dtype_is_float(dt); }
 
@@ -1010,6 +1016,14 @@ static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor
 
 /* ---------------- MM programs ---------------- */
 
+/* One accumulator block of the epilogue: its register set (t.buf), its
+ * HBM patterns and its program's state. */
+typedef struct mm_blk {
+    struct mm_run *w;
+    tile_state t;
+    nt_ap pats[SK_MAXOPND];
+} mm_blk;
+
 typedef struct mm_run {
     sk_k *s;
     tile_state t;
@@ -1021,16 +1035,35 @@ typedef struct mm_run {
     int nbatch;
     int64_t batch[NT_MAX_DIMS];
     int dm, dn;          /* iteration dims of m and n, -1 if dropped */
-    nt_ap pats[SK_MAXOPND];
+    int nbuf;            /* epilogue register sets in rotation (>= 2) */
+    int pend;            /* the block whose ops wait for the next one's loads, -1 none */
+    mm_blk blk[MM_NBUF];
     sk_hv iv;            /* element indices (stochastic rounding) */
 } mm_run;
 
 static int mm_store(void *ctx, int slot, const nt_ap *src)
 {
-    mm_run *w = ctx;
-    return nt_isa_dma_copy(w->s->k, &w->pats[w->P->next + slot], src, sk_qout(w->s));
+    mm_blk *b = ctx;
+    return nt_isa_dma_copy(b->w->s->k, &b->pats[b->w->P->next + slot], src, sk_qout(b->w->s));
 }
 
+/* The second half of a block's epilogue: its stores and ops. */
+static int mm_finish(mm_blk *b)
+{
+    const nt__fprog *P = b->w->P;
+    int rc = 0;
+    if (P->vals[0].store >= 0) {
+        nt_ap v0 = val_ap(&b->t, 0);
+        rc = mm_store(b, P->vals[0].store, &v0);
+    }
+    return rc ? rc : run_ops(&b->t, mm_store, b);
+}
+
+/* Evacuates the block and loads its epilogue inputs, then runs the ops and
+ * stores of the block before it: a block's loads are issued before the
+ * previous block's stores, which would otherwise hold them up (adjacent row
+ * blocks share HBM pages, and a load waits for a store to a page it reads),
+ * and run while that block computes. */
 static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, void *ctx)
 {
     mm_run *w = ctx;
@@ -1038,9 +1071,13 @@ static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, 
     plan *L = w->t.L;
     int np = acc->np;
     int64_t nf = ap_count(acc);
-    w->t.buf = w->ntile++ & 1;
-    w->t.np = np;
-    w->t.nf = nf;
+    int buf = w->ntile++ % w->nbuf;
+    mm_blk *k = &w->blk[buf];
+    k->w = w;
+    k->t = w->t;
+    k->t.buf = buf;
+    k->t.np = np;
+    k->t.nf = nf;
     /* batch multi-index */
     int64_t bi[NT_MAX_DIMS];
     for (int i = w->nbatch - 1; i >= 0; i--) {
@@ -1064,22 +1101,23 @@ static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, 
         a.num[0] = nf;
         a.step[0] = sn;
         if (q == P->next + P->nout)
-            set_index(&w->t.E, &a);
+            set_index(&k->t.E, &a);
         else
-            w->pats[q] = a;
+            k->pats[q] = a;
     }
     /* evacuate: PSUM -> the matmul's dtype (its one rounding) */
-    nt_ap v0 = val_ap(&w->t, 0);
+    nt_ap v0 = val_ap(&k->t, 0);
     int rc = nt_isa_tensor_copy(s->k, &v0, acc, NT_ENGINE_SCALAR);
-    if (!rc && P->vals[0].store >= 0)
-        rc = mm_store(w, P->vals[0].store, &v0);
     for (int e = 0; e < P->next && !rc; e++) {
         if (!L->eused[e])
             continue;
-        nt_ap d = nt_tile_slice(L->R.tile[w->t.buf][L->ereg[e]], 0, np, 0, nf);
-        rc = nt_isa_dma_copy(s->k, &d, &w->pats[e], sk_qin(s));
+        nt_ap d = nt_tile_slice(L->R.tile[buf][L->ereg[e]], 0, np, 0, nf);
+        rc = nt_isa_dma_copy(s->k, &d, &k->pats[e], sk_qin(s));
     }
-    return rc ? rc : run_ops(&w->t, mm_store, w);
+    if (!rc && w->pend >= 0)
+        rc = mm_finish(&w->blk[w->pend]);
+    w->pend = buf;
+    return rc;
 }
 
 static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out,
@@ -1121,10 +1159,16 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     for (int o = 0; o < P->nout; o++)
         sk_hv_of(&w->v[P->next + o], out[o], nd, P->shape);
     index_view(&w->iv, nd, P->shape);
-    rc = plan_alloc(s, L, &w->t.E, 512, 2);
+    w->nbuf = MM_NBUF;
+    while (w->nbuf > 2 && plan_bytes(L, 512, w->nbuf) > SK_SBUF_BUDGET - 64 * 1024)
+        w->nbuf--;
+    rc = plan_alloc(s, L, &w->t.E, 512, w->nbuf);
     w->t.E.keys = keys;
+    w->pend = -1;
     if (!rc)
         rc = sk_matmul_run(s, a, b, NULL, mm_epi, w);
+    if (!rc && w->pend >= 0)
+        rc = mm_finish(&w->blk[w->pend]);
     g_free(w);
     g_free(L);
     return rc;
