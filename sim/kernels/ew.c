@@ -238,7 +238,7 @@ static int ts1(sk_k *s, const nt_ap *dst, const nt_ap *src, nt_alu_op op, const 
                float imm, bool rev)
 {
     nt_isa_alu a = {op, {sap, imm}, rev};
-    return nt_isa_tensor_scalar(s->k, dst, src, &a, NULL, sk_eng(s));
+    return nt_isa_tensor_scalar(s->k, dst, src, &a, NULL, sk_eng_ap(s, dst));
 }
 
 /* Emits op o (program op index opk) writing dst (dtype odt). */
@@ -261,7 +261,7 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
     case NT_KIND_COPY:
         if (is_sr(o))
             return emit_sr(E, opk, dst, &a[0].ap, E->nf == 1 && a[0].red);
-        return nt_isa_tensor_copy(k, dst, &a[0].ap, sk_eng(s));
+        return nt_isa_tensor_copy(k, dst, &a[0].ap, sk_eng_ap(s, dst));
     case NT_KIND_UNARY:
         if (fc)
             return nt_isa_activation(k, dst, act_of(o->op), &a[0].ap, NULL, NULL, NULL);
@@ -278,7 +278,7 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
         case NT_OP_BITWISE_NOT: { /* ~a = -a - 1, wrapping */
             nt_isa_alu neg = {NT_ALU_MUL, {NULL, -1.0f}, false};
             nt_isa_alu dec = {NT_ALU_ADD, {NULL, -1.0f}, false};
-            return nt_isa_tensor_scalar(k, dst, &a[0].ap, &neg, &dec, sk_eng(s));
+            return nt_isa_tensor_scalar(k, dst, &a[0].ap, &neg, &dec, sk_eng_ap(s, dst));
         }
         default:
             return nt__kerr(NT_ENOTSUP, "no simulator sequence for integer %s", nt__op_api(o->op));
@@ -301,7 +301,7 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
              * zeros and lo > hi (all hi) included */
             nt_isa_alu lo = {NT_ALU_MAX, {fc ? NULL : &c0, s0}, false};
             nt_isa_alu hi = {NT_ALU_MIN, {fc ? NULL : &c1, s1}, false};
-            return nt_isa_tensor_scalar(k, dst, &a[0].ap, &lo, &hi, sk_eng(s));
+            return nt_isa_tensor_scalar(k, dst, &a[0].ap, &lo, &hi, sk_eng_ap(s, dst));
         }
         default: nt__op_unhandled("sim scalar sequence", o->op);
         }
@@ -404,6 +404,7 @@ typedef struct plan {
     bool eused[NT_F_MAXEXT], live[NT_F_MAXOPS];
     int vuses[NT_F_MAXVALS];     /* operand references by live ops */
     unsigned needs;
+    int ve_only, se_only, flex; /* cycles per element of the live ops, by engine */
     regs R;
 } plan;
 
@@ -462,6 +463,22 @@ static int plan_make(plan *L, const nt__fprog *P, int first, bool keep_stored)
             continue;
         const nt__fop *o = &P->ops[k];
         L->needs |= op_needs(o, val_fc(P, o));
+        switch (nt__ops[o->op].kind) {
+        case NT_KIND_BINARY:
+        case NT_KIND_CMP:
+        case NT_KIND_WHERE: L->ve_only += 2; break;
+        case NT_KIND_UNARY:
+        case NT_KIND_SCALAR:
+            if (val_fc(P, o) && (nt__ops[o->op].kind == NT_KIND_UNARY ||
+                                 sim_of[o->op] == NT__SIM_TABLE)) {
+                L->se_only++; /* activation */
+                break;
+            }
+            L->flex++;
+            break;
+        case NT_KIND_COPY: L->flex++; break;
+        default: L->ve_only++; break;
+        }
         /* operands whose last reader is this op free their registers: the
          * result may overwrite them elementwise */
         for (int e = 0; e < P->next; e++)
@@ -516,6 +533,14 @@ static int plan_alloc(sk_k *s, plan *L, emit_ctx *E, int64_t F, int nbuf)
             L->R.tile[1][r] = L->R.tile[0][r];
     memset(E, 0, sizeof *E);
     E->s = s;
+    /* ScalarE takes every flexible step when VectorE's own work (plus an MM
+     * program's evacuations on ScalarE) still outweighs them; else the
+     * engine that frees up first (sk_eng) */
+    nt_sim_config c;
+    if (nt_sim_config_get(&c) == 0 && c.clock_ghz[NT_ENGINE_VECTOR] > 0 &&
+        c.clock_ghz[NT_ENGINE_SCALAR] > 0)
+        s->scalar_first = L->ve_only / c.clock_ghz[NT_ENGINE_VECTOR] >=
+                          (L->se_only + L->flex + L->first) / c.clock_ghz[NT_ENGINE_SCALAR];
     if (L->needs & NEED_TF) {
         E->tf[0] = sk_tile(s, "tmp0", NT_F32, 128, F);
         E->tf[1] = sk_tile(s, "tmp1", NT_F32, 128, F);
@@ -641,7 +666,7 @@ static int peephole(tile_state *t, int k, int *rcp, int (*store)(void *, int, co
         nt_ap dst = val_ap(t, n->out);
         nt_isa_alu op0 = {(nt_alu_op)scalar_alu(o->op), {NULL, (float)o->p.f[0]}, false};
         nt_isa_alu op1 = {(nt_alu_op)scalar_alu(n->op), {NULL, (float)n->p.f[0]}, false};
-        int rc = nt_isa_tensor_scalar(s->k, &dst, &a.ap, &op0, &op1, sk_eng(s));
+        int rc = nt_isa_tensor_scalar(s->k, &dst, &a.ap, &op0, &op1, sk_eng_ap(s, &dst));
         if (!rc && P->vals[n->out].store >= 0)
             rc = store(sctx, P->vals[n->out].store, &dst);
         *rcp = rc;

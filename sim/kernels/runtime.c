@@ -109,6 +109,12 @@ nt_engine sk_eng(sk_k *s)
     return s->eng ? NT_ENGINE_VECTOR : NT_ENGINE_SCALAR;
 }
 
+nt_engine sk_eng_ap(sk_k *s, const nt_ap *dst)
+{
+    (void)dst;
+    return s->scalar_first ? NT_ENGINE_SCALAR : sk_eng(s);
+}
+
 bool sk_values_begin(sk_k *s)
 {
     if (!nt__sim_program_values() || !nt__sim_kernel_functional(s->k))

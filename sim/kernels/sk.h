@@ -40,6 +40,7 @@ typedef struct sk_k {
     nt_sim_kernel *k;
     int qin, qout;   /* next load / store queue */
     int eng;         /* alternation of VectorE / ScalarE for tensor_scalar */
+    bool scalar_first; /* sk_eng_ap: VectorE has more than its share (ew.c) */
     char derr[200];  /* a data error found by the kernel (CPU-style message) */
     int derr_code;
     void *scratch[8]; /* HBM scratch buffers, freed at end */
@@ -84,6 +85,12 @@ static inline int sk_qout(sk_k *s) { int q = s->qout; s->qout = (q + 1) % 8; ret
  * heavy in tensor_tensor work (VectorE only) moves its scalar steps and
  * copies to ScalarE.  Ties alternate. */
 nt_engine sk_eng(sk_k *s);
+/* The same choice for a program whose VectorE-only work (tensor_tensor)
+ * outweighs what ScalarE would get with every flexible step
+ * (s->scalar_first, set by the program): ScalarE, always.  Picking the
+ * engine that frees up first put AdamW's scalar steps on VectorE, its
+ * bottleneck, whenever ScalarE was a little behind. */
+nt_engine sk_eng_ap(sk_k *s, const nt_ap *dst);
 
 /* SBUF bytes per partition a kernel plans with (the rest is headroom for
  * nt_tile_matmul's minimum and small tiles). */
