@@ -517,6 +517,39 @@ static int64_t plan_bytes(const plan *L, int64_t F, int nbuf)
     return b;
 }
 
+/* ScalarE loads a function table (1 us) before the first activation that
+ * needs one.  In a kernel that is a chain on its first tile's loads (a small
+ * AdamW: sqrt), that load sat on the critical path; one activation of the
+ * program's first table function on a scratch element, issued before
+ * anything else, loads it while the inputs are still on their way (as a
+ * compiler hoists the table load).  Its value is never read. */
+static int warm_table(sk_k *s, const plan *L)
+{
+    const nt__fprog *P = L->P;
+    for (int k = L->first; k < P->nops; k++) {
+        const nt__fop *o = &P->ops[k];
+        if (!L->live[k] || !val_fc(P, o))
+            continue;
+        int kind = nt__ops[o->op].kind;
+        bool table = kind == NT_KIND_SCALAR && sim_of[o->op] == NT__SIM_TABLE;
+        if (kind != NT_KIND_UNARY && !table)
+            continue;
+        nt_act_func f = act_of(o->op);
+        if (f == NT_ACT_IDENTITY || f == NT_ACT_RELU || f == NT_ACT_ABS || f == NT_ACT_NEG ||
+            f == NT_ACT_SQUARE) /* no table */
+            continue;
+        nt_tile *w = sk_tile(s, "act.warm", NT_F32, 1, 1);
+        nt_ap a = tslice(w, 1, 1);
+        int rc = nt_isa_memset(s->k, &a, 1.0, NT_ENGINE_GPSIMD);
+        if (!rc)
+            rc = table ? nt_isa_activation(s->k, &a, f, &a, &(nt_isa_scalar){NULL, (float)o->p.f[0]},
+                                           &(nt_isa_scalar){NULL, (float)o->p.f[1]}, NULL)
+                       : nt_isa_activation(s->k, &a, f, &a, NULL, NULL, NULL);
+        return rc;
+    }
+    return 0;
+}
+
 static int plan_alloc(sk_k *s, plan *L, emit_ctx *E, int64_t F, int nbuf)
 {
     /* tile names for the trace: "reg.<dtype>[.row]" (no printf per kernel) */
@@ -548,6 +581,9 @@ static int plan_alloc(sk_k *s, plan *L, emit_ctx *E, int64_t F, int nbuf)
     if (L->needs & NEED_TI)
         E->ti = sk_tile(s, "tmpi", NT_I32, 128, F);
     const nt__fprog *P = L->P;
+    int rc = warm_table(s, L);
+    if (rc)
+        return rc;
     if (L->needs & (NEED_CF | NEED_CI)) {
         E->cf = sk_tile(s, "const.f32", NT_F32, 128, 2 * P->nops);
         E->ci = sk_tile(s, "const.i32", NT_I32, 128, 2 * P->nops);

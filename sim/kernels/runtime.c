@@ -115,6 +115,16 @@ nt_engine sk_eng_ap(sk_k *s, const nt_ap *dst)
     return s->scalar_first ? NT_ENGINE_SCALAR : sk_eng(s);
 }
 
+int sk_warm_act(sk_k *s, nt_act_func f)
+{
+    nt_tile *t = sk_tile(s, "act.warm", NT_F32, 1, 1);
+    if (!t)
+        return nt_sim_kernel_error(s->k);
+    nt_ap a = nt_tile_ap(t);
+    int rc = nt_isa_memset(s->k, &a, 1.0, NT_ENGINE_GPSIMD);
+    return rc ? rc : nt_isa_activation(s->k, &a, f, &a, NULL, NULL, NULL);
+}
+
 bool sk_values_begin(sk_k *s)
 {
     if (!nt__sim_program_values() || !nt__sim_kernel_functional(s->k))

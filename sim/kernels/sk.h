@@ -91,6 +91,10 @@ nt_engine sk_eng(sk_k *s);
  * engine that frees up first put AdamW's scalar steps on VectorE, its
  * bottleneck, whenever ScalarE was a little behind. */
 nt_engine sk_eng_ap(sk_k *s, const nt_ap *dst);
+/* Loads ScalarE's table for activation f now (one activation on a scratch
+ * element, never read): issued first, the 1 us table load overlaps the
+ * kernel's first loads instead of sitting in its chain. */
+int sk_warm_act(sk_k *s, nt_act_func f);
 
 /* SBUF bytes per partition a kernel plans with (the rest is headroom for
  * nt_tile_matmul's minimum and small tiles). */
