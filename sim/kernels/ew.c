@@ -1098,6 +1098,7 @@ typedef struct mm_run {
     int dm, dn;          /* iteration dims of m and n, -1 if dropped */
     int nbuf;            /* epilogue register sets in rotation (>= 2) */
     int pend;            /* the block whose ops wait for the next one's loads, -1 none */
+    bool lag;            /* an output is an input too (in place): lag one block */
     mm_blk blk[MM_NBUF];
     sk_hv iv;            /* element indices (stochastic rounding) */
 } mm_run;
@@ -1121,10 +1122,11 @@ static int mm_finish(mm_blk *b)
 }
 
 /* Evacuates the block and loads its epilogue inputs, then runs the ops and
- * stores of the block before it: a block's loads are issued before the
- * previous block's stores, which would otherwise hold them up (adjacent row
- * blocks share HBM pages, and a load waits for a store to a page it reads),
- * and run while that block computes. */
+ * stores of the block before it (w->lag) or of this one: with the lag a
+ * block's loads are issued before the previous block's stores, which would
+ * otherwise hold them up when the program writes what it reads (adjacent
+ * row blocks share HBM pages, and a load waits for a store to a page it
+ * reads), and run while that block computes. */
 static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, void *ctx)
 {
     mm_run *w = ctx;
@@ -1173,11 +1175,15 @@ static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, 
         if (!L->eused[e])
             continue;
         nt_ap d = nt_tile_slice(L->R.tile[buf][L->ereg[e]], 0, np, 0, nf);
-        rc = nt_isa_dma_copy(s->k, &d, &k->pats[e], sk_qin(s));
+        rc = nt_isa_dma_copy(s->k, &d, &k->pats[e], sk_qfree(s));
     }
     if (!rc && w->pend >= 0)
         rc = mm_finish(&w->blk[w->pend]);
     w->pend = buf;
+    if (!rc && !w->lag) {
+        rc = mm_finish(k);
+        w->pend = -1;
+    }
     return rc;
 }
 
@@ -1226,6 +1232,13 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     rc = plan_alloc(s, L, &w->t.E, 512, w->nbuf);
     w->t.E.keys = keys;
     w->pend = -1;
+    /* the lag pays when a block's loads would wait for the stores before
+     * them (an in-place output: AdamW's p, m, v); otherwise a block's ops
+     * run at once, before the next block's matmul work takes VectorE */
+    for (int e = 0; e < P->next; e++)
+        for (int o = 0; o < P->nout; o++)
+            if (L->eused[e] && ext[e]->st == out[o]->st)
+                w->lag = true;
     if (!rc)
         rc = sk_matmul_run(s, a, b, NULL, mm_epi, w);
     if (!rc && w->pend >= 0)

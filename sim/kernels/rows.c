@@ -108,6 +108,10 @@ static int softmax_group(void *ctx, int64_t ioff, int64_t ooff, int np)
             rc = ts(s, &T, &x, NT_ALU_SUB, &m, 0);
         if (!rc)
             rc = nt_isa_activation(k, &U, NT_ACT_EXP, &T, NULL, NULL, NULL);
+        /* log's table loads right after the last exp, while the sum and
+         * the label's logit are reduced (sk_warm_act) */
+        if (!rc && ch == nch - 1 && c->op != NT_OP_SOFTMAX)
+            rc = sk_warm_act(s, NT_ACT_LOG);
         if (!rc)
             rc = sk_fold(s, &sum, &U, NT_ALU_ADD);
         if (!rc && c->op == NT_OP_CROSS_ENTROPY) {

@@ -41,6 +41,7 @@ typedef struct sk_k {
     int qin, qout;   /* next load / store queue */
     int eng;         /* alternation of VectorE / ScalarE for tensor_scalar */
     bool scalar_first; /* sk_eng_ap: VectorE has more than its share (ew.c) */
+    nt_tile *warm;   /* sk_warm_act's scratch element */
     char derr[200];  /* a data error found by the kernel (CPU-style message) */
     int derr_code;
     void *scratch[8]; /* HBM scratch buffers, freed at end */
@@ -95,6 +96,10 @@ nt_engine sk_eng_ap(sk_k *s, const nt_ap *dst);
  * element, never read): issued first, the 1 us table load overlaps the
  * kernel's first loads instead of sitting in its chain. */
 int sk_warm_act(sk_k *s, nt_act_func f);
+/* The DMA queue that frees up first (the lowest on a tie): for loads that
+ * can start at once but would queue behind another program's transfers on
+ * a fixed rotation (an MM epilogue's inputs behind the matmul's B loads). */
+int sk_qfree(sk_k *s);
 
 /* SBUF bytes per partition a kernel plans with (the rest is headroom for
  * nt_tile_matmul's minimum and small tiles). */
