@@ -774,8 +774,9 @@ static bool ew_joinable(const nt__rec *x, const nt_tensor *o)
     return n == 1 || n == nt__numel(o->ndim, o->shape);
 }
 
-static void hoist_matmuls(nt__rec **recs, int n)
+static bool hoist_matmuls(nt__rec **recs, int n)
 {
+    bool moved = false;
     for (int k = n - 2; k >= 0; k--) {
         nt__rec *r = recs[k];
         if (r->type != NT_REC_OP || r->op != NT_OP_MATMUL || !r->out[0] || r->nout != 1 ||
@@ -815,13 +816,74 @@ static void hoist_matmuls(nt__rec **recs, int n)
             continue; /* already there */
         memmove(&recs[k], &recs[k + 1], sizeof *recs * (size_t)(p - 1 - k));
         recs[p - 1] = r;
+        moved = true;
+    }
+    return moved;
+}
+
+/* The same idea the other way: an elementwise record whose inputs were all
+ * written by one elementwise record of its size moves back to just after
+ * that producer, when nothing in between touches its output or is anything
+ * but an op (nothing in between writes its inputs: the producer is their
+ * last writer).  The loss gradient's seed (a fill) and its scaling
+ * (div_scalar) sat on either side of softmax's and the one-hot's kernels:
+ * two kernels of their own, now one. */
+static bool pull_consumers(nt__rec **recs, int n)
+{
+    bool moved = false;
+    for (int j = 1; j < n; j++) {
+        nt__rec *r = recs[j];
+        if (r->type != NT_REC_OP || !nt__fusable_ew(r->op) || !r->out[0] || r->nout != 1 ||
+            (r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)) || r->nin == 0)
+            continue;
+        int i = j - 1, stop = j - HOIST_WINDOW > 0 ? j - HOIST_WINDOW : 0;
+        bool ok = true;
+        for (; i >= stop; i--) {
+            const nt__rec *x = recs[i];
+            if (x->type != NT_REC_OP || (x->flags & NT_RECF_ALONE) ||
+                rec_touches(x, r->out[0]->st, false)) {
+                ok = false;
+                break;
+            }
+            bool writes_in = false;
+            for (int q = 0; q < NT__MAX_IN; q++)
+                if (r->in[q] && rec_touches(x, r->in[q]->st, true))
+                    writes_in = true;
+            if (writes_in)
+                break;
+        }
+        if (!ok || i < stop || i == j - 1 || !ew_joinable(recs[i], r->out[0]) ||
+            nt__numel(recs[i]->out[0]->ndim, recs[i]->out[0]->shape) !=
+                nt__numel(r->out[0]->ndim, r->out[0]->shape))
+            continue;
+        memmove(&recs[i + 2], &recs[i + 1], sizeof *recs * (size_t)(j - i - 1));
+        recs[i + 1] = r;
+        moved = true;
+    }
+    return moved;
+}
+
+/* Puts a batch back in queue order (ascending seq: one stream's records)
+ * for the stream, which completes them in array order: out of order, each
+ * completion would wait in its list (an allocation, and a sort). */
+static void queue_order(nt__rec **recs, int n)
+{
+    for (int k = 1; k < n; k++) {
+        nt__rec *r = recs[k];
+        int j = k;
+        for (; j > 0 && recs[j - 1]->seq > r->seq; j--)
+            recs[j] = recs[j - 1];
+        recs[j] = r;
     }
 }
 
 void nt__fusion_run(nt__rec **recs, int n)
 {
-    if (!NT__CFG(check_nan)) /* NT_CHECK_NAN names the first op in queue order */
-        hoist_matmuls(recs, n);
+    bool moved = false;
+    if (!NT__CFG(check_nan)) { /* NT_CHECK_NAN names the first op in queue order */
+        moved = hoist_matmuls(recs, n);
+        moved |= pull_consumers(recs, n);
+    }
     gstate s;
     s.open = false;
     char why[128];
@@ -870,6 +932,8 @@ void nt__fusion_run(nt__rec **recs, int n)
     }
     run_group(&s);
     plan_pause();
+    if (moved)
+        queue_order(recs, n);
     if (n > 0 && NT__CFG(fusion_log))
         fprintf(stderr, "ntensor: fusion: batch of %d ops ends: %s\n", n,
                 nt__batch_end_reason ? nt__batch_end_reason : "end of the queued work");
