@@ -569,11 +569,9 @@ static int plan_alloc(sk_k *s, plan *L, emit_ctx *E, int64_t F, int nbuf)
     /* ScalarE takes every flexible step when VectorE's own work (plus an MM
      * program's evacuations on ScalarE) still outweighs them; else the
      * engine that frees up first (sk_eng) */
-    nt_sim_config c;
-    if (nt_sim_config_get(&c) == 0 && c.clock_ghz[NT_ENGINE_VECTOR] > 0 &&
-        c.clock_ghz[NT_ENGINE_SCALAR] > 0)
-        s->scalar_first = L->ve_only / c.clock_ghz[NT_ENGINE_VECTOR] >=
-                          (L->se_only + L->flex + L->first) / c.clock_ghz[NT_ENGINE_SCALAR];
+    double cv = sk_clock_ghz(NT_ENGINE_VECTOR), ca = sk_clock_ghz(NT_ENGINE_SCALAR);
+    if (cv > 0 && ca > 0)
+        s->scalar_first = L->ve_only / cv >= (L->se_only + L->flex + L->first) / ca;
     if (L->needs & NEED_TF) {
         E->tf[0] = sk_tile(s, "tmp0", NT_F32, 128, F);
         E->tf[1] = sk_tile(s, "tmp1", NT_F32, 128, F);

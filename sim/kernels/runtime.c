@@ -115,6 +115,11 @@ nt_engine sk_eng_ap(sk_k *s, const nt_ap *dst)
     return s->scalar_first ? NT_ENGINE_SCALAR : sk_eng(s);
 }
 
+double sk_clock_ghz(nt_engine e)
+{
+    return e >= 0 && e < NT_ENGINE_COUNT ? nt__sim.cfg.clock_ghz[e] : 0;
+}
+
 int sk_qfree(sk_k *s)
 {
     int best = 0;

@@ -100,6 +100,9 @@ int sk_warm_act(sk_k *s, nt_act_func f);
  * can start at once but would queue behind another program's transfers on
  * a fixed rotation (an MM epilogue's inputs behind the matmul's B loads). */
 int sk_qfree(sk_k *s);
+/* Engine e's clock (the configuration, read-only while a kernel runs: no
+ * lock, unlike nt_sim_config_get, whose lock a kernel must not take). */
+double sk_clock_ghz(nt_engine e);
 
 /* SBUF bytes per partition a kernel plans with (the rest is headroom for
  * nt_tile_matmul's minimum and small tiles). */
