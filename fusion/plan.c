@@ -737,8 +737,153 @@ static void run_group_kernel(gstate *s)
     plan_resume();
 }
 
+/* ---------------- moving a matmul next to its consumers ----------------
+ *
+ * A matmul fuses with the elementwise chain that follows it (an MM program
+ * with an epilogue).  In a training step a weight's gradient matmul runs in
+ * the backward pass and its AdamW chain only after the rest of the
+ * backward: unfused, the gradient makes a round trip through memory and
+ * the matmul is a kernel of its own (on the simulator: the W2 gradient
+ * matmul took 23 us, and its AdamW kernel re-read the 4 MB gradient).  So,
+ * before planning, a matmul record moves forward to the start of the
+ * elementwise run that ends at its first reader, when nothing it passes
+ * depends on it: no record in between reads or writes its output's
+ * storage, writes an input's storage, or is anything but an op.  The
+ * executed order is then another topological order of the same records,
+ * and every kernel computes the same bits (each op reads what it read). */
+enum { HOIST_WINDOW = 256 }; /* records scanned ahead: planning stays linear */
+
+static bool rec_touches(const nt__rec *x, const nt__storage *st, bool writes_only)
+{
+    for (int i = 0; i < NT__MAX_OUT; i++)
+        if (x->out[i] && x->out[i]->st == st)
+            return true;
+    if (writes_only)
+        return false;
+    for (int i = 0; i < NT__MAX_IN; i++)
+        if (x->in[i] && x->in[i]->st == st)
+            return true;
+    return false;
+}
+
+static bool ew_joinable(const nt__rec *x, const nt_tensor *o)
+{
+    if (x->type != NT_REC_OP || !nt__fusable_ew(x->op) || !x->out[0] || (x->flags & NT_RECF_ALONE))
+        return false;
+    int64_t n = nt__numel(x->out[0]->ndim, x->out[0]->shape);
+    return n == 1 || n == nt__numel(o->ndim, o->shape);
+}
+
+static bool hoist_matmuls(nt__rec **recs, int n)
+{
+    bool moved = false;
+    for (int k = n - 2; k >= 0; k--) {
+        nt__rec *r = recs[k];
+        if (r->type != NT_REC_OP || r->op != NT_OP_MATMUL || !r->out[0] || r->nout != 1 ||
+            (r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)))
+            continue;
+        /* an epilogue works on [rows <= 128, 512] blocks of the output: one
+         * with few rows would run the chain on few partitions, slower than
+         * the elementwise kernel (the [10, 1024] head: 23 us against 17) */
+        const nt_tensor *o = r->out[0];
+        if (o->ndim < 2 || nt__numel(o->ndim - 1, o->shape) < 128)
+            continue;
+        const nt__storage *ost = o->st;
+        int j = k + 1, end = k + HOIST_WINDOW < n ? k + HOIST_WINDOW : n;
+        bool ok = true;
+        /* the first record that touches the output; the ones before it may
+         * not write an input or be anything but an op */
+        for (; j < end; j++) {
+            const nt__rec *x = recs[j];
+            if (x->type != NT_REC_OP || (x->flags & NT_RECF_ALONE)) {
+                ok = false;
+                break;
+            }
+            if (rec_touches(x, ost, false))
+                break;
+            for (int i = 0; i < NT__MAX_IN && ok; i++)
+                if (r->in[i] && rec_touches(x, r->in[i]->st, true))
+                    ok = false;
+            if (!ok)
+                break;
+        }
+        if (!ok || j == end || !ew_joinable(recs[j], r->out[0]))
+            continue;
+        int p = j;
+        while (p - 1 > k && ew_joinable(recs[p - 1], r->out[0]))
+            p--;
+        if (p - 1 == k)
+            continue; /* already there */
+        memmove(&recs[k], &recs[k + 1], sizeof *recs * (size_t)(p - 1 - k));
+        recs[p - 1] = r;
+        moved = true;
+    }
+    return moved;
+}
+
+/* The same idea the other way: an elementwise record whose inputs were all
+ * written by one elementwise record of its size moves back to just after
+ * that producer, when nothing in between touches its output or is anything
+ * but an op (nothing in between writes its inputs: the producer is their
+ * last writer).  The loss gradient's seed (a fill) and its scaling
+ * (div_scalar) sat on either side of softmax's and the one-hot's kernels:
+ * two kernels of their own, now one. */
+static bool pull_consumers(nt__rec **recs, int n)
+{
+    bool moved = false;
+    for (int j = 1; j < n; j++) {
+        nt__rec *r = recs[j];
+        if (r->type != NT_REC_OP || !nt__fusable_ew(r->op) || !r->out[0] || r->nout != 1 ||
+            (r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)) || r->nin == 0)
+            continue;
+        int i = j - 1, stop = j - HOIST_WINDOW > 0 ? j - HOIST_WINDOW : 0;
+        bool ok = true;
+        for (; i >= stop; i--) {
+            const nt__rec *x = recs[i];
+            if (x->type != NT_REC_OP || (x->flags & NT_RECF_ALONE) ||
+                rec_touches(x, r->out[0]->st, false)) {
+                ok = false;
+                break;
+            }
+            bool writes_in = false;
+            for (int q = 0; q < NT__MAX_IN; q++)
+                if (r->in[q] && rec_touches(x, r->in[q]->st, true))
+                    writes_in = true;
+            if (writes_in)
+                break;
+        }
+        if (!ok || i < stop || i == j - 1 || !ew_joinable(recs[i], r->out[0]) ||
+            nt__numel(recs[i]->out[0]->ndim, recs[i]->out[0]->shape) !=
+                nt__numel(r->out[0]->ndim, r->out[0]->shape))
+            continue;
+        memmove(&recs[i + 2], &recs[i + 1], sizeof *recs * (size_t)(j - i - 1));
+        recs[i + 1] = r;
+        moved = true;
+    }
+    return moved;
+}
+
+/* Puts a batch back in queue order (ascending seq: one stream's records)
+ * for the stream, which completes them in array order: out of order, each
+ * completion would wait in its list (an allocation, and a sort). */
+static void queue_order(nt__rec **recs, int n)
+{
+    for (int k = 1; k < n; k++) {
+        nt__rec *r = recs[k];
+        int j = k;
+        for (; j > 0 && recs[j - 1]->seq > r->seq; j--)
+            recs[j] = recs[j - 1];
+        recs[j] = r;
+    }
+}
+
 void nt__fusion_run(nt__rec **recs, int n)
 {
+    bool moved = false;
+    if (!NT__CFG(check_nan)) { /* NT_CHECK_NAN names the first op in queue order */
+        moved = hoist_matmuls(recs, n);
+        moved |= pull_consumers(recs, n);
+    }
     gstate s;
     s.open = false;
     char why[128];
@@ -787,6 +932,8 @@ void nt__fusion_run(nt__rec **recs, int n)
     }
     run_group(&s);
     plan_pause();
+    if (moved)
+        queue_order(recs, n);
     if (n > 0 && NT__CFG(fusion_log))
         fprintf(stderr, "ntensor: fusion: batch of %d ops ends: %s\n", n,
                 nt__batch_end_reason ? nt__batch_end_reason : "end of the queued work");

@@ -84,6 +84,11 @@ typedef struct mm {
     int qb, qa, qc;
     int64_t bnext, onext;
     const float *c32; /* the program-level product [M, N], or NULL */
+    /* the output store not issued yet: rows r0 .. r0+mw, columns n0 ..
+     * n0+nw of C from oring columns oo .. (nw == 0: none) */
+    int64_t st_r0, st_mw, st_n0, st_nw, st_oo;
+    double st_ready;     /* when its last chunk is in the ring */
+    double dma_fixed_ns; /* a DMA's fixed cost (nt_sim_config) */
 } mm;
 
 static int64_t min64(int64_t a, int64_t b)
@@ -348,6 +353,22 @@ static int zero_fill(mm *p)
     return 0;
 }
 
+/* Issues the pending output store.  Consecutive N-chunks of the same rows
+ * (one M-tile per block) sit side by side in the output ring and in C, and
+ * their stores would share HBM pages (each waiting for the one before): they
+ * leave as one DMA instead (bigger descriptors, one fixed cost). */
+static int flush_store(mm *p)
+{
+    if (!p->st_nw)
+        return 0;
+    const nt_tile_matmul_args *a = p->a;
+    nt_ap o = sl(p->oring, (int)p->st_mw, p->st_oo, p->st_nw);
+    nt_ap c = nt_hbm_ap(a->c, a->out_dtype, p->st_r0 * a->ldc + p->st_n0, (int)p->st_mw, a->ldc,
+                        p->st_nw);
+    p->st_nw = 0;
+    return nt_isa_dma_copy(p->k, &c, &o, next_q(&p->qc, Q_C0, Q_CN));
+}
+
 static int run(mm *p)
 {
     const nt_tile_matmul_args *a = p->a;
@@ -424,13 +445,34 @@ static int run(mm *p)
                     continue;
                 }
                 nt_ap o = sl(p->oring, (int)mw, oo, nw);
+                /* the pending store goes before its ring slots are written
+                 * again */
+                int rc = p->st_nw && oo < p->st_oo + p->st_nw && oo + nw > p->st_oo
+                             ? flush_store(p)
+                             : 0;
                 /* ScalarE evacuates PSUM (faster clock than VectorE) */
-                int rc = nt_isa_tensor_copy(p->k, &o, &src, NT_ENGINE_SCALAR);
+                if (!rc)
+                    rc = nt_isa_tensor_copy(p->k, &o, &src, NT_ENGINE_SCALAR);
                 if (rc)
                     return rc;
-                nt_ap c = nt_hbm_ap(a->c, a->out_dtype, r0 * a->ldc + n0, mw, a->ldc, nw);
-                rc = nt_isa_dma_copy(p->k, &c, &o, next_q(&p->qc, Q_C0, Q_CN));
-                if (rc)
+                /* this chunk joins the pending store when it continues it
+                 * and is ready before that store's fixed cost would be paid
+                 * (else the pending one leaves alone, ahead of it) */
+                double ready = nt__sim_kernel_engine_free(p->k, NT_ENGINE_SCALAR);
+                bool cont = p->st_nw && p->st_r0 == r0 && p->st_mw == mw &&
+                            p->st_n0 + p->st_nw == n0 && p->st_oo + p->st_nw == oo &&
+                            ready - p->st_ready < p->dma_fixed_ns;
+                if (!cont && (rc = flush_store(p)))
+                    return rc;
+                if (cont) {
+                    p->st_nw += nw;
+                } else {
+                    p->st_r0 = r0, p->st_mw = mw, p->st_n0 = n0, p->st_nw = nw, p->st_oo = oo;
+                }
+                p->st_ready = ready;
+                /* a chunk that ends a row of C, or whose next chunk is
+                 * another M-tile's, leaves now */
+                if ((n0 + nw >= a->N || mt > 1) && (rc = flush_store(p)))
                     return rc;
             }
         }
@@ -473,6 +515,7 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
     mm p;
     memset(&p, 0, sizeof p);
     p.k = k;
+    p.dma_fixed_ns = nt__sim.cfg.dma_fixed_ns;
     p.a = a;
     p.esz = (int64_t)nt__dtype_size(a->in_dtype);
     p.csz = (int64_t)nt__dtype_size(a->out_dtype);

@@ -41,6 +41,12 @@
 #define EW_TILES 16 /* tiles a big elementwise program is cut into, at least */
 #define EW_NBUF 6   /* register sets in flight, at most: two pairs of tiles */
 #define NT_F_MAXREG 48
+/* epilogue register sets of an MM program, at most: an accumulator block's
+ * epilogue loads (AdamW's parameter and moments) then run ahead of the
+ * blocks still computing and storing instead of waiting for the block
+ * before the last to have stored (two sets: the W1 gradient + AdamW kernel
+ * took 158 us, its ops alone 78 us of VectorE) */
+#define MM_NBUF EW_NBUF
 
 static bool isf(nt_dtype dt) { return nt__dtype_is_float(dt); }
 
@@ -232,7 +238,7 @@ static int ts1(sk_k *s, const nt_ap *dst, const nt_ap *src, nt_alu_op op, const 
                float imm, bool rev)
 {
     nt_isa_alu a = {op, {sap, imm}, rev};
-    return nt_isa_tensor_scalar(s->k, dst, src, &a, NULL, sk_eng(s));
+    return nt_isa_tensor_scalar(s->k, dst, src, &a, NULL, sk_eng_ap(s, dst));
 }
 
 /* Emits op o (program op index opk) writing dst (dtype odt). */
@@ -255,7 +261,7 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
     case NT_KIND_COPY:
         if (is_sr(o))
             return emit_sr(E, opk, dst, &a[0].ap, E->nf == 1 && a[0].red);
-        return nt_isa_tensor_copy(k, dst, &a[0].ap, sk_eng(s));
+        return nt_isa_tensor_copy(k, dst, &a[0].ap, sk_eng_ap(s, dst));
     case NT_KIND_UNARY:
         if (fc)
             return nt_isa_activation(k, dst, act_of(o->op), &a[0].ap, NULL, NULL, NULL);
@@ -272,7 +278,7 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
         case NT_OP_BITWISE_NOT: { /* ~a = -a - 1, wrapping */
             nt_isa_alu neg = {NT_ALU_MUL, {NULL, -1.0f}, false};
             nt_isa_alu dec = {NT_ALU_ADD, {NULL, -1.0f}, false};
-            return nt_isa_tensor_scalar(k, dst, &a[0].ap, &neg, &dec, sk_eng(s));
+            return nt_isa_tensor_scalar(k, dst, &a[0].ap, &neg, &dec, sk_eng_ap(s, dst));
         }
         default:
             return nt__kerr(NT_ENOTSUP, "no simulator sequence for integer %s", nt__op_api(o->op));
@@ -295,7 +301,7 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
              * zeros and lo > hi (all hi) included */
             nt_isa_alu lo = {NT_ALU_MAX, {fc ? NULL : &c0, s0}, false};
             nt_isa_alu hi = {NT_ALU_MIN, {fc ? NULL : &c1, s1}, false};
-            return nt_isa_tensor_scalar(k, dst, &a[0].ap, &lo, &hi, sk_eng(s));
+            return nt_isa_tensor_scalar(k, dst, &a[0].ap, &lo, &hi, sk_eng_ap(s, dst));
         }
         default: nt__op_unhandled("sim scalar sequence", o->op);
         }
@@ -398,6 +404,7 @@ typedef struct plan {
     bool eused[NT_F_MAXEXT], live[NT_F_MAXOPS];
     int vuses[NT_F_MAXVALS];     /* operand references by live ops */
     unsigned needs;
+    int ve_only, se_only, flex; /* cycles per element of the live ops, by engine */
     regs R;
 } plan;
 
@@ -456,6 +463,22 @@ static int plan_make(plan *L, const nt__fprog *P, int first, bool keep_stored)
             continue;
         const nt__fop *o = &P->ops[k];
         L->needs |= op_needs(o, val_fc(P, o));
+        switch (nt__ops[o->op].kind) {
+        case NT_KIND_BINARY:
+        case NT_KIND_CMP:
+        case NT_KIND_WHERE: L->ve_only += 2; break;
+        case NT_KIND_UNARY:
+        case NT_KIND_SCALAR:
+            if (val_fc(P, o) && (nt__ops[o->op].kind == NT_KIND_UNARY ||
+                                 sim_of[o->op] == NT__SIM_TABLE)) {
+                L->se_only++; /* activation */
+                break;
+            }
+            L->flex++;
+            break;
+        case NT_KIND_COPY: L->flex++; break;
+        default: L->ve_only++; break;
+        }
         /* operands whose last reader is this op free their registers: the
          * result may overwrite them elementwise */
         for (int e = 0; e < P->next; e++)
@@ -494,6 +517,39 @@ static int64_t plan_bytes(const plan *L, int64_t F, int nbuf)
     return b;
 }
 
+/* ScalarE loads a function table (1 us) before the first activation that
+ * needs one.  In a kernel that is a chain on its first tile's loads (a small
+ * AdamW: sqrt), that load sat on the critical path; one activation of the
+ * program's first table function on a scratch element, issued before
+ * anything else, loads it while the inputs are still on their way (as a
+ * compiler hoists the table load).  Its value is never read. */
+static int warm_table(sk_k *s, const plan *L)
+{
+    const nt__fprog *P = L->P;
+    for (int k = L->first; k < P->nops; k++) {
+        const nt__fop *o = &P->ops[k];
+        if (!L->live[k] || !val_fc(P, o))
+            continue;
+        int kind = nt__ops[o->op].kind;
+        bool table = kind == NT_KIND_SCALAR && sim_of[o->op] == NT__SIM_TABLE;
+        if (kind != NT_KIND_UNARY && !table)
+            continue;
+        nt_act_func f = act_of(o->op);
+        if (f == NT_ACT_IDENTITY || f == NT_ACT_RELU || f == NT_ACT_ABS || f == NT_ACT_NEG ||
+            f == NT_ACT_SQUARE) /* no table */
+            continue;
+        nt_tile *w = sk_tile(s, "act.warm", NT_F32, 1, 1);
+        nt_ap a = tslice(w, 1, 1);
+        int rc = nt_isa_memset(s->k, &a, 1.0, NT_ENGINE_GPSIMD);
+        if (!rc)
+            rc = table ? nt_isa_activation(s->k, &a, f, &a, &(nt_isa_scalar){NULL, (float)o->p.f[0]},
+                                           &(nt_isa_scalar){NULL, (float)o->p.f[1]}, NULL)
+                       : nt_isa_activation(s->k, &a, f, &a, NULL, NULL, NULL);
+        return rc;
+    }
+    return 0;
+}
+
 static int plan_alloc(sk_k *s, plan *L, emit_ctx *E, int64_t F, int nbuf)
 {
     /* tile names for the trace: "reg.<dtype>[.row]" (no printf per kernel) */
@@ -510,6 +566,12 @@ static int plan_alloc(sk_k *s, plan *L, emit_ctx *E, int64_t F, int nbuf)
             L->R.tile[1][r] = L->R.tile[0][r];
     memset(E, 0, sizeof *E);
     E->s = s;
+    /* ScalarE takes every flexible step when VectorE's own work (plus an MM
+     * program's evacuations on ScalarE) still outweighs them; else the
+     * engine that frees up first (sk_eng) */
+    double cv = sk_clock_ghz(NT_ENGINE_VECTOR), ca = sk_clock_ghz(NT_ENGINE_SCALAR);
+    if (cv > 0 && ca > 0)
+        s->scalar_first = L->ve_only / cv >= (L->se_only + L->flex + L->first) / ca;
     if (L->needs & NEED_TF) {
         E->tf[0] = sk_tile(s, "tmp0", NT_F32, 128, F);
         E->tf[1] = sk_tile(s, "tmp1", NT_F32, 128, F);
@@ -517,6 +579,9 @@ static int plan_alloc(sk_k *s, plan *L, emit_ctx *E, int64_t F, int nbuf)
     if (L->needs & NEED_TI)
         E->ti = sk_tile(s, "tmpi", NT_I32, 128, F);
     const nt__fprog *P = L->P;
+    int rc = warm_table(s, L);
+    if (rc)
+        return rc;
     if (L->needs & (NEED_CF | NEED_CI)) {
         E->cf = sk_tile(s, "const.f32", NT_F32, 128, 2 * P->nops);
         E->ci = sk_tile(s, "const.i32", NT_I32, 128, 2 * P->nops);
@@ -635,7 +700,7 @@ static int peephole(tile_state *t, int k, int *rcp, int (*store)(void *, int, co
         nt_ap dst = val_ap(t, n->out);
         nt_isa_alu op0 = {(nt_alu_op)scalar_alu(o->op), {NULL, (float)o->p.f[0]}, false};
         nt_isa_alu op1 = {(nt_alu_op)scalar_alu(n->op), {NULL, (float)n->p.f[0]}, false};
-        int rc = nt_isa_tensor_scalar(s->k, &dst, &a.ap, &op0, &op1, sk_eng(s));
+        int rc = nt_isa_tensor_scalar(s->k, &dst, &a.ap, &op0, &op1, sk_eng_ap(s, &dst));
         if (!rc && P->vals[n->out].store >= 0)
             rc = store(sctx, P->vals[n->out].store, &dst);
         *rcp = rc;
@@ -1010,6 +1075,14 @@ static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor
 
 /* ---------------- MM programs ---------------- */
 
+/* One accumulator block of the epilogue: its register set (t.buf), its
+ * HBM patterns and its program's state. */
+typedef struct mm_blk {
+    struct mm_run *w;
+    tile_state t;
+    nt_ap pats[SK_MAXOPND];
+} mm_blk;
+
 typedef struct mm_run {
     sk_k *s;
     tile_state t;
@@ -1021,16 +1094,37 @@ typedef struct mm_run {
     int nbatch;
     int64_t batch[NT_MAX_DIMS];
     int dm, dn;          /* iteration dims of m and n, -1 if dropped */
-    nt_ap pats[SK_MAXOPND];
+    int nbuf;            /* epilogue register sets in rotation (>= 2) */
+    int pend;            /* the block whose ops wait for the next one's loads, -1 none */
+    bool lag;            /* an output is an input too (in place): lag one block */
+    mm_blk blk[MM_NBUF];
     sk_hv iv;            /* element indices (stochastic rounding) */
 } mm_run;
 
 static int mm_store(void *ctx, int slot, const nt_ap *src)
 {
-    mm_run *w = ctx;
-    return nt_isa_dma_copy(w->s->k, &w->pats[w->P->next + slot], src, sk_qout(w->s));
+    mm_blk *b = ctx;
+    return nt_isa_dma_copy(b->w->s->k, &b->pats[b->w->P->next + slot], src, sk_qout(b->w->s));
 }
 
+/* The second half of a block's epilogue: its stores and ops. */
+static int mm_finish(mm_blk *b)
+{
+    const nt__fprog *P = b->w->P;
+    int rc = 0;
+    if (P->vals[0].store >= 0) {
+        nt_ap v0 = val_ap(&b->t, 0);
+        rc = mm_store(b, P->vals[0].store, &v0);
+    }
+    return rc ? rc : run_ops(&b->t, mm_store, b);
+}
+
+/* Evacuates the block and loads its epilogue inputs, then runs the ops and
+ * stores of the block before it (w->lag) or of this one: with the lag a
+ * block's loads are issued before the previous block's stores, which would
+ * otherwise hold them up when the program writes what it reads (adjacent
+ * row blocks share HBM pages, and a load waits for a store to a page it
+ * reads), and run while that block computes. */
 static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, void *ctx)
 {
     mm_run *w = ctx;
@@ -1038,9 +1132,13 @@ static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, 
     plan *L = w->t.L;
     int np = acc->np;
     int64_t nf = ap_count(acc);
-    w->t.buf = w->ntile++ & 1;
-    w->t.np = np;
-    w->t.nf = nf;
+    int buf = w->ntile++ % w->nbuf;
+    mm_blk *k = &w->blk[buf];
+    k->w = w;
+    k->t = w->t;
+    k->t.buf = buf;
+    k->t.np = np;
+    k->t.nf = nf;
     /* batch multi-index */
     int64_t bi[NT_MAX_DIMS];
     for (int i = w->nbatch - 1; i >= 0; i--) {
@@ -1064,22 +1162,27 @@ static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, 
         a.num[0] = nf;
         a.step[0] = sn;
         if (q == P->next + P->nout)
-            set_index(&w->t.E, &a);
+            set_index(&k->t.E, &a);
         else
-            w->pats[q] = a;
+            k->pats[q] = a;
     }
     /* evacuate: PSUM -> the matmul's dtype (its one rounding) */
-    nt_ap v0 = val_ap(&w->t, 0);
+    nt_ap v0 = val_ap(&k->t, 0);
     int rc = nt_isa_tensor_copy(s->k, &v0, acc, NT_ENGINE_SCALAR);
-    if (!rc && P->vals[0].store >= 0)
-        rc = mm_store(w, P->vals[0].store, &v0);
     for (int e = 0; e < P->next && !rc; e++) {
         if (!L->eused[e])
             continue;
-        nt_ap d = nt_tile_slice(L->R.tile[w->t.buf][L->ereg[e]], 0, np, 0, nf);
-        rc = nt_isa_dma_copy(s->k, &d, &w->pats[e], sk_qin(s));
+        nt_ap d = nt_tile_slice(L->R.tile[buf][L->ereg[e]], 0, np, 0, nf);
+        rc = nt_isa_dma_copy(s->k, &d, &k->pats[e], sk_qfree(s));
     }
-    return rc ? rc : run_ops(&w->t, mm_store, w);
+    if (!rc && w->pend >= 0)
+        rc = mm_finish(&w->blk[w->pend]);
+    w->pend = buf;
+    if (!rc && !w->lag) {
+        rc = mm_finish(k);
+        w->pend = -1;
+    }
+    return rc;
 }
 
 static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out,
@@ -1121,10 +1224,23 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     for (int o = 0; o < P->nout; o++)
         sk_hv_of(&w->v[P->next + o], out[o], nd, P->shape);
     index_view(&w->iv, nd, P->shape);
-    rc = plan_alloc(s, L, &w->t.E, 512, 2);
+    w->nbuf = MM_NBUF;
+    while (w->nbuf > 2 && plan_bytes(L, 512, w->nbuf) > SK_SBUF_BUDGET - 64 * 1024)
+        w->nbuf--;
+    rc = plan_alloc(s, L, &w->t.E, 512, w->nbuf);
     w->t.E.keys = keys;
+    w->pend = -1;
+    /* the lag pays when a block's loads would wait for the stores before
+     * them (an in-place output: AdamW's p, m, v); otherwise a block's ops
+     * run at once, before the next block's matmul work takes VectorE */
+    for (int e = 0; e < P->next; e++)
+        for (int o = 0; o < P->nout; o++)
+            if (L->eused[e] && ext[e]->st == out[o]->st)
+                w->lag = true;
     if (!rc)
         rc = sk_matmul_run(s, a, b, NULL, mm_epi, w);
+    if (!rc && w->pend >= 0)
+        rc = mm_finish(&w->blk[w->pend]);
     g_free(w);
     g_free(L);
     return rc;

@@ -241,7 +241,13 @@ static int red_group_t(red *c, int64_t ioff, int64_t ooff, int np)
 {
     nt_sim_kernel *k = c->s->k;
     nt_alu_op op = c->alu;
-    int rc = init_acc(c, np, op);
+    /* a sum of one block (a bias gradient over a batch < 2048): the fold
+     * acc = +0, acc = acc + partial is partial + 0, one tensor_scalar
+     * straight into the result column instead of a memset, a scan and two
+     * copies on VectorE's critical path per group (same bits: the same
+     * addition, rounded once to the output dtype) */
+    bool direct = c->op == NT_OP_SUM && c->fin == NT_RED_FIN_NONE && c->n < NT_RED_BLOCK;
+    int rc = direct ? 0 : init_acc(c, np, op);
     nt_tile *pt = c->tp[c->ng++ & 1];
     for (int64_t j0 = 0; j0 < c->n && !rc; j0 += 128) {
         int w = (int)(c->n - j0 < 128 ? c->n - j0 : 128);
@@ -253,9 +259,9 @@ static int red_group_t(red *c, int64_t ioff, int64_t ooff, int np)
         if (!rc)
             rc = nt_isa_nc_transpose(k, &d, &xs);
     }
-    nt_ap row = nt_tile_slice(pt, 0, np, 0, c->n);
+    nt_ap row = nt_tile_slice(pt, 0, np, 0, c->n), part = col(c->part, np);
     if (!rc)
-        rc = fold_chunk(c, &row, np, c->n, op);
+        rc = direct ? nt_isa_tensor_reduce(k, &part, &row, op, 0) : fold_chunk(c, &row, np, c->n, op);
     if (rc)
         return rc;
     /* the result joins the pending store when it continues it */
@@ -270,7 +276,10 @@ static int red_group_t(red *c, int64_t ioff, int64_t ooff, int np)
     }
     nt_ap r = nt_tile_slice(c->yq, 0, np, c->qcol + c->nq, 1);
     if (!rc)
-        rc = finish_to(c, np, &r);
+        rc = direct ? nt_isa_tensor_scalar(k, &r, &part,
+                                           &(nt_isa_alu){NT_ALU_ADD, {NULL, 0.0f}, false}, NULL,
+                                           NT_ENGINE_VECTOR)
+                    : finish_to(c, np, &r);
     c->nq++;
     return rc;
 }

@@ -108,6 +108,10 @@ static int softmax_group(void *ctx, int64_t ioff, int64_t ooff, int np)
             rc = ts(s, &T, &x, NT_ALU_SUB, &m, 0);
         if (!rc)
             rc = nt_isa_activation(k, &U, NT_ACT_EXP, &T, NULL, NULL, NULL);
+        /* log's table loads right after the last exp, while the sum and
+         * the label's logit are reduced (sk_warm_act) */
+        if (!rc && ch == nch - 1 && c->op != NT_OP_SOFTMAX)
+            rc = sk_warm_act(s, NT_ACT_LOG);
         if (!rc)
             rc = sk_fold(s, &sum, &U, NT_ALU_ADD);
         if (!rc && c->op == NT_OP_CROSS_ENTROPY) {
@@ -221,7 +225,7 @@ int nt__sk_softmax(const nt__rec *r)
     rk c;
     sk_rows R;
     rk_begin(&c, &s, r, &R, x->ndim ? r->p.dim : 0, true);
-    if (!rk_tiles(&c, false))
+    if (!rk_tiles(&c, false) && !sk_warm_act(&s, NT_ACT_EXP))
         sk_rows_run(&R, softmax_group, &c);
     return sk_end_values(&s, values, 0, r);
 }
@@ -289,6 +293,7 @@ int nt__sk_cross_entropy(const nt__rec *r)
     nt_ap ni = nt_tile_ap(c.ninf), acc = nt_tile_ap(c.acc);
     nt_isa_memset(s.k, &ni, -INFINITY, NT_ENGINE_GPSIMD);
     nt_isa_memset(s.k, &acc, 0.0, NT_ENGINE_GPSIMD);
+    sk_warm_act(&s, NT_ACT_EXP);
     if (!nt_sim_kernel_error(s.k) && !sk_rows_run(&R, xent_group, &c)) {
         /* loss = sum(nll) / N, rounded once */
         nt_tile *yt = sk_tile(&s, "xent.y", c.odt, 1, 1);
@@ -419,7 +424,7 @@ int nt__sk_norm(const nt__rec *r)
         c.wt = sk_tile(&s, "norm.w", (nt_dtype)c.w->dtype, 128, RCH);
     if (c.b)
         c.bt = sk_tile(&s, "norm.b", (nt_dtype)c.b->dtype, 128, RCH);
-    if (!nt_sim_kernel_error(s.k))
+    if (!nt_sim_kernel_error(s.k) && !sk_warm_act(&s, NT_ACT_RSQRT))
         sk_rows_run(&R, norm_group, &c);
     return sk_end_values(&s, values, 0, r);
 }

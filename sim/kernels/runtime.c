@@ -109,6 +109,38 @@ nt_engine sk_eng(sk_k *s)
     return s->eng ? NT_ENGINE_VECTOR : NT_ENGINE_SCALAR;
 }
 
+nt_engine sk_eng_ap(sk_k *s, const nt_ap *dst)
+{
+    (void)dst;
+    return s->scalar_first ? NT_ENGINE_SCALAR : sk_eng(s);
+}
+
+double sk_clock_ghz(nt_engine e)
+{
+    return e >= 0 && e < NT_ENGINE_COUNT ? nt__sim.cfg.clock_ghz[e] : 0;
+}
+
+int sk_qfree(sk_k *s)
+{
+    int best = 0;
+    for (int q = 1; q < NT_SIM_DMA_QUEUES; q++)
+        if (s->k->q_free[q] < s->k->q_free[best])
+            best = q;
+    return best;
+}
+
+int sk_warm_act(sk_k *s, nt_act_func f)
+{
+    /* one scratch element per kernel, kept: released, its bytes would go to
+     * the next tile, which would wait for the warming activation */
+    bool fresh = !s->warm;
+    if (fresh && !(s->warm = sk_tile(s, "act.warm", NT_F32, 1, 1)))
+        return nt_sim_kernel_error(s->k);
+    nt_ap a = nt_tile_ap(s->warm);
+    int rc = fresh ? nt_isa_memset(s->k, &a, 1.0, NT_ENGINE_GPSIMD) : 0;
+    return rc ? rc : nt_isa_activation(s->k, &a, f, &a, NULL, NULL, NULL);
+}
+
 bool sk_values_begin(sk_k *s)
 {
     if (!nt__sim_program_values() || !nt__sim_kernel_functional(s->k))

@@ -40,6 +40,8 @@ typedef struct sk_k {
     nt_sim_kernel *k;
     int qin, qout;   /* next load / store queue */
     int eng;         /* alternation of VectorE / ScalarE for tensor_scalar */
+    bool scalar_first; /* sk_eng_ap: VectorE has more than its share (ew.c) */
+    nt_tile *warm;   /* sk_warm_act's scratch element */
     char derr[200];  /* a data error found by the kernel (CPU-style message) */
     int derr_code;
     void *scratch[8]; /* HBM scratch buffers, freed at end */
@@ -84,6 +86,23 @@ static inline int sk_qout(sk_k *s) { int q = s->qout; s->qout = (q + 1) % 8; ret
  * heavy in tensor_tensor work (VectorE only) moves its scalar steps and
  * copies to ScalarE.  Ties alternate. */
 nt_engine sk_eng(sk_k *s);
+/* The same choice for a program whose VectorE-only work (tensor_tensor)
+ * outweighs what ScalarE would get with every flexible step
+ * (s->scalar_first, set by the program): ScalarE, always.  Picking the
+ * engine that frees up first put AdamW's scalar steps on VectorE, its
+ * bottleneck, whenever ScalarE was a little behind. */
+nt_engine sk_eng_ap(sk_k *s, const nt_ap *dst);
+/* Loads ScalarE's table for activation f now (one activation on a scratch
+ * element, never read): issued first, the 1 us table load overlaps the
+ * kernel's first loads instead of sitting in its chain. */
+int sk_warm_act(sk_k *s, nt_act_func f);
+/* The DMA queue that frees up first (the lowest on a tie): for loads that
+ * can start at once but would queue behind another program's transfers on
+ * a fixed rotation (an MM epilogue's inputs behind the matmul's B loads). */
+int sk_qfree(sk_k *s);
+/* Engine e's clock (the configuration, read-only while a kernel runs: no
+ * lock, unlike nt_sim_config_get, whose lock a kernel must not take). */
+double sk_clock_ghz(nt_engine e);
 
 /* SBUF bytes per partition a kernel plans with (the rest is headroom for
  * nt_tile_matmul's minimum and small tiles). */
