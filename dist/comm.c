@@ -260,7 +260,7 @@ static void fail_all(coll *c, nt__errobj *e)
         nt__errobj_ref(e);
         if (!AO_compare_and_swap_full(&o->st->poison, 0, (AO_t)e))
             nt__errobj_unref(e);
-        nt__stream_note_error(c->stream[i], e);
+        nt__stream_note_error(c->stream[i], e, 0);
     }
     nt__errobj_unref(e);
 }

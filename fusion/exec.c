@@ -161,7 +161,7 @@ void nt__exec_rec(nt__rec *r)
         nt__errobj *e = nt__rec_error(r, NT_EHOSTMEM, nt__kerr_msg());
         poison_outputs(r, e);
         if (r->stream)
-            nt__stream_note_error(r->stream, e);
+            nt__stream_note_error(r->stream, e, r->seq);
         nt__errobj_unref(e);
         return;
     }
@@ -184,7 +184,7 @@ void nt__exec_rec(nt__rec *r)
         nt__errobj *e = nt__rec_error(r, rc, nt__kerr_msg());
         poison_outputs(r, e);
         if (r->stream)
-            nt__stream_note_error(r->stream, e);
+            nt__stream_note_error(r->stream, e, r->seq);
         nt__errobj_unref(e);
     }
 }

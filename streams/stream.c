@@ -527,16 +527,18 @@ void nt__stream_drain(nt_stream *s)
         nt__wait_packed(NT__PACK(s->id, last));
 }
 
-void nt__stream_note_error(nt_stream *s, nt__errobj *err)
+void nt__stream_note_error(nt_stream *s, nt__errobj *err, uint64_t seq)
 {
     g_mutex_lock(&s->lock);
     /* keep the first error until a sync reports it -- a sync on the
      * poisoned tensor may have done so already: then this one is next */
-    if (!s->first_error || AO_load(&s->first_error->reported)) {
+    if (!s->first_error || AO_load(&s->first_error->reported) ||
+        (seq && s->first_error_seq && seq < s->first_error_seq)) {
         nt__errobj_ref(err);
         if (s->first_error)
             nt__errobj_unref(s->first_error);
         s->first_error = err;
+        s->first_error_seq = seq;
     }
     g_mutex_unlock(&s->lock);
 }

@@ -62,6 +62,7 @@ struct nt_stream {
     GMutex lock;
     GCond work_cond, done_cond;
     nt__errobj *first_error;  /* under lock: first error not yet reported */
+    uint64_t first_error_seq; /* under lock: its op's seq (0: not an op's) */
     GArray *ooo;              /* worker: seqs done out of order */
     nt__ptrvec *held;         /* worker: records taken but not yet run */
     bool held_full;           /* worker: the host had no memory to hold more */
@@ -112,7 +113,11 @@ void nt__stream_request_flush(nt_stream *s, uint64_t seq);
 /* Waits for everything queued on s so far. */
 void nt__stream_drain(nt_stream *s);
 /* Records err as s's first unreported error (if it has none). */
-void nt__stream_note_error(nt_stream *s, nt__errobj *err);
+/* Keeps err as the stream's error to report unless an unreported one is
+ * kept already; seq is the failed op's (0 if none).  The planner may run a
+ * batch's records out of queue order, so of two op errors the one earlier
+ * in queue order is kept: the same one an unfused run reports. */
+void nt__stream_note_error(nt_stream *s, nt__errobj *err, uint64_t seq);
 /* Takes s's first unreported error (may be NULL); caller unrefs. */
 nt__errobj *nt__stream_take_error(nt_stream *s);
 

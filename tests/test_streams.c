@@ -727,6 +727,42 @@ static void test_stress_vs_reference(void **state)
     assert_int_equal(nt_sync(), 0);
 }
 
+/* The planner may run a batch's records out of queue order (a matmul moved
+ * to its reader): of two op errors the stream keeps the one earlier in queue
+ * order, as an unfused run would report; an error with no op (seq 0) does not
+ * displace one, and a reported error gives way to the next. */
+static void test_note_error_keeps_earliest_seq(void **state)
+{
+    (void)state;
+    nt_stream *s = nt_stream_create();
+    assert_non_null(s);
+    nt__errobj *late = nt__errobj_new(NT_EINVAL, "late op");
+    nt__errobj *early = nt__errobj_new(NT_EINVAL, "early op");
+    nt__errobj *noseq = nt__errobj_new(NT_EINVAL, "collective");
+    nt__errobj *later = nt__errobj_new(NT_EINVAL, "later op");
+    nt__stream_note_error(s, late, 40);   /* ran first */
+    nt__stream_note_error(s, early, 12);  /* earlier in queue order: replaces */
+    nt__stream_note_error(s, noseq, 0);   /* no op: keeps early */
+    nt__stream_note_error(s, later, 90);  /* later: keeps early */
+    nt__errobj *e = nt__stream_take_error(s);
+    assert_ptr_equal(e, early);
+    assert_string_equal(e->msg, "early op");
+    nt__errobj_unref(e);
+    assert_null(nt__stream_take_error(s));
+    /* once reported, the next error is kept whatever its seq */
+    nt__stream_note_error(s, later, 90);
+    AO_store(&later->reported, 1);
+    nt__stream_note_error(s, late, 40);
+    e = nt__stream_take_error(s);
+    assert_ptr_equal(e, late);
+    nt__errobj_unref(e);
+    nt__errobj_unref(late);
+    nt__errobj_unref(early);
+    nt__errobj_unref(noseq);
+    nt__errobj_unref(later);
+    assert_int_equal(nt_stream_destroy(s), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -745,6 +781,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_mode_switch_leaves_lazy, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_destroy_while_in_use, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_stress_vs_reference, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_note_error_keeps_earliest_seq, nt_test_setup,
+                                        nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
