@@ -625,6 +625,78 @@ static int64_t offset_of(const mview *m, const int64_t *idx, int ndim)
     return o;
 }
 
+/* ---------------- registers ---------------- */
+
+/* Registers by liveness: a value's register is taken when its op runs and
+ * given back after its last reader, so a chain of n ops uses a few
+ * registers instead of n, and the chunk's working set stays in L1.  An op's
+ * output never shares a register with its operands (eval's contract); a
+ * stored value (or one in keep[]) holds its register to the end.  prev
+ * (>= 0): a value that is there before op `from`.  Returns the count. */
+static int plan_regs(const nt__fprog *P, int from, int prev, const bool *keep, int8_t *reg)
+{
+    int last[NT_F_MAXVALS];
+    bool busy[NT_F_MAXVALS] = {0};
+    int n = 0;
+    for (int v = 0; v < P->nvals; v++) {
+        last[v] = P->vals[v].store >= 0 || (keep && keep[v]) ? P->nops : -1;
+        reg[v] = -1;
+    }
+    for (int k = from; k < P->nops; k++)
+        for (int q = 0; q < P->ops[k].nin; q++)
+            if (!NT_F_IS_EXT(P->ops[k].a[q]) && last[P->ops[k].a[q]] < k)
+                last[P->ops[k].a[q]] = k;
+    for (int k = from - 1; k < P->nops; k++) {
+        int v = k < from ? prev : P->ops[k].out;
+        if (v < 0)
+            continue;
+        int r = 0;
+        while (busy[r])
+            r++;
+        busy[r] = true;
+        reg[v] = (int8_t)r;
+        n = r + 1 > n ? r + 1 : n;
+        if (k >= from)
+            for (int q = 0; q < P->ops[k].nin; q++) {
+                int a = P->ops[k].a[q];
+                if (!NT_F_IS_EXT(a) && last[a] == k)
+                    busy[reg[a]] = false;
+            }
+        if (last[v] <= k) /* never read, never stored */
+            busy[r] = false;
+    }
+    return n;
+}
+
+/* The op that defines value v. */
+static int def_op(const nt__fprog *P, int v)
+{
+    for (int k = 0; k < P->nops; k++)
+        if (P->ops[k].out == v)
+            return k;
+    return 0;
+}
+
+/* Output slot sv may be computed straight into its memory (its op's
+ * register is the output itself, no copy after): an f32 value into
+ * contiguous f32 memory, whose storage no input and no other output shares
+ * (an earlier write must not be seen by a later read of the chunk). */
+static bool direct_out(const nt__fgroup *g, const mview *ov, int sv, int nd)
+{
+    const nt__fprog *P = g->prog;
+    int v = P->out_val[sv];
+    if (P->vals[v].dtype != NT_F32 || ov[sv].dt != NT_F32 || (nd && ov[sv].stride[nd - 1] != 1))
+        return false;
+    const nt__storage *st = g->out[sv]->st;
+    for (int e = 0; e < P->next; e++)
+        if (g->ext[e]->st == st)
+            return false;
+    for (int s = 0; s < P->nout; s++)
+        if (s != sv && g->out[s]->st == st)
+            return false;
+    return true;
+}
+
 /* ---------------- EW (and MM epilogues) ---------------- */
 
 /* An EW-shaped program over its iteration space, cut into spans of the
@@ -639,6 +711,9 @@ typedef struct ew_ctx {
     mview ev[NT_F_MAXEXT], ov[NT_F_MAXOUT];
     uint64_t keys[NT_F_MAXOPS];
     int64_t n_all, span;
+    int8_t reg[NT_F_MAXVALS]; /* plan_regs */
+    int nregs;
+    int8_t direct[NT_F_MAXVALS]; /* >= 0: the value is output slot direct[v], computed in place */
     volatile int rc;
 } ew_ctx;
 
@@ -651,13 +726,17 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
     const int from = c->from, prev = c->prev;
     const mview *pre = c->pre, *ev = c->ev, *ov = c->ov;
     /* cache-line aligned: a 64-byte vector never splits across two lines */
-    blk *R = aligned_alloc(64, sizeof(blk) * (size_t)(P->nvals + P->next));
+    blk *R = aligned_alloc(64, sizeof(blk) * (size_t)(c->nregs + P->next));
     float *scratch = malloc(sizeof(float) * 4 * CH);
     if (!R || !scratch) {
         free(R), free(scratch);
         return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
     }
-    blk *E = R + P->nvals;
+    blk *E = R + c->nregs;
+    const int8_t *reg = c->reg, *direct = c->direct;
+    void *at[NT_F_MAXVALS]; /* each value's register in this chunk */
+    for (int v = 0; v < P->nvals; v++)
+        at[v] = reg[v] >= 0 ? (void *)&R[reg[v]] : NULL;
     eval_fn *eval = eval_isa();
     int64_t inner = nd ? shape[nd - 1] : 1;
     int64_t idx[NT_MAX_DIMS] = {0};
@@ -671,8 +750,11 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
         if (n > hi - pos)
             n = hi - pos;
         bool loaded[NT_F_MAXEXT] = {0};
+        for (int v = 0; v < P->nvals; v++)
+            if (direct[v] >= 0)
+                at[v] = (float *)ov[direct[v]].data + offset_of(&ov[direct[v]], idx, nd);
         if (prev >= 0)
-            load(&R[prev], pre, offset_of(pre, idx, nd), nd ? pre->stride[nd - 1] : 1, n);
+            load(at[prev], pre, offset_of(pre, idx, nd), nd ? pre->stride[nd - 1] : 1, n);
         for (int k = from; k < P->nops; k++) {
             const nt__fop *o = &P->ops[k];
             opnd a[3];
@@ -693,18 +775,20 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
                     }
                     a[q] = (opnd){&E[e], (nt_dtype)P->ext[e].dtype, false};
                 } else {
-                    a[q] = (opnd){&R[sl], (nt_dtype)P->vals[sl].dtype, false};
+                    a[q] = (opnd){at[sl], (nt_dtype)P->vals[sl].dtype, false};
                 }
             }
             if (is_sr(o))
-                eval_sr((nt_dtype)P->vals[o->out].dtype, a, R[o->out].f, n, scratch,
+                eval_sr((nt_dtype)P->vals[o->out].dtype, a, at[o->out], n, scratch,
                         c->keys[k], pos);
             else
-                eval(o, (nt_dtype)P->vals[o->out].dtype, a, &R[o->out], n, scratch);
+                eval(o, (nt_dtype)P->vals[o->out].dtype, a, at[o->out], n, scratch);
         }
         for (int sv = 0; sv < P->nout; sv++) {
             int v = P->out_val[sv];
-            store(&ov[sv], offset_of(&ov[sv], idx, nd), nd ? ov[sv].stride[nd - 1] : 1, &R[v],
+            if (direct[v] == sv)
+                continue;
+            store(&ov[sv], offset_of(&ov[sv], idx, nd), nd ? ov[sv].stride[nd - 1] : 1, at[v],
                   (nt_dtype)P->vals[v].dtype, n);
         }
         pos += n;
@@ -752,6 +836,17 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
     for (int sv = 0; sv < P->nout; sv++)
         mview_of(&c->ov[sv], g->out[sv], P->ndim, P->shape);
     sr_keys(g, c->keys);
+    c->nregs = plan_regs(P, from, prev, NULL, c->reg);
+    for (int v = 0; v < P->nvals; v++)
+        c->direct[v] = -1;
+    for (int sv = 0; sv < P->nout; sv++) {
+        int v = P->out_val[sv];
+        /* not prev (loaded, not computed), not an SR cast (eval_sr writes
+         * uncanonicalised f32), one slot per value */
+        if (v != prev && c->direct[v] < 0 && !is_sr(&P->ops[def_op(P, v)]) &&
+            direct_out(g, c->ov, sv, P->ndim))
+            c->direct[v] = (int8_t)sv;
+    }
     c->n_all = nt__numel(P->ndim, P->shape);
     c->span = EW_SPAN;
     int nblocks = (int)((c->n_all + EW_SPAN - 1) / EW_SPAN);
