@@ -631,15 +631,15 @@ static int64_t offset_of(const mview *m, const int64_t *idx, int ndim)
  * given back after its last reader, so a chain of n ops uses a few
  * registers instead of n, and the chunk's working set stays in L1.  An op's
  * output never shares a register with its operands (eval's contract); a
- * stored value (or one in keep[]) holds its register to the end.  prev
+ * stored value holds its register to the end.  prev
  * (>= 0): a value that is there before op `from`.  Returns the count. */
-static int plan_regs(const nt__fprog *P, int from, int prev, const bool *keep, int8_t *reg)
+static int plan_regs(const nt__fprog *P, int from, int prev, int8_t *reg)
 {
     int last[NT_F_MAXVALS];
     bool busy[NT_F_MAXVALS] = {0};
     int n = 0;
     for (int v = 0; v < P->nvals; v++) {
-        last[v] = P->vals[v].store >= 0 || (keep && keep[v]) ? P->nops : -1;
+        last[v] = P->vals[v].store >= 0 ? P->nops : -1;
         reg[v] = -1;
     }
     for (int k = from; k < P->nops; k++)
@@ -836,7 +836,7 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
     for (int sv = 0; sv < P->nout; sv++)
         mview_of(&c->ov[sv], g->out[sv], P->ndim, P->shape);
     sr_keys(g, c->keys);
-    c->nregs = plan_regs(P, from, prev, NULL, c->reg);
+    c->nregs = plan_regs(P, from, prev, c->reg);
     for (int v = 0; v < P->nvals; v++)
         c->direct[v] = -1;
     for (int sv = 0; sv < P->nout; sv++) {
@@ -867,6 +867,9 @@ typedef struct row_ctx {
     mview ev[NT_F_MAXEXT], ov[NT_F_MAXOUT];
     uint64_t keys[NT_F_MAXOPS];
     int64_t R, C, rows; /* rows per block */
+    int8_t reg[NT_F_MAXVALS]; /* plan_regs */
+    int nregs;
+    int8_t direct[NT_F_MAXVALS]; /* as ew_ctx's: a full-row f32 output computed in place */
     volatile int rc;
 } row_ctx;
 
@@ -879,13 +882,17 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
     const mview *ev = c->ev, *ov = c->ov;
     const uint64_t *keys = c->keys;
     /* one row of every value and loaded input */
-    size_t cells = (size_t)(P->nvals + P->next) * (size_t)C;
+    size_t cells = (size_t)(c->nregs + P->next) * (size_t)C;
     /* scratch: a whole row for reductions, then 4 chunks for eval */
     float *buf = malloc(sizeof(float) * (cells + (size_t)C + 4 * CH));
     if (!buf)
         return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
     float *scratch = buf + cells;
-    float *V = buf, *E = buf + (size_t)P->nvals * (size_t)C;
+    float *V = buf, *E = buf + (size_t)c->nregs * (size_t)C;
+    const int8_t *direct = c->direct;
+    float *at[NT_F_MAXVALS]; /* each value's row */
+    for (int v = 0; v < P->nvals; v++)
+        at[v] = c->reg[v] >= 0 ? V + (size_t)c->reg[v] * (size_t)C : NULL;
     eval_fn *eval = eval_isa();
     int64_t idx[NT_MAX_DIMS] = {0};
     for (int64_t rem = r0, d = nd - 2; d >= 0; d--) {
@@ -895,6 +902,9 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
     for (int64_t r = r0; r < r1; r++) {
         bool loaded[NT_F_MAXEXT] = {0};
         idx[nd - 1] = 0;
+        for (int v = 0; v < P->nvals; v++)
+            if (direct[v] >= 0)
+                at[v] = (float *)ov[direct[v]].data + offset_of(&ov[direct[v]], idx, nd);
         for (int k = 0; k < P->nops; k++) {
             const nt__fop *o = &P->ops[k];
             const nt__fval *ov_ = &P->vals[o->out];
@@ -918,11 +928,10 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
                     }
                     a[q] = (opnd){dst, (nt_dtype)P->ext[e].dtype, red};
                 } else {
-                    a[q] = (opnd){V + (size_t)s * (size_t)C, (nt_dtype)P->vals[s].dtype,
-                                  P->vals[s].red};
+                    a[q] = (opnd){at[s], (nt_dtype)P->vals[s].dtype, P->vals[s].red};
                 }
             }
-            float *out = V + (size_t)o->out * (size_t)C;
+            float *out = at[o->out];
             if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN ||
                 o->op == NT_OP_MIN) {
                 /* the reduced row, as the unfused kernel loads it */
@@ -966,8 +975,10 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
         for (int s = 0; s < P->nout; s++) {
             int v = P->out_val[s];
             const nt__fval *val = &P->vals[v];
-            store(&ov[s], offset_of(&ov[s], idx, nd), ov[s].stride[nd - 1],
-                  V + (size_t)v * (size_t)C, (nt_dtype)val->dtype, val->red ? 1 : C);
+            if (direct[v] == s)
+                continue;
+            store(&ov[s], offset_of(&ov[s], idx, nd), ov[s].stride[nd - 1], at[v],
+                  (nt_dtype)val->dtype, val->red ? 1 : C);
         }
         nt__idx_next(idx, nd - 1, shape); /* next row */
     }
@@ -1004,6 +1015,16 @@ static int run_row(const nt__fgroup *g)
         mview_of(&c->ov[s], g->out[s], nd, shape);
     }
     sr_keys(g, c->keys);
+    c->nregs = plan_regs(P, 0, -1, c->reg);
+    for (int v = 0; v < P->nvals; v++)
+        c->direct[v] = -1;
+    for (int s = 0; s < P->nout; s++) {
+        int v = P->out_val[s];
+        /* full rows only (a per-row output is strided by 0 along the row) */
+        if (!P->vals[v].red && c->direct[v] < 0 && !is_sr(&P->ops[def_op(P, v)]) &&
+            direct_out(g, c->ov, s, nd))
+            c->direct[v] = (int8_t)s;
+    }
     /* blocks of about EW_SPAN elements; fewer than two run on this thread */
     c->rows = c->C >= EW_SPAN ? 1 : EW_SPAN / (c->C ? c->C : 1);
     int nblocks = (int)((c->R + c->rows - 1) / c->rows);
