@@ -234,6 +234,75 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
     /* an f32 result goes straight into a float register, else via t3 */
     float *y = isf(odt) ? (float *)out : t3;
     int32_t *yi = isf(odt) ? (int32_t *)t3 : (int32_t *)out;
+    /* SN_LOOP(RISK, E, F64): F32_LOOP for an op that takes a microcode
+     * assist on subnormals (cpu/subnormal.h).  RISK is an integer test of
+     * element i's operand bits; E(k) the op on operands that are replaced
+     * by 1.0 where k is all ones (sel1 below: such lanes never reach the
+     * f32 unit with a subnormal, and one pass does test and op).  Then, only
+     * where RISK held somewhere, the blocks of SN_BLK elements where it
+     * held are recomputed by F64(i0, len), through f64: the same bits as
+     * the f32 op, at a small fraction of the assists' cost. */
+#define SN_LOOP(RISK, E, F64)                                                              \
+    do {                                                                                   \
+        uint32_t risk = 0;                                                                 \
+        if (odt == NT_F32)                                                                 \
+            for (int64_t i = 0; i < n; i++) {                                              \
+                uint32_t k = 0u - (uint32_t)(RISK);                                        \
+                risk |= k;                                                                 \
+                y[i] = nt__canon(E(k));                                                    \
+            }                                                                              \
+        else                                                                               \
+            for (int64_t i = 0; i < n; i++) {                                              \
+                uint32_t k = 0u - (uint32_t)(RISK);                                        \
+                risk |= k;                                                                 \
+                y[i] = E(k);                                                               \
+            }                                                                              \
+        if (!risk)                                                                         \
+            break;                                                                         \
+        for (int64_t i0 = 0; i0 < n; i0 += SN_BLK) {                                       \
+            int64_t i1 = n - i0 < SN_BLK ? n : i0 + SN_BLK;                                \
+            uint32_t r = 0;                                                                \
+            for (int64_t i = i0; i < i1; i++)                                              \
+                r |= (RISK);                                                               \
+            if (!r)                                                                        \
+                continue;                                                                  \
+            F64(i0, i1 - i0);                                                              \
+            if (odt == NT_F32)                                                             \
+                for (int64_t i = i0; i < i1; i++)                                          \
+                    y[i] = nt__canon(y[i]);                                                \
+        }                                                                                  \
+    } while (0)
+#ifdef NT_FUSED_X86
+    /* x * s and x / s, by a tensor-scalar op's scalar or a binary op's
+     * second operand when that is one broadcast value (a row's sum) */
+    if (lvl == 2 && fc &&
+        (o->op == NT_OP_MUL_SCALAR || o->op == NT_OP_DIV_SCALAR ||
+         ((o->op == NT_OP_MUL || o->op == NT_OP_DIV) && a[1].scalar && isf(a[1].dt)))) {
+        bool mul = o->op == NT_OP_MUL_SCALAR || o->op == NT_OP_MUL;
+        float s0 = info->kind == NT_KIND_SCALAR ? (float)o->p.f[0] : *(const float *)a[1].p;
+        const float *x = as_f32(&a[0], t0, n);
+        if (sn_fast512(mul ? NT_OP_MUL_SCALAR : NT_OP_DIV_SCALAR, x, NULL, s0, y, n,
+                       odt == NT_F32))
+            goto by_scalar_done;
+        uint32_t bound = mul ? nt__sn_mul_bound(s0) : nt__sn_div_bound(s0);
+#define SN_MULS(i0, len) nt__sn_mul_f64(y + (i0), x + (i0), &s0, true, (len))
+#define SN_DIVS(i0, len) nt__sn_div_f64(y + (i0), x + (i0), &s0, true, (len))
+#define SN_EMULS(k) (sel1(x[i], k) * s0)
+#define SN_EDIVS(k) (sel1(x[i], k) / s0)
+        if (mul)
+            SN_LOOP(nt__sn_abs(x[i]) - 1u < bound, SN_EMULS, SN_MULS);
+        else
+            SN_LOOP(nt__sn_abs(x[i]) - 1u < bound, SN_EDIVS, SN_DIVS);
+#undef SN_EMULS
+#undef SN_EDIVS
+#undef SN_MULS
+#undef SN_DIVS
+    by_scalar_done:
+        if (odt != NT_F32)
+            settle_f(out, odt, y, n);
+        return;
+    }
+#endif
     switch (info->kind) {
     case NT_KIND_FILL: {
         char tmp[8] = {0};
@@ -276,44 +345,6 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
             for (int64_t i = 0; i < n; i++)                                                \
                 y[i] = (E);                                                                \
     } while (0)
-    /* SN_LOOP(RISK, E, F64): F32_LOOP for an op that takes a microcode
-     * assist on subnormals (cpu/subnormal.h).  RISK is an integer test of
-     * element i's operand bits; E(k) the op on operands that are replaced
-     * by 1.0 where k is all ones (sel1 below: such lanes never reach the
-     * f32 unit with a subnormal, and one pass does test and op).  Then, only
-     * where RISK held somewhere, the blocks of SN_BLK elements where it
-     * held are recomputed by F64(i0, len), through f64: the same bits as
-     * the f32 op, at a small fraction of the assists' cost. */
-#define SN_LOOP(RISK, E, F64)                                                              \
-    do {                                                                                   \
-        uint32_t risk = 0;                                                                 \
-        if (odt == NT_F32)                                                                 \
-            for (int64_t i = 0; i < n; i++) {                                              \
-                uint32_t k = 0u - (uint32_t)(RISK);                                        \
-                risk |= k;                                                                 \
-                y[i] = nt__canon(E(k));                                                    \
-            }                                                                              \
-        else                                                                               \
-            for (int64_t i = 0; i < n; i++) {                                              \
-                uint32_t k = 0u - (uint32_t)(RISK);                                        \
-                risk |= k;                                                                 \
-                y[i] = E(k);                                                               \
-            }                                                                              \
-        if (!risk)                                                                         \
-            break;                                                                         \
-        for (int64_t i0 = 0; i0 < n; i0 += SN_BLK) {                                       \
-            int64_t i1 = n - i0 < SN_BLK ? n : i0 + SN_BLK;                                \
-            uint32_t r = 0;                                                                \
-            for (int64_t i = i0; i < i1; i++)                                              \
-                r |= (RISK);                                                               \
-            if (!r)                                                                        \
-                continue;                                                                  \
-            F64(i0, i1 - i0);                                                              \
-            if (odt == NT_F32)                                                             \
-                for (int64_t i = i0; i < i1; i++)                                          \
-                    y[i] = nt__canon(y[i]);                                                \
-        }                                                                                  \
-    } while (0)
     case NT_KIND_UNARY:
         if (fc) {
             const float *x = as_f32(&a[0], t0, n);
@@ -343,30 +374,6 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
         if (fc) {
             float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
             const float *x = as_f32(&a[0], t0, n);
-#ifdef NT_FUSED_X86
-            if (lvl == 2 && (o->op == NT_OP_MUL_SCALAR || o->op == NT_OP_DIV_SCALAR)) {
-                if (sn_fast512(o->op, x, NULL, s0, y, n, odt == NT_F32))
-                    goto scalar_done;
-                bool mul = o->op == NT_OP_MUL_SCALAR;
-                uint32_t bound = mul ? nt__sn_mul_bound(s0) : nt__sn_div_bound(s0);
-#define SN_MULS(i0, len) nt__sn_mul_f64(y + (i0), x + (i0), &s0, true, (len))
-#define SN_DIVS(i0, len) nt__sn_div_f64(y + (i0), x + (i0), &s0, true, (len))
-#define SN_EMULS(k) (sel1(x[i], k) * s0)
-#define SN_EDIVS(k) (sel1(x[i], k) / s0)
-                if (mul)
-                    SN_LOOP(nt__sn_abs(x[i]) - 1u < bound, SN_EMULS, SN_MULS);
-                else
-                    SN_LOOP(nt__sn_abs(x[i]) - 1u < bound, SN_EDIVS, SN_DIVS);
-#undef SN_EMULS
-#undef SN_EDIVS
-#undef SN_MULS
-#undef SN_DIVS
-            scalar_done:
-                if (odt != NT_F32)
-                    settle_f(out, odt, y, n);
-                return;
-            }
-#endif
             switch (o->op) {
 #define NT__FS(ID, name, nin, kind, flags, ...)                                                  \
     case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i], s0, s1)); break;
@@ -391,6 +398,24 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
         }
         return;
     case NT_KIND_BINARY:
+        if (fc && a[1].scalar && isf(a[1].dt)) {
+            /* one broadcast value (a row's max): read once, not copied into
+             * a chunk first */
+            const float zs = *(const float *)a[1].p, *x = as_f32(&a[0], t0, n);
+            bool hit = true;
+            switch (o->op) {
+#define NT__FBS(ID, name, nin, kind, flags, ...)                                                 \
+    case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i], zs)); break;
+                NT_OPS_BINARY(NT__FBS)
+#undef NT__FBS
+            default: hit = false;
+            }
+            if (hit) {
+                if (odt != NT_F32)
+                    settle_f(out, odt, y, n);
+                return;
+            }
+        }
         if (fc) {
             const float *x = as_f32(&a[0], t0, n), *z = as_f32(&a[1], t1, n);
 #ifdef NT_FUSED_X86
