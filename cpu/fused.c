@@ -930,6 +930,21 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
         for (int v = 0; v < P->nvals; v++)
             if (direct[v] >= 0)
                 at[v] = (float *)ov[direct[v]].data + offset_of(&ov[direct[v]], idx, nd);
+        if (r + 1 < r1) {
+            /* the next row of each input read in place, into L2: the
+             * streamer restarts at every 4 KiB page, and the row's first
+             * reader (its max) waited on memory */
+            int64_t nidx[NT_MAX_DIMS];
+            memcpy(nidx, idx, sizeof nidx);
+            nt__idx_next(nidx, nd - 1, shape);
+            for (int e = 0; e < P->next; e++)
+                if (!P->ext[e].red && ev[e].dt == NT_F32 && ev[e].stride[nd - 1] == 1) {
+                    const char *p =
+                        (const char *)((const float *)ev[e].data + offset_of(&ev[e], nidx, nd));
+                    for (int64_t b = 0; b < C * (int64_t)sizeof(float); b += 64)
+                        __builtin_prefetch(p + b, 0, 2);
+                }
+        }
         for (int k = 0; k < P->nops; k++) {
             const nt__fop *o = &P->ops[k];
             const nt__fval *ov_ = &P->vals[o->out];
@@ -988,11 +1003,9 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
                 for (int64_t j = 0; j < C; j += CH) {
                     int64_t n = C - j < CH ? C - j : CH;
                     opnd aj[3];
-                    for (int q = 0; q < o->nin; q++) {
-                        aj[q] = a[q];
-                        if (!a[q].scalar)
-                            aj[q].p = (const float *)a[q].p + j;
-                    }
+                    for (int q = 0; q < o->nin; q++) /* field by field: no rep movs */
+                        aj[q] = (opnd){a[q].scalar ? a[q].p : (const float *)a[q].p + j, a[q].dt,
+                                       a[q].scalar};
                     eval(o, (nt_dtype)ov_->dtype, aj, out + j, n, scratch + C);
                 }
             }
