@@ -724,6 +724,37 @@ static bool direct_out(const nt__fgroup *g, const mview *ov, int sv, int nd)
 
 /* ---------------- EW (and MM epilogues) ---------------- */
 
+/* An f32 output of at least this many bytes, far beyond both cores' L2,
+ * is written with streaming stores: a store that misses first reads the
+ * line it overwrites (a third transfer besides the input's read and the
+ * output's write), a streaming one does not.  A later kernel then reads it
+ * from memory instead of L3; smaller outputs stay cached. */
+#define STREAM_MIN (8 << 20)
+
+/* dst[0, n) = src[0, n), bit for bit, the aligned middle by streaming
+ * stores (made visible by stream_fence before the span is reported done). */
+static void stream_f32(float *dst, const float *src, int64_t n)
+{
+#ifdef NT_FUSED_X86
+    int64_t i = 0;
+    while (i < n && ((uintptr_t)(dst + i) & 31u))
+        i++;
+    memcpy(dst, src, (size_t)i * sizeof(float));
+    for (; i + 8 <= n; i += 8)
+        _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+    memcpy(dst + i, src + i, (size_t)(n - i) * sizeof(float));
+#else
+    memcpy(dst, src, (size_t)n * sizeof(float));
+#endif
+}
+
+static void stream_fence(void)
+{
+#ifdef NT_FUSED_X86
+    _mm_sfence();
+#endif
+}
+
 /* An EW-shaped program over its iteration space, cut into spans of the
  * row-major element order that the caller and the gemm helper thread
  * (core/gemm.c, nt__par_blocks) claim.  Elements are independent and a
@@ -739,6 +770,7 @@ typedef struct ew_ctx {
     int8_t reg[NT_F_MAXVALS]; /* plan_regs */
     int nregs;
     int8_t direct[NT_F_MAXVALS]; /* >= 0: the value is output slot direct[v], computed in place */
+    bool stream[NT_F_MAXOUT];    /* output slot written by stream_f32 */
     volatile int rc;
 } ew_ctx;
 
@@ -813,8 +845,11 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
             int v = P->out_val[sv];
             if (direct[v] == sv)
                 continue;
-            store(&ov[sv], offset_of(&ov[sv], idx, nd), nd ? ov[sv].stride[nd - 1] : 1, at[v],
-                  (nt_dtype)P->vals[v].dtype, n);
+            if (c->stream[sv])
+                stream_f32((float *)ov[sv].data + offset_of(&ov[sv], idx, nd), at[v], n);
+            else
+                store(&ov[sv], offset_of(&ov[sv], idx, nd), nd ? ov[sv].stride[nd - 1] : 1,
+                      at[v], (nt_dtype)P->vals[v].dtype, n);
         }
         pos += n;
         if (nd == 0)
@@ -825,6 +860,7 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
             nt__idx_next(idx, nd - 1, shape);
         }
     }
+    stream_fence();
     free(R);
     free(scratch);
     return 0;
@@ -864,15 +900,20 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
     c->nregs = plan_regs(P, from, prev, c->reg);
     for (int v = 0; v < P->nvals; v++)
         c->direct[v] = -1;
+    c->n_all = nt__numel(P->ndim, P->shape);
     for (int sv = 0; sv < P->nout; sv++) {
         int v = P->out_val[sv];
         /* not prev (loaded, not computed), not an SR cast (eval_sr writes
          * uncanonicalised f32), one slot per value */
+        c->stream[sv] = false;
         if (v != prev && c->direct[v] < 0 && !is_sr(&P->ops[def_op(P, v)]) &&
-            direct_out(g, c->ov, sv, P->ndim))
-            c->direct[v] = (int8_t)sv;
+            direct_out(g, c->ov, sv, P->ndim)) {
+            if (c->n_all * (int64_t)sizeof(float) >= STREAM_MIN)
+                c->stream[sv] = true; /* from its register, by stream_f32 */
+            else
+                c->direct[v] = (int8_t)sv;
+        }
     }
-    c->n_all = nt__numel(P->ndim, P->shape);
     c->span = EW_SPAN;
     int nblocks = (int)((c->n_all + EW_SPAN - 1) / EW_SPAN);
     if (c->n_all > 0)
@@ -895,6 +936,7 @@ typedef struct row_ctx {
     int8_t reg[NT_F_MAXVALS]; /* plan_regs */
     int nregs;
     int8_t direct[NT_F_MAXVALS]; /* as ew_ctx's: a full-row f32 output computed in place */
+    bool stream[NT_F_MAXOUT];    /* as ew_ctx's */
     volatile int rc;
 } row_ctx;
 
@@ -1015,11 +1057,15 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
             const nt__fval *val = &P->vals[v];
             if (direct[v] == s)
                 continue;
-            store(&ov[s], offset_of(&ov[s], idx, nd), ov[s].stride[nd - 1], at[v],
-                  (nt_dtype)val->dtype, val->red ? 1 : C);
+            if (c->stream[s])
+                stream_f32((float *)ov[s].data + offset_of(&ov[s], idx, nd), at[v], C);
+            else
+                store(&ov[s], offset_of(&ov[s], idx, nd), ov[s].stride[nd - 1], at[v],
+                      (nt_dtype)val->dtype, val->red ? 1 : C);
         }
         nt__idx_next(idx, nd - 1, shape); /* next row */
     }
+    stream_fence();
     free(buf);
     return 0;
 }
@@ -1059,9 +1105,14 @@ static int run_row(const nt__fgroup *g)
     for (int s = 0; s < P->nout; s++) {
         int v = P->out_val[s];
         /* full rows only (a per-row output is strided by 0 along the row) */
+        c->stream[s] = false;
         if (!P->vals[v].red && c->direct[v] < 0 && !is_sr(&P->ops[def_op(P, v)]) &&
-            direct_out(g, c->ov, s, nd))
-            c->direct[v] = (int8_t)s;
+            direct_out(g, c->ov, s, nd)) {
+            if (c->R * c->C * (int64_t)sizeof(float) >= STREAM_MIN)
+                c->stream[s] = true;
+            else
+                c->direct[v] = (int8_t)s;
+        }
     }
     /* blocks of about EW_SPAN elements; fewer than two run on this thread */
     c->rows = c->C >= EW_SPAN ? 1 : EW_SPAN / (c->C ? c->C : 1);

@@ -1605,12 +1605,12 @@ static void regs_row_prog(nt_tensor *x, nt_tensor *z, nt_tensor **out)
     nt_scope_end(s);
 }
 
-static void test_fused_regs_bitwise(void **state)
+/* rows of 1031 (a tail at every width); 150 rows: 3 spans and 3 blocks of
+ * rows, so with 2 threads both take part.  Then 700 rows of 3001: outputs
+ * of 8 MiB and more, written by streaming stores, from chunks that start
+ * at every alignment. */
+static void fused_regs_case(int64_t R, int64_t C)
 {
-    (void)state;
-    /* rows of 1031 (a tail at every width); 150 rows: 3 spans and 3 blocks
-     * of rows, so with 2 threads both take part */
-    const int64_t R = 150, C = 1031;
     size_t n = (size_t)(R * C), sz[3] = {n * 4, n * 4, n * 2}, szr[3] = {n * 4, n * 4, R * 4};
     float *xv = malloc(n * 4), *zv = malloc(n * 4), *av = malloc(n * 4);
     char *ref[4], *got = malloc(n * 4), *rref[3];
@@ -1696,6 +1696,13 @@ static void test_fused_regs_bitwise(void **state)
     for (int k = 0; k < 3; k++)
         free(rref[k]);
     free(xv), free(zv), free(av), free(got);
+}
+
+static void test_fused_regs_bitwise(void **state)
+{
+    (void)state;
+    fused_regs_case(150, 1031);
+    fused_regs_case(700, 3001);
 }
 
 static void test_softmax_primitives_one_row_kernel(void **state)
