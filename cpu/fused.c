@@ -234,6 +234,75 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
     /* an f32 result goes straight into a float register, else via t3 */
     float *y = isf(odt) ? (float *)out : t3;
     int32_t *yi = isf(odt) ? (int32_t *)t3 : (int32_t *)out;
+    /* SN_LOOP(RISK, E, F64): F32_LOOP for an op that takes a microcode
+     * assist on subnormals (cpu/subnormal.h).  RISK is an integer test of
+     * element i's operand bits; E(k) the op on operands that are replaced
+     * by 1.0 where k is all ones (sel1 below: such lanes never reach the
+     * f32 unit with a subnormal, and one pass does test and op).  Then, only
+     * where RISK held somewhere, the blocks of SN_BLK elements where it
+     * held are recomputed by F64(i0, len), through f64: the same bits as
+     * the f32 op, at a small fraction of the assists' cost. */
+#define SN_LOOP(RISK, E, F64)                                                              \
+    do {                                                                                   \
+        uint32_t risk = 0;                                                                 \
+        if (odt == NT_F32)                                                                 \
+            for (int64_t i = 0; i < n; i++) {                                              \
+                uint32_t k = 0u - (uint32_t)(RISK);                                        \
+                risk |= k;                                                                 \
+                y[i] = nt__canon(E(k));                                                    \
+            }                                                                              \
+        else                                                                               \
+            for (int64_t i = 0; i < n; i++) {                                              \
+                uint32_t k = 0u - (uint32_t)(RISK);                                        \
+                risk |= k;                                                                 \
+                y[i] = E(k);                                                               \
+            }                                                                              \
+        if (!risk)                                                                         \
+            break;                                                                         \
+        for (int64_t i0 = 0; i0 < n; i0 += SN_BLK) {                                       \
+            int64_t i1 = n - i0 < SN_BLK ? n : i0 + SN_BLK;                                \
+            uint32_t r = 0;                                                                \
+            for (int64_t i = i0; i < i1; i++)                                              \
+                r |= (RISK);                                                               \
+            if (!r)                                                                        \
+                continue;                                                                  \
+            F64(i0, i1 - i0);                                                              \
+            if (odt == NT_F32)                                                             \
+                for (int64_t i = i0; i < i1; i++)                                          \
+                    y[i] = nt__canon(y[i]);                                                \
+        }                                                                                  \
+    } while (0)
+#ifdef NT_FUSED_X86
+    /* x * s and x / s, by a tensor-scalar op's scalar or a binary op's
+     * second operand when that is one broadcast value (a row's sum) */
+    if (lvl == 2 && fc &&
+        (o->op == NT_OP_MUL_SCALAR || o->op == NT_OP_DIV_SCALAR ||
+         ((o->op == NT_OP_MUL || o->op == NT_OP_DIV) && a[1].scalar && isf(a[1].dt)))) {
+        bool mul = o->op == NT_OP_MUL_SCALAR || o->op == NT_OP_MUL;
+        float s0 = info->kind == NT_KIND_SCALAR ? (float)o->p.f[0] : *(const float *)a[1].p;
+        const float *x = as_f32(&a[0], t0, n);
+        if (sn_fast512(mul ? NT_OP_MUL_SCALAR : NT_OP_DIV_SCALAR, x, NULL, s0, y, n,
+                       odt == NT_F32))
+            goto by_scalar_done;
+        uint32_t bound = mul ? nt__sn_mul_bound(s0) : nt__sn_div_bound(s0);
+#define SN_MULS(i0, len) nt__sn_mul_f64(y + (i0), x + (i0), &s0, true, (len))
+#define SN_DIVS(i0, len) nt__sn_div_f64(y + (i0), x + (i0), &s0, true, (len))
+#define SN_EMULS(k) (sel1(x[i], k) * s0)
+#define SN_EDIVS(k) (sel1(x[i], k) / s0)
+        if (mul)
+            SN_LOOP(nt__sn_abs(x[i]) - 1u < bound, SN_EMULS, SN_MULS);
+        else
+            SN_LOOP(nt__sn_abs(x[i]) - 1u < bound, SN_EDIVS, SN_DIVS);
+#undef SN_EMULS
+#undef SN_EDIVS
+#undef SN_MULS
+#undef SN_DIVS
+    by_scalar_done:
+        if (odt != NT_F32)
+            settle_f(out, odt, y, n);
+        return;
+    }
+#endif
     switch (info->kind) {
     case NT_KIND_FILL: {
         char tmp[8] = {0};
@@ -276,44 +345,6 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
             for (int64_t i = 0; i < n; i++)                                                \
                 y[i] = (E);                                                                \
     } while (0)
-    /* SN_LOOP(RISK, E, F64): F32_LOOP for an op that takes a microcode
-     * assist on subnormals (cpu/subnormal.h).  RISK is an integer test of
-     * element i's operand bits; E(k) the op on operands that are replaced
-     * by 1.0 where k is all ones (sel1 below: such lanes never reach the
-     * f32 unit with a subnormal, and one pass does test and op).  Then, only
-     * where RISK held somewhere, the blocks of SN_BLK elements where it
-     * held are recomputed by F64(i0, len), through f64: the same bits as
-     * the f32 op, at a small fraction of the assists' cost. */
-#define SN_LOOP(RISK, E, F64)                                                              \
-    do {                                                                                   \
-        uint32_t risk = 0;                                                                 \
-        if (odt == NT_F32)                                                                 \
-            for (int64_t i = 0; i < n; i++) {                                              \
-                uint32_t k = 0u - (uint32_t)(RISK);                                        \
-                risk |= k;                                                                 \
-                y[i] = nt__canon(E(k));                                                    \
-            }                                                                              \
-        else                                                                               \
-            for (int64_t i = 0; i < n; i++) {                                              \
-                uint32_t k = 0u - (uint32_t)(RISK);                                        \
-                risk |= k;                                                                 \
-                y[i] = E(k);                                                               \
-            }                                                                              \
-        if (!risk)                                                                         \
-            break;                                                                         \
-        for (int64_t i0 = 0; i0 < n; i0 += SN_BLK) {                                       \
-            int64_t i1 = n - i0 < SN_BLK ? n : i0 + SN_BLK;                                \
-            uint32_t r = 0;                                                                \
-            for (int64_t i = i0; i < i1; i++)                                              \
-                r |= (RISK);                                                               \
-            if (!r)                                                                        \
-                continue;                                                                  \
-            F64(i0, i1 - i0);                                                              \
-            if (odt == NT_F32)                                                             \
-                for (int64_t i = i0; i < i1; i++)                                          \
-                    y[i] = nt__canon(y[i]);                                                \
-        }                                                                                  \
-    } while (0)
     case NT_KIND_UNARY:
         if (fc) {
             const float *x = as_f32(&a[0], t0, n);
@@ -343,30 +374,6 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
         if (fc) {
             float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
             const float *x = as_f32(&a[0], t0, n);
-#ifdef NT_FUSED_X86
-            if (lvl == 2 && (o->op == NT_OP_MUL_SCALAR || o->op == NT_OP_DIV_SCALAR)) {
-                if (sn_fast512(o->op, x, NULL, s0, y, n, odt == NT_F32))
-                    goto scalar_done;
-                bool mul = o->op == NT_OP_MUL_SCALAR;
-                uint32_t bound = mul ? nt__sn_mul_bound(s0) : nt__sn_div_bound(s0);
-#define SN_MULS(i0, len) nt__sn_mul_f64(y + (i0), x + (i0), &s0, true, (len))
-#define SN_DIVS(i0, len) nt__sn_div_f64(y + (i0), x + (i0), &s0, true, (len))
-#define SN_EMULS(k) (sel1(x[i], k) * s0)
-#define SN_EDIVS(k) (sel1(x[i], k) / s0)
-                if (mul)
-                    SN_LOOP(nt__sn_abs(x[i]) - 1u < bound, SN_EMULS, SN_MULS);
-                else
-                    SN_LOOP(nt__sn_abs(x[i]) - 1u < bound, SN_EDIVS, SN_DIVS);
-#undef SN_EMULS
-#undef SN_EDIVS
-#undef SN_MULS
-#undef SN_DIVS
-            scalar_done:
-                if (odt != NT_F32)
-                    settle_f(out, odt, y, n);
-                return;
-            }
-#endif
             switch (o->op) {
 #define NT__FS(ID, name, nin, kind, flags, ...)                                                  \
     case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i], s0, s1)); break;
@@ -391,6 +398,24 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
         }
         return;
     case NT_KIND_BINARY:
+        if (fc && a[1].scalar && isf(a[1].dt)) {
+            /* one broadcast value (a row's max): read once, not copied into
+             * a chunk first */
+            const float zs = *(const float *)a[1].p, *x = as_f32(&a[0], t0, n);
+            bool hit = true;
+            switch (o->op) {
+#define NT__FBS(ID, name, nin, kind, flags, ...)                                                 \
+    case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i], zs)); break;
+                NT_OPS_BINARY(NT__FBS)
+#undef NT__FBS
+            default: hit = false;
+            }
+            if (hit) {
+                if (odt != NT_F32)
+                    settle_f(out, odt, y, n);
+                return;
+            }
+        }
         if (fc) {
             const float *x = as_f32(&a[0], t0, n), *z = as_f32(&a[1], t1, n);
 #ifdef NT_FUSED_X86
@@ -625,7 +650,110 @@ static int64_t offset_of(const mview *m, const int64_t *idx, int ndim)
     return o;
 }
 
+/* ---------------- registers ---------------- */
+
+/* Registers by liveness: a value's register is taken when its op runs and
+ * given back after its last reader, so a chain of n ops uses a few
+ * registers instead of n, and the chunk's working set stays in L1.  An op's
+ * output never shares a register with its operands (eval's contract); a
+ * stored value holds its register to the end.  prev
+ * (>= 0): a value that is there before op `from`.  Returns the count. */
+static int plan_regs(const nt__fprog *P, int from, int prev, int8_t *reg)
+{
+    int last[NT_F_MAXVALS];
+    bool busy[NT_F_MAXVALS] = {0};
+    int n = 0;
+    for (int v = 0; v < P->nvals; v++) {
+        last[v] = P->vals[v].store >= 0 ? P->nops : -1;
+        reg[v] = -1;
+    }
+    for (int k = from; k < P->nops; k++)
+        for (int q = 0; q < P->ops[k].nin; q++)
+            if (!NT_F_IS_EXT(P->ops[k].a[q]) && last[P->ops[k].a[q]] < k)
+                last[P->ops[k].a[q]] = k;
+    for (int k = from - 1; k < P->nops; k++) {
+        int v = k < from ? prev : P->ops[k].out;
+        if (v < 0)
+            continue;
+        int r = 0;
+        while (busy[r])
+            r++;
+        busy[r] = true;
+        reg[v] = (int8_t)r;
+        n = r + 1 > n ? r + 1 : n;
+        if (k >= from)
+            for (int q = 0; q < P->ops[k].nin; q++) {
+                int a = P->ops[k].a[q];
+                if (!NT_F_IS_EXT(a) && last[a] == k)
+                    busy[reg[a]] = false;
+            }
+        if (last[v] <= k) /* never read, never stored */
+            busy[r] = false;
+    }
+    return n;
+}
+
+/* The op that defines value v. */
+static int def_op(const nt__fprog *P, int v)
+{
+    for (int k = 0; k < P->nops; k++)
+        if (P->ops[k].out == v)
+            return k;
+    return 0;
+}
+
+/* Output slot sv may be computed straight into its memory (its op's
+ * register is the output itself, no copy after): an f32 value into
+ * contiguous f32 memory, whose storage no input and no other output shares
+ * (an earlier write must not be seen by a later read of the chunk). */
+static bool direct_out(const nt__fgroup *g, const mview *ov, int sv, int nd)
+{
+    const nt__fprog *P = g->prog;
+    int v = P->out_val[sv];
+    if (P->vals[v].dtype != NT_F32 || ov[sv].dt != NT_F32 || (nd && ov[sv].stride[nd - 1] != 1))
+        return false;
+    const nt__storage *st = g->out[sv]->st;
+    for (int e = 0; e < P->next; e++)
+        if (g->ext[e]->st == st)
+            return false;
+    for (int s = 0; s < P->nout; s++)
+        if (s != sv && g->out[s]->st == st)
+            return false;
+    return true;
+}
+
 /* ---------------- EW (and MM epilogues) ---------------- */
+
+/* An f32 output of at least this many bytes, far beyond both cores' L2,
+ * is written with streaming stores: a store that misses first reads the
+ * line it overwrites (a third transfer besides the input's read and the
+ * output's write), a streaming one does not.  A later kernel then reads it
+ * from memory instead of L3; smaller outputs stay cached. */
+#define STREAM_MIN (8 << 20)
+
+/* dst[0, n) = src[0, n), bit for bit, the aligned middle by streaming
+ * stores (made visible by stream_fence before the span is reported done). */
+static void stream_f32(float *dst, const float *src, int64_t n)
+{
+#ifdef NT_FUSED_X86
+    int64_t i = 0;
+    while (i < n && ((uintptr_t)(dst + i) & 31u))
+        i++;
+    memcpy(dst, src, (size_t)i * sizeof(float));
+    for (; i + 8 <= n; i += 8)
+        _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+    memcpy(dst + i, src + i, (size_t)(n - i) * sizeof(float));
+#else
+    memcpy(dst, src, (size_t)n * sizeof(float));
+#endif
+}
+
+static void stream_fence(void)
+{
+#ifdef NT_FUSED_X86
+    _mm_sfence();
+#endif
+}
 
 /* An EW-shaped program over its iteration space, cut into spans of the
  * row-major element order that the caller and the gemm helper thread
@@ -639,6 +767,10 @@ typedef struct ew_ctx {
     mview ev[NT_F_MAXEXT], ov[NT_F_MAXOUT];
     uint64_t keys[NT_F_MAXOPS];
     int64_t n_all, span;
+    int8_t reg[NT_F_MAXVALS]; /* plan_regs */
+    int nregs;
+    int8_t direct[NT_F_MAXVALS]; /* >= 0: the value is output slot direct[v], computed in place */
+    bool stream[NT_F_MAXOUT];    /* output slot written by stream_f32 */
     volatile int rc;
 } ew_ctx;
 
@@ -651,13 +783,17 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
     const int from = c->from, prev = c->prev;
     const mview *pre = c->pre, *ev = c->ev, *ov = c->ov;
     /* cache-line aligned: a 64-byte vector never splits across two lines */
-    blk *R = aligned_alloc(64, sizeof(blk) * (size_t)(P->nvals + P->next));
+    blk *R = aligned_alloc(64, sizeof(blk) * (size_t)(c->nregs + P->next));
     float *scratch = malloc(sizeof(float) * 4 * CH);
     if (!R || !scratch) {
         free(R), free(scratch);
         return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
     }
-    blk *E = R + P->nvals;
+    blk *E = R + c->nregs;
+    const int8_t *reg = c->reg, *direct = c->direct;
+    void *at[NT_F_MAXVALS]; /* each value's register in this chunk */
+    for (int v = 0; v < P->nvals; v++)
+        at[v] = reg[v] >= 0 ? (void *)&R[reg[v]] : NULL;
     eval_fn *eval = eval_isa();
     int64_t inner = nd ? shape[nd - 1] : 1;
     int64_t idx[NT_MAX_DIMS] = {0};
@@ -671,8 +807,11 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
         if (n > hi - pos)
             n = hi - pos;
         bool loaded[NT_F_MAXEXT] = {0};
+        for (int v = 0; v < P->nvals; v++)
+            if (direct[v] >= 0)
+                at[v] = (float *)ov[direct[v]].data + offset_of(&ov[direct[v]], idx, nd);
         if (prev >= 0)
-            load(&R[prev], pre, offset_of(pre, idx, nd), nd ? pre->stride[nd - 1] : 1, n);
+            load(at[prev], pre, offset_of(pre, idx, nd), nd ? pre->stride[nd - 1] : 1, n);
         for (int k = from; k < P->nops; k++) {
             const nt__fop *o = &P->ops[k];
             opnd a[3];
@@ -693,19 +832,24 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
                     }
                     a[q] = (opnd){&E[e], (nt_dtype)P->ext[e].dtype, false};
                 } else {
-                    a[q] = (opnd){&R[sl], (nt_dtype)P->vals[sl].dtype, false};
+                    a[q] = (opnd){at[sl], (nt_dtype)P->vals[sl].dtype, false};
                 }
             }
             if (is_sr(o))
-                eval_sr((nt_dtype)P->vals[o->out].dtype, a, R[o->out].f, n, scratch,
+                eval_sr((nt_dtype)P->vals[o->out].dtype, a, at[o->out], n, scratch,
                         c->keys[k], pos);
             else
-                eval(o, (nt_dtype)P->vals[o->out].dtype, a, &R[o->out], n, scratch);
+                eval(o, (nt_dtype)P->vals[o->out].dtype, a, at[o->out], n, scratch);
         }
         for (int sv = 0; sv < P->nout; sv++) {
             int v = P->out_val[sv];
-            store(&ov[sv], offset_of(&ov[sv], idx, nd), nd ? ov[sv].stride[nd - 1] : 1, &R[v],
-                  (nt_dtype)P->vals[v].dtype, n);
+            if (direct[v] == sv)
+                continue;
+            if (c->stream[sv])
+                stream_f32((float *)ov[sv].data + offset_of(&ov[sv], idx, nd), at[v], n);
+            else
+                store(&ov[sv], offset_of(&ov[sv], idx, nd), nd ? ov[sv].stride[nd - 1] : 1,
+                      at[v], (nt_dtype)P->vals[v].dtype, n);
         }
         pos += n;
         if (nd == 0)
@@ -716,6 +860,7 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
             nt__idx_next(idx, nd - 1, shape);
         }
     }
+    stream_fence();
     free(R);
     free(scratch);
     return 0;
@@ -752,7 +897,23 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
     for (int sv = 0; sv < P->nout; sv++)
         mview_of(&c->ov[sv], g->out[sv], P->ndim, P->shape);
     sr_keys(g, c->keys);
+    c->nregs = plan_regs(P, from, prev, c->reg);
+    for (int v = 0; v < P->nvals; v++)
+        c->direct[v] = -1;
     c->n_all = nt__numel(P->ndim, P->shape);
+    for (int sv = 0; sv < P->nout; sv++) {
+        int v = P->out_val[sv];
+        /* not prev (loaded, not computed), not an SR cast (eval_sr writes
+         * uncanonicalised f32), one slot per value */
+        c->stream[sv] = false;
+        if (v != prev && c->direct[v] < 0 && !is_sr(&P->ops[def_op(P, v)]) &&
+            direct_out(g, c->ov, sv, P->ndim)) {
+            if (c->n_all * (int64_t)sizeof(float) >= STREAM_MIN)
+                c->stream[sv] = true; /* from its register, by stream_f32 */
+            else
+                c->direct[v] = (int8_t)sv;
+        }
+    }
     c->span = EW_SPAN;
     int nblocks = (int)((c->n_all + EW_SPAN - 1) / EW_SPAN);
     if (c->n_all > 0)
@@ -772,6 +933,10 @@ typedef struct row_ctx {
     mview ev[NT_F_MAXEXT], ov[NT_F_MAXOUT];
     uint64_t keys[NT_F_MAXOPS];
     int64_t R, C, rows; /* rows per block */
+    int8_t reg[NT_F_MAXVALS]; /* plan_regs */
+    int nregs;
+    int8_t direct[NT_F_MAXVALS]; /* as ew_ctx's: a full-row f32 output computed in place */
+    bool stream[NT_F_MAXOUT];    /* as ew_ctx's */
     volatile int rc;
 } row_ctx;
 
@@ -784,13 +949,17 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
     const mview *ev = c->ev, *ov = c->ov;
     const uint64_t *keys = c->keys;
     /* one row of every value and loaded input */
-    size_t cells = (size_t)(P->nvals + P->next) * (size_t)C;
+    size_t cells = (size_t)(c->nregs + P->next) * (size_t)C;
     /* scratch: a whole row for reductions, then 4 chunks for eval */
     float *buf = malloc(sizeof(float) * (cells + (size_t)C + 4 * CH));
     if (!buf)
         return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
     float *scratch = buf + cells;
-    float *V = buf, *E = buf + (size_t)P->nvals * (size_t)C;
+    float *V = buf, *E = buf + (size_t)c->nregs * (size_t)C;
+    const int8_t *direct = c->direct;
+    float *at[NT_F_MAXVALS]; /* each value's row */
+    for (int v = 0; v < P->nvals; v++)
+        at[v] = c->reg[v] >= 0 ? V + (size_t)c->reg[v] * (size_t)C : NULL;
     eval_fn *eval = eval_isa();
     int64_t idx[NT_MAX_DIMS] = {0};
     for (int64_t rem = r0, d = nd - 2; d >= 0; d--) {
@@ -800,6 +969,24 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
     for (int64_t r = r0; r < r1; r++) {
         bool loaded[NT_F_MAXEXT] = {0};
         idx[nd - 1] = 0;
+        for (int v = 0; v < P->nvals; v++)
+            if (direct[v] >= 0)
+                at[v] = (float *)ov[direct[v]].data + offset_of(&ov[direct[v]], idx, nd);
+        if (r + 1 < r1) {
+            /* the next row of each input read in place, into L2: the
+             * streamer restarts at every 4 KiB page, and the row's first
+             * reader (its max) waited on memory */
+            int64_t nidx[NT_MAX_DIMS];
+            memcpy(nidx, idx, sizeof nidx);
+            nt__idx_next(nidx, nd - 1, shape);
+            for (int e = 0; e < P->next; e++)
+                if (!P->ext[e].red && ev[e].dt == NT_F32 && ev[e].stride[nd - 1] == 1) {
+                    const char *p =
+                        (const char *)((const float *)ev[e].data + offset_of(&ev[e], nidx, nd));
+                    for (int64_t b = 0; b < C * (int64_t)sizeof(float); b += 64)
+                        __builtin_prefetch(p + b, 0, 2);
+                }
+        }
         for (int k = 0; k < P->nops; k++) {
             const nt__fop *o = &P->ops[k];
             const nt__fval *ov_ = &P->vals[o->out];
@@ -823,11 +1010,10 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
                     }
                     a[q] = (opnd){dst, (nt_dtype)P->ext[e].dtype, red};
                 } else {
-                    a[q] = (opnd){V + (size_t)s * (size_t)C, (nt_dtype)P->vals[s].dtype,
-                                  P->vals[s].red};
+                    a[q] = (opnd){at[s], (nt_dtype)P->vals[s].dtype, P->vals[s].red};
                 }
             }
-            float *out = V + (size_t)o->out * (size_t)C;
+            float *out = at[o->out];
             if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN ||
                 o->op == NT_OP_MIN) {
                 /* the reduced row, as the unfused kernel loads it */
@@ -859,11 +1045,9 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
                 for (int64_t j = 0; j < C; j += CH) {
                     int64_t n = C - j < CH ? C - j : CH;
                     opnd aj[3];
-                    for (int q = 0; q < o->nin; q++) {
-                        aj[q] = a[q];
-                        if (!a[q].scalar)
-                            aj[q].p = (const float *)a[q].p + j;
-                    }
+                    for (int q = 0; q < o->nin; q++) /* field by field: no rep movs */
+                        aj[q] = (opnd){a[q].scalar ? a[q].p : (const float *)a[q].p + j, a[q].dt,
+                                       a[q].scalar};
                     eval(o, (nt_dtype)ov_->dtype, aj, out + j, n, scratch + C);
                 }
             }
@@ -871,11 +1055,17 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
         for (int s = 0; s < P->nout; s++) {
             int v = P->out_val[s];
             const nt__fval *val = &P->vals[v];
-            store(&ov[s], offset_of(&ov[s], idx, nd), ov[s].stride[nd - 1],
-                  V + (size_t)v * (size_t)C, (nt_dtype)val->dtype, val->red ? 1 : C);
+            if (direct[v] == s)
+                continue;
+            if (c->stream[s])
+                stream_f32((float *)ov[s].data + offset_of(&ov[s], idx, nd), at[v], C);
+            else
+                store(&ov[s], offset_of(&ov[s], idx, nd), ov[s].stride[nd - 1], at[v],
+                      (nt_dtype)val->dtype, val->red ? 1 : C);
         }
         nt__idx_next(idx, nd - 1, shape); /* next row */
     }
+    stream_fence();
     free(buf);
     return 0;
 }
@@ -909,6 +1099,21 @@ static int run_row(const nt__fgroup *g)
         mview_of(&c->ov[s], g->out[s], nd, shape);
     }
     sr_keys(g, c->keys);
+    c->nregs = plan_regs(P, 0, -1, c->reg);
+    for (int v = 0; v < P->nvals; v++)
+        c->direct[v] = -1;
+    for (int s = 0; s < P->nout; s++) {
+        int v = P->out_val[s];
+        /* full rows only (a per-row output is strided by 0 along the row) */
+        c->stream[s] = false;
+        if (!P->vals[v].red && c->direct[v] < 0 && !is_sr(&P->ops[def_op(P, v)]) &&
+            direct_out(g, c->ov, s, nd)) {
+            if (c->R * c->C * (int64_t)sizeof(float) >= STREAM_MIN)
+                c->stream[s] = true;
+            else
+                c->direct[v] = (int8_t)s;
+        }
+    }
     /* blocks of about EW_SPAN elements; fewer than two run on this thread */
     c->rows = c->C >= EW_SPAN ? 1 : EW_SPAN / (c->C ? c->C : 1);
     int nblocks = (int)((c->R + c->rows - 1) / c->rows);

@@ -1565,6 +1565,146 @@ static void test_subnormal_fused_isa(void **state)
     free(xv), free(zv), free(got), free(e);
 }
 
+/* ---- the evaluator's registers (reused by liveness), outputs computed in
+ * place, and binary ops by a row's broadcast value ---- */
+
+/* An EW program whose values are read far from where they are made (a's
+ * register must outlive several others), kept intermediates (stored), a
+ * bf16 output (not computed in place), a subnormal scalar, and in-place
+ * writes to an input (acc: its storage is read and written, so its output
+ * must not be computed in place before the chunk's last read). */
+static void regs_ew_prog(nt_tensor *x, nt_tensor *z, nt_tensor *acc, nt_tensor **out)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *a = nt_mul(x, z);
+    nt_tensor *c = nt_div(nt_add_scalar(a, 0.5), z);
+    nt_tensor *d = nt_mul_scalar(nt_neg(c), 3e-39);
+    nt_tensor *e = nt_sub(nt_relu(d), nt_mul(a, acc));
+    nt_tensor *f = nt_cast(nt_add(e, c), NT_BF16);
+    assert_int_equal(nt_add_inplace(acc, e), 0);
+    assert_int_equal(nt_mul_inplace(acc, x), 0);
+    out[0] = nt_keep(c);
+    out[1] = nt_keep(e);
+    out[2] = nt_keep(f);
+    nt_scope_end(s);
+}
+
+/* A ROW program: x times / by / minus a row's max or sum (one broadcast
+ * value: subnormal, zero or negative in some rows), two full-row outputs
+ * and a per-row one. */
+static void regs_row_prog(nt_tensor *x, nt_tensor *z, nt_tensor **out)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *m = nt_max(z, -1, true);
+    nt_tensor *y1 = nt_mul(x, m);
+    nt_tensor *y2 = nt_div(nt_exp(nt_sub(x, nt_max(x, -1, true))), nt_sum(y1, -1, true));
+    nt_tensor *y3 = nt_add(nt_div(y1, m), nt_sub(y2, m));
+    out[0] = nt_keep(y2);
+    out[1] = nt_keep(y3);
+    out[2] = nt_keep(nt_sum(y3, -1, true));
+    nt_scope_end(s);
+}
+
+/* rows of 1031 (a tail at every width); 150 rows: 3 spans and 3 blocks of
+ * rows, so with 2 threads both take part.  Then 700 rows of 3001: outputs
+ * of 8 MiB and more, written by streaming stores, from chunks that start
+ * at every alignment. */
+static void fused_regs_case(int64_t R, int64_t C)
+{
+    size_t n = (size_t)(R * C), sz[3] = {n * 4, n * 4, n * 2}, szr[3] = {n * 4, n * 4, R * 4};
+    float *xv = malloc(n * 4), *zv = malloc(n * 4), *av = malloc(n * 4);
+    char *ref[4], *got = malloc(n * 4), *rref[3];
+    rng r = {4242};
+    for (size_t i = 0; i < n; i++) {
+        int64_t row = (int64_t)i / C;
+        uint32_t u = (uint32_t)(rnext(&r) % 0x007fffffu) + 1u; /* a subnormal */
+        uint32_t us = u | (rnext(&r) % 2 ? 0x80000000u : 0u);
+        float sub, ssub;
+        memcpy(&sub, &u, 4);
+        memcpy(&ssub, &us, 4);
+        xv[i] = row % 5 == 1 ? ssub : (float)((runi(&r) - 0.5) * 8.0);
+        zv[i] = row % 3 == 0   ? sub /* the row's max is subnormal */
+                : row % 3 == 1 ? (float)(runi(&r) + 0.25)
+                               : -(float)runi(&r) * (row % 2 ? 0.0f : 1.0f); /* max 0 or < 0 */
+        av[i] = (float)(runi(&r) - 0.5);
+    }
+    for (int k = 0; k < 4; k++)
+        ref[k] = malloc(n * 4);
+    for (int k = 0; k < 3; k++)
+        rref[k] = malloc(n * 4);
+    nt_tensor *x = nt_from_host(xv, NT_F32, 2, (int64_t[]){R, C});
+    nt_tensor *z = nt_from_host(zv, NT_F32, 2, (int64_t[]){R, C});
+    nt_tensor *o[3];
+    /* the reference: op by op */
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    nt_tensor *acc = nt_from_host(av, NT_F32, 2, (int64_t[]){R, C});
+    regs_ew_prog(x, z, acc, o);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(nt_to_host(o[k], ref[k], sz[k]), 0);
+        nt_release(o[k]);
+    }
+    assert_int_equal(nt_to_host(acc, ref[3], n * 4), 0);
+    nt_release(acc);
+    regs_row_prog(x, z, o);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(nt_to_host(o[k], rref[k], szr[k]), 0);
+        nt_release(o[k]);
+    }
+    const char *levels[] = {"scalar", "avx2", "avx512"}, *threads[] = {"1", "2"};
+    int ran = 0;
+    for (int l = 0; l < 3; l++)
+        for (int t = 0; t < 2; t++) {
+            if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+                continue; /* this CPU does not run it */
+            assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[t]), 0);
+            ran++;
+            assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+            nt_stats_reset();
+            acc = nt_from_host(av, NT_F32, 2, (int64_t[]){R, C});
+            assert_int_equal(nt_sync(), 0);
+            regs_ew_prog(x, z, acc, o);
+            for (int k = 0; k < 3; k++) {
+                assert_int_equal(nt_to_host(o[k], got, sz[k]), 0);
+                nt_release(o[k]);
+                if (memcmp(got, ref[k], sz[k]))
+                    fail_msg("EW output %d differs at %s, %s thread(s)", k, levels[l],
+                             threads[t]);
+            }
+            assert_int_equal(nt_to_host(acc, got, n * 4), 0);
+            nt_release(acc);
+            if (memcmp(got, ref[3], n * 4))
+                fail_msg("in-place output differs at %s, %s thread(s)", levels[l], threads[t]);
+            regs_row_prog(x, z, o);
+            for (int k = 0; k < 3; k++) {
+                assert_int_equal(nt_to_host(o[k], got, szr[k]), 0);
+                nt_release(o[k]);
+                if (memcmp(got, rref[k], szr[k]))
+                    fail_msg("ROW output %d differs at %s, %s thread(s)", k, levels[l],
+                             threads[t]);
+            }
+            nt_stats st;
+            nt_stats_get(&st);
+            assert_true(st.fusion_groups >= 2); /* both ran fused */
+        }
+    assert_true(ran >= 2); /* scalar always runs */
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+    nt_release(x), nt_release(z);
+    for (int k = 0; k < 4; k++)
+        free(ref[k]);
+    for (int k = 0; k < 3; k++)
+        free(rref[k]);
+    free(xv), free(zv), free(av), free(got);
+}
+
+static void test_fused_regs_bitwise(void **state)
+{
+    (void)state;
+    fused_regs_case(150, 1031);
+    fused_regs_case(700, 3001);
+}
+
 static void test_softmax_primitives_one_row_kernel(void **state)
 {
     (void)state;
@@ -1839,6 +1979,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_isa_levels_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_subnormal_f64_route, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_subnormal_fused_isa, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_fused_regs_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_softmax_primitives_one_row_kernel, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_matmul_epilogue, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_liveness_reasons, setup, nt_test_teardown),
