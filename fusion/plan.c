@@ -828,6 +828,22 @@ static bool hoist_matmuls(nt__rec **recs, int n)
  * last writer).  The loss gradient's seed (a fill) and its scaling
  * (div_scalar) sat on either side of softmax's and the one-hot's kernels:
  * two kernels of their own, now one. */
+/* Whether the first later record that reads recs[j]'s output could join
+ * recs[j]'s group.  Then recs[j] already fuses forward and stays: pulled
+ * back, a chain that reads it would lose its head.  In a bf16 step, AdamW's
+ * first ops read only the gradient (made by a cast); pulled back to that
+ * cast, each parameter's 17-op update ran as three kernels, and the step
+ * moved 16 MB more. */
+static bool joins_its_reader(nt__rec *const *recs, int n, int j)
+{
+    const nt_tensor *o = recs[j]->out[0];
+    int end = j + HOIST_WINDOW < n ? j + HOIST_WINDOW : n;
+    for (int k = j + 1; k < end; k++)
+        if (rec_touches(recs[k], o->st, false))
+            return ew_joinable(recs[k], o);
+    return false;
+}
+
 static bool pull_consumers(nt__rec **recs, int n)
 {
     bool moved = false;
@@ -854,7 +870,8 @@ static bool pull_consumers(nt__rec **recs, int n)
         }
         if (!ok || i < stop || i == j - 1 || !ew_joinable(recs[i], r->out[0]) ||
             nt__numel(recs[i]->out[0]->ndim, recs[i]->out[0]->shape) !=
-                nt__numel(r->out[0]->ndim, r->out[0]->shape))
+                nt__numel(r->out[0]->ndim, r->out[0]->shape) ||
+            joins_its_reader(recs, n, j))
             continue;
         memmove(&recs[i + 2], &recs[i + 1], sizeof *recs * (size_t)(j - i - 1));
         recs[i + 1] = r;

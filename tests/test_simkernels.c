@@ -1514,6 +1514,18 @@ static nt_tensor *sched_grad_update(nt_tensor **in)
     return g;
 }
 static nt_tensor *sched_mm_small(nt_tensor **in) { return nt_matmul(nt_transpose(in[0], 0, 1), in[1]); }
+/* A bf16 step's gradient and its moment updates: g = cast(gradient), an
+ * unrelated op, then a chain whose first ops read only g.  in: gb [n] bf16,
+ * m, v [n] f32, y [100] f32. */
+static nt_tensor *sched_cast_chain(nt_tensor **in)
+{
+    nt_tensor *g = nt_cast(in[0], NT_F32);
+    nt_tensor *other = nt_keep(nt_add(in[3], in[3]));
+    nt_tensor *m2 = nt_add(nt_mul_scalar(in[1], 0.9), nt_mul_scalar(g, 0.1));
+    nt_tensor *v2 = nt_add(nt_mul_scalar(in[2], 0.999), nt_mul_scalar(nt_mul(g, g), 0.001));
+    nt_release(other);
+    return nt_div(m2, nt_add_scalar(nt_sqrt(v2), 1e-8));
+}
 
 static void test_kernel_schedules(void **state)
 {
@@ -1648,6 +1660,30 @@ static void test_kernel_schedules(void **state)
         assert_memory_equal(a, b, ob);
         free(a), free(b);
         nt_release(in[0]), nt_release(in[1]);
+    }
+    /* 7. a chain whose first ops read only a cast's output stays one kernel
+     * with the rest of the chain: the planner does not pull those ops back
+     * next to the cast (fusion/plan.c joins_its_reader), which wrote g * 0.1
+     * and g * g to HBM and read them again (a bf16 step moved 16 MB more).
+     * Three kernels (cast, the unrelated add, the chain), each byte once. */
+    {
+        const int64_t n = 512 * 1024;
+        size_t ob = (size_t)n * 4;
+        float *a = malloc(ob), *b = malloc(ob);
+        nt_tensor *in[4] = {nt_cast(nt_randn(NT_F32, 1, &n, 51), NT_BF16),
+                            nt_randn(NT_F32, 1, &n, 52), nt_abs(nt_randn(NT_F32, 1, &n, 53)),
+                            nt_randn(NT_F32, 1, (int64_t[]){100}, 54)};
+        assert_int_equal(nt_config_set("NT_FUSION", "1"), 0);
+        sched_run("lazy", sched_cast_chain, in, &st, a, ob);
+        assert_int_equal(st.kernels, 3);
+        assert_int_equal(st.hbm_read_bytes, (uint64_t)(n * 2 + 100 * 4 + 3 * n * 4));
+        assert_int_equal(st.hbm_write_bytes, (uint64_t)(n * 4 + 100 * 4 + n * 4));
+        sched_cpu(sched_cast_chain, in, b, ob);
+        assert_memory_equal(a, b, ob);
+        assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
+        free(a), free(b);
+        for (int i = 0; i < 4; i++)
+            nt_release(in[i]);
     }
     /* 6. the one-block sum's shortcut (partial + 0) keeps the CPU's signed
      * zeros and NaN: a column of -0 sums to +0, a NaN column to NaN */
