@@ -342,9 +342,6 @@ static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
         }
         op.a[i] = (int8_t)a;
     }
-    for (int i = 0; i < r->nin; i++) /* slots that hold a value's own handle */
-        if (r->in[i] && !NT_F_IS_EXT(op.a[i]) && r->in[i] == s->val_h[op.a[i]])
-            s->val_slots[op.a[i]]++;
     /* ROW: an op with a per-row result may only use per-row operands */
     bool out_red = false;
     if (s->p.kind == NT_FK_ROW) {
@@ -373,6 +370,13 @@ static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
                 return "in-place write to another view of a kernel value";
             }
     }
+    /* Slots that hold a value's own handle, counted only once the op is in:
+     * an op turned away above must not count its reads, or a value it reads
+     * would look read by the group alone and be elided (live_after) while
+     * the next kernel, where the op goes, still reads it. */
+    for (int i = 0; i < r->nin; i++)
+        if (r->in[i] && !NT_F_IS_EXT(op.a[i]) && r->in[i] == s->val_h[op.a[i]])
+            s->val_slots[op.a[i]]++;
     int v = s->p.nvals++;
     op.out = (int8_t)v;
     s->p.vals[v].dtype = o->dtype;

@@ -1705,6 +1705,57 @@ static void test_fused_regs_bitwise(void **state)
     fused_regs_case(700, 3001);
 }
 
+/* A row group that turns an op away for SBUF capacity (three full rows of
+ * 16384 f32 exceed 160 KiB): the values the turned-away op reads must still
+ * be written for the next kernel.  The planner counted the op's reads before
+ * turning it away, so x - max(x) looked read inside the group only, was
+ * elided, and exp read memory nobody wrote (every element wrong, by a factor
+ * of about 50).  Both backends, each mode against deterministic. */
+static nt_tensor *capacity_prog(nt_tensor *x, nt_tensor *z)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *y1 = nt_mul(x, nt_max(z, -1, true));
+    nt_tensor *y = nt_div(nt_exp(nt_sub(x, nt_max(x, -1, true))), nt_sum(y1, -1, true));
+    nt_keep(y);
+    nt_scope_end(s);
+    return y;
+}
+
+static void test_capacity_cut_keeps_read_values(void **state)
+{
+    (void)state;
+    const int64_t R = 3, C = 16384;
+    size_t n = (size_t)(R * C);
+    float *ref = malloc(n * 4), *got = malloc(n * 4);
+    const char *backends[] = {"cpu", "sim"}, *modes[] = {"lazy", "adaptive", "eager"};
+    for (int b = 0; b < 2; b++) {
+        assert_int_equal(nt_config_set("NT_BACKEND", backends[b]), 0);
+        nt_tensor *x = nt_randn(NT_F32, 2, (int64_t[]){R, C}, 61);
+        nt_tensor *z = nt_randn(NT_F32, 2, (int64_t[]){R, C}, 62);
+        assert_int_equal(nt_config_set("NT_MODE", "deterministic"), 0);
+        nt_tensor *y = capacity_prog(x, z);
+        assert_int_equal(nt_to_host(y, ref, n * 4), 0);
+        nt_release(y);
+        for (int m = 0; m < 3; m++) {
+            assert_int_equal(nt_config_set("NT_MODE", modes[m]), 0);
+            assert_int_equal(nt_sync(), 0);
+            nt_stats_reset();
+            y = capacity_prog(x, z);
+            assert_int_equal(nt_to_host(y, got, n * 4), 0);
+            nt_release(y);
+            if (memcmp(got, ref, n * 4))
+                fail_msg("%s backend, %s mode differs from deterministic", backends[b], modes[m]);
+            nt_stats st;
+            nt_stats_get(&st);
+            if (m == 0)
+                assert_true(st.fusion_groups >= 2); /* cut in two, both fused */
+        }
+        nt_release(x), nt_release(z);
+    }
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+    free(ref), free(got);
+}
+
 static void test_softmax_primitives_one_row_kernel(void **state)
 {
     (void)state;
@@ -1980,6 +2031,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_subnormal_f64_route, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_subnormal_fused_isa, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_regs_bitwise, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_capacity_cut_keeps_read_values, setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_softmax_primitives_one_row_kernel, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_matmul_epilogue, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_liveness_reasons, setup, nt_test_teardown),
