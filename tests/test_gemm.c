@@ -75,6 +75,19 @@ static void naive(int M, int N, int K, const float *A, int lda, const float *B, 
         }
 }
 
+/* The typed product's reference: naive's f32 result, its bf16 rounding
+ * (what a bf16 output holds) and NaNs made canonical, as the GEMM stores
+ * them.  ref and refh hold M rows of ldc. */
+static void naive_typed(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                        float *ref, uint16_t *refh, int ldc)
+{
+    naive(M, N, K, A, lda, B, ldb, ref, ldc);
+    for (int i = 0; i < M; i++)
+        nt__st_f32((char *)(refh + (long)i * ldc), NT_BF16, 1, ref + (long)i * ldc, N);
+    for (size_t i = 0; i < (size_t)M * ldc; i++)
+        ref[i] = nt__canon(ref[i]);
+}
+
 static int differ(const float *x, const float *y, size_t n)
 {
     int bad = 0;
@@ -342,11 +355,7 @@ static void test_typed_every_level(void **state)
             }
         float *ref = malloc(4 * nc), *got = malloc(4 * nc);
         uint16_t *refh = malloc(2 * nc), *goth = malloc(2 * nc);
-        naive(M, N, K, A, lda, B, ldb, ref, ldc);
-        for (int i = 0; i < M; i++)
-            nt__st_f32((char *)(refh + (long)i * ldc), NT_BF16, 1, ref + (long)i * ldc, N);
-        for (size_t i = 0; i < nc; i++)
-            ref[i] = nt__canon(ref[i]);
+        naive_typed(M, N, K, A, lda, B, ldb, ref, refh, ldc);
         for (int isa = 0; isa <= best; isa++)
             for (int th = 1; th <= 2; th++)
                 for (int lay = 0; lay < 16; lay++) {
@@ -682,11 +691,7 @@ static int dp_check(int M, int N, int K, const uint16_t *Ah, int lda, const uint
             Bt[(long)j * ldt + k] = k < K ? Bh[(long)k * ldb + j] : 0x7fc1;
     float *ref = malloc(4 * nc), *got = malloc(4 * nc);
     uint16_t *refh = malloc(2 * nc), *goth = malloc(2 * nc);
-    naive(M, N, K, A, lda, B, ldb, ref, ldc);
-    for (int i = 0; i < M; i++)
-        nt__st_f32((char *)(refh + (long)i * ldc), NT_BF16, 1, ref + (long)i * ldc, N);
-    for (size_t i = 0; i < nc; i++)
-        ref[i] = nt__canon(ref[i]);
+    naive_typed(M, N, K, A, lda, B, ldb, ref, refh, ldc);
     memset(got, 0x55, 4 * nc);
     memset(goth, 0x55, 2 * nc);
     unsigned long c0 = nt__gemm_dpbf16_calls();
