@@ -632,8 +632,12 @@ void nt__par_blocks(int nblocks, void (*fn)(void *arg, int b), void *arg, bool s
 /* Big enough to be worth a second thread (MACs). */
 #define NT_GEMM_SPLIT (1 << 20)
 
-void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                    float *C, int ldc, bool acc)
+/* One K-tile product; A is K x M (A^T row-major) or, with arow, M x K
+ * row-major.  pack_rows makes from the rows the very panels pack_a makes
+ * from A^T, so both layouts give the same bits. */
+static void pack_rows(int R, float *dst, int n, int K, const float *src, int ld);
+static void ktile(int M, int N, int K, const float *A, int lda, bool arow, const float *B,
+                  int ldb, float *C, int ldc, bool acc)
 {
     if (M <= 0 || N <= 0)
         return;
@@ -647,44 +651,36 @@ void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B
     const kern *kn = kern_now();
     float *Ap = panel(&apanel_key, (size_t)K * (size_t)((M + kn->mr - 1) / kn->mr * kn->mr));
     if (!Ap) { /* host memory short: element by element, same bits */
-        run_cols_plain(M, 0, N, K, A, lda, B, ldb, C, ldc, acc);
+        if (!arow)
+            run_cols_plain(M, 0, N, K, A, lda, B, ldb, C, ldc, acc);
+        else
+            for (int i = 0; i < M; i++)
+                for (int jj = 0; jj < N; jj++)
+                    put(C + (long)i * ldc + jj, dot1(K, A + (long)i * lda, 1, B + jj, ldb), acc);
         return;
     }
-    pack_a(kn, Ap, M, K, A, lda);
-    const float *Ause = Ap;
-    job j = {ktile_block, M, N, K, lda, ldb, ldc, Ause, B, C, acc, 0, (N + NT_JB - 1) / NT_JB,
+    if (arow)
+        pack_rows(kn->mr, Ap, M, K, A, lda);
+    else
+        pack_a(kn, Ap, M, K, A, lda);
+    job j = {ktile_block, M, N, K, lda, ldb, ldc, Ap, B, C, acc, 0, (N + NT_JB - 1) / NT_JB,
              0, 0, 0};
     j.kn = kn;
     run_job(&j, (long)M * N * K >= NT_GEMM_SPLIT && N >= 2 * NT_JB);
 }
 
-/* nt__gemm_ktile with A given row-major, M x K (A[i][k] at A[i * lda + k]):
- * its panels are packed from the rows (pack_rows makes the panels pack_a
- * makes from A^T), so the same bits without the caller transposing A
- * first (cpu/attention.c: P . V, dS . K).  A separate entry, so
- * nt__gemm_ktile itself stays as it is. */
-static void pack_rows(int R, float *dst, int n, int K, const float *src, int ld);
+void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                    float *C, int ldc, bool acc)
+{
+    ktile(M, N, K, A, lda, false, B, ldb, C, ldc, acc);
+}
+
+/* A given row-major, M x K (cpu/attention.c: P . V, dS . K without
+ * transposing P or dS first). */
 void nt__gemm_ktile_rowa(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                          float *C, int ldc, bool acc)
 {
-    if (M <= 0 || N <= 0 || K <= 0) {
-        nt__gemm_ktile(M, N, K, A, lda, B, ldb, C, ldc, acc);
-        return;
-    }
-    pool_start();
-    const kern *kn = kern_now();
-    float *Ap = panel(&apanel_key, (size_t)K * (size_t)((M + kn->mr - 1) / kn->mr * kn->mr));
-    if (!Ap) { /* host memory short: element by element, same recurrence */
-        for (int i = 0; i < M; i++)
-            for (int jj = 0; jj < N; jj++)
-                put(C + (long)i * ldc + jj, dot1(K, A + (long)i * lda, 1, B + jj, ldb), acc);
-        return;
-    }
-    pack_rows(kn->mr, Ap, M, K, A, lda);
-    job j = {ktile_block, M, N, K, lda, ldb, ldc, Ap, B, C, acc, 0, (N + NT_JB - 1) / NT_JB,
-             0, 0, 0};
-    j.kn = kn;
-    run_job(&j, (long)M * N * K >= NT_GEMM_SPLIT && N >= 2 * NT_JB);
+    ktile(M, N, K, A, lda, true, B, ldb, C, ldc, acc);
 }
 
 /* ---------------- the whole product ----------------
