@@ -96,6 +96,18 @@ static int differ(const float *x, const float *y, size_t n)
     return bad;
 }
 
+/* Differences of a typed product from the reference: bf16 rows
+ * compared bit for bit, f32 elements counted by differ. */
+static int typed_rows_differ(int M, int N, int ldc, bool o16, const float *got, const float *ref,
+                             const uint16_t *goth, const uint16_t *refh)
+{
+    int bad = 0;
+    for (int i = 0; i < M; i++)
+        bad += o16 ? memcmp(goth + (long)i * ldc, refh + (long)i * ldc, 2 * (size_t)N) != 0
+                   : differ(got + (long)i * ldc, ref + (long)i * ldc, (size_t)N);
+    return bad;
+}
+
 /* ---------------- the levels ---------------- */
 
 static void test_levels(void **state)
@@ -374,10 +386,7 @@ static void test_typed_every_level(void **state)
                                             b16 ? NT_BF16 : NT_F32, got, ldc,
                                             o16 ? (void *)goth : NULL, o16 ? NT_BF16 : NT_F32);
                     assert_int_equal(rc, 0);
-                    int bad = 0;
-                    for (int i = 0; i < M; i++)
-                        bad += o16 ? memcmp(goth + (long)i * ldc, refh + (long)i * ldc, 2 * (size_t)N) != 0
-                                   : differ(got + (long)i * ldc, ref + (long)i * ldc, (size_t)N);
+                    int bad = typed_rows_differ(M, N, ldc, o16, got, ref, goth, refh);
                     if (bad)
                         print_message("# gemm_typed %dx%dx%d A %s %s, B %s %s, out %s, %s, %d "
                                       "thread(s): %d rows differ\n",
@@ -700,10 +709,7 @@ static int dp_check(int M, int N, int K, const uint16_t *Ah, int lda, const uint
                             ldc, o16 ? (void *)goth : NULL, o16 ? NT_BF16 : NT_F32);
     *took = nt__gemm_dpbf16_calls() != c0;
     assert_int_equal(rc, 0);
-    int bad = 0;
-    for (int i = 0; i < M; i++)
-        bad += o16 ? memcmp(goth + (long)i * ldc, refh + (long)i * ldc, 2 * (size_t)N) != 0
-                   : differ(got + (long)i * ldc, ref + (long)i * ldc, (size_t)N);
+    int bad = typed_rows_differ(M, N, ldc, o16, got, ref, goth, refh);
     if (bad)
         print_message("# dpbf16 %dx%dx%d, A %s, B %s, out %s: %d rows differ\n", M, N, K,
                       rowa ? "rows" : "cols", bcol ? "cols" : "rows", o16 ? "bf16" : "f32", bad);
