@@ -4,7 +4,9 @@
  * families.  Floating ops take and return f32 (inputs were widened exactly,
  * the result is rounded once when stored); integer forms (_i) wrap like
  * two's complement.  Every backend and the fusion engine evaluate ops through
- * these, which is what makes fused == unfused bit for bit. */
+ * these, which is what makes fused == unfused bit for bit.  Each is always
+ * inlined (NT__MATH_INLINE, core/nmath.h): the evaluators' loops vectorise
+ * only when the op's body is in them. */
 #ifndef NT_CORE_EWISE_H
 #define NT_CORE_EWISE_H
 
