@@ -284,6 +284,17 @@ static int program_product(mm *p)
     nt__sim_fx_flush(p->k);
     double t0 = nt__sim_now_ns();
     float *c = buf, *w = buf + M * N;
+    /* bf16 operands: widened as they are packed (core/gemm.h,
+     * nt__gemm_typed), not into widened copies first; the same bits but NaNs
+     * canonical, which every evacuation of the accumulators makes them
+     * anyway.  -1 (host memory short): the copies below */
+    if (dt == NT_BF16 &&
+        nt__gemm_typed((int)M, (int)N, (int)K, a->a, (int)a->lda, !a->a_trans, NT_BF16, a->b,
+                       (int)a->ldb, a->b_trans, NT_BF16, c, (int)N, NULL, NT_F32) == 0) {
+        p->k->gemm_ns += nt__sim_now_ns() - t0;
+        p->c32 = c;
+        return 0;
+    }
     const float *at = a->a, *b = a->b;
     int64_t ldat = a->lda, ldb = a->ldb, es = (int64_t)nt__dtype_size(dt);
     if (!at_direct && !a_rows) {

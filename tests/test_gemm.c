@@ -912,6 +912,65 @@ static void test_dpbf16_train(void **state)
     free(first), free(got);
 }
 
+/* ---------------- the simulator's program-level bf16 product ---------------- */
+
+/* With NT_SIM_PROGRAM_VALUES=0 the simulator computes a matmul program's
+ * product once (sim/tp_matmul.c, NT_SIM_PROGRAM_GEMM), bf16 operands
+ * through nt__gemm_typed in place.  With special values (signed zeros,
+ * subnormals, overflowing products, infinities and the NaNs they make),
+ * each operand in either layout, and with the panels capped (the typed
+ * path refuses: the widened copies then): the CPU backend's bits, and the
+ * instruction-level run's. */
+static void test_sim_bf16_product(void **state)
+{
+    (void)state;
+    const int64_t M = 37, K = 300, N = 45;
+    bool pv0 = nt__sim_program_values();
+    nt__sim_set_program_values(false);
+    float *a = fill((size_t)(M * K)), *b = fill((size_t)(K * N));
+    size_t n = (size_t)(M * N);
+    float *want = malloc(4 * n), *got = malloc(4 * n);
+    static const char *runs[] = {"cpu", "sim, program product", "sim, panels capped",
+                                 "sim, instruction level"};
+    for (int lay = 0; lay < 4; lay++)
+        for (int r = 0; r < 4; r++) {
+            assert_int_equal(nt_config_set("NT_BACKEND", r ? "sim" : "cpu"), 0);
+            nt__sim_set_program_gemm(r != 3);
+            nt_tensor *fa = lay & 1 ? nt_from_host(a, NT_F32, 2, (int64_t[]){K, M})
+                                    : nt_from_host(a, NT_F32, 2, (int64_t[]){M, K});
+            nt_tensor *fb = lay & 2 ? nt_from_host(b, NT_F32, 2, (int64_t[]){N, K})
+                                    : nt_from_host(b, NT_F32, 2, (int64_t[]){K, N});
+            nt_tensor *ha = nt_cast(fa, NT_BF16), *hb = nt_cast(fb, NT_BF16);
+            nt_tensor *va = lay & 1 ? nt_transpose(ha, 0, 1) : nt_retain(ha);
+            nt_tensor *vb = lay & 2 ? nt_transpose(hb, 0, 1) : nt_retain(hb);
+            nt__gemm_set_panel_cap(r == 2 ? 16 : 0);
+            nt_tensor *y = nt_matmul(va, vb);
+            nt_tensor *yf = nt_cast(y, NT_F32);
+            assert_non_null(yf);
+            assert_int_equal(nt_to_host(yf, r ? got : want, 4 * n), 0);
+            nt__gemm_set_panel_cap(0);
+            if (!r) { /* the special values reach the result */
+                int nan = 0;
+                for (size_t i = 0; i < n; i++)
+                    nan += isnan(want[i]);
+                assert_true(nan > 0 && nan < (int)n);
+            }
+            if (r) {
+                int bad = differ(got, want, n);
+                if (bad)
+                    print_message("# bf16 matmul, A %s, B %s, %s: %d elements differ from "
+                                  "the CPU's\n", lay & 1 ? "transposed" : "plain",
+                                  lay & 2 ? "transposed" : "plain", runs[r], bad);
+                assert_int_equal(bad, 0);
+            }
+            nt_release(y), nt_release(yf), nt_release(va), nt_release(vb), nt_release(ha),
+                nt_release(hb), nt_release(fa), nt_release(fb);
+        }
+    nt__sim_set_program_gemm(true);
+    nt__sim_set_program_values(pv0);
+    free(a), free(b), free(want), free(got);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -930,6 +989,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_dpbf16_shapes, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_dpbf16_fallback, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_dpbf16_train, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_sim_bf16_product, nt_test_setup,
+                                        nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
