@@ -458,9 +458,12 @@ static float *panel(GPrivate *key, size_t n)
     return b->p;
 }
 
-/* Columns [j0, j1) with A already packed (Ap). */
+/* Columns [j0, j1) with A already packed (Ap), or, when sra (> 0), A
+ * itself read by kn->micro_s: row i at Ap + i * sra, element k of it ska
+ * further on. */
 static int run_cols_packed(const kern *kn, int M, int j0, int j1, int K, const float *Ap,
-                           const float *B, int ldb, float *C, int ldc, bool acc)
+                           long sra, long ska, const float *B, int ldb, float *C, int ldc,
+                           bool acc)
 {
     const int MR = kn->mr, NR = kn->nr;
     float *Bp = panel(&bpanel_key, (size_t)K * NT_NC);
@@ -474,8 +477,12 @@ static int run_cols_packed(const kern *kn, int M, int j0, int j1, int K, const f
             const float *a = Ap + (long)(i / MR) * K * MR;
             for (int j = jb; j < je; j += NR) {
                 int w = je - j < NR ? je - j : NR;
-                kn->micro(K, a, Bp + (long)((j - jb) / NR) * K * NR, C + (long)i * ldc + j, ldc,
-                          mr, w, acc);
+                if (sra)
+                    kn->micro_s(K, Ap + i * sra, sra, ska, Bp + (long)((j - jb) / NR) * K * NR,
+                                C + (long)i * ldc + j, ldc, mr, w, acc);
+                else
+                    kn->micro(K, a, Bp + (long)((j - jb) / NR) * K * NR, C + (long)i * ldc + j,
+                              ldc, mr, w, acc);
             }
         }
     }
@@ -516,6 +523,7 @@ struct job {
     void (*gfn)(void *arg, int b); /* nt__par_blocks jobs */
     void *garg;
     const kern *kn; /* the micro-kernel and panel layout of this product */
+    long sra, ska;  /* ktile jobs: A not packed, read by kn->micro_s (sra > 0) */
 };
 
 static struct {
@@ -532,11 +540,17 @@ static GMutex pool_lock;           /* starting and stopping the helper */
 static volatile AO_t pool_started; /* P is set up (release: read with acquire) */
 
 /* Columns [j0, j1), A given as kn's panels. */
-static void run(const kern *kn, int M, int j0, int j1, int K, const float *A, const float *B,
-                int ldb, float *C, int ldc, bool acc)
+static void run(const kern *kn, int M, int j0, int j1, int K, const float *A, long sra,
+                long ska, const float *B, int ldb, float *C, int ldc, bool acc)
 {
-    if (run_cols_packed(kn, M, j0, j1, K, A, B, ldb, C, ldc, acc) == 0)
+    if (run_cols_packed(kn, M, j0, j1, K, A, sra, ska, B, ldb, C, ldc, acc) == 0)
         return;
+    if (sra) { /* A unpacked */
+        for (int i = 0; i < M; i++)
+            for (int j = j0; j < j1; j++)
+                put(C + (long)i * ldc + j, dot1(K, A + i * sra, (int)ska, B + j, ldb), acc);
+        return;
+    }
     /* no memory for a B panel: element by element from A's panels (same
      * recurrence, same bits) */
     const int MR = kn->mr;
@@ -551,7 +565,7 @@ static void run(const kern *kn, int M, int j0, int j1, int K, const float *A, co
 static void ktile_block(const job *j, int b)
 {
     int j0 = b * NT_JB, j1 = j0 + NT_JB < j->N ? j0 + NT_JB : j->N;
-    run(j->kn, j->M, j0, j1, j->K, j->A, j->B, j->ldb, j->C, j->ldc, j->acc);
+    run(j->kn, j->M, j0, j1, j->K, j->A, j->sra, j->ska, j->B, j->ldb, j->C, j->ldc, j->acc);
 }
 
 static void work(job *j)
@@ -713,6 +727,17 @@ static void ktile(int M, int N, int K, const float *A, int lda, bool arow, const
     }
     pool_start();
     const kern *kn = kern_now();
+    job j = {ktile_block, M, N, K, lda, ldb, ldc, A, B, C, acc, 0, (N + NT_JB - 1) / NT_JB,
+             0, 0, 0};
+    j.kn = kn;
+    bool split = (long)M * N * K >= NT_GEMM_SPLIT && N >= 2 * NT_JB;
+    if (kn->micro_s) {
+        /* A read where it is: a tile of attention (128 x 128 x 32) costs
+         * about what packing its A does */
+        j.sra = arow ? lda : 1, j.ska = arow ? 1 : lda;
+        run_job(&j, split);
+        return;
+    }
     float *Ap = panel(&apanel_key, (size_t)K * (size_t)((M + kn->mr - 1) / kn->mr * kn->mr));
     if (!Ap) { /* host memory short: element by element, same bits */
         if (!arow)
@@ -727,10 +752,8 @@ static void ktile(int M, int N, int K, const float *A, int lda, bool arow, const
         pack_rows(kn->mr, Ap, M, K, A, lda);
     else
         pack_a(kn, Ap, M, K, A, lda);
-    job j = {ktile_block, M, N, K, lda, ldb, ldc, Ap, B, C, acc, 0, (N + NT_JB - 1) / NT_JB,
-             0, 0, 0};
-    j.kn = kn;
-    run_job(&j, (long)M * N * K >= NT_GEMM_SPLIT && N >= 2 * NT_JB);
+    j.A = Ap;
+    run_job(&j, split);
 }
 
 void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B, int ldb,

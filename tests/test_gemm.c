@@ -242,6 +242,10 @@ static void test_whole_every_level(void **state)
         /* rows within one C block (192): each column block packs its own
          * B; at the limit of 192 rows and just past it */
         {128, 1024, 300}, {192, 700, 257}, {193, 300, 130},
+        /* one column of C blocks (A read unpacked on AVX-512), rows not a
+         * multiple of 12; few rows and columns over many K-tiles (the
+         * column blocks cut to single panels for the helper thread) */
+        {400, 130, 300}, {100, 100, 520}, {30, 64, 2100}, {1, 33, 1000},
     };
     int best = nt__gemm_isa_best();
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
