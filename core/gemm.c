@@ -224,16 +224,45 @@ __attribute__((target("avx512f,avx2,fma"))) static void micro_avx512_s(int K, co
 #define NT_DECL(r) __m512 c##r##a = _mm512_setzero_ps(), c##r##b = c##r##a;
     NT_R12(NT_DECL)
 #undef NT_DECL
-    long ka = 0;
-    for (int k = 0; k < K; k++, ka += ska) {
-        const float *b = Bp + k * 32;
-        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), ar;
-#define NT_ROW(r)                                                                                  \
-    ar = _mm512_set1_ps(a##r[ka]);                                                                 \
+#define NT_ROW(r, x)                                                                               \
+    ar = _mm512_set1_ps(x);                                                                        \
     c##r##a = _mm512_fmadd_ps(ar, b0, c##r##a), c##r##b = _mm512_fmadd_ps(ar, b1, c##r##b);
-        NT_R12(NT_ROW)
-#undef NT_ROW
+    if (sra == 1 && rows_ == 12) {
+        /* A^T, a whole tile: the 12 values of row k contiguous, as in a
+         * packed panel (constant offsets, one pointer) */
+        const float *a = A;
+        for (int k = 0; k < K; k++, a += ska) {
+            const float *b = Bp + k * 32;
+            __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), ar;
+#define NT_ROWT(r) NT_ROW(r, a[r])
+            NT_R12(NT_ROWT)
+#undef NT_ROWT
+        }
+    } else if (ska == 1 && rows_ == 12) {
+        /* A row-major, a whole tile: four row pointers and two strides
+         * address the 12 rows (twelve pointers would not fit the
+         * registers next to the loop's own) */
+        const float *p0 = A, *p3 = A + 3 * sra, *p6 = A + 6 * sra, *p9 = A + 9 * sra;
+        const long s1 = sra, s2 = 2 * sra;
+        for (int k = 0; k < K; k++, p0++, p3++, p6++, p9++) {
+            const float *b = Bp + k * 32;
+            __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), ar;
+            NT_ROW(0, p0[0]) NT_ROW(1, p0[s1]) NT_ROW(2, p0[s2])
+            NT_ROW(3, p3[0]) NT_ROW(4, p3[s1]) NT_ROW(5, p3[s2])
+            NT_ROW(6, p6[0]) NT_ROW(7, p6[s1]) NT_ROW(8, p6[s2])
+            NT_ROW(9, p9[0]) NT_ROW(10, p9[s1]) NT_ROW(11, p9[s2])
+        }
+    } else {
+        long ka = 0;
+        for (int k = 0; k < K; k++, ka += ska) {
+            const float *b = Bp + k * 32;
+            __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), ar;
+#define NT_ROWS(r) NT_ROW(r, a##r[ka])
+            NT_R12(NT_ROWS)
+#undef NT_ROWS
+        }
     }
+#undef NT_ROW
 #define NT_LIST(r) {c##r##a, c##r##b},
     __m512 c[12][2] = {NT_R12(NT_LIST)};
 #undef NT_LIST
@@ -1222,9 +1251,11 @@ static int gemm_rows(const kern *kn, int M, int N, int K, const float *A, int ld
     if (split && nbl < 4)
         nbl = npc < 4 ? npc : 4;
     size_t bslot = (size_t)NT_GEMM_KTILE * (size_t)((npc + nbl - 1) / nbl * kn->nr);
-    /* f32 A read where it is (every block reads all of it: packed, it
-     * would be read from the caches just the same, after a pass to pack) */
-    bool ua = kn->micro_s && !(ty && ty->abf);
+    /* f32 A read where it is when few blocks read it (every block reads
+     * all of it: packed, it would be read from the caches just the same,
+     * after a pass to pack; for more blocks the packed stream is the
+     * cheaper to read again) */
+    bool ua = kn->micro_s && !(ty && ty->abf) && N <= NB;
     float *Ap = ua ? NULL : panel(&fa_key, (size_t)Mpad * (size_t)K);
     float *Bs = Ap || ua ? panel(&fb_key, 2 * bslot) : NULL;
     if (!Bs)
