@@ -18,9 +18,13 @@
  * together.  A block accumulates in a scratch of contiguous micro-tiles
  * (C's rows are often a multiple of 4 KiB apart, one L1 set) and is copied
  * to C once.  Products of few rows (a batch of 128) pack B per column
- * block, on the thread that then uses it (rows_block).  bf16 operands are
- * widened as they are packed, and a bf16 result rounded block by block
- * (nt__gemm_typed).
+ * block, on the thread that then uses it (rows_block), cut into as many
+ * as 4 column blocks so both threads share a weight gradient's few
+ * columns.  Where each element of f32 A serves one block only (one column
+ * of C blocks: a layer 128-512 wide; a K-tile product), the AVX-512 kernel
+ * reads A where it is (micro_avx512_s) instead of packing it first.  bf16
+ * operands are widened as they are packed, and a bf16 result rounded block
+ * by block (nt__gemm_typed).
  *
  * The micro-kernel is chosen at run time, not by the build machine: the
  * widest of AVX-512F (12 x 32), AVX2+FMA (6 x 16) and portable C (4 x 8)
