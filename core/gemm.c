@@ -18,9 +18,13 @@
  * together.  A block accumulates in a scratch of contiguous micro-tiles
  * (C's rows are often a multiple of 4 KiB apart, one L1 set) and is copied
  * to C once.  Products of few rows (a batch of 128) pack B per column
- * block, on the thread that then uses it (rows_block).  bf16 operands are
- * widened as they are packed, and a bf16 result rounded block by block
- * (nt__gemm_typed).
+ * block, on the thread that then uses it (rows_block), cut into as many
+ * as 4 column blocks so both threads share a weight gradient's few
+ * columns.  Where each element of f32 A serves one block only (one column
+ * of C blocks: a layer 128-512 wide; a K-tile product), the AVX-512 kernel
+ * reads A where it is (micro_avx512_s) instead of packing it first.  bf16
+ * operands are widened as they are packed, and a bf16 result rounded block
+ * by block (nt__gemm_typed).
  *
  * The micro-kernel is chosen at run time, not by the build machine: the
  * widest of AVX-512F (12 x 32), AVX2+FMA (6 x 16) and portable C (4 x 8)
@@ -58,9 +62,13 @@
 enum { MICRO_ACC = 1, MICRO_CANON = 2 };
 typedef void (*micro_fn)(int K, const float *Ap, const float *Bp, float *C, int ldc, int rows_,
                          int w, int fl);
+/* The same with A unpacked, element (k, r) at A[r * sra + k * ska]. */
+typedef void (*micro_s_fn)(int K, const float *A, long sra, long ska, const float *Bp, float *C,
+                           int ldc, int rows_, int w, int fl);
 typedef struct kern {
     int mr, nr; /* tile: NT_MC is a multiple of mr, NT_JB, NT_NC and NT_NCB of nr */
     micro_fn micro;
+    micro_s_fn micro_s; /* NULL: this level always packs A */
 } kern;
 
 /* Columns per block: a 128 x 256 panel of B is 128 KiB, comfortably in L2. */
@@ -199,6 +207,87 @@ __attribute__((target("avx512f,avx2,fma"))) static void micro_avx512(int K, cons
         _mm512_mask_storeu_ps(p + 16, m1, v1);
     }
 }
+
+/* micro_avx512 with A read where it is stored, unpacked: row r of the
+ * tile, element k at A[r * sra + k * ska] (A row-major M x K: sra = lda,
+ * ska = 1; A^T K x M: sra = 1, ska = lda).  The broadcasts take the very
+ * values the packed panel holds, in the same order, so the same bits;
+ * rows past rows_ read row rows_ - 1 (never past A's end), and their lanes
+ * are never stored.  Used where every element of A serves one block of C
+ * only (N within one column block), so packing A would be a pass over it
+ * that buys nothing. */
+__attribute__((target("avx512f,avx2,fma"))) static void micro_avx512_s(int K, const float *A,
+                                                                       long sra, long ska,
+                                                                       const float *Bp, float *C,
+                                                                       int ldc, int rows_, int w,
+                                                                       int fl)
+{
+#define NT_BASE(r) const float *a##r = A + (long)((r) < rows_ ? (r) : rows_ - 1) * sra;
+    NT_R12(NT_BASE)
+#undef NT_BASE
+#define NT_DECL(r) __m512 c##r##a = _mm512_setzero_ps(), c##r##b = c##r##a;
+    NT_R12(NT_DECL)
+#undef NT_DECL
+#define NT_ROW(r, x)                                                                               \
+    ar = _mm512_set1_ps(x);                                                                        \
+    c##r##a = _mm512_fmadd_ps(ar, b0, c##r##a), c##r##b = _mm512_fmadd_ps(ar, b1, c##r##b);
+    if (sra == 1 && rows_ == 12) {
+        /* A^T, a whole tile: the 12 values of row k contiguous, as in a
+         * packed panel (constant offsets, one pointer) */
+        const float *a = A;
+        for (int k = 0; k < K; k++, a += ska) {
+            const float *b = Bp + k * 32;
+            __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), ar;
+#define NT_ROWT(r) NT_ROW(r, a[r])
+            NT_R12(NT_ROWT)
+#undef NT_ROWT
+        }
+    } else if (ska == 1 && rows_ == 12) {
+        /* A row-major, a whole tile: four row pointers and two strides
+         * address the 12 rows (twelve pointers would not fit the
+         * registers next to the loop's own) */
+        const float *p0 = A, *p3 = A + 3 * sra, *p6 = A + 6 * sra, *p9 = A + 9 * sra;
+        const long s1 = sra, s2 = 2 * sra;
+        for (int k = 0; k < K; k++, p0++, p3++, p6++, p9++) {
+            const float *b = Bp + k * 32;
+            __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), ar;
+            NT_ROW(0, p0[0]) NT_ROW(1, p0[s1]) NT_ROW(2, p0[s2])
+            NT_ROW(3, p3[0]) NT_ROW(4, p3[s1]) NT_ROW(5, p3[s2])
+            NT_ROW(6, p6[0]) NT_ROW(7, p6[s1]) NT_ROW(8, p6[s2])
+            NT_ROW(9, p9[0]) NT_ROW(10, p9[s1]) NT_ROW(11, p9[s2])
+        }
+    } else {
+        long ka = 0;
+        for (int k = 0; k < K; k++, ka += ska) {
+            const float *b = Bp + k * 32;
+            __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), ar;
+#define NT_ROWS(r) NT_ROW(r, a##r[ka])
+            NT_R12(NT_ROWS)
+#undef NT_ROWS
+        }
+    }
+#undef NT_ROW
+#define NT_LIST(r) {c##r##a, c##r##b},
+    __m512 c[12][2] = {NT_R12(NT_LIST)};
+#undef NT_LIST
+    __mmask16 m0 = w >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << w) - 1);
+    __mmask16 m1 = w >= 32 ? (__mmask16)0xffff : w > 16 ? (__mmask16)((1u << (w - 16)) - 1) : 0;
+    const __m512 qnan = _mm512_castsi512_ps(_mm512_set1_epi32((int)NT__QNAN_F32));
+    for (int r = 0; r < rows_; r++) {
+        float *p = C + (long)r * ldc;
+        __m512 v0 = c[r][0], v1 = c[r][1];
+        if (fl & MICRO_ACC) {
+            v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, p), v0);
+            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, p + 16), v1);
+        }
+        if (fl & MICRO_CANON) {
+            v0 = _mm512_mask_mov_ps(v0, _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q), qnan);
+            v1 = _mm512_mask_mov_ps(v1, _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q), qnan);
+        }
+        _mm512_mask_storeu_ps(p, m0, v0);
+        _mm512_mask_storeu_ps(p + 16, m1, v1);
+    }
+}
 #undef NT_R12
 #endif
 
@@ -208,7 +297,7 @@ static const kern kerns[NT_ISA_COUNT] = {
     [NT_ISA_SCALAR] = {4, 8, micro_c},
 #if NT_X86
     [NT_ISA_AVX2] = {6, 16, micro_avx2},
-    [NT_ISA_AVX512] = {12, 32, micro_avx512},
+    [NT_ISA_AVX512] = {12, 32, micro_avx512, micro_avx512_s},
 #endif
 };
 
@@ -292,6 +381,14 @@ static void pack_a(const kern *kn, float *dst, int M, int K, const float *A, int
         float *d = dst + (long)(i / MR) * K * MR;
         for (int k = 0; k < K; k++) {
             const float *a = A + (long)k * lda + i;
+            if (mr == 12 && MR == 12) { /* a constant size: inline moves, not a loop */
+                memcpy(d + k * 12, a, 12 * sizeof(float));
+                continue;
+            }
+            if (mr == 6 && MR == 6) {
+                memcpy(d + k * 6, a, 6 * sizeof(float));
+                continue;
+            }
             int r = 0;
             for (; r < mr; r++)
                 d[k * MR + r] = a[r];
@@ -394,9 +491,12 @@ static float *panel(GPrivate *key, size_t n)
     return b->p;
 }
 
-/* Columns [j0, j1) with A already packed (Ap). */
+/* Columns [j0, j1) with A already packed (Ap), or, when sra (> 0), A
+ * itself read by kn->micro_s: row i at Ap + i * sra, element k of it ska
+ * further on. */
 static int run_cols_packed(const kern *kn, int M, int j0, int j1, int K, const float *Ap,
-                           const float *B, int ldb, float *C, int ldc, bool acc)
+                           long sra, long ska, const float *B, int ldb, float *C, int ldc,
+                           bool acc)
 {
     const int MR = kn->mr, NR = kn->nr;
     float *Bp = panel(&bpanel_key, (size_t)K * NT_NC);
@@ -410,8 +510,12 @@ static int run_cols_packed(const kern *kn, int M, int j0, int j1, int K, const f
             const float *a = Ap + (long)(i / MR) * K * MR;
             for (int j = jb; j < je; j += NR) {
                 int w = je - j < NR ? je - j : NR;
-                kn->micro(K, a, Bp + (long)((j - jb) / NR) * K * NR, C + (long)i * ldc + j, ldc,
-                          mr, w, acc);
+                if (sra)
+                    kn->micro_s(K, Ap + i * sra, sra, ska, Bp + (long)((j - jb) / NR) * K * NR,
+                                C + (long)i * ldc + j, ldc, mr, w, acc);
+                else
+                    kn->micro(K, a, Bp + (long)((j - jb) / NR) * K * NR, C + (long)i * ldc + j,
+                              ldc, mr, w, acc);
             }
         }
     }
@@ -452,6 +556,7 @@ struct job {
     void (*gfn)(void *arg, int b); /* nt__par_blocks jobs */
     void *garg;
     const kern *kn; /* the micro-kernel and panel layout of this product */
+    long sra, ska;  /* ktile jobs: A not packed, read by kn->micro_s (sra > 0) */
 };
 
 static struct {
@@ -468,11 +573,17 @@ static GMutex pool_lock;           /* starting and stopping the helper */
 static volatile AO_t pool_started; /* P is set up (release: read with acquire) */
 
 /* Columns [j0, j1), A given as kn's panels. */
-static void run(const kern *kn, int M, int j0, int j1, int K, const float *A, const float *B,
-                int ldb, float *C, int ldc, bool acc)
+static void run(const kern *kn, int M, int j0, int j1, int K, const float *A, long sra,
+                long ska, const float *B, int ldb, float *C, int ldc, bool acc)
 {
-    if (run_cols_packed(kn, M, j0, j1, K, A, B, ldb, C, ldc, acc) == 0)
+    if (run_cols_packed(kn, M, j0, j1, K, A, sra, ska, B, ldb, C, ldc, acc) == 0)
         return;
+    if (sra) { /* A unpacked */
+        for (int i = 0; i < M; i++)
+            for (int j = j0; j < j1; j++)
+                put(C + (long)i * ldc + j, dot1(K, A + i * sra, (int)ska, B + j, ldb), acc);
+        return;
+    }
     /* no memory for a B panel: element by element from A's panels (same
      * recurrence, same bits) */
     const int MR = kn->mr;
@@ -487,7 +598,7 @@ static void run(const kern *kn, int M, int j0, int j1, int K, const float *A, co
 static void ktile_block(const job *j, int b)
 {
     int j0 = b * NT_JB, j1 = j0 + NT_JB < j->N ? j0 + NT_JB : j->N;
-    run(j->kn, j->M, j0, j1, j->K, j->A, j->B, j->ldb, j->C, j->ldc, j->acc);
+    run(j->kn, j->M, j0, j1, j->K, j->A, j->sra, j->ska, j->B, j->ldb, j->C, j->ldc, j->acc);
 }
 
 static void work(job *j)
@@ -649,6 +760,17 @@ static void ktile(int M, int N, int K, const float *A, int lda, bool arow, const
     }
     pool_start();
     const kern *kn = kern_now();
+    job j = {ktile_block, M, N, K, lda, ldb, ldc, A, B, C, acc, 0, (N + NT_JB - 1) / NT_JB,
+             0, 0, 0};
+    j.kn = kn;
+    bool split = (long)M * N * K >= NT_GEMM_SPLIT && N >= 2 * NT_JB;
+    if (kn->micro_s) {
+        /* A read where it is: a tile of attention (128 x 128 x 32) costs
+         * about what packing its A does */
+        j.sra = arow ? lda : 1, j.ska = arow ? 1 : lda;
+        run_job(&j, split);
+        return;
+    }
     float *Ap = panel(&apanel_key, (size_t)K * (size_t)((M + kn->mr - 1) / kn->mr * kn->mr));
     if (!Ap) { /* host memory short: element by element, same bits */
         if (!arow)
@@ -663,10 +785,8 @@ static void ktile(int M, int N, int K, const float *A, int lda, bool arow, const
         pack_rows(kn->mr, Ap, M, K, A, lda);
     else
         pack_a(kn, Ap, M, K, A, lda);
-    job j = {ktile_block, M, N, K, lda, ldb, ldc, Ap, B, C, acc, 0, (N + NT_JB - 1) / NT_JB,
-             0, 0, 0};
-    j.kn = kn;
-    run_job(&j, (long)M * N * K >= NT_GEMM_SPLIT && N >= 2 * NT_JB);
+    j.A = Ap;
+    run_job(&j, split);
 }
 
 void nt__gemm_ktile(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
@@ -719,6 +839,7 @@ typedef struct full {
     bool pf;       /* full job: prefetch the next panels (operands past the caches) */
     float *Bs;     /* rows job: two threads' B tile buffers, bslot floats each */
     size_t bslot;
+    bool ua;       /* A not packed: the micro-kernels read it where it is (micro_s) */
 } full;
 
 /* bf16 -> f32 is exact (the 16 bits on top, zeros below), so a panel
@@ -949,6 +1070,23 @@ static void scratch_to_c(const float *Cs, int nrow, int MR, int NR, int m, int n
         }
 }
 
+/* The micro-kernel on rows [i, i + mr) of K-tile k0 (kw deep): A's packed
+ * panel, or A itself (f->ua). */
+static inline void micro_at(const full *f, int i, int k0, int kw, const float *bp, float *cp,
+                            int ldc, int mr, int w, int fl)
+{
+    const job *jb = &f->j;
+    const kern *kn = jb->kn;
+    if (f->ua) {
+        long lda = jb->lda;
+        const float *a = f->arow ? jb->A + (long)i * lda + k0 : jb->A + (long)k0 * lda + i;
+        kn->micro_s(kw, a, f->arow ? lda : 1, f->arow ? 1 : lda, bp, cp, ldc, mr, w, fl);
+    } else {
+        const float *Ak = f->Ap + (long)f->Mpad * k0;
+        kn->micro(kw, Ak + (long)(i / kn->mr) * kw * kn->mr, bp, cp, ldc, mr, w, fl);
+    }
+}
+
 static void full_block(const job *jb, int b)
 {
     const full *f = (const full *)jb;
@@ -991,7 +1129,7 @@ static void full_block(const job *jb, int b)
     float *Cs = jb->K > NT_GEMM_KTILE ? panel(&fc_key, (size_t)nrow * ncol * MR * NR) : NULL;
     for (int k0 = 0; k0 < jb->K; k0 += NT_GEMM_KTILE) {
         int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
-        const float *Ak = f->Ap + (long)f->Mpad * k0, *Bk = f->Bp + (long)f->Npad * k0;
+        const float *Bk = f->Bp + (long)f->Npad * k0;
         /* The next K-tile's panels of this block come from memory or the
          * shared cache: fetched into L2 a few lines per micro-kernel call,
          * spread over this K-tile's calls, so they are there when needed. */
@@ -999,9 +1137,9 @@ static void full_block(const job *jb, int b)
         const float *An = NULL, *Bn = NULL;
         size_t an = 0, bn = 0, pl = 0, fper = 0;
         if (k1 < jb->K && f->pf) {
-            An = f->Ap + (long)f->Mpad * k1 + (long)(i0 / MR) * kw1 * MR;
+            An = f->ua ? NULL : f->Ap + (long)f->Mpad * k1 + (long)(i0 / MR) * kw1 * MR;
             Bn = f->Bp + (long)f->Npad * k1 + (long)(j0 / NR) * kw1 * NR;
-            an = (size_t)nrow * MR * kw1 * sizeof(float);
+            an = f->ua ? 0 : (size_t)nrow * MR * kw1 * sizeof(float);
             bn = (size_t)ncol * NR * kw1 * sizeof(float);
             fper = ((an + bn) / 64 + (size_t)(nrow * ncol) - 1) / (size_t)(nrow * ncol);
         }
@@ -1031,8 +1169,7 @@ static void full_block(const job *jb, int b)
                 }
                 float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + r) * MR * NR
                                : jb->C + (long)i * jb->ldc + c;
-                kn->micro(kw, Ak + (long)(i / MR) * kw * MR, bp, cp, Cs ? NR : jb->ldc, mr, w,
-                          fl);
+                micro_at(f, i, k0, kw, bp, cp, Cs ? NR : jb->ldc, mr, w, fl);
             }
         }
     }
@@ -1070,7 +1207,6 @@ static void rows_block(const job *jb, int b)
     float *Cs = jb->K > NT_GEMM_KTILE ? panel(&fc_key, (size_t)nrow * ncol * MR * NR) : NULL;
     for (int k0 = 0; k0 < jb->K; k0 += NT_GEMM_KTILE) {
         int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
-        const float *Ak = f->Ap + (long)f->Mpad * k0;
         pack_b_tile(f, Bt, j0, j1, k0, kw);
         int fl = (k0 > 0 ? MICRO_ACC : 0) | (f->canon && k0 + kw >= jb->K ? MICRO_CANON : 0);
         for (int c = j0; c < j1; c += NR) {
@@ -1080,8 +1216,7 @@ static void rows_block(const job *jb, int b)
                 int mr = jb->M - i < MR ? jb->M - i : MR;
                 float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + i / MR) * MR * NR
                                : jb->C + (long)i * jb->ldc + c;
-                kn->micro(kw, Ak + (long)(i / MR) * kw * MR, bp, cp, Cs ? NR : jb->ldc, mr, w,
-                          fl);
+                micro_at(f, i, k0, kw, bp, cp, Cs ? NR : jb->ldc, mr, w, fl);
             }
         }
     }
@@ -1112,23 +1247,36 @@ static int gemm_rows(const kern *kn, int M, int N, int K, const float *A, int ld
 {
     int Mpad = (M + kn->mr - 1) / kn->mr * kn->mr, NB = NT_NC;
     int npc = (N + kn->nr - 1) / kn->nr, nbl = (N + NB - 1) / NB;
+    bool split = (long)M * N * K >= NT_GEMM_SPLIT;
+    /* A weight gradient (dY^T . X: 128 x 128 from K = 2048 rows) has a
+     * single column block of NT_NC: cut into up to 4 blocks of whole
+     * panels, so the second thread takes half of it (each block reads all
+     * of A, packed once, from the caches) */
+    if (split && nbl < 4)
+        nbl = npc < 4 ? npc : 4;
     size_t bslot = (size_t)NT_GEMM_KTILE * (size_t)((npc + nbl - 1) / nbl * kn->nr);
-    float *Ap = panel(&fa_key, (size_t)Mpad * (size_t)K);
-    float *Bs = Ap ? panel(&fb_key, 2 * bslot) : NULL;
+    /* f32 A read where it is when few blocks read it (every block reads
+     * all of it: packed, it would be read from the caches just the same,
+     * after a pass to pack; for more blocks the packed stream is the
+     * cheaper to read again) */
+    bool ua = kn->micro_s && !(ty && ty->abf) && N <= NB;
+    float *Ap = ua ? NULL : panel(&fa_key, (size_t)Mpad * (size_t)K);
+    float *Bs = Ap || ua ? panel(&fb_key, 2 * bslot) : NULL;
     if (!Bs)
         return -1;
-    bool split = (long)M * N * K >= NT_GEMM_SPLIT;
     int nk = (K + NT_GEMM_KTILE - 1) / NT_GEMM_KTILE;
     int nca = (M + kn->mr * NT_PACK_A - 1) / (kn->mr * NT_PACK_A);
-    full f = {{pack_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, nk * nca, 0, 0, 0},
-              Ap, NULL, Mpad, 0, nk, nca, 0, 0, 0, arow, bcol, false,
-              ty && ty->abf, ty && ty->bbf, NULL, NT_F32, 0, 0, 1, false, NULL, 0};
-    f.j.kn = kn;
-    run_job(&f.j, split);
+    if (!ua) {
+        full f = {{pack_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, nk * nca, 0, 0, 0},
+                  Ap, NULL, Mpad, 0, nk, nca, 0, 0, 0, arow, bcol, false,
+                  ty && ty->abf, ty && ty->bbf, NULL, NT_F32, 0, 0, 1, false, NULL, 0};
+        f.j.kn = kn;
+        run_job(&f.j, split);
+    }
     full g = {{rows_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, nbl, 0, 0, 0},
               Ap, NULL, Mpad, 0, nk, 0, 0, 0, 0, arow, bcol, canon,
               ty && ty->abf, ty && ty->bbf, ty ? ty->out : NULL, ty ? ty->odt : NT_F32,
-              0, 0, 1, false, Bs, bslot};
+              0, 0, 1, false, Bs, bslot, ua};
     g.j.kn = kn;
     run_job(&g.j, split);
     return 0;
@@ -1154,12 +1302,20 @@ static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, co
     if (Mpad <= gemm_mc_big && gemm_rows(kn, M, N, K, A, lda, arow, B, ldb, bcol, C, ldc, canon,
                                          ty) == 0)
         return 0;
-    float *Ap = panel(&fa_key, (size_t)Mpad * (size_t)K);
-    float *Bp = Ap ? panel(&fb_key, (size_t)Npad * (size_t)K) : NULL;
-    if (Ap && Bp) {
+    int mc = gemm_mc_big, ncb = gemm_ncb_big;
+    if ((long)((M + mc - 1) / mc) * ((N + ncb - 1) / ncb) < 8)
+        mc = NT_MC, ncb = NT_NCB;
+    /* One column of C blocks (x . w^T at a layer's width: N 128 to 512):
+     * each element of A serves one block only, so packing it would be a
+     * pass over A (as long as the product's compute at N = 128) that buys
+     * nothing: the micro-kernels read f32 A where it is. */
+    bool ua = kn->micro_s && !(ty && ty->abf) && N <= ncb;
+    float *Ap = ua ? NULL : panel(&fa_key, (size_t)Mpad * (size_t)K);
+    float *Bp = Ap || ua ? panel(&fb_key, (size_t)Npad * (size_t)K) : NULL;
+    if (Bp) {
         bool split = (long)M * N * K >= NT_GEMM_SPLIT;
         int nk = (K + NT_GEMM_KTILE - 1) / NT_GEMM_KTILE;
-        int nca = (M + kn->mr * NT_PACK_A - 1) / (kn->mr * NT_PACK_A);
+        int nca = ua ? 0 : (M + kn->mr * NT_PACK_A - 1) / (kn->mr * NT_PACK_A);
         int ncbp = (N + kn->nr * NT_PACK_B - 1) / (kn->nr * NT_PACK_B);
         full f = {{pack_block, M, N, K, lda, ldb, ldc, A, B, C, false, 0, nk * (nca + ncbp), 0,
                    0, 0},
@@ -1167,9 +1323,6 @@ static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, co
                   ty && ty->abf, ty && ty->bbf, NULL, NT_F32, 0, 0, 1, false};
         f.j.kn = kn;
         run_job(&f.j, split);
-        int mc = gemm_mc_big, ncb = gemm_ncb_big;
-        if ((long)((M + mc - 1) / mc) * ((N + ncb - 1) / ncb) < 8)
-            mc = NT_MC, ncb = NT_NCB;
         int nbm = (M + mc - 1) / mc, nbn = (N + ncb - 1) / ncb;
         /* two threads: the last 4 blocks in 4 pieces each */
         int nbl = nbm * nbn, ntail = split && nbl >= 8 ? 4 : 0, tsub = 4;
@@ -1178,6 +1331,7 @@ static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, co
                   Ap, Bp, Mpad, Npad, nk, 0, 0, mc, ncb, arow, bcol, canon,
                   ty && ty->abf, ty && ty->bbf, ty ? ty->out : NULL, ty ? ty->odt : NT_F32,
                   nbn, nbl - ntail, tsub, false};
+        g.ua = ua;
         /* Prefetching pays where the panels stream from memory (32 MB at
          * 2048^3); a training step's products (under 5 MB) find them in
          * the caches, where the prefetches only cost issue slots: 7% of

@@ -70,9 +70,28 @@ static int mm_pass(const nt__rec *r, const nt__mminfo *mip, bool typed)
     /* a transposed b (x @ w^T: w N x K row-major): packed from w itself */
     bool b_cols = !b_direct && b_flat && mi.b_rs == 1 && mi.b_cs >= K && mi.b_cs <= INT32_MAX;
     bool c_direct = odt == NT_F32;
+    /* x @ w^T on [B, T, C] (a linear layer): a row-major a whose batches
+     * follow one another row after row (each a_rs after the last row of
+     * the one before), against one b for all: one product of B * T rows
+     * instead of B products of T -- b packed once, not per batch.  Each
+     * element's recurrence does not depend on M (core/gemm.h): the same
+     * bits. */
+    int64_t nb_all = nt__numel(mi.nbatch, mi.batch), Mx = M;
+    if (a_rows && nb_all > 1) {
+        bool fold = true;
+        int64_t want = M * mi.a_rs; /* the next batch's first row */
+        for (int i = mi.nbatch - 1; i >= 0 && fold; i--) {
+            if (mi.batch[i] == 1)
+                continue;
+            fold = mi.b_bstride[i] == 0 && mi.a_bstride[i] == want;
+            want *= mi.batch[i];
+        }
+        if (fold && M * nb_all <= INT32_MAX)
+            Mx = M * nb_all;
+    }
     size_t na = a_direct || a_rows ? 0 : (size_t)(K * M);
     size_t nb = b_direct || b_cols ? 0 : (size_t)(K * N);
-    size_t nc = c_direct ? 0 : (size_t)(M * N);
+    size_t nc = c_direct ? 0 : (size_t)(Mx * N);
     float *buf = scratch(na + nb + nc + 1);
     if (!buf)
         return nt__kerr(NT_EHOSTMEM, "out of host memory for matmul buffers (%zu floats)",
@@ -111,18 +130,18 @@ static int mm_pass(const nt__rec *r, const nt__mminfo *mip, bool typed)
          * in the GEMM's last store or per block of C while it is in cache,
          * rather than another pass over C */
         if (typed) {
-            if (nt__gemm_typed((int)M, (int)N, (int)K, Ap, lda, a_rows, apt, Bp, ldb, b_cols,
+            if (nt__gemm_typed((int)Mx, (int)N, (int)K, Ap, lda, a_rows, apt, Bp, ldb, b_cols,
                                bpt, Cp, (int)N, ob, odt) != 0)
                 return 1;
         } else if (c_direct) {
-            nt__gemm_ex_canon((int)M, (int)N, (int)K, Ap, lda, a_rows, Bp, ldb, b_cols, Cp,
+            nt__gemm_ex_canon((int)Mx, (int)N, (int)K, Ap, lda, a_rows, Bp, ldb, b_cols, Cp,
                               (int)N);
         } else {
-            nt__gemm_ex((int)M, (int)N, (int)K, Ap, lda, a_rows, Bp, ldb, b_cols, Cp, (int)N);
-            nt__st_f32(ob, odt, 1, Cp, M * N);
+            nt__gemm_ex((int)Mx, (int)N, (int)K, Ap, lda, a_rows, Bp, ldb, b_cols, Cp, (int)N);
+            nt__st_f32(ob, odt, 1, Cp, Mx * N);
         }
         bi++;
-    } while (nt__idx_next(idx, mi.nbatch, mi.batch));
+    } while (Mx == M && nt__idx_next(idx, mi.nbatch, mi.batch));
     return 0;
 }
 

@@ -242,6 +242,10 @@ static void test_whole_every_level(void **state)
         /* rows within one C block (192): each column block packs its own
          * B; at the limit of 192 rows and just past it */
         {128, 1024, 300}, {192, 700, 257}, {193, 300, 130},
+        /* one column of C blocks (A read unpacked on AVX-512), rows not a
+         * multiple of 12; few rows and columns over many K-tiles (the
+         * column blocks cut to single panels for the helper thread) */
+        {400, 130, 300}, {100, 100, 520}, {30, 64, 2100}, {1, 33, 1000},
     };
     int best = nt__gemm_isa_best();
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
@@ -535,6 +539,63 @@ static void test_matmul_every_level(void **state)
             }
     }
     free(a), free(b), free(first), free(got), free(arm);
+}
+
+/* A row-major a of several batches against one b (x @ w^T on [B, T, C])
+ * runs as one product of all the rows (cpu/matmul.c): the same bits as
+ * each batch's own product, for two batch dims, a bf16 a and result (the
+ * typed path), and a sliced a whose batches do not follow one another
+ * (not folded), on the CPU backend at every level. */
+static void test_matmul_fold(void **state)
+{
+    (void)state;
+    const int64_t B0 = 3, B1 = 2, M = 13, Mp = 16, K = 140, N = 37;
+    float *a = fill((size_t)(B0 * B1 * Mp * K)), *b = fill((size_t)(K * N));
+    for (size_t i = 0; i < (size_t)(B0 * B1 * Mp * K); i++)
+        a[i] = isinf(a[i]) || fabsf(a[i]) > 1 ? 0.5f : a[i];
+    for (size_t i = 0; i < (size_t)(K * N); i++)
+        b[i] = isinf(b[i]) || fabsf(b[i]) > 1 ? -0.25f : b[i];
+    size_t n = (size_t)(B0 * B1 * M * N);
+    float *got = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    int best = nt__gemm_isa_best();
+    for (int isa = 0; isa <= best; isa++)
+        for (int v = 0; v < 3; v++) { /* contiguous f32, bf16, sliced f32 */
+            assert_int_equal(nt_config_set("NT_CPU_ISA", nt__gemm_isa_label(isa)), 0);
+            nt_scope *sc = nt_scope_begin(); /* releases the views made below */
+            nt_tensor *ta = nt_from_host(a, NT_F32, 4, (int64_t[]){B0, B1, Mp, K});
+            nt_tensor *tb = nt_from_host(b, NT_F32, 2, (int64_t[]){K, N});
+            nt_tensor *x = v == 2 ? nt_slice(ta, 2, 1, 1 + M, 1)
+                                  : nt_reshape(nt_slice(nt_reshape(ta, 2, (int64_t[]){
+                                                            B0 * B1 * Mp, K}),
+                                                        0, 0, B0 * B1 * M, 1),
+                                               4, (int64_t[]){B0, B1, M, K});
+            nt_tensor *w = nt_retain(tb);
+            if (v == 1)
+                x = nt_cast(x, NT_BF16), w = nt_cast(w, NT_BF16);
+            nt_tensor *y = nt_matmul(x, w);
+            assert_non_null(y);
+            if (v == 1)
+                y = nt_cast(y, NT_F32);
+            assert_int_equal(nt_to_host(y, got, n * sizeof(float)), 0);
+            for (int64_t q = 0; q < B0 * B1; q++) { /* batch by batch: 2-D products */
+                nt_tensor *xq = nt_reshape(x, 3, (int64_t[]){B0 * B1, M, K});
+                nt_tensor *yq = nt_matmul(nt_slice(nt_slice(xq, 0, q, q + 1, 1), 0, 0, 1, 1), w);
+                yq = nt_reshape(yq, 2, (int64_t[]){M, N});
+                if (v == 1)
+                    yq = nt_cast(yq, NT_F32);
+                assert_int_equal(nt_to_host(yq, ref + q * M * N, (size_t)(M * N) * sizeof(float)),
+                                 0);
+            }
+            int bad = differ(got, ref, n);
+            if (bad)
+                print_message("# folded matmul (%s) on %s: %d elements differ\n",
+                              v == 0 ? "f32" : v == 1 ? "bf16" : "sliced", nt__gemm_isa_label(isa),
+                              bad);
+            assert_int_equal(bad, 0);
+            nt_scope_end(sc);
+        }
+    free(a), free(b), free(got), free(ref);
 }
 
 /* 20 AdamW steps of a small MLP (ragged sizes: 100-160-10, batch 40) on
@@ -983,6 +1044,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_matmul_every_level, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_matmul_bf16, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_matmul_fold, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_train_every_level, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_train_threads, nt_test_setup, nt_test_teardown),
