@@ -811,6 +811,15 @@ static bool hoist_with_cast(nt__rec **recs, int n, int k)
     }
     if (j == end || !ew_joinable(recs[j], e->out[0]))
         return false;
+    /* a run that a row reduction ends (the loss scaler's check of the
+     * gradients) would be split by the move: the matmul's epilogue takes
+     * the run's head, and the reduction re-reads what it wrote (f16 step:
+     * 6.5 MB more) */
+    int q = j;
+    while (q < n && ew_joinable(recs[q], e->out[0]))
+        q++;
+    if (q < n && recs[q]->type == NT_REC_OP && is_row_reduce(recs[q]))
+        return false;
     int p = j;
     while (p - 1 > k + 1 && ew_joinable(recs[p - 1], e->out[0]))
         p--;
