@@ -301,7 +301,11 @@ nt_tensor *nt__optim_cast_of(nt_tensor *src, nt_dtype dt)
     if (!l)
         return NULL;
     struct nt__ag *ag = l->ag;
-    ag->amp_want = (uint8_t)(dt + 1);
+    /* threads may run forwards on shared parameters: a store only when it
+     * changes, and atomic */
+    uint8_t want = (uint8_t)(dt + 1);
+    if (__atomic_load_n(&ag->amp_want, __ATOMIC_RELAXED) != want)
+        __atomic_store_n(&ag->amp_want, want, __ATOMIC_RELAXED);
     nt_tensor *c = ag->amp_cast;
     if (c && c->dtype == dt && c->dev == src->dev && c->ndim == src->ndim &&
         AO_load_full(&l->st->version) == ag->amp_ver)
@@ -317,10 +321,10 @@ static int cast_ahead(slot *s, nt_tensor *w_new, const nt_site *site)
     if (!ag)
         return 0;
     nt__optim_drop(&ag->amp_cast); /* stale from here on */
-    if (!ag->amp_want)
+    uint8_t want = __atomic_exchange_n(&ag->amp_want, 0, __ATOMIC_RELAXED);
+    if (!want)
         return 0;
-    nt_dtype dt = (nt_dtype)(ag->amp_want - 1);
-    ag->amp_want = 0;
+    nt_dtype dt = (nt_dtype)(want - 1);
     /* f32 -> bf16/f16 rounds to nearest even; stochastic rounding draws
      * from the cast's own seed and place, so is left to the forward */
     if (s->p->dtype != NT_F32 || (dt != NT_BF16 && dt != NT_F16) || NT__CFG(sr) ||
@@ -490,6 +494,8 @@ NT_API void nt_optim_destroy(nt_optim *o)
         nt__optim_drop(&s->s0);
         nt__optim_drop(&s->s1);
         nt__optim_drop(&s->master);
+        if (s->p->ag) /* the casts it made ahead go with it */
+            nt__optim_drop(&s->p->ag->amp_cast);
         nt__optim_drop(&s->p);
     }
     free(o->slots);
