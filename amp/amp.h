@@ -22,6 +22,11 @@ nt_dtype nt__amp_active(void);
 /* The dispatcher's hook (nt__dhooks.amp_on_call, registered by
  * init/init.c): casts c's inputs by the autocast policy; 0 or an error. */
 int nt__amp_on_call(nt__call *c);
+/* nt__dhooks.amp_cast: t cast to dt (f32 -> the region's dtype) the way
+ * autocast casts an input: the cast an optimizer step made ahead when t is
+ * a parameter it updated and nothing wrote since (autograd/optim.c), else
+ * a queued CAST.  nt_linear's bias goes through it. */
+nt_tensor *nt__amp_cast(const nt_site *site, const char *fn, nt_tensor *t, nt_dtype dt);
 /* nt__dhooks.amp_enter / amp_leave: pushes dt (NT_DTYPE_COUNT: autocast
  * off) as the thread's innermost region, whatever regions are open or the
  * backward tag says, so nt_checkpoint's recompute runs as its forward did;

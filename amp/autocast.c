@@ -29,8 +29,14 @@
  * so a cached cast reused after a backward inside the same region would
  * make the next backward fail; and a parameter is read once per forward
  * pass in the usual models.  The casts are cheap elementwise ops that fuse
- * into their neighbours' kernels. */
+ * into their neighbours' kernels.  What is cached is the other way round:
+ * an optimizer step casts the f32 parameters autocast cast since the last
+ * step from the values it writes, in the update's kernel, and the next
+ * forward takes that cast (recorded as the same CAST node) while nothing
+ * else wrote the parameter (autograd/optim.c has the rules). */
 #include "amp/amp.h"
+
+#include "autograd/autograd.h"
 
 #include <string.h>
 
@@ -70,6 +76,31 @@ static bool dense_permutation(const nt_tensor *t, int *perm)
     return true;
 }
 
+/* src cast to dt: a view of pre, src's cast made ahead by an optimizer
+ * step (autograd/optim.c), recorded as the same CAST node the queued cast
+ * would have (its backward casts the gradient back to src's dtype), so
+ * the graph and every gradient are those of the queued cast; only the
+ * kernel is not run again. */
+static nt_tensor *cast_made(const nt_site *site, const char *fn, nt_tensor *src, nt_tensor *pre,
+                            nt_dtype dt)
+{
+    nt__call cc;
+    if (!nt__call_begin(&cc, site, fn, NT_OP_CAST, 1, &src, "t"))
+        return nt__call_fail(&cc);
+    cc.odt[0] = dt;
+    cc.ondim[0] = src->ndim;
+    for (int k = 0; k < src->ndim; k++)
+        cc.oshape[0][k] = src->shape[k];
+    return nt__dispatch_view(
+        &cc, nt__make_view(pre, pre->ndim, pre->shape, pre->stride, pre->offset, site));
+}
+
+nt_tensor *nt__amp_cast(const nt_site *site, const char *fn, nt_tensor *src, nt_dtype dt)
+{
+    nt_tensor *pre = NT__CFG(sr) ? NULL : nt__optim_cast_of(src, dt);
+    return pre ? cast_made(site, fn, src, pre, dt) : nt__copy_to(site, fn, src, dt);
+}
+
 /* Replaces input i of c by its cast to dt (a temporary of the call).  A
  * transposed (permuted) input -- linear's w^T -- is cast in its memory
  * order and permuted back: the cast then reads and writes contiguous
@@ -83,14 +114,14 @@ static int cast_input(nt__call *c, int i, nt_dtype dt)
         for (int k = 0; k < in->ndim; k++)
             inv[perm[k]] = k;
         nt_tensor *mem = nt_permute_at(c->site, in, perm);
-        nt_tensor *cast = mem ? nt__copy_to(c->site, c->fn, nt_keep(mem), dt) : NULL;
+        nt_tensor *cast = mem ? nt__amp_cast(c->site, c->fn, nt_keep(mem), dt) : NULL;
         t = cast ? nt_permute_at(c->site, nt_keep(cast), inv) : NULL;
         if (mem)
             nt_release(mem);
         if (cast)
             nt_release(cast);
     } else {
-        t = nt__copy_to(c->site, c->fn, in, dt);
+        t = nt__amp_cast(c->site, c->fn, in, dt);
     }
     tls_suspended--;
     if (!t)

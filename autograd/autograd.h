@@ -65,6 +65,15 @@ struct nt__ag {
     int out_idx;
     nt__node *acc;     /* leaf that requires grad: its accumulator (a reference) */
     nt_tensor *grad;   /* leaf: the accumulated gradient (one user reference) */
+    /* Leaf: its cast for the next forward's autocast, made ahead by an
+     * optimizer step from the value it wrote (autograd/optim.c), so that
+     * autocast takes it instead of queuing a cast that reads the parameter
+     * again; valid while the storage's version is amp_ver.  amp_want: the
+     * dtype autocast cast the leaf to since the last step, plus 1 (0: none),
+     * which is what the next step makes. */
+    nt_tensor *amp_cast;
+    uint64_t amp_ver;
+    uint8_t amp_want;
 };
 
 /* Backward of one node: gout[i] is the gradient of output i (NULL: zero);
@@ -147,6 +156,11 @@ nt_tensor *nt__save(nt_tensor *t);
  * their count (NT_EINVAL for a bad opt) and parameter i (borrowed; the list
  * is fixed when the optimizer is made). */
 int nt__optim_nparams(nt_optim *opt);
+/* Autocast's lookup (autograd/optim.c): if src is exactly a leaf that
+ * requires grad (the leaf itself, or a view chain back to the same view of
+ * it), notes that the leaf was cast to dt and returns the leaf's cast made
+ * ahead by an optimizer step when it is still valid (borrowed), else NULL. */
+nt_tensor *nt__optim_cast_of(nt_tensor *src, nt_dtype dt);
 nt_tensor *nt__optim_param(nt_optim *opt, int i);
 
 #endif

@@ -245,6 +245,99 @@ static nt_tensor *adamw_update(nt_optim *o, slot *s, nt_tensor *g, const nt_site
     return w_new;
 }
 
+/* ---------------- casts made ahead for autocast ----------------
+ *
+ * Under autocast every forward casts each f32 parameter to bf16/f16: a
+ * kernel that reads the whole parameter again right after the optimizer
+ * wrote it.  Instead the update's chain casts its own result: cast(w_new)
+ * is one more output of the update's kernel, and has the bits of casting
+ * the parameter once it holds w_new (an f32 stored into f32 keeps every
+ * bit but a NaN's payload, and a cast makes every NaN canonical).  The
+ * next forward's autocast takes it (amp/autocast.c) while the parameter's
+ * storage version is still the one after this write: any other write
+ * (nt_copy_into, an in-place op, nt_load, another step) bumps the version
+ * and autocast casts as before.  Made only for a parameter that autocast
+ * cast since the last step (amp_want), to the dtype it asked for. */
+
+static bool same_view(const nt_tensor *a, const nt_tensor *b)
+{
+    if (a->st != b->st || a->offset != b->offset || a->dtype != b->dtype || a->ndim != b->ndim)
+        return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i] || a->stride[i] != b->stride[i])
+            return false;
+    return true;
+}
+
+/* The leaf that requires grad and that src is the same view of: src
+ * itself, or the leaf its chain of view nodes leads to (linear's w^T cast in
+ * memory order is permute(transpose(w))); NULL if none. */
+static nt_tensor *leaf_of(nt_tensor *src)
+{
+    if (!src->ag || !src->ag->requires_grad)
+        return NULL;
+    nt_tensor *l = NULL;
+    if (!src->ag->grad_fn) {
+        l = src;
+    } else {
+        nt__node *n = src->ag->grad_fn;
+        for (int d = 0; d < 8 && n; d++) { /* a bound: views rarely nest deeper */
+            if (n->op == NT__OP_ACCUMULATE) {
+                l = n->leaf; /* weak: NULL once the leaf died */
+                break;
+            }
+            if (n->op >= NT_OP_COUNT || nt__ops[n->op].kind != NT_KIND_VIEW || n->nin != 1)
+                break;
+            n = n->next[0].node;
+        }
+    }
+    /* the walk only finds a candidate; this makes it exact */
+    return l && l->ag && same_view(l, src) ? l : NULL;
+}
+
+nt_tensor *nt__optim_cast_of(nt_tensor *src, nt_dtype dt)
+{
+    nt_tensor *l = leaf_of(src);
+    if (!l)
+        return NULL;
+    struct nt__ag *ag = l->ag;
+    /* threads may run forwards on shared parameters: a store only when it
+     * changes, and atomic */
+    uint8_t want = (uint8_t)(dt + 1);
+    if (__atomic_load_n(&ag->amp_want, __ATOMIC_RELAXED) != want)
+        __atomic_store_n(&ag->amp_want, want, __ATOMIC_RELAXED);
+    nt_tensor *c = ag->amp_cast;
+    if (c && c->dtype == dt && c->dev == src->dev && c->ndim == src->ndim &&
+        AO_load_full(&l->st->version) == ag->amp_ver)
+        return c;
+    return NULL;
+}
+
+/* After the update wrote w_new into the parameter: its cast for the next
+ * forward, when autocast asked for one (see above). */
+static int cast_ahead(slot *s, nt_tensor *w_new, const nt_site *site)
+{
+    struct nt__ag *ag = s->p->ag;
+    if (!ag)
+        return 0;
+    nt__optim_drop(&ag->amp_cast); /* stale from here on */
+    uint8_t want = __atomic_exchange_n(&ag->amp_want, 0, __ATOMIC_RELAXED);
+    if (!want)
+        return 0;
+    nt_dtype dt = (nt_dtype)(want - 1);
+    /* f32 -> bf16/f16 rounds to nearest even; stochastic rounding draws
+     * from the cast's own seed and place, so is left to the forward */
+    if (s->p->dtype != NT_F32 || (dt != NT_BF16 && dt != NT_F16) || NT__CFG(sr) ||
+        !nt__is_contig(s->p) || w_new->dtype != NT_F32)
+        return 0;
+    nt_tensor *c = own(nt__copy_to(site, "nt_optim_step", w_new, dt));
+    if (!c)
+        return nt_last_error();
+    ag->amp_cast = c;
+    ag->amp_ver = AO_load_full(&s->p->st->version);
+    return 0;
+}
+
 static int step_locked(nt_optim *o, const nt_site *site)
 {
     int rc = 0;
@@ -272,6 +365,8 @@ static int step_locked(nt_optim *o, const nt_site *site)
          * the chain's value, not by re-reading the master) */
         if (!rc && s->master)
             rc = nt_copy_into_at(site, p, w_new);
+        else if (!rc)
+            rc = cast_ahead(s, w_new, site);
         if (!rc)
             s->steps++;
         nt_scope_end(sc);
@@ -399,6 +494,8 @@ NT_API void nt_optim_destroy(nt_optim *o)
         nt__optim_drop(&s->s0);
         nt__optim_drop(&s->s1);
         nt__optim_drop(&s->master);
+        if (s->p->ag) /* the casts it made ahead go with it */
+            nt__optim_drop(&s->p->ag->amp_cast);
         nt__optim_drop(&s->p);
     }
     free(o->slots);

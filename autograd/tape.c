@@ -154,6 +154,8 @@ void nt__ag_free(struct nt__ag *ag)
     nt__node_unref(ag->acc);
     if (ag->grad)
         nt_release(ag->grad);
+    if (ag->amp_cast)
+        nt_release(ag->amp_cast);
     free(ag);
 }
 

@@ -456,7 +456,8 @@ NT_API nt_tensor *nt_linear_at(const nt_site *site, nt_tensor *x, nt_tensor *w, 
      * the bias first, so that its cast does not split the matmul's epilogue. */
     nt_dtype low = nt__dhooks.amp_active ? nt__dhooks.amp_active() : NT_DTYPE_COUNT;
     if (b && low != NT_DTYPE_COUNT && b->dtype != low && nt__dtype_is_float((nt_dtype)b->dtype))
-        b = nt__copy_to(site, fn, b, low);
+        b = nt__dhooks.amp_cast ? nt__dhooks.amp_cast(site, fn, b, low)
+                                : nt__copy_to(site, fn, b, low);
     nt_tensor *wt = nt_transpose_at(site, w, 0, 1);
     nt_tensor *y = nt_matmul_at(site, x, wt);
     if (y && b)

@@ -76,6 +76,9 @@ typedef struct nt__dispatch_hooks {
      * under the forward's state); 0 or an error */
     int (*amp_enter)(nt_dtype dt);
     void (*amp_leave)(void);
+    /* amp: t cast to dt as autocast casts a parameter (a cast an optimizer
+     * made ahead, when valid, else a queued CAST); NULL with the error set */
+    nt_tensor *(*amp_cast)(const nt_site *site, const char *fn, nt_tensor *t, nt_dtype dt);
 } nt__dispatch_hooks;
 extern nt__dispatch_hooks nt__dhooks;
 

@@ -51,6 +51,7 @@ static void register_modules(void)
         .custom_shutdown = nt__custom_shutdown,
         .amp_enter = nt__amp_enter,
         .amp_leave = nt__amp_leave,
+        .amp_cast = nt__amp_cast,
     };
     /* Every op with a CPU kernel has a simulator kernel (views have
      * neither): the CPU fallback is for what a backend refuses, not for an

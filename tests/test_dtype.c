@@ -29,6 +29,7 @@
 #include <cmocka.h>
 
 #include "core/dtype.h"
+#include "core/gemm.h"
 
 static uint64_t sweep_step(void)
 {
@@ -443,6 +444,70 @@ static void test_load_store_each_dtype(void **state)
     assert_int_equal(h, ref_bf16_from_f64(1.0 / 3.0));
 }
 
+/* The block stores (core/convert.c) on every ISA level this CPU runs give
+ * the element conversion's bits: a sweep of 2^24 patterns spread over all
+ * 2^32 (an odd multiplier), every NaN class, subnormals and ties, at every
+ * length 1..40 and offset 0..3 (vector bodies and tails), unit stride. */
+static void test_block_stores_every_isa(void **state)
+{
+    (void)state;
+    enum { N = 1 << 16, EDGES = 16 };
+    float *src = malloc(sizeof(float) * (N + 64));
+    uint16_t *h = malloc(2 * (N + 64));
+    float *f = malloc(sizeof(float) * (N + 64));
+    assert_non_null(src);
+    assert_non_null(h);
+    assert_non_null(f);
+    const uint32_t edges[EDGES] = {0x7fc00000u, 0xffc00001u, 0x7f800001u, 0xff812345u,
+                                   0x7f800000u, 0xff800000u, 0x00000001u, 0x807fffffu,
+                                   0x00008000u, 0x00018000u, 0x3f808000u, 0x3f818000u,
+                                   0x7f7fffffu, 0x7f7f8000u, 0x80000000u, 0x00000000u};
+    int old = nt__gemm_isa();
+    for (int isa = 0; isa < NT_ISA_COUNT; isa++) {
+        if (nt__gemm_set_isa(isa) < 0)
+            continue; /* this CPU does not run it */
+        for (uint64_t base = 0; base < (UINT64_C(1) << 24); base += N) {
+            for (int i = 0; i < N; i++)
+                src[i] = fbits((uint32_t)((base + (uint64_t)i) * 0x9e3779b1u));
+            for (int i = 0; i < EDGES; i++)
+                src[i * 97] = fbits(edges[i]);
+            nt__st_f32((char *)h, NT_BF16, 1, src, N);
+            nt__st_f32((char *)f, NT_F32, 1, src, N);
+            for (int i = 0; i < N; i++) {
+                if (h[i] != nt__f32_to_bf16(src[i]))
+                    fail_msg("%s: bf16 store of 0x%08x gives 0x%04x, expected 0x%04x",
+                             nt__gemm_isa_label(isa), bitsf(src[i]), h[i],
+                             nt__f32_to_bf16(src[i]));
+                if (bitsf(f[i]) != bitsf(nt__canon(src[i])))
+                    fail_msg("%s: f32 store of 0x%08x gives 0x%08x", nt__gemm_isa_label(isa),
+                             bitsf(src[i]), bitsf(f[i]));
+            }
+        }
+        /* lengths and offsets: the tails, and nothing written past n */
+        for (int n = 1; n <= 40; n++)
+            for (int off = 0; off < 4; off++) {
+                for (int i = 0; i < 64; i++)
+                    src[i] = fbits(edges[i % EDGES] ^ (uint32_t)(i * 0x01000193u & 0x7fffu));
+                memset(h, 0xab, 2 * 64);
+                memset(f, 0xab, 4 * 64);
+                nt__st_f32((char *)(h + off), NT_BF16, 1, src, n);
+                nt__st_f32((char *)(f + off), NT_F32, 1, src, n);
+                for (int i = 0; i < 64; i++) {
+                    bool in = i >= off && i < off + n;
+                    uint16_t wh = in ? nt__f32_to_bf16(src[i - off]) : 0xababu;
+                    uint32_t wf = in ? bitsf(nt__canon(src[i - off])) : 0xababababu;
+                    if (h[i] != wh || bitsf(f[i]) != wf)
+                        fail_msg("%s: store of %d at offset %d, element %d differs",
+                                 nt__gemm_isa_label(isa), n, off, i);
+                }
+            }
+    }
+    nt__gemm_set_isa(old);
+    free(src);
+    free(h);
+    free(f);
+}
+
 int main(void)
 {
     __builtin_cpu_init();
@@ -458,6 +523,7 @@ int main(void)
         cmocka_unit_test(test_int_stores_wrap_and_round),
         cmocka_unit_test(test_promote_table),
         cmocka_unit_test(test_load_store_each_dtype),
+        cmocka_unit_test(test_block_stores_every_isa),
         cmocka_unit_test(test_f32_to_bf16_every_pattern),
         cmocka_unit_test(test_f32_to_f16_every_pattern),
     };
