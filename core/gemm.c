@@ -568,6 +568,10 @@ static struct {
     job *volatile j;       /* the current job, or NULL */
     volatile AO_t seq;
     bool quit;             /* under lock: nt__gemm_shutdown */
+    bool sleeping;         /* under lock: the helper waits on cond.  A job
+                              signals only then: g_cond_signal is a futex
+                              call even with no waiter (a GPT step on the
+                              simulator made 2850 futex calls, 1700 now) */
 } P;
 static GMutex pool_lock;           /* starting and stopping the helper */
 static volatile AO_t pool_started; /* P is set up (release: read with acquire) */
@@ -620,7 +624,8 @@ static void run_job(job *j, bool split)
         g_mutex_lock(&P.lock);
         P.j = j;
         AO_store_release(&P.seq, AO_load(&P.seq) + 1);
-        g_cond_signal(&P.cond);
+        if (P.sleeping) /* else it spins on seq and sees the job itself */
+            g_cond_signal(&P.cond);
         g_mutex_unlock(&P.lock);
         work(j);
         /* No new helper may enter once P.j is cleared (it enters under the
@@ -660,8 +665,11 @@ static void *helper(void *unused)
 #endif
         }
         g_mutex_lock(&P.lock);
-        while (AO_load_acquire(&P.seq) == seen)
+        while (AO_load_acquire(&P.seq) == seen) {
+            P.sleeping = true;
             g_cond_wait(&P.cond, &P.lock);
+            P.sleeping = false;
+        }
         seen = AO_load_acquire(&P.seq);
         if (P.quit) {
             g_mutex_unlock(&P.lock);
@@ -689,6 +697,7 @@ static void pool_start(void)
         g_mutex_init(&P.lock);
         g_cond_init(&P.cond);
         P.quit = false;
+        P.sleeping = false;
         P.j = NULL;
         /* A plain pthread: GLib's thread wrapper allocates its own
          * structures and aborts when the host is out of memory.  No thread

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "core/ewise.h"
+#include "core/gemm.h"
 #include "core/reduce.h"
 
 /* Floats a row-op kernel holds per group ([n, w] tiles). */
@@ -188,21 +189,47 @@ static void xent_group(const nt__rows *R, void *ctx, const char *x, int64_t oo, 
 
 /* ---------------- drivers ---------------- */
 
+/* Blocks of groups (nt__rows_blocks), each with its own work tiles. */
+typedef struct row_par {
+    const nt__rows *R;
+    const rowop *base;
+    nt__rows_fn fn;
+    int64_t w, G, per;
+    size_t cells;
+    volatile AO_t fail; /* a block had no memory for its tiles */
+} row_par;
+
+static void row_block(void *arg, int b)
+{
+    row_par *p = arg;
+    rowop c = *p->base;
+    float *buf = g_try_malloc((2 * p->cells + 2 * (size_t)p->w) * sizeof(float));
+    if (!buf) {
+        AO_store(&p->fail, 1);
+        return;
+    }
+    c.T = buf;
+    c.U = buf + p->cells;
+    c.s1 = buf + 2 * p->cells;
+    c.s2 = c.s1 + p->w;
+    int64_t g0 = (int64_t)b * p->per, g1 = g0 + p->per < p->G ? g0 + p->per : p->G;
+    nt__rows_range(p->R, p->w, g0, g1, p->fn, &c);
+    g_free(buf);
+}
+
 static int run_rows(rowop *c, const nt_tensor *t, int d, bool same_shape, nt__rows_fn fn)
 {
     nt__rows R;
     nt__rows_init(&R, t, d, same_shape);
-    int64_t w = nt__rows_width(&R, R.n, ROW_TILE);
-    size_t cells = (size_t)(R.n > 0 ? R.n : 1) * (size_t)w;
-    float *buf = g_try_malloc((2 * cells + 2 * (size_t)w) * sizeof(float));
-    if (!buf)
-        return nt__kerr(NT_EHOSTMEM, "out of host memory for a %zu-float row buffer", 2 * cells);
-    c->T = buf;
-    c->U = buf + cells;
-    c->s1 = buf + 2 * cells;
-    c->s2 = c->s1 + w;
-    nt__rows_each(&R, w, fn, c);
-    g_free(buf);
+    row_par p = {.R = &R, .base = c, .fn = fn};
+    p.w = nt__rows_width(&R, R.n, ROW_TILE);
+    p.cells = (size_t)(R.n > 0 ? R.n : 1) * (size_t)p.w;
+    p.G = nt__rows_groups(&R, p.w);
+    int nb = nt__rows_blocks(&R, p.w, &p.per);
+    nt__par_blocks(nb, row_block, &p, nb >= 2);
+    if (AO_load(&p.fail))
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a %zu-float row buffer",
+                        2 * p.cells);
     return 0;
 }
 

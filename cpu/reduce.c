@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "core/ewise.h"
+#include "core/gemm.h"
 #include "core/reduce.h"
 
 /* ---------------- rows ---------------- */
@@ -43,25 +44,68 @@ void nt__rows_init(nt__rows *R, const nt_tensor *t, int d, bool same_shape)
     R->tile = R->C > 1 && R->n > 1 && R->sc < R->sn;
 }
 
-void nt__rows_each(const nt__rows *R, int64_t wmax, nt__rows_fn fn, void *ctx)
+/* Groups per batch index, and in all (0: nothing to walk). */
+static int64_t groups_per(const nt__rows *R, int64_t wmax)
+{
+    return (R->C + wmax - 1) / wmax;
+}
+
+int64_t nt__rows_groups(const nt__rows *R, int64_t wmax)
 {
     if (R->C == 0)
-        return;
-    for (int i = 0; i < R->nouter; i++)
-        if (R->oshape[i] == 0)
-            return;
+        return 0;
     if (!R->tile || wmax < 1)
         wmax = 1;
-    int64_t idx[NT_MAX_DIMS] = {0};
-    do {
+    int64_t g = groups_per(R, wmax);
+    for (int i = 0; i < R->nouter; i++)
+        g *= R->oshape[i];
+    return g;
+}
+
+void nt__rows_range(const nt__rows *R, int64_t wmax, int64_t g0, int64_t g1, nt__rows_fn fn,
+                    void *ctx)
+{
+    if (g0 >= g1)
+        return;
+    if (!R->tile || wmax < 1)
+        wmax = 1;
+    int64_t per = groups_per(R, wmax);
+    /* the batch index of group g0, row-major over the outer dims */
+    int64_t idx[NT_MAX_DIMS] = {0}, rem = g0 / per, c0 = (g0 % per) * wmax;
+    for (int i = R->nouter - 1; i >= 0; i--) {
+        idx[i] = rem % R->oshape[i];
+        rem /= R->oshape[i];
+    }
+    for (int64_t g = g0; g < g1;) {
         int64_t oi = 0, oo = 0;
         for (int i = 0; i < R->nouter; i++)
             oi += idx[i] * R->osi[i], oo += idx[i] * R->oso[i];
-        for (int64_t c0 = 0; c0 < R->C; c0 += wmax) {
+        for (; c0 < R->C && g < g1; c0 += wmax, g++) {
             int64_t w = R->C - c0 < wmax ? R->C - c0 : wmax;
             fn(R, ctx, R->x + (oi + c0 * R->sc) * R->es, oo + c0 * R->oc, w);
         }
-    } while (nt__idx_next(idx, R->nouter, R->oshape));
+        c0 = 0;
+        nt__idx_next(idx, R->nouter, R->oshape);
+    }
+}
+
+void nt__rows_each(const nt__rows *R, int64_t wmax, nt__rows_fn fn, void *ctx)
+{
+    nt__rows_range(R, wmax, 0, nt__rows_groups(R, wmax), fn, ctx);
+}
+
+int nt__rows_blocks(const nt__rows *R, int64_t wmax, int64_t *per_block)
+{
+    int64_t G = nt__rows_groups(R, wmax);
+    if (G == 0)
+        return 0;
+    int64_t w = R->tile && wmax > 1 ? (wmax < R->C ? wmax : R->C) : 1;
+    int64_t elems = G * w * (R->n > 0 ? R->n : 1); /* about: the last group may be narrower */
+    int64_t nb = elems / NT_ROWS_BLOCK_ELEMS;
+    nb = nb < 1 ? 1 : nb > NT_ROWS_MAX_BLOCKS ? NT_ROWS_MAX_BLOCKS : nb;
+    nb = nb < G ? nb : G;
+    *per_block = (G + nb - 1) / nb;
+    return (int)((G + *per_block - 1) / *per_block);
 }
 
 void nt__rows_load_f32(const nt__rows *R, const char *x, int64_t k0, int64_t m, int64_t w,
@@ -360,6 +404,32 @@ static void red_group(const nt__rows *R, void *ctx, const char *x, int64_t oo, i
     acc_store(c, oo, R->oc, w);
 }
 
+/* Blocks of groups (nt__rows_blocks), each with its own accumulators and
+ * tile. */
+typedef struct red_par {
+    const nt__rows *R;
+    const red *base;
+    int64_t w, G, per;
+    size_t cells;       /* floats of a block's tile (0: direct, none) */
+    volatile AO_t fail; /* a block had no memory for its tile */
+} red_par;
+
+static void red_block(void *arg, int b)
+{
+    red_par *p = arg;
+    red c = *p->base;
+    void *buf = NULL;
+    if (p->cells && !(buf = g_try_malloc(p->cells * 4))) {
+        AO_store(&p->fail, 1);
+        return;
+    }
+    c.T = buf;
+    c.Ti = buf;
+    int64_t g0 = (int64_t)b * p->per, g1 = g0 + p->per < p->G ? g0 + p->per : p->G;
+    nt__rows_range(p->R, p->w, g0, g1, red_group, &c);
+    g_free(buf);
+}
+
 static int reduce_kernel(const nt__rec *r)
 {
     const nt_tensor *t = r->in[0], *o = r->out[0];
@@ -404,22 +474,19 @@ static int reduce_kernel(const nt__rec *r)
      * at a time, instead of copying a tile of them first. */
     c.direct = R.tile && R.sc == 1 && R.dt == NT_F32 && !c.ints && c.rop == NT_RED_SUM &&
                c.pre == NT_RED_PRE_NONE;
-    if (c.direct) {
-        nt__rows_each(&R, RED_W, red_group, &c);
-        return 0;
+    red_par p = {.R = &R, .base = &c, .w = RED_W};
+    if (!c.direct) {
+        int64_t m = R.n < NT_RED_BLOCK ? R.n : NT_RED_BLOCK;
+        int64_t w = nt__rows_width(&R, m, RED_TILE);
+        p.w = w < RED_W ? w : RED_W;
+        p.cells = (size_t)(m > 0 ? m : 1) * (size_t)p.w;
     }
-    int64_t m = R.n < NT_RED_BLOCK ? R.n : NT_RED_BLOCK;
-    int64_t w = nt__rows_width(&R, m, RED_TILE);
-    w = w < RED_W ? w : RED_W;
-    size_t cells = (size_t)(m > 0 ? m : 1) * (size_t)w;
-    void *buf = g_try_malloc(cells * 4);
-    if (!buf)
+    p.G = nt__rows_groups(&R, p.w);
+    int nb = nt__rows_blocks(&R, p.w, &p.per);
+    nt__par_blocks(nb, red_block, &p, nb >= 2);
+    if (AO_load(&p.fail))
         return nt__kerr(NT_EHOSTMEM, "out of host memory for a %zu-byte reduction tile",
-                        cells * 4);
-    c.T = buf;
-    c.Ti = buf;
-    nt__rows_each(&R, w, red_group, &c);
-    g_free(buf);
+                        p.cells * 4);
     return 0;
 }
 

@@ -32,6 +32,21 @@ typedef void (*nt__rows_fn)(const nt__rows *R, void *ctx, const char *x, int64_t
 /* Calls fn for every group, in batch row-major order, groups of at most
  * wmax rows.  Does nothing when the batch is empty. */
 void nt__rows_each(const nt__rows *R, int64_t wmax, nt__rows_fn fn, void *ctx);
+/* The groups nt__rows_each walks, numbered in its order: how many, and fn
+ * for groups [g0, g1) only.  Groups are independent (each writes its own
+ * outputs), so kernels split them into blocks that the calling thread and
+ * the pool's helper run (nt__par_blocks): which thread runs a group never
+ * changes its bits. */
+int64_t nt__rows_groups(const nt__rows *R, int64_t wmax);
+void nt__rows_range(const nt__rows *R, int64_t wmax, int64_t g0, int64_t g1, nt__rows_fn fn,
+                    void *ctx);
+/* Blocks of about NT_ROWS_BLOCK_ELEMS elements (at most NT_ROWS_MAX_BLOCKS,
+ * whole groups): returns how many (0 for no groups; 1: not worth a second
+ * thread) and sets *per_block, the groups in each (the last may have
+ * fewer). */
+#define NT_ROWS_BLOCK_ELEMS (32 * 1024)
+#define NT_ROWS_MAX_BLOCKS 16
+int nt__rows_blocks(const nt__rows *R, int64_t wmax, int64_t *per_block);
 
 /* Elements k0 .. k0+m-1 of the group's w rows into T[k * w + j] (f32,
  * exact widening) or i32. */

@@ -26,6 +26,7 @@
 #include "core/dtype.h"
 #include "core/ewise.h"
 #include "core/gemm.h"
+#include "core/reduce.h"
 
 static const char *const levels[] = {"scalar", "avx2", "avx512"};
 #define NLEVELS 3
@@ -415,6 +416,148 @@ static void test_ktile_rowa_each_level_and_thread_count(void **state)
     assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
 }
 
+/* The row kernels split into blocks of whole rows that two threads share
+ * (cpu/reduce.c, cpu/nn.c: nt__rows_range): sums over each dim, max over
+ * dim 1, softmax over each dim (dim 0: the tiled path), layer_norm and
+ * cross-entropy against their definitions computed here row by row with the
+ * canonical reductions of core/reduce.h, at one and two threads.  Ordinary
+ * values with a few specials in chosen rows and columns: a NaN (row 3,
+ * column 5), +Inf (row 8), a column and a row of -0 (the sums of -0 are
+ * +0: the canonical sum starts from +0); NaNs compare as stored
+ * (canonical). */
+#define RR 300
+#define RC 517
+static float *col_of(const float *x, int64_t j, float *tmp)
+{
+    for (int64_t i = 0; i < RR; i++)
+        tmp[i] = x[i * RC + j];
+    return tmp;
+}
+
+static void test_row_kernels_split_match_definitions(void **state)
+{
+    (void)state;
+    const int64_t n = RR * RC;
+    float *x = malloc((size_t)n * 4), *w = malloc(RC * 4), *b = malloc(RC * 4);
+    float *ref = malloc((size_t)n * 4), *got = malloc((size_t)n * 4), *tmp = malloc(RR * 4);
+    float *u = malloc((size_t)RC * 4);
+    int32_t *lab = malloc(RR * 4);
+    assert_true(x && w && b && ref && got && tmp && u && lab);
+    uint64_t st = 77;
+    for (int64_t i = 0; i < n; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((double)(st >> 40) / (double)(1u << 24) - 0.5) * 12.0f;
+    }
+    for (int64_t i = 0; i < RR; i++) {
+        x[i * RC + 9] = -0.0f; /* a column of -0 */
+        lab[i] = (int32_t)((i * 37) % RC);
+    }
+    for (int64_t j = 0; j < RC; j++) {
+        x[11 * RC + j] = -0.0f; /* a row of -0 */
+        w[j] = 0.5f + (float)j / 300.0f;
+        b[j] = (float)(j % 7) - 3.0f;
+    }
+    x[3 * RC + 5] = NAN;
+    x[8 * RC + 100] = INFINITY;
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    static const char *const threads[] = {"1", "2"};
+    for (int t = 0; t < 2; t++) {
+        assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[t]), 0);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *tx = nt_from_host(x, NT_F32, 2, (int64_t[]){RR, RC});
+        nt_tensor *tw = nt_from_host(w, NT_F32, 1, (int64_t[]){RC});
+        nt_tensor *tb = nt_from_host(b, NT_F32, 1, (int64_t[]){RC});
+        nt_tensor *tl = nt_from_host(lab, NT_I32, 1, (int64_t[]){RR});
+        for (int k = 0; k < 7; k++) {
+            nt_tensor *y = NULL;
+            int64_t m = 0;
+            switch (k) {
+            case 0: /* sum over dim 0: the direct column path */
+                y = nt_sum(tx, 0, false), m = RC;
+                for (int64_t j = 0; j < RC; j++)
+                    ref[j] = nt__red_sum_f32(x + j, RR, RC);
+                break;
+            case 1:
+                y = nt_sum(tx, 1, false), m = RR;
+                for (int64_t i = 0; i < RR; i++)
+                    ref[i] = nt__red_sum_f32(x + i * RC, RC, 1);
+                break;
+            case 2: /* max over dim 0: the tiled path */
+                y = nt_max(tx, 0, false), m = RC;
+                for (int64_t j = 0; j < RC; j++)
+                    ref[j] = nt__red_max_f32(col_of(x, j, tmp), RR, 1);
+                break;
+            case 3:
+            case 4: { /* softmax over dim 1, then dim 0 (tiled) */
+                int d = k == 3 ? 1 : 0;
+                y = nt_softmax(tx, d), m = n;
+                int64_t rows = d ? RR : RC, len = d ? RC : RR;
+                for (int64_t r = 0; r < rows; r++) {
+                    for (int64_t e = 0; e < len; e++)
+                        u[e] = d ? x[r * RC + e] : x[e * RC + r];
+                    float mx = nt__red_max_f32(u, len, 1);
+                    for (int64_t e = 0; e < len; e++)
+                        u[e] = nt__ew_exp(nt__ew_sub(u[e], mx));
+                    float sm = nt__red_sum_f32(u, len, 1);
+                    for (int64_t e = 0; e < len; e++)
+                        ref[d ? r * RC + e : e * RC + r] = nt__ew_div(u[e], sm);
+                }
+                break;
+            }
+            case 5:
+                y = nt_layer_norm(tx, tw, tb, 1e-5), m = n;
+                for (int64_t i = 0; i < RR; i++) {
+                    const float *xr = x + i * RC;
+                    float mean = nt__red_sum_f32(xr, RC, 1) / (float)RC;
+                    for (int64_t j = 0; j < RC; j++)
+                        u[j] = xr[j] - mean;
+                    float *sq = ref + i * RC; /* d * d, then the output */
+                    for (int64_t j = 0; j < RC; j++)
+                        sq[j] = u[j] * u[j];
+                    float r = nt__ew_rsqrt(nt__red_sum_f32(sq, RC, 1) / (float)RC + 1e-5f);
+                    for (int64_t j = 0; j < RC; j++)
+                        sq[j] = u[j] * r * w[j] + b[j];
+                }
+                break;
+            case 6: { /* mean nll over rows: row 3's NaN makes it NaN, so rows 12.. */
+                nt_tensor *xs = nt_slice(tx, 0, 12, RR, 1), *ls = nt_slice(tl, 0, 12, RR, 1);
+                y = nt_cross_entropy(xs, ls), m = 1;
+                for (int64_t i = 12; i < RR; i++) {
+                    const float *xr = x + i * RC;
+                    float mx = nt__red_max_f32(xr, RC, 1);
+                    for (int64_t j = 0; j < RC; j++)
+                        u[j] = nt__ew_exp(xr[j] - mx);
+                    float lse = nt__ew_log(nt__red_sum_f32(u, RC, 1));
+                    tmp[i - 12] = -((xr[lab[i]] - mx) - lse);
+                }
+                ref[0] = nt__red_sum_f32(tmp, RR - 12, 1) / (float)(RR - 12);
+                break;
+            }
+            }
+            assert_non_null(y);
+            assert_int_equal(nt_to_host(y, got, (size_t)m * 4), 0);
+            for (int64_t i = 0; i < m; i++)
+                ref[i] = nt__canon(ref[i]); /* stored NaNs are canonical */
+            int64_t d = first_diff(got, ref, m);
+            if (d >= 0)
+                fail_msg("row kernel %d, %s thread(s): element %lld: %08x, definition %08x", k,
+                         threads[t], (long long)d, fbits(got[d]), fbits(ref[d]));
+        }
+        if (t == 0) { /* the specials did what the header says */
+            nt_tensor *s0 = nt_sum(tx, 0, false), *s1 = nt_sum(tx, 1, false);
+            float v0[RC], v1[RR];
+            assert_int_equal(nt_to_host(s0, v0, sizeof v0), 0);
+            assert_int_equal(nt_to_host(s1, v1, sizeof v1), 0);
+            assert_int_equal(fbits(v1[11]), 0u); /* -0s sum to +0 */
+            assert_true(isnan(v0[5]) && isnan(v1[3]) && isinf(v1[8]));
+        }
+        nt_scope_end(sc);
+    }
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    free(x), free(w), free(b), free(ref), free(got), free(tmp), free(u), free(lab);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -427,6 +570,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ktile_rowa_each_level_and_thread_count,
                                         nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fill_values, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_row_kernels_split_match_definitions, nt_test_setup,
+                                        nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
