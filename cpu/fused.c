@@ -867,8 +867,25 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
                 at[v] = (float *)ov[direct[v]].data + offset_of(&ov[direct[v]], idx, nd);
         if (prev >= 0)
             load(at[prev], pre, offset_of(pre, idx, nd), nd ? pre->stride[nd - 1] : 1, n);
+        /* the next chunk of each input read in place, a slice before each
+         * op: the hardware streamer, trained by one burst of reads per
+         * chunk, left the chunk's first reader waiting on memory; all the
+         * prefetches at once measured slower (they wait for fill buffers) */
+        const char *pf[NT_F_MAXEXT];
+        int npf = 0;
+        if (pos + n < hi)
+            for (int e = 0; e < P->next; e++)
+                if (ev[e].dt == NT_F32 && (nd ? ev[e].stride[nd - 1] : 1) == 1)
+                    pf[npf++] = (const char *)((const float *)ev[e].data +
+                                               offset_of(&ev[e], idx, nd) + n);
+        const int64_t pf_lines = (n * (int64_t)sizeof(float) + 63) / 64;
+        const int64_t pf_per = (pf_lines + (P->nops - from) - 1) / (P->nops - from);
         for (int k = from; k < P->nops; k++) {
             const nt__fop *o = &P->ops[k];
+            for (int e = 0; e < npf; e++)
+                for (int64_t b = (k - from) * pf_per; b < (k - from + 1) * pf_per && b < pf_lines;
+                     b++)
+                    __builtin_prefetch(pf[e] + 64 * b, 0, 3);
             opnd a[3];
             for (int q = 0; q < o->nin; q++) {
                 int sl = o->a[q];
