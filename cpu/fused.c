@@ -713,8 +713,8 @@ static int plan_regs(const nt__fprog *P, int from, int prev, int8_t *reg)
  * the canonical ones' bits.  So a reader's result is NaN exactly where it
  * would be with canonical operands, and the same bits elsewhere: by
  * induction along the chain, the first op that canonicalises (a stored
- * value, or one read by any other op) gives the unfused bits.  Saves a
- * third of an f32 chain's vector work (bench/fusion). */
+ * value, or one read by any other op) gives the unfused bits.  The 8-op
+ * chain of bench/fusion: 13% less CPU time. */
 static bool nan_through(const nt__fop *o)
 {
     switch (o->op) {

@@ -1722,7 +1722,7 @@ static void nan_ew_prog(nt_tensor *x, nt_tensor *z, nt_tensor **out)
     nt_tensor *d = nt_sub(c, z); /* read by relu and by add below */
     nt_tensor *g = nt_exp(nt_neg(nt_relu(d)));
     out[0] = nt_keep(nt_div(nt_mul(g, z), z));
-    out[1] = nt_keep(nt_abs(nt_mul(x, z))); /* a loose product? no: abs reads it */
+    out[1] = nt_keep(nt_abs(nt_mul(x, z))); /* abs is not in the list: x * z canonical */
     out[2] = nt_keep(nt_cast(nt_add(d, x), NT_BF16));
     nt_scope_end(s);
 }
