@@ -1705,6 +1705,143 @@ static void test_fused_regs_bitwise(void **state)
     fused_regs_case(700, 3001);
 }
 
+/* NaNs canonicalised once (cpu/fused.c plan_canon): values read only by
+ * NaN-propagating ops keep whatever NaN their op made (a payload passed
+ * through, x86's negative default NaN from inf - inf, 0 * inf, 0 / 0) and
+ * only the first canonicalising reader makes it 0x7fc00000.  Every op of
+ * that kind in a chain (add, sub, mul, div, x * s, x + s, neg, relu, exp),
+ * a loose value read by ops of both kinds, and softmax as primitives, on
+ * inputs with NaNs of both signs, quiet and signalling, with payloads, in
+ * every lane position, and infinities and zeros against each other: fused
+ * == eager, bit for bit, at every ISA level and thread count, and every
+ * NaN stored is the canonical one. */
+static void nan_ew_prog(nt_tensor *x, nt_tensor *z, nt_tensor **out)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *c = nt_mul(nt_add_scalar(nt_mul_scalar(x, 1.5), 0.25), x);
+    nt_tensor *d = nt_sub(c, z); /* read by relu and by add below */
+    nt_tensor *g = nt_exp(nt_neg(nt_relu(d)));
+    out[0] = nt_keep(nt_div(nt_mul(g, z), z));
+    out[1] = nt_keep(nt_abs(nt_mul(x, z))); /* abs is not in the list: x * z canonical */
+    out[2] = nt_keep(nt_cast(nt_add(d, x), NT_BF16));
+    nt_scope_end(s);
+}
+
+static void nan_row_prog(nt_tensor *x, nt_tensor **out)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *e = nt_exp(nt_sub(x, nt_max(x, -1, true)));
+    out[0] = nt_keep(nt_div(e, nt_sum(e, -1, true)));
+    out[1] = NULL;
+    out[2] = NULL;
+    nt_scope_end(s);
+}
+
+static void test_fused_nan_bitwise(void **state)
+{
+    (void)state;
+    const int64_t R = 48, C = 1031;
+    const size_t n = (size_t)(R * C);
+    static const uint32_t nans[8] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u,
+                                     0x7fc12345u, 0xffd00001u, 0x7fbfffffu, 0xffffffffu};
+    float *xv = malloc(n * 4), *zv = malloc(n * 4);
+    rng r = {777};
+    for (size_t i = 0; i < n; i++) {
+        int64_t row = (int64_t)i / C;
+        float *v[2] = {&xv[i], &zv[i]};
+        for (int t = 0; t < 2; t++) {
+            /* kind by i mod 5 (5 and 16 coprime: every lane sees every
+             * kind); z's shifted against x's, so inf meets 0 and inf */
+            size_t k = (i + 2 * (size_t)t) % 5, w = (i / 5 + (size_t)t) % 8;
+            uint32_t u;
+            if (row % 4 == 0 || k >= 3) /* some rows without NaN: softmax's finite rows */
+                *v[t] = (float)((runi(&r) - 0.5) * 8.0);
+            else if (k == 0)
+                u = nans[w], memcpy(v[t], &u, 4);
+            else if (k == 1)
+                *v[t] = w % 2 ? -INFINITY : INFINITY;
+            else
+                *v[t] = w % 2 ? -0.0f : 0.0f;
+        }
+    }
+    nt_tensor *x = nt_from_host(xv, NT_F32, 2, (int64_t[]){R, C});
+    nt_tensor *z = nt_from_host(zv, NT_F32, 2, (int64_t[]){R, C});
+    const size_t sz[2][3] = {{n * 4, n * 4, n * 2}, {n * 4, 0, 0}};
+    char *ref[2][3], *got = malloc(n * 4);
+    nt_tensor *o[3];
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    for (int p = 0; p < 2; p++) {
+        if (p == 0)
+            nan_ew_prog(x, z, o);
+        else
+            nan_row_prog(x, o);
+        for (int k = 0; k < 3; k++) {
+            ref[p][k] = NULL;
+            if (!o[k])
+                continue;
+            ref[p][k] = malloc(sz[p][k]);
+            assert_int_equal(nt_to_host(o[k], ref[p][k], sz[p][k]), 0);
+            nt_release(o[k]);
+        }
+    }
+    /* the reference's NaNs are canonical and there are some of each width */
+    size_t nan32 = 0, nan16 = 0;
+    for (int p = 0; p < 2; p++)
+        for (int k = 0; k < 3; k++)
+            for (size_t i = 0; ref[p][k] && i < sz[p][k] / (k == 2 ? 2 : 4); i++) {
+                if (k == 2) {
+                    uint16_t h;
+                    memcpy(&h, ref[p][k] + 2 * i, 2);
+                    if ((h & 0x7fffu) > 0x7f80u)
+                        assert_int_equal(h, 0x7fc0u), nan16++;
+                } else {
+                    uint32_t u;
+                    memcpy(&u, ref[p][k] + 4 * i, 4);
+                    if ((u & 0x7fffffffu) > 0x7f800000u)
+                        assert_int_equal(u, 0x7fc00000u), nan32++;
+                }
+            }
+    assert_true(nan32 > n / 4 && nan16 > n / 8);
+    const char *levels[] = {"scalar", "avx2", "avx512"}, *threads[] = {"1", "2"};
+    int ran = 0;
+    for (int l = 0; l < 3; l++)
+        for (int t = 0; t < 2; t++) {
+            if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+                continue; /* this CPU does not run it */
+            assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[t]), 0);
+            ran++;
+            assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+            for (int p = 0; p < 2; p++) {
+                nt_stats_reset();
+                if (p == 0)
+                    nan_ew_prog(x, z, o);
+                else
+                    nan_row_prog(x, o);
+                for (int k = 0; k < 3; k++) {
+                    if (!o[k])
+                        continue;
+                    assert_int_equal(nt_to_host(o[k], got, sz[p][k]), 0);
+                    nt_release(o[k]);
+                    if (memcmp(got, ref[p][k], sz[p][k]))
+                        fail_msg("%s output %d differs at %s, %s thread(s)", p ? "ROW" : "EW", k,
+                                 levels[l], threads[t]);
+                }
+                nt_stats st;
+                nt_stats_get(&st);
+                assert_true(st.fusion_groups >= 1 && st.fused_values_elided >= 3);
+            }
+        }
+    assert_true(ran >= 2);
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+    nt_release(x), nt_release(z);
+    for (int p = 0; p < 2; p++)
+        for (int k = 0; k < 3; k++)
+            free(ref[p][k]);
+    free(xv), free(zv), free(got);
+}
+
 /* A row group that turns an op away for SBUF capacity (three full rows of
  * 16384 f32 exceed 160 KiB): the values the turned-away op reads must still
  * be written for the next kernel.  The planner counted the op's reads before
@@ -2031,6 +2168,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_subnormal_f64_route, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_subnormal_fused_isa, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_regs_bitwise, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_fused_nan_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_capacity_cut_keeps_read_values, setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_softmax_primitives_one_row_kernel, setup, nt_test_teardown),
