@@ -75,13 +75,45 @@ static void naive(int M, int N, int K, const float *A, int lda, const float *B, 
         }
 }
 
-/* The typed product's reference: naive's f32 result, its bf16 rounding
- * (what a bf16 output holds) and NaNs made canonical, as the GEMM stores
- * them.  ref and refh hold M rows of ldc. */
-static void naive_typed(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                        float *ref, uint16_t *refh, int ldc)
+/* The definition of bf16 x bf16 products (core/gemm.h), one element at a
+ * time, nothing shared with core/: per K-tile of 128, s = +0, then per
+ * chunk of 16 k (the tile's last may be shorter) t = +0, t = fma(a, b, t)
+ * over the chunk, s = s + t; C = C + s across tiles.  acc: C's own value
+ * first (else the first tile's s). */
+static void naive_bf16_acc(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                           float *C, int ldc, bool acc)
 {
-    naive(M, N, K, A, lda, B, ldb, ref, ldc);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float c = acc ? C[(long)i * ldc + j] : 0.0f;
+            for (int k0 = 0; k0 < K || k0 == 0; k0 += 128) {
+                float s = 0.0f;
+                for (int c0 = k0; c0 < K && c0 < k0 + 128; c0 += 16) {
+                    float t = 0.0f;
+                    for (int k = c0; k < K && k < c0 + 16; k++)
+                        t = fmaf(A[(long)k * lda + i], B[(long)k * ldb + j], t);
+                    s = s + t;
+                }
+                c = k0 == 0 && !acc ? s : c + s;
+            }
+            C[(long)i * ldc + j] = c;
+        }
+}
+
+static void naive_bf16(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                       float *C, int ldc)
+{
+    naive_bf16_acc(M, N, K, A, lda, B, ldb, C, ldc, false);
+}
+
+/* The typed product's reference: naive's f32 result (naive_bf16's for
+ * bf16 x bf16, bb), its bf16 rounding (what a bf16 output holds) and NaNs
+ * made canonical, as the GEMM stores them.  ref and refh hold M rows of
+ * ldc. */
+static void naive_typed(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                        float *ref, uint16_t *refh, int ldc, bool bb)
+{
+    (bb ? naive_bf16 : naive)(M, N, K, A, lda, B, ldb, ref, ldc);
     for (int i = 0; i < M; i++)
         nt__st_f32((char *)(refh + (long)i * ldc), NT_BF16, 1, ref + (long)i * ldc, N);
     for (size_t i = 0; i < (size_t)M * ldc; i++)
@@ -365,9 +397,10 @@ static void test_typed_every_level(void **state)
                 Bth[(long)j * ldt + k] = k < K ? Bh[(long)k * ldb + j] : 0x7fc1;
                 Bt[(long)j * ldt + k] = nt__bf16_to_f32(Bth[(long)j * ldt + k]);
             }
-        float *ref = malloc(4 * nc), *got = malloc(4 * nc);
-        uint16_t *refh = malloc(2 * nc), *goth = malloc(2 * nc);
-        naive_typed(M, N, K, A, lda, B, ldb, ref, refh, ldc);
+        float *ref2 = malloc(4 * nc), *refb = malloc(4 * nc), *got = malloc(4 * nc);
+        uint16_t *refh2 = malloc(2 * nc), *refbh = malloc(2 * nc), *goth = malloc(2 * nc);
+        naive_typed(M, N, K, A, lda, B, ldb, ref2, refh2, ldc, false);
+        naive_typed(M, N, K, A, lda, B, ldb, refb, refbh, ldc, true); /* bf16 x bf16 */
         for (int isa = 0; isa <= best; isa++)
             for (int th = 1; th <= 2; th++)
                 for (int lay = 0; lay < 16; lay++) {
@@ -386,6 +419,8 @@ static void test_typed_every_level(void **state)
                                             b16 ? NT_BF16 : NT_F32, got, ldc,
                                             o16 ? (void *)goth : NULL, o16 ? NT_BF16 : NT_F32);
                     assert_int_equal(rc, 0);
+                    const float *ref = a16 && b16 ? refb : ref2;
+                    const uint16_t *refh = a16 && b16 ? refbh : refh2;
                     int bad = typed_rows_differ(M, N, ldc, o16, got, ref, goth, refh);
                     if (bad)
                         print_message("# gemm_typed %dx%dx%d A %s %s, B %s %s, out %s, %s, %d "
@@ -395,23 +430,28 @@ static void test_typed_every_level(void **state)
                                       o16 ? "bf16" : "f32", nt__gemm_isa_label(isa), th, bad);
                     assert_int_equal(bad, 0);
                 }
-        /* no memory for the panels: -1, nothing written; a dtype it does
+        /* no memory for the f32 path's panels: -1, nothing written (bf16 x
+         * bf16 products have their own path: still done); a dtype it does
          * not take: -1 */
         if (K > 0) {
             nt__gemm_set_panel_cap(1);
             memset(goth, 0x55, 2 * nc);
-            assert_int_equal(nt__gemm_typed(M, N, K, Ah, lda, false, NT_BF16, Bh, ldb, false,
+            assert_int_equal(nt__gemm_typed(M, N, K, A, lda, false, NT_F32, Bh, ldb, false,
                                             NT_BF16, got, ldc, goth, NT_BF16),
                              -1);
             for (size_t i = 0; i < nc; i++)
                 assert_int_equal(goth[i], 0x5555);
+            assert_int_equal(nt__gemm_typed(M, N, K, Ah, lda, false, NT_BF16, Bh, ldb, false,
+                                            NT_BF16, got, ldc, goth, NT_BF16),
+                             0);
+            assert_int_equal(typed_rows_differ(M, N, ldc, true, got, refb, goth, refbh), 0);
             nt__gemm_set_panel_cap(0);
         }
         assert_int_equal(nt__gemm_typed(M, N, K, Ah, lda, false, NT_F16, Bh, ldb, false, NT_BF16,
                                         got, ldc, goth, NT_BF16),
                          -1);
         free(A), free(B), free(Ah), free(Bh), free(Arh), free(Bth), free(Ar), free(Bt);
-        free(ref), free(got), free(refh), free(goth);
+        free(ref2), free(refb), free(got), free(refh2), free(refbh), free(goth);
     }
     nt__gemm_set_isa(-1);
     nt__gemm_set_threads(0);
@@ -455,21 +495,29 @@ static void test_matmul_bf16(void **state)
                 vb[t] = lay == 1 ? nt_transpose(src[t][1], 0, 1) : nt_retain(src[t][1]);
             }
             nt__gemm_set_panel_cap(cap ? 16 : 0);
-            nt_tensor *yf = nt_matmul(va[0], vb[0]); /* f32 product of the widened values */
             nt_tensor *yh = nt_matmul(va[1], vb[1]); /* bf16 product */
             nt_tensor *yhf = nt_cast(yh, NT_F32);
-            nt_tensor *yfh = nt_cast(nt_cast(yf, NT_BF16), NT_F32);
             assert_non_null(yhf);
-            assert_non_null(yfh);
-            assert_int_equal(nt_to_host(yfh, want, 4 * n), 0);
             assert_int_equal(nt_to_host(yhf, got, 4 * n), 0);
+            /* the reference: the bf16 definition on the widened values
+             * (contiguous copies of the views: A^T [K, M], B [K, N]) */
+            nt_tensor *vt = nt_transpose(va[0], 0, 1), *at = nt_contiguous(vt),
+                      *bc = nt_contiguous(vb[0]);
+            float *hat = malloc(4 * (size_t)(K * M)), *hbc = malloc(4 * (size_t)(K * N));
+            assert_int_equal(nt_to_host(at, hat, 4 * (size_t)(K * M)), 0);
+            assert_int_equal(nt_to_host(bc, hbc, 4 * (size_t)(K * N)), 0);
+            naive_bf16((int)M, (int)N, (int)K, hat, (int)M, hbc, (int)N, want, (int)N);
+            for (size_t i = 0; i < n; i++)
+                want[i] = nt__bf16_to_f32(nt__f32_to_bf16(want[i]));
+            free(hat), free(hbc);
+            nt_release(vt), nt_release(at), nt_release(bc);
             nt__gemm_set_panel_cap(0);
             int bad = differ(got, want, n);
             if (bad)
                 print_message("# bf16 nt_matmul, layout %d, panel cap %d: %d elements differ\n",
                               lay, cap, bad);
             assert_int_equal(bad, 0);
-            nt_release(yf), nt_release(yh), nt_release(yhf), nt_release(yfh);
+            nt_release(yh), nt_release(yhf);
             for (int t = 0; t < 2; t++)
                 nt_release(va[t]), nt_release(vb[t]);
             nt_release(fa), nt_release(fb), nt_release(ha), nt_release(hb), nt_release(wa),
@@ -677,10 +725,13 @@ static uint16_t rbf(void)
     return (uint16_t)((r >> 20 & 0x8000) | ((107 + (r >> 8) % 40) << 7) | (r & 0x7f));
 }
 
+/* The products a path took so far (dp_check's *took). */
+static unsigned long (*path_calls)(void) = nt__gemm_dpbf16_calls;
+
 /* nt__gemm_typed on bf16 x bf16 (A K x M, lda; B K x N, ldb; both layouts
- * made here), out f32 or bf16, against the naive recurrence on the widened
+ * made here), out f32 or bf16, against the bf16 definition on the widened
  * values: 0 when every element matches; *took: the call went through the
- * vdpbf16ps path. */
+ * path path_calls counts (vdpbf16ps, or AMX). */
 static int dp_check(int M, int N, int K, const uint16_t *Ah, int lda, const uint16_t *Bh, int ldb,
                     bool rowa, bool bcol, bool o16, bool *took)
 {
@@ -700,14 +751,14 @@ static int dp_check(int M, int N, int K, const uint16_t *Ah, int lda, const uint
             Bt[(long)j * ldt + k] = k < K ? Bh[(long)k * ldb + j] : 0x7fc1;
     float *ref = malloc(4 * nc), *got = malloc(4 * nc);
     uint16_t *refh = malloc(2 * nc), *goth = malloc(2 * nc);
-    naive_typed(M, N, K, A, lda, B, ldb, ref, refh, ldc);
+    naive_typed(M, N, K, A, lda, B, ldb, ref, refh, ldc, true);
     memset(got, 0x55, 4 * nc);
     memset(goth, 0x55, 2 * nc);
-    unsigned long c0 = nt__gemm_dpbf16_calls();
+    unsigned long c0 = path_calls();
     int rc = nt__gemm_typed(M, N, K, rowa ? (const void *)Ar : Ah, rowa ? ldr : lda, rowa, NT_BF16,
                             bcol ? (const void *)Bt : Bh, bcol ? ldt : ldb, bcol, NT_BF16, got,
                             ldc, o16 ? (void *)goth : NULL, o16 ? NT_BF16 : NT_F32);
-    *took = nt__gemm_dpbf16_calls() != c0;
+    *took = path_calls() != c0;
     assert_int_equal(rc, 0);
     int bad = typed_rows_differ(M, N, ldc, o16, got, ref, goth, refh);
     if (bad)
@@ -734,10 +785,12 @@ static void test_dpbf16_shapes(void **state)
 #endif
     /* the self-test passes on every CPU that has the instruction */
     assert_int_equal(nt__gemm_dpbf16_runs(), has);
+    assert_int_equal(nt__gemm_set_amx(0), 0); /* it would take them first */
     assert_int_equal(nt__gemm_set_dpbf16(2), -1);
     assert_int_equal(nt__gemm_set_dpbf16(-2), -1);
     if (!has) {
         assert_int_equal(nt__gemm_set_dpbf16(1), -1);
+        nt__gemm_set_amx(-1);
         return;
     }
     static const int shapes[][3] = {
@@ -784,6 +837,7 @@ static void test_dpbf16_shapes(void **state)
         free(Ah), free(Bh);
     }
     nt__gemm_set_dpbf16(-1);
+    nt__gemm_set_amx(-1);
     nt__gemm_set_threads(0);
     nt__gemm_set_isa(-1);
 }
@@ -795,11 +849,8 @@ static void test_dpbf16_shapes(void **state)
  * Inf, NaN, a product that overflows, sums that could overflow; all give
  * the naive bits.  Ranges just inside the bounds take the path and give
  * them too. */
-static void test_dpbf16_fallback(void **state)
+static void fallback_cases(const char *path)
 {
-    (void)state;
-    if (nt__gemm_set_dpbf16(1) != 0)
-        return; /* this CPU does not run it (test_dpbf16_shapes checks why) */
     const int M = 20, N = 40, K = 131, lda = M, ldb = N;
     uint16_t *Ah = malloc(2 * (size_t)K * lda), *Bh = malloc(2 * (size_t)K * ldb);
     static const struct {
@@ -852,28 +903,25 @@ static void test_dpbf16_fallback(void **state)
                                           &took),
                                  0);
                 if (took != cases[c].takes)
-                    print_message("# dpbf16 with %s (%d): %s\n", cases[c].what, rep,
+                    print_message("# %s with %s (%d): %s\n", path, cases[c].what, rep,
                                   took ? "taken" : "not taken");
                 assert_int_equal(took, cases[c].takes);
             }
         }
     }
-    /* tests that cap the panel memory get the f32 path's answer to it
-     * (-1, nothing written), not this path */
-    for (size_t i = 0; i < (size_t)K * lda; i++)
-        Ah[i] = rbf();
-    for (size_t i = 0; i < (size_t)K * ldb; i++)
-        Bh[i] = rbf();
-    float *C = malloc(4 * (size_t)M * N);
-    unsigned long c0 = nt__gemm_dpbf16_calls();
-    nt__gemm_set_panel_cap(1);
-    assert_int_equal(nt__gemm_typed(M, N, K, Ah, lda, false, NT_BF16, Bh, ldb, false, NT_BF16, C,
-                                    N, NULL, NT_F32),
-                     -1);
-    nt__gemm_set_panel_cap(0);
-    assert_true(nt__gemm_dpbf16_calls() == c0);
-    free(C), free(Ah), free(Bh);
+    free(Ah), free(Bh);
+}
+
+static void test_dpbf16_fallback(void **state)
+{
+    (void)state;
+    if (nt__gemm_set_dpbf16(1) != 0)
+        return; /* this CPU does not run it (test_dpbf16_shapes checks why) */
+    assert_int_equal(nt__gemm_set_amx(0), 0);
+    path_calls = nt__gemm_dpbf16_calls;
+    fallback_cases("dpbf16");
     nt__gemm_set_dpbf16(-1);
+    nt__gemm_set_amx(-1);
 }
 
 /* 20 AdamW steps of the MLP under bf16 autocast on the CPU backend, 1 and
@@ -884,6 +932,7 @@ static void test_dpbf16_train(void **state)
     (void)state;
     if (nt__gemm_set_dpbf16(1) != 0)
         return;
+    assert_int_equal(nt__gemm_set_amx(0), 0);
     const size_t n = 160 * 100 + 160 + 10 * 160 + 10;
     float *first = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
     int runs = 0;
@@ -908,6 +957,7 @@ static void test_dpbf16_train(void **state)
             }
         }
     nt__gemm_set_dpbf16(-1);
+    nt__gemm_set_amx(-1);
     m_threads = "2";
     free(first), free(got);
 }
