@@ -40,6 +40,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ntensor.h"
 
@@ -142,12 +143,14 @@ int nt__gemm_set_amx(int mode);
 unsigned long nt__gemm_amx_calls(void);
 /* Tests only: true makes nt__gemm_bf16 take its plain loop. */
 void nt__gemm_bf16_set_plain(bool on);
-/* Whether AMX and vdpbf16ps give the recurrences' bits on these bf16
- * operands (core/gemm_dpbf16.c: every input finite and normal or zero, no
- * product or partial sum subnormal or overflowing); false where the scan
- * cannot run (no AVX-512BW). */
-bool nt__gemm_bf16_range_ok(int M, int N, int K, const void *A, int lda, bool arow,
-                            const void *B, int ldb, bool bcol);
+/* Whether AMX and vdpbf16ps give the recurrences' bits on a product of
+ * K-tiles of K terms whose A elements are the ar x ac bf16 at A (rows lda
+ * apart) and B's the br x bc at B (core/gemm_dpbf16.c: every input finite
+ * and normal or zero, no product or partial sum subnormal or overflowing;
+ * zeros anywhere in the blocks, pads, change nothing); false where the
+ * scan cannot run (no AVX-512BW). */
+bool nt__gemm_bf16_range_ok(int K, const uint16_t *A, int ar, int ac, long lda, const uint16_t *B,
+                            int br, int bc, long ldb);
 
 /* Tests only: panel buffers of more than n floats fail as if the host had
  * no memory for them (0: no cap), to run the fallback paths. */

@@ -195,6 +195,7 @@ typedef struct bjob {
     const bkern *kn;
     float *Ap, *Bp; /* FMA path: panels [K][mr] / [K][nr] */
     uint32_t *Xa, *Xb; /* AMX path: 16-row tiles of pairs, per chunk */
+    volatile AO_t notbf; /* AMX path: an f32-stored element is not a bf16 value */
     int nch;           /* AMX: chunks of K */
     int npa, npb, nbm, nbn;
 } bjob;
@@ -319,37 +320,55 @@ __attribute__((target(AMX_TARGET))) static void tiles_off(void) { _tile_release(
 #define A_PAD 0x80000000u /* A's partner -0 */
 #define A_NONE 0x80008000u /* past K: -0 with -0: the product is -0 */
 
-/* A tile set b: rows [16 b, 16 b + 16), every chunk: Xa[b][c][16][16]. */
-static void pack_amx_a(const bjob *d, int b)
+/* An element's bf16 bits; f32 storage (widened bf16 values): the high
+ * half, and *low collects what the low halves hold (0 for bf16 values). */
+static inline uint32_t bits16(const void *p, nt_dtype dt, long off, uint32_t *low)
 {
-    const uint16_t *A = d->A;
-    uint32_t *dst = d->Xa + (long)b * d->nch * 256;
+    if (dt == NT_BF16)
+        return ((const uint16_t *)p)[off];
+    uint32_t u;
+    memcpy(&u, (const float *)p + off, 4);
+    *low |= u & 0xffff;
+    return u >> 16;
+}
+
+/* A tile set b: rows [16 b, 16 b + 16), every chunk: Xa[b][c][16][16]. */
+static void pack_amx_a(bjob *d, int b)
+{
+    uint32_t *dst = d->Xa + (long)b * d->nch * 256, low = 0;
     for (int r = 0; r < 16; r++) {
         int i = 16 * b + r;
         for (int k = 0; k < d->nch * CH; k++) {
-            uint32_t v = i >= d->M ? 0 : k >= d->K ? A_NONE : A[aoff(i, k, d->lda, d->arow)] | A_PAD;
+            uint32_t v = i >= d->M   ? 0
+                         : k >= d->K ? A_NONE
+                                     : bits16(d->A, d->adt, aoff(i, k, d->lda, d->arow), &low) | A_PAD;
             dst[(long)(k / CH) * 256 + r * 16 + k % CH] = v;
         }
     }
+    if (low)
+        AO_store(&d->notbf, 1);
 }
 
 /* B tile set b: columns [16 b, 16 b + 16), every chunk: Xb[b][c][16 k][16];
  * B's partner +0, and +0 past K and N. */
-static void pack_amx_b(const bjob *d, int b)
+static void pack_amx_b(bjob *d, int b)
 {
-    const uint16_t *B = d->B;
-    uint32_t *dst = d->Xb + (long)b * d->nch * 256;
+    uint32_t *dst = d->Xb + (long)b * d->nch * 256, low = 0;
     for (int k = 0; k < d->nch * CH; k++)
         for (int q = 0; q < 16; q++) {
             int j = 16 * b + q;
-            uint32_t v = j >= d->N || k >= d->K ? 0 : B[boff(k, j, d->ldb, d->bcol)];
+            uint32_t v = j >= d->N || k >= d->K
+                             ? 0
+                             : bits16(d->B, d->bdt, boff(k, j, d->ldb, d->bcol), &low);
             dst[(long)k * 16 + q] = v;
         }
+    if (low)
+        AO_store(&d->notbf, 1);
 }
 
 static void pack_amx(void *arg, int b)
 {
-    const bjob *d = arg;
+    bjob *d = arg;
     if (b < d->npa)
         pack_amx_a(d, b);
     else
@@ -431,7 +450,7 @@ static bool amx_cpu(void)
     return (lo >> 17 & 3) == 3;
 }
 
-static int amx_run(bjob *d); /* below */
+static int amx_run(bjob *d, bool checked); /* below */
 
 /* At first use: AMX against the scalar definition on products where the
  * order shows (K not a multiple of 16, K < 16, several K-tiles, sums that
@@ -475,7 +494,7 @@ static bool amx_selftest(void)
             bjob p = d;
             p.C = want;
             plain(&p);
-            ok = amx_run(&d) == 0 && memcmp(want, C, sizeof(float) * M * N) == 0;
+            ok = amx_run(&d, true) == 0 && memcmp(want, C, sizeof(float) * M * N) == 0;
             free(want);
         }
     }
@@ -496,9 +515,12 @@ static int amx_state_now(void)
     return (int)st;
 }
 
-/* The AMX product into d (bf16 operands; range already checked).  -1: no
- * memory for the tiles (nothing written). */
-static int amx_run(bjob *d)
+/* The AMX product into d: the operands packed, then (unless the caller
+ * did) checked: every f32-stored element a bf16 value, and the range scan
+ * (nt__gemm_bf16_range_ok) over the packed tiles, whose pads are zeros.
+ * -1: not done (no memory for the tiles, or they fail the checks), C
+ * untouched. */
+static int amx_run(bjob *d, bool checked)
 {
     d->nch = (d->K + CH - 1) / CH;
     d->npa = (d->M + 31) / 32 * 2, d->npb = (d->N + 31) / 32 * 2;
@@ -509,7 +531,15 @@ static int amx_run(bjob *d)
     d->Xa = buf, d->Xb = buf + na;
     d->nbm = (d->M + MC - 1) / MC, d->nbn = (d->N + NC - 1) / NC;
     bool split = (long)d->M * d->N * d->K >= (1L << 20);
+    AO_store(&d->notbf, 0);
     nt__par_blocks(d->npa + d->npb, pack_amx, d, split);
+    if (!checked && (AO_load(&d->notbf) ||
+                     !nt__gemm_bf16_range_ok(d->K, (const uint16_t *)d->Xa, (int)(na / 16), 32,
+                                             32, (const uint16_t *)d->Xb, (int)(nb / 16), 32,
+                                             32))) {
+        free(buf);
+        return -1;
+    }
     nt__par_blocks(d->nbm * d->nbn, block_amx, d, split);
     free(buf);
     return 0;
@@ -564,11 +594,9 @@ int nt__gemm_bf16(int M, int N, int K, const void *A, int lda, bool arow, nt_dty
     int isa = nt__gemm_isa();
 #if NT_BX
     AO_t mode = AO_load_acquire(&amx_mode);
-    if (mode != AMX_OFF && adt == NT_BF16 && bdt == NT_BF16 && isa == NT_ISA_AVX512 &&
-        amx_state_now() == AMX_RUNS &&
-        nt__gemm_bf16_range_ok(M, N, K, A, lda, arow, B, ldb, bcol)) {
+    if (mode != AMX_OFF && isa == NT_ISA_AVX512 && amx_state_now() == AMX_RUNS) {
         bjob x = d;
-        if (amx_run(&x) == 0) {
+        if (amx_run(&x, false) == 0) {
             AO_fetch_and_add1(&amx_calls);
             return 0;
         }

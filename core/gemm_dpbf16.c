@@ -115,20 +115,14 @@ __attribute__((target(DP_TARGET))) static void scan(const uint16_t *p, int rows,
 
 /* Whether the instruction gives the recurrence's bits on these operands
  * (the conditions at the top of the file). */
-static bool safe(int M, int N, int K, const uint16_t *A, int lda, bool arow, const uint16_t *B,
-                 int ldb, bool bcol)
+static bool verdict(int K, const uint16_t *A, int ar, int ac, long lda, const uint16_t *B, int br,
+                    int bc, long ldb)
 {
     if (!nt__gemm_isa_runs(NT_ISA_AVX512) || !__builtin_cpu_supports("avx512bw"))
         return false; /* scan's instructions */
     unsigned alo, ahi, blo, bhi;
-    if (arow)
-        scan(A, M, K, lda, &alo, &ahi);
-    else
-        scan(A, K, M, lda, &alo, &ahi);
-    if (bcol)
-        scan(B, N, K, ldb, &blo, &bhi);
-    else
-        scan(B, K, N, ldb, &blo, &bhi);
+    scan(A, ar, ac, lda, &alo, &ahi);
+    scan(B, br, bc, ldb, &blo, &bhi);
     if (ahi >= 0x7f80 || bhi >= 0x7f80) /* Inf or NaN */
         return false;
     if (alo < 0x80 || blo < 0x80) /* a subnormal input */
@@ -139,6 +133,12 @@ static bool safe(int M, int N, int K, const uint16_t *A, int lda, bool arow, con
     while ((1L << lk) < (long)K)
         lk++;
     return lk + (int)(ahi >> 7) + (int)(bhi >> 7) <= 379;
+}
+
+static bool safe(int M, int N, int K, const uint16_t *A, int lda, bool arow, const uint16_t *B,
+                 int ldb, bool bcol)
+{
+    return verdict(K, A, arow ? M : K, arow ? K : M, lda, B, bcol ? N : K, bcol ? K : N, ldb);
 }
 
 /* ---------------- packing ---------------- */
@@ -461,13 +461,14 @@ static size_t buf_n;
 
 #endif /* NT_DP */
 
-bool nt__gemm_bf16_range_ok(int M, int N, int K, const void *A, int lda, bool arow,
-                            const void *B, int ldb, bool bcol)
+bool nt__gemm_bf16_range_ok(int K, const uint16_t *A, int ar, int ac, long lda, const uint16_t *B,
+                            int br, int bc, long ldb)
 {
 #if NT_DP
-    return M > 0 && N > 0 && K > 0 && safe(M, N, K, A, lda, arow, B, ldb, bcol);
+    return K > 0 && ar > 0 && ac > 0 && br > 0 && bc > 0 &&
+           verdict(K, A, ar, ac, lda, B, br, bc, ldb);
 #else
-    (void)M, (void)N, (void)K, (void)A, (void)lda, (void)arow, (void)B, (void)ldb, (void)bcol;
+    (void)K, (void)A, (void)ar, (void)ac, (void)lda, (void)B, (void)br, (void)bc, (void)ldb;
     return false;
 #endif
 }
