@@ -290,6 +290,36 @@ static void plain(const bjob *d)
         round_out(d, i, i + 1, 0, d->N);
 }
 
+/* One set of panel buffers kept across calls (a fresh one per call would
+ * page-fault it in every time); a call finding it taken (a product on
+ * another thread) allocates its own. */
+static GMutex keep_lock;
+static void *keep;
+static size_t keep_n;
+
+static void *buf_get(size_t n, bool *kept)
+{
+    *kept = g_mutex_trylock(&keep_lock);
+    if (!*kept)
+        return aligned_alloc(64, (n + 63) / 64 * 64);
+    if (keep_n < n) {
+        free(keep);
+        keep = aligned_alloc(64, (n + 63) / 64 * 64);
+        keep_n = keep ? n : 0;
+    }
+    if (!keep)
+        g_mutex_unlock(&keep_lock), *kept = false;
+    return keep;
+}
+
+static void buf_put(void *p, bool kept)
+{
+    if (kept)
+        g_mutex_unlock(&keep_lock);
+    else
+        free(p);
+}
+
 /* ---------------- the AMX path ---------------- */
 
 #if NT_BX
@@ -320,49 +350,99 @@ __attribute__((target(AMX_TARGET))) static void tiles_off(void) { _tile_release(
 #define A_PAD 0x80000000u /* A's partner -0 */
 #define A_NONE 0x80008000u /* past K: -0 with -0: the product is -0 */
 
-/* An element's bf16 bits; f32 storage (widened bf16 values): the high
- * half, and *low collects what the low halves hold (0 for bf16 values). */
-static inline uint32_t bits16(const void *p, nt_dtype dt, long off, uint32_t *low)
+/* 16 elements (n of them real, the rest 0) as u32 bf16 bits: at p (bf16
+ * or f32 storage), unit stride; *low collects the f32 low halves. */
+__attribute__((target(AMX_TARGET))) static inline __m512i ld16(const void *p, nt_dtype dt, long off,
+                                                               int n, __m512i *low)
 {
+    __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1);
     if (dt == NT_BF16)
-        return ((const uint16_t *)p)[off];
-    uint32_t u;
-    memcpy(&u, (const float *)p + off, 4);
-    *low |= u & 0xffff;
-    return u >> 16;
+        return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + off));
+    __m512i v = _mm512_maskz_loadu_epi32(m, (const float *)p + off);
+    *low = _mm512_or_si512(*low, _mm512_and_si512(v, _mm512_set1_epi32(0xffff)));
+    return _mm512_srli_epi32(v, 16);
 }
 
-/* A tile set b: rows [16 b, 16 b + 16), every chunk: Xa[b][c][16][16]. */
-static void pack_amx_a(bjob *d, int b)
+/* r[0..16) transposed in place (16 x 16 dwords). */
+__attribute__((target(AMX_TARGET))) static inline void tr16(__m512i *r)
 {
-    uint32_t *dst = d->Xa + (long)b * d->nch * 256, low = 0;
-    for (int r = 0; r < 16; r++) {
-        int i = 16 * b + r;
-        for (int k = 0; k < d->nch * CH; k++) {
-            uint32_t v = i >= d->M   ? 0
-                         : k >= d->K ? A_NONE
-                                     : bits16(d->A, d->adt, aoff(i, k, d->lda, d->arow), &low) | A_PAD;
-            dst[(long)(k / CH) * 256 + r * 16 + k % CH] = v;
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int g = 0; g < 16; g += 8)
+        for (int c = 0; c < 4; c++) {
+            t[g + c] = _mm512_shuffle_i32x4(u[g + c], u[g + 4 + c], 0x88);
+            t[g + 4 + c] = _mm512_shuffle_i32x4(u[g + c], u[g + 4 + c], 0xdd);
+        }
+    for (int c = 0; c < 8; c++) {
+        r[c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0x88);
+        r[8 + c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0xdd);
+    }
+}
+
+/* A tile set b: rows [16 b, 16 b + 16), every chunk: Xa[b][c][16][16],
+ * 16 x 16 at a time; A's partner -0, A_NONE past K, zeros past M. */
+__attribute__((target(AMX_TARGET))) static void pack_amx_a_vec(bjob *d, int b)
+{
+    uint32_t *dst = d->Xa + (long)b * d->nch * 256;
+    int i0 = 16 * b, mi = d->M - i0 < 16 ? d->M - i0 : 16;
+    __m512i low = _mm512_setzero_si512(), pad = _mm512_set1_epi32((int)A_PAD),
+            none = _mm512_set1_epi32((int)A_NONE), r[16];
+    for (int c = 0; c < d->nch; c++) {
+        int k0 = c * CH, kn = d->K - k0 < 16 ? d->K - k0 : 16;
+        __mmask16 kin = (__mmask16)(kn >= 16 ? 0xffff : (1u << kn) - 1);
+        uint32_t *t = dst + (long)c * 256;
+        if (d->arow) { /* row i: its k contiguous */
+            for (int q = 0; q < 16; q++)
+                r[q] = q < mi ? ld16(d->A, d->adt, (long)(i0 + q) * d->lda + k0, kn, &low)
+                              : _mm512_setzero_si512();
+        } else { /* rows k of A^T: m contiguous, then transposed */
+            for (int q = 0; q < 16; q++)
+                r[q] = q < kn ? ld16(d->A, d->adt, (long)(k0 + q) * d->lda + i0, mi, &low)
+                              : _mm512_setzero_si512();
+            tr16(r);
+        }
+        for (int q = 0; q < 16; q++) {
+            __m512i v = q < mi ? _mm512_mask_or_epi32(none, kin, r[q], pad) : _mm512_setzero_si512();
+            _mm512_store_si512(t + q * 16, v);
         }
     }
-    if (low)
+    if (_mm512_test_epi32_mask(low, low))
         AO_store(&d->notbf, 1);
 }
 
 /* B tile set b: columns [16 b, 16 b + 16), every chunk: Xb[b][c][16 k][16];
  * B's partner +0, and +0 past K and N. */
-static void pack_amx_b(bjob *d, int b)
+__attribute__((target(AMX_TARGET))) static void pack_amx_b_vec(bjob *d, int b)
 {
-    uint32_t *dst = d->Xb + (long)b * d->nch * 256, low = 0;
-    for (int k = 0; k < d->nch * CH; k++)
-        for (int q = 0; q < 16; q++) {
-            int j = 16 * b + q;
-            uint32_t v = j >= d->N || k >= d->K
-                             ? 0
-                             : bits16(d->B, d->bdt, boff(k, j, d->ldb, d->bcol), &low);
-            dst[(long)k * 16 + q] = v;
+    uint32_t *dst = d->Xb + (long)b * d->nch * 256;
+    int j0 = 16 * b, nj = d->N - j0 < 16 ? d->N - j0 : 16;
+    __m512i low = _mm512_setzero_si512(), r[16];
+    for (int c = 0; c < d->nch; c++) {
+        int k0 = c * CH, kn = d->K - k0 < 16 ? d->K - k0 : 16;
+        uint32_t *t = dst + (long)c * 256;
+        if (!d->bcol) { /* row k of B: n contiguous */
+            for (int q = 0; q < 16; q++)
+                r[q] = q < kn ? ld16(d->B, d->bdt, (long)(k0 + q) * d->ldb + j0, nj, &low)
+                              : _mm512_setzero_si512();
+        } else { /* rows j of B^T: k contiguous, then transposed */
+            for (int q = 0; q < 16; q++)
+                r[q] = q < nj ? ld16(d->B, d->bdt, (long)(j0 + q) * d->ldb + k0, kn, &low)
+                              : _mm512_setzero_si512();
+            tr16(r);
         }
-    if (low)
+        for (int q = 0; q < 16; q++)
+            _mm512_store_si512(t + q * 16, r[q]);
+    }
+    if (_mm512_test_epi32_mask(low, low))
         AO_store(&d->notbf, 1);
 }
 
@@ -370,9 +450,9 @@ static void pack_amx(void *arg, int b)
 {
     bjob *d = arg;
     if (b < d->npa)
-        pack_amx_a(d, b);
+        pack_amx_a_vec(d, b);
     else
-        pack_amx_b(d, b - d->npa);
+        pack_amx_b_vec(d, b - d->npa);
 }
 
 /* Tile sets: A 2 i2, 2 i2 + 1 (rows 32 i2 ..), B 2 j2, 2 j2 + 1; chunks
@@ -525,7 +605,8 @@ static int amx_run(bjob *d, bool checked)
     d->nch = (d->K + CH - 1) / CH;
     d->npa = (d->M + 31) / 32 * 2, d->npb = (d->N + 31) / 32 * 2;
     size_t na = (size_t)d->npa * d->nch * 256, nb = (size_t)d->npb * d->nch * 256;
-    uint32_t *buf = aligned_alloc(64, (na + nb) * sizeof(uint32_t));
+    bool kept;
+    uint32_t *buf = buf_get((na + nb) * sizeof(uint32_t), &kept);
     if (!buf)
         return -1;
     d->Xa = buf, d->Xb = buf + na;
@@ -537,11 +618,11 @@ static int amx_run(bjob *d, bool checked)
                      !nt__gemm_bf16_range_ok(d->K, (const uint16_t *)d->Xa, (int)(na / 16), 32,
                                              32, (const uint16_t *)d->Xb, (int)(nb / 16), 32,
                                              32))) {
-        free(buf);
+        buf_put(buf, kept);
         return -1;
     }
     nt__par_blocks(d->nbm * d->nbn, block_amx, d, split);
-    free(buf);
+    buf_put(buf, kept);
     return 0;
 }
 #endif /* NT_BX */
@@ -609,7 +690,8 @@ int nt__gemm_bf16(int M, int N, int K, const void *A, int lda, bool arow, nt_dty
     d.kn = &bkerns[isa];
     d.npa = (M + d.kn->mr - 1) / d.kn->mr, d.npb = (N + d.kn->nr - 1) / d.kn->nr;
     size_t na = (size_t)d.npa * d.kn->mr * (size_t)K, nb = (size_t)d.npb * d.kn->nr * (size_t)K;
-    float *buf = g_try_malloc((na + nb) * sizeof(float));
+    bool kept;
+    float *buf = buf_get((na + nb) * sizeof(float), &kept);
     if (!buf) {
         plain(&d);
         return 0;
@@ -619,6 +701,6 @@ int nt__gemm_bf16(int M, int N, int K, const void *A, int lda, bool arow, nt_dty
     bool split = (long)M * N * K >= (1L << 20);
     nt__par_blocks(d.npa + d.npb, pack_fma, &d, split);
     nt__par_blocks(d.nbm * d.nbn, block_fma, &d, split);
-    g_free(buf);
+    buf_put(buf, kept);
     return 0;
 }
