@@ -126,8 +126,8 @@ unsigned long nt__gemm_dpbf16_calls(void);
  * K): C = (acc ? C : 0) + the K-tiles' sums in ascending order; canon
  * makes C's NaNs canonical (nt__canon); odt other than NT_F32 rounds each
  * block of C (f32, ldc) into out (M x N of odt, rows ldc apart) with
- * nt__st_f32.  On AMX where that gives these bits (bf16-stored operands
- * nt__gemm_bf16_range_ok accepts, AVX-512 level, self-test passed), else
+ * nt__st_f32.  On AMX where that gives these bits (operands whose packed
+ * tiles nt__gemm_bf16_range_ok accepts, AVX-512 level, self-test passed), else
  * on the FMA units at the current ISA level, else (no memory for panels)
  * a plain loop: the same bits.  Returns 0. */
 int nt__gemm_bf16(int M, int N, int K, const void *A, int lda, bool arow, nt_dtype adt,

@@ -200,21 +200,52 @@ typedef struct bjob {
     int npa, npb, nbm, nbn;
 } bjob;
 
-/* Panel b (A panels first, then B's), widened, zeros past M / N. */
+/* n elements from p + off (unit stride) widened into d. */
+static inline void widen(float *d, const void *p, nt_dtype dt, long off, int n)
+{
+    if (dt == NT_BF16) {
+        const uint16_t *h = (const uint16_t *)p + off;
+        for (int i = 0; i < n; i++) {
+            uint32_t u = (uint32_t)h[i] << 16;
+            memcpy(d + i, &u, 4);
+        }
+    } else {
+        memcpy(d, (const float *)p + off, (size_t)n * 4);
+    }
+}
+
+/* Panel b (A panels first, then B's) [K][R], widened, zeros past M / N. */
 static void pack_fma(void *arg, int b)
 {
     const bjob *d = arg;
     bool isa = b < d->npa;
     int R = isa ? d->kn->mr : d->kn->nr, P = isa ? b : b - d->npa;
-    int tot = isa ? d->M : d->N, r0 = P * R;
+    int tot = isa ? d->M : d->N, r0 = P * R, n = tot - r0 < R ? tot - r0 : R;
     float *dst = (isa ? d->Ap : d->Bp) + (long)P * d->K * R;
-    for (int k = 0; k < d->K; k++)
-        for (int r = 0; r < R; r++) {
-            int x = r0 + r;
-            dst[(long)k * R + r] = x >= tot        ? 0.0f
-                                   : isa ? ld(d->A, d->adt, aoff(x, k, d->lda, d->arow))
-                                         : ld(d->B, d->bdt, boff(k, x, d->ldb, d->bcol));
+    const void *src = isa ? d->A : d->B;
+    nt_dtype dt = isa ? d->adt : d->bdt;
+    long ld = isa ? d->lda : d->ldb;
+    if (!(isa ? d->arow : d->bcol)) { /* a row per k, the panel's elements contiguous */
+        for (int k = 0; k < d->K; k++) {
+            widen(dst + (long)k * R, src, dt, (long)k * ld + r0, n);
+            for (int r = n; r < R; r++)
+                dst[(long)k * R + r] = 0.0f;
         }
+        return;
+    }
+    /* a row per element, k contiguous: 64 k of the panel's rows at a time
+     * through a small buffer, then interleaved */
+    float t[32][64];
+    for (int k0 = 0; k0 < d->K; k0 += 64) {
+        int kn = d->K - k0 < 64 ? d->K - k0 : 64;
+        for (int r = 0; r < n; r++)
+            widen(t[r], src, dt, (long)(r0 + r) * ld + k0, kn);
+        for (int r = n; r < R; r++)
+            memset(t[r], 0, sizeof t[r]);
+        for (int k = 0; k < kn; k++)
+            for (int r = 0; r < R; r++)
+                dst[(long)(k0 + k) * R + r] = t[r][k];
+    }
 }
 
 /* C (rows x w of a tile, ldc) from the tile's s: s alone (first), or C + s;
