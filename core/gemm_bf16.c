@@ -515,26 +515,49 @@ __attribute__((target(AMX_TARGET))) static void amx_2x2(const bjob *d, int i2, i
     _tile_stored(3, sc + 16 * 32 + 16, 128);
 }
 
+/* merge for a 32 x 32 block of s (ld 32), rows x w of it: C = s or C + s
+ * (canon never needed here: the range scan excludes NaNs). */
+__attribute__((target(AMX_TARGET))) static void merge32(float *C, int ldc, const float *sc,
+                                                       int rows, int w, bool first)
+{
+    __mmask16 m0 = w >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << w) - 1);
+    __mmask16 m1 = w >= 32 ? (__mmask16)0xffff : w > 16 ? (__mmask16)((1u << (w - 16)) - 1) : 0;
+    for (int r = 0; r < rows; r++) {
+        float *c = C + (long)r * ldc;
+        __m512 v0 = _mm512_load_ps(sc + r * 32), v1 = _mm512_load_ps(sc + r * 32 + 16);
+        if (!first) {
+            v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, c), v0);
+            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, c + 16), v1);
+        }
+        _mm512_mask_storeu_ps(c, m0, v0);
+        _mm512_mask_storeu_ps(c + 16, m1, v1);
+    }
+}
+
 static void block_amx(void *arg, int b)
 {
     const bjob *d = arg;
     int bi = b % d->nbm, bj = b / d->nbm;
     int i0 = bi * MC, i1 = i0 + MC < d->M ? i0 + MC : d->M;
     int j0 = bj * NC, j1 = j0 + NC < d->N ? j0 + NC : d->N;
-    float sc[32 * 32] __attribute__((aligned(64)));
+    float sc[2][32 * 32] __attribute__((aligned(64)));
     tiles_on();
-    for (int k0 = 0; k0 < d->K; k0 += NT_GEMM_KTILE) {
-        int kk = d->K - k0 < NT_GEMM_KTILE ? d->K - k0 : NT_GEMM_KTILE;
-        bool first = k0 == 0 && !d->acc, last = k0 + kk >= d->K;
-        int c0 = k0 / CH, c1 = (k0 + kk + CH - 1) / CH;
-        for (int j = j0; j < j1; j += 32)
-            for (int i = i0; i < i1; i += 32) {
-                amx_2x2(d, i / 32, j / 32, c0, c1, sc);
-                /* the range scan excludes NaNs: canon has nothing to do */
-                merge(d->C + (long)i * d->ldc + j, d->ldc, sc, 32, i1 - i < 32 ? i1 - i : 32,
-                      j1 - j < 32 ? j1 - j : 32, first, last && d->canon);
+    /* K-tiles innermost: the 32 x 32 block of C stays in L1 across them;
+     * each tile's s is added to C after the next one is computed (vector
+     * loads of what the tile store just wrote would wait for it) */
+    for (int j = j0; j < j1; j += 32)
+        for (int i = i0; i < i1; i += 32) {
+            float *c = d->C + (long)i * d->ldc + j;
+            int rows = i1 - i < 32 ? i1 - i : 32, w = j1 - j < 32 ? j1 - j : 32, t = 0;
+            for (int k0 = 0; k0 < d->K; k0 += NT_GEMM_KTILE, t++) {
+                int kk = d->K - k0 < NT_GEMM_KTILE ? d->K - k0 : NT_GEMM_KTILE;
+                int c0 = k0 / CH, c1 = (k0 + kk + CH - 1) / CH;
+                amx_2x2(d, i / 32, j / 32, c0, c1, sc[t & 1]);
+                if (t > 0)
+                    merge32(c, d->ldc, sc[(t - 1) & 1], rows, w, t == 1 && !d->acc);
             }
-    }
+            merge32(c, d->ldc, sc[(t - 1) & 1], rows, w, t == 1 && !d->acc);
+        }
     tiles_off();
     round_out(d, i0, i1, j0, j1);
 }
@@ -645,10 +668,16 @@ static int amx_run(bjob *d, bool checked)
     bool split = (long)d->M * d->N * d->K >= (1L << 20);
     AO_store(&d->notbf, 0);
     nt__par_blocks(d->npa + d->npb, pack_amx, d, split);
-    if (!checked && (AO_load(&d->notbf) ||
-                     !nt__gemm_bf16_range_ok(d->K, (const uint16_t *)d->Xa, (int)(na / 16), 32,
-                                             32, (const uint16_t *)d->Xb, (int)(nb / 16), 32,
-                                             32))) {
+    bool ok = checked;
+    if (!ok && d->adt == NT_BF16 && d->bdt == NT_BF16) /* the operands: half the tiles' bytes */
+        ok = nt__gemm_bf16_range_ok(d->K, d->A, d->arow ? d->M : d->K, d->arow ? d->K : d->M,
+                                    d->lda, d->B, d->bcol ? d->N : d->K, d->bcol ? d->K : d->N,
+                                    d->ldb);
+    else if (!ok)
+        ok = !AO_load(&d->notbf) &&
+             nt__gemm_bf16_range_ok(d->K, (const uint16_t *)d->Xa, (int)(na / 16), 32, 32,
+                                    (const uint16_t *)d->Xb, (int)(nb / 16), 32, 32);
+    if (!ok) {
         buf_put(buf, kept);
         return -1;
     }
