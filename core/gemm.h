@@ -96,9 +96,11 @@ void nt__gemm_ex_canon(int M, int N, int K, const float *A, int lda, bool arow, 
  * nt__gemm_ex_canon; any other odt rounds each block of C (f32 scratch, ldc)
  * into out (M x N of odt, rows ldc apart) with nt__st_f32 while the block is
  * still in cache.  The same bits as widening the operands to f32, calling
- * nt__gemm_ex and rounding C.  0, or -1 (nothing written) when the host has
- * no memory for the panels or a dtype is neither f32 nor bf16: the caller
- * then widens and calls nt__gemm_ex. */
+ * nt__gemm_ex and rounding C -- except bf16 x bf16, which goes to
+ * nt__gemm_bf16 (their own definition, at the top).  0, or -1 (nothing
+ * written) when the host has no memory for the f32 path's panels or a
+ * dtype is neither f32 nor bf16: the caller then widens and calls
+ * nt__gemm_ex. */
 int nt__gemm_typed(int M, int N, int K, const void *A, int lda, bool arow, nt_dtype adt,
                    const void *B, int ldb, bool bcol, nt_dtype bdt, float *C, int ldc, void *out,
                    nt_dtype odt);
