@@ -279,6 +279,32 @@ static void round_out(const bjob *d, int i0, int i1, int j0, int j1)
     }
 }
 
+#if NT_BX
+/* merge at the AVX-512 level: a tile of up to 6 x 32 (ld 32), masked
+ * lanes past w; canon: NaNs canonical as they are stored. */
+__attribute__((target(NT_TARGET_AVX512))) static void merge512(float *C, int ldc,
+                                                              const float *tile, int rows, int w,
+                                                              bool first, bool canon)
+{
+    __mmask16 m0 = w >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << w) - 1);
+    __mmask16 m1 = w >= 32 ? (__mmask16)0xffff : w > 16 ? (__mmask16)((1u << (w - 16)) - 1) : 0;
+    const __m512 qnan = _mm512_castsi512_ps(_mm512_set1_epi32((int)NT__QNAN_F32));
+    for (int r = 0; r < rows; r++) {
+        float *c = C + (long)r * ldc;
+        __m512 v[2] = {_mm512_loadu_ps(tile + r * 32), _mm512_loadu_ps(tile + r * 32 + 16)};
+        __mmask16 m[2] = {m0, m1};
+        for (int h = 0; h < 2; h++) {
+            if (!first)
+                v[h] = _mm512_add_ps(_mm512_maskz_loadu_ps(m[h], c + 16 * h), v[h]);
+            if (canon)
+                v[h] = _mm512_mask_mov_ps(v[h], _mm512_cmp_ps_mask(v[h], v[h], _CMP_UNORD_Q),
+                                          qnan);
+            _mm512_mask_storeu_ps(c + 16 * h, m[h], v[h]);
+        }
+    }
+}
+#endif
+
 static void block_fma(void *arg, int b)
 {
     const bjob *d = arg;
@@ -294,6 +320,14 @@ static void block_fma(void *arg, int b)
             const float *bp = d->Bp + ((long)(j / NR) * d->K + k0) * NR;
             for (int i = i0; i < i1; i += MR) {
                 d->kn->fn(kk, d->Ap + ((long)(i / MR) * d->K + k0) * MR, bp, tile);
+#if NT_BX
+                if (NR == 32) { /* the AVX-512 kernel's tile */
+                    merge512(d->C + (long)i * d->ldc + j, d->ldc, tile,
+                             i1 - i < MR ? i1 - i : MR, j1 - j < NR ? j1 - j : NR, first,
+                             last && d->canon);
+                    continue;
+                }
+#endif
                 merge(d->C + (long)i * d->ldc + j, d->ldc, tile, NR, i1 - i < MR ? i1 - i : MR,
                       j1 - j < NR ? j1 - j : NR, first, last && d->canon);
             }
