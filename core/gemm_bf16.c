@@ -18,17 +18,19 @@
  * f32 (products of bf16 values are exact in f32), only the order inside a
  * tile differs from f32 x f32 products.
  *
- * The AMX path is taken only for bf16-stored operands that
- * nt__gemm_bf16_range_ok accepts (core/gemm_dpbf16.c: AMX, like vdpbf16ps,
- * reads subnormal inputs as 0 and flushes subnormal results; the range scan
- * proves neither can happen and nothing overflows), at the AVX-512 level
+ * The AMX path is taken only for operands that nt__gemm_bf16_range_ok
+ * accepts (core/gemm_dpbf16.c: AMX, like vdpbf16ps, reads subnormal inputs
+ * as 0 and flushes subnormal results; the range scan proves neither can
+ * happen and nothing overflows) -- stored as bf16, or as f32 whose every
+ * element is a bf16 value (checked while packing) -- at the AVX-512 level
  * (nt__gemm_set_isa), on a CPU with AMX-TILE and AMX-BF16 whose kernel lets
  * this process use the tile data (arch_prctl) and whose instruction passes
  * a self-test against the scalar definition at first use.  Everything else
  * runs the FMA path: packed f32 panels, register-blocked micro-kernels at
  * each ISA level (two accumulators per element: s and the chunk's t), the
- * same bits as the scalar definition (fma rounds once in every lane).  If
- * the host has no memory for the panels, a plain loop. */
+ * same bits as the scalar definition (fma rounds once in every lane) --
+ * or vdpbf16ps (core/gemm_dpbf16.c) where that is faster.  If the host has
+ * no memory for the panels, a plain loop. */
 #include "core/gemm.h"
 
 #include <glib.h>
