@@ -755,12 +755,14 @@ int nt__gemm_bf16(int M, int N, int K, const void *A, int lda, bool arow, nt_dty
     bjob d = {.M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc, .arow = arow,
               .bcol = bcol, .acc = acc, .canon = canon, .adt = adt, .bdt = bdt, .odt = odt,
               .A = A, .B = B, .C = C, .out = odt == NT_F32 ? NULL : out};
-    if (K <= 0) { /* no K-tiles: C unchanged (acc) or zeros */
+    if (K <= 0) { /* one empty K-tile, s = +0, as nt__gemm_ktile: C + 0 (acc) or zeros */
         for (int i = 0; i < M; i++)
-            for (int j = 0; j < N; j++)
-                C[(long)i * ldc + j] = acc ? (canon ? nt__canon(C[(long)i * ldc + j])
-                                                    : C[(long)i * ldc + j])
-                                           : 0.0f;
+            for (int j = 0; j < N; j++) {
+                float *c = C + (long)i * ldc + j;
+                *c = acc ? *c + 0.0f : 0.0f;
+                if (canon)
+                    *c = nt__canon(*c);
+            }
         round_out(&d, 0, M, 0, N);
         return 0;
     }

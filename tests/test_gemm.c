@@ -1026,6 +1026,7 @@ static void bf_shapes(int path, int isa)
         uint16_t *refh[2], *goth = malloc(2 * nc);
         for (size_t i = 0; i < nc; i++)
             C0[i] = nt__bf16_to_f32(rbf());
+        C0[0] = -0.0f; /* -0 + s: +0 where s is +0 (K = 0 too) */
         for (int acc = 0; acc < 2; acc++) {
             ref[acc] = malloc(4 * nc), refh[acc] = malloc(2 * nc);
             memcpy(ref[acc], C0, 4 * nc);
