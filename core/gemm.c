@@ -1405,12 +1405,10 @@ int nt__gemm_typed(int M, int N, int K, const void *A, int lda, bool arow, nt_dt
 {
     if ((adt != NT_F32 && adt != NT_BF16) || (bdt != NT_F32 && bdt != NT_BF16))
         return -1;
-    /* bf16 x bf16 on vdpbf16ps where it gives these bits (core/gemm_dpbf16.c);
-     * not while tests cap the panels (they check this path's fallback) */
-    if (adt == NT_BF16 && bdt == NT_BF16 && !AO_load(&panel_cap) &&
-        nt__gemm_dpbf16(M, N, K, A, lda, arow, B, ldb, bcol, C, ldc,
-                        odt == NT_F32 ? NULL : out, odt) == 0)
-        return 0;
+    /* bf16 x bf16: their own definition (core/gemm.h, core/gemm_bf16.c) */
+    if (adt == NT_BF16 && bdt == NT_BF16)
+        return nt__gemm_bf16(M, N, K, A, lda, arow, adt, B, ldb, bcol, bdt, C, ldc, false,
+                             odt == NT_F32, out, odt);
     typed ty = {adt == NT_BF16, bdt == NT_BF16, odt == NT_F32 ? NULL : (char *)out, odt};
     return gemm_full(M, N, K, (const float *)A, lda, arow, (const float *)B, ldb, bcol, C, ldc,
                      odt == NT_F32, &ty);

@@ -19,12 +19,28 @@
  * call cut into 128 x 512 blocks bit for bit (tests/test_ops.c checks it).
  * For bf16/f16 operands the products are exact in f32 anyway, as in the
  * NeuronCore's PE array; for f32 the fused multiply-add is the more accurate
- * choice and the one vector hardware runs at full rate. */
+ * choice and the one vector hardware runs at full rate.
+ *
+ * bf16 x bf16 products (both operands bf16; f32 x f32, f16 and mixed
+ * products keep the recurrence above) sum a K-tile in chunks of 16:
+ *     s = +0;  for each chunk of 16 consecutive k of the tile, in order
+ *              (the tile's last chunk may be shorter):
+ *         t = +0;  for k in the chunk, in order:  t = fma(A[k][i], B[k][j], t)
+ *         s = s + t
+ *     C[i][j] = acc ? C[i][j] + s : s
+ * -- still fp32, K-tiles of 128 added in ascending order, every step
+ * rounded once; it is what AMX's tdpbf16ps computes natively (16 steps
+ * from +0 per instruction, then added to its tile), so those products run
+ * there (core/gemm_bf16.c, nt__gemm_bf16).  Every path that multiplies
+ * two bf16 operands (nt__gemm_typed, the CPU matmul kernel, the
+ * simulator's nc_matmul and program-level products) goes through
+ * nt__gemm_bf16. */
 #ifndef NT_CORE_GEMM_H
 #define NT_CORE_GEMM_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ntensor.h"
 
@@ -80,9 +96,11 @@ void nt__gemm_ex_canon(int M, int N, int K, const float *A, int lda, bool arow, 
  * nt__gemm_ex_canon; any other odt rounds each block of C (f32 scratch, ldc)
  * into out (M x N of odt, rows ldc apart) with nt__st_f32 while the block is
  * still in cache.  The same bits as widening the operands to f32, calling
- * nt__gemm_ex and rounding C.  0, or -1 (nothing written) when the host has
- * no memory for the panels or a dtype is neither f32 nor bf16: the caller
- * then widens and calls nt__gemm_ex. */
+ * nt__gemm_ex and rounding C -- except bf16 x bf16, which goes to
+ * nt__gemm_bf16 (their own definition, at the top).  0, or -1 (nothing
+ * written) when the host has no memory for the f32 path's panels or a
+ * dtype is neither f32 nor bf16: the caller then widens and calls
+ * nt__gemm_ex. */
 int nt__gemm_typed(int M, int N, int K, const void *A, int lda, bool arow, nt_dtype adt,
                    const void *B, int ldb, bool bcol, nt_dtype bdt, float *C, int ldc, void *out,
                    nt_dtype odt);
@@ -104,6 +122,37 @@ bool nt__gemm_dpbf16_runs(void);
 int nt__gemm_set_dpbf16(int mode);
 /* Products that took the path so far. */
 unsigned long nt__gemm_dpbf16_calls(void);
+
+/* The bf16 x bf16 product (the chunked definition at the top; A and B
+ * hold bf16 values, stored as NT_BF16 or as exactly widened NT_F32, any
+ * K): C = (acc ? C : 0) + the K-tiles' sums in ascending order; canon
+ * makes C's NaNs canonical (nt__canon); odt other than NT_F32 rounds each
+ * block of C (f32, ldc) into out (M x N of odt, rows ldc apart) with
+ * nt__st_f32.  On AMX where that gives these bits (operands whose packed
+ * tiles nt__gemm_bf16_range_ok accepts, AVX-512 level, self-test passed), else
+ * on the FMA units at the current ISA level, else (no memory for panels)
+ * a plain loop: the same bits.  Returns 0. */
+int nt__gemm_bf16(int M, int N, int K, const void *A, int lda, bool arow, nt_dtype adt,
+                  const void *B, int ldb, bool bcol, nt_dtype bdt, float *C, int ldc, bool acc,
+                  bool canon, void *out, nt_dtype odt);
+/* Whether this CPU and OS run the AMX path (its self-test passed). */
+bool nt__gemm_amx_runs(void);
+/* Tests and benches: 1 takes AMX wherever it gives these bits (-1 when the
+ * CPU does not run it), 0 never, -1 wherever it gives these bits (the
+ * default); -1 for anything else. */
+int nt__gemm_set_amx(int mode);
+/* Products that took the AMX path so far. */
+unsigned long nt__gemm_amx_calls(void);
+/* Tests only: true makes nt__gemm_bf16 take its plain loop. */
+void nt__gemm_bf16_set_plain(bool on);
+/* Whether AMX and vdpbf16ps give the recurrences' bits on a product of
+ * K-tiles of K terms whose A elements are the ar x ac bf16 at A (rows lda
+ * apart) and B's the br x bc at B (core/gemm_dpbf16.c: every input finite
+ * and normal or zero, no product or partial sum subnormal or overflowing;
+ * zeros anywhere in the blocks, pads, change nothing); false where the
+ * scan cannot run (no AVX-512BW). */
+bool nt__gemm_bf16_range_ok(int K, const uint16_t *A, int ar, int ac, long lda, const uint16_t *B,
+                            int br, int bc, long ldb);
 
 /* Tests only: panel buffers of more than n floats fail as if the host had
  * no memory for them (0: no cap), to run the fallback paths. */

@@ -1,5 +1,7 @@
 /* core/gemm_dpbf16.c - bf16 x bf16 products on AVX512_BF16's vdpbf16ps,
- * taken only where they give the bits of the recurrence of core/gemm.h.
+ * taken only where they give the bits of their definition in core/gemm.h
+ * (each chunk of 16 k summed by the recurrence below from +0, in 8 pair
+ * instructions, then added to the tile's sum: s = s + t).
  *
  * vdpbf16ps(acc, a, b) computes, per f32 lane j, from the bf16 pairs
  * (a[2j], a[2j+1]) and (b[2j], b[2j+1]):
@@ -74,7 +76,7 @@ static volatile AO_t dp_calls; /* products taken on this path (tests) */
 #if NT_DP
 
 #define DP_TARGET NT_TARGET_AVX512 ",avx512bf16"
-#define MR 12 /* a tile of C: MR rows x NR columns, as the f32 AVX-512 kernel */
+#define MR 6 /* a tile of C: MR rows x NR columns (two accumulators each: s and t) */
 #define NR 32
 #define KP 64 /* pairs per K-tile (NT_GEMM_KTILE / 2) */
 #define MC 96 /* a block of C: MC rows x NC columns */
@@ -113,18 +115,14 @@ __attribute__((target(DP_TARGET))) static void scan(const uint16_t *p, int rows,
 
 /* Whether the instruction gives the recurrence's bits on these operands
  * (the conditions at the top of the file). */
-static bool safe(int M, int N, int K, const uint16_t *A, int lda, bool arow, const uint16_t *B,
-                 int ldb, bool bcol)
+static bool verdict(int K, const uint16_t *A, int ar, int ac, long lda, const uint16_t *B, int br,
+                    int bc, long ldb)
 {
+    if (!nt__gemm_isa_runs(NT_ISA_AVX512) || !__builtin_cpu_supports("avx512bw"))
+        return false; /* scan's instructions */
     unsigned alo, ahi, blo, bhi;
-    if (arow)
-        scan(A, M, K, lda, &alo, &ahi);
-    else
-        scan(A, K, M, lda, &alo, &ahi);
-    if (bcol)
-        scan(B, N, K, ldb, &blo, &bhi);
-    else
-        scan(B, K, N, ldb, &blo, &bhi);
+    scan(A, ar, ac, lda, &alo, &ahi);
+    scan(B, br, bc, ldb, &blo, &bhi);
     if (ahi >= 0x7f80 || bhi >= 0x7f80) /* Inf or NaN */
         return false;
     if (alo < 0x80 || blo < 0x80) /* a subnormal input */
@@ -135,6 +133,12 @@ static bool safe(int M, int N, int K, const uint16_t *A, int lda, bool arow, con
     while ((1L << lk) < (long)K)
         lk++;
     return lk + (int)(ahi >> 7) + (int)(bhi >> 7) <= 379;
+}
+
+static bool safe(int M, int N, int K, const uint16_t *A, int lda, bool arow, const uint16_t *B,
+                 int ldb, bool bcol)
+{
+    return verdict(K, A, arow ? M : K, arow ? K : M, lda, B, bcol ? N : K, bcol ? K : N, ldb);
 }
 
 /* ---------------- packing ---------------- */
@@ -216,27 +220,38 @@ static void pack_panel(void *arg, int b)
 /* ---------------- the micro-kernel ---------------- */
 
 /* C[0..rows)[0..w) = (acc ? C + s : s), s the MR x NR tile of kp pairs
- * from +0.  Named accumulators (an array would live on the stack). */
-#define DP_R12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+ * summed as bf16 x bf16 products are (core/gemm.h): t from +0 over each
+ * chunk of 8 pairs (16 k), s = s + t.  Named accumulators (an array would
+ * live on the stack). */
+#define DP_R6(X) X(0) X(1) X(2) X(3) X(4) X(5)
 __attribute__((target(DP_TARGET))) static void micro_dp(int kp, const uint32_t *Ap,
                                                         const uint32_t *Bp, float *C, int ldc,
                                                         int rows, int w, bool acc)
 {
-#define DP_DECL(r) __m512 c##r##a = _mm512_setzero_ps(), c##r##b = c##r##a;
-    DP_R12(DP_DECL)
+#define DP_DECL(r) __m512 s##r##a = _mm512_setzero_ps(), s##r##b = s##r##a;
+    DP_R6(DP_DECL)
 #undef DP_DECL
-    for (int p = 0; p < kp; p++) {
-        const uint32_t *a = Ap + p * MR, *b = Bp + p * NR;
-        __m512bh b0 = (__m512bh)_mm512_load_si512(b), b1 = (__m512bh)_mm512_load_si512(b + 16);
-        __m512bh ar;
+    for (int p0 = 0; p0 < kp; p0 += 8) {
+        int p1 = p0 + 8 < kp ? p0 + 8 : kp;
+#define DP_DECL(r) __m512 t##r##a = _mm512_setzero_ps(), t##r##b = t##r##a;
+        DP_R6(DP_DECL)
+#undef DP_DECL
+        for (int p = p0; p < p1; p++) {
+            const uint32_t *a = Ap + p * MR, *b = Bp + p * NR;
+            __m512bh b0 = (__m512bh)_mm512_load_si512(b), b1 = (__m512bh)_mm512_load_si512(b + 16);
+            __m512bh ar;
 #define DP_ROW(r)                                                                                  \
     ar = (__m512bh)_mm512_set1_epi32((int)a[r]);                                                   \
-    c##r##a = _mm512_dpbf16_ps(c##r##a, ar, b0), c##r##b = _mm512_dpbf16_ps(c##r##b, ar, b1);
-        DP_R12(DP_ROW)
+    t##r##a = _mm512_dpbf16_ps(t##r##a, ar, b0), t##r##b = _mm512_dpbf16_ps(t##r##b, ar, b1);
+            DP_R6(DP_ROW)
 #undef DP_ROW
+        }
+#define DP_ADD(r) s##r##a = _mm512_add_ps(s##r##a, t##r##a), s##r##b = _mm512_add_ps(s##r##b, t##r##b);
+        DP_R6(DP_ADD)
+#undef DP_ADD
     }
-#define DP_LIST(r) {c##r##a, c##r##b},
-    __m512 c[MR][2] = {DP_R12(DP_LIST)};
+#define DP_LIST(r) {s##r##a, s##r##b},
+    __m512 c[MR][2] = {DP_R6(DP_LIST)};
 #undef DP_LIST
     __mmask16 m0 = w >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << w) - 1);
     __mmask16 m1 = w >= 32 ? (__mmask16)0xffff : w > 16 ? (__mmask16)((1u << (w - 16)) - 1) : 0;
@@ -251,7 +266,7 @@ __attribute__((target(DP_TARGET))) static void micro_dp(int kp, const uint32_t *
         _mm512_mask_storeu_ps(q + 16, m1, v1);
     }
 }
-#undef DP_R12
+#undef DP_R6
 
 /* Block b of C (rows down a column of blocks first): every K-tile in
  * order, then the block rounded to odt while it is in cache. */
@@ -445,6 +460,18 @@ static uint32_t *buf;
 static size_t buf_n;
 
 #endif /* NT_DP */
+
+bool nt__gemm_bf16_range_ok(int K, const uint16_t *A, int ar, int ac, long lda, const uint16_t *B,
+                            int br, int bc, long ldb)
+{
+#if NT_DP
+    return K > 0 && ar > 0 && ac > 0 && br > 0 && bc > 0 &&
+           verdict(K, A, ar, ac, lda, B, br, bc, ldb);
+#else
+    (void)K, (void)A, (void)ar, (void)ac, (void)lda, (void)B, (void)br, (void)bc, (void)ldb;
+    return false;
+#endif
+}
 
 bool nt__gemm_dpbf16_runs(void)
 {

@@ -129,7 +129,12 @@ static int mm_pass(const nt__rec *r, const nt__mminfo *mip, bool typed)
         /* one rounding to the output dtype (for f32: NaNs made canonical),
          * in the GEMM's last store or per block of C while it is in cache,
          * rather than another pass over C */
-        if (typed) {
+        if (adt == NT_BF16 && bdt == NT_BF16) {
+            /* bf16 x bf16: their own definition (core/gemm.h), whether the
+             * operands are used in place or were widened into scratch */
+            nt__gemm_bf16((int)Mx, (int)N, (int)K, Ap, lda, a_rows, apt, Bp, ldb, b_cols, bpt, Cp,
+                          (int)N, false, c_direct, ob, odt);
+        } else if (typed) {
             if (nt__gemm_typed((int)Mx, (int)N, (int)K, Ap, lda, a_rows, apt, Bp, ldb, b_cols,
                                bpt, Cp, (int)N, ob, odt) != 0)
                 return 1;

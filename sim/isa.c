@@ -1923,7 +1923,7 @@ typedef struct gemm_arg {
     int lds, ldb;
     float *C;
     int ldc;
-    bool acc;
+    bool acc, bf16; /* bf16: both operands bf16 (their own definition, core/gemm.h) */
 } gemm_arg;
 
 /* columns [lo, hi) of the product (core/gemm.h's per-element recurrence
@@ -1932,7 +1932,10 @@ static void gemm_cols(void *arg, int lo, int hi, float **s)
 {
     (void)s;
     const gemm_arg *g = arg;
-    if (hi > lo)
+    if (hi > lo && g->bf16)
+        nt__gemm_bf16(g->M, hi - lo, g->K, g->S, g->lds, false, NT_F32, g->B + lo, g->ldb, false,
+                      NT_F32, g->C + lo, g->ldc, g->acc, false, NULL, NT_F32);
+    else if (hi > lo)
         nt__gemm_ktile(g->M, hi - lo, g->K, g->S, g->lds, g->B + lo, g->ldb, g->C + lo, g->ldc,
                        g->acc);
 }
@@ -1995,7 +1998,8 @@ int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st_, const
 
     /* operands as f32 matrices: SBUF itself when already f32 and contiguous,
      * else widened exactly into scratch */
-    gemm_arg g = {.M = (int)M, .N = (int)N, .K = K, .acc = accumulate};
+    gemm_arg g = {.M = (int)M, .N = (int)N, .K = K, .acc = accumulate,
+                  .bf16 = st_->dtype == NT_BF16};
     g.S = as_matrix(st_, scr(k)[0], &g.lds);
     g.B = as_matrix(mv, scr(k)[1], &g.ldb);
     g.C = (float *)nt__sim_row(dst, 0);

@@ -311,8 +311,12 @@ static int program_product(mm *p)
         b = w;
         ldb = N;
     }
-    nt__gemm_ex((int)M, (int)N, (int)K, a_rows ? a->a : at, (int)(a_rows ? a->lda : ldat), a_rows,
-                b, (int)ldb, bcol, c, (int)N);
+    if (dt == NT_BF16) /* bf16 x bf16: their own definition, as nc_matmul's (core/gemm.h) */
+        nt__gemm_bf16((int)M, (int)N, (int)K, at, (int)ldat, false, NT_F32, b, (int)ldb, bcol,
+                      NT_F32, c, (int)N, false, false, NULL, NT_F32);
+    else
+        nt__gemm_ex((int)M, (int)N, (int)K, a_rows ? a->a : at, (int)(a_rows ? a->lda : ldat),
+                    a_rows, b, (int)ldb, bcol, c, (int)N);
     p->k->gemm_ns += nt__sim_now_ns() - t0;
     p->c32 = c;
     return 0;

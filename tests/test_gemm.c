@@ -75,13 +75,45 @@ static void naive(int M, int N, int K, const float *A, int lda, const float *B, 
         }
 }
 
-/* The typed product's reference: naive's f32 result, its bf16 rounding
- * (what a bf16 output holds) and NaNs made canonical, as the GEMM stores
- * them.  ref and refh hold M rows of ldc. */
-static void naive_typed(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                        float *ref, uint16_t *refh, int ldc)
+/* The definition of bf16 x bf16 products (core/gemm.h), one element at a
+ * time, nothing shared with core/: per K-tile of 128, s = +0, then per
+ * chunk of 16 k (the tile's last may be shorter) t = +0, t = fma(a, b, t)
+ * over the chunk, s = s + t; C = C + s across tiles.  acc: C's own value
+ * first (else the first tile's s). */
+static void naive_bf16_acc(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                           float *C, int ldc, bool acc)
 {
-    naive(M, N, K, A, lda, B, ldb, ref, ldc);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float c = acc ? C[(long)i * ldc + j] : 0.0f;
+            for (int k0 = 0; k0 < K || k0 == 0; k0 += 128) {
+                float s = 0.0f;
+                for (int c0 = k0; c0 < K && c0 < k0 + 128; c0 += 16) {
+                    float t = 0.0f;
+                    for (int k = c0; k < K && k < c0 + 16; k++)
+                        t = fmaf(A[(long)k * lda + i], B[(long)k * ldb + j], t);
+                    s = s + t;
+                }
+                c = k0 == 0 && !acc ? s : c + s;
+            }
+            C[(long)i * ldc + j] = c;
+        }
+}
+
+static void naive_bf16(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                       float *C, int ldc)
+{
+    naive_bf16_acc(M, N, K, A, lda, B, ldb, C, ldc, false);
+}
+
+/* The typed product's reference: naive's f32 result (naive_bf16's for
+ * bf16 x bf16, bb), its bf16 rounding (what a bf16 output holds) and NaNs
+ * made canonical, as the GEMM stores them.  ref and refh hold M rows of
+ * ldc. */
+static void naive_typed(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                        float *ref, uint16_t *refh, int ldc, bool bb)
+{
+    (bb ? naive_bf16 : naive)(M, N, K, A, lda, B, ldb, ref, ldc);
     for (int i = 0; i < M; i++)
         nt__st_f32((char *)(refh + (long)i * ldc), NT_BF16, 1, ref + (long)i * ldc, N);
     for (size_t i = 0; i < (size_t)M * ldc; i++)
@@ -369,9 +401,10 @@ static void test_typed_every_level(void **state)
                 Bth[(long)j * ldt + k] = k < K ? Bh[(long)k * ldb + j] : 0x7fc1;
                 Bt[(long)j * ldt + k] = nt__bf16_to_f32(Bth[(long)j * ldt + k]);
             }
-        float *ref = malloc(4 * nc), *got = malloc(4 * nc);
-        uint16_t *refh = malloc(2 * nc), *goth = malloc(2 * nc);
-        naive_typed(M, N, K, A, lda, B, ldb, ref, refh, ldc);
+        float *ref2 = malloc(4 * nc), *refb = malloc(4 * nc), *got = malloc(4 * nc);
+        uint16_t *refh2 = malloc(2 * nc), *refbh = malloc(2 * nc), *goth = malloc(2 * nc);
+        naive_typed(M, N, K, A, lda, B, ldb, ref2, refh2, ldc, false);
+        naive_typed(M, N, K, A, lda, B, ldb, refb, refbh, ldc, true); /* bf16 x bf16 */
         for (int isa = 0; isa <= best; isa++)
             for (int th = 1; th <= 2; th++)
                 for (int lay = 0; lay < 16; lay++) {
@@ -390,6 +423,8 @@ static void test_typed_every_level(void **state)
                                             b16 ? NT_BF16 : NT_F32, got, ldc,
                                             o16 ? (void *)goth : NULL, o16 ? NT_BF16 : NT_F32);
                     assert_int_equal(rc, 0);
+                    const float *ref = a16 && b16 ? refb : ref2;
+                    const uint16_t *refh = a16 && b16 ? refbh : refh2;
                     int bad = typed_rows_differ(M, N, ldc, o16, got, ref, goth, refh);
                     if (bad)
                         print_message("# gemm_typed %dx%dx%d A %s %s, B %s %s, out %s, %s, %d "
@@ -399,23 +434,28 @@ static void test_typed_every_level(void **state)
                                       o16 ? "bf16" : "f32", nt__gemm_isa_label(isa), th, bad);
                     assert_int_equal(bad, 0);
                 }
-        /* no memory for the panels: -1, nothing written; a dtype it does
+        /* no memory for the f32 path's panels: -1, nothing written (bf16 x
+         * bf16 products have their own path: still done); a dtype it does
          * not take: -1 */
         if (K > 0) {
             nt__gemm_set_panel_cap(1);
             memset(goth, 0x55, 2 * nc);
-            assert_int_equal(nt__gemm_typed(M, N, K, Ah, lda, false, NT_BF16, Bh, ldb, false,
+            assert_int_equal(nt__gemm_typed(M, N, K, A, lda, false, NT_F32, Bh, ldb, false,
                                             NT_BF16, got, ldc, goth, NT_BF16),
                              -1);
             for (size_t i = 0; i < nc; i++)
                 assert_int_equal(goth[i], 0x5555);
+            assert_int_equal(nt__gemm_typed(M, N, K, Ah, lda, false, NT_BF16, Bh, ldb, false,
+                                            NT_BF16, got, ldc, goth, NT_BF16),
+                             0);
+            assert_int_equal(typed_rows_differ(M, N, ldc, true, got, refb, goth, refbh), 0);
             nt__gemm_set_panel_cap(0);
         }
         assert_int_equal(nt__gemm_typed(M, N, K, Ah, lda, false, NT_F16, Bh, ldb, false, NT_BF16,
                                         got, ldc, goth, NT_BF16),
                          -1);
         free(A), free(B), free(Ah), free(Bh), free(Arh), free(Bth), free(Ar), free(Bt);
-        free(ref), free(got), free(refh), free(goth);
+        free(ref2), free(refb), free(got), free(refh2), free(refbh), free(goth);
     }
     nt__gemm_set_isa(-1);
     nt__gemm_set_threads(0);
@@ -459,21 +499,29 @@ static void test_matmul_bf16(void **state)
                 vb[t] = lay == 1 ? nt_transpose(src[t][1], 0, 1) : nt_retain(src[t][1]);
             }
             nt__gemm_set_panel_cap(cap ? 16 : 0);
-            nt_tensor *yf = nt_matmul(va[0], vb[0]); /* f32 product of the widened values */
             nt_tensor *yh = nt_matmul(va[1], vb[1]); /* bf16 product */
             nt_tensor *yhf = nt_cast(yh, NT_F32);
-            nt_tensor *yfh = nt_cast(nt_cast(yf, NT_BF16), NT_F32);
             assert_non_null(yhf);
-            assert_non_null(yfh);
-            assert_int_equal(nt_to_host(yfh, want, 4 * n), 0);
             assert_int_equal(nt_to_host(yhf, got, 4 * n), 0);
+            /* the reference: the bf16 definition on the widened values
+             * (contiguous copies of the views: A^T [K, M], B [K, N]) */
+            nt_tensor *vt = nt_transpose(va[0], 0, 1), *at = nt_contiguous(vt),
+                      *bc = nt_contiguous(vb[0]);
+            float *hat = malloc(4 * (size_t)(K * M)), *hbc = malloc(4 * (size_t)(K * N));
+            assert_int_equal(nt_to_host(at, hat, 4 * (size_t)(K * M)), 0);
+            assert_int_equal(nt_to_host(bc, hbc, 4 * (size_t)(K * N)), 0);
+            naive_bf16((int)M, (int)N, (int)K, hat, (int)M, hbc, (int)N, want, (int)N);
+            for (size_t i = 0; i < n; i++)
+                want[i] = nt__bf16_to_f32(nt__f32_to_bf16(want[i]));
+            free(hat), free(hbc);
+            nt_release(vt), nt_release(at), nt_release(bc);
             nt__gemm_set_panel_cap(0);
             int bad = differ(got, want, n);
             if (bad)
                 print_message("# bf16 nt_matmul, layout %d, panel cap %d: %d elements differ\n",
                               lay, cap, bad);
             assert_int_equal(bad, 0);
-            nt_release(yf), nt_release(yh), nt_release(yhf), nt_release(yfh);
+            nt_release(yh), nt_release(yhf);
             for (int t = 0; t < 2; t++)
                 nt_release(va[t]), nt_release(vb[t]);
             nt_release(fa), nt_release(fb), nt_release(ha), nt_release(hb), nt_release(wa),
@@ -738,10 +786,13 @@ static uint16_t rbf(void)
     return (uint16_t)((r >> 20 & 0x8000) | ((107 + (r >> 8) % 40) << 7) | (r & 0x7f));
 }
 
+/* The products a path took so far (dp_check's *took). */
+static unsigned long (*path_calls)(void) = nt__gemm_dpbf16_calls;
+
 /* nt__gemm_typed on bf16 x bf16 (A K x M, lda; B K x N, ldb; both layouts
- * made here), out f32 or bf16, against the naive recurrence on the widened
+ * made here), out f32 or bf16, against the bf16 definition on the widened
  * values: 0 when every element matches; *took: the call went through the
- * vdpbf16ps path. */
+ * path path_calls counts (vdpbf16ps, or AMX). */
 static int dp_check(int M, int N, int K, const uint16_t *Ah, int lda, const uint16_t *Bh, int ldb,
                     bool rowa, bool bcol, bool o16, bool *took)
 {
@@ -761,14 +812,14 @@ static int dp_check(int M, int N, int K, const uint16_t *Ah, int lda, const uint
             Bt[(long)j * ldt + k] = k < K ? Bh[(long)k * ldb + j] : 0x7fc1;
     float *ref = malloc(4 * nc), *got = malloc(4 * nc);
     uint16_t *refh = malloc(2 * nc), *goth = malloc(2 * nc);
-    naive_typed(M, N, K, A, lda, B, ldb, ref, refh, ldc);
+    naive_typed(M, N, K, A, lda, B, ldb, ref, refh, ldc, true);
     memset(got, 0x55, 4 * nc);
     memset(goth, 0x55, 2 * nc);
-    unsigned long c0 = nt__gemm_dpbf16_calls();
+    unsigned long c0 = path_calls();
     int rc = nt__gemm_typed(M, N, K, rowa ? (const void *)Ar : Ah, rowa ? ldr : lda, rowa, NT_BF16,
                             bcol ? (const void *)Bt : Bh, bcol ? ldt : ldb, bcol, NT_BF16, got,
                             ldc, o16 ? (void *)goth : NULL, o16 ? NT_BF16 : NT_F32);
-    *took = nt__gemm_dpbf16_calls() != c0;
+    *took = path_calls() != c0;
     assert_int_equal(rc, 0);
     int bad = typed_rows_differ(M, N, ldc, o16, got, ref, goth, refh);
     if (bad)
@@ -795,10 +846,12 @@ static void test_dpbf16_shapes(void **state)
 #endif
     /* the self-test passes on every CPU that has the instruction */
     assert_int_equal(nt__gemm_dpbf16_runs(), has);
+    assert_int_equal(nt__gemm_set_amx(0), 0); /* it would take them first */
     assert_int_equal(nt__gemm_set_dpbf16(2), -1);
     assert_int_equal(nt__gemm_set_dpbf16(-2), -1);
     if (!has) {
         assert_int_equal(nt__gemm_set_dpbf16(1), -1);
+        nt__gemm_set_amx(-1);
         return;
     }
     static const int shapes[][3] = {
@@ -845,6 +898,7 @@ static void test_dpbf16_shapes(void **state)
         free(Ah), free(Bh);
     }
     nt__gemm_set_dpbf16(-1);
+    nt__gemm_set_amx(-1);
     nt__gemm_set_threads(0);
     nt__gemm_set_isa(-1);
 }
@@ -856,11 +910,8 @@ static void test_dpbf16_shapes(void **state)
  * Inf, NaN, a product that overflows, sums that could overflow; all give
  * the naive bits.  Ranges just inside the bounds take the path and give
  * them too. */
-static void test_dpbf16_fallback(void **state)
+static void fallback_cases(const char *path)
 {
-    (void)state;
-    if (nt__gemm_set_dpbf16(1) != 0)
-        return; /* this CPU does not run it (test_dpbf16_shapes checks why) */
     const int M = 20, N = 40, K = 131, lda = M, ldb = N;
     uint16_t *Ah = malloc(2 * (size_t)K * lda), *Bh = malloc(2 * (size_t)K * ldb);
     static const struct {
@@ -913,28 +964,25 @@ static void test_dpbf16_fallback(void **state)
                                           &took),
                                  0);
                 if (took != cases[c].takes)
-                    print_message("# dpbf16 with %s (%d): %s\n", cases[c].what, rep,
+                    print_message("# %s with %s (%d): %s\n", path, cases[c].what, rep,
                                   took ? "taken" : "not taken");
                 assert_int_equal(took, cases[c].takes);
             }
         }
     }
-    /* tests that cap the panel memory get the f32 path's answer to it
-     * (-1, nothing written), not this path */
-    for (size_t i = 0; i < (size_t)K * lda; i++)
-        Ah[i] = rbf();
-    for (size_t i = 0; i < (size_t)K * ldb; i++)
-        Bh[i] = rbf();
-    float *C = malloc(4 * (size_t)M * N);
-    unsigned long c0 = nt__gemm_dpbf16_calls();
-    nt__gemm_set_panel_cap(1);
-    assert_int_equal(nt__gemm_typed(M, N, K, Ah, lda, false, NT_BF16, Bh, ldb, false, NT_BF16, C,
-                                    N, NULL, NT_F32),
-                     -1);
-    nt__gemm_set_panel_cap(0);
-    assert_true(nt__gemm_dpbf16_calls() == c0);
-    free(C), free(Ah), free(Bh);
+    free(Ah), free(Bh);
+}
+
+static void test_dpbf16_fallback(void **state)
+{
+    (void)state;
+    if (nt__gemm_set_dpbf16(1) != 0)
+        return; /* this CPU does not run it (test_dpbf16_shapes checks why) */
+    assert_int_equal(nt__gemm_set_amx(0), 0);
+    path_calls = nt__gemm_dpbf16_calls;
+    fallback_cases("dpbf16");
     nt__gemm_set_dpbf16(-1);
+    nt__gemm_set_amx(-1);
 }
 
 /* 20 AdamW steps of the MLP under bf16 autocast on the CPU backend, 1 and
@@ -945,6 +993,7 @@ static void test_dpbf16_train(void **state)
     (void)state;
     if (nt__gemm_set_dpbf16(1) != 0)
         return;
+    assert_int_equal(nt__gemm_set_amx(0), 0);
     const size_t n = 160 * 100 + 160 + 10 * 160 + 10;
     float *first = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
     int runs = 0;
@@ -969,6 +1018,302 @@ static void test_dpbf16_train(void **state)
             }
         }
     nt__gemm_set_dpbf16(-1);
+    nt__gemm_set_amx(-1);
+    m_threads = "2";
+    free(first), free(got);
+}
+
+/* ---------------- bf16 x bf16: the chunked definition (core/gemm_bf16.c) ---------------- */
+
+/* The paths of nt__gemm_bf16 a test forces: AMX, the FMA units at ISA
+ * level isa (AMX and vdpbf16ps off), vdpbf16ps, the plain loop. */
+enum { P_AMX, P_FMA, P_DP, P_PLAIN };
+
+static void bf_path(int path, int isa)
+{
+    assert_int_equal(nt__gemm_set_isa(path == P_FMA ? isa : -1), 0);
+    assert_int_equal(nt__gemm_set_amx(path == P_AMX ? 1 : 0), 0);
+    assert_int_equal(nt__gemm_set_dpbf16(path == P_DP ? 1 : 0), 0);
+    nt__gemm_bf16_set_plain(path == P_PLAIN);
+}
+
+static void bf_path_reset(void)
+{
+    nt__gemm_set_isa(-1);
+    nt__gemm_set_amx(-1);
+    nt__gemm_set_dpbf16(-1);
+    nt__gemm_bf16_set_plain(false);
+    nt__gemm_set_threads(0);
+}
+
+/* Every shape: both layouts of each operand, acc on and off, f32 (NaNs
+ * canonical) and bf16 results, bf16 storage (and widened f32 storage for
+ * some), 1 and 2 threads, on the path forced: the bits of naive_bf16_acc. */
+static void bf_shapes(int path, int isa)
+{
+    static const int shapes[][3] = {
+        {1, 1, 1},     {1, 1, 15},    {1, 1, 16},     {2, 3, 17},      {16, 16, 16},
+        {17, 33, 127}, {32, 32, 128}, {33, 31, 129},  {5, 300, 33},    {300, 1, 300},
+        {64, 96, 700}, {97, 257, 385}, {128, 200, 784}, {257, 299, 640}, {7, 9, 0},
+    };
+    bool quick = getenv("NT_TEST_QUICK") != NULL;
+    for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
+        int M = shapes[sh][0], N = shapes[sh][1], K = shapes[sh][2];
+        long macs = (long)M * N * K;
+        if ((quick || path == P_PLAIN) && macs > 4000000)
+            continue;
+        int lda = M + 1, ldb = N + 5, ldc = N + 3, ldr = K + 2, ldt = K + 5;
+        size_t na = (size_t)K * lda + 1, nb = (size_t)K * ldb + 1, nc = (size_t)M * ldc;
+        uint16_t *Ah = malloc(2 * na), *Bh = malloc(2 * nb);
+        uint16_t *Arh = malloc(2 * ((size_t)M * ldr + 1)), *Bth = malloc(2 * ((size_t)N * ldt + 1));
+        float *A = malloc(4 * na), *B = malloc(4 * nb);
+        float *Ar = malloc(4 * ((size_t)M * ldr + 1)), *Bt = malloc(4 * ((size_t)N * ldt + 1));
+        for (size_t i = 0; i < na; i++)
+            Ah[i] = rbf(), A[i] = nt__bf16_to_f32(Ah[i]);
+        for (size_t i = 0; i < nb; i++)
+            Bh[i] = rbf(), B[i] = nt__bf16_to_f32(Bh[i]);
+        for (int i = 0; i < M; i++)
+            for (int k = 0; k < ldr; k++) {
+                Arh[(long)i * ldr + k] = k < K ? Ah[(long)k * lda + i] : 0x7fc1; /* never read */
+                Ar[(long)i * ldr + k] = nt__bf16_to_f32(Arh[(long)i * ldr + k]);
+            }
+        for (int j = 0; j < N; j++)
+            for (int k = 0; k < ldt; k++) {
+                Bth[(long)j * ldt + k] = k < K ? Bh[(long)k * ldb + j] : 0x7fc1;
+                Bt[(long)j * ldt + k] = nt__bf16_to_f32(Bth[(long)j * ldt + k]);
+            }
+        /* C's starting values for acc; the references (acc off, on) */
+        float *C0 = malloc(4 * nc), *ref[2], *got = malloc(4 * nc);
+        uint16_t *refh[2], *goth = malloc(2 * nc);
+        for (size_t i = 0; i < nc; i++)
+            C0[i] = nt__bf16_to_f32(rbf());
+        C0[0] = -0.0f; /* -0 + s: +0 where s is +0 (K = 0 too) */
+        for (int acc = 0; acc < 2; acc++) {
+            ref[acc] = malloc(4 * nc), refh[acc] = malloc(2 * nc);
+            memcpy(ref[acc], C0, 4 * nc);
+            naive_bf16_acc(M, N, K, A, lda, B, ldb, ref[acc], ldc, acc);
+            for (int i = 0; i < M; i++)
+                nt__st_f32((char *)(refh[acc] + (long)i * ldc), NT_BF16, 1,
+                           ref[acc] + (long)i * ldc, N);
+        }
+        for (int th = 1; th <= 2; th++)
+            for (int c = 0; c < 20; c++) {
+                bool rowa = c & 1, bcol = c & 2, acc = c & 4, o16 = c & 8, f32s = c >= 16;
+                assert_int_equal(nt__gemm_set_threads(th), 0);
+                bf_path(path, isa);
+                const void *a = rowa ? (f32s ? (const void *)Ar : Arh) : (f32s ? (const void *)A : Ah);
+                const void *b = bcol ? (f32s ? (const void *)Bt : Bth) : (f32s ? (const void *)B : Bh);
+                memcpy(got, C0, 4 * nc);
+                memset(goth, 0x55, 2 * nc);
+                unsigned long a0 = nt__gemm_amx_calls(), d0 = nt__gemm_dpbf16_calls();
+                assert_int_equal(nt__gemm_bf16(M, N, K, a, rowa ? ldr : lda, rowa,
+                                               f32s ? NT_F32 : NT_BF16, b, bcol ? ldt : ldb, bcol,
+                                               f32s ? NT_F32 : NT_BF16, got, ldc, acc, true,
+                                               o16 ? (void *)goth : NULL,
+                                               o16 ? NT_BF16 : NT_F32),
+                                 0);
+                /* the forced path took it (AMX: either storage; rbf's range is
+                 * inside the scan's bounds; vdpbf16ps does not accumulate) */
+                if (K > 0 && path == P_AMX)
+                    assert_true(nt__gemm_amx_calls() > a0);
+                else
+                    assert_true(nt__gemm_amx_calls() == a0);
+                if (K > 0 && !f32s && !acc && path == P_DP)
+                    assert_true(nt__gemm_dpbf16_calls() > d0);
+                else
+                    assert_true(nt__gemm_dpbf16_calls() == d0);
+                int bad = typed_rows_differ(M, N, ldc, o16, got, ref[acc], goth, refh[acc]);
+                if (bad)
+                    print_message("# bf16 %dx%dx%d path %d (isa %d), A %s, B %s, acc %d, out %s, "
+                                  "%s storage, %d thread(s): %d rows differ\n",
+                                  M, N, K, path, isa, rowa ? "rows" : "cols",
+                                  bcol ? "cols" : "rows", acc, o16 ? "bf16" : "f32",
+                                  f32s ? "f32" : "bf16", th, bad);
+                assert_int_equal(bad, 0);
+            }
+        free(Ah), free(Bh), free(Arh), free(Bth), free(A), free(B), free(Ar), free(Bt);
+        free(C0), free(got), free(goth);
+        for (int acc = 0; acc < 2; acc++)
+            free(ref[acc]), free(refh[acc]);
+    }
+    bf_path_reset();
+}
+
+/* The FMA units at every ISA level this CPU runs, vdpbf16ps (forced on,
+ * where the CPU has it) and the plain loop give the definition's bits. */
+static void test_bf16_paths(void **state)
+{
+    (void)state;
+    for (int isa = 0; isa <= nt__gemm_isa_best(); isa++)
+        bf_shapes(P_FMA, isa);
+    bf_shapes(P_PLAIN, 0);
+    if (nt__gemm_dpbf16_runs())
+        bf_shapes(P_DP, 0);
+}
+
+/* AMX, forced on: the same bits on the same shapes; where the CPU (or
+ * its kernel) does not run it, forcing it is refused and the test says
+ * it skipped. */
+static void test_bf16_amx(void **state)
+{
+    (void)state;
+    assert_int_equal(nt__gemm_set_amx(2), -1);
+    assert_int_equal(nt__gemm_set_amx(-2), -1);
+    if (!nt__gemm_amx_runs()) {
+        assert_int_equal(nt__gemm_set_amx(1), -1);
+        print_message("# AMX (AMX-TILE, AMX-BF16) not run on this CPU or kernel: skipped\n");
+        skip();
+    }
+    bf_shapes(P_AMX, 0);
+    /* below the AVX-512 level (the range scan's instructions) it is not
+     * taken even when forced: the FMA path's bits */
+    if (nt__gemm_isa_best() >= NT_ISA_AVX2) {
+        enum { M = 33, N = 40, K = 150 };
+        uint16_t Ah[K * M], Bh[K * N];
+        float A[K * M], B[K * N], ref[M * N], got[M * N];
+        for (int i = 0; i < K * M; i++)
+            Ah[i] = rbf(), A[i] = nt__bf16_to_f32(Ah[i]);
+        for (int i = 0; i < K * N; i++)
+            Bh[i] = rbf(), B[i] = nt__bf16_to_f32(Bh[i]);
+        naive_bf16(M, N, K, A, M, B, N, ref, N);
+        assert_int_equal(nt__gemm_set_amx(1), 0);
+        assert_int_equal(nt__gemm_set_isa(NT_ISA_AVX2), 0);
+        unsigned long a0 = nt__gemm_amx_calls();
+        nt__gemm_bf16(M, N, K, Ah, M, false, NT_BF16, Bh, N, false, NT_BF16, got, N, false, true,
+                      NULL, NT_F32);
+        assert_true(nt__gemm_amx_calls() == a0);
+        assert_int_equal(differ(got, ref, M * N), 0);
+    }
+    bf_path_reset();
+}
+
+/* Operands AMX would not compute the definition's bits for (the range
+ * scan's cases: subnormals, Inf, NaN, overflow) take the FMA path, the
+ * rest AMX: the definition's bits either way. */
+static void test_bf16_amx_fallback(void **state)
+{
+    (void)state;
+    if (nt__gemm_set_amx(1) != 0) {
+        print_message("# AMX not run on this CPU or kernel: skipped\n");
+        skip();
+    }
+    assert_int_equal(nt__gemm_set_dpbf16(0), 0);
+    path_calls = nt__gemm_amx_calls;
+    fallback_cases("amx");
+    path_calls = nt__gemm_dpbf16_calls;
+    bf_path_reset();
+}
+
+/* nt_matmul on bf16 tensors on the simulator -- values per nc_matmul
+ * instruction (NT_SIM_PROGRAM_GEMM=0) and per program, each with values per
+ * instruction or per program (NT_SIM_PROGRAM_VALUES) -- and on the CPU
+ * backend, at every ISA level: the definition's bits (rounded to bf16),
+ * where the old recurrence's differ. */
+static void test_bf16_sim_steps(void **state)
+{
+    (void)state;
+    const int64_t M = 130, K = 700, N = 530;
+    uint16_t *ah = malloc(2 * (size_t)(M * K)), *bh = malloc(2 * (size_t)(K * N));
+    float *at = malloc(4 * (size_t)(K * M)), *bf = malloc(4 * (size_t)(K * N));
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t k = 0; k < K; k++) {
+            /* values near 1 with both signs: partial sums cancel and round */
+            ah[i * K + k] = (uint16_t)(rbf() % 0x200 + (rnd() & 1 ? 0x3f00 : 0xbf00));
+            at[k * M + i] = nt__bf16_to_f32(ah[i * K + k]);
+        }
+    for (int64_t i = 0; i < K * N; i++)
+        bh[i] = (uint16_t)(rbf() % 0x200 + (rnd() & 1 ? 0x3f00 : 0xbf00)),
+        bf[i] = nt__bf16_to_f32(bh[i]);
+    /* row 0 of A all ones, column 0 of B over the first K-tile 2^24, 126
+     * ones, -2^24: the old recurrence loses every one (0), the chunks keep
+     * those of the middle chunks (111) */
+    for (int64_t k = 0; k < K; k++)
+        ah[k] = 0x3f80, at[k * M] = 1.0f;
+    for (int64_t k = 0; k < 128; k++) {
+        bh[k * N] = k == 0 ? 0x4b80 : k == 127 ? 0xcb80 : 0x3f80;
+        bf[k * N] = nt__bf16_to_f32(bh[k * N]);
+    }
+    size_t n = (size_t)(M * N);
+    float *ref = malloc(4 * n), *old = malloc(4 * n), *got = malloc(4 * n);
+    uint16_t *gh = malloc(2 * n);
+    naive_bf16((int)M, (int)N, (int)K, at, (int)M, bf, (int)N, ref, (int)N);
+    naive((int)M, (int)N, (int)K, at, (int)M, bf, (int)N, old, (int)N);
+    int changed = 0;
+    for (size_t i = 0; i < n; i++) {
+        ref[i] = nt__bf16_to_f32(nt__f32_to_bf16(ref[i]));
+        changed += nt__f32_to_bf16(old[i]) != nt__f32_to_bf16(ref[i]);
+    }
+    print_message("# %d of %zu bf16 results differ between the two definitions\n", changed, n);
+    assert_true(changed > 0);
+    bool pg0 = nt__sim_program_gemm(), pv0 = nt__sim_program_values();
+    for (int cfg = 0; cfg < 5; cfg++) {
+        bool sim = cfg < 4;
+        assert_int_equal(nt_config_set("NT_BACKEND", sim ? "sim" : "cpu"), 0);
+        nt__sim_set_program_gemm(cfg & 1);
+        nt__sim_set_program_values(cfg & 2);
+        for (int isa = 0; isa <= nt__gemm_isa_best(); isa++) {
+            assert_int_equal(nt__gemm_set_isa(isa), 0);
+            nt_tensor *a = nt_from_host(ah, NT_BF16, 2, (int64_t[]){M, K});
+            nt_tensor *b = nt_from_host(bh, NT_BF16, 2, (int64_t[]){K, N});
+            nt_tensor *y = nt_matmul(a, b);
+            assert_non_null(y);
+            assert_int_equal(nt_to_host(y, gh, 2 * n), 0);
+            for (size_t i = 0; i < n; i++)
+                got[i] = nt__bf16_to_f32(gh[i]);
+            int bad = differ(got, ref, n);
+            if (bad)
+                print_message("# bf16 matmul on %s, program gemm %d, program values %d, %s: %d "
+                              "elements differ\n",
+                              sim ? "sim" : "cpu", cfg & 1, (cfg & 2) != 0,
+                              nt__gemm_isa_label(isa), bad);
+            assert_int_equal(bad, 0);
+            nt_release(a), nt_release(b), nt_release(y);
+        }
+    }
+    nt__sim_set_program_gemm(pg0);
+    nt__sim_set_program_values(pv0);
+    nt__gemm_set_isa(-1);
+    free(ah), free(bh), free(at), free(bf), free(ref), free(old), free(got), free(gh);
+}
+
+/* 20 AdamW steps of the MLP under bf16 autocast, on both backends, 1 and 2
+ * threads: with AMX forced on (taken by the products) the parameters come
+ * out as with it off, bit for bit. */
+static void test_bf16_train_amx(void **state)
+{
+    (void)state;
+    if (nt__gemm_set_amx(1) != 0) {
+        print_message("# AMX not run on this CPU or kernel: skipped\n");
+        skip();
+    }
+    const size_t n = 160 * 100 + 160 + 10 * 160 + 10;
+    float *first = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    static const char *backends[] = {"cpu", "sim"};
+    int runs = 0;
+    for (int be = 0; be < 2; be++)
+        for (int th = 1; th <= 2; th++)
+            for (int on = 0; on < 2; on++) {
+                m_threads = th == 1 ? "1" : "2";
+                assert_int_equal(nt__gemm_set_amx(on), 0);
+                unsigned long c0 = nt__gemm_amx_calls();
+                assert_int_equal(nt_autocast_begin(NT_BF16), 0);
+                train(backends[be], nt__gemm_isa_label(nt__gemm_isa_best()), "eager",
+                      runs ? got : first, n);
+                assert_int_equal(nt_autocast_end(), 0);
+                if (on)
+                    assert_true(nt__gemm_amx_calls() > c0);
+                else
+                    assert_true(nt__gemm_amx_calls() == c0);
+                if (runs++) {
+                    int bad = differ(got, first, n);
+                    if (bad)
+                        print_message("# bf16 training on %s, AMX %s, %d thread(s): %d "
+                                      "parameters differ\n",
+                                      backends[be], on ? "on" : "off", th, bad);
+                    assert_int_equal(bad, 0);
+                }
+            }
+    bf_path_reset();
     m_threads = "2";
     free(first), free(got);
 }
@@ -1053,6 +1398,12 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_dpbf16_train, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_sim_bf16_product, nt_test_setup,
                                         nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bf16_paths, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bf16_amx, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bf16_amx_fallback, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bf16_sim_steps, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bf16_train_amx, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2249,7 +2249,10 @@ static void test_matmul_empty_dims(void **state)
 
 /* A K x M "stationary" / K x N "moving" product in 128 x 512 output blocks,
  * K-tiles of 128 ascending, as the simulator's tile program does it. */
-static void blocked_matmul(const float *A, const float *B, int M, int K, int N, float *C)
+/* bf16: both operands bf16, whose products have their own definition
+ * (core/gemm.h): the blocks through nt__gemm_bf16, K-tile by K-tile. */
+static void blocked_matmul(const float *A, const float *B, int M, int K, int N, float *C,
+                           bool bf16)
 {
     float *At = malloc(sizeof(float) * 128 * 128), *Bt = malloc(sizeof(float) * 128 * 512);
     float *Cb = malloc(sizeof(float) * 128 * 512);
@@ -2264,7 +2267,11 @@ static void blocked_matmul(const float *A, const float *B, int M, int K, int N, 
                     for (int j = 0; j < nb; j++)
                         Bt[k * nb + j] = B[(k0 + k) * N + n0 + j];
                 }
-                nt__gemm_ktile(mb, nb, kb, At, mb, Bt, nb, Cb, nb, k0 != 0);
+                if (bf16)
+                    nt__gemm_bf16(mb, nb, kb, At, mb, false, NT_F32, Bt, nb, false, NT_F32, Cb,
+                                  nb, k0 != 0, false, NULL, NT_F32);
+                else
+                    nt__gemm_ktile(mb, nb, kb, At, mb, Bt, nb, Cb, nb, k0 != 0);
             }
             for (int i = 0; i < mb; i++)
                 memcpy(C + (m0 + i) * N + n0, Cb + i * nb, sizeof(float) * nb);
@@ -2358,7 +2365,7 @@ static void test_matmul_equals_128x512_block_emulation(void **state)
             A[i] = (float)a[i]; /* exact: a holds dtype values */
         for (int i = 0; i < K * N; i++)
             B[i] = (float)b[i];
-        blocked_matmul(A, B, M, K, N, C);
+        blocked_matmul(A, B, M, K, N, C, dt == NT_BF16);
         double *got = fetch(y), *want = dv((int64_t)M * N);
         for (int i = 0; i < M * N; i++)
             want[i] = rnd(dt, C[i]);
