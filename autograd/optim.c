@@ -259,16 +259,6 @@ static nt_tensor *adamw_update(nt_optim *o, slot *s, nt_tensor *g, const nt_site
  * and autocast casts as before.  Made only for a parameter that autocast
  * cast since the last step (amp_want), to the dtype it asked for. */
 
-static bool same_view(const nt_tensor *a, const nt_tensor *b)
-{
-    if (a->st != b->st || a->offset != b->offset || a->dtype != b->dtype || a->ndim != b->ndim)
-        return false;
-    for (int i = 0; i < a->ndim; i++)
-        if (a->shape[i] != b->shape[i] || a->stride[i] != b->stride[i])
-            return false;
-    return true;
-}
-
 /* The leaf that requires grad and that src is the same view of: src
  * itself, or the leaf its chain of view nodes leads to (linear's w^T cast in
  * memory order is permute(transpose(w))); NULL if none. */
@@ -292,7 +282,7 @@ static nt_tensor *leaf_of(nt_tensor *src)
         }
     }
     /* the walk only finds a candidate; this makes it exact */
-    return l && l->ag && same_view(l, src) ? l : NULL;
+    return l && l->ag && nt__same_view(l, src) ? l : NULL;
 }
 
 nt_tensor *nt__optim_cast_of(nt_tensor *src, nt_dtype dt)

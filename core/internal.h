@@ -422,6 +422,19 @@ void nt__arena_reset_peak(void);
 /* Number of elements; saturates at INT64_MAX instead of overflowing (only
  * possible for a shape that nt__shape_ok rejects). */
 int64_t nt__numel(int ndim, const int64_t *shape);
+/* Whether a and b are the same view: one storage, offset, dtype, shape and
+ * strides (two handles on the same elements, read the same way). */
+static inline bool nt__same_view(const nt_tensor *a, const nt_tensor *b)
+{
+    if (a == b)
+        return true;
+    if (a->st != b->st || a->offset != b->offset || a->dtype != b->dtype || a->ndim != b->ndim)
+        return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i] || a->stride[i] != b->stride[i])
+            return false;
+    return true;
+}
 /* True if shape obeys the rule above.  Otherwise false with why filled
  * ("shape[1] is -3; expected a size >= 0", "... more than 2^48 elements"). */
 bool nt__shape_ok(int ndim, const int64_t *shape, char *why, size_t whylen);

@@ -92,18 +92,6 @@ static bool is_row_reduce(const nt__rec *r)
 
 /* ---------------- views as keys ---------------- */
 
-static bool same_view(const nt_tensor *a, const nt_tensor *b)
-{
-    if (a == b)
-        return true;
-    if (a->st != b->st || a->offset != b->offset || a->dtype != b->dtype || a->ndim != b->ndim)
-        return false;
-    for (int i = 0; i < a->ndim; i++)
-        if (a->shape[i] != b->shape[i] || a->stride[i] != b->stride[i])
-            return false;
-    return true;
-}
-
 static bool shape_is(const nt_tensor *t, int ndim, const int64_t *shape)
 {
     if (t->ndim != ndim)
@@ -162,7 +150,7 @@ static int find_val(gstate *s, const nt_tensor *t)
         if (s->val_t[v] == t)
             return v;
     for (int v = s->p.nvals - 1; v >= 0; v--)
-        if (s->val_t[v] && same_view(s->val_t[v], t))
+        if (s->val_t[v] && nt__same_view(s->val_t[v], t))
             return v;
     return -1;
 }
@@ -170,7 +158,7 @@ static int find_val(gstate *s, const nt_tensor *t)
 static int find_or_add_ext(gstate *s, nt_tensor *t)
 {
     for (int k = 0; k < s->p.next; k++)
-        if (same_view(s->g.ext[k], t))
+        if (nt__same_view(s->g.ext[k], t))
             return k;
     if (s->p.next >= NT_F_MAXEXT)
         return -1;
@@ -210,7 +198,7 @@ static int operand(gstate *s, nt_tensor *t)
     }
     if (!s->st_multi[h]) {
         const nt_tensor *w = s->val_t[s->st_val[h]];
-        if (w && (w == t || same_view(w, t)))
+        if (w && nt__same_view(w, t))
             return s->st_val[h];
         return NT_F_HAZARD;
     }
@@ -219,7 +207,7 @@ static int operand(gstate *s, nt_tensor *t)
         const nt_tensor *w = s->val_t[v];
         if (!w || w->st != t->st)
             continue;
-        if (w == t || same_view(w, t))
+        if (nt__same_view(w, t))
             return v;
         written = true;
     }
@@ -360,12 +348,12 @@ static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
     /* in place: only element-aligned with every read of the same storage */
     if (inplace) {
         for (int k = 0; k < s->p.next; k++)
-            if (s->g.ext[k]->st == o->st && !same_view(s->g.ext[k], o)) {
+            if (s->g.ext[k]->st == o->st && !nt__same_view(s->g.ext[k], o)) {
                 s->p.next = nexts;
                 return "in-place write to another view of a kernel input";
             }
         for (int v = 0; v < s->p.nvals; v++)
-            if (s->val_t[v] && s->val_t[v]->st == o->st && !same_view(s->val_t[v], o)) {
+            if (s->val_t[v] && s->val_t[v]->st == o->st && !nt__same_view(s->val_t[v], o)) {
                 s->p.next = nexts;
                 return "in-place write to another view of a kernel value";
             }
