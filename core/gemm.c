@@ -169,6 +169,31 @@ __attribute__((target("avx2,fma"))) static void micro_avx2(int K, const float *A
  * and the broadcast: 27 of the 32 registers).  Edge columns use masked
  * loads and stores, which touch no memory outside the mask. */
 #define NT_R12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+/* The end of both AVX-512 micro-kernels: the tile's rows_ x w results
+ * (plus C where MICRO_ACC, canonical where MICRO_CANON) stored by masked
+ * stores. */
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
+store_avx512(const __m512 c[12][2], float *C, int ldc, int rows_, int w, int fl)
+{
+    __mmask16 m0 = w >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << w) - 1);
+    __mmask16 m1 = w >= 32 ? (__mmask16)0xffff : w > 16 ? (__mmask16)((1u << (w - 16)) - 1) : 0;
+    const __m512 qnan = _mm512_castsi512_ps(_mm512_set1_epi32((int)NT__QNAN_F32));
+    for (int r = 0; r < rows_; r++) {
+        float *p = C + (long)r * ldc;
+        __m512 v0 = c[r][0], v1 = c[r][1];
+        if (fl & MICRO_ACC) {
+            v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, p), v0);
+            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, p + 16), v1);
+        }
+        if (fl & MICRO_CANON) {
+            v0 = _mm512_mask_mov_ps(v0, _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q), qnan);
+            v1 = _mm512_mask_mov_ps(v1, _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q), qnan);
+        }
+        _mm512_mask_storeu_ps(p, m0, v0);
+        _mm512_mask_storeu_ps(p + 16, m1, v1);
+    }
+}
+
 __attribute__((target("avx512f,avx2,fma"))) static void micro_avx512(int K, const float *Ap,
                                                                      const float *Bp, float *C,
                                                                      int ldc, int rows_, int w,
@@ -189,23 +214,7 @@ __attribute__((target("avx512f,avx2,fma"))) static void micro_avx512(int K, cons
 #define NT_LIST(r) {c##r##a, c##r##b},
     __m512 c[12][2] = {NT_R12(NT_LIST)};
 #undef NT_LIST
-    __mmask16 m0 = w >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << w) - 1);
-    __mmask16 m1 = w >= 32 ? (__mmask16)0xffff : w > 16 ? (__mmask16)((1u << (w - 16)) - 1) : 0;
-    const __m512 qnan = _mm512_castsi512_ps(_mm512_set1_epi32((int)NT__QNAN_F32));
-    for (int r = 0; r < rows_; r++) {
-        float *p = C + (long)r * ldc;
-        __m512 v0 = c[r][0], v1 = c[r][1];
-        if (fl & MICRO_ACC) {
-            v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, p), v0);
-            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, p + 16), v1);
-        }
-        if (fl & MICRO_CANON) {
-            v0 = _mm512_mask_mov_ps(v0, _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q), qnan);
-            v1 = _mm512_mask_mov_ps(v1, _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q), qnan);
-        }
-        _mm512_mask_storeu_ps(p, m0, v0);
-        _mm512_mask_storeu_ps(p + 16, m1, v1);
-    }
+    store_avx512(c, C, ldc, rows_, w, fl);
 }
 
 /* micro_avx512 with A read where it is stored, unpacked: row r of the
@@ -270,23 +279,7 @@ __attribute__((target("avx512f,avx2,fma"))) static void micro_avx512_s(int K, co
 #define NT_LIST(r) {c##r##a, c##r##b},
     __m512 c[12][2] = {NT_R12(NT_LIST)};
 #undef NT_LIST
-    __mmask16 m0 = w >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << w) - 1);
-    __mmask16 m1 = w >= 32 ? (__mmask16)0xffff : w > 16 ? (__mmask16)((1u << (w - 16)) - 1) : 0;
-    const __m512 qnan = _mm512_castsi512_ps(_mm512_set1_epi32((int)NT__QNAN_F32));
-    for (int r = 0; r < rows_; r++) {
-        float *p = C + (long)r * ldc;
-        __m512 v0 = c[r][0], v1 = c[r][1];
-        if (fl & MICRO_ACC) {
-            v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, p), v0);
-            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, p + 16), v1);
-        }
-        if (fl & MICRO_CANON) {
-            v0 = _mm512_mask_mov_ps(v0, _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q), qnan);
-            v1 = _mm512_mask_mov_ps(v1, _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q), qnan);
-        }
-        _mm512_mask_storeu_ps(p, m0, v0);
-        _mm512_mask_storeu_ps(p + 16, m1, v1);
-    }
+    store_avx512(c, C, ldc, rows_, w, fl);
 }
 #undef NT_R12
 #endif
