@@ -364,6 +364,19 @@ static void test_whole_every_level(void **state)
     nt__gemm_set_isa(-1);
 }
 
+/* The other layout of a K x R bf16 matrix (rows lds apart): R x K into dh,
+ * rows ldd apart, and its values as f32 into df; the ldd - K columns of
+ * padding hold a NaN, which no product may read. */
+static void bf16_transpose(const uint16_t *src, int K, int R, int lds, int ldd, uint16_t *dh,
+                           float *df)
+{
+    for (int i = 0; i < R; i++)
+        for (int k = 0; k < ldd; k++) {
+            dh[(long)i * ldd + k] = k < K ? src[(long)k * lds + i] : 0x7fc1;
+            df[(long)i * ldd + k] = nt__bf16_to_f32(dh[(long)i * ldd + k]);
+        }
+}
+
 /* nt__gemm_typed: bf16 operands packed straight into the f32 panels and
  * the result rounded to bf16 block by block must give the bits of widening
  * both operands to f32, the naive order and one rounding of C (f32: NaNs
@@ -391,16 +404,8 @@ static void test_typed_every_level(void **state)
             Ah[i] = nt__f32_to_bf16(A[i]), A[i] = nt__bf16_to_f32(Ah[i]);
         for (size_t i = 0; i < nb; i++)
             Bh[i] = nt__f32_to_bf16(B[i]), B[i] = nt__bf16_to_f32(Bh[i]);
-        for (int i = 0; i < M; i++)
-            for (int k = 0; k < ldr; k++) {
-                Arh[(long)i * ldr + k] = k < K ? Ah[(long)k * lda + i] : 0x7fc1; /* never read */
-                Ar[(long)i * ldr + k] = nt__bf16_to_f32(Arh[(long)i * ldr + k]);
-            }
-        for (int j = 0; j < N; j++)
-            for (int k = 0; k < ldt; k++) {
-                Bth[(long)j * ldt + k] = k < K ? Bh[(long)k * ldb + j] : 0x7fc1;
-                Bt[(long)j * ldt + k] = nt__bf16_to_f32(Bth[(long)j * ldt + k]);
-            }
+        bf16_transpose(Ah, K, M, lda, ldr, Arh, Ar);
+        bf16_transpose(Bh, K, N, ldb, ldt, Bth, Bt);
         float *ref2 = malloc(4 * nc), *refb = malloc(4 * nc), *got = malloc(4 * nc);
         uint16_t *refh2 = malloc(2 * nc), *refbh = malloc(2 * nc), *goth = malloc(2 * nc);
         naive_typed(M, N, K, A, lda, B, ldb, ref2, refh2, ldc, false);
@@ -1072,16 +1077,8 @@ static void bf_shapes(int path, int isa)
             Ah[i] = rbf(), A[i] = nt__bf16_to_f32(Ah[i]);
         for (size_t i = 0; i < nb; i++)
             Bh[i] = rbf(), B[i] = nt__bf16_to_f32(Bh[i]);
-        for (int i = 0; i < M; i++)
-            for (int k = 0; k < ldr; k++) {
-                Arh[(long)i * ldr + k] = k < K ? Ah[(long)k * lda + i] : 0x7fc1; /* never read */
-                Ar[(long)i * ldr + k] = nt__bf16_to_f32(Arh[(long)i * ldr + k]);
-            }
-        for (int j = 0; j < N; j++)
-            for (int k = 0; k < ldt; k++) {
-                Bth[(long)j * ldt + k] = k < K ? Bh[(long)k * ldb + j] : 0x7fc1;
-                Bt[(long)j * ldt + k] = nt__bf16_to_f32(Bth[(long)j * ldt + k]);
-            }
+        bf16_transpose(Ah, K, M, lda, ldr, Arh, Ar);
+        bf16_transpose(Bh, K, N, ldb, ldt, Bth, Bt);
         /* C's starting values for acc; the references (acc off, on) */
         float *C0 = malloc(4 * nc), *ref[2], *got = malloc(4 * nc);
         uint16_t *refh[2], *goth = malloc(2 * nc);
