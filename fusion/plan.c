@@ -745,36 +745,6 @@ static void run_group_kernel(gstate *s)
  * and every kernel computes the same bits (each op reads what it read). */
 enum { HOIST_WINDOW = 256 }; /* records scanned ahead: planning stays linear */
 
-/* A big batch's records and handles were written long ago and are out of
- * cache by the time it is planned: each pass over it fetches ahead, records
- * a few steps before their handles and handles before their storage, so
- * planning stays linear in time.  dir is 1 going forward, -1 backward. */
-static inline void fetch_ahead(nt__rec *const *recs, int n, int k, int dir)
-{
-    int r16 = k + 16 * dir, r8 = k + 8 * dir, r4 = k + 4 * dir;
-    if (r16 >= 0 && r16 < n)
-        for (size_t off = 0; off < sizeof(nt__rec); off += 64)
-            __builtin_prefetch((const char *)recs[r16] + off);
-    if (r8 >= 0 && r8 < n) {
-        const nt__rec *q = recs[r8];
-        for (int i = 0; i < q->nin; i++)
-            if (q->in[i])
-                for (size_t off = 0; off < sizeof(nt_tensor); off += 64)
-                    __builtin_prefetch((const char *)q->in[i] + off);
-        if (q->out[0])
-            for (size_t off = 0; off < sizeof(nt_tensor); off += 64)
-                __builtin_prefetch((const char *)q->out[0] + off);
-    }
-    if (r4 >= 0 && r4 < n) {
-        const nt__rec *q = recs[r4];
-        for (int i = 0; i < q->nin; i++)
-            if (q->in[i])
-                __builtin_prefetch(q->in[i]->st);
-        if (q->out[0])
-            __builtin_prefetch(q->out[0]->st);
-    }
-}
-
 static bool rec_touches(const nt__rec *x, const nt__storage *st, bool writes_only)
 {
     for (int i = 0; i < NT__MAX_OUT; i++)
@@ -854,7 +824,6 @@ static bool hoist_matmuls(nt__rec **recs, int n)
     bool moved = false;
     for (int k = n - 2; k >= 0; k--) {
         nt__rec *r = recs[k];
-        fetch_ahead(recs, n, k, -1);
         if (r->type != NT_REC_OP || r->op != NT_OP_MATMUL || !r->out[0] || r->nout != 1 ||
             (r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)))
             continue;
@@ -927,7 +896,6 @@ static bool pull_consumers(nt__rec **recs, int n)
     bool moved = false;
     for (int j = 1; j < n; j++) {
         nt__rec *r = recs[j];
-        fetch_ahead(recs, n, j, 1);
         if (r->type != NT_REC_OP || !nt__fusable_ew(r->op) || !r->out[0] || r->nout != 1 ||
             (r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)) || r->nin == 0)
             continue;
@@ -986,7 +954,18 @@ void nt__fusion_run(nt__rec **recs, int n)
     char why[128];
     for (int k = 0; k < n; k++) {
         nt__rec *r = recs[k];
-        fetch_ahead(recs, n, k, 1);
+        /* A big batch's records and handles were written long ago and are out
+         * of cache: fetch a few ahead. */
+        if (k + 8 < n)
+            __builtin_prefetch(recs[k + 8]);
+        if (k + 4 < n) {
+            const nt__rec *q = recs[k + 4];
+            for (int i = 0; i < q->nin; i++)
+                if (q->in[i])
+                    __builtin_prefetch(q->in[i]);
+            if (q->out[0])
+                __builtin_prefetch(q->out[0]);
+        }
         if (r->type != NT_REC_OP || r->op >= NT_OP_COUNT) {
             run_group(&s);
             plan_pause();
