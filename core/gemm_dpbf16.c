@@ -59,6 +59,7 @@
 
 #include <atomic_ops.h>
 #include "core/dtype.h"
+#include "core/tsan.h" /* buf_lock: GLib's mutex made visible to TSan */
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
