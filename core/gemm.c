@@ -194,15 +194,34 @@ store_avx512(const __m512 c[12][2], float *C, int ldc, int rows_, int w, int fl)
     }
 }
 
-__attribute__((target("avx512f,avx2,fma"))) static void micro_avx512(int K, const float *Ap,
-                                                                     const float *Bp, float *C,
-                                                                     int ldc, int rows_, int w,
-                                                                     int fl)
+/* Cache lines to prefetch while a micro-kernel runs: n[0] lines from p[0]
+ * into L1, n[1] from p[1] and n[2] from p[2] into L2, one line of each
+ * every other k step from the first.  Spread through the K loop they
+ * keep a few misses in flight; issued in a burst between calls, they
+ * stalled on the line fill buffers (half of full_block's samples). */
+typedef struct pfq {
+    const char *p[3];
+    int n[3];
+    int lim; /* 2 * the largest n */
+} pfq;
+
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
+micro_avx512_body(int K, const float *Ap, const float *Bp, float *C, int ldc, int rows_, int w,
+                  int fl, const pfq *q)
 {
 #define NT_DECL(r) __m512 c##r##a = _mm512_setzero_ps(), c##r##b = c##r##a;
     NT_R12(NT_DECL)
 #undef NT_DECL
     for (int k = 0; k < K; k++) {
+        if (q && k < q->lim && !(k & 1)) {
+            int l = k >> 1;
+            if (l < q->n[0])
+                _mm_prefetch(q->p[0] + 64 * (long)l, _MM_HINT_T0);
+            if (l < q->n[1])
+                _mm_prefetch(q->p[1] + 64 * (long)l, _MM_HINT_T1);
+            if (l < q->n[2])
+                _mm_prefetch(q->p[2] + 64 * (long)l, _MM_HINT_T1);
+        }
         const float *a = Ap + k * 12, *b = Bp + k * 32;
         __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), ar;
 #define NT_ROW(r)                                                                                  \
@@ -215,6 +234,22 @@ __attribute__((target("avx512f,avx2,fma"))) static void micro_avx512(int K, cons
     __m512 c[12][2] = {NT_R12(NT_LIST)};
 #undef NT_LIST
     store_avx512(c, C, ldc, rows_, w, fl);
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static void micro_avx512(int K, const float *Ap,
+                                                                     const float *Bp, float *C,
+                                                                     int ldc, int rows_, int w,
+                                                                     int fl)
+{
+    micro_avx512_body(K, Ap, Bp, C, ldc, rows_, w, fl, NULL);
+}
+
+/* micro_avx512 prefetching q's lines as it goes (full_block). */
+__attribute__((target("avx512f,avx2,fma"))) static void
+micro_avx512_pf(int K, const float *Ap, const float *Bp, float *C, int ldc, int rows_, int w,
+                int fl, const pfq *q)
+{
+    micro_avx512_body(K, Ap, Bp, C, ldc, rows_, w, fl, q);
 }
 
 /* micro_avx512 with A read where it is stored, unpacked: row r of the
@@ -1056,6 +1091,21 @@ static inline void prefetch_lines(const float *p, size_t n, size_t l0, size_t l1
     }
 }
 
+#if NT_X86
+/* prefetch_lines's range as slot s of q (lines [l0, l1) of a panel of n
+ * bytes at p, clipped to the panel). */
+static inline void pf_range(pfq *q, int s, const float *p, size_t n, size_t l0, size_t l1)
+{
+    size_t nl = (n + 63) / 64;
+    if (l1 > nl)
+        l1 = nl;
+    if (l1 > l0) {
+        q->p[s] = (const char *)p + l0 * 64;
+        q->n[s] = (int)(l1 - l0);
+    }
+}
+#endif
+
 /* Copies a block's scratch (micro-tiles of MR x NR, contiguous, tile (r,
  * q) at (q * nrow + r) * MR * NR) to its m x n place in C. */
 static void scratch_to_c(const float *Cs, int nrow, int MR, int NR, int m, int n, float *C,
@@ -1152,12 +1202,36 @@ static void full_block(const job *jb, int b)
          * meanwhile */
         size_t bpl = ((size_t)kw * NR * sizeof(float) + 63) / 64;
         size_t bper = (bpl + (size_t)nrow - 1) / (size_t)nrow;
+#if NT_X86
+        bool spread = f->pf && !f->ua && kn->micro == micro_avx512;
+#endif
         for (int c = j0; c < j1; c += NR) {
             int w = j1 - c < NR ? j1 - c : NR;
             const float *bp = Bk + (long)(c / NR) * kw * NR;
             bool bnext = c + NR < j1;
             for (int i = i0, r = 0; i < i1; i += MR, r++) {
                 int mr = i1 - i < MR ? i1 - i : MR;
+#if NT_X86
+                if (spread) { /* the same lines, issued inside the K loop */
+                    pfq q = {{NULL, NULL, NULL}, {0, 0, 0}, 0};
+                    if (bnext)
+                        pf_range(&q, 0, bp + (long)kw * NR, bpl * 64, r * bper, (r + 1) * bper);
+                    size_t e = pl + fper;
+                    if (fper && pl < anl)
+                        pf_range(&q, 1, An, an, pl, e);
+                    if (fper && e > anl)
+                        pf_range(&q, 2, Bn, bn, pl > anl ? pl - anl : 0, e - anl);
+                    pl = e;
+                    int lim = q.n[0] > q.n[1] ? q.n[0] : q.n[1];
+                    q.lim = 2 * (lim > q.n[2] ? lim : q.n[2]);
+                    float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + r) * MR * NR
+                                   : jb->C + (long)i * jb->ldc + c;
+                    const float *Ak = f->Ap + (long)f->Mpad * k0;
+                    micro_avx512_pf(kw, Ak + (long)(i / MR) * kw * MR, bp, cp,
+                                    Cs ? NR : jb->ldc, mr, w, fl, &q);
+                    continue;
+                }
+#endif
                 if (bnext && f->pf)
                     prefetch_lines(bp + (long)kw * NR, bpl * 64, r * bper, (r + 1) * bper, true);
                 if (fper) {
