@@ -486,6 +486,11 @@ void nt__gemm_keys_init(void)
 static volatile AO_t panel_cap;
 void nt__gemm_set_panel_cap(size_t n) { AO_store(&panel_cap, (AO_t)n); }
 
+/* Tests: 1 makes every whole product prefetch its panels (full_block's
+ * pf), as only products of over 16 MB of panels do otherwise. */
+static volatile AO_t force_pf;
+void nt__gemm_set_prefetch(bool on) { AO_store(&force_pf, (AO_t)on); }
+
 static float *panel(GPrivate *key, size_t n)
 {
     size_t cap = (size_t)AO_load(&panel_cap);
@@ -1412,7 +1417,8 @@ static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, co
          * 2048^3); a training step's products (under 5 MB) find them in
          * the caches, where the prefetches only cost issue slots: 7% of
          * the CPU MLP step's samples sat on them. */
-        g.pf = (size_t)(Mpad + Npad) * (size_t)K * sizeof(float) >= ((size_t)16 << 20);
+        g.pf = (size_t)(Mpad + Npad) * (size_t)K * sizeof(float) >= ((size_t)16 << 20) ||
+               AO_load(&force_pf);
         g.j.kn = kn;
         run_job(&g.j, split);
         return 0;
