@@ -1416,9 +1416,15 @@ static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, co
         /* Prefetching pays where the panels stream from memory (32 MB at
          * 2048^3); a training step's products (under 5 MB) find them in
          * the caches, where the prefetches only cost issue slots: 7% of
-         * the CPU MLP step's samples sat on them. */
-        g.pf = (size_t)(Mpad + Npad) * (size_t)K * sizeof(float) >= ((size_t)16 << 20) ||
-               AO_load(&force_pf);
+         * the CPU MLP step's samples sat on them.  Issued from inside the
+         * AVX-512 kernel's loop (packed A) they cost little, and the next
+         * K-tile's panels pay from past L2 (2 MB) on: on one thread 768^3
+         * +11-13%, 1024^3 +8-11%, 1024 x 1024 x 256 +4-5%, 512^3 +2%;
+         * with one K-tile (nothing ahead but the next B panel, already
+         * near) or A unpacked they cost 1-7%. */
+        size_t pbytes = (size_t)(Mpad + Npad) * (size_t)K * sizeof(float);
+        g.pf = pbytes >= ((size_t)16 << 20) || AO_load(&force_pf) ||
+               (!ua && K > NT_GEMM_KTILE && pbytes >= ((size_t)2 << 20));
         g.j.kn = kn;
         run_job(&g.j, split);
         return 0;
