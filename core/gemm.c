@@ -12,8 +12,10 @@
  * and a second thread taking half the column blocks of big calls.  nt__gemm
  * (the whole product) packs both operands once (in chunks both threads
  * share) and keeps each block of C in cache across all its K-tiles, while
- * prefetching the next K-tile's panels when they come from memory (at
- * 2048^3 the packed operands are 32 MB).  Block edges fall on whole panels,
+ * prefetching the next K-tile's panels when they come from past L2 (at
+ * 2048^3 the packed operands are 32 MB), a line every other step of the
+ * micro-kernel's loop, and, where A is read unpacked as A^T, its next
+ * rows.  Block edges fall on whole panels,
  * spread evenly, and the last blocks run in pieces, so the two threads end
  * together.  A block accumulates in a scratch of contiguous micro-tiles
  * (C's rows are often a multiple of 4 KiB apart, one L1 set) and is copied
