@@ -12,8 +12,10 @@
  * and a second thread taking half the column blocks of big calls.  nt__gemm
  * (the whole product) packs both operands once (in chunks both threads
  * share) and keeps each block of C in cache across all its K-tiles, while
- * prefetching the next K-tile's panels when they come from memory (at
- * 2048^3 the packed operands are 32 MB).  Block edges fall on whole panels,
+ * prefetching the next K-tile's panels when they come from past L2 (at
+ * 2048^3 the packed operands are 32 MB), a line every other step of the
+ * micro-kernel's loop, and, where A is read unpacked as A^T, its next
+ * rows.  Block edges fall on whole panels,
  * spread evenly, and the last blocks run in pieces, so the two threads end
  * together.  A block accumulates in a scratch of contiguous micro-tiles
  * (C's rows are often a multiple of 4 KiB apart, one L1 set) and is copied
@@ -194,15 +196,34 @@ store_avx512(const __m512 c[12][2], float *C, int ldc, int rows_, int w, int fl)
     }
 }
 
-__attribute__((target("avx512f,avx2,fma"))) static void micro_avx512(int K, const float *Ap,
-                                                                     const float *Bp, float *C,
-                                                                     int ldc, int rows_, int w,
-                                                                     int fl)
+/* Cache lines to prefetch while a micro-kernel runs: n[0] lines from p[0]
+ * into L1, n[1] from p[1] and n[2] from p[2] into L2, one line of each
+ * every other k step from the first.  Spread through the K loop they
+ * keep a few misses in flight; issued in a burst between calls, they
+ * stalled on the line fill buffers (half of full_block's samples). */
+typedef struct pfq {
+    const char *p[3];
+    int n[3];
+    int lim; /* 2 * the largest n */
+} pfq;
+
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
+micro_avx512_body(int K, const float *Ap, const float *Bp, float *C, int ldc, int rows_, int w,
+                  int fl, const pfq *q)
 {
 #define NT_DECL(r) __m512 c##r##a = _mm512_setzero_ps(), c##r##b = c##r##a;
     NT_R12(NT_DECL)
 #undef NT_DECL
     for (int k = 0; k < K; k++) {
+        if (q && k < q->lim && !(k & 1)) {
+            int l = k >> 1;
+            if (l < q->n[0])
+                _mm_prefetch(q->p[0] + 64 * (long)l, _MM_HINT_T0);
+            if (l < q->n[1])
+                _mm_prefetch(q->p[1] + 64 * (long)l, _MM_HINT_T1);
+            if (l < q->n[2])
+                _mm_prefetch(q->p[2] + 64 * (long)l, _MM_HINT_T1);
+        }
         const float *a = Ap + k * 12, *b = Bp + k * 32;
         __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), ar;
 #define NT_ROW(r)                                                                                  \
@@ -215,6 +236,22 @@ __attribute__((target("avx512f,avx2,fma"))) static void micro_avx512(int K, cons
     __m512 c[12][2] = {NT_R12(NT_LIST)};
 #undef NT_LIST
     store_avx512(c, C, ldc, rows_, w, fl);
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static void micro_avx512(int K, const float *Ap,
+                                                                     const float *Bp, float *C,
+                                                                     int ldc, int rows_, int w,
+                                                                     int fl)
+{
+    micro_avx512_body(K, Ap, Bp, C, ldc, rows_, w, fl, NULL);
+}
+
+/* micro_avx512 prefetching q's lines as it goes (full_block). */
+__attribute__((target("avx512f,avx2,fma"))) static void
+micro_avx512_pf(int K, const float *Ap, const float *Bp, float *C, int ldc, int rows_, int w,
+                int fl, const pfq *q)
+{
+    micro_avx512_body(K, Ap, Bp, C, ldc, rows_, w, fl, q);
 }
 
 /* micro_avx512 with A read where it is stored, unpacked: row r of the
@@ -450,6 +487,11 @@ void nt__gemm_keys_init(void)
  * paths for a host short of panel memory run on demand. */
 static volatile AO_t panel_cap;
 void nt__gemm_set_panel_cap(size_t n) { AO_store(&panel_cap, (AO_t)n); }
+
+/* Tests: 1 makes every whole product prefetch its panels (full_block's
+ * pf), as only products of over 16 MB of panels do otherwise. */
+static volatile AO_t force_pf;
+void nt__gemm_set_prefetch(bool on) { AO_store(&force_pf, (AO_t)on); }
 
 static float *panel(GPrivate *key, size_t n)
 {
@@ -1056,6 +1098,21 @@ static inline void prefetch_lines(const float *p, size_t n, size_t l0, size_t l1
     }
 }
 
+#if NT_X86
+/* prefetch_lines's range as slot s of q (lines [l0, l1) of a panel of n
+ * bytes at p, clipped to the panel). */
+static inline void pf_range(pfq *q, int s, const float *p, size_t n, size_t l0, size_t l1)
+{
+    size_t nl = (n + 63) / 64;
+    if (l1 > nl)
+        l1 = nl;
+    if (l1 > l0) {
+        q->p[s] = (const char *)p + l0 * 64;
+        q->n[s] = (int)(l1 - l0);
+    }
+}
+#endif
+
 /* Copies a block's scratch (micro-tiles of MR x NR, contiguous, tile (r,
  * q) at (q * nrow + r) * MR * NR) to its m x n place in C. */
 static void scratch_to_c(const float *Cs, int nrow, int MR, int NR, int m, int n, float *C,
@@ -1146,18 +1203,52 @@ static void full_block(const job *jb, int b)
             fper = ((an + bn) / 64 + (size_t)(nrow * ncol) - 1) / (size_t)(nrow * ncol);
         }
         size_t anl = (an + 63) / 64;
+        /* A^T read unpacked (ua; a weight gradient dY^T . X, K the batch's
+         * rows): each k row of the block is a short piece of a long row
+         * of A, a new line every step of the kernel's loop, which the
+         * hardware does not fetch ahead.  Its next K-tile's rows are
+         * fetched into L2 meanwhile, uarpc per call: on one thread 512 x
+         * 128 x 2048 +5-10%, 1024 x 128 x 2048 +12-20% (A row-major,
+         * contiguous along k, gains nothing). */
+        bool uap = f->ua && !f->arow && k1 < jb->K;
+        int uarpc = uap ? (kw1 + nrow * ncol - 1) / (nrow * ncol) : 0;
+        size_t uabytes = (size_t)(i1 - i0) * sizeof(float);
         int fl = (k0 > 0 ? MICRO_ACC : 0) | (f->canon && k1 >= jb->K ? MICRO_CANON : 0);
         /* a B panel (kw x NR) stays in L1 while the block's A panels
          * stream past it from L2; the next B panel is fetched into L1
          * meanwhile */
         size_t bpl = ((size_t)kw * NR * sizeof(float) + 63) / 64;
         size_t bper = (bpl + (size_t)nrow - 1) / (size_t)nrow;
+#if NT_X86
+        bool spread = f->pf && !f->ua && kn->micro == micro_avx512;
+#endif
         for (int c = j0; c < j1; c += NR) {
             int w = j1 - c < NR ? j1 - c : NR;
             const float *bp = Bk + (long)(c / NR) * kw * NR;
             bool bnext = c + NR < j1;
             for (int i = i0, r = 0; i < i1; i += MR, r++) {
                 int mr = i1 - i < MR ? i1 - i : MR;
+#if NT_X86
+                if (spread) { /* the same lines, issued inside the K loop */
+                    pfq q = {{NULL, NULL, NULL}, {0, 0, 0}, 0};
+                    if (bnext)
+                        pf_range(&q, 0, bp + (long)kw * NR, bpl * 64, r * bper, (r + 1) * bper);
+                    size_t e = pl + fper;
+                    if (fper && pl < anl)
+                        pf_range(&q, 1, An, an, pl, e);
+                    if (fper && e > anl)
+                        pf_range(&q, 2, Bn, bn, pl > anl ? pl - anl : 0, e - anl);
+                    pl = e;
+                    int lim = q.n[0] > q.n[1] ? q.n[0] : q.n[1];
+                    q.lim = 2 * (lim > q.n[2] ? lim : q.n[2]);
+                    float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + r) * MR * NR
+                                   : jb->C + (long)i * jb->ldc + c;
+                    const float *Ak = f->Ap + (long)f->Mpad * k0;
+                    micro_avx512_pf(kw, Ak + (long)(i / MR) * kw * MR, bp, cp,
+                                    Cs ? NR : jb->ldc, mr, w, fl, &q);
+                    continue;
+                }
+#endif
                 if (bnext && f->pf)
                     prefetch_lines(bp + (long)kw * NR, bpl * 64, r * bper, (r + 1) * bper, true);
                 if (fper) {
@@ -1168,6 +1259,14 @@ static void full_block(const job *jb, int b)
                     if (e > anl)
                         prefetch_lines(Bn, bn, pl > anl ? pl - anl : 0, e - anl, false);
                     pl = e;
+                }
+                if (uap) {
+                    /* this call's share (uarpc rows k) of the next
+                     * K-tile's rows of A^T, the block's columns of each */
+                    int t = ((c - j0) / NR) * nrow + r;
+                    for (int k = k1 + t * uarpc; k < k1 + (t + 1) * uarpc && k < k1 + kw1; k++)
+                        prefetch_lines(jb->A + (long)k * jb->lda + i0, uabytes, 0,
+                                       uabytes / 64 + 1, false);
                 }
                 float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + r) * MR * NR
                                : jb->C + (long)i * jb->ldc + c;
@@ -1337,8 +1436,15 @@ static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, co
         /* Prefetching pays where the panels stream from memory (32 MB at
          * 2048^3); a training step's products (under 5 MB) find them in
          * the caches, where the prefetches only cost issue slots: 7% of
-         * the CPU MLP step's samples sat on them. */
-        g.pf = (size_t)(Mpad + Npad) * (size_t)K * sizeof(float) >= ((size_t)16 << 20);
+         * the CPU MLP step's samples sat on them.  Issued from inside the
+         * AVX-512 kernel's loop (packed A) they cost little, and the next
+         * K-tile's panels pay from past L2 (2 MB) on: on one thread 768^3
+         * +11-13%, 1024^3 +8-11%, 1024 x 1024 x 256 +4-5%, 512^3 +2%;
+         * with one K-tile (nothing ahead but the next B panel, already
+         * near) or A unpacked they cost 1-7%. */
+        size_t pbytes = (size_t)(Mpad + Npad) * (size_t)K * sizeof(float);
+        g.pf = pbytes >= ((size_t)16 << 20) || AO_load(&force_pf) ||
+               (!ua && K > NT_GEMM_KTILE && pbytes >= ((size_t)2 << 20));
         g.j.kn = kn;
         run_job(&g.j, split);
         return 0;

@@ -157,6 +157,9 @@ bool nt__gemm_bf16_range_ok(int K, const uint16_t *A, int ar, int ac, long lda, 
 /* Tests only: panel buffers of more than n floats fail as if the host had
  * no memory for them (0: no cap), to run the fallback paths. */
 void nt__gemm_set_panel_cap(size_t n);
+/* Tests only: true makes every product prefetch its panels as the
+ * biggest do (the same bits, another path through core/gemm.c). */
+void nt__gemm_set_prefetch(bool on);
 
 /* The vector ISA levels of the micro-kernel, chosen at run time (the first
  * call takes the widest this CPU runs; NT_CPU_ISA in docs/env.md forces

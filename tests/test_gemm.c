@@ -364,6 +364,62 @@ static void test_whole_every_level(void **state)
     nt__gemm_set_isa(-1);
 }
 
+/* Products of over 16 MB of panels prefetch the next panels from inside
+ * the micro-kernel's K loop (core/gemm.c, full_block): forced on for
+ * products of test size, every layout, level and thread count gives the
+ * naive bits -- ragged rows and columns, K not a multiple of 128, one
+ * K-tile (nothing to prefetch ahead) and many, C accumulated in the
+ * block scratch or stored directly. */
+static void test_whole_prefetch(void **state)
+{
+    (void)state;
+    static const int shapes[][3] = {
+        {390, 1601, 130}, {205, 530, 300}, {300, 97, 129}, {204, 640, 128}, {217, 70, 40},
+        {250, 1100, 1000},
+    };
+    int best = nt__gemm_isa_best();
+    nt__gemm_set_prefetch(true);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        int lda = M + 1, ldb = N + 7, ldc = N + 3, ldr = K + 2, ldt = K + 3;
+        float *A = fill((size_t)K * lda + 1), *B = fill((size_t)K * ldb + 1);
+        float *ref = fill((size_t)M * ldc), *pad = malloc(sizeof(float) * (size_t)M * ldc);
+        float *got = malloc(sizeof(float) * (size_t)M * ldc);
+        float *Ar = malloc(sizeof(float) * ((size_t)M * ldr + 1));
+        float *Bt = malloc(sizeof(float) * ((size_t)N * ldt + 1));
+        memcpy(pad, ref, sizeof(float) * (size_t)M * ldc);
+        naive(M, N, K, A, lda, B, ldb, ref, ldc);
+        for (int i = 0; i < M; i++)
+            for (int k = 0; k < ldr; k++)
+                Ar[(long)i * ldr + k] = k < K ? A[(long)k * lda + i] : NAN;
+        for (int j = 0; j < N; j++)
+            for (int k = 0; k < ldt; k++)
+                Bt[(long)j * ldt + k] = k < K ? B[(long)k * ldb + j] : NAN;
+        for (int isa = 0; isa <= best; isa++)
+            for (int lay = 0; lay < 8; lay++) {
+                bool rowa = lay & 1, bcol = lay & 2;
+                int th = lay & 4 ? 1 : 2;
+                assert_int_equal(nt__gemm_set_isa(isa), 0);
+                assert_int_equal(nt__gemm_set_threads(th), 0);
+                memcpy(got, pad, sizeof(float) * (size_t)M * ldc);
+                nt__gemm_ex(M, N, K, rowa ? Ar : A, rowa ? ldr : lda, rowa, bcol ? Bt : B,
+                            bcol ? ldt : ldb, bcol, got, ldc);
+                int bad = differ(got, ref, (size_t)M * ldc);
+                if (bad)
+                    print_message("# prefetching gemm_ex (A %s, B %s) %dx%dx%d on %s, %d "
+                                  "thread(s): %d elements differ\n",
+                                  rowa ? "row-major" : "transposed",
+                                  bcol ? "transposed" : "row-major", M, N, K,
+                                  nt__gemm_isa_label(isa), th, bad);
+                assert_int_equal(bad, 0);
+            }
+        free(A), free(B), free(ref), free(pad), free(got), free(Ar), free(Bt);
+    }
+    nt__gemm_set_prefetch(false);
+    nt__gemm_set_threads(0);
+    nt__gemm_set_isa(-1);
+}
+
 /* The other layout of a K x R bf16 matrix (rows lds apart): R x K into dh,
  * rows ldd apart, and its values as f32 into df; the ldd - K columns of
  * padding hold a NaN, which no product may read. */
@@ -1381,6 +1437,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_config, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_ktile_every_level, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_whole_every_level, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_whole_prefetch, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_typed_every_level, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_matmul_every_level, nt_test_setup,
