@@ -54,6 +54,7 @@
 #endif
 
 #define CH 16  /* k per chunk */
+#define SLOTS 4 /* AMX: blocks' buffers (at least the threads, core/gemm.h) */
 #define MC 96  /* a block of C: MC rows x NC columns (multiples of every MR, NR, 32) */
 #define NC 256
 
@@ -201,8 +202,9 @@ typedef struct bjob {
     const void *Bb;    /* AMX path: B as bf16 (B, or Bn: B narrowed), rows ldbb apart */
     uint16_t *Bn;
     long ldbb;
-    uint32_t *Bs;   /* AMX path: each block's B slices */
-    float *Run;     /* AMX path: each block's running sums (NULL: one K-tile) */
+    uint32_t *Bs;   /* AMX path: per slot, a block's B slices */
+    float *Run;     /* AMX path: per slot, a block's running sums (NULL: one K-tile) */
+    volatile AO_t slot[SLOTS]; /* AMX path: slots taken by running blocks */
     int ns, ncb, mb, ng; /* AMX path: stripes of 32 columns, blocks of SG of them by mb rows */
     volatile AO_t notbf; /* AMX path: an f32-stored element is not a bf16 value */
     int nch;           /* AMX: chunks of K */
@@ -678,8 +680,13 @@ static void block_amx(void *arg, int b)
     const bjob *d = arg;
     int cb = b % d->ncb, g = b / d->ncb, s0 = cb * SG, s1 = s0 + SG < d->ns ? s0 + SG : d->ns;
     int i0 = g * d->mb, i1 = i0 + d->mb < d->M ? i0 + d->mb : d->M;
-    uint32_t *bs = d->Bs + (long)b * SG * SLW;
-    float *run = d->Run ? d->Run + (long)b * d->mb * 32 * SG : NULL;
+    /* a free slot: blocks running at once never outnumber them (the
+     * threads); the same few stay in cache from block to block */
+    int sl = 0;
+    while (!AO_compare_and_swap_full(&((bjob *)d)->slot[sl], 0, 1))
+        sl = (sl + 1) % SLOTS;
+    uint32_t *bs = d->Bs + (long)sl * SG * SLW;
+    float *run = d->Run ? d->Run + (long)sl * d->mb * 32 * SG : NULL;
     float sc[2][32 * 32] __attribute__((aligned(64)));
     long astep = (long)d->nch * 256, ldr = 32 * SG;
     int n = 0, pi = 0, pj = 0; /* s computed so far; the pending one's place */
@@ -711,6 +718,7 @@ static void block_amx(void *arg, int b)
     merge_out(d, pi, pj, sc[(n - 1) & 1], pfirst ? (d->acc ? c : NULL) : r,
               pfirst ? d->ldc : ldr, plast ? c : r, plast ? d->ldc : ldr, plast);
     tiles_off();
+    AO_store_release(&((bjob *)d)->slot[sl], 0);
 }
 /* CPUID leaf 7: AMX-BF16 (EDX 22), AMX-TILE (EDX 24); the OS enabling the
  * tile state (XCR0 bits 17, 18) once this process asked for it. */
@@ -821,10 +829,10 @@ static int amx_run(bjob *d, bool checked)
     d->mb = even < mb ? even : mb;
     d->ng = (d->M + d->mb - 1) / d->mb;
     int nblk = d->ncb * d->ng;
-    /* u32 units: A's tiles, the blocks' B slices, their running sums (more
+    /* u32 units: A's tiles, the slots' B slices, their running sums (more
      * than one K-tile), B narrowed */
-    size_t na = (size_t)d->npa * d->nch * 256, ns = (size_t)nblk * SG * SLW;
-    size_t nr = d->K > NT_GEMM_KTILE ? (size_t)nblk * d->mb * 32 * SG : 0;
+    size_t na = (size_t)d->npa * d->nch * 256, ns = (size_t)SLOTS * SG * SLW;
+    size_t nr = d->K > NT_GEMM_KTILE ? (size_t)SLOTS * d->mb * 32 * SG : 0;
     size_t nbn = narrow ? ((size_t)brows * blen + 1) / 2 : 0;
     bool kept;
     uint32_t *buf = buf_get((na + ns + nr + nbn) * sizeof(uint32_t), &kept);
@@ -837,6 +845,8 @@ static int amx_run(bjob *d, bool checked)
     d->ldbb = narrow ? blen : d->ldb;
     bool split = (long)d->M * d->N * d->K >= (1L << 20);
     AO_store(&d->notbf, 0);
+    for (int s = 0; s < SLOTS; s++)
+        AO_store(&d->slot[s], 0);
     nt__par_blocks(d->npa + (narrow ? (brows + 63) / 64 : 0), prep_amx, d, split);
     bool ok = checked;
     if (!ok && d->adt == NT_BF16) /* the operands: half the tiles' bytes */
