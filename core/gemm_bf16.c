@@ -205,6 +205,7 @@ typedef struct bjob {
     uint32_t *Bs;   /* AMX path: per slot, a block's B slices */
     float *Run;     /* AMX path: per slot, a block's running sums (NULL: one K-tile) */
     volatile AO_t slot[SLOTS]; /* AMX path: slots taken by running blocks */
+    volatile AO_t alo, ahi, blo, bhi; /* AMX path: A's, B's least nonzero and greatest |x| */
     int ns, ncb, mb, ng; /* AMX path: stripes of 32 columns, blocks of SG of them by mb rows */
     volatile AO_t notbf; /* AMX path: an f32-stored element is not a bf16 value */
     int nch;           /* AMX: chunks of K */
@@ -439,6 +440,29 @@ __attribute__((target(AMX_TARGET))) static inline __m512i ld16(const void *p, nt
     return _mm512_srli_epi32(v, 16);
 }
 
+/* The least nonzero and the greatest |x| of 16 bf16 (as u32 lanes) into
+ * mn (|x| - 1, 0xffff for zeros) and mx, as nt__gemm_bf16_range_ok's scan. */
+__attribute__((target(AMX_TARGET))) static inline void stat16(__m512i v, __m512i *mn, __m512i *mx)
+{
+    v = _mm512_and_si512(v, _mm512_set1_epi32(0x7fff));
+    *mx = _mm512_max_epu32(*mx, v);
+    *mn = _mm512_min_epu32(*mn, _mm512_and_si512(_mm512_sub_epi32(v, _mm512_set1_epi32(1)),
+                                                  _mm512_set1_epi32(0xffff)));
+}
+
+/* mn, mx (stat16's) folded into *lo, *hi, which other blocks update too. */
+__attribute__((target(AMX_TARGET))) static void stat_fold(__m512i mn, __m512i mx,
+                                                         volatile AO_t *lo, volatile AO_t *hi)
+{
+    AO_t l = (AO_t)_mm512_reduce_min_epu32(mn) + 1, h = (AO_t)_mm512_reduce_max_epu32(mx), o;
+    do
+        o = AO_load(lo);
+    while (l < o && !AO_compare_and_swap_full(lo, o, l));
+    do
+        o = AO_load(hi);
+    while (h > o && !AO_compare_and_swap_full(hi, o, h));
+}
+
 /* r[0..16) transposed in place (16 x 16 dwords). */
 __attribute__((target(AMX_TARGET))) static inline void tr16(__m512i *r)
 {
@@ -472,6 +496,7 @@ __attribute__((target(AMX_TARGET))) static void pack_amx_a_vec(bjob *d, int b)
     int i0 = 16 * b, mi = d->M - i0 < 16 ? d->M - i0 : 16;
     __m512i low = _mm512_setzero_si512(), pad = _mm512_set1_epi32((int)A_PAD),
             none = _mm512_set1_epi32((int)A_NONE), r[16];
+    __m512i mn = _mm512_set1_epi32(0xffff), mx = _mm512_setzero_si512();
     for (int c = 0; c < d->nch; c++) {
         int k0 = c * CH, kn = d->K - k0 < 16 ? d->K - k0 : 16;
         __mmask16 kin = (__mmask16)(kn >= 16 ? 0xffff : (1u << kn) - 1);
@@ -486,11 +511,14 @@ __attribute__((target(AMX_TARGET))) static void pack_amx_a_vec(bjob *d, int b)
                               : _mm512_setzero_si512();
             tr16(r);
         }
+        for (int q = 0; q < 16; q++)
+            stat16(r[q], &mn, &mx);
         for (int q = 0; q < 16; q++) {
             __m512i v = q < mi ? _mm512_mask_or_epi32(none, kin, r[q], pad) : _mm512_setzero_si512();
             _mm512_store_si512(t + q * 16, v);
         }
     }
+    stat_fold(mn, mx, &d->alo, &d->ahi);
     if (_mm512_test_epi32_mask(low, low))
         AO_store(&d->notbf, 1);
 }
@@ -508,6 +536,7 @@ __attribute__((target(AMX_TARGET))) static void pack_b_slice(const bjob *d, int 
                                                             uint32_t *bs)
 {
     __m512i low = _mm512_setzero_si512(), r[16];
+    __m512i mn = _mm512_set1_epi32(0xffff), mx = _mm512_setzero_si512();
     for (int h = 0; h < 2; h++) {
         int j0 = j + 16 * h, nj = d->N - j0 < 16 ? d->N - j0 : 16;
         for (int c = c0; c < c1; c++) {
@@ -528,10 +557,14 @@ __attribute__((target(AMX_TARGET))) static void pack_b_slice(const bjob *d, int 
                                   : _mm512_setzero_si512();
                 tr16(r);
             }
-            for (int q = 0; q < 16; q++)
+            for (int q = 0; q < 16; q++) {
+                stat16(r[q], &mn, &mx);
                 _mm512_store_si512(t + q * 16, r[q]);
+            }
         }
     }
+    bjob *w = (bjob *)d; /* the range, for amx_run's verdict */
+    stat_fold(mn, mx, &w->blo, &w->bhi);
 }
 
 /* Rows [r0, r1) of an f32-stored B (as stored) narrowed to their bf16 bits
@@ -809,9 +842,12 @@ static int amx_state_now(void)
 
 /* The AMX product into d: A's tiles packed (and an f32-stored B narrowed
  * to bf16), then (unless the caller did) checked: every f32-stored
- * element a bf16 value, and the range scan (nt__gemm_bf16_range_ok) over
- * bf16 A or A's packed tiles (pads are zeros) and bf16 B.  -1: not done
- * (no memory for the tiles, or they fail the checks), C untouched. */
+ * element a bf16 value, and the operands' range (nt__gemm_bf16_range_ok's
+ * conditions).  With acc the range scan runs first; without, the range
+ * is gathered while A and B are packed (B is read once, not twice) and
+ * judged at the end.  -1: not done (no memory for the tiles, or they fail
+ * the checks): C untouched with acc, else C and out hold anything (the
+ * caller's other path writes them all). */
 static int amx_run(bjob *d, bool checked)
 {
     d->nch = (d->K + CH - 1) / CH;
@@ -847,23 +883,26 @@ static int amx_run(bjob *d, bool checked)
     AO_store(&d->notbf, 0);
     for (int s = 0; s < SLOTS; s++)
         AO_store(&d->slot[s], 0);
+    AO_store(&d->alo, 0x10000), AO_store(&d->ahi, 0);
+    AO_store(&d->blo, 0x10000), AO_store(&d->bhi, 0);
     nt__par_blocks(d->npa + (narrow ? (brows + 63) / 64 : 0), prep_amx, d, split);
-    bool ok = checked;
-    if (!ok && d->adt == NT_BF16) /* the operands: half the tiles' bytes */
-        ok = !AO_load(&d->notbf) &&
-             nt__gemm_bf16_range_ok(d->K, d->A, d->arow ? d->M : d->K, d->arow ? d->K : d->M,
+    bool late = !checked && !d->acc, ok = checked || !AO_load(&d->notbf);
+    if (ok && late) /* A alone: Inf, NaN or a subnormal fail whatever B holds */
+        ok = AO_load(&d->ahi) < 0x7f80 && AO_load(&d->alo) >= 0x80;
+    else if (ok && !checked && d->adt == NT_BF16) /* the operands: half the tiles' bytes */
+        ok = nt__gemm_bf16_range_ok(d->K, d->A, d->arow ? d->M : d->K, d->arow ? d->K : d->M,
                                     d->lda, d->Bb, brows, blen, d->ldbb);
-    else if (!ok)
-        ok = !AO_load(&d->notbf) &&
-             nt__gemm_bf16_range_ok(d->K, (const uint16_t *)d->Xa, (int)(na / 16), 32, 32, d->Bb,
+    else if (ok && !checked)
+        ok = nt__gemm_bf16_range_ok(d->K, (const uint16_t *)d->Xa, (int)(na / 16), 32, 32, d->Bb,
                                     brows, blen, d->ldbb);
-    if (!ok) {
-        buf_put(buf, kept);
-        return -1;
-    }
-    nt__par_blocks(nblk, block_amx, d, split);
+    if (ok)
+        nt__par_blocks(nblk, block_amx, d, split);
+    if (ok && late)
+        ok = nt__gemm_bf16_range_verdict(d->K, (unsigned)AO_load(&d->alo),
+                                         (unsigned)AO_load(&d->ahi), (unsigned)AO_load(&d->blo),
+                                         (unsigned)AO_load(&d->bhi));
     buf_put(buf, kept);
-    return 0;
+    return ok ? 0 : -1;
 }
 #endif /* NT_BX */
 

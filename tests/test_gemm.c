@@ -1188,7 +1188,8 @@ static void test_bf16_amx(void **state)
  * negative, with payloads) and infinities over several K-tiles (the
  * blocks' running sums), rounded to f32 (NaNs canonical), bf16 and f16
  * (nt__st_f32 from C): the plain loop's bits; the shapes leave partial
- * column stripes and row blocks. */
+ * column stripes and row blocks.  Then B out of range, with acc and
+ * without (the two ways the range is checked). */
 static void test_bf16_amx_acc_nan(void **state)
 {
     (void)state;
@@ -1240,6 +1241,26 @@ static void test_bf16_amx_acc_nan(void **state)
                 print_message("# AMX acc %dx%dx%d out %d: %d rows differ\n", M, N, K, (int)odt,
                               bad);
             assert_int_equal(bad, 0);
+        }
+        /* B out of AMX's range (a NaN, a subnormal), acc on (the scan runs
+         * first, C must survive for the other path) and off (judged after
+         * the blocks ran): not taken, the plain loop's bits */
+        for (int x = 0; x < 4; x++) {
+            bool acc = x & 1;
+            Bh[(long)(K / 2) * N + N / 2] = x & 2 ? 0x0001 : 0x7fc1;
+            for (int path = 0; path < 2; path++) {
+                float *c = path ? got : ref;
+                memcpy(c, C0, 4 * (size_t)M * ldc);
+                bf_path(path ? P_AMX : P_PLAIN, 0);
+                unsigned long a0 = nt__gemm_amx_calls();
+                assert_int_equal(nt__gemm_bf16(M, N, K, Ah, K, true, NT_BF16, Bh, N, false,
+                                               NT_BF16, c, ldc, acc, true, NULL, NT_F32),
+                                 0);
+                assert_true(nt__gemm_amx_calls() == a0);
+            }
+            for (int i = 0; i < M; i++)
+                assert_int_equal(
+                    memcmp(got + (long)i * ldc, ref + (long)i * ldc, 4 * (size_t)N), 0);
         }
         free(Ah), free(Bh), free(C0), free(ref), free(got), free(refh), free(goth);
     }
