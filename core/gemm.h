@@ -129,10 +129,11 @@ unsigned long nt__gemm_dpbf16_calls(void);
  * makes C's NaNs canonical (nt__canon); odt other than NT_F32 rounds each
  * block of C (f32, ldc) into out (M x N of odt, rows ldc apart) as
  * nt__st_f32 does (C is scratch then: with NT_BF16, AMX rounds from
- * registers and leaves C's last values unwritten).  On AMX where that gives these bits (operands whose packed
- * tiles nt__gemm_bf16_range_ok accepts, AVX-512 level, self-test passed), else
- * on the FMA units at the current ISA level, else (no memory for panels)
- * a plain loop: the same bits.  Returns 0. */
+ * registers and leaves C's last values unwritten).  On AMX where that
+ * gives these bits (operands in nt__gemm_bf16_range_ok's range, AVX-512
+ * level, self-test passed), else on the FMA units at the current ISA
+ * level, else (no memory for panels) a plain loop: the same bits.
+ * Returns 0. */
 int nt__gemm_bf16(int M, int N, int K, const void *A, int lda, bool arow, nt_dtype adt,
                   const void *B, int ldb, bool bcol, nt_dtype bdt, float *C, int ldc, bool acc,
                   bool canon, void *out, nt_dtype odt);

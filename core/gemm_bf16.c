@@ -21,14 +21,17 @@
  * The AMX path is taken only for operands that nt__gemm_bf16_range_ok
  * accepts (core/gemm_dpbf16.c: AMX, like vdpbf16ps, reads subnormal inputs
  * as 0 and flushes subnormal results; the range scan proves neither can
- * happen and nothing overflows) -- stored as bf16, or as f32 whose every
- * element is a bf16 value (checked while packing) -- at the AVX-512 level
- * (nt__gemm_set_isa), on a CPU with AMX-TILE and AMX-BF16 whose kernel lets
- * this process use the tile data (arch_prctl) and whose instruction passes
- * a self-test against the scalar definition at first use.  Everything else
- * runs the FMA path: packed f32 panels, register-blocked micro-kernels at
- * each ISA level (two accumulators per element: s and the chunk's t), the
- * same bits as the scalar definition (fma rounds once in every lane) --
+ * happen and nothing overflows; without acc the same range is gathered
+ * while packing and judged once the blocks ran, a failing product then
+ * taking another path that writes all of C) -- stored as bf16, or as f32
+ * whose every element is a bf16 value (checked while packing) -- at the
+ * AVX-512 level (nt__gemm_set_isa), on a CPU with AMX-TILE and AMX-BF16
+ * whose kernel lets this process use the tile data (arch_prctl) and whose
+ * instruction passes a self-test against the scalar definition at first
+ * use.  Everything else runs the FMA path: packed f32 panels,
+ * register-blocked micro-kernels at each ISA level (two accumulators per
+ * element: s and the chunk's t), the same bits as the scalar definition
+ * (fma rounds once in every lane) --
  * or vdpbf16ps (core/gemm_dpbf16.c) where that is faster.  If the host has
  * no memory for the panels, a plain loop. */
 #include "core/gemm.h"
@@ -440,21 +443,31 @@ __attribute__((target(AMX_TARGET))) static inline __m512i ld16(const void *p, nt
     return _mm512_srli_epi32(v, 16);
 }
 
-/* The least nonzero and the greatest |x| of 16 bf16 (as u32 lanes) into
- * mn (|x| - 1, 0xffff for zeros) and mx, as nt__gemm_bf16_range_ok's scan. */
-__attribute__((target(AMX_TARGET))) static inline void stat16(__m512i v, __m512i *mn, __m512i *mx)
+/* The least nonzero and the greatest |x| of 2 x 16 bf16 (as u32 lanes,
+ * high halves zero) into mn (|x| - 1 per u16 lane, 0xffff for zeros) and
+ * mx, as nt__gemm_bf16_range_ok's scan: both vectors in one, 16-bit lanes. */
+__attribute__((target(AMX_TARGET))) static inline void stat32(__m512i v, __m512i w, __m512i *mn,
+                                                              __m512i *mx)
 {
-    v = _mm512_and_si512(v, _mm512_set1_epi32(0x7fff));
-    *mx = _mm512_max_epu32(*mx, v);
-    *mn = _mm512_min_epu32(*mn, _mm512_and_si512(_mm512_sub_epi32(v, _mm512_set1_epi32(1)),
-                                                  _mm512_set1_epi32(0xffff)));
+    v = _mm512_and_si512(_mm512_or_si512(v, _mm512_slli_epi32(w, 16)),
+                         _mm512_set1_epi16(0x7fff));
+    *mx = _mm512_max_epu16(*mx, v);
+    *mn = _mm512_min_epu16(*mn, _mm512_sub_epi16(v, _mm512_set1_epi16(1)));
 }
 
-/* mn, mx (stat16's) folded into *lo, *hi, which other blocks update too. */
+/* mn, mx (stat32's) folded into *lo, *hi, which other blocks update too. */
 __attribute__((target(AMX_TARGET))) static void stat_fold(__m512i mn, __m512i mx,
                                                          volatile AO_t *lo, volatile AO_t *hi)
 {
-    AO_t l = (AO_t)_mm512_reduce_min_epu32(mn) + 1, h = (AO_t)_mm512_reduce_max_epu32(mx), o;
+    uint16_t a[32], b[32];
+    _mm512_storeu_si512(a, mn);
+    _mm512_storeu_si512(b, mx);
+    AO_t l = 0xffff, h = 0, o;
+    for (int i = 0; i < 32; i++) {
+        l = a[i] < l ? a[i] : l;
+        h = b[i] > h ? b[i] : h;
+    }
+    l++;
     do
         o = AO_load(lo);
     while (l < o && !AO_compare_and_swap_full(lo, o, l));
@@ -496,7 +509,7 @@ __attribute__((target(AMX_TARGET))) static void pack_amx_a_vec(bjob *d, int b)
     int i0 = 16 * b, mi = d->M - i0 < 16 ? d->M - i0 : 16;
     __m512i low = _mm512_setzero_si512(), pad = _mm512_set1_epi32((int)A_PAD),
             none = _mm512_set1_epi32((int)A_NONE), r[16];
-    __m512i mn = _mm512_set1_epi32(0xffff), mx = _mm512_setzero_si512();
+    __m512i mn = _mm512_set1_epi32(-1), mx = _mm512_setzero_si512();
     for (int c = 0; c < d->nch; c++) {
         int k0 = c * CH, kn = d->K - k0 < 16 ? d->K - k0 : 16;
         __mmask16 kin = (__mmask16)(kn >= 16 ? 0xffff : (1u << kn) - 1);
@@ -511,8 +524,8 @@ __attribute__((target(AMX_TARGET))) static void pack_amx_a_vec(bjob *d, int b)
                               : _mm512_setzero_si512();
             tr16(r);
         }
-        for (int q = 0; q < 16; q++)
-            stat16(r[q], &mn, &mx);
+        for (int q = 0; q < 16; q += 2)
+            stat32(r[q], r[q + 1], &mn, &mx);
         for (int q = 0; q < 16; q++) {
             __m512i v = q < mi ? _mm512_mask_or_epi32(none, kin, r[q], pad) : _mm512_setzero_si512();
             _mm512_store_si512(t + q * 16, v);
@@ -536,7 +549,7 @@ __attribute__((target(AMX_TARGET))) static void pack_b_slice(const bjob *d, int 
                                                             uint32_t *bs)
 {
     __m512i low = _mm512_setzero_si512(), r[16];
-    __m512i mn = _mm512_set1_epi32(0xffff), mx = _mm512_setzero_si512();
+    __m512i mn = _mm512_set1_epi32(-1), mx = _mm512_setzero_si512();
     for (int h = 0; h < 2; h++) {
         int j0 = j + 16 * h, nj = d->N - j0 < 16 ? d->N - j0 : 16;
         for (int c = c0; c < c1; c++) {
@@ -557,10 +570,10 @@ __attribute__((target(AMX_TARGET))) static void pack_b_slice(const bjob *d, int 
                                   : _mm512_setzero_si512();
                 tr16(r);
             }
-            for (int q = 0; q < 16; q++) {
-                stat16(r[q], &mn, &mx);
+            for (int q = 0; q < 16; q += 2)
+                stat32(r[q], r[q + 1], &mn, &mx);
+            for (int q = 0; q < 16; q++)
                 _mm512_store_si512(t + q * 16, r[q]);
-            }
         }
     }
     bjob *w = (bjob *)d; /* the range, for amx_run's verdict */
@@ -719,6 +732,7 @@ static void block_amx(void *arg, int b)
     int sl = 0;
     while (!AO_compare_and_swap_full(&((bjob *)d)->slot[sl], 0, 1))
         sl = (sl + 1) % SLOTS;
+    NT__TSAN_ACQUIRE(&d->slot[sl]); /* the last holder's writes to its buffers */
     uint32_t *bs = d->Bs + (long)sl * SG * SLW;
     float *run = d->Run ? d->Run + (long)sl * d->mb * 32 * d->sg : NULL;
     float sc[2][32 * 32] __attribute__((aligned(64)));
@@ -752,8 +766,10 @@ static void block_amx(void *arg, int b)
     merge_out(d, pi, pj, sc[(n - 1) & 1], pfirst ? (d->acc ? c : NULL) : r,
               pfirst ? d->ldc : ldr, plast ? c : r, plast ? d->ldc : ldr, plast);
     tiles_off();
+    NT__TSAN_RELEASE(&d->slot[sl]);
     AO_store_release(&((bjob *)d)->slot[sl], 0);
 }
+
 /* CPUID leaf 7: AMX-BF16 (EDX 22), AMX-TILE (EDX 24); the OS enabling the
  * tile state (XCR0 bits 17, 18) once this process asked for it. */
 static bool amx_cpu(void)
