@@ -127,11 +127,13 @@ unsigned long nt__gemm_dpbf16_calls(void);
  * hold bf16 values, stored as NT_BF16 or as exactly widened NT_F32, any
  * K): C = (acc ? C : 0) + the K-tiles' sums in ascending order; canon
  * makes C's NaNs canonical (nt__canon); odt other than NT_F32 rounds each
- * block of C (f32, ldc) into out (M x N of odt, rows ldc apart) with
- * nt__st_f32.  On AMX where that gives these bits (operands whose packed
- * tiles nt__gemm_bf16_range_ok accepts, AVX-512 level, self-test passed), else
- * on the FMA units at the current ISA level, else (no memory for panels)
- * a plain loop: the same bits.  Returns 0. */
+ * block of C (f32, ldc) into out (M x N of odt, rows ldc apart) as
+ * nt__st_f32 does (C is scratch then: with NT_BF16, AMX rounds from
+ * registers and leaves C's last values unwritten).  On AMX where that
+ * gives these bits (operands in nt__gemm_bf16_range_ok's range, AVX-512
+ * level, self-test passed), else on the FMA units at the current ISA
+ * level, else (no memory for panels) a plain loop: the same bits.
+ * Returns 0. */
 int nt__gemm_bf16(int M, int N, int K, const void *A, int lda, bool arow, nt_dtype adt,
                   const void *B, int ldb, bool bcol, nt_dtype bdt, float *C, int ldc, bool acc,
                   bool canon, void *out, nt_dtype odt);
@@ -153,6 +155,10 @@ void nt__gemm_bf16_set_plain(bool on);
  * scan cannot run (no AVX-512BW). */
 bool nt__gemm_bf16_range_ok(int K, const uint16_t *A, int ar, int ac, long lda, const uint16_t *B,
                             int br, int bc, long ldb);
+/* nt__gemm_bf16_range_ok's verdict from the operands' least nonzero and
+ * greatest magnitudes as bf16 bits (lo 0x10000: every element zero), for
+ * a path that gathers them itself (AMX, while packing). */
+bool nt__gemm_bf16_range_verdict(int K, unsigned alo, unsigned ahi, unsigned blo, unsigned bhi);
 
 /* Tests only: panel buffers of more than n floats fail as if the host had
  * no memory for them (0: no cap), to run the fallback paths. */

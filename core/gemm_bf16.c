@@ -21,14 +21,17 @@
  * The AMX path is taken only for operands that nt__gemm_bf16_range_ok
  * accepts (core/gemm_dpbf16.c: AMX, like vdpbf16ps, reads subnormal inputs
  * as 0 and flushes subnormal results; the range scan proves neither can
- * happen and nothing overflows) -- stored as bf16, or as f32 whose every
- * element is a bf16 value (checked while packing) -- at the AVX-512 level
- * (nt__gemm_set_isa), on a CPU with AMX-TILE and AMX-BF16 whose kernel lets
- * this process use the tile data (arch_prctl) and whose instruction passes
- * a self-test against the scalar definition at first use.  Everything else
- * runs the FMA path: packed f32 panels, register-blocked micro-kernels at
- * each ISA level (two accumulators per element: s and the chunk's t), the
- * same bits as the scalar definition (fma rounds once in every lane) --
+ * happen and nothing overflows; without acc the same range is gathered
+ * while packing and judged once the blocks ran, a failing product then
+ * taking another path that writes all of C) -- stored as bf16, or as f32
+ * whose every element is a bf16 value (checked while packing) -- at the
+ * AVX-512 level (nt__gemm_set_isa), on a CPU with AMX-TILE and AMX-BF16
+ * whose kernel lets this process use the tile data (arch_prctl) and whose
+ * instruction passes a self-test against the scalar definition at first
+ * use.  Everything else runs the FMA path: packed f32 panels,
+ * register-blocked micro-kernels at each ISA level (two accumulators per
+ * element: s and the chunk's t), the same bits as the scalar definition
+ * (fma rounds once in every lane) --
  * or vdpbf16ps (core/gemm_dpbf16.c) where that is faster.  If the host has
  * no memory for the panels, a plain loop. */
 #include "core/gemm.h"
@@ -54,6 +57,7 @@
 #endif
 
 #define CH 16  /* k per chunk */
+#define SLOTS 4 /* AMX: blocks' buffers (at least the threads, core/gemm.h) */
 #define MC 96  /* a block of C: MC rows x NC columns (multiples of every MR, NR, 32) */
 #define NC 256
 
@@ -197,7 +201,15 @@ typedef struct bjob {
     char *out;
     const bkern *kn;
     float *Ap, *Bp; /* FMA path: panels [K][mr] / [K][nr] */
-    uint32_t *Xa, *Xb; /* AMX path: 16-row tiles of pairs, per chunk */
+    uint32_t *Xa;      /* AMX path: A's 16-row tiles of pairs, per chunk */
+    const void *Bb;    /* AMX path: B as bf16 (B, or Bn: B narrowed), rows ldbb apart */
+    uint16_t *Bn;
+    long ldbb;
+    uint32_t *Bs;   /* AMX path: per slot, a block's B slices */
+    float *Run;     /* AMX path: per slot, a block's running sums (NULL: one K-tile) */
+    volatile AO_t slot[SLOTS]; /* AMX path: slots taken by running blocks */
+    volatile AO_t alo, ahi, blo, bhi; /* AMX path: A's, B's least nonzero and greatest |x| */
+    int ns, sg, ncb, mb, ng; /* AMX path: stripes of 32 columns, blocks of sg of them by mb rows */
     volatile AO_t notbf; /* AMX path: an f32-stored element is not a bf16 value */
     int nch;           /* AMX: chunks of K */
     int npa, npb, nbm, nbn;
@@ -431,6 +443,39 @@ __attribute__((target(AMX_TARGET))) static inline __m512i ld16(const void *p, nt
     return _mm512_srli_epi32(v, 16);
 }
 
+/* The least nonzero and the greatest |x| of 2 x 16 bf16 (as u32 lanes,
+ * high halves zero) into mn (|x| - 1 per u16 lane, 0xffff for zeros) and
+ * mx, as nt__gemm_bf16_range_ok's scan: both vectors in one, 16-bit lanes. */
+__attribute__((target(AMX_TARGET))) static inline void stat32(__m512i v, __m512i w, __m512i *mn,
+                                                              __m512i *mx)
+{
+    v = _mm512_and_si512(_mm512_or_si512(v, _mm512_slli_epi32(w, 16)),
+                         _mm512_set1_epi16(0x7fff));
+    *mx = _mm512_max_epu16(*mx, v);
+    *mn = _mm512_min_epu16(*mn, _mm512_sub_epi16(v, _mm512_set1_epi16(1)));
+}
+
+/* mn, mx (stat32's) folded into *lo, *hi, which other blocks update too. */
+__attribute__((target(AMX_TARGET))) static void stat_fold(__m512i mn, __m512i mx,
+                                                         volatile AO_t *lo, volatile AO_t *hi)
+{
+    uint16_t a[32], b[32];
+    _mm512_storeu_si512(a, mn);
+    _mm512_storeu_si512(b, mx);
+    AO_t l = 0xffff, h = 0, o;
+    for (int i = 0; i < 32; i++) {
+        l = a[i] < l ? a[i] : l;
+        h = b[i] > h ? b[i] : h;
+    }
+    l++;
+    do
+        o = AO_load(lo);
+    while (l < o && !AO_compare_and_swap_full(lo, o, l));
+    do
+        o = AO_load(hi);
+    while (h > o && !AO_compare_and_swap_full(hi, o, h));
+}
+
 /* r[0..16) transposed in place (16 x 16 dwords). */
 __attribute__((target(AMX_TARGET))) static inline void tr16(__m512i *r)
 {
@@ -464,6 +509,7 @@ __attribute__((target(AMX_TARGET))) static void pack_amx_a_vec(bjob *d, int b)
     int i0 = 16 * b, mi = d->M - i0 < 16 ? d->M - i0 : 16;
     __m512i low = _mm512_setzero_si512(), pad = _mm512_set1_epi32((int)A_PAD),
             none = _mm512_set1_epi32((int)A_NONE), r[16];
+    __m512i mn = _mm512_set1_epi32(-1), mx = _mm512_setzero_si512();
     for (int c = 0; c < d->nch; c++) {
         int k0 = c * CH, kn = d->K - k0 < 16 ? d->K - k0 : 16;
         __mmask16 kin = (__mmask16)(kn >= 16 ? 0xffff : (1u << kn) - 1);
@@ -478,65 +524,108 @@ __attribute__((target(AMX_TARGET))) static void pack_amx_a_vec(bjob *d, int b)
                               : _mm512_setzero_si512();
             tr16(r);
         }
+        for (int q = 0; q < 16; q += 2)
+            stat32(r[q], r[q + 1], &mn, &mx);
         for (int q = 0; q < 16; q++) {
             __m512i v = q < mi ? _mm512_mask_or_epi32(none, kin, r[q], pad) : _mm512_setzero_si512();
             _mm512_store_si512(t + q * 16, v);
         }
     }
+    stat_fold(mn, mx, &d->alo, &d->ahi);
     if (_mm512_test_epi32_mask(low, low))
         AO_store(&d->notbf, 1);
 }
 
-/* B tile set b: columns [16 b, 16 b + 16), every chunk: Xb[b][c][16 k][16];
- * B's partner +0, and +0 past K and N. */
-__attribute__((target(AMX_TARGET))) static void pack_amx_b_vec(bjob *d, int b)
+/* B's columns [j, j + 32), chunks [c0, c1) (at most SLICE of them): two
+ * tile sets, bs[h][c - c0][16 k][16] for columns j + 16 h ..; B's partner
+ * +0, and +0 past K and N.  B as bf16 bits: d->Bb, rows d->ldbb apart.
+ * Packed by the block that uses it, right before: the slice stays in L1
+ * for every row of the block, where packing all of B first (twice its
+ * bf16 bytes) went out to memory and back. */
+#define SLICE (NT_GEMM_KTILE / CH)
+#define SLW (2 * SLICE * 256) /* u32 of one stripe's slice */
+#define SG 8 /* stripes per block, at most */
+__attribute__((target(AMX_TARGET))) static void pack_b_slice(const bjob *d, int j, int c0, int c1,
+                                                            uint32_t *bs)
 {
-    uint32_t *dst = d->Xb + (long)b * d->nch * 256;
-    int j0 = 16 * b, nj = d->N - j0 < 16 ? d->N - j0 : 16;
     __m512i low = _mm512_setzero_si512(), r[16];
-    for (int c = 0; c < d->nch; c++) {
-        int k0 = c * CH, kn = d->K - k0 < 16 ? d->K - k0 : 16;
-        uint32_t *t = dst + (long)c * 256;
-        if (!d->bcol) { /* row k of B: n contiguous */
+    __m512i mn = _mm512_set1_epi32(-1), mx = _mm512_setzero_si512();
+    for (int h = 0; h < 2; h++) {
+        int j0 = j + 16 * h, nj = d->N - j0 < 16 ? d->N - j0 : 16;
+        for (int c = c0; c < c1; c++) {
+            int k0 = c * CH, kn = d->K - k0 < 16 ? d->K - k0 : 16;
+            uint32_t *t = bs + (long)(h * SLICE + c - c0) * 256;
+            if (nj <= 0) { /* past N: a zero tile */
+                for (int q = 0; q < 16; q++)
+                    _mm512_store_si512(t + q * 16, _mm512_setzero_si512());
+                continue;
+            }
+            if (!d->bcol) { /* row k of B: n contiguous */
+                for (int q = 0; q < 16; q++)
+                    r[q] = q < kn ? ld16(d->Bb, NT_BF16, (long)(k0 + q) * d->ldbb + j0, nj, &low)
+                                  : _mm512_setzero_si512();
+            } else { /* rows j of B^T: k contiguous, then transposed */
+                for (int q = 0; q < 16; q++)
+                    r[q] = q < nj ? ld16(d->Bb, NT_BF16, (long)(j0 + q) * d->ldbb + k0, kn, &low)
+                                  : _mm512_setzero_si512();
+                tr16(r);
+            }
+            for (int q = 0; q < 16; q += 2)
+                stat32(r[q], r[q + 1], &mn, &mx);
             for (int q = 0; q < 16; q++)
-                r[q] = q < kn ? ld16(d->B, d->bdt, (long)(k0 + q) * d->ldb + j0, nj, &low)
-                              : _mm512_setzero_si512();
-        } else { /* rows j of B^T: k contiguous, then transposed */
-            for (int q = 0; q < 16; q++)
-                r[q] = q < nj ? ld16(d->B, d->bdt, (long)(j0 + q) * d->ldb + k0, kn, &low)
-                              : _mm512_setzero_si512();
-            tr16(r);
+                _mm512_store_si512(t + q * 16, r[q]);
         }
-        for (int q = 0; q < 16; q++)
-            _mm512_store_si512(t + q * 16, r[q]);
+    }
+    bjob *w = (bjob *)d; /* the range, for amx_run's verdict */
+    stat_fold(mn, mx, &w->blo, &w->bhi);
+}
+
+/* Rows [r0, r1) of an f32-stored B (as stored) narrowed to their bf16 bits
+ * in d->Bn (rows d->ldbb apart); notbf where a low half is not zero. */
+__attribute__((target(AMX_TARGET))) static void narrow_b(bjob *d, int r0, int r1)
+{
+    int len = d->bcol ? d->K : d->N;
+    const __m512i lomask = _mm512_set1_epi32(0xffff);
+    __m512i low = _mm512_setzero_si512();
+    for (int r = r0; r < r1; r++) {
+        const float *s = (const float *)d->B + (long)r * d->ldb;
+        uint16_t *o = d->Bn + (long)r * d->ldbb;
+        for (int x = 0; x < len; x += 16) {
+            __mmask16 m = len - x >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (len - x)) - 1);
+            __m512i v = _mm512_maskz_loadu_epi32(m, s + x);
+            low = _mm512_or_si512(low, _mm512_and_si512(v, lomask));
+            _mm256_mask_storeu_epi16(o + x, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
+        }
     }
     if (_mm512_test_epi32_mask(low, low))
         AO_store(&d->notbf, 1);
 }
 
-static void pack_amx(void *arg, int b)
+/* Before the blocks: A's tile sets, and an f32-stored B narrowed (64 rows
+ * a block). */
+static void prep_amx(void *arg, int b)
 {
     bjob *d = arg;
-    if (b < d->npa)
+    if (b < d->npa) {
         pack_amx_a_vec(d, b);
-    else
-        pack_amx_b_vec(d, b - d->npa);
+        return;
+    }
+    int rows = d->bcol ? d->N : d->K, r0 = (b - d->npa) * 64;
+    narrow_b(d, r0, r0 + 64 < rows ? r0 + 64 : rows);
 }
 
-/* Tile sets: A 2 i2, 2 i2 + 1 (rows 32 i2 ..), B 2 j2, 2 j2 + 1; chunks
- * [c0, c1): s of 32 x 32 elements into sc (ld 32). */
-__attribute__((target(AMX_TARGET))) static void amx_2x2(const bjob *d, int i2, int j2, int c0,
-                                                       int c1, float *sc)
+/* A tile sets a0, a0 + one (rows 32 i ..), B tile sets b0, b0 + SLICE
+ * chunks (a slice); n chunks from there: s of 32 x 32 elements into sc
+ * (ld 32). */
+__attribute__((target(AMX_TARGET))) static void amx_2x2(const uint32_t *a0, long astep,
+                                                       const uint32_t *b0, int n, float *sc)
 {
-    const uint32_t *a0 = d->Xa + (long)(2 * i2) * d->nch * 256,
-                   *a1 = a0 + (long)d->nch * 256;
-    const uint32_t *b0 = d->Xb + (long)(2 * j2) * d->nch * 256,
-                   *b1 = b0 + (long)d->nch * 256;
+    const uint32_t *a1 = a0 + astep, *b1 = b0 + SLICE * 256;
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    for (int c = c0; c < c1; c++) {
+    for (int c = 0; c < n; c++) {
         _tile_loadd(4, a0 + (long)c * 256, 64);
         _tile_loadd(5, a1 + (long)c * 256, 64);
         _tile_loadd(6, b0 + (long)c * 256, 64);
@@ -552,51 +641,133 @@ __attribute__((target(AMX_TARGET))) static void amx_2x2(const bjob *d, int i2, i
     _tile_stored(3, sc + 16 * 32 + 16, 128);
 }
 
-/* merge for a 32 x 32 block of s (ld 32), rows x w of it: C = s or C + s
- * (canon never needed here: the range scan excludes NaNs). */
-__attribute__((target(AMX_TARGET))) static void merge32(float *C, int ldc, const float *sc,
-                                                       int rows, int w, bool first)
+/* 16 f32 to bf16 bits, as nt__f32_to_bf16: to nearest even by the same
+ * integer steps, NaNs canonical. */
+__attribute__((target(AMX_TARGET))) static inline __m256i to_bf16(__m512 v)
 {
+    __m512i u = _mm512_castps_si512(v);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    __m512i r = _mm512_add_epi32(
+        u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                            _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    r = _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), nan, _mm512_set1_epi32(NT__QNAN_BF16));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+/* A 32 x 32 block of s (sc, ld 32) for C's rows i.., columns j.. (the
+ * part inside M x N): s, or p + s (p: C or the block's running sum, rows
+ * ldp apart), stored at q (rows ldq apart).  The last K-tile's (q is C
+ * then): NaNs canonical (canon; C may hold NaNs with acc), and with out
+ * rounded to odt here, from registers (bf16: C itself not written, it is
+ * scratch then, core/gemm.h) or from C (any other odt). */
+__attribute__((target(AMX_TARGET))) static void merge_out(const bjob *d, int i, int j,
+                                                         const float *sc, const float *p,
+                                                         long ldp, float *q, long ldq, bool last)
+{
+    int rows = d->M - i < 32 ? d->M - i : 32, w = d->N - j < 32 ? d->N - j : 32;
     __mmask16 m0 = w >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << w) - 1);
     __mmask16 m1 = w >= 32 ? (__mmask16)0xffff : w > 16 ? (__mmask16)((1u << (w - 16)) - 1) : 0;
+    bool canon = last && d->canon, o16 = last && d->out && d->odt == NT_BF16;
+    const __m512 qnan = _mm512_castsi512_ps(_mm512_set1_epi32((int)NT__QNAN_F32));
     for (int r = 0; r < rows; r++) {
-        float *c = C + (long)r * ldc;
         __m512 v0 = _mm512_load_ps(sc + r * 32), v1 = _mm512_load_ps(sc + r * 32 + 16);
-        if (!first) {
-            v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, c), v0);
-            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, c + 16), v1);
+        if (p) {
+            v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, p + r * ldp), v0);
+            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, p + r * ldp + 16), v1);
         }
-        _mm512_mask_storeu_ps(c, m0, v0);
-        _mm512_mask_storeu_ps(c + 16, m1, v1);
+        if (canon) {
+            v0 = _mm512_mask_mov_ps(v0, _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q), qnan);
+            v1 = _mm512_mask_mov_ps(v1, _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q), qnan);
+        }
+        if (o16) {
+            uint16_t *o = (uint16_t *)d->out + (long)(i + r) * d->ldc + j;
+            _mm256_mask_storeu_epi16(o, m0, to_bf16(v0));
+            _mm256_mask_storeu_epi16(o + 16, m1, to_bf16(v1));
+            continue;
+        }
+        _mm512_mask_storeu_ps(q + r * ldq, m0, v0);
+        _mm512_mask_storeu_ps(q + r * ldq + 16, m1, v1);
+    }
+    if (last && d->out && !o16)
+        for (int r = 0; r < rows; r++) {
+            long o = (long)(i + r) * d->ldc + j;
+            nt__st_f32(d->out + o * (long)nt__dtype_size(d->odt), d->odt, 1, d->C + o, w);
+        }
+}
+
+/* Output rows [i, i + 32) x columns [j, j + w) (inside M x N) fetched
+ * for writing: the rows are far apart, beyond what the hardware
+ * prefetchers follow, and a store missing every cache stalls the tiles. */
+static void prefetch_out(const bjob *d, int i, int j, int w)
+{
+    int rows = d->M - i < 32 ? d->M - i : 32;
+    w = d->N - j < w ? d->N - j : w;
+    bool o16 = d->out && d->odt == NT_BF16;
+    for (int r = 0; r < rows; r++) {
+        long o = (long)(i + r) * d->ldc + j;
+        if (o16)
+            for (int x = 0; x < w; x += 32)
+                __builtin_prefetch((const uint16_t *)d->out + o + x, 1, 3);
+        else
+            for (int x = 0; x < w; x += 16)
+                __builtin_prefetch(d->C + o + x, 1, 3);
     }
 }
 
+/* Block b: columns of sg stripes of 32 from 32 sg cb, rows [mb g, mb g +
+ * mb) (b = g * ncb + cb).  Per K-tile: B's slices packed, then every 32 x
+ * 32 s, each merged after the next one is computed (vector loads of what
+ * the tile store just wrote would wait for it).  Between K-tiles the sums
+ * stay in the block's own buffer (rows 32 sg apart), not in C: C's rows,
+ * a page apart for N = 1024, all fall in the same few L1 sets. */
 static void block_amx(void *arg, int b)
 {
     const bjob *d = arg;
-    int bi = b % d->nbm, bj = b / d->nbm;
-    int i0 = bi * MC, i1 = i0 + MC < d->M ? i0 + MC : d->M;
-    int j0 = bj * NC, j1 = j0 + NC < d->N ? j0 + NC : d->N;
+    int cb = b % d->ncb, g = b / d->ncb, s0 = cb * d->sg;
+    int s1 = s0 + d->sg < d->ns ? s0 + d->sg : d->ns;
+    int i0 = g * d->mb, i1 = i0 + d->mb < d->M ? i0 + d->mb : d->M;
+    /* a free slot: blocks running at once never outnumber them (the
+     * threads); the same few stay in cache from block to block */
+    int sl = 0;
+    while (!AO_compare_and_swap_full(&((bjob *)d)->slot[sl], 0, 1))
+        sl = (sl + 1) % SLOTS;
+    NT__TSAN_ACQUIRE(&d->slot[sl]); /* the last holder's writes to its buffers */
+    uint32_t *bs = d->Bs + (long)sl * SG * SLW;
+    float *run = d->Run ? d->Run + (long)sl * d->mb * 32 * d->sg : NULL;
     float sc[2][32 * 32] __attribute__((aligned(64)));
+    long astep = (long)d->nch * 256, ldr = 32 * d->sg;
+    int n = 0, pi = 0, pj = 0; /* s computed so far; the pending one's place */
+    bool pfirst = false, plast = false;
     tiles_on();
-    /* K-tiles innermost: the 32 x 32 block of C stays in L1 across them;
-     * each tile's s is added to C after the next one is computed (vector
-     * loads of what the tile store just wrote would wait for it) */
-    for (int j = j0; j < j1; j += 32)
-        for (int i = i0; i < i1; i += 32) {
-            float *c = d->C + (long)i * d->ldc + j;
-            int rows = i1 - i < 32 ? i1 - i : 32, w = j1 - j < 32 ? j1 - j : 32, t = 0;
-            for (int k0 = 0; k0 < d->K; k0 += NT_GEMM_KTILE, t++) {
-                int kk = d->K - k0 < NT_GEMM_KTILE ? d->K - k0 : NT_GEMM_KTILE;
-                int c0 = k0 / CH, c1 = (k0 + kk + CH - 1) / CH;
-                amx_2x2(d, i / 32, j / 32, c0, c1, sc[t & 1]);
-                if (t > 0)
-                    merge32(c, d->ldc, sc[(t - 1) & 1], rows, w, t == 1 && !d->acc);
+    for (int k0 = 0; k0 < d->K; k0 += NT_GEMM_KTILE) {
+        int kk = d->K - k0 < NT_GEMM_KTILE ? d->K - k0 : NT_GEMM_KTILE;
+        int c0 = k0 / CH, c1 = (k0 + kk + CH - 1) / CH;
+        bool first = k0 == 0, last = k0 + kk >= d->K;
+        for (int s = s0; s < s1; s++)
+            pack_b_slice(d, 32 * s, c0, c1, bs + (long)(s - s0) * SLW);
+        for (int i = i0; i < i1; i += 32)
+            for (int s = s0; s < s1; s++, n++) {
+                if (last && s == s0 && i + 32 < i1) /* the next rows' output, written soon */
+                    prefetch_out(d, i + 32, 32 * s0, 32 * (s1 - s0));
+                amx_2x2(d->Xa + (long)(i / 16) * astep + (long)c0 * 256, astep,
+                        bs + (long)(s - s0) * SLW, c1 - c0, sc[n & 1]);
+                if (n > 0) {
+                    float *c = d->C + (long)pi * d->ldc + pj;
+                    float *r = run ? run + (long)(pi - i0) * ldr + (pj - 32 * s0) : NULL;
+                    merge_out(d, pi, pj, sc[(n - 1) & 1], pfirst ? (d->acc ? c : NULL) : r,
+                              pfirst ? d->ldc : ldr, plast ? c : r, plast ? d->ldc : ldr, plast);
+                }
+                pi = i, pj = 32 * s, pfirst = first, plast = last;
             }
-            merge32(c, d->ldc, sc[(t - 1) & 1], rows, w, t == 1 && !d->acc);
-        }
+    }
+    float *c = d->C + (long)pi * d->ldc + pj;
+    float *r = run ? run + (long)(pi - i0) * ldr + (pj - 32 * s0) : NULL;
+    merge_out(d, pi, pj, sc[(n - 1) & 1], pfirst ? (d->acc ? c : NULL) : r,
+              pfirst ? d->ldc : ldr, plast ? c : r, plast ? d->ldc : ldr, plast);
     tiles_off();
-    round_out(d, i0, i1, j0, j1);
+    NT__TSAN_RELEASE(&d->slot[sl]);
+    AO_store_release(&((bjob *)d)->slot[sl], 0);
 }
 
 /* CPUID leaf 7: AMX-BF16 (EDX 22), AMX-TILE (EDX 24); the OS enabling the
@@ -686,41 +857,73 @@ static int amx_state_now(void)
     return (int)st;
 }
 
-/* The AMX product into d: the operands packed, then (unless the caller
- * did) checked: every f32-stored element a bf16 value, and the range scan
- * (nt__gemm_bf16_range_ok) over the packed tiles, whose pads are zeros.
- * -1: not done (no memory for the tiles, or they fail the checks), C
- * untouched. */
+/* The AMX product into d: A's tiles packed (and an f32-stored B narrowed
+ * to bf16), then (unless the caller did) checked: every f32-stored
+ * element a bf16 value, and the operands' range (nt__gemm_bf16_range_ok's
+ * conditions).  With acc the range scan runs first; without, the range
+ * is gathered while A and B are packed (B is read once, not twice) and
+ * judged at the end.  -1: not done (no memory for the tiles, or they fail
+ * the checks): C untouched with acc, else C and out hold anything (the
+ * caller's other path writes them all). */
 static int amx_run(bjob *d, bool checked)
 {
     d->nch = (d->K + CH - 1) / CH;
-    d->npa = (d->M + 31) / 32 * 2, d->npb = (d->N + 31) / 32 * 2;
-    size_t na = (size_t)d->npa * d->nch * 256, nb = (size_t)d->npb * d->nch * 256;
+    d->npa = (d->M + 31) / 32 * 2;
+    bool narrow = d->bdt != NT_BF16;
+    int brows = d->bcol ? d->N : d->K, blen = d->bcol ? d->K : d->N;
+    /* blocks: sg stripes of 32 columns by mb rows; A's tiles for mb rows
+     * within 1 MB (a block reads them once per K-tile, best from L2), at
+     * least 128 rows, fewer where there are under 8 blocks of columns
+     * (for the threads).  4 stripes keep a K-tile's slices in L1 (64 KB
+     * measured 0.75x slower with 128 x 1024 x 1024); with one K-tile there
+     * is no next one to keep them for, and 8 give C's rows longer runs
+     * (1024 x 1024 x 128 into f32: 0.82x the time of 4) */
+    d->ns = (d->N + 31) / 32, d->sg = d->K > NT_GEMM_KTILE ? 4 : SG;
+    d->ncb = (d->ns + d->sg - 1) / d->sg;
+    int mb = 32 * (int)((1L << 20) / (2048L * d->nch)), want = (8 + d->ncb - 1) / d->ncb;
+    int even = ((d->M + want - 1) / want + 31) / 32 * 32;
+    mb = mb < 128 ? 128 : mb;
+    d->mb = even < mb ? even : mb;
+    d->ng = (d->M + d->mb - 1) / d->mb;
+    int nblk = d->ncb * d->ng;
+    /* u32 units: A's tiles, the slots' B slices, their running sums (more
+     * than one K-tile), B narrowed */
+    size_t na = (size_t)d->npa * d->nch * 256, ns = (size_t)SLOTS * SG * SLW;
+    size_t nr = d->K > NT_GEMM_KTILE ? (size_t)SLOTS * d->mb * 32 * d->sg : 0;
+    size_t nbn = narrow ? ((size_t)brows * blen + 1) / 2 : 0;
     bool kept;
-    uint32_t *buf = buf_get((na + nb) * sizeof(uint32_t), &kept);
+    uint32_t *buf = buf_get((na + ns + nr + nbn) * sizeof(uint32_t), &kept);
     if (!buf)
         return -1;
-    d->Xa = buf, d->Xb = buf + na;
-    d->nbm = (d->M + MC - 1) / MC, d->nbn = (d->N + NC - 1) / NC;
+    d->Xa = buf, d->Bs = buf + na;
+    d->Run = nr ? (float *)(buf + na + ns) : NULL;
+    d->Bn = narrow ? (uint16_t *)(buf + na + ns + nr) : NULL;
+    d->Bb = narrow ? (const void *)d->Bn : d->B;
+    d->ldbb = narrow ? blen : d->ldb;
     bool split = (long)d->M * d->N * d->K >= (1L << 20);
     AO_store(&d->notbf, 0);
-    nt__par_blocks(d->npa + d->npb, pack_amx, d, split);
-    bool ok = checked;
-    if (!ok && d->adt == NT_BF16 && d->bdt == NT_BF16) /* the operands: half the tiles' bytes */
+    for (int s = 0; s < SLOTS; s++)
+        AO_store(&d->slot[s], 0);
+    AO_store(&d->alo, 0x10000), AO_store(&d->ahi, 0);
+    AO_store(&d->blo, 0x10000), AO_store(&d->bhi, 0);
+    nt__par_blocks(d->npa + (narrow ? (brows + 63) / 64 : 0), prep_amx, d, split);
+    bool late = !checked && !d->acc, ok = checked || !AO_load(&d->notbf);
+    if (ok && late) /* A alone: Inf, NaN or a subnormal fail whatever B holds */
+        ok = AO_load(&d->ahi) < 0x7f80 && AO_load(&d->alo) >= 0x80;
+    else if (ok && !checked && d->adt == NT_BF16) /* the operands: half the tiles' bytes */
         ok = nt__gemm_bf16_range_ok(d->K, d->A, d->arow ? d->M : d->K, d->arow ? d->K : d->M,
-                                    d->lda, d->B, d->bcol ? d->N : d->K, d->bcol ? d->K : d->N,
-                                    d->ldb);
-    else if (!ok)
-        ok = !AO_load(&d->notbf) &&
-             nt__gemm_bf16_range_ok(d->K, (const uint16_t *)d->Xa, (int)(na / 16), 32, 32,
-                                    (const uint16_t *)d->Xb, (int)(nb / 16), 32, 32);
-    if (!ok) {
-        buf_put(buf, kept);
-        return -1;
-    }
-    nt__par_blocks(d->nbm * d->nbn, block_amx, d, split);
+                                    d->lda, d->Bb, brows, blen, d->ldbb);
+    else if (ok && !checked)
+        ok = nt__gemm_bf16_range_ok(d->K, (const uint16_t *)d->Xa, (int)(na / 16), 32, 32, d->Bb,
+                                    brows, blen, d->ldbb);
+    if (ok)
+        nt__par_blocks(nblk, block_amx, d, split);
+    if (ok && late)
+        ok = nt__gemm_bf16_range_verdict(d->K, (unsigned)AO_load(&d->alo),
+                                         (unsigned)AO_load(&d->ahi), (unsigned)AO_load(&d->blo),
+                                         (unsigned)AO_load(&d->bhi));
     buf_put(buf, kept);
-    return 0;
+    return ok ? 0 : -1;
 }
 #endif /* NT_BX */
 

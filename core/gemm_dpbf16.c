@@ -124,6 +124,12 @@ static bool verdict(int K, const uint16_t *A, int ar, int ac, long lda, const ui
     unsigned alo, ahi, blo, bhi;
     scan(A, ar, ac, lda, &alo, &ahi);
     scan(B, br, bc, ldb, &blo, &bhi);
+    return nt__gemm_bf16_range_verdict(K, alo, ahi, blo, bhi);
+}
+#endif /* NT_DP */
+
+bool nt__gemm_bf16_range_verdict(int K, unsigned alo, unsigned ahi, unsigned blo, unsigned bhi)
+{
     if (ahi >= 0x7f80 || bhi >= 0x7f80) /* Inf or NaN */
         return false;
     if (alo < 0x80 || blo < 0x80) /* a subnormal input */
@@ -135,6 +141,7 @@ static bool verdict(int K, const uint16_t *A, int ar, int ac, long lda, const ui
         lk++;
     return lk + (int)(ahi >> 7) + (int)(bhi >> 7) <= 379;
 }
+#if NT_DP
 
 static bool safe(int M, int N, int K, const uint16_t *A, int lda, bool arow, const uint16_t *B,
                  int ldb, bool bcol)

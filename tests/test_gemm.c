@@ -1240,6 +1240,89 @@ static void test_bf16_amx(void **state)
     bf_path_reset();
 }
 
+/* AMX, forced on, accumulating into a C holding NaNs (one signalling, one
+ * negative, with payloads) and infinities over several K-tiles (the
+ * blocks' running sums), rounded to f32 (NaNs canonical), bf16 and f16
+ * (nt__st_f32 from C): the plain loop's bits; the shapes leave partial
+ * column stripes and row blocks.  Then B out of range, with acc and
+ * without (the two ways the range is checked). */
+static void test_bf16_amx_acc_nan(void **state)
+{
+    (void)state;
+    if (nt__gemm_set_amx(1) != 0) {
+        print_message("# AMX not run on this CPU or kernel: skipped\n");
+        skip();
+    }
+    static const int shapes[][3] = {{70, 50, 300}, {33, 17, 129}, {5, 130, 256}};
+    for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
+        int M = shapes[sh][0], N = shapes[sh][1], K = shapes[sh][2], ldc = N + 2;
+        uint16_t *Ah = malloc(2 * (size_t)M * K), *Bh = malloc(2 * (size_t)K * N);
+        float *C0 = malloc(4 * (size_t)M * ldc), *ref = malloc(4 * (size_t)M * ldc),
+              *got = malloc(4 * (size_t)M * ldc);
+        uint16_t *refh = malloc(2 * (size_t)M * ldc), *goth = malloc(2 * (size_t)M * ldc);
+        for (long i = 0; i < (long)M * K; i++)
+            Ah[i] = rbf();
+        for (long i = 0; i < (long)K * N; i++)
+            Bh[i] = rbf();
+        for (long i = 0; i < (long)M * ldc; i++)
+            C0[i] = nt__bf16_to_f32(rbf());
+        static const uint32_t odd[] = {0x7fa00001u, 0xffc00123u, 0x7f800000u, 0xff800000u};
+        for (int x = 0; x < 4; x++) {
+            long at = ((long)(M - 1) * x / 3) * ldc + (long)(N - 1) * (3 - x) / 3;
+            memcpy(C0 + at, &odd[x], 4);
+        }
+        static const nt_dtype odts[] = {NT_F32, NT_BF16, NT_F16};
+        for (size_t o = 0; o < 3; o++) {
+            nt_dtype odt = odts[o];
+            size_t es = odt == NT_F32 ? 4 : 2;
+            for (int path = 0; path < 2; path++) { /* the plain loop, then AMX */
+                float *c = path ? got : ref;
+                void *out = odt == NT_F32 ? NULL : path ? (void *)goth : (void *)refh;
+                memcpy(c, C0, 4 * (size_t)M * ldc);
+                if (out)
+                    memset(out, 0x55, es * (size_t)M * ldc);
+                bf_path(path ? P_AMX : P_PLAIN, 0);
+                unsigned long a0 = nt__gemm_amx_calls();
+                assert_int_equal(nt__gemm_bf16(M, N, K, Ah, K, true, NT_BF16, Bh, N, false,
+                                               NT_BF16, c, ldc, true, odt == NT_F32, out, odt),
+                                 0);
+                assert_true(nt__gemm_amx_calls() == a0 + (unsigned long)path);
+            }
+            int bad = 0;
+            for (int i = 0; i < M; i++)
+                bad += odt == NT_F32
+                           ? memcmp(got + (long)i * ldc, ref + (long)i * ldc, 4 * (size_t)N) != 0
+                           : memcmp(goth + (long)i * ldc, refh + (long)i * ldc, 2 * (size_t)N) != 0;
+            if (bad)
+                print_message("# AMX acc %dx%dx%d out %d: %d rows differ\n", M, N, K, (int)odt,
+                              bad);
+            assert_int_equal(bad, 0);
+        }
+        /* B out of AMX's range (a NaN, a subnormal), acc on (the scan runs
+         * first, C must survive for the other path) and off (judged after
+         * the blocks ran): not taken, the plain loop's bits */
+        for (int x = 0; x < 4; x++) {
+            bool acc = x & 1;
+            Bh[(long)(K / 2) * N + N / 2] = x & 2 ? 0x0001 : 0x7fc1;
+            for (int path = 0; path < 2; path++) {
+                float *c = path ? got : ref;
+                memcpy(c, C0, 4 * (size_t)M * ldc);
+                bf_path(path ? P_AMX : P_PLAIN, 0);
+                unsigned long a0 = nt__gemm_amx_calls();
+                assert_int_equal(nt__gemm_bf16(M, N, K, Ah, K, true, NT_BF16, Bh, N, false,
+                                               NT_BF16, c, ldc, acc, true, NULL, NT_F32),
+                                 0);
+                assert_true(nt__gemm_amx_calls() == a0);
+            }
+            for (int i = 0; i < M; i++)
+                assert_int_equal(
+                    memcmp(got + (long)i * ldc, ref + (long)i * ldc, 4 * (size_t)N), 0);
+        }
+        free(Ah), free(Bh), free(C0), free(ref), free(got), free(refh), free(goth);
+    }
+    bf_path_reset();
+}
+
 /* Operands AMX would not compute the definition's bits for (the range
  * scan's cases: subnormals, Inf, NaN, overflow) take the FMA path, the
  * rest AMX: the definition's bits either way. */
@@ -1454,6 +1537,7 @@ int main(void)
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bf16_paths, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bf16_amx, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bf16_amx_acc_nan, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bf16_amx_fallback, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bf16_sim_steps, nt_test_setup, nt_test_teardown),
