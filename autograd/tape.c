@@ -489,7 +489,28 @@ typedef struct {
     nt_tensor **slots; /* [n][NT__MAX_OUT]: each holds a reference */
     nt__node **held;   /* references on the nodes recomputed by checkpoints */
     size_t nheld, heldcap;
+    struct scat *scat; /* slots being filled by slice gradients (see slice_into) */
+    size_t nscat, scatcap;
 } gradmap;
+
+/* A slot whose gradient is a buffer of zeros that the backward of nt_slice
+ * made, with the gradients of disjoint slices of the same dim copied into
+ * it.  The definition is the sum of one such buffer per slice, in the order
+ * the slices' backwards run; where the slices are disjoint that sum is, at
+ * each element, either 0 + 0 + ... (+0) or, when two or more slices came,
+ * g + 0 + ... = g + 0 for the one slice's gradient g that covers it (IEEE:
+ * +0 + g == g + +0 bit for bit, a NaN included, and (g + 0) + 0 == g + 0).
+ * So the buffer made once, each slice's gradient copied into its place, and
+ * one in-place + 0 over it when two or more came (turning -0 into +0 as the
+ * sum does) gives the sum's bits at a third of its memory traffic: the
+ * attention's q, k, v slices of one [B, T, 3D] projection were three
+ * zero-filled [B, T, 3D] buffers and two adds. */
+#define SCAT_MAX 8
+struct scat {
+    nt_tensor *buf; /* the slot's tensor (the slot holds the reference) */
+    int dim, n;
+    int64_t lo[SCAT_MAX], hi[SCAT_MAX]; /* the slices' [start, end) along dim */
+};
 
 static size_t map_find(const gradmap *gm, const nt__node *n)
 {
@@ -558,6 +579,7 @@ static void gm_free(gradmap *gm)
     free(gm->key);
     free(gm->pos);
     free(gm->slots);
+    free(gm->scat);
 }
 
 /* A reachable node's gradient slots. */
@@ -566,9 +588,81 @@ static nt_tensor **slots_of(gradmap *gm, nt__node *n)
     return gm->slots + gm->pos[map_find(gm, n)] * NT__MAX_OUT;
 }
 
+static struct scat *scat_find(gradmap *gm, const nt_tensor *t)
+{
+    for (size_t i = 0; t && i < gm->nscat; i++)
+        if (gm->scat[i].buf == t)
+            return &gm->scat[i];
+    return NULL;
+}
+
+/* Ends the slice-gradient buffer t (if it is one) before anything reads
+ * it: with two or more slices in it, the + 0 of the sum that defines it. */
+static int scat_finish(gradmap *gm, nt_tensor *t, const nt_site *site)
+{
+    struct scat *e = scat_find(gm, t);
+    if (!e)
+        return 0;
+    int n = e->n;
+    *e = gm->scat[--gm->nscat];
+    if (n < 2)
+        return 0;
+    devsw d;
+    dev_enter(&d, t->dev);
+    int rc = nt_add_scalar_inplace_at(site, t, 0.0);
+    dev_leave(&d);
+    return rc;
+}
+
+/* The backward of slice node n with output gradient g, straight into the
+ * buffer its input's slot holds when that is a slice-gradient buffer of the
+ * same dim, dtype and device that no earlier slice in it overlaps: g is
+ * copied into its place (see struct scat).  1: not taken (the ordinary
+ * backward runs), 0: done, < 0: an error. */
+static int slice_into(gradmap *gm, nt__node *n, nt_tensor *g)
+{
+    nt_tensor *s = slots_of(gm, n->next[0].node)[n->next[0].idx];
+    struct scat *e = scat_find(gm, s);
+    int64_t lo = n->p.i[0], hi = n->p.i[1];
+    if (!e || e->dim != n->p.dim || e->n == SCAT_MAX || hi <= lo || g->dtype != s->dtype ||
+        g->dev != s->dev)
+        return 1;
+    for (int i = 0; i < e->n; i++)
+        if (lo < e->hi[i] && e->lo[i] < hi)
+            return 1;
+    nt_tensor *v = nt_slice_at(&n->site, s, n->p.dim, lo, hi, n->p.i[2]);
+    if (!v || nt_copy_into_at(&n->site, v, g))
+        return nt_last_error();
+    e->lo[e->n] = lo;
+    e->hi[e->n++] = hi;
+    return 0;
+}
+
+/* After the ordinary backward of slice node n put its zero-filled buffer g
+ * into an empty slot, later disjoint slices can write into it. */
+static void scat_begin(gradmap *gm, nt__node *n, nt_tensor *g)
+{
+    nt_tensor *s = slots_of(gm, n->next[0].node)[n->next[0].idx];
+    if (s != g || n->p.i[1] <= n->p.i[0])
+        return;
+    if (gm->nscat == gm->scatcap) {
+        size_t cap = gm->scatcap ? 2 * gm->scatcap : 8;
+        struct scat *p = realloc(gm->scat, cap * sizeof *p);
+        if (!p)
+            return; /* the ordinary sums then, no error */
+        gm->scat = p;
+        gm->scatcap = cap;
+    }
+    gm->scat[gm->nscat++] = (struct scat){.buf = g, .dim = n->p.dim, .n = 1,
+                                          .lo = {n->p.i[0]}, .hi = {n->p.i[1]}};
+}
+
 static int add_grad(gradmap *gm, nt__edge e, nt_tensor *g, const nt_site *site)
 {
     nt_tensor **s = slots_of(gm, e.node);
+    int rc = scat_finish(gm, s[e.idx], site);
+    if (rc)
+        return rc;
     if (!s[e.idx]) {
         s[e.idx] = nt_retain(g);
         return 0;
@@ -830,6 +924,9 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
     nt__node *n = gm->order[k];
     nt_tensor **gout = gm->slots + k * NT__MAX_OUT;
     int rc = 0;
+    for (int i = 0; i < NT__MAX_OUT; i++)
+        if ((rc = scat_finish(gm, gout[i], &n->site)) != 0)
+            return rc;
     if (n->op == NT__OP_ACCUMULATE) {
         if (n->leaf && n->leaf->st && gout[0]) {
             devsw d;
@@ -873,7 +970,10 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
         /* Ops issued by the backward carry the forward's site and say whose
          * backward they belong to. */
         nt__tls_bwd_of = api;
-        if (n->custom)
+        bool sliced = n->op == NT_OP_SLICE && !n->custom && gout[0] && n->next[0].node;
+        if (sliced && (rc = slice_into(gm, n, gout[0])) <= 0)
+            sliced = false; /* done (or failed) in place: no input gradient */
+        else if (n->custom)
             rc = nt__custom_backward(&b);
         else
             rc = n->op < NT_OP_COUNT && nt__bwd_table[n->op].fn ? nt__bwd_table[n->op].fn(&b)
@@ -903,6 +1003,8 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
                 }
             }
             rc = add_grad(gm, n->next[i], g, &n->site);
+            if (!rc && sliced && g == gp[i])
+                scat_begin(gm, n, g);
         }
         dev_leave(&d);
         if (gp != gin)
