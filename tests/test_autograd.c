@@ -1033,12 +1033,13 @@ static const slice_case slice_cases[] = {
     {2, {{2, 3, 3, 1}, {2, 0, 12, 1}}},                   /* an empty one */
 };
 
-/* The gradient of x for sum_i sum(slice_i(x) * c_i) (+ sum(x * c0) first
- * when direct), as nt_backward gives it (out) and as its definition does:
- * each slice's gradient placed into zeros of x's shape and the buffers
- * summed in the order the slices' backwards run, newest first, then the
- * direct use's gradient (ref).  The c_i hold -0 and a NaN. */
-static void slice_grads(const slice_case *sc, bool direct, bool through_op, nt_dtype dt,
+/* The gradient of x for the sum over the slices of sum(slice_i(x) * c_i),
+ * plus sum(x * c0) made before slice dpos when dpos >= 0 (dpos == n: after
+ * the last), as nt_backward gives it (out) and as its definition does: each
+ * slice's gradient placed into zeros of x's shape, and the direct use's
+ * gradient, summed in the order their backwards run, newest first (ref).
+ * The c_i hold -0 and a NaN. */
+static void slice_grads(const slice_case *sc, int dpos, bool through_op, nt_dtype dt,
                         uint16_t *out, uint16_t *ref, float *out32, float *ref32)
 {
     int64_t sh[3] = {2, 3, 12};
@@ -1050,41 +1051,41 @@ static void slice_grads(const slice_case *sc, bool direct, bool through_op, nt_d
     nt_tensor *leafx = nt_detach(a);
     nt_set_requires_grad(leafx, true);
     nt_tensor *x = through_op ? nt_mul_scalar(leafx, 1.0) : leafx;
-    nt_tensor *loss = NULL, *g0 = NULL, *gs[10];
-    if (direct) {
-        float cv[72];
-        for (int i = 0; i < 72; i++)
-            cv[i] = (float)(i % 5) - 2;
-        g0 = nt_cast(nt_from_host(cv, NT_F32, 3, sh), dt);
-        loss = nt_sum(nt_mul(x, g0), NT_DIM_ALL, false);
-    }
-    for (int k = 0; k < sc->n; k++) {
+    nt_tensor *loss = NULL, *contrib[11];
+    int nc = 0;
+    for (int k = 0; k <= sc->n; k++) {
+        if (k == dpos) {
+            float cv[72];
+            for (int i = 0; i < 72; i++)
+                cv[i] = (float)(i % 5) - 2;
+            nt_tensor *g0 = nt_cast(nt_from_host(cv, NT_F32, 3, sh), dt);
+            nt_tensor *l = nt_sum(nt_mul(x, g0), NT_DIM_ALL, false);
+            loss = loss ? nt_add(loss, l) : l;
+            contrib[nc++] = g0;
+        }
+        if (k == sc->n)
+            break;
         nt_tensor *y = nt_slice(x, (int)sc->s[k][0], sc->s[k][1], sc->s[k][2], sc->s[k][3]);
-        int64_t n = nt_numel(y);
+        int64_t n = nt_numel(y), ys[3] = {nt_shape(y, 0), nt_shape(y, 1), nt_shape(y, 2)};
         float cv[72];
         for (int i = 0; i < n; i++)
             cv[i] = i % 7 == 3 ? -0.0f : (i % 11 == 5 ? NAN : (float)(k + 1) + 0.5f * (float)i);
-        nt_tensor *c = nt_cast(nt_from_host(cv, NT_F32, 3, (int64_t[]){nt_shape(y, 0),
-                               nt_shape(y, 1), nt_shape(y, 2)}), dt);
-        /* the slice's gradient: mul's backward, ones * c */
-        gs[k] = nt_mul(nt_ones(dt, 3, (int64_t[]){nt_shape(y, 0), nt_shape(y, 1),
-                                                  nt_shape(y, 2)}), c);
+        nt_tensor *c = nt_cast(nt_from_host(cv, NT_F32, 3, ys), dt);
         nt_tensor *l = nt_sum(nt_mul(y, c), NT_DIM_ALL, false);
         loss = loss ? nt_add(loss, l) : l;
+        /* the definition of the slice's gradient: mul's (ones * c) in zeros */
+        nt_tensor *z = nt_zeros(dt, 3, sh);
+        assert_int_equal(nt_copy_into(nt_slice(z, (int)sc->s[k][0], sc->s[k][1], sc->s[k][2],
+                                               sc->s[k][3]), nt_mul(nt_ones(dt, 3, ys), c)), 0);
+        contrib[nc++] = z;
     }
     assert_non_null(loss);
     assert_int_equal(nt_backward(loss), 0);
     nt_tensor *gx = nt_cast(nt_grad(leafx), NT_F32);
     assert_int_equal(nt_to_host(gx, out32, 72 * sizeof(float)), 0);
-    nt_tensor *sum = NULL;
-    for (int k = sc->n - 1; k >= 0; k--) {
-        nt_tensor *z = nt_zeros(dt, 3, sh);
-        assert_int_equal(nt_copy_into(nt_slice(z, (int)sc->s[k][0], sc->s[k][1], sc->s[k][2],
-                                               sc->s[k][3]), gs[k]), 0);
-        sum = sum ? nt_add(sum, z) : z;
-    }
-    if (direct)
-        sum = nt_add(sum, g0);
+    nt_tensor *sum = contrib[nc - 1];
+    for (int k = nc - 2; k >= 0; k--)
+        sum = nt_add(sum, contrib[k]);
     if (through_op)
         sum = nt_mul_scalar(sum, 1.0);
     assert_int_equal(nt_to_host(nt_cast(sum, NT_F32), ref32, 72 * sizeof(float)), 0);
@@ -1109,27 +1110,33 @@ static void test_slice_grads_one_buffer(void **state)
     const char *modes[] = {"deterministic", "eager", "adaptive", "lazy"};
     const char *backends[] = {"cpu", "sim"};
     for (size_t c = 0; c < sizeof slice_cases / sizeof *slice_cases; c++)
-        for (int v = 0; v < 8; v++)
+        for (int v = 0; v < 16; v++)
             for (int m = 0; m < 4; m++) {
-                bool direct = v & 1, through_op = v & 2;
-                nt_dtype dt = v & 4 ? NT_BF16 : NT_F32;
+                const slice_case *sc = &slice_cases[c];
+                /* the direct use: none, oldest (its gradient comes last),
+                 * between the first slices, newest (first) */
+                int dpos = (int[]){-1, 0, 1, sc->n}[v & 3];
+                bool through_op = v & 4;
+                nt_dtype dt = v & 8 ? NT_BF16 : NT_F32;
                 nt_config_set("NT_MODE", modes[m]);
-                nt_config_set("NT_BACKEND", backends[(c + (size_t)m) % 2]);
+                nt_config_set("NT_BACKEND", backends[(c + (size_t)m + (size_t)v) % 2]);
                 uint16_t out[72], ref[72];
                 float out32[72], ref32[72];
-                slice_grads(&slice_cases[c], direct, through_op, dt, out, ref, out32, ref32);
+                slice_grads(sc, dpos, through_op, dt, out, ref, out32, ref32);
                 assert_memory_equal(out32, ref32, sizeof out32);
                 if (dt == NT_BF16)
                     assert_memory_equal(out, ref, sizeof out);
-                if (c == 0 && !direct) { /* x[0, 0, 3] had -0 from q's slice */
+                if (c == 0 && dpos < 0) { /* x[0, 0, 3] had -0 from q's slice */
                     assert_true(out32[3] == 0 && !signbit(out32[3]));
                     assert_true(isnan(out32[13]));
                 }
-                if (c == 1 && !direct) { /* one slice: its -0 kept, zeros around it */
+                if (c == 1 && dpos < 0) { /* one slice: its -0 kept, zeros around it */
                     assert_true(out32[5] == 0 && signbit(out32[5]));
                     assert_true(out32[0] == 0 && !signbit(out32[0]));
                     assert_true(isnan(out32[14]));
                 }
+                if (c == 3 && dpos < 0) /* a gap between the slices: +0 */
+                    assert_true(out32[4] == 0 && !signbit(out32[4]));
             }
     nt_config_set("NT_MODE", "adaptive");
     nt_config_set("NT_BACKEND", "sim");
