@@ -686,18 +686,30 @@ static int bwd_sdpa(nt__bctx *b)
     for (int i = 0; i < nd - 2; i++)
         fs[i] = q->shape[i];
     nt_tensor *f[3] = {q, g, o}, *fk[2] = {k, v};
-    int64_t qn[3] = {Tq * D, Tq * Dv, Tq * Dv}, kn[2] = {Tk * D, Tk * Dv};
-    for (int i = 0; i < 3; i++) {
-        fs[nd - 2] = qn[i];
-        TRY(f[i] = nt_reshape_at(S, f[i], nd - 1, fs));
-    }
-    for (int i = 0; i < 2; i++) {
-        fs[nd - 2] = kn[i];
-        TRY(fk[i] = nt_reshape_at(S, fk[i], nd - 1, fs));
-    }
     nt_tensor *qx, *kv;
-    TRY(qx = nt_cat_at(S, f, 3, nd - 2));
-    TRY(kv = nt_cat_at(S, fk, 2, nd - 2));
+    if (D == Dv) {
+        /* Blocks of one width: cat along the rows lays them out as the
+         * flattened blocks' cat does, and a permuted q, k, v (heads of one
+         * projection) is copied once, not first by its reshape. */
+        TRY(qx = nt_cat_at(S, f, 3, nd - 2));
+        TRY(kv = nt_cat_at(S, fk, 2, nd - 2));
+        fs[nd - 2] = Tq * (D + 2 * Dv);
+        TRY(qx = nt_reshape_at(S, qx, nd - 1, fs));
+        fs[nd - 2] = Tk * (D + Dv);
+        TRY(kv = nt_reshape_at(S, kv, nd - 1, fs));
+    } else {
+        int64_t qn[3] = {Tq * D, Tq * Dv, Tq * Dv}, kn[2] = {Tk * D, Tk * Dv};
+        for (int i = 0; i < 3; i++) {
+            fs[nd - 2] = qn[i];
+            TRY(f[i] = nt_reshape_at(S, f[i], nd - 1, fs));
+        }
+        for (int i = 0; i < 2; i++) {
+            fs[nd - 2] = kn[i];
+            TRY(fk[i] = nt_reshape_at(S, fk[i], nd - 1, fs));
+        }
+        TRY(qx = nt_cat_at(S, f, 3, nd - 2));
+        TRY(kv = nt_cat_at(S, fk, 2, nd - 2));
+    }
     nt__call c;
     nt_tensor *in[4] = {qx, kv, lse, mask};
     if (!nt__call_begin(&c, S, "nt_scaled_dot_product_attention", NT_OP_SDPA_BWD, 4, in,

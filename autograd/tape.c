@@ -489,7 +489,30 @@ typedef struct {
     nt_tensor **slots; /* [n][NT__MAX_OUT]: each holds a reference */
     nt__node **held;   /* references on the nodes recomputed by checkpoints */
     size_t nheld, heldcap;
+    struct scat *scat; /* slots being filled by slice gradients (see slice_into) */
+    size_t nscat, scatcap;
 } gradmap;
+
+/* A slot whose gradient is a buffer the backwards of slices of one dim
+ * write into.  The definition is the sum, in the order the slices'
+ * backwards run, of one buffer of zeros of the input's shape per slice with
+ * the slice's gradient copied into its place.  Where the slices do not
+ * overlap, that sum is, at each element, either 0 + 0 + ... (+0: no slice
+ * covers it) or, when two or more slices came, g + 0 + ... = g + 0 for the
+ * one gradient g that covers it (IEEE: +0 + g == g + +0 bit for bit, a NaN
+ * included, and (g + 0) + 0 == g + 0); with one slice, g itself.  So the
+ * buffer is made once (not filled), each slice's gradient copied into its
+ * place, and before anything reads it the places no slice wrote are filled
+ * with +0 and, when two or more came, + 0 added in place (turning -0 into
+ * +0 as the sum does): the sum's bits at a fraction of its memory traffic.
+ * Attention's q, k, v slices of one [B, T, 3D] projection were three
+ * zero-filled [B, T, 3D] buffers and two adds; now one buffer, no fill. */
+#define SCAT_MAX 8
+struct scat {
+    nt_tensor *buf; /* the slot's tensor (the slot holds the reference) */
+    int dim, n;
+    int64_t lo[SCAT_MAX], hi[SCAT_MAX]; /* the slices' [start, end) along dim */
+};
 
 static size_t map_find(const gradmap *gm, const nt__node *n)
 {
@@ -558,6 +581,7 @@ static void gm_free(gradmap *gm)
     free(gm->key);
     free(gm->pos);
     free(gm->slots);
+    free(gm->scat);
 }
 
 /* A reachable node's gradient slots. */
@@ -566,9 +590,106 @@ static nt_tensor **slots_of(gradmap *gm, nt__node *n)
     return gm->slots + gm->pos[map_find(gm, n)] * NT__MAX_OUT;
 }
 
+static struct scat *scat_find(gradmap *gm, const nt_tensor *t)
+{
+    for (size_t i = 0; t && i < gm->nscat; i++)
+        if (gm->scat[i].buf == t)
+            return &gm->scat[i];
+    return NULL;
+}
+
+/* Ends the slice-gradient buffer t (if it is one) before anything reads
+ * it: +0 where no slice wrote, then, with two or more slices in it, the
+ * + 0 of the sum that defines it. */
+static int scat_finish(gradmap *gm, nt_tensor *t, const nt_site *site)
+{
+    struct scat *e = scat_find(gm, t);
+    if (!e)
+        return 0;
+    struct scat x = *e;
+    *e = gm->scat[--gm->nscat];
+    devsw d;
+    dev_enter(&d, t->dev);
+    int rc = 0;
+    /* the gaps between the slices' ranges, in ascending order */
+    for (int64_t at = 0; at < t->shape[x.dim] && !rc;) {
+        int64_t next = t->shape[x.dim], skip = -1;
+        for (int i = 0; i < x.n; i++) {
+            if (x.lo[i] <= at && at < x.hi[i])
+                skip = x.hi[i];
+            else if (x.lo[i] > at && x.lo[i] < next)
+                next = x.lo[i];
+        }
+        if (skip >= 0) {
+            at = skip;
+            continue;
+        }
+        nt_tensor *v = nt_slice_at(site, t, x.dim, at, next, 1);
+        rc = v ? nt_fill_inplace_at(site, v, 0.0) : nt_last_error();
+        at = next;
+    }
+    if (!rc && x.n >= 2)
+        rc = nt_add_scalar_inplace_at(site, t, 0.0);
+    dev_leave(&d);
+    return rc;
+}
+
+/* The backward of slice node n with output gradient g, written straight
+ * into its input's slot (see struct scat): into a new buffer when the slot
+ * is empty, into the slot's buffer when that is a slice-gradient buffer of
+ * the same dim that no earlier slice in it overlaps.  Same dtype and device
+ * as the input's only.  1: not taken (the ordinary backward runs), 0: done,
+ * < 0: an error. */
+static int slice_into(gradmap *gm, nt__node *n, nt_tensor *g)
+{
+    nt_tensor **slot = &slots_of(gm, n->next[0].node)[n->next[0].idx];
+    const nt__tmeta *m = &n->in_meta[0];
+    int64_t lo = n->p.i[0], hi = n->p.i[1];
+    if (n->p.i[2] != 1 && hi - lo > 1)
+        return 1; /* a step leaves holes in [lo, hi): the ordinary backward */
+    if (hi <= lo || g->dtype != m->dtype || g->ndim != m->ndim)
+        return 1;
+    struct scat *e = NULL;
+    if (*slot) {
+        e = scat_find(gm, *slot);
+        if (!e || e->dim != n->p.dim || e->n == SCAT_MAX || g->dev != (*slot)->dev)
+            return 1;
+        for (int i = 0; i < e->n; i++)
+            if (lo < e->hi[i] && e->lo[i] < hi)
+                return 1;
+    } else {
+        if (gm->nscat == gm->scatcap) {
+            size_t cap = gm->scatcap ? 2 * gm->scatcap : 8;
+            struct scat *p = realloc(gm->scat, cap * sizeof *p);
+            if (!p)
+                return 1; /* the ordinary backward then */
+            gm->scat = p;
+            gm->scatcap = cap;
+        }
+        nt__alloc_dev = (uint8_t)g->dev;
+        nt_tensor *buf = nt__tensor_empty((nt_dtype)m->dtype, m->ndim, m->shape, &n->site,
+                                          "nt_backward");
+        nt__alloc_dev = 0;
+        if (!buf)
+            return nt_last_error();
+        *slot = buf; /* the slot's reference */
+        e = &gm->scat[gm->nscat++];
+        *e = (struct scat){.buf = buf, .dim = n->p.dim};
+    }
+    nt_tensor *v = nt_slice_at(&n->site, *slot, n->p.dim, lo, hi, 1);
+    if (!v || nt_copy_into_at(&n->site, v, g))
+        return nt_last_error();
+    e->lo[e->n] = lo;
+    e->hi[e->n++] = hi;
+    return 0;
+}
+
 static int add_grad(gradmap *gm, nt__edge e, nt_tensor *g, const nt_site *site)
 {
     nt_tensor **s = slots_of(gm, e.node);
+    int rc = scat_finish(gm, s[e.idx], site);
+    if (rc)
+        return rc;
     if (!s[e.idx]) {
         s[e.idx] = nt_retain(g);
         return 0;
@@ -830,6 +951,9 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
     nt__node *n = gm->order[k];
     nt_tensor **gout = gm->slots + k * NT__MAX_OUT;
     int rc = 0;
+    for (int i = 0; i < NT__MAX_OUT; i++)
+        if ((rc = scat_finish(gm, gout[i], &n->site)) != 0)
+            return rc;
     if (n->op == NT__OP_ACCUMULATE) {
         if (n->leaf && n->leaf->st && gout[0]) {
             devsw d;
@@ -873,7 +997,10 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
         /* Ops issued by the backward carry the forward's site and say whose
          * backward they belong to. */
         nt__tls_bwd_of = api;
-        if (n->custom)
+        if (n->op == NT_OP_SLICE && !n->custom && gout[0] && n->next[0].node &&
+            (rc = slice_into(gm, n, gout[0])) <= 0)
+            ; /* done (or failed) in its input's slot: no input gradient */
+        else if (n->custom)
             rc = nt__custom_backward(&b);
         else
             rc = n->op < NT_OP_COUNT && nt__bwd_table[n->op].fn ? nt__bwd_table[n->op].fn(&b)

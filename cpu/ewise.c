@@ -90,25 +90,42 @@ static void walk_span(const walk *w, int64_t lo, int64_t hi)
     }
     chunk c;
     c.nv = nv;
-    for (int k = 0; k < nv; k++)
+    /* Each operand's element offset, kept up to date as the index moves
+     * (short rows, e.g. 32-element heads of a permute, made the offsets'
+     * recomputation per chunk a visible part of a copy). */
+    int64_t off[NT_MAXV];
+    for (int k = 0; k < nv; k++) {
         c.st[k] = w->cst[k][nd - 1], c.dt[k] = w->v[k].dt;
+        off[k] = 0;
+        for (int i = 0; i < nd; i++)
+            off[k] += idx[i] * w->cst[k][i];
+    }
     for (int64_t pos = lo; pos < hi;) {
         int64_t j = idx[nd - 1];
         int64_t n = inner - j < NT_CHUNK ? inner - j : NT_CHUNK;
         if (n > hi - pos)
             n = hi - pos;
-        for (int k = 0; k < nv; k++) {
-            int64_t off = 0;
-            for (int i = 0; i < nd; i++)
-                off += idx[i] * w->cst[k][i];
-            c.p[k] = w->v[k].data + off * (int64_t)w->es[k];
-        }
+        for (int k = 0; k < nv; k++)
+            c.p[k] = w->v[k].data + off[k] * (int64_t)w->es[k];
         w->fn(w->r, &c, n, scratch);
         pos += n;
         idx[nd - 1] += n;
-        if (idx[nd - 1] == inner) { /* next row */
+        for (int k = 0; k < nv; k++)
+            off[k] += n * w->cst[k][nd - 1];
+        if (idx[nd - 1] == inner) { /* next row: carry through the outer dims */
             idx[nd - 1] = 0;
-            nt__idx_next(idx, nd - 1, w->cs);
+            for (int k = 0; k < nv; k++)
+                off[k] -= inner * w->cst[k][nd - 1];
+            for (int d = nd - 2; d >= 0; d--) {
+                idx[d]++;
+                for (int k = 0; k < nv; k++)
+                    off[k] += w->cst[k][d];
+                if (idx[d] < w->cs[d])
+                    break;
+                idx[d] = 0;
+                for (int k = 0; k < nv; k++)
+                    off[k] -= w->cs[d] * w->cst[k][d];
+            }
         }
     }
 }

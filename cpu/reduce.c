@@ -32,6 +32,11 @@
 #include "core/gemm.h"
 #include "core/reduce.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && NT_RED_LANES == 16
+#include <immintrin.h>
+#define COLS_AVX512 1
+#endif
+
 /* ---------------- rows ---------------- */
 
 void nt__rows_init(nt__rows *R, const nt_tensor *t, int d, bool same_shape)
@@ -287,28 +292,58 @@ static void acc_arg(red *c, int64_t k0, int64_t m, int64_t w, int64_t j, bool is
  * same order, and the same folds, but the loops run across the columns,
  * which are contiguous, so they vectorise (a column alone is a strided
  * walk). */
+#define COLS_BLOCK_SUM(T, m, w, ld, part)                \
+    do {                                                 \
+        float lane[NT_RED_LANES][RED_W];                 \
+        for (int l = 0; l < NT_RED_LANES; l++)           \
+            for (int64_t j = 0; j < w; j++)              \
+                lane[l][j] = 0.0f;                       \
+        int64_t k = 0;                                   \
+        for (; k + NT_RED_LANES <= m; k += NT_RED_LANES) \
+            for (int l = 0; l < NT_RED_LANES; l++) {     \
+                const float *row = T + (k + l) * ld;     \
+                for (int64_t j = 0; j < w; j++)          \
+                    lane[l][j] += row[j];                \
+            }                                            \
+        for (int l = 0; k < m; k++, l++)                 \
+            for (int64_t j = 0; j < w; j++)              \
+                lane[l][j] += T[k * ld + j];             \
+        for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)   \
+            for (int l = 0; l < h; l++)                  \
+                for (int64_t j = 0; j < w; j++)          \
+                    lane[l][j] += lane[l + h][j];        \
+        for (int64_t j = 0; j < w; j++)                  \
+            part[j] = lane[0][j];                        \
+    } while (0)
+
 static void cols_block_sum(const float *T, int64_t m, int64_t w, int64_t ld, float *part)
 {
-    float lane[NT_RED_LANES][RED_W];
-    for (int l = 0; l < NT_RED_LANES; l++)
-        for (int64_t j = 0; j < w; j++)
-            lane[l][j] = 0.0f;
-    int64_t k = 0;
-    for (; k + NT_RED_LANES <= m; k += NT_RED_LANES)
-        for (int l = 0; l < NT_RED_LANES; l++) {
-            const float *row = T + (k + l) * ld;
-            for (int64_t j = 0; j < w; j++)
-                lane[l][j] += row[j];
-        }
-    for (int l = 0; k < m; k++, l++)
-        for (int64_t j = 0; j < w; j++)
-            lane[l][j] += T[k * ld + j];
-    for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)
-        for (int l = 0; l < h; l++)
-            for (int64_t j = 0; j < w; j++)
-                lane[l][j] += lane[l + h][j];
-    for (int64_t j = 0; j < w; j++)
-        part[j] = lane[0][j];
+    COLS_BLOCK_SUM(T, m, w, ld, part);
+}
+
+#ifdef COLS_AVX512
+/* cols_block_sum's loops with 512-bit vectors (GCC's generic tuning keeps
+ * them at 256): the same adds in the same order per column, so the same
+ * bits.  (Keeping a 16-column strip's lanes in registers instead was slower:
+ * it walks the rows once per strip.) */
+__attribute__((target(NT_TARGET_AVX512))) static void
+cols_block_sum_avx512(const float *T, int64_t m, int64_t w, int64_t ld, float *part)
+{
+    COLS_BLOCK_SUM(T, m, w, ld, part);
+}
+#endif
+
+/* The column sums of cols_block_sum, at the widest vector level the
+ * reductions' ISA (nt__gemm_isa) allows. */
+static void cols_sum(const float *T, int64_t m, int64_t w, int64_t ld, float *part)
+{
+#ifdef COLS_AVX512
+    if (w >= 16 && nt__gemm_isa() == NT_ISA_AVX512) {
+        cols_block_sum_avx512(T, m, w, ld, part);
+        return;
+    }
+#endif
+    cols_block_sum(T, m, w, ld, part);
 }
 
 /* Folds elements k0 .. k0+m-1 (m <= NT_RED_BLOCK: one canonical block) of w
@@ -327,7 +362,7 @@ static void acc_block(red *c, int64_t k0, int64_t m, int64_t w)
             c->f[0] += nt__red_block_sum_f32(T, m, 1);
         else {
             float part[RED_W];
-            cols_block_sum(T, m, w, w, part);
+            cols_sum(T, m, w, w, part);
             for (int64_t j = 0; j < w; j++)
                 c->f[j] += part[j];
         }
@@ -386,7 +421,7 @@ static void red_group(const nt__rows *R, void *ctx, const char *x, int64_t oo, i
         for (int64_t k0 = 0; k0 < R->n; k0 += NT_RED_BLOCK) {
             int64_t m = R->n - k0 < NT_RED_BLOCK ? R->n - k0 : NT_RED_BLOCK;
             float part[RED_W];
-            cols_block_sum((const float *)x + k0 * R->sn, m, w, R->sn, part);
+            cols_sum((const float *)x + k0 * R->sn, m, w, R->sn, part);
             for (int64_t j = 0; j < w; j++)
                 c->f[j] += part[j];
         }

@@ -1012,6 +1012,136 @@ static void test_leaf_grad_copied_when_shared(void **state)
         shared_grads_in_mode(modes[m], op);
 }
 
+
+/* ---------------- slice gradients into one buffer ---------------- */
+
+/* The slices of x [2, 3, 12] that a case takes: dim, start, end, step. */
+typedef struct {
+    int n;
+    int64_t s[10][4];
+} slice_case;
+
+static const slice_case slice_cases[] = {
+    {3, {{2, 0, 4, 1}, {2, 4, 8, 1}, {2, 8, 12, 1}}},    /* disjoint, covering: q, k, v */
+    {1, {{2, 2, 7, 1}}},                                  /* one: -0 stays -0 */
+    {2, {{2, 0, 6, 1}, {2, 4, 12, 1}}},                   /* overlapping: summed */
+    {3, {{2, 0, 3, 1}, {2, 6, 9, 1}, {2, 9, 10, 1}}},    /* disjoint with gaps */
+    {2, {{2, 0, 12, 2}, {2, 1, 12, 2}}},                  /* interleaved by a step */
+    {2, {{2, 0, 6, 1}, {1, 0, 1, 1}}},                    /* different dims */
+    {10, {{2, 0, 1, 1}, {2, 1, 2, 1}, {2, 2, 3, 1}, {2, 3, 4, 1}, {2, 4, 5, 1},
+          {2, 5, 6, 1}, {2, 6, 7, 1}, {2, 7, 8, 1}, {2, 8, 9, 1}, {2, 9, 11, 1}}}, /* > 8 */
+    {2, {{2, 3, 3, 1}, {2, 0, 12, 1}}},                   /* an empty one */
+};
+
+/* The gradient of x for the sum over the slices of sum(slice_i(x) * c_i),
+ * plus sum(x * c0) made before slice dpos when dpos >= 0 (dpos == n: after
+ * the last), as nt_backward gives it (out) and as its definition does: each
+ * slice's gradient placed into zeros of x's shape, and the direct use's
+ * gradient, summed in the order their backwards run, newest first (ref).
+ * The c_i hold -0 and a NaN. */
+static void slice_grads(const slice_case *sc, int dpos, bool through_op, nt_dtype dt,
+                        uint16_t *out, uint16_t *ref, float *out32, float *ref32)
+{
+    int64_t sh[3] = {2, 3, 12};
+    float xv[72];
+    for (int i = 0; i < 72; i++)
+        xv[i] = 0.25f * (float)(i % 9) - 1;
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *a = nt_cast(nt_from_host(xv, NT_F32, 3, sh), dt);
+    nt_tensor *leafx = nt_detach(a);
+    nt_set_requires_grad(leafx, true);
+    nt_tensor *x = through_op ? nt_mul_scalar(leafx, 1.0) : leafx;
+    nt_tensor *loss = NULL, *contrib[11];
+    int nc = 0;
+    for (int k = 0; k <= sc->n; k++) {
+        if (k == dpos) {
+            float cv[72];
+            for (int i = 0; i < 72; i++)
+                cv[i] = (float)(i % 5) - 2;
+            nt_tensor *g0 = nt_cast(nt_from_host(cv, NT_F32, 3, sh), dt);
+            nt_tensor *l = nt_sum(nt_mul(x, g0), NT_DIM_ALL, false);
+            loss = loss ? nt_add(loss, l) : l;
+            contrib[nc++] = g0;
+        }
+        if (k == sc->n)
+            break;
+        nt_tensor *y = nt_slice(x, (int)sc->s[k][0], sc->s[k][1], sc->s[k][2], sc->s[k][3]);
+        int64_t n = nt_numel(y), ys[3] = {nt_shape(y, 0), nt_shape(y, 1), nt_shape(y, 2)};
+        float cv[72];
+        for (int i = 0; i < n; i++)
+            cv[i] = i % 7 == 3 ? -0.0f : (i % 11 == 5 ? NAN : (float)(k + 1) + 0.5f * (float)i);
+        nt_tensor *c = nt_cast(nt_from_host(cv, NT_F32, 3, ys), dt);
+        nt_tensor *l = nt_sum(nt_mul(y, c), NT_DIM_ALL, false);
+        loss = loss ? nt_add(loss, l) : l;
+        /* the definition of the slice's gradient: mul's (ones * c) in zeros */
+        nt_tensor *z = nt_zeros(dt, 3, sh);
+        assert_int_equal(nt_copy_into(nt_slice(z, (int)sc->s[k][0], sc->s[k][1], sc->s[k][2],
+                                               sc->s[k][3]), nt_mul(nt_ones(dt, 3, ys), c)), 0);
+        contrib[nc++] = z;
+    }
+    assert_non_null(loss);
+    assert_int_equal(nt_backward(loss), 0);
+    nt_tensor *gx = nt_cast(nt_grad(leafx), NT_F32);
+    assert_int_equal(nt_to_host(gx, out32, 72 * sizeof(float)), 0);
+    nt_tensor *sum = contrib[nc - 1];
+    for (int k = nc - 2; k >= 0; k--)
+        sum = nt_add(sum, contrib[k]);
+    if (through_op)
+        sum = nt_mul_scalar(sum, 1.0);
+    assert_int_equal(nt_to_host(nt_cast(sum, NT_F32), ref32, 72 * sizeof(float)), 0);
+    if (dt == NT_BF16) { /* the bf16 bits themselves */
+        assert_int_equal(nt_to_host(nt_grad(leafx), out, 72 * sizeof(uint16_t)), 0);
+        assert_int_equal(nt_to_host(sum, ref, 72 * sizeof(uint16_t)), 0);
+    }
+    nt_scope_end(s);
+    nt_release(leafx);
+}
+
+/* Slice gradients reaching one tensor go into one buffer (autograd/tape.c,
+ * struct scat): the bits of their definition, the sum of one zero-filled
+ * buffer per slice (so -0 turns into +0 once two slices came, and stays -0
+ * with one), whether the slices are disjoint, overlap, leave gaps, are
+ * interleaved by a step, lie along different dims, are more than a buffer
+ * tracks or empty; with the tensor also used directly, a leaf or an op's
+ * output, f32 or bf16, in every mode, on both backends. */
+static void test_slice_grads_one_buffer(void **state)
+{
+    (void)state;
+    const char *modes[] = {"deterministic", "eager", "adaptive", "lazy"};
+    const char *backends[] = {"cpu", "sim"};
+    for (size_t c = 0; c < sizeof slice_cases / sizeof *slice_cases; c++)
+        for (int v = 0; v < 16; v++)
+            for (int m = 0; m < 4; m++) {
+                const slice_case *sc = &slice_cases[c];
+                /* the direct use: none, oldest (its gradient comes last),
+                 * between the first slices, newest (first) */
+                int dpos = (int[]){-1, 0, 1, sc->n}[v & 3];
+                bool through_op = v & 4;
+                nt_dtype dt = v & 8 ? NT_BF16 : NT_F32;
+                nt_config_set("NT_MODE", modes[m]);
+                nt_config_set("NT_BACKEND", backends[(c + (size_t)m + (size_t)v) % 2]);
+                uint16_t out[72], ref[72];
+                float out32[72], ref32[72];
+                slice_grads(sc, dpos, through_op, dt, out, ref, out32, ref32);
+                assert_memory_equal(out32, ref32, sizeof out32);
+                if (dt == NT_BF16)
+                    assert_memory_equal(out, ref, sizeof out);
+                if (c == 0 && dpos < 0) { /* x[0, 0, 3] had -0 from q's slice */
+                    assert_true(out32[3] == 0 && !signbit(out32[3]));
+                    assert_true(isnan(out32[13]));
+                }
+                if (c == 1 && dpos < 0) { /* one slice: its -0 kept, zeros around it */
+                    assert_true(out32[5] == 0 && signbit(out32[5]));
+                    assert_true(out32[0] == 0 && !signbit(out32[0]));
+                    assert_true(isnan(out32[14]));
+                }
+                if (c == 3 && dpos < 0) /* a gap between the slices: +0 */
+                    assert_true(out32[4] == 0 && !signbit(out32[4]));
+            }
+    nt_config_set("NT_MODE", "adaptive");
+    nt_config_set("NT_BACKEND", "sim");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1040,6 +1170,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_leaf_grad_taken_without_copy, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_leaf_grad_copied_when_shared, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_slice_grads_one_buffer, nt_test_setup,
                                         nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
