@@ -1971,6 +1971,129 @@ static void test_liveness_reasons(void **state)
         nt_release(io[i]);
 }
 
+/* A value whose storage has a second handle -- the view a backward pass
+ * leaves when it permutes a gradient back (permute twice: the same view
+ * again) -- read only by the same kernel: nothing can read it afterwards,
+ * so it is elided (storage_group_only in fusion/plan.c).  When the user
+ * keeps the view, it is written out.  Same bits as unfused either way. */
+static bool keep_view;
+
+static void view_only_body(void *arg)
+{
+    nt_tensor **io = arg;
+    nt_config_set("NT_MODE", (const char *)io[3]);
+    nt_tensor *a = nt_exp(io[0]);
+    nt_tensor *p1 = nt_permute(a, (int[]){1, 0});
+    nt_tensor *p2 = nt_permute(p1, (int[]){1, 0});
+    nt_release(p1);
+    nt_release(a);
+    io[1] = nt_mul_scalar(p2, 2.0);
+    if (keep_view)
+        io[2] = p2;
+    else
+        nt_release(p2);
+    nt_sync();
+    nt_config_set("NT_MODE", "adaptive");
+}
+
+static void test_view_read_only_in_kernel_elided(void **state)
+{
+    (void)state;
+    const char *backends[2] = {"sim", "cpu"};
+    for (int be = 0; be < 2; be++) {
+        assert_int_equal(nt_config_set("NT_BACKEND", backends[be]), 0);
+        for (int keep = 0; keep < 2; keep++) {
+            keep_view = keep;
+            nt_tensor *io[4] = {nt_randn(NT_F32, 2, (int64_t[]){6, 8}, 11), NULL, NULL,
+                                (nt_tensor *)"lazy"};
+            nt_sync();
+            char *log = capture(view_only_body, io);
+            assert_non_null(strstr(log, "elementwise, 2 ops"));
+            if (keep) {
+                assert_non_null(strstr(log, "writes 2, elides 0"));
+                assert_non_null(strstr(log, "another handle on its storage"));
+            } else {
+                assert_non_null(strstr(log, "writes 1, elides 1"));
+            }
+            g_free(log);
+            /* the unfused reference */
+            nt_tensor *ref[4] = {io[0], NULL, NULL, (nt_tensor *)"deterministic"};
+            view_only_body(ref);
+            float got[48], want[48], kept[48], kwant[48];
+            assert_int_equal(nt_to_host(io[1], got, sizeof got), 0);
+            assert_int_equal(nt_to_host(ref[1], want, sizeof want), 0);
+            assert_memory_equal(got, want, sizeof got);
+            if (keep) {
+                assert_int_equal(nt_to_host(io[2], kept, sizeof kept), 0);
+                assert_int_equal(nt_to_host(ref[2], kwant, sizeof kwant), 0);
+                assert_memory_equal(kept, kwant, sizeof kept);
+                nt_release(io[2]);
+                nt_release(ref[2]);
+            }
+            nt_release(io[0]);
+            nt_release(io[1]);
+            nt_release(ref[1]);
+        }
+    }
+    keep_view = false;
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0); /* setup's */
+}
+
+/* The case above as a backward pass leaves it: under bf16 autocast the
+ * weight of x @ w^T is cast in memory order and permuted, so its gradient
+ * is a matmul output permuted back, read only by the cast to f32 in the
+ * matmul's epilogue: the bf16 gradient is elided, on both backends, and w's
+ * gradient has the unfused bits. */
+static void amp_grad_body(void *arg)
+{
+    nt_tensor **io = arg;
+    nt_config_set("NT_MODE", (const char *)io[3]);
+    nt_scope *sc = nt_scope_begin();
+    assert_int_equal(nt_autocast_begin(NT_BF16), 0);
+    nt_tensor *y = nt_linear(io[0], io[1], NULL);
+    assert_int_equal(nt_autocast_end(), 0);
+    assert_int_equal(nt_backward(nt_sum(nt_cast(y, NT_F32), NT_DIM_ALL, false)), 0);
+    nt_scope_end(sc);
+    io[2] = nt_grad(io[1]);
+    nt_sync();
+    nt_config_set("NT_MODE", "adaptive");
+}
+
+static void test_amp_weight_grad_not_written(void **state)
+{
+    (void)state;
+    const char *backends[2] = {"sim", "cpu"};
+    for (int be = 0; be < 2; be++) {
+        assert_int_equal(nt_config_set("NT_BACKEND", backends[be]), 0);
+        float got[160 * 48], want[160 * 48];
+        for (int run = 0; run < 2; run++) {
+            nt_tensor *io[4] = {nt_randn(NT_F32, 2, (int64_t[]){8, 48}, 21),
+                                nt_randn(NT_F32, 2, (int64_t[]){160, 48}, 22), NULL,
+                                (nt_tensor *)(run ? "deterministic" : "lazy")};
+            assert_int_equal(nt_set_requires_grad(io[1], true), 0);
+            nt_sync();
+            char *log = capture(amp_grad_body, io);
+            if (!run) {
+                const char *k = strstr(log, "matmul+epilogue, 2 ops [backward:matmul");
+                if (!k)
+                    fail_msg("no weight-gradient kernel in:\n%s", log);
+                const char *eol = strchr(k, '\n');
+                char line[2048];
+                snprintf(line, sizeof line, "%.*s", (int)(eol ? eol - k : (long)strlen(k)), k);
+                if (!strstr(line, "writes 1, elides 1"))
+                    fail_msg("the bf16 weight gradient was written out: %s", line);
+            }
+            g_free(log);
+            assert_non_null(io[2]);
+            assert_int_equal(nt_to_host(io[2], run ? want : got, sizeof got), 0);
+            for (int i = 0; i < 3; i++)
+                nt_release(io[i]);
+        }
+        assert_memory_equal(got, want, sizeof got);
+    }
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0); /* setup's */
+}
+
 static void breaks_body(void *arg)
 {
     nt_tensor **io = arg;
@@ -2163,6 +2286,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ew_chain_one_kernel, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_adaptive_gathers_burst, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_elided_values_take_no_memory, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_view_read_only_in_kernel_elided, setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_amp_weight_grad_not_written, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_cpu_spans_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_isa_levels_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_subnormal_f64_route, setup, nt_test_teardown),
