@@ -2094,6 +2094,89 @@ static void test_amp_weight_grad_not_written(void **state)
     assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0); /* setup's */
 }
 
+/* In-place copies whose result is only stored: the simulator's program
+ * stores the source's register instead of copying it first (sim/kernels/
+ * ew.c run_op), when the source is a computed value of the same dtype --
+ * canonical already.  A copy of a kernel input keeps its instruction (a
+ * guard: the NaNs given to nt_from_host below are canonical by the time a
+ * kernel reads them, so no public input shows a payload).  Elementwise and
+ * matmul-epilogue programs, f32 and bf16, every mode, both backends: the
+ * bits of the deterministic CPU run, NaNs canonical. */
+static void copy_store_run(const char *backend, const char *mode, nt_dtype dt, uint8_t *out,
+                           size_t nb)
+{
+    assert_int_equal(nt_config_set("NT_BACKEND", backend), 0);
+    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+    enum { R = 16, C = 24 };
+    float h[C * C]; /* x: its first R rows */
+    for (int i = 0; i < C * C; i++)
+        h[i] = (float)((i * 37) % 29) * 0.25f - 3.0f;
+    const uint32_t nans[4] = {0x7fc00001u, 0xffc12345u, 0x7f800001u, 0x7fa00000u};
+    for (int i = 0; i < 4; i++)
+        memcpy(&h[i * 41], &nans[i], 4);
+    nt_tensor *x = nt_from_host(h, NT_F32, 2, (int64_t[]){R, C});
+    nt_tensor *w = nt_from_host(h, NT_F32, 2, (int64_t[]){C, C});
+    nt_tensor *xd = dt == NT_F32 ? nt_keep(x) : nt_cast(x, dt), *wd = nt_cast(w, dt);
+    nt_tensor *d[5];
+    for (int i = 0; i < 5; i++)
+        d[i] = nt_zeros(dt, 2, (int64_t[]){R, C});
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *y = nt_mul_scalar(xd, 2.0);         /* computed: NaNs canonical */
+    assert_int_equal(nt_copy_into(d[0], y), 0);    /* the register stored */
+    assert_int_equal(nt_copy_into(d[1], xd), 0);   /* a kernel input: copied */
+    assert_int_equal(nt_copy_into(d[2], nt_add_scalar(y, 1.0)), 0);
+    nt_tensor *m = nt_matmul(xd, wd);              /* an MM epilogue */
+    assert_int_equal(nt_copy_into(d[3], m), 0);
+    assert_int_equal(nt_copy_into(d[4], nt_relu(m)), 0);
+    nt_scope_end(sc);
+    size_t es = dt == NT_F32 ? 4 : 2, one = (size_t)R * C * es;
+    assert_true(nb == 5 * one);
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(nt_to_host(d[i], out + i * one, one), 0);
+        nt_release(d[i]);
+    }
+    nt_release(x);
+    nt_release(w);
+    nt_release(xd);
+    nt_release(wd);
+}
+
+static void test_sim_copy_stores_source(void **state)
+{
+    (void)state;
+    const char *modes[] = {"deterministic", "eager", "adaptive", "lazy"};
+    const nt_dtype dts[2] = {NT_F32, NT_BF16};
+    for (int d = 0; d < 2; d++) {
+        size_t nb = 5 * 16 * 24 * (dts[d] == NT_F32 ? 4 : 2);
+        uint8_t *ref = malloc(nb), *got = malloc(nb);
+        assert_non_null(ref);
+        assert_non_null(got);
+        copy_store_run("cpu", "deterministic", dts[d], ref, nb);
+        for (int be = 0; be < 2; be++)
+            for (int m = 0; m < 4; m++) {
+                copy_store_run(be ? "sim" : "cpu", modes[m], dts[d], got, nb);
+                size_t at = 0;
+                while (at < nb && got[at] == ref[at])
+                    at++;
+                if (at < nb)
+                    fail_msg("byte %zu (of %zu): %02x vs %02x; %s: %s backend, %s mode differs from the deterministic CPU run",
+                             at, nb, got[at], ref[at], nt_dtype_name(dts[d]), be ? "sim" : "cpu", modes[m]);
+            }
+        /* the computed copy's NaNs are canonical; the input copy's too */
+        if (dts[d] == NT_F32) {
+            uint32_t u;
+            memcpy(&u, ref + 41 * 4, 4);
+            assert_int_equal(u, 0x7fc00000u);
+            memcpy(&u, ref + 16 * 24 * 4 + 41 * 4, 4);
+            assert_int_equal(u, 0x7fc00000u);
+        }
+        free(ref);
+        free(got);
+    }
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0); /* setup's */
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+}
+
 static void breaks_body(void *arg)
 {
     nt_tensor **io = arg;
@@ -2289,6 +2372,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_view_read_only_in_kernel_elided, setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_amp_weight_grad_not_written, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_sim_copy_stores_source, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_cpu_spans_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_isa_levels_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_subnormal_f64_route, setup, nt_test_teardown),
