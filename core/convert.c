@@ -38,6 +38,34 @@ __attribute__((target(NT_TARGET_AVX512))) static void ld_bf16_avx512(float *dst,
         dst[i] = nt__bf16_to_f32(p[i]);
 }
 
+/* y rounded through bf16 and widened back (the fused evaluator's rounding
+ * of every bf16 value): nt__f32_to_bf16's integer steps, written out
+ * because out is often y, and an auto-vectorised loop checks for overlap
+ * and then runs scalar */
+static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) __m512
+settle_bf16x16(__m512 f)
+{
+    __m512i u = _mm512_castps_si512(f);
+    __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    r = _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32((int)NT__QNAN_F32)));
+}
+
+__attribute__((target(NT_TARGET_AVX512))) static void settle_bf16_avx512(float *out, const float *y,
+                                                                         int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, settle_bf16x16(_mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(out + i, m, settle_bf16x16(_mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
 /* f16 <-> f32 with the hardware's conversions (AVX-512F's 512-bit forms,
  * F16C's 256-bit ones at the AVX2 level), which are exact both ways for
  * every non-NaN value: widening is exact, and vcvtps2ph with the
@@ -383,6 +411,12 @@ void nt__settle_f32(float *out, nt_dtype dt, const float *y, int64_t n)
             out[i] = nt__canon(y[i]);
         break;
     case NT_BF16:
+#ifdef NT_CONVERT_AVX512
+        if (n >= 16 && nt__gemm_isa() == NT_ISA_AVX512) {
+            settle_bf16_avx512(out, y, n);
+            break;
+        }
+#endif
         for (int64_t i = 0; i < n; i++)
             out[i] = nt__bf16_to_f32(nt__f32_to_bf16(y[i]));
         break;

@@ -589,6 +589,10 @@ static void test_block_f16_every_isa(void **state)
             nt__settle_f32(f, NT_F16, f, N);
             for (int i = 0; i < N; i++)
                 assert_int_equal(bitsf(f[i]), bitsf(nt__f16_to_f32(nt__f32_to_f16(src[i]))));
+            memcpy(f, src, sizeof(float) * N);
+            nt__settle_f32(f, NT_BF16, f, N);
+            for (int i = 0; i < N; i++)
+                assert_int_equal(bitsf(f[i]), bitsf(nt__bf16_to_f32(nt__f32_to_bf16(src[i]))));
         }
         /* lengths and offsets: the tails, and nothing written past n */
         for (int n = 1; n <= 40; n++)
@@ -624,15 +628,19 @@ static void test_block_f16_every_isa(void **state)
                         fail_msg("%s: f16 load of %d at offset %d, element %d differs", lab, n,
                                  off, i);
                 }
-                memset(f, 0xab, 4 * 64);
-                nt__settle_f32(f + off, NT_F16, src, n);
-                for (int i = 0; i < 64; i++) {
-                    bool in = i >= off && i < off + n;
-                    uint32_t w =
-                        in ? bitsf(nt__f16_to_f32(nt__f32_to_f16(src[i - off]))) : 0xababababu;
-                    if (bitsf(f[i]) != w)
-                        fail_msg("%s: f16 settle of %d at offset %d, element %d differs", lab, n,
-                                 off, i);
+                for (int bf = 0; bf < 2; bf++) {
+                    memset(f, 0xab, 4 * 64);
+                    nt__settle_f32(f + off, bf ? NT_BF16 : NT_F16, src, n);
+                    for (int i = 0; i < 64; i++) {
+                        bool in = i >= off && i < off + n;
+                        float r = !in ? 0.0f
+                                  : bf ? nt__bf16_to_f32(nt__f32_to_bf16(src[i - off]))
+                                       : nt__f16_to_f32(nt__f32_to_f16(src[i - off]));
+                        uint32_t w = in ? bitsf(r) : 0xababababu;
+                        if (bitsf(f[i]) != w)
+                            fail_msg("%s: %s settle of %d at offset %d, element %d differs", lab,
+                                     bf ? "bf16" : "f16", n, off, i);
+                    }
                 }
             }
     }
