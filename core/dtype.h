@@ -335,6 +335,10 @@ static inline float nt__round_f32_sr(nt_dtype dt, float v, uint32_t r)
  * to/from f32 or i32 registers. */
 void nt__ld_f32(float *dst, const char *src, nt_dtype dt, int64_t stride, int64_t n);
 void nt__st_f32(char *dst, nt_dtype dt, int64_t stride, const float *src, int64_t n);
+/* out[i] = y[i] rounded to float dtype dt and widened back (what storing
+ * and loading it gives; f32: NaN made canonical), unit stride; out may be
+ * y. */
+void nt__settle_f32(float *out, nt_dtype dt, const float *y, int64_t n);
 void nt__ld_i32(int32_t *dst, const char *src, nt_dtype dt, int64_t stride, int64_t n);
 void nt__st_i32(char *dst, nt_dtype dt, int64_t stride, const int32_t *src, int64_t n);
 

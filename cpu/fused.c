@@ -75,16 +75,9 @@ static void settle_f(void *out, nt_dtype dt, float *y, int64_t n)
 {
     switch (dt) {
     case NT_F32:
-        for (int64_t i = 0; i < n; i++)
-            ((float *)out)[i] = nt__canon(y[i]);
-        break;
     case NT_BF16:
-        for (int64_t i = 0; i < n; i++)
-            ((float *)out)[i] = nt__bf16_to_f32(nt__f32_to_bf16(y[i]));
-        break;
-    case NT_F16:
-        for (int64_t i = 0; i < n; i++)
-            ((float *)out)[i] = nt__f16_to_f32(nt__f32_to_f16(y[i]));
+    case NT_F16: /* core/convert.c: vector forms of the element rules */
+        nt__settle_f32(out, dt, y, n);
         break;
     case NT_I32:
         for (int64_t i = 0; i < n; i++)

@@ -395,6 +395,49 @@ static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
     return NULL;
 }
 
+/* Whether only the group can reach t's storage: every handle on it is one
+ * of its records' operands or outputs, none has a user reference or an
+ * internal one beyond the group's own slots (no record outside, no autograd
+ * save, no view parent), and the group reads each as a value of its
+ * program, never from memory.  A backward pass leaves such handles: a bf16
+ * weight gradient computed in the weight's memory layout and permuted back
+ * (autocast casts w^T in memory order) is a second handle on the matmul's
+ * output, read only by the cast to f32 in the same kernel; without this the
+ * gradient was written out for nobody (3.7 MB a step of bench/amp). */
+static bool storage_group_only(const gstate *s, const nt_tensor *t)
+{
+    const nt__storage *st = t->st;
+    enum { MAXH = NT_F_MAXOPS * (NT__MAX_IN + NT__MAX_OUT) };
+    const nt_tensor *h[MAXH];
+    int slots[MAXH], nh = 0;
+    for (int k = 0; k < s->g.nrecs; k++) {
+        const nt__rec *r = s->g.recs[k];
+        const nt__fop *op = &s->p.ops[k];
+        for (int i = 0; i < r->nin + r->nout; i++) {
+            const nt_tensor *x = i < r->nin ? r->in[i] : r->out[i - r->nin];
+            if (!x || x->st != st)
+                continue;
+            if (i < r->nin && NT_F_IS_EXT(op->a[i]))
+                return false; /* read from memory: the kernel needs it there */
+            int j = 0;
+            while (j < nh && h[j] != x)
+                j++;
+            if (j == nh) {
+                h[nh] = x;
+                slots[nh++] = 0;
+            }
+            slots[j]++;
+        }
+    }
+    if (AO_load_full(&((nt__storage *)st)->refs) != (AO_t)nh)
+        return false;
+    for (int j = 0; j < nh; j++)
+        if (AO_load_full(&((nt_tensor *)h[j])->refs) > 0 ||
+            (int)AO_load_full(&((nt_tensor *)h[j])->irefs) != slots[j])
+            return false;
+    return true;
+}
+
 /* Can anything outside the group read value v's tensor after it?  (See
  * fusion.h.)  Every pending record holds an internal reference per slot, so
  * a handle with more internal references than the group's own slots is read
@@ -411,7 +454,7 @@ static bool live_after(const gstate *s, int v, const char **why)
         *why = "live user handle";
         return true;
     }
-    if (AO_load_full(&t->st->refs) > 1) {
+    if (AO_load_full(&t->st->refs) > 1 && !storage_group_only(s, t)) {
         *why = "another handle on its storage (a view, or saved for backward)";
         return true;
     }

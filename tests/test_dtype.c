@@ -508,6 +508,150 @@ static void test_block_stores_every_isa(void **state)
     free(f);
 }
 
+/* The f16 block conversions (core/convert.c: AVX-512F / F16C forms with a
+ * NaN fix-up) and the bf16 loads and the settle (round through a dtype) on
+ * every ISA level this CPU runs give the element rules' bits: every f16
+ * pattern widened (signalling NaNs keep their payload), the 2^24-pattern
+ * sweep narrowed (every NaN the canonical 0x7e00, f16 subnormals, ties,
+ * overflow), unit stride and strided (through the chunk buffer), every
+ * length 1..40 at offsets 0..3, nothing touched past n. */
+static void test_block_f16_every_isa(void **state)
+{
+    (void)state;
+    enum { N = 1 << 16, EDGES = 16, ST = 3 };
+    float *src = malloc(sizeof(float) * (N + 64));
+    float *f = malloc(sizeof(float) * (N + 64) * ST);
+    uint16_t *h = malloc(2 * (N + 64) * ST);
+    uint16_t *hs = malloc(2 * (N + 64));
+    assert_non_null(src);
+    assert_non_null(f);
+    assert_non_null(h);
+    assert_non_null(hs);
+    const uint32_t edges[EDGES] = {0x7fc00000u, 0xffc00001u, 0x7f800001u, 0xff812345u,
+                                   0x7f800000u, 0xff800000u, 0x33800000u, 0xb3800001u,
+                                   0x33000000u, 0x33000001u, 0x477fefffu, 0x477ff000u,
+                                   0x38800000u, 0x387fe000u, 0x80000000u, 0x00000000u};
+    int old = nt__gemm_isa();
+    int tested = 0;
+    for (int isa = 0; isa < NT_ISA_COUNT; isa++) {
+        if (nt__gemm_set_isa(isa) < 0)
+            continue;
+        tested++;
+        const char *lab = nt__gemm_isa_label(isa);
+        /* widening: all 65536 patterns, unit stride and stride ST */
+        for (int i = 0; i < N; i++)
+            hs[i] = (uint16_t)i;
+        for (int i = 0; i < N; i++)
+            h[i * ST] = (uint16_t)i;
+        for (int strided = 0; strided < 2; strided++) {
+            memset(f, 0xab, sizeof(float) * N);
+            nt__ld_f32(f, (const char *)(strided ? h : hs), NT_F16, strided ? ST : 1, N);
+            for (int i = 0; i < N; i++)
+                if (bitsf(f[i]) != bitsf(nt__f16_to_f32((uint16_t)i)))
+                    fail_msg("%s: f16 load (stride %d) of 0x%04x gives 0x%08x, expected 0x%08x",
+                             lab, strided ? ST : 1, i, bitsf(f[i]),
+                             bitsf(nt__f16_to_f32((uint16_t)i)));
+        }
+        /* bf16 widening, all patterns */
+        nt__ld_f32(f, (const char *)hs, NT_BF16, 1, N);
+        for (int i = 0; i < N; i++)
+            if (bitsf(f[i]) != bitsf(nt__bf16_to_f32((uint16_t)i)))
+                fail_msg("%s: bf16 load of 0x%04x gives 0x%08x", lab, i, bitsf(f[i]));
+        /* narrowing and settling: the sweep */
+        for (uint64_t base = 0; base < (UINT64_C(1) << 24); base += N) {
+            for (int i = 0; i < N; i++)
+                src[i] = fbits((uint32_t)((base + (uint64_t)i) * 0x9e3779b1u));
+            for (int i = 0; i < EDGES; i++)
+                src[i * 97] = fbits(edges[i]);
+            nt__st_f32((char *)hs, NT_F16, 1, src, N);
+            nt__st_f32((char *)h, NT_F16, ST, src, N);
+            for (int i = 0; i < N; i++) {
+                uint16_t want = nt__f32_to_f16(src[i]);
+                if (hs[i] != want || h[i * ST] != want)
+                    fail_msg("%s: f16 store of 0x%08x gives 0x%04x (stride %d: 0x%04x), "
+                             "expected 0x%04x",
+                             lab, bitsf(src[i]), hs[i], ST, h[i * ST], want);
+            }
+            const nt_dtype sdt[3] = {NT_F32, NT_BF16, NT_F16};
+            for (int d = 0; d < 3; d++) {
+                nt__settle_f32(f, sdt[d], src, N);
+                for (int i = 0; i < N; i++) {
+                    float want = sdt[d] == NT_F32    ? nt__canon(src[i])
+                                 : sdt[d] == NT_BF16 ? nt__bf16_to_f32(nt__f32_to_bf16(src[i]))
+                                                     : nt__f16_to_f32(nt__f32_to_f16(src[i]));
+                    if (bitsf(f[i]) != bitsf(want))
+                        fail_msg("%s: settle to %s of 0x%08x gives 0x%08x, expected 0x%08x", lab,
+                                 nt_dtype_name(sdt[d]), bitsf(src[i]), bitsf(f[i]), bitsf(want));
+                }
+            }
+            /* in place */
+            memcpy(f, src, sizeof(float) * N);
+            nt__settle_f32(f, NT_F16, f, N);
+            for (int i = 0; i < N; i++)
+                assert_int_equal(bitsf(f[i]), bitsf(nt__f16_to_f32(nt__f32_to_f16(src[i]))));
+            memcpy(f, src, sizeof(float) * N);
+            nt__settle_f32(f, NT_BF16, f, N);
+            for (int i = 0; i < N; i++)
+                assert_int_equal(bitsf(f[i]), bitsf(nt__bf16_to_f32(nt__f32_to_bf16(src[i]))));
+        }
+        /* lengths and offsets: the tails, and nothing written past n */
+        for (int n = 1; n <= 40; n++)
+            for (int off = 0; off < 4; off++) {
+                for (int i = 0; i < 64; i++)
+                    src[i] = fbits(edges[i % EDGES] ^ (uint32_t)(i * 0x01000193u & 0x7fffu));
+                memset(hs, 0xab, 2 * 64);
+                memset(h, 0xab, 2 * 64 * ST);
+                nt__st_f32((char *)(hs + off), NT_F16, 1, src, n);
+                nt__st_f32((char *)(h + off), NT_F16, ST, src, n);
+                for (int i = 0; i < 64; i++) {
+                    bool in = i >= off && i < off + n;
+                    uint16_t w = in ? nt__f32_to_f16(src[i - off]) : 0xababu;
+                    if (hs[i] != w)
+                        fail_msg("%s: f16 store of %d at offset %d, element %d differs", lab, n,
+                                 off, i);
+                }
+                for (int i = 0; i < 64 * ST; i++) {
+                    bool in = i >= off && i < off + n * ST && (i - off) % ST == 0;
+                    uint16_t w = in ? nt__f32_to_f16(src[(i - off) / ST]) : 0xababu;
+                    if (h[i] != w)
+                        fail_msg("%s: strided f16 store of %d at offset %d, element %d differs",
+                                 lab, n, off, i);
+                }
+                for (int i = 0; i < 64; i++)
+                    hs[i] = (uint16_t)(0x7c01u + (unsigned)i * 0x0411u); /* NaNs, Inf, all */
+                memset(f, 0xab, 4 * 64);
+                nt__ld_f32(f + off, (const char *)hs, NT_F16, 1, n);
+                for (int i = 0; i < 64; i++) {
+                    bool in = i >= off && i < off + n;
+                    uint32_t w = in ? bitsf(nt__f16_to_f32(hs[i - off])) : 0xababababu;
+                    if (bitsf(f[i]) != w)
+                        fail_msg("%s: f16 load of %d at offset %d, element %d differs", lab, n,
+                                 off, i);
+                }
+                for (int bf = 0; bf < 2; bf++) {
+                    memset(f, 0xab, 4 * 64);
+                    nt__settle_f32(f + off, bf ? NT_BF16 : NT_F16, src, n);
+                    for (int i = 0; i < 64; i++) {
+                        bool in = i >= off && i < off + n;
+                        float r = !in ? 0.0f
+                                  : bf ? nt__bf16_to_f32(nt__f32_to_bf16(src[i - off]))
+                                       : nt__f16_to_f32(nt__f32_to_f16(src[i - off]));
+                        uint32_t w = in ? bitsf(r) : 0xababababu;
+                        if (bitsf(f[i]) != w)
+                            fail_msg("%s: %s settle of %d at offset %d, element %d differs", lab,
+                                     bf ? "bf16" : "f16", n, off, i);
+                    }
+                }
+            }
+    }
+    assert_true(tested >= 1);
+    nt__gemm_set_isa(old);
+    free(src);
+    free(f);
+    free(h);
+    free(hs);
+}
+
 int main(void)
 {
     __builtin_cpu_init();
@@ -524,6 +668,7 @@ int main(void)
         cmocka_unit_test(test_promote_table),
         cmocka_unit_test(test_load_store_each_dtype),
         cmocka_unit_test(test_block_stores_every_isa),
+        cmocka_unit_test(test_block_f16_every_isa),
         cmocka_unit_test(test_f32_to_bf16_every_pattern),
         cmocka_unit_test(test_f32_to_f16_every_pattern),
     };

@@ -1971,6 +1971,212 @@ static void test_liveness_reasons(void **state)
         nt_release(io[i]);
 }
 
+/* A value whose storage has a second handle -- the view a backward pass
+ * leaves when it permutes a gradient back (permute twice: the same view
+ * again) -- read only by the same kernel: nothing can read it afterwards,
+ * so it is elided (storage_group_only in fusion/plan.c).  When the user
+ * keeps the view, it is written out.  Same bits as unfused either way. */
+static bool keep_view;
+
+static void view_only_body(void *arg)
+{
+    nt_tensor **io = arg;
+    nt_config_set("NT_MODE", (const char *)io[3]);
+    nt_tensor *a = nt_exp(io[0]);
+    nt_tensor *p1 = nt_permute(a, (int[]){1, 0});
+    nt_tensor *p2 = nt_permute(p1, (int[]){1, 0});
+    nt_release(p1);
+    nt_release(a);
+    io[1] = nt_mul_scalar(p2, 2.0);
+    if (keep_view)
+        io[2] = p2;
+    else
+        nt_release(p2);
+    nt_sync();
+    nt_config_set("NT_MODE", "adaptive");
+}
+
+static void test_view_read_only_in_kernel_elided(void **state)
+{
+    (void)state;
+    const char *backends[2] = {"sim", "cpu"};
+    for (int be = 0; be < 2; be++) {
+        assert_int_equal(nt_config_set("NT_BACKEND", backends[be]), 0);
+        for (int keep = 0; keep < 2; keep++) {
+            keep_view = keep;
+            nt_tensor *io[4] = {nt_randn(NT_F32, 2, (int64_t[]){6, 8}, 11), NULL, NULL,
+                                (nt_tensor *)"lazy"};
+            nt_sync();
+            char *log = capture(view_only_body, io);
+            assert_non_null(strstr(log, "elementwise, 2 ops"));
+            if (keep) {
+                assert_non_null(strstr(log, "writes 2, elides 0"));
+                assert_non_null(strstr(log, "another handle on its storage"));
+            } else {
+                assert_non_null(strstr(log, "writes 1, elides 1"));
+            }
+            g_free(log);
+            /* the unfused reference */
+            nt_tensor *ref[4] = {io[0], NULL, NULL, (nt_tensor *)"deterministic"};
+            view_only_body(ref);
+            float got[48], want[48], kept[48], kwant[48];
+            assert_int_equal(nt_to_host(io[1], got, sizeof got), 0);
+            assert_int_equal(nt_to_host(ref[1], want, sizeof want), 0);
+            assert_memory_equal(got, want, sizeof got);
+            if (keep) {
+                assert_int_equal(nt_to_host(io[2], kept, sizeof kept), 0);
+                assert_int_equal(nt_to_host(ref[2], kwant, sizeof kwant), 0);
+                assert_memory_equal(kept, kwant, sizeof kept);
+                nt_release(io[2]);
+                nt_release(ref[2]);
+            }
+            nt_release(io[0]);
+            nt_release(io[1]);
+            nt_release(ref[1]);
+        }
+    }
+    keep_view = false;
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0); /* setup's */
+}
+
+/* The case above as a backward pass leaves it: under bf16 autocast the
+ * weight of x @ w^T is cast in memory order and permuted, so its gradient
+ * is a matmul output permuted back, read only by the cast to f32 in the
+ * matmul's epilogue: the bf16 gradient is elided, on both backends, and w's
+ * gradient has the unfused bits. */
+static void amp_grad_body(void *arg)
+{
+    nt_tensor **io = arg;
+    nt_config_set("NT_MODE", (const char *)io[3]);
+    nt_scope *sc = nt_scope_begin();
+    assert_int_equal(nt_autocast_begin(NT_BF16), 0);
+    nt_tensor *y = nt_linear(io[0], io[1], NULL);
+    assert_int_equal(nt_autocast_end(), 0);
+    assert_int_equal(nt_backward(nt_sum(nt_cast(y, NT_F32), NT_DIM_ALL, false)), 0);
+    nt_scope_end(sc);
+    io[2] = nt_grad(io[1]);
+    nt_sync();
+    nt_config_set("NT_MODE", "adaptive");
+}
+
+static void test_amp_weight_grad_not_written(void **state)
+{
+    (void)state;
+    const char *backends[2] = {"sim", "cpu"};
+    for (int be = 0; be < 2; be++) {
+        assert_int_equal(nt_config_set("NT_BACKEND", backends[be]), 0);
+        float got[160 * 48], want[160 * 48];
+        for (int run = 0; run < 2; run++) {
+            nt_tensor *io[4] = {nt_randn(NT_F32, 2, (int64_t[]){8, 48}, 21),
+                                nt_randn(NT_F32, 2, (int64_t[]){160, 48}, 22), NULL,
+                                (nt_tensor *)(run ? "deterministic" : "lazy")};
+            assert_int_equal(nt_set_requires_grad(io[1], true), 0);
+            nt_sync();
+            char *log = capture(amp_grad_body, io);
+            if (!run) {
+                const char *k = strstr(log, "matmul+epilogue, 2 ops [backward:matmul");
+                if (!k)
+                    fail_msg("no weight-gradient kernel in:\n%s", log);
+                const char *eol = strchr(k, '\n');
+                char line[2048];
+                snprintf(line, sizeof line, "%.*s", (int)(eol ? eol - k : (long)strlen(k)), k);
+                if (!strstr(line, "writes 1, elides 1"))
+                    fail_msg("the bf16 weight gradient was written out: %s", line);
+            }
+            g_free(log);
+            assert_non_null(io[2]);
+            assert_int_equal(nt_to_host(io[2], run ? want : got, sizeof got), 0);
+            for (int i = 0; i < 3; i++)
+                nt_release(io[i]);
+        }
+        assert_memory_equal(got, want, sizeof got);
+    }
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0); /* setup's */
+}
+
+/* In-place copies whose result is only stored: the simulator's program
+ * stores the source's register instead of copying it first (sim/kernels/
+ * ew.c run_op), when the source is a computed value of the same dtype --
+ * canonical already.  A copy of a kernel input keeps its instruction (a
+ * guard: the NaNs given to nt_from_host below are canonical by the time a
+ * kernel reads them, so no public input shows a payload).  Elementwise and
+ * matmul-epilogue programs, f32 and bf16, every mode, both backends: the
+ * bits of the deterministic CPU run, NaNs canonical. */
+static void copy_store_run(const char *backend, const char *mode, nt_dtype dt, uint8_t *out,
+                           size_t nb)
+{
+    assert_int_equal(nt_config_set("NT_BACKEND", backend), 0);
+    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+    enum { R = 16, C = 24 };
+    float h[C * C]; /* x: its first R rows */
+    for (int i = 0; i < C * C; i++)
+        h[i] = (float)((i * 37) % 29) * 0.25f - 3.0f;
+    const uint32_t nans[4] = {0x7fc00001u, 0xffc12345u, 0x7f800001u, 0x7fa00000u};
+    for (int i = 0; i < 4; i++)
+        memcpy(&h[i * 41], &nans[i], 4);
+    nt_tensor *x = nt_from_host(h, NT_F32, 2, (int64_t[]){R, C});
+    nt_tensor *w = nt_from_host(h, NT_F32, 2, (int64_t[]){C, C});
+    nt_tensor *xd = dt == NT_F32 ? nt_keep(x) : nt_cast(x, dt), *wd = nt_cast(w, dt);
+    nt_tensor *d[5];
+    for (int i = 0; i < 5; i++)
+        d[i] = nt_zeros(dt, 2, (int64_t[]){R, C});
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *y = nt_mul_scalar(xd, 2.0);         /* computed: NaNs canonical */
+    assert_int_equal(nt_copy_into(d[0], y), 0);    /* the register stored */
+    assert_int_equal(nt_copy_into(d[1], xd), 0);   /* a kernel input: copied */
+    assert_int_equal(nt_copy_into(d[2], nt_add_scalar(y, 1.0)), 0);
+    nt_tensor *m = nt_matmul(xd, wd);              /* an MM epilogue */
+    assert_int_equal(nt_copy_into(d[3], m), 0);
+    assert_int_equal(nt_copy_into(d[4], nt_relu(m)), 0);
+    nt_scope_end(sc);
+    size_t es = dt == NT_F32 ? 4 : 2, one = (size_t)R * C * es;
+    assert_true(nb == 5 * one);
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(nt_to_host(d[i], out + i * one, one), 0);
+        nt_release(d[i]);
+    }
+    nt_release(x);
+    nt_release(w);
+    nt_release(xd);
+    nt_release(wd);
+}
+
+static void test_sim_copy_stores_source(void **state)
+{
+    (void)state;
+    const char *modes[] = {"deterministic", "eager", "adaptive", "lazy"};
+    const nt_dtype dts[2] = {NT_F32, NT_BF16};
+    for (int d = 0; d < 2; d++) {
+        size_t nb = 5 * 16 * 24 * (dts[d] == NT_F32 ? 4 : 2);
+        uint8_t *ref = malloc(nb), *got = malloc(nb);
+        assert_non_null(ref);
+        assert_non_null(got);
+        copy_store_run("cpu", "deterministic", dts[d], ref, nb);
+        for (int be = 0; be < 2; be++)
+            for (int m = 0; m < 4; m++) {
+                copy_store_run(be ? "sim" : "cpu", modes[m], dts[d], got, nb);
+                size_t at = 0;
+                while (at < nb && got[at] == ref[at])
+                    at++;
+                if (at < nb)
+                    fail_msg("byte %zu (of %zu): %02x vs %02x; %s: %s backend, %s mode differs from the deterministic CPU run",
+                             at, nb, got[at], ref[at], nt_dtype_name(dts[d]), be ? "sim" : "cpu", modes[m]);
+            }
+        /* the computed copy's NaNs are canonical; the input copy's too */
+        if (dts[d] == NT_F32) {
+            uint32_t u;
+            memcpy(&u, ref + 41 * 4, 4);
+            assert_int_equal(u, 0x7fc00000u);
+            memcpy(&u, ref + 16 * 24 * 4 + 41 * 4, 4);
+            assert_int_equal(u, 0x7fc00000u);
+        }
+        free(ref);
+        free(got);
+    }
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0); /* setup's */
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+}
+
 static void breaks_body(void *arg)
 {
     nt_tensor **io = arg;
@@ -2163,6 +2369,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ew_chain_one_kernel, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_adaptive_gathers_burst, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_elided_values_take_no_memory, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_view_read_only_in_kernel_elided, setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_amp_weight_grad_not_written, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_sim_copy_stores_source, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_cpu_spans_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_isa_levels_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_subnormal_f64_route, setup, nt_test_teardown),

@@ -769,6 +769,17 @@ static int run_op(tile_state *t, int *kp, int (*store)(void *ctx, int slot, cons
     for (int q = 0; q < o->nin; q++)
         a[q] = arg_of(t, o->a[q]);
     const nt__fval *val = &P->vals[o->out];
+    /* A same-dtype copy whose result is only stored (AdamW's writes back
+     * into p, m and v): the store reads the source's register instead.
+     * The bytes are the copy's: a computed value is canonical already
+     * (every instruction's result passes isa.c's st()), and the DMA moves
+     * bytes.  The copy was a link in each block's ScalarE chain of an MM
+     * epilogue (bf16: the evacuation, the cast, the cast ahead and three
+     * copies in a row while VectorE waited). */
+    if (nt__ops[o->op].kind == NT_KIND_COPY && !is_sr(o) && val->store >= 0 && !val->red &&
+        t->L->vuses[o->out] == 0 && o->nin == 1 && !NT_F_IS_EXT(o->a[0]) && !a[0].red &&
+        a[0].dt == (nt_dtype)val->dtype)
+        return store(sctx, val->store, &a[0].ap);
     nt_ap dst = val_ap(t, o->out);
     if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN || o->op == NT_OP_MIN) {
         /* ROW: a row reduction, the CPU's canonical order over C */
