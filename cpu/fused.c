@@ -17,7 +17,14 @@
 #include "core/reduce.h"
 #include "cpu/subnormal.h"
 
-#define CH 1024
+/* elements per chunk of an EW program: 2048 (8 KiB registers; a chain of a
+ * few registers and its input stay in L1) halved the per-op call overhead
+ * of 1024 and took 5% off the 8-op chain's CPU time; 4096 spilled L1 */
+#define CH 2048
+/* elements per chunk of a row program's full-row ops: its rows are L2
+ * resident already, and smaller chunks spread its prefetch finer (1024
+ * measured faster than 2048 on softmax) */
+#define ROW_CH 1024
 /* elements per subnormal test (cpu/subnormal.h): a few vectors */
 #define SN_BLK 64
 
@@ -146,7 +153,7 @@ static const int32_t *as_i32(const opnd *o, int32_t *tmp, int64_t n)
  * bench/fusion 1.45x slower). */
 static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) bool
 sn_fast512_body(bool mul, bool zvec, const float *x, const float *z, float s, float *y, int64_t n,
-                bool canon)
+                bool canon, bool stream)
 {
     if (!zvec && nt__sn_sub(nt__sn_abs(s)))
         return false; /* a subnormal scalar: every element is the exact path's */
@@ -181,8 +188,12 @@ sn_fast512_body(bool mul, bool zvec, const float *x, const float *z, float s, fl
 #define SN_TAIL_LOAD(p) _mm512_maskz_loadu_ps(m, (p))
 #define SN_TAIL_STORE(p, r) _mm512_mask_storeu_ps((p), m, (r))
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        SN_FAST_VEC(_mm512_loadu_ps, _mm512_storeu_ps);
+    if (stream) /* y 64-byte aligned: one whole line a store */
+        for (; i + 16 <= n; i += 16)
+            SN_FAST_VEC(_mm512_loadu_ps, _mm512_stream_ps);
+    else
+        for (; i + 16 <= n; i += 16)
+            SN_FAST_VEC(_mm512_loadu_ps, _mm512_storeu_ps);
     if (i < n) {
         __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
         SN_FAST_VEC(SN_TAIL_LOAD, SN_TAIL_STORE);
@@ -202,14 +213,30 @@ sn_fast512(int op, const float *x, const float *z, float s, float *y, int64_t n,
 {
     /* canon a constant in each body: no test of it per vector */
     switch (op * 2 + canon) {
-    case NT_OP_MUL * 2: return sn_fast512_body(true, true, x, z, s, y, n, false);
-    case NT_OP_MUL * 2 + 1: return sn_fast512_body(true, true, x, z, s, y, n, true);
-    case NT_OP_DIV * 2: return sn_fast512_body(false, true, x, z, s, y, n, false);
-    case NT_OP_DIV * 2 + 1: return sn_fast512_body(false, true, x, z, s, y, n, true);
-    case NT_OP_MUL_SCALAR * 2: return sn_fast512_body(true, false, x, z, s, y, n, false);
-    case NT_OP_MUL_SCALAR * 2 + 1: return sn_fast512_body(true, false, x, z, s, y, n, true);
-    case NT_OP_DIV_SCALAR * 2: return sn_fast512_body(false, false, x, z, s, y, n, false);
-    default: return sn_fast512_body(false, false, x, z, s, y, n, true);
+    case NT_OP_MUL * 2: return sn_fast512_body(true, true, x, z, s, y, n, false, false);
+    case NT_OP_MUL * 2 + 1: return sn_fast512_body(true, true, x, z, s, y, n, true, false);
+    case NT_OP_DIV * 2: return sn_fast512_body(false, true, x, z, s, y, n, false, false);
+    case NT_OP_DIV * 2 + 1: return sn_fast512_body(false, true, x, z, s, y, n, true, false);
+    case NT_OP_MUL_SCALAR * 2: return sn_fast512_body(true, false, x, z, s, y, n, false, false);
+    case NT_OP_MUL_SCALAR * 2 + 1: return sn_fast512_body(true, false, x, z, s, y, n, true, false);
+    case NT_OP_DIV_SCALAR * 2: return sn_fast512_body(false, false, x, z, s, y, n, false, false);
+    default: return sn_fast512_body(false, false, x, z, s, y, n, true, false);
+    }
+}
+
+/* sn_fast512 with streaming stores: y 64-byte aligned, n a multiple of 16 */
+__attribute__((target(NT_TARGET_AVX512))) static bool
+sn_stream512(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon)
+{
+    switch (op * 2 + canon) {
+    case NT_OP_MUL * 2: return sn_fast512_body(true, true, x, z, s, y, n, false, true);
+    case NT_OP_MUL * 2 + 1: return sn_fast512_body(true, true, x, z, s, y, n, true, true);
+    case NT_OP_DIV * 2: return sn_fast512_body(false, true, x, z, s, y, n, false, true);
+    case NT_OP_DIV * 2 + 1: return sn_fast512_body(false, true, x, z, s, y, n, true, true);
+    case NT_OP_MUL_SCALAR * 2: return sn_fast512_body(true, false, x, z, s, y, n, false, true);
+    case NT_OP_MUL_SCALAR * 2 + 1: return sn_fast512_body(true, false, x, z, s, y, n, true, true);
+    case NT_OP_DIV_SCALAR * 2: return sn_fast512_body(false, false, x, z, s, y, n, false, true);
+    default: return sn_fast512_body(false, false, x, z, s, y, n, true, true);
     }
 }
 #endif
@@ -802,6 +829,49 @@ static void stream_fence(void)
 #endif
 }
 
+/* An f32 `*` or `/` (by a tensor or a scalar) of float operands, evaluated
+ * at the AVX-512 level straight into its output memory dst by streaming
+ * stores: no register pass and no copy after.  The same pass and test as
+ * eval's (sn_fast512), so the same bits.  0: not such an op (nothing
+ * written); 1: done; -1: the block needs the exact route, and dst holds
+ * stray streamed lines (stream_fence them before rewriting dst). */
+static int stream_direct(eval_fn *eval, const nt__fop *o, nt_dtype odt, const opnd *a, float *dst,
+                         int64_t n, bool canon)
+{
+#ifdef NT_FUSED_X86
+    if (eval != eval_avx512 || odt != NT_F32 || ((uintptr_t)dst & 63u) || n % 16 ||
+        !isf(a[0].dt) || a[0].scalar)
+        return 0;
+    int op;
+    float s = 0.0f;
+    const float *z = NULL;
+    switch (o->op) {
+    case NT_OP_MUL_SCALAR:
+    case NT_OP_DIV_SCALAR:
+        op = o->op;
+        s = (float)o->p.f[0];
+        break;
+    case NT_OP_MUL:
+    case NT_OP_DIV:
+        if (!isf(a[1].dt))
+            return 0;
+        if (a[1].scalar) {
+            op = o->op == NT_OP_MUL ? NT_OP_MUL_SCALAR : NT_OP_DIV_SCALAR;
+            s = *(const float *)a[1].p;
+        } else {
+            op = o->op;
+            z = a[1].p;
+        }
+        break;
+    default: return 0;
+    }
+    return sn_stream512(op, a[0].p, z, s, dst, n, canon) ? 1 : -1;
+#else
+    (void)eval, (void)o, (void)odt, (void)a, (void)dst, (void)n, (void)canon;
+    return 0;
+#endif
+}
+
 /* An EW-shaped program over its iteration space, cut into spans of the
  * row-major element order that the caller and the gemm helper thread
  * (core/gemm.c, nt__par_blocks) claim.  Elements are independent and a
@@ -818,7 +888,8 @@ typedef struct ew_ctx {
     int nregs;
     int8_t direct[NT_F_MAXVALS]; /* >= 0: the value is output slot direct[v], computed in place */
     bool stream[NT_F_MAXOUT];    /* output slot written by stream_f32 */
-    bool canon[NT_F_MAXOPS];     /* plan_canon */
+    int8_t chunk_out[NT_F_MAXOPS]; /* >= 0: op k's value is streamed slot, by stream_direct */
+    bool canon[NT_F_MAXOPS];       /* plan_canon */
     volatile int rc;
 } ew_ctx;
 
@@ -854,7 +925,7 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
         int64_t n = inner - j < CH ? inner - j : CH;
         if (n > hi - pos)
             n = hi - pos;
-        bool loaded[NT_F_MAXEXT] = {0};
+        bool loaded[NT_F_MAXEXT] = {0}, streamed[NT_F_MAXOUT] = {0};
         for (int v = 0; v < P->nvals; v++)
             if (direct[v] >= 0)
                 at[v] = (float *)ov[direct[v]].data + offset_of(&ov[direct[v]], idx, nd);
@@ -900,6 +971,20 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
                     a[q] = (opnd){at[sl], (nt_dtype)P->vals[sl].dtype, false};
                 }
             }
+            if (c->chunk_out[k] >= 0) {
+                /* the value no later op reads: straight into its output
+                 * memory by streaming stores when the op can */
+                const int so = c->chunk_out[k];
+                int sd = stream_direct(eval, o, (nt_dtype)P->vals[o->out].dtype, a,
+                                       (float *)ov[so].data + offset_of(&ov[so], idx, nd), n,
+                                       c->canon[k]);
+                if (sd > 0) {
+                    streamed[so] = true;
+                    continue;
+                }
+                if (sd < 0) /* stream_f32 below rewrites those lines */
+                    stream_fence();
+            }
             if (is_sr(o))
                 eval_sr((nt_dtype)P->vals[o->out].dtype, a, at[o->out], n, scratch,
                         c->keys[k], pos);
@@ -908,7 +993,7 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
         }
         for (int sv = 0; sv < P->nout; sv++) {
             int v = P->out_val[sv];
-            if (direct[v] == sv)
+            if (direct[v] == sv || streamed[sv])
                 continue;
             if (c->stream[sv])
                 stream_f32((float *)ov[sv].data + offset_of(&ov[sv], idx, nd), at[v], n);
@@ -980,6 +1065,21 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
                 c->direct[v] = (int8_t)sv;
         }
     }
+    for (int k = 0; k < P->nops; k++)
+        c->chunk_out[k] = -1;
+    for (int sv = 0; sv < P->nout; sv++) {
+        int v = P->out_val[sv], k = def_op(P, v);
+        bool read_later = false;
+        if (!c->stream[sv] || k < from)
+            continue;
+        for (int q = k + 1; q < P->nops; q++)
+            for (int i = 0; i < P->ops[q].nin; i++)
+                read_later |= P->ops[q].a[i] == v;
+        for (int s2 = 0; s2 < P->nout; s2++) /* nor copied out to another slot */
+            read_later |= s2 != sv && P->out_val[s2] == v;
+        if (!read_later && c->chunk_out[k] < 0)
+            c->chunk_out[k] = (int8_t)sv;
+    }
     c->span = EW_SPAN;
     int nblocks = (int)((c->n_all + EW_SPAN - 1) / EW_SPAN);
     if (c->n_all > 0)
@@ -1003,7 +1103,11 @@ typedef struct row_ctx {
     int nregs;
     int8_t direct[NT_F_MAXVALS]; /* as ew_ctx's: a full-row f32 output computed in place */
     bool stream[NT_F_MAXOUT];    /* as ew_ctx's */
-    bool canon[NT_F_MAXOPS];     /* as ew_ctx's */
+    /* >= 0: a streamed output slot whose value no later op reads, streamed
+     * out chunk by chunk as its op computes it (no copy-out pass per row) */
+    int8_t chunk_out[NT_F_MAXOPS];
+    bool canon[NT_F_MAXOPS]; /* as ew_ctx's */
+    int slots;               /* prefetch slices per row: see row_span */
     volatile int rc;
 } row_ctx;
 
@@ -1017,11 +1121,14 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
     const uint64_t *keys = c->keys;
     /* one row of every value and loaded input */
     size_t cells = (size_t)(c->nregs + P->next) * (size_t)C;
-    /* scratch: a whole row for reductions, then 4 chunks for eval */
-    float *buf = malloc(sizeof(float) * (cells + (size_t)C + 4 * CH));
+    /* scratch: a whole row for reductions, then 4 chunks for eval; then
+     * one chunk for a streamed output (chunk_out), cache-line aligned */
+    size_t nbuf = (cells + (size_t)C + 5 * ROW_CH + 16 + 15) & ~(size_t)15; /* whole lines */
+    float *buf = aligned_alloc(64, sizeof(float) * nbuf);
     if (!buf)
         return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
     float *scratch = buf + cells;
+    float *cbuf = (float *)(((uintptr_t)(scratch + C + 4 * ROW_CH) + 63) & ~(uintptr_t)63);
     float *V = buf, *E = buf + (size_t)c->nregs * (size_t)C;
     const int8_t *direct = c->direct;
     float *at[NT_F_MAXVALS]; /* each value's row */
@@ -1039,21 +1146,31 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
         for (int v = 0; v < P->nvals; v++)
             if (direct[v] >= 0)
                 at[v] = (float *)ov[direct[v]].data + offset_of(&ov[direct[v]], idx, nd);
+        /* the next row of each input read in place, into L2: the streamer
+         * restarts at every 4 KiB page, and the row's first reader (its
+         * max) waited on memory.  A slice before each chunk an op
+         * evaluates (c->slots of them a row): all at once, the prefetches
+         * waited for fill buffers (half of row_span's time, measured) */
+        const char *pf[NT_F_MAXEXT];
+        int npf = 0, slot = 0;
+        const int64_t pf_lines = (C * (int64_t)sizeof(float) + 63) / 64;
+        const int64_t pf_per = (pf_lines + c->slots - 1) / c->slots;
         if (r + 1 < r1) {
-            /* the next row of each input read in place, into L2: the
-             * streamer restarts at every 4 KiB page, and the row's first
-             * reader (its max) waited on memory */
             int64_t nidx[NT_MAX_DIMS];
             memcpy(nidx, idx, sizeof nidx);
             nt__idx_next(nidx, nd - 1, shape);
             for (int e = 0; e < P->next; e++)
-                if (!P->ext[e].red && ev[e].dt == NT_F32 && ev[e].stride[nd - 1] == 1) {
-                    const char *p =
+                if (!P->ext[e].red && ev[e].dt == NT_F32 && ev[e].stride[nd - 1] == 1)
+                    pf[npf++] =
                         (const char *)((const float *)ev[e].data + offset_of(&ev[e], nidx, nd));
-                    for (int64_t b = 0; b < C * (int64_t)sizeof(float); b += 64)
-                        __builtin_prefetch(p + b, 0, 2);
-                }
         }
+#define ROW_PREFETCH()                                                                     \
+    do {                                                                                   \
+        for (int e = 0; e < npf; e++)                                                      \
+            for (int64_t b = slot * pf_per; b < (slot + 1) * pf_per && b < pf_lines; b++)  \
+                __builtin_prefetch(pf[e] + 64 * b, 0, 2);                                  \
+        slot++;                                                                            \
+    } while (0)
         for (int k = 0; k < P->nops; k++) {
             const nt__fop *o = &P->ops[k];
             const nt__fval *ov_ = &P->vals[o->out];
@@ -1084,6 +1201,7 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
             if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN ||
                 o->op == NT_OP_MIN) {
                 /* the reduced row, as the unfused kernel loads it */
+                ROW_PREFETCH();
                 const float *row = as_f32(&a[0], scratch, C);
                 float v = o->op == NT_OP_MAX   ? nt__red_max_f32(row, C, 1)
                           : o->op == NT_OP_MIN ? nt__red_min_f32(row, C, 1)
@@ -1098,8 +1216,8 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
                 if (ov_->red)
                     eval_sr((nt_dtype)ov_->dtype, a, out, 1, scratch + C, keys[k], r);
                 else
-                    for (int64_t j = 0; j < C; j += CH) {
-                        int64_t n = C - j < CH ? C - j : CH;
+                    for (int64_t j = 0; j < C; j += ROW_CH) {
+                        int64_t n = C - j < ROW_CH ? C - j : ROW_CH;
                         opnd aj = a[0];
                         if (!aj.scalar)
                             aj.p = (const float *)a[0].p + j;
@@ -1109,20 +1227,35 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
             } else if (ov_->red) {
                 eval(o, (nt_dtype)ov_->dtype, a, out, 1, scratch + C, c->canon[k]);
             } else {
-                for (int64_t j = 0; j < C; j += CH) {
-                    int64_t n = C - j < CH ? C - j : CH;
+                const int so = c->chunk_out[k];
+                float *dst = so >= 0 ? (float *)ov[so].data + offset_of(&ov[so], idx, nd) : NULL;
+                for (int64_t j = 0; j < C; j += ROW_CH) {
+                    int64_t n = C - j < ROW_CH ? C - j : ROW_CH;
                     opnd aj[3];
+                    ROW_PREFETCH();
                     for (int q = 0; q < o->nin; q++) /* field by field: no rep movs */
                         aj[q] = (opnd){a[q].scalar ? a[q].p : (const float *)a[q].p + j, a[q].dt,
                                        a[q].scalar};
-                    eval(o, (nt_dtype)ov_->dtype, aj, out + j, n, scratch + C, c->canon[k]);
+                    int sd;
+                    if (dst && (sd = stream_direct(eval, o, (nt_dtype)ov_->dtype, aj, dst + j, n,
+                                                   c->canon[k])) <= 0) {
+                        /* computed into an L1 chunk, streamed out at once:
+                         * the stores overlap the next chunk's compute */
+                        if (sd < 0)
+                            stream_fence();
+                        eval(o, (nt_dtype)ov_->dtype, aj, cbuf, n, scratch + C, c->canon[k]);
+                        stream_f32(dst + j, cbuf, n);
+                    } else if (!dst) {
+                        eval(o, (nt_dtype)ov_->dtype, aj, out + j, n, scratch + C, c->canon[k]);
+                    }
                 }
             }
         }
+#undef ROW_PREFETCH
         for (int s = 0; s < P->nout; s++) {
             int v = P->out_val[s];
             const nt__fval *val = &P->vals[v];
-            if (direct[v] == s)
+            if (direct[v] == s || c->chunk_out[def_op(P, v)] == s)
                 continue;
             if (c->stream[s])
                 stream_f32((float *)ov[s].data + offset_of(&ov[s], idx, nd), at[v], C);
@@ -1182,6 +1315,32 @@ static int run_row(const nt__fgroup *g)
                 c->direct[v] = (int8_t)s;
         }
     }
+    for (int k = 0; k < P->nops; k++)
+        c->chunk_out[k] = -1;
+    for (int s = 0; s < P->nout; s++) {
+        int v = P->out_val[s], k = def_op(P, v);
+        bool read_later = false;
+        for (int q = k + 1; q < P->nops; q++)
+            for (int i = 0; i < P->ops[q].nin; i++)
+                read_later |= P->ops[q].a[i] == v;
+        for (int s2 = 0; s2 < P->nout; s2++) /* nor copied out to another slot */
+            read_later |= s2 != s && P->out_val[s2] == v;
+        /* an f32 value of one op (stream: not SR, not per-row) read by no
+         * later op: its register holds nothing anyone needs */
+        if (c->stream[s] && !read_later && c->chunk_out[k] < 0)
+            c->chunk_out[k] = (int8_t)s;
+    }
+    /* one prefetch slice per reduction and per chunk of a full-row op */
+    c->slots = 0;
+    for (int k = 0; k < P->nops; k++) {
+        const nt__fop *o = &P->ops[k];
+        if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN || o->op == NT_OP_MIN)
+            c->slots++;
+        else if (!P->vals[o->out].red && !is_sr(o))
+            c->slots += (int)((c->C + ROW_CH - 1) / ROW_CH);
+    }
+    if (c->slots < 1)
+        c->slots = 1;
     /* blocks of about EW_SPAN elements; fewer than two run on this thread */
     c->rows = c->C >= EW_SPAN ? 1 : EW_SPAN / (c->C ? c->C : 1);
     int nblocks = (int)((c->R + c->rows - 1) / c->rows);

@@ -2358,6 +2358,127 @@ static void test_many_live_outputs(void **state)
     nt_config_set("NT_MODE", "adaptive");
 }
 
+/* Streamed outputs (8 MiB and more) whose last op writes its own streaming
+ * stores (cpu/fused.c stream_direct): softmax as primitives (the div by the
+ * row's sum), an 8-op-style chain ending in x * z, and one ending in x / s,
+ * with chunks whose fast pass fails (subnormal operands, underflowing
+ * results, a subnormal scalar: the lines streamed are then rewritten by the
+ * exact route), a tail chunk of odd length and a ROW program with unaligned
+ * rows: fused == eager bit for bit at every ISA level and thread count. */
+static void stream_row_prog(nt_tensor *x, nt_tensor **out)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *e = nt_exp(nt_sub(x, nt_max(x, -1, true)));
+    out[0] = nt_keep(nt_div(e, nt_sum(e, -1, true)));
+    nt_scope_end(s);
+}
+
+static void stream_ew_prog(nt_tensor *x, nt_tensor *z, nt_tensor **out)
+{
+    nt_scope *s = nt_scope_begin();
+    out[0] = nt_keep(nt_mul(nt_add_scalar(nt_mul_scalar(x, 1.5), 0.25), z));
+    out[1] = nt_keep(nt_div_scalar(nt_relu(nt_sub(x, z)), 3.0));
+    out[2] = nt_keep(nt_mul_scalar(nt_neg(x), 2e-39)); /* a subnormal scalar */
+    nt_scope_end(s);
+}
+
+static void stream_direct_case(int64_t R, int64_t C, int64_t N)
+{
+    size_t nr = (size_t)(R * C), ne = (size_t)N;
+    float *xr = malloc(nr * 4), *xe = malloc(ne * 4), *ze = malloc(ne * 4);
+    char *ref[4], *got = malloc((nr > ne ? nr : ne) * 4);
+    const size_t sz[4] = {nr * 4, ne * 4, ne * 4, ne * 4};
+    rng r = {9191};
+    for (size_t i = 0; i < nr; i++) {
+        int64_t row = (int64_t)i / C, j = (int64_t)i % C;
+        /* row % 4 == 1: one 0 and the rest 88 to 104 below it, so exp and
+         * the quotient are subnormal or zero; == 2: one value, sum = C */
+        xr[i] = row % 4 == 1   ? (j == 7 ? 0.0f : (float)(-88.0 - 16.0 * runi(&r)))
+                : row % 4 == 2 ? 0.5f
+                               : (float)((runi(&r) - 0.5) * 8.0);
+    }
+    for (size_t i = 0; i < ne; i++) {
+        size_t chunk = i / 1024;
+        uint32_t u = (uint32_t)(rnext(&r) % 0x007fffffu) + 1u;
+        float sub;
+        memcpy(&sub, &u, 4);
+        xe[i] = (float)((runi(&r) - 0.5) * 8.0);
+        /* every 7th chunk: a subnormal z here and there; every 5th: tiny
+         * z, so products and differences underflow */
+        ze[i] = chunk % 7 == 3 && i % 97 == 0 ? sub
+                : chunk % 5 == 2              ? (float)(runi(&r) * 1e-37)
+                                              : (float)(runi(&r) - 0.5);
+    }
+    nt_tensor *x = nt_from_host(xr, NT_F32, 2, (int64_t[]){R, C});
+    nt_tensor *xv = nt_from_host(xe, NT_F32, 1, (int64_t[]){N});
+    nt_tensor *zv = nt_from_host(ze, NT_F32, 1, (int64_t[]){N});
+    nt_tensor *o[3];
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    stream_row_prog(x, o);
+    ref[0] = malloc(sz[0]);
+    assert_int_equal(nt_to_host(o[0], ref[0], sz[0]), 0);
+    nt_release(o[0]);
+    stream_ew_prog(xv, zv, o);
+    size_t nsub = 0;
+    for (int k = 0; k < 3; k++) {
+        ref[k + 1] = malloc(sz[k + 1]);
+        assert_int_equal(nt_to_host(o[k], ref[k + 1], sz[k + 1]), 0);
+        nt_release(o[k]);
+    }
+    /* the inputs reach the subnormal range where they should */
+    for (int k = 0; k < 4; k++)
+        for (size_t i = 0; i < sz[k] / 4; i++) {
+            uint32_t u;
+            memcpy(&u, ref[k] + 4 * i, 4);
+            nsub += (u & 0x7fffffffu) - 1u < 0x007fffffu;
+        }
+    assert_true(nsub > 1000);
+    const char *levels[] = {"scalar", "avx2", "avx512"}, *threads[] = {"1", "2"};
+    int ran = 0;
+    for (int l = 0; l < 3; l++)
+        for (int t = 0; t < 2; t++) {
+            if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+                continue; /* this CPU does not run it */
+            assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[t]), 0);
+            ran++;
+            assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+            nt_stats_reset();
+            stream_row_prog(x, o);
+            assert_int_equal(nt_to_host(o[0], got, sz[0]), 0);
+            nt_release(o[0]);
+            if (memcmp(got, ref[0], sz[0]))
+                fail_msg("ROW output differs at %s, %s thread(s)", levels[l], threads[t]);
+            stream_ew_prog(xv, zv, o);
+            for (int k = 0; k < 3; k++) {
+                assert_int_equal(nt_to_host(o[k], got, sz[k + 1]), 0);
+                nt_release(o[k]);
+                if (memcmp(got, ref[k + 1], sz[k + 1]))
+                    fail_msg("EW output %d differs at %s, %s thread(s)", k, levels[l],
+                             threads[t]);
+            }
+            nt_stats st;
+            nt_stats_get(&st);
+            assert_true(st.fusion_groups >= 2); /* both ran fused */
+        }
+    assert_true(ran >= 2);
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+    nt_release(x), nt_release(xv), nt_release(zv);
+    for (int k = 0; k < 4; k++)
+        free(ref[k]);
+    free(xr), free(xe), free(ze), free(got);
+}
+
+static void test_fused_stream_direct_bitwise(void **state)
+{
+    (void)state;
+    /* 8 MiB outputs: rows of 4096 (every chunk aligned), an EW tail of 5 */
+    stream_direct_case(520, 4096, (2 << 20) + 5);
+    /* rows of 4100: most rows start unaligned (the L1-chunk route) */
+    stream_direct_case(520, 4100, 2 << 20);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2379,6 +2500,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_subnormal_fused_isa, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_regs_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_nan_bitwise, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_fused_stream_direct_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_capacity_cut_keeps_read_values, setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_softmax_primitives_one_row_kernel, setup, nt_test_teardown),
