@@ -208,36 +208,37 @@ sn_fast512_body(bool mul, bool zvec, const float *x, const float *z, float s, fl
     return !den && !(flags & 0x10u); /* 0x10: underflow */
 }
 
+/* One instantiation of sn_fast512_body per (op, canon, stream), each with
+ * its flags constant: no test of them per vector. */
+static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) bool
+sn_pick512(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon,
+           bool stream)
+{
+    bool mul = op == NT_OP_MUL || op == NT_OP_MUL_SCALAR;
+    bool tensor = op == NT_OP_MUL || op == NT_OP_DIV;
+    switch (mul * 4 + tensor * 2 + canon) {
+    case 7: return sn_fast512_body(true, true, x, z, s, y, n, true, stream);
+    case 6: return sn_fast512_body(true, true, x, z, s, y, n, false, stream);
+    case 5: return sn_fast512_body(true, false, x, z, s, y, n, true, stream);
+    case 4: return sn_fast512_body(true, false, x, z, s, y, n, false, stream);
+    case 3: return sn_fast512_body(false, true, x, z, s, y, n, true, stream);
+    case 2: return sn_fast512_body(false, true, x, z, s, y, n, false, stream);
+    case 1: return sn_fast512_body(false, false, x, z, s, y, n, true, stream);
+    default: return sn_fast512_body(false, false, x, z, s, y, n, false, stream);
+    }
+}
+
 __attribute__((target(NT_TARGET_AVX512))) static bool
 sn_fast512(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon)
 {
-    /* canon a constant in each body: no test of it per vector */
-    switch (op * 2 + canon) {
-    case NT_OP_MUL * 2: return sn_fast512_body(true, true, x, z, s, y, n, false, false);
-    case NT_OP_MUL * 2 + 1: return sn_fast512_body(true, true, x, z, s, y, n, true, false);
-    case NT_OP_DIV * 2: return sn_fast512_body(false, true, x, z, s, y, n, false, false);
-    case NT_OP_DIV * 2 + 1: return sn_fast512_body(false, true, x, z, s, y, n, true, false);
-    case NT_OP_MUL_SCALAR * 2: return sn_fast512_body(true, false, x, z, s, y, n, false, false);
-    case NT_OP_MUL_SCALAR * 2 + 1: return sn_fast512_body(true, false, x, z, s, y, n, true, false);
-    case NT_OP_DIV_SCALAR * 2: return sn_fast512_body(false, false, x, z, s, y, n, false, false);
-    default: return sn_fast512_body(false, false, x, z, s, y, n, true, false);
-    }
+    return sn_pick512(op, x, z, s, y, n, canon, false);
 }
 
 /* sn_fast512 with streaming stores: y 64-byte aligned, n a multiple of 16 */
 __attribute__((target(NT_TARGET_AVX512))) static bool
 sn_stream512(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon)
 {
-    switch (op * 2 + canon) {
-    case NT_OP_MUL * 2: return sn_fast512_body(true, true, x, z, s, y, n, false, true);
-    case NT_OP_MUL * 2 + 1: return sn_fast512_body(true, true, x, z, s, y, n, true, true);
-    case NT_OP_DIV * 2: return sn_fast512_body(false, true, x, z, s, y, n, false, true);
-    case NT_OP_DIV * 2 + 1: return sn_fast512_body(false, true, x, z, s, y, n, true, true);
-    case NT_OP_MUL_SCALAR * 2: return sn_fast512_body(true, false, x, z, s, y, n, false, true);
-    case NT_OP_MUL_SCALAR * 2 + 1: return sn_fast512_body(true, false, x, z, s, y, n, true, true);
-    case NT_OP_DIV_SCALAR * 2: return sn_fast512_body(false, false, x, z, s, y, n, false, true);
-    default: return sn_fast512_body(false, false, x, z, s, y, n, true, true);
-    }
+    return sn_pick512(op, x, z, s, y, n, canon, true);
 }
 #endif
 
