@@ -45,6 +45,50 @@ static float *scratch(size_t n)
     return p;
 }
 
+/* A batch of operands used in place (nothing packed into scratch first)
+ * and an f32 output: the products are independent, so both threads take
+ * whole batches (nt__par_blocks) instead of sharing each small product.
+ * A training step's weight gradients are such batches: x^T . dy per
+ * sequence of a [16, 128, C] activation, 16 products of 128 x 384 x 128
+ * each, too small to share well (a second thread there saved a fifth of
+ * the time; whole batches save most of the other half).  Each product is
+ * the same call either way, run whole on one thread: the same bits. */
+typedef struct mm_batches {
+    const nt__mminfo *mi;
+    const char *ad, *bd;
+    char *od;
+    int64_t aes, bes, oes;
+    int M, N, K, lda, ldb;
+    bool a_rows, b_cols, typed;
+    nt_dtype adt, bdt, odt;
+    volatile int failed; /* a typed call found no memory (set once, read after) */
+} mm_batches;
+
+static void mm_batch(void *arg, int bi)
+{
+    mm_batches *c = arg;
+    const nt__mminfo *mi = c->mi;
+    int64_t idx[NT_MAX_DIMS], rem = bi, aoff = 0, boff = 0;
+    for (int i = mi->nbatch - 1; i >= 0; i--)
+        idx[i] = rem % mi->batch[i], rem /= mi->batch[i];
+    for (int i = 0; i < mi->nbatch; i++)
+        aoff += idx[i] * mi->a_bstride[i], boff += idx[i] * mi->b_bstride[i];
+    const void *Ap = c->ad + aoff * c->aes, *Bp = c->bd + boff * c->bes;
+    char *ob = c->od + (int64_t)bi * c->M * c->N * c->oes;
+    if (c->typed) {
+        if (nt__gemm_typed(c->M, c->N, c->K, Ap, c->lda, c->a_rows, c->adt, Bp, c->ldb, c->b_cols,
+                           c->bdt, (float *)ob, c->N, ob, c->odt) != 0)
+            c->failed = 1;
+    } else {
+        nt__gemm_ex_canon(c->M, c->N, c->K, Ap, c->lda, c->a_rows, Bp, c->ldb, c->b_cols,
+                          (float *)ob, c->N);
+    }
+}
+
+/* Per-batch products up to this many multiply-adds take whole batches per
+ * thread (mm_batches); bigger ones share each product, as one does. */
+#define NT_MM_BATCH_MACS (16L << 20)
+
 /* One pass over the batches.  typed: bf16 operands are used in place too
  * (nt__gemm_typed widens them as it packs its panels) and a non-f32 result
  * is rounded block by block inside the GEMM; 1 when nt__gemm_typed had no
@@ -88,6 +132,17 @@ static int mm_pass(const nt__rec *r, const nt__mminfo *mip, bool typed)
         }
         if (fold && M * nb_all <= INT32_MAX)
             Mx = M * nb_all;
+    }
+    if (Mx == M && nb_all >= 2 && nb_all <= INT32_MAX && (a_direct || a_rows) &&
+        (b_direct || b_cols) && c_direct && !(adt == NT_BF16 && bdt == NT_BF16) &&
+        M * N * K <= NT_MM_BATCH_MACS) {
+        mm_batches c = {&mi, nt__tensor_data(a), nt__tensor_data(b), nt__tensor_data(o),
+                        aes, bes, oes, (int)M, (int)N, (int)K,
+                        (int)(a_rows ? mi.a_rs : mi.a_cs), (int)(b_cols ? mi.b_cs : mi.b_rs),
+                        a_rows, b_cols, typed, adt, bdt, odt, 0};
+        /* two threads only where the whole is worth one (core/gemm.c's rule) */
+        nt__par_blocks((int)nb_all, mm_batch, &c, M * N * K * nb_all >= (1L << 20));
+        return c.failed ? 1 : 0;
     }
     size_t na = a_direct || a_rows ? 0 : (size_t)(K * M);
     size_t nb = b_direct || b_cols ? 0 : (size_t)(K * N);

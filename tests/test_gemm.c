@@ -707,6 +707,96 @@ static void test_matmul_fold(void **state)
     free(a), free(b), free(got), free(ref);
 }
 
+/* Batched products whose operands are used in place and whose result is
+ * f32 run whole batches per thread (cpu/matmul.c, mm_batches): a weight
+ * gradient's a^T . g per sequence ([B, C, T] transposed view of a [B, T,
+ * C] activation against g [B, T, N]), a row-major a, a broadcast b, two
+ * batch dims with one broadcast, b given transposed, sizes around
+ * the kernels' edges and K over one K-tile -- each batch bit for bit the
+ * naive recurrence, on every level, one thread and two; and b with its
+ * columns 2 apart, packed into scratch first, which keeps the batch
+ * loop: the same bits. */
+static void test_matmul_batches(void **state)
+{
+    (void)state;
+    static const int shp[][4] = {/* batches, M, N, K */
+                                 {16, 13, 37, 40}, {5, 128, 45, 130}, {3, 25, 140, 257},
+                                 {7, 1, 1, 1},     {2, 200, 33, 20}};
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    int best = nt__gemm_isa_best();
+    for (size_t si = 0; si < sizeof shp / sizeof *shp; si++) {
+        const int64_t Bt = shp[si][0], M = shp[si][1], N = shp[si][2], K = shp[si][3];
+        /* a stored [Bt, K, M] (used transposed) and row-major [Bt, M, K]; b [Bt, K, N] */
+        float *a = fill((size_t)(Bt * K * M)), *b = fill((size_t)(Bt * K * N));
+        float *bt = malloc(sizeof(float) * (size_t)(Bt * K * N));
+        for (int64_t q = 0; q < Bt; q++)
+            for (int64_t k = 0; k < K; k++)
+                for (int64_t j = 0; j < N; j++)
+                    bt[(q * N + j) * K + k] = b[(q * K + k) * N + j];
+        float *arm = malloc(sizeof(float) * (size_t)(Bt * K * M));
+        for (int64_t q = 0; q < Bt; q++)
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t k = 0; k < K; k++)
+                    arm[(q * M + i) * K + k] = a[(q * K + k) * M + i];
+        float *b2 = malloc(sizeof(float) * (size_t)(Bt * K * 2 * N)); /* b between NaNs */
+        for (size_t i = 0; i < (size_t)(Bt * K * N); i++)
+            b2[2 * i] = b[i], b2[2 * i + 1] = NAN;
+        size_t n = (size_t)(Bt * M * N);
+        float *ref = malloc(n * sizeof(float)), *refb = malloc(n * sizeof(float));
+        float *got = malloc(n * sizeof(float));
+        for (int64_t q = 0; q < Bt; q++) { /* b batched, and b's batch 0 for all */
+            naive((int)M, (int)N, (int)K, a + q * K * M, (int)M, b + q * K * N, (int)N,
+                  ref + q * M * N, (int)N);
+            naive((int)M, (int)N, (int)K, a + q * K * M, (int)M, b, (int)N, refb + q * M * N,
+                  (int)N);
+        }
+        for (size_t i = 0; i < n; i++)
+            ref[i] = nt__canon(ref[i]), refb[i] = nt__canon(refb[i]);
+        for (int isa = 0; isa <= best; isa++)
+            for (int th = 1; th <= 2; th++)
+                for (int v = 0; v < 6; v++) {
+                    assert_int_equal(nt_config_set("NT_CPU_ISA", nt__gemm_isa_label(isa)), 0);
+                    assert_int_equal(nt_config_set("NT_CPU_THREADS", th == 1 ? "1" : "2"), 0);
+                    nt_scope *sc = nt_scope_begin();
+                    nt_tensor *ta = nt_from_host(a, NT_F32, 3, (int64_t[]){Bt, K, M});
+                    nt_tensor *tr = nt_from_host(arm, NT_F32, 3, (int64_t[]){Bt, M, K});
+                    nt_tensor *tb = nt_from_host(b, NT_F32, 3, (int64_t[]){Bt, K, N});
+                    nt_tensor *x = v == 1 ? tr : nt_transpose(ta, 1, 2), *w = tb, *y;
+                    const float *want = ref;
+                    if (v == 2) /* one b for every batch (a broadcast batch dim) */
+                        w = nt_slice(tb, 0, 0, 1, 1), want = refb;
+                    if (v == 3) { /* [Bt, 1] batches of a against b's [1, 1]: broadcast */
+                        x = nt_reshape(tr, 4, (int64_t[]){Bt, 1, M, K});
+                        w = nt_reshape(nt_slice(tb, 0, 0, 1, 1), 4, (int64_t[]){1, 1, K, N});
+                        want = refb;
+                    }
+                    if (v == 4) /* b^T stored, [Bt, N, K] (x @ w^T per batch) */
+                        w = nt_transpose(nt_from_host(bt, NT_F32, 3, (int64_t[]){Bt, N, K}), 1,
+                                         2);
+                    if (v == 5) { /* b's columns 2 apart: packed into scratch first */
+                        nt_tensor *t2 = nt_from_host(b2, NT_F32, 3, (int64_t[]){Bt, K, 2 * N});
+                        w = nt_slice(t2, 2, 0, 2 * N, 2);
+                    }
+                    y = nt_matmul(x, w);
+                    if (!y)
+                        print_message("# case %d: %s\n", v, nt_last_error_message());
+                    assert_non_null(y);
+                    assert_int_equal(nt_to_host(y, got, n * sizeof(float)), 0);
+                    int bad = differ(got, want, n);
+                    if (bad)
+                        print_message("# batched matmul %dx%dx%dx%d (case %d) on %s, %d "
+                                      "thread(s): %d elements differ\n",
+                                      (int)Bt, (int)M, (int)N, (int)K, v, nt__gemm_isa_label(isa),
+                                      th, bad);
+                    assert_int_equal(bad, 0);
+                    nt_scope_end(sc);
+                }
+        free(a), free(b), free(bt), free(b2), free(arm), free(ref), free(refb), free(got);
+    }
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "2"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_ISA", nt__gemm_isa_label(best)), 0);
+}
+
 /* 20 AdamW steps of a small MLP (ragged sizes: 100-160-10, batch 40) on
  * every level, both backends, every mode, and on the simulator with its
  * values per instruction and per program: the parameters come out the same
@@ -1527,6 +1617,7 @@ int main(void)
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_matmul_bf16, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_matmul_fold, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_matmul_batches, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_train_every_level, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_train_threads, nt_test_setup, nt_test_teardown),
