@@ -204,7 +204,12 @@ store_avx512(const __m512 c[12][2], float *C, int ldc, int rows_, int w, int fl)
 typedef struct pfq {
     const char *p[3];
     int n[3];
-    int lim; /* 2 * the largest n */
+    int lim; /* 2 * the largest n (and rn * rl) */
+    /* and into L2, one line every other k step too: rn rows of rl lines
+     * from rp, rs bytes apart (pieces of rows of A^T, read unpacked) */
+    const char *rp;
+    long rs;
+    int rl, rn;
 } pfq;
 
 __attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
@@ -214,6 +219,8 @@ micro_avx512_body(int K, const float *Ap, const float *Bp, float *C, int ldc, in
 #define NT_DECL(r) __m512 c##r##a = _mm512_setzero_ps(), c##r##b = c##r##a;
     NT_R12(NT_DECL)
 #undef NT_DECL
+    const char *rp = q ? q->rp : NULL;
+    int rline = 0, rleft = q ? q->rn * q->rl : 0;
     for (int k = 0; k < K; k++) {
         if (q && k < q->lim && !(k & 1)) {
             int l = k >> 1;
@@ -223,6 +230,12 @@ micro_avx512_body(int K, const float *Ap, const float *Bp, float *C, int ldc, in
                 _mm_prefetch(q->p[1] + 64 * (long)l, _MM_HINT_T1);
             if (l < q->n[2])
                 _mm_prefetch(q->p[2] + 64 * (long)l, _MM_HINT_T1);
+            if (rleft > 0) {
+                _mm_prefetch(rp + 64 * (long)rline, _MM_HINT_T1);
+                rleft--;
+                if (++rline == q->rl)
+                    rline = 0, rp += q->rs;
+            }
         }
         const float *a = Ap + k * 12, *b = Bp + k * 32;
         __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), ar;
@@ -428,6 +441,34 @@ static void pack_a(const kern *kn, float *dst, int M, int K, const float *A, int
     }
 }
 
+/* pack_a's panels, written k by k: each row k of A^T read once, in order,
+ * across all the panels (pack_a reads a panel's 12 floats of every row
+ * in turn; A^T's rows 4 KiB apart would then sit in one L1 set, and a
+ * row's lines be fetched again for every panel).  The same floats. */
+static void pack_a_rows(const kern *kn, float *dst, int M, int K, const float *A, int lda)
+{
+    const int MR = kn->mr;
+    if (MR != 12) {
+        pack_a(kn, dst, M, K, A, lda);
+        return;
+    }
+    int full = M / 12, tail = M - full * 12;
+    for (int k = 0; k < K; k++) {
+        const float *a = A + (long)k * lda;
+        float *d = dst + (long)k * 12;
+        for (int p = 0; p < full; p++)
+            memcpy(d + (long)p * K * 12, a + p * 12, 12 * sizeof(float));
+        if (tail) {
+            float *t = d + (long)full * K * 12;
+            int r = 0;
+            for (; r < tail; r++)
+                t[r] = a[full * 12 + r];
+            for (; r < 12; r++)
+                t[r] = 0.0f;
+        }
+    }
+}
+
 /* Panels of B's columns [j0, j1): for each NR columns, [K][NR] floats. */
 static void pack_b(const kern *kn, float *dst, int j0, int j1, int K, const float *B, int ldb)
 {
@@ -470,6 +511,7 @@ static GPrivate bpanel_key = G_PRIVATE_INIT(pbuf_free);
 static GPrivate apanel_key = G_PRIVATE_INIT(pbuf_free);
 static GPrivate fa_key = G_PRIVATE_INIT(pbuf_free), fb_key = G_PRIVATE_INIT(pbuf_free);
 static GPrivate fc_key = G_PRIVATE_INIT(pbuf_free);
+static GPrivate la_key = G_PRIVATE_INIT(pbuf_free);
 
 /* GLib makes a GPrivate's key at its first use and aborts if the host has
  * no memory for it: nt_init makes them all (core/gemm.h), where a failure
@@ -481,6 +523,7 @@ void nt__gemm_keys_init(void)
     g_private_get(&fa_key);
     g_private_get(&fb_key);
     g_private_get(&fc_key);
+    g_private_get(&la_key);
 }
 
 /* Tests: the most floats a panel buffer may hold (0: no cap), so the
@@ -862,6 +905,7 @@ void nt__gemm_ktile_rowa(int M, int N, int K, const float *A, int lda, const flo
  * GB/s per core at 240 GFLOPS, where 96 x 256 needs 6.9); smaller ones keep
  * enough blocks for both threads. */
 #define NT_MC 96
+#define NT_MC_LA 256
 #define NT_NCB 256
 static int gemm_mc_big = 2 * NT_MC, gemm_ncb_big = 2 * NT_NCB;
 
@@ -884,6 +928,7 @@ typedef struct full {
     float *Bs;     /* rows job: two threads' B tile buffers, bslot floats each */
     size_t bslot;
     bool ua;       /* A not packed: the micro-kernels read it where it is (micro_s) */
+    bool la;       /* with ua, A^T: each block packs its rows K-tile by K-tile */
 } full;
 
 /* bf16 -> f32 is exact (the 16 bits on top, zeros below), so a panel
@@ -1132,11 +1177,13 @@ static void scratch_to_c(const float *Cs, int nrow, int MR, int NR, int m, int n
 /* The micro-kernel on rows [i, i + mr) of K-tile k0 (kw deep): A's packed
  * panel, or A itself (f->ua). */
 static inline void micro_at(const full *f, int i, int k0, int kw, const float *bp, float *cp,
-                            int ldc, int mr, int w, int fl)
+                            int ldc, int mr, int w, int fl, const float *Al)
 {
     const job *jb = &f->j;
     const kern *kn = jb->kn;
-    if (f->ua) {
+    if (Al) {
+        kn->micro(kw, Al, bp, cp, ldc, mr, w, fl);
+    } else if (f->ua) {
         long lda = jb->lda;
         const float *a = f->arow ? jb->A + (long)i * lda + k0 : jb->A + (long)k0 * lda + i;
         kn->micro_s(kw, a, f->arow ? lda : 1, f->arow ? 1 : lda, bp, cp, ldc, mr, w, fl);
@@ -1186,9 +1233,12 @@ static void full_block(const job *jb, int b)
      * one L1 set and evict each other and the panels (the scratch holds
      * the very floats C would, the same adds and stores). */
     float *Cs = jb->K > NT_GEMM_KTILE ? panel(&fc_key, (size_t)nrow * ncol * MR * NR) : NULL;
+    float *Al = f->la ? panel(&la_key, (size_t)nrow * MR * NT_GEMM_KTILE) : NULL;
     for (int k0 = 0; k0 < jb->K; k0 += NT_GEMM_KTILE) {
         int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
         const float *Bk = f->Bp + (long)f->Npad * k0;
+        if (Al)
+            pack_a_rows(kn, Al, i1 - i0, kw, jb->A + (long)k0 * jb->lda + i0, jb->lda);
         /* The next K-tile's panels of this block come from memory or the
          * shared cache: fetched into L2 a few lines per micro-kernel call,
          * spread over this K-tile's calls, so they are there when needed. */
@@ -1230,7 +1280,7 @@ static void full_block(const job *jb, int b)
                 int mr = i1 - i < MR ? i1 - i : MR;
 #if NT_X86
                 if (spread) { /* the same lines, issued inside the K loop */
-                    pfq q = {{NULL, NULL, NULL}, {0, 0, 0}, 0};
+                    pfq q = {{NULL, NULL, NULL}, {0, 0, 0}, 0, NULL, 0, 0, 0};
                     if (bnext)
                         pf_range(&q, 0, bp + (long)kw * NR, bpl * 64, r * bper, (r + 1) * bper);
                     size_t e = pl + fper;
@@ -1260,6 +1310,30 @@ static void full_block(const job *jb, int b)
                         prefetch_lines(Bn, bn, pl > anl ? pl - anl : 0, e - anl, false);
                     pl = e;
                 }
+#if NT_X86
+                if (Al && kn->micro == micro_avx512) {
+                    /* A packed here (la): the same prefetches of A^T's
+                     * next rows, issued from inside the kernel's loop --
+                     * in a burst between calls they stalled on the line
+                     * fill buffers (a sixth of the time) */
+                    pfq q = {{NULL, NULL, NULL}, {0, 0, 0}, 0, NULL, 0, 0, 0};
+                    if (uap) {
+                        int t = ((c - j0) / NR) * nrow + r, ka = k1 + t * uarpc;
+                        int kb = ka + uarpc < k1 + kw1 ? ka + uarpc : k1 + kw1;
+                        if (kb > ka) {
+                            q.rp = (const char *)(jb->A + (long)ka * jb->lda + i0);
+                            q.rs = (long)jb->lda * (long)sizeof(float);
+                            q.rl = (int)(uabytes / 64 + 1), q.rn = kb - ka;
+                            q.lim = 2 * q.rl * q.rn;
+                        }
+                    }
+                    float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + r) * MR * NR
+                                   : jb->C + (long)i * jb->ldc + c;
+                    micro_avx512_pf(kw, Al + (long)r * kw * MR, bp, cp, Cs ? NR : jb->ldc, mr,
+                                    w, fl, &q);
+                    continue;
+                }
+#endif
                 if (uap) {
                     /* this call's share (uarpc rows k) of the next
                      * K-tile's rows of A^T, the block's columns of each */
@@ -1270,7 +1344,8 @@ static void full_block(const job *jb, int b)
                 }
                 float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + r) * MR * NR
                                : jb->C + (long)i * jb->ldc + c;
-                micro_at(f, i, k0, kw, bp, cp, Cs ? NR : jb->ldc, mr, w, fl);
+                micro_at(f, i, k0, kw, bp, cp, Cs ? NR : jb->ldc, mr, w, fl,
+                         Al ? Al + (long)r * kw * MR : NULL);
             }
         }
     }
@@ -1317,7 +1392,7 @@ static void rows_block(const job *jb, int b)
                 int mr = jb->M - i < MR ? jb->M - i : MR;
                 float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + i / MR) * MR * NR
                                : jb->C + (long)i * jb->ldc + c;
-                micro_at(f, i, k0, kw, bp, cp, Cs ? NR : jb->ldc, mr, w, fl);
+                micro_at(f, i, k0, kw, bp, cp, Cs ? NR : jb->ldc, mr, w, fl, NULL);
             }
         }
     }
@@ -1425,14 +1500,27 @@ static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, co
         f.j.kn = kn;
         run_job(&f.j, split);
         int nbm = (M + mc - 1) / mc, nbn = (N + ncb - 1) / ncb;
-        /* two threads: the last 4 blocks in 4 pieces each */
-        int nbl = nbm * nbn, ntail = split && nbl >= 8 ? 4 : 0, tsub = 4;
+        if (ua && !arow && K > NT_GEMM_KTILE) {
+            /* A^T packed block by block (la) over many K-tiles: blocks of
+             * about NT_MC_LA rows read longer pieces of A^T's rows (its
+             * rows are often 4 KiB apart, each in a page of its own) per
+             * K-tile -- on one thread 1024 x 128 x 2048 took 0.72 of the
+             * time with 96 rows; an even count for two threads */
+            nbm = (M + NT_MC_LA - 1) / NT_MC_LA;
+            if (split && nbm > 1 && nbm % 2)
+                nbm++;
+        }
+        /* two threads: the last 4 blocks in 4 pieces each (not where each
+         * piece would pack its block's rows of A again: la) */
+        bool la = ua && !arow;
+        int nbl = nbm * nbn, ntail = split && nbl >= 8 && !la ? 4 : 0, tsub = 4;
         full g = {{full_block, M, N, K, lda, ldb, ldc, A, B, C, false, nbm,
                    nbl - ntail + ntail * tsub, 0, 0, 0},
                   Ap, Bp, Mpad, Npad, nk, 0, 0, mc, ncb, arow, bcol, canon,
                   ty && ty->abf, ty && ty->bbf, ty ? ty->out : NULL, ty ? ty->odt : NT_F32,
                   nbn, nbl - ntail, tsub, false};
         g.ua = ua;
+        g.la = la;
         /* Prefetching pays where the panels stream from memory (32 MB at
          * 2048^3); a training step's products (under 5 MB) find them in
          * the caches, where the prefetches only cost issue slots: 7% of

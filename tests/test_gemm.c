@@ -278,6 +278,10 @@ static void test_whole_every_level(void **state)
          * multiple of 12; few rows and columns over many K-tiles (the
          * column blocks cut to single panels for the helper thread) */
         {400, 130, 300}, {100, 100, 520}, {30, 64, 2100}, {1, 33, 1000},
+        /* A^T read by the blocks over many K-tiles (packed by each block,
+         * K-tile by K-tile, on AVX-512): an odd count of blocks of about
+         * 256 rows made even; one K-tile */
+        {1030, 100, 390}, {520, 64, 128},
     };
     int best = nt__gemm_isa_best();
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
