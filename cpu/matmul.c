@@ -18,6 +18,7 @@
 #include "cpu/cpu.h"
 
 #include <glib.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "core/gemm.h"
@@ -61,7 +62,7 @@ typedef struct mm_batches {
     int M, N, K, lda, ldb;
     bool a_rows, b_cols, typed;
     nt_dtype adt, bdt, odt;
-    volatile int failed; /* a typed call found no memory (set once, read after) */
+    atomic_int failed; /* a typed call found no memory (read after nt__par_blocks) */
 } mm_batches;
 
 static void mm_batch(void *arg, int bi)
@@ -78,7 +79,7 @@ static void mm_batch(void *arg, int bi)
     if (c->typed) {
         if (nt__gemm_typed(c->M, c->N, c->K, Ap, c->lda, c->a_rows, c->adt, Bp, c->ldb, c->b_cols,
                            c->bdt, (float *)ob, c->N, ob, c->odt) != 0)
-            c->failed = 1;
+            atomic_store_explicit(&c->failed, 1, memory_order_relaxed);
     } else {
         nt__gemm_ex_canon(c->M, c->N, c->K, Ap, c->lda, c->a_rows, Bp, c->ldb, c->b_cols,
                           (float *)ob, c->N);
@@ -142,7 +143,8 @@ static int mm_pass(const nt__rec *r, const nt__mminfo *mip, bool typed)
                         a_rows, b_cols, typed, adt, bdt, odt, 0};
         /* two threads only where the whole is worth one (core/gemm.c's rule) */
         nt__par_blocks((int)nb_all, mm_batch, &c, M * N * K * nb_all >= (1L << 20));
-        return c.failed ? 1 : 0;
+        /* nt__par_blocks returns after every block, its ends published */
+        return atomic_load_explicit(&c.failed, memory_order_relaxed) ? 1 : 0;
     }
     size_t na = a_direct || a_rows ? 0 : (size_t)(K * M);
     size_t nb = b_direct || b_cols ? 0 : (size_t)(K * N);
