@@ -24,7 +24,9 @@
  * as 4 column blocks so both threads share a weight gradient's few
  * columns.  Where each element of f32 A serves one block only (one column
  * of C blocks: a layer 128-512 wide; a K-tile product), the AVX-512 kernel
- * reads A where it is (micro_avx512_s) instead of packing it first.  bf16
+ * reads A where it is (micro_avx512_s) instead of packing it first -- but
+ * A^T (a weight gradient's dY^T, rows often 4 KiB apart) is packed by its
+ * block, K-tile by K-tile, into a buffer that stays in cache (la).  bf16
  * operands are widened as they are packed, and a bf16 result rounded block
  * by block (nt__gemm_typed).
  *
