@@ -134,9 +134,12 @@ static int mm_pass(const nt__rec *r, const nt__mminfo *mip, bool typed)
         if (fold && M * nb_all <= INT32_MAX)
             Mx = M * nb_all;
     }
+    /* an odd count of batches leaves one thread a batch more: only where
+     * there are many, or each is too small to share anyway */
     if (Mx == M && nb_all >= 2 && nb_all <= INT32_MAX && (a_direct || a_rows) &&
         (b_direct || b_cols) && c_direct && !(adt == NT_BF16 && bdt == NT_BF16) &&
-        M * N * K <= NT_MM_BATCH_MACS) {
+        M * N * K <= NT_MM_BATCH_MACS &&
+        (nb_all % 2 == 0 || nb_all >= 8 || M * N * K < NT_MM_BATCH_MACS / 8)) {
         mm_batches c = {&mi, nt__tensor_data(a), nt__tensor_data(b), nt__tensor_data(o),
                         aes, bes, oes, (int)M, (int)N, (int)K,
                         (int)(a_rows ? mi.a_rs : mi.a_cs), (int)(b_cols ? mi.b_cs : mi.b_rs),
