@@ -853,6 +853,77 @@ static void test_timing_memo(void **state)
     nt__sim_set_program_values(pv0);
 }
 
+/* A fused AdamW-like update over three steps whose scalars (a learning-rate
+ * schedule, bias corrections) change every step: one program, filed at the
+ * first step and restored at the next two, with the memo-off values and
+ * figures bit for bit. */
+static void memo_adamw_steps(bool memo, result *r, nt_sim_stats *st, uint64_t *hits,
+                             uint64_t *filed)
+{
+    nt__sk_memo_set(memo);
+    assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+    assert_int_equal(nt_config_set("NT_FUSION", "1"), 0);
+    rs = 99;
+    memset(r, 0, sizeof *r);
+    nt_scope *sc = nt_scope_begin();
+    int64_t sh[2] = {200, 300};
+    nt_tensor *p = T(NT_F32, 2, sh, 1.0, false), *g = T(NT_F32, 2, sh, 1.0, true);
+    nt_tensor *m = nt_zeros(NT_F32, 2, sh), *v = nt_zeros(NT_F32, 2, sh);
+    nt_sync();
+    nt_sim_stats_reset();
+    uint64_t h0, f0;
+    nt__sk_memo_counts(&h0, &f0);
+    for (int t = 1; t <= 3; t++) {
+        double lr = 1e-3 * t / 3.0, b1 = 1.0 - pow(0.9, t), b2 = 1.0 - pow(0.999, t);
+        nt_tensor *m2 = nt_add(nt_mul_scalar(m, 0.9), nt_mul_scalar(g, 0.1));
+        nt_tensor *v2 = nt_add(nt_mul_scalar(v, 0.999), nt_mul_scalar(nt_mul(g, g), 0.001));
+        nt_tensor *upd = nt_div(nt_mul_scalar(m2, lr / b1),
+                                nt_add_scalar(nt_sqrt(nt_mul_scalar(v2, 1.0 / b2)), 1e-8));
+        assert_int_equal(nt_copy_into(m, m2), 0);
+        assert_int_equal(nt_copy_into(v, v2), 0);
+        assert_int_equal(nt_copy_into(p, nt_sub(p, upd)), 0);
+        nt_sync();
+    }
+    assert_int_equal(nt_sim_stats_get(st), 0);
+    nt__sk_memo_counts(hits, filed);
+    *hits -= h0;
+    *filed -= f0;
+    nt_tensor *outs[3] = {p, m, v};
+    r->n = 3;
+    for (int i = 0; i < 3; i++) {
+        r->bytes[i] = (size_t)nt_numel(outs[i]) * 4;
+        r->data[i] = malloc(r->bytes[i]);
+        assert_int_equal(nt_to_host(outs[i], r->data[i], r->bytes[i]), 0);
+    }
+    nt_scope_end(sc);
+    nt_sync();
+}
+
+static void test_timing_memo_scalars(void **state)
+{
+    (void)state;
+    bool pv0 = nt__sim_program_values();
+    nt__sim_set_program_values(true);
+    result a, b;
+    nt_sim_stats sa, sb;
+    uint64_t h, f;
+    memo_adamw_steps(false, &a, &sa, &h, &f);
+    assert_int_equal(h + f, 0);
+    nt__sk_memo_clear();
+    memo_adamw_steps(true, &b, &sb, &h, &f);
+    assert_true(sa.kernels >= 3);
+    assert_int_equal(sa.kernels % 3, 0); /* the same kernels every step */
+    assert_int_equal(f, sa.kernels / 3); /* filed at the first ... */
+    assert_int_equal(h, 2 * f);          /* ... restored at the others */
+    same_results(&a, &b, "AdamW steps");
+    same_stats(&sa, &sb, "AdamW steps");
+    free_result(&a);
+    free_result(&b);
+    assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
+    nt__sim_set_program_values(pv0);
+}
+
 /* One op per kernel (eager), each variant differing from the first in one
  * thing the key must see: a hit across them would restore the wrong timing. */
 static nt_tensor *memo_variant(int v, nt_tensor *x, nt_tensor *y, nt_tensor *big, nt_tensor *w,
@@ -880,10 +951,12 @@ static nt_tensor *memo_variant(int v, nt_tensor *x, nt_tensor *y, nt_tensor *big
     }
     case 14: /* 3 with its second operand in another storage */
         return nt_add(nt_slice(big, 0, 1, 257, 1), nt_slice(big2, 0, 0, 256, 1));
+    case 15: /* 5's program with another scalar (an immediate): restored */
+        return nt_mul_scalar(x, -0.25);
     default: return NULL;
     }
 }
-#define MEMO_VARIANTS 15
+#define MEMO_VARIANTS 16
 
 static void memo_pass(nt_sim_stats *st, nt_tensor *x, nt_tensor *y, nt_tensor *big,
                       nt_tensor *w, nt_tensor *big2, result *r)
@@ -937,13 +1010,14 @@ static void test_timing_memo_keys(void **state)
         memo_pass(on2, x, y, big, w, big2, &r2);
         nt__sk_memo_counts(&h2, &f2);
         /* every kernel a program of its own (10 repeats 9's key exactly: a
-         * transposed transpose is the same view), then all restored */
+         * transposed transpose is the same view; 15 is 5's), then all
+         * restored */
         uint64_t nk = 0;
         for (int v = 0; v < MEMO_VARIANTS; v++)
             nk += off[v].kernels;
         assert_int_equal(nk, MEMO_VARIANTS + 1); /* 13 runs two */
-        assert_int_equal(f1 - f0, nk - 1);
-        assert_int_equal(h1 - h0, 1);
+        assert_int_equal(f1 - f0, nk - 2);
+        assert_int_equal(h1 - h0, 2);
         assert_int_equal(f2, f1);
         assert_int_equal(h2 - h1, nk);
         for (int v = 0; v < MEMO_VARIANTS; v++) {
@@ -2035,6 +2109,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_program_values, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_timing_memo, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_timing_memo_keys, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_timing_memo_scalars, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_matmul_instruction_level, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_embedding, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_data_error_messages, setup, nt_test_teardown),

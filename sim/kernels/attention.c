@@ -289,7 +289,7 @@ int nt__sk_sdpa(const nt__rec *r)
     if (rc)
         return rc;
     bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
-    if (values && sk_memo_rec(&s, r)) /* the same program ran before */
+    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
         return sk_end_values(&s, values, 0, r);
     ak a;
     rc = setup(&a, &s, r, raw, false);
@@ -438,7 +438,7 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
     if (rc)
         return rc;
     bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
-    if (values && sk_memo_rec(&s, r)) /* the same program ran before */
+    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
         return sk_end_values(&s, values, 0, r);
     ak a;
     rc = setup(&a, &s, r, raw, true);

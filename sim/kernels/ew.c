@@ -1369,8 +1369,9 @@ int nt__sk_ew(const nt__rec *r)
     if (!rc) {
         nt_tensor *outs[1] = {r->out[0]};
         bool values = sk_values_begin(&s);
-        /* the timing memo (a stochastic cast's key is new every run) */
-        int prog = values && !is_sr(op) && sk_memo_rec(&s, r) ? 0
+        /* the timing memo (a stochastic cast's key is new every run); the
+         * program reads its scalars only as immediates (emit_op) */
+        int prog = values && !is_sr(op) && sk_memo_rec(&s, r, true) ? 0
                                                               : run_ew(&s, P, ext, outs, keys);
         rc = values ? sk_values_end(&s, prog, sk_ref_rec, r) : prog;
         int rc2 = sk_end(&s);

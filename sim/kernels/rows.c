@@ -222,7 +222,7 @@ int nt__sk_softmax(const nt__rec *r)
     if (rc)
         return rc;
     bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
-    if (values && sk_memo_rec(&s, r)) /* the same program ran before */
+    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
         return sk_end_values(&s, values, 0, r);
     rk c;
     sk_rows R;
@@ -279,7 +279,7 @@ int nt__sk_cross_entropy(const nt__rec *r)
     if (rc)
         return rc;
     bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
-    if (values && sk_memo_rec(&s, r)) /* the same program ran before */
+    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
         return sk_end_values(&s, values, 0, r);
     rk c;
     sk_rows R;
@@ -417,7 +417,7 @@ int nt__sk_norm(const nt__rec *r)
     if (rc)
         return rc;
     bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
-    if (values && sk_memo_rec(&s, r)) /* the same program ran before */
+    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
         return sk_end_values(&s, values, 0, r);
     rk c;
     sk_rows R;
@@ -445,7 +445,7 @@ int nt__sk_mse_loss(const nt__rec *r)
     if (rc)
         return rc;
     bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
-    if (values && sk_memo_rec(&s, r)) /* the same program ran before */
+    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
         return sk_end_values(&s, values, 0, r);
     nt_sim_kernel *k = s.k;
     int64_t n = nt__numel(a->ndim, a->shape);

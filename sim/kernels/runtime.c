@@ -245,9 +245,13 @@ static void kb_put(kbuf *k, const void *p, size_t n)
 
 static void kb_i64(kbuf *k, int64_t v) { kb_put(k, &v, sizeof v); }
 
-static void kb_params(kbuf *k, const nt__params *p)
+/* imm: the float scalars are only instruction operands (immediates, memset
+ * values) in this program, which no rule or cost reads: left out, so that a
+ * schedule's learning rate or AdamW's bias corrections, new every step, do
+ * not make a new program.  Else their bits (-0 and NaN payloads distinct). */
+static void kb_params(kbuf *k, const nt__params *p, bool imm)
 {
-    for (int i = 0; i < 3; i++) /* the bits: -0 and NaN payloads distinct */
+    for (int i = 0; i < 3 && !imm; i++)
         kb_put(k, &p->f[i], sizeof p->f[i]);
     for (int i = 0; i < NT_MAX_DIMS; i++)
         kb_i64(k, p->i[i]);
@@ -341,7 +345,7 @@ static bool memo_look(sk_k *s, kbuf *k)
     return false;
 }
 
-bool sk_memo_rec(sk_k *s, const nt__rec *r)
+bool sk_memo_rec(sk_k *s, const nt__rec *r, bool imm)
 {
     if (!memo_on())
         return false;
@@ -349,7 +353,7 @@ bool sk_memo_rec(sk_k *s, const nt__rec *r)
     kb_head(&k, 1);
     kb_i64(&k, ((int64_t)r->op << 24) | ((int64_t)r->nin << 16) | ((int64_t)r->nout << 8) |
                    r->flags);
-    kb_params(&k, &r->p);
+    kb_params(&k, &r->p, imm);
     const nt_tensor *seen[NT__MAX_IN + NT__MAX_OUT];
     int n = 0;
     for (int i = 0; i < r->nin; i++, n++)
@@ -379,7 +383,7 @@ bool sk_memo_group(sk_k *s, const nt__fgroup *g)
         kb_i64(&k, ((int64_t)o->op << 40) | ((int64_t)o->nin << 32) |
                        ((int64_t)(uint8_t)o->a[0] << 24) | ((int64_t)(uint8_t)o->a[1] << 16) |
                        ((int64_t)(uint8_t)o->a[2] << 8) | (uint8_t)o->out);
-        kb_params(&k, &o->p);
+        kb_params(&k, &o->p, true); /* ew.c: scalars are immediates */
     }
     for (int i = 0; i < P->nvals; i++)
         kb_i64(&k, ((int64_t)P->vals[i].dtype << 16) | ((int64_t)P->vals[i].red << 8) |

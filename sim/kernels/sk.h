@@ -84,8 +84,12 @@ int sk_values_end(sk_k *s, int rc, int (*ref)(const void *arg), const void *arg)
  * instructions).  sk_memo_rec / sk_memo_group: call right after
  * sk_values_begin returned true; true = a hit, the kernel's timing is
  * restored and the caller goes straight to sk_values_end (issuing
- * nothing); false = issue the program as usual. */
-bool sk_memo_rec(sk_k *s, const nt__rec *r);
+ * nothing); false = issue the program as usual.  imm: the program uses the
+ * record's float scalars (p.f) only as instruction operands -- immediates
+ * and memset values, which no rule or cost reads -- so they stay out of the
+ * key (ew.c's programs; a fused group's always do).  Else their bits are
+ * part of it (a norm's p picks its program). */
+bool sk_memo_rec(sk_k *s, const nt__rec *r, bool imm);
 bool sk_memo_group(sk_k *s, const nt__fgroup *g);
 /* Counts since start (tests): hits, programs filed. */
 void nt__sk_memo_counts(uint64_t *hits, uint64_t *filed);
