@@ -241,6 +241,7 @@ static int check_env(void)
         {"NT_SIM_PROGRAM_GEMM", {"", "0", "1", NULL, NULL}, "0 or 1"},
         {"NT_SIM_PROGRAM_VALUES", {"", "0", "1", NULL, NULL}, "0 or 1"},
         {"NT_SIM_DEFER", {"", "0", "1", NULL, NULL}, "0 or 1"},
+        {"NT_SIM_MEMO", {"", "0", "1", NULL, NULL}, "0 or 1"},
         {"NT_SIM_THREADS", {"", NULL, NULL, NULL, NULL}, "a count >= 1 (more than 2 uses 2)"},
     };
     for (size_t i = 0; i < sizeof V / sizeof V[0]; i++) {
@@ -946,6 +947,59 @@ static double dma_union(nt_sim_kernel *k)
     return total + (e - s);
 }
 
+bool nt__sim_kernel_snap(const nt_sim_kernel *k, nt__sim_ksnap *out)
+{
+    memset(out, 0, sizeof *out);
+    if (k->n_iv && !(out->iv = malloc(k->n_iv * 2 * sizeof *out->iv)))
+        return false;
+    if (k->n_iv)
+        memcpy(out->iv, k->dma_iv, k->n_iv * 2 * sizeof *out->iv);
+    out->n_iv = k->n_iv;
+    out->ninstr = k->ninstr;
+    out->hbm_rd = k->hbm_rd;
+    out->hbm_wr = k->hbm_wr;
+    out->tend = k->tend;
+    out->flops = k->flops;
+    out->ideal_ns = k->ideal_ns;
+    memcpy(out->busy, k->busy, sizeof out->busy);
+    memcpy(out->qbusy, k->qbusy, sizeof out->qbusy);
+    out->sbuf_peak = k->sbuf.peak;
+    out->psum_peak = k->psum.peak;
+    return true;
+}
+
+bool nt__sim_kernel_restore(nt_sim_kernel *k, const nt__sim_ksnap *s)
+{
+    if (s->n_iv > k->cap_iv) {
+        double *iv = realloc(k->dma_iv, s->n_iv * 2 * sizeof *iv);
+        if (!iv)
+            return false;
+        k->dma_iv = iv;
+        k->cap_iv = s->n_iv;
+    }
+    if (s->n_iv)
+        memcpy(k->dma_iv, s->iv, s->n_iv * 2 * sizeof *s->iv);
+    k->n_iv = s->n_iv;
+    k->ninstr = s->ninstr;
+    k->hbm_rd = s->hbm_rd;
+    k->hbm_wr = s->hbm_wr;
+    k->tend = s->tend;
+    k->flops = s->flops;
+    k->ideal_ns = s->ideal_ns;
+    memcpy(k->busy, s->busy, sizeof k->busy);
+    memcpy(k->qbusy, s->qbusy, sizeof k->qbusy);
+    k->sbuf.peak = s->sbuf_peak; /* k allocated nothing */
+    k->psum.peak = s->psum_peak;
+    return true;
+}
+
+void nt__sim_ksnap_free(nt__sim_ksnap *s)
+{
+    free(s->iv);
+    s->iv = NULL;
+    s->n_iv = 0;
+}
+
 int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
 {
     if (!k)
@@ -1546,6 +1600,8 @@ void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in)
                                   me == NT_ENGINE_DMA ? 0.0 : in->cycles, k->clock0 + start,
                                   k->clock0 + end};
     k->has_last = true;
+    if (k->functional)
+        k->nfunc++;
     if (nt__trace_enabled())
         trace_instr(k, in, me == NT_ENGINE_DMA ? 16 + in->queue : 1 + me, k->clock0 + start,
                     k->clock0 + end);

@@ -1825,6 +1825,7 @@ int nt_isa_dma_gather(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, cons
 {
     static const char *I = "dma_gather";
     PROLOGUE(k);
+    k->nopaque++; /* its data decide what it touches */
     TRY(check_ap(k, I, "dst", dst, M_SBUF, -1));
     TRY(check_ap(k, I, "src", src, M_HBM, -1));
     TRY(check_ap(k, I, "idx", idx, M_SBUF, -1));
@@ -2538,6 +2539,7 @@ int nt_isa_gpsimd_custom(nt_sim_kernel *k, const char *name, const nt_ap *dst,
 {
     static const char *I = "gpsimd_custom";
     PROLOGUE(k);
+    k->nopaque++; /* its code decides what it does */
     if (!fn)
         return nt__sim_fail(k, I, "fn is missing");
     if (nsrc < 0 || nsrc > 4 || (nsrc > 0 && !src))

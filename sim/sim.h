@@ -120,6 +120,8 @@ struct nt_sim_kernel {
     struct nt__sim_core *core; /* the core it runs on */
     double gemm_ns;    /* wall time of the functional GEMMs */
     double values_ns;  /* wall time of the values computed once per program */
+    uint64_t nfunc;    /* instructions issued with the functional step on */
+    uint64_t nopaque;  /* gpsimd_custom / dma_gather issued (code or data decide) */
 };
 
 /* Most simulated NeuronCores in one process (NT_SIM_CORES). */
@@ -258,6 +260,24 @@ void nt__sim_kernel_set_functional(nt_sim_kernel *k, bool on);
 /* When compute engine e of kernel k finishes what was issued to it so far
  * (simulated ns): kernels balance work that may run on several engines. */
 double nt__sim_kernel_engine_free(const nt_sim_kernel *k, nt_engine e);
+/* What nt_sim_kernel_end reads of a kernel's timing (its report, the
+ * core's clock and statistics): a snapshot taken after a program was issued
+ * replays it onto another kernel that runs the same program (the timing
+ * memo of sim/kernels/runtime.c).  nt__sim_kernel_snap: false if the host is
+ * short of memory (then nothing to free); nt__sim_kernel_restore: false
+ * likewise (k unchanged).  nt__sim_ksnap_free frees what snap allocated. */
+typedef struct nt__sim_ksnap {
+    uint64_t ninstr, hbm_rd, hbm_wr;
+    double tend, flops, ideal_ns;
+    double busy[NT_ENGINE_COUNT];
+    double qbusy[NT_SIM_DMA_QUEUES];
+    int64_t sbuf_peak, psum_peak;
+    size_t n_iv;
+    double *iv; /* n_iv (start, end) pairs */
+} nt__sim_ksnap;
+bool nt__sim_kernel_snap(const nt_sim_kernel *k, nt__sim_ksnap *out);
+bool nt__sim_kernel_restore(nt_sim_kernel *k, const nt__sim_ksnap *s);
+void nt__sim_ksnap_free(nt__sim_ksnap *s);
 /* Wall clock in ns (CLOCK_MONOTONIC). */
 double nt__sim_now_ns(void);
 

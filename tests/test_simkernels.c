@@ -774,6 +774,280 @@ static void test_program_values(void **state)
     nt__sim_set_program_values(pv0);
 }
 
+/* ---------------- the timing memo (sim/kernels/runtime.c) ---------------- */
+
+/* Every figure a kernel's timing feeds, bit for bit (clock_ns: the clock only
+ * moves forward, so it is compared as durations by the callers). */
+static void same_stats(const nt_sim_stats *a, const nt_sim_stats *b, const char *what)
+{
+    if (a->kernels != b->kernels || a->instructions != b->instructions ||
+        a->errors != b->errors || a->hbm_read_bytes != b->hbm_read_bytes ||
+        a->hbm_write_bytes != b->hbm_write_bytes ||
+        memcmp(&a->sim_ns, &b->sim_ns, sizeof a->sim_ns) ||
+        memcmp(&a->flops, &b->flops, sizeof a->flops) ||
+        memcmp(&a->tensor_ideal_ns, &b->tensor_ideal_ns, sizeof a->tensor_ideal_ns) ||
+        memcmp(a->busy_ns, b->busy_ns, sizeof a->busy_ns) ||
+        memcmp(a->dma_queue_busy_ns, b->dma_queue_busy_ns, sizeof a->dma_queue_busy_ns))
+        fail_msg("timing memo, %s: %llu kernels %llu instructions %a ns (TensorE %a, DMA %a) "
+                 "against %llu, %llu, %a ns (%a, %a)",
+                 what, (unsigned long long)b->kernels, (unsigned long long)b->instructions,
+                 b->sim_ns, b->busy_ns[NT_ENGINE_TENSOR], b->busy_ns[NT_ENGINE_DMA],
+                 (unsigned long long)a->kernels, (unsigned long long)a->instructions, a->sim_ns,
+                 a->busy_ns[NT_ENGINE_TENSOR], a->busy_ns[NT_ENGINE_DMA]);
+}
+
+static void same_results(const result *a, const result *b, const char *what)
+{
+    assert_int_equal(a->err, 0);
+    assert_int_equal(b->err, 0);
+    assert_int_equal(a->n, b->n);
+    for (int i = 0; i < a->n; i++) {
+        assert_int_equal(a->bytes[i], b->bytes[i]);
+        if (memcmp(a->data[i], b->data[i], a->bytes[i]))
+            fail_msg("timing memo, %s: output %d differs", what, i);
+    }
+}
+
+/* The values-once programs of b_values (matmul, fused EW/ROW/MM, rows,
+ * reductions, attention and its backward) run three times: memo off, memo on
+ * from empty (programs filed), memo on again (restored): the same values and
+ * every timing figure bit for bit, and the third run issues nothing new. */
+static void test_timing_memo(void **state)
+{
+    (void)state;
+    bool pv0 = nt__sim_program_values();
+    static const char *modes[] = {"eager", "lazy"};
+    for (size_t d = 0; d < 3; d++)
+        for (int m = 0; m < 2; m++) {
+            ew_ctx c = {.dt = FLOATS[d]};
+            char what[64];
+            snprintf(what, sizeof what, "%s %s", nt_dtype_name(c.dt), modes[m]);
+            assert_int_equal(nt_config_set("NT_FUSION", m ? "1" : "0"), 0);
+            result a, b, r3;
+            nt_sim_stats sa, sb, s3;
+            uint64_t hb, fb, h0, f0, h1, f1, h2, f2;
+            nt__sk_memo_counts(&hb, &fb);
+            nt__sk_memo_set(false);
+            values_run(true, modes[m], &c, &a, &sa);
+            nt__sk_memo_counts(&h0, &f0);
+            nt__sk_memo_set(true);
+            nt__sk_memo_clear();
+            values_run(true, modes[m], &c, &b, &sb);
+            nt__sk_memo_counts(&h1, &f1);
+            values_run(true, modes[m], &c, &r3, &s3);
+            nt__sk_memo_counts(&h2, &f2);
+            assert_int_equal(h0, hb); /* memo off: nothing looked up or filed */
+            assert_int_equal(f0, fb);
+            assert_true(f1 > f0 + 5);
+            assert_int_equal(f2, f1);        /* nothing new the second time ... */
+            assert_true(h2 - h1 >= f1 - f0); /* ... every filed program restored */
+            same_results(&a, &b, what);
+            same_results(&a, &r3, what);
+            same_stats(&sa, &sb, what);
+            same_stats(&sa, &s3, what);
+            free_result(&a);
+            free_result(&b);
+            free_result(&r3);
+        }
+    assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
+    nt__sim_set_program_values(pv0);
+}
+
+/* A fused AdamW-like update over three steps whose scalars (a learning-rate
+ * schedule, bias corrections) change every step: one program, filed at the
+ * first step and restored at the next two, with the memo-off values and
+ * figures bit for bit. */
+static void memo_adamw_steps(bool memo, result *r, nt_sim_stats *st, uint64_t *hits,
+                             uint64_t *filed)
+{
+    nt__sk_memo_set(memo);
+    assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+    assert_int_equal(nt_config_set("NT_FUSION", "1"), 0);
+    rs = 99;
+    memset(r, 0, sizeof *r);
+    nt_scope *sc = nt_scope_begin();
+    int64_t sh[2] = {200, 300};
+    nt_tensor *p = T(NT_F32, 2, sh, 1.0, false), *g = T(NT_F32, 2, sh, 1.0, true);
+    nt_tensor *m = nt_zeros(NT_F32, 2, sh), *v = nt_zeros(NT_F32, 2, sh);
+    nt_sync();
+    nt_sim_stats_reset();
+    uint64_t h0, f0;
+    nt__sk_memo_counts(&h0, &f0);
+    for (int t = 1; t <= 3; t++) {
+        double lr = 1e-3 * t / 3.0, b1 = 1.0 - pow(0.9, t), b2 = 1.0 - pow(0.999, t);
+        nt_tensor *m2 = nt_add(nt_mul_scalar(m, 0.9), nt_mul_scalar(g, 0.1));
+        nt_tensor *v2 = nt_add(nt_mul_scalar(v, 0.999), nt_mul_scalar(nt_mul(g, g), 0.001));
+        nt_tensor *upd = nt_div(nt_mul_scalar(m2, lr / b1),
+                                nt_add_scalar(nt_sqrt(nt_mul_scalar(v2, 1.0 / b2)), 1e-8));
+        assert_int_equal(nt_copy_into(m, m2), 0);
+        assert_int_equal(nt_copy_into(v, v2), 0);
+        assert_int_equal(nt_copy_into(p, nt_sub(p, upd)), 0);
+        nt_sync();
+    }
+    assert_int_equal(nt_sim_stats_get(st), 0);
+    nt__sk_memo_counts(hits, filed);
+    *hits -= h0;
+    *filed -= f0;
+    nt_tensor *outs[3] = {p, m, v};
+    r->n = 3;
+    for (int i = 0; i < 3; i++) {
+        r->bytes[i] = (size_t)nt_numel(outs[i]) * 4;
+        r->data[i] = malloc(r->bytes[i]);
+        assert_int_equal(nt_to_host(outs[i], r->data[i], r->bytes[i]), 0);
+    }
+    nt_scope_end(sc);
+    nt_sync();
+}
+
+static void test_timing_memo_scalars(void **state)
+{
+    (void)state;
+    bool pv0 = nt__sim_program_values();
+    nt__sim_set_program_values(true);
+    result a, b;
+    nt_sim_stats sa, sb;
+    uint64_t h, f;
+    memo_adamw_steps(false, &a, &sa, &h, &f);
+    assert_int_equal(h + f, 0);
+    nt__sk_memo_clear();
+    memo_adamw_steps(true, &b, &sb, &h, &f);
+    assert_true(sa.kernels >= 3);
+    assert_int_equal(sa.kernels % 3, 0); /* the same kernels every step */
+    assert_int_equal(f, sa.kernels / 3); /* filed at the first ... */
+    assert_int_equal(h, 2 * f);          /* ... restored at the others */
+    same_results(&a, &b, "AdamW steps");
+    same_stats(&sa, &sb, "AdamW steps");
+    free_result(&a);
+    free_result(&b);
+    assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
+    nt__sim_set_program_values(pv0);
+}
+
+/* One op per kernel (eager), each variant differing from the first in one
+ * thing the key must see: a hit across them would restore the wrong timing. */
+static nt_tensor *memo_variant(int v, nt_tensor *x, nt_tensor *y, nt_tensor *big, nt_tensor *w,
+                               nt_tensor *big2)
+{
+    switch (v) {
+    case 0: return nt_add(x, y);                                        /* the base */
+    case 1: return nt_add(x, x);                                        /* one tensor twice */
+    case 2: return nt_add(nt_transpose(nt_slice(big, 0, 0, 300, 1), 0, 1), y); /* strides */
+    case 3: return nt_add(nt_slice(big, 0, 1, 257, 1), nt_slice(big, 0, 0, 256, 1)); /* offsets */
+    case 4: return nt_add(nt_reshape(x, 2, (int64_t[]){300, 256}),
+                          nt_reshape(y, 2, (int64_t[]){300, 256}));     /* shape */
+    case 5: return nt_mul_scalar(x, 0.5);
+    case 6: return nt_exp(x);                                           /* op */
+    case 7: return nt_sum(x, 0, false);
+    case 8: return nt_sum(x, 1, false);                                 /* dim */
+    case 9: return nt_matmul(x, w);
+    case 10: return nt_matmul(x, nt_transpose(nt_transpose(w, 0, 1), 0, 1)); /* same */
+    case 11: return nt_layer_norm(x, NULL, NULL, 1e-5);
+    case 12: return nt_cast(x, NT_BF16);                                /* dtype */
+    case 13: {                                           /* in place: out is in[0] */
+        nt_tensor *z = nt_add_scalar(x, 1.0);
+        assert_int_equal(nt_add_inplace(z, y), 0);
+        return z;
+    }
+    case 14: /* 3 with its second operand in another storage */
+        return nt_add(nt_slice(big, 0, 1, 257, 1), nt_slice(big2, 0, 0, 256, 1));
+    case 15: /* 5's program with another scalar (an immediate): restored */
+        return nt_mul_scalar(x, -0.25);
+    default: return NULL;
+    }
+}
+#define MEMO_VARIANTS 16
+
+static void memo_pass(nt_sim_stats *st, nt_tensor *x, nt_tensor *y, nt_tensor *big,
+                      nt_tensor *w, nt_tensor *big2, result *r)
+{
+    for (int v = 0; v < MEMO_VARIANTS; v++) {
+        nt_sync();
+        nt_sim_stats_reset();
+        nt_tensor *o = memo_variant(v, x, y, big, w, big2);
+        assert_non_null(o);
+        nt_sync();
+        assert_int_equal(nt_sim_stats_get(&st[v]), 0);
+        r->bytes[v] = (size_t)nt_numel(o) * nt_dtype_size(nt_dtype_of(o));
+        r->data[v] = malloc(r->bytes[v]);
+        assert_int_equal(nt_to_host(o, r->data[v], r->bytes[v]), 0);
+        nt_release(o);
+    }
+    r->n = MEMO_VARIANTS;
+}
+
+static void test_timing_memo_keys(void **state)
+{
+    (void)state;
+    bool pv0 = nt__sim_program_values();
+    nt__sim_set_program_values(true);
+    assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    rs = 77;
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *x = T(NT_F32, 2, (int64_t[]){256, 300}, 1.0, true);
+    nt_tensor *y = T(NT_F32, 2, (int64_t[]){256, 300}, 1.0, true);
+    nt_tensor *big = T(NT_F32, 2, (int64_t[]){300, 256}, 1.0, false);
+    big = nt_add_scalar(nt_cat((nt_tensor *[]){big, big}, 2, 0), 0.0); /* [600, 256] */
+    nt_tensor *w = T(NT_F32, 2, (int64_t[]){300, 200}, 1.0, false);
+    nt_tensor *big2 = nt_add_scalar(big, 0.0);
+    nt_sync();
+    for (int t = 0; t < 2; t++) { /* trn1, then trn2: the target is in the key too */
+        nt_sim_stats off[MEMO_VARIANTS], on1[MEMO_VARIANTS], on2[MEMO_VARIANTS];
+        result ro, r1, r2;
+        memset(&ro, 0, sizeof ro);
+        memset(&r1, 0, sizeof r1);
+        memset(&r2, 0, sizeof r2);
+        nt__sk_memo_set(false);
+        memo_pass(off, x, y, big, w, big2, &ro);
+        nt__sk_memo_set(true);
+        if (t == 0)
+            nt__sk_memo_clear(); /* trn2 starts with trn1's programs filed */
+        uint64_t h0, f0, h1, f1, h2, f2;
+        nt__sk_memo_counts(&h0, &f0);
+        memo_pass(on1, x, y, big, w, big2, &r1);
+        nt__sk_memo_counts(&h1, &f1);
+        memo_pass(on2, x, y, big, w, big2, &r2);
+        nt__sk_memo_counts(&h2, &f2);
+        /* every kernel a program of its own (10 repeats 9's key exactly: a
+         * transposed transpose is the same view; 15 is 5's), then all
+         * restored */
+        uint64_t nk = 0;
+        for (int v = 0; v < MEMO_VARIANTS; v++)
+            nk += off[v].kernels;
+        assert_int_equal(nk, MEMO_VARIANTS + 1); /* 13 runs two */
+        assert_int_equal(f1 - f0, nk - 2);
+        assert_int_equal(h1 - h0, 2);
+        assert_int_equal(f2, f1);
+        assert_int_equal(h2 - h1, nk);
+        for (int v = 0; v < MEMO_VARIANTS; v++) {
+            char what[48];
+            snprintf(what, sizeof what, "variant %d, %s", v, t ? "trn2" : "trn1");
+            same_stats(&off[v], &on1[v], what);
+            same_stats(&off[v], &on2[v], what);
+            assert_int_equal(ro.bytes[v], r1.bytes[v]);
+            assert_memory_equal(ro.data[v], r1.data[v], ro.bytes[v]);
+            assert_memory_equal(ro.data[v], r2.data[v], ro.bytes[v]);
+        }
+        /* the variants time differently, so a false hit would show */
+        for (int v = 1; v < 4; v++) /* (13, 14 differ from 0, 3 in what kernels compare) */
+            assert_true(off[v].sim_ns != off[0].sim_ns || off[v].instructions != off[0].instructions);
+        assert_true(off[7].sim_ns != off[8].sim_ns);
+        static double trn1_add;
+        if (t == 0)
+            trn1_add = off[0].sim_ns;
+        else
+            assert_true(off[0].sim_ns != trn1_add);
+        free_result(&ro);
+        free_result(&r1);
+        free_result(&r2);
+        assert_int_equal(nt_sim_set_target(t ? NT_SIM_TRN1 : NT_SIM_TRN2), 0);
+    }
+    nt_scope_end(sc);
+    nt_sync();
+    nt__sim_set_program_values(pv0);
+}
+
 /* ---------------- embedding ---------------- */
 
 static void b_embedding(void *ctx, nt_tensor **out, int *n)
@@ -1833,6 +2107,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_cross_entropy_rows, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_matmul, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_program_values, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_timing_memo, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_timing_memo_keys, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_timing_memo_scalars, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_matmul_instruction_level, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_embedding, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_data_error_messages, setup, nt_test_teardown),

@@ -289,6 +289,8 @@ int nt__sk_sdpa(const nt__rec *r)
     if (rc)
         return rc;
     bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
+    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
+        return sk_end_values(&s, values, 0, r);
     ak a;
     rc = setup(&a, &s, r, raw, false);
     a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv, a.nqb = nqb, a.nkb = nkb;
@@ -436,6 +438,8 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
     if (rc)
         return rc;
     bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
+    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
+        return sk_end_values(&s, values, 0, r);
     ak a;
     rc = setup(&a, &s, r, raw, true);
     a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv, a.nqb = nqb, a.nkb = nkb;

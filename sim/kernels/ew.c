@@ -1306,12 +1306,17 @@ int nt__sk_fused(const nt__fgroup *g)
     if (rc)
         return rc;
     bool values = sk_values_begin(&s);
-    switch (P->kind) {
-    case NT_FK_EW: rc = run_ew(&s, P, g->ext, g->out, keys); break;
-    case NT_FK_ROW: rc = run_row(&s, P, g->ext, g->out, keys); break;
-    case NT_FK_MM: rc = run_mm(&s, P, g->ext, g->out, keys); break;
-    default: rc = NT_ENOTSUP; break;
-    }
+    /* the timing memo: a program with stochastic rounding draws from its
+     * records' keys, new every run, so it never comes back */
+    if (values && !prog_has_sr(P) && sk_memo_group(&s, g))
+        rc = 0; /* the same program ran before: its timing is restored */
+    else
+        switch (P->kind) {
+        case NT_FK_EW: rc = run_ew(&s, P, g->ext, g->out, keys); break;
+        case NT_FK_ROW: rc = run_row(&s, P, g->ext, g->out, keys); break;
+        case NT_FK_MM: rc = run_mm(&s, P, g->ext, g->out, keys); break;
+        default: rc = NT_ENOTSUP; break;
+        }
     /* a refused program issued nothing and computed nothing: the planner
      * replays the group op by op, so the reference must not run either */
     if (values)
@@ -1364,7 +1369,10 @@ int nt__sk_ew(const nt__rec *r)
     if (!rc) {
         nt_tensor *outs[1] = {r->out[0]};
         bool values = sk_values_begin(&s);
-        int prog = run_ew(&s, P, ext, outs, keys);
+        /* the timing memo (a stochastic cast's key is new every run); the
+         * program reads its scalars only as immediates (emit_op) */
+        int prog = values && !is_sr(op) && sk_memo_rec(&s, r, true) ? 0
+                                                              : run_ew(&s, P, ext, outs, keys);
         rc = values ? sk_values_end(&s, prog, sk_ref_rec, r) : prog;
         int rc2 = sk_end(&s);
         /* the program's own refusal gets a message; sk_end's and the

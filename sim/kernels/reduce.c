@@ -419,6 +419,8 @@ int nt__sk_reduce(const nt__rec *r)
     if (rc)
         return rc;
     bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
+    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
+        return sk_end_values(&s, values, 0, r);
     red c;
     memset(&c, 0, sizeof c);
     c.s = &s;

@@ -4,7 +4,10 @@
 #include "sim/kernels/sk.h"
 #include "sim/sim.h"
 
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "sim/trace.h"
@@ -85,6 +88,7 @@ static int sim_init(void)
 static void sim_shutdown(void)
 {
     memset(nt__sim_kernels, 0, sizeof nt__sim_kernels);
+    nt__sk_memo_clear();
     nt_sim_shutdown();
 }
 
@@ -149,8 +153,289 @@ bool sk_values_begin(sk_k *s)
     return true;
 }
 
+/* ---------------- the timing memo (sk.h) ---------------- */
+
+typedef struct memo_ent {
+    uint64_t hash;
+    uint8_t *key;
+    size_t len;
+    nt__sim_ksnap snap;
+    struct memo_ent *next;
+} memo_ent;
+
+#define MEMO_BUCKETS 4096           /* a power of two */
+#define MEMO_MAX_BYTES (64u << 20)  /* keys and snapshots; then start over */
+
+static pthread_mutex_t memo_lock = PTHREAD_MUTEX_INITIALIZER;
+static memo_ent *memo_tab[MEMO_BUCKETS];
+static size_t memo_bytes;
+static uint64_t memo_hits, memo_filed;
+static atomic_bool memo_off_set, memo_off; /* NT_SIM_MEMO=0, or the tests' switch */
+
+static bool memo_on(void)
+{
+    if (!atomic_load_explicit(&memo_off_set, memory_order_acquire)) {
+        const char *v = getenv("NT_SIM_MEMO");
+        atomic_store(&memo_off, v && v[0] == '0');
+        atomic_store_explicit(&memo_off_set, true, memory_order_release);
+    }
+    return !atomic_load(&memo_off) && !nt__trace_enabled();
+}
+
+void nt__sk_memo_set(bool on)
+{
+    atomic_store(&memo_off, !on);
+    atomic_store_explicit(&memo_off_set, true, memory_order_release);
+}
+
+void nt__sk_memo_counts(uint64_t *hits, uint64_t *filed)
+{
+    pthread_mutex_lock(&memo_lock);
+    *hits = memo_hits;
+    *filed = memo_filed;
+    pthread_mutex_unlock(&memo_lock);
+}
+
+static void memo_clear_locked(void)
+{
+    for (size_t b = 0; b < MEMO_BUCKETS; b++)
+        for (memo_ent *e = memo_tab[b], *n; e; e = n) {
+            n = e->next;
+            nt__sim_ksnap_free(&e->snap);
+            free(e->key);
+            free(e);
+        }
+    memset(memo_tab, 0, sizeof memo_tab);
+    memo_bytes = 0;
+}
+
+void nt__sk_memo_clear(void)
+{
+    pthread_mutex_lock(&memo_lock);
+    memo_clear_locked();
+    pthread_mutex_unlock(&memo_lock);
+}
+
+/* The key under construction: bytes appended in a fixed order. */
+typedef struct kbuf {
+    uint8_t *b;
+    size_t n, cap;
+    bool oom;
+} kbuf;
+
+static void kb_put(kbuf *k, const void *p, size_t n)
+{
+    if (k->oom)
+        return;
+    if (k->n + n > k->cap) {
+        size_t cap = k->cap ? k->cap * 2 : 1024;
+        while (cap < k->n + n)
+            cap *= 2;
+        uint8_t *b = realloc(k->b, cap);
+        if (!b) {
+            k->oom = true;
+            return;
+        }
+        k->b = b;
+        k->cap = cap;
+    }
+    memcpy(k->b + k->n, p, n);
+    k->n += n;
+}
+
+static void kb_i64(kbuf *k, int64_t v) { kb_put(k, &v, sizeof v); }
+
+/* imm: the float scalars are only instruction operands (immediates, memset
+ * values) in this program, which no rule or cost reads: left out, so that a
+ * schedule's learning rate or AdamW's bias corrections, new every step, do
+ * not make a new program.  Else their bits (-0 and NaN payloads distinct). */
+static void kb_params(kbuf *k, const nt__params *p, bool imm)
+{
+    for (int i = 0; i < 3 && !imm; i++)
+        kb_put(k, &p->f[i], sizeof p->f[i]);
+    for (int i = 0; i < NT_MAX_DIMS; i++)
+        kb_i64(k, p->i[i]);
+    kb_i64(k, p->dim);
+    kb_i64(k, p->flag);
+    kb_put(k, &p->seed, sizeof p->seed);
+}
+
+/* Tensor t, the n-th of the record's tensor list seen[]: which earlier
+ * operand it is (kernels compare handles), else everything a program reads
+ * of it: dtype, shape, strides, its offset in its storage and which earlier
+ * operand's storage it shares (kernels compare storages).  Not the address:
+ * distinct storages never overlap, and nothing in the timing depends on
+ * where a buffer is -- HBM pages count from each pattern's base and only
+ * which patterns share a base matters (sim/core.c, hbm_pages). */
+static void kb_tensor(kbuf *k, const nt_tensor *t, const nt_tensor **seen, int n)
+{
+    int same = -1;
+    for (int i = 0; i < n && same < 0; i++)
+        if (seen[i] == t)
+            same = i;
+    kb_i64(k, t ? same : -2);
+    seen[n] = t;
+    if (!t || same >= 0)
+        return;
+    kb_i64(k, ((int64_t)t->dtype << 24) | ((int64_t)(uint8_t)t->ndim << 16) |
+                  ((int64_t)t->expanded << 8) | t->dev);
+    kb_i64(k, t->offset);
+    for (int d = 0; d < t->ndim; d++) {
+        kb_i64(k, t->shape[d]);
+        kb_i64(k, t->stride[d]);
+    }
+    int sst = -1; /* which earlier operand's storage it shares (kernels compare them) */
+    for (int i = 0; i < n && sst < 0; i++)
+        if (seen[i] && seen[i]->st == t->st)
+            sst = i;
+    kb_i64(k, sst);
+}
+
+/* What every key starts with: the kind of kernel and the simulator's
+ * settings a program may read. */
+static void kb_head(kbuf *k, int kind)
+{
+    kb_i64(k, kind);
+    kb_i64(k, (int64_t)nt__sim.cfg.target); /* the whole configuration (config_for) */
+    kb_i64(k, nt__sim_program_gemm());
+}
+
+/* A word at a time (keys are whole 8-byte words), splitmix64's finaliser
+ * per word: the bucket index; entries still compare the whole key. */
+static uint64_t kb_hash(const kbuf *k)
+{
+    uint64_t h = (uint64_t)k->n;
+    for (size_t i = 0; i + 8 <= k->n; i += 8) {
+        uint64_t w;
+        memcpy(&w, k->b + i, 8);
+        uint64_t z = (h ^ w) + 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        h = z ^ (z >> 31);
+    }
+    for (size_t i = k->n & ~(size_t)7; i < k->n; i++) /* none today */
+        h = (h ^ k->b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Looks the key up: a hit restores its timing into s's kernel and frees the
+ * key; a miss keeps it in s for sk_values_end. */
+static bool memo_look(sk_k *s, kbuf *k)
+{
+    if (k->oom) {
+        free(k->b);
+        return false;
+    }
+    uint64_t h = kb_hash(k);
+    bool hit = false;
+    pthread_mutex_lock(&memo_lock);
+    for (memo_ent *e = memo_tab[h & (MEMO_BUCKETS - 1)]; e && !hit; e = e->next)
+        if (e->hash == h && e->len == k->n && !memcmp(e->key, k->b, k->n)) {
+            hit = nt__sim_kernel_restore(s->k, &e->snap);
+            memo_hits += hit;
+        }
+    pthread_mutex_unlock(&memo_lock);
+    if (hit) {
+        free(k->b);
+        return true;
+    }
+    s->mkey = k->b;
+    s->mlen = k->n;
+    s->mhash = h;
+    return false;
+}
+
+bool sk_memo_rec(sk_k *s, const nt__rec *r, bool imm)
+{
+    if (!memo_on())
+        return false;
+    kbuf k = {0};
+    kb_head(&k, 1);
+    kb_i64(&k, ((int64_t)r->op << 24) | ((int64_t)r->nin << 16) | ((int64_t)r->nout << 8) |
+                   r->flags);
+    kb_params(&k, &r->p, imm);
+    const nt_tensor *seen[NT__MAX_IN + NT__MAX_OUT];
+    int n = 0;
+    for (int i = 0; i < r->nin; i++, n++)
+        kb_tensor(&k, r->in[i], seen, n);
+    for (int i = 0; i < r->nout; i++, n++)
+        kb_tensor(&k, r->out[i], seen, n);
+    return memo_look(s, &k);
+}
+
+bool sk_memo_group(sk_k *s, const nt__fgroup *g)
+{
+    if (!memo_on())
+        return false;
+    const nt__fprog *P = g->prog;
+    kbuf k = {0};
+    kb_head(&k, 2);
+    kb_i64(&k, P->kind);
+    kb_i64(&k, P->nops);
+    kb_i64(&k, P->nvals);
+    kb_i64(&k, P->next);
+    kb_i64(&k, P->nout);
+    kb_i64(&k, P->ndim);
+    for (int d = 0; d < NT_MAX_DIMS; d++)
+        kb_i64(&k, P->shape[d]);
+    for (int i = 0; i < P->nops; i++) {
+        const nt__fop *o = &P->ops[i];
+        kb_i64(&k, ((int64_t)o->op << 40) | ((int64_t)o->nin << 32) |
+                       ((int64_t)(uint8_t)o->a[0] << 24) | ((int64_t)(uint8_t)o->a[1] << 16) |
+                       ((int64_t)(uint8_t)o->a[2] << 8) | (uint8_t)o->out);
+        kb_params(&k, &o->p, true); /* ew.c: scalars are immediates */
+    }
+    for (int i = 0; i < P->nvals; i++)
+        kb_i64(&k, ((int64_t)P->vals[i].dtype << 16) | ((int64_t)P->vals[i].red << 8) |
+                       (uint8_t)P->vals[i].store);
+    for (int i = 0; i < P->next; i++)
+        kb_i64(&k, ((int64_t)P->ext[i].dtype << 24) | ((int64_t)P->ext[i].red << 16) |
+                       P->ext[i].bcast);
+    for (int i = 0; i < P->nout; i++)
+        kb_i64(&k, P->out_val[i]);
+    const nt_tensor *seen[NT_F_MAXEXT + NT_F_MAXOUT];
+    int n = 0;
+    for (int i = 0; i < P->next; i++, n++)
+        kb_tensor(&k, g->ext[i], seen, n);
+    for (int i = 0; i < P->nout; i++, n++)
+        kb_tensor(&k, g->out[i], seen, n);
+    return memo_look(s, &k);
+}
+
+/* Files s's program under the key its miss kept, if it ran clean. */
+static void memo_file(sk_k *s, int rc)
+{
+    uint8_t *key = s->mkey;
+    s->mkey = NULL;
+    if (!key)
+        return;
+    nt_sim_kernel *k = s->k;
+    memo_ent *e = NULL;
+    if (rc || nt_sim_kernel_error(k) || s->derr_code || s->nscratch || k->nfunc ||
+        k->nopaque || nt__trace_enabled() || !(e = calloc(1, sizeof *e)) ||
+        !nt__sim_kernel_snap(k, &e->snap)) {
+        free(e);
+        free(key);
+        return;
+    }
+    e->hash = s->mhash;
+    e->key = key;
+    e->len = s->mlen;
+    size_t bytes = sizeof *e + e->len + e->snap.n_iv * 2 * sizeof(double);
+    pthread_mutex_lock(&memo_lock);
+    if (memo_bytes + bytes > MEMO_MAX_BYTES)
+        memo_clear_locked();
+    memo_ent **b = &memo_tab[e->hash & (MEMO_BUCKETS - 1)];
+    e->next = *b;
+    *b = e;
+    memo_bytes += bytes;
+    memo_filed++;
+    pthread_mutex_unlock(&memo_lock);
+}
+
 int sk_values_end(sk_k *s, int rc, int (*ref)(const void *arg), const void *arg)
 {
+    memo_file(s, rc);
     nt__sim_kernel_set_functional(s->k, true);
     if (rc || nt_sim_kernel_error(s->k))
         return rc;
@@ -219,6 +504,8 @@ static unsigned trace_gen_seen;
 int sk_end(sk_k *s)
 {
     double t0 = nt__now_ns();
+    free(s->mkey); /* a miss that never reached sk_values_end */
+    s->mkey = NULL;
     nt_sim_report rep;
     int rc = nt_sim_kernel_end(s->k, &rep);
     s->k = NULL;

@@ -47,6 +47,11 @@ typedef struct sk_k {
     void *scratch[8]; /* HBM scratch buffers, freed at end */
     size_t scratch_bytes[8];
     int nscratch;
+    /* the timing memo (runtime.c): the key of a program that missed, kept
+     * for sk_values_end to file the program's timing under */
+    uint8_t *mkey;
+    size_t mlen;
+    uint64_t mhash;
 } sk_k;
 
 /* Opens kernel `name` (an op name, "fused.ew", ...). */
@@ -62,6 +67,36 @@ bool sk_values_begin(sk_k *s);
  * backend's kernel or fused executor for the same record or group -- for the
  * values.  Returns rc, or ref's result. */
 int sk_values_end(sk_k *s, int rc, int (*ref)(const void *arg), const void *arg);
+/* The timing memo.  A program that takes its values from the reference
+ * (sk_values_begin returned true) is a function of what its kernel reads of
+ * the record or group -- op, parameters, every tensor's dtype, shape,
+ * strides and offset, which operands are the same tensor or share a storage
+ * -- and of the simulator's target: the same key issues the same
+ * instructions, and a kernel's timing depends on nothing else (it starts on
+ * its own timeline at 0; HBM pages count from each pattern's base, so where
+ * a buffer lies never matters, only which patterns share one).  So the
+ * first run files what nt_sim_kernel_end reads (nt__sim_ksnap) under the key
+ * and a later run with the same key, compared byte for byte, restores it
+ * instead of issuing the program again: the same report, statistics and
+ * clock, bit for bit.  Filed only for a program that ran clean: no error,
+ * no data error, no HBM scratch, no instruction computed values, no
+ * gpsimd_custom or dma_gather; never while tracing (the trace wants the
+ * instructions).  sk_memo_rec / sk_memo_group: call right after
+ * sk_values_begin returned true; true = a hit, the kernel's timing is
+ * restored and the caller goes straight to sk_values_end (issuing
+ * nothing); false = issue the program as usual.  imm: the program uses the
+ * record's float scalars (p.f) only as instruction operands -- immediates
+ * and memset values, which no rule or cost reads -- so they stay out of the
+ * key (ew.c's programs; a fused group's always do).  Else their bits are
+ * part of it (a norm's p picks its program). */
+bool sk_memo_rec(sk_k *s, const nt__rec *r, bool imm);
+bool sk_memo_group(sk_k *s, const nt__fgroup *g);
+/* Counts since start (tests): hits, programs filed. */
+void nt__sk_memo_counts(uint64_t *hits, uint64_t *filed);
+/* On (default) or off (NT_SIM_MEMO=0; tests compare both). */
+void nt__sk_memo_set(bool on);
+/* Drops every entry (sim_shutdown). */
+void nt__sk_memo_clear(void);
 /* The references: the CPU backend's kernel of record r (an nt__rec), its
  * fused executor for group g (an nt__fgroup). */
 int sk_ref_rec(const void *r);
