@@ -589,6 +589,8 @@ void nt__stream_enqueue(nt_stream *s, nt__rec *r)
 }
 
 _Thread_local const char *nt__batch_end_reason NT_TLS_HOT;
+_Thread_local const uint32_t *nt__batch_mm NT_TLS_HOT;
+_Thread_local int nt__batch_nmm NT_TLS_HOT = -1;
 
 static void run_batch(nt__rec **recs, int n)
 {
@@ -822,9 +824,14 @@ static gpointer worker_main(gpointer arg)
              * the batch ends before one, and right after one that leads. */
             bool alone = recs[0]->flags & NT_RECF_ALONE;
             guint i = 0;
+            int nmm = 0;
             while (i < k && deps_met(recs[i]) &&
-                   !(i && (alone || (recs[i]->flags & NT_RECF_ALONE))))
+                   !(i && (alone || (recs[i]->flags & NT_RECF_ALONE)))) {
+                /* the line is in: note the matmuls for the planner */
+                if (recs[i]->op == NT_OP_MATMUL && recs[i]->type == NT_REC_OP && nmm >= 0)
+                    nmm = nmm < NT__BATCH_MM_MAX ? (s->batch_mm[nmm] = i, nmm + 1) : -1;
                 i++;
+            }
             if (i == 0) {
                 for (int d = 0; d < recs[0]->ndeps; d++)
                     nt__wait_packed(recs[0]->deps[d]);
@@ -838,7 +845,10 @@ static gpointer worker_main(gpointer arg)
             k = i;
             AO_store(&s->busy, 1);
             nt__batch_end_reason = s->end_reason;
+            nt__batch_mm = s->batch_mm;
+            nt__batch_nmm = nmm;
             run_batch(recs, (int)k);
+            nt__batch_nmm = -1;
             release_batch(s, recs, k);
             held_consumed(s, k);
             AO_store(&s->busy, 0);
