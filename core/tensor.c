@@ -13,17 +13,28 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/backend.h"
 #include "core/hooks.h"
 #include "core/internal.h"
 
 #define NT_SLAB_HANDLES 256
+/* Past this many slabs (a program that keeps ~10k handles alive, e.g. a big
+ * lazy batch), slabs are cut from 2 MiB blocks advised onto huge pages: the
+ * fusion planner reads each queued op's output handle, and on 4 KiB pages
+ * the handles of a 100k-op batch span 8,000 pages, many times what the TLB
+ * holds (docs/fusion.md, Cost). */
+#define NT_SLAB_HUGE_AFTER 32
+#define NT_SLAB_BLOCK ((size_t)2 << 20)
 
 static struct {
     GMutex lock;
     nt_tensor **slabs; /* own array: growing it may fail cleanly */
+    bool *slab_owned;  /* slabs[i] is its own allocation (else cut from a block) */
     size_t nslabs, slabcap;
+    char *block_next; /* the unused rest of the current 2 MiB block */
+    size_t block_left;
     nt_tensor *head, *tail; /* FIFO of batches of free handles (their first handles) */
     size_t nfree;
     volatile AO_t next_id;
@@ -44,7 +55,10 @@ void nt__tensor_pool_init(void)
 {
     g_mutex_init(&P.lock);
     P.slabs = NULL;
+    P.slab_owned = NULL;
     P.nslabs = P.slabcap = 0;
+    P.block_next = NULL;
+    P.block_left = 0;
     P.head = P.tail = NULL;
     P.nfree = 0;
 }
@@ -70,10 +84,15 @@ void nt__tensor_pool_shutdown(void)
     }
 
     for (size_t i = 0; i < P.nslabs; i++)
-        free(P.slabs[i]);
+        if (P.slab_owned[i])
+            free(P.slabs[i]);
     free(P.slabs);
+    free(P.slab_owned);
     P.slabs = NULL;
+    P.slab_owned = NULL;
     P.nslabs = P.slabcap = 0;
+    P.block_next = NULL;
+    P.block_left = 0;
     P.head = P.tail = NULL;
     P.nfree = 0;
     AO_fetch_and_add1(&pool_epoch);
@@ -93,6 +112,36 @@ uint64_t nt__tensor_live_handles(void)
     }
     g_mutex_unlock(&P.lock);
     return n;
+}
+
+/* A zeroed slab of NT_SLAB_HANDLES handles; P.lock held, slabs[nslabs] has
+ * room.  NULL: the host is out of memory. */
+static nt_tensor *slab_new(void)
+{
+    const size_t bytes = NT_SLAB_HANDLES * sizeof(nt_tensor);
+    if (P.block_left < bytes && P.nslabs >= NT_SLAB_HUGE_AFTER) {
+        char *b = aligned_alloc(NT_SLAB_BLOCK, NT_SLAB_BLOCK);
+        if (b) {
+#ifdef MADV_HUGEPAGE
+            (void)madvise(b, NT_SLAB_BLOCK, MADV_HUGEPAGE); /* advice: may be refused */
+#endif
+            P.block_next = b;
+            P.block_left = NT_SLAB_BLOCK;
+        }
+    }
+    nt_tensor *slab;
+    if (P.block_left >= bytes) {
+        slab = (nt_tensor *)P.block_next;
+        memset(slab, 0, bytes);
+        /* the block's first slab owns it */
+        P.slab_owned[P.nslabs] = P.block_left == NT_SLAB_BLOCK;
+        P.block_next += bytes;
+        P.block_left -= bytes;
+        return slab;
+    }
+    slab = calloc(NT_SLAB_HANDLES, sizeof *slab);
+    P.slab_owned[P.nslabs] = true;
+    return slab;
 }
 
 /* Ids for messages and the debugger, unique per process: a thread takes a
@@ -165,14 +214,17 @@ static nt_tensor *handle_alloc(void)
             if (P.nslabs == P.slabcap) {
                 size_t cap = P.slabcap ? P.slabcap * 2 : 64;
                 nt_tensor **v = realloc(P.slabs, cap * sizeof *v);
-                if (!v) {
+                if (v)
+                    P.slabs = v;
+                bool *o = v ? realloc(P.slab_owned, cap * sizeof *o) : NULL;
+                if (!o) {
                     g_mutex_unlock(&P.lock);
                     return NULL;
                 }
-                P.slabs = v;
+                P.slab_owned = o;
                 P.slabcap = cap;
             }
-            nt_tensor *slab = calloc(NT_SLAB_HANDLES, sizeof *slab);
+            nt_tensor *slab = slab_new();
             if (!slab) {
                 g_mutex_unlock(&P.lock);
                 return NULL;

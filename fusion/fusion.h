@@ -67,6 +67,15 @@ extern _Thread_local const char *nt__batch_end_reason NT_TLS_HOT;
 /* The batch entry point, registered as nt__shooks.batch (init/init.c). */
 void nt__fusion_run(nt__rec **recs, int n);
 
+/* Tests: when nt__fplan_check is set, every batch's order is also computed
+ * the way the planner did before its reorder passes were merged with
+ * grouping (each pass over the whole batch before any kernel runs, the
+ * matmul pass visiting every record); nt__fplan_mismatch counts records
+ * planned in another place, nt__fplan_moved the records that reference
+ * order moved (so a test can tell that it exercised the moves). */
+extern bool nt__fplan_check;
+extern volatile AO_t nt__fplan_mismatch, nt__fplan_moved;
+
 /* Counters (also in nt_stats). */
 typedef struct nt__fstats {
     volatile AO_t groups, fused_ops, hits, misses, breaks, stored, elided;

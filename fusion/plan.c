@@ -7,6 +7,7 @@
  * the batch size. */
 #include "fusion/fusion.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/backend.h"
@@ -88,6 +89,36 @@ static bool is_row_reduce(const nt__rec *r)
     const nt_tensor *x = r->in[0];
     return x->ndim >= 1 && r->p.dim == x->ndim - 1 && r->p.flag &&
            nt__dtype_is_float((nt_dtype)x->dtype) && x->shape[x->ndim - 1] > 1;
+}
+
+/* ---------------- prefetching ----------------
+ *
+ * A big batch's records and handles were written when they were queued,
+ * long before planning, and are out of cache by then; every pass follows
+ * pointers (the record array -> a record -> its handles -> their storage),
+ * which no hardware prefetcher follows.  Each pass therefore asks for the
+ * lines it will read some records ahead, a level at a time: the record
+ * first, then its handles once the record's line is in. */
+enum { PF_REC = 32, PF_HANDLE = 16 };
+
+static inline void pf_lines(const void *p, size_t bytes)
+{
+    for (size_t off = 0; off < bytes; off += 64)
+        __builtin_prefetch((const char *)p + off);
+}
+
+/* The lines a pass reads of a record: type..in[] (line 0) and out[] */
+static inline void pf_rec_head(const nt__rec *r)
+{
+    __builtin_prefetch(r);
+    __builtin_prefetch(&r->out[0]);
+}
+
+static inline void pf_outs_head(const nt__rec *r)
+{
+    for (int i = 0; i < NT__MAX_OUT; i++)
+        if (r->out[i])
+            __builtin_prefetch(r->out[i]);
 }
 
 /* ---------------- views as keys ---------------- */
@@ -862,10 +893,18 @@ static bool hoist_with_cast(nt__rec **recs, int n, int k)
     return true;
 }
 
-static bool hoist_matmuls(nt__rec **recs, int n)
+/* mm[0..nmm): the positions of the batch's matmul records, ascending (the
+ * worker's note, nt__batch_mm), or nmm < 0: walk the whole batch.  A move
+ * at k reorders only recs[k..], so the positions below k stay right. */
+static bool hoist_matmuls(nt__rec **recs, int n, const uint32_t *mm, int nmm)
 {
     bool moved = false;
-    for (int k = n - 2; k >= 0; k--) {
+    for (int t = nmm < 0 ? n - 2 : nmm - 1; t >= 0; t--) {
+        int k = nmm < 0 ? t : (int)mm[t];
+        if (k > n - 2)
+            continue;
+        if (nmm < 0 && k >= PF_REC)
+            __builtin_prefetch(recs[k - PF_REC]);
         nt__rec *r = recs[k];
         if (r->type != NT_REC_OP || r->op != NT_OP_MATMUL || !r->out[0] || r->nout != 1 ||
             (r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)))
@@ -934,40 +973,36 @@ static bool joins_its_reader(nt__rec *const *recs, int n, int j)
     return false;
 }
 
-static bool pull_consumers(nt__rec **recs, int n)
+/* Considers recs[j] (j >= 1) for the move back; true if it moved.  Reads
+ * recs[j - HOIST_WINDOW .. j + HOIST_WINDOW) and moves a record only within
+ * recs[j - HOIST_WINDOW + 1 .. j]. */
+static bool pull_one(nt__rec **recs, int n, int j)
 {
-    bool moved = false;
-    for (int j = 1; j < n; j++) {
-        nt__rec *r = recs[j];
-        if (r->type != NT_REC_OP || !nt__fusable_ew(r->op) || !r->out[0] || r->nout != 1 ||
-            (r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)) || r->nin == 0)
-            continue;
-        int i = j - 1, stop = j - HOIST_WINDOW > 0 ? j - HOIST_WINDOW : 0;
-        bool ok = true;
-        for (; i >= stop; i--) {
-            const nt__rec *x = recs[i];
-            if (x->type != NT_REC_OP || (x->flags & NT_RECF_ALONE) ||
-                rec_touches(x, r->out[0]->st, false)) {
-                ok = false;
-                break;
-            }
-            bool writes_in = false;
-            for (int q = 0; q < NT__MAX_IN; q++)
-                if (r->in[q] && rec_touches(x, r->in[q]->st, true))
-                    writes_in = true;
-            if (writes_in)
-                break;
-        }
-        if (!ok || i < stop || i == j - 1 || !ew_joinable(recs[i], r->out[0]) ||
-            nt__numel(recs[i]->out[0]->ndim, recs[i]->out[0]->shape) !=
-                nt__numel(r->out[0]->ndim, r->out[0]->shape) ||
-            joins_its_reader(recs, n, j))
-            continue;
-        memmove(&recs[i + 2], &recs[i + 1], sizeof *recs * (size_t)(j - i - 1));
-        recs[i + 1] = r;
-        moved = true;
+    nt__rec *r = recs[j];
+    if (r->type != NT_REC_OP || !nt__fusable_ew(r->op) || !r->out[0] || r->nout != 1 ||
+        (r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)) || r->nin == 0)
+        return false;
+    int i = j - 1, stop = j - HOIST_WINDOW > 0 ? j - HOIST_WINDOW : 0;
+    for (; i >= stop; i--) {
+        const nt__rec *x = recs[i];
+        if (x->type != NT_REC_OP || (x->flags & NT_RECF_ALONE) ||
+            rec_touches(x, r->out[0]->st, false))
+            return false;
+        bool writes_in = false;
+        for (int q = 0; q < NT__MAX_IN; q++)
+            if (r->in[q] && rec_touches(x, r->in[q]->st, true))
+                writes_in = true;
+        if (writes_in)
+            break;
     }
-    return moved;
+    if (i < stop || i == j - 1 || !ew_joinable(recs[i], r->out[0]) ||
+        nt__numel(recs[i]->out[0]->ndim, recs[i]->out[0]->shape) !=
+            nt__numel(r->out[0]->ndim, r->out[0]->shape) ||
+        joins_its_reader(recs, n, j))
+        return false;
+    memmove(&recs[i + 2], &recs[i + 1], sizeof *recs * (size_t)(j - i - 1));
+    recs[i + 1] = r;
+    return true;
 }
 
 /* Puts a batch back in queue order (ascending seq: one stream's records)
@@ -984,31 +1019,73 @@ static void queue_order(nt__rec **recs, int n)
     }
 }
 
+bool nt__fplan_check;
+volatile AO_t nt__fplan_mismatch, nt__fplan_moved;
+
+/* nt__fplan_check (tests): the order both reorder passes give when each runs
+ * over the whole batch before any kernel, with the matmul pass walking
+ * every record (the planner before the passes were merged); NULL if the
+ * host has no memory for it. */
+static nt__rec **reference_order(nt__rec *const *recs, int n)
+{
+    nt__rec **ref = malloc(sizeof *ref * (size_t)(n ? n : 1));
+    if (!ref)
+        return NULL;
+    memcpy(ref, recs, sizeof *ref * (size_t)n);
+    hoist_matmuls(ref, n, NULL, -1);
+    for (int j = 1; j < n; j++)
+        pull_one(ref, n, j);
+    int moved = 0;
+    for (int k = 0; k < n; k++)
+        moved += ref[k] != recs[k];
+    AO_fetch_and_add(&nt__fplan_moved, (AO_t)moved);
+    return ref;
+}
+
 void nt__fusion_run(nt__rec **recs, int n)
 {
     bool moved = false;
     plan_resume(); /* the reorder passes are planning too */
+    nt__rec **ref = nt__fplan_check && !NT__CFG(check_nan) ? reference_order(recs, n) : NULL;
+    /* j: the next record pull_one looks at (NT_CHECK_NAN: none) */
+    int j = 1;
     if (!NT__CFG(check_nan)) { /* NT_CHECK_NAN names the first op in queue order */
-        moved = hoist_matmuls(recs, n);
-        moved |= pull_consumers(recs, n);
+        moved = hoist_matmuls(recs, n, nt__batch_mm, nt__batch_nmm);
+    } else {
+        j = n;
     }
     gstate s;
     s.open = false;
     char why[128];
     for (int k = 0; k < n; k++) {
-        nt__rec *r = recs[k];
-        /* A big batch's records and handles were written long ago and are out
-         * of cache: fetch a few ahead. */
-        if (k + 8 < n)
-            __builtin_prefetch(recs[k + 8]);
-        if (k + 4 < n) {
-            const nt__rec *q = recs[k + 4];
-            for (int i = 0; i < q->nin; i++)
-                if (q->in[i])
-                    __builtin_prefetch(q->in[i]);
-            if (q->out[0])
-                __builtin_prefetch(q->out[0]);
+        /* The move back runs HOIST_WINDOW records ahead of grouping, in the
+         * same pass: a record it moves lands after k, and it never reads a
+         * record that has run (dropped handles).  recs[0..k] are final. */
+        int jend = k + HOIST_WINDOW < n - 1 ? k + HOIST_WINDOW : n - 1;
+        for (; j <= jend; j++) {
+            if (j + PF_REC < n)
+                pf_rec_head(recs[j + PF_REC]);
+            if (j + PF_HANDLE < n) {
+                const nt__rec *q = recs[j + PF_HANDLE];
+                pf_outs_head(q);
+                for (int i = 0; i < NT__MAX_IN; i++)
+                    if (q->in[i])
+                        __builtin_prefetch(q->in[i]);
+            }
+            moved |= pull_one(recs, n, j);
+            /* what grouping reads of recs[j] beyond what pull_one did,
+             * fetched now so that it is in cache when grouping gets there */
+            const nt__rec *q = recs[j];
+            pf_lines(&q->p, offsetof(nt__rec, site) - offsetof(nt__rec, p));
+            for (int i = 0; i < NT__MAX_OUT; i++)
+                if (q->out[i]) {
+                    __builtin_prefetch((const char *)&q->out[i]->refs);
+                    __builtin_prefetch(q->out[i]->st);
+                }
         }
+        nt__rec *r = recs[k];
+        if (ref && ref[k] != r)
+            AO_fetch_and_add1(&nt__fplan_mismatch);
         if (r->type != NT_REC_OP || r->op >= NT_OP_COUNT) {
             run_group(&s);
             plan_pause();
@@ -1038,6 +1115,7 @@ void nt__fusion_run(nt__rec **recs, int n)
         }
     }
     run_group(&s);
+    free(ref);
     if (moved)
         queue_order(recs, n);
     plan_pause();

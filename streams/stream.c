@@ -6,8 +6,13 @@
 
 #include "core/simtls.h"
 #include <string.h>
+#include <sys/mman.h>
 
 #define NT_REC_CHUNK 128
+/* Past this many chunks (a program that keeps big batches queued), chunks
+ * are cut from 2 MiB slabs advised onto huge pages (see rec_chunk_new). */
+#define NT_REC_HUGE_AFTER 32
+#define NT_REC_SLAB ((size_t)2 << 20)
 #define NT_SPIN_ITERS 4000
 /* Adaptive mode, worker waking from idle: how long it may wait for the rest
  * of a burst (see gather_burst). */
@@ -20,6 +25,9 @@ static struct {
     volatile AO_t reg[NT__MAX_STREAMS + 1];
     uint32_t next_id;
     nt__ptrvec *chunks;    /* own arrays: growing them may fail cleanly */
+    unsigned nchunks;      /* record chunks made since nt_init */
+    char *slab_next;       /* the unused rest of the current record slab */
+    size_t slab_left;
     nt__ptrvec *graveyard; /* destroyed streams */
     volatile AO_t epoch; /* bumped by every init: invalidates thread caches */
     nt_stream *dflt;     /* device 0's default stream */
@@ -232,6 +240,9 @@ void nt__streams_shutdown(void)
         free(S.chunks->pdata[i]);
     nt__ptrvec_free(S.chunks);
     S.chunks = NULL;
+    S.nchunks = 0;
+    S.slab_next = NULL;
+    S.slab_left = 0;
     for (unsigned i = 0; S.graveyard && i < S.graveyard->len; i++)
         stream_dispose(S.graveyard->pdata[i]);
     nt__ptrvec_free(S.graveyard);
@@ -286,6 +297,59 @@ static void rec_push_chain(volatile AO_t *stack, nt__rec *first)
     } while (!AO_compare_and_swap_release(stack, old, (AO_t)first));
 }
 
+/* A zeroed chunk of NT_REC_CHUNK records, kept until nt_shutdown.  The
+ * first chunks come from the heap; once there are many (a big batch is
+ * queued: a lazy window of 100k ops holds 800 chunks), from 2 MiB slabs
+ * advised onto huge pages.  The planner walks a batch's records in order
+ * (fusion/plan.c), and on 4 KiB pages the records of a 100k-op batch span
+ * 8,000 pages, many times what the TLB holds: each record's walk then
+ * started with a page-table walk.  NULL: the host is out of memory. */
+static nt__rec *rec_chunk_new(void)
+{
+    const size_t bytes = NT_REC_CHUNK * sizeof(nt__rec);
+    nt__rec *chunk = NULL;
+    g_mutex_lock(&S.lock);
+    if (!S.chunks) {
+        g_mutex_unlock(&S.lock);
+        return NULL;
+    }
+    if (S.slab_left < bytes && S.nchunks >= NT_REC_HUGE_AFTER) {
+        char *slab = aligned_alloc(NT_REC_SLAB, NT_REC_SLAB);
+        if (slab && nt__ptrvec_add(S.chunks, slab)) {
+#ifdef MADV_HUGEPAGE
+            (void)madvise(slab, NT_REC_SLAB, MADV_HUGEPAGE); /* advice: may be refused */
+#endif
+            S.slab_next = slab;
+            S.slab_left = NT_REC_SLAB;
+        } else {
+            free(slab); /* the heap may still have a chunk's worth */
+        }
+    }
+    if (S.slab_left >= bytes) {
+        chunk = (nt__rec *)S.slab_next;
+        S.slab_next += bytes;
+        S.slab_left -= bytes;
+        S.nchunks++;
+    }
+    g_mutex_unlock(&S.lock);
+    if (chunk) {
+        memset(chunk, 0, bytes);
+        return chunk;
+    }
+    chunk = calloc(NT_REC_CHUNK, sizeof *chunk);
+    if (!chunk)
+        return NULL;
+    g_mutex_lock(&S.lock);
+    bool kept = S.chunks && nt__ptrvec_add(S.chunks, chunk);
+    S.nchunks += kept;
+    g_mutex_unlock(&S.lock);
+    if (!kept) {
+        free(chunk);
+        return NULL;
+    }
+    return chunk;
+}
+
 nt__rec *nt__rec_alloc(nt_stream *s)
 {
     uint64_t ep = AO_load(&S.epoch);
@@ -303,16 +367,9 @@ nt__rec *nt__rec_alloc(nt_stream *s)
         r = (nt__rec *)all;
     }
     if (!r) {
-        nt__rec *chunk = calloc(NT_REC_CHUNK, sizeof *chunk);
+        nt__rec *chunk = rec_chunk_new();
         if (!chunk)
             return NULL;
-        g_mutex_lock(&S.lock);
-        bool kept = S.chunks && nt__ptrvec_add(S.chunks, chunk);
-        g_mutex_unlock(&S.lock);
-        if (!kept) {
-            free(chunk);
-            return NULL;
-        }
         for (int i = 0; i < NT_REC_CHUNK - 1; i++)
             chunk[i].pool_next = &chunk[i + 1];
         r = chunk;
@@ -589,6 +646,8 @@ void nt__stream_enqueue(nt_stream *s, nt__rec *r)
 }
 
 _Thread_local const char *nt__batch_end_reason NT_TLS_HOT;
+_Thread_local const uint32_t *nt__batch_mm NT_TLS_HOT;
+_Thread_local int nt__batch_nmm NT_TLS_HOT = -1;
 
 static void run_batch(nt__rec **recs, int n)
 {
@@ -822,9 +881,14 @@ static gpointer worker_main(gpointer arg)
              * the batch ends before one, and right after one that leads. */
             bool alone = recs[0]->flags & NT_RECF_ALONE;
             guint i = 0;
+            int nmm = 0;
             while (i < k && deps_met(recs[i]) &&
-                   !(i && (alone || (recs[i]->flags & NT_RECF_ALONE))))
+                   !(i && (alone || (recs[i]->flags & NT_RECF_ALONE)))) {
+                /* the line is in: note the matmuls for the planner */
+                if (recs[i]->op == NT_OP_MATMUL && recs[i]->type == NT_REC_OP && nmm >= 0)
+                    nmm = nmm < NT__BATCH_MM_MAX ? (s->batch_mm[nmm] = i, nmm + 1) : -1;
                 i++;
+            }
             if (i == 0) {
                 for (int d = 0; d < recs[0]->ndeps; d++)
                     nt__wait_packed(recs[0]->deps[d]);
@@ -838,7 +902,10 @@ static gpointer worker_main(gpointer arg)
             k = i;
             AO_store(&s->busy, 1);
             nt__batch_end_reason = s->end_reason;
+            nt__batch_mm = s->batch_mm;
+            nt__batch_nmm = nmm;
             run_batch(recs, (int)k);
+            nt__batch_nmm = -1;
             release_batch(s, recs, k);
             held_consumed(s, k);
             AO_store(&s->busy, 0);

@@ -33,6 +33,9 @@
 
 #include "core/internal.h"
 
+/* At most this many matmul positions are noted per batch (nt__batch_mm). */
+#define NT__BATCH_MM_MAX 512
+
 /* Fields are grouped by who writes them, a cache line per group: producers
  * write the queue tail and next_seq on every enqueue, the worker writes
  * done_upto after every batch, and neither should drag the other's line
@@ -70,6 +73,8 @@ struct nt_stream {
                                  held[0..scan_i) were looked at */
     uint64_t scan_f;
     const char *end_reason;   /* worker: why the current batch ends */
+    /* worker: where the current batch's matmuls are (nt__batch_mm) */
+    uint32_t batch_mm[NT__BATCH_MM_MAX];
     char name[32];
 };
 
@@ -137,6 +142,13 @@ typedef struct nt__stream_hooks {
 extern nt__stream_hooks nt__shooks;
 /* Why the batch being run ends where it does (for the fusion log). */
 extern _Thread_local const char *nt__batch_end_reason NT_TLS_HOT;
+/* The positions of the batch's matmul records, in ascending order, which the
+ * worker notes while it reads each record's first line for its waits: the
+ * planner's matmul pass (fusion/plan.c) then visits only these instead of
+ * walking the whole batch.  nt__batch_nmm < 0: not known (more than
+ * NT__BATCH_MM_MAX), walk the batch. */
+extern _Thread_local const uint32_t *nt__batch_mm NT_TLS_HOT;
+extern _Thread_local int nt__batch_nmm NT_TLS_HOT;
 
 /* Multiplies every bound of adaptive mode's wait for the rest of a host
  * burst (1).  0 lifts the time bounds: the wait then ends only when a sync
