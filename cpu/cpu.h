@@ -18,6 +18,15 @@ struct nt__fgroup;
 extern const nt__backend_i nt__cpu_backend;
 extern const nt__kernel_fn nt__cpu_kernels[NT_OP_COUNT];
 int nt__fused_cpu(const struct nt__fgroup *g);
+/* For tests: cpu/fused.c's AVX-512 routes.  chains: an elementwise chain
+ * runs in vector registers (the default).  sn_test: the per-op passes test
+ * every operand for subnormals (> 0), never do (< 0: nor does a subnormal
+ * operand send the thread to them), or only for a while after an untested
+ * pass met one (0, the default). */
+void nt__fused_cpu_set_routes(bool chains, int sn_test);
+/* Chunks run as chains in registers since start, and of those computed
+ * again by the per-op passes (a tiny result under flush-to-zero). */
+void nt__fused_cpu_route_counts(uint64_t *chunks, uint64_t *redone);
 /* Makes the matmul scratch's GPrivate key (cpu/matmul.c): backend init. */
 void nt__cpu_matmul_init(void);
 

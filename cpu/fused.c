@@ -8,6 +8,7 @@
  * fused result has the bits of the ops run one by one. */
 #include "cpu/cpu.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,6 +142,47 @@ static const int32_t *as_i32(const opnd *o, int32_t *tmp, int64_t n)
 #define NT_FUSED_X86 1
 #include <immintrin.h>
 
+/* calls of the AVX-512 passes on this thread still to run with the
+ * subnormal test (sn_pick512) */
+static _Thread_local int sn_tested;
+#define SN_TESTED_CALLS 1024
+#endif
+
+/* nt__fused_cpu_set_routes (tests): chains in registers; the subnormal
+ * test of the AVX-512 passes (0: after a subnormal operand, > 0: always,
+ * < 0: never, and no switch after one) */
+static atomic_bool route_chains = true;
+static atomic_int route_sn_test = 0;
+
+void nt__fused_cpu_set_routes(bool chains, int sn_test)
+{
+    atomic_store(&route_chains, chains);
+    atomic_store(&route_sn_test, sn_test);
+}
+
+/* chunks run as chains in registers, and of those computed again by the
+ * per-op passes (a tiny result) */
+static atomic_uint_fast64_t chain_chunks, chain_redone;
+
+void nt__fused_cpu_route_counts(uint64_t *chunks, uint64_t *redone)
+{
+    *chunks = atomic_load(&chain_chunks);
+    *redone = atomic_load(&chain_redone);
+}
+
+#ifdef NT_FUSED_X86
+/* An untested pass met a subnormal operand (MXCSR.DE): this thread's next
+ * SN_TESTED_CALLS passes test operands instead (where one is, more are
+ * likely, and each took an assist) */
+static void sn_met(void)
+{
+    if (atomic_load_explicit(&route_sn_test, memory_order_relaxed) == 0)
+        sn_tested = SN_TESTED_CALLS;
+}
+#endif
+
+#ifdef NT_FUSED_X86
+
 /* AVX-512 level: y = x * z or x / z (z == NULL: by s) over n elements,
  * NaN made canonical when `canon`, in one pass that takes no microcode
  * assist: it runs with MXCSR's DAZ and FTZ set.  Those change a result
@@ -153,12 +195,12 @@ static const int32_t *as_i32(const opnd *o, int32_t *tmp, int64_t n)
  * bench/fusion 1.45x slower). */
 static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) bool
 sn_fast512_body(bool mul, bool zvec, const float *x, const float *z, float s, float *y, int64_t n,
-                bool canon, bool stream)
+                bool canon, bool stream, bool test)
 {
     if (!zvec && nt__sn_sub(nt__sn_abs(s)))
         return false; /* a subnormal scalar: every element is the exact path's */
     const unsigned csr = _mm_getcsr();
-    _mm_setcsr((csr & ~0x3fu) | 0x8040u); /* DAZ | FTZ, flags clear */
+    _mm_setcsr((csr & ~0x3fu) | (test ? 0x8040u : 0x8000u)); /* [DAZ |] FTZ, flags clear */
     __asm__ volatile("" ::: "memory");
     const __m512 vs = _mm512_set1_ps(s);
     const __m512i absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
@@ -174,8 +216,9 @@ sn_fast512_body(bool mul, bool zvec, const float *x, const float *z, float s, fl
 #define SN_FAST_VEC(LOAD, STORE)                                                           \
     do {                                                                                   \
         __m512 a = LOAD(x + i), b = zvec ? LOAD(z + i) : vs;                               \
-        den |= SN_SUBNORMAL(a);                                                            \
-        if (zvec)                                                                          \
+        if (test)                                                                          \
+            den |= SN_SUBNORMAL(a);                                                        \
+        if (zvec && test)                                                                  \
             den |= SN_SUBNORMAL(b);                                                        \
         __m512 r = mul ? _mm512_mul_ps(a, b) : _mm512_div_ps(a, b);                        \
         if (canon) {                                                                       \
@@ -205,27 +248,44 @@ sn_fast512_body(bool mul, bool zvec, const float *x, const float *z, float s, fl
     __asm__ volatile("" ::: "memory");
     const unsigned flags = _mm_getcsr();
     _mm_setcsr(csr);
+    if (!test && (flags & 0x02u)) /* 0x02: a subnormal operand, which took an assist */
+        sn_met();
     return !den && !(flags & 0x10u); /* 0x10: underflow */
 }
 
 /* One instantiation of sn_fast512_body per (op, canon, stream), each with
  * its flags constant: no test of them per vector. */
 static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) bool
-sn_pick512(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon,
-           bool stream)
+sn_pick512t(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon,
+            bool stream, bool test)
 {
     bool mul = op == NT_OP_MUL || op == NT_OP_MUL_SCALAR;
     bool tensor = op == NT_OP_MUL || op == NT_OP_DIV;
     switch (mul * 4 + tensor * 2 + canon) {
-    case 7: return sn_fast512_body(true, true, x, z, s, y, n, true, stream);
-    case 6: return sn_fast512_body(true, true, x, z, s, y, n, false, stream);
-    case 5: return sn_fast512_body(true, false, x, z, s, y, n, true, stream);
-    case 4: return sn_fast512_body(true, false, x, z, s, y, n, false, stream);
-    case 3: return sn_fast512_body(false, true, x, z, s, y, n, true, stream);
-    case 2: return sn_fast512_body(false, true, x, z, s, y, n, false, stream);
-    case 1: return sn_fast512_body(false, false, x, z, s, y, n, true, stream);
-    default: return sn_fast512_body(false, false, x, z, s, y, n, false, stream);
+    case 7: return sn_fast512_body(true, true, x, z, s, y, n, true, stream, test);
+    case 6: return sn_fast512_body(true, true, x, z, s, y, n, false, stream, test);
+    case 5: return sn_fast512_body(true, false, x, z, s, y, n, true, stream, test);
+    case 4: return sn_fast512_body(true, false, x, z, s, y, n, false, stream, test);
+    case 3: return sn_fast512_body(false, true, x, z, s, y, n, true, stream, test);
+    case 2: return sn_fast512_body(false, true, x, z, s, y, n, false, stream, test);
+    case 1: return sn_fast512_body(false, false, x, z, s, y, n, true, stream, test);
+    default: return sn_fast512_body(false, false, x, z, s, y, n, false, stream, test);
     }
+}
+
+/* The untested pass unless a recent one on this thread met a subnormal
+ * operand (sn_tested counts the calls left to test): where subnormals are
+ * common, testing for them costs less than the assists. */
+static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) bool
+sn_pick512(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon,
+           bool stream)
+{
+    const int mode = atomic_load_explicit(&route_sn_test, memory_order_relaxed);
+    if ((sn_tested && mode == 0) || mode > 0) {
+        sn_tested -= sn_tested > 0;
+        return sn_pick512t(op, x, z, s, y, n, canon, stream, true);
+    }
+    return sn_pick512t(op, x, z, s, y, n, canon, stream, false);
 }
 
 __attribute__((target(NT_TARGET_AVX512))) static bool
@@ -873,6 +933,294 @@ static int stream_direct(eval_fn *eval, const nt__fop *o, nt_dtype odt, const op
 #endif
 }
 
+/* ---------------- EW: a chain in vector registers ----------------
+ *
+ * Most elementwise programs are chains: each op reads the value of the op
+ * before it and otherwise only inputs and scalars (the 8-op chain of
+ * bench/fusion; bias + activation; AdamW's steps are not, their values fan
+ * out).  At the AVX-512 level such a chain runs as one loop that keeps the
+ * value in registers, 64 elements at a time, every op applied before the
+ * next 64: one pass over memory instead of a pass over an L1 chunk per op
+ * (the chain of bench/fusion took 8 loads, 8 stores and a call per op and
+ * vector before).  Each op is the IEEE f32 operation of its core/ewise.h
+ * definition (no contraction: -ffp-contract=off, and the intrinsics are the
+ * operations themselves), NaN made canonical where plan_canon says, so the
+ * bits are the per-op path's, with one exception handled by a test: the
+ * loop runs with MXCSR.FTZ set (a tiny result would otherwise take a
+ * microcode assist), which changes a result only when it is tiny, and then
+ * MXCSR.UE is set; the chunk is then computed again by the per-op path,
+ * exactly.  DAZ stays off, so a subnormal operand is used as it is (and
+ * takes an assist: MXCSR.DE notes it, and the thread runs the per-op path,
+ * which tests operands instead, for its next SN_TESTED_CALLS calls). */
+
+/* the ops a chain may hold */
+enum { LK_ADD, LK_SUB, LK_MUL, LK_DIV, LK_MAX, LK_MIN, LK_NEG, LK_RELU, LK_ABS, LK_COPY, LK_N };
+
+/* An operand of a chain op besides the chain's value: LIN_NONE (unary), a
+ * scalar (the op's own), or external input e (>= 0), read from memory or
+ * broadcast along the row. */
+#define LIN_NONE (-1)
+#define LIN_SCALAR (-2)
+
+typedef struct lin_op {
+    uint8_t kind;  /* LK_* */
+    uint8_t swap;  /* the chain's value is the second operand */
+    uint8_t canon; /* make NaN canonical after it */
+    int8_t other;  /* LIN_NONE, LIN_SCALAR, or an external input */
+    float s;       /* LIN_SCALAR's value */
+} lin_op;
+
+typedef struct lin_prog {
+    int nops;
+    int8_t first; /* the external input the chain starts from */
+    int8_t out;   /* the output slot of its last value */
+    lin_op op[NT_F_MAXOPS];
+} lin_prog;
+
+/* A chunk's operands: src[e] for an input read in place (NULL: broadcast,
+ * value bc[e]). */
+typedef struct lin_io {
+    const float *src[NT_F_MAXEXT];
+    float bc[NT_F_MAXEXT];
+} lin_io;
+
+/* Is the EW program P (ops from 0, no epilogue input) such a chain?  Fills
+ * L.  ev: the inputs' views; out slot `so` must be written directly
+ * (direct or streamed). */
+static bool lin_plan(const nt__fprog *P, const mview *ev, const bool *canon, lin_prog *L)
+{
+    int nd = P->ndim;
+    if (P->kind != NT_FK_EW || P->nops < 1 || P->nout != 1)
+        return false;
+    for (int e = 0; e < P->next; e++) {
+        int64_t st = nd ? ev[e].stride[nd - 1] : 1;
+        if (ev[e].dt != NT_F32 || P->ext[e].dtype != NT_F32 || (st != 0 && st != 1))
+            return false;
+    }
+    L->nops = P->nops;
+    for (int k = 0; k < P->nops; k++) {
+        const nt__fop *o = &P->ops[k];
+        lin_op *l = &L->op[k];
+        if (P->vals[o->out].dtype != NT_F32 || is_sr(o))
+            return false;
+        /* the value before this op: read by this op only, never stored */
+        int acc = k ? P->ops[k - 1].out : -1;
+        if (k && P->vals[acc].store >= 0)
+            return false;
+        int pos = -1; /* which operand is the chain's value */
+        for (int q = 0; q < o->nin; q++) {
+            if (NT_F_IS_EXT(o->a[q]))
+                continue;
+            if (o->a[q] != acc || pos >= 0)
+                return false;
+            pos = q;
+        }
+        if (k && pos < 0)
+            return false;
+        for (int r = k + 1; k && r < P->nops; r++)
+            for (int q = 0; q < P->ops[r].nin; q++)
+                if (P->ops[r].a[q] == acc)
+                    return false;
+        switch (o->op) {
+        case NT_OP_ADD: l->kind = LK_ADD; break;
+        case NT_OP_SUB: l->kind = LK_SUB; break;
+        case NT_OP_MUL: l->kind = LK_MUL; break;
+        case NT_OP_DIV: l->kind = LK_DIV; break;
+        case NT_OP_MAXIMUM: l->kind = LK_MAX; break;
+        case NT_OP_MINIMUM: l->kind = LK_MIN; break;
+        case NT_OP_ADD_SCALAR: l->kind = LK_ADD; break;
+        case NT_OP_MUL_SCALAR: l->kind = LK_MUL; break;
+        case NT_OP_DIV_SCALAR: l->kind = LK_DIV; break;
+        case NT_OP_NEG: l->kind = LK_NEG; break;
+        case NT_OP_RELU: l->kind = LK_RELU; break;
+        case NT_OP_ABS: l->kind = LK_ABS; break;
+        case NT_OP_COPY:
+        case NT_OP_CAST: l->kind = LK_COPY; break;
+        default: return false;
+        }
+        const nt__opkind kind = nt__ops[o->op].kind;
+        /* k == 0: the chain starts from operand 0, an input */
+        if (!k) {
+            if (!NT_F_IS_EXT(o->a[0]))
+                return false;
+            L->first = (int8_t)NT_F_EXT_IDX(o->a[0]);
+            pos = 0;
+        }
+        l->swap = pos == 1;
+        l->other = LIN_NONE;
+        if (kind == NT_KIND_SCALAR) {
+            l->other = LIN_SCALAR;
+            l->s = (float)o->p.f[0];
+        } else if (kind == NT_KIND_BINARY) {
+            int q = 1 - pos;
+            if (!NT_F_IS_EXT(o->a[q]))
+                return false;
+            l->other = (int8_t)NT_F_EXT_IDX(o->a[q]);
+        } else if (o->nin != 1) {
+            return false;
+        }
+        /* a copy's f32 result is always canonical (eval's COPY) */
+        l->canon = canon[k] || l->kind == LK_COPY;
+    }
+    int last = P->ops[P->nops - 1].out;
+    if (P->vals[last].store != 0 || P->out_val[0] != last)
+        return false;
+    L->out = 0;
+    return true;
+}
+
+#ifdef NT_FUSED_X86
+static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) __m512 lin_canon(__m512 r)
+{
+    __m512i u = _mm512_castps_si512(r);
+    __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(u, nan, _mm512_set1_epi32((int)NT__QNAN_F32)));
+}
+
+/* a (op) b, as core/ewise.h defines it */
+static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) __m512
+lin_bin(int kind, __m512 a, __m512 b)
+{
+    switch (kind) {
+    case LK_ADD: return _mm512_add_ps(a, b);
+    case LK_SUB: return _mm512_sub_ps(a, b);
+    case LK_MUL: return _mm512_mul_ps(a, b);
+    case LK_DIV: return _mm512_div_ps(a, b);
+    case LK_MAX:
+    case LK_MIN: {
+        /* (a != a || b != b) ? a + b : (b > a ? b : a), or b < a for min */
+        __mmask16 un = _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);
+        __mmask16 pick = kind == LK_MAX ? _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ)
+                                        : _mm512_cmp_ps_mask(b, a, _CMP_LT_OQ);
+        __m512 r = _mm512_mask_mov_ps(a, pick, b);
+        return _mm512_mask_add_ps(r, un, a, b);
+    }
+    default: return a;
+    }
+}
+
+static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) __m512
+lin_un(int kind, __m512 a)
+{
+    switch (kind) {
+    case LK_NEG: /* -a: the sign bit flipped, NaN too */
+        return _mm512_castsi512_ps(
+            _mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32((int)0x80000000u)));
+    case LK_RELU: { /* (a > 0 || a != a) ? a : 0 */
+        __mmask16 k = _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_GT_OQ) |
+                      _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+        return _mm512_maskz_mov_ps(k, a);
+    }
+    case LK_ABS: /* fabsf */
+        return _mm512_castsi512_ps(
+            _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fffffff)));
+    default: return a; /* LK_COPY */
+    }
+}
+
+/* U vectors of the chain at element i (a tail: one vector under mask m).
+ * v[] stays in registers: every index is a constant once unrolled. */
+#define LIN_U 4
+static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) void
+lin_block(const lin_prog *L, const lin_io *io, int64_t i, __mmask16 m, bool tail, float *dst,
+          bool stream)
+{
+    const int U = tail ? 1 : LIN_U;
+    __m512 v[LIN_U];
+    const float *s0 = io->src[L->first];
+#define LIN_LD(p, u) (tail ? _mm512_maskz_loadu_ps(m, (p) + i) : _mm512_loadu_ps((p) + i + 16 * (u)))
+    for (int u = 0; u < U; u++)
+        v[u] = s0 ? LIN_LD(s0, u) : _mm512_set1_ps(io->bc[L->first]);
+    for (int k = 0; k < L->nops; k++) {
+        const lin_op *o = &L->op[k];
+        const float *p = o->other >= 0 ? io->src[o->other] : NULL;
+        const __m512 c = _mm512_set1_ps(o->other >= 0 ? io->bc[o->other] : o->s);
+        /* one switch an op and block: each case a loop over the block */
+#define LIN_BIN(K)                                                                         \
+    case K:                                                                                \
+        if (p && o->swap)                                                                  \
+            for (int u = 0; u < U; u++)                                                    \
+                v[u] = lin_bin(K, LIN_LD(p, u), v[u]);                                     \
+        else if (p)                                                                        \
+            for (int u = 0; u < U; u++)                                                    \
+                v[u] = lin_bin(K, v[u], LIN_LD(p, u));                                     \
+        else if (o->swap)                                                                  \
+            for (int u = 0; u < U; u++)                                                    \
+                v[u] = lin_bin(K, c, v[u]);                                                \
+        else                                                                               \
+            for (int u = 0; u < U; u++)                                                    \
+                v[u] = lin_bin(K, v[u], c);                                                \
+        break;
+#define LIN_UN(K)                                                                          \
+    case K:                                                                                \
+        for (int u = 0; u < U; u++)                                                        \
+            v[u] = lin_un(K, v[u]);                                                        \
+        break;
+        switch (o->kind) {
+            LIN_BIN(LK_ADD)
+            LIN_BIN(LK_SUB)
+            LIN_BIN(LK_MUL)
+            LIN_BIN(LK_DIV)
+            LIN_BIN(LK_MAX)
+            LIN_BIN(LK_MIN)
+            LIN_UN(LK_NEG)
+            LIN_UN(LK_RELU)
+            LIN_UN(LK_ABS)
+        default: break; /* LK_COPY */
+        }
+#undef LIN_BIN
+#undef LIN_UN
+        if (o->canon)
+            for (int u = 0; u < U; u++)
+                v[u] = lin_canon(v[u]);
+    }
+#undef LIN_LD
+    if (tail)
+        _mm512_mask_storeu_ps(dst + i, m, v[0]);
+    else if (stream)
+        for (int u = 0; u < U; u++)
+            _mm512_stream_ps(dst + i + 16 * u, v[u]);
+    else
+        for (int u = 0; u < U; u++)
+            _mm512_storeu_ps(dst + i + 16 * u, v[u]);
+}
+
+/* How far ahead the inputs read in place are prefetched, in elements (4
+ * KiB: far enough to cover memory's latency at this loop's rate) */
+#define LIN_PF 1024
+
+/* The chain over elements [0, n) of a chunk into dst (stream: dst is
+ * 64-byte aligned, written by streaming stores).  False: a result was tiny
+ * (MXCSR.UE), dst holds some wrong values; compute the chunk again. */
+__attribute__((target(NT_TARGET_AVX512))) static bool lin_run512(const lin_prog *L,
+                                                                 const lin_io *io, int nsrc,
+                                                                 const int8_t *srcs, float *dst,
+                                                                 int64_t n, bool stream)
+{
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr((csr & ~0x3fu) | 0x8000u); /* FTZ, flags clear */
+    __asm__ volatile("" ::: "memory");
+    int64_t i = 0;
+    for (; i + 16 * LIN_U <= n; i += 16 * LIN_U) {
+        for (int e = 0; e < nsrc; e++)
+            for (int u = 0; u < LIN_U; u++)
+                _mm_prefetch((const char *)(io->src[srcs[e]] + i + LIN_PF + 16 * u), _MM_HINT_T0);
+        lin_block(L, io, i, 0, false, dst, stream);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        lin_block(L, io, i, m, true, dst, stream);
+    }
+    __asm__ volatile("" ::: "memory");
+    const unsigned flags = _mm_getcsr();
+    _mm_setcsr(csr);
+    if (flags & 0x02u) /* a subnormal operand took an assist */
+        sn_met();
+    return !(flags & 0x10u);
+}
+#endif
+
 /* An EW-shaped program over its iteration space, cut into spans of the
  * row-major element order that the caller and the gemm helper thread
  * (core/gemm.c, nt__par_blocks) claim.  Elements are independent and a
@@ -891,6 +1239,10 @@ typedef struct ew_ctx {
     bool stream[NT_F_MAXOUT];    /* output slot written by stream_f32 */
     int8_t chunk_out[NT_F_MAXOPS]; /* >= 0: op k's value is streamed slot, by stream_direct */
     bool canon[NT_F_MAXOPS];       /* plan_canon */
+    bool lin;                      /* a chain in registers (lin_plan) */
+    int nsrc;                      /* its inputs read in place */
+    int8_t srcs[NT_F_MAXEXT];
+    lin_prog L;
     volatile int rc;
 } ew_ctx;
 
@@ -921,6 +1273,7 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
         idx[d] = rem % shape[d];
         rem /= shape[d];
     }
+    uint64_t nlin = 0, nredo = 0;
     for (int64_t pos = lo; pos < hi;) {
         int64_t j = nd ? idx[nd - 1] : 0;
         int64_t n = inner - j < CH ? inner - j : CH;
@@ -930,6 +1283,27 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
         for (int v = 0; v < P->nvals; v++)
             if (direct[v] >= 0)
                 at[v] = (float *)ov[direct[v]].data + offset_of(&ov[direct[v]], idx, nd);
+#ifdef NT_FUSED_X86
+        if (c->lin && sn_tested &&
+            atomic_load_explicit(&route_sn_test, memory_order_relaxed) == 0) {
+            sn_tested--;
+        } else if (c->lin) {
+            lin_io io;
+            for (int e = 0; e < P->next; e++) {
+                const float *p = (const float *)ev[e].data + offset_of(&ev[e], idx, nd);
+                io.src[e] = !nd || ev[e].stride[nd - 1] ? p : NULL;
+                io.bc[e] = io.src[e] ? 0.0f : *p;
+            }
+            float *dst = (float *)ov[0].data + offset_of(&ov[0], idx, nd);
+            nlin++;
+            if (lin_run512(&c->L, &io, c->nsrc, c->srcs, dst, n,
+                           c->stream[0] && !((uintptr_t)dst & 63u)))
+                goto chunk_done;
+            nredo++;
+            if (c->stream[0]) /* rewritten below */
+                stream_fence();
+        }
+#endif
         if (prev >= 0)
             load(at[prev], pre, offset_of(pre, idx, nd), nd ? pre->stride[nd - 1] : 1, n);
         /* the next chunk of each input read in place, a slice before each
@@ -1002,6 +1376,9 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
                 store(&ov[sv], offset_of(&ov[sv], idx, nd), nd ? ov[sv].stride[nd - 1] : 1,
                       at[v], (nt_dtype)P->vals[v].dtype, n);
         }
+#ifdef NT_FUSED_X86
+    chunk_done:
+#endif
         pos += n;
         if (nd == 0)
             break;
@@ -1010,6 +1387,10 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
             idx[nd - 1] = 0;
             nt__idx_next(idx, nd - 1, shape);
         }
+    }
+    if (nlin) {
+        atomic_fetch_add_explicit(&chain_chunks, nlin, memory_order_relaxed);
+        atomic_fetch_add_explicit(&chain_redone, nredo, memory_order_relaxed);
     }
     stream_fence();
     free(R);
@@ -1081,6 +1462,20 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
         if (!read_later && c->chunk_out[k] < 0)
             c->chunk_out[k] = (int8_t)sv;
     }
+    /* a chain in registers: AVX-512, a whole EW program whose one output
+     * is computed straight into memory that no input shares */
+    c->lin = false;
+#ifdef NT_FUSED_X86
+    if (atomic_load(&route_chains) && from == 0 && prev < 0 && eval_isa() == eval_avx512 && P->nout == 1 &&
+        (c->stream[0] || c->direct[P->out_val[0]] == 0) &&
+        lin_plan(P, c->ev, c->canon, &c->L)) {
+        c->lin = true;
+        c->nsrc = 0;
+        for (int e = 0; e < P->next; e++)
+            if (!P->ndim || c->ev[e].stride[P->ndim - 1])
+                c->srcs[c->nsrc++] = (int8_t)e;
+    }
+#endif
     c->span = EW_SPAN;
     int nblocks = (int)((c->n_all + EW_SPAN - 1) / EW_SPAN);
     if (c->n_all > 0)

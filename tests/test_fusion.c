@@ -22,6 +22,7 @@
 #include <glib.h>
 
 #include "ntensor.h"
+#include "cpu/cpu.h"
 #include "cpu/subnormal.h"
 #include "fusion/fusion.h"
 #include "streams/stream.h"
@@ -2600,6 +2601,139 @@ static void test_fused_stream_direct_bitwise(void **state)
     stream_direct_case(520, 4100, 2 << 20);
 }
 
+/* Elementwise chains in vector registers (cpu/fused.c, lin_*): a program
+ * whose every op reads the op before it (and otherwise inputs and scalars)
+ * runs at the AVX-512 level as one loop over registers, under flush-to-zero
+ * with the per-op passes as the exact route for a chunk with a tiny result.
+ * Every op kind it takes, the chain's value as first and as second operand,
+ * inputs broadcast along the row and along the column, a chain that starts
+ * from a broadcast input; on NaNs of both signs with payloads, infinities,
+ * signed zeros, subnormal operands, operands whose products underflow, and
+ * plain values; rows of 1031 (a masked tail) and a 1-D span of odd length:
+ * fused == eager bit for bit at every ISA level, 1 and 2 threads, with the
+ * chain route on and off and the subnormal-testing passes forced. */
+static nt_tensor *chain_prog(int p, nt_tensor *x, nt_tensor *z, nt_tensor *rb, nt_tensor *cb)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *a;
+    switch (p) {
+    case 0: /* bench/fusion's */
+        a = nt_mul(nt_add_scalar(nt_mul_scalar(nt_relu(nt_sub(nt_mul(nt_add_scalar(nt_mul_scalar(x, 1.5), 0.25), x), x)), 0.5), 1.0), x);
+        break;
+    case 1:
+        a = nt_div(z, nt_sub(x, z));                 /* the value second */
+        a = nt_minimum(z, nt_maximum(a, x));         /* canonical before max/min */
+        a = nt_mul(nt_add(rb, a), cb);               /* broadcast inputs */
+        a = nt_div_scalar(nt_abs(nt_neg(a)), 3.0);
+        a = nt_cast(a, NT_F32);
+        a = nt_div(nt_relu(nt_sub(nt_minimum(nt_maximum(x, a), rb), z)), x);
+        break;
+    case 2: /* max and min on ties of signed zeros, either side */
+        a = nt_div(x, nt_maximum(nt_relu(x), z)); /* x / +-0: the zero's sign shows */
+        a = nt_div(x, nt_minimum(z, nt_mul_scalar(nt_relu(a), 0.0)));
+        break;
+    default: /* from a broadcast input; tiny scalars make products underflow */
+        a = nt_mul_scalar(nt_mul(nt_add(rb, x), z), 1e-30);
+        a = nt_add_scalar(nt_mul_scalar(a, 1e-8), -1e-38);
+        break;
+    }
+    nt_keep(a);
+    nt_scope_end(s);
+    return a;
+}
+
+static void chain_case(int64_t R, int64_t C, bool special, uint64_t *chunks, uint64_t *redone)
+{
+    const size_t n = (size_t)(R * C);
+    static const uint32_t nans[6] = {0x7fc00000u, 0xffc00000u, 0x7f800001u,
+                                     0xff812345u, 0x7fd00001u, 0xffffffffu};
+    float *xv = malloc(n * 4), *zv = malloc(n * 4), *rv = malloc((size_t)R * 4);
+    float *cv = malloc((size_t)C * 4), *ref = malloc(n * 4), *got = malloc(n * 4);
+    rng r = {4242 + (uint64_t)special};
+    for (size_t i = 0; i < n; i++) {
+        float *v[2] = {&xv[i], &zv[i]};
+        int64_t row = (int64_t)i / C;
+        for (int t = 0; t < 2; t++) {
+            int k = special ? (int)((i + 3 * (size_t)t) % 7) : 6;
+            uint32_t u;
+            if (k == 0 && row % 3 == 1)
+                u = nans[(i / 7 + (size_t)t) % 6], memcpy(v[t], &u, 4);
+            else if (k == 1 && row % 3 == 1)
+                *v[t] = (i / 7) % 2 ? -INFINITY : INFINITY;
+            else if (k == 2)
+                *v[t] = (i / 7) % 2 ? -0.0f : 0.0f;
+            else if (k == 3 && row % 5 == 2) /* subnormal operands */
+                u = (uint32_t)(rnext(&r) % 0x007fffffu) + 1u, memcpy(v[t], &u, 4);
+            else if (k == 4 && row % 5 == 3) /* products underflow */
+                *v[t] = (float)((runi(&r) - 0.5) * 1e-20);
+            else
+                *v[t] = (float)((runi(&r) - 0.5) * 8.0);
+        }
+    }
+    for (int64_t i = 0; i < R; i++)
+        rv[i] = i % 4 == 1 ? -0.0f : (float)(i % 9) - 4.0f;
+    for (int64_t j = 0; j < C; j++)
+        cv[j] = j % 11 == 5 ? NAN : (float)(j % 7) * 0.25f - 0.75f;
+    nt_tensor *x = nt_from_host(xv, NT_F32, 2, (int64_t[]){R, C});
+    nt_tensor *z = nt_from_host(zv, NT_F32, 2, (int64_t[]){R, C});
+    nt_tensor *rb = nt_from_host(rv, NT_F32, 2, (int64_t[]){R, 1});
+    nt_tensor *cb = nt_from_host(cv, NT_F32, 2, (int64_t[]){1, C});
+    const char *levels[] = {"scalar", "avx2", "avx512"}, *threads[] = {"1", "2"};
+    for (int p = 0; p < 4; p++) {
+        assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+        nt_tensor *y = chain_prog(p, x, z, rb, cb);
+        assert_int_equal(nt_to_host(y, ref, n * 4), 0);
+        nt_release(y);
+        for (int l = 0; l < 3; l++)
+            for (int t = 0; t < 2; t++)
+                for (int route = 0; route < 3; route++) {
+                    if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+                        continue; /* this CPU does not run it */
+                    assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[t]), 0);
+                    assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+                    /* route 0: chains; 1: per-op passes; 2: those, tested
+                     * (0 and 1 never switch to the tested passes) */
+                    nt__fused_cpu_set_routes(route == 0, route == 2 ? 1 : -1);
+                    uint64_t c0, r0, c1, r1;
+                    nt__fused_cpu_route_counts(&c0, &r0);
+                    nt_stats_reset();
+                    y = chain_prog(p, x, z, rb, cb);
+                    assert_int_equal(nt_to_host(y, got, n * 4), 0);
+                    nt_release(y);
+                    nt__fused_cpu_route_counts(&c1, &r1);
+                    *chunks += c1 - c0, *redone += r1 - r0;
+                    if (route)
+                        assert_true(c1 == c0); /* the chain route was off */
+                    nt_stats st;
+                    nt_stats_get(&st);
+                    assert_int_equal(st.fusion_groups, 1);
+                    if (memcmp(got, ref, n * 4))
+                        fail_msg("chain %d differs at %s, %s thread(s), route %d", p, levels[l],
+                                 threads[t], route);
+                }
+    }
+    nt__fused_cpu_set_routes(true, 0);
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+    nt_release(x), nt_release(z), nt_release(rb), nt_release(cb);
+    free(xv), free(zv), free(rv), free(cv), free(ref), free(got);
+}
+
+static void test_fused_chain_registers_bitwise(void **state)
+{
+    (void)state;
+    uint64_t chunks = 0, redone = 0;
+    chain_case(1, 3 * 65536 + 77, false, &chunks, &redone); /* spans on both threads */
+    chain_case(37, 1031, true, &chunks, &redone);
+    chain_case(3, 65536 + 333, true, &chunks, &redone);
+    if (nt_config_set("NT_CPU_ISA", "avx512") == 0) {
+        /* the route ran, and so did its exact redo */
+        assert_true(chunks > 0 && redone > 0);
+        assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2623,6 +2757,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fused_nan_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_stream_direct_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_plan_order_unchanged, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_fused_chain_registers_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_capacity_cut_keeps_read_values, setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_softmax_primitives_one_row_kernel, setup, nt_test_teardown),
