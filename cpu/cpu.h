@@ -18,6 +18,9 @@ struct nt__fgroup;
 extern const nt__backend_i nt__cpu_backend;
 extern const nt__kernel_fn nt__cpu_kernels[NT_OP_COUNT];
 int nt__fused_cpu(const struct nt__fgroup *g);
+/* Test hook (cpu/fused.c): 0 runs row programs one row at a time, never in
+ * tiles of narrow rows.  Read atomically by the workers. */
+extern int nt__cpu_row_tiles;
 /* Makes the matmul scratch's GPrivate key (cpu/matmul.c): backend init. */
 void nt__cpu_matmul_init(void);
 
