@@ -22,6 +22,7 @@
 
 #include <math.h>
 #include <float.h>
+#include <string.h>
 #if defined(__SSE2__)
 #include <immintrin.h>
 #endif
@@ -197,6 +198,111 @@ static inline bool skip_block(const attn_ctx *a, int64_t q0, int Mq, int64_t k0)
     return a->causal && k0 > q0 + Mq - 1;
 }
 
+/* ---- the causal block's masked half, not computed ----
+ *
+ * In a key block that the causal rule cuts (valid_keys < nk for its first
+ * query), the products run on row (or, for dK and dV, key) groups of SUB
+ * over only the keys (queries) the group's rows can see.  Each element of a
+ * product is its own fma recurrence over the shared dim from +0 (core/
+ * gemm.h), so the elements computed have the full product's bits; the ones
+ * not computed are scores the causal rule makes -Inf anyway (scores()
+ * stores them), or dS entries, which are zeros (P = exp(-Inf - lse) = +0
+ * there; the sign of a zero dS is immaterial below, so +0 is stored).  The
+ * terms left out of a recurrence are those zeros times an operand: each
+ * is +-0 when that operand is finite, and adding +-0 to a recurrence that
+ * started from +0 (and so is never -0) changes no bit; a recurrence of
+ * only such terms is +0, and C + +0 == C for a C that is never -0 (every
+ * accumulator here is a sum of such recurrences).  So the skip is taken
+ * only when the operands the left-out terms read are all finite (V
+ * forward; Q, K, dO and the rows' lse backward): otherwise 0 * Inf = NaN
+ * belongs to the result and the whole block is computed.  The same bits as
+ * the whole block in every case (tests/test_ops.c compares both). */
+#define SUB 32
+
+/* Test hook: 0 computes every causal block whole. */
+int nt__cpu_attn_causal_skip = 1;
+
+static bool finite_rows(const float *x, int64_t ld, int64_t nr, int64_t nc)
+{
+    uint32_t bad = 0;
+    for (int64_t r = 0; r < nr; r++) {
+        const float *row = x + r * ld;
+        for (int64_t c = 0; c < nc; c++) {
+            uint32_t u;
+            memcpy(&u, &row[c], 4);
+            bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+        }
+    }
+    return !bad;
+}
+
+/* The largest |x| of the rows, as a double: +Inf if one is not finite. */
+static double max_abs(const float *x, int64_t ld, int64_t nr, int64_t nc)
+{
+    float m = 0.0f;
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t c = 0; c < nc; c++) {
+            float v = fabsf(x[r * ld + c]);
+            m = v > m || v != v ? v : m; /* a NaN sticks */
+        }
+    return m == m ? (double)m : INFINITY;
+}
+
+/* The block (q0, Mq) x (k0, nk) is cut by the causal rule and may skip its
+ * masked part (the operands' finiteness is the caller's to check). */
+static inline bool causal_cut(const attn_ctx *a, int64_t q0, int64_t k0, int nk)
+{
+    return a->causal && valid_keys(a, q0, k0, nk) < nk &&
+           __atomic_load_n(&nt__cpu_attn_causal_skip, __ATOMIC_RELAXED);
+}
+
+/* C[Mq, ncol] (ldc) = A[Mq, K] (row-major, lda) . B[K, ncol], only the
+ * columns each group of SUB rows can see (valid_keys of its last row);
+ * acc: C += the product.  A group that sees no key: C = +0, or unchanged
+ * under acc. */
+static void causal_rows_product(const attn_ctx *a, int64_t q0, int Mq, int64_t k0, int nk, int K,
+                                const float *A, int lda, const float *B, int ldb, float *C,
+                                int ldc, int ncol_all, bool cols_are_keys, bool acc)
+{
+    for (int i0 = 0; i0 < Mq; i0 += SUB) {
+        int mi = Mq - i0 < SUB ? Mq - i0 : SUB;
+        int kc = valid_keys(a, q0 + i0 + mi - 1, k0, nk);
+        /* the product's columns are keys (S, dP), or its shared dim is (dS K) */
+        int ncol = cols_are_keys ? kc : ncol_all, kk = cols_are_keys ? K : kc;
+        if (ncol == 0)
+            continue; /* every column of these rows is a masked score */
+        if (kk == 0) {
+            if (!acc)
+                for (int i = 0; i < mi; i++)
+                    memset(C + (int64_t)(i0 + i) * ldc, 0, (size_t)ncol * sizeof(float));
+            continue;
+        }
+        nt__gemm_ktile_rowa(mi, ncol, kk, A + (int64_t)i0 * lda, lda, B, ldb,
+                            C + (int64_t)i0 * ldc, ldc, acc);
+    }
+}
+
+/* C[nk, N] (ldc) (+)= A^T B over the queries, A = P or dS [Mq, nk] (lda),
+ * B [Mq, N] rows (ldb): each group of SUB keys over only the queries that
+ * see them (key j from query j + k0 - q0 on). */
+static void causal_keys_product(int64_t q0, int Mq, int64_t k0, int nk, int N, const float *A,
+                                int lda, const float *B, int ldb, float *C, int ldc, bool acc)
+{
+    for (int j0 = 0; j0 < nk; j0 += SUB) {
+        int mj = nk - j0 < SUB ? nk - j0 : SUB;
+        int64_t is = k0 + j0 - q0;
+        int i0 = is < 0 ? 0 : is > Mq ? Mq : (int)is;
+        if (i0 == Mq) {
+            if (!acc)
+                for (int j = 0; j < mj; j++)
+                    memset(C + (int64_t)(j0 + j) * ldc, 0, (size_t)N * sizeof(float));
+            continue;
+        }
+        nt__gemm_ktile(mj, N, Mq - i0, A + (int64_t)i0 * lda + j0, lda, B + (int64_t)i0 * ldb,
+                       ldb, C + (int64_t)j0 * ldc, ldc, acc);
+    }
+}
+
 static void ctx_params(attn_ctx *a, const nt__rec *r)
 {
     a->scale = (float)r->p.f[0];
@@ -286,7 +392,13 @@ static void fwd_unit(par_run *p, float *buf, int64_t u)
     for (int64_t k0 = 0; k0 < a.Tk && !skip_block(&a, q0, Mq, k0); k0 += BLK) {
         int nk = (int)(a.Tk - k0 < BLK ? a.Tk - k0 : BLK);
         pack(Kt, &a.k, kb, k0, nk, D, true);
-        nt__gemm_ktile_rowa(Mq, nk, (int)D, Q, ldq, Kt, nk, S, nk, false);
+        const float *V = rows_f32(Vb, &a.v, vb, k0, nk, Dv, &ldv);
+        bool cut = causal_cut(&a, q0, k0, nk) && finite_rows(V, ldv, nk, Dv);
+        if (cut)
+            causal_rows_product(&a, q0, Mq, k0, nk, (int)D, Q, ldq, Kt, nk, S, nk, nk, true,
+                                false);
+        else
+            nt__gemm_ktile_rowa(Mq, nk, (int)D, Q, ldq, Kt, nk, S, nk, false);
         scores(&a, S, mb, q0, Mq, k0, nk);
         for (int i = 0; i < Mq; i++) {
             float *si = S + i * nk;
@@ -300,8 +412,11 @@ static void fwd_unit(par_run *p, float *buf, int64_t u)
             for (int64_t d = 0; d < Dv; d++)
                 acc[i * Dv + d] = nt__ew_mul(acc[i * Dv + d], alpha);
         }
-        const float *V = rows_f32(Vb, &a.v, vb, k0, nk, Dv, &ldv);
-        nt__gemm_ktile_rowa(Mq, (int)Dv, nk, S, nk, V, ldv, PV, (int)Dv, false);
+        if (cut) /* P V over the keys each row group sees */
+            causal_rows_product(&a, q0, Mq, k0, nk, nk, S, nk, V, ldv, PV, (int)Dv, (int)Dv,
+                                false, false);
+        else
+            nt__gemm_ktile_rowa(Mq, (int)Dv, nk, S, nk, V, ldv, PV, (int)Dv, false);
         for (int64_t e = 0; e < Mq * Dv; e++)
             acc[e] = nt__ew_add(acc[e], PV[e]);
     }
@@ -417,24 +532,53 @@ static void bwd_unit(par_run *pr, float *buf, int64_t b)
                 continue;
             const float *Qrow = rows_f32(Qbuf, &a.q, qb, q0, Mq, D, &ldq);
             const float *dOb = rows_f32(dObuf, &a.dO, qb, q0, Mq, Dv, &ldo);
-            nt__gemm_ktile_rowa(Mq, nk, (int)D, Qrow, ldq, Kt, nk, S, nk, false);
+            /* the left-out dS = ((dP - Dr) scale) P, P = +0, are zeros only
+             * when (dP - Dr) scale is finite: |dP| <= Dv max|dO| max|V| */
+            bool cut = causal_cut(&a, q0, k0, nk) && finite_rows(negl + q0, 1, Mq, 1) &&
+                       finite_rows(Qrow, ldq, Mq, D) && finite_rows(Kb, ldk, nk, D);
+            if (cut) {
+                double bound = ((double)Dv * max_abs(dOb, ldo, Mq, Dv) * max_abs(Vt, nk, Dv, nk) +
+                                max_abs(Dr + q0, 1, Mq, 1)) *
+                               fabs((double)a.scale);
+                cut = bound < 0x1p100;
+            }
+            if (cut)
+                causal_rows_product(&a, q0, Mq, k0, nk, (int)D, Qrow, ldq, Kt, nk, S, nk, nk,
+                                    true, false);
+            else
+                nt__gemm_ktile_rowa(Mq, nk, (int)D, Qrow, ldq, Kt, nk, S, nk, false);
             scores(&a, S, mb, q0, Mq, k0, nk);
             for (int i = 0; i < Mq; i++)
                 exp_row(&a, S + i * nk, nk, valid_keys(&a, q0 + i, k0, nk), negl[q0 + i]);
-            /* dV += P^T dO (P is the stationary [Mq, nk] operand) */
-            nt__gemm_ktile(nk, (int)Dv, Mq, S, nk, dOb, ldo, dV, (int)Dv, !first);
-            /* dP = dO V^T */
-            nt__gemm_ktile_rowa(Mq, nk, (int)Dv, dOb, ldo, Vt, nk, dP, nk, false);
+            /* dV += P^T dO (P is the stationary [Mq, nk] operand); dP = dO V^T */
+            if (cut) {
+                causal_keys_product(q0, Mq, k0, nk, (int)Dv, S, nk, dOb, ldo, dV, (int)Dv, !first);
+                causal_rows_product(&a, q0, Mq, k0, nk, (int)Dv, dOb, ldo, Vt, nk, dP, nk, nk,
+                                    true, false);
+            } else {
+                nt__gemm_ktile(nk, (int)Dv, Mq, S, nk, dOb, ldo, dV, (int)Dv, !first);
+                nt__gemm_ktile_rowa(Mq, nk, (int)Dv, dOb, ldo, Vt, nk, dP, nk, false);
+            }
             for (int i = 0; i < Mq; i++) {
                 float dr = Dr[q0 + i];
                 float *dPi = dP + i * nk;
                 const float *Si = S + i * nk;
-                for (int j = 0; j < nk; j++)
+                int c = cut ? valid_keys(&a, q0 + i, k0, nk) : nk;
+                for (int j = 0; j < c; j++)
                     dPi[j] = nt__ew_mul(nt__ew_mul(nt__ew_sub(dPi[j], dr), a.scale), Si[j]);
+                for (int j = c; j < nk; j++) /* dS of a masked score: a zero */
+                    dPi[j] = 0.0f;
             }
             /* dK += dS^T Q; dQ (+)= dS K, key blocks in ascending order */
-            nt__gemm_ktile(nk, (int)D, Mq, dP, nk, Qrow, ldq, dK, (int)D, !first);
-            nt__gemm_ktile_rowa(Mq, (int)D, nk, dP, nk, Kb, ldk, dqa + q0 * D, (int)D, k0 > 0);
+            if (cut) {
+                causal_keys_product(q0, Mq, k0, nk, (int)D, dP, nk, Qrow, ldq, dK, (int)D, !first);
+                causal_rows_product(&a, q0, Mq, k0, nk, nk, dP, nk, Kb, ldk, dqa + q0 * D,
+                                    (int)D, (int)D, false, k0 > 0);
+            } else {
+                nt__gemm_ktile(nk, (int)D, Mq, dP, nk, Qrow, ldq, dK, (int)D, !first);
+                nt__gemm_ktile_rowa(Mq, (int)D, nk, dP, nk, Kb, ldk, dqa + q0 * D, (int)D,
+                                    k0 > 0);
+            }
             first = false;
         }
         if (first) { /* no query reached this block */

@@ -21,6 +21,9 @@ int nt__fused_cpu(const struct nt__fgroup *g);
 /* Test hook (cpu/fused.c): 0 runs row programs one row at a time, never in
  * tiles of narrow rows.  Read atomically by the workers. */
 extern int nt__cpu_row_tiles;
+/* Test hook (cpu/attention.c): 0 computes every causal attention block
+ * whole, masked half included. */
+extern int nt__cpu_attn_causal_skip;
 /* Makes the matmul scratch's GPrivate key (cpu/matmul.c): backend init. */
 void nt__cpu_matmul_init(void);
 
