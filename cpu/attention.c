@@ -222,30 +222,68 @@ static inline bool skip_block(const attn_ctx *a, int64_t q0, int Mq, int64_t k0)
 /* Test hook: 0 computes every causal block whole. */
 int nt__cpu_attn_causal_skip = 1;
 
-static bool finite_rows(const float *x, int64_t ld, int64_t nr, int64_t nc)
+/* The largest |x| of the rows as f32 bits (x & 0x7fffffff): for
+ * non-negative floats the integer order is the float order, and a value at
+ * or above 0x7f800000 is an Inf or a NaN.  One integer max a lane, so it
+ * vectorises (the checks run once per block, beside its products). */
+#define ABS_MAX_BODY                                                    \
+    uint32_t m = 0;                                                     \
+    for (int64_t r = 0; r < nr; r++) {                                  \
+        const uint32_t *row = (const uint32_t *)(const void *)(x + r * ld); \
+        for (int64_t c = 0; c < nc; c++) {                              \
+            uint32_t u = row[c] & 0x7fffffffu;                          \
+            m = u > m ? u : m;                                          \
+        }                                                               \
+    }                                                                   \
+    return m;
+static uint32_t abs_max_bits_c(const float *x, int64_t ld, int64_t nr, int64_t nc)
 {
-    uint32_t bad = 0;
+    ABS_MAX_BODY
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+/* one vector of maxima across all the rows, reduced once at the end */
+__attribute__((target(NT_TARGET_AVX512))) static uint32_t
+abs_max_bits_512(const float *x, int64_t ld, int64_t nr, int64_t nc)
+{
+    if (ld == nc) /* rows one after the other: one long row */
+        nc *= nr, nr = 1;
+    const __m512i am = _mm512_set1_epi32(0x7fffffff);
+    const __mmask16 tail = (__mmask16)((1u << (nc % 16)) - 1u);
+    __m512i m = _mm512_setzero_si512();
     for (int64_t r = 0; r < nr; r++) {
         const float *row = x + r * ld;
-        for (int64_t c = 0; c < nc; c++) {
-            uint32_t u;
-            memcpy(&u, &row[c], 4);
-            bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
-        }
+        int64_t c = 0;
+        for (; c + 16 <= nc; c += 16)
+            m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_loadu_si512(row + c), am));
+        if (tail)
+            m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_maskz_loadu_epi32(tail, row + c), am));
     }
-    return !bad;
+    return _mm512_reduce_max_epu32(m);
+}
+#endif
+#undef ABS_MAX_BODY
+
+static uint32_t abs_max_bits(const float *x, int64_t ld, int64_t nr, int64_t nc)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (nt__gemm_isa() == NT_ISA_AVX512)
+        return abs_max_bits_512(x, ld, nr, nc);
+#endif
+    return abs_max_bits_c(x, ld, nr, nc);
+}
+
+static bool finite_rows(const float *x, int64_t ld, int64_t nr, int64_t nc)
+{
+    return abs_max_bits(x, ld, nr, nc) < 0x7f800000u;
 }
 
 /* The largest |x| of the rows, as a double: +Inf if one is not finite. */
 static double max_abs(const float *x, int64_t ld, int64_t nr, int64_t nc)
 {
-    float m = 0.0f;
-    for (int64_t r = 0; r < nr; r++)
-        for (int64_t c = 0; c < nc; c++) {
-            float v = fabsf(x[r * ld + c]);
-            m = v > m || v != v ? v : m; /* a NaN sticks */
-        }
-    return m == m ? (double)m : INFINITY;
+    uint32_t m = abs_max_bits(x, ld, nr, nc);
+    float f;
+    memcpy(&f, &m, 4);
+    return m < 0x7f800000u ? (double)f : INFINITY;
 }
 
 /* The block (q0, Mq) x (k0, nk) is cut by the causal rule and may skip its
