@@ -21,7 +21,7 @@ static void set_out(nt__call *c, nt_dtype dt, int ndim, const int64_t *shape)
  * dim of a slice, [B, T, 3D] sliced to [B, T, D] and viewed as [B, T, H,
  * D/H], needs no copy.  false: no such strides (the caller copies).  t is
  * neither contiguous nor empty here; an expanded t always copies. */
-static bool view_strides(const nt_tensor *t, int ndim, const int64_t *sh, int64_t *st)
+bool nt__view_strides(const nt_tensor *t, int ndim, const int64_t *sh, int64_t *st)
 {
     if (t->expanded || t->ndim == 0 || nt__numel(t->ndim, t->shape) == 0)
         return false;
@@ -105,7 +105,7 @@ NT_API nt_tensor *nt_reshape_at(const nt_site *site, nt_tensor *t, int ndim, con
     nt__contig_strides(ndim, sh, st);
     if (nt__is_contig(t))
         return nt__dispatch_view(&c, nt__make_view(t, ndim, sh, st, t->offset, site));
-    if (view_strides(t, ndim, sh, st))
+    if (nt__view_strides(t, ndim, sh, st))
         return nt__dispatch_view(&c, nt__make_view(t, ndim, sh, st, t->offset, site));
     /* Not viewable: copy to contiguous, then view the copy.  Autograd sees
      * the copy and the view as two nodes, which is exact. */
