@@ -403,12 +403,25 @@ static void acc_store(red *c, int64_t oo, int64_t ost, int64_t w)
     } else if (c->ints) {
         nt__st_i32(y, c->ydt, ost, c->i, w);
     } else {
-        float inv = (float)(1.0 / c->p);
-        for (int64_t j = 0; j < w; j++)
-            c->f[j] = c->fin == NT_RED_FIN_MEAN   ? c->f[j] / (float)c->n
-                      : c->fin == NT_RED_FIN_SQRT ? nt__ew_sqrt(c->f[j])
-                      : c->fin == NT_RED_FIN_POW  ? nt__ew_pow_scalar(c->f[j], inv, 0.0f)
-                                           : c->f[j];
+        /* the finish chosen once, not per element (a sum, the common case,
+         * has none: the loop per column with its three tests was a sixth
+         * of a bias gradient's time) */
+        float inv = (float)(1.0 / c->p), nf = (float)c->n;
+        switch (c->fin) {
+        case NT_RED_FIN_MEAN:
+            for (int64_t j = 0; j < w; j++)
+                c->f[j] = c->f[j] / nf;
+            break;
+        case NT_RED_FIN_SQRT:
+            for (int64_t j = 0; j < w; j++)
+                c->f[j] = nt__ew_sqrt(c->f[j]);
+            break;
+        case NT_RED_FIN_POW:
+            for (int64_t j = 0; j < w; j++)
+                c->f[j] = nt__ew_pow_scalar(c->f[j], inv, 0.0f);
+            break;
+        default: break;
+        }
         nt__st_f32(y, c->ydt, ost, c->f, w);
     }
 }
