@@ -24,6 +24,9 @@ extern int nt__cpu_row_tiles;
 /* Test hook (cpu/attention.c): 0 computes every causal attention block
  * whole, masked half included. */
 extern int nt__cpu_attn_causal_skip;
+/* Test hook (cpu/ewise.c): 0 copies every f32 view through the generic
+ * driver, never by short rows. */
+extern int nt__cpu_rowcopy;
 /* Makes the matmul scratch's GPrivate key (cpu/matmul.c): backend init. */
 void nt__cpu_matmul_init(void);
 
