@@ -176,18 +176,37 @@ static inline float exp_clamped(const attn_ctx *a, float x)
     return x < -104.0f ? a->exp_lo : nt__ew_exp(x);
 }
 
-/* si[j] = exp(si[j] + bias) for the row's nk scores, c of them valid: the
- * causal tail (-Inf) gets the one value exp(-Inf + bias) without an exp per
- * element (see exp_clamped).  Same bits as the add and exp per element. */
-static void exp_row(const attn_ctx *a, float *si, int nk, int c, float bias)
+/* S[i][j] = exp(S[i][j] + bias[i]) for rows [0, Mq) of S (nk a row), c =
+ * valid_keys(q0 + i) of them valid: the causal tail (-Inf) gets the one
+ * value exp(-Inf + bias) without an exp per element (see exp_clamped).  The
+ * rows' valid scores plus bias are gathered into buf one after the other
+ * and exponentiated by one nt__expf_n call (nt__ew_exp's bits whatever the
+ * length), then put back: the same add and exp per element as one row at a
+ * time, where each call had computed its row's tail padded to 64 (a causal
+ * block's rows average 64 valid keys) and paid the call. */
+static void exp_rows(const attn_ctx *a, float *S, int Mq, int nk, int64_t q0, int64_t k0,
+                     const float *bias, float *buf)
 {
-    for (int j = 0; j < c; j++)
-        si[j] = nt__ew_add(si[j], bias);
-    nt__expf_n(si, si, c); /* nt__ew_exp's bits (core/nmath.h) */
-    if (c < nk) {
-        float e = exp_clamped(a, nt__ew_add(-INFINITY, bias));
-        for (int j = c; j < nk; j++)
-            si[j] = e;
+    int64_t n = 0;
+    for (int i = 0; i < Mq; i++) {
+        const float *si = S + (int64_t)i * nk;
+        int c = valid_keys(a, q0 + i, k0, nk);
+        for (int j = 0; j < c; j++)
+            buf[n + j] = nt__ew_add(si[j], bias[i]);
+        n += c;
+    }
+    nt__expf_n(buf, buf, n);
+    n = 0;
+    for (int i = 0; i < Mq; i++) {
+        float *si = S + (int64_t)i * nk;
+        int c = valid_keys(a, q0 + i, k0, nk);
+        memcpy(si, buf + n, (size_t)c * sizeof(float));
+        n += c;
+        if (c < nk) {
+            float e = exp_clamped(a, nt__ew_add(-INFINITY, bias[i]));
+            for (int j = c; j < nk; j++)
+                si[j] = e;
+        }
     }
 }
 
@@ -438,17 +457,21 @@ static void fwd_unit(par_run *p, float *buf, int64_t u)
         else
             nt__gemm_ktile_rowa(Mq, nk, (int)D, Q, ldq, Kt, nk, S, nk, false);
         scores(&a, S, mb, q0, Mq, k0, nk);
+        /* per row: the new max, then (all rows at once) the exps, then the
+         * running sums: each row's steps in the order exp_row's loop had */
+        float mnew[BLK], alpha[BLK], negm[BLK];
         for (int i = 0; i < Mq; i++) {
-            float *si = S + i * nk;
-            float mnew = nt__ew_maximum(m[i], nt__red_max_f32(si, nk, 1));
-            float alpha = exp_clamped(&a, nt__ew_sub(m[i], mnew)); /* m = -FLT_MAX: 0 */
-            float negm = nt__ew_mul(mnew, -1.0f);
-            exp_row(&a, si, nk, valid_keys(&a, q0 + i, k0, nk), negm);
-            float rs = nt__red_sum_f32(si, nk, 1);
-            l[i] = nt__ew_add(nt__ew_mul(l[i], alpha), rs);
-            m[i] = mnew;
+            mnew[i] = nt__ew_maximum(m[i], nt__red_max_f32(S + i * nk, nk, 1));
+            alpha[i] = exp_clamped(&a, nt__ew_sub(m[i], mnew[i])); /* m = -FLT_MAX: 0 */
+            negm[i] = nt__ew_mul(mnew[i], -1.0f);
+        }
+        exp_rows(&a, S, Mq, nk, q0, k0, negm, Pt);
+        for (int i = 0; i < Mq; i++) {
+            float rs = nt__red_sum_f32(S + i * nk, nk, 1);
+            l[i] = nt__ew_add(nt__ew_mul(l[i], alpha[i]), rs);
+            m[i] = mnew[i];
             for (int64_t d = 0; d < Dv; d++)
-                acc[i * Dv + d] = nt__ew_mul(acc[i * Dv + d], alpha);
+                acc[i * Dv + d] = nt__ew_mul(acc[i * Dv + d], alpha[i]);
         }
         if (cut) /* P V over the keys each row group sees */
             causal_rows_product(&a, q0, Mq, k0, nk, nk, S, nk, V, ldv, PV, (int)Dv, (int)Dv,
@@ -586,8 +609,7 @@ static void bwd_unit(par_run *pr, float *buf, int64_t b)
             else
                 nt__gemm_ktile_rowa(Mq, nk, (int)D, Qrow, ldq, Kt, nk, S, nk, false);
             scores(&a, S, mb, q0, Mq, k0, nk);
-            for (int i = 0; i < Mq; i++)
-                exp_row(&a, S + i * nk, nk, valid_keys(&a, q0 + i, k0, nk), negl[q0 + i]);
+            exp_rows(&a, S, Mq, nk, q0, k0, negl + q0, p[14]);
             /* dV += P^T dO (P is the stationary [Mq, nk] operand); dP = dO V^T */
             if (cut) {
                 causal_keys_product(q0, Mq, k0, nk, (int)Dv, S, nk, dOb, ldo, dV, (int)Dv, !first);
