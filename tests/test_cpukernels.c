@@ -304,6 +304,59 @@ static void test_short_row_copies(void **state)
     assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
 }
 
+/* Sums over a leading dim of at most 16 rows (cpu/reduce.c,
+ * cols_small_sum_avx512: each row one lane, the folds in registers) against
+ * the canonical order written out (core/reduce.h: lane l = +0 + x_l, folded
+ * in halves, added to +0), for 1 to 17 rows, column counts around the
+ * vector width, at every level and thread count. */
+static void test_small_column_sums(void **state)
+{
+    (void)state;
+    static const int64_t cols[] = {1, 15, 16, 17, 64, 70, 1000};
+    static const char *const threads[] = {"1", "2"};
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    for (int64_t n = 1; n <= 17; n++)
+        for (size_t ci = 0; ci < sizeof cols / sizeof cols[0]; ci++) {
+            int64_t w = cols[ci];
+            float *xv = malloc((size_t)(n * w) * 4), *want = malloc((size_t)w * 4);
+            float *got = malloc((size_t)w * 4);
+            mixed_values(xv, n * w, 70 + (uint64_t)(n * 13) + ci);
+            for (int64_t j = 0; j < w; j++) {
+                float lane[NT_RED_LANES];
+                for (int l = 0; l < NT_RED_LANES; l++)
+                    lane[l] = 0.0f;
+                for (int64_t k = 0; k < n; k++)
+                    lane[k % NT_RED_LANES] = lane[k % NT_RED_LANES] + xv[k * w + j];
+                for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)
+                    for (int l = 0; l < h; l++)
+                        lane[l] = lane[l] + lane[l + h];
+                want[j] = nt__canon(0.0f + lane[0]);
+            }
+            nt_tensor *x = nt_from_host(xv, NT_F32, 2, (int64_t[]){n, w});
+            for (int l = 0; l < NLEVELS; l++) {
+                if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+                    continue;
+                for (int t = 0; t < 2; t++) {
+                    assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[t]), 0);
+                    nt_tensor *y = nt_sum(x, 0, false);
+                    assert_int_equal(nt_to_host(y, got, (size_t)w * 4), 0);
+                    int64_t d = first_diff(got, want, w);
+                    if (d >= 0)
+                        fail_msg("n %lld w %lld %s %s thread(s): column %lld %08x, want %08x",
+                                 (long long)n, (long long)w, levels[l], threads[t], (long long)d,
+                                 fbits(got[d]), fbits(want[d]));
+                    nt_release(y);
+                }
+            }
+            nt_release(x);
+            free(xv), free(want), free(got);
+        }
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+}
+
 /* Attention forward and backward (causal; with an additive mask; Tq, Tk
  * cutting the 128-key blocks; strided q, k, v): the one-thread scalar bits
  * at every level and thread count. */
@@ -637,6 +690,7 @@ int main(void)
                                         nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fill_values, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_short_row_copies, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_small_column_sums, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_row_kernels_split_match_definitions, nt_test_setup,
                                         nt_test_teardown),
     };
