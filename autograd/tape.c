@@ -491,6 +491,8 @@ typedef struct {
     size_t nheld, heldcap;
     struct scat *scat; /* slots being filled by slice gradients (see slice_into) */
     size_t nscat, scatcap;
+    uint32_t *uses;    /* [n][NT__MAX_OUT]: edges into each output from the pass's nodes */
+    bool ckpt;         /* a checkpoint in the pass: its splice adds edges (uses is stale) */
 } gradmap;
 
 /* A slot whose gradient is a buffer the backwards of slices of one dim
@@ -582,6 +584,7 @@ static void gm_free(gradmap *gm)
     free(gm->pos);
     free(gm->slots);
     free(gm->scat);
+    free(gm->uses);
 }
 
 /* A reachable node's gradient slots. */
@@ -640,15 +643,37 @@ static int scat_finish(gradmap *gm, nt_tensor *t, const nt_site *site)
  * the same dim that no earlier slice in it overlaps.  Same dtype and device
  * as the input's only.  1: not taken (the ordinary backward runs), 0: done,
  * < 0: an error. */
+static int slice_into_as(gradmap *gm, nt__node *n, nt_tensor *g, bool reshaped);
 static int slice_into(gradmap *gm, nt__node *n, nt_tensor *g)
+{
+    return slice_into_as(gm, n, g, false);
+}
+
+/* reshaped: g has the shape of a reshape of the slice's output (its one
+ * user), and is copied into the slice's place through a reshaped view of
+ * it; 1 (not taken) when that is no view.  Otherwise slice_into. */
+static int slice_into_as(gradmap *gm, nt__node *n, nt_tensor *g, bool reshaped)
 {
     nt_tensor **slot = &slots_of(gm, n->next[0].node)[n->next[0].idx];
     const nt__tmeta *m = &n->in_meta[0];
     int64_t lo = n->p.i[0], hi = n->p.i[1];
     if (n->p.i[2] != 1 && hi - lo > 1)
         return 1; /* a step leaves holes in [lo, hi): the ordinary backward */
-    if (hi <= lo || g->dtype != m->dtype || g->ndim != m->ndim)
+    if (hi <= lo || g->dtype != m->dtype || (!reshaped && g->ndim != m->ndim))
         return 1;
+    if (reshaped) {
+        /* the slice of a contiguous buffer of the input's shape (the
+         * buffer slice_into makes), viewed as g's shape */
+        nt_tensor v;
+        int64_t st[NT_MAX_DIMS];
+        memset(&v, 0, sizeof v);
+        v.ndim = (int8_t)m->ndim;
+        memcpy(v.shape, m->shape, sizeof(int64_t) * (size_t)m->ndim);
+        nt__contig_strides(m->ndim, m->shape, v.stride);
+        v.shape[n->p.dim] = hi - lo;
+        if (nt__is_contig(&v) || !nt__view_strides(&v, g->ndim, g->shape, st))
+            return 1;
+    }
     struct scat *e = NULL;
     if (*slot) {
         e = scat_find(gm, *slot);
@@ -677,11 +702,42 @@ static int slice_into(gradmap *gm, nt__node *n, nt_tensor *g)
         *e = (struct scat){.buf = buf, .dim = n->p.dim};
     }
     nt_tensor *v = nt_slice_at(&n->site, *slot, n->p.dim, lo, hi, 1);
+    if (v && reshaped) {
+        v = nt_reshape_at(&n->site, v, g->ndim, g->shape);
+        if (v && v->st != (*slot)->st) /* checked above: cannot happen */
+            return nt__err(&n->site, NT_ESTATE, "nt_backward",
+                           "a slice gradient's reshaped view is a copy");
+    }
     if (!v || nt_copy_into_at(&n->site, v, g))
         return nt_last_error();
     e->lo[e->n] = lo;
     e->hi[e->n++] = hi;
     return 0;
+}
+
+/* The backward of reshape node n with output gradient g, when its input is
+ * a slice's output that nothing else in the pass reads and g is not
+ * contiguous (heads of a slice of attention's qkv, their gradient a
+ * permuted view): g goes straight into the slice's place in the slice's
+ * input slot (slice_into), through a view of that place in g's shape --
+ * one copy instead of the reshape's copy to contiguous and the slice's copy
+ * of that.  The slice's output gradient would have been the reshape's
+ * alone (its one user), with these values, and copies are exact.  1: not
+ * taken (the ordinary backward runs), 0: done, < 0: an error. */
+static int reshape_into_slice(gradmap *gm, nt__node *n, nt_tensor *g)
+{
+    nt__node *s = n->next[0].node;
+    if (gm->ckpt || !s || s->op != NT_OP_SLICE || s->custom || s->ckpt || !s->next[0].node ||
+        nt__is_contig(g) || g->expanded)
+        return 1;
+    size_t ps = gm->pos[map_find(gm, s)];
+    if (gm->uses[ps * NT__MAX_OUT + (size_t)n->next[0].idx] != 1 ||
+        gm->slots[ps * NT__MAX_OUT + (size_t)n->next[0].idx] || s->freed)
+        return 1; /* (a slice saves nothing: no versions to check) */
+    nt__tls_bwd_of = nt__op_api(s->op);
+    int rc = slice_into_as(gm, s, g, true); /* the slice's slot stays empty: it is skipped */
+    nt__tls_bwd_of = nt__op_api(n->op);
+    return rc;
 }
 
 static int add_grad(gradmap *gm, nt__edge e, nt_tensor *g, const nt_site *site)
@@ -749,7 +805,18 @@ static bool reachable(gradmap *gm, nt__node *root)
     for (size_t i = 0; i < gm->n; i++)
         gm->pos[map_find(gm, gm->order[i])] = i;
     gm->slots = calloc(gm->n * NT__MAX_OUT, sizeof *gm->slots);
-    return gm->slots != NULL;
+    gm->uses = calloc(gm->n * NT__MAX_OUT, sizeof *gm->uses);
+    if (!gm->slots || !gm->uses)
+        return false;
+    for (size_t i = 0; i < gm->n; i++) {
+        const nt__node *n = gm->order[i];
+        gm->ckpt |= n->ckpt != NULL;
+        for (int j = 0; j < n->nin; j++)
+            if (n->next[j].node)
+                gm->uses[gm->pos[map_find(gm, n->next[j].node)] * NT__MAX_OUT +
+                         (size_t)n->next[j].idx]++;
+    }
+    return true;
 }
 
 /* nt_checkpoint's node n, at position k of the pass: its block is run
@@ -1000,6 +1067,9 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
         if (n->op == NT_OP_SLICE && !n->custom && gout[0] && n->next[0].node &&
             (rc = slice_into(gm, n, gout[0])) <= 0)
             ; /* done (or failed) in its input's slot: no input gradient */
+        else if (n->op == NT_OP_RESHAPE && !n->custom && gout[0] &&
+                 (rc = reshape_into_slice(gm, n, gout[0])) <= 0)
+            ; /* done in the slice's input slot */
         else if (n->custom)
             rc = nt__custom_backward(&b);
         else

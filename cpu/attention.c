@@ -22,6 +22,7 @@
 
 #include <math.h>
 #include <float.h>
+#include <string.h>
 #if defined(__SSE2__)
 #include <immintrin.h>
 #endif
@@ -175,18 +176,37 @@ static inline float exp_clamped(const attn_ctx *a, float x)
     return x < -104.0f ? a->exp_lo : nt__ew_exp(x);
 }
 
-/* si[j] = exp(si[j] + bias) for the row's nk scores, c of them valid: the
- * causal tail (-Inf) gets the one value exp(-Inf + bias) without an exp per
- * element (see exp_clamped).  Same bits as the add and exp per element. */
-static void exp_row(const attn_ctx *a, float *si, int nk, int c, float bias)
+/* S[i][j] = exp(S[i][j] + bias[i]) for rows [0, Mq) of S (nk a row), c =
+ * valid_keys(q0 + i) of them valid: the causal tail (-Inf) gets the one
+ * value exp(-Inf + bias) without an exp per element (see exp_clamped).  The
+ * rows' valid scores plus bias are gathered into buf one after the other
+ * and exponentiated by one nt__expf_n call (nt__ew_exp's bits whatever the
+ * length), then put back: the same add and exp per element as one row at a
+ * time, where each call had computed its row's tail padded to 64 (a causal
+ * block's rows average 64 valid keys) and paid the call. */
+static void exp_rows(const attn_ctx *a, float *S, int Mq, int nk, int64_t q0, int64_t k0,
+                     const float *bias, float *buf)
 {
-    for (int j = 0; j < c; j++)
-        si[j] = nt__ew_add(si[j], bias);
-    nt__expf_n(si, si, c); /* nt__ew_exp's bits (core/nmath.h) */
-    if (c < nk) {
-        float e = exp_clamped(a, nt__ew_add(-INFINITY, bias));
-        for (int j = c; j < nk; j++)
-            si[j] = e;
+    int64_t n = 0;
+    for (int i = 0; i < Mq; i++) {
+        const float *si = S + (int64_t)i * nk;
+        int c = valid_keys(a, q0 + i, k0, nk);
+        for (int j = 0; j < c; j++)
+            buf[n + j] = nt__ew_add(si[j], bias[i]);
+        n += c;
+    }
+    nt__expf_n(buf, buf, n);
+    n = 0;
+    for (int i = 0; i < Mq; i++) {
+        float *si = S + (int64_t)i * nk;
+        int c = valid_keys(a, q0 + i, k0, nk);
+        memcpy(si, buf + n, (size_t)c * sizeof(float));
+        n += c;
+        if (c < nk) {
+            float e = exp_clamped(a, nt__ew_add(-INFINITY, bias[i]));
+            for (int j = c; j < nk; j++)
+                si[j] = e;
+        }
     }
 }
 
@@ -195,6 +215,149 @@ static void exp_row(const attn_ctx *a, float *si, int nk, int c, float bias)
 static inline bool skip_block(const attn_ctx *a, int64_t q0, int Mq, int64_t k0)
 {
     return a->causal && k0 > q0 + Mq - 1;
+}
+
+/* ---- the causal block's masked half, not computed ----
+ *
+ * In a key block that the causal rule cuts (valid_keys < nk for its first
+ * query), the products run on row (or, for dK and dV, key) groups of SUB
+ * over only the keys (queries) the group's rows can see.  Each element of a
+ * product is its own fma recurrence over the shared dim from +0 (core/
+ * gemm.h), so the elements computed have the full product's bits; the ones
+ * not computed are scores the causal rule makes -Inf anyway (scores()
+ * stores them), or dS entries, which are zeros (P = exp(-Inf - lse) = +0
+ * there; the sign of a zero dS is immaterial below, so +0 is stored).  The
+ * terms left out of a recurrence are those zeros times an operand: each
+ * is +-0 when that operand is finite, and adding +-0 to a recurrence that
+ * started from +0 (and so is never -0) changes no bit; a recurrence of
+ * only such terms is +0, and C + +0 == C for a C that is never -0 (every
+ * accumulator here is a sum of such recurrences).  So the skip is taken
+ * only when the operands the left-out terms read are all finite (V
+ * forward; Q, K, dO and the rows' lse backward): otherwise 0 * Inf = NaN
+ * belongs to the result and the whole block is computed.  The same bits as
+ * the whole block in every case (tests/test_ops.c compares both). */
+#define SUB 32
+
+/* Test hook: 0 computes every causal block whole. */
+int nt__cpu_attn_causal_skip = 1;
+
+/* The largest |x| of the rows as f32 bits (x & 0x7fffffff): for
+ * non-negative floats the integer order is the float order, and a value at
+ * or above 0x7f800000 is an Inf or a NaN.  One integer max a lane, so it
+ * vectorises (the checks run once per block, beside its products). */
+#define ABS_MAX_BODY                                                    \
+    uint32_t m = 0;                                                     \
+    for (int64_t r = 0; r < nr; r++) {                                  \
+        const uint32_t *row = (const uint32_t *)(const void *)(x + r * ld); \
+        for (int64_t c = 0; c < nc; c++) {                              \
+            uint32_t u = row[c] & 0x7fffffffu;                          \
+            m = u > m ? u : m;                                          \
+        }                                                               \
+    }                                                                   \
+    return m;
+static uint32_t abs_max_bits_c(const float *x, int64_t ld, int64_t nr, int64_t nc)
+{
+    ABS_MAX_BODY
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+/* one vector of maxima across all the rows, reduced once at the end */
+__attribute__((target(NT_TARGET_AVX512))) static uint32_t
+abs_max_bits_512(const float *x, int64_t ld, int64_t nr, int64_t nc)
+{
+    if (ld == nc) /* rows one after the other: one long row */
+        nc *= nr, nr = 1;
+    const __m512i am = _mm512_set1_epi32(0x7fffffff);
+    const __mmask16 tail = (__mmask16)((1u << (nc % 16)) - 1u);
+    __m512i m = _mm512_setzero_si512();
+    for (int64_t r = 0; r < nr; r++) {
+        const float *row = x + r * ld;
+        int64_t c = 0;
+        for (; c + 16 <= nc; c += 16)
+            m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_loadu_si512(row + c), am));
+        if (tail)
+            m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_maskz_loadu_epi32(tail, row + c), am));
+    }
+    return _mm512_reduce_max_epu32(m);
+}
+#endif
+#undef ABS_MAX_BODY
+
+static uint32_t abs_max_bits(const float *x, int64_t ld, int64_t nr, int64_t nc)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (nt__gemm_isa() == NT_ISA_AVX512)
+        return abs_max_bits_512(x, ld, nr, nc);
+#endif
+    return abs_max_bits_c(x, ld, nr, nc);
+}
+
+static bool finite_rows(const float *x, int64_t ld, int64_t nr, int64_t nc)
+{
+    return abs_max_bits(x, ld, nr, nc) < 0x7f800000u;
+}
+
+/* The largest |x| of the rows, as a double: +Inf if one is not finite. */
+static double max_abs(const float *x, int64_t ld, int64_t nr, int64_t nc)
+{
+    uint32_t m = abs_max_bits(x, ld, nr, nc);
+    float f;
+    memcpy(&f, &m, 4);
+    return m < 0x7f800000u ? (double)f : INFINITY;
+}
+
+/* The block (q0, Mq) x (k0, nk) is cut by the causal rule and may skip its
+ * masked part (the operands' finiteness is the caller's to check). */
+static inline bool causal_cut(const attn_ctx *a, int64_t q0, int64_t k0, int nk)
+{
+    return a->causal && valid_keys(a, q0, k0, nk) < nk &&
+           __atomic_load_n(&nt__cpu_attn_causal_skip, __ATOMIC_RELAXED);
+}
+
+/* C[Mq, ncol] (ldc) = A[Mq, K] (row-major, lda) . B[K, ncol], only the
+ * columns each group of SUB rows can see (valid_keys of its last row);
+ * acc: C += the product.  A group that sees no key: C = +0, or unchanged
+ * under acc. */
+static void causal_rows_product(const attn_ctx *a, int64_t q0, int Mq, int64_t k0, int nk, int K,
+                                const float *A, int lda, const float *B, int ldb, float *C,
+                                int ldc, int ncol_all, bool cols_are_keys, bool acc)
+{
+    for (int i0 = 0; i0 < Mq; i0 += SUB) {
+        int mi = Mq - i0 < SUB ? Mq - i0 : SUB;
+        int kc = valid_keys(a, q0 + i0 + mi - 1, k0, nk);
+        /* the product's columns are keys (S, dP), or its shared dim is (dS K) */
+        int ncol = cols_are_keys ? kc : ncol_all, kk = cols_are_keys ? K : kc;
+        if (ncol == 0)
+            continue; /* every column of these rows is a masked score */
+        if (kk == 0) {
+            if (!acc)
+                for (int i = 0; i < mi; i++)
+                    memset(C + (int64_t)(i0 + i) * ldc, 0, (size_t)ncol * sizeof(float));
+            continue;
+        }
+        nt__gemm_ktile_rowa(mi, ncol, kk, A + (int64_t)i0 * lda, lda, B, ldb,
+                            C + (int64_t)i0 * ldc, ldc, acc);
+    }
+}
+
+/* C[nk, N] (ldc) (+)= A^T B over the queries, A = P or dS [Mq, nk] (lda),
+ * B [Mq, N] rows (ldb): each group of SUB keys over only the queries that
+ * see them (key j from query j + k0 - q0 on). */
+static void causal_keys_product(int64_t q0, int Mq, int64_t k0, int nk, int N, const float *A,
+                                int lda, const float *B, int ldb, float *C, int ldc, bool acc)
+{
+    for (int j0 = 0; j0 < nk; j0 += SUB) {
+        int mj = nk - j0 < SUB ? nk - j0 : SUB;
+        int64_t is = k0 + j0 - q0;
+        int i0 = is < 0 ? 0 : is > Mq ? Mq : (int)is;
+        if (i0 == Mq) {
+            if (!acc)
+                for (int j = 0; j < mj; j++)
+                    memset(C + (int64_t)(j0 + j) * ldc, 0, (size_t)N * sizeof(float));
+            continue;
+        }
+        nt__gemm_ktile(mj, N, Mq - i0, A + (int64_t)i0 * lda + j0, lda, B + (int64_t)i0 * ldb,
+                       ldb, C + (int64_t)j0 * ldc, ldc, acc);
+    }
 }
 
 static void ctx_params(attn_ctx *a, const nt__rec *r)
@@ -286,22 +449,35 @@ static void fwd_unit(par_run *p, float *buf, int64_t u)
     for (int64_t k0 = 0; k0 < a.Tk && !skip_block(&a, q0, Mq, k0); k0 += BLK) {
         int nk = (int)(a.Tk - k0 < BLK ? a.Tk - k0 : BLK);
         pack(Kt, &a.k, kb, k0, nk, D, true);
-        nt__gemm_ktile_rowa(Mq, nk, (int)D, Q, ldq, Kt, nk, S, nk, false);
-        scores(&a, S, mb, q0, Mq, k0, nk);
-        for (int i = 0; i < Mq; i++) {
-            float *si = S + i * nk;
-            float mnew = nt__ew_maximum(m[i], nt__red_max_f32(si, nk, 1));
-            float alpha = exp_clamped(&a, nt__ew_sub(m[i], mnew)); /* m = -FLT_MAX: 0 */
-            float negm = nt__ew_mul(mnew, -1.0f);
-            exp_row(&a, si, nk, valid_keys(&a, q0 + i, k0, nk), negm);
-            float rs = nt__red_sum_f32(si, nk, 1);
-            l[i] = nt__ew_add(nt__ew_mul(l[i], alpha), rs);
-            m[i] = mnew;
-            for (int64_t d = 0; d < Dv; d++)
-                acc[i * Dv + d] = nt__ew_mul(acc[i * Dv + d], alpha);
-        }
         const float *V = rows_f32(Vb, &a.v, vb, k0, nk, Dv, &ldv);
-        nt__gemm_ktile_rowa(Mq, (int)Dv, nk, S, nk, V, ldv, PV, (int)Dv, false);
+        bool cut = causal_cut(&a, q0, k0, nk) && finite_rows(V, ldv, nk, Dv);
+        if (cut)
+            causal_rows_product(&a, q0, Mq, k0, nk, (int)D, Q, ldq, Kt, nk, S, nk, nk, true,
+                                false);
+        else
+            nt__gemm_ktile_rowa(Mq, nk, (int)D, Q, ldq, Kt, nk, S, nk, false);
+        scores(&a, S, mb, q0, Mq, k0, nk);
+        /* per row: the new max, then (all rows at once) the exps, then the
+         * running sums: each row's steps in the order exp_row's loop had */
+        float mnew[BLK], alpha[BLK], negm[BLK];
+        for (int i = 0; i < Mq; i++) {
+            mnew[i] = nt__ew_maximum(m[i], nt__red_max_f32(S + i * nk, nk, 1));
+            alpha[i] = exp_clamped(&a, nt__ew_sub(m[i], mnew[i])); /* m = -FLT_MAX: 0 */
+            negm[i] = nt__ew_mul(mnew[i], -1.0f);
+        }
+        exp_rows(&a, S, Mq, nk, q0, k0, negm, Pt);
+        for (int i = 0; i < Mq; i++) {
+            float rs = nt__red_sum_f32(S + i * nk, nk, 1);
+            l[i] = nt__ew_add(nt__ew_mul(l[i], alpha[i]), rs);
+            m[i] = mnew[i];
+            for (int64_t d = 0; d < Dv; d++)
+                acc[i * Dv + d] = nt__ew_mul(acc[i * Dv + d], alpha[i]);
+        }
+        if (cut) /* P V over the keys each row group sees */
+            causal_rows_product(&a, q0, Mq, k0, nk, nk, S, nk, V, ldv, PV, (int)Dv, (int)Dv,
+                                false, false);
+        else
+            nt__gemm_ktile_rowa(Mq, (int)Dv, nk, S, nk, V, ldv, PV, (int)Dv, false);
         for (int64_t e = 0; e < Mq * Dv; e++)
             acc[e] = nt__ew_add(acc[e], PV[e]);
     }
@@ -417,24 +593,52 @@ static void bwd_unit(par_run *pr, float *buf, int64_t b)
                 continue;
             const float *Qrow = rows_f32(Qbuf, &a.q, qb, q0, Mq, D, &ldq);
             const float *dOb = rows_f32(dObuf, &a.dO, qb, q0, Mq, Dv, &ldo);
-            nt__gemm_ktile_rowa(Mq, nk, (int)D, Qrow, ldq, Kt, nk, S, nk, false);
+            /* the left-out dS = ((dP - Dr) scale) P, P = +0, are zeros only
+             * when (dP - Dr) scale is finite: |dP| <= Dv max|dO| max|V| */
+            bool cut = causal_cut(&a, q0, k0, nk) && finite_rows(negl + q0, 1, Mq, 1) &&
+                       finite_rows(Qrow, ldq, Mq, D) && finite_rows(Kb, ldk, nk, D);
+            if (cut) {
+                double bound = ((double)Dv * max_abs(dOb, ldo, Mq, Dv) * max_abs(Vt, nk, Dv, nk) +
+                                max_abs(Dr + q0, 1, Mq, 1)) *
+                               fabs((double)a.scale);
+                cut = bound < 0x1p100;
+            }
+            if (cut)
+                causal_rows_product(&a, q0, Mq, k0, nk, (int)D, Qrow, ldq, Kt, nk, S, nk, nk,
+                                    true, false);
+            else
+                nt__gemm_ktile_rowa(Mq, nk, (int)D, Qrow, ldq, Kt, nk, S, nk, false);
             scores(&a, S, mb, q0, Mq, k0, nk);
-            for (int i = 0; i < Mq; i++)
-                exp_row(&a, S + i * nk, nk, valid_keys(&a, q0 + i, k0, nk), negl[q0 + i]);
-            /* dV += P^T dO (P is the stationary [Mq, nk] operand) */
-            nt__gemm_ktile(nk, (int)Dv, Mq, S, nk, dOb, ldo, dV, (int)Dv, !first);
-            /* dP = dO V^T */
-            nt__gemm_ktile_rowa(Mq, nk, (int)Dv, dOb, ldo, Vt, nk, dP, nk, false);
+            exp_rows(&a, S, Mq, nk, q0, k0, negl + q0, p[14]);
+            /* dV += P^T dO (P is the stationary [Mq, nk] operand); dP = dO V^T */
+            if (cut) {
+                causal_keys_product(q0, Mq, k0, nk, (int)Dv, S, nk, dOb, ldo, dV, (int)Dv, !first);
+                causal_rows_product(&a, q0, Mq, k0, nk, (int)Dv, dOb, ldo, Vt, nk, dP, nk, nk,
+                                    true, false);
+            } else {
+                nt__gemm_ktile(nk, (int)Dv, Mq, S, nk, dOb, ldo, dV, (int)Dv, !first);
+                nt__gemm_ktile_rowa(Mq, nk, (int)Dv, dOb, ldo, Vt, nk, dP, nk, false);
+            }
             for (int i = 0; i < Mq; i++) {
                 float dr = Dr[q0 + i];
                 float *dPi = dP + i * nk;
                 const float *Si = S + i * nk;
-                for (int j = 0; j < nk; j++)
+                int c = cut ? valid_keys(&a, q0 + i, k0, nk) : nk;
+                for (int j = 0; j < c; j++)
                     dPi[j] = nt__ew_mul(nt__ew_mul(nt__ew_sub(dPi[j], dr), a.scale), Si[j]);
+                for (int j = c; j < nk; j++) /* dS of a masked score: a zero */
+                    dPi[j] = 0.0f;
             }
             /* dK += dS^T Q; dQ (+)= dS K, key blocks in ascending order */
-            nt__gemm_ktile(nk, (int)D, Mq, dP, nk, Qrow, ldq, dK, (int)D, !first);
-            nt__gemm_ktile_rowa(Mq, (int)D, nk, dP, nk, Kb, ldk, dqa + q0 * D, (int)D, k0 > 0);
+            if (cut) {
+                causal_keys_product(q0, Mq, k0, nk, (int)D, dP, nk, Qrow, ldq, dK, (int)D, !first);
+                causal_rows_product(&a, q0, Mq, k0, nk, nk, dP, nk, Kb, ldk, dqa + q0 * D,
+                                    (int)D, (int)D, false, k0 > 0);
+            } else {
+                nt__gemm_ktile(nk, (int)D, Mq, dP, nk, Qrow, ldq, dK, (int)D, !first);
+                nt__gemm_ktile_rowa(Mq, (int)D, nk, dP, nk, Kb, ldk, dqa + q0 * D, (int)D,
+                                    k0 > 0);
+            }
             first = false;
         }
         if (first) { /* no query reached this block */

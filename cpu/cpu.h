@@ -27,6 +27,15 @@ void nt__fused_cpu_set_routes(bool chains, int sn_test);
 /* Chunks run as chains in registers since start, and of those computed
  * again by the per-op passes (a tiny result under flush-to-zero). */
 void nt__fused_cpu_route_counts(uint64_t *chunks, uint64_t *redone);
+/* Test hook (cpu/fused.c): 0 runs row programs one row at a time, never in
+ * tiles of narrow rows.  Read atomically by the workers. */
+extern int nt__cpu_row_tiles;
+/* Test hook (cpu/attention.c): 0 computes every causal attention block
+ * whole, masked half included. */
+extern int nt__cpu_attn_causal_skip;
+/* Test hook (cpu/ewise.c): 0 copies every f32 view through the generic
+ * driver, never by short rows. */
+extern int nt__cpu_rowcopy;
 /* Makes the matmul scratch's GPrivate key (cpu/matmul.c): backend init. */
 void nt__cpu_matmul_init(void);
 

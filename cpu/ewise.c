@@ -144,11 +144,11 @@ static void walk_block(void *arg, int b)
  * element by its own index, so the cut never changes a bit. */
 #define EW_SPAN (64 * 1024)
 
-/* Walks views v[0..nv) (v[0] the output) of a common shape. */
-static void drive(const nt__rec *r, nt__kv *v, int nv, chunk_fn fn)
+/* w's collapsed iteration space over views v[0..nv) (v[0] the output) of
+ * a common shape: dims merged where every operand is contiguous across
+ * them, size-1 dims dropped; w->n_all its element count. */
+static void collapse(walk *w, nt__kv *v, int nv)
 {
-    walk w;
-    w.r = r, w.v = v, w.nv = nv, w.fn = fn;
     int ndim = v[0].ndim;
     int64_t shape[NT_MAX_DIMS], st[NT_MAXV][NT_MAX_DIMS];
     for (int i = 0; i < ndim; i++)
@@ -158,40 +158,48 @@ static void drive(const nt__rec *r, nt__kv *v, int nv, chunk_fn fn)
             st[k][i] = v[k].stride[i];
     /* Collapse dim i into i+1 where every operand is contiguous across them. */
     int nd = 0;
-    int64_t *cs = w.cs;
+    int64_t *cs = w->cs;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] == 1 && ndim > 1)
             continue; /* size-1 dims do not move */
         if (nd > 0) {
             bool merge = true;
             for (int k = 0; k < nv && merge; k++)
-                merge = w.cst[k][nd - 1] == st[k][i] * shape[i];
+                merge = w->cst[k][nd - 1] == st[k][i] * shape[i];
             if (merge) {
                 cs[nd - 1] *= shape[i];
                 for (int k = 0; k < nv; k++)
-                    w.cst[k][nd - 1] = st[k][i];
+                    w->cst[k][nd - 1] = st[k][i];
                 continue;
             }
         }
         cs[nd] = shape[i];
         for (int k = 0; k < nv; k++)
-            w.cst[k][nd] = st[k][i];
+            w->cst[k][nd] = st[k][i];
         nd++;
     }
     if (nd == 0) { /* a scalar, or all dims 1 */
         cs[0] = 1;
         for (int k = 0; k < nv; k++)
-            w.cst[k][0] = 1;
+            w->cst[k][0] = 1;
         nd = 1;
     }
-    w.nd = nd;
-    w.n_all = 1;
+    w->nd = nd;
+    w->n_all = 1;
     for (int i = 0; i < nd; i++)
-        w.n_all *= cs[i];
+        w->n_all *= cs[i];
+    for (int k = 0; k < nv; k++)
+        w->es[k] = nt__dtype_size(v[k].dt);
+}
+
+/* Walks views v[0..nv) (v[0] the output) of a common shape. */
+static void drive(const nt__rec *r, nt__kv *v, int nv, chunk_fn fn)
+{
+    walk w;
+    w.r = r, w.v = v, w.nv = nv, w.fn = fn;
+    collapse(&w, v, nv);
     if (w.n_all == 0)
         return;
-    for (int k = 0; k < nv; k++)
-        w.es[k] = nt__dtype_size(v[k].dt);
     w.span = EW_SPAN;
     int64_t nblocks = (w.n_all + EW_SPAN - 1) / EW_SPAN;
     if (nblocks < 2 || nblocks > INT32_MAX) {
@@ -557,11 +565,110 @@ static void sr_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
                          nt__sr_bits(key, (uint64_t)(i0 + i * c->st[0])));
 }
 
+/* An f32 -> f32 copy whose rows (the collapsed inner dim, contiguous in
+ * both) are short: the permuted heads of attention, 32 floats a row.  The
+ * driver's chunk per row (a call, a store dispatch and a vector loop with
+ * its tail for two vectors) cost more than the copy; here each row is
+ * copied and canonicalised inline at the AVX-512 level, rows walked with
+ * their offsets kept up to date, spans of rows split as drive splits them.
+ * The same store as copy_chunk's: nt__canon of every element. */
+#define ROWCOPY_MAX 128
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define ROWCOPY_X86 1
+
+__attribute__((target(NT_TARGET_AVX512))) static void rowcopy_span(const walk *w, int64_t lo,
+                                                                   int64_t hi)
+{
+    const int nd = w->nd;
+    const int64_t inner = w->cs[nd - 1];
+    int64_t idx[NT_MAX_DIMS] = {0}, off[2] = {0, 0};
+    int64_t r0 = lo / inner, r1 = hi / inner; /* spans are whole rows */
+    for (int64_t rem = r0, d = nd - 2; d >= 0; d--) {
+        idx[d] = rem % w->cs[d];
+        rem /= w->cs[d];
+    }
+    for (int k = 0; k < 2; k++)
+        for (int d = 0; d < nd - 1; d++)
+            off[k] += idx[d] * w->cst[k][d];
+    float *dst0 = (float *)w->v[0].data;
+    const float *src0 = (const float *)w->v[1].data;
+    const __m512i absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i qnan = _mm512_set1_epi32((int)NT__QNAN_F32);
+    const __mmask16 tail = (__mmask16)((1u << (inner % 16)) - 1u);
+    for (int64_t r = r0; r < r1; r++) {
+        float *d = dst0 + off[0];
+        const float *sp = src0 + off[1];
+        int64_t j = 0;
+        for (; j + 16 <= inner; j += 16) {
+            __m512i u = _mm512_loadu_si512(sp + j);
+            __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absm), inf);
+            _mm512_storeu_si512(d + j, _mm512_mask_mov_epi32(u, nan, qnan));
+        }
+        if (tail) {
+            __m512i u = _mm512_maskz_loadu_epi32(tail, sp + j);
+            __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absm), inf);
+            _mm512_mask_storeu_epi32(d + j, tail, _mm512_mask_mov_epi32(u, nan, qnan));
+        }
+        for (int dd = nd - 2; dd >= 0; dd--) { /* next row */
+            idx[dd]++;
+            off[0] += w->cst[0][dd], off[1] += w->cst[1][dd];
+            if (idx[dd] < w->cs[dd])
+                break;
+            idx[dd] = 0;
+            off[0] -= w->cs[dd] * w->cst[0][dd], off[1] -= w->cs[dd] * w->cst[1][dd];
+        }
+    }
+}
+
+static void rowcopy_block(void *arg, int b)
+{
+    const walk *w = arg;
+    int64_t lo = (int64_t)b * w->span, hi = lo + w->span < w->n_all ? lo + w->span : w->n_all;
+    rowcopy_span(w, lo, hi);
+}
+#endif
+
+/* 1: copied (rowcopy_span), 0: not such a copy. */
+static int copy_rows_f32(const nt__rec *r, nt__kv *v)
+{
+#ifdef ROWCOPY_X86
+    if (v[0].dt != NT_F32 || v[1].dt != NT_F32 || nt__gemm_isa() != NT_ISA_AVX512 ||
+        r->in[0]->st == r->out[0]->st) /* one storage: the driver's order */
+        return 0;
+    walk w;
+    w.r = r, w.v = v, w.nv = 2, w.fn = NULL;
+    collapse(&w, v, 2);
+    int64_t inner = w.cs[w.nd - 1];
+    if (w.n_all == 0 || w.nd < 2 || inner > ROWCOPY_MAX || w.cst[0][w.nd - 1] != 1 ||
+        w.cst[1][w.nd - 1] != 1)
+        return 0;
+    /* spans of whole rows, about EW_SPAN elements */
+    w.span = (EW_SPAN + inner - 1) / inner * inner;
+    int64_t nblocks = (w.n_all + w.span - 1) / w.span;
+    if (nblocks < 2 || nblocks > INT32_MAX)
+        rowcopy_span(&w, 0, w.n_all);
+    else
+        nt__par_blocks((int)nblocks, rowcopy_block, &w, true);
+    return 1;
+#else
+    (void)r, (void)v;
+    return 0;
+#endif
+}
+
+/* Test hook: 0 sends every copy through the driver (copy_chunk). */
+int nt__cpu_rowcopy = 1;
+
 int nt__cpu_copy(const nt__rec *r)
 {
     nt__kv v[2];
     bool sr = r->op == NT_OP_CAST && (r->p.flag & NT__CAST_SR);
-    drive(r, v, setup(r, v, 1), sr ? sr_chunk : copy_chunk);
+    int nv = setup(r, v, 1);
+    if (!sr && __atomic_load_n(&nt__cpu_rowcopy, __ATOMIC_RELAXED) && copy_rows_f32(r, v))
+        return 0;
+    drive(r, v, nv, sr ? sr_chunk : copy_chunk);
     return 0;
 }
 

@@ -1504,8 +1504,23 @@ typedef struct row_ctx {
     int8_t chunk_out[NT_F_MAXOPS];
     bool canon[NT_F_MAXOPS]; /* as ew_ctx's */
     int slots;               /* prefetch slices per row: see row_span */
+    /* Rows per tile (row_span_tiled): 1 runs row_span, one row at a time */
+    int64_t m;
+    bool tile_in[NT_F_MAXEXT];  /* a full f32 input whose rows are adjacent: read in place */
+    bool tile_inv[NT_F_MAXEXT]; /* an input every row reads at the same place (a weight) */
     volatile int rc;
 } row_ctx;
+
+/* Tiles of narrow rows: a program over rows of at most this many elements
+ * runs ROW_CH / C rows per tile, each op over the whole tile in one call.
+ * One row per call cost a call, a prefetch schedule and (at the AVX-512
+ * level, for * and /) an MXCSR switch per row and op: for the GPT's rows of
+ * 128, 40% of a layer norm backward's CPU time was that switch alone. */
+#define ROW_TILE_MAXC (ROW_CH / 2)
+
+/* Test hook: 0 runs every row program one row at a time (row_span), the
+ * reference tests/test_fusion.c compares the tiles with. */
+int nt__cpu_row_tiles = 1;
 
 static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
 {
@@ -1666,13 +1681,238 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
     return 0;
 }
 
+/* row_span over tiles of c->m rows: each op runs over a whole tile at once
+ * (a reduction still row by row, over its own row alone).  The same ops on
+ * the same values as row_span, element by element -- only more elements a
+ * call -- so the same bits:
+ *  - a full-row value of a tile is its rows one after the other; an input
+ *    whose rows are adjacent in memory (tile_in) is read in place, any other
+ *    loaded row by row as row_span loads it (a weight read by every row at
+ *    the same place, tile_inv, only once a span);
+ *  - a per-row value is the tile's rows' values one after the other; an
+ *    elementwise op of per-row values runs on all of them at once;
+ *  - an op of a full-row result with a per-row operand reads that operand
+ *    expanded over its row (row_span passes it as one broadcast value: the
+ *    same value at each element, and each element's operation is IEEE's, or
+ *    for * and / at the AVX-512 level the exact route's same bits);
+ *  - a stochastic-rounding cast keys each element by its own index, as in
+ *    row_span.
+ * Outputs are written as row_span writes them: in place when the output's
+ * rows are adjacent too (direct, chunk_out, stream: run_row checks), else
+ * row by row at the tile's end. */
+static int row_span_tiled(const row_ctx *c, int64_t r0, int64_t r1)
+{
+    const nt__fprog *P = c->g->prog;
+    const int nd = P->ndim;
+    const int64_t *shape = P->shape;
+    const int64_t C = c->C, M = c->m, TC = M * C;
+    const mview *ev = c->ev, *ov = c->ov;
+    const uint64_t *keys = c->keys;
+    /* registers and loaded inputs of a tile each, three expanded operands;
+     * then eval's scratch (4 chunks) and a row for a reduction's operand;
+     * then one chunk for a streamed output (chunk_out), cache-line aligned */
+    size_t cells = (size_t)(c->nregs + P->next + 3) * (size_t)TC;
+    size_t nbuf = (cells + (size_t)C + 5 * ROW_CH + 16 + 15) & ~(size_t)15;
+    float *buf = aligned_alloc(64, sizeof(float) * nbuf);
+    int64_t(*tidx)[NT_MAX_DIMS] = malloc(sizeof *tidx * (size_t)M);
+    if (!buf || !tidx) {
+        free(buf), free(tidx);
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
+    }
+    float *V = buf, *E = buf + (size_t)c->nregs * (size_t)TC;
+    float *X = E + (size_t)P->next * (size_t)TC; /* expanded operands: 3 tiles */
+    float *scratch = X + 3 * (size_t)TC;
+    float *cbuf = (float *)(((uintptr_t)(scratch + C + 4 * ROW_CH) + 63) & ~(uintptr_t)63);
+    const int8_t *direct = c->direct;
+    float *at[NT_F_MAXVALS];
+    for (int v = 0; v < P->nvals; v++)
+        at[v] = c->reg[v] >= 0 ? V + (size_t)c->reg[v] * (size_t)TC : NULL;
+    eval_fn *eval = eval_isa();
+    bool inv_loaded[NT_F_MAXEXT] = {0};
+    int64_t idx[NT_MAX_DIMS] = {0};
+    for (int64_t rem = r0, d = nd - 2; d >= 0; d--) {
+        idx[d] = rem % shape[d];
+        rem /= shape[d];
+    }
+    for (int64_t r = r0; r < r1;) {
+        const int64_t mm = r1 - r < M ? r1 - r : M, n_t = mm * C;
+        for (int64_t i = 0; i < mm; i++) {
+            idx[nd - 1] = 0;
+            memcpy(tidx[i], idx, sizeof idx);
+            nt__idx_next(idx, nd - 1, shape);
+        }
+        idx[nd - 1] = 0; /* now the next tile's first row */
+        bool loaded[NT_F_MAXEXT] = {0};
+        for (int v = 0; v < P->nvals; v++)
+            if (direct[v] >= 0)
+                at[v] = (float *)ov[direct[v]].data + offset_of(&ov[direct[v]], tidx[0], nd);
+        /* the next tile of each input read in place, into L2, a slice
+         * before each op (as row_span does for the next row) */
+        const char *pf[NT_F_MAXEXT];
+        int npf = 0, slot = 0;
+        const int64_t pf_lines = (TC * (int64_t)sizeof(float) + 63) / 64;
+        const int64_t pf_per = (pf_lines + c->slots - 1) / c->slots;
+        if (r + mm < r1)
+            for (int e = 0; e < P->next; e++)
+                if (c->tile_in[e])
+                    pf[npf++] = (const char *)((const float *)ev[e].data + offset_of(&ev[e], idx, nd));
+        for (int k = 0; k < P->nops; k++) {
+            const nt__fop *o = &P->ops[k];
+            const nt__fval *ov_ = &P->vals[o->out];
+            for (int e = 0; e < npf; e++)
+                for (int64_t b = slot * pf_per; b < (slot + 1) * pf_per && b < pf_lines; b++)
+                    __builtin_prefetch(pf[e] + 64 * b, 0, 2);
+            slot++;
+            opnd a[3];
+            for (int q = 0; q < o->nin; q++) {
+                int s = o->a[q];
+                if (NT_F_IS_EXT(s)) {
+                    int e = NT_F_EXT_IDX(s);
+                    bool red = P->ext[e].red;
+                    if (c->tile_in[e]) {
+                        a[q] = (opnd){(const float *)ev[e].data + offset_of(&ev[e], tidx[0], nd),
+                                      NT_F32, false};
+                        continue;
+                    }
+                    float *dst = E + (size_t)e * (size_t)TC;
+                    if (!loaded[e] && !(c->tile_inv[e] && inv_loaded[e])) {
+                        for (int64_t i = 0; i < mm; i++)
+                            load(red ? dst + i : dst + i * C, &ev[e], offset_of(&ev[e], tidx[i], nd),
+                                 ev[e].stride[nd - 1], red ? 1 : C);
+                        /* the first tile is the longest: every later one
+                         * finds its rows there */
+                        inv_loaded[e] = true;
+                    }
+                    loaded[e] = true;
+                    a[q] = (opnd){dst, (nt_dtype)P->ext[e].dtype, red};
+                } else {
+                    a[q] = (opnd){at[s], (nt_dtype)P->vals[s].dtype, P->vals[s].red};
+                }
+            }
+            float *out = at[o->out];
+            if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN ||
+                o->op == NT_OP_MIN) {
+                for (int64_t i = 0; i < mm; i++) {
+                    opnd ai = a[0];
+                    ai.p = (const float *)a[0].p + (a[0].scalar ? i : i * C);
+                    const float *row = as_f32(&ai, scratch, C);
+                    float v = o->op == NT_OP_MAX   ? nt__red_max_f32(row, C, 1)
+                              : o->op == NT_OP_MIN ? nt__red_min_f32(row, C, 1)
+                                                   : nt__red_sum_f32(row, C, 1);
+                    if (o->op == NT_OP_MEAN)
+                        v = v / (float)C;
+                    settle_f(out + i, (nt_dtype)ov_->dtype, &v, 1);
+                }
+                continue;
+            }
+            if (is_sr(o)) {
+                /* a per-row value's index is its row; a full one's r*C + j */
+                for (int64_t i = 0; i < mm; i++) {
+                    opnd ai = a[0];
+                    if (ov_->red) {
+                        ai.p = (const float *)a[0].p + i;
+                        eval_sr((nt_dtype)ov_->dtype, &ai, out + i, 1, scratch + C, keys[k], r + i);
+                        continue;
+                    }
+                    for (int64_t j = 0; j < C; j += ROW_CH) {
+                        int64_t n = C - j < ROW_CH ? C - j : ROW_CH;
+                        ai.p = (const float *)a[0].p + (a[0].scalar ? i : i * C + j);
+                        eval_sr((nt_dtype)ov_->dtype, &ai, out + i * C + j, n, scratch + C,
+                                keys[k], (r + i) * C + j);
+                    }
+                }
+                continue;
+            }
+            if (ov_->red) { /* every operand per-row: the tile's rows at once */
+                opnd ar[3];
+                for (int q = 0; q < o->nin; q++)
+                    ar[q] = (opnd){a[q].p, a[q].dt, false};
+                eval(o, (nt_dtype)ov_->dtype, ar, out, mm, scratch + C, c->canon[k]);
+                continue;
+            }
+            for (int q = 0; q < o->nin; q++)
+                if (a[q].scalar) { /* a per-row operand, over its row */
+                    const uint32_t *src = a[q].p;
+                    uint32_t *x = (uint32_t *)X + (size_t)q * (size_t)TC;
+                    for (int64_t i = 0; i < mm; i++)
+                        for (int64_t j = 0; j < C; j++)
+                            x[i * C + j] = src[i];
+                    a[q] = (opnd){x, a[q].dt, false};
+                }
+            const int so = c->chunk_out[k];
+            float *dst = so >= 0 ? (float *)ov[so].data + offset_of(&ov[so], tidx[0], nd) : NULL;
+            for (int64_t j = 0; j < n_t; j += ROW_CH) {
+                int64_t n = n_t - j < ROW_CH ? n_t - j : ROW_CH;
+                opnd aj[3];
+                for (int q = 0; q < o->nin; q++)
+                    aj[q] = (opnd){(const float *)a[q].p + j, a[q].dt, false};
+                int sd;
+                if (dst && (sd = stream_direct(eval, o, (nt_dtype)ov_->dtype, aj, dst + j, n,
+                                               c->canon[k])) <= 0) {
+                    if (sd < 0)
+                        stream_fence();
+                    eval(o, (nt_dtype)ov_->dtype, aj, cbuf, n, scratch + C, c->canon[k]);
+                    stream_f32(dst + j, cbuf, n);
+                } else if (!dst) {
+                    eval(o, (nt_dtype)ov_->dtype, aj, out + j, n, scratch + C, c->canon[k]);
+                }
+            }
+        }
+        for (int s = 0; s < P->nout; s++) {
+            int v = P->out_val[s];
+            const nt__fval *val = &P->vals[v];
+            if (direct[v] == s || c->chunk_out[def_op(P, v)] == s)
+                continue;
+            if (c->stream[s]) {
+                stream_f32((float *)ov[s].data + offset_of(&ov[s], tidx[0], nd), at[v], n_t);
+                continue;
+            }
+            for (int64_t i = 0; i < mm; i++)
+                store(&ov[s], offset_of(&ov[s], tidx[i], nd), ov[s].stride[nd - 1],
+                      val->red ? at[v] + i : at[v] + i * C, (nt_dtype)val->dtype,
+                      val->red ? 1 : C);
+        }
+        r += mm;
+    }
+    stream_fence();
+    free(buf);
+    free(tidx);
+    return 0;
+}
+
 static void row_block(void *arg, int b)
 {
     row_ctx *c = arg;
     int64_t r0 = (int64_t)b * c->rows, r1 = r0 + c->rows < c->R ? r0 + c->rows : c->R;
-    int rc = row_span(c, r0, r1);
+    int rc = c->m > 1 ? row_span_tiled(c, r0, r1) : row_span(c, r0, r1);
     if (rc)
         c->rc = rc;
+}
+
+/* The rows of m (over the iteration shape [..., C]) follow one another in
+ * memory: row r starts at r * C from row 0 (contiguous over every dim, or
+ * only a dim of extent 1 out of step). */
+static bool rows_adjacent(const mview *m, int nd, const int64_t *shape)
+{
+    if (m->stride[nd - 1] != 1)
+        return false;
+    int64_t want = shape[nd - 1];
+    for (int d = nd - 2; d >= 0; d--) {
+        if (shape[d] != 1 && m->stride[d] != want)
+            return false;
+        want *= shape[d];
+    }
+    return true;
+}
+
+/* Every row of m is the same memory (stride 0 along every dim but the
+ * row's own). */
+static bool rows_invariant(const mview *m, int nd, const int64_t *shape)
+{
+    for (int d = 0; d < nd - 1; d++)
+        if (shape[d] != 1 && m->stride[d] != 0)
+            return false;
+    return true;
 }
 
 static int run_row(const nt__fgroup *g)
@@ -1697,14 +1937,22 @@ static int run_row(const nt__fgroup *g)
     sr_keys(g, c->keys);
     c->nregs = plan_regs(P, 0, -1, c->reg);
     plan_canon(P, 0, c->canon);
+    c->m = c->C >= 1 && c->C <= ROW_TILE_MAXC && __atomic_load_n(&nt__cpu_row_tiles, __ATOMIC_RELAXED)
+               ? ROW_CH / c->C
+               : 1;
+    for (int e = 0; e < P->next; e++) {
+        c->tile_in[e] = !P->ext[e].red && c->ev[e].dt == NT_F32 && rows_adjacent(&c->ev[e], nd, shape);
+        c->tile_inv[e] = rows_invariant(&c->ev[e], nd, shape);
+    }
     for (int v = 0; v < P->nvals; v++)
         c->direct[v] = -1;
     for (int s = 0; s < P->nout; s++) {
         int v = P->out_val[s];
-        /* full rows only (a per-row output is strided by 0 along the row) */
+        /* full rows only (a per-row output is strided by 0 along the row);
+         * in tiles, only into rows that are adjacent */
         c->stream[s] = false;
         if (!P->vals[v].red && c->direct[v] < 0 && !is_sr(&P->ops[def_op(P, v)]) &&
-            direct_out(g, c->ov, s, nd)) {
+            direct_out(g, c->ov, s, nd) && (c->m == 1 || rows_adjacent(&c->ov[s], nd, shape))) {
             if (c->R * c->C * (int64_t)sizeof(float) >= STREAM_MIN)
                 c->stream[s] = true;
             else
@@ -1735,6 +1983,8 @@ static int run_row(const nt__fgroup *g)
         else if (!P->vals[o->out].red && !is_sr(o))
             c->slots += (int)((c->C + ROW_CH - 1) / ROW_CH);
     }
+    if (c->m > 1) /* row_span_tiled: one slice before each op */
+        c->slots = P->nops;
     if (c->slots < 1)
         c->slots = 1;
     /* blocks of about EW_SPAN elements; fewer than two run on this thread */

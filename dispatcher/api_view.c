@@ -15,6 +15,38 @@ static void set_out(nt__call *c, nt_dtype dt, int ndim, const int64_t *shape)
         c->oshape[0][i] = shape[i];
 }
 
+/* Strides st that view t's elements, in row-major order, as shape sh,
+ * when t's strides allow it (a split or merge of dims happens only within a
+ * run of t's dims that are contiguous with one another): splitting the last
+ * dim of a slice, [B, T, 3D] sliced to [B, T, D] and viewed as [B, T, H,
+ * D/H], needs no copy.  false: no such strides (the caller copies).  t is
+ * neither contiguous nor empty here; an expanded t always copies. */
+bool nt__view_strides(const nt_tensor *t, int ndim, const int64_t *sh, int64_t *st)
+{
+    if (t->expanded || t->ndim == 0 || nt__numel(t->ndim, t->shape) == 0)
+        return false;
+    int vd = ndim - 1;
+    int64_t base = t->stride[t->ndim - 1], tn = 1, vn = 1;
+    for (int td = t->ndim - 1; td >= 0; td--) {
+        tn *= t->shape[td];
+        /* the end of a run of dims contiguous with one another */
+        if (td == 0 || (t->shape[td - 1] != 1 && t->stride[td - 1] != tn * base)) {
+            while (vd >= 0 && (vn < tn || sh[vd] == 1)) {
+                st[vd] = vn * base;
+                vn *= sh[vd];
+                vd--;
+            }
+            if (vn != tn)
+                return false;
+            if (td > 0) {
+                base = t->stride[td - 1];
+                tn = vn = 1;
+            }
+        }
+    }
+    return vd == -1;
+}
+
 NT_API nt_tensor *nt_reshape_at(const nt_site *site, nt_tensor *t, int ndim, const int64_t *shape)
 {
     const char *fn = "nt_reshape";
@@ -72,6 +104,8 @@ NT_API nt_tensor *nt_reshape_at(const nt_site *site, nt_tensor *t, int ndim, con
     int64_t st[NT_MAX_DIMS];
     nt__contig_strides(ndim, sh, st);
     if (nt__is_contig(t))
+        return nt__dispatch_view(&c, nt__make_view(t, ndim, sh, st, t->offset, site));
+    if (nt__view_strides(t, ndim, sh, st))
         return nt__dispatch_view(&c, nt__make_view(t, ndim, sh, st, t->offset, site));
     /* Not viewable: copy to contiguous, then view the copy.  Autograd sees
      * the copy and the view as two nodes, which is exact. */

@@ -89,6 +89,9 @@ int nt__runtime_init(void (*register_modules)(void));
 void nt__runtime_shutdown(void);
 
 /* A view of t (same storage) with new metadata; records no op. */
+/* Strides st that view t (neither contiguous nor empty) as shape sh, when
+ * its strides allow (dispatcher/api_view.c); false: reshaping copies. */
+bool nt__view_strides(const nt_tensor *t, int ndim, const int64_t *sh, int64_t *st);
 nt_tensor *nt__make_view(nt_tensor *t, int ndim, const int64_t *shape, const int64_t *stride,
                          int64_t offset, const nt_site *site);
 

@@ -16,6 +16,7 @@
 
 #include "ntensor.h"
 #include "nt_test.h"
+#include "cpu/cpu.h"
 
 enum { M_NONE, M_U8, M_ADD };
 
@@ -414,6 +415,57 @@ static void test_modes_and_strides(void **state)
     host_free(&h);
 }
 
+/* The CPU kernel leaves out the masked half of a causal block when the
+ * operands the left-out terms read are finite (cpu/attention.c): with
+ * finite operands, and with an Inf, a NaN or a -0 planted in one row of q,
+ * k, v or dO (so some blocks skip and others, reading them, do not), the
+ * bits of computing every block whole, and of the simulator's program. */
+static void test_causal_skip_bitwise(void **state)
+{
+    (void)state;
+    static const cfg cs[] = {
+        {2, 2, 128, 128, 32, 32, true, M_NONE, false, 0}, /* the GPT's head */
+        {1, 2, 300, 300, 16, 24, true, M_NONE, false, 0}, /* 3 blocks, a short last one */
+        {1, 1, 257, 130, 8, 8, true, M_U8, false, -0.2},  /* Tq != Tk, with a mask */
+        {1, 1, 45, 45, 8, 8, true, M_ADD, false, 0},      /* groups of SUB cut short */
+    };
+    static const uint32_t special[] = {0x7f800000u, 0xff800000u, 0x7fc00001u, 0x80000000u};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        for (int plant = -1; plant < 16; plant++) {
+            host h;
+            host_make(&h, &cs[i], 31 + i);
+            const cfg *c = &h.c;
+            if (plant >= 0) { /* operand plant % 4, value plant / 4, one element */
+                float *arr[4] = {h.q, h.k, h.v, h.dO};
+                int64_t len[4] = {c->B * c->H * c->Tq * c->D, c->B * c->H * c->Tk * c->D,
+                                  c->B * c->H * c->Tk * c->Dv, c->B * c->H * c->Tq * c->Dv};
+                int op = plant % 4;
+                int64_t at = (len[op] / 3 + 7 * plant) % len[op];
+                memcpy(&arr[op][at], &special[plant / 4], 4);
+            }
+            run_out a, b;
+            config("cpu", "deterministic", "1");
+            __atomic_store_n(&nt__cpu_attn_causal_skip, 1, __ATOMIC_RELAXED);
+            run(&h, NT_F32, true, false, false, &a);
+            __atomic_store_n(&nt__cpu_attn_causal_skip, 0, __ATOMIC_RELAXED);
+            run(&h, NT_F32, true, false, false, &b);
+            __atomic_store_n(&nt__cpu_attn_causal_skip, 1, __ATOMIC_RELAXED);
+            assert_int_equal(a.rc, 0);
+            assert_int_equal(b.rc, 0);
+            assert_run_same(&h, &a, &b);
+            if (plant < 0) {
+                run_free(&b);
+                config("sim", "deterministic", "1");
+                run(&h, NT_F32, true, false, false, &b);
+                assert_int_equal(b.rc, 0);
+                assert_run_same(&h, &a, &b);
+            }
+            run_free(&a);
+            run_free(&b);
+            host_free(&h);
+        }
+}
+
 /* A row that may attend no key gives 0 and gradient 0 (PyTorch: NaN);
  * other rows are unaffected. */
 static void test_fully_masked_row(void **state)
@@ -554,6 +606,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_values_bf16, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_sim_equals_cpu, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_modes_and_strides, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_causal_skip_bitwise, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fully_masked_row, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_gradcheck, nt_test_setup, nt_test_teardown),

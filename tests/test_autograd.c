@@ -1039,8 +1039,8 @@ static const slice_case slice_cases[] = {
  * slice's gradient placed into zeros of x's shape, and the direct use's
  * gradient, summed in the order their backwards run, newest first (ref).
  * The c_i hold -0 and a NaN. */
-static void slice_grads(const slice_case *sc, int dpos, bool through_op, nt_dtype dt,
-                        uint16_t *out, uint16_t *ref, float *out32, float *ref32)
+static void slice_grads(const slice_case *sc, int dpos, bool through_op, bool heads,
+                        nt_dtype dt, uint16_t *out, uint16_t *ref, float *out32, float *ref32)
 {
     int64_t sh[3] = {2, 3, 12};
     float xv[72];
@@ -1071,7 +1071,18 @@ static void slice_grads(const slice_case *sc, int dpos, bool through_op, nt_dtyp
         for (int i = 0; i < n; i++)
             cv[i] = i % 7 == 3 ? -0.0f : (i % 11 == 5 ? NAN : (float)(k + 1) + 0.5f * (float)i);
         nt_tensor *c = nt_cast(nt_from_host(cv, NT_F32, 3, ys), dt);
-        nt_tensor *l = nt_sum(nt_mul(y, c), NT_DIM_ALL, false);
+        nt_tensor *yv = y, *cv_ = c;
+        if (heads) { /* attention's heads: reshape (a view) and permute */
+            if (ys[2] % 2 == 0 && ys[2] > 0) {
+                int64_t hs[4] = {ys[0], ys[1], ys[2] / 2, 2};
+                yv = nt_permute(nt_reshape(y, 4, hs), (int[]){0, 2, 1, 3});
+                cv_ = nt_permute(nt_reshape(c, 4, hs), (int[]){0, 2, 1, 3});
+            } else {
+                yv = nt_transpose(nt_reshape(y, 3, ys), 0, 1);
+                cv_ = nt_transpose(c, 0, 1);
+            }
+        }
+        nt_tensor *l = nt_sum(nt_mul(yv, cv_), NT_DIM_ALL, false);
         loss = loss ? nt_add(loss, l) : l;
         /* the definition of the slice's gradient: mul's (ones * c) in zeros */
         nt_tensor *z = nt_zeros(dt, 3, sh);
@@ -1110,7 +1121,7 @@ static void test_slice_grads_one_buffer(void **state)
     const char *modes[] = {"deterministic", "eager", "adaptive", "lazy"};
     const char *backends[] = {"cpu", "sim"};
     for (size_t c = 0; c < sizeof slice_cases / sizeof *slice_cases; c++)
-        for (int v = 0; v < 16; v++)
+        for (int v = 0; v < 32; v++)
             for (int m = 0; m < 4; m++) {
                 const slice_case *sc = &slice_cases[c];
                 /* the direct use: none, oldest (its gradient comes last),
@@ -1122,7 +1133,7 @@ static void test_slice_grads_one_buffer(void **state)
                 nt_config_set("NT_BACKEND", backends[(c + (size_t)m + (size_t)v) % 2]);
                 uint16_t out[72], ref[72];
                 float out32[72], ref32[72];
-                slice_grads(sc, dpos, through_op, dt, out, ref, out32, ref32);
+                slice_grads(sc, dpos, through_op, v & 16, dt, out, ref, out32, ref32);
                 assert_memory_equal(out32, ref32, sizeof out32);
                 if (dt == NT_BF16)
                     assert_memory_equal(out, ref, sizeof out);
@@ -1138,6 +1149,55 @@ static void test_slice_grads_one_buffer(void **state)
                 if (c == 3 && dpos < 0) /* a gap between the slices: +0 */
                     assert_true(out32[4] == 0 && !signbit(out32[4]));
             }
+    nt_config_set("NT_MODE", "adaptive");
+    nt_config_set("NT_BACKEND", "sim");
+}
+
+/* The gradient of a reshaped slice goes straight into the slice's place
+ * when the slice has no other user (autograd/tape.c, reshape_into_slice);
+ * with another user it goes the ordinary way.  Both against the host: the
+ * sum of the two users' gradients (commutative: finite values). */
+static void test_reshaped_slice_grad(void **state)
+{
+    (void)state;
+    const char *modes[] = {"deterministic", "eager", "adaptive", "lazy"};
+    for (int m = 0; m < 8; m++) {
+        nt_config_set("NT_MODE", modes[m % 4]);
+        nt_config_set("NT_BACKEND", m < 4 ? "cpu" : "sim");
+        bool second = m & 1; /* the slice also used directly */
+        nt_scope *s = nt_scope_begin();
+        float xv[72], cv[16], dv[16];
+        for (int i = 0; i < 72; i++)
+            xv[i] = 0.5f * (float)(i % 7) - 1;
+        for (int i = 0; i < 16; i++)
+            cv[i] = (float)i - 3.5f, dv[i] = 0.25f * (float)(i % 5);
+        nt_tensor *x = nt_from_host(xv, NT_F32, 3, (int64_t[]){2, 2, 18});
+        nt_set_requires_grad(x, true);
+        nt_tensor *y = nt_slice(x, 2, 5, 9, 1); /* [2, 2, 4] */
+        nt_tensor *q = nt_permute(nt_reshape(y, 4, (int64_t[]){2, 2, 2, 2}), (int[]){0, 2, 1, 3});
+        nt_tensor *c = nt_from_host(cv, NT_F32, 4, (int64_t[]){2, 2, 2, 2});
+        nt_tensor *loss = nt_sum(nt_mul(q, c), NT_DIM_ALL, false);
+        nt_tensor *d = nt_from_host(dv, NT_F32, 3, (int64_t[]){2, 2, 4});
+        if (second)
+            loss = nt_add(loss, nt_sum(nt_mul(y, d), NT_DIM_ALL, false));
+        assert_int_equal(nt_backward(loss), 0);
+        float g[72];
+        assert_int_equal(nt_to_host(nt_grad(x), g, sizeof g), 0);
+        for (int b = 0; b < 2; b++)
+            for (int t = 0; t < 2; t++)
+                for (int j = 0; j < 18; j++) {
+                    float want = 0.0f;
+                    if (j >= 5 && j < 9) {
+                        int e = j - 5, h = e / 2, w = e % 2; /* y[b, t, e] is q[b, h, t, w] */
+                        want = cv[((b * 2 + h) * 2 + t) * 2 + w];
+                        if (second)
+                            want += dv[(b * 2 + t) * 4 + e];
+                    }
+                    float got = g[(b * 2 + t) * 18 + j];
+                    assert_true(memcmp(&got, &want, 4) == 0);
+                }
+        nt_scope_end(s);
+    }
     nt_config_set("NT_MODE", "adaptive");
     nt_config_set("NT_BACKEND", "sim");
 }
@@ -1170,6 +1230,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_leaf_grad_taken_without_copy, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_leaf_grad_copied_when_shared, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_reshaped_slice_grad, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_slice_grads_one_buffer, nt_test_setup,
                                         nt_test_teardown),

@@ -27,6 +27,7 @@
 #include "core/ewise.h"
 #include "core/gemm.h"
 #include "core/reduce.h"
+#include "cpu/cpu.h"
 
 static const char *const levels[] = {"scalar", "avx2", "avx512"};
 #define NLEVELS 3
@@ -236,6 +237,124 @@ static void test_families_each_level_and_thread_count(void **state)
     for (int i = 0; i < NOUT; i++)
         free(ref[i]), free(got[i]);
     free(xv), free(zv), free(rv);
+}
+
+/* f32 copies of short rows (cpu/ewise.c, copy_rows_f32: the permuted heads
+ * of attention) against the element rule (nt__canon of each source
+ * element) and the generic driver, for row lengths around the vector width
+ * and past the limit, into a fresh tensor and into a strided view, on one
+ * and two threads at every level. */
+static void test_short_row_copies(void **state)
+{
+    (void)state;
+    static const int64_t hds[] = {1, 5, 16, 31, 32, 33, 128, 129};
+    static const char *const threads[] = {"1", "2"};
+    const int64_t B = 3, T = 70, H = 4;
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    for (size_t k = 0; k < sizeof hds / sizeof hds[0]; k++) {
+        int64_t hd = hds[k], n = B * T * H * hd, W = hd + 3;
+        float *xv = malloc((size_t)n * 4), *want = malloc((size_t)n * 4);
+        float *got = malloc((size_t)n * 4), *gotv = malloc((size_t)(B * H * T * W) * 4);
+        mixed_values(xv, n, 40 + (uint64_t)k);
+        /* y[b, h, t, e] = canon(x[b, t, h, e]) */
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t e = 0; e < hd; e++)
+                        want[((b * H + h) * T + t) * hd + e] =
+                            nt__canon(xv[((b * T + t) * H + h) * hd + e]);
+        nt_tensor *x = nt_from_host(xv, NT_F32, 4, (int64_t[]){B, T, H, hd});
+        for (int l = 0; l < NLEVELS; l++) {
+            if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+                continue;
+            for (int t = 0; t < 2; t++)
+                for (int fast = 0; fast < 2; fast++) {
+                    assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[t]), 0);
+                    __atomic_store_n(&nt__cpu_rowcopy, fast, __ATOMIC_RELAXED);
+                    nt_tensor *y = nt_contiguous(nt_transpose(x, 1, 2));
+                    assert_int_equal(nt_to_host(y, got, (size_t)n * 4), 0);
+                    int64_t d = first_diff(got, want, n);
+                    if (d >= 0)
+                        fail_msg("hd %lld %s %s thread(s) fast %d: element %lld %08x, want %08x",
+                                 (long long)hd, levels[l], threads[t], fast, (long long)d,
+                                 fbits(got[d]), fbits(want[d]));
+                    /* into columns [1, 1 + hd) of a [B, H, T, hd + 3] tensor */
+                    nt_tensor *big = nt_zeros(NT_F32, 4, (int64_t[]){B, H, T, W});
+                    assert_int_equal(nt_copy_into(nt_slice(big, 3, 1, 1 + hd, 1),
+                                                  nt_transpose(x, 1, 2)), 0);
+                    assert_int_equal(nt_to_host(big, gotv, (size_t)(B * H * T * W) * 4), 0);
+                    for (int64_t i = 0; i < B * H * T; i++)
+                        for (int64_t e = 0; e < W; e++) {
+                            float w = e >= 1 && e < 1 + hd ? want[i * hd + e - 1] : 0.0f;
+                            if (fbits(gotv[i * W + e]) != fbits(w))
+                                fail_msg("hd %lld %s into a view: row %lld col %lld", (long long)hd,
+                                         levels[l], (long long)i, (long long)e);
+                        }
+                    nt_release(y);
+                    nt_release(big);
+                }
+        }
+        nt_release(x);
+        free(xv), free(want), free(got), free(gotv);
+    }
+    __atomic_store_n(&nt__cpu_rowcopy, 1, __ATOMIC_RELAXED);
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+}
+
+/* Sums over a leading dim of at most 16 rows (cpu/reduce.c,
+ * cols_small_sum_avx512: each row one lane, the folds in registers) against
+ * the canonical order written out (core/reduce.h: lane l = +0 + x_l, folded
+ * in halves, added to +0), for 1 to 17 rows, column counts around the
+ * vector width, at every level and thread count. */
+static void test_small_column_sums(void **state)
+{
+    (void)state;
+    static const int64_t cols[] = {1, 15, 16, 17, 64, 70, 1000};
+    static const char *const threads[] = {"1", "2"};
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    for (int64_t n = 1; n <= 17; n++)
+        for (size_t ci = 0; ci < sizeof cols / sizeof cols[0]; ci++) {
+            int64_t w = cols[ci];
+            float *xv = malloc((size_t)(n * w) * 4), *want = malloc((size_t)w * 4);
+            float *got = malloc((size_t)w * 4);
+            mixed_values(xv, n * w, 70 + (uint64_t)(n * 13) + ci);
+            for (int64_t j = 0; j < w; j++) {
+                float lane[NT_RED_LANES];
+                for (int l = 0; l < NT_RED_LANES; l++)
+                    lane[l] = 0.0f;
+                for (int64_t k = 0; k < n; k++)
+                    lane[k % NT_RED_LANES] = lane[k % NT_RED_LANES] + xv[k * w + j];
+                for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)
+                    for (int l = 0; l < h; l++)
+                        lane[l] = lane[l] + lane[l + h];
+                want[j] = nt__canon(0.0f + lane[0]);
+            }
+            nt_tensor *x = nt_from_host(xv, NT_F32, 2, (int64_t[]){n, w});
+            for (int l = 0; l < NLEVELS; l++) {
+                if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+                    continue;
+                for (int t = 0; t < 2; t++) {
+                    assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[t]), 0);
+                    nt_tensor *y = nt_sum(x, 0, false);
+                    assert_int_equal(nt_to_host(y, got, (size_t)w * 4), 0);
+                    int64_t d = first_diff(got, want, w);
+                    if (d >= 0)
+                        fail_msg("n %lld w %lld %s %s thread(s): column %lld %08x, want %08x",
+                                 (long long)n, (long long)w, levels[l], threads[t], (long long)d,
+                                 fbits(got[d]), fbits(want[d]));
+                    nt_release(y);
+                }
+            }
+            nt_release(x);
+            free(xv), free(want), free(got);
+        }
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
 }
 
 /* Attention forward and backward (causal; with an additive mask; Tq, Tk
@@ -570,6 +689,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ktile_rowa_each_level_and_thread_count,
                                         nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fill_values, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_short_row_copies, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_small_column_sums, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_row_kernels_split_match_definitions, nt_test_setup,
                                         nt_test_teardown),
     };

@@ -1607,6 +1607,97 @@ static void regs_row_prog(nt_tensor *x, nt_tensor *z, nt_tensor **out)
     nt_scope_end(s);
 }
 
+/* ---- row programs over tiles of narrow rows (cpu/fused.c) ---- */
+
+/* A layer-norm-like row program with every kind of operand a tile meets:
+ * an input whose rows are adjacent (x, read in place), a weight read by
+ * every row at one place (w), an input whose rows are not adjacent (a
+ * transposed view), a per-row input ([B, T, 1]), per-row values made by
+ * reductions and elementwise ops of per-row values, a bf16 rounding point,
+ * a stochastic-rounding cast keyed by element, a compare and a where, and
+ * outputs: full rows, per-row values, and rows written into a strided view
+ * (not adjacent). */
+static void tile_prog(nt_tensor *x, nt_tensor *w, nt_tensor *xt, nt_tensor *pr, nt_tensor *big,
+                      nt_tensor **out)
+{
+    nt_scope *s = nt_scope_begin();
+    int64_t C = nt_shape(x, 2);
+    nt_tensor *mu = nt_mean(x, -1, true);
+    nt_tensor *d = nt_sub(x, mu);
+    nt_tensor *r = nt_rsqrt(nt_add_scalar(nt_mean(nt_mul(d, d), -1, true), 1e-5));
+    nt_tensor *xh = nt_mul(d, r);
+    nt_tensor *y = nt_add(nt_mul(xh, w), nt_permute(xt, (int[]){0, 2, 1}));
+    nt_tensor *yb = nt_cast(nt_cast(nt_mul(y, pr), NT_BF16), NT_F32);
+    nt_tensor *m = nt_max(yb, -1, true);
+    nt_tensor *sr = nt_cast_sr(nt_div(nt_sub(y, m), nt_add_scalar(nt_abs(r), 0.5)), NT_BF16);
+    nt_tensor *z = nt_where(nt_gt(y, pr), nt_cast(sr, NT_F32), nt_mul(xh, r));
+    nt_tensor *v = nt_slice(big, 2, 1, 1 + C, 1);
+    nt_copy_into(v, nt_sub(z, nt_mul_scalar(mu, 0.25)));
+    out[0] = nt_keep(y);
+    out[1] = nt_keep(nt_mul(r, m)); /* per row */
+    out[2] = nt_keep(sr);
+    nt_scope_end(s);
+}
+
+static void test_row_tiles_bitwise(void **state)
+{
+    (void)state;
+    /* C = 24: 42 rows a tile, tiles across the [T] boundary, two spans of
+     * rows; 128 (the GPT's width): 8 a tile; 300: 3; 513: one row at a time */
+    const int64_t Cs[] = {24, 128, 300, 513}, Ts[] = {1001, 37, 29, 5};
+    for (int ci = 0; ci < 4; ci++) {
+        const int64_t B = 3, T = Ts[ci], C = Cs[ci], n = B * T * C;
+        const size_t nb = (size_t)(B * T * (C + 2));
+        float *xv = malloc((size_t)n * 4), *tv = malloc((size_t)n * 4);
+        float *ref[4], *got[4];
+        isa_values(xv, (size_t)n, 200 + (uint64_t)ci);
+        isa_values(tv, (size_t)n, 300 + (uint64_t)ci);
+        size_t sz[4] = {(size_t)n * 4, (size_t)(B * T) * 4, (size_t)n * 2, nb * 4};
+        for (int k = 0; k < 4; k++)
+            ref[k] = malloc(sz[k]), got[k] = malloc(sz[k]);
+        /* deterministic (one op at a time), then fused with tiles, then
+         * fused one row at a time */
+        for (int run = 0; run < 3; run++) {
+            nt_shutdown(); /* SR bits key by record sequence: a fresh runtime each */
+            assert_int_equal(nt_init(), 0);
+            assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+            assert_int_equal(nt_config_set("NT_MODE", run ? "lazy" : "deterministic"), 0);
+            __atomic_store_n(&nt__cpu_row_tiles, run == 2 ? 0 : 1, __ATOMIC_RELAXED);
+            nt_tensor *x = nt_from_host(xv, NT_F32, 3, (int64_t[]){B, T, C});
+            nt_tensor *xt = nt_from_host(tv, NT_F32, 3, (int64_t[]){B, C, T});
+            nt_tensor *w = nt_randn(NT_F32, 1, (int64_t[]){C}, 7);
+            nt_tensor *pr = nt_randn(NT_F32, 3, (int64_t[]){B, T, 1}, 8);
+            nt_tensor *big = nt_zeros(NT_F32, 3, (int64_t[]){B, T, C + 2});
+            assert_int_equal(nt_sync(), 0);
+            nt_stats_reset();
+            nt_tensor *o[3];
+            tile_prog(x, w, xt, pr, big, o);
+            float **dst = run ? got : ref;
+            for (int k = 0; k < 3; k++) {
+                assert_int_equal(nt_to_host(o[k], dst[k], sz[k]), 0);
+                nt_release(o[k]);
+            }
+            assert_int_equal(nt_to_host(big, dst[3], sz[3]), 0);
+            nt_stats st;
+            nt_stats_get(&st);
+            if (run) /* the row program ran fused */
+                assert_true(st.fusion_groups >= 1 && st.fused_ops >= 20);
+            nt_release(x), nt_release(xt), nt_release(w), nt_release(pr), nt_release(big);
+            if (run)
+                for (int k = 0; k < 4; k++)
+                    if (memcmp(ref[k], got[k], sz[k])) {
+                        print_message("# C=%lld run %d output %d differs\n", (long long)C, run, k);
+                        fail();
+                    }
+        }
+        for (int k = 0; k < 4; k++)
+            free(ref[k]), free(got[k]);
+        free(xv), free(tv);
+    }
+    __atomic_store_n(&nt__cpu_row_tiles, 1, __ATOMIC_RELAXED);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+}
+
 /* rows of 1031 (a tail at every width); 150 rows: 3 spans and 3 blocks of
  * rows, so with 2 threads both take part.  Then 700 rows of 3001: outputs
  * of 8 MiB and more, written by streaming stores, from chunks that start
@@ -2754,6 +2845,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_subnormal_f64_route, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_subnormal_fused_isa, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_regs_bitwise, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_row_tiles_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_nan_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_stream_direct_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_plan_order_unchanged, setup, nt_test_teardown),

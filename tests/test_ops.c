@@ -2506,6 +2506,53 @@ static void test_reshape_and_infer(void **state)
     exact("write through reshape", fetch(a), twos, 24);
 }
 
+/* A reshape that only splits or merges dims within runs of t's dims that
+ * are contiguous with one another is a view, even when t itself is not
+ * contiguous (the heads of a slice of attention's qkv projection); one
+ * that cannot is a copy.  Values against the row-major walk of the source. */
+static void test_reshape_strided_views(void **state)
+{
+    (void)state;
+    nt_tensor *base = nt_arange(NT_F32, 0, 72, 1);
+    nt_tensor *b3 = nt_reshape(base, 3, SH(2, 3, 12));
+    nt_tensor *s = nt_slice(b3, 2, 4, 10, 1); /* [2, 3, 6], strides 36, 12, 1 */
+    nt_tensor *tr = nt_transpose(nt_reshape(nt_arange(NT_F32, 0, 24, 1), 2, SH(4, 6)), 0, 1);
+    struct {
+        nt_tensor *src;
+        int nd;
+        const int64_t *sh;
+        bool view;
+    } cases[] = {
+        {s, 4, SH(2, 3, 2, 3), true},       /* split the sliced dim */
+        {s, 2, SH(6, 6), true},             /* merge the two outer dims */
+        {s, 5, SH(1, 2, 3, 1, 6), true},    /* dims of 1 anywhere */
+        {s, 3, SH(2, 3, 6), true},          /* the same shape */
+        {s, 1, SH(36), false},              /* merges across the slice: copy */
+        {s, 2, SH(4, 9), false},
+        {tr, 3, SH(3, 2, 4), true},         /* split the strided outer dim of a transpose */
+        {tr, 3, SH(6, 2, 2), true},         /* split its inner (stride 6) dim */
+        {tr, 1, SH(24), false},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        nt_tensor *src = cases[k].src;
+        int64_t n = nt_numel(src);
+        double *want = fetch(src);
+        nt_tensor *r = nt_reshape(src, cases[k].nd, cases[k].sh);
+        expect_shape(r, cases[k].nd, cases[k].sh);
+        exact("strided reshape keeps row-major order", fetch(r), want, n);
+        /* a view: a write through it is seen by the source; a copy: not */
+        assert_int_equal(nt_fill_inplace(r, -1), 0);
+        double *after = fetch(src);
+        for (int64_t i = 0; i < n; i++)
+            assert_true(after[i] == (cases[k].view ? -1.0 : want[i]));
+        /* the sources back as they were, for the next case */
+        assert_int_equal(nt_copy_into(b3, nt_reshape(nt_arange(NT_F32, 0, 72, 1), 3,
+                                                     SH(2, 3, 12))), 0);
+        assert_int_equal(nt_copy_into(tr, nt_transpose(nt_reshape(nt_arange(NT_F32, 0, 24, 1),
+                                                                  2, SH(4, 6)), 0, 1)), 0);
+    }
+}
+
 static void test_views_as_op_inputs(void **state)
 {
     (void)state;
@@ -3127,6 +3174,7 @@ int main(void)
         T(test_embedding_copies_rows_bitwise),
         T(test_embedding_strided_weight_and_idx),
         T(test_reshape_and_infer),
+        T(test_reshape_strided_views),
         T(test_views_as_op_inputs),
         T(test_inplace_through_views),
         T(test_inplace_source_aliasing_destination),
