@@ -79,6 +79,16 @@ static void to_i32(int32_t *dst, const opnd *o, int64_t n)
 
 /* Rounds an f32 compute result to the value's dtype, as storing it and
  * loading it back would.  `out` may be `y` (in place). */
+/* A row program's reduction of one contiguous f32 row of C elements, as
+ * the unfused kernel computes it (row_span and row_span_tiled share it). */
+static float row_reduce(int op, const float *row, int64_t C)
+{
+    float v = op == NT_OP_MAX   ? nt__red_max_f32(row, C, 1)
+              : op == NT_OP_MIN ? nt__red_min_f32(row, C, 1)
+                                : nt__red_sum_f32(row, C, 1);
+    return op == NT_OP_MEAN ? v / (float)C : v;
+}
+
 static void settle_f(void *out, nt_dtype dt, float *y, int64_t n)
 {
     switch (dt) {
@@ -1613,12 +1623,7 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
                 o->op == NT_OP_MIN) {
                 /* the reduced row, as the unfused kernel loads it */
                 ROW_PREFETCH();
-                const float *row = as_f32(&a[0], scratch, C);
-                float v = o->op == NT_OP_MAX   ? nt__red_max_f32(row, C, 1)
-                          : o->op == NT_OP_MIN ? nt__red_min_f32(row, C, 1)
-                                               : nt__red_sum_f32(row, C, 1);
-                if (o->op == NT_OP_MEAN)
-                    v = v / (float)C;
+                float v = row_reduce(o->op, as_f32(&a[0], scratch, C), C);
                 settle_f(out, (nt_dtype)ov_->dtype, &v, 1);
                 continue;
             }
@@ -1795,12 +1800,7 @@ static int row_span_tiled(const row_ctx *c, int64_t r0, int64_t r1)
                 for (int64_t i = 0; i < mm; i++) {
                     opnd ai = a[0];
                     ai.p = (const float *)a[0].p + (a[0].scalar ? i : i * C);
-                    const float *row = as_f32(&ai, scratch, C);
-                    float v = o->op == NT_OP_MAX   ? nt__red_max_f32(row, C, 1)
-                              : o->op == NT_OP_MIN ? nt__red_min_f32(row, C, 1)
-                                                   : nt__red_sum_f32(row, C, 1);
-                    if (o->op == NT_OP_MEAN)
-                        v = v / (float)C;
+                    float v = row_reduce(o->op, as_f32(&ai, scratch, C), C);
                     settle_f(out + i, (nt_dtype)ov_->dtype, &v, 1);
                 }
                 continue;
