@@ -571,6 +571,11 @@ void nt__gemm_set_panel_cap(size_t n) { AO_store(&panel_cap, (AO_t)n); }
 static volatile AO_t force_pf;
 void nt__gemm_set_prefetch(bool on) { AO_store(&force_pf, (AO_t)on); }
 
+/* Tests and benches: 0 packs a whole product's operands in a pass before
+ * its blocks run (the pack job) instead of on first use (full_block). */
+static volatile AO_t lazy_pack = 1;
+void nt__gemm_set_lazy_pack(bool on) { AO_store(&lazy_pack, (AO_t)on); }
+
 static float *panel(GPrivate *key, size_t n)
 {
     size_t cap = (size_t)AO_load(&panel_cap);
@@ -964,6 +969,10 @@ typedef struct full {
     size_t bslot;
     bool ua;       /* A not packed: the micro-kernels read it where it is (micro_s) */
     bool la;       /* with ua, A^T: each block packs its rows K-tile by K-tile */
+    /* full job, packing on first use (lazy): per K-tile, nbm states of A's
+     * block rows then nbc of B's block columns; 0 not packed, 1 being
+     * packed, 2 packed (release by the packer, acquire by readers) */
+    volatile AO_t *pst;
 } full;
 
 /* bf16 -> f32 is exact (the 16 bits on top, zeros below), so a panel
@@ -1112,6 +1121,27 @@ static void pack_rows_bf16(int R, float *dst, int n, int K, const uint16_t *src,
  * b / nca, else B chunk (b - nk * nca) % ncb of K-tile (b - nk * nca) / ncb. */
 #define NT_PACK_A 16
 #define NT_PACK_B 8
+
+/* A's panels of rows [r0, r1) (r0 a multiple of MR) of K-tile k0 (kw
+ * deep), in their place in f->Ap: from any layout and dtype. */
+static void pack_a_tile(const full *f, int r0, int r1, int k0, int kw)
+{
+    const job *jb = &f->j;
+    const kern *kn = jb->kn;
+    float *d = f->Ap + (long)f->Mpad * k0 + (long)r0 * kw;
+    if (f->abf) {
+        const uint16_t *s = (const uint16_t *)(const void *)jb->A;
+        if (f->arow)
+            pack_rows_bf16(kn->mr, d, r1 - r0, kw, s + (long)r0 * jb->lda + k0, jb->lda);
+        else
+            pack_cols_bf16(kn->mr, d, r1 - r0, kw, s + (long)k0 * jb->lda + r0, jb->lda);
+    } else if (f->arow) {
+        pack_rows(kn->mr, d, r1 - r0, kw, jb->A + (long)r0 * jb->lda + k0, jb->lda);
+    } else {
+        pack_a(kn, d, r1 - r0, kw, jb->A + (long)k0 * jb->lda + r0, jb->lda);
+    }
+}
+
 static void pack_block(const job *jb, int b)
 {
     const full *f = (const full *)jb;
@@ -1124,6 +1154,10 @@ static void pack_block(const job *jb, int b)
     int tot = isa ? jb->M : jb->N;
     int r0 = ch * span, r1 = r0 + span < tot ? r0 + span : tot;
     /* panels r0 / R, ... of K-tile kt (r0 is a multiple of R) */
+    if (isa) {
+        pack_a_tile(f, r0, r1, k0, kw);
+        return;
+    }
     float *d = (isa ? f->Ap + (long)f->Mpad * k0 : f->Bp + (long)f->Npad * k0) + (long)r0 * kw;
     if (isa ? f->abf : f->bbf) {
         const uint16_t *s = (const uint16_t *)(isa ? (const void *)jb->A : (const void *)jb->B);
@@ -1228,6 +1262,34 @@ static inline void micro_at(const full *f, int i, int k0, int kw, const float *b
     }
 }
 
+/* Lazy packing (f->pst): unit u (A rows [r0, r1) or B columns [r0, r1) of
+ * K-tile k0) packed by the first block that needs it, while the others
+ * wait for it.  The same panels in the same places as the pack job makes:
+ * the same bits. */
+static void lazy_unit(const full *f, int u, bool isa, int r0, int r1, int k0, int kw)
+{
+    volatile AO_t *st = f->pst + u;
+    if (AO_load_acquire(st) == 2)
+        return;
+    if (AO_compare_and_swap_full(st, 0, 1)) {
+        if (isa)
+            pack_a_tile(f, r0, r1, k0, kw);
+        else
+            pack_b_tile(f, f->Bp + (long)f->Npad * k0 + (long)r0 * kw, r0, r1, k0, kw);
+        AO_store_release(st, 2);
+        return;
+    }
+    /* the other thread is packing it (microseconds), unless preempted */
+    for (int spins = 0; AO_load_acquire(st) != 2; spins++) {
+        if (spins >= 500)
+            sched_yield();
+#if defined(__x86_64__)
+        else
+            __builtin_ia32_pause();
+#endif
+    }
+}
+
 static void full_block(const job *jb, int b)
 {
     const full *f = (const full *)jb;
@@ -1261,6 +1323,9 @@ static void full_block(const job *jb, int b)
     }
     i1 = i1 < jb->M ? i1 : jb->M;
     j1 = j1 < jb->N ? j1 : jb->N;
+    /* the whole block's columns (a piece packs them all for the others) */
+    int jb0 = (int)((long)bj * npc / nbc) * NR, jb1 = (int)((long)(bj + 1) * npc / nbc) * NR;
+    jb1 = jb1 < jb->N ? jb1 : jb->N;
     int nrow = (i1 - i0 + MR - 1) / MR, ncol = (j1 - j0 + NR - 1) / NR;
     /* With more than one K-tile the block accumulates in a scratch copy
      * whose micro-tiles are contiguous, copied to C at the end: C's rows
@@ -1272,6 +1337,11 @@ static void full_block(const job *jb, int b)
     for (int k0 = 0; k0 < jb->K; k0 += NT_GEMM_KTILE) {
         int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
         const float *Bk = f->Bp + (long)f->Npad * k0;
+        if (f->pst) {
+            int kt = k0 / NT_GEMM_KTILE, nu = jb->nbn + nbc;
+            lazy_unit(f, kt * nu + bi, true, i0, i1, k0, kw);
+            lazy_unit(f, kt * nu + jb->nbn + bj, false, jb0, jb1, k0, kw);
+        }
         if (Al)
             pack_a_rows(kn, Al, i1 - i0, kw, jb->A + (long)k0 * jb->lda + i0, jb->lda);
         /* The next K-tile's panels of this block come from memory or the
@@ -1533,8 +1603,16 @@ static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, co
                   Ap, Bp, Mpad, Npad, nk, nca, ncbp, 0, 0, arow, bcol, false,
                   ty && ty->abf, ty && ty->bbf, NULL, NT_F32, 0, 0, 1, false};
         f.j.kn = kn;
-        run_job(&f.j, split);
         int nbm = (M + mc - 1) / mc, nbn = (N + ncb - 1) / ncb;
+        /* A packed: each K-tile's panels of a block row of A and of a block
+         * column of B are packed by the first block that needs them, right
+         * before it reads them (from L2, not after a pass over all of both
+         * operands through memory: 32 MB at 2048^3); else the pack job */
+        volatile AO_t *pst = NULL;
+        if (!ua && AO_load(&lazy_pack))
+            pst = g_try_new0(volatile AO_t, (gsize)nk * (gsize)(nbm + nbn));
+        if (!pst)
+            run_job(&f.j, split);
         if (ua && !arow && K > NT_GEMM_KTILE) {
             /* A^T packed block by block (la) over many K-tiles: blocks of
              * about NT_MC_LA rows read longer pieces of A^T's rows (its
@@ -1556,6 +1634,7 @@ static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, co
                   nbn, nbl - ntail, tsub, false};
         g.ua = ua;
         g.la = la;
+        g.pst = pst;
         /* Prefetching pays where the panels stream from memory (32 MB at
          * 2048^3); a training step's products (under 5 MB) find them in
          * the caches, where the prefetches only cost issue slots: 7% of
@@ -1570,6 +1649,7 @@ static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, co
                (!ua && K > NT_GEMM_KTILE && pbytes >= ((size_t)2 << 20));
         g.j.kn = kn;
         run_job(&g.j, split);
+        g_free((gpointer)pst);
         return 0;
     }
     if (ty)
