@@ -530,6 +530,33 @@ static void pack_b(const kern *kn, float *dst, int j0, int j1, int K, const floa
     }
 }
 
+/* pack_b's panels, written k by k (pack_a_rows for B): each row k of B
+ * read once, in order, across the panels.  The same floats. */
+static void pack_b_rows(const kern *kn, float *dst, int j0, int j1, int K, const float *B,
+                        int ldb)
+{
+    const int NR = kn->nr;
+    if (NR != 32) {
+        pack_b(kn, dst, j0, j1, K, B, ldb);
+        return;
+    }
+    int n = j1 - j0, full = n / 32, tail = n - full * 32;
+    for (int k = 0; k < K; k++) {
+        const float *b = B + (long)k * ldb + j0;
+        float *d = dst + (long)k * 32;
+        for (int p = 0; p < full; p++)
+            memcpy(d + (long)p * K * 32, b + p * 32, 32 * sizeof(float));
+        if (tail) {
+            float *t = d + (long)full * K * 32;
+            int q = 0;
+            for (; q < tail; q++)
+                t[q] = b[full * 32 + q];
+            for (; q < 32; q++)
+                t[q] = 0.0f;
+        }
+    }
+}
+
 /* Per-thread panel buffers, grown as needed and kept. */
 typedef struct {
     float *p;
@@ -1137,6 +1164,8 @@ static void pack_a_tile(const full *f, int r0, int r1, int k0, int kw)
             pack_cols_bf16(kn->mr, d, r1 - r0, kw, s + (long)k0 * jb->lda + r0, jb->lda);
     } else if (f->arow) {
         pack_rows(kn->mr, d, r1 - r0, kw, jb->A + (long)r0 * jb->lda + k0, jb->lda);
+    } else if (f->pst) { /* a block's rows: A^T's rows read in order */
+        pack_a_rows(kn, d, r1 - r0, kw, jb->A + (long)k0 * jb->lda + r0, jb->lda);
     } else {
         pack_a(kn, d, r1 - r0, kw, jb->A + (long)k0 * jb->lda + r0, jb->lda);
     }
@@ -1272,10 +1301,13 @@ static void lazy_unit(const full *f, int u, bool isa, int r0, int r1, int k0, in
     if (AO_load_acquire(st) == 2)
         return;
     if (AO_compare_and_swap_full(st, 0, 1)) {
+        float *d = f->Bp + (long)f->Npad * k0 + (long)r0 * kw;
         if (isa)
             pack_a_tile(f, r0, r1, k0, kw);
+        else if (!f->bbf && !f->bcol) /* a block's columns: B's rows read in order */
+            pack_b_rows(f->j.kn, d, r0, r1, kw, f->j.B + (long)k0 * f->j.ldb, f->j.ldb);
         else
-            pack_b_tile(f, f->Bp + (long)f->Npad * k0 + (long)r0 * kw, r0, r1, k0, kw);
+            pack_b_tile(f, d, r0, r1, k0, kw);
         AO_store_release(st, 2);
         return;
     }
@@ -1357,6 +1389,44 @@ static void full_block(const job *jb, int b)
             bn = (size_t)ncol * NR * kw1 * sizeof(float);
             fper = ((an + bn) / 64 + (size_t)(nrow * ncol) - 1) / (size_t)(nrow * ncol);
         }
+        /* Packing on first use: the next K-tile's panels that nobody has
+         * packed yet are not worth fetching (stale); their sources, which
+         * this block is likely to pack, are fetched into L2 instead, as
+         * rows (sr[0]: A's, sr[1]: B's), spread over this K-tile's calls. */
+        struct {
+            const char *p;
+            long s;
+            int rl, rn;
+        } sr[2] = {{NULL, 0, 0, 0}, {NULL, 0, 0, 0}};
+        if (f->pst && fper) {
+            int nu = jb->nbn + nbc, kt1 = k1 / NT_GEMM_KTILE;
+            AO_t sta = AO_load(&f->pst[kt1 * nu + bi]);
+            AO_t stb = AO_load(&f->pst[kt1 * nu + jb->nbn + bj]);
+            if (sta != 2)
+                an = 0;
+            if (stb != 2)
+                bn = 0;
+            fper = ((an + bn) / 64 + (size_t)(nrow * ncol) - 1) / (size_t)(nrow * ncol);
+            long lda = jb->lda, ldb = jb->ldb;
+            if (sta == 0 && !f->abf) {
+                const float *a = f->arow ? jb->A + i0 * lda + k1 : jb->A + k1 * lda + i0;
+                sr[0].p = (const char *)a, sr[0].s = lda * (long)sizeof(float);
+                sr[0].rl = (int)((size_t)(f->arow ? kw1 : i1 - i0) * sizeof(float) / 64 + 1);
+                sr[0].rn = f->arow ? i1 - i0 : kw1;
+            }
+            if (stb == 0 && !f->bbf) {
+                const float *p = f->bcol ? jb->B + jb0 * ldb + k1 : jb->B + k1 * ldb + jb0;
+                sr[1].p = (const char *)p, sr[1].s = ldb * (long)sizeof(float);
+                sr[1].rl = (int)((size_t)(f->bcol ? kw1 : jb1 - jb0) * sizeof(float) / 64 + 1);
+                sr[1].rn = f->bcol ? jb1 - jb0 : kw1;
+            }
+        }
+        /* calls [0, ta) fetch A's rows, [ta, T) B's */
+        int tcalls = nrow * ncol, ta = 0;
+        if (sr[0].p)
+            ta = sr[1].p ? (tcalls / 4 > 0 ? tcalls / 4 : 1) : tcalls;
+        int rpa = ta ? (sr[0].rn + ta - 1) / ta : 0;
+        int rpb = tcalls > ta && sr[1].p ? (sr[1].rn + (tcalls - ta) - 1) / (tcalls - ta) : 0;
         size_t anl = (an + 63) / 64;
         /* A^T read unpacked (ua; a weight gradient dY^T . X, K the batch's
          * rows): each k row of the block is a short piece of a long row
@@ -1396,6 +1466,14 @@ static void full_block(const job *jb, int b)
                     pl = e;
                     int lim = q.n[0] > q.n[1] ? q.n[0] : q.n[1];
                     q.lim = 2 * (lim > q.n[2] ? lim : q.n[2]);
+                    int t = ((c - j0) / NR) * nrow + r, u = t < ta ? 0 : 1;
+                    int rp0 = u ? (t - ta) * rpb : t * rpa, rpn = u ? rpb : rpa;
+                    if (sr[u].p && rp0 < sr[u].rn) {
+                        q.rp = sr[u].p + rp0 * sr[u].s, q.rs = sr[u].s, q.rl = sr[u].rl;
+                        q.rn = rp0 + rpn < sr[u].rn ? rpn : sr[u].rn - rp0;
+                        if (q.lim < 2 * q.rl * q.rn)
+                            q.lim = 2 * q.rl * q.rn;
+                    }
                     float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + r) * MR * NR
                                    : jb->C + (long)i * jb->ldc + c;
                     const float *Ak = f->Ap + (long)f->Mpad * k0;
