@@ -1292,25 +1292,27 @@ static inline void micro_at(const full *f, int i, int k0, int kw, const float *b
 }
 
 /* Lazy packing (f->pst): unit u (A rows [r0, r1) or B columns [r0, r1) of
- * K-tile k0) packed by the first block that needs it, while the others
- * wait for it.  The same panels in the same places as the pack job makes:
- * the same bits. */
-static void lazy_unit(const full *f, int u, bool isa, int r0, int r1, int k0, int kw)
+ * K-tile k0) packed by the first block that needs it; lazy_wait waits for
+ * one the other thread is packing.  The same panels in the same places as
+ * the pack job makes: the same bits. */
+static void lazy_claim(const full *f, int u, bool isa, int r0, int r1, int k0, int kw)
 {
     volatile AO_t *st = f->pst + u;
-    if (AO_load_acquire(st) == 2)
+    if (AO_load(st) != 0 || !AO_compare_and_swap_full(st, 0, 1))
         return;
-    if (AO_compare_and_swap_full(st, 0, 1)) {
-        float *d = f->Bp + (long)f->Npad * k0 + (long)r0 * kw;
-        if (isa)
-            pack_a_tile(f, r0, r1, k0, kw);
-        else if (!f->bbf && !f->bcol) /* a block's columns: B's rows read in order */
-            pack_b_rows(f->j.kn, d, r0, r1, kw, f->j.B + (long)k0 * f->j.ldb, f->j.ldb);
-        else
-            pack_b_tile(f, d, r0, r1, k0, kw);
-        AO_store_release(st, 2);
-        return;
-    }
+    float *d = f->Bp + (long)f->Npad * k0 + (long)r0 * kw;
+    if (isa)
+        pack_a_tile(f, r0, r1, k0, kw);
+    else if (!f->bbf && !f->bcol) /* a block's columns: B's rows read in order */
+        pack_b_rows(f->j.kn, d, r0, r1, kw, f->j.B + (long)k0 * f->j.ldb, f->j.ldb);
+    else
+        pack_b_tile(f, d, r0, r1, k0, kw);
+    AO_store_release(st, 2);
+}
+
+static void lazy_wait(const full *f, int u)
+{
+    volatile AO_t *st = f->pst + u;
     /* the other thread is packing it (microseconds), unless preempted */
     for (int spins = 0; AO_load_acquire(st) != 2; spins++) {
         if (spins >= 500)
@@ -1321,6 +1323,11 @@ static void lazy_unit(const full *f, int u, bool isa, int r0, int r1, int k0, in
 #endif
     }
 }
+
+/* A block column's B panels of a K-tile are NT_LAZY_B units: two blocks
+ * that reach them together (the two threads go down a column side by
+ * side) share the packing instead of one waiting for the other. */
+#define NT_LAZY_B 4
 
 static void full_block(const job *jb, int b)
 {
@@ -1370,9 +1377,20 @@ static void full_block(const job *jb, int b)
         int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
         const float *Bk = f->Bp + (long)f->Npad * k0;
         if (f->pst) {
-            int kt = k0 / NT_GEMM_KTILE, nu = jb->nbn + nbc;
-            lazy_unit(f, kt * nu + bi, true, i0, i1, k0, kw);
-            lazy_unit(f, kt * nu + jb->nbn + bj, false, jb0, jb1, k0, kw);
+            /* B's units first (shared with the other thread's block), then
+             * A's (this block's own), then wait for any the other took */
+            int kt = k0 / NT_GEMM_KTILE, nu = jb->nbn + nbc * NT_LAZY_B;
+            int ub = kt * nu + jb->nbn + bj * NT_LAZY_B, np = (jb1 - jb0 + NR - 1) / NR;
+            for (int s = 0; s < NT_LAZY_B; s++) {
+                int c0 = jb0 + s * np / NT_LAZY_B * NR, c1 = jb0 + (s + 1) * np / NT_LAZY_B * NR;
+                if (c1 > c0)
+                    lazy_claim(f, ub + s, false, c0, c1 < jb->N ? c1 : jb->N, k0, kw);
+            }
+            lazy_claim(f, kt * nu + bi, true, i0, i1, k0, kw);
+            lazy_wait(f, kt * nu + bi);
+            for (int s = 0; s < NT_LAZY_B; s++)
+                if ((s + 1) * np / NT_LAZY_B > s * np / NT_LAZY_B)
+                    lazy_wait(f, ub + s);
         }
         if (Al)
             pack_a_rows(kn, Al, i1 - i0, kw, jb->A + (long)k0 * jb->lda + i0, jb->lda);
@@ -1399,9 +1417,11 @@ static void full_block(const job *jb, int b)
             int rl, rn;
         } sr[2] = {{NULL, 0, 0, 0}, {NULL, 0, 0, 0}};
         if (f->pst && fper) {
-            int nu = jb->nbn + nbc, kt1 = k1 / NT_GEMM_KTILE;
+            int nu = jb->nbn + nbc * NT_LAZY_B, kt1 = k1 / NT_GEMM_KTILE;
             AO_t sta = AO_load(&f->pst[kt1 * nu + bi]);
-            AO_t stb = AO_load(&f->pst[kt1 * nu + jb->nbn + bj]);
+            /* B: unstarted if its first unit is, packed if its last is */
+            int ub = kt1 * nu + jb->nbn + bj * NT_LAZY_B;
+            AO_t stb = AO_load(&f->pst[ub]) == 0 ? 0 : AO_load(&f->pst[ub + NT_LAZY_B - 1]);
             if (sta != 2)
                 an = 0;
             if (stb != 2)
@@ -1688,7 +1708,7 @@ static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, co
          * operands through memory: 32 MB at 2048^3); else the pack job */
         volatile AO_t *pst = NULL;
         if (!ua && AO_load(&lazy_pack))
-            pst = g_try_new0(volatile AO_t, (gsize)nk * (gsize)(nbm + nbn));
+            pst = g_try_new0(volatile AO_t, (gsize)nk * (gsize)(nbm + nbn * NT_LAZY_B));
         if (!pst)
             run_job(&f.j, split);
         if (ua && !arow && K > NT_GEMM_KTILE) {
