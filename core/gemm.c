@@ -530,33 +530,6 @@ static void pack_b(const kern *kn, float *dst, int j0, int j1, int K, const floa
     }
 }
 
-/* pack_b's panels, written k by k (pack_a_rows for B): each row k of B
- * read once, in order, across the panels.  The same floats. */
-static void pack_b_rows(const kern *kn, float *dst, int j0, int j1, int K, const float *B,
-                        int ldb)
-{
-    const int NR = kn->nr;
-    if (NR != 32) {
-        pack_b(kn, dst, j0, j1, K, B, ldb);
-        return;
-    }
-    int n = j1 - j0, full = n / 32, tail = n - full * 32;
-    for (int k = 0; k < K; k++) {
-        const float *b = B + (long)k * ldb + j0;
-        float *d = dst + (long)k * 32;
-        for (int p = 0; p < full; p++)
-            memcpy(d + (long)p * K * 32, b + p * 32, 32 * sizeof(float));
-        if (tail) {
-            float *t = d + (long)full * K * 32;
-            int q = 0;
-            for (; q < tail; q++)
-                t[q] = b[full * 32 + q];
-            for (; q < 32; q++)
-                t[q] = 0.0f;
-        }
-    }
-}
-
 /* Per-thread panel buffers, grown as needed and kept. */
 typedef struct {
     float *p;
@@ -597,11 +570,6 @@ void nt__gemm_set_panel_cap(size_t n) { AO_store(&panel_cap, (AO_t)n); }
  * pf), as only products of over 16 MB of panels do otherwise. */
 static volatile AO_t force_pf;
 void nt__gemm_set_prefetch(bool on) { AO_store(&force_pf, (AO_t)on); }
-
-/* Tests and benches: 0 packs a whole product's operands in a pass before
- * its blocks run (the pack job) instead of on first use (full_block). */
-static volatile AO_t lazy_pack = 1;
-void nt__gemm_set_lazy_pack(bool on) { AO_store(&lazy_pack, (AO_t)on); }
 
 static float *panel(GPrivate *key, size_t n)
 {
@@ -996,10 +964,6 @@ typedef struct full {
     size_t bslot;
     bool ua;       /* A not packed: the micro-kernels read it where it is (micro_s) */
     bool la;       /* with ua, A^T: each block packs its rows K-tile by K-tile */
-    /* full job, packing on first use (lazy): per K-tile, nbm states of A's
-     * block rows then nbc of B's block columns; 0 not packed, 1 being
-     * packed, 2 packed (release by the packer, acquire by readers) */
-    volatile AO_t *pst;
 } full;
 
 /* bf16 -> f32 is exact (the 16 bits on top, zeros below), so a panel
@@ -1148,29 +1112,6 @@ static void pack_rows_bf16(int R, float *dst, int n, int K, const uint16_t *src,
  * b / nca, else B chunk (b - nk * nca) % ncb of K-tile (b - nk * nca) / ncb. */
 #define NT_PACK_A 16
 #define NT_PACK_B 8
-
-/* A's panels of rows [r0, r1) (r0 a multiple of MR) of K-tile k0 (kw
- * deep), in their place in f->Ap: from any layout and dtype. */
-static void pack_a_tile(const full *f, int r0, int r1, int k0, int kw)
-{
-    const job *jb = &f->j;
-    const kern *kn = jb->kn;
-    float *d = f->Ap + (long)f->Mpad * k0 + (long)r0 * kw;
-    if (f->abf) {
-        const uint16_t *s = (const uint16_t *)(const void *)jb->A;
-        if (f->arow)
-            pack_rows_bf16(kn->mr, d, r1 - r0, kw, s + (long)r0 * jb->lda + k0, jb->lda);
-        else
-            pack_cols_bf16(kn->mr, d, r1 - r0, kw, s + (long)k0 * jb->lda + r0, jb->lda);
-    } else if (f->arow) {
-        pack_rows(kn->mr, d, r1 - r0, kw, jb->A + (long)r0 * jb->lda + k0, jb->lda);
-    } else if (f->pst) { /* a block's rows: A^T's rows read in order */
-        pack_a_rows(kn, d, r1 - r0, kw, jb->A + (long)k0 * jb->lda + r0, jb->lda);
-    } else {
-        pack_a(kn, d, r1 - r0, kw, jb->A + (long)k0 * jb->lda + r0, jb->lda);
-    }
-}
-
 static void pack_block(const job *jb, int b)
 {
     const full *f = (const full *)jb;
@@ -1183,10 +1124,6 @@ static void pack_block(const job *jb, int b)
     int tot = isa ? jb->M : jb->N;
     int r0 = ch * span, r1 = r0 + span < tot ? r0 + span : tot;
     /* panels r0 / R, ... of K-tile kt (r0 is a multiple of R) */
-    if (isa) {
-        pack_a_tile(f, r0, r1, k0, kw);
-        return;
-    }
     float *d = (isa ? f->Ap + (long)f->Mpad * k0 : f->Bp + (long)f->Npad * k0) + (long)r0 * kw;
     if (isa ? f->abf : f->bbf) {
         const uint16_t *s = (const uint16_t *)(isa ? (const void *)jb->A : (const void *)jb->B);
@@ -1291,44 +1228,6 @@ static inline void micro_at(const full *f, int i, int k0, int kw, const float *b
     }
 }
 
-/* Lazy packing (f->pst): unit u (A rows [r0, r1) or B columns [r0, r1) of
- * K-tile k0) packed by the first block that needs it; lazy_wait waits for
- * one the other thread is packing.  The same panels in the same places as
- * the pack job makes: the same bits. */
-static void lazy_claim(const full *f, int u, bool isa, int r0, int r1, int k0, int kw)
-{
-    volatile AO_t *st = f->pst + u;
-    if (AO_load(st) != 0 || !AO_compare_and_swap_full(st, 0, 1))
-        return;
-    float *d = f->Bp + (long)f->Npad * k0 + (long)r0 * kw;
-    if (isa)
-        pack_a_tile(f, r0, r1, k0, kw);
-    else if (!f->bbf && !f->bcol) /* a block's columns: B's rows read in order */
-        pack_b_rows(f->j.kn, d, r0, r1, kw, f->j.B + (long)k0 * f->j.ldb, f->j.ldb);
-    else
-        pack_b_tile(f, d, r0, r1, k0, kw);
-    AO_store_release(st, 2);
-}
-
-static void lazy_wait(const full *f, int u)
-{
-    volatile AO_t *st = f->pst + u;
-    /* the other thread is packing it (microseconds), unless preempted */
-    for (int spins = 0; AO_load_acquire(st) != 2; spins++) {
-        if (spins >= 500)
-            sched_yield();
-#if defined(__x86_64__)
-        else
-            __builtin_ia32_pause();
-#endif
-    }
-}
-
-/* A block column's B panels of a K-tile are NT_LAZY_B units: two blocks
- * that reach them together (the two threads go down a column side by
- * side) share the packing instead of one waiting for the other. */
-#define NT_LAZY_B 4
-
 static void full_block(const job *jb, int b)
 {
     const full *f = (const full *)jb;
@@ -1362,9 +1261,6 @@ static void full_block(const job *jb, int b)
     }
     i1 = i1 < jb->M ? i1 : jb->M;
     j1 = j1 < jb->N ? j1 : jb->N;
-    /* the whole block's columns (a piece packs them all for the others) */
-    int jb0 = (int)((long)bj * npc / nbc) * NR, jb1 = (int)((long)(bj + 1) * npc / nbc) * NR;
-    jb1 = jb1 < jb->N ? jb1 : jb->N;
     int nrow = (i1 - i0 + MR - 1) / MR, ncol = (j1 - j0 + NR - 1) / NR;
     /* With more than one K-tile the block accumulates in a scratch copy
      * whose micro-tiles are contiguous, copied to C at the end: C's rows
@@ -1376,22 +1272,6 @@ static void full_block(const job *jb, int b)
     for (int k0 = 0; k0 < jb->K; k0 += NT_GEMM_KTILE) {
         int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
         const float *Bk = f->Bp + (long)f->Npad * k0;
-        if (f->pst) {
-            /* B's units first (shared with the other thread's block), then
-             * A's (this block's own), then wait for any the other took */
-            int kt = k0 / NT_GEMM_KTILE, nu = jb->nbn + nbc * NT_LAZY_B;
-            int ub = kt * nu + jb->nbn + bj * NT_LAZY_B, np = (jb1 - jb0 + NR - 1) / NR;
-            for (int s = 0; s < NT_LAZY_B; s++) {
-                int c0 = jb0 + s * np / NT_LAZY_B * NR, c1 = jb0 + (s + 1) * np / NT_LAZY_B * NR;
-                if (c1 > c0)
-                    lazy_claim(f, ub + s, false, c0, c1 < jb->N ? c1 : jb->N, k0, kw);
-            }
-            lazy_claim(f, kt * nu + bi, true, i0, i1, k0, kw);
-            lazy_wait(f, kt * nu + bi);
-            for (int s = 0; s < NT_LAZY_B; s++)
-                if ((s + 1) * np / NT_LAZY_B > s * np / NT_LAZY_B)
-                    lazy_wait(f, ub + s);
-        }
         if (Al)
             pack_a_rows(kn, Al, i1 - i0, kw, jb->A + (long)k0 * jb->lda + i0, jb->lda);
         /* The next K-tile's panels of this block come from memory or the
@@ -1407,46 +1287,6 @@ static void full_block(const job *jb, int b)
             bn = (size_t)ncol * NR * kw1 * sizeof(float);
             fper = ((an + bn) / 64 + (size_t)(nrow * ncol) - 1) / (size_t)(nrow * ncol);
         }
-        /* Packing on first use: the next K-tile's panels that nobody has
-         * packed yet are not worth fetching (stale); their sources, which
-         * this block is likely to pack, are fetched into L2 instead, as
-         * rows (sr[0]: A's, sr[1]: B's), spread over this K-tile's calls. */
-        struct {
-            const char *p;
-            long s;
-            int rl, rn;
-        } sr[2] = {{NULL, 0, 0, 0}, {NULL, 0, 0, 0}};
-        if (f->pst && fper) {
-            int nu = jb->nbn + nbc * NT_LAZY_B, kt1 = k1 / NT_GEMM_KTILE;
-            AO_t sta = AO_load(&f->pst[kt1 * nu + bi]);
-            /* B: unstarted if its first unit is, packed if its last is */
-            int ub = kt1 * nu + jb->nbn + bj * NT_LAZY_B;
-            AO_t stb = AO_load(&f->pst[ub]) == 0 ? 0 : AO_load(&f->pst[ub + NT_LAZY_B - 1]);
-            if (sta != 2)
-                an = 0;
-            if (stb != 2)
-                bn = 0;
-            fper = ((an + bn) / 64 + (size_t)(nrow * ncol) - 1) / (size_t)(nrow * ncol);
-            long lda = jb->lda, ldb = jb->ldb;
-            if (sta == 0 && !f->abf) {
-                const float *a = f->arow ? jb->A + i0 * lda + k1 : jb->A + k1 * lda + i0;
-                sr[0].p = (const char *)a, sr[0].s = lda * (long)sizeof(float);
-                sr[0].rl = (int)((size_t)(f->arow ? kw1 : i1 - i0) * sizeof(float) / 64 + 1);
-                sr[0].rn = f->arow ? i1 - i0 : kw1;
-            }
-            if (stb == 0 && !f->bbf) {
-                const float *p = f->bcol ? jb->B + jb0 * ldb + k1 : jb->B + k1 * ldb + jb0;
-                sr[1].p = (const char *)p, sr[1].s = ldb * (long)sizeof(float);
-                sr[1].rl = (int)((size_t)(f->bcol ? kw1 : jb1 - jb0) * sizeof(float) / 64 + 1);
-                sr[1].rn = f->bcol ? jb1 - jb0 : kw1;
-            }
-        }
-        /* calls [0, ta) fetch A's rows, [ta, T) B's */
-        int tcalls = nrow * ncol, ta = 0;
-        if (sr[0].p)
-            ta = sr[1].p ? (tcalls / 4 > 0 ? tcalls / 4 : 1) : tcalls;
-        int rpa = ta ? (sr[0].rn + ta - 1) / ta : 0;
-        int rpb = tcalls > ta && sr[1].p ? (sr[1].rn + (tcalls - ta) - 1) / (tcalls - ta) : 0;
         size_t anl = (an + 63) / 64;
         /* A^T read unpacked (ua; a weight gradient dY^T . X, K the batch's
          * rows): each k row of the block is a short piece of a long row
@@ -1486,14 +1326,6 @@ static void full_block(const job *jb, int b)
                     pl = e;
                     int lim = q.n[0] > q.n[1] ? q.n[0] : q.n[1];
                     q.lim = 2 * (lim > q.n[2] ? lim : q.n[2]);
-                    int t = ((c - j0) / NR) * nrow + r, u = t < ta ? 0 : 1;
-                    int rp0 = u ? (t - ta) * rpb : t * rpa, rpn = u ? rpb : rpa;
-                    if (sr[u].p && rp0 < sr[u].rn) {
-                        q.rp = sr[u].p + rp0 * sr[u].s, q.rs = sr[u].s, q.rl = sr[u].rl;
-                        q.rn = rp0 + rpn < sr[u].rn ? rpn : sr[u].rn - rp0;
-                        if (q.lim < 2 * q.rl * q.rn)
-                            q.lim = 2 * q.rl * q.rn;
-                    }
                     float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + r) * MR * NR
                                    : jb->C + (long)i * jb->ldc + c;
                     const float *Ak = f->Ap + (long)f->Mpad * k0;
@@ -1701,16 +1533,8 @@ static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, co
                   Ap, Bp, Mpad, Npad, nk, nca, ncbp, 0, 0, arow, bcol, false,
                   ty && ty->abf, ty && ty->bbf, NULL, NT_F32, 0, 0, 1, false};
         f.j.kn = kn;
+        run_job(&f.j, split);
         int nbm = (M + mc - 1) / mc, nbn = (N + ncb - 1) / ncb;
-        /* A packed: each K-tile's panels of a block row of A and of a block
-         * column of B are packed by the first block that needs them, right
-         * before it reads them (from L2, not after a pass over all of both
-         * operands through memory: 32 MB at 2048^3); else the pack job */
-        volatile AO_t *pst = NULL;
-        if (!ua && AO_load(&lazy_pack))
-            pst = g_try_new0(volatile AO_t, (gsize)nk * (gsize)(nbm + nbn * NT_LAZY_B));
-        if (!pst)
-            run_job(&f.j, split);
         if (ua && !arow && K > NT_GEMM_KTILE) {
             /* A^T packed block by block (la) over many K-tiles: blocks of
              * about NT_MC_LA rows read longer pieces of A^T's rows (its
@@ -1732,7 +1556,6 @@ static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, co
                   nbn, nbl - ntail, tsub, false};
         g.ua = ua;
         g.la = la;
-        g.pst = pst;
         /* Prefetching pays where the panels stream from memory (32 MB at
          * 2048^3); a training step's products (under 5 MB) find them in
          * the caches, where the prefetches only cost issue slots: 7% of
@@ -1747,7 +1570,6 @@ static int gemm_full(int M, int N, int K, const float *A, int lda, bool arow, co
                (!ua && K > NT_GEMM_KTILE && pbytes >= ((size_t)2 << 20));
         g.j.kn = kn;
         run_job(&g.j, split);
-        g_free((gpointer)pst);
         return 0;
     }
     if (ty)

@@ -166,10 +166,6 @@ void nt__gemm_set_panel_cap(size_t n);
 /* Tests only: true makes every product prefetch its panels as the
  * biggest do (the same bits, another path through core/gemm.c). */
 void nt__gemm_set_prefetch(bool on);
-/* Tests and benches: false packs a whole product's operands in one pass
- * before its blocks run, true (the default) each K-tile's panels of a block
- * row / column on first use.  Either gives the same bits. */
-void nt__gemm_set_lazy_pack(bool on);
 
 /* The vector ISA levels of the micro-kernel, chosen at run time (the first
  * call takes the widest this CPU runs; NT_CPU_ISA in docs/env.md forces
