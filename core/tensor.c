@@ -13,10 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "core/backend.h"
 #include "core/hooks.h"
+#include "core/hugecut.h"
 #include "core/internal.h"
 
 #define NT_SLAB_HANDLES 256
@@ -26,15 +26,13 @@
  * the handles of a 100k-op batch span 8,000 pages, many times what the TLB
  * holds (docs/fusion.md, Cost). */
 #define NT_SLAB_HUGE_AFTER 32
-#define NT_SLAB_BLOCK ((size_t)2 << 20)
 
 static struct {
     GMutex lock;
     nt_tensor **slabs; /* own array: growing it may fail cleanly */
     bool *slab_owned;  /* slabs[i] is its own allocation (else cut from a block) */
     size_t nslabs, slabcap;
-    char *block_next; /* the unused rest of the current 2 MiB block */
-    size_t block_left;
+    nt__hugecut huge; /* slabs past the first NT_SLAB_HUGE_AFTER (core/hugecut.h) */
     nt_tensor *head, *tail; /* FIFO of batches of free handles (their first handles) */
     size_t nfree;
     volatile AO_t next_id;
@@ -57,8 +55,7 @@ void nt__tensor_pool_init(void)
     P.slabs = NULL;
     P.slab_owned = NULL;
     P.nslabs = P.slabcap = 0;
-    P.block_next = NULL;
-    P.block_left = 0;
+    P.huge = (nt__hugecut){0};
     P.head = P.tail = NULL;
     P.nfree = 0;
 }
@@ -91,8 +88,7 @@ void nt__tensor_pool_shutdown(void)
     P.slabs = NULL;
     P.slab_owned = NULL;
     P.nslabs = P.slabcap = 0;
-    P.block_next = NULL;
-    P.block_left = 0;
+    P.huge = (nt__hugecut){0};
     P.head = P.tail = NULL;
     P.nfree = 0;
     AO_fetch_and_add1(&pool_epoch);
@@ -119,29 +115,17 @@ uint64_t nt__tensor_live_handles(void)
 static nt_tensor *slab_new(void)
 {
     const size_t bytes = NT_SLAB_HANDLES * sizeof(nt_tensor);
-    if (P.block_left < bytes && P.nslabs >= NT_SLAB_HUGE_AFTER) {
-        char *b = aligned_alloc(NT_SLAB_BLOCK, NT_SLAB_BLOCK);
-        if (b) {
-#ifdef MADV_HUGEPAGE
-            (void)madvise(b, NT_SLAB_BLOCK, MADV_HUGEPAGE); /* advice: may be refused */
-#endif
-            P.block_next = b;
-            P.block_left = NT_SLAB_BLOCK;
+    if (P.nslabs >= NT_SLAB_HUGE_AFTER) {
+        void *block;
+        nt_tensor *slab = nt__hugecut_take(&P.huge, bytes, &block);
+        if (slab) {
+            memset(slab, 0, bytes);
+            P.slab_owned[P.nslabs] = block != NULL; /* the block's first slab owns it */
+            return slab;
         }
     }
-    nt_tensor *slab;
-    if (P.block_left >= bytes) {
-        slab = (nt_tensor *)P.block_next;
-        memset(slab, 0, bytes);
-        /* the block's first slab owns it */
-        P.slab_owned[P.nslabs] = P.block_left == NT_SLAB_BLOCK;
-        P.block_next += bytes;
-        P.block_left -= bytes;
-        return slab;
-    }
-    slab = calloc(NT_SLAB_HANDLES, sizeof *slab);
     P.slab_owned[P.nslabs] = true;
-    return slab;
+    return calloc(NT_SLAB_HANDLES, sizeof(nt_tensor));
 }
 
 /* Ids for messages and the debugger, unique per process: a thread takes a

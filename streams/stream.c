@@ -4,15 +4,14 @@
 
 #include <stdlib.h>
 
+#include "core/hugecut.h"
 #include "core/simtls.h"
 #include <string.h>
-#include <sys/mman.h>
 
 #define NT_REC_CHUNK 128
 /* Past this many chunks (a program that keeps big batches queued), chunks
  * are cut from 2 MiB slabs advised onto huge pages (see rec_chunk_new). */
 #define NT_REC_HUGE_AFTER 32
-#define NT_REC_SLAB ((size_t)2 << 20)
 #define NT_SPIN_ITERS 4000
 /* Adaptive mode, worker waking from idle: how long it may wait for the rest
  * of a burst (see gather_burst). */
@@ -26,8 +25,7 @@ static struct {
     uint32_t next_id;
     nt__ptrvec *chunks;    /* own arrays: growing them may fail cleanly */
     unsigned nchunks;      /* record chunks made since nt_init */
-    char *slab_next;       /* the unused rest of the current record slab */
-    size_t slab_left;
+    nt__hugecut huge;      /* record chunks past the first NT_REC_HUGE_AFTER */
     nt__ptrvec *graveyard; /* destroyed streams */
     volatile AO_t epoch; /* bumped by every init: invalidates thread caches */
     nt_stream *dflt;     /* device 0's default stream */
@@ -241,8 +239,7 @@ void nt__streams_shutdown(void)
     nt__ptrvec_free(S.chunks);
     S.chunks = NULL;
     S.nchunks = 0;
-    S.slab_next = NULL;
-    S.slab_left = 0;
+    S.huge = (nt__hugecut){0};
     for (unsigned i = 0; S.graveyard && i < S.graveyard->len; i++)
         stream_dispose(S.graveyard->pdata[i]);
     nt__ptrvec_free(S.graveyard);
@@ -313,23 +310,15 @@ static nt__rec *rec_chunk_new(void)
         g_mutex_unlock(&S.lock);
         return NULL;
     }
-    if (S.slab_left < bytes && S.nchunks >= NT_REC_HUGE_AFTER) {
-        char *slab = aligned_alloc(NT_REC_SLAB, NT_REC_SLAB);
-        if (slab && nt__ptrvec_add(S.chunks, slab)) {
-#ifdef MADV_HUGEPAGE
-            (void)madvise(slab, NT_REC_SLAB, MADV_HUGEPAGE); /* advice: may be refused */
-#endif
-            S.slab_next = slab;
-            S.slab_left = NT_REC_SLAB;
-        } else {
-            free(slab); /* the heap may still have a chunk's worth */
+    if (S.nchunks >= NT_REC_HUGE_AFTER) {
+        void *block;
+        chunk = nt__hugecut_take(&S.huge, bytes, &block);
+        if (block && !nt__ptrvec_add(S.chunks, block)) {
+            free(block); /* the heap may still have a chunk's worth */
+            S.huge = (nt__hugecut){0};
+            chunk = NULL;
         }
-    }
-    if (S.slab_left >= bytes) {
-        chunk = (nt__rec *)S.slab_next;
-        S.slab_next += bytes;
-        S.slab_left -= bytes;
-        S.nchunks++;
+        S.nchunks += chunk != NULL;
     }
     g_mutex_unlock(&S.lock);
     if (chunk) {
