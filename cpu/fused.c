@@ -79,6 +79,12 @@ static void to_i32(int32_t *dst, const opnd *o, int64_t n)
 
 /* Rounds an f32 compute result to the value's dtype, as storing it and
  * loading it back would.  `out` may be `y` (in place). */
+/* The ops a row program computes as a reduction of its row. */
+static inline bool row_reduces(int op)
+{
+    return op == NT_OP_SUM || op == NT_OP_MAX || op == NT_OP_MEAN || op == NT_OP_MIN;
+}
+
 /* A row program's reduction of one contiguous f32 row of C elements, as
  * the unfused kernel computes it (row_span and row_span_tiled share it). */
 static float row_reduce(int op, const float *row, int64_t C)
@@ -1619,8 +1625,7 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
                 }
             }
             float *out = at[o->out];
-            if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN ||
-                o->op == NT_OP_MIN) {
+            if (row_reduces(o->op)) {
                 /* the reduced row, as the unfused kernel loads it */
                 ROW_PREFETCH();
                 float v = row_reduce(o->op, as_f32(&a[0], scratch, C), C);
@@ -1795,8 +1800,7 @@ static int row_span_tiled(const row_ctx *c, int64_t r0, int64_t r1)
                 }
             }
             float *out = at[o->out];
-            if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN ||
-                o->op == NT_OP_MIN) {
+            if (row_reduces(o->op)) {
                 for (int64_t i = 0; i < mm; i++) {
                     opnd ai = a[0];
                     ai.p = (const float *)a[0].p + (a[0].scalar ? i : i * C);
@@ -1978,7 +1982,7 @@ static int run_row(const nt__fgroup *g)
     c->slots = 0;
     for (int k = 0; k < P->nops; k++) {
         const nt__fop *o = &P->ops[k];
-        if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN || o->op == NT_OP_MIN)
+        if (row_reduces(o->op))
             c->slots++;
         else if (!P->vals[o->out].red && !is_sr(o))
             c->slots += (int)((c->C + ROW_CH - 1) / ROW_CH);
