@@ -227,12 +227,15 @@ store_row_avx512(float *p, __m512 v0, __m512 v1, int fl)
 typedef struct pfq {
     const char *p[3];
     int n[3];
-    int lim; /* 2 * the largest n (and rn * rl) */
-    /* and into L2, one line every other k step too: rn rows of rl lines
-     * from rp, rs bytes apart (pieces of rows of A^T, read unpacked) */
+    int lim; /* 2 * the largest n (and rt) */
+    /* and into L2, one line every other k step too: rt lines of rows of
+     * rl lines from rp, rs bytes apart, from line r0 of the first row on
+     * (pieces of rows of A^T read unpacked, or of the rows of C a block
+     * stores next) */
     const char *rp;
     long rs;
-    int rl, rn;
+    int rl, rt, r0;
+    int rw;
 } pfq;
 
 __attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
@@ -242,10 +245,25 @@ micro_avx512_body(int K, const float *Ap, const float *Bp, float *C, int ldc, in
 #define NT_DECL(r) __m512 c##r##a = _mm512_setzero_ps(), c##r##b = c##r##a;
     NT_R12(NT_DECL)
 #undef NT_DECL
-    const char *rp = q ? q->rp : NULL;
-    int rline = 0, rleft = q ? q->rn * q->rl : 0;
-    for (int k = 0; k < K; k++) {
-        if (q && k < q->lim && !(k & 1)) {
+    /* one k step: row k of the A and B panels into the 24 sums */
+#define NT_ROW(r)                                                                                  \
+    ar = _mm512_set1_ps(a[r]);                                                                     \
+    c##r##a = _mm512_fmadd_ps(ar, b0, c##r##a), c##r##b = _mm512_fmadd_ps(ar, b1, c##r##b);
+#define NT_STEP(kk)                                                                                \
+    {                                                                                              \
+        const float *a = Ap + (kk) * 12, *b = Bp + (kk) * 32;                                      \
+        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), ar;                            \
+        NT_R12(NT_ROW)                                                                             \
+    }
+    /* The steps that prefetch (one line of each queue every other step,
+     * while there are lines) in pairs, then the rest four at a time: the
+     * same steps in the same order, without a test of k at every step. */
+    int k = 0;
+    if (q) {
+        const char *rp = q->rp;
+        int rline = q->r0, rleft = q->rt;
+        int kp = (q->lim < K ? q->lim : K) & ~1;
+        for (; k < kp; k += 2) {
             int l = k >> 1;
             if (l < q->n[0])
                 _mm_prefetch(q->p[0] + 64 * (long)l, _MM_HINT_T0);
@@ -254,20 +272,28 @@ micro_avx512_body(int K, const float *Ap, const float *Bp, float *C, int ldc, in
             if (l < q->n[2])
                 _mm_prefetch(q->p[2] + 64 * (long)l, _MM_HINT_T1);
             if (rleft > 0) {
-                _mm_prefetch(rp + 64 * (long)rline, _MM_HINT_T1);
+                if (q->rw) /* lines about to be written: fetched to own */
+                    __builtin_prefetch(rp + 64 * (long)rline, 1, 2);
+                else
+                    _mm_prefetch(rp + 64 * (long)rline, _MM_HINT_T1);
                 rleft--;
                 if (++rline == q->rl)
                     rline = 0, rp += q->rs;
             }
+            NT_STEP(k)
+            NT_STEP(k + 1)
         }
-        const float *a = Ap + k * 12, *b = Bp + k * 32;
-        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), ar;
-#define NT_ROW(r)                                                                                  \
-    ar = _mm512_set1_ps(a[r]);                                                                     \
-    c##r##a = _mm512_fmadd_ps(ar, b0, c##r##a), c##r##b = _mm512_fmadd_ps(ar, b1, c##r##b);
-        NT_R12(NT_ROW)
-#undef NT_ROW
     }
+    for (; k + 4 <= K; k += 4) {
+        NT_STEP(k)
+        NT_STEP(k + 1)
+        NT_STEP(k + 2)
+        NT_STEP(k + 3)
+    }
+    for (; k < K; k++)
+        NT_STEP(k)
+#undef NT_STEP
+#undef NT_ROW
     if (rows_ == 12 && w == 32) {
 #define NT_ST(r) store_row_avx512(C + (long)(r) * ldc, c##r##a, c##r##b, fl);
         NT_R12(NT_ST)
@@ -508,6 +534,28 @@ static void pack_a_rows(const kern *kn, float *dst, int M, int K, const float *A
 static void pack_b(const kern *kn, float *dst, int j0, int j1, int K, const float *B, int ldb)
 {
     const int NR = kn->nr;
+    if (NR == 32) {
+        /* row by row: each row k of B's columns [j0, j1) read once, in
+         * order, into every panel (panel by panel, down the rows, each
+         * row's piece is a new line ldb apart, which the hardware does not
+         * fetch ahead: a miss to L3 per row and panel); the rows a few
+         * ahead are fetched meanwhile.  The same floats. */
+        int full = (j1 - j0) / 32;
+        size_t lines = ((size_t)full * 32 * sizeof(float) + 63) / 64;
+        for (int k = 0; k < K; k++) {
+            const float *b = B + (long)k * ldb + j0;
+            if (k + 4 < K)
+                for (size_t l = 0; l < lines; l++)
+                    __builtin_prefetch((const char *)(b + 4L * ldb) + 64 * l, 0, 3);
+            float *d = dst + (long)k * 32;
+            for (int p = 0; p < full; p++)
+                memcpy(d + (long)p * K * 32, b + p * 32, 32 * sizeof(float));
+        }
+        if (full * 32 == j1 - j0)
+            return;
+        j0 += full * 32;
+        dst += (long)full * K * 32;
+    }
     for (int j = j0; j < j1; j += NR) {
         int w = j1 - j < NR ? j1 - j : NR;
         float *d = dst + (long)((j - j0) / NR) * K * NR;
@@ -1209,6 +1257,29 @@ static void scratch_to_c(const float *Cs, int nrow, int MR, int NR, int m, int n
         }
 }
 
+#if NT_X86
+/* scratch_to_c for NR = 32 on AVX-512: each row's 32 floats of a tile in
+ * two 64-byte moves (the same floats, a fourth of the stores of the
+ * 16-byte moves a generic copy makes: C's lines are often still in
+ * flight, and every store waits in the store buffer for its line). */
+__attribute__((target("avx512f"))) static void scratch_to_c_avx512(const float *Cs, int nrow,
+                                                                    int m, int n, float *C,
+                                                                    int ldc)
+{
+    for (int i = 0; i < m; i++) {
+        float *d = C + (long)i * ldc;
+        const float *s = Cs + (long)(i / 12) * 12 * 32 + (long)(i % 12) * 32;
+        int c = 0;
+        for (; c + 32 <= n; c += 32, s += (long)nrow * 12 * 32) {
+            _mm512_storeu_ps(d + c, _mm512_loadu_ps(s));
+            _mm512_storeu_ps(d + c + 16, _mm512_loadu_ps(s + 16));
+        }
+        if (c < n)
+            memcpy(d + c, s, (size_t)(n - c) * sizeof(float));
+    }
+}
+#endif
+
 /* The micro-kernel on rows [i, i + mr) of K-tile k0 (kw deep): A's packed
  * panel, or A itself (f->ua). */
 static inline void micro_at(const full *f, int i, int k0, int kw, const float *bp, float *cp,
@@ -1306,6 +1377,12 @@ static void full_block(const job *jb, int b)
         size_t bper = (bpl + (size_t)nrow - 1) / (size_t)nrow;
 #if NT_X86
         bool spread = f->pf && !f->ua && kn->micro == micro_avx512;
+        /* C's lines per row of the block, its lines in all, and each
+         * call's share of them (spread and the last K-tile only) */
+        int crl = (int)(((size_t)(j1 - j0) * sizeof(float) + 63) / 64);
+        long cl = (long)crl * (i1 - i0);
+        long cpl = spread && Cs && k1 >= jb->K ? (cl + (long)nrow * ncol - 1) / ((long)nrow * ncol)
+                                               : 0;
 #endif
         for (int c = j0; c < j1; c += NR) {
             int w = j1 - c < NR ? j1 - c : NR;
@@ -1315,7 +1392,7 @@ static void full_block(const job *jb, int b)
                 int mr = i1 - i < MR ? i1 - i : MR;
 #if NT_X86
                 if (spread) { /* the same lines, issued inside the K loop */
-                    pfq q = {{NULL, NULL, NULL}, {0, 0, 0}, 0, NULL, 0, 0, 0};
+                    pfq q = {{NULL, NULL, NULL}, {0, 0, 0}, 0, NULL, 0, 0, 0, 0, 0};
                     if (bnext)
                         pf_range(&q, 0, bp + (long)kw * NR, bpl * 64, r * bper, (r + 1) * bper);
                     size_t e = pl + fper;
@@ -1324,8 +1401,22 @@ static void full_block(const job *jb, int b)
                     if (fper && e > anl)
                         pf_range(&q, 2, Bn, bn, pl > anl ? pl - anl : 0, e - anl);
                     pl = e;
+                    if (cpl) {
+                        /* the last K-tile: this call's share of the
+                         * block's lines of C, which scratch_to_c stores
+                         * next -- fetched meanwhile, they are not missed
+                         * one store at a time at the end */
+                        int t = ((c - j0) / NR) * nrow + r;
+                        long l0 = (long)t * cpl, l1 = l0 + cpl < cl ? l0 + cpl : cl;
+                        if (l1 > l0) {
+                            q.rp = (const char *)(jb->C + (l0 / crl + i0) * (long)jb->ldc + j0);
+                            q.rs = (long)jb->ldc * (long)sizeof(float);
+                            q.rl = crl, q.r0 = (int)(l0 % crl), q.rt = (int)(l1 - l0), q.rw = 1;
+                        }
+                    }
                     int lim = q.n[0] > q.n[1] ? q.n[0] : q.n[1];
-                    q.lim = 2 * (lim > q.n[2] ? lim : q.n[2]);
+                    lim = lim > q.n[2] ? lim : q.n[2];
+                    q.lim = 2 * (lim > q.rt ? lim : q.rt);
                     float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + r) * MR * NR
                                    : jb->C + (long)i * jb->ldc + c;
                     const float *Ak = f->Ap + (long)f->Mpad * k0;
@@ -1351,15 +1442,15 @@ static void full_block(const job *jb, int b)
                      * next rows, issued from inside the kernel's loop --
                      * in a burst between calls they stalled on the line
                      * fill buffers (a sixth of the time) */
-                    pfq q = {{NULL, NULL, NULL}, {0, 0, 0}, 0, NULL, 0, 0, 0};
+                    pfq q = {{NULL, NULL, NULL}, {0, 0, 0}, 0, NULL, 0, 0, 0, 0, 0};
                     if (uap) {
                         int t = ((c - j0) / NR) * nrow + r, ka = k1 + t * uarpc;
                         int kb = ka + uarpc < k1 + kw1 ? ka + uarpc : k1 + kw1;
                         if (kb > ka) {
                             q.rp = (const char *)(jb->A + (long)ka * jb->lda + i0);
                             q.rs = (long)jb->lda * (long)sizeof(float);
-                            q.rl = (int)(uabytes / 64 + 1), q.rn = kb - ka;
-                            q.lim = 2 * q.rl * q.rn;
+                            q.rl = (int)(uabytes / 64 + 1), q.rt = q.rl * (kb - ka);
+                            q.lim = 2 * q.rt;
                         }
                     }
                     float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + r) * MR * NR
@@ -1384,6 +1475,12 @@ static void full_block(const job *jb, int b)
             }
         }
     }
+#if NT_X86
+    if (Cs && kn->micro == micro_avx512)
+        scratch_to_c_avx512(Cs, nrow, i1 - i0, j1 - j0, jb->C + (long)i0 * jb->ldc + j0,
+                            jb->ldc);
+    else
+#endif
     if (Cs)
         scratch_to_c(Cs, nrow, MR, NR, i1 - i0, j1 - j0, jb->C + (long)i0 * jb->ldc + j0,
                      jb->ldc);
