@@ -538,7 +538,7 @@ static void pack_b(const kern *kn, float *dst, int j0, int j1, int K, const floa
         /* row by row: each row k of B's columns [j0, j1) read once, in
          * order, into every panel (panel by panel, down the rows, each
          * row's piece is a new line ldb apart, which the hardware does not
-         * fetch ahead: a miss to L3 per row and panel); the rows a few
+         * fetch ahead: a cache miss per row and panel); the rows a few
          * ahead are fetched meanwhile.  The same floats. */
         int full = (j1 - j0) / 32;
         size_t lines = ((size_t)full * 32 * sizeof(float) + 63) / 64;
