@@ -949,6 +949,26 @@ static int stream_direct(eval_fn *eval, const nt__fop *o, nt_dtype odt, const op
 #endif
 }
 
+/* A row program's piece [j, j + n) of op o (operands aj, already at j):
+ * the value a group output holds whole is written to its place dst + j -- straight, by
+ * streaming stores, when the op can (stream_direct), else computed into
+ * the L1 chunk cbuf and streamed out at once, so the stores overlap the
+ * next piece's compute; any other value goes to out + j (dst NULL). */
+static inline void row_piece(eval_fn *eval, const nt__fop *o, nt_dtype odt, const opnd *aj,
+                             float *dst, float *out, int64_t j, int64_t n, float *cbuf,
+                             float *scratch, bool canon)
+{
+    int sd;
+    if (dst && (sd = stream_direct(eval, o, odt, aj, dst + j, n, canon)) <= 0) {
+        if (sd < 0) /* stray streamed lines, rewritten below */
+            stream_fence();
+        eval(o, odt, aj, cbuf, n, scratch, canon);
+        stream_f32(dst + j, cbuf, n);
+    } else if (!dst) {
+        eval(o, odt, aj, out + j, n, scratch, canon);
+    }
+}
+
 /* ---------------- EW: a chain in vector registers ----------------
  *
  * Most elementwise programs are chains: each op reads the value of the op
@@ -1657,18 +1677,8 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
                     for (int q = 0; q < o->nin; q++) /* field by field: no rep movs */
                         aj[q] = (opnd){a[q].scalar ? a[q].p : (const float *)a[q].p + j, a[q].dt,
                                        a[q].scalar};
-                    int sd;
-                    if (dst && (sd = stream_direct(eval, o, (nt_dtype)ov_->dtype, aj, dst + j, n,
-                                                   c->canon[k])) <= 0) {
-                        /* computed into an L1 chunk, streamed out at once:
-                         * the stores overlap the next chunk's compute */
-                        if (sd < 0)
-                            stream_fence();
-                        eval(o, (nt_dtype)ov_->dtype, aj, cbuf, n, scratch + C, c->canon[k]);
-                        stream_f32(dst + j, cbuf, n);
-                    } else if (!dst) {
-                        eval(o, (nt_dtype)ov_->dtype, aj, out + j, n, scratch + C, c->canon[k]);
-                    }
+                    row_piece(eval, o, (nt_dtype)ov_->dtype, aj, dst, out, j, n, cbuf,
+                              scratch + C, c->canon[k]);
                 }
             }
         }
@@ -1850,16 +1860,8 @@ static int row_span_tiled(const row_ctx *c, int64_t r0, int64_t r1)
                 opnd aj[3];
                 for (int q = 0; q < o->nin; q++)
                     aj[q] = (opnd){(const float *)a[q].p + j, a[q].dt, false};
-                int sd;
-                if (dst && (sd = stream_direct(eval, o, (nt_dtype)ov_->dtype, aj, dst + j, n,
-                                               c->canon[k])) <= 0) {
-                    if (sd < 0)
-                        stream_fence();
-                    eval(o, (nt_dtype)ov_->dtype, aj, cbuf, n, scratch + C, c->canon[k]);
-                    stream_f32(dst + j, cbuf, n);
-                } else if (!dst) {
-                    eval(o, (nt_dtype)ov_->dtype, aj, out + j, n, scratch + C, c->canon[k]);
-                }
+                row_piece(eval, o, (nt_dtype)ov_->dtype, aj, dst, out, j, n, cbuf, scratch + C,
+                          c->canon[k]);
             }
         }
         for (int s = 0; s < P->nout; s++) {
