@@ -291,6 +291,17 @@ static void kb_tensor(kbuf *k, const nt_tensor *t, const nt_tensor **seen, int n
     kb_i64(k, sst);
 }
 
+/* A kernel's operands: its inputs a[0..na) then its outputs b[0..nb), each
+ * by kb_tensor against the ones before it (seen: room for na + nb). */
+static void kb_operands(kbuf *k, nt_tensor *const *a, int na, nt_tensor *const *b, int nb,
+                        const nt_tensor **seen)
+{
+    for (int i = 0; i < na; i++)
+        kb_tensor(k, a[i], seen, i);
+    for (int i = 0; i < nb; i++)
+        kb_tensor(k, b[i], seen, na + i);
+}
+
 /* What every key starts with: the kind of kernel and the simulator's
  * settings a program may read. */
 static void kb_head(kbuf *k, int kind)
@@ -355,11 +366,7 @@ bool sk_memo_rec(sk_k *s, const nt__rec *r, bool imm)
                    r->flags);
     kb_params(&k, &r->p, imm);
     const nt_tensor *seen[NT__MAX_IN + NT__MAX_OUT];
-    int n = 0;
-    for (int i = 0; i < r->nin; i++, n++)
-        kb_tensor(&k, r->in[i], seen, n);
-    for (int i = 0; i < r->nout; i++, n++)
-        kb_tensor(&k, r->out[i], seen, n);
+    kb_operands(&k, r->in, r->nin, r->out, r->nout, seen);
     return memo_look(s, &k);
 }
 
@@ -394,11 +401,7 @@ bool sk_memo_group(sk_k *s, const nt__fgroup *g)
     for (int i = 0; i < P->nout; i++)
         kb_i64(&k, P->out_val[i]);
     const nt_tensor *seen[NT_F_MAXEXT + NT_F_MAXOUT];
-    int n = 0;
-    for (int i = 0; i < P->next; i++, n++)
-        kb_tensor(&k, g->ext[i], seen, n);
-    for (int i = 0; i < P->nout; i++, n++)
-        kb_tensor(&k, g->out[i], seen, n);
+    kb_operands(&k, g->ext, P->next, g->out, P->nout, seen);
     return memo_look(s, &k);
 }
 
