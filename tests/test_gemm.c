@@ -1201,13 +1201,9 @@ static void bf_path_reset(void)
     nt__gemm_set_threads(0);
 }
 
-/* Where this CPU or its kernel does not run AMX, what can be checked here:
- * forcing it on is refused and leaves the mode as it was (auto), and under
- * auto a bf16 product takes no AMX call and gives the definition's bits.
- * What the AMX kernel computes is checked where the CPU runs it (the rest
- * of each AMX test); cmocka's skip() would print "not ok # SKIP", which
- * meson and scripts/count_tests.py count as a failure. */
-static void amx_refused(const char *test)
+/* A 33 x 40 x 150 bf16 product that the settings made so far keep off
+ * AMX: no AMX call, the definition's bits. */
+static void bf_product_off_amx(void)
 {
     enum { M = 33, N = 40, K = 150 };
     uint16_t Ah[K * M], Bh[K * N];
@@ -1217,13 +1213,24 @@ static void amx_refused(const char *test)
     for (int i = 0; i < K * N; i++)
         Bh[i] = rbf(), B[i] = nt__bf16_to_f32(Bh[i]);
     naive_bf16(M, N, K, A, M, B, N, ref, N);
-    assert_false(nt__gemm_amx_runs());
-    assert_int_equal(nt__gemm_set_amx(1), -1);
     unsigned long a0 = nt__gemm_amx_calls();
     nt__gemm_bf16(M, N, K, Ah, M, false, NT_BF16, Bh, N, false, NT_BF16, got, N, false, true,
                   NULL, NT_F32);
     assert_true(nt__gemm_amx_calls() == a0);
     assert_int_equal(differ(got, ref, M * N), 0);
+}
+
+/* Where this CPU or its kernel does not run AMX, what can be checked here:
+ * forcing it on is refused and leaves the mode as it was (auto), and under
+ * auto a bf16 product takes no AMX call and gives the definition's bits.
+ * What the AMX kernel computes is checked where the CPU runs it (the rest
+ * of each AMX test); cmocka's skip() would print "not ok # SKIP", which
+ * meson and scripts/count_tests.py count as a failure. */
+static void amx_refused(const char *test)
+{
+    assert_false(nt__gemm_amx_runs());
+    assert_int_equal(nt__gemm_set_amx(1), -1);
+    bf_product_off_amx();
     assert_int_equal(nt__gemm_set_amx(0), 0);
     assert_int_equal(nt__gemm_set_amx(-1), 0);
     print_message("# %s: AMX not run on this CPU or kernel; checked only that forcing it is "
@@ -1343,21 +1350,9 @@ static void test_bf16_amx(void **state)
     /* below the AVX-512 level (the range scan's instructions) it is not
      * taken even when forced: the FMA path's bits */
     if (nt__gemm_isa_best() >= NT_ISA_AVX2) {
-        enum { M = 33, N = 40, K = 150 };
-        uint16_t Ah[K * M], Bh[K * N];
-        float A[K * M], B[K * N], ref[M * N], got[M * N];
-        for (int i = 0; i < K * M; i++)
-            Ah[i] = rbf(), A[i] = nt__bf16_to_f32(Ah[i]);
-        for (int i = 0; i < K * N; i++)
-            Bh[i] = rbf(), B[i] = nt__bf16_to_f32(Bh[i]);
-        naive_bf16(M, N, K, A, M, B, N, ref, N);
         assert_int_equal(nt__gemm_set_amx(1), 0);
         assert_int_equal(nt__gemm_set_isa(NT_ISA_AVX2), 0);
-        unsigned long a0 = nt__gemm_amx_calls();
-        nt__gemm_bf16(M, N, K, Ah, M, false, NT_BF16, Bh, N, false, NT_BF16, got, N, false, true,
-                      NULL, NT_F32);
-        assert_true(nt__gemm_amx_calls() == a0);
-        assert_int_equal(differ(got, ref, M * N), 0);
+        bf_product_off_amx();
     }
     bf_path_reset();
 }
