@@ -213,11 +213,6 @@ static bool run_peer(const char *script, int warmup, int steps, double *f32_ms, 
     return true;
 }
 
-static void print_ratio(const char *what, double ours, double ref, double limit)
-{
-    printf("  %-60s %6.2fx  (target <= %.1fx: %s)\n", what, ours / ref, limit,
-           ours / ref <= limit ? "met" : "NOT met");
-}
 
 /* Issue 11's comparison: the MLP on both backends, f32 and bf16 autocast,
  * against PyTorch eager measured right after, in the same run.  With
@@ -226,15 +221,33 @@ static void print_ratio(const char *what, double ours, double ref, double limit)
  * shared machine a neighbour's load comes and goes within a minute (one
  * round saw PyTorch's median at 17.7 ms, the next at 25.8). */
 #define MAX_ROUNDS 16
+
+/* What one round measures, in ms/step: ours on each backend in f32 and bf16,
+ * then PyTorch's. */
+enum { SIM_F32, SIM_BF16, CPU_F32, CPU_BF16, PT_F32, PT_BF16, N_MS };
+
+/* Issue 11's ratios: ms[num] / ms[den] against limit. */
+static const struct {
+    const char *what;
+    int num, den;
+    double limit;
+} ratios[] = {
+    {"bf16 / own f32, sim backend", SIM_BF16, SIM_F32, 0.8},
+    {"bf16 / own f32, cpu backend", CPU_BF16, CPU_F32, 0.8},
+    {"sim backend (adaptive) / PyTorch f32", SIM_F32, PT_F32, 1.0},
+    {"cpu backend (lazy) / PyTorch f32", CPU_F32, PT_F32, 0.6},
+    {"sim backend bf16 / PyTorch bf16", SIM_BF16, PT_BF16, 1.0},
+    {"cpu backend bf16 / PyTorch bf16", CPU_BF16, PT_BF16, 1.0},
+};
+
 static void peer_compare(const char *script, int warmup, int steps, int rounds)
 {
     const char *backend0 = nt_config_get("NT_BACKEND");
     char b0[16];
     snprintf(b0, sizeof b0, "%s", backend0 ? backend0 : "sim");
     const char *mode_sim = "adaptive", *mode_cpu = "lazy"; /* each backend's default / best */
-    /* per round: ours sim f32, sim bf16, cpu f32, cpu bf16; PyTorch f32, bf16 */
-    double ms[6][MAX_ROUNDS];
-    int have_peer = 0;
+    double ms[N_MS][MAX_ROUNDS];
+    bool peer_ok = true; /* PyTorch answered every round so far */
     for (int k = 0; k < rounds; k++) {
         if (nt_config_set("NT_BACKEND", "sim") != 0)
             bench_fail("nt_config_set NT_BACKEND sim");
@@ -246,7 +259,8 @@ static void peer_compare(const char *script, int warmup, int steps, int rounds)
         result cb = run_amp(mode_cpu, false, warmup, steps, NT_BF16);
         if (nt_config_set("NT_BACKEND", b0) != 0)
             bench_fail("nt_config_set NT_BACKEND");
-        ms[0][k] = sf.ms, ms[1][k] = sb.ms, ms[2][k] = cf.ms, ms[3][k] = cb.ms;
+        ms[SIM_F32][k] = sf.ms, ms[SIM_BF16][k] = sb.ms;
+        ms[CPU_F32][k] = cf.ms, ms[CPU_BF16][k] = cb.ms;
         if (k == 0) {
             printf("\npeer comparison (MLP 784-1024-1024-10, batch %d, AdamW), median ms/step:\n",
                    BATCH);
@@ -266,47 +280,31 @@ static void peer_compare(const char *script, int warmup, int steps, int rounds)
             printf("  simulated step target <= 0.4 ms (f32): %s\n",
                    sf.sim_ms <= 0.4 ? "met" : "NOT met");
         }
-        double pf = 0, pb = 0;
-        if ((k == 0 || have_peer) && run_peer(script, warmup, steps, &pf, &pb))
-            ms[4][k] = pf, ms[5][k] = pb, have_peer = 1;
-        else
-            have_peer = 0;
+        ms[PT_F32][k] = ms[PT_BF16][k] = 0;
+        peer_ok = peer_ok && run_peer(script, warmup, steps, &ms[PT_F32][k], &ms[PT_BF16][k]);
         if (rounds > 1)
             printf("  round %d: ours sim f32 %.2f bf16 %.2f, cpu f32 %.2f bf16 %.2f; PyTorch "
                    "f32 %.2f bf16 %.2f ms/step\n",
-                   k + 1, sf.ms, sb.ms, cf.ms, cb.ms, pf, pb);
-    }
-    /* each ratio's median over the rounds */
-    double r[6][MAX_ROUNDS];
-    for (int k = 0; k < rounds; k++) {
-        r[0][k] = ms[1][k] / ms[0][k], r[1][k] = ms[3][k] / ms[2][k];
-        if (have_peer)
-            r[2][k] = ms[0][k] / ms[4][k], r[3][k] = ms[2][k] / ms[4][k],
-            r[4][k] = ms[1][k] / ms[5][k], r[5][k] = ms[3][k] / ms[5][k];
+                   k + 1, sf.ms, sb.ms, cf.ms, cb.ms, ms[PT_F32][k], ms[PT_BF16][k]);
     }
     char of[40] = "";
     if (rounds > 1)
         snprintf(of, sizeof of, ", median of %d rounds", rounds);
-    char what[96];
-    snprintf(what, sizeof what, "bf16 / own f32, sim backend%s", of);
-    print_ratio(what, bench_median(r[0], rounds), 1.0, 0.8);
-    snprintf(what, sizeof what, "bf16 / own f32, cpu backend%s", of);
-    print_ratio(what, bench_median(r[1], rounds), 1.0, 0.8);
-    if (!have_peer)
-        return;
-    if (rounds == 1)
-        printf("  PyTorch eager: f32 %.2f ms/step, bf16 %.2f ms/step\n", ms[4][0], ms[5][0]);
-    else
-        printf("  PyTorch eager, median of %d rounds: f32 %.2f ms/step, bf16 %.2f ms/step\n",
-               rounds, bench_median(ms[4], rounds), bench_median(ms[5], rounds));
-    snprintf(what, sizeof what, "sim backend (adaptive) / PyTorch f32%s", of);
-    print_ratio(what, bench_median(r[2], rounds), 1.0, 1.0);
-    snprintf(what, sizeof what, "cpu backend (lazy) / PyTorch f32%s", of);
-    print_ratio(what, bench_median(r[3], rounds), 1.0, 0.6);
-    snprintf(what, sizeof what, "sim backend bf16 / PyTorch bf16%s", of);
-    print_ratio(what, bench_median(r[4], rounds), 1.0, 1.0);
-    snprintf(what, sizeof what, "cpu backend bf16 / PyTorch bf16%s", of);
-    print_ratio(what, bench_median(r[5], rounds), 1.0, 1.0);
+    if (peer_ok)
+        printf("  PyTorch eager%s: f32 %.2f ms/step, bf16 %.2f ms/step\n", of,
+               bench_median(ms[PT_F32], rounds), bench_median(ms[PT_BF16], rounds));
+    for (size_t i = 0; i < sizeof ratios / sizeof ratios[0]; i++) {
+        if (ratios[i].den >= PT_F32 && !peer_ok)
+            continue;
+        double r[MAX_ROUNDS];
+        for (int k = 0; k < rounds; k++)
+            r[k] = ms[ratios[i].num][k] / ms[ratios[i].den][k];
+        double med = bench_median(r, rounds);
+        char what[96];
+        snprintf(what, sizeof what, "%s%s", ratios[i].what, of);
+        printf("  %-60s %6.2fx  (target <= %.1fx: %s)\n", what, med, ratios[i].limit,
+               med <= ratios[i].limit ? "met" : "NOT met");
+    }
 }
 
 /* Runs every mode of modes_arg on one model; returns the best time and
