@@ -1447,6 +1447,442 @@ static void ew_block(void *arg, int b)
  * calling thread alone (waking the helper costs more). */
 #define EW_SPAN (64 * 1024)
 
+/* ---------------- EW: AdamW's update as one loop ----------------
+ *
+ * nt_optim_step records AdamW (autograd/optim.c, adamw_update) as a dozen
+ * elementwise ops per parameter; fused, they are one program, most often
+ * the epilogue of the weight gradient's matmul.  The per-op passes take an
+ * L1 chunk through every op (a training step's AdamW ran at a third of the
+ * speed of the same arithmetic written as one loop, measured over 1M
+ * elements), and the values fan out, so the chain route cannot take it.
+ * This route recognises the program op by op -- the exact sequence
+ * adamw_update records, with or without weight decay, the gradient as the
+ * matmul's value or an input, f32 or widened from bf16/f16 by a cast, the
+ * new m, v and parameter stored (copies) and the parameter also cast for
+ * the next forward's autocast -- and runs it as one AVX-512 loop, 16
+ * elements at a time, every value in a vector register.
+ *
+ * Each op is the IEEE f32 operation of its core/ewise.h definition, its
+ * operands in the op's order (a NaN's payload follows the first operand),
+ * NaN made canonical exactly where plan_canon says, under MXCSR's round to
+ * nearest with FTZ and DAZ off: the bits of the per-op passes, by
+ * construction, whatever the values (subnormals take the hardware's own
+ * exact path).  The gradient's cast and the parameter's cast for autocast
+ * run through eval and store on a block of OPT_B elements, as the per-op
+ * passes would.  Outputs may be the very memory of an input (AdamW updates
+ * its parameter, m and v in place): each vector is read before it is
+ * written; any other overlap is refused. */
+
+/* whether the route runs (nt__fused_cpu_set_optim_route), and how often it did */
+static atomic_bool route_optim = true;
+static atomic_uint_fast64_t optim_runs, optim_redone;
+
+void nt__fused_cpu_set_optim_route(bool on) { atomic_store(&route_optim, on); }
+void nt__fused_cpu_optim_counts(uint64_t *runs, uint64_t *redone)
+{
+    *runs = atomic_load(&optim_runs);
+    *redone = atomic_load(&optim_redone);
+}
+
+#ifdef NT_FUSED_X86
+
+/* elements per block: the gradient's and the cast's buffers */
+#define OPT_B 512
+
+/* The pattern's ops, in adamw_update's order. */
+enum {
+    OP_GCAST, /* optional: g widened to f32 */
+    OP_WD,    /* optional: w1 = w * (1 - lr wd) */
+    OP_GM,    /* b = g - m */
+    OP_B1,    /* c = b * (1 - beta1) */
+    OP_M,     /* m' = m + c */
+    OP_GG,    /* d = g * g */
+    OP_B2G,   /* e = d * (1 - beta2) */
+    OP_B2V,   /* f = v * beta2 */
+    OP_V,     /* v' = f + e */
+    OP_SQ,    /* s = sqrt(v') */
+    OP_BC2,   /* t = s / sqrt(1 - beta2^t) */
+    OP_EPS,   /* u = t + eps */
+    OP_Q,     /* q = m' / u */
+    OP_STEP,  /* r = q * lr / (1 - beta1^t) */
+    OP_W,     /* w' = w1 - r */
+    OP_N
+};
+
+/* an output: one of m', v', w' (f32, by a copy), or w' cast (by eval) */
+enum { OUT_M, OUT_V, OUT_W, OUT_CAST };
+
+typedef struct opt_prog {
+    int k[OP_N];         /* each pattern op's index in the program (-1: absent) */
+    bool canon[OP_N];    /* plan_canon's verdict for it */
+    float s[OP_N];       /* the scalar ops' scalars */
+    int g_ext;           /* the gradient's input (-1: the matmul's value, pre) */
+    int w_ext, m_ext, v_ext;
+    nt_dtype g_dt;       /* what the gradient is stored as (f32, or widened) */
+    int nout;
+    uint8_t out_kind[NT_F_MAXOUT];
+    int out_k[NT_F_MAXOUT]; /* OUT_CAST: the cast's op */
+} opt_prog;
+
+typedef struct opt_ctx {
+    const nt__fgroup *g;
+    const opt_prog *O;
+    const float *w, *m, *v, *gf; /* f32 operands (gf: NULL when widened) */
+    const char *graw;            /* the gradient as stored, when widened */
+    float *dst[NT_F_MAXOUT];     /* the f32 outputs */
+    const mview *ov;
+    int64_t n_all, span;
+    atomic_int rc; /* a span's failure (read after nt__par_blocks) */
+} opt_ctx;
+
+/* A view covers its n elements contiguously, in the iteration order. */
+static bool opt_contig(const mview *m, int nd, const int64_t *shape)
+{
+    int64_t want = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+        if (shape[d] != 1 && m->stride[d] != want)
+            return false;
+        want *= shape[d];
+    }
+    return true;
+}
+
+#define OPT_UNSET 1000 /* a slot not known yet */
+
+/* Operand q of op o is slot (a value, or an input as NT_F_EXT). */
+static bool opt_is(const nt__fop *o, int q, int slot) { return o->nin > q && o->a[q] == slot; }
+
+static bool opt_plan(const nt__fgroup *g, int from, int prev, const mview *pre, const mview *ev,
+                     const mview *ov, const bool *canon, opt_prog *O)
+{
+    const nt__fprog *P = g->prog;
+    const int nd = P->ndim;
+    if (P->kind == NT_FK_ROW || P->nops - from < OP_N - 2)
+        return false;
+    for (int i = 0; i < OP_N; i++)
+        O->k[i] = -1;
+    int k = from;
+    /* the gradient: the matmul's value or an input, perhaps widened; slots
+     * are values (>= 0) or inputs (NT_F_EXT, < 0), OPT_UNSET not yet known */
+    int gslot = prev >= 0 ? prev : OPT_UNSET; /* the slot the ops read as g */
+    const nt__fop *o = &P->ops[k];
+    O->g_ext = -1;
+    O->g_dt = NT_F32;
+    if (o->op == NT_OP_CAST && !is_sr(o) && o->nin == 1 && P->vals[o->out].dtype == NT_F32) {
+        int a = o->a[0];
+        nt_dtype dt = NT_F_IS_EXT(a) ? (nt_dtype)P->ext[NT_F_EXT_IDX(a)].dtype
+                                     : (a == prev ? (nt_dtype)P->vals[a].dtype : NT_F32);
+        if ((dt != NT_BF16 && dt != NT_F16) || (!NT_F_IS_EXT(a) && a != prev))
+            return false;
+        if (NT_F_IS_EXT(a))
+            O->g_ext = NT_F_EXT_IDX(a);
+        O->g_dt = dt;
+        O->k[OP_GCAST] = k++;
+        gslot = o->out;
+    }
+    /* weight decay: w * s, w an input */
+    o = &P->ops[k];
+    if (o->op == NT_OP_MUL_SCALAR && NT_F_IS_EXT(o->a[0]) && P->vals[o->out].dtype == NT_F32)
+        O->k[OP_WD] = k++;
+    if (P->nops - k < OP_N - 2)
+        return false;
+    /* b = g - m: fixes g (when not yet known) and m */
+    o = &P->ops[k];
+    if (o->op != NT_OP_SUB || !NT_F_IS_EXT(o->a[1]))
+        return false;
+    if (gslot == OPT_UNSET) { /* an EW program: g is an f32 input */
+        if (!NT_F_IS_EXT(o->a[0]))
+            return false;
+        gslot = o->a[0];
+        O->g_ext = NT_F_EXT_IDX(gslot);
+    } else if (o->a[0] != gslot) {
+        return false;
+    }
+    const int mslot = o->a[1];
+    static const struct {
+        uint16_t op;
+        int8_t a0, a1; /* operands: OPT_G, OPT_M, OPT_V, OPT_WIN or a pattern op's value */
+    } pat[] = {
+#define OPT_G (-1)
+#define OPT_M (-2)
+#define OPT_V (-3)
+#define OPT_W1 (-4) /* w1: OP_WD's value, or the parameter itself */
+#define OPT_NONE (-9)
+        [OP_GM] = {NT_OP_SUB, OPT_G, OPT_M},
+        [OP_B1] = {NT_OP_MUL_SCALAR, OP_GM, OPT_NONE},
+        [OP_M] = {NT_OP_ADD, OPT_M, OP_B1},
+        [OP_GG] = {NT_OP_MUL, OPT_G, OPT_G},
+        [OP_B2G] = {NT_OP_MUL_SCALAR, OP_GG, OPT_NONE},
+        [OP_B2V] = {NT_OP_MUL_SCALAR, OPT_V, OPT_NONE},
+        [OP_V] = {NT_OP_ADD, OP_B2V, OP_B2G},
+        [OP_SQ] = {NT_OP_SQRT, OP_V, OPT_NONE},
+        [OP_BC2] = {NT_OP_DIV_SCALAR, OP_SQ, OPT_NONE},
+        [OP_EPS] = {NT_OP_ADD_SCALAR, OP_BC2, OPT_NONE},
+        [OP_Q] = {NT_OP_DIV, OP_M, OP_EPS},
+        [OP_STEP] = {NT_OP_MUL_SCALAR, OP_Q, OPT_NONE},
+        [OP_W] = {NT_OP_SUB, OPT_W1, OP_STEP},
+    };
+    int vslot = OPT_UNSET;
+    const int wslot = O->k[OP_WD] >= 0 ? P->ops[O->k[OP_WD]].a[0] : OPT_UNSET;
+    int w_seen = wslot; /* the parameter, once known */
+    for (int p = OP_GM; p <= OP_W; p++, k++) {
+        o = &P->ops[k];
+        if (o->op != pat[p].op || P->vals[o->out].dtype != NT_F32 || P->vals[o->out].store >= 0)
+            return false;
+        int want[2] = {pat[p].a0, pat[p].a1};
+        for (int q = 0; q < 2; q++) {
+            int w = want[q], slot;
+            if (w == OPT_NONE) {
+                if (o->nin != q)
+                    return false;
+                break;
+            }
+            if (w == OPT_G)
+                slot = gslot;
+            else if (w == OPT_M)
+                slot = mslot;
+            else if (w == OPT_V) {
+                if (vslot == OPT_UNSET && NT_F_IS_EXT(o->a[q]) && o->a[q] != mslot)
+                    vslot = o->a[q];
+                slot = vslot;
+            } else if (w == OPT_W1) {
+                if (O->k[OP_WD] >= 0)
+                    slot = P->ops[O->k[OP_WD]].out;
+                else {
+                    if (NT_F_IS_EXT(o->a[q]) && o->a[q] != mslot && o->a[q] != vslot &&
+                        o->a[q] != gslot)
+                        w_seen = o->a[q];
+                    slot = w_seen;
+                }
+            } else
+                slot = P->ops[O->k[w]].out;
+            if (slot == OPT_UNSET || !opt_is(o, q, slot))
+                return false;
+        }
+        O->k[p] = k;
+    }
+    if (w_seen == OPT_UNSET || vslot == OPT_UNSET)
+        return false;
+    /* the parameter, m and v: three distinct inputs besides g */
+    O->w_ext = NT_F_EXT_IDX(w_seen), O->m_ext = NT_F_EXT_IDX(mslot), O->v_ext = NT_F_EXT_IDX(vslot);
+    if (O->w_ext == O->m_ext || O->w_ext == O->v_ext || O->m_ext == O->v_ext ||
+        O->g_ext == O->w_ext || O->g_ext == O->m_ext || O->g_ext == O->v_ext)
+        return false;
+    /* the rest: stored copies of m', v', w' and casts of w', read by no op */
+    const int vm = P->ops[O->k[OP_M]].out, vv = P->ops[O->k[OP_V]].out,
+              vw = P->ops[O->k[OP_W]].out;
+    if (P->nops - k != P->nout)
+        return false;
+    for (int sv = 0; sv < P->nout; sv++) {
+        int ko = def_op(P, P->out_val[sv]);
+        o = &P->ops[ko];
+        const nt_dtype odt = (nt_dtype)P->vals[o->out].dtype;
+        if (ko < k || o->nin != 1 || P->vals[o->out].store != sv || ov[sv].dt != odt ||
+            !opt_contig(&ov[sv], nd, P->shape))
+            return false;
+        int a = o->a[0];
+        if (o->op == NT_OP_COPY && odt == NT_F32 && (a == vm || a == vv || a == vw))
+            O->out_kind[sv] = a == vm ? OUT_M : a == vv ? OUT_V : OUT_W;
+        else if (o->op == NT_OP_CAST && !is_sr(o) && a == vw && isf(odt))
+            O->out_kind[sv] = OUT_CAST;
+        else
+            return false;
+        O->out_k[sv] = ko;
+    }
+    O->nout = P->nout;
+    /* every input f32 and contiguous but a widened gradient; the gradient
+     * (an input or the matmul's value) contiguous in its dtype */
+    const int f32in[3] = {O->w_ext, O->m_ext, O->v_ext};
+    for (int i = 0; i < 3; i++)
+        if (ev[f32in[i]].dt != NT_F32 || P->ext[f32in[i]].dtype != NT_F32 ||
+            !opt_contig(&ev[f32in[i]], nd, P->shape))
+            return false;
+    const mview *gv = O->g_ext >= 0 ? &ev[O->g_ext] : pre;
+    if (!gv || gv->dt != O->g_dt || !opt_contig(gv, nd, P->shape))
+        return false;
+    if (!canon[O->k[OP_M]] || !canon[O->k[OP_V]] || !canon[O->k[OP_W]])
+        return false; /* opt_run512 stores them as they are (unreachable: copies read them) */
+    for (int p = 0; p < OP_N; p++) {
+        O->canon[p] = O->k[p] >= 0 && canon[O->k[p]];
+        O->s[p] = O->k[p] >= 0 ? (float)P->ops[O->k[p]].p.f[0] : 0.0f;
+    }
+    /* memory: an output is an input's very elements or shares none of
+     * them, and no two outputs share any */
+    const int64_t n = nt__numel(nd, P->shape);
+    const char *lo[4];
+    int64_t len[4];
+    for (int i = 0; i < 3; i++)
+        lo[i] = ev[f32in[i]].data, len[i] = 4 * n;
+    lo[3] = gv->data, len[3] = n * (int64_t)nt__dtype_size(gv->dt);
+    for (int sv = 0; sv < P->nout; sv++) {
+        const char *a = ov[sv].data;
+        int64_t al = n * (int64_t)nt__dtype_size(ov[sv].dt);
+        for (int i = 0; i < 4; i++) {
+            bool same = a == lo[i] && al == len[i] && i < 3;
+            if (!same && a < lo[i] + len[i] && lo[i] < a + al)
+                return false;
+        }
+        for (int s2 = 0; s2 < sv; s2++) {
+            const char *b = ov[s2].data;
+            int64_t bl = n * (int64_t)nt__dtype_size(ov[s2].dt);
+            if (a < b + bl && b < a + al)
+                return false;
+        }
+    }
+    return true;
+}
+
+#define OPT_C(p, x) (cn[p] ? lin_canon(x) : (x))
+
+/* Elements [i0, i0 + n) (n <= OPT_B) into ob: m', v', w' at ob, ob + OPT_B,
+ * ob + 2 OPT_B.  gb holds the widened gradient when it is not read in place. */
+__attribute__((target(NT_TARGET_AVX512))) static void opt_run512(const opt_ctx *c, int64_t i0,
+                                                                 int64_t n, const float *gb,
+                                                                 float *ob)
+{
+    const opt_prog *O = c->O;
+    const float *gp = c->gf ? c->gf + i0 : gb;
+    const float *wp = c->w + i0, *mp = c->m + i0, *vp = c->v + i0;
+    const bool wd = O->k[OP_WD] >= 0;
+    bool cn[OP_N];
+    for (int p = 0; p < OP_N; p++)
+        cn[p] = O->canon[p];
+    const __m512 swd = _mm512_set1_ps(O->s[OP_WD]), sb1 = _mm512_set1_ps(O->s[OP_B1]),
+                 sb2g = _mm512_set1_ps(O->s[OP_B2G]), sb2v = _mm512_set1_ps(O->s[OP_B2V]),
+                 sbc2 = _mm512_set1_ps(O->s[OP_BC2]), seps = _mm512_set1_ps(O->s[OP_EPS]),
+                 sstep = _mm512_set1_ps(O->s[OP_STEP]);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        const __m512 g = _mm512_maskz_loadu_ps(m, gp + i), w = _mm512_maskz_loadu_ps(m, wp + i),
+                     mo = _mm512_maskz_loadu_ps(m, mp + i), vo = _mm512_maskz_loadu_ps(m, vp + i);
+        const __m512 w1 = wd ? OPT_C(OP_WD, _mm512_mul_ps(w, swd)) : w;
+        const __m512 b = OPT_C(OP_GM, _mm512_sub_ps(g, mo));
+        const __m512 cc = OPT_C(OP_B1, _mm512_mul_ps(b, sb1));
+        const __m512 mn = OPT_C(OP_M, _mm512_add_ps(mo, cc));
+        const __m512 dd = OPT_C(OP_GG, _mm512_mul_ps(g, g));
+        const __m512 e = OPT_C(OP_B2G, _mm512_mul_ps(dd, sb2g));
+        const __m512 f = OPT_C(OP_B2V, _mm512_mul_ps(vo, sb2v));
+        const __m512 vn = OPT_C(OP_V, _mm512_add_ps(f, e));
+        const __m512 s = OPT_C(OP_SQ, _mm512_sqrt_ps(vn));
+        const __m512 t = OPT_C(OP_BC2, _mm512_div_ps(s, sbc2));
+        const __m512 u = OPT_C(OP_EPS, _mm512_add_ps(t, seps));
+        const __m512 q = OPT_C(OP_Q, _mm512_div_ps(mn, u));
+        const __m512 r = OPT_C(OP_STEP, _mm512_mul_ps(q, sstep));
+        const __m512 wn = OPT_C(OP_W, _mm512_sub_ps(w1, r));
+        /* the copies' results: canonical already (plan_canon canonicalises a
+         * value a copy reads, as a copy is not NaN-through) */
+        _mm512_store_ps(ob + i, mn);
+        _mm512_store_ps(ob + OPT_B + i, vn);
+        _mm512_store_ps(ob + 2 * OPT_B + i, wn);
+    }
+}
+
+/* Elements [lo, hi) of the program, block by block: a block runs with
+ * MXCSR's FTZ set (DAZ clear), as the chain route does, so a tiny result
+ * takes no microcode assist; FTZ changes a result only when it is tiny,
+ * and then MXCSR.UE is set, and the block runs again without it, exactly.
+ * Its outputs are stored only then, so the inputs it reads are still
+ * there for the second run. */
+static int opt_span(const opt_ctx *c, int64_t lo, int64_t hi)
+{
+    const opt_prog *O = c->O;
+    const nt__fprog *P = c->g->prog;
+    /* m', v', w'; the gradient as stored and widened; the cast; eval's scratch */
+    float *buf = aligned_alloc(64, sizeof(float) * 10 * OPT_B);
+    if (!buf)
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
+    float *ob = buf, *graw = buf + 3 * OPT_B, *gb = buf + 4 * OPT_B, *cb = buf + 5 * OPT_B;
+    float *scratch = buf + 6 * OPT_B;
+    eval_fn *eval = eval_isa();
+    const unsigned csr = _mm_getcsr();
+    /* round to nearest, exceptions masked, flags clear; FTZ for the first run */
+    const unsigned exact = (csr & ~0xe07fu) | 0x1f80u, ftz = exact | 0x8000u;
+    unsigned seen = 0; /* flags of the exact runs */
+    for (int64_t i = lo; i < hi; i += OPT_B) {
+        const int64_t n = hi - i < OPT_B ? hi - i : OPT_B;
+        if (!c->gf) { /* as the per-op passes: the stored value loaded, then the cast */
+            const nt__fop *o = &P->ops[O->k[OP_GCAST]];
+            nt__ld_f32(graw, c->graw + i * (int64_t)nt__dtype_size(O->g_dt), O->g_dt, 1, n);
+            opnd a = {graw, O->g_dt, false};
+            eval(o, NT_F32, &a, gb, n, scratch, O->canon[OP_GCAST]);
+        }
+        _mm_setcsr(ftz);
+        __asm__ volatile("" ::: "memory");
+        opt_run512(c, i, n, gb, ob);
+        __asm__ volatile("" ::: "memory");
+        unsigned flags = _mm_getcsr();
+        if (flags & 0x10u) { /* a tiny result, flushed: the block again, IEEE */
+            _mm_setcsr(exact);
+            __asm__ volatile("" ::: "memory");
+            opt_run512(c, i, n, gb, ob);
+            __asm__ volatile("" ::: "memory");
+            seen |= _mm_getcsr();
+            atomic_fetch_add_explicit(&optim_redone, 1, memory_order_relaxed);
+        }
+        seen |= flags & 0x02u;
+        _mm_setcsr(csr);
+        for (int sv = 0; sv < O->nout; sv++) {
+            const int kind = O->out_kind[sv];
+            if (kind != OUT_CAST) {
+                memcpy(c->dst[sv] + i, ob + kind * OPT_B, sizeof(float) * (size_t)n);
+                continue;
+            }
+            const nt__fop *o = &P->ops[O->out_k[sv]];
+            nt_dtype odt = (nt_dtype)P->vals[o->out].dtype;
+            opnd a = {ob + 2 * OPT_B, NT_F32, false};
+            eval(o, odt, &a, cb, n, scratch, true);
+            store(&c->ov[sv], i, 1, cb, odt, n);
+        }
+    }
+    if (seen & 0x02u) /* a subnormal operand took an assist */
+        sn_met();
+    free(buf);
+    return 0;
+}
+
+static void opt_block(void *arg, int b)
+{
+    opt_ctx *c = arg;
+    int64_t lo = (int64_t)b * c->span, hi = lo + c->span < c->n_all ? lo + c->span : c->n_all;
+    int rc = opt_span(c, lo, hi);
+    if (rc)
+        atomic_store_explicit(&c->rc, rc, memory_order_relaxed);
+}
+
+/* Runs the program by this route if it is AdamW's (opt_plan): true, with
+ * its status in *rc; false: not taken, nothing done. */
+static bool opt_try(const nt__fgroup *g, int from, int prev, const mview *pre, const mview *ev,
+                    const mview *ov, const bool *canon, int *rc)
+{
+    opt_prog O;
+    /* where a subnormal operand was met lately, the per-op passes (which
+     * test operands instead) take it, as they take a chain */
+    if (!atomic_load(&route_optim) || eval_isa() != eval_avx512 ||
+        (sn_tested && atomic_load_explicit(&route_sn_test, memory_order_relaxed) == 0) ||
+        !opt_plan(g, from, prev, pre, ev, ov, canon, &O))
+        return false;
+    opt_ctx c = {.g = g, .O = &O, .ov = ov};
+    atomic_init(&c.rc, 0);
+    c.w = (const float *)ev[O.w_ext].data;
+    c.m = (const float *)ev[O.m_ext].data;
+    c.v = (const float *)ev[O.v_ext].data;
+    const char *gd = O.g_ext >= 0 ? ev[O.g_ext].data : pre->data;
+    c.gf = O.g_dt == NT_F32 ? (const float *)gd : NULL;
+    c.graw = gd;
+    for (int sv = 0; sv < O.nout; sv++)
+        c.dst[sv] = (float *)ov[sv].data;
+    c.n_all = nt__numel(g->prog->ndim, g->prog->shape);
+    c.span = EW_SPAN;
+    int nblocks = (int)((c.n_all + EW_SPAN - 1) / EW_SPAN);
+    if (c.n_all > 0)
+        nt__par_blocks(nblocks, opt_block, &c, nblocks >= 2);
+    atomic_fetch_add_explicit(&optim_runs, 1, memory_order_relaxed);
+    /* nt__par_blocks returns after every block, its writes published */
+    *rc = atomic_load_explicit(&c.rc, memory_order_relaxed);
+    return true;
+}
+#endif /* NT_FUSED_X86 */
+
 /* Runs ops [from, nops) of an EW-shaped program over its iteration space.
  * pre: value `prev` (if >= 0) is read from `pre` instead of being computed. */
 static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
@@ -1467,6 +1903,13 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
     sr_keys(g, c->keys);
     c->nregs = plan_regs(P, from, prev, c->reg);
     plan_canon(P, from, c->canon);
+#ifdef NT_FUSED_X86
+    int orc;
+    if (opt_try(g, from, prev, pre, c->ev, c->ov, c->canon, &orc)) {
+        free(c);
+        return orc;
+    }
+#endif
     for (int v = 0; v < P->nvals; v++)
         c->direct[v] = -1;
     c->n_all = nt__numel(P->ndim, P->shape);

@@ -2825,6 +2825,166 @@ static void test_fused_chain_registers_bitwise(void **state)
     }
 }
 
+/* ---------------- AdamW's update as one loop ----------------
+ *
+ * cpu/fused.c runs the program nt_optim_step records for AdamW as one
+ * AVX-512 loop (opt_try).  A parameter trained for four steps, its gradient
+ * the weight gradient of a matmul (the update is the matmul's epilogue) or
+ * an input (the update alone), with and without weight decay, in f32 and
+ * under bf16 autocast (the gradient widened from bf16, the parameter also
+ * cast for the next forward), on NaNs of both signs with payloads,
+ * infinities, signed zeros, subnormals, products that underflow and
+ * overflow, and plain values, over a masked tail and over spans on both
+ * threads: the route == the per-op passes == eager mode, bit for bit, at
+ * every ISA level and 1 and 2 threads, and the route ran where AVX-512
+ * does. */
+static float adam_special(rng *r, size_t i, int salt)
+{
+    static const uint32_t nans[4] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff812345u};
+    uint32_t u;
+    float f;
+    switch ((i * 7 + (size_t)salt) % 41) {
+    case 0: u = nans[(i / 41) % 4]; memcpy(&f, &u, 4); return f;
+    case 1: return (i / 41) % 2 ? -INFINITY : INFINITY;
+    case 2: return (i / 41) % 2 ? -0.0f : 0.0f;
+    case 3: u = (uint32_t)(rnext(r) % 0x007fffffu) + 1u; memcpy(&f, &u, 4); return f;
+    case 4: return (float)((runi(r) - 0.5) * 1e-21); /* g * g underflows */
+    case 5: return (float)((runi(r) - 0.5) * 1e21);  /* g * g overflows */
+    case 6: return (float)((runi(r) - 0.5) * 1e-36);
+    default: return (float)((runi(r) - 0.5) * 2.0);
+    }
+}
+
+/* Four steps of AdamW on w [R, C] (wv, updated in place); B rows of x for
+ * the matmul. */
+static void adam_train(float *wv, int64_t R, int64_t C, bool mm, bool amp, bool wd,
+                       const float *xv, const float *tv, const float *gv, int64_t B,
+                       const char *ckpt)
+{
+    nt_tensor *w = nt_from_host(wv, NT_F32, 2, (int64_t[]){R, C});
+    assert_non_null(w);
+    assert_int_equal(nt_set_requires_grad(w, true), 0);
+    nt_tensor *x = nt_from_host(xv, NT_F32, 2, (int64_t[]){B, C});
+    nt_tensor *t = nt_from_host(tv, NT_F32, 2, (int64_t[]){B, R});
+    nt_tensor *gt = nt_from_host(gv, NT_F32, 2, (int64_t[]){R, C});
+    nt_optim *o = nt_optim_adamw(&w, 1, 1e-2, 0.9, 0.999, 1e-8, wd ? 0.05 : 0.0);
+    assert_non_null(o);
+    for (int s = 0; s < 4; s++) {
+        nt_scope *sc = nt_scope_begin();
+        if (amp)
+            assert_int_equal(nt_autocast_begin(NT_BF16), 0);
+        nt_tensor *y = mm ? nt_mul(nt_matmul(x, nt_transpose(w, 0, 1)), t) : nt_mul(w, gt);
+        if (amp)
+            assert_int_equal(nt_autocast_end(), 0);
+        assert_int_equal(nt_backward(nt_sum(y, NT_DIM_ALL, false)), 0);
+        if (!mm) /* the gradient an input of the update's program */
+            assert_int_equal(nt_sync(), 0);
+        assert_int_equal(nt_optim_step(o), 0);
+        assert_int_equal(nt_optim_zero_grad(o), 0);
+        nt_scope_end(sc);
+    }
+    assert_int_equal(nt_to_host(w, wv, sizeof(float) * (size_t)(R * C)), 0);
+    assert_int_equal(nt_save(ckpt, &w, 1, o), 0); /* m and v too, as stored */
+    nt_optim_destroy(o);
+    nt_release(w), nt_release(x), nt_release(t), nt_release(gt);
+}
+
+/* The route's runs in this case (0 where AVX-512 does not run). */
+static uint64_t adam_case(int64_t R, int64_t C, int64_t B, bool mm, bool amp, bool wd,
+                          uint64_t *redone)
+{
+    uint64_t runs = 0;
+    const size_t n = (size_t)(R * C);
+    float *w0 = malloc(n * 4), *ref = malloc(n * 4), *got = malloc(n * 4), *gv = malloc(n * 4);
+    float *xv = malloc((size_t)(B * C) * 4), *tv = malloc((size_t)(B * R) * 4);
+    rng r = {977 + (uint64_t)mm * 2 + (uint64_t)amp * 4 + (uint64_t)wd};
+    for (size_t i = 0; i < n; i++)
+        w0[i] = adam_special(&r, i, 3), gv[i] = adam_special(&r, i, 0);
+    /* a few special values in x reach whole rows of the gradient */
+    for (size_t i = 0; i < (size_t)(B * C); i++)
+        xv[i] = i % 97 < 5 ? adam_special(&r, i / 97, 0) : (float)((runi(&r) - 0.5) * 2.0);
+    for (size_t i = 0; i < (size_t)(B * R); i++)
+        tv[i] = i % 13 == 4 ? adam_special(&r, i, 0) : (float)((runi(&r) - 0.5) * 2.0);
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    char *pref = g_strdup_printf("%s/nt_adam_%d_ref.ckpt", g_get_tmp_dir(), (int)getpid());
+    char *pgot = g_strdup_printf("%s/nt_adam_%d_got.ckpt", g_get_tmp_dir(), (int)getpid());
+    memcpy(ref, w0, n * 4);
+    adam_train(ref, R, C, mm, amp, wd, xv, tv, gv, B, pref);
+    gchar *cref, *cgot;
+    gsize lref, lgot;
+    assert_true(g_file_get_contents(pref, &cref, &lref, NULL));
+    const char *levels[] = {"scalar", "avx2", "avx512"}, *threads[] = {"1", "2"};
+    for (int l = 0; l < 3; l++)
+        for (int th = 0; th < 2; th++)
+            for (int route = 0; route < 2; route++) {
+                if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+                    continue; /* this CPU does not run it */
+                assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[th]), 0);
+                assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+                nt__fused_cpu_set_optim_route(route == 0);
+                /* no switch to the per-op passes after a subnormal operand */
+                nt__fused_cpu_set_routes(true, -1);
+                uint64_t c0, c1, r0, r1;
+                nt__fused_cpu_optim_counts(&c0, &r0);
+                memcpy(got, w0, n * 4);
+                adam_train(got, R, C, mm, amp, wd, xv, tv, gv, B, pgot);
+                assert_true(g_file_get_contents(pgot, &cgot, &lgot, NULL));
+                if (lgot != lref || memcmp(cgot, cref, lref))
+                    fail_msg("adamw (mm %d, amp %d, wd %d): m or v differ at %s, %s thread(s), "
+                             "route %d", mm, amp, wd, levels[l], threads[th], route);
+                g_free(cgot);
+                nt__fused_cpu_optim_counts(&c1, &r1);
+                if (route)
+                    assert_true(c1 == c0); /* the route was off */
+                runs += c1 - c0;
+                *redone += r1 - r0;
+                if (memcmp(got, ref, n * 4)) {
+                    size_t i = 0;
+                    while (!memcmp(&got[i], &ref[i], 4))
+                        i++;
+                    fail_msg("adamw (mm %d, amp %d, wd %d) differs at %s, %s thread(s), route %d: "
+                             "element %zu %a, eager %a",
+                             mm, amp, wd, levels[l], threads[th], route, i, got[i], ref[i]);
+                }
+            }
+    nt__fused_cpu_set_optim_route(true);
+    nt__fused_cpu_set_routes(true, 0);
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+    g_free(cref);
+    remove(pref), remove(pgot);
+    g_free(pref), g_free(pgot);
+    free(w0), free(ref), free(got), free(gv), free(xv), free(tv);
+    return runs;
+}
+
+static void test_fused_adamw_route_bitwise(void **state)
+{
+    (void)state;
+    bool avx512 = nt_config_set("NT_CPU_ISA", "avx512") == 0;
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    uint64_t redone = 0;
+    for (int c = 0; c < 8; c++) {
+        bool mm = c & 1, amp = c & 2, wd = c & 4;
+        /* the first step's update is another program (m and v are fills), and
+         * a later one may take the next forward's op along: not this route;
+         * but each case takes it at least once where AVX-512 runs */
+        uint64_t runs = adam_case(37, 1031, 8, mm, amp, wd, &redone); /* a masked tail */
+        if (avx512 && !runs)
+            fail_msg("adamw (mm %d, amp %d, wd %d) never took the route", mm, amp, wd);
+        if (c == 1 || c == 6) { /* spans on both threads */
+            runs = adam_case(129, 1537, 4, mm, amp, wd, &redone);
+            if (avx512 && !runs)
+                fail_msg("adamw (mm %d, amp %d, wd %d), 129 x 1537, never took the route", mm,
+                         amp, wd);
+        }
+    }
+    /* tiny results (g * g of 1e-21) were flushed, and those blocks redone */
+    if (avx512)
+        assert_true(redone > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2850,6 +3010,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fused_stream_direct_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_plan_order_unchanged, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_chain_registers_bitwise, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_fused_adamw_route_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_capacity_cut_keeps_read_values, setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_softmax_primitives_one_row_kernel, setup, nt_test_teardown),
