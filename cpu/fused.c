@@ -1509,8 +1509,9 @@ enum {
     OP_N
 };
 
-/* an output: one of m', v', w' (f32, by a copy), or w' cast (by eval) */
-enum { OUT_M, OUT_V, OUT_W, OUT_CAST };
+/* an output: one of m', v', w' (f32, by a copy), or w' cast: to bf16 in
+ * the loop (nt__f32_to_bf16's rounding), to another dtype by eval */
+enum { OUT_M, OUT_V, OUT_W, OUT_CAST, OUT_BF16 };
 
 typedef struct opt_prog {
     int k[OP_N];         /* each pattern op's index in the program (-1: absent) */
@@ -1529,7 +1530,9 @@ typedef struct opt_ctx {
     const opt_prog *O;
     const float *w, *m, *v, *gf; /* f32 operands (gf: NULL when widened) */
     const char *graw;            /* the gradient as stored, when widened */
+    const uint16_t *gh;          /* ... when widened from bf16, in the loop */
     float *dst[NT_F_MAXOUT];     /* the f32 outputs */
+    uint16_t *hdst[NT_F_MAXOUT]; /* the bf16 casts */
     const mview *ov;
     int64_t n_all, span;
     atomic_int rc; /* a span's failure (read after nt__par_blocks) */
@@ -1684,7 +1687,7 @@ static bool opt_plan(const nt__fgroup *g, int from, int prev, const mview *pre, 
         if (o->op == NT_OP_COPY && odt == NT_F32 && (a == vm || a == vv || a == vw))
             O->out_kind[sv] = a == vm ? OUT_M : a == vv ? OUT_V : OUT_W;
         else if (o->op == NT_OP_CAST && !is_sr(o) && a == vw && isf(odt))
-            O->out_kind[sv] = OUT_CAST;
+            O->out_kind[sv] = odt == NT_BF16 ? OUT_BF16 : OUT_CAST;
         else
             return false;
         O->out_k[sv] = ko;
@@ -1735,13 +1738,25 @@ static bool opt_plan(const nt__fgroup *g, int from, int prev, const mview *pre, 
 #define OPT_C(p, x) (cn[p] ? lin_canon(x) : (x))
 
 /* Elements [i0, i0 + n) (n <= OPT_B) into ob: m', v', w' at ob, ob + OPT_B,
- * ob + 2 OPT_B.  gb holds the widened gradient when it is not read in place. */
+ * ob + 2 OPT_B; the bf16 casts of w' straight to their outputs (which no
+ * input shares).  The gradient: f32 read in place, bf16 widened here (the
+ * bits nt__bf16_to_f32 gives, then the cast op's canonicalisation), or
+ * widened into gb by eval (f16). */
 __attribute__((target(NT_TARGET_AVX512))) static void opt_run512(const opt_ctx *c, int64_t i0,
                                                                  int64_t n, const float *gb,
                                                                  float *ob)
 {
     const opt_prog *O = c->O;
     const float *gp = c->gf ? c->gf + i0 : gb;
+    const uint16_t *gh = c->gh ? c->gh + i0 : NULL;
+    uint16_t *hd[NT_F_MAXOUT];
+    int nh = 0;
+    for (int sv = 0; sv < O->nout; sv++)
+        if (O->out_kind[sv] == OUT_BF16)
+            hd[nh++] = c->hdst[sv] + i0;
+    const __m512i absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i rnd = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    const __m512i qnan = _mm512_set1_epi32((int)NT__QNAN_BF16);
     const float *wp = c->w + i0, *mp = c->m + i0, *vp = c->v + i0;
     const bool wd = O->k[OP_WD] >= 0;
     bool cn[OP_N];
@@ -1753,8 +1768,12 @@ __attribute__((target(NT_TARGET_AVX512))) static void opt_run512(const opt_ctx *
                  sstep = _mm512_set1_ps(O->s[OP_STEP]);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
-        const __m512 g = _mm512_maskz_loadu_ps(m, gp + i), w = _mm512_maskz_loadu_ps(m, wp + i),
-                     mo = _mm512_maskz_loadu_ps(m, mp + i), vo = _mm512_maskz_loadu_ps(m, vp + i);
+        const __m512 g =
+            gh ? OPT_C(OP_GCAST, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                     _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, gh + i)), 16)))
+               : _mm512_maskz_loadu_ps(m, gp + i);
+        const __m512 w = _mm512_maskz_loadu_ps(m, wp + i), mo = _mm512_maskz_loadu_ps(m, mp + i),
+                     vo = _mm512_maskz_loadu_ps(m, vp + i);
         const __m512 w1 = wd ? OPT_C(OP_WD, _mm512_mul_ps(w, swd)) : w;
         const __m512 b = OPT_C(OP_GM, _mm512_sub_ps(g, mo));
         const __m512 cc = OPT_C(OP_B1, _mm512_mul_ps(b, sb1));
@@ -1774,6 +1793,16 @@ __attribute__((target(NT_TARGET_AVX512))) static void opt_run512(const opt_ctx *
         _mm512_store_ps(ob + i, mn);
         _mm512_store_ps(ob + OPT_B + i, vn);
         _mm512_store_ps(ob + 2 * OPT_B + i, wn);
+        if (nh) { /* nt__f32_to_bf16: round to nearest even, NaN the canonical one */
+            const __m512i bits = _mm512_castps_si512(wn);
+            const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(bits, absm), inf);
+            __m512i rb = _mm512_add_epi32(_mm512_add_epi32(bits, rnd),
+                                          _mm512_and_si512(_mm512_srli_epi32(bits, 16), one));
+            rb = _mm512_mask_mov_epi32(_mm512_srli_epi32(rb, 16), nan, qnan);
+            const __m256i h = _mm512_cvtepi32_epi16(rb);
+            for (int o = 0; o < nh; o++)
+                _mm256_mask_storeu_epi16(hd[o] + i, m, h);
+        }
     }
 }
 
@@ -1800,7 +1829,7 @@ static int opt_span(const opt_ctx *c, int64_t lo, int64_t hi)
     unsigned seen = 0; /* flags of the exact runs */
     for (int64_t i = lo; i < hi; i += OPT_B) {
         const int64_t n = hi - i < OPT_B ? hi - i : OPT_B;
-        if (!c->gf) { /* as the per-op passes: the stored value loaded, then the cast */
+        if (!c->gf && !c->gh) { /* as the per-op passes: the stored value loaded, then the cast */
             const nt__fop *o = &P->ops[O->k[OP_GCAST]];
             nt__ld_f32(graw, c->graw + i * (int64_t)nt__dtype_size(O->g_dt), O->g_dt, 1, n);
             opnd a = {graw, O->g_dt, false};
@@ -1823,6 +1852,8 @@ static int opt_span(const opt_ctx *c, int64_t lo, int64_t hi)
         _mm_setcsr(csr);
         for (int sv = 0; sv < O->nout; sv++) {
             const int kind = O->out_kind[sv];
+            if (kind == OUT_BF16)
+                continue; /* stored by opt_run512 */
             if (kind != OUT_CAST) {
                 memcpy(c->dst[sv] + i, ob + kind * OPT_B, sizeof(float) * (size_t)n);
                 continue;
@@ -1869,8 +1900,11 @@ static bool opt_try(const nt__fgroup *g, int from, int prev, const mview *pre, c
     const char *gd = O.g_ext >= 0 ? ev[O.g_ext].data : pre->data;
     c.gf = O.g_dt == NT_F32 ? (const float *)gd : NULL;
     c.graw = gd;
-    for (int sv = 0; sv < O.nout; sv++)
+    c.gh = O.g_dt == NT_BF16 ? (const uint16_t *)gd : NULL;
+    for (int sv = 0; sv < O.nout; sv++) {
         c.dst[sv] = (float *)ov[sv].data;
+        c.hdst[sv] = (uint16_t *)ov[sv].data;
+    }
     c.n_all = nt__numel(g->prog->ndim, g->prog->shape);
     c.span = EW_SPAN;
     int nblocks = (int)((c.n_all + EW_SPAN - 1) / EW_SPAN);
