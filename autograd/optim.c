@@ -198,7 +198,10 @@ static nt_tensor *sgd_update(nt_optim *o, slot *s, nt_tensor *g, const nt_site *
 }
 
 /* AdamW with step t (this parameter's, after the increment); m and v are
- * written, the new p is returned:
+ * written, the new p is returned (cpu/fused.c runs the program these ops
+ * fuse into as one loop, recognising them op by op in this order: a change
+ * here sends it back to the per-op passes, which test_fused_adamw_route_bitwise
+ * notices):
  *   p  = p * (1 - lr * wd)
  *   m  = m + (1 - beta1) * (g - m)            (PyTorch's lerp)
  *   v  = beta2 * v + (1 - beta2) * g * g

@@ -1464,14 +1464,20 @@ static void ew_block(void *arg, int b)
  *
  * Each op is the IEEE f32 operation of its core/ewise.h definition, its
  * operands in the op's order (a NaN's payload follows the first operand),
- * NaN made canonical exactly where plan_canon says, under MXCSR's round to
- * nearest with FTZ and DAZ off: the bits of the per-op passes, by
- * construction, whatever the values (subnormals take the hardware's own
- * exact path).  The gradient's cast and the parameter's cast for autocast
- * run through eval and store on a block of OPT_B elements, as the per-op
- * passes would.  Outputs may be the very memory of an input (AdamW updates
- * its parameter, m and v in place): each vector is read before it is
- * written; any other overlap is refused. */
+ * NaN made canonical exactly where plan_canon says: the bits of the per-op
+ * passes, by construction.  Blocks of OPT_B elements run with MXCSR's FTZ
+ * set and DAZ clear, as the chain route does (a tiny result takes no
+ * microcode assist); where MXCSR.UE says a result was tiny the block runs
+ * again without FTZ, exactly.  A block's f32 outputs go to an L1 buffer
+ * and are stored only after that, so they may be the very memory of an
+ * input (AdamW updates its parameter, m and v in place); any other overlap
+ * is refused.  A bf16 gradient is widened and the parameter's bf16 cast
+ * rounded in the loop (nt__bf16_to_f32, nt__f32_to_bf16), the cast stored
+ * straight to its own memory (no input shares it; the redo rewrites it);
+ * f16 ones go through eval and store on the block, as the passes would.
+ * autograd/optim.c's adamw_update says that this route depends on its op
+ * sequence; test_fused_adamw_route_bitwise fails if the route stops
+ * taking it. */
 
 /* whether the route runs (nt__fused_cpu_set_optim_route), and how often it did */
 static atomic_bool route_optim = true;
@@ -1486,7 +1492,7 @@ void nt__fused_cpu_optim_counts(uint64_t *runs, uint64_t *redone)
 
 #ifdef NT_FUSED_X86
 
-/* elements per block: the gradient's and the cast's buffers */
+/* elements per block: its outputs wait in L1 buffers for its flags */
 #define OPT_B 512
 
 /* The pattern's ops, in adamw_update's order. */
