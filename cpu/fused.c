@@ -1534,12 +1534,9 @@ typedef struct opt_prog {
 typedef struct opt_ctx {
     const nt__fgroup *g;
     const opt_prog *O;
-    const float *w, *m, *v, *gf; /* f32 operands (gf: NULL when widened) */
-    const char *graw;            /* the gradient as stored, when widened */
-    const uint16_t *gh;          /* ... when widened from bf16, in the loop */
-    float *dst[NT_F_MAXOUT];     /* the f32 outputs */
-    uint16_t *hdst[NT_F_MAXOUT]; /* the bf16 casts */
-    const mview *ov;
+    const float *w, *m, *v; /* the parameter, m and v */
+    const char *gd;         /* the gradient, stored as O->g_dt */
+    const mview *ov;        /* the outputs */
     int64_t n_all, span;
     atomic_int rc; /* a span's failure (read after nt__par_blocks) */
 } opt_ctx;
@@ -1595,22 +1592,9 @@ static bool opt_plan(const nt__fgroup *g, int from, int prev, const mview *pre, 
         O->k[OP_WD] = k++;
     if (P->nops - k < OP_N - 2)
         return false;
-    /* b = g - m: fixes g (when not yet known) and m */
-    o = &P->ops[k];
-    if (o->op != NT_OP_SUB || !NT_F_IS_EXT(o->a[1]))
-        return false;
-    if (gslot == OPT_UNSET) { /* an EW program: g is an f32 input */
-        if (!NT_F_IS_EXT(o->a[0]))
-            return false;
-        gslot = o->a[0];
-        O->g_ext = NT_F_EXT_IDX(gslot);
-    } else if (o->a[0] != gslot) {
-        return false;
-    }
-    const int mslot = o->a[1];
     static const struct {
         uint16_t op;
-        int8_t a0, a1; /* operands: OPT_G, OPT_M, OPT_V, OPT_WIN or a pattern op's value */
+        int8_t a0, a1; /* operands: OPT_G, OPT_M, OPT_V, OPT_W1 or a pattern op's value */
     } pat[] = {
 #define OPT_G (-1)
 #define OPT_M (-2)
@@ -1631,9 +1615,10 @@ static bool opt_plan(const nt__fgroup *g, int from, int prev, const mview *pre, 
         [OP_STEP] = {NT_OP_MUL_SCALAR, OP_Q, OPT_NONE},
         [OP_W] = {NT_OP_SUB, OPT_W1, OP_STEP},
     };
-    int vslot = OPT_UNSET;
-    const int wslot = O->k[OP_WD] >= 0 ? P->ops[O->k[OP_WD]].a[0] : OPT_UNSET;
-    int w_seen = wslot; /* the parameter, once known */
+    /* g (an f32 input of an EW program), m, v and the parameter: each the
+     * input first read where the pattern has it (distinct: checked below) */
+    int mslot = OPT_UNSET, vslot = OPT_UNSET;
+    int wslot = O->k[OP_WD] >= 0 ? P->ops[O->k[OP_WD]].a[0] : OPT_UNSET;
     for (int p = OP_GM; p <= OP_W; p++, k++) {
         o = &P->ops[k];
         if (o->op != pat[p].op || P->vals[o->out].dtype != NT_F32 || P->vals[o->out].store >= 0)
@@ -1646,34 +1631,28 @@ static bool opt_plan(const nt__fgroup *g, int from, int prev, const mview *pre, 
                     return false;
                 break;
             }
-            if (w == OPT_G)
-                slot = gslot;
-            else if (w == OPT_M)
-                slot = mslot;
-            else if (w == OPT_V) {
-                if (vslot == OPT_UNSET && NT_F_IS_EXT(o->a[q]) && o->a[q] != mslot)
-                    vslot = o->a[q];
-                slot = vslot;
-            } else if (w == OPT_W1) {
-                if (O->k[OP_WD] >= 0)
-                    slot = P->ops[O->k[OP_WD]].out;
-                else {
-                    if (NT_F_IS_EXT(o->a[q]) && o->a[q] != mslot && o->a[q] != vslot &&
-                        o->a[q] != gslot)
-                        w_seen = o->a[q];
-                    slot = w_seen;
-                }
-            } else
-                slot = P->ops[O->k[w]].out;
+            int *in = w == OPT_G ? &gslot
+                      : w == OPT_M ? &mslot
+                      : w == OPT_V ? &vslot
+                      : w == OPT_W1 && O->k[OP_WD] < 0 ? &wslot
+                                                       : NULL;
+            if (in && *in == OPT_UNSET && NT_F_IS_EXT(o->a[q]))
+                *in = o->a[q];
+            slot = in ? *in : w == OPT_W1 ? P->ops[O->k[OP_WD]].out : P->ops[O->k[w]].out;
             if (slot == OPT_UNSET || !opt_is(o, q, slot))
                 return false;
         }
         O->k[p] = k;
     }
-    if (w_seen == OPT_UNSET || vslot == OPT_UNSET)
-        return false;
+#undef OPT_G
+#undef OPT_M
+#undef OPT_V
+#undef OPT_W1
+#undef OPT_NONE
     /* the parameter, m and v: three distinct inputs besides g */
-    O->w_ext = NT_F_EXT_IDX(w_seen), O->m_ext = NT_F_EXT_IDX(mslot), O->v_ext = NT_F_EXT_IDX(vslot);
+    if (O->k[OP_GCAST] < 0 && prev < 0)
+        O->g_ext = NT_F_EXT_IDX(gslot);
+    O->w_ext = NT_F_EXT_IDX(wslot), O->m_ext = NT_F_EXT_IDX(mslot), O->v_ext = NT_F_EXT_IDX(vslot);
     if (O->w_ext == O->m_ext || O->w_ext == O->v_ext || O->m_ext == O->v_ext ||
         O->g_ext == O->w_ext || O->g_ext == O->m_ext || O->g_ext == O->v_ext)
         return false;
@@ -1753,13 +1732,13 @@ __attribute__((target(NT_TARGET_AVX512))) static void opt_run512(const opt_ctx *
                                                                  float *ob)
 {
     const opt_prog *O = c->O;
-    const float *gp = c->gf ? c->gf + i0 : gb;
-    const uint16_t *gh = c->gh ? c->gh + i0 : NULL;
+    const float *gp = O->g_dt == NT_F32 ? (const float *)c->gd + i0 : gb;
+    const uint16_t *gh = O->g_dt == NT_BF16 ? (const uint16_t *)c->gd + i0 : NULL;
     uint16_t *hd[NT_F_MAXOUT];
     int nh = 0;
     for (int sv = 0; sv < O->nout; sv++)
         if (O->out_kind[sv] == OUT_BF16)
-            hd[nh++] = c->hdst[sv] + i0;
+            hd[nh++] = (uint16_t *)c->ov[sv].data + i0;
     const __m512i absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
     const __m512i rnd = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
     const __m512i qnan = _mm512_set1_epi32((int)NT__QNAN_BF16);
@@ -1835,9 +1814,9 @@ static int opt_span(const opt_ctx *c, int64_t lo, int64_t hi)
     unsigned seen = 0; /* flags of the exact runs */
     for (int64_t i = lo; i < hi; i += OPT_B) {
         const int64_t n = hi - i < OPT_B ? hi - i : OPT_B;
-        if (!c->gf && !c->gh) { /* as the per-op passes: the stored value loaded, then the cast */
+        if (O->g_dt == NT_F16) { /* as the per-op passes: the stored value loaded, then the cast */
             const nt__fop *o = &P->ops[O->k[OP_GCAST]];
-            nt__ld_f32(graw, c->graw + i * (int64_t)nt__dtype_size(O->g_dt), O->g_dt, 1, n);
+            nt__ld_f32(graw, c->gd + i * (int64_t)nt__dtype_size(O->g_dt), O->g_dt, 1, n);
             opnd a = {graw, O->g_dt, false};
             eval(o, NT_F32, &a, gb, n, scratch, O->canon[OP_GCAST]);
         }
@@ -1861,7 +1840,7 @@ static int opt_span(const opt_ctx *c, int64_t lo, int64_t hi)
             if (kind == OUT_BF16)
                 continue; /* stored by opt_run512 */
             if (kind != OUT_CAST) {
-                memcpy(c->dst[sv] + i, ob + kind * OPT_B, sizeof(float) * (size_t)n);
+                memcpy((float *)c->ov[sv].data + i, ob + kind * OPT_B, sizeof(float) * (size_t)n);
                 continue;
             }
             const nt__fop *o = &P->ops[O->out_k[sv]];
@@ -1903,14 +1882,7 @@ static bool opt_try(const nt__fgroup *g, int from, int prev, const mview *pre, c
     c.w = (const float *)ev[O.w_ext].data;
     c.m = (const float *)ev[O.m_ext].data;
     c.v = (const float *)ev[O.v_ext].data;
-    const char *gd = O.g_ext >= 0 ? ev[O.g_ext].data : pre->data;
-    c.gf = O.g_dt == NT_F32 ? (const float *)gd : NULL;
-    c.graw = gd;
-    c.gh = O.g_dt == NT_BF16 ? (const uint16_t *)gd : NULL;
-    for (int sv = 0; sv < O.nout; sv++) {
-        c.dst[sv] = (float *)ov[sv].data;
-        c.hdst[sv] = (uint16_t *)ov[sv].data;
-    }
+    c.gd = O.g_ext >= 0 ? ev[O.g_ext].data : pre->data;
     c.n_all = nt__numel(g->prog->ndim, g->prog->shape);
     c.span = EW_SPAN;
     int nblocks = (int)((c.n_all + EW_SPAN - 1) / EW_SPAN);
@@ -1940,8 +1912,6 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
         mview_of(&c->ev[k], g->ext[k], P->ndim, P->shape);
     for (int sv = 0; sv < P->nout; sv++)
         mview_of(&c->ov[sv], g->out[sv], P->ndim, P->shape);
-    sr_keys(g, c->keys);
-    c->nregs = plan_regs(P, from, prev, c->reg);
     plan_canon(P, from, c->canon);
 #ifdef NT_FUSED_X86
     int orc;
@@ -1950,6 +1920,8 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
         return orc;
     }
 #endif
+    sr_keys(g, c->keys);
+    c->nregs = plan_regs(P, from, prev, c->reg);
     for (int v = 0; v < P->nvals; v++)
         c->direct[v] = -1;
     c->n_all = nt__numel(P->ndim, P->shape);
