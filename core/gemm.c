@@ -53,6 +53,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+#include "core/tr16.h"
 #define NT_X86 1
 #else
 #define NT_X86 0
@@ -1040,7 +1041,7 @@ static void pack_cols_bf16(int R, float *dst, int n, int K, const uint16_t *src,
 #if NT_X86
 /* pack_rows_body's full panels on AVX-512 (R 32 and 12: only the AVX-512
  * kernel has them): 16 x 16 blocks (12 rows: 4 of zeros, not stored)
- * transposed in four shuffle stages, a fourth of the 4 x 4 SSE blocks'
+ * transposed in registers (nt__tr16), a fourth of the 4 x 4 SSE blocks'
  * loads, stores and shuffles per element.  Rows r of src (ld apart) ->
  * d[k * R + r]; returns the k done (a multiple of 16). */
 __attribute__((target("avx512f"))) static int pack_rows_avx512(float *d, const float *src,
@@ -1052,33 +1053,12 @@ __attribute__((target("avx512f"))) static int pack_rows_avx512(float *d, const f
             const float *s = src + (long)h * ld + k;
             int nr = R - h < 16 ? R - h : 16;
             __mmask16 m = (__mmask16)((1u << nr) - 1);
-            __m512 t[16], u[16];
-            for (int r = 0; r < 16; r += 2) {
-                __m512 a = r < nr ? _mm512_loadu_ps(s + (long)r * ld) : _mm512_setzero_ps();
-                __m512 b = r + 1 < nr ? _mm512_loadu_ps(s + (long)(r + 1) * ld)
-                                      : _mm512_setzero_ps();
-                t[r] = _mm512_unpacklo_ps(a, b), t[r + 1] = _mm512_unpackhi_ps(a, b);
-            }
-            /* u[4g + m], 128-bit lane l: rows 4g..4g+3 of column 4l + m */
-            for (int g = 0; g < 16; g += 4) {
-                __m512d a = _mm512_castps_pd(t[g]), b = _mm512_castps_pd(t[g + 1]);
-                __m512d c = _mm512_castps_pd(t[g + 2]), e = _mm512_castps_pd(t[g + 3]);
-                u[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-                u[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-                u[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
-                u[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
-            }
-            for (int q = 0; q < 4; q++) {
-                __m512 v0 = _mm512_shuffle_f32x4(u[q], u[4 + q], 0x88);
-                __m512 v1 = _mm512_shuffle_f32x4(u[q], u[4 + q], 0xdd);
-                __m512 w0 = _mm512_shuffle_f32x4(u[8 + q], u[12 + q], 0x88);
-                __m512 w1 = _mm512_shuffle_f32x4(u[8 + q], u[12 + q], 0xdd);
-                float *o = d + (long)(k + q) * R + h; /* column 4l + q: row k + 4l + q */
-                _mm512_mask_storeu_ps(o, m, _mm512_shuffle_f32x4(v0, w0, 0x88));
-                _mm512_mask_storeu_ps(o + 4 * R, m, _mm512_shuffle_f32x4(v1, w1, 0x88));
-                _mm512_mask_storeu_ps(o + 8 * R, m, _mm512_shuffle_f32x4(v0, w0, 0xdd));
-                _mm512_mask_storeu_ps(o + 12 * R, m, _mm512_shuffle_f32x4(v1, w1, 0xdd));
-            }
+            __m512i v[16];
+            for (int r = 0; r < 16; r++)
+                v[r] = r < nr ? _mm512_loadu_si512(s + (long)r * ld) : _mm512_setzero_si512();
+            nt__tr16(v); /* v[e]: column k + e of rows h.. */
+            for (int e = 0; e < 16; e++)
+                _mm512_mask_storeu_epi32(d + (long)(k + e) * R + h, m, v[e]);
         }
     return k;
 }

@@ -63,6 +63,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+#include "core/tr16.h"
 #define NT_DP 1
 #else
 #define NT_DP 0
@@ -177,33 +178,6 @@ static void pair_along(uint32_t *dst, int R, const uint16_t *s, int K, uint16_t 
         dst[(long)p * R] = (uint32_t)s[K - 1] << 16 | pad;
 }
 
-/* A 16 x 16 block of dwords transposed in registers: v[r] element e
- * becomes v[e] element r. */
-__attribute__((target(DP_TARGET))) static inline void tr16(__m512i *v)
-{
-    __m512i a[16], b[16];
-    for (int i = 0; i < 16; i += 2) { /* 32-bit pairs of rows, per 128-bit lane */
-        a[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
-        a[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
-    }
-    for (int g = 0; g < 16; g += 4) { /* b[g + j]: rows g..g+3, element j + 4 * lane */
-        b[g] = _mm512_unpacklo_epi64(a[g], a[g + 2]);
-        b[g + 1] = _mm512_unpackhi_epi64(a[g], a[g + 2]);
-        b[g + 2] = _mm512_unpacklo_epi64(a[g + 1], a[g + 3]);
-        b[g + 3] = _mm512_unpackhi_epi64(a[g + 1], a[g + 3]);
-    }
-    for (int j = 0; j < 4; j++) { /* the 4 x 4 lanes of b[j], b[4 + j], b[8 + j], b[12 + j] */
-        __m512i c0 = _mm512_shuffle_i32x4(b[j], b[4 + j], 0x44);
-        __m512i c1 = _mm512_shuffle_i32x4(b[j], b[4 + j], 0xee);
-        __m512i c2 = _mm512_shuffle_i32x4(b[8 + j], b[12 + j], 0x44);
-        __m512i c3 = _mm512_shuffle_i32x4(b[8 + j], b[12 + j], 0xee);
-        v[j] = _mm512_shuffle_i32x4(c0, c2, 0x88);
-        v[j + 4] = _mm512_shuffle_i32x4(c0, c2, 0xdd);
-        v[j + 8] = _mm512_shuffle_i32x4(c1, c3, 0x88);
-        v[j + 12] = _mm512_shuffle_i32x4(c1, c3, 0xdd);
-    }
-}
-
 /* pair_along for the n <= R rows of a panel at once (row r at s + r * ld,
  * R a multiple of 16): pairs [0, p1), p1 a multiple of 16 with 2 p1 <= K,
  * 16 rows x 16 pairs a block -- each row's 16 pairs are 16 dwords in
@@ -221,7 +195,7 @@ __attribute__((target(DP_TARGET))) static int pair_rows(uint32_t *dst, int R, in
                 v[r] = r0 + r < n ? _mm512_rol_epi32(
                                         _mm512_loadu_si512(s + (long)(r0 + r) * ld + 2 * p0), 16)
                                   : _mm512_setzero_si512();
-            tr16(v);
+            nt__tr16(v);
             for (int e = 0; e < 16; e++)
                 _mm512_storeu_si512(dst + (long)(p0 + e) * R + r0, v[e]);
         }
