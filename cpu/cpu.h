@@ -28,10 +28,11 @@ void nt__fused_cpu_set_routes(bool chains, int sn_test);
  * again by the per-op passes (a tiny result under flush-to-zero). */
 void nt__fused_cpu_route_counts(uint64_t *chunks, uint64_t *redone);
 /* For tests: AdamW's update as one AVX-512 loop (cpu/fused.c), on by
- * default; the programs it has run since start, and its blocks computed
- * again without flush-to-zero (a tiny result). */
+ * default; the programs it has run since start, its blocks computed again
+ * without flush-to-zero (a tiny result), and its spans whose blocks were
+ * stored straight to the outputs (cheap subnormal assists, no buffer). */
 void nt__fused_cpu_set_optim_route(bool on);
-void nt__fused_cpu_optim_counts(uint64_t *runs, uint64_t *redone);
+void nt__fused_cpu_optim_counts(uint64_t *runs, uint64_t *redone, uint64_t *direct);
 /* Test hook (cpu/fused.c): 0 runs row programs one row at a time, never in
  * tiles of narrow rows.  Read atomically by the workers. */
 extern int nt__cpu_row_tiles;

@@ -189,10 +189,12 @@ void nt__fused_cpu_route_counts(uint64_t *chunks, uint64_t *redone)
 #ifdef NT_FUSED_X86
 /* An untested pass met a subnormal operand (MXCSR.DE): this thread's next
  * SN_TESTED_CALLS passes test operands instead (where one is, more are
- * likely, and each took an assist) */
+ * likely, and each took an assist) -- unless this CPU's assists are cheap
+ * (cpu/subnormal.c), where the plain operations are the faster route */
 static void sn_met(void)
 {
-    if (atomic_load_explicit(&route_sn_test, memory_order_relaxed) == 0)
+    if (atomic_load_explicit(&route_sn_test, memory_order_relaxed) == 0 &&
+        !nt__sn_assists_cheap())
         sn_tested = SN_TESTED_CALLS;
 }
 #endif
@@ -201,22 +203,25 @@ static void sn_met(void)
 
 /* AVX-512 level: y = x * z or x / z (z == NULL: by s) over n elements,
  * NaN made canonical when `canon`, in one pass that takes no microcode
- * assist: it runs with MXCSR's DAZ and FTZ set.  Those change a result
- * only through a subnormal operand (an exponent-bits test notes every one) or a tiny
- * result (MXCSR.UE notes every one under FTZ); when neither happened the
- * results are IEEE's and true is returned.  Otherwise false, and the
- * caller computes the block exactly (cpu/subnormal.h).  Costs two mask
- * uops an operand vector, where the full integer test of the exponents
- * (subnormal operand or result) cost more (measured: the 8-op chain of
- * bench/fusion 1.45x slower). */
+ * assist: it runs with MXCSR's FTZ set, and DAZ where `test`.  Those change
+ * a result only through a subnormal operand (an exponent-bits test notes
+ * every one) or a tiny result (MXCSR.UE notes every one under FTZ); when
+ * neither happened the results are IEEE's and true is returned.  Otherwise
+ * false, and the caller computes the block exactly (cpu/subnormal.h).
+ * Costs two mask uops an operand vector, where the full integer test of the
+ * exponents (subnormal operand or result) cost more (measured: the 8-op
+ * chain of bench/fusion 1.45x slower).  With `ieee` (this CPU's assists
+ * are cheap, cpu/subnormal.c) the pass runs the plain IEEE operations,
+ * neither flag set, and is always exact. */
 static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) bool
 sn_fast512_body(bool mul, bool zvec, const float *x, const float *z, float s, float *y, int64_t n,
-                bool canon, bool stream, bool test)
+                bool canon, bool stream, bool test, bool ieee)
 {
-    if (!zvec && nt__sn_sub(nt__sn_abs(s)))
+    if (!ieee && !zvec && nt__sn_sub(nt__sn_abs(s)))
         return false; /* a subnormal scalar: every element is the exact path's */
     const unsigned csr = _mm_getcsr();
-    _mm_setcsr((csr & ~0x3fu) | (test ? 0x8040u : 0x8000u)); /* [DAZ |] FTZ, flags clear */
+    /* flags clear; FTZ [and DAZ] unless ieee */
+    _mm_setcsr((csr & ~0x807fu) | (ieee ? 0u : test ? 0x8040u : 0x8000u));
     __asm__ volatile("" ::: "memory");
     const __m512 vs = _mm512_set1_ps(s);
     const __m512i absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
@@ -264,6 +269,8 @@ sn_fast512_body(bool mul, bool zvec, const float *x, const float *z, float s, fl
     __asm__ volatile("" ::: "memory");
     const unsigned flags = _mm_getcsr();
     _mm_setcsr(csr);
+    if (ieee)
+        return true;
     if (!test && (flags & 0x02u)) /* 0x02: a subnormal operand, which took an assist */
         sn_met();
     return !den && !(flags & 0x10u); /* 0x10: underflow */
@@ -273,25 +280,26 @@ sn_fast512_body(bool mul, bool zvec, const float *x, const float *z, float s, fl
  * its flags constant: no test of them per vector. */
 static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) bool
 sn_pick512t(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon,
-            bool stream, bool test)
+            bool stream, bool test, bool ieee)
 {
     bool mul = op == NT_OP_MUL || op == NT_OP_MUL_SCALAR;
     bool tensor = op == NT_OP_MUL || op == NT_OP_DIV;
     switch (mul * 4 + tensor * 2 + canon) {
-    case 7: return sn_fast512_body(true, true, x, z, s, y, n, true, stream, test);
-    case 6: return sn_fast512_body(true, true, x, z, s, y, n, false, stream, test);
-    case 5: return sn_fast512_body(true, false, x, z, s, y, n, true, stream, test);
-    case 4: return sn_fast512_body(true, false, x, z, s, y, n, false, stream, test);
-    case 3: return sn_fast512_body(false, true, x, z, s, y, n, true, stream, test);
-    case 2: return sn_fast512_body(false, true, x, z, s, y, n, false, stream, test);
-    case 1: return sn_fast512_body(false, false, x, z, s, y, n, true, stream, test);
-    default: return sn_fast512_body(false, false, x, z, s, y, n, false, stream, test);
+    case 7: return sn_fast512_body(true, true, x, z, s, y, n, true, stream, test, ieee);
+    case 6: return sn_fast512_body(true, true, x, z, s, y, n, false, stream, test, ieee);
+    case 5: return sn_fast512_body(true, false, x, z, s, y, n, true, stream, test, ieee);
+    case 4: return sn_fast512_body(true, false, x, z, s, y, n, false, stream, test, ieee);
+    case 3: return sn_fast512_body(false, true, x, z, s, y, n, true, stream, test, ieee);
+    case 2: return sn_fast512_body(false, true, x, z, s, y, n, false, stream, test, ieee);
+    case 1: return sn_fast512_body(false, false, x, z, s, y, n, true, stream, test, ieee);
+    default: return sn_fast512_body(false, false, x, z, s, y, n, false, stream, test, ieee);
     }
 }
 
 /* The untested pass unless a recent one on this thread met a subnormal
  * operand (sn_tested counts the calls left to test): where subnormals are
- * common, testing for them costs less than the assists. */
+ * common, testing for them costs less than the assists.  Where the assists
+ * are cheap, the plain IEEE pass (unless a test forces the tested one). */
 static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) bool
 sn_pick512(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon,
            bool stream)
@@ -299,9 +307,9 @@ sn_pick512(int op, const float *x, const float *z, float s, float *y, int64_t n,
     const int mode = atomic_load_explicit(&route_sn_test, memory_order_relaxed);
     if ((sn_tested && mode == 0) || mode > 0) {
         sn_tested -= sn_tested > 0;
-        return sn_pick512t(op, x, z, s, y, n, canon, stream, true);
+        return sn_pick512t(op, x, z, s, y, n, canon, stream, true, false);
     }
-    return sn_pick512t(op, x, z, s, y, n, canon, stream, false);
+    return sn_pick512t(op, x, z, s, y, n, canon, stream, false, nt__sn_assists_cheap());
 }
 
 __attribute__((target(NT_TARGET_AVX512))) static bool
@@ -1228,14 +1236,16 @@ lin_block(const lin_prog *L, const lin_io *io, int64_t i, __mmask16 m, bool tail
 
 /* The chain over elements [0, n) of a chunk into dst (stream: dst is
  * 64-byte aligned, written by streaming stores).  False: a result was tiny
- * (MXCSR.UE), dst holds some wrong values; compute the chunk again. */
+ * (MXCSR.UE), dst holds some wrong values; compute the chunk again.  With
+ * `ieee` (cheap assists, cpu/subnormal.c) it runs without FTZ, always
+ * exact. */
 __attribute__((target(NT_TARGET_AVX512))) static bool lin_run512(const lin_prog *L,
                                                                  const lin_io *io, int nsrc,
                                                                  const int8_t *srcs, float *dst,
-                                                                 int64_t n, bool stream)
+                                                                 int64_t n, bool stream, bool ieee)
 {
     const unsigned csr = _mm_getcsr();
-    _mm_setcsr((csr & ~0x3fu) | 0x8000u); /* FTZ, flags clear */
+    _mm_setcsr((csr & ~0x807fu) | (ieee ? 0u : 0x8000u)); /* [FTZ,] flags clear */
     __asm__ volatile("" ::: "memory");
     int64_t i = 0;
     for (; i + 16 * LIN_U <= n; i += 16 * LIN_U) {
@@ -1251,6 +1261,8 @@ __attribute__((target(NT_TARGET_AVX512))) static bool lin_run512(const lin_prog 
     __asm__ volatile("" ::: "memory");
     const unsigned flags = _mm_getcsr();
     _mm_setcsr(csr);
+    if (ieee)
+        return true;
     if (flags & 0x02u) /* a subnormal operand took an assist */
         sn_met();
     return !(flags & 0x10u);
@@ -1276,6 +1288,7 @@ typedef struct ew_ctx {
     int8_t chunk_out[NT_F_MAXOPS]; /* >= 0: op k's value is streamed slot, by stream_direct */
     bool canon[NT_F_MAXOPS];       /* plan_canon */
     bool lin;                      /* a chain in registers (lin_plan) */
+    bool ieee;                     /* it runs without FTZ (nt__sn_assists_cheap) */
     int nsrc;                      /* its inputs read in place */
     int8_t srcs[NT_F_MAXEXT];
     lin_prog L;
@@ -1333,7 +1346,7 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
             float *dst = (float *)ov[0].data + offset_of(&ov[0], idx, nd);
             nlin++;
             if (lin_run512(&c->L, &io, c->nsrc, c->srcs, dst, n,
-                           c->stream[0] && !((uintptr_t)dst & 63u)))
+                           c->stream[0] && !((uintptr_t)dst & 63u), c->ieee))
                 goto chunk_done;
             nredo++;
             if (c->stream[0]) /* rewritten below */
@@ -1481,13 +1494,14 @@ static void ew_block(void *arg, int b)
 
 /* whether the route runs (nt__fused_cpu_set_optim_route), and how often it did */
 static atomic_bool route_optim = true;
-static atomic_uint_fast64_t optim_runs, optim_redone;
+static atomic_uint_fast64_t optim_runs, optim_redone, optim_direct;
 
 void nt__fused_cpu_set_optim_route(bool on) { atomic_store(&route_optim, on); }
-void nt__fused_cpu_optim_counts(uint64_t *runs, uint64_t *redone)
+void nt__fused_cpu_optim_counts(uint64_t *runs, uint64_t *redone, uint64_t *direct)
 {
     *runs = atomic_load(&optim_runs);
     *redone = atomic_load(&optim_redone);
+    *direct = atomic_load(&optim_direct);
 }
 
 #ifdef NT_FUSED_X86
@@ -1529,6 +1543,10 @@ typedef struct opt_prog {
     int nout;
     uint8_t out_kind[NT_F_MAXOUT];
     int out_k[NT_F_MAXOUT]; /* OUT_CAST: the cast's op */
+    /* m', v' and w' each stored by exactly one f32 copy, out_of[kind] its
+     * slot, and no cast by eval: the loop may store them straight there */
+    bool direct;
+    int8_t out_of[3];
 } opt_prog;
 
 typedef struct opt_ctx {
@@ -1538,6 +1556,7 @@ typedef struct opt_ctx {
     const char *gd;         /* the gradient, stored as O->g_dt */
     const mview *ov;        /* the outputs */
     int64_t n_all, span;
+    bool ieee; /* blocks run without FTZ, once (nt__sn_assists_cheap) */
     atomic_int rc; /* a span's failure (read after nt__par_blocks) */
 } opt_ctx;
 
@@ -1678,6 +1697,15 @@ static bool opt_plan(const nt__fgroup *g, int from, int prev, const mview *pre, 
         O->out_k[sv] = ko;
     }
     O->nout = P->nout;
+    int nkind[3] = {0, 0, 0};
+    O->direct = true;
+    for (int sv = 0; sv < P->nout; sv++) {
+        const int kind = O->out_kind[sv];
+        if (kind <= OUT_W)
+            nkind[kind]++, O->out_of[kind] = (int8_t)sv;
+        O->direct &= kind != OUT_CAST;
+    }
+    O->direct &= nkind[OUT_M] == 1 && nkind[OUT_V] == 1 && nkind[OUT_W] == 1;
     /* every input f32 and contiguous but a widened gradient; the gradient
      * (an input or the matmul's value) contiguous in its dtype */
     const int f32in[3] = {O->w_ext, O->m_ext, O->v_ext};
@@ -1722,14 +1750,16 @@ static bool opt_plan(const nt__fgroup *g, int from, int prev, const mview *pre, 
 
 #define OPT_C(p, x) (cn[p] ? lin_canon(x) : (x))
 
-/* Elements [i0, i0 + n) (n <= OPT_B) into ob: m', v', w' at ob, ob + OPT_B,
- * ob + 2 OPT_B; the bf16 casts of w' straight to their outputs (which no
- * input shares).  The gradient: f32 read in place, bf16 widened here (the
- * bits nt__bf16_to_f32 gives, then the cast op's canonicalisation), or
- * widened into gb by eval (f16). */
+/* Elements [i0, i0 + n) (n <= OPT_B): m', v', w' to dst[OUT_M], dst[OUT_V],
+ * dst[OUT_W] (element i0 first: an L1 buffer, or the outputs themselves);
+ * the bf16 casts of w' straight to their outputs (which no input shares).
+ * The gradient: f32 read in place, bf16 widened here (the bits
+ * nt__bf16_to_f32 gives, then the cast op's canonicalisation), or widened
+ * into gb by eval (f16).  Each vector's loads come before its stores, so
+ * an output may be the very memory of an input. */
 __attribute__((target(NT_TARGET_AVX512))) static void opt_run512(const opt_ctx *c, int64_t i0,
                                                                  int64_t n, const float *gb,
-                                                                 float *ob)
+                                                                 float *const dst[3])
 {
     const opt_prog *O = c->O;
     const float *gp = O->g_dt == NT_F32 ? (const float *)c->gd + i0 : gb;
@@ -1775,9 +1805,15 @@ __attribute__((target(NT_TARGET_AVX512))) static void opt_run512(const opt_ctx *
         const __m512 wn = OPT_C(OP_W, _mm512_sub_ps(w1, r));
         /* the copies' results: canonical already (plan_canon canonicalises a
          * value a copy reads, as a copy is not NaN-through) */
-        _mm512_store_ps(ob + i, mn);
-        _mm512_store_ps(ob + OPT_B + i, vn);
-        _mm512_store_ps(ob + 2 * OPT_B + i, wn);
+        if (m == 0xffff) {
+            _mm512_storeu_ps(dst[OUT_M] + i, mn);
+            _mm512_storeu_ps(dst[OUT_V] + i, vn);
+            _mm512_storeu_ps(dst[OUT_W] + i, wn);
+        } else {
+            _mm512_mask_storeu_ps(dst[OUT_M] + i, m, mn);
+            _mm512_mask_storeu_ps(dst[OUT_V] + i, m, vn);
+            _mm512_mask_storeu_ps(dst[OUT_W] + i, m, wn);
+        }
         if (nh) { /* nt__f32_to_bf16: round to nearest even, NaN the canonical one */
             const __m512i bits = _mm512_castps_si512(wn);
             const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(bits, absm), inf);
@@ -1796,7 +1832,8 @@ __attribute__((target(NT_TARGET_AVX512))) static void opt_run512(const opt_ctx *
  * takes no microcode assist; FTZ changes a result only when it is tiny,
  * and then MXCSR.UE is set, and the block runs again without it, exactly.
  * Its outputs are stored only then, so the inputs it reads are still
- * there for the second run. */
+ * there for the second run.  Where the assists are cheap (c->ieee) a block
+ * runs once, without FTZ, and (O->direct) stores straight to the outputs. */
 static int opt_span(const opt_ctx *c, int64_t lo, int64_t hi)
 {
     const opt_prog *O = c->O;
@@ -1820,22 +1857,26 @@ static int opt_span(const opt_ctx *c, int64_t lo, int64_t hi)
             opnd a = {graw, O->g_dt, false};
             eval(o, NT_F32, &a, gb, n, scratch, O->canon[OP_GCAST]);
         }
-        _mm_setcsr(ftz);
+        const bool direct = c->ieee && O->direct;
+        float *dst[3];
+        for (int kind = OUT_M; kind <= OUT_W; kind++)
+            dst[kind] = direct ? (float *)c->ov[O->out_of[kind]].data + i : ob + kind * OPT_B;
+        _mm_setcsr(c->ieee ? exact : ftz);
         __asm__ volatile("" ::: "memory");
-        opt_run512(c, i, n, gb, ob);
+        opt_run512(c, i, n, gb, dst);
         __asm__ volatile("" ::: "memory");
         unsigned flags = _mm_getcsr();
-        if (flags & 0x10u) { /* a tiny result, flushed: the block again, IEEE */
+        if (!c->ieee && (flags & 0x10u)) { /* a tiny result, flushed: the block again, IEEE */
             _mm_setcsr(exact);
             __asm__ volatile("" ::: "memory");
-            opt_run512(c, i, n, gb, ob);
+            opt_run512(c, i, n, gb, dst);
             __asm__ volatile("" ::: "memory");
             seen |= _mm_getcsr();
             atomic_fetch_add_explicit(&optim_redone, 1, memory_order_relaxed);
         }
         seen |= flags & 0x02u;
         _mm_setcsr(csr);
-        for (int sv = 0; sv < O->nout; sv++) {
+        for (int sv = 0; sv < O->nout && !direct; sv++) {
             const int kind = O->out_kind[sv];
             if (kind == OUT_BF16)
                 continue; /* stored by opt_run512 */
@@ -1852,6 +1893,8 @@ static int opt_span(const opt_ctx *c, int64_t lo, int64_t hi)
     }
     if (seen & 0x02u) /* a subnormal operand took an assist */
         sn_met();
+    if (c->ieee && O->direct && hi > lo) /* once a span: the two threads share the counter */
+        atomic_fetch_add_explicit(&optim_direct, 1, memory_order_relaxed);
     free(buf);
     return 0;
 }
@@ -1874,10 +1917,11 @@ static bool opt_try(const nt__fgroup *g, int from, int prev, const mview *pre, c
     /* where a subnormal operand was met lately, the per-op passes (which
      * test operands instead) take it, as they take a chain */
     if (!atomic_load(&route_optim) || eval_isa() != eval_avx512 ||
-        (sn_tested && atomic_load_explicit(&route_sn_test, memory_order_relaxed) == 0) ||
+        (sn_tested && atomic_load_explicit(&route_sn_test, memory_order_relaxed) == 0 &&
+         !nt__sn_assists_cheap()) ||
         !opt_plan(g, from, prev, pre, ev, ov, canon, &O))
         return false;
-    opt_ctx c = {.g = g, .O = &O, .ov = ov};
+    opt_ctx c = {.g = g, .O = &O, .ov = ov, .ieee = nt__sn_assists_cheap()};
     atomic_init(&c.rc, 0);
     c.w = (const float *)ev[O.w_ext].data;
     c.m = (const float *)ev[O.m_ext].data;
@@ -1961,6 +2005,7 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
         (c->stream[0] || c->direct[P->out_val[0]] == 0) &&
         lin_plan(P, c->ev, c->canon, &c->L)) {
         c->lin = true;
+        c->ieee = nt__sn_assists_cheap();
         c->nsrc = 0;
         for (int e = 0; e < P->next; e++)
             if (!P->ndim || c->ev[e].stride[P->ndim - 1])

@@ -132,4 +132,18 @@ NT__SN_BINARY(nt__sn_div_f64, NT__SN_DIV)
 #undef NT__SN_MUL
 #undef NT__SN_DIV
 
+/* Whether this CPU's plain IEEE multiply, divide, square root and add on
+ * subnormal operands and tiny results cost about what they do on normal
+ * values (cpu/subnormal.c measures it once, at the first call).  Then
+ * cpu/fused.c's AVX-512 passes, chains and AdamW route run the plain
+ * operations, with no flush-to-zero run to redo and no operand test; else
+ * the routes above.  The same bits either way. */
+bool nt__sn_assists_cheap(void);
+/* The measurement: the slowest subnormal case over its normal twin (0 where
+ * there is no AVX-512 to measure). */
+double nt__sn_assist_ratio(void);
+/* For tests: 1 calls the assists cheap, 0 costly, -1 goes back to the
+ * measurement. */
+void nt__sn_set_assists(int mode);
+
 #endif

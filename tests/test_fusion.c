@@ -1508,9 +1508,10 @@ static void test_subnormal_f64_route(void **state)
     free(e), free(x), free(z), free(got);
 }
 
-/* The fused evaluator at every ISA level: mul, div, mul_scalar and
- * div_scalar (the ops with the f64 route) give the f32 operation's bits on
- * operands that mix subnormal-range blocks with ordinary ones. */
+/* The fused evaluator at every ISA level, with subnormal assists taken as
+ * costly and as cheap: mul, div, mul_scalar and div_scalar (the ops with
+ * the f64 route) give the f32 operation's bits on operands that mix
+ * subnormal-range blocks with ordinary ones. */
 static void test_subnormal_fused_isa(void **state)
 {
     (void)state;
@@ -1532,9 +1533,12 @@ static void test_subnormal_fused_isa(void **state)
     nt_tensor *x = nt_from_host(xv, NT_F32, 1, (int64_t[]){n});
     nt_tensor *z = nt_from_host(zv, NT_F32, 1, (int64_t[]){n});
     int ran = 0;
-    for (int l = 0; l < 3; l++) {
-        if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+    /* l / 3: subnormal assists taken as costly (FTZ passes, f64 where they
+     * fail) and as cheap (the plain IEEE pass, cpu/subnormal.c) */
+    for (int l = 0; l < 6; l++) {
+        if (nt_config_set("NT_CPU_ISA", levels[l % 3]) != 0)
             continue; /* this CPU does not run it */
+        nt__sn_set_assists(l / 3);
         ran++;
         assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
         for (int k = 0; k < 2 + 2 * 7; k++) {
@@ -1555,12 +1559,14 @@ static void test_subnormal_fused_isa(void **state)
                 float a = xv[i], b = k >= 2 ? s : zv[i];
                 float want = -(k == 0 ? a * b : k == 1 || k % 2 ? a / b : a * b);
                 if (!sn_same(got[i], want))
-                    fail_msg("%s, case %d: %08x, %08x: %08x, want %08x", levels[l], k, sn_bits(a),
-                             sn_bits(b), sn_bits(got[i]), sn_bits(want));
+                    fail_msg("%s (assists %s), case %d: %08x, %08x: %08x, want %08x",
+                             levels[l % 3], l / 3 ? "cheap" : "costly", k, sn_bits(a), sn_bits(b),
+                             sn_bits(got[i]), sn_bits(want));
             }
         }
     }
-    assert_true(ran >= 1);
+    nt__sn_set_assists(-1);
+    assert_true(ran >= 2);
     assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
     assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
     nt_release(x), nt_release(z);
@@ -2702,7 +2708,9 @@ static void test_fused_stream_direct_bitwise(void **state)
  * signed zeros, subnormal operands, operands whose products underflow, and
  * plain values; rows of 1031 (a masked tail) and a 1-D span of odd length:
  * fused == eager bit for bit at every ISA level, 1 and 2 threads, with the
- * chain route on and off and the subnormal-testing passes forced. */
+ * chain route on and off and the subnormal-testing passes forced, and with
+ * subnormal assists taken as costly (FTZ runs redone) and as cheap (the
+ * plain IEEE operations, cpu/subnormal.c). */
 static nt_tensor *chain_prog(int p, nt_tensor *x, nt_tensor *z, nt_tensor *rb, nt_tensor *cb)
 {
     nt_scope *s = nt_scope_begin();
@@ -2777,14 +2785,16 @@ static void chain_case(int64_t R, int64_t C, bool special, uint64_t *chunks, uin
         nt_release(y);
         for (int l = 0; l < 3; l++)
             for (int t = 0; t < 2; t++)
-                for (int route = 0; route < 3; route++) {
+                for (int route = 0; route < 6; route++) {
                     if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
                         continue; /* this CPU does not run it */
                     assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[t]), 0);
                     assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
-                    /* route 0: chains; 1: per-op passes; 2: those, tested
-                     * (0 and 1 never switch to the tested passes) */
-                    nt__fused_cpu_set_routes(route == 0, route == 2 ? 1 : -1);
+                    /* route % 3 == 0: chains; 1: per-op passes; 2: those,
+                     * tested (0 and 1 never switch to the tested passes);
+                     * route / 3: assists costly (0) or cheap (1) */
+                    nt__fused_cpu_set_routes(route % 3 == 0, route % 3 == 2 ? 1 : -1);
+                    nt__sn_set_assists(route / 3);
                     uint64_t c0, r0, c1, r1;
                     nt__fused_cpu_route_counts(&c0, &r0);
                     nt_stats_reset();
@@ -2793,8 +2803,10 @@ static void chain_case(int64_t R, int64_t C, bool special, uint64_t *chunks, uin
                     nt_release(y);
                     nt__fused_cpu_route_counts(&c1, &r1);
                     *chunks += c1 - c0, *redone += r1 - r0;
-                    if (route)
+                    if (route % 3)
                         assert_true(c1 == c0); /* the chain route was off */
+                    if (route / 3)
+                        assert_true(r1 == r0); /* no FTZ run to redo */
                     nt_stats st;
                     nt_stats_get(&st);
                     assert_int_equal(st.fusion_groups, 1);
@@ -2804,6 +2816,7 @@ static void chain_case(int64_t R, int64_t C, bool special, uint64_t *chunks, uin
                 }
     }
     nt__fused_cpu_set_routes(true, 0);
+    nt__sn_set_assists(-1);
     assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
     assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
     assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
@@ -2897,11 +2910,14 @@ static void adam_train(float *wv, int64_t R, int64_t C, bool mm, bool amp, bool 
     nt_release(w), nt_release(x), nt_release(t), nt_release(gt);
 }
 
-/* The route's runs in this case (0 where AVX-512 does not run). */
-static uint64_t adam_case(int64_t R, int64_t C, int64_t B, bool mm, bool amp, bool wd,
-                          uint64_t *redone)
+/* The route's runs in this case (0 where AVX-512 does not run): runs[0]
+ * with subnormal assists taken as costly (FTZ blocks, redone where tiny),
+ * runs[1] as cheap (each block once, IEEE), and of those the spans stored
+ * straight to the outputs. */
+static void adam_case(int64_t R, int64_t C, int64_t B, bool mm, bool amp, bool wd,
+                      uint64_t runs[2], uint64_t *redone, uint64_t *direct)
 {
-    uint64_t runs = 0;
+    runs[0] = runs[1] = 0;
     const size_t n = (size_t)(R * C);
     float *w0 = malloc(n * 4), *ref = malloc(n * 4), *got = malloc(n * 4), *gv = malloc(n * 4);
     float *xv = malloc((size_t)(B * C) * 4), *tv = malloc((size_t)(B * R) * 4);
@@ -2926,16 +2942,20 @@ static uint64_t adam_case(int64_t R, int64_t C, int64_t B, bool mm, bool amp, bo
     const char *levels[] = {"scalar", "avx2", "avx512"}, *threads[] = {"1", "2"};
     for (int l = 0; l < 3; l++)
         for (int th = 0; th < 2; th++)
-            for (int route = 0; route < 2; route++) {
+            for (int route = 0; route < 4; route++) {
                 if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
                     continue; /* this CPU does not run it */
                 assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[th]), 0);
                 assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
-                nt__fused_cpu_set_optim_route(route == 0);
+                /* route % 2: the route off (the per-op passes); route / 2:
+                 * subnormal assists cheap */
+                const int as = route / 2;
+                nt__fused_cpu_set_optim_route(route % 2 == 0);
+                nt__sn_set_assists(as);
                 /* no switch to the per-op passes after a subnormal operand */
                 nt__fused_cpu_set_routes(true, -1);
-                uint64_t c0, c1, r0, r1;
-                nt__fused_cpu_optim_counts(&c0, &r0);
+                uint64_t c0, c1, r0, r1, d0, d1;
+                nt__fused_cpu_optim_counts(&c0, &r0, &d0);
                 memcpy(got, w0, n * 4);
                 adam_train(got, R, C, mm, amp, wd, xv, tv, gv, B, pgot);
                 assert_true(g_file_get_contents(pgot, &cgot, &lgot, NULL));
@@ -2943,11 +2963,15 @@ static uint64_t adam_case(int64_t R, int64_t C, int64_t B, bool mm, bool amp, bo
                     fail_msg("adamw (mm %d, amp %d, wd %d): m or v differ at %s, %s thread(s), "
                              "route %d", mm, amp, wd, levels[l], threads[th], route);
                 g_free(cgot);
-                nt__fused_cpu_optim_counts(&c1, &r1);
-                if (route)
+                nt__fused_cpu_optim_counts(&c1, &r1, &d1);
+                if (route % 2)
                     assert_true(c1 == c0); /* the route was off */
-                runs += c1 - c0;
-                *redone += r1 - r0;
+                if (as)
+                    assert_true(r1 == r0); /* no FTZ block to redo */
+                else
+                    assert_true(d1 == d0); /* FTZ blocks wait in the buffer */
+                runs[as] += c1 - c0;
+                *redone += r1 - r0, *direct += d1 - d0;
                 if (memcmp(got, ref, n * 4)) {
                     size_t i = 0;
                     while (!memcmp(&got[i], &ref[i], 4))
@@ -2959,6 +2983,7 @@ static uint64_t adam_case(int64_t R, int64_t C, int64_t B, bool mm, bool amp, bo
             }
     nt__fused_cpu_set_optim_route(true);
     nt__fused_cpu_set_routes(true, 0);
+    nt__sn_set_assists(-1);
     assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
     assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
     assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
@@ -2966,7 +2991,6 @@ static uint64_t adam_case(int64_t R, int64_t C, int64_t B, bool mm, bool amp, bo
     remove(pref), remove(pgot);
     g_free(pref), g_free(pgot);
     free(w0), free(ref), free(got), free(gv), free(xv), free(tv);
-    return runs;
 }
 
 static void test_fused_adamw_route_bitwise(void **state)
@@ -2974,25 +2998,49 @@ static void test_fused_adamw_route_bitwise(void **state)
     (void)state;
     bool avx512 = nt_config_set("NT_CPU_ISA", "avx512") == 0;
     assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
-    uint64_t redone = 0;
+    uint64_t redone = 0, direct = 0, runs[2];
     for (int c = 0; c < 8; c++) {
         bool mm = c & 1, amp = c & 2, wd = c & 4;
         /* the first step's update is another program (m and v are fills), and
          * a later one may take the next forward's op along: not this route;
-         * but each case takes it at least once where AVX-512 runs */
-        uint64_t runs = adam_case(37, 1031, 8, mm, amp, wd, &redone); /* a masked tail */
-        if (avx512 && !runs)
-            fail_msg("adamw (mm %d, amp %d, wd %d) never took the route", mm, amp, wd);
+         * but each case takes it at least once where AVX-512 runs, with
+         * assists costly and cheap */
+        adam_case(37, 1031, 8, mm, amp, wd, runs, &redone, &direct); /* a masked tail */
+        if (avx512 && (!runs[0] || !runs[1]))
+            fail_msg("adamw (mm %d, amp %d, wd %d) never took the route (%d %d)", mm, amp, wd,
+                     (int)runs[0], (int)runs[1]);
         if (c == 1 || c == 6) { /* spans on both threads */
-            runs = adam_case(129, 1537, 4, mm, amp, wd, &redone);
-            if (avx512 && !runs)
+            adam_case(129, 1537, 4, mm, amp, wd, runs, &redone, &direct);
+            if (avx512 && (!runs[0] || !runs[1]))
                 fail_msg("adamw (mm %d, amp %d, wd %d), 129 x 1537, never took the route", mm,
                          amp, wd);
         }
     }
-    /* tiny results (g * g of 1e-21) were flushed, and those blocks redone */
+    /* tiny results (g * g of 1e-21) were flushed, and those blocks redone;
+     * with cheap assists, blocks were stored straight to m, v and w */
     if (avx512)
-        assert_true(redone > 0);
+        assert_true(redone > 0 && direct > 0);
+}
+
+/* The measurement of cpu/subnormal.c: a ratio where AVX-512 runs (a
+ * subnormal case is never much faster than its normal twin), the verdict
+ * the ratio's, and a forced verdict obeyed and undone. */
+static void test_subnormal_assist_probe(void **state)
+{
+    (void)state;
+    double r = nt__sn_assist_ratio();
+    bool avx512 = nt_config_set("NT_CPU_ISA", "avx512") == 0;
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    if (avx512)
+        assert_true(r > 0.5);
+    else
+        assert_true(r == 0.0 && !nt__sn_assists_cheap());
+    nt__sn_set_assists(1);
+    assert_true(nt__sn_assists_cheap());
+    nt__sn_set_assists(0);
+    assert_false(nt__sn_assists_cheap());
+    nt__sn_set_assists(-1);
+    assert_true(nt__sn_assists_cheap() == (avx512 && r <= 6.0));
 }
 
 int main(void)
@@ -3021,6 +3069,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_plan_order_unchanged, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_chain_registers_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_adamw_route_bitwise, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_subnormal_assist_probe, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_capacity_cut_keeps_read_values, setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_softmax_primitives_one_row_kernel, setup, nt_test_teardown),
