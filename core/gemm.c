@@ -1497,6 +1497,27 @@ static void rows_block(const job *jb, int b)
         int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
         pack_b_tile(f, Bt, j0, j1, k0, kw);
         int fl = (k0 > 0 ? MICRO_ACC : 0) | (f->canon && k0 + kw >= jb->K ? MICRO_CANON : 0);
+#if NT_X86
+        /* The next K-tile's piece of B, as stored, comes from memory or
+         * L3 (a weight the optimizer just rewrote), and pack_b_tile reads
+         * it next as rows ld apart: fetched into L2 meanwhile, a share of
+         * its lines per micro-kernel call, issued inside the K loop. */
+        const int k1 = k0 + NT_GEMM_KTILE;
+        const bool pfb = !f->ua && kn->micro == micro_avx512 && k1 < jb->K;
+        const char *nrp = NULL;
+        long nrs = 0, nl = 0, per = 0;
+        int nrl = 0;
+        if (pfb) {
+            const int kw1 = jb->K - k1 < NT_GEMM_KTILE ? jb->K - k1 : NT_GEMM_KTILE;
+            const long esz = f->bbf ? 2 : 4, ld = jb->ldb;
+            const char *B = (const char *)(const void *)jb->B;
+            /* B^T (x . w^T's w): rows j0.. of w, kw1 long; else rows k1.. */
+            const long rows = f->bcol ? j1 - j0 : kw1, len = (f->bcol ? kw1 : j1 - j0) * esz;
+            nrp = f->bcol ? B + ((long)j0 * ld + k1) * esz : B + ((long)k1 * ld + j0) * esz;
+            nrs = ld * esz, nrl = (int)(len / 64 + 1), nl = rows * nrl;
+            per = (nl + (long)nrow * ncol - 1) / ((long)nrow * ncol);
+        }
+#endif
         for (int c = j0; c < j1; c += NR) {
             int w = j1 - c < NR ? j1 - c : NR;
             const float *bp = Bt + (long)((c - j0) / NR) * kw * NR;
@@ -1504,6 +1525,22 @@ static void rows_block(const job *jb, int b)
                 int mr = jb->M - i < MR ? jb->M - i : MR;
                 float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + i / MR) * MR * NR
                                : jb->C + (long)i * jb->ldc + c;
+#if NT_X86
+                if (pfb) {
+                    pfq q = {{NULL, NULL, NULL}, {0, 0, 0}, 0, NULL, 0, 0, 0, 0, 0};
+                    long t = (long)((c - j0) / NR) * nrow + i / MR, l0 = t * per;
+                    long l1 = l0 + per < nl ? l0 + per : nl;
+                    if (l1 > l0) {
+                        q.rp = nrp + (l0 / nrl) * nrs, q.rs = nrs;
+                        q.rl = nrl, q.r0 = (int)(l0 % nrl), q.rt = (int)(l1 - l0);
+                        q.lim = 2 * q.rt;
+                    }
+                    const float *Ak = f->Ap + (long)f->Mpad * k0;
+                    micro_avx512_pf(kw, Ak + (long)(i / MR) * kw * MR, bp, cp,
+                                    Cs ? NR : jb->ldc, mr, w, fl, &q);
+                    continue;
+                }
+#endif
                 micro_at(f, i, k0, kw, bp, cp, Cs ? NR : jb->ldc, mr, w, fl, NULL);
             }
         }
