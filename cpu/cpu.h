@@ -22,7 +22,8 @@ int nt__fused_cpu(const struct nt__fgroup *g);
  * runs in vector registers (the default).  sn_test: the per-op passes test
  * every operand for subnormals (> 0), never do (< 0: nor does a subnormal
  * operand send the thread to them), or only for a while after an untested
- * pass met one (0, the default). */
+ * pass met one (0, the default; never where nt__sn_assists_cheap, whose
+ * plain IEEE passes test nothing, cpu/subnormal.h). */
 void nt__fused_cpu_set_routes(bool chains, int sn_test);
 /* Chunks run as chains in registers since start, and of those computed
  * again by the per-op passes (a tiny result under flush-to-zero). */

@@ -1484,7 +1484,10 @@ static void ew_block(void *arg, int b)
  * again without FTZ, exactly.  A block's f32 outputs go to an L1 buffer
  * and are stored only after that, so they may be the very memory of an
  * input (AdamW updates its parameter, m and v in place); any other overlap
- * is refused.  A bf16 gradient is widened and the parameter's bf16 cast
+ * is refused.  Where this CPU's subnormal assists are cheap
+ * (cpu/subnormal.c) a block runs once, without FTZ, and stores m', v' and
+ * w' straight to their outputs (each vector's loads precede its stores, so
+ * in place stays safe).  A bf16 gradient is widened and the parameter's bf16 cast
  * rounded in the loop (nt__bf16_to_f32, nt__f32_to_bf16), the cast stored
  * straight to its own memory (no input shares it; the redo rewrites it);
  * f16 ones go through eval and store on the block, as the passes would.
@@ -1849,6 +1852,7 @@ static int opt_span(const opt_ctx *c, int64_t lo, int64_t hi)
     /* round to nearest, exceptions masked, flags clear; FTZ for the first run */
     const unsigned exact = (csr & ~0xe07fu) | 0x1f80u, ftz = exact | 0x8000u;
     unsigned seen = 0; /* flags of the exact runs */
+    const bool direct = c->ieee && O->direct;
     for (int64_t i = lo; i < hi; i += OPT_B) {
         const int64_t n = hi - i < OPT_B ? hi - i : OPT_B;
         if (O->g_dt == NT_F16) { /* as the per-op passes: the stored value loaded, then the cast */
@@ -1857,7 +1861,6 @@ static int opt_span(const opt_ctx *c, int64_t lo, int64_t hi)
             opnd a = {graw, O->g_dt, false};
             eval(o, NT_F32, &a, gb, n, scratch, O->canon[OP_GCAST]);
         }
-        const bool direct = c->ieee && O->direct;
         float *dst[3];
         for (int kind = OUT_M; kind <= OUT_W; kind++)
             dst[kind] = direct ? (float *)c->ov[O->out_of[kind]].data + i : ob + kind * OPT_B;
@@ -1893,7 +1896,7 @@ static int opt_span(const opt_ctx *c, int64_t lo, int64_t hi)
     }
     if (seen & 0x02u) /* a subnormal operand took an assist */
         sn_met();
-    if (c->ieee && O->direct && hi > lo) /* once a span: the two threads share the counter */
+    if (direct && hi > lo) /* once a span: the two threads share the counter */
         atomic_fetch_add_explicit(&optim_direct, 1, memory_order_relaxed);
     free(buf);
     return 0;
