@@ -282,10 +282,14 @@ static void peer_compare(const char *script, int warmup, int steps, int rounds)
         }
         ms[PT_F32][k] = ms[PT_BF16][k] = 0;
         peer_ok = peer_ok && run_peer(script, warmup, steps, &ms[PT_F32][k], &ms[PT_BF16][k]);
-        if (rounds > 1)
+        if (rounds > 1 && peer_ok)
             printf("  round %d: ours sim f32 %.2f bf16 %.2f, cpu f32 %.2f bf16 %.2f; PyTorch "
                    "f32 %.2f bf16 %.2f ms/step\n",
                    k + 1, sf.ms, sb.ms, cf.ms, cb.ms, ms[PT_F32][k], ms[PT_BF16][k]);
+        else if (rounds > 1) /* a failed peer's zeros are no figure */
+            printf("  round %d: ours sim f32 %.2f bf16 %.2f, cpu f32 %.2f bf16 %.2f ms/step; "
+                   "PyTorch not measured\n",
+                   k + 1, sf.ms, sb.ms, cf.ms, cb.ms);
     }
     char of[40] = "";
     if (rounds > 1)
