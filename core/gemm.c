@@ -1219,6 +1219,16 @@ static inline void pf_range(pfq *q, int s, const float *p, size_t n, size_t l0, 
         q->n[s] = (int)(l1 - l0);
     }
 }
+
+/* q's row queue: lines [l0, l1) of rows of rl lines each, rs bytes apart,
+ * the first at p (line l of them: row l / rl, its line l % rl). */
+static inline void pf_rows(pfq *q, const char *p, long rs, int rl, long l0, long l1)
+{
+    if (l1 > l0) {
+        q->rp = p + (l0 / rl) * rs, q->rs = rs;
+        q->rl = rl, q->r0 = (int)(l0 % rl), q->rt = (int)(l1 - l0);
+    }
+}
 #endif
 
 /* Copies a block's scratch (micro-tiles of MR x NR, contiguous, tile (r,
@@ -1388,11 +1398,9 @@ static void full_block(const job *jb, int b)
                          * one store at a time at the end */
                         int t = ((c - j0) / NR) * nrow + r;
                         long l0 = (long)t * cpl, l1 = l0 + cpl < cl ? l0 + cpl : cl;
-                        if (l1 > l0) {
-                            q.rp = (const char *)(jb->C + (l0 / crl + i0) * (long)jb->ldc + j0);
-                            q.rs = (long)jb->ldc * (long)sizeof(float);
-                            q.rl = crl, q.r0 = (int)(l0 % crl), q.rt = (int)(l1 - l0), q.rw = 1;
-                        }
+                        pf_rows(&q, (const char *)(jb->C + (long)i0 * jb->ldc + j0),
+                                (long)jb->ldc * (long)sizeof(float), crl, l0, l1);
+                        q.rw = 1;
                     }
                     int lim = q.n[0] > q.n[1] ? q.n[0] : q.n[1];
                     lim = lim > q.n[2] ? lim : q.n[2];
@@ -1529,12 +1537,8 @@ static void rows_block(const job *jb, int b)
                 if (pfb) {
                     pfq q = {{NULL, NULL, NULL}, {0, 0, 0}, 0, NULL, 0, 0, 0, 0, 0};
                     long t = (long)((c - j0) / NR) * nrow + i / MR, l0 = t * per;
-                    long l1 = l0 + per < nl ? l0 + per : nl;
-                    if (l1 > l0) {
-                        q.rp = nrp + (l0 / nrl) * nrs, q.rs = nrs;
-                        q.rl = nrl, q.r0 = (int)(l0 % nrl), q.rt = (int)(l1 - l0);
-                        q.lim = 2 * q.rt;
-                    }
+                    pf_rows(&q, nrp, nrs, nrl, l0, l0 + per < nl ? l0 + per : nl);
+                    q.lim = 2 * q.rt;
                     const float *Ak = f->Ap + (long)f->Mpad * k0;
                     micro_avx512_pf(kw, Ak + (long)(i / MR) * kw * MR, bp, cp,
                                     Cs ? NR : jb->ldc, mr, w, fl, &q);

@@ -1683,6 +1683,8 @@ static bool opt_plan(const nt__fgroup *g, int from, int prev, const mview *pre, 
               vw = P->ops[O->k[OP_W]].out;
     if (P->nops - k != P->nout)
         return false;
+    int nkind[3] = {0, 0, 0}; /* f32 copies of m', v', w' */
+    O->direct = true;
     for (int sv = 0; sv < P->nout; sv++) {
         int ko = def_op(P, P->out_val[sv]);
         o = &P->ops[ko];
@@ -1691,23 +1693,19 @@ static bool opt_plan(const nt__fgroup *g, int from, int prev, const mview *pre, 
             !opt_contig(&ov[sv], nd, P->shape))
             return false;
         int a = o->a[0];
-        if (o->op == NT_OP_COPY && odt == NT_F32 && (a == vm || a == vv || a == vw))
-            O->out_kind[sv] = a == vm ? OUT_M : a == vv ? OUT_V : OUT_W;
-        else if (o->op == NT_OP_CAST && !is_sr(o) && a == vw && isf(odt))
+        if (o->op == NT_OP_COPY && odt == NT_F32 && (a == vm || a == vv || a == vw)) {
+            const int kind = a == vm ? OUT_M : a == vv ? OUT_V : OUT_W;
+            O->out_kind[sv] = (uint8_t)kind;
+            nkind[kind]++, O->out_of[kind] = (int8_t)sv;
+        } else if (o->op == NT_OP_CAST && !is_sr(o) && a == vw && isf(odt)) {
             O->out_kind[sv] = odt == NT_BF16 ? OUT_BF16 : OUT_CAST;
-        else
+            O->direct &= odt == NT_BF16; /* an eval'd cast reads w' from the buffer */
+        } else {
             return false;
+        }
         O->out_k[sv] = ko;
     }
     O->nout = P->nout;
-    int nkind[3] = {0, 0, 0};
-    O->direct = true;
-    for (int sv = 0; sv < P->nout; sv++) {
-        const int kind = O->out_kind[sv];
-        if (kind <= OUT_W)
-            nkind[kind]++, O->out_of[kind] = (int8_t)sv;
-        O->direct &= kind != OUT_CAST;
-    }
     O->direct &= nkind[OUT_M] == 1 && nkind[OUT_V] == 1 && nkind[OUT_W] == 1;
     /* every input f32 and contiguous but a widened gradient; the gradient
      * (an input or the matmul's value) contiguous in its dtype */
