@@ -19,6 +19,7 @@
  * parameters are ordinary tensors: a thread that writes them while another
  * steps the optimizer needs its own ordering (events). */
 #include "autograd/optim.h"
+#include "fusion/graph.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -96,8 +97,10 @@ static nt_optim *opt_new(opt_kind kind, nt_tensor *const *params, int n)
     o->kind = kind;
     o->n = n;
     o->slots = slots;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         o->slots[i].p = nt_retain(params[i]);
+        o->slots[i].o = o;
+    }
     g_mutex_init(&o->lock);
     return o;
 }
@@ -165,6 +168,37 @@ static nt_tensor *clone_as(const nt_site *site, const char *fn, nt_tensor *src, 
     return nt__copy_to(site, fn, src, src->dtype == dt ? (nt_dtype)-1 : dt);
 }
 
+/* ---------------- captured steps (fusion/graph.h) ----------------
+ *
+ * A captured step's scalars that change from step to step -- those that
+ * depend on the learning rate or on the parameter's step count -- are
+ * recomputed at every replay from the optimizer as it is then, by the same
+ * expressions as below; a replay then advances the step counts as
+ * nt_optim_step does. */
+enum { ROLE_DECAY, ROLE_BC2, ROLE_STEP, ROLE_LR };
+
+static uint64_t scalar_at_replay(void *ctx, int role)
+{
+    slot *s = ctx;
+    nt_optim *o = s->o;
+    double t = (double)(s->steps + 1);
+    switch (role) {
+    case ROLE_DECAY: return nt__patch_f64(1.0 - o->lr * o->weight_decay);
+    case ROLE_BC2: return nt__patch_f64(sqrt(1.0 - pow(o->beta2, t)));
+    case ROLE_STEP: return nt__patch_f64(o->lr / (1.0 - pow(o->beta1, t)));
+    default: return nt__patch_f64(o->lr);
+    }
+}
+
+static void slot_stepped(void *ctx) { ((slot *)ctx)->steps++; }
+static void optim_stepped(void *ctx) { ((nt_optim *)ctx)->steps++; }
+
+static void patch_next(slot *s, int role, int op)
+{
+    if (nt__capturing())
+        nt__capture_patch_next(scalar_at_replay, s, role, NT__PATCH_F0, op);
+}
+
 /* Returns p - lr * d (not yet written), where d is the (weight-decayed,
  * momentum) gradient:
  *   g = grad + wd * p
@@ -181,6 +215,10 @@ static nt_tensor *sgd_update(nt_optim *o, slot *s, nt_tensor *g, const nt_site *
     if (o->momentum != 0) {
         nt_tensor *buf;
         if (!s->s0) {
+            if (nt__capturing())
+                nt__capture_fail(NT_ESTATE, "nt_optim_step: SGD's first step makes its momentum "
+                                            "buffer from the gradient, unlike the steps after "
+                                            "it; run one step before capturing");
             buf = g;
             if (!g || !(s->s0 = own(clone_as(site, fn, g, (nt_dtype)w->dtype))))
                 return NULL;
@@ -194,6 +232,7 @@ static nt_tensor *sgd_update(nt_optim *o, slot *s, nt_tensor *g, const nt_site *
                                      nt__scalar(site, fn, NT_OP_MUL_SCALAR, buf, o->momentum, 0))
                         : buf;
     }
+    patch_next(s, ROLE_LR, NT_OP_MUL_SCALAR);
     return nt__binary(site, fn, NT_OP_SUB, w, nt__scalar(site, fn, NT_OP_MUL_SCALAR, d, o->lr, 0));
 }
 
@@ -211,8 +250,12 @@ static nt_tensor *adamw_update(nt_optim *o, slot *s, nt_tensor *g, const nt_site
     const char *fn = "nt_optim_step";
     nt_tensor *w = working(s);
     if (!s->s0) {
+        /* state made once: not part of a captured step (a replay must not
+         * zero it again) */
+        nt__capture_pause();
         s->s0 = own(nt_zeros_like_at(site, w));
         s->s1 = own(nt_zeros_like_at(site, w));
+        nt__capture_resume();
         if (!s->s0 || !s->s1) {
             nt__optim_drop(&s->s0);
             nt__optim_drop(&s->s1);
@@ -224,6 +267,8 @@ static nt_tensor *adamw_update(nt_optim *o, slot *s, nt_tensor *g, const nt_site
     double bc2_sqrt = sqrt(1.0 - pow(o->beta2, t));
     double step_size = o->lr / bc1;
 
+    if (o->weight_decay != 0)
+        patch_next(s, ROLE_DECAY, NT_OP_MUL_SCALAR);
     nt_tensor *w1 = o->weight_decay != 0
                         ? nt__scalar(site, fn, NT_OP_MUL_SCALAR, w, 1.0 - o->lr * o->weight_decay, 0)
                         : w;
@@ -235,10 +280,12 @@ static nt_tensor *adamw_update(nt_optim *o, slot *s, nt_tensor *g, const nt_site
         site, fn, NT_OP_ADD, nt__scalar(site, fn, NT_OP_MUL_SCALAR, s->s1, o->beta2, 0),
         nt__scalar(site, fn, NT_OP_MUL_SCALAR, nt__binary(site, fn, NT_OP_MUL, g, g),
                    1.0 - o->beta2, 0));
+    patch_next(s, ROLE_BC2, NT_OP_DIV_SCALAR);
     nt_tensor *denom = nt__scalar(
         site, fn, NT_OP_ADD_SCALAR,
         nt__scalar(site, fn, NT_OP_DIV_SCALAR, nt__unary(site, fn, NT_OP_SQRT, v), bc2_sqrt, 0),
         o->eps, 0);
+    patch_next(s, ROLE_STEP, NT_OP_MUL_SCALAR);
     nt_tensor *w_new = nt__binary(
         site, fn, NT_OP_SUB, w1,
         nt__scalar(site, fn, NT_OP_MUL_SCALAR, nt__binary(site, fn, NT_OP_DIV, m, denom),
@@ -290,6 +337,11 @@ static nt_tensor *leaf_of(nt_tensor *src)
 
 nt_tensor *nt__optim_cast_of(nt_tensor *src, nt_dtype dt)
 {
+    /* A captured step casts its parameters itself: a cast made ahead by
+     * the previous step is not in the program, and the program's own would
+     * reach only the next replay's forward through a storage it rewrites. */
+    if (nt__capturing())
+        return NULL;
     nt_tensor *l = leaf_of(src);
     if (!l)
         return NULL;
@@ -313,6 +365,11 @@ static int cast_ahead(slot *s, nt_tensor *w_new, const nt_site *site)
     struct nt__ag *ag = s->p->ag;
     if (!ag)
         return 0;
+    if (nt__capturing()) { /* see nt__optim_cast_of */
+        nt__optim_drop(&ag->amp_cast);
+        __atomic_store_n(&ag->amp_want, 0, __ATOMIC_RELAXED);
+        return 0;
+    }
     nt__optim_drop(&ag->amp_cast); /* stale from here on */
     uint8_t want = __atomic_exchange_n(&ag->amp_want, 0, __ATOMIC_RELAXED);
     if (!want)
@@ -360,13 +417,19 @@ static int step_locked(nt_optim *o, const nt_site *site)
             rc = nt_copy_into_at(site, p, w_new);
         else if (!rc)
             rc = cast_ahead(s, w_new, site);
-        if (!rc)
+        if (!rc) {
             s->steps++;
+            if (nt__capturing())
+                nt__capture_on_replay(slot_stepped, s);
+        }
         nt_scope_end(sc);
     }
     nt_no_grad_end();
-    if (!rc)
+    if (!rc) {
         o->steps++;
+        if (nt__capturing())
+            nt__capture_on_replay(optim_stepped, o);
+    }
     return rc;
 }
 

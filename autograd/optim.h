@@ -22,6 +22,7 @@ typedef struct {
     nt_tensor *s0, *s1;
     nt_tensor *master; /* f32 copy of a bf16/f16 parameter, or NULL */
     int64_t steps;     /* updates this parameter received */
+    struct nt_optim *o; /* its optimizer (a captured step's scalars ask it) */
 } slot;
 
 struct nt_optim {

@@ -1,6 +1,7 @@
 /* autograd/tape.c - recording nodes, nt_backward, gradients of leaves,
  * no-grad regions, detach.  See autograd.h. */
 #include "autograd/autograd.h"
+#include "fusion/graph.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -418,10 +419,16 @@ NT_API int nt_zero_grad(nt_tensor *t)
  * anything enqueued on .grad after this (stream order), as they would
  * before the copy.  No other thread can make a handle on the storage
  * meanwhile: that needs a live handle, and g is the only one. */
+static bool leaf_has_grad(const nt_tensor *leaf) { return leaf->ag && leaf->ag->grad; }
+
 static int accumulate_leaf(nt_tensor *leaf, nt_tensor **slot, const nt_site *site)
 {
     nt_tensor *g = *slot;
     struct nt__ag *ag = nt__ag_of(leaf);
+    /* a captured step starts this .grad, or adds to it: a replay checks
+     * that the leaf is in the same state again */
+    if (nt__capturing())
+        nt__capture_note_leaf(leaf, ag->grad != NULL, leaf_has_grad);
     if (ag->grad) {
         nt_no_grad_begin();
         int rc = nt_add_inplace_at(site, ag->grad, g);

@@ -20,6 +20,9 @@ typedef struct nt__core_hooks {
     /* autograd/custom.c: the tile kernel of a registered user op, or NULL
      * (backends run them: sim/kernels/user.c) */
     const nt_kernel_op_def *(*custom_kernel_def)(int op);
+    /* fusion/graph.c: a storage made during a capture (st->cap) is being
+     * freed (any thread; st is still whole) */
+    void (*storage_dead)(const nt__storage *st);
 } nt__core_hooks;
 
 extern nt__core_hooks nt__chooks;

@@ -79,6 +79,8 @@ int nt__err(const nt_site *site, int code, const char *fn, const char *fmt, ...)
 void nt__err_set(int code, const char *msg);
 /* Writes "file:line in func" (or a symbolised return address) to buf. */
 void nt__site_format(const nt_site *site, char *buf, size_t n);
+/* Plain (macro-less) entry points name their caller by return address. */
+#define NT_RA_SITE (&(nt_site){NULL, NULL, 0, __builtin_return_address(0)})
 nt__errobj *nt__errobj_new(int code, const char *msg);
 void nt__errobj_ref(nt__errobj *e);
 void nt__errobj_unref(nt__errobj *e);
@@ -230,6 +232,9 @@ typedef struct nt__storage {
     volatile uint8_t hostdead; /* no handle the host can use is left: only queued
                                records hold it (set once, by nt_release) */
     uint8_t dev;            /* the device whose HBM holds it (never changes) */
+    uint8_t borrowed;       /* data lies in another storage's block (a captured
+                               program's memory plan, fusion/graph.c): freeing
+                               this header frees no device memory */
     uint32_t pend_sid;      /* hostdead: the stream whose pool its bytes were
                                credited to, 0 = none (core/arena.c) */
     /* Simulated ns (on the clock of the core that wrote it) at which its
@@ -239,6 +244,9 @@ typedef struct nt__storage {
      * the stream ordering between the two orders the accesses too.  Atomic
      * (relaxed) all the same: nt__storage_ready_get / _set. */
     double sim_ready;
+    /* made while the thread captured a program: the capture's slot
+     * (nt__tl_cap), told when the storage dies (nt__chooks.storage_dead) */
+    uint8_t cap;
     /* line 2: what every enqueue writes -- apart, so a worker reading line
      * 1 does not see it change under it on every op */
     _Alignas(64) volatile AO_t last_write; /* packed (stream id, seq) of the last writer */
@@ -314,6 +322,26 @@ void nt__tensor_iunref(nt_tensor *t);
 void nt__tensor_iunref_n(nt_tensor *t, AO_t n);
 /* Registers a fresh reference in the thread's innermost scope, if any. */
 nt_tensor *nt__scope_adopt(nt_tensor *t);
+
+/* A handle for the runtime's own use on st (which it references): refs = 0,
+ * irefs = 1, not counted in st->hrefs, never valid for the user.  A
+ * captured program's tensors (fusion/graph.c). */
+nt_tensor *nt__tensor_new_internal(nt__storage *st, nt_dtype dt, int ndim, const int64_t *shape,
+                                   const int64_t *stride, int64_t offset, const nt_site *site);
+/* A storage whose data is `data`, inside a block someone else owns (a
+ * captured program's plan): refs = 1, hostdead, never deferred; freeing it
+ * frees the header only.  NULL if the host is out of memory. */
+nt__storage *nt__storage_borrowed(void *data, size_t nbytes, int dev);
+
+/* The capture slot (1..255) of the program the thread is capturing, 0 if
+ * none: storages it makes remember it (nt__storage.cap). */
+extern _Thread_local uint8_t nt__tl_cap NT_TLS_HOT;
+/* The capture (struct nt__capture *, fusion/graph.h) that the records this
+ * thread runs now belong to: set by a stream worker around a batch of a
+ * stream being captured (and by a thread running ops inline), NULL
+ * otherwise; the executor records each kernel it runs into it. */
+struct nt__capture;
+extern _Thread_local struct nt__capture *nt__tl_recorder NT_TLS_HOT;
 
 /* NULL: arena full (no error set).  On device nt__alloc_dev. */
 nt__storage *nt__storage_new(size_t nbytes);
@@ -515,6 +543,9 @@ typedef struct nt__rec {
     uint32_t sid;           /* id of the stream whose seq it holds: with seq,
                                what kernels key random bits with
                                (nt__rec_sr_key), never read through stream */
+    uint32_t span;          /* seqs it stands for: seq .. seq + span - 1 (0 or
+                               1: its own; a replayed program's record holds
+                               the seqs of every op it replays) */
     void (*host_fn)(void *);
     void *host_arg;
     struct nt__rec *pool_next;
@@ -527,6 +558,10 @@ enum {
      * members arrive, and another member may be waiting (through a
      * cross-stream dependency) for a record this worker ran before it. */
     NT_RECF_ALONE = 1u << 1,
+    /* Runs, but is not part of the program the thread is capturing
+     * (fusion/graph.h): state made once on first use, such as an
+     * optimizer's moments; the planner never fuses it with captured ops. */
+    NT_RECF_NOCAPTURE = 1u << 2,
 };
 
 /* The stochastic-rounding key of a CAST record (core/dtype.h): its seed and

@@ -300,6 +300,26 @@ nt__storage *nt__storage_new(size_t nbytes)
     st->nbytes = nbytes;
     st->id = next_id();
     st->dev = nt__alloc_dev;
+    st->cap = nt__tl_cap;
+    return st;
+}
+
+_Thread_local uint8_t nt__tl_cap NT_TLS_HOT;
+_Thread_local struct nt__capture *nt__tl_recorder NT_TLS_HOT;
+
+nt__storage *nt__storage_borrowed(void *data, size_t nbytes, int dev)
+{
+    nt__storage *st = aligned_alloc(64, NT_ST_HDR);
+    if (!st)
+        return NULL;
+    memset(st, 0, sizeof *st);
+    st->refs = 1;
+    st->data = data;
+    st->nbytes = nbytes;
+    st->id = next_id();
+    st->dev = (uint8_t)dev;
+    st->borrowed = 1;
+    st->hostdead = 1; /* no handle of the user's: nothing to lend at release */
     return st;
 }
 
@@ -335,7 +355,13 @@ void nt__storage_ref(nt__storage *st) { AO_fetch_and_add1(&st->refs); }
 void nt__storage_unref(nt__storage *st)
 {
     if (st && nt__ref_drop(&st->refs, 1)) {
+        if (st->cap && nt__chooks.storage_dead)
+            nt__chooks.storage_dead(st);
         nt__errobj_unref((nt__errobj *)st->poison);
+        if (st->borrowed) { /* its block is the plan's, freed by its owner */
+            free(st);
+            return;
+        }
         int dev = st->dev; /* the header goes back last: read nothing of it after */
         if (!st->deferred) {
             if (st->hostdead)
@@ -399,6 +425,21 @@ nt_tensor *nt__tensor_new(nt__storage *st, nt_dtype dt, int ndim, const int64_t 
                           const int64_t *stride, int64_t offset, const nt_site *site)
 {
     return handle_new(st, false, dt, ndim, shape, stride, offset, site);
+}
+
+nt_tensor *nt__tensor_new_internal(nt__storage *st, nt_dtype dt, int ndim, const int64_t *shape,
+                                   const int64_t *stride, int64_t offset, const nt_site *site)
+{
+    /* adopt: the caller's hrefs count stays as it is */
+    nt__storage_ref(st);
+    nt_tensor *t = handle_new(st, true, dt, ndim, shape, stride, offset, site);
+    if (!t) {
+        nt__storage_unref(st);
+        return NULL;
+    }
+    t->refs = 0;
+    t->magic = NT__MAGIC_DEAD;
+    return t;
 }
 
 nt_tensor *nt__tensor_empty(nt_dtype dt, int ndim, const int64_t *shape, const nt_site *site,

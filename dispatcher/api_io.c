@@ -4,6 +4,7 @@
 
 #include "debug/debug.h"
 #include "dispatcher/dispatch.h"
+#include "fusion/graph.h"
 #include "streams/stream.h"
 
 
@@ -200,6 +201,8 @@ NT_API nt_tensor *nt_randn(nt_dtype dt, int ndim, const int64_t *shape, uint64_t
  * error naming the failed op and this sync point. */
 int nt__wait_tensor(const nt_site *site, const char *fn, nt_tensor *t)
 {
+    if (nt__capturing())
+        return nt__capture_refuse(site, fn);
     NT__COUNT(syncs, 1);
     uint64_t lw = AO_load_acquire(&t->st->last_write);
     bool traced = nt__trace_enabled();
@@ -345,6 +348,8 @@ NT_API int nt_sync_at(const nt_site *site)
 {
     if (!nt__ensure_init())
         return nt_last_error();
+    if (nt__capturing())
+        return nt__capture_refuse(site, "nt_sync");
     NT__COUNT(syncs, 1);
     sync_acc acc = {NULL};
     bool traced = nt__trace_enabled();

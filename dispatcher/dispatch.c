@@ -1,5 +1,6 @@
 /* dispatcher/dispatch.c - validate, allocate, record, enqueue.  The hot path. */
 #include "dispatcher/dispatch.h"
+#include "fusion/graph.h"
 
 #include <string.h>
 
@@ -214,6 +215,13 @@ static nt_tensor *dispatch_inner(nt__call *c)
      * ops are about to give back (core/arena.c); on s's device, or the one
      * the call asks for (nt_to_device). */
     nt_stream *s = nt__stream_current();
+    if ((AO_load(&s->capture) || nt__capturing()) &&
+        nt__capture_check_stream(c->site, c->fn, s) < 0) {
+        for (int i = 0; i < c->nin; i++)
+            if (c->in[i])
+                nt__tensor_iunref(c->in[i]);
+        return NULL;
+    }
     if (c->dst && c->dst->dev != s->dev && c->out_dev < 0) {
         nt__device_mismatch(c->site, c->fn, "out", c->dst->dev, s->dev);
         for (int i = 0; i < c->nin; i++)
@@ -299,6 +307,8 @@ static nt_tensor *dispatch_inner(nt__call *c)
         nt__rec_drop_deps_on(r, s);
     r->seq = seq;
     r->sid = s->id;
+    if (nt__capturing())
+        nt__capture_note(r);
     uint64_t packed = NT__PACK(s->id, seq);
     for (int i = 0; i < c->nin; i++)
         if (c->in[i])

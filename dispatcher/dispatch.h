@@ -40,8 +40,6 @@ int nt__device_mismatch(const nt_site *site, const char *fn, const char *arg, in
 nt_tensor *nt__call_fail(nt__call *c);
 /* Finishes a view: autograd records it, the scope adopts it. */
 nt_tensor *nt__dispatch_view(nt__call *c, nt_tensor *v);
-/* Plain (macro-less) entry points name their caller by return address. */
-#define NT_RA_SITE (&(nt_site){NULL, NULL, 0, __builtin_return_address(0)})
 
 /* Starts a call: site, name, op, inputs (checked: NULL keeps the first
  * error, released handles are NT_ERELEASED).  `names` are the argument names

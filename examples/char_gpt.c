@@ -37,6 +37,7 @@ typedef struct {
     gpt_config c;
     gpt_train_opts t;
     int eval_every, eval_batches, log_every, sample;
+    bool capture; /* record the first step, replay it (docs/graphs.md) */
     int64_t limit_steps; /* stop after this many steps (0: none); the schedule still spans --steps */
     const char *save, *resume, *prompt, *data, *backend, *amp;
 } options;
@@ -77,6 +78,9 @@ static void usage(FILE *f)
             "  --dropout P        dropout probability in [0, 1) (0)\n"
             "  --amp bf16         autocast the forward pass to bf16 (none)\n"
             "  --checkpoint-activations  recompute each block's activations in backward\n"
+            "  --capture          record the first training step as a program and replay\n"
+            "                     it for the others (nt_graph_*): the same bits, no\n"
+            "                     per-op dispatch\n"
             "  --no-sdpa                attention as matmul/masked_fill/softmax/matmul, not the\n"
             "                           fused nt_scaled_dot_product_attention\n"
             "  --save PATH        save parameters and optimizer state at every eval\n"
@@ -169,6 +173,8 @@ static void parse_args(int argc, char **argv, options *o)
                 o->c.checkpoint = true;
             else if (!strcmp(a, "--no-sdpa"))
                 o->c.composite_attn = true;
+            else if (!strcmp(a, "--capture"))
+                o->capture = true;
             else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
                 usage(stdout);
                 exit(0);
@@ -273,6 +279,12 @@ int main(int argc, char **argv)
            "validation\n",
            (long long)d.n, d.files, o.data, d.vocab, (long long)d.n_train,
            (long long)(d.n - d.n_train));
+    if (o.capture && o.c.dropout > 0) {
+        /* its seeds are a function of the step, set by the host each step:
+         * a replay would draw the captured step's masks again */
+        fprintf(stderr, "char_gpt: --capture does not take --dropout yet\n");
+        return 1;
+    }
     printf("model: %d layers, %d heads, width %d, context %d, %s head, dropout %g: %lld "
            "parameters\n",
            o.c.n_layer, o.c.n_head, o.c.width, o.c.context, o.c.untied ? "untied" : "tied",
@@ -307,8 +319,44 @@ int main(int argc, char **argv)
     sim_all0 = sim_log;
     double val = NAN;
     int64_t end = o.limit_steps && o.limit_steps < o.t.steps ? o.limit_steps : o.t.steps;
+    nt_graph *graph = NULL;
+    nt_tensor *graph_loss = NULL; /* the program's output: rewritten by each replay */
     for (int64_t step = start; step < end; step++) {
-        nt_tensor *loss = gpt_train_step(&m, opt, &d, &o.t, step, xb, yb);
+        nt_tensor *loss;
+        if (!o.capture) {
+            loss = gpt_train_step(&m, opt, &d, &o.t, step, xb, yb);
+        } else {
+            /* the host's part each step; the device's part recorded at
+             * the first step and replayed after, with this step's batch
+             * bound to the program's inputs */
+            check(gpt_step_prepare(&m, opt, &d, &o.t, step, xb, yb), "the step's schedule");
+            nt_tensor *x = nt_from_host(xb, NT_I32, 2, (int64_t[]){B, T});
+            nt_tensor *y = nt_from_host(yb, NT_I32, 1, (int64_t[]){(int64_t)B * T});
+            if (!x || !y)
+                check(-1, "copying the batch");
+            if (!graph) {
+                check(nt_graph_capture_begin(), "nt_graph_capture_begin");
+                check(nt_graph_input(x, "x") || nt_graph_input(y, "y"), "nt_graph_input");
+                graph_loss = gpt_step_body(&m, opt, &o.t, x, y);
+                graph = nt_graph_capture_end();
+                if (!graph_loss || !graph)
+                    check(-1, "capturing the training step");
+                nt_graph_info gi;
+                check(nt_graph_info_get(graph, &gi), "nt_graph_info_get");
+                printf("captured step %lld: %lld ops in %lld kernels; memory plan %.1f MiB for "
+                       "%lld intermediates (%.1f MiB without reuse)\n",
+                       (long long)step + 1, (long long)gi.ops, (long long)gi.kernels,
+                       gi.plan_bytes / 1048576.0, (long long)gi.planned,
+                       gi.naive_bytes / 1048576.0);
+            } else {
+                check(nt_graph_bind(graph, "x", x) || nt_graph_bind(graph, "y", y),
+                      "nt_graph_bind");
+                check(nt_graph_replay(graph), "nt_graph_replay");
+            }
+            nt_release(x);
+            nt_release(y);
+            loss = nt_retain(graph_loss);
+        }
         if (!loss)
             check(-1, "training step");
         nt_no_grad_begin();
@@ -376,6 +424,8 @@ int main(int argc, char **argv)
     }
     printf("final val loss %.4f after %lld steps (%.1f s wall)\n", val,
            (long long)nt_optim_steps(opt), now_s() - t_start);
+    nt_graph_destroy(graph);
+    nt_release(graph_loss);
     if (o.sample > 0)
         generate(&m, &d, o.prompt, o.sample, 1234);
     nt_release(loss_sum);

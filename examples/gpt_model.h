@@ -489,21 +489,30 @@ typedef struct {
  * schedule, forward, backward, gradient clipping, update, zero_grad.  Never
  * waits for the device.  Returns the loss (0-dim f32, the caller's to
  * release), or NULL with the runtime's error set.  xb, yb: B * T host ints. */
-static inline nt_tensor *gpt_train_step(gpt_model *m, nt_optim *opt, const gpt_data *d,
-                                        const gpt_train_opts *o, int64_t step, int32_t *xb,
-                                        int32_t *yb)
+/* The host's part of step `step`: the learning rate from the schedule, the
+ * dropout seed, the batch into xb, yb (B * T ints each). */
+static inline int gpt_step_prepare(gpt_model *m, nt_optim *opt, const gpt_data *d,
+                                   const gpt_train_opts *o, int64_t step, int32_t *xb,
+                                   int32_t *yb)
 {
-    int B = o->batch, T = m->c.context;
     if (nt_optim_set_lr(opt, gpt_lr(o->lr, step, o->steps, o->warmup)) != 0)
-        return NULL;
+        return -1;
     /* a function of the step, so a resumed run draws the same masks */
     m->dropout_seed = o->seed * 0x100000000ull + (uint64_t)step * 1024;
-    gpt_batch(d, false, o->seed, step, B, T, xb, yb);
+    gpt_batch(d, false, o->seed, step, o->batch, m->c.context, xb, yb);
+    return 0;
+}
+
+/* The device's part of a step on batch x [B, T], targets y [B * T] (i32):
+ * forward, backward, gradient clipping, update, zero_grad -- what
+ * `char_gpt --capture` records once and replays.  Returns the loss (0-dim
+ * f32, the caller's to release), or NULL with the runtime's error set. */
+static inline nt_tensor *gpt_step_body(gpt_model *m, nt_optim *opt, const gpt_train_opts *o,
+                                       nt_tensor *x, nt_tensor *y)
+{
     nt_scope *sc = nt_scope_begin();
     if (!sc)
         return NULL;
-    nt_tensor *x = nt_from_host(xb, NT_I32, 2, (int64_t[]){B, T});
-    nt_tensor *y = nt_from_host(yb, NT_I32, 1, (int64_t[]){(int64_t)B * T});
     if (o->amp != NT_DTYPE_COUNT && nt_autocast_begin(o->amp) != 0) {
         nt_scope_end(sc);
         return NULL;
@@ -522,6 +531,25 @@ static inline nt_tensor *gpt_train_step(gpt_model *m, nt_optim *opt, const gpt_d
     return rc ? NULL : loss;
 }
 
+/* One step of AdamW (opt) on batch `step`: gpt_step_prepare, then the body
+ * on the batch copied to the device.  Never waits for the device.  Returns
+ * the loss (0-dim f32, the caller's to release), or NULL with the runtime's
+ * error set.  xb, yb: B * T host ints. */
+static inline nt_tensor *gpt_train_step(gpt_model *m, nt_optim *opt, const gpt_data *d,
+                                        const gpt_train_opts *o, int64_t step, int32_t *xb,
+                                        int32_t *yb)
+{
+    int B = o->batch, T = m->c.context;
+    if (gpt_step_prepare(m, opt, d, o, step, xb, yb) != 0)
+        return NULL;
+    nt_tensor *x = nt_from_host(xb, NT_I32, 2, (int64_t[]){B, T});
+    nt_tensor *y = nt_from_host(yb, NT_I32, 1, (int64_t[]){(int64_t)B * T});
+    nt_tensor *loss = x && y ? gpt_step_body(m, opt, o, x, y) : NULL;
+    nt_release(x);
+    nt_release(y);
+    return loss;
+}
+
 /* Mean loss over `nb` fixed validation batches (GPT_VAL_SEED), without a
  * graph: one sync.  NaN with the runtime's error set on failure. */
 static inline double gpt_eval(gpt_model *m, const gpt_data *d, int B, int nb, nt_dtype amp)
@@ -538,6 +566,9 @@ static inline double gpt_eval(gpt_model *m, const gpt_data *d, int B, int nb, nt
         nt_tensor *sum = nt_zeros(NT_F32, 0, NULL);
         int rc = !sum;
         for (int k = 0; k < nb && !rc; k++) {
+            /* a scope per batch: each batch's activations go as soon as
+             * its loss is added, not at the end of the evaluation */
+            nt_scope *bs = nt_scope_begin();
             gpt_batch(d, true, GPT_VAL_SEED, k, B, T, xb, yb);
             nt_tensor *x = nt_from_host(xb, NT_I32, 2, (int64_t[]){B, T});
             nt_tensor *y = nt_from_host(yb, NT_I32, 1, (int64_t[]){(int64_t)B * T});
@@ -546,7 +577,8 @@ static inline double gpt_eval(gpt_model *m, const gpt_data *d, int B, int nb, nt
             nt_tensor *l = gpt_loss(m, x, y);
             if (amp != NT_DTYPE_COUNT)
                 nt_autocast_end();
-            rc = nt_add_inplace(sum, l) != 0;
+            rc = !bs || nt_add_inplace(sum, l) != 0;
+            nt_scope_end(bs);
         }
         nt_no_grad_end();
         nt_set_training(train);

@@ -10,6 +10,7 @@
 #include "core/simtls.h"
 #include "debug/debug.h"
 #include "fusion/fusion.h"
+#include "fusion/graph.h"
 #include "streams/stream.h"
 
 static void poison_outputs(nt__rec *r, nt__errobj *e)
@@ -139,7 +140,16 @@ void nt__sim_ready_end(nt_tensor *const *out, int nout)
             nt__storage_ready_set(out[i]->st, t);
 }
 
+static void exec_rec(nt__rec *r);
+
 void nt__exec_rec(nt__rec *r)
+{
+    exec_rec(r);
+    if (nt__tl_recorder && !(r->flags & NT_RECF_NOCAPTURE))
+        nt__capture_rec(nt__tl_recorder, r);
+}
+
+static void exec_rec(nt__rec *r)
 {
     if (r->type == NT_REC_WAIT)
         return;

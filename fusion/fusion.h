@@ -38,6 +38,9 @@ void nt__exec_rec(nt__rec *r);
  * tensors, NULLs skipped) touches, before a kernel runs: 0, or NT_ENOMEM
  * with the kernel error message set when the host is out of memory. */
 int nt__rec_materialize(const nt__rec *r);
+/* "<api> (at <site>): <msg>" (saying whose backward or composite issued r)
+ * as a new error object. */
+nt__errobj *nt__rec_error(const nt__rec *r, int code, const char *msg);
 int nt__tensors_materialize(nt_tensor *const *t, int n);
 /* Simulated readiness (sim/sim.h): before a kernel that reads in[0..nin)
  * and writes out[0..nout), nt__sim_ready_begin tells the thread's next

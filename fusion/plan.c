@@ -6,6 +6,7 @@
  * Cost per record is bounded by the group limits, so planning is linear in
  * the batch size. */
 #include "fusion/fusion.h"
+#include "fusion/graph.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -300,6 +301,8 @@ static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
     } else {
         if (r->backend != s->g.backend)
             return "backend change";
+        if ((r->flags ^ s->g.recs[0]->flags) & NT_RECF_NOCAPTURE)
+            return "the edge of a captured program";
         if (mm)
             return "a matmul starts its own kernel";
         if (!ew && !red)
@@ -782,14 +785,17 @@ static void run_group_kernel(gstate *s)
     if (traced)
         nt__htrace_fused(kind_name(c->kind), (unsigned long)AO_load(&kernel_no), s->g.recs,
                          s->g.nrecs, stored, elided, hit, t0, rc);
-    prog_unref(c);
-    s->g.prog = NULL;
     /* NT_CHECK_NAN: every value was stored (above); if one holds a NaN or
      * an Inf, replay the group op by op with the check on.  The replay
      * recomputes the same bits, and nt__exec_rec names the first op that
      * made a NaN or Inf from finite inputs, as an unfused run would. */
     if (rc == 0 && NT__CFG(check_nan) && nt__nan_any(s->g.out, s->p.nout))
         rc = NT_ENAN;
+    /* a captured program keeps its own copy of the program */
+    if (rc == 0 && nt__tl_recorder && !(s->g.recs[0]->flags & NT_RECF_NOCAPTURE))
+        nt__capture_group(nt__tl_recorder, &s->g);
+    prog_unref(c);
+    s->g.prog = NULL;
     if (rc == 0) {
         NT__COUNT(ops_executed, s->g.nrecs);
         NT__COUNT(kernels, 1);
@@ -1124,17 +1130,74 @@ void nt__fusion_run(nt__rec **recs, int n)
                 nt__batch_end_reason ? nt__batch_end_reason : "end of the queued work");
 }
 
+/* ---------------- replaying a recorded group (fusion/graph.c) ---------------- */
+
+static void poison_group(nt__fgroup *g, nt__errobj *e)
+{
+    for (int k = 0; k < g->prog->nout; k++) {
+        nt_tensor *o = g->out[k];
+        nt__errobj_ref(e);
+        if (!AO_compare_and_swap_full(&o->st->poison, 0, (AO_t)e))
+            nt__errobj_unref(e);
+    }
+}
+
+void nt__fusion_replay_group(nt__fgroup *g)
+{
+    nt__fprog *c = g->prog;
+    for (int k = 0; k < c->next; k++) {
+        nt__errobj *pe = (nt__errobj *)AO_load_acquire(&g->ext[k]->st->poison);
+        if (pe) { /* an earlier op failed: its error reaches these outputs */
+            poison_group(g, pe);
+            NT__COUNT(ops_poisoned, g->nrecs);
+            return;
+        }
+    }
+    int rc = NT_ENOTSUP;
+    bool traced = nt__trace_enabled();
+    double t0 = traced ? nt__htrace_now() : 0;
+    const nt__backend_i *be = nt__backends[g->backend];
+    nt__sim_ready_begin(g->ext, c->next, g->out, c->nout);
+    if (be->run_fused)
+        rc = be->run_fused(g);
+    nt__sim_ready_end(g->out, c->nout);
+    if (traced)
+        nt__htrace_fused(kind_name(c->kind), (unsigned long)AO_fetch_and_add1(&kernel_no) + 1,
+                         g->recs, g->nrecs, c->nout, 0, true, t0, rc);
+    if (rc == 0 && NT__CFG(check_nan) && nt__nan_any(g->out, c->nout))
+        rc = NT_ENAN;
+    AO_fetch_and_add1(&c->runs);
+    if (rc == 0) {
+        NT__COUNT(ops_executed, g->nrecs);
+        NT__COUNT(kernels, 1);
+        return;
+    }
+    /* A replay runs the kernel the capture ran; its failure is named after
+     * the kernel's first op (run the step op by op, not replayed, to name
+     * the exact op). */
+    char msg[512];
+    snprintf(msg, sizeof msg, "the fused kernel of %d ops this op begins failed in a replay: %s",
+             g->nrecs, rc == NT_ENAN ? "it made a NaN or Inf (NT_CHECK_NAN)" : nt__kerr_msg());
+    nt__errobj *e = nt__rec_error(g->recs[0], rc, msg);
+    poison_group(g, e);
+    if (g->recs[0]->stream)
+        nt__stream_note_error(g->recs[0]->stream, e, g->recs[0]->seq);
+    nt__errobj_unref(e);
+}
+
 /* ---------------- set-up ---------------- */
 
 int nt__fusion_init(void)
 {
     memset(&nt__fst, 0, sizeof nt__fst);
     kernel_no = 0;
+    nt__graph_init();
     return 0;
 }
 
 void nt__fusion_shutdown(void)
 {
+    nt__graph_shutdown();
     g_mutex_lock(&cache_lock);
     nt__fprog *c;
     while ((c = lru_head) != NULL) {

@@ -1100,6 +1100,80 @@ NT_API int nt_ddp_reduce(nt_ddp *d);
 NT_API int nt_ddp_step(nt_ddp *d, nt_optim *const *opts, int nopts);
 
 /* ------------------------------------------------------------------------ */
+/* Captured programs (docs/graphs.md): run a training step once while the   */
+/* runtime records it, then replay it with one call -- no dispatch, no      */
+/* planning, no allocation per op -- with the same bits as running the step */
+/* again op by op.                                                          */
+/* ------------------------------------------------------------------------ */
+
+/** A captured program: the kernels one run of a step ran, the memory plan
+ *  of its intermediates, and what a replay must refresh or check. */
+typedef struct nt_graph nt_graph;
+
+/** Starts recording, on the calling thread's current stream, everything the
+ *  thread enqueues until nt_graph_capture_end.  The ops run as usual (the
+ *  capture is a real step; its results are the step's), but the stream
+ *  holds them until the end, so the step is planned whole.  A sync point:
+ *  waits for the stream's queued work first.  While capturing, a host read
+ *  (nt_item, nt_to_host, nt_print, nt_sync, nt_stream_sync) is refused with
+ *  NT_ESTATE naming the call, and so are ops on another stream, ops from
+ *  another thread on this one, collectives and event waits: the capture
+ *  then fails at its end.  NT_ESTATE if the thread is capturing already (no
+ *  nesting).  What a replay refreshes and what it bakes in: docs/graphs.md.
+ *  Thread-safe; the capture belongs to the calling thread. */
+NT_API int nt_graph_capture_begin(void);
+/** Names t an input of the capture in progress: a replay reads the tensor
+ *  bound to `name` (nt_graph_bind; t itself until then), of t's dtype, shape
+ *  and strides.  t must be read by the captured step.  name: 1..63 chars,
+ *  unique in the capture.  NT_ESTATE if not capturing. */
+NT_API int nt_graph_input(nt_tensor *t, const char *name);
+/** Ends the capture: waits for the step to run, then compiles it: the
+ *  program, its static memory plan (every intermediate's offset in one
+ *  block, its size known now: nt_graph_info_get), the scalars refreshed at
+ *  each replay.  Returns the graph (destroy with nt_graph_destroy), or NULL
+ *  with the error set -- the first error of the step, or why it cannot be
+ *  replayed (a host read, data from the host baked in, a collective...) --
+ *  and no capture in progress either way. */
+NT_API nt_graph *nt_graph_capture_end(void);
+/** Binds t to input `name` for the following replays: same dtype, shape,
+ *  strides and device as the captured input (its storage offset may
+ *  differ).  The graph keeps a reference until another bind or its
+ *  destruction.  NT_EINVAL (unknown name, NULL), NT_ESHAPE / NT_EDTYPE (a
+ *  mismatch, naming both). */
+NT_API int nt_graph_bind(nt_graph *g, const char *name, nt_tensor *t);
+/** Runs the program again, queued on the calling thread's current stream,
+ *  which must be the captured one.  Returns at once (like any op); errors
+ *  raised by its kernels poison their outputs and are reported by the next
+ *  sync.  Before queueing, it checks what the capture assumed: every tensor
+ *  the program reads that the user owns is still alive, every bound input
+ *  too, every parameter whose gradient the step accumulated has again no
+ *  gradient (or again one), the optimizer state exists -- a mismatch is an
+ *  error naming the tensor, with nothing queued.  It refreshes the
+ *  optimizers' learning rates, step counts and bias corrections and the
+ *  random seeds drawn from generators, as the same step run op by op would
+ *  have them.  Replays of one graph from several threads serialise.
+ *  Outputs (the tensors the step returned and the user kept) are rewritten
+ *  by every replay: read them after each. */
+NT_API int nt_graph_replay(nt_graph *g);
+/** What a graph holds. */
+typedef struct nt_graph_info {
+    int64_t ops;           /* ops recorded (a replay runs every one of them) */
+    int64_t kernels;       /* kernels a replay runs: fused groups and single ops */
+    int64_t fused_ops;     /* of the ops, those inside fused groups */
+    uint64_t plan_bytes;   /* the memory plan's block: its peak, known before any replay */
+    uint64_t naive_bytes;  /* the planned intermediates' sizes summed (no reuse) */
+    int64_t planned;       /* intermediates placed in the plan */
+    int64_t external;      /* storages the program shares with the user's program */
+    int64_t inputs;        /* named inputs */
+    int64_t patches;       /* scalars recomputed at each replay */
+    int64_t replays;       /* replays so far */
+} nt_graph_info;
+NT_API int nt_graph_info_get(nt_graph *g, nt_graph_info *out);
+/** Waits for the graph's queued replays, then frees it (and its plan's
+ *  memory).  NULL is ignored. */
+NT_API void nt_graph_destroy(nt_graph *g);
+
+/* ------------------------------------------------------------------------ */
 /* Call-site capture.  Each function X listed in include/ntensor/site.list  */
 /* (every op, sync point and step) also exists as X_at taking the caller's   */
 /* site first; in C, the macro X(...) calls X_at(NT_HERE, ...).  The X_at    */

@@ -22,6 +22,7 @@
 #include "dispatcher/dispatch.h"
 #include "dist/dist.h"
 #include "fusion/fusion.h"
+#include "fusion/graph.h"
 #include "sim/kernels/sk.h"
 #include "streams/stream.h"
 
@@ -34,6 +35,7 @@ static void register_modules(void)
         .ag_free = nt__ag_free,
         .custom_opinfo = nt__custom_opinfo,
         .custom_kernel_def = nt__custom_kernel_def,
+        .storage_dead = nt__graph_storage_dead,
     };
     nt__backends[NT_BACKEND_CPU] = &nt__cpu_backend;
     nt__backends[NT_BACKEND_SIM] = &nt__sim_backend;

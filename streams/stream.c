@@ -379,6 +379,7 @@ nt__rec *nt__rec_alloc(nt_stream *s)
     r->host_arg = NULL;
     r->stream = NULL;
     r->seq = 0;
+    r->span = 0;
     return r;
 }
 
@@ -411,15 +412,18 @@ static int cmp_u64(const void *a, const void *b)
 /* Under s->lock (the worker and, after a switch to deterministic mode,
  * threads running ops inline may complete seqs of one stream at once):
  * seq has run. */
-static void complete_seq(nt_stream *s, uint64_t seq)
+/* seq .. seq + span - 1 have run (span 0 counts as 1: a record's own). */
+static void complete_seqs(nt_stream *s, uint64_t seq, uint32_t span)
 {
     uint64_t done = AO_load(&s->done_upto);
+    uint64_t last = seq + (span ? span : 1) - 1;
     if (seq != done + 1) {
-        g_array_append_val(s->ooo, seq);
+        for (uint64_t q = seq; q <= last; q++)
+            g_array_append_val(s->ooo, q);
         g_array_sort(s->ooo, cmp_u64);
         return;
     }
-    done = seq;
+    done = last;
     guint k = 0;
     while (k < s->ooo->len && g_array_index(s->ooo, uint64_t, k) == done + 1)
         done++, k++;
@@ -477,7 +481,7 @@ static void release_batch(nt_stream *s, nt__rec **recs, guint k)
             nt__tensor_iunref_n(key[h], cnt[h]);
     g_mutex_lock(&s->lock);
     for (guint j = 0; j < k; j++)
-        complete_seq(s, recs[j]->seq);
+        complete_seqs(s, recs[j]->seq, recs[j]->span);
     g_mutex_unlock(&s->lock);
     for (guint j = 0; j < k; j++)
         rec_push(&s->free_recs, recs[j]); /* the host may reuse it at once */
@@ -536,10 +540,12 @@ void nt__wait_packed(uint64_t packed)
     NT__COUNT(sync_wait_ns, nt__now_ns() - t0);
 }
 
-uint64_t nt__stream_next_seq(nt_stream **sp)
+uint64_t nt__stream_next_seq(nt_stream **sp) { return nt__stream_next_seqs(sp, 1); }
+
+uint64_t nt__stream_next_seqs(nt_stream **sp, uint32_t n)
 {
     for (;;) {
-        AO_t q = AO_fetch_and_add1_full(&(*sp)->next_seq);
+        AO_t q = AO_fetch_and_add_full(&(*sp)->next_seq, (AO_t)n);
         if (!(q & NT__SEQ_SEALED))
             return q + 1;
         /* Sealed by nt_stream_destroy after this thread picked it: all of
@@ -616,7 +622,7 @@ void nt__stream_enqueue(nt_stream *s, nt__rec *r)
      * after it), so this load cannot pass the store that published r, and
      * the worker sets `sleeping` with a full barrier before it looks at
      * the queue again. */
-    if (AO_load(&s->sleeping) &&
+    if (AO_load(&s->sleeping) && !AO_load(&s->capture) &&
         (NT__CFG(mode) != NT_MODE_LAZY ||
          seq - AO_load(&s->done_upto) >= (uint64_t)NT__CFG(lazy_window))) {
         g_mutex_lock(&s->lock);
@@ -662,10 +668,13 @@ void nt__stream_run_inline(nt_stream *s, nt__rec *r)
     /* this thread runs s's kernels now: on s's device's core */
     int core = nt__tl_core;
     nt__tl_core = s->dev;
+    struct nt__capture *rec = nt__tl_recorder;
+    nt__tl_recorder = (struct nt__capture *)AO_load_acquire(&s->capture);
     nt__shooks.exec(r);
+    nt__tl_recorder = rec;
     nt__tl_core = core;
     g_mutex_lock(&s->lock);
-    complete_seq(s, r->seq);
+    complete_seqs(s, r->seq, r->span);
     g_cond_broadcast(&s->done_cond);
     g_mutex_unlock(&s->lock);
     nt__rec_release(r);
@@ -713,9 +722,11 @@ static guint runnable_prefix(nt_stream *s)
         return 0;
     if (AO_load(&s->stop))
         return n;
-    bool lazy = NT__CFG(mode) == NT_MODE_LAZY;
-    if (lazy && (n >= (guint)NT__CFG(lazy_window) || s->held_full)) {
-        s->end_reason = "lazy window full";
+    /* a stream being captured holds like lazy mode, with no window */
+    bool cap = AO_load_acquire(&s->capture) != 0;
+    bool lazy = NT__CFG(mode) == NT_MODE_LAZY || cap;
+    if (lazy && ((!cap && n >= (guint)NT__CFG(lazy_window)) || s->held_full)) {
+        s->end_reason = s->held_full ? "the host has no memory to hold more" : "lazy window full";
         return n;
     }
     uint64_t f = AO_load_acquire(&s->flush_upto);
@@ -757,9 +768,11 @@ static void held_consumed(nt_stream *s, guint k)
 /* Lazy mode: is there a reason to run held work? */
 static bool lazy_should_run(nt_stream *s)
 {
+    uint64_t done = AO_load_acquire(&s->done_upto);
+    if (AO_load_acquire(&s->capture))
+        return AO_load(&s->flush_upto) > done;
     if (NT__CFG(mode) != NT_MODE_LAZY)
         return true; /* nt_config_set left lazy mode: stop holding */
-    uint64_t done = AO_load_acquire(&s->done_upto);
     return nt__stream_last_seq(s) - done >= (uint64_t)NT__CFG(lazy_window) ||
            AO_load(&s->flush_upto) > done;
 }
@@ -769,8 +782,13 @@ static guint in_order_prefix(nt_stream *s, guint k)
 {
     uint64_t next = AO_load_acquire(&s->done_upto) + 1;
     guint c = 0;
-    while (c < k && ((nt__rec *)s->held->pdata[c])->seq == next + c)
+    while (c < k) {
+        const nt__rec *r = s->held->pdata[c];
+        if (r->seq != next)
+            break;
+        next += r->span ? r->span : 1;
         c++;
+    }
     return c;
 }
 
@@ -893,7 +911,12 @@ static gpointer worker_main(gpointer arg)
             nt__batch_end_reason = s->end_reason;
             nt__batch_mm = s->batch_mm;
             nt__batch_nmm = nmm;
+            /* set while the host is between capture begin and end, which
+             * both drain the stream: every record of the batch is the
+             * capture's */
+            nt__tl_recorder = (struct nt__capture *)AO_load_acquire(&s->capture);
             run_batch(recs, (int)k);
+            nt__tl_recorder = NULL;
             nt__batch_nmm = -1;
             release_batch(s, recs, k);
             held_consumed(s, k);
@@ -904,7 +927,7 @@ static gpointer worker_main(gpointer arg)
         if (AO_load(&s->stop) && !s->held->len &&
             cds_wfcq_empty(&s->head, &s->tail))
             break;
-        if (NT__CFG(mode) == NT_MODE_LAZY) {
+        if (NT__CFG(mode) == NT_MODE_LAZY || AO_load_acquire(&s->capture)) {
             /* Holding: sleep until the window fills, a sync asks for a held
              * op, or the stream stops.  No spinning: producers ring only
              * when the window is full. */
@@ -1127,6 +1150,10 @@ NT_API int nt_stream_synchronize(nt_stream *s)
 {
     if (!stream_ok(s, "nt_stream_synchronize"))
         return nt_last_error();
+    if (AO_load_acquire(&s->capture))
+        return nt__err(NULL, NT_ESTATE, "nt_stream_synchronize",
+                       "stream '%s' is being captured (nt_graph_capture_begin): its ops run "
+                       "at nt_graph_capture_end", s->name);
     NT__COUNT(syncs, 1);
     nt__stream_drain(s);
     return report(nt__stream_take_error(s));

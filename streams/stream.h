@@ -47,6 +47,11 @@ struct nt_stream {
     uint8_t dev;              /* the device it runs on (its worker's core) */
     GThread *worker;
     volatile AO_t closing;    /* nt_stream_destroy has begun: pick no more */
+    /* The program capture recording this stream (struct nt__capture *,
+     * fusion/graph.c), 0: none.  While set the worker holds what it takes,
+     * like lazy mode without a window, until a sync asks: a captured step
+     * is planned whole. */
+    volatile AO_t capture;
     volatile AO_t sealed_seq; /* the last seq, once next_seq is sealed */
     /* producers: every enqueue */
     _Alignas(64) struct cds_wfcq_tail tail;
@@ -100,6 +105,9 @@ void nt__rec_unalloc(nt__rec *r);
 /* Draws the next seq on *s; if *s was sealed by nt_stream_destroy meanwhile,
  * on the default stream instead, and *s becomes the default stream. */
 uint64_t nt__stream_next_seq(nt_stream **s);
+/* The same for n consecutive seqs (a replayed program's record holds them
+ * all: nt__rec.span); returns the first. */
+uint64_t nt__stream_next_seqs(nt_stream **s, uint32_t n);
 /* After nt__stream_next_seq moved r to s: drops r's waits on s itself (the
  * worker must never wait for its own stream). */
 void nt__rec_drop_deps_on(nt__rec *r, const nt_stream *s);

@@ -173,6 +173,11 @@ NT_API nt_tensor *nt_ddp_shard_from_host_at(const nt_site *site, nt_ddp *d, int 
 NT_API int nt_ddp_backward_at(const nt_site *site, nt_ddp *d, int shard, nt_tensor *loss);
 NT_API int nt_ddp_reduce_at(const nt_site *site, nt_ddp *d);
 NT_API int nt_ddp_step_at(const nt_site *site, nt_ddp *d, nt_optim *const *opts, int nopts);
+NT_API int nt_graph_capture_begin_at(const nt_site *site);
+NT_API int nt_graph_input_at(const nt_site *site, nt_tensor *t, const char *name);
+NT_API nt_graph *nt_graph_capture_end_at(const nt_site *site);
+NT_API int nt_graph_bind_at(const nt_site *site, nt_graph *g, const char *name, nt_tensor *t);
+NT_API int nt_graph_replay_at(const nt_site *site, nt_graph *g);
 
 /* NT_SITE_FUNCS(X) calls X(ret, name, (params), (site, params), nparams)
  * for every function above, e.g. to wrap them all; tests/test_api.c
@@ -298,7 +303,12 @@ NT_API int nt_ddp_step_at(const nt_site *site, nt_ddp *d, nt_optim *const *opts,
     X(nt_tensor *, nt_ddp_shard_from_host, (nt_ddp *d, int shard, const void *src, nt_dtype dt, int ndim, const int64_t *shape), (const nt_site *site, nt_ddp *d, int shard, const void *src, nt_dtype dt, int ndim, const int64_t *shape), 6) \
     X(int, nt_ddp_backward, (nt_ddp *d, int shard, nt_tensor *loss), (const nt_site *site, nt_ddp *d, int shard, nt_tensor *loss), 3) \
     X(int, nt_ddp_reduce, (nt_ddp *d), (const nt_site *site, nt_ddp *d), 1) \
-    X(int, nt_ddp_step, (nt_ddp *d, nt_optim *const *opts, int nopts), (const nt_site *site, nt_ddp *d, nt_optim *const *opts, int nopts), 3)
+    X(int, nt_ddp_step, (nt_ddp *d, nt_optim *const *opts, int nopts), (const nt_site *site, nt_ddp *d, nt_optim *const *opts, int nopts), 3) \
+    X(int, nt_graph_capture_begin, (void), (const nt_site *site), 0) \
+    X(int, nt_graph_input, (nt_tensor *t, const char *name), (const nt_site *site, nt_tensor *t, const char *name), 2) \
+    X(nt_graph *, nt_graph_capture_end, (void), (const nt_site *site), 0) \
+    X(int, nt_graph_bind, (nt_graph *g, const char *name, nt_tensor *t), (const nt_site *site, nt_graph *g, const char *name, nt_tensor *t), 3) \
+    X(int, nt_graph_replay, (nt_graph *g), (const nt_site *site, nt_graph *g), 1)
 
 #if !defined(__cplusplus) && !defined(NT_NO_SITE_MACROS) && !defined(NT_BUILDING_LIBRARY)
 #define nt_from_host(...) nt_from_host_at(NT_HERE, __VA_ARGS__)
@@ -422,6 +432,11 @@ NT_API int nt_ddp_step_at(const nt_site *site, nt_ddp *d, nt_optim *const *opts,
 #define nt_ddp_backward(...) nt_ddp_backward_at(NT_HERE, __VA_ARGS__)
 #define nt_ddp_reduce(...) nt_ddp_reduce_at(NT_HERE, __VA_ARGS__)
 #define nt_ddp_step(...) nt_ddp_step_at(NT_HERE, __VA_ARGS__)
+#define nt_graph_capture_begin() nt_graph_capture_begin_at(NT_HERE)
+#define nt_graph_input(...) nt_graph_input_at(NT_HERE, __VA_ARGS__)
+#define nt_graph_capture_end() nt_graph_capture_end_at(NT_HERE)
+#define nt_graph_bind(...) nt_graph_bind_at(NT_HERE, __VA_ARGS__)
+#define nt_graph_replay(...) nt_graph_replay_at(NT_HERE, __VA_ARGS__)
 #endif
 
 #endif /* NTENSOR_SITE_H */

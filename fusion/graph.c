@@ -1,0 +1,1514 @@
+/* fusion/graph.c - captured programs: the recording, its compilation (the
+ * static memory plan) and the replay (fusion/graph.h says how they fit;
+ * docs/graphs.md what a user may rely on).
+ *
+ * The recording names tensors by what they are, not by pointer: a storage
+ * by its id (a storage freed during the capture may have its header reused
+ * by another), a view by its handle's id.  External storages (made before
+ * the capture, or kept by someone after it) are referenced from the moment
+ * the recording first sees them; the capture's own intermediates are not,
+ * so the capture run frees them as an eager step would, and the runtime
+ * tells the capture when one dies (nt__graph_storage_dead).  At the end,
+ * an intermediate that died is planned: given an offset in the plan's
+ * block, shared with every other whose lifetime (first to last step that
+ * touches it) does not overlap. */
+#include "fusion/graph.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/hooks.h"
+#include "debug/debug.h"
+#include "fusion/fusion.h"
+#include "streams/stream.h"
+
+#define GRAPH_MAGIC 0x47524150u /* "GRAP" */
+#define CAP_SLOTS 256           /* st->cap is a uint8_t; 0 = none */
+#define NAME_MAX_LEN 63
+#define PLAN_ALIGN 256          /* every planned buffer starts on this */
+
+/* ---------------- the recording ---------------- */
+
+typedef struct gstore {
+    uint64_t id;
+    nt__storage *st;     /* the capture's: referenced when external (held) */
+    size_t nbytes;
+    uint8_t dev;
+    bool fresh;          /* made by a recorded op (a fresh output) */
+    bool madehere;       /* made while capturing (st->cap), by whatever */
+    bool held;           /* the recording holds a reference on st */
+    bool written;        /* some step writes it */
+    bool read_first;     /* some step reads it before any step writes it */
+    bool dead;           /* freed before the capture ended */
+    bool planned;
+    int first, last;     /* steps touching it */
+    int64_t off;         /* planned: offset in the block */
+    int input;           /* index into inputs, or -1 */
+    nt__storage *nst;    /* the replay's storage */
+    nt_site site;        /* where a handle on it was made */
+    uint64_t tid;        /* that handle's id, for messages */
+} gstore;
+
+typedef struct gten {
+    uint64_t hid;        /* the capture's handle id */
+    int s;               /* its gstore */
+    uint8_t dtype;
+    int8_t ndim;
+    int64_t offset;
+    int64_t shape[NT_MAX_DIMS], stride[NT_MAX_DIMS];
+    nt_site site;
+    nt_tensor *h;        /* the replay's handle (internal reference) */
+} gten;
+
+enum { STEP_REC = 0, STEP_GROUP = 1 };
+
+typedef struct gstep {
+    uint8_t kind;
+    int rec0, nrecs;     /* into recs */
+    int t0, nin, nout;   /* into tix: nin operand slots then nout results */
+    nt__fprog *prog;     /* STEP_GROUP: the graph's own copy */
+    nt__fgroup grp;      /* STEP_GROUP: bound at compile */
+} gstep;
+
+typedef struct gpatch {
+    uint64_t seq;        /* the record's seq at capture */
+    int opid;            /* the op it waits for (pending) */
+    int rec;             /* its copy (compile) */
+    int step, op;        /* the group step and op holding the same scalar, or -1 */
+    nt__patch_fn fn;
+    void *ctx;
+    int role, field;
+} gpatch;
+
+typedef struct ghook {
+    void (*fn)(void *ctx);
+    void *ctx;
+} ghook;
+
+typedef struct gleaf {
+    nt_tensor *leaf;     /* held (internal reference) */
+    bool had_grad;
+    bool (*has_grad)(const nt_tensor *);
+} gleaf;
+
+typedef struct ginput {
+    char name[NAME_MAX_LEN + 1];
+    uint64_t sid;        /* the captured storage's id */
+    nt_tensor *t;        /* the capture's tensor, then the bound one (a user reference) */
+    int s;               /* gstore */
+} ginput;
+
+/* An open-addressing map from 64-bit ids to small indices. */
+typedef struct idmap {
+    uint64_t *key;
+    int *val;
+    size_t cap, n;
+} idmap;
+
+struct nt__capture {
+    int slot;                /* in caps[] and st->cap */
+    nt_stream *stream;
+    GThread *owner;
+    nt_site site;            /* nt_graph_capture_begin's */
+    uint64_t seq0;           /* the first seq the capture drew */
+    int paused;              /* nt__capture_pause depth */
+    /* pending for the next record of this thread */
+    bool patch_pending;
+    gpatch pend;
+    /* what the worker records */
+    gstep *steps;
+    int nsteps, capsteps;
+    nt__rec *recs;
+    int nrecs, caprecs;
+    int *tix;
+    int ntix, captix;
+    gten *tens;
+    int ntens, captens;
+    gstore *stores;
+    int nstores, capstores;
+    idmap tmap, smap;
+    /* what the host records */
+    gpatch *patches;
+    int npatches, cappatches;
+    ghook *hooks;
+    int nhooks, caphooks;
+    gleaf *leaves;
+    int nleaves, capleaves;
+    ginput *inputs;
+    int ninputs, capinputs;
+    /* the first reason the capture cannot become a program (host memory, a
+     * refused call, an unsupported record): reported by capture_end */
+    int err;
+    char msg[512];
+    /* storages made here that died (any thread, under lock) */
+    GMutex lock;
+    uint64_t *dead;
+    size_t ndead, capdead;
+};
+
+struct nt_graph {
+    uint32_t magic;
+    uint32_t epoch;          /* nt_init's, when it was made */
+    nt_stream *stream;
+    uint32_t sid;
+    int dev;
+    GMutex lock;             /* replays serialise */
+    uint64_t seq0, nseq;     /* the capture's seqs: a replay draws nseq */
+    gstep *steps;
+    int nsteps;
+    nt__rec *recs;
+    int nrecs;
+    int *tix;
+    gten *tens;
+    int ntens;
+    gstore *stores;
+    int nstores;
+    gpatch *patches;
+    int npatches;
+    ghook *hooks;
+    int nhooks;
+    gleaf *leaves;
+    int nleaves;
+    ginput *inputs;
+    int ninputs;
+    nt_tensor *block;        /* the plan's memory (a tensor of u8) */
+    nt_graph_info info;
+    volatile AO_t replays;
+};
+
+typedef struct greplay {
+    nt_graph *g;
+    uint64_t seq0;
+    uint64_t *pv;            /* a value per patch */
+    nt__storage **bst;       /* per input: the bound storage (referenced) */
+    int64_t *boff;           /* and the bound tensor's offset */
+} greplay;
+
+static nt__capture *caps[CAP_SLOTS];
+static GMutex caps_lock;
+_Thread_local nt__capture *nt__tl_capture NT_TLS_HOT;
+#define tl_cap nt__tl_capture
+static volatile AO_t graph_epoch = 1;
+
+/* ---------------- small containers ---------------- */
+
+static bool grow(void **p, int *cap, int need, size_t elem)
+{
+    if (need <= *cap)
+        return true;
+    int n = *cap ? *cap * 2 : 64;
+    while (n < need)
+        n *= 2;
+    void *q = realloc(*p, (size_t)n * elem);
+    if (!q)
+        return false;
+    *p = q;
+    *cap = n;
+    return true;
+}
+
+static size_t id_hash(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    return (size_t)k;
+}
+
+static bool idmap_grow(idmap *m)
+{
+    size_t ncap = m->cap ? m->cap * 2 : 256;
+    uint64_t *k = calloc(ncap, sizeof *k);
+    int *v = malloc(ncap * sizeof *v);
+    if (!k || !v) {
+        free(k);
+        free(v);
+        return false;
+    }
+    for (size_t i = 0; i < m->cap; i++)
+        if (m->key[i]) {
+            size_t j = id_hash(m->key[i]) & (ncap - 1);
+            while (k[j])
+                j = (j + 1) & (ncap - 1);
+            k[j] = m->key[i];
+            v[j] = m->val[i];
+        }
+    free(m->key);
+    free(m->val);
+    m->key = k;
+    m->val = v;
+    m->cap = ncap;
+    return true;
+}
+
+/* The index of id (ids are never 0), or -1. */
+static int idmap_get(const idmap *m, uint64_t id)
+{
+    if (!m->cap)
+        return -1;
+    size_t j = id_hash(id) & (m->cap - 1);
+    while (m->key[j]) {
+        if (m->key[j] == id)
+            return m->val[j];
+        j = (j + 1) & (m->cap - 1);
+    }
+    return -1;
+}
+
+static bool idmap_put(idmap *m, uint64_t id, int v)
+{
+    if ((m->n + 1) * 2 > m->cap && !idmap_grow(m))
+        return false;
+    size_t j = id_hash(id) & (m->cap - 1);
+    while (m->key[j] && m->key[j] != id)
+        j = (j + 1) & (m->cap - 1);
+    if (!m->key[j])
+        m->n++;
+    m->key[j] = id;
+    m->val[j] = v;
+    return true;
+}
+
+static void idmap_free(idmap *m)
+{
+    free(m->key);
+    free(m->val);
+    memset(m, 0, sizeof *m);
+}
+
+/* The capture cannot become a program: keeps the first reason. */
+static void cap_fail(nt__capture *c, int code, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
+static void cap_fail(nt__capture *c, int code, const char *fmt, ...)
+{
+    if (c->err)
+        return;
+    c->err = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->msg, sizeof c->msg, fmt, ap);
+    va_end(ap);
+}
+
+/* ---------------- recording (the thread running the kernels) ---------------- */
+
+/* The gstore of t's storage, made on first sight.  fresh: t is the fresh
+ * output of the step being recorded. */
+static int store_of(nt__capture *c, nt_tensor *t, bool fresh)
+{
+    nt__storage *st = t->st;
+    int i = idmap_get(&c->smap, st->id);
+    if (i >= 0)
+        return i;
+    if (!grow((void **)&c->stores, &c->capstores, c->nstores + 1, sizeof *c->stores) ||
+        !idmap_put(&c->smap, st->id, c->nstores)) {
+        cap_fail(c, NT_EHOSTMEM, "out of host memory for the recording");
+        return -1;
+    }
+    gstore *g = &c->stores[c->nstores];
+    memset(g, 0, sizeof *g);
+    g->id = st->id;
+    g->st = st;
+    g->nbytes = st->nbytes;
+    g->dev = st->dev;
+    g->fresh = fresh;
+    g->madehere = st->cap == (uint8_t)c->slot;
+    g->first = c->nsteps;
+    g->input = -1;
+    g->site = t->site;
+    g->tid = t->id;
+    if (!fresh) {
+        /* made before the capture, or outside the program: it outlives
+         * the capture run, so the recording keeps it alive */
+        nt__storage_ref(st);
+        g->held = true;
+    }
+    return c->nstores++;
+}
+
+/* Records operand t of the step being recorded; returns its gten, or -1
+ * (NULL operand, or host memory: the capture failed). */
+static int ten_of(nt__capture *c, nt_tensor *t, bool write, bool fresh)
+{
+    if (!t)
+        return -1;
+    int s = store_of(c, t, fresh);
+    if (s < 0)
+        return -1;
+    gstore *g = &c->stores[s];
+    if (write)
+        g->written = true;
+    else if (!g->written)
+        g->read_first = true;
+    g->last = c->nsteps;
+    int i = idmap_get(&c->tmap, t->id);
+    if (i >= 0)
+        return i;
+    if (!grow((void **)&c->tens, &c->captens, c->ntens + 1, sizeof *c->tens) ||
+        !idmap_put(&c->tmap, t->id, c->ntens)) {
+        cap_fail(c, NT_EHOSTMEM, "out of host memory for the recording");
+        return -1;
+    }
+    gten *e = &c->tens[c->ntens];
+    memset(e, 0, sizeof *e);
+    e->hid = t->id;
+    e->s = s;
+    e->dtype = t->dtype;
+    e->ndim = t->ndim;
+    e->offset = t->offset;
+    for (int d = 0; d < t->ndim; d++) {
+        e->shape[d] = t->shape[d];
+        e->stride[d] = t->stride[d];
+    }
+    e->site = t->site;
+    return c->ntens++;
+}
+
+/* A new step with room for n operand slots; NULL on host memory. */
+static gstep *step_new(nt__capture *c, int kind, int n)
+{
+    if (!grow((void **)&c->steps, &c->capsteps, c->nsteps + 1, sizeof *c->steps) ||
+        !grow((void **)&c->tix, &c->captix, c->ntix + n, sizeof *c->tix)) {
+        cap_fail(c, NT_EHOSTMEM, "out of host memory for the recording");
+        return NULL;
+    }
+    gstep *s = &c->steps[c->nsteps];
+    memset(s, 0, sizeof *s);
+    s->kind = (uint8_t)kind;
+    s->t0 = c->ntix;
+    c->ntix += n;
+    return s;
+}
+
+/* A copy of r for the graph: no tensors (they are bound at compile), no
+ * queue links. */
+static int rec_copy(nt__capture *c, const nt__rec *r)
+{
+    if (!grow((void **)&c->recs, &c->caprecs, c->nrecs + 1, sizeof *c->recs)) {
+        cap_fail(c, NT_EHOSTMEM, "out of host memory for the recording");
+        return -1;
+    }
+    nt__rec *q = &c->recs[c->nrecs];
+    *q = *r;
+    memset(q->in, 0, sizeof q->in);
+    memset(q->out, 0, sizeof q->out);
+    memset(&q->node, 0, sizeof q->node);
+    q->ndeps = 0;
+    q->span = 0;
+    q->pool_next = NULL;
+    return c->nrecs++;
+}
+
+void nt__capture_rec(nt__capture *c, const nt__rec *r)
+{
+    if (c->err)
+        return;
+    if (r->type == NT_REC_WAIT) {
+        cap_fail(c, NT_ESTATE, "a stream wait for an event (nt_stream_wait_event) cannot be "
+                               "captured: the program would wait for another stream's work");
+        return;
+    }
+    if (r->type != NT_REC_OP) {
+        char where[256];
+        nt__site_format(&r->site, where, sizeof where);
+        cap_fail(c, NT_ESTATE, "%s at %s cannot be captured: collectives run outside a "
+                 "captured program", r->fn ? r->fn : "a collective", where);
+        return;
+    }
+    int nin = r->nin, nout = r->nout;
+    gstep *s = step_new(c, STEP_REC, nin + nout);
+    if (!s)
+        return;
+    s->nin = nin;
+    s->nout = nout;
+    bool fresh = !(r->flags & NT_RECF_INPLACE);
+    for (int i = 0; i < nin; i++)
+        c->tix[s->t0 + i] = ten_of(c, r->in[i], false, false);
+    for (int i = 0; i < nout; i++)
+        c->tix[s->t0 + nin + i] = ten_of(c, r->out[i], true, fresh);
+    for (int i = 0; i < nout; i++)
+        if (r->out[i] && AO_load_acquire(&r->out[i]->st->poison)) {
+            char where[256];
+            nt__site_format(&r->site, where, sizeof where);
+            cap_fail(c, NT_ESTATE, "%s at %s failed in the captured step (its error is "
+                     "reported by the next sync on its result)", nt__op_api(r->op), where);
+        }
+    s->rec0 = rec_copy(c, r);
+    s->nrecs = 1;
+    if (s->rec0 >= 0)
+        c->nsteps++;
+}
+
+void nt__capture_group(nt__capture *c, const nt__fgroup *g)
+{
+    if (c->err)
+        return;
+    const nt__fprog *p = g->prog;
+    gstep *s = step_new(c, STEP_GROUP, p->next + p->nout);
+    if (!s)
+        return;
+    s->nin = p->next;
+    s->nout = p->nout;
+    s->grp.backend = g->backend;
+    s->prog = malloc(sizeof *s->prog);
+    if (!s->prog) {
+        cap_fail(c, NT_EHOSTMEM, "out of host memory for the recording");
+        return;
+    }
+    *s->prog = *p;
+    s->prog->key = NULL; /* the cache's; a replay never looks it up */
+    s->prog->keylen = 0;
+    s->prog->refs = 1;
+    s->prog->runs = 0;
+    s->prog->lru_prev = s->prog->lru_next = s->prog->hnext = NULL;
+    for (int k = 0; k < p->next; k++)
+        c->tix[s->t0 + k] = ten_of(c, g->ext[k], false, false);
+    for (int o = 0; o < p->nout; o++) {
+        /* fresh unless the op that defines the stored value wrote in place */
+        int v = p->out_val[o];
+        bool fresh = true;
+        for (int k = 0; k < p->nops && k < g->nrecs; k++)
+            if (p->ops[k].out == v)
+                fresh = !(g->recs[k]->flags & NT_RECF_INPLACE);
+        c->tix[s->t0 + p->next + o] = ten_of(c, g->out[o], true, fresh);
+    }
+    s->rec0 = c->nrecs;
+    for (int k = 0; k < g->nrecs; k++)
+        if (rec_copy(c, g->recs[k]) < 0)
+            return;
+    s->nrecs = g->nrecs;
+    c->nsteps++;
+}
+
+/* ---------------- the host side of a capture ---------------- */
+
+int nt__capture_check_stream(const nt_site *site, const char *fn, const nt__stream *s)
+{
+    nt__capture *c = tl_cap;
+    if (c && c->stream != s)
+        return nt__err(site, NT_ESTATE, fn,
+                       "the thread is capturing a program on stream '%s'; an op on stream "
+                       "'%s' cannot be part of it",
+                       c->stream->name, s->name);
+    if (!c && AO_load_acquire(&s->capture))
+        return nt__err(site, NT_ESTATE, fn,
+                       "stream '%s' is being captured by another thread (nt_graph_capture_begin)",
+                       s->name);
+    return 0;
+}
+
+void nt__capture_note(nt__rec *r)
+{
+    nt__capture *c = tl_cap;
+    if (!c)
+        return;
+    if (c->paused) {
+        r->flags |= NT_RECF_NOCAPTURE;
+        c->patch_pending = false;
+        return;
+    }
+    if (c->patch_pending && r->type == NT_REC_OP && r->op == c->pend.opid) {
+        c->patch_pending = false;
+        if (!grow((void **)&c->patches, &c->cappatches, c->npatches + 1, sizeof *c->patches)) {
+            cap_fail(c, NT_EHOSTMEM, "out of host memory for the capture's patches");
+            return;
+        }
+        gpatch *p = &c->patches[c->npatches++];
+        *p = c->pend;
+        p->seq = r->seq;
+    }
+}
+
+int nt__capture_refuse(const nt_site *site, const char *fn)
+{
+    nt__capture *c = tl_cap;
+    if (!c)
+        return 0;
+    char where[256];
+    nt__site_format(&c->site, where, sizeof where);
+    int rc = nt__err(site, NT_ESTATE, fn,
+                     "cannot read the device while capturing a program (nt_graph_capture_begin "
+                     "at %s): a replay would not stop here; read after nt_graph_capture_end",
+                     where);
+    cap_fail(c, NT_ESTATE, "%s", nt_last_error_message());
+    return rc;
+}
+
+void nt__capture_pause(void)
+{
+    nt__capture *c = tl_cap;
+    if (c && c->paused++ == 0)
+        nt__tl_cap = 0; /* what it makes now is not the program's */
+}
+
+void nt__capture_resume(void)
+{
+    nt__capture *c = tl_cap;
+    if (c && c->paused > 0 && --c->paused == 0)
+        nt__tl_cap = (uint8_t)c->slot;
+}
+
+void nt__capture_patch_next(nt__patch_fn fn, void *ctx, int role, int field, int op)
+{
+    nt__capture *c = tl_cap;
+    if (!c || c->paused)
+        return;
+    c->patch_pending = true;
+    c->pend = (gpatch){.fn = fn, .ctx = ctx, .role = role, .field = field, .rec = -1,
+                       .step = -1, .op = -1, .opid = op};
+}
+
+void nt__capture_fail(int code, const char *fmt, ...)
+{
+    nt__capture *c = tl_cap;
+    if (!c || c->err)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    char m[512];
+    vsnprintf(m, sizeof m, fmt, ap);
+    va_end(ap);
+    cap_fail(c, code, "%s", m);
+}
+
+void nt__capture_on_replay(void (*fn)(void *ctx), void *ctx)
+{
+    nt__capture *c = tl_cap;
+    if (!c || c->paused)
+        return;
+    for (int i = 0; i < c->nhooks; i++)
+        if (c->hooks[i].fn == fn && c->hooks[i].ctx == ctx)
+            return;
+    if (!grow((void **)&c->hooks, &c->caphooks, c->nhooks + 1, sizeof *c->hooks)) {
+        cap_fail(c, NT_EHOSTMEM, "out of host memory for the capture's hooks");
+        return;
+    }
+    c->hooks[c->nhooks++] = (ghook){fn, ctx};
+}
+
+void nt__capture_note_leaf(nt_tensor *leaf, bool had_grad, bool (*has_grad)(const nt_tensor *))
+{
+    nt__capture *c = tl_cap;
+    if (!c || c->paused)
+        return;
+    for (int i = 0; i < c->nleaves; i++)
+        if (c->leaves[i].leaf == leaf)
+            return;
+    if (!grow((void **)&c->leaves, &c->capleaves, c->nleaves + 1, sizeof *c->leaves)) {
+        cap_fail(c, NT_EHOSTMEM, "out of host memory for the capture's leaves");
+        return;
+    }
+    nt__tensor_iref(leaf);
+    c->leaves[c->nleaves++] = (gleaf){leaf, had_grad, has_grad};
+}
+
+void nt__graph_storage_dead(const nt__storage *st)
+{
+    g_mutex_lock(&caps_lock);
+    nt__capture *c = caps[st->cap];
+    if (c) {
+        g_mutex_lock(&c->lock);
+        if (c->ndead == c->capdead) {
+            size_t n = c->capdead ? c->capdead * 2 : 1024;
+            uint64_t *d = realloc(c->dead, n * sizeof *d);
+            if (d) {
+                c->dead = d;
+                c->capdead = n;
+            }
+        }
+        if (c->ndead < c->capdead)
+            c->dead[c->ndead++] = st->id;
+        else
+            cap_fail(c, NT_EHOSTMEM, "out of host memory for the capture's list of freed "
+                                     "intermediates");
+        g_mutex_unlock(&c->lock);
+    }
+    g_mutex_unlock(&caps_lock);
+}
+
+static void capture_free(nt__capture *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < c->nstores; i++)
+        if (c->stores[i].held)
+            nt__storage_unref(c->stores[i].st);
+    for (int i = 0; i < c->nsteps; i++)
+        free(c->steps[i].prog);
+    for (int i = 0; i < c->nleaves; i++)
+        nt__tensor_iunref(c->leaves[i].leaf);
+    for (int i = 0; i < c->ninputs; i++)
+        nt_release(c->inputs[i].t);
+    free(c->steps);
+    free(c->recs);
+    free(c->tix);
+    free(c->tens);
+    free(c->stores);
+    free(c->patches);
+    free(c->hooks);
+    free(c->leaves);
+    free(c->inputs);
+    free(c->dead);
+    idmap_free(&c->tmap);
+    idmap_free(&c->smap);
+    g_mutex_clear(&c->lock);
+    free(c);
+}
+
+static bool graph_ok(const nt_site *site, const char *fn, nt_graph *g)
+{
+    if (!g)
+        return nt__err(site, NT_EINVAL, fn, "argument 'g' is NULL"), false;
+    if (g->magic != GRAPH_MAGIC)
+        return nt__err(site, NT_EINVAL, fn, "argument 'g' is not a live graph"), false;
+    if (g->epoch != (uint32_t)AO_load(&graph_epoch))
+        return nt__err(site, NT_ESTATE, fn, "argument 'g' was made before the last nt_shutdown"),
+               false;
+    return true;
+}
+
+NT_API int nt_graph_capture_begin_at(const nt_site *site)
+{
+    const char *fn = "nt_graph_capture_begin";
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (tl_cap) {
+        char where[256];
+        nt__site_format(&tl_cap->site, where, sizeof where);
+        return nt__err(site, NT_ESTATE, fn,
+                       "the thread is capturing a program already (since %s); captures do "
+                       "not nest",
+                       where);
+    }
+    nt_stream *s = nt__stream_current();
+    if (AO_load_acquire(&s->capture))
+        return nt__err(site, NT_ESTATE, fn, "stream '%s' is being captured by another thread",
+                       s->name);
+    nt__capture *c = calloc(1, sizeof *c);
+    if (!c)
+        return nt__err_hostmem(site, fn, "a capture");
+    g_mutex_init(&c->lock);
+    g_mutex_lock(&caps_lock);
+    for (int i = 1; i < CAP_SLOTS && !c->slot; i++)
+        if (!caps[i]) {
+            caps[i] = c;
+            c->slot = i;
+        }
+    g_mutex_unlock(&caps_lock);
+    if (!c->slot) {
+        capture_free(c);
+        return nt__err(site, NT_ESTATE, fn, "%d captures are in progress already", CAP_SLOTS - 1);
+    }
+    /* Everything queued before is not the program's: run it first. */
+    nt__stream_drain(s);
+    c->stream = s;
+    c->owner = g_thread_self();
+    c->site = site ? *site : (nt_site){0};
+    c->seq0 = nt__stream_last_seq(s) + 1;
+    AO_store_release(&s->capture, (AO_t)c);
+    tl_cap = c;
+    nt__tl_cap = (uint8_t)c->slot;
+    return 0;
+}
+NT_API int nt_graph_capture_begin(void) { return nt_graph_capture_begin_at(NT_RA_SITE); }
+
+NT_API int nt_graph_input_at(const nt_site *site, nt_tensor *t, const char *name)
+{
+    const char *fn = "nt_graph_input";
+    if (!nt__ensure_init() || !nt__check_arg(site, fn, "t", t))
+        return nt_last_error();
+    nt__capture *c = tl_cap;
+    if (!c)
+        return nt__err(site, NT_ESTATE, fn, "the thread is not capturing a program "
+                                           "(nt_graph_capture_begin)");
+    size_t len = name ? strlen(name) : 0;
+    if (!name || len == 0 || len > NAME_MAX_LEN)
+        return nt__err(site, NT_EINVAL, fn, "argument 'name' is %s; expected 1 to %d characters",
+                       name ? "too long or empty" : "NULL", NAME_MAX_LEN);
+    for (int i = 0; i < c->ninputs; i++) {
+        if (!strcmp(c->inputs[i].name, name))
+            return nt__err(site, NT_EINVAL, fn, "argument 'name' (\"%s\") names an input already",
+                           name);
+        if (c->inputs[i].sid == t->st->id)
+            return nt__err(site, NT_EINVAL, fn, "argument 't' is (a view of) input \"%s\" already",
+                           c->inputs[i].name);
+    }
+    if (!grow((void **)&c->inputs, &c->capinputs, c->ninputs + 1, sizeof *c->inputs))
+        return nt__err_hostmem(site, fn, "an input");
+    ginput *in = &c->inputs[c->ninputs++];
+    memset(in, 0, sizeof *in);
+    memcpy(in->name, name, len + 1);
+    in->sid = t->st->id;
+    in->t = nt_retain(t);
+    in->s = -1;
+    return 0;
+}
+NT_API int nt_graph_input(nt_tensor *t, const char *name)
+{
+    return nt_graph_input_at(NT_RA_SITE, t, name);
+}
+
+/* ---------------- compiling the recording ---------------- */
+
+static int cmp_size_desc(const void *a, const void *b, void *ctx)
+{
+    const gstore *s = ctx;
+    int x = *(const int *)a, y = *(const int *)b;
+    if (s[x].nbytes != s[y].nbytes)
+        return s[x].nbytes < s[y].nbytes ? 1 : -1;
+    return x - y; /* the same plan every time */
+}
+
+static int cmp_off(const void *a, const void *b, void *ctx)
+{
+    const gstore *s = ctx;
+    int64_t x = s[*(const int *)a].off, y = s[*(const int *)b].off;
+    return x < y ? -1 : x > y;
+}
+
+static size_t align_up(size_t n) { return (n + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1); }
+
+/* Offsets for the planned storages: biggest first, each at the lowest
+ * offset where it overlaps no placed storage whose lifetime overlaps its
+ * own (first-fit over the placed ones sorted by offset).  Returns the
+ * block's size, or SIZE_MAX on host memory. */
+static size_t plan(gstore *st, int n, size_t *naive, int64_t *count)
+{
+    int *order = malloc((size_t)(n ? n : 1) * sizeof *order);
+    int *placed = malloc((size_t)(n ? n : 1) * sizeof *placed);
+    if (!order || !placed) {
+        free(order);
+        free(placed);
+        return SIZE_MAX;
+    }
+    int m = 0;
+    *naive = 0;
+    for (int i = 0; i < n; i++)
+        if (st[i].planned) {
+            order[m++] = i;
+            *naive += align_up(st[i].nbytes);
+        }
+    *count = m;
+    g_qsort_with_data(order, m, sizeof *order, cmp_size_desc, st);
+    size_t top = 0;
+    int np = 0;
+    for (int k = 0; k < m; k++) {
+        gstore *a = &st[order[k]];
+        size_t need = align_up(a->nbytes ? a->nbytes : 1);
+        size_t off = 0;
+        /* placed[] is kept sorted by offset */
+        for (int j = 0; j < np; j++) {
+            gstore *b = &st[placed[j]];
+            if (b->last < a->first || a->last < b->first)
+                continue; /* never alive together */
+            size_t bo = (size_t)b->off, be = bo + align_up(b->nbytes ? b->nbytes : 1);
+            if (off + need <= bo)
+                break; /* fits in the gap before b */
+            if (be > off)
+                off = be;
+        }
+        a->off = (int64_t)off;
+        if (off + need > top)
+            top = off + need;
+        placed[np++] = order[k];
+        g_qsort_with_data(placed, np, sizeof *placed, cmp_off, st);
+    }
+    free(order);
+    free(placed);
+    return top;
+}
+
+static void graph_free(nt_graph *g);
+
+/* The error (set, returned) for a storage made during the capture from host
+ * data that the program reads but no recorded op writes: a replay would read
+ * the same bytes again. */
+static int baked_error(const nt_site *site, const gstore *s)
+{
+    char where[256];
+    nt__site_format(&s->site, where, sizeof where);
+    return nt__err(site, NT_ESTATE, "nt_graph_capture_end",
+                   "tensor #%llu (made at %s) was filled from the host during the capture "
+                   "and is read by the program: a replay would read the same values again; "
+                   "make it before nt_graph_capture_begin, or name it with nt_graph_input and "
+                   "bind each step's data with nt_graph_bind",
+                   (unsigned long long)s->tid, where);
+}
+
+static bool is_dead(nt__capture *c, uint64_t id)
+{
+    /* c->dead is appended in death order; a linear search per planned
+     * candidate would be quadratic, so it is sorted once by the caller */
+    size_t lo = 0, hi = c->ndead;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (c->dead[mid] < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < c->ndead && c->dead[lo] == id;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Turns the recording into a graph; the recording is consumed either way. */
+static nt_graph *compile(const nt_site *site, nt__capture *c)
+{
+    const char *fn = "nt_graph_capture_end";
+    nt_graph *g = calloc(1, sizeof *g);
+    if (!g) {
+        nt__err_hostmem(site, fn, "a graph");
+        capture_free(c);
+        return NULL;
+    }
+    g_mutex_init(&g->lock);
+    g->magic = GRAPH_MAGIC;
+    g->epoch = (uint32_t)AO_load(&graph_epoch);
+    g->stream = c->stream;
+    g->sid = c->stream->id;
+    g->dev = c->stream->dev;
+    g->seq0 = c->seq0;
+    g->nseq = (uint64_t)c->nrecs; /* see the renumbering below */
+    /* take the recording over */
+#define TAKE(f) (g->f = c->f, c->f = NULL)
+    TAKE(steps);
+    TAKE(recs);
+    TAKE(tix);
+    TAKE(tens);
+    TAKE(stores);
+    TAKE(patches);
+    TAKE(hooks);
+    TAKE(leaves);
+    TAKE(inputs);
+#undef TAKE
+    g->nsteps = c->nsteps, c->nsteps = 0;
+    g->nrecs = c->nrecs, c->nrecs = 0;
+    g->ntens = c->ntens, c->ntens = 0;
+    g->nstores = c->nstores, c->nstores = 0;
+    g->npatches = c->npatches, c->npatches = 0;
+    g->nhooks = c->nhooks, c->nhooks = 0;
+    g->nleaves = c->nleaves, c->nleaves = 0;
+    g->ninputs = c->ninputs, c->ninputs = 0;
+    if (c->ndead)
+        qsort(c->dead, c->ndead, sizeof *c->dead, cmp_u64);
+
+    /* Which storages the plan holds; the rest the program shares. */
+    for (int i = 0; i < g->nstores; i++) {
+        gstore *s = &g->stores[i];
+        if (s->fresh && is_dead(c, s->id)) {
+            s->dead = s->planned = true;
+            continue;
+        }
+        if (!s->held) { /* made by the program and kept by the user (a loss) */
+            nt__storage_ref(s->st);
+            s->held = true;
+        }
+    }
+    for (int k = 0; k < g->ninputs; k++) {
+        ginput *in = &g->inputs[k];
+        int s = idmap_get(&c->smap, in->sid);
+        if (s < 0) {
+            nt__err(site, NT_EINVAL, fn, "input \"%s\" is not read by the captured program",
+                    in->name);
+            goto fail;
+        }
+        in->s = s;
+        g->stores[s].input = k;
+        if (g->stores[s].planned) { /* an input the program made and freed: keep it */
+            g->stores[s].planned = false;
+        }
+    }
+    for (int i = 0; i < g->nstores; i++) {
+        gstore *s = &g->stores[i];
+        if (s->madehere && !s->fresh && s->read_first && s->input < 0) {
+            baked_error(site, s);
+            goto fail;
+        }
+    }
+    idmap_free(&c->tmap);
+    idmap_free(&c->smap);
+
+    size_t naive = 0;
+    int64_t nplanned = 0;
+    size_t top = plan(g->stores, g->nstores, &naive, &nplanned);
+    if (top == SIZE_MAX) {
+        nt__err_hostmem(site, fn, "the memory plan");
+        goto fail;
+    }
+    if (top) {
+        nt__alloc_dev = (uint8_t)g->dev;
+        g->block = nt__tensor_empty(NT_U8, 1, (int64_t[]){(int64_t)top}, site, fn);
+        nt__alloc_dev = 0;
+        if (!g->block)
+            goto fail; /* NT_ENOMEM, naming the size, set */
+        if (!nt__storage_materialize(g->block->st)) {
+            nt__err_hostmem(site, fn, "the memory plan's block");
+            goto fail;
+        }
+    }
+    char *base = g->block ? nt__storage_data(g->block->st) : NULL;
+    for (int i = 0; i < g->nstores; i++) {
+        gstore *s = &g->stores[i];
+        if (s->planned) {
+            s->nst = nt__storage_borrowed(base + s->off, s->nbytes, g->dev);
+            if (!s->nst) {
+                nt__err_hostmem(site, fn, "a planned tensor");
+                goto fail;
+            }
+        } else {
+            s->nst = s->st;
+            nt__storage_ref(s->nst);
+        }
+    }
+    for (int i = 0; i < g->ntens; i++) {
+        gten *e = &g->tens[i];
+        e->h = nt__tensor_new_internal(g->stores[e->s].nst, (nt_dtype)e->dtype, e->ndim, e->shape,
+                                       e->stride, e->offset, &e->site);
+        if (!e->h) {
+            nt__err_hostmem(site, fn, "a tensor handle");
+            goto fail;
+        }
+    }
+    /* bind every step's operands */
+    int64_t fused = 0, kernels = 0;
+    for (int k = 0; k < g->nsteps; k++) {
+        gstep *s = &g->steps[k];
+        nt_tensor *const *h = NULL;
+        (void)h;
+        if (s->kind == STEP_REC) {
+            nt__rec *r = &g->recs[s->rec0];
+            for (int i = 0; i < s->nin; i++) {
+                int t = g->tix[s->t0 + i];
+                r->in[i] = t >= 0 ? g->tens[t].h : NULL;
+            }
+            for (int i = 0; i < s->nout; i++) {
+                int t = g->tix[s->t0 + s->nin + i];
+                r->out[i] = t >= 0 ? g->tens[t].h : NULL;
+            }
+            r->flags &= (uint8_t)~NT_RECF_NOCAPTURE;
+        } else {
+            s->grp.prog = s->prog;
+            for (int i = 0; i < s->nin; i++)
+                s->grp.ext[i] = g->tens[g->tix[s->t0 + i]].h;
+            for (int i = 0; i < s->nout; i++)
+                s->grp.out[i] = g->tens[g->tix[s->t0 + s->nin + i]].h;
+            fused += s->nrecs;
+        }
+        kernels++;
+    }
+    /* group steps point at their records (after every copy: the array is final) */
+    for (int k = 0; k < g->nsteps; k++)
+        if (g->steps[k].kind == STEP_GROUP) {
+            g->steps[k].grp.recs = malloc((size_t)g->steps[k].nrecs * sizeof(nt__rec *));
+            if (!g->steps[k].grp.recs) {
+                nt__err_hostmem(site, fn, "a group's records");
+                goto fail;
+            }
+            for (int j = 0; j < g->steps[k].nrecs; j++)
+                g->steps[k].grp.recs[j] = &g->recs[g->steps[k].rec0 + j];
+            g->steps[k].grp.nrecs = g->steps[k].nrecs;
+        }
+    /* patches: find the record copies (and group ops) holding their scalar */
+    for (int i = 0; i < g->npatches; i++) {
+        gpatch *p = &g->patches[i];
+        for (int k = 0; k < g->nsteps && p->rec < 0; k++) {
+            gstep *s = &g->steps[k];
+            for (int j = 0; j < s->nrecs; j++)
+                if (g->recs[s->rec0 + j].seq == p->seq) {
+                    p->rec = s->rec0 + j;
+                    if (s->kind == STEP_GROUP) {
+                        p->step = k;
+                        p->op = j;
+                    }
+                    break;
+                }
+        }
+    }
+    /* Renumber the records 0, 1, 2... in seq order (from seq0): the seqs
+     * drawn meanwhile for what is not the program's (state made on first
+     * use) are not drawn by a replay, and a replay's k-th op then holds the
+     * k-th of the seqs it draws -- what the same step run op by op after
+     * the capture would hold, so random bits keyed by seq (stochastic
+     * rounding) match it. */
+    {
+        uint64_t *sq = malloc((size_t)(g->nrecs ? g->nrecs : 1) * sizeof *sq);
+        if (!sq) {
+            nt__err_hostmem(site, fn, "the program's numbering");
+            goto fail;
+        }
+        for (int i = 0; i < g->nrecs; i++)
+            sq[i] = g->recs[i].seq;
+        qsort(sq, (size_t)g->nrecs, sizeof *sq, cmp_u64);
+        for (int i = 0; i < g->nrecs; i++) {
+            uint64_t q = g->recs[i].seq;
+            size_t lo = 0, hi = (size_t)g->nrecs;
+            while (lo < hi) {
+                size_t mid = (lo + hi) / 2;
+                if (sq[mid] < q)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            g->recs[i].seq = g->seq0 + lo;
+        }
+        free(sq);
+    }
+    g->info.ops = g->nrecs;
+    g->info.kernels = kernels;
+    g->info.fused_ops = fused;
+    g->info.plan_bytes = top;
+    g->info.naive_bytes = naive;
+    g->info.planned = nplanned;
+    g->info.external = 0;
+    for (int i = 0; i < g->nstores; i++)
+        g->info.external += !g->stores[i].planned;
+    g->info.inputs = g->ninputs;
+    g->info.patches = g->npatches;
+    capture_free(c);
+    if (NT__CFG(stats_at_exit) || NT__CFG(fusion_log))
+        fprintf(stderr,
+                "ntensor: graph captured: %lld ops in %lld kernels (%lld fused); memory plan "
+                "%.2f MiB for %lld intermediates (%.2f MiB without reuse); %lld shared "
+                "tensors, %lld scalars refreshed per replay\n",
+                (long long)g->info.ops, (long long)g->info.kernels, (long long)fused,
+                top / 1048576.0, (long long)nplanned, naive / 1048576.0,
+                (long long)g->info.external, (long long)g->npatches);
+    return g;
+fail:
+    capture_free(c);
+    graph_free(g);
+    return NULL;
+}
+
+NT_API nt_graph *nt_graph_capture_end_at(const nt_site *site)
+{
+    const char *fn = "nt_graph_capture_end";
+    if (!nt__ensure_init())
+        return NULL;
+    nt__capture *c = tl_cap;
+    if (!c) {
+        nt__err(site, NT_ESTATE, fn, "the thread is not capturing a program "
+                                     "(nt_graph_capture_begin)");
+        return NULL;
+    }
+    /* The step runs now, planned whole; then the stream is ours again. */
+    nt__stream_drain(c->stream);
+    AO_store_release(&c->stream->capture, 0);
+    tl_cap = NULL;
+    nt__tl_cap = 0;
+    g_mutex_lock(&caps_lock);
+    caps[c->slot] = NULL;
+    g_mutex_unlock(&caps_lock);
+    if (!c->err && c->nrecs == 0)
+        cap_fail(c, NT_ESTATE, "it recorded no op");
+    if (c->err) {
+        char where[256];
+        nt__site_format(&c->site, where, sizeof where);
+        nt__err(site, c->err, fn, "the capture begun at %s cannot be replayed: %s", where, c->msg);
+        capture_free(c);
+        return NULL;
+    }
+    return compile(site, c);
+}
+NT_API nt_graph *nt_graph_capture_end(void) { return nt_graph_capture_end_at(NT_RA_SITE); }
+
+/* ---------------- replay ---------------- */
+
+static void graph_free(nt_graph *g)
+{
+    if (!g)
+        return;
+    /* After nt_shutdown the handles and storages went with the runtime;
+     * only the host-side arrays are left to free. */
+    bool alive = g->epoch == (uint32_t)AO_load(&graph_epoch);
+    if (!alive) {
+        for (int i = 0; i < g->nstores; i++)
+            if (g->stores[i].planned && g->stores[i].nst)
+                free(g->stores[i].nst); /* a borrowed header is the host's */
+        g->ntens = g->nstores = g->nleaves = g->ninputs = 0;
+        g->block = NULL;
+    }
+    for (int i = 0; i < g->ntens; i++)
+        if (g->tens[i].h)
+            nt__tensor_iunref(g->tens[i].h);
+    for (int i = 0; i < g->nstores; i++) {
+        if (g->stores[i].nst)
+            nt__storage_unref(g->stores[i].nst);
+        if (g->stores[i].held)
+            nt__storage_unref(g->stores[i].st);
+    }
+    for (int k = 0; k < g->nsteps; k++) {
+        free(g->steps[k].prog);
+        free(g->steps[k].grp.recs);
+    }
+    for (int i = 0; i < g->nleaves; i++)
+        nt__tensor_iunref(g->leaves[i].leaf);
+    for (int i = 0; i < g->ninputs; i++)
+        if (g->inputs[i].t)
+            nt_release(g->inputs[i].t);
+    if (g->block)
+        nt_release(g->block);
+    free(g->steps);
+    free(g->recs);
+    free(g->tix);
+    free(g->tens);
+    free(g->stores);
+    free(g->patches);
+    free(g->hooks);
+    free(g->leaves);
+    free(g->inputs);
+    g->magic = 0;
+    g_mutex_clear(&g->lock);
+    free(g);
+}
+
+static void set_field(nt__params *p, int field, uint64_t v)
+{
+    if (field == NT__PATCH_SEED)
+        p->seed = v;
+    else
+        memcpy(&p->f[field], &v, sizeof p->f[field]);
+}
+
+/* Swaps input k's handles onto storage st at offset off (the worker, between
+ * replays: nothing else reads them). */
+static void rebind(nt_graph *g, int k, nt__storage *st, int64_t off)
+{
+    int s = g->inputs[k].s;
+    int64_t off0 = -1;
+    for (int i = 0; i < g->ntens; i++) {
+        gten *e = &g->tens[i];
+        if (e->s != s)
+            continue;
+        if (off0 < 0)
+            off0 = e->offset;
+        nt_tensor *h = e->h;
+        if (h->st != st) {
+            nt__storage_ref(st);
+            nt__storage_unref(h->st);
+            h->st = st;
+        }
+        h->offset = off + (e->offset - off0);
+    }
+}
+
+/* The replay record's function, on the worker (or inline). */
+static void graph_run(void *arg)
+{
+    greplay *rp = arg;
+    nt_graph *g = rp->g;
+    for (int i = 0; i < g->npatches; i++) {
+        gpatch *p = &g->patches[i];
+        if (p->rec >= 0)
+            set_field(&g->recs[p->rec].p, p->field, rp->pv[i]);
+        if (p->step >= 0)
+            set_field(&g->steps[p->step].prog->ops[p->op].p, p->field, rp->pv[i]);
+    }
+    for (int k = 0; k < g->ninputs; k++)
+        if (rp->bst[k])
+            rebind(g, k, rp->bst[k], rp->boff[k]);
+    /* what the program writes afresh starts clean: an error of an earlier
+     * replay is not this one's */
+    for (int i = 0; i < g->nstores; i++) {
+        gstore *s = &g->stores[i];
+        if ((s->planned || (s->fresh && !s->read_first)) && AO_load(&s->nst->poison)) {
+            nt__errobj *e = (nt__errobj *)AO_load(&s->nst->poison);
+            AO_store(&s->nst->poison, 0);
+            nt__errobj_unref(e);
+        }
+    }
+    nt_stream *s = g->stream;
+    uint64_t shift = rp->seq0 - g->seq0;
+    for (int i = 0; i < g->nrecs; i++) {
+        nt__rec *r = &g->recs[i];
+        r->stream = s;
+        r->sid = s->id;
+        r->seq += shift;
+    }
+    for (int k = 0; k < g->nsteps; k++) {
+        gstep *st = &g->steps[k];
+        if (st->kind == STEP_REC)
+            nt__exec_rec(&g->recs[st->rec0]);
+        else
+            nt__fusion_replay_group(&st->grp);
+    }
+    /* back to the capture's numbering, so the next shift is from there */
+    for (int i = 0; i < g->nrecs; i++)
+        g->recs[i].seq -= shift;
+    for (int k = 0; k < g->ninputs; k++)
+        if (rp->bst[k])
+            nt__storage_unref(rp->bst[k]);
+    free(rp->pv);
+    free(rp->bst);
+    free(rp->boff);
+    free(rp);
+}
+
+NT_API int nt_graph_bind_at(const nt_site *site, nt_graph *g, const char *name, nt_tensor *t)
+{
+    const char *fn = "nt_graph_bind";
+    if (!nt__ensure_init() || !graph_ok(site, fn, g) || !nt__check_arg(site, fn, "t", t))
+        return nt_last_error();
+    if (!name)
+        return nt__err(site, NT_EINVAL, fn, "argument 'name' is NULL");
+    int k = 0;
+    while (k < g->ninputs && strcmp(g->inputs[k].name, name))
+        k++;
+    if (k == g->ninputs)
+        return nt__err(site, NT_EINVAL, fn, "argument 'name' (\"%s\") is not an input of the graph",
+                       name);
+    const gten *e = NULL;
+    for (int i = 0; i < g->ntens && !e; i++)
+        if (g->tens[i].s == g->inputs[k].s)
+            e = &g->tens[i];
+    nt_tensor *c = g->inputs[k].t; /* the captured input: the reference */
+    char s1[128], s2[128];
+    if (t->dtype != c->dtype)
+        return nt__err(site, NT_EDTYPE, fn, "input \"%s\" is %s; argument 't' is %s", name,
+                       nt_dtype_name((nt_dtype)c->dtype), nt_dtype_name((nt_dtype)t->dtype));
+    bool same = t->ndim == c->ndim;
+    for (int d = 0; same && d < t->ndim; d++)
+        same = t->shape[d] == c->shape[d] && t->stride[d] == c->stride[d];
+    if (!same)
+        return nt__err(site, NT_ESHAPE, fn,
+                       "input \"%s\" has shape %s (with its strides); argument 't' has shape %s "
+                       "or other strides",
+                       name, nt__shape_str(c->ndim, c->shape, s1, sizeof s1),
+                       nt__shape_str(t->ndim, t->shape, s2, sizeof s2));
+    if (t->dev != g->dev)
+        return nt__err(site, NT_EINVAL, fn, "argument 't' is on device %d; the graph runs on %d",
+                       t->dev, g->dev);
+    if (t->st->nbytes < c->st->nbytes && e)
+        return nt__err(site, NT_ESHAPE, fn, "argument 't' views a smaller storage than input "
+                                            "\"%s\"", name);
+    g_mutex_lock(&g->lock);
+    nt_tensor *old = g->inputs[k].t;
+    g->inputs[k].t = nt_retain(t);
+    g_mutex_unlock(&g->lock);
+    /* The captured tensor stays the shape reference through the new one:
+     * same dtype, shape and strides. */
+    nt_release(old);
+    return 0;
+}
+NT_API int nt_graph_bind(nt_graph *g, const char *name, nt_tensor *t)
+{
+    return nt_graph_bind_at(NT_RA_SITE, g, name, t);
+}
+
+static void add_dep(nt__rec *r, const nt_stream *s, uint64_t packed, bool *overflow)
+{
+    if (!packed || NT__PACK_SID(packed) == s->id || nt__packed_done(packed))
+        return;
+    for (int i = 0; i < r->ndeps; i++)
+        if (r->deps[i] == packed)
+            return;
+    if (r->ndeps < (int)G_N_ELEMENTS(r->deps))
+        r->deps[r->ndeps++] = packed;
+    else
+        *overflow = true;
+}
+
+/* Checks what the capture assumed, under g->lock; 0 or the error (set). */
+static int replay_checks(const nt_site *site, nt_graph *g)
+{
+    const char *fn = "nt_graph_replay";
+    char where[256];
+    for (int i = 0; i < g->nstores; i++) {
+        gstore *s = &g->stores[i];
+        if (s->planned || !s->read_first || s->input >= 0)
+            continue;
+        /* something the program reads and the user's program owns */
+        if (!AO_load(&s->st->hrefs) && !s->fresh) {
+            nt__site_format(&s->site, where, sizeof where);
+            return nt__err(site, NT_ERELEASED, fn,
+                           "tensor #%llu (made at %s), which the captured program reads, was "
+                           "released",
+                           (unsigned long long)s->tid, where);
+        }
+    }
+    for (int k = 0; k < g->ninputs; k++) {
+        nt_tensor *t = g->inputs[k].t;
+        if (t->magic != NT__MAGIC_LIVE || !AO_load(&t->refs))
+            return nt__err(site, NT_ERELEASED, fn, "input \"%s\" was released",
+                           g->inputs[k].name);
+    }
+    for (int i = 0; i < g->nleaves; i++) {
+        nt_tensor *l = g->leaves[i].leaf;
+        bool has = g->leaves[i].has_grad(l);
+        if (has != g->leaves[i].had_grad) {
+            nt__site_format(&l->site, where, sizeof where);
+            return nt__err(site, NT_ESTATE, fn,
+                           "the parameter made at %s %s a gradient now; when the program was "
+                           "captured it %s one, and the program %s it: zero the gradients in "
+                           "the captured step (nt_optim_zero_grad) or capture again",
+                           where, has ? "has" : "has no", g->leaves[i].had_grad ? "had" : "had no",
+                           g->leaves[i].had_grad ? "adds to" : "starts");
+        }
+    }
+    return 0;
+}
+
+NT_API int nt_graph_replay_at(const nt_site *site, nt_graph *g)
+{
+    const char *fn = "nt_graph_replay";
+    if (!nt__ensure_init() || !graph_ok(site, fn, g))
+        return nt_last_error();
+    if (tl_cap)
+        return nt__err(site, NT_ESTATE, fn, "the thread is capturing a program; a replay cannot "
+                                           "be part of another capture");
+    nt_stream *s = nt__stream_current();
+    if (s != g->stream)
+        return nt__err(site, NT_EINVAL, fn,
+                       "the graph was captured on stream '%s'; the thread's current stream is "
+                       "'%s' (nt_stream_set)",
+                       g->stream->name, s->name);
+    if (g->nseq == 0 || g->nseq > UINT32_MAX)
+        return nt__err(site, NT_ESTATE, fn, "the graph holds %llu ops; a replay holds 1 to %u",
+                       (unsigned long long)g->nseq, UINT32_MAX);
+    g_mutex_lock(&g->lock);
+    int rc = replay_checks(site, g);
+    greplay *rp = NULL;
+    nt__rec *r = NULL;
+    if (rc)
+        goto out;
+    rp = calloc(1, sizeof *rp);
+    if (rp) {
+        rp->pv = calloc((size_t)g->npatches + 1, sizeof *rp->pv);
+        rp->bst = calloc((size_t)g->ninputs + 1, sizeof *rp->bst);
+        rp->boff = calloc((size_t)g->ninputs + 1, sizeof *rp->boff);
+    }
+    r = nt__rec_alloc(s);
+    if (!rp || !rp->pv || !rp->bst || !rp->boff || !r) {
+        rc = nt__err_hostmem(site, fn, "a replay");
+        goto out;
+    }
+    rp->g = g;
+    /* the scalars this step would have (all computed before any hook
+     * moves a counter), then the counters */
+    for (int i = 0; i < g->npatches; i++)
+        rp->pv[i] = g->patches[i].fn(g->patches[i].ctx, g->patches[i].role);
+    for (int i = 0; i < g->nhooks; i++)
+        g->hooks[i].fn(g->hooks[i].ctx);
+    r->type = NT_REC_HOST;
+    r->host_fn = graph_run;
+    r->host_arg = rp;
+    r->site = site ? *site : (nt_site){0};
+    r->fn = fn;
+    bool overflow = false;
+    for (int k = 0; k < g->ninputs; k++) {
+        nt_tensor *t = g->inputs[k].t;
+        nt__storage_ref(t->st);
+        rp->bst[k] = t->st;
+        rp->boff[k] = t->offset;
+        add_dep(r, s, AO_load(&t->st->last_write), &overflow);
+    }
+    for (int i = 0; i < g->nstores; i++) {
+        gstore *e = &g->stores[i];
+        if (e->planned || e->input >= 0)
+            continue;
+        add_dep(r, s, AO_load(&e->st->last_write), &overflow);
+        if (e->written)
+            add_dep(r, s, AO_load(&e->st->last_read), &overflow);
+    }
+    if (overflow) /* more streams than a record can wait for: wait here */
+        for (int i = 0; i < g->nstores; i++)
+            if (!g->stores[i].planned) {
+                nt__wait_packed(AO_load(&g->stores[i].st->last_write));
+                nt__wait_packed(AO_load(&g->stores[i].st->last_read));
+            }
+    uint64_t seq0 = nt__stream_next_seqs(&s, (uint32_t)g->nseq);
+    rp->seq0 = seq0;
+    r->seq = seq0;
+    r->sid = s->id;
+    r->span = (uint32_t)g->nseq;
+    uint64_t packed = NT__PACK(s->id, seq0 + g->nseq - 1);
+    for (int k = 0; k < g->ninputs; k++)
+        AO_store(&g->inputs[k].t->st->last_read, packed);
+    for (int i = 0; i < g->nstores; i++) {
+        gstore *e = &g->stores[i];
+        if (e->planned)
+            continue;
+        nt__storage *st = e->input >= 0 ? g->inputs[e->input].t->st : e->st;
+        if (e->written) {
+            AO_fetch_and_add1(&st->version);
+            AO_store_release(&st->last_write, packed);
+        } else {
+            AO_store(&st->last_read, packed);
+        }
+    }
+    AO_fetch_and_add1(&g->replays);
+    NT__COUNT(ops_enqueued, 1);
+    if (NT__CFG(mode) == NT_MODE_DETERMINISTIC) {
+        for (int d = 0; d < r->ndeps; d++)
+            nt__wait_packed(r->deps[d]);
+        nt__stream_run_inline(s, r);
+    } else {
+        nt__stream_enqueue(s, r);
+    }
+    r = NULL;
+    rp = NULL;
+out:
+    g_mutex_unlock(&g->lock);
+    if (r)
+        nt__rec_unalloc(r);
+    if (rp) {
+        for (int k = 0; k < g->ninputs; k++)
+            if (rp->bst && rp->bst[k])
+                nt__storage_unref(rp->bst[k]);
+        free(rp->pv);
+        free(rp->bst);
+        free(rp->boff);
+        free(rp);
+    }
+    return rc;
+}
+NT_API int nt_graph_replay(nt_graph *g) { return nt_graph_replay_at(NT_RA_SITE, g); }
+
+NT_API int nt_graph_info_get(nt_graph *g, nt_graph_info *out)
+{
+    const char *fn = "nt_graph_info_get";
+    if (!nt__ensure_init() || !graph_ok(NULL, fn, g))
+        return nt_last_error();
+    if (!out)
+        return nt__err(NULL, NT_EINVAL, fn, "argument 'out' is NULL");
+    *out = g->info;
+    out->replays = (int64_t)AO_load(&g->replays);
+    return 0;
+}
+
+NT_API void nt_graph_destroy(nt_graph *g)
+{
+    if (!g || g->magic != GRAPH_MAGIC)
+        return;
+    if (g->epoch == (uint32_t)AO_load(&graph_epoch))
+        nt__stream_drain(g->stream); /* queued replays read it */
+    graph_free(g);
+}
+
+/* ---------------- set-up ---------------- */
+
+void nt__graph_init(void) {}
+
+void nt__graph_shutdown(void)
+{
+    /* Graphs made before are dead from now on (their handles and storages
+     * went with the runtime's pools). */
+    AO_fetch_and_add1(&graph_epoch);
+    nt__capture *c = tl_cap;
+    if (c) {
+        tl_cap = NULL;
+        nt__tl_cap = 0;
+    }
+    g_mutex_lock(&caps_lock);
+    for (int i = 0; i < CAP_SLOTS; i++)
+        caps[i] = NULL;
+    g_mutex_unlock(&caps_lock);
+}

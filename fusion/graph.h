@@ -1,0 +1,108 @@
+/* fusion/graph.h - captured programs: record a step once, replay it with one
+ * call (docs/graphs.md).
+ *
+ * A capture runs the step for real, with the stream held (like lazy mode
+ * without a window) so the planner sees the whole step at once, and the
+ * executor records every kernel it runs -- each fused group with its
+ * program, each single record -- into the capture (nt__capture_rec,
+ * nt__capture_group, called on the thread that runs them while
+ * nt__tl_recorder is set).  nt_graph_capture_end then compiles the
+ * recording: which storages the program made and nothing else keeps (its
+ * intermediates: placed once in one block by a static memory plan), which
+ * it shares with the rest of the program (parameters, optimizer state,
+ * inputs, what the user kept), which scalars must be refreshed at each
+ * replay.  A replay is one record on the stream, holding every seq the
+ * recorded ops held, whose worker runs the recorded kernels in order: no
+ * dispatch, no planning, no allocation.
+ *
+ * What a layer above tells the capture (host side, the capturing thread):
+ *   - nt__capture_pause / resume: ops issued between them run but are not
+ *     part of the program (state made on first use: an optimizer's
+ *     moments);
+ *   - nt__capture_patch_next: the next op this thread issues has a scalar
+ *     that must be recomputed at every replay (a learning rate, a bias
+ *     correction, a seed);
+ *   - nt__capture_on_replay: a function to run at every replay after the
+ *     scalars were computed (an optimizer's step count);
+ *   - nt__capture_note_leaf: autograd accumulated a leaf's gradient, which
+ *     the leaf did or did not have before: a replay checks it is so again.
+ *
+ * Concurrency: a capture belongs to its thread; the worker of its stream
+ * writes the recording only between capture begin and end, which both
+ * drain the stream, so the host reads it after the worker's release of
+ * done_upto.  Storage deaths are reported from any thread, under the
+ * capture's lock.  A graph may be replayed from any thread whose current
+ * stream is the captured one; replays serialise on the graph's lock and
+ * run in stream order. */
+#ifndef NT_FUSION_GRAPH_H
+#define NT_FUSION_GRAPH_H
+
+#include "core/internal.h"
+#include "fusion/ir.h"
+
+typedef struct nt__capture nt__capture;
+
+/* ---- the executor (any thread running kernels of a captured stream) ---- */
+
+/* r ran (or was skipped for a poisoned input): one step of the program. */
+void nt__capture_rec(struct nt__capture *c, const nt__rec *r);
+/* g ran as one fused kernel: one step. */
+void nt__capture_group(struct nt__capture *c, const nt__fgroup *g);
+
+/* ---- the host (the capturing thread) ---- */
+
+/* The capture the calling thread is recording, or NULL. */
+extern _Thread_local struct nt__capture *nt__tl_capture NT_TLS_HOT;
+/* True while the calling thread captures a program (one TLS load: the
+ * dispatcher asks on every op). */
+static inline bool nt__capturing(void) { return nt__tl_capture != NULL; }
+/* Before an op of stream s is recorded: 0, or the error (set) when s is
+ * being captured by another thread, or the thread captures a program on
+ * another stream than s. */
+int nt__capture_check_stream(const nt_site *site, const char *fn, const nt__stream *s);
+/* After r got its seq (the capturing thread only): applies the pending
+ * patch and the pause to it. */
+void nt__capture_note(nt__rec *r);
+/* A host read (nt_item, nt_to_host, nt_print, nt_sync...) while capturing:
+ * the error, naming fn and the capture's start; 0 when not capturing. */
+int nt__capture_refuse(const nt_site *site, const char *fn);
+void nt__capture_pause(void);
+void nt__capture_resume(void);
+
+/* Which scalar of a record a patch rewrites. */
+enum { NT__PATCH_F0 = 0, NT__PATCH_F1, NT__PATCH_F2, NT__PATCH_SEED };
+/* A patch's value at a replay: the bits of a double (F0..F2) or a seed. */
+typedef uint64_t (*nt__patch_fn)(void *ctx, int role);
+/* The patch goes to the next record of op `op` this thread issues (ops of
+ * other kinds issued first, such as an expression's inner ops, pass). */
+void nt__capture_patch_next(nt__patch_fn fn, void *ctx, int role, int field, int op);
+/* The capture cannot become a program (its end reports why): a layer above
+ * found the step differs from the steps after it (an optimizer's first
+ * step that makes its state from the gradient). */
+void nt__capture_fail(int code, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+/* fn(ctx) at every replay, after every patch was computed; one per ctx. */
+void nt__capture_on_replay(void (*fn)(void *ctx), void *ctx);
+/* has_grad(leaf): whether it has a gradient now (autograd's answer: the
+ * leaf's state lives above this layer). */
+void nt__capture_note_leaf(nt_tensor *leaf, bool had_grad, bool (*has_grad)(const nt_tensor *));
+/* The bits of a double, for patch functions. */
+static inline uint64_t nt__patch_f64(double v)
+{
+    uint64_t b;
+    memcpy(&b, &v, sizeof b);
+    return b;
+}
+
+/* ---- the planner (fusion/plan.c) ---- */
+
+/* Runs a recorded group again: its program on its tensors, as the planner
+ * ran it, with errors poisoning its outputs (named after its first op). */
+void nt__fusion_replay_group(nt__fgroup *g);
+
+/* nt_init / nt_shutdown (fusion/plan.c's init and shutdown call these). */
+void nt__graph_init(void);
+void nt__graph_shutdown(void);
+/* core's hook (nt__chooks.storage_dead). */
+void nt__graph_storage_dead(const nt__storage *st);
+
+#endif
