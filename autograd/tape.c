@@ -419,7 +419,19 @@ NT_API int nt_zero_grad(nt_tensor *t)
  * anything enqueued on .grad after this (stream order), as they would
  * before the copy.  No other thread can make a handle on the storage
  * meanwhile: that needs a live handle, and g is the only one. */
-static bool leaf_has_grad(const nt_tensor *leaf) { return leaf->ag && leaf->ag->grad; }
+static nt_tensor *leaf_grad_of(const nt_tensor *leaf) { return leaf->ag ? leaf->ag->grad : NULL; }
+
+static void leaf_set_grad(nt_tensor *leaf, nt_tensor *g)
+{
+    struct nt__ag *ag = nt__ag_of(leaf);
+    if (!ag) /* it had one when the step was captured: not reached */
+        return;
+    if (ag->grad)
+        nt_release(ag->grad);
+    ag->grad = g ? nt_retain(g) : NULL;
+}
+
+static const nt__leaf_access leaf_access = {leaf_grad_of, leaf_set_grad};
 
 static int accumulate_leaf(nt_tensor *leaf, nt_tensor **slot, const nt_site *site)
 {
@@ -428,7 +440,7 @@ static int accumulate_leaf(nt_tensor *leaf, nt_tensor **slot, const nt_site *sit
     /* a captured step starts this .grad, or adds to it: a replay checks
      * that the leaf is in the same state again */
     if (nt__capturing())
-        nt__capture_note_leaf(leaf, ag->grad != NULL, leaf_has_grad);
+        nt__capture_note_leaf(leaf, &leaf_access);
     if (ag->grad) {
         nt_no_grad_begin();
         int rc = nt_add_inplace_at(site, ag->grad, g);

@@ -91,8 +91,9 @@ typedef struct ghook {
 
 typedef struct gleaf {
     nt_tensor *leaf;     /* held (internal reference) */
-    bool had_grad;
-    bool (*has_grad)(const nt_tensor *);
+    const nt__leaf_access *acc;
+    nt__storage *start;  /* the .grad's storage at the capture's start (referenced), or NULL */
+    nt_tensor *end;      /* the .grad the step left (a user reference), or NULL */
 } gleaf;
 
 typedef struct ginput {
@@ -152,6 +153,7 @@ struct nt__capture {
 
 struct nt_graph {
     uint32_t magic;
+    struct nt_graph *live_prev, *live_next; /* every graph the runtime has (caps_lock) */
     uint32_t epoch;          /* nt_init's, when it was made */
     nt_stream *stream;
     uint32_t sid;
@@ -190,6 +192,7 @@ typedef struct greplay {
 
 static nt__capture *caps[CAP_SLOTS];
 static GMutex caps_lock;
+static nt_graph *live_graphs; /* caps_lock */
 _Thread_local nt__capture *nt__tl_capture NT_TLS_HOT;
 #define tl_cap nt__tl_capture
 static volatile AO_t graph_epoch = 1;
@@ -589,7 +592,7 @@ void nt__capture_on_replay(void (*fn)(void *ctx), void *ctx)
     c->hooks[c->nhooks++] = (ghook){fn, ctx};
 }
 
-void nt__capture_note_leaf(nt_tensor *leaf, bool had_grad, bool (*has_grad)(const nt_tensor *))
+void nt__capture_note_leaf(nt_tensor *leaf, const nt__leaf_access *acc)
 {
     nt__capture *c = tl_cap;
     if (!c || c->paused)
@@ -602,7 +605,10 @@ void nt__capture_note_leaf(nt_tensor *leaf, bool had_grad, bool (*has_grad)(cons
         return;
     }
     nt__tensor_iref(leaf);
-    c->leaves[c->nleaves++] = (gleaf){leaf, had_grad, has_grad};
+    nt_tensor *gr = acc->grad_of(leaf);
+    if (gr)
+        nt__storage_ref(gr->st);
+    c->leaves[c->nleaves++] = (gleaf){leaf, acc, gr ? gr->st : NULL, NULL};
 }
 
 void nt__graph_storage_dead(const nt__storage *st)
@@ -629,6 +635,15 @@ void nt__graph_storage_dead(const nt__storage *st)
     g_mutex_unlock(&caps_lock);
 }
 
+static void leaf_drop(gleaf *l)
+{
+    if (l->start)
+        nt__storage_unref(l->start);
+    if (l->end)
+        nt_release(l->end);
+    nt__tensor_iunref(l->leaf);
+}
+
 static void capture_free(nt__capture *c)
 {
     if (!c)
@@ -639,7 +654,7 @@ static void capture_free(nt__capture *c)
     for (int i = 0; i < c->nsteps; i++)
         free(c->steps[i].prog);
     for (int i = 0; i < c->nleaves; i++)
-        nt__tensor_iunref(c->leaves[i].leaf);
+        leaf_drop(&c->leaves[i]);
     for (int i = 0; i < c->ninputs; i++)
         nt_release(c->inputs[i].t);
     free(c->steps);
@@ -899,6 +914,10 @@ static nt_graph *compile(const nt_site *site, nt__capture *c)
     g->ninputs = c->ninputs, c->ninputs = 0;
     if (c->ndead)
         qsort(c->dead, c->ndead, sizeof *c->dead, cmp_u64);
+    for (int i = 0; i < g->nleaves; i++) {
+        nt_tensor *e = g->leaves[i].acc->grad_of(g->leaves[i].leaf);
+        g->leaves[i].end = e ? nt_retain(e) : NULL;
+    }
 
     /* Which storages the plan holds; the rest the program shares. */
     for (int i = 0; i < g->nstores; i++) {
@@ -1073,6 +1092,12 @@ static nt_graph *compile(const nt_site *site, nt__capture *c)
     g->info.inputs = g->ninputs;
     g->info.patches = g->npatches;
     capture_free(c);
+    g_mutex_lock(&caps_lock);
+    g->live_next = live_graphs;
+    if (live_graphs)
+        live_graphs->live_prev = g;
+    live_graphs = g;
+    g_mutex_unlock(&caps_lock);
     if (NT__CFG(stats_at_exit) || NT__CFG(fusion_log))
         fprintf(stderr,
                 "ntensor: graph captured: %lld ops in %lld kernels (%lld fused); memory plan "
@@ -1122,20 +1147,11 @@ NT_API nt_graph *nt_graph_capture_end(void) { return nt_graph_capture_end_at(NT_
 
 /* ---------------- replay ---------------- */
 
-static void graph_free(nt_graph *g)
+/* Drops everything g holds of the runtime (handles, storages, the plan's
+ * block): at nt_graph_destroy, or at nt_shutdown for a graph still alive
+ * (which then keeps only its host-side arrays until destroyed). */
+static void graph_release_runtime(nt_graph *g)
 {
-    if (!g)
-        return;
-    /* After nt_shutdown the handles and storages went with the runtime;
-     * only the host-side arrays are left to free. */
-    bool alive = g->epoch == (uint32_t)AO_load(&graph_epoch);
-    if (!alive) {
-        for (int i = 0; i < g->nstores; i++)
-            if (g->stores[i].planned && g->stores[i].nst)
-                free(g->stores[i].nst); /* a borrowed header is the host's */
-        g->ntens = g->nstores = g->nleaves = g->ninputs = 0;
-        g->block = NULL;
-    }
     for (int i = 0; i < g->ntens; i++)
         if (g->tens[i].h)
             nt__tensor_iunref(g->tens[i].h);
@@ -1145,17 +1161,36 @@ static void graph_free(nt_graph *g)
         if (g->stores[i].held)
             nt__storage_unref(g->stores[i].st);
     }
-    for (int k = 0; k < g->nsteps; k++) {
-        free(g->steps[k].prog);
-        free(g->steps[k].grp.recs);
-    }
     for (int i = 0; i < g->nleaves; i++)
-        nt__tensor_iunref(g->leaves[i].leaf);
+        leaf_drop(&g->leaves[i]);
     for (int i = 0; i < g->ninputs; i++)
         if (g->inputs[i].t)
             nt_release(g->inputs[i].t);
     if (g->block)
         nt_release(g->block);
+    g->ntens = g->nstores = g->nleaves = g->ninputs = 0;
+    g->block = NULL;
+}
+
+static void graph_free(nt_graph *g)
+{
+    if (!g)
+        return;
+    g_mutex_lock(&caps_lock);
+    if (g->live_prev || g->live_next || live_graphs == g) {
+        if (g->live_prev)
+            g->live_prev->live_next = g->live_next;
+        else
+            live_graphs = g->live_next;
+        if (g->live_next)
+            g->live_next->live_prev = g->live_prev;
+    }
+    g_mutex_unlock(&caps_lock);
+    graph_release_runtime(g);
+    for (int k = 0; k < g->nsteps; k++) {
+        free(g->steps[k].prog);
+        free(g->steps[k].grp.recs);
+    }
     free(g->steps);
     free(g->recs);
     free(g->tix);
@@ -1341,17 +1376,22 @@ static int replay_checks(const nt_site *site, nt_graph *g)
                            g->inputs[k].name);
     }
     for (int i = 0; i < g->nleaves; i++) {
-        nt_tensor *l = g->leaves[i].leaf;
-        bool has = g->leaves[i].has_grad(l);
-        if (has != g->leaves[i].had_grad) {
-            nt__site_format(&l->site, where, sizeof where);
+        gleaf *lf = &g->leaves[i];
+        nt_tensor *gr = lf->acc->grad_of(lf->leaf);
+        if ((gr ? gr->st : NULL) == lf->start)
+            continue;
+        nt__site_format(&lf->leaf->site, where, sizeof where);
+        if (!lf->start)
             return nt__err(site, NT_ESTATE, fn,
-                           "the parameter made at %s %s a gradient now; when the program was "
-                           "captured it %s one, and the program %s it: zero the gradients in "
-                           "the captured step (nt_optim_zero_grad) or capture again",
-                           where, has ? "has" : "has no", g->leaves[i].had_grad ? "had" : "had no",
-                           g->leaves[i].had_grad ? "adds to" : "starts");
-        }
+                           "the parameter made at %s has a gradient now; when the program was "
+                           "captured it had none, and the program starts it: zero the gradients "
+                           "(nt_optim_zero_grad) before replaying, or in the captured step",
+                           where);
+        return nt__err(site, NT_ESTATE, fn,
+                       "the parameter made at %s has %s gradient now than when the program was "
+                       "captured, and the program adds to that one: keep the gradient the "
+                       "captured step left, or capture again",
+                       where, gr ? "another" : "no");
     }
     return 0;
 }
@@ -1368,7 +1408,7 @@ NT_API int nt_graph_replay_at(const nt_site *site, nt_graph *g)
     if (s != g->stream)
         return nt__err(site, NT_EINVAL, fn,
                        "the graph was captured on stream '%s'; the thread's current stream is "
-                       "'%s' (nt_stream_set)",
+                       "'%s' (nt_stream_set_current)",
                        g->stream->name, s->name);
     if (g->nseq == 0 || g->nseq > UINT32_MAX)
         return nt__err(site, NT_ESTATE, fn, "the graph holds %llu ops; a replay holds 1 to %u",
@@ -1397,6 +1437,13 @@ NT_API int nt_graph_replay_at(const nt_site *site, nt_graph *g)
         rp->pv[i] = g->patches[i].fn(g->patches[i].ctx, g->patches[i].role);
     for (int i = 0; i < g->nhooks; i++)
         g->hooks[i].fn(g->hooks[i].ctx);
+    /* the leaves' .grads as the step leaves them (the program rewrites
+     * them; reading one waits for the replay like any op's result) */
+    for (int i = 0; i < g->nleaves; i++) {
+        gleaf *lf = &g->leaves[i];
+        if (lf->acc->grad_of(lf->leaf) != lf->end)
+            lf->acc->set_grad(lf->leaf, lf->end);
+    }
     r->type = NT_REC_HOST;
     r->host_fn = graph_run;
     r->host_arg = rp;
@@ -1493,6 +1540,38 @@ NT_API void nt_graph_destroy(nt_graph *g)
     graph_free(g);
 }
 
+int nt__graph_check_plan(const nt_graph *g, char *why, size_t n)
+{
+    size_t sum = 0;
+    for (int i = 0; i < g->nstores; i++) {
+        const gstore *a = &g->stores[i];
+        if (!a->planned)
+            continue;
+        sum += align_up(a->nbytes ? a->nbytes : 1);
+        if (a->off < 0 || (uint64_t)a->off + a->nbytes > g->info.plan_bytes) {
+            snprintf(why, n, "storage #%d [%lld, +%zu) leaves the %llu-byte block", i,
+                     (long long)a->off, a->nbytes, (unsigned long long)g->info.plan_bytes);
+            return -1;
+        }
+        for (int j = i + 1; j < g->nstores; j++) {
+            const gstore *b = &g->stores[j];
+            if (!b->planned || b->last < a->first || a->last < b->first)
+                continue;
+            if (a->off < b->off + (int64_t)b->nbytes && b->off < a->off + (int64_t)a->nbytes) {
+                snprintf(why, n, "storages #%d (steps %d-%d) and #%d (steps %d-%d) overlap", i,
+                         a->first, a->last, j, b->first, b->last);
+                return -1;
+            }
+        }
+    }
+    if (g->info.plan_bytes > sum) {
+        snprintf(why, n, "the block (%llu bytes) is bigger than its storages together (%zu)",
+                 (unsigned long long)g->info.plan_bytes, sum);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---------------- set-up ---------------- */
 
 void nt__graph_init(void) {}
@@ -1510,5 +1589,16 @@ void nt__graph_shutdown(void)
     g_mutex_lock(&caps_lock);
     for (int i = 0; i < CAP_SLOTS; i++)
         caps[i] = NULL;
+    nt_graph *live = live_graphs;
+    live_graphs = NULL;
+    for (nt_graph *g = live; g; g = g->live_next)
+        g->live_prev = NULL;
     g_mutex_unlock(&caps_lock);
+    for (nt_graph *g = live, *n; g; g = n) {
+        n = g->live_next;
+        g->live_next = NULL;
+        graph_release_runtime(g);
+    }
+    if (c) /* its stream went with the others: only the recording is left */
+        capture_free(c);
 }

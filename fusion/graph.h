@@ -82,9 +82,18 @@ void nt__capture_patch_next(nt__patch_fn fn, void *ctx, int role, int field, int
 void nt__capture_fail(int code, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
 /* fn(ctx) at every replay, after every patch was computed; one per ctx. */
 void nt__capture_on_replay(void (*fn)(void *ctx), void *ctx);
-/* has_grad(leaf): whether it has a gradient now (autograd's answer: the
- * leaf's state lives above this layer). */
-void nt__capture_note_leaf(nt_tensor *leaf, bool had_grad, bool (*has_grad)(const nt_tensor *));
+/* How a captured program asks autograd (a layer above) for a leaf's .grad
+ * and gives it one. */
+typedef struct nt__leaf_access {
+    nt_tensor *(*grad_of)(const nt_tensor *leaf);   /* borrowed, or NULL */
+    void (*set_grad)(nt_tensor *leaf, nt_tensor *g); /* takes a reference of its own */
+} nt__leaf_access;
+/* Autograd is about to start (grad NULL) or add to the leaf's .grad: the
+ * first time per capture, the capture notes which .grad it found; at its end
+ * which one the step left.  A replay checks the leaf holds the same .grad
+ * as at the capture's start (none, or that very tensor), and then gives it
+ * the one the step left, which the program rewrites. */
+void nt__capture_note_leaf(nt_tensor *leaf, const nt__leaf_access *acc);
 /* The bits of a double, for patch functions. */
 static inline uint64_t nt__patch_f64(double v)
 {
@@ -98,6 +107,11 @@ static inline uint64_t nt__patch_f64(double v)
 /* Runs a recorded group again: its program on its tensors, as the planner
  * ran it, with errors poisoning its outputs (named after its first op). */
 void nt__fusion_replay_group(nt__fgroup *g);
+
+/* Tests: 0 if no two planned storages that are alive at once share a
+ * byte, every one lies inside the block, and the block is at most the sum
+ * of their sizes; else -1 with why[] saying which. */
+int nt__graph_check_plan(const nt_graph *g, char *why, size_t n);
 
 /* nt_init / nt_shutdown (fusion/plan.c's init and shutdown call these). */
 void nt__graph_init(void);
