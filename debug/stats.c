@@ -74,6 +74,25 @@ void nt__debug_stats_print(FILE *f)
             bytes_str((double)st.device_bytes_waiting, b4, sizeof b4),
             (unsigned long long)st.device_alloc_waits, (double)st.device_alloc_wait_ns / 1e6);
 
+    if (st.graph_replays) {
+        double n = (double)st.graph_replays;
+        fprintf(f, "  graphs      %llu replays of captured programs, %.0f ops in %.0f kernels a "
+                "replay; largest memory plan %s\n",
+                (unsigned long long)st.graph_replays, (double)st.graph_ops_replayed / n,
+                (double)st.graph_kernels_replayed / n,
+                bytes_str((double)st.graph_plan_bytes, b1, sizeof b1));
+        if (st.graph_sim_ns) {
+            static const char *eng[5] = {"TensorE", "VectorE", "ScalarE", "GpSimd", "DMA"};
+            double sim = (double)st.graph_sim_ns;
+            fprintf(f, "              simulated %.3f ms a replay, MFU %.1f%%, HBM %s a replay;",
+                    sim / n / 1e6, pct(st.graph_sim_ideal_ns, sim),
+                    bytes_str((double)st.graph_sim_hbm_bytes / n, b1, sizeof b1));
+            for (int e = 0; e < 5; e++)
+                fprintf(f, "%s %s %.1f%%", e ? "," : "", eng[e],
+                        pct(st.graph_sim_busy_ns[e], sim));
+            fprintf(f, "\n");
+        }
+    }
     /* The simulator's totals, when the runtime runs kernels on it (asking
      * otherwise would start a simulator just to print zeros). */
     nt_sim_stats ss;

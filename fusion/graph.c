@@ -23,6 +23,7 @@
 #include "core/backend.h"
 #include "core/hooks.h"
 #include "debug/debug.h"
+#include "sim/sim.h"
 #include "fusion/fusion.h"
 #include "streams/stream.h"
 
@@ -179,6 +180,10 @@ struct nt_graph {
     int ninputs;
     nt_tensor *block;        /* the plan's memory (a tensor of u8) */
     nt_graph_info info;
+    bool on_sim;             /* some kernel runs on the simulator: one program */
+    bool snap_ok;            /* snap holds the program's timing */
+    bool prog_timed;         /* the replay running now times its program */
+    nt__sim_prog_snap snap;
     volatile AO_t replays;
 };
 
@@ -189,6 +194,15 @@ typedef struct greplay {
     nt__storage **bst;       /* per input: the bound storage (referenced) */
     int64_t *boff;           /* and the bound tensor's offset */
 } greplay;
+
+/* nt_stats' graph counters: written by workers at the end of a replay,
+ * read by nt_stats_get (the fixed-point sums keep the totals exact in any
+ * order, like the simulator's). */
+static struct {
+    GMutex lock;
+    uint64_t replays, ops, kernels, hbm, plan;
+    double sim, ideal, busy[NT_ENGINE_COUNT];
+} gst;
 
 static nt__capture *caps[CAP_SLOTS];
 static GMutex caps_lock;
@@ -1080,6 +1094,11 @@ static nt_graph *compile(const nt_site *site, nt__capture *c)
         }
         free(sq);
     }
+    for (int k = 0; k < g->nsteps; k++) {
+        gstep *st = &g->steps[k];
+        uint8_t be = st->kind == STEP_REC ? g->recs[st->rec0].backend : st->grp.backend;
+        g->on_sim |= be == NT_BACKEND_SIM;
+    }
     g->info.ops = g->nrecs;
     g->info.kernels = kernels;
     g->info.fused_ops = fused;
@@ -1092,6 +1111,10 @@ static nt_graph *compile(const nt_site *site, nt__capture *c)
     g->info.inputs = g->ninputs;
     g->info.patches = g->npatches;
     capture_free(c);
+    g_mutex_lock(&gst.lock);
+    if (g->info.plan_bytes > gst.plan)
+        gst.plan = g->info.plan_bytes;
+    g_mutex_unlock(&gst.lock);
     g_mutex_lock(&caps_lock);
     g->live_next = live_graphs;
     if (live_graphs)
@@ -1235,6 +1258,83 @@ static void rebind(nt_graph *g, int k, nt__storage *st, int64_t off)
     }
 }
 
+static int cmp_range(const void *a, const void *b)
+{
+    const nt__sim_range *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Starts the replay's kernels as one simulator program (sim/sim.h): timed
+ * the first time (and whenever the timing memo is off or a trace is
+ * open), then from the snapshot.  False: run them as separate kernels (the
+ * host is out of memory for the ranges: the same values, slower time). */
+static bool sim_program_begin(nt_graph *g)
+{
+    nt__sim_range *r = malloc((size_t)(g->nstores + 1) * sizeof *r);
+    if (!r)
+        return false;
+    int n = 0;
+    double after = 0.0;
+    if (g->block) {
+        uintptr_t lo = (uintptr_t)nt__storage_data(g->block->st);
+        r[n++] = (nt__sim_range){lo, lo + g->info.plan_bytes};
+    }
+    for (int i = 0; i < g->nstores; i++) {
+        gstore *e = &g->stores[i];
+        if (e->planned)
+            continue;
+        /* an input's handles point at the storage bound now */
+        nt__storage *st = e->nst;
+        for (int t = 0; t < g->ntens && e->input >= 0; t++)
+            if (g->tens[t].s == i) {
+                st = g->tens[t].h->st;
+                break;
+            }
+        uintptr_t lo = (uintptr_t)nt__storage_data(st);
+        r[n++] = (nt__sim_range){lo, lo + (st->nbytes ? st->nbytes : 1)};
+        double ready = nt__storage_ready_get(st);
+        if (ready > after)
+            after = ready;
+    }
+    qsort(r, (size_t)n, sizeof *r, cmp_range);
+    int m = 0; /* views of one storage can repeat it; none overlap otherwise */
+    for (int i = 0; i < n; i++)
+        if (!m || r[i].lo >= r[m - 1].hi)
+            r[m++] = r[i];
+    bool timed = !g->snap_ok || nt__trace_enabled() || (getenv("NT_SIM_MEMO") &&
+                                                         getenv("NT_SIM_MEMO")[0] == '0');
+    int rc = nt__sim_program_begin(after, r, m, timed ? NULL : &g->snap);
+    free(r);
+    g->prog_timed = timed;
+    return rc == 0;
+}
+
+static void sim_program_end(nt_graph *g)
+{
+    nt__sim_prog_snap sn;
+    double end = nt__sim_program_end(g->prog_timed ? &sn : NULL);
+    if (g->prog_timed && !nt__trace_enabled()) {
+        g->snap = sn;
+        g->snap_ok = true;
+    }
+    g_mutex_lock(&gst.lock);
+    gst.sim += g->snap.makespan_ns;
+    gst.ideal += g->snap.tensor_ideal_ns;
+    gst.hbm += g->snap.hbm_read_bytes + g->snap.hbm_write_bytes;
+    for (int e = 0; e < NT_ENGINE_COUNT; e++)
+        gst.busy[e] += g->snap.busy_ns[e];
+    g_mutex_unlock(&gst.lock);
+    /* what it wrote is ready at the program's end */
+    for (int i = 0; i < g->nstores; i++) {
+        gstore *e = &g->stores[i];
+        if (e->written)
+            nt__storage_ready_set(e->planned ? e->nst : e->nst, end);
+    }
+    for (int t = 0; t < g->ntens; t++)
+        if (g->stores[g->tens[t].s].written)
+            nt__storage_ready_set(g->tens[t].h->st, end);
+}
+
 /* The replay record's function, on the worker (or inline). */
 static void graph_run(void *arg)
 {
@@ -1262,6 +1362,7 @@ static void graph_run(void *arg)
     }
     nt_stream *s = g->stream;
     uint64_t shift = rp->seq0 - g->seq0;
+    bool prog = g->on_sim && sim_program_begin(g);
     for (int i = 0; i < g->nrecs; i++) {
         nt__rec *r = &g->recs[i];
         r->stream = s;
@@ -1275,6 +1376,13 @@ static void graph_run(void *arg)
         else
             nt__fusion_replay_group(&st->grp);
     }
+    if (prog)
+        sim_program_end(g);
+    g_mutex_lock(&gst.lock);
+    gst.replays++;
+    gst.ops += (uint64_t)g->info.ops;
+    gst.kernels += (uint64_t)g->info.kernels;
+    g_mutex_unlock(&gst.lock);
     /* back to the capture's numbering, so the next shift is from there */
     for (int i = 0; i < g->nrecs; i++)
         g->recs[i].seq -= shift;
@@ -1572,9 +1680,34 @@ int nt__graph_check_plan(const nt_graph *g, char *why, size_t n)
     return 0;
 }
 
+void nt__graph_stats(nt_stats *out)
+{
+    g_mutex_lock(&gst.lock);
+    uint64_t plan = gst.plan;
+    out->graph_replays = gst.replays;
+    out->graph_ops_replayed = gst.ops;
+    out->graph_kernels_replayed = gst.kernels;
+    out->graph_plan_bytes = plan;
+    out->graph_sim_ns = (uint64_t)gst.sim;
+    out->graph_sim_hbm_bytes = gst.hbm;
+    out->graph_sim_ideal_ns = gst.ideal;
+    for (int e = 0; e < NT_ENGINE_COUNT && e < 5; e++)
+        out->graph_sim_busy_ns[e] = gst.busy[e];
+    g_mutex_unlock(&gst.lock);
+}
+
+void nt__graph_stats_reset(void)
+{
+    g_mutex_lock(&gst.lock);
+    gst.replays = gst.ops = gst.kernels = gst.hbm = gst.plan = 0;
+    gst.sim = gst.ideal = 0;
+    memset(gst.busy, 0, sizeof gst.busy);
+    g_mutex_unlock(&gst.lock);
+}
+
 /* ---------------- set-up ---------------- */
 
-void nt__graph_init(void) {}
+void nt__graph_init(void) { nt__graph_stats_reset(); }
 
 void nt__graph_shutdown(void)
 {

@@ -113,6 +113,10 @@ void nt__fusion_replay_group(nt__fgroup *g);
  * of their sizes; else -1 with why[] saying which. */
 int nt__graph_check_plan(const nt_graph *g, char *why, size_t n);
 
+/* The graph counters of nt_stats (nt__fusion_stats calls it). */
+void nt__graph_stats(nt_stats *out);
+void nt__graph_stats_reset(void);
+
 /* nt_init / nt_shutdown (fusion/plan.c's init and shutdown call these). */
 void nt__graph_init(void);
 void nt__graph_shutdown(void);

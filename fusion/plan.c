@@ -1219,9 +1219,11 @@ void nt__fusion_stats(nt_stats *out)
     out->fused_values_stored = AO_load(&nt__fst.stored);
     out->fused_values_elided = AO_load(&nt__fst.elided);
     out->fusion_plan_ns = AO_load(&nt__fst.plan_ns);
+    nt__graph_stats(out);
 }
 
 void nt__fusion_stats_reset(void)
 {
     memset((void *)&nt__fst, 0, sizeof nt__fst);
+    nt__graph_stats_reset();
 }

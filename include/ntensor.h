@@ -748,6 +748,15 @@ typedef struct nt_stats {
     uint64_t device_alloc_waits;   /* allocations that waited for queued work to
                                       free memory (full device, NT_MAX_INFLIGHT_BYTES) */
     uint64_t device_alloc_wait_ns; /* host time those waits took */
+    /* Captured programs (nt_graph_*, docs/graphs.md). */
+    uint64_t graph_replays;        /* nt_graph_replay runs completed */
+    uint64_t graph_ops_replayed;   /* ops those replays ran */
+    uint64_t graph_kernels_replayed; /* kernels they ran */
+    uint64_t graph_plan_bytes;     /* the largest memory plan of the graphs captured */
+    uint64_t graph_sim_ns;         /* simulated time of the replays (each one program) */
+    uint64_t graph_sim_hbm_bytes;  /* HBM bytes their DMAs moved */
+    double graph_sim_ideal_ns;     /* their matmuls at TensorE's peak (MFU = this / sim) */
+    double graph_sim_busy_ns[5];   /* busy time of TensorE, VectorE, ScalarE, GpSimd, DMA */
 } nt_stats;
 
 /** Fills *out with counters since nt_init (or the last nt_stats_reset). */

@@ -124,6 +124,27 @@ typedef struct nt__sim_hpage {
     double wend, rend;
 } hpage;
 
+/* A program running on a core (sim/sim.h, "Programs"): the timeline state
+ * its kernels carry over, and what they add up to. */
+typedef struct nt__sim_prog {
+    pthread_t owner;
+    bool timed;
+    nt__sim_prog_snap snap;  /* untimed: what the program adds */
+    double clock0;           /* its start on the core's clock */
+    double eng_free[NT_ENGINE_DMA], q_free[NT_SIM_DMA_QUEUES];
+    double port_sbuf_vg, port_psum_vs;
+    int act_table, rr_queue;
+    double *bucket;          /* the DMA engines' bookings, program time */
+    size_t nbucket;
+    double *dma_iv;          /* DMA activity, program time */
+    size_t n_iv, cap_iv;
+    double tend;
+    double busy[NT_ENGINE_COUNT], qbusy[NT_SIM_DMA_QUEUES], flops, ideal;
+    uint64_t ninstr, kernels, hbm_rd, hbm_wr;
+    nt__sim_range *map;      /* the allocations HBM pages are counted in */
+    int nmap;
+} nt__sim_prog;
+
 /* The sums of kernel times, kept exactly in 128-bit fixed point (64
  * fractional bits hold every bit of a time above 2^-11 ns): integer
  * addition does not depend on the order kernels of several streams end in,
@@ -882,12 +903,20 @@ nt_sim_kernel *nt_sim_kernel_begin(const char *name)
     nt__sim_core *core = &nt__sim.cores[ci >= 0 && ci < nt__sim.ncores ? ci : 0];
     double after = nt__tl_sim_after;
     nt__tl_sim_after = 0.0;
-    pthread_mutex_lock(&core->run_lock);
+    /* a program of this thread holds the core already; another's makes
+     * this wait for its end */
+    nt__sim_prog *pg = __atomic_load_n(&core->prog, __ATOMIC_ACQUIRE);
+    bool mine = pg && pthread_equal(pg->owner, pthread_self());
+    if (!mine) {
+        pthread_mutex_lock(&core->run_lock);
+        pg = NULL;
+    }
     k->core = core;
     const nt_sim_config *c = &nt__sim.cfg;
     if (ensure_core(core) || alloc_init(&k->sbuf, c->sbuf_partition_bytes) ||
         alloc_init(&k->psum, c->psum_partition_bytes)) {
-        pthread_mutex_unlock(&core->run_lock);
+        if (!pg)
+            pthread_mutex_unlock(&core->run_lock);
         free(k->sbuf.free);
         free(k->psum.free);
         free(k);
@@ -913,9 +942,29 @@ nt_sim_kernel *nt_sim_kernel_begin(const char *name)
     k->port_sbuf_vg = k->port_psum_vs = k->t0;
     k->act_table = -1;
     k->host_t0 = nt__sim_now_ns();
-    if (++core->ht_gen == 0)
-        core->ht_gen = 1;
-    core->ht_count = 0;
+    k->tmin = INFINITY;
+    if (pg && pg->timed) {
+        /* the program's timeline goes on: engines, queues, the DMA
+         * engines' bookings, the dependency tables (no new generation) */
+        k->in_prog = true;
+        k->clock0 = pg->clock0;
+        memcpy(k->eng_free, pg->eng_free, sizeof k->eng_free);
+        memcpy(k->q_free, pg->q_free, sizeof k->q_free);
+        k->port_sbuf_vg = pg->port_sbuf_vg;
+        k->port_psum_vs = pg->port_psum_vs;
+        k->act_table = pg->act_table;
+        k->rr_queue = pg->rr_queue;
+        k->bucket = pg->bucket, pg->bucket = NULL;
+        k->nbucket = pg->nbucket;
+        k->dma_iv = pg->dma_iv, pg->dma_iv = NULL;
+        k->n_iv = pg->n_iv;
+        k->cap_iv = pg->cap_iv;
+    } else {
+        k->in_prog = pg != NULL; /* untimed: its own throwaway timeline */
+        if (++core->ht_gen == 0)
+            core->ht_gen = 1;
+        core->ht_count = 0;
+    }
     if (nt__trace_enabled())
         trace_meta(core);
     return k;
@@ -1000,14 +1049,245 @@ void nt__sim_ksnap_free(nt__sim_ksnap *s)
     s->n_iv = 0;
 }
 
+static void kernel_free(nt_sim_kernel *k)
+{
+    for (nt_tile *t = k->tiles, *n; t; t = n) {
+        n = t->next;
+        free(t);
+    }
+    free(k->sbuf.free);
+    free(k->psum.free);
+    free(k->dma_iv);
+    free(k->bucket);
+    free(k);
+}
+
+/* The end of a kernel of a program: its timeline goes back to the program,
+ * its counts into the program's (timed) or nowhere (untimed: the snapshot
+ * has them); the core's clock and time move at the program's end. */
+static int prog_kernel_end(nt_sim_kernel *k, nt__sim_prog *pg, nt_sim_report *rep)
+{
+    nt__sim_core *core = k->core;
+    double t0 = k->tmin < k->tend ? k->tmin : k->tend;
+    if (rep) {
+        memset(rep, 0, sizeof *rep);
+        g_strlcpy(rep->name, k->name, sizeof rep->name);
+        rep->error = k->err;
+        g_strlcpy(rep->message, k->msg, sizeof rep->message);
+        rep->start_ns = k->clock0 + t0;
+        rep->end_ns = k->clock0 + k->tend;
+        rep->duration_ns = k->tend - t0;
+        memcpy(rep->busy_ns, k->busy, sizeof rep->busy_ns);
+        memcpy(rep->dma_queue_busy_ns, k->qbusy, sizeof rep->dma_queue_busy_ns);
+        rep->instructions = k->ninstr;
+        rep->flops = k->flops;
+        rep->tensor_ideal_ns = k->ideal_ns;
+        rep->hbm_read_bytes = k->hbm_rd;
+        rep->hbm_write_bytes = k->hbm_wr;
+        rep->sbuf_peak_bytes = k->sbuf.peak;
+        rep->psum_peak_bytes = k->psum.peak;
+    }
+    if (pg->timed) {
+        if (nt__trace_enabled() && k->ninstr) {
+            trace_meta(core);
+            char args[256];
+            snprintf(args, sizeof args,
+                     "{\"instructions\":%llu,\"flops\":%.0f,\"hbm_read\":%llu,"
+                     "\"hbm_write\":%llu,\"in_program\":true}",
+                     (unsigned long long)k->ninstr, k->flops, (unsigned long long)k->hbm_rd,
+                     (unsigned long long)k->hbm_wr);
+            nt__trace_complete(nt__sim_trace_pid(core->index), 0, k->name,
+                               (k->clock0 + t0) / 1e3, (k->tend - t0) / 1e3, args);
+        }
+        memcpy(pg->eng_free, k->eng_free, sizeof pg->eng_free);
+        memcpy(pg->q_free, k->q_free, sizeof pg->q_free);
+        pg->port_sbuf_vg = k->port_sbuf_vg;
+        pg->port_psum_vs = k->port_psum_vs;
+        pg->act_table = k->act_table;
+        pg->rr_queue = k->rr_queue;
+        pg->bucket = k->bucket, k->bucket = NULL;
+        pg->nbucket = k->nbucket;
+        pg->dma_iv = k->dma_iv, k->dma_iv = NULL;
+        pg->n_iv = k->n_iv;
+        pg->cap_iv = k->cap_iv;
+        if (k->tend > pg->tend)
+            pg->tend = k->tend;
+        for (int e = 0; e < NT_ENGINE_DMA; e++)
+            pg->busy[e] += k->busy[e];
+        for (int q = 0; q < NT_SIM_DMA_QUEUES; q++)
+            pg->qbusy[q] += k->qbusy[q];
+        pg->flops += k->flops;
+        pg->ideal += k->ideal_ns;
+        pg->hbm_rd += k->hbm_rd;
+        pg->hbm_wr += k->hbm_wr;
+        pg->ninstr += k->ninstr;
+        pg->kernels++;
+        nt__tl_sim_end = k->clock0 + k->tend;
+    } else {
+        nt__tl_sim_end = pg->clock0; /* the program's end stamps what it wrote */
+    }
+    pthread_mutex_lock(&core->stats_lock);
+    if (k->err)
+        core->stats.errors++;
+    core->stats.host_ns += nt__sim_now_ns() - k->host_t0;
+    core->stats.host_gemm_ns += k->gemm_ns;
+    core->stats.host_values_ns += k->values_ns;
+    pthread_mutex_unlock(&core->stats_lock);
+    int err = k->err;
+    kernel_free(k);
+    return err;
+}
+
+int nt__sim_program_begin(double after, const nt__sim_range *ranges, int nranges,
+                          const nt__sim_prog_snap *snap)
+{
+    if (nt_sim_init())
+        return NT_ESIM;
+    int ci = nt__tl_core;
+    nt__sim_core *core = &nt__sim.cores[ci >= 0 && ci < nt__sim.ncores ? ci : 0];
+    nt__sim_prog *pg = calloc(1, sizeof *pg);
+    nt__sim_range *map = nranges > 0 ? malloc((size_t)nranges * sizeof *map) : NULL;
+    if (!pg || (nranges > 0 && !map)) {
+        free(pg);
+        free(map);
+        return NT_EHOSTMEM;
+    }
+    if (nranges > 0)
+        memcpy(map, ranges, (size_t)nranges * sizeof *map);
+    pthread_mutex_lock(&core->run_lock);
+    if (ensure_core(core)) {
+        pthread_mutex_unlock(&core->run_lock);
+        free(pg);
+        free(map);
+        return NT_EHOSTMEM;
+    }
+    pg->owner = pthread_self();
+    pg->timed = snap == NULL;
+    if (snap)
+        pg->snap = *snap;
+    pg->map = map;
+    pg->nmap = nranges;
+    pg->act_table = -1;
+    pthread_mutex_lock(&core->stats_lock);
+    pg->clock0 = core->clock > after ? core->clock : after;
+    pthread_mutex_unlock(&core->stats_lock);
+    if (++core->ht_gen == 0) /* the program's dependencies start afresh */
+        core->ht_gen = 1;
+    core->ht_count = 0;
+    __atomic_store_n(&core->prog, pg, __ATOMIC_RELEASE);
+    return 0;
+}
+
+static nt__sim_core *prog_core(void)
+{
+    int ci = nt__tl_core;
+    if (!atomic_load_explicit(&inited, memory_order_acquire))
+        return NULL;
+    return &nt__sim.cores[ci >= 0 && ci < nt__sim.ncores ? ci : 0];
+}
+
+static nt__sim_prog *my_prog(void)
+{
+    nt__sim_core *core = prog_core();
+    nt__sim_prog *pg = core ? __atomic_load_n(&core->prog, __ATOMIC_ACQUIRE) : NULL;
+    return pg && pthread_equal(pg->owner, pthread_self()) ? pg : NULL;
+}
+
+bool nt__sim_program_active(void) { return my_prog() != NULL; }
+
+bool nt__sim_program_untimed(void)
+{
+    nt__sim_prog *pg = my_prog();
+    return pg && !pg->timed;
+}
+
+/* Time during which at least one DMA queue was active, over (s, e) pairs. */
+static double iv_union(double *iv, size_t n)
+{
+    if (!n)
+        return 0.0;
+    qsort(iv, n, 2 * sizeof(double), cmp_iv);
+    double total = 0.0, s = iv[0], e = iv[1];
+    for (size_t i = 1; i < n; i++) {
+        double a = iv[2 * i], b = iv[2 * i + 1];
+        if (a > e) {
+            total += e - s;
+            s = a;
+            e = b;
+        } else if (b > e) {
+            e = b;
+        }
+    }
+    return total + (e - s);
+}
+
+double nt__sim_program_end(nt__sim_prog_snap *out)
+{
+    nt__sim_core *core = prog_core();
+    nt__sim_prog *pg = my_prog();
+    if (!pg)
+        return 0.0;
+    nt__sim_prog_snap sn;
+    if (pg->timed) {
+        memset(&sn, 0, sizeof sn);
+        sn.makespan_ns = pg->tend;
+        memcpy(sn.busy_ns, pg->busy, sizeof sn.busy_ns);
+        sn.busy_ns[NT_ENGINE_DMA] = iv_union(pg->dma_iv, pg->n_iv);
+        memcpy(sn.queue_busy_ns, pg->qbusy, sizeof sn.queue_busy_ns);
+        sn.kernels = pg->kernels;
+        sn.instructions = pg->ninstr;
+        sn.hbm_read_bytes = pg->hbm_rd;
+        sn.hbm_write_bytes = pg->hbm_wr;
+        sn.flops = pg->flops;
+        sn.tensor_ideal_ns = pg->ideal;
+        if (out)
+            *out = sn;
+    } else {
+        sn = pg->snap;
+    }
+    double end = pg->clock0 + sn.makespan_ns;
+    pthread_mutex_lock(&core->stats_lock);
+    if (end > core->clock)
+        core->clock = end;
+    nt_sim_stats *st = &core->stats;
+    fx_sums *sums = core->sums;
+    st->kernels += sn.kernels;
+    st->instructions += sn.instructions;
+    sums->sim += to_fx(sn.makespan_ns);
+    for (int e = 0; e < NT_ENGINE_COUNT; e++)
+        sums->busy[e] += to_fx(sn.busy_ns[e]);
+    for (int q = 0; q < NT_SIM_DMA_QUEUES; q++)
+        sums->qbusy[q] += to_fx(sn.queue_busy_ns[q]);
+    st->hbm_read_bytes += sn.hbm_read_bytes;
+    st->hbm_write_bytes += sn.hbm_write_bytes;
+    st->flops += sn.flops;
+    sums->ideal += to_fx(sn.tensor_ideal_ns);
+    pthread_mutex_unlock(&core->stats_lock);
+    if (nt__trace_enabled()) {
+        trace_meta(core);
+        nt__trace_complete(nt__sim_trace_pid(core->index), 0, "captured program",
+                           pg->clock0 / 1e3, sn.makespan_ns / 1e3, "{}");
+    }
+    __atomic_store_n(&core->prog, NULL, __ATOMIC_RELEASE);
+    free(pg->bucket);
+    free(pg->dma_iv);
+    free(pg->map);
+    free(pg);
+    pthread_mutex_unlock(&core->run_lock);
+    return end;
+}
+
 int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
 {
     if (!k)
         return NT__SIM_NULL("nt_sim_kernel_end", "k");
     nt__sim_fx_flush(k); /* queued functional work lands before the report */
+    nt__sim_core *core = k->core;
+    nt__sim_prog *pg = k->in_prog ? core->prog : NULL;
+    if (pg)
+        return prog_kernel_end(k, pg, rep);
     double dur = k->tend - k->t0;
     k->busy[NT_ENGINE_DMA] = dma_union(k);
-    nt__sim_core *core = k->core;
     if (nt__trace_enabled()) {
         trace_meta(core);
         char args[512], q[128];
@@ -1064,15 +1344,7 @@ int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
     nt__tl_sim_end = k->clock0 + k->tend;
 
     int err = k->err;
-    for (nt_tile *t = k->tiles, *n; t; t = n) {
-        n = t->next;
-        free(t);
-    }
-    free(k->sbuf.free);
-    free(k->psum.free);
-    free(k->dma_iv);
-    free(k->bucket);
-    free(k);
+    kernel_free(k);
     pthread_mutex_unlock(&core->run_lock);
     return err;
 }
@@ -1269,6 +1541,23 @@ static double hbm_pages(nt__sim_core *c, const nt_ap *ap, bool write, int mode, 
     int64_t lo, hi;
     nt__sim_extent(ap, &lo, &hi);
     uintptr_t base = (uintptr_t)ap->hbm;
+    int64_t shift = 0; /* bytes from the page origin to the pattern's base */
+    const nt__sim_prog *prg = c->prog;
+    if (prg && prg->nmap) {
+        /* in a program: pages of the allocation that holds the base */
+        int lo_i = 0, hi_i = prg->nmap;
+        while (lo_i < hi_i) {
+            int mid = (lo_i + hi_i) / 2;
+            if (prg->map[mid].hi <= base)
+                lo_i = mid + 1;
+            else
+                hi_i = mid;
+        }
+        if (lo_i < prg->nmap && prg->map[lo_i].lo <= base) {
+            shift = (int64_t)(base - prg->map[lo_i].lo);
+            base = prg->map[lo_i].lo;
+        }
+    }
     int64_t F = nt__sim_free_count(ap);
     nt__sim_shape s;
     nt__sim_canon(ap, &s);
@@ -1289,7 +1578,7 @@ static double hbm_pages(nt__sim_core *c, const nt_ap *ap, bool write, int mode, 
      * not rows times that. */
     int64_t seen_hi = INT64_MIN;
     for (int p = 0; p < rows; p++) {
-        int64_t a = (ap->offset + (int64_t)p * ap->pstep + lo) * esz; /* from base */
+        int64_t a = shift + (ap->offset + (int64_t)p * ap->pstep + lo) * esz; /* from base */
         int64_t first = a >> HBM_PAGE_SHIFT, last = (a + row_bytes - 1) >> HBM_PAGE_SHIFT;
         if (ap->pstep >= 0) {
             if (first <= seen_hi)
@@ -1591,6 +1880,8 @@ void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in)
 
     if (end > k->tend)
         k->tend = end;
+    if (start < k->tmin)
+        k->tmin = start;
     k->flops += in->flops;
     k->ideal_ns += in->ideal_ns;
     k->hbm_rd += in->hbm_rd;

@@ -93,6 +93,8 @@ typedef struct nt__sim_instr {
 
 struct nt_sim_kernel {
     char name[64];
+    bool in_prog;      /* a kernel of the core's running program (nt__sim_program_begin) */
+    double tmin;       /* its first instruction's start (program time) */
     int err;
     char msg[320];
     uint64_t ninstr;
@@ -157,6 +159,7 @@ typedef struct nt__sim_core {
     nt_sim_stats stats;
     void *sums;           /* core.c: exact fixed-point sums of kernel times */
     unsigned trace_gen_seen;
+    struct nt__sim_prog *prog; /* core.c: the program running on it, or NULL */
 } nt__sim_core;
 
 /* What all cores share: the configuration (one target for every core) and
@@ -185,6 +188,52 @@ extern nt__sim_global nt__sim;
  * reads (nt__storage.sim_ready, the end of their last writer on whatever
  * core wrote them).  With one core "after" never exceeds the clock, so
  * every time is exactly what it was before cores existed. */
+
+/* ---- Programs: many kernels on one timeline ------------------------------
+ *
+ * A captured program (fusion/graph.c) runs its kernels as one program: the
+ * engines, DMA queues and the DMA engines' bandwidth carry over from one
+ * kernel to the next instead of starting afresh, and the on-chip chunk and
+ * HBM page dependencies are kept across kernels, so a kernel's loads start
+ * as soon as what they read is written and its engines are free -- while the
+ * previous kernel still computes -- and never earlier.  An HBM page is
+ * counted from the start of the allocation that holds it (ranges[]: the
+ * program's storages and its plan's block), so two planned tensors that
+ * reuse the same bytes wait for each other, and where the host put a
+ * buffer never changes the time.  The program's time (its makespan) is
+ * added to the core's clock and statistics once, at its end.
+ *
+ * Untimed: a program whose timing is known (the snapshot of an earlier
+ * run of the same program) runs its kernels for their values only -- the
+ * built-in programs issue no instruction (nt__sim_program_untimed), others
+ * issue theirs unrecorded -- and the snapshot is added at the end.
+ *
+ * Begin and end on the same thread, which holds the core from begin to end
+ * (other threads' kernels on the core wait). */
+typedef struct nt__sim_range {
+    uintptr_t lo, hi;                 /* [lo, hi) */
+} nt__sim_range;
+typedef struct nt__sim_prog_snap {
+    double makespan_ns;
+    double busy_ns[NT_ENGINE_COUNT];
+    double queue_busy_ns[NT_SIM_DMA_QUEUES];
+    uint64_t kernels, instructions, hbm_read_bytes, hbm_write_bytes;
+    double flops, tensor_ideal_ns;
+} nt__sim_prog_snap;
+/* Starts a program on the calling thread's core, no earlier than `after`;
+ * ranges: sorted, disjoint, nranges of them (copied).  snap NULL: timed
+ * (every instruction issued and placed); else untimed, adding *snap at the
+ * end.  0, or NT_EHOSTMEM. */
+int nt__sim_program_begin(double after, const nt__sim_range *ranges, int nranges,
+                          const nt__sim_prog_snap *snap);
+/* Ends it: the core's clock moves to its end; *out (if not NULL) gets what
+ * a timed program added.  Returns the program's end on the core clock. */
+double nt__sim_program_end(nt__sim_prog_snap *out);
+/* True between begin and end of an untimed program on this thread's core:
+ * a built-in kernel computes its values without issuing. */
+bool nt__sim_program_untimed(void);
+/* True between begin and end of any program on this thread's core. */
+bool nt__sim_program_active(void);
 
 /* NT_SIM_CORES (1..64, default 1); initialises the simulator if needed
  * (0 if that fails). */
