@@ -94,6 +94,7 @@ static nt_optim *opt_new(opt_kind kind, nt_tensor *const *params, int n)
         return NULL;
     }
     o->magic = OPT_MAGIC;
+    o->refs = 1;
     o->kind = kind;
     o->n = n;
     o->slots = slots;
@@ -190,8 +191,33 @@ static uint64_t scalar_at_replay(void *ctx, int role)
     }
 }
 
-static void slot_stepped(void *ctx) { ((slot *)ctx)->steps++; }
-static void optim_stepped(void *ctx) { ((nt_optim *)ctx)->steps++; }
+static void slot_stepped(void *ctx, int64_t arg)
+{
+    (void)arg;
+    ((slot *)ctx)->steps++;
+}
+static void optim_stepped(void *ctx, int64_t arg)
+{
+    (void)arg;
+    ((nt_optim *)ctx)->steps++;
+}
+/* A graph that refreshes an optimizer's scalars keeps its memory alive (the
+ * patches read its slots); nt_optim_destroy frees it when the last goes. */
+static void optim_retain(void *ctx) { AO_fetch_and_add1(&((nt_optim *)ctx)->refs); }
+static void optim_free(nt_optim *o)
+{
+    free(o->slots);
+    g_mutex_clear(&o->lock);
+    free(o);
+}
+static void optim_release(void *ctx)
+{
+    nt_optim *o = ctx;
+    if (nt__ref_drop(&o->refs, 1))
+        optim_free(o);
+}
+static void optim_retain_slot(void *ctx) { optim_retain(((slot *)ctx)->o); }
+static void optim_release_slot(void *ctx) { optim_release(((slot *)ctx)->o); }
 
 static void patch_next(slot *s, int role, int op)
 {
@@ -420,7 +446,7 @@ static int step_locked(nt_optim *o, const nt_site *site)
         if (!rc) {
             s->steps++;
             if (nt__capturing())
-                nt__capture_on_replay(slot_stepped, s);
+                nt__capture_on_replay(slot_stepped, s, 0, optim_retain_slot, optim_release_slot);
         }
         nt_scope_end(sc);
     }
@@ -428,7 +454,7 @@ static int step_locked(nt_optim *o, const nt_site *site)
     if (!rc) {
         o->steps++;
         if (nt__capturing())
-            nt__capture_on_replay(optim_stepped, o);
+            nt__capture_on_replay(optim_stepped, o, 0, optim_retain, optim_release);
     }
     return rc;
 }
@@ -554,9 +580,7 @@ NT_API void nt_optim_destroy(nt_optim *o)
             nt__optim_drop(&s->p->ag->amp_cast);
         nt__optim_drop(&s->p);
     }
-    free(o->slots);
-    g_mutex_clear(&o->lock);
-    free(o);
+    optim_release(o); /* captured programs that refresh its scalars may hold it */
 }
 
 int nt__optim_nparams(nt_optim *o)

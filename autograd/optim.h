@@ -35,6 +35,7 @@ struct nt_optim {
     bool master;       /* keep f32 masters for low-precision params */
     int64_t steps;     /* nt_optim_step calls that succeeded */
     GMutex lock;
+    volatile AO_t refs; /* its own and captured programs' (fusion/graph.h) */
 };
 
 static inline bool nt__optim_low_precision(nt_tensor *t)

@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "dispatcher/dispatch.h"
+#include "core/rng.h"
+#include "fusion/graph.h"
 
 static bool need_float(nt__call *c, nt_tensor *t, const char *arg)
 {
@@ -569,6 +571,141 @@ NT_API nt_tensor *nt_dropout_at(const nt_site *site, nt_tensor *x, double p, uin
 NT_API nt_tensor *nt_dropout(nt_tensor *x, double p, uint64_t seed)
 {
     return nt_dropout_at(NT_RA_SITE, x, p, seed);
+}
+
+/* ---------------- generators ---------------- */
+
+#define GEN_MAGIC 0x47454e31u /* "GEN1" */
+
+struct nt_generator {
+    uint32_t magic;
+    uint64_t seed;
+    volatile AO_t offset;
+    volatile AO_t refs;    /* the user's, plus captured programs' (their patches read it) */
+    const void *cap;       /* the capture that last advanced it (nt__tl_capture) */
+    uint64_t cap_adv;      /* how far that capture advanced it */
+};
+
+static void gen_free_ref(nt_generator *g)
+{
+    if (nt__ref_drop(&g->refs, 1))
+        free(g);
+}
+
+NT_API nt_generator *nt_generator_create(uint64_t seed)
+{
+    nt_generator *g = calloc(1, sizeof *g);
+    if (!g) {
+        nt__err_hostmem(NULL, "nt_generator_create", "a generator");
+        return NULL;
+    }
+    g->magic = GEN_MAGIC;
+    g->seed = seed;
+    g->refs = 1;
+    return g;
+}
+
+NT_API void nt_generator_destroy(nt_generator *g)
+{
+    if (!g || g->magic != GEN_MAGIC)
+        return;
+    g->magic = 0;
+    gen_free_ref(g);
+}
+
+static bool gen_ok(const nt_site *site, const char *fn, const nt_generator *g)
+{
+    if (!g || g->magic != GEN_MAGIC) {
+        nt__err(site, NT_EINVAL, fn, "argument 'g' is %s", g ? "not a live generator" : "NULL");
+        return false;
+    }
+    return true;
+}
+
+NT_API int nt_generator_get_state(const nt_generator *g, uint64_t *seed, uint64_t *offset)
+{
+    const char *fn = "nt_generator_get_state";
+    if (!gen_ok(NULL, fn, g))
+        return nt_last_error();
+    if (!seed || !offset)
+        return nt__err(NULL, NT_EINVAL, fn, "argument '%s' is NULL", seed ? "offset" : "seed");
+    *seed = g->seed;
+    *offset = (uint64_t)AO_load(&g->offset);
+    return 0;
+}
+
+NT_API int nt_generator_set_state(nt_generator *g, uint64_t seed, uint64_t offset)
+{
+    if (!gen_ok(NULL, "nt_generator_set_state", g))
+        return nt_last_error();
+    g->seed = seed;
+    AO_store(&g->offset, (AO_t)offset);
+    return 0;
+}
+
+/* Draw i of g now: h(seed, offset + i), core/rng.h's counter-based bits. */
+static uint64_t gen_draw(const nt_generator *g, uint64_t i)
+{
+    return nt__rng_bits(nt__rng_key(g->seed), (uint64_t)AO_load(&g->offset) + i);
+}
+
+/* A captured step's draw: at each replay, draw `index` at the offset the
+ * generator has then; each replay advances it as the step did. */
+static uint64_t gen_patch(void *ctx, int index) { return gen_draw(ctx, (uint64_t)index); }
+static void gen_advance_hook(void *ctx, int64_t n) { AO_fetch_and_add(&((nt_generator *)ctx)->offset, (AO_t)n); }
+static void gen_retain(void *ctx) { AO_fetch_and_add1(&((nt_generator *)ctx)->refs); }
+static void gen_release(void *ctx) { gen_free_ref(ctx); }
+
+NT_API int nt_generator_advance(nt_generator *g, uint64_t n)
+{
+    if (!gen_ok(NULL, "nt_generator_advance", g))
+        return nt_last_error();
+    AO_fetch_and_add(&g->offset, (AO_t)n);
+    if (nt__capturing()) {
+        if (g->cap != nt__tl_capture) {
+            g->cap = nt__tl_capture;
+            g->cap_adv = 0;
+        }
+        g->cap_adv += n;
+        nt__capture_on_replay(gen_advance_hook, g, (int64_t)g->cap_adv, gen_retain, gen_release);
+    }
+    return 0;
+}
+
+NT_API nt_tensor *nt_dropout_gen_at(const nt_site *site, nt_tensor *x, double p, nt_generator *g,
+                                    uint64_t index)
+{
+    const char *fn = "nt_dropout_gen";
+    if (!nt__ensure_init() || !nt__check_arg(site, fn, "x", x) || !gen_ok(site, fn, g))
+        return NULL;
+    if (!nt__dtype_is_float((nt_dtype)x->dtype)) {
+        nt__err(site, NT_EDTYPE, fn, "argument 'x' has dtype %s; expected f32, bf16 or f16",
+                nt_dtype_name((nt_dtype)x->dtype));
+        return NULL;
+    }
+    if (!(p >= 0.0 && p < 1.0)) {
+        nt__err(site, NT_EINVAL, fn, "argument 'p' is %g; expected a probability in [0, 1)", p);
+        return NULL;
+    }
+    if (index > INT32_MAX) {
+        nt__err(site, NT_EINVAL, fn, "argument 'index' is %llu; expected at most %d",
+                (unsigned long long)index, INT32_MAX);
+        return NULL;
+    }
+    if (p == 0.0 || tls_eval)
+        return nt_dropout_at(site, x, p, 0); /* the identity: no mask */
+    if (nt__capturing()) {
+        /* a replay draws it at the offset it has then; the backward's
+         * dropout (same seed) is patched with it (fusion/graph.c) */
+        nt__capture_patch_next(gen_patch, g, (int)index, NT__PATCH_SEED, NT_OP_DROPOUT);
+        nt__capture_on_replay(gen_advance_hook, g, g->cap == nt__tl_capture ? (int64_t)g->cap_adv : 0,
+                              gen_retain, gen_release);
+    }
+    return nt__dropout(site, fn, x, p, gen_draw(g, index));
+}
+NT_API nt_tensor *nt_dropout_gen(nt_tensor *x, double p, nt_generator *g, uint64_t index)
+{
+    return nt_dropout_gen_at(NT_RA_SITE, x, p, g, index);
 }
 
 /* ---------------- multinomial ---------------- */

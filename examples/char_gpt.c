@@ -279,12 +279,6 @@ int main(int argc, char **argv)
            "validation\n",
            (long long)d.n, d.files, o.data, d.vocab, (long long)d.n_train,
            (long long)(d.n - d.n_train));
-    if (o.capture && o.c.dropout > 0) {
-        /* its seeds are a function of the step, set by the host each step:
-         * a replay would draw the captured step's masks again */
-        fprintf(stderr, "char_gpt: --capture does not take --dropout yet\n");
-        return 1;
-    }
     printf("model: %d layers, %d heads, width %d, context %d, %s head, dropout %g: %lld "
            "parameters\n",
            o.c.n_layer, o.c.n_head, o.c.width, o.c.context, o.c.untied ? "untied" : "tied",

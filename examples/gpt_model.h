@@ -255,7 +255,7 @@ typedef struct gpt_model {
     int n_params;
     nt_tensor **p;   /* wte, wpe, blocks, ln_f w, ln_f b[, head] */
     nt_tensor *mask; /* u8 [context, context]: 1 where a query may NOT look */
-    uint64_t dropout_seed; /* the step's: each dropout adds its site number */
+    nt_generator *gen;     /* dropout's: set to the step's state before each step */
     gpt_block_ctx *bctx;   /* [n_layer]; the model must not move after gpt_init */
 } gpt_model;
 
@@ -296,6 +296,7 @@ static inline void gpt_free(gpt_model *m)
     free(m->p);
     free(m->bctx);
     nt_release(m->mask);
+    nt_generator_destroy(m->gen);
     memset(m, 0, sizeof *m);
 }
 
@@ -309,7 +310,8 @@ static inline int gpt_init(gpt_model *m, const gpt_config *c, uint64_t seed)
     m->bctx = calloc((size_t)(c->n_layer > 0 ? c->n_layer : 1), sizeof *m->bctx);
     for (int l = 0; m->bctx && l < c->n_layer; l++)
         m->bctx[l] = (gpt_block_ctx){m, l};
-    if (!m->p || !m->bctx) {
+    m->gen = nt_generator_create(0);
+    if (!m->p || !m->bctx || !m->gen) {
         gpt_free(m);
         return -1;
     }
@@ -385,18 +387,20 @@ static inline nt_tensor *gpt_attn(gpt_model *m, nt_tensor *q, nt_tensor *k, nt_t
 }
 
 /* Dropout with probability p (the identity when p is 0 or outside training
- * mode: gpt_eval turns nt_set_training off), seeded by the step's seed plus
- * `site` (0 the embedding, then two per block), not by a running counter.
- * nt_dropout's mask is a counter-based hash of (seed, element index), the
- * same in every mode and on every backend, and nt_checkpoint's recompute
- * runs in the forward's training mode: a checkpointed block draws the same
- * masks in its recompute. */
+ * mode: gpt_eval turns nt_set_training off), its seed draw `site` (0 the
+ * embedding, then two per block) of the model's generator, whose state is
+ * the step's (gpt_step_prepare), not a running counter.  nt_dropout's mask
+ * is a counter-based hash of (seed, element index), the same in every mode
+ * and on every backend; nt_checkpoint's recompute runs in the forward's
+ * training mode and draws the same sites, so the same masks; and a captured
+ * step (char_gpt --capture) draws them at each replay from the state set
+ * then (docs/graphs.md). */
 static inline nt_tensor *gpt_dropout(gpt_model *m, nt_tensor *x, int site)
 {
     double p = m->c.dropout;
     if (p <= 0)
         return x;
-    return nt_dropout(x, p, m->dropout_seed + (uint64_t)site);
+    return nt_dropout_gen(x, p, m->gen, (uint64_t)site);
 }
 
 /* Heads of the slice [off, off + D) of qkv [B, T, 3D]: [B, H, T, D/H]. */
@@ -498,7 +502,8 @@ static inline int gpt_step_prepare(gpt_model *m, nt_optim *opt, const gpt_data *
     if (nt_optim_set_lr(opt, gpt_lr(o->lr, step, o->steps, o->warmup)) != 0)
         return -1;
     /* a function of the step, so a resumed run draws the same masks */
-    m->dropout_seed = o->seed * 0x100000000ull + (uint64_t)step * 1024;
+    if (nt_generator_set_state(m->gen, o->seed * 0x100000000ull, (uint64_t)step * 1024) != 0)
+        return -1;
     gpt_batch(d, false, o->seed, step, o->batch, m->c.context, xb, yb);
     return 0;
 }

@@ -86,8 +86,10 @@ typedef struct gpatch {
 } gpatch;
 
 typedef struct ghook {
-    void (*fn)(void *ctx);
+    void (*fn)(void *ctx, int64_t arg);
     void *ctx;
+    int64_t arg;
+    void (*release)(void *ctx);
 } ghook;
 
 typedef struct gleaf {
@@ -591,19 +593,31 @@ void nt__capture_fail(int code, const char *fmt, ...)
     cap_fail(c, code, "%s", m);
 }
 
-void nt__capture_on_replay(void (*fn)(void *ctx), void *ctx)
+void nt__capture_on_replay(void (*fn)(void *ctx, int64_t arg), void *ctx, int64_t arg,
+                           void (*retain)(void *ctx), void (*release)(void *ctx))
 {
     nt__capture *c = tl_cap;
     if (!c || c->paused)
         return;
     for (int i = 0; i < c->nhooks; i++)
-        if (c->hooks[i].fn == fn && c->hooks[i].ctx == ctx)
+        if (c->hooks[i].fn == fn && c->hooks[i].ctx == ctx) {
+            c->hooks[i].arg = arg;
             return;
+        }
     if (!grow((void **)&c->hooks, &c->caphooks, c->nhooks + 1, sizeof *c->hooks)) {
         cap_fail(c, NT_EHOSTMEM, "out of host memory for the capture's hooks");
         return;
     }
-    c->hooks[c->nhooks++] = (ghook){fn, ctx};
+    if (retain)
+        retain(ctx);
+    c->hooks[c->nhooks++] = (ghook){fn, ctx, arg, release};
+}
+
+static void hooks_release(ghook *h, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (h[i].release)
+            h[i].release(h[i].ctx);
 }
 
 void nt__capture_note_leaf(nt_tensor *leaf, const nt__leaf_access *acc)
@@ -671,6 +685,7 @@ static void capture_free(nt__capture *c)
         leaf_drop(&c->leaves[i]);
     for (int i = 0; i < c->ninputs; i++)
         nt_release(c->inputs[i].t);
+    hooks_release(c->hooks, c->nhooks);
     free(c->steps);
     free(c->recs);
     free(c->tix);
@@ -1065,6 +1080,37 @@ static nt_graph *compile(const nt_site *site, nt__capture *c)
                 }
         }
     }
+    /* A dropout's backward is a dropout with the forward's seed (autograd
+     * reissues it): a seed patch covers every dropout op holding the same
+     * seed at capture. */
+    {
+        int n0 = g->npatches;
+        for (int i = 0; i < n0; i++) {
+            if (g->patches[i].field != NT__PATCH_SEED || g->patches[i].rec < 0)
+                continue;
+            uint64_t seed = g->recs[g->patches[i].rec].p.seed;
+            for (int k = 0; k < g->nsteps; k++) {
+                gstep *st = &g->steps[k];
+                for (int j = 0; j < st->nrecs; j++) {
+                    int ri = st->rec0 + j;
+                    nt__rec *r = &g->recs[ri];
+                    if (ri == g->patches[i].rec || r->type != NT_REC_OP || r->op != NT_OP_DROPOUT ||
+                        r->p.seed != seed)
+                        continue;
+                    if (!grow((void **)&g->patches, &c->cappatches, g->npatches + 1,
+                              sizeof *g->patches)) {
+                        nt__err_hostmem(site, fn, "the program's patches");
+                        goto fail;
+                    }
+                    gpatch q = g->patches[i];
+                    q.rec = ri;
+                    q.step = st->kind == STEP_GROUP ? k : -1;
+                    q.op = st->kind == STEP_GROUP ? j : -1;
+                    g->patches[g->npatches++] = q;
+                }
+            }
+        }
+    }
     /* Renumber the records 0, 1, 2... in seq order (from seq0): the seqs
      * drawn meanwhile for what is not the program's (state made on first
      * use) are not drawn by a replay, and a replay's k-th op then holds the
@@ -1191,7 +1237,8 @@ static void graph_release_runtime(nt_graph *g)
             nt_release(g->inputs[i].t);
     if (g->block)
         nt_release(g->block);
-    g->ntens = g->nstores = g->nleaves = g->ninputs = 0;
+    hooks_release(g->hooks, g->nhooks);
+    g->ntens = g->nstores = g->nleaves = g->ninputs = g->nhooks = 0;
     g->block = NULL;
 }
 
@@ -1544,7 +1591,7 @@ NT_API int nt_graph_replay_at(const nt_site *site, nt_graph *g)
     for (int i = 0; i < g->npatches; i++)
         rp->pv[i] = g->patches[i].fn(g->patches[i].ctx, g->patches[i].role);
     for (int i = 0; i < g->nhooks; i++)
-        g->hooks[i].fn(g->hooks[i].ctx);
+        g->hooks[i].fn(g->hooks[i].ctx, g->hooks[i].arg);
     /* the leaves' .grads as the step leaves them (the program rewrites
      * them; reading one waits for the replay like any op's result) */
     for (int i = 0; i < g->nleaves; i++) {

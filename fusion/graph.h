@@ -80,8 +80,12 @@ void nt__capture_patch_next(nt__patch_fn fn, void *ctx, int role, int field, int
  * found the step differs from the steps after it (an optimizer's first
  * step that makes its state from the gradient). */
 void nt__capture_fail(int code, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
-/* fn(ctx) at every replay, after every patch was computed; one per ctx. */
-void nt__capture_on_replay(void (*fn)(void *ctx), void *ctx);
+/* fn(ctx, arg) at every replay, after every patch was computed; one per
+ * (fn, ctx): a later call with the same pair sets its arg.  The graph keeps
+ * ctx alive: the first call for a ctx calls retain(ctx) (if not NULL), and
+ * the graph calls release(ctx) when it is destroyed or the capture fails. */
+void nt__capture_on_replay(void (*fn)(void *ctx, int64_t arg), void *ctx, int64_t arg,
+                           void (*retain)(void *ctx), void (*release)(void *ctx));
 /* How a captured program asks autograd (a layer above) for a leaf's .grad
  * and gives it one. */
 typedef struct nt__leaf_access {

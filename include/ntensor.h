@@ -433,6 +433,29 @@ NT_API bool nt_is_training(void);
  *  training mode is off or p == 0: a new reference to x's value (no op).
  *  p in [0, 1), else NT_EINVAL naming nt_dropout and p. */
 NT_API nt_tensor *nt_dropout(nt_tensor *x, double p, uint64_t seed);
+
+/** A counter-based source of seeds for random ops whose masks must change
+ *  from step to step and stay reproducible.  Its state is a seed s and an
+ *  offset o; draw i is h(s, o + i) (core/rng.h: splitmix64 of the mixed
+ *  seed).  Ops take a draw by index and never move the offset; the program
+ *  moves it, once per step, with nt_generator_advance -- so a recomputation
+ *  (nt_checkpoint) draws the same masks, and a captured step (docs/graphs.md)
+ *  draws at every replay exactly what the same step run op by op would, and
+ *  advances the offset as it did.  Save and set the state to resume a run.
+ *  Setting or advancing it from two threads at once is the caller's race.
+ *  Destroy with nt_generator_destroy (a captured program that draws from it
+ *  keeps its memory until destroyed). */
+typedef struct nt_generator nt_generator;
+NT_API nt_generator *nt_generator_create(uint64_t seed);
+NT_API void nt_generator_destroy(nt_generator *g);
+/** The state: seed and offset.  NT_EINVAL for NULLs or a dead generator. */
+NT_API int nt_generator_get_state(const nt_generator *g, uint64_t *seed, uint64_t *offset);
+NT_API int nt_generator_set_state(nt_generator *g, uint64_t seed, uint64_t offset);
+/** offset += n (a step's worth of draws); inside a capture, every replay
+ *  does the same. */
+NT_API int nt_generator_advance(nt_generator *g, uint64_t n);
+/** nt_dropout with the seed of draw `index` of g (at its offset now). */
+NT_API nt_tensor *nt_dropout_gen(nt_tensor *x, double p, nt_generator *g, uint64_t index);
 /** n samples, with replacement, from each row of probs [C] or [N, C]
  *  (floating, non-negative, not necessarily normalised): i32 [n] or [N, n].
  *  Draw j of row r is a pure function of (seed, r * n + j) (counter-based,

@@ -33,12 +33,15 @@ static const char *const backends[] = {"sim", "cpu"};
 typedef struct {
     nt_tensor *p[4]; /* w1, b1, w2, b2 */
     nt_optim *opt;
+    nt_generator *gen;
+    bool dropout;
 } mlp;
 
 typedef struct {
     bool sgd;      /* SGD with momentum (else AdamW) */
     bool amp;      /* bf16 autocast around the forward */
     bool ckpt;     /* the hidden layer under nt_checkpoint */
+    int dropout;   /* 1: draws set by the host each step; 2: advanced by the step itself */
 } variant;
 
 static void mlp_make(mlp *m, const variant *v)
@@ -55,10 +58,14 @@ static void mlp_make(mlp *m, const variant *v)
     m->opt = v->sgd ? nt_optim_sgd(m->p, 4, 0.05, 0.9, 1e-3, false)
                     : nt_optim_adamw(m->p, 4, 1e-2, 0.9, 0.999, 1e-8, 0.01);
     assert_non_null(m->opt);
+    m->gen = nt_generator_create(1234);
+    assert_non_null(m->gen);
+    m->dropout = v->dropout != 0;
 }
 
 static void mlp_free(mlp *m)
 {
+    nt_generator_destroy(m->gen);
     nt_optim_destroy(m->opt);
     for (int i = 0; i < 4; i++)
         nt_release(m->p[i]);
@@ -70,6 +77,8 @@ static int hidden_fn(void *ctx, nt_tensor *const *in, int n_in, nt_tensor **out,
     (void)n_in;
     (void)n_out;
     out[0] = nt_gelu(nt_linear(in[0], m->p[0], m->p[1]));
+    if (m->dropout) /* draws 0 and 1 of the step */
+        out[0] = nt_dropout_gen(nt_dropout_gen(out[0], 0.2, m->gen, 0), 0.1, m->gen, 1);
     return out[0] ? 0 : -1;
 }
 
@@ -100,6 +109,8 @@ static nt_tensor *step_body(mlp *m, const variant *v, nt_tensor *x, nt_tensor *y
         assert_int_equal(nt_autocast_end(), 0);
     int rc = !loss || nt_backward(loss) || !nt_clip_grad_norm(m->p, 4, 1.0) ||
              nt_optim_step(m->opt) || nt_optim_zero_grad(m->opt);
+    if (!rc && v->dropout == 2)
+        rc = nt_generator_advance(m->gen, 5);
     if (!rc)
         nt_keep(loss);
     nt_scope_end(s);
@@ -150,6 +161,8 @@ static void train(const char *mode, const char *backend, const variant *v, int c
     for (int k = 0; k < STEPS; k++) {
         batch(k, xs, ys);
         assert_int_equal(nt_optim_set_lr(m.opt, lr_at(k)), 0);
+        if (v->dropout == 1)
+            assert_int_equal(nt_generator_set_state(m.gen, 99, (uint64_t)k * 16), 0);
         nt_tensor *x = nt_from_host(xs, NT_F32, 2, (int64_t[]){B, IN});
         nt_tensor *y = nt_from_host(ys, NT_I32, 1, (int64_t[]){B});
         assert_non_null(x);
@@ -258,6 +271,16 @@ static void test_checkpoint_replays_match(void **state)
 {
     (void)state;
     replays_match(&(variant){.ckpt = true}, 0);
+}
+
+/* Dropout drawing from a generator: set by the host before each step, or
+ * advanced by the step itself; under nt_checkpoint the recompute draws the
+ * same masks.  Every replay draws what the step run op by op would. */
+static void test_dropout_replays_match(void **state)
+{
+    (void)state;
+    replays_match(&(variant){.dropout = 1}, 0);
+    replays_match(&(variant){.dropout = 2, .ckpt = true}, 1);
 }
 
 /* ---------------- refusals ---------------- */
@@ -645,6 +668,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sgd_momentum_replays_match, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_autocast_sr_replays_match, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_replays_match, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_dropout_replays_match, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_sgd_first_step_refused, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_host_read_refused, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_baked_host_data_refused, setup, nt_test_teardown),
