@@ -60,7 +60,7 @@ typedef struct member {
 } member;
 
 struct coll {
-    volatile AO_t refs;  /* members not yet finished */
+    volatile AO_t refs;  /* members not yet finished, and the issuing call */
     nt_comm *comm;
     nt__coll_kind kind;
     nt_reduce_op op;
@@ -596,22 +596,15 @@ static void member_run(void *arg)
     coll_unref(c);
 }
 
-static bool other_stream(uint64_t packed, const nt_stream *s)
-{
-    return packed && NT__PACK_SID(packed) != s->id;
-}
-
 /* ------------------------------------------------------------------ */
 /* The calls                                                          */
 /* ------------------------------------------------------------------ */
 
-/* Checks and issues one collective; every out[i] is NULL on failure. */
-static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor *const *in,
-                 nt_tensor **out, int op, int root)
+/* The communicator and the argument arrays; every out[i] is NULL once out
+ * is known to be an array. */
+static int check_comm(const nt_site *site, const char *fn, const nt_comm *cm,
+                      nt_tensor *const *in, nt_tensor **out)
 {
-    const char *fn = kind_api(kind);
-    if (!nt__ensure_init())
-        return nt_last_error();
     if (!cm)
         return nt__err(site, NT_EINVAL, fn, "argument 'c' is NULL");
     if (cm->magic != COMM_MAGIC)
@@ -627,21 +620,36 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
         out[i] = NULL;
     if (!in)
         return nt__err(site, NT_EINVAL, fn, "argument 'in' is NULL");
-    if (kind == NT__COLL_ALL_REDUCE || kind == NT__COLL_REDUCE_SCATTER) {
-        if (!nt__reduce_op_name(op))
-            return nt__err(site, NT_EINVAL, fn,
-                           "op is %d; expected NT_REDUCE_SUM, NT_REDUCE_MEAN or NT_REDUCE_MAX",
-                           op);
-    }
-    int root_local = -1;
+    return 0;
+}
+
+/* The reduction op and the broadcast root; *root_local: the root's local
+ * member, or -1 (another process's, or not a broadcast). */
+static int check_op_root(const nt_site *site, const char *fn, nt__coll_kind kind,
+                         const nt_comm *cm, int op, int root, int *root_local)
+{
+    *root_local = -1;
+    if ((kind == NT__COLL_ALL_REDUCE || kind == NT__COLL_REDUCE_SCATTER) &&
+        !nt__reduce_op_name(op))
+        return nt__err(site, NT_EINVAL, fn,
+                       "op is %d; expected NT_REDUCE_SUM, NT_REDUCE_MEAN or NT_REDUCE_MAX", op);
     if (kind == NT__COLL_BROADCAST) {
         if (root < 0 || root >= cm->size)
             return nt__err(site, NT_EINVAL, fn, "root is %d; expected a rank 0 .. %d", root,
                            cm->size - 1);
         if (root >= cm->first && root < cm->first + cm->n)
-            root_local = root - cm->first;
+            *root_local = root - cm->first;
     }
-    /* The inputs: live, on their member's device, one shape and dtype. */
+    return 0;
+}
+
+/* The inputs: live, on their member's device, one shape and dtype.  *ref:
+ * the input whose shape and dtype every rank's has (broadcast: the root's,
+ * when local). */
+static int check_inputs(const nt_site *site, const char *fn, nt__coll_kind kind,
+                        const nt_comm *cm, nt_tensor *const *in, int root, int root_local,
+                        const nt_tensor **ref_out)
+{
     const nt_tensor *ref = NULL;
     int refi = -1;
     char name[32];
@@ -681,47 +689,58 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
                            nt__shape_str(in[i]->ndim, in[i]->shape, a, sizeof a), refi,
                            nt__shape_str(ref->ndim, ref->shape, b, sizeof b));
     }
-    if (kind == NT__COLL_BROADCAST && root_local >= 0)
-        ref = in[root_local];
+    *ref_out = kind == NT__COLL_BROADCAST && root_local >= 0 ? in[root_local] : ref;
+    return 0;
+}
+
+/* The outputs' shape (each rank's input is `ref`'s); refuses a mean of
+ * integers. */
+static int out_shape(const nt_site *site, const char *fn, nt__coll_kind kind,
+                     const nt_comm *cm, const nt_tensor *ref, int op, int *ondim,
+                     int64_t *oshape)
+{
     nt_dtype dt = (nt_dtype)ref->dtype;
     if ((kind == NT__COLL_ALL_REDUCE || kind == NT__COLL_REDUCE_SCATTER) &&
         op == NT_REDUCE_MEAN && !nt__dtype_is_float(dt))
         return nt__err(site, NT_EDTYPE, fn, "NT_REDUCE_MEAN needs a floating dtype; got %s",
                        nt_dtype_name(dt));
-    int ondim = ref->ndim;
-    int64_t oshape[NT_MAX_DIMS];
-    memcpy(oshape, ref->shape, sizeof oshape);
-    if (kind == NT__COLL_ALL_GATHER || kind == NT__COLL_REDUCE_SCATTER) {
-        char a[128];
-        if (ref->ndim < 1)
-            return nt__err(site, NT_ESHAPE, fn, "the inputs are 0-d; expected a dim 0 to %s",
-                           kind == NT__COLL_ALL_GATHER ? "concatenate along" : "split");
-        if (kind == NT__COLL_ALL_GATHER) {
-            oshape[0] = ref->shape[0] * cm->size;
-        } else {
-            if (ref->shape[0] % cm->size)
-                return nt__err(site, NT_ESHAPE, fn,
-                               "the inputs have shape %s; dim 0 must be a multiple of the "
-                               "communicator's %d ranks",
-                               nt__shape_str(ref->ndim, ref->shape, a, sizeof a), cm->size);
-            oshape[0] = ref->shape[0] / cm->size;
-        }
+    *ondim = ref->ndim;
+    memcpy(oshape, ref->shape, sizeof(int64_t) * NT_MAX_DIMS);
+    if (kind != NT__COLL_ALL_GATHER && kind != NT__COLL_REDUCE_SCATTER)
+        return 0;
+    char a[128];
+    if (ref->ndim < 1)
+        return nt__err(site, NT_ESHAPE, fn, "the inputs are 0-d; expected a dim 0 to %s",
+                       kind == NT__COLL_ALL_GATHER ? "concatenate along" : "split");
+    if (kind == NT__COLL_ALL_GATHER) {
+        oshape[0] = ref->shape[0] * cm->size;
+    } else {
+        if (ref->shape[0] % cm->size)
+            return nt__err(site, NT_ESHAPE, fn,
+                           "the inputs have shape %s; dim 0 must be a multiple of the "
+                           "communicator's %d ranks",
+                           nt__shape_str(ref->ndim, ref->shape, a, sizeof a), cm->size);
+        oshape[0] = ref->shape[0] / cm->size;
     }
+    return 0;
+}
 
-    /* Everything that can fail is taken before anything is queued. */
+/* A collective with its outputs (dtype dt, shape ondim/oshape, one on each
+ * member's device) and recs[i], member i's record: everything that can
+ * fail, taken before anything is queued.  NULL with the error set. */
+static coll *coll_new(const nt_site *site, const char *fn, const nt_comm *cm, nt_dtype dt,
+                      int ondim, const int64_t *oshape, nt__rec **recs)
+{
     int n = cm->n;
     coll *c = calloc(1, sizeof *c);
     void *block = c ? calloc((size_t)n, sizeof(nt_tensor *) * 2 + sizeof(nt_stream *) +
                                             sizeof(double) + sizeof(member) + 1)
                     : NULL;
-    /* per member: its record, then (after enqueueing, when c may be gone)
-     * its stream and seq */
-    nt__rec **recs = calloc((size_t)n, sizeof *recs + sizeof(nt_stream *) + sizeof(uint64_t));
-    if (!c || !block || !recs) {
+    if (!c || !block) {
         free(c);
         free(block);
-        free(recs);
-        return nt__err_hostmem(site, fn, "a collective");
+        nt__err_hostmem(site, fn, "a collective");
+        return NULL;
     }
     c->in = block;
     c->out = c->in + n;
@@ -730,7 +749,7 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
     c->mem = (member *)(c->ready + n);
     c->here = (uint8_t *)(c->mem + n);
     int rc = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && rc == 0; i++) {
         nt_stream *s = member_stream(cm->dev[i]);
         c->stream[i] = s;
         nt__alloc_sid = s->id;
@@ -738,30 +757,31 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
         c->out[i] = nt__tensor_empty(dt, ondim, oshape, site, fn);
         nt__alloc_dev = 0;
         nt__alloc_sid = 0;
-        if (!c->out[i]) {
+        if (!c->out[i])
             rc = nt_last_error();
-            break;
-        }
-        recs[i] = nt__rec_alloc(s);
-        if (!recs[i]) {
+        else if (!(recs[i] = nt__rec_alloc(s)))
             rc = nt__err_hostmem(site, fn, "an op record");
-            break;
-        }
     }
-    if (rc < 0) {
-        for (int i = 0; i < n; i++) {
-            if (c->out[i])
-                nt_release(c->out[i]);
-            if (recs[i])
-                nt__rec_unalloc(recs[i]);
-        }
-        free(block);
-        free(c);
-        free(recs);
-        return rc;
+    if (rc == 0)
+        return c;
+    for (int i = 0; i < n; i++) {
+        if (c->out[i])
+            nt_release(c->out[i]);
+        if (recs[i])
+            nt__rec_unalloc(recs[i]);
     }
+    free(block);
+    free(c);
+    return NULL;
+}
 
-    /* Nothing fails from here on. */
+/* Fills c once nothing can fail: it holds the communicator, the inputs and
+ * the outputs until its last member is done, and the issuing call's
+ * reference until that call returns. */
+static void coll_start(coll *c, const nt_site *site, const char *fn, nt__coll_kind kind,
+                       nt_comm *cm, nt_tensor *const *in, int op, int root)
+{
+    int n = cm->n;
     c->comm = cm;
     AO_fetch_and_add1(&cm->refs);
     c->kind = kind;
@@ -772,7 +792,7 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
     c->inline_run = NT__CFG(mode) == NT_MODE_DETERMINISTIC;
     c->tag = (uint64_t)AO_fetch_and_add1(&cm->issued);
     c->n = n;
-    c->refs = (AO_t)n;
+    c->refs = (AO_t)n + 1;
     g_mutex_init(&c->lock);
     g_cond_init(&c->cond);
     for (int i = 0; i < n; i++) {
@@ -782,63 +802,72 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
         c->out[i]->irefs++; /* the collective's, until its last member is done */
         c->mem[i] = (member){c, i};
     }
-    /* The caller's outputs and what the lazy flush needs, copied now: once
-     * the records are queued (or, in deterministic mode, have run) the
-     * collective may be finished and freed. */
-    nt_stream **strm = (nt_stream **)(recs + n);
-    uint64_t *seqs = (uint64_t *)(strm + n);
-    for (int i = 0; i < n; i++)
-        out[i] = c->out[i];
+}
+
+/* Member i's record r joins its stream through the dispatcher's one enqueue
+ * path (deterministic mode: runs at once).  A host record, alone in its
+ * batch: the ops before it are run and marked done first (core/internal.h).
+ * Returns its seq; c->stream[i] is its stream. */
+static uint64_t enqueue_member(coll *c, int i, nt__rec *r)
+{
+    r->type = NT_REC_HOST;
+    r->flags = NT_RECF_ALONE;
+    r->host_fn = member_run;
+    r->host_arg = &c->mem[i];
+    r->site = c->site;
+    r->fn = c->fn;
+    if (c->in[i]) {
+        nt__tensor_iref(c->in[i]);
+        r->in[0] = c->in[i];
+        r->nin = 1;
+    }
+    c->out[i]->irefs++; /* the record's; a fresh handle no other thread knows */
+    r->out[0] = c->out[i];
+    r->nout = 1;
+    return nt__rec_enqueue(r, &c->stream[i], c->inline_run);
+}
+
+/* Checks and issues one collective; every out[i] is NULL on failure. */
+static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor *const *in,
+                 nt_tensor **out, int op, int root)
+{
+    const char *fn = kind_api(kind);
+    if (!nt__ensure_init())
+        return nt_last_error();
+    int root_local = -1, ondim = 0;
+    int64_t oshape[NT_MAX_DIMS];
+    const nt_tensor *ref = NULL;
+    int rc = check_comm(site, fn, cm, in, out);
+    if (rc == 0)
+        rc = check_op_root(site, fn, kind, cm, op, root, &root_local);
+    if (rc == 0)
+        rc = check_inputs(site, fn, kind, cm, in, root, root_local, &ref);
+    if (rc == 0)
+        rc = out_shape(site, fn, kind, cm, ref, op, &ondim, oshape);
+    if (rc < 0)
+        return rc;
+
+    int n = cm->n;
+    nt__rec **recs = calloc((size_t)n, sizeof *recs + sizeof(uint64_t)); /* then the seqs */
+    if (!recs)
+        return nt__err_hostmem(site, fn, "a collective");
+    coll *c = coll_new(site, fn, cm, (nt_dtype)ref->dtype, ondim, oshape, recs);
+    if (!c) {
+        free(recs);
+        return nt_last_error();
+    }
+    /* Nothing fails from here on. */
+    coll_start(c, site, fn, kind, cm, in, op, root);
     bool lazy = !c->inline_run && NT__CFG(mode) == NT_MODE_LAZY;
-    bool inl = c->inline_run;
+    uint64_t *seqs = (uint64_t *)(recs + n);
     for (int i = 0; i < n; i++) {
-        nt__rec *r = recs[i];
-        nt_stream *s = c->stream[i];
-        r->type = NT_REC_HOST;
-        r->flags = NT_RECF_ALONE; /* ops before it done first (core/internal.h) */
-        r->host_fn = member_run;
-        r->host_arg = &c->mem[i];
-        r->site = c->site;
-        r->fn = fn;
-        if (in[i]) {
-            nt__tensor_iref(in[i]);
-            r->in[0] = in[i];
-            r->nin = 1;
-            uint64_t lw = AO_load(&in[i]->st->last_write);
-            if (other_stream(lw, s) && !nt__packed_done(lw))
-                r->deps[r->ndeps++] = lw;
-            if (other_stream(lw, s) || other_stream(AO_load(&in[i]->st->last_read), s))
-                __atomic_store_n(&in[i]->st->xstream, 1, __ATOMIC_RELAXED);
-        }
-        c->out[i]->irefs++; /* the record's; a fresh handle no other thread knows */
-        r->out[0] = c->out[i];
-        r->nout = 1;
-        nt_stream *picked = s;
-        uint64_t seq = nt__stream_next_seq(&s);
-        if (s != picked) {
-            nt__rec_drop_deps_on(r, s);
-            c->stream[i] = s;
-        }
-        r->seq = seq;
-        r->sid = s->id;
-        uint64_t packed = NT__PACK(s->id, seq);
-        if (in[i])
-            AO_store(&in[i]->st->last_read, packed);
-        AO_store_release(&c->out[i]->st->last_write, packed);
-        NT__COUNT(ops_enqueued, 1);
-        strm[i] = s;
-        seqs[i] = seq;
-        if (inl) {
-            for (int d = 0; d < r->ndeps; d++)
-                nt__wait_packed(r->deps[d]);
-            nt__stream_run_inline(s, r);
-        } else {
-            nt__stream_enqueue(s, r);
-        }
+        out[i] = c->out[i];
+        seqs[i] = enqueue_member(c, i, recs[i]);
     }
     if (lazy) /* a held window must not keep a member from its collective */
         for (int i = 0; i < n; i++)
-            nt__stream_request_flush(strm[i], seqs[i]);
+            nt__stream_request_flush(c->stream[i], seqs[i]);
+    coll_unref(c); /* this call's */
     free(recs);
     bool adopted = true;
     for (int i = 0; i < n; i++)
