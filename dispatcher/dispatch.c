@@ -164,7 +164,10 @@ static inline bool other_stream(uint64_t packed, const nt_stream *s)
     return packed && NT__PACK_SID(packed) != s->id;
 }
 
-uint64_t nt__rec_enqueue(nt__rec *r, nt_stream **sp, bool run_here)
+/* nt__rec_enqueue, inlined into the dispatcher's hot path (a call there
+ * is a few ns of every op). */
+static inline __attribute__((always_inline)) uint64_t rec_enqueue(nt__rec *r, nt_stream **sp,
+                                                                  bool run_here)
 {
     nt_stream *s = *sp;
     for (int i = 0; i < r->nin; i++) {
@@ -214,6 +217,11 @@ uint64_t nt__rec_enqueue(nt__rec *r, nt_stream **sp, bool run_here)
         nt__stream_enqueue(s, r);
     }
     return seq;
+}
+
+uint64_t nt__rec_enqueue(nt__rec *r, nt_stream **sp, bool run_here)
+{
+    return rec_enqueue(r, sp, run_here);
 }
 
 static void release_tmp(nt__call *c)
@@ -328,7 +336,7 @@ static nt_tensor *dispatch_inner(nt__call *c)
             c->out[i]->irefs++; /* a fresh handle no other thread knows yet */
         r->out[i] = c->out[i];
     }
-    nt__rec_enqueue(r, &s, NT__CFG(mode) == NT_MODE_DETERMINISTIC);
+    rec_enqueue(r, &s, NT__CFG(mode) == NT_MODE_DETERMINISTIC);
 
     if (c->dst)
         return c->dst;
