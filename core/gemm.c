@@ -1289,6 +1289,256 @@ static inline void micro_at(const full *f, int i, int k0, int kw, const float *b
     }
 }
 
+/* full_block's steps.  A block of C: rows [i0, i1), columns [j0, j1), in
+ * nrow x ncol micro-tiles; Cs its scratch (or NULL: C itself), Al its rows
+ * of A^T packed K-tile by K-tile (la) or NULL. */
+typedef struct fblock {
+    int i0, i1, j0, j1, nrow, ncol;
+    float *Cs, *Al;
+} fblock;
+
+/* One K-tile (k0, kw deep) of a block: what every micro-kernel call of it
+ * shares, and the prefetches spread over the calls. */
+typedef struct fktile {
+    int k0, kw, k1, kw1, fl;
+    const float *Bk;
+    /* The next K-tile's panels of this block come from memory or the
+     * shared cache: fetched into L2 a few lines per micro-kernel call
+     * (fper), spread over this K-tile's calls, so they are there when
+     * needed; pl: the next line of An then Bn to fetch. */
+    const float *An, *Bn;
+    size_t an, bn, anl, pl, fper;
+    /* A^T read unpacked (ua; a weight gradient dY^T . X, K the batch's
+     * rows): each k row of the block is a short piece of a long row of A,
+     * a new line every step of the kernel's loop, which the hardware does
+     * not fetch ahead.  Its next K-tile's rows are fetched into L2
+     * meanwhile, uarpc per call: on one thread 512 x 128 x 2048 +5-10%,
+     * 1024 x 128 x 2048 +12-20% (A row-major, contiguous along k, gains
+     * nothing). */
+    bool uap;
+    int uarpc;
+    size_t uabytes;
+    /* a B panel (kw x NR) stays in L1 while the block's A panels stream
+     * past it from L2; the next B panel is fetched into L1 meanwhile, bper
+     * of its bpl lines a call */
+    size_t bpl, bper;
+#if NT_X86
+    bool spread; /* the prefetches issued inside micro_avx512_pf's K loop */
+    /* C's lines per row of the block, its lines in all, and each call's
+     * share of them (spread and the last K-tile only) */
+    int crl;
+    long cl, cpl;
+#endif
+} fktile;
+
+#define FB_STEP static inline __attribute__((always_inline))
+
+FB_STEP void ktile_plan(const full *f, const fblock *bk, int k0, fktile *t)
+{
+    const job *jb = &f->j;
+    const kern *kn = jb->kn;
+    const int MR = kn->mr, NR = kn->nr;
+    int nrow = bk->nrow, ncol = bk->ncol;
+    t->k0 = k0;
+    t->kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
+    t->Bk = f->Bp + (long)f->Npad * k0;
+    t->k1 = k0 + NT_GEMM_KTILE;
+    t->kw1 = jb->K - t->k1 < NT_GEMM_KTILE ? jb->K - t->k1 : NT_GEMM_KTILE;
+    t->An = t->Bn = NULL;
+    t->an = t->bn = t->pl = t->fper = 0;
+    if (t->k1 < jb->K && f->pf) {
+        t->An = f->ua ? NULL : f->Ap + (long)f->Mpad * t->k1 + (long)(bk->i0 / MR) * t->kw1 * MR;
+        t->Bn = f->Bp + (long)f->Npad * t->k1 + (long)(bk->j0 / NR) * t->kw1 * NR;
+        t->an = f->ua ? 0 : (size_t)nrow * MR * t->kw1 * sizeof(float);
+        t->bn = (size_t)ncol * NR * t->kw1 * sizeof(float);
+        t->fper = ((t->an + t->bn) / 64 + (size_t)(nrow * ncol) - 1) / (size_t)(nrow * ncol);
+    }
+    t->anl = (t->an + 63) / 64;
+    t->uap = f->ua && !f->arow && t->k1 < jb->K;
+    t->uarpc = t->uap ? (t->kw1 + nrow * ncol - 1) / (nrow * ncol) : 0;
+    t->uabytes = (size_t)(bk->i1 - bk->i0) * sizeof(float);
+    t->fl = (k0 > 0 ? MICRO_ACC : 0) | (f->canon && t->k1 >= jb->K ? MICRO_CANON : 0);
+    t->bpl = ((size_t)t->kw * NR * sizeof(float) + 63) / 64;
+    t->bper = (t->bpl + (size_t)nrow - 1) / (size_t)nrow;
+#if NT_X86
+    t->spread = f->pf && !f->ua && kn->micro == micro_avx512;
+    t->crl = (int)(((size_t)(bk->j1 - bk->j0) * sizeof(float) + 63) / 64);
+    t->cl = (long)t->crl * (bk->i1 - bk->i0);
+    t->cpl = t->spread && bk->Cs && t->k1 >= jb->K
+                 ? (t->cl + (long)nrow * ncol - 1) / ((long)nrow * ncol)
+                 : 0;
+#endif
+}
+
+/* Where the call for micro-tile (r, column c) at row i accumulates: the
+ * scratch's tile, or C. */
+FB_STEP float *tile_c(const full *f, const fblock *bk, int c, int i, int r)
+{
+    const job *jb = &f->j;
+    const int MR = jb->kn->mr, NR = jb->kn->nr;
+    return bk->Cs ? bk->Cs + ((long)((c - bk->j0) / NR) * bk->nrow + r) * MR * NR
+                  : jb->C + (long)i * jb->ldc + c;
+}
+
+#if NT_X86
+/* The call with the same lines as the generic path fetches, issued inside
+ * the K loop (spread). */
+FB_STEP void call_spread(const full *f, const fblock *bk, fktile *t, int c, int i, int r,
+                         int mr, int w, const float *bp, bool bnext)
+{
+    const job *jb = &f->j;
+    const int MR = jb->kn->mr, NR = jb->kn->nr, kw = t->kw;
+    pfq q = {{NULL, NULL, NULL}, {0, 0, 0}, 0, NULL, 0, 0, 0, 0, 0};
+    if (bnext)
+        pf_range(&q, 0, bp + (long)kw * NR, t->bpl * 64, r * t->bper, (r + 1) * t->bper);
+    size_t e = t->pl + t->fper;
+    if (t->fper && t->pl < t->anl)
+        pf_range(&q, 1, t->An, t->an, t->pl, e);
+    if (t->fper && e > t->anl)
+        pf_range(&q, 2, t->Bn, t->bn, t->pl > t->anl ? t->pl - t->anl : 0, e - t->anl);
+    t->pl = e;
+    if (t->cpl) {
+        /* the last K-tile: this call's share of the block's lines of C,
+         * which scratch_to_c stores next -- fetched meanwhile, they are
+         * not missed one store at a time at the end */
+        int tt = ((c - bk->j0) / NR) * bk->nrow + r;
+        long l0 = (long)tt * t->cpl, l1 = l0 + t->cpl < t->cl ? l0 + t->cpl : t->cl;
+        pf_rows(&q, (const char *)(jb->C + (long)bk->i0 * jb->ldc + bk->j0),
+                (long)jb->ldc * (long)sizeof(float), t->crl, l0, l1);
+        q.rw = 1;
+    }
+    int lim = q.n[0] > q.n[1] ? q.n[0] : q.n[1];
+    lim = lim > q.n[2] ? lim : q.n[2];
+    q.lim = 2 * (lim > q.rt ? lim : q.rt);
+    const float *Ak = f->Ap + (long)f->Mpad * t->k0;
+    micro_avx512_pf(kw, Ak + (long)(i / MR) * kw * MR, bp, tile_c(f, bk, c, i, r),
+                    bk->Cs ? NR : jb->ldc, mr, w, t->fl, &q);
+}
+
+/* The call on A^T's rows packed here (la): the same prefetches of A^T's
+ * next rows as call_generic, issued from inside the kernel's loop --
+ * in a burst between calls they stalled on the line fill buffers (a sixth
+ * of the time). */
+FB_STEP void call_la(const full *f, const fblock *bk, const fktile *t, int c, int i, int r,
+                     int mr, int w, const float *bp)
+{
+    const job *jb = &f->j;
+    const int MR = jb->kn->mr, NR = jb->kn->nr;
+    pfq q = {{NULL, NULL, NULL}, {0, 0, 0}, 0, NULL, 0, 0, 0, 0, 0};
+    if (t->uap) {
+        int tt = ((c - bk->j0) / NR) * bk->nrow + r, ka = t->k1 + tt * t->uarpc;
+        int kb = ka + t->uarpc < t->k1 + t->kw1 ? ka + t->uarpc : t->k1 + t->kw1;
+        if (kb > ka) {
+            q.rp = (const char *)(jb->A + (long)ka * jb->lda + bk->i0);
+            q.rs = (long)jb->lda * (long)sizeof(float);
+            q.rl = (int)(t->uabytes / 64 + 1), q.rt = q.rl * (kb - ka);
+            q.lim = 2 * q.rt;
+        }
+    }
+    micro_avx512_pf(t->kw, bk->Al + (long)r * t->kw * MR, bp, tile_c(f, bk, c, i, r),
+                    bk->Cs ? NR : jb->ldc, mr, w, t->fl, &q);
+}
+#endif
+
+/* Before a call that does not spread them (not call_spread): the next B
+ * panel's share of lines and the next K-tile's panels' share. */
+FB_STEP void prefetch_next(const full *f, fktile *t, int r, const float *bp, bool bnext)
+{
+    const int NR = f->j.kn->nr, kw = t->kw;
+    if (bnext && f->pf)
+        prefetch_lines(bp + (long)kw * NR, t->bpl * 64, r * t->bper, (r + 1) * t->bper, true);
+    if (t->fper) {
+        /* lines [pl, pl + fper) of An then Bn */
+        size_t e = t->pl + t->fper;
+        if (t->pl < t->anl)
+            prefetch_lines(t->An, t->an, t->pl, e, false);
+        if (e > t->anl)
+            prefetch_lines(t->Bn, t->bn, t->pl > t->anl ? t->pl - t->anl : 0, e - t->anl,
+                           false);
+        t->pl = e;
+    }
+}
+
+/* The call through micro_at, A^T's next rows (uap) fetched before it. */
+FB_STEP void call_generic(const full *f, const fblock *bk, const fktile *t, int c, int i, int r,
+                          int mr, int w, const float *bp)
+{
+    const job *jb = &f->j;
+    const int MR = jb->kn->mr, NR = jb->kn->nr, kw = t->kw;
+    if (t->uap) {
+        /* this call's share (uarpc rows k) of the next K-tile's rows of
+         * A^T, the block's columns of each */
+        int tt = ((c - bk->j0) / NR) * bk->nrow + r;
+        for (int k = t->k1 + tt * t->uarpc; k < t->k1 + (tt + 1) * t->uarpc && k < t->k1 + t->kw1;
+             k++)
+            prefetch_lines(jb->A + (long)k * jb->lda + bk->i0, t->uabytes, 0,
+                           t->uabytes / 64 + 1, false);
+    }
+    micro_at(f, i, t->k0, kw, bp, tile_c(f, bk, c, i, r), bk->Cs ? NR : jb->ldc, mr, w, t->fl,
+             bk->Al ? bk->Al + (long)r * kw * MR : NULL);
+}
+
+/* K-tile k0 of the block: A's rows packed first (la), then the
+ * micro-kernel over every micro-tile, column panel by column panel. */
+static void ktile_run(const full *f, const fblock *bk, int k0)
+{
+    const job *jb = &f->j;
+    const kern *kn = jb->kn;
+    const int MR = kn->mr, NR = kn->nr;
+    fktile t;
+    ktile_plan(f, bk, k0, &t);
+    if (bk->Al)
+        pack_a_rows(kn, bk->Al, bk->i1 - bk->i0, t.kw, jb->A + (long)k0 * jb->lda + bk->i0,
+                    jb->lda);
+    for (int c = bk->j0; c < bk->j1; c += NR) {
+        int w = bk->j1 - c < NR ? bk->j1 - c : NR;
+        const float *bp = t.Bk + (long)(c / NR) * t.kw * NR;
+        bool bnext = c + NR < bk->j1;
+        for (int i = bk->i0, r = 0; i < bk->i1; i += MR, r++) {
+            int mr = bk->i1 - i < MR ? bk->i1 - i : MR;
+#if NT_X86
+            if (t.spread) {
+                call_spread(f, bk, &t, c, i, r, mr, w, bp, bnext);
+                continue;
+            }
+#endif
+            prefetch_next(f, &t, r, bp, bnext);
+#if NT_X86
+            if (bk->Al && kn->micro == micro_avx512) {
+                call_la(f, bk, &t, c, i, r, mr, w, bp);
+                continue;
+            }
+#endif
+            call_generic(f, bk, &t, c, i, r, mr, w, bp);
+        }
+    }
+}
+
+/* The block is complete: its scratch copied to C, and, still in cache,
+ * rounded once to the output dtype (f->out). */
+static void block_store(const full *f, const fblock *bk)
+{
+    const job *jb = &f->j;
+    const kern *kn = jb->kn;
+    int i0 = bk->i0, i1 = bk->i1, j0 = bk->j0, j1 = bk->j1;
+#if NT_X86
+    if (bk->Cs && kn->micro == micro_avx512)
+        scratch_to_c_avx512(bk->Cs, bk->nrow, i1 - i0, j1 - j0,
+                            jb->C + (long)i0 * jb->ldc + j0, jb->ldc);
+    else
+#endif
+    if (bk->Cs)
+        scratch_to_c(bk->Cs, bk->nrow, kn->mr, kn->nr, i1 - i0, j1 - j0,
+                     jb->C + (long)i0 * jb->ldc + j0, jb->ldc);
+    if (f->out)
+        for (int i = i0; i < i1; i++) {
+            long o = (long)i * jb->ldc + j0;
+            nt__st_f32(f->out + o * (long)nt__dtype_size(f->odt), f->odt, 1, jb->C + o,
+                       j1 - j0);
+        }
+}
+#undef FB_STEP
+
 static void full_block(const job *jb, int b)
 {
     const full *f = (const full *)jb;
@@ -1330,154 +1580,10 @@ static void full_block(const job *jb, int b)
      * the very floats C would, the same adds and stores). */
     float *Cs = jb->K > NT_GEMM_KTILE ? panel(&fc_key, (size_t)nrow * ncol * MR * NR) : NULL;
     float *Al = f->la ? panel(&la_key, (size_t)nrow * MR * NT_GEMM_KTILE) : NULL;
-    for (int k0 = 0; k0 < jb->K; k0 += NT_GEMM_KTILE) {
-        int kw = jb->K - k0 < NT_GEMM_KTILE ? jb->K - k0 : NT_GEMM_KTILE;
-        const float *Bk = f->Bp + (long)f->Npad * k0;
-        if (Al)
-            pack_a_rows(kn, Al, i1 - i0, kw, jb->A + (long)k0 * jb->lda + i0, jb->lda);
-        /* The next K-tile's panels of this block come from memory or the
-         * shared cache: fetched into L2 a few lines per micro-kernel call,
-         * spread over this K-tile's calls, so they are there when needed. */
-        int k1 = k0 + NT_GEMM_KTILE, kw1 = jb->K - k1 < NT_GEMM_KTILE ? jb->K - k1 : NT_GEMM_KTILE;
-        const float *An = NULL, *Bn = NULL;
-        size_t an = 0, bn = 0, pl = 0, fper = 0;
-        if (k1 < jb->K && f->pf) {
-            An = f->ua ? NULL : f->Ap + (long)f->Mpad * k1 + (long)(i0 / MR) * kw1 * MR;
-            Bn = f->Bp + (long)f->Npad * k1 + (long)(j0 / NR) * kw1 * NR;
-            an = f->ua ? 0 : (size_t)nrow * MR * kw1 * sizeof(float);
-            bn = (size_t)ncol * NR * kw1 * sizeof(float);
-            fper = ((an + bn) / 64 + (size_t)(nrow * ncol) - 1) / (size_t)(nrow * ncol);
-        }
-        size_t anl = (an + 63) / 64;
-        /* A^T read unpacked (ua; a weight gradient dY^T . X, K the batch's
-         * rows): each k row of the block is a short piece of a long row
-         * of A, a new line every step of the kernel's loop, which the
-         * hardware does not fetch ahead.  Its next K-tile's rows are
-         * fetched into L2 meanwhile, uarpc per call: on one thread 512 x
-         * 128 x 2048 +5-10%, 1024 x 128 x 2048 +12-20% (A row-major,
-         * contiguous along k, gains nothing). */
-        bool uap = f->ua && !f->arow && k1 < jb->K;
-        int uarpc = uap ? (kw1 + nrow * ncol - 1) / (nrow * ncol) : 0;
-        size_t uabytes = (size_t)(i1 - i0) * sizeof(float);
-        int fl = (k0 > 0 ? MICRO_ACC : 0) | (f->canon && k1 >= jb->K ? MICRO_CANON : 0);
-        /* a B panel (kw x NR) stays in L1 while the block's A panels
-         * stream past it from L2; the next B panel is fetched into L1
-         * meanwhile */
-        size_t bpl = ((size_t)kw * NR * sizeof(float) + 63) / 64;
-        size_t bper = (bpl + (size_t)nrow - 1) / (size_t)nrow;
-#if NT_X86
-        bool spread = f->pf && !f->ua && kn->micro == micro_avx512;
-        /* C's lines per row of the block, its lines in all, and each
-         * call's share of them (spread and the last K-tile only) */
-        int crl = (int)(((size_t)(j1 - j0) * sizeof(float) + 63) / 64);
-        long cl = (long)crl * (i1 - i0);
-        long cpl = spread && Cs && k1 >= jb->K ? (cl + (long)nrow * ncol - 1) / ((long)nrow * ncol)
-                                               : 0;
-#endif
-        for (int c = j0; c < j1; c += NR) {
-            int w = j1 - c < NR ? j1 - c : NR;
-            const float *bp = Bk + (long)(c / NR) * kw * NR;
-            bool bnext = c + NR < j1;
-            for (int i = i0, r = 0; i < i1; i += MR, r++) {
-                int mr = i1 - i < MR ? i1 - i : MR;
-#if NT_X86
-                if (spread) { /* the same lines, issued inside the K loop */
-                    pfq q = {{NULL, NULL, NULL}, {0, 0, 0}, 0, NULL, 0, 0, 0, 0, 0};
-                    if (bnext)
-                        pf_range(&q, 0, bp + (long)kw * NR, bpl * 64, r * bper, (r + 1) * bper);
-                    size_t e = pl + fper;
-                    if (fper && pl < anl)
-                        pf_range(&q, 1, An, an, pl, e);
-                    if (fper && e > anl)
-                        pf_range(&q, 2, Bn, bn, pl > anl ? pl - anl : 0, e - anl);
-                    pl = e;
-                    if (cpl) {
-                        /* the last K-tile: this call's share of the
-                         * block's lines of C, which scratch_to_c stores
-                         * next -- fetched meanwhile, they are not missed
-                         * one store at a time at the end */
-                        int t = ((c - j0) / NR) * nrow + r;
-                        long l0 = (long)t * cpl, l1 = l0 + cpl < cl ? l0 + cpl : cl;
-                        pf_rows(&q, (const char *)(jb->C + (long)i0 * jb->ldc + j0),
-                                (long)jb->ldc * (long)sizeof(float), crl, l0, l1);
-                        q.rw = 1;
-                    }
-                    int lim = q.n[0] > q.n[1] ? q.n[0] : q.n[1];
-                    lim = lim > q.n[2] ? lim : q.n[2];
-                    q.lim = 2 * (lim > q.rt ? lim : q.rt);
-                    float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + r) * MR * NR
-                                   : jb->C + (long)i * jb->ldc + c;
-                    const float *Ak = f->Ap + (long)f->Mpad * k0;
-                    micro_avx512_pf(kw, Ak + (long)(i / MR) * kw * MR, bp, cp,
-                                    Cs ? NR : jb->ldc, mr, w, fl, &q);
-                    continue;
-                }
-#endif
-                if (bnext && f->pf)
-                    prefetch_lines(bp + (long)kw * NR, bpl * 64, r * bper, (r + 1) * bper, true);
-                if (fper) {
-                    /* lines [pl, pl + fper) of An then Bn */
-                    size_t e = pl + fper;
-                    if (pl < anl)
-                        prefetch_lines(An, an, pl, e, false);
-                    if (e > anl)
-                        prefetch_lines(Bn, bn, pl > anl ? pl - anl : 0, e - anl, false);
-                    pl = e;
-                }
-#if NT_X86
-                if (Al && kn->micro == micro_avx512) {
-                    /* A packed here (la): the same prefetches of A^T's
-                     * next rows, issued from inside the kernel's loop --
-                     * in a burst between calls they stalled on the line
-                     * fill buffers (a sixth of the time) */
-                    pfq q = {{NULL, NULL, NULL}, {0, 0, 0}, 0, NULL, 0, 0, 0, 0, 0};
-                    if (uap) {
-                        int t = ((c - j0) / NR) * nrow + r, ka = k1 + t * uarpc;
-                        int kb = ka + uarpc < k1 + kw1 ? ka + uarpc : k1 + kw1;
-                        if (kb > ka) {
-                            q.rp = (const char *)(jb->A + (long)ka * jb->lda + i0);
-                            q.rs = (long)jb->lda * (long)sizeof(float);
-                            q.rl = (int)(uabytes / 64 + 1), q.rt = q.rl * (kb - ka);
-                            q.lim = 2 * q.rt;
-                        }
-                    }
-                    float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + r) * MR * NR
-                                   : jb->C + (long)i * jb->ldc + c;
-                    micro_avx512_pf(kw, Al + (long)r * kw * MR, bp, cp, Cs ? NR : jb->ldc, mr,
-                                    w, fl, &q);
-                    continue;
-                }
-#endif
-                if (uap) {
-                    /* this call's share (uarpc rows k) of the next
-                     * K-tile's rows of A^T, the block's columns of each */
-                    int t = ((c - j0) / NR) * nrow + r;
-                    for (int k = k1 + t * uarpc; k < k1 + (t + 1) * uarpc && k < k1 + kw1; k++)
-                        prefetch_lines(jb->A + (long)k * jb->lda + i0, uabytes, 0,
-                                       uabytes / 64 + 1, false);
-                }
-                float *cp = Cs ? Cs + ((long)((c - j0) / NR) * nrow + r) * MR * NR
-                               : jb->C + (long)i * jb->ldc + c;
-                micro_at(f, i, k0, kw, bp, cp, Cs ? NR : jb->ldc, mr, w, fl,
-                         Al ? Al + (long)r * kw * MR : NULL);
-            }
-        }
-    }
-#if NT_X86
-    if (Cs && kn->micro == micro_avx512)
-        scratch_to_c_avx512(Cs, nrow, i1 - i0, j1 - j0, jb->C + (long)i0 * jb->ldc + j0,
-                            jb->ldc);
-    else
-#endif
-    if (Cs)
-        scratch_to_c(Cs, nrow, MR, NR, i1 - i0, j1 - j0, jb->C + (long)i0 * jb->ldc + j0,
-                     jb->ldc);
-    if (f->out) /* the block is complete and still in cache: round it once */
-        for (int i = i0; i < i1; i++) {
-            long o = (long)i * jb->ldc + j0;
-            nt__st_f32(f->out + o * (long)nt__dtype_size(f->odt), f->odt, 1, jb->C + o,
-                       j1 - j0);
-        }
+    fblock bk = {i0, i1, j0, j1, nrow, ncol, Cs, Al};
+    for (int k0 = 0; k0 < jb->K; k0 += NT_GEMM_KTILE)
+        ktile_run(f, &bk, k0);
+    block_store(f, &bk);
 }
 
 /* Few rows (M within one block of C, as a training step's x @ w^T at

@@ -4,7 +4,8 @@
  * (simulated)" process (simulated time); this file adds a "host" process
  * with one track per thread (wall-clock time since the trace opened):
  *
- *   user threads   an instant per op enqueued (op, call site, seq, output),
+ *   user threads   an instant per op enqueued (op or collective, call site,
+ *                  seq, the other streams' work it waits for, output),
  *                  a span per sync point (which sync, call site, how long
  *                  it waited and for what)
  *   worker tracks  a span per kernel run (op, call site), a span per fused
@@ -55,7 +56,8 @@ static int track(const nt_stream *stream)
 
 const char *nt__rec_label(const nt__rec *r, char *buf, size_t n)
 {
-    const char *api = nt__op_api(r->op);
+    /* a host record (a collective's member) has no op: its call names it */
+    const char *api = r->type == NT_REC_OP ? nt__op_api(r->op) : r->fn ? r->fn : "host work";
     if (r->bwd_of)
         snprintf(buf, n, "%s (backward of %s)", api, r->bwd_of);
     else if (r->fn && strcmp(r->fn, api) != 0)
@@ -95,6 +97,19 @@ void nt__htrace_enqueue(const nt__rec *r, const nt_stream *s)
     jsite(g, &r->site);
     jnum(g, "seq", (double)r->seq);
     jstr(g, "stream", s->name);
+    if (r->ndeps) {
+        /* the work on other streams this op waits for, each once */
+        char w[512];
+        size_t o = 0;
+        w[0] = 0;
+        for (int d = 0; d < r->ndeps && o < sizeof w; d++) {
+            const nt_stream *ds = nt__stream_by_id(NT__PACK_SID(r->deps[d]));
+            o += (size_t)snprintf(w + o, sizeof w - o, "%s%s seq %llu", d ? ", " : "",
+                                  ds ? ds->name : "a destroyed stream",
+                                  (unsigned long long)NT__PACK_SEQ(r->deps[d]));
+        }
+        jstr(g, "waits_for", w);
+    }
     if (r->out[0]) {
         nt__shape_str(r->out[0]->ndim, r->out[0]->shape, shape, sizeof shape);
         nt__sb_printf(g, ",\"out\":\"t#%llu %s %s\"", (unsigned long long)r->out[0]->id, shape,

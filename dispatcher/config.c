@@ -1,5 +1,6 @@
 /* dispatcher/config.c - nt_init / nt_shutdown, the NT_* environment, stats. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -65,11 +66,38 @@ static bool parse_u64(const char *v, uint64_t *out)
  * a reservation) far from wrapping. */
 #define NT__MAX_HBM_BYTES ((uint64_t)1 << 50)
 
-/* Applies one option to c; returns 0 or NT_EINVAL with the thread error set. */
-static int apply_opt(nt__config *c, const char *name, const char *v, const char *fn)
+/* apply_opt's steps, one per kind of option: each returns NOT_MINE for a
+ * name it does not know, else 0 or NT_EINVAL with the thread error set. */
+#define NOT_MINE 1
+
+/* The on/off options: 0 or 1 (true/false, on/off, yes/no). */
+static int apply_flag(nt__config *c, const char *name, const char *v, const char *fn)
+{
+    static const struct {
+        const char *name;
+        size_t off; /* of its bool in nt__config */
+    } flags[] = {
+        {"NT_FUSION", offsetof(nt__config, fusion)},
+        {"NT_REQUIRE_SIM", offsetof(nt__config, require_sim)},
+        {"NT_CHECK_NAN", offsetof(nt__config, check_nan)},
+        {"NT_STATS", offsetof(nt__config, stats_at_exit)},
+        {"NT_FUSION_LOG", offsetof(nt__config, fusion_log)},
+        {"NT_STOCHASTIC_ROUNDING", offsetof(nt__config, sr)},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(flags); i++) {
+        if (strcmp(name, flags[i].name))
+            continue;
+        if (!parse_bool(v, (bool *)((char *)c + flags[i].off)))
+            return nt__err(NULL, NT_EINVAL, fn, "%s: expected 0 or 1, got '%s'", name, v);
+        return 0;
+    }
+    return NOT_MINE;
+}
+
+/* The options that name a choice: the mode, the backend, the log level. */
+static int apply_choice(nt__config *c, const char *name, const char *v, const char *fn)
 {
     bool b;
-    uint64_t u;
     if (!strcmp(name, "NT_DETERMINISTIC")) {
         if (!parse_bool(v, &b))
             return nt__err(NULL, NT_EINVAL, fn, "NT_DETERMINISTIC: expected 0 or 1, got '%s'", v);
@@ -89,9 +117,6 @@ static int apply_opt(nt__config *c, const char *name, const char *v, const char 
         else
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_MODE: expected eager, adaptive, lazy or deterministic, got '%s'", v);
-    } else if (!strcmp(name, "NT_FUSION")) {
-        if (!parse_bool(v, &c->fusion))
-            return nt__err(NULL, NT_EINVAL, fn, "NT_FUSION: expected 0 or 1, got '%s'", v);
     } else if (!strcmp(name, "NT_BACKEND")) {
         if (!strcmp(v, "sim"))
             c->backend = NT_BACKEND_SIM;
@@ -99,23 +124,33 @@ static int apply_opt(nt__config *c, const char *name, const char *v, const char 
             c->backend = NT_BACKEND_CPU;
         else
             return nt__err(NULL, NT_EINVAL, fn, "NT_BACKEND: expected sim or cpu, got '%s'", v);
-    } else if (!strcmp(name, "NT_REQUIRE_SIM")) {
-        if (!parse_bool(v, &c->require_sim))
-            return nt__err(NULL, NT_EINVAL, fn, "NT_REQUIRE_SIM: expected 0 or 1, got '%s'", v);
-    } else if (!strcmp(name, "NT_MIN_SIM_FLOPS")) {
+    } else if (!strcmp(name, "NT_LOG")) {
+        if (!strcmp(v, "error"))
+            c->log_level = NT__LOG_ERROR;
+        else if (!strcmp(v, "warn"))
+            c->log_level = NT__LOG_WARN;
+        else if (!strcmp(v, "info"))
+            c->log_level = NT__LOG_INFO;
+        else if (!strcmp(v, "debug"))
+            c->log_level = NT__LOG_DEBUG;
+        else
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_LOG: expected error, warn, info or debug, got '%s'", v);
+    } else {
+        return NOT_MINE;
+    }
+    return 0;
+}
+
+/* The numbers that may change while the runtime runs. */
+static int apply_number(nt__config *c, const char *name, const char *v, const char *fn)
+{
+    uint64_t u;
+    if (!strcmp(name, "NT_MIN_SIM_FLOPS")) {
         if (!parse_u64(v, &u))
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_MIN_SIM_FLOPS: expected a non-negative integer, got '%s'", v);
         c->min_sim_flops = (double)u;
-    } else if (!strcmp(name, "NT_CHECK_NAN")) {
-        if (!parse_bool(v, &c->check_nan))
-            return nt__err(NULL, NT_EINVAL, fn, "NT_CHECK_NAN: expected 0 or 1, got '%s'", v);
-    } else if (!strcmp(name, "NT_STATS")) {
-        if (!parse_bool(v, &c->stats_at_exit))
-            return nt__err(NULL, NT_EINVAL, fn, "NT_STATS: expected 0 or 1, got '%s'", v);
-    } else if (!strcmp(name, "NT_FUSION_LOG")) {
-        if (!parse_bool(v, &c->fusion_log))
-            return nt__err(NULL, NT_EINVAL, fn, "NT_FUSION_LOG: expected 0 or 1, got '%s'", v);
     } else if (!strcmp(name, "NT_LAZY_WINDOW")) {
         if (!parse_u64(v, &u) || u < 1 || u > 10000000)
             return nt__err(NULL, NT_EINVAL, fn, "NT_LAZY_WINDOW: expected 1..10000000, got '%s'",
@@ -135,7 +170,31 @@ static int apply_opt(nt__config *c, const char *name, const char *v, const char 
         c->max_inflight_bytes = u;
         if (nt__inited)
             nt__arena_set_max_waiting(u);
-    } else if (!strcmp(name, "NT_HBM_BYTES")) {
+    } else if (!strcmp(name, "NT_SR_SEED")) {
+        if (!parse_u64(v, &u))
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_SR_SEED: expected an integer from 0 to 2^64 - 1, got '%s'", v);
+        c->sr_seed = u;
+    } else if (!strcmp(name, "NT_HANDLE_QUARANTINE")) {
+        /* applies to the handles released and allocated from now on */
+        if (!g_ascii_strcasecmp(v, "all"))
+            u = UINT64_MAX;
+        else if (!parse_u64(v, &u) || u < 4096)
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_HANDLE_QUARANTINE: expected a count >= 4096 or 'all', got '%s'",
+                           v);
+        c->handle_quarantine = u;
+    } else {
+        return NOT_MINE;
+    }
+    return 0;
+}
+
+/* The options read only before nt_init (from the environment). */
+static int apply_startup(nt__config *c, const char *name, const char *v, const char *fn)
+{
+    uint64_t u;
+    if (!strcmp(name, "NT_HBM_BYTES")) {
         if (!parse_u64(v, &u) || u == 0 || u > NT__MAX_HBM_BYTES)
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_HBM_BYTES: expected a size from 1 to 1048576G (1 PiB) like 16G, "
@@ -162,39 +221,19 @@ static int apply_opt(nt__config *c, const char *name, const char *v, const char 
             return nt__err_hostmem(NULL, fn, "the trace file's name");
         free(c->trace_path);
         c->trace_path = path;
-    } else if (!strcmp(name, "NT_LOG")) {
-        if (!strcmp(v, "error"))
-            c->log_level = NT__LOG_ERROR;
-        else if (!strcmp(v, "warn"))
-            c->log_level = NT__LOG_WARN;
-        else if (!strcmp(v, "info"))
-            c->log_level = NT__LOG_INFO;
-        else if (!strcmp(v, "debug"))
-            c->log_level = NT__LOG_DEBUG;
-        else
-            return nt__err(NULL, NT_EINVAL, fn,
-                           "NT_LOG: expected error, warn, info or debug, got '%s'", v);
-    } else if (!strcmp(name, "NT_STOCHASTIC_ROUNDING")) {
-        if (!parse_bool(v, &c->sr))
-            return nt__err(NULL, NT_EINVAL, fn,
-                           "NT_STOCHASTIC_ROUNDING: expected 0 or 1, got '%s'", v);
-    } else if (!strcmp(name, "NT_SR_SEED")) {
-        if (!parse_u64(v, &u))
-            return nt__err(NULL, NT_EINVAL, fn,
-                           "NT_SR_SEED: expected an integer from 0 to 2^64 - 1, got '%s'", v);
-        c->sr_seed = u;
-    } else if (!strcmp(name, "NT_HANDLE_QUARANTINE")) {
-        /* applies to the handles released and allocated from now on */
-        if (!g_ascii_strcasecmp(v, "all"))
-            u = UINT64_MAX;
-        else if (!parse_u64(v, &u) || u < 4096)
-            return nt__err(NULL, NT_EINVAL, fn,
-                           "NT_HANDLE_QUARANTINE: expected a count >= 4096 or 'all', got '%s'",
-                           v);
-        c->handle_quarantine = u;
-    } else if (!strcmp(name, "NT_CPU_ISA")) {
-        /* the matmul micro-kernel's vector level (core/gemm.c); lives there,
-         * not in nt__cfg, as the primitive runs without nt_init too */
+    } else {
+        return NOT_MINE;
+    }
+    return 0;
+}
+
+/* The matmul primitive's settings: they live with it (core/gemm.c), not in
+ * nt__cfg, as the primitive runs without nt_init too. */
+static int apply_cpu(nt__config *c, const char *name, const char *v, const char *fn)
+{
+    (void)c;
+    if (!strcmp(name, "NT_CPU_ISA")) {
+        /* the matmul micro-kernel's vector level */
         int isa = -2;
         if (!strcmp(v, "auto"))
             isa = -1;
@@ -209,16 +248,30 @@ static int apply_opt(nt__config *c, const char *name, const char *v, const char 
                            "NT_CPU_ISA: this CPU does not run %s (the widest it runs is %s)", v,
                            nt__gemm_isa_label(nt__gemm_isa_best()));
     } else if (!strcmp(name, "NT_CPU_THREADS")) {
-        /* like NT_CPU_ISA, it lives with the primitive (core/gemm.c) */
         int n = !strcmp(v, "auto") ? 0 : !strcmp(v, "1") ? 1 : !strcmp(v, "2") ? 2 : -1;
         if (n < 0 || nt__gemm_set_threads(n) < 0)
             return nt__err(NULL, NT_EINVAL, fn, "NT_CPU_THREADS: expected auto, 1 or 2, got '%s'",
                            v);
     } else {
-        return nt__err(NULL, NT_EINVAL, fn, "unknown option '%s'", name);
+        return NOT_MINE;
     }
     return 0;
 }
+
+/* Applies one option to c; returns 0 or NT_EINVAL with the thread error set. */
+static int apply_opt(nt__config *c, const char *name, const char *v, const char *fn)
+{
+    static int (*const kinds[])(nt__config *, const char *, const char *, const char *) = {
+        apply_flag, apply_choice, apply_number, apply_startup, apply_cpu,
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(kinds); i++) {
+        int rc = kinds[i](c, name, v, fn);
+        if (rc != NOT_MINE)
+            return rc;
+    }
+    return nt__err(NULL, NT_EINVAL, fn, "unknown option '%s'", name);
+}
+#undef NOT_MINE
 
 static const char *const env_names[] = {
     "NT_MODE", "NT_DETERMINISTIC", "NT_FUSION", "NT_BACKEND", "NT_REQUIRE_SIM",

@@ -143,6 +143,9 @@ static int choose_backend(nt__call *c, uint8_t *backend)
 
 static nt_tensor *dispatch_inner(nt__call *c);
 
+/* Adds r's wait for (stream, seq) `packed`, if on another stream and not
+ * yet run, once per writer: an op that reads one tensor twice, or two
+ * tensors of one producer, waits once. */
 static void add_dep(nt__rec *r, nt_stream *s, uint64_t packed)
 {
     if (!packed || NT__PACK_SID(packed) == s->id || nt__packed_done(packed))
@@ -160,6 +163,68 @@ static void add_dep(nt__rec *r, nt_stream *s, uint64_t packed)
 static inline bool other_stream(uint64_t packed, const nt_stream *s)
 {
     return packed && NT__PACK_SID(packed) != s->id;
+}
+
+/* nt__rec_enqueue, inlined into the dispatcher's hot path (a call there
+ * is a few ns of every op). */
+static inline __attribute__((always_inline)) uint64_t rec_enqueue(nt__rec *r, nt_stream **sp,
+                                                                  bool run_here)
+{
+    nt_stream *s = *sp;
+    for (int i = 0; i < r->nin; i++) {
+        nt_tensor *t = r->in[i];
+        if (!t)
+            continue;
+        uint64_t lw = AO_load(&t->st->last_write);
+        add_dep(r, s, lw);
+        if (other_stream(lw, s) || other_stream(AO_load(&t->st->last_read), s))
+            __atomic_store_n(&t->st->xstream, 1, __ATOMIC_RELAXED); /* not one stream's to lend */
+    }
+    if (r->flags & NT_RECF_INPLACE) {
+        /* Write after read/write on other streams. */
+        nt__storage *st = r->out[0]->st;
+        uint64_t lw = AO_load(&st->last_write), lr = AO_load(&st->last_read);
+        add_dep(r, s, lw);
+        add_dep(r, s, lr);
+        if (other_stream(lw, s) || other_stream(lr, s))
+            __atomic_store_n(&st->xstream, 1, __ATOMIC_RELAXED);
+        AO_fetch_and_add1(&st->version);
+    }
+
+    /* May move the op to the default stream if s was destroyed meanwhile
+     * (stream.h); the deps skipped above as s's own have all run then. */
+    uint64_t seq = nt__stream_next_seq(sp);
+    if (*sp != s) {
+        s = *sp;
+        nt__rec_drop_deps_on(r, s);
+    }
+    r->seq = seq;
+    r->sid = s->id;
+    if (nt__capturing())
+        nt__capture_note(r);
+    uint64_t packed = NT__PACK(s->id, seq);
+    for (int i = 0; i < r->nin; i++)
+        if (r->in[i])
+            AO_store(&r->in[i]->st->last_read, packed);
+    for (int i = 0; i < r->nout; i++)
+        AO_store_release(&r->out[i]->st->last_write, packed);
+    NT__COUNT(ops_enqueued, 1);
+    if (nt__trace_enabled())
+        nt__htrace_enqueue(r, s); /* before the worker may recycle r */
+
+    if (run_here) {
+        for (int d = 0; d < r->ndeps; d++)
+            nt__wait_packed(r->deps[d]);
+        nt__stream_run_inline(s, r);
+    } else {
+        nt__stream_enqueue(s, r);
+    }
+    return seq;
+}
+
+uint64_t nt__rec_enqueue(nt__rec *r, nt_stream **sp, bool run_here)
+{
+    return rec_enqueue(r, sp, run_here);
 }
 
 static void release_tmp(nt__call *c)
@@ -272,16 +337,8 @@ static nt_tensor *dispatch_inner(nt__call *c)
     r->fn = c->fn;
     if (c->dst)
         r->flags |= NT_RECF_INPLACE;
-    for (int i = 0; i < c->nin; i++) {
-        nt_tensor *t = c->in[i];
-        if (!t)
-            continue;
-        r->in[i] = t; /* its reference was taken above */
-        uint64_t lw = AO_load(&t->st->last_write);
-        add_dep(r, s, lw);
-        if (other_stream(lw, s) || other_stream(AO_load(&t->st->last_read), s))
-            __atomic_store_n(&t->st->xstream, 1, __ATOMIC_RELAXED); /* not one stream's to lend */
-    }
+    for (int i = 0; i < c->nin; i++)
+        r->in[i] = c->in[i]; /* their references were taken above */
     for (int i = 0; i < nout; i++) {
         if (c->dst)
             nt__tensor_iref(c->out[i]);
@@ -289,43 +346,7 @@ static nt_tensor *dispatch_inner(nt__call *c)
             c->out[i]->irefs++; /* a fresh handle no other thread knows yet */
         r->out[i] = c->out[i];
     }
-    if (c->dst) {
-        /* Write after read/write on other streams. */
-        add_dep(r, s, AO_load(&c->dst->st->last_write));
-        add_dep(r, s, AO_load(&c->dst->st->last_read));
-        if (other_stream(AO_load(&c->dst->st->last_write), s) ||
-            other_stream(AO_load(&c->dst->st->last_read), s))
-            __atomic_store_n(&c->dst->st->xstream, 1, __ATOMIC_RELAXED);
-        AO_fetch_and_add1(&c->dst->st->version);
-    }
-
-    /* May move the op to the default stream if s was destroyed meanwhile
-     * (stream.h); the deps skipped above as s's own have all run then. */
-    nt_stream *picked = s;
-    uint64_t seq = nt__stream_next_seq(&s);
-    if (s != picked)
-        nt__rec_drop_deps_on(r, s);
-    r->seq = seq;
-    r->sid = s->id;
-    if (nt__capturing())
-        nt__capture_note(r);
-    uint64_t packed = NT__PACK(s->id, seq);
-    for (int i = 0; i < c->nin; i++)
-        if (c->in[i])
-            AO_store(&c->in[i]->st->last_read, packed);
-    for (int i = 0; i < nout; i++)
-        AO_store_release(&c->out[i]->st->last_write, packed);
-    NT__COUNT(ops_enqueued, 1);
-    if (nt__trace_enabled())
-        nt__htrace_enqueue(r, s); /* before the worker may recycle r */
-
-    if (NT__CFG(mode) == NT_MODE_DETERMINISTIC) {
-        for (int d = 0; d < r->ndeps; d++)
-            nt__wait_packed(r->deps[d]);
-        nt__stream_run_inline(s, r);
-    } else {
-        nt__stream_enqueue(s, r);
-    }
+    rec_enqueue(r, &s, NT__CFG(mode) == NT_MODE_DETERMINISTIC);
 
     if (c->dst)
         return c->dst;

@@ -53,6 +53,20 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
  * the error set on failure (nothing enqueued). */
 nt_tensor *nt__dispatch(nt__call *c);
 
+/* The one way a record joins a stream, for every op (nt__dispatch's, and
+ * each member of a collective, dist/comm.c), so ordering, the storages'
+ * last reader and writer, the stats and the NT_TRACE event are the same for
+ * all.  r holds its inputs r->in[0..nin) (NULL: an absent optional input)
+ * and outputs r->out[0..nout), the record's references on them taken; with
+ * NT_RECF_INPLACE, r->out[0] is the tensor written in place.  Adds r's
+ * waits on other streams (each writer once), marks storages used across
+ * streams, draws r's seq on *s (if nt_stream_destroy sealed *s meanwhile,
+ * on the default stream, and *s is set to it before r can run), then
+ * queues r, or runs it here when `run_here` (deterministic mode) once its
+ * waits are over.  Returns r's seq; cannot fail.  r may be recycled once
+ * this returns. */
+uint64_t nt__rec_enqueue(nt__rec *r, nt_stream **s, bool run_here);
+
 /* While autograd runs a node's backward: that op's API name, recorded on
  * every op the backward issues (error messages say "in the backward of"). */
 extern _Thread_local const char *nt__tls_bwd_of NT_TLS_HOT;

@@ -60,7 +60,7 @@ typedef struct member {
 } member;
 
 struct coll {
-    volatile AO_t refs;  /* members not yet finished */
+    volatile AO_t refs;  /* members not yet finished, and the issuing call */
     nt_comm *comm;
     nt__coll_kind kind;
     nt_reduce_op op;
@@ -305,22 +305,278 @@ static void fmt_shape(char *buf, size_t n, const hdr *h)
              nt__shape_str(h->ndim, h->shape, sh, sizeof sh));
 }
 
-/* The completer: every local member arrived.  Returns 0 or fails with *err
- * set (a new error object). */
-static int complete(coll *c, nt__errobj **err)
+/* An input's poison, referenced (the outputs carry it, as any op's do), or
+ * NULL. */
+static nt__errobj *poisoned_input(const coll *c)
 {
-    nt_comm *cm = c->comm;
-    int N = cm->size, np = cm->nproc;
-    /* a poisoned input: the outputs carry its error, as any op's do */
     for (int i = 0; i < c->n; i++) {
         nt_tensor *t = c->in[i];
         nt__errobj *pe = t ? (nt__errobj *)AO_load_acquire(&t->st->poison) : NULL;
         if (pe) {
             nt__errobj_ref(pe);
-            *err = pe;
+            return pe;
+        }
+    }
+    return NULL;
+}
+
+/* One completion's scratch: every global rank's input and times. */
+typedef struct xfer {
+    size_t bytes;        /* one rank's input */
+    size_t *len, *off;   /* per process: its part of an exchange */
+    hdr *hs;             /* per process: its description */
+    double *ready, *end; /* per global rank: input ready, collective done (simulated ns) */
+    char *all;           /* every global rank's input, packed in rank order */
+    const void **vals;   /* per global rank: its input in `all` */
+} xfer;
+
+static void xfer_free(xfer *x)
+{
+    free(x->len);
+    free(x->hs);
+    free(x->ready);
+    free(x->end);
+    free(x->all);
+    free(x->vals);
+}
+
+/* 0, or -1 (x is freed either way by xfer_free). */
+static int xfer_new(xfer *x, const coll *c, const nt_tensor *ref)
+{
+    int N = c->comm->size, np = c->comm->nproc;
+    x->bytes = member_bytes(ref);
+    x->len = malloc(sizeof *x->len * (size_t)np * 2);
+    x->off = x->len ? x->len + np : NULL;
+    x->hs = malloc(sizeof *x->hs * (size_t)np);
+    x->ready = malloc(sizeof *x->ready * (size_t)N);
+    x->end = malloc(sizeof *x->end * (size_t)N);
+    x->all = malloc(x->bytes * (size_t)N + 1);
+    x->vals = malloc(sizeof *x->vals * (size_t)N);
+    if (!x->len || !x->hs || !x->ready || !x->end || !x->all || !x->vals)
+        return -1;
+    for (int r = 0; r < N; r++)
+        x->vals[r] = x->all + (size_t)r * x->bytes;
+    return 0;
+}
+
+/* The local members' ready times (no earlier than their core's collective
+ * engine is free) and inputs (broadcast: the root's only), at their global
+ * ranks. */
+static void gather_local(coll *c, xfer *x)
+{
+    nt_comm *cm = c->comm;
+    g_mutex_lock(&cc_lock);
+    for (int i = 0; i < c->n; i++) {
+        double f = cc_free[cm->dev[i] % MAX_CORES];
+        if (f > c->ready[i])
+            c->ready[i] = f;
+    }
+    g_mutex_unlock(&cc_lock);
+    bool bc = c->kind == NT__COLL_BROADCAST;
+    for (int i = 0; i < c->n; i++) {
+        int r = cm->first + i;
+        x->ready[r] = c->ready[i];
+        if (!bc || r == c->root)
+            pack(x->all + (size_t)r * x->bytes, c->in[i]);
+    }
+}
+
+/* Every process's description `hs` against this one's: 0, or -1 with *err. */
+static int check_descriptions(const coll *c, const hdr *mine, const hdr *hs, nt__errobj **err)
+{
+    for (int p = 0; p < c->comm->nproc; p++) {
+        const hdr *h = &hs[p];
+        if (h->kind != mine->kind || h->tag != mine->tag || h->op != mine->op ||
+            h->root != mine->root) {
+            *err = coll_error(c, NT_ESTATE,
+                              "process %d runs %s (its collective #%llu) where this process "
+                              "runs %s (#%llu): every process must issue the same "
+                              "collectives on a communicator in the same order",
+                              p, kind_api((nt__coll_kind)h->kind), (unsigned long long)h->tag,
+                              c->fn, (unsigned long long)mine->tag);
+            return -1;
+        }
+        if (h->dtype != mine->dtype || h->ndim != mine->ndim ||
+            memcmp(h->shape, mine->shape, sizeof(int64_t) * (size_t)mine->ndim)) {
+            char a[160], b[160];
+            fmt_shape(a, sizeof a, h);
+            fmt_shape(b, sizeof b, mine);
+            *err = coll_error(c, h->dtype != mine->dtype ? NT_EDTYPE : NT_ESHAPE,
+                              "process %d's inputs are %s; this process's are %s", p, a, b);
             return -1;
         }
     }
+    return 0;
+}
+
+/* The process that holds global rank r. */
+static int process_of(const nt_comm *cm, int r)
+{
+    for (int p = 0; p < cm->nproc; p++)
+        if (r >= cm->pfirst[p] && r < cm->pfirst[p] + cm->pcount[p])
+            return p;
+    return 0;
+}
+
+/* Between processes (MPI), in three exchanges: the descriptions, so a
+ * mismatch is a clear error, not a garbled exchange; the inputs' ready
+ * times; the inputs (broadcast: the root's only).  0, or -1 with *err. */
+static int exchange(coll *c, const hdr *mine, xfer *x, nt__errobj **err)
+{
+    nt_comm *cm = c->comm;
+    int np = cm->nproc, N = cm->size;
+    char why[512] = "";
+    for (int p = 0; p < np; p++) {
+        x->len[p] = sizeof(hdr);
+        x->off[p] = (size_t)p * sizeof(hdr);
+    }
+    int rc = nt__pcomm_allgather(cm->pc, mine, x->hs, x->len, x->off,
+                                 "exchanging the collective's description (shape, dtype, op)",
+                                 why, sizeof why);
+    if (rc < 0) {
+        *err = coll_error(c, rc, "%s", why);
+        return -1;
+    }
+    if (check_descriptions(c, mine, x->hs, err) < 0)
+        return -1;
+    for (int p = 0; p < np; p++) {
+        x->len[p] = sizeof(double) * (size_t)cm->pcount[p];
+        x->off[p] = sizeof(double) * (size_t)cm->pfirst[p];
+    }
+    double *rtmp = malloc(sizeof(double) * (size_t)N);
+    if (!rtmp) {
+        *err = coll_error(c, NT_EHOSTMEM, "out of host memory for the exchange");
+        return -1;
+    }
+    rc = nt__pcomm_allgather(cm->pc, x->ready + cm->first, rtmp, x->len, x->off,
+                             "exchanging the inputs' ready times", why, sizeof why);
+    if (rc == 0) {
+        memcpy(x->ready, rtmp, sizeof(double) * (size_t)N);
+        bool bc = c->kind == NT__COLL_BROADCAST;
+        int root_proc = bc ? process_of(cm, c->root) : 0;
+        for (int p = 0; p < np; p++) {
+            x->len[p] = bc ? (p == root_proc ? x->bytes : 0) : x->bytes * (size_t)cm->pcount[p];
+            x->off[p] = bc ? x->bytes * (size_t)c->root : x->bytes * (size_t)cm->pfirst[p];
+        }
+        rc = nt__pcomm_allgather(cm->pc, x->all + x->off[cm->me], x->all, x->len, x->off,
+                                 "exchanging the inputs", why, sizeof why);
+    }
+    free(rtmp);
+    if (rc < 0) {
+        *err = coll_error(c, rc, "%s", why);
+        return -1;
+    }
+    return 0;
+}
+
+/* Member i's output from every rank's input, in the rank tree: 0 or an
+ * NT_* code. */
+static int member_output(const coll *c, int i, const nt_tensor *ref, const xfer *x, char *dst)
+{
+    int N = c->comm->size, g = c->comm->first + i;
+    nt_dtype dt = (nt_dtype)ref->dtype;
+    int64_t count = nt__numel(ref->ndim, ref->shape);
+    int rc = 0;
+    switch (c->kind) {
+    case NT__COLL_ALL_REDUCE:
+        if (i == 0)
+            rc = nt__tree_reduce(dst, x->vals, N, count, dt, c->op);
+        else
+            memcpy(dst, nt__tensor_data(c->out[0]), x->bytes);
+        break;
+    case NT__COLL_REDUCE_SCATTER: {
+        int64_t blk = count / N;
+        size_t es = nt__dtype_size(dt);
+        const void **bv = malloc(sizeof *bv * (size_t)N);
+        if (!bv)
+            return NT_EHOSTMEM;
+        for (int r = 0; r < N; r++)
+            bv[r] = (const char *)x->vals[r] + (size_t)(blk * g) * es;
+        rc = nt__tree_reduce(dst, bv, N, blk, dt, c->op);
+        free(bv);
+        break;
+    }
+    case NT__COLL_ALL_GATHER:
+        memcpy(dst, x->all, x->bytes * (size_t)N);
+        break;
+    case NT__COLL_BROADCAST:
+        memcpy(dst, x->vals[c->root], x->bytes);
+        break;
+    }
+    return rc;
+}
+
+/* Every local output's values: 0, or -1 with *err. */
+static int write_outputs(coll *c, const nt_tensor *ref, const xfer *x, nt__errobj **err)
+{
+    for (int i = 0; i < c->n; i++) {
+        char *dst = nt__storage_materialize(c->out[i]->st);
+        if (!dst) {
+            *err = coll_error(c, NT_EHOSTMEM, "out of host memory for the output of member %d",
+                              i);
+            return -1;
+        }
+        int rc = member_output(c, i, ref, x, dst);
+        if (rc < 0) {
+            *err = coll_error(c, rc, "out of host memory for the reduction's scratch");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* NT_TRACE: member i's span on its core's track group (simulated us);
+ * under cc_lock. */
+static void trace_member(const coll *c, int i, double full, const xfer *x)
+{
+    nt_comm *cm = c->comm;
+    int d = cm->dev[i] % MAX_CORES, r = cm->first + i, N = cm->size;
+    int pid = nt__sim_trace_pid(cm->dev[i]);
+    unsigned g = nt__trace_generation();
+    if (cc_trace_gen[d] != g) {
+        cc_trace_gen[d] = g;
+        nt__trace_thread_name(pid, CC_TRACE_TID, "collectives", CC_TRACE_TID);
+    }
+    char name[96], args[512], where[256], js[300];
+    snprintf(name, sizeof name, "%s %s", c->fn + 3,
+             c->kind == NT__COLL_ALL_REDUCE || c->kind == NT__COLL_REDUCE_SCATTER
+                 ? nt__reduce_op_name(c->op)
+                 : "");
+    nt__site_format(&c->site, where, sizeof where);
+    nt__trace_json_str(js, sizeof js, where);
+    snprintf(args, sizeof args,
+             "{\"rank\":%d,\"ranks\":%d,\"bytes\":%.0f,\"formula_us\":%.3f,\"site\":%s}", r, N,
+             full, nt__coll_formula_ns(nt__topology_current(), c->kind, N, full) / 1e3, js);
+    nt__trace_complete(pid, CC_TRACE_TID, name, x->ready[r] / 1e3,
+                       (x->end[r] - x->ready[r]) / 1e3, args);
+}
+
+/* The simulated time: the schedule over every global rank, from when each
+ * input was ready and its core's collective engine was free (gather_local,
+ * before the ready times were exchanged). */
+static void book_time(coll *c, xfer *x)
+{
+    nt_comm *cm = c->comm;
+    int N = cm->size;
+    double full = c->kind == NT__COLL_ALL_GATHER ? (double)x->bytes * N : (double)x->bytes;
+    g_mutex_lock(&cc_lock);
+    nt__coll_schedule(nt__topology_current(), c->kind, N, full, x->ready, x->end);
+    for (int i = 0; i < c->n; i++) {
+        int r = cm->first + i;
+        cc_free[cm->dev[i] % MAX_CORES] = x->end[r];
+        tensor_set_ready_ns(c->out[i], x->end[r]);
+        if (nt__trace_enabled())
+            trace_member(c, i, full, x);
+    }
+    g_mutex_unlock(&cc_lock);
+}
+
+/* The completer: every local member arrived.  Returns 0 or fails with *err
+ * set (a new error object). */
+static int complete(coll *c, nt__errobj **err)
+{
+    if ((*err = poisoned_input(c)) != NULL)
+        return -1;
     /* the shape every rank's input has (broadcast: any member's template
      * or the root's input) */
     const nt_tensor *ref = NULL;
@@ -329,200 +585,21 @@ static int complete(coll *c, nt__errobj **err)
     hdr mine = {.kind = c->kind, .op = c->op, .root = c->root, .dtype = ref->dtype,
                 .ndim = ref->ndim, .nmem = c->n, .tag = c->tag};
     memcpy(mine.shape, ref->shape, sizeof(int64_t) * (size_t)ref->ndim);
-    size_t bytes = member_bytes(ref);
-    size_t *len = malloc(sizeof *len * (size_t)np * 2);
-    hdr *hs = malloc(sizeof *hs * (size_t)np);
-    double *ready = malloc(sizeof *ready * (size_t)N), *end = malloc(sizeof *end * (size_t)N);
-    char *all = malloc(bytes * (size_t)N + 1);
-    const void **vals = malloc(sizeof *vals * (size_t)N);
-    char why[512] = "";
-    int rc = 0;
-    if (!len || !hs || !ready || !end || !all || !vals) {
+    xfer x = {0};
+    int rc = xfer_new(&x, c, ref);
+    if (rc < 0)
         *err = coll_error(c, NT_EHOSTMEM, "out of host memory for %zu bytes of inputs",
-                          bytes * (size_t)N);
-        rc = -1;
-        goto out;
+                          x.bytes * (size_t)c->comm->size);
+    if (rc == 0) {
+        gather_local(c, &x);
+        if (c->comm->nproc > 1)
+            rc = exchange(c, &mine, &x, err);
     }
-    size_t *off = len + np;
-    /* Broadcast moves the root's input only. */
-    bool bc = c->kind == NT__COLL_BROADCAST;
-    int root_proc = 0;
-    if (bc)
-        for (int p = 0; p < np; p++)
-            if (c->root >= cm->pfirst[p] && c->root < cm->pfirst[p] + cm->pcount[p])
-                root_proc = p;
-    g_mutex_lock(&cc_lock);
-    for (int i = 0; i < c->n; i++) {
-        double f = cc_free[cm->dev[i] % MAX_CORES];
-        if (f > c->ready[i])
-            c->ready[i] = f;
-    }
-    g_mutex_unlock(&cc_lock);
-    for (int i = 0; i < c->n; i++) {
-        int r = cm->first + i;
-        ready[r] = c->ready[i];
-        if (!bc || r == c->root)
-            pack(all + (size_t)r * bytes, c->in[i]);
-    }
-    if (np > 1) {
-        /* 1: headers, so a mismatch is a clear error, not a garbled
-         * exchange; 2: the inputs' ready times; 3: the data */
-        for (int p = 0; p < np; p++) {
-            len[p] = sizeof(hdr);
-            off[p] = (size_t)p * sizeof(hdr);
-        }
-        rc = nt__pcomm_allgather(cm->pc, &mine, hs, len, off,
-                                 "exchanging the collective's description (shape, dtype, op)", why,
-                                 sizeof why);
-        if (rc < 0) {
-            *err = coll_error(c, rc, "%s", why);
-            rc = -1;
-            goto out;
-        }
-        for (int p = 0; p < np; p++) {
-            const hdr *h = &hs[p];
-            if (h->kind != mine.kind || h->tag != mine.tag || h->op != mine.op ||
-                h->root != mine.root) {
-                *err = coll_error(c, NT_ESTATE,
-                                  "process %d runs %s (its collective #%llu) where this process "
-                                  "runs %s (#%llu): every process must issue the same "
-                                  "collectives on a communicator in the same order",
-                                  p, kind_api((nt__coll_kind)h->kind),
-                                  (unsigned long long)h->tag, c->fn,
-                                  (unsigned long long)mine.tag);
-                rc = -1;
-                goto out;
-            }
-            if (h->dtype != mine.dtype || h->ndim != mine.ndim ||
-                memcmp(h->shape, mine.shape, sizeof(int64_t) * (size_t)mine.ndim)) {
-                char a[160], b[160];
-                fmt_shape(a, sizeof a, h);
-                fmt_shape(b, sizeof b, &mine);
-                *err = coll_error(c, h->dtype != mine.dtype ? NT_EDTYPE : NT_ESHAPE,
-                                  "process %d's inputs are %s; this process's are %s", p, a, b);
-                rc = -1;
-                goto out;
-            }
-        }
-        for (int p = 0; p < np; p++) {
-            len[p] = sizeof(double) * (size_t)cm->pcount[p];
-            off[p] = sizeof(double) * (size_t)cm->pfirst[p];
-        }
-        double *rtmp = malloc(sizeof(double) * (size_t)N);
-        if (!rtmp) {
-            *err = coll_error(c, NT_EHOSTMEM, "out of host memory for the exchange");
-            rc = -1;
-            goto out;
-        }
-        rc = nt__pcomm_allgather(cm->pc, ready + cm->first, rtmp, len, off,
-                                 "exchanging the inputs' ready times", why, sizeof why);
-        if (rc == 0) {
-            memcpy(ready, rtmp, sizeof(double) * (size_t)N);
-            for (int p = 0; p < np; p++) {
-                len[p] = bc ? (p == root_proc ? bytes : 0) : bytes * (size_t)cm->pcount[p];
-                off[p] = bc ? bytes * (size_t)c->root : bytes * (size_t)cm->pfirst[p];
-            }
-            rc = nt__pcomm_allgather(cm->pc, all + off[cm->me], all, len, off,
-                                     "exchanging the inputs", why, sizeof why);
-        }
-        free(rtmp);
-        if (rc < 0) {
-            *err = coll_error(c, rc, "%s", why);
-            rc = -1;
-            goto out;
-        }
-    }
-    /* The values, in the rank tree. */
-    nt_dtype dt = (nt_dtype)ref->dtype;
-    size_t es = nt__dtype_size(dt);
-    int64_t count = nt__numel(ref->ndim, ref->shape);
-    for (int r = 0; r < N; r++)
-        vals[r] = all + (size_t)r * bytes;
-    for (int i = 0; i < c->n && rc == 0; i++) {
-        char *dst = nt__storage_materialize(c->out[i]->st);
-        if (!dst) {
-            *err = coll_error(c, NT_EHOSTMEM, "out of host memory for the output of member %d",
-                              i);
-            rc = -1;
-            break;
-        }
-        int g = cm->first + i;
-        switch (c->kind) {
-        case NT__COLL_ALL_REDUCE:
-            if (i == 0)
-                rc = nt__tree_reduce(dst, vals, N, count, dt, c->op);
-            else
-                memcpy(dst, nt__tensor_data(c->out[0]), bytes);
-            break;
-        case NT__COLL_REDUCE_SCATTER: {
-            int64_t blk = count / N;
-            const void **bv = malloc(sizeof *bv * (size_t)N);
-            if (!bv) {
-                rc = NT_EHOSTMEM;
-                break;
-            }
-            for (int r = 0; r < N; r++)
-                bv[r] = (const char *)vals[r] + (size_t)(blk * g) * es;
-            rc = nt__tree_reduce(dst, bv, N, blk, dt, c->op);
-            free(bv);
-            break;
-        }
-        case NT__COLL_ALL_GATHER:
-            memcpy(dst, all, bytes * (size_t)N);
-            break;
-        case NT__COLL_BROADCAST:
-            memcpy(dst, vals[c->root], bytes);
-            break;
-        }
-        if (rc < 0)
-            *err = coll_error(c, rc, "out of host memory for the reduction's scratch");
-    }
-    if (rc < 0) {
-        rc = -1;
-        goto out;
-    }
-    /* The simulated time: the schedule over every global rank, from when
-     * each input was ready and its core's collective engine was free
-     * (applied above, before the ready times were exchanged). */
-    double full = c->kind == NT__COLL_ALL_GATHER ? (double)bytes * N : (double)bytes;
-    g_mutex_lock(&cc_lock);
-    nt__coll_schedule(nt__topology_current(), c->kind, N, full, ready, end);
-    for (int i = 0; i < c->n; i++) {
-        int d = cm->dev[i] % MAX_CORES, r = cm->first + i;
-        cc_free[d] = end[r];
-        tensor_set_ready_ns(c->out[i], end[r]);
-        if (nt__trace_enabled()) {
-            /* one span per core, on its track group (simulated us) */
-            int pid = nt__sim_trace_pid(cm->dev[i]);
-            unsigned g = nt__trace_generation();
-            if (cc_trace_gen[d] != g) {
-                cc_trace_gen[d] = g;
-                nt__trace_thread_name(pid, CC_TRACE_TID, "collectives", CC_TRACE_TID);
-            }
-            char name[96], args[512], where[256], js[300];
-            snprintf(name, sizeof name, "%s %s", c->fn + 3,
-                     c->kind == NT__COLL_ALL_REDUCE || c->kind == NT__COLL_REDUCE_SCATTER
-                         ? nt__reduce_op_name(c->op)
-                         : "");
-            nt__site_format(&c->site, where, sizeof where);
-            nt__trace_json_str(js, sizeof js, where);
-            snprintf(args, sizeof args,
-                     "{\"rank\":%d,\"ranks\":%d,\"bytes\":%.0f,\"formula_us\":%.3f,"
-                     "\"site\":%s}",
-                     r, N, full,
-                     nt__coll_formula_ns(nt__topology_current(), c->kind, N, full) / 1e3, js);
-            nt__trace_complete(pid, CC_TRACE_TID, name, ready[r] / 1e3,
-                               (end[r] - ready[r]) / 1e3, args);
-        }
-    }
-    g_mutex_unlock(&cc_lock);
-out:
-    free(len);
-    free(hs);
-    free(ready);
-    free(end);
-    free(all);
-    free(vals);
+    if (rc == 0)
+        rc = write_outputs(c, ref, &x, err);
+    if (rc == 0)
+        book_time(c, &x);
+    xfer_free(&x);
     return rc;
 }
 
@@ -596,22 +673,15 @@ static void member_run(void *arg)
     coll_unref(c);
 }
 
-static bool other_stream(uint64_t packed, const nt_stream *s)
-{
-    return packed && NT__PACK_SID(packed) != s->id;
-}
-
 /* ------------------------------------------------------------------ */
 /* The calls                                                          */
 /* ------------------------------------------------------------------ */
 
-/* Checks and issues one collective; every out[i] is NULL on failure. */
-static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor *const *in,
-                 nt_tensor **out, int op, int root)
+/* The communicator and the argument arrays; every out[i] is NULL once out
+ * is known to be an array. */
+static int check_comm(const nt_site *site, const char *fn, const nt_comm *cm,
+                      nt_tensor *const *in, nt_tensor **out)
 {
-    const char *fn = kind_api(kind);
-    if (!nt__ensure_init())
-        return nt_last_error();
     if (!cm)
         return nt__err(site, NT_EINVAL, fn, "argument 'c' is NULL");
     if (cm->magic != COMM_MAGIC)
@@ -627,21 +697,36 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
         out[i] = NULL;
     if (!in)
         return nt__err(site, NT_EINVAL, fn, "argument 'in' is NULL");
-    if (kind == NT__COLL_ALL_REDUCE || kind == NT__COLL_REDUCE_SCATTER) {
-        if (!nt__reduce_op_name(op))
-            return nt__err(site, NT_EINVAL, fn,
-                           "op is %d; expected NT_REDUCE_SUM, NT_REDUCE_MEAN or NT_REDUCE_MAX",
-                           op);
-    }
-    int root_local = -1;
+    return 0;
+}
+
+/* The reduction op and the broadcast root; *root_local: the root's local
+ * member, or -1 (another process's, or not a broadcast). */
+static int check_op_root(const nt_site *site, const char *fn, nt__coll_kind kind,
+                         const nt_comm *cm, int op, int root, int *root_local)
+{
+    *root_local = -1;
+    if ((kind == NT__COLL_ALL_REDUCE || kind == NT__COLL_REDUCE_SCATTER) &&
+        !nt__reduce_op_name(op))
+        return nt__err(site, NT_EINVAL, fn,
+                       "op is %d; expected NT_REDUCE_SUM, NT_REDUCE_MEAN or NT_REDUCE_MAX", op);
     if (kind == NT__COLL_BROADCAST) {
         if (root < 0 || root >= cm->size)
             return nt__err(site, NT_EINVAL, fn, "root is %d; expected a rank 0 .. %d", root,
                            cm->size - 1);
         if (root >= cm->first && root < cm->first + cm->n)
-            root_local = root - cm->first;
+            *root_local = root - cm->first;
     }
-    /* The inputs: live, on their member's device, one shape and dtype. */
+    return 0;
+}
+
+/* The inputs: live, on their member's device, one shape and dtype.  *ref:
+ * the input whose shape and dtype every rank's has (broadcast: the root's,
+ * when local). */
+static int check_inputs(const nt_site *site, const char *fn, nt__coll_kind kind,
+                        const nt_comm *cm, nt_tensor *const *in, int root, int root_local,
+                        const nt_tensor **ref_out)
+{
     const nt_tensor *ref = NULL;
     int refi = -1;
     char name[32];
@@ -681,47 +766,58 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
                            nt__shape_str(in[i]->ndim, in[i]->shape, a, sizeof a), refi,
                            nt__shape_str(ref->ndim, ref->shape, b, sizeof b));
     }
-    if (kind == NT__COLL_BROADCAST && root_local >= 0)
-        ref = in[root_local];
+    *ref_out = kind == NT__COLL_BROADCAST && root_local >= 0 ? in[root_local] : ref;
+    return 0;
+}
+
+/* The outputs' shape (each rank's input is `ref`'s); refuses a mean of
+ * integers. */
+static int out_shape(const nt_site *site, const char *fn, nt__coll_kind kind,
+                     const nt_comm *cm, const nt_tensor *ref, int op, int *ondim,
+                     int64_t *oshape)
+{
     nt_dtype dt = (nt_dtype)ref->dtype;
     if ((kind == NT__COLL_ALL_REDUCE || kind == NT__COLL_REDUCE_SCATTER) &&
         op == NT_REDUCE_MEAN && !nt__dtype_is_float(dt))
         return nt__err(site, NT_EDTYPE, fn, "NT_REDUCE_MEAN needs a floating dtype; got %s",
                        nt_dtype_name(dt));
-    int ondim = ref->ndim;
-    int64_t oshape[NT_MAX_DIMS];
-    memcpy(oshape, ref->shape, sizeof oshape);
-    if (kind == NT__COLL_ALL_GATHER || kind == NT__COLL_REDUCE_SCATTER) {
-        char a[128];
-        if (ref->ndim < 1)
-            return nt__err(site, NT_ESHAPE, fn, "the inputs are 0-d; expected a dim 0 to %s",
-                           kind == NT__COLL_ALL_GATHER ? "concatenate along" : "split");
-        if (kind == NT__COLL_ALL_GATHER) {
-            oshape[0] = ref->shape[0] * cm->size;
-        } else {
-            if (ref->shape[0] % cm->size)
-                return nt__err(site, NT_ESHAPE, fn,
-                               "the inputs have shape %s; dim 0 must be a multiple of the "
-                               "communicator's %d ranks",
-                               nt__shape_str(ref->ndim, ref->shape, a, sizeof a), cm->size);
-            oshape[0] = ref->shape[0] / cm->size;
-        }
+    *ondim = ref->ndim;
+    memcpy(oshape, ref->shape, sizeof(int64_t) * NT_MAX_DIMS);
+    if (kind != NT__COLL_ALL_GATHER && kind != NT__COLL_REDUCE_SCATTER)
+        return 0;
+    char a[128];
+    if (ref->ndim < 1)
+        return nt__err(site, NT_ESHAPE, fn, "the inputs are 0-d; expected a dim 0 to %s",
+                       kind == NT__COLL_ALL_GATHER ? "concatenate along" : "split");
+    if (kind == NT__COLL_ALL_GATHER) {
+        oshape[0] = ref->shape[0] * cm->size;
+    } else {
+        if (ref->shape[0] % cm->size)
+            return nt__err(site, NT_ESHAPE, fn,
+                           "the inputs have shape %s; dim 0 must be a multiple of the "
+                           "communicator's %d ranks",
+                           nt__shape_str(ref->ndim, ref->shape, a, sizeof a), cm->size);
+        oshape[0] = ref->shape[0] / cm->size;
     }
+    return 0;
+}
 
-    /* Everything that can fail is taken before anything is queued. */
+/* A collective with its outputs (dtype dt, shape ondim/oshape, one on each
+ * member's device) and recs[i], member i's record: everything that can
+ * fail, taken before anything is queued.  NULL with the error set. */
+static coll *coll_new(const nt_site *site, const char *fn, const nt_comm *cm, nt_dtype dt,
+                      int ondim, const int64_t *oshape, nt__rec **recs)
+{
     int n = cm->n;
     coll *c = calloc(1, sizeof *c);
     void *block = c ? calloc((size_t)n, sizeof(nt_tensor *) * 2 + sizeof(nt_stream *) +
                                             sizeof(double) + sizeof(member) + 1)
                     : NULL;
-    /* per member: its record, then (after enqueueing, when c may be gone)
-     * its stream and seq */
-    nt__rec **recs = calloc((size_t)n, sizeof *recs + sizeof(nt_stream *) + sizeof(uint64_t));
-    if (!c || !block || !recs) {
+    if (!c || !block) {
         free(c);
         free(block);
-        free(recs);
-        return nt__err_hostmem(site, fn, "a collective");
+        nt__err_hostmem(site, fn, "a collective");
+        return NULL;
     }
     c->in = block;
     c->out = c->in + n;
@@ -730,7 +826,7 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
     c->mem = (member *)(c->ready + n);
     c->here = (uint8_t *)(c->mem + n);
     int rc = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && rc == 0; i++) {
         nt_stream *s = member_stream(cm->dev[i]);
         c->stream[i] = s;
         nt__alloc_sid = s->id;
@@ -738,30 +834,31 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
         c->out[i] = nt__tensor_empty(dt, ondim, oshape, site, fn);
         nt__alloc_dev = 0;
         nt__alloc_sid = 0;
-        if (!c->out[i]) {
+        if (!c->out[i])
             rc = nt_last_error();
-            break;
-        }
-        recs[i] = nt__rec_alloc(s);
-        if (!recs[i]) {
+        else if (!(recs[i] = nt__rec_alloc(s)))
             rc = nt__err_hostmem(site, fn, "an op record");
-            break;
-        }
     }
-    if (rc < 0) {
-        for (int i = 0; i < n; i++) {
-            if (c->out[i])
-                nt_release(c->out[i]);
-            if (recs[i])
-                nt__rec_unalloc(recs[i]);
-        }
-        free(block);
-        free(c);
-        free(recs);
-        return rc;
+    if (rc == 0)
+        return c;
+    for (int i = 0; i < n; i++) {
+        if (c->out[i])
+            nt_release(c->out[i]);
+        if (recs[i])
+            nt__rec_unalloc(recs[i]);
     }
+    free(block);
+    free(c);
+    return NULL;
+}
 
-    /* Nothing fails from here on. */
+/* Fills c once nothing can fail: it holds the communicator, the inputs and
+ * the outputs until its last member is done, and the issuing call's
+ * reference until that call returns. */
+static void coll_start(coll *c, const nt_site *site, const char *fn, nt__coll_kind kind,
+                       nt_comm *cm, nt_tensor *const *in, int op, int root)
+{
+    int n = cm->n;
     c->comm = cm;
     AO_fetch_and_add1(&cm->refs);
     c->kind = kind;
@@ -772,7 +869,7 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
     c->inline_run = NT__CFG(mode) == NT_MODE_DETERMINISTIC;
     c->tag = (uint64_t)AO_fetch_and_add1(&cm->issued);
     c->n = n;
-    c->refs = (AO_t)n;
+    c->refs = (AO_t)n + 1;
     g_mutex_init(&c->lock);
     g_cond_init(&c->cond);
     for (int i = 0; i < n; i++) {
@@ -782,63 +879,72 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
         c->out[i]->irefs++; /* the collective's, until its last member is done */
         c->mem[i] = (member){c, i};
     }
-    /* The caller's outputs and what the lazy flush needs, copied now: once
-     * the records are queued (or, in deterministic mode, have run) the
-     * collective may be finished and freed. */
-    nt_stream **strm = (nt_stream **)(recs + n);
-    uint64_t *seqs = (uint64_t *)(strm + n);
-    for (int i = 0; i < n; i++)
-        out[i] = c->out[i];
+}
+
+/* Member i's record r joins its stream through the dispatcher's one enqueue
+ * path (deterministic mode: runs at once).  A host record, alone in its
+ * batch: the ops before it are run and marked done first (core/internal.h).
+ * Returns its seq; c->stream[i] is its stream. */
+static uint64_t enqueue_member(coll *c, int i, nt__rec *r)
+{
+    r->type = NT_REC_HOST;
+    r->flags = NT_RECF_ALONE;
+    r->host_fn = member_run;
+    r->host_arg = &c->mem[i];
+    r->site = c->site;
+    r->fn = c->fn;
+    if (c->in[i]) {
+        nt__tensor_iref(c->in[i]);
+        r->in[0] = c->in[i];
+        r->nin = 1;
+    }
+    c->out[i]->irefs++; /* the record's; a fresh handle no other thread knows */
+    r->out[0] = c->out[i];
+    r->nout = 1;
+    return nt__rec_enqueue(r, &c->stream[i], c->inline_run);
+}
+
+/* Checks and issues one collective; every out[i] is NULL on failure. */
+static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor *const *in,
+                 nt_tensor **out, int op, int root)
+{
+    const char *fn = kind_api(kind);
+    if (!nt__ensure_init())
+        return nt_last_error();
+    int root_local = -1, ondim = 0;
+    int64_t oshape[NT_MAX_DIMS];
+    const nt_tensor *ref = NULL;
+    int rc = check_comm(site, fn, cm, in, out);
+    if (rc == 0)
+        rc = check_op_root(site, fn, kind, cm, op, root, &root_local);
+    if (rc == 0)
+        rc = check_inputs(site, fn, kind, cm, in, root, root_local, &ref);
+    if (rc == 0)
+        rc = out_shape(site, fn, kind, cm, ref, op, &ondim, oshape);
+    if (rc < 0)
+        return rc;
+
+    int n = cm->n;
+    nt__rec **recs = calloc((size_t)n, sizeof *recs + sizeof(uint64_t)); /* then the seqs */
+    if (!recs)
+        return nt__err_hostmem(site, fn, "a collective");
+    coll *c = coll_new(site, fn, cm, (nt_dtype)ref->dtype, ondim, oshape, recs);
+    if (!c) {
+        free(recs);
+        return nt_last_error();
+    }
+    /* Nothing fails from here on. */
+    coll_start(c, site, fn, kind, cm, in, op, root);
     bool lazy = !c->inline_run && NT__CFG(mode) == NT_MODE_LAZY;
-    bool inl = c->inline_run;
+    uint64_t *seqs = (uint64_t *)(recs + n);
     for (int i = 0; i < n; i++) {
-        nt__rec *r = recs[i];
-        nt_stream *s = c->stream[i];
-        r->type = NT_REC_HOST;
-        r->flags = NT_RECF_ALONE; /* ops before it done first (core/internal.h) */
-        r->host_fn = member_run;
-        r->host_arg = &c->mem[i];
-        r->site = c->site;
-        r->fn = fn;
-        if (in[i]) {
-            nt__tensor_iref(in[i]);
-            r->in[0] = in[i];
-            r->nin = 1;
-            uint64_t lw = AO_load(&in[i]->st->last_write);
-            if (other_stream(lw, s) && !nt__packed_done(lw))
-                r->deps[r->ndeps++] = lw;
-            if (other_stream(lw, s) || other_stream(AO_load(&in[i]->st->last_read), s))
-                __atomic_store_n(&in[i]->st->xstream, 1, __ATOMIC_RELAXED);
-        }
-        c->out[i]->irefs++; /* the record's; a fresh handle no other thread knows */
-        r->out[0] = c->out[i];
-        r->nout = 1;
-        nt_stream *picked = s;
-        uint64_t seq = nt__stream_next_seq(&s);
-        if (s != picked) {
-            nt__rec_drop_deps_on(r, s);
-            c->stream[i] = s;
-        }
-        r->seq = seq;
-        r->sid = s->id;
-        uint64_t packed = NT__PACK(s->id, seq);
-        if (in[i])
-            AO_store(&in[i]->st->last_read, packed);
-        AO_store_release(&c->out[i]->st->last_write, packed);
-        NT__COUNT(ops_enqueued, 1);
-        strm[i] = s;
-        seqs[i] = seq;
-        if (inl) {
-            for (int d = 0; d < r->ndeps; d++)
-                nt__wait_packed(r->deps[d]);
-            nt__stream_run_inline(s, r);
-        } else {
-            nt__stream_enqueue(s, r);
-        }
+        out[i] = c->out[i];
+        seqs[i] = enqueue_member(c, i, recs[i]);
     }
     if (lazy) /* a held window must not keep a member from its collective */
         for (int i = 0; i < n; i++)
-            nt__stream_request_flush(strm[i], seqs[i]);
+            nt__stream_request_flush(c->stream[i], seqs[i]);
+    coll_unref(c); /* this call's */
     free(recs);
     bool adopted = true;
     for (int i = 0; i < n; i++)

@@ -173,7 +173,7 @@ struct nt_graph {
     gstore *stores;
     int nstores;
     gpatch *patches;
-    int npatches;
+    int npatches, cappatches;
     ghook *hooks;
     int nhooks;
     gleaf *leaves;
@@ -903,29 +903,22 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Turns the recording into a graph; the recording is consumed either way. */
-static nt_graph *compile(const nt_site *site, nt__capture *c)
+/* compile's steps.  Each returns 0, or -1 with the error set (naming
+ * nt_graph_capture_end). */
+
+/* The graph takes the recording over. */
+static void take_recording(nt_graph *g, nt__capture *c)
 {
-    const char *fn = "nt_graph_capture_end";
-    nt_graph *g = calloc(1, sizeof *g);
-    if (!g) {
-        nt__err_hostmem(site, fn, "a graph");
-        capture_free(c);
-        return NULL;
-    }
-    g_mutex_init(&g->lock);
     g->magic = GRAPH_MAGIC;
     g->epoch = (uint32_t)AO_load(&graph_epoch);
     g->stream = c->stream;
     g->sid = c->stream->id;
     g->dev = c->stream->dev;
     g->seq0 = c->seq0;
-    g->nseq = (uint64_t)c->nrecs; /* see the renumbering below */
-    /* take the recording over */
-#define TAKE(f) (g->f = c->f, c->f = NULL)
+    g->nseq = (uint64_t)c->nrecs; /* see renumber() */
+#define TAKE(f) (g->f = c->f, c->f = NULL, g->n##f = c->n##f, c->n##f = 0)
     TAKE(steps);
     TAKE(recs);
-    TAKE(tix);
     TAKE(tens);
     TAKE(stores);
     TAKE(patches);
@@ -933,22 +926,23 @@ static nt_graph *compile(const nt_site *site, nt__capture *c)
     TAKE(leaves);
     TAKE(inputs);
 #undef TAKE
-    g->nsteps = c->nsteps, c->nsteps = 0;
-    g->nrecs = c->nrecs, c->nrecs = 0;
-    g->ntens = c->ntens, c->ntens = 0;
-    g->nstores = c->nstores, c->nstores = 0;
-    g->npatches = c->npatches, c->npatches = 0;
-    g->nhooks = c->nhooks, c->nhooks = 0;
-    g->nleaves = c->nleaves, c->nleaves = 0;
-    g->ninputs = c->ninputs, c->ninputs = 0;
+    g->tix = c->tix;
+    c->tix = NULL;
+    g->cappatches = c->cappatches;
+}
+
+/* Which storages the plan holds (the intermediates: made by a recorded op,
+ * freed before the end), the rest being shared; the inputs; what the step
+ * left in each leaf's .grad.  Refuses host data baked in. */
+static int classify(const nt_site *site, nt_graph *g, nt__capture *c)
+{
+    const char *fn = "nt_graph_capture_end";
     if (c->ndead)
         qsort(c->dead, c->ndead, sizeof *c->dead, cmp_u64);
     for (int i = 0; i < g->nleaves; i++) {
         nt_tensor *e = g->leaves[i].acc->grad_of(g->leaves[i].leaf);
         g->leaves[i].end = e ? nt_retain(e) : NULL;
     }
-
-    /* Which storages the plan holds; the rest the program shares. */
     for (int i = 0; i < g->nstores; i++) {
         gstore *s = &g->stores[i];
         if (s->fresh && is_dead(c, s->id)) {
@@ -963,54 +957,50 @@ static nt_graph *compile(const nt_site *site, nt__capture *c)
     for (int k = 0; k < g->ninputs; k++) {
         ginput *in = &g->inputs[k];
         int s = idmap_get(&c->smap, in->sid);
-        if (s < 0) {
-            nt__err(site, NT_EINVAL, fn, "input \"%s\" is not read by the captured program",
-                    in->name);
-            goto fail;
-        }
+        if (s < 0)
+            return nt__err(site, NT_EINVAL, fn, "input \"%s\" is not read by the captured program",
+                           in->name), -1;
         in->s = s;
         g->stores[s].input = k;
-        if (g->stores[s].planned) { /* an input the program made and freed: keep it */
-            g->stores[s].planned = false;
-        }
+        g->stores[s].planned = false; /* an input the program made and freed: kept */
     }
     for (int i = 0; i < g->nstores; i++) {
         gstore *s = &g->stores[i];
-        if (s->madehere && !s->fresh && s->read_first && s->input < 0) {
-            baked_error(site, s);
-            goto fail;
-        }
+        if (s->madehere && !s->fresh && s->read_first && s->input < 0)
+            return baked_error(site, s), -1;
     }
-    idmap_free(&c->tmap);
-    idmap_free(&c->smap);
+    return 0;
+}
 
+/* The memory plan: offsets, the block, a borrowed storage per planned
+ * intermediate, a handle per recorded tensor. */
+static int allocate(const nt_site *site, nt_graph *g)
+{
+    const char *fn = "nt_graph_capture_end";
     size_t naive = 0;
     int64_t nplanned = 0;
     size_t top = plan(g->stores, g->nstores, &naive, &nplanned);
-    if (top == SIZE_MAX) {
-        nt__err_hostmem(site, fn, "the memory plan");
-        goto fail;
-    }
+    if (top == SIZE_MAX)
+        return nt__err_hostmem(site, fn, "the memory plan"), -1;
+    g->info.plan_bytes = top;
+    g->info.naive_bytes = naive;
+    g->info.planned = nplanned;
     if (top) {
         nt__alloc_dev = (uint8_t)g->dev;
         g->block = nt__tensor_empty(NT_U8, 1, (int64_t[]){(int64_t)top}, site, fn);
         nt__alloc_dev = 0;
         if (!g->block)
-            goto fail; /* NT_ENOMEM, naming the size, set */
-        if (!nt__storage_materialize(g->block->st)) {
-            nt__err_hostmem(site, fn, "the memory plan's block");
-            goto fail;
-        }
+            return -1; /* NT_ENOMEM, naming the size, set */
+        if (!nt__storage_materialize(g->block->st))
+            return nt__err_hostmem(site, fn, "the memory plan's block"), -1;
     }
     char *base = g->block ? nt__storage_data(g->block->st) : NULL;
     for (int i = 0; i < g->nstores; i++) {
         gstore *s = &g->stores[i];
         if (s->planned) {
             s->nst = nt__storage_borrowed(base + s->off, s->nbytes, g->dev);
-            if (!s->nst) {
-                nt__err_hostmem(site, fn, "a planned tensor");
-                goto fail;
-            }
+            if (!s->nst)
+                return nt__err_hostmem(site, fn, "a planned tensor"), -1;
         } else {
             s->nst = s->st;
             nt__storage_ref(s->nst);
@@ -1020,17 +1010,17 @@ static nt_graph *compile(const nt_site *site, nt__capture *c)
         gten *e = &g->tens[i];
         e->h = nt__tensor_new_internal(g->stores[e->s].nst, (nt_dtype)e->dtype, e->ndim, e->shape,
                                        e->stride, e->offset, &e->site);
-        if (!e->h) {
-            nt__err_hostmem(site, fn, "a tensor handle");
-            goto fail;
-        }
+        if (!e->h)
+            return nt__err_hostmem(site, fn, "a tensor handle"), -1;
     }
-    /* bind every step's operands */
-    int64_t fused = 0, kernels = 0;
+    return 0;
+}
+
+/* Every step's operands, and the group steps' record lists. */
+static int bind_steps(const nt_site *site, nt_graph *g)
+{
     for (int k = 0; k < g->nsteps; k++) {
         gstep *s = &g->steps[k];
-        nt_tensor *const *h = NULL;
-        (void)h;
         if (s->kind == STEP_REC) {
             nt__rec *r = &g->recs[s->rec0];
             for (int i = 0; i < s->nin; i++) {
@@ -1042,29 +1032,33 @@ static nt_graph *compile(const nt_site *site, nt__capture *c)
                 r->out[i] = t >= 0 ? g->tens[t].h : NULL;
             }
             r->flags &= (uint8_t)~NT_RECF_NOCAPTURE;
-        } else {
-            s->grp.prog = s->prog;
-            for (int i = 0; i < s->nin; i++)
-                s->grp.ext[i] = g->tens[g->tix[s->t0 + i]].h;
-            for (int i = 0; i < s->nout; i++)
-                s->grp.out[i] = g->tens[g->tix[s->t0 + s->nin + i]].h;
-            fused += s->nrecs;
+            g->on_sim |= r->backend == NT_BACKEND_SIM;
+            continue;
         }
-        kernels++;
+        s->grp.prog = s->prog;
+        for (int i = 0; i < s->nin; i++)
+            s->grp.ext[i] = g->tens[g->tix[s->t0 + i]].h;
+        for (int i = 0; i < s->nout; i++)
+            s->grp.out[i] = g->tens[g->tix[s->t0 + s->nin + i]].h;
+        s->grp.recs = malloc((size_t)s->nrecs * sizeof(nt__rec *));
+        if (!s->grp.recs)
+            return nt__err_hostmem(site, "nt_graph_capture_end", "a group's records"), -1;
+        for (int j = 0; j < s->nrecs; j++)
+            s->grp.recs[j] = &g->recs[s->rec0 + j];
+        s->grp.nrecs = s->nrecs;
+        g->info.fused_ops += s->nrecs;
+        g->on_sim |= s->grp.backend == NT_BACKEND_SIM;
     }
-    /* group steps point at their records (after every copy: the array is final) */
-    for (int k = 0; k < g->nsteps; k++)
-        if (g->steps[k].kind == STEP_GROUP) {
-            g->steps[k].grp.recs = malloc((size_t)g->steps[k].nrecs * sizeof(nt__rec *));
-            if (!g->steps[k].grp.recs) {
-                nt__err_hostmem(site, fn, "a group's records");
-                goto fail;
-            }
-            for (int j = 0; j < g->steps[k].nrecs; j++)
-                g->steps[k].grp.recs[j] = &g->recs[g->steps[k].rec0 + j];
-            g->steps[k].grp.nrecs = g->steps[k].nrecs;
-        }
-    /* patches: find the record copies (and group ops) holding their scalar */
+    g->info.kernels = g->nsteps;
+    return 0;
+}
+
+/* Each patch finds the record copy (and the group's op) holding its
+ * scalar; a dropout's backward is a dropout with the forward's seed
+ * (autograd reissues it), so a seed patch also covers every dropout op
+ * holding the same seed at capture. */
+static int place_patches(const nt_site *site, nt_graph *g)
+{
     for (int i = 0; i < g->npatches; i++) {
         gpatch *p = &g->patches[i];
         for (int k = 0; k < g->nsteps && p->rec < 0; k++) {
@@ -1072,91 +1066,77 @@ static nt_graph *compile(const nt_site *site, nt__capture *c)
             for (int j = 0; j < s->nrecs; j++)
                 if (g->recs[s->rec0 + j].seq == p->seq) {
                     p->rec = s->rec0 + j;
-                    if (s->kind == STEP_GROUP) {
-                        p->step = k;
-                        p->op = j;
-                    }
+                    p->step = s->kind == STEP_GROUP ? k : -1;
+                    p->op = s->kind == STEP_GROUP ? j : -1;
                     break;
                 }
         }
     }
-    /* A dropout's backward is a dropout with the forward's seed (autograd
-     * reissues it): a seed patch covers every dropout op holding the same
-     * seed at capture. */
-    {
-        int n0 = g->npatches;
-        for (int i = 0; i < n0; i++) {
-            if (g->patches[i].field != NT__PATCH_SEED || g->patches[i].rec < 0)
-                continue;
-            uint64_t seed = g->recs[g->patches[i].rec].p.seed;
-            for (int k = 0; k < g->nsteps; k++) {
-                gstep *st = &g->steps[k];
-                for (int j = 0; j < st->nrecs; j++) {
-                    int ri = st->rec0 + j;
-                    nt__rec *r = &g->recs[ri];
-                    if (ri == g->patches[i].rec || r->type != NT_REC_OP || r->op != NT_OP_DROPOUT ||
-                        r->p.seed != seed)
-                        continue;
-                    if (!grow((void **)&g->patches, &c->cappatches, g->npatches + 1,
-                              sizeof *g->patches)) {
-                        nt__err_hostmem(site, fn, "the program's patches");
-                        goto fail;
-                    }
-                    gpatch q = g->patches[i];
-                    q.rec = ri;
-                    q.step = st->kind == STEP_GROUP ? k : -1;
-                    q.op = st->kind == STEP_GROUP ? j : -1;
-                    g->patches[g->npatches++] = q;
-                }
+    int n0 = g->npatches;
+    for (int i = 0; i < n0; i++) {
+        if (g->patches[i].field != NT__PATCH_SEED || g->patches[i].rec < 0)
+            continue;
+        uint64_t seed = g->recs[g->patches[i].rec].p.seed;
+        for (int k = 0; k < g->nsteps; k++) {
+            gstep *st = &g->steps[k];
+            for (int j = 0; j < st->nrecs; j++) {
+                int ri = st->rec0 + j;
+                nt__rec *r = &g->recs[ri];
+                if (ri == g->patches[i].rec || r->type != NT_REC_OP || r->op != NT_OP_DROPOUT ||
+                    r->p.seed != seed)
+                    continue;
+                if (!grow((void **)&g->patches, &g->cappatches, g->npatches + 1,
+                          sizeof *g->patches))
+                    return nt__err_hostmem(site, "nt_graph_capture_end", "the program's patches"),
+                           -1;
+                gpatch q = g->patches[i];
+                q.rec = ri;
+                q.step = st->kind == STEP_GROUP ? k : -1;
+                q.op = st->kind == STEP_GROUP ? j : -1;
+                g->patches[g->npatches++] = q;
             }
         }
     }
-    /* Renumber the records 0, 1, 2... in seq order (from seq0): the seqs
-     * drawn meanwhile for what is not the program's (state made on first
-     * use) are not drawn by a replay, and a replay's k-th op then holds the
-     * k-th of the seqs it draws -- what the same step run op by op after
-     * the capture would hold, so random bits keyed by seq (stochastic
-     * rounding) match it. */
-    {
-        uint64_t *sq = malloc((size_t)(g->nrecs ? g->nrecs : 1) * sizeof *sq);
-        if (!sq) {
-            nt__err_hostmem(site, fn, "the program's numbering");
-            goto fail;
+    return 0;
+}
+
+/* Renumbers the records 0, 1, 2... in seq order (from seq0): the seqs drawn
+ * meanwhile for what is not the program's (state made on first use) are
+ * not drawn by a replay, and a replay's k-th op then holds the k-th of the
+ * seqs it draws -- what the same step run op by op after the capture would
+ * hold, so random bits keyed by seq (stochastic rounding) match it. */
+static int renumber(const nt_site *site, nt_graph *g)
+{
+    uint64_t *sq = malloc((size_t)(g->nrecs ? g->nrecs : 1) * sizeof *sq);
+    if (!sq)
+        return nt__err_hostmem(site, "nt_graph_capture_end", "the program's numbering"), -1;
+    for (int i = 0; i < g->nrecs; i++)
+        sq[i] = g->recs[i].seq;
+    qsort(sq, (size_t)g->nrecs, sizeof *sq, cmp_u64);
+    for (int i = 0; i < g->nrecs; i++) {
+        uint64_t q = g->recs[i].seq;
+        size_t lo = 0, hi = (size_t)g->nrecs;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (sq[mid] < q)
+                lo = mid + 1;
+            else
+                hi = mid;
         }
-        for (int i = 0; i < g->nrecs; i++)
-            sq[i] = g->recs[i].seq;
-        qsort(sq, (size_t)g->nrecs, sizeof *sq, cmp_u64);
-        for (int i = 0; i < g->nrecs; i++) {
-            uint64_t q = g->recs[i].seq;
-            size_t lo = 0, hi = (size_t)g->nrecs;
-            while (lo < hi) {
-                size_t mid = (lo + hi) / 2;
-                if (sq[mid] < q)
-                    lo = mid + 1;
-                else
-                    hi = mid;
-            }
-            g->recs[i].seq = g->seq0 + lo;
-        }
-        free(sq);
+        g->recs[i].seq = g->seq0 + lo;
     }
-    for (int k = 0; k < g->nsteps; k++) {
-        gstep *st = &g->steps[k];
-        uint8_t be = st->kind == STEP_REC ? g->recs[st->rec0].backend : st->grp.backend;
-        g->on_sim |= be == NT_BACKEND_SIM;
-    }
+    free(sq);
+    return 0;
+}
+
+/* The graph is whole: its counts, the statistics, the runtime's list. */
+static void publish(nt_graph *g)
+{
     g->info.ops = g->nrecs;
-    g->info.kernels = kernels;
-    g->info.fused_ops = fused;
-    g->info.plan_bytes = top;
-    g->info.naive_bytes = naive;
-    g->info.planned = nplanned;
-    g->info.external = 0;
     for (int i = 0; i < g->nstores; i++)
         g->info.external += !g->stores[i].planned;
     g->info.inputs = g->ninputs;
     g->info.patches = g->npatches;
-    capture_free(c);
     g_mutex_lock(&gst.lock);
     if (g->info.plan_bytes > gst.plan)
         gst.plan = g->info.plan_bytes;
@@ -1172,14 +1152,41 @@ static nt_graph *compile(const nt_site *site, nt__capture *c)
                 "ntensor: graph captured: %lld ops in %lld kernels (%lld fused); memory plan "
                 "%.2f MiB for %lld intermediates (%.2f MiB without reuse); %lld shared "
                 "tensors, %lld scalars refreshed per replay\n",
-                (long long)g->info.ops, (long long)g->info.kernels, (long long)fused,
-                top / 1048576.0, (long long)nplanned, naive / 1048576.0,
+                (long long)g->info.ops, (long long)g->info.kernels,
+                (long long)g->info.fused_ops, g->info.plan_bytes / 1048576.0,
+                (long long)g->info.planned, g->info.naive_bytes / 1048576.0,
                 (long long)g->info.external, (long long)g->npatches);
-    return g;
-fail:
+}
+
+/* Turns the recording into a graph; the recording is consumed either way. */
+static nt_graph *compile(const nt_site *site, nt__capture *c)
+{
+    nt_graph *g = calloc(1, sizeof *g);
+    if (!g) {
+        nt__err_hostmem(site, "nt_graph_capture_end", "a graph");
+        capture_free(c);
+        return NULL;
+    }
+    g_mutex_init(&g->lock);
+    take_recording(g, c);
+    int rc = classify(site, g, c);
+    idmap_free(&c->tmap);
+    idmap_free(&c->smap);
+    if (!rc)
+        rc = allocate(site, g);
+    if (!rc)
+        rc = bind_steps(site, g);
+    if (!rc)
+        rc = place_patches(site, g); /* before renumbering: patches hold capture seqs */
+    if (!rc)
+        rc = renumber(site, g);
     capture_free(c);
-    graph_free(g);
-    return NULL;
+    if (rc) {
+        graph_free(g);
+        return NULL;
+    }
+    publish(g);
+    return g;
 }
 
 NT_API nt_graph *nt_graph_capture_end_at(const nt_site *site)

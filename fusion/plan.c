@@ -272,88 +272,120 @@ static void group_reset(gstate *s, nt__rec **recs, int first, uint8_t backend)
     s->g.backend = backend;
 }
 
-/* Tries to append record r; returns NULL on success or the reason why not. */
-static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
+/* try_add's steps.  The group's first record decides the kind and the
+ * iteration shape. */
+static void start_kind(gstate *s, const nt__rec *r, bool red, bool mm)
 {
-    nt_tensor *o = r->out[0];
-    bool inplace = r->flags & NT_RECF_INPLACE;
-    bool ew = nt__fusable_ew(r->op);
-    bool red = is_row_reduce(r);
-    bool mm = r->op == NT_OP_MATMUL && !inplace;
-    if (s->g.nrecs == 0) {
-        /* first record: it decides the kind and the iteration shape */
-        if (mm) {
-            s->p.kind = NT_FK_MM;
-        } else if (red) {
-            s->p.kind = NT_FK_ROW;
-        } else {
-            s->p.kind = NT_FK_EW;
-        }
-        const nt_tensor *shp = red ? r->in[0] : o;
-        s->p.ndim = shp->ndim;
-        for (int i = 0; i < shp->ndim; i++)
-            s->p.shape[i] = shp->shape[i];
-        if (red) {
-            for (int i = 0; i < shp->ndim; i++)
-                s->red_shape[i] = shp->shape[i];
-            s->red_shape[shp->ndim - 1] = 1;
-        }
+    if (mm) {
+        s->p.kind = NT_FK_MM;
+    } else if (red) {
+        s->p.kind = NT_FK_ROW;
     } else {
-        if (r->backend != s->g.backend)
-            return "backend change";
-        if ((r->flags ^ s->g.recs[0]->flags) & NT_RECF_NOCAPTURE)
-            return "the edge of a captured program";
-        if (mm)
-            return "a matmul starts its own kernel";
-        if (!ew && !red)
-            return reason_buf(why, whylen, "%s is not fusable", nt__op_name(r->op));
-        if (s->g.nrecs >= NT_F_MAXOPS)
-            return "kernel op limit";
-        if (red) {
-            if (s->p.kind == NT_FK_MM)
-                return "a reduction after a matmul epilogue";
-            if (!shape_is(r->in[0], s->p.ndim, s->p.shape))
-                return "shape change";
-            if (s->p.kind == NT_FK_EW) {
-                /* the EW group becomes a row group over the same shape */
-                if (s->p.ndim < 1 || s->p.shape[s->p.ndim - 1] <= 1)
-                    return "shape change";
-                /* each value so far would need a row of its own on chip */
-                if ((int64_t)(s->p.nvals + 1) * s->p.shape[s->p.ndim - 1] * 4 > NT_F_ROW_BYTES)
-                    return "SBUF capacity";
-                s->p.kind = NT_FK_ROW;
-                for (int i = 0; i < s->p.ndim; i++)
-                    s->red_shape[i] = s->p.shape[i];
-                s->red_shape[s->p.ndim - 1] = 1;
-                for (int k = 0; k < s->p.next; k++) {
-                    int64_t st[NT_MAX_DIMS];
-                    nt__bcast_strides(s->g.ext[k], s->p.ndim, s->p.shape, st);
-                    s->p.ext[k].red = st[s->p.ndim - 1] == 0;
-                }
-                s->nfull = s->p.nvals;
-            }
-        } else if (s->p.kind == NT_FK_ROW) {
-            if (!shape_is(o, s->p.ndim, s->p.shape) && !shape_is(o, s->p.ndim, s->red_shape))
-                return "shape change";
-        } else if (!shape_is(o, s->p.ndim, s->p.shape)) {
-            return "shape change";
-        }
+        s->p.kind = NT_FK_EW;
     }
-    if (!ew && !red && !mm)
-        return reason_buf(why, whylen, "%s is not fusable", nt__op_name(r->op));
-    if (s->p.nvals >= NT_F_MAXVALS)
-        return "kernel value limit";
+    const nt_tensor *shp = red ? r->in[0] : r->out[0];
+    s->p.ndim = shp->ndim;
+    for (int i = 0; i < shp->ndim; i++)
+        s->p.shape[i] = shp->shape[i];
+    if (red) {
+        for (int i = 0; i < shp->ndim; i++)
+            s->red_shape[i] = shp->shape[i];
+        s->red_shape[shp->ndim - 1] = 1;
+    }
+}
 
-    /* operands */
-    nt__fop op;
-    memset(&op, 0, sizeof op);
-    op.op = r->op;
-    op.nin = r->nin;
-    op.p = r->p;
+/* A row reduction joins an EW group: the group becomes a row group over
+ * the same shape.  NULL, or why it cannot. */
+static const char *ew_to_row(gstate *s)
+{
+    if (s->p.ndim < 1 || s->p.shape[s->p.ndim - 1] <= 1)
+        return "shape change";
+    /* each value so far would need a row of its own on chip */
+    if ((int64_t)(s->p.nvals + 1) * s->p.shape[s->p.ndim - 1] * 4 > NT_F_ROW_BYTES)
+        return "SBUF capacity";
+    s->p.kind = NT_FK_ROW;
+    for (int i = 0; i < s->p.ndim; i++)
+        s->red_shape[i] = s->p.shape[i];
+    s->red_shape[s->p.ndim - 1] = 1;
+    for (int k = 0; k < s->p.next; k++) {
+        int64_t st[NT_MAX_DIMS];
+        nt__bcast_strides(s->g.ext[k], s->p.ndim, s->p.shape, st);
+        s->p.ext[k].red = st[s->p.ndim - 1] == 0;
+    }
+    s->nfull = s->p.nvals;
+    return NULL;
+}
+
+/* Whether r may join the open group: backend, kind, op limit, shape.  NULL,
+ * or why not. */
+static const char *check_join(gstate *s, const nt__rec *r, bool ew, bool red, bool mm,
+                              char *why, size_t whylen)
+{
+    const nt_tensor *o = r->out[0];
+    if (r->backend != s->g.backend)
+        return "backend change";
+    if ((r->flags ^ s->g.recs[0]->flags) & NT_RECF_NOCAPTURE)
+        return "the edge of a captured program";
+    if (mm)
+        return "a matmul starts its own kernel";
+    if (!ew && !red)
+        return reason_buf(why, whylen, "%s is not fusable", nt__op_name(r->op));
+    if (s->g.nrecs >= NT_F_MAXOPS)
+        return "kernel op limit";
+    if (red) {
+        if (s->p.kind == NT_FK_MM)
+            return "a reduction after a matmul epilogue";
+        if (!shape_is(r->in[0], s->p.ndim, s->p.shape))
+            return "shape change";
+        return s->p.kind == NT_FK_EW ? ew_to_row(s) : NULL;
+    }
+    if (s->p.kind == NT_FK_ROW) {
+        if (!shape_is(o, s->p.ndim, s->p.shape) && !shape_is(o, s->p.ndim, s->red_shape))
+            return "shape change";
+        return NULL;
+    }
+    return shape_is(o, s->p.ndim, s->p.shape) ? NULL : "shape change";
+}
+
+/* What r's operands (op->a, already found) allow: in a ROW group an op
+ * with a per-row result (*out_red) may only use per-row operands, a full
+ * row needs SBUF room; an in-place write must be element-aligned with
+ * every read of the same storage.  NULL, or why not. */
+static const char *check_operands(const gstate *s, const nt__rec *r, const nt__fop *op,
+                                  bool red, bool inplace, bool *out_red)
+{
+    const nt_tensor *o = r->out[0];
+    *out_red = false;
+    if (s->p.kind == NT_FK_ROW) {
+        *out_red = red || shape_is(o, s->p.ndim, s->red_shape);
+        if (*out_red && !red)
+            for (int i = 0; i < r->nin; i++)
+                if (r->in[i] && !operand_red(s, op->a[i]))
+                    return "shape change";
+        if (!*out_red && (s->nfull + 1) * s->p.shape[s->p.ndim - 1] * 4 > NT_F_ROW_BYTES)
+            return "SBUF capacity";
+    }
+    if (inplace) {
+        for (int k = 0; k < s->p.next; k++)
+            if (s->g.ext[k]->st == o->st && !nt__same_view(s->g.ext[k], o))
+                return "in-place write to another view of a kernel input";
+        for (int v = 0; v < s->p.nvals; v++)
+            if (s->val_t[v] && s->val_t[v]->st == o->st && !nt__same_view(s->val_t[v], o))
+                return "in-place write to another view of a kernel value";
+    }
+    return NULL;
+}
+
+/* r's operands as program slots (op->a; new kernel inputs appended), and
+ * the checks that need them.  NULL, or why not (the inputs appended are
+ * dropped again). */
+static const char *add_operands(gstate *s, const nt__rec *r, nt__fop *op, bool red,
+                                bool inplace, bool *out_red)
+{
     int nexts = s->p.next;
     for (int i = 0; i < r->nin; i++) {
         if (!r->in[i]) {
-            op.a[i] = 0;
+            op->a[i] = 0;
             continue;
         }
         int a = operand(s, r->in[i]);
@@ -362,45 +394,27 @@ static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
             return a == NT_F_HAZARD ? "reads another view of a value the kernel writes"
                                     : "kernel input limit";
         }
-        op.a[i] = (int8_t)a;
+        op->a[i] = (int8_t)a;
     }
-    /* ROW: an op with a per-row result may only use per-row operands */
-    bool out_red = false;
-    if (s->p.kind == NT_FK_ROW) {
-        out_red = red || shape_is(o, s->p.ndim, s->red_shape);
-        if (out_red && !red)
-            for (int i = 0; i < r->nin; i++)
-                if (r->in[i] && !operand_red(s, op.a[i])) {
-                    s->p.next = nexts;
-                    return "shape change";
-                }
-        if (!out_red && (s->nfull + 1) * s->p.shape[s->p.ndim - 1] * 4 > NT_F_ROW_BYTES) {
-            s->p.next = nexts;
-            return "SBUF capacity";
-        }
-    }
-    /* in place: only element-aligned with every read of the same storage */
-    if (inplace) {
-        for (int k = 0; k < s->p.next; k++)
-            if (s->g.ext[k]->st == o->st && !nt__same_view(s->g.ext[k], o)) {
-                s->p.next = nexts;
-                return "in-place write to another view of a kernel input";
-            }
-        for (int v = 0; v < s->p.nvals; v++)
-            if (s->val_t[v] && s->val_t[v]->st == o->st && !nt__same_view(s->val_t[v], o)) {
-                s->p.next = nexts;
-                return "in-place write to another view of a kernel value";
-            }
-    }
+    const char *no = check_operands(s, r, op, red, inplace, out_red);
+    if (no)
+        s->p.next = nexts;
+    return no;
+}
+
+/* r joins the group: its output becomes the program's next value. */
+static void append_op(gstate *s, const nt__rec *r, nt__fop *op, bool out_red, bool inplace)
+{
+    nt_tensor *o = r->out[0];
     /* Slots that hold a value's own handle, counted only once the op is in:
      * an op turned away above must not count its reads, or a value it reads
      * would look read by the group alone and be elided (live_after) while
      * the next kernel, where the op goes, still reads it. */
     for (int i = 0; i < r->nin; i++)
-        if (r->in[i] && !NT_F_IS_EXT(op.a[i]) && r->in[i] == s->val_h[op.a[i]])
-            s->val_slots[op.a[i]]++;
+        if (r->in[i] && !NT_F_IS_EXT(op->a[i]) && r->in[i] == s->val_h[op->a[i]])
+            s->val_slots[op->a[i]]++;
     int v = s->p.nvals++;
-    op.out = (int8_t)v;
+    op->out = (int8_t)v;
     s->p.vals[v].dtype = o->dtype;
     s->p.vals[v].red = out_red;
     s->p.vals[v].store = -1;
@@ -411,21 +425,49 @@ static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
     int prev = inplace ? find_val(s, o) : -1;
     if (prev >= 0)
         s->val_t[prev] = NULL;
-    {
-        int h = st_slot(s, o->st);
-        if (!s->st_key[h]) {
-            s->st_key[h] = o->st;
-        } else if (prev < 0) {
-            s->st_multi[h] = true; /* another view of a written storage */
-        }
-        s->st_val[h] = (int8_t)v;
+    int h = st_slot(s, o->st);
+    if (!s->st_key[h]) {
+        s->st_key[h] = o->st;
+    } else if (prev < 0) {
+        s->st_multi[h] = true; /* another view of a written storage */
     }
+    s->st_val[h] = (int8_t)v;
     s->val_t[v] = o;
     s->val_h[v] = o;
     s->val_slots[v] = 1; /* the producer's output slot */
     s->val_inplace[v] = inplace;
-    s->p.ops[s->p.nops++] = op;
+    s->p.ops[s->p.nops++] = *op;
     s->g.nrecs++;
+}
+
+/* Tries to append record r; returns NULL on success or the reason why not. */
+static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
+{
+    bool inplace = r->flags & NT_RECF_INPLACE;
+    bool ew = nt__fusable_ew(r->op);
+    bool red = is_row_reduce(r);
+    bool mm = r->op == NT_OP_MATMUL && !inplace;
+    if (s->g.nrecs == 0) {
+        start_kind(s, r, red, mm);
+    } else {
+        const char *no = check_join(s, r, ew, red, mm, why, whylen);
+        if (no)
+            return no;
+    }
+    if (!ew && !red && !mm)
+        return reason_buf(why, whylen, "%s is not fusable", nt__op_name(r->op));
+    if (s->p.nvals >= NT_F_MAXVALS)
+        return "kernel value limit";
+    nt__fop op;
+    memset(&op, 0, sizeof op);
+    op.op = r->op;
+    op.nin = r->nin;
+    op.p = r->p;
+    bool out_red;
+    const char *no = add_operands(s, r, &op, red, inplace, &out_red);
+    if (no)
+        return no;
+    append_op(s, r, &op, out_red, inplace);
     return NULL;
 }
 

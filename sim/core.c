@@ -1726,27 +1726,37 @@ static void trace_instr(nt_sim_kernel *k, const nt__sim_instr *in, int tid, doub
                        (end - start) / 1e3, args);
 }
 
-void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in)
-{
-    const nt_sim_config *c = &nt__sim.cfg;
-    nt__sim_core *core = k->core;
-    int me = in->engine;
-    double ready = k->t0;
-    bool sbuf = false, psum = false;
-
-    /* when may it start: after what it reads was written (RAW), what it
-     * writes was read (WAR) and written (WAW) */
+/* nt__sim_issue's steps, inlined into it (it runs once per simulated
+ * instruction).  `issued` carries what one step finds for the next. */
+#define ISSUE_STEP static inline __attribute__((always_inline))
+typedef struct issued {
+    double ready;      /* earliest start its dependencies allow */
+    bool sbuf, psum;   /* it accesses an SBUF / a PSUM tile */
     /* the HBM page entries each access visits, collected while the wait is
      * found, so that recording the access needs no second lookup: valid
      * while the table is not rehashed (only a new entry grows it) */
-    size_t nhp = 0, hp_end[NT__SIM_MAX_ACC];
-    const hpage *ht0 = core->ht;
+    size_t nhp, hp_end[NT__SIM_MAX_ACC];
+    const hpage *ht0;
+    double start, end, lat; /* when it runs; its writes' access latency */
+} issued;
+
+/* When may it start: after what it reads was written (RAW), what it writes
+ * was read (WAR) and written (WAW). */
+ISSUE_STEP void issue_wait(nt_sim_kernel *k, const nt__sim_instr *in, issued *is)
+{
+    nt__sim_core *core = k->core;
+    int me = in->engine;
+    /* locals, not is's fields, in the loops: `is` is not stored to there */
+    double ready = k->t0;
+    bool sbuf = false, psum = false;
+    size_t nhp = 0;
+    is->ht0 = core->ht;
     for (int i = 0; i < in->nacc; i++) {
         const nt__sim_acc *a = &in->acc[i];
         const nt_ap *ap = a->ap;
         if (!ap->tile) {
             double t = hbm_pages(core, ap, a->write, 0, 0.0, &nhp);
-            hp_end[i] = nhp;
+            is->hp_end[i] = nhp;
             if (t > ready)
                 ready = t;
             continue;
@@ -1780,63 +1790,89 @@ void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in)
                 ready = d[j].rend;
         }
     }
+    is->ready = ready;
+    is->sbuf = sbuf;
+    is->psum = psum;
+    is->nhp = nhp;
+}
 
-    double start, end, lat = 0.0;
-    if (me < NT_ENGINE_DMA) {
-        double ghz = c->clock_ghz[me];
-        start = ready > k->eng_free[me] ? ready : k->eng_free[me];
-        bool use_sbuf_port = c->vector_gpsimd_share_sbuf && sbuf &&
-                             (me == NT_ENGINE_VECTOR || me == NT_ENGINE_GPSIMD);
-        bool use_psum_port = c->vector_scalar_share_psum && psum &&
-                             (me == NT_ENGINE_VECTOR || me == NT_ENGINE_SCALAR);
-        if (use_sbuf_port && k->port_sbuf_vg > start)
-            start = k->port_sbuf_vg;
-        if (use_psum_port && k->port_psum_vs > start)
-            start = k->port_psum_vs;
-        double cyc = in->cycles < c->min_instr_cycles ? c->min_instr_cycles : in->cycles;
-        in->cycles = cyc;
-        double dur = cyc / ghz;
-        /* a function from another table makes ScalarE load that table first */
-        if (me == NT_ENGINE_SCALAR && in->act_table >= 0 && in->act_table != k->act_table) {
-            dur += c->act_table_switch_ns;
-            k->act_table = in->act_table;
-        }
-        end = start + dur;
-        k->eng_free[me] = end;
-        if (use_sbuf_port)
-            k->port_sbuf_vg = end;
-        if (use_psum_port)
-            k->port_psum_vs = end;
-        k->busy[me] += dur;
-        lat = c->access_latency_cycles / ghz;
-    } else {
-        int q = in->queue;
-        start = ready > k->q_free[q] ? ready : k->q_free[q];
-        int eng = (in->dma_parts + 7) / 8;
-        if (eng > c->dma_engines)
-            eng = c->dma_engines;
-        if (eng < 1)
-            eng = 1;
-        end = dma_book(k, start + c->dma_fixed_ns, in->dma_cost_bytes,
-                       eng * c->dma_engine_bytes_per_ns);
-        k->q_free[q] = end;
-        k->qbusy[q] += end - start;
-        if (k->n_iv == k->cap_iv) {
-            size_t n = k->cap_iv ? k->cap_iv * 2 : 256;
-            double *iv = realloc(k->dma_iv, n * 2 * sizeof *iv);
-            if (iv) {
-                k->dma_iv = iv;
-                k->cap_iv = n;
-            }
-        }
-        if (k->n_iv < k->cap_iv) {
-            k->dma_iv[2 * k->n_iv] = start;
-            k->dma_iv[2 * k->n_iv + 1] = end;
-            k->n_iv++;
+/* A compute engine's time: after the engine (and a shared SBUF or PSUM
+ * port) is free, its cycles at the engine's clock. */
+ISSUE_STEP void issue_engine(nt_sim_kernel *k, nt__sim_instr *in, issued *is)
+{
+    const nt_sim_config *c = &nt__sim.cfg;
+    int me = in->engine;
+    double ghz = c->clock_ghz[me];
+    double start = is->ready > k->eng_free[me] ? is->ready : k->eng_free[me];
+    bool use_sbuf_port = c->vector_gpsimd_share_sbuf && is->sbuf &&
+                         (me == NT_ENGINE_VECTOR || me == NT_ENGINE_GPSIMD);
+    bool use_psum_port = c->vector_scalar_share_psum && is->psum &&
+                         (me == NT_ENGINE_VECTOR || me == NT_ENGINE_SCALAR);
+    if (use_sbuf_port && k->port_sbuf_vg > start)
+        start = k->port_sbuf_vg;
+    if (use_psum_port && k->port_psum_vs > start)
+        start = k->port_psum_vs;
+    double cyc = in->cycles < c->min_instr_cycles ? c->min_instr_cycles : in->cycles;
+    in->cycles = cyc;
+    double dur = cyc / ghz;
+    /* a function from another table makes ScalarE load that table first */
+    if (me == NT_ENGINE_SCALAR && in->act_table >= 0 && in->act_table != k->act_table) {
+        dur += c->act_table_switch_ns;
+        k->act_table = in->act_table;
+    }
+    double end = start + dur;
+    k->eng_free[me] = end;
+    if (use_sbuf_port)
+        k->port_sbuf_vg = end;
+    if (use_psum_port)
+        k->port_psum_vs = end;
+    k->busy[me] += dur;
+    is->lat = c->access_latency_cycles / ghz;
+    is->start = start;
+    is->end = end;
+}
+
+/* A DMA's time: after its queue is free, its bytes over the DMA engines
+ * its partitions use; the interval is kept for the kernel's DMA busy time. */
+ISSUE_STEP void issue_dma(nt_sim_kernel *k, const nt__sim_instr *in, issued *is)
+{
+    const nt_sim_config *c = &nt__sim.cfg;
+    int q = in->queue;
+    double start = is->ready > k->q_free[q] ? is->ready : k->q_free[q];
+    int eng = (in->dma_parts + 7) / 8;
+    if (eng > c->dma_engines)
+        eng = c->dma_engines;
+    if (eng < 1)
+        eng = 1;
+    double end = dma_book(k, start + c->dma_fixed_ns, in->dma_cost_bytes,
+                          eng * c->dma_engine_bytes_per_ns);
+    k->q_free[q] = end;
+    k->qbusy[q] += end - start;
+    if (k->n_iv == k->cap_iv) {
+        size_t n = k->cap_iv ? k->cap_iv * 2 : 256;
+        double *iv = realloc(k->dma_iv, n * 2 * sizeof *iv);
+        if (iv) {
+            k->dma_iv = iv;
+            k->cap_iv = n;
         }
     }
+    if (k->n_iv < k->cap_iv) {
+        k->dma_iv[2 * k->n_iv] = start;
+        k->dma_iv[2 * k->n_iv + 1] = end;
+        k->n_iv++;
+    }
+    is->start = start;
+    is->end = end;
+}
 
-    bool hp_ok = nhp != SIZE_MAX && core->ht == ht0;
+/* Records its accesses: the HBM pages and tile chunks it reads and writes
+ * now end (and a write's value is available) when it does. */
+ISSUE_STEP void issue_record(nt_sim_kernel *k, const nt__sim_instr *in, const issued *is)
+{
+    nt__sim_core *core = k->core;
+    int me = in->engine;
+    double end = is->end, lat = is->lat;
+    bool hp_ok = is->nhp != SIZE_MAX && core->ht == is->ht0;
     size_t hp0 = 0;
     for (int i = 0; i < in->nacc; i++) {
         const nt__sim_acc *a = &in->acc[i];
@@ -1847,14 +1883,14 @@ void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in)
                 continue;
             }
             /* what hbm_pages' mode 1 does to each page it visits */
-            for (size_t h = hp0; h < hp_end[i]; h++) {
+            for (size_t h = hp0; h < is->hp_end[i]; h++) {
                 hpage *e = core->hp[h];
                 if (a->write)
                     e->wend = end;
                 else if (end > e->rend)
                     e->rend = end;
             }
-            hp0 = hp_end[i];
+            hp0 = is->hp_end[i];
             continue;
         }
         dep_ent *d = dep_of(core, ap)->e;
@@ -1877,7 +1913,13 @@ void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in)
                 d[j].rend = end;
         }
     }
+}
 
+/* The kernel's totals, its last instruction, the trace span. */
+ISSUE_STEP void issue_account(nt_sim_kernel *k, const nt__sim_instr *in, const issued *is)
+{
+    int me = in->engine;
+    double start = is->start, end = is->end;
     if (end > k->tend)
         k->tend = end;
     if (start < k->tmin)
@@ -1897,4 +1939,18 @@ void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in)
         trace_instr(k, in, me == NT_ENGINE_DMA ? 16 + in->queue : 1 + me, k->clock0 + start,
                     k->clock0 + end);
     k->ninstr++;
+}
+#undef ISSUE_STEP
+
+void nt__sim_issue(nt_sim_kernel *k, nt__sim_instr *in)
+{
+    issued is;
+    is.lat = 0.0;
+    issue_wait(k, in, &is);
+    if (in->engine < NT_ENGINE_DMA)
+        issue_engine(k, in, &is);
+    else
+        issue_dma(k, in, &is);
+    issue_record(k, in, &is);
+    issue_account(k, in, &is);
 }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "ntensor.h"
+#include "dispatcher/dispatch.h"
 #include "dist/dist.h"
 #include "streams/stream.h"
 #include "nt_test.h"
@@ -827,6 +828,161 @@ static void test_trace(void **state)
     assert_int_equal(nt_init(), 0);
 }
 
+/* ------------------------------------------------------------------ */
+/* One enqueue path: a collective's member is queued as any op is      */
+/* ------------------------------------------------------------------ */
+
+/* A host record that notes it ran. */
+static bool host_ran;
+static void note_run(void *arg)
+{
+    *(bool *)arg = true;
+}
+
+static void unblock(void)
+{
+    g_mutex_lock(&blk_lock);
+    blk_open = true;
+    g_cond_broadcast(&blk_cond);
+    g_mutex_unlock(&blk_lock);
+}
+
+/* A failed assertion while a stream is blocked must not hang the shutdown. */
+static int unblock_teardown(void **state)
+{
+    unblock();
+    return nt_test_teardown(state);
+}
+
+/* How many of the trace's host instants (one event a line) are named
+ * `name`; *with: how many of those contain `with`. */
+static int trace_instants(const char *text, const char *name, const char *with, int *nwith)
+{
+    char nm[96];
+    snprintf(nm, sizeof nm, "\"name\":\"%s\"", name);
+    int count = 0;
+    *nwith = 0;
+    for (const char *l = text; *l;) {
+        const char *e = strchr(l, '\n');
+        size_t len = e ? (size_t)(e - l) : strlen(l);
+        char *line = g_strndup(l, len);
+        if (strstr(line, "\"ph\":\"i\",\"s\":\"t\",\"pid\":2,") && strstr(line, nm)) {
+            count++;
+            *nwith += strstr(line, with) != NULL;
+        }
+        g_free(line);
+        l += len + (e != NULL);
+    }
+    return count;
+}
+
+/* Collectives go through the dispatcher's enqueue (nt__rec_enqueue): each
+ * member's record is an instant on the host track of the NT_TRACE file,
+ * naming the collective and its call site and the other stream's work it
+ * waits for; and the path waits once per writer, however often the record
+ * reads its output. */
+static void test_enqueue_path(void **state)
+{
+    (void)state;
+    nt_shutdown();
+    char path[] = "/tmp/nt_coll_htrace_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    setenv("NT_TRACE", path, 1);
+    assert_int_equal(nt_init(), 0);
+    dev_set(0);
+    /* a's writer stays queued on s2 (behind a blocked record) meanwhile */
+    nt_stream *s2 = nt_stream_create();
+    assert_non_null(s2);
+    blk_open = false;
+    block_stream(s2);
+    assert_int_equal(nt_stream_set_current(s2), 0);
+    nt_tensor *a = nt_full(NT_F32, 1, (int64_t[]){64}, 1.0);
+    assert_int_equal(nt_stream_set_current(nt_stream_default()), 0);
+    uint64_t aw = AO_load(&a->st->last_write);
+    assert_int_equal(NT__PACK_SID(aw), s2->id);
+    assert_false(nt__packed_done(aw));
+
+    /* a record that reads a twice waits for its writer once */
+    nt_stream *s = nt__stream_current();
+    nt__rec *r = nt__rec_alloc(s);
+    assert_non_null(r);
+    r->type = NT_REC_HOST;
+    r->host_fn = note_run;
+    r->host_arg = &host_ran;
+    r->fn = "test_enqueue_path";
+    r->site = (nt_site){"test_collectives.c", "test_enqueue_path", __LINE__, NULL};
+    nt__tensor_iref(a);
+    nt__tensor_iref(a);
+    r->in[0] = r->in[1] = a;
+    r->nin = 2;
+    host_ran = false;
+    nt_stats st;
+    assert_int_equal(nt_stats_get(&st), 0);
+    uint64_t before = st.ops_enqueued;
+    nt__rec_enqueue(r, &s, false);
+    /* r cannot run (nor its worker clear its waits) before a's writer
+     * has, which waits for the blocker: its fields are still as queued
+     * (checked once the blocker is open) */
+    int r_ndeps = r->ndeps;
+    uint64_t r_dep0 = r->deps[0];
+
+    /* a collective whose member 0 reads a */
+    dev_set(1);
+    nt_tensor *b = nt_full(NT_F32, 1, (int64_t[]){64}, 2.0);
+    dev_set(0);
+    nt_comm *c = nt_comm_create((int[]){0, 1}, 2);
+    assert_non_null(c);
+    nt_tensor *out[2];
+    int line = __LINE__ + 1;
+    assert_int_equal(nt_all_reduce(c, (nt_tensor *[]){a, b}, out, NT_REDUCE_SUM), 0);
+    unblock();
+    assert_int_equal(r_ndeps, 1);
+    assert_true(r_dep0 == aw);
+    float v[64];
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(nt_to_host(out[i], v, sizeof v), 0);
+        assert_true(v[0] == 3.0f && v[63] == 3.0f);
+    }
+    assert_int_equal(nt_sync(), 0);
+    assert_true(host_ran);
+    /* the host record, the collective's two members and b's fill */
+    assert_int_equal(nt_stats_get(&st), 0);
+    assert_int_equal(st.ops_enqueued - before, 4);
+    char waits[96];
+    snprintf(waits, sizeof waits, "\"waits_for\":\"%s seq %llu\"", s2->name,
+             (unsigned long long)NT__PACK_SEQ(aw));
+    nt_tensor *all[] = {a, b, out[0], out[1]};
+    for (int i = 0; i < 4; i++)
+        nt_release(all[i]);
+    nt_comm_destroy(c);
+    assert_int_equal(nt_stream_destroy(s2), 0);
+    nt_shutdown(); /* closes the trace */
+    unsetenv("NT_TRACE");
+    assert_int_equal(nt_init(), 0);
+
+    char *text = NULL;
+    assert_true(g_file_get_contents(path, &text, NULL, NULL));
+    unlink(path);
+    char where[64];
+    snprintf(where, sizeof where, "test_collectives.c:%d", line);
+    int nwith;
+    /* one instant per member, at the user's line */
+    assert_int_equal(trace_instants(text, "nt_all_reduce", where, &nwith), 2);
+    assert_int_equal(nwith, 2);
+    /* member 0 waits for a's writer on s2 (the whole list: one entry);
+     * member 1, whose input its own stream wrote, for nothing */
+    assert_int_equal(trace_instants(text, "nt_all_reduce", "\"waits_for\"", &nwith), 2);
+    assert_int_equal(nwith, 1);
+    assert_int_equal(trace_instants(text, "nt_all_reduce", waits, &nwith), 2);
+    assert_int_equal(nwith, 1);
+    /* the record that reads a twice: one entry too */
+    assert_int_equal(trace_instants(text, "test_enqueue_path", waits, &nwith), 1);
+    assert_int_equal(nwith, 1);
+    g_free(text);
+}
+
 int main(void)
 {
     /* four cores: members 1..4 in every test (unless the caller set it) */
@@ -848,6 +1004,7 @@ int main(void)
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_sim_time, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_trace, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_enqueue_path, nt_test_setup, unblock_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -425,6 +425,214 @@ int nt__sk_sdpa(const nt__rec *r)
 
 enum { B_MM, B_SCORES, B_P, B_DV, B_DP, B_DS, B_DSP, B_DK, B_TR, B_TRC, B_DQ, B_DQA, B_NSTEP };
 
+/* The backward's tiles: the head's operands (transposes and rows), dQ's
+ * f32 accumulator, Dr and -lse, the head's dq, dk, dv in the output dtype;
+ * per query block in flight dS, dS^T and PSUM for dP and dQ; PSUM for dK
+ * and dV, two key blocks. */
+typedef struct bt {
+    nt_tile *QT, *GT, *KT, *VT, *Qr, *Gr, *Of, *Kr, *Vr, *dQ, *Dr, *NL, *dQo, *dKo, *dVo;
+    nt_tile *dS[G], *dSt[G], *dPp[G], *dQp[G];
+    nt_tile *dKp[2], *dVp[2];
+} bt;
+
+static void bwd_tiles(ak *a, bt *T, nt_dtype dt)
+{
+    sk_k *s = a->s;
+    nt_sim_kernel *k = a->k;
+    int64_t D = a->D, Dv = a->Dv, Tq = a->Tq, Tk = a->Tk, nqb = a->nqb, nkb = a->nkb;
+    T->QT = sk_tile(s, "attn.qT", NT_F32, (int)D, Tq);
+    T->GT = sk_tile(s, "attn.dOT", NT_F32, (int)Dv, Tq);
+    T->KT = sk_tile(s, "attn.kT", NT_F32, (int)D, Tk);
+    T->VT = sk_tile(s, "attn.vT", NT_F32, (int)Dv, Tk);
+    T->Qr = sk_tile(s, "attn.q", NT_F32, BLK, nqb * D);
+    T->Gr = sk_tile(s, "attn.dO", NT_F32, BLK, nqb * Dv);
+    T->Of = sk_tile(s, "attn.O", NT_F32, BLK, nqb * Dv);
+    T->Kr = sk_tile(s, "attn.k", NT_F32, BLK, nkb * D);
+    T->Vr = sk_tile(s, "attn.v", NT_F32, BLK, nkb * Dv);
+    T->dQ = sk_tile(s, "attn.dq", NT_F32, BLK, nqb * D);
+    T->Dr = sk_tile(s, "attn.Dr", NT_F32, BLK, nqb);
+    T->NL = sk_tile(s, "attn.negl", NT_F32, BLK, nqb);
+    T->dQo = sk_tile(s, "attn.dq.out", dt, BLK, nqb * D);
+    T->dKo = sk_tile(s, "attn.dk.out", dt, BLK, nkb * D);
+    T->dVo = sk_tile(s, "attn.dv.out", dt, BLK, nkb * Dv);
+    for (int g = 0; g < G; g++) {
+        T->dS[g] = sk_tile(s, "attn.dS", NT_F32, BLK, BLK);
+        T->dSt[g] = sk_tile(s, "attn.dST", NT_F32, BLK, BLK);
+        T->dPp[g] = nt_tile_alloc(k, "attn.dP", NT_MEM_PSUM, NT_F32, BLK, BLK);
+        T->dQp[g] = nt_tile_alloc(k, "attn.dQp", NT_MEM_PSUM, NT_F32, BLK, D);
+    }
+    for (int i = 0; i < 2; i++) {
+        T->dKp[i] = nt_tile_alloc(k, "attn.dK", NT_MEM_PSUM, NT_F32, BLK, D);
+        T->dVp[i] = nt_tile_alloc(k, "attn.dV", NT_MEM_PSUM, NT_F32, BLK, Dv);
+    }
+}
+
+/* Batch b's head into SBUF: q, dO, k, v as rows and transposes, O as rows;
+ * dQ's accumulator cleared. */
+static int bwd_load(ak *a, const bt *T, int64_t b)
+{
+    nt_sim_kernel *k = a->k;
+    int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv;
+    int64_t qb = nt__attn_boff(&a->q, &a->g, b), kb = nt__attn_boff(&a->kk, &a->g, b);
+    nt_ap dqall = nt_tile_ap(T->dQ);
+    int rc;
+    if ((rc = nt_isa_memset(k, &dqall, 0.0, NT_ENGINE_GPSIMD)) ||
+        (rc = load_head(a, T->Qr, &a->q, qb, Tq, D)) ||
+        (rc = transpose_head(a, T->QT, T->Qr, Tq, D)) ||
+        (rc = load_head(a, T->Gr, &a->dO, qb, Tq, Dv)) ||
+        (rc = transpose_head(a, T->GT, T->Gr, Tq, Dv)) ||
+        (rc = load_head(a, T->Of, &a->O, qb, Tq, Dv)) ||
+        (rc = load_head(a, T->Kr, &a->kk, kb, Tk, D)) ||
+        (rc = transpose_head(a, T->KT, T->Kr, Tk, D)) ||
+        (rc = load_head(a, T->Vr, &a->v, kb, Tk, Dv)))
+        return rc;
+    return transpose_head(a, T->VT, T->Vr, Tk, Dv);
+}
+
+/* Dr = rowsum(dO * O) (products rounded to f32), -lse; dO * O goes into
+ * O's tile. */
+static int bwd_drow(ak *a, const bt *T, const char *lsed, int64_t b)
+{
+    nt_sim_kernel *k = a->k;
+    int64_t Tq = a->Tq, Dv = a->Dv;
+    int rc = 0;
+    for (int64_t i = 0; i < a->nqb && !rc; i++) {
+        int Mq = bsize(Tq, (int)i);
+        nt_ap gr = nt_tile_slice(T->Gr, 0, Mq, i * Dv, Dv), of = nt_tile_slice(T->Of, 0, Mq, i * Dv, Dv);
+        nt_ap dr = col(T->Dr, Mq, i), nl = col(T->NL, Mq, i);
+        nt_ap hl = sk_hbm_rows(lsed, NT_F32, b * Tq + i * BLK, Mq, 1, 1, 1);
+        if ((rc = tt(a, &of, &gr, &of, NT_ALU_MUL)) ||
+            (rc = nt_isa_tensor_reduce(k, &dr, &of, NT_ALU_ADD, 1)) ||
+            (rc = nt_isa_dma_copy(k, &nl, &hl, sk_qin(a->s))))
+            break;
+        rc = ts(a, &nl, &nl, NT_ALU_MUL, NULL, -1.0f);
+    }
+    return rc;
+}
+
+/* Key block j (k0, nk keys) of the backward: its slices of k^T, v^T, k's
+ * rows and the dK, dV accumulators; firstq, the first query block that
+ * reaches it (-1: none); mb, the batch's mask offset. */
+typedef struct bkey {
+    int j, nk;
+    int64_t k0, firstq, mb;
+    nt_ap kT, vT, kr, dK, dV;
+} bkey;
+
+/* Step `step` of query block i (slot g in flight) against key block kb. */
+static int bwd_step(ak *a, const bt *T, const bkey *kb, int step, int g, int64_t i)
+{
+    nt_sim_kernel *k = a->k;
+    int64_t D = a->D, Dv = a->Dv, q0 = i * BLK;
+    int Mq = bsize(a->Tq, (int)i), nk = kb->nk;
+    bool first = i == kb->firstq;
+    nt_ap S = nt_tile_slice(a->S[g], 0, Mq, 0, nk);
+    nt_ap P = nt_tile_slice(a->sc[g], 0, Mq, 0, nk);
+    nt_ap dP = nt_tile_slice(T->dPp[g], 0, Mq, 0, nk);
+    nt_ap ds = nt_tile_slice(T->dS[g], 0, Mq, 0, nk);
+    nt_ap dsT = nt_tile_slice(T->dSt[g], 0, nk, 0, Mq);
+    nt_ap dQs = nt_tile_slice(T->dQp[g], 0, Mq, 0, D);
+    nt_ap trp = nt_tile_slice(a->tp[g & 1], 0, nk, (g >> 1) * BLK, Mq);
+    switch (step) {
+    case B_MM: {
+        nt_ap qT = nt_tile_slice(T->QT, 0, (int)D, q0, Mq);
+        return nt_isa_nc_matmul(k, &S, &qT, &kb->kT, false);
+    }
+    case B_SCORES: return scores(a, g, &P, &S, kb->mb, q0, Mq, kb->k0, nk);
+    case B_P: {
+        nt_ap nl = col(T->NL, Mq, i);
+        return nt_isa_activation(k, &P, NT_ACT_EXP, &P, NULL, &(nt_isa_scalar){&nl, 0}, NULL);
+    }
+    case B_DV: {
+        nt_ap gr = nt_tile_slice(T->Gr, 0, Mq, i * Dv, Dv);
+        return nt_isa_nc_matmul(k, &kb->dV, &P, &gr, !first);
+    }
+    case B_DP: {
+        nt_ap gT = nt_tile_slice(T->GT, 0, (int)Dv, q0, Mq);
+        return nt_isa_nc_matmul(k, &dP, &gT, &kb->vT, false);
+    }
+    case B_DS: {
+        nt_ap dr = col(T->Dr, Mq, i);
+        return nt_isa_tensor_scalar(k, &ds, &dP, &(nt_isa_alu){NT_ALU_SUB, {&dr, 0}, false},
+                                    &(nt_isa_alu){NT_ALU_MUL, {NULL, a->scale}, false},
+                                    NT_ENGINE_VECTOR);
+    }
+    case B_DSP: return tt(a, &ds, &ds, &P, NT_ALU_MUL);
+    case B_DK: {
+        nt_ap qr = nt_tile_slice(T->Qr, 0, Mq, i * D, D);
+        return nt_isa_nc_matmul(k, &kb->dK, &ds, &qr, !first);
+    }
+    case B_TR: return nt_isa_nc_transpose(k, &trp, &ds);
+    case B_TRC: return nt_isa_tensor_copy(k, &dsT, &trp, NT_ENGINE_SCALAR);
+    case B_DQ: return nt_isa_nc_matmul(k, &dQs, &dsT, &kb->kr, false);
+    case B_DQA: {
+        nt_ap dqa = nt_tile_slice(T->dQ, 0, Mq, i * D, D);
+        return kb->j == 0 ? nt_isa_tensor_copy(k, &dqa, &dQs, NT_ENGINE_SCALAR)
+                          : tt(a, &dqa, &dqa, &dQs, NT_ALU_ADD);
+    }
+    }
+    return 0;
+}
+
+/* Key block j: every query block that reaches it, G at a time, their steps
+ * interleaved; then its dk, dv (zero if no query reached it). */
+static int bwd_key_block(ak *a, const bt *T, int j, int64_t mb)
+{
+    nt_sim_kernel *k = a->k;
+    int64_t D = a->D, Dv = a->Dv, nqb = a->nqb;
+    bkey kb = {.j = j, .nk = bsize(a->Tk, j), .k0 = (int64_t)j * BLK, .firstq = -1, .mb = mb};
+    int nk = kb.nk;
+    kb.kT = nt_tile_slice(T->KT, 0, (int)D, kb.k0, nk);
+    kb.vT = nt_tile_slice(T->VT, 0, (int)Dv, kb.k0, nk);
+    kb.kr = nt_tile_slice(T->Kr, 0, nk, (int64_t)j * D, D);
+    kb.dK = nt_tile_slice(T->dKp[j & 1], 0, nk, 0, D);
+    kb.dV = nt_tile_slice(T->dVp[j & 1], 0, nk, 0, Dv);
+    for (int64_t i = 0; i < nqb && kb.firstq < 0; i++)
+        if (!skip_block(a, i * BLK, bsize(a->Tq, (int)i), kb.k0))
+            kb.firstq = i;
+    int rc = 0;
+    for (int64_t i0 = 0; i0 < nqb && !rc && kb.firstq >= 0; i0 += G) {
+        int ng = (int)(nqb - i0 < G ? nqb - i0 : G);
+        for (int step = 0; step < B_NSTEP && !rc; step++)
+            for (int g = 0; g < ng && !rc; g++) {
+                int64_t i = i0 + g;
+                if (!skip_block(a, i * BLK, bsize(a->Tq, (int)i), kb.k0))
+                    rc = bwd_step(a, T, &kb, step, g, i);
+            }
+    }
+    if (rc)
+        return rc;
+    /* dk, dv of this block */
+    nt_ap o1 = nt_tile_slice(T->dKo, 0, nk, (int64_t)j * D, D);
+    nt_ap o2 = nt_tile_slice(T->dVo, 0, nk, (int64_t)j * Dv, Dv);
+    if (kb.firstq < 0) { /* no query reached this block */
+        if (!(rc = nt_isa_memset(k, &o1, 0.0, NT_ENGINE_VECTOR)))
+            rc = nt_isa_memset(k, &o2, 0.0, NT_ENGINE_VECTOR);
+    } else if (!(rc = nt_isa_tensor_copy(k, &o1, &kb.dK, NT_ENGINE_VECTOR))) {
+        rc = nt_isa_tensor_copy(k, &o2, &kb.dV, NT_ENGINE_SCALAR);
+    }
+    return rc;
+}
+
+/* Batch b's dq (the accumulator in the output dtype), dk and dv to HBM. */
+static int bwd_store(ak *a, const bt *T, int64_t b, char *dqd, char *dkvd, nt_dtype dt)
+{
+    int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv;
+    int rc = 0;
+    for (int64_t i = 0; i < a->nqb && !rc; i++) {
+        int Mq = bsize(Tq, (int)i);
+        nt_ap dqa = nt_tile_slice(T->dQ, 0, Mq, i * D, D), o1 = nt_tile_slice(T->dQo, 0, Mq, i * D, D);
+        rc = nt_isa_tensor_copy(a->k, &o1, &dqa, NT_ENGINE_VECTOR);
+    }
+    if (!rc)
+        rc = store_head(a, dqd, dt, b * Tq * D, D, T->dQo, Tq, D);
+    if (!rc)
+        rc = store_head(a, dkvd, dt, b * Tk * (D + Dv), D, T->dKo, Tk, D);
+    if (!rc)
+        rc = store_head(a, dkvd, dt, b * Tk * (D + Dv) + Tk * D, Dv, T->dVo, Tk, Dv);
+    return rc;
+}
+
 int nt__sk_sdpa_bwd(const nt__rec *r)
 {
     const nt_tensor *qx = r->in[0], *kv = r->in[1], *lse = r->in[2];
@@ -448,169 +656,22 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
     nt__attn_opnd_flat(&a.O, qx, &a.g, Tq * (D + Dv), Dv);
     nt__attn_opnd_flat(&a.kk, kv, &a.g, 0, D);
     nt__attn_opnd_flat(&a.v, kv, &a.g, Tk * D, Dv);
-    nt_sim_kernel *k = s.k;
     const nt_tensor *dq = r->out[0], *dkv = r->out[1];
     nt_dtype dt = (nt_dtype)dq->dtype;
     char *dqd = nt__tensor_data(dq), *dkvd = nt__tensor_data(dkv);
     const char *lsed = nt__tensor_data(lse);
-    nt_tile *QT = sk_tile(&s, "attn.qT", NT_F32, (int)D, Tq);
-    nt_tile *GT = sk_tile(&s, "attn.dOT", NT_F32, (int)Dv, Tq);
-    nt_tile *KT = sk_tile(&s, "attn.kT", NT_F32, (int)D, Tk);
-    nt_tile *VT = sk_tile(&s, "attn.vT", NT_F32, (int)Dv, Tk);
-    nt_tile *Qr = sk_tile(&s, "attn.q", NT_F32, BLK, nqb * D);
-    nt_tile *Gr = sk_tile(&s, "attn.dO", NT_F32, BLK, nqb * Dv);
-    nt_tile *Of = sk_tile(&s, "attn.O", NT_F32, BLK, nqb * Dv);
-    nt_tile *Kr = sk_tile(&s, "attn.k", NT_F32, BLK, nkb * D);
-    nt_tile *Vr = sk_tile(&s, "attn.v", NT_F32, BLK, nkb * Dv);
-    nt_tile *dQ = sk_tile(&s, "attn.dq", NT_F32, BLK, nqb * D);
-    nt_tile *Dr = sk_tile(&s, "attn.Dr", NT_F32, BLK, nqb);
-    nt_tile *NL = sk_tile(&s, "attn.negl", NT_F32, BLK, nqb);
-    nt_tile *dQo = sk_tile(&s, "attn.dq.out", dt, BLK, nqb * D);
-    nt_tile *dKo = sk_tile(&s, "attn.dk.out", dt, BLK, nkb * D);
-    nt_tile *dVo = sk_tile(&s, "attn.dv.out", dt, BLK, nkb * Dv);
-    nt_tile *dS[G], *dSt[G], *dPp[G], *dQp[G];
-    for (int g = 0; g < G; g++) {
-        dS[g] = sk_tile(&s, "attn.dS", NT_F32, BLK, BLK);
-        dSt[g] = sk_tile(&s, "attn.dST", NT_F32, BLK, BLK);
-        dPp[g] = nt_tile_alloc(k, "attn.dP", NT_MEM_PSUM, NT_F32, BLK, BLK);
-        dQp[g] = nt_tile_alloc(k, "attn.dQp", NT_MEM_PSUM, NT_F32, BLK, D);
-    }
-    nt_tile *dKp[2], *dVp[2];
-    for (int i = 0; i < 2; i++) {
-        dKp[i] = nt_tile_alloc(k, "attn.dK", NT_MEM_PSUM, NT_F32, BLK, D);
-        dVp[i] = nt_tile_alloc(k, "attn.dV", NT_MEM_PSUM, NT_F32, BLK, Dv);
-    }
+    bt T;
+    bwd_tiles(&a, &T, dt);
     if (!rc)
-        rc = nt_sim_kernel_error(k);
+        rc = nt_sim_kernel_error(s.k);
     for (int64_t b = 0; b < a.g.nbatch && !rc; b++) {
-        int64_t qb = nt__attn_boff(&a.q, &a.g, b), kb = nt__attn_boff(&a.kk, &a.g, b);
         int64_t mb = a.has_mask ? nt__attn_boff(&a.m, &a.g, b) : 0;
-        nt_ap dqall = nt_tile_ap(dQ);
-        if ((rc = nt_isa_memset(k, &dqall, 0.0, NT_ENGINE_GPSIMD)) ||
-            (rc = load_head(&a, Qr, &a.q, qb, Tq, D)) ||
-            (rc = transpose_head(&a, QT, Qr, Tq, D)) ||
-            (rc = load_head(&a, Gr, &a.dO, qb, Tq, Dv)) ||
-            (rc = transpose_head(&a, GT, Gr, Tq, Dv)) ||
-            (rc = load_head(&a, Of, &a.O, qb, Tq, Dv)) ||
-            (rc = load_head(&a, Kr, &a.kk, kb, Tk, D)) ||
-            (rc = transpose_head(&a, KT, Kr, Tk, D)) ||
-            (rc = load_head(&a, Vr, &a.v, kb, Tk, Dv)) ||
-            (rc = transpose_head(&a, VT, Vr, Tk, Dv)))
+        if ((rc = bwd_load(&a, &T, b)) || (rc = bwd_drow(&a, &T, lsed, b)))
             break;
-        /* Dr = rowsum(dO * O) (products rounded to f32), -lse; dO * O goes
-         * into O's tile */
-        for (int64_t i = 0; i < nqb && !rc; i++) {
-            int Mq = bsize(Tq, (int)i);
-            nt_ap gr = nt_tile_slice(Gr, 0, Mq, i * Dv, Dv), of = nt_tile_slice(Of, 0, Mq, i * Dv, Dv);
-            nt_ap dr = col(Dr, Mq, i), nl = col(NL, Mq, i);
-            nt_ap hl = sk_hbm_rows(lsed, NT_F32, b * Tq + i * BLK, Mq, 1, 1, 1);
-            if ((rc = tt(&a, &of, &gr, &of, NT_ALU_MUL)) ||
-                (rc = nt_isa_tensor_reduce(k, &dr, &of, NT_ALU_ADD, 1)) ||
-                (rc = nt_isa_dma_copy(k, &nl, &hl, sk_qin(&s))))
-                break;
-            rc = ts(&a, &nl, &nl, NT_ALU_MUL, NULL, -1.0f);
-        }
-        for (int j = 0; j < nkb && !rc; j++) {
-            int64_t k0 = (int64_t)j * BLK;
-            int nk = bsize(Tk, j);
-            nt_ap kT = nt_tile_slice(KT, 0, (int)D, k0, nk), vT = nt_tile_slice(VT, 0, (int)Dv, k0, nk);
-            nt_ap kr = nt_tile_slice(Kr, 0, nk, (int64_t)j * D, D);
-            nt_ap dK = nt_tile_slice(dKp[j & 1], 0, nk, 0, D);
-            nt_ap dV = nt_tile_slice(dVp[j & 1], 0, nk, 0, Dv);
-            int64_t firstq = -1; /* the first query block that reaches key block j */
-            for (int64_t i = 0; i < nqb && firstq < 0; i++)
-                if (!skip_block(&a, i * BLK, bsize(Tq, (int)i), k0))
-                    firstq = i;
-            for (int64_t i0 = 0; i0 < nqb && !rc && firstq >= 0; i0 += G) {
-                int ng = (int)(nqb - i0 < G ? nqb - i0 : G);
-                for (int step = 0; step < B_NSTEP && !rc; step++)
-                    for (int g = 0; g < ng && !rc; g++) {
-                        int64_t i = i0 + g, q0 = i * BLK;
-                        int Mq = bsize(Tq, (int)i);
-                        if (skip_block(&a, q0, Mq, k0))
-                            continue;
-                        bool first = i == firstq;
-                        nt_ap S = nt_tile_slice(a.S[g], 0, Mq, 0, nk);
-                        nt_ap P = nt_tile_slice(a.sc[g], 0, Mq, 0, nk);
-                        nt_ap dP = nt_tile_slice(dPp[g], 0, Mq, 0, nk);
-                        nt_ap ds = nt_tile_slice(dS[g], 0, Mq, 0, nk);
-                        nt_ap dsT = nt_tile_slice(dSt[g], 0, nk, 0, Mq);
-                        nt_ap dQs = nt_tile_slice(dQp[g], 0, Mq, 0, D);
-                        nt_ap trp = nt_tile_slice(a.tp[g & 1], 0, nk, (g >> 1) * BLK, Mq);
-                        switch (step) {
-                        case B_MM: {
-                            nt_ap qT = nt_tile_slice(QT, 0, (int)D, q0, Mq);
-                            rc = nt_isa_nc_matmul(k, &S, &qT, &kT, false);
-                            break;
-                        }
-                        case B_SCORES: rc = scores(&a, g, &P, &S, mb, q0, Mq, k0, nk); break;
-                        case B_P: {
-                            nt_ap nl = col(NL, Mq, i);
-                            rc = nt_isa_activation(k, &P, NT_ACT_EXP, &P, NULL,
-                                                   &(nt_isa_scalar){&nl, 0}, NULL);
-                            break;
-                        }
-                        case B_DV: {
-                            nt_ap gr = nt_tile_slice(Gr, 0, Mq, i * Dv, Dv);
-                            rc = nt_isa_nc_matmul(k, &dV, &P, &gr, !first);
-                            break;
-                        }
-                        case B_DP: {
-                            nt_ap gT = nt_tile_slice(GT, 0, (int)Dv, q0, Mq);
-                            rc = nt_isa_nc_matmul(k, &dP, &gT, &vT, false);
-                            break;
-                        }
-                        case B_DS: {
-                            nt_ap dr = col(Dr, Mq, i);
-                            rc = nt_isa_tensor_scalar(
-                                k, &ds, &dP, &(nt_isa_alu){NT_ALU_SUB, {&dr, 0}, false},
-                                &(nt_isa_alu){NT_ALU_MUL, {NULL, a.scale}, false},
-                                NT_ENGINE_VECTOR);
-                            break;
-                        }
-                        case B_DSP: rc = tt(&a, &ds, &ds, &P, NT_ALU_MUL); break;
-                        case B_DK: {
-                            nt_ap qr = nt_tile_slice(Qr, 0, Mq, i * D, D);
-                            rc = nt_isa_nc_matmul(k, &dK, &ds, &qr, !first);
-                            break;
-                        }
-                        case B_TR: rc = nt_isa_nc_transpose(k, &trp, &ds); break;
-                        case B_TRC:
-                            rc = nt_isa_tensor_copy(k, &dsT, &trp, NT_ENGINE_SCALAR);
-                            break;
-                        case B_DQ: rc = nt_isa_nc_matmul(k, &dQs, &dsT, &kr, false); break;
-                        case B_DQA: {
-                            nt_ap dqa = nt_tile_slice(dQ, 0, Mq, i * D, D);
-                            rc = j == 0 ? nt_isa_tensor_copy(k, &dqa, &dQs, NT_ENGINE_SCALAR)
-                                        : tt(&a, &dqa, &dqa, &dQs, NT_ALU_ADD);
-                            break;
-                        }
-                        }
-                    }
-            }
-            if (rc)
-                break;
-            /* dk, dv of this block */
-            nt_ap o1 = nt_tile_slice(dKo, 0, nk, (int64_t)j * D, D);
-            nt_ap o2 = nt_tile_slice(dVo, 0, nk, (int64_t)j * Dv, Dv);
-            if (firstq < 0) { /* no query reached this block */
-                if (!(rc = nt_isa_memset(k, &o1, 0.0, NT_ENGINE_VECTOR)))
-                    rc = nt_isa_memset(k, &o2, 0.0, NT_ENGINE_VECTOR);
-            } else if (!(rc = nt_isa_tensor_copy(k, &o1, &dK, NT_ENGINE_VECTOR))) {
-                rc = nt_isa_tensor_copy(k, &o2, &dV, NT_ENGINE_SCALAR);
-            }
-        }
-        for (int64_t i = 0; i < nqb && !rc; i++) {
-            int Mq = bsize(Tq, (int)i);
-            nt_ap dqa = nt_tile_slice(dQ, 0, Mq, i * D, D), o1 = nt_tile_slice(dQo, 0, Mq, i * D, D);
-            rc = nt_isa_tensor_copy(k, &o1, &dqa, NT_ENGINE_VECTOR);
-        }
+        for (int j = 0; j < nkb && !rc; j++)
+            rc = bwd_key_block(&a, &T, j, mb);
         if (!rc)
-            rc = store_head(&a, dqd, dt, b * Tq * D, D, dQo, Tq, D);
-        if (!rc)
-            rc = store_head(&a, dkvd, dt, b * Tk * (D + Dv), D, dKo, Tk, D);
-        if (!rc)
-            rc = store_head(&a, dkvd, dt, b * Tk * (D + Dv) + Tk * D, Dv, dVo, Tk, Dv);
+            rc = bwd_store(&a, &T, b, dqd, dkvd, dt);
     }
     return sk_end_values(&s, values, rc, r);
 }
