@@ -1759,6 +1759,235 @@ void nt__graph_stats_reset(void)
     g_mutex_unlock(&gst.lock);
 }
 
+/* ---------------- the capture cache ---------------- */
+
+#define CACHE_MAGIC 0x47434348u /* "GCCH" */
+#define CACHE_MAX 64
+
+typedef struct centry {
+    nt_graph *g;
+    nt_tensor **outs;      /* the graph's outputs (references of the cache) */
+    uint64_t used;         /* the cache's clock at its last run */
+    uint8_t dt[NT_F_MAXEXT];
+    int8_t nd[NT_F_MAXEXT];
+    int64_t shape[NT_F_MAXEXT][NT_MAX_DIMS], stride[NT_F_MAXEXT][NT_MAX_DIMS];
+    uint8_t dev[NT_F_MAXEXT];
+} centry;
+
+struct nt_graph_cache {
+    uint32_t magic;
+    nt_graph_fn fn;
+    void *ctx;
+    int nin, nout, max;
+    centry e[CACHE_MAX];
+    int n;
+    uint64_t clock;
+    nt_graph_cache_stats st;
+    GMutex lock;
+};
+
+NT_API nt_graph_cache *nt_graph_cache_create(nt_graph_fn fn, void *ctx, int nin, int nout,
+                                             int max_graphs)
+{
+    const char *f = "nt_graph_cache_create";
+    if (!nt__ensure_init())
+        return NULL;
+    if (!fn) {
+        nt__err(NULL, NT_EINVAL, f, "argument 'fn' is NULL");
+        return NULL;
+    }
+    if (nin < 0 || nin > NT_F_MAXEXT || nout < 0 || nout > 64) {
+        nt__err(NULL, NT_EINVAL, f, "nin %d and nout %d: expected 0..%d inputs and 0..64 outputs",
+                nin, nout, NT_F_MAXEXT);
+        return NULL;
+    }
+    if (max_graphs < 1 || max_graphs > CACHE_MAX) {
+        nt__err(NULL, NT_EINVAL, f, "argument 'max_graphs' is %d; expected 1 to %d", max_graphs,
+                CACHE_MAX);
+        return NULL;
+    }
+    nt_graph_cache *c = calloc(1, sizeof *c);
+    if (!c) {
+        nt__err_hostmem(NULL, f, "a graph cache");
+        return NULL;
+    }
+    c->magic = CACHE_MAGIC;
+    c->fn = fn;
+    c->ctx = ctx;
+    c->nin = nin;
+    c->nout = nout;
+    c->max = max_graphs;
+    g_mutex_init(&c->lock);
+    return c;
+}
+
+static bool entry_matches(const centry *e, nt_tensor *const *in, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const nt_tensor *t = in[i];
+        if (t->dtype != e->dt[i] || t->ndim != e->nd[i] || t->dev != e->dev[i])
+            return false;
+        for (int d = 0; d < t->ndim; d++)
+            if (t->shape[d] != e->shape[i][d] || t->stride[d] != e->stride[i][d])
+                return false;
+    }
+    return true;
+}
+
+static void entry_drop(nt_graph_cache *c, centry *e)
+{
+    nt_graph_destroy(e->g);
+    for (int i = 0; i < c->nout; i++)
+        if (e->outs[i])
+            nt_release(e->outs[i]);
+    free(e->outs);
+    memset(e, 0, sizeof *e);
+}
+
+static const char *input_name(int i, char *buf)
+{
+    snprintf(buf, 12, "%d", i);
+    return buf;
+}
+
+/* A miss: captures fn on the inputs into a new entry (evicting the least
+ * recently used when full). */
+static int cache_capture(const nt_site *site, nt_graph_cache *c, nt_tensor *const *in,
+                         nt_tensor **out)
+{
+    const char *f = "nt_graph_cache_run";
+    centry ne;
+    memset(&ne, 0, sizeof ne);
+    ne.outs = calloc((size_t)(c->nout ? c->nout : 1), sizeof *ne.outs);
+    if (!ne.outs)
+        return nt__err_hostmem(site, f, "a cache entry");
+    int rc = nt_graph_capture_begin_at(site);
+    char nm[12];
+    for (int i = 0; !rc && i < c->nin; i++)
+        rc = nt_graph_input_at(site, in[i], input_name(i, nm));
+    if (!rc)
+        rc = c->fn(c->ctx, in, c->nin, ne.outs, c->nout);
+    int code = rc ? (nt_last_error() ? nt_last_error() : rc) : 0;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", nt_last_error_message());
+    if (tl_cap || !rc) { /* end the capture whatever happened */
+        ne.g = nt_graph_capture_end_at(site);
+        if (!ne.g && !code)
+            return free(ne.outs), nt_last_error();
+    }
+    if (code) {
+        nt_graph_destroy(ne.g);
+        for (int i = 0; i < c->nout; i++)
+            if (ne.outs[i])
+                nt_release(ne.outs[i]);
+        free(ne.outs);
+        return nt__err(site, code, f, "the step failed while captured: %s", msg);
+    }
+    for (int i = 0; i < c->nin; i++) {
+        ne.dt[i] = in[i]->dtype;
+        ne.nd[i] = in[i]->ndim;
+        ne.dev[i] = in[i]->dev;
+        for (int d = 0; d < in[i]->ndim; d++) {
+            ne.shape[i][d] = in[i]->shape[d];
+            ne.stride[i][d] = in[i]->stride[d];
+        }
+    }
+    for (int i = 0; i < c->nout; i++) {
+        if (ne.outs[i])
+            nt_keep(ne.outs[i]); /* the cache's, out of the caller's scope */
+        out[i] = ne.outs[i] ? nt_retain(ne.outs[i]) : NULL;
+        if (out[i])
+            nt__scope_adopt(out[i]);
+    }
+    int slot = c->n;
+    if (c->n == c->max) { /* evict the least recently used */
+        slot = 0;
+        for (int k = 1; k < c->n; k++)
+            if (c->e[k].used < c->e[slot].used)
+                slot = k;
+        entry_drop(c, &c->e[slot]);
+        c->st.evictions++;
+    } else {
+        c->n++;
+    }
+    ne.used = ++c->clock;
+    c->e[slot] = ne;
+    c->st.captures++;
+    return 0;
+}
+
+NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c, nt_tensor *const *in,
+                                 nt_tensor **out)
+{
+    const char *f = "nt_graph_cache_run";
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (!c || c->magic != CACHE_MAGIC)
+        return nt__err(site, NT_EINVAL, f, "argument 'c' is %s", c ? "not a live graph cache"
+                                                                    : "NULL");
+    if ((c->nin && !in) || (c->nout && !out))
+        return nt__err(site, NT_EINVAL, f, "argument '%s' is NULL", !out ? "outputs" : "inputs");
+    for (int i = 0; i < c->nout; i++)
+        out[i] = NULL;
+    char arg[32];
+    for (int i = 0; i < c->nin; i++) {
+        snprintf(arg, sizeof arg, "inputs[%d]", i);
+        if (!nt__check_arg(site, f, arg, in[i]))
+            return nt_last_error();
+    }
+    g_mutex_lock(&c->lock);
+    int rc = 0, hit = -1;
+    nt_stream *s = nt__stream_current();
+    for (int k = 0; k < c->n && hit < 0; k++)
+        if (c->e[k].g->stream == s && entry_matches(&c->e[k], in, c->nin))
+            hit = k;
+    if (hit < 0) {
+        rc = cache_capture(site, c, in, out);
+    } else {
+        centry *e = &c->e[hit];
+        char nm[12];
+        for (int i = 0; !rc && i < c->nin; i++)
+            rc = nt_graph_bind_at(site, e->g, input_name(i, nm), in[i]);
+        if (!rc)
+            rc = nt_graph_replay_at(site, e->g);
+        if (!rc) {
+            e->used = ++c->clock;
+            c->st.replays++;
+            for (int i = 0; i < c->nout; i++)
+                out[i] = e->outs[i] ? nt__scope_adopt(nt_retain(e->outs[i])) : NULL;
+        }
+    }
+    c->st.graphs = c->n;
+    g_mutex_unlock(&c->lock);
+    return rc;
+}
+NT_API int nt_graph_cache_run(nt_graph_cache *c, nt_tensor *const *in, nt_tensor **out)
+{
+    return nt_graph_cache_run_at(NT_RA_SITE, c, in, out);
+}
+
+NT_API int nt_graph_cache_stats_get(nt_graph_cache *c, nt_graph_cache_stats *out)
+{
+    if (!c || c->magic != CACHE_MAGIC || !out)
+        return nt__err(NULL, NT_EINVAL, "nt_graph_cache_stats_get", "argument '%s' is %s",
+                       !out ? "out" : "c", !out ? "NULL" : "not a live graph cache");
+    g_mutex_lock(&c->lock);
+    *out = c->st;
+    g_mutex_unlock(&c->lock);
+    return 0;
+}
+
+NT_API void nt_graph_cache_destroy(nt_graph_cache *c)
+{
+    if (!c || c->magic != CACHE_MAGIC)
+        return;
+    c->magic = 0;
+    for (int k = 0; k < c->n; k++)
+        entry_drop(c, &c->e[k]);
+    g_mutex_clear(&c->lock);
+    free(c);
+}
+
 /* ---------------- set-up ---------------- */
 
 void nt__graph_init(void) { nt__graph_stats_reset(); }

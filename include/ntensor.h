@@ -1205,6 +1205,34 @@ NT_API int nt_graph_info_get(nt_graph *g, nt_graph_info *out);
  *  memory).  NULL is ignored. */
 NT_API void nt_graph_destroy(nt_graph *g);
 
+/** A step as a function: reads inputs[0..nin), returns its results in
+ *  outputs[0..nout) (tensors the caller will own), 0 or an error code. */
+typedef int (*nt_graph_fn)(void *ctx, nt_tensor *const *inputs, int nin, nt_tensor **outputs,
+                           int nout);
+/** A bounded cache of captures of one step function, keyed on its inputs'
+ *  dtypes, shapes, strides and device (and the calling thread's stream):
+ *  nt_graph_cache_run replays the graph captured for those, or captures one
+ *  (running the step for real) when there is none, evicting the least
+ *  recently used beyond max_graphs (1..64) -- so a last, smaller batch of an
+ *  epoch gets its own graph, and a program whose shapes never repeat
+ *  recaptures at most max_graphs at a time, never without bound.  The
+ *  inputs are the graphs' inputs "0".."nin-1".  NULL with the error set on
+ *  bad arguments. */
+typedef struct nt_graph_cache nt_graph_cache;
+NT_API nt_graph_cache *nt_graph_cache_create(nt_graph_fn fn, void *ctx, int nin, int nout,
+                                             int max_graphs);
+/** Runs the step on inputs: a replay, or a capture.  outputs[i] get new
+ *  references (the caller releases them) to the graph's outputs, which the
+ *  next run with the same shapes rewrites.  0 or an error code (a capture
+ *  that fails caches nothing; the step ran once, as it would eagerly). */
+NT_API int nt_graph_cache_run(nt_graph_cache *c, nt_tensor *const *inputs, nt_tensor **outputs);
+typedef struct nt_graph_cache_stats {
+    int64_t captures, replays, evictions, graphs;
+} nt_graph_cache_stats;
+NT_API int nt_graph_cache_stats_get(nt_graph_cache *c, nt_graph_cache_stats *out);
+/** Destroys every graph it holds (waiting for their replays).  NULL ignored. */
+NT_API void nt_graph_cache_destroy(nt_graph_cache *c);
+
 /* ------------------------------------------------------------------------ */
 /* Call-site capture.  Each function X listed in include/ntensor/site.list  */
 /* (every op, sync point and step) also exists as X_at taking the caller's   */

@@ -180,6 +180,8 @@ NT_API int nt_graph_input_at(const nt_site *site, nt_tensor *t, const char *name
 NT_API nt_graph *nt_graph_capture_end_at(const nt_site *site);
 NT_API int nt_graph_bind_at(const nt_site *site, nt_graph *g, const char *name, nt_tensor *t);
 NT_API int nt_graph_replay_at(const nt_site *site, nt_graph *g);
+NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
+                                 nt_tensor *const *inputs, nt_tensor **outputs);
 
 /* NT_SITE_FUNCS(X) calls X(ret, name, (params), (site, params), nparams)
  * for every function above, e.g. to wrap them all; tests/test_api.c
@@ -311,7 +313,8 @@ NT_API int nt_graph_replay_at(const nt_site *site, nt_graph *g);
     X(int, nt_graph_input, (nt_tensor *t, const char *name), (const nt_site *site, nt_tensor *t, const char *name), 2) \
     X(nt_graph *, nt_graph_capture_end, (void), (const nt_site *site), 0) \
     X(int, nt_graph_bind, (nt_graph *g, const char *name, nt_tensor *t), (const nt_site *site, nt_graph *g, const char *name, nt_tensor *t), 3) \
-    X(int, nt_graph_replay, (nt_graph *g), (const nt_site *site, nt_graph *g), 1)
+    X(int, nt_graph_replay, (nt_graph *g), (const nt_site *site, nt_graph *g), 1) \
+    X(int, nt_graph_cache_run, (nt_graph_cache *c, nt_tensor *const *inputs, nt_tensor **outputs), (const nt_site *site, nt_graph_cache *c, nt_tensor *const *inputs, nt_tensor **outputs), 3)
 
 #if !defined(__cplusplus) && !defined(NT_NO_SITE_MACROS) && !defined(NT_BUILDING_LIBRARY)
 #define nt_from_host(...) nt_from_host_at(NT_HERE, __VA_ARGS__)
@@ -441,6 +444,7 @@ NT_API int nt_graph_replay_at(const nt_site *site, nt_graph *g);
 #define nt_graph_capture_end() nt_graph_capture_end_at(NT_HERE)
 #define nt_graph_bind(...) nt_graph_bind_at(NT_HERE, __VA_ARGS__)
 #define nt_graph_replay(...) nt_graph_replay_at(NT_HERE, __VA_ARGS__)
+#define nt_graph_cache_run(...) nt_graph_cache_run_at(NT_HERE, __VA_ARGS__)
 #endif
 
 #endif /* NTENSOR_SITE_H */
