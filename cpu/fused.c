@@ -77,23 +77,31 @@ static void to_i32(int32_t *dst, const opnd *o, int64_t n)
         dst[i] = s[o->scalar ? 0 : i];
 }
 
-/* Rounds an f32 compute result to the value's dtype, as storing it and
- * loading it back would.  `out` may be `y` (in place). */
-/* The ops a row program computes as a reduction of its row. */
+/* The ops a row program computes as a reduction of its row: the
+ * reductions whose recipe (core/optable.h's NT_OPF_RED) is a sum, max or
+ * min of the elements as they are, perhaps over their count. */
 static inline bool row_reduces(int op)
 {
-    return op == NT_OP_SUM || op == NT_OP_MAX || op == NT_OP_MEAN || op == NT_OP_MIN;
+    int rop, pre, fin;
+    return nt__op_red(op, &rop, &pre, &fin) &&
+           (rop == NT_RED_SUM || rop == NT_RED_MAX || rop == NT_RED_MIN) &&
+           pre == NT_RED_PRE_NONE && (fin == NT_RED_FIN_NONE || fin == NT_RED_FIN_MEAN);
 }
 
 /* A row program's reduction of one contiguous f32 row of C elements, as
  * the unfused kernel computes it (row_span and row_span_tiled share it). */
 static float row_reduce(int op, const float *row, int64_t C)
 {
-    float v = op == NT_OP_MAX   ? nt__red_max_f32(row, C, 1)
-              : op == NT_OP_MIN ? nt__red_min_f32(row, C, 1)
-                                : nt__red_sum_f32(row, C, 1);
-    return op == NT_OP_MEAN ? v / (float)C : v;
+    int rop, pre, fin;
+    nt__op_red(op, &rop, &pre, &fin);
+    float v = rop == NT_RED_MAX   ? nt__red_max_f32(row, C, 1)
+              : rop == NT_RED_MIN ? nt__red_min_f32(row, C, 1)
+                                  : nt__red_sum_f32(row, C, 1);
+    return fin == NT_RED_FIN_MEAN ? v / (float)C : v;
 }
+
+/* Rounds an f32 compute result to the value's dtype, as storing it and
+ * loading it back would.  `out` may be `y` (in place). */
 
 static void settle_f(void *out, nt_dtype dt, float *y, int64_t n)
 {
@@ -276,14 +284,13 @@ sn_fast512_body(bool mul, bool zvec, const float *x, const float *z, float s, fl
     return !den && !(flags & 0x10u); /* 0x10: underflow */
 }
 
-/* One instantiation of sn_fast512_body per (op, canon, stream), each with
- * its flags constant: no test of them per vector. */
+/* One instantiation of sn_fast512_body per (* or /, by z or by s, canon),
+ * each with its flags constant: no test of them per vector. */
 static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) bool
-sn_pick512t(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon,
+sn_pick512t(bool mul, const float *x, const float *z, float s, float *y, int64_t n, bool canon,
             bool stream, bool test, bool ieee)
 {
-    bool mul = op == NT_OP_MUL || op == NT_OP_MUL_SCALAR;
-    bool tensor = op == NT_OP_MUL || op == NT_OP_DIV;
+    bool tensor = z != NULL;
     switch (mul * 4 + tensor * 2 + canon) {
     case 7: return sn_fast512_body(true, true, x, z, s, y, n, true, stream, test, ieee);
     case 6: return sn_fast512_body(true, true, x, z, s, y, n, false, stream, test, ieee);
@@ -301,28 +308,28 @@ sn_pick512t(int op, const float *x, const float *z, float s, float *y, int64_t n
  * common, testing for them costs less than the assists.  Where the assists
  * are cheap, the plain IEEE pass (unless a test forces the tested one). */
 static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) bool
-sn_pick512(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon,
+sn_pick512(bool mul, const float *x, const float *z, float s, float *y, int64_t n, bool canon,
            bool stream)
 {
     const int mode = atomic_load_explicit(&route_sn_test, memory_order_relaxed);
     if ((sn_tested && mode == 0) || mode > 0) {
         sn_tested -= sn_tested > 0;
-        return sn_pick512t(op, x, z, s, y, n, canon, stream, true, false);
+        return sn_pick512t(mul, x, z, s, y, n, canon, stream, true, false);
     }
-    return sn_pick512t(op, x, z, s, y, n, canon, stream, false, nt__sn_assists_cheap());
+    return sn_pick512t(mul, x, z, s, y, n, canon, stream, false, nt__sn_assists_cheap());
 }
 
 __attribute__((target(NT_TARGET_AVX512))) static bool
-sn_fast512(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon)
+sn_fast512(bool mul, const float *x, const float *z, float s, float *y, int64_t n, bool canon)
 {
-    return sn_pick512(op, x, z, s, y, n, canon, false);
+    return sn_pick512(mul, x, z, s, y, n, canon, false);
 }
 
 /* sn_fast512 with streaming stores: y 64-byte aligned, n a multiple of 16 */
 __attribute__((target(NT_TARGET_AVX512))) static bool
-sn_stream512(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon)
+sn_stream512(bool mul, const float *x, const float *z, float s, float *y, int64_t n, bool canon)
 {
-    return sn_pick512(op, x, z, s, y, n, canon, true);
+    return sn_pick512(mul, x, z, s, y, n, canon, true);
 }
 #endif
 
@@ -394,7 +401,7 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
         bool mul = o->op == NT_OP_MUL_SCALAR || o->op == NT_OP_MUL;
         float s0 = info->kind == NT_KIND_SCALAR ? (float)o->p.f[0] : *(const float *)a[1].p;
         const float *x = as_f32(&a[0], t0, n);
-        if (sn_fast512(mul ? NT_OP_MUL_SCALAR : NT_OP_DIV_SCALAR, x, NULL, s0, y, n, cf))
+        if (sn_fast512(mul, x, NULL, s0, y, n, cf))
             goto by_scalar_done;
         uint32_t bound = mul ? nt__sn_mul_bound(s0) : nt__sn_div_bound(s0);
 #define SN_MULS(i0, len) nt__sn_mul_f64(y + (i0), x + (i0), &s0, true, (len))
@@ -532,7 +539,7 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
             const float *x = as_f32(&a[0], t0, n), *z = as_f32(&a[1], t1, n);
 #ifdef NT_FUSED_X86
             if (lvl == 2 && (o->op == NT_OP_MUL || o->op == NT_OP_DIV)) {
-                if (sn_fast512(o->op, x, z, 0.0f, y, n, cf))
+                if (sn_fast512(o->op == NT_OP_MUL, x, z, 0.0f, y, n, cf))
                     goto binary_done;
 #define SN_MUL(i0, len) nt__sn_mul_f64(y + (i0), x + (i0), z + (i0), false, (len))
 #define SN_DIV(i0, len) nt__sn_div_f64(y + (i0), x + (i0), z + (i0), false, (len))
@@ -814,7 +821,8 @@ static int plan_regs(const nt__fprog *P, int from, int prev, int8_t *reg)
  * value is, and the same bits where it is not.  Each op below gives a NaN
  * whenever an operand is a NaN, whatever its sign and payload (IEEE
  * arithmetic; relu's a != a; nt__expf's clamps pass a NaN and its last
- * products keep it), and otherwise reads only non-NaN operands, which are
+ * products keep it: the ops flagged NT_OPF_NANPROP in core/optable.h), and
+ * otherwise reads only non-NaN operands, which are
  * the canonical ones' bits.  So a reader's result is NaN exactly where it
  * would be with canonical operands, and the same bits elsewhere: by
  * induction along the chain, the first op that canonicalises (a stored
@@ -822,18 +830,7 @@ static int plan_regs(const nt__fprog *P, int from, int prev, int8_t *reg)
  * chain of bench/fusion: 13% less CPU time. */
 static bool nan_through(const nt__fop *o)
 {
-    switch (o->op) {
-    case NT_OP_ADD:
-    case NT_OP_SUB:
-    case NT_OP_MUL:
-    case NT_OP_DIV:
-    case NT_OP_ADD_SCALAR:
-    case NT_OP_MUL_SCALAR:
-    case NT_OP_NEG:
-    case NT_OP_RELU:
-    case NT_OP_EXP: return true;
-    default: return false;
-    }
+    return (nt__ops[o->op].flags & NT_OPF_NANPROP) != 0; /* the NANPROP flag */
 }
 
 static void plan_canon(const nt__fprog *P, int from, bool *canon)
@@ -927,30 +924,23 @@ static int stream_direct(eval_fn *eval, const nt__fop *o, nt_dtype odt, const op
     if (eval != eval_avx512 || odt != NT_F32 || ((uintptr_t)dst & 63u) || n % 16 ||
         !isf(a[0].dt) || a[0].scalar)
         return 0;
-    int op;
+    const nt__prim prim = nt__op_prim(o->op);
+    const nt__opkind kind = nt__ops[o->op].kind;
     float s = 0.0f;
     const float *z = NULL;
-    switch (o->op) {
-    case NT_OP_MUL_SCALAR:
-    case NT_OP_DIV_SCALAR:
-        op = o->op;
+    if ((prim != NT__PRIM_MUL && prim != NT__PRIM_DIV) ||
+        (kind != NT_KIND_SCALAR && kind != NT_KIND_BINARY))
+        return 0;
+    if (kind == NT_KIND_SCALAR) {
         s = (float)o->p.f[0];
-        break;
-    case NT_OP_MUL:
-    case NT_OP_DIV:
-        if (!isf(a[1].dt))
-            return 0;
-        if (a[1].scalar) {
-            op = o->op == NT_OP_MUL ? NT_OP_MUL_SCALAR : NT_OP_DIV_SCALAR;
-            s = *(const float *)a[1].p;
-        } else {
-            op = o->op;
-            z = a[1].p;
-        }
-        break;
-    default: return 0;
+    } else if (!isf(a[1].dt)) {
+        return 0;
+    } else if (a[1].scalar) {
+        s = *(const float *)a[1].p;
+    } else {
+        z = a[1].p;
     }
-    return sn_stream512(op, a[0].p, z, s, dst, n, canon) ? 1 : -1;
+    return sn_stream512(prim == NT__PRIM_MUL, a[0].p, z, s, dst, n, canon) ? 1 : -1;
 #else
     (void)eval, (void)o, (void)odt, (void)a, (void)dst, (void)n, (void)canon;
     return 0;
@@ -1065,24 +1055,26 @@ static bool lin_plan(const nt__fprog *P, const mview *ev, const bool *canon, lin
             for (int q = 0; q < P->ops[r].nin; q++)
                 if (P->ops[r].a[q] == acc)
                     return false;
-        switch (o->op) {
-        case NT_OP_ADD: l->kind = LK_ADD; break;
-        case NT_OP_SUB: l->kind = LK_SUB; break;
-        case NT_OP_MUL: l->kind = LK_MUL; break;
-        case NT_OP_DIV: l->kind = LK_DIV; break;
-        case NT_OP_MAXIMUM: l->kind = LK_MAX; break;
-        case NT_OP_MINIMUM: l->kind = LK_MIN; break;
-        case NT_OP_ADD_SCALAR: l->kind = LK_ADD; break;
-        case NT_OP_MUL_SCALAR: l->kind = LK_MUL; break;
-        case NT_OP_DIV_SCALAR: l->kind = LK_DIV; break;
-        case NT_OP_NEG: l->kind = LK_NEG; break;
-        case NT_OP_RELU: l->kind = LK_RELU; break;
-        case NT_OP_ABS: l->kind = LK_ABS; break;
-        case NT_OP_COPY:
-        case NT_OP_CAST: l->kind = LK_COPY; break;
-        default: return false;
-        }
         const nt__opkind kind = nt__ops[o->op].kind;
+        /* the op's primitive (core/optable.h's NT_OPF_PRIM), or a copy */
+        if (kind == NT_KIND_COPY) {
+            l->kind = LK_COPY;
+        } else if (kind == NT_KIND_UNARY || kind == NT_KIND_SCALAR || kind == NT_KIND_BINARY) {
+            switch (nt__op_prim(o->op)) {
+            case NT__PRIM_ADD: l->kind = LK_ADD; break;
+            case NT__PRIM_SUB: l->kind = LK_SUB; break;
+            case NT__PRIM_MUL: l->kind = LK_MUL; break;
+            case NT__PRIM_DIV: l->kind = LK_DIV; break;
+            case NT__PRIM_MAX: l->kind = LK_MAX; break;
+            case NT__PRIM_MIN: l->kind = LK_MIN; break;
+            case NT__PRIM_NEG: l->kind = LK_NEG; break;
+            case NT__PRIM_RELU: l->kind = LK_RELU; break;
+            case NT__PRIM_ABS: l->kind = LK_ABS; break;
+            default: return false; /* no primitive, or one chains lack (not) */
+            }
+        } else {
+            return false;
+        }
         /* k == 0: the chain starts from operand 0, an input */
         if (!k) {
             if (!NT_F_IS_EXT(o->a[0]))
