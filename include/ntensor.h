@@ -616,7 +616,7 @@ NT_API nt_tensor *nt_op_call(int op, nt_tensor *const *in);
  *  reference (adopted by the open scope, like an op's result), or an
  *  error code with every outputs[j] set to NULL.  An error of fn while it
  *  is recomputed is an error of nt_backward naming nt_checkpoint and its
- *  call site.  docs/checkpointing.md has the details. */
+ *  call site.  docs/gradient-checkpointing.md has the details. */
 #define NT_CHECKPOINT_MAX_IN 1024
 #define NT_CHECKPOINT_MAX_OUT 2
 typedef int (*nt_checkpoint_fn)(void *ctx, nt_tensor *const *inputs, int n_in,
@@ -835,7 +835,7 @@ NT_API void nt_optim_destroy(nt_optim *opt);
 
 /** Saves the values of params[0..n) (borrowed; n >= 1) and, if opt is not
  *  NULL, the optimizer's hyper-parameters, step counts and state, to `path`
- *  in the format of docs/checkpoint.md (little-endian, CRC-32 per record and
+ *  in the format of docs/checkpoint-format.md (little-endian, CRC-32 per record and
  *  over the header).  A sync point: waits for the values.  Writes
  *  `path`.tmp and renames it over `path`, so a crash never leaves a partial
  *  file under `path`.  Returns 0, NT_EIO (naming the file and the system's
@@ -850,7 +850,7 @@ NT_API int nt_save(const char *path, nt_tensor *const *params, int n, nt_optim *
  *  file is NT_EIO; a truncated file, bad magic or version, a checksum
  *  mismatch, a nonzero reserved byte or a field no writer could have
  *  produced (lr NaN, beta1 >= 1, a negative step count, an impossible
- *  shape: docs/checkpoint.md) is NT_EFORMAT, naming the field; a count, dtype or shape mismatch is NT_ESHAPE;
+ *  shape: docs/checkpoint-format.md) is NT_EFORMAT, naming the field; a count, dtype or shape mismatch is NT_ESHAPE;
  *  an optimizer of another kind, or opt given for a file without optimizer
  *  state, is NT_EINVAL.  On any error the tensors and opt are untouched and
  *  the message names the path and what was wrong.  Values are written as
@@ -930,7 +930,7 @@ NT_API void nt_grad_scaler_destroy(nt_grad_scaler *s);
 
 /** nt_save plus, if scaler is not NULL, the loss scaler's state (scale,
  *  settings, growth tracker, skipped steps: record kind 4 of
- *  docs/checkpoint.md).  opt may be NULL.  Same guarantees as nt_save. */
+ *  docs/checkpoint-format.md).  opt may be NULL.  Same guarantees as nt_save. */
 NT_API int nt_checkpoint_save(const char *path, nt_tensor *const *params, int n,
                               nt_optim *opt, nt_grad_scaler *scaler);
 /** nt_load plus, if scaler is not NULL, the loss scaler's state, checked
