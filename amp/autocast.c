@@ -9,17 +9,19 @@
  * in f32.  The casts are temporaries of the call (c->tmp), released when the
  * call ends; the queued op and autograd hold their own references.
  *
- * The policy is the amp column of core/optable.h (docs/amp.md has the
- * table), after PyTorch's autocast lists:
- *   low   matmul (and so linear, with its bias add: nt_linear casts the
- *         bias before the matmul, so the cast does not split the matmul's
- *         epilogue kernel): floating inputs are cast to the region's dtype;
- *         the product accumulates in f32 anyway (core/gemm.h) and is
- *         rounded once to the low dtype;
- *   f32   sum, mean, softmax, log_softmax, layer_norm, rms_norm, exp, log,
- *         rsqrt, pow_scalar, cross_entropy, mse_loss: bf16/f16 inputs are
- *         cast up to f32;
- *   keep  everything else runs in its inputs' dtype; binary ops, where and
+ * The policy is the amp column of core/optable.h, after PyTorch's
+ * autocast lists; docs/amp.md names the ops of each policy, and
+ * scripts/gen_api.py --check (the api_generated test) holds it to the
+ * column, so no list of ops is kept here:
+ *   LOW   floating inputs are cast to the region's dtype (matmul, and so
+ *         linear, whose bias nt_linear casts before the matmul so the cast
+ *         does not split the matmul's epilogue kernel; attention); the
+ *         product accumulates in f32 anyway (core/gemm.h) and is rounded
+ *         once to the low dtype;
+ *   F32   bf16/f16 inputs are cast up to f32 (reductions, norms, softmax,
+ *         losses, exp/log and the other ops whose range or accuracy a low
+ *         dtype would lose);
+ *   KEEP  everything else runs in its inputs' dtype; binary ops, where and
  *         comparisons promote to the widest input as always.
  * Backward ops (issued inside nt_backward) are never autocast: their dtypes
  * follow the forward's, as in PyTorch.

@@ -90,13 +90,14 @@ typedef struct nt__bctx {
 typedef int (*nt__bwd_fn)(nt__bctx *b);
 
 typedef struct nt__bwd_entry {
-    nt__bwd_fn fn;
     uint8_t save_in;  /* bit i: save input i */
     uint8_t save_out; /* bit i: save output i */
+    nt__bwd_fn fn;
+    int16_t helper;   /* bwd `helper(H)`: NT_OP_H */
 } nt__bwd_entry;
 
 /* The backward table (autograd/backward.c), indexed by op id. */
-extern const nt__bwd_entry nt__bwd_table[NT_OP_COUNT];
+extern const nt__bwd_entry nt__bwd_table[];
 
 /* Helpers for backward functions (autograd/backward.c). */
 bool nt__edge_live(const nt__node *n, int i);

@@ -162,23 +162,14 @@ static int bwd_abs(nt__bctx *b) /* g sign(x), 0 at 0 */
     return 0;
 }
 
-static nt_tensor *bwd_helper(nt__bctx *b, int op, nt_tensor *x)
+/* bwd column `helper(H)`: H(g, v), the op's own backward helper (relu,
+ * gelu, silu, sigmoid, tanh: their bits predate `dx`), v the saved input or
+ * output as the op's save column says. */
+static int bwd_by_helper(nt__bctx *b)
 {
-    return nt__binary(S, nt__op_api(op), op, G, x);
-}
-static int bwd_relu(nt__bctx *b)
-{
-    TRY(b->gin[0] = bwd_helper(b, NT_OP_RELU_BWD, OUT(0)));
-    return 0;
-}
-static int bwd_gelu(nt__bctx *b)
-{
-    TRY(b->gin[0] = bwd_helper(b, NT_OP_GELU_BWD, IN(0)));
-    return 0;
-}
-static int bwd_silu(nt__bctx *b)
-{
-    TRY(b->gin[0] = bwd_helper(b, NT_OP_SILU_BWD, IN(0)));
+    const nt__bwd_entry *e = &nt__bwd_table[b->n->op];
+    TRY(b->gin[0] = nt__binary(S, nt__op_api(e->helper), e->helper, G,
+                               e->save_out ? OUT(0) : IN(0)));
     return 0;
 }
 /* The generic backward of an elementwise unary or tensor-scalar op (bwd
@@ -230,16 +221,6 @@ static int bwd_dxy(nt__bctx *b)
     for (int i = 0; i < 2; i++)
         if (LIVE(i))
             TRY(b->gin[i] = reduce_to(b, nt_mul_at(S, G, binary_dx(b, i)), META(i)));
-    return 0;
-}
-static int bwd_sigmoid(nt__bctx *b)
-{
-    TRY(b->gin[0] = bwd_helper(b, NT_OP_SIGMOID_BWD, OUT(0)));
-    return 0;
-}
-static int bwd_tanh(nt__bctx *b)
-{
-    TRY(b->gin[0] = bwd_helper(b, NT_OP_TANH_BWD, OUT(0)));
     return 0;
 }
 
@@ -756,10 +737,15 @@ static int bwd_sdpa(nt__bctx *b)
 /* ---------------- the table ---------------- */
 
 /* Generated from the bwd and save columns of core/optable.h: op ->
- * {bwd_<bwd>, saved inputs, saved outputs}. */
+ * {saved inputs, saved outputs, bwd_<bwd>[, the helper op]}. */
 #define bwd_nograd NULL
+#define bwd_helper(H) bwd_by_helper, NT_OP_##H
 #define NT__BWD_ROW(ID, name, nin, kind, flags, ints, amp, bwd, save, sim)                   \
-    [NT_OP_##ID] = {bwd_##bwd, NT__SAVE_##save},
+    [NT_OP_##ID] = {NT__SAVE_##save, bwd_##bwd},
 
-const nt__bwd_entry nt__bwd_table[NT_OP_COUNT] = {NT_OP_TABLE(NT__BWD_ROW)};
+/* Unsized (autograd/autograd.h too): the assert sees a missing last row. */
+const nt__bwd_entry nt__bwd_table[] = {NT_OP_TABLE(NT__BWD_ROW)};
 #undef NT__BWD_ROW
+#undef bwd_helper
+_Static_assert(sizeof nt__bwd_table / sizeof nt__bwd_table[0] == NT_OP_COUNT,
+               "backward table out of step with the op table");

@@ -1,5 +1,5 @@
 /* autograd/optim.c - SGD and AdamW.  Checkpoints of parameters and
- * optimizer state are io/checkpoint.c's (format: docs/checkpoint.md).
+ * optimizer state are io/checkpoint.c's (format: docs/checkpoint-format.md).
  *
  * One parameter's update is a chain of elementwise ops on that parameter's
  * tensors (param, grad, state) ending in in-place writes, issued inside a

@@ -259,11 +259,10 @@ oom:
 }
 
 /* In-place writes that autograd can follow: the old value is not needed by
- * their backward. */
+ * their backward (the INPLACE flag of core/optable.h). */
 static bool inplace_ok(int op)
 {
-    return op == NT_OP_ADD || op == NT_OP_SUB || op == NT_OP_ADD_SCALAR ||
-           op == NT_OP_MUL_SCALAR || op == NT_OP_NEG || op == NT_OP_COPY || op == NT_OP_FILL;
+    return op >= 0 && op < NT_OP_COUNT && (nt__ops[op].flags & NT_OPF_INPLACE);
 }
 
 static int on_dispatch(nt__call *c)

@@ -9,7 +9,18 @@
  *   nin       the most inputs the op takes (optional inputs may be NULL)
  *   kind      the family (nt__opkind): which generic kernel, fusion rule
  *             and conformance driver (tests/test_conformance.c) it gets
- *   flags     NT_OPF_DIFF (differentiable) or 0
+ *   flags     0 or NT_OPF_* bits: DIFF (differentiable); NANPROP (a NaN
+ *             operand gives a NaN, and otherwise only non-NaN operands are
+ *             read: cpu/fused.c leaves NaN payloads uncanonical between such
+ *             ops); INPLACE (autograd follows an in-place write of the op:
+ *             its backward never reads the old value, autograd/tape.c);
+ *             NT_OPF_PRIM(p) (the float and integer definitions are the one
+ *             primitive operation p of a and b, or of a and the scalar s0:
+ *             cpu/fused.c's register chains and AVX-512 routes and the
+ *             simulator's integer sequences run it as that operation);
+ *             NT_OPF_RED(rop, pre, fin) (a reduction's recipe, core/reduce.h:
+ *             each element mapped by pre, folded by rop, finished by fin;
+ *             NT_OPF_RED_ORD: pre and fin follow nt_norm's ord instead)
  *   ints      integer inputs: INT (the op has nt__ewi_<name> and keeps the
  *             integer dtype), F32INT (integer inputs give an f32 result),
  *             INTONLY (integers only, nt__ewi_<name>; a float input is an
@@ -22,7 +33,9 @@
  *             tensor-scalar op: g * nt__ew_<name>_dx(v), through the
  *             UNARY_BWD helper, on every backend; `dxy` the generic one of a
  *             binary op: g * nt__ew_<name>_da(a, b) and g * _db(a, b),
- *             through BINARY_DX; `nograd` none
+ *             through BINARY_DX; `helper(H)` g and the saved x or y
+ *             (per `save`) through the op's own backward helper H of
+ *             NT_OPS_EW_BWD (specialised bits that predate `dx`); `nograd` none
  *   save      what the backward needs saved: 0, I0, I1, I01, O0, I0O0
  *             (input i, output 0).  For `dx` it says what nt__ew_<name>_dx reads:
  *             I0 the input x, O0 the output y
@@ -40,17 +53,51 @@
  * the autocast policy and the backward table.  Every switch over ops that
  * is left has a default that fails naming the op.  docs/architecture.md
  * ("Adding an op") lists what a new op needs besides its line here.
- * The _Static_asserts in optable.c and the backend tables catch a table
- * that fell out of step; tests/test_conformance.c runs every op id. */
+ * The tables expanded from it are unsized, so the _Static_asserts in
+ * optable.c, autograd/backward.c and the backend tables catch a missing
+ * last row; tests/test_conformance.c checks every row is filled and runs
+ * every op id. */
 #ifndef NT_CORE_OPTABLE_H
 #define NT_CORE_OPTABLE_H
+
+#include <stdbool.h>
+
+#include "core/reduce.h" /* NT_RED_*: the words of a reduction's recipe */
 
 enum {
     NT_OPF_DIFF = 1u << 0,
     NT_OPF_INT = 1u << 1,
     NT_OPF_F32INT = 1u << 2,
     NT_OPF_INTONLY = 1u << 3,
+    NT_OPF_NANPROP = 1u << 4,
+    NT_OPF_INPLACE = 1u << 5,
+    NT_OPF_REDUCTION = 1u << 6, /* set by NT_OPF_RED */
+    NT_OPF_RED_ORD = 1u << 7,
 };
+
+/* NT_OPF_PRIM(p): the primitive operation an op is (the flags column) */
+typedef enum nt__prim {
+    NT__PRIM_NONE = 0,
+    NT__PRIM_ADD, /* a + b */
+    NT__PRIM_SUB, /* a - b */
+    NT__PRIM_MUL, /* a * b */
+    NT__PRIM_DIV, /* a / b */
+    NT__PRIM_MAX, /* nt__ew_maximum(a, b): a NaN propagates */
+    NT__PRIM_MIN, /* nt__ew_minimum(a, b) */
+    NT__PRIM_NEG, /* -a (integers wrap) */
+    NT__PRIM_RELU, /* a > 0 ? a : 0, a NaN kept */
+    NT__PRIM_ABS, /* |a| (integers: max(a, -a), wrapping) */
+    NT__PRIM_NOT, /* ~a (integers only) */
+} nt__prim;
+#define NT__PRIM_SHIFT 8
+#define NT_OPF_PRIM(p) ((unsigned)NT__PRIM_##p << NT__PRIM_SHIFT)
+
+/* NT_OPF_RED(rop, pre, fin): a reduction's recipe in the flags column */
+#define NT__RED_SHIFT 12
+#define NT_OPF_RED(rop, pre, fin)                                                          \
+    (NT_OPF_REDUCTION | ((unsigned)NT_RED_##rop << NT__RED_SHIFT) |                        \
+     ((unsigned)NT_RED_PRE_##pre << (NT__RED_SHIFT + 4)) |                                 \
+     ((unsigned)NT_RED_FIN_##fin << (NT__RED_SHIFT + 8)))
 
 /* the ints column as flag bits */
 #define NT__INTS_INT NT_OPF_INT
@@ -106,40 +153,46 @@ typedef enum nt__opkind {
 } nt__opkind;
 
 #define NT_OPS_FILL(X)                                                      \
-    X(FILL, fill, 0, NT_KIND_FILL, 0, INT, KEEP, none, 0, NT__SIM_NONE)                             \
+    X(FILL, fill, 0, NT_KIND_FILL, NT_OPF_INPLACE, INT, KEEP, none, 0, NT__SIM_NONE)                       \
     X(ARANGE, arange, 0, NT_KIND_FILL, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)                       \
     X(RAND, rand, 0, NT_KIND_FILL, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                         \
     X(RANDN, randn, 0, NT_KIND_FILL, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
 
 #define NT_OPS_COPY(X)                                                      \
-    X(COPY, copy, 1, NT_KIND_COPY, NT_OPF_DIFF, INT, KEEP, identity, 0, NT__SIM_NONE)               \
+    X(COPY, copy, 1, NT_KIND_COPY, NT_OPF_DIFF | NT_OPF_INPLACE, INT, KEEP, identity, 0, NT__SIM_NONE)     \
     X(CAST, cast, 1, NT_KIND_COPY, NT_OPF_DIFF, INT, KEEP, identity, 0, NT__SIM_NONE)
 
 /* y = nt__ew_<name>(a); gradient nt__ew_<name>_dx (x or y, per `save`) */
 #define NT_OPS_UNARY(X)                                                     \
-    X(NEG, neg, 1, NT_KIND_UNARY, NT_OPF_DIFF, INT, KEEP, neg, 0, NT_ACT_NEG)                       \
-    X(EXP, exp, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, exp, O0, NT_ACT_EXP)                    \
+    X(NEG, neg, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_NANPROP | NT_OPF_INPLACE | NT_OPF_PRIM(NEG),        \
+      INT, KEEP, neg, 0, NT_ACT_NEG)                                                                       \
+    X(EXP, exp, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_NANPROP, F32INT, F32, exp, O0, NT_ACT_EXP)          \
     X(LOG, log, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, log, I0, NT_ACT_LOG)                    \
     X(SQRT, sqrt, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, sqrt, O0, NT_ACT_SQRT)               \
     X(RSQRT, rsqrt, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, rsqrt, O0, NT_ACT_RSQRT)            \
-    X(ABS, abs, 1, NT_KIND_UNARY, NT_OPF_DIFF, INT, KEEP, abs, I0, NT_ACT_ABS)                      \
-    X(RELU, relu, 1, NT_KIND_UNARY, NT_OPF_DIFF, INT, KEEP, relu, O0, NT_ACT_RELU)                  \
-    X(GELU, gelu, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, gelu, I0, NT_ACT_GELU)               \
-    X(SIGMOID, sigmoid, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, sigmoid, O0, NT_ACT_SIGMOID)   \
-    X(TANH, tanh, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, tanh, O0, NT_ACT_TANH)               \
-    X(SILU, silu, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, silu, I0, NT_ACT_SILU)               \
+    X(ABS, abs, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_PRIM(ABS), INT, KEEP, abs, I0, NT_ACT_ABS)          \
+    X(RELU, relu, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_NANPROP | NT_OPF_PRIM(RELU),                      \
+      INT, KEEP, helper(RELU_BWD), O0, NT_ACT_RELU)                                                        \
+    X(GELU, gelu, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, helper(GELU_BWD), I0, NT_ACT_GELU)          \
+    X(SIGMOID, sigmoid, 1, NT_KIND_UNARY, NT_OPF_DIFF,                                                     \
+      F32INT, KEEP, helper(SIGMOID_BWD), O0, NT_ACT_SIGMOID)                                               \
+    X(TANH, tanh, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, helper(TANH_BWD), O0, NT_ACT_TANH)          \
+    X(SILU, silu, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, helper(SILU_BWD), I0, NT_ACT_SILU)          \
     X(SOFTPLUS, softplus, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, dx, I0, NT__SIM_TABLE)        \
     X(MISH, mish, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT__SIM_TABLE)              \
     X(SOFTSIGN, softsign, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT__SIM_TABLE)      \
     X(RECIPROCAL, reciprocal, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, dx, O0, NT__SIM_TABLE)    \
-    X(BITWISE_NOT, bitwise_not, 1, NT_KIND_UNARY, 0, INTONLY, KEEP, nograd, 0, NT__SIM_SEQ)     \
+    X(BITWISE_NOT, bitwise_not, 1, NT_KIND_UNARY, NT_OPF_PRIM(NOT), INTONLY, KEEP, nograd, 0, NT__SIM_SEQ) \
     X(GELU_TANH, gelu_tanh, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT__SIM_TABLE)
 
 /* y = nt__ew_<name>(a, p.f[0], p.f[1]) */
 #define NT_OPS_SCALAR(X)                                                    \
-    X(ADD_SCALAR, add_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF, INT, KEEP, add_scalar, 0, NT_ALU_ADD) \
-    X(MUL_SCALAR, mul_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF, INT, KEEP, mul_scalar, 0, NT_ALU_MUL) \
-    X(DIV_SCALAR, div_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF, F32INT, KEEP, div_scalar, 0, NT_ALU_DIV) \
+    X(ADD_SCALAR, add_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF | NT_OPF_NANPROP | NT_OPF_INPLACE | NT_OPF_PRIM(ADD), \
+      INT, KEEP, add_scalar, 0, NT_ALU_ADD)                                                                \
+    X(MUL_SCALAR, mul_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF | NT_OPF_NANPROP | NT_OPF_INPLACE | NT_OPF_PRIM(MUL), \
+      INT, KEEP, mul_scalar, 0, NT_ALU_MUL)                                                                \
+    X(DIV_SCALAR, div_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF | NT_OPF_PRIM(DIV),                           \
+      F32INT, KEEP, div_scalar, 0, NT_ALU_DIV)                                                             \
     X(POW_SCALAR, pow_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF, F32INT, F32, pow_scalar, I0, NT_ALU_POW) \
     X(CLAMP, clamp, 1, NT_KIND_SCALAR, NT_OPF_DIFF, INT, KEEP, clamp, I0, NT__SIM_SEQ)              \
     X(LEAKY_RELU, leaky_relu, 1, NT_KIND_SCALAR, NT_OPF_DIFF, FLOAT, KEEP, dx, I0, NT__SIM_TABLE)   \
@@ -147,12 +200,18 @@ typedef enum nt__opkind {
 
 /* y = nt__ew_<name>(a, b) with broadcasting */
 #define NT_OPS_BINARY(X)                                                    \
-    X(ADD, add, 2, NT_KIND_BINARY, NT_OPF_DIFF, INT, KEEP, add, 0, NT_ALU_ADD)                      \
-    X(SUB, sub, 2, NT_KIND_BINARY, NT_OPF_DIFF, INT, KEEP, sub, 0, NT_ALU_SUB)                      \
-    X(MUL, mul, 2, NT_KIND_BINARY, NT_OPF_DIFF, INT, KEEP, mul, I01, NT_ALU_MUL)                    \
-    X(DIV, div, 2, NT_KIND_BINARY, NT_OPF_DIFF, F32INT, KEEP, div, I01, NT_ALU_DIV)                 \
-    X(MAXIMUM, maximum, 2, NT_KIND_BINARY, NT_OPF_DIFF, INT, KEEP, maximum, I01, NT_ALU_MAX)        \
-    X(MINIMUM, minimum, 2, NT_KIND_BINARY, NT_OPF_DIFF, INT, KEEP, minimum, I01, NT_ALU_MIN)        \
+    X(ADD, add, 2, NT_KIND_BINARY, NT_OPF_DIFF | NT_OPF_NANPROP | NT_OPF_INPLACE | NT_OPF_PRIM(ADD),       \
+      INT, KEEP, add, 0, NT_ALU_ADD)                                                                       \
+    X(SUB, sub, 2, NT_KIND_BINARY, NT_OPF_DIFF | NT_OPF_NANPROP | NT_OPF_INPLACE | NT_OPF_PRIM(SUB),       \
+      INT, KEEP, sub, 0, NT_ALU_SUB)                                                                       \
+    X(MUL, mul, 2, NT_KIND_BINARY, NT_OPF_DIFF | NT_OPF_NANPROP | NT_OPF_PRIM(MUL),                        \
+      INT, KEEP, mul, I01, NT_ALU_MUL)                                                                     \
+    X(DIV, div, 2, NT_KIND_BINARY, NT_OPF_DIFF | NT_OPF_NANPROP | NT_OPF_PRIM(DIV),                        \
+      F32INT, KEEP, div, I01, NT_ALU_DIV)                                                                  \
+    X(MAXIMUM, maximum, 2, NT_KIND_BINARY, NT_OPF_DIFF | NT_OPF_PRIM(MAX),                                 \
+      INT, KEEP, maximum, I01, NT_ALU_MAX)                                                                 \
+    X(MINIMUM, minimum, 2, NT_KIND_BINARY, NT_OPF_DIFF | NT_OPF_PRIM(MIN),                                 \
+      INT, KEEP, minimum, I01, NT_ALU_MIN)                                                                 \
     X(POW, pow, 2, NT_KIND_BINARY, NT_OPF_DIFF, F32INT, F32, dxy, I01, NT__SIM_TABLE)
 
 /* Backward helpers of the unary ops: y = nt__ew_<name>(g, x-or-y), binary
@@ -201,10 +260,14 @@ typedef enum nt__opkind {
  * f32 log-sum-exp its backward reads (docs/ops.md §7a). */
 #define NT_OPS_MISC(X)                                                      \
     X(WHERE, where, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)              \
-    X(SUM, sum, 1, NT_KIND_REDUCE, NT_OPF_DIFF, INT, F32, sum, 0, NT__SIM_NONE)                     \
-    X(MEAN, mean, 1, NT_KIND_REDUCE, NT_OPF_DIFF, FLOAT, F32, mean, 0, NT__SIM_NONE)                \
-    X(MAX, max, 1, NT_KIND_REDUCE, NT_OPF_DIFF, INT, KEEP, max, I0, NT__SIM_NONE)                   \
-    X(ARGMAX, argmax, 1, NT_KIND_REDUCE, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)                     \
+    X(SUM, sum, 1, NT_KIND_REDUCE, NT_OPF_DIFF | NT_OPF_RED(SUM, NONE, NONE),                              \
+      INT, F32, sum, 0, NT__SIM_NONE)                                                                      \
+    X(MEAN, mean, 1, NT_KIND_REDUCE, NT_OPF_DIFF | NT_OPF_RED(SUM, NONE, MEAN),                            \
+      FLOAT, F32, mean, 0, NT__SIM_NONE)                                                                   \
+    X(MAX, max, 1, NT_KIND_REDUCE, NT_OPF_DIFF | NT_OPF_RED(MAX, NONE, NONE),                              \
+      INT, KEEP, max, I0, NT__SIM_NONE)                                                                    \
+    X(ARGMAX, argmax, 1, NT_KIND_REDUCE, NT_OPF_RED(ARGMAX, NONE, NONE),                                   \
+      INT, KEEP, nograd, 0, NT__SIM_NONE)                                                                  \
     X(SOFTMAX, softmax, 1, NT_KIND_ROW, NT_OPF_DIFF, FLOAT, F32, softmax, O0, NT__SIM_NONE)         \
     X(LOG_SOFTMAX, log_softmax, 1, NT_KIND_ROW, NT_OPF_DIFF, FLOAT, F32, log_softmax, O0, NT__SIM_NONE) \
     X(LAYER_NORM, layer_norm, 3, NT_KIND_ROW, NT_OPF_DIFF, FLOAT, F32, layer_norm, I01, NT__SIM_NONE) \
@@ -213,10 +276,13 @@ typedef enum nt__opkind {
     X(MSE_LOSS, mse_loss, 2, NT_KIND_LOSS, NT_OPF_DIFF, FLOAT, F32, mse_loss, I01, NT__SIM_NONE)    \
     X(MATMUL, matmul, 2, NT_KIND_MATMUL, NT_OPF_DIFF, FLOAT, LOW, matmul, I01, NT__SIM_NONE)        \
     X(EMBEDDING, embedding, 2, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, embedding, I1, NT__SIM_NONE) \
-    X(MIN, min, 1, NT_KIND_REDUCE, NT_OPF_DIFF, INT, KEEP, min, I0, NT__SIM_NONE)                   \
-    X(ARGMIN, argmin, 1, NT_KIND_REDUCE, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)                     \
-    X(ANY, any, 1, NT_KIND_REDUCE, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)                           \
-    X(NORM, norm, 1, NT_KIND_REDUCE, NT_OPF_DIFF, FLOAT, F32, norm, I0O0, NT__SIM_NONE)             \
+    X(MIN, min, 1, NT_KIND_REDUCE, NT_OPF_DIFF | NT_OPF_RED(MIN, NONE, NONE),                              \
+      INT, KEEP, min, I0, NT__SIM_NONE)                                                                    \
+    X(ARGMIN, argmin, 1, NT_KIND_REDUCE, NT_OPF_RED(ARGMIN, NONE, NONE),                                   \
+      INT, KEEP, nograd, 0, NT__SIM_NONE)                                                                  \
+    X(ANY, any, 1, NT_KIND_REDUCE, NT_OPF_RED(MAX, NZ, NONE), INT, KEEP, nograd, 0, NT__SIM_NONE)          \
+    X(NORM, norm, 1, NT_KIND_REDUCE, NT_OPF_DIFF | NT_OPF_RED(SUM, NONE, NONE) | NT_OPF_RED_ORD,           \
+      FLOAT, F32, norm, I0O0, NT__SIM_NONE)                                                                \
     X(GATHER, gather, 2, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, gather, I1, NT__SIM_NONE)          \
     X(INDEX_SELECT, index_select, 2, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, gather, I1, NT__SIM_NONE) \
     X(TRIL, tril, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)                \
@@ -278,7 +344,24 @@ typedef struct nt__opinfo {
     nt__amp_policy amp;
 } nt__opinfo;
 
-extern const nt__opinfo nt__ops[NT_OP_COUNT];
+/* Unsized, so that its _Static_assert (core/optable.c) sees a missing
+ * last row; tests/test_conformance.c checks every row is filled. */
+extern const nt__opinfo nt__ops[];
+
+/* The NT_OPF_PRIM field of built-in op `op` (NT__PRIM_NONE: none) */
+static inline nt__prim nt__op_prim(int op)
+{
+    return (nt__prim)((nt__ops[op].flags >> NT__PRIM_SHIFT) & 15u);
+}
+
+/* The NT_OPF_RED recipe of built-in op `op`: false if it has none (and for
+ * NT_OPF_RED_ORD, whose recipe nt__red_plan makes from the order). */
+static inline bool nt__op_red(int op, int *rop, int *pre, int *fin)
+{
+    unsigned f = nt__ops[op].flags, r = f >> NT__RED_SHIFT;
+    *rop = (int)(r & 15u), *pre = (int)((r >> 4) & 15u), *fin = (int)((r >> 8) & 15u);
+    return (f & NT_OPF_REDUCTION) && !(f & NT_OPF_RED_ORD);
+}
 
 /* Info for a built-in or registered op id (NULL if unknown). */
 const nt__opinfo *nt__opinfo_get(int op);

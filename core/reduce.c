@@ -116,31 +116,22 @@ int32_t nt__red_sum_i32(const int32_t *x, int64_t n, int64_t stride)
 
 int nt__red_plan(int op, double ord, int *rop, int *pre, int *fin)
 {
-    *rop = NT_RED_SUM, *pre = NT_RED_PRE_NONE, *fin = NT_RED_FIN_NONE;
-    switch (op) {
-    case NT_OP_SUM: break;
-    case NT_OP_MEAN: *rop = NT_RED_SUM, *fin = NT_RED_FIN_MEAN; break;
-    case NT_OP_MAX: *rop = NT_RED_MAX; break;
-    case NT_OP_MIN: *rop = NT_RED_MIN; break;
-    case NT_OP_ARGMAX: *rop = NT_RED_ARGMAX; break;
-    case NT_OP_ARGMIN: *rop = NT_RED_ARGMIN; break;
-    case NT_OP_ANY: *rop = NT_RED_MAX, *pre = NT_RED_PRE_NZ; break;
-    case NT_OP_NORM:
-        *rop = NT_RED_SUM;
-        if (ord == 2.0)
-            *pre = NT_RED_PRE_SQ, *fin = NT_RED_FIN_SQRT;
-        else if (ord == 1.0)
-            *pre = NT_RED_PRE_ABS;
-        else if (ord == INFINITY)
-            *pre = NT_RED_PRE_ABS, *rop = NT_RED_MAX;
-        else if (ord == -INFINITY)
-            *pre = NT_RED_PRE_ABS, *rop = NT_RED_MIN;
-        else if (ord == 0.0)
-            *pre = NT_RED_PRE_NZ;
-        else
-            *pre = NT_RED_PRE_POW, *fin = NT_RED_FIN_POW;
-        break;
-    default: return -1; /* not a reduction: the caller's error */
-    }
+    /* the recipe is the flags column's NT_OPF_RED (core/optable.h) */
+    if (op < 0 || op >= NT_OP_COUNT || !(nt__ops[op].flags & NT_OPF_REDUCTION))
+        return -1; /* not a reduction: the caller's error */
+    if (nt__op_red(op, rop, pre, fin))
+        return 0;
+    /* nt_norm: a sum of |x|^ord, its root; the orders with a cheaper form */
+    *rop = NT_RED_SUM, *pre = NT_RED_PRE_POW, *fin = NT_RED_FIN_POW;
+    if (ord == 2.0)
+        *pre = NT_RED_PRE_SQ, *fin = NT_RED_FIN_SQRT;
+    else if (ord == 1.0)
+        *pre = NT_RED_PRE_ABS, *fin = NT_RED_FIN_NONE;
+    else if (ord == INFINITY)
+        *pre = NT_RED_PRE_ABS, *rop = NT_RED_MAX, *fin = NT_RED_FIN_NONE;
+    else if (ord == -INFINITY)
+        *pre = NT_RED_PRE_ABS, *rop = NT_RED_MIN, *fin = NT_RED_FIN_NONE;
+    else if (ord == 0.0)
+        *pre = NT_RED_PRE_NZ, *fin = NT_RED_FIN_NONE;
     return 0;
 }

@@ -16,7 +16,7 @@ struct nt__fgroup;
 /* The backend (cpu/kernels.c), its kernel table (expanded from the op
  * table) and its fused-program executor (cpu/fused.c). */
 extern const nt__backend_i nt__cpu_backend;
-extern const nt__kernel_fn nt__cpu_kernels[NT_OP_COUNT];
+extern const nt__kernel_fn nt__cpu_kernels[];
 int nt__fused_cpu(const struct nt__fgroup *g);
 /* For tests: cpu/fused.c's AVX-512 routes.  chains: an elementwise chain
  * runs in vector registers (the default).  sn_test: the per-op passes test

@@ -77,23 +77,31 @@ static void to_i32(int32_t *dst, const opnd *o, int64_t n)
         dst[i] = s[o->scalar ? 0 : i];
 }
 
-/* Rounds an f32 compute result to the value's dtype, as storing it and
- * loading it back would.  `out` may be `y` (in place). */
-/* The ops a row program computes as a reduction of its row. */
+/* The ops a row program computes as a reduction of its row: the
+ * reductions whose recipe (core/optable.h's NT_OPF_RED) is a sum, max or
+ * min of the elements as they are, perhaps over their count. */
 static inline bool row_reduces(int op)
 {
-    return op == NT_OP_SUM || op == NT_OP_MAX || op == NT_OP_MEAN || op == NT_OP_MIN;
+    int rop, pre, fin;
+    return nt__op_red(op, &rop, &pre, &fin) &&
+           (rop == NT_RED_SUM || rop == NT_RED_MAX || rop == NT_RED_MIN) &&
+           pre == NT_RED_PRE_NONE && (fin == NT_RED_FIN_NONE || fin == NT_RED_FIN_MEAN);
 }
 
 /* A row program's reduction of one contiguous f32 row of C elements, as
  * the unfused kernel computes it (row_span and row_span_tiled share it). */
 static float row_reduce(int op, const float *row, int64_t C)
 {
-    float v = op == NT_OP_MAX   ? nt__red_max_f32(row, C, 1)
-              : op == NT_OP_MIN ? nt__red_min_f32(row, C, 1)
-                                : nt__red_sum_f32(row, C, 1);
-    return op == NT_OP_MEAN ? v / (float)C : v;
+    int rop, pre, fin;
+    nt__op_red(op, &rop, &pre, &fin);
+    float v = rop == NT_RED_MAX   ? nt__red_max_f32(row, C, 1)
+              : rop == NT_RED_MIN ? nt__red_min_f32(row, C, 1)
+                                  : nt__red_sum_f32(row, C, 1);
+    return fin == NT_RED_FIN_MEAN ? v / (float)C : v;
 }
+
+/* Rounds an f32 compute result to the value's dtype, as storing it and
+ * loading it back would.  `out` may be `y` (in place). */
 
 static void settle_f(void *out, nt_dtype dt, float *y, int64_t n)
 {
@@ -276,14 +284,13 @@ sn_fast512_body(bool mul, bool zvec, const float *x, const float *z, float s, fl
     return !den && !(flags & 0x10u); /* 0x10: underflow */
 }
 
-/* One instantiation of sn_fast512_body per (op, canon, stream), each with
- * its flags constant: no test of them per vector. */
+/* One instantiation of sn_fast512_body per (* or /, by z or by s, canon),
+ * each with its flags constant: no test of them per vector. */
 static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) bool
-sn_pick512t(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon,
+sn_pick512t(bool mul, const float *x, const float *z, float s, float *y, int64_t n, bool canon,
             bool stream, bool test, bool ieee)
 {
-    bool mul = op == NT_OP_MUL || op == NT_OP_MUL_SCALAR;
-    bool tensor = op == NT_OP_MUL || op == NT_OP_DIV;
+    bool tensor = z != NULL;
     switch (mul * 4 + tensor * 2 + canon) {
     case 7: return sn_fast512_body(true, true, x, z, s, y, n, true, stream, test, ieee);
     case 6: return sn_fast512_body(true, true, x, z, s, y, n, false, stream, test, ieee);
@@ -301,60 +308,72 @@ sn_pick512t(int op, const float *x, const float *z, float s, float *y, int64_t n
  * common, testing for them costs less than the assists.  Where the assists
  * are cheap, the plain IEEE pass (unless a test forces the tested one). */
 static inline __attribute__((always_inline, target(NT_TARGET_AVX512))) bool
-sn_pick512(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon,
+sn_pick512(bool mul, const float *x, const float *z, float s, float *y, int64_t n, bool canon,
            bool stream)
 {
     const int mode = atomic_load_explicit(&route_sn_test, memory_order_relaxed);
     if ((sn_tested && mode == 0) || mode > 0) {
         sn_tested -= sn_tested > 0;
-        return sn_pick512t(op, x, z, s, y, n, canon, stream, true, false);
+        return sn_pick512t(mul, x, z, s, y, n, canon, stream, true, false);
     }
-    return sn_pick512t(op, x, z, s, y, n, canon, stream, false, nt__sn_assists_cheap());
+    return sn_pick512t(mul, x, z, s, y, n, canon, stream, false, nt__sn_assists_cheap());
 }
 
 __attribute__((target(NT_TARGET_AVX512))) static bool
-sn_fast512(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon)
+sn_fast512(bool mul, const float *x, const float *z, float s, float *y, int64_t n, bool canon)
 {
-    return sn_pick512(op, x, z, s, y, n, canon, false);
+    return sn_pick512(mul, x, z, s, y, n, canon, false);
 }
 
 /* sn_fast512 with streaming stores: y 64-byte aligned, n a multiple of 16 */
 __attribute__((target(NT_TARGET_AVX512))) static bool
-sn_stream512(int op, const float *x, const float *z, float s, float *y, int64_t n, bool canon)
+sn_stream512(bool mul, const float *x, const float *z, float s, float *y, int64_t n, bool canon)
 {
-    return sn_pick512(op, x, z, s, y, n, canon, true);
+    return sn_pick512(mul, x, z, s, y, n, canon, true);
 }
 #endif
 
-/* Evaluates one op over n elements into `out` (a register of the op's
- * output dtype, never one of its operands).  scratch: 4 * n floats.
- * Compiled once per vector ISA level (eval_isa below); the loops perform the
- * same IEEE operations at every width (-ffp-contract=off), so every level
- * gives the same bits. */
-static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt_dtype odt,
-                                                            const opnd *a, void *out, int64_t n,
-                                                            float *scratch, bool canon, int lvl)
-{
-    float *t0 = scratch, *t1 = scratch + n, *t2 = scratch + 2 * n, *t3 = scratch + 3 * n;
-    (void)lvl; /* 2: AVX-512, whose mul and div avoid subnormal assists */
-    const nt__opinfo *info = &nt__ops[o->op];
-    bool fc = isf(odt);
-    /* an f32 result's NaNs made canonical here, unless plan_canon found
-     * that only NaN-propagating ops read it */
-    const bool cf = odt == NT_F32 && canon;
-    for (int k = 0; k < o->nin; k++)
-        fc |= isf(a[k].dt);
-    /* an f32 result goes straight into a float register, else via t3 */
-    float *y = isf(odt) ? (float *)out : t3;
-    int32_t *yi = isf(odt) ? (int32_t *)t3 : (int32_t *)out;
-    /* SN_LOOP(RISK, E, F64): F32_LOOP for an op that takes a microcode
-     * assist on subnormals (cpu/subnormal.h).  RISK is an integer test of
-     * element i's operand bits; E(k) the op on operands that are replaced
-     * by 1.0 where k is all ones (sel1 below: such lanes never reach the
-     * f32 unit with a subnormal, and one pass does test and op).  Then, only
-     * where RISK held somewhere, the blocks of SN_BLK elements where it
-     * held are recomputed by F64(i0, len), through f64: the same bits as
-     * the f32 op, at a small fraction of the assists' cost. */
+/* One evaluation of one op over n elements (eval_body below): its operands
+ * and buffers, shared by the helpers of each op family.  Every helper is
+ * always_inline into eval_body, itself inlined once per ISA level, so the
+ * loops are compiled as if written in one function: each helper copies the
+ * fields it uses into locals first. */
+typedef struct eval_job {
+    const nt__fop *o;
+    nt_dtype odt;
+    const opnd *a;
+    void *out;
+    int64_t n;
+    float *t0, *t1, *t2, *t3; /* scratch: 4 chunks of n */
+    float *y;                 /* an f32 compute result: `out`, else t3 */
+    int32_t *yi;              /* an integer compute result: t3, else `out` */
+    bool fc;                  /* computed in float (an operand or the result is) */
+    bool cf;                  /* an f32 result's NaNs made canonical here */
+} eval_job;
+
+#define EVAL_INLINE static inline __attribute__((always_inline))
+
+/* F32_LOOP(E): y[i] = E for every i < n; an f32 result is canonicalised in
+ * the same pass (y is `out`), any other dtype is rounded by settle_f after
+ * it.  Reads the locals n, y and cf. */
+#define F32_LOOP(E)                                                                        \
+    do {                                                                                   \
+        if (cf)                                                                            \
+            for (int64_t i = 0; i < n; i++)                                                \
+                y[i] = nt__canon(E);                                                       \
+        else                                                                               \
+            for (int64_t i = 0; i < n; i++)                                                \
+                y[i] = (E);                                                                \
+    } while (0)
+
+/* SN_LOOP(RISK, E, F64): F32_LOOP for an op that takes a microcode assist
+ * on subnormals (cpu/subnormal.h).  RISK is an integer test of element i's
+ * operand bits; E(k) the op on operands that are replaced by 1.0 where k is
+ * all ones (sel1: such lanes never reach the f32 unit with a subnormal,
+ * and one pass does test and op).  Then, only where RISK held somewhere,
+ * the blocks of SN_BLK elements where it held are recomputed by F64(i0,
+ * len), through f64: the same bits as the f32 op, at a small fraction of
+ * the assists' cost.  Reads the locals n, y and cf. */
 #define SN_LOOP(RISK, E, F64)                                                              \
     do {                                                                                   \
         uint32_t risk = 0;                                                                 \
@@ -385,17 +404,34 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
                     y[i] = nt__canon(y[i]);                                                \
         }                                                                                  \
     } while (0)
+
+/* an f32 compute result y rounded to a float output dtype other than f32 */
+EVAL_INLINE void eval_settle(const eval_job *e)
+{
+    if (e->odt != NT_F32)
+        settle_f(e->out, e->odt, e->y, e->n);
+}
+
 #ifdef NT_FUSED_X86
-    /* x * s and x / s, by a tensor-scalar op's scalar or a binary op's
-     * second operand when that is one broadcast value (a row's sum) */
-    if (lvl == 2 && fc &&
-        (o->op == NT_OP_MUL_SCALAR || o->op == NT_OP_DIV_SCALAR ||
-         ((o->op == NT_OP_MUL || o->op == NT_OP_DIV) && a[1].scalar && isf(a[1].dt)))) {
-        bool mul = o->op == NT_OP_MUL_SCALAR || o->op == NT_OP_MUL;
-        float s0 = info->kind == NT_KIND_SCALAR ? (float)o->p.f[0] : *(const float *)a[1].p;
-        const float *x = as_f32(&a[0], t0, n);
-        if (sn_fast512(mul ? NT_OP_MUL_SCALAR : NT_OP_DIV_SCALAR, x, NULL, s0, y, n, cf))
-            goto by_scalar_done;
+/* AVX-512 level: x * s and x / s, by a tensor-scalar op's scalar or a
+ * binary op's second operand when that is one broadcast value (a row's
+ * sum): the ops whose primitive (core/optable.h) is * or /.  False: not
+ * such an op, nothing written. */
+EVAL_INLINE bool eval_by_scalar512(const eval_job *e)
+{
+    const nt__fop *o = e->o;
+    const opnd *a = e->a;
+    const nt__prim prim = nt__op_prim(o->op);
+    const nt__opkind kind = nt__ops[o->op].kind;
+    if (!e->fc || (prim != NT__PRIM_MUL && prim != NT__PRIM_DIV) ||
+        !(kind == NT_KIND_SCALAR || (kind == NT_KIND_BINARY && a[1].scalar && isf(a[1].dt))))
+        return false;
+    const int64_t n = e->n;
+    float *const y = e->y;
+    const bool cf = e->cf, mul = prim == NT__PRIM_MUL;
+    float s0 = kind == NT_KIND_SCALAR ? (float)o->p.f[0] : *(const float *)a[1].p;
+    const float *x = as_f32(&a[0], e->t0, n);
+    if (!sn_fast512(mul, x, NULL, s0, y, n, cf)) {
         uint32_t bound = mul ? nt__sn_mul_bound(s0) : nt__sn_div_bound(s0);
 #define SN_MULS(i0, len) nt__sn_mul_f64(y + (i0), x + (i0), &s0, true, (len))
 #define SN_DIVS(i0, len) nt__sn_div_f64(y + (i0), x + (i0), &s0, true, (len))
@@ -409,236 +445,318 @@ static inline __attribute__((always_inline)) void eval_body(const nt__fop *o, nt
 #undef SN_EDIVS
 #undef SN_MULS
 #undef SN_DIVS
-    by_scalar_done:
-        if (odt != NT_F32)
-            settle_f(out, odt, y, n);
-        return;
     }
-#endif
-    switch (info->kind) {
-    case NT_KIND_FILL: {
-        char tmp[8] = {0};
-        nt__store_f64(tmp, odt, 0, o->p.f[0]);
-        if (isf(odt)) {
-            float v = nt__load_f32(tmp, odt, 0);
-            for (int64_t i = 0; i < n; i++)
-                ((float *)out)[i] = v;
-        } else {
-            int32_t v = nt__load_i32(tmp, odt, 0);
-            for (int64_t i = 0; i < n; i++)
-                ((int32_t *)out)[i] = v;
-        }
-        return;
-    }
-    case NT_KIND_COPY:
-        if (isf(a[0].dt)) {
-            const float *x = as_f32(&a[0], t0, n);
-            if (odt == NT_F32 && x != y) { /* copy and canonicalise in one pass */
-                for (int64_t i = 0; i < n; i++)
-                    y[i] = nt__canon(x[i]);
-                return;
-            }
-            if (isf(odt) && x != y)
-                memcpy(y, x, (size_t)n * sizeof(float));
-            settle_f(out, odt, isf(odt) ? y : (float *)x, n);
-        } else {
-            settle_i(out, odt, as_i32(&a[0], (int32_t *)t0, n), n);
-        }
-        return;
-    /* F32_LOOP(E): y[i] = E for every i; an f32 result is canonicalised in
-     * the same pass (y is `out`), any other dtype is rounded by settle_f
-     * after the switch. */
-#define F32_LOOP(E)                                                                        \
-    do {                                                                                   \
-        if (cf)                                                                            \
-            for (int64_t i = 0; i < n; i++)                                                \
-                y[i] = nt__canon(E);                                                       \
-        else                                                                               \
-            for (int64_t i = 0; i < n; i++)                                                \
-                y[i] = (E);                                                                \
-    } while (0)
-    case NT_KIND_UNARY:
-        if (fc) {
-            const float *x = as_f32(&a[0], t0, n);
-            switch (o->op) {
-#define NT__FU(ID, name, nin, kind, flags, ints, ...)                                       \
-    NT__IF_FLOAT(ints, case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i])); break;)
-                NT_OPS_UNARY(NT__FU)
-#undef NT__FU
-            default: nt__op_unhandled("fused cpu unary (float)", o->op);
-            }
-            if (odt != NT_F32)
-                settle_f(out, odt, y, n);
-        } else {
-            const int32_t *x = as_i32(&a[0], (int32_t *)t0, n);
-            switch (o->op) {
-#define NT__FUI(ID, name, nin, kind, flags, ints, ...)                                      \
-    NT__IF_INT(ints, case NT_OP_##ID: for (int64_t i = 0; i < n; i++) yi[i] = nt__ewi_##name(x[i]); \
-               break;)
-                NT_OPS_UNARY(NT__FUI)
-#undef NT__FUI
-            default: nt__op_unhandled("fused cpu unary (int)", o->op);
-            }
-            settle_i(out, odt, yi, n);
-        }
-        return;
-    case NT_KIND_SCALAR:
-        if (fc) {
-            float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
-            const float *x = as_f32(&a[0], t0, n);
-            switch (o->op) {
-#define NT__FS(ID, name, nin, kind, flags, ...)                                                  \
-    case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i], s0, s1)); break;
-                NT_OPS_SCALAR(NT__FS)
-#undef NT__FS
-            default: nt__op_unhandled("fused cpu scalar (float)", o->op);
-            }
-            if (odt != NT_F32)
-                settle_f(out, odt, y, n);
-        } else {
-            int32_t s0 = nt__f64_to_i32(o->p.f[0]), s1 = nt__f64_to_i32(o->p.f[1]);
-            const int32_t *x = as_i32(&a[0], (int32_t *)t0, n);
-            switch (o->op) {
-#define NT__FSI(ID, name, nin, kind, flags, ints, ...)                                      \
-    NT__IF_INT(ints, case NT_OP_##ID:                                                       \
-               for (int64_t i = 0; i < n; i++) yi[i] = nt__ewi_##name(x[i], s0, s1); break;)
-                NT_OPS_SCALAR(NT__FSI)
-#undef NT__FSI
-            default: nt__op_unhandled("fused cpu scalar (int)", o->op);
-            }
-            settle_i(out, odt, yi, n);
-        }
-        return;
-    case NT_KIND_BINARY:
-        if (fc && a[1].scalar && isf(a[1].dt)) {
-            /* one broadcast value (a row's max): read once, not copied into
-             * a chunk first */
-            const float zs = *(const float *)a[1].p, *x = as_f32(&a[0], t0, n);
-            bool hit = true;
-            switch (o->op) {
-#define NT__FBS(ID, name, nin, kind, flags, ...)                                                 \
-    case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i], zs)); break;
-                NT_OPS_BINARY(NT__FBS)
-#undef NT__FBS
-            default: hit = false;
-            }
-            if (hit) {
-                if (odt != NT_F32)
-                    settle_f(out, odt, y, n);
-                return;
-            }
-        }
-        if (fc) {
-            const float *x = as_f32(&a[0], t0, n), *z = as_f32(&a[1], t1, n);
-#ifdef NT_FUSED_X86
-            if (lvl == 2 && (o->op == NT_OP_MUL || o->op == NT_OP_DIV)) {
-                if (sn_fast512(o->op, x, z, 0.0f, y, n, cf))
-                    goto binary_done;
+    eval_settle(e);
+    return true;
+}
+
+/* AVX-512 level: x * z and x / z of two float tensors (primitive * or /).
+ * False: not such an op, nothing written. */
+EVAL_INLINE bool eval_binary512(const eval_job *e, const float *x, const float *z)
+{
+    const nt__prim prim = nt__op_prim(e->o->op);
+    if (prim != NT__PRIM_MUL && prim != NT__PRIM_DIV)
+        return false;
+    const int64_t n = e->n;
+    float *const y = e->y;
+    const bool cf = e->cf;
+    if (!sn_fast512(prim == NT__PRIM_MUL, x, z, 0.0f, y, n, cf)) {
 #define SN_MUL(i0, len) nt__sn_mul_f64(y + (i0), x + (i0), z + (i0), false, (len))
 #define SN_DIV(i0, len) nt__sn_div_f64(y + (i0), x + (i0), z + (i0), false, (len))
 #define SN_EMUL(k) (sel1(x[i], k) * sel1(z[i], k))
 #define SN_EDIV(k) (sel1(x[i], k) / sel1(z[i], k))
-                if (o->op == NT_OP_MUL)
-                    SN_LOOP(nt__sn_mul_risk(nt__sn_abs(x[i]), nt__sn_abs(z[i])), SN_EMUL, SN_MUL);
-                else
-                    SN_LOOP(nt__sn_div_risk(nt__sn_abs(x[i]), nt__sn_abs(z[i])), SN_EDIV, SN_DIV);
+        if (prim == NT__PRIM_MUL)
+            SN_LOOP(nt__sn_mul_risk(nt__sn_abs(x[i]), nt__sn_abs(z[i])), SN_EMUL, SN_MUL);
+        else
+            SN_LOOP(nt__sn_div_risk(nt__sn_abs(x[i]), nt__sn_abs(z[i])), SN_EDIV, SN_DIV);
 #undef SN_EMUL
 #undef SN_EDIV
 #undef SN_MUL
 #undef SN_DIV
-            binary_done:
-                if (odt != NT_F32)
-                    settle_f(out, odt, y, n);
-                return;
-            }
+    }
+    eval_settle(e);
+    return true;
+}
 #endif
-            switch (o->op) {
+
+EVAL_INLINE void eval_fill(const eval_job *e)
+{
+    const int64_t n = e->n;
+    char tmp[8] = {0};
+    nt__store_f64(tmp, e->odt, 0, e->o->p.f[0]);
+    if (isf(e->odt)) {
+        float v = nt__load_f32(tmp, e->odt, 0);
+        for (int64_t i = 0; i < n; i++)
+            ((float *)e->out)[i] = v;
+    } else {
+        int32_t v = nt__load_i32(tmp, e->odt, 0);
+        for (int64_t i = 0; i < n; i++)
+            ((int32_t *)e->out)[i] = v;
+    }
+}
+
+EVAL_INLINE void eval_copy(const eval_job *e)
+{
+    const int64_t n = e->n;
+    const nt_dtype odt = e->odt;
+    float *const y = e->y;
+    if (isf(e->a[0].dt)) {
+        const float *x = as_f32(&e->a[0], e->t0, n);
+        if (odt == NT_F32 && x != y) { /* copy and canonicalise in one pass */
+            for (int64_t i = 0; i < n; i++)
+                y[i] = nt__canon(x[i]);
+            return;
+        }
+        if (isf(odt) && x != y)
+            memcpy(y, x, (size_t)n * sizeof(float));
+        settle_f(e->out, odt, isf(odt) ? y : (float *)x, n);
+    } else {
+        settle_i(e->out, odt, as_i32(&e->a[0], (int32_t *)e->t0, n), n);
+    }
+}
+
+EVAL_INLINE void eval_unary(const eval_job *e)
+{
+    const nt__fop *o = e->o;
+    const int64_t n = e->n;
+    float *const y = e->y;
+    int32_t *const yi = e->yi;
+    const bool cf = e->cf;
+    if (e->fc) {
+        const float *x = as_f32(&e->a[0], e->t0, n);
+        switch (o->op) {
+#define NT__FU(ID, name, nin, kind, flags, ints, ...)                                       \
+    NT__IF_FLOAT(ints, case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i])); break;)
+            NT_OPS_UNARY(NT__FU)
+#undef NT__FU
+        default: nt__op_unhandled("fused cpu unary (float)", o->op);
+        }
+        eval_settle(e);
+    } else {
+        const int32_t *x = as_i32(&e->a[0], (int32_t *)e->t0, n);
+        switch (o->op) {
+#define NT__FUI(ID, name, nin, kind, flags, ints, ...)                                      \
+    NT__IF_INT(ints, case NT_OP_##ID: for (int64_t i = 0; i < n; i++) yi[i] = nt__ewi_##name(x[i]); \
+               break;)
+            NT_OPS_UNARY(NT__FUI)
+#undef NT__FUI
+        default: nt__op_unhandled("fused cpu unary (int)", o->op);
+        }
+        settle_i(e->out, e->odt, yi, n);
+    }
+}
+
+/* a tensor-scalar op: y = f(x, s0, s1) */
+EVAL_INLINE void eval_tscalar(const eval_job *e)
+{
+    const nt__fop *o = e->o;
+    const int64_t n = e->n;
+    float *const y = e->y;
+    int32_t *const yi = e->yi;
+    const bool cf = e->cf;
+    if (e->fc) {
+        float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
+        const float *x = as_f32(&e->a[0], e->t0, n);
+        switch (o->op) {
+#define NT__FS(ID, name, nin, kind, flags, ...)                                                  \
+    case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i], s0, s1)); break;
+            NT_OPS_SCALAR(NT__FS)
+#undef NT__FS
+        default: nt__op_unhandled("fused cpu scalar (float)", o->op);
+        }
+        eval_settle(e);
+    } else {
+        int32_t s0 = nt__f64_to_i32(o->p.f[0]), s1 = nt__f64_to_i32(o->p.f[1]);
+        const int32_t *x = as_i32(&e->a[0], (int32_t *)e->t0, n);
+        switch (o->op) {
+#define NT__FSI(ID, name, nin, kind, flags, ints, ...)                                      \
+    NT__IF_INT(ints, case NT_OP_##ID:                                                       \
+               for (int64_t i = 0; i < n; i++) yi[i] = nt__ewi_##name(x[i], s0, s1); break;)
+            NT_OPS_SCALAR(NT__FSI)
+#undef NT__FSI
+        default: nt__op_unhandled("fused cpu scalar (int)", o->op);
+        }
+        settle_i(e->out, e->odt, yi, n);
+    }
+}
+
+/* A float binary op of the public group whose second operand is one
+ * broadcast value (a row's max): read once, not copied into a chunk first.
+ * False: not such an op (the backward helpers), nothing written. */
+EVAL_INLINE bool eval_binary_bcast(const eval_job *e)
+{
+    const nt__fop *o = e->o;
+    const int64_t n = e->n;
+    float *const y = e->y;
+    const bool cf = e->cf;
+    const float zs = *(const float *)e->a[1].p, *x = as_f32(&e->a[0], e->t0, n);
+    switch (o->op) {
+#define NT__FBS(ID, name, nin, kind, flags, ...)                                                 \
+    case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i], zs)); break;
+        NT_OPS_BINARY(NT__FBS)
+#undef NT__FBS
+    default: return false;
+    }
+    eval_settle(e);
+    return true;
+}
+
+/* A float binary op of two operands of n values: the public group, the
+ * backward helpers and the generic backwards. */
+EVAL_INLINE void eval_binary_f(const eval_job *e, const float *x, const float *z)
+{
+    const nt__fop *o = e->o;
+    const int64_t n = e->n;
+    float *const y = e->y;
+    const bool cf = e->cf;
+    switch (o->op) {
 #define NT__FB(ID, name, nin, kind, flags, ...)                                                  \
     case NT_OP_##ID: F32_LOOP(nt__ew_##name(x[i], z[i])); break;
-                NT_OPS_BINARY(NT__FB)
-                NT_OPS_EW_BWD(NT__FB)
+        NT_OPS_BINARY(NT__FB)
+        NT_OPS_EW_BWD(NT__FB)
 #undef NT__FB
-            case NT_OP_UNARY_BWD: {
-                /* the forward op and its scalars */
-                int f = (int)o->p.i[0];
-                float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
-                F32_LOOP(nt__ew_unary_bwd(f, x[i], z[i], s0, s1));
-                break;
-            }
-            case NT_OP_BINARY_DX: {
-                int f = (int)o->p.i[0], which = (int)o->p.i[1]; /* forward op, d/da or d/db */
-                F32_LOOP(nt__ew_binary_dx(f, which, x[i], z[i]));
-                break;
-            }
-            default: nt__op_unhandled("fused cpu binary (float)", o->op);
-            }
-            if (odt != NT_F32)
-                settle_f(out, odt, y, n);
-        } else {
-            const int32_t *x = as_i32(&a[0], (int32_t *)t0, n);
-            const int32_t *z = as_i32(&a[1], (int32_t *)t1, n);
-            switch (o->op) {
+    case NT_OP_UNARY_BWD: {
+        /* the forward op and its scalars */
+        int f = (int)o->p.i[0];
+        float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
+        F32_LOOP(nt__ew_unary_bwd(f, x[i], z[i], s0, s1));
+        break;
+    }
+    case NT_OP_BINARY_DX: {
+        int f = (int)o->p.i[0], which = (int)o->p.i[1]; /* forward op, d/da or d/db */
+        F32_LOOP(nt__ew_binary_dx(f, which, x[i], z[i]));
+        break;
+    }
+    default: nt__op_unhandled("fused cpu binary (float)", o->op);
+    }
+    eval_settle(e);
+}
+
+EVAL_INLINE void eval_binary(const eval_job *e, int lvl)
+{
+    const opnd *a = e->a;
+    const int64_t n = e->n;
+    (void)lvl; /* 2: AVX-512 */
+    if (e->fc && a[1].scalar && isf(a[1].dt) && eval_binary_bcast(e))
+        return;
+    if (e->fc) {
+        const float *x = as_f32(&a[0], e->t0, n), *z = as_f32(&a[1], e->t1, n);
+#ifdef NT_FUSED_X86
+        if (lvl == 2 && eval_binary512(e, x, z))
+            return;
+#endif
+        eval_binary_f(e, x, z);
+        return;
+    }
+    const nt__fop *o = e->o;
+    int32_t *const yi = e->yi;
+    const int32_t *x = as_i32(&a[0], (int32_t *)e->t0, n);
+    const int32_t *z = as_i32(&a[1], (int32_t *)e->t1, n);
+    switch (o->op) {
 #define NT__FBI(ID, name, nin, kind, flags, ints, ...)                                      \
     NT__IF_INT(ints, case NT_OP_##ID:                                                       \
                for (int64_t i = 0; i < n; i++) yi[i] = nt__ewi_##name(x[i], z[i]); break;)
-                NT_OPS_BINARY(NT__FBI)
+        NT_OPS_BINARY(NT__FBI)
 #undef NT__FBI
-            default: nt__op_unhandled("fused cpu binary (int)", o->op);
-            }
-            settle_i(out, odt, yi, n);
-        }
-        return;
-#undef F32_LOOP
-#undef SN_LOOP
-    case NT_KIND_CMP: {
-        int32_t *r = (int32_t *)t2;
-        if (isf(a[0].dt) || isf(a[1].dt)) {
-            const float *x = as_f32(&a[0], t0, n), *z = as_f32(&a[1], t1, n);
-            switch (o->op) {
+    default: nt__op_unhandled("fused cpu binary (int)", o->op);
+    }
+    settle_i(e->out, e->odt, yi, n);
+}
+
+EVAL_INLINE void eval_cmp(const eval_job *e)
+{
+    const nt__fop *o = e->o;
+    const opnd *a = e->a;
+    const int64_t n = e->n;
+    int32_t *r = (int32_t *)e->t2;
+    if (isf(a[0].dt) || isf(a[1].dt)) {
+        const float *x = as_f32(&a[0], e->t0, n), *z = as_f32(&a[1], e->t1, n);
+        switch (o->op) {
 #define NT__FC(ID, name, nin, kind, flags, ...)                                                  \
     case NT_OP_##ID:                                                                        \
         for (int64_t i = 0; i < n; i++)                                                     \
             r[i] = nt__ew_##name(x[i], z[i]);                                               \
         break;
-                NT_OPS_CMP(NT__FC)
+            NT_OPS_CMP(NT__FC)
 #undef NT__FC
-            default: nt__op_unhandled("fused cpu compare (float)", o->op);
-            }
-        } else {
-            const int32_t *x = as_i32(&a[0], (int32_t *)t0, n);
-            const int32_t *z = as_i32(&a[1], (int32_t *)t1, n);
-            switch (o->op) {
+        default: nt__op_unhandled("fused cpu compare (float)", o->op);
+        }
+    } else {
+        const int32_t *x = as_i32(&a[0], (int32_t *)e->t0, n);
+        const int32_t *z = as_i32(&a[1], (int32_t *)e->t1, n);
+        switch (o->op) {
 #define NT__FCI(ID, name, nin, kind, flags, ...)                                                 \
     case NT_OP_##ID:                                                                        \
         for (int64_t i = 0; i < n; i++)                                                     \
             r[i] = nt__ewi_##name(x[i], z[i]);                                              \
         break;
-                NT_OPS_CMP(NT__FCI)
+            NT_OPS_CMP(NT__FCI)
 #undef NT__FCI
-            default: nt__op_unhandled("fused cpu compare (int)", o->op);
-            }
+        default: nt__op_unhandled("fused cpu compare (int)", o->op);
         }
-        settle_i(out, odt, r, n);
-        return;
     }
-    case NT_KIND_WHERE: {
-        const float *m = as_f32(&a[0], t2, n); /* cond, as the kernel loads it */
-        if (isf(odt)) {
-            const float *x = as_f32(&a[1], t0, n), *z = as_f32(&a[2], t1, n);
-            for (int64_t i = 0; i < n; i++)
-                y[i] = m[i] != 0.0f ? x[i] : z[i];
-            settle_f(out, odt, y, n);
-        } else {
-            const int32_t *x = as_i32(&a[1], (int32_t *)t0, n);
-            const int32_t *z = as_i32(&a[2], (int32_t *)t1, n);
-            for (int64_t i = 0; i < n; i++)
-                yi[i] = m[i] != 0.0f ? x[i] : z[i];
-            settle_i(out, odt, yi, n);
-        }
-        return;
+    settle_i(e->out, e->odt, r, n);
+}
+
+EVAL_INLINE void eval_where(const eval_job *e)
+{
+    const opnd *a = e->a;
+    const int64_t n = e->n;
+    const float *m = as_f32(&a[0], e->t2, n); /* cond, as the kernel loads it */
+    if (isf(e->odt)) {
+        float *const y = e->y;
+        const float *x = as_f32(&a[1], e->t0, n), *z = as_f32(&a[2], e->t1, n);
+        for (int64_t i = 0; i < n; i++)
+            y[i] = m[i] != 0.0f ? x[i] : z[i];
+        settle_f(e->out, e->odt, y, n);
+    } else {
+        int32_t *const yi = e->yi;
+        const int32_t *x = as_i32(&a[1], (int32_t *)e->t0, n);
+        const int32_t *z = as_i32(&a[2], (int32_t *)e->t1, n);
+        for (int64_t i = 0; i < n; i++)
+            yi[i] = m[i] != 0.0f ? x[i] : z[i];
+        settle_i(e->out, e->odt, yi, n);
     }
-    default:
+}
+#undef F32_LOOP
+#undef SN_LOOP
+
+/* Evaluates one op over n elements into `out` (a register of the op's
+ * output dtype, never one of its operands).  scratch: 4 * n floats.
+ * Compiled once per vector ISA level (eval_isa below); the loops perform the
+ * same IEEE operations at every width (-ffp-contract=off), so every level
+ * gives the same bits. */
+EVAL_INLINE void eval_body(const nt__fop *o, nt_dtype odt, const opnd *a, void *out, int64_t n,
+                           float *scratch, bool canon, int lvl)
+{
+    bool fc = isf(odt);
+    for (int k = 0; k < o->nin; k++)
+        fc |= isf(a[k].dt);
+    const eval_job e = {
+        .o = o, .odt = odt, .a = a, .out = out, .n = n,
+        .t0 = scratch, .t1 = scratch + n, .t2 = scratch + 2 * n, .t3 = scratch + 3 * n,
+        /* an f32 result goes straight into a float register, else via t3 */
+        .y = isf(odt) ? (float *)out : scratch + 3 * n,
+        .yi = isf(odt) ? (int32_t *)(scratch + 3 * n) : (int32_t *)out,
+        .fc = fc,
+        /* an f32 result's NaNs made canonical here, unless plan_canon found
+         * that only NaN-propagating ops read it */
+        .cf = odt == NT_F32 && canon,
+    };
+    (void)lvl; /* 2: AVX-512, whose mul and div avoid subnormal assists */
+#ifdef NT_FUSED_X86
+    if (lvl == 2 && eval_by_scalar512(&e))
         return;
+#endif
+    switch (nt__ops[o->op].kind) {
+    case NT_KIND_FILL: eval_fill(&e); return;
+    case NT_KIND_COPY: eval_copy(&e); return;
+    case NT_KIND_UNARY: eval_unary(&e); return;
+    case NT_KIND_SCALAR: eval_tscalar(&e); return;
+    case NT_KIND_BINARY: eval_binary(&e, lvl); return;
+    case NT_KIND_CMP: eval_cmp(&e); return;
+    case NT_KIND_WHERE: eval_where(&e); return;
+    default: return;
     }
 }
 
@@ -814,7 +932,8 @@ static int plan_regs(const nt__fprog *P, int from, int prev, int8_t *reg)
  * value is, and the same bits where it is not.  Each op below gives a NaN
  * whenever an operand is a NaN, whatever its sign and payload (IEEE
  * arithmetic; relu's a != a; nt__expf's clamps pass a NaN and its last
- * products keep it), and otherwise reads only non-NaN operands, which are
+ * products keep it: the ops flagged NT_OPF_NANPROP in core/optable.h), and
+ * otherwise reads only non-NaN operands, which are
  * the canonical ones' bits.  So a reader's result is NaN exactly where it
  * would be with canonical operands, and the same bits elsewhere: by
  * induction along the chain, the first op that canonicalises (a stored
@@ -822,18 +941,7 @@ static int plan_regs(const nt__fprog *P, int from, int prev, int8_t *reg)
  * chain of bench/fusion: 13% less CPU time. */
 static bool nan_through(const nt__fop *o)
 {
-    switch (o->op) {
-    case NT_OP_ADD:
-    case NT_OP_SUB:
-    case NT_OP_MUL:
-    case NT_OP_DIV:
-    case NT_OP_ADD_SCALAR:
-    case NT_OP_MUL_SCALAR:
-    case NT_OP_NEG:
-    case NT_OP_RELU:
-    case NT_OP_EXP: return true;
-    default: return false;
-    }
+    return (nt__ops[o->op].flags & NT_OPF_NANPROP) != 0; /* the NANPROP flag */
 }
 
 static void plan_canon(const nt__fprog *P, int from, bool *canon)
@@ -927,30 +1035,23 @@ static int stream_direct(eval_fn *eval, const nt__fop *o, nt_dtype odt, const op
     if (eval != eval_avx512 || odt != NT_F32 || ((uintptr_t)dst & 63u) || n % 16 ||
         !isf(a[0].dt) || a[0].scalar)
         return 0;
-    int op;
+    const nt__prim prim = nt__op_prim(o->op);
+    const nt__opkind kind = nt__ops[o->op].kind;
     float s = 0.0f;
     const float *z = NULL;
-    switch (o->op) {
-    case NT_OP_MUL_SCALAR:
-    case NT_OP_DIV_SCALAR:
-        op = o->op;
+    if ((prim != NT__PRIM_MUL && prim != NT__PRIM_DIV) ||
+        (kind != NT_KIND_SCALAR && kind != NT_KIND_BINARY))
+        return 0;
+    if (kind == NT_KIND_SCALAR) {
         s = (float)o->p.f[0];
-        break;
-    case NT_OP_MUL:
-    case NT_OP_DIV:
-        if (!isf(a[1].dt))
-            return 0;
-        if (a[1].scalar) {
-            op = o->op == NT_OP_MUL ? NT_OP_MUL_SCALAR : NT_OP_DIV_SCALAR;
-            s = *(const float *)a[1].p;
-        } else {
-            op = o->op;
-            z = a[1].p;
-        }
-        break;
-    default: return 0;
+    } else if (!isf(a[1].dt)) {
+        return 0;
+    } else if (a[1].scalar) {
+        s = *(const float *)a[1].p;
+    } else {
+        z = a[1].p;
     }
-    return sn_stream512(op, a[0].p, z, s, dst, n, canon) ? 1 : -1;
+    return sn_stream512(prim == NT__PRIM_MUL, a[0].p, z, s, dst, n, canon) ? 1 : -1;
 #else
     (void)eval, (void)o, (void)odt, (void)a, (void)dst, (void)n, (void)canon;
     return 0;
@@ -1065,24 +1166,26 @@ static bool lin_plan(const nt__fprog *P, const mview *ev, const bool *canon, lin
             for (int q = 0; q < P->ops[r].nin; q++)
                 if (P->ops[r].a[q] == acc)
                     return false;
-        switch (o->op) {
-        case NT_OP_ADD: l->kind = LK_ADD; break;
-        case NT_OP_SUB: l->kind = LK_SUB; break;
-        case NT_OP_MUL: l->kind = LK_MUL; break;
-        case NT_OP_DIV: l->kind = LK_DIV; break;
-        case NT_OP_MAXIMUM: l->kind = LK_MAX; break;
-        case NT_OP_MINIMUM: l->kind = LK_MIN; break;
-        case NT_OP_ADD_SCALAR: l->kind = LK_ADD; break;
-        case NT_OP_MUL_SCALAR: l->kind = LK_MUL; break;
-        case NT_OP_DIV_SCALAR: l->kind = LK_DIV; break;
-        case NT_OP_NEG: l->kind = LK_NEG; break;
-        case NT_OP_RELU: l->kind = LK_RELU; break;
-        case NT_OP_ABS: l->kind = LK_ABS; break;
-        case NT_OP_COPY:
-        case NT_OP_CAST: l->kind = LK_COPY; break;
-        default: return false;
-        }
         const nt__opkind kind = nt__ops[o->op].kind;
+        /* the op's primitive (core/optable.h's NT_OPF_PRIM), or a copy */
+        if (kind == NT_KIND_COPY) {
+            l->kind = LK_COPY;
+        } else if (kind == NT_KIND_UNARY || kind == NT_KIND_SCALAR || kind == NT_KIND_BINARY) {
+            switch (nt__op_prim(o->op)) {
+            case NT__PRIM_ADD: l->kind = LK_ADD; break;
+            case NT__PRIM_SUB: l->kind = LK_SUB; break;
+            case NT__PRIM_MUL: l->kind = LK_MUL; break;
+            case NT__PRIM_DIV: l->kind = LK_DIV; break;
+            case NT__PRIM_MAX: l->kind = LK_MAX; break;
+            case NT__PRIM_MIN: l->kind = LK_MIN; break;
+            case NT__PRIM_NEG: l->kind = LK_NEG; break;
+            case NT__PRIM_RELU: l->kind = LK_RELU; break;
+            case NT__PRIM_ABS: l->kind = LK_ABS; break;
+            default: return false; /* no primitive, or one chains lack (not) */
+            }
+        } else {
+            return false;
+        }
         /* k == 0: the chain starts from operand 0, an input */
         if (!k) {
             if (!NT_F_IS_EXT(o->a[0]))
@@ -1580,20 +1683,19 @@ static bool opt_contig(const mview *m, int nd, const int64_t *shape)
 /* Operand q of op o is slot (a value, or an input as NT_F_EXT). */
 static bool opt_is(const nt__fop *o, int q, int slot) { return o->nin > q && o->a[q] == slot; }
 
-static bool opt_plan(const nt__fgroup *g, int from, int prev, const mview *pre, const mview *ev,
-                     const mview *ov, const bool *canon, opt_prog *O)
+/* opt_plan's slots: the values (>= 0) or inputs (NT_F_EXT, < 0) the
+ * pattern reads as g, m, v and the parameter (OPT_UNSET: not known yet) */
+typedef struct opt_slots {
+    int g, m, v, w;
+} opt_slots;
+
+/* The pattern's head from op *k on: the gradient (the matmul's value prev,
+ * or an input) perhaps widened from bf16/f16 by a cast, then perhaps the
+ * weight decay w * s of an input w. */
+static bool opt_match_head(const nt__fprog *P, int prev, int *k, opt_slots *sl, opt_prog *O)
 {
-    const nt__fprog *P = g->prog;
-    const int nd = P->ndim;
-    if (P->kind == NT_FK_ROW || P->nops - from < OP_N - 2)
-        return false;
-    for (int i = 0; i < OP_N; i++)
-        O->k[i] = -1;
-    int k = from;
-    /* the gradient: the matmul's value or an input, perhaps widened; slots
-     * are values (>= 0) or inputs (NT_F_EXT, < 0), OPT_UNSET not yet known */
-    int gslot = prev >= 0 ? prev : OPT_UNSET; /* the slot the ops read as g */
-    const nt__fop *o = &P->ops[k];
+    const nt__fop *o = &P->ops[*k];
+    sl->g = prev >= 0 ? prev : OPT_UNSET;
     O->g_ext = -1;
     O->g_dt = NT_F32;
     if (o->op == NT_OP_CAST && !is_sr(o) && o->nin == 1 && P->vals[o->out].dtype == NT_F32) {
@@ -1605,80 +1707,75 @@ static bool opt_plan(const nt__fgroup *g, int from, int prev, const mview *pre, 
         if (NT_F_IS_EXT(a))
             O->g_ext = NT_F_EXT_IDX(a);
         O->g_dt = dt;
-        O->k[OP_GCAST] = k++;
-        gslot = o->out;
+        O->k[OP_GCAST] = (*k)++;
+        sl->g = o->out;
     }
     /* weight decay: w * s, w an input */
-    o = &P->ops[k];
+    o = &P->ops[*k];
     if (o->op == NT_OP_MUL_SCALAR && NT_F_IS_EXT(o->a[0]) && P->vals[o->out].dtype == NT_F32)
-        O->k[OP_WD] = k++;
-    if (P->nops - k < OP_N - 2)
-        return false;
+        O->k[OP_WD] = (*k)++;
+    sl->w = O->k[OP_WD] >= 0 ? P->ops[O->k[OP_WD]].a[0] : OPT_UNSET;
+    sl->m = sl->v = OPT_UNSET;
+    return P->nops - *k >= OP_N - 2;
+}
+
+/* The pattern's body, OP_GM .. OP_W, from op *k on: each op as
+ * adamw_update records it, unstored f32, reading g, m, v, the parameter
+ * (w1: OP_WD's value or the parameter itself) or an earlier pattern op's
+ * value, each input taken where the pattern first reads it. */
+static bool opt_match_body(const nt__fprog *P, int *k, opt_slots *sl, opt_prog *O)
+{
+    enum { G = -1, M = -2, V = -3, W1 = -4, NONE = -9 };
     static const struct {
         uint16_t op;
-        int8_t a0, a1; /* operands: OPT_G, OPT_M, OPT_V, OPT_W1 or a pattern op's value */
+        int8_t a0, a1; /* operands: G, M, V, W1 or a pattern op's value */
     } pat[] = {
-#define OPT_G (-1)
-#define OPT_M (-2)
-#define OPT_V (-3)
-#define OPT_W1 (-4) /* w1: OP_WD's value, or the parameter itself */
-#define OPT_NONE (-9)
-        [OP_GM] = {NT_OP_SUB, OPT_G, OPT_M},
-        [OP_B1] = {NT_OP_MUL_SCALAR, OP_GM, OPT_NONE},
-        [OP_M] = {NT_OP_ADD, OPT_M, OP_B1},
-        [OP_GG] = {NT_OP_MUL, OPT_G, OPT_G},
-        [OP_B2G] = {NT_OP_MUL_SCALAR, OP_GG, OPT_NONE},
-        [OP_B2V] = {NT_OP_MUL_SCALAR, OPT_V, OPT_NONE},
+        [OP_GM] = {NT_OP_SUB, G, M},
+        [OP_B1] = {NT_OP_MUL_SCALAR, OP_GM, NONE},
+        [OP_M] = {NT_OP_ADD, M, OP_B1},
+        [OP_GG] = {NT_OP_MUL, G, G},
+        [OP_B2G] = {NT_OP_MUL_SCALAR, OP_GG, NONE},
+        [OP_B2V] = {NT_OP_MUL_SCALAR, V, NONE},
         [OP_V] = {NT_OP_ADD, OP_B2V, OP_B2G},
-        [OP_SQ] = {NT_OP_SQRT, OP_V, OPT_NONE},
-        [OP_BC2] = {NT_OP_DIV_SCALAR, OP_SQ, OPT_NONE},
-        [OP_EPS] = {NT_OP_ADD_SCALAR, OP_BC2, OPT_NONE},
+        [OP_SQ] = {NT_OP_SQRT, OP_V, NONE},
+        [OP_BC2] = {NT_OP_DIV_SCALAR, OP_SQ, NONE},
+        [OP_EPS] = {NT_OP_ADD_SCALAR, OP_BC2, NONE},
         [OP_Q] = {NT_OP_DIV, OP_M, OP_EPS},
-        [OP_STEP] = {NT_OP_MUL_SCALAR, OP_Q, OPT_NONE},
-        [OP_W] = {NT_OP_SUB, OPT_W1, OP_STEP},
+        [OP_STEP] = {NT_OP_MUL_SCALAR, OP_Q, NONE},
+        [OP_W] = {NT_OP_SUB, W1, OP_STEP},
     };
-    /* g (an f32 input of an EW program), m, v and the parameter: each the
-     * input first read where the pattern has it (distinct: checked below) */
-    int mslot = OPT_UNSET, vslot = OPT_UNSET;
-    int wslot = O->k[OP_WD] >= 0 ? P->ops[O->k[OP_WD]].a[0] : OPT_UNSET;
-    for (int p = OP_GM; p <= OP_W; p++, k++) {
-        o = &P->ops[k];
+    for (int p = OP_GM; p <= OP_W; p++, (*k)++) {
+        const nt__fop *o = &P->ops[*k];
         if (o->op != pat[p].op || P->vals[o->out].dtype != NT_F32 || P->vals[o->out].store >= 0)
             return false;
         int want[2] = {pat[p].a0, pat[p].a1};
         for (int q = 0; q < 2; q++) {
             int w = want[q], slot;
-            if (w == OPT_NONE) {
+            if (w == NONE) {
                 if (o->nin != q)
                     return false;
                 break;
             }
-            int *in = w == OPT_G ? &gslot
-                      : w == OPT_M ? &mslot
-                      : w == OPT_V ? &vslot
-                      : w == OPT_W1 && O->k[OP_WD] < 0 ? &wslot
-                                                       : NULL;
+            int *in = w == G ? &sl->g
+                      : w == M ? &sl->m
+                      : w == V ? &sl->v
+                      : w == W1 && O->k[OP_WD] < 0 ? &sl->w
+                                                   : NULL;
             if (in && *in == OPT_UNSET && NT_F_IS_EXT(o->a[q]))
                 *in = o->a[q];
-            slot = in ? *in : w == OPT_W1 ? P->ops[O->k[OP_WD]].out : P->ops[O->k[w]].out;
+            slot = in ? *in : w == W1 ? P->ops[O->k[OP_WD]].out : P->ops[O->k[w]].out;
             if (slot == OPT_UNSET || !opt_is(o, q, slot))
                 return false;
         }
-        O->k[p] = k;
+        O->k[p] = *k;
     }
-#undef OPT_G
-#undef OPT_M
-#undef OPT_V
-#undef OPT_W1
-#undef OPT_NONE
-    /* the parameter, m and v: three distinct inputs besides g */
-    if (O->k[OP_GCAST] < 0 && prev < 0)
-        O->g_ext = NT_F_EXT_IDX(gslot);
-    O->w_ext = NT_F_EXT_IDX(wslot), O->m_ext = NT_F_EXT_IDX(mslot), O->v_ext = NT_F_EXT_IDX(vslot);
-    if (O->w_ext == O->m_ext || O->w_ext == O->v_ext || O->m_ext == O->v_ext ||
-        O->g_ext == O->w_ext || O->g_ext == O->m_ext || O->g_ext == O->v_ext)
-        return false;
-    /* the rest: stored copies of m', v', w' and casts of w', read by no op */
+    return true;
+}
+
+/* The program's ops from k on: the outputs, stored copies of m', v', w'
+ * and casts of w', read by no op, each contiguous in the output's dtype. */
+static bool opt_match_outputs(const nt__fprog *P, int k, const mview *ov, opt_prog *O)
+{
     const int vm = P->ops[O->k[OP_M]].out, vv = P->ops[O->k[OP_V]].out,
               vw = P->ops[O->k[OP_W]].out;
     if (P->nops - k != P->nout)
@@ -1687,10 +1784,10 @@ static bool opt_plan(const nt__fgroup *g, int from, int prev, const mview *pre, 
     O->direct = true;
     for (int sv = 0; sv < P->nout; sv++) {
         int ko = def_op(P, P->out_val[sv]);
-        o = &P->ops[ko];
+        const nt__fop *o = &P->ops[ko];
         const nt_dtype odt = (nt_dtype)P->vals[o->out].dtype;
         if (ko < k || o->nin != 1 || P->vals[o->out].store != sv || ov[sv].dt != odt ||
-            !opt_contig(&ov[sv], nd, P->shape))
+            !opt_contig(&ov[sv], P->ndim, P->shape))
             return false;
         int a = o->a[0];
         if (o->op == NT_OP_COPY && odt == NT_F32 && (a == vm || a == vv || a == vw)) {
@@ -1707,29 +1804,20 @@ static bool opt_plan(const nt__fgroup *g, int from, int prev, const mview *pre, 
     }
     O->nout = P->nout;
     O->direct &= nkind[OUT_M] == 1 && nkind[OUT_V] == 1 && nkind[OUT_W] == 1;
-    /* every input f32 and contiguous but a widened gradient; the gradient
-     * (an input or the matmul's value) contiguous in its dtype */
-    const int f32in[3] = {O->w_ext, O->m_ext, O->v_ext};
-    for (int i = 0; i < 3; i++)
-        if (ev[f32in[i]].dt != NT_F32 || P->ext[f32in[i]].dtype != NT_F32 ||
-            !opt_contig(&ev[f32in[i]], nd, P->shape))
-            return false;
-    const mview *gv = O->g_ext >= 0 ? &ev[O->g_ext] : pre;
-    if (!gv || gv->dt != O->g_dt || !opt_contig(gv, nd, P->shape))
-        return false;
-    if (!canon[O->k[OP_M]] || !canon[O->k[OP_V]] || !canon[O->k[OP_W]])
-        return false; /* opt_run512 stores them as they are (unreachable: copies read them) */
-    for (int p = 0; p < OP_N; p++) {
-        O->canon[p] = O->k[p] >= 0 && canon[O->k[p]];
-        O->s[p] = O->k[p] >= 0 ? (float)P->ops[O->k[p]].p.f[0] : 0.0f;
-    }
-    /* memory: an output is an input's very elements or shares none of
-     * them, and no two outputs share any */
-    const int64_t n = nt__numel(nd, P->shape);
+    return true;
+}
+
+/* Memory: an output is an input's very elements or shares none of them,
+ * and no two outputs share any.  in: the parameter, m, v (f32) and the
+ * gradient's view gv. */
+static bool opt_memory_ok(const nt__fprog *P, const mview *ev, const int *in, const mview *gv,
+                          const mview *ov)
+{
+    const int64_t n = nt__numel(P->ndim, P->shape);
     const char *lo[4];
     int64_t len[4];
     for (int i = 0; i < 3; i++)
-        lo[i] = ev[f32in[i]].data, len[i] = 4 * n;
+        lo[i] = ev[in[i]].data, len[i] = 4 * n;
     lo[3] = gv->data, len[3] = n * (int64_t)nt__dtype_size(gv->dt);
     for (int sv = 0; sv < P->nout; sv++) {
         const char *a = ov[sv].data;
@@ -1747,6 +1835,49 @@ static bool opt_plan(const nt__fgroup *g, int from, int prev, const mview *pre, 
         }
     }
     return true;
+}
+
+/* Is the program from op `from` on adamw_update's sequence, with inputs and
+ * outputs the loop can run?  Fills O. */
+static bool opt_plan(const nt__fgroup *g, int from, int prev, const mview *pre, const mview *ev,
+                     const mview *ov, const bool *canon, opt_prog *O)
+{
+    const nt__fprog *P = g->prog;
+    const int nd = P->ndim;
+    if (P->kind == NT_FK_ROW || P->nops - from < OP_N - 2)
+        return false;
+    for (int i = 0; i < OP_N; i++)
+        O->k[i] = -1;
+    int k = from;
+    opt_slots sl;
+    if (!opt_match_head(P, prev, &k, &sl, O) || !opt_match_body(P, &k, &sl, O))
+        return false;
+    /* the parameter, m and v: three distinct inputs besides g */
+    if (O->k[OP_GCAST] < 0 && prev < 0)
+        O->g_ext = NT_F_EXT_IDX(sl.g);
+    O->w_ext = NT_F_EXT_IDX(sl.w), O->m_ext = NT_F_EXT_IDX(sl.m), O->v_ext = NT_F_EXT_IDX(sl.v);
+    if (O->w_ext == O->m_ext || O->w_ext == O->v_ext || O->m_ext == O->v_ext ||
+        O->g_ext == O->w_ext || O->g_ext == O->m_ext || O->g_ext == O->v_ext)
+        return false;
+    if (!opt_match_outputs(P, k, ov, O))
+        return false;
+    /* every input f32 and contiguous but a widened gradient; the gradient
+     * (an input or the matmul's value) contiguous in its dtype */
+    const int f32in[3] = {O->w_ext, O->m_ext, O->v_ext};
+    for (int i = 0; i < 3; i++)
+        if (ev[f32in[i]].dt != NT_F32 || P->ext[f32in[i]].dtype != NT_F32 ||
+            !opt_contig(&ev[f32in[i]], nd, P->shape))
+            return false;
+    const mview *gv = O->g_ext >= 0 ? &ev[O->g_ext] : pre;
+    if (!gv || gv->dt != O->g_dt || !opt_contig(gv, nd, P->shape))
+        return false;
+    if (!canon[O->k[OP_M]] || !canon[O->k[OP_V]] || !canon[O->k[OP_W]])
+        return false; /* opt_run512 stores them as they are (unreachable: copies read them) */
+    for (int p = 0; p < OP_N; p++) {
+        O->canon[p] = O->k[p] >= 0 && canon[O->k[p]];
+        O->s[p] = O->k[p] >= 0 ? (float)P->ops[O->k[p]].p.f[0] : 0.0f;
+    }
+    return opt_memory_ok(P, ev, f32in, gv, ov);
 }
 
 #define OPT_C(p, x) (cn[p] ? lin_canon(x) : (x))
@@ -2202,6 +2333,171 @@ static int row_span(const row_ctx *c, int64_t r0, int64_t r1)
     return 0;
 }
 
+/* row_span_tiled's buffers, and the tile it is on */
+typedef struct tile_run {
+    const row_ctx *c;
+    eval_fn *eval;
+    int64_t (*tidx)[NT_MAX_DIMS]; /* the index of each of the tile's rows */
+    float *E, *X, *scratch, *cbuf; /* loaded inputs, expanded operands, eval's, a chunk */
+    float *at[NT_F_MAXVALS];       /* each value's tile */
+    bool inv_loaded[NT_F_MAXEXT];  /* a tile_inv input already loaded this span */
+    int64_t r, mm, n_t;            /* the tile: rows [r, r + mm), mm * C elements */
+    bool loaded[NT_F_MAXEXT];      /* an input loaded for this tile */
+} tile_run;
+
+/* The operands of op o over the tile: a value's tile, an input read in
+ * place (tile_in) or loaded row by row (a tile_inv one once a span). */
+static void tile_operands(tile_run *t, const nt__fop *o, opnd *a)
+{
+    const row_ctx *c = t->c;
+    const nt__fprog *P = c->g->prog;
+    const int nd = P->ndim;
+    const int64_t C = c->C, TC = c->m * C;
+    const mview *ev = c->ev;
+    for (int q = 0; q < o->nin; q++) {
+        int s = o->a[q];
+        if (!NT_F_IS_EXT(s)) {
+            a[q] = (opnd){t->at[s], (nt_dtype)P->vals[s].dtype, P->vals[s].red};
+            continue;
+        }
+        int e = NT_F_EXT_IDX(s);
+        bool red = P->ext[e].red;
+        if (c->tile_in[e]) {
+            a[q] = (opnd){(const float *)ev[e].data + offset_of(&ev[e], t->tidx[0], nd), NT_F32,
+                          false};
+            continue;
+        }
+        float *dst = t->E + (size_t)e * (size_t)TC;
+        if (!t->loaded[e] && !(c->tile_inv[e] && t->inv_loaded[e])) {
+            for (int64_t i = 0; i < t->mm; i++)
+                load(red ? dst + i : dst + i * C, &ev[e], offset_of(&ev[e], t->tidx[i], nd),
+                     ev[e].stride[nd - 1], red ? 1 : C);
+            /* the first tile is the longest: every later one finds its
+             * rows there */
+            t->inv_loaded[e] = true;
+        }
+        t->loaded[e] = true;
+        a[q] = (opnd){dst, (nt_dtype)P->ext[e].dtype, red};
+    }
+}
+
+/* A reduction: row by row, each over its own row alone. */
+static void tile_reduce(const tile_run *t, const nt__fop *o, const opnd *a)
+{
+    const int64_t C = t->c->C;
+    const nt_dtype dt = (nt_dtype)t->c->g->prog->vals[o->out].dtype;
+    float *out = t->at[o->out];
+    for (int64_t i = 0; i < t->mm; i++) {
+        opnd ai = a[0];
+        ai.p = (const float *)a[0].p + (a[0].scalar ? i : i * C);
+        float v = row_reduce(o->op, as_f32(&ai, t->scratch, C), C);
+        settle_f(out + i, dt, &v, 1);
+    }
+}
+
+/* A stochastic-rounding cast: a per-row value's index is its row; a full
+ * one's r * C + j. */
+static void tile_sr(const tile_run *t, int k, const opnd *a)
+{
+    const row_ctx *c = t->c;
+    const nt__fop *o = &c->g->prog->ops[k];
+    const nt__fval *ov_ = &c->g->prog->vals[o->out];
+    const int64_t C = c->C;
+    float *out = t->at[o->out], *scr = t->scratch + C;
+    for (int64_t i = 0; i < t->mm; i++) {
+        opnd ai = a[0];
+        if (ov_->red) {
+            ai.p = (const float *)a[0].p + i;
+            eval_sr((nt_dtype)ov_->dtype, &ai, out + i, 1, scr, c->keys[k], t->r + i);
+            continue;
+        }
+        for (int64_t j = 0; j < C; j += ROW_CH) {
+            int64_t n = C - j < ROW_CH ? C - j : ROW_CH;
+            ai.p = (const float *)a[0].p + (a[0].scalar ? i : i * C + j);
+            eval_sr((nt_dtype)ov_->dtype, &ai, out + i * C + j, n, scr, c->keys[k],
+                    (t->r + i) * C + j);
+        }
+    }
+}
+
+/* An op of a full-row result: each per-row operand expanded over its row
+ * (row_span passes it as one broadcast value: the same value at each
+ * element), then the whole tile in chunks, an output held whole streamed
+ * out as it goes (chunk_out). */
+static void tile_full(const tile_run *t, int k, opnd *a)
+{
+    const row_ctx *c = t->c;
+    const nt__fprog *P = c->g->prog;
+    const nt__fop *o = &P->ops[k];
+    const int64_t C = c->C, TC = c->m * C;
+    for (int q = 0; q < o->nin; q++)
+        if (a[q].scalar) { /* a per-row operand, over its row */
+            const uint32_t *src = a[q].p;
+            uint32_t *x = (uint32_t *)t->X + (size_t)q * (size_t)TC;
+            for (int64_t i = 0; i < t->mm; i++)
+                for (int64_t j = 0; j < C; j++)
+                    x[i * C + j] = src[i];
+            a[q] = (opnd){x, a[q].dt, false};
+        }
+    const int so = c->chunk_out[k];
+    float *dst = so >= 0 ? (float *)c->ov[so].data + offset_of(&c->ov[so], t->tidx[0], P->ndim)
+                         : NULL;
+    for (int64_t j = 0; j < t->n_t; j += ROW_CH) {
+        int64_t n = t->n_t - j < ROW_CH ? t->n_t - j : ROW_CH;
+        opnd aj[3];
+        for (int q = 0; q < o->nin; q++)
+            aj[q] = (opnd){(const float *)a[q].p + j, a[q].dt, false};
+        row_piece(t->eval, o, (nt_dtype)P->vals[o->out].dtype, aj, dst, t->at[o->out], j, n,
+                  t->cbuf, t->scratch + C, c->canon[k]);
+    }
+}
+
+/* Op k over the tile. */
+static void tile_op(tile_run *t, int k)
+{
+    const row_ctx *c = t->c;
+    const nt__fop *o = &c->g->prog->ops[k];
+    const nt__fval *ov_ = &c->g->prog->vals[o->out];
+    opnd a[3];
+    tile_operands(t, o, a);
+    if (row_reduces(o->op)) {
+        tile_reduce(t, o, a);
+    } else if (is_sr(o)) {
+        tile_sr(t, k, a);
+    } else if (ov_->red) { /* every operand per-row: the tile's rows at once */
+        opnd ar[3];
+        for (int q = 0; q < o->nin; q++)
+            ar[q] = (opnd){a[q].p, a[q].dt, false};
+        t->eval(o, (nt_dtype)ov_->dtype, ar, t->at[o->out], t->mm, t->scratch + c->C,
+                c->canon[k]);
+    } else {
+        tile_full(t, k, a);
+    }
+}
+
+/* The tile's outputs not written in place: row by row at its end. */
+static void tile_store(const tile_run *t)
+{
+    const row_ctx *c = t->c;
+    const nt__fprog *P = c->g->prog;
+    const int nd = P->ndim;
+    const mview *ov = c->ov;
+    for (int s = 0; s < P->nout; s++) {
+        int v = P->out_val[s];
+        const nt__fval *val = &P->vals[v];
+        if (c->direct[v] == s || c->chunk_out[def_op(P, v)] == s)
+            continue;
+        if (c->stream[s]) {
+            stream_f32((float *)ov[s].data + offset_of(&ov[s], t->tidx[0], nd), t->at[v], t->n_t);
+            continue;
+        }
+        for (int64_t i = 0; i < t->mm; i++)
+            store(&ov[s], offset_of(&ov[s], t->tidx[i], nd), ov[s].stride[nd - 1],
+                  val->red ? t->at[v] + i : t->at[v] + i * c->C, (nt_dtype)val->dtype,
+                  val->red ? 1 : c->C);
+    }
+}
+
 /* row_span over tiles of c->m rows: each op runs over a whole tile at once
  * (a reduction still row by row, over its own row alone).  The same ops on
  * the same values as row_span, element by element -- only more elements a
@@ -2228,162 +2524,62 @@ static int row_span_tiled(const row_ctx *c, int64_t r0, int64_t r1)
     const int64_t *shape = P->shape;
     const int64_t C = c->C, M = c->m, TC = M * C;
     const mview *ev = c->ev, *ov = c->ov;
-    const uint64_t *keys = c->keys;
     /* registers and loaded inputs of a tile each, three expanded operands;
      * then eval's scratch (4 chunks) and a row for a reduction's operand;
      * then one chunk for a streamed output (chunk_out), cache-line aligned */
     size_t cells = (size_t)(c->nregs + P->next + 3) * (size_t)TC;
     size_t nbuf = (cells + (size_t)C + 5 * ROW_CH + 16 + 15) & ~(size_t)15;
     float *buf = aligned_alloc(64, sizeof(float) * nbuf);
-    int64_t(*tidx)[NT_MAX_DIMS] = malloc(sizeof *tidx * (size_t)M);
-    if (!buf || !tidx) {
-        free(buf), free(tidx);
+    tile_run t = {.c = c, .eval = eval_isa(), .tidx = malloc(sizeof *t.tidx * (size_t)M)};
+    if (!buf || !t.tidx) {
+        free(buf), free(t.tidx);
         return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
     }
-    float *V = buf, *E = buf + (size_t)c->nregs * (size_t)TC;
-    float *X = E + (size_t)P->next * (size_t)TC; /* expanded operands: 3 tiles */
-    float *scratch = X + 3 * (size_t)TC;
-    float *cbuf = (float *)(((uintptr_t)(scratch + C + 4 * ROW_CH) + 63) & ~(uintptr_t)63);
-    const int8_t *direct = c->direct;
-    float *at[NT_F_MAXVALS];
+    t.E = buf + (size_t)c->nregs * (size_t)TC;
+    t.X = t.E + (size_t)P->next * (size_t)TC; /* expanded operands: 3 tiles */
+    t.scratch = t.X + 3 * (size_t)TC;
+    t.cbuf = (float *)(((uintptr_t)(t.scratch + C + 4 * ROW_CH) + 63) & ~(uintptr_t)63);
     for (int v = 0; v < P->nvals; v++)
-        at[v] = c->reg[v] >= 0 ? V + (size_t)c->reg[v] * (size_t)TC : NULL;
-    eval_fn *eval = eval_isa();
-    bool inv_loaded[NT_F_MAXEXT] = {0};
+        t.at[v] = c->reg[v] >= 0 ? buf + (size_t)c->reg[v] * (size_t)TC : NULL;
     int64_t idx[NT_MAX_DIMS] = {0};
     for (int64_t rem = r0, d = nd - 2; d >= 0; d--) {
         idx[d] = rem % shape[d];
         rem /= shape[d];
     }
-    for (int64_t r = r0; r < r1;) {
-        const int64_t mm = r1 - r < M ? r1 - r : M, n_t = mm * C;
-        for (int64_t i = 0; i < mm; i++) {
+    for (t.r = r0; t.r < r1; t.r += t.mm) {
+        t.mm = r1 - t.r < M ? r1 - t.r : M, t.n_t = t.mm * C;
+        for (int64_t i = 0; i < t.mm; i++) {
             idx[nd - 1] = 0;
-            memcpy(tidx[i], idx, sizeof idx);
+            memcpy(t.tidx[i], idx, sizeof idx);
             nt__idx_next(idx, nd - 1, shape);
         }
         idx[nd - 1] = 0; /* now the next tile's first row */
-        bool loaded[NT_F_MAXEXT] = {0};
+        memset(t.loaded, 0, sizeof t.loaded);
         for (int v = 0; v < P->nvals; v++)
-            if (direct[v] >= 0)
-                at[v] = (float *)ov[direct[v]].data + offset_of(&ov[direct[v]], tidx[0], nd);
+            if (c->direct[v] >= 0)
+                t.at[v] = (float *)ov[c->direct[v]].data +
+                          offset_of(&ov[c->direct[v]], t.tidx[0], nd);
         /* the next tile of each input read in place, into L2, a slice
          * before each op (as row_span does for the next row) */
         const char *pf[NT_F_MAXEXT];
-        int npf = 0, slot = 0;
+        int npf = 0;
         const int64_t pf_lines = (TC * (int64_t)sizeof(float) + 63) / 64;
         const int64_t pf_per = (pf_lines + c->slots - 1) / c->slots;
-        if (r + mm < r1)
+        if (t.r + t.mm < r1)
             for (int e = 0; e < P->next; e++)
                 if (c->tile_in[e])
                     pf[npf++] = (const char *)((const float *)ev[e].data + offset_of(&ev[e], idx, nd));
         for (int k = 0; k < P->nops; k++) {
-            const nt__fop *o = &P->ops[k];
-            const nt__fval *ov_ = &P->vals[o->out];
             for (int e = 0; e < npf; e++)
-                for (int64_t b = slot * pf_per; b < (slot + 1) * pf_per && b < pf_lines; b++)
+                for (int64_t b = k * pf_per; b < (k + 1) * pf_per && b < pf_lines; b++)
                     __builtin_prefetch(pf[e] + 64 * b, 0, 2);
-            slot++;
-            opnd a[3];
-            for (int q = 0; q < o->nin; q++) {
-                int s = o->a[q];
-                if (NT_F_IS_EXT(s)) {
-                    int e = NT_F_EXT_IDX(s);
-                    bool red = P->ext[e].red;
-                    if (c->tile_in[e]) {
-                        a[q] = (opnd){(const float *)ev[e].data + offset_of(&ev[e], tidx[0], nd),
-                                      NT_F32, false};
-                        continue;
-                    }
-                    float *dst = E + (size_t)e * (size_t)TC;
-                    if (!loaded[e] && !(c->tile_inv[e] && inv_loaded[e])) {
-                        for (int64_t i = 0; i < mm; i++)
-                            load(red ? dst + i : dst + i * C, &ev[e], offset_of(&ev[e], tidx[i], nd),
-                                 ev[e].stride[nd - 1], red ? 1 : C);
-                        /* the first tile is the longest: every later one
-                         * finds its rows there */
-                        inv_loaded[e] = true;
-                    }
-                    loaded[e] = true;
-                    a[q] = (opnd){dst, (nt_dtype)P->ext[e].dtype, red};
-                } else {
-                    a[q] = (opnd){at[s], (nt_dtype)P->vals[s].dtype, P->vals[s].red};
-                }
-            }
-            float *out = at[o->out];
-            if (row_reduces(o->op)) {
-                for (int64_t i = 0; i < mm; i++) {
-                    opnd ai = a[0];
-                    ai.p = (const float *)a[0].p + (a[0].scalar ? i : i * C);
-                    float v = row_reduce(o->op, as_f32(&ai, scratch, C), C);
-                    settle_f(out + i, (nt_dtype)ov_->dtype, &v, 1);
-                }
-                continue;
-            }
-            if (is_sr(o)) {
-                /* a per-row value's index is its row; a full one's r*C + j */
-                for (int64_t i = 0; i < mm; i++) {
-                    opnd ai = a[0];
-                    if (ov_->red) {
-                        ai.p = (const float *)a[0].p + i;
-                        eval_sr((nt_dtype)ov_->dtype, &ai, out + i, 1, scratch + C, keys[k], r + i);
-                        continue;
-                    }
-                    for (int64_t j = 0; j < C; j += ROW_CH) {
-                        int64_t n = C - j < ROW_CH ? C - j : ROW_CH;
-                        ai.p = (const float *)a[0].p + (a[0].scalar ? i : i * C + j);
-                        eval_sr((nt_dtype)ov_->dtype, &ai, out + i * C + j, n, scratch + C,
-                                keys[k], (r + i) * C + j);
-                    }
-                }
-                continue;
-            }
-            if (ov_->red) { /* every operand per-row: the tile's rows at once */
-                opnd ar[3];
-                for (int q = 0; q < o->nin; q++)
-                    ar[q] = (opnd){a[q].p, a[q].dt, false};
-                eval(o, (nt_dtype)ov_->dtype, ar, out, mm, scratch + C, c->canon[k]);
-                continue;
-            }
-            for (int q = 0; q < o->nin; q++)
-                if (a[q].scalar) { /* a per-row operand, over its row */
-                    const uint32_t *src = a[q].p;
-                    uint32_t *x = (uint32_t *)X + (size_t)q * (size_t)TC;
-                    for (int64_t i = 0; i < mm; i++)
-                        for (int64_t j = 0; j < C; j++)
-                            x[i * C + j] = src[i];
-                    a[q] = (opnd){x, a[q].dt, false};
-                }
-            const int so = c->chunk_out[k];
-            float *dst = so >= 0 ? (float *)ov[so].data + offset_of(&ov[so], tidx[0], nd) : NULL;
-            for (int64_t j = 0; j < n_t; j += ROW_CH) {
-                int64_t n = n_t - j < ROW_CH ? n_t - j : ROW_CH;
-                opnd aj[3];
-                for (int q = 0; q < o->nin; q++)
-                    aj[q] = (opnd){(const float *)a[q].p + j, a[q].dt, false};
-                row_piece(eval, o, (nt_dtype)ov_->dtype, aj, dst, out, j, n, cbuf, scratch + C,
-                          c->canon[k]);
-            }
+            tile_op(&t, k);
         }
-        for (int s = 0; s < P->nout; s++) {
-            int v = P->out_val[s];
-            const nt__fval *val = &P->vals[v];
-            if (direct[v] == s || c->chunk_out[def_op(P, v)] == s)
-                continue;
-            if (c->stream[s]) {
-                stream_f32((float *)ov[s].data + offset_of(&ov[s], tidx[0], nd), at[v], n_t);
-                continue;
-            }
-            for (int64_t i = 0; i < mm; i++)
-                store(&ov[s], offset_of(&ov[s], tidx[i], nd), ov[s].stride[nd - 1],
-                      val->red ? at[v] + i : at[v] + i * C, (nt_dtype)val->dtype,
-                      val->red ? 1 : C);
-        }
-        r += mm;
+        tile_store(&t);
     }
     stream_fence();
     free(buf);
-    free(tidx);
+    free(t.tidx);
     return 0;
 }
 

@@ -1,4 +1,7 @@
-/* dispatcher/config.c - nt_init / nt_shutdown, the NT_* environment, stats. */
+/* dispatcher/config.c - the runtime's start and stop behind nt_init /
+ * nt_shutdown (nt__runtime_init / nt__runtime_shutdown; the public entry
+ * points are init/init.c's), the NT_* environment (nt_config_set/_get),
+ * and the counters (nt_stats_get/_reset). */
 #include <errno.h>
 #include <stddef.h>
 #include <stdlib.h>

@@ -639,7 +639,7 @@ NT_API nt_tensor *nt_op_call(int op, nt_tensor *const *in);
  *  reference (adopted by the open scope, like an op's result), or an
  *  error code with every outputs[j] set to NULL.  An error of fn while it
  *  is recomputed is an error of nt_backward naming nt_checkpoint and its
- *  call site.  docs/checkpointing.md has the details. */
+ *  call site.  docs/gradient-checkpointing.md has the details. */
 #define NT_CHECKPOINT_MAX_IN 1024
 #define NT_CHECKPOINT_MAX_OUT 2
 typedef int (*nt_checkpoint_fn)(void *ctx, nt_tensor *const *inputs, int n_in,
@@ -867,8 +867,8 @@ NT_API void nt_optim_destroy(nt_optim *opt);
 
 /** Saves the values of params[0..n) (borrowed; n >= 1) and, if opt is not
  *  NULL, the optimizer's hyper-parameters, step counts and state, to `path`
- *  in the format of docs/checkpoint.md (little-endian, CRC-32 per record and
- *  over the header).  A sync point: waits for the values.  Writes
+ *  in the format of docs/checkpoint-format.md (little-endian, CRC-32 per
+ *  record and over the header).  A sync point: waits for the values.  Writes
  *  `path`.tmp and renames it over `path`, so a crash never leaves a partial
  *  file under `path`.  Returns 0, NT_EIO (naming the file and the system's
  *  reason) or the error of a poisoned tensor.  Thread-safe. */
@@ -882,7 +882,8 @@ NT_API int nt_save(const char *path, nt_tensor *const *params, int n, nt_optim *
  *  file is NT_EIO; a truncated file, bad magic or version, a checksum
  *  mismatch, a nonzero reserved byte or a field no writer could have
  *  produced (lr NaN, beta1 >= 1, a negative step count, an impossible
- *  shape: docs/checkpoint.md) is NT_EFORMAT, naming the field; a count, dtype or shape mismatch is NT_ESHAPE;
+ *  shape: docs/checkpoint-format.md) is NT_EFORMAT, naming the field; a
+ *  count, dtype or shape mismatch is NT_ESHAPE;
  *  an optimizer of another kind, or opt given for a file without optimizer
  *  state, is NT_EINVAL.  On any error the tensors and opt are untouched and
  *  the message names the path and what was wrong.  Values are written as
@@ -895,12 +896,13 @@ NT_API int nt_load(const char *path, nt_tensor *const *params, int n, nt_optim *
 
 /** Opens an autocast region on the calling thread: until the matching
  *  nt_autocast_end, ops called on this thread run at the precision of
- *  docs/amp.md's policy -- matmul and linear in `dt` (their inputs are cast
- *  to dt; the product still accumulates in f32), sums, means, softmax,
- *  log_softmax, the norms, exp, log, rsqrt, pow_scalar and the losses in f32
- *  (low-precision inputs are cast up), everything else in its inputs'
- *  dtype.  The casts are ordinary ops: they fuse, and autograd sends the
- *  gradients back through them, so f32 leaves get f32 gradients.  Backward
+ *  docs/amp.md's policy -- matmul, linear and attention in `dt` (their
+ *  inputs are cast to dt; the products still accumulate in f32), sums,
+ *  means, softmax, log_softmax, the norms, exp, log, rsqrt, reciprocal,
+ *  softplus, pow, pow_scalar and the losses in f32 (low-precision inputs are
+ *  cast up), everything else in its inputs' dtype.  The casts are ordinary
+ *  ops: they fuse, and autograd sends the gradients back through them, so
+ *  f32 leaves get f32 gradients.  Backward
  *  ops (inside nt_backward) are never autocast.  dt is NT_BF16 or NT_F16,
  *  else NT_EDTYPE.  Regions nest (the innermost dtype applies) and are per
  *  thread; at most 64 deep (NT_ESTATE beyond). */
@@ -962,7 +964,7 @@ NT_API void nt_grad_scaler_destroy(nt_grad_scaler *s);
 
 /** nt_save plus, if scaler is not NULL, the loss scaler's state (scale,
  *  settings, growth tracker, skipped steps: record kind 4 of
- *  docs/checkpoint.md).  opt may be NULL.  Same guarantees as nt_save. */
+ *  docs/checkpoint-format.md).  opt may be NULL.  Same guarantees as nt_save. */
 NT_API int nt_checkpoint_save(const char *path, nt_tensor *const *params, int n,
                               nt_optim *opt, nt_grad_scaler *scaler);
 /** nt_load plus, if scaler is not NULL, the loss scaler's state, checked

@@ -1,6 +1,6 @@
 /* io/checkpoint.c - checkpoints of parameters, optimizer state
  * (autograd/optim.h) and the loss scaler (amp/amp.h): nt_save, nt_load and
- * their nt_checkpoint_* forms.  The format is docs/checkpoint.md.
+ * their nt_checkpoint_* forms.  The format is docs/checkpoint-format.md.
  *
  * io/ sits above autograd/ and amp/, so neither needs the other for this:
  * an optimizer knows nothing of files, a scaler nothing of optimizers'
@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 /* ======================================================================== */
-/* Checkpoints (docs/checkpoint.md)                                          */
+/* Checkpoints (docs/checkpoint-format.md)                                   */
 /* ======================================================================== */
 
 static const char CK_MAGIC[8] = {'N', 'T', 'C', 'K', 'P', 'T', '\r', '\n'};
@@ -222,7 +222,7 @@ static int rec_meta(ck_recs *recs, nt_optim *o)
 }
 
 /* The loss scaler's record: its state in a fixed little-endian layout
- * (docs/checkpoint.md). */
+ * (docs/checkpoint-format.md). */
 static int rec_scaler(ck_recs *recs, nt_grad_scaler *sc)
 {
     nt__scaler_state st;
@@ -469,10 +469,11 @@ static bool all_zero(const uint8_t *p, size_t n)
     return true;
 }
 
-/* The optimizer record's contents (docs/checkpoint.md), checked whether or
- * not the caller restores an optimizer: a file whose CRCs match but whose
- * hyper-parameters no optimizer could have (lr NaN, beta1 1.5, a negative
- * step count) is corrupt, and loading it would turn training to NaN. */
+/* The optimizer record's contents (docs/checkpoint-format.md), checked
+ * whether or not the caller restores an optimizer: a file whose CRCs match
+ * but whose hyper-parameters no optimizer could have (lr NaN, beta1 1.5, a
+ * negative step count) is corrupt, and loading it would turn training to
+ * NaN. */
 static int check_meta(const char *fn, const char *path, const ck_rec *r)
 {
     const char *what = "the optimizer record";

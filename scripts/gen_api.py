@@ -17,6 +17,11 @@ Both files are checked in, because programs compile with -Iinclude alone.
   python3 scripts/gen_api.py --check   exit 1 (TAP "not ok") if either
                                        differs from what the list gives now
 
+--check also holds docs/amp.md's autocast table to the table's amp column:
+each op of a "low" or "f32" row has that policy, and each op with one of
+those policies is named in a row of it (the rule text cannot fall behind
+the code again).
+
 The macros have to be real #defines, which the C preprocessor cannot
 generate from a list; everything else in C stays an X-macro."""
 import argparse
@@ -28,6 +33,7 @@ LIST = "include/ntensor/site.list"
 OPTABLE = "core/optable.h"
 OPS_H = "include/ntensor/ops.h"
 SITE_H = "include/ntensor/site.h"
+AMP_MD = "docs/amp.md"
 REGEN = "python3 scripts/gen_api.py"
 
 # The op-table groups that are public elementwise ops, with the kind every
@@ -120,6 +126,52 @@ def optable_group(text, group):
     if not ops:
         raise Error(f"{OPTABLE}: {group} has no entries")
     return ops
+
+
+def optable_rows(text):
+    """{name: [columns]} of every entry of every NT_OPS_* group."""
+    rows = {}
+    for m in re.finditer(r"^[ \t]*#[ \t]*define[ \t]+(NT_OPS_\w+)\(\s*X\s*\)", text, re.M):
+        body, pos = macro_body(text, m.group(1), OPTABLE), 0
+        for x in re.finditer(r"\bX\s*\(", body):
+            if x.start() < pos:
+                continue
+            args, pos = split_args(body, x.end() - 1)
+            if len(args) < 7:
+                raise Error(f"{OPTABLE}: {m.group(1)} entry X({', '.join(args[:2])}, ...) has "
+                            "no amp column")
+            rows[args[1]] = args
+    if not rows:
+        raise Error(f"{OPTABLE}: no NT_OPS_* groups")
+    return rows
+
+
+def amp_doc_problems(root):
+    """Where docs/amp.md's autocast table and the amp column disagree."""
+    with open(os.path.join(root, OPTABLE), encoding="utf-8") as f:
+        policy = {name: cols[6] for name, cols in optable_rows(strip_c_comments(f.read())).items()}
+    with open(os.path.join(root, AMP_MD), encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    want = {"low": "LOW", "f32": "F32"}
+    named, problems = {"LOW": set(), "F32": set()}, []
+    for no, line in enumerate(lines, 1):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or len(cells) < 3 or set(cells[0]) <= set("- "):
+            continue
+        row_policy = want.get(cells[1], "KEEP")
+        for api in re.findall(r"`nt_(\w+)`", cells[0]):
+            if api not in policy:
+                continue  # a composite (nt_linear): its ops have rows of their own
+            if policy[api] != row_policy:
+                problems.append(f"{AMP_MD}:{no}: nt_{api} is in a '{cells[1]}' row but its amp "
+                                f"column in {OPTABLE} is {policy[api]}")
+            if row_policy in named:
+                named[row_policy].add(api)
+    for name, pol in sorted(policy.items()):
+        if pol in named and name not in named[pol]:
+            problems.append(f"{AMP_MD}: nt_{name} has amp {pol} in {OPTABLE} but no "
+                            f"'{'low' if pol == 'LOW' else 'f32'}' row names it")
+    return problems
 
 
 def parse_proto(proto, where):
@@ -294,7 +346,7 @@ def main():
         return 1
     outputs = [(OPS_H, gen_ops(funcs)), (SITE_H, gen_site(funcs))]
     if args.check:
-        print(f"1..{len(outputs) + 1}")
+        print(f"1..{len(outputs) + 2}")
         status = 0
         for i, (path, text) in enumerate(outputs, 1):
             try:
@@ -311,7 +363,16 @@ def main():
         sample = parse_sample_ok()
         print(f"{'ok' if sample else 'not ok'} {len(outputs) + 1} - op-table entries with "
               "more columns than ID, name, nin, kind are read")
-        return status if sample else 1
+        try:
+            amp = amp_doc_problems(root)
+        except (Error, OSError) as e:
+            amp = [str(e)]
+        print(f"{'not ok' if amp else 'ok'} {len(outputs) + 2} - {AMP_MD}'s autocast table "
+              f"matches the amp column of {OPTABLE}")
+        for p in amp:
+            print(f"# {p}")
+            print(f"gen_api: {p}", file=sys.stderr)
+        return status if sample and not amp else 1
     for path, text in outputs:
         full = os.path.join(root, path)
         old = None

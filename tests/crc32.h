@@ -1,4 +1,4 @@
-/* tests/crc32.h - CRC-32 (IEEE, the checksum of docs/checkpoint.md), for
+/* tests/crc32.h - CRC-32 (IEEE, the checksum of docs/checkpoint-format.md), for
  * tests that edit a checkpoint on purpose and rewrite its checksums so the
  * loader's field checks, not its CRC checks, must catch the edit. */
 #ifndef NT_TESTS_CRC32_H

@@ -22,6 +22,7 @@
 
 #include "ntensor.h"
 #include "dist/dist.h"
+#include "nt_test.h"
 
 static int fails;
 #define CHECK(cond, ...)                                                            \
@@ -34,21 +35,6 @@ static int fails;
         }                                                                           \
     } while (0)
 
-/* Global rank r's input element k, as a double exactly representable in dt
- * (so every process makes the same bits). */
-static void fill(void *buf, nt_dtype dt, int r, int64_t count)
-{
-    for (int64_t k = 0; k < count; k++) {
-        int64_t h = (r * 7919 + k * 104729) % 2001;
-        double v = ldexp((double)(h - 1000) / 1000.0, (int)((r * 3 + k) % 20) - 10);
-        if (dt == NT_I32)
-            nt__store_i32(buf, dt, k, (int32_t)(h * 1000003 - 77));
-        else if (dt == NT_U8)
-            nt__store_i32(buf, dt, k, (int32_t)(h & 255));
-        else
-            nt__store_f64(buf, dt, k, v);
-    }
-}
 
 /* FNV-1a over every output byte of each local member, in issue order. */
 static uint64_t rank_hash[64];
@@ -89,7 +75,7 @@ static int check(int ndev)
         char **g = malloc(sizeof *g * (size_t)N); /* every rank's input */
         for (int r = 0; r < N; r++) {
             g[r] = malloc((size_t)count * es);
-            fill(g[r], dt, r, count);
+            nt_test_rank_input(g[r], dt, r, count);
         }
         nt_tensor **in = calloc((size_t)ndev, sizeof *in), **out = calloc((size_t)ndev, sizeof *out);
         for (int i = 0; i < ndev; i++) {

@@ -463,16 +463,6 @@ static void test_plain_call_and_passthrough(void **state)
 
 /* ---------------- errors ---------------- */
 
-static void expect_err(int rc, int code, const char *a, const char *b)
-{
-    assert_int_equal(rc, code);
-    assert_int_equal(nt_last_error(), code);
-    const char *msg = nt_last_error_message();
-    if (!strstr(msg, a) || (b && !strstr(msg, b)))
-        fail_msg("message '%s' lacks '%s' or '%s'", msg, a, b ? b : "");
-    nt_clear_error();
-}
-
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -480,29 +470,31 @@ static void test_bad_arguments(void **state)
     mlp_init(&m);
     nt_tensor *x = nt_ones(NT_F32, 2, (int64_t[]){4, C});
     nt_tensor *out[3] = {x, x, x};
-    expect_err(nt_checkpoint(NULL, &m, &x, 1, out, 1), NT_EINVAL, "nt_checkpoint", "'fn'");
+    nt_test_expect_err(nt_checkpoint(NULL, &m, &x, 1, out, 1), NT_EINVAL, "nt_checkpoint", "'fn'");
     assert_null(out[0]); /* outputs set to NULL */
-    expect_err(nt_checkpoint(mlp_fn, &m, &x, -1, out, 1), NT_EINVAL, "nt_checkpoint", "'n_in'");
-    expect_err(nt_checkpoint(mlp_fn, &m, &x, NT_CHECKPOINT_MAX_IN + 1, out, 1), NT_EINVAL,
-               "nt_checkpoint", "'n_in'");
-    expect_err(nt_checkpoint(mlp_fn, &m, &x, 1, out, 0), NT_EINVAL, "nt_checkpoint", "'n_out'");
-    expect_err(nt_checkpoint(mlp_fn, &m, &x, 1, out, NT_CHECKPOINT_MAX_OUT + 1), NT_EINVAL,
-               "nt_checkpoint", "'n_out'");
-    expect_err(nt_checkpoint(mlp_fn, &m, &x, 1, NULL, 1), NT_EINVAL, "nt_checkpoint",
-               "'outputs'");
-    expect_err(nt_checkpoint(mlp_fn, &m, NULL, 1, out, 1), NT_EINVAL, "nt_checkpoint",
-               "'inputs'");
-    expect_err(nt_checkpoint(mlp_fn, &m, (nt_tensor *[]){x, NULL}, 2, out, 1), NT_EINVAL,
-               "nt_checkpoint", "'inputs[1]'");
+    nt_test_expect_err(nt_checkpoint(mlp_fn, &m, &x, -1, out, 1), NT_EINVAL, "nt_checkpoint",
+                       "'n_in'");
+    nt_test_expect_err(nt_checkpoint(mlp_fn, &m, &x, NT_CHECKPOINT_MAX_IN + 1, out, 1), NT_EINVAL,
+                       "nt_checkpoint", "'n_in'");
+    nt_test_expect_err(nt_checkpoint(mlp_fn, &m, &x, 1, out, 0), NT_EINVAL, "nt_checkpoint",
+                       "'n_out'");
+    nt_test_expect_err(nt_checkpoint(mlp_fn, &m, &x, 1, out, NT_CHECKPOINT_MAX_OUT + 1), NT_EINVAL,
+                       "nt_checkpoint", "'n_out'");
+    nt_test_expect_err(nt_checkpoint(mlp_fn, &m, &x, 1, NULL, 1), NT_EINVAL, "nt_checkpoint",
+                       "'outputs'");
+    nt_test_expect_err(nt_checkpoint(mlp_fn, &m, NULL, 1, out, 1), NT_EINVAL, "nt_checkpoint",
+                       "'inputs'");
+    nt_test_expect_err(nt_checkpoint(mlp_fn, &m, (nt_tensor *[]){x, NULL}, 2, out, 1), NT_EINVAL,
+                       "nt_checkpoint", "'inputs[1]'");
     nt_tensor *dead = nt_ones(NT_F32, 1, (int64_t[]){C});
     nt_release(dead);
-    expect_err(nt_checkpoint(mlp_fn, &m, &dead, 1, out, 1), NT_ERELEASED, "nt_checkpoint",
-               "'inputs[0]'");
+    nt_test_expect_err(nt_checkpoint(mlp_fn, &m, &dead, 1, out, 1), NT_ERELEASED, "nt_checkpoint",
+                       "'inputs[0]'");
     assert_int_equal(m.calls, 0); /* fn never ran */
     /* a block that fails in the forward: its own error, outputs NULL */
     m.fail_on = 1;
     out[0] = x;
-    expect_err(nt_checkpoint(mlp_fn, &m, &x, 1, out, 1), NT_ESHAPE, "nt_matmul", NULL);
+    nt_test_expect_err(nt_checkpoint(mlp_fn, &m, &x, 1, out, 1), NT_ESHAPE, "nt_matmul", NULL);
     assert_null(out[0]);
     /* still working */
     m.fail_on = 0;
@@ -532,10 +524,10 @@ static void test_block_errors(void **state)
 {
     (void)state;
     nt_tensor *x = nt_ones(NT_F32, 2, (int64_t[]){4, C}), *out[2];
-    expect_err(nt_checkpoint(fail_quietly_fn, NULL, &x, 1, out, 1), NT_EINVAL, "nt_checkpoint",
-               "returned 5");
-    expect_err(nt_checkpoint(null_out_fn, NULL, &x, 1, out, 2), NT_EINVAL, "nt_checkpoint",
-               "outputs[1] is NULL");
+    nt_test_expect_err(nt_checkpoint(fail_quietly_fn, NULL, &x, 1, out, 1), NT_EINVAL,
+                       "nt_checkpoint", "returned 5");
+    nt_test_expect_err(nt_checkpoint(null_out_fn, NULL, &x, 1, out, 2), NT_EINVAL, "nt_checkpoint",
+                       "outputs[1] is NULL");
     assert_null(out[0]);
     assert_null(out[1]);
     nt_release(x);
@@ -603,8 +595,8 @@ static void test_modified_in_place(void **state)
         nt_no_grad_begin();
         assert_int_equal(nt_add_scalar_inplace(k ? m.w2 : x, 1.0), 0);
         nt_no_grad_end();
-        expect_err(nt_backward(loss), NT_EVERSION, "nt_checkpoint",
-                   k ? "through ctx" : "inputs[0]");
+        nt_test_expect_err(nt_backward(loss), NT_EVERSION, "nt_checkpoint",
+                           k ? "through ctx" : "inputs[0]");
         nt_scope_end(s);
         nt_release(x0);
         mlp_free(&m);

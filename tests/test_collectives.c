@@ -17,14 +17,9 @@
 /* The rank tree against an independent reference                     */
 /* ------------------------------------------------------------------ */
 
+/* the seeded values of the rank-tree tests (nt_test.h's generator) */
 static uint64_t rng_state = 0x9e3779b97f4a7c15u;
-static uint32_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
+static uint32_t rnd(void) { return nt_test_rand32(&rng_state); }
 /* Values of very different magnitudes, so the order shows in the bits. */
 static double rnd_val(void)
 {
@@ -337,19 +332,6 @@ static void test_env_settings(void **state)
 static int ndev(void) { return nt_device_count(); }
 static void dev_set(int d) { assert_int_equal(nt_device_set(d), 0); }
 
-/* Rank r's input element k: values whose sums depend on the order. */
-static void fill_input(void *buf, nt_dtype dt, int r, int64_t count)
-{
-    for (int64_t k = 0; k < count; k++) {
-        int64_t h = (r * 7919 + k * 104729) % 2001;
-        if (dt == NT_I32)
-            nt__store_i32(buf, dt, k, (int32_t)(h * 1000003 - 77));
-        else if (dt == NT_U8)
-            nt__store_i32(buf, dt, k, (int32_t)(h & 255));
-        else
-            nt__store_f64(buf, dt, k, ldexp((double)(h - 1000) / 1000.0, (int)((r * 3 + k) % 20) - 10));
-    }
-}
 
 /* Every collective x dtype x op over devices 0..n-1 in the current mode:
  * values against the reference, read back through an op on each device
@@ -374,7 +356,7 @@ static void all_ops_once(int n)
         nt_tensor *in[64], *out[64];
         for (int r = 0; r < n; r++) {
             g[r] = malloc((size_t)count * es);
-            fill_input(g[r], dt, r, count);
+            nt_test_rank_input(g[r], dt, r, count);
             dev_set(r);
             nt_tensor *h = nt_from_host(g[r], dt, 2, (int64_t[]){rows, cols});
             in[r] = nt_mul_scalar(h, 1.0); /* made by a kernel on the device */

@@ -188,15 +188,6 @@ static void test_tree_matches_reference(void **state)
 
 /* ---------------- bad input ---------------- */
 
-static void expect_err(int rc, int code, const char *fn, const char *what)
-{
-    if (rc != code || nt_last_error() != code || !strstr(nt_last_error_message(), fn) ||
-        !strstr(nt_last_error_message(), what))
-        fail_msg("expected %d from %s naming '%s'; got %d: %s", code, fn, what, rc,
-                 nt_last_error_message());
-    nt_clear_error();
-}
-
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -209,85 +200,87 @@ static void test_bad_input(void **state)
     int dev0 = 0, bad_dev = 999;
 
     /* nt_ddp_create */
-    expect_err(nt_ddp_create(NULL, NP, 2, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
-               "nt_ddp_create", "params");
-    expect_err(nt_ddp_create(p, 0, 2, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
-               "nt_ddp_create", "parameter");
+    nt_test_expect_err(nt_ddp_create(NULL, NP, 2, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_ddp_create", "params");
+    nt_test_expect_err(nt_ddp_create(p, 0, 2, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_ddp_create", "parameter");
     nt_tensor *dup[2] = {p[0], p[0]};
-    expect_err(nt_ddp_create(dup, 2, 2, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
-               "nt_ddp_create", "same tensor");
+    nt_test_expect_err(nt_ddp_create(dup, 2, 2, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_ddp_create", "same tensor");
     nt_tensor *plain = nt_zeros(NT_F32, 1, (int64_t[]){3});
     nt_tensor *nrg[2] = {p[0], plain};
-    expect_err(nt_ddp_create(nrg, 2, 2, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
-               "nt_ddp_create", "require grad");
-    expect_err(nt_ddp_create(p, NP, 0, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
-               "nt_ddp_create", "shards");
-    expect_err(nt_ddp_create(p, NP, 3, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
-               "nt_ddp_create", "power of two");
-    expect_err(nt_ddp_create(p, NP, 2, NULL, 1) ? 0 : nt_last_error(), NT_EINVAL,
-               "nt_ddp_create", "devices");
-    expect_err(nt_ddp_create(p, NP, 2, &dev0, 0) ? 0 : nt_last_error(), NT_EINVAL,
-               "nt_ddp_create", "ndev");
-    expect_err(nt_ddp_create(p, NP, 2, &bad_dev, 1) ? 0 : nt_last_error(), NT_EINVAL,
-               "nt_ddp_create", "devices[0]");
+    nt_test_expect_err(nt_ddp_create(nrg, 2, 2, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_ddp_create", "require grad");
+    nt_test_expect_err(nt_ddp_create(p, NP, 0, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_ddp_create", "shards");
+    nt_test_expect_err(nt_ddp_create(p, NP, 3, &dev0, 1) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_ddp_create", "power of two");
+    nt_test_expect_err(nt_ddp_create(p, NP, 2, NULL, 1) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_ddp_create", "devices");
+    nt_test_expect_err(nt_ddp_create(p, NP, 2, &dev0, 0) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_ddp_create", "ndev");
+    nt_test_expect_err(nt_ddp_create(p, NP, 2, &bad_dev, 1) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_ddp_create", "devices[0]");
 
     /* a NULL or dead nt_ddp */
-    expect_err(nt_ddp_reduce(NULL), NT_EINVAL, "nt_ddp_reduce", "'d'");
-    expect_err(nt_ddp_shards(NULL), NT_EINVAL, "nt_ddp_shards", "'d'");
-    expect_err(nt_ddp_params(NULL, 0) ? 0 : nt_last_error(), NT_EINVAL, "nt_ddp_params", "'d'");
+    nt_test_expect_err(nt_ddp_reduce(NULL), NT_EINVAL, "nt_ddp_reduce", "'d'");
+    nt_test_expect_err(nt_ddp_shards(NULL), NT_EINVAL, "nt_ddp_shards", "'d'");
+    nt_test_expect_err(nt_ddp_params(NULL, 0) ? 0 : nt_last_error(), NT_EINVAL, "nt_ddp_params",
+                       "'d'");
     nt_ddp_destroy(NULL);
 
     nt_ddp *d = nt_ddp_create(p, NP, 4, &dev0, 1);
     assert_non_null(d);
     nt_tensor **rep = nt_ddp_params(d, 0);
-    expect_err(nt_ddp_params(d, 5) ? 0 : nt_last_error(), NT_EINVAL, "nt_ddp_params", "'dev'");
-    expect_err(nt_ddp_shard_device(d, 4), NT_EINVAL, "nt_ddp_shard_device", "'shard'");
-    expect_err(nt_ddp_shard_device(d, -1), NT_EINVAL, "nt_ddp_shard_device", "'shard'");
-    expect_err(nt_ddp_shard_from_host(d, 4, xb, NT_F32, 2, (int64_t[]){B, F}) ? 0
-                                                                             : nt_last_error(),
-               NT_EINVAL, "nt_ddp_shard_from_host", "'shard'");
-    expect_err(nt_ddp_shard_from_host(d, 0, xb, NT_F32, 2, (int64_t[]){B - 1, F})
-                   ? 0 : nt_last_error(),
-               NT_ESHAPE, "nt_ddp_shard_from_host", "'shape'");
-    expect_err(nt_ddp_shard_from_host(d, 0, NULL, NT_F32, 2, (int64_t[]){B, F})
-                   ? 0 : nt_last_error(),
-               NT_EINVAL, "nt_ddp_shard_from_host", "'src'");
+    nt_test_expect_err(nt_ddp_params(d, 5) ? 0 : nt_last_error(), NT_EINVAL, "nt_ddp_params",
+                       "'dev'");
+    nt_test_expect_err(nt_ddp_shard_device(d, 4), NT_EINVAL, "nt_ddp_shard_device", "'shard'");
+    nt_test_expect_err(nt_ddp_shard_device(d, -1), NT_EINVAL, "nt_ddp_shard_device", "'shard'");
+    nt_test_expect_err(nt_ddp_shard_from_host(d, 4, xb, NT_F32, 2, (int64_t[]){B, F}) ? 0
+                       : nt_last_error(),
+                       NT_EINVAL, "nt_ddp_shard_from_host", "'shard'");
+    nt_test_expect_err(nt_ddp_shard_from_host(d, 0, xb, NT_F32, 2, (int64_t[]){B - 1, F})
+                       ? 0 : nt_last_error(),
+                       NT_ESHAPE, "nt_ddp_shard_from_host", "'shape'");
+    nt_test_expect_err(nt_ddp_shard_from_host(d, 0, NULL, NT_F32, 2, (int64_t[]){B, F})
+                       ? 0 : nt_last_error(),
+                       NT_EINVAL, "nt_ddp_shard_from_host", "'src'");
     nt_tensor *odd = nt_zeros(NT_F32, 2, (int64_t[]){6, F});
-    expect_err(nt_ddp_shard(d, odd, 0) ? 0 : nt_last_error(), NT_ESHAPE, "nt_ddp_shard",
-               "'batch'");
+    nt_test_expect_err(nt_ddp_shard(d, odd, 0) ? 0 : nt_last_error(), NT_ESHAPE, "nt_ddp_shard",
+                       "'batch'");
     nt_tensor *whole = nt_from_host(xb, NT_F32, 2, (int64_t[]){B, F});
     nt_tensor *part = nt_ddp_shard(d, whole, 1);
     assert_non_null(part);
     float got[2 * F];
     assert_int_equal(nt_to_host(part, got, sizeof got), 0);
     assert_memory_equal(got, xb + 2 * F, sizeof got);
-    expect_err(nt_ddp_shard(d, whole, 7) ? 0 : nt_last_error(), NT_EINVAL, "nt_ddp_shard",
-               "'shard'");
+    nt_test_expect_err(nt_ddp_shard(d, whole, 7) ? 0 : nt_last_error(), NT_EINVAL, "nt_ddp_shard",
+                       "'shard'");
 
     /* a step with every kind of misuse on the way */
-    expect_err(nt_ddp_reduce(d), NT_ESTATE, "nt_ddp_reduce", "shard 0");
+    nt_test_expect_err(nt_ddp_reduce(d), NT_ESTATE, "nt_ddp_reduce", "shard 0");
     for (int s = 0; s < 4; s++) {
         nt_scope *sc = nt_scope_begin();
         nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, (int64_t[]){B, F});
         nt_tensor *y = nt_ddp_shard_from_host(d, s, yb, NT_I32, 1, (int64_t[]){B});
         nt_tensor *loss = model_loss(rep, x, y);
-        expect_err(nt_ddp_backward(d, 9, loss), NT_EINVAL, "nt_ddp_backward", "'shard'");
-        expect_err(nt_ddp_backward(d, s, NULL), NT_EINVAL, "nt_ddp_backward", "loss");
+        nt_test_expect_err(nt_ddp_backward(d, 9, loss), NT_EINVAL, "nt_ddp_backward", "'shard'");
+        nt_test_expect_err(nt_ddp_backward(d, s, NULL), NT_EINVAL, "nt_ddp_backward", "loss");
         nt_tensor *nograd = nt_sum(x, NT_DIM_ALL, false);
-        expect_err(nt_ddp_backward(d, s, nograd), NT_ESTATE, "nt_backward", "require grad");
+        nt_test_expect_err(nt_ddp_backward(d, s, nograd), NT_ESTATE, "nt_backward", "require grad");
         assert_int_equal(nt_ddp_backward(d, s, loss), 0);
         nt_tensor *again = model_loss(rep, x, y);
-        expect_err(nt_ddp_backward(d, s, again), NT_ESTATE, "nt_ddp_backward", "already");
+        nt_test_expect_err(nt_ddp_backward(d, s, again), NT_ESTATE, "nt_ddp_backward", "already");
         nt_scope_end(sc);
         if (s == 1)
-            expect_err(nt_ddp_reduce(d), NT_ESTATE, "nt_ddp_reduce", "shard 2");
+            nt_test_expect_err(nt_ddp_reduce(d), NT_ESTATE, "nt_ddp_reduce", "shard 2");
     }
     assert_int_equal(nt_ddp_reduce(d), 0);
     nt_optim *opt = nt_optim_adamw(rep, NP, 1e-2, 0.9, 0.999, 1e-8, 0.0);
     nt_optim *other = nt_optim_adamw(rep, 2, 1e-2, 0.9, 0.999, 1e-8, 0.0);
-    expect_err(nt_ddp_step(d, NULL, 1), NT_EINVAL, "nt_ddp_step", "'opts'");
-    expect_err(nt_ddp_step(d, &opt, 2), NT_EINVAL, "nt_ddp_step", "'nopts'");
-    expect_err(nt_ddp_step(d, &other, 1), NT_EINVAL, "nt_ddp_step", "'opts[0]'");
+    nt_test_expect_err(nt_ddp_step(d, NULL, 1), NT_EINVAL, "nt_ddp_step", "'opts'");
+    nt_test_expect_err(nt_ddp_step(d, &opt, 2), NT_EINVAL, "nt_ddp_step", "'nopts'");
+    nt_test_expect_err(nt_ddp_step(d, &other, 1), NT_EINVAL, "nt_ddp_step", "'opts[0]'");
     uint8_t before[H * F * 4], after[H * F * 4];
     assert_int_equal(nt_to_host(rep[0], before, sizeof before), 0);
     assert_int_equal(nt_ddp_step(d, &opt, 1), 0);
@@ -496,19 +489,19 @@ static void test_two_devices(void **state)
     nt_tensor *p[NP];
     make_params(p, NT_F32, 9);
     int devs[2] = {0, 1}, dup[2] = {1, 1};
-    expect_err(nt_ddp_create(p, NP, 2, dup, 2) ? 0 : nt_last_error(), NT_EINVAL,
-               "nt_ddp_create", "device 1 at 0 and 1");
-    expect_err(nt_ddp_create(p, NP, 3, devs, 2) ? 0 : nt_last_error(), NT_EINVAL,
-               "nt_ddp_create", "'shards' is 3");
-    expect_err(nt_ddp_create(p, NP, 6, devs, 2) ? 0 : nt_last_error(), NT_EINVAL,
-               "nt_ddp_create", "power of two");
+    nt_test_expect_err(nt_ddp_create(p, NP, 2, dup, 2) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_ddp_create", "device 1 at 0 and 1");
+    nt_test_expect_err(nt_ddp_create(p, NP, 3, devs, 2) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_ddp_create", "'shards' is 3");
+    nt_test_expect_err(nt_ddp_create(p, NP, 6, devs, 2) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_ddp_create", "power of two");
     assert_int_equal(nt_device_set(1), 0);
     nt_tensor *far = nt_zeros(NT_F32, 1, (int64_t[]){3});
     assert_int_equal(nt_set_requires_grad(far, true), 0);
     assert_int_equal(nt_device_set(0), 0);
     nt_tensor *mixed[2] = {p[0], far};
-    expect_err(nt_ddp_create(mixed, 2, 2, devs, 2) ? 0 : nt_last_error(), NT_EINVAL,
-               "nt_ddp_create", "one device");
+    nt_test_expect_err(nt_ddp_create(mixed, 2, 2, devs, 2) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_ddp_create", "one device");
 
     nt_ddp *d = nt_ddp_create(p, NP, 4, devs, 2);
     assert_non_null(d);
@@ -567,15 +560,15 @@ static void test_two_devices(void **state)
             nt_tensor *x1 = nt_ddp_shard_from_host(d, 2, xb, NT_F32, 2, (int64_t[]){B, F});
             nt_tensor *y1 = nt_ddp_shard_from_host(d, 2, yb, NT_I32, 1, (int64_t[]){B});
             nt_tensor *wrong = model_loss(r1, x1, y1);
-            expect_err(nt_ddp_backward(d, 0, wrong), NT_EINVAL, "nt_ddp_backward",
-                       "'loss' is on device 1");
+            nt_test_expect_err(nt_ddp_backward(d, 0, wrong), NT_EINVAL, "nt_ddp_backward",
+                               "'loss' is on device 1");
             assert_int_equal(nt_device_set(dev), 0);
         }
         assert_int_equal(nt_ddp_backward(d, s, model_loss(nt_ddp_params(d, dev), x, y)), 0);
         nt_scope_end(sc);
     }
     assert_int_equal(nt_ddp_reduce(d), 0);
-    expect_err(nt_ddp_step(d, swapped, 2), NT_EINVAL, "nt_ddp_step", "'opts[0]'");
+    nt_test_expect_err(nt_ddp_step(d, swapped, 2), NT_EINVAL, "nt_ddp_step", "'opts[0]'");
     assert_int_equal(nt_ddp_step(d, opts, 2), 0);
     assert_int_equal(nt_device_set(0), 0);
     assert_int_equal(replica_crc(r0), replica_crc(r1));

@@ -407,87 +407,6 @@ static void test_deterministic_ready_on_return(void **state)
 
 /* ---------------- NT_TRACE ---------------- */
 
-/* A JSON syntax check: value at *p; advances past it.  Enough to know the
- * file parses (python3 -m json in tests/gdb_test.py checks it too). */
-static bool json_value(const char **p);
-
-static void ws(const char **p)
-{
-    while (**p == ' ' || **p == '\n' || **p == '\r' || **p == '\t')
-        (*p)++;
-}
-
-static bool json_string(const char **p)
-{
-    if (**p != '"')
-        return false;
-    for ((*p)++; **p && **p != '"'; (*p)++) {
-        if ((unsigned char)**p < 0x20)
-            return false;
-        if (**p == '\\') {
-            (*p)++;
-            if (!strchr("\"\\/bfnrtu", **p))
-                return false;
-        }
-    }
-    if (**p != '"')
-        return false;
-    (*p)++;
-    return true;
-}
-
-static bool json_list(const char **p, char close, bool object)
-{
-    (*p)++;
-    ws(p);
-    if (**p == close) {
-        (*p)++;
-        return true;
-    }
-    for (;;) {
-        ws(p);
-        if (object) {
-            if (!json_string(p))
-                return false;
-            ws(p);
-            if (*(*p)++ != ':')
-                return false;
-        }
-        if (!json_value(p))
-            return false;
-        ws(p);
-        if (**p == ',') {
-            (*p)++;
-            continue;
-        }
-        if (**p != close)
-            return false;
-        (*p)++;
-        return true;
-    }
-}
-
-static bool json_value(const char **p)
-{
-    ws(p);
-    switch (**p) {
-    case '{': return json_list(p, '}', true);
-    case '[': return json_list(p, ']', false);
-    case '"': return json_string(p);
-    case 't': return !strncmp(*p, "true", 4) && (*p += 4, true);
-    case 'f': return !strncmp(*p, "false", 5) && (*p += 5, true);
-    case 'n': return !strncmp(*p, "null", 4) && (*p += 4, true);
-    default: {
-        char *end;
-        strtod(*p, &end);
-        if (end == *p)
-            return false;
-        *p = end;
-        return true;
-    }
-    }
-}
-
 static void test_trace_file(void **state)
 {
     (void)state;
@@ -517,10 +436,7 @@ static void test_trace_file(void **state)
     char *text = NULL;
     assert_true(g_file_get_contents(path, &text, NULL, NULL));
     unlink(path);
-    const char *p = text;
-    assert_true(json_value(&p));
-    ws(&p);
-    assert_int_equal(*p, '\0');
+    assert_true(nt_test_json_ok(text)); /* one JSON value, nothing after it */
     /* the two processes */
     assert_has(text, "\"name\":\"process_name\",\"args\":{\"name\":\"host\"}");
     assert_has(text, "NeuronCore (simulated)");

@@ -24,21 +24,17 @@
 #include "sim/sim.h"
 #include "nt_test.h"
 
+/* the seeded values of every test here (nt_test.h's generator) */
 static uint64_t rng_state = 0x9e3779b97f4a7c15u;
-static uint32_t rnd(void)
-{
-    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
 
-/* Mostly uniform in [-1, 1), with special values sprinkled in: signed
+/* Mostly uniform in [-1, 3), with special values sprinkled in: signed
  * zeros, subnormals, values whose products overflow, infinities (whose
  * products with 0 and sums with the other sign give the default NaN).  No
  * NaN inputs: which of two NaN operands an fma passes on is not part of the
  * contract (NaNs are made canonical where results are rounded). */
 static float val(void)
 {
-    uint32_t r = rnd();
+    uint32_t r = nt_test_rand32(&rng_state);
     switch (r % 509) {
     case 0: return -0.0f;
     case 1: return 0.0f;
@@ -50,7 +46,8 @@ static float val(void)
     }
 }
 
-static float *fill(size_t n)
+/* n of val()'s values, in a new buffer */
+static float *vals(size_t n)
 {
     float *p = malloc(n * sizeof(float) + 4);
     for (size_t i = 0; i < n; i++)
@@ -230,8 +227,8 @@ static void test_ktile_every_level(void **state)
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         int lda = M + 3, ldb = N + 5, ldc = N + 2;
-        float *A = fill((size_t)K * lda), *B = fill((size_t)K * ldb);
-        float *C0 = fill((size_t)M * ldc); /* what "acc" adds to */
+        float *A = vals((size_t)K * lda), *B = vals((size_t)K * ldb);
+        float *C0 = vals((size_t)M * ldc); /* what "acc" adds to */
         float *ref = malloc(sizeof(float) * (size_t)M * ldc);
         float *got = malloc(sizeof(float) * (size_t)M * ldc);
         for (int acc = 0; acc < 2; acc++) {
@@ -288,8 +285,8 @@ static void test_whole_every_level(void **state)
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         int lda = M + 1, ldb = N + 7, ldc = N + 3;
-        float *A = fill((size_t)K * lda + 1), *B = fill((size_t)K * ldb + 1);
-        float *ref = fill((size_t)M * ldc);
+        float *A = vals((size_t)K * lda + 1), *B = vals((size_t)K * ldb + 1);
+        float *ref = vals((size_t)M * ldc);
         float *got = malloc(sizeof(float) * (size_t)M * ldc);
         memcpy(got, ref, sizeof(float) * (size_t)M * ldc); /* same padding */
         float *pad = malloc(sizeof(float) * (size_t)M * ldc);
@@ -354,8 +351,8 @@ static void test_whole_every_level(void **state)
      * same bits. */
     {
         int M = 12, N = 32, K = 129;
-        float *A = fill((size_t)K * M), *B = fill((size_t)K * N);
-        float *ref = calloc((size_t)M * N, sizeof(float)), *got = fill((size_t)M * N);
+        float *A = vals((size_t)K * M), *B = vals((size_t)K * N);
+        float *ref = calloc((size_t)M * N, sizeof(float)), *got = vals((size_t)M * N);
         naive(M, N, K, A, M, B, N, ref, N);
         nt__gemm_set_panel_cap(5000);
         for (int isa = 0; isa <= best; isa++) {
@@ -387,8 +384,8 @@ static void test_whole_prefetch(void **state)
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         int lda = M + 1, ldb = N + 7, ldc = N + 3, ldr = K + 2, ldt = K + 3;
-        float *A = fill((size_t)K * lda + 1), *B = fill((size_t)K * ldb + 1);
-        float *ref = fill((size_t)M * ldc), *pad = malloc(sizeof(float) * (size_t)M * ldc);
+        float *A = vals((size_t)K * lda + 1), *B = vals((size_t)K * ldb + 1);
+        float *ref = vals((size_t)M * ldc), *pad = malloc(sizeof(float) * (size_t)M * ldc);
         float *got = malloc(sizeof(float) * (size_t)M * ldc);
         float *Ar = malloc(sizeof(float) * ((size_t)M * ldr + 1));
         float *Bt = malloc(sizeof(float) * ((size_t)N * ldt + 1));
@@ -457,7 +454,7 @@ static void test_typed_every_level(void **state)
         size_t na = (size_t)K * lda + 1, nb = (size_t)K * ldb + 1, nc = (size_t)M * ldc;
         /* values that bf16 holds exactly: A, B as floats and as bf16, in
          * both layouts each */
-        float *A = fill(na), *B = fill(nb);
+        float *A = vals(na), *B = vals(nb);
         uint16_t *Ah = malloc(2 * na), *Bh = malloc(2 * nb);
         uint16_t *Arh = malloc(2 * ((size_t)M * ldr + 1)), *Bth = malloc(2 * ((size_t)N * ldt + 1));
         float *Ar = malloc(4 * ((size_t)M * ldr + 1)), *Bt = malloc(4 * ((size_t)N * ldt + 1));
@@ -538,7 +535,7 @@ static void test_matmul_bf16(void **state)
     (void)state;
     assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
     const int64_t M = 37, K = 300, N = 45;
-    float *a = fill((size_t)(M * K * 2)), *b = fill((size_t)(K * N * 2));
+    float *a = vals((size_t)(M * K * 2)), *b = vals((size_t)(K * N * 2));
     for (int64_t i = 0; i < M * K * 2; i++)
         a[i] = isinf(a[i]) || fabsf(a[i]) > 1 ? 0.5f : a[i];
     for (int64_t i = 0; i < K * N * 2; i++)
@@ -602,7 +599,7 @@ static void test_matmul_every_level(void **state)
 {
     (void)state;
     const int64_t Bt = 3, M = 37, K = 300, N = 45;
-    float *a = fill((size_t)(Bt * K * M)), *b = fill((size_t)(K * (N + 10)));
+    float *a = vals((size_t)(Bt * K * M)), *b = vals((size_t)(K * (N + 10)));
     for (size_t i = 0; i < (size_t)(Bt * K * M); i++)
         a[i] = isinf(a[i]) || fabsf(a[i]) > 1 ? 0.5f : a[i]; /* finite sums to compare */
     for (size_t i = 0; i < (size_t)(K * (N + 10)); i++)
@@ -664,7 +661,7 @@ static void test_matmul_fold(void **state)
 {
     (void)state;
     const int64_t B0 = 3, B1 = 2, M = 13, Mp = 16, K = 140, N = 37;
-    float *a = fill((size_t)(B0 * B1 * Mp * K)), *b = fill((size_t)(K * N));
+    float *a = vals((size_t)(B0 * B1 * Mp * K)), *b = vals((size_t)(K * N));
     for (size_t i = 0; i < (size_t)(B0 * B1 * Mp * K); i++)
         a[i] = isinf(a[i]) || fabsf(a[i]) > 1 ? 0.5f : a[i];
     for (size_t i = 0; i < (size_t)(K * N); i++)
@@ -732,7 +729,7 @@ static void test_matmul_batches(void **state)
     for (size_t si = 0; si < sizeof shp / sizeof *shp; si++) {
         const int64_t Bt = shp[si][0], M = shp[si][1], N = shp[si][2], K = shp[si][3];
         /* a stored [Bt, K, M] (used transposed) and row-major [Bt, M, K]; b [Bt, K, N] */
-        float *a = fill((size_t)(Bt * K * M)), *b = fill((size_t)(Bt * K * N));
+        float *a = vals((size_t)(Bt * K * M)), *b = vals((size_t)(Bt * K * N));
         float *bt = malloc(sizeof(float) * (size_t)(Bt * K * N));
         for (int64_t q = 0; q < Bt; q++)
             for (int64_t k = 0; k < K; k++)
@@ -947,7 +944,7 @@ static void test_train_threads(void **state)
  * zeros. */
 static uint16_t rbf(void)
 {
-    uint32_t r = rnd();
+    uint32_t r = nt_test_rand32(&rng_state);
     if (r % 61 == 0)
         return r & 0x100 ? 0x8000 : 0x0000;
     return (uint16_t)((r >> 20 & 0x8000) | ((107 + (r >> 8) % 40) << 7) | (r & 0x7f));
@@ -1485,11 +1482,13 @@ static void test_bf16_sim_steps(void **state)
     for (int64_t i = 0; i < M; i++)
         for (int64_t k = 0; k < K; k++) {
             /* values near 1 with both signs: partial sums cancel and round */
-            ah[i * K + k] = (uint16_t)(rbf() % 0x200 + (rnd() & 1 ? 0x3f00 : 0xbf00));
+            ah[i * K + k] = (uint16_t)(rbf() % 0x200 +
+                                       (nt_test_rand32(&rng_state) & 1 ? 0x3f00 : 0xbf00));
             at[k * M + i] = nt__bf16_to_f32(ah[i * K + k]);
         }
     for (int64_t i = 0; i < K * N; i++)
-        bh[i] = (uint16_t)(rbf() % 0x200 + (rnd() & 1 ? 0x3f00 : 0xbf00)),
+        bh[i] = (uint16_t)(rbf() % 0x200 +
+                           (nt_test_rand32(&rng_state) & 1 ? 0x3f00 : 0xbf00)),
         bf[i] = nt__bf16_to_f32(bh[i]);
     /* row 0 of A all ones, column 0 of B over the first K-tile 2^24, 126
      * ones, -2^24: the old recurrence loses every one (0), the chunks keep
@@ -1601,7 +1600,7 @@ static void test_sim_bf16_product(void **state)
     const int64_t M = 37, K = 300, N = 45;
     bool pv0 = nt__sim_program_values();
     nt__sim_set_program_values(false);
-    float *a = fill((size_t)(M * K)), *b = fill((size_t)(K * N));
+    float *a = vals((size_t)(M * K)), *b = vals((size_t)(K * N));
     size_t n = (size_t)(M * N);
     float *want = malloc(4 * n), *got = malloc(4 * n);
     static const char *runs[] = {"cpu", "sim, program product", "sim, panels capped",

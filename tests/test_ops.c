@@ -40,6 +40,7 @@
 #include "ntensor.h"
 #include "core/gemm.h" /* the matmul K-tile primitive: only for the blocking test */
 #include "core/optable.h" /* the group counts the op lists below are checked against */
+#include "nt_test.h"
 
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 #define U 0x1p-24 /* f32 unit roundoff */
@@ -324,25 +325,6 @@ static void expect_shape(nt_tensor *t, int nd, const int64_t *sh)
         assert_int_equal(nt_shape(t, i), sh[i]);
 }
 
-/* The error left by the last call: code, and a message naming fn, the
- * argument (if given) and this file's call site. */
-static void expect_err(int code, const char *fn, const char *arg)
-{
-    const char *m = nt_last_error_message();
-    if (nt_last_error() != code)
-        fail_msg("expected %s (%d), got %d: %s", nt_strerror(code), code, nt_last_error(), m);
-    if (!strstr(m, fn))
-        fail_msg("message does not name %s: %s", fn, m);
-    if (arg) {
-        char q[64];
-        snprintf(q, sizeof q, "'%s'", arg);
-        if (!strstr(m, q))
-            fail_msg("message does not name argument %s: %s", q, m);
-    }
-    if (!strstr(m, "test_ops.c:"))
-        fail_msg("message does not name the call site: %s", m);
-    nt_clear_error();
-}
 
 /* ------------------------------------------------------------------ */
 /* Fixtures                                                           */
@@ -1004,9 +986,9 @@ static void test_arange_values(void **state)
     exact("arange f16", fetch(nt_arange(NT_F16, -1, 1, 0.5)), (double[]){-1, -0.5, 0, 0.5}, 4);
     assert_int_equal(nt_numel(nt_arange(NT_F32, 3, 3, 1)), 0);
     assert_null(nt_arange(NT_F32, 0, 5, 0));
-    expect_err(NT_EINVAL, "nt_arange", NULL);
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_arange", "test_ops.c:");
     assert_null(nt_arange(NT_F32, 0, 5, -1));
-    expect_err(NT_EINVAL, "nt_arange", NULL);
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_arange", "test_ops.c:");
 }
 
 /* ---------------- rand, randn ---------------- */
@@ -1436,7 +1418,7 @@ static void test_int_reductions_wrap_and_u8(void **state)
     exact1("u8 max", fetch(mu)[0], 255);
     exact1("u8 argmax", fetch(nt_argmax(tu, 0, false))[0], 3);
     assert_null(nt_mean(tu, 0, false));
-    expect_err(NT_EDTYPE, "nt_mean", "t");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_mean", "'t'", "test_ops.c:");
 }
 
 static void test_reductions_empty_dims(void **state)
@@ -1450,9 +1432,9 @@ static void test_reductions_empty_dims(void **state)
     expect_shape(nt_sum(e, 0, false), 1, SH(0));
     exact1("sum all of nothing", fetch(nt_sum(e, NT_DIM_ALL, false))[0], 0);
     assert_null(nt_max(e, 1, false));
-    expect_err(NT_ESHAPE, "nt_max", NULL);
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_max", "test_ops.c:");
     assert_null(nt_argmax(e, NT_DIM_ALL, false));
-    expect_err(NT_ESHAPE, "nt_argmax", NULL);
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_argmax", "test_ops.c:");
     /* a dim of size 0 elsewhere: an empty result, no error */
     expect_shape(nt_max(e, 0, false), 1, SH(0));
 }
@@ -1500,9 +1482,9 @@ static void test_min_argmin_any_nan_inf_zero(void **state)
     nt_tensor *e = nt_zeros(NT_F32, 2, SH(3, 0));
     exact("any of nothing", fetch(nt_any(e, 1, false)), (double[]){0, 0, 0}, 3);
     assert_null(nt_min(e, 1, false));
-    expect_err(NT_ESHAPE, "nt_min", NULL);
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_min", "test_ops.c:");
     assert_null(nt_argmin(e, NT_DIM_ALL, false));
-    expect_err(NT_ESHAPE, "nt_argmin", NULL);
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_argmin", "test_ops.c:");
     expect_shape(nt_min(e, 0, false), 1, SH(0));
 }
 
@@ -1588,7 +1570,7 @@ static void test_norm_values(void **state)
     double iv[2] = {3, 4};
     nt_tensor *ti = mk(NT_I32, 1, SH(2), iv);
     assert_null(nt_norm(ti, 2, 0, false));
-    expect_err(NT_EDTYPE, "nt_norm", "t");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_norm", "'t'", "test_ops.c:");
 }
 
 static void test_gather_index_select_values(void **state)
@@ -2653,7 +2635,7 @@ static void test_inplace_through_views(void **state)
     exact1("i32 inplace wraps", fetch(ti)[0], -2147483648.0);
     /* an expanded view cannot be written */
     assert_int_equal(nt_fill_inplace(nt_expand(ti, 2, SH(3, 1)), 0), NT_EINVAL);
-    expect_err(NT_EINVAL, "nt_fill_inplace", "dst");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_fill_inplace", "'dst'", "test_ops.c:");
 }
 
 static void test_inplace_source_aliasing_destination(void **state)
@@ -2771,60 +2753,60 @@ static void test_errors_null_arguments(void **state)
     double l[] = {0, 1};
     nt_tensor *lab = mk(NT_I32, 1, SH(2), l);
     assert_null(nt_add(NULL, a));
-    expect_err(NT_EINVAL, "nt_add", "a");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_add", "'a'", "test_ops.c:");
     assert_null(nt_add(a, NULL));
-    expect_err(NT_EINVAL, "nt_add", "b");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_add", "'b'", "test_ops.c:");
     assert_null(nt_relu(NULL));
-    expect_err(NT_EINVAL, "nt_relu", "t");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_relu", "'t'", "test_ops.c:");
     assert_null(nt_mul_scalar(NULL, 2));
-    expect_err(NT_EINVAL, "nt_mul_scalar", "t");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_mul_scalar", "'t'", "test_ops.c:");
     assert_null(nt_lt(a, NULL));
-    expect_err(NT_EINVAL, "nt_lt", "b");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_lt", "'b'", "test_ops.c:");
     assert_null(nt_where(NULL, a, a));
-    expect_err(NT_EINVAL, "nt_where", "cond");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_where", "'cond'", "test_ops.c:");
     assert_null(nt_cast(NULL, NT_BF16));
-    expect_err(NT_EINVAL, "nt_cast", "t");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_cast", "'t'", "test_ops.c:");
     assert_null(nt_sum(NULL, 0, false));
-    expect_err(NT_EINVAL, "nt_sum", "t");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_sum", "'t'", "test_ops.c:");
     assert_null(nt_argmax(NULL, 0, false));
-    expect_err(NT_EINVAL, "nt_argmax", "t");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_argmax", "'t'", "test_ops.c:");
     assert_null(nt_softmax(NULL, 0));
-    expect_err(NT_EINVAL, "nt_softmax", "t");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_softmax", "'t'", "test_ops.c:");
     assert_null(nt_layer_norm(NULL, NULL, NULL, 1e-5));
-    expect_err(NT_EINVAL, "nt_layer_norm", "x");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_layer_norm", "'x'", "test_ops.c:");
     assert_null(nt_rms_norm(NULL, a, 1e-5));
-    expect_err(NT_EINVAL, "nt_rms_norm", "x");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_rms_norm", "'x'", "test_ops.c:");
     assert_null(nt_cross_entropy(a, NULL));
-    expect_err(NT_EINVAL, "nt_cross_entropy", "labels");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_cross_entropy", "'labels'", "test_ops.c:");
     assert_null(nt_mse_loss(NULL, a));
-    expect_err(NT_EINVAL, "nt_mse_loss", "a");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_mse_loss", "'a'", "test_ops.c:");
     assert_null(nt_matmul(a, NULL));
-    expect_err(NT_EINVAL, "nt_matmul", "b");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_matmul", "'b'", "test_ops.c:");
     assert_null(nt_linear(a, NULL, NULL));
-    expect_err(NT_EINVAL, "nt_linear", "w");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_linear", "'w'", "test_ops.c:");
     assert_null(nt_embedding(NULL, lab));
-    expect_err(NT_EINVAL, "nt_embedding", "weight");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_embedding", "'weight'", "test_ops.c:");
     assert_null(nt_reshape(NULL, 1, SH(6)));
-    expect_err(NT_EINVAL, "nt_reshape", "t");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_reshape", "'t'", "test_ops.c:");
     assert_null(nt_transpose(NULL, 0, 1));
-    expect_err(NT_EINVAL, "nt_transpose", "t");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_transpose", "'t'", "test_ops.c:");
     assert_null(nt_slice(NULL, 0, 0, 1, 1));
-    expect_err(NT_EINVAL, "nt_slice", "t");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_slice", "'t'", "test_ops.c:");
     assert_null(nt_cat((nt_tensor *[]){a, NULL}, 2, 0));
-    expect_err(NT_EINVAL, "nt_cat", "ts[1]");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_cat", "'ts[1]'", "test_ops.c:");
     assert_null(nt_contiguous(NULL));
-    expect_err(NT_EINVAL, "nt_contiguous", "t");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_contiguous", "'t'", "test_ops.c:");
     assert_null(nt_zeros_like(NULL));
-    expect_err(NT_EINVAL, "nt_zeros_like", "t");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_zeros_like", "'t'", "test_ops.c:");
     assert_int_equal(nt_copy_into(a, NULL), NT_EINVAL);
-    expect_err(NT_EINVAL, "nt_copy_into", "src");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_copy_into", "'src'", "test_ops.c:");
     assert_int_equal(nt_add_inplace(NULL, a), NT_EINVAL);
-    expect_err(NT_EINVAL, "nt_add_inplace", "dst");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_add_inplace", "'dst'", "test_ops.c:");
     double out[6];
     assert_int_equal(nt_to_host(NULL, out, sizeof out), NT_EINVAL);
-    expect_err(NT_EINVAL, "nt_to_host", "t");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_to_host", "'t'", "test_ops.c:");
     assert_int_equal(nt_item(a, NULL), NT_EINVAL);
-    expect_err(NT_EINVAL, "nt_item", "out");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_item", "'out'", "test_ops.c:");
 }
 
 static void test_errors_null_keeps_first_error(void **state)
@@ -2844,7 +2826,7 @@ static void test_errors_null_keeps_first_error(void **state)
     assert_null(nt_embedding(a, NULL));
     assert_int_equal(nt_last_error(), NT_ESHAPE);
     assert_string_equal(nt_last_error_message(), first);
-    expect_err(NT_ESHAPE, "nt_add", "a");
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_add", "'a'", "test_ops.c:");
 }
 
 static void test_errors_released_tensor(void **state)
@@ -2856,24 +2838,24 @@ static void test_errors_released_tensor(void **state)
     nt_release(a);
     nt_release(a);
     assert_null(nt_add(b, a));
-    expect_err(NT_ERELEASED, "nt_add", "b");
+    nt_test_expect_err(nt_last_error(), NT_ERELEASED, "nt_add", "'b'", "test_ops.c:");
     assert_null(nt_exp(a));
-    expect_err(NT_ERELEASED, "nt_exp", "t");
+    nt_test_expect_err(nt_last_error(), NT_ERELEASED, "nt_exp", "'t'", "test_ops.c:");
     assert_null(nt_mean(a, 0, true));
-    expect_err(NT_ERELEASED, "nt_mean", "t");
+    nt_test_expect_err(nt_last_error(), NT_ERELEASED, "nt_mean", "'t'", "test_ops.c:");
     assert_null(nt_log_softmax(a, 0));
-    expect_err(NT_ERELEASED, "nt_log_softmax", "t");
+    nt_test_expect_err(nt_last_error(), NT_ERELEASED, "nt_log_softmax", "'t'", "test_ops.c:");
     assert_null(nt_matmul(a, b));
-    expect_err(NT_ERELEASED, "nt_matmul", "a");
+    nt_test_expect_err(nt_last_error(), NT_ERELEASED, "nt_matmul", "'a'", "test_ops.c:");
     assert_null(nt_mse_loss(b, a));
-    expect_err(NT_ERELEASED, "nt_mse_loss", "b");
+    nt_test_expect_err(nt_last_error(), NT_ERELEASED, "nt_mse_loss", "'b'", "test_ops.c:");
     assert_null(nt_permute(a, (const int[]){0}));
-    expect_err(NT_ERELEASED, "nt_permute", "t");
+    nt_test_expect_err(nt_last_error(), NT_ERELEASED, "nt_permute", "'t'", "test_ops.c:");
     assert_int_equal(nt_fill_inplace(a, 1), NT_ERELEASED);
-    expect_err(NT_ERELEASED, "nt_fill_inplace", "dst");
+    nt_test_expect_err(nt_last_error(), NT_ERELEASED, "nt_fill_inplace", "'dst'", "test_ops.c:");
     double out[4];
     assert_int_equal(nt_to_host(a, out, sizeof out), NT_ERELEASED);
-    expect_err(NT_ERELEASED, "nt_to_host", "t");
+    nt_test_expect_err(nt_last_error(), NT_ERELEASED, "nt_to_host", "'t'", "test_ops.c:");
     assert_int_equal(nt_ndim(a), -1);
     assert_int_equal(nt_release(a), NT_ERELEASED);
     nt_clear_error();
@@ -2890,40 +2872,41 @@ static void test_errors_wrong_dtype(void **state)
     nt_tensor *lab = mk(NT_F32, 1, SH(2), copyv(v, 2));
     nt_tensor *ilab = mk(NT_I32, 1, SH(2), copyv(v, 2));
     assert_null(nt_mean(ii, 0, false));
-    expect_err(NT_EDTYPE, "nt_mean", "t");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_mean", "'t'", "test_ops.c:");
     assert_null(nt_softmax(uu, 1));
-    expect_err(NT_EDTYPE, "nt_softmax", "t");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_softmax", "'t'", "test_ops.c:");
     assert_null(nt_log_softmax(ii, 1));
-    expect_err(NT_EDTYPE, "nt_log_softmax", "t");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_log_softmax", "'t'", "test_ops.c:");
     assert_null(nt_layer_norm(ii, NULL, NULL, 1e-5));
-    expect_err(NT_EDTYPE, "nt_layer_norm", "x");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_layer_norm", "'x'", "test_ops.c:");
     assert_null(nt_layer_norm(fi, mk(NT_I32, 1, SH(3), copyv(v, 3)), NULL, 1e-5));
-    expect_err(NT_EDTYPE, "nt_layer_norm", "w");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_layer_norm", "'w'", "test_ops.c:");
     assert_null(nt_rms_norm(uu, NULL, 1e-5));
-    expect_err(NT_EDTYPE, "nt_rms_norm", "x");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_rms_norm", "'x'", "test_ops.c:");
     assert_null(nt_matmul(ii, mk(NT_I32, 2, SH(3, 2), copyv(v, 6))));
-    expect_err(NT_EDTYPE, "nt_matmul", "a");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_matmul", "'a'", "test_ops.c:");
     assert_null(nt_matmul(fi, bf));
-    expect_err(NT_EDTYPE, "nt_matmul", "b");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_matmul", "'b'", "test_ops.c:");
     assert_null(nt_cross_entropy(ii, ilab));
-    expect_err(NT_EDTYPE, "nt_cross_entropy", "logits");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_cross_entropy", "'logits'", "test_ops.c:");
     assert_null(nt_cross_entropy(fi, lab));
-    expect_err(NT_EDTYPE, "nt_cross_entropy", "labels");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_cross_entropy", "'labels'", "test_ops.c:");
     assert_null(nt_mse_loss(fi, ii));
-    expect_err(NT_EDTYPE, "nt_mse_loss", "b");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_mse_loss", "'b'", "test_ops.c:");
     assert_null(nt_embedding(fi, lab));
-    expect_err(NT_EDTYPE, "nt_embedding", "idx");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_embedding", "'idx'", "test_ops.c:");
     assert_null(nt_rand(NT_I32, 1, SH(3), 1));
-    expect_err(NT_EDTYPE, "nt_rand", "dt");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_rand", "'dt'", "test_ops.c:");
     assert_null(nt_randn(NT_U8, 1, SH(3), 1));
-    expect_err(NT_EDTYPE, "nt_randn", "dt");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_randn", "'dt'", "test_ops.c:");
     assert_null(nt_cast(fi, (nt_dtype)42));
-    expect_err(NT_EDTYPE, "nt_cast", "dt");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_cast", "'dt'", "test_ops.c:");
     assert_null(nt_zeros((nt_dtype)-3, 1, SH(2)));
-    expect_err(NT_EDTYPE, "nt_zeros", "dt");
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_zeros", "'dt'", "test_ops.c:");
     assert_null(nt_cat((nt_tensor *[]){fi, ii}, 2, 0));
     assert_non_null(strstr(nt_last_error_message(), "ts[1] (i32"));
-    expect_err(NT_ESHAPE, "nt_cat", NULL); /* cat reports dtype and shape together */
+    /* cat reports dtype and shape together */
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_cat", "test_ops.c:");
 }
 
 static void test_errors_wrong_shape(void **state)
@@ -2937,56 +2920,57 @@ static void test_errors_wrong_shape(void **state)
     nt_tensor *s0 = mk(NT_F32, 0, NULL, copyv(v, 1));
     nt_tensor *l3 = mk(NT_I32, 1, SH(3), copyv(v, 3));
     assert_null(nt_add(a23, a4));
-    expect_err(NT_ESHAPE, "nt_add", "a");
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_add", "'a'", "test_ops.c:");
     assert_null(nt_where(a4, a23, a23));
-    expect_err(NT_ESHAPE, "nt_where", "cond");
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_where", "'cond'", "test_ops.c:");
     assert_null(nt_matmul(a23, a45));
-    expect_err(NT_ESHAPE, "nt_matmul", "a");
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_matmul", "'a'", "test_ops.c:");
     assert_null(nt_matmul(s0, a23));
-    expect_err(NT_ESHAPE, "nt_matmul", NULL);
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_matmul", "test_ops.c:");
     assert_null(nt_matmul(mk(NT_F32, 3, SH(2, 2, 3), copyv(v, 12)),
                           mk(NT_F32, 3, SH(3, 3, 2), copyv(v, 18))));
-    expect_err(NT_ESHAPE, "nt_matmul", NULL); /* batch dims 2 vs 3 */
+    /* batch dims 2 vs 3 */
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_matmul", "test_ops.c:");
     assert_null(nt_linear(a23, a45, NULL));
-    expect_err(NT_ESHAPE, "nt_linear", "w");
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_linear", "'w'", "test_ops.c:");
     assert_null(nt_linear(a23, a23, a4));
-    expect_err(NT_ESHAPE, "nt_linear", "b");
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_linear", "'b'", "test_ops.c:");
     assert_null(nt_mse_loss(a23, a32));
-    expect_err(NT_ESHAPE, "nt_mse_loss", "a");
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_mse_loss", "'a'", "test_ops.c:");
     assert_null(nt_cross_entropy(a4, l3));
-    expect_err(NT_ESHAPE, "nt_cross_entropy", "logits");
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_cross_entropy", "'logits'", "test_ops.c:");
     assert_null(nt_cross_entropy(a23, l3));
-    expect_err(NT_ESHAPE, "nt_cross_entropy", "labels");
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_cross_entropy", "'labels'", "test_ops.c:");
     assert_null(nt_layer_norm(a23, a4, NULL, 1e-5));
-    expect_err(NT_ESHAPE, "nt_layer_norm", "w");
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_layer_norm", "'w'", "test_ops.c:");
     assert_null(nt_layer_norm(a23, NULL, a4, 1e-5));
-    expect_err(NT_ESHAPE, "nt_layer_norm", "b");
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_layer_norm", "'b'", "test_ops.c:");
     assert_null(nt_rms_norm(s0, NULL, 1e-5));
-    expect_err(NT_ESHAPE, "nt_rms_norm", "x");
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_rms_norm", "'x'", "test_ops.c:");
     assert_null(nt_layer_norm(a23, NULL, NULL, -1));
-    expect_err(NT_EINVAL, "nt_layer_norm", "eps");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_layer_norm", "'eps'", "test_ops.c:");
     assert_null(nt_embedding(a4, l3));
-    expect_err(NT_ESHAPE, "nt_embedding", "weight");
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_embedding", "'weight'", "test_ops.c:");
     assert_null(nt_reshape(a23, 2, SH(4, 2)));
-    expect_err(NT_ESHAPE, "nt_reshape", NULL);
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_reshape", "test_ops.c:");
     assert_null(nt_reshape(a23, 2, SH(-1, 4)));
-    expect_err(NT_ESHAPE, "nt_reshape", NULL);
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_reshape", "test_ops.c:");
     assert_null(nt_expand(a23, 2, SH(4, 3)));
-    expect_err(NT_ESHAPE, "nt_expand", NULL);
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_expand", "test_ops.c:");
     assert_null(nt_cat((nt_tensor *[]){a23, a32}, 2, 0));
     assert_non_null(strstr(nt_last_error_message(), "ts[1]"));
-    expect_err(NT_ESHAPE, "nt_cat", NULL);
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_cat", "test_ops.c:");
     assert_int_equal(nt_copy_into(a23, a4), NT_ESHAPE);
-    expect_err(NT_ESHAPE, "nt_copy_into", "src");
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_copy_into", "'src'", "test_ops.c:");
     nt_tensor *a3 = mk(NT_F32, 1, SH(3), copyv(v, 3));
     assert_int_equal(nt_add_inplace(a3, a23), NT_ESHAPE); /* would need dst to grow */
-    expect_err(NT_ESHAPE, "nt_add_inplace", "src");
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_add_inplace", "'src'", "test_ops.c:");
     double d[6];
     assert_int_equal(nt_to_host(a23, d, 8), NT_EINVAL);
-    expect_err(NT_EINVAL, "nt_to_host", "nbytes");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_to_host", "'nbytes'", "test_ops.c:");
     double it;
     assert_int_equal(nt_item(a23, &it), NT_ESHAPE);
-    expect_err(NT_ESHAPE, "nt_item", NULL);
+    nt_test_expect_err(nt_last_error(), NT_ESHAPE, "nt_item", "test_ops.c:");
 }
 
 static void test_errors_bad_dim(void **state)
@@ -2996,32 +2980,32 @@ static void test_errors_bad_dim(void **state)
     nt_tensor *t = mk(NT_F32, 3, SH(2, 3, 4), v);
     assert_null(nt_sum(t, 3, false));
     assert_non_null(strstr(nt_last_error_message(), "dim 3"));
-    expect_err(NT_EDIM, "nt_sum", NULL);
+    nt_test_expect_err(nt_last_error(), NT_EDIM, "nt_sum", "test_ops.c:");
     assert_null(nt_mean(t, -4, true));
-    expect_err(NT_EDIM, "nt_mean", NULL);
+    nt_test_expect_err(nt_last_error(), NT_EDIM, "nt_mean", "test_ops.c:");
     assert_null(nt_max(t, 7, false));
-    expect_err(NT_EDIM, "nt_max", NULL);
+    nt_test_expect_err(nt_last_error(), NT_EDIM, "nt_max", "test_ops.c:");
     assert_null(nt_argmax(t, -5, false));
-    expect_err(NT_EDIM, "nt_argmax", NULL);
+    nt_test_expect_err(nt_last_error(), NT_EDIM, "nt_argmax", "test_ops.c:");
     assert_null(nt_softmax(t, 3));
-    expect_err(NT_EDIM, "nt_softmax", NULL);
+    nt_test_expect_err(nt_last_error(), NT_EDIM, "nt_softmax", "test_ops.c:");
     assert_null(nt_log_softmax(t, -4));
-    expect_err(NT_EDIM, "nt_log_softmax", NULL);
+    nt_test_expect_err(nt_last_error(), NT_EDIM, "nt_log_softmax", "test_ops.c:");
     assert_null(nt_transpose(t, 0, 3));
-    expect_err(NT_EDIM, "nt_transpose", NULL);
+    nt_test_expect_err(nt_last_error(), NT_EDIM, "nt_transpose", "test_ops.c:");
     assert_null(nt_permute(t, (const int[]){0, 0, 1}));
-    expect_err(NT_EDIM, "nt_permute", NULL);
+    nt_test_expect_err(nt_last_error(), NT_EDIM, "nt_permute", "test_ops.c:");
     assert_null(nt_permute(t, (const int[]){0, 1, 5}));
-    expect_err(NT_EDIM, "nt_permute", NULL);
+    nt_test_expect_err(nt_last_error(), NT_EDIM, "nt_permute", "test_ops.c:");
     assert_null(nt_slice(t, 3, 0, 1, 1));
-    expect_err(NT_EDIM, "nt_slice", NULL);
+    nt_test_expect_err(nt_last_error(), NT_EDIM, "nt_slice", "test_ops.c:");
     assert_null(nt_slice(t, 0, 0, 1, 0));
-    expect_err(NT_EINVAL, "nt_slice", "step");
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_slice", "'step'", "test_ops.c:");
     assert_null(nt_cat((nt_tensor *[]){t, t}, 2, 3));
-    expect_err(NT_EDIM, "nt_cat", NULL);
+    nt_test_expect_err(nt_last_error(), NT_EDIM, "nt_cat", "test_ops.c:");
     nt_tensor *s = nt_full(NT_F32, 0, NULL, 1);
     assert_null(nt_sum(s, 1, false)); /* a 0-d tensor accepts only 0 and -1 */
-    expect_err(NT_EDIM, "nt_sum", NULL);
+    nt_test_expect_err(nt_last_error(), NT_EDIM, "nt_sum", "test_ops.c:");
 }
 
 static void test_error_message_names_the_call_site(void **state)

@@ -20,32 +20,14 @@
 #include "sim/isa.h"
 #include "core/reduce.h"
 #include "sim/trace.h"
+#include "nt_test.h"
 
 /* ------------------------------------------------------------------------ */
 /* Helpers                                                                  */
 /* ------------------------------------------------------------------------ */
 
+/* the seeded values of every test here (nt_test.h's generator) */
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static uint32_t rnd32(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-
-/* uniform in [-1, 1) */
-static float rndf(void)
-{
-    return (float)((double)rnd32() / 2147483648.0 - 1.0);
-}
-
-static void fill(float *x, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        x[i] = rndf();
-}
 
 static uint32_t bits(float f)
 {
@@ -151,7 +133,7 @@ static void test_dma_roundtrip(void **state)
     (void)state;
     enum { P = 100, C = 300, LD = 320 };
     float *src = calloc(P * LD, 4), *dst = calloc(P * LD, 4);
-    fill(src, P * LD);
+    nt_test_fill(src, P * LD, &rng_state);
     nt_sim_kernel *k = begin("dma_roundtrip");
     nt_tile *t = nt_tile_alloc(k, "t", NT_MEM_SBUF, NT_F32, 128, C);
     nt_ap s = hbm32(src, P, LD, C), d = nt_tile_slice(t, 0, P, 0, C);
@@ -217,7 +199,7 @@ static void test_dma_bf16(void **state)
     (void)state;
     uint16_t src[64 * 48], dst[64 * 48];
     for (int i = 0; i < 64 * 48; i++)
-        src[i] = nt__f32_to_bf16(rndf());
+        src[i] = nt__f32_to_bf16(nt_test_uniform(&rng_state));
     memset(dst, 0, sizeof dst);
     nt_sim_kernel *k = begin("dma_bf16");
     nt_tile *t = nt_tile_alloc(k, "t", NT_MEM_SBUF, NT_BF16, 64, 48);
@@ -252,8 +234,8 @@ static void ktile_ref(nt_dtype dt, int M, int N, int K, const float *A, int lda,
 static void matmul_case(nt_dtype dt, int K, int M, int N)
 {
     float *st = malloc((size_t)K * M * 4), *mv = malloc((size_t)K * N * 4);
-    fill(st, (size_t)K * M);
-    fill(mv, (size_t)K * N);
+    nt_test_fill(st, (size_t)K * M, &rng_state);
+    nt_test_fill(mv, (size_t)K * N, &rng_state);
     if (dt != NT_F32) { /* make the inputs representable */
         for (int i = 0; i < K * M; i++)
             st[i] = dt == NT_BF16 ? nt__bf16_to_f32(nt__f32_to_bf16(st[i]))
@@ -314,10 +296,10 @@ static void test_matmul_accumulate(void **state)
     (void)state;
     enum { K = 64, M = 32, N = 48 };
     float st[K * M], mv[K * N], st2[K * M], mv2[K * N], c[M * N], ref[M * N];
-    fill(st, K * M);
-    fill(mv, K * N);
-    fill(st2, K * M);
-    fill(mv2, K * N);
+    nt_test_fill(st, K * M, &rng_state);
+    nt_test_fill(mv, K * N, &rng_state);
+    nt_test_fill(st2, K * M, &rng_state);
+    nt_test_fill(mv2, K * N, &rng_state);
     nt_sim_kernel *k = begin("matmul_acc");
     nt_tile *a = load(k, "a", st, K, M), *b = load(k, "b", mv, K, N);
     nt_tile *a2 = load(k, "a2", st2, K, M), *b2 = load(k, "b2", mv2, K, N);
@@ -343,7 +325,7 @@ static void test_transpose(void **state)
     (void)state;
     enum { P = 96, F = 40 };
     float x[P * F], y[F * P];
-    fill(x, P * F);
+    nt_test_fill(x, P * F, &rng_state);
     nt_sim_kernel *k = begin("transpose");
     nt_tile *t = load(k, "x", x, P, F);
     nt_tile *ps = nt_tile_alloc(k, "xt", NT_MEM_PSUM, NT_F32, F, P);
@@ -368,7 +350,7 @@ static void test_transpose_paths(void **state)
     enum { P = 128, F = 128 };
     static float x[P * F], y[F * P], z[F * P], w[64 * P];
     static uint16_t hb[P * F], yb[F * P];
-    fill(x, P * F);
+    nt_test_fill(x, P * F, &rng_state);
     for (int i = 0; i < P * F; i++)
         hb[i] = nt__f32_to_bf16(x[i]);
     nt_sim_kernel *k = begin("transpose_paths");
@@ -444,8 +426,8 @@ static void test_tensor_tensor(void **state)
     (void)state;
     enum { P = 64, N = 200 };
     float a[P * N], b[P * N], c[P * N];
-    fill(a, P * N);
-    fill(b, P * N);
+    nt_test_fill(a, P * N, &rng_state);
+    nt_test_fill(b, P * N, &rng_state);
     a[5] = NAN;
     b[7] = NAN;
     a[9] = b[9]; /* ties and equality */
@@ -480,8 +462,8 @@ static void test_tensor_tensor_int(void **state)
     enum { P = 8, N = 16 };
     int32_t a[P * N], b[P * N], c[P * N];
     for (int i = 0; i < P * N; i++) {
-        a[i] = (int32_t)rnd32();
-        b[i] = (int32_t)rnd32();
+        a[i] = (int32_t)nt_test_rand32(&rng_state);
+        b[i] = (int32_t)nt_test_rand32(&rng_state);
     }
     a[0] = INT32_MAX;
     b[0] = 1;
@@ -505,8 +487,8 @@ static void test_tensor_scalar(void **state)
     (void)state;
     enum { P = 32, N = 100 };
     float x[P * N], v[P], y[P * N], z[P * N];
-    fill(x, P * N);
-    fill(v, P);
+    nt_test_fill(x, P * N, &rng_state);
+    nt_test_fill(v, P, &rng_state);
     nt_sim_kernel *k = begin("ts");
     nt_tile *tx = load(k, "x", x, P, N), *tv = load(k, "v", v, P, 1);
     nt_tile *ty = nt_tile_alloc(k, "y", NT_MEM_SBUF, NT_F32, P, N);
@@ -538,7 +520,7 @@ static void test_tensor_scalar_pairs(void **state)
     (void)state;
     enum { P = 4, N = 40 };
     float x[P * N], y[P * N], w[P * N];
-    fill(x, P * N);
+    nt_test_fill(x, P * N, &rng_state);
     x[1] = INFINITY;
     x[2] = -INFINITY;
     x[3] = 0.0f;
@@ -587,9 +569,9 @@ static void test_scalar_tensor_tensor(void **state)
     enum { P = 8, N = 40 };
     float x[P * N], b[P * N], v[P], y[P * N], w[P * N];
     uint16_t h[P * N];
-    fill(x, P * N);
-    fill(b, P * N);
-    fill(v, P);
+    nt_test_fill(x, P * N, &rng_state);
+    nt_test_fill(b, P * N, &rng_state);
+    nt_test_fill(v, P, &rng_state);
     x[1] = INFINITY, x[2] = -INFINITY, x[3] = 0.0f, x[4] = -0.0f;
     b[5] = nt__bits_f32(0xffc00001u); /* a NaN with payload and sign */
     b[6] = INFINITY;
@@ -636,8 +618,10 @@ static void test_scalar_tensor_tensor(void **state)
     /* all ints: exact int32, wrapping */
     {
         int32_t xi[P * N], bi[P * N], ci[P * N];
-        for (int i = 0; i < P * N; i++)
-            xi[i] = (int32_t)rnd32(), bi[i] = (int32_t)rnd32();
+        for (int i = 0; i < P * N; i++) {
+            xi[i] = (int32_t)nt_test_rand32(&rng_state);
+            bi[i] = (int32_t)nt_test_rand32(&rng_state);
+        }
         nt_sim_kernel *k = begin("stt_int");
         nt_tile *ta = nt_tile_alloc(k, "a", NT_MEM_SBUF, NT_I32, P, N);
         nt_tile *tb = nt_tile_alloc(k, "b", NT_MEM_SBUF, NT_I32, P, N);
@@ -693,8 +677,8 @@ static void test_activation(void **state)
     (void)state;
     enum { P = 16, N = 300 };
     float x[P * N], bias[P], y[P * N], r[P];
-    fill(x, P * N);
-    fill(bias, P);
+    nt_test_fill(x, P * N, &rng_state);
+    nt_test_fill(bias, P, &rng_state);
     nt_sim_kernel *k = begin("act");
     nt_tile *tx = load(k, "x", x, P, N), *tb = load(k, "bias", bias, P, 1);
     nt_tile *ty = nt_tile_alloc(k, "y", NT_MEM_SBUF, NT_F32, P, N);
@@ -726,7 +710,7 @@ static void test_activation_funcs(void **state)
     (void)state;
     enum { P = 4, N = 64 };
     float x[P * N], y[P * N];
-    fill(x, P * N);
+    nt_test_fill(x, P * N, &rng_state);
     x[0] = -0.0f;
     x[1] = 3.0f;
     static float (*const ref[])(float) = {
@@ -764,7 +748,7 @@ static void test_tensor_reduce(void **state)
     (void)state;
     enum { P = 8, N = 5000 };
     float *x = malloc(P * N * 4), s[P], m[P], mn[P], part[P * 4];
-    fill(x, P * N);
+    nt_test_fill(x, P * N, &rng_state);
     nt_sim_kernel *k = begin("reduce");
     nt_tile *tx = load(k, "x", x, P, N);
     nt_tile *ts = nt_tile_alloc(k, "s", NT_MEM_SBUF, NT_F32, P, 1);
@@ -790,7 +774,7 @@ static void test_tensor_reduce(void **state)
     for (int p = 0; p < P; p++) {
         assert_true(bits(s[p]) == bits(nt__red_sum_f32(x + p * N, N, 1)));
         assert_true(bits(m[p]) == bits(nt__red_max_f32(x + p * N, N, 1)));
-        /* the minimum of a sequence is its plain minimum (fill() makes no
+        /* the minimum of a sequence is its plain minimum (nt_test_fill(, &rng_state) makes no
          * NaN and no signed-zero ties) */
         float lo = INFINITY;
         for (int j = 0; j < N; j++)
@@ -809,7 +793,7 @@ static void test_tensor_copy_cast(void **state)
     (void)state;
     enum { N = 64 };
     float x[N];
-    fill(x, N);
+    nt_test_fill(x, N, &rng_state);
     for (int i = 0; i < N; i++)
         x[i] *= 70000.0f; /* some overflow f16 */
     x[0] = NAN;
@@ -820,7 +804,7 @@ static void test_tensor_copy_cast(void **state)
     int32_t big[N];
     uint16_t bigb[N];
     for (int i = 0; i < N; i++)
-        big[i] = (int32_t)rnd32();
+        big[i] = (int32_t)nt_test_rand32(&rng_state);
     nt_sim_kernel *k = begin("cast");
     nt_tile *tx = load(k, "x", x, 1, N);
     nt_tile *tb = nt_tile_alloc(k, "b", NT_MEM_SBUF, NT_BF16, 1, N);
@@ -1392,13 +1376,13 @@ static void tile_matmul_case(int64_t M, int64_t N, int64_t K, nt_dtype in, nt_dt
     float *ref = malloc((size_t)(M * N + 1) * 4);
     for (int64_t kk = 0; kk < K; kk++)
         for (int64_t m = 0; m < M; m++) {
-            float v = round_to(in, rndf());
+            float v = round_to(in, nt_test_uniform(&rng_state));
             At[kk * M + m] = v;
             put(A, in, (size_t)(a_trans ? kk * lda + m : m * lda + kk), v);
         }
     for (int64_t kk = 0; kk < K; kk++)
         for (int64_t n = 0; n < N; n++) {
-            float v = round_to(in, rndf());
+            float v = round_to(in, nt_test_uniform(&rng_state));
             Bf[kk * N + n] = v;
             put(B, in, (size_t)(kk * ldb + n), v);
         }
@@ -1544,82 +1528,6 @@ static void test_timing_only(void **state)
 /* Trace                                                                    */
 /* ------------------------------------------------------------------------ */
 
-/* A small JSON checker: returns the end of the value at s, or NULL. */
-static const char *json_ws(const char *s)
-{
-    while (*s == ' ' || *s == '\n' || *s == '\t' || *s == '\r')
-        s++;
-    return s;
-}
-
-static const char *json_value(const char *s, int depth);
-
-static const char *json_string(const char *s)
-{
-    if (*s != '"')
-        return NULL;
-    for (s++; *s && *s != '"'; s++) {
-        if ((unsigned char)*s < 0x20)
-            return NULL;
-        if (*s == '\\') {
-            s++;
-            if (*s == 'u') {
-                for (int i = 1; i <= 4; i++)
-                    if (!strchr("0123456789abcdefABCDEF", s[i]) || !s[i])
-                        return NULL;
-                s += 4;
-            } else if (!strchr("\"\\/bfnrt", *s) || !*s) {
-                return NULL;
-            }
-        }
-    }
-    return *s == '"' ? s + 1 : NULL;
-}
-
-static const char *json_value(const char *s, int depth)
-{
-    if (depth > 64)
-        return NULL;
-    s = json_ws(s);
-    if (*s == '{' || *s == '[') {
-        char close = *s == '{' ? '}' : ']';
-        bool obj = *s == '{';
-        s = json_ws(s + 1);
-        if (*s == close)
-            return s + 1;
-        for (;;) {
-            if (obj) {
-                s = json_string(json_ws(s));
-                if (!s)
-                    return NULL;
-                s = json_ws(s);
-                if (*s++ != ':')
-                    return NULL;
-            }
-            s = json_value(s, depth + 1);
-            if (!s)
-                return NULL;
-            s = json_ws(s);
-            if (*s == ',') {
-                s++;
-                continue;
-            }
-            return *s == close ? s + 1 : NULL;
-        }
-    }
-    if (*s == '"')
-        return json_string(s);
-    if (!strncmp(s, "true", 4))
-        return s + 4;
-    if (!strncmp(s, "false", 5))
-        return s + 5;
-    if (!strncmp(s, "null", 4))
-        return s + 4;
-    char *e;
-    strtod(s, &e);
-    return e == s ? NULL : e;
-}
-
 static size_t count(const char *hay, const char *needle)
 {
     size_t n = 0;
@@ -1662,9 +1570,7 @@ static void test_trace(void **state)
     assert_int_equal(fread(txt, 1, (size_t)n, f), (size_t)n);
     fclose(f);
     unlink(path);
-    const char *end = json_value(txt, 0);
-    assert_non_null(end);
-    assert_true(*json_ws(end) == '\0');
+    assert_true(nt_test_json_ok(txt)); /* one JSON value, nothing after it */
     assert_non_null(strstr(txt, "\"traceEvents\":["));
     assert_non_null(strstr(txt, "\"NeuronCore (simulated)\""));
     const char *tracks[] = {"\"TensorE\"", "\"VectorE\"", "\"ScalarE\"", "\"GpSimd\"",

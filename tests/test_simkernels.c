@@ -1549,6 +1549,37 @@ static void test_require_sim_and_min_flops(void **state)
     nt_release(small), nt_release(big), nt_release(x);
 }
 
+/* A generator kernel given another op (a kernel table pointing FILL at
+ * randn's entry, say) refuses it, naming both, instead of filling the
+ * tensor with its own values. */
+static void test_generator_refuses_other_op(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "1"), 0);
+    assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
+    nt_sync();
+    nt__kernel_fn saved = nt__sim_kernels[NT_OP_FILL];
+    nt__sim_kernels[NT_OP_FILL] = nt__sim_kernels[NT_OP_RANDN];
+    nt_tensor *x = nt_full(NT_F32, 1, (int64_t[]){300}, 2.0);
+    float out[300];
+    int rc = x ? nt_to_host(x, out, sizeof out) : nt_last_error();
+    nt__sim_kernels[NT_OP_FILL] = saved;
+    assert_int_equal(rc, NT_ENOTSUP);
+    const char *m = nt_last_error_message();
+    if (!strstr(m, "randn generator") || !strstr(m, "nt_fill"))
+        fail_msg("message does not name the generator and the op: %s", m);
+    nt_clear_error();
+    nt_release(x);
+    /* the generators themselves still run their own ops */
+    nt_tensor *r = nt_randn(NT_F32, 1, (int64_t[]){300}, 7);
+    assert_int_equal(nt_to_host(r, out, sizeof out), 0);
+    assert_true(out[0] != out[1]);
+    nt_release(r);
+    assert_int_equal(nt_config_set("NT_FUSION", "1"), 0);
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "0"), 0);
+}
+
 /* ---------------- user tile kernels ---------------- */
 
 /* softplus-like "scaled swish": y = x * sigmoid(beta * x), one ScalarE
@@ -2122,6 +2153,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_kernel_schedules, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_stochastic_rounding, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_require_sim_and_min_flops, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_generator_refuses_other_op, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_supports, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_user_tile_kernel, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_big_shapes, setup, nt_test_teardown),

@@ -113,7 +113,7 @@ static unsigned op_needs(const nt__fop *o, bool fc)
 {
     switch (nt__ops[o->op].kind) {
     case NT_KIND_UNARY: /* int abs = max(a, -a) */
-        return !fc && o->op == NT_OP_ABS ? NEED_TI : 0;
+        return !fc && nt__op_prim(o->op) == NT__PRIM_ABS ? NEED_TI : 0;
     case NT_KIND_SCALAR: /* int forms read their scalars from i32 constants */
         return fc ? 0 : NEED_CI;
     case NT_KIND_BINARY: /* the helpers' sequences: an f32 temporary (relu_bwd's 0) */
@@ -265,17 +265,18 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
     case NT_KIND_UNARY:
         if (fc)
             return nt_isa_activation(k, dst, act_of(o->op), &a[0].ap, NULL, NULL, NULL);
-        /* exact int32 (the ops whose ints column is INT or INTONLY): -a wraps
-         * like 0u - a; relu = max(a, 0); abs = max(a, -a) */
-        switch (o->op) {
-        case NT_OP_NEG: return ts1(s, dst, &a[0].ap, NT_ALU_MUL, NULL, -1.0f, false);
-        case NT_OP_RELU: return ts1(s, dst, &a[0].ap, NT_ALU_MAX, NULL, 0.0f, false);
-        case NT_OP_ABS: {
+        /* exact int32 (the ops whose ints column is INT or INTONLY), by the
+         * op's primitive (core/optable.h): -a wraps like 0u - a; relu =
+         * max(a, 0); abs = max(a, -a) */
+        switch (nt__op_prim(o->op)) {
+        case NT__PRIM_NEG: return ts1(s, dst, &a[0].ap, NT_ALU_MUL, NULL, -1.0f, false);
+        case NT__PRIM_RELU: return ts1(s, dst, &a[0].ap, NT_ALU_MAX, NULL, 0.0f, false);
+        case NT__PRIM_ABS: {
             int rc = ts1(s, &TI, &a[0].ap, NT_ALU_MUL, NULL, -1.0f, false);
             return rc ? rc : nt_isa_tensor_tensor(k, dst, &a[0].ap, &TI, NT_ALU_MAX,
                                                   NT_ENGINE_VECTOR);
         }
-        case NT_OP_BITWISE_NOT: { /* ~a = -a - 1, wrapping */
+        case NT__PRIM_NOT: { /* ~a = -a - 1, wrapping */
             nt_isa_alu neg = {NT_ALU_MUL, {NULL, -1.0f}, false};
             nt_isa_alu dec = {NT_ALU_ADD, {NULL, -1.0f}, false};
             return nt_isa_tensor_scalar(k, dst, &a[0].ap, &neg, &dec, sk_eng_ap(s, dst));

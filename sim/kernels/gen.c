@@ -12,43 +12,66 @@
 
 #include "core/rng.h"
 
-typedef struct gen {
+typedef struct gen gen;
+
+/* A generator: its op, element row [i0, i0 + n) into row (dtype dt), and
+ * its GpSimd cycles per element.  Each kernel entry point passes its own,
+ * so no op is ever run by another's generator. */
+typedef struct gen_def {
     int op;
+    void (*row)(const gen *g, char *row, nt_dtype dt, int64_t i0, int64_t n);
+    double cyc;
+    bool strided; /* its 1-D output's elements o->stride[0] apart (arange) */
+} gen_def;
+
+struct gen {
+    const gen_def *def;
     int64_t base, F;  /* element index of partition 0, elements per partition */
     double start, step;
     uint64_t key;
     int pbits;
-} gen;
+};
+
+static void row_arange(const gen *g, char *row, nt_dtype dt, int64_t i0, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++)
+        nt__store_f64(row, dt, j, g->start + (double)(i0 + j) * g->step);
+}
+
+static void row_rand(const gen *g, char *row, nt_dtype dt, int64_t i0, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++)
+        nt__store_f32(row, dt, j, nt__rng_uniform(g->key, (uint64_t)(i0 + j), g->pbits));
+}
+
+static void row_randn(const gen *g, char *row, nt_dtype dt, int64_t i0, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++)
+        nt__store_f64(row, dt, j, nt__rng_normal(g->key, (uint64_t)(i0 + j)));
+}
+
+static const gen_def gen_arange = {NT_OP_ARANGE, row_arange, 2.0, true};
+static const gen_def gen_rand = {NT_OP_RAND, row_rand, 8.0, false};
+static const gen_def gen_randn = {NT_OP_RANDN, row_randn, 40.0, false};
 
 static int gen_fn(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *src, int nsrc,
                   void *ctx, char *msg, size_t msglen)
 {
     (void)src, (void)nsrc, (void)msg, (void)msglen;
     const gen *g = ctx;
-    for (int p = 0; p < dst->np; p++) {
-        char *row = (char *)dst->data + p * dst->pstride;
-        int64_t i0 = g->base + p * g->F;
-        switch (g->op) {
-        case NT_OP_ARANGE:
-            for (int64_t j = 0; j < dst->n; j++)
-                nt__store_f64(row, dst->dtype, j, g->start + (double)(i0 + j) * g->step);
-            break;
-        case NT_OP_RAND:
-            for (int64_t j = 0; j < dst->n; j++)
-                nt__store_f32(row, dst->dtype, j,
-                              nt__rng_uniform(g->key, (uint64_t)(i0 + j), g->pbits));
-            break;
-        default:
-            for (int64_t j = 0; j < dst->n; j++)
-                nt__store_f64(row, dst->dtype, j, nt__rng_normal(g->key, (uint64_t)(i0 + j)));
-            break;
-        }
-    }
+    for (int p = 0; p < dst->np; p++)
+        g->def->row(g, (char *)dst->data + p * dst->pstride, dst->dtype, g->base + p * g->F,
+                    dst->n);
     return 0;
 }
 
-static int gen_kernel(const nt__rec *r)
+static int gen_kernel(const nt__rec *r, const gen_def *def)
 {
+    /* a table entry that points an op at another op's generator (core's
+     * "never a silent default") */
+    if (r->op != def->op)
+        return nt__kerr(NT_ENOTSUP, "the simulator's %s generator cannot run %s",
+                        nt__op_name(def->op), nt__op_api(r->op));
     const nt_tensor *o = r->out[0];
     int64_t n = nt__numel(o->ndim, o->shape);
     if (n == 0)
@@ -61,9 +84,8 @@ static int gen_kernel(const nt__rec *r)
     int64_t F = (n + 127) / 128;
     if (F > 2048)
         F = 2048;
-    int64_t st = r->op == NT_OP_ARANGE ? o->stride[0] : 1;
+    int64_t st = def->strided ? o->stride[0] : 1;
     nt_tile *t[2] = {sk_tile(&s, "gen", dt, 128, F), sk_tile(&s, "gen", dt, 128, F)};
-    double cyc = r->op == NT_OP_ARANGE ? 2.0 : r->op == NT_OP_RAND ? 8.0 : 40.0;
     char *ob = nt__tensor_data(o);
     int64_t rows = n / F, rem = n % F;
     int k = 0;
@@ -71,12 +93,12 @@ static int gen_kernel(const nt__rec *r)
         bool tail = r0 >= rows;
         int np = tail ? 1 : (int)(rows - r0 < 128 ? rows - r0 : 128);
         int64_t w = tail ? rem : F;
-        gen g = {r->op, r0 * F, F, r->p.f[0], r->p.f[1], nt__rng_key(r->p.seed),
+        gen g = {def, r0 * F, F, r->p.f[0], r->p.f[1], nt__rng_key(r->p.seed),
                  nt__rng_pbits(dt)};
         nt_ap d = nt_tile_slice(t[k & 1], 0, np, 0, w);
         nt_ap h = nt_hbm_ap(ob, dt, r0 * F * st, np, F * st, w);
         h.step[0] = st;
-        if (nt_isa_gpsimd_custom(s.k, nt__op_name(r->op), &d, NULL, 0, cyc, gen_fn, &g) ||
+        if (nt_isa_gpsimd_custom(s.k, nt__op_name(r->op), &d, NULL, 0, def->cyc, gen_fn, &g) ||
             nt_isa_dma_copy(s.k, &h, &d, sk_qout(&s)))
             break;
         r0 += np;
@@ -84,6 +106,6 @@ static int gen_kernel(const nt__rec *r)
     return sk_end(&s);
 }
 
-int nt__sk_arange(const nt__rec *r) { return gen_kernel(r); }
-int nt__sk_rand(const nt__rec *r) { return gen_kernel(r); }
-int nt__sk_randn(const nt__rec *r) { return gen_kernel(r); }
+int nt__sk_arange(const nt__rec *r) { return gen_kernel(r, &gen_arange); }
+int nt__sk_rand(const nt__rec *r) { return gen_kernel(r, &gen_rand); }
+int nt__sk_randn(const nt__rec *r) { return gen_kernel(r, &gen_randn); }
