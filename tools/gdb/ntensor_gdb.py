@@ -133,10 +133,13 @@ def op_api(op):
         return "user op %d" % op
     ops = _global("nt__ops")
     try:
-        lo, hi = ops.type.range()
-        if lo <= op <= hi:
+        # The table is declared unsized in core/internal.h (so its
+        # _Static_assert catches a missing last row): its length is the
+        # enum's NT_OP_COUNT, not the array type's range.
+        count = int(gdb.parse_and_eval("NT_OP_COUNT"))
+        if 0 <= op < count:
             return _cstr(ops[op]["api"])
-    except (gdb.error, AttributeError):
+    except (gdb.error, AttributeError, TypeError):
         pass
     return "op %d" % op
 
