@@ -504,6 +504,42 @@ static void test_reductions(void **state)
         }
 }
 
+/* Sums over a strided dim whose neighbouring outputs are adjacent (bias and
+ * norm-weight gradients: [B*T, C] over dim 0, [B, T, C] over dim 0): the
+ * transposed path, in groups of 128 columns, 2048-position blocks through
+ * PSUM banks and SBUF rows; partial groups, partial position tiles, several
+ * blocks (4100), one bank (300), special values. */
+static void b_colsum(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    int64_t R = c->shape[0], C = c->shape[1];
+    nt_tensor *x = T(c->dt, 2, (int64_t[]){R, C}, 2.0, c->variant == 1);
+    out[(*n)++] = nt_sum(x, 0, false);
+    out[(*n)++] = nt_mean(x, 0, true);
+    out[(*n)++] = nt_max(x, 0, false);
+    out[(*n)++] = nt_min(x, 0, false);
+    if (R % 4 == 0) /* the same rows as [4, R/4, C] over dim 0 */
+        out[(*n)++] = nt_sum(nt_reshape(x, 3, (int64_t[]){4, R / 4, C}), 0, false);
+}
+
+static void test_column_reductions(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][2] = {{2048, 384}, {2049, 300}, {300, 5},  {4100, 130},
+                                        {513, 128},  {128, 640},  {1, 700}, {2048, 128}};
+    for (size_t d = 0; d < 3; d++)
+        for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+            for (int v = 0; v < 2; v++) {
+                if (quick && shapes[i][0] * shapes[i][1] > 300000)
+                    continue;
+                ew_ctx c = {.dt = FLOATS[d], .variant = v, .shape = {shapes[i][0], shapes[i][1]}};
+                char w[80];
+                snprintf(w, sizeof w, "column sums %s [%lld, %lld] variant %d",
+                         nt_dtype_name(c.dt), (long long)shapes[i][0], (long long)shapes[i][1], v);
+                cmp(w, b_colsum, &c);
+            }
+}
+
 /* ---------------- row ops and losses ---------------- */
 
 static void b_rows(void *ctx, nt_tensor **out, int *n)
@@ -1959,6 +1995,26 @@ static void test_kernel_schedules(void **state)
         for (int i = 0; i < 4; i++)
             nt_release(in[i]);
     }
+    /* 8. a bias gradient over B*T = 2048 rows ([2048, 512] over dim 0): the
+     * positions turn on TensorE 2048 at a time through PSUM banks, one group
+     * of 128 columns folding while the next loads; within 1.5x of its bytes'
+     * DMA time (the rows on partitions read one element per descriptor:
+     * 253 us) */
+    {
+        nt_tensor *x = nt_randn(NT_F32, 2, (int64_t[]){2048, 512}, 61);
+        float *a = malloc(512 * 4), *b = malloc(512 * 4);
+        sched_run("eager", sched_sum0, &x, &st, a, 512 * 4);
+        assert_int_equal(st.hbm_read_bytes, (uint64_t)2048 * 512 * 4);
+        assert_int_equal(st.hbm_write_bytes, (uint64_t)512 * 4);
+        double floor = dma_floor_ns((double)(st.hbm_read_bytes + st.hbm_write_bytes));
+        print_message("# sum over dim 0 of [2048, 512]: %.0f ns, DMA floor %.0f ns (%.2fx)\n",
+                      st.sim_ns, floor, st.sim_ns / floor);
+        assert_true(st.sim_ns <= 1.5 * floor);
+        sched_cpu(sched_sum0, &x, b, 512 * 4);
+        assert_memory_equal(a, b, 512 * 4);
+        free(a), free(b);
+        nt_release(x);
+    }
     /* 6. the one-block sum's shortcut (partial + 0) keeps the CPU's signed
      * zeros and NaN: a column of -0 sums to +0, a NaN column to NaN */
     {
@@ -2103,6 +2159,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_copy_cast, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fill_arange_rand, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_reductions, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_column_reductions, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_rows, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_cross_entropy_rows, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_matmul, setup, nt_test_teardown),
