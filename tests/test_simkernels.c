@@ -2015,6 +2015,30 @@ static void test_kernel_schedules(void **state)
         free(a), free(b);
         nt_release(x);
     }
+    /* 9. nt_linear's product on batched rows, x [16, 128, 128] . w^T [384,
+     * 128]: the batches are one program of 2048 rows, w loaded and turned
+     * once and the M-tiles streaming past it (sim/tp_matmul.c, run_stream),
+     * not 16 programs that each loaded w again and ran their loads, matmul
+     * and store in series (60 us), nor blocks of 7 M-tiles that reloaded w
+     * and waited for each other (1.4 MB read) */
+    {
+        nt_tensor *in[2] = {nt_randn(NT_F32, 3, (int64_t[]){16, 128, 128}, 71),
+                            nt_randn(NT_F32, 2, (int64_t[]){384, 128}, 72)};
+        size_t ob = (size_t)2048 * 384 * 4;
+        float *a = malloc(ob), *b = malloc(ob);
+        sched_run("eager", sched_linear, in, &st, a, ob);
+        assert_int_equal(st.kernels, 1);
+        assert_int_equal(st.hbm_read_bytes, (uint64_t)(2048 + 384) * 128 * 4);
+        assert_int_equal(st.hbm_write_bytes, (uint64_t)ob);
+        double floor = dma_floor_ns((double)(st.hbm_read_bytes + st.hbm_write_bytes));
+        print_message("# x [16, 128, 128] @ w^T [128, 384]: %.0f ns, DMA floor %.0f ns (%.2fx)\n",
+                      st.sim_ns, floor, st.sim_ns / floor);
+        assert_true(st.sim_ns <= 1.35 * floor);
+        sched_cpu(sched_linear, in, b, ob);
+        assert_memory_equal(a, b, ob);
+        free(a), free(b);
+        nt_release(in[0]), nt_release(in[1]);
+    }
     /* 6. the one-block sum's shortcut (partial + 0) keeps the CPU's signed
      * zeros and NaN: a column of -0 sums to +0, a NaN column to NaN */
     {
