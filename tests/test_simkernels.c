@@ -1823,6 +1823,7 @@ static nt_tensor *sched_grad_update(nt_tensor **in)
     nt_release(other);
     return g;
 }
+static nt_tensor *sched_layer_norm(nt_tensor **in) { return nt_layer_norm(in[0], in[1], in[2], 1e-5); }
 static nt_tensor *sched_mm_small(nt_tensor **in) { return nt_matmul(nt_transpose(in[0], 0, 1), in[1]); }
 /* A bf16 step's gradient and its moment updates: g = cast(gradient), an
  * unrelated op, then a chain whose first ops read only g.  in: gb [n] bf16,
@@ -2038,6 +2039,28 @@ static void test_kernel_schedules(void **state)
         assert_memory_equal(a, b, ob);
         free(a), free(b);
         nt_release(in[0]), nt_release(in[1]);
+    }
+    /* 10. layer norm of [2048, 128] rows (the GPT's): each sum one
+     * instruction, the per-row steps on ScalarE, the groups' tiles in a
+     * ring and each group's products issued two groups later, so that
+     * VectorE never waits behind a group's ScalarE chain (44.7 us when
+     * every group ran ~20 dependent instructions, mostly on VectorE) */
+    {
+        nt_tensor *in[3] = {nt_randn(NT_F32, 2, (int64_t[]){2048, 128}, 81),
+                            nt_randn(NT_F32, 1, (int64_t[]){128}, 82),
+                            nt_randn(NT_F32, 1, (int64_t[]){128}, 83)};
+        size_t ob = (size_t)2048 * 128 * 4;
+        float *a = malloc(ob), *b = malloc(ob);
+        sched_run("eager", sched_layer_norm, in, &st, a, ob);
+        double floor = dma_floor_ns((double)(st.hbm_read_bytes + st.hbm_write_bytes));
+        print_message("# layer_norm [2048, 128]: %.0f ns, DMA floor %.0f ns (%.2fx)\n", st.sim_ns,
+                      floor, st.sim_ns / floor);
+        assert_true(st.sim_ns <= 3.0 * floor);
+        sched_cpu(sched_layer_norm, in, b, ob);
+        assert_memory_equal(a, b, ob);
+        free(a), free(b);
+        for (int i = 0; i < 3; i++)
+            nt_release(in[i]);
     }
     /* 6. the one-block sum's shortcut (partial + 0) keeps the CPU's signed
      * zeros and NaN: a column of -0 sums to +0, a NaN column to NaN */
