@@ -510,7 +510,10 @@ static int red_all(red *c)
     nt_sim_kernel *k = s->k;
     nt_alu_op op = c->alu;
     int64_t nbf = c->n / NT_RED_BLOCK, rem = c->n % NT_RED_BLOCK;
-    int rc = init_acc(c, 1, op);
+    /* one block: its partial is the result (op(identity, partial) is what
+     * the fold would give), written straight into the accumulator */
+    bool one = !c->ints && nbf + (rem > 0) == 1;
+    int rc = one ? 0 : init_acc(c, 1, op);
     nt_ap acc = col(c->ints ? c->acci : c->acc, 1);
     int t = 0;
     for (int64_t b0 = 0; b0 < nbf + (rem > 0) && !rc; t++) {
@@ -520,12 +523,20 @@ static int red_all(red *c)
         nt_ap x = nt_tile_slice(c->x[t & 1], 0, np, 0, w);
         nt_ap h = nt_hbm_ap(c->xb, c->xdt, b0 * NT_RED_BLOCK, np, NT_RED_BLOCK, w);
         rc = nt_isa_dma_copy(k, &x, &h, sk_qin(s));
-        nt_ap p = col(c->ints ? c->parti : c->part, np), xm;
-        if (!rc)
-            rc = pre_map(c, &x, np, w, &xm);
-        if (!rc)
-            rc = nt_isa_tensor_reduce(k, &p, &xm, op, 0);
-        if (!rc)
+        nt_ap p = one ? acc : col(c->ints ? c->parti : c->part, np), xm;
+        if (!rc && c->pre == NT_RED_PRE_SQ && !c->ints) {
+            /* a 2-norm's squares and their block sum in one ScalarE
+             * activation: its add-reduce is the canonical sum of the
+             * partition's block, the squares x * x as the ALU's */
+            nt_ap sq = nt_tile_slice(c->pre_t, 0, np, 0, w);
+            rc = nt_isa_activation(k, &sq, NT_ACT_SQUARE, &x, NULL, NULL, &p);
+        } else {
+            if (!rc)
+                rc = pre_map(c, &x, np, w, &xm);
+            if (!rc)
+                rc = nt_isa_tensor_reduce(k, &p, &xm, op, 0);
+        }
+        if (!rc && !one)
             rc = c->ints ? int_combine(c, &acc, &p, op) : sk_seq_combine(s, &acc, &p, op);
         b0 += np;
     }
@@ -581,6 +592,9 @@ int nt__sk_reduce(const nt__rec *r)
         c.cand = sk_tile(&s, "am.cand", NT_I32, 128, CH);
     }
     nt_ap one = nt_tile_ap(c.one), mi = nt_tile_ap(c.mi);
+    /* a norm's sqrt table loads while the first tile does */
+    if (c.fin == NT_RED_FIN_SQRT)
+        sk_warm_act(&s, NT_ACT_SQRT);
     nt_isa_memset(s.k, &one, 1.0, NT_ENGINE_GPSIMD);
     nt_isa_memset(s.k, &mi, (double)INT32_MIN, NT_ENGINE_GPSIMD);
     if (!nt_sim_kernel_error(s.k)) {
