@@ -27,13 +27,46 @@ nt_tensor *nt__saved_out(nt__bctx *b, int i) { return b->n->saved_out[i]; }
     } while (0)
 
 /* Sums g over the dims that broadcasting added or stretched, so it has the
- * shape of the input it belongs to. */
+ * shape of the input it belongs to.  The leading run of such dims (the added
+ * ones, then stretched ones right after them: a bias's [B, T, C] -> [C]) is
+ * one dim of g reshaped to [prod, rest...] and summed once, in the canonical
+ * order over all prod positions (PyTorch's sum over several dims; one kernel
+ * over B*T rows, not one per dim).  A stretched dim after a kept one is
+ * summed alone, keepdim (docs/ops.md, section 7b). */
 static nt_tensor *reduce_to(nt__bctx *b, nt_tensor *g, const nt__tmeta *m)
 {
     nt_tensor *t = g;
-    while (t && t->ndim > m->ndim)
-        t = nt_sum_at(S, t, 0, false);
-    for (int d = 0; t && d < m->ndim; d++)
+    if (!t)
+        return NULL;
+    int lead = t->ndim - m->ndim, pre = 0;
+    bool sum = lead > 0; /* added dims are summed even when of size 1, as before */
+    while (pre < t->ndim && (pre < lead || m->shape[pre - lead] == 1)) {
+        if (pre >= lead && t->shape[pre] != 1)
+            sum = true;
+        pre++;
+    }
+    if (sum) {
+        int64_t sh[NT_MAX_DIMS], P = 1;
+        int k = 1;
+        for (int d = 0; d < pre; d++)
+            P *= g->shape[d];
+        sh[0] = P;
+        for (int d = pre; d < g->ndim; d++)
+            sh[k++] = g->shape[d];
+        t = nt_sum_at(S, nt_reshape_at(S, g, k, sh), 0, false);
+        /* the stretched dims of the run come back as 1s (keepdim) */
+        if (t && pre > lead) {
+            k = 0;
+            for (int d = lead; d < pre; d++)
+                sh[k++] = 1;
+            for (int d = pre; d < g->ndim; d++)
+                sh[k++] = g->shape[d];
+            t = nt_reshape_at(S, t, k, sh);
+        }
+    } else {
+        pre = lead;
+    }
+    for (int d = pre - lead; t && d < m->ndim; d++)
         if (m->shape[d] == 1 && t->shape[d] != 1)
             t = nt_sum_at(S, t, d, true);
     return t;
@@ -588,6 +621,17 @@ static int bwd_matmul(nt__bctx *b)
     }
     if (LIVE(1)) {
         nt_tensor *gb;
+        if (bb->ndim == 2 && a->ndim > 2) {
+            /* a 2-D b under batched rows (nt_linear on [B, T, C]): its
+             * gradient is one product over every row, the batch folded
+             * into K -- a [B*M, K]^T . g [B*M, N], K-tiles of 128 ascending
+             * over all B*M rows (PyTorch's; docs/ops.md, section 7b) --
+             * not B products summed afterwards */
+            int64_t K = a->shape[a->ndim - 1], N = g->shape[g->ndim - 1];
+            int64_t R = nt__numel(a->ndim - 1, a->shape);
+            TRY(a = nt_reshape_at(S, a, 2, (int64_t[]){R, K}));
+            TRY(g = nt_reshape_at(S, g, 2, (int64_t[]){R, N}));
+        }
         if (bb->ndim == 2 && a->ndim == 2 && bb->stride[0] == 1 && bb->stride[1] != 1)
             /* b is a transposed view (linear's w^T): compute gb in that
              * layout, (g^T a)^T, so its way back to w is a contiguous

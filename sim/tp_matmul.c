@@ -32,6 +32,10 @@
  * The engines run these in parallel as far as the data allows: loads run
  * ahead by up to NB tiles, evacuation of one chunk overlaps the next.
  *
+ * When all of B fits (S_BRES per partition) and there are several M-tiles,
+ * run_stream replaces the loop nest: B loaded (B^T turned) once into bres,
+ * the M-tiles streaming past it (see there).
+ *
  * Functional step (NT_SIM_PROGRAM_GEMM=1, the default).  Every instruction
  * above is issued, checked and timed as written.  The values, though, are
  * computed once for the whole program: C32 = A.B through core/gemm.h over
@@ -62,6 +66,12 @@ enum {
     Q_B0 = 0, Q_BN = 8,  /* B loads: queues 0-7 */
     Q_A0 = 8, Q_AN = 4,  /* A loads: queues 8-11 */
     Q_C0 = 12, Q_CN = 4, /* C stores: queues 12-15 */
+    /* the streaming program: B's one load, A's loads (the epilogue's
+     * stores take 8-15) */
+    QS_B0 = 0, QS_BN = 4, QS_A0 = 4, QS_AN = 4,
+    S_SLOT = 2048,  /* bytes per partition a streaming load aims for */
+    S_NS = 3,       /* A load slots: two loads ahead of the one in use */
+    S_BRES = 64 * 1024, /* the most of B per partition it keeps */
 };
 
 typedef struct mm {
@@ -89,6 +99,12 @@ typedef struct mm {
     int64_t st_r0, st_mw, st_n0, st_nw, st_oo;
     double st_ready;     /* when its last chunk is in the ring */
     double dma_fixed_ns; /* a DMA's fixed cost (nt_sim_config) */
+    /* the streaming program (run_stream) */
+    bool stream;
+    nt_tile *bres;       /* all of B: K-tile kt at columns kt * N */
+    nt_tile *abuf;       /* row-major A: NS slots of G M-tiles [128 m, G * K] */
+    int G, NS, nacc;
+    int64_t naccn;
 } mm;
 
 static int64_t min64(int64_t a, int64_t b)
@@ -322,6 +338,15 @@ static int program_product(mm *p)
     return 0;
 }
 
+/* Accumulator acc gets its block of the product: rows r0 .. r0+mw,
+ * columns n0 .. n0+nw. */
+static void deliver_to(mm *p, nt_tile *acc, int64_t r0, int64_t mw, int64_t n0, int64_t nw)
+{
+    nt_ap d = sl(acc, (int)mw, 0, nw);
+    for (int r = 0; r < (int)mw; r++)
+        memcpy(nt__sim_row(&d, r), p->c32 + (r0 + r) * p->a->N + n0, (size_t)nw * sizeof(float));
+}
+
 /* The accumulators of M-block m0 (mt tiles), N-chunk n0 get their values. */
 static void deliver(mm *p, int64_t m0, int mt, int64_t n0, int64_t nw)
 {
@@ -330,9 +355,7 @@ static void deliver(mm *p, int64_t m0, int mt, int64_t n0, int64_t nw)
     nt__sim_fx_flush(p->k);
     for (int bm = 0; bm < mt; bm++) {
         int64_t r0 = m0 + (int64_t)bm * TM, mw = min64(TM, a->M - r0);
-        nt_ap d = sl(p->acc[bm], (int)mw, 0, nw);
-        for (int r = 0; r < (int)mw; r++)
-            memcpy(nt__sim_row(&d, r), p->c32 + (r0 + r) * a->N + n0, (size_t)nw * sizeof(float));
+        deliver_to(p, p->acc[bm], r0, mw, n0, nw);
     }
 }
 
@@ -382,6 +405,223 @@ static int flush_store(mm *p)
                         p->st_nw);
     p->st_nw = 0;
     return nt_isa_dma_copy(p->k, &c, &o, next_q(&p->qc, Q_C0, Q_CN));
+}
+
+/* Empties accumulator acc (rows r0 .. r0+mw, columns n0 .. n0+nw of C):
+ * the caller's epilogue, or a copy into the output ring (the one rounding)
+ * and its store.  next_other: the next block evacuated is another M-tile's,
+ * so this one's store leaves now. */
+static int evac_block(mm *p, nt_tile *acc, int64_t r0, int64_t mw, int64_t n0, int64_t nw,
+                      bool next_other)
+{
+    const nt_tile_matmul_args *a = p->a;
+    nt_ap src = sl(acc, (int)mw, 0, nw);
+    if (a->epilogue)
+        return a->epilogue(p->k, &src, r0, n0, a->epilogue_ctx);
+    int64_t oo = (p->onext++ % p->NO) * TN;
+    nt_ap o = sl(p->oring, (int)mw, oo, nw);
+    /* the pending store goes before its ring slots are written again */
+    int rc = p->st_nw && oo < p->st_oo + p->st_nw && oo + nw > p->st_oo ? flush_store(p) : 0;
+    /* ScalarE evacuates PSUM (faster clock than VectorE) */
+    if (!rc)
+        rc = nt_isa_tensor_copy(p->k, &o, &src, NT_ENGINE_SCALAR);
+    if (rc)
+        return rc;
+    /* this chunk joins the pending store when it continues it and is ready
+     * before that store's fixed cost would be paid (else the pending one
+     * leaves alone, ahead of it) */
+    double ready = nt__sim_kernel_engine_free(p->k, NT_ENGINE_SCALAR);
+    bool cont = p->st_nw && p->st_r0 == r0 && p->st_mw == mw && p->st_n0 + p->st_nw == n0 &&
+                p->st_oo + p->st_nw == oo && ready - p->st_ready < p->dma_fixed_ns;
+    if (!cont && (rc = flush_store(p)))
+        return rc;
+    if (cont) {
+        p->st_nw += nw;
+    } else {
+        p->st_r0 = r0, p->st_mw = mw, p->st_n0 = n0, p->st_nw = nw, p->st_oo = oo;
+    }
+    p->st_ready = ready;
+    /* a chunk that ends a row of C, or whose next chunk is another M-tile's,
+     * leaves now */
+    if (n0 + nw >= a->N || next_other)
+        rc = flush_store(p);
+    return rc;
+}
+
+/* ---------------- the streaming program ---------------- */
+
+/* Rows r0 .. r0+rows of a row-major matrix at base (row stride ld), cols
+ * columns from c0, as tiles of 128 rows: partition q of tile t is row
+ * r0 + 128 t + q.  Into SBUF tile dst at column d0, tile t at d0 + t *
+ * dstep.  One DMA for the full tiles, one for a last partial tile. */
+static int load_tiles(mm *p, const void *base, int64_t ld, int64_t r0, int64_t rows, int64_t c0,
+                      int64_t cols, nt_tile *dst, int64_t d0, int64_t dstep, int q)
+{
+    const nt_tile_matmul_args *a = p->a;
+    int64_t full = rows / TK, part = rows % TK;
+    int rc = 0;
+    if (full) {
+        nt_ap d = sl(dst, TK, d0, (full - 1) * dstep + cols);
+        d.ndim = 2;
+        d.num[0] = full, d.step[0] = dstep;
+        d.num[1] = cols, d.step[1] = 1;
+        nt_ap h = nt_hbm_ap(base, a->in_dtype, r0 * ld + c0, TK, ld, full);
+        h.step[0] = TK * ld;
+        h.ndim = 2;
+        h.num[1] = cols, h.step[1] = 1;
+        rc = nt_isa_dma_copy(p->k, &d, &h, q);
+    }
+    if (!rc && part) {
+        nt_ap d = sl(dst, (int)part, d0 + full * dstep, cols);
+        nt_ap h = nt_hbm_ap(base, a->in_dtype, (r0 + full * TK) * ld + c0, (int)part, ld, cols);
+        rc = nt_isa_dma_copy(p->k, &d, &h, q);
+    }
+    return rc;
+}
+
+/* K-tiles per streaming load of `cols` columns: about S_SLOT bytes per
+ * partition. */
+static int64_t per_load(const mm *p, int64_t cols)
+{
+    int64_t t = S_SLOT / (cols * p->esz);
+    return t < 1 ? 1 : t;
+}
+
+/* All of B into bres, K-tile kt at columns kt * N (issued first). */
+static int load_bres(mm *p)
+{
+    const nt_tile_matmul_args *a = p->a;
+    int64_t N = a->N;
+    int qb = 0, rc = 0;
+    if (!a->b_trans) {
+        int64_t g = per_load(p, N);
+        for (int64_t kt = 0; kt < p->nk && !rc; kt += g) {
+            int64_t rows = min64(g * TK, a->K - kt * TK);
+            rc = load_tiles(p, a->b, a->ldb, kt * TK, rows, 0, N, p->bres, kt * N, N,
+                            next_q(&qb, QS_B0, QS_BN));
+        }
+        return rc;
+    }
+    /* B^T [N, K]: rows of 128 n, all of K, into the transpose stage; each
+     * K-tile's [128 n, kw] piece turned on TensorE and copied into bres */
+    for (int64_t n0 = 0; n0 < N && !rc; n0 += TM) {
+        int64_t jw = min64(TM, N - n0);
+        int64_t so = (n0 / TM % BT_SETS) * a->K;
+        nt_ap st = sl(p->bstage, (int)jw, so, a->K);
+        nt_ap src = nt_hbm_ap(a->b, a->in_dtype, n0 * a->ldb, (int)jw, a->ldb, a->K);
+        rc = nt_isa_dma_copy(p->k, &st, &src, next_q(&qb, QS_B0, QS_BN));
+        for (int64_t kt = 0; kt < p->nk && !rc; kt++) {
+            int64_t k0 = kt * TK, kw = min64(TK, a->K - k0);
+            int slot = p->tnext;
+            p->tnext = (p->tnext + 1) % p->tslots;
+            nt_ap piece = sl(p->bstage, (int)jw, so + k0, kw);
+            nt_ap tp = sl(p->tpsum, (int)kw, (int64_t)slot * TM, jw);
+            rc = nt_isa_nc_transpose(p->k, &tp, &piece);
+            nt_ap dst = sl(p->bres, (int)kw, kt * N + n0, jw);
+            if (!rc)
+                rc = nt_isa_tensor_copy(p->k, &dst, &tp, NT_ENGINE_VECTOR);
+        }
+    }
+    return rc;
+}
+
+/* The load of A unit u: row-major, M-tiles u*G .. u*G+G-1 into abuf slot
+ * u % NS; given A^T, M-tile u's every K-tile into its panel slot u % NS. */
+static int load_a_unit(mm *p, int64_t u)
+{
+    const nt_tile_matmul_args *a = p->a;
+    int rc = 0;
+    if (!a->a_trans) {
+        int64_t r0 = u * p->G * TM, rows = min64((int64_t)p->G * TM, a->M - r0);
+        return load_tiles(p, a->a, a->lda, r0, rows, 0, a->K, p->abuf,
+                          (u % p->NS) * p->G * a->K, a->K, next_q(&p->qa, QS_A0, QS_AN));
+    }
+    /* A^T [K, M]: partition = k, K-tiles of this M-tile's columns */
+    int64_t m0 = u * TM, mw = min64(TM, a->M - m0), so = (u % p->NS) * p->nk * TM;
+    int64_t g = per_load(p, mw);
+    for (int64_t kt = 0; kt < p->nk && !rc; kt += g) {
+        int64_t rows = min64(g * TK, a->K - kt * TK);
+        rc = load_tiles(p, a->a, a->lda, kt * TK, rows, m0, mw, p->panel, so + kt * TM, TM,
+                        next_q(&p->qa, QS_A0, QS_AN));
+    }
+    return rc;
+}
+
+/* Row-major A: M-tile i's K-tiles turned into its panel slot i % NP. */
+static int prep_a(mm *p, int64_t i)
+{
+    const nt_tile_matmul_args *a = p->a;
+    int64_t m0 = i * TM, mw = min64(TM, a->M - m0);
+    int64_t ao = (i / p->G % p->NS) * p->G * a->K + (i % p->G) * a->K, so = (i % p->NP) * p->nk * TM;
+    for (int64_t kt = 0; kt < p->nk; kt++) {
+        int64_t k0 = kt * TK, kw = min64(TK, a->K - k0);
+        int slot = p->tnext;
+        p->tnext = (p->tnext + 1) % p->tslots;
+        nt_ap src = sl(p->abuf, (int)mw, ao + k0, kw);
+        nt_ap tp = sl(p->tpsum, (int)kw, (int64_t)slot * TM, mw);
+        int rc = nt_isa_nc_transpose(p->k, &tp, &src);
+        nt_ap dst = sl(p->panel, (int)kw, so + kt * TM, mw);
+        if (!rc)
+            rc = nt_isa_tensor_copy(p->k, &dst, &tp, NT_ENGINE_VECTOR);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* B small enough to stay in SBUF, many M-tiles (nt_linear on B*T rows, a
+ * weight gradient over B*T): B is loaded (and for B^T turned) once, and
+ * the M-tiles stream past it one at a time -- loads S_NS - 1 units ahead
+ * on their own queues, each M-tile's transposes one tile ahead of the
+ * matmuls, accumulators in a ring of PSUM banks, each evacuated as soon as
+ * its last K-tile is in.  The block program (run) reloaded B for every
+ * block of 8 M-tiles and ran a block's loads, matmuls and stores in series.
+ * The K-tiles accumulate in ascending order into one bank, as there. */
+static int run_stream(mm *p)
+{
+    const nt_tile_matmul_args *a = p->a;
+    int64_t nm = p->nm, units = a->a_trans ? nm : (nm + p->G - 1) / p->G;
+    bool fx = p->k->functional;
+    if (p->c32)
+        p->k->functional = false;
+    int rc = load_bres(p);
+    for (int64_t u = 0; u < units && u < p->NS - 1 && !rc; u++)
+        rc = load_a_unit(p, u);
+    if (!rc && !a->a_trans)
+        rc = prep_a(p, 0);
+    for (int64_t i = 0; i < nm && !rc; i++) {
+        int64_t m0 = i * TM, mw = min64(TM, a->M - m0);
+        /* the next unit's load goes once the slot it reuses is done with */
+        int64_t u = a->a_trans ? i : (i % p->G == 0 ? i / p->G : -1);
+        if (u >= 0 && u + p->NS - 1 < units)
+            rc = load_a_unit(p, u + p->NS - 1);
+        if (!rc && !a->a_trans && i + 1 < nm)
+            rc = prep_a(p, i + 1);
+        int64_t so = (i % p->NP) * p->nk * TM;
+        for (int64_t nc = 0; nc < p->nn && !rc; nc++) {
+            int64_t n0 = nc * TN, nw = min64(TN, a->N - n0);
+            nt_tile *acc = p->acc[p->naccn++ % p->nacc];
+            nt_ap dst = sl(acc, (int)mw, 0, nw);
+            for (int64_t kt = 0; kt < p->nk && !rc; kt++) {
+                int64_t kw = min64(TK, a->K - kt * TK);
+                nt_ap st = sl(p->panel, (int)kw, so + kt * TM, mw);
+                nt_ap mv = sl(p->bres, (int)kw, kt * a->N + n0, nw);
+                rc = nt_isa_nc_matmul(p->k, &dst, &st, &mv, kt > 0);
+            }
+            if (rc)
+                break;
+            if (p->c32) {
+                p->k->functional = fx;
+                nt__sim_fx_flush(p->k); /* the bank's queued readers first */
+                deliver_to(p, acc, m0, mw, n0, nw);
+            }
+            rc = evac_block(p, acc, m0, mw, n0, nw, nc + 1 == p->nn);
+            if (p->c32)
+                p->k->functional = false;
+        }
+    }
+    p->k->functional = fx;
+    return rc;
 }
 
 static int run(mm *p)
@@ -451,43 +691,8 @@ static int run(mm *p)
             }
             for (int bm = 0; bm < mt; bm++) {
                 int64_t r0 = m0 + (int64_t)bm * TM, mw = min64(TM, a->M - r0);
-                int64_t oo = (p->onext++ % p->NO) * TN;
-                nt_ap src = sl(p->acc[bm], (int)mw, 0, nw);
-                if (a->epilogue) {
-                    int rc = a->epilogue(p->k, &src, r0, n0, a->epilogue_ctx);
-                    if (rc)
-                        return rc;
-                    continue;
-                }
-                nt_ap o = sl(p->oring, (int)mw, oo, nw);
-                /* the pending store goes before its ring slots are written
-                 * again */
-                int rc = p->st_nw && oo < p->st_oo + p->st_nw && oo + nw > p->st_oo
-                             ? flush_store(p)
-                             : 0;
-                /* ScalarE evacuates PSUM (faster clock than VectorE) */
-                if (!rc)
-                    rc = nt_isa_tensor_copy(p->k, &o, &src, NT_ENGINE_SCALAR);
+                int rc = evac_block(p, p->acc[bm], r0, mw, n0, nw, mt > 1);
                 if (rc)
-                    return rc;
-                /* this chunk joins the pending store when it continues it
-                 * and is ready before that store's fixed cost would be paid
-                 * (else the pending one leaves alone, ahead of it) */
-                double ready = nt__sim_kernel_engine_free(p->k, NT_ENGINE_SCALAR);
-                bool cont = p->st_nw && p->st_r0 == r0 && p->st_mw == mw &&
-                            p->st_n0 + p->st_nw == n0 && p->st_oo + p->st_nw == oo &&
-                            ready - p->st_ready < p->dma_fixed_ns;
-                if (!cont && (rc = flush_store(p)))
-                    return rc;
-                if (cont) {
-                    p->st_nw += nw;
-                } else {
-                    p->st_r0 = r0, p->st_mw = mw, p->st_n0 = n0, p->st_nw = nw, p->st_oo = oo;
-                }
-                p->st_ready = ready;
-                /* a chunk that ends a row of C, or whose next chunk is
-                 * another M-tile's, leaves now */
-                if ((n0 + nw >= a->N || mt > 1) && (rc = flush_store(p)))
                     return rc;
             }
         }
@@ -548,11 +753,33 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
         return nt__sim_fail(k, I, "needs %d free PSUM banks, %d left in the kernel",
                             tbank ? 2 : 1, nt__sim_free_banks(k));
 
-    /* SBUF: the largest block whose whole A panel stays resident, else the
+    /* SBUF: the streaming program when all of B stays (run_stream); else
+     * the largest block whose whole A panel stays resident, else the
      * largest block that streams the panel through a few slots */
     int64_t avail = nt_tile_free_bytes(k, NT_MEM_SBUF);
+    /* (with an epilogue, one N-chunk: an in-place epilogue's loads of the
+     * next chunk of the same rows would wait for this chunk's stores to the
+     * same HBM pages; the block program puts other M-tiles between them) */
+    if (a->K > 0 && p.nm >= 2 && banks >= 2 && (!a->epilogue || p.nn == 1)) {
+        int64_t bres = p.nk * a->N * p.esz;
+        int64_t G = a->a_trans ? 1 : min64(min64(per_load(&p, a->K), 8), p.nm);
+        int NP = a->a_trans ? S_NS : 2;
+        int64_t need = bres + (a->a_trans ? 0 : S_NS * G * a->K * p.esz) +
+                       (int64_t)NP * p.nk * TM * p.esz + (a->epilogue ? 0 : 4 * TN * p.csz) +
+                       (a->b_trans ? BT_SETS * a->K * p.esz : 0) + NT__SIM_ALIGN * 8;
+        if (bres <= S_BRES && (!a->b_trans || a->K * p.esz <= 16 * 1024) && need <= avail) {
+            p.stream = true;
+            p.G = (int)G;
+            p.NS = S_NS;
+            p.NP = NP;
+            p.NO = 4;
+            p.nacc = banks < 6 ? banks : 6;
+        }
+    }
     p.BM = 0;
-    for (int bm = bm_max; bm >= 1; bm--)
+    if (p.stream)
+        p.BM = 1; /* skips the block search below */
+    for (int bm = bm_max; bm >= 1 && !p.stream; bm--)
         if (need_bytes(&p, bm, (int)p.nk) <= avail) {
             p.BM = bm;
             p.resident = true;
@@ -571,15 +798,34 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
     if (!p.BM)
         return nt__sim_fail(k, I, "needs %lld B per partition of SBUF, %lld B free in the kernel",
                             (long long)need_bytes(&p, 1, 1), (long long)avail);
-    p.NO = p.BM + 2;
+    if (!p.stream)
+        p.NO = p.BM + 2;
     if (a->K == 0)
         p.NO = 2;
 
     int rc = 0;
-    p.oring = nt_tile_alloc(k, "mm.out", NT_MEM_SBUF, a->out_dtype, TM, (int64_t)p.NO * TN);
+    if (!p.stream || !a->epilogue)
+        p.oring = nt_tile_alloc(k, "mm.out", NT_MEM_SBUF, a->out_dtype, TM, (int64_t)p.NO * TN);
     if (a->K == 0 && a->epilogue)
         p.acc[0] = nt_tile_alloc(k, "mm.acc", NT_MEM_PSUM, NT_F32, TM, TN);
-    if (a->K > 0) {
+    if (p.stream) {
+        p.bres = nt_tile_alloc(k, "mm.Bres", NT_MEM_SBUF, a->in_dtype, TK, p.nk * a->N);
+        p.panel = nt_tile_alloc(k, "mm.At", NT_MEM_SBUF, a->in_dtype, TK,
+                                (int64_t)p.NP * p.nk * TM);
+        if (!a->a_trans)
+            p.abuf = nt_tile_alloc(k, "mm.A", NT_MEM_SBUF, a->in_dtype, TM,
+                                   (int64_t)p.NS * p.G * a->K);
+        if (a->b_trans)
+            p.bstage = nt_tile_alloc(k, "mm.Bt", NT_MEM_SBUF, a->in_dtype, TM,
+                                     (int64_t)BT_SETS * a->K);
+        for (int i = 0; i < p.nacc; i++)
+            p.acc[i] = nt_tile_alloc(k, "mm.acc", NT_MEM_PSUM, NT_F32, TM, TN);
+        if (tbank) {
+            p.tslots = (int)(NT_SIM_PSUM_BANK_BYTES / (TM * p.esz));
+            p.tpsum = nt_tile_alloc(k, "mm.T", NT_MEM_PSUM, a->in_dtype, TK,
+                                    (int64_t)p.tslots * TM);
+        }
+    } else if (a->K > 0) {
         p.bring = nt_tile_alloc(k, "mm.B", NT_MEM_SBUF, a->in_dtype, TK, (int64_t)NB * TN);
         p.panel = nt_tile_alloc(k, "mm.At", NT_MEM_SBUF, a->in_dtype, TK,
                                 (int64_t)p.NP * p.BM * TM);
@@ -604,12 +850,15 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
     else if (fx && a->K > 0 && nt__sim_program_gemm() && !overlaps(a))
         rc = program_product(&p);
     if (!rc)
-        rc = run(&p);
+        rc = p.stream ? run_stream(&p) : run(&p);
+    if (!rc)
+        rc = flush_store(&p);
     k->functional = fx; /* also after an error inside a timed-only stretch */
 
     /* give the space back to the kernel (dependencies keep later users of
      * these bytes behind this program's accesses) */
-    nt_tile *all[] = {p.oring, p.bring, p.panel, p.strip[0], p.strip[1], p.tpsum, p.bstage};
+    nt_tile *all[] = {p.oring, p.bring, p.panel, p.strip[0], p.strip[1], p.tpsum, p.bstage,
+                      p.bres, p.abuf};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (all[i] && all[i]->live)
             nt_tile_release(k, all[i]);

@@ -620,6 +620,62 @@ static void test_broadcast_grad_shapes(void **state)
     nt_release(a), nt_release(b);
 }
 
+/* The gradients of nt_linear on batched rows x [B, T, C] (PyTorch's order,
+ * docs/ops.md section 7b): w's is ONE product over all B*T rows, g^T x with
+ * the batch folded into K (K-tiles of 128 ascending across the batch
+ * boundaries), b's one canonical sum over the B*T rows; not per-batch
+ * products and per-dim sums added afterwards.  T = 100 makes the K-tiles of
+ * the folded product straddle batches, so either other order would differ
+ * in the bits.  The same in every mode and on both backends. */
+static void linear3d_grads(const char *backend, const char *mode, float *gw, float *gb,
+                           float *rw, float *rb)
+{
+    nt_config_set("NT_BACKEND", backend);
+    nt_config_set("NT_MODE", mode);
+    const int64_t B = 3, T = 100, C = 20, N = 12;
+    nt_tensor *x = nt_randn(NT_F32, 3, (int64_t[]){B, T, C}, 21);
+    nt_tensor *r = nt_randn(NT_F32, 3, (int64_t[]){B, T, N}, 22);
+    nt_tensor *w = nt_randn(NT_F32, 2, (int64_t[]){N, C}, 23);
+    nt_tensor *b = nt_randn(NT_F32, 1, (int64_t[]){N}, 24);
+    nt_set_requires_grad(w, true);
+    nt_set_requires_grad(b, true);
+    nt_scope *s = nt_scope_begin();
+    /* L = sum(linear(x) * r): dL/dy = r exactly */
+    assert_int_equal(nt_backward(nt_sum(nt_mul(nt_linear(x, w, b), r), NT_DIM_ALL, false)), 0);
+    assert_int_equal(nt_to_host(nt_grad(w), gw, (size_t)(N * C) * sizeof(float)), 0);
+    assert_int_equal(nt_to_host(nt_grad(b), gb, (size_t)N * sizeof(float)), 0);
+    /* the definitions, as ops: (r2^T x2) and sum over dim 0 of r2 */
+    nt_tensor *x2 = nt_reshape(x, 2, (int64_t[]){B * T, C});
+    nt_tensor *r2 = nt_reshape(r, 2, (int64_t[]){B * T, N});
+    assert_int_equal(nt_to_host(nt_matmul(nt_transpose(r2, 0, 1), x2), rw,
+                                (size_t)(N * C) * sizeof(float)),
+                     0);
+    assert_int_equal(nt_to_host(nt_sum(r2, 0, false), rb, (size_t)N * sizeof(float)), 0);
+    nt_scope_end(s);
+    nt_release(x), nt_release(r), nt_release(w), nt_release(b);
+    nt_config_set("NT_MODE", "adaptive");
+    nt_config_set("NT_BACKEND", "sim");
+}
+
+static void test_batched_linear_grads_fold_the_batch(void **state)
+{
+    (void)state;
+    float gw[240], gb[12], rw[240], rb[12], gw0[240], gb0[12];
+    const char *backends[] = {"cpu", "sim"}, *modes[] = {"deterministic", "eager", "lazy"};
+    for (int k = 0; k < 2; k++)
+        for (int m = 0; m < 3; m++) {
+            linear3d_grads(backends[k], modes[m], gw, gb, rw, rb);
+            assert_memory_equal(gw, rw, sizeof gw);
+            assert_memory_equal(gb, rb, sizeof gb);
+            if (k == 0 && m == 0) {
+                memcpy(gw0, gw, sizeof gw);
+                memcpy(gb0, gb, sizeof gb);
+            }
+            assert_memory_equal(gw, gw0, sizeof gw);
+            assert_memory_equal(gb, gb0, sizeof gb);
+        }
+}
+
 static void test_accumulation_and_zero_grad(void **state)
 {
     (void)state;
@@ -1220,6 +1276,8 @@ int main(void)
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_two_layer_mlp_by_hand, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_broadcast_grad_shapes, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_batched_linear_grads_fold_the_batch, nt_test_setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_accumulation_and_zero_grad, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_retain_graph, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_no_grad_and_detach, nt_test_setup, nt_test_teardown),

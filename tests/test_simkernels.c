@@ -504,6 +504,42 @@ static void test_reductions(void **state)
         }
 }
 
+/* Sums over a strided dim whose neighbouring outputs are adjacent (bias and
+ * norm-weight gradients: [B*T, C] over dim 0, [B, T, C] over dim 0): the
+ * transposed path, in groups of 128 columns, 2048-position blocks through
+ * PSUM banks and SBUF rows; partial groups, partial position tiles, several
+ * blocks (4100), one bank (300), special values. */
+static void b_colsum(void *ctx, nt_tensor **out, int *n)
+{
+    ew_ctx *c = ctx;
+    int64_t R = c->shape[0], C = c->shape[1];
+    nt_tensor *x = T(c->dt, 2, (int64_t[]){R, C}, 2.0, c->variant == 1);
+    out[(*n)++] = nt_sum(x, 0, false);
+    out[(*n)++] = nt_mean(x, 0, true);
+    out[(*n)++] = nt_max(x, 0, false);
+    out[(*n)++] = nt_min(x, 0, false);
+    if (R % 4 == 0) /* the same rows as [4, R/4, C] over dim 0 */
+        out[(*n)++] = nt_sum(nt_reshape(x, 3, (int64_t[]){4, R / 4, C}), 0, false);
+}
+
+static void test_column_reductions(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][2] = {{2048, 384}, {2049, 300}, {300, 5},  {4100, 130},
+                                        {513, 128},  {128, 640},  {1, 700}, {2048, 128}};
+    for (size_t d = 0; d < 3; d++)
+        for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+            for (int v = 0; v < 2; v++) {
+                if (quick && shapes[i][0] * shapes[i][1] > 300000)
+                    continue;
+                ew_ctx c = {.dt = FLOATS[d], .variant = v, .shape = {shapes[i][0], shapes[i][1]}};
+                char w[80];
+                snprintf(w, sizeof w, "column sums %s [%lld, %lld] variant %d",
+                         nt_dtype_name(c.dt), (long long)shapes[i][0], (long long)shapes[i][1], v);
+                cmp(w, b_colsum, &c);
+            }
+}
+
 /* ---------------- row ops and losses ---------------- */
 
 static void b_rows(void *ctx, nt_tensor **out, int *n)
@@ -1818,6 +1854,12 @@ static nt_tensor *sched_grad_update(nt_tensor **in)
     nt_release(other);
     return g;
 }
+static nt_tensor *sched_layer_norm(nt_tensor **in) { return nt_layer_norm(in[0], in[1], in[2], 1e-5); }
+static nt_tensor *sched_norm2(nt_tensor **in) { return nt_norm(in[0], 2.0, NT_DIM_ALL, false); }
+static nt_tensor *sched_sdpa(nt_tensor **in)
+{
+    return nt_scaled_dot_product_attention(in[0], in[1], in[2], NULL, true, 0.0);
+}
 static nt_tensor *sched_mm_small(nt_tensor **in) { return nt_matmul(nt_transpose(in[0], 0, 1), in[1]); }
 /* A bf16 step's gradient and its moment updates: g = cast(gradient), an
  * unrelated op, then a chain whose first ops read only g.  in: gb [n] bf16,
@@ -1990,6 +2032,111 @@ static void test_kernel_schedules(void **state)
         for (int i = 0; i < 4; i++)
             nt_release(in[i]);
     }
+    /* 8. a bias gradient over B*T = 2048 rows ([2048, 512] over dim 0): the
+     * positions turn on TensorE 2048 at a time through PSUM banks, one group
+     * of 128 columns folding while the next loads; within 1.5x of its bytes'
+     * DMA time (the rows on partitions read one element per descriptor:
+     * 253 us) */
+    {
+        nt_tensor *x = nt_randn(NT_F32, 2, (int64_t[]){2048, 512}, 61);
+        float *a = malloc(512 * 4), *b = malloc(512 * 4);
+        sched_run("eager", sched_sum0, &x, &st, a, 512 * 4);
+        assert_int_equal(st.hbm_read_bytes, (uint64_t)2048 * 512 * 4);
+        assert_int_equal(st.hbm_write_bytes, (uint64_t)512 * 4);
+        double floor = dma_floor_ns((double)(st.hbm_read_bytes + st.hbm_write_bytes));
+        print_message("# sum over dim 0 of [2048, 512]: %.0f ns, DMA floor %.0f ns (%.2fx)\n",
+                      st.sim_ns, floor, st.sim_ns / floor);
+        assert_true(st.sim_ns <= 1.5 * floor);
+        sched_cpu(sched_sum0, &x, b, 512 * 4);
+        assert_memory_equal(a, b, 512 * 4);
+        free(a), free(b);
+        nt_release(x);
+    }
+    /* 9. nt_linear's product on batched rows, x [16, 128, 128] . w^T [384,
+     * 128]: the batches are one program of 2048 rows, w loaded and turned
+     * once and the M-tiles streaming past it (sim/tp_matmul.c, run_stream),
+     * not 16 programs that each loaded w again and ran their loads, matmul
+     * and store in series (60 us), nor blocks of 7 M-tiles that reloaded w
+     * and waited for each other (1.4 MB read) */
+    {
+        nt_tensor *in[2] = {nt_randn(NT_F32, 3, (int64_t[]){16, 128, 128}, 71),
+                            nt_randn(NT_F32, 2, (int64_t[]){384, 128}, 72)};
+        size_t ob = (size_t)2048 * 384 * 4;
+        float *a = malloc(ob), *b = malloc(ob);
+        sched_run("eager", sched_linear, in, &st, a, ob);
+        assert_int_equal(st.kernels, 1);
+        assert_int_equal(st.hbm_read_bytes, (uint64_t)(2048 + 384) * 128 * 4);
+        assert_int_equal(st.hbm_write_bytes, (uint64_t)ob);
+        double floor = dma_floor_ns((double)(st.hbm_read_bytes + st.hbm_write_bytes));
+        print_message("# x [16, 128, 128] @ w^T [128, 384]: %.0f ns, DMA floor %.0f ns (%.2fx)\n",
+                      st.sim_ns, floor, st.sim_ns / floor);
+        assert_true(st.sim_ns <= 1.35 * floor);
+        sched_cpu(sched_linear, in, b, ob);
+        assert_memory_equal(a, b, ob);
+        free(a), free(b);
+        nt_release(in[0]), nt_release(in[1]);
+    }
+    /* 10. layer norm of [2048, 128] rows (the GPT's): each sum one
+     * instruction, the per-row steps on ScalarE, the groups' tiles in a
+     * ring and each group's products issued two groups later, so that
+     * VectorE never waits behind a group's ScalarE chain (44.7 us when
+     * every group ran ~20 dependent instructions, mostly on VectorE) */
+    {
+        nt_tensor *in[3] = {nt_randn(NT_F32, 2, (int64_t[]){2048, 128}, 81),
+                            nt_randn(NT_F32, 1, (int64_t[]){128}, 82),
+                            nt_randn(NT_F32, 1, (int64_t[]){128}, 83)};
+        size_t ob = (size_t)2048 * 128 * 4;
+        float *a = malloc(ob), *b = malloc(ob);
+        sched_run("eager", sched_layer_norm, in, &st, a, ob);
+        double floor = dma_floor_ns((double)(st.hbm_read_bytes + st.hbm_write_bytes));
+        print_message("# layer_norm [2048, 128]: %.0f ns, DMA floor %.0f ns (%.2fx)\n", st.sim_ns,
+                      floor, st.sim_ns / floor);
+        assert_true(st.sim_ns <= 3.0 * floor);
+        sched_cpu(sched_layer_norm, in, b, ob);
+        assert_memory_equal(a, b, ob);
+        free(a), free(b);
+        for (int i = 0; i < 3; i++)
+            nt_release(in[i]);
+    }
+    /* 11. gradient clipping's 2-norms over all of a bias and of a weight:
+     * one block is its own result (no fold across partitions), a weight's
+     * squares and block sums are one ScalarE activation per tile, and the
+     * sqrt table loads while the first tile does (5.9 and 14.8 us) */
+    {
+        static const int64_t ns[2] = {128, 384 * 128};
+        static const double lim[2] = {4500, 10500};
+        for (int i = 0; i < 2; i++) {
+            nt_tensor *x = nt_randn(NT_F32, 1, &ns[i], 91);
+            float a, b;
+            sched_run("eager", sched_norm2, &x, &st, &a, sizeof a);
+            print_message("# 2-norm over all of %lld elements: %.0f ns\n", (long long)ns[i],
+                          st.sim_ns);
+            assert_true(st.sim_ns <= lim[i]);
+            sched_cpu(sched_norm2, &x, &b, sizeof b);
+            assert_memory_equal(&a, &b, sizeof a);
+            nt_release(x);
+        }
+    }
+    /* 12. causal attention over 16 heads of [128, 32] (the GPT's): the
+     * log-sum-exp of every head waits for one LOG activation and one
+     * store, where each head switched ScalarE's table from exp to log and
+     * back (2 us a head) and the heads' lse stores waited for each other on
+     * shared HBM pages (64 heads: 264.7 -> 146.1 us) */
+    {
+        int64_t sh[4] = {4, 4, 128, 32};
+        nt_tensor *in[3] = {nt_randn(NT_F32, 4, sh, 101), nt_randn(NT_F32, 4, sh, 102),
+                            nt_randn(NT_F32, 4, sh, 103)};
+        size_t ob = (size_t)16 * 128 * 32 * 4;
+        float *a = malloc(ob), *b = malloc(ob);
+        sched_run("eager", sched_sdpa, in, &st, a, ob);
+        print_message("# causal attention, 16 heads [128, 32]: %.0f ns\n", st.sim_ns);
+        assert_true(st.sim_ns <= 50000);
+        sched_cpu(sched_sdpa, in, b, ob);
+        assert_memory_equal(a, b, ob);
+        free(a), free(b);
+        for (int i = 0; i < 3; i++)
+            nt_release(in[i]);
+    }
     /* 6. the one-block sum's shortcut (partial + 0) keeps the CPU's signed
      * zeros and NaN: a column of -0 sums to +0, a NaN column to NaN */
     {
@@ -2134,6 +2281,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_copy_cast, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fill_arange_rand, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_reductions, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_column_reductions, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_rows, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_cross_entropy_rows, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_matmul, setup, nt_test_teardown),

@@ -39,6 +39,7 @@
 
 #define BLK NT_ATTN_BLOCK
 #define G 4 /* query blocks in flight */
+#define LSE_COLS 256 /* (head, query block) columns whose lse waits for one LOG */
 
 typedef struct ak {
     sk_k *s;
@@ -207,8 +208,17 @@ static int too_long(int64_t Tq, int64_t Tk, int64_t bytes)
 /* Stores tile t (load_head's layout, [128, nblocks(T) * nc], dtype dt) to
  * the contiguous rows [0, T) x [0, nc) at element off of base (row stride
  * ld): one DMA for the full blocks, one for the last. */
+static int store_head_at(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, nt_tile *t,
+                         int64_t col0, int64_t T, int64_t nc);
 static int store_head(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, nt_tile *t,
                       int64_t T, int64_t nc)
+{
+    return store_head_at(a, base, dt, off, ld, t, 0, T, nc);
+}
+
+/* store_head from columns col0.. of t */
+static int store_head_at(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, nt_tile *t,
+                         int64_t col0, int64_t T, int64_t nc)
 {
     int64_t nfull = T / BLK, tail = T % BLK;
     int rc = 0;
@@ -221,7 +231,7 @@ static int store_head(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, n
         h.ndim = 2;
         h.num[0] = nb, h.step[0] = BLK * ld;
         h.num[1] = nc, h.step[1] = 1;
-        nt_ap d = nt_tile_slice(t, 0, np, c0, nb * nc);
+        nt_ap d = nt_tile_slice(t, 0, np, col0 + c0, nb * nc);
         rc = nt_isa_dma_copy(a->k, &h, &d, sk_qout(a->s));
     }
     return rc;
@@ -307,7 +317,21 @@ int nt__sk_sdpa(const nt__rec *r)
     nt_tile *V = sk_tile(&s, "attn.v", NT_F32, BLK, nkb * Dv);
     nt_tile *Qr = sk_tile(&s, "attn.q", NT_F32, BLK, nqb * D);
     nt_tile *OT = sk_tile(&s, "attn.out", odt, BLK, nqb * Dv);
-    nt_tile *LS = sk_tile(&s, "attn.lse", NT_F32, BLK, nqb);
+    /* lse = m + log(max(l, 1)) waits for a group of HG heads: one LOG
+     * activation over all of them, not one per head (each switched
+     * ScalarE's function table from exp to log and back: 2 us a head) */
+    int64_t HG = nqb < 1 || LSE_COLS / nqb < 1 ? 1 : LSE_COLS / nqb;
+    if (HG > a.g.nbatch)
+        HG = a.g.nbatch < 1 ? 1 : a.g.nbatch;
+    nt_tile *LS = sk_tile(&s, "attn.lse", NT_F32, BLK, HG * nqb);
+    nt_tile *LM = sk_tile(&s, "attn.lsem", NT_F32, BLK, HG * nqb);
+    if (LS && LM) { /* rows past a short last block: finite, never stored */
+        nt_ap ls0 = nt_tile_ap(LS), lm0 = nt_tile_ap(LM);
+        if (!rc)
+            rc = nt_isa_memset(s.k, &ls0, 1.0, NT_ENGINE_GPSIMD);
+        if (!rc)
+            rc = nt_isa_memset(s.k, &lm0, 0.0, NT_ENGINE_GPSIMD);
+    }
     fq f[G];
     for (int g = 0; g < G; g++) {
         f[g].st = sk_tile(&s, "attn.stats", NT_F32, BLK, C_NCOL);
@@ -398,25 +422,36 @@ int nt__sk_sdpa(const nt__rec *r)
                         }
                     }
             }
-            /* out = o / max(l, 1); lse = m + log(max(l, 1)) */
+            /* out = o / max(l, 1); max(l, 1) and m kept for the lse */
             for (int g = 0; g < ng && !rc; g++) {
                 int Mq = f[g].Mq;
-                int64_t i = i0 + g;
+                int64_t i = i0 + g, c = (b % HG) * nqb + i;
                 nt_ap m = col(f[g].st, Mq, C_M), l = col(f[g].st, Mq, C_L);
-                nt_ap ls = col(f[g].st, Mq, C_LS), t = col(f[g].st, Mq, C_T);
                 nt_ap o_ = nt_tile_slice(f[g].acc, 0, Mq, 0, Dv);
-                nt_ap out = nt_tile_slice(OT, 0, Mq, i * Dv, Dv), lo = col(LS, Mq, i);
+                nt_ap out = nt_tile_slice(OT, 0, Mq, i * Dv, Dv);
+                nt_ap ls = col(LS, Mq, c), lm = col(LM, Mq, c);
                 if ((rc = ts(&a, &ls, &l, NT_ALU_MAX, NULL, 1.0f)) ||
-                    (rc = ts(&a, &out, &o_, NT_ALU_DIV, &ls, 0)) ||
-                    (rc = nt_isa_activation(k, &t, NT_ACT_LOG, &ls, NULL, NULL, NULL)))
+                    (rc = ts(&a, &out, &o_, NT_ALU_DIV, &ls, 0)))
                     break;
-                rc = tt(&a, &lo, &m, &t, NT_ALU_ADD);
+                rc = nt_isa_tensor_copy(k, &lm, &m, NT_ENGINE_GPSIMD);
             }
         }
         if (!rc)
             rc = store_head(&a, od, odt, b * Tq * Dv, Dv, OT, Tq, Dv);
-        if (!rc)
-            rc = store_head(&a, ld, NT_F32, b * Tq, 1, LS, Tq, 1);
+        /* the group's lse = m + log(max(l, 1)), elementwise as per head */
+        if (!rc && nqb > 0 && (b % HG == HG - 1 || b + 1 == a.g.nbatch)) {
+            int64_t b0 = b - b % HG, nh = b - b0 + 1;
+            nt_ap ls = nt_tile_slice(LS, 0, BLK, 0, nh * nqb), lm = nt_tile_slice(LM, 0, BLK, 0, nh * nqb);
+            if (!(rc = nt_isa_activation(k, &ls, NT_ACT_LOG, &ls, NULL, NULL, NULL)))
+                rc = tt(&a, &ls, &lm, &ls, NT_ALU_ADD);
+            /* whole blocks: the group's lse is one run of HBM, column c at
+             * c * BLK -- one store (a store per head waited for the one
+             * before it on their shared HBM pages) */
+            if (!rc && Tq % BLK == 0)
+                rc = store_head_at(&a, ld, NT_F32, b0 * Tq, 1, LS, 0, nh * Tq, 1);
+            for (int64_t h = 0; h < nh && !rc && Tq % BLK; h++)
+                rc = store_head_at(&a, ld, NT_F32, (b0 + h) * Tq, 1, LS, h * nqb, Tq, 1);
+        }
     }
     return sk_end_values(&s, values, rc, r);
 }

@@ -2,7 +2,9 @@
  *
  * PyTorch's shape rules (1-D operands promoted, batch dims broadcast) come
  * from nt__matmul_info; each batch is one nt_tile_matmul program in the same
- * kernel: K-tiles of 128 accumulated in PSUM in ascending order, exactly the
+ * kernel (batches of a row-major a that follow each other, under one 2-D b,
+ * are one program: fold_batches): K-tiles of 128 accumulated in PSUM in
+ * ascending order, exactly the
  * CPU kernel's recurrence (core/gemm.h), one rounding to the output dtype.
  *
  * Operands reach the tile program as it wants them: A row-major [M, K] or
@@ -43,13 +45,40 @@ typedef struct epi_tramp {
     sk_mm_epi epi;
     void *ctx;
     int64_t batch;
+    int64_t fold_m; /* M of one batch when the batches run as one product, else 0 */
 } epi_tramp;
 
 static int tramp(nt_sim_kernel *k, const nt_ap *acc, int64_t m0, int64_t n0, void *ctx)
 {
     (void)k;
     epi_tramp *t = ctx;
+    if (t->fold_m) /* a block of 128 rows lies inside one batch (M % 128 == 0) */
+        return t->epi(t->s, acc, m0 / t->fold_m, m0 % t->fold_m, n0, t->ctx);
     return t->epi(t->s, acc, t->batch, m0, n0, t->ctx);
+}
+
+/* Whether the batches are one product of nbatch * M rows: b the same matrix
+ * for every batch and a's batches one after the other in memory, row-major
+ * (x [B, T, C] . w^T in nt_linear).  Each element of C is the same dot
+ * product in the same K order either way, so the same bits; one program
+ * fills TensorE's blocks of 8 M-tiles and loads B once, where a program per
+ * batch of 128 rows ran its loads, matmul and store in series.  With an
+ * epilogue, M must be a multiple of 128, so that each accumulator block it
+ * gets lies in one batch. */
+static bool fold_batches(const nt__mminfo *mi, bool a_row, bool has_epi)
+{
+    if (!a_row || mi->M < 2 || mi->K == 0 || (has_epi && mi->M % 128))
+        return false;
+    int64_t want = mi->M * mi->a_rs, n = 1;
+    for (int i = mi->nbatch - 1; i >= 0; i--) {
+        if (mi->batch[i] == 1)
+            continue;
+        if (mi->b_bstride[i] != 0 || mi->a_bstride[i] != want)
+            return false;
+        want *= mi->batch[i];
+        n *= mi->batch[i];
+    }
+    return n > 1;
 }
 
 int sk_matmul_run(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tensor *c,
@@ -80,6 +109,11 @@ int sk_matmul_run(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tens
         return s->derr_code;
     int64_t idx[NT_MAX_DIMS] = {0};
     int64_t a_prev = -1, b_prev = -1, bi = 0;
+    int64_t fold_m = fold_batches(&mi, a_row, epi != NULL) ? M : 0;
+    if (fold_m) { /* one program over every batch's rows */
+        M *= nbatch;
+        mi.nbatch = 0;
+    }
     int rc = 0;
     do {
         int64_t aoff = 0, boff = 0;
@@ -119,7 +153,7 @@ int sk_matmul_run(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tens
             }
         }
         a_prev = aoff, b_prev = boff;
-        epi_tramp t = {s, epi, ctx, bi};
+        epi_tramp t = {s, epi, ctx, bi, fold_m};
         if (epi) {
             g.epilogue = tramp;
             g.epilogue_ctx = &t;

@@ -11,6 +11,10 @@
  * tensor_reduce over [np, blocks, 2048] gives every block's partial (as
  * op(identity, partial), which changes nothing: see docs/sim.md), and a
  * tensor_tensor_scan folds them into the running accumulator in order.
+ * A row whose elements are strided but whose neighbouring rows are adjacent
+ * (a bias gradient: [B*T, C] over dim 0) takes the transposed path
+ * (red_cols): positions on partitions as contiguous runs of the rows,
+ * turned into rows on TensorE, each 2048-block folded as above.
  * Over all elements: the blocks go on partitions (128 blocks per tile), and
  * their partials are folded in order across partitions (nc_transpose into a
  * row, then the scan).  argmax: a first pass finds the maximum m, a second
@@ -28,14 +32,18 @@
 #include "core/ewise.h"
 
 #define CH 4096 /* elements of a row per tile: two canonical blocks */
+#define NPB (CH / NT_RED_BLOCK + 1) /* block partials of a chunk */
 /* Result columns in flight: a group's result waits for its store only when
  * the ring comes round, not for the previous group's store. */
 #define Y_RING 8
-/* The transposed path: row blocks in flight, and the longest reduced dim
- * it takes (one PSUM bank of f32). */
+/* The transposed path (red_cols): load slots of 2 KiB per partition, the
+ * groups of 128 columns taken together, the positions of the reduced dim
+ * one PSUM bank holds, and the result columns that wait for one store. */
 #define TX_RING 8
-#define TX_MAXN 512
-#define TX_MAXG 64 /* result columns of the transposed path */
+#define TX_SLOT 2048
+#define TX_G 1
+#define TX_STRIPE 512
+#define TX_MAXG 64
 
 typedef struct red {
     sk_k *s;
@@ -52,8 +60,13 @@ typedef struct red {
     nt_tile *pre_t;                     /* any, norm: the mapped tile */
     int ng;
     int ny;                             /* results written: y's column ring */
-    nt_tile *tx[TX_RING], *tp[2];       /* the transposed path (red_group_t) */
-    int ntx;
+    /* the transposed path (red_cols) */
+    nt_tile *tx[TX_RING];               /* load slots */
+    nt_tile *tb[NT_SIM_PSUM_BANKS];     /* PSUM banks the transposes fill */
+    nt_tile *rt[2][TX_G];               /* a block's rows in SBUF (n > one bank) */
+    int ntx, ntb, nbanks, nblk;
+    int64_t gi[TX_G], go[TX_G];         /* the pending groups: input, output offsets */
+    int gn[TX_G], ngp;
     nt_tile *yq;                        /* its pending results */
     int nq, qnp, qcol;
     int64_t qoff;
@@ -61,9 +74,16 @@ typedef struct red {
 
 static nt_ap col(nt_tile *t, int np) { return nt_tile_slice(t, 0, np, 0, 1); }
 
+/* Column g of the accumulators (the transposed path may fold TX_G groups
+ * of rows at once; every other path uses g = 0). */
+static nt_ap accg(const red *c, int g, int np)
+{
+    return nt_tile_slice(c->ints ? c->acci : c->acc, 0, np, g, 1);
+}
+
 /* Reduces x [np, m] (m <= CH, starting at a multiple of 2048) into the
- * running accumulator acc [np, 1] (f32 or i32). */
-static int fold_chunk(red *c, const nt_ap *x, int np, int64_t m, nt_alu_op op)
+ * running accumulator g, [np, 1] (f32 or i32). */
+static int fold_chunk_g(red *c, int g, const nt_ap *x, int np, int64_t m, nt_alu_op op)
 {
     nt_sim_kernel *k = c->s->k;
     if (c->ints) {
@@ -72,31 +92,37 @@ static int fold_chunk(red *c, const nt_ap *x, int np, int64_t m, nt_alu_op op)
         return rc ? rc : nt_isa_tensor_tensor(k, &a, &a, &p, op, NT_ENGINE_VECTOR);
     }
     int64_t nbf = m / NT_RED_BLOCK, rem = m % NT_RED_BLOCK, nb = nbf + (rem > 0);
+    int64_t p0 = (int64_t)g * NPB;
     int rc = 0;
     if (nbf) {
         nt_ap xb = *x;
         xb.ndim = 2;
         xb.num[0] = nbf, xb.step[0] = NT_RED_BLOCK;
         xb.num[1] = NT_RED_BLOCK, xb.step[1] = 1;
-        nt_ap p = nt_tile_slice(c->part, 0, np, 0, nbf);
+        nt_ap p = nt_tile_slice(c->part, 0, np, p0, nbf);
         rc = nt_isa_tensor_reduce(k, &p, &xb, op, 1);
     }
     if (!rc && rem) {
         nt_ap xr = *x;
         xr.offset += nbf * NT_RED_BLOCK;
         xr.num[0] = rem;
-        nt_ap p = nt_tile_slice(c->part, 0, np, nbf, 1);
+        nt_ap p = nt_tile_slice(c->part, 0, np, p0 + nbf, 1);
         rc = nt_isa_tensor_reduce(k, &p, &xr, op, 0);
     }
     /* acc = op(acc, partial_0); acc = op(acc, partial_1) ...: a scan */
     nt_ap one = nt_tile_slice(c->one, 0, np, 0, 1);
     one.num[0] = nb;
     one.step[0] = 0;
-    nt_ap p = nt_tile_slice(c->part, 0, np, 0, nb), sc = nt_tile_slice(c->scan, 0, np, 0, nb);
-    nt_ap a = col(c->acc, np), last = nt_tile_slice(c->scan, 0, np, nb - 1, 1);
+    nt_ap p = nt_tile_slice(c->part, 0, np, p0, nb), sc = nt_tile_slice(c->scan, 0, np, p0, nb);
+    nt_ap a = accg(c, g, np), last = nt_tile_slice(c->scan, 0, np, p0 + nb - 1, 1);
     if (!rc)
         rc = nt_isa_tensor_tensor_scan(k, &sc, &one, &p, &(nt_isa_scalar){&a, 0}, NT_ALU_MUL, op);
     return rc ? rc : nt_isa_tensor_copy(k, &a, &last, NT_ENGINE_VECTOR);
+}
+
+static int fold_chunk(red *c, const nt_ap *x, int np, int64_t m, nt_alu_op op)
+{
+    return fold_chunk_g(c, 0, x, np, m, op);
 }
 
 static nt_ap hx(const red *c, int64_t off, int np, int64_t m)
@@ -104,9 +130,9 @@ static nt_ap hx(const red *c, int64_t off, int np, int64_t m)
     return sk_hbm_rows(c->xb, c->xdt, off, np, c->sc, m, c->sn);
 }
 
-static int init_acc(red *c, int np, nt_alu_op op)
+static int init_acc_g(red *c, int g, int np, nt_alu_op op)
 {
-    nt_ap a = col(c->ints ? c->acci : c->acc, np);
+    nt_ap a = accg(c, g, np);
     double v = op == NT_ALU_MAX   ? (c->ints ? (double)INT32_MIN : -INFINITY)
                : op == NT_ALU_MIN ? (c->ints ? (double)INT32_MAX : INFINITY)
                                   : 0.0;
@@ -114,6 +140,8 @@ static int init_acc(red *c, int np, nt_alu_op op)
         v = 0.0; /* any of nothing is false */
     return nt_isa_memset(c->s->k, &a, v, NT_ENGINE_VECTOR);
 }
+
+static int init_acc(red *c, int np, nt_alu_op op) { return init_acc_g(c, 0, np, op); }
 
 /* The element map of any / norm (core/reduce.h): x [np, m] -> the mapped
  * tile, which *out then names; other ops fold x itself. */
@@ -140,11 +168,12 @@ static int pre_map(red *c, const nt_ap *x, int np, int64_t m, nt_ap *out)
     }
 }
 
-/* The group's result [np, 1] into r, rounded once to the output dtype. */
-static int finish_to(red *c, int np, const nt_ap *rp)
+/* The result [np, 1] of accumulator g into r, rounded once to the output
+ * dtype. */
+static int finish_to_g(red *c, int g, int np, const nt_ap *rp)
 {
     nt_sim_kernel *k = c->s->k;
-    nt_ap r = *rp, a = col(c->ints ? c->acci : c->acc, np);
+    nt_ap r = *rp, a = accg(c, g, np);
     int rc;
     if (c->n == 0) {
         /* the CPU's identities: 0, -Inf (INT32_MIN), 0/0, index -1; any:
@@ -175,6 +204,8 @@ static int finish_to(red *c, int np, const nt_ap *rp)
     return rc;
 }
 
+static int finish_to(red *c, int np, const nt_ap *rp) { return finish_to_g(c, 0, np, rp); }
+
 /* Writes the group's result [np, 1], rounded once to the output dtype. */
 static int finish(red *c, int np, int64_t ooff)
 {
@@ -196,17 +227,17 @@ static int finish(red *c, int np, int64_t ooff)
     return rc ? rc : nt_isa_dma_copy(k, &o, &r, sk_qout(c->s));
 }
 
-/* Can a group take the transposed path?  A float sum / mean / max / min
- * over a short dim whose neighbouring rows are adjacent in memory (the
- * reduced dim strided: a bias gradient, the sum over the batch of [B, C]).
- * Loading the rows on partitions would read one element per descriptor;
- * this path loads [n, np] blocks whose partitions are contiguous runs of
- * np elements and turns them on TensorE instead. */
+/* Can the rows take the transposed path?  A float sum / mean / max / min
+ * whose neighbouring rows are adjacent in memory and whose reduced dim is
+ * strided: a bias or norm-weight gradient, the sum over the B*T rows of
+ * [B*T, C].  Loading the rows on partitions would read one element per
+ * descriptor; this path loads blocks of the reduced dim's positions whose
+ * partitions are contiguous runs of the rows and turns them on TensorE. */
 static bool red_transposed(const red *c)
 {
     return !c->ints && c->pre == NT_RED_PRE_NONE &&
            (c->rop == NT_RED_SUM || c->rop == NT_RED_MAX || c->rop == NT_RED_MIN) && c->sc == 1 &&
-           c->sn != 1 && c->n >= 1 && c->n <= TX_MAXN;
+           c->sn != 1 && c->n >= 1;
 }
 
 /* The transposed path's results wait in columns of yq and leave by one DMA
@@ -232,39 +263,11 @@ static int flush_q(red *c)
     return rc;
 }
 
-/* The transposed path: positions j0 .. j0+127 of the reduced dim go on
- * partitions ([w, np], each partition one contiguous run of the group's
- * rows), nc_transpose puts them back as rows [np, w] at column j0 of a PSUM
- * tile (bits moved as they are), and the row is folded from PSUM exactly
- * as red_group folds it from SBUF: the same values in the same order. */
-static int red_group_t(red *c, int64_t ioff, int64_t ooff, int np)
+/* The column of yq for the result of a group of np rows at output offset
+ * ooff: it joins the pending store when it continues it. */
+static int q_slot(red *c, int64_t ooff, int np, nt_ap *r)
 {
-    nt_sim_kernel *k = c->s->k;
-    nt_alu_op op = c->alu;
-    /* a sum of one block (a bias gradient over a batch < 2048): the fold
-     * acc = +0, acc = acc + partial is partial + 0, one tensor_scalar
-     * straight into the result column instead of a memset, a scan and two
-     * copies on VectorE's critical path per group (same bits: the same
-     * addition, rounded once to the output dtype) */
-    bool direct = c->op == NT_OP_SUM && c->fin == NT_RED_FIN_NONE && c->n < NT_RED_BLOCK;
-    int rc = direct ? 0 : init_acc(c, np, op);
-    nt_tile *pt = c->tp[c->ng++ & 1];
-    for (int64_t j0 = 0; j0 < c->n && !rc; j0 += 128) {
-        int w = (int)(c->n - j0 < 128 ? c->n - j0 : 128);
-        nt_ap xs = nt_tile_slice(c->tx[c->ntx++ % TX_RING], 0, w, 0, np);
-        /* w rows of the reduced dim (sn apart), np contiguous columns each */
-        nt_ap h = sk_hbm_rows(c->xb, c->xdt, ioff + j0 * c->sn, w, c->sn, np, 1);
-        rc = nt_isa_dma_copy(k, &xs, &h, sk_qin(c->s));
-        nt_ap d = nt_tile_slice(pt, 0, np, j0, w);
-        if (!rc)
-            rc = nt_isa_nc_transpose(k, &d, &xs);
-    }
-    nt_ap row = nt_tile_slice(pt, 0, np, 0, c->n), part = col(c->part, np);
-    if (!rc)
-        rc = direct ? nt_isa_tensor_reduce(k, &part, &row, op, 0) : fold_chunk(c, &row, np, c->n, op);
-    if (rc)
-        return rc;
-    /* the result joins the pending store when it continues it */
+    int rc = 0;
     if (c->nq && (np != c->qnp || c->qnp != 128 || ooff != c->qoff + c->nq * 128 * c->oc ||
                   c->qcol + c->nq == TX_MAXG))
         rc = flush_q(c);
@@ -274,13 +277,136 @@ static int red_group_t(red *c, int64_t ioff, int64_t ooff, int np)
         if (c->qcol >= TX_MAXG)
             c->qcol = 0; /* round the ring: waits for the first run's store */
     }
-    nt_ap r = nt_tile_slice(c->yq, 0, np, c->qcol + c->nq, 1);
-    if (!rc)
-        rc = direct ? nt_isa_tensor_scalar(k, &r, &part,
-                                           &(nt_isa_alu){NT_ALU_ADD, {NULL, 0.0f}, false}, NULL,
-                                           NT_ENGINE_VECTOR)
-                    : finish_to(c, np, &r);
+    *r = nt_tile_slice(c->yq, 0, np, c->qcol + c->nq, 1);
     c->nq++;
+    return rc;
+}
+
+/* The transposed path over the pending groups (TX_G groups of at most 128
+ * rows, adjacent in memory: W columns in all).  Per block of 2048 positions
+ * of the reduced dim (the canonical block) and per stripe of TX_STRIPE
+ * positions (one PSUM bank of them): loads of [128 positions, W columns]
+ * (up to 2 KiB per partition: several position tiles per load when W is
+ * short), nc_transpose of each group's [w, np] piece into the group's bank
+ * as [np, w] at the position's column (bits moved as they are), and, when
+ * the block is longer than a stripe, ScalarE copies of the banks into the
+ * group's SBUF row (copies move values exactly).  Each group's row of the
+ * block is then folded exactly as red_group folds a row from SBUF: the same
+ * values in the same order, so the CPU's bits.  One group at a time (TX_G
+ * 1): its fold on VectorE overlaps the next group's loads, where four
+ * groups loaded together (2 KiB runs) left all four folds, 7 us, after the
+ * last load. */
+static int red_cols(red *c)
+{
+    int ng = c->ngp;
+    c->ngp = 0;
+    if (!ng)
+        return 0;
+    sk_k *s = c->s;
+    nt_sim_kernel *k = s->k;
+    nt_alu_op op = c->alu;
+    int64_t esz = (int64_t)nt__dtype_size(c->xdt);
+    int64_t W = (int64_t)(ng - 1) * 128 + c->gn[ng - 1];
+    /* position tiles of 128 per load: up to 2 KiB per partition, inside a
+     * stripe */
+    int64_t tpl = TX_SLOT / (W * esz);
+    tpl = tpl < 1 ? 1 : tpl > TX_STRIPE / 128 ? TX_STRIPE / 128 : tpl;
+    bool via_sbuf = c->n > TX_STRIPE;
+    /* a sum of one block: the fold acc = +0, acc = acc + partial is
+     * partial + 0, one tensor_scalar straight into the result column
+     * instead of a memset, a scan and two copies on VectorE's critical path
+     * per group (same bits: the same addition, rounded once to the output
+     * dtype) */
+    bool direct = c->op == NT_OP_SUM && c->fin == NT_RED_FIN_NONE && c->n <= NT_RED_BLOCK;
+    int rc = 0;
+    for (int g = 0; g < ng && !rc && !direct; g++)
+        rc = init_acc_g(c, g, c->gn[g], op);
+    for (int64_t j0 = 0; j0 < c->n && !rc; j0 += NT_RED_BLOCK) {
+        int64_t bw = c->n - j0 < NT_RED_BLOCK ? c->n - j0 : NT_RED_BLOCK;
+        int set = c->nblk++ & 1;
+        nt_tile *bank[TX_G] = {0};
+        for (int64_t s0 = 0; s0 < bw && !rc; s0 += TX_STRIPE) {
+            int64_t sw = bw - s0 < TX_STRIPE ? bw - s0 : TX_STRIPE;
+            for (int g = 0; g < ng; g++)
+                bank[g] = c->tb[c->ntb++ % c->nbanks];
+            for (int64_t r0 = s0; r0 < s0 + sw && !rc; r0 += tpl * 128) {
+                int64_t rw = s0 + sw - r0 < tpl * 128 ? s0 + sw - r0 : tpl * 128;
+                int64_t full = rw / 128, part = rw % 128;
+                nt_tile *slot = c->tx[c->ntx++ % TX_RING];
+                /* partition p of tile i <- position j0 + r0 + 128 i + p */
+                int64_t pos = c->gi[0] + (j0 + r0) * c->sn;
+                if (full) {
+                    nt_ap d = nt_tile_slice(slot, 0, 128, 0, full * W);
+                    d.ndim = 2;
+                    d.num[0] = full, d.step[0] = W;
+                    d.num[1] = W, d.step[1] = 1;
+                    nt_ap h = sk_hbm_rows(c->xb, c->xdt, pos, 128, c->sn, full, 128 * c->sn);
+                    h.ndim = 2;
+                    h.num[1] = W, h.step[1] = 1;
+                    /* loads on all 16 queues: the stores come at the end */
+                    rc = nt_isa_dma_copy(k, &d, &h, c->ntx & 1 ? sk_qin(s) : sk_qout(s));
+                }
+                if (!rc && part) {
+                    nt_ap d = nt_tile_slice(slot, 0, (int)part, full * W, W);
+                    nt_ap h = sk_hbm_rows(c->xb, c->xdt, pos + full * 128 * c->sn, (int)part, c->sn,
+                                          W, 1);
+                    rc = nt_isa_dma_copy(k, &d, &h, sk_qin(s));
+                }
+                for (int64_t i = 0; i < full + (part > 0) && !rc; i++) {
+                    int w = i < full ? 128 : (int)part;
+                    for (int g = 0; g < ng && !rc; g++) {
+                        nt_ap src = nt_tile_slice(slot, 0, w, i * W + (int64_t)g * 128, c->gn[g]);
+                        nt_ap dst = nt_tile_slice(bank[g], 0, c->gn[g], r0 - s0 + i * 128, w);
+                        rc = nt_isa_nc_transpose(k, &dst, &src);
+                    }
+                }
+            }
+            for (int g = 0; g < ng && !rc && via_sbuf; g++) {
+                nt_ap src = nt_tile_slice(bank[g], 0, c->gn[g], 0, sw);
+                nt_ap dst = nt_tile_slice(c->rt[set][g], 0, c->gn[g], s0, sw);
+                rc = nt_isa_tensor_copy(k, &dst, &src, NT_ENGINE_SCALAR);
+            }
+        }
+        for (int g = 0; g < ng && !rc; g++) {
+            int np = c->gn[g];
+            nt_ap row = via_sbuf ? nt_tile_slice(c->rt[set][g], 0, np, 0, bw)
+                                 : nt_tile_slice(bank[g], 0, np, 0, bw);
+            if (direct) {
+                nt_ap part = nt_tile_slice(c->part, 0, np, (int64_t)g * NPB, 1);
+                rc = nt_isa_tensor_reduce(k, &part, &row, op, 0);
+            } else {
+                rc = fold_chunk_g(c, g, &row, np, bw, op);
+            }
+        }
+    }
+    for (int g = 0; g < ng && !rc; g++) {
+        nt_ap r;
+        int np = c->gn[g];
+        rc = q_slot(c, c->go[g], np, &r);
+        if (rc)
+            break;
+        if (direct) {
+            nt_ap part = nt_tile_slice(c->part, 0, np, (int64_t)g * NPB, 1);
+            rc = nt_isa_tensor_scalar(k, &r, &part, &(nt_isa_alu){NT_ALU_ADD, {NULL, 0.0f}, false},
+                                      NULL, NT_ENGINE_VECTOR);
+        } else {
+            rc = finish_to_g(c, g, np, &r);
+        }
+    }
+    return rc;
+}
+
+/* A group of np rows for the transposed path: it joins the pending groups
+ * when it continues them in memory, else they run first. */
+static int red_group_t(red *c, int64_t ioff, int64_t ooff, int np)
+{
+    int rc = 0;
+    if (c->ngp && (c->ngp == TX_G || c->gn[c->ngp - 1] != 128 ||
+                   ioff != c->gi[0] + (int64_t)c->ngp * 128))
+        rc = red_cols(c);
+    c->gi[c->ngp] = ioff;
+    c->go[c->ngp] = ooff;
+    c->gn[c->ngp++] = np;
     return rc;
 }
 
@@ -289,7 +415,7 @@ static int red_group_t(red *c, int64_t ioff, int64_t ooff, int np)
 static int red_group(void *ctx, int64_t ioff, int64_t ooff, int np)
 {
     red *c = ctx;
-    if (c->tp[0])
+    if (c->nbanks)
         return red_group_t(c, ioff, ooff, np);
     sk_k *s = c->s;
     nt_sim_kernel *k = s->k;
@@ -384,7 +510,10 @@ static int red_all(red *c)
     nt_sim_kernel *k = s->k;
     nt_alu_op op = c->alu;
     int64_t nbf = c->n / NT_RED_BLOCK, rem = c->n % NT_RED_BLOCK;
-    int rc = init_acc(c, 1, op);
+    /* one block: its partial is the result (op(identity, partial) is what
+     * the fold would give), written straight into the accumulator */
+    bool one = !c->ints && nbf + (rem > 0) == 1;
+    int rc = one ? 0 : init_acc(c, 1, op);
     nt_ap acc = col(c->ints ? c->acci : c->acc, 1);
     int t = 0;
     for (int64_t b0 = 0; b0 < nbf + (rem > 0) && !rc; t++) {
@@ -394,12 +523,20 @@ static int red_all(red *c)
         nt_ap x = nt_tile_slice(c->x[t & 1], 0, np, 0, w);
         nt_ap h = nt_hbm_ap(c->xb, c->xdt, b0 * NT_RED_BLOCK, np, NT_RED_BLOCK, w);
         rc = nt_isa_dma_copy(k, &x, &h, sk_qin(s));
-        nt_ap p = col(c->ints ? c->parti : c->part, np), xm;
-        if (!rc)
-            rc = pre_map(c, &x, np, w, &xm);
-        if (!rc)
-            rc = nt_isa_tensor_reduce(k, &p, &xm, op, 0);
-        if (!rc)
+        nt_ap p = one ? acc : col(c->ints ? c->parti : c->part, np), xm;
+        if (!rc && c->pre == NT_RED_PRE_SQ && !c->ints) {
+            /* a 2-norm's squares and their block sum in one ScalarE
+             * activation: its add-reduce is the canonical sum of the
+             * partition's block, the squares x * x as the ALU's */
+            nt_ap sq = nt_tile_slice(c->pre_t, 0, np, 0, w);
+            rc = nt_isa_activation(k, &sq, NT_ACT_SQUARE, &x, NULL, NULL, &p);
+        } else {
+            if (!rc)
+                rc = pre_map(c, &x, np, w, &xm);
+            if (!rc)
+                rc = nt_isa_tensor_reduce(k, &p, &xm, op, 0);
+        }
+        if (!rc && !one)
             rc = c->ints ? int_combine(c, &acc, &p, op) : sk_seq_combine(s, &acc, &p, op);
         b0 += np;
     }
@@ -437,11 +574,11 @@ int nt__sk_reduce(const nt__rec *r)
     nt_dtype adt = c.ints ? NT_I32 : NT_F32;
     for (int b = 0; b < 2; b++)
         c.x[b] = sk_tile(&s, "red.x", c.xdt, 128, CH);
-    c.part = sk_tile(&s, "red.part", NT_F32, 128, CH / NT_RED_BLOCK + 1);
+    c.part = sk_tile(&s, "red.part", NT_F32, 128, TX_G * NPB);
     c.parti = sk_tile(&s, "red.parti", NT_I32, 128, 1);
-    c.scan = sk_tile(&s, "red.scan", NT_F32, 128, CH / NT_RED_BLOCK + 1);
+    c.scan = sk_tile(&s, "red.scan", NT_F32, 128, TX_G * NPB);
     c.one = sk_tile(&s, "red.one", NT_F32, 128, 1);
-    c.acc = sk_tile(&s, "red.acc", NT_F32, 128, 1);
+    c.acc = sk_tile(&s, "red.acc", NT_F32, 128, TX_G);
     c.acci = sk_tile(&s, "red.acci", NT_I32, 128, 1);
     c.res = sk_tile(&s, "red.best", NT_I32, 128, 1);
     c.mi = sk_tile(&s, "red.min", NT_I32, 128, 1);
@@ -455,6 +592,9 @@ int nt__sk_reduce(const nt__rec *r)
         c.cand = sk_tile(&s, "am.cand", NT_I32, 128, CH);
     }
     nt_ap one = nt_tile_ap(c.one), mi = nt_tile_ap(c.mi);
+    /* a norm's sqrt table loads while the first tile does */
+    if (c.fin == NT_RED_FIN_SQRT)
+        sk_warm_act(&s, NT_ACT_SQRT);
     nt_isa_memset(s.k, &one, 1.0, NT_ENGINE_GPSIMD);
     nt_isa_memset(s.k, &mi, (double)INT32_MIN, NT_ENGINE_GPSIMD);
     if (!nt_sim_kernel_error(s.k)) {
@@ -477,13 +617,18 @@ int nt__sk_reduce(const nt__rec *r)
             c.oc = R.oc;
             c.xb = nt__tensor_data(x);
             if (red_transposed(&c)) {
+                int64_t esz = (int64_t)nt__dtype_size(c.xdt);
                 for (int b = 0; b < TX_RING; b++)
-                    c.tx[b] = sk_tile(&s, "red.xt", c.xdt, 128, 128);
-                for (int b = 0; b < 2; b++)
-                    c.tp[b] = nt_tile_alloc(s.k, "red.T", NT_MEM_PSUM, c.xdt, 128, TX_MAXN);
+                    c.tx[b] = sk_tile(&s, "red.xt", c.xdt, 128, TX_SLOT / esz);
+                c.nbanks = NT_SIM_PSUM_BANKS;
+                for (int b = 0; b < c.nbanks; b++)
+                    c.tb[b] = nt_tile_alloc(s.k, "red.T", NT_MEM_PSUM, c.xdt, 128, TX_STRIPE);
+                if (c.n > TX_STRIPE)
+                    for (int b = 0; b < 2 * TX_G; b++)
+                        c.rt[b / TX_G][b % TX_G] = sk_tile(&s, "red.row", c.xdt, 128, NT_RED_BLOCK);
                 c.yq = sk_tile(&s, "red.yq", c.odt, 128, TX_MAXG);
             }
-            if (!nt_sim_kernel_error(s.k) && !sk_rows_run(&R, red_group, &c))
+            if (!nt_sim_kernel_error(s.k) && !sk_rows_run(&R, red_group, &c) && !red_cols(&c))
                 flush_q(&c);
         }
     }
