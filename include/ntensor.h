@@ -116,7 +116,11 @@ typedef enum nt_error {
 NT_API int nt_last_error(void);
 /** Message of the calling thread's last error ("" if none).  The string is
  *  owned by the library and valid until the thread's next error or
- *  nt_clear_error().  Thread-local. */
+ *  nt_clear_error().  Thread-local.  At most 4095 bytes: a longer message
+ *  (one quoting a very long path) loses the middle of its text, marked
+ *  " [...] ", never the function's name or a call site; a call site's file
+ *  name longer than about 1000 bytes loses its start ("...dir/f.c:12 in
+ *  main"), never the line or the function. */
 NT_API const char *nt_last_error_message(void);
 /** Static description of an error code; never NULL. */
 NT_API const char *nt_strerror(int code);
