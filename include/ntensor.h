@@ -775,10 +775,14 @@ NT_API void nt_stats_reset(void);
  *  A step issues, for every parameter that has a .grad, a chain of
  *  elementwise ops ending in in-place writes of the parameter and its state,
  *  with graph recording off; it never waits for the device (host-side
- *  scalars such as Adam's bias corrections come from the step count).  A
+ *  scalars such as Adam's bias corrections come from the step count).  Each
+ *  chain runs on its parameter's device (the calling thread's current
+ *  stream if it is on that device, else the device's default stream), where
+ *  the parameter's state lives, so parameters may be spread over devices.  A
  *  parameter without a .grad is skipped and its step count does not move,
  *  as in PyTorch.  If a step fails part-way, parameters before the failing
- *  one have been updated. */
+ *  one have been updated.  Step counts stop at 2^53: a step at that count
+ *  is NT_ESTATE and changes nothing. */
 typedef struct nt_optim nt_optim;
 
 /** SGD exactly as torch.optim.SGD with dampening 0: g = grad + wd * p;
@@ -821,10 +825,12 @@ NT_API int64_t nt_optim_steps(nt_optim *opt);
 /** torch.nn.utils.clip_grad_norm_ (L2): total = the L2 norm of all the
  *  params' .grads as one vector (the norm of their norms); each .grad is
  *  multiplied in place by min(1, max_norm / (total + 1e-6)), on the device,
- *  no host sync.  Returns total as a 0-dim f32 tensor (the caller releases
- *  it), NULL on bad input (params NULL, n < 0, max_norm <= 0 or NaN, a
- *  non-floating or repeated parameter).  Params without a .grad are
- *  skipped; with none, total is 0. */
+ *  no host sync.  Returns total as a 0-dim f32 tensor on the calling
+ *  thread's device (the caller releases it), NULL on bad input (params
+ *  NULL, n < 0, max_norm <= 0 or NaN, a non-floating or repeated
+ *  parameter).  Params without a .grad are skipped; with none, total is 0.
+ *  Gradients may be on several devices: each one's norm is taken on its
+ *  device and each is scaled there (the same bits as on one device). */
 NT_API nt_tensor *nt_clip_grad_norm(nt_tensor *const *params, int n, double max_norm);
 /** Master weights for bf16/f16 parameters: when on, the optimizer keeps an
  *  f32 copy of each such parameter, applies the update to the copy (with the
@@ -853,12 +859,14 @@ NT_API int nt_save(const char *path, nt_tensor *const *params, int n, nt_optim *
  *  read and checked before anything is written: a missing or unreadable
  *  file is NT_EIO; a truncated file, bad magic or version, a checksum
  *  mismatch, a nonzero reserved byte or a field no writer could have
- *  produced (lr NaN, beta1 >= 1, a negative step count, an impossible
+ *  produced (lr NaN, beta1 >= 1, a step count below 0 or above 2^53, an impossible
  *  shape: docs/checkpoint.md) is NT_EFORMAT, naming the field; a count, dtype or shape mismatch is NT_ESHAPE;
  *  an optimizer of another kind, or opt given for a file without optimizer
  *  state, is NT_EINVAL.  On any error the tensors and opt are untouched and
  *  the message names the path and what was wrong.  Values are written as
- *  queued in-place copies (no graph is recorded).  Thread-safe. */
+ *  queued in-place copies (no graph is recorded), each on the device of the
+ *  tensor it replaces; the optimizer's state goes to its parameter's
+ *  device.  Thread-safe. */
 NT_API int nt_load(const char *path, nt_tensor *const *params, int n, nt_optim *opt);
 
 /* ------------------------------------------------------------------------ */

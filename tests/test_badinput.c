@@ -1191,7 +1191,7 @@ typedef struct {
     const char *what, *want;
     int kind;   /* record kind whose data is edited, 0: header/table */
     int off;    /* byte offset in the data (or in the file for kind 0) */
-    int type;   /* 'd' double, 'q' u64, 'l' u32, 'b' byte */
+    int type;   /* 'd' double, 'q' u64, 'l' u32, 'b' byte, 'M' INT64_MAX */
     double val; /* value to write */
     bool crc;   /* recompute the CRCs afterwards */
 } edit;
@@ -1211,6 +1211,9 @@ static const edit EDITS[] = {
     {"steps -1", "step count", 2, 16, 'q', -1, true},
     {"param steps -5", "step count of parameter", 2, 80, 'q', -5, true},
     {"param steps > steps", "step count of parameter", 2, 80, 'q', 7, true},
+    /* the next step would overflow (or lose count in a double) */
+    {"steps INT64_MAX", "step count is 9223372036854775807", 2, 16, 'M', 0, true},
+    {"steps 2^53 + 2", "step count is 9007199254740994", 2, 16, 'q', 9007199254740994.0, true},
     {"optimizer kind 3", "optimizer kind", 2, 0, 'l', 3, true},
     {"optimizer kind 0", "optimizer kind", 2, 0, 'l', 0, true},
     {"flags bit 5", "flags", 2, 4, 'l', 32, true},
@@ -1225,6 +1228,7 @@ static const edit EDITS[] = {
     {"scaler interval 0", "growth_interval", 4, 32, 'q', 0, true},
     {"scaler tracker -1", "growth tracker", 4, 40, 'q', -1, true},
     {"scaler skipped -1", "skipped", 4, 48, 'q', -1, true},
+    {"scaler skipped INT64_MAX", "skipped steps 9223372036854775807", 4, 48, 'M', 0, true},
     {"scaler version 2", "layout", 4, 0, 'l', 2, true},
     {"scaler reserved 4", "reserved", 4, 4, 'b', 1, true},
     {"scaler reserved 56", "reserved", 4, 56, 'b', 1, true},
@@ -1288,6 +1292,7 @@ static int load_edited(const edit *e, bool table)
     switch (e->type) {
     case 'd': wrf64(p, e->val); break;
     case 'q': wr64(p, (uint64_t)(int64_t)e->val); break;
+    case 'M': wr64(p, (uint64_t)INT64_MAX); break;
     case 'l': wr32(p, (uint32_t)e->val); break;
     case 'b': p[0] ^= (uint8_t)e->val; break; /* flip bits */
     case 'B': p[0] = (uint8_t)e->val; break;  /* set */
@@ -2263,7 +2268,7 @@ static void build(void)
     for (int k = 0; k < NTEDITS; k++)
         add("nt_checkpoint_load", NT_EFORMAT, TEDITS[k].want, run_tedit, k,
             "nt_checkpoint_load: table entry %s", TEDITS[k].what);
-    for (int k = 0; k < 21; k++) /* the optimizer-record edits */
+    for (int k = 0; k < NEDITS && EDITS[k].kind == 2; k++) /* the optimizer-record edits */
         add("nt_load", NT_EFORMAT, EDITS[k].want, run_edit_noopt, k,
             "nt_load without opt: file with %s", EDITS[k].what);
     for (int k = 0; k < NCFG + 2; k++)
