@@ -202,6 +202,10 @@ NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *i
         return out; /* nt__dispatch adopted it into the open scope */
     }
     nt_scope *s = nt_scope_begin();
+    if (!s) {
+        nt__err_hostmem(site, c->api, "a scope");
+        return NULL;
+    }
     nt_no_grad_begin();
     out = c->def.forward(in, c->def.ctx);
     nt_no_grad_end();

@@ -145,6 +145,10 @@ NT_API nt_tensor *nt_repeat_at(const nt_site *site, nt_tensor *t, const int64_t 
         }
     }
     nt_scope *s = nt_scope_begin();
+    if (!s) {
+        nt__err_hostmem(site, fn, "a scope");
+        return NULL;
+    }
     nt_tensor *y = t;
     if (n > t->ndim) { /* leading repeats add dims of 1 */
         int64_t s1[NT_MAX_DIMS];
@@ -162,6 +166,8 @@ NT_API nt_tensor *nt_repeat_at(const nt_site *site, nt_tensor *t, const int64_t 
         y = nt__copy_to(site, fn, y, (nt_dtype)-1);
     if (y)
         nt_keep(y);
+    else
+        nt__err_within(fn); /* an inner op's error (nt_reshape, a copy): say whose */
     nt_scope_end(s);
     return y ? nt__scope_adopt(y) : NULL;
 }

@@ -313,6 +313,10 @@ NT_API nt_tensor *nt_cross_entropy_ex_at(const nt_site *site, nt_tensor *logits,
     nt_dtype ldt = (nt_dtype)labels->dtype, odt = (nt_dtype)logits->dtype;
     int64_t lo = ldt == NT_U8 ? 0 : INT32_MIN, hi = ldt == NT_U8 ? 255 : INT32_MAX;
     nt_scope *sc = nt_scope_begin();
+    if (!sc) {
+        nt__err_hostmem(site, fn, "a scope");
+        return NULL;
+    }
     nt_tensor *y = labels, *valid = NULL, *loss = NULL;
     if (ignore_index >= lo && ignore_index <= hi) { /* else no label can equal it */
         valid = nt__binary(site, fn, NT_OP_NE, labels, nt_full_at(site, ldt, 0, NULL, (double)ignore_index));
@@ -352,10 +356,7 @@ NT_API nt_tensor *nt_cross_entropy_ex_at(const nt_site *site, nt_tensor *logits,
     if (loss) {
         nt_keep(loss);
     } else {
-        char m[1100];
-        int code = nt_last_error();
-        snprintf(m, sizeof m, "%s: %s", fn, nt_last_error_message());
-        nt__err_set(code ? code : NT_EINVAL, m);
+        nt__err_within(fn);
     }
     nt_scope_end(sc);
     return loss;
@@ -452,6 +453,10 @@ NT_API nt_tensor *nt_linear_at(const nt_site *site, nt_tensor *x, nt_tensor *w, 
     }
     /* Op for op the same as matmul(x, w^T) + b, so it fuses and rounds alike. */
     nt_scope *s = nt_scope_begin();
+    if (!s) {
+        nt__err_hostmem(site, fn, "a scope");
+        return NULL;
+    }
     /* Under autocast the bias add runs in the matmul's low dtype (amp/): cast
      * the bias first, so that its cast does not split the matmul's epilogue. */
     nt_dtype low = nt__dhooks.amp_active ? nt__dhooks.amp_active() : NT_DTYPE_COUNT;
@@ -466,10 +471,7 @@ NT_API nt_tensor *nt_linear_at(const nt_site *site, nt_tensor *x, nt_tensor *w, 
         nt_keep(y);
     } else {
         /* the inner op's error names itself: say which call it was part of */
-        char m[1100];
-        int code = nt_last_error();
-        snprintf(m, sizeof m, "%s: %s", fn, nt_last_error_message());
-        nt__err_set(code ? code : NT_EINVAL, m);
+        nt__err_within(fn);
     }
     nt_scope_end(s);
     return y ? nt__scope_adopt(y) : NULL;
