@@ -156,7 +156,7 @@ NT_API nt_tensor *nt_grad_scaler_scale(nt_grad_scaler *s, nt_tensor *loss)
         nt__err_within(fn);
     nt_scope_end(sc);
     nt__amp_resume();
-    return y ? nt__scope_adopt(y) : NULL;
+    return y ? nt__scope_adopt(y, fn) : NULL;
 }
 
 /* Rows of the [rows, cols] view the check uses for gradient g. */

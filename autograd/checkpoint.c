@@ -330,7 +330,7 @@ NT_API int nt_checkpoint_at(const nt_site *site, nt_checkpoint_fn fn, void *ctx,
     }
     nt_scope_end(s);
     for (int j = 0; j < n_out; j++)
-        if (!nt__scope_adopt(outputs[j])) { /* released it: the host is out of memory */
+        if (!nt__scope_adopt(outputs[j], api)) { /* released it: the host is out of memory */
             outputs[j] = NULL;
             rc = nt_last_error();
         }

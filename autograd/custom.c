@@ -220,7 +220,7 @@ NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *i
         nt_release(out);
         return NULL;
     }
-    return nt__scope_adopt(out);
+    return nt__scope_adopt(out, c->api);
 }
 
 /* The autograd node of a user op's call, as a built-in op gets. */

@@ -383,7 +383,7 @@ NT_API nt_tensor *nt_grad(nt_tensor *t)
     if (!t->ag || !t->ag->grad)
         return NULL;
     nt_retain(t->ag->grad);
-    return nt__scope_adopt(t->ag->grad);
+    return nt__scope_adopt(t->ag->grad, "nt_grad");
 }
 
 NT_API int nt_zero_grad(nt_tensor *t)

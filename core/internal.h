@@ -331,8 +331,10 @@ void nt__tensor_iref(nt_tensor *t);
 void nt__tensor_iunref(nt_tensor *t);
 /* Drops n internal references at once. */
 void nt__tensor_iunref_n(nt_tensor *t, AO_t n);
-/* Registers a fresh reference in the thread's innermost scope, if any. */
-nt_tensor *nt__scope_adopt(nt_tensor *t);
+/* Registers a fresh reference in the thread's innermost scope, if any; if
+ * the scope has no memory to record it, releases t and returns NULL with
+ * NT_EHOSTMEM naming fn (the function the user called). */
+nt_tensor *nt__scope_adopt(nt_tensor *t, const char *fn);
 
 /* NULL: arena full (no error set).  On device nt__alloc_dev. */
 nt__storage *nt__storage_new(size_t nbytes);

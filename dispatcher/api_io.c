@@ -73,7 +73,7 @@ NT_API nt_tensor *nt_from_host_at(const nt_site *site, const void *src, nt_dtype
     NT__COUNT(bytes_from_host, nbytes);
     if (NT__CFG(check_nan))
         nt__nan_note_host(t, site, fn);
-    return nt__scope_adopt(t);
+    return nt__scope_adopt(t, fn);
 }
 
 static nt_tensor *fill_op(const nt_site *site, const char *fn, int op, nt_dtype dt, int ndim,

@@ -843,7 +843,7 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
     free(recs);
     bool adopted = true;
     for (int i = 0; i < n; i++)
-        adopted &= nt__scope_adopt(out[i]) != NULL;
+        adopted &= nt__scope_adopt(out[i], fn) != NULL;
     if (!adopted) {
         for (int i = 0; i < n; i++)
             out[i] = NULL;

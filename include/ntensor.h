@@ -410,11 +410,13 @@ NT_API nt_tensor *nt_layer_norm(nt_tensor *x, nt_tensor *w, nt_tensor *b,
 /** x * rsqrt(mean(x^2) + eps) * w over the last dim; w may be NULL. */
 NT_API nt_tensor *nt_rms_norm(nt_tensor *x, nt_tensor *w, double eps);
 /** Mean over the batch of -log_softmax(logits)[i, labels[i]].
- *  logits [N, C] floating, labels [N] i32 in [0, C) (checked when it runs). */
+ *  logits [N, C] floating, labels [N] i32 in [0, C) (checked when it runs).
+ *  N = 0 gives NaN (a mean over no rows), as PyTorch. */
 NT_API nt_tensor *nt_cross_entropy(nt_tensor *logits, nt_tensor *labels);
 /** nt_cross_entropy with PyTorch's ignore_index (rows whose label equals it
  *  add nothing and do not count in the mean; -100 is PyTorch's default; all
- *  rows ignored gives NaN, as there) and label_smoothing in [0, 1]:
+ *  rows ignored, or no rows (N = 0, any C), gives NaN, as there) and
+ *  label_smoothing in [0, 1]:
  *  (1 - eps) * nll + eps / C * sum_c(-log_softmax(logits)[i, c]), each part
  *  averaged over the rows not ignored.  Labels out of [0, C) that are not
  *  ignore_index are an error when it runs.  A composite of ntensor ops
@@ -467,8 +469,9 @@ NT_API nt_tensor *nt_embedding(nt_tensor *weight, nt_tensor *idx);
  *  in PyTorch's sort).  *values has x's dtype and shape with dim of size k;
  *  *indices is i32, the same shape.  values is differentiable (gathered
  *  with the indices: its gradient goes back through nt_gather's).  0 <= k
- *  <= the size of dim.  Returns 0, or an error code with both outputs set
- *  to NULL. */
+ *  <= the size of dim; a 0-d x (as PyTorch) takes dim 0 or -1 and k 0 or 1,
+ *  either giving 0-d outputs: its element and index 0.  Returns 0, or an
+ *  error code with both outputs set to NULL. */
 NT_API int nt_topk(nt_tensor *x, int64_t k, int dim, bool largest, nt_tensor **values,
                    nt_tensor **indices);
 /** torch.gather: out[i][j][k] = t[index[i][j][k]][j][k] (dim 0; likewise for

@@ -1675,7 +1675,7 @@ static const struct { const char *fn; int code; const char *want; const char *na
     {"nt_topk", NT_EINVAL, "'k' is -1", "k -1"},
     {"nt_topk", NT_EDIM, "dim 2 is out of range", "dim 2 of 2"},
     {"nt_topk", NT_EDIM, "dim -3", "dim -3 of 2"},
-    {"nt_topk", NT_ESHAPE, "'x' is 0-d", "0-d x"},
+    {"nt_topk", NT_EINVAL, "'k' is 2; expected 0 or 1 for a 0-d tensor", "0-d x, k 2"},
     {"nt_multinomial", NT_EINVAL, "'probs'", "probs NULL"},
     {"nt_multinomial", NT_ERELEASED, "'probs'", "probs released"},
     {"nt_multinomial", NT_EDTYPE, "'probs' has dtype i32", "i32 probs"},
@@ -1688,6 +1688,9 @@ static const struct { const char *fn; int code; const char *want; const char *na
     {"nt_multinomial", NT_EINVAL, "probs[0, 1] = nan", "a NaN probability (when it runs)"},
     {"nt_multinomial", NT_EINVAL, "probs[2] = inf", "an Inf probability (when it runs)"},
     {"nt_multinomial", NT_EINVAL, "row 1 of probs sums to 0", "a zero row (when it runs)"},
+    {"nt_topk", NT_EDIM, "dim 1 is out of range for a 0-d tensor", "0-d x, dim 1"},
+    {"nt_cross_entropy_ex", NT_ESHAPE, "expected [N, C] with N, C >= 1 (or N = 0)",
+     "2 rows, 0 classes"},
 };
 #define NTR ((int)(sizeof TR / sizeof TR[0]))
 
@@ -1731,7 +1734,7 @@ static int run_trainops(int v)
     case 29: return TK(F.a23, -1, 1, true, true);
     case 30: return TK(F.a23, 1, 2, true, true);
     case 31: return TK(F.a23, 1, -3, true, true);
-    case 32: return TK(F.s0, 1, 0, true, true);
+    case 32: return TK(F.s0, 2, 0, true, true);
     case 33: return T(nt_multinomial(NULL, 1, 1));
     case 34: return T(nt_multinomial(F.rel, 1, 1));
     case 35: return T(nt_multinomial(F.i23, 1, 1));
@@ -1762,6 +1765,13 @@ static int run_trainops(int v)
                                 : nt_from_host(h, NT_F32, 2, SH(2, 3));
         int rc = R(nt_multinomial(pr, 4, 9));
         nt_release(pr);
+        return rc;
+    }
+    case 44: return TK(F.s0, 1, 1, true, true);
+    case 45: {
+        nt_tensor *l = nt_zeros(NT_F32, 2, SH(2, 0));
+        int rc = T(nt_cross_entropy_ex(l, F.lab2, -100, 0.0));
+        nt_release(l);
         return rc;
     }
     }

@@ -768,7 +768,9 @@ static void test_errors_need_no_memory(void **state)
  * that meets a host memory failure returns NT_EHOSTMEM naming itself, not
  * an inner function (nt_scope_end's "argument 's' is NULL", nt_norm's
  * name).  Each composite below runs once to warm up, then with its Nth
- * allocation failing, N = 1, 2 ... until a run meets no failure. */
+ * allocation failing, N = 1, 2 ... until a run meets no failure: with no
+ * scope open, then inside a scope whose list of tensors is full (64), so
+ * that taking the result into it needs memory too. */
 typedef struct {
     nt_tensor *x, *w, *b, *logits, *labels, *m2, *p[2], *loss;
     nt_optim *opt;
@@ -868,17 +870,24 @@ static void test_composites_name_themselves(void **state)
     assert_non_null(c.sc);
     assert_int_equal(nt_save(ckpt, c.p, 2, c.opt), 0);
 
-    for (int k = 0; k < NCOMP; k++) {
-        const char *fn = COMP_FN[k];
+    for (int k = 0; k < 2 * NCOMP; k++) {
+        const char *fn = COMP_FN[k % NCOMP];
+        bool scoped = k >= NCOMP;
         size_t fl = strlen(fn);
-        if (comp_run(k, &c) != 0)
+        if (comp_run(k % NCOMP, &c) != 0)
             fail_msg("%s failed with memory: %s", fn, nt_last_error_message());
         assert_int_equal(nt_sync(), 0);
         long fails = 0;
         for (long n = 1;; n++) {
+            nt_scope *sc = NULL;
+            if (scoped) {
+                assert_non_null(sc = nt_scope_begin());
+                for (int i = 0; i < 64; i++)
+                    assert_non_null(nt_zeros(NT_F32, 0, NULL));
+            }
             nt_clear_error();
             arm(n);
-            int rc = comp_run(k, &c);
+            int rc = comp_run(k % NCOMP, &c);
             disarm();
             long inj = atomic_load(&injected);
             if (rc != 0) {
@@ -896,6 +905,8 @@ static void test_composites_name_themselves(void **state)
                          fn, n, nt_last_error_message());
             }
             nt_sync(); /* a failure in a kernel poisons; reported here, not ours */
+            if (sc)
+                assert_int_equal(nt_scope_end(sc), 0);
             nt_clear_error();
             if (inj == 0) {
                 assert_int_equal(rc, 0);
@@ -903,7 +914,8 @@ static void test_composites_name_themselves(void **state)
             }
             assert_true(n < 100000);
         }
-        print_message("# %s: %ld allocation failures reported as its NT_EHOSTMEM\n", fn, fails);
+        print_message("# %s%s: %ld allocation failures reported as its NT_EHOSTMEM\n", fn,
+                      scoped ? " in a full scope" : "", fails);
         assert_true(fails > 0);
     }
     nt_grad_scaler_destroy(c.sc);
