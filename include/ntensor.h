@@ -607,10 +607,13 @@ NT_API nt_tensor *nt_op_call(int op, nt_tensor *const *in);
  *  are bit-identical to calling fn directly, in every mode.
  *  - fn builds outputs[0..n_out) from inputs[0..n_in) (and anything ctx
  *    points to) with ntensor ops; each outputs[j] must be a new reference
- *    (an op's result, or nt_retain of a tensor).  It returns 0 or an error
- *    code.  fn must be deterministic: the same inputs give the same ops
- *    (dropout inside: a fixed seed) and it must not write its inputs in
- *    place.
+ *    (an op's result, or nt_retain of a tensor: an input handed back
+ *    without one is NT_EINVAL).  It returns 0 or an error code.  fn must be
+ *    deterministic: the same inputs give the same ops (dropout inside: a
+ *    fixed seed) and it must not write its inputs in place.  A recompute
+ *    with other output shapes is an error of nt_backward; other values of
+ *    the same shapes are one only in deterministic mode (a checksum), and
+ *    give wrong gradients silently otherwise (docs/checkpointing.md).
  *  - Tensors requiring grad that fn reads without being passed in inputs
  *    (parameters reached through ctx) are found while it runs and get
  *    their gradients too; ctx and what it points to must stay valid until
