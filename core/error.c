@@ -136,7 +136,7 @@ int nt__err_within(const char *fn)
     int code = tls_err.code ? tls_err.code : NT_EINVAL;
     size_t fl = strlen(fn);
     if (strncmp(tls_err.msg, fn, fl) != 0 || strncmp(tls_err.msg + fl, ": ", 2) != 0) {
-        char head[160], m[NT__ERRMSG_MAX];
+        char head[NT__SITE_MAX], m[NT__ERRMSG_MAX];
         snprintf(head, sizeof head, "%s: ", fn);
         nt__msg_join(m, sizeof m, head, tls_err.msg, "");
         memcpy(tls_err.msg, m, strlen(m) + 1);
@@ -150,7 +150,7 @@ int nt__err(const nt_site *site, int code, const char *fn, const char *fmt, ...)
     /* Formatted on the stack: reporting an error must work when the host is
      * out of memory.  A message too long for the buffer loses the middle of
      * its body, never the function's name or the call site. */
-    char body[2 * NT__ERRMSG_MAX], head[160], tail[NT__SITE_MAX + 8];
+    char body[2 * NT__ERRMSG_MAX], head[NT__SITE_MAX], tail[NT__SITE_MAX + 8];
     va_list ap;
     va_start(ap, fmt);
     int len = vsnprintf(body, sizeof body, fmt, ap);
