@@ -171,8 +171,9 @@ static int64_t flag_rows(const nt_tensor *g)
 
 /* Queues the unscale-and-check of one gradient: g /= scale in place, and
  * into `dst` ([flag_rows(g), 1] f32) the sums of g * 0 over its rows -- one
- * row kernel, the intermediates never leave the chip.  Returns 0 or an
- * error. */
+ * row kernel, the intermediates never leave the chip.  The kernel runs on
+ * g's device; flags made there are copied to dst's (the calling thread's)
+ * when the gradients are spread over devices.  Returns 0 or an error. */
 static int unscale_one(const nt_site *site, const char *fn, nt_tensor *g, double inv,
                        nt_tensor *dst)
 {
@@ -185,6 +186,8 @@ static int unscale_one(const nt_site *site, const char *fn, nt_tensor *g, double
     nt_scope *sc = nt_scope_begin();
     if (!sc)
         return nt__err_hostmem(site, fn, "a scope");
+    nt__devsw dv;
+    nt__dev_enter(&dv, g->dev);
     nt_tensor *flags;
     if (nt__is_contig(g)) {
         /* the view of a contiguous .grad as rows of its last dim is free */
@@ -201,6 +204,9 @@ static int unscale_one(const nt_site *site, const char *fn, nt_tensor *g, double
                     : NULL;
         flags = flags ? nt_reshape_at(site, flags, 2, (int64_t[]){1, 1}) : NULL;
     }
+    if (flags && flags->dev != dst->dev)
+        flags = nt_to_device_at(site, flags, dst->dev);
+    nt__dev_leave(&dv);
     int rc = flags ? nt_copy_into_at(site, dst, flags) : nt_last_error();
     nt_scope_end(sc);
     return rc;

@@ -922,7 +922,8 @@ NT_API nt_grad_scaler *nt_grad_scaler_create(const nt_grad_scaler_opts *opts);
 NT_API nt_tensor *nt_grad_scaler_scale(nt_grad_scaler *s, nt_tensor *loss);
 /** Divides the .grad of every parameter of opt by the scale, in place, and
  *  checks them all for Inf/NaN: one fused unscale-and-check kernel per
- *  gradient, one sync for the lot.  Optional before nt_grad_scaler_step
+ *  gradient (on its device: gradients may be spread over devices), one
+ *  sync for the lot.  Optional before nt_grad_scaler_step
  *  (call it to clip the true gradients); at most once per step.  Returns 1
  *  if some gradient is not finite, 0 if all are, or a negative error. */
 NT_API int nt_grad_scaler_unscale(nt_grad_scaler *s, nt_optim *opt);

@@ -840,7 +840,8 @@ static void test_step_count_bound(void **state)
 
 /* NT_SIM_CORES=2: parameters on devices 0 and 1, driven from a thread whose
  * device is 0 (or 1).  A step updates each parameter on its device,
- * nt_clip_grad_norm sums norms across devices, nt_load loads each tensor
+ * nt_clip_grad_norm sums norms across devices, a loss scaler unscales and
+ * checks gradients on every device, nt_load loads each tensor
  * (and the optimizer's state) on its device; every value has the bits of
  * the same work on one device. */
 static int devices_setup(void **state)
@@ -884,12 +885,18 @@ static void dev_grads(nt_tensor **p, int step)
     }
 }
 
-/* One step from a thread on device `from`: gradients, clip (its total
- * read into *total), optimizer step. */
+/* One step from a thread on device `from`: gradients, a loss scaler's
+ * unscale (scale 1024: exact), clip (its total read into *total),
+ * optimizer step. */
 static void dev_step(nt_tensor **p, nt_optim *o, int step, int from, float *total)
 {
     dev_grads(p, step);
     assert_int_equal(nt_device_set(from), 0);
+    nt_grad_scaler *sc = nt_grad_scaler_create(&(nt_grad_scaler_opts){1024, 2, 0.5, 100});
+    assert_non_null(sc);
+    if (nt_grad_scaler_unscale(sc, o) != 0)
+        fail_msg("nt_grad_scaler_unscale: %s", nt_last_error_message());
+    nt_grad_scaler_destroy(sc);
     nt_tensor *t = nt_clip_grad_norm(p, 2, 0.75);
     if (!t)
         fail_msg("nt_clip_grad_norm: %s", nt_last_error_message());
