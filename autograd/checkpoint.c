@@ -410,7 +410,7 @@ NT_API int nt_checkpoint_at(const nt_site *site, nt_checkpoint_fn fn, void *ctx,
         nt__err(site, rc < 0 && rc >= NT_EHOSTMEM ? rc : NT_EINVAL, api,
                 "the block (argument 'fn') returned %d without setting an error", rc);
     if (rc)
-        rc = nt_last_error();
+        rc = nt__err_within(api); /* the block's own error, as nt_checkpoint's */
     if (!rc)
         rc = borrowed_outputs(site, api, inputs, n_in, refs0, outputs, n_out, s);
     if (refs0 != rbuf)

@@ -213,6 +213,8 @@ NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *i
         nt_keep(out);
     else if (!out && !nt_last_error())
         nt__err(site, NT_EEXEC, c->api, "the forward of op '%s' returned NULL", c->name);
+    else if (!out)
+        nt__err_within(c->api); /* an op of the forward failed: say in which call */
     nt_scope_end(s);
     if (!out)
         return NULL;
