@@ -24,6 +24,9 @@
 #include "autograd/autograd.h"
 
 #define SCALER_MAGIC 0x53434c52u /* "SCLR" */
+/* The most skipped steps counted (2^53, as an optimizer's step count): a
+ * checkpoint past it is refused, and the count stops there. */
+#define SCALER_MAX_COUNT ((int64_t)1 << 53)
 
 struct nt_grad_scaler {
     uint32_t magic;
@@ -61,8 +64,9 @@ bool nt__scaler_state_valid(const nt__scaler_state *st, char *why, size_t whylen
     else if (st->growth_tracker < 0 || st->growth_tracker >= st->growth_interval)
         snprintf(why, whylen, "growth tracker %lld is outside [0, growth_interval)",
                  (long long)st->growth_tracker);
-    else if (st->skipped_steps < 0)
-        snprintf(why, whylen, "skipped steps %lld is negative", (long long)st->skipped_steps);
+    else if (st->skipped_steps < 0 || st->skipped_steps > SCALER_MAX_COUNT)
+        snprintf(why, whylen, "skipped steps %lld is outside [0, 2^53]",
+                 (long long)st->skipped_steps);
     else
         return true;
     return false;
@@ -134,19 +138,25 @@ NT_API nt_tensor *nt_grad_scaler_scale(nt_grad_scaler *s, nt_tensor *loss)
     const nt_site *site = NT_RA_SITE;
     if (!nt__check_arg(site, fn, "loss", loss))
         return NULL;
-    nt__amp_suspend();
     /* A bf16/f16 loss is scaled in f32 (2^16 times an f16 loss would
      * overflow), as PyTorch's f32 scale promotes it. */
     nt_scope *sc = nt_scope_begin();
+    if (!sc) {
+        nt__err_hostmem(site, fn, "a scope");
+        return NULL;
+    }
+    nt__amp_suspend();
     nt_tensor *l = nt__dtype_is_float((nt_dtype)loss->dtype) && loss->dtype != NT_F32
                        ? nt__copy_to(site, fn, loss, NT_F32)
                        : loss;
     nt_tensor *y = l ? nt__scalar(site, fn, NT_OP_MUL_SCALAR, l, scale, 0) : NULL;
     if (y)
         nt_keep(y);
+    else
+        nt__err_within(fn);
     nt_scope_end(sc);
     nt__amp_resume();
-    return y ? nt__scope_adopt(y) : NULL;
+    return y ? nt__scope_adopt(y, fn) : NULL;
 }
 
 /* Rows of the [rows, cols] view the check uses for gradient g. */
@@ -161,8 +171,9 @@ static int64_t flag_rows(const nt_tensor *g)
 
 /* Queues the unscale-and-check of one gradient: g /= scale in place, and
  * into `dst` ([flag_rows(g), 1] f32) the sums of g * 0 over its rows -- one
- * row kernel, the intermediates never leave the chip.  Returns 0 or an
- * error. */
+ * row kernel, the intermediates never leave the chip.  The kernel runs on
+ * g's device; flags made there are copied to dst's (the calling thread's)
+ * when the gradients are spread over devices.  Returns 0 or an error. */
 static int unscale_one(const nt_site *site, const char *fn, nt_tensor *g, double inv,
                        nt_tensor *dst)
 {
@@ -173,6 +184,10 @@ static int unscale_one(const nt_site *site, const char *fn, nt_tensor *g, double
     /* the intermediates die as soon as their consumers are queued: the
      * fusion engine then keeps them on chip */
     nt_scope *sc = nt_scope_begin();
+    if (!sc)
+        return nt__err_hostmem(site, fn, "a scope");
+    nt__devsw dv;
+    nt__dev_enter(&dv, g->dev);
     nt_tensor *flags;
     if (nt__is_contig(g)) {
         /* the view of a contiguous .grad as rows of its last dim is free */
@@ -189,6 +204,9 @@ static int unscale_one(const nt_site *site, const char *fn, nt_tensor *g, double
                     : NULL;
         flags = flags ? nt_reshape_at(site, flags, 2, (int64_t[]){1, 1}) : NULL;
     }
+    if (flags && flags->dev != dst->dev)
+        flags = nt_to_device_at(site, flags, dst->dev);
+    nt__dev_leave(&dv);
     int rc = flags ? nt_copy_into_at(site, dst, flags) : nt_last_error();
     nt_scope_end(sc);
     return rc;
@@ -226,7 +244,9 @@ static int unscale_locked(nt_grad_scaler *s, nt_optim *opt, const nt_site *site,
         else
             rc = nt_last_error();
     }
-    nt_scope *sc = nt_scope_begin();
+    nt_scope *sc = rc ? NULL : nt_scope_begin();
+    if (!rc && !sc)
+        rc = nt__err_hostmem(site, fn, "a scope");
     int64_t off = 0;
     for (int i = 0; i < np && !rc && total > 0; i++) {
         nt_tensor *p = nt__optim_param(opt, i);
@@ -243,11 +263,12 @@ static int unscale_locked(nt_grad_scaler *s, nt_optim *opt, const nt_site *site,
         nt_tensor *sum = nt__reduce(site, fn, NT_OP_SUM, s->flagbuf, NT_DIM_ALL, false);
         rc = sum ? nt_item_at(site, sum, &v) : nt_last_error();
     }
-    nt_scope_end(sc);
+    if (sc)
+        nt_scope_end(sc);
     nt_no_grad_end();
     nt__amp_resume();
     if (rc)
-        return rc;
+        return nt__err_within(fn); /* an inner op's error: say whose */
     s->unscaled = opt;
     s->stepped = true;
     bool inf = !isfinite(v);
@@ -295,7 +316,8 @@ NT_API int nt_grad_scaler_step(nt_grad_scaler *s, nt_optim *opt)
     if (!rc) {
         s->did_step = true;
         if (inf) {
-            s->st.skipped_steps++;
+            if (s->st.skipped_steps < SCALER_MAX_COUNT) /* a count, never an overflow */
+                s->st.skipped_steps++;
             rc = 1;
         }
     }
@@ -305,7 +327,7 @@ NT_API int nt_grad_scaler_step(nt_grad_scaler *s, nt_optim *opt)
     nt__amp_suspend();
     rc = nt_optim_step_at(site, opt);
     nt__amp_resume();
-    return rc;
+    return rc < 0 ? nt__err_within(fn) : rc;
 }
 
 NT_API int nt_grad_scaler_update(nt_grad_scaler *s)

@@ -153,6 +153,20 @@ nt__edge nt__edge_of(nt_tensor *t);
  * for saving. */
 nt_tensor *nt__save(nt_tensor *t);
 
+/* Work on a tensor's device (autograd/tape.c).  nt__dev_enter makes
+ * device dev's default stream the thread's current one until
+ * nt__dev_leave, if the current stream is on another device (the user's
+ * own stream stays when it is on dev): the backward runs each node there,
+ * optimizers update each parameter there, checkpoints load each tensor
+ * there.  The streams' dependencies order the work against the other
+ * streams' as usual. */
+typedef struct {
+    nt_stream *prev;
+    bool moved;
+} nt__devsw;
+void nt__dev_enter(nt__devsw *d, int dev);
+void nt__dev_leave(nt__devsw *d);
+
 /* An optimizer's parameters (autograd/optim.c), for amp's loss scaler:
  * their count (NT_EINVAL for a bad opt) and parameter i (borrowed; the list
  * is fixed when the optimizer is made). */

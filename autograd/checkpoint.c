@@ -21,6 +21,7 @@
  * Concurrency: like the rest of the tape, a checkpoint belongs to the
  * thread that made it; the capture list is per thread. */
 #include "autograd/autograd.h"
+#include "fusion/graph.h"
 
 #include <string.h>
 
@@ -38,6 +39,11 @@ struct nt__ckpt {
     /* Any other per-thread state an op reads belongs here too, recorded in
      * nt_checkpoint_at and restored around the recompute (as amp is). */
     bool training;      /* nt_dropout's training mode at the forward */
+    /* Deterministic (debug) mode: a checksum of each output's bytes at the
+     * forward, compared with the recompute's (a block that is not
+     * deterministic gives other values of the same shape). */
+    bool summed;
+    uint64_t sum[NT_CHECKPOINT_MAX_OUT];
 };
 
 /* The tensors a running block read, as the node's edges will be. */
@@ -188,6 +194,86 @@ static int take_outputs(const nt_site *site, const char *api, nt_tensor **output
     return 0;
 }
 
+/* The block must hand back new references: an output that is an input, or
+ * a tensor an outer scope owns, with no reference more than before fn ran
+ * (refs0: the inputs' counts then) is the caller's own reference, which
+ * taking the output would release.  Such outputs are cleared (not
+ * released) and the error names them.  refs0 NULL: one reference each (the
+ * recompute's fresh input handles). */
+static int borrowed_outputs(const nt_site *site, const char *api, nt_tensor *const *inputs,
+                            int n_in, const AO_t *refs0, nt_tensor **outputs, int n_out,
+                            nt_scope *s)
+{
+    int rc = 0;
+    bool bad[NT_CHECKPOINT_MAX_OUT] = {false};
+    for (int j = 0; j < n_out; j++) {
+        nt_tensor *t = outputs[j];
+        if (!t || t->magic != NT__MAGIC_LIVE || t->scope == s)
+            continue;
+        AO_t now = AO_load(&t->refs), uses = 0;
+        for (int k = 0; k < n_out; k++)
+            uses += outputs[k] == t;
+        int in = -1;
+        for (int i = 0; i < n_in && in < 0; i++)
+            if (inputs[i] == t)
+                in = i;
+        if (in >= 0 && now < (refs0 ? refs0[in] : 1) + uses) {
+            bad[j] = true;
+            if (!rc)
+                rc = nt__err(site, NT_EINVAL, api,
+                             "the block returned inputs[%d] as outputs[%d] without a new "
+                             "reference (taking it would release the caller's); set "
+                             "outputs[%d] = nt_retain(inputs[%d])", in, j, j, in);
+        } else if (in < 0 && t->scope && now < 1 + uses) {
+            bad[j] = true;
+            if (!rc)
+                rc = nt__err(site, NT_EINVAL, api,
+                             "the block returned as outputs[%d] a tensor that an enclosing "
+                             "scope owns, without a new reference (taking it would release "
+                             "it); use nt_retain", j);
+        }
+    }
+    for (int j = 0; j < n_out; j++)
+        if (bad[j])
+            outputs[j] = NULL; /* the caller's reference: not ours to release */
+    return rc;
+}
+
+/* FNV-1a over the bytes of t's values (a sync point); false if they cannot
+ * be read (a poisoned tensor: its own error comes at the user's sync) or
+ * the host has no memory for the copy. */
+static bool checksum(nt_tensor *t, uint64_t *out)
+{
+    size_t n = (size_t)nt__numel(t->ndim, t->shape) * nt_dtype_size((nt_dtype)t->dtype);
+    uint8_t *b = malloc(n ? n : 1);
+    if (!b)
+        return false;
+    bool ok = nt_to_host_at(NULL, t, b, n) == 0;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; ok && i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    free(b);
+    *out = h;
+    return ok;
+}
+
+/* The forward's checksums, in deterministic mode (where reading the
+ * outputs costs no wait: every op has run).  The thread's error is kept as
+ * it was: a failed read only means no check. */
+static void checksum_outputs(struct nt__ckpt *ck, nt_tensor **outputs, int n_out)
+{
+    /* a captured program cannot stop to read the device: no check there */
+    if (NT__CFG(mode) != NT_MODE_DETERMINISTIC || nt__capturing())
+        return;
+    int code = nt_last_error();
+    char msg[NT__ERRMSG_MAX];
+    g_strlcpy(msg, nt_last_error_message(), sizeof msg);
+    ck->summed = true;
+    for (int j = 0; j < n_out && ck->summed; j++)
+        ck->summed = checksum(outputs[j], &ck->sum[j]);
+    nt__err_set(code, msg);
+}
+
 static bool meta_eq(const nt__tmeta *m, const nt_tensor *t)
 {
     if (m->dtype != t->dtype || m->ndim != t->ndim)
@@ -220,6 +306,7 @@ static int record(const nt_site *site, const char *api, cap_list *cap, nt_checkp
     n->ckpt = ck;
     n->site = site ? *site : (nt_site){0};
     *ck = (struct nt__ckpt){fn, ctx, n_in, cap->n, cap->saved, cap->ver, amp, nt_is_training()};
+    checksum_outputs(ck, outputs, n_out);
     for (int i = 0; i < cap->n; i++) {
         n->next[i] = cap->e[i]; /* the list's references move to the node */
         nt_tensor *t = cap->saved[i];
@@ -296,6 +383,16 @@ NT_API int nt_checkpoint_at(const nt_site *site, nt_checkpoint_fn fn, void *ctx,
         cap_free(&cap);
         return nt__err_hostmem(site, api, "the block's scope");
     }
+    /* the inputs' reference counts, to tell a passed-through input that fn
+     * retained from one it did not (borrowed_outputs) */
+    AO_t rbuf[16], *refs0 = n_in <= 16 ? rbuf : malloc((size_t)n_in * sizeof *refs0);
+    if (!refs0) {
+        cap_free(&cap);
+        nt_scope_end(s);
+        return nt__err_hostmem(site, api, "the inputs' reference counts");
+    }
+    for (int i = 0; i < n_in; i++)
+        refs0[i] = AO_load(&inputs[i]->refs);
     nt_dtype amp = nt__dhooks.amp_active ? nt__dhooks.amp_active() : NT_DTYPE_COUNT;
     cap_list *prev = tls_cap;
     bool prevc = nt__ckpt_capturing;
@@ -315,8 +412,12 @@ NT_API int nt_checkpoint_at(const nt_site *site, nt_checkpoint_fn fn, void *ctx,
         nt__err(site, rc < 0 && rc >= NT_EHOSTMEM ? rc : NT_EINVAL, api,
                 "the block (argument 'fn') returned %d without setting an error", rc);
     if (rc)
-        rc = nt_last_error();
-    else
+        rc = nt__err_within(api); /* the block's own error, as nt_checkpoint's */
+    if (!rc)
+        rc = borrowed_outputs(site, api, inputs, n_in, refs0, outputs, n_out, s);
+    if (refs0 != rbuf)
+        free(refs0);
+    if (!rc)
         rc = take_outputs(site, api, outputs, n_out, s, true);
     if (!rc && cap.oom)
         rc = nt__err_hostmem(site, api, "the list of tensors the block read");
@@ -330,7 +431,7 @@ NT_API int nt_checkpoint_at(const nt_site *site, nt_checkpoint_fn fn, void *ctx,
     }
     nt_scope_end(s);
     for (int j = 0; j < n_out; j++)
-        if (!nt__scope_adopt(outputs[j])) { /* released it: the host is out of memory */
+        if (!nt__scope_adopt(outputs[j], api)) { /* released it: the host is out of memory */
             outputs[j] = NULL;
             rc = nt_last_error();
         }
@@ -414,7 +515,10 @@ int nt__ckpt_recompute(nt__node *n, nt_tensor **outs)
         nt__ag_set_no_grad(ng);
         if (nt__dhooks.amp_leave)
             nt__dhooks.amp_leave();
-        rc = frc ? frc : take_outputs(&n->site, "nt_backward", outs, n->nout, s, false);
+        rc = frc ? frc
+                 : borrowed_outputs(&n->site, "nt_backward", h, ck->n_in, NULL, outs, n->nout, s);
+        if (!rc)
+            rc = take_outputs(&n->site, "nt_backward", outs, n->nout, s, false);
         if (rc) {
             char code[48];
             snprintf(code, sizeof code, "the block returned %d", frc);
@@ -443,5 +547,23 @@ int nt__ckpt_recompute(nt__node *n, nt_tensor **outs)
                          nt__shape_str(n->out_meta[j].ndim, n->out_meta[j].shape, b, sizeof b));
             drop_outputs(outs, n->nout, NULL);
         }
+    /* the same shapes; in deterministic mode the same values too */
+    for (int j = 0; j < n->nout && !rc && ck->summed && !nt__capturing(); j++) {
+        uint64_t now;
+        if (!checksum(outs[j], &now)) {
+            rc = nt_last_error() ? recompute_err(n, nt_last_error(),
+                                                 "recomputing the block of nt_checkpoint "
+                                                 "failed: %s", nt_last_error_message())
+                                 : nt__err_hostmem(&n->site, "nt_backward",
+                                                   "a copy of a recomputed output");
+        } else if (now != ck->sum[j]) {
+            rc = nt__err(&n->site, NT_ESTATE, "nt_backward",
+                         "recomputing the block of nt_checkpoint gave outputs[%d] other values "
+                         "than the forward pass did (NT_DETERMINISTIC=1 compares a checksum of "
+                         "each output); the block must be deterministic", j);
+        }
+        if (rc)
+            drop_outputs(outs, n->nout, NULL);
+    }
     return rc;
 }

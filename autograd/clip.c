@@ -5,7 +5,12 @@
  *   coef  = min(reciprocal(total + 1e-6) * max_norm, 1)
  *                                              (PyTorch's max_norm / t is t.reciprocal() * max_norm)
  *   g_i  *= coef, in place                     (by 1 exactly when not clipping)
- * Parameters without a .grad are skipped; with none, total is 0. */
+ * Parameters without a .grad are skipped; with none, total is 0.
+ *
+ * Devices, as PyTorch does with gradients on several: each n_i is computed
+ * on g_i's device and copied to the calling thread's device, where total
+ * and coef are; coef is copied to each other device that holds a gradient
+ * (copies are exact, so the bits are those of one device). */
 #include "autograd/autograd.h"
 
 #include <math.h>
@@ -52,14 +57,25 @@ NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *pa
     }
     nt_no_grad_begin();
     nt_scope *sc = nt_scope_begin();
+    if (!sc) {
+        nt_no_grad_end();
+        free(norms);
+        nt__err_hostmem(site, fn, "a scope");
+        return NULL;
+    }
+    int here = nt_device_current();
     int k = 0, rc = 0;
     for (int i = 0; i < n && !rc; i++) {
         nt_tensor *g = params[i]->ag ? params[i]->ag->grad : NULL;
         if (!g)
             continue;
+        nt__devsw dv;
+        nt__dev_enter(&dv, g->dev);
         nt_tensor *g32 = g->dtype == NT_F32 ? g : nt__copy_to(site, fn, g, NT_F32);
-        norms[k] = nt_reshape_at(site, nt_norm_at(site, g32, 2.0, NT_DIM_ALL, false), 1,
-                                 (int64_t[]){1});
+        nt_tensor *ni = nt_reshape_at(site, nt_norm_at(site, g32, 2.0, NT_DIM_ALL, false), 1,
+                                      (int64_t[]){1});
+        norms[k] = ni && g->dev != here ? nt_to_device_at(site, ni, here) : ni;
+        nt__dev_leave(&dv);
         if (!norms[k++])
             rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
     }
@@ -76,18 +92,30 @@ NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *pa
                                  nt__scalar(site, fn, NT_OP_ADD_SCALAR, total, 1e-6, 0)),
                        max_norm, 0),
             -INFINITY, 1.0);
+        nt_tensor *on[NT_MAX_DEVICES] = {0}; /* coef's copy on each device */
+        if (coef)
+            on[here] = coef;
         for (int i = 0; i < n && !rc; i++) {
             nt_tensor *g = params[i]->ag ? params[i]->ag->grad : NULL;
             if (!g)
                 continue;
-            nt_tensor *c = !coef || g->dtype == NT_F32 ? coef : nt__copy_to(site, fn, coef, (nt_dtype)g->dtype);
+            if (coef && !on[g->dev])
+                on[g->dev] = nt_to_device_at(site, coef, g->dev);
+            nt__devsw dv;
+            nt__dev_enter(&dv, g->dev);
+            nt_tensor *c = on[g->dev];
+            if (c && g->dtype != NT_F32)
+                c = nt__copy_to(site, fn, c, (nt_dtype)g->dtype);
             rc = c ? nt_mul_inplace_at(site, g, c) : (nt_last_error() ? nt_last_error() : NT_EINVAL);
+            nt__dev_leave(&dv);
         }
     }
     if (total && !rc)
         nt_keep(total);
     else
         total = NULL;
+    if (!total)
+        nt__err_within(fn); /* an inner op's error (nt_norm, nt_cat ...): say whose */
     nt_scope_end(sc);
     nt_no_grad_end();
     free(norms);

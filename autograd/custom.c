@@ -202,6 +202,10 @@ NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *i
         return out; /* nt__dispatch adopted it into the open scope */
     }
     nt_scope *s = nt_scope_begin();
+    if (!s) {
+        nt__err_hostmem(site, c->api, "a scope");
+        return NULL;
+    }
     nt_no_grad_begin();
     out = c->def.forward(in, c->def.ctx);
     nt_no_grad_end();
@@ -209,6 +213,8 @@ NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *i
         nt_keep(out);
     else if (!out && !nt_last_error())
         nt__err(site, NT_EEXEC, c->api, "the forward of op '%s' returned NULL", c->name);
+    else if (!out)
+        nt__err_within(c->api); /* an op of the forward failed: say in which call */
     nt_scope_end(s);
     if (!out)
         return NULL;
@@ -216,7 +222,7 @@ NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *i
         nt_release(out);
         return NULL;
     }
-    return nt__scope_adopt(out);
+    return nt__scope_adopt(out, c->api);
 }
 
 /* The autograd node of a user op's call, as a built-in op gets. */

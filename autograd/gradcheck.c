@@ -9,6 +9,8 @@ static int eval_loss(nt_tensor *(*f)(nt_tensor *const *, void *), nt_tensor *con
                      nt_tensor *w, double *out)
 {
     nt_scope *s = nt_scope_begin();
+    if (!s)
+        return nt__err_hostmem(NULL, "nt_gradcheck", "a scope");
     nt_no_grad_begin();
     nt_tensor *y = f(in, ctx);
     nt_tensor *l = y ? nt_sum(nt_mul(nt_cast(y, NT_F32), w), NT_DIM_ALL, false) : NULL;
@@ -35,6 +37,8 @@ NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_ten
             return nt__err(NULL, NT_EINVAL, fn, "in[%d] does not require grad", i);
     }
     nt_scope *s = nt_scope_begin();
+    if (!s)
+        return nt__err_hostmem(NULL, fn, "a scope");
     int rc = 0;
     /* analytic */
     nt_tensor *y = f(in, ctx);
@@ -58,7 +62,9 @@ NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_ten
         float *ga = malloc((size_t)(ne ? ne : 1) * sizeof(float));
         nt_tensor *g = nt_grad(x);
         nt_tensor *xf = nt_cast(x, NT_F32);
-        if (!xf || nt_to_host(xf, h, (size_t)ne * sizeof(float))) {
+        if (!h || !ga) {
+            rc = nt__err_hostmem(NULL, fn, "the host copies of an input");
+        } else if (!xf || nt_to_host(xf, h, (size_t)ne * sizeof(float))) {
             rc = nt_last_error();
         } else if (g) {
             rc = nt_to_host(nt_cast(g, NT_F32), ga, (size_t)ne * sizeof(float));
@@ -92,6 +98,8 @@ NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_ten
         free(ga);
     }
 out:
+    if (rc)
+        nt__err_within(fn); /* f's or an inner op's error: say it was a gradcheck */
     nt_scope_end(s);
     return rc;
 }

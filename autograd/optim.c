@@ -230,9 +230,9 @@ static void patch_next(slot *s, int role, int op)
  *   g = grad + wd * p
  *   buf = g at the first update, else momentum * buf + g   (written)
  *   d = nesterov ? g + momentum * buf : (momentum ? buf : g) */
-static nt_tensor *sgd_update(nt_optim *o, slot *s, nt_tensor *g, const nt_site *site)
+static nt_tensor *sgd_update(nt_optim *o, slot *s, nt_tensor *g, const nt_site *site,
+                             const char *fn)
 {
-    const char *fn = "nt_optim_step";
     nt_tensor *w = working(s);
     if (o->weight_decay != 0)
         g = nt__binary(site, fn, NT_OP_ADD, g,
@@ -271,9 +271,9 @@ static nt_tensor *sgd_update(nt_optim *o, slot *s, nt_tensor *g, const nt_site *
  *   m  = m + (1 - beta1) * (g - m)            (PyTorch's lerp)
  *   v  = beta2 * v + (1 - beta2) * g * g
  *   p  = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps) */
-static nt_tensor *adamw_update(nt_optim *o, slot *s, nt_tensor *g, const nt_site *site)
+static nt_tensor *adamw_update(nt_optim *o, slot *s, nt_tensor *g, const nt_site *site,
+                               const char *fn)
 {
-    const char *fn = "nt_optim_step";
     nt_tensor *w = working(s);
     if (!s->s0) {
         /* state made once: not part of a captured step (a replay must not
@@ -386,7 +386,7 @@ nt_tensor *nt__optim_cast_of(nt_tensor *src, nt_dtype dt)
 
 /* After the update wrote w_new into the parameter: its cast for the next
  * forward, when autocast asked for one (see above). */
-static int cast_ahead(slot *s, nt_tensor *w_new, const nt_site *site)
+static int cast_ahead(slot *s, nt_tensor *w_new, const nt_site *site, const char *fn)
 {
     struct nt__ag *ag = s->p->ag;
     if (!ag)
@@ -406,7 +406,7 @@ static int cast_ahead(slot *s, nt_tensor *w_new, const nt_site *site)
     if (s->p->dtype != NT_F32 || (dt != NT_BF16 && dt != NT_F16) || NT__CFG(sr) ||
         !nt__is_contig(s->p) || w_new->dtype != NT_F32)
         return 0;
-    nt_tensor *c = own(nt__copy_to(site, "nt_optim_step", w_new, dt));
+    nt_tensor *c = own(nt__copy_to(site, fn, w_new, dt));
     if (!c)
         return nt_last_error();
     ag->amp_cast = c;
@@ -414,8 +414,16 @@ static int cast_ahead(slot *s, nt_tensor *w_new, const nt_site *site)
     return 0;
 }
 
-static int step_locked(nt_optim *o, const nt_site *site)
+/* fn: the function the user called (nt_optim_step, nt_sgd_step). */
+static int step_locked(nt_optim *o, const nt_site *site, const char *fn)
 {
+    /* the counts never overflow (nor, below 2^53, lose a step in the bias
+     * corrections' double): a step past the bound is refused, as nt_load
+     * refuses a count past it */
+    if (o->steps >= NT__OPTIM_MAX_STEPS)
+        return nt__err(site, NT_ESTATE, fn,
+                       "the optimizer's step count is %lld, the most it may reach (2^53, "
+                       "the counts a double holds exactly)", (long long)o->steps);
     int rc = 0;
     nt_no_grad_begin();
     for (int i = 0; i < o->n && !rc; i++) {
@@ -423,16 +431,25 @@ static int step_locked(nt_optim *o, const nt_site *site)
         nt_tensor *p = s->p;
         if (!p->ag || !p->ag->grad)
             continue; /* no gradient reached it: skipped, like PyTorch */
+        /* Each parameter is updated on its device (its state is made
+         * there), whatever the calling thread's device. */
+        nt__devsw dv;
+        nt__dev_enter(&dv, p->dev);
         /* One scope per parameter: its intermediates die as soon as its
          * chain is queued, which is what lets the chain fuse. */
         nt_scope *sc = nt_scope_begin();
+        if (!sc) {
+            rc = nt__err_hostmem(site, fn, "a scope");
+            nt__dev_leave(&dv);
+            break;
+        }
         nt_tensor *g = p->ag->grad;
         nt_tensor *w = working(s);
         if (g->dtype != w->dtype)
-            g = nt__copy_to(site, "nt_optim_step", g, (nt_dtype)w->dtype);
+            g = nt__copy_to(site, fn, g, (nt_dtype)w->dtype);
         nt_tensor *w_new = !g ? NULL
-                           : o->kind == KIND_SGD ? sgd_update(o, s, g, site)
-                                                 : adamw_update(o, s, g, site);
+                           : o->kind == KIND_SGD ? sgd_update(o, s, g, site, fn)
+                                                 : adamw_update(o, s, g, site, fn);
         if (!w_new)
             rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
         else
@@ -442,38 +459,44 @@ static int step_locked(nt_optim *o, const nt_site *site)
         if (!rc && s->master)
             rc = nt_copy_into_at(site, p, w_new);
         else if (!rc)
-            rc = cast_ahead(s, w_new, site);
+            rc = cast_ahead(s, w_new, site, fn);
         if (!rc) {
             s->steps++;
             if (nt__capturing())
                 nt__capture_on_replay(slot_stepped, s, 0, optim_retain_slot, optim_release_slot);
         }
         nt_scope_end(sc);
+        nt__dev_leave(&dv);
     }
     nt_no_grad_end();
     if (!rc) {
         o->steps++;
         if (nt__capturing())
             nt__capture_on_replay(optim_stepped, o, 0, optim_retain, optim_release);
+    } else {
+        nt__err_within(fn); /* an inner op's error: say whose step it was */
     }
+    return rc;
+}
+
+static int step_at(const nt_site *site, nt_optim *o, const char *fn)
+{
+    if (!opt_ok_at(site, o, fn))
+        return nt_last_error();
+    g_mutex_lock(&o->lock);
+    int rc = step_locked(o, site, fn);
+    g_mutex_unlock(&o->lock);
     return rc;
 }
 
 NT_API int nt_optim_step_at(const nt_site *site, nt_optim *o)
 {
-    if (!opt_ok_at(site, o, "nt_optim_step"))
-        return nt_last_error();
-    g_mutex_lock(&o->lock);
-    int rc = step_locked(o, site);
-    g_mutex_unlock(&o->lock);
-    return rc;
+    return step_at(site, o, "nt_optim_step");
 }
 NT_API int nt_optim_step(nt_optim *o) { return nt_optim_step_at(NT_RA_SITE, o); }
 NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *o)
 {
-    if (!opt_ok_at(site, o, "nt_sgd_step")) /* the error names the function the user called */
-        return nt_last_error();
-    return nt_optim_step_at(site, o);
+    return step_at(site, o, "nt_sgd_step"); /* errors name the function the user called */
 }
 NT_API int nt_sgd_step(nt_optim *o) { return nt_sgd_step_at(NT_RA_SITE, o); }
 
@@ -523,14 +546,14 @@ NT_API int64_t nt_optim_steps(nt_optim *o)
 }
 
 /* Re-expresses existing state in dtype dt (masters switched on or off). */
-static int recast_state(slot *s, nt_dtype dt)
+static int recast_state(slot *s, nt_dtype dt, const char *fn)
 {
     nt_tensor **st[2] = {&s->s0, &s->s1};
     for (int k = 0; k < 2; k++) {
         nt_tensor *t = *st[k];
         if (!t || t->dtype == dt)
             continue;
-        nt_tensor *c = own(nt__copy_to(NULL, "nt_optim_set_master_weights", t, dt));
+        nt_tensor *c = own(nt__copy_to(NULL, fn, t, dt));
         if (!c)
             return nt_last_error();
         nt_release(t);
@@ -551,13 +574,16 @@ NT_API int nt_optim_set_master_weights(nt_optim *o, bool on)
         slot *s = &o->slots[i];
         if (!nt__optim_low_precision(s->p))
             continue;
+        nt__devsw dv; /* the copies live on the parameter's device */
+        nt__dev_enter(&dv, s->p->dev);
         if (on && !s->master) {
             s->master = own(nt__copy_to(NULL, fn, s->p, NT_F32));
-            rc = s->master ? recast_state(s, NT_F32) : nt_last_error();
+            rc = s->master ? recast_state(s, NT_F32, fn) : nt_last_error();
         } else if (!on && s->master) {
             nt__optim_drop(&s->master);
-            rc = recast_state(s, (nt_dtype)s->p->dtype);
+            rc = recast_state(s, (nt_dtype)s->p->dtype, fn);
         }
+        nt__dev_leave(&dv);
     }
     nt_no_grad_end();
     if (!rc)

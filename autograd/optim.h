@@ -13,6 +13,12 @@
 
 typedef enum { KIND_SGD = 1, KIND_ADAMW = 2 } opt_kind;
 
+/* The most steps an optimizer counts (2^53: every count up to it is exact
+ * as the double the bias corrections use).  A step at the bound is
+ * NT_ESTATE, and nt_load refuses a checkpoint whose count is past it, so
+ * the counts never overflow. */
+#define NT__OPTIM_MAX_STEPS ((int64_t)1 << 53)
+
 /* Per parameter.  `s0` is SGD's momentum buffer or Adam's exp_avg, `s1`
  * Adam's exp_avg_sq; both are made at the parameter's first update, like
  * PyTorch's lazily created state, in the working dtype (the parameter's, or

@@ -105,16 +105,8 @@ void nt__node_unref(nt__node *n)
 
 /* Devices: an op's backward runs on the device of its gradients, the
  * device its forward ran on; a gradient is summed and accumulated on its
- * tensor's device.  dev_enter makes device dev's default stream the
- * thread's current one for a while, if the current stream is on another
- * device (the user's own stream stays when it is on dev); dev_leave puts
- * the thread's stream back. */
-typedef struct {
-    nt_stream *prev;
-    bool moved;
-} devsw;
-
-static void dev_enter(devsw *d, int dev)
+ * tensor's device (nt__dev_enter, autograd/autograd.h). */
+void nt__dev_enter(nt__devsw *d, int dev)
 {
     nt_stream *cur = nt_stream_current();
     d->moved = nt_stream_device(cur) != dev;
@@ -124,7 +116,7 @@ static void dev_enter(devsw *d, int dev)
     }
 }
 
-static void dev_leave(devsw *d)
+void nt__dev_leave(nt__devsw *d)
 {
     if (d->moved)
         nt_stream_set_current(d->prev);
@@ -391,7 +383,7 @@ NT_API nt_tensor *nt_grad(nt_tensor *t)
     if (!t->ag || !t->ag->grad)
         return NULL;
     nt_retain(t->ag->grad);
-    return nt__scope_adopt(t->ag->grad);
+    return nt__scope_adopt(t->ag->grad, "nt_grad");
 }
 
 NT_API int nt_zero_grad(nt_tensor *t)
@@ -629,8 +621,8 @@ static int scat_finish(gradmap *gm, nt_tensor *t, const nt_site *site)
         return 0;
     struct scat x = *e;
     *e = gm->scat[--gm->nscat];
-    devsw d;
-    dev_enter(&d, t->dev);
+    nt__devsw d;
+    nt__dev_enter(&d, t->dev);
     int rc = 0;
     /* the gaps between the slices' ranges, in ascending order */
     for (int64_t at = 0; at < t->shape[x.dim] && !rc;) {
@@ -651,7 +643,7 @@ static int scat_finish(gradmap *gm, nt_tensor *t, const nt_site *site)
     }
     if (!rc && x.n >= 2)
         rc = nt_add_scalar_inplace_at(site, t, 0.0);
-    dev_leave(&d);
+    nt__dev_leave(&d);
     return rc;
 }
 
@@ -768,10 +760,10 @@ static int add_grad(gradmap *gm, nt__edge e, nt_tensor *g, const nt_site *site)
         s[e.idx] = nt_retain(g);
         return 0;
     }
-    devsw d;
-    dev_enter(&d, g->dev);
+    nt__devsw d;
+    nt__dev_enter(&d, g->dev);
     nt_tensor *sum = nt__binary(site, "nt_backward", NT_OP_ADD, s[e.idx], g);
-    dev_leave(&d);
+    nt__dev_leave(&d);
     if (!sum)
         return nt_last_error();
     nt_release(s[e.idx]);
@@ -985,10 +977,10 @@ NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
         rc = nt__err_hostmem(site, fn, "the list of the graph's nodes");
         goto out;
     }
-    devsw d;
-    dev_enter(&d, loss->dev); /* the seed goes where the loss is */
+    nt__devsw d;
+    nt__dev_enter(&d, loss->dev); /* the seed goes where the loss is */
     nt_tensor *seed = nt_ones_like_at(site, loss);
-    dev_leave(&d);
+    nt__dev_leave(&d);
     if (!seed) {
         rc = nt_last_error();
         goto out;
@@ -1041,10 +1033,10 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
             return rc;
     if (n->op == NT__OP_ACCUMULATE) {
         if (n->leaf && n->leaf->st && gout[0]) {
-            devsw d;
-            dev_enter(&d, n->leaf->dev);
+            nt__devsw d;
+            nt__dev_enter(&d, n->leaf->dev);
             rc = accumulate_leaf(n->leaf, &gout[0], site);
-            dev_leave(&d);
+            nt__dev_leave(&d);
         }
         return rc;
     }
@@ -1077,8 +1069,8 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
             if (gout[i] && dev < 0)
                 dev = gout[i]->dev;
         }
-        devsw d;
-        dev_enter(&d, dev >= 0 ? dev : n->out_meta[0].dev);
+        nt__devsw d;
+        nt__dev_enter(&d, dev >= 0 ? dev : n->out_meta[0].dev);
         /* Ops issued by the backward carry the forward's site and say whose
          * backward they belong to. */
         nt__tls_bwd_of = api;
@@ -1108,10 +1100,10 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
                 break;
             }
             if (g->dtype != n->in_meta[i].dtype) {
-                devsw dg;
-                dev_enter(&dg, g->dev);
+                nt__devsw dg;
+                nt__dev_enter(&dg, g->dev);
                 g = nt__copy_to(&n->site, fn, g, (nt_dtype)n->in_meta[i].dtype);
-                dev_leave(&dg);
+                nt__dev_leave(&dg);
                 if (!g) {
                     rc = nt_last_error();
                     break;
@@ -1119,7 +1111,7 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
             }
             rc = add_grad(gm, n->next[i], g, &n->site);
         }
-        dev_leave(&d);
+        nt__dev_leave(&d);
         if (gp != gin)
             free(gp);
         if (!retain) {

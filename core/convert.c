@@ -15,6 +15,7 @@
  * bits on every level (tests/test_dtype.c compares them). */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define NT_CONVERT_AVX512 1
+#include <cpuid.h>
 #include <immintrin.h>
 
 __attribute__((target(NT_TARGET_AVX512))) static void st_bf16_avx512(uint16_t *p, const float *src,
@@ -205,8 +206,10 @@ static int f16_isa(void)
         static int f16c = -1; /* racing first calls store the same value */
         int h = __atomic_load_n(&f16c, __ATOMIC_RELAXED);
         if (h < 0) {
-            __builtin_cpu_init();
-            h = __builtin_cpu_supports("f16c") ? 1 : 0;
+            /* CPUID.1:ECX bit 29; __builtin_cpu_supports("f16c") is gcc's
+             * only (clang 14, the libFuzzer build's, rejects the name) */
+            unsigned a, b, c, d;
+            h = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1) ? 1 : 0;
             __atomic_store_n(&f16c, h, __ATOMIC_RELAXED);
         }
         if (!h)

@@ -5,8 +5,6 @@
 
 #include "core/internal.h"
 
-#define NT__ERRMSG_MAX 1024
-
 typedef struct {
     int code;
     char msg[NT__ERRMSG_MAX];
@@ -36,6 +34,25 @@ NT_API const char *nt_strerror(int code)
     }
 }
 
+/* file + rest into buf; when both do not fit, the file's start gives way
+ * ("...tail/of/file.c:12 in f"): the line and the function stay. */
+static void site_fit(char *buf, size_t n, const char *file, const char *rest)
+{
+    static const char dots[] = "...";
+    size_t fl = strlen(file), rl = strlen(rest);
+    if (fl + rl < n) {
+        memcpy(buf, file, fl);
+        memcpy(buf + fl, rest, rl + 1);
+    } else if (rl + sizeof dots <= n) {
+        size_t keep = n - sizeof dots - rl; /* bytes of the file's tail */
+        memcpy(buf, dots, sizeof dots - 1);
+        memcpy(buf + sizeof dots - 1, file + fl - keep, keep);
+        memcpy(buf + sizeof dots - 1 + keep, rest, rl + 1);
+    } else {
+        g_strlcpy(buf, rest, n);
+    }
+}
+
 void nt__site_format(const nt_site *site, char *buf, size_t n)
 {
     if (!site || (!site->file && !site->ra)) {
@@ -43,10 +60,12 @@ void nt__site_format(const nt_site *site, char *buf, size_t n)
         return;
     }
     if (site->file) {
+        char rest[NT__SITE_MAX];
         if (site->func)
-            snprintf(buf, n, "%s:%d in %s", site->file, site->line, site->func);
+            snprintf(rest, sizeof rest, ":%d in %s", site->line, site->func);
         else
-            snprintf(buf, n, "%s:%d", site->file, site->line);
+            snprintf(rest, sizeof rest, ":%d", site->line);
+        site_fit(buf, n, site->file, rest);
         return;
     }
     /* No macro-captured site: name the caller by its return address. */
@@ -65,31 +84,87 @@ void nt__site_format(const nt_site *site, char *buf, size_t n)
     }
 }
 
+#define CUT_MARK " [...] "
+
+/* The length of s's first k bytes, backed off to a UTF-8 character start. */
+static size_t utf8_floor(const char *s, size_t k)
+{
+    while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80)
+        k--;
+    return k;
+}
+
+void nt__msg_join(char *buf, size_t n, const char *head, const char *body, const char *tail)
+{
+    size_t h = strlen(head), b = strlen(body), t = strlen(tail);
+    size_t mark = sizeof CUT_MARK - 1;
+    if (h + b + t < n) {
+        memcpy(buf, head, h);
+        memcpy(buf + h, body, b);
+        memcpy(buf + h + b, tail, t + 1);
+    } else if (h + mark + t < n) {
+        /* the middle of body goes: its start and its end (where an inner
+         * message keeps its call site) stay */
+        size_t avail = n - 1 - h - mark - t;
+        size_t front = utf8_floor(body, avail - avail / 2);
+        size_t start = b - avail / 2; /* of the back part, on a character too */
+        while (start < b && ((unsigned char)body[start] & 0xC0) == 0x80)
+            start++;
+        size_t back = b - start;
+        char *p = buf;
+        memcpy(p, head, h), p += h;
+        memcpy(p, body, front), p += front;
+        memcpy(p, CUT_MARK, mark), p += mark;
+        memcpy(p, body + b - back, back), p += back;
+        memcpy(p, tail, t + 1);
+    } else {
+        /* not with NT__SITE_MAX-bounded sites: keep what fits, in order */
+        g_strlcpy(buf, head, n);
+        g_strlcat(buf, body, n);
+        g_strlcat(buf, tail, n);
+    }
+}
+
 void nt__err_set(int code, const char *msg)
 {
     tls_err.code = code;
     g_strlcpy(tls_err.msg, msg ? msg : "", sizeof tls_err.msg);
 }
 
+int nt__err_within(const char *fn)
+{
+    int code = tls_err.code ? tls_err.code : NT_EINVAL;
+    size_t fl = strlen(fn);
+    if (strncmp(tls_err.msg, fn, fl) != 0 || strncmp(tls_err.msg + fl, ": ", 2) != 0) {
+        char head[NT__SITE_MAX], m[NT__ERRMSG_MAX];
+        snprintf(head, sizeof head, "%s: ", fn);
+        nt__msg_join(m, sizeof m, head, tls_err.msg, "");
+        memcpy(tls_err.msg, m, strlen(m) + 1);
+    }
+    tls_err.code = code;
+    return code;
+}
+
 int nt__err(const nt_site *site, int code, const char *fn, const char *fmt, ...)
 {
     /* Formatted on the stack: reporting an error must work when the host is
-     * out of memory (long messages are cut). */
-    char body[NT__ERRMSG_MAX], where[256];
+     * out of memory.  A message too long for the buffer loses the middle of
+     * its body, never the function's name or the call site. */
+    char body[2 * NT__ERRMSG_MAX], head[NT__SITE_MAX], tail[NT__SITE_MAX + 8];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(body, sizeof body, fmt, ap);
+    int len = vsnprintf(body, sizeof body, fmt, ap);
     va_end(ap);
-    size_t n = sizeof tls_err.msg;
-    g_strlcpy(tls_err.msg, fn ? fn : "ntensor", n);
-    g_strlcat(tls_err.msg, ": ", n);
-    g_strlcat(tls_err.msg, body, n);
+    if (len >= (int)sizeof body) /* cut already (twice the limit): say so */
+        memcpy(body + sizeof body - sizeof " [...]", " [...]", sizeof " [...]");
+    snprintf(head, sizeof head, "%s: ", fn ? fn : "ntensor");
+    tail[0] = '\0';
     if (site) {
+        char where[NT__SITE_MAX];
         nt__site_format(site, where, sizeof where);
-        g_strlcat(tls_err.msg, " (at ", n);
-        g_strlcat(tls_err.msg, where, n);
-        g_strlcat(tls_err.msg, ")", n);
+        snprintf(tail, sizeof tail, " (at %s)", where);
     }
+    nt__msg_join(tls_err.msg, sizeof tls_err.msg, head, body, tail);
     tls_err.code = code;
     return code;
 }

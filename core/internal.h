@@ -67,6 +67,15 @@ typedef struct nt__errobj {
     char *msg; /* "nt_embedding (train.c:42 in main): index 7 out of range [0, 5)" */
 } nt__errobj;
 
+/* Message sizes.  A thread's error message holds at most NT__ERRMSG_MAX - 1
+ * bytes (include/ntensor.h says so at nt_last_error_message); a call site
+ * is formatted into at most NT__SITE_MAX bytes, a longer file name losing
+ * its start, never the line or the function.  Messages are formatted on
+ * the stack (no allocation), and one too long for the limit is cut in the
+ * middle of its body, never in a function name or a call site
+ * (nt__msg_join). */
+#define NT__ERRMSG_MAX 4096
+#define NT__SITE_MAX 1024
 /* Sets the thread's error: "<fn>: <message> (at file:line in func)".
  * Returns code, so callers can `return nt__err(...)`. */
 int nt__err(const nt_site *site, int code, const char *fn, const char *fmt, ...)
@@ -77,10 +86,20 @@ int nt__err(const nt_site *site, int code, const char *fn, const char *fmt, ...)
     nt__err((site), NT_EHOSTMEM, (fn), "out of host memory for %s", (what))
 /* Sets the thread's error to a preformatted message. */
 void nt__err_set(int code, const char *msg);
-/* Writes "file:line in func" (or a symbolised return address) to buf. */
+/* Writes "file:line in func" (or a symbolised return address) to buf; a
+ * file too long for n loses its start ("...dir/f.c:12 in main"). */
 void nt__site_format(const nt_site *site, char *buf, size_t n);
 /* Plain (macro-less) entry points name their caller by return address. */
 #define NT_RA_SITE (&(nt_site){NULL, NULL, 0, __builtin_return_address(0)})
+/* head + body + tail into buf[n]; when they do not fit, the middle of
+ * body gives way (marked " [...] "), so head and tail (a function name, a
+ * call site) stay whole, and so does a call site at the end of body. */
+void nt__msg_join(char *buf, size_t n, const char *head, const char *body, const char *tail);
+/* Says which call an inner op's error belongs to: the thread's error
+ * becomes "<fn>: <message>", unless the message already starts with
+ * "<fn>: " (an inner op called with fn as its name); NT_EINVAL if no code
+ * was set.  Returns the code. */
+int nt__err_within(const char *fn);
 nt__errobj *nt__errobj_new(int code, const char *msg);
 void nt__errobj_ref(nt__errobj *e);
 void nt__errobj_unref(nt__errobj *e);
@@ -320,8 +339,10 @@ void nt__tensor_iref(nt_tensor *t);
 void nt__tensor_iunref(nt_tensor *t);
 /* Drops n internal references at once. */
 void nt__tensor_iunref_n(nt_tensor *t, AO_t n);
-/* Registers a fresh reference in the thread's innermost scope, if any. */
-nt_tensor *nt__scope_adopt(nt_tensor *t);
+/* Registers a fresh reference in the thread's innermost scope, if any; if
+ * the scope has no memory to record it, releases t and returns NULL with
+ * NT_EHOSTMEM naming fn (the function the user called). */
+nt_tensor *nt__scope_adopt(nt_tensor *t, const char *fn);
 
 /* A handle for the runtime's own use on st (which it references): refs = 0,
  * irefs = 1, not counted in st->hrefs, never valid for the user.  A

@@ -625,7 +625,7 @@ NT_API int nt_release(nt_tensor *t)
 
 /* ---------------- scopes ---------------- */
 
-nt_tensor *nt__scope_adopt(nt_tensor *t)
+nt_tensor *nt__scope_adopt(nt_tensor *t, const char *fn)
 {
     nt_scope *s = tls_scope;
     if (t && s) {
@@ -634,7 +634,7 @@ nt_tensor *nt__scope_adopt(nt_tensor *t)
             nt_tensor **v = cap <= INT32_MAX ? realloc(s->items, cap * sizeof *v) : NULL;
             if (!v) { /* the scope cannot own it: nobody would release it */
                 nt_release(t);
-                nt__err_hostmem(NULL, "nt_scope", "a scope's list of tensors");
+                nt__err_hostmem(NULL, fn, "the open scope's list of tensors");
                 return NULL;
             }
             s->items = v;

@@ -259,7 +259,8 @@ static nt_tensor *select_op(const nt_site *site, const char *fn, int op, nt_tens
 /* u8 [R, C] mask of the kept triangle: col - row <= d (tril) or >= d
  * (triu), computed on the device.  d is clamped to [-R, C], which keeps
  * every answer and keeps col - row - d inside i32. */
-static nt_tensor *tri_mask(const nt_site *site, int64_t R, int64_t C, int64_t d, bool lower)
+static nt_tensor *tri_mask(const nt_site *site, const char *fn, int64_t R, int64_t C, int64_t d,
+                           bool lower)
 {
     if (d < -R)
         d = -R;
@@ -267,8 +268,10 @@ static nt_tensor *tri_mask(const nt_site *site, int64_t R, int64_t C, int64_t d,
         d = C;
     int64_t sh[2] = {R, C};
     nt_scope *s = nt_scope_begin();
-    if (!s)
+    if (!s) {
+        nt__err_hostmem(site, fn, "a scope");
         return NULL;
+    }
     nt_tensor *m = NULL;
     if (R == 0 || C == 0) {
         m = nt_zeros_at(site, NT_U8, 2, sh);
@@ -284,6 +287,8 @@ static nt_tensor *tri_mask(const nt_site *site, int64_t R, int64_t C, int64_t d,
     }
     if (m)
         nt_keep(m);
+    else
+        nt__err_within(fn); /* the inner op's error: say whose mask it was */
     nt_scope_end(s);
     return m;
 }
@@ -300,12 +305,13 @@ static nt_tensor *tri(const nt_site *site, const char *fn, int op, nt_tensor *t,
                 nt__shape_str(t->ndim, t->shape, s1, sizeof s1));
         return NULL;
     }
-    nt_tensor *m = tri_mask(site, t->shape[t->ndim - 2], t->shape[t->ndim - 1], diagonal,
+    nt_tensor *m = tri_mask(site, fn, t->shape[t->ndim - 2], t->shape[t->ndim - 1], diagonal,
                             op == NT_OP_TRIL);
     if (!m)
         return NULL;
     nt_tensor *z = nt_zeros_at(site, (nt_dtype)t->dtype, 0, NULL);
     if (!z) {
+        nt__err_within(fn);
         nt_release(m);
         return NULL;
     }

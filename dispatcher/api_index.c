@@ -145,6 +145,10 @@ NT_API nt_tensor *nt_repeat_at(const nt_site *site, nt_tensor *t, const int64_t 
         }
     }
     nt_scope *s = nt_scope_begin();
+    if (!s) {
+        nt__err_hostmem(site, fn, "a scope");
+        return NULL;
+    }
     nt_tensor *y = t;
     if (n > t->ndim) { /* leading repeats add dims of 1 */
         int64_t s1[NT_MAX_DIMS];
@@ -162,8 +166,10 @@ NT_API nt_tensor *nt_repeat_at(const nt_site *site, nt_tensor *t, const int64_t 
         y = nt__copy_to(site, fn, y, (nt_dtype)-1);
     if (y)
         nt_keep(y);
+    else
+        nt__err_within(fn); /* an inner op's error (nt_reshape, a copy): say whose */
     nt_scope_end(s);
-    return y ? nt__scope_adopt(y) : NULL;
+    return y ? nt__scope_adopt(y, fn) : NULL;
 }
 NT_API nt_tensor *nt_repeat(nt_tensor *t, const int64_t *repeats, int n)
 {
@@ -221,6 +227,38 @@ NT_API int nt_split(nt_tensor *t, int64_t split_size, int dim, nt_tensor **out, 
 
 /* ---------------- topk ---------------- */
 
+/* A 0-d x, as PyTorch: dim 0 or -1, k 0 or 1, and both k give the one
+ * element (0-d values, a 0-d index 0) -- the topk of x viewed as [1],
+ * viewed back as 0-d, so its gradient is the same ops'. */
+static int topk_0d(const nt_site *site, const char *fn, nt_tensor *x, int64_t k, int dim,
+                   bool largest, nt_tensor **values, nt_tensor **indices)
+{
+    if (dim != 0 && dim != -1)
+        return nt__err(site, NT_EDIM, fn, "dim %d is out of range for a 0-d tensor (expected 0 "
+                       "or -1)", dim);
+    if (k != 0 && k != 1)
+        return nt__err(site, NT_EINVAL, fn, "argument 'k' is %lld; expected 0 or 1 for a 0-d "
+                       "tensor (either gives its one element, as in PyTorch)", (long long)k);
+    nt_tensor *x1 = nt_reshape_at(site, x, 1, (int64_t[]){1}), *v1 = NULL, *i1 = NULL;
+    int rc = x1 ? nt_topk_at(site, x1, 1, 0, largest, &v1, &i1) : nt_last_error();
+    nt_tensor *v = rc ? NULL : nt_reshape_at(site, v1, 0, NULL);
+    nt_tensor *ix = v ? nt_reshape_at(site, i1, 0, NULL) : NULL;
+    if (!ix) {
+        rc = nt__err_within(fn);
+        if (v)
+            nt_release(v);
+    }
+    nt_tensor *tmp[3] = {x1, v1, i1};
+    for (int i = 0; i < 3; i++)
+        if (tmp[i])
+            nt_release(tmp[i]);
+    if (rc)
+        return rc;
+    *values = v;
+    *indices = ix;
+    return 0;
+}
+
 /* The TOPK op gives the indices (cpu/sample.c, sim/kernels/sample.c); the
  * values are gathered with them, so their gradient is gather's (index_add
  * into x's shape). */
@@ -237,16 +275,16 @@ NT_API int nt_topk_at(const nt_site *site, nt_tensor *x, int64_t k, int dim, boo
     if (!values || !indices)
         return nt__err(site, NT_EINVAL, fn, "argument '%s' is NULL; expected where to put the %s",
                        values ? "indices" : "values", values ? "indices" : "values");
+    if (nt__check_arg(site, fn, "x", x) && x->ndim == 0)
+        return topk_0d(site, fn, x, k, dim, largest, values, indices);
     nt__call c;
     if (!nt__call_begin(&c, site, fn, NT_OP_TOPK, 1, &x, "x")) {
         nt__call_fail(&c);
         return nt_last_error();
     }
     x = c.in[0];
-    int d = x->ndim ? nt__norm_dim(dim, x->ndim) : -1;
-    if (x->ndim == 0) {
-        nt__err(site, NT_ESHAPE, fn, "argument 'x' is 0-d; expected at least 1 dim");
-    } else if (d < 0) {
+    int d = nt__norm_dim(dim, x->ndim);
+    if (d < 0) {
         nt__err(site, NT_EDIM, fn, "dim %d is out of range for a tensor with %d dims", dim,
                 x->ndim);
     } else if (k < 0 || k > x->shape[d]) {

@@ -74,7 +74,7 @@ NT_API nt_tensor *nt_from_host_at(const nt_site *site, const void *src, nt_dtype
     NT__COUNT(bytes_from_host, nbytes);
     if (NT__CFG(check_nan))
         nt__nan_note_host(t, site, fn);
-    return nt__scope_adopt(t);
+    return nt__scope_adopt(t, fn);
 }
 
 static nt_tensor *fill_op(const nt_site *site, const char *fn, int op, nt_dtype dt, int ndim,
@@ -215,10 +215,11 @@ int nt__wait_tensor(const nt_site *site, const char *fn, nt_tensor *t)
     if (!e)
         return 0;
     AO_store(&e->reported, 1);
-    char where[256];
+    char where[NT__SITE_MAX], tail[NT__SITE_MAX + 128];
     nt__site_format(site, where, sizeof where);
-    char msg[1024]; /* on the stack: reporting must work with the host out of memory */
-    snprintf(msg, sizeof msg, "%s [reported by %s at %s]", e->msg, fn, where);
+    snprintf(tail, sizeof tail, " [reported by %s at %s]", fn, where);
+    char msg[NT__ERRMSG_MAX]; /* on the stack: reporting must work with the host out of memory */
+    nt__msg_join(msg, sizeof msg, "", e->msg, tail);
     nt__err_set(e->code, msg);
     return e->code;
 }
@@ -361,10 +362,11 @@ NT_API int nt_sync_at(const nt_site *site)
         return 0;
     nt__errobj *e = acc.first;
     AO_store(&e->reported, 1);
-    char where[256];
+    char where[NT__SITE_MAX], tail[NT__SITE_MAX + 64];
     nt__site_format(site, where, sizeof where);
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s [reported by nt_sync at %s]", e->msg, where);
+    snprintf(tail, sizeof tail, " [reported by nt_sync at %s]", where);
+    char msg[NT__ERRMSG_MAX];
+    nt__msg_join(msg, sizeof msg, "", e->msg, tail);
     nt__err_set(e->code, msg);
     int code = e->code;
     nt__errobj_unref(e);

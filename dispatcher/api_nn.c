@@ -233,15 +233,20 @@ NT_API nt_tensor *nt_rms_norm(nt_tensor *x, nt_tensor *w, double eps)
 /* ---------------- losses ---------------- */
 
 /* The argument checks of the cross-entropies, in fn's name. */
-static bool xent_args(nt__call *c, const char *fn, nt_tensor *logits, nt_tensor *labels)
+/* empty: N = 0 is allowed (nt_cross_entropy_ex: a mean over no rows, NaN
+ * as in PyTorch), with any C */
+static bool xent_args(nt__call *c, const char *fn, nt_tensor *logits, nt_tensor *labels,
+                      bool empty)
 {
     if (!need_float(c, logits, "logits") || !need_int(c, labels, "labels"))
         return false;
     char s1[128], s2[128];
-    if (logits->ndim != 2 || logits->shape[0] < 1 || logits->shape[1] < 1) {
+    bool none = empty && logits->ndim == 2 && logits->shape[0] == 0;
+    if (logits->ndim != 2 || (!none && (logits->shape[0] < 1 || logits->shape[1] < 1))) {
         nt__err(c->site, NT_ESHAPE, fn,
-                "argument 'logits' has shape %s; expected [N, C] with N, C >= 1",
-                nt__shape_str(logits->ndim, logits->shape, s1, sizeof s1));
+                "argument 'logits' has shape %s; expected [N, C] with N, C >= 1%s",
+                nt__shape_str(logits->ndim, logits->shape, s1, sizeof s1),
+                empty ? " (or N = 0)" : "");
         return false;
     }
     if (labels->ndim != 1 || labels->shape[0] != logits->shape[0]) {
@@ -265,7 +270,7 @@ static nt_tensor *xent_op(const nt_site *site, const char *fn, nt_tensor *logits
     if (!nt__call_begin(&c, site, fn, NT_OP_CROSS_ENTROPY, 2, in, "logits,labels"))
         return nt__call_fail(&c);
     logits = c.in[0], labels = c.in[1];
-    if (!xent_args(&c, fn, logits, labels))
+    if (!xent_args(&c, fn, logits, labels, false))
         return nt__call_fail(&c);
     c.odt[0] = (nt_dtype)logits->dtype;
     c.ondim[0] = 0;
@@ -273,9 +278,18 @@ static nt_tensor *xent_op(const nt_site *site, const char *fn, nt_tensor *logits
     return nt__dispatch(&c);
 }
 
+static nt_tensor *xent_ex(const nt_site *site, const char *fn, nt_tensor *logits,
+                          nt_tensor *labels, int64_t ignore_index, double label_smoothing);
+
 NT_API nt_tensor *nt_cross_entropy_at(const nt_site *site, nt_tensor *logits, nt_tensor *labels)
 {
-    return xent_op(site, "nt_cross_entropy", logits, labels);
+    const char *fn = "nt_cross_entropy";
+    /* no rows: a mean over none, NaN as in PyTorch (the op wants rows; the
+     * composite gives the same bits as the op wherever both run) */
+    if (nt__ensure_init() && nt__check_arg(site, fn, "logits", logits) &&
+        nt__check_arg(site, fn, "labels", labels) && logits->ndim == 2 && logits->shape[0] == 0)
+        return xent_ex(site, fn, logits, labels, -100, 0.0);
+    return xent_op(site, fn, logits, labels);
 }
 NT_API nt_tensor *nt_cross_entropy(nt_tensor *logits, nt_tensor *labels)
 {
@@ -299,12 +313,19 @@ NT_API nt_tensor *nt_cross_entropy_ex_at(const nt_site *site, nt_tensor *logits,
                                          nt_tensor *labels, int64_t ignore_index,
                                          double label_smoothing)
 {
-    const char *fn = "nt_cross_entropy_ex";
+    return xent_ex(site, "nt_cross_entropy_ex", logits, labels, ignore_index, label_smoothing);
+}
+
+/* fn: the function the user called (nt_cross_entropy_ex, or
+ * nt_cross_entropy for no rows) */
+static nt_tensor *xent_ex(const nt_site *site, const char *fn, nt_tensor *logits,
+                          nt_tensor *labels, int64_t ignore_index, double label_smoothing)
+{
     nt__call c;
     memset(&c, 0, sizeof c);
     c.site = site, c.fn = fn;
     if (!nt__ensure_init() || !nt__check_arg(site, fn, "logits", logits) ||
-        !nt__check_arg(site, fn, "labels", labels) || !xent_args(&c, fn, logits, labels))
+        !nt__check_arg(site, fn, "labels", labels) || !xent_args(&c, fn, logits, labels, true))
         return NULL;
     if (!(label_smoothing >= 0.0 && label_smoothing <= 1.0)) {
         nt__err(site, NT_EINVAL, fn, "argument 'label_smoothing' is %g; expected a value in [0, 1]",
@@ -315,16 +336,21 @@ NT_API nt_tensor *nt_cross_entropy_ex_at(const nt_site *site, nt_tensor *logits,
     nt_dtype ldt = (nt_dtype)labels->dtype, odt = (nt_dtype)logits->dtype;
     int64_t lo = ldt == NT_U8 ? 0 : INT32_MIN, hi = ldt == NT_U8 ? 255 : INT32_MAX;
     nt_scope *sc = nt_scope_begin();
+    if (!sc) {
+        nt__err_hostmem(site, fn, "a scope");
+        return NULL;
+    }
     nt_tensor *y = labels, *valid = NULL, *loss = NULL;
     if (ignore_index >= lo && ignore_index <= hi) { /* else no label can equal it */
         valid = nt__binary(site, fn, NT_OP_NE, labels, nt_full_at(site, ldt, 0, NULL, (double)ignore_index));
         y = nt_where_at(site, valid, labels, nt_zeros_at(site, ldt, 0, NULL));
     }
-    nt_tensor *z = nt_expand_at(site, nt_zeros_at(site, NT_F32, 2, (int64_t[]){1, 1}), 2,
-                                (int64_t[]){N, C});
-    nt_tensor *chk = xent_op(site, fn, z, y);
-    if (chk)
-        y = nt_where_at(site, nt__binary(site, fn, NT_OP_EQ, chk, chk), y, y);
+    if (N > 0) { /* no rows, no labels to check */
+        nt_tensor *z = nt_expand_at(site, nt_zeros_at(site, NT_F32, 2, (int64_t[]){1, 1}), 2,
+                                    (int64_t[]){N, C});
+        nt_tensor *chk = xent_op(site, fn, z, y);
+        y = chk ? nt_where_at(site, nt__binary(site, fn, NT_OP_EQ, chk, chk), y, y) : NULL;
+    }
     nt_tensor *x = odt == NT_F32 ? logits : nt__copy_to(site, fn, logits, NT_F32);
     nt_tensor *lp = nt_log_softmax_at(site, x, 1);
     nt_tensor *zf = nt_zeros_at(site, NT_F32, 0, NULL);
@@ -347,20 +373,18 @@ NT_API nt_tensor *nt_cross_entropy_ex_at(const nt_site *site, nt_tensor *logits,
         nt_tensor *smean = nt__binary(site, fn, NT_OP_DIV, nt__reduce(site, fn, NT_OP_SUM, sm, -1, false), n);
         loss = nt__binary(site, fn, NT_OP_ADD,
                           nt__scalar(site, fn, NT_OP_MUL_SCALAR, loss, 1.0 - label_smoothing, 0),
-                          nt__scalar(site, fn, NT_OP_MUL_SCALAR, smean, label_smoothing / (double)C, 0));
+                          nt__scalar(site, fn, NT_OP_MUL_SCALAR, smean,
+                                     C ? label_smoothing / (double)C : 0.0, 0)); /* C = 0: N = 0, smean NaN */
     }
     if (loss && odt != NT_F32)
         loss = nt__copy_to(site, fn, loss, odt);
     if (loss) {
         nt_keep(loss);
     } else {
-        char m[1100];
-        int code = nt_last_error();
-        snprintf(m, sizeof m, "%s: %s", fn, nt_last_error_message());
-        nt__err_set(code ? code : NT_EINVAL, m);
+        nt__err_within(fn);
     }
     nt_scope_end(sc);
-    return loss;
+    return loss ? nt__scope_adopt(loss, fn) : NULL; /* the caller's scope owns it, as any op's */
 }
 NT_API nt_tensor *nt_cross_entropy_ex(nt_tensor *logits, nt_tensor *labels, int64_t ignore_index,
                                       double label_smoothing)
@@ -454,6 +478,10 @@ NT_API nt_tensor *nt_linear_at(const nt_site *site, nt_tensor *x, nt_tensor *w, 
     }
     /* Op for op the same as matmul(x, w^T) + b, so it fuses and rounds alike. */
     nt_scope *s = nt_scope_begin();
+    if (!s) {
+        nt__err_hostmem(site, fn, "a scope");
+        return NULL;
+    }
     /* Under autocast the bias add runs in the matmul's low dtype (amp/): cast
      * the bias first, so that its cast does not split the matmul's epilogue. */
     nt_dtype low = nt__dhooks.amp_active ? nt__dhooks.amp_active() : NT_DTYPE_COUNT;
@@ -468,13 +496,10 @@ NT_API nt_tensor *nt_linear_at(const nt_site *site, nt_tensor *x, nt_tensor *w, 
         nt_keep(y);
     } else {
         /* the inner op's error names itself: say which call it was part of */
-        char m[1100];
-        int code = nt_last_error();
-        snprintf(m, sizeof m, "%s: %s", fn, nt_last_error_message());
-        nt__err_set(code ? code : NT_EINVAL, m);
+        nt__err_within(fn);
     }
     nt_scope_end(s);
-    return y ? nt__scope_adopt(y) : NULL;
+    return y ? nt__scope_adopt(y, fn) : NULL;
 }
 NT_API nt_tensor *nt_linear(nt_tensor *x, nt_tensor *w, nt_tensor *b)
 {

@@ -385,7 +385,7 @@ NT_API nt_tensor *nt_cat_at(const nt_site *site, nt_tensor *const *ts, int n, in
         nt_release(out);
         return NULL;
     }
-    return nt__scope_adopt(out);
+    return nt__scope_adopt(out, fn);
 }
 NT_API nt_tensor *nt_cat(nt_tensor *const *ts, int n, int dim) { return nt_cat_at(NT_RA_SITE, ts, n, dim); }
 

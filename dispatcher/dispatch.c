@@ -252,7 +252,7 @@ nt_tensor *nt__dispatch_view(nt__call *c, nt_tensor *v)
         return nt__call_fail(c);
     }
     release_tmp(c);
-    return nt__scope_adopt(v);
+    return nt__scope_adopt(v, c->fn);
 }
 
 nt_tensor *nt__dispatch(nt__call *c)
@@ -354,7 +354,7 @@ static nt_tensor *dispatch_inner(nt__call *c)
      * room for is released (its value is never read) and the call fails. */
     bool adopted = true;
     for (int i = 0; i < nout; i++)
-        adopted &= nt__scope_adopt(c->out[i]) != NULL;
+        adopted &= nt__scope_adopt(c->out[i], c->fn) != NULL;
     return adopted ? c->out[0] : NULL;
 
 fail_out:

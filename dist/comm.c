@@ -241,13 +241,14 @@ static nt__errobj *coll_error(const coll *c, int code, const char *fmt, ...)
     G_GNUC_PRINTF(3, 4);
 static nt__errobj *coll_error(const coll *c, int code, const char *fmt, ...)
 {
-    char where[256], msg[768], full[1100];
+    char where[NT__SITE_MAX], head[NT__SITE_MAX + 64], msg[NT__ERRMSG_MAX], full[NT__ERRMSG_MAX];
     nt__site_format(&c->site, where, sizeof where);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    snprintf(full, sizeof full, "%s (at %s): %s", c->fn, where, msg);
+    snprintf(head, sizeof head, "%s (at %s): ", c->fn, where);
+    nt__msg_join(full, sizeof full, head, msg, "");
     return nt__errobj_new(code, full);
 }
 
@@ -948,7 +949,7 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
     free(recs);
     bool adopted = true;
     for (int i = 0; i < n; i++)
-        adopted &= nt__scope_adopt(out[i]) != NULL;
+        adopted &= nt__scope_adopt(out[i], fn) != NULL;
     if (!adopted) {
         for (int i = 0; i < n; i++)
             out[i] = NULL;

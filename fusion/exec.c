@@ -46,17 +46,18 @@ static nt__kernel_fn pick_kernel(const nt__rec *r)
  * by a backward or by a composite says so: "nt_add (in nt_linear at ...)". */
 nt__errobj *nt__rec_error(const nt__rec *r, int code, const char *msg)
 {
-    char where[256];
+    char where[NT__SITE_MAX];
     nt__site_format(&r->site, where, sizeof where);
     const char *api = nt__op_api(r->op);
-    char full[1024]; /* on the stack: an error must be reported with the host out of memory */
+    /* on the stack: an error must be reported with the host out of memory */
+    char head[NT__SITE_MAX + 256], full[NT__ERRMSG_MAX];
     if (r->bwd_of)
-        snprintf(full, sizeof full, "%s (in the backward of %s at %s): %s", api, r->bwd_of,
-                 where, msg);
+        snprintf(head, sizeof head, "%s (in the backward of %s at %s): ", api, r->bwd_of, where);
     else if (r->fn && strcmp(r->fn, api) != 0)
-        snprintf(full, sizeof full, "%s (in %s at %s): %s", api, r->fn, where, msg);
+        snprintf(head, sizeof head, "%s (in %s at %s): ", api, r->fn, where);
     else
-        snprintf(full, sizeof full, "%s (at %s): %s", api, where, msg);
+        snprintf(head, sizeof head, "%s (at %s): ", api, where);
+    nt__msg_join(full, sizeof full, head, msg, "");
     nt__errobj *e = nt__errobj_new(code, full);
     return e;
 }

@@ -116,7 +116,11 @@ typedef enum nt_error {
 NT_API int nt_last_error(void);
 /** Message of the calling thread's last error ("" if none).  The string is
  *  owned by the library and valid until the thread's next error or
- *  nt_clear_error().  Thread-local. */
+ *  nt_clear_error().  Thread-local.  At most 4095 bytes: a longer message
+ *  (one quoting a very long path) loses the middle of its text, marked
+ *  " [...] ", never the function's name or a call site; a call site's file
+ *  name longer than about 1000 bytes loses its start ("...dir/f.c:12 in
+ *  main"), never the line or the function. */
 NT_API const char *nt_last_error_message(void);
 /** Static description of an error code; never NULL. */
 NT_API const char *nt_strerror(int code);
@@ -406,11 +410,13 @@ NT_API nt_tensor *nt_layer_norm(nt_tensor *x, nt_tensor *w, nt_tensor *b,
 /** x * rsqrt(mean(x^2) + eps) * w over the last dim; w may be NULL. */
 NT_API nt_tensor *nt_rms_norm(nt_tensor *x, nt_tensor *w, double eps);
 /** Mean over the batch of -log_softmax(logits)[i, labels[i]].
- *  logits [N, C] floating, labels [N] i32 in [0, C) (checked when it runs). */
+ *  logits [N, C] floating, labels [N] i32 in [0, C) (checked when it runs).
+ *  N = 0 gives NaN (a mean over no rows), as PyTorch. */
 NT_API nt_tensor *nt_cross_entropy(nt_tensor *logits, nt_tensor *labels);
 /** nt_cross_entropy with PyTorch's ignore_index (rows whose label equals it
  *  add nothing and do not count in the mean; -100 is PyTorch's default; all
- *  rows ignored gives NaN, as there) and label_smoothing in [0, 1]:
+ *  rows ignored, or no rows (N = 0, any C), gives NaN, as there) and
+ *  label_smoothing in [0, 1]:
  *  (1 - eps) * nll + eps / C * sum_c(-log_softmax(logits)[i, c]), each part
  *  averaged over the rows not ignored.  Labels out of [0, C) that are not
  *  ignore_index are an error when it runs.  A composite of ntensor ops
@@ -486,8 +492,9 @@ NT_API nt_tensor *nt_embedding(nt_tensor *weight, nt_tensor *idx);
  *  in PyTorch's sort).  *values has x's dtype and shape with dim of size k;
  *  *indices is i32, the same shape.  values is differentiable (gathered
  *  with the indices: its gradient goes back through nt_gather's).  0 <= k
- *  <= the size of dim.  Returns 0, or an error code with both outputs set
- *  to NULL. */
+ *  <= the size of dim; a 0-d x (as PyTorch) takes dim 0 or -1 and k 0 or 1,
+ *  either giving 0-d outputs: its element and index 0.  Returns 0, or an
+ *  error code with both outputs set to NULL. */
 NT_API int nt_topk(nt_tensor *x, int64_t k, int dim, bool largest, nt_tensor **values,
                    nt_tensor **indices);
 /** torch.gather: out[i][j][k] = t[index[i][j][k]][j][k] (dim 0; likewise for
@@ -623,10 +630,13 @@ NT_API nt_tensor *nt_op_call(int op, nt_tensor *const *in);
  *  are bit-identical to calling fn directly, in every mode.
  *  - fn builds outputs[0..n_out) from inputs[0..n_in) (and anything ctx
  *    points to) with ntensor ops; each outputs[j] must be a new reference
- *    (an op's result, or nt_retain of a tensor).  It returns 0 or an error
- *    code.  fn must be deterministic: the same inputs give the same ops
- *    (dropout inside: a fixed seed) and it must not write its inputs in
- *    place.
+ *    (an op's result, or nt_retain of a tensor: an input handed back
+ *    without one is NT_EINVAL).  It returns 0 or an error code.  fn must be
+ *    deterministic: the same inputs give the same ops (dropout inside: a
+ *    fixed seed) and it must not write its inputs in place.  A recompute
+ *    with other output shapes is an error of nt_backward; other values of
+ *    the same shapes are one only in deterministic mode (a checksum), and
+ *    give wrong gradients silently otherwise (docs/gradient-checkpointing.md).
  *  - Tensors requiring grad that fn reads without being passed in inputs
  *    (parameters reached through ctx) are found while it runs and get
  *    their gradients too; ctx and what it points to must stay valid until
@@ -803,10 +813,14 @@ NT_API void nt_stats_reset(void);
  *  A step issues, for every parameter that has a .grad, a chain of
  *  elementwise ops ending in in-place writes of the parameter and its state,
  *  with graph recording off; it never waits for the device (host-side
- *  scalars such as Adam's bias corrections come from the step count).  A
+ *  scalars such as Adam's bias corrections come from the step count).  Each
+ *  chain runs on its parameter's device (the calling thread's current
+ *  stream if it is on that device, else the device's default stream), where
+ *  the parameter's state lives, so parameters may be spread over devices.  A
  *  parameter without a .grad is skipped and its step count does not move,
  *  as in PyTorch.  If a step fails part-way, parameters before the failing
- *  one have been updated. */
+ *  one have been updated.  Step counts stop at 2^53: a step at that count
+ *  is NT_ESTATE and changes nothing. */
 typedef struct nt_optim nt_optim;
 
 /** SGD exactly as torch.optim.SGD with dampening 0: g = grad + wd * p;
@@ -849,10 +863,12 @@ NT_API int64_t nt_optim_steps(nt_optim *opt);
 /** torch.nn.utils.clip_grad_norm_ (L2): total = the L2 norm of all the
  *  params' .grads as one vector (the norm of their norms); each .grad is
  *  multiplied in place by min(1, max_norm / (total + 1e-6)), on the device,
- *  no host sync.  Returns total as a 0-dim f32 tensor (the caller releases
- *  it), NULL on bad input (params NULL, n < 0, max_norm <= 0 or NaN, a
- *  non-floating or repeated parameter).  Params without a .grad are
- *  skipped; with none, total is 0. */
+ *  no host sync.  Returns total as a 0-dim f32 tensor on the calling
+ *  thread's device (the caller releases it), NULL on bad input (params
+ *  NULL, n < 0, max_norm <= 0 or NaN, a non-floating or repeated
+ *  parameter).  Params without a .grad are skipped; with none, total is 0.
+ *  Gradients may be on several devices: each one's norm is taken on its
+ *  device and each is scaled there (the same bits as on one device). */
 NT_API nt_tensor *nt_clip_grad_norm(nt_tensor *const *params, int n, double max_norm);
 /** Master weights for bf16/f16 parameters: when on, the optimizer keeps an
  *  f32 copy of each such parameter, applies the update to the copy (with the
@@ -881,13 +897,14 @@ NT_API int nt_save(const char *path, nt_tensor *const *params, int n, nt_optim *
  *  read and checked before anything is written: a missing or unreadable
  *  file is NT_EIO; a truncated file, bad magic or version, a checksum
  *  mismatch, a nonzero reserved byte or a field no writer could have
- *  produced (lr NaN, beta1 >= 1, a negative step count, an impossible
- *  shape: docs/checkpoint-format.md) is NT_EFORMAT, naming the field; a
- *  count, dtype or shape mismatch is NT_ESHAPE;
+ *  produced (lr NaN, beta1 >= 1, a step count below 0 or above 2^53, an impossible
+ *  shape: docs/checkpoint-format.md) is NT_EFORMAT, naming the field; a count, dtype or shape mismatch is NT_ESHAPE;
  *  an optimizer of another kind, or opt given for a file without optimizer
  *  state, is NT_EINVAL.  On any error the tensors and opt are untouched and
  *  the message names the path and what was wrong.  Values are written as
- *  queued in-place copies (no graph is recorded).  Thread-safe. */
+ *  queued in-place copies (no graph is recorded), each on the device of the
+ *  tensor it replaces; the optimizer's state goes to its parameter's
+ *  device.  Thread-safe. */
 NT_API int nt_load(const char *path, nt_tensor *const *params, int n, nt_optim *opt);
 
 /* ------------------------------------------------------------------------ */
@@ -938,7 +955,8 @@ NT_API nt_grad_scaler *nt_grad_scaler_create(const nt_grad_scaler_opts *opts);
 NT_API nt_tensor *nt_grad_scaler_scale(nt_grad_scaler *s, nt_tensor *loss);
 /** Divides the .grad of every parameter of opt by the scale, in place, and
  *  checks them all for Inf/NaN: one fused unscale-and-check kernel per
- *  gradient, one sync for the lot.  Optional before nt_grad_scaler_step
+ *  gradient (on its device: gradients may be spread over devices), one
+ *  sync for the lot.  Optional before nt_grad_scaler_step
  *  (call it to clip the true gradients); at most once per step.  Returns 1
  *  if some gradient is not finite, 0 if all are, or a negative error. */
 NT_API int nt_grad_scaler_unscale(nt_grad_scaler *s, nt_optim *opt);

@@ -493,9 +493,9 @@ static int check_meta(const char *fn, const char *path, const ck_rec *r)
     if (!all_zero(m + 12, 4) || !all_zero(m + 72, 8))
         return fmt_err(fn, path, "%s's reserved bytes (12..15, 72..79) are not zero", what);
     int64_t steps = (int64_t)get_u64(m + 16);
-    if (steps < 0)
-        return fmt_err(fn, path, "%s's step count is %lld (expected >= 0)", what,
-                       (long long)steps);
+    if (steps < 0 || steps > NT__OPTIM_MAX_STEPS) /* the next step would overflow */
+        return fmt_err(fn, path, "%s's step count is %lld (expected 0..2^53 = %lld)", what,
+                       (long long)steps, (long long)NT__OPTIM_MAX_STEPS);
     static const char *const names[] = {"lr", "momentum", "weight_decay", "beta1", "beta2", "eps"};
     bool sgd = kind == KIND_SGD;
     for (int i = 0; i < 6; i++) {
@@ -716,12 +716,29 @@ typedef struct {
     nt__scaler_state scaler; /* when a scaler is loaded */
 } ck_plan;
 
-static nt_tensor *rec_to_tensor(ck_rec *r)
+/* The record's values as a new tensor on device dev (the device of the
+ * tensor it will be copied into). */
+static nt_tensor *rec_to_tensor(ck_rec *r, int dev)
 {
     /* little-endian to host order in place (the file buffer is ours) */
     to_from_le(r->data, r->nbytes, nt_dtype_size((nt_dtype)r->dtype));
+    nt__devsw dv;
+    nt__dev_enter(&dv, dev);
     nt_tensor *t = nt_from_host_at(NULL, r->data, (nt_dtype)r->dtype, r->ndim, r->shape);
+    nt__dev_leave(&dv);
     return t ? nt_keep(t) : NULL;
+}
+
+/* An inner call's error (a device full, the host out of memory) as the
+ * user's call's: "nt_load: loading '<path>': <the inner message>". */
+static int load_failed(const char *fn, const char *path)
+{
+    int code = nt_last_error() ? nt_last_error() : NT_EINVAL;
+    char head[NT__SITE_MAX], msg[NT__ERRMSG_MAX];
+    snprintf(head, sizeof head, "%s: loading '%s': ", fn, path);
+    nt__msg_join(msg, sizeof msg, head, nt_last_error_message(), "");
+    nt__err_set(code, msg);
+    return code;
 }
 
 /* Checks the scaler record and decodes it into pl->scaler. */
@@ -838,13 +855,18 @@ static int plan_load(const char *fn, const char *path, ck_recs *recs, nt_tensor 
     memset(pl->vals, 0, sizeof(nt_tensor *) * (size_t)n);
     if (pl->state)
         memset(pl->state, 0, sizeof(nt_tensor *) * (size_t)o->n * 3);
+    /* each value goes on the device of the tensor it replaces, the
+     * optimizer's state on its parameter's */
     for (guint i = 0; i < recs->len; i++) {
         ck_rec *r = &recs->v[i];
         nt_tensor **dst = r->kind == REC_PARAM ? &pl->vals[r->index]
                           : r->kind == REC_OPT_STATE && o ? &pl->state[r->index * 3 + r->slot]
                                                           : NULL;
-        if (dst && !(*dst = rec_to_tensor(r)))
-            return nt_last_error();
+        int dev = r->kind == REC_PARAM ? params[r->index]->dev
+                  : dst                ? o->slots[r->index].p->dev
+                                       : 0;
+        if (dst && !(*dst = rec_to_tensor(r, dev)))
+            return load_failed(fn, path);
     }
     return 0;
 }
@@ -907,11 +929,18 @@ static int load_impl(const char *fn, const char *path, nt_tensor *const *params,
     if (!rc)
         rc = reserve_records(fn, n);
     if (!rc) {
-        /* Everything is checked and staged: install it. */
+        /* Everything is checked and staged: install it, each copy on its
+         * tensor's device (the staged value is there too). */
         nt_no_grad_begin();
-        for (int i = 0; i < n && !rc; i++)
+        for (int i = 0; i < n && !rc; i++) {
+            nt__devsw dv;
+            nt__dev_enter(&dv, params[i]->dev);
             rc = nt_copy_into_at(NULL, params[i], pl.vals[i]);
+            nt__dev_leave(&dv);
+        }
         nt_no_grad_end();
+        if (rc)
+            load_failed(fn, path);
         if (opt && !rc) {
             const uint8_t *m = pl.meta;
             uint32_t flags = get_u32(m + 4);

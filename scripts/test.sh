@@ -27,6 +27,7 @@ NT_TEST_QUICK=1 \
     meson test -C build-tsan --print-errorlogs --num-processes 1 --timeout-multiplier 3 \
         --no-suite nothreads --no-suite no_tsan ||
     status=1
+sh scripts/fuzz_build.sh build-fuzz || status=1 # the documented clang/libFuzzer build
 python3 scripts/count_tests.py build/meson-logs/testlog.json build-asan/meson-logs/testlog.json \
     build-tsan/meson-logs/testlog.json
 exit $status

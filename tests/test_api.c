@@ -258,6 +258,11 @@ static void bad_arguments_name_the_line(void **state)
 /* tests/test_api_plain.c (NT_NO_SITE_MACROS) */
 void plain_calls_work(void **state);
 void plain_here_names_the_line(void **state);
+/* at the end of this file, under #line directives that give them long
+ * file names */
+static void long_file_keeps_the_call_site(void **state);
+static void very_long_file_keeps_line_and_function(void **state);
+static void long_message_keeps_its_ends(void **state);
 
 int main(void)
 {
@@ -271,6 +276,111 @@ int main(void)
         cmocka_unit_test_setup_teardown(plain_calls_work, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(plain_here_names_the_line, nt_test_setup,
                                         nt_test_teardown),
+        cmocka_unit_test_setup_teardown(long_file_keeps_the_call_site, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(very_long_file_keeps_line_and_function, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(long_message_keeps_its_ends, nt_test_setup,
+                                        nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+/* ---------------- long names, long messages ----------------
+ * A message is cut only past the limit include/ntensor.h documents (4095
+ * bytes), and then in the middle of its text: the function's name and every
+ * call site stay whole.  The #line directives give the functions below a
+ * long __FILE__, as a deep build directory would (meson passes sources as
+ * paths relative to the build directory). */
+static void check_site(const char *m, const char *file, int line, const char *func)
+{
+    char want[4200];
+    snprintf(want, sizeof want, "(at %s:%d in %s)", file, line, func);
+    if (!strstr(m, want))
+        fail_msg("the call site is not whole in '%s'", m);
+}
+
+#line 1 "/srv/a_rather_deep_build_directory_0/a_rather_deep_build_directory_1/a_rather_deep_build_directory_2/a_rather_deep_build_directory_3/a_rather_deep_build_directory_4/a_rather_deep_build_directory_5/a_rather_deep_build_directory_6/a_rather_deep_build_directory_7/a_rather_deep_build_directory_8/a_rather_deep_build_directory_9/a_rather_deep_build_directory_10/a_rather_deep_build_directory_/long_site.c"
+static void long_file_keeps_the_call_site(void **state)
+{
+    (void)state;
+    assert_int_equal((int)strlen(__FILE__), 400);
+    int line = __LINE__ + 1;
+    assert_null(nt_relu_at(NT_HERE, NULL));
+    char want[600];
+    snprintf(want, sizeof want, "nt_relu: argument 't' is NULL (at %s:%d in %s)", __FILE__, line,
+             __func__);
+    assert_int_equal(nt_last_error(), NT_EINVAL);
+    assert_string_equal(nt_last_error_message(), want);
+    nt_clear_error();
+
+    /* an error raised when the op runs, reported at a later sync: the op's
+     * site and the sync's, both whole */
+    nt_tensor *w = nt_zeros(NT_F32, 2, (int64_t[]){3, 2});
+    int32_t bad[2] = {0, 7};
+    nt_tensor *idx = nt_from_host(bad, NT_I32, 1, (int64_t[]){2});
+    int op_line = __LINE__ + 1;
+    nt_tensor *e = nt_embedding(w, idx);
+    assert_non_null(e);
+    float out[4];
+    int sync_line = __LINE__ + 1;
+    assert_true(nt_to_host(e, out, sizeof out) < 0);
+    const char *m = nt_last_error_message();
+    assert_true(strncmp(m, "nt_embedding (at ", 17) == 0);
+    check_site(m, __FILE__, op_line, __func__);
+    char rep[600];
+    snprintf(rep, sizeof rep, "[reported by nt_to_host at %s:%d in %s]", __FILE__, sync_line,
+             __func__);
+    assert_non_null(strstr(m, rep));
+    nt_clear_error();
+    assert_int_equal(nt_release(e), 0);
+    assert_int_equal(nt_release(idx), 0);
+    assert_int_equal(nt_release(w), 0);
+}
+
+#line 1 "/srv/an_absurdly_deep_tree_00/an_absurdly_deep_tree_01/an_absurdly_deep_tree_02/an_absurdly_deep_tree_03/an_absurdly_deep_tree_04/an_absurdly_deep_tree_05/an_absurdly_deep_tree_06/an_absurdly_deep_tree_07/an_absurdly_deep_tree_08/an_absurdly_deep_tree_09/an_absurdly_deep_tree_10/an_absurdly_deep_tree_11/an_absurdly_deep_tree_12/an_absurdly_deep_tree_13/an_absurdly_deep_tree_14/an_absurdly_deep_tree_15/an_absurdly_deep_tree_16/an_absurdly_deep_tree_17/an_absurdly_deep_tree_18/an_absurdly_deep_tree_19/an_absurdly_deep_tree_20/an_absurdly_deep_tree_21/an_absurdly_deep_tree_22/an_absurdly_deep_tree_23/an_absurdly_deep_tree_24/an_absurdly_deep_tree_25/an_absurdly_deep_tree_26/an_absurdly_deep_tree_27/an_absurdly_deep_tree_28/an_absurdly_deep_tree_29/an_absurdly_deep_tree_30/an_absurdly_deep_tree_31/an_absurdly_deep_tree_32/an_absurdly_deep_tree_33/an_absurdly_deep_tree_34/an_absurdly_deep_tree_35/an_absurdly_deep_tree_36/an_absurdly_deep_tree_37/an_absurdly_deep_tree_38/an_absurdly_deep_tree_39/an_absurdly_deep_tree_40/an_absurdly_deep_tree_41/an_absurdly_deep_tree_42/an_absurdly_deep_tree_43/an_absurdly_deep_tree_44/an_absurdly_deep_tree_45/an_absurdly_deep_tree_46/an_absurdly_deep_tree_47/an_absurdly_deep_tree_48/an_absurdly_deep_tree_49/an_absurdly_deep_tree_50/an_absurdly_deep_tree_51/an_absurdly_deep_tree_52/an_absurdly_deep_tree_53/an_absurdly_deep_tree_54/an_absurdly_deep_tree_55/an_absurdly_deep_tree_56/an_absurdly_deep_tree_57/an_absurdly_deep_tree_58/an_absurdly_deep_tree_59/an_absurdly_deep_tree_60/an_absurdly_deep_tree_61/an_absurdly_deep_tree_62/an_absurdly_deep_tree_63/an_absurdly_deep_tree_64/an_absurdly_deep_tree_65/an_absurdly_deep_tree_66/an_absurdly_deep_tree_67/an_absurdly_deep_tree_68/an_absurdly_deep_tree_69/an_absurdly_deep_tree_70/an_absurdly_deep_tree_71/an_absurdly_deep_tree_72/an_absurdly_deep_tree_73/an_absurdly_deep_tree_74/an_absurdly_deep_tree_75/an_absurdly_deep_tree_76/an_absurdly_deep_tree_77/an_absurdly_deep_tree_78/an_absurdly_deep_tree_79/an_absurdly_deep_tree_80/an_absurdly_deep_tree_81/an_absurdly_deep_tree_82/an_absurdly_deep_tree_83/an_absurdly_deep_tree_84/an_absurdly_deep_tree_85/an_absurdly_deep_tree_86/an_absurdly_deep_tree_87/an_absurdly_deep_tree_88/an_absurdly_deep_tree_89/an_absurdly_deep_tree_90/an_absurdly_deep_tree_91/an_absurdly_deep_tree_92/an_absurdly_deep_tree_93/an_absurdly_deep_tree_94/an_absurdly_deep_tree_95/an_absurdly_deep_tree_96/an_absurdly_deep_tree_97/an_absurdly_deep_tree_98/an_absurdly_deep_tree_99/an_absurdly_deep_tree_100/an_absurdly_deep_tree_101/an_absurdly_deep_tree_102/an_absurdly_deep_tree_103/an_absurdly_deep_tree_104/an_absurdly_deep_tree_105/an_absurdly_deep_tree_106/an_absurdly_deep_tree_107/an_absurdly_deep_tree_108/an_absurdly_deep_tree_109/an_absurdly_deep_tree_110/an_absurdly_deep_tree_111/an_absurdly_deep_tree_112/an_absurdly_deep_tree_113/an_absurdly_deep_tree_114/an_absurdly_deep_tree_115/an_absurdly_deep_tree_116/an_absurdly_deep_tree_117/an_absurdl/very_long_site.c"
+static void very_long_file_keeps_line_and_function(void **state)
+{
+    (void)state;
+    /* past what a call site may take (about 1000 bytes): the file name
+     * loses its start, never the line or the function */
+    assert_int_equal((int)strlen(__FILE__), 3000);
+    int line = __LINE__ + 1;
+    assert_null(nt_relu_at(NT_HERE, NULL));
+    const char *m = nt_last_error_message();
+    assert_true(strncmp(m, "nt_relu: argument 't' is NULL (at ...", 37) == 0);
+    char end[200];
+    snprintf(end, sizeof end, "/very_long_site.c:%d in %s)", line, __func__);
+    size_t ml = strlen(m), el = strlen(end);
+    assert_true(ml > el && strcmp(m + ml - el, end) == 0);
+    /* what is kept of the file is its tail, unchanged */
+    const char *kept = m + 37;
+    size_t kl = (size_t)(strstr(kept, end) - kept), sl = strlen("/very_long_site.c");
+    assert_true(kl > 500);
+    assert_memory_equal(kept, __FILE__ + 3000 - sl - kl, kl);
+    nt_clear_error();
+}
+
+static void long_message_keeps_its_ends(void **state)
+{
+    (void)state;
+    /* a path longer than the limit: the message is cut in its middle; it
+     * still starts with the function's name and ends with the system's
+     * reason */
+    size_t n = 6000;
+    char *path = malloc(n + 1);
+    assert_non_null(path);
+    memset(path, 'x', n);
+    memcpy(path, "/nonexistent/", 13);
+    path[n] = '\0';
+    nt_tensor *p = nt_zeros(NT_F32, 1, (int64_t[]){2});
+    assert_int_equal(nt_load(path, &p, 1, NULL), NT_EIO);
+    const char *m = nt_last_error_message();
+    assert_int_equal((int)strlen(m), 4095);
+    assert_true(strncmp(m, "nt_load: cannot open '/nonexistent/xxx", 38) == 0);
+    assert_non_null(strstr(m, "xxx [...] xxx"));
+    assert_non_null(strstr(m, "xxx': "));
+    nt_clear_error();
+    assert_int_equal(nt_release(p), 0);
+    free(path);
 }

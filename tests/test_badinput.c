@@ -1191,7 +1191,7 @@ typedef struct {
     const char *what, *want;
     int kind;   /* record kind whose data is edited, 0: header/table */
     int off;    /* byte offset in the data (or in the file for kind 0) */
-    int type;   /* 'd' double, 'q' u64, 'l' u32, 'b' byte */
+    int type;   /* 'd' double, 'q' u64, 'l' u32, 'b' byte, 'M' INT64_MAX */
     double val; /* value to write */
     bool crc;   /* recompute the CRCs afterwards */
 } edit;
@@ -1211,6 +1211,9 @@ static const edit EDITS[] = {
     {"steps -1", "step count", 2, 16, 'q', -1, true},
     {"param steps -5", "step count of parameter", 2, 80, 'q', -5, true},
     {"param steps > steps", "step count of parameter", 2, 80, 'q', 7, true},
+    /* the next step would overflow (or lose count in a double) */
+    {"steps INT64_MAX", "step count is 9223372036854775807", 2, 16, 'M', 0, true},
+    {"steps 2^53 + 2", "step count is 9007199254740994", 2, 16, 'q', 9007199254740994.0, true},
     {"optimizer kind 3", "optimizer kind", 2, 0, 'l', 3, true},
     {"optimizer kind 0", "optimizer kind", 2, 0, 'l', 0, true},
     {"flags bit 5", "flags", 2, 4, 'l', 32, true},
@@ -1225,6 +1228,7 @@ static const edit EDITS[] = {
     {"scaler interval 0", "growth_interval", 4, 32, 'q', 0, true},
     {"scaler tracker -1", "growth tracker", 4, 40, 'q', -1, true},
     {"scaler skipped -1", "skipped", 4, 48, 'q', -1, true},
+    {"scaler skipped INT64_MAX", "skipped steps 9223372036854775807", 4, 48, 'M', 0, true},
     {"scaler version 2", "layout", 4, 0, 'l', 2, true},
     {"scaler reserved 4", "reserved", 4, 4, 'b', 1, true},
     {"scaler reserved 56", "reserved", 4, 56, 'b', 1, true},
@@ -1288,6 +1292,7 @@ static int load_edited(const edit *e, bool table)
     switch (e->type) {
     case 'd': wrf64(p, e->val); break;
     case 'q': wr64(p, (uint64_t)(int64_t)e->val); break;
+    case 'M': wr64(p, (uint64_t)INT64_MAX); break;
     case 'l': wr32(p, (uint32_t)e->val); break;
     case 'b': p[0] ^= (uint8_t)e->val; break; /* flip bits */
     case 'B': p[0] = (uint8_t)e->val; break;  /* set */
@@ -1670,7 +1675,7 @@ static const struct { const char *fn; int code; const char *want; const char *na
     {"nt_topk", NT_EINVAL, "'k' is -1", "k -1"},
     {"nt_topk", NT_EDIM, "dim 2 is out of range", "dim 2 of 2"},
     {"nt_topk", NT_EDIM, "dim -3", "dim -3 of 2"},
-    {"nt_topk", NT_ESHAPE, "'x' is 0-d", "0-d x"},
+    {"nt_topk", NT_EINVAL, "'k' is 2; expected 0 or 1 for a 0-d tensor", "0-d x, k 2"},
     {"nt_multinomial", NT_EINVAL, "'probs'", "probs NULL"},
     {"nt_multinomial", NT_ERELEASED, "'probs'", "probs released"},
     {"nt_multinomial", NT_EDTYPE, "'probs' has dtype i32", "i32 probs"},
@@ -1683,6 +1688,9 @@ static const struct { const char *fn; int code; const char *want; const char *na
     {"nt_multinomial", NT_EINVAL, "probs[0, 1] = nan", "a NaN probability (when it runs)"},
     {"nt_multinomial", NT_EINVAL, "probs[2] = inf", "an Inf probability (when it runs)"},
     {"nt_multinomial", NT_EINVAL, "row 1 of probs sums to 0", "a zero row (when it runs)"},
+    {"nt_topk", NT_EDIM, "dim 1 is out of range for a 0-d tensor", "0-d x, dim 1"},
+    {"nt_cross_entropy_ex", NT_ESHAPE, "expected [N, C] with N, C >= 1 (or N = 0)",
+     "2 rows, 0 classes"},
 };
 #define NTR ((int)(sizeof TR / sizeof TR[0]))
 
@@ -1726,7 +1734,7 @@ static int run_trainops(int v)
     case 29: return TK(F.a23, -1, 1, true, true);
     case 30: return TK(F.a23, 1, 2, true, true);
     case 31: return TK(F.a23, 1, -3, true, true);
-    case 32: return TK(F.s0, 1, 0, true, true);
+    case 32: return TK(F.s0, 2, 0, true, true);
     case 33: return T(nt_multinomial(NULL, 1, 1));
     case 34: return T(nt_multinomial(F.rel, 1, 1));
     case 35: return T(nt_multinomial(F.i23, 1, 1));
@@ -1757,6 +1765,13 @@ static int run_trainops(int v)
                                 : nt_from_host(h, NT_F32, 2, SH(2, 3));
         int rc = R(nt_multinomial(pr, 4, 9));
         nt_release(pr);
+        return rc;
+    }
+    case 44: return TK(F.s0, 1, 1, true, true);
+    case 45: {
+        nt_tensor *l = nt_zeros(NT_F32, 2, SH(2, 0));
+        int rc = T(nt_cross_entropy_ex(l, F.lab2, -100, 0.0));
+        nt_release(l);
         return rc;
     }
     }
@@ -2263,7 +2278,7 @@ static void build(void)
     for (int k = 0; k < NTEDITS; k++)
         add("nt_checkpoint_load", NT_EFORMAT, TEDITS[k].want, run_tedit, k,
             "nt_checkpoint_load: table entry %s", TEDITS[k].what);
-    for (int k = 0; k < 21; k++) /* the optimizer-record edits */
+    for (int k = 0; k < NEDITS && EDITS[k].kind == 2; k++) /* the optimizer-record edits */
         add("nt_load", NT_EFORMAT, EDITS[k].want, run_edit_noopt, k,
             "nt_load without opt: file with %s", EDITS[k].what);
     for (int k = 0; k < NCFG + 2; k++)

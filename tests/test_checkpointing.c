@@ -24,6 +24,7 @@ typedef struct mlp {
     int calls;
     int fail_on; /* > 0: the call that fails (counts forward and recomputes) */
     int grow_on; /* > 0: the call that returns another shape */
+    int drift_on; /* > 0: the call that returns other values of the same shape */
 } mlp;
 
 /* relu(x w1^T + b1) w2^T + b2, plus x (a residual: x is read twice). */
@@ -40,6 +41,8 @@ static int mlp_fn(void *ctx, nt_tensor *const *in, int n_in, nt_tensor **out, in
     nt_tensor *y = nt_add(nt_linear(h, m->w2, m->b2), in[0]);
     if (m->grow_on == m->calls)
         y = nt_cat((nt_tensor *[]){y, y}, 2, 0);
+    if (m->drift_on == m->calls)
+        y = nt_add_scalar(y, 0x1p-10);
     out[0] = y;
     if (n_out > 1)
         out[1] = nt_sum(h, NT_DIM_ALL, false); /* a second output */
@@ -579,6 +582,94 @@ static void test_recompute_errors(void **state)
     }
 }
 
+/* A block that is not deterministic but keeps its shapes: in deterministic
+ * (debug) mode the recompute's checksum differs from the forward's and
+ * nt_backward says so; in the other modes it goes unseen (reading every
+ * output back would cost a sync per checkpoint: docs/checkpointing.md
+ * says so), which this pins down. */
+static void test_nondeterministic_block(void **state)
+{
+    (void)state;
+    for (int det = 1; det >= 0; det--) {
+        assert_int_equal(nt_config_set("NT_MODE", det ? "deterministic" : "adaptive"), 0);
+        mlp m;
+        mlp_init(&m);
+        m.drift_on = 2; /* the recompute */
+        nt_tensor *x0 = param(2, (int64_t[]){4, C}, 35, 1.0);
+        nt_scope *s = nt_scope_begin();
+        nt_tensor *y;
+        assert_int_equal(nt_checkpoint(mlp_fn, &m, &x0, 1, &y, 1), 0);
+        int line = __LINE__ - 1;
+        int rc = nt_backward(nt_mean(nt_mul(y, y), NT_DIM_ALL, false));
+        if (det) {
+            char where[64];
+            snprintf(where, sizeof where, "test_checkpointing.c:%d", line);
+            expect_err(rc, NT_ESTATE, "other values than the forward pass", where);
+        } else {
+            assert_int_equal(rc, 0);
+        }
+        assert_int_equal(m.calls, 2);
+        /* a deterministic block passes the same check */
+        m.drift_on = 0;
+        assert_int_equal(nt_checkpoint(mlp_fn, &m, &x0, 1, &y, 1), 0);
+        assert_int_equal(nt_backward(nt_mean(nt_mul(y, y), NT_DIM_ALL, false)), 0);
+        assert_int_equal(m.calls, 4);
+        assert_int_equal(nt_sync(), 0);
+        nt_scope_end(s);
+        nt_release(x0);
+        mlp_free(&m);
+    }
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+}
+
+/* A block that hands back a tensor it did not take a reference to (an
+ * input, or a tensor of the caller's scope reached through ctx): NT_EINVAL
+ * naming nt_checkpoint, and the caller's tensor stays alive (it used to
+ * be released). */
+static int borrow_input_fn(void *ctx, nt_tensor *const *in, int n_in, nt_tensor **out, int n_out)
+{
+    (void)ctx, (void)n_in, (void)n_out;
+    out[0] = in[0];
+    return 0;
+}
+
+static int borrow_ctx_fn(void *ctx, nt_tensor *const *in, int n_in, nt_tensor **out, int n_out)
+{
+    (void)in, (void)n_in, (void)n_out;
+    out[0] = ctx;
+    return 0;
+}
+
+static void test_borrowed_outputs(void **state)
+{
+    (void)state;
+    nt_tensor *x0 = param(2, (int64_t[]){4, C}, 35, 1.0);
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *x = nt_mul_scalar(x0, 2.0), *w = nt_mul_scalar(x0, 3.0), *y = x0;
+    for (int grad = 1; grad >= 0; grad--) {
+        if (!grad)
+            nt_no_grad_begin();
+        expect_err(nt_checkpoint(borrow_input_fn, NULL, &x, 1, &y, 1), NT_EINVAL,
+                   "nt_checkpoint: the block returned inputs[0] as outputs[0] without a new "
+                   "reference", "nt_retain(inputs[0])");
+        assert_null(y);
+        expect_err(nt_checkpoint(borrow_ctx_fn, w, &x, 1, &y, 1), NT_EINVAL, "nt_checkpoint",
+                   "a tensor that an enclosing scope owns");
+        assert_null(y);
+        if (!grad)
+            nt_no_grad_end();
+    }
+    /* both still alive and intact */
+    float a[4 * C], b[4 * C], c[4 * C];
+    assert_int_equal(nt_to_host(x, a, sizeof a), 0);
+    assert_int_equal(nt_to_host(w, b, sizeof b), 0);
+    assert_int_equal(nt_to_host(x0, c, sizeof c), 0);
+    for (int i = 0; i < 4 * C; i++)
+        assert_true(a[i] == 2 * c[i] && b[i] == 3 * c[i]);
+    nt_scope_end(s);
+    nt_release(x0);
+}
+
 /* An input, or a parameter the block reads through ctx, written in place
  * between the forward and the backward: NT_EVERSION naming nt_checkpoint. */
 static void test_modified_in_place(void **state)
@@ -667,6 +758,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_block_errors, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_recompute_errors, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_modified_in_place, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_nondeterministic_block, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_borrowed_outputs, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_memory_saved, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -762,6 +762,191 @@ static void test_errors_need_no_memory(void **state)
     nt_shutdown();
 }
 
+/* ---- composites: the error is the caller's -------------------------------
+ *
+ * A public function built from other calls (a scope of its own, inner ops)
+ * that meets a host memory failure returns NT_EHOSTMEM naming itself, not
+ * an inner function (nt_scope_end's "argument 's' is NULL", nt_norm's
+ * name).  Each composite below runs once to warm up, then with its Nth
+ * allocation failing, N = 1, 2 ... until a run meets no failure: with no
+ * scope open, then inside a scope whose list of tensors is full (64), so
+ * that taking the result into it needs memory too. */
+typedef struct {
+    nt_tensor *x, *w, *b, *logits, *labels, *m2, *p[2], *loss;
+    nt_optim *opt;
+    nt_grad_scaler *sc;
+    int op;
+} comp_ctx;
+
+static nt_tensor *comp_square(nt_tensor *const *in, void *ctx)
+{
+    (void)ctx;
+    return nt_mul(in[0], in[0]);
+}
+
+static int comp_block(void *ctx, nt_tensor *const *in, int n_in, nt_tensor **out, int n_out)
+{
+    (void)ctx, (void)n_in, (void)n_out;
+    out[0] = nt_tanh(nt_mul_scalar(in[0], 0.5));
+    return out[0] ? 0 : nt_last_error();
+}
+
+/* A tensor result: 0, or the error with the result NULL. */
+static int comp_t(nt_tensor *t)
+{
+    if (!t)
+        return nt_last_error() ? nt_last_error() : -1001;
+    nt_release(t);
+    return 0;
+}
+
+static int comp_run(int k, comp_ctx *c)
+{
+    switch (k) {
+    case 0: return comp_t(nt_linear(c->x, c->w, c->b));
+    case 1: return comp_t(nt_cross_entropy_ex(c->logits, c->labels, 2, 0.1));
+    case 2: return comp_t(nt_repeat(c->x, (int64_t[]){2, 1}, 2));
+    case 3: return comp_t(nt_tril(c->m2, 0));
+    case 4: return comp_t(nt_clip_grad_norm(c->p, 2, 0.5));
+    case 5: return nt_optim_step(c->opt);
+    case 6: return comp_t(nt_grad_scaler_scale(c->sc, c->loss));
+    case 7: {
+        int rc = nt_grad_scaler_unscale(c->sc, c->opt);
+        if (rc >= 0)
+            rc = nt_grad_scaler_update(c->sc); /* so that the next unscale is allowed */
+        return rc;
+    }
+    case 8: return nt_gradcheck(comp_square, &c->p[1], 1, NULL, 1e-2, 1e-2, 1e-2);
+    case 9: return comp_t(nt_op_call(c->op, &c->x));
+    case 10: {
+        nt_tensor *out = NULL;
+        int rc = nt_checkpoint(comp_block, NULL, &c->p[1], 1, &out, 1);
+        if (!rc)
+            nt_release(out);
+        return rc;
+    }
+    case 11: return nt_load(ckpt, c->p, 2, c->opt);
+    }
+    return -1002;
+}
+
+static const char *const COMP_FN[] = {
+    "nt_linear", "nt_cross_entropy_ex", "nt_repeat", "nt_tril", "nt_clip_grad_norm",
+    "nt_optim_step", "nt_grad_scaler_scale", "nt_grad_scaler_unscale", "nt_gradcheck",
+    "nt_op_call(comp_square)", "nt_checkpoint", "nt_load",
+};
+#define NCOMP ((int)(sizeof COMP_FN / sizeof COMP_FN[0]))
+
+/* Fresh tensors, optimizer and scaler for one run: a kernel that failed
+ * in an earlier run poisoned what it wrote in place (the gradients, the
+ * parameters), and a poisoned input is reported by every later run. */
+static void comp_setup(comp_ctx *c, int op)
+{
+    float xv[12], lv[12];
+    for (int i = 0; i < 12; i++)
+        xv[i] = (float)(i % 5 - 2) / 4.0f, lv[i] = (float)(i % 3) / 2.0f;
+    int32_t yv[4] = {0, 2, 1, 2};
+    c->x = nt_from_host(xv, NT_F32, 2, (int64_t[]){2, 6});
+    c->w = nt_from_host(xv, NT_F32, 2, (int64_t[]){2, 6});
+    c->b = nt_zeros(NT_F32, 1, (int64_t[]){2});
+    c->logits = nt_from_host(lv, NT_F32, 2, (int64_t[]){4, 3});
+    c->labels = nt_from_host(yv, NT_I32, 1, (int64_t[]){4});
+    c->m2 = nt_from_host(xv, NT_F32, 2, (int64_t[]){3, 4});
+    c->p[0] = nt_from_host(xv, NT_F32, 1, (int64_t[]){12});
+    c->p[1] = nt_from_host(lv, NT_F32, 1, (int64_t[]){3});
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(nt_set_requires_grad(c->p[i], true), 0);
+    c->loss = nt_add(nt_sum(nt_mul(c->p[0], c->p[0]), NT_DIM_ALL, false),
+                     nt_sum(nt_mul(c->p[1], c->p[1]), NT_DIM_ALL, false));
+    assert_non_null(c->loss);
+    assert_int_equal(nt_backward(c->loss), 0);
+    c->opt = nt_optim_adamw(c->p, 2, 1e-3, 0.9, 0.999, 1e-8, 0.01);
+    c->sc = nt_grad_scaler_create(NULL);
+    assert_non_null(c->opt);
+    assert_non_null(c->sc);
+    c->op = op;
+    assert_int_equal(nt_sync(), 0);
+}
+
+static void comp_free(comp_ctx *c)
+{
+    nt_grad_scaler_destroy(c->sc);
+    nt_optim_destroy(c->opt);
+    nt_tensor *all[] = {c->x, c->w, c->b, c->logits, c->labels, c->m2, c->p[0], c->p[1], c->loss};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        nt_release(all[i]);
+}
+
+static void test_composites_name_themselves(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_init(), 0);
+    nt_clear_error();
+    nt_op_def def = {"comp_square", 1, comp_square, NULL, NULL};
+    int op = nt_op_register(&def);
+    assert_true(op >= 0);
+    comp_ctx c;
+    comp_setup(&c, op);
+    assert_int_equal(nt_save(ckpt, c.p, 2, c.opt), 0);
+    comp_free(&c);
+
+    for (int k = 0; k < 2 * NCOMP; k++) {
+        const char *fn = COMP_FN[k % NCOMP];
+        bool scoped = k >= NCOMP;
+        size_t fl = strlen(fn);
+        comp_setup(&c, op);
+        if (comp_run(k % NCOMP, &c) != 0)
+            fail_msg("%s failed with memory: %s", fn, nt_last_error_message());
+        assert_int_equal(nt_sync(), 0);
+        comp_free(&c);
+        long fails = 0;
+        for (long n = 1;; n++) {
+            comp_setup(&c, op);
+            nt_scope *sc = NULL;
+            if (scoped) {
+                assert_non_null(sc = nt_scope_begin());
+                for (int i = 0; i < 64; i++)
+                    assert_non_null(nt_zeros(NT_F32, 0, NULL));
+            }
+            nt_clear_error();
+            arm(n);
+            int rc = comp_run(k % NCOMP, &c);
+            disarm();
+            long inj = atomic_load(&injected);
+            if (rc != 0) {
+                const char *m = nt_last_error_message();
+                /* "nt_linear: nt_linear: ..." names it twice */
+                bool twice = strncmp(m + fl + 2, fn, fl) == 0 && m[2 * fl + 2] == ':';
+                if (rc != NT_EHOSTMEM || strncmp(m, fn, fl) != 0 || m[fl] != ':' || twice)
+                    fail_msg("%s with allocation %ld failing: rc %d (%s), message '%s'; "
+                             "expected NT_EHOSTMEM naming %s", fn, n, rc, nt_strerror(rc), m,
+                             fn);
+                if (inj == 0)
+                    fail_msg("%s with allocation %ld failing: rc %d ('%s') but no failure was "
+                             "injected", fn, n, rc, m);
+                fails++;
+            } else if (nt_last_error() != 0) { /* a result, and an error left behind */
+                fail_msg("%s with allocation %ld failing: succeeded with the error '%s' set",
+                         fn, n, nt_last_error_message());
+            }
+            nt_sync(); /* a failure in a kernel poisons; reported here, not ours */
+            if (sc)
+                assert_int_equal(nt_scope_end(sc), 0);
+            nt_clear_error();
+            comp_free(&c);
+            if (inj == 0) {
+                assert_int_equal(rc, 0);
+                break;
+            }
+            assert_true(n < 100000);
+        }
+        print_message("# %s%s: %ld allocation failures reported as its NT_EHOSTMEM\n", fn,
+                      scoped ? " in a full scope" : "", fails);
+        assert_true(fails > 0);
+    }
+    nt_shutdown();
+}
+
 int main(void)
 {
     void *frames[4];
@@ -772,6 +957,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_leak_check_catches_a_leak),
         cmocka_unit_test(test_errors_need_no_memory),
+        cmocka_unit_test(test_composites_name_themselves),
         cmocka_unit_test(test_malloc_failure_loop_sim),
         cmocka_unit_test(test_malloc_failure_loop_cpu),
     };

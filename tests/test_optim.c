@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "crc32.h"
 #include "ntensor.h"
 #include "nt_test.h"
 
@@ -753,6 +754,236 @@ static void test_checkpoint_errors(void **state)
     mlp_free(&src), mlp_free(&t.m);
 }
 
+/* ---------------- step counts at their bound ---------------- */
+
+/* The step counts of a checkpoint (docs/checkpoint.md: the optimizer
+ * record's bytes 16..23 and one u64 per parameter from byte 80) set to
+ * `steps`, its checksums recomputed: a valid file. */
+static void write_steps(const char *from, const char *to, uint64_t steps)
+{
+    size_t n;
+    uint8_t *b = slurp(from, &n);
+    uint32_t count = (uint32_t)(b[12] | b[13] << 8 | b[14] << 16 | (uint32_t)b[15] << 24);
+    for (uint32_t i = 0; i < count; i++) {
+        uint8_t *e = b + 32 + 96 * i;
+        if ((e[0] | e[1] << 8) != 2) /* the optimizer record */
+            continue;
+        uint64_t off = 0, len = 0;
+        for (int k = 7; k >= 0; k--) {
+            off = off << 8 | e[16 + k];
+            len = len << 8 | e[24 + k];
+        }
+        for (uint64_t at = 16; at < len; at = at == 16 ? 80 : at + 8)
+            for (int k = 0; k < 8; k++)
+                b[off + at + k] = (uint8_t)(steps >> (8 * k));
+        uint32_t c = crc32_ieee(b + off, len);
+        for (int k = 0; k < 4; k++)
+            e[12 + k] = (uint8_t)(c >> (8 * k));
+    }
+    size_t te = 32 + 96 * (size_t)count + 8;
+    uint32_t c = crc32_ieee(b, te - 8);
+    for (int k = 0; k < 4; k++)
+        b[te - 8 + k] = (uint8_t)(c >> (8 * k));
+    spit(to, b, n);
+    free(b);
+}
+
+/* A count can reach 2^53 and never goes past it: the step at the bound is
+ * refused (NT_ESTATE) and writes nothing, so no count overflows; nt_load
+ * refuses a count past the bound (tests/test_badinput.c: INT64_MAX). */
+static void test_step_count_bound(void **state)
+{
+    (void)state;
+    const float v[N] = {0.5f, -1.0f, 2.0f, 0.25f, -0.75f}, g[N] = {1, -2, 0.5f, 3, -1};
+    nt_tensor *p = param_f32(v, N);
+    nt_optim *o = nt_optim_adamw(&p, 1, 0.01, 0.9, 0.999, 1e-8, 0);
+    set_grad(p, g, N);
+    assert_int_equal(nt_optim_step(o), 0);
+    const char *path = tpath("steps.ckpt"), *edited = tpath("steps_edited.ckpt");
+    char keep[400];
+    snprintf(keep, sizeof keep, "%s", edited);
+    assert_int_equal(nt_save(path, &p, 1, o), 0);
+
+    const int64_t bound = (int64_t)1 << 53;
+    write_steps(path, keep, (uint64_t)bound - 1);
+    assert_int_equal(nt_load(keep, &p, 1, o), 0);
+    assert_true(nt_optim_steps(o) == bound - 1);
+    assert_int_equal(nt_optim_step(o), 0); /* reaches the bound */
+    assert_true(nt_optim_steps(o) == bound);
+    float before[N], after[N];
+    read_f32(p, before, N);
+    int line = __LINE__ + 1;
+    assert_int_equal(nt_optim_step(o), NT_ESTATE);
+    const char *m = nt_last_error_message();
+    assert_true(strncmp(m, "nt_optim_step: ", 15) == 0);
+    assert_non_null(strstr(m, "step count is 9007199254740992"));
+    char where[64];
+    snprintf(where, sizeof where, "test_optim.c:%d in test_step_count_bound", line);
+    assert_non_null(strstr(m, where));
+    nt_clear_error();
+    read_f32(p, after, N);
+    assert_memory_equal(after, before, sizeof before);
+    assert_true(nt_optim_steps(o) == bound);
+
+    write_steps(path, keep, (uint64_t)bound + 2);
+    assert_int_equal(nt_load(keep, &p, 1, o), NT_EFORMAT);
+    assert_non_null(strstr(nt_last_error_message(), "step count is 9007199254740994"));
+    assert_non_null(strstr(nt_last_error_message(), keep));
+    nt_clear_error();
+    assert_true(nt_optim_steps(o) == bound);
+
+    nt_optim_destroy(o);
+    nt_release(p);
+}
+
+/* ---------------- several devices ---------------- */
+
+/* NT_SIM_CORES=2: parameters on devices 0 and 1, driven from a thread whose
+ * device is 0 (or 1).  A step updates each parameter on its device,
+ * nt_clip_grad_norm sums norms across devices, a loss scaler unscales and
+ * checks gradients on every device, nt_load loads each tensor
+ * (and the optimizer's state) on its device; every value has the bits of
+ * the same work on one device. */
+static int devices_setup(void **state)
+{
+    setenv("NT_SIM_CORES", "2", 1);
+    return nt_test_setup(state);
+}
+
+static int devices_teardown(void **state)
+{
+    nt_test_teardown(state);
+    unsetenv("NT_SIM_CORES");
+    return 0;
+}
+
+#define DN 6
+
+/* Parameter i on device devs[i], with values fixed by seed. */
+static void dev_params(nt_tensor **p, const int *devs, int seed)
+{
+    for (int i = 0; i < 2; i++) {
+        float v[DN];
+        for (int k = 0; k < DN; k++)
+            v[k] = (float)((k * 7 + i * 3 + seed) % 11 - 5) / 4.0f;
+        assert_int_equal(nt_device_set(devs[i]), 0);
+        p[i] = param_f32(v, DN);
+        assert_int_equal(nt_tensor_device(p[i]), devs[i]);
+    }
+    assert_int_equal(nt_device_set(0), 0);
+}
+
+/* Gives each parameter a gradient of step `step`, on its device. */
+static void dev_grads(nt_tensor **p, int step)
+{
+    for (int i = 0; i < 2; i++) {
+        float g[DN];
+        for (int k = 0; k < DN; k++)
+            g[k] = (float)((k * 5 + i * 13 + step * 3) % 9 - 4) / (2.0f + (float)step);
+        assert_int_equal(nt_device_set(nt_tensor_device(p[i])), 0);
+        set_grad(p[i], g, DN);
+    }
+}
+
+/* One step from a thread on device `from`: gradients, a loss scaler's
+ * unscale (scale 1024: exact), clip (its total read into *total),
+ * optimizer step. */
+static void dev_step(nt_tensor **p, nt_optim *o, int step, int from, float *total)
+{
+    dev_grads(p, step);
+    assert_int_equal(nt_device_set(from), 0);
+    nt_grad_scaler *sc = nt_grad_scaler_create(&(nt_grad_scaler_opts){1024, 2, 0.5, 100});
+    assert_non_null(sc);
+    if (nt_grad_scaler_unscale(sc, o) != 0)
+        fail_msg("nt_grad_scaler_unscale: %s", nt_last_error_message());
+    nt_grad_scaler_destroy(sc);
+    nt_tensor *t = nt_clip_grad_norm(p, 2, 0.75);
+    if (!t)
+        fail_msg("nt_clip_grad_norm: %s", nt_last_error_message());
+    assert_int_equal(nt_tensor_device(t), from);
+    assert_int_equal(nt_to_host(t, total, sizeof *total), 0);
+    nt_release(t);
+    if (nt_optim_step(o) != 0)
+        fail_msg("nt_optim_step: %s", nt_last_error_message());
+    assert_int_equal(nt_optim_zero_grad(o), 0);
+    assert_int_equal(nt_device_set(0), 0);
+}
+
+static void dev_read(nt_tensor **p, float *out)
+{
+    for (int i = 0; i < 2; i++)
+        read_f32(p[i], out + i * DN, DN);
+}
+
+static void test_devices_step_clip_load(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_device_count(), 2);
+    static const int one[2] = {0, 0}, two[2] = {0, 1};
+    const char *path = tpath("dev.ckpt");
+    float ref[2 * DN], got[2 * DN], tref[5], tgot[5];
+
+    /* the reference: everything on device 0, five steps */
+    nt_tensor *p[2];
+    dev_params(p, one, 1);
+    nt_optim *o = nt_optim_adamw(p, 2, 0.05, 0.9, 0.999, 1e-8, 0.01);
+    for (int k = 0; k < 5; k++)
+        dev_step(p, o, k, 0, &tref[k]);
+    dev_read(p, ref);
+    nt_optim_destroy(o);
+    nt_release(p[0]), nt_release(p[1]);
+
+    /* the same on two devices, stepped from device 0 and from device 1 */
+    dev_params(p, two, 1);
+    o = nt_optim_adamw(p, 2, 0.05, 0.9, 0.999, 1e-8, 0.01);
+    for (int k = 0; k < 3; k++)
+        dev_step(p, o, k, k == 1, &tgot[k]);
+    assert_int_equal(nt_save(path, p, 2, o), 0);
+    for (int k = 3; k < 5; k++)
+        dev_step(p, o, k, 0, &tgot[k]);
+    dev_read(p, got);
+    assert_memory_equal(got, ref, sizeof ref);
+    assert_memory_equal(tgot, tref, sizeof tref);
+    nt_optim_destroy(o);
+    nt_release(p[0]), nt_release(p[1]);
+
+    /* loaded from device 0 into parameters on devices 0 and 1, with the
+     * optimizer: the last two steps give the same bits (the state went to
+     * each parameter's device, or the step from device 1 would fail) */
+    nt_tensor *q[2];
+    dev_params(q, two, 5);
+    o = nt_optim_adamw(q, 2, 0.5, 0.9, 0.999, 1e-8, 0);
+    assert_int_equal(nt_device_set(0), 0);
+    if (nt_load(path, q, 2, o) != 0)
+        fail_msg("nt_load: %s", nt_last_error_message());
+    assert_int_equal(nt_optim_steps(o), 3);
+    for (int k = 3; k < 5; k++)
+        dev_step(q, o, k, k == 4, &tgot[k]);
+    dev_read(q, got);
+    assert_memory_equal(got, ref, sizeof ref);
+    assert_memory_equal(tgot + 3, tref + 3, 2 * sizeof *tref);
+
+    /* a load that fails on the device-1 parameter (its shape) writes
+     * neither, and names nt_load and the file */
+    float before[2 * DN];
+    dev_read(q, before);
+    assert_int_equal(nt_device_set(1), 0);
+    nt_tensor *bad = nt_zeros(NT_F32, 1, (int64_t[]){DN + 1});
+    assert_int_equal(nt_device_set(0), 0);
+    nt_tensor *r[2] = {q[0], bad};
+    assert_int_equal(nt_load(path, r, 2, NULL), NT_ESHAPE);
+    assert_true(strncmp(nt_last_error_message(), "nt_load: ", 9) == 0);
+    assert_non_null(strstr(nt_last_error_message(), path));
+    nt_clear_error();
+    dev_read(q, got);
+    assert_memory_equal(got, before, sizeof before);
+    assert_int_equal(nt_optim_steps(o), 5);
+
+    nt_release(bad);
+    nt_optim_destroy(o);
+    nt_release(q[0]), nt_release(q[1]);
+}
+
 /* ---------------- modes ---------------- */
 
 /* A wider MLP than above (K > 128: several matmul K-tiles), trained with
@@ -836,6 +1067,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_checkpoint_round_trip, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_errors, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bitwise_across_modes, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_step_count_bound, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_devices_step_clip_load, devices_setup,
+                                        devices_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -237,6 +237,48 @@ static void test_ce_ex_edges(void **state)
     assert_int_equal(ab, bb);
 }
 
+/* No rows (N = 0), as PyTorch: the mean over none is NaN (0 / 0), with
+ * or without ignore_index and label smoothing, any C; the gradient is
+ * the empty [0, C].  nt_cross_entropy too.  Like every op's result, the
+ * loss belongs to the open scope (it used to escape it). */
+static void test_ce_ex_no_rows(void **state)
+{
+    (void)state;
+    for (int k = 0; k < NCFG; k++) {
+        cfg(k);
+        for (int C = 0; C <= 3; C += 3)
+            for (int form = 0; form < 4; form++) {
+                nt_scope *sc = nt_scope_begin();
+                nt_tensor *l = nt_zeros(NT_F32, 2, SH(0, C));
+                nt_tensor *lab = nt_zeros(NT_I32, 1, SH(0));
+                assert_int_equal(nt_set_requires_grad(l, true), 0);
+                nt_tensor *loss = form == 0   ? nt_cross_entropy(l, lab)
+                                  : form == 1 ? nt_cross_entropy_ex(l, lab, -100, 0.0)
+                                  : form == 2 ? nt_cross_entropy_ex(l, lab, 1, 0.0)
+                                              : nt_cross_entropy_ex(l, lab, -100, 0.25);
+                if (!loss)
+                    fail_msg("%s/%s C %d form %d: %s", CFGS[k][0], CFGS[k][1], C, form,
+                             nt_last_error_message());
+                assert_int_equal(nt_ndim(loss), 0);
+                assert_true(isnan(item(loss)));
+                assert_int_equal(nt_backward(loss), 0);
+                nt_tensor *g = nt_grad(l);
+                assert_non_null(g);
+                assert_int_equal(nt_shape(g, 0), 0);
+                assert_int_equal(nt_shape(g, 1), C);
+                assert_int_equal(nt_scope_end(sc), 0);
+                assert_int_equal(nt_ndim(loss), -1); /* released with the scope */
+            }
+        /* rows but no classes stays an error */
+        nt_tensor *l = nt_zeros(NT_F32, 2, SH(2, 0)), *lab = nt_zeros(NT_I32, 1, SH(2));
+        assert_null(nt_cross_entropy_ex(l, lab, -100, 0.0));
+        assert_int_equal(nt_last_error(), NT_ESHAPE);
+        assert_non_null(strstr(nt_last_error_message(), "N, C >= 1 (or N = 0)"));
+        nt_clear_error();
+        nt_release(l), nt_release(lab);
+    }
+}
+
 /* ---------------- nt_dropout ---------------- */
 
 /* The documented generator (core/rng.h, core/sample.h), written out again:
@@ -649,6 +691,45 @@ static void test_topk_values(void **state)
     free(hv);
 }
 
+/* A 0-d x, as PyTorch: dim 0 or -1, k 0 or 1 (both give the element),
+ * 0-d values and a 0-d i32 index 0; the gradient passes through. */
+static void test_topk_0d(void **state)
+{
+    (void)state;
+    for (int c = 0; c < NCFG; c++) {
+        cfg(c);
+        nt_scope *sc = nt_scope_begin();
+        float v = -2.5f;
+        nt_tensor *x = nt_from_host(&v, NT_F32, 0, NULL);
+        assert_int_equal(nt_set_requires_grad(x, true), 0);
+        for (int k = 0; k <= 1; k++)
+            for (int dim = -1; dim <= 0; dim++)
+                for (int lg = 0; lg < 2; lg++) {
+                    nt_tensor *val = NULL, *ix = NULL;
+                    if (nt_topk(x, k, dim, lg, &val, &ix) != 0)
+                        fail_msg("%s/%s k %d dim %d: %s", CFGS[c][0], CFGS[c][1], k, dim,
+                                 nt_last_error_message());
+                    assert_int_equal(nt_ndim(val), 0);
+                    assert_int_equal(nt_ndim(ix), 0);
+                    assert_int_equal(nt_dtype_of(ix), NT_I32);
+                    assert_true(item(val) == -2.5);
+                    assert_true(item(ix) == 0);
+                    assert_int_equal(nt_backward(nt_mul_scalar(val, 3.0)), 0);
+                    assert_true(item(nt_grad(x)) == 3.0);
+                    assert_int_equal(nt_zero_grad(x), 0);
+                }
+        nt_tensor *val = (nt_tensor *)1, *ix = (nt_tensor *)1;
+        assert_int_equal(nt_topk(x, 2, 0, true, &val, &ix), NT_EINVAL);
+        assert_true(val == NULL && ix == NULL);
+        assert_non_null(strstr(nt_last_error_message(), "expected 0 or 1 for a 0-d tensor"));
+        nt_clear_error();
+        assert_int_equal(nt_topk(x, 1, 1, true, &val, &ix), NT_EDIM);
+        assert_non_null(strstr(nt_last_error_message(), "dim 1 is out of range for a 0-d"));
+        nt_clear_error();
+        assert_int_equal(nt_scope_end(sc), 0);
+    }
+}
+
 /* values' gradient: w scattered back to where the values came from (x's
  * shape, zeros elsewhere), on a transposed (strided) x. */
 static void test_topk_backward(void **state)
@@ -859,6 +940,7 @@ int main(void)
         T(test_ce_ex_is_cross_entropy),
         T(test_ce_ex_values),
         T(test_ce_ex_edges),
+        T(test_ce_ex_no_rows),
         T(test_dropout_values),
         T(test_dropout_fraction),
         T(test_dropout_backward),
@@ -866,6 +948,7 @@ int main(void)
         T(test_clip_grad_norm),
         T(test_topk_values),
         T(test_topk_backward),
+        T(test_topk_0d),
         T(test_multinomial_values),
         T(test_multinomial_frequencies),
         T(test_multinomial_errors),
