@@ -1915,7 +1915,7 @@ static int cache_capture(const nt_site *site, nt_graph_cache *c, nt_tensor *cons
             nt_keep(ne.outs[i]); /* the cache's, out of the caller's scope */
         out[i] = ne.outs[i] ? nt_retain(ne.outs[i]) : NULL;
         if (out[i])
-            nt__scope_adopt(out[i]);
+            nt__scope_adopt(out[i], f);
     }
     int slot = c->n;
     if (c->n == c->max) { /* evict the least recently used */
@@ -1972,7 +1972,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c, nt_tens
             e->used = ++c->clock;
             c->st.replays++;
             for (int i = 0; i < c->nout; i++)
-                out[i] = e->outs[i] ? nt__scope_adopt(nt_retain(e->outs[i])) : NULL;
+                out[i] = e->outs[i] ? nt__scope_adopt(nt_retain(e->outs[i]), f) : NULL;
         }
     }
     c->st.graphs = c->n;

@@ -585,7 +585,7 @@ static void test_recompute_errors(void **state)
 /* A block that is not deterministic but keeps its shapes: in deterministic
  * (debug) mode the recompute's checksum differs from the forward's and
  * nt_backward says so; in the other modes it goes unseen (reading every
- * output back would cost a sync per checkpoint: docs/checkpointing.md
+ * output back would cost a sync per checkpoint: docs/gradient-checkpointing.md
  * says so), which this pins down. */
 static void test_nondeterministic_block(void **state)
 {
@@ -604,7 +604,7 @@ static void test_nondeterministic_block(void **state)
         if (det) {
             char where[64];
             snprintf(where, sizeof where, "test_checkpointing.c:%d", line);
-            expect_err(rc, NT_ESTATE, "other values than the forward pass", where);
+            nt_test_expect_err(rc, NT_ESTATE, "other values than the forward pass", where);
         } else {
             assert_int_equal(rc, 0);
         }
@@ -649,11 +649,11 @@ static void test_borrowed_outputs(void **state)
     for (int grad = 1; grad >= 0; grad--) {
         if (!grad)
             nt_no_grad_begin();
-        expect_err(nt_checkpoint(borrow_input_fn, NULL, &x, 1, &y, 1), NT_EINVAL,
+        nt_test_expect_err(nt_checkpoint(borrow_input_fn, NULL, &x, 1, &y, 1), NT_EINVAL,
                    "nt_checkpoint: the block returned inputs[0] as outputs[0] without a new "
                    "reference", "nt_retain(inputs[0])");
         assert_null(y);
-        expect_err(nt_checkpoint(borrow_ctx_fn, w, &x, 1, &y, 1), NT_EINVAL, "nt_checkpoint",
+        nt_test_expect_err(nt_checkpoint(borrow_ctx_fn, w, &x, 1, &y, 1), NT_EINVAL, "nt_checkpoint",
                    "a tensor that an enclosing scope owns");
         assert_null(y);
         if (!grad)

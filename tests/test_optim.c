@@ -756,7 +756,7 @@ static void test_checkpoint_errors(void **state)
 
 /* ---------------- step counts at their bound ---------------- */
 
-/* The step counts of a checkpoint (docs/checkpoint.md: the optimizer
+/* The step counts of a checkpoint (docs/checkpoint-format.md: the optimizer
  * record's bytes 16..23 and one u64 per parameter from byte 80) set to
  * `steps`, its checksums recomputed: a valid file. */
 static void write_steps(const char *from, const char *to, uint64_t steps)
