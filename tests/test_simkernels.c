@@ -2157,6 +2157,49 @@ static void test_kernel_schedules(void **state)
     }
 }
 
+static nt_tensor *sched_linear_bias(nt_tensor **in) { return nt_linear(in[0], in[1], in[2]); }
+
+/* Schedules of the char GPT's kernels (issue 31): each within a bound of
+ * its floor and bit for bit the CPU's. */
+static void test_gpt_schedules(void **state)
+{
+    (void)state;
+    nt_sim_stats st;
+    /* 1. the qkv layer, x [16, 128, 128] . w^T [384, 128] + b: one MM
+     * program; the bias goes into SBUF once as [128, 384] (it was loaded
+     * with every block of 128 rows: 3.1 MB of the kernel's 7.5), and the
+     * add reads the accumulator from PSUM (N VectorE cycles) instead of an
+     * f32 copy ScalarE made first (then 2N); b holds -0, Inf and NaN */
+    {
+        nt_tensor *in[3] = {nt_randn(NT_F32, 3, (int64_t[]){16, 128, 128}, 111),
+                            nt_randn(NT_F32, 2, (int64_t[]){384, 128}, 112), NULL};
+        float bh[384];
+        for (int i = 0; i < 384; i++)
+            bh[i] = (float)(i % 7) * 0.25f - 0.75f;
+        bh[3] = -0.0f, bh[100] = INFINITY, bh[200] = NAN, bh[300] = -INFINITY;
+        in[2] = nt_from_host(bh, NT_F32, 1, (int64_t[]){384});
+        size_t ob = (size_t)2048 * 384 * 4;
+        float *a = malloc(ob), *b = malloc(ob);
+        assert_int_equal(nt_config_set("NT_FUSION", "1"), 0);
+        sched_run("lazy", sched_linear_bias, in, &st, a, ob);
+        assert_int_equal(st.kernels, 1);
+        assert_int_equal(st.hbm_read_bytes, (uint64_t)(2048 + 384 + 128 * 3) * 128 * 4);
+        assert_int_equal(st.hbm_write_bytes, (uint64_t)ob);
+        double floor = dma_floor_ns((double)(st.hbm_read_bytes + st.hbm_write_bytes));
+        print_message("# x [16, 128, 128] @ w^T [128, 384] + b: %.0f ns, DMA floor %.0f ns "
+                      "(%.2fx), ScalarE %.0f ns\n",
+                      st.sim_ns, floor, st.sim_ns / floor, st.busy_ns[NT_ENGINE_SCALAR]);
+        assert_true(st.sim_ns <= 1.35 * floor);
+        assert_true(st.busy_ns[NT_ENGINE_SCALAR] == 0);
+        sched_cpu(sched_linear_bias, in, b, ob);
+        assert_memory_equal(a, b, ob);
+        assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
+        free(a), free(b);
+        for (int i = 0; i < 3; i++)
+            nt_release(in[i]);
+    }
+}
+
 static void test_big_shapes(void **state)
 {
     (void)state;
@@ -2299,6 +2342,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fused_programs, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_hbm_bytes, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_kernel_schedules, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_gpt_schedules, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_stochastic_rounding, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_require_sim_and_min_flops, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_generator_refuses_other_op, setup, nt_test_teardown),
