@@ -2158,6 +2158,14 @@ static void test_kernel_schedules(void **state)
 }
 
 static nt_tensor *sched_linear_bias(nt_tensor **in) { return nt_linear(in[0], in[1], in[2]); }
+/* attention's heads of a [B, T, 3D] projection made contiguous ([B, H, T,
+ * hd]), as autograd's cat for sdpa_bwd does */
+static nt_tensor *sched_heads(nt_tensor **in)
+{
+    nt_tensor *s = nt_slice(in[0], 2, 128, 256, 1);
+    return nt_contiguous(nt_permute(nt_reshape(s, 4, (int64_t[]){16, 128, 4, 32}),
+                                    (int[]){0, 2, 1, 3}));
+}
 
 /* Schedules of the char GPT's kernels (issue 31): each within a bound of
  * its floor and bit for bit the CPU's. */
@@ -2197,6 +2205,30 @@ static void test_gpt_schedules(void **state)
         free(a), free(b);
         for (int i = 0; i < 3; i++)
             nt_release(in[i]);
+    }
+    /* 2. a permuted copy, the heads of [16, 128, 384] to [16, 4, 128, 32]:
+     * T on partitions and (B, H, hd) on the free axis (sk_tiler_init's
+     * reorder), four tiles of 256 KiB, where T on partitions with hd = 32
+     * alone on the free axis made 64 tiles of 16 KiB, each load and store
+     * paying the DMA's fixed cost (46.6 us) */
+    {
+        nt_tensor *x = nt_randn(NT_F32, 3, (int64_t[]){16, 128, 384}, 121);
+        size_t ob = (size_t)16 * 128 * 128 * 4;
+        float *a = malloc(ob), *b = malloc(ob);
+        sched_run("eager", sched_heads, &x, &st, a, ob);
+        assert_int_equal(st.kernels, 1);
+        assert_int_equal(st.hbm_read_bytes, (uint64_t)ob);
+        assert_int_equal(st.hbm_write_bytes, (uint64_t)ob);
+        double floor = dma_floor_ns((double)(st.hbm_read_bytes + st.hbm_write_bytes));
+        print_message("# heads of [16, 128, 384] made contiguous: %.0f ns, %llu instructions, "
+                      "DMA floor %.0f ns (%.2fx)\n",
+                      st.sim_ns, (unsigned long long)st.instructions, floor, st.sim_ns / floor);
+        assert_true(st.instructions <= 16);
+        assert_true(st.sim_ns <= 1.6 * floor);
+        sched_cpu(sched_heads, &x, b, ob);
+        assert_memory_equal(a, b, ob);
+        free(a), free(b);
+        nt_release(x);
     }
 }
 
