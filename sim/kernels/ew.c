@@ -1005,6 +1005,7 @@ typedef struct row_run {
     sk_k *s;
     tile_state t;
     int ntile;
+    int nbuf; /* register sets in rotation */
     const nt__fprog *P;
     bool has_sr;
     int64_t C;
@@ -1023,7 +1024,7 @@ static int row_tile(void *ctx, const sk_tile_iter *it)
     row_run *w = ctx;
     plan *L = w->t.L;
     const nt__fprog *P = w->P;
-    w->t.buf = w->ntile++ & 1;
+    w->t.buf = w->ntile++ % w->nbuf;
     w->t.np = it->np;
     w->t.nf = w->C;
     if (w->has_sr) {
@@ -1063,9 +1064,23 @@ static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor
     plan *L = malloc(sizeof *L);
     if (!L)
         return sk_data_error(s, NT_EHOSTMEM, "out of host memory for a kernel plan");
-    int rc = plan_make(L, P, 0, false);
+    /* a stored value keeps its register for the rest of the tile when two
+     * sets of such registers fit (as in EW programs): a later op writing
+     * there waited for the store's DMA, 2 us and more, in every tile's
+     * chain (the GPT's layer norm recompute over [2048, 128]: 70 us) */
+    int rc = plan_make(L, P, 0, true);
     L->needs |= NEED_TF; /* mean's f32 sum */
-    int nbuf = plan_bytes(L, C, 2) <= SK_SBUF_BUDGET ? 2 : 1;
+    if (!rc && plan_bytes(L, C, 2) > SK_SBUF_BUDGET) {
+        rc = plan_make(L, P, 0, false);
+        L->needs |= NEED_TF;
+    }
+    /* up to EW_NBUF register sets: a tile's loads go while the tiles before
+     * it compute and store (with two, a short row's tile -- ~1 us of work,
+     * 2 us of fixed DMA cost per transfer -- waited for the tile before the
+     * last to have stored) */
+    int nbuf = EW_NBUF;
+    while (nbuf > 1 && plan_bytes(L, C, nbuf) > SK_SBUF_BUDGET)
+        nbuf--;
     if (rc || plan_bytes(L, C, nbuf) > SK_SBUF_BUDGET || C > NT_SIM_SBUF_MAX_FREE) {
         g_free(L);
         return rc ? rc : NT_ENOTSUP;
@@ -1075,6 +1090,7 @@ static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor
     w.s = s;
     w.P = P;
     w.C = C;
+    w.nbuf = nbuf;
     w.t.L = L;
     w.has_sr = prog_has_sr(P);
     rc = plan_alloc(s, L, &w.t.E, C, nbuf);
