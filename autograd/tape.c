@@ -513,17 +513,24 @@ typedef struct {
  * covers it) or, when two or more slices came, g + 0 + ... = g + 0 for the
  * one gradient g that covers it (IEEE: +0 + g == g + +0 bit for bit, a NaN
  * included, and (g + 0) + 0 == g + 0); with one slice, g itself.  So the
- * buffer is made once (not filled), each slice's gradient copied into its
- * place, and before anything reads it the places no slice wrote are filled
- * with +0 and, when two or more came, + 0 added in place (turning -0 into
- * +0 as the sum does): the sum's bits at a fraction of its memory traffic.
- * Attention's q, k, v slices of one [B, T, 3D] projection were three
- * zero-filled [B, T, 3D] buffers and two adds; now one buffer, no fill. */
+ * buffer is made once (not filled), each slice's gradient goes into its
+ * place as g + 0 once two or more came (one op: dst = g + 0, turning -0
+ * into +0 as the sum does) or as g itself when it stays the only one, and
+ * before anything reads it the places no slice wrote are filled with +0:
+ * the sum's bits at a fraction of its memory traffic.  The first slice's
+ * write waits (pend) until a second one comes or the buffer is finished,
+ * which says which of the two it is.  Attention's q, k, v slices of one
+ * [B, T, 3D] projection were three zero-filled [B, T, 3D] buffers and two
+ * adds; then one buffer, three copies and a + 0 over all of it; now three
+ * writes. */
 #define SCAT_MAX 8
 struct scat {
     nt_tensor *buf; /* the slot's tensor (the slot holds the reference) */
     int dim, n;
     int64_t lo[SCAT_MAX], hi[SCAT_MAX]; /* the slices' [start, end) along dim */
+    nt_tensor *pend_v, *pend_g; /* the first slice's place and gradient, not yet
+                                   written (references), or NULL */
+    nt_site pend_site;
 };
 
 static size_t map_find(const gradmap *gm, const nt__node *n)
@@ -593,6 +600,10 @@ static void gm_free(gradmap *gm)
     free(gm->key);
     free(gm->pos);
     free(gm->slots);
+    for (size_t i = 0; i < gm->nscat; i++) {
+        nt_release(gm->scat[i].pend_v);
+        nt_release(gm->scat[i].pend_g);
+    }
     free(gm->scat);
     free(gm->uses);
 }
@@ -611,9 +622,27 @@ static struct scat *scat_find(gradmap *gm, const nt_tensor *t)
     return NULL;
 }
 
+/* Writes the pending first slice of e: g itself (plus0 false: it is the
+ * only one) or g + 0 (a second came). */
+static int scat_flush(struct scat *e, bool plus0)
+{
+    if (!e->pend_v)
+        return 0;
+    nt_tensor *v = e->pend_v, *g = e->pend_g;
+    e->pend_v = e->pend_g = NULL;
+    nt__devsw d;
+    nt__dev_enter(&d, g->dev);
+    int rc = plus0 ? nt__add_scalar_into(&e->pend_site, "nt_backward", v, g, 0.0)
+                   : nt_copy_into_at(&e->pend_site, v, g);
+    nt__dev_leave(&d);
+    nt_release(v);
+    nt_release(g);
+    return rc;
+}
+
 /* Ends the slice-gradient buffer t (if it is one) before anything reads
- * it: +0 where no slice wrote, then, with two or more slices in it, the
- * + 0 of the sum that defines it. */
+ * it: a first slice that stayed the only one written as it is, +0 where
+ * no slice wrote. */
 static int scat_finish(gradmap *gm, nt_tensor *t, const nt_site *site)
 {
     struct scat *e = scat_find(gm, t);
@@ -621,9 +650,9 @@ static int scat_finish(gradmap *gm, nt_tensor *t, const nt_site *site)
         return 0;
     struct scat x = *e;
     *e = gm->scat[--gm->nscat];
+    int rc = scat_flush(&x, false);
     nt__devsw d;
     nt__dev_enter(&d, t->dev);
-    int rc = 0;
     /* the gaps between the slices' ranges, in ascending order */
     for (int64_t at = 0; at < t->shape[x.dim] && !rc;) {
         int64_t next = t->shape[x.dim], skip = -1;
@@ -641,8 +670,6 @@ static int scat_finish(gradmap *gm, nt_tensor *t, const nt_site *site)
         rc = v ? nt_fill_inplace_at(site, v, 0.0) : nt_last_error();
         at = next;
     }
-    if (!rc && x.n >= 2)
-        rc = nt_add_scalar_inplace_at(site, t, 0.0);
     nt__dev_leave(&d);
     return rc;
 }
@@ -718,8 +745,15 @@ static int slice_into_as(gradmap *gm, nt__node *n, nt_tensor *g, bool reshaped)
             return nt__err(&n->site, NT_ESTATE, "nt_backward",
                            "a slice gradient's reshaped view is a copy");
     }
-    if (!v || nt_copy_into_at(&n->site, v, g))
+    if (!v)
         return nt_last_error();
+    if (e->n == 0) { /* the first: written once it is known whether it stays alone */
+        e->pend_v = nt_retain(v);
+        e->pend_g = nt_retain(g);
+        e->pend_site = n->site;
+    } else if (scat_flush(e, true) || nt__add_scalar_into(&n->site, "nt_backward", v, g, 0.0)) {
+        return nt_last_error();
+    }
     e->lo[e->n] = lo;
     e->hi[e->n++] = hi;
     return 0;

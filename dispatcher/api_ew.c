@@ -554,6 +554,24 @@ NT_API int nt_copy_into_at(const nt_site *site, nt_tensor *dst, nt_tensor *src)
     return inplace_end(&c);
 }
 
+int nt__add_scalar_into(const nt_site *site, const char *fn, nt_tensor *dst, nt_tensor *src,
+                        double s)
+{
+    nt__call c;
+    if (!inplace_begin(&c, site, fn, NT_OP_ADD_SCALAR, dst, src, true)) {
+        nt__call_fail(&c);
+        return nt_last_error();
+    }
+    /* like nt_copy_into: the op reads src only */
+    c.in[0] = c.in[1];
+    c.in[1] = NULL;
+    c.tmp[0] = c.tmp[1];
+    c.tmp[1] = NULL;
+    c.nin = 1;
+    c.p.f[0] = s;
+    return inplace_end(&c);
+}
+
 NT_API int nt_add_inplace_at(const nt_site *site, nt_tensor *dst, nt_tensor *src)
 {
     return inplace_binary(site, "nt_add_inplace", NT_OP_ADD, dst, src);

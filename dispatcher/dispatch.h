@@ -115,6 +115,10 @@ nt_tensor *nt__scalar(const nt_site *site, const char *fn, int op, nt_tensor *t,
 nt_tensor *nt__reduce(const nt_site *site, const char *fn, int op, nt_tensor *t, int dim,
                       bool keepdim);
 nt_tensor *nt__copy_to(const nt_site *site, const char *fn, nt_tensor *src, nt_dtype dt);
+/* dst = src + s written into dst (nt_copy_into with the add in the same
+ * op: autograd's slice gradients, tape.c); 0 or the error code. */
+int nt__add_scalar_into(const nt_site *site, const char *fn, nt_tensor *dst, nt_tensor *src,
+                        double s);
 /* The DROPOUT op on x (any training mode): nt_dropout's, and its backward's
  * on g with the same p and seed. */
 nt_tensor *nt__dropout(const nt_site *site, const char *fn, nt_tensor *x, double p, uint64_t seed);

@@ -700,6 +700,123 @@ static int run(mm *p)
     return 0;
 }
 
+/* Chooses the program (streaming or blocks), the block of M-tiles and the
+ * slots of the A panel from the PSUM banks and SBUF bytes the kernel has
+ * left. */
+static int plan(mm *p, bool tbank)
+{
+    static const char *I = "nt_tile_matmul";
+    nt_sim_kernel *k = p->k;
+    const nt_tile_matmul_args *a = p->a;
+    /* PSUM: one bank per M-tile of a block, plus one for transposes */
+    int banks = nt__sim_free_banks(k) - (tbank ? 1 : 0);
+    int bm_max = (int)min64(banks, p->nm);
+    if (bm_max > NT_SIM_PSUM_BANKS)
+        bm_max = NT_SIM_PSUM_BANKS;
+    if (bm_max < 1)
+        return nt__sim_fail(k, I, "needs %d free PSUM banks, %d left in the kernel",
+                            tbank ? 2 : 1, nt__sim_free_banks(k));
+
+    /* SBUF: the streaming program when all of B stays (run_stream); else
+     * the largest block whose whole A panel stays resident, else the
+     * largest block that streams the panel through a few slots */
+    int64_t avail = nt_tile_free_bytes(k, NT_MEM_SBUF);
+    /* (with an epilogue, one N-chunk: an in-place epilogue's loads of the
+     * next chunk of the same rows would wait for this chunk's stores to the
+     * same HBM pages; the block program puts other M-tiles between them) */
+    if (a->K > 0 && p->nm >= 2 && banks >= 2 && (!a->epilogue || p->nn == 1)) {
+        int64_t bres = p->nk * a->N * p->esz;
+        int64_t G = a->a_trans ? 1 : min64(min64(per_load(p, a->K), 8), p->nm);
+        int NP = a->a_trans ? S_NS : 2;
+        int64_t need = bres + (a->a_trans ? 0 : S_NS * G * a->K * p->esz) +
+                       (int64_t)NP * p->nk * TM * p->esz + (a->epilogue ? 0 : 4 * TN * p->csz) +
+                       (a->b_trans ? BT_SETS * a->K * p->esz : 0) + NT__SIM_ALIGN * 8;
+        if (bres <= S_BRES && (!a->b_trans || a->K * p->esz <= 16 * 1024) && need <= avail) {
+            p->stream = true;
+            p->G = (int)G;
+            p->NS = S_NS;
+            p->NP = NP;
+            p->NO = 4;
+            p->nacc = banks < 6 ? banks : 6;
+        }
+    }
+    p->BM = 0;
+    if (p->stream)
+        p->BM = 1; /* skips the block search below */
+    for (int bm = bm_max; bm >= 1 && !p->stream; bm--)
+        if (need_bytes(p, bm, (int)p->nk) <= avail) {
+            p->BM = bm;
+            p->resident = true;
+            p->NP = (int)p->nk;
+            break;
+        }
+    if (!p->BM) {
+        int np = (int)min64(p->nk, 4);
+        for (int bm = bm_max; bm >= 1; bm--)
+            if (need_bytes(p, bm, np) <= avail) {
+                p->BM = bm;
+                p->NP = np;
+                break;
+            }
+    }
+    if (!p->BM)
+        return nt__sim_fail(k, I, "needs %lld B per partition of SBUF, %lld B free in the kernel",
+                            (long long)need_bytes(p, 1, 1), (long long)avail);
+    if (!p->stream)
+        p->NO = p->BM + 2;
+    if (a->K == 0)
+        p->NO = 2;
+    return 0;
+}
+
+/* The tiles of the chosen program (an allocation failure is left in
+ * k->err). */
+static void alloc_tiles(mm *p, bool tbank)
+{
+    nt_sim_kernel *k = p->k;
+    const nt_tile_matmul_args *a = p->a;
+    if (!p->stream || !a->epilogue)
+        p->oring = nt_tile_alloc(k, "mm.out", NT_MEM_SBUF, a->out_dtype, TM, (int64_t)p->NO * TN);
+    if (a->K == 0 && a->epilogue)
+        p->acc[0] = nt_tile_alloc(k, "mm.acc", NT_MEM_PSUM, NT_F32, TM, TN);
+    if (p->stream) {
+        p->bres = nt_tile_alloc(k, "mm.Bres", NT_MEM_SBUF, a->in_dtype, TK, p->nk * a->N);
+        p->panel = nt_tile_alloc(k, "mm.At", NT_MEM_SBUF, a->in_dtype, TK,
+                                (int64_t)p->NP * p->nk * TM);
+        if (!a->a_trans)
+            p->abuf = nt_tile_alloc(k, "mm.A", NT_MEM_SBUF, a->in_dtype, TM,
+                                   (int64_t)p->NS * p->G * a->K);
+        if (a->b_trans)
+            p->bstage = nt_tile_alloc(k, "mm.Bt", NT_MEM_SBUF, a->in_dtype, TM,
+                                     (int64_t)BT_SETS * a->K);
+        for (int i = 0; i < p->nacc; i++)
+            p->acc[i] = nt_tile_alloc(k, "mm.acc", NT_MEM_PSUM, NT_F32, TM, TN);
+        if (tbank) {
+            p->tslots = (int)(NT_SIM_PSUM_BANK_BYTES / (TM * p->esz));
+            p->tpsum = nt_tile_alloc(k, "mm.T", NT_MEM_PSUM, a->in_dtype, TK,
+                                    (int64_t)p->tslots * TM);
+        }
+    } else if (a->K > 0) {
+        p->bring = nt_tile_alloc(k, "mm.B", NT_MEM_SBUF, a->in_dtype, TK, (int64_t)NB * TN);
+        p->panel = nt_tile_alloc(k, "mm.At", NT_MEM_SBUF, a->in_dtype, TK,
+                                (int64_t)p->NP * p->BM * TM);
+        for (int i = 0; i < p->BM; i++)
+            p->acc[i] = nt_tile_alloc(k, "mm.acc", NT_MEM_PSUM, NT_F32, TM, TN);
+        if (!a->a_trans)
+            for (int i = 0; i < 2; i++)
+                p->strip[i] = nt_tile_alloc(k, "mm.Astrip", NT_MEM_SBUF, a->in_dtype, TM,
+                                           (int64_t)p->BM * STRIP_KT * TK);
+        if (a->b_trans)
+            p->bstage = nt_tile_alloc(k, "mm.Bt", NT_MEM_SBUF, a->in_dtype, TM,
+                                     (int64_t)BT_SETS * (TN / TM) * BT_KT * TK);
+        if (tbank) {
+            p->tslots = (int)(NT_SIM_PSUM_BANK_BYTES / (TM * p->esz));
+            p->tpsum = nt_tile_alloc(k, "mm.T", NT_MEM_PSUM, a->in_dtype, TK,
+                                    (int64_t)p->tslots * TM);
+        }
+    }
+}
+
 int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
 {
     static const char *I = "nt_tile_matmul";
@@ -745,105 +862,10 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
 
     /* PSUM: one bank per M-tile of a block, plus one for transposes */
     bool tbank = a->K > 0 && (!a->a_trans || a->b_trans); /* transposes on TensorE */
-    int banks = nt__sim_free_banks(k) - (tbank ? 1 : 0);
-    int bm_max = (int)min64(banks, p.nm);
-    if (bm_max > NT_SIM_PSUM_BANKS)
-        bm_max = NT_SIM_PSUM_BANKS;
-    if (bm_max < 1)
-        return nt__sim_fail(k, I, "needs %d free PSUM banks, %d left in the kernel",
-                            tbank ? 2 : 1, nt__sim_free_banks(k));
-
-    /* SBUF: the streaming program when all of B stays (run_stream); else
-     * the largest block whose whole A panel stays resident, else the
-     * largest block that streams the panel through a few slots */
-    int64_t avail = nt_tile_free_bytes(k, NT_MEM_SBUF);
-    /* (with an epilogue, one N-chunk: an in-place epilogue's loads of the
-     * next chunk of the same rows would wait for this chunk's stores to the
-     * same HBM pages; the block program puts other M-tiles between them) */
-    if (a->K > 0 && p.nm >= 2 && banks >= 2 && (!a->epilogue || p.nn == 1)) {
-        int64_t bres = p.nk * a->N * p.esz;
-        int64_t G = a->a_trans ? 1 : min64(min64(per_load(&p, a->K), 8), p.nm);
-        int NP = a->a_trans ? S_NS : 2;
-        int64_t need = bres + (a->a_trans ? 0 : S_NS * G * a->K * p.esz) +
-                       (int64_t)NP * p.nk * TM * p.esz + (a->epilogue ? 0 : 4 * TN * p.csz) +
-                       (a->b_trans ? BT_SETS * a->K * p.esz : 0) + NT__SIM_ALIGN * 8;
-        if (bres <= S_BRES && (!a->b_trans || a->K * p.esz <= 16 * 1024) && need <= avail) {
-            p.stream = true;
-            p.G = (int)G;
-            p.NS = S_NS;
-            p.NP = NP;
-            p.NO = 4;
-            p.nacc = banks < 6 ? banks : 6;
-        }
-    }
-    p.BM = 0;
-    if (p.stream)
-        p.BM = 1; /* skips the block search below */
-    for (int bm = bm_max; bm >= 1 && !p.stream; bm--)
-        if (need_bytes(&p, bm, (int)p.nk) <= avail) {
-            p.BM = bm;
-            p.resident = true;
-            p.NP = (int)p.nk;
-            break;
-        }
-    if (!p.BM) {
-        int np = (int)min64(p.nk, 4);
-        for (int bm = bm_max; bm >= 1; bm--)
-            if (need_bytes(&p, bm, np) <= avail) {
-                p.BM = bm;
-                p.NP = np;
-                break;
-            }
-    }
-    if (!p.BM)
-        return nt__sim_fail(k, I, "needs %lld B per partition of SBUF, %lld B free in the kernel",
-                            (long long)need_bytes(&p, 1, 1), (long long)avail);
-    if (!p.stream)
-        p.NO = p.BM + 2;
-    if (a->K == 0)
-        p.NO = 2;
-
-    int rc = 0;
-    if (!p.stream || !a->epilogue)
-        p.oring = nt_tile_alloc(k, "mm.out", NT_MEM_SBUF, a->out_dtype, TM, (int64_t)p.NO * TN);
-    if (a->K == 0 && a->epilogue)
-        p.acc[0] = nt_tile_alloc(k, "mm.acc", NT_MEM_PSUM, NT_F32, TM, TN);
-    if (p.stream) {
-        p.bres = nt_tile_alloc(k, "mm.Bres", NT_MEM_SBUF, a->in_dtype, TK, p.nk * a->N);
-        p.panel = nt_tile_alloc(k, "mm.At", NT_MEM_SBUF, a->in_dtype, TK,
-                                (int64_t)p.NP * p.nk * TM);
-        if (!a->a_trans)
-            p.abuf = nt_tile_alloc(k, "mm.A", NT_MEM_SBUF, a->in_dtype, TM,
-                                   (int64_t)p.NS * p.G * a->K);
-        if (a->b_trans)
-            p.bstage = nt_tile_alloc(k, "mm.Bt", NT_MEM_SBUF, a->in_dtype, TM,
-                                     (int64_t)BT_SETS * a->K);
-        for (int i = 0; i < p.nacc; i++)
-            p.acc[i] = nt_tile_alloc(k, "mm.acc", NT_MEM_PSUM, NT_F32, TM, TN);
-        if (tbank) {
-            p.tslots = (int)(NT_SIM_PSUM_BANK_BYTES / (TM * p.esz));
-            p.tpsum = nt_tile_alloc(k, "mm.T", NT_MEM_PSUM, a->in_dtype, TK,
-                                    (int64_t)p.tslots * TM);
-        }
-    } else if (a->K > 0) {
-        p.bring = nt_tile_alloc(k, "mm.B", NT_MEM_SBUF, a->in_dtype, TK, (int64_t)NB * TN);
-        p.panel = nt_tile_alloc(k, "mm.At", NT_MEM_SBUF, a->in_dtype, TK,
-                                (int64_t)p.NP * p.BM * TM);
-        for (int i = 0; i < p.BM; i++)
-            p.acc[i] = nt_tile_alloc(k, "mm.acc", NT_MEM_PSUM, NT_F32, TM, TN);
-        if (!a->a_trans)
-            for (int i = 0; i < 2; i++)
-                p.strip[i] = nt_tile_alloc(k, "mm.Astrip", NT_MEM_SBUF, a->in_dtype, TM,
-                                           (int64_t)p.BM * STRIP_KT * TK);
-        if (a->b_trans)
-            p.bstage = nt_tile_alloc(k, "mm.Bt", NT_MEM_SBUF, a->in_dtype, TM,
-                                     (int64_t)BT_SETS * (TN / TM) * BT_KT * TK);
-        if (tbank) {
-            p.tslots = (int)(NT_SIM_PSUM_BANK_BYTES / (TM * p.esz));
-            p.tpsum = nt_tile_alloc(k, "mm.T", NT_MEM_PSUM, a->in_dtype, TK,
-                                    (int64_t)p.tslots * TM);
-        }
-    }
+    int rc = plan(&p, tbank);
+    if (rc)
+        return rc;
+    alloc_tiles(&p, tbank);
     bool fx = k->functional;
     if (k->err)
         rc = k->err;

@@ -2157,6 +2157,124 @@ static void test_kernel_schedules(void **state)
     }
 }
 
+static nt_tensor *sched_linear_bias(nt_tensor **in) { return nt_linear(in[0], in[1], in[2]); }
+/* layer norm's statistics recomputed in its backward: one ROW program
+ * with three outputs (xhat and the row's rstd live on: in[2], in[3]) */
+static nt_tensor *sched_ln_recompute(nt_tensor **in)
+{
+    nt_tensor *xc = nt_sub(in[0], nt_mean(in[0], 1, true));
+    nt_tensor *r = nt_rsqrt(nt_add_scalar(nt_mean(nt_mul(xc, xc), 1, true), 1e-5));
+    nt_tensor *xh = nt_mul(xc, r);
+    in[2] = nt_keep(xh);
+    in[3] = nt_keep(r);
+    return nt_mul(xh, in[1]);
+}
+/* attention's heads of a [B, T, 3D] projection made contiguous ([B, H, T,
+ * hd]), as autograd's cat for sdpa_bwd does */
+static nt_tensor *sched_heads(nt_tensor **in)
+{
+    nt_tensor *s = nt_slice(in[0], 2, 128, 256, 1);
+    return nt_contiguous(nt_permute(nt_reshape(s, 4, (int64_t[]){16, 128, 4, 32}),
+                                    (int[]){0, 2, 1, 3}));
+}
+
+/* Schedules of the char GPT's kernels (issue 31): each within a bound of
+ * its floor and bit for bit the CPU's. */
+static void test_gpt_schedules(void **state)
+{
+    (void)state;
+    nt_sim_stats st;
+    /* 1. the qkv layer, x [16, 128, 128] . w^T [384, 128] + b: one MM
+     * program; the bias goes into SBUF once as [128, 384] (it was loaded
+     * with every block of 128 rows: 3.1 MB of the kernel's 7.5), and the
+     * add reads the accumulator from PSUM (N VectorE cycles) instead of an
+     * f32 copy ScalarE made first (then 2N); b holds -0, Inf and NaN */
+    {
+        nt_tensor *in[3] = {nt_randn(NT_F32, 3, (int64_t[]){16, 128, 128}, 111),
+                            nt_randn(NT_F32, 2, (int64_t[]){384, 128}, 112), NULL};
+        float bh[384];
+        for (int i = 0; i < 384; i++)
+            bh[i] = (float)(i % 7) * 0.25f - 0.75f;
+        bh[3] = -0.0f, bh[100] = INFINITY, bh[200] = NAN, bh[300] = -INFINITY;
+        in[2] = nt_from_host(bh, NT_F32, 1, (int64_t[]){384});
+        size_t ob = (size_t)2048 * 384 * 4;
+        float *a = malloc(ob), *b = malloc(ob);
+        assert_int_equal(nt_config_set("NT_FUSION", "1"), 0);
+        sched_run("lazy", sched_linear_bias, in, &st, a, ob);
+        assert_int_equal(st.kernels, 1);
+        assert_int_equal(st.hbm_read_bytes, (uint64_t)(2048 + 384 + 128 * 3) * 128 * 4);
+        assert_int_equal(st.hbm_write_bytes, (uint64_t)ob);
+        double floor = dma_floor_ns((double)(st.hbm_read_bytes + st.hbm_write_bytes));
+        print_message("# x [16, 128, 128] @ w^T [128, 384] + b: %.0f ns, DMA floor %.0f ns "
+                      "(%.2fx), ScalarE %.0f ns\n",
+                      st.sim_ns, floor, st.sim_ns / floor, st.busy_ns[NT_ENGINE_SCALAR]);
+        assert_true(st.sim_ns <= 1.35 * floor);
+        assert_true(st.busy_ns[NT_ENGINE_SCALAR] == 0);
+        sched_cpu(sched_linear_bias, in, b, ob);
+        assert_memory_equal(a, b, ob);
+        assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
+        free(a), free(b);
+        for (int i = 0; i < 3; i++)
+            nt_release(in[i]);
+    }
+    /* 2. a permuted copy, the heads of [16, 128, 384] to [16, 4, 128, 32]:
+     * T on partitions and (B, H, hd) on the free axis (sk_tiler_init's
+     * reorder), four tiles of 256 KiB, where T on partitions with hd = 32
+     * alone on the free axis made 64 tiles of 16 KiB, each load and store
+     * paying the DMA's fixed cost (46.6 us) */
+    {
+        nt_tensor *x = nt_randn(NT_F32, 3, (int64_t[]){16, 128, 384}, 121);
+        size_t ob = (size_t)16 * 128 * 128 * 4;
+        float *a = malloc(ob), *b = malloc(ob);
+        sched_run("eager", sched_heads, &x, &st, a, ob);
+        assert_int_equal(st.kernels, 1);
+        assert_int_equal(st.hbm_read_bytes, (uint64_t)ob);
+        assert_int_equal(st.hbm_write_bytes, (uint64_t)ob);
+        double floor = dma_floor_ns((double)(st.hbm_read_bytes + st.hbm_write_bytes));
+        print_message("# heads of [16, 128, 384] made contiguous: %.0f ns, %llu instructions, "
+                      "DMA floor %.0f ns (%.2fx)\n",
+                      st.sim_ns, (unsigned long long)st.instructions, floor, st.sim_ns / floor);
+        assert_true(st.instructions <= 16);
+        assert_true(st.sim_ns <= 1.6 * floor);
+        sched_cpu(sched_heads, &x, b, ob);
+        assert_memory_equal(a, b, ob);
+        free(a), free(b);
+        nt_release(x);
+    }
+    /* 3. that recompute over [2048, 128] (the GPT's layer norms): a stored
+     * value keeps its register for the rest of its tile and six register
+     * sets rotate, so no op waits for a store's DMA and a tile's loads go
+     * while the tiles before it compute (70 us: every tile's chain waited
+     * for its own stores, and its loads for the stores two tiles back) */
+    {
+        nt_tensor *in[4] = {nt_randn(NT_F32, 2, (int64_t[]){2048, 128}, 131),
+                            nt_randn(NT_F32, 1, (int64_t[]){128}, 132), NULL, NULL};
+        size_t ob = (size_t)2048 * 128 * 4;
+        float *a = malloc(ob), *b = malloc(ob), *xa = malloc(ob), *xb = malloc(ob);
+        float ra[2048], rb[2048];
+        assert_int_equal(nt_config_set("NT_FUSION", "1"), 0);
+        sched_run("lazy", sched_ln_recompute, in, &st, a, ob);
+        assert_int_equal(st.kernels, 1);
+        assert_int_equal(nt_to_host(in[2], xa, ob), 0);
+        assert_int_equal(nt_to_host(in[3], ra, sizeof ra), 0);
+        nt_release(in[2]), nt_release(in[3]);
+        double floor = dma_floor_ns((double)(st.hbm_read_bytes + st.hbm_write_bytes));
+        print_message("# layer norm recompute [2048, 128], 3 outputs: %.0f ns, DMA floor %.0f ns "
+                      "(%.2fx)\n", st.sim_ns, floor, st.sim_ns / floor);
+        assert_true(st.sim_ns <= 2.6 * floor);
+        sched_cpu(sched_ln_recompute, in, b, ob);
+        assert_int_equal(nt_to_host(in[2], xb, ob), 0);
+        assert_int_equal(nt_to_host(in[3], rb, sizeof rb), 0);
+        assert_memory_equal(a, b, ob);
+        assert_memory_equal(xa, xb, ob);
+        assert_memory_equal(ra, rb, sizeof ra);
+        assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
+        free(a), free(b), free(xa), free(xb);
+        for (int i = 0; i < 4; i++)
+            nt_release(in[i]);
+    }
+}
+
 static void test_big_shapes(void **state)
 {
     (void)state;
@@ -2299,6 +2417,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fused_programs, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_hbm_bytes, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_kernel_schedules, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_gpt_schedules, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_stochastic_rounding, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_require_sim_and_min_flops, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_generator_refuses_other_op, setup, nt_test_teardown),

@@ -285,6 +285,167 @@ typedef struct fq {
     nt_tile *st, *acc, *PT, *pv;
 } fq;
 
+/* The forward's tiles: the head's k^T, q^T, rows of k, v, q, its output;
+ * the lse of a group of HG heads (LS) with their m (LM); per query block
+ * in flight its stats, o accumulator, P^T and PSUM for P V. */
+typedef struct ft {
+    nt_tile *KT, *QT, *Kr, *V, *Qr, *OT, *LS, *LM;
+    int64_t HG;
+    fq f[G];
+} ft;
+
+static int fwd_tiles(ak *a, ft *T, nt_dtype odt, int rc)
+{
+    sk_k *s = a->s;
+    nt_sim_kernel *k = a->k;
+    int64_t D = a->D, Dv = a->Dv, Tq = a->Tq, Tk = a->Tk, nqb = a->nqb, nkb = a->nkb;
+    T->KT = sk_tile(s, "attn.kT", NT_F32, (int)D, Tk);
+    T->QT = sk_tile(s, "attn.qT", NT_F32, (int)D, Tq);
+    T->Kr = sk_tile(s, "attn.k", NT_F32, BLK, nkb * D);
+    T->V = sk_tile(s, "attn.v", NT_F32, BLK, nkb * Dv);
+    T->Qr = sk_tile(s, "attn.q", NT_F32, BLK, nqb * D);
+    T->OT = sk_tile(s, "attn.out", odt, BLK, nqb * Dv);
+    /* lse = m + log(max(l, 1)) waits for a group of HG heads: one LOG
+     * activation over all of them, not one per head (each switched
+     * ScalarE's function table from exp to log and back: 2 us a head) */
+    int64_t HG = nqb < 1 || LSE_COLS / nqb < 1 ? 1 : LSE_COLS / nqb;
+    if (HG > a->g.nbatch)
+        HG = a->g.nbatch < 1 ? 1 : a->g.nbatch;
+    T->HG = HG;
+    T->LS = sk_tile(s, "attn.lse", NT_F32, BLK, HG * nqb);
+    T->LM = sk_tile(s, "attn.lsem", NT_F32, BLK, HG * nqb);
+    if (T->LS && T->LM) { /* rows past a short last block: finite, never stored */
+        nt_ap ls0 = nt_tile_ap(T->LS), lm0 = nt_tile_ap(T->LM);
+        if (!rc)
+            rc = nt_isa_memset(k, &ls0, 1.0, NT_ENGINE_GPSIMD);
+        if (!rc)
+            rc = nt_isa_memset(k, &lm0, 0.0, NT_ENGINE_GPSIMD);
+    }
+    for (int g = 0; g < G; g++) {
+        T->f[g].st = sk_tile(s, "attn.stats", NT_F32, BLK, C_NCOL);
+        T->f[g].acc = sk_tile(s, "attn.o", NT_F32, BLK, Dv);
+        T->f[g].PT = sk_tile(s, "attn.pT", NT_F32, BLK, BLK);
+        T->f[g].pv = nt_tile_alloc(k, "attn.pv", NT_MEM_PSUM, NT_F32, BLK, Dv);
+    }
+    return rc;
+}
+
+/* Step `step` of query block slot g against key block j (k0, nk keys);
+ * mb, the batch's mask offset. */
+static int fwd_step(ak *a, const ft *T, int step, int g, int j, int64_t mb)
+{
+    nt_sim_kernel *k = a->k;
+    int64_t D = a->D, Dv = a->Dv, k0 = (int64_t)j * BLK;
+    int nk = bsize(a->Tk, j);
+    const fq *f = &T->f[g];
+    int Mq = f->Mq;
+    int64_t q0 = f->q0;
+    nt_tile *st = f->st;
+    nt_ap S = nt_tile_slice(a->S[g], 0, Mq, 0, nk);
+    nt_ap sc = nt_tile_slice(a->sc[g], 0, Mq, 0, nk);
+    nt_ap m = col(st, Mq, C_M), mnew = col(st, Mq, C_MNEW);
+    nt_ap bmax = col(st, Mq, C_BMAX), alpha = col(st, Mq, C_ALPHA);
+    nt_ap negm = col(st, Mq, C_NEGM), rs = col(st, Mq, C_RS);
+    nt_ap l = col(st, Mq, C_L), t = col(st, Mq, C_T);
+    nt_ap o_ = nt_tile_slice(f->acc, 0, Mq, 0, Dv);
+    nt_ap pT = nt_tile_slice(f->PT, 0, nk, 0, Mq);
+    nt_ap PV = nt_tile_slice(f->pv, 0, Mq, 0, Dv);
+    nt_ap trp = nt_tile_slice(a->tp[g & 1], 0, nk, (g >> 1) * BLK, Mq);
+    int rc;
+    switch (step) {
+    case F_MM: {
+        nt_ap qT = nt_tile_slice(T->QT, 0, (int)D, q0, Mq);
+        nt_ap kd = nt_tile_slice(T->KT, 0, (int)D, k0, nk);
+        return nt_isa_nc_matmul(k, &S, &qT, &kd, false);
+    }
+    case F_SCORES: return scores(a, g, &sc, &S, mb, q0, Mq, k0, nk);
+    case F_MAX: return nt_isa_tensor_reduce(k, &bmax, &sc, NT_ALU_MAX, 1);
+    case F_MNEW: return tt(a, &mnew, &m, &bmax, NT_ALU_MAX);
+    case F_SUB:
+        if ((rc = tt(a, &t, &m, &mnew, NT_ALU_SUB)))
+            return rc;
+        return ts(a, &negm, &mnew, NT_ALU_MUL, NULL, -1.0f);
+    case F_ALPHA: return nt_isa_activation(k, &alpha, NT_ACT_EXP, &t, NULL, NULL, NULL);
+    case F_P:
+        return nt_isa_activation(k, &sc, NT_ACT_EXP, &sc, NULL, &(nt_isa_scalar){&negm, 0}, &rs);
+    case F_L:
+        rc = nt_isa_tensor_scalar(k, &l, &l, &(nt_isa_alu){NT_ALU_MUL, {&alpha, 0}, false},
+                                  &(nt_isa_alu){NT_ALU_ADD, {&rs, 0}, false}, NT_ENGINE_VECTOR);
+        return rc ? rc : nt_isa_tensor_copy(k, &m, &mnew, NT_ENGINE_GPSIMD);
+    case F_TR: return nt_isa_nc_transpose(k, &trp, &sc);
+    case F_TRC: return nt_isa_tensor_copy(k, &pT, &trp, NT_ENGINE_SCALAR);
+    case F_PV: {
+        nt_ap vd = nt_tile_slice(T->V, 0, nk, (int64_t)j * Dv, Dv);
+        return nt_isa_nc_matmul(k, &PV, &pT, &vd, false);
+    }
+    case F_OA: return ts(a, &o_, &o_, NT_ALU_MUL, &alpha, 0);
+    case F_OADD: return tt(a, &o_, &o_, &PV, NT_ALU_ADD);
+    }
+    return 0;
+}
+
+/* Query blocks i0 .. i0+ng of batch b: state cleared, every key block
+ * with their steps interleaved, then out = o / max(l, 1), with max(l, 1)
+ * and m kept in the group's lse columns. */
+static int fwd_query_blocks(ak *a, ft *T, int64_t b, int64_t i0, int ng, int64_t mb)
+{
+    nt_sim_kernel *k = a->k;
+    int64_t Dv = a->Dv, nqb = a->nqb;
+    int rc = 0;
+    for (int g = 0; g < ng && !rc; g++) {
+        fq *f = &T->f[g];
+        f->q0 = (i0 + g) * BLK;
+        f->Mq = bsize(a->Tq, (int)(i0 + g));
+        nt_ap m = col(f->st, f->Mq, C_M), l = col(f->st, f->Mq, C_L);
+        nt_ap o_ = nt_tile_slice(f->acc, 0, f->Mq, 0, Dv);
+        if (!(rc = nt_isa_memset(k, &m, -FLT_MAX, NT_ENGINE_VECTOR)) &&
+            !(rc = nt_isa_memset(k, &l, 0.0, NT_ENGINE_VECTOR)))
+            rc = nt_isa_memset(k, &o_, 0.0, NT_ENGINE_GPSIMD);
+    }
+    for (int j = 0; j < a->nkb && !rc; j++) {
+        int64_t k0 = (int64_t)j * BLK;
+        for (int step = 0; step < F_NSTEP && !rc; step++)
+            for (int g = 0; g < ng && !rc; g++)
+                if (!skip_block(a, T->f[g].q0, T->f[g].Mq, k0))
+                    rc = fwd_step(a, T, step, g, j, mb);
+    }
+    for (int g = 0; g < ng && !rc; g++) {
+        const fq *f = &T->f[g];
+        int Mq = f->Mq;
+        int64_t i = i0 + g, c = (b % T->HG) * nqb + i;
+        nt_ap m = col(f->st, Mq, C_M), l = col(f->st, Mq, C_L);
+        nt_ap o_ = nt_tile_slice(f->acc, 0, Mq, 0, Dv);
+        nt_ap out = nt_tile_slice(T->OT, 0, Mq, i * Dv, Dv);
+        nt_ap ls = col(T->LS, Mq, c), lm = col(T->LM, Mq, c);
+        if ((rc = ts(a, &ls, &l, NT_ALU_MAX, NULL, 1.0f)) ||
+            (rc = ts(a, &out, &o_, NT_ALU_DIV, &ls, 0)))
+            break;
+        rc = nt_isa_tensor_copy(k, &lm, &m, NT_ENGINE_GPSIMD);
+    }
+    return rc;
+}
+
+/* The lse of the group of heads ending at batch b: m + log(max(l, 1)),
+ * elementwise as per head, to HBM. */
+static int fwd_lse(ak *a, const ft *T, int64_t b, char *ld)
+{
+    int64_t Tq = a->Tq, nqb = a->nqb;
+    int64_t b0 = b - b % T->HG, nh = b - b0 + 1;
+    nt_ap ls = nt_tile_slice(T->LS, 0, BLK, 0, nh * nqb);
+    nt_ap lm = nt_tile_slice(T->LM, 0, BLK, 0, nh * nqb);
+    int rc = nt_isa_activation(a->k, &ls, NT_ACT_LOG, &ls, NULL, NULL, NULL);
+    if (!rc)
+        rc = tt(a, &ls, &lm, &ls, NT_ALU_ADD);
+    /* whole blocks: the group's lse is one run of HBM, column c at c * BLK
+     * -- one store (a store per head waited for the one before it on their
+     * shared HBM pages) */
+    if (!rc && Tq % BLK == 0)
+        rc = store_head_at(a, ld, NT_F32, b0 * Tq, 1, T->LS, 0, nh * Tq, 1);
+    for (int64_t h = 0; h < nh && !rc && Tq % BLK; h++)
+        rc = store_head_at(a, ld, NT_F32, (b0 + h) * Tq, 1, T->LS, h * nqb, Tq, 1);
+    return rc;
+}
+
 int nt__sk_sdpa(const nt__rec *r)
 {
     const nt_tensor *q = r->in[0], *kt = r->in[1], *vt = r->in[2];
@@ -307,151 +468,29 @@ int nt__sk_sdpa(const nt__rec *r)
     nt__attn_opnd_of(&a.q, q, &a.g, 0);
     nt__attn_opnd_of(&a.kk, kt, &a.g, 0);
     nt__attn_opnd_of(&a.v, vt, &a.g, 0);
-    nt_sim_kernel *k = s.k;
     const nt_tensor *o = r->out[0], *lse = r->out[1];
     nt_dtype odt = (nt_dtype)o->dtype;
     char *od = nt__tensor_data(o), *ld = nt__tensor_data(lse);
-    nt_tile *KT = sk_tile(&s, "attn.kT", NT_F32, (int)D, Tk);
-    nt_tile *QT = sk_tile(&s, "attn.qT", NT_F32, (int)D, Tq);
-    nt_tile *Kr = sk_tile(&s, "attn.k", NT_F32, BLK, nkb * D);
-    nt_tile *V = sk_tile(&s, "attn.v", NT_F32, BLK, nkb * Dv);
-    nt_tile *Qr = sk_tile(&s, "attn.q", NT_F32, BLK, nqb * D);
-    nt_tile *OT = sk_tile(&s, "attn.out", odt, BLK, nqb * Dv);
-    /* lse = m + log(max(l, 1)) waits for a group of HG heads: one LOG
-     * activation over all of them, not one per head (each switched
-     * ScalarE's function table from exp to log and back: 2 us a head) */
-    int64_t HG = nqb < 1 || LSE_COLS / nqb < 1 ? 1 : LSE_COLS / nqb;
-    if (HG > a.g.nbatch)
-        HG = a.g.nbatch < 1 ? 1 : a.g.nbatch;
-    nt_tile *LS = sk_tile(&s, "attn.lse", NT_F32, BLK, HG * nqb);
-    nt_tile *LM = sk_tile(&s, "attn.lsem", NT_F32, BLK, HG * nqb);
-    if (LS && LM) { /* rows past a short last block: finite, never stored */
-        nt_ap ls0 = nt_tile_ap(LS), lm0 = nt_tile_ap(LM);
-        if (!rc)
-            rc = nt_isa_memset(s.k, &ls0, 1.0, NT_ENGINE_GPSIMD);
-        if (!rc)
-            rc = nt_isa_memset(s.k, &lm0, 0.0, NT_ENGINE_GPSIMD);
-    }
-    fq f[G];
-    for (int g = 0; g < G; g++) {
-        f[g].st = sk_tile(&s, "attn.stats", NT_F32, BLK, C_NCOL);
-        f[g].acc = sk_tile(&s, "attn.o", NT_F32, BLK, Dv);
-        f[g].PT = sk_tile(&s, "attn.pT", NT_F32, BLK, BLK);
-        f[g].pv = nt_tile_alloc(k, "attn.pv", NT_MEM_PSUM, NT_F32, BLK, Dv);
-    }
+    ft T;
+    rc = fwd_tiles(&a, &T, odt, rc);
     if (!rc)
-        rc = nt_sim_kernel_error(k);
+        rc = nt_sim_kernel_error(s.k);
     for (int64_t b = 0; b < a.g.nbatch && !rc; b++) {
         int64_t qb = nt__attn_boff(&a.q, &a.g, b), kb = nt__attn_boff(&a.kk, &a.g, b);
         int64_t vb = nt__attn_boff(&a.v, &a.g, b);
         int64_t mb = a.has_mask ? nt__attn_boff(&a.m, &a.g, b) : 0;
-        if ((rc = load_head(&a, Kr, &a.kk, kb, Tk, D)) ||
-            (rc = transpose_head(&a, KT, Kr, Tk, D)) ||
-            (rc = load_head(&a, V, &a.v, vb, Tk, Dv)) ||
-            (rc = load_head(&a, Qr, &a.q, qb, Tq, D)) ||
-            (rc = transpose_head(&a, QT, Qr, Tq, D)))
+        if ((rc = load_head(&a, T.Kr, &a.kk, kb, Tk, D)) ||
+            (rc = transpose_head(&a, T.KT, T.Kr, Tk, D)) ||
+            (rc = load_head(&a, T.V, &a.v, vb, Tk, Dv)) ||
+            (rc = load_head(&a, T.Qr, &a.q, qb, Tq, D)) ||
+            (rc = transpose_head(&a, T.QT, T.Qr, Tq, D)))
             break;
-        for (int64_t i0 = 0; i0 < nqb && !rc; i0 += G) {
-            int ng = (int)(nqb - i0 < G ? nqb - i0 : G);
-            for (int g = 0; g < ng && !rc; g++) {
-                f[g].q0 = (i0 + g) * BLK;
-                f[g].Mq = bsize(Tq, (int)(i0 + g));
-                nt_ap m = col(f[g].st, f[g].Mq, C_M), l = col(f[g].st, f[g].Mq, C_L);
-                nt_ap o_ = nt_tile_slice(f[g].acc, 0, f[g].Mq, 0, Dv);
-                if (!(rc = nt_isa_memset(k, &m, -FLT_MAX, NT_ENGINE_VECTOR)) &&
-                    !(rc = nt_isa_memset(k, &l, 0.0, NT_ENGINE_VECTOR)))
-                    rc = nt_isa_memset(k, &o_, 0.0, NT_ENGINE_GPSIMD);
-            }
-            for (int j = 0; j < nkb && !rc; j++) {
-                int64_t k0 = (int64_t)j * BLK;
-                int nk = bsize(Tk, j);
-                for (int step = 0; step < F_NSTEP && !rc; step++)
-                    for (int g = 0; g < ng && !rc; g++) {
-                        int Mq = f[g].Mq;
-                        int64_t q0 = f[g].q0;
-                        if (skip_block(&a, q0, Mq, k0))
-                            continue;
-                        nt_tile *st = f[g].st;
-                        nt_ap S = nt_tile_slice(a.S[g], 0, Mq, 0, nk);
-                        nt_ap sc = nt_tile_slice(a.sc[g], 0, Mq, 0, nk);
-                        nt_ap m = col(st, Mq, C_M), mnew = col(st, Mq, C_MNEW);
-                        nt_ap bmax = col(st, Mq, C_BMAX), alpha = col(st, Mq, C_ALPHA);
-                        nt_ap negm = col(st, Mq, C_NEGM), rs = col(st, Mq, C_RS);
-                        nt_ap l = col(st, Mq, C_L), t = col(st, Mq, C_T);
-                        nt_ap o_ = nt_tile_slice(f[g].acc, 0, Mq, 0, Dv);
-                        nt_ap pT = nt_tile_slice(f[g].PT, 0, nk, 0, Mq);
-                        nt_ap PV = nt_tile_slice(f[g].pv, 0, Mq, 0, Dv);
-                        nt_ap trp = nt_tile_slice(a.tp[g & 1], 0, nk, (g >> 1) * BLK, Mq);
-                        switch (step) {
-                        case F_MM: {
-                            nt_ap qT = nt_tile_slice(QT, 0, (int)D, q0, Mq);
-                            nt_ap kd = nt_tile_slice(KT, 0, (int)D, k0, nk);
-                            rc = nt_isa_nc_matmul(k, &S, &qT, &kd, false);
-                            break;
-                        }
-                        case F_SCORES: rc = scores(&a, g, &sc, &S, mb, q0, Mq, k0, nk); break;
-                        case F_MAX: rc = nt_isa_tensor_reduce(k, &bmax, &sc, NT_ALU_MAX, 1); break;
-                        case F_MNEW: rc = tt(&a, &mnew, &m, &bmax, NT_ALU_MAX); break;
-                        case F_SUB:
-                            if (!(rc = tt(&a, &t, &m, &mnew, NT_ALU_SUB)))
-                                rc = ts(&a, &negm, &mnew, NT_ALU_MUL, NULL, -1.0f);
-                            break;
-                        case F_ALPHA:
-                            rc = nt_isa_activation(k, &alpha, NT_ACT_EXP, &t, NULL, NULL, NULL);
-                            break;
-                        case F_P:
-                            rc = nt_isa_activation(k, &sc, NT_ACT_EXP, &sc, NULL,
-                                                   &(nt_isa_scalar){&negm, 0}, &rs);
-                            break;
-                        case F_L:
-                            rc = nt_isa_tensor_scalar(
-                                k, &l, &l, &(nt_isa_alu){NT_ALU_MUL, {&alpha, 0}, false},
-                                &(nt_isa_alu){NT_ALU_ADD, {&rs, 0}, false}, NT_ENGINE_VECTOR);
-                            if (!rc)
-                                rc = nt_isa_tensor_copy(k, &m, &mnew, NT_ENGINE_GPSIMD);
-                            break;
-                        case F_TR: rc = nt_isa_nc_transpose(k, &trp, &sc); break;
-                        case F_TRC: rc = nt_isa_tensor_copy(k, &pT, &trp, NT_ENGINE_SCALAR); break;
-                        case F_PV: {
-                            nt_ap vd = nt_tile_slice(V, 0, nk, (int64_t)j * Dv, Dv);
-                            rc = nt_isa_nc_matmul(k, &PV, &pT, &vd, false);
-                            break;
-                        }
-                        case F_OA: rc = ts(&a, &o_, &o_, NT_ALU_MUL, &alpha, 0); break;
-                        case F_OADD: rc = tt(&a, &o_, &o_, &PV, NT_ALU_ADD); break;
-                        }
-                    }
-            }
-            /* out = o / max(l, 1); max(l, 1) and m kept for the lse */
-            for (int g = 0; g < ng && !rc; g++) {
-                int Mq = f[g].Mq;
-                int64_t i = i0 + g, c = (b % HG) * nqb + i;
-                nt_ap m = col(f[g].st, Mq, C_M), l = col(f[g].st, Mq, C_L);
-                nt_ap o_ = nt_tile_slice(f[g].acc, 0, Mq, 0, Dv);
-                nt_ap out = nt_tile_slice(OT, 0, Mq, i * Dv, Dv);
-                nt_ap ls = col(LS, Mq, c), lm = col(LM, Mq, c);
-                if ((rc = ts(&a, &ls, &l, NT_ALU_MAX, NULL, 1.0f)) ||
-                    (rc = ts(&a, &out, &o_, NT_ALU_DIV, &ls, 0)))
-                    break;
-                rc = nt_isa_tensor_copy(k, &lm, &m, NT_ENGINE_GPSIMD);
-            }
-        }
+        for (int64_t i0 = 0; i0 < nqb && !rc; i0 += G)
+            rc = fwd_query_blocks(&a, &T, b, i0, (int)(nqb - i0 < G ? nqb - i0 : G), mb);
         if (!rc)
-            rc = store_head(&a, od, odt, b * Tq * Dv, Dv, OT, Tq, Dv);
-        /* the group's lse = m + log(max(l, 1)), elementwise as per head */
-        if (!rc && nqb > 0 && (b % HG == HG - 1 || b + 1 == a.g.nbatch)) {
-            int64_t b0 = b - b % HG, nh = b - b0 + 1;
-            nt_ap ls = nt_tile_slice(LS, 0, BLK, 0, nh * nqb), lm = nt_tile_slice(LM, 0, BLK, 0, nh * nqb);
-            if (!(rc = nt_isa_activation(k, &ls, NT_ACT_LOG, &ls, NULL, NULL, NULL)))
-                rc = tt(&a, &ls, &lm, &ls, NT_ALU_ADD);
-            /* whole blocks: the group's lse is one run of HBM, column c at
-             * c * BLK -- one store (a store per head waited for the one
-             * before it on their shared HBM pages) */
-            if (!rc && Tq % BLK == 0)
-                rc = store_head_at(&a, ld, NT_F32, b0 * Tq, 1, LS, 0, nh * Tq, 1);
-            for (int64_t h = 0; h < nh && !rc && Tq % BLK; h++)
-                rc = store_head_at(&a, ld, NT_F32, (b0 + h) * Tq, 1, LS, h * nqb, Tq, 1);
-        }
+            rc = store_head(&a, od, odt, b * Tq * Dv, Dv, T.OT, Tq, Dv);
+        if (!rc && nqb > 0 && (b % T.HG == T.HG - 1 || b + 1 == a.g.nbatch))
+            rc = fwd_lse(&a, &T, b, ld);
     }
     return sk_end_values(&s, values, rc, r);
 }

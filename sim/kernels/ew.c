@@ -407,6 +407,9 @@ typedef struct plan {
     unsigned needs;
     int ve_only, se_only, flex; /* cycles per element of the live ops, by engine */
     regs R;
+    /* MM programs: an input the same for every row block (a bias), loaded
+     * once per kernel as [128, N]; a block reads its columns n0.. */
+    nt_tile *pre[NT_F_MAXEXT];
 } plan;
 
 static bool val_fc(const nt__fprog *P, const nt__fop *o)
@@ -602,6 +605,7 @@ typedef struct tile_state {
     int buf;
     int np;
     int64_t nf;
+    int64_t n0; /* MM: the block's first column (L->pre's slice) */
 } tile_state;
 
 static sk_arg arg_of(tile_state *t, int a)
@@ -615,6 +619,10 @@ static sk_arg arg_of(tile_state *t, int a)
         reg = t->L->ereg[e];
         r.dt = (nt_dtype)P->ext[e].dtype;
         r.red = P->ext[e].red;
+        if (t->L->pre[e]) {
+            r.ap = nt_tile_slice(t->L->pre[e], 0, t->np, t->n0, t->nf);
+            return r;
+        }
     } else {
         reg = t->L->vreg[a];
         r.dt = (nt_dtype)P->vals[a].dtype;
@@ -817,16 +825,23 @@ static int next_live(const tile_state *t, int k)
     return k;
 }
 
-/* Runs ops [first, nops) on the current tile; stores go through store(). */
-static int run_ops(tile_state *t, int (*store)(void *ctx, int slot, const nt_ap *src),
-                   void *sctx)
+/* Runs ops [k0, nops) on the current tile; stores go through store(). */
+static int run_ops_from(tile_state *t, int k0, int (*store)(void *ctx, int slot, const nt_ap *src),
+                        void *sctx)
 {
     t->E.np = t->np;
     t->E.nf = t->nf;
     int rc = 0;
-    for (int k = next_live(t, t->L->first); k < t->L->P->nops && !rc; k = next_live(t, k))
+    for (int k = next_live(t, k0); k < t->L->P->nops && !rc; k = next_live(t, k))
         rc = run_op(t, &k, store, sctx);
     return rc;
+}
+
+/* Runs ops [first, nops) on the current tile; stores go through store(). */
+static int run_ops(tile_state *t, int (*store)(void *ctx, int slot, const nt_ap *src),
+                   void *sctx)
+{
+    return run_ops_from(t, t->L->first, store, sctx);
 }
 
 /* Runs the ops of two tiles interleaved, op by op: the instruction streams
@@ -990,6 +1005,7 @@ typedef struct row_run {
     sk_k *s;
     tile_state t;
     int ntile;
+    int nbuf; /* register sets in rotation */
     const nt__fprog *P;
     bool has_sr;
     int64_t C;
@@ -1008,7 +1024,7 @@ static int row_tile(void *ctx, const sk_tile_iter *it)
     row_run *w = ctx;
     plan *L = w->t.L;
     const nt__fprog *P = w->P;
-    w->t.buf = w->ntile++ & 1;
+    w->t.buf = w->ntile++ % w->nbuf;
     w->t.np = it->np;
     w->t.nf = w->C;
     if (w->has_sr) {
@@ -1048,9 +1064,23 @@ static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor
     plan *L = malloc(sizeof *L);
     if (!L)
         return sk_data_error(s, NT_EHOSTMEM, "out of host memory for a kernel plan");
-    int rc = plan_make(L, P, 0, false);
+    /* a stored value keeps its register for the rest of the tile when two
+     * sets of such registers fit (as in EW programs): a later op writing
+     * there waited for the store's DMA, 2 us and more, in every tile's
+     * chain (the GPT's layer norm recompute over [2048, 128]: 70 us) */
+    int rc = plan_make(L, P, 0, true);
     L->needs |= NEED_TF; /* mean's f32 sum */
-    int nbuf = plan_bytes(L, C, 2) <= SK_SBUF_BUDGET ? 2 : 1;
+    if (!rc && plan_bytes(L, C, 2) > SK_SBUF_BUDGET) {
+        rc = plan_make(L, P, 0, false);
+        L->needs |= NEED_TF;
+    }
+    /* up to EW_NBUF register sets: a tile's loads go while the tiles before
+     * it compute and store (with two, a short row's tile -- ~1 us of work,
+     * 2 us of fixed DMA cost per transfer -- waited for the tile before the
+     * last to have stored) */
+    int nbuf = EW_NBUF;
+    while (nbuf > 1 && plan_bytes(L, C, nbuf) > SK_SBUF_BUDGET)
+        nbuf--;
     if (rc || plan_bytes(L, C, nbuf) > SK_SBUF_BUDGET || C > NT_SIM_SBUF_MAX_FREE) {
         g_free(L);
         return rc ? rc : NT_ENOTSUP;
@@ -1060,6 +1090,7 @@ static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor
     w.s = s;
     w.P = P;
     w.C = C;
+    w.nbuf = nbuf;
     w.t.L = L;
     w.has_sr = prog_has_sr(P);
     rc = plan_alloc(s, L, &w.t.E, C, nbuf);
@@ -1092,6 +1123,7 @@ static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor
 typedef struct mm_blk {
     struct mm_run *w;
     tile_state t;
+    int k0; /* the first op mm_finish runs (the evacuation may have run one) */
     nt_ap pats[SK_MAXOPND];
 } mm_blk;
 
@@ -1109,6 +1141,7 @@ typedef struct mm_run {
     int nbuf;            /* epilogue register sets in rotation (>= 2) */
     int pend;            /* the block whose ops wait for the next one's loads, -1 none */
     bool lag;            /* an output is an input too (in place): lag one block */
+    int evk;             /* the op the evacuation runs from PSUM (evac_op), 0 none */
     mm_blk blk[MM_NBUF];
     sk_hv iv;            /* element indices (stochastic rounding) */
 } mm_run;
@@ -1124,11 +1157,86 @@ static int mm_finish(mm_blk *b)
 {
     const nt__fprog *P = b->w->P;
     int rc = 0;
-    if (P->vals[0].store >= 0) {
-        nt_ap v0 = val_ap(&b->t, 0);
-        rc = mm_store(b, P->vals[0].store, &v0);
+    /* the value the evacuation made: the matmul's, or its op's */
+    int v = b->k0 > b->t.L->first ? P->ops[b->k0 - 1].out : 0;
+    if (P->vals[v].store >= 0) {
+        nt_ap va = val_ap(&b->t, v);
+        rc = mm_store(b, P->vals[v].store, &va);
     }
-    return rc ? rc : run_ops(&b->t, mm_store, b);
+    return rc ? rc : run_ops_from(&b->t, b->k0, mm_store, b);
+}
+
+/* The op the evacuation can run reading PSUM itself, 0 if none: the first
+ * op, a binary ALU step of the f32 matmul result (read by nothing else,
+ * never stored) and an input loaded once (a bias).  Its tensor_tensor
+ * computes from the accumulator what it computed from the f32 copy the
+ * evacuation made: the copy changed no bit (f32 to f32; a NaN's payload
+ * never matters), and an input in PSUM costs VectorE N cycles, not 2N,
+ * where the copy took ScalarE N more. */
+static int evac_op(const plan *L)
+{
+    const nt__fprog *P = L->P;
+    int k = 1;
+    while (k < P->nops && !L->live[k])
+        k++;
+    if (k >= P->nops || P->vals[0].dtype != NT_F32 || P->vals[0].red ||
+        P->vals[0].store >= 0 || L->vuses[0] != 1)
+        return 0;
+    const nt__fop *o = &P->ops[k];
+    int kind = nt__ops[o->op].kind;
+    if ((kind != NT_KIND_BINARY && kind != NT_KIND_CMP) || o->nin != 2 || P->vals[o->out].red)
+        return 0;
+    int alu = alu_of(o->op);
+    if (alu < 0 || alu >= NT_ALU_COUNT)
+        return 0;
+    int other = o->a[0] == 0 ? o->a[1] : o->a[1] == 0 ? o->a[0] : 0;
+    return NT_F_IS_EXT(other) && L->pre[NT_F_EXT_IDX(other)] ? k : 0;
+}
+
+/* Inputs the same for every row block of the product -- broadcast along m
+ * and the batch, as a linear layer's bias is -- go into SBUF once, as
+ * [128, N] (one DMA), instead of with every block: the qkv layer's bias
+ * was 3.1 of the 7.5 MB its kernel moved.  Not an input the program also
+ * writes. */
+static int mm_preload(sk_k *s, mm_run *w, nt_tensor *const *ext, nt_tensor *const *out)
+{
+    plan *L = w->t.L;
+    const nt__fprog *P = w->P;
+    if (w->dn < 0)
+        return 0;
+    int64_t N = P->shape[w->dn];
+    for (int e = 0; e < P->next; e++) {
+        if (!L->eused[e] || P->ext[e].red)
+            continue;
+        const sk_hv *h = &w->v[e];
+        bool bc = w->dm < 0 || h->st[w->dm] == 0;
+        for (int i = 0; i < w->nbatch; i++)
+            bc &= h->st[i] == 0;
+        for (int o = 0; o < P->nout; o++)
+            bc &= ext[e]->st != out[o]->st;
+        if (!bc || N * (int64_t)nt__dtype_size(h->dt) > 16 * 1024)
+            continue;
+        nt_tile *t = sk_tile(s, "mm.bcast", h->dt, 128, N);
+        if (!t)
+            return nt_sim_kernel_error(s->k);
+        nt_ap src;
+        memset(&src, 0, sizeof src);
+        src.hbm = h->base;
+        src.dtype = h->dt;
+        src.np = 128;
+        src.pstep = 0;
+        src.ndim = 1;
+        src.num[0] = N;
+        src.step[0] = h->st[w->dn];
+        nt_ap dst = nt_tile_ap(t);
+        /* the last store queue: the matmul's loads start on the others at
+         * once, and its stores reach this one last */
+        int rc = nt_isa_dma_copy(s->k, &dst, &src, NT_SIM_DMA_QUEUES - 1);
+        if (rc)
+            return rc;
+        L->pre[e] = t;
+    }
+    return 0;
 }
 
 /* Evacuates the block and loads its epilogue inputs, then runs the ops and
@@ -1151,6 +1259,8 @@ static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, 
     k->t.buf = buf;
     k->t.np = np;
     k->t.nf = nf;
+    k->t.n0 = n0;
+    k->k0 = L->first;
     /* batch multi-index */
     int64_t bi[NT_MAX_DIMS];
     for (int i = w->nbatch - 1; i >= 0; i--) {
@@ -1178,11 +1288,22 @@ static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, 
         else
             k->pats[q] = a;
     }
-    /* evacuate: PSUM -> the matmul's dtype (its one rounding) */
-    nt_ap v0 = val_ap(&k->t, 0);
-    int rc = nt_isa_tensor_copy(s->k, &v0, acc, NT_ENGINE_SCALAR);
+    /* evacuate: PSUM -> the matmul's dtype (its one rounding), or the
+     * first op straight from PSUM */
+    int rc;
+    if (w->evk) {
+        const nt__fop *o = &P->ops[w->evk];
+        int e = NT_F_EXT_IDX(o->a[0] == 0 ? o->a[1] : o->a[0]);
+        nt_ap pre = nt_tile_slice(L->pre[e], 0, np, n0, nf), dst = val_ap(&k->t, o->out);
+        rc = nt_isa_tensor_tensor(s->k, &dst, o->a[0] == 0 ? acc : &pre, o->a[0] == 0 ? &pre : acc,
+                                  (nt_alu_op)alu_of(o->op), NT_ENGINE_VECTOR);
+        k->k0 = w->evk + 1;
+    } else {
+        nt_ap v0 = val_ap(&k->t, 0);
+        rc = nt_isa_tensor_copy(s->k, &v0, acc, NT_ENGINE_SCALAR);
+    }
     for (int e = 0; e < P->next && !rc; e++) {
-        if (!L->eused[e])
+        if (!L->eused[e] || L->pre[e])
             continue;
         nt_ap d = nt_tile_slice(L->R.tile[buf][L->ereg[e]], 0, np, 0, nf);
         rc = nt_isa_dma_copy(s->k, &d, &k->pats[e], sk_qfree(s));
@@ -1242,6 +1363,9 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     rc = plan_alloc(s, L, &w->t.E, 512, w->nbuf);
     w->t.E.keys = keys;
     w->pend = -1;
+    if (!rc)
+        rc = mm_preload(s, w, ext, out);
+    w->evk = evac_op(L);
     /* the lag pays when a block's loads would wait for the stores before
      * them (an in-place output: AdamW's p, m, v); otherwise a block's ops
      * run at once, before the next block's matmul work takes VectorE */

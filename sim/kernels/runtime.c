@@ -563,6 +563,95 @@ void sk_hv_of(sk_hv *v, const nt_tensor *t, int ndim, const int64_t *shape)
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* The DMA time of a scheme, roughly: per tile a load's fixed cost and its
+ * bytes (4 per element) at the rate its partitions' engines give. */
+static double tiler_cost(int64_t tiles, int64_t np, int64_t nf)
+{
+    int64_t eng = (np + 7) / 8;
+    if (eng > 16)
+        eng = 16;
+    return (double)tiles * (2000.0 + (double)(np * nf * 4) / ((double)eng * 17.0));
+}
+
+/* The cost of T's scheme (tiles of it). */
+static double tiler_scheme_cost(const sk_tiler *T, int64_t tiles)
+{
+    int n = T->nd, P = T->P;
+    if (P == n - 1) {
+        int64_t rows = cdiv(T->c[n - 1], T->cs);
+        return tiler_cost(tiles, rows < 128 ? rows : 128, T->cs);
+    }
+    int64_t tail = 1;
+    for (int i = P + 2; i < n; i++)
+        tail *= T->c[i];
+    return tiler_cost(tiles, T->c[P] < 128 ? T->c[P] : 128, T->cs * tail);
+}
+
+/* Iteration order is free for an elementwise program (every operand's
+ * pattern moves with it), so the partition dim need not sit just before
+ * the free dims: a permuted copy ([B, T, H, hd] -> [B, H, T, hd], the
+ * heads of attention) had T on partitions and only hd = 32 on the free
+ * axis, 64 tiles of 16 KiB each paying a DMA's fixed cost twice.  Tries
+ * each dim q (not the innermost) on partitions with the other dims, in
+ * their order, split into outer dims and free dims (the innermost among
+ * these), and takes the order whose DMA time (tiler_cost) is clearly
+ * below the scheme's, best tiles. */
+static void tiler_reorder(sk_tiler *T, int64_t best)
+{
+    int n = T->nd;
+    if (n < 3)
+        return;
+    double cur = tiler_scheme_cost(T, best), bc = 0.8 * cur;
+    int bq = -1, bj = 0;
+    int64_t bcs = 0;
+    for (int q = 0; q < n - 1; q++) {
+        int oth[NT_MAX_DIMS], no = 0;
+        for (int i = 0; i < n; i++)
+            if (i != q)
+                oth[no++] = i;
+        for (int j = 0; j < no; j++) {
+            if (no - j > 4)
+                continue;
+            int64_t tail = 1, outer = 1;
+            for (int i = j + 1; i < no; i++)
+                tail *= T->c[oth[i]];
+            for (int i = 0; i < j; i++)
+                outer *= T->c[oth[i]];
+            if (tail > T->fmax)
+                continue;
+            int64_t cs = T->fmax / tail;
+            if (cs > T->c[oth[j]])
+                cs = T->c[oth[j]];
+            int64_t tiles = outer * cdiv(T->c[q], 128) * cdiv(T->c[oth[j]], cs);
+            double cost = tiler_cost(tiles, T->c[q] < 128 ? T->c[q] : 128, cs * tail);
+            if (cost < bc) {
+                bc = cost;
+                bq = q, bj = j;
+                bcs = cs;
+            }
+        }
+    }
+    if (bq < 0)
+        return;
+    int order[NT_MAX_DIMS], no = 0;
+    for (int i = 0; i < n; i++)
+        if (i != bq)
+            order[no++] = i;
+    memmove(order + bj + 1, order + bj, (size_t)(no - bj) * sizeof *order);
+    order[bj] = bq;
+    int64_t c[NT_MAX_DIMS], st[SK_MAXOPND][NT_MAX_DIMS];
+    for (int i = 0; i < n; i++) {
+        c[i] = T->c[order[i]];
+        for (int k = 0; k < T->nop; k++)
+            st[k][i] = T->st[k][order[i]];
+    }
+    memcpy(T->c, c, sizeof c);
+    for (int k = 0; k < T->nop; k++)
+        memcpy(T->st[k], st[k], sizeof st[k]);
+    T->P = bj;
+    T->cs = bcs;
+}
+
 void sk_tiler_init(sk_tiler *T, int nd, const int64_t *shape, int nop, const sk_hv *v,
                    int64_t fmax)
 {
@@ -634,6 +723,7 @@ void sk_tiler_init(sk_tiler *T, int nd, const int64_t *shape, int nop, const sk_
             T->cs = cs;
         }
     }
+    tiler_reorder(T, best);
 }
 
 static nt_ap hbm_pat(const sk_tiler *T, int k, int64_t off, int np, int64_t pstep)
