@@ -142,14 +142,14 @@ typedef struct {
     int n[NT_TL_MAXCLASS + 1];
 } tlcache;
 
-/* A thread's cache is on the heap; a fast pointer to it, and a GPrivate
+/* A thread's cache is on the heap; a fast pointer to it, and a thread key
  * whose destructor gives its blocks back when the thread exits. */
 static _Thread_local tlcache *tl_a NT_TLS_HOT;
-static void tl_flush(gpointer p);
-static GPrivate tl_key = G_PRIVATE_INIT(tl_flush);
+static void tl_flush(void *p);
+static nt__tlkey tl_key = NT__TLKEY_INIT(tl_flush);
 
 /* Moves a cache's blocks to the global free lists (or frees them). */
-static void tl_flush(gpointer p)
+static void tl_flush(void *p)
 {
     tlcache *c = p;
     if (!c)
@@ -182,8 +182,10 @@ static tlcache *tl_get(void)
 {
     if (!tl_a) {
         tl_a = calloc(1, sizeof *tl_a);
-        if (tl_a) /* else the caller goes without a cache */
-            g_private_set(&tl_key, tl_a);
+        if (tl_a && !nt__tlkey_set(&tl_key, tl_a)) { /* no slot: nobody would flush it */
+            free(tl_a);
+            tl_a = NULL;
+        } /* without one the caller goes without a cache */
     }
     return tl_a;
 }
@@ -206,10 +208,10 @@ static void drop_cache_locked(void)
 void nt__arena_init(uint64_t capacity, uint64_t max_waiting, int ndev)
 {
     g_mutex_init(&A.lock);
-    /* GLib makes a GPrivate's key at its first use, with an allocation that
-     * aborts when the host is out of memory; a worker's first free could
-     * be that use.  Make it here, where a failure is still nt_init's. */
-    g_private_get(&tl_key);
+    /* Made here, not at a worker's first free (a thread cache goes
+     * without a key if the system refuses one: the blocks then go
+     * straight back to the lists). */
+    (void)nt__tlkey_make(&tl_key);
     A.capacity = capacity;
     A.ndev = ndev >= 1 && ndev <= NT_MAX_DEVICES ? ndev : 1;
     memset(A.d, 0, sizeof A.d);
@@ -231,7 +233,7 @@ void nt__arena_shutdown(void)
     /* the calling thread's cache; workers flushed theirs when they exited */
     if (tl_a) {
         tl_flush(tl_a);
-        g_private_set(&tl_key, NULL);
+        (void)nt__tlkey_set(&tl_key, NULL);
     }
     g_mutex_lock(&A.lock);
     if (getenv("NT_ARENA_TRACE"))

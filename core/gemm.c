@@ -49,6 +49,7 @@
 
 #include <atomic_ops.h>
 #include "core/dtype.h"
+#include "core/tlkey.h"
 #include "core/tsan.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -584,30 +585,29 @@ typedef struct {
     float *p;
     size_t n;
 } pbuf;
-static void pbuf_free(gpointer p)
+static void pbuf_free(void *p)
 {
     if (p) {
         free(((pbuf *)p)->p);
         free(p);
     }
 }
-static GPrivate bpanel_key = G_PRIVATE_INIT(pbuf_free);
-static GPrivate apanel_key = G_PRIVATE_INIT(pbuf_free);
-static GPrivate fa_key = G_PRIVATE_INIT(pbuf_free), fb_key = G_PRIVATE_INIT(pbuf_free);
-static GPrivate fc_key = G_PRIVATE_INIT(pbuf_free);
-static GPrivate la_key = G_PRIVATE_INIT(pbuf_free);
+static nt__tlkey bpanel_key = NT__TLKEY_INIT(pbuf_free);
+static nt__tlkey apanel_key = NT__TLKEY_INIT(pbuf_free);
+static nt__tlkey fa_key = NT__TLKEY_INIT(pbuf_free), fb_key = NT__TLKEY_INIT(pbuf_free);
+static nt__tlkey fc_key = NT__TLKEY_INIT(pbuf_free);
+static nt__tlkey la_key = NT__TLKEY_INIT(pbuf_free);
 
-/* GLib makes a GPrivate's key at its first use and aborts if the host has
- * no memory for it: nt_init makes them all (core/gemm.h), where a failure
- * is still nt_init's and no worker runs yet. */
-void nt__gemm_keys_init(void)
+/* nt_init makes them all (core/gemm.h), where a failure is still nt_init's
+ * and no worker runs yet; the simulator alone (libntsim) makes each at its
+ * first use. */
+bool nt__gemm_keys_init(void)
 {
-    g_private_get(&bpanel_key);
-    g_private_get(&apanel_key);
-    g_private_get(&fa_key);
-    g_private_get(&fb_key);
-    g_private_get(&fc_key);
-    g_private_get(&la_key);
+    nt__tlkey *k[] = {&bpanel_key, &apanel_key, &fa_key, &fb_key, &fc_key, &la_key};
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++)
+        if (!nt__tlkey_make(k[i]))
+            return false;
+    return true;
 }
 
 /* Tests: the most floats a panel buffer may hold (0: no cap), so the
@@ -620,17 +620,20 @@ void nt__gemm_set_panel_cap(size_t n) { AO_store(&panel_cap, (AO_t)n); }
 static volatile AO_t force_pf;
 void nt__gemm_set_prefetch(bool on) { AO_store(&force_pf, (AO_t)on); }
 
-static float *panel(GPrivate *key, size_t n)
+static float *panel(nt__tlkey *key, size_t n)
 {
     size_t cap = (size_t)AO_load(&panel_cap);
     if (cap && n > cap)
         return NULL;
-    pbuf *b = g_private_get(key);
+    pbuf *b = nt__tlkey_get(key);
     if (!b) {
         b = calloc(1, sizeof *b);
+        if (b && !nt__tlkey_set(key, b)) {
+            free(b);
+            b = NULL;
+        }
         if (!b)
             return NULL; /* the callers handle a missing panel */
-        g_private_set(key, b);
     }
     if (b->n < n) {
         free(b->p);

@@ -65,9 +65,9 @@ void nt__par_blocks(int nblocks, void (*fn)(void *arg, int b), void *arg, bool s
 /* Stops and joins the helper thread (nt_shutdown); the next call starts it
  * again.  No call may run meanwhile. */
 void nt__gemm_shutdown(void);
-/* Makes the per-thread panel buffers' GPrivate keys (nt_init: GLib would
- * make each at its first use, aborting if the host is out of memory then). */
-void nt__gemm_keys_init(void);
+/* Makes the per-thread panel buffers' keys (nt_init), so no worker finds
+ * itself without one later.  False if the system refuses a key. */
+bool nt__gemm_keys_init(void);
 
 void nt__gemm(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
               int ldc);

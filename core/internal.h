@@ -29,6 +29,7 @@
 #include "ntensor.h"
 #include "core/dtype.h"
 #include "core/optable.h"
+#include "core/tlkey.h"
 #include "core/tsan.h"
 
 /* Hot thread-locals (touched on every op) use the initial-exec TLS model:
@@ -163,6 +164,7 @@ static inline void nt__ptrvec_free(nt__ptrvec *v)
         free(v);
     }
 }
+
 
 /* Text being built: like a GString, but running out of host memory marks
  * it failed (oom) instead of aborting the process. */
@@ -687,8 +689,8 @@ char *nt__format_tensor(nt_tensor *t);
 /* Logging through glib (NT_LOG) */
 #define NT_LOG_DOMAIN "ntensor"
 void nt__log(int level, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
-/* the handler nt__log prints through; nt_init installs it for GLib's own
- * messages of the domain NT_LOG_DOMAIN */
+/* the handler nt__log prints through (GLib's signature; not installed in
+ * GLib: no code logs through GLib, and installing it allocates) */
 void nt__log_handler(const gchar *domain, GLogLevelFlags level, const gchar *msg, gpointer u);
 enum { NT__LOG_ERROR = 0, NT__LOG_WARN = 1, NT__LOG_INFO = 2, NT__LOG_DEBUG = 3 };
 

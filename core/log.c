@@ -1,7 +1,6 @@
 /* core/log.c - the monotonic clock and the log every layer uses (NT_LOG
- * filters by level; dispatcher/config.c installs the handler for GLib's
- * own messages at nt_init).  In core/ because everything below the
- * dispatcher times and warns too. */
+ * filters by level).  In core/ because everything below the dispatcher
+ * times and warns too. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <time.h>

@@ -43,8 +43,9 @@ extern int nt__cpu_attn_causal_skip;
 /* Test hook (cpu/ewise.c): 0 copies every f32 view through the generic
  * driver, never by short rows. */
 extern int nt__cpu_rowcopy;
-/* Makes the matmul scratch's GPrivate key (cpu/matmul.c): backend init. */
-void nt__cpu_matmul_init(void);
+/* Makes the matmul scratch's thread key (cpu/matmul.c): backend init.  0,
+ * or NT_EHOSTMEM with the error set. */
+int nt__cpu_matmul_init(void);
 
 /* A strided view as kernels see it. */
 typedef struct nt__kv {

@@ -36,11 +36,7 @@ const nt__kernel_fn nt__cpu_kernels[] = {
 _Static_assert(sizeof nt__cpu_kernels / sizeof nt__cpu_kernels[0] == NT_OP_COUNT,
                "CPU kernel table out of step with the op table");
 
-static int cpu_init(void)
-{
-    nt__cpu_matmul_init();
-    return 0;
-}
+static int cpu_init(void) { return nt__cpu_matmul_init(); }
 
 /* The reference backend (core/backend.h): every op with a kernel, every
  * fused program; no counters of its own. */

@@ -25,23 +25,31 @@
 
 /* Scratch for packed operands: per thread, grown as needed and kept, so a
  * training loop does not page-fault a fresh buffer every call. */
-static void scratch_free(gpointer p) { g_free(p); }
-static GPrivate scratch_key = G_PRIVATE_INIT(scratch_free);
+static void scratch_free(void *p) { g_free(p); }
+static nt__tlkey scratch_key = NT__TLKEY_INIT(scratch_free);
 
-/* GLib makes a GPrivate's key at its first use and aborts if the host has
- * no memory for it: the backend's init makes it, at nt_init (before any
- * worker runs a kernel). */
-void nt__cpu_matmul_init(void) { g_private_get(&scratch_key); }
+/* The backend's init makes the key, at nt_init (before any worker runs a
+ * kernel): a failure is nt_init's error. */
+int nt__cpu_matmul_init(void)
+{
+    if (!nt__tlkey_make(&scratch_key))
+        return nt__err(NULL, NT_EHOSTMEM, "nt_init",
+                       "the system has no thread-local key left for the CPU matmul's scratch");
+    return 0;
+}
 static _Thread_local size_t scratch_n NT_TLS_HOT;
 
 static float *scratch(size_t n)
 {
-    float *p = g_private_get(&scratch_key);
+    float *p = nt__tlkey_get(&scratch_key);
     if (p && scratch_n >= n)
         return p;
     g_free(p);
     p = g_try_malloc(n * sizeof(float));
-    g_private_set(&scratch_key, p);
+    if (!nt__tlkey_set(&scratch_key, p)) {
+        g_free(p);
+        p = NULL;
+    }
     scratch_n = p ? n : 0;
     return p;
 }

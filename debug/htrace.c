@@ -41,7 +41,7 @@ static int track(const nt_stream *stream)
     if (tid == (int)getpid()) {
         snprintf(name, sizeof name, "main thread");
         sort = 0;
-    } else if (stream && stream->worker == g_thread_self()) {
+    } else if (stream && pthread_equal(stream->worker, pthread_self())) {
         snprintf(name, sizeof name, "worker of %s", stream->name);
         sort = 100 + (int)stream->id;
     } else {

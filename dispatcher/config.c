@@ -394,29 +394,38 @@ int nt__runtime_init(void (*register_modules)(void))
         c.mode = NT_MODE_DETERMINISTIC;
     cfg_publish(&c);
     g_mutex_unlock(&cfg_lock);
-    /* Once per process: each call adds a handler GLib keeps for good. */
-    static guint log_handler_id;
-    if (!log_handler_id)
-        log_handler_id = g_log_set_handler(NT_LOG_DOMAIN, G_LOG_LEVEL_MASK, nt__log_handler, NULL);
+    /* Nothing here goes through GLib's logging, threads or thread keys:
+     * GLib aborts (or, logging that it has no memory while it installs a
+     * log handler, deadlocks) when the host is out of memory, and this
+     * promises NT_EHOSTMEM instead.  (nt__log prints directly, and no code
+     * logs to a GLib domain, so no GLib log handler is installed.) */
     memset(&nt__ctr, 0, sizeof nt__ctr);
-    nt__gemm_keys_init();
-    /* GLib makes its own thread key (g_thread_self's) when the first GLib
-     * thread starts, inside that thread, whenever it gets to run -- aborting
-     * if the host is out of memory then.  The first stream worker may be
-     * that thread: make the key here, where nothing else runs yet. */
-    (void)g_thread_self();
+    if (!nt__gemm_keys_init()) {
+        g_mutex_unlock(&init_lock);
+        return nt__err(NULL, NT_EHOSTMEM, "nt_init",
+                       "the system has no thread-local key left for the matmul's buffers");
+    }
+    int rc;
     nt__arena_init(c.hbm_bytes, c.max_inflight_bytes, c.devices);
     nt__tensor_pool_init();
     /* NT_TRACE opens here once (nt_sim_init then finds it open and leaves
      * it alone); nt_shutdown closes it. */
     if (c.trace_path && !nt__trace_enabled() && nt__trace_open(c.trace_path) != 0)
         nt__log(NT__LOG_WARN, "NT_TRACE: cannot open '%s' for writing", c.trace_path);
-    if (backends_init() < 0) {
-        g_mutex_unlock(&init_lock);
-        return nt_last_error();
+    rc = backends_init();
+    if (rc == 0) {
+        nt__fusion_init();
+        rc = nt__streams_init();
+        if (rc < 0)
+            backends_shutdown();
     }
-    nt__fusion_init();
-    nt__streams_init();
+    if (rc < 0) { /* the error is set; nothing of this nt_init is left */
+        nt__trace_close();
+        nt__tensor_pool_shutdown();
+        nt__arena_shutdown();
+        g_mutex_unlock(&init_lock);
+        return rc;
+    }
     AO_store_release(&nt__inited, 1); /* core/hooks.h */
     g_mutex_unlock(&init_lock);
     return 0;

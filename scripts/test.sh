@@ -2,20 +2,35 @@
 # The test command: installs missing Debian packages, builds, and runs the
 # whole suite three times -- a normal build, one under AddressSanitizer +
 # UndefinedBehaviorSanitizer, and one under ThreadSanitizer (0 reports
-# allowed: halt_on_error) -- then prints "N passed, N failed".
+# allowed: halt_on_error) -- then prints the skipped cases and, last,
+# "N passed, N failed".
+#
+# Tests run side by side, one per processor (tests/meson.build says which
+# run alone, and why).  Each sanitizer tree is built while the tests of the
+# tree before it run, at a lower priority (nice), so it takes the processor
+# time those tests leave idle; the sanitizer trees leave out bench/ and the
+# examples no test runs (-Dextras=false).  NT_TEST_QUICK=1 in the sanitizer
+# runs shrinks the biggest tests (test_oom there fails a sample of the
+# allocations the normal run fails every one of).
 set -eu
 cd "$(dirname "$0")/.."
 sh scripts/deps.sh
-sh scripts/build.sh build
-sh scripts/build.sh build-asan -Db_sanitize=address,undefined -Db_lundef=false
-sh scripts/build.sh build-tsan -Db_sanitize=thread -Db_lundef=false
+jobs=$(nproc)
 status=0
-meson test -C build --print-errorlogs --num-processes 1 || status=1
+sh scripts/build.sh build
+nice -n 10 sh scripts/build.sh build-asan -Db_sanitize=address,undefined -Db_lundef=false \
+    -Dextras=false &
+asan_build=$!
+meson test -C build --print-errorlogs --num-processes "$jobs" || status=1
+wait $asan_build
+nice -n 10 sh scripts/build.sh build-tsan -Db_sanitize=thread -Db_lundef=false -Dextras=false &
+tsan_build=$!
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 NT_TEST_QUICK=1 \
-    meson test -C build-asan --print-errorlogs --num-processes 1 --timeout-multiplier 3 ||
+    meson test -C build-asan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 3 ||
     status=1
+wait $tsan_build
 # nmath is single-threaded arithmetic, and test_oom replaces malloc and forks
 # (tests/meson.build): both run in the two builds above only.
 # G_SLICE=always-malloc: GSlice hands blocks between threads through locks
@@ -24,7 +39,7 @@ NT_TEST_QUICK=1 \
 G_SLICE=always-malloc \
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(pwd)/tests/tsan.supp" \
 NT_TEST_QUICK=1 \
-    meson test -C build-tsan --print-errorlogs --num-processes 1 --timeout-multiplier 3 \
+    meson test -C build-tsan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 3 \
         --no-suite nothreads --no-suite no_tsan ||
     status=1
 sh scripts/fuzz_build.sh build-fuzz || status=1 # the documented clang/libFuzzer build

@@ -2,6 +2,7 @@
  * See stream.h for the concurrency contract. */
 #include "streams/stream.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "core/hugecut.h"
@@ -9,6 +10,8 @@
 #include <string.h>
 
 #define NT_REC_CHUNK 128
+/* Seqs done out of order a stream has room for at first (complete_seq). */
+#define NT_OOO_MIN 16
 /* Past this many chunks (a program that keeps big batches queued), chunks
  * are cut from 2 MiB slabs advised onto huge pages (see rec_chunk_new). */
 #define NT_REC_HUGE_AFTER 32
@@ -46,7 +49,7 @@ static _Thread_local struct {
     uint8_t dev; /* s's device: where the thread goes back to if s dies */
 } tl_cur NT_TLS_HOT;
 
-static gpointer worker_main(gpointer arg);
+static void *worker_main(void *arg);
 
 /* Stream workers never wait for memory: the work they would wait for is
  * their own. */
@@ -90,7 +93,13 @@ static nt_stream *stream_new(bool is_default, int dev)
     /* A first batch of held records (take_queued never grows it past what
      * the host gives). */
     s->held = nt__ptrvec_new(256);
-    if (!s->held) {
+    /* Room for seqs done out of order (complete_seq), reserved now: the
+     * worker never fails for want of it. */
+    s->ooo = malloc(NT_OOO_MIN * sizeof *s->ooo);
+    s->ooo_cap = NT_OOO_MIN;
+    if (!s->held || !s->ooo) {
+        nt__ptrvec_free(s->held);
+        free(s->ooo);
         free(s);
         return NULL;
     }
@@ -99,6 +108,7 @@ static nt_stream *stream_new(bool is_default, int dev)
     if (S.next_id >= NT__MAX_STREAMS || !nt__ptrvec_reserve(S.graveyard, S.next_id + 1)) {
         g_mutex_unlock(&S.lock);
         nt__ptrvec_free(s->held);
+        free(s->ooo);
         free(s);
         return NULL;
     }
@@ -111,7 +121,6 @@ static nt_stream *stream_new(bool is_default, int dev)
     g_mutex_init(&s->lock);
     g_cond_init(&s->work_cond);
     g_cond_init(&s->done_cond);
-    s->ooo = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     if (is_default && dev == 0)
         snprintf(s->name, sizeof s->name, "nt-stream-default");
     else if (is_default)
@@ -121,10 +130,11 @@ static nt_stream *stream_new(bool is_default, int dev)
     /* Deterministic mode runs everything inline; the worker still exists so
      * that switching mode at run time needs no special case.  Started before
      * the stream is published, so a thread the system refuses (no memory
-     * for its stack) leaves nothing anyone could have seen. */
-    s->worker = g_thread_try_new(s->name, worker_main, s, NULL);
-    if (!s->worker) {
-        g_array_unref(s->ooo);
+     * for its stack) leaves nothing anyone could have seen.  A pthread, not
+     * a GThread: GLib aborts when it has no memory for the thread's
+     * bookkeeping or its name. */
+    if (pthread_create(&s->worker, NULL, worker_main, s) != 0) {
+        free(s->ooo);
         nt__ptrvec_free(s->held);
         g_mutex_clear(&s->lock);
         g_cond_clear(&s->work_cond);
@@ -145,14 +155,14 @@ static void stream_free(nt_stream *s)
     g_mutex_lock(&s->lock);
     g_cond_signal(&s->work_cond);
     g_mutex_unlock(&s->lock);
-    g_thread_join(s->worker);
+    pthread_join(s->worker, NULL);
     AO_store_release(&S.reg[s->id], 0);
     g_mutex_lock(&s->lock);
     if (s->first_error)
         nt__errobj_unref(s->first_error);
     s->first_error = NULL;
     g_mutex_unlock(&s->lock);
-    g_array_unref(s->ooo);
+    free(s->ooo);
     nt__ptrvec_free(s->held);
     /* Its recycled records serve the default stream from now on. */
     AO_t recs;
@@ -181,7 +191,7 @@ static void stream_dispose(gpointer p)
     free(s);
 }
 
-void nt__streams_init(void)
+int nt__streams_init(void)
 {
     g_mutex_init(&S.lock);
     S.next_id = 0;
@@ -191,10 +201,19 @@ void nt__streams_init(void)
     /* One default stream (and worker) per device, device 0's first: with
      * one device, exactly the streams there always were. */
     S.ndev = NT__CFG(devices) >= 1 ? NT__CFG(devices) : 1;
-    for (int d = 0; d < S.ndev; d++)
+    for (int d = 0; d < S.ndev && S.chunks && S.graveyard; d++) {
         S.dflt_dev[d] = stream_new(true, d);
+        if (!S.dflt_dev[d])
+            break;
+    }
     S.dflt = S.dflt_dev[0];
+    if (!S.dflt_dev[S.ndev - 1]) { /* no memory: what was made goes */
+        nt__streams_shutdown();
+        return nt__err(NULL, NT_EHOSTMEM, "nt_init",
+                       "out of host memory for the default streams and their workers");
+    }
     nt__arena_progress = arena_progress;
+    return 0;
 }
 
 void nt__streams_foreach(void (*fn)(nt_stream *s, void *arg), void *arg)
@@ -403,32 +422,53 @@ void nt__rec_release(nt__rec *r)
 
 /* ---------------- completion ---------------- */
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Under s->lock (the worker and, after a switch to deterministic mode,
  * threads running ops inline may complete seqs of one stream at once):
- * seq has run. */
-/* seq .. seq + span - 1 have run (span 0 counts as 1: a record's own). */
+ * seq .. seq + span - 1 have run (span 0 counts as 1: a record's own). */
 static void complete_seqs(nt_stream *s, uint64_t seq, uint32_t span)
 {
     uint64_t done = AO_load(&s->done_upto);
     uint64_t last = seq + (span ? span : 1) - 1;
     if (seq != done + 1) {
-        for (uint64_t q = seq; q <= last; q++)
-            g_array_append_val(s->ooo, q);
-        g_array_sort(s->ooo, cmp_u64);
-        return;
+        /* Kept sorted.  Past the reserved room, the array grows; a host
+         * with no memory for that gets a moment, the lock let go, for the
+         * seqs before this one to complete (then it is in order) or for
+         * memory to come back. */
+        unsigned need = (unsigned)(last - seq + 1);
+        while (s->ooo_len + need > s->ooo_cap && seq != AO_load(&s->done_upto) + 1) {
+            unsigned cap = s->ooo_cap;
+            while (cap < s->ooo_len + need)
+                cap *= 2;
+            uint64_t *p = realloc(s->ooo, (size_t)cap * sizeof *p);
+            if (p) {
+                s->ooo = p;
+                s->ooo_cap = cap;
+                break;
+            }
+            g_mutex_unlock(&s->lock);
+            g_usleep(100);
+            g_mutex_lock(&s->lock);
+        }
+        done = AO_load(&s->done_upto);
+        if (seq != done + 1) {
+            /* the ranges never overlap: what is above seq is above last */
+            unsigned i = s->ooo_len;
+            for (; i > 0 && s->ooo[i - 1] > seq; i--)
+                s->ooo[i - 1 + need] = s->ooo[i - 1];
+            for (unsigned q = 0; q < need; q++)
+                s->ooo[i + q] = seq + q;
+            s->ooo_len += need;
+            return;
+        }
     }
     done = last;
-    guint k = 0;
-    while (k < s->ooo->len && g_array_index(s->ooo, uint64_t, k) == done + 1)
+    unsigned k = 0;
+    while (k < s->ooo_len && s->ooo[k] == done + 1)
         done++, k++;
-    if (k)
-        g_array_remove_range(s->ooo, 0, k);
+    if (k) {
+        memmove(s->ooo, s->ooo + k, (s->ooo_len - k) * sizeof *s->ooo);
+        s->ooo_len -= k;
+    }
     AO_store_release(&s->done_upto, done);
 }
 
@@ -853,10 +893,14 @@ static void gather_burst(nt_stream *s)
     }
 }
 
-static gpointer worker_main(gpointer arg)
+static void *worker_main(void *arg)
 {
     nt_stream *s = arg;
     bool idle = false;
+    /* its name in gdb and top (at most 15 characters) */
+    char name[16];
+    snprintf(name, sizeof name, "%.15s", s->name);
+    (void)pthread_setname_np(pthread_self(), name);
     tl_worker = true;
     nt__tl_core = s->dev; /* its kernels run on its device's simulated core */
     for (;;) {

@@ -31,6 +31,8 @@
 #ifndef NT_STREAMS_STREAM_H
 #define NT_STREAMS_STREAM_H
 
+#include <pthread.h>
+
 #include "core/internal.h"
 
 /* At most this many matmul positions are noted per batch (nt__batch_mm). */
@@ -45,7 +47,7 @@ struct nt_stream {
     uint32_t magic;
     uint32_t id;
     uint8_t dev;              /* the device it runs on (its worker's core) */
-    GThread *worker;
+    pthread_t worker;
     volatile AO_t closing;    /* nt_stream_destroy has begun: pick no more */
     /* The program capture recording this stream (struct nt__capture *,
      * fusion/graph.c), 0: none.  While set the worker holds what it takes,
@@ -71,7 +73,8 @@ struct nt_stream {
     GCond work_cond, done_cond;
     nt__errobj *first_error;  /* under lock: first error not yet reported */
     uint64_t first_error_seq; /* under lock: its op's seq (0: not an op's) */
-    GArray *ooo;              /* worker: seqs done out of order */
+    uint64_t *ooo;            /* under lock: seqs done out of order, sorted */
+    unsigned ooo_len, ooo_cap;
     nt__ptrvec *held;         /* worker: records taken but not yet run */
     bool held_full;           /* worker: the host had no memory to hold more */
     guint scan_i, scan_k;     /* worker: held[0..scan_k) have seq <= scan_f;
@@ -88,7 +91,10 @@ struct nt_stream {
 #define NT__SEQ_SEALED ((AO_t)1 << 62)
 #define NT__MAX_STREAMS 65535
 
-void nt__streams_init(void);
+/* nt_init: each device's default stream and its worker.  0, or
+ * NT_EHOSTMEM (the error set, nothing left made) if the host has no memory
+ * for them. */
+int nt__streams_init(void);
 void nt__streams_shutdown(void);
 
 nt_stream *nt__stream_current(void);
