@@ -28,7 +28,8 @@
  * CPU: when OPENBLAS_CORETYPE or OPENBLAS_L2_SIZE is set (some hosts set
  * OPENBLAS_CORETYPE=Haswell, AVX2 kernels on AVX-512 CPUs) the bench runs
  * itself again without them, since OpenBLAS reads them when it is loaded;
- * ntensor reads neither.  It prints the core OpenBLAS chose. */
+ * ntensor reads neither.  It prints the core OpenBLAS chose (--openblas:
+ * only that, for the meson test peer_env). */
 #include <cblas.h>
 #include <errno.h>
 #include <ntensor.h>
@@ -285,16 +286,31 @@ static void openblas_unpinned(char **argv)
            strerror(errno));
 }
 
+static void openblas_line(void)
+{
+    printf("OpenBLAS: %s; core %s, %d threads\n", openblas_get_config(), openblas_get_corename(),
+           openblas_get_num_threads());
+}
+
 int main(int argc, char **argv)
 {
-    (void)argc;
+    /* --openblas: only the line that says which OpenBLAS core runs (a test
+     * checks it is the one OpenBLAS picks with nothing pinned) */
+    bool only_blas = argc == 2 && !strcmp(argv[1], "--openblas");
+    if (argc > 1 && !only_blas) {
+        fprintf(stderr, "usage: sim_matmul [--openblas]\n");
+        return 1;
+    }
     openblas_unpinned(argv);
+    if (only_blas) {
+        openblas_line();
+        return 0;
+    }
     bench_check(nt_init(), "nt_init");
     bench_check(nt_config_set("NT_BACKEND", "sim"), "NT_BACKEND=sim");
     printf("bench/sim_matmul (backend %s, matmul kernel NT_CPU_ISA=%s)\n",
            nt_config_get("NT_BACKEND"), nt_config_get("NT_CPU_ISA"));
-    printf("OpenBLAS: %s; core %s, %d threads\n", openblas_get_config(), openblas_get_corename(),
-           openblas_get_num_threads());
+    openblas_line();
     const char *isa;
     int lanes = peak_lanes(&isa);
     if (lanes) {

@@ -18,7 +18,7 @@ Every peer script calls ensure() first thing, before it imports torch:
 
 glibc reads GLIBC_TUNABLES only when a process starts, so when any of these
 is not as wanted the script executes itself again with them fixed (once:
-the second time they are as wanted).  Only the peer's process sees them:
+the second time they are as wanted, or it stops with an error).  Only the peer's process sees them:
 the C bench that runs a peer keeps its own environment.
 
 describe(torch) is the line each peer prints before it measures: torch's
@@ -32,6 +32,7 @@ import sys
 TUNABLES = ("glibc.malloc.mmap_threshold=2000000000:"
             "glibc.malloc.trim_threshold=2000000000")
 UNSET = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+AGAIN = "NT_PEER_ENV_AGAIN"  # set for the second start: there is no third
 
 
 def _wanted(env):
@@ -51,6 +52,9 @@ def ensure():
     todo = _wanted(env)
     if not todo:
         return
+    if env.get(AGAIN):
+        raise RuntimeError("peer_env.ensure(): started again, still not as wanted: "
+                           + ", ".join(todo))
     if "torch" in sys.modules:
         raise RuntimeError("peer_env.ensure() must run before torch is imported")
     for name in UNSET:
@@ -60,6 +64,7 @@ def ensure():
         # later entries win, so the user's other tunables are kept
         env["GLIBC_TUNABLES"] = old + ":" + TUNABLES if old else TUNABLES
     env.setdefault("OMP_WAIT_POLICY", "passive")
+    env[AGAIN] = "1"
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable] + sys.argv, env)
