@@ -318,8 +318,11 @@ int main(int argc, char **argv)
         }
         printf("| %s | %.1f |", label[i], bench_median(m, rounds));
         if (peer_ok) {
-            ratio[i] = bench_median(rr, rounds);
-            printf(" %.2fx |", ratio[i]);
+            ratio[i] = bench_median(rr, rounds); /* sorts rr */
+            printf(" %.2fx", ratio[i]);
+            if (rounds > 1) /* how far a neighbour's load moved it */
+                printf(" (rounds %.2f-%.2fx)", rr[0], rr[rounds - 1]);
+            printf(" |");
         } else
             printf(" - |");
         if (i >= SIM && r[i].sim_ms > 0)

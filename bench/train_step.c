@@ -340,11 +340,13 @@ static void peer_compare(const char *script, int warmup, int steps, int rounds)
         double r[MAX_ROUNDS];
         for (int k = 0; k < rounds; k++)
             r[k] = ms[ratios[i].num][k] / ms[ratios[i].den][k];
-        double med = bench_median(r, rounds);
-        char what[96];
+        double med = bench_median(r, rounds); /* sorts r */
+        char what[96], spread[48] = "";
         snprintf(what, sizeof what, "%s%s", ratios[i].what, of);
-        printf("  %-60s %6.2fx  (target <= %.1fx: %s)\n", what, med, ratios[i].limit,
-               med <= ratios[i].limit ? "met" : "NOT met");
+        if (rounds > 1) /* how far a neighbour's load moved it */
+            snprintf(spread, sizeof spread, "; rounds %.2f-%.2fx", r[0], r[rounds - 1]);
+        printf("  %-60s %6.2fx  (target <= %.1fx: %s%s)\n", what, med, ratios[i].limit,
+               med <= ratios[i].limit ? "met" : "NOT met", spread);
     }
 }
 
