@@ -320,8 +320,14 @@ int main(int argc, char **argv)
         if (peer_ok) {
             ratio[i] = bench_median(rr, rounds); /* sorts rr */
             printf(" %.2fx", ratio[i]);
-            if (rounds > 1) /* how far a neighbour's load moved it */
-                printf(" (rounds %.2f-%.2fx)", rr[0], rr[rounds - 1]);
+            if (rounds > 1) { /* how far a neighbour's load moved it; and the best
+                               * rounds', since a neighbour only ever adds time */
+                double bo = ms[i][0], bp = ms[PEER][0];
+                for (int k = 1; k < rounds; k++)
+                    bo = fmin(bo, ms[i][k]), bp = fmin(bp, ms[PEER][k]);
+                printf(" (rounds %.2f-%.2fx; best round / best round %.2fx)", rr[0],
+                       rr[rounds - 1], bo / bp);
+            }
             printf(" |");
         } else
             printf(" - |");

@@ -341,10 +341,18 @@ static void peer_compare(const char *script, int warmup, int steps, int rounds)
         for (int k = 0; k < rounds; k++)
             r[k] = ms[ratios[i].num][k] / ms[ratios[i].den][k];
         double med = bench_median(r, rounds); /* sorts r */
-        char what[96], spread[48] = "";
+        char what[96], spread[96] = "";
         snprintf(what, sizeof what, "%s%s", ratios[i].what, of);
-        if (rounds > 1) /* how far a neighbour's load moved it */
-            snprintf(spread, sizeof spread, "; rounds %.2f-%.2fx", r[0], r[rounds - 1]);
+        if (rounds > 1) { /* how far a neighbour's load moved it; and each side's best
+                           * round, since a neighbour only ever adds time */
+            double bn = ms[ratios[i].num][0], bd = ms[ratios[i].den][0];
+            for (int k = 1; k < rounds; k++) {
+                bn = fmin(bn, ms[ratios[i].num][k]);
+                bd = fmin(bd, ms[ratios[i].den][k]);
+            }
+            snprintf(spread, sizeof spread, "; rounds %.2f-%.2fx; best round / best round %.2fx",
+                     r[0], r[rounds - 1], bn / bd);
+        }
         printf("  %-60s %6.2fx  (target <= %.1fx: %s%s)\n", what, med, ratios[i].limit,
                med <= ratios[i].limit ? "met" : "NOT met", spread);
     }
