@@ -9,10 +9,10 @@ Every peer script calls ensure() first thing, before it imports torch:
   on AVX-512 CPUs; unset, OpenBLAS picks its kernels for the CPU it finds.
 - glibc's malloc keeps large freed blocks instead of returning them to the
   system (GLIBC_TUNABLES mmap_threshold and trim_threshold at 2 GB): by
-  default each of PyTorch's per-step tensors of more than 128 KiB was
-  mmap'ed and unmapped every step, and the page faults cost it 2-3x its
-  step time on a virtual machine.  PyTorch's CPU allocator has no cache of
-  its own, so this is the setting a user tuning PyTorch on a CPU would use.
+  default PyTorch's large per-step tensors are mapped and unmapped every
+  step (PyTorch's CPU allocator keeps no cache of its own).  On bench/
+  train_step's MLP on a 2-core Zen 4 VM that was 2,200-2,700 page faults a
+  step and 1.1-1.3x the CPU time a step takes without them (26-34 faults).
 - OMP_WAIT_POLICY=passive (unless set): with OpenMP's default, spinning,
   the idle worker threads keep the other core of a 2-core machine busy.
 
