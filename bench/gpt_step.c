@@ -19,13 +19,16 @@
  * --rounds N every configuration runs N times in turn and each ratio is the
  * median of its rounds' (a neighbour's load on a shared machine then hits
  * both sides of a round alike).  docs/sim.md section 11 has the latest
- * figures and the CPU that measured them.
+ * figures and the CPU that measured them.  What bounds the cpu step: the
+ * GEMMs (matmuls and their backward, fused matmul epilogues: about 45% of a
+ * step, core/gemm.c), then attention (about 18%, mostly its small products)
+ * and memory-bound elementwise passes.
  *
  * Every --eval-every steps each run prints an "eval step=N train=X val=Y"
  * line (the mean training loss since the last one, the loss on fixed
- * validation batches); --curves DIR also writes each run's lines to
- * DIR/peer.log, DIR/sim.log ... for bench/peer/plot_loss.py (the peer's
- * from its faster thread count's run, the last round's).
+ * validation batches); --curves DIR also writes each run's lines (the last
+ * round's) to DIR/peer-1t.log, DIR/peer-2t.log, DIR/sim.log ... for
+ * bench/peer/plot_loss.py.
  *
  * Usage: gpt_step [--steps N] [--configs peer,sim,cpu,bf16] [--rounds N]
  *                 [--peer PATH] [--python PATH] [--eval-every N]
