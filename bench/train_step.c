@@ -21,10 +21,10 @@
  * and at 2 threads, and prints our step time over PyTorch's faster one per
  * backend and precision, and bf16 over our own f32.  The peer runs at its
  * best (bench/peer/peer_env.py) and prints which OpenBLAS core it loaded.
- * It also prints the simulated
- * step's TensorE and DMA busy %, and the DMA-limited floor: the step's HBM
- * bytes over the core's DMA rate (the lower of HBM bandwidth and its DMA
- * engines' sustained rate), the time no schedule of those bytes can beat.
+ * It also prints the simulated step's TensorE and DMA busy %, and the
+ * DMA-limited floor: the step's HBM bytes over the core's DMA rate (the
+ * lower of HBM bandwidth and its DMA engines' sustained rate), the time no
+ * schedule of those bytes can beat.
  *
  * Usage: train_step [--steps N] [--warmup N]
  *                   [--modes deterministic,eager,adaptive,lazy] [--model mlp|tf|both]
