@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.dont_write_bytecode = True  # no __pycache__ in the checkout
 sys.path.insert(0, HERE)
 import peer_env  # noqa: E402
 
