@@ -156,7 +156,7 @@ int main(int argc, char **argv)
                    r[k].kernels, r[k].loss);
             fflush(stdout);
         }
-        /* bf16's figure over f32's, as the issue's target reads (bf16 <= 0.8x
+        /* bf16's figure over f32's, as the target reads (bf16 <= 0.8x
          * of f32): below 1 means bf16 takes less */
         printf("%6d bf16 / f32: wall x%.2f, simulated x%.2f, TensorE x%.2f, HBM bytes x%.2f\n",
                batch, r[1].ms / r[0].ms, r[1].sim_ms / r[0].sim_ms,

@@ -2,7 +2,7 @@
  * attention a user writes without it (scores = q k^T * scale, the causal
  * mask by nt_masked_fill, nt_softmax, p v), forward + backward, in the same
  * run: peak device bytes above the inputs, simulated NeuronCore time, HBM
- * bytes and wall time, and the ratios (issue 13's targets: memory <= 1/4,
+ * bytes and wall time, and the ratios (targets: memory <= 1/4,
  * simulated time <= 1/2 of the composite's).
  *
  * One step: the attention of q, k, v [B, H, T, D] (leaves that require

@@ -2,7 +2,7 @@
  * MLP inferences, examples/batch_split.h) on C simulated NeuronCores over
  * the same work on one core, in one run: each core's worker runs its
  * kernels on its own host thread, so on a host with C free CPUs the wall
- * time should approach 1/C (issue 14's target: <= 0.6x with 2 cores on a
+ * time should approach 1/C (target: <= 0.6x with 2 cores on a
  * 2-CPU machine).  Also prints each core's simulated time and checks the
  * outputs equal the 1-core run's bit for bit.
  *

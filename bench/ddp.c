@@ -1,5 +1,5 @@
 /* bench/ddp.c - data-parallel training of the main job's MLP (784-1024-1024-10,
- * ReLU, cross-entropy, AdamW) on simulated NeuronCores (issue 14, docs/ddp.md):
+ * ReLU, cross-entropy, AdamW) on simulated NeuronCores (docs/ddp.md):
  *
  * 1. Scaling (weak): cores 1, 2, 4, 8, 16, 32 of a trn1.32xlarge
  *    (NT_SIM_TOPOLOGY), a per-core batch that keeps TensorE busy (--batch,

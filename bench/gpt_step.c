@@ -4,50 +4,35 @@
  * Trains the default model (examples/gpt_model.h: 4 layers, 4 heads, width
  * 128, context 128, batch 16) for --steps steps from the same seed on the
  * simulated NeuronCore (the default backend), on the CPU backend, with
- * --amp bf16 on the simulator, and in PyTorch 1.13 eager fp32 (when
- * /usr/bin/python3 imports torch; else it says so), and prints for each the
- * wall time per step, its ratio to PyTorch's, the simulated NeuronCore time
- * per step and MFU, and the validation loss after the last step with its
- * difference from PyTorch's.
+ * --amp bf16 on the simulator, and in PyTorch 1.13 eager fp32 at 1 and at 2
+ * threads (when /usr/bin/python3 imports torch; else it says so), and
+ * prints for each the wall time per step, its ratio to PyTorch's faster
+ * thread count, the simulated NeuronCore time per step and MFU, and the
+ * validation loss after the last step with its difference from PyTorch's.
+ * The peer runs at its best (bench/peer/peer_env.py) and its first line
+ * says which OpenBLAS core and vector level it ran.
  *
- * Targets (issue 13): sim <= 1.0x PyTorch eager fp32's step time, CPU
- * backend <= 0.7x; validation loss within 0.05 nats of PyTorch's after the
- * default steps.  A step's time is the wall time of all steps (batch,
- * forward, backward, clipping, AdamW) over their count, evaluations
- * excluded, in both.  PyTorch runs with its own default thread count
- * (printed; OMP_NUM_THREADS sets it): on a loaded 2-core machine its
- * OpenMP at 2 threads was about 9x slower than at 1 (1411 against 159
- * ms/step), so forcing more threads would not be a fair peer.
- *
- * Measured 2026-11-24 (300 steps, adaptive mode, 2 cores shared with other
- * jobs): PyTorch 1 thread 202.6 ms/step, val 2.5550; sim 530.9 ms/step
- * (2.62x; simulated 50.15 ms/step, MFU 1.0%), val 2.5599 (+0.0049); cpu
- * 252.5 ms/step (1.25x), the same val bits as sim; sim bf16 520.6 ms/step,
- * val 2.5602.  Later the same day, on a machine loaded by three other
- * jobs (load average 6-7 on its 2 cores, so every figure is slower), the
- * build before and after the CPU kernel work (always-inlined erf/exp,
- * attention on two threads without the causal tail's exps, eager
- * elementwise kernels per vector level and on two threads, column sums in
- * place): before sim 1.41x, cpu 1.59x of PyTorch (394.8 ms/step); after
- * sim 309.8 ms/step (0.91x), cpu 309.4 ms/step (0.91x) of PyTorch (339.8
- * ms/step); val 2.5599 both times.  On a quiet machine the same hour
- * (150 steps, nothing else running), before and after: PyTorch 116.2 and
- * 121.7 ms/step; sim 2.41x then 1.33x (simulated 42.24 then 18.75
- * ms/step), cpu 2.06x then 1.11x; val 2.6377 both times.  So neither
- * target is met when the machine is quiet: under load PyTorch's one
- * thread loses more than our two.  What bounds the cpu step: the GEMMs (matmuls and their backward, fused matmul
- * epilogues: about 45% of a step, core/gemm.c) bound it, then attention
- * (about 18%, mostly its small products) and memory-bound elementwise
- * passes.
+ * Targets: sim <= 1.0x PyTorch eager fp32's step time, CPU backend <= 0.7x;
+ * validation loss within 0.05 nats of PyTorch's after the default steps.
+ * A step's time is the wall time of all steps (batch, forward, backward,
+ * clipping, AdamW) over their count, evaluations excluded, in both.  With
+ * --rounds N every configuration runs N times in turn and each ratio is the
+ * median of its rounds' (a neighbour's load on a shared machine then hits
+ * both sides of a round alike).  docs/sim.md section 11 has the latest
+ * figures and the CPU that measured them.  What bounds the cpu step: the
+ * GEMMs (matmuls and their backward, fused matmul epilogues: about 45% of a
+ * step, core/gemm.c), then attention (about 18%, mostly its small products)
+ * and memory-bound elementwise passes.
  *
  * Every --eval-every steps each run prints an "eval step=N train=X val=Y"
  * line (the mean training loss since the last one, the loss on fixed
- * validation batches); --curves DIR also writes each run's lines to
- * DIR/peer.log, DIR/sim.log ... for bench/peer/plot_loss.py.
+ * validation batches); --curves DIR also writes each run's lines (the last
+ * round's) to DIR/peer-1t.log, DIR/peer-2t.log, DIR/sim.log ... for
+ * bench/peer/plot_loss.py.
  *
- * Usage: gpt_step [--steps N] [--configs peer,sim,cpu,bf16] [--peer PATH]
- *                 [--python PATH] [--eval-every N] [--eval-batches N]
- *                 [--curves DIR] [--data DIR] */
+ * Usage: gpt_step [--steps N] [--configs peer,sim,cpu,bf16] [--rounds N]
+ *                 [--peer PATH] [--python PATH] [--eval-every N]
+ *                 [--eval-batches N] [--curves DIR] [--data DIR] */
 #include <math.h>
 #include <ntensor.h>
 #include <stdio.h>
@@ -68,7 +53,7 @@
 #define LOSS_TARGET 0.05
 
 typedef struct {
-    char name[16];
+    char name[16]; /* also its --curves log's name */
     bool ran;
     double ms, sim_ms, mfu, val;
 } result;
@@ -183,36 +168,41 @@ static void peer_line(const char *line, void *arg)
     printf("  peer: %s", line);
 }
 
-/* Runs the peer, echoing its eval lines; fills r from its "final" line. */
+/* Runs the peer at `threads` threads, echoing its eval lines; fills r from
+ * its "final" line. */
 static void run_peer(const char *python, const char *script, const char *data, int steps,
-                     int eval_every, int eval_batches, result *r)
+                     int threads, int eval_every, int eval_batches, result *r)
 {
+    r->ran = false;
     if (!bench_python_has_torch(python)) {
-        printf("  peer  skipped: %s cannot import torch (Debian: python3-torch; sh "
+        printf("  %s skipped: %s cannot import torch (Debian: python3-torch; sh "
                "scripts/deps.sh --bench)\n",
-               python);
+               r->name, python);
         return;
     }
     char cmd[8192];
     snprintf(cmd, sizeof cmd,
-             "'%s' '%s' --steps %d --warmup %d --eval-every %d --eval-batches %d --data '%s'",
-             python, script, steps, steps / 10, eval_every, eval_batches, data);
+             "'%s' '%s' --steps %d --warmup %d --threads %d --eval-every %d --eval-batches %d "
+             "--data '%s'",
+             python, script, steps, steps / 10, threads, eval_every, eval_batches, data);
     peer_out o = {r, curves_open(r->name)};
     int st = bench_peer_lines(cmd, peer_line, &o);
     if (o.log)
         fclose(o.log);
     if (st != 0 || !r->ran) {
-        printf("  peer  failed (exit status %d)\n", st);
+        printf("  %s failed (exit status %d)\n", r->name, st);
         r->ran = false;
         return;
     }
-    printf("  %-5s %8.1f ms/step  val loss %.4f\n", r->name, r->ms, r->val);
+    printf("  %-7s %8.1f ms/step  val loss %.4f\n", r->name, r->ms, r->val);
     fflush(stdout);
 }
 
+#define MAX_ROUNDS 16
+
 int main(int argc, char **argv)
 {
-    int steps = STEPS, eval_batches = 8, eval_every = 50;
+    int steps = STEPS, eval_batches = 8, eval_every = 50, rounds = 1;
     const char *configs = "peer,sim,cpu,bf16", *peer = GPT_PEER_SCRIPT,
                *python = "/usr/bin/python3", *data = GPT_DATA_DIR;
     for (int i = 1; i < argc; i++) {
@@ -227,6 +217,8 @@ int main(int argc, char **argv)
             eval_batches = atoi(v);
         else if (!strcmp(argv[i], "--configs") && v)
             configs = v;
+        else if (!strcmp(argv[i], "--rounds") && v)
+            rounds = atoi(v);
         else if (!strcmp(argv[i], "--peer") && v)
             peer = v;
         else if (!strcmp(argv[i], "--python") && v)
@@ -235,14 +227,22 @@ int main(int argc, char **argv)
             data = v;
         else {
             fprintf(stderr, "usage: gpt_step [--steps N] [--configs sim,cpu,bf16,peer] "
-                            "[--peer PATH] [--python PATH] [--eval-every N] [--eval-batches N] "
-                            "[--curves DIR] [--data DIR]\n");
+                            "[--rounds N] [--peer PATH] [--python PATH] [--eval-every N] "
+                            "[--eval-batches N] [--curves DIR] [--data DIR]\n");
             return 1;
         }
         i++;
     }
-    if (steps < 1 || eval_batches < 1 || eval_every < 1) {
-        fprintf(stderr, "gpt_step: --steps, --eval-every and --eval-batches must be >= 1\n");
+    if (steps < 1 || eval_batches < 1 || eval_every < 1 || rounds < 1 || rounds > MAX_ROUNDS) {
+        fprintf(stderr, "gpt_step: --steps, --eval-every and --eval-batches must be >= 1, "
+                        "--rounds 1 to %d\n",
+                MAX_ROUNDS);
+        return 1;
+    }
+    if (strlen(python) > 1000 || strchr(python, '\'') || strlen(peer) > 1000 ||
+        strchr(peer, '\'') || strlen(data) > 1000 || strchr(data, '\'')) {
+        fprintf(stderr, "gpt_step: --python, --peer and --data must be paths of at most 1000 "
+                        "characters without a quote\n");
         return 1;
     }
     gpt_data d;
@@ -251,64 +251,113 @@ int main(int argc, char **argv)
     if (nt_init() != 0)
         bench_fail("nt_init");
     printf("bench/gpt_step: character GPT (4 layers, 4 heads, width 128, context 128, batch "
-           "16), %d steps of AdamW from seed 1 on %lld characters of %s; mode %s\n",
-           steps, (long long)d.n, data, nt_config_get("NT_MODE"));
-    enum { PEER, SIM, CPU, BF16, NCFG };
-    result r[NCFG] = {{.name = "peer"}, {.name = "sim"}, {.name = "cpu"}, {.name = "bf16"}};
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", configs);
-    for (char *save = NULL, *c = strtok_r(buf, ",", &save); c; c = strtok_r(NULL, ",", &save)) {
-        if (!strcmp(c, "peer"))
-            run_peer(python, peer, data, steps, eval_every, eval_batches, &r[PEER]);
-        else if (!strcmp(c, "sim"))
-            run_ours("sim", NT_DTYPE_COUNT, &d, steps, eval_every, eval_batches, &r[SIM]);
-        else if (!strcmp(c, "cpu"))
-            run_ours("cpu", NT_DTYPE_COUNT, &d, steps, eval_every, eval_batches, &r[CPU]);
-        else if (!strcmp(c, "bf16"))
-            run_ours("sim", NT_BF16, &d, steps, eval_every, eval_batches, &r[BF16]);
-        else {
-            fprintf(stderr, "gpt_step: unknown config '%s' (sim, cpu, bf16, peer)\n", c);
-            return 1;
+           "16), %d steps of AdamW from seed 1 on %lld characters of %s; mode %s; %d round(s)\n",
+           steps, (long long)d.n, data, nt_config_get("NT_MODE"), rounds);
+    /* the peer at 1 and at 2 threads; PEER is the faster of the two, per round */
+    enum { PEER1, PEER2, SIM, CPU, BF16, NCFG, PEER = NCFG };
+    result r[NCFG] = {{.name = "peer-1t"}, {.name = "peer-2t"}, {.name = "sim"},
+                      {.name = "cpu"}, {.name = "bf16"}};
+    double ms[NCFG + 1][MAX_ROUNDS];
+    bool ran[NCFG] = {false}, all[NCFG]; /* ran in some round; in every round */
+    for (int i = 0; i < NCFG; i++)
+        all[i] = true;
+    for (int k = 0; k < rounds; k++) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", configs);
+        if (rounds > 1)
+            printf("round %d of %d\n", k + 1, rounds);
+        for (char *save = NULL, *c = strtok_r(buf, ",", &save); c;
+             c = strtok_r(NULL, ",", &save)) {
+            if (!strcmp(c, "peer")) {
+                run_peer(python, peer, data, steps, 1, eval_every, eval_batches, &r[PEER1]);
+                run_peer(python, peer, data, steps, 2, eval_every, eval_batches, &r[PEER2]);
+            } else if (!strcmp(c, "sim"))
+                run_ours("sim", NT_DTYPE_COUNT, &d, steps, eval_every, eval_batches, &r[SIM]);
+            else if (!strcmp(c, "cpu"))
+                run_ours("cpu", NT_DTYPE_COUNT, &d, steps, eval_every, eval_batches, &r[CPU]);
+            else if (!strcmp(c, "bf16"))
+                run_ours("sim", NT_BF16, &d, steps, eval_every, eval_batches, &r[BF16]);
+            else {
+                fprintf(stderr, "gpt_step: unknown config '%s' (sim, cpu, bf16, peer)\n", c);
+                return 1;
+            }
         }
+        for (int i = 0; i < NCFG; i++) {
+            ms[i][k] = r[i].ran ? r[i].ms : 0;
+            ran[i] = ran[i] || r[i].ran;
+            all[i] = all[i] && r[i].ran;
+            r[i].ran = false; /* each round's own */
+        }
+        ms[PEER][k] = ms[PEER1][k] > 0 && (ms[PEER2][k] <= 0 || ms[PEER1][k] <= ms[PEER2][k])
+                          ? ms[PEER1][k]
+                          : ms[PEER2][k];
     }
-    printf("\n| run | ms/step | x PyTorch fp32 | simulated ms/step | MFU | val loss | val - "
-           "PyTorch |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-    const char *label[NCFG] = {"PyTorch 1.13 eager fp32", "ntensor sim", "ntensor cpu",
+    /* a ratio needs the peer in every round; a figure that missed a round is not quoted */
+    bool peer_ok = (all[PEER1] || all[PEER2]);
+    for (int k = 0; k < rounds; k++)
+        peer_ok = peer_ok && ms[PEER][k] > 0;
+    int best_peer = PEER1; /* whose val loss is the reference: the faster in the last round */
+    if (!all[PEER1] || (all[PEER2] && ms[PEER2][rounds - 1] < ms[PEER1][rounds - 1]))
+        best_peer = PEER2;
+    printf("\n| run | ms/step%s | x PyTorch fp32 (faster thread count) | simulated ms/step | MFU "
+           "| val loss | val - PyTorch |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+           rounds > 1 ? " (median of rounds)" : "");
+    const char *label[NCFG] = {"PyTorch 1.13 eager fp32, 1 thread",
+                               "PyTorch 1.13 eager fp32, 2 threads", "ntensor sim", "ntensor cpu",
                                "ntensor sim bf16"};
+    double ratio[NCFG];
     for (int i = 0; i < NCFG; i++) {
-        if (!r[i].ran)
+        ratio[i] = 0;
+        if (!ran[i])
             continue;
-        printf("| %s | %.1f |", label[i], r[i].ms);
-        if (r[PEER].ran)
-            printf(" %.2fx |", r[i].ms / r[PEER].ms);
-        else
+        if (!all[i]) {
+            printf("| %s | missed a round | - | - | - | - | - |\n", label[i]);
+            continue;
+        }
+        double rr[MAX_ROUNDS], m[MAX_ROUNDS];
+        for (int k = 0; k < rounds; k++) {
+            m[k] = ms[i][k];
+            rr[k] = peer_ok ? ms[i][k] / ms[PEER][k] : 0;
+        }
+        printf("| %s | %.1f |", label[i], bench_median(m, rounds));
+        if (peer_ok) {
+            ratio[i] = bench_median(rr, rounds); /* sorts rr */
+            printf(" %.2fx", ratio[i]);
+            if (rounds > 1) { /* how far a neighbour's load moved it; and the best
+                               * rounds', since a neighbour only ever adds time */
+                double bo = ms[i][0], bp = ms[PEER][0];
+                for (int k = 1; k < rounds; k++)
+                    bo = fmin(bo, ms[i][k]), bp = fmin(bp, ms[PEER][k]);
+                printf(" (rounds %.2f-%.2fx; best round / best round %.2fx)", rr[0],
+                       rr[rounds - 1], bo / bp);
+            }
+            printf(" |");
+        } else
             printf(" - |");
-        if (i != PEER && r[i].sim_ms > 0)
+        if (i >= SIM && r[i].sim_ms > 0)
             printf(" %.2f | %.1f%% |", r[i].sim_ms, 100 * r[i].mfu);
         else
             printf(" - | - |");
         printf(" %.4f |", r[i].val);
-        if (r[PEER].ran && i != PEER)
-            printf(" %+.4f |\n", r[i].val - r[PEER].val);
+        if (peer_ok && i >= SIM)
+            printf(" %+.4f |\n", r[i].val - r[best_peer].val);
         else
             printf(" - |\n");
     }
-    if (r[PEER].ran) {
-        if (r[SIM].ran)
+    if (peer_ok) {
+        if (all[SIM])
             printf("sim backend <= %.1fx PyTorch's step time: %s (%.2fx)\n", SIM_TARGET,
-                   r[SIM].ms <= SIM_TARGET * r[PEER].ms ? "met" : "NOT met",
-                   r[SIM].ms / r[PEER].ms);
-        if (r[CPU].ran)
+                   ratio[SIM] <= SIM_TARGET ? "met" : "NOT met", ratio[SIM]);
+        if (all[CPU])
             printf("cpu backend <= %.1fx PyTorch's step time: %s (%.2fx)\n", CPU_TARGET,
-                   r[CPU].ms <= CPU_TARGET * r[PEER].ms ? "met" : "NOT met",
-                   r[CPU].ms / r[PEER].ms);
+                   ratio[CPU] <= CPU_TARGET ? "met" : "NOT met", ratio[CPU]);
         for (int i = SIM; i < NCFG; i++)
-            if (r[i].ran)
-                printf("%s: val loss within %.2f nats of PyTorch's after %d steps: %s "
+            if (all[i])
+                printf("%s: val loss within %.2f nats of PyTorch's (%s) after %d steps: %s "
                        "(%+.4f)\n",
-                       r[i].name, LOSS_TARGET, steps,
-                       fabs(r[i].val - r[PEER].val) <= LOSS_TARGET ? "met" : "NOT met",
-                       r[i].val - r[PEER].val);
+                       r[i].name, LOSS_TARGET, r[best_peer].name, steps,
+                       fabs(r[i].val - r[best_peer].val) <= LOSS_TARGET ? "met" : "NOT met",
+                       r[i].val - r[best_peer].val);
     }
     gpt_data_free(&d);
     nt_shutdown();

@@ -1,8 +1,8 @@
 #!/bin/sh
 # Installs the Debian 12 packages ntensor needs that are missing (run as root).
 # Usage: scripts/deps.sh [--bench] [extra packages...]
-#   --bench  also PyTorch and matplotlib, for bench/gpt_step's peer
-#            (bench/peer/char_gpt.py) and bench/peer/plot_loss.py; the tests
+#   --bench  also PyTorch and matplotlib, for the PyTorch peers of bench/
+#            (bench/peer/*.py) and bench/peer/plot_loss.py; the tests
 #            never need them.
 # fortunes: the text examples/char_gpt trains on.
 # libopenmpi-dev, openmpi-bin: collectives between processes (meson option

@@ -18,6 +18,11 @@ every --eval-every steps and at the end, then
   final val=Y ms_per_step=Z steps=N threads=K
 (bench/gpt_step reads these; bench/peer/plot_loss.py plots the eval lines).
 
+The environment is the peer's best (bench/peer/peer_env.py: OpenBLAS picks
+its own kernels, glibc keeps freed blocks, OpenMP threads sleep when idle);
+the first line says what it runs on.  bench/gpt_step runs it at --threads 1
+and --threads 2 and compares with the faster.
+
 Usage: /usr/bin/python3 bench/peer/char_gpt.py [--steps N] [...] (--help)
 Needs torch (Debian: python3-torch; scripts/deps.sh --bench installs it).
 """
@@ -26,6 +31,10 @@ import math
 import os
 import sys
 import time
+
+sys.dont_write_bytecode = True  # no __pycache__ in the checkout
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peer_env  # noqa: E402
 
 MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
@@ -79,6 +88,7 @@ def main():
                     help="torch.set_num_threads; 0 (default) keeps torch's own default "
                          "(OMP_NUM_THREADS, else what OpenMP gives it)")
     a = ap.parse_args()
+    peer_env.ensure()
     try:
         import torch
         import torch.nn.functional as F
@@ -88,6 +98,7 @@ def main():
         return 2
     if a.threads > 0:
         torch.set_num_threads(a.threads)
+    print("environment: " + peer_env.describe(torch), flush=True)
     torch.manual_seed(a.seed)
 
     text, nfiles = load_text(a.data)
