@@ -462,6 +462,58 @@ static void test_transformer_tight_lazy(void **state)
     unsetenv("NT_BACKEND");
 }
 
+/* A pool's credit is one sum.  When a waiting storage's block goes back,
+ * the credit left in the pool may be another waiting storage's, whose
+ * block is still to come: it stays counted.  (Taking the freed storage's
+ * size from the pool instead dropped e's bytes here: the device then took
+ * g's block beside b's and e's, 12 MiB in 10.)  Lazy mode without fusion
+ * runs exactly what a sync asks for, op by op. */
+static void test_lent_bytes_counted_until_freed(void **state)
+{
+    (void)state;
+    const int64_t n = INT64_C(1) << 20; /* 4 MiB of f32 */
+    start("10M", "lazy");
+    assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
+    nt_tensor *a = nt_full(NT_F32, 1, &n, 1.0);
+    nt_tensor *ra = nt_sum(a, NT_DIM_ALL, false);
+    nt_release(a);                                /* lent to the stream's next op */
+    nt_tensor *b = nt_full(NT_F32, 1, &n, 2.0);   /* takes a's bytes */
+    nt_tensor *e = nt_full(NT_F32, 1, &n, 3.0);
+    nt_tensor *re = nt_sum(e, NT_DIM_ALL, false);
+    nt_release(e);                                /* lent, not taken */
+    assert_non_null(b);
+    assert_non_null(re);
+    double v = -1;
+    assert_int_equal(nt_item(ra, &v), 0);         /* runs a's ops: its block goes back */
+    assert_true(v == (double)n);
+    nt_stats st;
+    nt_stats_get(&st);
+    /* b's bytes, and e's: its block is still to be written */
+    assert_true(st.device_bytes_in_use >= UINT64_C(8) << 20);
+    /* a block taken at once: it waits for e's reader to run */
+    float *host = malloc(sizeof(float) * (size_t)n);
+    assert_non_null(host);
+    for (int64_t i = 0; i < n; i++)
+        host[i] = 4.0f;
+    nt_tensor *g = nt_from_host(host, NT_F32, 1, &n);
+    free(host);
+    if (!g)
+        fail_msg("%s", nt_last_error_message());
+    assert_int_equal(nt_item(re, &v), 0);
+    assert_true(v == 3.0 * (double)n);
+    assert_true(sum_of(b) == 2.0 * (double)n);
+    assert_true(sum_of(g) == 4.0 * (double)n);
+    nt_stats_get(&st);
+    assert_int_equal(st.device_alloc_waits, 1);
+    assert_true(st.device_bytes_backed_peak <= st.device_capacity);
+    assert_true(st.device_bytes_backed_peak <= st.device_bytes_peak);
+    nt_release(ra);
+    nt_release(re);
+    nt_release(b);
+    nt_release(g);
+    stop();
+}
+
 /* ---------------- two threads, two streams, a tight device ---------------- */
 
 typedef struct {
@@ -568,6 +620,7 @@ int main(void)
         cmocka_unit_test(test_train_transformer_2x),
         cmocka_unit_test(test_transformer_peaks_by_mode),
         cmocka_unit_test(test_transformer_tight_lazy),
+        cmocka_unit_test(test_lent_bytes_counted_until_freed),
         cmocka_unit_test(test_two_streams_tight),
     };
     return cmocka_run_group_tests_name("memory", tests, NULL, NULL);
