@@ -728,10 +728,9 @@ static int slice_into_as(gradmap *gm, nt__node *n, nt_tensor *g, bool reshaped)
             gm->scat = p;
             gm->scatcap = cap;
         }
-        nt__alloc_dev = (uint8_t)g->dev;
-        nt_tensor *buf = nt__tensor_empty((nt_dtype)m->dtype, m->ndim, m->shape, &n->site,
-                                          "nt_backward");
-        nt__alloc_dev = 0;
+        /* written only by the copies queued below */
+        nt_tensor *buf = nt__empty_for_stream(&n->site, "nt_backward", (nt_dtype)m->dtype,
+                                              m->ndim, m->shape, g->dev);
         if (!buf)
             return nt_last_error();
         *slot = buf; /* the slot's reference */

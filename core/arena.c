@@ -91,6 +91,8 @@ static struct {
     volatile AO_t alloc_waits, alloc_wait_ns;
     uint64_t max_waiting;     /* NT_MAX_INFLIGHT_BYTES: back-pressure on waiting bytes */
     uint64_t *pool;           /* per stream id: credit, under lock */
+    uint64_t *pool_w;         /* per stream id: bytes of the waiting storages credited
+                                 to its pool and not yet freed (pool <= pool_w) */
     uint8_t *pool_dev;        /* per stream id: the device its credit belongs to */
     uint32_t npool;
     uint64_t cached;
@@ -219,6 +221,7 @@ void nt__arena_init(uint64_t capacity, uint64_t max_waiting, int ndev)
     A.alloc_waits = A.alloc_wait_ns = 0;
     A.max_waiting = max_waiting ? max_waiting : capacity / 2;
     A.pool = NULL;
+    A.pool_w = NULL;
     A.pool_dev = NULL;
     A.npool = 0;
     for (int c = 0; c < NT_NCLASS; c++)
@@ -247,8 +250,10 @@ void nt__arena_shutdown(void)
             A.free[c] = NULL;
         }
     g_free(A.pool);
+    g_free(A.pool_w);
     g_free(A.pool_dev);
     A.pool = NULL;
+    A.pool_w = NULL;
     A.pool_dev = NULL;
     A.npool = 0;
     g_mutex_unlock(&A.lock);
@@ -307,11 +312,16 @@ static uint64_t *pool_slot(uint32_t sid)
         if (!p)
             return NULL;
         A.pool = p;
+        uint64_t *pw = g_try_realloc(A.pool_w, sizeof *pw * n);
+        if (!pw)
+            return NULL; /* A.pool grew; npool did not: the next call retries */
+        A.pool_w = pw;
         uint8_t *pd = g_try_realloc(A.pool_dev, n);
         if (!pd)
-            return NULL; /* A.pool grew; npool did not: the next call retries */
+            return NULL;
         A.pool_dev = pd;
         memset(p + A.npool, 0, sizeof *p * (n - A.npool));
+        memset(pw + A.npool, 0, sizeof *pw * (n - A.npool));
         memset(pd + A.npool, 0, n - A.npool);
         A.npool = n;
     }
@@ -352,11 +362,12 @@ uint32_t nt__arena_pend(uint32_t sid, size_t nbytes, int dev)
     uint64_t *slot = pool_slot(sid);
     /* a pool holds one device's bytes (its stream's, in practice): a credit
      * of another device waits uncredited */
-    if (slot && *slot && A.pool_dev[sid] != (uint8_t)(a - A.d))
+    if (slot && A.pool_w[sid] && A.pool_dev[sid] != (uint8_t)(a - A.d))
         slot = NULL;
     if (slot) {
         A.pool_dev[sid] = (uint8_t)(a - A.d);
         *slot += cls;
+        A.pool_w[sid] += cls;
         AO_fetch_and_add(&a->pooled, (AO_t)cls);
         AO_fetch_and_add(&a->waiting_c, (AO_t)cls);
     } else {
@@ -367,11 +378,17 @@ uint32_t nt__arena_pend(uint32_t sid, size_t nbytes, int dev)
     return sid;
 }
 
-/* A waiting storage's bytes leave the arena's count: its credit still in
- * the pool goes with it; what was drawn stays reserved for its new owner.
- * (A credit that found no pool slot was counted as not credited: pool_slot
+/* A waiting storage's block went back.  A pool's credit is one sum, not
+ * this storage's own: what is left in it may be that of a storage released
+ * after the draws, whose block is still held or still to come.  So the
+ * pool keeps at most the bytes of the storages still waiting in it
+ * (pool_w); the rest of its credit leaves the count, and what was drawn
+ * stays reserved for its new owners.  (Taking this storage's size from the
+ * pool instead took a still-waiting storage's bytes out of the count while
+ * its block stayed: char_gpt held blocks 11 MiB above its reserved bytes.)
+ * A credit that found no pool slot was counted as not credited: pool_slot
  * fails only when the host is out of memory, and then sid's slot does not
- * exist, which unpend checks.) */
+ * exist, which unpend checks. */
 static void unpend(uint32_t sid, size_t cls, dev_acct *a)
 {
     g_mutex_lock(&A.lock);
@@ -383,9 +400,10 @@ static void unpend(uint32_t sid, size_t cls, dev_acct *a)
         return;
     }
     AO_fetch_and_add(&a->waiting_c, (AO_t)0 - cls);
-    /* (a pool that now holds another device's credit was emptied of this
-     * one's first: nothing of it is left to take) */
-    uint64_t d = A.pool_dev[sid] != (uint8_t)(a - A.d) ? 0 : *slot < cls ? *slot : cls;
+    /* pool_w counts this storage: the pool holds this device's credit
+     * (nt__arena_pend switches a pool's device only when pool_w is 0) */
+    A.pool_w[sid] -= A.pool_w[sid] < cls ? A.pool_w[sid] : cls;
+    uint64_t d = *slot > A.pool_w[sid] ? *slot - A.pool_w[sid] : 0;
     if (d) {
         *slot -= d;
         AO_fetch_and_add(&a->pooled, (AO_t)0 - d);

@@ -340,10 +340,10 @@ NT_API nt_tensor *nt_cat_at(const nt_site *site, nt_tensor *const *ts, int n, in
             return NULL;
         }
     }
-    /* on the current device: the copies into it below check the inputs */
-    nt__alloc_dev = nt__stream_current()->dev;
-    nt_tensor *out = nt__tensor_empty((nt_dtype)t0->dtype, t0->ndim, sh, site, fn);
-    nt__alloc_dev = 0;
+    /* on the current device (the copies into it below check the inputs),
+     * written only by those copies */
+    nt_tensor *out = nt__empty_for_stream(site, fn, (nt_dtype)t0->dtype, t0->ndim, sh,
+                                          nt__stream_current()->dev);
     if (!out)
         return NULL;
     /* One copy per input into its slice of the output. */

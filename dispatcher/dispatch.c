@@ -255,6 +255,19 @@ nt_tensor *nt__dispatch_view(nt__call *c, nt_tensor *v)
     return nt__scope_adopt(v, c->fn);
 }
 
+nt_tensor *nt__empty_for_stream(const nt_site *site, const char *fn, nt_dtype dt, int ndim,
+                                const int64_t *shape, int dev)
+{
+    nt_stream *s = nt__stream_current();
+    /* a stream lends only its own device's bytes */
+    nt__alloc_sid = s->dev == dev ? s->id : 0;
+    nt__alloc_dev = (uint8_t)dev;
+    nt_tensor *t = nt__tensor_empty(dt, ndim, shape, site, fn);
+    nt__alloc_sid = 0;
+    nt__alloc_dev = 0;
+    return t;
+}
+
 nt_tensor *nt__dispatch(nt__call *c)
 {
     nt_tensor *r = dispatch_inner(c);

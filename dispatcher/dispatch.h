@@ -67,6 +67,14 @@ nt_tensor *nt__dispatch(nt__call *c);
  * this returns. */
 uint64_t nt__rec_enqueue(nt__rec *r, nt_stream **s, bool run_here);
 
+/* A fresh tensor on device dev that only ops queued after this on the
+ * current stream will write (nt_cat's output, nt_backward's slice-gradient
+ * buffer): like an op's output, its capacity may be lent by what the
+ * stream's queued ops are about to give back (core/arena.c), since its
+ * block is taken when the first of those ops runs.  NULL + NT_ENOMEM. */
+nt_tensor *nt__empty_for_stream(const nt_site *site, const char *fn, nt_dtype dt, int ndim,
+                                const int64_t *shape, int dev);
+
 /* While autograd runs a node's backward: that op's API name, recorded on
  * every op the backward issues (error messages say "in the backward of"). */
 extern _Thread_local const char *nt__tls_bwd_of NT_TLS_HOT;
