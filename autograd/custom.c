@@ -203,7 +203,9 @@ NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *i
     }
     nt_scope *s = nt_scope_begin();
     nt_no_grad_begin();
+    nt__user_code_begin();
     out = c->def.forward(in, c->def.ctx);
+    nt__user_code_end();
     nt_no_grad_end();
     if (out && out->magic == NT__MAGIC_LIVE)
         nt_keep(out);
@@ -276,7 +278,9 @@ int nt__custom_backward(nt__bctx *b)
     nt_tensor *in[NT__MAX_IN] = {0};
     for (int i = 0; i < c->def.nin; i++)
         in[i] = b->n->saved_in[i];
+    nt__user_code_begin();
     int rc = c->def.backward(b->gout[0], in, b->n->saved_out[0], b->gin, c->def.ctx);
+    nt__user_code_end();
     if (rc)
         return nt_last_error() ? nt_last_error()
                                : nt__err(b->site, rc, c->api, "the backward of op '%s' failed "

@@ -10,7 +10,9 @@ static int eval_loss(nt_tensor *(*f)(nt_tensor *const *, void *), nt_tensor *con
 {
     nt_scope *s = nt_scope_begin();
     nt_no_grad_begin();
+    nt__user_code_begin();
     nt_tensor *y = f(in, ctx);
+    nt__user_code_end();
     nt_tensor *l = y ? nt_sum(nt_mul(nt_cast(y, NT_F32), w), NT_DIM_ALL, false) : NULL;
     int rc = l ? nt_item(l, out) : (nt_last_error() ? nt_last_error() : NT_EEXEC);
     nt_no_grad_end();
@@ -37,7 +39,9 @@ NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_ten
     nt_scope *s = nt_scope_begin();
     int rc = 0;
     /* analytic */
+    nt__user_code_begin();
     nt_tensor *y = f(in, ctx);
+    nt__user_code_end();
     if (!y) {
         rc = nt_last_error() ? nt_last_error() : NT_EEXEC;
         goto out;

@@ -38,6 +38,9 @@
 
 #define NT__MAGIC_LIVE 0x4e54544eu /* "NTTN" */
 #define NT__MAGIC_DEAD 0xdeadbeefu
+/* A handle that was live when nt_shutdown freed its tensor: a use after the
+ * next nt_init is NT_ESTATE, not a use after free (core/tensor.c). */
+#define NT__MAGIC_OLD 0x0fd0fd0fu
 #define NT__MAX_IN 4
 #define NT__MAX_OUT 2
 
@@ -282,6 +285,11 @@ struct nt_tensor {
     uint64_t id;             /* unique, for messages and the debugger */
     nt_tensor *pool_next;    /* free: the next handle of its batch */
     nt_tensor *pool_batch;   /* free, heading a batch: the next batch */
+    uint8_t tmp;             /* a temporary of the library's own, never the
+                                program's: reused at once, not quarantined
+                                (nt__scope_adopt and nt__save set it, nt_keep
+                                and a user callback's nt_retain clear it) */
+    uint8_t mark;            /* nt_shutdown's rebuild of the free lists */
     /* The counts change on every op that reads the tensor, from the host and
      * from a worker: their own line keeps the view fields above clean. */
     _Alignas(64) volatile AO_t refs; /* user references; 0 = released */
@@ -342,6 +350,24 @@ extern _Thread_local uint8_t nt__tl_cap NT_TLS_HOT;
  * otherwise; the executor records each kernel it runs into it. */
 struct nt__capture;
 extern _Thread_local struct nt__capture *nt__tl_recorder NT_TLS_HOT;
+
+/* The scopes the library opens for its own temporaries (composite ops, the
+ * backward pass, optimizer steps) are marked as the library's: a tensor
+ * they own dies inside the call that made it, so the program never saw it
+ * and its handle skips the quarantine (NT_HANDLE_QUARANTINE counts the
+ * handles the program could see).  Library code calls nt_scope_begin() as
+ * a program does; this macro makes it the marked kind. */
+#ifdef NT_BUILDING_LIBRARY
+nt_scope *nt__scope_begin_lib(void);
+#define nt_scope_begin() nt__scope_begin_lib()
+#endif
+/* Except what a user callback makes while it runs (a custom op's forward
+ * and backward, a checkpoint's block, gradcheck's function), though a
+ * library scope is the innermost: the program holds those.  The library
+ * brackets every such call with these (per thread, nestable). */
+extern _Thread_local uint32_t nt__user_code NT_TLS_HOT;
+static inline void nt__user_code_begin(void) { nt__user_code++; }
+static inline void nt__user_code_end(void) { nt__user_code--; }
 
 /* NULL: arena full (no error set).  On device nt__alloc_dev. */
 nt__storage *nt__storage_new(size_t nbytes);
