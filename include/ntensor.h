@@ -178,14 +178,15 @@ NT_API int nt_init(void);
 /** Drains every stream, joins the workers and frees everything the runtime
  *  owns.  Handles still held by the user become invalid: after the next
  *  nt_init, a tensor, stream, event, scope, optimizer, loss scaler,
- *  communicator or nt_ddp made before is refused with NT_ESTATE naming the
- *  function and the argument (metadata queries give their sentinel), while
- *  its memory has not been reused -- handle memory is kept for the process
- *  and reused for new objects only after every other free handle of its
- *  kind.  The destroy functions still free objects of the ended runtime
- *  that the program owns (events, optimizers, ...).  NT_STATS=1 prints a
- *  summary here.  Call once, from one thread, when no other thread uses the
- *  library; nt_init() may be called again afterwards. */
+ *  communicator, nt_ddp or graph made before is refused with NT_ESTATE
+ *  naming the function and the argument (metadata queries give their
+ *  sentinel), as long as its memory has not been reused: handle memory is
+ *  kept for the process, and the next runtime reuses it for new objects
+ *  of the kind, those the program still held last.  The destroy functions
+ *  still free the objects of the ended runtime that the program owns
+ *  (events, optimizers, ...).  NT_STATS=1 prints a summary here.  Call
+ *  once, from one thread, when no other thread uses the library; nt_init()
+ *  may be called again afterwards. */
 NT_API void nt_shutdown(void);
 
 /** Execution modes (NT_MODE / NT_DETERMINISTIC). */
@@ -1190,7 +1191,8 @@ typedef struct nt_graph_info {
 } nt_graph_info;
 NT_API int nt_graph_info_get(nt_graph *g, nt_graph_info *out);
 /** Waits for the graph's queued replays, then frees it (and its plan's
- *  memory).  NULL is ignored. */
+ *  memory).  NULL is ignored; a graph destroyed already sets NT_EINVAL
+ *  naming the argument. */
 NT_API void nt_graph_destroy(nt_graph *g);
 
 /* ------------------------------------------------------------------------ */

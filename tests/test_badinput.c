@@ -2500,7 +2500,7 @@ static void test_released_handle_detection(void **state)
     nt_shutdown();
 }
 
-/* The optimizer, loss scaler, communicator and nt_ddp kept across
+/* The optimizer, loss scaler, communicator, nt_ddp and graph kept across
  * nt_shutdown: after nt_init each use is NT_ESTATE naming the function and
  * the argument, each destroy frees it quietly, and a second destroy is an
  * error naming it -- never a read of freed memory (the ASan run of this
@@ -2515,13 +2515,19 @@ static void test_stale_objects_after_reinit(void **state)
     nt_grad_scaler *sc = nt_grad_scaler_create(NULL);
     nt_comm *comm = nt_comm_create((const int[]){0}, 1);
     nt_ddp *d = nt_ddp_create(&p, 1, 1, (const int[]){0}, 1);
+    nt_tensor *gx = nt_ones(NT_F32, 1, SH(4));
+    assert_int_equal(nt_graph_capture_begin(), 0);
+    nt_tensor *gy = nt_mul_scalar(gx, 3);
+    nt_graph *g = nt_graph_capture_end();
+    assert_non_null(g);
+    (void)gy;
     assert_non_null(opt);
     assert_non_null(sc);
     assert_non_null(comm);
     assert_non_null(d);
     nt_shutdown();
     assert_int_equal(nt_init(), 0);
-    struct { int rc; const char *fn, *arg; } R[6];
+    struct { int rc; const char *fn, *arg; } R[8];
     int n = 0;
     nt_clear_error();
 #define CALL(expr, fname, argname)                                                            \
@@ -2543,6 +2549,7 @@ static void test_stale_objects_after_reinit(void **state)
     CALL(nt_ddp_reduce(d), "nt_ddp_reduce", "argument 'd'");
     nt_tensor *in[1] = {nt_ones(NT_F32, 1, SH(2))}, *out[1];
     CALL(nt_all_reduce(comm, in, out, NT_REDUCE_SUM), "nt_all_reduce", "'c'");
+    CALL(nt_graph_replay(g), "nt_graph_replay", "argument 'g'");
 #undef CALL
     assert_true(isnan(nt_grad_scaler_get_scale(sc)));
     nt_clear_error();
@@ -2552,11 +2559,12 @@ static void test_stale_objects_after_reinit(void **state)
     nt_optim_destroy(opt);
     nt_grad_scaler_destroy(sc);
     nt_comm_destroy(comm);
+    nt_graph_destroy(g);
     assert_int_equal(nt_last_error(), 0);
     /* a second destroy is an error naming the function, not a crash */
     static const char *fns[] = {"nt_ddp_destroy", "nt_optim_destroy", "nt_grad_scaler_destroy",
-                                "nt_comm_destroy"};
-    for (int i = 0; i < 4; i++) {
+                                "nt_comm_destroy", "nt_graph_destroy"};
+    for (int i = 0; i < 5; i++) {
         nt_clear_error();
         if (i == 0)
             nt_ddp_destroy(d);
@@ -2564,8 +2572,10 @@ static void test_stale_objects_after_reinit(void **state)
             nt_optim_destroy(opt);
         else if (i == 2)
             nt_grad_scaler_destroy(sc);
-        else
+        else if (i == 3)
             nt_comm_destroy(comm);
+        else
+            nt_graph_destroy(g);
         if (nt_last_error() != NT_EINVAL || !strstr(nt_last_error_message(), fns[i]) ||
             !strstr(nt_last_error_message(), "already destroyed"))
             fail_msg("%s twice: error %d, '%s'", fns[i], nt_last_error(),
