@@ -219,6 +219,24 @@ static inline const char *nt__sb_str(const nt__strbuf *b, const char *fallback)
     return b->oom || !b->str ? fallback : b->str;
 }
 
+/* Zeroes n bytes (a constant multiple of 8) at p with plain vector stores.
+ * For the small structs every op clears (its parameters, a storage
+ * header): GCC turns a memset of ~100 bytes into `rep stos`, whose start-up
+ * costs more than the four stores it replaces. */
+typedef uint64_t nt__zv __attribute__((vector_size(32), may_alias, aligned(8)));
+typedef uint64_t nt__z8 __attribute__((may_alias, aligned(8)));
+static inline __attribute__((always_inline)) void nt__zero(void *p, size_t n)
+{
+    char *c = p;
+    size_t off = 0;
+#pragma GCC unroll 16
+    for (; off + 32 <= n; off += 32)
+        *(nt__zv *)(c + off) = (nt__zv){0};
+#pragma GCC unroll 4
+    for (; off < n; off += 8)
+        *(nt__z8 *)(c + off) = 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* Storage, handles                                                   */
 /* ------------------------------------------------------------------ */

@@ -394,7 +394,8 @@ nt__storage *nt__storage_new(size_t nbytes)
         return NULL;
     }
     nt__storage *st = (nt__storage *)block;
-    memset(st, 0, sizeof *st);
+    _Static_assert(sizeof *st % 8 == 0, "nt__zero clears whole words");
+    nt__zero(st, sizeof *st);
     st->refs = 1;
     st->hrefs = 1; /* the handle the caller makes for it */
     st->data = deferred ? NULL : block + NT_ST_HDR;
@@ -552,14 +553,24 @@ nt_tensor *nt__tensor_empty(nt_dtype dt, int ndim, const int64_t *shape, const n
     /* The one place every fresh tensor passes: a shape rule (broadcast,
      * matmul, cat, a custom op's) that produced an impossible shape stops
      * here, before any size is computed from it. */
-    char why[256];
-    if (!nt__shape_ok(ndim, shape, why, sizeof why)) {
+    /* One pass: the rule of nt__shape_ok (sizes >= 0, the span with 0
+     * counted as 1 at most 2^48, so nothing below overflows), the element
+     * count and the contiguous strides.  nt__shape_ok says what is wrong. */
+    int64_t stride[NT_MAX_DIMS], n = 1, span = 1;
+    bool bad = (unsigned)ndim > NT_MAX_DIMS;
+    for (int i = ndim - 1; i >= 0 && !bad; i--) {
+        int64_t d = shape[i];
+        stride[i] = span;
+        bad = d < 0 || __builtin_mul_overflow(span, d ? d : 1, &span) || span > NT__MAX_NUMEL;
+        n *= d;
+    }
+    if (bad) {
+        char why[256] = "shape is invalid";
+        nt__shape_ok(ndim, shape, why, sizeof why);
         nt__err(site, NT_ESHAPE, fn, "the result's %s", why);
         return NULL;
     }
-    int64_t n = nt__numel(ndim, shape);
     size_t nbytes = (size_t)n * nt__dtype_size(dt);
-    nt__arena_host_failed(); /* forget an earlier failure */
     nt__storage *st = nt__storage_new(nbytes);
     if (!st && nt__arena_host_failed()) {
         char sh[128];
@@ -593,8 +604,6 @@ nt_tensor *nt__tensor_empty(nt_dtype dt, int ndim, const int64_t *shape, const n
                     (unsigned long long)(cap > used ? cap - used : 0), (unsigned long long)cap);
         return NULL;
     }
-    int64_t stride[NT_MAX_DIMS];
-    nt__contig_strides(ndim, shape, stride);
     nt_tensor *t = handle_new(st, true, dt, ndim, shape, stride, 0, site); /* holds st now */
     if (!t) {
         nt__storage_unref(st);
