@@ -178,13 +178,13 @@ NT_API int nt_init(void);
 /** Drains every stream, joins the workers and frees everything the runtime
  *  owns.  Handles still held by the user become invalid: after the next
  *  nt_init, a tensor, stream, event, scope, optimizer, loss scaler,
- *  communicator, nt_ddp or graph made before is refused with NT_ESTATE
- *  naming the function and the argument (metadata queries give their
- *  sentinel), as long as its memory has not been reused: handle memory is
- *  kept for the process, and the next runtime reuses it for new objects
- *  of the kind, those the program still held last.  The destroy functions
- *  still free the objects of the ended runtime that the program owns
- *  (events, optimizers, ...).  NT_STATS=1 prints a summary here.  Call
+ *  communicator, nt_ddp, graph or user op id made before is refused with
+ *  NT_ESTATE naming the function and the argument (metadata queries give
+ *  their sentinel), as long as its memory has not been reused: handle
+ *  memory is kept for the process, and the next runtime reuses it for new
+ *  objects of the kind, those the program still held last.  The destroy
+ *  functions still free the objects of the ended runtime that the program
+ *  owns (events, optimizers, ...).  NT_STATS=1 prints a summary here.  Call
  *  once, from one thread, when no other thread uses the library; nt_init()
  *  may be called again afterwards. */
 NT_API void nt_shutdown(void);
@@ -601,7 +601,8 @@ typedef struct nt_op_def {
 
 /** Registers a user op; returns its id (>= 0) for nt_op_call, or a negative
  *  error (NULL def or forward, nin out of range, empty or duplicate name).
- *  Thread-safe. */
+ *  Thread-safe.  nt_shutdown drops every registration: an id of an ended
+ *  runtime is NT_ESTATE in nt_op_call, never the new runtime's op. */
 NT_API int nt_op_register(const nt_op_def *def);
 /** Runs registered op `op` on its def->nin inputs and records it for
  *  autograd like a built-in. */

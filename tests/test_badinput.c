@@ -2500,11 +2500,23 @@ static void test_released_handle_detection(void **state)
     nt_shutdown();
 }
 
-/* The optimizer, loss scaler, communicator, nt_ddp and graph kept across
- * nt_shutdown: after nt_init each use is NT_ESTATE naming the function and
- * the argument, each destroy frees it quietly, and a second destroy is an
- * error naming it -- never a read of freed memory (the ASan run of this
- * test would stop at one). */
+static nt_tensor *stale_op_fwd(nt_tensor *const *in, void *ctx)
+{
+    (void)ctx;
+    return nt_neg(in[0]);
+}
+
+static nt_tensor *stale_op_fwd2(nt_tensor *const *in, void *ctx)
+{
+    (void)ctx;
+    return nt_add_scalar(in[0], 1);
+}
+
+/* The optimizer, loss scaler, communicator, nt_ddp, graph and user op id
+ * kept across nt_shutdown: after nt_init each use is NT_ESTATE naming the
+ * function and the argument, each destroy frees it quietly, and a second
+ * destroy is an error naming it -- never a read of freed memory (the ASan
+ * run of this test would stop at one), nor another op of the same index. */
 static void test_stale_objects_after_reinit(void **state)
 {
     (void)state;
@@ -2521,13 +2533,18 @@ static void test_stale_objects_after_reinit(void **state)
     nt_graph *g = nt_graph_capture_end();
     assert_non_null(g);
     (void)gy;
+    int op = nt_op_register(&(nt_op_def){"stale_neg", 1, stale_op_fwd, NULL, NULL});
+    assert_true(op >= 0);
     assert_non_null(opt);
     assert_non_null(sc);
     assert_non_null(comm);
     assert_non_null(d);
     nt_shutdown();
     assert_int_equal(nt_init(), 0);
-    struct { int rc; const char *fn, *arg; } R[8];
+    /* the new runtime registers an op at the same index */
+    int op2 = nt_op_register(&(nt_op_def){"stale_inc", 1, stale_op_fwd2, NULL, NULL});
+    assert_true(op2 >= 0 && op2 != op);
+    struct { int rc; const char *fn, *arg; } R[9];
     int n = 0;
     nt_clear_error();
 #define CALL(expr, fname, argname)                                                            \
@@ -2550,9 +2567,15 @@ static void test_stale_objects_after_reinit(void **state)
     nt_tensor *in[1] = {nt_ones(NT_F32, 1, SH(2))}, *out[1];
     CALL(nt_all_reduce(comm, in, out, NT_REDUCE_SUM), "nt_all_reduce", "'c'");
     CALL(nt_graph_replay(g), "nt_graph_replay", "argument 'g'");
+    CALL(nt_op_call(op, in), "nt_op_call", "argument 'op'");
 #undef CALL
     assert_true(isnan(nt_grad_scaler_get_scale(sc)));
     nt_clear_error();
+    nt_tensor *inc = nt_op_call(op2, in); /* the new op is the new runtime's */
+    float iv[2];
+    assert_int_equal(nt_to_host(inc, iv, sizeof iv), 0);
+    assert_true(iv[0] == 2.0f && iv[1] == 2.0f);
+    nt_release(inc);
     nt_release(in[0]);
     /* freed by their destroy, quietly */
     nt_ddp_destroy(d);
