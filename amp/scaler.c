@@ -22,6 +22,8 @@
 #include <math.h>
 
 #include "autograd/autograd.h"
+#include "autograd/optim.h"
+#include "core/handle.h"
 
 #define SCALER_MAGIC 0x53434c52u /* "SCLR" */
 /* The most skipped steps counted (2^53, as an optimizer's step count): a
@@ -29,7 +31,7 @@
 #define SCALER_MAX_COUNT ((int64_t)1 << 53)
 
 struct nt_grad_scaler {
-    uint32_t magic;
+    NT__HOBJ_HEAD; /* core/handle.h: its memory outlives it */
     GMutex lock;
     nt__scaler_state st;
     nt_optim *unscaled; /* gradients of this optimizer are unscaled already */
@@ -43,12 +45,7 @@ bool nt__scaler_ok(nt_grad_scaler *s, const char *fn)
 {
     if (!nt__ensure_init())
         return false;
-    if (!s || s->magic != SCALER_MAGIC) {
-        nt__err(NULL, NT_EINVAL, fn, "argument 'scaler' is %s",
-                s ? "not a live nt_grad_scaler" : "NULL");
-        return false;
-    }
-    return true;
+    return nt__hobj_check(s, SCALER_MAGIC, NULL, fn, "scaler", "nt_grad_scaler") == 0;
 }
 
 bool nt__scaler_state_valid(const nt__scaler_state *st, char *why, size_t whylen)
@@ -105,12 +102,11 @@ NT_API nt_grad_scaler *nt_grad_scaler_create(const nt_grad_scaler_opts *opts)
         nt__err(NULL, NT_EINVAL, fn, "bad option: %s", why);
         return NULL;
     }
-    nt_grad_scaler *s = calloc(1, sizeof *s);
+    nt_grad_scaler *s = nt__hobj_new(sizeof *s, SCALER_MAGIC);
     if (!s) {
         nt__err_hostmem(NULL, fn, "the scaler");
         return NULL;
     }
-    s->magic = SCALER_MAGIC;
     g_mutex_init(&s->lock);
     s->st = st;
     return s;
@@ -118,13 +114,16 @@ NT_API nt_grad_scaler *nt_grad_scaler_create(const nt_grad_scaler_opts *opts)
 
 NT_API void nt_grad_scaler_destroy(nt_grad_scaler *s)
 {
-    if (!s || s->magic != SCALER_MAGIC)
+    if (!s)
         return;
-    s->magic = 0;
-    if (s->flagbuf)
+    if (!nt__hobj_live(s, SCALER_MAGIC)) { /* the error: destroyed already, ... */
+        nt__hobj_check(s, SCALER_MAGIC, NULL, "nt_grad_scaler_destroy", "s", "nt_grad_scaler");
+        return;
+    }
+    if (s->flagbuf && nt__hobj_current(s)) /* else it went with nt_shutdown */
         nt_release(s->flagbuf);
     g_mutex_clear(&s->lock);
-    free(s);
+    nt__hobj_free(s);
 }
 
 NT_API nt_tensor *nt_grad_scaler_scale(nt_grad_scaler *s, nt_tensor *loss)
@@ -278,12 +277,7 @@ static int unscale_locked(nt_grad_scaler *s, nt_optim *opt, const nt_site *site,
 
 static bool opt_arg(nt_optim *opt, const char *fn)
 {
-    if (nt__optim_nparams(opt) < 0) {
-        nt__err(NULL, NT_EINVAL, fn, "argument 'opt' is %s",
-                opt ? "not a live optimizer" : "NULL");
-        return false;
-    }
-    return true;
+    return nt__optim_ok(opt, fn);
 }
 
 NT_API int nt_grad_scaler_unscale(nt_grad_scaler *s, nt_optim *opt)

@@ -402,7 +402,9 @@ NT_API int nt_checkpoint_at(const nt_site *site, nt_checkpoint_fn fn, void *ctx,
         tls_cap = &cap;
         nt__ckpt_capturing = true;
     }
+    nt__user_code_begin();
     int rc = fn(ctx, inputs, n_in, outputs, n_out);
+    nt__user_code_end();
     if (graph) {
         nt__ag_set_no_grad(ng);
         tls_cap = prev;
@@ -508,7 +510,9 @@ int nt__ckpt_recompute(nt__node *n, nt_tensor **outs)
         nt__tls_bwd_of = NULL;
         nt__ckpt_capturing = false;
         nt_set_training(ck->training); /* dropout masks as in the forward */
+        nt__user_code_begin();
         int frc = ck->fn(ck->ctx, h, ck->n_in, outs, n->nout);
+        nt__user_code_end();
         nt_set_training(train);
         nt__ckpt_capturing = capc;
         nt__tls_bwd_of = bwd;

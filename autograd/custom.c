@@ -8,10 +8,35 @@
  * built-in op's node is. */
 #include "autograd/autograd.h"
 #include "core/backend.h"
+#include "core/handle.h"
 
 #include <string.h>
 
 #define NT_MAX_CUSTOM 1024
+/* An op's id also says which runtime registered it: id = NT_OP_CUSTOM_BASE +
+ * slot * NT_MAX_CUSTOM + index, slot = the epoch (core/handle.h) modulo
+ * NT_CUSTOM_SLOTS, so an id kept across nt_shutdown is refused (NT_ESTATE)
+ * instead of naming whatever op the next runtime registered at its index
+ * (until NT_CUSTOM_SLOTS runtimes later).  Ids stay below 65,536: a record
+ * keeps its op in 16 bits. */
+#define NT_CUSTOM_SLOTS ((65536 - NT_OP_CUSTOM_BASE) / NT_MAX_CUSTOM)
+_Static_assert(NT_OP_CUSTOM_BASE + NT_CUSTOM_SLOTS * NT_MAX_CUSTOM <= 65536,
+               "user op ids fit a record's 16-bit op");
+
+static int cur_slot(void) { return (int)(nt__epoch() % NT_CUSTOM_SLOTS); }
+
+/* Ops registered under each slot by the last runtime that used it: an id
+ * past them was never returned, and is NT_EINVAL, not NT_ESTATE. */
+static uint32_t slot_n[NT_CUSTOM_SLOTS];
+
+/* Was op returned by an earlier runtime (not the running one)? */
+static bool stale_id(int op)
+{
+    if (op < NT_OP_CUSTOM_BASE || op >= NT_OP_CUSTOM_BASE + NT_CUSTOM_SLOTS * NT_MAX_CUSTOM)
+        return false;
+    int k = op - NT_OP_CUSTOM_BASE, slot = k / NT_MAX_CUSTOM;
+    return slot != cur_slot() && (uint32_t)(k % NT_MAX_CUSTOM) < slot_n[slot];
+}
 
 typedef struct nt__custom_op {
     nt_op_def def;
@@ -30,6 +55,9 @@ static const nt__custom_op *lookup(int op)
     if (op < NT_OP_CUSTOM_BASE) /* before subtracting: op - base overflows near INT_MIN */
         return NULL;
     int k = op - NT_OP_CUSTOM_BASE;
+    if (k / NT_MAX_CUSTOM != cur_slot())
+        return NULL; /* another runtime's id (or none) */
+    k %= NT_MAX_CUSTOM;
     if ((AO_t)k >= AO_load_acquire(&nreg))
         return NULL;
     return reg[k];
@@ -122,9 +150,10 @@ static int register_op(const char *fn, const nt_op_def *def, const nt_kernel_op_
     c->kdef.name = c->name;
     c->info = (nt__opinfo){c->name, c->api, def->nin, NT_KIND_CUSTOM, NT_OPF_DIFF};
     reg[n] = c;
+    slot_n[cur_slot()] = (uint32_t)n + 1;
     AO_store_release(&nreg, n + 1);
     g_mutex_unlock(&reg_lock);
-    return NT_OP_CUSTOM_BASE + (int)n;
+    return NT_OP_CUSTOM_BASE + cur_slot() * NT_MAX_CUSTOM + (int)n;
 }
 
 static int record_node(const nt_site *site, const nt__custom_op *c, int op,
@@ -174,6 +203,11 @@ NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *i
     if (!nt__ensure_init())
         return NULL;
     const nt__custom_op *c = lookup(op);
+    if (!c && stale_id(op)) {
+        nt__err(site, NT_ESTATE, fn, "argument 'op' (%d) was registered before the last "
+                "nt_shutdown; register the op again after nt_init", op);
+        return NULL;
+    }
     if (!c) {
         nt__err(site, NT_EINVAL, fn, "op %d is not a registered user op", op);
         return NULL;
@@ -207,7 +241,9 @@ NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *i
         return NULL;
     }
     nt_no_grad_begin();
+    nt__user_code_begin();
     out = c->def.forward(in, c->def.ctx);
+    nt__user_code_end();
     nt_no_grad_end();
     if (out && out->magic == NT__MAGIC_LIVE)
         nt_keep(out);
@@ -282,7 +318,9 @@ int nt__custom_backward(nt__bctx *b)
     nt_tensor *in[NT__MAX_IN] = {0};
     for (int i = 0; i < c->def.nin; i++)
         in[i] = b->n->saved_in[i];
+    nt__user_code_begin();
     int rc = c->def.backward(b->gout[0], in, b->n->saved_out[0], b->gin, c->def.ctx);
+    nt__user_code_end();
     if (rc)
         return nt_last_error() ? nt_last_error()
                                : nt__err(b->site, rc, c->api, "the backward of op '%s' failed "
@@ -298,6 +336,9 @@ int nt__custom_backward(nt__bctx *b)
 void nt__custom_shutdown(void)
 {
     g_mutex_lock(&reg_lock);
+    /* (nt_shutdown has moved the epoch on: this is the next runtime's slot,
+     * last used NT_CUSTOM_SLOTS runtimes ago) */
+    slot_n[cur_slot()] = 0;
     AO_t n = nreg;
     AO_store_release(&nreg, 0);
     for (AO_t i = 0; i < n; i++) {

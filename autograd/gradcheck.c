@@ -12,7 +12,9 @@ static int eval_loss(nt_tensor *(*f)(nt_tensor *const *, void *), nt_tensor *con
     if (!s)
         return nt__err_hostmem(NULL, "nt_gradcheck", "a scope");
     nt_no_grad_begin();
+    nt__user_code_begin();
     nt_tensor *y = f(in, ctx);
+    nt__user_code_end();
     nt_tensor *l = y ? nt_sum(nt_mul(nt_cast(y, NT_F32), w), NT_DIM_ALL, false) : NULL;
     int rc = l ? nt_item(l, out) : (nt_last_error() ? nt_last_error() : NT_EEXEC);
     nt_no_grad_end();
@@ -41,7 +43,9 @@ NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_ten
         return nt__err_hostmem(NULL, fn, "a scope");
     int rc = 0;
     /* analytic */
+    nt__user_code_begin();
     nt_tensor *y = f(in, ctx);
+    nt__user_code_end();
     if (!y) {
         rc = nt_last_error() ? nt_last_error() : NT_EEXEC;
         goto out;

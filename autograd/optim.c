@@ -34,12 +34,7 @@ static bool opt_ok_at(const nt_site *site, nt_optim *o, const char *fn)
 {
     if (!nt__ensure_init())
         return false;
-    if (!o || o->magic != OPT_MAGIC) {
-        nt__err(site, NT_EINVAL, fn, "argument 'opt' is %s", o ? "not a live optimizer"
-                                                                : "NULL");
-        return false;
-    }
-    return true;
+    return nt__hobj_check(o, OPT_MAGIC, site, fn, "opt", "optimizer") == 0;
 }
 
 bool nt__optim_ok(nt_optim *o, const char *fn) { return opt_ok_at(NULL, o, fn); }
@@ -84,16 +79,15 @@ static bool check_params(const char *fn, nt_tensor *const *params, int n)
 
 static nt_optim *opt_new(opt_kind kind, nt_tensor *const *params, int n)
 {
-    nt_optim *o = calloc(1, sizeof *o);
+    nt_optim *o = nt__hobj_new(sizeof *o, OPT_MAGIC);
     slot *slots = calloc((size_t)n, sizeof *slots);
     if (!o || !slots) {
-        free(o);
+        nt__hobj_free(o);
         free(slots);
         nt__err_hostmem(NULL, kind == KIND_SGD ? "nt_optim_sgd" : "nt_optim_adamw",
                         "the optimizer");
         return NULL;
     }
-    o->magic = OPT_MAGIC;
     o->refs = 1;
     o->kind = kind;
     o->n = n;
@@ -208,7 +202,7 @@ static void optim_free(nt_optim *o)
 {
     free(o->slots);
     g_mutex_clear(&o->lock);
-    free(o);
+    nt__hobj_free(o);
 }
 static void optim_release(void *ctx)
 {
@@ -594,10 +588,15 @@ NT_API int nt_optim_set_master_weights(nt_optim *o, bool on)
 
 NT_API void nt_optim_destroy(nt_optim *o)
 {
-    if (!o || o->magic != OPT_MAGIC)
+    if (!o)
         return;
-    o->magic = 0;
-    for (int i = 0; i < o->n; i++) {
+    if (!nt__hobj_live(o, OPT_MAGIC)) {
+        /* the error: destroyed already, ... */
+        nt__hobj_check(o, OPT_MAGIC, NULL, "nt_optim_destroy", "opt", "optimizer");
+        return;
+    }
+    /* one made before nt_shutdown: its tensors went with that runtime */
+    for (int i = 0; nt__hobj_current(o) && i < o->n; i++) {
         slot *s = &o->slots[i];
         nt__optim_drop(&s->s0);
         nt__optim_drop(&s->s1);
@@ -606,12 +605,15 @@ NT_API void nt_optim_destroy(nt_optim *o)
             nt__optim_drop(&s->p->ag->amp_cast);
         nt__optim_drop(&s->p);
     }
-    optim_release(o); /* captured programs that refresh its scalars may hold it */
+    /* destroyed now (a second destroy says so); its memory goes when the
+     * captured programs that refresh its scalars let it go */
+    __atomic_store_n(&o->magic, ~(uint32_t)OPT_MAGIC, __ATOMIC_RELAXED);
+    optim_release(o);
 }
 
 int nt__optim_nparams(nt_optim *o)
 {
-    return o && o->magic == OPT_MAGIC ? o->n : NT_EINVAL;
+    return nt__hobj_live(o, OPT_MAGIC) && nt__hobj_current(o) ? o->n : NT_EINVAL;
 }
 
 nt_tensor *nt__optim_param(nt_optim *o, int i)

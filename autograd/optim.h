@@ -8,6 +8,7 @@
 #define NT_AUTOGRAD_OPTIM_H
 
 #include "autograd/autograd.h"
+#include "core/handle.h"
 
 #define OPT_MAGIC 0x4f50544du /* "OPTM" */
 
@@ -32,7 +33,7 @@ typedef struct {
 } slot;
 
 struct nt_optim {
-    uint32_t magic;
+    NT__HOBJ_HEAD; /* core/handle.h: its memory outlives it */
     opt_kind kind;
     int n;
     slot *slots;

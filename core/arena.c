@@ -65,7 +65,9 @@
 #define NT_TL_KEEP 16
 
 /* Set when the last failed allocation of this thread failed for want of
- * host memory, not device capacity (nt__arena_host_failed). */
+ * host memory, cleared when one fails for want of device capacity
+ * (nt__arena_host_failed): both are set where the allocation fails, so the
+ * path that succeeds touches neither. */
 static _Thread_local bool tl_host_failed;
 
 /* One device's counts, on a line of its own (the host reserves, a worker
@@ -437,6 +439,7 @@ static bool reserve_wait(uint32_t sid, int dev, size_t cls)
 {
     dev_acct *a = dev_of(dev);
     tl_nomem = 0;
+    tl_host_failed = false; /* if this fails, it is for want of capacity */
     if (cls > A.capacity) {
         tl_nomem = 1;
         return false;
@@ -513,9 +516,14 @@ static void *take_block(int ci, size_t cls)
         if (c && c->n[ci]) {
             void *q = c->blk[ci][--c->n[ci]];
             NT_UNPOISON(q, cls);
-            if (c->n[ci]) /* the next block's first lines (a storage header) */
-                for (size_t off = 0; off < cls && off < 192; off += 64)
-                    __builtin_prefetch((const char *)c->blk[ci][c->n[ci] - 1] + off, 1);
+            if (c->n[ci]) { /* the next block's first lines (a storage header) */
+                const char *nx = c->blk[ci][c->n[ci] - 1];
+                __builtin_prefetch(nx, 1);
+                if (cls > 64)
+                    __builtin_prefetch(nx + 64, 1);
+                if (cls > 128)
+                    __builtin_prefetch(nx + 128, 1);
+            }
             return q;
         }
     }

@@ -39,6 +39,9 @@
 
 #define NT__MAGIC_LIVE 0x4e54544eu /* "NTTN" */
 #define NT__MAGIC_DEAD 0xdeadbeefu
+/* A handle that was live when nt_shutdown freed its tensor: a use after the
+ * next nt_init is NT_ESTATE, not a use after free (core/tensor.c). */
+#define NT__MAGIC_OLD 0x0fd0fd0fu
 #define NT__MAX_IN 4
 #define NT__MAX_OUT 2
 
@@ -237,6 +240,24 @@ static inline const char *nt__sb_str(const nt__strbuf *b, const char *fallback)
     return b->oom || !b->str ? fallback : b->str;
 }
 
+/* Zeroes n bytes (a constant multiple of 8) at p with plain vector stores.
+ * For the small structs every op clears (its parameters, a storage
+ * header): GCC turns a memset of ~100 bytes into `rep stos`, whose start-up
+ * costs more than the four stores it replaces. */
+typedef uint64_t nt__zv __attribute__((vector_size(32), may_alias, aligned(8)));
+typedef uint64_t nt__z8 __attribute__((may_alias, aligned(8)));
+static inline __attribute__((always_inline)) void nt__zero(void *p, size_t n)
+{
+    char *c = p;
+    size_t off = 0;
+#pragma GCC unroll 16
+    for (; off + 32 <= n; off += 32)
+        *(nt__zv *)(c + off) = (nt__zv){0};
+#pragma GCC unroll 4
+    for (; off < n; off += 8)
+        *(nt__z8 *)(c + off) = 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* Storage, handles                                                   */
 /* ------------------------------------------------------------------ */
@@ -303,6 +324,11 @@ struct nt_tensor {
     uint64_t id;             /* unique, for messages and the debugger */
     nt_tensor *pool_next;    /* free: the next handle of its batch */
     nt_tensor *pool_batch;   /* free, heading a batch: the next batch */
+    uint8_t tmp;             /* a temporary of the library's own, never the
+                                program's: reused at once, not quarantined
+                                (nt__scope_adopt and nt__save set it, nt_keep
+                                and a user callback's nt_retain clear it) */
+    uint8_t mark;            /* nt_shutdown's rebuild of the free lists */
     /* The counts change on every op that reads the tensor, from the host and
      * from a worker: their own line keeps the view fields above clean. */
     _Alignas(64) volatile AO_t refs; /* user references; 0 = released */
@@ -365,6 +391,24 @@ extern _Thread_local uint8_t nt__tl_cap NT_TLS_HOT;
  * otherwise; the executor records each kernel it runs into it. */
 struct nt__capture;
 extern _Thread_local struct nt__capture *nt__tl_recorder NT_TLS_HOT;
+
+/* The scopes the library opens for its own temporaries (composite ops, the
+ * backward pass, optimizer steps) are marked as the library's: a tensor
+ * they own dies inside the call that made it, so the program never saw it
+ * and its handle skips the quarantine (NT_HANDLE_QUARANTINE counts the
+ * handles the program could see).  Library code calls nt_scope_begin() as
+ * a program does; this macro makes it the marked kind. */
+#ifdef NT_BUILDING_LIBRARY
+nt_scope *nt__scope_begin_lib(void);
+#define nt_scope_begin() nt__scope_begin_lib()
+#endif
+/* Except what a user callback makes while it runs (a custom op's forward
+ * and backward, a checkpoint's block, gradcheck's function), though a
+ * library scope is the innermost: the program holds those.  The library
+ * brackets every such call with these (per thread, nestable). */
+extern _Thread_local uint32_t nt__user_code NT_TLS_HOT;
+static inline void nt__user_code_begin(void) { nt__user_code++; }
+static inline void nt__user_code_end(void) { nt__user_code--; }
 
 /* NULL: arena full (no error set).  On device nt__alloc_dev. */
 nt__storage *nt__storage_new(size_t nbytes);

@@ -57,6 +57,16 @@ bool nt__is_contig(const nt_tensor *t)
 
 bool nt__broadcast(int na, const int64_t *a, int nb, const int64_t *b, int *nout, int64_t *out)
 {
+    if (na == nb) { /* most calls: the same rank, often the same shape */
+        for (int i = 0; i < na; i++) {
+            int64_t da = a[i], db = b[i];
+            if (da != db && db != 1 && da != 1)
+                return false;
+            out[i] = da == 1 ? db : da;
+        }
+        *nout = na;
+        return true;
+    }
     int n = na > nb ? na : nb;
     int64_t tmp[NT_MAX_DIMS];
     for (int i = 0; i < n; i++) {

@@ -1,20 +1,27 @@
 /* core/tensor.c - handles, storage, references, scopes, metadata.
  *
- * Handles come from slabs that are only freed at nt_shutdown, and a released
- * handle waits in a FIFO quarantine (NT_HANDLE_QUARANTINE releases) before
- * it is reused, so using a handle after releasing it is reported
- * (NT_ERELEASED) instead of touching freed memory.  A pointer kept past the
+ * Handles come from slabs that are never given back to the system, not
+ * even by nt_shutdown, and a released handle waits in a FIFO quarantine
+ * before it is reused, so using a handle after releasing it is reported
+ * (NT_ERELEASED) instead of touching freed memory, and so is using one kept
+ * across nt_shutdown (NT_ESTATE: nt_shutdown marks the handles it frees
+ * NT__MAGIC_OLD).  The quarantine counts the handles the program could
+ * see: a handle is reused only after NT_HANDLE_QUARANTINE more of those
+ * came back after it.  The library's own temporaries (tensors owned by a
+ * scope the library opened inside one of its calls, core/internal.h) were
+ * never the program's: they are reused at once.  A pointer kept past the
  * quarantine may name a new tensor: the handle is the address, and nothing
  * in it can tell the two uses apart; NT_HANDLE_QUARANTINE=all closes that
- * gap for a debugging run by never reusing a handle.  User references
- * (refs) and internal ones (irefs) are counted apart: a handle is invalid
- * for the user as soon as refs reaches 0, while queued work that still
- * reads it keeps it (and its storage) alive. */
+ * gap for a debugging run by never reusing a handle the program saw.  User
+ * references (refs) and internal ones (irefs) are counted apart: a handle
+ * is invalid for the user as soon as refs reaches 0, while queued work that
+ * still reads it keeps it (and its storage) alive. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/handle.h"
 #include "core/hooks.h"
 #include "core/hugecut.h"
 #include "core/internal.h"
@@ -26,45 +33,142 @@
  * the handles of a 100k-op batch span 8,000 pages, many times what the TLB
  * holds (docs/fusion.md, Cost). */
 #define NT_SLAB_HUGE_AFTER 32
+/* Handles move between a thread and the free lists in batches of this many. */
+#define NT_TL_BATCH 32
 
+/* A list of batches of free handles: each batch's first handle heads it
+ * (pool_n handles linked by pool_next), batches are linked by pool_batch. */
+typedef struct {
+    nt_tensor *head, *tail;
+    size_t n; /* handles */
+} blist;
+
+/* Lives as long as the process: a handle kept across nt_shutdown must
+ * still point at a handle (GMutex: static storage needs no init). */
 static struct {
     GMutex lock;
     nt_tensor **slabs; /* own array: growing it may fail cleanly */
     bool *slab_owned;  /* slabs[i] is its own allocation (else cut from a block) */
     size_t nslabs, slabcap;
     nt__hugecut huge; /* slabs past the first NT_SLAB_HUGE_AFTER (core/hugecut.h) */
-    nt_tensor *head, *tail; /* FIFO of batches of free handles (their first handles) */
-    size_t nfree;
+    blist fifo;  /* the quarantine: released handles the program could see,
+                    in the order they came back */
+    blist ready; /* reused first, at once: handles never used, the library's
+                    temporaries, and (nt_shutdown) every handle of an
+                    earlier runtime, those that were live last */
     volatile AO_t next_id;
 } P;
 
 static _Thread_local nt_scope *tls_scope NT_TLS_HOT;
+_Thread_local uint32_t nt__user_code NT_TLS_HOT;
 static volatile AO_t pool_epoch; /* bumped by nt_shutdown: thread caches die */
 
 struct nt_scope {
     uint32_t magic;
+    uint32_t epoch;   /* nt__epoch() when opened: a scope a thread left open
+                         across nt_shutdown is dropped, not reused */
     nt_scope *parent;
     nt_tensor **items; /* own array, not a GPtrArray: growing it may fail cleanly */
     uint32_t nitems, cap;
+    uint32_t ucb;     /* nt__user_code when opened */
+    bool lib;         /* opened by the library for its temporaries */
 };
 #define NT__SCOPE_MAGIC 0x5c09e5c0u
 
-void nt__tensor_pool_init(void)
+static void push_back(blist *l, nt_tensor *b, int n)
 {
-    g_mutex_init(&P.lock);
-    P.slabs = NULL;
-    P.slab_owned = NULL;
-    P.nslabs = P.slabcap = 0;
-    P.huge = (nt__hugecut){0};
-    P.head = P.tail = NULL;
-    P.nfree = 0;
+    b->pool_batch = NULL;
+    b->pool_n = (uint32_t)n;
+    if (l->tail)
+        l->tail->pool_batch = b;
+    else
+        l->head = b;
+    l->tail = b;
+    l->n += (size_t)n;
 }
 
+static void push_front(blist *l, nt_tensor *b, int n)
+{
+    b->pool_n = (uint32_t)n;
+    b->pool_batch = l->head;
+    l->head = b;
+    if (!l->tail)
+        l->tail = b;
+    l->n += (size_t)n;
+}
+
+static nt_tensor *pop_front(blist *l)
+{
+    nt_tensor *b = l->head;
+    l->head = b->pool_batch;
+    if (!l->head)
+        l->tail = NULL;
+    l->n -= b->pool_n;
+    return b;
+}
+
+/* a then b, in one list */
+static blist join(blist a, blist b)
+{
+    if (!a.head)
+        return b;
+    if (b.head) {
+        a.tail->pool_batch = b.head;
+        a.tail = b.tail;
+        a.n += b.n;
+    }
+    return a;
+}
+
+void nt__tensor_pool_init(void) {}
+
+/* Appends the handles of the slabs that no list holds (mark unset) and whose
+ * magic is (old) or is not (!old) NT__MAGIC_OLD to l, in batches. */
+static void gather_unlisted(blist *l, bool old)
+{
+    nt_tensor *b = NULL, *last = NULL;
+    int n = 0;
+    for (size_t i = 0; i < P.nslabs; i++)
+        for (int k = 0; k < NT_SLAB_HANDLES; k++) {
+            nt_tensor *t = &P.slabs[i][k];
+            if (t->mark || (t->magic == NT__MAGIC_OLD) != old)
+                continue;
+            t->pool_next = NULL;
+            if (last)
+                last->pool_next = t;
+            else
+                b = t;
+            last = t;
+            if (++n == NT_TL_BATCH) {
+                push_back(l, b, n);
+                b = last = NULL;
+                n = 0;
+            }
+        }
+    if (n)
+        push_back(l, b, n);
+}
+
+static void mark_list(const blist *l, uint8_t m)
+{
+    for (nt_tensor *b = l->head; b; b = b->pool_batch)
+        for (nt_tensor *t = b; t; t = t->pool_next)
+            t->mark = m;
+}
+
+/* nt_shutdown, once every stream has drained: frees what the handles still
+ * hold and keeps the handles.  Those the program still held read
+ * NT__MAGIC_OLD from now on.  Every handle goes into one list for the next
+ * runtime, in the order that keeps a stale one detectable longest: never
+ * used or the library's, then the quarantine's oldest first, then those
+ * thread caches held (lost with their threads or their epoch), then the
+ * ones that were live. */
 void nt__tensor_pool_shutdown(void)
 {
-    if (!P.nslabs)
-        return;
-    /* Handles the user never released: their storage goes with them. */
+    /* Not under P.lock: freeing a tensor's autograd state may release other
+     * handles (handle_free takes the lock).  A live handle keeps one
+     * internal reference of its own, so none is freed that way while it
+     * still reads live. */
     for (size_t i = 0; i < P.nslabs; i++) {
         nt_tensor *slab = P.slabs[i];
         for (int k = 0; k < NT_SLAB_HANDLES; k++) {
@@ -76,23 +180,21 @@ void nt__tensor_pool_shutdown(void)
             t->ag = NULL;
             nt__storage_unref(t->st);
             t->st = NULL;
-            t->magic = NT__MAGIC_DEAD;
+            t->magic = t->magic == NT__MAGIC_LIVE ? NT__MAGIC_OLD : NT__MAGIC_DEAD;
         }
     }
-
-    for (size_t i = 0; i < P.nslabs; i++)
-        if (P.slab_owned[i])
-            free(P.slabs[i]);
-    free(P.slabs);
-    free(P.slab_owned);
-    P.slabs = NULL;
-    P.slab_owned = NULL;
-    P.nslabs = P.slabcap = 0;
-    P.huge = (nt__hugecut){0};
-    P.head = P.tail = NULL;
-    P.nfree = 0;
+    g_mutex_lock(&P.lock);
+    mark_list(&P.ready, 1);
+    mark_list(&P.fifo, 1);
+    blist all = join(P.ready, P.fifo);
+    gather_unlisted(&all, false);
+    gather_unlisted(&all, true);
+    mark_list(&all, 0);
+    P.ready = all;
+    P.fifo = (blist){0};
     AO_fetch_and_add1(&pool_epoch);
-    g_mutex_clear(&P.lock);
+    g_mutex_unlock(&P.lock);
+    nt__epoch_next();
 }
 
 /* Handles alive (user or internal references): counted on demand by a scan
@@ -145,41 +247,76 @@ static uint64_t next_id(void)
 
 /* Per-thread caches: a producer takes a batch of NT_TL_BATCH handles at a
  * time, a thread that frees them (mostly a stream worker) hands them back
- * as a batch, so the global lock is taken once per batch.  The FIFO holds
+ * as a batch, so the global lock is taken once per batch.  The lists hold
  * whole batches, so taking one is O(1): no walk over handles that are cold
- * in cache.  Batches only ever return to the FIFO's tail, so the quarantine
- * still holds. */
-#define NT_TL_BATCH 32
+ * in cache.  The program's handles only ever return to the FIFO's tail, so
+ * the quarantine still holds; the library's temporaries go to `ready`. */
 _Static_assert(NT_SLAB_HANDLES % NT_TL_BATCH == 0, "a slab splits into whole batches");
+typedef struct {
+    nt_tensor *head, *tail;
+    int n;
+} tl_give;
 static _Thread_local struct {
-    nt_tensor *take, *give; /* taken from the FIFO / waiting to go back */
-    int ntake, ngive;
-    nt_tensor *give_tail;
+    nt_tensor *take; /* taken from a list */
+    int ntake;
+    tl_give give, give_tmp; /* waiting to go back: the program's, the library's */
     uint64_t epoch;
 } tl_h NT_TLS_HOT;
 
 static void tl_check_epoch(void)
 {
     uint64_t e = AO_load(&pool_epoch);
-    if (tl_h.epoch != e) { /* handles of an earlier nt_init are gone */
-        tl_h.take = tl_h.give = tl_h.give_tail = NULL;
-        tl_h.ntake = tl_h.ngive = 0;
+    if (tl_h.epoch != e) { /* nt_shutdown put these handles back already */
+        tl_h.take = NULL;
+        tl_h.ntake = 0;
+        tl_h.give = tl_h.give_tmp = (tl_give){0};
         tl_h.epoch = e;
     }
 }
 
-/* Appends the batch headed by b (n handles, linked by pool_next) to the
- * FIFO.  P.lock held. */
-static void push_batch(nt_tensor *b, int n)
+/* The quarantine (NT_HANDLE_QUARANTINE, default 4096); UINT64_MAX: all. */
+static uint64_t quarantine(void)
 {
-    b->pool_batch = NULL;
-    b->pool_n = (uint32_t)n;
-    if (P.tail)
-        P.tail->pool_batch = b;
-    else
-        P.head = b;
-    P.tail = b;
-    P.nfree += (size_t)n;
+    uint64_t q = NT__CFG(handle_quarantine);
+    return q ? q : 4096; /* 0: nt__cfg not set up, a handle made outside nt_init */
+}
+
+/* A batch of free handles.  P.lock held.  NULL: the host is out of memory. */
+static nt_tensor *batch_take(void)
+{
+    if (P.ready.head)
+        return pop_front(&P.ready);
+    /* A handle the program saw is reused only when q more came back after
+     * it; "all" never reuses one: every stale use is caught, for a
+     * debugging run. */
+    uint64_t q = quarantine();
+    if (q != UINT64_MAX && P.fifo.head && P.fifo.n - P.fifo.head->pool_n >= q)
+        return pop_front(&P.fifo);
+    if (P.nslabs == P.slabcap) {
+        size_t cap = P.slabcap ? P.slabcap * 2 : 64;
+        nt_tensor **v = realloc(P.slabs, cap * sizeof *v);
+        if (v)
+            P.slabs = v;
+        bool *o = v ? realloc(P.slab_owned, cap * sizeof *o) : NULL;
+        if (!o)
+            return NULL;
+        P.slab_owned = o;
+        P.slabcap = cap;
+    }
+    nt_tensor *slab = slab_new();
+    if (!slab)
+        return NULL;
+    P.slabs[P.nslabs++] = slab;
+    for (int i = 0; i < NT_SLAB_HANDLES; i += NT_TL_BATCH) {
+        for (int k = i; k < i + NT_TL_BATCH; k++) {
+            slab[k].magic = NT__MAGIC_DEAD;
+            slab[k].pool_next = k + 1 < i + NT_TL_BATCH ? &slab[k + 1] : NULL;
+        }
+        if (i)
+            push_front(&P.ready, &slab[i], NT_TL_BATCH);
+    }
+    slab[0].pool_n = NT_TL_BATCH;
+    return &slab[0];
 }
 
 static nt_tensor *handle_alloc(void)
@@ -187,49 +324,12 @@ static nt_tensor *handle_alloc(void)
     tl_check_epoch();
     if (!tl_h.take) {
         g_mutex_lock(&P.lock);
-        /* The quarantine (NT_HANDLE_QUARANTINE, default 4096): a handle is
-         * reused only after that many others were released, so a stale
-         * pointer finds a dead handle, not another tensor.  "all" never
-         * reuses one: every stale use is caught, for a debugging run. */
-        uint64_t q = NT__CFG(handle_quarantine);
-        if (q == 0) /* nt__cfg not set up: a handle made outside nt_init */
-            q = 4096;
-        if (q == UINT64_MAX ? !P.head : P.nfree <= q + NT_TL_BATCH) {
-            if (P.nslabs == P.slabcap) {
-                size_t cap = P.slabcap ? P.slabcap * 2 : 64;
-                nt_tensor **v = realloc(P.slabs, cap * sizeof *v);
-                if (v)
-                    P.slabs = v;
-                bool *o = v ? realloc(P.slab_owned, cap * sizeof *o) : NULL;
-                if (!o) {
-                    g_mutex_unlock(&P.lock);
-                    return NULL;
-                }
-                P.slab_owned = o;
-                P.slabcap = cap;
-            }
-            nt_tensor *slab = slab_new();
-            if (!slab) {
-                g_mutex_unlock(&P.lock);
-                return NULL;
-            }
-            P.slabs[P.nslabs++] = slab;
-            for (int i = 0; i < NT_SLAB_HANDLES; i += NT_TL_BATCH) {
-                for (int k = i; k < i + NT_TL_BATCH; k++) {
-                    slab[k].magic = NT__MAGIC_DEAD;
-                    slab[k].pool_next = k + 1 < i + NT_TL_BATCH ? &slab[k + 1] : NULL;
-                }
-                push_batch(&slab[i], NT_TL_BATCH);
-            }
-        }
-        nt_tensor *b = P.head;
-        P.head = b->pool_batch;
-        if (!P.head)
-            P.tail = NULL;
-        P.nfree -= b->pool_n;
+        nt_tensor *b = batch_take();
+        g_mutex_unlock(&P.lock);
+        if (!b)
+            return NULL;
         tl_h.take = b;
         tl_h.ntake = (int)b->pool_n;
-        g_mutex_unlock(&P.lock);
     }
     nt_tensor *t = tl_h.take;
     tl_h.take = t->pool_next;
@@ -249,21 +349,23 @@ static void handle_free(nt_tensor *t)
      * thread may still read it to report NT_ERELEASED. */
     if (t->magic != NT__MAGIC_DEAD)
         t->magic = NT__MAGIC_DEAD;
+    bool tmp = t->tmp;
+    tl_give *g = tmp ? &tl_h.give_tmp : &tl_h.give;
     t->pool_next = NULL;
-    if (tl_h.give_tail)
-        tl_h.give_tail->pool_next = t;
+    if (g->tail)
+        g->tail->pool_next = t;
     else
-        tl_h.give = t;
-    tl_h.give_tail = t;
-    if (++tl_h.ngive < NT_TL_BATCH)
+        g->head = t;
+    g->tail = t;
+    if (++g->n < NT_TL_BATCH)
         return;
     g_mutex_lock(&P.lock);
-    /* NT_HANDLE_QUARANTINE=all: released handles stay dead in their slabs */
-    if (NT__CFG(handle_quarantine) != UINT64_MAX)
-        push_batch(tl_h.give, tl_h.ngive);
+    if (tmp)
+        push_front(&P.ready, g->head, g->n);
+    else if (quarantine() != UINT64_MAX) /* all: the program's stay dead in their slabs */
+        push_back(&P.fifo, g->head, g->n);
     g_mutex_unlock(&P.lock);
-    tl_h.give = tl_h.give_tail = NULL;
-    tl_h.ngive = 0;
+    *g = (tl_give){0};
 }
 
 /* ---------------- storage ---------------- */
@@ -292,7 +394,8 @@ nt__storage *nt__storage_new(size_t nbytes)
         return NULL;
     }
     nt__storage *st = (nt__storage *)block;
-    memset(st, 0, sizeof *st);
+    _Static_assert(sizeof *st % 8 == 0, "nt__zero clears whole words");
+    nt__zero(st, sizeof *st);
     st->refs = 1;
     st->hrefs = 1; /* the handle the caller makes for it */
     st->data = deferred ? NULL : block + NT_ST_HDR;
@@ -414,6 +517,7 @@ static nt_tensor *handle_new(nt__storage *st, bool adopt, nt_dtype dt, int ndim,
     }
     t->scope = NULL;
     t->scope_idx = -1;
+    t->tmp = 0;
     t->ag = NULL;
     t->site = site ? *site : (nt_site){0};
     t->id = next_id();
@@ -439,6 +543,7 @@ nt_tensor *nt__tensor_new_internal(nt__storage *st, nt_dtype dt, int ndim, const
     }
     t->refs = 0;
     t->magic = NT__MAGIC_DEAD;
+    t->tmp = 1; /* never the program's: skips the quarantine */
     return t;
 }
 
@@ -448,14 +553,24 @@ nt_tensor *nt__tensor_empty(nt_dtype dt, int ndim, const int64_t *shape, const n
     /* The one place every fresh tensor passes: a shape rule (broadcast,
      * matmul, cat, a custom op's) that produced an impossible shape stops
      * here, before any size is computed from it. */
-    char why[256];
-    if (!nt__shape_ok(ndim, shape, why, sizeof why)) {
+    /* One pass: the rule of nt__shape_ok (sizes >= 0, the span with 0
+     * counted as 1 at most 2^48, so nothing below overflows), the element
+     * count and the contiguous strides.  nt__shape_ok says what is wrong. */
+    int64_t stride[NT_MAX_DIMS], n = 1, span = 1;
+    bool bad = (unsigned)ndim > NT_MAX_DIMS;
+    for (int i = ndim - 1; i >= 0 && !bad; i--) {
+        int64_t d = shape[i];
+        stride[i] = span;
+        bad = d < 0 || __builtin_mul_overflow(span, d ? d : 1, &span) || span > NT__MAX_NUMEL;
+        n *= d;
+    }
+    if (bad) {
+        char why[256] = "shape is invalid";
+        nt__shape_ok(ndim, shape, why, sizeof why);
         nt__err(site, NT_ESHAPE, fn, "the result's %s", why);
         return NULL;
     }
-    int64_t n = nt__numel(ndim, shape);
     size_t nbytes = (size_t)n * nt__dtype_size(dt);
-    nt__arena_host_failed(); /* forget an earlier failure */
     nt__storage *st = nt__storage_new(nbytes);
     if (!st && nt__arena_host_failed()) {
         char sh[128];
@@ -489,8 +604,6 @@ nt_tensor *nt__tensor_empty(nt_dtype dt, int ndim, const int64_t *shape, const n
                     (unsigned long long)(cap > used ? cap - used : 0), (unsigned long long)cap);
         return NULL;
     }
-    int64_t stride[NT_MAX_DIMS];
-    nt__contig_strides(ndim, shape, stride);
     nt_tensor *t = handle_new(st, true, dt, ndim, shape, stride, 0, site); /* holds st now */
     if (!t) {
         nt__storage_unref(st);
@@ -515,6 +628,18 @@ void nt__tensor_iunref_n(nt_tensor *t, AO_t n)
     handle_free(t);
 }
 
+/* The error of a handle that is not live: released (NT_ERELEASED), or
+ * freed by the last nt_shutdown (NT_ESTATE). */
+static int stale_err(const nt_site *site, const char *fn, const char *arg, const nt_tensor *t)
+{
+    if (t->magic == NT__MAGIC_OLD)
+        return nt__err(site, NT_ESTATE, fn,
+                       "argument '%s' is a tensor made before the last nt_shutdown, which "
+                       "freed it", arg);
+    return nt__err(site, NT_ERELEASED, fn, "argument '%s' is a tensor that was already released",
+                   arg);
+}
+
 bool nt__check_arg(const nt_site *site, const char *fn, const char *arg, nt_tensor *t)
 {
     if (!t) {
@@ -523,8 +648,7 @@ bool nt__check_arg(const nt_site *site, const char *fn, const char *arg, nt_tens
         return false;
     }
     if (t->magic != NT__MAGIC_LIVE) {
-        nt__err(site, NT_ERELEASED, fn, "argument '%s' is a tensor that was already released",
-                arg);
+        stale_err(site, fn, arg, t);
         return false;
     }
     return true;
@@ -554,6 +678,11 @@ NT_API nt_tensor *nt_retain(nt_tensor *t)
     if (!nt__check_arg(NULL, "nt_retain", "t", t))
         return NULL;
     AO_fetch_and_add1(&t->refs);
+    /* A user callback keeping a tensor it was lent (a saved input): the
+     * program's from now on.  The library's own references (the backward
+     * pass's gradient slots) leave a temporary its own. */
+    if (nt__user_code)
+        t->tmp = 0;
     return t;
 }
 
@@ -612,8 +741,7 @@ NT_API int nt_release(nt_tensor *t)
     if (!t)
         return 0;
     if (t->magic != NT__MAGIC_LIVE)
-        return nt__err(NULL, NT_ERELEASED, "nt_release",
-                       "argument 't' is a tensor that was already released");
+        return stale_err(NULL, "nt_release", "t", t);
     if (nt__ref_drop(&t->refs, 1)) {
         t->magic = NT__MAGIC_DEAD;
         scope_detach(t);
@@ -625,9 +753,34 @@ NT_API int nt_release(nt_tensor *t)
 
 /* ---------------- scopes ---------------- */
 
-nt_tensor *nt__scope_adopt(nt_tensor *t, const char *fn)
+/* Frees the calling thread's scopes, which a runtime that has ended made
+ * (the thread left them open across nt_shutdown): their tensors went with
+ * it.  A later nt_scope_end of one finds it no longer open. */
+static void scopes_drop_stale(void)
+{
+    while (tls_scope) {
+        nt_scope *top = tls_scope;
+        tls_scope = top->parent;
+        free(top->items);
+        top->magic = 0;
+        free(top);
+    }
+}
+
+/* The thread's innermost scope of this runtime, or NULL. */
+static inline nt_scope *scope_top(void)
 {
     nt_scope *s = tls_scope;
+    if (s && s->epoch != nt__epoch()) {
+        scopes_drop_stale();
+        return NULL;
+    }
+    return s;
+}
+
+nt_tensor *nt__scope_adopt(nt_tensor *t, const char *fn)
+{
+    nt_scope *s = scope_top();
     if (t && s) {
         if (s->nitems == s->cap) {
             size_t cap = (size_t)s->cap * 2;
@@ -644,10 +797,15 @@ nt_tensor *nt__scope_adopt(nt_tensor *t, const char *fn)
         t->scope_idx = (int32_t)s->nitems;
         s->items[s->nitems++] = t;
     }
+    /* Made by the library for itself (not by a user callback it runs): dies
+     * inside the call, unseen by the program.  Anything else the caller
+     * may see. */
+    if (t)
+        t->tmp = s && s->lib && s->ucb == nt__user_code;
     return t;
 }
 
-NT_API nt_scope *nt_scope_begin(void)
+static nt_scope *scope_open(bool lib)
 {
     nt_scope *s = calloc(1, sizeof *s);
     if (s) {
@@ -660,10 +818,18 @@ NT_API nt_scope *nt_scope_begin(void)
         return NULL;
     }
     s->magic = NT__SCOPE_MAGIC;
-    s->parent = tls_scope;
+    s->epoch = nt__epoch();
+    s->lib = lib;
+    s->ucb = nt__user_code;
+    s->parent = scope_top();
     tls_scope = s;
     return s;
 }
+
+/* (parenthesised: library code gets the macro of core/internal.h) */
+NT_API nt_scope *(nt_scope_begin)(void) { return scope_open(false); }
+
+nt_scope *nt__scope_begin_lib(void) { return scope_open(true); }
 
 static void scope_close(nt_scope *s)
 {
@@ -684,13 +850,14 @@ NT_API int nt_scope_end(nt_scope *s)
 {
     if (!s)
         return nt__err(NULL, NT_EINVAL, "nt_scope_end", "argument 's' is NULL");
-    nt_scope *c = tls_scope;
+    /* s is compared, never read: it may be freed memory */
+    nt_scope *c = scope_top();
     while (c && c != s)
         c = c->parent;
     if (!c)
         return nt__err(NULL, NT_ESTATE, "nt_scope_end",
-                       "scope %p is not open on this thread (already ended, or opened on "
-                       "another thread)",
+                       "argument 's' (scope %p) is not open on this thread (already ended, "
+                       "opened on another thread, or opened before the last nt_shutdown)",
                        (void *)s);
     /* Close s and every scope opened inside it and left open. */
     for (;;) {
@@ -708,12 +875,15 @@ NT_API nt_tensor *nt_keep(nt_tensor *t)
     if (!nt__check_arg(NULL, "nt_keep", "t", t))
         return NULL;
     scope_detach(t);
+    t->tmp = 0; /* kept: the caller may hand it out */
     return t;
 }
 
 /* Closes every scope the calling thread left open (nt_shutdown). */
 void nt__scopes_close_thread(void)
 {
+    if (!scope_top())
+        return;
     while (tls_scope) {
         nt_scope *top = tls_scope;
         tls_scope = top->parent;

@@ -45,10 +45,11 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
 {
     /* Not a whole memset: the output shape arrays (the bulk of the struct)
      * are written by each op's shape rule before anything reads them. */
-    memset(&c->p, 0, sizeof c->p);
-    memset(c->in, 0, sizeof c->in);
-    memset(c->out, 0, sizeof c->out);
-    memset(c->tmp, 0, sizeof c->tmp);
+    _Static_assert(sizeof c->p % 8 == 0, "nt__zero clears whole words");
+    nt__zero(&c->p, sizeof c->p);
+    nt__zero(c->in, sizeof c->in);
+    nt__zero(c->out, sizeof c->out);
+    nt__zero(c->tmp, sizeof c->tmp);
     c->dst = NULL;
     c->out_dev = -1;
     c->flops = 0;
@@ -61,10 +62,16 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
     c->bwd_of = nt__tls_bwd_of;
     if (!nt__ensure_init())
         return false;
-    bool bad = false;
+    /* Every input live (a handle of an ended runtime reads NT__MAGIC_OLD:
+     * this compare is its epoch check too) and on the device of the
+     * stream the op goes to: both on the handle's first line. */
+    uint8_t dev = nt__stream_current()->dev;
+    bool bad = false, other = false;
     for (int i = 0; i < nin; i++) {
-        c->in[i] = in[i];
-        bad |= !in[i] || in[i]->magic != NT__MAGIC_LIVE;
+        nt_tensor *t = in[i];
+        c->in[i] = t;
+        bad |= !t || t->magic != NT__MAGIC_LIVE;
+        other |= t && t->dev != dev;
     }
     if (bad) {
         /* only now spell out the argument names, for the message */
@@ -86,12 +93,6 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
                 return false;
         }
     }
-    /* Every input on the device of the stream the op goes to: one byte of
-     * each handle's first line (read above) against the stream's. */
-    uint8_t dev = nt__stream_current()->dev;
-    bool other = false;
-    for (int i = 0; i < nin; i++)
-        other |= in[i] && in[i]->dev != dev;
     if (other) {
         for (int i = 0; i < nin; i++)
             if (in[i] && in[i]->dev != dev) {
@@ -229,6 +230,10 @@ uint64_t nt__rec_enqueue(nt__rec *r, nt_stream **sp, bool run_here)
 
 static void release_tmp(nt__call *c)
 {
+    if (!((uintptr_t)c->tmp[0] | (uintptr_t)c->tmp[1] | (uintptr_t)c->tmp[2] |
+          (uintptr_t)c->tmp[3]))
+        return; /* the usual case: no cast was made */
+    _Static_assert(NT__MAX_IN == 4, "the test above reads every slot");
     for (int i = 0; i < NT__MAX_IN; i++)
         if (c->tmp[i]) {
             nt_release(c->tmp[i]);

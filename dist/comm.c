@@ -28,6 +28,8 @@
  *     the collective failed and return. */
 #include "dist/dist.h"
 
+#include "core/handle.h"
+
 #include <math.h>
 
 #include "dispatcher/dispatch.h"
@@ -38,7 +40,7 @@
 #define COMM_MAGIC 0x434f4d4du /* "COMM" */
 
 struct nt_comm {
-    uint32_t magic;
+    NT__HOBJ_HEAD;       /* core/handle.h: its memory outlives it */
     uint64_t gen;        /* nt__dist_generation() when made */
     volatile AO_t refs;  /* the user's + one per collective in flight */
     int n;               /* local members */
@@ -126,12 +128,11 @@ static void comm_unref(nt_comm *c)
 {
     if (!nt__ref_drop(&c->refs, 1))
         return;
-    c->magic = 0;
     nt__pcomm_destroy(c->pc);
     free(c->dev);
     free(c->pcount);
     free(c->pfirst);
-    free(c);
+    nt__hobj_free(c); /* a stale pointer still finds a dead communicator */
 }
 
 NT_API nt_comm *nt_comm_create(const int *devices, int n)
@@ -164,7 +165,7 @@ NT_API nt_comm *nt_comm_create(const int *devices, int n)
                 return NULL;
             }
     }
-    nt_comm *c = calloc(1, sizeof *c);
+    nt_comm *c = nt__hobj_new(sizeof *c, COMM_MAGIC);
     int np = nt__mpi_active() ? nt_process_count() : 1;
     if (c) {
         c->dev = malloc(sizeof *c->dev * (size_t)n);
@@ -177,7 +178,7 @@ NT_API nt_comm *nt_comm_create(const int *devices, int n)
             free(c->pcount);
             free(c->pfirst);
         }
-        free(c);
+        nt__hobj_free(c);
         nt__err_hostmem(NULL, fn, "a communicator");
         return NULL;
     }
@@ -191,7 +192,7 @@ NT_API nt_comm *nt_comm_create(const int *devices, int n)
         free(c->dev);
         free(c->pcount);
         free(c->pfirst);
-        free(c);
+        nt__hobj_free(c);
         nt__err(NULL, rc, fn, "%s", why);
         return NULL;
     }
@@ -202,14 +203,17 @@ NT_API nt_comm *nt_comm_create(const int *devices, int n)
     c->first = c->pfirst[c->me];
     c->gen = nt__dist_generation();
     c->refs = 1;
-    c->magic = COMM_MAGIC;
     return c;
 }
 
 NT_API void nt_comm_destroy(nt_comm *c)
 {
-    if (!c || c->magic != COMM_MAGIC)
+    if (!c)
         return;
+    if (!nt__hobj_live(c, COMM_MAGIC)) { /* the error: destroyed already, ... */
+        nt__hobj_check(c, COMM_MAGIC, NULL, "nt_comm_destroy", "c", "communicator");
+        return;
+    }
     comm_unref(c);
 }
 

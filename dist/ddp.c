@@ -27,6 +27,7 @@
  * device concerned (the thread's current stream if that is on the device),
  * and the thread's current stream is restored before they return. */
 #include "autograd/autograd.h"
+#include "core/handle.h"
 
 #include <glib.h>
 #include <math.h>
@@ -49,7 +50,7 @@ typedef struct member {
 } member;
 
 struct nt_ddp {
-    uint32_t magic;
+    NT__HOBJ_HEAD;  /* core/handle.h: its memory outlives it */
     int n;          /* parameters */
     int shards;     /* S */
     int ranks;      /* R: global ranks */
@@ -95,11 +96,7 @@ static bool ddp_ok(const nt_site *site, const nt_ddp *d, const char *fn)
 {
     if (!nt__ensure_init())
         return false;
-    if (!d || d->magic != DDP_MAGIC) {
-        nt__err(site, NT_EINVAL, fn, "argument 'd' is %s", d ? "not a live nt_ddp" : "NULL");
-        return false;
-    }
-    return true;
+    return nt__hobj_check(d, DDP_MAGIC, site, fn, "d", "nt_ddp") == 0;
 }
 
 static bool check_param(const nt_site *site, const char *fn, nt_tensor *const *ps, int i)
@@ -196,27 +193,28 @@ static void ddp_free(nt_ddp *d)
 {
     if (!d)
         return;
-    if (d->m) {
+    /* one made before nt_shutdown: its tensors went with that runtime */
+    if (d->m && nt__hobj_current(d)) {
         if (d->done)
             tree_clear(d);
-        for (int k = 0; k < d->nmem; k++) {
-            member *m = &d->m[k];
-            if (m->rep)
+        for (int k = 0; k < d->nmem; k++)
+            if (d->m[k].rep)
                 for (int j = 0; j < d->n; j++)
-                    nt_release(m->rep[j]);
-            free(m->rep);
-            if (m->tree)
-                for (int l = 0; l <= d->levels; l++)
-                    free(m->tree[l]);
-            free(m->tree);
-        }
+                    nt_release(d->m[k].rep[j]);
     }
+    if (d->m)
+        for (int k = 0; k < d->nmem; k++) {
+            free(d->m[k].rep);
+            if (d->m[k].tree)
+                for (int l = 0; l <= d->levels; l++)
+                    free(d->m[k].tree[l]);
+            free(d->m[k].tree);
+        }
     free(d->m);
     free(d->done);
     nt_comm_destroy(d->comm);
-    d->magic = 0;
     g_mutex_clear(&d->lock);
-    free(d);
+    nt__hobj_free(d);
 }
 
 NT_API nt_ddp *nt_ddp_create_at(const nt_site *site, nt_tensor *const *params, int nparams,
@@ -277,7 +275,7 @@ NT_API nt_ddp *nt_ddp_create_at(const nt_site *site, nt_tensor *const *params, i
         return NULL;
     }
 
-    nt_ddp *d = calloc(1, sizeof *d);
+    nt_ddp *d = nt__hobj_new(sizeof *d, DDP_MAGIC);
     if (!d) {
         nt_comm_destroy(comm);
         nt__err_hostmem(site, fn, "the nt_ddp");
@@ -285,7 +283,6 @@ NT_API nt_ddp *nt_ddp_create_at(const nt_site *site, nt_tensor *const *params, i
     }
     g_mutex_init(&d->lock);
     d->comm = comm;
-    d->magic = DDP_MAGIC;
     d->n = nparams;
     d->shards = shards;
     d->ranks = ranks;
@@ -354,8 +351,12 @@ NT_API nt_ddp *nt_ddp_create(nt_tensor *const *params, int nparams, int shards,
 
 NT_API void nt_ddp_destroy(nt_ddp *d)
 {
-    if (!d || d->magic != DDP_MAGIC)
+    if (!d)
         return;
+    if (!nt__hobj_live(d, DDP_MAGIC)) { /* the error: destroyed already, ... */
+        nt__hobj_check(d, DDP_MAGIC, NULL, "nt_ddp_destroy", "d", "nt_ddp");
+        return;
+    }
     ddp_free(d);
 }
 

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/handle.h"
 #include "core/hooks.h"
 #include "debug/debug.h"
 #include "sim/sim.h"
@@ -157,9 +158,9 @@ struct nt__capture {
 };
 
 struct nt_graph {
-    uint32_t magic;
+    NT__HOBJ_HEAD;           /* core/handle.h: the runtime it was made in; its
+                                memory outlives it */
     struct nt_graph *live_prev, *live_next; /* every graph the runtime has (caps_lock) */
-    uint32_t epoch;          /* nt_init's, when it was made */
     nt_stream *stream;
     uint32_t sid;
     int dev;
@@ -214,7 +215,6 @@ static GMutex caps_lock;
 static nt_graph *live_graphs; /* caps_lock */
 _Thread_local nt__capture *nt__tl_capture NT_TLS_HOT;
 #define tl_cap nt__tl_capture
-static volatile AO_t graph_epoch = 1;
 
 /* ---------------- small containers ---------------- */
 
@@ -709,14 +709,8 @@ static void capture_free(nt__capture *c)
 
 static bool graph_ok(const nt_site *site, const char *fn, nt_graph *g)
 {
-    if (!g)
-        return nt__err(site, NT_EINVAL, fn, "argument 'g' is NULL"), false;
-    if (g->magic != GRAPH_MAGIC)
-        return nt__err(site, NT_EINVAL, fn, "argument 'g' is not a live graph"), false;
-    if (g->epoch != (uint32_t)AO_load(&graph_epoch))
-        return nt__err(site, NT_ESTATE, fn, "argument 'g' was made before the last nt_shutdown"),
-               false;
-    return true;
+    /* NT_ESTATE for a graph made before the last nt_shutdown */
+    return nt__hobj_check(g, GRAPH_MAGIC, site, fn, "g", "graph") == 0;
 }
 
 NT_API int nt_graph_capture_begin_at(const nt_site *site)
@@ -915,8 +909,6 @@ static int cmp_u64(const void *a, const void *b)
 /* The graph takes the recording over. */
 static void take_recording(nt_graph *g, nt__capture *c)
 {
-    g->magic = GRAPH_MAGIC;
-    g->epoch = (uint32_t)AO_load(&graph_epoch);
     g->stream = c->stream;
     g->sid = c->stream->id;
     g->dev = c->stream->dev;
@@ -1175,7 +1167,7 @@ static void publish(nt_graph *g)
 /* Turns the recording into a graph; the recording is consumed either way. */
 static nt_graph *compile(const nt_site *site, nt__capture *c)
 {
-    nt_graph *g = calloc(1, sizeof *g);
+    nt_graph *g = nt__hobj_new(sizeof *g, GRAPH_MAGIC);
     if (!g) {
         nt__err_hostmem(site, "nt_graph_capture_end", "a graph");
         capture_free(c);
@@ -1294,9 +1286,8 @@ static void graph_free(nt_graph *g)
     free(g->hooks);
     free(g->leaves);
     free(g->inputs);
-    g->magic = 0;
     g_mutex_clear(&g->lock);
-    free(g);
+    nt__hobj_free(g); /* a second destroy finds a dead graph */
 }
 
 static void set_field(nt__params *p, int field, uint64_t v)
@@ -1713,9 +1704,13 @@ NT_API int nt_graph_info_get(nt_graph *g, nt_graph_info *out)
 
 NT_API void nt_graph_destroy(nt_graph *g)
 {
-    if (!g || g->magic != GRAPH_MAGIC)
+    if (!g)
         return;
-    if (g->epoch == (uint32_t)AO_load(&graph_epoch))
+    if (!nt__hobj_live(g, GRAPH_MAGIC)) { /* the error: destroyed already, ... */
+        nt__hobj_check(g, GRAPH_MAGIC, NULL, "nt_graph_destroy", "g", "graph");
+        return;
+    }
+    if (nt__hobj_current(g))
         nt__stream_drain(g->stream); /* queued replays read it */
     graph_free(g);
 }
@@ -2013,8 +2008,7 @@ void nt__graph_init(void) { nt__graph_stats_reset(); }
 void nt__graph_shutdown(void)
 {
     /* Graphs made before are dead from now on (their handles and storages
-     * went with the runtime's pools). */
-    AO_fetch_and_add1(&graph_epoch);
+     * go with the runtime's pools; nt__epoch moves on after those). */
     nt__capture *c = tl_cap;
     if (c) {
         tl_cap = NULL;

@@ -1021,14 +1021,85 @@ static bool joins_its_reader(nt__rec *const *recs, int n, int j)
     return false;
 }
 
+/* The storages the batch's records write, as a set: a record none of whose
+ * inputs is one has no producer in the batch to move back to, and
+ * pull_one skips the scan of the HOIST_WINDOW records before it -- which,
+ * on a batch of ops that read the same long-lived tensors (bench/dispatch's
+ * lazy mode: 4,096 adds of two inputs), was ~15,000 instructions a record,
+ * most of the worker's time.  Open addressing on the storage's address;
+ * cap 0 (a small batch, or no memory): no set, every record is scanned.
+ * Records move within the batch but never leave it, so the set holds. */
+typedef struct {
+    const nt__storage **slot;
+    uint32_t mask;
+} wset;
+enum { WSET_MIN_BATCH = 64, WSET_STACK = 4096 };
+
+static uint32_t wset_hash(const nt__storage *st)
+{
+    return (uint32_t)(((uintptr_t)st >> 6) * 0x9e3779b97f4a7c15ull >> 32);
+}
+
+/* Fills w (slots: `stack`, or malloc'ed when the batch needs more; the
+ * caller frees w->slot if it is not stack). */
+static void wset_build(wset *w, nt__rec *const *recs, int n, const nt__storage **stack)
+{
+    w->slot = NULL;
+    w->mask = 0;
+    if (n < WSET_MIN_BATCH)
+        return;
+    uint32_t nout = 0; /* at most half full: probes stay short */
+    for (int k = 0; k < n; k++)
+        for (int i = 0; i < NT__MAX_OUT; i++)
+            nout += recs[k]->out[i] != NULL;
+    uint32_t cap = WSET_STACK;
+    while (cap < 2u * nout)
+        cap *= 2;
+    w->slot = cap == WSET_STACK ? stack : malloc(sizeof *w->slot * cap);
+    if (!w->slot)
+        return;
+    memset(w->slot, 0, sizeof *w->slot * cap);
+    w->mask = cap - 1;
+    for (int k = 0; k < n; k++)
+        for (int i = 0; i < NT__MAX_OUT; i++) {
+            const nt__storage *st = recs[k]->out[i] ? recs[k]->out[i]->st : NULL;
+            if (!st)
+                continue;
+            uint32_t h = wset_hash(st) & w->mask;
+            while (w->slot[h] && w->slot[h] != st)
+                h = (h + 1) & w->mask;
+            w->slot[h] = st;
+        }
+}
+
+/* false: no record of the batch writes st (w built); true: one may. */
+static bool wset_may_have(const wset *w, const nt__storage *st)
+{
+    if (!w->mask)
+        return true;
+    for (uint32_t h = wset_hash(st) & w->mask;; h = (h + 1) & w->mask) {
+        if (w->slot[h] == st)
+            return true;
+        if (!w->slot[h])
+            return false;
+    }
+}
+
 /* Considers recs[j] (j >= 1) for the move back; true if it moved.  Reads
  * recs[j - HOIST_WINDOW .. j + HOIST_WINDOW) and moves a record only within
  * recs[j - HOIST_WINDOW + 1 .. j]. */
-static bool pull_one(nt__rec **recs, int n, int j)
+static bool pull_one(nt__rec **recs, int n, int j, const wset *w)
 {
     nt__rec *r = recs[j];
     if (r->type != NT_REC_OP || !nt__fusable_ew(r->op) || !r->out[0] || r->nout != 1 ||
         (r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)) || r->nin == 0)
+        return false;
+    /* The scan below moves r only after a record that writes one of its
+     * inputs: with none in the batch it ends in false, so say it now. */
+    bool producer = false;
+    for (int q = 0; q < NT__MAX_IN && !producer; q++)
+        producer = r->in[q] && wset_may_have(w, r->in[q]->st);
+    if (!producer)
         return false;
     int i = j - 1, stop = j - HOIST_WINDOW > 0 ? j - HOIST_WINDOW : 0;
     for (; i >= stop; i--) {
@@ -1074,7 +1145,7 @@ volatile AO_t nt__fplan_mismatch, nt__fplan_moved;
  * over the whole batch before any kernel, with the matmul pass walking
  * every record (the planner before the passes were merged); NULL if the
  * host has no memory for it. */
-static nt__rec **reference_order(nt__rec *const *recs, int n)
+static nt__rec **reference_order(nt__rec *const *recs, int n, const wset *w)
 {
     nt__rec **ref = malloc(sizeof *ref * (size_t)(n ? n : 1));
     if (!ref)
@@ -1082,7 +1153,7 @@ static nt__rec **reference_order(nt__rec *const *recs, int n)
     memcpy(ref, recs, sizeof *ref * (size_t)n);
     hoist_matmuls(ref, n, NULL, -1);
     for (int j = 1; j < n; j++)
-        pull_one(ref, n, j);
+        pull_one(ref, n, j, w);
     int moved = 0;
     for (int k = 0; k < n; k++)
         moved += ref[k] != recs[k];
@@ -1094,7 +1165,10 @@ void nt__fusion_run(nt__rec **recs, int n)
 {
     bool moved = false;
     plan_resume(); /* the reorder passes are planning too */
-    nt__rec **ref = nt__fplan_check && !NT__CFG(check_nan) ? reference_order(recs, n) : NULL;
+    const nt__storage *wstack[WSET_STACK];
+    wset w;
+    wset_build(&w, recs, n, wstack);
+    nt__rec **ref = nt__fplan_check && !NT__CFG(check_nan) ? reference_order(recs, n, &w) : NULL;
     /* j: the next record pull_one looks at (NT_CHECK_NAN: none) */
     int j = 1;
     if (!NT__CFG(check_nan)) { /* NT_CHECK_NAN names the first op in queue order */
@@ -1120,7 +1194,7 @@ void nt__fusion_run(nt__rec **recs, int n)
                     if (q->in[i])
                         __builtin_prefetch(q->in[i]);
             }
-            moved |= pull_one(recs, n, j);
+            moved |= pull_one(recs, n, j, &w);
             /* what grouping reads of recs[j] beyond what pull_one did,
              * fetched now so that it is in cache when grouping gets there */
             const nt__rec *q = recs[j];
@@ -1164,6 +1238,8 @@ void nt__fusion_run(nt__rec **recs, int n)
     }
     run_group(&s);
     free(ref);
+    if (w.slot != wstack)
+        free(w.slot);
     if (moved)
         queue_order(recs, n);
     plan_pause();

@@ -180,9 +180,17 @@ NT_API size_t nt_dtype_size(nt_dtype dt);
 NT_API int nt_init(void);
 
 /** Drains every stream, joins the workers and frees everything the runtime
- *  owns.  Handles still held by the user become invalid.  NT_STATS=1 prints
- *  a summary here.  Call once, from one thread, when no other thread uses the
- *  library; nt_init() may be called again afterwards. */
+ *  owns.  Handles still held by the user become invalid: after the next
+ *  nt_init, a tensor, stream, event, scope, optimizer, loss scaler,
+ *  communicator, nt_ddp, graph or user op id made before is refused with
+ *  NT_ESTATE naming the function and the argument (metadata queries give
+ *  their sentinel), as long as its memory has not been reused: handle
+ *  memory is kept for the process, and the next runtime reuses it for new
+ *  objects of the kind, those the program still held last.  The destroy
+ *  functions still free the objects of the ended runtime that the program
+ *  owns (events, optimizers, ...).  NT_STATS=1 prints a summary here.  Call
+ *  once, from one thread, when no other thread uses the library; nt_init()
+ *  may be called again afterwards. */
 NT_API void nt_shutdown(void);
 
 /** Execution modes (NT_MODE / NT_DETERMINISTIC). */
@@ -282,10 +290,13 @@ NT_API nt_tensor *nt_retain(nt_tensor *t);
  *  needs it.  Releasing NULL is a no-op.  Using a released handle (releasing
  *  it again included) sets NT_ERELEASED and returns it, as long as the
  *  handle's memory has not been reused for a new tensor: that happens only
- *  after NT_HANDLE_QUARANTINE (default 4096) other handles were released,
- *  and never with NT_HANDLE_QUARANTINE=all (docs/env.md).  A pointer kept
- *  longer than that may name the new tensor, and a use of it cannot be told
- *  from a use of that tensor: do not keep released handles. */
+ *  after NT_HANDLE_QUARANTINE (default 4096) other handles the program
+ *  could see were released after it (tensors a function returned; not the
+ *  temporaries a call makes and drops inside, which never count), and never
+ *  with NT_HANDLE_QUARANTINE=all (docs/env.md).  A pointer kept longer than
+ *  that may name the new tensor, and a use of it cannot be told from a use
+ *  of that tensor: do not keep released handles.  A handle from before the
+ *  last nt_shutdown is NT_ESTATE (see nt_shutdown). */
 NT_API int nt_release(nt_tensor *t);
 /** Opens a scope on the calling thread.  Every tensor returned to this thread
  *  while it is the innermost open scope is released by nt_scope_end.  NULL
@@ -293,7 +304,10 @@ NT_API int nt_release(nt_tensor *t);
  *  has no memory to record returns NULL with NT_EHOSTMEM too. */
 NT_API nt_scope *nt_scope_begin(void);
 /** Closes `s` (and any scope opened inside it and not closed), releasing the
- *  tensors it owns.  Must be called on the thread that opened it. */
+ *  tensors it owns.  Must be called on the thread that opened it, under the
+ *  runtime that opened it: else NT_ESTATE naming the argument.  (A scope a
+ *  thread leaves open across nt_shutdown owns nothing after the next
+ *  nt_init: that thread's new tensors are its own.) */
 NT_API int nt_scope_end(nt_scope *s);
 /** Moves t out of the scope that owns it into the caller's ownership (the
  *  caller must nt_release it).  Returns t. */
@@ -617,7 +631,8 @@ typedef struct nt_op_def {
 
 /** Registers a user op; returns its id (>= 0) for nt_op_call, or a negative
  *  error (NULL def or forward, nin out of range, empty or duplicate name).
- *  Thread-safe. */
+ *  Thread-safe.  nt_shutdown drops every registration: an id of an ended
+ *  runtime is NT_ESTATE in nt_op_call, never the new runtime's op. */
 NT_API int nt_op_register(const nt_op_def *def);
 /** Runs registered op `op` on its def->nin inputs and records it for
  *  autograd like a built-in. */
@@ -678,7 +693,8 @@ NT_API nt_stream *nt_stream_default(void);
 NT_API nt_stream *nt_stream_create(void);
 /** Waits for the stream's work and frees it.  Threads whose current stream it
  *  was go back to its device's default stream.  A default stream cannot be
- *  destroyed (NT_EINVAL). */
+ *  destroyed (NT_EINVAL); nor can a destroyed one (NT_EINVAL), nor one of a
+ *  runtime that nt_shutdown ended (NT_ESTATE). */
 NT_API int nt_stream_destroy(nt_stream *s);
 /** The calling thread's current stream (where its ops are queued). */
 NT_API nt_stream *nt_stream_current(void);
@@ -696,6 +712,8 @@ NT_API int nt_stream_wait_event(nt_stream *s, nt_event *e);
 NT_API int nt_event_synchronize(nt_event *e);
 /** True if the event's work is done (or it was never recorded). */
 NT_API bool nt_event_query(nt_event *e);
+/** Frees e (one made before the last nt_shutdown too).  NULL is a no-op;
+ *  an event destroyed already sets NT_EINVAL naming the argument. */
 NT_API void nt_event_destroy(nt_event *e);
 
 /* ------------------------------------------------------------------------ */
@@ -877,8 +895,10 @@ NT_API nt_tensor *nt_clip_grad_norm(nt_tensor *const *params, int n, double max_
  *  to f32; turning it off drops the copies and casts state back.  f32
  *  parameters are unaffected.  Off by default. */
 NT_API int nt_optim_set_master_weights(nt_optim *opt, bool on);
-/** Releases the parameters and frees the state.  NULL is a no-op.  Not to
- *  be called while another thread uses opt. */
+/** Releases the parameters and frees the state.  NULL is a no-op; an
+ *  optimizer destroyed already sets NT_EINVAL naming the argument; one made
+ *  before the last nt_shutdown is freed (its tensors went with that
+ *  runtime).  Not to be called while another thread uses opt. */
 NT_API void nt_optim_destroy(nt_optim *opt);
 
 /** Saves the values of params[0..n) (borrowed; n >= 1) and, if opt is not
@@ -977,7 +997,8 @@ NT_API double nt_grad_scaler_get_scale(nt_grad_scaler *s);
 NT_API int64_t nt_grad_scaler_skipped_steps(nt_grad_scaler *s);
 /** Clean steps since the scale last changed. */
 NT_API int64_t nt_grad_scaler_growth_tracker(nt_grad_scaler *s);
-/** Frees s.  NULL is a no-op. */
+/** Frees s.  NULL is a no-op; a scaler destroyed already sets NT_EINVAL
+ *  naming the argument. */
 NT_API void nt_grad_scaler_destroy(nt_grad_scaler *s);
 
 /** nt_save plus, if scaler is not NULL, the loss scaler's state (scale,
@@ -1112,7 +1133,8 @@ typedef struct nt_ddp nt_ddp;
  *  input.  Free with nt_ddp_destroy. */
 NT_API nt_ddp *nt_ddp_create(nt_tensor *const *params, int nparams, int shards,
                              const int *devices, int ndev);
-/** Releases the replicas and any gradients held.  NULL is a no-op. */
+/** Releases the replicas and any gradients held.  NULL is a no-op; an
+ *  nt_ddp destroyed already sets NT_EINVAL naming the argument. */
 NT_API void nt_ddp_destroy(nt_ddp *d);
 /** The replica on local device `dev` (an array of nparams tensors owned by
  *  d, valid until nt_ddp_destroy), or NULL with NT_EINVAL. */
@@ -1226,7 +1248,8 @@ typedef struct nt_graph_info {
 } nt_graph_info;
 NT_API int nt_graph_info_get(nt_graph *g, nt_graph_info *out);
 /** Waits for the graph's queued replays, then frees it (and its plan's
- *  memory).  NULL is ignored. */
+ *  memory).  NULL is ignored; a graph destroyed already sets NT_EINVAL
+ *  naming the argument. */
 NT_API void nt_graph_destroy(nt_graph *g);
 
 /** A step as a function: reads inputs[0..nin), returns its results in

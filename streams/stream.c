@@ -86,21 +86,22 @@ nt_stream *nt__stream_by_id(uint32_t id)
 
 static nt_stream *stream_new(bool is_default, int dev)
 {
-    nt_stream *s = aligned_alloc(64, sizeof *s); /* for the per-line groups */
+    /* 64-byte aligned, for the per-line groups; magic set, but nobody can
+     * see it before it is published below */
+    nt_stream *s = nt__hobj_new(sizeof *s, NT__STREAM_MAGIC);
     if (!s)
         return NULL;
-    memset(s, 0, sizeof *s);
     /* A first batch of held records (take_queued never grows it past what
      * the host gives). */
     s->held = nt__ptrvec_new(256);
-    /* Room for seqs done out of order (complete_seq), reserved now: the
+    /* Room for seqs done out of order (complete_seqs), reserved now: the
      * worker never fails for want of it. */
     s->ooo = malloc(NT_OOO_MIN * sizeof *s->ooo);
     s->ooo_cap = NT_OOO_MIN;
     if (!s->held || !s->ooo) {
         nt__ptrvec_free(s->held);
         free(s->ooo);
-        free(s);
+        nt__hobj_free(s);
         return NULL;
     }
     g_mutex_lock(&S.lock);
@@ -109,13 +110,12 @@ static nt_stream *stream_new(bool is_default, int dev)
         g_mutex_unlock(&S.lock);
         nt__ptrvec_free(s->held);
         free(s->ooo);
-        free(s);
+        nt__hobj_free(s);
         return NULL;
     }
     s->id = S.next_id + 1;
     __atomic_store_n(&S.next_id, s->id, __ATOMIC_RELAXED); /* foreach reads it unlocked */
     g_mutex_unlock(&S.lock);
-    s->magic = NT__STREAM_MAGIC;
     s->dev = (uint8_t)dev;
     __cds_wfcq_init(&s->head, &s->tail);
     g_mutex_init(&s->lock);
@@ -139,7 +139,7 @@ static nt_stream *stream_new(bool is_default, int dev)
         g_mutex_clear(&s->lock);
         g_cond_clear(&s->work_cond);
         g_cond_clear(&s->done_cond);
-        free(s);
+        nt__hobj_free(s);
         return NULL;
     }
     AO_store_release(&S.reg[s->id], (AO_t)s);
@@ -174,7 +174,8 @@ static void stream_free(nt_stream *s)
     /* The lock and conditions stay until nt_shutdown (stream_dispose): a
      * thread may still be inside nt__wait_packed on s, about to see that
      * its seq has run. */
-    __atomic_store_n(&s->magic, 0, __ATOMIC_RELAXED); /* stream_ok may look meanwhile */
+    /* destroyed (stream_ok may look meanwhile) */
+    __atomic_store_n(&s->magic, ~NT__STREAM_MAGIC, __ATOMIC_RELAXED);
     /* Kept until nt_shutdown so a stale handle is reported, not dereferenced
      * after free. */
     g_mutex_lock(&S.lock);
@@ -188,7 +189,7 @@ static void stream_dispose(gpointer p)
     g_mutex_clear(&s->lock);
     g_cond_clear(&s->work_cond);
     g_cond_clear(&s->done_cond);
-    free(s);
+    nt__hobj_free(s); /* a stale pointer still finds a dead stream */
 }
 
 int nt__streams_init(void)
@@ -1014,17 +1015,11 @@ static void *worker_main(void *arg)
 
 /* ---------------- public API: streams ---------------- */
 
+/* s is a live stream of this runtime; else the error naming fn's 's'
+ * (NT_ESTATE for one from before the last nt_shutdown). */
 static bool stream_ok(nt_stream *s, const char *fn)
 {
-    if (!s) {
-        nt__err(NULL, NT_EINVAL, fn, "argument 's' is NULL");
-        return false;
-    }
-    if (__atomic_load_n(&s->magic, __ATOMIC_RELAXED) != NT__STREAM_MAGIC) {
-        nt__err(NULL, NT_EINVAL, fn, "argument 's' is not a live stream");
-        return false;
-    }
-    return true;
+    return nt__hobj_check(s, NT__STREAM_MAGIC, NULL, fn, "s", "stream") == 0;
 }
 
 NT_API nt_stream *nt_stream_default(void)
@@ -1205,40 +1200,40 @@ NT_API int nt_stream_synchronize(nt_stream *s)
 
 /* ---------------- public API: events ---------------- */
 
+/* Its memory is core/handle.h's: destroying it twice, or using it after
+ * nt_shutdown (its (stream, seq) names a stream of the ended runtime), is
+ * an error, not a use after free. */
 struct nt_event {
-    uint32_t magic;
+    NT__HOBJ_HEAD;
     volatile AO_t packed; /* (stream, seq) recorded; 0 = never recorded */
 };
 #define NT__EVENT_MAGIC 0xe7e7e7e7u
 
 static bool event_ok(nt_event *e, const char *fn)
 {
-    if (!e || e->magic != NT__EVENT_MAGIC) {
-        nt__err(NULL, NT_EINVAL, fn, "argument 'e' is %s", e ? "not a live event" : "NULL");
-        return false;
-    }
-    return true;
+    return nt__hobj_check(e, NT__EVENT_MAGIC, NULL, fn, "e", "event") == 0;
 }
 
 NT_API nt_event *nt_event_create(void)
 {
     if (!nt__ensure_init())
         return NULL;
-    nt_event *e = calloc(1, sizeof *e);
-    if (!e) {
+    nt_event *e = nt__hobj_new(sizeof *e, NT__EVENT_MAGIC);
+    if (!e)
         nt__err_hostmem(NULL, "nt_event_create", "an event");
-        return NULL;
-    }
-    e->magic = NT__EVENT_MAGIC;
     return e;
 }
 
 NT_API void nt_event_destroy(nt_event *e)
 {
-    if (!e || e->magic != NT__EVENT_MAGIC)
+    if (!e)
         return;
-    e->magic = 0;
-    free(e);
+    /* one made before nt_shutdown is freed like any other */
+    if (!nt__hobj_live(e, NT__EVENT_MAGIC)) {
+        event_ok(e, "nt_event_destroy"); /* the error: destroyed already, ... */
+        return;
+    }
+    nt__hobj_free(e);
 }
 
 NT_API int nt_event_record(nt_event *e, nt_stream *s)

@@ -27,12 +27,15 @@
  *     its fetch-and-add and draws again on the default stream
  *     (nt__stream_next_seq); a seq drawn before the seal was waited for.
  *     Only then does the worker stop.  The object stays allocated (lock and
- *     conditions too) until nt_shutdown, for threads still inside a wait. */
+ *     conditions too) until nt_shutdown, for threads still inside a wait;
+ *     then its memory waits in core/handle.h's quarantine, so a stream kept
+ *     across nt_shutdown is reported (NT_ESTATE), not read after free. */
 #ifndef NT_STREAMS_STREAM_H
 #define NT_STREAMS_STREAM_H
 
 #include <pthread.h>
 
+#include "core/handle.h"
 #include "core/internal.h"
 
 /* At most this many matmul positions are noted per batch (nt__batch_mm). */
@@ -44,7 +47,7 @@
  * across on each op. */
 struct nt_stream {
     /* read-mostly */
-    uint32_t magic;
+    NT__HOBJ_HEAD;            /* core/handle.h: its memory outlives it */
     uint32_t id;
     uint8_t dev;              /* the device it runs on (its worker's core) */
     pthread_t worker;

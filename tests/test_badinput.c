@@ -2515,6 +2515,126 @@ static void test_released_handle_detection(void **state)
     nt_shutdown();
 }
 
+static nt_tensor *stale_op_fwd(nt_tensor *const *in, void *ctx)
+{
+    (void)ctx;
+    return nt_neg(in[0]);
+}
+
+static nt_tensor *stale_op_fwd2(nt_tensor *const *in, void *ctx)
+{
+    (void)ctx;
+    return nt_add_scalar(in[0], 1);
+}
+
+/* The optimizer, loss scaler, communicator, nt_ddp, graph and user op id
+ * kept across nt_shutdown: after nt_init each use is NT_ESTATE naming the
+ * function and the argument, each destroy frees it quietly, and a second
+ * destroy is an error naming it -- never a read of freed memory (the ASan
+ * run of this test would stop at one), nor another op of the same index. */
+static void test_stale_objects_after_reinit(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_init(), 0);
+    nt_tensor *p = nt_ones(NT_F32, 1, SH(4));
+    nt_set_requires_grad(p, true);
+    nt_optim *opt = nt_optim_adamw(&p, 1, 1e-3, 0.9, 0.999, 1e-8, 0.01);
+    nt_grad_scaler *sc = nt_grad_scaler_create(NULL);
+    nt_comm *comm = nt_comm_create((const int[]){0}, 1);
+    nt_ddp *d = nt_ddp_create(&p, 1, 1, (const int[]){0}, 1);
+    nt_tensor *gx = nt_ones(NT_F32, 1, SH(4));
+    assert_int_equal(nt_graph_capture_begin(), 0);
+    nt_tensor *gy = nt_mul_scalar(gx, 3);
+    nt_graph *g = nt_graph_capture_end();
+    assert_non_null(g);
+    (void)gy;
+    int op = nt_op_register(&(nt_op_def){"stale_neg", 1, stale_op_fwd, NULL, NULL});
+    assert_true(op >= 0);
+    assert_non_null(opt);
+    assert_non_null(sc);
+    assert_non_null(comm);
+    assert_non_null(d);
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+    /* the new runtime registers an op at the same index */
+    int op2 = nt_op_register(&(nt_op_def){"stale_inc", 1, stale_op_fwd2, NULL, NULL});
+    assert_true(op2 >= 0 && op2 != op);
+    struct { int rc; const char *fn, *arg; } R[9];
+    int n = 0;
+    nt_clear_error();
+#define CALL(expr, fname, argname)                                                            \
+    do {                                                                                      \
+        nt_clear_error();                                                                     \
+        (void)(expr);                                                                         \
+        R[n].rc = nt_last_error();                                                            \
+        R[n].fn = fname;                                                                      \
+        R[n].arg = argname;                                                                   \
+        if (R[n].rc != NT_ESTATE || !strstr(nt_last_error_message(), fname) ||                \
+            !strstr(nt_last_error_message(), argname) ||                                      \
+            !strstr(nt_last_error_message(), "nt_shutdown"))                                  \
+            fail_msg("%s: error %d, '%s'", fname, R[n].rc, nt_last_error_message());          \
+        n++;                                                                                  \
+    } while (0)
+    CALL(nt_optim_step(opt), "nt_optim_step", "argument 'opt'");
+    CALL(nt_optim_set_lr(opt, 0.1), "nt_optim_set_lr", "argument 'opt'");
+    CALL(nt_grad_scaler_get_scale(sc), "nt_grad_scaler_get_scale", "argument 'scaler'");
+    CALL(nt_ddp_reduce(d), "nt_ddp_reduce", "argument 'd'");
+    nt_tensor *in[1] = {nt_ones(NT_F32, 1, SH(2))}, *out[1];
+    CALL(nt_all_reduce(comm, in, out, NT_REDUCE_SUM), "nt_all_reduce", "'c'");
+    CALL(nt_graph_replay(g), "nt_graph_replay", "argument 'g'");
+    CALL(nt_op_call(op, in), "nt_op_call", "argument 'op'");
+#undef CALL
+    assert_true(isnan(nt_grad_scaler_get_scale(sc)));
+    nt_clear_error();
+    nt_tensor *inc = nt_op_call(op2, in); /* the new op is the new runtime's */
+    float iv[2];
+    assert_int_equal(nt_to_host(inc, iv, sizeof iv), 0);
+    assert_true(iv[0] == 2.0f && iv[1] == 2.0f);
+    nt_release(inc);
+    nt_release(in[0]);
+    /* freed by their destroy, quietly */
+    nt_ddp_destroy(d);
+    nt_optim_destroy(opt);
+    nt_grad_scaler_destroy(sc);
+    nt_comm_destroy(comm);
+    nt_graph_destroy(g);
+    assert_int_equal(nt_last_error(), 0);
+    /* a second destroy is an error naming the function, not a crash */
+    static const char *fns[] = {"nt_ddp_destroy", "nt_optim_destroy", "nt_grad_scaler_destroy",
+                                "nt_comm_destroy", "nt_graph_destroy"};
+    for (int i = 0; i < 5; i++) {
+        nt_clear_error();
+        if (i == 0)
+            nt_ddp_destroy(d);
+        else if (i == 1)
+            nt_optim_destroy(opt);
+        else if (i == 2)
+            nt_grad_scaler_destroy(sc);
+        else if (i == 3)
+            nt_comm_destroy(comm);
+        else
+            nt_graph_destroy(g);
+        if (nt_last_error() != NT_EINVAL || !strstr(nt_last_error_message(), fns[i]) ||
+            !strstr(nt_last_error_message(), "already destroyed"))
+            fail_msg("%s twice: error %d, '%s'", fns[i], nt_last_error(),
+                     nt_last_error_message());
+    }
+    nt_clear_error();
+    /* and the new runtime makes and uses them as usual */
+    nt_tensor *q = nt_ones(NT_F32, 1, SH(4));
+    nt_set_requires_grad(q, true);
+    nt_optim *o2 = nt_optim_sgd(&q, 1, 0.5, 0, 0, false);
+    assert_non_null(o2);
+    assert_int_equal(nt_backward(nt_sum(q, NT_DIM_ALL, false)), 0);
+    assert_int_equal(nt_optim_step(o2), 0);
+    float v[4];
+    assert_int_equal(nt_to_host(q, v, sizeof v), 0);
+    assert_true(v[0] == 0.5f && v[3] == 0.5f);
+    nt_optim_destroy(o2);
+    nt_release(q);
+    nt_shutdown();
+}
+
 static int table_setup(void **state)
 {
     (void)state;
@@ -2537,6 +2657,7 @@ int main(void)
         cmocka_unit_test(test_bad_environment),
         cmocka_unit_test(test_edge_shapes_are_right),
         cmocka_unit_test(test_released_handle_detection),
+        cmocka_unit_test(test_stale_objects_after_reinit),
     };
     size_t ne = sizeof edges / sizeof edges[0], n = ne + (size_t)ncases;
     struct CMUnitTest *tests = calloc(n, sizeof *tests);

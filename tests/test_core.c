@@ -339,6 +339,189 @@ static void test_reinit(void **state)
     nt_release(a);
 }
 
+/* A tensor kept across nt_shutdown: after the next nt_init every use is a
+ * clear error naming the function and the argument (NT_ESTATE), metadata
+ * gives its sentinel, and nothing reads freed memory (the ASan run of this
+ * test would stop at such a read). */
+static void test_stale_tensor_after_reinit(void **state)
+{
+    (void)state;
+    nt_tensor *live = vec(4, 1);
+    nt_tensor *view = nt_transpose(nt_reshape(live, 2, (int64_t[]){2, 2}), 0, 1);
+    nt_tensor *queued = nt_mul_scalar(live, 2.0); /* its op may still be queued */
+    nt_tensor *gone = vec(3, 0);
+    assert_int_equal(nt_release(gone), 0);
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+    nt_tensor *fresh = vec(4, 0);
+    for (int i = 0; i < 100; i++) /* the new runtime makes tensors meanwhile */
+        nt_release(vec(4, (float)i));
+    nt_tensor *stale[] = {live, view, queued};
+    for (int i = 0; i < 3; i++) {
+        nt_tensor *t = stale[i];
+        assert_true(t != fresh);
+        nt_clear_error();
+        assert_int_equal(nt_numel(t), -1);
+        assert_int_equal(nt_ndim(t), -1);
+        assert_int_equal(nt_dtype_of(t), NT_DTYPE_COUNT);
+        assert_int_equal(nt_last_error(), 0); /* sentinels, as for a released tensor */
+        assert_int_equal(nt_release(t), NT_ESTATE);
+        assert_non_null(strstr(nt_last_error_message(), "nt_release"));
+        assert_non_null(strstr(nt_last_error_message(), "argument 't'"));
+        assert_non_null(strstr(nt_last_error_message(), "nt_shutdown"));
+        nt_clear_error();
+        assert_null(nt_add(fresh, t));
+        assert_int_equal(nt_last_error(), NT_ESTATE);
+        assert_non_null(strstr(nt_last_error_message(), "nt_add"));
+        assert_non_null(strstr(nt_last_error_message(), "argument 'b'"));
+        nt_clear_error();
+        assert_null(nt_retain(t));
+        assert_int_equal(nt_last_error(), NT_ESTATE);
+        nt_clear_error();
+        assert_int_equal(nt_tensor_device(t), -1);
+        assert_int_equal(nt_last_error(), NT_ESTATE);
+    }
+    /* released before the shutdown: still reported as released */
+    nt_clear_error();
+    assert_int_equal(nt_release(gone), NT_ERELEASED);
+    /* and the new runtime is untouched by all that */
+    nt_clear_error();
+    double v;
+    assert_int_equal(nt_item(nt_sum(fresh, 0, false), &v), 0);
+    assert_true(v == 0 + 1 + 2 + 3);
+    nt_release(fresh);
+    /* two shutdowns later, the same */
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+    nt_clear_error();
+    assert_int_equal(nt_release(live), NT_ESTATE);
+    nt_clear_error();
+}
+
+typedef struct {
+    GMutex lock;
+    GCond cond;
+    int step; /* 1: the thread opened its scope; 2: the runtime restarted */
+    nt_scope *scope;
+    int end_rc, numel;
+    char msg[512];
+} scope_thread_ctx;
+
+static gpointer scope_thread(gpointer p)
+{
+    scope_thread_ctx *c = p;
+    c->scope = nt_scope_begin();
+    nt_tensor *in_old = vec(2, 0); /* owned by the scope */
+    (void)in_old;
+    g_mutex_lock(&c->lock);
+    c->step = 1;
+    g_cond_broadcast(&c->cond);
+    while (c->step != 2)
+        g_cond_wait(&c->cond, &c->lock);
+    g_mutex_unlock(&c->lock);
+    /* The scope is from the ended runtime: a new tensor is the thread's
+     * own, not the old scope's, and ending the old scope is an error. */
+    nt_tensor *t = vec(3, 0);
+    nt_clear_error();
+    c->end_rc = nt_scope_end(c->scope);
+    g_strlcpy(c->msg, nt_last_error_message(), sizeof c->msg);
+    nt_clear_error();
+    c->numel = (int)nt_numel(t); /* still live: no scope released it */
+    nt_release(t);
+    return NULL;
+}
+
+/* A scope left open across nt_shutdown, on the thread that shut down and on
+ * another one: after nt_init, ending it is NT_ESTATE naming nt_scope_end and
+ * its argument, and new tensors are not adopted by it. */
+static void test_stale_scope_after_reinit(void **state)
+{
+    (void)state;
+    nt_scope *mine = nt_scope_begin();
+    nt_tensor *t = vec(2, 0);
+    assert_non_null(t);
+    scope_thread_ctx c = {0};
+    g_mutex_init(&c.lock);
+    g_cond_init(&c.cond);
+    GThread *th = g_thread_new("scope", scope_thread, &c);
+    g_mutex_lock(&c.lock);
+    while (c.step != 1)
+        g_cond_wait(&c.cond, &c.lock);
+    g_mutex_unlock(&c.lock);
+    nt_shutdown(); /* closes this thread's scopes; the other's stays open */
+    assert_int_equal(nt_init(), 0);
+    nt_clear_error();
+    assert_int_equal(nt_scope_end(mine), NT_ESTATE);
+    assert_non_null(strstr(nt_last_error_message(), "nt_scope_end"));
+    assert_non_null(strstr(nt_last_error_message(), "argument 's'"));
+    nt_clear_error();
+    g_mutex_lock(&c.lock);
+    c.step = 2;
+    g_cond_broadcast(&c.cond);
+    g_mutex_unlock(&c.lock);
+    g_thread_join(th);
+    assert_int_equal(c.end_rc, NT_ESTATE);
+    assert_non_null(strstr(c.msg, "nt_scope_end"));
+    assert_non_null(strstr(c.msg, "nt_shutdown"));
+    assert_int_equal(c.numel, 3);
+    g_mutex_clear(&c.lock);
+    g_cond_clear(&c.cond);
+}
+
+/* The quarantine (NT_HANDLE_QUARANTINE, 4096) counts the handles the
+ * program could see: a released tensor is still reported as released after
+ * 4000 more of those were released (results, and the gradients zero_grad
+ * drops), from a fresh runtime (whose free lists hold only new slabs) and
+ * with ops that make temporaries of their own (nt_linear, nt_backward); and
+ * its handle is reused after not many more (a FIFO, not a leak). */
+static void test_quarantine_counts_program_handles(void **state)
+{
+    (void)state;
+    const char *modes[] = {"deterministic", "adaptive"};
+    for (int m = 0; m < 2; m++) {
+        nt_shutdown();
+        assert_int_equal(nt_init(), 0);
+        assert_int_equal(nt_config_set("NT_MODE", modes[m]), 0);
+        nt_tensor *x = vec(4, 1), *w = nt_ones(NT_F32, 2, (int64_t[]){3, 4});
+        nt_tensor *b = vec(3, 0);
+        nt_set_requires_grad(w, true);
+        nt_tensor *t = vec(4, 0);
+        assert_int_equal(nt_release(t), 0);
+        int released = 0;
+        for (int i = 0; released < 4000; i++) {
+            nt_tensor *y = nt_linear(x, w, b);
+            assert_non_null(y);
+            if (i % 64 == 0) { /* a backward pass now and then */
+                nt_tensor *l = nt_sum(y, NT_DIM_ALL, false);
+                assert_int_equal(nt_backward(l), 0);
+                nt_release(l);
+                nt_zero_grad(w); /* drops w's gradient */
+                released += 2;
+            }
+            nt_release(y);
+            released++;
+            if (nt_numel(t) != -1)
+                fail_msg("%s: the handle was reused after %d releases", modes[m], released);
+            if (i % 256 == 0)
+                assert_int_equal(nt_sync(), 0);
+        }
+        nt_clear_error();
+        assert_int_equal(nt_release(t), NT_ERELEASED);
+        nt_clear_error();
+        int reused = 0;
+        for (int i = 0; i < 8192 && !reused; i++) {
+            nt_tensor *y = vec(4, 0);
+            reused = y == t;
+            nt_release(y);
+            assert_int_equal(nt_sync(), 0);
+        }
+        assert_true(reused);
+        nt_release(x);
+        nt_release(w);
+        nt_release(b);
+    }
+}
+
 static void test_bad_env(void **state)
 {
     (void)state;
@@ -392,6 +575,12 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_deferred_storage, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_config, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_reinit, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_stale_tensor_after_reinit, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_stale_scope_after_reinit, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_quarantine_counts_program_handles, nt_test_setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bad_env, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_stats, nt_test_setup, nt_test_teardown),
     };

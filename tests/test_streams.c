@@ -344,6 +344,93 @@ static void test_stream_api_errors(void **state)
     assert_int_equal(nt_stream_set_current(NULL), 0);
 }
 
+/* rc and the thread's error are `code`, whose message names `fn` and says
+ * `what`. */
+#define expect_err(rc, code, fn, what) expect_err_at(__LINE__, rc, code, fn, what)
+static void expect_err_at(int line, int rc, int code, const char *fn, const char *what)
+{
+    if (rc != code || nt_last_error() != code || !strstr(nt_last_error_message(), fn) ||
+        !strstr(nt_last_error_message(), what))
+        fail_msg("line %d: rc %d, error %d '%s'; expected %d naming '%s' and '%s'", line, rc,
+                 nt_last_error(), nt_last_error_message(), code, fn, what);
+    nt_clear_error();
+}
+
+/* Streams and events kept across nt_shutdown, and destroyed twice: every
+ * use is a clear error naming the function and the argument (NT_ESTATE for
+ * one of the ended runtime), never a read of freed memory (the ASan run of
+ * this test would stop at one). */
+static void test_stale_streams_and_events(void **state)
+{
+    (void)state;
+    nt_stream *s = nt_stream_create(), *dflt = nt_stream_default();
+    nt_event *e = nt_event_create(), *kept = nt_event_create();
+    assert_non_null(s);
+    assert_non_null(e);
+    assert_int_equal(nt_stream_set_current(s), 0);
+    nt_tensor *x = ivec(4, 1);
+    nt_tensor *y = nt_add_scalar(x, 1);
+    assert_int_equal(nt_event_record(e, s), 0);
+    /* destroyed twice in one runtime */
+    nt_event *twice = nt_event_create();
+    nt_event_destroy(twice);
+    nt_clear_error();
+    nt_event_destroy(twice);
+    expect_err(nt_last_error(), NT_EINVAL, "nt_event_destroy", "argument 'e' is an event that "
+               "was already destroyed");
+    nt_stream *gone = nt_stream_create();
+    assert_int_equal(nt_stream_destroy(gone), 0);
+    expect_err(nt_stream_destroy(gone), NT_EINVAL, "nt_stream_destroy",
+               "argument 's' is a stream that was already destroyed");
+    (void)x, (void)y;
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+    nt_stream *fresh = nt_stream_create(); /* the new runtime's streams meanwhile */
+    assert_non_null(fresh);
+    nt_clear_error();
+    expect_err(nt_stream_destroy(s), NT_ESTATE, "nt_stream_destroy", "argument 's'");
+    expect_err(nt_stream_set_current(s), NT_ESTATE, "nt_stream_set_current", "nt_shutdown");
+    expect_err(nt_stream_synchronize(dflt), NT_ESTATE, "nt_stream_synchronize",
+               "argument 's'");
+    assert_int_equal(nt_stream_device(s), -1);
+    expect_err(nt_last_error(), NT_ESTATE, "nt_stream_device", "argument 's'");
+    expect_err(nt_event_record(e, NULL), NT_ESTATE, "nt_event_record", "argument 'e'");
+    nt_event *e2 = nt_event_create();
+    expect_err(nt_event_record(e2, s), NT_ESTATE, "nt_event_record", "argument 's'");
+    expect_err(nt_stream_wait_event(s, e2), NT_ESTATE, "nt_stream_wait_event", "argument 's'");
+    nt_event_destroy(e2);
+    expect_err(nt_stream_wait_event(NULL, e), NT_ESTATE, "nt_stream_wait_event",
+               "argument 'e'");
+    expect_err(nt_event_synchronize(e), NT_ESTATE, "nt_event_synchronize", "argument 'e'");
+    assert_false(nt_event_query(e));
+    expect_err(nt_last_error(), NT_ESTATE, "nt_event_query", "argument 'e'");
+    /* an event of the ended runtime is freed by its destroy, once */
+    nt_event_destroy(e);
+    assert_int_equal(nt_last_error(), 0);
+    nt_event_destroy(e);
+    assert_int_not_equal(nt_last_error(), 0);
+    assert_non_null(strstr(nt_last_error_message(), "nt_event_destroy"));
+    nt_clear_error();
+    nt_event_destroy(kept);
+    assert_int_equal(nt_last_error(), 0);
+    /* destroyed under the ended runtime (its memory may be e2's since,
+     * destroyed too): an error, not a crash */
+    nt_event_destroy(twice);
+    assert_int_not_equal(nt_last_error(), 0);
+    expect_err(nt_last_error(), nt_last_error(), "nt_event_destroy", "argument 'e'");
+    /* the current stream of this thread is a live one again */
+    assert_ptr_equal(nt_stream_current(), nt_stream_default());
+    nt_tensor *z = ivec(3, 5);
+    nt_tensor *z1 = nt_add_scalar(z, 1);
+    int32_t out[3];
+    assert_int_equal(nt_to_host(z1, out, sizeof out), 0);
+    assert_int_equal(out[0], 6);
+    assert_int_equal(out[2], 8);
+    nt_release(z);
+    nt_release(z1);
+    assert_int_equal(nt_stream_destroy(fresh), 0);
+}
+
 static void test_backpressure(void **state)
 {
     (void)state;
@@ -782,6 +869,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_events, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_implicit_cross_stream, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_stream_api_errors, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_stale_streams_and_events, nt_test_setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_backpressure, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_async_error_provenance, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_mode_switch_leaves_lazy, nt_test_setup, nt_test_teardown),

@@ -32,6 +32,7 @@ import gdb
 
 MAGIC_LIVE = 0x4E54544E
 MAGIC_DEAD = 0xDEADBEEF
+MAGIC_OLD = 0x0FD0FD0F  # freed by the nt_shutdown before the running runtime
 SEQ_MASK = (1 << 48) - 1
 OP_CUSTOM_BASE = 1024
 REC_TYPES = {0: "op", 1: "wait", 2: "host"}
@@ -210,7 +211,7 @@ class Tensor(object):
         self.refs = int(t["refs"])
         self.irefs = int(t["irefs"])
         self.id = int(t["id"])
-        if self.magic not in (MAGIC_LIVE, MAGIC_DEAD):
+        if self.magic not in (MAGIC_LIVE, MAGIC_DEAD, MAGIC_OLD):
             raise ValueError("bad magic 0x%x" % self.magic)
         self.live = self.magic == MAGIC_LIVE and self.refs > 0
         self.ndim = int(t["ndim"])
