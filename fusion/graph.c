@@ -102,8 +102,10 @@ typedef struct gleaf {
 typedef struct ginput {
     char name[NAME_MAX_LEN + 1];
     uint64_t sid;        /* the captured storage's id */
-    nt_tensor *t;        /* the capture's tensor, then the bound one (a user reference) */
-    int s;               /* gstore */
+    nt_tensor *cap;      /* the captured tensor: the program reads it (a user reference) */
+    nt_tensor *t;        /* the tensor bound to it: copied into cap before each replay when
+                            it is another (a user reference; cap itself until bound) */
+    int s;               /* gstore, or -1: the program does not read it */
 } ginput;
 
 /* An open-addressing map from 64-bit ids to small indices. */
@@ -193,8 +195,9 @@ typedef struct greplay {
     nt_graph *g;
     uint64_t seq0;
     uint64_t *pv;            /* a value per patch */
-    nt__storage **bst;       /* per input: the bound storage (referenced) */
-    int64_t *boff;           /* and the bound tensor's offset */
+    nt_tensor **bound;       /* per input: the tensor to copy into it first (an internal
+                                reference), or NULL */
+    nt_site site;            /* nt_graph_replay's */
 } greplay;
 
 /* nt_stats' graph counters: written by workers at the end of a replay,
@@ -683,8 +686,10 @@ static void capture_free(nt__capture *c)
         free(c->steps[i].prog);
     for (int i = 0; i < c->nleaves; i++)
         leaf_drop(&c->leaves[i]);
-    for (int i = 0; i < c->ninputs; i++)
+    for (int i = 0; i < c->ninputs; i++) {
         nt_release(c->inputs[i].t);
+        nt_release(c->inputs[i].cap);
+    }
     hooks_release(c->hooks, c->nhooks);
     free(c->steps);
     free(c->recs);
@@ -786,6 +791,7 @@ NT_API int nt_graph_input_at(const nt_site *site, nt_tensor *t, const char *name
     memset(in, 0, sizeof *in);
     memcpy(in->name, name, len + 1);
     in->sid = t->st->id;
+    in->cap = nt_retain(t);
     in->t = nt_retain(t);
     in->s = -1;
     return 0;
@@ -936,13 +942,22 @@ static void take_recording(nt_graph *g, nt__capture *c)
  * left in each leaf's .grad.  Refuses host data baked in. */
 static int classify(const nt_site *site, nt_graph *g, nt__capture *c)
 {
-    const char *fn = "nt_graph_capture_end";
     if (c->ndead)
         qsort(c->dead, c->ndead, sizeof *c->dead, cmp_u64);
+    int nl = 0;
     for (int i = 0; i < g->nleaves; i++) {
-        nt_tensor *e = g->leaves[i].acc->grad_of(g->leaves[i].leaf);
-        g->leaves[i].end = e ? nt_retain(e) : NULL;
+        gleaf *lf = &g->leaves[i];
+        if (!AO_load_full(&lf->leaf->refs)) {
+            /* a leaf the user no longer holds (made and dropped inside the
+             * step): nobody can see its .grad, nothing to check or restore */
+            leaf_drop(lf);
+            continue;
+        }
+        nt_tensor *e = lf->acc->grad_of(lf->leaf);
+        lf->end = e ? nt_retain(e) : NULL;
+        g->leaves[nl++] = *lf;
     }
+    g->nleaves = nl;
     for (int i = 0; i < g->nstores; i++) {
         gstore *s = &g->stores[i];
         if (s->fresh && is_dead(c, s->id)) {
@@ -957,10 +972,9 @@ static int classify(const nt_site *site, nt_graph *g, nt__capture *c)
     for (int k = 0; k < g->ninputs; k++) {
         ginput *in = &g->inputs[k];
         int s = idmap_get(&c->smap, in->sid);
-        if (s < 0)
-            return nt__err(site, NT_EINVAL, fn, "input \"%s\" is not read by the captured program",
-                           in->name), -1;
         in->s = s;
+        if (s < 0) /* the program does not touch it: binding it changes nothing */
+            continue;
         g->stores[s].input = k;
         g->stores[s].planned = false; /* an input the program made and freed: kept */
     }
@@ -1239,9 +1253,12 @@ static void graph_release_runtime(nt_graph *g)
     }
     for (int i = 0; i < g->nleaves; i++)
         leaf_drop(&g->leaves[i]);
-    for (int i = 0; i < g->ninputs; i++)
+    for (int i = 0; i < g->ninputs; i++) {
         if (g->inputs[i].t)
             nt_release(g->inputs[i].t);
+        if (g->inputs[i].cap)
+            nt_release(g->inputs[i].cap);
+    }
     if (g->block)
         nt_release(g->block);
     hooks_release(g->hooks, g->nhooks);
@@ -1290,28 +1307,6 @@ static void set_field(nt__params *p, int field, uint64_t v)
         memcpy(&p->f[field], &v, sizeof p->f[field]);
 }
 
-/* Swaps input k's handles onto storage st at offset off (the worker, between
- * replays: nothing else reads them). */
-static void rebind(nt_graph *g, int k, nt__storage *st, int64_t off)
-{
-    int s = g->inputs[k].s;
-    int64_t off0 = -1;
-    for (int i = 0; i < g->ntens; i++) {
-        gten *e = &g->tens[i];
-        if (e->s != s)
-            continue;
-        if (off0 < 0)
-            off0 = e->offset;
-        nt_tensor *h = e->h;
-        if (h->st != st) {
-            nt__storage_ref(st);
-            nt__storage_unref(h->st);
-            h->st = st;
-        }
-        h->offset = off + (e->offset - off0);
-    }
-}
-
 static int cmp_range(const void *a, const void *b)
 {
     const nt__sim_range *x = a, *y = b;
@@ -1337,13 +1332,7 @@ static bool sim_program_begin(nt_graph *g)
         gstore *e = &g->stores[i];
         if (e->planned)
             continue;
-        /* an input's handles point at the storage bound now */
         nt__storage *st = e->nst;
-        for (int t = 0; t < g->ntens && e->input >= 0; t++)
-            if (g->tens[t].s == i) {
-                st = g->tens[t].h->st;
-                break;
-            }
         uintptr_t lo = (uintptr_t)nt__storage_data(st);
         r[n++] = (nt__sim_range){lo, lo + (st->nbytes ? st->nbytes : 1)};
         double ready = nt__storage_ready_get(st);
@@ -1389,6 +1378,29 @@ static void sim_program_end(nt_graph *g)
             nt__storage_ready_set(g->tens[t].h->st, end);
 }
 
+/* Input k's bound tensor copied into the captured one, as nt_copy_into
+ * would (one op of the replay, its seq the replay's last, on the graph's
+ * backend: on the simulator a kernel of the program, timed like any). */
+static void copy_in(nt_graph *g, const greplay *rp, int k)
+{
+    nt__rec r;
+    memset(&r, 0, sizeof r);
+    r.type = NT_REC_OP;
+    r.op = NT_OP_COPY;
+    r.nin = 1;
+    r.nout = 1;
+    r.flags = NT_RECF_INPLACE;
+    r.backend = g->on_sim ? NT_BACKEND_SIM : NT_BACKEND_CPU;
+    r.in[0] = rp->bound[k];
+    r.out[0] = g->inputs[k].cap;
+    r.site = rp->site;
+    r.fn = "nt_graph_replay";
+    r.stream = g->stream;
+    r.sid = g->stream->id;
+    r.seq = rp->seq0 + g->nseq - 1;
+    nt__exec_rec(&r);
+}
+
 /* The replay record's function, on the worker (or inline). */
 static void graph_run(void *arg)
 {
@@ -1401,9 +1413,11 @@ static void graph_run(void *arg)
         if (p->step >= 0)
             set_field(&g->steps[p->step].prog->ops[p->op].p, p->field, rp->pv[i]);
     }
+    /* the inputs bound to other tensors: their values into the captured
+     * ones (every view of a captured input, the user's too, sees them) */
     for (int k = 0; k < g->ninputs; k++)
-        if (rp->bst[k])
-            rebind(g, k, rp->bst[k], rp->boff[k]);
+        if (rp->bound[k])
+            copy_in(g, rp, k);
     /* what the program writes afresh starts clean: an error of an earlier
      * replay is not this one's */
     for (int i = 0; i < g->nstores; i++) {
@@ -1441,11 +1455,10 @@ static void graph_run(void *arg)
     for (int i = 0; i < g->nrecs; i++)
         g->recs[i].seq -= shift;
     for (int k = 0; k < g->ninputs; k++)
-        if (rp->bst[k])
-            nt__storage_unref(rp->bst[k]);
+        if (rp->bound[k])
+            nt__tensor_iunref(rp->bound[k]);
     free(rp->pv);
-    free(rp->bst);
-    free(rp->boff);
+    free(rp->bound);
     free(rp);
 }
 
@@ -1466,7 +1479,7 @@ NT_API int nt_graph_bind_at(const nt_site *site, nt_graph *g, const char *name, 
     for (int i = 0; i < g->ntens && !e; i++)
         if (g->tens[i].s == g->inputs[k].s)
             e = &g->tens[i];
-    nt_tensor *c = g->inputs[k].t; /* the captured input: the reference */
+    nt_tensor *c = g->inputs[k].cap; /* the captured input: the reference */
     char s1[128], s2[128];
     if (t->dtype != c->dtype)
         return nt__err(site, NT_EDTYPE, fn, "input \"%s\" is %s; argument 't' is %s", name,
@@ -1584,11 +1597,10 @@ NT_API int nt_graph_replay_at(const nt_site *site, nt_graph *g)
     rp = calloc(1, sizeof *rp);
     if (rp) {
         rp->pv = calloc((size_t)g->npatches + 1, sizeof *rp->pv);
-        rp->bst = calloc((size_t)g->ninputs + 1, sizeof *rp->bst);
-        rp->boff = calloc((size_t)g->ninputs + 1, sizeof *rp->boff);
+        rp->bound = calloc((size_t)g->ninputs + 1, sizeof *rp->bound);
     }
     r = nt__rec_alloc(s);
-    if (!rp || !rp->pv || !rp->bst || !rp->boff || !r) {
+    if (!rp || !rp->pv || !rp->bound || !r) {
         rc = nt__err_hostmem(site, fn, "a replay");
         goto out;
     }
@@ -1611,17 +1623,20 @@ NT_API int nt_graph_replay_at(const nt_site *site, nt_graph *g)
     r->host_arg = rp;
     r->site = site ? *site : (nt_site){0};
     r->fn = fn;
+    rp->site = r->site;
     bool overflow = false;
     for (int k = 0; k < g->ninputs; k++) {
         nt_tensor *t = g->inputs[k].t;
-        nt__storage_ref(t->st);
-        rp->bst[k] = t->st;
-        rp->boff[k] = t->offset;
+        if (t == g->inputs[k].cap) /* (an input the program never reads is copied too:
+                                       a view of it the user kept reads it) */
+            continue;
+        nt__tensor_iref(t);
+        rp->bound[k] = t;
         add_dep(r, s, AO_load(&t->st->last_write), &overflow);
     }
     for (int i = 0; i < g->nstores; i++) {
         gstore *e = &g->stores[i];
-        if (e->planned || e->input >= 0)
+        if (e->planned)
             continue;
         add_dep(r, s, AO_load(&e->st->last_write), &overflow);
         if (e->written)
@@ -1640,12 +1655,16 @@ NT_API int nt_graph_replay_at(const nt_site *site, nt_graph *g)
     r->span = (uint32_t)g->nseq;
     uint64_t packed = NT__PACK(s->id, seq0 + g->nseq - 1);
     for (int k = 0; k < g->ninputs; k++)
-        AO_store(&g->inputs[k].t->st->last_read, packed);
+        if (rp->bound[k]) {
+            AO_store(&rp->bound[k]->st->last_read, packed);
+            AO_fetch_and_add1(&g->inputs[k].cap->st->version);
+            AO_store_release(&g->inputs[k].cap->st->last_write, packed);
+        }
     for (int i = 0; i < g->nstores; i++) {
         gstore *e = &g->stores[i];
         if (e->planned)
             continue;
-        nt__storage *st = e->input >= 0 ? g->inputs[e->input].t->st : e->st;
+        nt__storage *st = e->st;
         if (e->written) {
             AO_fetch_and_add1(&st->version);
             AO_store_release(&st->last_write, packed);
@@ -1670,11 +1689,10 @@ out:
         nt__rec_unalloc(r);
     if (rp) {
         for (int k = 0; k < g->ninputs; k++)
-            if (rp->bst && rp->bst[k])
-                nt__storage_unref(rp->bst[k]);
+            if (rp->bound && rp->bound[k])
+                nt__tensor_iunref(rp->bound[k]);
         free(rp->pv);
-        free(rp->bst);
-        free(rp->boff);
+        free(rp->bound);
         free(rp);
     }
     return rc;

@@ -1158,7 +1158,8 @@ typedef struct nt_graph nt_graph;
 NT_API int nt_graph_capture_begin(void);
 /** Names t an input of the capture in progress: a replay reads the tensor
  *  bound to `name` (nt_graph_bind; t itself until then), of t's dtype, shape
- *  and strides.  t must be read by the captured step.  name: 1..63 chars,
+ *  and strides (an input the step never reads is allowed: binding it
+ *  changes nothing).  name: 1..63 chars,
  *  unique in the capture.  NT_ESTATE if not capturing. */
 NT_API int nt_graph_input(nt_tensor *t, const char *name);
 /** Ends the capture: waits for the step to run, then compiles it: the
@@ -1169,11 +1170,14 @@ NT_API int nt_graph_input(nt_tensor *t, const char *name);
  *  replayed (a host read, data from the host baked in, a collective...) --
  *  and no capture in progress either way. */
 NT_API nt_graph *nt_graph_capture_end(void);
-/** Binds t to input `name` for the following replays: same dtype, shape,
- *  strides and device as the captured input (its storage offset may
- *  differ).  The graph keeps a reference until another bind or its
- *  destruction.  NT_EINVAL (unknown name, NULL), NT_ESHAPE / NT_EDTYPE (a
- *  mismatch, naming both). */
+/** Binds t to input `name` for the following replays: before each, t's
+ *  values are copied into the captured input (a static buffer: the program,
+ *  and every view of the captured input, reads that), as one op of the
+ *  replay.  Same dtype, shape, strides and device as the captured input (its
+ *  storage offset may differ).  Binding the captured input itself stops the
+ *  copies (it keeps the values last copied in).  The graph keeps a reference
+ *  until another bind or its destruction.  NT_EINVAL (unknown name, NULL),
+ *  NT_ESHAPE / NT_EDTYPE (a mismatch, naming both). */
 NT_API int nt_graph_bind(nt_graph *g, const char *name, nt_tensor *t);
 /** Runs the program again, queued on the calling thread's current stream,
  *  which must be the captured one.  Returns at once (like any op); errors

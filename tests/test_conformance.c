@@ -43,9 +43,9 @@
 #include "dispatcher/dispatch.h"
 #include "nt_test.h"
 
-enum { K_SIM, K_FUSE, K_MODES, K_GRAD, K_AMP, K_INT, K_REF, NCHK };
-static const char *chk_name[NCHK] = {"sim=cpu", "fused=unfused", "det=adaptive", "gradcheck",
-                                     "autocast", "int", "reference"};
+enum { K_SIM, K_FUSE, K_MODES, K_CAPT, K_GRAD, K_AMP, K_INT, K_REF, NCHK };
+static const char *chk_name[NCHK] = {"sim=cpu", "fused=unfused", "det=adaptive", "captured",
+                                     "gradcheck", "autocast", "int", "reference"};
 static char cov[NT_OP_COUNT][NCHK][72];
 static bool op_failed[NT_OP_COUNT];
 
@@ -186,6 +186,22 @@ static nt_tensor *make_input(const spec *s, int i, nt_dtype dt, int v)
 
 /* ---------------- drivers ---------------- */
 
+/* Host data a driver makes (an index, a mask, labels).  While the op is
+ * captured (the "captured" column) it is named an input of the capture, so
+ * a replay reads it again (docs/graphs.md refuses host data baked in). */
+static int capture_aux;
+
+static nt_tensor *host_t(const void *src, nt_dtype dt, int nd, const int64_t *shape)
+{
+    nt_tensor *t = nt_from_host(src, dt, nd, shape);
+    if (t && capture_aux) {
+        char nm[16];
+        snprintf(nm, sizeof nm, "aux%d", capture_aux++ - 1);
+        assert_int_equal(nt_graph_input(t, nm), 0);
+    }
+    return t;
+}
+
 /* gather's index for a [10, 33] input along dim 1: [10, 5], repeats within
  * a row (the backward adds them in order) */
 static nt_tensor *gather_index(void)
@@ -194,7 +210,7 @@ static nt_tensor *gather_index(void)
     for (int k = 0; k < 50; k++)
         ix[k] = (int32_t)((k * 13 + k / 5) % 33);
     ix[1] = ix[0];
-    return nt_from_host(ix, NT_I32, 2, (int64_t[]){10, 5});
+    return host_t(ix, NT_I32, 2, (int64_t[]){10, 5});
 }
 
 /* The gradient of x through an embedding (EMBEDDING_BWD: idx repeats, rows
@@ -208,7 +224,7 @@ static nt_tensor *index_grad(nt_tensor *x, int op)
     int32_t ix[5] = {3, 0, 9, 3, 5};
     bool emb = op == NT_OP_EMBEDDING_BWD;
     int64_t r = emb ? 5 : 10, c = emb ? 33 : 5;
-    nt_tensor *e = emb ? nt_embedding(w, nt_from_host(ix, NT_I32, 1, (int64_t[]){5}))
+    nt_tensor *e = emb ? nt_embedding(w, host_t(ix, NT_I32, 1, (int64_t[]){5}))
                        : nt_gather(w, 1, gather_index());
     nt_tensor *k = nt_arange(nt_dtype_of(x), 0.0, (double)(r * c) * 0.03, 0.03);
     nt_tensor *l = e ? nt_sum(nt_mul(e, nt_reshape(k, 2, (int64_t[]){r, c})), NT_DIM_ALL, false)
@@ -227,7 +243,7 @@ static nt_tensor *attn_mask(void)
     uint8_t m[9 * 11];
     for (int k = 0; k < 99; k++)
         m[k] = k % 11 == 0 || (k * 7) % 5 != 2;
-    return nt_from_host(m, NT_U8, 2, (int64_t[]){9, 11});
+    return host_t(m, NT_U8, 2, (int64_t[]){9, 11});
 }
 
 /* The gradient of x through causal self-attention (SDPA_BWD), weighted so
@@ -324,7 +340,7 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
             uint8_t m[33];
             for (int k = 0; k < 33; k++)
                 m[k] = k % 3 == 0;
-            nt_tensor *mk = nt_from_host(m, NT_U8, 2, (int64_t[]){1, 33});
+            nt_tensor *mk = host_t(m, NT_U8, 2, (int64_t[]){1, 33});
             return nt_masked_fill(in[0], mk, nt__dtype_is_float(nt_dtype_of(in[0])) ? -2.5 : 7);
         }
         nt_tensor *z = nt_zeros(nt_dtype_of(in[0]), 0, NULL);
@@ -379,7 +395,7 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
         switch (op) {
         case NT_OP_CROSS_ENTROPY: {
             int32_t l[4] = {(int32_t)lab[0], (int32_t)lab[1], (int32_t)lab[2], (int32_t)lab[3]};
-            return nt_cross_entropy(in[0], nt_from_host(l, NT_I32, 1, (int64_t[]){4}));
+            return nt_cross_entropy(in[0], host_t(l, NT_I32, 1, (int64_t[]){4}));
         }
         case NT_OP_MSE_LOSS: return nt_mse_loss(in[0], in[1]);
         default: return NO_DRIVER;
@@ -388,13 +404,13 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
     case NT_KIND_GATHER:
         if (op == NT_OP_EMBEDDING) {
             int32_t ix[5] = {3, 0, 9, 3, 5};
-            return nt_embedding(in[0], nt_from_host(ix, NT_I32, 1, (int64_t[]){5}));
+            return nt_embedding(in[0], host_t(ix, NT_I32, 1, (int64_t[]){5}));
         }
         if (op == NT_OP_GATHER)
             return nt_gather(in[0], 1, gather_index());
         if (op == NT_OP_INDEX_SELECT) {
             int32_t ix[4] = {7, 0, 7, 2};
-            return nt_index_select(in[0], 0, nt_from_host(ix, NT_I32, 1, (int64_t[]){4}));
+            return nt_index_select(in[0], 0, host_t(ix, NT_I32, 1, (int64_t[]){4}));
         }
         return NO_DRIVER;
     case NT_KIND_VIEW:
@@ -579,6 +595,83 @@ static void check_chain(int op)
     /* views and backward helpers run no fusable kernel of their own */
     cell(op, K_FUSE, groups ? "ok" : "ok (nothing fused)");
     cell(op, K_MODES, "ok");
+}
+
+/* The op captured on one set of values, replayed on another (bound to the
+ * captured inputs): the replay's bits are those of running the op on the
+ * second set op by op; on both backends, in lazy mode. */
+static void run_captured(int op, nt_dtype dt, result *r)
+{
+    memset(r, 0, sizeof *r);
+    spec s = spec_of(op);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *in[4] = {0}, *in2[4] = {0};
+    for (int i = 0; i < s.n; i++) {
+        in[i] = make_input(&s, i, dt, V_GRID);
+        in2[i] = make_input(&s, i, dt, V_MIXED);
+    }
+    nt_sync();
+    assert_int_equal(nt_graph_capture_begin(), 0);
+    char nm[16];
+    for (int i = 0; i < s.n; i++) {
+        snprintf(nm, sizeof nm, "in%d", i);
+        if (in[i])
+            assert_int_equal(nt_graph_input(in[i], nm), 0);
+    }
+    nt_tensor *x1[4] = {0}; /* x * 1, as run()'s chain */
+    for (int i = 0; i < s.n; i++)
+        x1[i] = in[i] ? nt_mul_scalar(in[i], 1.0) : NULL;
+    capture_aux = 1;
+    nt_tensor *y = run_op(op, x1);
+    capture_aux = 0;
+    bool owned = nt__ops[op].kind == NT_KIND_BWD && y && y != NO_DRIVER;
+    nt_tensor *yy = y && y != NO_DRIVER ? nt_contiguous(nt_mul_scalar(y, 2.0)) : NULL;
+    nt_graph *g = nt_graph_capture_end();
+    if (!g || !yy) {
+        r->rc = nt_last_error() ? nt_last_error() : NT_EEXEC;
+        snprintf(r->msg, sizeof r->msg, "capture: %s", nt_last_error_message());
+        nt_clear_error();
+    }
+    for (int i = 0; g && i < s.n; i++) {
+        snprintf(nm, sizeof nm, "in%d", i);
+        if (in[i])
+            assert_int_equal(nt_graph_bind(g, nm, in2[i]), 0);
+    }
+    if (g && (r->rc = nt_graph_replay(g)) == 0) {
+        r->dt = nt_dtype_of(yy);
+        r->nb = (size_t)nt_numel(yy) * nt_dtype_size(r->dt);
+        r->b = malloc(r->nb ? r->nb : 1);
+        r->rc = nt_to_host(yy, r->b, r->nb);
+    }
+    if (r->rc && !r->msg[0]) {
+        snprintf(r->msg, sizeof r->msg, "%s", nt_last_error_message());
+        nt_clear_error();
+    }
+    nt_graph_destroy(g);
+    if (owned)
+        nt_release(y);
+    nt_scope_end(sc);
+}
+
+static void check_captured(int op)
+{
+    static const char *be[2] = {"cpu", "sim"};
+    nt_dtype dt = dt_main(op);
+    for (int b = 0; b < 2; b++) {
+        result ref, got;
+        config(be[b], "deterministic", "1");
+        run(op, dt, V_MIXED, true, &ref); /* x * 1, the op, * 2: as run_captured */
+        config(be[b], "lazy", "1");
+        run_captured(op, dt, &got);
+        const char *w = diff(&ref, &got);
+        if (*w)
+            cell(op, K_CAPT, "FAIL %s: %s", be[b], w);
+        result_free(&ref);
+        result_free(&got);
+        if (*w)
+            return;
+    }
+    cell(op, K_CAPT, "ok");
 }
 
 static nt_tensor *grad_f(nt_tensor *const *in, void *ctx)
@@ -1115,6 +1208,7 @@ static void test_op(void **state)
     result_free(&probe);
     check_sim(op);
     check_chain(op);
+    check_captured(op);
     check_grad(op);
     check_amp(op);
     check_int(op);

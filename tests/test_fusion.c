@@ -137,6 +137,23 @@ static nt_tensor *x_masked_fill(nt_tensor *a, nt_tensor *b, const step *s)
     return y;
 }
 
+/* While a program is captured (the "captured" column of the differential),
+ * an index tensor the program makes from host data is named an input of the
+ * capture: a replay reads it again (docs/graphs.md refuses host data baked
+ * in otherwise). */
+static int capture_aux;
+
+static nt_tensor *host_index(const int32_t *buf, int nd, const int64_t *shape)
+{
+    nt_tensor *t = nt_from_host(buf, NT_I32, nd, shape);
+    if (t && capture_aux) {
+        char nm[16];
+        snprintf(nm, sizeof nm, "aux%d", capture_aux++ - 1);
+        assert_int_equal(nt_graph_input(t, nm), 0);
+    }
+    return t;
+}
+
 static nt_tensor *x_gather(nt_tensor *a, nt_tensor *b, const step *s)
 {
     (void)b, (void)s;
@@ -145,7 +162,7 @@ static nt_tensor *x_gather(nt_tensor *a, nt_tensor *b, const step *s)
     for (int64_t i = 0; i < r; i++)
         for (int64_t j = 0; j < c; j++)
             buf[i * c + j] = (int32_t)((i * 7 + j * 3 + 1) % c);
-    nt_tensor *idx = nt_from_host(buf, NT_I32, 2, (int64_t[]){r, c});
+    nt_tensor *idx = host_index(buf, 2, (int64_t[]){r, c});
     free(buf);
     nt_tensor *y = nt_gather(a, 1, idx);
     nt_release(idx);
@@ -159,7 +176,7 @@ static nt_tensor *x_index_select(nt_tensor *a, nt_tensor *b, const step *s)
     int32_t *buf = malloc(sizeof *buf * (size_t)r);
     for (int64_t i = 0; i < r; i++)
         buf[i] = (int32_t)((i * 5 + 1) % r);
-    nt_tensor *idx = nt_from_host(buf, NT_I32, 1, (int64_t[]){r});
+    nt_tensor *idx = host_index(buf, 1, (int64_t[]){r});
     free(buf);
     nt_tensor *y = nt_index_select(a, 0, idx);
     nt_release(idx);
@@ -481,13 +498,10 @@ static void fill_input(float *buf, int64_t n, uint64_t seed)
     }
 }
 
-/* Runs program p; appends the bytes of every kept value to out.  With
- * `syncs`, reads values back at the generator's chosen points as well. */
-static void run(const program *p, GByteArray *out, bool syncs, uint64_t sync_seed)
+/* Program p's inputs, from its data seed, into v[0..nin). */
+static int make_inputs(const program *p, nt_tensor **v)
 {
-    nt_tensor *v[MAXV] = {0};
     int nv = 0;
-    rng sr = {sync_seed};
     for (int i = 0; i < p->nin; i++) {
         int64_t n = p->in_shape[i][0] * (p->in_ndim[i] == 2 ? p->in_shape[i][1] : 1);
         float *buf = malloc((size_t)n * sizeof(float));
@@ -497,6 +511,36 @@ static void run(const program *p, GByteArray *out, bool syncs, uint64_t sync_see
         nt_release(f);
         free(buf);
     }
+    return nv;
+}
+
+/* Appends the bytes of every kept value (and the last) of v[0..nv) to out
+ * and releases them all. */
+static void read_outputs(const program *p, nt_tensor **v, int nv, GByteArray *out)
+{
+    for (int i = 0; i < nv; i++) {
+        if (!v[i])
+            continue;
+        if (p->keep[i] || i == nv - 1) {
+            size_t nb = (size_t)nt_numel(v[i]) * nt_dtype_size(nt_dtype_of(v[i]));
+            guint8 *buf = g_malloc(nb ? nb : 1);
+            assert_int_equal(nt_to_host(v[i], buf, nb), 0);
+            if (getenv("NT_DIFF_VERBOSE"))
+                print_message("# v%d at byte %u, %zu bytes, dtype %d\n", i, out->len, nb,
+                              nt_dtype_of(v[i]));
+            g_byte_array_append(out, buf, (guint)nb);
+            g_free(buf);
+        }
+        nt_release(v[i]);
+    }
+}
+
+/* Runs p's steps on v[0..nv) (its inputs), appending each step's value;
+ * with `syncs`, reads values back at the generator's chosen points.
+ * Returns the count of values. */
+static int exec_steps(const program *p, nt_tensor **v, int nv, bool syncs, uint64_t sync_seed)
+{
+    rng sr = {sync_seed};
     for (int k = 0; k < p->nsteps; k++) {
         const step *s = &p->st[k];
         nt_tensor *A = v[s->a], *B = v[s->b], *Cc = v[s->c], *y = NULL;
@@ -584,21 +628,68 @@ static void run(const program *p, GByteArray *out, bool syncs, uint64_t sync_see
             }
         }
     }
+    return nv;
+}
+
+/* Runs program p; appends the bytes of every kept value to out.  With
+ * `syncs`, reads values back at the generator's chosen points as well. */
+static void run(const program *p, GByteArray *out, bool syncs, uint64_t sync_seed)
+{
+    nt_tensor *v[MAXV] = {0};
+    int nv = make_inputs(p, v);
+    nv = exec_steps(p, v, nv, syncs, sync_seed);
+    read_outputs(p, v, nv, out);
+}
+
+/* The "captured" column: p's steps captured once on inputs from one data
+ * seed (nt_graph_capture_begin, the inputs named), then replayed on inputs
+ * from p's data seed bound in their place; appends the replay's kept
+ * values.  The capture run's own values are checked against `first`, the
+ * same program run op by op on the capture's inputs. */
+static void run_captured(const program *p, const program *pc, GByteArray *out,
+                         const GByteArray *first)
+{
+    nt_tensor *v[MAXV] = {0}, *in2[MAXV] = {0};
+    int nv = make_inputs(pc, v);
+    assert_int_equal(nt_sync(), 0);
+    assert_int_equal(nt_graph_capture_begin(), 0);
+    char nm[16];
     for (int i = 0; i < nv; i++) {
-        if (!v[i])
-            continue;
-        if (p->keep[i] || i == nv - 1) {
-            size_t nb = (size_t)nt_numel(v[i]) * nt_dtype_size(nt_dtype_of(v[i]));
-            guint8 *buf = g_malloc(nb ? nb : 1);
-            assert_int_equal(nt_to_host(v[i], buf, nb), 0);
-            if (getenv("NT_DIFF_VERBOSE"))
-                print_message("# v%d at byte %u, %zu bytes, dtype %d\n", i, out->len, nb,
-                              nt_dtype_of(v[i]));
-            g_byte_array_append(out, buf, (guint)nb);
-            g_free(buf);
-        }
-        nt_release(v[i]);
+        snprintf(nm, sizeof nm, "in%d", i);
+        assert_int_equal(nt_graph_input(v[i], nm), 0);
     }
+    capture_aux = 1;
+    nv = exec_steps(p, v, nv, false, 0);
+    capture_aux = 0;
+    nt_graph *g = nt_graph_capture_end();
+    if (!g)
+        print_error("capture: %s\n", nt_last_error_message());
+    assert_non_null(g);
+    /* the capture ran the program: its values are the op-by-op ones */
+    nt_tensor *keep[MAXV] = {0};
+    for (int i = 0; i < nv; i++)
+        keep[i] = v[i] ? nt_retain(v[i]) : NULL;
+    GByteArray *cap = g_byte_array_new();
+    read_outputs(p, v, nv, cap);
+    if (cap->len != first->len || memcmp(cap->data, first->data, first->len))
+        fail_msg("the capture run's values differ from the program run op by op");
+    g_byte_array_unref(cap);
+    /* new inputs bound, one replay */
+    int n2 = make_inputs(p, in2);
+    for (int i = 0; i < n2; i++) {
+        snprintf(nm, sizeof nm, "in%d", i);
+        assert_int_equal(nt_graph_bind(g, nm, in2[i]), 0);
+    }
+    assert_int_equal(nt_graph_replay(g), 0);
+    for (int i = 0; i < n2; i++) { /* a kept input is the one bound now */
+        if (keep[i])
+            nt_release(keep[i]);
+        keep[i] = nt_retain(in2[i]);
+    }
+    read_outputs(p, keep, nv, out);
+    for (int i = 0; i < n2; i++)
+        nt_release(in2[i]);
+    nt_graph_destroy(g);
 }
 
 static int nprograms(int dflt)
@@ -649,6 +740,24 @@ static void dump(const program *p)
 /* backend: where the configs run; the reference is always the CPU backend
  * in deterministic mode (one op at a time, no fusion), so the simulator's
  * fused kernels are held to the CPU's unfused bits. */
+static int captured_runs; /* programs checked captured and replayed */
+
+static void first_diff(const GByteArray *ref, const GByteArray *got)
+{
+    for (guint b = 0; b < ref->len && b < got->len; b++)
+        if (ref->data[b] != got->data[b]) {
+            print_message("# first differing byte %u\n", b);
+            guint w = b & ~3u;
+            float fr, fg;
+            memcpy(&fr, ref->data + w, 4);
+            memcpy(&fg, got->data + w, 4);
+            print_message("# as f32 at %u: want %.9g (%08x) got %.9g (%08x)\n", w, fr,
+                          *(uint32_t *)(ref->data + w), fg, *(uint32_t *)(got->data + w));
+            return;
+        }
+    print_message("# sizes %u and %u\n", ref->len, got->len);
+}
+
 static void differential(bool syncs, int count, const char *backend)
 {
     const char *one = getenv("NT_DIFF_SEED");
@@ -682,21 +791,33 @@ static void differential(bool syncs, int count, const char *backend)
                             "NT_DIFF_SEED=%d)\n",
                             seed, configs[c].name, backend, syncs ? " with syncs" : "", seed);
                 dump(&p);
-                for (guint b = 0; b < ref->len && b < got->len; b++)
-                    if (ref->data[b] != got->data[b]) {
-                        print_message("# first differing byte %u\n", b);
-                        guint w = b & ~3u;
-                        float fr, fg;
-                        memcpy(&fr, ref->data + w, 4);
-                        memcpy(&fg, got->data + w, 4);
-                        print_message("# as f32 at %u: want %.9g (%08x) got %.9g (%08x)\n", w, fr,
-                                      *(uint32_t *)(ref->data + w), fg,
-                                      *(uint32_t *)(got->data + w));
-                        break;
-                    }
+                first_diff(ref, got);
                 fail();
             }
             g_byte_array_unref(got);
+        }
+        /* captured on other inputs, replayed on these: the same bits */
+        if (!syncs && (!getenv("NT_DIFF_ONLY") || !strcmp(getenv("NT_DIFF_ONLY"), "captured"))) {
+            program pc = p;
+            pc.data_seed += 7777;
+            GByteArray *ref_c = g_byte_array_new(), *got = g_byte_array_new();
+            nt_config_set("NT_BACKEND", "cpu");
+            nt_config_set("NT_MODE", "deterministic");
+            run(&pc, ref_c, false, 0);
+            nt_config_set("NT_BACKEND", backend);
+            apply(&configs[2]); /* lazy: the capture holds the program whole anyway */
+            run_captured(&p, &pc, got, ref_c);
+            if (got->len != ref->len || memcmp(got->data, ref->data, ref->len)) {
+                print_error("program seed %d differs when captured and replayed on the %s "
+                            "backend (replay: NT_DIFF_SEED=%d NT_DIFF_ONLY=captured)\n",
+                            seed, backend, seed);
+                dump(&p);
+                first_diff(ref, got);
+                fail();
+            }
+            g_byte_array_unref(ref_c);
+            g_byte_array_unref(got);
+            captured_runs++;
         }
         g_byte_array_unref(ref);
     }
@@ -715,6 +836,11 @@ static void differential(bool syncs, int count, const char *backend)
                   (unsigned long long)st.kernel_cache_misses);
     if (!one) /* the programs must actually exercise fusion */
         assert_true(st.fusion_groups > 0 && st.fused_values_elided > 0);
+    print_message("# %s: %d programs also captured and replayed on new inputs\n", backend,
+                  captured_runs);
+    if (!one && !syncs)
+        assert_true(captured_runs > 0);
+    captured_runs = 0;
     for (int x = 0; x < NXOPS; x++) {
         if (!one && count >= 100 && !xop_runs[x])
             fail_msg("no program ran %s", xops[x].name);
