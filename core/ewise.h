@@ -252,27 +252,13 @@ NT__MATH_INLINE int nt__ewi_gt(int32_t a, int32_t b) { return a > b; }
 NT__MATH_INLINE int nt__ewi_ge(int32_t a, int32_t b) { return a >= b; }
 
 /* ---- the families by op id, expanded from core/optable.h.  Evaluators
- * that run a table op through one entry point (the simulator's table
- * activation, the generic backward) use these; an op id outside the family
- * stops with its name (nt__op_unhandled), never computes something else. ---- */
-/* A float unary or tensor-scalar op by id: y = f(a[, s0, s1]) */
-NT__MATH_INLINE float nt__ew_table_f(int op, float a, float s0, float s1)
-{
-    (void)s0, (void)s1;
-    switch (op) {
-#define NT__EWU(ID, name, nin, kind, flags, ints, ...)                                      \
-    NT__IF_FLOAT(ints, case NT_OP_##ID: return nt__ew_##name(a);)
-        NT_OPS_UNARY(NT__EWU)
-#undef NT__EWU
-#define NT__EWS(ID, name, nin, kind, flags, ints, ...)                                      \
-    NT__IF_FLOAT(ints, case NT_OP_##ID: return nt__ew_##name(a, s0, s1);)
-        NT_OPS_SCALAR(NT__EWS)
-#undef NT__EWS
-    default: nt__op_unhandled("nt__ew_table_f", op);
-    }
-}
-
-/* Its derivative f'(v) (v = x or y, per the op's save column) */
+ * that run an op through one entry point (the CPU's generic backward and
+ * fused executor) use these; an op id outside the family stops with its
+ * name (nt__op_unhandled), never computes something else.  The simulator
+ * has no such entry point: its kernels lower each op to instructions of
+ * the NKI ISA (sim/kernels/ew.c). ---- */
+/* A float unary or tensor-scalar op's derivative by id: f'(v) (v = x or y,
+ * per the op's save column) */
 NT__MATH_INLINE float nt__ew_table_dx(int op, float v, float s0, float s1)
 {
     (void)s0, (void)s1;
@@ -289,13 +275,6 @@ NT__MATH_INLINE float nt__ew_table_dx(int op, float v, float s0, float s1)
     }
 }
 
-/* The simulator's activation instruction runs table ops by these codes,
- * past the public nt_act_func values (sim/isa.c): NT__ACT_OP_BASE + op is
- * nt__ew_table_f(op, x, s0, s1), NT__ACT_DX_BASE + op is nt__ew_table_dx;
- * the instruction's two scalar operands are s0 and s1. */
-#define NT__ACT_OP_BASE 0x1000
-#define NT__ACT_DX_BASE 0x2000
-
 /* UNARY_BWD: g * f'(v) for the forward op f (p.i[0]) with its scalars
  * (p.f[0], p.f[1]) */
 NT__MATH_INLINE float nt__ew_unary_bwd(int op, float g, float v, float s0, float s1)
@@ -303,19 +282,7 @@ NT__MATH_INLINE float nt__ew_unary_bwd(int op, float g, float v, float s0, float
     return g * nt__ew_table_dx(op, v, s0, s1);
 }
 
-/* A float binary op by id, and its partial derivative (which 0: d/da,
- * 1: d/db) */
-NT__MATH_INLINE float nt__ew_binary_f(int op, float a, float b)
-{
-    switch (op) {
-#define NT__EWB(ID, name, nin, kind, flags, ints, ...)                                      \
-    NT__IF_FLOAT(ints, case NT_OP_##ID: return nt__ew_##name(a, b);)
-        NT_OPS_BINARY(NT__EWB)
-#undef NT__EWB
-    default: nt__op_unhandled("nt__ew_binary_f", op);
-    }
-}
-
+/* A float binary op's partial derivative by id (which 0: d/da, 1: d/db) */
 NT__MATH_INLINE float nt__ew_binary_dx(int op, int which, float a, float b)
 {
     switch (op) {
@@ -327,14 +294,6 @@ NT__MATH_INLINE float nt__ew_binary_dx(int op, int which, float a, float b)
     default: nt__op_unhandled("nt__ew_binary_dx", op);
     }
 }
-
-/* The simulator's tensor_tensor instruction runs binary table ops by these
- * ALU codes, past the public nt_alu_op values (sim/isa.c):
- * NT__ALU_OP_BASE + op is nt__ew_binary_f(op, a, b), NT__ALU_DA_BASE /
- * NT__ALU_DB_BASE + op its partials. */
-#define NT__ALU_OP_BASE 0x1000
-#define NT__ALU_DA_BASE 0x2000
-#define NT__ALU_DB_BASE 0x3000
 
 NT__MATH_INLINE int32_t nt__ewi_unary(int op, int32_t a)
 {

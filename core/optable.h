@@ -40,11 +40,10 @@
  *             (input i, output 0).  For `dx` it says what nt__ew_<name>_dx reads:
  *             I0 the input x, O0 the output y
  *   sim       how sim/kernels/ew.c runs it: an NT_ACT_* activation (unary),
- *             an NT_ALU_* step (scalar, binary, compare), NT__SIM_TABLE (the
- *             activation instruction evaluates nt__ew_<name> through this
- *             table: new unary ops need no instruction of their own),
- *             NT__SIM_SEQ (a hand-written instruction sequence in
- *             sim/kernels/ew.c), NT__SIM_NONE (an op with its own kernel)
+ *             an NT_ALU_* step (scalar, binary, compare) -- each a function
+ *             or operator of the NKI ISA --, NT__SIM_SEQ (a sequence of
+ *             such instructions in sim/kernels/ew.c, for an op the NKI ISA
+ *             has no function for), NT__SIM_NONE (an op with its own kernel)
  *
  * The table expands into the op enum and info (core/optable.c), each
  * backend's kernel table (cpu/kernels.c, sim/kernels/runtime.c), the
@@ -130,7 +129,7 @@ typedef enum { NT__AMP_KEEP = 0, NT__AMP_LOW, NT__AMP_F32 } nt__amp_policy;
 #define NT__SAVE_I0123O01 15u, 3u
 
 /* the sim column's non-instruction values */
-enum { NT__SIM_NONE = -1, NT__SIM_TABLE = -2, NT__SIM_SEQ = -3 };
+enum { NT__SIM_NONE = -1, NT__SIM_SEQ = -3 };
 
 typedef enum nt__opkind {
     NT_KIND_FILL,    /* no inputs: creation */
@@ -165,7 +164,7 @@ typedef enum nt__opkind {
 /* y = nt__ew_<name>(a); gradient nt__ew_<name>_dx (x or y, per `save`) */
 #define NT_OPS_UNARY(X)                                                     \
     X(NEG, neg, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_NANPROP | NT_OPF_INPLACE | NT_OPF_PRIM(NEG),        \
-      INT, KEEP, neg, 0, NT_ACT_NEG)                                                                       \
+      INT, KEEP, neg, 0, NT__SIM_SEQ)                                                                       \
     X(EXP, exp, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_NANPROP, F32INT, F32, exp, O0, NT_ACT_EXP)          \
     X(LOG, log, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, log, I0, NT_ACT_LOG)                    \
     X(SQRT, sqrt, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, sqrt, O0, NT_ACT_SQRT)               \
@@ -178,12 +177,12 @@ typedef enum nt__opkind {
       F32INT, KEEP, helper(SIGMOID_BWD), O0, NT_ACT_SIGMOID)                                               \
     X(TANH, tanh, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, helper(TANH_BWD), O0, NT_ACT_TANH)          \
     X(SILU, silu, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, helper(SILU_BWD), I0, NT_ACT_SILU)          \
-    X(SOFTPLUS, softplus, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, dx, I0, NT__SIM_TABLE)        \
-    X(MISH, mish, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT__SIM_TABLE)              \
-    X(SOFTSIGN, softsign, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT__SIM_TABLE)      \
-    X(RECIPROCAL, reciprocal, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, dx, O0, NT__SIM_TABLE)    \
+    X(SOFTPLUS, softplus, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, dx, I0, NT_ACT_SOFTPLUS)      \
+    X(MISH, mish, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT_ACT_MISH)                \
+    X(SOFTSIGN, softsign, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT__SIM_SEQ)        \
+    X(RECIPROCAL, reciprocal, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, dx, O0, NT_ACT_RECIPROCAL) \
     X(BITWISE_NOT, bitwise_not, 1, NT_KIND_UNARY, NT_OPF_PRIM(NOT), INTONLY, KEEP, nograd, 0, NT__SIM_SEQ) \
-    X(GELU_TANH, gelu_tanh, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT__SIM_TABLE)
+    X(GELU_TANH, gelu_tanh, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT_ACT_GELU_APPRX_TANH)
 
 /* y = nt__ew_<name>(a, p.f[0], p.f[1]) */
 #define NT_OPS_SCALAR(X)                                                    \
@@ -195,8 +194,8 @@ typedef enum nt__opkind {
       F32INT, KEEP, div_scalar, 0, NT_ALU_DIV)                                                             \
     X(POW_SCALAR, pow_scalar, 1, NT_KIND_SCALAR, NT_OPF_DIFF, F32INT, F32, pow_scalar, I0, NT_ALU_POW) \
     X(CLAMP, clamp, 1, NT_KIND_SCALAR, NT_OPF_DIFF, INT, KEEP, clamp, I0, NT__SIM_SEQ)              \
-    X(LEAKY_RELU, leaky_relu, 1, NT_KIND_SCALAR, NT_OPF_DIFF, FLOAT, KEEP, dx, I0, NT__SIM_TABLE)   \
-    X(HARDTANH, hardtanh, 1, NT_KIND_SCALAR, NT_OPF_DIFF, FLOAT, KEEP, dx, I0, NT__SIM_TABLE)
+    X(LEAKY_RELU, leaky_relu, 1, NT_KIND_SCALAR, NT_OPF_DIFF, FLOAT, KEEP, dx, I0, NT__SIM_SEQ)     \
+    X(HARDTANH, hardtanh, 1, NT_KIND_SCALAR, NT_OPF_DIFF, FLOAT, KEEP, dx, I0, NT__SIM_SEQ)
 
 /* y = nt__ew_<name>(a, b) with broadcasting */
 #define NT_OPS_BINARY(X)                                                    \
@@ -212,7 +211,7 @@ typedef enum nt__opkind {
       INT, KEEP, maximum, I01, NT_ALU_MAX)                                                                 \
     X(MINIMUM, minimum, 2, NT_KIND_BINARY, NT_OPF_DIFF | NT_OPF_PRIM(MIN),                                 \
       INT, KEEP, minimum, I01, NT_ALU_MIN)                                                                 \
-    X(POW, pow, 2, NT_KIND_BINARY, NT_OPF_DIFF, F32INT, F32, dxy, I01, NT__SIM_TABLE)
+    X(POW, pow, 2, NT_KIND_BINARY, NT_OPF_DIFF, F32INT, F32, dxy, I01, NT_ALU_POW)
 
 /* Backward helpers of the unary ops: y = nt__ew_<name>(g, x-or-y), binary
  * elementwise like the family above, enqueued only by autograd. */

@@ -573,7 +573,7 @@ static void make_key(const nt__fprog *p, keybuf *k)
         kput(k, o->p.f, sizeof(double) * 2);
         int32_t d[2] = {o->p.dim, o->p.flag};
         kput(k, d, sizeof d);
-        kput(k, &o->p.i[0], sizeof(int64_t));
+        kput(k, o->p.i, sizeof(int64_t) * 2); /* UNARY_BWD's op; BINARY_DX's op and side */
     }
     for (int v = 0; v < p->nvals; v++) {
         int8_t b[3] = {(int8_t)p->vals[v].dtype, (int8_t)p->vals[v].red, p->vals[v].store};

@@ -68,6 +68,123 @@ const char *nt_act_func_name(nt_act_func f)
     return (unsigned)f < NT_ACT_COUNT ? act_names[f] : "?";
 }
 
+/* What each code models in the NKI ISA (docs/sim.md, "Instructions and the
+ * NKI ISA", cites the tables): the ALU operators of "Supported Math
+ * Operators for NKI ISA" (divide: the hardware ALU's divide, an op
+ * specifier of nki.language), the functions of "Supported Activation
+ * Functions for NKI ISA".  A code without a name is not executed. */
+static const char *const alu_nki[NT_ALU_COUNT] = {
+    [NT_ALU_BYPASS] = "nki.language.bypass",
+    [NT_ALU_ADD] = "nki.language.add",
+    [NT_ALU_SUB] = "nki.language.subtract",
+    [NT_ALU_MUL] = "nki.language.multiply",
+    [NT_ALU_DIV] = "nki.language.divide",
+    [NT_ALU_MAX] = "nki.language.maximum",
+    [NT_ALU_MIN] = "nki.language.minimum",
+    [NT_ALU_POW] = "nki.language.power",
+    [NT_ALU_EQ] = "nki.language.equal",
+    [NT_ALU_NE] = "nki.language.not_equal",
+    [NT_ALU_LT] = "nki.language.less",
+    [NT_ALU_LE] = "nki.language.less_equal",
+    [NT_ALU_GT] = "nki.language.greater",
+    [NT_ALU_GE] = "nki.language.greater_equal",
+};
+
+static const char *const act_nki[NT_ACT_COUNT] = {
+    [NT_ACT_IDENTITY] = "nki.language.copy",
+    [NT_ACT_EXP] = "nki.language.exp",
+    [NT_ACT_LOG] = "nki.language.log",
+    [NT_ACT_SQRT] = "nki.language.sqrt",
+    [NT_ACT_RSQRT] = "nki.language.rsqrt",
+    [NT_ACT_TANH] = "nki.language.tanh",
+    [NT_ACT_SIGMOID] = "nki.language.sigmoid",
+    [NT_ACT_GELU] = "nki.language.gelu",
+    [NT_ACT_SILU] = "nki.language.silu",
+    [NT_ACT_RELU] = "nki.language.relu",
+    [NT_ACT_ABS] = "nki.language.abs",
+    [NT_ACT_NEG] = NULL, /* no activation function computes -x */
+    [NT_ACT_SQUARE] = "nki.language.square",
+    [NT_ACT_GELU_DX] = "nki.language.gelu_dx",
+    [NT_ACT_SILU_DX] = "nki.language.silu_dx",
+    [NT_ACT_SOFTPLUS] = "nki.language.softplus",
+    [NT_ACT_MISH] = "nki.language.mish",
+    [NT_ACT_RECIPROCAL] = "nki.language.reciprocal",
+    [NT_ACT_GELU_APPRX_TANH] = "nki.language.gelu_apprx_tanh",
+};
+
+const char *nt_alu_op_nki(nt_alu_op op)
+{
+    return (unsigned)op < NT_ALU_COUNT ? alu_nki[op] : NULL;
+}
+
+const char *nt_act_func_nki(nt_act_func f)
+{
+    return (unsigned)f < NT_ACT_COUNT ? act_nki[f] : NULL;
+}
+
+/* The instruction kinds: every nt_isa_* names its instructions from here,
+ * and issue() refuses a name that is not one of these pointers, so an
+ * instruction the table does not list cannot run. */
+enum {
+    K_DMA_COPY, K_DMA_GATHER, K_NC_MATMUL, K_NC_TRANSPOSE, K_TENSOR_TENSOR, K_TENSOR_SCALAR,
+    K_STT, K_ACTIVATION, K_TENSOR_REDUCE, K_TENSOR_COPY, K_TENSOR_COPY_SR, K_MEMSET, K_IOTA,
+    K_AFFINE_SELECT, K_SELECT, K_SCAN, K_GPSIMD_CUSTOM, K_COUNT
+};
+
+static const struct {
+    const char *name, *nki;
+} isa_kinds[K_COUNT] = {
+    [K_DMA_COPY] = {"dma_copy", "nki.isa.dma_copy"},
+    /* an indirect (DGE) load: nki.isa.dma_copy from an indirectly indexed
+     * source (nl.load with a dynamic index) */
+    [K_DMA_GATHER] = {"dma_gather", "nki.isa.dma_copy (indirect source)"},
+    [K_NC_MATMUL] = {"nc_matmul", "nki.isa.nc_matmul"},
+    [K_NC_TRANSPOSE] = {"nc_transpose", "nki.isa.nc_transpose"},
+    [K_TENSOR_TENSOR] = {"tensor_tensor", "nki.isa.tensor_tensor"},
+    [K_TENSOR_SCALAR] = {"tensor_scalar", "nki.isa.tensor_scalar"},
+    [K_STT] = {"scalar_tensor_tensor", "nki.isa.scalar_tensor_tensor"},
+    [K_ACTIVATION] = {"activation", "nki.isa.activation"},
+    [K_TENSOR_REDUCE] = {"tensor_reduce", "nki.isa.tensor_reduce"},
+    [K_TENSOR_COPY] = {"tensor_copy", "nki.isa.tensor_copy"},
+    /* the engines' stochastic rounding of an f32 -> bf16/f16 write (the
+     * runtime's NEURON_RT_STOCHASTIC_ROUNDING_EN), seeded here */
+    [K_TENSOR_COPY_SR] = {"tensor_copy_sr", "nki.isa.tensor_copy (stochastic rounding)"},
+    [K_MEMSET] = {"memset", "nki.isa.memset"},
+    [K_IOTA] = {"iota", "nki.isa.iota"},
+    [K_AFFINE_SELECT] = {"affine_select", "nki.isa.affine_select"},
+    /* nl.where: select_reduce without its reduction (a per-partition
+     * on_false), or tensor_copy_predicated over a copy of on_false */
+    [K_SELECT] = {"select", "nki.isa.select_reduce / nki.isa.tensor_copy_predicated"},
+    [K_SCAN] = {"tensor_tensor_scan", "nki.isa.tensor_tensor_scan"},
+    /* a Neuron custom C++ operator on GpSimd's cores */
+    [K_GPSIMD_CUSTOM] = {"gpsimd_custom", "GpSimd custom operator (Neuron custom C++ ops)"},
+};
+
+/* nt__sim_issue for an instruction of the table (by its name's pointer) */
+static int issue(nt_sim_kernel *k, nt__sim_instr *in)
+{
+    int i = 0;
+    while (i < K_COUNT && isa_kinds[i].name != in->name)
+        i++;
+    if (i == K_COUNT || !isa_kinds[i].nki)
+        return nt__sim_fail(k, in->name ? in->name : "?",
+                            "not an instruction of the NKI ISA (rule: the simulator runs only "
+                            "the instructions of nt_sim_isa_kind)");
+    nt__sim_issue(k, in);
+    return 0;
+}
+
+int nt_sim_isa_kind(int i, const char **name, const char **nki)
+{
+    if (i >= 0 && i < K_COUNT) {
+        if (name)
+            *name = isa_kinds[i].name;
+        if (nki)
+            *nki = isa_kinds[i].nki;
+    }
+    return K_COUNT;
+}
+
 static const char *dtn(nt_dtype dt)
 {
     static const char *n[] = {"f32", "bf16", "f16", "i32", "u8"};
@@ -77,11 +194,6 @@ static const char *dtn(nt_dtype dt)
 static bool is_int(nt_dtype dt)
 {
     return dt == NT_I32 || dt == NT_U8;
-}
-
-static bool is_cmp(nt_alu_op op)
-{
-    return op >= NT_ALU_EQ && op <= NT_ALU_GE;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -511,37 +623,6 @@ static bool alu_int_ok(nt_alu_op op)
     return op != NT_ALU_DIV && op != NT_ALU_POW && (unsigned)op < NT_ALU_COUNT;
 }
 
-/* An ALU code past the public ones (tensor_tensor only): a float binary op
- * of the table or one of its partials (core/ewise.h). */
-static bool alu_is_table(nt_alu_op f)
-{
-    int c = (int)f;
-    int op = c >= NT__ALU_DB_BASE   ? c - NT__ALU_DB_BASE
-             : c >= NT__ALU_DA_BASE ? c - NT__ALU_DA_BASE
-                                    : c - NT__ALU_OP_BASE;
-    static const bool binary[NT_OP_COUNT] = {
-#define NT__TAB_B(ID, name, nin, kind, flags, ints, ...) NT__IF_FLOAT(ints, [NT_OP_##ID] = true,)
-        NT_OPS_BINARY(NT__TAB_B)
-#undef NT__TAB_B
-    };
-    return c >= NT__ALU_OP_BASE && c < NT__ALU_DB_BASE + NT_OP_COUNT && op >= 0 &&
-           op < NT_OP_COUNT && binary[op];
-}
-
-/* o = a op b for a table code */
-static void alu_table(nt_alu_op f, float *o, const float *x, const float *y, int64_t n)
-{
-    int c = (int)f;
-    if (c >= NT__ALU_DA_BASE) {
-        int which = c >= NT__ALU_DB_BASE, op = c - (which ? NT__ALU_DB_BASE : NT__ALU_DA_BASE);
-        for (int64_t i = 0; i < n; i++)
-            o[i] = nt__ew_binary_dx(op, which, x[i], y[i]);
-    } else {
-        for (int64_t i = 0; i < n; i++)
-            o[i] = nt__ew_binary_f(c - NT__ALU_OP_BASE, x[i], y[i]);
-    }
-}
-
 static inline int32_t alui1(nt_alu_op op, int32_t a, int32_t b)
 {
     switch (op) {
@@ -602,7 +683,6 @@ static int act_table_of(nt_act_func f)
     case NT_ACT_IDENTITY:
     case NT_ACT_RELU:
     case NT_ACT_ABS:
-    case NT_ACT_NEG:
     case NT_ACT_SQUARE: return -1;
     default: return (int)f;
     }
@@ -630,38 +710,16 @@ static void act_apply(nt_act_func f, float *y, const float *x, int64_t n)
     case NT_ACT_SILU: ACT_LOOP(nt__ew_silu)
     case NT_ACT_RELU: ACT_LOOP(nt__ew_relu)
     case NT_ACT_ABS: ACT_LOOP(nt__ew_abs)
-    case NT_ACT_NEG: ACT_LOOP(nt__ew_neg)
     case NT_ACT_SQUARE: for (int64_t i = 0; i < n; i++) y[i] = nt__ew_mul(x[i], x[i]); break;
     case NT_ACT_GELU_DX: ACT_LOOP(act_gelu_dx)
     case NT_ACT_SILU_DX: ACT_LOOP(act_silu_dx)
+    case NT_ACT_SOFTPLUS: ACT_LOOP(nt__ew_softplus)
+    case NT_ACT_MISH: ACT_LOOP(nt__ew_mish)
+    case NT_ACT_RECIPROCAL: ACT_LOOP(nt__ew_reciprocal)
+    case NT_ACT_GELU_APPRX_TANH: ACT_LOOP(nt__ew_gelu_tanh)
     default: nt__op_unhandled("sim activation", (int)f); /* checked at issue */
     }
 #undef ACT_LOOP
-}
-
-/* An activation code past the public functions: a float unary or
- * tensor-scalar op of the table, or its derivative (core/ewise.h). */
-static bool act_is_table(nt_act_func f)
-{
-    int op = (int)f - ((int)f >= NT__ACT_DX_BASE ? NT__ACT_DX_BASE : NT__ACT_OP_BASE);
-    if ((int)f < NT__ACT_OP_BASE || op < 0 || op >= NT_OP_COUNT)
-        return false;
-    nt__opkind kd = nt__ops[op].kind;
-    return (kd == NT_KIND_UNARY || kd == NT_KIND_SCALAR) && !(nt__ops[op].flags & NT_OPF_INTONLY);
-}
-
-/* y = op(x, s0, s1) or op'(x, s0, s1) for a table code */
-static void act_table(nt_act_func f, float *y, const float *x, int64_t n, float s0, float s1)
-{
-    if ((int)f >= NT__ACT_DX_BASE) {
-        int op = (int)f - NT__ACT_DX_BASE;
-        for (int64_t i = 0; i < n; i++)
-            y[i] = nt__ew_table_dx(op, x[i], s0, s1);
-    } else {
-        int op = (int)f - NT__ACT_OP_BASE;
-        for (int64_t i = 0; i < n; i++)
-            y[i] = nt__ew_table_f(op, x[i], s0, s1);
-    }
 }
 
 /* the same, each result canonicalised: a direct f32 store */
@@ -672,7 +730,6 @@ static void act_apply_c(nt_act_func f, float *y, const float *x, int64_t n)
     case NT_ACT_IDENTITY: ACT_LOOP(ID_)
     case NT_ACT_RELU: ACT_LOOP(nt__ew_relu)
     case NT_ACT_ABS: ACT_LOOP(nt__ew_abs)
-    case NT_ACT_NEG: ACT_LOOP(nt__ew_neg)
     case NT_ACT_SQUARE: for (int64_t i = 0; i < n; i++) y[i] = nt__canon(nt__ew_mul(x[i], x[i])); break;
     default:
         act_apply(f, y, x, n);
@@ -848,11 +905,6 @@ static void lane_tt(const fx_rec *r, int i, float **s)
     }
     const float *x = ld_f32(&r->o[1], i, s[0]);
     const float *y = ld_f32(&r->o[2], i, s[1]);
-    if (alu_is_table(op)) {
-        alu_table(op, s[2], x, y, N);
-        st(d, i, s[2], NULL);
-        return;
-    }
     float *o = direct_f32(d, i, x, y);
     if (o) {
         alu_vv_c(op, o, x, y, N);
@@ -940,18 +992,6 @@ static void lane_act(const fx_rec *r, int i, float **s)
     int64_t N = d->n;
     float tmp[4];
     const float *x = ld_f32(&r->o[1], i, s[0]);
-    if (act_is_table(r->func)) {
-        /* a table op: the scalar operands are its parameters s0, s1 */
-        float s0 = r->has_scale ? scalar_f(r, 0, i, tmp) : 0.0f;
-        float s1 = r->has_bias ? scalar_f(r, 1, i, tmp) : 0.0f;
-        act_table(r->func, s[2], x, N, s0, s1);
-        st(d, i, s[2], NULL);
-        if (r->red) {
-            float v = reduce_run(NT_ALU_ADD, s[2], N);
-            st(&r->o[r->red], i, &v, NULL);
-        }
-        return;
-    }
     /* absent scale/bias are skipped, not applied as *1 and +0: x*1+0
      * would turn -0 into +0 */
     if (r->has_scale) {
@@ -1778,7 +1818,7 @@ static double dma_cost(const nt_ap *dst, const nt_ap *src, double bytes)
 
 int nt_isa_dma_copy(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, int queue)
 {
-    static const char *I = "dma_copy";
+    const char *I = isa_kinds[K_DMA_COPY].name;
     PROLOGUE(k);
     TRY(check_ap(k, I, "dst", dst, M_HBM | M_SBUF, -1));
     TRY(check_ap(k, I, "src", src, M_HBM | M_SBUF, -1));
@@ -1805,7 +1845,7 @@ int nt_isa_dma_copy(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, int qu
         in.hbm_rd = (uint64_t)bytes;
     if (!dst->tile)
         in.hbm_wr = (uint64_t)bytes;
-    nt__sim_issue(k, &in);
+    TRY(issue(k, &in));
     if (!k->functional)
         return 0;
     fx_rec r = {.kind = FX_DMA, .np = src->np};
@@ -1823,7 +1863,7 @@ static bool idx_dtype_ok(nt_dtype dt)
 int nt_isa_dma_gather(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, const nt_ap *idx,
                       int queue)
 {
-    static const char *I = "dma_gather";
+    const char *I = isa_kinds[K_DMA_GATHER].name;
     PROLOGUE(k);
     k->nopaque++; /* its data decide what it touches */
     TRY(check_ap(k, I, "dst", dst, M_SBUF, -1));
@@ -1861,7 +1901,7 @@ int nt_isa_dma_gather(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, cons
      * kernel must not write it before gathering from it) */
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
     in.acc[in.nacc++] = (nt__sim_acc){"idx", idx, false, false};
-    nt__sim_issue(k, &in);
+    TRY(issue(k, &in));
     if (!k->functional)
         return 0;
     nt__sim_fx_flush(k);
@@ -1944,7 +1984,7 @@ static void gemm_cols(void *arg, int lo, int hi, float **s)
 int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st_, const nt_ap *mv,
                      bool accumulate)
 {
-    static const char *I = "nc_matmul";
+    const char *I = isa_kinds[K_NC_MATMUL].name;
     PROLOGUE(k);
     TRY(check_ap(k, I, "dst", dst, M_PSUM, NT_ENGINE_TENSOR));
     TRY(check_ap(k, I, "stationary", st_, M_SBUF, NT_ENGINE_TENSOR));
@@ -1992,7 +2032,7 @@ int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st_, const
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, accumulate};
     in.acc[in.nacc++] = (nt__sim_acc){"stationary", st_, false, false};
     in.acc[in.nacc++] = (nt__sim_acc){"moving", mv, false, false};
-    nt__sim_issue(k, &in);
+    TRY(issue(k, &in));
     if (!k->functional)
         return 0;
     nt__sim_fx_flush(k);
@@ -2014,7 +2054,7 @@ int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st_, const
 
 int nt_isa_nc_transpose(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src)
 {
-    static const char *I = "nc_transpose";
+    const char *I = isa_kinds[K_NC_TRANSPOSE].name;
     PROLOGUE(k);
     TRY(check_ap(k, I, "dst", dst, M_PSUM, NT_ENGINE_TENSOR));
     TRY(check_ap(k, I, "src", src, M_SBUF, NT_ENGINE_TENSOR));
@@ -2037,7 +2077,7 @@ int nt_isa_nc_transpose(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src)
     nt__sim_instr in = {.name = I, .engine = NT_ENGINE_TENSOR, .cycles = cyc, .act_table = -1};
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
     in.acc[in.nacc++] = (nt__sim_acc){"src", src, false, false};
-    nt__sim_issue(k, &in);
+    TRY(issue(k, &in));
     if (!k->functional)
         return 0;
     nt__sim_fx_flush(k);
@@ -2103,16 +2143,41 @@ int nt_isa_nc_transpose(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src)
 /* VectorE / ScalarE / GpSimd                                               */
 /* ------------------------------------------------------------------------ */
 
+/* An ALU code the NKI ISA has (alu_nki). */
+static int check_alu(nt_sim_kernel *k, const char *I, nt_alu_op op)
+{
+    if ((unsigned)op >= NT_ALU_COUNT || !alu_nki[op])
+        return nt__sim_fail(k, I, "ALU op %d (rule: one of nt_alu_op, an operator of the NKI "
+                                  "ISA)", (int)op);
+    return 0;
+}
+
+/* Power runs on GpSimd only (nki.isa.tensor_tensor: "np.power/nl.power
+ * that runs on the GpSimd Engine"): the default engine of an instruction
+ * with a power step, and the rule. */
+static nt_engine pow_engine(nt_alu_op a, nt_alu_op b)
+{
+    return a == NT_ALU_POW || b == NT_ALU_POW ? NT_ENGINE_GPSIMD : NT_ENGINE_VECTOR;
+}
+
+static int check_pow_engine(nt_sim_kernel *k, const char *I, int e, nt_alu_op a, nt_alu_op b)
+{
+    if ((a == NT_ALU_POW || b == NT_ALU_POW) && e != NT_ENGINE_GPSIMD)
+        return nt__sim_fail(k, I, "op power on %s (rule: power runs on GpSimd only)",
+                            nt_engine_name((nt_engine)e));
+    return 0;
+}
+
 int nt_isa_tensor_tensor(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *a, const nt_ap *b,
                          nt_alu_op op, nt_engine engine)
 {
-    static const char *I = "tensor_tensor";
+    const char *I = isa_kinds[K_TENSOR_TENSOR].name;
     PROLOGUE(k);
-    int e = pick_engine(k, I, engine, NT_ENGINE_VECTOR, ENG(VECTOR) | ENG(GPSIMD));
+    TRY(check_alu(k, I, op));
+    int e = pick_engine(k, I, engine, pow_engine(op, op), ENG(VECTOR) | ENG(GPSIMD));
     if (e < 0)
         return k->err;
-    if ((unsigned)op >= NT_ALU_COUNT && !alu_is_table(op))
-        return nt__sim_fail(k, I, "ALU op %d (rule: one of nt_alu_op)", (int)op);
+    TRY(check_pow_engine(k, I, e, op, op));
     TRY(check_ap(k, I, "dst", dst, M_SBUF | M_PSUM, e));
     TRY(check_ap(k, I, "a", a, M_SBUF | M_PSUM, e));
     TRY(check_ap(k, I, "b", b, M_SBUF | M_PSUM, e));
@@ -2129,7 +2194,7 @@ int nt_isa_tensor_tensor(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *a, con
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
     in.acc[in.nacc++] = (nt__sim_acc){"a", a, false, false};
     in.acc[in.nacc++] = (nt__sim_acc){"b", b, false, false};
-    nt__sim_issue(k, &in);
+    TRY(issue(k, &in));
     if (!k->functional)
         return 0;
     fx_rec r = {.kind = FX_TT, .np = dst->np, .op = {op, NT_ALU_BYPASS}};
@@ -2163,16 +2228,19 @@ static void set_scalar(fx_rec *r, int k, const nt_isa_scalar *s)
 int nt_isa_tensor_scalar(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
                          const nt_isa_alu *op0, const nt_isa_alu *op1, nt_engine engine)
 {
-    static const char *I = "tensor_scalar";
+    const char *I = isa_kinds[K_TENSOR_SCALAR].name;
     PROLOGUE(k);
-    int e = pick_engine(k, I, engine, NT_ENGINE_VECTOR,
+    if (!op0)
+        return nt__sim_fail(k, I, "op0 is missing (rule: one or two ALU ops)");
+    TRY(check_alu(k, I, op0->op));
+    if (op1)
+        TRY(check_alu(k, I, op1->op));
+    nt_alu_op o1 = op1 ? op1->op : op0->op;
+    int e = pick_engine(k, I, engine, pow_engine(op0->op, o1),
                         ENG(VECTOR) | ENG(SCALAR) | ENG(GPSIMD));
     if (e < 0)
         return k->err;
-    if (!op0)
-        return nt__sim_fail(k, I, "op0 is missing (rule: one or two ALU ops)");
-    if ((unsigned)op0->op >= NT_ALU_COUNT || (op1 && (unsigned)op1->op >= NT_ALU_COUNT))
-        return nt__sim_fail(k, I, "bad ALU op (rule: one of nt_alu_op)");
+    TRY(check_pow_engine(k, I, e, op0->op, o1));
     TRY(check_dst_src(k, I, dst, src, e));
     TRY(check_scalar(k, I, "operand0", &op0->operand, src, e));
     if (op1)
@@ -2185,7 +2253,7 @@ int nt_isa_tensor_scalar(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
         in.acc[in.nacc++] = (nt__sim_acc){"operand0", op0->operand.ap, false, false};
     if (op1 && op1->operand.ap)
         in.acc[in.nacc++] = (nt__sim_acc){"operand1", op1->operand.ap, false, false};
-    nt__sim_issue(k, &in);
+    TRY(issue(k, &in));
     if (!k->functional)
         return 0;
     fx_rec r = {.kind = FX_TS, .np = dst->np};
@@ -2210,15 +2278,16 @@ int nt_isa_scalar_tensor_tensor(nt_sim_kernel *k, const nt_ap *dst, const nt_ap 
                                 const nt_isa_alu *op0, nt_alu_op op1, const nt_ap *b,
                                 bool reverse1, nt_engine engine)
 {
-    static const char *I = "scalar_tensor_tensor";
+    const char *I = isa_kinds[K_STT].name;
     PROLOGUE(k);
-    int e = pick_engine(k, I, engine, NT_ENGINE_VECTOR, ENG(VECTOR) | ENG(GPSIMD));
-    if (e < 0)
-        return k->err;
     if (!op0)
         return nt__sim_fail(k, I, "op0 is missing (rule: an ALU step with its operand)");
-    if ((unsigned)op0->op >= NT_ALU_COUNT || (unsigned)op1 >= NT_ALU_COUNT)
-        return nt__sim_fail(k, I, "bad ALU op (rule: one of nt_alu_op)");
+    TRY(check_alu(k, I, op0->op));
+    TRY(check_alu(k, I, op1));
+    int e = pick_engine(k, I, engine, pow_engine(op0->op, op1), ENG(VECTOR) | ENG(GPSIMD));
+    if (e < 0)
+        return k->err;
+    TRY(check_pow_engine(k, I, e, op0->op, op1));
     TRY(check_dst_src(k, I, dst, src, e));
     TRY(check_scalar(k, I, "operand0", &op0->operand, src, e));
     TRY(check_ap(k, I, "b", b, M_SBUF | M_PSUM, e));
@@ -2237,7 +2306,7 @@ int nt_isa_scalar_tensor_tensor(nt_sim_kernel *k, const nt_ap *dst, const nt_ap 
     in.acc[in.nacc++] = (nt__sim_acc){"b", b, false, false};
     if (op0->operand.ap)
         in.acc[in.nacc++] = (nt__sim_acc){"operand0", op0->operand.ap, false, false};
-    nt__sim_issue(k, &in);
+    TRY(issue(k, &in));
     if (!k->functional)
         return 0;
     fx_rec r = {.kind = FX_STT, .np = dst->np};
@@ -2259,11 +2328,15 @@ int nt_isa_activation(nt_sim_kernel *k, const nt_ap *dst, nt_act_func func, cons
                       const nt_isa_scalar *scale, const nt_isa_scalar *bias,
                       const nt_ap *reduce_dst)
 {
-    static const char *I = "activation";
+    const char *I = isa_kinds[K_ACTIVATION].name;
     PROLOGUE(k);
     int e = NT_ENGINE_SCALAR;
-    if ((unsigned)func >= NT_ACT_COUNT && !act_is_table(func))
+    if ((unsigned)func >= NT_ACT_COUNT)
         return nt__sim_fail(k, I, "function %d (rule: one of nt_act_func)", (int)func);
+    if (!act_nki[func])
+        return nt__sim_fail(k, I, "function %s is not an activation function of the NKI ISA "
+                                  "(rule: nki.isa.activation's table; -x is identity with "
+                                  "scale -1)", act_names[func]);
     TRY(check_dst_src(k, I, dst, src, e));
     TRY(check_scalar(k, I, "scale", scale, src, e));
     TRY(check_scalar(k, I, "bias", bias, src, e));
@@ -2285,7 +2358,7 @@ int nt_isa_activation(nt_sim_kernel *k, const nt_ap *dst, nt_act_func func, cons
         in.acc[in.nacc++] = (nt__sim_acc){"bias", bias->ap, false, false};
     if (reduce_dst)
         in.acc[in.nacc++] = (nt__sim_acc){"reduce_dst", reduce_dst, true, false};
-    nt__sim_issue(k, &in);
+    TRY(issue(k, &in));
     if (!k->functional)
         return 0;
     fx_rec r = {.kind = FX_ACT, .np = dst->np, .func = func};
@@ -2304,7 +2377,7 @@ int nt_isa_activation(nt_sim_kernel *k, const nt_ap *dst, nt_act_func func, cons
 int nt_isa_tensor_reduce(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, nt_alu_op op,
                          int naxes)
 {
-    static const char *I = "tensor_reduce";
+    const char *I = isa_kinds[K_TENSOR_REDUCE].name;
     PROLOGUE(k);
     int e = NT_ENGINE_VECTOR;
     if (op != NT_ALU_ADD && op != NT_ALU_MAX && op != NT_ALU_MIN)
@@ -2334,7 +2407,7 @@ int nt_isa_tensor_reduce(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, n
     nt__sim_instr in = {.name = I, .engine = e, .cycles = cyc, .act_table = -1};
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
     in.acc[in.nacc++] = (nt__sim_acc){"src", src, false, false};
-    nt__sim_issue(k, &in);
+    TRY(issue(k, &in));
     if (!k->functional)
         return 0;
     fx_rec r = {.kind = FX_RED, .np = dst->np, .op = {op, NT_ALU_BYPASS}, .outer = outer,
@@ -2348,7 +2421,7 @@ int nt_isa_tensor_reduce(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, n
 
 int nt_isa_tensor_copy(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, nt_engine engine)
 {
-    static const char *I = "tensor_copy";
+    const char *I = isa_kinds[K_TENSOR_COPY].name;
     PROLOGUE(k);
     int e = pick_engine(k, I, engine, NT_ENGINE_VECTOR,
                         ENG(VECTOR) | ENG(SCALAR) | ENG(GPSIMD));
@@ -2359,7 +2432,7 @@ int nt_isa_tensor_copy(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, nt_
     nt__sim_instr in = {.name = I, .engine = e, .cycles = (double)N, .act_table = -1};
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
     in.acc[in.nacc++] = (nt__sim_acc){"src", src, false, false};
-    nt__sim_issue(k, &in);
+    TRY(issue(k, &in));
     if (!k->functional)
         return 0;
     fx_rec r = {.kind = FX_COPY, .np = dst->np, .ints = is_int(src->dtype)};
@@ -2372,7 +2445,7 @@ int nt_isa_tensor_copy(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, nt_
 int nt_isa_tensor_copy_sr(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, uint64_t key,
                           const nt_isa_index *index, nt_engine engine)
 {
-    static const char *I = "tensor_copy_sr";
+    const char *I = isa_kinds[K_TENSOR_COPY_SR].name;
     PROLOGUE(k);
     int e = pick_engine(k, I, engine, NT_ENGINE_VECTOR,
                         ENG(VECTOR) | ENG(SCALAR) | ENG(GPSIMD));
@@ -2388,7 +2461,7 @@ int nt_isa_tensor_copy_sr(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, 
     nt__sim_instr in = {.name = I, .engine = e, .cycles = (double)N, .act_table = -1};
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
     in.acc[in.nacc++] = (nt__sim_acc){"src", src, false, false};
-    nt__sim_issue(k, &in);
+    TRY(issue(k, &in));
     if (!k->functional)
         return 0;
     fx_rec r = {.kind = FX_COPY_SR, .np = dst->np, .index = *index, .key = key};
@@ -2400,7 +2473,7 @@ int nt_isa_tensor_copy_sr(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, 
 
 int nt_isa_memset(nt_sim_kernel *k, const nt_ap *dst, double value, nt_engine engine)
 {
-    static const char *I = "memset";
+    const char *I = isa_kinds[K_MEMSET].name;
     PROLOGUE(k);
     int e = pick_engine(k, I, engine, NT_ENGINE_VECTOR, ENG(VECTOR) | ENG(GPSIMD));
     if (e < 0)
@@ -2409,7 +2482,7 @@ int nt_isa_memset(nt_sim_kernel *k, const nt_ap *dst, double value, nt_engine en
     int64_t N = nt__sim_free_count(dst);
     nt__sim_instr in = {.name = I, .engine = e, .cycles = (double)N, .act_table = -1};
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
-    nt__sim_issue(k, &in);
+    TRY(issue(k, &in));
     if (!k->functional)
         return 0;
     fx_rec r = {.kind = FX_MEMSET, .np = dst->np, .ints = is_int(dst->dtype), .value = value};
@@ -2420,7 +2493,7 @@ int nt_isa_memset(nt_sim_kernel *k, const nt_ap *dst, double value, nt_engine en
 
 int nt_isa_iota(nt_sim_kernel *k, const nt_ap *dst, const nt_isa_affine *expr)
 {
-    static const char *I = "iota";
+    const char *I = isa_kinds[K_IOTA].name;
     PROLOGUE(k);
     TRY(check_ap(k, I, "dst", dst, M_SBUF, NT_ENGINE_GPSIMD));
     if (!expr)
@@ -2429,7 +2502,7 @@ int nt_isa_iota(nt_sim_kernel *k, const nt_ap *dst, const nt_isa_affine *expr)
     nt__sim_instr in = {.name = I, .engine = NT_ENGINE_GPSIMD, .cycles = 150.0 + N,
                         .act_table = -1};
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
-    nt__sim_issue(k, &in);
+    TRY(issue(k, &in));
     if (!k->functional)
         return 0;
     fx_rec r = {.kind = FX_IOTA, .np = dst->np, .aff = *expr};
@@ -2441,21 +2514,24 @@ int nt_isa_iota(nt_sim_kernel *k, const nt_ap *dst, const nt_isa_affine *expr)
 int nt_isa_affine_select(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *on_true,
                          const nt_isa_affine *pred, nt_alu_op cmp, float on_false)
 {
-    static const char *I = "affine_select";
+    const char *I = isa_kinds[K_AFFINE_SELECT].name;
     PROLOGUE(k);
     TRY(check_ap(k, I, "dst", dst, M_SBUF, NT_ENGINE_GPSIMD));
     TRY(check_ap(k, I, "on_true", on_true, M_SBUF, NT_ENGINE_GPSIMD));
     TRY(check_same(k, I, "dst", dst, "on_true", on_true));
     if (!pred)
         return nt__sim_fail(k, I, "pred is missing");
-    if (!is_cmp(cmp))
-        return nt__sim_fail(k, I, "cmp %s (rule: a comparison op)", nt_alu_op_name(cmp));
+    /* the hardware's comparators of an affine value with 0 (KLR's
+     * AffineSelectCmp): greater, greater_equal, equal, not_equal */
+    if (cmp != NT_ALU_GT && cmp != NT_ALU_GE && cmp != NT_ALU_EQ && cmp != NT_ALU_NE)
+        return nt__sim_fail(k, I, "cmp %s (rule: greater, greater_equal, equal or not_equal)",
+                            nt_alu_op_name(cmp));
     int64_t N = nt__sim_free_count(dst);
     nt__sim_instr in = {.name = I, .engine = NT_ENGINE_GPSIMD, .cycles = 150.0 + N,
                         .act_table = -1};
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
     in.acc[in.nacc++] = (nt__sim_acc){"on_true", on_true, false, false};
-    nt__sim_issue(k, &in);
+    TRY(issue(k, &in));
     if (!k->functional)
         return 0;
     fx_rec r = {.kind = FX_ASEL, .np = dst->np, .aff = *pred, .cmp = cmp, .on_false = on_false};
@@ -2468,7 +2544,7 @@ int nt_isa_affine_select(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *on_tru
 int nt_isa_select(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *pred, const nt_ap *on_true,
                   const nt_ap *on_false, nt_engine engine)
 {
-    static const char *I = "select";
+    const char *I = isa_kinds[K_SELECT].name;
     PROLOGUE(k);
     int e = pick_engine(k, I, engine, NT_ENGINE_VECTOR, ENG(VECTOR) | ENG(GPSIMD));
     if (e < 0)
@@ -2486,7 +2562,7 @@ int nt_isa_select(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *pred, const n
     in.acc[in.nacc++] = (nt__sim_acc){"pred", pred, false, false};
     in.acc[in.nacc++] = (nt__sim_acc){"on_true", on_true, false, false};
     in.acc[in.nacc++] = (nt__sim_acc){"on_false", on_false, false, false};
-    nt__sim_issue(k, &in);
+    TRY(issue(k, &in));
     if (!k->functional)
         return 0;
     fx_rec r = {.kind = FX_SEL, .np = dst->np};
@@ -2503,11 +2579,14 @@ int nt_isa_tensor_tensor_scan(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *d
                               const nt_ap *data1, const nt_isa_scalar *initial, nt_alu_op op0,
                               nt_alu_op op1)
 {
-    static const char *I = "tensor_tensor_scan";
+    const char *I = isa_kinds[K_SCAN].name;
     PROLOGUE(k);
     int e = NT_ENGINE_VECTOR;
-    if ((unsigned)op0 >= NT_ALU_COUNT || (unsigned)op1 >= NT_ALU_COUNT)
-        return nt__sim_fail(k, I, "bad ALU op (rule: one of nt_alu_op)");
+    TRY(check_alu(k, I, op0));
+    TRY(check_alu(k, I, op1));
+    if (op0 == NT_ALU_POW || op1 == NT_ALU_POW)
+        return nt__sim_fail(k, I, "op power (rule: power runs on GpSimd only; the scan runs on "
+                                  "VectorE)");
     TRY(check_ap(k, I, "dst", dst, M_SBUF | M_PSUM, e));
     TRY(check_ap(k, I, "data0", data0, M_SBUF | M_PSUM, e));
     TRY(check_ap(k, I, "data1", data1, M_SBUF | M_PSUM, e));
@@ -2521,7 +2600,7 @@ int nt_isa_tensor_tensor_scan(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *d
     in.acc[in.nacc++] = (nt__sim_acc){"data1", data1, false, false};
     if (initial && initial->ap)
         in.acc[in.nacc++] = (nt__sim_acc){"initial", initial->ap, false, false};
-    nt__sim_issue(k, &in);
+    TRY(issue(k, &in));
     if (!k->functional)
         return 0;
     fx_rec r = {.kind = FX_SCAN, .np = dst->np, .op = {op0, op1}};
@@ -2537,7 +2616,7 @@ int nt_isa_gpsimd_custom(nt_sim_kernel *k, const char *name, const nt_ap *dst,
                          const nt_ap *const *src, int nsrc, double cycles_per_elem,
                          nt_gpsimd_fn fn, void *ctx)
 {
-    static const char *I = "gpsimd_custom";
+    const char *I = isa_kinds[K_GPSIMD_CUSTOM].name;
     PROLOGUE(k);
     k->nopaque++; /* its code decides what it does */
     if (!fn)
@@ -2566,7 +2645,7 @@ int nt_isa_gpsimd_custom(nt_sim_kernel *k, const char *name, const nt_ap *dst,
     for (int i = 0; i < n && in.nacc < NT__SIM_MAX_ACC; i++)
         in.acc[in.nacc++] = (nt__sim_acc){dst && i == 0 ? "dst" : "src", all[i],
                                           dst && i == 0, false};
-    nt__sim_issue(k, &in);
+    TRY(issue(k, &in));
     if (!k->functional)
         return 0;
     nt__sim_fx_flush(k);

@@ -2509,6 +2509,38 @@ static void test_break_view_hazards(void **state)
     nt_release(io2[1]), nt_release(io2[2]);
 }
 
+/* Two fused programs that differ only in an op's second integer
+ * parameter (BINARY_DX's p.i[1]: d/da or d/db) are two kernels: pow's two
+ * partials in one lazy batch gave b's gradient a's bits while the cache
+ * keyed p.i[0] alone.  Both backends, against the deterministic run. */
+static void test_cache_key_int_params(void **state)
+{
+    (void)state;
+    const char *backends[] = {"cpu", "sim"};
+    float a[6] = {2.0f, 3.0f, 0.5f, 1.5f, 0.0f, 4.0f}, b[6] = {1.5f, -0.5f, 2.0f, 0.25f, 2.0f, 0.0f};
+    for (int be = 0; be < 2; be++) {
+        float ga[2][6], gb[2][6];
+        for (int m = 0; m < 2; m++) {
+            assert_int_equal(nt_config_set("NT_BACKEND", backends[be]), 0);
+            assert_int_equal(nt_config_set("NT_MODE", m ? "lazy" : "deterministic"), 0);
+            nt_scope *s = nt_scope_begin();
+            nt_tensor *A = nt_from_host(a, NT_F32, 1, (int64_t[]){6});
+            nt_tensor *B = nt_from_host(b, NT_F32, 1, (int64_t[]){6});
+            nt_set_requires_grad(A, true);
+            nt_set_requires_grad(B, true);
+            assert_int_equal(nt_backward(nt_sum(nt_pow(A, B), 0, false)), 0);
+            assert_int_equal(nt_to_host(nt_grad(A), ga[m], sizeof ga[m]), 0);
+            assert_int_equal(nt_to_host(nt_grad(B), gb[m], sizeof gb[m]), 0);
+            nt_scope_end(s);
+        }
+        assert_memory_equal(ga[0], ga[1], sizeof ga[0]);
+        assert_memory_equal(gb[0], gb[1], sizeof gb[0]);
+        assert_true(gb[1][0] == powf(2.0f, 1.5f) * logf(2.0f)); /* not d/da's 1.5 * 2^0.5 */
+    }
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+}
+
 static void test_kernel_cache(void **state)
 {
     (void)state;
@@ -3205,6 +3237,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_break_sbuf_capacity, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_break_view_hazards, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_kernel_cache, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_cache_key_int_params, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_op_limit, setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -91,9 +91,11 @@ typedef enum nt_engine {
     NT_ENGINE_COUNT
 } nt_engine;
 
-/* ALU operators of tensor_tensor / tensor_scalar / tensor_reduce / scans.
+/* ALU operators of tensor_tensor / tensor_scalar / tensor_reduce / scans:
+ * operators of the NKI ISA's ALU (nt_alu_op_nki names the one each models).
  * Floating forms evaluate through the CPU backend's definitions (add,
- * maximum with NaN propagating, ...).  Comparisons give 1.0 or 0.0. */
+ * maximum with NaN propagating, ...).  Comparisons give 1.0 or 0.0.
+ * POWER runs on GpSimd only, as on the hardware. */
 #define NT_ALU_OP_MAP(X) \
     X(BYPASS, bypass)    \
     X(ADD, add)          \
@@ -117,9 +119,13 @@ typedef enum nt_alu_op {
     NT_ALU_COUNT
 } nt_alu_op;
 
-/* Activation functions of ScalarE, evaluated through the CPU backend's
- * definitions.  GELU_DX and SILU_DX are the derivatives d/dx gelu(x) and
- * d/dx silu(x) exactly as the backward ops compute them. */
+/* Activation functions of ScalarE: functions of the NKI ISA's activation
+ * table (nt_act_func_nki names the one each models), evaluated through the
+ * CPU backend's definitions.  GELU_DX and SILU_DX are the derivatives
+ * d/dx gelu(x) and d/dx silu(x) exactly as the backward ops compute them;
+ * GELU_APPRX_TANH is nt_gelu_tanh's function.  NEG has no NKI function (the
+ * table has none for -x): the simulator refuses it; -x is IDENTITY with
+ * scale -1.  New functions are appended, so the values stay stable. */
 #define NT_ACT_FUNC_MAP(X) \
     X(IDENTITY, identity)  \
     X(EXP, exp)            \
@@ -135,7 +141,11 @@ typedef enum nt_alu_op {
     X(NEG, negative)       \
     X(SQUARE, square)      \
     X(GELU_DX, gelu_dx)    \
-    X(SILU_DX, silu_dx)
+    X(SILU_DX, silu_dx)    \
+    X(SOFTPLUS, softplus)  \
+    X(MISH, mish)          \
+    X(RECIPROCAL, reciprocal) \
+    X(GELU_APPRX_TANH, gelu_apprx_tanh)
 
 typedef enum nt_act_func {
 #define NT__ACT_ENUM(id, name) NT_ACT_##id,
@@ -149,6 +159,20 @@ NT_API const char *nt_engine_name(nt_engine e);
 NT_API const char *nt_alu_op_name(nt_alu_op op);
 NT_API const char *nt_act_func_name(nt_act_func f);
 NT_API const char *nt_mem_name(nt_mem m);
+
+/** The NKI name of the ALU operator / activation function an nt_alu_op /
+ *  nt_act_func models ("nki.language.add", "nki.language.exp", ...), or
+ *  NULL when the NKI ISA has none: the simulator executes exactly the codes
+ *  with a name (docs/sim.md cites AWS's tables).  Static strings. */
+NT_API const char *nt_alu_op_nki(nt_alu_op op);
+NT_API const char *nt_act_func_nki(nt_act_func f);
+
+/** The simulator's instruction kinds, each against the nki.isa instruction
+ *  (or Neuron facility) it models: entry i of 0 .. count-1 sets *name to
+ *  the simulator's name ("tensor_tensor") and *nki to the NKI one
+ *  ("nki.isa.tensor_tensor"); returns the count.  An instruction outside
+ *  this table cannot be issued.  Static strings; thread-safe. */
+NT_API int nt_sim_isa_kind(int i, const char **name, const char **nki);
 
 /** The numbers of the simulated core (docs/sim.md cites each one). */
 typedef struct nt_sim_config {

@@ -67,29 +67,36 @@ static const int sim_of[NT_OP_COUNT] = {
 #undef NT__SIM_COL
 };
 
-/* A unary op's activation: its own function, or the table's (the
- * activation instruction evaluates nt__ew_<name> by op id; a tensor-scalar
- * op's scalars ride in its scale and bias operands). */
+/* A unary op's activation function (an NKI one: sim column >= 0). */
 static nt_act_func act_of(int op)
 {
     int f = sim_of[op];
-    if (f == NT__SIM_NONE || f == NT__SIM_SEQ || (f != NT__SIM_TABLE && nt__ops[op].kind != NT_KIND_UNARY))
+    if (f < 0 || nt__ops[op].kind != NT_KIND_UNARY)
         nt__op_unhandled("sim act_of", op);
-    return f == NT__SIM_TABLE ? (nt_act_func)(NT__ACT_OP_BASE + op) : (nt_act_func)f;
+    return (nt_act_func)f;
 }
 
-/* A binary or compare op's ALU step; -1 for the ones with a hand-written
- * sequence (NT__SIM_SEQ: the backward helpers). */
+/* A binary or compare op's ALU step; -1 for the ones with a sequence
+ * (NT__SIM_SEQ: the backward helpers). */
 static int alu_of(int op)
 {
     int f = sim_of[op];
     if (f == NT__SIM_SEQ)
         return -1;
-    if (f == NT__SIM_TABLE) /* tensor_tensor evaluates it through the table */
-        return NT__ALU_OP_BASE + op;
     if (f < 0)
         nt__op_unhandled("sim alu_of", op);
     return f;
+}
+
+/* The engine of an ALU step: power runs on GpSimd only (sim/isa.c). */
+static nt_engine alu_eng(sk_k *s, nt_alu_op op, const nt_ap *dst)
+{
+    return op == NT_ALU_POW ? NT_ENGINE_GPSIMD : sk_eng_ap(s, dst);
+}
+
+static nt_engine tt_eng(nt_alu_op op)
+{
+    return op == NT_ALU_POW ? NT_ENGINE_GPSIMD : NT_ENGINE_VECTOR;
 }
 
 /* The value memset must be given so that it stores what nt__store_f64
@@ -106,19 +113,40 @@ static double memset_value(nt_dtype dt, double v)
 }
 
 /* Does op `o` (with operand dtypes) need the f32/i32 temporaries, and
- * which constants?  Constants live in [128, 2] tiles per op, set once. */
-enum { NEED_TF = 1, NEED_TI = 2, NEED_CF = 4, NEED_CI = 8 };
+ * which constants?  Constants live in [128, 2] tiles per op, set once;
+ * NEED_CK: the kernel's 0 and 1 (one [128, 2] tile); NEED_TF4: four f32
+ * temporaries instead of two. */
+enum { NEED_TF = 1, NEED_TI = 2, NEED_CF = 4, NEED_CI = 8, NEED_CK = 16, NEED_TF4 = 32 };
+
+/* UNARY_BWD's sequence for forward op f (emit_unary_bwd) */
+static unsigned unary_bwd_needs(int f)
+{
+    switch (f) {
+    case NT_OP_SOFTPLUS: return NEED_TF | NEED_CK;
+    case NT_OP_MISH:
+    case NT_OP_GELU_TANH: return NEED_TF | NEED_TF4;
+    default: return NEED_TF;
+    }
+}
 
 static unsigned op_needs(const nt__fop *o, bool fc)
 {
     switch (nt__ops[o->op].kind) {
-    case NT_KIND_UNARY: /* int abs = max(a, -a) */
-        return !fc && nt__op_prim(o->op) == NT__PRIM_ABS ? NEED_TI : 0;
+    case NT_KIND_UNARY: /* int abs = max(a, -a); softsign's |x| + 1 */
+        if (!fc)
+            return nt__op_prim(o->op) == NT__PRIM_ABS ? NEED_TI : 0;
+        return o->op == NT_OP_SOFTSIGN ? NEED_TF : 0;
     case NT_KIND_SCALAR: /* int forms read their scalars from i32 constants */
-        return fc ? 0 : NEED_CI;
-    case NT_KIND_BINARY: /* the helpers' sequences: an f32 temporary (relu_bwd's 0) */
+        if (!fc)
+            return NEED_CI;
+        return o->op == NT_OP_LEAKY_RELU ? NEED_TF : 0;
+    case NT_KIND_BINARY: /* the helpers' sequences: f32 temporaries (relu_bwd's 0) */
         if (sim_of[o->op] != NT__SIM_SEQ)
             return 0;
+        if (o->op == NT_OP_UNARY_BWD)
+            return unary_bwd_needs((int)o->p.i[0]);
+        if (o->op == NT_OP_BINARY_DX)
+            return NEED_TF | NEED_CK;
         return o->op == NT_OP_RELU_BWD ? NEED_TF | NEED_CF : NEED_TF;
     default: return 0; /* copies, fills, compare, where, row reductions */
     }
@@ -136,8 +164,9 @@ typedef struct emit_ctx {
     sk_k *s;
     int np;
     int64_t nf;
-    nt_tile *tf[2], *ti;   /* f32 temporaries, i32 temporary */
+    nt_tile *tf[4], *ti;   /* f32 temporaries (2 or 4), i32 temporary */
     nt_tile *cf, *ci;      /* constants [128, 2 * nops] */
+    nt_tile *ck;           /* the kernel's 0 and 1 [128, 2] (NEED_CK) */
     /* stochastic-rounding casts: their keys (per op), and the output
      * element index of the tile's positions: idx over the free dims
      * idx_num (full values), idxr for per-row values */
@@ -238,7 +267,298 @@ static int ts1(sk_k *s, const nt_ap *dst, const nt_ap *src, nt_alu_op op, const 
                float imm, bool rev)
 {
     nt_isa_alu a = {op, {sap, imm}, rev};
-    return nt_isa_tensor_scalar(s->k, dst, src, &a, NULL, sk_eng_ap(s, dst));
+    return nt_isa_tensor_scalar(s->k, dst, src, &a, NULL, alu_eng(s, op, dst));
+}
+
+/* (src op0 i0) op1 i1, immediates */
+static int ts2(sk_k *s, const nt_ap *dst, const nt_ap *src, nt_alu_op op0, float i0,
+               nt_alu_op op1, float i1)
+{
+    nt_isa_alu a = {op0, {NULL, i0}, false}, b = {op1, {NULL, i1}, false};
+    return nt_isa_tensor_scalar(s->k, dst, src, &a, &b, sk_eng_ap(s, dst));
+}
+
+static int tt(sk_k *s, const nt_ap *dst, const nt_ap *a, const nt_ap *b, nt_alu_op op)
+{
+    return nt_isa_tensor_tensor(s->k, dst, a, b, op, tt_eng(op));
+}
+
+/* (src op0 i0) op1 b on VectorE */
+static int stt(sk_k *s, const nt_ap *dst, const nt_ap *src, nt_alu_op op0, float i0,
+               nt_alu_op op1, const nt_ap *b)
+{
+    nt_isa_alu a = {op0, {NULL, i0}, false};
+    return nt_isa_scalar_tensor_tensor(s->k, dst, src, &a, op1, b, false, NT_ENGINE_VECTOR);
+}
+
+static int act(sk_k *s, const nt_ap *dst, nt_act_func f, const nt_ap *src)
+{
+    return nt_isa_activation(s->k, dst, f, src, NULL, NULL, NULL);
+}
+
+/* The kernel constant j (0: 0.0f, 1: 1.0f) over the tile, a step-0 pattern */
+static nt_ap kconst(const emit_ctx *E, int j)
+{
+    nt_ap a = nt_tile_slice(E->ck, 0, E->np, j, 1);
+    a.num[0] = E->nf;
+    a.step[0] = 0;
+    return a;
+}
+
+/* ---- sequences: ops of the op table that the NKI ISA has no function or
+ * operator for, as instructions it has, each step the CPU definition's
+ * step in f32 (core/ewise.h), so every value rounds where the CPU's does.
+ * x * 1 == x and -(a * b) == (-a) * b hold bit for bit, which some steps
+ * use. ---- */
+
+/* NEG: -x = identity(x * -1); softsign: x / (1 + |x|) */
+static int emit_unary_seq(emit_ctx *E, const nt__fop *o, const nt_ap *dst, const nt_ap *x)
+{
+    sk_k *s = E->s;
+    if (o->op == NT_OP_NEG)
+        return nt_isa_activation(s->k, dst, NT_ACT_IDENTITY, x, &(nt_isa_scalar){NULL, -1.0f},
+                                 NULL, NULL);
+    if (o->op != NT_OP_SOFTSIGN)
+        nt__op_unhandled("sim unary sequence", o->op);
+    nt_ap T0 = tslice(E->tf[0], E->np, E->nf);
+    int rc = act(s, &T0, NT_ACT_ABS, x);
+    if (!rc)
+        rc = ts1(s, &T0, &T0, NT_ALU_ADD, NULL, 1.0f, false);
+    return rc ? rc : tt(s, dst, x, &T0, NT_ALU_DIV);
+}
+
+/* leaky_relu x > 0 ? x : x * s; hardtanh = clamp */
+static int emit_scalar_seq(emit_ctx *E, const nt__fop *o, const nt_ap *dst, const nt_ap *x)
+{
+    sk_k *s = E->s;
+    float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
+    if (o->op == NT_OP_LEAKY_RELU) {
+        nt_ap T0 = tslice(E->tf[0], E->np, E->nf), T1 = tslice(E->tf[1], E->np, E->nf);
+        int rc = ts1(s, &T0, x, NT_ALU_MUL, NULL, s0, false);
+        if (!rc)
+            rc = ts1(s, &T1, x, NT_ALU_GT, NULL, 0.0f, false);
+        return rc ? rc : nt_isa_select(s->k, dst, &T1, x, &T0, NT_ENGINE_VECTOR);
+    }
+    if (o->op != NT_OP_HARDTANH)
+        nt__op_unhandled("sim scalar sequence", o->op);
+    return ts2(s, dst, x, NT_ALU_MAX, s0, NT_ALU_MIN, s1);
+}
+
+/* gelu_tanh'(x) (nt__ew_gelu_tanh_dx) into T[3]: t = 2u(x), q = exp(-|t|),
+ * d = 1 + q, s = (t >= 0 ? 1 : q) / d (max(t >= 0, q): q <= 1), ss =
+ * (q / d) / d, du = c (1 + 0.134145 x^2), q == 0 ? s : s + 2x ss du */
+static int gelu_tanh_dx(sk_k *s, const nt_ap *T, const nt_ap *x)
+{
+    const float c = 0.79788456080286535588f;
+    int rc = act(s, &T[0], NT_ACT_SQUARE, x);
+    if (!rc)
+        rc = tt(s, &T[0], x, &T[0], NT_ALU_MUL);
+    if (!rc)
+        rc = stt(s, &T[0], &T[0], NT_ALU_MUL, 0.044715f, NT_ALU_ADD, x);
+    if (!rc)
+        rc = ts2(s, &T[0], &T[0], NT_ALU_MUL, c, NT_ALU_MUL, 2.0f); /* t */
+    if (!rc)
+        rc = act(s, &T[1], NT_ACT_ABS, &T[0]);
+    if (!rc) /* q */
+        rc = nt_isa_activation(s->k, &T[1], NT_ACT_EXP, &T[1], &(nt_isa_scalar){NULL, -1.0f},
+                               NULL, NULL);
+    if (!rc)
+        rc = stt(s, &T[0], &T[0], NT_ALU_GE, 0.0f, NT_ALU_MAX, &T[1]);
+    if (!rc)
+        rc = ts1(s, &T[2], &T[1], NT_ALU_ADD, NULL, 1.0f, false); /* d */
+    if (!rc)
+        rc = tt(s, &T[0], &T[0], &T[2], NT_ALU_DIV); /* s */
+    if (!rc)
+        rc = tt(s, &T[3], &T[1], &T[2], NT_ALU_DIV);
+    if (!rc)
+        rc = tt(s, &T[3], &T[3], &T[2], NT_ALU_DIV); /* ss */
+    if (!rc)
+        rc = ts1(s, &T[1], &T[1], NT_ALU_EQ, NULL, 0.0f, false); /* q == 0 */
+    if (!rc)
+        rc = act(s, &T[2], NT_ACT_SQUARE, x);
+    if (!rc)
+        rc = ts2(s, &T[2], &T[2], NT_ALU_MUL, 0.134145f, NT_ALU_ADD, 1.0f);
+    if (!rc)
+        rc = ts1(s, &T[2], &T[2], NT_ALU_MUL, NULL, c, false); /* du */
+    if (!rc)
+        rc = stt(s, &T[3], x, NT_ALU_MUL, 2.0f, NT_ALU_MUL, &T[3]);
+    if (!rc)
+        rc = tt(s, &T[3], &T[3], &T[2], NT_ALU_MUL);
+    if (!rc)
+        rc = tt(s, &T[3], &T[0], &T[3], NT_ALU_ADD);
+    return rc ? rc : nt_isa_select(s->k, &T[3], &T[1], &T[0], &T[3], NT_ENGINE_VECTOR);
+}
+
+/* mish'(x) into T[0]: t + (x sigmoid(x)) (1 - t t), t = tanh(softplus(x)) */
+static int mish_dx(sk_k *s, const nt_ap *T, const nt_ap *x)
+{
+    int rc = act(s, &T[0], NT_ACT_SOFTPLUS, x);
+    if (!rc)
+        rc = act(s, &T[0], NT_ACT_TANH, &T[0]);
+    if (!rc)
+        rc = act(s, &T[1], NT_ACT_SIGMOID, x);
+    if (!rc)
+        rc = tt(s, &T[1], x, &T[1], NT_ALU_MUL);
+    if (!rc)
+        rc = act(s, &T[2], NT_ACT_SQUARE, &T[0]);
+    if (!rc)
+        rc = ts1(s, &T[2], &T[2], NT_ALU_SUB, NULL, 1.0f, true);
+    if (!rc)
+        rc = tt(s, &T[1], &T[1], &T[2], NT_ALU_MUL);
+    return rc ? rc : tt(s, &T[0], &T[0], &T[1], NT_ALU_ADD);
+}
+
+/* The factor f'(v) of UNARY_BWD (core/ewise.h, nt__ew_<f>_dx) for the
+ * forward op f = p.i[0] with its scalars, into T[*w]. */
+static int unary_bwd_factor(emit_ctx *E, const nt__fop *o, const nt_ap *T, const nt_ap *v,
+                            int *w)
+{
+    sk_k *s = E->s;
+    float s0 = (float)o->p.f[0], s1 = (float)o->p.f[1];
+    int rc = 0, f = (int)o->p.i[0];
+    *w = 0;
+    switch (f) {
+    case NT_OP_LOG: return act(s, &T[0], NT_ACT_RECIPROCAL, v);                 /* 1 / x */
+    case NT_OP_SQRT: return ts1(s, &T[0], v, NT_ALU_DIV, NULL, 0.5f, true);     /* 0.5 / y */
+    case NT_OP_RSQRT: /* -0.5 * (y * (y * y)) */
+        rc = act(s, &T[0], NT_ACT_SQUARE, v);
+        if (!rc)
+            rc = tt(s, &T[0], v, &T[0], NT_ALU_MUL);
+        return rc ? rc : ts1(s, &T[0], &T[0], NT_ALU_MUL, NULL, -0.5f, false);
+    case NT_OP_ABS: /* (x > 0) - (x < 0): 1, -1, 0 (NaN: 0) */
+        rc = ts1(s, &T[0], v, NT_ALU_GT, NULL, 0.0f, false);
+        return rc ? rc : nt_isa_scalar_tensor_tensor(s->k, &T[0], v,
+                                                     &(nt_isa_alu){NT_ALU_LT, {NULL, 0.0f}, false},
+                                                     NT_ALU_SUB, &T[0], true, NT_ENGINE_VECTOR);
+    case NT_OP_RELU: return ts1(s, &T[0], v, NT_ALU_GT, NULL, 0.0f, false);     /* y > 0 */
+    case NT_OP_GELU: return act(s, &T[0], NT_ACT_GELU_DX, v);
+    case NT_OP_SILU: return act(s, &T[0], NT_ACT_SILU_DX, v);
+    case NT_OP_SIGMOID: /* y * (1 - y) */
+        rc = ts1(s, &T[0], v, NT_ALU_SUB, NULL, 1.0f, true);
+        return rc ? rc : tt(s, &T[0], v, &T[0], NT_ALU_MUL);
+    case NT_OP_TANH: /* 1 - y * y */
+        rc = act(s, &T[0], NT_ACT_SQUARE, v);
+        return rc ? rc : ts1(s, &T[0], &T[0], NT_ALU_SUB, NULL, 1.0f, true);
+    case NT_OP_SOFTPLUS: { /* x > 20 ? 1 : z / (z + 1), z = exp(x) */
+        nt_ap one = kconst(E, 1);
+        rc = act(s, &T[0], NT_ACT_EXP, v);
+        if (!rc)
+            rc = ts1(s, &T[1], &T[0], NT_ALU_ADD, NULL, 1.0f, false);
+        if (!rc)
+            rc = tt(s, &T[1], &T[0], &T[1], NT_ALU_DIV);
+        if (!rc)
+            rc = ts1(s, &T[0], v, NT_ALU_GT, NULL, 20.0f, false);
+        return rc ? rc : nt_isa_select(s->k, &T[0], &T[0], &one, &T[1], NT_ENGINE_VECTOR);
+    }
+    case NT_OP_MISH: return mish_dx(s, T, v);
+    case NT_OP_SOFTSIGN: /* 1 / (d * d), d = 1 + |x| */
+        rc = act(s, &T[0], NT_ACT_ABS, v);
+        if (!rc)
+            rc = nt_isa_activation(s->k, &T[0], NT_ACT_SQUARE, &T[0], NULL,
+                                   &(nt_isa_scalar){NULL, 1.0f}, NULL);
+        return rc ? rc : act(s, &T[0], NT_ACT_RECIPROCAL, &T[0]);
+    case NT_OP_RECIPROCAL: /* -(y * y) = (y * -1) * y */
+        return stt(s, &T[0], v, NT_ALU_MUL, -1.0f, NT_ALU_MUL, v);
+    case NT_OP_GELU_TANH: *w = 3; return gelu_tanh_dx(s, T, v);
+    case NT_OP_POW_SCALAR: /* s0 * pow(x, s0 - 1) */
+        rc = ts1(s, &T[0], v, NT_ALU_POW, NULL, s0 - 1.0f, false);
+        return rc ? rc : ts1(s, &T[0], &T[0], NT_ALU_MUL, NULL, s0, false);
+    case NT_OP_CLAMP: /* lo <= x <= hi (NaN: 0) */
+        rc = ts1(s, &T[0], v, NT_ALU_GE, NULL, s0, false);
+        return rc ? rc : stt(s, &T[0], v, NT_ALU_LE, s1, NT_ALU_MUL, &T[0]);
+    case NT_OP_HARDTANH: /* 1 - max(x >= hi, x <= lo): 0 where clamped, NaN passes */
+        rc = ts1(s, &T[0], v, NT_ALU_LE, NULL, s0, false);
+        if (!rc)
+            rc = stt(s, &T[0], v, NT_ALU_GE, s1, NT_ALU_MAX, &T[0]);
+        return rc ? rc : ts1(s, &T[0], &T[0], NT_ALU_SUB, NULL, 1.0f, true);
+    default:
+        return nt__kerr(NT_ENOTSUP, "no simulator sequence for the gradient of %s",
+                        nt__op_api(f));
+    }
+}
+
+/* UNARY_BWD g * f'(v): the factor as the CPU computes it, then one
+ * multiply; a constant factor or y itself multiplies g at once, and
+ * leaky_relu's g * (x > 0 ? 1 : s) is a select of g and g * s */
+static int emit_unary_bwd(emit_ctx *E, const nt__fop *o, const nt_ap *dst, const nt_ap *g,
+                          const nt_ap *v)
+{
+    sk_k *s = E->s;
+    float s0 = (float)o->p.f[0];
+    nt_ap T[4];
+    for (int i = 0; i < 4; i++)
+        T[i] = E->tf[i] ? tslice(E->tf[i], E->np, E->nf) : (nt_ap){0};
+    int rc, w;
+    switch ((int)o->p.i[0]) {
+    case NT_OP_NEG: return ts1(s, dst, g, NT_ALU_MUL, NULL, -1.0f, false);
+    case NT_OP_EXP: return tt(s, dst, g, v, NT_ALU_MUL);
+    case NT_OP_ADD_SCALAR: return ts1(s, dst, g, NT_ALU_MUL, NULL, 1.0f, false);
+    case NT_OP_MUL_SCALAR: return ts1(s, dst, g, NT_ALU_MUL, NULL, s0, false);
+    case NT_OP_DIV_SCALAR: /* the immediate 1 / s0, as the CPU's f32 division */
+        return ts1(s, dst, g, NT_ALU_MUL, NULL, 1.0f / s0, false);
+    case NT_OP_LEAKY_RELU:
+        rc = ts1(s, &T[0], v, NT_ALU_GT, NULL, 0.0f, false);
+        if (!rc)
+            rc = ts1(s, &T[1], g, NT_ALU_MUL, NULL, s0, false);
+        return rc ? rc : nt_isa_select(s->k, dst, &T[0], g, &T[1], NT_ENGINE_VECTOR);
+    default:
+        rc = unary_bwd_factor(E, o, T, v, &w);
+        return rc ? rc : tt(s, dst, g, &T[w], NT_ALU_MUL);
+    }
+}
+
+/* BINARY_DX: the partial d/da (p.i[1] = 0) or d/db of binary op p.i[0]
+ * (core/ewise.h, nt__ew_<f>_da / _db), each as the CPU computes it */
+static int emit_binary_dx(emit_ctx *E, const nt__fop *o, const nt_ap *dst, const nt_ap *a,
+                          const nt_ap *b)
+{
+    sk_k *s = E->s;
+    bool db = o->p.i[1] != 0;
+    nt_ap T0 = tslice(E->tf[0], E->np, E->nf), T1 = tslice(E->tf[1], E->np, E->nf);
+    nt_ap zero = kconst(E, 0);
+    int rc = 0;
+    switch ((int)o->p.i[0]) {
+    case NT_OP_ADD: return nt_isa_memset(s->k, dst, 1.0, NT_ENGINE_VECTOR);
+    case NT_OP_SUB: return nt_isa_memset(s->k, dst, db ? -1.0 : 1.0, NT_ENGINE_VECTOR);
+    case NT_OP_MUL: return nt_isa_tensor_copy(s->k, dst, db ? a : b, sk_eng_ap(s, dst));
+    case NT_OP_DIV:
+        if (!db) /* 1 / b */
+            return act(s, dst, NT_ACT_RECIPROCAL, b);
+        rc = tt(s, &T0, a, b, NT_ALU_DIV); /* -(a / b) / b */
+        return rc ? rc : stt(s, dst, &T0, NT_ALU_MUL, -1.0f, NT_ALU_DIV, b);
+    case NT_OP_MAXIMUM:
+    case NT_OP_MINIMUM: { /* a >= b (a <= b) ? 1 : 0, and 1 minus that (NaN: 0, 1) */
+        nt_alu_op c = o->p.i[0] == NT_OP_MAXIMUM ? NT_ALU_GE : NT_ALU_LE;
+        if (!db)
+            return tt(s, dst, a, b, c);
+        rc = tt(s, &T0, a, b, c);
+        return rc ? rc : ts1(s, dst, &T0, NT_ALU_SUB, NULL, 1.0f, true);
+    }
+    case NT_OP_POW:
+        if (!db) { /* b == 0 ? 0 : b * pow(a, b - 1) */
+            rc = ts1(s, &T0, b, NT_ALU_SUB, NULL, 1.0f, false);
+            if (!rc)
+                rc = tt(s, &T0, a, &T0, NT_ALU_POW);
+            if (!rc)
+                rc = tt(s, &T0, b, &T0, NT_ALU_MUL);
+            if (!rc)
+                rc = ts1(s, &T1, b, NT_ALU_EQ, NULL, 0.0f, false);
+        } else { /* a == 0 && b >= 0 ? 0 : pow(a, b) * log(a) */
+            rc = tt(s, &T0, a, b, NT_ALU_POW);
+            if (!rc)
+                rc = act(s, &T1, NT_ACT_LOG, a);
+            if (!rc)
+                rc = tt(s, &T0, &T0, &T1, NT_ALU_MUL);
+            if (!rc)
+                rc = ts1(s, &T1, a, NT_ALU_EQ, NULL, 0.0f, false);
+            if (!rc)
+                rc = stt(s, &T1, b, NT_ALU_GE, 0.0f, NT_ALU_MUL, &T1);
+        }
+        return rc ? rc : nt_isa_select(s->k, dst, &T1, &zero, &T0, NT_ENGINE_VECTOR);
+    default:
+        return nt__kerr(NT_ENOTSUP, "no simulator sequence for the partials of %s",
+                        nt__op_api((int)o->p.i[0]));
+    }
 }
 
 /* Emits op o (program op index opk) writing dst (dtype odt). */
@@ -263,8 +583,10 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
             return emit_sr(E, opk, dst, &a[0].ap, E->nf == 1 && a[0].red);
         return nt_isa_tensor_copy(k, dst, &a[0].ap, sk_eng_ap(s, dst));
     case NT_KIND_UNARY:
-        if (fc)
+        if (fc && sim_of[o->op] >= 0)
             return nt_isa_activation(k, dst, act_of(o->op), &a[0].ap, NULL, NULL, NULL);
+        if (fc)
+            return emit_unary_seq(E, o, dst, &a[0].ap);
         /* exact int32 (the ops whose ints column is INT or INTONLY), by the
          * op's primitive (core/optable.h): -a wraps like 0u - a; relu =
          * max(a, 0); abs = max(a, -a) */
@@ -293,9 +615,8 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
         }
         if (sim_of[o->op] >= 0) /* one ALU step */
             return ts1(s, dst, &a[0].ap, (nt_alu_op)sim_of[o->op], fc ? NULL : &c0, s0, false);
-        if (sim_of[o->op] == NT__SIM_TABLE && fc) /* through the table, s0 and s1 */
-            return nt_isa_activation(k, dst, act_of(o->op), &a[0].ap, &(nt_isa_scalar){NULL, s0},
-                                     &(nt_isa_scalar){NULL, s1}, NULL);
+        if (o->op != NT_OP_CLAMP)
+            return emit_scalar_seq(E, o, dst, &a[0].ap);
         switch (o->op) {
         case NT_OP_CLAMP: {
             /* max(a, lo) then min(., hi) is the CPU's clamp, NaN, signed
@@ -310,27 +631,21 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
     case NT_KIND_BINARY:
     case NT_KIND_CMP: {
         int alu = alu_of(o->op);
-        if (alu >= NT__ALU_OP_BASE) /* a table code: tensor_tensor only, per-row
-                                       operands as step-0 patterns */
-            return nt_isa_tensor_tensor(k, dst, &a[0].ap, &a[1].ap, (nt_alu_op)alu,
-                                        NT_ENGINE_VECTOR);
         if (alu >= 0) {
             /* a per-row operand becomes the per-partition scalar */
             if (a[1].red && !a[0].red)
                 return ts1(s, dst, &a[0].ap, (nt_alu_op)alu, &a[1].col, 0.0f, false);
             if (a[0].red && !a[1].red)
                 return ts1(s, dst, &a[1].ap, (nt_alu_op)alu, &a[0].col, 0.0f, true);
-            return nt_isa_tensor_tensor(k, dst, &a[0].ap, &a[1].ap, (nt_alu_op)alu,
-                                        NT_ENGINE_VECTOR);
+            return tt(s, dst, &a[0].ap, &a[1].ap, (nt_alu_op)alu);
         }
         /* backward helpers (g, y-or-x) in the CPU's order on f32 temps */
         const nt_ap *g = &a[0].ap, *y = &a[1].ap;
         int rc = 0;
-        if (o->op == NT_OP_BINARY_DX) /* f's partial through the table */
-            return nt_isa_tensor_tensor(k, dst, &a[0].ap, &a[1].ap,
-                                        (nt_alu_op)((o->p.i[1] ? NT__ALU_DB_BASE : NT__ALU_DA_BASE) +
-                                                    (int)o->p.i[0]),
-                                        NT_ENGINE_VECTOR);
+        if (o->op == NT_OP_BINARY_DX)
+            return emit_binary_dx(E, o, dst, &a[0].ap, &a[1].ap);
+        if (o->op == NT_OP_UNARY_BWD)
+            return emit_unary_bwd(E, o, dst, g, y);
         switch (o->op) {
         case NT_OP_RELU_BWD: { /* y > 0 ? g : 0 */
             nt_ap zero = cslice(E, E->cf, opk, 0, true);
@@ -352,11 +667,6 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
             break;
         case NT_OP_SILU_BWD: /* g * silu'(x) */
             rc = nt_isa_activation(k, &T0, NT_ACT_SILU_DX, y, NULL, NULL, NULL);
-            break;
-        case NT_OP_UNARY_BWD: /* g * f'(v), f' through the table */
-            rc = nt_isa_activation(k, &T0, (nt_act_func)(NT__ACT_DX_BASE + (int)o->p.i[0]), y,
-                                   &(nt_isa_scalar){NULL, (float)o->p.f[0]},
-                                   &(nt_isa_scalar){NULL, (float)o->p.f[1]}, NULL);
             break;
         default: nt__op_unhandled("sim backward-helper sequence", o->op);
         }
@@ -473,11 +783,14 @@ static int plan_make(plan *L, const nt__fprog *P, int first, bool keep_stored)
         case NT_KIND_WHERE: L->ve_only += 2; break;
         case NT_KIND_UNARY:
         case NT_KIND_SCALAR:
-            if (val_fc(P, o) && (nt__ops[o->op].kind == NT_KIND_UNARY ||
-                                 sim_of[o->op] == NT__SIM_TABLE)) {
+            if (val_fc(P, o) && nt__ops[o->op].kind == NT_KIND_UNARY) {
                 L->se_only++; /* activation */
+                if (o->op == NT_OP_SOFTSIGN) /* + 1, the divide */
+                    L->flex++, L->ve_only += 2;
                 break;
             }
+            if (o->op == NT_OP_LEAKY_RELU) /* x * s, x > 0, select */
+                L->flex += 2, L->ve_only += 2;
             L->flex++;
             break;
         case NT_KIND_COPY: L->flex++; break;
@@ -514,10 +827,10 @@ static int64_t plan_bytes(const plan *L, int64_t F, int nbuf)
         b += ((L->R.red[r] ? 1 : F) * e + 63) / 64 * 64 * nbuf;
     }
     if (L->needs & NEED_TF)
-        b += 2 * ((F * 4 + 63) / 64 * 64);
+        b += ((L->needs & NEED_TF4) ? 4 : 2) * ((F * 4 + 63) / 64 * 64);
     if (L->needs & NEED_TI)
         b += (F * 4 + 63) / 64 * 64;
-    b += 2 * 64 + 2 * ((2 * NT_F_MAXOPS * 4 + 63) / 64 * 64);
+    b += 3 * 64 + 2 * ((2 * NT_F_MAXOPS * 4 + 63) / 64 * 64);
     return b;
 }
 
@@ -534,22 +847,16 @@ static int warm_table(sk_k *s, const plan *L)
         const nt__fop *o = &P->ops[k];
         if (!L->live[k] || !val_fc(P, o))
             continue;
-        int kind = nt__ops[o->op].kind;
-        bool table = kind == NT_KIND_SCALAR && sim_of[o->op] == NT__SIM_TABLE;
-        if (kind != NT_KIND_UNARY && !table)
+        if (nt__ops[o->op].kind != NT_KIND_UNARY || sim_of[o->op] < 0)
             continue;
         nt_act_func f = act_of(o->op);
-        if (f == NT_ACT_IDENTITY || f == NT_ACT_RELU || f == NT_ACT_ABS || f == NT_ACT_NEG ||
+        if (f == NT_ACT_IDENTITY || f == NT_ACT_RELU || f == NT_ACT_ABS ||
             f == NT_ACT_SQUARE) /* no table */
             continue;
         nt_tile *w = sk_tile(s, "act.warm", NT_F32, 1, 1);
         nt_ap a = tslice(w, 1, 1);
         int rc = nt_isa_memset(s->k, &a, 1.0, NT_ENGINE_GPSIMD);
-        if (!rc)
-            rc = table ? nt_isa_activation(s->k, &a, f, &a, &(nt_isa_scalar){NULL, (float)o->p.f[0]},
-                                           &(nt_isa_scalar){NULL, (float)o->p.f[1]}, NULL)
-                       : nt_isa_activation(s->k, &a, f, &a, NULL, NULL, NULL);
-        return rc;
+        return rc ? rc : nt_isa_activation(s->k, &a, f, &a, NULL, NULL, NULL);
     }
     return 0;
 }
@@ -577,8 +884,9 @@ static int plan_alloc(sk_k *s, plan *L, emit_ctx *E, int64_t F, int nbuf)
     if (cv > 0 && ca > 0)
         s->scalar_first = L->ve_only / cv >= (L->se_only + L->flex + L->first) / ca;
     if (L->needs & NEED_TF) {
-        E->tf[0] = sk_tile(s, "tmp0", NT_F32, 128, F);
-        E->tf[1] = sk_tile(s, "tmp1", NT_F32, 128, F);
+        static const char *const tn[4] = {"tmp0", "tmp1", "tmp2", "tmp3"};
+        for (int i = 0; i < ((L->needs & NEED_TF4) ? 4 : 2); i++)
+            E->tf[i] = sk_tile(s, tn[i], NT_F32, 128, F);
     }
     if (L->needs & NEED_TI)
         E->ti = sk_tile(s, "tmpi", NT_I32, 128, F);
@@ -586,6 +894,13 @@ static int plan_alloc(sk_k *s, plan *L, emit_ctx *E, int64_t F, int nbuf)
     int rc = warm_table(s, L);
     if (rc)
         return rc;
+    if (L->needs & NEED_CK) { /* the sequences' 0 and 1 */
+        E->ck = sk_tile(s, "const.k", NT_F32, 128, 2);
+        for (int j = 0; j < 2 && !rc; j++) {
+            nt_ap a = nt_tile_slice(E->ck, 0, 128, j, 1);
+            rc = nt_isa_memset(s->k, &a, (double)j, NT_ENGINE_GPSIMD);
+        }
+    }
     if (L->needs & (NEED_CF | NEED_CI)) {
         E->cf = sk_tile(s, "const.f32", NT_F32, 128, 2 * P->nops);
         E->ci = sk_tile(s, "const.i32", NT_I32, 128, 2 * P->nops);
@@ -709,7 +1024,8 @@ static int peephole(tile_state *t, int k, int *rcp, int (*store)(void *, int, co
         nt_ap dst = val_ap(t, n->out);
         nt_isa_alu op0 = {(nt_alu_op)scalar_alu(o->op), {NULL, (float)o->p.f[0]}, false};
         nt_isa_alu op1 = {(nt_alu_op)scalar_alu(n->op), {NULL, (float)n->p.f[0]}, false};
-        int rc = nt_isa_tensor_scalar(s->k, &dst, &a.ap, &op0, &op1, sk_eng_ap(s, &dst));
+        nt_engine e = op0.op == NT_ALU_POW ? NT_ENGINE_GPSIMD : alu_eng(s, op1.op, &dst);
+        int rc = nt_isa_tensor_scalar(s->k, &dst, &a.ap, &op0, &op1, e);
         if (!rc && P->vals[n->out].store >= 0)
             rc = store(sctx, P->vals[n->out].store, &dst);
         *rcp = rc;
@@ -727,8 +1043,9 @@ static int peephole(tile_state *t, int k, int *rcp, int (*store)(void *, int, co
             return 0;
         nt_ap dst = val_ap(t, n->out);
         nt_isa_alu op0 = {(nt_alu_op)scalar_alu(o->op), {NULL, (float)o->p.f[0]}, false};
+        nt_engine e = op0.op == NT_ALU_POW ? NT_ENGINE_GPSIMD : tt_eng((nt_alu_op)alu1);
         int rc = nt_isa_scalar_tensor_tensor(s->k, &dst, &x.ap, &op0, (nt_alu_op)alu1, &b.ap,
-                                             n->a[0] != o->out, NT_ENGINE_VECTOR);
+                                             n->a[0] != o->out, e);
         if (!rc && P->vals[n->out].store >= 0)
             rc = store(sctx, P->vals[n->out].store, &dst);
         *rcp = rc;

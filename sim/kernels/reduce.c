@@ -161,8 +161,9 @@ static int pre_map(red *c, const nt_ap *x, int np, int64_t m, nt_ap *out)
     case NT_RED_PRE_ABS: return nt_isa_activation(k, &t, NT_ACT_ABS, x, NULL, NULL, NULL);
     case NT_RED_PRE_POW: {
         int rc = nt_isa_activation(k, &t, NT_ACT_ABS, x, NULL, NULL, NULL);
+        /* power runs on GpSimd only */
         return rc ? rc : nt_isa_tensor_scalar(k, &t, &t, &(nt_isa_alu){NT_ALU_POW, {NULL, c->p}, false},
-                                              NULL, NT_ENGINE_VECTOR);
+                                              NULL, NT_ENGINE_GPSIMD);
     }
     default: return nt_sim_kernel_error(k) ? nt_sim_kernel_error(k) : NT_EINVAL;
     }
@@ -197,7 +198,7 @@ static int finish_to_g(red *c, int g, int np, const nt_ap *rp)
         rc = nt_isa_activation(k, &r, NT_ACT_SQRT, &a, NULL, NULL, NULL);
     } else if (c->fin == NT_RED_FIN_POW) {
         nt_isa_alu pw = {NT_ALU_POW, {NULL, (float)(1.0 / c->p)}, false};
-        rc = nt_isa_tensor_scalar(k, &r, &a, &pw, NULL, NT_ENGINE_VECTOR);
+        rc = nt_isa_tensor_scalar(k, &r, &a, &pw, NULL, NT_ENGINE_GPSIMD);
     } else {
         rc = nt_isa_tensor_copy(k, &r, &a, NT_ENGINE_VECTOR);
     }

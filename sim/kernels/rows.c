@@ -148,7 +148,8 @@ static int softmax_group(void *ctx, int64_t ioff, int64_t ooff, int np)
         nt_ap nll = colk(c->st, np, S_NLL);
         rc = nt_isa_tensor_tensor(k, &nll, &dl, &ls, NT_ALU_SUB, NT_ENGINE_VECTOR);
         if (!rc)
-            rc = nt_isa_activation(k, &nll, NT_ACT_NEG, &nll, NULL, NULL, NULL);
+            rc = nt_isa_activation(k, &nll, NT_ACT_IDENTITY, &nll, &(nt_isa_scalar){NULL, -1.0f},
+                                   NULL, NULL); /* -x */
         /* into the row of nll values at its canonical position */
         int64_t pos = c->row0 % NT_RED_BLOCK;
         nt_ap tp = nt_tile_slice(c->trp, 0, 1, 0, np);
