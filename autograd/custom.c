@@ -3,7 +3,7 @@
  *
  * A registered op gets an id past the built-ins; nt_op_call runs its forward
  * (built from ntensor ops, graph recording off) -- or, for a tile-kernel op,
- * runs its shape rule and queues one record that sim/kernels/user.c executes
+ * runs its shape rule and queues one record that neuron/user.c executes
  * -- and records one node whose backward is the user's, exactly as a
  * built-in op's node is. */
 #include "autograd/autograd.h"
@@ -69,7 +69,7 @@ const nt__opinfo *nt__custom_opinfo(int op)
     return c ? &c->info : NULL;
 }
 
-/* The tile-kernel definition of op, or NULL (sim/kernels/user.c runs it). */
+/* The tile-kernel definition of op, or NULL (neuron/user.c runs it). */
 const nt_kernel_op_def *nt__custom_kernel_def(int op)
 {
     const nt__custom_op *c = lookup(op);

@@ -14,7 +14,7 @@
  *     2-3, stores use queue 4 (two queues per input operand);
  *   - the optimised step packs its result in bf16 (our dma_copy does not
  *     convert dtypes; the tutorial packs f32 and lets the DMA cast).
- * Then the library's own matmul program (sim/tp_matmul.c) runs the same
+ * Then the library's own matmul program (neuron/tp_matmul.c) runs the same
  * shape, and its share of TensorE peak is printed.
  *
  * Runs in a few seconds: nothing is computed, only timed. */

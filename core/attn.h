@@ -1,6 +1,6 @@
 /* core/attn.h - the geometry of scaled dot-product attention, shared by the
  * CPU kernel (cpu/attention.c) and the simulator's tile program
- * (sim/kernels/attention.c), so both walk the same blocks.
+ * (neuron/attention.c), so both walk the same blocks.
  *
  * q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv] share their leading
  * (batch) dims; the mask is broadcast to [..., Tq, Tk].  Every operand is

@@ -3,7 +3,7 @@
  * A backend is one constant table of functions (in the spirit of ggml's
  * ggml_backend_i): the per-op kernel table, the fused-program executor,
  * what it supports, and its life cycle and statistics.  cpu/ defines
- * nt__cpu_backend (the reference: it runs every op), sim/kernels/ defines
+ * nt__cpu_backend (the reference: it runs every op), neuron/ defines
  * nt__sim_backend (the simulated NeuronCore).  Backends know nothing of each
  * other or of the layers above: they see core/, this header and the fused-
  * program IR (fusion/ir.h).  The top-level registration (init/init.c) puts

@@ -256,7 +256,7 @@ NT__MATH_INLINE int nt__ewi_ge(int32_t a, int32_t b) { return a >= b; }
  * fused executor) use these; an op id outside the family stops with its
  * name (nt__op_unhandled), never computes something else.  The simulator
  * has no such entry point: its kernels lower each op to instructions of
- * the NKI ISA (sim/kernels/ew.c). ---- */
+ * the NKI ISA (neuron/ew.c). ---- */
 /* A float unary or tensor-scalar op's derivative by id: f'(v) (v = x or y,
  * per the op's save column) */
 NT__MATH_INLINE float nt__ew_table_dx(int op, float v, float s0, float s1)

@@ -18,7 +18,7 @@ typedef struct nt__core_hooks {
     /* autograd/custom.c: the info of a registered user op, or NULL */
     const nt__opinfo *(*custom_opinfo)(int op);
     /* autograd/custom.c: the tile kernel of a registered user op, or NULL
-     * (backends run them: sim/kernels/user.c) */
+     * (backends run them: neuron/user.c) */
     const nt_kernel_op_def *(*custom_kernel_def)(int op);
     /* fusion/graph.c: a storage made during a capture (st->cap) is being
      * freed (any thread; st is still whole) */

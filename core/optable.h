@@ -39,14 +39,14 @@
  *   save      what the backward needs saved: 0, I0, I1, I01, O0, I0O0
  *             (input i, output 0).  For `dx` it says what nt__ew_<name>_dx reads:
  *             I0 the input x, O0 the output y
- *   sim       how sim/kernels/ew.c runs it: an NT_ACT_* activation (unary),
+ *   sim       how neuron/ew.c runs it: an NT_ACT_* activation (unary),
  *             an NT_ALU_* step (scalar, binary, compare) -- each a function
  *             or operator of the NKI ISA --, NT__SIM_SEQ (a sequence of
- *             such instructions in sim/kernels/ew.c, for an op the NKI ISA
+ *             such instructions in neuron/ew.c, for an op the NKI ISA
  *             has no function for), NT__SIM_NONE (an op with its own kernel)
  *
  * The table expands into the op enum and info (core/optable.c), each
- * backend's kernel table (cpu/kernels.c, sim/kernels/runtime.c), the
+ * backend's kernel table (cpu/kernels.c, neuron/runtime.c), the
  * per-op switches of the CPU, fused-CPU and sim evaluators, the public
  * entry points of the unary/binary/compare groups (dispatcher/api_ew.c),
  * the autocast policy and the backward table.  Every switch over ops that
@@ -248,7 +248,7 @@ typedef enum nt__opkind {
  * built on the device from two aranges; masked_fill: mask, value, t with
  * the value a 0-d tensor of t's dtype), and the backward is where's.
  * dropout, topk and multinomial (issue 13) have their own kernels
- * (cpu/sample.c, sim/kernels/sample.c; arithmetic in core/sample.h):
+ * (cpu/sample.c, neuron/sample.c; arithmetic in core/sample.h):
  * dropout(x) with p.f[0] = p, p.seed = seed (its backward is dropout of g
  * with the same seed: the mask is recomputed, not saved); topk(x) -> the
  * i32 indices along p.dim, p.i[0] = k, p.flag = largest (nt_topk gathers

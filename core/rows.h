@@ -2,7 +2,7 @@
  * for every index b over the other dims (the batch, in row-major order) the
  * sequence x[b, 0 .. n-1], the order the canonical reductions (core/reduce.h)
  * consume.  The CPU's row kernels (cpu/rows.h) and the simulator's
- * (sim/kernels/) walk the same rows, so both backends share this. */
+ * (neuron/) walk the same rows, so both backends share this. */
 #ifndef NT_CORE_ROWS_H
 #define NT_CORE_ROWS_H
 

@@ -1,6 +1,6 @@
 /* core/sample.h - the arithmetic of the random and selection ops of issue 13
  * (nt_dropout, nt_multinomial, nt_topk), shared by the CPU kernels
- * (cpu/sample.c) and the simulator's (sim/kernels/sample.c) so both give
+ * (cpu/sample.c) and the simulator's (neuron/sample.c) so both give
  * the same bits.
  *
  * The random ops use core/rng.h's counter-based generator: element i of a

@@ -1,5 +1,5 @@
 /* cpu/attention.c - scaled dot-product attention and its backward: the
- * reference the simulator's tile program (sim/kernels/attention.c) matches
+ * reference the simulator's tile program (neuron/attention.c) matches
  * bit for bit.
  *
  * The arithmetic is the op's definition (docs/ops.md §7a), flash-attention

@@ -1,6 +1,6 @@
 /* cpu/sample.c - dropout, topk and multinomial (issue 13): the arithmetic of
  * core/sample.h over a whole tensor.  The simulator's kernels
- * (sim/kernels/sample.c) compute the same elements from the same functions. */
+ * (neuron/sample.c) compute the same elements from the same functions. */
 #include "cpu/cpu.h"
 
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* dispatcher/api_attention.c - nt_scaled_dot_product_attention (kernels:
- * cpu/attention.c, sim/kernels/attention.c; arithmetic: docs/ops.md §7a).
+ * cpu/attention.c, neuron/attention.c; arithmetic: docs/ops.md §7a).
  *
  * One op, SDPA, with two outputs: the attention o and the per-row
  * log-sum-exp (f32 [..., Tq]) that only its backward reads; the caller
@@ -136,7 +136,7 @@ NT_API nt_tensor *nt_scaled_dot_product_attention_at(const nt_site *site, nt_ten
     c.p.f[0] = scale == 0.0 ? 1.0 / sqrt((double)D) : scale;
     c.p.flag = causal;
     /* the sizes, for the simulator's question whether a head fits SBUF
-     * (sim/kernels/attention.c; else the op runs on the CPU) */
+     * (neuron/attention.c; else the op runs on the CPU) */
     c.p.i[0] = D, c.p.i[1] = Dv, c.p.i[2] = Tq, c.p.i[3] = Tk;
     c.nout = 2;
     c.odt[0] = (nt_dtype)q->dtype;

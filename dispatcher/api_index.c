@@ -1,5 +1,5 @@
 /* dispatcher/api_index.c - gather, index_select (kernels: cpu/index.c,
- * sim/kernels/index.c), and the composites repeat and split. */
+ * neuron/index.c), and the composites repeat and split. */
 #include <math.h>
 
 #include "dispatcher/dispatch.h"
@@ -259,7 +259,7 @@ static int topk_0d(const nt_site *site, const char *fn, nt_tensor *x, int64_t k,
     return 0;
 }
 
-/* The TOPK op gives the indices (cpu/sample.c, sim/kernels/sample.c); the
+/* The TOPK op gives the indices (cpu/sample.c, neuron/sample.c); the
  * values are gathered with them, so their gradient is gather's (index_add
  * into x's shape). */
 NT_API int nt_topk_at(const nt_site *site, nt_tensor *x, int64_t k, int dim, bool largest,

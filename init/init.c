@@ -4,7 +4,7 @@
  *
  *   core/hooks.h          core -> autograd (free a tensor's grad state,
  *                         user ops' info and tile kernels)
- *   core/backend.h        the backends: cpu/ (reference) and sim/kernels/
+ *   core/backend.h        the backends: cpu/ (reference) and neuron/
  *   streams/stream.h      stream workers -> the record executor and the
  *                         fusion planner (fusion/)
  *   dispatcher/dispatch.h the dispatcher -> autograd and amp
@@ -23,7 +23,7 @@
 #include "dist/dist.h"
 #include "fusion/fusion.h"
 #include "fusion/graph.h"
-#include "sim/kernels/sk.h"
+#include "neuron/sk.h"
 #include "streams/stream.h"
 
 /* Called by nt__runtime_init under its lock, before any worker exists and

@@ -30,13 +30,13 @@ import sys
 LAYERS = [
     ("include", -1, []),                         # the public headers
     ("core", 0, ["include"]),                    # handles, arena, op table, one arithmetic, interfaces
-    ("sim", 1, ["include", "core"]),             # the NeuronCore model (not sim/kernels)
+    ("sim", 1, ["include", "core"]),             # the NeuronCore model
     ("streams", 1, ["include", "core"]),         # queues, workers, events
     ("fusion/ir.h", 1, ["include", "core"]),     # the fused-program IR the backends run
     ("debug", 2, ["include", "core", "sim", "streams"]),  # NaN hunt, host trace, stats
     # Backends implement core/backend.h; only the registration names them.
     ("cpu", 3, ["include", "core", "streams", "fusion/ir.h"]),
-    ("sim/kernels", 3, ["include", "core", "fusion/ir.h", "sim"]),
+    ("neuron", 3, ["include", "core", "fusion/ir.h", "sim"]),  # the NeuronCore backend
     ("fusion", 4, ["include", "core", "sim", "streams", "fusion/ir.h", "debug"]),
     ("dispatcher", 5, ["include", "core", "sim", "streams", "fusion/ir.h", "debug", "fusion"]),
     ("autograd", 6, ["include", "core", "streams", "debug", "fusion", "dispatcher"]),
@@ -48,7 +48,7 @@ LAYERS = [
                  "dispatcher", "autograd", "amp", "io"]),
     # The one place that knows every module: registers them at nt_init.
     ("init", 10, ["include", "core", "sim", "streams", "fusion/ir.h", "debug", "cpu",
-                  "sim/kernels", "fusion", "dispatcher", "autograd", "amp", "io", "dist"]),
+                  "neuron", "fusion", "dispatcher", "autograd", "amp", "io", "dist"]),
 ]
 RANK = {u: r for u, r, _ in LAYERS}
 ALLOWED = {u: set(a) for u, _, a in LAYERS}

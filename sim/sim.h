@@ -297,7 +297,7 @@ void nt__sim_fx_shutdown(nt__sim_core *c);
 bool nt__sim_program_gemm(void);
 void nt__sim_set_program_gemm(bool on); /* for tests */
 /* NT_SIM_PROGRAM_VALUES (default on): the built-in elementwise, row and
- * matmul programs (sim/kernels/ew.c, matmul.c) take their values from the
+ * matmul programs (neuron/ew.c, matmul.c) take their values from the
  * reference kernels once per program and issue their instructions timed
  * only (docs/sim.md, "values once per program"). */
 bool nt__sim_program_values(void);
@@ -312,7 +312,7 @@ double nt__sim_kernel_engine_free(const nt_sim_kernel *k, nt_engine e);
 /* What nt_sim_kernel_end reads of a kernel's timing (its report, the
  * core's clock and statistics): a snapshot taken after a program was issued
  * replays it onto another kernel that runs the same program (the timing
- * memo of sim/kernels/runtime.c).  nt__sim_kernel_snap: false if the host is
+ * memo of neuron/runtime.c).  nt__sim_kernel_snap: false if the host is
  * short of memory (then nothing to free); nt__sim_kernel_restore: false
  * likewise (k unchanged).  nt__sim_ksnap_free frees what snap allocated. */
 typedef struct nt__sim_ksnap {

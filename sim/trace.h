@@ -37,7 +37,7 @@ bool nt__trace_enabled(void);
 unsigned nt__trace_generation(void);
 
 /* Wall-clock microseconds on the host tracks' clock: since the first host
- * event of the open trace file (debug/htrace.c, sim/kernels). */
+ * event of the open trace file (debug/htrace.c, neuron/). */
 double nt__htrace_now(void);
 
 /* Metadata: names a process / a thread (track) and orders them in the UI. */

@@ -2320,7 +2320,7 @@ static void test_amp_weight_grad_not_written(void **state)
 }
 
 /* In-place copies whose result is only stored: the simulator's program
- * stores the source's register instead of copying it first (sim/kernels/
+ * stores the source's register instead of copying it first (neuron/
  * ew.c run_op), when the source is a computed value of the same dtype --
  * canonical already.  A copy of a kernel input keeps its instruction (a
  * guard: the NaNs given to nt_from_host below are canonical by the time a

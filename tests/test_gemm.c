@@ -1588,7 +1588,7 @@ static void test_bf16_train_amx(void **state)
 /* ---------------- the simulator's program-level bf16 product ---------------- */
 
 /* With NT_SIM_PROGRAM_VALUES=0 the simulator computes a matmul program's
- * product once (sim/tp_matmul.c, NT_SIM_PROGRAM_GEMM), bf16 operands
+ * product once (neuron/tp_matmul.c, NT_SIM_PROGRAM_GEMM), bf16 operands
  * through nt__gemm_typed in place.  With special values (signed zeros,
  * subnormals, overflowing products, infinities and the NaNs they make),
  * each operand in either layout, and with the panels capped (the typed

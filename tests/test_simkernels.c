@@ -1,6 +1,6 @@
 /* tests/test_simkernels.c - the simulator backend against the CPU backend.
  *
- * Every kernel of sim/kernels/ must give the CPU kernel's bits for the same
+ * Every kernel of neuron/ must give the CPU kernel's bits for the same
  * record.  Each test builds the same program from the same host data twice,
  * once with NT_BACKEND=cpu and once with NT_BACKEND=sim (nt_config_set), and
  * compares every output byte for byte: every op, dtypes f32/bf16/f16 (and
@@ -26,7 +26,7 @@
 
 #include "core/internal.h"
 #include "cpu/cpu.h"
-#include "sim/kernels/sk.h"
+#include "neuron/sk.h"
 #include "sim/sim.h"
 #include "nt_test.h"
 
@@ -685,7 +685,7 @@ static void test_matmul(void **state)
 }
 
 /* The matmul tile program computes its product once per program by default
- * (NT_SIM_PROGRAM_GEMM, sim/tp_matmul.c); with that off, every nc_matmul
+ * (NT_SIM_PROGRAM_GEMM, neuron/tp_matmul.c); with that off, every nc_matmul
  * computes its own block from the SBUF tiles the program loaded, transposed
  * and accumulated.  Both must give the CPU's bits: this run checks the tile
  * program's data flow itself, the default run only its timing. */
@@ -810,7 +810,7 @@ static void test_program_values(void **state)
     nt__sim_set_program_values(pv0);
 }
 
-/* ---------------- the timing memo (sim/kernels/runtime.c) ---------------- */
+/* ---------------- the timing memo (neuron/runtime.c) ---------------- */
 
 /* Every figure a kernel's timing feeds, bit for bit (clock_ns: the clock only
  * moves forward, so it is compared as durations by the callers). */
@@ -2054,7 +2054,7 @@ static void test_kernel_schedules(void **state)
     }
     /* 9. nt_linear's product on batched rows, x [16, 128, 128] . w^T [384,
      * 128]: the batches are one program of 2048 rows, w loaded and turned
-     * once and the M-tiles streaming past it (sim/tp_matmul.c, run_stream),
+     * once and the M-tiles streaming past it (neuron/tp_matmul.c, run_stream),
      * not 16 programs that each loaded w again and ran their loads, matmul
      * and store in series (60 us), nor blocks of 7 M-tiles that reloaded w
      * and waited for each other (1.4 MB read) */

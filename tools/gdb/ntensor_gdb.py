@@ -810,8 +810,8 @@ def _runtime_root():
         return None
 
 
-RUNTIME_DIRS = ("core", "dispatcher", "streams", "cpu", "sim", "fusion", "autograd",
-                "amp", "debug")
+RUNTIME_DIRS = ("core", "dispatcher", "streams", "cpu", "sim", "neuron", "fusion", "autograd",
+                "amp", "debug", "io", "dist", "init")
 
 
 def is_runtime_frame(frame, root):

@@ -1,4 +1,4 @@
-/* sim/kernels/ew.c - elementwise programs on the simulator.
+/* neuron/ew.c - elementwise programs on the simulator.
  *
  * One executor runs every elementwise kernel: an eager op (unary, scalar,
  * binary, compare, where, copy/cast, fill, the backward helpers) is a
@@ -25,7 +25,7 @@
  * CPU's order (docs/sim.md lists them).  Values get SBUF tiles from a
  * register allocator (a value's tile is reused once its last reader ran),
  * two register sets alternate between tiles so DMA overlaps compute. */
-#include "sim/kernels/sk.h"
+#include "neuron/sk.h"
 
 #include <string.h>
 

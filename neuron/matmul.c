@@ -1,4 +1,4 @@
-/* sim/kernels/matmul.c - nt_matmul on the simulator.
+/* neuron/matmul.c - nt_matmul on the simulator.
  *
  * PyTorch's shape rules (1-D operands promoted, batch dims broadcast) come
  * from nt__matmul_info; each batch is one nt_tile_matmul program in the same
@@ -12,7 +12,7 @@
  * TensorE itself); B row-major [K, N], or given as B^T (x @ w^T, the linear
  * layer: the program transposes w's tiles on TensorE in SBUF, never through
  * HBM); any other strides are copied contiguous by DMA. */
-#include "sim/kernels/sk.h"
+#include "neuron/sk.h"
 
 #include <string.h>
 

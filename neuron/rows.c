@@ -1,4 +1,4 @@
-/* sim/kernels/rows.c - the row ops and losses on the simulator.
+/* neuron/rows.c - the row ops and losses on the simulator.
  *
  * One row per partition (up to 128 rows per group, the innermost batch dim
  * on partitions), the row on the free axis in chunks of RCH (a multiple of
@@ -21,7 +21,7 @@
  * the one rounding is the last instruction's write into the output tile.
  * d[label] is a masked maximum: every other element is -Inf, so the maximum
  * is d[label] itself, bit for bit. */
-#include "sim/kernels/sk.h"
+#include "neuron/sk.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* sim/tp_matmul.c - the matmul tile program: C[M, N] = A[M, K] . B[K, N].
+/* neuron/tp_matmul.c - the matmul tile program: C[M, N] = A[M, K] . B[K, N].
  *
  * Layout on the core (TensorE computes dst[m, n] = stat[k, m]^T . mov[k, n]):
  *

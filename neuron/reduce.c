@@ -1,4 +1,4 @@
-/* sim/kernels/reduce.c - sum, mean, max, argmax, min, argmin, any, norm over
+/* neuron/reduce.c - sum, mean, max, argmax, min, argmin, any, norm over
  * a dim or all.
  *
  * The CPU's arithmetic (cpu/reduce.c) is: the reduced sequence widened to
@@ -24,7 +24,7 @@
  * first mapped elementwise into an f32 (any of ints: i32) tile (x != 0,
  * x*x, |x|, |x|^p: the CPU's nt__ew_* through the ALU and ScalarE), then
  * folded; the finish (sqrt, ^(1/p)) runs on the accumulator. */
-#include "sim/kernels/sk.h"
+#include "neuron/sk.h"
 
 #include <math.h>
 #include <string.h>

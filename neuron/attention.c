@@ -1,4 +1,4 @@
-/* sim/kernels/attention.c - scaled dot-product attention on the simulator:
+/* neuron/attention.c - scaled dot-product attention on the simulator:
  * one flash-attention tile program per op, the scores never in HBM.
  *
  * Forward, per batch (b, h): q, k and v of the head come into SBUF with a
@@ -29,7 +29,7 @@
  * (the same nt__gemm_ktile products, core/ewise.h steps and canonical
  * reductions), so the bits are the CPU's; the simulator charges each
  * instruction its engine and DMA time. */
-#include "sim/kernels/sk.h"
+#include "neuron/sk.h"
 
 #include <float.h>
 #include <math.h>

@@ -1,4 +1,4 @@
-/* sim/kernels/index.c - gather, index_select and index_add on the simulator.
+/* neuron/index.c - gather, index_select and index_add on the simulator.
  *
  * The CPU's contract (cpu/index.c): every index is checked first, in idx's
  * row-major order; elements are copied bit for bit; index_add adds g's
@@ -19,7 +19,7 @@
  * column j); a GpSimd scatter-add walks each tile of positions in order and
  * adds the ones that land in the block; the block is rounded once
  * (tensor_copy) and stored. */
-#include "sim/kernels/sk.h"
+#include "neuron/sk.h"
 
 #include <string.h>
 

@@ -1,10 +1,10 @@
-/* sim/kernels/sample.c - dropout, topk and multinomial on the simulator.
+/* neuron/sample.c - dropout, topk and multinomial on the simulator.
  *
  * Like arange and rand (gen.c), these run as custom code on GpSimd (the
  * engine that runs C on the NeuronCore), over tiles that DMA brings into
  * SBUF and takes out, computing each element with core/sample.h exactly as
  * the CPU kernels (cpu/sample.c) do. */
-#include "sim/kernels/sk.h"
+#include "neuron/sk.h"
 
 #include <string.h>
 

@@ -1,4 +1,4 @@
-/* sim/kernels/sk.h - what the simulator backend's kernels share.
+/* neuron/sk.h - what the simulator backend's kernels share.
  *
  * Every op of the runtime runs on the simulated NeuronCore as a tile program
  * built from the public ISA (include/ntensor/sim.h):

@@ -1,4 +1,4 @@
-/* sim/kernels/gather.c - embedding and its backward on the simulator.
+/* neuron/gather.c - embedding and its backward on the simulator.
  *
  * embedding: out[p, :] = weight[idx[p], :], rows copied bit for bit (as the
  * CPU's memcpy): positions go on partitions, 128 at a time; the indices are
@@ -12,7 +12,7 @@
  * when it does not fit); a GpSimd scatter-add walks the positions of each
  * [128, D] tile of g in order, so every row sees its additions in the CPU's
  * order. */
-#include "sim/kernels/sk.h"
+#include "neuron/sk.h"
 
 #include <string.h>
 

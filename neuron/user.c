@@ -1,11 +1,11 @@
-/* sim/kernels/user.c - user tile kernels (nt_op_register_kernel).
+/* neuron/user.c - user tile kernels (nt_op_register_kernel).
  *
  * A tile-kernel op is queued like any op (autograd/custom.c enqueues one
  * record with its id); when the record runs, this file opens a simulator
  * kernel named after the op, hands the user's kernel plain views of the
  * inputs and the output, and maps a failure to the record's error, which
  * the executor prefixes with "nt_op_call(<name>) (at <file:line>)". */
-#include "sim/kernels/sk.h"
+#include "neuron/sk.h"
 
 #include "core/hooks.h"
 

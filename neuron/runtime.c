@@ -1,7 +1,7 @@
-/* sim/kernels/runtime.c - the simulator as the runtime's default backend:
+/* neuron/runtime.c - the simulator as the runtime's default backend:
  * set-up, the kernel table, kernel begin/end with error mapping, HBM
  * scratch, and the tilers every kernel uses to map tensors onto tiles. */
-#include "sim/kernels/sk.h"
+#include "neuron/sk.h"
 #include "sim/sim.h"
 
 #include <pthread.h>

@@ -1,4 +1,4 @@
-/* sim/kernels/gen.c - arange, rand and randn on the simulator.
+/* neuron/gen.c - arange, rand and randn on the simulator.
  *
  * Generated tensors are produced on GpSimd by custom code (the engine that
  * runs C on the NeuronCore), tile by tile, and stored with DMA.  Element i
@@ -6,7 +6,7 @@
  * double (start + i * step, rounded once), rand and randn from core/rng.h's
  * counter-based generators (so the same seed gives the same bits on every
  * backend, tiling and fusion). */
-#include "sim/kernels/sk.h"
+#include "neuron/sk.h"
 
 #include <string.h>
 
