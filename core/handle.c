@@ -111,6 +111,16 @@ void nt__hobj_free(void *p)
         free(p); /* a kind the table had no room for (never made here) */
 }
 
+uint64_t nt__hobj_kept(void)
+{
+    uint64_t n = 0;
+    g_mutex_lock(&H.lock);
+    for (int i = 0; i < NT_HOBJ_KINDS; i++)
+        n += H.k[i].n;
+    g_mutex_unlock(&H.lock);
+    return n;
+}
+
 void nt__epoch_next(void)
 {
     g_mutex_lock(&H.lock);

@@ -50,6 +50,10 @@ void *nt__hobj_new(size_t size, uint32_t magic);
  * may be NULL. */
 void nt__hobj_free(void *p);
 
+/* How many freed objects the FIFOs keep (memory held by design, never
+ * returned: tests/test_oom.c does not count it as leaked). */
+uint64_t nt__hobj_kept(void);
+
 /* Is p a live object of this kind (of any epoch)? */
 static inline bool nt__hobj_live(const void *p, uint32_t magic)
 {
