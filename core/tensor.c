@@ -562,7 +562,8 @@ nt_tensor *nt__tensor_empty(nt_dtype dt, int ndim, const int64_t *shape, const n
         int64_t d = shape[i];
         stride[i] = span;
         bad = d < 0 || __builtin_mul_overflow(span, d ? d : 1, &span) || span > NT__MAX_NUMEL;
-        n *= d;
+        if (!bad)
+            n *= d; /* n <= span: no overflow */
     }
     if (bad) {
         char why[256] = "shape is invalid";
