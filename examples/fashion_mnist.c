@@ -59,6 +59,7 @@ typedef struct {
     bool resume, normalize;
     const char *amp;
     bool ddp;
+    bool capture; /* each batch shape's step captured once, replayed after */
     int shards;
 } options;
 
@@ -330,7 +331,10 @@ static void usage(FILE *f)
             "  --ddp             data-parallel on every core (NT_SIM_CORES) and MPI process;\n"
             "                    same parameters, bit for bit, at any count (docs/ddp.md)\n"
             "  --shards N        with --ddp: fixed shards per batch (8); a multiple of the\n"
-            "                    cores x processes, by a power of two, dividing --batch\n");
+            "                    cores x processes, by a power of two, dividing --batch\n"
+            "  --capture         record the training step as a program the first time a\n"
+            "                    batch shape comes and replay it after (nt_graph_cache;\n"
+            "                    docs/graphs.md): the same parameters, bit for bit\n");
 }
 
 static long parse_long(const char *opt, const char *v, long lo)
@@ -390,6 +394,8 @@ static void parse_args(int argc, char **argv, options *o)
                 o->normalize = true;
             else if (!strcmp(a, "--ddp"))
                 o->ddp = true;
+            else if (!strcmp(a, "--capture"))
+                o->capture = true;
             else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
                 usage(stdout);
                 exit(0);
@@ -424,6 +430,13 @@ static void parse_args(int argc, char **argv, options *o)
     if (o->ddp && !strcmp(o->amp, "fp16")) {
         fprintf(stderr, "fashion_mnist: --ddp does not take --amp fp16 (its loss scaler is "
                         "per process); use --amp bf16\n");
+        exit(1);
+    }
+    if (o->capture && (o->ddp || !strcmp(o->amp, "fp16"))) {
+        fprintf(stderr, "fashion_mnist: --capture does not take %s yet (%s)\n",
+                o->ddp ? "--ddp" : "--amp fp16",
+                o->ddp ? "a captured program cannot hold collectives"
+                       : "the loss scaler decides on the host whether a step is skipped");
         exit(1);
     }
     if (o->ddp && o->batch % o->shards) {
@@ -690,6 +703,56 @@ static int train_ddp(const options *o, nt_tensor **p, const dataset *train, cons
     return same ? 0 : 1;
 }
 
+/* --capture: the device's part of a step -- forward, loss, backward, the
+ * optimizer, the batch's correct count -- as one function of the batch,
+ * which nt_graph_cache captures for each batch shape (the last, smaller
+ * batch of an epoch gets its own program) and replays after.  The learning
+ * rate the host sets before each step and the optimizer's step count are
+ * refreshed at every replay (docs/graphs.md). */
+typedef struct {
+    nt_tensor **p;
+    nt_optim *opt;
+    nt_dtype amp;
+} step_ctx;
+
+static int train_step_fn(void *ctx, nt_tensor *const *in, int nin, nt_tensor **out, int nout)
+{
+    (void)nin, (void)nout;
+    const step_ctx *c = ctx;
+    nt_scope *sc = nt_scope_begin();
+    if (!sc)
+        return nt_last_error();
+    int rc = 0;
+    if (c->amp != NT_DTYPE_COUNT)
+        rc = nt_autocast_begin(c->amp);
+    nt_tensor *logits = rc ? NULL : forward(c->p, in[0]);
+    nt_tensor *loss = logits ? nt_cross_entropy(logits, in[1]) : NULL;
+    if (c->amp != NT_DTYPE_COUNT && !rc)
+        nt_autocast_end();
+    if (!rc && !loss)
+        rc = nt_last_error();
+    if (!rc)
+        rc = nt_backward(loss);
+    if (!rc)
+        rc = nt_optim_step(c->opt);
+    if (!rc)
+        rc = nt_optim_zero_grad(c->opt);
+    nt_tensor *correct = NULL;
+    if (!rc) {
+        nt_no_grad_begin();
+        correct = count_correct(logits, in[1]);
+        nt_no_grad_end();
+        if (!correct)
+            rc = nt_last_error();
+    }
+    if (!rc) {
+        out[0] = nt_keep(loss);
+        out[1] = nt_keep(correct);
+    }
+    nt_scope_end(sc);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     options o = {.data_dir = "/usr/share/datasets/fashion-mnist", .epochs = 5, .batch = 128,
@@ -742,6 +805,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "fashion_mnist: loss scaler: %s\n", nt_last_error_message());
         return 1;
     }
+    step_ctx sctx = {p, opt, amp};
+    nt_graph_cache *cache = NULL;
+    if (o.capture && !(cache = nt_graph_cache_create(train_step_fn, &sctx, 2, 2, 4))) {
+        fprintf(stderr, "fashion_mnist: nt_graph_cache_create: %s\n", nt_last_error_message());
+        return 1;
+    }
     int steps_per_epoch = (train.n + o.batch - 1) / o.batch;
     int first_epoch = 0, first_step = 0;
     if (o.resume) {
@@ -775,6 +844,9 @@ int main(int argc, char **argv)
          * (bounded memory, one sync per step).  Correct predictions are
          * summed on the device and read only when a line is printed. */
         nt_tensor *correct_sum = check_t(nt_zeros(NT_F32, 0, NULL), "nt_zeros");
+        /* --capture: the loss too is summed on the device (x the batch's
+         * size), as the program's output is rewritten by the next replay */
+        nt_tensor *loss_dev = cache ? check_t(nt_zeros(NT_F32, 0, NULL), "nt_zeros") : NULL;
         nt_tensor *prev_loss = NULL;
         int prev_bs = 0;
         double loss_sum = 0;
@@ -797,10 +869,21 @@ int main(int argc, char **argv)
             nt_scope *sc = nt_scope_begin();
             nt_tensor *x, *y;
             make_batch(&train, order + s0, bs, o.normalize, xb, yb, &x, &y);
+            nt_tensor *loss = NULL;
+            if (cache) {
+                nt_tensor *out[2];
+                check(nt_graph_cache_run(cache, (nt_tensor *[]){x, y}, out), "the captured step");
+                nt_no_grad_begin();
+                check(nt_add_inplace(loss_dev, nt_mul_scalar(out[0], bs)), "summing the loss");
+                check(nt_add_inplace(correct_sum, out[1]), "accuracy");
+                nt_no_grad_end();
+                nt_scope_end(sc);
+                goto stepped;
+            }
             if (amp != NT_DTYPE_COUNT)
                 check(nt_autocast_begin(amp), "nt_autocast_begin");
             nt_tensor *logits = forward(p, x);
-            nt_tensor *loss = nt_cross_entropy(logits, y); /* f32 under autocast */
+            loss = nt_cross_entropy(logits, y); /* f32 under autocast */
             if (amp != NT_DTYPE_COUNT)
                 check(nt_autocast_end(), "nt_autocast_end");
             if (scaler) {
@@ -818,6 +901,7 @@ int main(int argc, char **argv)
             nt_no_grad_end();
             nt_keep(loss);
             nt_scope_end(sc);
+        stepped:
             if (prev_loss) {
                 double l;
                 check(nt_item(prev_loss, &l), "reading the loss");
@@ -830,10 +914,14 @@ int main(int argc, char **argv)
             total_steps++;
             if (o.log_every && (step + 1) % o.log_every == 0) {
                 double c, l;
-                check(nt_item(prev_loss, &l), "reading the loss");
-                loss_sum += l * prev_bs;
-                nt_release(prev_loss);
-                prev_loss = NULL;
+                if (prev_loss) {
+                    check(nt_item(prev_loss, &l), "reading the loss");
+                    loss_sum += l * prev_bs;
+                    nt_release(prev_loss);
+                    prev_loss = NULL;
+                }
+                if (loss_dev)
+                    check(nt_item(loss_dev, &loss_sum), "reading the loss");
                 check(nt_item(correct_sum, &c), "reading the accuracy");
                 printf("  epoch %d step %4d/%d  loss %.4f  train acc %6.2f%%  %7.0f ex/s\n",
                        ep + 1, step + 1, steps_per_epoch, loss_sum / seen, 100.0 * c / seen,
@@ -846,6 +934,10 @@ int main(int argc, char **argv)
             check(nt_item(prev_loss, &l), "reading the loss");
             loss_sum += l * prev_bs;
             nt_release(prev_loss);
+        }
+        if (loss_dev) {
+            check(nt_item(loss_dev, &loss_sum), "reading the loss");
+            nt_release(loss_dev);
         }
         if (seen == 0) {
             nt_release(correct_sum);
@@ -880,6 +972,15 @@ int main(int argc, char **argv)
         last_test = evaluate(p, &test, o.normalize, amp);
     printf("final test accuracy %.2f%% after %lld steps (%.1f s wall)\n", last_test,
            (long long)nt_optim_steps(opt), now_s() - t_start);
+    /* the same for every mode and backend, and with or without --capture */
+    printf("parameters crc32 %08x\n", (unsigned)params_crc(p));
+    if (cache) {
+        nt_graph_cache_stats cs;
+        check(nt_graph_cache_stats_get(cache, &cs), "nt_graph_cache_stats_get");
+        printf("captured steps: %lld programs captured, %lld replays\n", (long long)cs.captures,
+               (long long)cs.replays);
+    }
+    nt_graph_cache_destroy(cache);
 
     nt_optim_destroy(opt);
     nt_grad_scaler_destroy(scaler);
