@@ -30,7 +30,11 @@
  * round's) to DIR/peer-1t.log, DIR/peer-2t.log, DIR/sim.log ... for
  * bench/peer/plot_loss.py.
  *
- * Usage: gpt_step [--steps N] [--configs peer,sim,cpu,bf16] [--rounds N]
+ * simcap and cpucap (not in the default --configs) train the same way with
+ * the step captured once and replayed (char_gpt --capture), and print
+ * captured / op-by-op wall time per step next to the other ratios.
+ *
+ * Usage: gpt_step [--steps N] [--configs peer,sim,cpu,bf16,simcap,cpucap] [--rounds N]
  *                 [--peer PATH] [--python PATH] [--eval-every N]
  *                 [--eval-batches N] [--curves DIR] [--data DIR] */
 #include <math.h>
@@ -72,9 +76,12 @@ static FILE *curves_open(const char *name)
     return f;
 }
 
-/* Trains on `backend` (amp: NT_BF16 or NT_DTYPE_COUNT) and fills r. */
-static void run_ours(const char *backend, nt_dtype amp, const gpt_data *d, int steps,
-                     int eval_every, int eval_batches, result *r)
+/* Trains on `backend` (amp: NT_BF16 or NT_DTYPE_COUNT) and fills r;
+ * captured: the first step recorded as a program (docs/graphs.md) and
+ * replayed for the others with each step's batch bound, as char_gpt
+ * --capture does. */
+static void run_ours(const char *backend, nt_dtype amp, bool captured, const gpt_data *d,
+                     int steps, int eval_every, int eval_batches, result *r)
 {
     bench_check(nt_config_set("NT_BACKEND", backend), "nt_config_set NT_BACKEND");
     gpt_config c = {.n_layer = 4, .n_head = 4, .width = 128, .context = 128,
@@ -94,8 +101,34 @@ static void run_ours(const char *backend, nt_dtype amp, const gpt_data *d, int s
     nt_sim_stats_get(&s0);
     double t0 = bench_now_ns(), train_ns = 0, eval_sim_ns = 0, eval_ideal_ns = 0, total = 0;
     int since = 0;
+    nt_graph *graph = NULL;
+    nt_tensor *graph_loss = NULL; /* the program's output: each replay rewrites it */
     for (int s = 0; s < steps; s++) {
-        nt_tensor *loss = gpt_train_step(&m, opt, d, &o, s, xb, yb);
+        nt_tensor *loss;
+        if (!captured) {
+            loss = gpt_train_step(&m, opt, d, &o, s, xb, yb);
+        } else {
+            bench_check(gpt_step_prepare(&m, opt, d, &o, s, xb, yb), "the step's schedule");
+            nt_tensor *x = nt_from_host(xb, NT_I32, 2, (int64_t[]){16, 128});
+            nt_tensor *y = nt_from_host(yb, NT_I32, 1, (int64_t[]){16 * 128});
+            if (!x || !y)
+                bench_fail("copying the batch");
+            if (!graph) {
+                bench_check(nt_graph_capture_begin(), "nt_graph_capture_begin");
+                bench_check(nt_graph_input(x, "x") || nt_graph_input(y, "y"), "nt_graph_input");
+                graph_loss = gpt_step_body(&m, opt, &o, x, y);
+                graph = nt_graph_capture_end();
+                if (!graph_loss || !graph)
+                    bench_fail("capturing the step");
+            } else {
+                bench_check(nt_graph_bind(graph, "x", x) || nt_graph_bind(graph, "y", y),
+                            "nt_graph_bind");
+                bench_check(nt_graph_replay(graph), "nt_graph_replay");
+            }
+            nt_release(x);
+            nt_release(y);
+            loss = nt_retain(graph_loss);
+        }
         if (!loss)
             bench_fail("training step");
         nt_no_grad_begin();
@@ -141,6 +174,8 @@ static void run_ours(const char *backend, nt_dtype amp, const gpt_data *d, int s
     printf("  train loss (mean) %.4f  val loss %.4f\n", total / steps, r->val);
     fflush(stdout);
     nt_release(sum);
+    nt_release(graph_loss);
+    nt_graph_destroy(graph);
     nt_optim_destroy(opt);
     gpt_free(&m);
     free(xb);
@@ -226,7 +261,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--data") && v)
             data = v;
         else {
-            fprintf(stderr, "usage: gpt_step [--steps N] [--configs sim,cpu,bf16,peer] "
+            fprintf(stderr, "usage: gpt_step [--steps N] [--configs sim,cpu,bf16,simcap,cpucap,peer] "
                             "[--rounds N] [--peer PATH] [--python PATH] [--eval-every N] "
                             "[--eval-batches N] [--curves DIR] [--data DIR]\n");
             return 1;
@@ -254,9 +289,10 @@ int main(int argc, char **argv)
            "16), %d steps of AdamW from seed 1 on %lld characters of %s; mode %s; %d round(s)\n",
            steps, (long long)d.n, data, nt_config_get("NT_MODE"), rounds);
     /* the peer at 1 and at 2 threads; PEER is the faster of the two, per round */
-    enum { PEER1, PEER2, SIM, CPU, BF16, NCFG, PEER = NCFG };
+    enum { PEER1, PEER2, SIM, CPU, BF16, SIMCAP, CPUCAP, NCFG, PEER = NCFG };
     result r[NCFG] = {{.name = "peer-1t"}, {.name = "peer-2t"}, {.name = "sim"},
-                      {.name = "cpu"}, {.name = "bf16"}};
+                      {.name = "cpu"},     {.name = "bf16"},    {.name = "sim-cap"},
+                      {.name = "cpu-cap"}};
     double ms[NCFG + 1][MAX_ROUNDS];
     bool ran[NCFG] = {false}, all[NCFG]; /* ran in some round; in every round */
     for (int i = 0; i < NCFG; i++)
@@ -272,13 +308,23 @@ int main(int argc, char **argv)
                 run_peer(python, peer, data, steps, 1, eval_every, eval_batches, &r[PEER1]);
                 run_peer(python, peer, data, steps, 2, eval_every, eval_batches, &r[PEER2]);
             } else if (!strcmp(c, "sim"))
-                run_ours("sim", NT_DTYPE_COUNT, &d, steps, eval_every, eval_batches, &r[SIM]);
+                run_ours("sim", NT_DTYPE_COUNT, false, &d, steps, eval_every, eval_batches,
+                         &r[SIM]);
             else if (!strcmp(c, "cpu"))
-                run_ours("cpu", NT_DTYPE_COUNT, &d, steps, eval_every, eval_batches, &r[CPU]);
+                run_ours("cpu", NT_DTYPE_COUNT, false, &d, steps, eval_every, eval_batches,
+                         &r[CPU]);
             else if (!strcmp(c, "bf16"))
-                run_ours("sim", NT_BF16, &d, steps, eval_every, eval_batches, &r[BF16]);
+                run_ours("sim", NT_BF16, false, &d, steps, eval_every, eval_batches, &r[BF16]);
+            else if (!strcmp(c, "simcap"))
+                run_ours("sim", NT_DTYPE_COUNT, true, &d, steps, eval_every, eval_batches,
+                         &r[SIMCAP]);
+            else if (!strcmp(c, "cpucap"))
+                run_ours("cpu", NT_DTYPE_COUNT, true, &d, steps, eval_every, eval_batches,
+                         &r[CPUCAP]);
             else {
-                fprintf(stderr, "gpt_step: unknown config '%s' (sim, cpu, bf16, peer)\n", c);
+                fprintf(stderr, "gpt_step: unknown config '%s' (sim, cpu, bf16, simcap, cpucap, "
+                                "peer)\n",
+                        c);
                 return 1;
             }
         }
@@ -304,7 +350,8 @@ int main(int argc, char **argv)
            rounds > 1 ? " (median of rounds)" : "");
     const char *label[NCFG] = {"PyTorch 1.13 eager fp32, 1 thread",
                                "PyTorch 1.13 eager fp32, 2 threads", "ntensor sim", "ntensor cpu",
-                               "ntensor sim bf16"};
+                               "ntensor sim bf16", "ntensor sim, captured step",
+                               "ntensor cpu, captured step"};
     double ratio[NCFG];
     for (int i = 0; i < NCFG; i++) {
         ratio[i] = 0;
@@ -343,6 +390,19 @@ int main(int argc, char **argv)
             printf(" %+.4f |\n", r[i].val - r[best_peer].val);
         else
             printf(" - |\n");
+    }
+    /* a replayed step against the same step run op by op, each round's
+     * pair in turn: the host's dispatch a replay saves */
+    for (int i = SIMCAP; i <= CPUCAP; i++) {
+        int e = i == SIMCAP ? SIM : CPU;
+        if (!all[i] || !all[e])
+            continue;
+        double q[MAX_ROUNDS];
+        for (int k = 0; k < rounds; k++)
+            q[k] = ms[i][k] / ms[e][k];
+        printf("%s: captured / op by op, wall time per step %.2fx (median of %d round(s))%s\n",
+               r[e].name, bench_median(q, rounds), rounds,
+               r[i].val == r[e].val ? "; the same val loss, bit for bit" : "; val loss DIFFERS");
     }
     if (peer_ok) {
         if (all[SIM])

@@ -26,8 +26,12 @@
  * lower of HBM bandwidth and its DMA engines' sustained rate), the time no
  * schedule of those bytes can beat.
  *
+ * "captured" is a mode of its own here: the step recorded once by
+ * nt_graph_cache (docs/graphs.md) and replayed, in adaptive mode.
+ *
  * Usage: train_step [--steps N] [--warmup N]
- *                   [--modes deterministic,eager,adaptive,lazy] [--model mlp|tf|both]
+ *                   [--modes deterministic,eager,adaptive,lazy,captured]
+ *                   [--model mlp|tf|both]
  *                   [--peer] [--peer-script PATH] [--rounds N]
  * (--rounds: the peer comparison N times over, each ratio the median of
  * its rounds'.) */
@@ -69,10 +73,47 @@ typedef struct {
     double hbm_bytes;       /* HBM bytes read + written per step */
 } result;
 
+/* "captured": the step (forward, backward, AdamW, zero_grad) recorded once
+ * by nt_graph_cache and replayed, in adaptive mode; the loss is read after
+ * each replay as in the other modes. */
+typedef struct {
+    bool tf;
+    model_mlp *mlp;
+    model_tf *tfm;
+    nt_optim *opt;
+    nt_dtype amp;
+} cap_ctx;
+
+static int cap_step(void *ctx, nt_tensor *const *in, int nin, nt_tensor **out, int nout)
+{
+    (void)in, (void)nin, (void)nout;
+    const cap_ctx *c = ctx;
+    nt_scope *sc = nt_scope_begin();
+    if (!sc)
+        return nt_last_error();
+    int rc = c->amp != NT_F32 ? nt_autocast_begin(c->amp) : 0;
+    nt_tensor *loss = rc ? NULL : c->tf ? model_tf_loss(c->tfm) : model_mlp_loss(c->mlp);
+    if (c->amp != NT_F32 && !rc)
+        nt_autocast_end();
+    if (!rc && !loss)
+        rc = nt_last_error();
+    if (!rc)
+        rc = nt_backward(loss);
+    if (!rc)
+        rc = nt_optim_step(c->opt);
+    if (!rc)
+        rc = nt_optim_zero_grad(c->opt);
+    if (!rc)
+        out[0] = nt_keep(loss);
+    nt_scope_end(sc);
+    return rc;
+}
+
 /* amp: NT_BF16 runs the forward under bf16 autocast; NT_F32 does not. */
 static result run_amp(const char *mode, bool tf, int warmup, int steps, nt_dtype amp)
 {
-    if (nt_config_set("NT_MODE", mode) != 0)
+    bool captured = !strcmp(mode, "captured");
+    if (nt_config_set("NT_MODE", captured ? "adaptive" : mode) != 0)
         bench_fail("nt_config_set");
     nt_sync();
     nt_stats_reset(); /* peaks from here: this mode's model and steps */
@@ -92,6 +133,10 @@ static result run_amp(const char *mode, bool tf, int warmup, int steps, nt_dtype
     nt_optim *opt = nt_optim_adamw(p, np, 1e-3, 0.9, 0.999, 1e-8, 0.01);
     if (!opt)
         bench_fail("nt_optim_adamw");
+    cap_ctx cc = {tf, &mlp, &tfm, opt, amp};
+    nt_graph_cache *cache = captured ? nt_graph_cache_create(cap_step, &cc, 0, 1, 1) : NULL;
+    if (captured && !cache)
+        bench_fail("nt_graph_cache_create");
     double *t = malloc(sizeof(double) * (size_t)steps);
     nt_stats st0, st1;
     nt_sim_stats sim0, sim1;
@@ -103,15 +148,21 @@ static result run_amp(const char *mode, bool tf, int warmup, int steps, nt_dtype
         }
         double t0 = bench_now_ns() * 1e-6;
         nt_scope *sc = nt_scope_begin();
-        if (amp != NT_F32 && nt_autocast_begin(amp) != 0)
-            bench_fail("nt_autocast_begin");
-        nt_tensor *loss = tf ? model_tf_loss(&tfm) : model_mlp_loss(&mlp);
-        if (amp != NT_F32 && nt_autocast_end() != 0)
-            bench_fail("nt_autocast_end");
         double l;
-        if (nt_backward(loss) || nt_optim_step(opt) || nt_optim_zero_grad(opt) ||
-            nt_item(loss, &l))
-            bench_fail("step");
+        if (cache) {
+            nt_tensor *loss;
+            if (nt_graph_cache_run(cache, NULL, &loss) || nt_item(loss, &l))
+                bench_fail("the captured step");
+        } else {
+            if (amp != NT_F32 && nt_autocast_begin(amp) != 0)
+                bench_fail("nt_autocast_begin");
+            nt_tensor *loss = tf ? model_tf_loss(&tfm) : model_mlp_loss(&mlp);
+            if (amp != NT_F32 && nt_autocast_end() != 0)
+                bench_fail("nt_autocast_end");
+            if (nt_backward(loss) || nt_optim_step(opt) || nt_optim_zero_grad(opt) ||
+                nt_item(loss, &l))
+                bench_fail("step");
+        }
         nt_scope_end(sc);
         if (s >= warmup)
             t[s - warmup] = bench_now_ns() * 1e-6 - t0;
@@ -133,6 +184,7 @@ static result run_amp(const char *mode, bool tf, int warmup, int steps, nt_dtype
         r.dma_busy = (sim1.busy_ns[NT_ENGINE_DMA] - sim0.busy_ns[NT_ENGINE_DMA]) / r.sim_ns;
     }
     free(t);
+    nt_graph_cache_destroy(cache);
     nt_optim_destroy(opt);
     if (tf)
         model_tf_free(&tfm);
@@ -405,7 +457,7 @@ static double run_model(bool tf, const char *modes_arg, int warmup, int steps,
 int main(int argc, char **argv)
 {
     int warmup = 5, steps = 20, rounds = 1;
-    const char *modes_arg = "deterministic,eager,adaptive,lazy", *model = "both";
+    const char *modes_arg = "deterministic,eager,adaptive,lazy,captured", *model = "both";
     const char *peer_script = MLP_PEER_SCRIPT;
     bool peer = false;
     for (int i = 1; i < argc; i += 2) {
