@@ -27,5 +27,7 @@ if [ -n "$missing" ]; then
     echo "deps: installing$missing"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    # -q: a line per package unpacked and set up (a fresh machine installs for
+    # minutes: it shows it is working), no progress bars
+    apt-get install -y -q --no-install-recommends $missing
 fi
