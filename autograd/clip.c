@@ -119,7 +119,9 @@ NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *pa
     nt_scope_end(sc);
     nt_no_grad_end();
     free(norms);
-    return total;
+    /* the caller's open scope owns it, as it owns any op's result (a
+     * caller who ignores the norm, as PyTorch users do, leaks nothing) */
+    return nt__scope_adopt(total, fn);
 }
 NT_API nt_tensor *nt_clip_grad_norm(nt_tensor *const *params, int n, double max_norm)
 {

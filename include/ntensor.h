@@ -882,7 +882,8 @@ NT_API int64_t nt_optim_steps(nt_optim *opt);
  *  params' .grads as one vector (the norm of their norms); each .grad is
  *  multiplied in place by min(1, max_norm / (total + 1e-6)), on the device,
  *  no host sync.  Returns total as a 0-dim f32 tensor on the calling
- *  thread's device (the caller releases it), NULL on bad input (params
+ *  thread's device, owned like any op's result (by the open scope; with
+ *  none, the caller releases it), NULL on bad input (params
  *  NULL, n < 0, max_norm <= 0 or NaN, a non-floating or repeated
  *  parameter).  Params without a .grad are skipped; with none, total is 0.
  *  Gradients may be on several devices: each one's norm is taken on its

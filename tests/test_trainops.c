@@ -23,6 +23,8 @@
 #include "ntensor.h"
 #include "nt_test.h"
 
+uint64_t nt__tensor_live_handles(void); /* core/tensor.c */
+
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 
 /* backend, mode, fusion */
@@ -464,6 +466,32 @@ static void test_dropout_eval(void **state)
 /* torch.nn.utils.clip_grad_norm_ in double against the device's: the
  * total norm and the clipped gradients (clipping and not), the same bits in
  * every backend and mode, and no sync point inside the call. */
+/* The norm nt_clip_grad_norm returns belongs to the open scope like any
+ * op's result: a caller who ignores it (as PyTorch users do) leaks
+ * nothing, one who releases it early is fine too. */
+static void test_clip_grad_norm_scoped(void **state)
+{
+    (void)state;
+    nt_tensor *w = nt_ones(NT_F32, 1, (int64_t[]){8});
+    assert_int_equal(nt_set_requires_grad(w, true), 0);
+    nt_scope *s0 = nt_scope_begin();
+    assert_int_equal(nt_backward(nt_sum(nt_mul_scalar(w, 3.0), NT_DIM_ALL, false)), 0);
+    assert_int_equal(nt_scope_end(s0), 0);
+    assert_int_equal(nt_sync(), 0);
+    uint64_t before = nt__tensor_live_handles();
+    for (int k = 0; k < 3; k++) {
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *tot = nt_clip_grad_norm(&w, 1, 100.0);
+        assert_non_null(tot);
+        if (k == 1) /* released before the scope ends: the scope lets it go */
+            assert_int_equal(nt_release(tot), 0);
+        assert_int_equal(nt_scope_end(sc), 0);
+        assert_int_equal(nt_sync(), 0);
+        assert_true(nt__tensor_live_handles() == before);
+    }
+    nt_release(w);
+}
+
 static void test_clip_grad_norm(void **state)
 {
     (void)state;
@@ -946,6 +974,7 @@ int main(void)
         T(test_dropout_backward),
         T(test_dropout_eval),
         T(test_clip_grad_norm),
+        T(test_clip_grad_norm_scoped),
         T(test_topk_values),
         T(test_topk_backward),
         T(test_topk_0d),
