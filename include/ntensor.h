@@ -424,7 +424,7 @@ NT_API nt_tensor *nt_layer_norm(nt_tensor *x, nt_tensor *w, nt_tensor *b,
 /** x * rsqrt(mean(x^2) + eps) * w over the last dim; w may be NULL. */
 NT_API nt_tensor *nt_rms_norm(nt_tensor *x, nt_tensor *w, double eps);
 /** Mean over the batch of -log_softmax(logits)[i, labels[i]].
- *  logits [N, C] floating, labels [N] i32 in [0, C) (checked when it runs).
+ *  logits [N, C] floating, labels [N] i32 or u8 in [0, C) (checked when it runs).
  *  N = 0 gives NaN (a mean over no rows), as PyTorch. */
 NT_API nt_tensor *nt_cross_entropy(nt_tensor *logits, nt_tensor *labels);
 /** nt_cross_entropy with PyTorch's ignore_index (rows whose label equals it
