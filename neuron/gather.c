@@ -173,9 +173,19 @@ int nt__sk_embedding_bwd(const nt__rec *r)
                 nt_ap hi = nt_hbm_ap(ib, idt, p0, np, 1, 1);
                 scat c = {&s, p0, V, v0, G, Dc, dw};
                 const nt_ap *src[2] = {&gi, &ii};
+                /* Its cost: 2 cycles for each element it adds (np rows of
+                 * dw), all on one lane, since a row's additions keep the
+                 * positions' order -- a bound no parallel schedule would
+                 * exceed.  The instruction charges cycles_per_elem for each
+                 * element of dst's free size (G * Dc), so per element of it
+                 * that is 2 np dw / (G Dc).  (It was 2 dw per element of
+                 * dst: quadratic in the width, 1.2M cycles a tile at
+                 * D = 768 and 9.4M for 8 row blocks, where the adds are
+                 * 197K.) */
+                double cpe = 2.0 * (double)np * (double)dw / (double)(G * Dc);
                 ok = !nt_isa_dma_copy(k, &gi, &hg, sk_qin(&s)) &&
                      !nt_isa_dma_copy(k, &ii, &hi, sk_qin(&s)) &&
-                     !nt_isa_gpsimd_custom(k, "scatter_add", &A, src, 2, 2.0 * dw, scatter_add, &c);
+                     !nt_isa_gpsimd_custom(k, "scatter_add", &A, src, 2, cpe, scatter_add, &c);
             }
             /* round once and store the block's rows */
             nt_ap Y = nt_tile_ap(yt);

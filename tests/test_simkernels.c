@@ -2284,9 +2284,51 @@ static void test_big_shapes(void **state)
     assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
 }
 
+/* embedding_bwd's GpSimd scatter-add costs 2 cycles for each element it
+ * adds, on one lane: linear in the width.  It was charged 2 dw cycles per
+ * element of its accumulator's width, quadratic (81 of the 103 simulated
+ * ms of a GPT-2-small-shaped block's step), 9x from D = 256 to 768. */
+static void test_embedding_bwd_cost_linear(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+    enum { P = 512, V = 100 };
+    int32_t iv[P];
+    for (int i = 0; i < P; i++)
+        iv[i] = (i * 37) % V;
+    const int64_t D[2] = {256, 768};
+    double busy[2];
+    for (int k = 0; k < 2; k++) {
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *w = nt_randn(NT_F32, 2, (int64_t[]){V, D[k]}, 3);
+        assert_int_equal(nt_set_requires_grad(w, true), 0);
+        nt_tensor *ix = nt_from_host(iv, NT_I32, 1, (int64_t[]){P});
+        nt_tensor *y = nt_embedding(w, ix);
+        assert_int_equal(nt_sync(), 0);
+        nt_sim_stats_reset();
+        assert_int_equal(nt_backward(nt_sum(y, NT_DIM_ALL, false)), 0);
+        assert_int_equal(nt_sync(), 0);
+        nt_sim_stats st;
+        assert_int_equal(nt_sim_stats_get(&st), 0);
+        busy[k] = st.busy_ns[NT_ENGINE_GPSIMD];
+        assert_int_equal(nt_scope_end(sc), 0);
+    }
+    print_message("# embedding_bwd GpSimd busy: D=256 %.1f us, D=768 %.1f us\n", busy[0] * 1e-3,
+                  busy[1] * 1e-3);
+    assert_true(busy[1] / busy[0] > 2.9 && busy[1] / busy[0] < 3.1);
+    /* 4 tiles of 128 positions, 150 + 2 * 128 * 768 cycles each, at 1.2 GHz
+     * or faster */
+    assert_true(busy[1] < 1.05 * 4 * (150 + 2.0 * 128 * 768) / 1.2);
+}
+
 static void test_sim_stats_and_trace_hook(void **state)
 {
     (void)state;
+    /* values per instruction first, as the suite runs it (tests/meson.build:
+     * NT_SIM_PROGRAM_VALUES=0), whatever the environment: run by hand with
+     * the default it failed */
+    bool pv0 = nt__sim_program_values();
+    nt__sim_set_program_values(false);
     assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
     nt_sim_stats_reset();
     nt_tensor *x = nt_randn(NT_F32, 2, (int64_t[]){256, 256}, 1);
@@ -2311,7 +2353,7 @@ static void test_sim_stats_and_trace_hook(void **state)
     assert_int_equal(nt_sync(), 0);
     nt_sim_stats st2;
     assert_int_equal(nt_sim_stats_get(&st2), 0);
-    nt__sim_set_program_values(false);
+    nt__sim_set_program_values(pv0);
     assert_true(st2.host_values_ns > 0 && st2.host_gemm_ns == 0);
     assert_true(st2.host_values_ns <= st2.host_ns);
     nt_release(y2);
@@ -2424,6 +2466,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_backend_supports, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_user_tile_kernel, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_big_shapes, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_embedding_bwd_cost_linear, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_sim_stats_and_trace_hook, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_sim_time_is_the_programs, setup, nt_test_teardown),
     };
