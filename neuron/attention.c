@@ -39,6 +39,9 @@
 
 #define BLK NT_ATTN_BLOCK
 #define G 4 /* query blocks in flight */
+#define RAW_FWD 3   /* operands a head loads: q, k, v */
+#define RAW_BWD 5   /* q, dO, O, k, v */
+#define RAW_SLOTS 5
 #define LSE_COLS 256 /* (head, query block) columns whose lse waits for one LOG */
 
 typedef struct ak {
@@ -50,7 +53,11 @@ typedef struct ak {
     float scale;
     int64_t Tq, Tk, D, Dv;
     int64_t nqb, nkb;
-    nt_tile *raw;       /* a head's operand in its own dtype, before widening */
+    /* a head's operands in their own dtype, before widening: one slot per
+     * operand a head loads (3 forward, 5 backward), so the loads of a head
+     * overlap instead of each waiting for the last one's widening copy */
+    nt_tile *raw[RAW_SLOTS];
+    int nraw_slots, nraw;
     nt_tile *tp[2];     /* PSUM for transposes, [128, 512] f32 */
     int ntp;
     nt_tile *ninf;      /* [128, 1] of -Inf */
@@ -100,12 +107,14 @@ static int load_head(ak *a, nt_tile *t, const nt__attn_opnd *x, int64_t boff, in
         if (f32) {
             rc = nt_isa_dma_copy(a->k, &d, &h, sk_qin(a->s));
         } else {
-            nt_ap r = nt_tile_slice(a->raw, 0, np, c0, nb * nc);
+            nt_ap r = nt_tile_slice(a->raw[a->nraw % a->nraw_slots], 0, np, c0, nb * nc);
             rc = nt_isa_dma_copy(a->k, &r, &h, sk_qin(a->s));
             if (!rc)
                 rc = nt_isa_tensor_copy(a->k, &d, &r, NT_ENGINE_GPSIMD);
         }
     }
+    if (!f32)
+        a->nraw++; /* the next operand widens from the next slot */
     return rc;
 }
 
@@ -168,7 +177,7 @@ static inline bool skip_block(const ak *a, int64_t q0, int Mq, int64_t k0)
     return a->causal && k0 > q0 + Mq - 1;
 }
 
-static int setup(ak *a, sk_k *s, const nt__rec *r, int64_t raw_elems, bool packed)
+static int setup(ak *a, sk_k *s, const nt__rec *r, int64_t raw_elems, int raw_slots, bool packed)
 {
     memset(a, 0, sizeof *a);
     a->s = s;
@@ -184,7 +193,9 @@ static int setup(ak *a, sk_k *s, const nt__rec *r, int64_t raw_elems, bool packe
         nt__attn_opnd_of(&a->m, r->in[3], &a->g, 0);
     nt_sim_kernel *k = a->k;
     nt_dtype dt = (nt_dtype)r->in[0]->dtype;
-    a->raw = dt != NT_F32 ? sk_tile(s, "attn.raw", dt, BLK, raw_elems) : NULL;
+    a->nraw_slots = raw_slots, a->nraw = 0;
+    for (int i = 0; i < raw_slots; i++)
+        a->raw[i] = dt != NT_F32 ? sk_tile(s, "attn.raw", dt, BLK, raw_elems) : NULL;
     for (int b = 0; b < 2; b++)
         a->tp[b] = nt_tile_alloc(k, "attn.tr", NT_MEM_PSUM, NT_F32, BLK, 4 * BLK);
     for (int g = 0; g < G; g++) {
@@ -255,7 +266,7 @@ static int64_t fwd_need(int64_t D, int64_t Dv, int64_t Tq, int64_t Tk)
 {
     int64_t nqb = nblocks(Tq), nkb = nblocks(Tk);
     return 4 * (Tk + Tq + nkb * (D + Dv) + nqb * (D + Dv + 1) +
-                raw_elems(D, Dv, nqb, nkb) / 2 + G * (3 * BLK + Dv + C_NCOL) + 2);
+                RAW_FWD * raw_elems(D, Dv, nqb, nkb) / 2 + G * (3 * BLK + Dv + C_NCOL) + 2);
 }
 
 /* the backward's: q^T, dO^T, k^T, v^T; the rows of q, dO, O, k, v; dQ's
@@ -265,7 +276,7 @@ static int64_t bwd_need(int64_t D, int64_t Dv, int64_t Tq, int64_t Tk)
 {
     int64_t nqb = nblocks(Tq), nkb = nblocks(Tk);
     return 4 * (2 * Tq + 2 * Tk + nqb * (2 * D + 3 * Dv + 2) + nkb * (2 * D + 2 * Dv) +
-                raw_elems(D, Dv, nqb, nkb) / 2 + G * 3 * BLK + 2);
+                RAW_BWD * raw_elems(D, Dv, nqb, nkb) / 2 + G * 3 * BLK + 2);
 }
 
 bool nt__sk_sdpa_fits(int op, const nt__params *p)
@@ -463,7 +474,7 @@ int nt__sk_sdpa(const nt__rec *r)
     if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
         return sk_end_values(&s, values, 0, r);
     ak a;
-    rc = setup(&a, &s, r, raw, false);
+    rc = setup(&a, &s, r, raw, RAW_FWD, false);
     a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv, a.nqb = nqb, a.nkb = nkb;
     nt__attn_opnd_of(&a.q, q, &a.g, 0);
     nt__attn_opnd_of(&a.kk, kt, &a.g, 0);
@@ -723,7 +734,7 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
     if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
         return sk_end_values(&s, values, 0, r);
     ak a;
-    rc = setup(&a, &s, r, raw, true);
+    rc = setup(&a, &s, r, raw, RAW_BWD, true);
     a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv, a.nqb = nqb, a.nkb = nkb;
     nt__attn_opnd_flat(&a.q, qx, &a.g, 0, D);
     nt__attn_opnd_flat(&a.dO, qx, &a.g, Tq * D, Dv);
