@@ -101,34 +101,10 @@ static void run_ours(const char *backend, nt_dtype amp, bool captured, const gpt
     nt_sim_stats_get(&s0);
     double t0 = bench_now_ns(), train_ns = 0, eval_sim_ns = 0, eval_ideal_ns = 0, total = 0;
     int since = 0;
-    nt_graph *graph = NULL;
-    nt_tensor *graph_loss = NULL; /* the program's output: each replay rewrites it */
+    gpt_capture cap = {0}; /* captured: step 1 recorded, replayed after */
     for (int s = 0; s < steps; s++) {
-        nt_tensor *loss;
-        if (!captured) {
-            loss = gpt_train_step(&m, opt, d, &o, s, xb, yb);
-        } else {
-            bench_check(gpt_step_prepare(&m, opt, d, &o, s, xb, yb), "the step's schedule");
-            nt_tensor *x = nt_from_host(xb, NT_I32, 2, (int64_t[]){16, 128});
-            nt_tensor *y = nt_from_host(yb, NT_I32, 1, (int64_t[]){16 * 128});
-            if (!x || !y)
-                bench_fail("copying the batch");
-            if (!graph) {
-                bench_check(nt_graph_capture_begin(), "nt_graph_capture_begin");
-                bench_check(nt_graph_input(x, "x") || nt_graph_input(y, "y"), "nt_graph_input");
-                graph_loss = gpt_step_body(&m, opt, &o, x, y);
-                graph = nt_graph_capture_end();
-                if (!graph_loss || !graph)
-                    bench_fail("capturing the step");
-            } else {
-                bench_check(nt_graph_bind(graph, "x", x) || nt_graph_bind(graph, "y", y),
-                            "nt_graph_bind");
-                bench_check(nt_graph_replay(graph), "nt_graph_replay");
-            }
-            nt_release(x);
-            nt_release(y);
-            loss = nt_retain(graph_loss);
-        }
+        nt_tensor *loss = captured ? gpt_captured_step(&m, opt, d, &o, s, xb, yb, &cap)
+                                   : gpt_train_step(&m, opt, d, &o, s, xb, yb);
         if (!loss)
             bench_fail("training step");
         nt_no_grad_begin();
@@ -174,8 +150,7 @@ static void run_ours(const char *backend, nt_dtype amp, bool captured, const gpt
     printf("  train loss (mean) %.4f  val loss %.4f\n", total / steps, r->val);
     fflush(stdout);
     nt_release(sum);
-    nt_release(graph_loss);
-    nt_graph_destroy(graph);
+    gpt_capture_free(&cap);
     nt_optim_destroy(opt);
     gpt_free(&m);
     free(xb);

@@ -313,43 +313,21 @@ int main(int argc, char **argv)
     sim_all0 = sim_log;
     double val = NAN;
     int64_t end = o.limit_steps && o.limit_steps < o.t.steps ? o.limit_steps : o.t.steps;
-    nt_graph *graph = NULL;
-    nt_tensor *graph_loss = NULL; /* the program's output: rewritten by each replay */
+    gpt_capture cap = {0}; /* --capture: step 1 recorded, replayed after */
     for (int64_t step = start; step < end; step++) {
         nt_tensor *loss;
         if (!o.capture) {
             loss = gpt_train_step(&m, opt, &d, &o.t, step, xb, yb);
         } else {
-            /* the host's part each step; the device's part recorded at
-             * the first step and replayed after, with this step's batch
-             * bound to the program's inputs */
-            check(gpt_step_prepare(&m, opt, &d, &o.t, step, xb, yb), "the step's schedule");
-            nt_tensor *x = nt_from_host(xb, NT_I32, 2, (int64_t[]){B, T});
-            nt_tensor *y = nt_from_host(yb, NT_I32, 1, (int64_t[]){(int64_t)B * T});
-            if (!x || !y)
-                check(-1, "copying the batch");
-            if (!graph) {
-                check(nt_graph_capture_begin(), "nt_graph_capture_begin");
-                check(nt_graph_input(x, "x") || nt_graph_input(y, "y"), "nt_graph_input");
-                graph_loss = gpt_step_body(&m, opt, &o.t, x, y);
-                graph = nt_graph_capture_end();
-                if (!graph_loss || !graph)
-                    check(-1, "capturing the training step");
-                nt_graph_info gi;
-                check(nt_graph_info_get(graph, &gi), "nt_graph_info_get");
+            bool first = !cap.graph;
+            loss = gpt_captured_step(&m, opt, &d, &o.t, step, xb, yb, &cap);
+            nt_graph_info gi;
+            if (loss && first && nt_graph_info_get(cap.graph, &gi) == 0)
                 printf("captured step %lld: %lld ops in %lld kernels; memory plan %.1f MiB for "
                        "%lld intermediates (%.1f MiB without reuse)\n",
                        (long long)step + 1, (long long)gi.ops, (long long)gi.kernels,
                        gi.plan_bytes / 1048576.0, (long long)gi.planned,
                        gi.naive_bytes / 1048576.0);
-            } else {
-                check(nt_graph_bind(graph, "x", x) || nt_graph_bind(graph, "y", y),
-                      "nt_graph_bind");
-                check(nt_graph_replay(graph), "nt_graph_replay");
-            }
-            nt_release(x);
-            nt_release(y);
-            loss = nt_retain(graph_loss);
         }
         if (!loss)
             check(-1, "training step");
@@ -418,8 +396,7 @@ int main(int argc, char **argv)
     }
     printf("final val loss %.4f after %lld steps (%.1f s wall)\n", val,
            (long long)nt_optim_steps(opt), now_s() - t_start);
-    nt_graph_destroy(graph);
-    nt_release(graph_loss);
+    gpt_capture_free(&cap);
     if (o.sample > 0)
         generate(&m, &d, o.prompt, o.sample, 1234);
     nt_release(loss_sum);

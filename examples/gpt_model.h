@@ -555,6 +555,54 @@ static inline nt_tensor *gpt_train_step(gpt_model *m, nt_optim *opt, const gpt_d
     return loss;
 }
 
+/* A step recorded once and replayed (docs/graphs.md): the graph and its
+ * loss, which each replay rewrites.  Zero it before the first step;
+ * gpt_capture_free at the end. */
+typedef struct {
+    nt_graph *graph;
+    nt_tensor *loss;
+} gpt_capture;
+
+/* gpt_train_step through a capture: the host's part (the schedule, the
+ * batch) every step; the device's part recorded at the first call and
+ * replayed after with this step's batch bound to the inputs "x" and "y".
+ * Returns a new reference to the loss, or NULL with the runtime's error
+ * set. */
+static inline nt_tensor *gpt_captured_step(gpt_model *m, nt_optim *opt, const gpt_data *d,
+                                           const gpt_train_opts *o, int64_t step, int32_t *xb,
+                                           int32_t *yb, gpt_capture *cap)
+{
+    int B = o->batch, T = m->c.context;
+    if (gpt_step_prepare(m, opt, d, o, step, xb, yb) != 0)
+        return NULL;
+    nt_tensor *x = nt_from_host(xb, NT_I32, 2, (int64_t[]){B, T});
+    nt_tensor *y = nt_from_host(yb, NT_I32, 1, (int64_t[]){(int64_t)B * T});
+    int rc = x && y ? 0 : -1;
+    if (!rc && !cap->graph) {
+        rc = nt_graph_capture_begin();
+        if (!rc) {
+            rc = nt_graph_input(x, "x") || nt_graph_input(y, "y");
+            cap->loss = rc ? NULL : gpt_step_body(m, opt, o, x, y);
+            cap->graph = nt_graph_capture_end(); /* ends the capture either way */
+            rc = rc || !cap->loss || !cap->graph;
+        }
+    } else if (!rc) {
+        rc = nt_graph_bind(cap->graph, "x", x) || nt_graph_bind(cap->graph, "y", y) ||
+             nt_graph_replay(cap->graph);
+    }
+    nt_release(x);
+    nt_release(y);
+    return rc ? NULL : nt_retain(cap->loss);
+}
+
+static inline void gpt_capture_free(gpt_capture *cap)
+{
+    nt_release(cap->loss);
+    nt_graph_destroy(cap->graph);
+    cap->loss = NULL;
+    cap->graph = NULL;
+}
+
 /* Mean loss over `nb` fixed validation batches (GPT_VAL_SEED), without a
  * graph: one sync.  NaN with the runtime's error set on failure. */
 static inline double gpt_eval(gpt_model *m, const gpt_data *d, int B, int nb, nt_dtype amp)
