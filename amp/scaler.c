@@ -24,6 +24,7 @@
 #include "autograd/autograd.h"
 #include "autograd/optim.h"
 #include "core/handle.h"
+#include "debug/debug.h"
 
 #define SCALER_MAGIC 0x53434c52u /* "SCLR" */
 /* The most skipped steps counted (2^53, as an optimizer's step count): a
@@ -316,6 +317,8 @@ NT_API int nt_grad_scaler_step(nt_grad_scaler *s, nt_optim *opt)
         }
     }
     g_mutex_unlock(&s->lock);
+    if (rc == 1)
+        nt__htrace_step(); /* a skipped step is a step of NT_TRACE_STEPS too */
     if (rc != 0)
         return rc;
     nt__amp_suspend();

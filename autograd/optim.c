@@ -19,6 +19,7 @@
  * parameters are ordinary tensors: a thread that writes them while another
  * steps the optimizer needs its own ordering (events). */
 #include "autograd/optim.h"
+#include "debug/debug.h"
 #include "fusion/graph.h"
 
 #include <math.h>
@@ -480,6 +481,8 @@ static int step_at(const nt_site *site, nt_optim *o, const char *fn)
     g_mutex_lock(&o->lock);
     int rc = step_locked(o, site, fn);
     g_mutex_unlock(&o->lock);
+    if (!rc && !nt__capturing())
+        nt__htrace_step(); /* NT_TRACE_STEPS counts optimizer steps */
     return rc;
 }
 

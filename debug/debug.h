@@ -53,6 +53,13 @@ void nt__htrace_fused(const char *kind, unsigned long kernel_no, nt__rec *const 
                       int written, int elided, bool hit, double t0, int rc);
 /* The fusion planner closed a group before r, for `reason`. */
 void nt__htrace_break(const nt__rec *r, const char *reason);
+/* A training step ended (nt_optim_step, a skipped nt_grad_scaler_step, an
+ * nt_graph_replay; never while capturing: the caller checks): with a trace
+ * open, the queues are drained so the step's events are all in the file,
+ * the step count moves on (NT_TRACE_STEPS opens or shuts the window), and
+ * a step inside the window prints its size on stderr.  No-op without a
+ * trace. */
+void nt__htrace_step(void);
 
 /* The NT_STATS=1 summary (nt_shutdown). */
 void nt__debug_stats_print(FILE *f);

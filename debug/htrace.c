@@ -15,6 +15,7 @@
  * Every function here is called only while nt__trace_enabled(); the trace
  * writer (sim/trace.c) serialises the file. */
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -148,6 +149,8 @@ void nt__htrace_sync(const char *fn, const nt_site *site, uint64_t tensor_id, ui
 
 void nt__htrace_kernel(const nt__rec *r, double t0, int rc)
 {
+    if (!nt__trace_at(NT__TRACE_KERNEL))
+        return;
     double t1 = nt__htrace_now();
     int tid = track(r->stream);
     char label[128];
@@ -175,6 +178,8 @@ static void op_site(const nt__rec *r, char *buf, size_t n)
 void nt__htrace_fused(const char *kind, unsigned long kernel_no, nt__rec *const *recs, int n,
                       int written, int elided, bool hit, double t0, int rc)
 {
+    if (!nt__trace_at(NT__TRACE_FUSION))
+        return;
     double t1 = nt__htrace_now();
     int tid = track(n ? recs[0]->stream : NULL);
     nt__strbuf g_ = {0}, *g = &g_; /* a failed buffer gives "{}" */
@@ -198,6 +203,8 @@ void nt__htrace_fused(const char *kind, unsigned long kernel_no, nt__rec *const 
 
 void nt__htrace_break(const nt__rec *r, const char *reason)
 {
+    if (!nt__trace_at(NT__TRACE_FUSION))
+        return;
     double ts = nt__htrace_now();
     int tid = track(r->stream);
     char one[400];
@@ -209,4 +216,23 @@ void nt__htrace_break(const nt__rec *r, const char *reason)
     nt__sb_append_c(g, '}');
     nt__trace_instant(NT_TRACE_PID_HOST, tid, "fusion break", ts, nt__sb_str(g, "{}"));
     free(g->str);
+}
+
+static void drain_one(nt_stream *s, void *arg)
+{
+    (void)arg;
+    nt__stream_drain(s); /* an error stays with the stream for its sync */
+}
+
+void nt__htrace_step(void)
+{
+    if (!nt__trace_is_open())
+        return;
+    if (nt__trace_step_wants_drain())
+        nt__streams_foreach(drain_one, NULL);
+    int64_t step = 0, bytes = nt__trace_step_end(&step);
+    if (bytes >= 0 && NT__CFG(log_level) >= NT__LOG_WARN)
+        fprintf(stderr, "ntensor: trace: step %lld wrote %.1f KB (NT_TRACE_LEVEL %s)\n",
+                (long long)step, (double)bytes / 1024.0,
+                nt__trace_level_name(nt__trace_filter_level()));
 }

@@ -22,6 +22,9 @@ nt__config nt__cfg;
 nt__counters nt__ctr;
 
 static GMutex init_lock;
+/* NT_TRACE_LEVEL and NT_TRACE_STEPS as set (under cfg_lock) */
+static int trace_level = NT__TRACE_KERNEL;
+static int64_t trace_first, trace_end = INT64_MAX;
 
 /* ---------------- options ---------------- */
 
@@ -193,6 +196,33 @@ static int apply_number(nt__config *c, const char *name, const char *v, const ch
     return 0;
 }
 
+/* NT_TRACE_LEVEL and NT_TRACE_STEPS: the trace module keeps them (they
+ * apply to the next file it opens); nt_init resets them before it reads
+ * the environment. */
+static int apply_trace_filter(const char *name, const char *v, const char *fn)
+{
+    if (nt__inited)
+        return nt__err(NULL, NT_EINVAL, fn, "%s can only be set before nt_init (environment)",
+                       name);
+    if (!strcmp(name, "NT_TRACE_LEVEL")) {
+        int l = nt__trace_level_parse(v);
+        if (!l)
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_TRACE_LEVEL: expected host, fusion, kernel or instruction, got "
+                           "'%s'", v);
+        trace_level = l;
+    } else {
+        int64_t a, b;
+        if (!nt__trace_steps_parse(v, &a, &b))
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_TRACE_STEPS: expected a:b (steps a to b - 1, b > a), a: or a, "
+                           "got '%s'", v);
+        trace_first = a, trace_end = b;
+    }
+    nt__trace_set_filter(trace_level, trace_first, trace_end);
+    return 0;
+}
+
 /* The options read only before nt_init (from the environment). */
 static int apply_startup(nt__config *c, const char *name, const char *v, const char *fn)
 {
@@ -224,6 +254,8 @@ static int apply_startup(nt__config *c, const char *name, const char *v, const c
             return nt__err_hostmem(NULL, fn, "the trace file's name");
         free(c->trace_path);
         c->trace_path = path;
+    } else if (!strcmp(name, "NT_TRACE_LEVEL") || !strcmp(name, "NT_TRACE_STEPS")) {
+        return apply_trace_filter(name, v, fn);
     } else {
         return NOT_MINE;
     }
@@ -279,7 +311,8 @@ static int apply_opt(nt__config *c, const char *name, const char *v, const char 
 static const char *const env_names[] = {
     "NT_MODE", "NT_DETERMINISTIC", "NT_FUSION", "NT_BACKEND", "NT_REQUIRE_SIM",
     "NT_MIN_SIM_FLOPS", "NT_CHECK_NAN", "NT_STATS", "NT_FUSION_LOG", "NT_LAZY_WINDOW",
-    "NT_MAX_INFLIGHT", "NT_MAX_INFLIGHT_BYTES", "NT_HBM_BYTES", "NT_TRACE", "NT_LOG",
+    "NT_MAX_INFLIGHT", "NT_MAX_INFLIGHT_BYTES", "NT_HBM_BYTES", "NT_TRACE", "NT_TRACE_LEVEL",
+    "NT_TRACE_STEPS", "NT_LOG",
     "NT_STOCHASTIC_ROUNDING", "NT_SR_SEED", "NT_HANDLE_QUARANTINE", "NT_CPU_ISA",
     "NT_SIM_CORES", "NT_CPU_THREADS",
 };
@@ -378,6 +411,8 @@ int nt__runtime_init(void (*register_modules)(void))
     g_mutex_lock(&cfg_lock);
     nt__config c = nt__cfg;
     cfg_defaults(&c);
+    trace_level = NT__TRACE_KERNEL, trace_first = 0, trace_end = INT64_MAX;
+    nt__trace_set_filter(trace_level, trace_first, trace_end);
     for (size_t i = 0; i < G_N_ELEMENTS(env_names); i++) {
         const char *v = getenv(env_names[i]);
         if (v && apply_opt(&c, env_names[i], v, "nt_init: environment variable") < 0) {
@@ -410,7 +445,7 @@ int nt__runtime_init(void (*register_modules)(void))
     nt__tensor_pool_init();
     /* NT_TRACE opens here once (nt_sim_init then finds it open and leaves
      * it alone); nt_shutdown closes it. */
-    if (c.trace_path && !nt__trace_enabled() && nt__trace_open(c.trace_path) != 0)
+    if (c.trace_path && !nt__trace_is_open() && nt__trace_open(c.trace_path) != 0)
         nt__log(NT__LOG_WARN, "NT_TRACE: cannot open '%s' for writing", c.trace_path);
     rc = backends_init();
     if (rc == 0) {

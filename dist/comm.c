@@ -570,7 +570,7 @@ static void book_time(coll *c, xfer *x)
         int r = cm->first + i;
         cc_free[cm->dev[i] % MAX_CORES] = x->end[r];
         tensor_set_ready_ns(c->out[i], x->end[r]);
-        if (nt__trace_enabled())
+        if (nt__trace_at(NT__TRACE_KERNEL))
             trace_member(c, i, full, x);
     }
     g_mutex_unlock(&cc_lock);

@@ -1686,6 +1686,8 @@ out:
         free(rp->bound);
         free(rp);
     }
+    if (!rc)
+        nt__htrace_step(); /* a replay is a step of NT_TRACE_STEPS */
     return rc;
 }
 NT_API int nt_graph_replay(nt_graph *g) { return nt_graph_replay_at(NT_RA_SITE, g); }

@@ -527,7 +527,7 @@ int sk_end(sk_k *s)
     for (int i = 0; i < s->nscratch; i++)
         nt__arena_free(s->scratch[i], s->scratch_bytes[i], nt__sim_thread_core());
     s->nscratch = 0;
-    if (nt__trace_enabled()) {
+    if (nt__trace_at(NT__TRACE_KERNEL)) {
         unsigned g = nt__trace_generation();
         /* kernels of several cores end at once: one names the track */
         if (__atomic_exchange_n(&trace_gen_seen, g, __ATOMIC_RELAXED) != g) {

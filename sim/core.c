@@ -308,8 +308,13 @@ int nt_sim_init(void)
         rc = ensure_memories(env_cores());
         if (rc == 0) {
             const char *tr = getenv("NT_TRACE");
-            if (tr && *tr && !nt__trace_enabled() && nt__trace_open(tr) == 0)
-                trace_ours = true;
+            if (tr && *tr && !nt__trace_is_open()) {
+                /* the simulator alone: every instruction unless
+                 * NT_TRACE_LEVEL says less (it has no steps) */
+                int lv = nt__trace_level_parse(getenv("NT_TRACE_LEVEL"));
+                nt__trace_set_filter(lv ? lv : NT__TRACE_INSTR, 0, INT64_MAX);
+                trace_ours = nt__trace_open(tr) == 0;
+            }
             atomic_store_explicit(&inited, true, memory_order_release);
         } else {
             free_memories();
@@ -1088,7 +1093,7 @@ static int prog_kernel_end(nt_sim_kernel *k, nt__sim_prog *pg, nt_sim_report *re
         rep->psum_peak_bytes = k->psum.peak;
     }
     if (pg->timed) {
-        if (nt__trace_enabled() && k->ninstr) {
+        if (nt__trace_at(NT__TRACE_KERNEL) && k->ninstr) {
             trace_meta(core);
             char args[256];
             snprintf(args, sizeof args,
@@ -1263,7 +1268,7 @@ double nt__sim_program_end(nt__sim_prog_snap *out)
     st->flops += sn.flops;
     sums->ideal += to_fx(sn.tensor_ideal_ns);
     pthread_mutex_unlock(&core->stats_lock);
-    if (nt__trace_enabled()) {
+    if (nt__trace_at(NT__TRACE_KERNEL)) {
         trace_meta(core);
         nt__trace_complete(nt__sim_trace_pid(core->index), 0, "captured program",
                            pg->clock0 / 1e3, sn.makespan_ns / 1e3, "{}");
@@ -1288,7 +1293,7 @@ int nt_sim_kernel_end(nt_sim_kernel *k, nt_sim_report *rep)
         return prog_kernel_end(k, pg, rep);
     double dur = k->tend - k->t0;
     k->busy[NT_ENGINE_DMA] = dma_union(k);
-    if (nt__trace_enabled()) {
+    if (nt__trace_at(NT__TRACE_KERNEL)) {
         trace_meta(core);
         char args[512], q[128];
         nt__trace_json_str(q, sizeof q, k->msg);
@@ -1935,7 +1940,7 @@ ISSUE_STEP void issue_account(nt_sim_kernel *k, const nt__sim_instr *in, const i
     k->has_last = true;
     if (k->functional)
         k->nfunc++;
-    if (nt__trace_enabled())
+    if (nt__trace_at(NT__TRACE_INSTR))
         trace_instr(k, in, me == NT_ENGINE_DMA ? 16 + in->queue : 1 + me, k->clock0 + start,
                     k->clock0 + end);
     k->ninstr++;

@@ -17,15 +17,141 @@ static pthread_mutex_t trace_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *trace_fp;
 static char *trace_buf;      /* setvbuf buffer: events are small and many */
 static bool trace_first;     /* no event written yet: no leading comma */
-static atomic_bool trace_on;
+static atomic_int trace_emit;  /* the level being written now; 0: none */
+static atomic_bool trace_isopen; /* a file is open (its window may be shut) */
 static atomic_uint trace_gen;
 static bool atexit_done;
+/* NT_TRACE_LEVEL and NT_TRACE_STEPS (dispatcher/config.c sets them) */
+static atomic_int filt_level = NT__TRACE_INSTR; /* nt_init makes it kernel */
+static _Atomic int64_t filt_first = 0, filt_end = INT64_MAX;
+/* step boundaries passed since the file opened; the file's size when the
+ * current step began (trace_lock) */
+static _Atomic int64_t trace_step;
+static long step_start_bytes;
 
 #define TRACE_BUFSZ (1u << 20)
 
 bool nt__trace_enabled(void)
 {
-    return atomic_load_explicit(&trace_on, memory_order_relaxed);
+    return atomic_load_explicit(&trace_emit, memory_order_relaxed) > 0;
+}
+
+static bool trace_fp_open(void)
+{
+    return atomic_load_explicit(&trace_isopen, memory_order_relaxed);
+}
+
+bool nt__trace_is_open(void)
+{
+    return trace_fp_open();
+}
+
+bool nt__trace_at(int level)
+{
+    return atomic_load_explicit(&trace_emit, memory_order_relaxed) >= level;
+}
+
+static const char *const level_names[] = {"", "host", "fusion", "kernel", "instruction"};
+
+int nt__trace_level_parse(const char *s)
+{
+    for (int l = NT__TRACE_HOST; l <= NT__TRACE_INSTR; l++)
+        if (s && !strcmp(s, level_names[l]))
+            return l;
+    return 0;
+}
+
+const char *nt__trace_level_name(int level)
+{
+    return level >= NT__TRACE_HOST && level <= NT__TRACE_INSTR ? level_names[level] : "?";
+}
+
+/* A step number: decimal digits only, below 2^62. */
+static bool parse_step(const char *s, const char *e, int64_t *v)
+{
+    if (s == e || e - s > 18)
+        return false;
+    int64_t x = 0;
+    for (; s < e; s++) {
+        if (*s < '0' || *s > '9')
+            return false;
+        x = x * 10 + (*s - '0');
+    }
+    *v = x;
+    return true;
+}
+
+bool nt__trace_steps_parse(const char *s, int64_t *first, int64_t *end)
+{
+    if (!s)
+        return false;
+    const char *colon = strchr(s, ':'), *z = s + strlen(s);
+    if (!colon) { /* "a": the one step a */
+        if (!parse_step(s, z, first))
+            return false;
+        *end = *first + 1;
+        return true;
+    }
+    if (!parse_step(s, colon, first))
+        return false;
+    if (colon + 1 == z) {
+        *end = INT64_MAX;
+        return true;
+    }
+    return parse_step(colon + 1, z, end) && *end > *first;
+}
+
+/* The level to write at step `step` (trace_lock held or the file closed). */
+static int level_at(int64_t step)
+{
+    return step >= atomic_load(&filt_first) && step < atomic_load(&filt_end)
+               ? atomic_load(&filt_level)
+               : 0;
+}
+
+void nt__trace_set_filter(int level, int64_t first, int64_t end)
+{
+    atomic_store(&filt_level, level >= NT__TRACE_HOST && level <= NT__TRACE_INSTR
+                                  ? level
+                                  : NT__TRACE_INSTR);
+    atomic_store(&filt_first, first < 0 ? 0 : first);
+    atomic_store(&filt_end, end);
+}
+
+int nt__trace_filter_level(void)
+{
+    return atomic_load(&filt_level);
+}
+
+bool nt__trace_step_wants_drain(void)
+{
+    if (!trace_fp_open())
+        return false;
+    int64_t s = atomic_load(&trace_step);
+    return level_at(s) != level_at(s + 1) || level_at(s) > 0;
+}
+
+int64_t nt__trace_step_end(int64_t *step)
+{
+    int64_t bytes = -1;
+    pthread_mutex_lock(&trace_lock);
+    if (trace_fp) {
+        int64_t s = atomic_fetch_add(&trace_step, 1);
+        long now = -1;
+        if (level_at(s) > 0 || level_at(s + 1) > 0) {
+            fflush(trace_fp);
+            now = ftell(trace_fp);
+        }
+        if (level_at(s) > 0 && now >= 0) {
+            bytes = now - step_start_bytes;
+            *step = s;
+        }
+        if (now >= 0)
+            step_start_bytes = now;
+        atomic_store(&trace_emit, level_at(s + 1));
+    }
+    pthread_mutex_unlock(&trace_lock);
+    return bytes;
 }
 
 unsigned nt__trace_generation(void)
@@ -37,7 +163,8 @@ static void close_locked(void)
 {
     if (!trace_fp)
         return;
-    atomic_store(&trace_on, false);
+    atomic_store(&trace_emit, 0);
+    atomic_store(&trace_isopen, false);
     fputs("\n],\n\"displayTimeUnit\":\"ns\",\n"
           "\"otherData\":{\"producer\":\"ntensor\"}}\n",
           trace_fp);
@@ -67,12 +194,15 @@ int nt__trace_open(const char *path)
     fputs("{\"traceEvents\":[\n", fp);
     trace_fp = fp;
     trace_first = true;
+    atomic_store(&trace_step, 0);
+    step_start_bytes = ftell(fp);
     if (!atexit_done) {
         atexit(close_at_exit);
         atexit_done = true;
     }
     atomic_fetch_add(&trace_gen, 1);
-    atomic_store(&trace_on, true);
+    atomic_store(&trace_isopen, true);
+    atomic_store(&trace_emit, level_at(0));
     pthread_mutex_unlock(&trace_lock);
     return 0;
 }
@@ -149,7 +279,7 @@ static void emitf(const char *fmt, ...)
 
 void nt__trace_process_name(int pid, const char *name, int sort_index)
 {
-    if (!nt__trace_enabled())
+    if (!trace_fp_open())
         return;
     char q[256];
     nt__trace_json_str(q, sizeof q, name);
@@ -162,7 +292,7 @@ void nt__trace_process_name(int pid, const char *name, int sort_index)
 
 void nt__trace_thread_name(int pid, int tid, const char *name, int sort_index)
 {
-    if (!nt__trace_enabled())
+    if (!trace_fp_open())
         return;
     char q[256];
     nt__trace_json_str(q, sizeof q, name);

@@ -460,6 +460,103 @@ static void test_trace_file(void **state)
     g_free(text);
 }
 
+/* NT_TRACE_LEVEL and NT_TRACE_STEPS: three SGD steps, each with an op of
+ * its own (exp, tanh, sigmoid); a window of step 1 at `level` holds tanh's
+ * events and none of the others'.  Returns the file's text (g_free). */
+static char *trace_steps(const char *level, const char *steps)
+{
+    char path[] = "/tmp/nt_trace_steps_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    nt_shutdown();
+    setenv("NT_TRACE", path, 1);
+    setenv("NT_TRACE_LEVEL", level, 1);
+    setenv("NT_TRACE_STEPS", steps, 1);
+    assert_int_equal(nt_init(), 0);
+    float wv[4] = {0.5f, -1, 2, 0.25f};
+    nt_tensor *w = vec(wv, 4);
+    nt_set_requires_grad(w, true);
+    nt_optim *opt = nt_optim_sgd(&w, 1, 0.1, 0, 0, false);
+    assert_non_null(opt);
+    nt_tensor *(*const f[3])(nt_tensor *) = {nt_exp, nt_tanh, nt_sigmoid};
+    for (int s = 0; s < 3; s++) {
+        nt_scope *sc = nt_scope_begin();
+        assert_int_equal(nt_backward(nt_sum(f[s](w), NT_DIM_ALL, false)), 0);
+        assert_int_equal(nt_optim_step(opt), 0);
+        assert_int_equal(nt_optim_zero_grad(opt), 0);
+        nt_scope_end(sc);
+    }
+    nt_optim_destroy(opt);
+    nt_release(w);
+    nt_shutdown(); /* closes the trace */
+    unsetenv("NT_TRACE");
+    unsetenv("NT_TRACE_LEVEL");
+    unsetenv("NT_TRACE_STEPS");
+    assert_int_equal(nt_init(), 0);
+    char *text = NULL;
+    assert_true(g_file_get_contents(path, &text, NULL, NULL));
+    unlink(path);
+    assert_true(nt_test_json_ok(text));
+    return text;
+}
+
+static void test_trace_steps_levels(void **state)
+{
+    (void)state;
+    static const char *const levels[] = {"host", "fusion", "kernel", "instruction"};
+    size_t len[4];
+    for (int l = 0; l < 4; l++) {
+        char *t = trace_steps(levels[l], "1:2");
+        len[l] = strlen(t);
+        /* the window: step 1's op only (its name on the host's enqueue) */
+        assert_has(t, "\"name\":\"nt_tanh\"");
+        assert_null(strstr(t, "\"name\":\"nt_exp\""));
+        assert_null(strstr(t, "\"name\":\"nt_sigmoid\""));
+        /* the simulator's kernels from kernel on, its engines' instructions
+         * only at instruction */
+        assert_true((strstr(t, "\"hbm_read\"") != NULL) == (l >= 2));
+        assert_true((strstr(t, "\"cycles\"") != NULL) == (l == 3));
+        if (l)
+            assert_true(len[l] > len[l - 1]);
+        g_free(t);
+    }
+    /* "1": the one step 1, as 1:2; "2:" from step 2 on: sigmoid, not tanh */
+    char *t = trace_steps("kernel", "1");
+    assert_has(t, "\"name\":\"nt_tanh\"");
+    assert_null(strstr(t, "\"name\":\"nt_exp\""));
+    assert_null(strstr(t, "\"name\":\"nt_sigmoid\""));
+    g_free(t);
+    t = trace_steps("host", "2:");
+    assert_has(t, "\"name\":\"nt_sigmoid\"");
+    assert_null(strstr(t, "\"name\":\"nt_tanh\""));
+    g_free(t);
+}
+
+/* Bad NT_TRACE_LEVEL / NT_TRACE_STEPS values fail nt_init naming the
+ * variable and what it takes; after nt_init they cannot be set. */
+static void test_trace_filter_bad(void **state)
+{
+    (void)state;
+    static const char *const bad[][2] = {
+        {"NT_TRACE_LEVEL", "verbose"}, {"NT_TRACE_LEVEL", ""},   {"NT_TRACE_STEPS", "3:2"},
+        {"NT_TRACE_STEPS", "2:2"},     {"NT_TRACE_STEPS", "-1:4"}, {"NT_TRACE_STEPS", "a:b"},
+        {"NT_TRACE_STEPS", ":4"},      {"NT_TRACE_STEPS", "1:2:3"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        nt_shutdown();
+        setenv(bad[i][0], bad[i][1], 1);
+        assert_int_equal(nt_init(), NT_EINVAL);
+        assert_has(nt_last_error_message(), bad[i][0]);
+        assert_has(nt_last_error_message(), "expected");
+        unsetenv(bad[i][0]);
+    }
+    assert_int_equal(nt_init(), 0);
+    assert_int_equal(nt_config_set("NT_TRACE_LEVEL", "host"), NT_EINVAL);
+    assert_has(nt_last_error_message(), "only be set before nt_init");
+    assert_int_equal(nt_config_set("NT_TRACE_STEPS", "1:2"), NT_EINVAL);
+}
+
 /* ---------------- NT_STATS ---------------- */
 
 static void test_stats_summary(void **state)
@@ -523,6 +620,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_provenance_backward, nt_test_setup, teardown),
         cmocka_unit_test_setup_teardown(test_deterministic_ready_on_return, nt_test_setup, teardown),
         cmocka_unit_test_setup_teardown(test_trace_file, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_trace_steps_levels, nt_test_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_trace_filter_bad, nt_test_setup, teardown),
         cmocka_unit_test_setup_teardown(test_stats_summary, nt_test_setup, teardown),
     };
     return cmocka_run_group_tests_name("debug", tests, NULL, NULL);
