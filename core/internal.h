@@ -682,6 +682,7 @@ typedef struct nt__config {
     uint64_t handle_quarantine; /* NT_HANDLE_QUARANTINE: releases before a handle's
                                    memory is reused (UINT64_MAX: never) */
     int devices;           /* NT_SIM_CORES: devices (simulated cores), 1..64 */
+    uint64_t seed;         /* NT_SEED: the default generators' seed */
 } nt__config;
 
 extern nt__config nt__cfg;

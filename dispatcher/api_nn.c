@@ -5,6 +5,7 @@
 
 #include "dispatcher/dispatch.h"
 #include "core/rng.h"
+#include "core/tlkey.h"
 #include "fusion/graph.h"
 
 static bool need_float(nt__call *c, nt_tensor *t, const char *arg)
@@ -609,7 +610,16 @@ struct nt_generator {
     volatile AO_t refs;    /* the user's, plus captured programs' (their patches read it) */
     const void *cap;       /* the capture that last advanced it (nt__tl_capture) */
     uint64_t cap_adv;      /* how far that capture advanced it */
+    volatile AO_t busy;    /* a call is moving it: a second thread's call is refused */
+    bool is_default;       /* a thread's default generator (nt_default_generator) */
+    AO_t epoch;            /* a default's: the nt_init it was set at (NT_SEED, 0) for */
 };
+
+/* How far capture `cap` has advanced g so far (0 if it has not). */
+static uint64_t gen_cap_adv(const nt_generator *g)
+{
+    return nt__capturing() && g->cap == nt__tl_capture ? g->cap_adv : 0;
+}
 
 static void gen_free_ref(nt_generator *g)
 {
@@ -632,8 +642,8 @@ NT_API nt_generator *nt_generator_create(uint64_t seed)
 
 NT_API void nt_generator_destroy(nt_generator *g)
 {
-    if (!g || g->magic != GEN_MAGIC)
-        return;
+    if (!g || g->magic != GEN_MAGIC || g->is_default)
+        return; /* a thread's default lives as long as its thread */
     g->magic = 0;
     gen_free_ref(g);
 }
@@ -681,9 +691,22 @@ static void gen_advance_hook(void *ctx, int64_t n) { AO_fetch_and_add(&((nt_gene
 static void gen_retain(void *ctx) { AO_fetch_and_add1(&((nt_generator *)ctx)->refs); }
 static void gen_release(void *ctx) { gen_free_ref(ctx); }
 
-NT_API int nt_generator_advance(nt_generator *g, uint64_t n)
+/* One call at a time moves a generator: a second thread's call meanwhile
+ * is refused (NT_ESTATE naming fn), not a race on its offset. */
+static bool gen_enter(const nt_site *site, const char *fn, nt_generator *g)
 {
-    if (!gen_ok(NULL, "nt_generator_advance", g))
+    if (AO_compare_and_swap_full(&g->busy, 0, 1))
+        return true;
+    nt__err(site, NT_ESTATE, fn,
+            "argument 'g' is in use by another thread's call: a generator is used by one "
+            "thread at a time (each thread has its own nt_default_generator)");
+    return false;
+}
+static void gen_leave(nt_generator *g) { AO_store_release(&g->busy, 0); }
+
+static int gen_advance(const nt_site *site, const char *fn, nt_generator *g, uint64_t n)
+{
+    if (!gen_enter(site, fn, g))
         return nt_last_error();
     AO_fetch_and_add(&g->offset, (AO_t)n);
     if (nt__capturing()) {
@@ -694,7 +717,15 @@ NT_API int nt_generator_advance(nt_generator *g, uint64_t n)
         g->cap_adv += n;
         nt__capture_on_replay(gen_advance_hook, g, (int64_t)g->cap_adv, gen_retain, gen_release);
     }
+    gen_leave(g);
     return 0;
+}
+
+NT_API int nt_generator_advance(nt_generator *g, uint64_t n)
+{
+    if (!gen_ok(NULL, "nt_generator_advance", g))
+        return nt_last_error();
+    return gen_advance(NULL, "nt_generator_advance", g, n);
 }
 
 NT_API nt_tensor *nt_dropout_gen_at(const nt_site *site, nt_tensor *x, double p, nt_generator *g,
@@ -712,17 +743,22 @@ NT_API nt_tensor *nt_dropout_gen_at(const nt_site *site, nt_tensor *x, double p,
         nt__err(site, NT_EINVAL, fn, "argument 'p' is %g; expected a probability in [0, 1)", p);
         return NULL;
     }
-    if (index > INT32_MAX) {
-        nt__err(site, NT_EINVAL, fn, "argument 'index' is %llu; expected at most %d",
+    if (index > INT32_MAX || index + gen_cap_adv(g) > INT32_MAX) {
+        nt__err(site, NT_EINVAL, fn,
+                "argument 'index' is %llu; expected at most %d (less what the capture has "
+                "advanced the generator by)",
                 (unsigned long long)index, INT32_MAX);
         return NULL;
     }
     if (p == 0.0 || tls_eval)
         return nt_dropout_at(site, x, p, 0); /* the identity: no mask */
     if (nt__capturing()) {
-        /* a replay draws it at the offset it has then; the backward's
-         * dropout (same seed) is patched with it (fusion/graph.c) */
-        nt__capture_patch_next(gen_patch, g, (int)index, NT__PATCH_SEED, NT_OP_DROPOUT);
+        /* a replay draws it at the offset it has then (before the step's
+         * advances: its patches are computed first), so past what the step
+         * had advanced it by when it drew; the backward's dropout (same
+         * seed) is patched with it (fusion/graph.c) */
+        nt__capture_patch_next(gen_patch, g, (int)(index + gen_cap_adv(g)), NT__PATCH_SEED,
+                               NT_OP_DROPOUT);
         nt__capture_on_replay(gen_advance_hook, g, g->cap == nt__tl_capture ? (int64_t)g->cap_adv : 0,
                               gen_retain, gen_release);
     }
@@ -731,6 +767,65 @@ NT_API nt_tensor *nt_dropout_gen_at(const nt_site *site, nt_tensor *x, double p,
 NT_API nt_tensor *nt_dropout_gen(nt_tensor *x, double p, nt_generator *g, uint64_t index)
 {
     return nt_dropout_gen_at(NT_RA_SITE, x, p, g, index);
+}
+
+static void gen_default_free(void *v) { gen_free_ref(v); }
+static nt__tlkey gen_default_key = NT__TLKEY_INIT(gen_default_free);
+
+NT_API nt_generator *nt_default_generator(void)
+{
+    const char *fn = "nt_default_generator";
+    if (!nt__ensure_init())
+        return NULL;
+    nt_generator *g = nt__tlkey_get(&gen_default_key);
+    if (!g) {
+        g = calloc(1, sizeof *g);
+        if (!g || !nt__tlkey_set(&gen_default_key, g)) {
+            free(g);
+            nt__err_hostmem(NULL, fn, "the thread's default generator");
+            return NULL;
+        }
+        g->magic = GEN_MAGIC;
+        g->refs = 1;
+        g->is_default = true;
+    }
+    /* each nt_init starts every thread's default at (NT_SEED, 0) */
+    AO_t ep = AO_load_acquire(&nt__init_epoch);
+    if (g->epoch != ep) {
+        g->seed = NT__CFG(seed);
+        AO_store(&g->offset, 0);
+        g->cap = NULL;
+        g->epoch = ep;
+    }
+    return g;
+}
+
+NT_API nt_tensor *nt_dropout_next_at(const nt_site *site, nt_tensor *x, double p,
+                                     nt_generator *g)
+{
+    const char *fn = "nt_dropout_next";
+    if (!nt__ensure_init())
+        return NULL;
+    if (!g && !(g = nt_default_generator()))
+        return NULL;
+    if (!gen_ok(site, fn, g))
+        return NULL;
+    nt_tensor *y = nt_dropout_gen_at(site, x, p, g, 0);
+    if (!y) {
+        nt__err_within(fn);
+        return NULL;
+    }
+    if (p == 0.0 || tls_eval)
+        return y; /* no draw taken: nothing to move */
+    if (gen_advance(site, fn, g, 1) != 0) {
+        nt_release(y);
+        return NULL;
+    }
+    return y;
+}
+NT_API nt_tensor *nt_dropout_next(nt_tensor *x, double p, nt_generator *g)
+{
+    return nt_dropout_next_at(NT_RA_SITE, x, p, g);
 }
 
 /* ---------------- multinomial ---------------- */

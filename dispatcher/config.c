@@ -22,6 +22,7 @@ nt__config nt__cfg;
 nt__counters nt__ctr;
 
 static GMutex init_lock;
+volatile AO_t nt__init_epoch;
 /* NT_TRACE_LEVEL and NT_TRACE_STEPS as set (under cfg_lock) */
 static int trace_level = NT__TRACE_KERNEL;
 static int64_t trace_first, trace_end = INT64_MAX;
@@ -181,6 +182,11 @@ static int apply_number(nt__config *c, const char *name, const char *v, const ch
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_SR_SEED: expected an integer from 0 to 2^64 - 1, got '%s'", v);
         c->sr_seed = u;
+    } else if (!strcmp(name, "NT_SEED")) {
+        if (!parse_u64(v, &u))
+            return nt__err(NULL, NT_EINVAL, fn,
+                           "NT_SEED: expected an integer from 0 to 2^64 - 1, got '%s'", v);
+        c->seed = u;
     } else if (!strcmp(name, "NT_HANDLE_QUARANTINE")) {
         /* applies to the handles released and allocated from now on */
         if (!g_ascii_strcasecmp(v, "all"))
@@ -313,7 +319,7 @@ static const char *const env_names[] = {
     "NT_MIN_SIM_FLOPS", "NT_CHECK_NAN", "NT_STATS", "NT_FUSION_LOG", "NT_LAZY_WINDOW",
     "NT_MAX_INFLIGHT", "NT_MAX_INFLIGHT_BYTES", "NT_HBM_BYTES", "NT_TRACE", "NT_TRACE_LEVEL",
     "NT_TRACE_STEPS", "NT_LOG",
-    "NT_STOCHASTIC_ROUNDING", "NT_SR_SEED", "NT_HANDLE_QUARANTINE", "NT_CPU_ISA",
+    "NT_STOCHASTIC_ROUNDING", "NT_SR_SEED", "NT_SEED", "NT_HANDLE_QUARANTINE", "NT_CPU_ISA",
     "NT_SIM_CORES", "NT_CPU_THREADS",
 };
 
@@ -341,13 +347,14 @@ static void cfg_publish(const nt__config *c)
     NT_PUB(log_level);
     NT_PUB(sr);
     NT_PUB(sr_seed);
+    NT_PUB(seed);
     NT_PUB(max_inflight_bytes);
     NT_PUB(handle_quarantine);
     NT_PUB(devices);
 #undef NT_PUB
 }
 /* A field added to nt__config must be published above too. */
-_Static_assert(sizeof(nt__config) == 96, "nt__config grew: add the new field to cfg_publish");
+_Static_assert(sizeof(nt__config) == 104, "nt__config grew: add the new field to cfg_publish");
 
 static void cfg_defaults(nt__config *c)
 {
@@ -461,6 +468,7 @@ int nt__runtime_init(void (*register_modules)(void))
         g_mutex_unlock(&init_lock);
         return rc;
     }
+    AO_fetch_and_add1_release(&nt__init_epoch);
     AO_store_release(&nt__inited, 1); /* core/hooks.h */
     g_mutex_unlock(&init_lock);
     return 0;
@@ -580,6 +588,8 @@ NT_API const char *nt_config_get(const char *name)
         v = NT__CFG(hbm_bytes);
     else if (!strcmp(name, "NT_SR_SEED"))
         v = NT__CFG(sr_seed);
+    else if (!strcmp(name, "NT_SEED"))
+        v = NT__CFG(seed);
     else if (!strcmp(name, "NT_HANDLE_QUARANTINE") && NT__CFG(handle_quarantine) == UINT64_MAX)
         return "all";
     else if (!strcmp(name, "NT_HANDLE_QUARANTINE"))

@@ -101,6 +101,9 @@ typedef struct nt__dispatch_hooks {
     nt_tensor *(*amp_cast)(const nt_site *site, const char *fn, nt_tensor *t, nt_dtype dt);
 } nt__dispatch_hooks;
 extern nt__dispatch_hooks nt__dhooks;
+/* Counts successful nt_init calls (nt_default_generator resets a thread's
+ * default generator to (NT_SEED, 0) once per nt_init). */
+extern volatile AO_t nt__init_epoch;
 
 /* nt_init / nt_shutdown (init/init.c) call these: the environment, the
  * arena, the backends, fusion and the streams.  register_modules runs

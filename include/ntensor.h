@@ -474,8 +474,24 @@ NT_API int nt_generator_set_state(nt_generator *g, uint64_t seed, uint64_t offse
 /** offset += n (a step's worth of draws); inside a capture, every replay
  *  does the same. */
 NT_API int nt_generator_advance(nt_generator *g, uint64_t n);
-/** nt_dropout with the seed of draw `index` of g (at its offset now). */
+/** nt_dropout with the seed of draw `index` of g (at its offset now, plus
+ *  what the step being captured, if any, has advanced g by before it). */
 NT_API nt_tensor *nt_dropout_gen(nt_tensor *x, double p, nt_generator *g, uint64_t index);
+/** The calling thread's default generator, at state (NT_SEED, 0) after each
+ *  nt_init (NT_SEED unset: 0), made at the thread's first call and freed when
+ *  the thread ends (nt_generator_destroy ignores it).  Every thread has its
+ *  own, all starting at the same state: threads that must draw differently
+ *  set their own state.  NULL with the error set if there is no memory. */
+NT_API nt_generator *nt_default_generator(void);
+/** Dropout that needs no seed: nt_dropout_gen(x, p, g, 0), then g advances by
+ *  one (nt_generator_advance), so each call draws a fresh mask and a run from
+ *  the same state draws the same masks (g NULL: the thread's default
+ *  generator, so a program that never seeds is still reproducible under
+ *  NT_SEED).  Captured, each replay draws and advances exactly as the step op
+ *  by op.  No draw is taken when training mode is off or p == 0.  A
+ *  generator is used by one thread at a time: a call while another thread's
+ *  call is moving it fails with NT_ESTATE. */
+NT_API nt_tensor *nt_dropout_next(nt_tensor *x, double p, nt_generator *g);
 /** n samples, with replacement, from each row of probs [C] or [N, C]
  *  (floating, non-negative, not necessarily normalised): i32 [n] or [N, n].
  *  Draw j of row r is a pure function of (seed, r * n + j) (counter-based,

@@ -283,6 +283,62 @@ static void test_dropout_replays_match(void **state)
     replays_match(&(variant){.dropout = 2, .ckpt = true}, 1);
 }
 
+/* A step that advances its generator between two draws: the second draw
+ * is at the advanced offset, at every replay as op by op (each replay also
+ * starts where the last one left the offset). */
+static nt_tensor *two_draws(nt_generator *g, nt_tensor *x, bool next)
+{
+    nt_tensor *a = next ? nt_dropout_next(x, 0.5, g) : nt_dropout_gen(x, 0.5, g, 0);
+    if (!next)
+        assert_int_equal(nt_generator_advance(g, 1), 0);
+    nt_tensor *b = next ? nt_dropout_next(x, 0.5, g) : nt_dropout_gen(x, 0.5, g, 0);
+    if (!next)
+        assert_int_equal(nt_generator_advance(g, 3), 0);
+    return nt_keep(nt_add(a, nt_mul_scalar(b, 3.0)));
+}
+
+static void draws_after_advance(bool next)
+{
+    enum { N = 64, REPS = 3 };
+    nt_tensor *x = nt_keep(nt_arange(NT_F32, 1, N + 1, 1));
+    float eager[REPS + 1][N], replayed[REPS + 1][N];
+    nt_generator *g = nt_generator_create(77);
+    for (int k = 0; k <= REPS; k++) {
+        nt_scope *sc = nt_scope_begin();
+        assert_int_equal(nt_to_host(two_draws(g, x, next), eager[k], sizeof eager[k]), 0);
+        nt_scope_end(sc);
+    }
+    uint64_t seed, off_eager, off;
+    assert_int_equal(nt_generator_get_state(g, &seed, &off_eager), 0);
+    assert_int_equal(nt_generator_set_state(g, 77, 0), 0);
+    assert_int_equal(nt_graph_capture_begin(), 0);
+    nt_tensor *out = two_draws(g, x, next);
+    nt_graph *gr = nt_graph_capture_end();
+    assert_non_null(gr);
+    assert_int_equal(nt_to_host(out, replayed[0], sizeof replayed[0]), 0);
+    for (int k = 1; k <= REPS; k++) {
+        assert_int_equal(nt_graph_replay(gr), 0);
+        assert_int_equal(nt_to_host(out, replayed[k], sizeof replayed[k]), 0);
+    }
+    assert_int_equal(nt_generator_get_state(g, &seed, &off), 0);
+    assert_int_equal(off, off_eager);
+    for (int k = 0; k <= REPS; k++)
+        assert_memory_equal(replayed[k], eager[k], sizeof eager[k]);
+    /* the two draws of a step differ, and so do two steps */
+    assert_memory_not_equal(eager[0], eager[1], sizeof eager[0]);
+    nt_release(out);
+    nt_graph_destroy(gr);
+    nt_generator_destroy(g);
+    nt_release(x);
+}
+
+static void test_draw_after_advance_replays_match(void **state)
+{
+    (void)state;
+    draws_after_advance(false); /* nt_dropout_gen and nt_generator_advance */
+    draws_after_advance(true);  /* nt_dropout_next: draw and advance by one */
+}
+
 /* ---------------- refusals ---------------- */
 
 static void expect_err(int code, const char *needle)
@@ -672,6 +728,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_autocast_sr_replays_match, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_replays_match, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_dropout_replays_match, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_draw_after_advance_replays_match, setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_sgd_first_step_refused, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_host_read_refused, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_baked_host_data_refused, setup, nt_test_teardown),

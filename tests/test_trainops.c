@@ -961,6 +961,120 @@ static void test_multinomial_errors(void **state)
     assert_string_equal(msg[0], msg[1]);
 }
 
+/* ---------------- the default generator ---------------- */
+
+/* n dropout masks of a [64] tensor of ones from nt_dropout_next(g), as
+ * bits: mask k bit i set if element i was kept. */
+static void next_masks(nt_generator *g, int n, uint64_t *masks)
+{
+    nt_tensor *x = nt_keep(nt_ones(NT_F32, 1, (int64_t[]){64}));
+    for (int k = 0; k < n; k++) {
+        float v[64];
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *y = nt_dropout_next(x, 0.5, g);
+        assert_non_null(y);
+        assert_int_equal(nt_to_host(y, v, sizeof v), 0);
+        nt_scope_end(sc);
+        masks[k] = 0;
+        for (int i = 0; i < 64; i++) {
+            assert_true(v[i] == 0.0f || v[i] == 2.0f);
+            masks[k] |= (uint64_t)(v[i] != 0.0f) << i;
+        }
+    }
+    nt_release(x);
+}
+
+/* Without a seed: a fresh mask each call, the same sequence after each
+ * nt_init, another one under another NT_SEED; each call moves the
+ * generator by one; eval mode takes no draw; an explicit generator at the
+ * same state draws the same masks as the default. */
+static void test_default_generator(void **state)
+{
+    (void)state;
+    uint64_t a[4], b[4], c[4], d[4], seed, off;
+    nt_generator *g = nt_default_generator();
+    assert_non_null(g);
+    assert_int_equal(nt_generator_get_state(g, &seed, &off), 0);
+    assert_int_equal(seed, 0);
+    assert_int_equal(off, 0);
+    next_masks(NULL, 4, a);
+    for (int k = 1; k < 4; k++)
+        assert_true(a[k] != a[k - 1]);
+    assert_int_equal(nt_generator_get_state(g, &seed, &off), 0);
+    assert_int_equal(off, 4);
+    nt_set_training(false);
+    nt_tensor *x = nt_keep(nt_ones(NT_F32, 1, (int64_t[]){8}));
+    nt_release(nt_dropout_next(x, 0.5, NULL));
+    nt_set_training(true);
+    assert_int_equal(nt_generator_get_state(g, &seed, &off), 0);
+    assert_int_equal(off, 4);
+    nt_generator_destroy(g); /* ignored: the thread's own */
+    assert_int_equal(nt_generator_get_state(g, &seed, &off), 0);
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+    next_masks(NULL, 4, b);
+    assert_memory_equal(a, b, sizeof a);
+    nt_shutdown();
+    setenv("NT_SEED", "5", 1);
+    assert_int_equal(nt_init(), 0);
+    unsetenv("NT_SEED");
+    next_masks(NULL, 4, c);
+    assert_memory_not_equal(a, c, sizeof a);
+    nt_generator *mine = nt_generator_create(5);
+    next_masks(mine, 4, d);
+    assert_memory_equal(c, d, sizeof c);
+    nt_generator_destroy(mine);
+    nt_release(x);
+    nt_shutdown();
+    setenv("NT_SEED", "-1", 1);
+    assert_int_equal(nt_init(), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "NT_SEED"));
+    unsetenv("NT_SEED");
+    assert_int_equal(nt_init(), 0);
+}
+
+typedef struct {
+    nt_generator *g;
+    int ok;
+    nt_generator *own;
+    uint64_t own_seed, own_off;
+} gen_thread;
+
+static void *gen_hammer(void *arg)
+{
+    gen_thread *t = arg;
+    for (int k = 0; k < 20000; k++) {
+        if (nt_generator_advance(t->g, 1) == 0)
+            t->ok++;
+        else
+            assert_int_equal(nt_last_error(), NT_ESTATE);
+    }
+    t->own = nt_default_generator();
+    nt_generator_get_state(t->own, &t->own_seed, &t->own_off);
+    return NULL;
+}
+
+/* Two threads on one generator: every call either moves it or is refused
+ * whole (the offset counts exactly the calls that succeeded); each thread
+ * has a default generator of its own, at (NT_SEED, 0). */
+static void test_generator_two_threads(void **state)
+{
+    (void)state;
+    nt_generator *g = nt_generator_create(3);
+    gen_thread t[2] = {{g, 0, NULL, 0, 0}, {g, 0, NULL, 0, 0}};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, gen_hammer, &t[1]), 0);
+    gen_hammer(&t[0]);
+    pthread_join(th, NULL);
+    uint64_t seed, off;
+    assert_int_equal(nt_generator_get_state(g, &seed, &off), 0);
+    assert_int_equal(off, (uint64_t)(t[0].ok + t[1].ok));
+    assert_true(t[0].own != t[1].own);
+    assert_int_equal(t[1].own_seed, 0);
+    assert_int_equal(t[1].own_off, 0);
+    nt_generator_destroy(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -981,6 +1095,8 @@ int main(void)
         T(test_multinomial_values),
         T(test_multinomial_frequencies),
         T(test_multinomial_errors),
+        T(test_default_generator),
+        T(test_generator_two_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

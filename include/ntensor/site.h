@@ -110,6 +110,8 @@ NT_API nt_tensor *nt_mse_loss_at(const nt_site *site, nt_tensor *a, nt_tensor *b
 NT_API nt_tensor *nt_dropout_at(const nt_site *site, nt_tensor *x, double p, uint64_t seed);
 NT_API nt_tensor *nt_dropout_gen_at(const nt_site *site, nt_tensor *x, double p,
                                     nt_generator *g, uint64_t index);
+NT_API nt_tensor *nt_dropout_next_at(const nt_site *site, nt_tensor *x, double p,
+                                     nt_generator *g);
 NT_API nt_tensor *nt_multinomial_at(const nt_site *site, nt_tensor *probs, int64_t n,
                                     uint64_t seed);
 NT_API nt_tensor *nt_scaled_dot_product_attention_at(const nt_site *site, nt_tensor *q,
@@ -264,6 +266,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(nt_tensor *, nt_mse_loss, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_dropout, (nt_tensor *x, double p, uint64_t seed), (const nt_site *site, nt_tensor *x, double p, uint64_t seed), 3) \
     X(nt_tensor *, nt_dropout_gen, (nt_tensor *x, double p, nt_generator *g, uint64_t index), (const nt_site *site, nt_tensor *x, double p, nt_generator *g, uint64_t index), 4) \
+    X(nt_tensor *, nt_dropout_next, (nt_tensor *x, double p, nt_generator *g), (const nt_site *site, nt_tensor *x, double p, nt_generator *g), 3) \
     X(nt_tensor *, nt_multinomial, (nt_tensor *probs, int64_t n, uint64_t seed), (const nt_site *site, nt_tensor *probs, int64_t n, uint64_t seed), 3) \
     X(nt_tensor *, nt_scaled_dot_product_attention, (nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_tensor *mask, bool causal, double scale), (const nt_site *site, nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_tensor *mask, bool causal, double scale), 6) \
     X(nt_tensor *, nt_embedding, (nt_tensor *weight, nt_tensor *idx), (const nt_site *site, nt_tensor *weight, nt_tensor *idx), 2) \
@@ -394,6 +397,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_mse_loss(...) nt_mse_loss_at(NT_HERE, __VA_ARGS__)
 #define nt_dropout(...) nt_dropout_at(NT_HERE, __VA_ARGS__)
 #define nt_dropout_gen(...) nt_dropout_gen_at(NT_HERE, __VA_ARGS__)
+#define nt_dropout_next(...) nt_dropout_next_at(NT_HERE, __VA_ARGS__)
 #define nt_multinomial(...) nt_multinomial_at(NT_HERE, __VA_ARGS__)
 #define nt_scaled_dot_product_attention(...) nt_scaled_dot_product_attention_at(NT_HERE, __VA_ARGS__)
 #define nt_embedding(...) nt_embedding_at(NT_HERE, __VA_ARGS__)
