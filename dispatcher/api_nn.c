@@ -704,10 +704,9 @@ static bool gen_enter(const nt_site *site, const char *fn, nt_generator *g)
 }
 static void gen_leave(nt_generator *g) { AO_store_release(&g->busy, 0); }
 
-static int gen_advance(const nt_site *site, const char *fn, nt_generator *g, uint64_t n)
+/* offset += n (gen_enter held), and so at each replay of a capture */
+static void gen_move(nt_generator *g, uint64_t n)
 {
-    if (!gen_enter(site, fn, g))
-        return nt_last_error();
     AO_fetch_and_add(&g->offset, (AO_t)n);
     if (nt__capturing()) {
         if (g->cap != nt__tl_capture) {
@@ -717,6 +716,13 @@ static int gen_advance(const nt_site *site, const char *fn, nt_generator *g, uin
         g->cap_adv += n;
         nt__capture_on_replay(gen_advance_hook, g, (int64_t)g->cap_adv, gen_retain, gen_release);
     }
+}
+
+static int gen_advance(const nt_site *site, const char *fn, nt_generator *g, uint64_t n)
+{
+    if (!gen_enter(site, fn, g))
+        return nt_last_error();
+    gen_move(g, n);
     gen_leave(g);
     return 0;
 }
@@ -767,6 +773,41 @@ NT_API nt_tensor *nt_dropout_gen_at(const nt_site *site, nt_tensor *x, double p,
 NT_API nt_tensor *nt_dropout_gen(nt_tensor *x, double p, nt_generator *g, uint64_t index)
 {
     return nt_dropout_gen_at(NT_RA_SITE, x, p, g, index);
+}
+
+/* ---- the random creation ops' draws (dispatcher/api_rand.c) ---- */
+
+nt_generator *nt__gen_take(const nt_site *site, const char *fn, nt_generator *g, int op,
+                           uint64_t *seed)
+{
+    if (!g && !(g = nt_default_generator())) {
+        nt__err_within(fn);
+        return NULL;
+    }
+    if (!gen_ok(site, fn, g) || !gen_enter(site, fn, g))
+        return NULL;
+    uint64_t adv = gen_cap_adv(g);
+    if (nt__capturing()) {
+        if (op < 0 || adv > INT32_MAX) {
+            gen_leave(g);
+            nt__err(site, NT_ESTATE, fn,
+                    op < 0 ? "it draws on the host, so a captured program could not draw "
+                             "again at each replay: make it before nt_graph_capture_begin "
+                             "and pass it as an input (nt_graph_input)"
+                           : "the capture advanced the generator past 2^31 draws");
+            return NULL;
+        }
+        nt__capture_patch_next(gen_patch, g, (int)adv, NT__PATCH_SEED, op);
+    }
+    *seed = gen_draw(g, 0);
+    return g;
+}
+
+void nt__gen_done(nt_generator *g, bool taken)
+{
+    if (taken)
+        gen_move(g, 1);
+    gen_leave(g);
 }
 
 static void gen_default_free(void *v) { gen_free_ref(v); }

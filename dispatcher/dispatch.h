@@ -105,6 +105,17 @@ extern nt__dispatch_hooks nt__dhooks;
  * default generator to (NT_SEED, 0) once per nt_init). */
 extern volatile AO_t nt__init_epoch;
 
+/* A random creation op's seed: the next draw of g (NULL: the thread's
+ * default generator), h(seed, offset), g held for the caller.  Inside a
+ * capture, the next op `op` enqueued is patched to draw at each replay (op
+ * < 0, an op computed on the host, is refused there).  NULL with the error
+ * set (a dead generator, another thread's call on it).  Then
+ * nt__gen_done(g, taken): releases g and, if the draw was used, advances
+ * it by one. */
+nt_generator *nt__gen_take(const nt_site *site, const char *fn, nt_generator *g, int op,
+                           uint64_t *seed);
+void nt__gen_done(nt_generator *g, bool taken);
+
 /* nt_init / nt_shutdown (init/init.c) call these: the environment, the
  * arena, the backends, fusion and the streams.  register_modules runs
  * once, under the init lock, before anything else starts. */

@@ -492,6 +492,61 @@ NT_API nt_generator *nt_default_generator(void);
  *  generator is used by one thread at a time: a call while another thread's
  *  call is moving it fails with NT_ESTATE. */
 NT_API nt_tensor *nt_dropout_next(nt_tensor *x, double p, nt_generator *g);
+
+/** Random tensors from a generator (torch's `generator=` argument; g NULL:
+ *  the thread's default generator).  Each takes g's next draw as its seed
+ *  and advances g by one, so each call differs and a run from the same state
+ *  repeats (docs/ops.md gives each one's exact steps).  The floating ones
+ *  (f32, bf16, f16) are nt_rand / nt_randn in f32, times (float)scale, plus
+ *  (float)shift, rounded once to dt; they can be part of a captured step
+ *  (each replay draws anew).  Errors (NT_EINVAL, NT_EDTYPE, NT_ESHAPE) name
+ *  the function and the argument. */
+/** U[a, b): scale b - a, shift a.  a <= b, both and b - a finite in f32. */
+NT_API nt_tensor *nt_uniform(nt_dtype dt, int ndim, const int64_t *shape, double a, double b,
+                             nt_generator *g);
+/** N(mean, std^2): randn * std + mean.  std >= 0, both finite in f32. */
+NT_API nt_tensor *nt_normal(nt_dtype dt, int ndim, const int64_t *shape, double mean,
+                            double std, nt_generator *g);
+/** i32 integers uniform in [low, high): element i is low + the high 64 bits
+ *  of h(seed, i) * (high - low) (exact; bias below (high - low) / 2^64).
+ *  low < high within i32.  Drawn on the host and copied: refused inside a
+ *  capture (make it before, pass it as a graph input). */
+NT_API nt_tensor *nt_randint(int64_t low, int64_t high, int ndim, const int64_t *shape,
+                             nt_generator *g);
+/** A random permutation of 0 .. n-1 (i32 [n]): Fisher-Yates, step i = n-1
+ *  .. 1 swapping element i with the high 64 bits of h(seed, i) * (i + 1).
+ *  0 <= n <= 2^31.  On the host, like nt_randint. */
+NT_API nt_tensor *nt_randperm(int64_t n, nt_generator *g);
+
+/** torch.nn.init's fans and gains.  A weight is [out, in, k...]: fan in =
+ *  in * prod(k), fan out = out * prod(k); fewer than 2 dims or an empty dim
+ *  is NT_ESHAPE. */
+typedef enum { NT_FAN_IN, NT_FAN_OUT } nt_fan_mode;
+typedef enum {
+    NT_GAIN_LINEAR,     /* 1 (and the convolutions) */
+    NT_GAIN_SIGMOID,    /* 1 */
+    NT_GAIN_TANH,       /* 5/3 */
+    NT_GAIN_RELU,       /* sqrt(2) */
+    NT_GAIN_LEAKY_RELU, /* sqrt(2 / (1 + slope^2)) */
+    NT_GAIN_SELU,       /* 3/4 */
+} nt_nonlinearity;
+/** torch.nn.init.calculate_gain (param: leaky_relu's negative slope);
+ *  NaN with NT_EINVAL for an unknown nl. */
+NT_API double nt_calculate_gain(nt_nonlinearity nl, double param);
+/** Xavier/Glorot: uniform on [-a, a), a = gain * sqrt(6 / (fan_in +
+ *  fan_out)) (scale 2a, shift -a); normal with std = gain * sqrt(2 /
+ *  (fan_in + fan_out)).  gain finite and >= 0. */
+NT_API nt_tensor *nt_xavier_uniform(nt_dtype dt, int ndim, const int64_t *shape, double gain,
+                                    nt_generator *g);
+NT_API nt_tensor *nt_xavier_normal(nt_dtype dt, int ndim, const int64_t *shape, double gain,
+                                   nt_generator *g);
+/** Kaiming/He: std = calculate_gain(nl, a) / sqrt(fan) (fan per mode);
+ *  uniform on [-sqrt(3) std, sqrt(3) std) or normal(0, std).  PyTorch's
+ *  defaults: a 0, NT_FAN_IN, NT_GAIN_LEAKY_RELU. */
+NT_API nt_tensor *nt_kaiming_uniform(nt_dtype dt, int ndim, const int64_t *shape, double a,
+                                     nt_fan_mode mode, nt_nonlinearity nl, nt_generator *g);
+NT_API nt_tensor *nt_kaiming_normal(nt_dtype dt, int ndim, const int64_t *shape, double a,
+                                    nt_fan_mode mode, nt_nonlinearity nl, nt_generator *g);
 /** n samples, with replacement, from each row of probs [C] or [N, C]
  *  (floating, non-negative, not necessarily normalised): i32 [n] or [N, n].
  *  Draw j of row r is a pure function of (seed, r * n + j) (counter-based,

@@ -112,6 +112,23 @@ NT_API nt_tensor *nt_dropout_gen_at(const nt_site *site, nt_tensor *x, double p,
                                     nt_generator *g, uint64_t index);
 NT_API nt_tensor *nt_dropout_next_at(const nt_site *site, nt_tensor *x, double p,
                                      nt_generator *g);
+NT_API nt_tensor *nt_uniform_at(const nt_site *site, nt_dtype dt, int ndim,
+                                const int64_t *shape, double a, double b, nt_generator *g);
+NT_API nt_tensor *nt_normal_at(const nt_site *site, nt_dtype dt, int ndim, const int64_t *shape,
+                               double mean, double std, nt_generator *g);
+NT_API nt_tensor *nt_randint_at(const nt_site *site, int64_t low, int64_t high, int ndim,
+                                const int64_t *shape, nt_generator *g);
+NT_API nt_tensor *nt_randperm_at(const nt_site *site, int64_t n, nt_generator *g);
+NT_API nt_tensor *nt_xavier_uniform_at(const nt_site *site, nt_dtype dt, int ndim,
+                                       const int64_t *shape, double gain, nt_generator *g);
+NT_API nt_tensor *nt_xavier_normal_at(const nt_site *site, nt_dtype dt, int ndim,
+                                      const int64_t *shape, double gain, nt_generator *g);
+NT_API nt_tensor *nt_kaiming_uniform_at(const nt_site *site, nt_dtype dt, int ndim,
+                                        const int64_t *shape, double a, nt_fan_mode mode,
+                                        nt_nonlinearity nl, nt_generator *g);
+NT_API nt_tensor *nt_kaiming_normal_at(const nt_site *site, nt_dtype dt, int ndim,
+                                       const int64_t *shape, double a, nt_fan_mode mode,
+                                       nt_nonlinearity nl, nt_generator *g);
 NT_API nt_tensor *nt_multinomial_at(const nt_site *site, nt_tensor *probs, int64_t n,
                                     uint64_t seed);
 NT_API nt_tensor *nt_scaled_dot_product_attention_at(const nt_site *site, nt_tensor *q,
@@ -267,6 +284,14 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(nt_tensor *, nt_dropout, (nt_tensor *x, double p, uint64_t seed), (const nt_site *site, nt_tensor *x, double p, uint64_t seed), 3) \
     X(nt_tensor *, nt_dropout_gen, (nt_tensor *x, double p, nt_generator *g, uint64_t index), (const nt_site *site, nt_tensor *x, double p, nt_generator *g, uint64_t index), 4) \
     X(nt_tensor *, nt_dropout_next, (nt_tensor *x, double p, nt_generator *g), (const nt_site *site, nt_tensor *x, double p, nt_generator *g), 3) \
+    X(nt_tensor *, nt_uniform, (nt_dtype dt, int ndim, const int64_t *shape, double a, double b, nt_generator *g), (const nt_site *site, nt_dtype dt, int ndim, const int64_t *shape, double a, double b, nt_generator *g), 6) \
+    X(nt_tensor *, nt_normal, (nt_dtype dt, int ndim, const int64_t *shape, double mean, double std, nt_generator *g), (const nt_site *site, nt_dtype dt, int ndim, const int64_t *shape, double mean, double std, nt_generator *g), 6) \
+    X(nt_tensor *, nt_randint, (int64_t low, int64_t high, int ndim, const int64_t *shape, nt_generator *g), (const nt_site *site, int64_t low, int64_t high, int ndim, const int64_t *shape, nt_generator *g), 5) \
+    X(nt_tensor *, nt_randperm, (int64_t n, nt_generator *g), (const nt_site *site, int64_t n, nt_generator *g), 2) \
+    X(nt_tensor *, nt_xavier_uniform, (nt_dtype dt, int ndim, const int64_t *shape, double gain, nt_generator *g), (const nt_site *site, nt_dtype dt, int ndim, const int64_t *shape, double gain, nt_generator *g), 5) \
+    X(nt_tensor *, nt_xavier_normal, (nt_dtype dt, int ndim, const int64_t *shape, double gain, nt_generator *g), (const nt_site *site, nt_dtype dt, int ndim, const int64_t *shape, double gain, nt_generator *g), 5) \
+    X(nt_tensor *, nt_kaiming_uniform, (nt_dtype dt, int ndim, const int64_t *shape, double a, nt_fan_mode mode, nt_nonlinearity nl, nt_generator *g), (const nt_site *site, nt_dtype dt, int ndim, const int64_t *shape, double a, nt_fan_mode mode, nt_nonlinearity nl, nt_generator *g), 7) \
+    X(nt_tensor *, nt_kaiming_normal, (nt_dtype dt, int ndim, const int64_t *shape, double a, nt_fan_mode mode, nt_nonlinearity nl, nt_generator *g), (const nt_site *site, nt_dtype dt, int ndim, const int64_t *shape, double a, nt_fan_mode mode, nt_nonlinearity nl, nt_generator *g), 7) \
     X(nt_tensor *, nt_multinomial, (nt_tensor *probs, int64_t n, uint64_t seed), (const nt_site *site, nt_tensor *probs, int64_t n, uint64_t seed), 3) \
     X(nt_tensor *, nt_scaled_dot_product_attention, (nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_tensor *mask, bool causal, double scale), (const nt_site *site, nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_tensor *mask, bool causal, double scale), 6) \
     X(nt_tensor *, nt_embedding, (nt_tensor *weight, nt_tensor *idx), (const nt_site *site, nt_tensor *weight, nt_tensor *idx), 2) \
@@ -398,6 +423,14 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_dropout(...) nt_dropout_at(NT_HERE, __VA_ARGS__)
 #define nt_dropout_gen(...) nt_dropout_gen_at(NT_HERE, __VA_ARGS__)
 #define nt_dropout_next(...) nt_dropout_next_at(NT_HERE, __VA_ARGS__)
+#define nt_uniform(...) nt_uniform_at(NT_HERE, __VA_ARGS__)
+#define nt_normal(...) nt_normal_at(NT_HERE, __VA_ARGS__)
+#define nt_randint(...) nt_randint_at(NT_HERE, __VA_ARGS__)
+#define nt_randperm(...) nt_randperm_at(NT_HERE, __VA_ARGS__)
+#define nt_xavier_uniform(...) nt_xavier_uniform_at(NT_HERE, __VA_ARGS__)
+#define nt_xavier_normal(...) nt_xavier_normal_at(NT_HERE, __VA_ARGS__)
+#define nt_kaiming_uniform(...) nt_kaiming_uniform_at(NT_HERE, __VA_ARGS__)
+#define nt_kaiming_normal(...) nt_kaiming_normal_at(NT_HERE, __VA_ARGS__)
 #define nt_multinomial(...) nt_multinomial_at(NT_HERE, __VA_ARGS__)
 #define nt_scaled_dot_product_attention(...) nt_scaled_dot_product_attention_at(NT_HERE, __VA_ARGS__)
 #define nt_embedding(...) nt_embedding_at(NT_HERE, __VA_ARGS__)
