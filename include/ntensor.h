@@ -43,7 +43,7 @@
  *   nt_stream_wait_event) to be ordered.  Errors, scopes, no-grad regions,
  *   autocast regions and the current stream are per thread.
  *
- * Call sites.  In C, every op and sync point is also a macro that passes the
+ * Call sites.  In C and C++, every op and sync point is also a macro that passes the
  *   caller's __FILE__, __LINE__ and __func__ (see "Call-site capture" at the
  *   end) so that errors, the fusion log and traces name the user's line.
  *   Define NT_NO_SITE_MACROS before including this header to get plain
@@ -161,8 +161,13 @@ typedef struct nt_site {
 
 #ifndef __cplusplus
 /** The caller's site, as a compound literal living for the call: pass it to
- *  an X_at form.  Defined with NT_NO_SITE_MACROS too (C only). */
+ *  an X_at form.  Defined with NT_NO_SITE_MACROS too. */
 #define NT_HERE (&(const nt_site){__FILE__, __func__, __LINE__, 0})
+#else
+/* C++ has no compound literals: a temporary nt_site, which lives to the end
+ * of the full expression, that is, through the X_at call it is passed to. */
+static inline const nt_site *nt__site_of(const nt_site &s) { return &s; }
+#define NT_HERE (nt__site_of(nt_site{__FILE__, __func__, __LINE__, 0}))
 #endif
 
 /** Name ("f32", "bf16", ...) of a dtype, or "?" if out of range. */

@@ -15,7 +15,7 @@ for a in "$@"; do
     *) extra="$extra $a" ;;
     esac
 done
-pkgs="gcc meson ninja-build pkg-config python3 libglib2.0-dev liburcu-dev libatomic-ops-dev
+pkgs="gcc g++ meson ninja-build pkg-config python3 libglib2.0-dev liburcu-dev libatomic-ops-dev
       libcmocka-dev libopenblas-dev zlib1g-dev gdb libtsan2 fortunes
       libopenmpi-dev openmpi-bin $extra"
 missing=""

@@ -280,9 +280,9 @@ def gen_ops(funcs):
 def gen_site(funcs):
     out = [banner(SITE_H, (
         " * The call-site layer.  Each function X of the list also exists as X_at,\n"
-        " * taking the caller's site first; in C the macro X(...) below calls\n"
-        " * X_at(NT_HERE, ...), so errors, the fusion log and traces name the\n"
-        " * caller's file:line.  NT_NO_SITE_MACROS (or C++) leaves the plain\n"
+        " * taking the caller's site first; in C and C++ the macro X(...) below\n"
+        " * calls X_at(NT_HERE, ...), so errors, the fusion log and traces name the\n"
+        " * caller's file:line.  NT_NO_SITE_MACROS leaves the plain\n"
         " * functions, which name their caller by return address; NT_HERE and the\n"
         " * _at forms stay usable.  ntensor.h includes this file at its end, after\n"
         " * every prototype the macros would otherwise rewrite.\n")),
@@ -302,8 +302,7 @@ def gen_site(funcs):
         end = " \\" if i < len(funcs) - 1 else ""
         out.append(f"    X({ret}, {name}, {plain}, {at}, {len(params)}){end}")
     out.append("")
-    out.append("#if !defined(__cplusplus) && !defined(NT_NO_SITE_MACROS) && "
-               "!defined(NT_BUILDING_LIBRARY)")
+    out.append("#if !defined(NT_NO_SITE_MACROS) && !defined(NT_BUILDING_LIBRARY)")
     for ret, name, params, _ in funcs:
         if params:
             out.append(f"#define {name}(...) {name}_at(NT_HERE, __VA_ARGS__)")

@@ -4,9 +4,9 @@
  * this file is stale).
  *
  * The call-site layer.  Each function X of the list also exists as X_at,
- * taking the caller's site first; in C the macro X(...) below calls
- * X_at(NT_HERE, ...), so errors, the fusion log and traces name the
- * caller's file:line.  NT_NO_SITE_MACROS (or C++) leaves the plain
+ * taking the caller's site first; in C and C++ the macro X(...) below
+ * calls X_at(NT_HERE, ...), so errors, the fusion log and traces name the
+ * caller's file:line.  NT_NO_SITE_MACROS leaves the plain
  * functions, which name their caller by return address; NT_HERE and the
  * _at forms stay usable.  ntensor.h includes this file at its end, after
  * every prototype the macros would otherwise rewrite.
@@ -344,7 +344,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(int, nt_graph_replay, (nt_graph *g), (const nt_site *site, nt_graph *g), 1) \
     X(int, nt_graph_cache_run, (nt_graph_cache *c, nt_tensor *const *inputs, nt_tensor **outputs), (const nt_site *site, nt_graph_cache *c, nt_tensor *const *inputs, nt_tensor **outputs), 3)
 
-#if !defined(__cplusplus) && !defined(NT_NO_SITE_MACROS) && !defined(NT_BUILDING_LIBRARY)
+#if !defined(NT_NO_SITE_MACROS) && !defined(NT_BUILDING_LIBRARY)
 #define nt_from_host(...) nt_from_host_at(NT_HERE, __VA_ARGS__)
 #define nt_zeros(...) nt_zeros_at(NT_HERE, __VA_ARGS__)
 #define nt_ones(...) nt_ones_at(NT_HERE, __VA_ARGS__)
