@@ -412,6 +412,26 @@ static int extreme_bwd(nt__bctx *b, argext_fn arg)
 static int bwd_max(nt__bctx *b) { return extreme_bwd(b, nt_argmax_at); }
 static int bwd_min(nt__bctx *b) { return extreme_bwd(b, nt_argmin_at); }
 
+/* amax and amin (torch.amax's backward, PyTorch 1.13): with y the result
+ * and g its gradient broadcast back over the reduced dim(s), the elements
+ * equal to y share g evenly: (g / count) * mask, count the number of them
+ * (keepdim).  A row whose result is NaN has no element equal to it: count
+ * 0, so g / 0 * 0 gives NaN over the row, as PyTorch. */
+static int bwd_amax(nt__bctx *b)
+{
+    const nt__tmeta *m = META(0);
+    nt_tensor *x = IN(0), *g, *yb, *mask, *cnt;
+    int dim = b->n->p.dim;
+    TRY(g = expand_back(b, G));
+    TRY(yb = expand_back(b, OUT(0)));
+    TRY(mask = nt_cast_at(S, nt_eq_at(S, x, yb), (nt_dtype)G->dtype));
+    TRY(cnt = nt_sum_at(S, mask, m->ndim ? dim : NT_DIM_ALL, true));
+    if (cnt->dtype != G->dtype)
+        TRY(cnt = nt_cast_at(S, cnt, (nt_dtype)G->dtype));
+    TRY(b->gin[0] = nt_mul_at(S, nt_div_at(S, g, cnt), mask));
+    return 0;
+}
+
 /* sign(x) in x's dtype: 1, -1, 0 at +-0 (and 0 at NaN: it compares false
  * both ways). */
 static nt_tensor *sgn(nt__bctx *b, nt_tensor *x)

@@ -371,6 +371,8 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
         case NT_OP_ARGMIN: return nt_argmin(in[0], 1, true);
         case NT_OP_ANY: return nt_any(in[0], 0, false);
         case NT_OP_NORM: return nt_norm(in[0], 2.0, 1, false);
+        case NT_OP_AMAX: return nt_amax(in[0], 1, (const int[]){1}, false);
+        case NT_OP_AMIN: return nt_amin(in[0], 2, (const int[]){0, 1}, true);
         case NT_OP_TOPK: {
             nt_tensor *v, *ix;
             return nt_topk(in[0], 7, 1, true, &v, &ix) ? NULL : ix;
