@@ -7,7 +7,8 @@
  *            nt_max over dim 3 (a size-2 dimension in the middle of the
  *            tensor: the pooling a PyTorch user writes with view + amax);
  *   strided: nt_maximum of the even and odd columns (nt_slice with step 2),
- *            then of the even and odd rows of that.
+ *            then of the even and odd rows of that;
+ *   amax:    nt_amax of the reshape over the dim list {3, 5} (printed too).
  * Both give the same values (checked bit for bit).  Each is run a few times
  * after a warm-up, in deterministic mode, and its simulated time per pool
  * (nt_stats' sim_time_ns) printed with the ratio reduce / strided against
@@ -24,6 +25,14 @@ static nt_tensor *pool_reduce(nt_tensor *x, const int64_t *s)
 {
     nt_tensor *r = nt_reshape(x, 6, (int64_t[]){s[0], s[1], s[2] / 2, 2, s[3] / 2, 2});
     return nt_max(nt_max(r, 5, false), 3, false);
+}
+
+/* The same pool as one reduction over the dim list {3, 5} (nt_amax: the
+ * two dims moved last and flattened by a copy, then a reduction of 4). */
+static nt_tensor *pool_amax(nt_tensor *x, const int64_t *s)
+{
+    nt_tensor *r = nt_reshape(x, 6, (int64_t[]){s[0], s[1], s[2] / 2, 2, s[3] / 2, 2});
+    return nt_amax(r, 2, (const int[]){3, 5}, false);
 }
 
 static nt_tensor *pool_strided(nt_tensor *x, const int64_t *s)
@@ -63,12 +72,13 @@ int main(int argc, char **argv)
     nt_tensor *x = nt_randn(NT_F32, 4, s, 1);
     if (!x)
         bench_fail("randn");
-    double tr[REPS], ts[REPS];
-    nt_tensor *yr = NULL, *ys = NULL;
+    double tr[REPS], ts[REPS], ta[REPS];
+    nt_tensor *yr = NULL, *ys = NULL, *ya = NULL;
     for (int rep = -1; rep < REPS; rep++) { /* rep -1: the warm-up */
         double a = sim_ns(pool_reduce, x, s, &yr), b = sim_ns(pool_strided, x, s, &ys);
+        double c = sim_ns(pool_amax, x, s, &ya);
         if (rep >= 0)
-            tr[rep] = a, ts[rep] = b;
+            tr[rep] = a, ts[rep] = b, ta[rep] = c;
     }
     int64_t n = s[0] * s[1] * (s[2] / 2) * (s[3] / 2);
     float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
@@ -77,11 +87,15 @@ int main(int argc, char **argv)
     bench_check(nt_to_host(yr, a, sizeof(float) * (size_t)n), "to_host");
     bench_check(nt_to_host(ys, b, sizeof(float) * (size_t)n), "to_host");
     bool same = memcmp(a, b, sizeof(float) * (size_t)n) == 0;
-    double r = bench_median(tr, REPS), t = bench_median(ts, REPS);
+    bench_check(nt_to_host(ya, b, sizeof(float) * (size_t)n), "to_host");
+    same &= memcmp(a, b, sizeof(float) * (size_t)n) == 0;
+    double r = bench_median(tr, REPS), t = bench_median(ts, REPS), am = bench_median(ta, REPS);
     printf("2x2 max-pool of f32 [%lld, %lld, %lld, %lld] on the simulated NeuronCore\n",
            (long long)s[0], (long long)s[1], (long long)s[2], (long long)s[3]);
     printf("  reduce  (reshape, nt_max over dim 5 then dim 3): %9.1f us simulated\n", r / 1e3);
     printf("  strided (nt_maximum of step-2 slices, twice):    %9.1f us simulated\n", t / 1e3);
+    printf("  amax    (reshape, nt_amax over dims {3, 5}):      %9.1f us simulated (%.2fx)\n",
+           am / 1e3, am / t);
     printf("  ratio reduce / strided: %.2fx (target <= 1.5x: %s); results %s\n", r / t,
            r <= 1.5 * t ? "met" : "NOT met", same ? "bit-identical" : "DIFFER");
     free(a);
