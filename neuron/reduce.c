@@ -15,6 +15,9 @@
  * (a bias gradient: [B*T, C] over dim 0) takes the transposed path
  * (red_cols): positions on partitions as contiguous runs of the rows,
  * turned into rows on TensorE, each 2048-block folded as above.
+ * A short dim (n <= 64) of a contiguous tensor [O, n, I] takes whole outer
+ * blocks per partition instead (red_blocks: one descriptor per partition,
+ * one tensor_reduce over [R, I, n] per tile).
  * Over all elements: the blocks go on partitions (128 blocks per tile), and
  * their partials are folded in order across partitions (nc_transpose into a
  * row, then the scan).  argmax: a first pass finds the maximum m, a second
