@@ -10,9 +10,11 @@
  *     unless they are already adjacent), and reduced by the single-dim op
  *     in core/reduce.h's canonical order; every dim is NT_DIM_ALL, one dim
  *     the op itself: the same order in each case;
- *   - prod, cumsum, cumprod run along the dim sequentially, one elementwise
- *     op per position: y = x0; y = y op x1; ... (the products of a prod's
- *     backward are then the chain rule's, exact with zeros in the row). */
+ *   - prod, cumsum, cumprod run along the dim sequentially: y = x0; y = y
+ *     op x1; ...: floats by the running kernel (ops CUMSUM, CUMPROD; prod
+ *     is cumprod's last position), whose backward is exact with zeros in
+ *     the row (no division: autograd/backward.c); integers by one
+ *     elementwise op per position (exact). */
 #include <math.h>
 #include <string.h>
 
@@ -359,6 +361,34 @@ static nt_tensor *seq_run(const nt_site *site, const char *fn, int op, nt_tensor
     return y;
 }
 
+/* The running op (CUMSUM, CUMPROD: in a; LINREC: in a and b) over dim d of
+ * contiguous copies of its floating inputs: the output has a's shape and
+ * dtype. */
+static nt_tensor *scan_op(const nt_site *site, const char *fn, int op, nt_tensor *a,
+                          nt_tensor *b, int d)
+{
+    nt__call c;
+    nt_tensor *in[2] = {a ? nt_contiguous_at(site, a) : NULL, b ? nt_contiguous_at(site, b) : NULL};
+    int nin = op == NT_OP_LINREC ? 2 : 1;
+    if (!in[0] || (nin == 2 && !in[1]))
+        return NULL;
+    if (!nt__call_begin(&c, site, fn, op, nin, in, nin == 2 ? "a,b" : "t"))
+        return nt__call_fail(&c);
+    nt_tensor *x = c.in[0];
+    c.p.dim = d;
+    c.ondim[0] = x->ndim;
+    for (int i = 0; i < x->ndim; i++)
+        c.oshape[0][i] = x->shape[i];
+    c.odt[0] = (nt_dtype)x->dtype;
+    c.flops = 2.0 * (double)nt__numel(x->ndim, x->shape);
+    return nt__dispatch(&c);
+}
+
+nt_tensor *nt__linrec(const nt_site *site, nt_tensor *a, nt_tensor *b, int dim)
+{
+    return scan_op(site, "nt_cumprod", NT_OP_LINREC, a, b, dim);
+}
+
 static nt_tensor *prod_cum(const nt_site *site, const char *fn, int op, nt_tensor *t, int dim,
                            bool keepdim, bool cum)
 {
@@ -380,7 +410,11 @@ static nt_tensor *prod_cum(const nt_site *site, const char *fn, int op, nt_tenso
         memcpy(sh, x->shape, sizeof sh);
         sh[d] = 1;
         y = nt_ones_at(site, (nt_dtype)x->dtype, x->ndim, sh);
-    } else {
+    } else if (x->dtype == NT_F32) { /* the running kernel */
+        y = scan_op(site, fn, op == NT_OP_ADD ? NT_OP_CUMSUM : NT_OP_CUMPROD, x, NULL, d);
+        if (y && !cum)
+            y = nt_slice_at(site, y, d, x->shape[d] - 1, x->shape[d], 1);
+    } else { /* integers: exact, any order; one op per position */
         y = seq_run(site, fn, op, x, d, cum);
     }
     int64_t sh[NT_MAX_DIMS];

@@ -452,11 +452,12 @@ NT_API nt_tensor *nt_logsumexp(nt_tensor *t, int ndims, const int *dims, bool ke
 /** torch.prod over `dim` (or NT_DIM_ALL: every element in row-major order):
  *  the product taken sequentially along the dim, x0 * x1 * x2 ...  Floating
  *  dtypes keep theirs; integers multiply in i32 (wrapping; PyTorch: i64).
- *  No elements give 1.  The gradient is the chain rule's: exact with zeros
- *  in the row (the product of the other elements). */
+ *  No elements give 1.  The gradient has no division: exact with zeros in
+ *  the row (the product of the other elements), as PyTorch. */
 NT_API nt_tensor *nt_prod(nt_tensor *t, int dim, bool keepdim);
-/** torch.cumsum along `dim`: y_i = y_(i-1) + x_i in order.  Integers in i32
- *  (PyTorch: i64).  NT_DIM_ALL is NT_EDIM. */
+/** torch.cumsum along `dim`: y_i = y_(i-1) + x_i in order, the running value
+ *  in f32 and each y_i rounded once to t's dtype.  Integers in i32 (PyTorch:
+ *  i64).  NT_DIM_ALL is NT_EDIM. */
 NT_API nt_tensor *nt_cumsum(nt_tensor *t, int dim);
 /** torch.cumprod along `dim`: y_i = y_(i-1) * x_i in order, integers as
  *  nt_cumsum.  The gradient is exact with zeros along the dim. */

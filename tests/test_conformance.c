@@ -236,6 +236,22 @@ static nt_tensor *index_grad(nt_tensor *x, int op)
     return g;
 }
 
+/* linrec is cumprod's backward: the gradient of sum(cumprod(x, 1) * k) */
+static nt_tensor *cumprod_grad(nt_tensor *x)
+{
+    nt_tensor *w = nt_detach(x);
+    nt_set_requires_grad(w, true);
+    nt_tensor *k = nt_arange(nt_dtype_of(x), 0.0, 330 * 0.03, 0.03);
+    nt_tensor *y = nt_cumprod(w, 1);
+    nt_tensor *l = y ? nt_sum(nt_mul(y, nt_reshape(k, 2, (int64_t[]){10, 33})), NT_DIM_ALL, false)
+                     : NULL;
+    if (!l || nt_backward(l))
+        return NULL;
+    nt_tensor *g = nt_grad(w);
+    nt_release(w);
+    return g;
+}
+
 /* SDPA's fixed u8 mask for the [9, 8] x [11, 8] driver: every row keeps
  * key 0 and a pattern of others */
 static nt_tensor *attn_mask(void)
@@ -391,6 +407,8 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
         case NT_OP_LAYER_NORM: return nt_layer_norm(in[0], in[1], in[2], 1e-5);
         case NT_OP_RMS_NORM: return nt_rms_norm(in[0], in[1], 1e-5);
         case NT_OP_DROPOUT: return nt_dropout(in[0], 0.3, 7);
+        case NT_OP_CUMSUM: return nt_cumsum(in[0], 1);
+        case NT_OP_CUMPROD: return nt_cumprod(in[0], 1);
         default: return NO_DRIVER;
         }
     case NT_KIND_LOSS:
@@ -432,6 +450,8 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
             return index_grad(in[0], op);
         if (op == NT_OP_SDPA_BWD)
             return attn_grad(in[0]);
+        if (op == NT_OP_LINREC)
+            return cumprod_grad(in[0]);
         return NO_DRIVER;
     case NT_KIND_ATTN:
         if (op == NT_OP_SDPA)
