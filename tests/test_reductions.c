@@ -379,6 +379,49 @@ static void test_prod_zero_grad(void **state)
     }
 }
 
+/* Rows longer than the simulator's 2048-element chunks (the running value
+ * carried from chunk to chunk), rows at a stride (dim 0), and bf16: bit for
+ * bit the f32 recurrence of the docs, computed here, on both backends. */
+static void test_running_long(void **state)
+{
+    (void)state;
+    enum { N = 5000, W = 3 };
+    float *xv = malloc(sizeof(float) * N * W), *want = malloc(sizeof(float) * N * W);
+    for (int i = 0; i < N * W; i++)
+        xv[i] = (float)(1.0 + 1e-3 * rnd());
+    for (int k = 0; k < 2; k++) {
+        cfg(k);
+        for (int c = 0; c < 4; c++) { /* cumsum, cumprod over dim 1 of [W, N]; over dim 0 of [N, W] */
+            bool prod = c & 1, col = c >= 2;
+            nt_scope *sc = nt_scope_begin();
+            nt_tensor *x = nt_from_host(xv, NT_F32, 2, col ? SH(N, W) : SH(W, N));
+            nt_tensor *y = prod ? nt_cumprod(x, col ? 0 : 1) : nt_cumsum(x, col ? 0 : 1);
+            float *got = host_f32(y, N * W);
+            for (int r = 0; r < W; r++) {
+                float acc = prod ? 1.0f : -0.0f;
+                for (int j = 0; j < N; j++) {
+                    int64_t at = col ? (int64_t)j * W + r : (int64_t)r * N + j;
+                    acc = prod ? xv[at] * acc : acc + xv[at];
+                    want[at] = acc;
+                }
+            }
+            assert_memory_equal(got, want, sizeof(float) * N * W);
+            free(got);
+            nt_scope_end(sc);
+        }
+        /* bf16: the f32 running value, each output rounded once */
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *xb = nt_cast(nt_from_host(xv, NT_F32, 2, SH(W, N)), NT_BF16);
+        nt_tensor *y = nt_cast(nt_cumsum(xb, 1), NT_F32);
+        nt_tensor *ref = nt_cast(nt_cumsum(nt_cast(xb, NT_F32), 1), NT_BF16);
+        float *a = host_f32(y, N * W), *b = host_f32(nt_cast(ref, NT_F32), N * W);
+        assert_memory_equal(a, b, sizeof(float) * N * W);
+        free(a), free(b);
+        nt_scope_end(sc);
+    }
+    free(xv), free(want);
+}
+
 /* ---------------- integers, bf16 ---------------- */
 
 static void test_int_dtypes(void **state)
@@ -558,6 +601,7 @@ int main(void)
         T(test_double_refs),
         T(test_gradcheck),
         T(test_prod_zero_grad),
+        T(test_running_long),
         T(test_int_dtypes),
         T(test_errors),
         T(test_edges),
