@@ -8,6 +8,7 @@
 #include "autograd/autograd.h"
 
 #include <math.h>
+#include <string.h>
 
 bool nt__edge_live(const nt__node *n, int i) { return i < n->nin && n->next[i].node != NULL; }
 nt_tensor *nt__saved_in(nt__bctx *b, int i) { return b->n->saved_in[i]; }
@@ -411,6 +412,69 @@ static int extreme_bwd(nt__bctx *b, argext_fn arg)
 
 static int bwd_max(nt__bctx *b) { return extreme_bwd(b, nt_argmax_at); }
 static int bwd_min(nt__bctx *b) { return extreme_bwd(b, nt_argmin_at); }
+
+/* amax and amin (torch.amax's backward, PyTorch 1.13): with y the result
+ * and g its gradient broadcast back over the reduced dim(s), the elements
+ * equal to y share g evenly: (g / count) * mask, count the number of them
+ * (keepdim).  A row whose result is NaN has no element equal to it: count
+ * 0, so g / 0 * 0 gives NaN over the row, as PyTorch. */
+static int bwd_amax(nt__bctx *b)
+{
+    const nt__tmeta *m = META(0);
+    nt_tensor *x = IN(0), *g, *yb, *mask, *cnt;
+    int dim = b->n->p.dim;
+    TRY(g = expand_back(b, G));
+    TRY(yb = expand_back(b, OUT(0)));
+    TRY(mask = nt_cast_at(S, nt_eq_at(S, x, yb), (nt_dtype)G->dtype));
+    TRY(cnt = nt_sum_at(S, mask, m->ndim ? dim : NT_DIM_ALL, true));
+    if (cnt->dtype != G->dtype)
+        TRY(cnt = nt_cast_at(S, cnt, (nt_dtype)G->dtype));
+    TRY(b->gin[0] = nt_mul_at(S, nt_div_at(S, g, cnt), mask));
+    return 0;
+}
+
+/* t with dim d reversed (index_select with n-1 .. 0). */
+static nt_tensor *rev(nt__bctx *b, nt_tensor *t, int d)
+{
+    int64_t n = t ? t->shape[d] : 0;
+    return t ? nt_index_select_at(S, t, d, nt_arange_at(S, NT_I32, (double)(n - 1), -1.0, -1.0))
+             : NULL;
+}
+
+/* cumsum: each x_i reaches every y_j, j >= i: the reversed running sum of
+ * g (the running kernel on g reversed, reversed back). */
+static int bwd_cumsum(nt__bctx *b)
+{
+    int d = b->n->p.dim;
+    TRY(b->gin[0] = rev(b, nt_cumsum_at(S, rev(b, G, d), d), d));
+    return 0;
+}
+
+/* cumprod, with no division (exact with zeros along the dim, like
+ * PyTorch's cumprod_backward): dy_j/dx_i = E_i * prod_{i<m<=j} x_m for
+ * j >= i, E_i = y_(i-1) (1 for i = 0) the product before i, so
+ *   gx_i = E_i * S_i,  S_i = g_i + x_(i+1) * S_(i+1),  S_(n-1) = g_(n-1):
+ * a running op from the end (linrec on the reversed a = x shifted by one,
+ * 1 at the end, and b = g). */
+static int bwd_cumprod(nt__bctx *b)
+{
+    const nt__tmeta *m = META(0);
+    int d = b->n->p.dim;
+    int64_t n = m->shape[d], s1[NT_MAX_DIMS];
+    if (n == 1) {
+        b->gin[0] = G;
+        return 0;
+    }
+    nt_tensor *x = IN(0), *y = OUT(0), *one, *e, *a, *sr;
+    memcpy(s1, m->shape, sizeof s1);
+    s1[d] = 1;
+    TRY(one = nt_ones_at(S, (nt_dtype)G->dtype, m->ndim, s1));
+    TRY(e = nt_cat_at(S, (nt_tensor *[]){one, nt_slice_at(S, y, d, 0, n - 1, 1)}, 2, d));
+    TRY(a = nt_cat_at(S, (nt_tensor *[]){nt_slice_at(S, x, d, 1, n, 1), one}, 2, d));
+    TRY(sr = nt__linrec(S, rev(b, a, d), rev(b, G, d), d));
+    TRY(b->gin[0] = nt_mul_at(S, e, rev(b, sr, d)));
+    return 0;
+}
 
 /* sign(x) in x's dtype: 1, -1, 0 at +-0 (and 0 at NaN: it compares false
  * both ways). */

@@ -256,7 +256,16 @@ typedef enum nt__opkind {
  * [.., n] draws, p.i[0] = n, p.seed = seed.
  * scaled_dot_product_attention (issue 13, kind ATTN): in q, k, v, mask
  * (NULL, u8 or floating), p.f[0] = scale, p.flag = causal; out o and the
- * f32 log-sum-exp its backward reads (docs/ops.md §7a). */
+ * f32 log-sum-exp its backward reads (docs/ops.md §7a).
+ * amax and amin (issue 34): max and min's kernels (the same recipe, the
+ * same bits) with torch.amax's backward: g shared evenly among the elements
+ * equal to the result; dispatcher/api_reduce.c runs them over a dim list.
+ * cumsum, cumprod and linrec (issue 34) are one running kernel (cpu/scan.c,
+ * neuron/scan.c) over p.dim of contiguous floating inputs, the output x's
+ * shape: r = init; r = a[j] * r + b[j] in f32 along the dim, each r
+ * rounded once into y[j]; cumsum: a = 1, b = x, init -0; cumprod: a = x,
+ * b = -0, init 1; linrec(a, b) (cumprod's backward): init -0.  Integer
+ * cumsum/cumprod are the dispatcher's composites of add/mul. */
 #define NT_OPS_MISC(X)                                                      \
     X(WHERE, where, 3, NT_KIND_WHERE, NT_OPF_DIFF, INT, KEEP, where, I0, NT__SIM_NONE)              \
     X(SUM, sum, 1, NT_KIND_REDUCE, NT_OPF_DIFF | NT_OPF_RED(SUM, NONE, NONE),                              \
@@ -290,7 +299,14 @@ typedef enum nt__opkind {
     X(DROPOUT, dropout, 1, NT_KIND_ROW, NT_OPF_DIFF, FLOAT, KEEP, dropout, 0, NT__SIM_NONE)          \
     X(TOPK, topk, 1, NT_KIND_REDUCE, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)                         \
     X(MULTINOMIAL, multinomial, 1, NT_KIND_REDUCE, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)         \
-    X(SDPA, scaled_dot_product_attention, 4, NT_KIND_ATTN, NT_OPF_DIFF, FLOAT, LOW, sdpa, I0123O01, NT__SIM_NONE)
+    X(SDPA, scaled_dot_product_attention, 4, NT_KIND_ATTN, NT_OPF_DIFF, FLOAT, LOW, sdpa, I0123O01, NT__SIM_NONE) \
+    X(AMAX, amax, 1, NT_KIND_REDUCE, NT_OPF_DIFF | NT_OPF_RED(MAX, NONE, NONE),                            \
+      INT, KEEP, amax, I0O0, NT__SIM_NONE)                                                                 \
+    X(AMIN, amin, 1, NT_KIND_REDUCE, NT_OPF_DIFF | NT_OPF_RED(MIN, NONE, NONE),                            \
+      INT, KEEP, amax, I0O0, NT__SIM_NONE)                                                                 \
+    X(CUMSUM, cumsum, 1, NT_KIND_ROW, NT_OPF_DIFF, INT, KEEP, cumsum, 0, NT__SIM_NONE)                    \
+    X(CUMPROD, cumprod, 1, NT_KIND_ROW, NT_OPF_DIFF, INT, KEEP, cumprod, I0O0, NT__SIM_NONE)              \
+    X(LINREC, linrec, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
 
 /* Views (no kernel: metadata only) and composites that autograd records as
  * one node.  nin 0 = variadic (cat). */

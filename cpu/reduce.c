@@ -574,3 +574,5 @@ int nt__cpu_min(const nt__rec *r) { return reduce_kernel(r); }
 int nt__cpu_argmin(const nt__rec *r) { return reduce_kernel(r); }
 int nt__cpu_any(const nt__rec *r) { return reduce_kernel(r); }
 int nt__cpu_norm(const nt__rec *r) { return reduce_kernel(r); }
+int nt__cpu_amax(const nt__rec *r) { return reduce_kernel(r); }
+int nt__cpu_amin(const nt__rec *r) { return reduce_kernel(r); }

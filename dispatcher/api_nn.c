@@ -85,6 +85,7 @@ static nt_tensor *reduce_ord(const nt_site *site, const char *fn, int op, nt_ten
         }
     }
     bool no_identity = op == NT_OP_MAX || op == NT_OP_ARGMAX || op == NT_OP_MIN ||
+                       op == NT_OP_AMAX || op == NT_OP_AMIN ||
                        op == NT_OP_ARGMIN || (op == NT_OP_NORM && isinf(ord));
     if (n == 0 && no_identity) {
         nt__err(site, NT_ESHAPE, fn, "cannot take the %s of an empty dim (it has no identity)",

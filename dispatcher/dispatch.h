@@ -137,6 +137,9 @@ nt_tensor *nt__scalar(const nt_site *site, const char *fn, int op, nt_tensor *t,
 nt_tensor *nt__reduce(const nt_site *site, const char *fn, int op, nt_tensor *t, int dim,
                       bool keepdim);
 nt_tensor *nt__copy_to(const nt_site *site, const char *fn, nt_tensor *src, nt_dtype dt);
+/* linrec(a, b) over dim (dispatcher/api_reduce.c): y_j = a_j * y_(j-1) +
+ * b_j from -0, floating a and b of one shape (cumprod's backward). */
+nt_tensor *nt__linrec(const nt_site *site, nt_tensor *a, nt_tensor *b, int dim);
 /* dst = src + s written into dst (nt_copy_into with the add in the same
  * op: autograd's slice gradients, tape.c); 0 or the error code. */
 int nt__add_scalar_into(const nt_site *site, const char *fn, nt_tensor *dst, nt_tensor *src,

@@ -418,6 +418,55 @@ NT_API nt_tensor *nt_any(nt_tensor *t, int dim, bool keepdim);
  *  norm is 0, for ord 0 everywhere, ord +-inf shares g evenly among the
  *  elements with |x| equal to the norm. */
 NT_API nt_tensor *nt_norm(nt_tensor *t, double ord, int dim, bool keepdim);
+/* Reductions over a list of dims.  `dims` holds `ndims` dims (each may be
+ * negative; a repeated or out-of-range dim is NT_EDIM naming 'dims'); ndims
+ * 0 reduces every dim (PyTorch 1.13's empty dim list).  The reduced dims'
+ * elements are taken in row-major order (as if those dims were moved last,
+ * in their order, and flattened) and reduced in the canonical order of
+ * every reduction (docs/ops.md, "Reductions over several dims"): the same
+ * bits as nt_sum over one dim, or over NT_DIM_ALL, of that flattening. */
+/** torch.sum(t, dims, keepdim): ints sum in i32, as nt_sum. */
+NT_API nt_tensor *nt_sum_dims(nt_tensor *t, int ndims, const int *dims, bool keepdim);
+/** torch.mean(t, dims, keepdim): the sum above / n, floating dtypes only
+ *  (NT_EDTYPE). */
+NT_API nt_tensor *nt_mean_dims(nt_tensor *t, int ndims, const int *dims, bool keepdim);
+/** torch.amax: the maximum over the dims, every dtype, same dtype out; a
+ *  NaN propagates; no elements is NT_ESHAPE.  Gradient: g shared evenly
+ *  among the elements equal to the maximum (NaN over a row whose maximum
+ *  is NaN), as PyTorch 1.13. */
+NT_API nt_tensor *nt_amax(nt_tensor *t, int ndims, const int *dims, bool keepdim);
+/** torch.amin: nt_amax with the minimum. */
+NT_API nt_tensor *nt_amin(nt_tensor *t, int ndims, const int *dims, bool keepdim);
+/** torch.var(t, dims, correction=, keepdim): sum((x - mean)^2) / max(n -
+ *  correction, 0) over the dims (correction 1: PyTorch's default unbiased
+ *  estimate; 0: the biased one).  Floating dtypes only (NT_EDTYPE for
+ *  integers, as PyTorch); computed in f32 (mean by nt_mean_dims, the
+ *  squares' sum by nt_sum_dims) and rounded once to t's dtype.  n <=
+ *  correction gives Inf or NaN (a division by 0), as PyTorch.  NaN
+ *  correction: NT_EINVAL. */
+NT_API nt_tensor *nt_var(nt_tensor *t, int ndims, const int *dims, double correction,
+                         bool keepdim);
+/** torch.std: sqrt of nt_var's f32 value, rounded once to t's dtype. */
+NT_API nt_tensor *nt_std(nt_tensor *t, int ndims, const int *dims, double correction,
+                         bool keepdim);
+/** torch.logsumexp: log(sum(exp(x - m))) + m over the dims, m the maximum
+ *  (0 where it is +-Inf, as PyTorch: a row of -Inf gives -Inf, a row with
+ *  +Inf gives +Inf); no elements give -Inf.  In f32, rounded once to t's
+ *  dtype (integers give f32, as PyTorch 1.13).  Gradient: softmax(x) g. */
+NT_API nt_tensor *nt_logsumexp(nt_tensor *t, int ndims, const int *dims, bool keepdim);
+/** torch.prod over `dim` (or NT_DIM_ALL: every element in row-major order):
+ *  the product taken sequentially along the dim, x0 * x1 * x2 ...  Floating
+ *  dtypes keep theirs; integers multiply in i32 (wrapping; PyTorch: i64).
+ *  No elements give 1.  The gradient has no division: exact with zeros in
+ *  the row (the product of the other elements), as PyTorch. */
+NT_API nt_tensor *nt_prod(nt_tensor *t, int dim, bool keepdim);
+/** torch.cumsum along `dim`: y_i = y_(i-1) + x_i in order, the running value
+ *  in f32 and each y_i rounded once to t's dtype.  Integers in i32 (PyTorch:
+ *  i64).  NT_DIM_ALL is NT_EDIM. */
+NT_API nt_tensor *nt_cumsum(nt_tensor *t, int dim);
+/** torch.cumprod along `dim`: y_i = y_(i-1) * x_i in order, integers as
+ *  nt_cumsum.  The gradient is exact with zeros along the dim. */
+NT_API nt_tensor *nt_cumprod(nt_tensor *t, int dim);
 /** exp(x - max) / sum(exp(x - max)) over `dim`. */
 NT_API nt_tensor *nt_softmax(nt_tensor *t, int dim);
 /** x - max - log(sum(exp(x - max))) over `dim`. */

@@ -15,6 +15,9 @@
  * (a bias gradient: [B*T, C] over dim 0) takes the transposed path
  * (red_cols): positions on partitions as contiguous runs of the rows,
  * turned into rows on TensorE, each 2048-block folded as above.
+ * A short dim (n <= 64) of a contiguous tensor [O, n, I] takes whole outer
+ * blocks per partition instead (red_blocks: one descriptor per partition,
+ * one tensor_reduce over [R, I, n] per tile).
  * Over all elements: the blocks go on partitions (128 blocks per tile), and
  * their partials are folded in order across partitions (nc_transpose into a
  * row, then the scan).  argmax: a first pass finds the maximum m, a second
@@ -58,6 +61,7 @@ typedef struct red {
     nt_tile *x[2], *part, *parti, *scan, *one, *acc, *acci, *mi, *res, *y;
     nt_tile *mask, *mask2, *neg, *cand; /* argmax */
     nt_tile *pre_t;                     /* any, norm: the mapped tile */
+    nt_tile *ys[2];                     /* red_blocks: the results */
     int ng;
     int ny;                             /* results written: y's column ring */
     /* the transposed path (red_cols) */
@@ -544,6 +548,67 @@ static int red_all(red *c)
     return rc ? rc : finish(c, 1, 0);
 }
 
+/* A short reduced dim of a contiguous tensor, seen as [O, n, I] (O the
+ * elements of the dims before it, I of those after it): each partition
+ * takes R whole outer blocks, R*n*I contiguous elements, in one DMA
+ * descriptor (one row per partition would read n elements per descriptor,
+ * and a single one when the dim is in the middle: a 2x2 max-pool written
+ * as nt_max over a size-2 dim), and one tensor_reduce over the view
+ * [R, I, n] (n at step I) gives the R*I results, each reduced like the
+ * CPU's reduction of its n elements (n <= 2048: one block; tensor_reduce's
+ * acc = identity op partial is the canonical fold).  Float sum, mean, max
+ * and min without an element map. */
+#define SHORT_N 64
+static bool red_short(const red *c, const nt_tensor *x, const nt_tensor *o, int d, int64_t *O,
+                      int64_t *I)
+{
+    if (c->ints || c->pre != NT_RED_PRE_NONE || c->n < 1 || c->n > SHORT_N ||
+        (c->rop != NT_RED_SUM && c->rop != NT_RED_MAX && c->rop != NT_RED_MIN) ||
+        (c->fin != NT_RED_FIN_NONE && c->op != NT_OP_MEAN) || !nt__is_contig(x) ||
+        !nt__is_contig(o))
+        return false;
+    *O = nt__numel(d, x->shape);
+    *I = nt__numel(x->ndim - d - 1, x->shape + d + 1);
+    return c->n * *I <= CH;
+}
+
+static int red_blocks(red *c, int64_t O, int64_t I)
+{
+    sk_k *s = c->s;
+    nt_sim_kernel *k = s->k;
+    int64_t n = c->n, R = CH / (n * I);
+    int rc = 0;
+    for (int64_t b0 = 0, t = 0; b0 < O && !rc; t++) {
+        /* full partitions of R blocks, or a last one with what is left */
+        int64_t r = O - b0 >= R ? R : O - b0;
+        int np = (int)((O - b0) / r < 128 ? (O - b0) / r : 128);
+        nt_ap xt = nt_tile_slice(c->x[t & 1], 0, np, 0, r * n * I);
+        nt_ap h = nt_hbm_ap(c->xb, c->xdt, b0 * n * I, np, r * n * I, r * n * I);
+        rc = nt_isa_dma_copy(k, &xt, &h, sk_qin(s));
+        nt_ap v = xt; /* [r, I, n]: the reduced dim innermost */
+        v.ndim = 3;
+        v.num[0] = r, v.step[0] = n * I;
+        v.num[1] = I, v.step[1] = 1;
+        v.num[2] = n, v.step[2] = I;
+        nt_ap y = nt_tile_slice(c->ys[t & 1], 0, np, 0, r * I);
+        if (c->op == NT_OP_MEAN) {
+            nt_ap p = nt_tile_slice(c->pre_t, 0, np, 0, r * I);
+            if (!rc)
+                rc = nt_isa_tensor_reduce(k, &p, &v, c->alu, 1);
+            nt_isa_alu dv = {NT_ALU_DIV, {NULL, (float)n}, false};
+            if (!rc)
+                rc = nt_isa_tensor_scalar(k, &y, &p, &dv, NULL, NT_ENGINE_VECTOR);
+        } else if (!rc) {
+            rc = nt_isa_tensor_reduce(k, &y, &v, c->alu, 1);
+        }
+        nt_ap ho = nt_hbm_ap(c->ob, c->odt, b0 * I, np, r * I, r * I);
+        if (!rc)
+            rc = nt_isa_dma_copy(k, &ho, &y, sk_qout(s));
+        b0 += (int64_t)np * r;
+    }
+    return rc;
+}
+
 int nt__sk_reduce(const nt__rec *r)
 {
     const nt_tensor *x = r->in[0], *o = r->out[0];
@@ -617,7 +682,14 @@ int nt__sk_reduce(const nt__rec *r)
             c.sc = R.sc;
             c.oc = R.oc;
             c.xb = nt__tensor_data(x);
-            if (red_transposed(&c)) {
+            int64_t O, I;
+            if (red_short(&c, x, o, r->p.dim, &O, &I)) {
+                for (int b = 0; b < 2; b++)
+                    c.ys[b] = sk_tile(&s, "red.ys", c.odt, 128, CH);
+                if (c.op == NT_OP_MEAN)
+                    c.pre_t = sk_tile(&s, "red.pre", NT_F32, 128, CH);
+                red_blocks(&c, O, I);
+            } else if (red_transposed(&c)) {
                 int64_t esz = (int64_t)nt__dtype_size(c.xdt);
                 for (int b = 0; b < TX_RING; b++)
                     c.tx[b] = sk_tile(&s, "red.xt", c.xdt, 128, TX_SLOT / esz);
@@ -629,7 +701,8 @@ int nt__sk_reduce(const nt__rec *r)
                         c.rt[b / TX_G][b % TX_G] = sk_tile(&s, "red.row", c.xdt, 128, NT_RED_BLOCK);
                 c.yq = sk_tile(&s, "red.yq", c.odt, 128, TX_MAXG);
             }
-            if (!nt_sim_kernel_error(s.k) && !sk_rows_run(&R, red_group, &c) && !red_cols(&c))
+            if (!c.ys[0] && !nt_sim_kernel_error(s.k) && !sk_rows_run(&R, red_group, &c) &&
+                !red_cols(&c))
                 flush_q(&c);
         }
     }

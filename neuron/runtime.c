@@ -59,6 +59,11 @@ static const nt__kernel_fn sk_table[] = {
     [NT_OP_MULTINOMIAL] = nt__sk_multinomial,
     [NT_OP_SDPA] = nt__sk_sdpa,
     [NT_OP_SDPA_BWD] = nt__sk_sdpa_bwd,
+    [NT_OP_AMAX] = nt__sk_reduce,
+    [NT_OP_AMIN] = nt__sk_reduce,
+    [NT_OP_CUMSUM] = nt__sk_scan,
+    [NT_OP_CUMPROD] = nt__sk_scan,
+    [NT_OP_LINREC] = nt__sk_scan,
 };
 #undef SK_EW
 

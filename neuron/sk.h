@@ -237,6 +237,7 @@ int sk_fold(sk_k *s, const nt_ap *acc, const nt_ap *x, nt_alu_op op);
 
 int nt__sk_ew(const nt__rec *r);          /* unary, scalar, binary, cmp, where, copy, fill */
 int nt__sk_reduce(const nt__rec *r);      /* sum, mean, max, argmax, min, argmin, any, norm */
+int nt__sk_scan(const nt__rec *r);        /* cumsum, cumprod, linrec (neuron/scan.c) */
 int nt__sk_softmax(const nt__rec *r);     /* softmax, log_softmax */
 int nt__sk_norm(const nt__rec *r);        /* layer_norm, rms_norm */
 int nt__sk_cross_entropy(const nt__rec *r);

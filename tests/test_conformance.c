@@ -236,6 +236,22 @@ static nt_tensor *index_grad(nt_tensor *x, int op)
     return g;
 }
 
+/* linrec is cumprod's backward: the gradient of sum(cumprod(x, 1) * k) */
+static nt_tensor *cumprod_grad(nt_tensor *x)
+{
+    nt_tensor *w = nt_detach(x);
+    nt_set_requires_grad(w, true);
+    nt_tensor *k = nt_arange(nt_dtype_of(x), 0.0, 330 * 0.03, 0.03);
+    nt_tensor *y = nt_cumprod(w, 1);
+    nt_tensor *l = y ? nt_sum(nt_mul(y, nt_reshape(k, 2, (int64_t[]){10, 33})), NT_DIM_ALL, false)
+                     : NULL;
+    if (!l || nt_backward(l))
+        return NULL;
+    nt_tensor *g = nt_grad(w);
+    nt_release(w);
+    return g;
+}
+
 /* SDPA's fixed u8 mask for the [9, 8] x [11, 8] driver: every row keeps
  * key 0 and a pattern of others */
 static nt_tensor *attn_mask(void)
@@ -371,6 +387,8 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
         case NT_OP_ARGMIN: return nt_argmin(in[0], 1, true);
         case NT_OP_ANY: return nt_any(in[0], 0, false);
         case NT_OP_NORM: return nt_norm(in[0], 2.0, 1, false);
+        case NT_OP_AMAX: return nt_amax(in[0], 1, (const int[]){1}, false);
+        case NT_OP_AMIN: return nt_amin(in[0], 2, (const int[]){0, 1}, true);
         case NT_OP_TOPK: {
             nt_tensor *v, *ix;
             return nt_topk(in[0], 7, 1, true, &v, &ix) ? NULL : ix;
@@ -389,6 +407,8 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
         case NT_OP_LAYER_NORM: return nt_layer_norm(in[0], in[1], in[2], 1e-5);
         case NT_OP_RMS_NORM: return nt_rms_norm(in[0], in[1], 1e-5);
         case NT_OP_DROPOUT: return nt_dropout(in[0], 0.3, 7);
+        case NT_OP_CUMSUM: return nt_cumsum(in[0], 1);
+        case NT_OP_CUMPROD: return nt_cumprod(in[0], 1);
         default: return NO_DRIVER;
         }
     case NT_KIND_LOSS:
@@ -430,6 +450,8 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
             return index_grad(in[0], op);
         if (op == NT_OP_SDPA_BWD)
             return attn_grad(in[0]);
+        if (op == NT_OP_LINREC)
+            return cumprod_grad(in[0]);
         return NO_DRIVER;
     case NT_KIND_ATTN:
         if (op == NT_OP_SDPA)
@@ -1116,6 +1138,9 @@ static void check_ref(int op)
         cell(op, K_REF, "n/a: in %s", ref_where(op));
     else if (op == NT_OP_SDPA || op == NT_OP_SDPA_BWD)
         cell(op, K_REF, "n/a: values and gradients vs double in test_attention.c");
+    else if (op == NT_OP_AMAX || op == NT_OP_AMIN || op == NT_OP_CUMSUM || op == NT_OP_CUMPROD ||
+             op == NT_OP_LINREC)
+        cell(op, K_REF, "n/a: values and gradients vs PyTorch and double in test_reductions.c");
     else
         cell(op, K_REF, "n/a: values checked in test_ops.c / test_autograd.c");
 }

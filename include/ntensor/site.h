@@ -96,6 +96,23 @@ NT_API nt_tensor *nt_argmin_at(const nt_site *site, nt_tensor *t, int dim, bool 
 NT_API nt_tensor *nt_any_at(const nt_site *site, nt_tensor *t, int dim, bool keepdim);
 NT_API nt_tensor *nt_norm_at(const nt_site *site, nt_tensor *t, double ord, int dim,
                              bool keepdim);
+NT_API nt_tensor *nt_sum_dims_at(const nt_site *site, nt_tensor *t, int ndims, const int *dims,
+                                 bool keepdim);
+NT_API nt_tensor *nt_mean_dims_at(const nt_site *site, nt_tensor *t, int ndims, const int *dims,
+                                  bool keepdim);
+NT_API nt_tensor *nt_amax_at(const nt_site *site, nt_tensor *t, int ndims, const int *dims,
+                             bool keepdim);
+NT_API nt_tensor *nt_amin_at(const nt_site *site, nt_tensor *t, int ndims, const int *dims,
+                             bool keepdim);
+NT_API nt_tensor *nt_var_at(const nt_site *site, nt_tensor *t, int ndims, const int *dims,
+                            double correction, bool keepdim);
+NT_API nt_tensor *nt_std_at(const nt_site *site, nt_tensor *t, int ndims, const int *dims,
+                            double correction, bool keepdim);
+NT_API nt_tensor *nt_logsumexp_at(const nt_site *site, nt_tensor *t, int ndims, const int *dims,
+                                  bool keepdim);
+NT_API nt_tensor *nt_prod_at(const nt_site *site, nt_tensor *t, int dim, bool keepdim);
+NT_API nt_tensor *nt_cumsum_at(const nt_site *site, nt_tensor *t, int dim);
+NT_API nt_tensor *nt_cumprod_at(const nt_site *site, nt_tensor *t, int dim);
 NT_API nt_tensor *nt_softmax_at(const nt_site *site, nt_tensor *t, int dim);
 NT_API nt_tensor *nt_log_softmax_at(const nt_site *site, nt_tensor *t, int dim);
 NT_API nt_tensor *nt_layer_norm_at(const nt_site *site, nt_tensor *x, nt_tensor *w,
@@ -274,6 +291,16 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(nt_tensor *, nt_argmin, (nt_tensor *t, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, int dim, bool keepdim), 3) \
     X(nt_tensor *, nt_any, (nt_tensor *t, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, int dim, bool keepdim), 3) \
     X(nt_tensor *, nt_norm, (nt_tensor *t, double ord, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, double ord, int dim, bool keepdim), 4) \
+    X(nt_tensor *, nt_sum_dims, (nt_tensor *t, int ndims, const int *dims, bool keepdim), (const nt_site *site, nt_tensor *t, int ndims, const int *dims, bool keepdim), 4) \
+    X(nt_tensor *, nt_mean_dims, (nt_tensor *t, int ndims, const int *dims, bool keepdim), (const nt_site *site, nt_tensor *t, int ndims, const int *dims, bool keepdim), 4) \
+    X(nt_tensor *, nt_amax, (nt_tensor *t, int ndims, const int *dims, bool keepdim), (const nt_site *site, nt_tensor *t, int ndims, const int *dims, bool keepdim), 4) \
+    X(nt_tensor *, nt_amin, (nt_tensor *t, int ndims, const int *dims, bool keepdim), (const nt_site *site, nt_tensor *t, int ndims, const int *dims, bool keepdim), 4) \
+    X(nt_tensor *, nt_var, (nt_tensor *t, int ndims, const int *dims, double correction, bool keepdim), (const nt_site *site, nt_tensor *t, int ndims, const int *dims, double correction, bool keepdim), 5) \
+    X(nt_tensor *, nt_std, (nt_tensor *t, int ndims, const int *dims, double correction, bool keepdim), (const nt_site *site, nt_tensor *t, int ndims, const int *dims, double correction, bool keepdim), 5) \
+    X(nt_tensor *, nt_logsumexp, (nt_tensor *t, int ndims, const int *dims, bool keepdim), (const nt_site *site, nt_tensor *t, int ndims, const int *dims, bool keepdim), 4) \
+    X(nt_tensor *, nt_prod, (nt_tensor *t, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, int dim, bool keepdim), 3) \
+    X(nt_tensor *, nt_cumsum, (nt_tensor *t, int dim), (const nt_site *site, nt_tensor *t, int dim), 2) \
+    X(nt_tensor *, nt_cumprod, (nt_tensor *t, int dim), (const nt_site *site, nt_tensor *t, int dim), 2) \
     X(nt_tensor *, nt_softmax, (nt_tensor *t, int dim), (const nt_site *site, nt_tensor *t, int dim), 2) \
     X(nt_tensor *, nt_log_softmax, (nt_tensor *t, int dim), (const nt_site *site, nt_tensor *t, int dim), 2) \
     X(nt_tensor *, nt_layer_norm, (nt_tensor *x, nt_tensor *w, nt_tensor *b, double eps), (const nt_site *site, nt_tensor *x, nt_tensor *w, nt_tensor *b, double eps), 4) \
@@ -413,6 +440,16 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_argmin(...) nt_argmin_at(NT_HERE, __VA_ARGS__)
 #define nt_any(...) nt_any_at(NT_HERE, __VA_ARGS__)
 #define nt_norm(...) nt_norm_at(NT_HERE, __VA_ARGS__)
+#define nt_sum_dims(...) nt_sum_dims_at(NT_HERE, __VA_ARGS__)
+#define nt_mean_dims(...) nt_mean_dims_at(NT_HERE, __VA_ARGS__)
+#define nt_amax(...) nt_amax_at(NT_HERE, __VA_ARGS__)
+#define nt_amin(...) nt_amin_at(NT_HERE, __VA_ARGS__)
+#define nt_var(...) nt_var_at(NT_HERE, __VA_ARGS__)
+#define nt_std(...) nt_std_at(NT_HERE, __VA_ARGS__)
+#define nt_logsumexp(...) nt_logsumexp_at(NT_HERE, __VA_ARGS__)
+#define nt_prod(...) nt_prod_at(NT_HERE, __VA_ARGS__)
+#define nt_cumsum(...) nt_cumsum_at(NT_HERE, __VA_ARGS__)
+#define nt_cumprod(...) nt_cumprod_at(NT_HERE, __VA_ARGS__)
 #define nt_softmax(...) nt_softmax_at(NT_HERE, __VA_ARGS__)
 #define nt_log_softmax(...) nt_log_softmax_at(NT_HERE, __VA_ARGS__)
 #define nt_layer_norm(...) nt_layer_norm_at(NT_HERE, __VA_ARGS__)
