@@ -307,6 +307,14 @@ static int bwd_identity(nt__bctx *b) /* copy, cast (the engine casts back), alia
     return 0;
 }
 
+/* sign, floor, ceil, round, trunc: PyTorch's zero gradient (zeros, not
+ * g * 0, which would be NaN where g is not finite) */
+static int bwd_zero(nt__bctx *b)
+{
+    TRY(b->gin[0] = nt_zeros_like_at(S, G));
+    return 0;
+}
+
 static int bwd_none(nt__bctx *b) /* fill: the result depends on no input */
 {
     (void)b;
