@@ -307,7 +307,9 @@ typedef enum nt__opkind {
     X(SDPA, scaled_dot_product_attention, 4, NT_KIND_ATTN, NT_OPF_DIFF, FLOAT, LOW, sdpa, I0123O01, NT__SIM_NONE)
 
 /* Views (no kernel: metadata only) and composites that autograd records as
- * one node.  nin 0 = variadic (cat). */
+ * one node.  nin 0 = variadic (cat).  flip (issue 34): an index_select per
+ * flipped dim with a descending arange (a gather on either backend), p.i[0]
+ * = the flipped dims as a bit mask; its backward flips g the same way. */
 #define NT_OPS_VIEW(X)                                                      \
     X(RESHAPE, reshape, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, reshape, 0, NT__SIM_NONE)          \
     X(TRANSPOSE, transpose, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, transpose, 0, NT__SIM_NONE)    \
@@ -315,7 +317,8 @@ typedef enum nt__opkind {
     X(SLICE, slice, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, slice, 0, NT__SIM_NONE)                \
     X(EXPAND, expand, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, expand, 0, NT__SIM_NONE)             \
     X(ALIAS, alias, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, identity, 0, NT__SIM_NONE)             \
-    X(CAT, cat, 0, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, cat, 0, NT__SIM_NONE)
+    X(CAT, cat, 0, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, cat, 0, NT__SIM_NONE)             \
+    X(FLIP, flip, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, flip, 0, NT__SIM_NONE)
 
 /* Backward helpers with their own kernels (autograd/ enqueues them):
  * embedding_bwd(g [..., D], idx [...]) -> [p.i[0] = V, D], rows added in

@@ -423,6 +423,7 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
             return nt_expand(nt_reshape(in[0], 3, (int64_t[]){1, 4, 33}), 3, (int64_t[]){2, 4, 33});
         case NT_OP_ALIAS: return nt_contiguous(in[0]);
         case NT_OP_CAT: return nt_cat(in, 2, 0);
+        case NT_OP_FLIP: return nt_flip(in[0], 2, (int[]){-1, 0});
         default: return NO_DRIVER;
         }
     case NT_KIND_BWD:
@@ -1152,6 +1153,8 @@ static void check_ref(int op)
         cell(op, K_REF, "FAIL: no double-precision reference: add one to refs[] above");
     else if (public_ew(op))
         cell(op, K_REF, "n/a: in %s", ref_where(op));
+    else if (op == NT_OP_FLIP)
+        cell(op, K_REF, "n/a: values and gradients vs torch.flip in test_mathops.c");
     else if (op == NT_OP_SDPA || op == NT_OP_SDPA_BWD)
         cell(op, K_REF, "n/a: values and gradients vs double in test_attention.c");
     else

@@ -145,6 +145,7 @@ NT_API nt_tensor *nt_expand_at(const nt_site *site, nt_tensor *t, int ndim,
 NT_API nt_tensor *nt_cat_at(const nt_site *site, nt_tensor *const *ts, int n, int dim);
 NT_API nt_tensor *nt_repeat_at(const nt_site *site, nt_tensor *t, const int64_t *repeats,
                                int n);
+NT_API nt_tensor *nt_flip_at(const nt_site *site, nt_tensor *t, int ndims, const int *dims);
 NT_API int nt_split_at(const nt_site *site, nt_tensor *t, int64_t split_size, int dim,
                        nt_tensor **out, int max_out);
 NT_API nt_tensor *nt_contiguous_at(const nt_site *site, nt_tensor *t);
@@ -301,6 +302,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(nt_tensor *, nt_expand, (nt_tensor *t, int ndim, const int64_t *shape), (const nt_site *site, nt_tensor *t, int ndim, const int64_t *shape), 3) \
     X(nt_tensor *, nt_cat, (nt_tensor *const *ts, int n, int dim), (const nt_site *site, nt_tensor *const *ts, int n, int dim), 3) \
     X(nt_tensor *, nt_repeat, (nt_tensor *t, const int64_t *repeats, int n), (const nt_site *site, nt_tensor *t, const int64_t *repeats, int n), 3) \
+    X(nt_tensor *, nt_flip, (nt_tensor *t, int ndims, const int *dims), (const nt_site *site, nt_tensor *t, int ndims, const int *dims), 3) \
     X(int, nt_split, (nt_tensor *t, int64_t split_size, int dim, nt_tensor **out, int max_out), (const nt_site *site, nt_tensor *t, int64_t split_size, int dim, nt_tensor **out, int max_out), 5) \
     X(nt_tensor *, nt_contiguous, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(int, nt_copy_into, (nt_tensor *dst, nt_tensor *src), (const nt_site *site, nt_tensor *dst, nt_tensor *src), 2) \
@@ -443,6 +445,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_expand(...) nt_expand_at(NT_HERE, __VA_ARGS__)
 #define nt_cat(...) nt_cat_at(NT_HERE, __VA_ARGS__)
 #define nt_repeat(...) nt_repeat_at(NT_HERE, __VA_ARGS__)
+#define nt_flip(...) nt_flip_at(NT_HERE, __VA_ARGS__)
 #define nt_split(...) nt_split_at(NT_HERE, __VA_ARGS__)
 #define nt_contiguous(...) nt_contiguous_at(NT_HERE, __VA_ARGS__)
 #define nt_copy_into(...) nt_copy_into_at(NT_HERE, __VA_ARGS__)
