@@ -31,6 +31,7 @@
 #include "ntensor.h"
 #include "nt_test.h"
 #include "torch_refs/ewmath.h"
+#include "examples/gpt_model.h" /* gpt_sinpos, char_gpt --sinpos */
 
 static const char *const BACKENDS[2] = {"cpu", "sim"};
 
@@ -427,6 +428,34 @@ static void test_bad_input(void **state)
     nt_scope_end(sc);
 }
 
+/* char_gpt --sinpos: gpt_sinpos [T, D] made with nt_sin/nt_cos on the
+ * device, the same bits on both backends, against the formula in double
+ * (its f32 steps, exp and t * w, move the angle by < 1e-6 here) */
+static void test_sinpos(void **state)
+{
+    (void)state;
+    enum { T = 9, D = 12 };
+    float h[2][T * D];
+    for (int b = 0; b < 2; b++) {
+        backend(b);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *pe = gpt_sinpos(T, D);
+        assert_non_null(pe);
+        assert_int_equal(nt_shape(pe, 0), T);
+        assert_int_equal(nt_shape(pe, 1), D);
+        assert_int_equal(nt_to_host(pe, h[b], sizeof h[b]), 0);
+        nt_scope_end(sc);
+    }
+    assert_memory_equal(h[0], h[1], sizeof h[0]);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < D; i++) {
+            double a = t * pow(10000.0, -(double)(i & ~1) / D);
+            double want = i & 1 ? cos(a) : sin(a);
+            if (!(fabs(h[0][t * D + i] - want) <= 1e-5))
+                fail_msg("pe[%d, %d] = %.9g, want %.9g", t, i, (double)h[0][t * D + i], want);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -437,6 +466,7 @@ int main(void)
         cmocka_unit_test(test_int_fmod),
         cmocka_unit_test(test_flip_vs_torch),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_sinpos),
     };
     return cmocka_run_group_tests(tests, nt_test_setup, nt_test_teardown);
 }
