@@ -308,9 +308,26 @@ static int bwd_identity(nt__bctx *b) /* copy, cast (the engine casts back), alia
     return 0;
 }
 
+/* sign, floor, ceil, round, trunc: PyTorch's zero gradient (zeros, not
+ * g * 0, which would be NaN where g is not finite) */
+static int bwd_zero(nt__bctx *b)
+{
+    TRY(b->gin[0] = nt_zeros_like_at(S, G));
+    return 0;
+}
+
 static int bwd_none(nt__bctx *b) /* fill: the result depends on no input */
 {
     (void)b;
+    return 0;
+}
+static int bwd_flip(nt__bctx *b) /* g flipped back over the same dims (p.i[0], a mask) */
+{
+    int dims[NT_MAX_DIMS], n = 0;
+    for (int d = 0; d < G->ndim; d++)
+        if (b->n->p.i[0] >> d & 1)
+            dims[n++] = d;
+    TRY(b->gin[0] = nt_flip_at(S, G, n, dims));
     return 0;
 }
 static int bwd_reshape(nt__bctx *b)

@@ -242,7 +242,7 @@ static int record(nt__call *c, nt_tensor *const *ins, int nin)
         ag->out_idx = i;
         ag->requires_grad = true;
         if (nt__ops[op < NT_OP_COUNT ? op : 0].kind == NT_KIND_VIEW && op < NT_OP_COUNT &&
-            op != NT_OP_ALIAS)
+            op != NT_OP_ALIAS && op != NT_OP_FLIP) /* flip's result is a new tensor */
             ag->is_view = true;
         nt__node_unref(old); /* in place: the new node took its edge */
     }

@@ -61,6 +61,26 @@ NT__MATH_INLINE float nt__ew_gelu_tanh(float a)
     return nt__fsel(t >= 0.0f, a / d, a * (q / d));
 }
 
+/* issue 34.  sin, cos, log1p, expm1: core/nmath.h (exact range reduction,
+ * <= 1 ulp); erf: nt__erff (<= 2 ulp).  sign: PyTorch's (0 < x) - (x < 0),
+ * so NaN and -0 give +0.  floor, ceil, trunc: exact (C's); round: half to
+ * even (torch.round), |x| + 2^23 - 2^23 with the sign put back (-0.4 ->
+ * -0), |x| >= 2^23, Inf and NaN as they are. */
+NT__MATH_INLINE float nt__ew_sin(float a) { return nt__sinf(a); }
+NT__MATH_INLINE float nt__ew_cos(float a) { return nt__cosf(a); }
+NT__MATH_INLINE float nt__ew_erf(float a) { return nt__erff(a); }
+NT__MATH_INLINE float nt__ew_log1p(float a) { return nt__log1pf(a); }
+NT__MATH_INLINE float nt__ew_expm1(float a) { return nt__expm1f(a); }
+NT__MATH_INLINE float nt__ew_sign(float a) { return (float)((a > 0.0f) - (a < 0.0f)); }
+NT__MATH_INLINE float nt__ew_floor(float a) { return floorf(a); }
+NT__MATH_INLINE float nt__ew_ceil(float a) { return ceilf(a); }
+NT__MATH_INLINE float nt__ew_trunc(float a) { return truncf(a); }
+NT__MATH_INLINE float nt__ew_round(float a)
+{
+    float m = fabsf(a);
+    return m < 0x1p23f ? copysignf((m + 0x1p23f) - 0x1p23f, a) : a;
+}
+
 /* ---- unary: derivatives, d/dx f as a function of x or of y = f(x) (the
  * save column of core/optable.h says which).  The generic backward
  * (UNARY_BWD) multiplies g by them; ops whose bwd column names a
@@ -117,12 +137,35 @@ NT__MATH_INLINE float nt__ew_gelu_tanh_dx(float x)
     return nt__fsel(q == 0.0f, s, s + 2.0f * x * ss * du);
 }
 
+/* issue 34: sin' = cos, cos' = -sin, erf' = 2/sqrt(pi) exp(-x^2),
+ * log1p' = 1 / (1 + x), expm1' = y + 1 (PyTorch's g * (y + 1)).  sign,
+ * floor, ceil, round, trunc have PyTorch's zero gradient (bwd `zero`: a
+ * zero tensor, not g * 0); their _dx are here for the generic tables. */
+NT__MATH_INLINE float nt__ew_sin_dx(float x) { return nt__cosf(x); }
+NT__MATH_INLINE float nt__ew_cos_dx(float x) { return -nt__sinf(x); }
+NT__MATH_INLINE float nt__ew_erf_dx(float x) { return 1.12837916709551257390f * nt__expf(-(x * x)); }
+NT__MATH_INLINE float nt__ew_log1p_dx(float x) { return 1.0f / (1.0f + x); }
+NT__MATH_INLINE float nt__ew_expm1_dx(float y) { return y + 1.0f; }
+NT__MATH_INLINE float nt__ew_sign_dx(float x) { (void)x; return 0.0f; }
+NT__MATH_INLINE float nt__ew_floor_dx(float x) { (void)x; return 0.0f; }
+NT__MATH_INLINE float nt__ew_ceil_dx(float x) { (void)x; return 0.0f; }
+NT__MATH_INLINE float nt__ew_round_dx(float x) { (void)x; return 0.0f; }
+NT__MATH_INLINE float nt__ew_trunc_dx(float x) { (void)x; return 0.0f; }
+
 /* ---- unary: int (only ops whose ints column is INT or INTONLY) ---- */
 NT__MATH_INLINE int32_t nt__ewi_neg(int32_t a) { return (int32_t)(0u - (uint32_t)a); }
 NT__MATH_INLINE int32_t nt__ewi_abs(int32_t a) { return a < 0 ? nt__ewi_neg(a) : a; }
 NT__MATH_INLINE int32_t nt__ewi_relu(int32_t a) { return a > 0 ? a : 0; }
 /* integers only (ints INTONLY); a u8 result keeps the low 8 bits: 255 - a */
 NT__MATH_INLINE int32_t nt__ewi_bitwise_not(int32_t a) { return (int32_t)~(uint32_t)a; }
+
+/* issue 34: integers keep their dtype; sign = clamp(a, -1, 1), the
+ * roundings are the identity */
+NT__MATH_INLINE int32_t nt__ewi_sign(int32_t a) { return (a > 0) - (a < 0); }
+NT__MATH_INLINE int32_t nt__ewi_floor(int32_t a) { return a; }
+NT__MATH_INLINE int32_t nt__ewi_ceil(int32_t a) { return a; }
+NT__MATH_INLINE int32_t nt__ewi_round(int32_t a) { return a; }
+NT__MATH_INLINE int32_t nt__ewi_trunc(int32_t a) { return a; }
 
 /* ---- tensor-scalar: s0 = p.f[0], s1 = p.f[1], already rounded to f32 ---- */
 NT__MATH_INLINE float nt__ew_add_scalar(float a, float s0, float s1) { (void)s1; return a + s0; }
@@ -206,6 +249,12 @@ NT__MATH_INLINE float nt__ew_silu_bwd(float g, float x)
 /* a^b, the libm powf every path shares (nt__powf) */
 NT__MATH_INLINE float nt__ew_pow(float a, float b) { return nt__powf(a, b); }
 
+/* issue 34: atan2(a = y, b = x), core/nmath.h (<= 1 ulp, Annex F's signed
+ * zeros and infinities); fmod: C's fmodf, exact (the sign of a, NaN for b
+ * == 0 or an infinite a) */
+NT__MATH_INLINE float nt__ew_atan2(float a, float b) { return nt__atan2f(a, b); }
+NT__MATH_INLINE float nt__ew_fmod(float a, float b) { return fmodf(a, b); }
+
 /* ---- binary: partial derivatives d/da, d/db (the generic backward needs
  * them for every binary op; the ops above keep their specialised
  * backwards) ---- */
@@ -230,12 +279,24 @@ NT__MATH_INLINE float nt__ew_pow_db(float a, float b)
     return a == 0.0f && b >= 0.0f ? 0.0f : nt__powf(a, b) * nt__logf(a);
 }
 
+/* d/da atan2(a, b) = b / (a^2 + b^2), d/db = -a / (a^2 + b^2), each as
+ * (+-operand) * (1 / (a^2 + b^2)) like PyTorch's grad * other * recip;
+ * fmod: d/da = 1, d/db = -trunc(a / b) (PyTorch's) */
+NT__MATH_INLINE float nt__ew_atan2_da(float a, float b) { return b * (1.0f / (a * a + b * b)); }
+NT__MATH_INLINE float nt__ew_atan2_db(float a, float b) { return -a * (1.0f / (a * a + b * b)); }
+NT__MATH_INLINE float nt__ew_fmod_da(float a, float b) { (void)a, (void)b; return 1.0f; }
+NT__MATH_INLINE float nt__ew_fmod_db(float a, float b) { return -truncf(a / b); }
+
 /* ---- binary: int ---- */
 NT__MATH_INLINE int32_t nt__ewi_add(int32_t a, int32_t b) { return (int32_t)((uint32_t)a + (uint32_t)b); }
 NT__MATH_INLINE int32_t nt__ewi_sub(int32_t a, int32_t b) { return (int32_t)((uint32_t)a - (uint32_t)b); }
 NT__MATH_INLINE int32_t nt__ewi_mul(int32_t a, int32_t b) { return (int32_t)((uint32_t)a * (uint32_t)b); }
 NT__MATH_INLINE int32_t nt__ewi_maximum(int32_t a, int32_t b) { return b > a ? b : a; }
 NT__MATH_INLINE int32_t nt__ewi_minimum(int32_t a, int32_t b) { return b < a ? b : a; }
+/* C's %: the sign of a.  A divisor of 0 gives 0 (PyTorch raises
+ * ZeroDivisionError on the CPU; a data-dependent error would need a sync
+ * here), and INT_MIN % -1 gives 0 */
+NT__MATH_INLINE int32_t nt__ewi_fmod(int32_t a, int32_t b) { return b == 0 || b == -1 ? 0 : a % b; }
 
 /* ---- compare (result 0/1) ---- */
 NT__MATH_INLINE int nt__ew_eq(float a, float b) { return a == b; }

@@ -28,6 +28,25 @@
 
 float nt__powf(float x, float y);
 
+/* sin, cos, log1p, expm1 and atan2 (issue 34): out of line, evaluated in
+ * double from the f32 argument (every operation IEEE double, no FMA, no
+ * libm), then rounded once to f32, so every backend gets the same bits.
+ * sin and cos reduce the argument exactly (Payne-Hanek with 2/pi to 384
+ * bits, 128-bit integer arithmetic), so sin(1e30f) is right, then use
+ * Taylor polynomials on |r| <= pi/4 (truncation < 1e-19).  log1p:
+ * 2 atanh(f / (2 + f)) after an exact 1 + x; expm1: a Taylor series for
+ * |x| < 0.5, else exp(x) - 1 from an exp with a two-part ln2; atan2: Annex
+ * F's special cases, atan of |y / x| after the reductions atan(t) = pi/2 -
+ * atan(1/t) and atan(t) = pi/6 + atan((t sqrt3 - 1) / (sqrt3 + t)).
+ * Measured against double libm over a sweep (tests/test_nmath.c): each
+ * <= 1 ulp (the double result is within ~1e-15 relative of the exact one,
+ * so only the final rounding is off, by at most a hair over half an ulp). */
+float nt__sinf(float x);
+float nt__cosf(float x);
+float nt__log1pf(float x);
+float nt__expm1f(float x);
+float nt__atan2f(float y, float x);
+
 /* Array forms: y[i] = f(x[i]), bitwise equal to the scalar functions below.
  * In-place (y == x) is allowed.  They run in fixed blocks of 64 so GCC
  * vectorises them at -O2 too (its "very cheap" -O2 cost model does not

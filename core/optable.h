@@ -33,7 +33,9 @@
  *             tensor-scalar op: g * nt__ew_<name>_dx(v), through the
  *             UNARY_BWD helper, on every backend; `dxy` the generic one of a
  *             binary op: g * nt__ew_<name>_da(a, b) and g * _db(a, b),
- *             through BINARY_DX; `helper(H)` g and the saved x or y
+ *             through BINARY_DX; `zero` a zero gradient (sign, floor, ...:
+ *             PyTorch's zeros, also where g is Inf or NaN);
+ *             `helper(H)` g and the saved x or y
  *             (per `save`) through the op's own backward helper H of
  *             NT_OPS_EW_BWD (specialised bits that predate `dx`); `nograd` none
  *   save      what the backward needs saved: 0, I0, I1, I01, O0, I0O0
@@ -182,7 +184,17 @@ typedef enum nt__opkind {
     X(SOFTSIGN, softsign, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT__SIM_SEQ)        \
     X(RECIPROCAL, reciprocal, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, dx, O0, NT_ACT_RECIPROCAL) \
     X(BITWISE_NOT, bitwise_not, 1, NT_KIND_UNARY, NT_OPF_PRIM(NOT), INTONLY, KEEP, nograd, 0, NT__SIM_SEQ) \
-    X(GELU_TANH, gelu_tanh, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT_ACT_GELU_APPRX_TANH)
+    X(GELU_TANH, gelu_tanh, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, KEEP, dx, I0, NT_ACT_GELU_APPRX_TANH) \
+    X(SIN, sin, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_NANPROP, F32INT, KEEP, dx, I0, NT__SIM_SEQ) \
+    X(COS, cos, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_NANPROP, F32INT, KEEP, dx, I0, NT__SIM_SEQ) \
+    X(ERF, erf, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_NANPROP, F32INT, KEEP, dx, I0, NT_ACT_ERF) \
+    X(LOG1P, log1p, 1, NT_KIND_UNARY, NT_OPF_DIFF, F32INT, F32, dx, I0, NT__SIM_SEQ)      \
+    X(EXPM1, expm1, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_NANPROP, F32INT, F32, dx, O0, NT__SIM_SEQ) \
+    X(SIGN, sign, 1, NT_KIND_UNARY, NT_OPF_DIFF, INT, KEEP, zero, 0, NT_ACT_SIGN)         \
+    X(FLOOR, floor, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_NANPROP, INT, KEEP, zero, 0, NT__SIM_SEQ) \
+    X(CEIL, ceil, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_NANPROP, INT, KEEP, zero, 0, NT__SIM_SEQ) \
+    X(ROUND, round, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_NANPROP, INT, KEEP, zero, 0, NT__SIM_SEQ) \
+    X(TRUNC, trunc, 1, NT_KIND_UNARY, NT_OPF_DIFF | NT_OPF_NANPROP, INT, KEEP, zero, 0, NT__SIM_SEQ)
 
 /* y = nt__ew_<name>(a, p.f[0], p.f[1]) */
 #define NT_OPS_SCALAR(X)                                                    \
@@ -211,7 +223,9 @@ typedef enum nt__opkind {
       INT, KEEP, maximum, I01, NT_ALU_MAX)                                                                 \
     X(MINIMUM, minimum, 2, NT_KIND_BINARY, NT_OPF_DIFF | NT_OPF_PRIM(MIN),                                 \
       INT, KEEP, minimum, I01, NT_ALU_MIN)                                                                 \
-    X(POW, pow, 2, NT_KIND_BINARY, NT_OPF_DIFF, F32INT, F32, dxy, I01, NT_ALU_POW)
+    X(POW, pow, 2, NT_KIND_BINARY, NT_OPF_DIFF, F32INT, F32, dxy, I01, NT_ALU_POW)            \
+    X(ATAN2, atan2, 2, NT_KIND_BINARY, NT_OPF_DIFF, F32INT, KEEP, dxy, I01, NT__SIM_SEQ)    \
+    X(FMOD, fmod, 2, NT_KIND_BINARY, NT_OPF_DIFF, INT, KEEP, dxy, I01, NT__SIM_SEQ)
 
 /* Backward helpers of the unary ops: y = nt__ew_<name>(g, x-or-y), binary
  * elementwise like the family above, enqueued only by autograd. */
@@ -309,7 +323,9 @@ typedef enum nt__opkind {
     X(LINREC, linrec, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
 
 /* Views (no kernel: metadata only) and composites that autograd records as
- * one node.  nin 0 = variadic (cat). */
+ * one node.  nin 0 = variadic (cat).  flip (issue 34): an index_select per
+ * flipped dim with a descending arange (a gather on either backend), p.i[0]
+ * = the flipped dims as a bit mask; its backward flips g the same way. */
 #define NT_OPS_VIEW(X)                                                      \
     X(RESHAPE, reshape, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, reshape, 0, NT__SIM_NONE)          \
     X(TRANSPOSE, transpose, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, transpose, 0, NT__SIM_NONE)    \
@@ -317,7 +333,8 @@ typedef enum nt__opkind {
     X(SLICE, slice, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, slice, 0, NT__SIM_NONE)                \
     X(EXPAND, expand, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, expand, 0, NT__SIM_NONE)             \
     X(ALIAS, alias, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, identity, 0, NT__SIM_NONE)             \
-    X(CAT, cat, 0, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, cat, 0, NT__SIM_NONE)
+    X(CAT, cat, 0, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, cat, 0, NT__SIM_NONE)             \
+    X(FLIP, flip, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, flip, 0, NT__SIM_NONE)
 
 /* Backward helpers with their own kernels (autograd/ enqueues them):
  * embedding_bwd(g [..., D], idx [...]) -> [p.i[0] = V, D], rows added in

@@ -320,3 +320,74 @@ NT_API int nt_topk(nt_tensor *x, int64_t k, int dim, bool largest, nt_tensor **v
 {
     return nt_topk_at(NT_RA_SITE, x, k, dim, largest, values, indices);
 }
+
+/* nt_flip: validates dims into a bit mask (*mask), or fails naming the
+ * argument */
+static bool flip_dims(const nt_site *site, const char *fn, const nt_tensor *t, int ndims,
+                      const int *dims, unsigned *mask)
+{
+    *mask = 0;
+    if (ndims < 0 || (ndims > 0 && !dims)) {
+        nt__err(site, NT_EINVAL, fn, "argument 'dims' is %s with ndims = %d; expected an array "
+                "of ndims >= 0 dims", dims ? "an array" : "NULL", ndims);
+        return false;
+    }
+    for (int i = 0; i < ndims; i++) {
+        int d = nt__norm_dim(dims[i], t->ndim);
+        if (d < 0) {
+            nt__err(site, NT_EDIM, fn, "dims[%d] = %d is out of range for a tensor with %d dims",
+                    i, dims[i], t->ndim);
+            return false;
+        }
+        if (*mask >> d & 1) {
+            nt__err(site, NT_EINVAL, fn, "dims[%d] = %d names dim %d again; expected distinct "
+                    "dims", i, dims[i], d);
+            return false;
+        }
+        *mask |= 1u << d;
+    }
+    return true;
+}
+
+NT_API nt_tensor *nt_flip_at(const nt_site *site, nt_tensor *t, int ndims, const int *dims)
+{
+    const char *fn = "nt_flip";
+    nt__call c;
+    if (!nt__call_begin(&c, site, fn, NT_OP_FLIP, 1, &t, "t"))
+        return nt__call_fail(&c);
+    t = c.in[0];
+    unsigned mask;
+    if (!flip_dims(site, fn, t, ndims, dims, &mask))
+        return nt__call_fail(&c);
+    c.p.i[0] = mask;
+    c.odt[0] = (nt_dtype)t->dtype;
+    c.ondim[0] = t->ndim;
+    for (int i = 0; i < t->ndim; i++)
+        c.oshape[0][i] = t->shape[i];
+    nt_scope *s = nt_scope_begin();
+    if (!s) {
+        nt__err_hostmem(site, fn, "a scope");
+        return nt__call_fail(&c);
+    }
+    /* the gathers record nothing: the node is flip's (nt__dispatch_view) */
+    nt_no_grad_begin();
+    nt_tensor *y = t;
+    for (int d = 0; y && d < t->ndim; d++)
+        if ((mask >> d & 1) && t->shape[d] > 1) {
+            double n = (double)t->shape[d];
+            y = nt_index_select_at(site, y, d, nt_arange_at(site, NT_I32, n - 1, -1, -1));
+        }
+    if (y == t) /* nothing to reverse: still a new tensor, as in PyTorch */
+        y = nt__copy_to(site, fn, t, (nt_dtype)-1);
+    nt_no_grad_end();
+    if (y)
+        nt_keep(y);
+    else
+        nt__err_within(fn);
+    nt_scope_end(s);
+    return y ? nt__dispatch_view(&c, y) : nt__call_fail(&c);
+}
+NT_API nt_tensor *nt_flip(nt_tensor *t, int ndims, const int *dims)
+{
+    return nt_flip_at(NT_RA_SITE, t, ndims, dims);
+}

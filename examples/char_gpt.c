@@ -83,6 +83,8 @@ static void usage(FILE *f)
             "                     per-op dispatch\n"
             "  --no-sdpa                attention as matmul/masked_fill/softmax/matmul, not the\n"
             "                           fused nt_scaled_dot_product_attention\n"
+            "  --sinpos           sinusoidal position encoding (nt_sin/nt_cos of the\n"
+            "                     position) instead of the learned one (needs an even --width)\n"
             "  --save PATH        save parameters and optimizer state at every eval\n"
             "  --resume PATH      load PATH first and continue from its step\n"
             "  --seed N           seed of the initialisation and the batches (1)\n"
@@ -175,6 +177,8 @@ static void parse_args(int argc, char **argv, options *o)
                 o->c.composite_attn = true;
             else if (!strcmp(a, "--capture"))
                 o->capture = true;
+            else if (!strcmp(a, "--sinpos"))
+                o->c.sinpos = true;
             else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
                 usage(stdout);
                 exit(0);
@@ -190,6 +194,10 @@ static void parse_args(int argc, char **argv, options *o)
     if (o->c.width % o->c.n_head) {
         fprintf(stderr, "char_gpt: --width (%d) must be a multiple of --heads (%d)\n",
                 o->c.width, o->c.n_head);
+        exit(1);
+    }
+    if (o->c.sinpos && o->c.width % 2) {
+        fprintf(stderr, "char_gpt: --sinpos needs an even --width (got %d)\n", o->c.width);
         exit(1);
     }
     if (strcmp(o->amp, "none") && strcmp(o->amp, "bf16")) {

@@ -6,6 +6,7 @@
  *
  * The model (GPT-2's pre-LN layout):
  *   x      = wte[idx] + wpe[pos]                               [B, T, D]
+ *            (c.sinpos: + gpt_sinpos, sin/cos of the position, for wpe)
  *   n_layer blocks:
  *     x    = x + proj(attn(ln1(x)))      H heads, causal
  *     x    = x + fc2(gelu(fc(ln2(x))))   4D hidden, exact (erf) GELU
@@ -234,6 +235,8 @@ typedef struct {
     double dropout; /* 0: none */
     bool checkpoint; /* recompute each block's activations in backward */
     bool composite_attn; /* matmul/masked_fill/softmax/matmul, not the fused op */
+    bool sinpos; /* sinusoidal positions (nt_sin/nt_cos), not wpe (which then gets no
+                    gradient and AdamW skips it) */
 } gpt_config;
 
 /* Per block, in the peer's parameter order. */
@@ -448,13 +451,32 @@ static inline nt_tensor *gpt_block(gpt_model *m, int l, nt_tensor *x)
     return nt_checkpoint(gpt_block_ckpt, &m->bctx[l], &x, 1, &y, 1) == 0 ? y : NULL;
 }
 
+/* The sinusoidal position encoding of "Attention is all you need", [T, D]
+ * (D even): pe[t, 2i] = sin(t w_i), pe[t, 2i + 1] = cos(t w_i), w_i =
+ * exp(2i * -ln(10000) / D), made from aranges on the device (a captured
+ * step replays it, no host data).  gpt_logits scales it by the embeddings'
+ * initial std (0.02): at amplitude 1 it drowns the token embeddings (the
+ * first layer norm then sees mostly position: 300 steps of the default
+ * model reached val 3.39; scaled 2.55, learned 2.56, CPU backend). */
+static inline nt_tensor *gpt_sinpos(int64_t T, int64_t D)
+{
+    nt_tensor *w = nt_exp(nt_mul_scalar(nt_arange(NT_F32, 0, (double)D, 2), -9.210340371976184 / (double)D));
+    nt_tensor *t = nt_reshape(nt_arange(NT_F32, 0, (double)T, 1), 2, (int64_t[]){T, 1});
+    nt_tensor *a = nt_mul(t, nt_reshape(w, 2, (int64_t[]){1, D / 2}));
+    int64_t sh3[3] = {T, D / 2, 1};
+    nt_tensor *sc[2] = {nt_reshape(nt_sin(a), 3, sh3), nt_reshape(nt_cos(a), 3, sh3)};
+    return nt_reshape(nt_cat(sc, 2, 2), 2, (int64_t[]){T, D});
+}
+
 /* Logits [B * T, V] of idx [B, T] (i32). */
 static inline nt_tensor *gpt_logits(gpt_model *m, nt_tensor *idx)
 {
     nt_tensor **p = m->p;
     int64_t B = nt_shape(idx, 0), T = nt_shape(idx, 1);
-    nt_tensor *pos = nt_arange(NT_I32, 0, (double)T, 1);
-    nt_tensor *x = nt_add(nt_embedding(p[GPT_WTE], idx), nt_embedding(p[GPT_WPE], pos));
+    nt_tensor *pos = m->c.sinpos ? NULL : nt_arange(NT_I32, 0, (double)T, 1);
+    nt_tensor *x = nt_add(nt_embedding(p[GPT_WTE], idx),
+                          pos ? nt_embedding(p[GPT_WPE], pos)
+                              : nt_mul_scalar(gpt_sinpos(T, m->c.width), 0.02));
     x = gpt_dropout(m, x, 0);
     for (int l = 0; l < m->c.n_layer; l++)
         x = gpt_block(m, l, x);

@@ -676,6 +676,14 @@ NT_API nt_tensor *nt_cat(nt_tensor *const *ts, int n, int dim);
  *  contiguous tensor (an expand of t copied, op for op); the gradient sums
  *  the copies by the canonical order of nt_sum. */
 NT_API nt_tensor *nt_repeat(nt_tensor *t, const int64_t *repeats, int n);
+/** torch.flip: a new tensor with t's elements in reverse order along each
+ *  of the ndims dims in dims (negative dims count from the end; order does
+ *  not matter; ndims 0 is a copy).  Any dtype; values are moved, never
+ *  rounded.  One index_select (a gather) per flipped dim of size > 1, with a
+ *  descending arange as the index, on either backend; the gradient is g
+ *  flipped back.  Errors: NT_EINVAL for NULL dims with ndims > 0, ndims < 0
+ *  or a dim named twice; NT_EDIM for a dim out of range. */
+NT_API nt_tensor *nt_flip(nt_tensor *t, int ndims, const int *dims);
 /** torch.split with an int: views of t along `dim` of split_size elements
  *  each, the last one smaller if the size does not divide (an empty dim
  *  gives one empty view).  Writes up to max_out new references to out and

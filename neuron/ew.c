@@ -118,6 +118,8 @@ static double memset_value(nt_dtype dt, double v)
  * temporaries instead of two. */
 enum { NEED_TF = 1, NEED_TI = 2, NEED_CF = 4, NEED_CI = 8, NEED_CK = 16, NEED_TF4 = 32 };
 
+static bool gp_op(int op); /* the ops GpSimd computes (issue 34, below) */
+
 /* UNARY_BWD's sequence for forward op f (emit_unary_bwd) */
 static unsigned unary_bwd_needs(int f)
 {
@@ -135,7 +137,7 @@ static unsigned op_needs(const nt__fop *o, bool fc)
     case NT_KIND_UNARY: /* int abs = max(a, -a); softsign's |x| + 1 */
         if (!fc)
             return nt__op_prim(o->op) == NT__PRIM_ABS ? NEED_TI : 0;
-        return o->op == NT_OP_SOFTSIGN ? NEED_TF : 0;
+        return o->op == NT_OP_SOFTSIGN || gp_op(o->op) ? NEED_TF : 0;
     case NT_KIND_SCALAR: /* int forms read their scalars from i32 constants */
         if (!fc)
             return NEED_CI;
@@ -147,6 +149,8 @@ static unsigned op_needs(const nt__fop *o, bool fc)
             return unary_bwd_needs((int)o->p.i[0]);
         if (o->op == NT_OP_BINARY_DX)
             return NEED_TF | NEED_CK;
+        if (gp_op(o->op)) /* atan2, fmod: temporaries for broadcast operands */
+            return NEED_TF | NEED_TI;
         return o->op == NT_OP_RELU_BWD ? NEED_TF | NEED_CF : NEED_TF;
     default: return 0; /* copies, fills, compare, where, row reductions */
     }
@@ -311,6 +315,120 @@ static nt_ap kconst(const emit_ctx *E, int j)
  * x * 1 == x and -(a * b) == (-a) * b hold bit for bit, which some steps
  * use. ---- */
 
+/* ---- issue 34: sin, cos, log1p, expm1, floor, ceil, round, trunc (float),
+ * atan2, fmod, and the derivatives of sin, cos, log1p, expm1, atan2 and
+ * fmod: the NKI ISA has no activation function or ALU operator for them
+ * (nl.sin takes only [-pi, pi], and an exact range reduction needs integer
+ * products no ALU operator gives), so GpSimd runs the core/ewise.h
+ * definition per element as a custom operator (a Neuron custom C++
+ * operator on its general-purpose cores): one instruction, the CPU's bits
+ * by construction. ---- */
+enum { GP_FWD, GP_DX, GP_DA, GP_DB };
+
+typedef struct gp_ctx {
+    int op, mode;
+} gp_ctx;
+
+static float gp_f(const gp_ctx *c, float a, float b)
+{
+    switch (c->mode) {
+    case GP_DX: return nt__ew_table_dx(c->op, a, 0.0f, 0.0f);
+    case GP_DA: return nt__ew_binary_dx(c->op, 0, a, b);
+    case GP_DB: return nt__ew_binary_dx(c->op, 1, a, b);
+    default: break;
+    }
+    switch (c->op) {
+    case NT_OP_SIN: return nt__ew_sin(a);
+    case NT_OP_COS: return nt__ew_cos(a);
+    case NT_OP_LOG1P: return nt__ew_log1p(a);
+    case NT_OP_EXPM1: return nt__ew_expm1(a);
+    case NT_OP_FLOOR: return nt__ew_floor(a);
+    case NT_OP_CEIL: return nt__ew_ceil(a);
+    case NT_OP_ROUND: return nt__ew_round(a);
+    case NT_OP_TRUNC: return nt__ew_trunc(a);
+    case NT_OP_ATAN2: return nt__ew_atan2(a, b);
+    case NT_OP_FMOD: return nt__ew_fmod(a, b);
+    default: nt__op_unhandled("sim GpSimd elementwise", c->op);
+    }
+}
+
+/* dst = f(src...) element by element: floats through f32 as the CPU's
+ * kernels load and store them, an integer result (fmod of integers) in
+ * exact int32 */
+static int gp_fn(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *src, int nsrc, void *ctx,
+                 char *msg, size_t msglen)
+{
+    (void)msg, (void)msglen;
+    const gp_ctx *c = ctx;
+    bool fl = nt__dtype_is_float(dst->dtype);
+    for (int p = 0; p < dst->np; p++) {
+        char *d = (char *)dst->data + (int64_t)p * dst->pstride;
+        const char *x = (const char *)src[0].data + (int64_t)p * src[0].pstride;
+        const char *y = nsrc > 1 ? (const char *)src[1].data + (int64_t)p * src[1].pstride : x;
+        nt_dtype yt = nsrc > 1 ? src[1].dtype : src[0].dtype;
+        for (int64_t i = 0; i < dst->n; i++) {
+            if (!fl) {
+                int32_t a = nt__load_i32(x, src[0].dtype, i), b = nt__load_i32(y, yt, i);
+                nt__store_i32(d, dst->dtype, i, c->op == NT_OP_FMOD ? nt__ewi_fmod(a, b) : a);
+            } else {
+                float a = nt__load_f32(x, src[0].dtype, i), b = nt__load_f32(y, yt, i);
+                nt__store_f32(d, dst->dtype, i, gp_f(c, a, b));
+            }
+        }
+    }
+    return 0;
+}
+
+static bool ap_dense(const nt_ap *a)
+{
+    for (int d = 0; d < a->ndim; d++)
+        if (a->num[d] > 1 && (d != a->ndim - 1 || a->step[d] != 1))
+            return false;
+    return true;
+}
+
+/* One GpSimd instruction computing dst from x (and y); an operand that is
+ * not a dense [np, n] pattern (a per-row value read as a step-0 row) is
+ * first copied into a temporary of its kind (f32: tf[k]; int: ti). */
+static int gp_ew(emit_ctx *E, int op, int mode, const nt_ap *dst, const nt_ap *x, const nt_ap *y)
+{
+    sk_k *s = E->s;
+    const nt_ap *in[2] = {x, y};
+    nt_ap tmp[2];
+    int n = y ? 2 : 1;
+    bool ti_used = false;
+    if (!ap_dense(dst))
+        return nt__kerr(NT_ENOTSUP, "%s on the simulator: a strided destination",
+                        nt__op_api(op));
+    for (int q = 0; q < n; q++) {
+        if (ap_dense(in[q]) && ap_count(in[q]) == ap_count(dst))
+            continue;
+        nt_tile *t = nt__dtype_is_float(in[q]->dtype) ? E->tf[q] : ti_used ? NULL : E->ti;
+        if (!t)
+            return nt__kerr(NT_ENOTSUP, "%s on the simulator: no temporary for operand %d",
+                            nt__op_api(op), q);
+        ti_used |= t == E->ti;
+        tmp[q] = tslice(t, E->np, ap_count(dst) / E->np);
+        int rc = nt_isa_tensor_copy(s->k, &tmp[q], in[q], sk_eng_ap(s, &tmp[q]));
+        if (rc)
+            return rc;
+        in[q] = &tmp[q];
+    }
+    gp_ctx c = {op, mode};
+    bool heavy = op == NT_OP_SIN || op == NT_OP_COS || op == NT_OP_ATAN2 || mode != GP_FWD;
+    return nt_isa_gpsimd_custom(s->k, nt__op_name(op), dst, in, n, heavy ? 16.0 : 4.0, gp_fn, &c);
+}
+
+static bool gp_op(int op)
+{
+    switch (op) {
+    case NT_OP_SIN: case NT_OP_COS: case NT_OP_LOG1P: case NT_OP_EXPM1: case NT_OP_FLOOR:
+    case NT_OP_CEIL: case NT_OP_ROUND: case NT_OP_TRUNC: case NT_OP_ATAN2: case NT_OP_FMOD:
+        return true;
+    default: return false;
+    }
+}
+
 /* NEG: -x = identity(x * -1); softsign: x / (1 + |x|) */
 static int emit_unary_seq(emit_ctx *E, const nt__fop *o, const nt_ap *dst, const nt_ap *x)
 {
@@ -318,6 +436,8 @@ static int emit_unary_seq(emit_ctx *E, const nt__fop *o, const nt_ap *dst, const
     if (o->op == NT_OP_NEG)
         return nt_isa_activation(s->k, dst, NT_ACT_IDENTITY, x, &(nt_isa_scalar){NULL, -1.0f},
                                  NULL, NULL);
+    if (gp_op(o->op))
+        return gp_ew(E, o->op, GP_FWD, dst, x, NULL);
     if (o->op != NT_OP_SOFTSIGN)
         nt__op_unhandled("sim unary sequence", o->op);
     nt_ap T0 = tslice(E->tf[0], E->np, E->nf);
@@ -460,6 +580,17 @@ static int unary_bwd_factor(emit_ctx *E, const nt__fop *o, const nt_ap *T, const
     case NT_OP_RECIPROCAL: /* -(y * y) = (y * -1) * y */
         return stt(s, &T[0], v, NT_ALU_MUL, -1.0f, NT_ALU_MUL, v);
     case NT_OP_GELU_TANH: *w = 3; return gelu_tanh_dx(s, T, v);
+    case NT_OP_ERF: return act(s, &T[0], NT_ACT_ERF_DX, v);
+    case NT_OP_SIN:
+    case NT_OP_COS:
+    case NT_OP_LOG1P: return gp_ew(E, f, GP_DX, &T[0], v, NULL);
+    case NT_OP_EXPM1: return ts1(s, &T[0], v, NT_ALU_ADD, NULL, 1.0f, false); /* y + 1 */
+    case NT_OP_SIGN:
+    case NT_OP_FLOOR:
+    case NT_OP_CEIL:
+    case NT_OP_ROUND:
+    case NT_OP_TRUNC: /* 0 (their backward is zeros; the table's factor is g * 0) */
+        return nt_isa_memset(s->k, &T[0], 0.0, NT_ENGINE_VECTOR);
     case NT_OP_POW_SCALAR: /* s0 * pow(x, s0 - 1) */
         rc = ts1(s, &T[0], v, NT_ALU_POW, NULL, s0 - 1.0f, false);
         return rc ? rc : ts1(s, &T[0], &T[0], NT_ALU_MUL, NULL, s0, false);
@@ -555,6 +686,8 @@ static int emit_binary_dx(emit_ctx *E, const nt__fop *o, const nt_ap *dst, const
                 rc = stt(s, &T1, b, NT_ALU_GE, 0.0f, NT_ALU_MUL, &T1);
         }
         return rc ? rc : nt_isa_select(s->k, dst, &T1, &zero, &T0, NT_ENGINE_VECTOR);
+    case NT_OP_ATAN2:
+    case NT_OP_FMOD: return gp_ew(E, (int)o->p.i[0], db ? GP_DB : GP_DA, dst, a, b);
     default:
         return nt__kerr(NT_ENOTSUP, "no simulator sequence for the partials of %s",
                         nt__op_api((int)o->p.i[0]));
@@ -590,6 +723,14 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
         /* exact int32 (the ops whose ints column is INT or INTONLY), by the
          * op's primitive (core/optable.h): -a wraps like 0u - a; relu =
          * max(a, 0); abs = max(a, -a) */
+        if (o->op == NT_OP_SIGN) { /* clamp(a, -1, 1) */
+            nt_isa_alu lo = {NT_ALU_MAX, {NULL, -1.0f}, false};
+            nt_isa_alu hi = {NT_ALU_MIN, {NULL, 1.0f}, false};
+            return nt_isa_tensor_scalar(k, dst, &a[0].ap, &lo, &hi, sk_eng_ap(s, dst));
+        }
+        if (o->op == NT_OP_FLOOR || o->op == NT_OP_CEIL || o->op == NT_OP_ROUND ||
+            o->op == NT_OP_TRUNC) /* integers are their own roundings */
+            return nt_isa_tensor_copy(k, dst, &a[0].ap, sk_eng_ap(s, dst));
         switch (nt__op_prim(o->op)) {
         case NT__PRIM_NEG: return ts1(s, dst, &a[0].ap, NT_ALU_MUL, NULL, -1.0f, false);
         case NT__PRIM_RELU: return ts1(s, dst, &a[0].ap, NT_ALU_MAX, NULL, 0.0f, false);
@@ -639,6 +780,8 @@ static int emit_op(emit_ctx *E, const nt__fop *o, int opk, nt_dtype odt, const n
                 return ts1(s, dst, &a[1].ap, (nt_alu_op)alu, &a[0].col, 0.0f, true);
             return tt(s, dst, &a[0].ap, &a[1].ap, (nt_alu_op)alu);
         }
+        if (gp_op(o->op)) /* atan2, fmod */
+            return gp_ew(E, o->op, GP_FWD, dst, &a[0].ap, &a[1].ap);
         /* backward helpers (g, y-or-x) in the CPU's order on f32 temps */
         const nt_ap *g = &a[0].ap, *y = &a[1].ap;
         int rc = 0;

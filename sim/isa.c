@@ -110,6 +110,9 @@ static const char *const act_nki[NT_ACT_COUNT] = {
     [NT_ACT_MISH] = "nki.language.mish",
     [NT_ACT_RECIPROCAL] = "nki.language.reciprocal",
     [NT_ACT_GELU_APPRX_TANH] = "nki.language.gelu_apprx_tanh",
+    [NT_ACT_ERF] = "nki.language.erf",
+    [NT_ACT_ERF_DX] = "nki.language.erf_dx",
+    [NT_ACT_SIGN] = "nki.language.sign",
 };
 
 const char *nt_alu_op_nki(nt_alu_op op)
@@ -717,6 +720,9 @@ static void act_apply(nt_act_func f, float *y, const float *x, int64_t n)
     case NT_ACT_MISH: ACT_LOOP(nt__ew_mish)
     case NT_ACT_RECIPROCAL: ACT_LOOP(nt__ew_reciprocal)
     case NT_ACT_GELU_APPRX_TANH: ACT_LOOP(nt__ew_gelu_tanh)
+    case NT_ACT_ERF: ACT_LOOP(nt__ew_erf)
+    case NT_ACT_ERF_DX: ACT_LOOP(nt__ew_erf_dx)
+    case NT_ACT_SIGN: ACT_LOOP(nt__ew_sign)
     default: nt__op_unhandled("sim activation", (int)f); /* checked at issue */
     }
 #undef ACT_LOOP

@@ -443,6 +443,7 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
             return nt_expand(nt_reshape(in[0], 3, (int64_t[]){1, 4, 33}), 3, (int64_t[]){2, 4, 33});
         case NT_OP_ALIAS: return nt_contiguous(in[0]);
         case NT_OP_CAT: return nt_cat(in, 2, 0);
+        case NT_OP_FLIP: return nt_flip(in[0], 2, (int[]){-1, 0});
         default: return NO_DRIVER;
         }
     case NT_KIND_BWD:
@@ -734,6 +735,11 @@ static void check_grad(int op)
     }
     /* a cast to f16 rounds: a wider step keeps the difference quotient honest */
     double eps = op == NT_OP_CAST ? 0.25 : 1e-2;
+    /* the steps of floor/ceil/round/trunc and fmod's jumps: a narrow
+     * difference quotient that straddles none of the grid's values */
+    if (op == NT_OP_FLOOR || op == NT_OP_CEIL || op == NT_OP_ROUND || op == NT_OP_TRUNC ||
+        op == NT_OP_FMOD)
+        eps = 1e-4;
     int o = op;
     int rc = nt_gradcheck(grad_f, in, s.n, &o, eps, 2e-2, 2e-2);
     if (rc)
@@ -912,6 +918,25 @@ static double r_gelu_tanh(double x, double s0, double s1)
     return x * e / (1.0 + e);
 }
 
+/* issue 34: libm's double functions (sin of a float is exact in double
+ * arithmetic to well under an ulp); sign and the roundings exact */
+static double r_sin(double x, double s0, double s1) { (void)s0, (void)s1; return sin(x); }
+static double r_cos(double x, double s0, double s1) { (void)s0, (void)s1; return cos(x); }
+static double r_erf(double x, double s0, double s1) { (void)s0, (void)s1; return erf(x); }
+static double r_log1p(double x, double s0, double s1) { (void)s0, (void)s1; return log1p(x); }
+static double r_expm1(double x, double s0, double s1) { (void)s0, (void)s1; return expm1(x); }
+static double r_sign(double x, double s0, double s1)
+{
+    (void)s0, (void)s1;
+    return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
+}
+static double r_floor(double x, double s0, double s1) { (void)s0, (void)s1; return floor(x); }
+static double r_ceil(double x, double s0, double s1) { (void)s0, (void)s1; return ceil(x); }
+static double r_trunc(double x, double s0, double s1) { (void)s0, (void)s1; return trunc(x); }
+static double r_round(double x, double s0, double s1) { (void)s0, (void)s1; return nearbyint(x); }
+static double r_atan2(double x, double s0, double s1) { (void)s1; return atan2(x, (float)s0); }
+static double r_fmod(double x, double s0, double s1) { (void)s1; return fmod(x, (float)s0); }
+
 static const ref refs[] = {
     {NT_OP_SOFTPLUS, r_softplus, NULL, 0, 0, 3},
     {NT_OP_MISH, r_mish, NULL, 0, 0, 4},
@@ -923,6 +948,20 @@ static const ref refs[] = {
     {NT_OP_POW, r_pow, NULL, 1.5, 0, 1}, /* b: a 0-d tensor of s0, broadcast */
     {NT_OP_POW, r_pow, NULL, -2.25, 0, 1},
     {NT_OP_GELU_TANH, r_gelu_tanh, NULL, 0, 0, 400},
+    {NT_OP_SIN, r_sin, NULL, 0, 0, 1},
+    {NT_OP_COS, r_cos, NULL, 0, 0, 1},
+    {NT_OP_ERF, r_erf, NULL, 0, 0, 2},
+    {NT_OP_LOG1P, r_log1p, NULL, 0, 0, 1},
+    {NT_OP_EXPM1, r_expm1, NULL, 0, 0, 1},
+    {NT_OP_SIGN, r_sign, NULL, 0, 0, 0},
+    {NT_OP_FLOOR, r_floor, NULL, 0, 0, 0},
+    {NT_OP_CEIL, r_ceil, NULL, 0, 0, 0},
+    {NT_OP_ROUND, r_round, NULL, 0, 0, 0},
+    {NT_OP_TRUNC, r_trunc, NULL, 0, 0, 0},
+    {NT_OP_ATAN2, r_atan2, NULL, 1.5, 0, 1}, /* b: a 0-d tensor of s0, as pow's */
+    {NT_OP_ATAN2, r_atan2, NULL, -0.0, 0, 1},
+    {NT_OP_FMOD, r_fmod, NULL, 2.75, 0, 0},
+    {NT_OP_FMOD, r_fmod, NULL, -0.3, 0, 0},
 };
 
 /* |a - ref| in units of the f32 spacing at ref; 0 when a is the f32
@@ -1136,6 +1175,8 @@ static void check_ref(int op)
         cell(op, K_REF, "FAIL: no double-precision reference: add one to refs[] above");
     else if (public_ew(op))
         cell(op, K_REF, "n/a: in %s", ref_where(op));
+    else if (op == NT_OP_FLIP)
+        cell(op, K_REF, "n/a: values and gradients vs torch.flip in test_mathops.c");
     else if (op == NT_OP_SDPA || op == NT_OP_SDPA_BWD)
         cell(op, K_REF, "n/a: values and gradients vs double in test_attention.c");
     else if (op == NT_OP_AMAX || op == NT_OP_AMIN || op == NT_OP_CUMSUM || op == NT_OP_CUMPROD ||

@@ -720,6 +720,7 @@ static void test_activation_funcs(void **state)
         [NT_ACT_ABS] = nt__ew_abs,       [NT_ACT_GELU_DX] = gelu_dx,  [NT_ACT_SILU_DX] = silu_dx,
         [NT_ACT_SOFTPLUS] = nt__ew_softplus, [NT_ACT_MISH] = nt__ew_mish,
         [NT_ACT_RECIPROCAL] = nt__ew_reciprocal, [NT_ACT_GELU_APPRX_TANH] = nt__ew_gelu_tanh,
+        [NT_ACT_ERF] = nt__ew_erf, [NT_ACT_ERF_DX] = nt__ew_erf_dx, [NT_ACT_SIGN] = nt__ew_sign,
     };
     for (int f = 0; f < NT_ACT_COUNT; f++) {
         if (f == NT_ACT_NEG) /* no NKI function: test_isa_nki */

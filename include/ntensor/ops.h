@@ -26,6 +26,8 @@ NT_API nt_tensor *nt_div(nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_maximum(nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_minimum(nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_pow(nt_tensor *a, nt_tensor *b);
+NT_API nt_tensor *nt_atan2(nt_tensor *a, nt_tensor *b);
+NT_API nt_tensor *nt_fmod(nt_tensor *a, nt_tensor *b);
 
 /* Comparisons: u8 tensors of 0/1 (NT_OPS_CMP). */
 NT_API nt_tensor *nt_eq(nt_tensor *a, nt_tensor *b);
@@ -53,5 +55,15 @@ NT_API nt_tensor *nt_softsign(nt_tensor *t);
 NT_API nt_tensor *nt_reciprocal(nt_tensor *t);
 NT_API nt_tensor *nt_bitwise_not(nt_tensor *t);
 NT_API nt_tensor *nt_gelu_tanh(nt_tensor *t);
+NT_API nt_tensor *nt_sin(nt_tensor *t);
+NT_API nt_tensor *nt_cos(nt_tensor *t);
+NT_API nt_tensor *nt_erf(nt_tensor *t);
+NT_API nt_tensor *nt_log1p(nt_tensor *t);
+NT_API nt_tensor *nt_expm1(nt_tensor *t);
+NT_API nt_tensor *nt_sign(nt_tensor *t);
+NT_API nt_tensor *nt_floor(nt_tensor *t);
+NT_API nt_tensor *nt_ceil(nt_tensor *t);
+NT_API nt_tensor *nt_round(nt_tensor *t);
+NT_API nt_tensor *nt_trunc(nt_tensor *t);
 
 #endif /* NTENSOR_OPS_H */

@@ -145,7 +145,10 @@ typedef enum nt_alu_op {
     X(SOFTPLUS, softplus)  \
     X(MISH, mish)          \
     X(RECIPROCAL, reciprocal) \
-    X(GELU_APPRX_TANH, gelu_apprx_tanh)
+    X(GELU_APPRX_TANH, gelu_apprx_tanh) \
+    X(ERF, erf)            \
+    X(ERF_DX, erf_dx)      \
+    X(SIGN, sign)
 
 typedef enum nt_act_func {
 #define NT__ACT_ENUM(id, name) NT_ACT_##id,

@@ -47,6 +47,8 @@ NT_API nt_tensor *nt_div_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_maximum_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_minimum_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_pow_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
+NT_API nt_tensor *nt_atan2_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
+NT_API nt_tensor *nt_fmod_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_eq_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_ne_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_lt_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
@@ -83,6 +85,16 @@ NT_API nt_tensor *nt_softsign_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_reciprocal_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_bitwise_not_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_gelu_tanh_at(const nt_site *site, nt_tensor *t);
+NT_API nt_tensor *nt_sin_at(const nt_site *site, nt_tensor *t);
+NT_API nt_tensor *nt_cos_at(const nt_site *site, nt_tensor *t);
+NT_API nt_tensor *nt_erf_at(const nt_site *site, nt_tensor *t);
+NT_API nt_tensor *nt_log1p_at(const nt_site *site, nt_tensor *t);
+NT_API nt_tensor *nt_expm1_at(const nt_site *site, nt_tensor *t);
+NT_API nt_tensor *nt_sign_at(const nt_site *site, nt_tensor *t);
+NT_API nt_tensor *nt_floor_at(const nt_site *site, nt_tensor *t);
+NT_API nt_tensor *nt_ceil_at(const nt_site *site, nt_tensor *t);
+NT_API nt_tensor *nt_round_at(const nt_site *site, nt_tensor *t);
+NT_API nt_tensor *nt_trunc_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_cast_at(const nt_site *site, nt_tensor *t, nt_dtype dt);
 NT_API nt_tensor *nt_cast_sr_at(const nt_site *site, nt_tensor *t, nt_dtype dt);
 NT_API nt_tensor *nt_matmul_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
@@ -169,6 +181,7 @@ NT_API nt_tensor *nt_expand_at(const nt_site *site, nt_tensor *t, int ndim,
 NT_API nt_tensor *nt_cat_at(const nt_site *site, nt_tensor *const *ts, int n, int dim);
 NT_API nt_tensor *nt_repeat_at(const nt_site *site, nt_tensor *t, const int64_t *repeats,
                                int n);
+NT_API nt_tensor *nt_flip_at(const nt_site *site, nt_tensor *t, int ndims, const int *dims);
 NT_API int nt_split_at(const nt_site *site, nt_tensor *t, int64_t split_size, int dim,
                        nt_tensor **out, int max_out);
 NT_API nt_tensor *nt_contiguous_at(const nt_site *site, nt_tensor *t);
@@ -245,6 +258,8 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(nt_tensor *, nt_maximum, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_minimum, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_pow, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
+    X(nt_tensor *, nt_atan2, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
+    X(nt_tensor *, nt_fmod, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_eq, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_ne, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_lt, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
@@ -279,6 +294,16 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(nt_tensor *, nt_reciprocal, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_bitwise_not, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_gelu_tanh, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(nt_tensor *, nt_sin, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(nt_tensor *, nt_cos, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(nt_tensor *, nt_erf, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(nt_tensor *, nt_log1p, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(nt_tensor *, nt_expm1, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(nt_tensor *, nt_sign, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(nt_tensor *, nt_floor, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(nt_tensor *, nt_ceil, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(nt_tensor *, nt_round, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(nt_tensor *, nt_trunc, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_cast, (nt_tensor *t, nt_dtype dt), (const nt_site *site, nt_tensor *t, nt_dtype dt), 2) \
     X(nt_tensor *, nt_cast_sr, (nt_tensor *t, nt_dtype dt), (const nt_site *site, nt_tensor *t, nt_dtype dt), 2) \
     X(nt_tensor *, nt_matmul, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
@@ -332,6 +357,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(nt_tensor *, nt_expand, (nt_tensor *t, int ndim, const int64_t *shape), (const nt_site *site, nt_tensor *t, int ndim, const int64_t *shape), 3) \
     X(nt_tensor *, nt_cat, (nt_tensor *const *ts, int n, int dim), (const nt_site *site, nt_tensor *const *ts, int n, int dim), 3) \
     X(nt_tensor *, nt_repeat, (nt_tensor *t, const int64_t *repeats, int n), (const nt_site *site, nt_tensor *t, const int64_t *repeats, int n), 3) \
+    X(nt_tensor *, nt_flip, (nt_tensor *t, int ndims, const int *dims), (const nt_site *site, nt_tensor *t, int ndims, const int *dims), 3) \
     X(int, nt_split, (nt_tensor *t, int64_t split_size, int dim, nt_tensor **out, int max_out), (const nt_site *site, nt_tensor *t, int64_t split_size, int dim, nt_tensor **out, int max_out), 5) \
     X(nt_tensor *, nt_contiguous, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(int, nt_copy_into, (nt_tensor *dst, nt_tensor *src), (const nt_site *site, nt_tensor *dst, nt_tensor *src), 2) \
@@ -394,6 +420,8 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_maximum(...) nt_maximum_at(NT_HERE, __VA_ARGS__)
 #define nt_minimum(...) nt_minimum_at(NT_HERE, __VA_ARGS__)
 #define nt_pow(...) nt_pow_at(NT_HERE, __VA_ARGS__)
+#define nt_atan2(...) nt_atan2_at(NT_HERE, __VA_ARGS__)
+#define nt_fmod(...) nt_fmod_at(NT_HERE, __VA_ARGS__)
 #define nt_eq(...) nt_eq_at(NT_HERE, __VA_ARGS__)
 #define nt_ne(...) nt_ne_at(NT_HERE, __VA_ARGS__)
 #define nt_lt(...) nt_lt_at(NT_HERE, __VA_ARGS__)
@@ -428,6 +456,16 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_reciprocal(...) nt_reciprocal_at(NT_HERE, __VA_ARGS__)
 #define nt_bitwise_not(...) nt_bitwise_not_at(NT_HERE, __VA_ARGS__)
 #define nt_gelu_tanh(...) nt_gelu_tanh_at(NT_HERE, __VA_ARGS__)
+#define nt_sin(...) nt_sin_at(NT_HERE, __VA_ARGS__)
+#define nt_cos(...) nt_cos_at(NT_HERE, __VA_ARGS__)
+#define nt_erf(...) nt_erf_at(NT_HERE, __VA_ARGS__)
+#define nt_log1p(...) nt_log1p_at(NT_HERE, __VA_ARGS__)
+#define nt_expm1(...) nt_expm1_at(NT_HERE, __VA_ARGS__)
+#define nt_sign(...) nt_sign_at(NT_HERE, __VA_ARGS__)
+#define nt_floor(...) nt_floor_at(NT_HERE, __VA_ARGS__)
+#define nt_ceil(...) nt_ceil_at(NT_HERE, __VA_ARGS__)
+#define nt_round(...) nt_round_at(NT_HERE, __VA_ARGS__)
+#define nt_trunc(...) nt_trunc_at(NT_HERE, __VA_ARGS__)
 #define nt_cast(...) nt_cast_at(NT_HERE, __VA_ARGS__)
 #define nt_cast_sr(...) nt_cast_sr_at(NT_HERE, __VA_ARGS__)
 #define nt_matmul(...) nt_matmul_at(NT_HERE, __VA_ARGS__)
@@ -481,6 +519,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_expand(...) nt_expand_at(NT_HERE, __VA_ARGS__)
 #define nt_cat(...) nt_cat_at(NT_HERE, __VA_ARGS__)
 #define nt_repeat(...) nt_repeat_at(NT_HERE, __VA_ARGS__)
+#define nt_flip(...) nt_flip_at(NT_HERE, __VA_ARGS__)
 #define nt_split(...) nt_split_at(NT_HERE, __VA_ARGS__)
 #define nt_contiguous(...) nt_contiguous_at(NT_HERE, __VA_ARGS__)
 #define nt_copy_into(...) nt_copy_into_at(NT_HERE, __VA_ARGS__)
