@@ -175,7 +175,13 @@ static bool arg_ok(const char *fn, const char *arg, double v, double lo, bool lo
 
 static bool betas_ok(const char *fn, double beta1, double beta2)
 {
-    return arg_ok(fn, "beta1", beta1, 0, false, 1) && arg_ok(fn, "beta2", beta2, 0, false, 1);
+    const char *arg = !(beta1 >= 0 && beta1 < 1)   ? "beta1"
+                      : !(beta2 >= 0 && beta2 < 1) ? "beta2"
+                                                   : NULL;
+    if (arg)
+        nt__err(NULL, NT_EINVAL, fn, "argument '%s' is %g; betas must be in [0, 1)", arg,
+                arg[4] == '1' ? beta1 : beta2);
+    return !arg;
 }
 
 NT_API nt_optim *nt_optim_sgd(nt_tensor *const *params, int n, double lr, double momentum,
