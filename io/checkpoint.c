@@ -808,7 +808,8 @@ static int read_checked(const char *fn, const char *path, uint8_t **buf, ck_recs
         rc = check_settings(fn, path, &r);
         if (rc)
             break;
-        if (known && !recs_add(rs, &r)) {
+        /* optional kinds unknown here too: their bytes are not padding */
+        if (!recs_add(rs, &r)) {
             rc = nt__err_hostmem(NULL, fn, "the checkpoint's record list");
             break;
         }

@@ -1146,7 +1146,8 @@ static void test_torch_refs_optimizers(void **state)
                 float g, w, p0;
                 memcpy(&g, &cpu[t][i], 4), memcpy(&w, &wb, 4), memcpy(&p0, &tr_opt_p0[i], 4);
                 double scale = fmax(fmax(fabs(w), fabs(p0)), 1e-30);
-                double d = ulps(cpu[t][i], wb) == 0 ? 0 : fabs((double)g - w) / (FLT_EPSILON * scale);
+                double d =
+                    ulps(cpu[t][i], wb) == 0 ? 0 : fabs((double)g - w) / (FLT_EPSILON * scale);
                 if (d > worst)
                     worst = d, at = t * TR_OPT_NEL + i;
             }
@@ -1628,6 +1629,87 @@ static void test_checkpoint_groups_states(void **state)
     }
 }
 
+
+/* A file from before parameter groups: the group record made an optional
+ * kind (0x8005), which the reader skips, so only the optimizer record
+ * describes the one group -- what an old writer wrote.  It loads into a
+ * one-group SGD or AdamW optimizer (bit for bit, training continues the
+ * same), not into a two-group one (NT_ESHAPE) nor into Adam (NT_EFORMAT:
+ * Adam's record needs its groups). */
+static void make_pre_groups(const char *from, const char *to)
+{
+    size_t n;
+    uint8_t *b = slurp(from, &n);
+    uint32_t count = (uint32_t)(b[12] | b[13] << 8 | b[14] << 16 | (uint32_t)b[15] << 24);
+    for (uint32_t i = 0; i < count; i++) {
+        uint8_t *e = b + 32 + 96 * i;
+        if ((e[0] | e[1] << 8) == 5)
+            e[1] = 0x80;
+    }
+    size_t te = 32 + 96 * (size_t)count + 8;
+    uint32_t c = crc32_ieee(b, te - 8);
+    for (int k = 0; k < 4; k++)
+        b[te - 8 + k] = (uint8_t)(c >> (8 * k));
+    spit(to, b, n);
+    free(b);
+}
+
+static void test_checkpoint_before_groups(void **state)
+{
+    (void)state;
+    const char *path = tpath("new.ckpt"), *old = tpath("old.ckpt");
+    for (int which = 0; which < 3; which++) {
+        nt_tensor *a = param_f32(P0, N), *b = param_f32(G[0], N);
+        nt_optim *oa = which == 0   ? nt_optim_adamw(&a, 1, 0.01, 0.9, 0.999, 1e-8, 0.01)
+                       : which == 1 ? nt_optim_sgd(&a, 1, 0.05, 0.9, 0.01, true)
+                                    : nt_optim_adam(&a, 1, 0.01, 0.9, 0.999, 1e-8, 0.01, 0);
+        for (int t = 0; t < 2; t++) {
+            set_grad(a, G[t], N);
+            assert_int_equal(nt_optim_step(oa), 0);
+            nt_optim_zero_grad(oa);
+        }
+        assert_int_equal(nt_optim_set_lr(oa, 0.02), 0);
+        assert_int_equal(nt_save(path, &a, 1, oa), 0);
+        make_pre_groups(path, old);
+        nt_optim *ob = which == 0   ? nt_optim_adamw(&b, 1, 0.5, 0.5, 0.5, 1, 0)
+                       : which == 1 ? nt_optim_sgd(&b, 1, 0.5, 0, 0, false)
+                                    : nt_optim_adam(&b, 1, 0.5, 0.5, 0.5, 1, 0, 0);
+        if (which == 2) {
+            assert_int_equal(nt_load(old, &b, 1, ob), NT_EFORMAT);
+            assert_non_null(strstr(nt_last_error_message(), "no parameter group record"));
+        } else {
+            nt_tensor *c = param_f32(P0, N);
+            nt_optim *two = nt_optim_sgd(&c, 1, 0.1, 0, 0, false);
+            if (which == 0) {
+                nt_optim_destroy(two);
+                two = nt_optim_adamw(&c, 1, 0.1, 0.9, 0.999, 1e-8, 0);
+            }
+            nt_tensor *d = param_f32(P0, 2);
+            assert_int_equal(nt_optim_add_group(two, &d, 1, 0.1, 0), 1);
+            int lrc = nt_load(old, &c, 1, two);
+            if (lrc != NT_ESHAPE)
+                print_error("%s\n", nt_last_error_message());
+            assert_int_equal(lrc, NT_ESHAPE);
+            assert_non_null(strstr(nt_last_error_message(), "the optimizer has 2"));
+            nt_optim_destroy(two);
+            nt_release(c), nt_release(d);
+
+            assert_int_equal(nt_load(old, &b, 1, ob), 0);
+            assert_true(nt_optim_get_lr(ob) == 0.02);
+            assert_true(nt_optim_get_group_initial_lr(ob, 0) == 0.5); /* its own */
+            for (int t = 2; t < 3; t++) {
+                set_grad(a, G[t], N), set_grad(b, G[t], N);
+                assert_int_equal(nt_optim_step(oa), 0);
+                assert_int_equal(nt_optim_step(ob), 0);
+            }
+            float x[N], y[N];
+            read_f32(a, x, N), read_f32(b, y, N);
+            assert_memory_equal(x, y, sizeof x);
+        }
+        nt_optim_destroy(oa), nt_optim_destroy(ob);
+        nt_release(a), nt_release(b);
+    }
+}
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1652,6 +1734,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_schedulers_against_torch, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_groups_states, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_before_groups, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_devices_step_clip_load, devices_setup,
                                         devices_teardown),
