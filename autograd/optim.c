@@ -190,7 +190,8 @@ NT_API nt_optim *nt_optim_sgd(nt_tensor *const *params, int n, double lr, double
     const char *fn = "nt_optim_sgd";
     if (!nt__ensure_init() || !check_params(fn, params, n))
         return NULL;
-    if (!arg_ok(fn, "lr", lr, 0, false, NOHI) || !arg_ok(fn, "momentum", momentum, 0, false, NOHI) ||
+    if (!arg_ok(fn, "lr", lr, 0, false, NOHI) ||
+        !arg_ok(fn, "momentum", momentum, 0, false, NOHI) ||
         !arg_ok(fn, "weight_decay", weight_decay, 0, false, NOHI))
         return NULL;
     if (nesterov && momentum <= 0) {

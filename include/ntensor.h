@@ -1053,9 +1053,11 @@ NT_API void nt_optim_destroy(nt_optim *opt);
 NT_API int nt_save(const char *path, nt_tensor *const *params, int n, nt_optim *opt);
 /** Loads a checkpoint written by nt_save into the existing tensors
  *  params[0..n), which must match the saved ones in count, dtype and shape,
- *  and, if opt is not NULL, restores its hyper-parameters (lr included),
- *  step counts, master-weight setting and state (opt must be of the same
- *  kind and have as many parameters of the same shapes).  The whole file is
+ *  and, if opt is not NULL, restores its hyper-parameters (every group's,
+ *  lr included), step counts, master-weight setting and state (opt must be
+ *  of the same kind and have as many parameters of the same shapes, in as
+ *  many groups of the same sizes: else NT_ESHAPE).  A file written before
+ *  parameter groups loads into a one-group SGD or AdamW optimizer.  The whole file is
  *  read and checked before anything is written: a missing or unreadable
  *  file is NT_EIO; a truncated file, bad magic or version, a checksum
  *  mismatch, a nonzero reserved byte or a field no writer could have

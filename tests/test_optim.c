@@ -1710,6 +1710,77 @@ static void test_checkpoint_before_groups(void **state)
         nt_release(a), nt_release(b);
     }
 }
+
+/* Master weights and the loss scaler with the new optimizers: a bf16
+ * parameter with masters follows an f32 run on the same (bf16-exact)
+ * values and gradients, rounded -- and its state and masters survive a
+ * checkpoint; a scaled loss (a power of two) unscaled by nt_grad_scaler
+ * steps to the same bits as the plain loss. */
+static void test_new_optims_master_scaler(void **state)
+{
+    (void)state;
+    for (int k = 0; k < NNEW; k++) {
+        const new_cfg *c = &NEW_CFGS[k];
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *p32 = nt_cast(nt_cast(nt_from_host(P0, NT_F32, 1, (int64_t[]){N}), NT_BF16),
+                                 NT_F32);
+        nt_tensor *pf = nt_keep(nt_detach(p32)), *pb = nt_keep(nt_cast(p32, NT_BF16));
+        nt_scope_end(sc);
+        assert_int_equal(nt_set_requires_grad(pf, true), 0);
+        assert_int_equal(nt_set_requires_grad(pb, true), 0);
+        nt_optim *of = new_make(c, &pf, 1), *ob = new_make(c, &pb, 1);
+        assert_int_equal(nt_optim_set_master_weights(ob, true), 0);
+        for (int t = 0; t < 3; t++) {
+            nt_scope *s = nt_scope_begin();
+            nt_tensor *g = nt_cast(nt_from_host(G[t], NT_F32, 1, (int64_t[]){N}), NT_BF16);
+            assert_int_equal(nt_backward(nt_sum(nt_mul(pb, g), NT_DIM_ALL, false)), 0);
+            assert_int_equal(nt_backward(nt_sum(nt_mul(pf, nt_cast(g, NT_F32)), NT_DIM_ALL,
+                                                false)), 0);
+            nt_scope_end(s);
+            assert_int_equal(nt_optim_step(of), 0);
+            assert_int_equal(nt_optim_step(ob), 0);
+            nt_optim_zero_grad(of), nt_optim_zero_grad(ob);
+        }
+        float f[N];
+        uint16_t b[N];
+        read_f32(pf, f, N);
+        assert_int_equal(nt_to_host(pb, b, sizeof b), 0);
+        for (int i = 0; i < N; i++)
+            assert_int_equal(b[i], f32_to_bf16(f[i]));
+        const char *path = tpath("nm.ckpt"), *path2 = tpath("nm2.ckpt");
+        assert_int_equal(nt_save(path, &pb, 1, ob), 0);
+        nt_optim *o2 = new_make(c, &pb, 1);
+        assert_int_equal(nt_load(path, &pb, 1, o2), 0);
+        assert_int_equal(nt_save(path2, &pb, 1, o2), 0);
+        assert_true(files_equal(path, path2));
+        nt_optim_destroy(o2), nt_optim_destroy(of), nt_optim_destroy(ob);
+        nt_release(pf), nt_release(pb);
+
+        /* the loss scaler */
+        nt_tensor *a = param_f32(P0, N), *z = param_f32(P0, N);
+        nt_optim *oa = new_make(c, &a, 1), *oz = new_make(c, &z, 1);
+        nt_grad_scaler *gs = nt_grad_scaler_create(NULL);
+        assert_non_null(gs);
+        for (int t = 0; t < 3; t++) {
+            set_grad(a, G[t], N);
+            assert_int_equal(nt_optim_step(oa), 0);
+            nt_scope *s = nt_scope_begin();
+            nt_tensor *gt = nt_from_host(G[t], NT_F32, 1, (int64_t[]){N});
+            nt_tensor *l = nt_sum(nt_mul(z, gt), NT_DIM_ALL, false);
+            assert_int_equal(nt_backward(nt_grad_scaler_scale(gs, l)), 0);
+            nt_scope_end(s);
+            assert_int_equal(nt_grad_scaler_step(gs, oz), 0);
+            assert_int_equal(nt_grad_scaler_update(gs), 0);
+            nt_optim_zero_grad(oa), nt_optim_zero_grad(oz);
+        }
+        float x[N], y[N];
+        read_f32(a, x, N), read_f32(z, y, N);
+        assert_memory_equal(x, y, sizeof x);
+        nt_grad_scaler_destroy(gs);
+        nt_optim_destroy(oa), nt_optim_destroy(oz);
+        nt_release(a), nt_release(z);
+    }
+}
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1736,6 +1807,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_checkpoint_groups_states, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_before_groups, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_new_optims_master_scaler, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_devices_step_clip_load, devices_setup,
                                         devices_teardown),
