@@ -1289,7 +1289,7 @@ static void train_new(const new_cfg *c, const char *backend, const char *mode, b
             assert_int_equal(nt_graph_bind(gr, "g", gt), 0);
             assert_int_equal(nt_graph_replay(gr), 0);
         } else {
-            bool cap = captured && t == 1; /* step 0 eager (SGD-like first steps) */
+            bool cap = captured && t == 0; /* from the first step: state made once */
             if (cap) {
                 assert_int_equal(nt_graph_capture_begin(), 0);
                 assert_int_equal(nt_graph_input(gt, "g"), 0);
