@@ -173,6 +173,8 @@ static bool arg_ok(const char *fn, const char *arg, double v, double lo, bool lo
 
 #define NOHI NAN
 
+static int make_masters(nt_optim *o, int from, const char *fn);
+
 static bool betas_ok(const char *fn, double beta1, double beta2)
 {
     const char *arg = !(beta1 >= 0 && beta1 < 1)   ? "beta1"
@@ -319,6 +321,8 @@ NT_API int nt_optim_add_group(nt_optim *o, nt_tensor *const *params, int n, doub
         hp.lr = lr;
         hp.weight_decay = weight_decay;
         rc = add_group_locked(o, params, n, &hp, fn);
+        if (!rc && o->master) /* the new group's masters, as for the others */
+            rc = make_masters(o, o->n - n, fn);
     }
     int g = o->ngroups - 1;
     g_mutex_unlock(&o->lock);
@@ -965,6 +969,26 @@ static int recast_state(slot *s, nt_dtype dt, const char *fn)
         *st[k] = c;
     }
     return 0;
+}
+
+/* f32 masters for the low-precision parameters from slot `from` on that
+ * have none (master weights on, a group added after). */
+static int make_masters(nt_optim *o, int from, const char *fn)
+{
+    int rc = 0;
+    nt_no_grad_begin();
+    for (int i = from; i < o->n && !rc; i++) {
+        slot *s = o->slots[i];
+        if (!nt__optim_low_precision(s->p) || s->master)
+            continue;
+        nt__devsw dv;
+        nt__dev_enter(&dv, s->p->dev);
+        s->master = own(nt__copy_to(NULL, fn, s->p, NT_F32));
+        rc = s->master ? 0 : nt_last_error();
+        nt__dev_leave(&dv);
+    }
+    nt_no_grad_end();
+    return rc;
 }
 
 NT_API int nt_optim_set_master_weights(nt_optim *o, bool on)

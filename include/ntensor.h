@@ -918,7 +918,9 @@ NT_API nt_optim *nt_optim_lion(nt_tensor *const *params, int n, double lr, doubl
  *  group with its own lr and weight_decay (finite, >= 0); its other
  *  hyper-parameters (betas, momentum, eps, alpha, lr_decay, the initial
  *  accumulator value) are the first group's, that is the constructor's.
- *  The constructor's parameters are group 0.  Returns the new group's index
+ *  The constructor's parameters are group 0.  With master weights on, the
+ *  group's bf16/f16 parameters get their f32 masters.  Returns the new
+ *  group's index
  *  or a negative error.  Not to be called while another thread steps opt
  *  with nt_grad_scaler or nt_clip_grad_norm on it. */
 NT_API int nt_optim_add_group(nt_optim *opt, nt_tensor *const *params, int n, double lr,

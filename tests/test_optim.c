@@ -1780,6 +1780,38 @@ static void test_new_optims_master_scaler(void **state)
         nt_optim_destroy(oa), nt_optim_destroy(oz);
         nt_release(a), nt_release(z);
     }
+    /* a group added with master weights on gets its masters: 10 steps of
+     * 1e-3 move a bf16 1.0 only through them */
+    const float one[N] = {1, 1, 1, 1, 1};
+    nt_tensor *q[2];
+    for (int i = 0; i < 2; i++) {
+        nt_tensor *t = nt_from_host(one, NT_F32, 1, (int64_t[]){N});
+        q[i] = nt_cast(t, NT_BF16);
+        nt_release(t);
+        assert_int_equal(nt_set_requires_grad(q[i], true), 0);
+    }
+    nt_optim *o = nt_optim_sgd(&q[0], 1, 1e-3, 0, 0, false);
+    assert_int_equal(nt_optim_set_master_weights(o, true), 0);
+    assert_int_equal(nt_optim_add_group(o, &q[1], 1, 1e-3, 0), 1);
+    float m = 1.0f;
+    for (int t = 0; t < 10; t++) {
+        for (int i = 0; i < 2; i++) {
+            nt_scope *s = nt_scope_begin();
+            nt_tensor *c = nt_cast(nt_from_host(one, NT_F32, 1, (int64_t[]){N}), NT_BF16);
+            assert_int_equal(nt_backward(nt_sum(nt_mul(q[i], c), NT_DIM_ALL, false)), 0);
+            nt_scope_end(s);
+        }
+        assert_int_equal(nt_optim_step(o), 0);
+        nt_optim_zero_grad(o);
+        m = m - (float)1e-3 * 1.0f;
+    }
+    for (int i = 0; i < 2; i++) {
+        uint16_t got[N];
+        assert_int_equal(nt_to_host(q[i], got, sizeof got), 0);
+        assert_int_equal(got[0], f32_to_bf16(m));
+        nt_release(q[i]);
+    }
+    nt_optim_destroy(o);
 }
 int main(void)
 {
