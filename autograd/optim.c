@@ -291,10 +291,27 @@ NT_API nt_optim *nt_optim_lion(nt_tensor *const *params, int n, double lr, doubl
     return opt_new(KIND_LION, params, n, &hp, 0);
 }
 
-NT_API int nt_optim_add_group(nt_optim *o, nt_tensor *const *params, int n, double lr,
-                              double weight_decay)
+/* add_group_ex's optional hyper-parameters: v (NaN: group 0's) for a kind
+ * that uses it; else it must be NaN.  0 or NT_EINVAL naming it. */
+static int group_opt(nt_optim *o, const char *fn, const char *arg, double v, bool used,
+                     bool beta, double *out)
 {
-    const char *fn = "nt_optim_add_group";
+    if (isnan(v))
+        return 0;
+    if (!used)
+        return nt__err(NULL, NT_EINVAL, fn, "argument '%s' is %g; %s has no %s (pass NAN)",
+                       arg, v, kind_fn(o->kind) + strlen("nt_optim_"), arg);
+    if (beta ? !(v >= 0 && v < 1) : !(isfinite(v) && v >= 0))
+        return nt__err(NULL, NT_EINVAL, fn, "argument '%s' is %g; expected %s", arg, v,
+                       beta ? "betas in [0, 1)" : "a finite value >= 0");
+    *out = v;
+    return 0;
+}
+
+static int add_group_impl(const char *fn, nt_optim *o, nt_tensor *const *params, int n,
+                          double lr, double weight_decay, double beta1, double beta2,
+                          double momentum)
+{
     if (!nt__optim_ok(o, fn))
         return nt_last_error();
     if (!check_params(fn, params, n))
@@ -303,7 +320,20 @@ NT_API int nt_optim_add_group(nt_optim *o, nt_tensor *const *params, int n, doub
         !arg_ok(fn, "weight_decay", weight_decay, 0, false, NOHI))
         return nt_last_error();
     g_mutex_lock(&o->lock);
-    int rc = 0;
+    /* the other hyper-parameters are the first group's */
+    opt_group hp = o->groups[0];
+    hp.lr = lr;
+    hp.weight_decay = weight_decay;
+    bool betas = o->kind == KIND_ADAMW || o->kind == KIND_ADAM || o->kind == KIND_LION;
+    bool mom = o->kind == KIND_SGD || o->kind == KIND_RMSPROP;
+    int rc = group_opt(o, fn, "beta1", beta1, betas, true, &hp.beta1);
+    if (!rc)
+        rc = group_opt(o, fn, "beta2", beta2, betas, true, &hp.beta2);
+    if (!rc)
+        rc = group_opt(o, fn, "momentum", momentum, mom, false, &hp.momentum);
+    if (!rc && (o->flags & OPTF_NESTEROV) && !(hp.momentum > 0))
+        rc = nt__err(NULL, NT_EINVAL, fn, "argument 'momentum' is 0; nesterov momentum needs "
+                     "momentum > 0");
     for (int i = 0; i < n && !rc; i++)
         for (int j = 0; j < o->n; j++)
             if (o->slots[j]->p == params[i]) {
@@ -316,10 +346,6 @@ NT_API int nt_optim_add_group(nt_optim *o, nt_tensor *const *params, int n, doub
         rc = nt__err(NULL, NT_EINVAL, fn, "the optimizer has %d groups, the most it may have",
                      o->ngroups);
     if (!rc) {
-        /* the other hyper-parameters are the first group's */
-        opt_group hp = o->groups[0];
-        hp.lr = lr;
-        hp.weight_decay = weight_decay;
         rc = add_group_locked(o, params, n, &hp, fn);
         if (!rc && o->master) /* the new group's masters, as for the others */
             rc = make_masters(o, o->n - n, fn);
@@ -327,6 +353,20 @@ NT_API int nt_optim_add_group(nt_optim *o, nt_tensor *const *params, int n, doub
     int g = o->ngroups - 1;
     g_mutex_unlock(&o->lock);
     return rc ? rc : g;
+}
+
+NT_API int nt_optim_add_group_ex(nt_optim *o, nt_tensor *const *params, int n, double lr,
+                                 double weight_decay, double beta1, double beta2,
+                                 double momentum)
+{
+    return add_group_impl("nt_optim_add_group_ex", o, params, n, lr, weight_decay, beta1, beta2,
+                          momentum);
+}
+
+NT_API int nt_optim_add_group(nt_optim *o, nt_tensor *const *params, int n, double lr,
+                              double weight_decay)
+{
+    return add_group_impl("nt_optim_add_group", o, params, n, lr, weight_decay, NAN, NAN, NAN);
 }
 
 NT_API int nt_optim_ngroups(nt_optim *o)
@@ -386,6 +426,16 @@ NT_API double nt_optim_get_group_initial_lr(nt_optim *o, int group)
 {
     return group_get(o, group, offsetof(opt_group, initial_lr),
                      "nt_optim_get_group_initial_lr");
+}
+
+NT_API double nt_optim_get_group_beta1(nt_optim *o, int group)
+{
+    return group_get(o, group, offsetof(opt_group, beta1), "nt_optim_get_group_beta1");
+}
+
+NT_API double nt_optim_get_group_momentum(nt_optim *o, int group)
+{
+    return group_get(o, group, offsetof(opt_group, momentum), "nt_optim_get_group_momentum");
 }
 
 NT_API double nt_optim_get_group_weight_decay(nt_optim *o, int group)

@@ -925,6 +925,15 @@ NT_API nt_optim *nt_optim_lion(nt_tensor *const *params, int n, double lr, doubl
  *  with nt_grad_scaler or nt_clip_grad_norm on it. */
 NT_API int nt_optim_add_group(nt_optim *opt, nt_tensor *const *params, int n, double lr,
                               double weight_decay);
+/** nt_optim_add_group with the group's own betas (Adam, AdamW, Lion: in
+ *  [0, 1)) and momentum (SGD, RMSprop: finite, >= 0; with nesterov, > 0).
+ *  NAN for any of them takes the first group's; a value for one the
+ *  optimizer does not use (momentum for Adam, betas for SGD ...) is
+ *  NT_EINVAL naming it.  Fixed once the group is made (a captured step uses
+ *  them as constants). */
+NT_API int nt_optim_add_group_ex(nt_optim *opt, nt_tensor *const *params, int n, double lr,
+                                 double weight_decay, double beta1, double beta2,
+                                 double momentum);
 /** Number of parameter groups (>= 1), or a negative error. */
 NT_API int nt_optim_ngroups(nt_optim *opt);
 /** Sets group `group`'s learning rate (finite, >= 0; a bad group or lr is
@@ -935,6 +944,10 @@ NT_API double nt_optim_get_group_lr(nt_optim *opt, int group);
 /** The lr group `group` was made with: the base lr schedulers scale (like
  *  PyTorch's group['initial_lr']; saved in checkpoints). */
 NT_API double nt_optim_get_group_initial_lr(nt_optim *opt, int group);
+/** Group `group`'s beta1 (0 for an optimizer without betas). */
+NT_API double nt_optim_get_group_beta1(nt_optim *opt, int group);
+/** Group `group`'s momentum (0 for an optimizer without momentum). */
+NT_API double nt_optim_get_group_momentum(nt_optim *opt, int group);
 /** Group `group`'s weight decay. */
 NT_API double nt_optim_get_group_weight_decay(nt_optim *opt, int group);
 /** Updates every parameter that has a .grad (see nt_optim above).  The

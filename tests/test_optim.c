@@ -1350,10 +1350,24 @@ static void test_param_groups(void **state)
     for (int k = 0; k < NNEW; k++) {
         new_cfg c0 = NEW_CFGS[k], c1 = c0;
         c1.lr = c0.lr * 0.3, c1.wd = 0.2;
+        /* the group's own betas or momentum where the kind has them */
+        bool betas = c0.kind <= 1 || c0.kind == 4, mom = c0.kind == 2;
+        if (betas)
+            c1.b1 = 0.7, c1.b2 = 0.95;
+        if (mom)
+            c1.mom = 0.5;
         nt_tensor *a = param_f32(P0, N), *b = param_f32(P0, N);
         nt_tensor *a1 = param_f32(P0, N), *b1 = param_f32(P0, N);
         nt_optim *o = new_make(&c0, &a, 1);
-        assert_int_equal(nt_optim_add_group(o, &b, 1, c1.lr, c1.wd), 1);
+        if (k & 1) /* the plain form: the first group's betas and momentum */
+            c1.b1 = c0.b1, c1.b2 = c0.b2, c1.mom = c0.mom;
+        assert_int_equal(k & 1 ? nt_optim_add_group(o, &b, 1, c1.lr, c1.wd)
+                               : nt_optim_add_group_ex(o, &b, 1, c1.lr, c1.wd,
+                                                       betas ? c1.b1 : NAN, betas ? c1.b2 : NAN,
+                                                       mom ? c1.mom : NAN),
+                         1);
+        assert_true(nt_optim_get_group_beta1(o, 1) == c1.b1);
+        assert_true(nt_optim_get_group_momentum(o, 1) == c1.mom);
         assert_int_equal(nt_optim_ngroups(o), 2);
         nt_optim *oa = new_make(&c0, &a1, 1), *ob = new_make(&c1, &b1, 1);
         for (int t = 0; t < 3; t++) {
@@ -1393,11 +1407,36 @@ static void test_param_groups(void **state)
     assert_non_null(strstr(nt_last_error_message(), "'lr'"));
     assert_int_equal(nt_optim_add_group(o, &p[1], 1, 0.1, NAN), NT_EINVAL);
     assert_non_null(strstr(nt_last_error_message(), "'weight_decay'"));
+    assert_int_equal(nt_optim_add_group_ex(o, &p[2], 1, 0.1, 0, NAN, NAN, 0.9), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "'momentum'"));
+    assert_non_null(strstr(nt_last_error_message(), "nt_optim_add_group_ex"));
+    assert_int_equal(nt_optim_add_group_ex(o, &p[2], 1, 0.1, 0, 1.0, NAN, NAN), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "'beta1'"));
+    assert_int_equal(nt_optim_add_group_ex(o, &p[2], 1, 0.1, 0, 0.9, -0.1, NAN), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "'beta2'"));
     assert_int_equal(nt_optim_set_group_lr(o, 2, 0.1), NT_EINVAL);
     assert_non_null(strstr(nt_last_error_message(), "'group'"));
     assert_true(isnan(nt_optim_get_group_lr(o, -1)));
     assert_int_equal(nt_optim_ngroups(o), 2);
     nt_optim_destroy(o);
+    /* SGD: a group's own momentum, the same bits as a one-group SGD */
+    nt_tensor *s1 = param_f32(P0, N), *s2 = param_f32(P0, N);
+    o = nt_optim_sgd(&p[0], 1, 0.1, 0.9, 0, true);
+    assert_int_equal(nt_optim_add_group_ex(o, &s1, 1, 0.05, 0.01, NAN, NAN, 0), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "nesterov"));
+    assert_int_equal(nt_optim_add_group_ex(o, &s1, 1, 0.05, 0.01, NAN, NAN, 0.5), 1);
+    nt_optim *os = nt_optim_sgd(&s2, 1, 0.05, 0.5, 0.01, true);
+    for (int t = 0; t < 3; t++) {
+        set_grad(s1, G[t], N), set_grad(s2, G[t], N);
+        assert_int_equal(nt_optim_step(o), 0);
+        assert_int_equal(nt_optim_step(os), 0);
+        nt_optim_zero_grad(o), nt_optim_zero_grad(os);
+    }
+    float x[N], y[N];
+    read_f32(s1, x, N), read_f32(s2, y, N);
+    assert_memory_equal(x, y, sizeof x);
+    nt_optim_destroy(o), nt_optim_destroy(os);
+    nt_release(s1), nt_release(s2);
     for (int i = 0; i < 3; i++)
         nt_release(p[i]);
 }
@@ -1544,7 +1583,13 @@ static nt_optim *ck_make(int k, nt_tensor **p)
     nt_optim *o = k < NNEW ? new_make(&NEW_CFGS[k], p, 1)
                            : nt_optim_sgd(p, 1, 0.05, 0.9, 0.01, false);
     assert_non_null(o);
-    assert_int_equal(nt_optim_add_group(o, &p[1], 2, 0.004, 0), 1);
+    /* group 1 with its own betas, or without the momentum group 0 has (its
+     * parameters then have no momentum state) */
+    int kind = k < NNEW ? NEW_CFGS[k].kind : -1;
+    bool betas = kind == 0 || kind == 1 || kind == 4, mom = kind == -1 || kind == 2;
+    assert_int_equal(nt_optim_add_group_ex(o, &p[1], 2, 0.004, 0, betas ? 0.8 : NAN,
+                                           betas ? 0.9 : NAN, mom ? 0 : NAN),
+                     1);
     return o;
 }
 
