@@ -118,13 +118,15 @@ static nt_scheduler *sched_new(sched_kind kind, nt_optim *o, int64_t n1, int64_t
     s->n1 = n1;
     s->n2 = n2;
     s->a = v[0], s->b = v[1], s->c = v[2], s->d = v[3], s->e = v[4];
-    if (kind == SK_ONECYCLE) { /* PyTorch sets initial_lr = max_lr / div_factor */
-        g_mutex_lock(&o->lock);
+    g_mutex_lock(&o->lock);
+    /* PyTorch sets initial_lr = max_lr / div_factor (not when the position
+     * is past the end: an error changes nothing) */
+    if (kind == SK_ONECYCLE && o->steps <= n2)
         for (int g = 0; g < o->ngroups; g++)
             o->groups[g].initial_lr = v[0] / v[3];
-        g_mutex_unlock(&o->lock);
-    }
-    if (sched_apply(s, fn) != 0) {
+    int rc = apply_locked(s, fn);
+    g_mutex_unlock(&o->lock);
+    if (rc != 0) {
         nt__hobj_free(s);
         return NULL;
     }

@@ -1568,8 +1568,10 @@ static void test_schedulers_against_torch(void **state)
     assert_non_null(strstr(nt_last_error_message(), "tried to step 21 times"));
     assert_true(nt_optim_get_lr(o) == lr); /* nothing changed */
     nt_scheduler_destroy(s);
-    /* a one-cycle made past its end fails at once */
-    assert_null(mk_onecycle(o));
+    /* a one-cycle made past its end fails at once, changing nothing */
+    double base = nt_optim_get_group_initial_lr(o, 0);
+    assert_null(nt_scheduler_onecycle(o, 0.5, 20, 0.3, 25, 1e4));
+    assert_true(nt_optim_get_group_initial_lr(o, 0) == base);
     assert_int_equal(nt_last_error(), NT_ESTATE);
     assert_non_null(strstr(nt_last_error_message(), "nt_scheduler_onecycle"));
     nt_optim_destroy(o);
