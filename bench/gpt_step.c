@@ -90,9 +90,9 @@ static void run_ours(const char *backend, nt_dtype amp, bool captured, const gpt
                         .warmup = steps / 10, .amp = amp, .seed = 1};
     gpt_model m;
     bench_check(gpt_init(&m, &c, 1), "gpt_init");
-    nt_optim *opt = nt_optim_adamw(m.p, m.n_params, o.lr, 0.9, 0.95, 1e-8, 0.1);
+    nt_optim *opt = gpt_optimizer(&m, &o, 0.1);
     if (!opt)
-        bench_fail("nt_optim_adamw");
+        bench_fail("gpt_optimizer");
     int32_t *xb = malloc(sizeof *xb * 16 * 128), *yb = malloc(sizeof *yb * 16 * 128);
     nt_tensor *sum = nt_zeros(NT_F32, 0, NULL);
     bench_check(nt_sync(), "nt_sync");
@@ -151,7 +151,7 @@ static void run_ours(const char *backend, nt_dtype amp, bool captured, const gpt
     fflush(stdout);
     nt_release(sum);
     gpt_capture_free(&cap);
-    nt_optim_destroy(opt);
+    gpt_optimizer_free(opt, &o);
     gpt_free(&m);
     free(xb);
     free(yb);

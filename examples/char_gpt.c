@@ -291,14 +291,17 @@ int main(int argc, char **argv)
            "parameters\n",
            o.c.n_layer, o.c.n_head, o.c.width, o.c.context, o.c.untied ? "untied" : "tied",
            o.c.dropout, (long long)nparam);
-    printf("training: %lld steps of batch %d, AdamW lr %g (warm-up %lld, cosine to %g), "
+    printf("training: %lld steps of batch %d, AdamW lr %g (warm-up %lld, cosine to %g; "
+           "weight decay 0.1 on matrices and embeddings, none on norms and biases), "
            "clip 1.0, seed %llu; mode %s, backend %s, amp %s\n",
            (long long)o.t.steps, o.t.batch, o.t.lr, (long long)o.t.warmup, o.t.lr * 0.1,
            (unsigned long long)o.t.seed, nt_config_get("NT_MODE"), nt_config_get("NT_BACKEND"),
            o.amp);
-    nt_optim *opt = nt_optim_adamw(m.p, m.n_params, o.t.lr, 0.9, 0.95, 1e-8, 0.1);
+    /* weight decay on matrices and embeddings, none on norms and biases;
+     * the cosine schedule with warm-up as o.t.sched */
+    nt_optim *opt = gpt_optimizer(&m, &o.t, 0.1);
     if (!opt)
-        check(-1, "nt_optim_adamw");
+        check(-1, "gpt_optimizer");
     int64_t start = 0;
     if (o.resume) {
         check(nt_load(o.resume, m.p, m.n_params, opt), "--resume");
@@ -408,7 +411,7 @@ int main(int argc, char **argv)
     if (o.sample > 0)
         generate(&m, &d, o.prompt, o.sample, 1234);
     nt_release(loss_sum);
-    nt_optim_destroy(opt);
+    gpt_optimizer_free(opt, &o.t);
     gpt_free(&m);
     gpt_data_free(&d);
     free(xb);

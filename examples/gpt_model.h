@@ -210,23 +210,6 @@ static inline void gpt_batch(const gpt_data *d, bool val, uint64_t seed, int64_t
     }
 }
 
-/* ---------------- the schedule ---------------- */
-
-/* Linear warm-up over `warmup` steps, then cosine decay to lr / 10 at the
- * last step (the peer's get_lr). */
-static inline double gpt_lr(double lr, int64_t step, int64_t steps, int64_t warmup)
-{
-    if (step < warmup)
-        return lr * (double)(step + 1) / (double)warmup;
-    double min_lr = lr * 0.1;
-    if (steps <= warmup + 1)
-        return min_lr;
-    double prog = (double)(step - warmup) / (double)(steps - warmup - 1);
-    if (prog > 1)
-        prog = 1;
-    return min_lr + 0.5 * (lr - min_lr) * (1 + cos(M_PI * prog));
-}
-
 /* ---------------- the model ---------------- */
 
 typedef struct {
@@ -509,7 +492,50 @@ typedef struct {
     int64_t steps, warmup;
     nt_dtype amp;         /* NT_BF16 / NT_F16 autocast, NT_DTYPE_COUNT: none */
     uint64_t seed;        /* the batches' generator */
+    nt_scheduler *sched;  /* the lr schedule (gpt_optimizer makes it) */
 } gpt_train_opts;
+
+/* AdamW (betas 0.9, 0.95, eps 1e-8) in two parameter groups, as nanoGPT's
+ * configure_optimizers: weight decay `wd` on the matrices and embeddings
+ * (2-D), none on the layer norms' weights and the biases (1-D); and the
+ * schedule in o->sched: linear warm-up over o->warmup steps, then cosine
+ * decay to lr / 10 at the last step (nt_scheduler_cosine; its position is
+ * the optimizer's step count, so a run resumed by nt_load continues it).
+ * NULL with the runtime's error set.  Free with gpt_optimizer_free. */
+static inline nt_optim *gpt_optimizer(gpt_model *m, gpt_train_opts *o, double wd)
+{
+    nt_tensor **decay = malloc(sizeof *decay * (size_t)m->n_params);
+    nt_tensor **none = malloc(sizeof *none * (size_t)m->n_params);
+    int nd = 0, nn = 0;
+    for (int i = 0; decay && none && i < m->n_params; i++) {
+        if (nt_ndim(m->p[i]) >= 2)
+            decay[nd++] = m->p[i];
+        else
+            none[nn++] = m->p[i];
+    }
+    nt_optim *opt = decay && none && nd ? nt_optim_adamw(decay, nd, o->lr, 0.9, 0.95, 1e-8, wd)
+                                        : NULL;
+    if (opt && nn && nt_optim_add_group(opt, none, nn, o->lr, 0) < 0) {
+        nt_optim_destroy(opt);
+        opt = NULL;
+    }
+    free(decay);
+    free(none);
+    int64_t total = o->steps > o->warmup ? o->steps : o->warmup;
+    o->sched = opt ? nt_scheduler_cosine(opt, o->warmup, total, o->lr * 0.1) : NULL;
+    if (opt && !o->sched) {
+        nt_optim_destroy(opt);
+        opt = NULL;
+    }
+    return opt;
+}
+
+static inline void gpt_optimizer_free(nt_optim *opt, gpt_train_opts *o)
+{
+    nt_scheduler_destroy(o->sched);
+    o->sched = NULL;
+    nt_optim_destroy(opt);
+}
 
 /* One step of AdamW (opt) on batch `step`: learning rate from the
  * schedule, forward, backward, gradient clipping, update, zero_grad.  Never
@@ -521,7 +547,8 @@ static inline int gpt_step_prepare(gpt_model *m, nt_optim *opt, const gpt_data *
                                    const gpt_train_opts *o, int64_t step, int32_t *xb,
                                    int32_t *yb)
 {
-    if (nt_optim_set_lr(opt, gpt_lr(o->lr, step, o->steps, o->warmup)) != 0)
+    (void)opt; /* the schedule's position is its step count, `step` */
+    if (nt_scheduler_step(o->sched) != 0)
         return -1;
     /* a function of the step, so a resumed run draws the same masks */
     if (nt_generator_set_state(m->gen, o->seed * 0x100000000ull, (uint64_t)step * 1024) != 0)

@@ -994,6 +994,95 @@ NT_API nt_optim *nt_optim_sgd(nt_tensor *const *params, int n, double lr, double
  *  1e-8, weight_decay 1e-2. */
 NT_API nt_optim *nt_optim_adamw(nt_tensor *const *params, int n, double lr, double beta1,
                                 double beta2, double eps, double weight_decay);
+/** Flag of nt_optim_adamw_ex and nt_optim_adam: AMSGrad (Reddi et al.), as
+ *  PyTorch's amsgrad=True -- the denominator uses vmax = max(vmax, v), the
+ *  running maximum of v (a third state tensor, starting at zero). */
+#define NT_OPTIM_AMSGRAD 1
+/** nt_optim_adamw with flags: 0 or NT_OPTIM_AMSGRAD (anything else is
+ *  NT_EINVAL naming 'flags').  With amsgrad, vmax = max(vmax, v) is taken
+ *  after v's update and replaces v in the denominator, as PyTorch 1.13. */
+NT_API nt_optim *nt_optim_adamw_ex(nt_tensor *const *params, int n, double lr, double beta1,
+                                   double beta2, double eps, double weight_decay, int flags);
+/** Adam exactly as torch.optim.Adam 1.13 (L2 weight decay, added to the
+ *  gradient): with t the parameter's step count after the increment and in
+ *  this order, g = grad + wd * p; m = m * beta1 + (1 - beta1) * g;
+ *  v = v * beta2 + ((1 - beta2) * g) * g; with NT_OPTIM_AMSGRAD in flags
+ *  vmax = max(vmax, v), which the denominator then uses for v;
+ *  p = p - ((lr / (1 - beta1^t)) * m) / (sqrt(v) / sqrt(1 - beta2^t) + eps).
+ *  m, v (and vmax) start at zero.  Arguments as nt_optim_adamw (each bad one
+ *  is NT_EINVAL naming it); PyTorch's defaults: lr 1e-3, betas 0.9 and
+ *  0.999, eps 1e-8, weight_decay 0. */
+NT_API nt_optim *nt_optim_adam(nt_tensor *const *params, int n, double lr, double beta1,
+                               double beta2, double eps, double weight_decay, int flags);
+/** RMSprop exactly as torch.optim.RMSprop 1.13, in this order:
+ *  g = grad + wd * p; sq = sq * alpha + ((1 - alpha) * g) * g; if centered,
+ *  ga = ga * alpha + (1 - alpha) * g and avg = sqrt(sq - ga * ga) + eps, else
+ *  avg = sqrt(sq) + eps; with momentum > 0, buf = buf * momentum + g / avg
+ *  and p = p - lr * buf, else p = p - (lr * g) / avg.  sq, ga and buf start
+ *  at zero.  lr, alpha, eps, weight_decay, momentum finite and >= 0 (else
+ *  NT_EINVAL naming the argument).  PyTorch's defaults: lr 1e-2, alpha
+ *  0.99, eps 1e-8, weight_decay 0, momentum 0, centered false. */
+NT_API nt_optim *nt_optim_rmsprop(nt_tensor *const *params, int n, double lr, double alpha,
+                                  double eps, double weight_decay, double momentum,
+                                  bool centered);
+/** Adagrad exactly as torch.optim.Adagrad 1.13 (dense gradients), with t
+ *  the parameter's step count after the increment, in this order:
+ *  g = grad + wd * p; sum = sum + g * g; p = p - ((lr / (1 + (t - 1) *
+ *  lr_decay)) * g) / (sqrt(sum) + eps), sum starting at
+ *  initial_accumulator_value.  All arguments finite and >= 0 (else
+ *  NT_EINVAL naming it).  PyTorch's defaults: lr 1e-2, lr_decay 0,
+ *  weight_decay 0, initial_accumulator_value 0, eps 1e-10. */
+NT_API nt_optim *nt_optim_adagrad(nt_tensor *const *params, int n, double lr, double lr_decay,
+                                  double weight_decay, double initial_accumulator_value,
+                                  double eps);
+/** Lion (Chen et al. 2023, "Symbolic Discovery of Optimization
+ *  Algorithms"), in this order: p = p * (1 - lr * wd) (decoupled decay);
+ *  c = m * beta1 + (1 - beta1) * g; p = p - lr * sign(c) (sign as
+ *  torch.sign: 0 for +-0, NaN for NaN); m = m * beta2 + (1 - beta2) * g.
+ *  m starts at zero.  lr, weight_decay finite and >= 0, betas in [0, 1)
+ *  (else NT_EINVAL naming it).  The paper's defaults: lr 1e-4, betas 0.9
+ *  and 0.99, weight_decay 0 (use a 3-10x smaller lr and a 3-10x larger
+ *  weight decay than AdamW's). */
+NT_API nt_optim *nt_optim_lion(nt_tensor *const *params, int n, double lr, double beta1,
+                               double beta2, double weight_decay);
+/** Parameter groups (PyTorch's add_param_group): appends params (n >= 1
+ *  distinct floating leaf tensors, none already in the optimizer -- groups
+ *  may not overlap, NT_EINVAL naming the parameter and its group) as a new
+ *  group with its own lr and weight_decay (finite, >= 0); its other
+ *  hyper-parameters (betas, momentum, eps, alpha, lr_decay, the initial
+ *  accumulator value) are the first group's, that is the constructor's.
+ *  The constructor's parameters are group 0.  With master weights on, the
+ *  group's bf16/f16 parameters get their f32 masters.  Returns the new
+ *  group's index
+ *  or a negative error.  Not to be called while another thread steps opt
+ *  with nt_grad_scaler or nt_clip_grad_norm on it. */
+NT_API int nt_optim_add_group(nt_optim *opt, nt_tensor *const *params, int n, double lr,
+                              double weight_decay);
+/** nt_optim_add_group with the group's own betas (Adam, AdamW, Lion: in
+ *  [0, 1)) and momentum (SGD, RMSprop: finite, >= 0; with nesterov, > 0).
+ *  NAN for any of them takes the first group's; a value for one the
+ *  optimizer does not use (momentum for Adam, betas for SGD ...) is
+ *  NT_EINVAL naming it.  Fixed once the group is made (a captured step uses
+ *  them as constants). */
+NT_API int nt_optim_add_group_ex(nt_optim *opt, nt_tensor *const *params, int n, double lr,
+                                 double weight_decay, double beta1, double beta2,
+                                 double momentum);
+/** Number of parameter groups (>= 1), or a negative error. */
+NT_API int nt_optim_ngroups(nt_optim *opt);
+/** Sets group `group`'s learning rate (finite, >= 0; a bad group or lr is
+ *  NT_EINVAL naming it).  A captured step reads it at each replay. */
+NT_API int nt_optim_set_group_lr(nt_optim *opt, int group, double lr);
+/** Group `group`'s learning rate (NaN with the error set for a bad group). */
+NT_API double nt_optim_get_group_lr(nt_optim *opt, int group);
+/** The lr group `group` was made with: the base lr schedulers scale (like
+ *  PyTorch's group['initial_lr']; saved in checkpoints). */
+NT_API double nt_optim_get_group_initial_lr(nt_optim *opt, int group);
+/** Group `group`'s beta1 (0 for an optimizer without betas). */
+NT_API double nt_optim_get_group_beta1(nt_optim *opt, int group);
+/** Group `group`'s momentum (0 for an optimizer without momentum). */
+NT_API double nt_optim_get_group_momentum(nt_optim *opt, int group);
+/** Group `group`'s weight decay. */
+NT_API double nt_optim_get_group_weight_decay(nt_optim *opt, int group);
 /** Updates every parameter that has a .grad (see nt_optim above).  The
  *  .grads are left as they are (call nt_optim_zero_grad before the next
  *  backward).  Returns 0 or an error code; errors raised later by the queued
@@ -1004,13 +1093,80 @@ NT_API int nt_sgd_step(nt_optim *opt);
 /** Drops the .grad of every parameter (like PyTorch's zero_grad with
  *  set_to_none): the next backward starts them afresh. */
 NT_API int nt_optim_zero_grad(nt_optim *opt);
-/** Sets the learning rate used by the following steps (finite, >= 0). */
+/** Sets the learning rate of every parameter group, used by the following
+ *  steps (finite, >= 0). */
 NT_API int nt_optim_set_lr(nt_optim *opt, double lr);
-/** The current learning rate, or NaN with the error set for a bad opt. */
+/** The current learning rate of group 0, or NaN with the error set for a
+ *  bad opt. */
 NT_API double nt_optim_get_lr(nt_optim *opt);
 /** Number of successful nt_optim_step calls (restored by nt_load), or a
  *  negative error code for a bad opt. */
 NT_API int64_t nt_optim_steps(nt_optim *opt);
+/** Opaque learning-rate scheduler.  Its position is its optimizer's step
+ *  count (nt_optim_steps, saved by nt_save and restored by nt_load), so it
+ *  has no state of its own to checkpoint: a scheduler made after nt_load, or
+ *  one made before it, continues the schedule where the saved run stopped.
+ *  Creating one sets every group's lr to the schedule's value at the
+ *  current position; nt_scheduler_step (called after nt_optim_step, as in
+ *  PyTorch, or before each step: at one position it sets the same lr) sets
+ *  them again for the new position.  Each group's lr scales its base lr,
+ *  the lr the group was made with (nt_optim_get_group_initial_lr), as
+ *  PyTorch's schedulers scale group['initial_lr'].  A step the grad scaler
+ *  skips does not advance the optimizer's count, so it does not advance the
+ *  schedule either (PyTorch's scheduler would still step).  In a captured
+ *  step the lr is read at each replay (docs/graphs.md): step the scheduler
+ *  on the host between replays.  The scheduler keeps the optimizer's memory
+ *  (not its life): after nt_optim_destroy its calls are NT_ESTATE.  The
+ *  schedule's values are doubles computed on the host. */
+typedef struct nt_scheduler nt_scheduler;
+/** torch.optim.lr_scheduler.StepLR: at position k, lr = base * gamma^(k /
+ *  step_size) (integer division), the powers taken by repeated
+ *  multiplication as PyTorch does (by pow() past 4096 decays).  step_size
+ *  >= 1, gamma finite >= 0, else NT_EINVAL naming it. */
+NT_API nt_scheduler *nt_scheduler_steplr(nt_optim *opt, int64_t step_size, double gamma);
+/** Linear warm-up then cosine decay (nanoGPT's get_lr): at position k,
+ *  lr = base * (k + 1) / warmup_steps while k < warmup_steps; then with
+ *  prog = min(1, (k - warmup_steps) / (total_steps - warmup_steps - 1)),
+ *  lr = min_lr + 0.5 * (base - min_lr) * (1 + cos(pi * prog)), so the last
+ *  step (total_steps - 1) and every later one use min_lr (also when
+ *  total_steps <= warmup_steps + 1).  min_lr is absolute (PyTorch's
+ *  eta_min), the same for every group.  warmup_steps >= 0, total_steps >= 1
+ *  and >= warmup_steps, min_lr finite >= 0, else NT_EINVAL naming it. */
+NT_API nt_scheduler *nt_scheduler_cosine(nt_optim *opt, int64_t warmup_steps,
+                                         int64_t total_steps, double min_lr);
+/** torch.optim.lr_scheduler.LinearLR in its closed form: lr = base *
+ *  (start_factor + (end_factor - start_factor) * min(k, total_iters) /
+ *  total_iters) (PyTorch's step() reaches the same values by a product of
+ *  ratios, within a few double ulps).  start_factor in (0, 1], end_factor in
+ *  [0, 1], total_iters >= 1, else NT_EINVAL naming it. */
+NT_API nt_scheduler *nt_scheduler_linear(nt_optim *opt, double start_factor, double end_factor,
+                                         int64_t total_iters);
+/** torch.optim.lr_scheduler.OneCycleLR with cosine annealing, two phases
+ *  and no momentum cycling (cycle_momentum=False): initial = max_lr /
+ *  div_factor (which becomes every group's base lr, as PyTorch writes it
+ *  into initial_lr), min = initial / final_div_factor, e1 = pct_start *
+ *  total_steps - 1, e2 = total_steps - 1; at position k <= e1 lr =
+ *  cos_anneal(initial, max_lr, k / e1), else cos_anneal(max_lr, min,
+ *  (k - e1) / (e2 - e1)), with cos_anneal(a, b, p) = b + (a - b) / 2 *
+ *  (cos(pi p) + 1).  A position past total_steps is NT_ESTATE naming the
+ *  call ("tried to step N times", like PyTorch's ValueError), at creation or
+ *  at nt_scheduler_step.  max_lr finite > 0, total_steps >= 1, pct_start in
+ *  [0, 1], div_factor and final_div_factor finite > 0, else NT_EINVAL naming
+ *  it.  PyTorch's defaults: pct_start 0.3, div_factor 25, final_div_factor
+ *  1e4. */
+NT_API nt_scheduler *nt_scheduler_onecycle(nt_optim *opt, double max_lr, int64_t total_steps,
+                                           double pct_start, double div_factor,
+                                           double final_div_factor);
+/** Sets every group's lr for the optimizer's current step count (see
+ *  nt_scheduler).  0, or NT_ESTATE (past a one-cycle schedule's end, or its
+ *  optimizer destroyed), NT_EINVAL for a bad s. */
+NT_API int nt_scheduler_step(nt_scheduler *s);
+/** Group `group`'s lr as the schedule last set it (NaN with the error set
+ *  for a bad s or group). */
+NT_API double nt_scheduler_get_lr(nt_scheduler *s, int group);
+/** Frees s (NULL: a no-op; one destroyed already sets NT_EINVAL).  The
+ *  optimizer keeps the lrs s set. */
+NT_API void nt_scheduler_destroy(nt_scheduler *s);
 /** torch.nn.utils.clip_grad_norm_ (L2): total = the L2 norm of all the
  *  params' .grads as one vector (the norm of their norms); each .grad is
  *  multiplied in place by min(1, max_norm / (total + 1e-6)), on the device,
@@ -1045,9 +1201,11 @@ NT_API void nt_optim_destroy(nt_optim *opt);
 NT_API int nt_save(const char *path, nt_tensor *const *params, int n, nt_optim *opt);
 /** Loads a checkpoint written by nt_save into the existing tensors
  *  params[0..n), which must match the saved ones in count, dtype and shape,
- *  and, if opt is not NULL, restores its hyper-parameters (lr included),
- *  step counts, master-weight setting and state (opt must be of the same
- *  kind and have as many parameters of the same shapes).  The whole file is
+ *  and, if opt is not NULL, restores its hyper-parameters (every group's,
+ *  lr included), step counts, master-weight setting and state (opt must be
+ *  of the same kind and have as many parameters of the same shapes, in as
+ *  many groups of the same sizes: else NT_ESHAPE).  A file written before
+ *  parameter groups loads into a one-group SGD or AdamW optimizer.  The whole file is
  *  read and checked before anything is written: a missing or unreadable
  *  file is NT_EIO; a truncated file, bad magic or version, a checksum
  *  mismatch, a nonzero reserved byte or a field no writer could have

@@ -32,9 +32,14 @@ enum {
     REC_OPT_META = 2,    /* optimizer kind, hyper-parameters, step counts (u8 bytes) */
     REC_OPT_STATE = 3,   /* index: parameter, slot: SLOT_* */
     REC_LOSS_SCALER = 4, /* amp's loss scaler (u8 bytes, SCALER_BYTES) */
+    REC_OPT_GROUPS = 5,  /* the optimizer's parameter groups (u8 bytes) */
 };
+#define REC_LAST REC_OPT_GROUPS
 #define SCALER_BYTES 64
-enum { SLOT_S0 = 0, SLOT_S1 = 1, SLOT_MASTER = 2 };
+enum { SLOT_S0 = 0, SLOT_S1 = 1, SLOT_MASTER = 2, SLOT_S2 = 3, NSLOTS = 4 };
+#define GROUPS_FIXED 16 /* the group record's bytes before its groups */
+#define GROUP_BYTES 96  /* per group */
+#define FLAGS_ALL 15u   /* nesterov, master, amsgrad, centered */
 
 #define META_FIXED 80 /* bytes before the per-parameter step counts */
 
@@ -202,18 +207,65 @@ static int rec_meta(ck_recs *recs, nt_optim *o)
     uint8_t *p = r.data = calloc(1, r.nbytes);
     if (!p)
         return nt__err_hostmem(NULL, "nt_save", "the optimizer record");
+    const opt_group *g0 = &o->groups[0]; /* group 0's, as a one-group file has */
     put_u32(p + 0, (uint32_t)o->kind);
-    put_u32(p + 4, (o->nesterov ? 1u : 0u) | (o->master ? 2u : 0u));
+    put_u32(p + 4, (o->flags & ~2u) | (o->master ? 2u : 0u));
     put_u32(p + 8, (uint32_t)o->n);
     put_u64(p + 16, (uint64_t)o->steps);
-    put_f64(p + 24, o->lr);
-    put_f64(p + 32, o->momentum);
-    put_f64(p + 40, o->weight_decay);
-    put_f64(p + 48, o->beta1);
-    put_f64(p + 56, o->beta2);
-    put_f64(p + 64, o->eps);
+    put_f64(p + 24, g0->lr);
+    put_f64(p + 32, g0->momentum);
+    put_f64(p + 40, g0->weight_decay);
+    put_f64(p + 48, g0->beta1);
+    put_f64(p + 56, g0->beta2);
+    put_f64(p + 64, g0->eps);
     for (int i = 0; i < o->n; i++)
-        put_u64(p + META_FIXED + 8 * i, (uint64_t)o->slots[i].steps);
+        put_u64(p + META_FIXED + 8 * i, (uint64_t)o->slots[i]->steps);
+    if (!recs_add(recs, &r)) {
+        free(p);
+        return nt__err_hostmem(NULL, "nt_save", "the list of records");
+    }
+    return 0;
+}
+
+/* The group record: every group's parameter range and hyper-parameters. */
+static const char *const group_field[] = {
+    "lr", "initial_lr", "momentum", "weight_decay", "beta1", "beta2", "eps", "alpha",
+    "lr_decay", "initial_accumulator_value"};
+#define GROUP_NF 10
+
+static void group_values(const opt_group *g, double v[GROUP_NF])
+{
+    double w[GROUP_NF] = {g->lr,    g->initial_lr, g->momentum, g->weight_decay, g->beta1,
+                          g->beta2, g->eps,        g->alpha,    g->lr_decay,     g->init_acc};
+    memcpy(v, w, sizeof w);
+}
+
+static void group_set(opt_group *g, const double v[GROUP_NF])
+{
+    g->lr = v[0], g->initial_lr = v[1], g->momentum = v[2], g->weight_decay = v[3];
+    g->beta1 = v[4], g->beta2 = v[5], g->eps = v[6], g->alpha = v[7], g->lr_decay = v[8];
+    g->init_acc = v[9];
+}
+
+static int rec_groups(ck_recs *recs, nt_optim *o)
+{
+    ck_rec r = {.kind = REC_OPT_GROUPS, .dtype = NT_U8, .ndim = 1};
+    r.nbytes = GROUPS_FIXED + GROUP_BYTES * (uint64_t)o->ngroups;
+    r.shape[0] = (int64_t)r.nbytes;
+    uint8_t *p = r.data = calloc(1, r.nbytes);
+    if (!p)
+        return nt__err_hostmem(NULL, "nt_save", "the parameter group record");
+    put_u32(p + 0, 1u); /* layout version */
+    put_u32(p + 4, (uint32_t)o->ngroups);
+    for (int g = 0; g < o->ngroups; g++) {
+        uint8_t *e = p + GROUPS_FIXED + (size_t)g * GROUP_BYTES;
+        put_u32(e + 0, (uint32_t)o->groups[g].first);
+        put_u32(e + 4, (uint32_t)o->groups[g].n);
+        double v[GROUP_NF];
+        group_values(&o->groups[g], v);
+        for (int k = 0; k < GROUP_NF; k++)
+            put_f64(e + 8 + 8 * k, v[k]);
+    }
     if (!recs_add(recs, &r)) {
         free(p);
         return nt__err_hostmem(NULL, "nt_save", "the list of records");
@@ -359,15 +411,19 @@ static int save_impl(const char *fn, const char *path, nt_tensor *const *params,
         rc = rec_meta(recs, opt);
     if (opt && !rc) {
         for (int i = 0; i < opt->n && !rc; i++) {
-            slot *s = &opt->slots[i];
+            slot *s = opt->slots[i];
             if (s->s0)
                 rc = rec_tensor(recs, REC_OPT_STATE, (uint32_t)i, SLOT_S0, s->s0);
             if (!rc && s->s1)
                 rc = rec_tensor(recs, REC_OPT_STATE, (uint32_t)i, SLOT_S1, s->s1);
             if (!rc && s->master)
                 rc = rec_tensor(recs, REC_OPT_STATE, (uint32_t)i, SLOT_MASTER, s->master);
+            if (!rc && s->s2)
+                rc = rec_tensor(recs, REC_OPT_STATE, (uint32_t)i, SLOT_S2, s->s2);
         }
     }
+    if (opt && !rc)
+        rc = rec_groups(recs, opt);
     if (opt)
         g_mutex_unlock(&opt->lock);
     if (scaler && !rc)
@@ -469,6 +525,52 @@ static bool all_zero(const uint8_t *p, size_t n)
     return true;
 }
 
+static const char *kind_name(uint32_t kind)
+{
+    static const char *const names[] = {"unknown", "SGD",    "AdamW", "Adam",
+                                        "RMSprop", "Adagrad", "Lion"};
+    return kind <= NT__OPTIM_KIND_MAX ? names[kind] : names[0];
+}
+
+/* The group record (docs/checkpoint-format.md): its layout, each group's
+ * range (contiguous from parameter 0) and hyper-parameters. */
+static int check_groups(const char *fn, const char *path, const ck_rec *r)
+{
+    const char *what = "the parameter group record";
+    const uint8_t *p = r->data;
+    if (r->nbytes < GROUPS_FIXED || get_u32(p) != 1u)
+        return fmt_err(fn, path, "%s has an unknown layout (%llu bytes, version %u; expected "
+                       "version 1)", what, (unsigned long long)r->nbytes,
+                       r->nbytes >= 4 ? get_u32(p) : 0u);
+    uint32_t ng = get_u32(p + 4);
+    if (ng < 1 || r->nbytes != GROUPS_FIXED + GROUP_BYTES * (uint64_t)ng)
+        return fmt_err(fn, path, "%s's group count %u does not match its %llu bytes", what, ng,
+                       (unsigned long long)r->nbytes);
+    if (!all_zero(p + 8, 8))
+        return fmt_err(fn, path, "%s's reserved bytes (8..15) are not zero", what);
+    uint64_t next = 0;
+    for (uint32_t g = 0; g < ng; g++) {
+        const uint8_t *e = p + GROUPS_FIXED + (size_t)g * GROUP_BYTES;
+        uint32_t first = get_u32(e), n = get_u32(e + 4);
+        if (first != next || n < 1)
+            return fmt_err(fn, path, "%s: group %u holds parameters %u..%llu (expected a "
+                           "non-empty range from %llu)", what, g, first,
+                           (unsigned long long)first + n - 1, (unsigned long long)next);
+        next = (uint64_t)first + n;
+        if (!all_zero(e + 88, 8))
+            return fmt_err(fn, path, "%s: group %u's reserved bytes are not zero", what, g);
+        for (int k = 0; k < GROUP_NF; k++) {
+            double v = get_f64(e + 8 + 8 * k);
+            bool beta = k == 4 || k == 5;
+            if (beta ? !(v >= 0 && v < 1) : !(isfinite(v) && v >= 0))
+                return fmt_err(fn, path, "%s: group %u's %s is %g (expected %s)", what, g,
+                               group_field[k], v, beta ? "a value in [0, 1)"
+                                                       : "a finite value >= 0");
+        }
+    }
+    return 0;
+}
+
 /* The optimizer record's contents (docs/checkpoint-format.md), checked
  * whether or not the caller restores an optimizer: a file whose CRCs match
  * but whose hyper-parameters no optimizer could have (lr NaN, beta1 1.5, a
@@ -482,11 +584,15 @@ static int check_meta(const char *fn, const char *path, const ck_rec *r)
                        (unsigned long long)r->nbytes, META_FIXED);
     const uint8_t *m = r->data;
     uint32_t kind = get_u32(m), flags = get_u32(m + 4), mn = get_u32(m + 8);
-    if (kind != KIND_SGD && kind != KIND_ADAMW)
-        return fmt_err(fn, path, "%s's optimizer kind is %u (expected 1 SGD or 2 AdamW)", what,
-                       kind);
-    if (flags & ~3u)
-        return fmt_err(fn, path, "%s's flags are 0x%x (expected only bits 0 and 1)", what, flags);
+    if (kind < KIND_SGD || kind > NT__OPTIM_KIND_MAX)
+        return fmt_err(fn, path, "%s's optimizer kind is %u (expected 1 SGD, 2 AdamW, 3 Adam, "
+                       "4 RMSprop, 5 Adagrad or 6 Lion)", what, kind);
+    if (flags & ~FLAGS_ALL)
+        return fmt_err(fn, path, "%s's flags are 0x%x (expected only bits 0 to 3)", what, flags);
+    if (((flags & OPTF_AMSGRAD) && kind != KIND_ADAM && kind != KIND_ADAMW) ||
+        ((flags & OPTF_CENTERED) && kind != KIND_RMSPROP))
+        return fmt_err(fn, path, "%s's flags 0x%x do not belong to a %s", what, flags,
+                       kind_name(kind));
     if (mn < 1 || r->nbytes != META_FIXED + 8 * (uint64_t)mn)
         return fmt_err(fn, path, "%s's parameter count %u does not match its %llu bytes", what,
                        mn, (unsigned long long)r->nbytes);
@@ -498,18 +604,22 @@ static int check_meta(const char *fn, const char *path, const ck_rec *r)
                        (long long)steps, (long long)NT__OPTIM_MAX_STEPS);
     static const char *const names[] = {"lr", "momentum", "weight_decay", "beta1", "beta2", "eps"};
     bool sgd = kind == KIND_SGD;
+    /* the fields each kind uses (bit i: names[i]); the others are 0 */
+    static const unsigned used[] = {0, 0x07, 0x3d, 0x3d, 0x27, 0x25, 0x1d};
     for (int i = 0; i < 6; i++) {
         double v = get_f64(m + 24 + 8 * i);
         bool beta = i == 3 || i == 4;
-        /* a field the kind does not use is written as 0 */
-        bool unused = sgd ? i >= 3 : i == 1;
+        bool unused = !(used[kind] >> i & 1);
         bool ok = unused ? v == 0 && !signbit(v)
                          : beta ? v >= 0 && v < 1 : isfinite(v) && v >= 0;
-        if (!ok)
+        if (!ok) {
+            char why[64];
+            snprintf(why, sizeof why, "0: %s does not use it", kind_name(kind));
             return fmt_err(fn, path, "%s's %s is %g (expected %s)", what, names[i], v,
-                           unused ? (sgd ? "0: SGD does not use it" : "0: AdamW does not use it")
+                           unused ? why
                            : beta ? "a value in [0, 1)"
                                   : "a finite value >= 0");
+        }
     }
     if (flags & 1) {
         double momentum = get_f64(m + 32);
@@ -552,6 +662,18 @@ static int check_scaler_rec(const char *fn, const char *path, const ck_rec *r)
                        "zero");
     nt__scaler_state st;
     return scaler_rec_state(fn, path, r, &st);
+}
+
+/* A settings record's contents (0 for the other kinds). */
+static int check_settings(const char *fn, const char *path, const ck_rec *r)
+{
+    if (r->kind == REC_OPT_META)
+        return check_meta(fn, path, r);
+    if (r->kind == REC_LOSS_SCALER)
+        return check_scaler_rec(fn, path, r);
+    if (r->kind == REC_OPT_GROUPS)
+        return check_groups(fn, path, r);
+    return 0;
 }
 
 /* Reads and checks the whole file: header, table, every record's bounds and
@@ -632,7 +754,7 @@ static int read_checked(const char *fn, const char *path, uint8_t **buf, ck_recs
         ck_rec r = {.kind = get_u16(e), .dtype = e[2], .ndim = e[3], .index = get_u32(e + 4),
                     .slot = get_u32(e + 8), .crc = get_u32(e + 12), .offset = get_u64(e + 16),
                     .nbytes = get_u64(e + 24)};
-        bool known = r.kind >= REC_PARAM && r.kind <= REC_LOSS_SCALER;
+        bool known = r.kind >= REC_PARAM && r.kind <= REC_LAST;
         if (!known && !(r.kind & CK_OPTIONAL)) {
             rc = fmt_err(fn, path, "record %u has kind %u, unknown to this build", i, r.kind);
             break;
@@ -669,7 +791,8 @@ static int read_checked(const char *fn, const char *path, uint8_t **buf, ck_recs
             break;
         }
         /* what each kind leaves unused is zero; settings records are bytes */
-        bool settings = r.kind == REC_OPT_META || r.kind == REC_LOSS_SCALER;
+        bool settings =
+            r.kind == REC_OPT_META || r.kind == REC_LOSS_SCALER || r.kind == REC_OPT_GROUPS;
         if (known && ((r.kind != REC_OPT_STATE && r.slot != 0) || (settings && r.index != 0) ||
                       (settings && (r.dtype != NT_U8 || r.ndim != 1)))) {
             rc = fmt_err(fn, path, "record %u (kind %u) has dtype %s, %u dims, index %u, slot %u "
@@ -682,13 +805,11 @@ static int read_checked(const char *fn, const char *path, uint8_t **buf, ck_recs
             rc = fmt_err(fn, path, "checksum mismatch in the data of record %u", i);
             break;
         }
-        if (r.kind == REC_OPT_META)
-            rc = check_meta(fn, path, &r);
-        else if (r.kind == REC_LOSS_SCALER)
-            rc = check_scaler_rec(fn, path, &r);
+        rc = check_settings(fn, path, &r);
         if (rc)
             break;
-        if (known && !recs_add(rs, &r)) {
+        /* optional kinds unknown here too: their bytes are not padding */
+        if (!recs_add(rs, &r)) {
             rc = nt__err_hostmem(NULL, fn, "the checkpoint's record list");
             break;
         }
@@ -710,9 +831,10 @@ fail:
 /* What a load will install, built completely before anything is touched. */
 typedef struct {
     nt_tensor **vals;        /* [n] new values of the params */
-    nt_tensor **state;       /* [opt->n * 3] new optimizer state, NULL where absent */
+    nt_tensor **state;       /* [opt->n * NSLOTS] new optimizer state, NULL where absent */
     int64_t *psteps;         /* [opt->n] */
     const uint8_t *meta;
+    const uint8_t *groups;   /* the group record's bytes, or NULL (a file before groups) */
     nt__scaler_state scaler; /* when a scaler is loaded */
 } ck_plan;
 
@@ -753,11 +875,77 @@ static int plan_scaler(const char *fn, const char *path, const ck_rec *r, ck_pla
     return scaler_rec_state(fn, path, r, &pl->scaler);
 }
 
+/* The group record against the optimizer's groups: their number and sizes
+ * must match (NT_ESHAPE).  A file without one (written before groups) has
+ * one group, SGD's or AdamW's, whose values are the optimizer record's. */
+static int plan_groups(const char *fn, const char *path, const ck_rec *grec, uint32_t kind,
+                       nt_optim *o, ck_plan *pl)
+{
+    if (!grec) {
+        if (kind != KIND_SGD && kind != KIND_ADAMW)
+            return fmt_err(fn, path, "the %s optimizer record has no parameter group record",
+                           kind_name(kind));
+        if (o->ngroups != 1)
+            return nt__err(NULL, NT_ESHAPE, fn, "'%s' holds 1 parameter group (a file written "
+                           "before groups); the optimizer has %d", path, o->ngroups);
+        return 0;
+    }
+    const uint8_t *p = grec->data;
+    uint32_t ng = get_u32(p + 4);
+    if ((int)ng != o->ngroups)
+        return nt__err(NULL, NT_ESHAPE, fn, "'%s' holds %u parameter groups; the optimizer has %d",
+                       path, ng, o->ngroups);
+    for (uint32_t g = 0; g < ng; g++) {
+        uint32_t n = get_u32(p + GROUPS_FIXED + (size_t)g * GROUP_BYTES + 4);
+        if ((int)n != o->groups[g].n)
+            return nt__err(NULL, NT_ESHAPE, fn, "'%s': parameter group %u holds %u parameters "
+                           "in the checkpoint but %d here", path, g, n, o->groups[g].n);
+    }
+    pl->groups = p;
+    return 0;
+}
+
+/* Group g's hyper-parameters as the file has them (the group record, or
+ * the optimizer record of a file before groups: its initial_lr is
+ * the lr, which nt_load replaces by the optimizer's own). */
+static void group_rec_values(const ck_plan *pl, const uint8_t *meta, int g, double v[GROUP_NF])
+{
+    if (pl->groups) {
+        const uint8_t *e = pl->groups + GROUPS_FIXED + (size_t)g * GROUP_BYTES;
+        for (int k = 0; k < GROUP_NF; k++)
+            v[k] = get_f64(e + 8 + 8 * k);
+        return;
+    }
+    v[0] = get_f64(meta + 24), v[2] = get_f64(meta + 32), v[3] = get_f64(meta + 40);
+    v[4] = get_f64(meta + 48), v[5] = get_f64(meta + 56), v[6] = get_f64(meta + 64);
+    v[1] = v[0], v[7] = v[8] = v[9] = 0;
+}
+
+/* The state slot's bit in expected_state's mask (s0, s1, s2: 0, 1, 2). */
+static int state_bit(uint32_t slot_) { return slot_ == SLOT_S2 ? 2 : (int)slot_; }
+
+/* The state tensors (bits 0..2: s0, s1, s2; autograd/optim.h) parameter i
+ * has after its first update, by the file's flags and its group's momentum. */
+static unsigned expected_state(const ck_plan *pl, nt_optim *o, uint32_t mflags, int i)
+{
+    double v[GROUP_NF];
+    int g = o->slots[i]->g;
+    group_rec_values(pl, pl->meta, g, v);
+    double momentum = v[2];
+    switch (o->kind) {
+    case KIND_SGD: return momentum != 0 ? 1u : 0u;
+    case KIND_ADAMW:
+    case KIND_ADAM: return 3u | (mflags & OPTF_AMSGRAD ? 4u : 0u);
+    case KIND_RMSPROP: return 1u | (momentum > 0 ? 2u : 0u) | (mflags & OPTF_CENTERED ? 4u : 0u);
+    default: return 1u;
+    }
+}
+
 static int plan_load(const char *fn, const char *path, ck_recs *recs, nt_tensor *const *params,
                      int n, nt_optim *o, nt_grad_scaler *scaler, ck_plan *pl)
 {
     int nparams = 0;
-    ck_rec *meta = NULL, *srec = NULL;
+    ck_rec *meta = NULL, *srec = NULL, *grec = NULL;
     for (guint i = 0; i < recs->len; i++) {
         ck_rec *r = &recs->v[i];
         if (r->kind == REC_PARAM)
@@ -770,6 +958,10 @@ static int plan_load(const char *fn, const char *path, ck_recs *recs, nt_tensor 
             if (srec)
                 return fmt_err(fn, path, "two loss scaler records");
             srec = r;
+        } else if (r->kind == REC_OPT_GROUPS) {
+            if (grec)
+                return fmt_err(fn, path, "two parameter group records");
+            grec = r;
         }
     }
     if (scaler) {
@@ -797,15 +989,17 @@ static int plan_load(const char *fn, const char *path, ck_recs *recs, nt_tensor 
                            mn);
         if (kind != (uint32_t)o->kind)
             return nt__err(NULL, NT_EINVAL, fn, "'%s' holds %s state; the optimizer is %s",
-                           path, kind == KIND_SGD ? "SGD" : kind == KIND_ADAMW ? "AdamW" : "unknown",
-                           o->kind == KIND_SGD ? "SGD" : "AdamW");
+                           path, kind_name(kind), kind_name(o->kind));
         if ((int)mn != o->n)
             return nt__err(NULL, NT_ESHAPE, fn,
                            "'%s' holds optimizer state for %u parameters; the optimizer has %d",
                            path, mn, o->n);
+        int rc = plan_groups(fn, path, grec, kind, o, pl);
+        if (rc)
+            return rc;
         pl->meta = m;
         pl->psteps = calloc((size_t)o->n, sizeof *pl->psteps);
-        pl->state = calloc((size_t)o->n * 3, sizeof *pl->state);
+        pl->state = calloc((size_t)o->n * NSLOTS, sizeof *pl->state);
         if (!pl->psteps || !pl->state)
             return nt__err_hostmem(NULL, fn, "the optimizer state to load");
         for (int i = 0; i < o->n; i++)
@@ -829,41 +1023,48 @@ static int plan_load(const char *fn, const char *path, ck_recs *recs, nt_tensor 
                                "it cannot be written", r->index);
             pl->vals[r->index] = (nt_tensor *)1; /* seen */
         } else if (r->kind == REC_OPT_STATE && o) {
-            if (r->index >= (uint32_t)o->n || r->slot > SLOT_MASTER ||
-                pl->state[r->index * 3 + r->slot])
+            if (r->index >= (uint32_t)o->n || r->slot >= NSLOTS ||
+                pl->state[r->index * NSLOTS + r->slot])
                 return fmt_err(fn, path, "optimizer state record (%u, %u) is duplicate or out of "
                                "range", r->index, r->slot);
-            nt_tensor *p = o->slots[r->index].p;
+            nt_tensor *p = o->slots[r->index]->p;
             bool master = (mflags & 2) && nt__optim_low_precision(p);
             nt_dtype want = r->slot == SLOT_MASTER || master ? NT_F32 : (nt_dtype)p->dtype;
-            if ((r->slot == SLOT_MASTER && !master) || (r->slot == SLOT_S1 && o->kind == KIND_SGD))
+            unsigned exp = expected_state(pl, o, mflags, (int)r->index);
+            if ((r->slot == SLOT_MASTER && !master) ||
+                (r->slot != SLOT_MASTER && !(exp >> state_bit(r->slot) & 1)))
                 return fmt_err(fn, path, "optimizer state record (%u, %u) does not belong to this "
                                "optimizer's configuration", r->index, r->slot);
             if (r->dtype != want || !same_shape(r, p))
                 return mismatch(fn, path, "optimizer state of parameter", (int)r->index, r, p);
-            pl->state[r->index * 3 + r->slot] = (nt_tensor *)1;
+            pl->state[r->index * NSLOTS + r->slot] = (nt_tensor *)1;
         }
     }
     if (o)
         for (int i = 0; i < o->n; i++) {
-            nt_tensor **st = &pl->state[i * 3];
-            if ((mflags & 2) && nt__optim_low_precision(o->slots[i].p) && !st[SLOT_MASTER])
+            nt_tensor **st = &pl->state[i * NSLOTS];
+            if ((mflags & 2) && nt__optim_low_precision(o->slots[i]->p) && !st[SLOT_MASTER])
                 return fmt_err(fn, path, "the master weight of parameter %d is missing", i);
-            if (o->kind == KIND_ADAMW && !st[SLOT_S0] != !st[SLOT_S1])
-                return fmt_err(fn, path, "parameter %d has only one of AdamW's two moments", i);
+            unsigned exp = expected_state(pl, o, mflags, i), got = 0;
+            for (int k = 0; k < NSLOTS; k++)
+                if (k != SLOT_MASTER && st[k])
+                    got |= 1u << state_bit(k);
+            if (got && got != exp)
+                return fmt_err(fn, path, "parameter %d has only some of %s's state tensors", i,
+                               kind_name(o->kind));
         }
     memset(pl->vals, 0, sizeof(nt_tensor *) * (size_t)n);
     if (pl->state)
-        memset(pl->state, 0, sizeof(nt_tensor *) * (size_t)o->n * 3);
+        memset(pl->state, 0, sizeof(nt_tensor *) * (size_t)o->n * NSLOTS);
     /* each value goes on the device of the tensor it replaces, the
      * optimizer's state on its parameter's */
     for (guint i = 0; i < recs->len; i++) {
         ck_rec *r = &recs->v[i];
         nt_tensor **dst = r->kind == REC_PARAM ? &pl->vals[r->index]
-                          : r->kind == REC_OPT_STATE && o ? &pl->state[r->index * 3 + r->slot]
+                          : r->kind == REC_OPT_STATE && o ? &pl->state[r->index * NSLOTS + r->slot]
                                                           : NULL;
         int dev = r->kind == REC_PARAM ? params[r->index]->dev
-                  : dst                ? o->slots[r->index].p->dev
+                  : dst                ? o->slots[r->index]->p->dev
                                        : 0;
         if (dst && !(*dst = rec_to_tensor(r, dev)))
             return load_failed(fn, path);
@@ -924,7 +1125,7 @@ static int load_impl(const char *fn, const char *path, nt_tensor *const *params,
     if (opt)
         g_mutex_lock(&opt->lock);
     ck_plan pl = {0};
-    int nstate = opt ? opt->n * 3 : 0;
+    int nstate = opt ? opt->n * NSLOTS : 0;
     rc = plan_load(fn, path, recs, params, n, opt, scaler, &pl);
     if (!rc)
         rc = reserve_records(fn, n);
@@ -944,22 +1145,23 @@ static int load_impl(const char *fn, const char *path, nt_tensor *const *params,
         if (opt && !rc) {
             const uint8_t *m = pl.meta;
             uint32_t flags = get_u32(m + 4);
-            opt->nesterov = flags & 1;
+            opt->flags = flags & ~2u;
             opt->master = (flags & 2) != 0;
             opt->steps = (int64_t)get_u64(m + 16);
-            opt->lr = get_f64(m + 24);
-            opt->momentum = get_f64(m + 32);
-            opt->weight_decay = get_f64(m + 40);
-            opt->beta1 = get_f64(m + 48);
-            opt->beta2 = get_f64(m + 56);
-            opt->eps = get_f64(m + 64);
+            for (int g = 0; g < opt->ngroups; g++) {
+                double v[GROUP_NF];
+                group_rec_values(&pl, m, g, v);
+                if (!pl.groups) /* a file before groups: the base lr stays */
+                    v[1] = opt->groups[g].initial_lr;
+                group_set(&opt->groups[g], v);
+            }
             for (int i = 0; i < opt->n; i++) {
-                slot *s = &opt->slots[i];
-                nt_tensor **st[3] = {&s->s0, &s->s1, &s->master};
-                for (int k = 0; k < 3; k++) {
+                slot *s = opt->slots[i];
+                nt_tensor **st[NSLOTS] = {&s->s0, &s->s1, &s->master, &s->s2};
+                for (int k = 0; k < NSLOTS; k++) {
                     nt__optim_drop(st[k]);
-                    *st[k] = pl.state[i * 3 + k];
-                    pl.state[i * 3 + k] = NULL;
+                    *st[k] = pl.state[i * NSLOTS + k];
+                    pl.state[i * NSLOTS + k] = NULL;
                 }
                 s->steps = pl.psteps[i];
             }

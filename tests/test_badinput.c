@@ -1214,7 +1214,7 @@ static const edit EDITS[] = {
     /* the next step would overflow (or lose count in a double) */
     {"steps INT64_MAX", "step count is 9223372036854775807", 2, 16, 'M', 0, true},
     {"steps 2^53 + 2", "step count is 9007199254740994", 2, 16, 'q', 9007199254740994.0, true},
-    {"optimizer kind 3", "optimizer kind", 2, 0, 'l', 3, true},
+    {"optimizer kind 7", "optimizer kind", 2, 0, 'l', 7, true},
     {"optimizer kind 0", "optimizer kind", 2, 0, 'l', 0, true},
     {"flags bit 5", "flags", 2, 4, 'l', 32, true},
     {"nesterov on AdamW", "nesterov", 2, 4, 'l', 1, true},

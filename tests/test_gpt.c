@@ -65,7 +65,7 @@ static void train_tiny(const char *mode, const char *backend, nt_dtype amp, bool
                         .amp = amp, .seed = 7};
     gpt_model m;
     assert_int_equal(gpt_init(&m, &c, 3), 0);
-    nt_optim *opt = nt_optim_adamw(m.p, m.n_params, o.lr, 0.9, 0.95, 1e-8, 0.1);
+    nt_optim *opt = gpt_optimizer(&m, &o, 0.1);
     assert_non_null(opt);
     int32_t xb[16], yb[16];
     for (int s = 0; s < STEPS; s++) {
@@ -87,7 +87,7 @@ static void train_tiny(const char *mode, const char *backend, nt_dtype amp, bool
     assert_int_equal(nt_item(tot, &sum), 0);
     r->sum_bits = f32_bits(sum);
     nt_scope_end(sc);
-    nt_optim_destroy(opt);
+    gpt_optimizer_free(opt, &o);
     gpt_free(&m);
     gpt_data_free(&d);
 }
@@ -170,17 +170,40 @@ static void test_sampler(void **state)
     gpt_data_free(&d);
 }
 
-/* Warm-up from lr/warmup to lr, cosine to lr/10 at the last step. */
+/* gpt_optimizer's schedule: warm-up from lr/warmup to lr, cosine to lr/10
+ * at the last step, in both groups. */
+static double lr_at(nt_optim *opt, gpt_train_opts *o, int64_t step)
+{
+    while (nt_optim_steps(opt) < step)
+        assert_int_equal(nt_optim_step(opt), 0); /* no .grads: only counts */
+    assert_int_equal(nt_scheduler_step(o->sched), 0);
+    assert_true(nt_optim_get_group_lr(opt, 0) == nt_optim_get_group_lr(opt, 1));
+    return nt_optim_get_group_lr(opt, 1);
+}
+
 static void test_schedule(void **state)
 {
     (void)state;
-    assert_true(fabs(gpt_lr(1.0, 0, 100, 10) - 0.1) < 1e-15);
-    assert_true(fabs(gpt_lr(1.0, 9, 100, 10) - 1.0) < 1e-15);
-    assert_true(fabs(gpt_lr(1.0, 10, 100, 10) - 1.0) < 1e-15);
-    assert_true(fabs(gpt_lr(1.0, 99, 100, 10) - 0.1) < 1e-15);
-    double mid = gpt_lr(1.0, 54, 100, 10); /* progress 44 / 89 */
+    gpt_data d;
+    tiny_data(&d);
+    gpt_config c = {.n_layer = 1, .n_head = 1, .width = 8, .context = 4, .vocab = d.vocab};
+    gpt_train_opts o = {.lr = 1.0, .steps = 100, .warmup = 10};
+    gpt_model m;
+    assert_int_equal(gpt_init(&m, &c, 3), 0);
+    nt_optim *opt = gpt_optimizer(&m, &o, 0.1);
+    assert_non_null(opt);
+    assert_int_equal(nt_optim_ngroups(opt), 2);
+    assert_true(nt_optim_get_group_weight_decay(opt, 1) == 0);
+    assert_true(fabs(lr_at(opt, &o, 0) - 0.1) < 1e-15);
+    assert_true(fabs(lr_at(opt, &o, 9) - 1.0) < 1e-15);
+    assert_true(fabs(lr_at(opt, &o, 10) - 1.0) < 1e-15);
+    double mid = lr_at(opt, &o, 54); /* progress 44 / 89 */
     double want = 0.1 + 0.45 * (1 + cos(M_PI * 44.0 / 89.0));
     assert_true(fabs(mid - want) < 1e-12);
+    assert_true(fabs(lr_at(opt, &o, 99) - 0.1) < 1e-15);
+    gpt_optimizer_free(opt, &o);
+    gpt_free(&m);
+    gpt_data_free(&d);
 }
 
 /* The gradients after gpt_clip_grads: scaled by max / total when total is

@@ -1,4 +1,5 @@
-/* tests/test_optim.c - SGD and AdamW against hand-computed updates, their
+/* tests/test_optim.c - every optimizer against hand-computed updates (and
+ * PyTorch 1.13: tests/torch_refs/optim.h), parameter groups, schedulers, their
  * error paths, master weights, checkpoints (round trip bit for bit, every
  * kind of bad file), a short training run, and bitwise-identical training
  * across modes. */
@@ -18,6 +19,7 @@
 #include "crc32.h"
 #include "ntensor.h"
 #include "nt_test.h"
+#include "torch_refs/optim.h"
 
 
 static int group_setup(void **state)
@@ -1054,6 +1056,810 @@ static void test_bitwise_across_modes(void **state)
     }
 }
 
+
+/* ================ groups, Adam, RMSprop, Adagrad, Lion, schedulers ================ */
+
+/* The optimizer of torch reference case k (tests/torch_refs/optim.h's
+ * tr_opt_cases, in order) on p (one parameter). */
+static nt_optim *make_case(int k, nt_tensor *p)
+{
+    switch (k) {
+    case 0: return nt_optim_adam(&p, 1, 1e-2, 0.9, 0.999, 1e-8, 0, 0);
+    case 1: return nt_optim_adam(&p, 1, 5e-3, 0.8, 0.99, 1e-6, 0.1, NT_OPTIM_AMSGRAD);
+    case 2: return nt_optim_adamw(&p, 1, 1e-2, 0.9, 0.999, 1e-8, 0.01);
+    case 3: return nt_optim_adamw_ex(&p, 1, 2e-2, 0.9, 0.95, 1e-8, 0.1, NT_OPTIM_AMSGRAD);
+    case 4: return nt_optim_rmsprop(&p, 1, 1e-2, 0.99, 1e-8, 0, 0, false);
+    case 5: return nt_optim_rmsprop(&p, 1, 3e-3, 0.9, 1e-6, 0.05, 0.9, true);
+    case 6: return nt_optim_adagrad(&p, 1, 1e-2, 0, 0, 0, 1e-10);
+    case 7: return nt_optim_adagrad(&p, 1, 5e-2, 0.1, 0.1, 0.1, 1e-8);
+    case 8: return nt_optim_lion(&p, 1, 1e-3, 0.9, 0.99, 0.1);
+    default: return nt_optim_sgd(&p, 1, 1e-2, 0.9, 0.01, true);
+    }
+}
+#define NCASES ((int)(sizeof tr_opt_cases / sizeof tr_opt_cases[0]))
+
+/* p gets the gradient g (shape of p) exactly: loss = sum(p * g). */
+static void set_grad_nd(nt_tensor *p, const float *g)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *c = nt_from_host(g, NT_F32, 3, tr_opt_shape); /* p is 3x5x7 */
+    assert_int_equal(nt_backward(nt_sum(nt_mul(p, c), NT_DIM_ALL, false)), 0);
+    nt_scope_end(s);
+}
+
+/* f32 distance in ulps (ordered integers; NaNs must match as NaN) */
+static int64_t ulps(uint32_t a, uint32_t b)
+{
+    float fa, fb;
+    memcpy(&fa, &a, 4), memcpy(&fb, &b, 4);
+    if (isnan(fa) || isnan(fb))
+        return isnan(fa) && isnan(fb) ? 0 : INT64_MAX;
+    int64_t ia = (a & 0x80000000u) ? -(int64_t)(a & 0x7fffffffu) : (int64_t)a;
+    int64_t ib = (b & 0x80000000u) ? -(int64_t)(b & 0x7fffffffu) : (int64_t)b;
+    return ia > ib ? ia - ib : ib - ia;
+}
+
+/* Runs torch case k for TR_OPT_STEPS steps; out: the parameter after each. */
+static void run_torch_case(int k, uint32_t out[TR_OPT_STEPS][TR_OPT_NEL])
+{
+    nt_tensor *p = nt_from_host(tr_opt_p0, NT_F32, 3, tr_opt_shape);
+    assert_int_equal(nt_set_requires_grad(p, true), 0);
+    nt_optim *o = make_case(k, p);
+    assert_non_null(o);
+    for (int t = 0; t < TR_OPT_STEPS; t++) {
+        set_grad_nd(p, (const float *)(tr_opt_grads + (size_t)t * TR_OPT_NEL));
+        assert_int_equal(nt_optim_step(o), 0);
+        assert_int_equal(nt_optim_zero_grad(o), 0);
+        assert_int_equal(nt_to_host(p, out[t], sizeof out[t]), 0);
+    }
+    nt_optim_destroy(o);
+    nt_release(p);
+}
+
+/* Each optimizer against PyTorch 1.13 (scripts/torch_refs/optim.py), on
+ * both backends (the same bits).  Not bitwise: PyTorch's CPU kernels for
+ * add(x, alpha) and addcmul (m * beta1 + (1 - beta1) * g, v * beta2 +
+ * (1 - beta2) * g * g, grad + wd * p) run as fused multiply-adds in their
+ * vector forms, one rounding where ntensor (-ffp-contract=off, the same on
+ * both backends) has two; and ntensor's AdamW keeps its lerp form of m
+ * (autograd/optim.c).  The differences stay a few ulps over four steps. */
+static void test_torch_refs_optimizers(void **state)
+{
+    (void)state;
+    static uint32_t cpu[TR_OPT_STEPS][TR_OPT_NEL], sim[TR_OPT_STEPS][TR_OPT_NEL];
+    int fails = 0;
+    for (int k = 0; k < NCASES; k++) {
+        assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+        run_torch_case(k, cpu);
+        assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+        run_torch_case(k, sim);
+        assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+        assert_memory_equal(cpu, sim, sizeof cpu);
+        /* the distance in f32 epsilons of the parameter's scale: the larger
+         * of its value and its starting value (an element that training
+         * brings near 0 would count cancellation as many ulps) */
+        double worst = 0;
+        int at = -1;
+        for (int t = 0; t < TR_OPT_STEPS; t++)
+            for (int i = 0; i < TR_OPT_NEL; i++) {
+                uint32_t wb = tr_opt_cases[k].want[(size_t)t * TR_OPT_NEL + i];
+                float g, w, p0;
+                memcpy(&g, &cpu[t][i], 4), memcpy(&w, &wb, 4), memcpy(&p0, &tr_opt_p0[i], 4);
+                double scale = fmax(fmax(fabs(w), fabs(p0)), 1e-30);
+                double d =
+                    ulps(cpu[t][i], wb) == 0 ? 0 : fabs((double)g - w) / (FLT_EPSILON * scale);
+                if (d > worst)
+                    worst = d, at = t * TR_OPT_NEL + i;
+            }
+        print_message("# %-16s max %.2f eps from PyTorch (at %d)\n", tr_opt_cases[k].name, worst,
+                      at);
+        if (!(worst <= 4))
+            fails++;
+    }
+    assert_int_equal(fails, 0);
+}
+
+/* ---- double-precision references for the new optimizers (N = 5, G[3]) ---- */
+
+typedef struct {
+    int kind; /* 0 adam, 1 adamw amsgrad, 2 rmsprop, 3 adagrad, 4 lion */
+    double lr, b1, b2, eps, wd, mom, alpha, lr_decay, init;
+    bool ams, centered;
+} new_cfg;
+
+static void new_reference(const new_cfg *c, int steps, double *p)
+{
+    double m[N] = {0}, v[N] = {0}, vmax[N] = {0}, buf[N] = {0}, ga[N] = {0};
+    for (int i = 0; i < N; i++) {
+        p[i] = P0[i];
+        v[i] = c->kind == 3 ? c->init : 0;
+    }
+    for (int t = 1; t <= steps; t++)
+        for (int i = 0; i < N; i++) {
+            double g = G[t - 1][i];
+            if (c->kind == 0 || c->kind == 1) {
+                if (c->kind == 0)
+                    g += c->wd * p[i];
+                else
+                    p[i] *= 1 - c->lr * c->wd;
+                m[i] = c->b1 * m[i] + (1 - c->b1) * g;
+                v[i] = c->b2 * v[i] + (1 - c->b2) * g * g;
+                vmax[i] = fmax(vmax[i], v[i]);
+                double vv = c->ams ? vmax[i] : v[i];
+                double bc1 = 1 - pow(c->b1, t), bc2 = 1 - pow(c->b2, t);
+                p[i] -= c->lr / bc1 * m[i] / (sqrt(vv) / sqrt(bc2) + c->eps);
+            } else if (c->kind == 2) {
+                g += c->wd * p[i];
+                v[i] = c->alpha * v[i] + (1 - c->alpha) * g * g;
+                double var = v[i];
+                if (c->centered) {
+                    ga[i] = c->alpha * ga[i] + (1 - c->alpha) * g;
+                    var -= ga[i] * ga[i];
+                }
+                double avg = sqrt(var) + c->eps;
+                if (c->mom > 0) {
+                    buf[i] = c->mom * buf[i] + g / avg;
+                    p[i] -= c->lr * buf[i];
+                } else {
+                    p[i] -= c->lr * g / avg;
+                }
+            } else if (c->kind == 3) {
+                g += c->wd * p[i];
+                v[i] += g * g;
+                p[i] -= c->lr / (1 + (t - 1) * c->lr_decay) * g / (sqrt(v[i]) + c->eps);
+            } else {
+                p[i] *= 1 - c->lr * c->wd;
+                double u = c->b1 * m[i] + (1 - c->b1) * g;
+                p[i] -= c->lr * (u > 0 ? 1 : u < 0 ? -1 : 0);
+                m[i] = c->b2 * m[i] + (1 - c->b2) * g;
+            }
+        }
+}
+
+static nt_optim *new_make(const new_cfg *c, nt_tensor **p, int n)
+{
+    switch (c->kind) {
+    case 0: return nt_optim_adam(p, n, c->lr, c->b1, c->b2, c->eps, c->wd,
+                                 c->ams ? NT_OPTIM_AMSGRAD : 0);
+    case 1: return nt_optim_adamw_ex(p, n, c->lr, c->b1, c->b2, c->eps, c->wd,
+                                     c->ams ? NT_OPTIM_AMSGRAD : 0);
+    case 2: return nt_optim_rmsprop(p, n, c->lr, c->alpha, c->eps, c->wd, c->mom, c->centered);
+    case 3: return nt_optim_adagrad(p, n, c->lr, c->lr_decay, c->wd, c->init, c->eps);
+    default: return nt_optim_lion(p, n, c->lr, c->b1, c->b2, c->wd);
+    }
+}
+
+static const new_cfg NEW_CFGS[] = {
+    {.kind = 0, .lr = 0.01, .b1 = 0.9, .b2 = 0.999, .eps = 1e-8},
+    {.kind = 0, .lr = 0.02, .b1 = 0.5, .b2 = 0.9, .eps = 0.1, .wd = 0.5, .ams = true},
+    {.kind = 1, .lr = 0.03, .b1 = 0.8, .b2 = 0.99, .eps = 1e-3, .wd = 0.1, .ams = true},
+    {.kind = 2, .lr = 0.01, .alpha = 0.99, .eps = 1e-8},
+    {.kind = 2, .lr = 0.01, .alpha = 0.9, .eps = 1e-6, .wd = 0.1, .mom = 0.9, .centered = true},
+    {.kind = 3, .lr = 0.01, .eps = 1e-10},
+    {.kind = 3, .lr = 0.1, .lr_decay = 0.5, .wd = 0.2, .init = 0.3, .eps = 1e-8},
+    {.kind = 4, .lr = 0.01, .b1 = 0.9, .b2 = 0.99, .wd = 0.3},
+};
+#define NNEW ((int)(sizeof NEW_CFGS / sizeof NEW_CFGS[0]))
+
+static void test_new_optims_against_formulas(void **state)
+{
+    (void)state;
+    for (int k = 0; k < NNEW; k++) {
+        const new_cfg *c = &NEW_CFGS[k];
+        nt_tensor *p = param_f32(P0, N);
+        nt_optim *o = new_make(c, &p, 1);
+        assert_non_null(o);
+        for (int t = 0; t < 3; t++) {
+            set_grad(p, G[t], N);
+            assert_int_equal(nt_optim_step(o), 0);
+            assert_int_equal(nt_optim_zero_grad(o), 0);
+            float got[N];
+            double want[N];
+            read_f32(p, got, N);
+            new_reference(c, t + 1, want);
+            assert_near(got, want, N);
+        }
+        nt_optim_destroy(o);
+        nt_release(p);
+    }
+}
+
+/* The same training in every mode, on both backends and captured (one
+ * step recorded, replayed with the lr a scheduler sets): the same bits. */
+static void train_new(const new_cfg *c, const char *backend, const char *mode, bool captured,
+                      float *out)
+{
+    assert_int_equal(nt_config_set("NT_BACKEND", backend), 0);
+    if (!strcmp(mode, "deterministic"))
+        assert_int_equal(nt_config_set("NT_DETERMINISTIC", "1"), 0);
+    else
+        assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+    nt_tensor *p[2] = {param_f32(P0, N), param_f32(P0, 3)};
+    nt_optim *o = new_make(c, p, 1);
+    assert_non_null(o);
+    assert_int_equal(nt_optim_add_group(o, &p[1], 1, c->lr * 0.5, 0.05), 1);
+    nt_scheduler *sc = nt_scheduler_cosine(o, 2, 6, c->lr * 0.1);
+    assert_non_null(sc);
+    nt_graph *gr = NULL;
+    nt_tensor *gin = nt_from_host(G[0], NT_F32, 1, (int64_t[]){N});
+    for (int t = 0; t < 6; t++) {
+        nt_tensor *gt = nt_from_host(G[t % 3], NT_F32, 1, (int64_t[]){N});
+        assert_int_equal(nt_scheduler_step(sc), 0);
+        if (captured && gr) {
+            assert_int_equal(nt_graph_bind(gr, "g", gt), 0);
+            assert_int_equal(nt_graph_replay(gr), 0);
+        } else {
+            bool cap = captured && t == 0; /* from the first step: state made once */
+            if (cap) {
+                assert_int_equal(nt_graph_capture_begin(), 0);
+                assert_int_equal(nt_graph_input(gt, "g"), 0);
+            }
+            nt_scope *s = nt_scope_begin();
+            nt_tensor *l = nt_add(nt_sum(nt_mul(p[0], gt), NT_DIM_ALL, false),
+                                  nt_sum(nt_mul(p[1], nt_slice(gt, 0, 0, 3, 1)), NT_DIM_ALL,
+                                         false));
+            assert_int_equal(nt_backward(l), 0);
+            assert_int_equal(nt_optim_step(o), 0);
+            assert_int_equal(nt_optim_zero_grad(o), 0);
+            nt_scope_end(s);
+            if (cap)
+                assert_non_null(gr = nt_graph_capture_end());
+        }
+        nt_release(gt);
+    }
+    assert_int_equal(nt_optim_steps(o), 6);
+    read_f32(p[0], out, N);
+    read_f32(p[1], out + N, 3);
+    nt_graph_destroy(gr);
+    nt_release(gin);
+    nt_scheduler_destroy(sc);
+    nt_optim_destroy(o);
+    nt_release(p[0]), nt_release(p[1]);
+    assert_int_equal(nt_config_set("NT_DETERMINISTIC", "0"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+}
+
+static void test_new_optims_bitwise_everywhere(void **state)
+{
+    (void)state;
+    const char *modes[] = {"deterministic", "adaptive", "eager", "lazy"};
+    for (int k = 0; k < NNEW; k++) {
+        float ref[N + 3], got[N + 3];
+        train_new(&NEW_CFGS[k], "cpu", "deterministic", false, ref);
+        for (int b = 0; b < 2; b++)
+            for (int m = 0; m < 4; m++)
+                for (int cap = 0; cap < 2; cap++) {
+                    if (cap && m != 1)
+                        continue; /* captured: the default mode */
+                    train_new(&NEW_CFGS[k], b ? "sim" : "cpu", modes[m], cap, got);
+                    if (memcmp(ref, got, sizeof ref)) {
+                        print_error("config %d on %s, %s%s differs\n", k, b ? "sim" : "cpu",
+                                    modes[m], cap ? ", captured" : "");
+                        fail();
+                    }
+                }
+    }
+}
+
+/* Groups: each group's parameters get the bits of a one-group optimizer
+ * with that group's lr and weight decay. */
+static void test_param_groups(void **state)
+{
+    (void)state;
+    for (int k = 0; k < NNEW; k++) {
+        new_cfg c0 = NEW_CFGS[k], c1 = c0;
+        c1.lr = c0.lr * 0.3, c1.wd = 0.2;
+        /* the group's own betas or momentum where the kind has them */
+        bool betas = c0.kind <= 1 || c0.kind == 4, mom = c0.kind == 2;
+        if (betas)
+            c1.b1 = 0.7, c1.b2 = 0.95;
+        if (mom)
+            c1.mom = 0.5;
+        nt_tensor *a = param_f32(P0, N), *b = param_f32(P0, N);
+        nt_tensor *a1 = param_f32(P0, N), *b1 = param_f32(P0, N);
+        nt_optim *o = new_make(&c0, &a, 1);
+        if (k & 1) /* the plain form: the first group's betas and momentum */
+            c1.b1 = c0.b1, c1.b2 = c0.b2, c1.mom = c0.mom;
+        assert_int_equal(k & 1 ? nt_optim_add_group(o, &b, 1, c1.lr, c1.wd)
+                               : nt_optim_add_group_ex(o, &b, 1, c1.lr, c1.wd,
+                                                       betas ? c1.b1 : NAN, betas ? c1.b2 : NAN,
+                                                       mom ? c1.mom : NAN),
+                         1);
+        assert_true(nt_optim_get_group_beta1(o, 1) == c1.b1);
+        assert_true(nt_optim_get_group_momentum(o, 1) == c1.mom);
+        assert_int_equal(nt_optim_ngroups(o), 2);
+        nt_optim *oa = new_make(&c0, &a1, 1), *ob = new_make(&c1, &b1, 1);
+        for (int t = 0; t < 3; t++) {
+            set_grad(a, G[t], N), set_grad(b, G[2 - t], N);
+            set_grad(a1, G[t], N), set_grad(b1, G[2 - t], N);
+            assert_int_equal(nt_optim_step(o), 0);
+            assert_int_equal(nt_optim_step(oa), 0);
+            assert_int_equal(nt_optim_step(ob), 0);
+            nt_optim_zero_grad(o), nt_optim_zero_grad(oa), nt_optim_zero_grad(ob);
+        }
+        float x[N], y[N];
+        read_f32(a, x, N), read_f32(a1, y, N);
+        assert_memory_equal(x, y, sizeof x);
+        read_f32(b, x, N), read_f32(b1, y, N);
+        assert_memory_equal(x, y, sizeof x);
+        assert_true(nt_optim_get_group_lr(o, 1) == c1.lr);
+        assert_true(nt_optim_get_group_weight_decay(o, 1) == c1.wd);
+        nt_optim_destroy(o), nt_optim_destroy(oa), nt_optim_destroy(ob);
+        nt_release(a), nt_release(b), nt_release(a1), nt_release(b1);
+    }
+    /* per-group lr, set_lr for all, errors */
+    nt_tensor *p[3] = {param_f32(P0, N), param_f32(P0, 2), param_f32(P0, 3)};
+    nt_optim *o = nt_optim_adam(p, 1, 0.1, 0.9, 0.999, 1e-8, 0, 0);
+    assert_int_equal(nt_optim_add_group(o, &p[1], 2, 0.01, 0), 1);
+    assert_true(nt_optim_get_group_lr(o, 0) == 0.1 && nt_optim_get_group_lr(o, 1) == 0.01);
+    assert_int_equal(nt_optim_set_group_lr(o, 1, 0.02), 0);
+    assert_true(nt_optim_get_group_lr(o, 1) == 0.02);
+    assert_true(nt_optim_get_group_initial_lr(o, 1) == 0.01);
+    assert_int_equal(nt_optim_set_lr(o, 0.5), 0);
+    assert_true(nt_optim_get_group_lr(o, 0) == 0.5 && nt_optim_get_group_lr(o, 1) == 0.5);
+    assert_int_equal(nt_optim_add_group(o, &p[2], 1, 0.1, 0), NT_EINVAL); /* overlap */
+    assert_non_null(strstr(nt_last_error_message(), "params[0]"));
+    assert_non_null(strstr(nt_last_error_message(), "group 1"));
+    assert_int_equal(nt_optim_add_group(o, (nt_tensor *[]){p[0]}, 1, 0.1, 0), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "group 0"));
+    assert_int_equal(nt_optim_add_group(o, &p[1], 1, -1, 0), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "'lr'"));
+    assert_int_equal(nt_optim_add_group(o, &p[1], 1, 0.1, NAN), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "'weight_decay'"));
+    assert_int_equal(nt_optim_add_group_ex(o, &p[2], 1, 0.1, 0, NAN, NAN, 0.9), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "'momentum'"));
+    assert_non_null(strstr(nt_last_error_message(), "nt_optim_add_group_ex"));
+    assert_int_equal(nt_optim_add_group_ex(o, &p[2], 1, 0.1, 0, 1.0, NAN, NAN), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "'beta1'"));
+    assert_int_equal(nt_optim_add_group_ex(o, &p[2], 1, 0.1, 0, 0.9, -0.1, NAN), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "'beta2'"));
+    assert_int_equal(nt_optim_set_group_lr(o, 2, 0.1), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "'group'"));
+    assert_true(isnan(nt_optim_get_group_lr(o, -1)));
+    assert_int_equal(nt_optim_ngroups(o), 2);
+    nt_optim_destroy(o);
+    /* SGD: a group's own momentum, the same bits as a one-group SGD */
+    nt_tensor *s1 = param_f32(P0, N), *s2 = param_f32(P0, N);
+    o = nt_optim_sgd(&p[0], 1, 0.1, 0.9, 0, true);
+    assert_int_equal(nt_optim_add_group_ex(o, &s1, 1, 0.05, 0.01, NAN, NAN, 0), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "nesterov"));
+    assert_int_equal(nt_optim_add_group_ex(o, &s1, 1, 0.05, 0.01, NAN, NAN, 0.5), 1);
+    nt_optim *os = nt_optim_sgd(&s2, 1, 0.05, 0.5, 0.01, true);
+    for (int t = 0; t < 3; t++) {
+        set_grad(s1, G[t], N), set_grad(s2, G[t], N);
+        assert_int_equal(nt_optim_step(o), 0);
+        assert_int_equal(nt_optim_step(os), 0);
+        nt_optim_zero_grad(o), nt_optim_zero_grad(os);
+    }
+    float x[N], y[N];
+    read_f32(s1, x, N), read_f32(s2, y, N);
+    assert_memory_equal(x, y, sizeof x);
+    nt_optim_destroy(o), nt_optim_destroy(os);
+    nt_release(s1), nt_release(s2);
+    for (int i = 0; i < 3; i++)
+        nt_release(p[i]);
+}
+
+/* Bad hyper-parameters: NT_EINVAL naming the argument. */
+static void test_new_optims_errors(void **state)
+{
+    (void)state;
+    nt_tensor *p = param_f32(P0, N);
+    assert_null(nt_optim_adam(&p, 1, -1, 0.9, 0.999, 1e-8, 0, 0));
+    assert_non_null(strstr(nt_last_error_message(), "nt_optim_adam"));
+    assert_non_null(strstr(nt_last_error_message(), "'lr'"));
+#define BAD(call, arg)                                                                       \
+    do {                                                                                     \
+        assert_null(call);                                                                   \
+        assert_int_equal(nt_last_error(), NT_EINVAL);                                        \
+        if (!strstr(nt_last_error_message(), arg)) {                                         \
+            print_error("%s: %s\n", #call, nt_last_error_message());                         \
+            fail();                                                                          \
+        }                                                                                    \
+    } while (0)
+    BAD(nt_optim_adam(&p, 1, 1e-3, 1.0, 0.999, 1e-8, 0, 0), "'beta1'");
+    BAD(nt_optim_adam(&p, 1, 1e-3, 0.9, NAN, 1e-8, 0, 0), "'beta2'");
+    BAD(nt_optim_adam(&p, 1, 1e-3, 0.9, 0.999, -1, 0, 0), "'eps'");
+    BAD(nt_optim_adam(&p, 1, 1e-3, 0.9, 0.999, 1e-8, INFINITY, 0), "'weight_decay'");
+    BAD(nt_optim_adam(&p, 1, 1e-3, 0.9, 0.999, 1e-8, 0, 2), "'flags'");
+    BAD(nt_optim_adamw_ex(&p, 1, 1e-3, 0.9, 0.999, 1e-8, 0, 8), "'flags'");
+    BAD(nt_optim_rmsprop(&p, 1, 1e-2, -0.5, 1e-8, 0, 0, false), "'alpha'");
+    BAD(nt_optim_rmsprop(&p, 1, 1e-2, 0.99, 1e-8, 0, -0.1, false), "'momentum'");
+    BAD(nt_optim_adagrad(&p, 1, 1e-2, -1, 0, 0, 1e-10), "'lr_decay'");
+    BAD(nt_optim_adagrad(&p, 1, 1e-2, 0, 0, -1, 1e-10), "'initial_accumulator_value'");
+    BAD(nt_optim_lion(&p, 1, 1e-4, 0.9, 1.5, 0), "'beta2'");
+    BAD(nt_optim_lion(&p, 1, NAN, 0.9, 0.99, 0), "'lr'");
+    BAD(nt_optim_lion(NULL, 1, 1e-4, 0.9, 0.99, 0), "params");
+    BAD(nt_optim_rmsprop((nt_tensor *[]){p, p}, 2, 1e-2, 0.99, 1e-8, 0, 0, false), "params");
+    /* schedulers */
+    nt_optim *o = nt_optim_sgd(&p, 1, 0.1, 0, 0, false);
+    BAD(nt_scheduler_steplr(o, 0, 0.5), "'step_size'");
+    BAD(nt_scheduler_steplr(o, 2, -0.5), "'gamma'");
+    BAD(nt_scheduler_cosine(o, -1, 10, 0), "'warmup_steps'");
+    BAD(nt_scheduler_cosine(o, 5, 4, 0), "'total_steps'");
+    BAD(nt_scheduler_cosine(o, 1, 10, NAN), "'min_lr'");
+    BAD(nt_scheduler_linear(o, 0, 1, 5), "'start_factor'");
+    BAD(nt_scheduler_linear(o, 0.5, 1.5, 5), "'end_factor'");
+    BAD(nt_scheduler_linear(o, 0.5, 1, 0), "'total_iters'");
+    BAD(nt_scheduler_onecycle(o, 0, 10, 0.3, 25, 1e4), "'max_lr'");
+    BAD(nt_scheduler_onecycle(o, 0.1, 0, 0.3, 25, 1e4), "'total_steps'");
+    BAD(nt_scheduler_onecycle(o, 0.1, 10, 1.3, 25, 1e4), "'pct_start'");
+    BAD(nt_scheduler_onecycle(o, 0.1, 10, 0.3, 0, 1e4), "'div_factor'");
+    BAD(nt_scheduler_onecycle(o, 0.1, 10, 0.3, 25, -1), "'final_div_factor'");
+    BAD(nt_scheduler_cosine(NULL, 1, 10, 0), "opt");
+#undef BAD
+    assert_int_equal(nt_scheduler_step(NULL), NT_EINVAL);
+    nt_scheduler *s = nt_scheduler_steplr(o, 2, 0.5);
+    assert_non_null(s);
+    nt_optim_destroy(o);
+    assert_int_equal(nt_scheduler_step(s), NT_ESTATE); /* its optimizer is gone */
+    assert_non_null(strstr(nt_last_error_message(), "destroyed"));
+    nt_scheduler_destroy(s);
+    nt_scheduler_destroy(s); /* twice: an error, no crash */
+    assert_int_equal(nt_last_error(), NT_EINVAL);
+    nt_release(p);
+}
+
+static void check_seq(const char *name, nt_scheduler *(*make)(nt_optim *), const double (*want)[2],
+                      int n, double rel)
+{
+    nt_tensor *p[2] = {param_f32(P0, N), param_f32(P0, 2)};
+    nt_optim *o = nt_optim_sgd(p, 1, 0.1, 0, 0, false);
+    assert_int_equal(nt_optim_add_group(o, &p[1], 1, 0.02, 0), 1);
+    nt_scheduler *s = make(o);
+    assert_non_null(s);
+    for (int k = 0; k < n; k++) {
+        if (k) { /* no .grads: the step only counts */
+            assert_int_equal(nt_optim_step(o), 0);
+            assert_int_equal(nt_scheduler_step(s), 0);
+        }
+        for (int g = 0; g < 2; g++) {
+            double got = nt_scheduler_get_lr(s, g), w = want[k][g];
+            if (!(fabs(got - w) <= rel * fabs(w))) {
+                print_error("%s position %d group %d: lr %.17g, PyTorch %.17g\n", name, k, g, got,
+                            w);
+                fail();
+            }
+            assert_true(nt_optim_get_group_lr(o, g) == got);
+        }
+    }
+    nt_scheduler_destroy(s);
+    nt_optim_destroy(o);
+    nt_release(p[0]), nt_release(p[1]);
+}
+
+static nt_scheduler *mk_steplr(nt_optim *o) { return nt_scheduler_steplr(o, 3, 0.5); }
+static nt_scheduler *mk_linear(nt_optim *o) { return nt_scheduler_linear(o, 0.25, 1.0, 5); }
+static nt_scheduler *mk_onecycle(nt_optim *o)
+{
+    return nt_scheduler_onecycle(o, 0.1, 20, 0.3, 25, 1e4);
+}
+static nt_scheduler *mk_cosine(nt_optim *o) { return nt_scheduler_cosine(o, 3, 10, 0.001); }
+
+#define NROWS(a) ((int)(sizeof(a) / sizeof(a)[0]))
+
+/* Every scheduler's lr sequence against PyTorch's (two groups, each scaled
+ * from its own base lr).  StepLR multiplies as PyTorch does: the same
+ * doubles.  LinearLR is the closed form (PyTorch's step() multiplies
+ * ratios): within 1e-15 relative.  OneCycleLR and the cosine (its
+ * documented formula; PyTorch 1.13 has no one class for it) compute the
+ * same expressions: the same doubles. */
+static void test_schedulers_against_torch(void **state)
+{
+    (void)state;
+    check_seq("steplr", mk_steplr, tr_sched_steplr, NROWS(tr_sched_steplr), 0);
+    check_seq("linear", mk_linear, tr_sched_linear, NROWS(tr_sched_linear), 1e-15);
+    check_seq("onecycle", mk_onecycle, tr_sched_onecycle, NROWS(tr_sched_onecycle), 0);
+    check_seq("cosine", mk_cosine, tr_sched_cosine, NROWS(tr_sched_cosine), 0);
+
+    /* one-cycle past its end: PyTorch raises at its 21st step */
+    nt_tensor *p = param_f32(P0, N);
+    nt_optim *o = nt_optim_adam(&p, 1, 0.1, 0.9, 0.999, 1e-8, 0, 0);
+    nt_scheduler *s = mk_onecycle(o);
+    for (int k = 1; k < TR_ONECYCLE_FAILS_AT; k++) {
+        assert_int_equal(nt_optim_step(o), 0);
+        assert_int_equal(nt_scheduler_step(s), 0);
+    }
+    assert_int_equal(nt_optim_step(o), 0);
+    double lr = nt_optim_get_lr(o);
+    assert_int_equal(nt_scheduler_step(s), NT_ESTATE);
+    assert_non_null(strstr(nt_last_error_message(), "nt_scheduler_step"));
+    assert_non_null(strstr(nt_last_error_message(), "tried to step 21 times"));
+    assert_true(nt_optim_get_lr(o) == lr); /* nothing changed */
+    nt_scheduler_destroy(s);
+    /* a one-cycle made past its end fails at once, changing nothing */
+    double base = nt_optim_get_group_initial_lr(o, 0);
+    assert_null(nt_scheduler_onecycle(o, 0.5, 20, 0.3, 25, 1e4));
+    assert_true(nt_optim_get_group_initial_lr(o, 0) == base);
+    assert_int_equal(nt_last_error(), NT_ESTATE);
+    assert_non_null(strstr(nt_last_error_message(), "nt_scheduler_onecycle"));
+    nt_optim_destroy(o);
+    nt_release(p);
+}
+
+/* ---- checkpoints of groups, every optimizer's state, schedulers ---- */
+
+static nt_optim *ck_make(int k, nt_tensor **p)
+{
+    nt_optim *o = k < NNEW ? new_make(&NEW_CFGS[k], p, 1)
+                           : nt_optim_sgd(p, 1, 0.05, 0.9, 0.01, false);
+    assert_non_null(o);
+    /* group 1 with its own betas, or without the momentum group 0 has (its
+     * parameters then have no momentum state) */
+    int kind = k < NNEW ? NEW_CFGS[k].kind : -1;
+    bool betas = kind == 0 || kind == 1 || kind == 4, mom = kind == -1 || kind == 2;
+    assert_int_equal(nt_optim_add_group_ex(o, &p[1], 2, 0.004, 0, betas ? 0.8 : NAN,
+                                           betas ? 0.9 : NAN, mom ? 0 : NAN),
+                     1);
+    return o;
+}
+
+static void ck_params(nt_tensor **p, float seed)
+{
+    float v[N];
+    for (int i = 0; i < N; i++)
+        v[i] = P0[i] * seed;
+    p[0] = param_f32(v, N), p[1] = param_f32(v + 1, 3), p[2] = param_f32(v + 2, 2);
+}
+
+static void ck_step(nt_tensor **p, nt_optim *o, nt_scheduler *s, int t)
+{
+    assert_int_equal(nt_scheduler_step(s), 0);
+    set_grad(p[0], G[t % 3], N), set_grad(p[1], G[(t + 1) % 3], 3);
+    if (t % 2 == 0) /* p[2] skips every other step: its own count */
+        set_grad(p[2], G[(t + 2) % 3], 2);
+    assert_int_equal(nt_optim_step(o), 0);
+    assert_int_equal(nt_optim_zero_grad(o), 0);
+}
+
+static void ck_read(nt_tensor **p, float *out)
+{
+    read_f32(p[0], out, N), read_f32(p[1], out + N, 3), read_f32(p[2], out + N + 3, 2);
+}
+
+static void test_checkpoint_groups_states(void **state)
+{
+    (void)state;
+    const char *path = tpath("groups.ckpt"), *path2 = tpath("groups2.ckpt");
+    for (int k = 0; k <= NNEW; k++) {
+        nt_tensor *a[3], *b[3];
+        ck_params(a, 1);
+        nt_optim *oa = ck_make(k, a);
+        nt_scheduler *sa = nt_scheduler_cosine(oa, 2, 8, 1e-4);
+        for (int t = 0; t < 3; t++)
+            ck_step(a, oa, sa, t);
+        assert_int_equal(nt_save(path, a, 3, oa), 0);
+        for (int t = 3; t < 6; t++)
+            ck_step(a, oa, sa, t);
+        float want[N + 5], got[N + 5];
+        ck_read(a, want);
+
+        ck_params(b, -2); /* other values, other lrs */
+        nt_optim *ob = ck_make(k, b);
+        assert_int_equal(nt_optim_set_group_lr(ob, 1, 0.3), 0);
+        assert_int_equal(nt_load(path, b, 3, ob), 0);
+        assert_int_equal(nt_optim_steps(ob), 3);
+        assert_int_equal(nt_save(path2, b, 3, ob), 0); /* the same state: the same file */
+        assert_true(files_equal(path, path2));
+        nt_scheduler *sb = nt_scheduler_cosine(ob, 2, 8, 1e-4); /* made after the load */
+        for (int t = 3; t < 6; t++)
+            ck_step(b, ob, sb, t);
+        ck_read(b, got);
+        assert_memory_equal(want, got, sizeof want);
+        for (int g = 0; g < 2; g++)
+            assert_true(nt_optim_get_group_lr(oa, g) == nt_optim_get_group_lr(ob, g));
+
+        /* group mismatches: NT_ESHAPE, nothing changed */
+        nt_tensor *c[3];
+        ck_params(c, 3);
+        nt_optim *one = k < NNEW ? new_make(&NEW_CFGS[k], c, 3)
+                                 : nt_optim_sgd(c, 3, 0.05, 0.9, 0.01, false);
+        assert_int_equal(nt_load(path, c, 3, one), NT_ESHAPE);
+        assert_non_null(strstr(nt_last_error_message(), "2 parameter groups"));
+        nt_optim *two = k < NNEW ? new_make(&NEW_CFGS[k], c, 2)
+                                 : nt_optim_sgd(c, 2, 0.05, 0.9, 0.01, false);
+        assert_int_equal(nt_optim_add_group(two, &c[2], 1, 0.1, 0), 1);
+        assert_int_equal(nt_load(path, c, 3, two), NT_ESHAPE);
+        assert_non_null(strstr(nt_last_error_message(), "group 0 holds 1 parameters"));
+        assert_int_equal(nt_optim_steps(two), 0);
+        /* another kind */
+        nt_optim *other = k < NNEW && NEW_CFGS[k].kind == 0 ? nt_optim_lion(c, 1, 0.1, 0.9, 0.99, 0)
+                                 : nt_optim_adam(c, 1, 0.1, 0.9, 0.99, 1e-8, 0, 0);
+        assert_int_equal(nt_optim_add_group(other, &c[1], 2, 0.1, 0), 1);
+        assert_int_equal(nt_load(path, c, 3, other), NT_EINVAL);
+        nt_optim_destroy(one), nt_optim_destroy(two), nt_optim_destroy(other);
+        nt_scheduler_destroy(sa), nt_scheduler_destroy(sb);
+        nt_optim_destroy(oa), nt_optim_destroy(ob);
+        for (int i = 0; i < 3; i++)
+            nt_release(a[i]), nt_release(b[i]), nt_release(c[i]);
+    }
+}
+
+
+/* A file from before parameter groups: the group record made an optional
+ * kind (0x8005), which the reader skips, so only the optimizer record
+ * describes the one group -- what an old writer wrote.  It loads into a
+ * one-group SGD or AdamW optimizer (bit for bit, training continues the
+ * same), not into a two-group one (NT_ESHAPE) nor into Adam (NT_EFORMAT:
+ * Adam's record needs its groups). */
+static void make_pre_groups(const char *from, const char *to)
+{
+    size_t n;
+    uint8_t *b = slurp(from, &n);
+    uint32_t count = (uint32_t)(b[12] | b[13] << 8 | b[14] << 16 | (uint32_t)b[15] << 24);
+    for (uint32_t i = 0; i < count; i++) {
+        uint8_t *e = b + 32 + 96 * i;
+        if ((e[0] | e[1] << 8) == 5)
+            e[1] = 0x80;
+    }
+    size_t te = 32 + 96 * (size_t)count + 8;
+    uint32_t c = crc32_ieee(b, te - 8);
+    for (int k = 0; k < 4; k++)
+        b[te - 8 + k] = (uint8_t)(c >> (8 * k));
+    spit(to, b, n);
+    free(b);
+}
+
+static void test_checkpoint_before_groups(void **state)
+{
+    (void)state;
+    const char *path = tpath("new.ckpt"), *old = tpath("old.ckpt");
+    for (int which = 0; which < 3; which++) {
+        nt_tensor *a = param_f32(P0, N), *b = param_f32(G[0], N);
+        nt_optim *oa = which == 0   ? nt_optim_adamw(&a, 1, 0.01, 0.9, 0.999, 1e-8, 0.01)
+                       : which == 1 ? nt_optim_sgd(&a, 1, 0.05, 0.9, 0.01, true)
+                                    : nt_optim_adam(&a, 1, 0.01, 0.9, 0.999, 1e-8, 0.01, 0);
+        for (int t = 0; t < 2; t++) {
+            set_grad(a, G[t], N);
+            assert_int_equal(nt_optim_step(oa), 0);
+            nt_optim_zero_grad(oa);
+        }
+        assert_int_equal(nt_optim_set_lr(oa, 0.02), 0);
+        assert_int_equal(nt_save(path, &a, 1, oa), 0);
+        make_pre_groups(path, old);
+        nt_optim *ob = which == 0   ? nt_optim_adamw(&b, 1, 0.5, 0.5, 0.5, 1, 0)
+                       : which == 1 ? nt_optim_sgd(&b, 1, 0.5, 0, 0, false)
+                                    : nt_optim_adam(&b, 1, 0.5, 0.5, 0.5, 1, 0, 0);
+        if (which == 2) {
+            assert_int_equal(nt_load(old, &b, 1, ob), NT_EFORMAT);
+            assert_non_null(strstr(nt_last_error_message(), "no parameter group record"));
+        } else {
+            nt_tensor *c = param_f32(P0, N);
+            nt_optim *two = nt_optim_sgd(&c, 1, 0.1, 0, 0, false);
+            if (which == 0) {
+                nt_optim_destroy(two);
+                two = nt_optim_adamw(&c, 1, 0.1, 0.9, 0.999, 1e-8, 0);
+            }
+            nt_tensor *d = param_f32(P0, 2);
+            assert_int_equal(nt_optim_add_group(two, &d, 1, 0.1, 0), 1);
+            int lrc = nt_load(old, &c, 1, two);
+            if (lrc != NT_ESHAPE)
+                print_error("%s\n", nt_last_error_message());
+            assert_int_equal(lrc, NT_ESHAPE);
+            assert_non_null(strstr(nt_last_error_message(), "the optimizer has 2"));
+            nt_optim_destroy(two);
+            nt_release(c), nt_release(d);
+
+            assert_int_equal(nt_load(old, &b, 1, ob), 0);
+            assert_true(nt_optim_get_lr(ob) == 0.02);
+            assert_true(nt_optim_get_group_initial_lr(ob, 0) == 0.5); /* its own */
+            for (int t = 2; t < 3; t++) {
+                set_grad(a, G[t], N), set_grad(b, G[t], N);
+                assert_int_equal(nt_optim_step(oa), 0);
+                assert_int_equal(nt_optim_step(ob), 0);
+            }
+            float x[N], y[N];
+            read_f32(a, x, N), read_f32(b, y, N);
+            assert_memory_equal(x, y, sizeof x);
+        }
+        nt_optim_destroy(oa), nt_optim_destroy(ob);
+        nt_release(a), nt_release(b);
+    }
+}
+
+/* Master weights and the loss scaler with the new optimizers: a bf16
+ * parameter with masters follows an f32 run on the same (bf16-exact)
+ * values and gradients, rounded -- and its state and masters survive a
+ * checkpoint; a scaled loss (a power of two) unscaled by nt_grad_scaler
+ * steps to the same bits as the plain loss. */
+static void test_new_optims_master_scaler(void **state)
+{
+    (void)state;
+    for (int k = 0; k < NNEW; k++) {
+        const new_cfg *c = &NEW_CFGS[k];
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *p32 = nt_cast(nt_cast(nt_from_host(P0, NT_F32, 1, (int64_t[]){N}), NT_BF16),
+                                 NT_F32);
+        nt_tensor *pf = nt_keep(nt_detach(p32)), *pb = nt_keep(nt_cast(p32, NT_BF16));
+        nt_scope_end(sc);
+        assert_int_equal(nt_set_requires_grad(pf, true), 0);
+        assert_int_equal(nt_set_requires_grad(pb, true), 0);
+        nt_optim *of = new_make(c, &pf, 1), *ob = new_make(c, &pb, 1);
+        assert_int_equal(nt_optim_set_master_weights(ob, true), 0);
+        for (int t = 0; t < 3; t++) {
+            nt_scope *s = nt_scope_begin();
+            nt_tensor *g = nt_cast(nt_from_host(G[t], NT_F32, 1, (int64_t[]){N}), NT_BF16);
+            assert_int_equal(nt_backward(nt_sum(nt_mul(pb, g), NT_DIM_ALL, false)), 0);
+            assert_int_equal(nt_backward(nt_sum(nt_mul(pf, nt_cast(g, NT_F32)), NT_DIM_ALL,
+                                                false)), 0);
+            nt_scope_end(s);
+            assert_int_equal(nt_optim_step(of), 0);
+            assert_int_equal(nt_optim_step(ob), 0);
+            nt_optim_zero_grad(of), nt_optim_zero_grad(ob);
+        }
+        float f[N];
+        uint16_t b[N];
+        read_f32(pf, f, N);
+        assert_int_equal(nt_to_host(pb, b, sizeof b), 0);
+        for (int i = 0; i < N; i++)
+            assert_int_equal(b[i], f32_to_bf16(f[i]));
+        const char *path = tpath("nm.ckpt"), *path2 = tpath("nm2.ckpt");
+        assert_int_equal(nt_save(path, &pb, 1, ob), 0);
+        nt_optim *o2 = new_make(c, &pb, 1);
+        assert_int_equal(nt_load(path, &pb, 1, o2), 0);
+        assert_int_equal(nt_save(path2, &pb, 1, o2), 0);
+        assert_true(files_equal(path, path2));
+        nt_optim_destroy(o2), nt_optim_destroy(of), nt_optim_destroy(ob);
+        nt_release(pf), nt_release(pb);
+
+        /* the loss scaler */
+        nt_tensor *a = param_f32(P0, N), *z = param_f32(P0, N);
+        nt_optim *oa = new_make(c, &a, 1), *oz = new_make(c, &z, 1);
+        nt_grad_scaler *gs = nt_grad_scaler_create(NULL);
+        assert_non_null(gs);
+        for (int t = 0; t < 3; t++) {
+            set_grad(a, G[t], N);
+            assert_int_equal(nt_optim_step(oa), 0);
+            nt_scope *s = nt_scope_begin();
+            nt_tensor *gt = nt_from_host(G[t], NT_F32, 1, (int64_t[]){N});
+            nt_tensor *l = nt_sum(nt_mul(z, gt), NT_DIM_ALL, false);
+            assert_int_equal(nt_backward(nt_grad_scaler_scale(gs, l)), 0);
+            nt_scope_end(s);
+            assert_int_equal(nt_grad_scaler_step(gs, oz), 0);
+            assert_int_equal(nt_grad_scaler_update(gs), 0);
+            nt_optim_zero_grad(oa), nt_optim_zero_grad(oz);
+        }
+        float x[N], y[N];
+        read_f32(a, x, N), read_f32(z, y, N);
+        assert_memory_equal(x, y, sizeof x);
+        nt_grad_scaler_destroy(gs);
+        nt_optim_destroy(oa), nt_optim_destroy(oz);
+        nt_release(a), nt_release(z);
+    }
+    /* a group added with master weights on gets its masters: 10 steps of
+     * 1e-3 move a bf16 1.0 only through them */
+    const float one[N] = {1, 1, 1, 1, 1};
+    nt_tensor *q[2];
+    for (int i = 0; i < 2; i++) {
+        nt_tensor *t = nt_from_host(one, NT_F32, 1, (int64_t[]){N});
+        q[i] = nt_cast(t, NT_BF16);
+        nt_release(t);
+        assert_int_equal(nt_set_requires_grad(q[i], true), 0);
+    }
+    nt_optim *o = nt_optim_sgd(&q[0], 1, 1e-3, 0, 0, false);
+    assert_int_equal(nt_optim_set_master_weights(o, true), 0);
+    assert_int_equal(nt_optim_add_group(o, &q[1], 1, 1e-3, 0), 1);
+    float m = 1.0f;
+    for (int t = 0; t < 10; t++) {
+        for (int i = 0; i < 2; i++) {
+            nt_scope *s = nt_scope_begin();
+            nt_tensor *c = nt_cast(nt_from_host(one, NT_F32, 1, (int64_t[]){N}), NT_BF16);
+            assert_int_equal(nt_backward(nt_sum(nt_mul(q[i], c), NT_DIM_ALL, false)), 0);
+            nt_scope_end(s);
+        }
+        assert_int_equal(nt_optim_step(o), 0);
+        nt_optim_zero_grad(o);
+        m = m - (float)1e-3 * 1.0f;
+    }
+    for (int i = 0; i < 2; i++) {
+        uint16_t got[N];
+        assert_int_equal(nt_to_host(q[i], got, sizeof got), 0);
+        assert_int_equal(got[0], f32_to_bf16(m));
+        nt_release(q[i]);
+    }
+    nt_optim_destroy(o);
+}
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1068,6 +1874,21 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_checkpoint_errors, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bitwise_across_modes, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_step_count_bound, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_torch_refs_optimizers, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_new_optims_against_formulas, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_new_optims_bitwise_everywhere, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_param_groups, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_new_optims_errors, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_schedulers_against_torch, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_groups_states, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_before_groups, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_new_optims_master_scaler, nt_test_setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_devices_step_clip_load, devices_setup,
                                         devices_teardown),
     };

@@ -4,7 +4,8 @@
 The same model (examples/gpt_model.h), data, vocabulary and split, batch
 order (the counter-based splitmix64 generator, in 64-bit wrapping integer
 arithmetic), initialisation distributions, optimizer (AdamW, betas 0.9 and
-0.95, eps 1e-8, weight decay 0.1 on every parameter), schedule (linear
+0.95, eps 1e-8, weight decay 0.1 on the matrices and embeddings, none on the
+layer norms' weights and the biases: two parameter groups), schedule (linear
 warm-up, cosine decay to a tenth of the peak), gradient clipping at norm 1
 and fixed validation batches.  The initial values are drawn by PyTorch's
 generator, so they follow the same distributions but are not the same
@@ -167,7 +168,9 @@ def main():
         logits = F.linear(h, params[-1] if a.untied else params[0])
         return F.cross_entropy(logits.reshape(b * t, V), y.reshape(b * t))
 
-    opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
 
     def get_lr(step):
         if step < a.warmup:
