@@ -472,6 +472,51 @@ static void test_bits_across_configs(void **state)
     cfg(0);
 }
 
+/* A captured forward replayed on fresh inputs: the eager bits. */
+static void test_captured(void **state)
+{
+    (void)state;
+    for (int k = 4; k <= 5; k++) { /* cpu and sim, lazy */
+        cfg(k);
+        for (int ci = 0; ci < LR_NCASES; ci++) {
+            const lr_case *c = &lr_cases[ci];
+            run R = run_case(c, NT_F32);
+            nt_scope *sc = nt_scope_begin();
+            nt_tensor *x = pool_tensor(c->x, c->xnd, c->xsh, NT_F32), *x2, *y, *y2;
+            x2 = nt_contiguous(nt_mul_scalar(x, 1.0));
+            x = nt_zeros_like(x); /* the capture's own values: the replay must read x2's */
+            if (c->lab) {
+                y2 = nt_from_host(lr_labels + c->y, NT_I32, c->ynd, c->ysh);
+                y = nt_zeros_like(y2);
+            } else {
+                y2 = pool_tensor(c->y, c->ynd, c->ysh, NT_F32);
+                y = nt_full(NT_F32, c->ynd, c->ysh, 0.5);
+            }
+            nt_tensor *w = pool_tensor(c->w, c->wnd, c->wsh, NT_F32);
+            nt_tensor *pw = pool_tensor(c->pw, c->pwnd, c->pwsh, NT_F32);
+            assert_int_equal(nt_sync(), 0);
+            assert_int_equal(nt_graph_capture_begin(), 0);
+            assert_int_equal(nt_graph_input(x, "x"), 0);
+            assert_int_equal(nt_graph_input(y, "y"), 0);
+            nt_tensor *l = call_loss(c, x, y, w, pw);
+            nt_graph *g = nt_graph_capture_end();
+            if (!g || !l)
+                fail_msg("case %d: %s", ci, nt_last_error_message());
+            assert_int_equal(nt_graph_bind(g, "x", x2), 0);
+            assert_int_equal(nt_graph_bind(g, "y", y2), 0);
+            assert_int_equal(nt_graph_replay(g), 0);
+            float *v = malloc((size_t)(R.nout ? R.nout : 1) * sizeof *v);
+            assert_int_equal(nt_to_host(l, v, (size_t)R.nout * sizeof *v), 0);
+            assert_memory_equal(v, R.out, (size_t)R.nout * sizeof *v);
+            free(v);
+            nt_graph_destroy(g);
+            assert_int_equal(nt_scope_end(sc), 0);
+            run_free(&R);
+        }
+    }
+    cfg(0);
+}
+
 /* bf16 inputs: the result is the f32 computation on the widened inputs,
  * rounded once to bf16; under autocast it is that f32 value. */
 static void test_low_precision_and_autocast(void **state)
@@ -939,6 +984,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_torch_refs, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_double_refs, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bits_across_configs, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_captured, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_low_precision_and_autocast, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_gradcheck, nt_test_setup, nt_test_teardown),
