@@ -685,7 +685,9 @@ typedef nt_tensor *(*nt_grad_hook)(nt_tensor *g, void *ctx);
  *  the pass, with grad off, on the gradient's device: it may read g (e.g.
  *  nt_item, a host sync), run ops and return a new gradient; it must not
  *  call nt_backward or change t or g in place.  A bad replacement is an
- *  error of nt_backward (NT_ESHAPE).  Hooks stay while t's graph node
+ *  error of nt_backward (NT_ESHAPE).  In a captured step the hook runs
+ *  once, at the capture; replays rerun the ops it queued, not the hook.
+ *  Hooks stay while t's graph node
  *  lives (a leaf: while t lives); they cannot be removed.  Errors: t NULL
  *  or released, fn NULL (NT_EINVAL), t not floating (NT_EDTYPE) or not
  *  requiring grad (NT_ESTATE). */

@@ -591,7 +591,7 @@ static void test_gradcheck(void **state)
     (void)state;
     cfg(0);
     uint64_t s = 7;
-    float a[3 * 4 * 5], b[3 * 4 * 5], w[4];
+    float a[3 * 4 * 5], b[3 * 4 * 5], w[5]; /* w: class weights [4], pos_weight [5] */
     nt_test_fill(a, 60, &s);
     nt_test_fill(b, 60, &s);
     float d[60];
@@ -600,7 +600,7 @@ static void test_gradcheck(void **state)
         b[i] = b[i] * 0.5f + 0.5f, a[i] *= 2.0f; /* b in [0, 1): targets */
         d[i] = a[i] + (i % 2 ? -off[i % 4] : off[i % 4]);
     }
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         w[i] = 0.5f + 0.25f * (float)i;
     int32_t lab[15];
     for (int i = 0; i < 15; i++)
