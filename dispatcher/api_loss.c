@@ -21,6 +21,9 @@ typedef struct lctx {
     const char *fn;
     nt_scope *sc;
     nt_dtype odt; /* the result's dtype */
+    int nk;       /* the 0-d f32 constants made so far (each made once) */
+    double kv[4];
+    nt_tensor *kt[4];
 } lctx;
 
 static bool need_float(const lctx *L, nt_tensor *t, const char *arg)
@@ -91,7 +94,17 @@ static nt_tensor *f32(const lctx *L, nt_tensor *t)
     return !t || t->dtype == NT_F32 ? t : nt__copy_to(L->site, L->fn, t, NT_F32);
 }
 
-static nt_tensor *scal(const lctx *L, double v) { return nt_full_at(L->site, NT_F32, 0, NULL, v); }
+/* The 0-d f32 constant v, made once per call (one fill op each). */
+static nt_tensor *scal(lctx *L, double v)
+{
+    for (int i = 0; i < L->nk; i++)
+        if (L->kv[i] == v)
+            return L->kt[i];
+    nt_tensor *t = nt_full_at(L->site, NT_F32, 0, NULL, v);
+    if (t && L->nk < 4)
+        L->kv[L->nk] = v, L->kt[L->nk++] = t;
+    return t;
+}
 static nt_tensor *bin(const lctx *L, int op, nt_tensor *a, nt_tensor *b)
 {
     return nt__binary(L->site, L->fn, op, a, b);
@@ -157,7 +170,7 @@ static bool need_bcast_to(const lctx *L, nt_tensor *a, const char *an, nt_tensor
 
 /* max(log(q), -100) as PyTorch's BCE, with log's input 1 where q == 0 so
  * that the gradient there is 0, not 0 * inf (a NaN q stays NaN). */
-static nt_tensor *clamped_log(const lctx *L, nt_tensor *q)
+static nt_tensor *clamped_log(lctx *L, nt_tensor *q)
 {
     nt_tensor *z = bin(L, NT_OP_EQ, q, scal(L, 0.0));
     nt_tensor *lq = nt_clamp_at(L->site, un(L, NT_OP_LOG, nt_where_at(L->site, z, scal(L, 1.0), q)),
