@@ -252,11 +252,11 @@ NT_API nt_tensor *nt_binary_cross_entropy_with_logits(nt_tensor *x, nt_tensor *y
 /* ---------------- nll_loss ---------------- */
 
 /* logp [C] with a 0-d label, or [N, C, d1, ...] with labels [N, d1, ...] */
-static bool nll_shapes(const lctx *L, nt_tensor *lp, nt_tensor *y, nt_tensor *w)
+static bool nll_shapes(const lctx *L, const char *xn, nt_tensor *lp, nt_tensor *y, nt_tensor *w)
 {
     char s1[128], s2[128];
     if (lp->ndim < 1) {
-        nt__err(L->site, NT_ESHAPE, L->fn, "argument 'logp' is 0-d; expected [C] or [N, C, ...]");
+        nt__err(L->site, NT_ESHAPE, L->fn, "argument '%s' is 0-d; expected [C] or [N, C, ...]", xn);
         return false;
     }
     int cd = lp->ndim == 1 ? 0 : 1;
@@ -266,15 +266,15 @@ static bool nll_shapes(const lctx *L, nt_tensor *lp, nt_tensor *y, nt_tensor *w)
             ok = y->shape[j++] == lp->shape[i];
     if (!ok) {
         nt__err(L->site, NT_ESHAPE, L->fn,
-                "argument 'labels' has shape %s; expected 'logp' %s without its class dim %d",
-                nt__shape_str(y->ndim, y->shape, s1, sizeof s1),
+                "argument 'labels' has shape %s; expected '%s' %s without its class dim %d",
+                nt__shape_str(y->ndim, y->shape, s1, sizeof s1), xn,
                 nt__shape_str(lp->ndim, lp->shape, s2, sizeof s2), cd);
         return false;
     }
     int64_t M = nt__numel(y->ndim, y->shape);
     if (M > 0 && lp->shape[cd] < 1) {
-        nt__err(L->site, NT_ESHAPE, L->fn, "argument 'logp' has shape %s; expected C >= 1 classes",
-                nt__shape_str(lp->ndim, lp->shape, s1, sizeof s1));
+        nt__err(L->site, NT_ESHAPE, L->fn, "argument '%s' has shape %s; expected C >= 1 classes",
+                xn, nt__shape_str(lp->ndim, lp->shape, s1, sizeof s1));
         return false;
     }
     if (w && (w->ndim != 1 || w->shape[0] != lp->shape[cd])) {
@@ -286,6 +286,97 @@ static bool nll_shapes(const lctx *L, nt_tensor *lp, nt_tensor *y, nt_tensor *w)
     return true;
 }
 
+/* The labels' checks of the class losses: a live integer tensor. */
+static bool need_labels(const lctx *L, nt_tensor *labels)
+{
+    if (!nt__check_arg(L->site, L->fn, "labels", labels))
+        return false;
+    if (!nt__dtype_is_float((nt_dtype)labels->dtype))
+        return true;
+    nt__err(L->site, NT_EDTYPE, L->fn, "argument 'labels' has dtype %s; expected i32 or u8",
+            nt_dtype_name((nt_dtype)labels->dtype));
+    return false;
+}
+
+/* red of the class losses' parts: l (and sm, the smoothing part, when
+ * eps > 0), with den the (weighted) count of the labels kept:
+ *   NONE: l * (1 - eps) + sm * (eps / C), shaped like the labels
+ *   SUM:  sum(l) * (1 - eps) + sum(sm) * (eps / C)
+ *   MEAN: (sum(l) / den) * (1 - eps) + (sum(sm) / den) * (eps / C)
+ * (PyTorch's cross_entropy order; eps == 0: l's part alone). */
+static nt_tensor *class_reduce(lctx *L, nt_tensor *l, nt_tensor *sm, nt_tensor *den,
+                               nt_tensor *labels, nt_reduction red, double eps, int64_t C)
+{
+    nt_tensor *parts[2] = {l, sm};
+    for (int i = 0; i < (eps > 0 ? 2 : 1); i++) {
+        nt_tensor *t = parts[i];
+        if (red == NT_REDUCTION_NONE)
+            t = nt_reshape_at(L->site, t, labels->ndim, labels->shape);
+        else
+            t = nt__reduce(L->site, L->fn, NT_OP_SUM, t, NT_DIM_ALL, false);
+        if (red == NT_REDUCTION_MEAN)
+            t = bin(L, NT_OP_DIV, t, den);
+        parts[i] = t;
+    }
+    if (!(eps > 0))
+        return parts[0];
+    return bin(L, NT_OP_ADD, sc1(L, NT_OP_MUL_SCALAR, parts[0], 1.0 - eps),
+               sc1(L, NT_OP_MUL_SCALAR, parts[1], C ? eps / (double)C : 0.0));
+}
+
+/* nll_loss and cross_entropy on x ([C] or [N, C, d1, ...], checked),
+ * with eps the label smoothing (cross_entropy) and x log-softmaxed over
+ * the classes first when softmax is set:
+ *   lp = [M, C] rows of x (classes last), f32 (log_softmax'd)
+ *   valid_i = y_i != ignore_index; y_i 0 where not, checked in [0, C)
+ *   l_i = valid_i ? -lp[i, y_i] * w[y_i] : 0
+ *   sm_i = valid_i ? -sum_c lp[i, c] * w[c] : 0          (eps > 0)
+ *   den = sum(valid_i ? w[y_i] : 0), or sum(valid), or M  (MEAN) */
+static nt_tensor *class_loss(lctx *L, nt_tensor *x, nt_tensor *labels, nt_tensor *weight,
+                             int64_t ignore_index, nt_reduction reduction, double eps, bool softmax)
+{
+    const nt_site *site = L->site;
+    int64_t C = x->ndim == 1 ? x->shape[0] : x->shape[1];
+    int64_t M = nt__numel(labels->ndim, labels->shape);
+    nt_dtype ldt = (nt_dtype)labels->dtype;
+    int64_t lo = ldt == NT_U8 ? 0 : INT32_MIN, hi = ldt == NT_U8 ? 255 : INT32_MAX;
+    nt_tensor *lp = f32(L, x->ndim == 1 ? nt_reshape_at(site, x, 2, (int64_t[]){1, C})
+                                        : nt__classes_last(site, x));
+    if (softmax)
+        lp = nt_log_softmax_at(site, lp, 1);
+    nt_tensor *y = nt_reshape_at(site, labels, 1, (int64_t[]){M}), *valid = NULL;
+    if (ignore_index >= lo && ignore_index <= hi) { /* else no label can equal it */
+        valid = bin(L, NT_OP_NE, y, nt_full_at(site, ldt, 0, NULL, (double)ignore_index));
+        y = nt_where_at(site, valid, y, nt_zeros_at(site, ldt, 0, NULL));
+    }
+    if (M > 0)
+        y = nt__labels_checked(site, L->fn, y, C);
+    nt_tensor *l = un(L, NT_OP_NEG,
+                      nt_reshape_at(site, nt_gather_at(site, lp, 1,
+                                                       nt_reshape_at(site, y, 2, (int64_t[]){M, 1})),
+                                    1, (int64_t[]){M}));
+    nt_tensor *w = f32(L, weight), *sm = NULL;
+    nt_tensor *wy = w ? nt_index_select_at(site, w, 0, y) : NULL;
+    if (wy)
+        l = bin(L, NT_OP_MUL, l, wy);
+    if (eps > 0)
+        sm = un(L, NT_OP_NEG, nt__reduce(site, L->fn, NT_OP_SUM, w ? bin(L, NT_OP_MUL, lp, w) : lp,
+                                         1, false));
+    nt_tensor *zf = scal(L, 0.0);
+    if (valid) {
+        l = nt_where_at(site, valid, l, zf);
+        sm = sm ? nt_where_at(site, valid, sm, zf) : NULL;
+        wy = wy ? nt_where_at(site, valid, wy, zf) : NULL;
+    }
+    nt_tensor *den = NULL;
+    if (reduction == NT_REDUCTION_MEAN)
+        den = wy      ? nt__reduce(site, L->fn, NT_OP_SUM, wy, NT_DIM_ALL, false)
+              : valid ? nt__reduce(site, L->fn, NT_OP_SUM, nt__copy_to(site, L->fn, valid, NT_F32),
+                                   NT_DIM_ALL, false)
+                      : scal(L, (double)M);
+    return class_reduce(L, l, sm, den, labels, reduction, eps, C);
+}
+
 NT_API nt_tensor *nt_nll_loss_at(const nt_site *site, nt_tensor *logp, nt_tensor *labels,
                                  nt_tensor *weight, int64_t ignore_index, nt_reduction reduction)
 {
@@ -293,61 +384,45 @@ NT_API nt_tensor *nt_nll_loss_at(const nt_site *site, nt_tensor *logp, nt_tensor
     nt_tensor *ts[2] = {logp, weight};
     if (!loss_begin(&L, site, "nt_nll_loss", 2, ts, (const char *const[]){"logp", "weight"},
                     (const bool[]){0, 1}) ||
-        !nt__check_arg(site, L.fn, "labels", labels))
+        !need_labels(&L, labels) || !check_red(&L, reduction, false) ||
+        !nll_shapes(&L, "logp", logp, labels, weight) || !open_scope(&L))
         return NULL;
-    if (nt__dtype_is_float((nt_dtype)labels->dtype)) {
-        nt__err(site, NT_EDTYPE, L.fn, "argument 'labels' has dtype %s; expected i32 or u8",
-                nt_dtype_name((nt_dtype)labels->dtype));
-        return NULL;
-    }
-    if (!check_red(&L, reduction, false) || !nll_shapes(&L, logp, labels, weight) ||
-        !open_scope(&L))
-        return NULL;
-    int64_t C = logp->ndim == 1 ? logp->shape[0] : logp->shape[1];
-    int64_t M = nt__numel(labels->ndim, labels->shape);
-    nt_dtype ldt = (nt_dtype)labels->dtype;
-    int64_t lo = ldt == NT_U8 ? 0 : INT32_MIN, hi = ldt == NT_U8 ? 255 : INT32_MAX;
-    nt_tensor *lp = logp->ndim == 1 ? nt_reshape_at(site, logp, 2, (int64_t[]){1, C})
-                                    : nt__classes_last(site, logp);
-    nt_tensor *y = nt_reshape_at(site, labels, 1, (int64_t[]){M}), *valid = NULL;
-    if (ignore_index >= lo && ignore_index <= hi) { /* else no label can equal it */
-        valid = bin(&L, NT_OP_NE, y, nt_full_at(site, ldt, 0, NULL, (double)ignore_index));
-        y = nt_where_at(site, valid, y, nt_zeros_at(site, ldt, 0, NULL));
-    }
-    if (M > 0)
-        y = nt__labels_checked(site, L.fn, y, C);
-    /* l_i = -logp[i, y_i] * w[y_i], 0 where ignored */
-    nt_tensor *l = un(&L, NT_OP_NEG,
-                      nt_reshape_at(site, nt_gather_at(site, f32(&L, lp), 1,
-                                                       nt_reshape_at(site, y, 2, (int64_t[]){M, 1})),
-                                    1, (int64_t[]){M}));
-    nt_tensor *wy = weight ? nt_index_select_at(site, f32(&L, weight), 0, y) : NULL;
-    if (wy)
-        l = bin(&L, NT_OP_MUL, l, wy);
-    nt_tensor *zf = scal(&L, 0.0);
-    if (valid) {
-        l = nt_where_at(site, valid, l, zf);
-        if (wy)
-            wy = nt_where_at(site, valid, wy, zf);
-    }
-    nt_tensor *loss;
-    if (reduction == NT_REDUCTION_NONE) {
-        loss = nt_reshape_at(site, l, labels->ndim, labels->shape);
-    } else if (reduction == NT_REDUCTION_SUM) {
-        loss = reduce(&L, l, reduction, 0);
-    } else { /* the weighted mean: sum(l) / sum(w[y_i] over the rows kept) */
-        nt_tensor *den = wy      ? nt__reduce(site, L.fn, NT_OP_SUM, wy, NT_DIM_ALL, false)
-                         : valid ? nt__reduce(site, L.fn, NT_OP_SUM, nt__copy_to(site, L.fn, valid, NT_F32),
-                                              NT_DIM_ALL, false)
-                                 : scal(&L, (double)M);
-        loss = bin(&L, NT_OP_DIV, nt__reduce(site, L.fn, NT_OP_SUM, l, NT_DIM_ALL, false), den);
-    }
-    return loss_end(&L, loss);
+    return loss_end(&L, class_loss(&L, logp, labels, weight, ignore_index, reduction, 0.0, false));
 }
 NT_API nt_tensor *nt_nll_loss(nt_tensor *logp, nt_tensor *labels, nt_tensor *weight,
                               int64_t ignore_index, nt_reduction reduction)
 {
     return nt_nll_loss_at(NT_RA_SITE, logp, labels, weight, ignore_index, reduction);
+}
+
+NT_API nt_tensor *nt_cross_entropy_loss_at(const nt_site *site, nt_tensor *logits,
+                                           nt_tensor *labels, nt_tensor *weight,
+                                           int64_t ignore_index, double label_smoothing,
+                                           nt_reduction reduction)
+{
+    lctx L;
+    nt_tensor *ts[2] = {logits, weight};
+    if (!loss_begin(&L, site, "nt_cross_entropy_loss", 2, ts,
+                    (const char *const[]){"logits", "weight"}, (const bool[]){0, 1}) ||
+        !need_labels(&L, labels) || !check_red(&L, reduction, false) ||
+        !nll_shapes(&L, "logits", logits, labels, weight))
+        return NULL;
+    if (!(label_smoothing >= 0.0 && label_smoothing <= 1.0)) {
+        nt__err(site, NT_EINVAL, L.fn, "argument 'label_smoothing' is %g; expected a value in "
+                "[0, 1]", label_smoothing);
+        return NULL;
+    }
+    if (!open_scope(&L))
+        return NULL;
+    return loss_end(&L, class_loss(&L, logits, labels, weight, ignore_index, reduction,
+                                   label_smoothing, true));
+}
+NT_API nt_tensor *nt_cross_entropy_loss(nt_tensor *logits, nt_tensor *labels, nt_tensor *weight,
+                                        int64_t ignore_index, double label_smoothing,
+                                        nt_reduction reduction)
+{
+    return nt_cross_entropy_loss_at(NT_RA_SITE, logits, labels, weight, ignore_index,
+                                    label_smoothing, reduction);
 }
 
 /* ---------------- regression losses ---------------- */

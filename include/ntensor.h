@@ -486,6 +486,15 @@ NT_API nt_tensor *nt_binary_cross_entropy_with_logits(nt_tensor *x, nt_tensor *y
  *  sum(w[y_i]) over the labels not ignored (NaN when all are). */
 NT_API nt_tensor *nt_nll_loss(nt_tensor *logp, nt_tensor *labels, nt_tensor *weight,
                               int64_t ignore_index, nt_reduction reduction);
+/** torch.nn.functional.cross_entropy with every argument: logits [N, C,
+ *  d1, ...] (or [C] with a 0-d label), labels and weight as nt_nll_loss,
+ *  label_smoothing eps in [0, 1] (else NT_EINVAL); l_i = (1 - eps) nll_i +
+ *  eps / C sum_c(-w[c] log_softmax(logits)[i, c]), 0 where ignored, each
+ *  part reduced as PyTorch (MEAN: over the weights of the labels kept).
+ *  With weight NULL and MEAN: nt_cross_entropy_ex's bits. */
+NT_API nt_tensor *nt_cross_entropy_loss(nt_tensor *logits, nt_tensor *labels, nt_tensor *weight,
+                                        int64_t ignore_index, double label_smoothing,
+                                        nt_reduction reduction);
 /** torch.nn.functional.l1_loss: |a - b| (a and b broadcast). */
 NT_API nt_tensor *nt_l1_loss(nt_tensor *a, nt_tensor *b, nt_reduction reduction);
 /** torch.nn.functional.smooth_l1_loss: z = |a - b|, z < beta ? 0.5 z z /

@@ -110,6 +110,7 @@ static nt_tensor *call_loss(const lr_case *c, nt_tensor *x, nt_tensor *y, nt_ten
     case LR_SMOOTH_L1: return nt_smooth_l1_loss(x, y, r, c->arg);
     case LR_HUBER: return nt_huber_loss(x, y, r, c->arg);
     case LR_KL_DIV: return nt_kl_div(x, y, r, c->flag);
+    case LR_CROSS_ENTROPY_LOSS: return nt_cross_entropy_loss(x, y, w, c->ign, c->arg, r);
     default: return nt_cross_entropy_ex(x, y, c->ign, c->arg);
     }
 }
@@ -271,17 +272,20 @@ static void ref_elementwise(const lr_case *c, double *out, double *gx, double *g
         out[0] = acc * scale;
 }
 
-/* nll_loss / cross_entropy: per position, class dim 1 (0 for a 1-D logp). */
+/* nll_loss / cross_entropy: per position, class dim 1 (0 for a 1-D x):
+ * l = (1 - eps) (-w[y] lp[y]) + eps / C sum_c(-w[c] lp[c]), lp = x (nll)
+ * or log_softmax(x); MEAN over den = sum of w[y] kept. */
 static void ref_classes(const lr_case *c, double *out, double *gx)
 {
+    bool ce = c->kind != LR_NLL;
     int cd = c->xnd == 1 ? 0 : 1;
     int64_t C = c->xsh[cd], N = c->xnd == 1 ? 1 : c->xsh[0];
-    int64_t inner = numel(c->xnd - 2 > 0 ? c->xnd - 2 : 0, c->xsh + 2);
-    if (c->xnd == 1)
-        inner = 1;
+    int64_t inner = c->xnd <= 2 ? 1 : numel(c->xnd - 2, c->xsh + 2);
     int64_t M = N * inner;
-    double num = 0, den = 0, sm = 0, eps = c->kind == LR_CROSS_ENTROPY ? c->arg : 0;
-    double *lp = calloc((size_t)(M * C), sizeof *lp), *wl = calloc((size_t)M, sizeof *wl);
+    double tot = 0, den = 0, eps = ce ? c->arg : 0, W = 0;
+    double *lp = calloc((size_t)(M * C), sizeof *lp);
+    for (int64_t k = 0; k < C; k++)
+        W += c->w >= 0 ? pv(c->w, k) : 1.0;
     for (int64_t m = 0; m < M; m++) {
         int64_t nn = m / inner, in = m % inner;
         double mx = -INFINITY, s = 0;
@@ -291,41 +295,41 @@ static void ref_classes(const lr_case *c, double *out, double *gx)
             s += exp(pv(c->x, (nn * C + k) * inner + in) - mx);
         for (int64_t k = 0; k < C; k++) {
             double v = pv(c->x, (nn * C + k) * inner + in);
-            lp[m * C + k] = c->kind == LR_CROSS_ENTROPY ? v - mx - log(s) : v;
+            lp[m * C + k] = ce ? v - mx - log(s) : v;
         }
         int32_t y = lr_labels[c->y + m];
-        bool ok = y != c->ign;
-        wl[m] = ok ? (c->w >= 0 ? pv(c->w, y) : 1.0) : 0.0;
-        double l = ok ? -wl[m] * lp[m * C + y] : 0.0;
+        double l = 0;
+        if (y != c->ign) {
+            double sm = 0;
+            for (int64_t k = 0; k < C; k++)
+                sm -= (c->w >= 0 ? pv(c->w, k) : 1.0) * lp[m * C + k];
+            den += c->w >= 0 ? pv(c->w, y) : 1.0;
+            l = (1 - eps) * -(c->w >= 0 ? pv(c->w, y) : 1.0) * lp[m * C + y] + eps / (double)C * sm;
+        }
         if (c->red == 0)
             out[m] = l;
-        num += l, den += wl[m];
-        if (ok)
-            for (int64_t k = 0; k < C; k++)
-                sm -= lp[m * C + k];
+        tot += l;
     }
     double scale = c->red == 1 ? 1 / den : 1;
     if (c->red != 0)
-        out[0] = c->kind == LR_CROSS_ENTROPY ? (1 - eps) * num / den + eps / (double)C * sm / den
-                                             : num * scale;
+        out[0] = tot * scale;
     for (int64_t m = 0; m < M; m++) {
         int64_t nn = m / inner, in = m % inner;
         int32_t y = lr_labels[c->y + m];
         if (y == c->ign)
             continue;
-        double ct = c->red == 0 ? pv(c->cot, m) : scale;
+        double ct = c->red == 0 ? pv(c->cot, m) : scale, wy = c->w >= 0 ? pv(c->w, y) : 1.0;
         for (int64_t k = 0; k < C; k++) {
             int64_t xi = (nn * C + k) * inner + in;
-            if (c->kind == LR_NLL) {
-                gx[xi] += k == y ? -ct * wl[m] : 0;
-            } else {
-                double p = exp(lp[m * C + k]);
-                gx[xi] += (p - (1 - eps) * (k == y) - eps / (double)C) / den;
+            if (!ce) {
+                gx[xi] += k == y ? -ct * wy : 0;
+                continue;
             }
+            double p = exp(lp[m * C + k]), wk = c->w >= 0 ? pv(c->w, k) : 1.0;
+            gx[xi] += ct * ((1 - eps) * -wy * ((k == y) - p) - eps / (double)C * (wk - p * W));
         }
     }
     free(lp);
-    free(wl);
 }
 
 /* |got - want| within tol = rel * |want| + abs (NaN matches NaN, an Inf
@@ -382,6 +386,8 @@ static void test_torch_refs(void **state)
             double want = fbits(lr_pool[c->out + i]);
             if (c->kind == LR_L1 && c->red == 0)
                 assert_int_equal(ubits(R.out[i]), lr_pool[c->out + i]);
+            else if (c->red == 0 && c->kind == LR_CROSS_ENTROPY_LOSS) /* log_softmax: |x| ulps */
+                near("value", ci, i, R.out[i], want, 1e-6, 1e-6);
             else if (c->red == 0 && c->kind != LR_NLL)
                 near("value", ci, i, R.out[i], want, 5e-7, 1e-37);
             else
@@ -420,7 +426,7 @@ static void test_double_refs(void **state)
         double *out = calloc((size_t)(R.nout ? R.nout : 1), sizeof *out);
         double *gx = calloc((size_t)R.nx, sizeof *gx);
         double *gy = R.ny ? calloc((size_t)R.ny, sizeof *gy) : NULL;
-        if (c->kind == LR_NLL || c->kind == LR_CROSS_ENTROPY)
+        if (c->kind == LR_NLL || c->kind == LR_CROSS_ENTROPY || c->kind == LR_CROSS_ENTROPY_LOSS)
             ref_classes(c, out, gx);
         else
             ref_elementwise(c, out, gx, gy);
@@ -582,6 +588,8 @@ static nt_tensor *gc_fn(nt_tensor *const *in, void *ctx)
     case LR_SMOOTH_L1: return nt_smooth_l1_loss(in[0], in[1], g->red, 0.7);
     case LR_HUBER: return nt_huber_loss(in[0], in[1], g->red, 0.6);
     case LR_KL_DIV: return nt_kl_div(in[0], nt_softmax(in[1], 1), g->red, false);
+    case LR_CROSS_ENTROPY_LOSS:
+        return nt_cross_entropy_loss(in[0], g->labels, in[1], 2, 0.1, g->red);
     default: return nt_cross_entropy_ex(in[0], g->labels, 2, 0.1);
     }
 }
@@ -605,12 +613,12 @@ static void test_gradcheck(void **state)
     int32_t lab[15];
     for (int i = 0; i < 15; i++)
         lab[i] = (i * 7) % 4;
-    for (int kind = LR_BCE; kind <= LR_CROSS_ENTROPY; kind++)
+    for (int kind = LR_BCE; kind <= LR_CROSS_ENTROPY_LOSS; kind++)
         for (int r = 0; r < 3; r++) {
             if (kind == LR_CROSS_ENTROPY && r != 1)
                 continue;
             nt_scope *sc = nt_scope_begin();
-            bool cls = kind == LR_NLL || kind == LR_CROSS_ENTROPY;
+            bool cls = kind == LR_NLL || kind == LR_CROSS_ENTROPY || kind == LR_CROSS_ENTROPY_LOSS;
             nt_tensor *in[3];
             in[0] = nt_from_host(a, NT_F32, 3, SH(3, 4, 5));
             bool reg = kind == LR_L1 || kind == LR_SMOOTH_L1 || kind == LR_HUBER;
@@ -653,6 +661,12 @@ static void test_cross_entropy_nd_is_2d(void **state)
         assert_int_equal(ubits((float)a), ubits((float)b));
         assert_int_equal(nt_item(nt_cross_entropy_ex(l, lab, 2, 0.2), &a), 0);
         assert_int_equal(nt_item(nt_cross_entropy_ex(rows, y1, 2, 0.2), &b), 0);
+        assert_int_equal(ubits((float)a), ubits((float)b));
+        /* nt_cross_entropy_loss without weights, MEAN: the same bits */
+        assert_int_equal(nt_item(nt_cross_entropy_loss(l, lab, NULL, 2, 0.2, NT_REDUCTION_MEAN), &b), 0);
+        assert_int_equal(ubits((float)a), ubits((float)b));
+        assert_int_equal(nt_item(nt_cross_entropy_loss(l, lab, NULL, -100, 0.0, NT_REDUCTION_MEAN), &b), 0);
+        assert_int_equal(nt_item(nt_cross_entropy(l, lab), &a), 0);
         assert_int_equal(ubits((float)a), ubits((float)b));
         /* nt_cross_entropy ignores nothing: -100 is out of range when it runs */
         y[3] = -100;
@@ -746,6 +760,12 @@ static void test_loss_errors(void **state)
     } else {
         nt_test_expect_err(nt_last_error(), NT_ERANGE, "nt_nll_loss");
     }
+    nt_test_expect_err(PERR(nt_cross_entropy_loss(x, lab, NULL, -100, 1.5, NT_REDUCTION_SUM)),
+                       NT_EINVAL, "nt_cross_entropy_loss", "'label_smoothing'", "1.5");
+    nt_test_expect_err(PERR(nt_cross_entropy_loss(x, lab4, NULL, -100, 0.0, NT_REDUCTION_SUM)),
+                       NT_ESHAPE, "nt_cross_entropy_loss", "'labels'", "'logits'");
+    nt_test_expect_err(PERR(nt_cross_entropy_loss(x, lab, NULL, -100, 0.0, NT_REDUCTION_BATCHMEAN)),
+                       NT_EINVAL, "nt_cross_entropy_loss", "'reduction'");
     /* cross entropy [N, C, d] with labels of the wrong shape */
     nt_test_expect_err(PERR(nt_cross_entropy(nt_zeros(NT_F32, 3, SH(2, 3, 4)),
                                                            nt_zeros(NT_I32, 2, SH(2, 3)))),

@@ -116,6 +116,10 @@ NT_API nt_tensor *nt_binary_cross_entropy_with_logits_at(const nt_site *site, nt
 NT_API nt_tensor *nt_nll_loss_at(const nt_site *site, nt_tensor *logp, nt_tensor *labels,
                                  nt_tensor *weight, int64_t ignore_index,
                                  nt_reduction reduction);
+NT_API nt_tensor *nt_cross_entropy_loss_at(const nt_site *site, nt_tensor *logits,
+                                           nt_tensor *labels, nt_tensor *weight,
+                                           int64_t ignore_index, double label_smoothing,
+                                           nt_reduction reduction);
 NT_API nt_tensor *nt_l1_loss_at(const nt_site *site, nt_tensor *a, nt_tensor *b,
                                 nt_reduction reduction);
 NT_API nt_tensor *nt_smooth_l1_loss_at(const nt_site *site, nt_tensor *a, nt_tensor *b,
@@ -286,6 +290,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(nt_tensor *, nt_binary_cross_entropy, (nt_tensor *p, nt_tensor *y, nt_tensor *weight, nt_reduction reduction), (const nt_site *site, nt_tensor *p, nt_tensor *y, nt_tensor *weight, nt_reduction reduction), 4) \
     X(nt_tensor *, nt_binary_cross_entropy_with_logits, (nt_tensor *x, nt_tensor *y, nt_tensor *weight, nt_tensor *pos_weight, nt_reduction reduction), (const nt_site *site, nt_tensor *x, nt_tensor *y, nt_tensor *weight, nt_tensor *pos_weight, nt_reduction reduction), 5) \
     X(nt_tensor *, nt_nll_loss, (nt_tensor *logp, nt_tensor *labels, nt_tensor *weight, int64_t ignore_index, nt_reduction reduction), (const nt_site *site, nt_tensor *logp, nt_tensor *labels, nt_tensor *weight, int64_t ignore_index, nt_reduction reduction), 5) \
+    X(nt_tensor *, nt_cross_entropy_loss, (nt_tensor *logits, nt_tensor *labels, nt_tensor *weight, int64_t ignore_index, double label_smoothing, nt_reduction reduction), (const nt_site *site, nt_tensor *logits, nt_tensor *labels, nt_tensor *weight, int64_t ignore_index, double label_smoothing, nt_reduction reduction), 6) \
     X(nt_tensor *, nt_l1_loss, (nt_tensor *a, nt_tensor *b, nt_reduction reduction), (const nt_site *site, nt_tensor *a, nt_tensor *b, nt_reduction reduction), 3) \
     X(nt_tensor *, nt_smooth_l1_loss, (nt_tensor *a, nt_tensor *b, nt_reduction reduction, double beta), (const nt_site *site, nt_tensor *a, nt_tensor *b, nt_reduction reduction, double beta), 4) \
     X(nt_tensor *, nt_huber_loss, (nt_tensor *a, nt_tensor *b, nt_reduction reduction, double delta), (const nt_site *site, nt_tensor *a, nt_tensor *b, nt_reduction reduction, double delta), 4) \
@@ -426,6 +431,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_binary_cross_entropy(...) nt_binary_cross_entropy_at(NT_HERE, __VA_ARGS__)
 #define nt_binary_cross_entropy_with_logits(...) nt_binary_cross_entropy_with_logits_at(NT_HERE, __VA_ARGS__)
 #define nt_nll_loss(...) nt_nll_loss_at(NT_HERE, __VA_ARGS__)
+#define nt_cross_entropy_loss(...) nt_cross_entropy_loss_at(NT_HERE, __VA_ARGS__)
 #define nt_l1_loss(...) nt_l1_loss_at(NT_HERE, __VA_ARGS__)
 #define nt_smooth_l1_loss(...) nt_smooth_l1_loss_at(NT_HERE, __VA_ARGS__)
 #define nt_huber_loss(...) nt_huber_loss_at(NT_HERE, __VA_ARGS__)

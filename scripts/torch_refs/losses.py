@@ -3,7 +3,8 @@
 binary_cross_entropy (p exactly 0 and 1, weights), binary_cross_entropy_with_logits
 (logits +-100 and beyond, pos_weight), nll_loss ([N, C] and [N, C, d1, d2],
 ignore_index rows, class weights), l1_loss, smooth_l1_loss, huber_loss,
-kl_div (log_target, batchmean) and cross_entropy over [N, C, d1, ...], with
+kl_div (log_target, batchmean), cross_entropy over [N, C, d1, ...] (nt_cross_entropy_ex)
+and with every argument (nt_cross_entropy_loss: weights, reductions), with
 every reduction, on odd shapes; their values and the gradients of
 sum(loss * cot) (cot: a fixed cotangent for reduction 'none', 1 otherwise)
 with respect to the first input (and the second where PyTorch has one).
@@ -20,7 +21,8 @@ torch.manual_seed(34)
 POOL = []
 LABELS = []
 RED = {"none": 0, "mean": 1, "sum": 2, "batchmean": 3}
-KIND = ["bce", "bce_logits", "nll", "l1", "smooth_l1", "huber", "kl_div", "cross_entropy"]
+KIND = ["bce", "bce_logits", "nll", "l1", "smooth_l1", "huber", "kl_div", "cross_entropy",
+        "cross_entropy_loss"]
 
 
 def put(t):
@@ -65,8 +67,9 @@ def case(kind, red, x, y, w=None, pw=None, arg=0.0, flag=0, ign=-100, gy=True):
         out = F.huber_loss(x, y, reduction=red, delta=arg)
     elif kind == "kl_div":
         out = F.kl_div(x, y, reduction=red, log_target=bool(flag))
-    elif kind == "cross_entropy":
-        out = F.cross_entropy(x, y.long(), ignore_index=ign, reduction=red, label_smoothing=arg)
+    elif kind in ("cross_entropy", "cross_entropy_loss"):
+        out = F.cross_entropy(x, y.long(), weight=w, ignore_index=ign, reduction=red,
+                              label_smoothing=arg)
     cot = torch.randn(out.shape) if red == "none" else torch.ones(())
     ins = [x] + ([y] if not lab and gy else [])
     grads = torch.autograd.grad((out * cot).sum(), ins)
@@ -159,6 +162,14 @@ case("cross_entropy", "mean", lg, lab)
 case("cross_entropy", "mean", lg, lab, arg=0.1)
 case("cross_entropy", "mean", torch.randn(3, 4, 5), torch.randint(0, 4, (3, 5)))
 
+# nt_cross_entropy_loss: every reduction, class weights, smoothing, [C] logits
+for r in REDS:
+    case("cross_entropy_loss", r, lg, lab)
+    case("cross_entropy_loss", r, lg, lab, w=torch.rand(5) + 0.1, arg=0.2)
+    case("cross_entropy_loss", r, torch.randn(9, 7) * 3, torch.randint(0, 7, (9,)), ign=4,
+         w=torch.rand(7) + 0.1)
+case("cross_entropy_loss", "none", torch.randn(6), torch.tensor(2), arg=0.3)
+
 
 def arr(name, vals, ty, per=8, fmt="0x%08x"):
     print("static const %s %s[%d] = {" % (ty, name, max(len(vals), 1)))
@@ -177,7 +188,7 @@ print("#include <stdint.h>")
 arr("lr_pool", POOL, "uint32_t")
 arr("lr_labels", LABELS, "int32_t", 16, "%d")
 print("enum { LR_BCE, LR_BCE_LOGITS, LR_NLL, LR_L1, LR_SMOOTH_L1, LR_HUBER, LR_KL_DIV, "
-      "LR_CROSS_ENTROPY };")
+      "LR_CROSS_ENTROPY, LR_CROSS_ENTROPY_LOSS };")
 print("typedef struct lr_case {")
 print("    int kind, red, flag, lab;")
 print("    double arg;")
