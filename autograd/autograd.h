@@ -52,7 +52,20 @@ struct nt__node {
     const struct nt__custom_op *custom; /* user ops */
     struct nt__ckpt *ckpt; /* nt_checkpoint's node (autograd/checkpoint.c) */
     nt__node *dead_next;  /* nt__node_unref's list of nodes to free */
+    struct nt__ghook *hooks; /* nt_register_hook / nt_retain_grad, in order */
 };
+
+/* A gradient hook on output idx of a node (an accumulator's idx 0 for a
+ * leaf): fn(g, ctx) (nt_register_hook), or, with fn NULL, the retained
+ * .grad of the non-leaf whose autograd state is ag (nt_retain_grad; ag is
+ * cleared when that tensor dies). */
+typedef struct nt__ghook {
+    int idx;
+    nt_grad_hook fn;
+    void *ctx;
+    struct nt__ag *ag;
+    struct nt__ghook *next;
+} nt__ghook;
 
 #define NT__OP_ACCUMULATE (NT_OP_COUNT + 0)
 #define NT__OP_CHECKPOINT (NT_OP_COUNT + 1)
@@ -64,7 +77,9 @@ struct nt__ag {
     nt__node *grad_fn; /* non-leaf: the node that made it (a reference) */
     int out_idx;
     nt__node *acc;     /* leaf that requires grad: its accumulator (a reference) */
-    nt_tensor *grad;   /* leaf: the accumulated gradient (one user reference) */
+    nt_tensor *grad;   /* leaf: the accumulated gradient (one user reference);
+                        * a non-leaf's that nt_retain_grad asked for */
+    nt__node *retain_node; /* nt_retain_grad: the node holding its hook (a reference) */
     /* Leaf: its cast for the next forward's autocast, made ahead by an
      * optimizer step from the value it wrote (autograd/optim.c), so that
      * autocast takes it instead of queuing a cast that reads the parameter
@@ -145,6 +160,12 @@ bool nt__ag_enabled(void);
 
 nt__node *nt__node_new(int op, int nin, int nout);
 void nt__node_unref(nt__node *n);
+/* autograd/grad_hooks.c: nt_backward runs node n's hooks on its output
+ * gradients (a hook's replacement goes into the slot); a node's hooks go
+ * with it; a dying tensor's retained gradient stops. */
+int nt__run_hooks(nt__node *n, nt_tensor **gout, const nt_site *site);
+void nt__hooks_free(nt__node *n);
+void nt__ag_unretain(struct nt__ag *ag);
 /* The ag state of t, created on first use. */
 struct nt__ag *nt__ag_of(nt_tensor *t);
 /* The edge a consumer of t uses: t's grad_fn or its leaf accumulator. */

@@ -127,3 +127,38 @@ NT_API nt_tensor *nt_clip_grad_norm(nt_tensor *const *params, int n, double max_
 {
     return nt_clip_grad_norm_at(NT_RA_SITE, params, n, max_norm);
 }
+
+/* torch.nn.utils.clip_grad_value_: each .grad clamped in place, on its
+ * device; every argument is checked before any gradient changes. */
+NT_API int nt_clip_grad_value_at(const nt_site *site, nt_tensor *const *params, int n, double clip)
+{
+    const char *fn = "nt_clip_grad_value";
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (!params || n < 0)
+        return nt__err(site, NT_EINVAL, fn, "argument '%s' is %s; expected an array of n >= 0 "
+                       "tensors", params ? "n" : "params", params ? "< 0" : "NULL");
+    if (!(clip >= 0))
+        return nt__err(site, NT_EINVAL, fn, "argument 'clip' is %g; expected a value >= 0", clip);
+    if (n > 0 && !nt__check_list(fn, params, n, "parameter", clip_param))
+        return nt_last_error();
+    int rc = 0;
+    nt_no_grad_begin();
+    for (int i = 0; i < n && !rc; i++) {
+        nt_tensor *g = params[i]->ag ? params[i]->ag->grad : NULL;
+        if (!g)
+            continue;
+        nt__devsw dv;
+        nt__dev_enter(&dv, g->dev);
+        rc = nt_clamp_inplace_at(site, g, -clip, clip);
+        nt__dev_leave(&dv);
+    }
+    nt_no_grad_end();
+    if (rc)
+        nt__err_within(fn);
+    return rc;
+}
+NT_API int nt_clip_grad_value(nt_tensor *const *params, int n, double clip)
+{
+    return nt_clip_grad_value_at(NT_RA_SITE, params, n, clip);
+}

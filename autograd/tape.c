@@ -99,6 +99,7 @@ void nt__node_unref(nt__node *n)
         free(n->sizes);
         if (n->ckpt)
             nt__ckpt_free(n->ckpt);
+        nt__hooks_free(n);
         free(n);
     }
 }
@@ -141,6 +142,7 @@ struct nt__ag *nt__ag_of(nt_tensor *t)
 /* Called when a handle is freed (core/tensor.c). */
 void nt__ag_free(struct nt__ag *ag)
 {
+    nt__ag_unretain(ag);
     if (ag->acc)
         ag->acc->leaf = NULL; /* gradients that still arrive are dropped */
     nt__node_unref(ag->grad_fn);
@@ -1067,6 +1069,8 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
     for (int i = 0; i < NT__MAX_OUT; i++)
         if ((rc = scat_finish(gm, gout[i], &n->site)) != 0)
             return rc;
+    if (n->hooks && (rc = nt__run_hooks(n, gout, site)) != 0)
+        return rc;
     if (n->op == NT__OP_ACCUMULATE) {
         if (n->leaf && n->leaf->st && gout[0]) {
             nt__devsw d;

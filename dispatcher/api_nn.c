@@ -283,9 +283,79 @@ static nt_tensor *xent_op(const nt_site *site, const char *fn, nt_tensor *logits
 static nt_tensor *xent_ex(const nt_site *site, const char *fn, nt_tensor *logits,
                           nt_tensor *labels, int64_t ignore_index, double label_smoothing);
 
+/* y [M] (M >= 1, C >= 1) checked against [0, C) when it runs: the
+ * CROSS_ENTROPY op on zero logits [M, C] checks the labels on the device,
+ * and y passes through a select on its result, so its error poisons what
+ * uses the returned labels (no host sync).  Run-time errors name fn. */
+nt_tensor *nt__labels_checked(const nt_site *site, const char *fn, nt_tensor *y, int64_t C)
+{
+    if (!y)
+        return NULL;
+    int64_t M = y->ndim ? y->shape[0] : 1;
+    nt_tensor *z = nt_expand_at(site, nt_zeros_at(site, NT_F32, 2, (int64_t[]){1, 1}), 2,
+                                (int64_t[]){M, C});
+    nt_tensor *chk = xent_op(site, fn, z, y);
+    return chk ? nt_where_at(site, nt__binary(site, fn, NT_OP_EQ, chk, chk), y, y) : NULL;
+}
+
+/* [N, C, d1, ...] as [N * d1 * ..., C] (the class dim moved last, rows in
+ * the row-major order of [N, d1, ...]); a 2-D t as it is. */
+nt_tensor *nt__classes_last(const nt_site *site, nt_tensor *t)
+{
+    if (!t || t->ndim <= 2)
+        return t;
+    int perm[NT_MAX_DIMS];
+    int64_t M = t->shape[0];
+    perm[0] = 0;
+    for (int i = 2; i < t->ndim; i++) {
+        perm[i - 1] = i;
+        M *= t->shape[i];
+    }
+    perm[t->ndim - 1] = 1;
+    return nt_reshape_at(site, nt_permute_at(site, t, perm), 2, (int64_t[]){M, t->shape[1]});
+}
+
+/* The cross-entropies over [N, C, d1, ...] logits and [N, d1, ...] labels:
+ * checked here (in fn's name), then the 2-D composite on the flattened
+ * rows; NULL (no error set) when logits are not > 2-D. */
+static nt_tensor *xent_nd(const nt_site *site, const char *fn, nt_tensor *logits,
+                          nt_tensor *labels, int64_t ignore_index, double label_smoothing)
+{
+    if (!nt__ensure_init() || !nt__check_arg(site, fn, "logits", logits) ||
+        !nt__check_arg(site, fn, "labels", labels) || logits->ndim <= 2)
+        return NULL;
+    bool ok = labels->ndim == logits->ndim - 1 && labels->shape[0] == logits->shape[0];
+    for (int i = 2; ok && i < logits->ndim; i++)
+        ok = labels->shape[i - 1] == logits->shape[i];
+    if (!ok) {
+        char s1[128], s2[128];
+        nt__err(site, NT_ESHAPE, fn,
+                "argument 'labels' has shape %s; expected 'logits' %s without its class dim 1",
+                nt__shape_str(labels->ndim, labels->shape, s1, sizeof s1),
+                nt__shape_str(logits->ndim, logits->shape, s2, sizeof s2));
+        return NULL;
+    }
+    nt_scope *sc = nt_scope_begin();
+    if (!sc) {
+        nt__err_hostmem(site, fn, "a scope");
+        return NULL;
+    }
+    nt_tensor *l2 = nt__classes_last(site, logits);
+    nt_tensor *y1 = l2 ? nt_reshape_at(site, labels, 1, (int64_t[]){l2->shape[0]}) : NULL;
+    nt_tensor *loss = y1 ? xent_ex(site, fn, l2, y1, ignore_index, label_smoothing) : NULL;
+    if (loss)
+        nt_keep(loss);
+    else
+        nt__err_within(fn);
+    nt_scope_end(sc);
+    return loss ? nt__scope_adopt(loss, fn) : NULL;
+}
+
 NT_API nt_tensor *nt_cross_entropy_at(const nt_site *site, nt_tensor *logits, nt_tensor *labels)
 {
     const char *fn = "nt_cross_entropy";
+    if (logits && logits->ndim > 2 && logits->magic == NT__MAGIC_LIVE)
+        return xent_nd(site, fn, logits, labels, INT64_MIN, 0.0); /* ignores no label */
     /* no rows: a mean over none, NaN as in PyTorch (the op wants rows; the
      * composite gives the same bits as the op wherever both run) */
     if (nt__ensure_init() && nt__check_arg(site, fn, "logits", logits) &&
@@ -315,7 +385,10 @@ NT_API nt_tensor *nt_cross_entropy_ex_at(const nt_site *site, nt_tensor *logits,
                                          nt_tensor *labels, int64_t ignore_index,
                                          double label_smoothing)
 {
-    return xent_ex(site, "nt_cross_entropy_ex", logits, labels, ignore_index, label_smoothing);
+    const char *fn = "nt_cross_entropy_ex";
+    if (logits && logits->ndim > 2 && logits->magic == NT__MAGIC_LIVE)
+        return xent_nd(site, fn, logits, labels, ignore_index, label_smoothing);
+    return xent_ex(site, fn, logits, labels, ignore_index, label_smoothing);
 }
 
 /* fn: the function the user called (nt_cross_entropy_ex, or
@@ -347,12 +420,8 @@ static nt_tensor *xent_ex(const nt_site *site, const char *fn, nt_tensor *logits
         valid = nt__binary(site, fn, NT_OP_NE, labels, nt_full_at(site, ldt, 0, NULL, (double)ignore_index));
         y = nt_where_at(site, valid, labels, nt_zeros_at(site, ldt, 0, NULL));
     }
-    if (N > 0) { /* no rows, no labels to check */
-        nt_tensor *z = nt_expand_at(site, nt_zeros_at(site, NT_F32, 2, (int64_t[]){1, 1}), 2,
-                                    (int64_t[]){N, C});
-        nt_tensor *chk = xent_op(site, fn, z, y);
-        y = chk ? nt_where_at(site, nt__binary(site, fn, NT_OP_EQ, chk, chk), y, y) : NULL;
-    }
+    if (N > 0) /* no rows, no labels to check */
+        y = nt__labels_checked(site, fn, y, C);
     nt_tensor *x = odt == NT_F32 ? logits : nt__copy_to(site, fn, logits, NT_F32);
     nt_tensor *lp = nt_log_softmax_at(site, x, 1);
     nt_tensor *zf = nt_zeros_at(site, NT_F32, 0, NULL);

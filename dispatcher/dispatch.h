@@ -144,6 +144,11 @@ nt_tensor *nt__linrec(const nt_site *site, nt_tensor *a, nt_tensor *b, int dim);
  * op: autograd's slice gradients, tape.c); 0 or the error code. */
 int nt__add_scalar_into(const nt_site *site, const char *fn, nt_tensor *dst, nt_tensor *src,
                         double s);
+/* The losses' shared pieces (dispatcher/api_nn.c): labels y [M] checked
+ * against [0, C) when they run (the returned labels carry the check's
+ * error), and [N, C, d1, ...] viewed as [N * d1 * ..., C] rows. */
+nt_tensor *nt__labels_checked(const nt_site *site, const char *fn, nt_tensor *y, int64_t C);
+nt_tensor *nt__classes_last(const nt_site *site, nt_tensor *t);
 /* The DROPOUT op on x (any training mode): nt_dropout's, and its backward's
  * on g with the same p and seed. */
 nt_tensor *nt__dropout(const nt_site *site, const char *fn, nt_tensor *x, double p, uint64_t seed);

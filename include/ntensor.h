@@ -479,6 +479,9 @@ NT_API nt_tensor *nt_layer_norm(nt_tensor *x, nt_tensor *w, nt_tensor *b,
 NT_API nt_tensor *nt_rms_norm(nt_tensor *x, nt_tensor *w, double eps);
 /** Mean over the batch of -log_softmax(logits)[i, labels[i]].
  *  logits [N, C] floating, labels [N] i32 or u8 in [0, C) (checked when it runs).
+ *  Logits [N, C, d1, ...] with labels [N, d1, ...], as PyTorch: the class
+ *  dim moved last and the rows flattened in the order of [N, d1, ...]
+ *  (the same bits as the 2-D call on those rows).
  *  N = 0 gives NaN (a mean over no rows), as PyTorch. */
 NT_API nt_tensor *nt_cross_entropy(nt_tensor *logits, nt_tensor *labels);
 /** nt_cross_entropy with PyTorch's ignore_index (rows whose label equals it
@@ -494,6 +497,75 @@ NT_API nt_tensor *nt_cross_entropy_ex(nt_tensor *logits, nt_tensor *labels,
                                       int64_t ignore_index, double label_smoothing);
 /** mean((a - b)^2) over every element; a and b have the same shape. */
 NT_API nt_tensor *nt_mse_loss(nt_tensor *a, nt_tensor *b);
+
+/** How a loss reduces its per-element values: PyTorch's reduction= (and
+ *  the values of its Reduction enum).  NONE: the per-element losses (the
+ *  inputs' broadcast shape; nt_nll_loss: the labels' shape); MEAN: their
+ *  sum over (float)numel (NaN over no elements); SUM: their sum; BATCHMEAN
+ *  (nt_kl_div only): the sum over input's size 0.  Every sum is the
+ *  canonical one over all elements in row-major order (docs/exactness.md). */
+typedef enum nt_reduction {
+    NT_REDUCTION_NONE = 0,
+    NT_REDUCTION_MEAN = 1,
+    NT_REDUCTION_SUM = 2,
+    NT_REDUCTION_BATCHMEAN = 3
+} nt_reduction;
+/* The losses below are composites of ntensor ops (their exact arithmetic:
+ * docs/ops.md): f32 math (bf16/f16 inputs widened first), the result
+ * rounded once to the inputs' promoted dtype (f32 inside an autocast
+ * region); differentiable in every floating input.  Errors: a NULL or
+ * released tensor (NT_EINVAL), an integer input where a floating one is
+ * expected (NT_EDTYPE), shapes as stated (NT_ESHAPE), a reduction not
+ * listed (NT_EINVAL), each naming the function and the argument. */
+/** torch.nn.functional.binary_cross_entropy: probabilities p, targets y of
+ *  p's shape, optional weight broadcasting to p's shape (NULL: none);
+ *  l = -w (y max(log p, -100) + (1 - y) max(log(1 - p), -100)).  p outside
+ *  [0, 1] gives NaN (PyTorch raises; checking would need a host sync).  At
+ *  p exactly 0 or 1 the clamped log's gradient is 0 (the derivative of the
+ *  clamped formula; PyTorch's backward divides by max(p (1 - p), 1e-12)). */
+NT_API nt_tensor *nt_binary_cross_entropy(nt_tensor *p, nt_tensor *y, nt_tensor *weight,
+                                          nt_reduction reduction);
+/** torch.nn.functional.binary_cross_entropy_with_logits in PyTorch's stable
+ *  form (m = max(-x, 0)): l = (1 - y) x + m + log(exp(-m) + exp(-x - m)),
+ *  with pos_weight: (1 - y) x + ((pw - 1) y + 1) (log(exp(-m) + exp(-x - m))
+ *  + m); times weight.  y has x's shape; weight and pos_weight (each may be
+ *  NULL) broadcast to it. */
+NT_API nt_tensor *nt_binary_cross_entropy_with_logits(nt_tensor *x, nt_tensor *y,
+                                                      nt_tensor *weight, nt_tensor *pos_weight,
+                                                      nt_reduction reduction);
+/** torch.nn.functional.nll_loss: logp [N, C, d1, ...] (or [C]) floating,
+ *  labels [N, d1, ...] (or 0-d) i32 or u8 in [0, C) (checked when it runs,
+ *  NT_ERANGE), weight [C] or NULL; l_i = -w[y_i] logp[i, y_i], 0 where
+ *  y_i == ignore_index (-100 is PyTorch's default).  MEAN is sum(l) /
+ *  sum(w[y_i]) over the labels not ignored (NaN when all are). */
+NT_API nt_tensor *nt_nll_loss(nt_tensor *logp, nt_tensor *labels, nt_tensor *weight,
+                              int64_t ignore_index, nt_reduction reduction);
+/** torch.nn.functional.cross_entropy with every argument: logits [N, C,
+ *  d1, ...] (or [C] with a 0-d label), labels and weight as nt_nll_loss,
+ *  label_smoothing eps in [0, 1] (else NT_EINVAL); l_i = (1 - eps) nll_i +
+ *  eps / C sum_c(-w[c] log_softmax(logits)[i, c]), 0 where ignored, each
+ *  part reduced as PyTorch (MEAN: over the weights of the labels kept).
+ *  With weight NULL and MEAN: nt_cross_entropy_ex's bits. */
+NT_API nt_tensor *nt_cross_entropy_loss(nt_tensor *logits, nt_tensor *labels, nt_tensor *weight,
+                                        int64_t ignore_index, double label_smoothing,
+                                        nt_reduction reduction);
+/** torch.nn.functional.l1_loss: |a - b| (a and b broadcast). */
+NT_API nt_tensor *nt_l1_loss(nt_tensor *a, nt_tensor *b, nt_reduction reduction);
+/** torch.nn.functional.smooth_l1_loss: z = |a - b|, z < beta ? 0.5 z z /
+ *  beta : z - 0.5 beta; beta == 0 is nt_l1_loss; beta < 0 or NaN:
+ *  NT_EINVAL. */
+NT_API nt_tensor *nt_smooth_l1_loss(nt_tensor *a, nt_tensor *b, nt_reduction reduction,
+                                    double beta);
+/** torch.nn.functional.huber_loss: z = |a - b|, z < delta ? 0.5 z z :
+ *  delta (z - 0.5 delta); delta <= 0 or NaN: NT_EINVAL. */
+NT_API nt_tensor *nt_huber_loss(nt_tensor *a, nt_tensor *b, nt_reduction reduction,
+                                double delta);
+/** torch.nn.functional.kl_div (input: log-probabilities):
+ *  log_target ? exp(t) (t - x) : xlogy(t, t) - t x, with xlogy(0, t) = 0;
+ *  reduction may be NT_REDUCTION_BATCHMEAN (the sum over input's size 0,
+ *  the sum for a 0-d input), PyTorch's mathematically correct mean. */
+NT_API nt_tensor *nt_kl_div(nt_tensor *input, nt_tensor *target, nt_reduction reduction,
+                            bool log_target);
 /** Training mode, per thread like nt_no_grad_begin; a thread starts in it.
  *  Only nt_dropout reads it (the identity when off, as PyTorch's eval()). */
 NT_API void nt_set_training(bool on);
@@ -735,6 +807,33 @@ NT_API int nt_backward_ex(nt_tensor *loss, bool retain_graph);
 NT_API nt_tensor *nt_grad(nt_tensor *t);
 /** Drops t's accumulated gradient. */
 NT_API int nt_zero_grad(nt_tensor *t);
+/** torch.Tensor.retain_grad: a non-leaf t (a result of ops that record a
+ *  graph) keeps its gradient after nt_backward, readable with nt_grad and
+ *  dropped by nt_zero_grad like a leaf's (a second backward adds to it).
+ *  It holds the gradient after t's hooks ran.  A leaf: nothing to do (it
+ *  keeps its .grad anyway); twice: once.  Errors: t NULL or released
+ *  (NT_EINVAL), not floating (NT_EDTYPE), not requiring grad (NT_ESTATE). */
+NT_API int nt_retain_grad(nt_tensor *t);
+/** A gradient hook: called by nt_backward with t's gradient g (all of it:
+ *  every contribution summed); returns NULL (or g) to keep g, or a
+ *  replacement: a live floating tensor of g's shape (cast to g's dtype),
+ *  made with ops (the pass's scope owns it) or held by the caller. */
+typedef nt_tensor *(*nt_grad_hook)(nt_tensor *g, void *ctx);
+/** torch.Tensor.register_hook: fn(g, ctx) runs during every later
+ *  nt_backward that reaches t, when the pass gets to t (after every use of t
+ *  has sent its gradient; for a leaf, before the gradient goes into .grad);
+ *  t's hooks run in the order they were registered, each on the previous
+ *  one's result, then nt_retain_grad's copy is taken.  A hook runs inside
+ *  the pass, with grad off, on the gradient's device: it may read g (e.g.
+ *  nt_item, a host sync), run ops and return a new gradient; it must not
+ *  call nt_backward or change t or g in place.  A bad replacement is an
+ *  error of nt_backward (NT_ESHAPE).  In a captured step the hook runs
+ *  once, at the capture; replays rerun the ops it queued, not the hook.
+ *  Hooks stay while t's graph node
+ *  lives (a leaf: while t lives); they cannot be removed.  Errors: t NULL
+ *  or released, fn NULL (NT_EINVAL), t not floating (NT_EDTYPE) or not
+ *  requiring grad (NT_ESTATE). */
+NT_API int nt_register_hook(nt_tensor *t, nt_grad_hook fn, void *ctx);
 /** A tensor sharing t's storage, cut from the graph. */
 NT_API nt_tensor *nt_detach(nt_tensor *t);
 /** No-grad regions (nestable, per thread): ops record no graph inside. */
@@ -1178,6 +1277,12 @@ NT_API void nt_scheduler_destroy(nt_scheduler *s);
  *  Gradients may be on several devices: each one's norm is taken on its
  *  device and each is scaled there (the same bits as on one device). */
 NT_API nt_tensor *nt_clip_grad_norm(nt_tensor *const *params, int n, double max_norm);
+/** torch.nn.utils.clip_grad_value_: clamps every element of each param's
+ *  .grad to [-clip, clip], in place on its device (a NaN stays NaN);
+ *  params without a .grad are skipped.  Errors (nothing changed): params
+ *  NULL or n < 0, clip < 0 or NaN (NT_EINVAL), a NULL, released,
+ *  non-floating or repeated parameter. */
+NT_API int nt_clip_grad_value(nt_tensor *const *params, int n, double clip);
 /** Master weights for bf16/f16 parameters: when on, the optimizer keeps an
  *  f32 copy of each such parameter, applies the update to the copy (with the
  *  gradient cast to f32 and f32 state) and writes the copy, rounded, into the

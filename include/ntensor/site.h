@@ -136,6 +136,27 @@ NT_API nt_tensor *nt_cross_entropy_ex_at(const nt_site *site, nt_tensor *logits,
                                          nt_tensor *labels, int64_t ignore_index,
                                          double label_smoothing);
 NT_API nt_tensor *nt_mse_loss_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
+NT_API nt_tensor *nt_binary_cross_entropy_at(const nt_site *site, nt_tensor *p, nt_tensor *y,
+                                             nt_tensor *weight, nt_reduction reduction);
+NT_API nt_tensor *nt_binary_cross_entropy_with_logits_at(const nt_site *site, nt_tensor *x,
+                                                         nt_tensor *y, nt_tensor *weight,
+                                                         nt_tensor *pos_weight,
+                                                         nt_reduction reduction);
+NT_API nt_tensor *nt_nll_loss_at(const nt_site *site, nt_tensor *logp, nt_tensor *labels,
+                                 nt_tensor *weight, int64_t ignore_index,
+                                 nt_reduction reduction);
+NT_API nt_tensor *nt_cross_entropy_loss_at(const nt_site *site, nt_tensor *logits,
+                                           nt_tensor *labels, nt_tensor *weight,
+                                           int64_t ignore_index, double label_smoothing,
+                                           nt_reduction reduction);
+NT_API nt_tensor *nt_l1_loss_at(const nt_site *site, nt_tensor *a, nt_tensor *b,
+                                nt_reduction reduction);
+NT_API nt_tensor *nt_smooth_l1_loss_at(const nt_site *site, nt_tensor *a, nt_tensor *b,
+                                       nt_reduction reduction, double beta);
+NT_API nt_tensor *nt_huber_loss_at(const nt_site *site, nt_tensor *a, nt_tensor *b,
+                                   nt_reduction reduction, double delta);
+NT_API nt_tensor *nt_kl_div_at(const nt_site *site, nt_tensor *input, nt_tensor *target,
+                               nt_reduction reduction, bool log_target);
 NT_API nt_tensor *nt_dropout_at(const nt_site *site, nt_tensor *x, double p, uint64_t seed);
 NT_API nt_tensor *nt_dropout_gen_at(const nt_site *site, nt_tensor *x, double p,
                                     nt_generator *g, uint64_t index);
@@ -206,6 +227,10 @@ NT_API int nt_optim_step_at(const nt_site *site, nt_optim *opt);
 NT_API int nt_sgd_step_at(const nt_site *site, nt_optim *opt);
 NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *params, int n,
                                        double max_norm);
+NT_API int nt_clip_grad_value_at(const nt_site *site, nt_tensor *const *params, int n,
+                                 double clip);
+NT_API int nt_retain_grad_at(const nt_site *site, nt_tensor *t);
+NT_API int nt_register_hook_at(const nt_site *site, nt_tensor *t, nt_grad_hook fn, void *ctx);
 NT_API nt_tensor *nt_to_device_at(const nt_site *site, nt_tensor *t, int dev);
 NT_API int nt_all_reduce_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
                             nt_tensor **out, nt_reduce_op op);
@@ -333,6 +358,14 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(nt_tensor *, nt_cross_entropy, (nt_tensor *logits, nt_tensor *labels), (const nt_site *site, nt_tensor *logits, nt_tensor *labels), 2) \
     X(nt_tensor *, nt_cross_entropy_ex, (nt_tensor *logits, nt_tensor *labels, int64_t ignore_index, double label_smoothing), (const nt_site *site, nt_tensor *logits, nt_tensor *labels, int64_t ignore_index, double label_smoothing), 4) \
     X(nt_tensor *, nt_mse_loss, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
+    X(nt_tensor *, nt_binary_cross_entropy, (nt_tensor *p, nt_tensor *y, nt_tensor *weight, nt_reduction reduction), (const nt_site *site, nt_tensor *p, nt_tensor *y, nt_tensor *weight, nt_reduction reduction), 4) \
+    X(nt_tensor *, nt_binary_cross_entropy_with_logits, (nt_tensor *x, nt_tensor *y, nt_tensor *weight, nt_tensor *pos_weight, nt_reduction reduction), (const nt_site *site, nt_tensor *x, nt_tensor *y, nt_tensor *weight, nt_tensor *pos_weight, nt_reduction reduction), 5) \
+    X(nt_tensor *, nt_nll_loss, (nt_tensor *logp, nt_tensor *labels, nt_tensor *weight, int64_t ignore_index, nt_reduction reduction), (const nt_site *site, nt_tensor *logp, nt_tensor *labels, nt_tensor *weight, int64_t ignore_index, nt_reduction reduction), 5) \
+    X(nt_tensor *, nt_cross_entropy_loss, (nt_tensor *logits, nt_tensor *labels, nt_tensor *weight, int64_t ignore_index, double label_smoothing, nt_reduction reduction), (const nt_site *site, nt_tensor *logits, nt_tensor *labels, nt_tensor *weight, int64_t ignore_index, double label_smoothing, nt_reduction reduction), 6) \
+    X(nt_tensor *, nt_l1_loss, (nt_tensor *a, nt_tensor *b, nt_reduction reduction), (const nt_site *site, nt_tensor *a, nt_tensor *b, nt_reduction reduction), 3) \
+    X(nt_tensor *, nt_smooth_l1_loss, (nt_tensor *a, nt_tensor *b, nt_reduction reduction, double beta), (const nt_site *site, nt_tensor *a, nt_tensor *b, nt_reduction reduction, double beta), 4) \
+    X(nt_tensor *, nt_huber_loss, (nt_tensor *a, nt_tensor *b, nt_reduction reduction, double delta), (const nt_site *site, nt_tensor *a, nt_tensor *b, nt_reduction reduction, double delta), 4) \
+    X(nt_tensor *, nt_kl_div, (nt_tensor *input, nt_tensor *target, nt_reduction reduction, bool log_target), (const nt_site *site, nt_tensor *input, nt_tensor *target, nt_reduction reduction, bool log_target), 4) \
     X(nt_tensor *, nt_dropout, (nt_tensor *x, double p, uint64_t seed), (const nt_site *site, nt_tensor *x, double p, uint64_t seed), 3) \
     X(nt_tensor *, nt_dropout_gen, (nt_tensor *x, double p, nt_generator *g, uint64_t index), (const nt_site *site, nt_tensor *x, double p, nt_generator *g, uint64_t index), 4) \
     X(nt_tensor *, nt_dropout_next, (nt_tensor *x, double p, nt_generator *g), (const nt_site *site, nt_tensor *x, double p, nt_generator *g), 3) \
@@ -379,6 +412,9 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(int, nt_optim_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1) \
     X(int, nt_sgd_step, (nt_optim *opt), (const nt_site *site, nt_optim *opt), 1) \
     X(nt_tensor *, nt_clip_grad_norm, (nt_tensor *const *params, int n, double max_norm), (const nt_site *site, nt_tensor *const *params, int n, double max_norm), 3) \
+    X(int, nt_clip_grad_value, (nt_tensor *const *params, int n, double clip), (const nt_site *site, nt_tensor *const *params, int n, double clip), 3) \
+    X(int, nt_retain_grad, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
+    X(int, nt_register_hook, (nt_tensor *t, nt_grad_hook fn, void *ctx), (const nt_site *site, nt_tensor *t, nt_grad_hook fn, void *ctx), 3) \
     X(nt_tensor *, nt_to_device, (nt_tensor *t, int dev), (const nt_site *site, nt_tensor *t, int dev), 2) \
     X(int, nt_all_reduce, (nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), 4) \
     X(int, nt_all_gather, (nt_comm *c, nt_tensor *const *in, nt_tensor **out), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out), 3) \
@@ -495,6 +531,14 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_cross_entropy(...) nt_cross_entropy_at(NT_HERE, __VA_ARGS__)
 #define nt_cross_entropy_ex(...) nt_cross_entropy_ex_at(NT_HERE, __VA_ARGS__)
 #define nt_mse_loss(...) nt_mse_loss_at(NT_HERE, __VA_ARGS__)
+#define nt_binary_cross_entropy(...) nt_binary_cross_entropy_at(NT_HERE, __VA_ARGS__)
+#define nt_binary_cross_entropy_with_logits(...) nt_binary_cross_entropy_with_logits_at(NT_HERE, __VA_ARGS__)
+#define nt_nll_loss(...) nt_nll_loss_at(NT_HERE, __VA_ARGS__)
+#define nt_cross_entropy_loss(...) nt_cross_entropy_loss_at(NT_HERE, __VA_ARGS__)
+#define nt_l1_loss(...) nt_l1_loss_at(NT_HERE, __VA_ARGS__)
+#define nt_smooth_l1_loss(...) nt_smooth_l1_loss_at(NT_HERE, __VA_ARGS__)
+#define nt_huber_loss(...) nt_huber_loss_at(NT_HERE, __VA_ARGS__)
+#define nt_kl_div(...) nt_kl_div_at(NT_HERE, __VA_ARGS__)
 #define nt_dropout(...) nt_dropout_at(NT_HERE, __VA_ARGS__)
 #define nt_dropout_gen(...) nt_dropout_gen_at(NT_HERE, __VA_ARGS__)
 #define nt_dropout_next(...) nt_dropout_next_at(NT_HERE, __VA_ARGS__)
@@ -541,6 +585,9 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_optim_step(...) nt_optim_step_at(NT_HERE, __VA_ARGS__)
 #define nt_sgd_step(...) nt_sgd_step_at(NT_HERE, __VA_ARGS__)
 #define nt_clip_grad_norm(...) nt_clip_grad_norm_at(NT_HERE, __VA_ARGS__)
+#define nt_clip_grad_value(...) nt_clip_grad_value_at(NT_HERE, __VA_ARGS__)
+#define nt_retain_grad(...) nt_retain_grad_at(NT_HERE, __VA_ARGS__)
+#define nt_register_hook(...) nt_register_hook_at(NT_HERE, __VA_ARGS__)
 #define nt_to_device(...) nt_to_device_at(NT_HERE, __VA_ARGS__)
 #define nt_all_reduce(...) nt_all_reduce_at(NT_HERE, __VA_ARGS__)
 #define nt_all_gather(...) nt_all_gather_at(NT_HERE, __VA_ARGS__)
