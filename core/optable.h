@@ -290,7 +290,9 @@ typedef enum nt__opkind {
     X(DROPOUT, dropout, 1, NT_KIND_ROW, NT_OPF_DIFF, FLOAT, KEEP, dropout, 0, NT__SIM_NONE)          \
     X(TOPK, topk, 1, NT_KIND_REDUCE, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)                         \
     X(MULTINOMIAL, multinomial, 1, NT_KIND_REDUCE, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)         \
-    X(SDPA, scaled_dot_product_attention, 4, NT_KIND_ATTN, NT_OPF_DIFF, FLOAT, LOW, sdpa, I0123O01, NT__SIM_NONE)
+    X(SDPA, scaled_dot_product_attention, 4, NT_KIND_ATTN, NT_OPF_DIFF, FLOAT, LOW, sdpa, I0123O01, NT__SIM_NONE) \
+    X(SCATTER, scatter, 3, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, scatter, I1, NT__SIM_NONE)       \
+    X(SCATTER_ADD, scatter_add, 3, NT_KIND_GATHER, NT_OPF_DIFF, FLOAT, KEEP, scatter_add, I1, NT__SIM_NONE)
 
 /* Views (no kernel: metadata only) and composites that autograd records as
  * one node.  nin 0 = variadic (cat). */
@@ -301,7 +303,8 @@ typedef enum nt__opkind {
     X(SLICE, slice, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, slice, 0, NT__SIM_NONE)                \
     X(EXPAND, expand, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, expand, 0, NT__SIM_NONE)             \
     X(ALIAS, alias, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, identity, 0, NT__SIM_NONE)             \
-    X(CAT, cat, 0, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, cat, 0, NT__SIM_NONE)
+    X(CAT, cat, 0, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, cat, 0, NT__SIM_NONE)                      \
+    X(DIAGONAL, diagonal, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, diagonal, 0, NT__SIM_NONE)
 
 /* Backward helpers with their own kernels (autograd/ enqueues them):
  * embedding_bwd(g [..., D], idx [...]) -> [p.i[0] = V, D], rows added in

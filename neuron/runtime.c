@@ -59,6 +59,8 @@ static const nt__kernel_fn sk_table[] = {
     [NT_OP_MULTINOMIAL] = nt__sk_multinomial,
     [NT_OP_SDPA] = nt__sk_sdpa,
     [NT_OP_SDPA_BWD] = nt__sk_sdpa_bwd,
+    [NT_OP_SCATTER] = nt__sk_scatter,
+    [NT_OP_SCATTER_ADD] = nt__sk_scatter,
 };
 #undef SK_EW
 
