@@ -309,7 +309,8 @@ typedef enum nt__opkind {
 /* Backward helpers with their own kernels (autograd/ enqueues them):
  * embedding_bwd(g [..., D], idx [...]) -> [p.i[0] = V, D], rows added in
  * index order; index_add(g, idx) -> the gathered tensor's shape, g's
- * elements added in g's row-major order (gather, index_select);
+ * elements added in g's row-major order (gather, index_select; its kernels
+ * also run the public scatter and scatter_add);
  * sdpa_bwd(qx, kv, lse, mask) -> dq, dkv: attention's gradient with the
  * scores recomputed (cpu/attention.c says how qx and kv are packed). */
 #define NT_OPS_BWD(X)                                                       \

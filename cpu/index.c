@@ -12,7 +12,13 @@
  * gx = 0 of x's shape; for every position c of g in row-major order,
  * gx[c with c[dim] := the index] += g[c], accumulated in f32 from +0 and
  * rounded once to gx's dtype.  A fixed order, so repeated indices always
- * add up the same way. */
+ * add up the same way.
+ *
+ * scatter(t, idx, src) and scatter_add(t, idx, src) (public ops) share that
+ * kernel: the result starts as t instead of zeros; scatter writes src's
+ * elements bit for bit (the last write wins), scatter_add adds alpha * src
+ * in f32 from t's value and rounds once.  p.flag 1 takes a 1-D index along
+ * dim (index_put, index_add). */
 #include "cpu/cpu.h"
 
 #include <stdlib.h>

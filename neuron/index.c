@@ -18,7 +18,11 @@
  * held in SBUF as f32 [128, F] (element e0 + q * F + j at partition q,
  * column j); a GpSimd scatter-add walks each tile of positions in order and
  * adds the ones that land in the block; the block is rounded once
- * (tensor_copy) and stored. */
+ * (tensor_copy) and stored.
+ * scatter / scatter_add use the same kernel: the block starts as t's
+ * elements (DMA; an add widens them to f32 with tensor_copy), scatter_add's
+ * GpSimd adds alpha * g, scatter's copies each element's bytes into a block
+ * held in the result's dtype (stored without rounding). */
 #include "neuron/sk.h"
 
 #include <string.h>

@@ -14,7 +14,7 @@
  *              mse_loss
  *   matmul.c   batched matmul through nt_tile_matmul (and MM programs)
  *   gather.c   embedding and embedding_bwd
- *   index.c    gather, index_select and their backward index_add
+ *   index.c    gather, index_select, their backward index_add, scatter(_add)
  *   attention.c  scaled dot-product attention and its backward (flash style)
  *   gen.c      arange, rand, randn (GpSimd custom code)
  *   sample.c   dropout, topk, multinomial (GpSimd custom code)
