@@ -1,4 +1,4 @@
-/* tests/test_shapeops.c - the indexing and shape ops of issue 34: scatter,
+/* tests/test_shapeops.c - the indexing and shape ops: scatter,
  * scatter_add, index_add, index_put, one_hot, squeeze, unsqueeze, flatten,
  * unflatten, narrow, chunk, stack, diagonal.
  *

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch 1.13 references for the indexing and shape ops (issue 34).
+"""PyTorch 1.13 references for the indexing and shape ops (scatter family, views, one_hot).
 
 Run with the system python that has torch 1.13.1:
     /usr/bin/python3 scripts/torch_refs/shapeidx.py > tests/torch_refs/shapeidx.h
