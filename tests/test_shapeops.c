@@ -322,6 +322,49 @@ static void test_backends_agree(void **state)
     }
 }
 
+/* Large and strided: t [700, 800] (more than one SBUF block of the
+ * simulator's accumulator), a transposed t, a strided src; cpu == sim */
+static void test_large_strided(void **state)
+{
+    (void)state;
+    enum { R = 700, C = 800, IR = 300 };
+    float *a = malloc(sizeof(float) * R * C);
+    int32_t *ix = malloc(sizeof(int32_t) * IR * C);
+    uint64_t rs = 11;
+    nt_test_fill(a, (size_t)R * C, &rs);
+    for (int k = 0; k < IR * C; k++)
+        ix[k] = (int32_t)(nt_test_rand32(&rs) % 640);
+    float *out[2][3];
+    for (int b = 0; b < 2; b++) {
+        backend(BE[b]);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *t = nt_from_host(a, NT_F32, 2, SH(R, C));
+        nt_tensor *it = nt_from_host(ix, NT_I32, 2, SH(IR, C));
+        nt_tensor *src = nt_slice(nt_mul_scalar(t, -0.5), 0, 1, R, 2); /* [350, 800], strided */
+        nt_tensor *tt = nt_transpose(nt_reshape(t, 2, SH(C, R)), 0, 1); /* [700, 800] view */
+        nt_tensor *y[3] = {nt_scatter_add(t, 0, it, src), nt_scatter(tt, 0, it, src),
+                           nt_index_add(tt, 1, nt_slice(nt_reshape(it, 1, SH(IR * C)), 0, 0, 8, 1),
+                                        nt_slice(nt_neg(t), 1, 3, C, 100), 0.5)};
+        nt_stats_reset();
+        for (int k = 0; k < 3; k++) {
+            assert_non_null(y[k]);
+            out[b][k] = malloc(sizeof(float) * R * C);
+            assert_int_equal(nt_to_host(y[k], out[b][k], sizeof(float) * R * C), 0);
+        }
+        nt_stats st;
+        assert_int_equal(nt_stats_get(&st), 0);
+        if (b == 1) /* the three ran on the simulator, no fallback */
+            assert_true(st.sim_kernels >= 3 && st.cpu_fallbacks == 0);
+        nt_scope_end(sc);
+    }
+    for (int k = 0; k < 3; k++) {
+        if (memcmp(out[0][k], out[1][k], sizeof(float) * R * C))
+            fail_msg("case %d: sim and cpu differ", k);
+        free(out[0][k]), free(out[1][k]);
+    }
+    free(a), free(ix);
+}
+
 /* ---------------- gradcheck ---------------- */
 
 static const int32_t GIX[12] = {2, 0, 2, 1, 0, 0, 1, 2, 2, 1, 0, 1};
@@ -596,6 +639,7 @@ int main(void)
         cmocka_unit_test(test_backends_agree),   cmocka_unit_test(test_gradcheck),
         cmocka_unit_test(test_views_alias),      cmocka_unit_test(test_one_hot_forms),
         cmocka_unit_test(test_errors),           cmocka_unit_test(test_async_index_errors),
+        cmocka_unit_test(test_large_strided),
     };
     return cmocka_run_group_tests_name("shapeops", tests, setup, nt_test_teardown);
 }
