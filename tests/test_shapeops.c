@@ -365,6 +365,52 @@ static void test_large_strided(void **state)
     free(a), free(ix);
 }
 
+/* The composites give the same bits in every mode and on both backends:
+ * index_put (both forms, and its gradient), one_hot, stack, chunk. */
+static void modes_run(float *out, int64_t n)
+{
+    nt_scope *sc = nt_scope_begin();
+    float a[60];
+    for (int k = 0; k < 60; k++)
+        a[k] = (float)k * 0.37f - 9.0f;
+    nt_tensor *t = nt_from_host(a, NT_F32, 2, SH(6, 10));
+    nt_set_requires_grad(t, true);
+    nt_tensor *v = nt_narrow(t, 0, 2, 3);
+    nt_tensor *p1 = nt_index_put(t, nt_from_host((int32_t[]){-1, 0, 5}, NT_I32, 1, SH(3)), v, true);
+    nt_tensor *p2 = nt_index_put(p1, nt_from_host((uint8_t[]){1, 0, 0, 1, 1, 0}, NT_U8, 1, SH(6)),
+                                 nt_full(NT_F32, 0, NULL, -2.0), false);
+    nt_tensor *parts[4];
+    int np = nt_chunk(p2, 4, 1, parts, 4);
+    assert_int_equal(np, 4);
+    nt_tensor *st = nt_stack(parts, 3, 0); /* [3, 6, 3] */
+    nt_tensor *oh = nt_cast(nt_one_hot(nt_from_host((int32_t[]){2, 0, 2}, NT_I32, 1, SH(3)), 3), NT_F32);
+    /* loss: sum over st's last dim, weighted by the one-hot's first column */
+    nt_tensor *l = nt_sum(nt_mul(nt_sum(st, 2, false), nt_slice(oh, 1, 0, 1, 1)), NT_DIM_ALL,
+                          false);
+    assert_int_equal(nt_backward(l), 0);
+    assert_int_equal(nt_to_host(nt_grad(t), out, 60 * sizeof(float)), 0);
+    assert_int_equal(nt_to_host(p2, out + 60, 60 * sizeof(float)), 0);
+    assert_int_equal(nt_to_host(st, out + 120, (size_t)(n - 120) * sizeof(float)), 0);
+    nt_scope_end(sc);
+}
+
+static void test_modes(void **state)
+{
+    (void)state;
+    enum { N = 120 + 54 };
+    float ref[N], got[N];
+    static const char *modes[4] = {"deterministic", "eager", "adaptive", "lazy"};
+    for (int b = 0; b < 2; b++)
+        for (int m = 0; m < 4; m++) {
+            backend(BE[b]);
+            assert_int_equal(nt_config_set("NT_MODE", modes[m]), 0);
+            modes_run(b + m ? got : ref, N);
+            if ((b || m) && memcmp(ref, got, sizeof ref))
+                fail_msg("%s %s differs from cpu deterministic", BE[b], modes[m]);
+        }
+    assert_int_equal(nt_config_set("NT_MODE", "deterministic"), 0);
+}
+
 /* ---------------- gradcheck ---------------- */
 
 static const int32_t GIX[12] = {2, 0, 2, 1, 0, 0, 1, 2, 2, 1, 0, 1};
@@ -639,7 +685,7 @@ int main(void)
         cmocka_unit_test(test_backends_agree),   cmocka_unit_test(test_gradcheck),
         cmocka_unit_test(test_views_alias),      cmocka_unit_test(test_one_hot_forms),
         cmocka_unit_test(test_errors),           cmocka_unit_test(test_async_index_errors),
-        cmocka_unit_test(test_large_strided),
+        cmocka_unit_test(test_large_strided),    cmocka_unit_test(test_modes),
     };
     return cmocka_run_group_tests_name("shapeops", tests, setup, nt_test_teardown);
 }
