@@ -1,6 +1,7 @@
-/* dispatcher/api_shape.c - squeeze, unsqueeze, flatten, unflatten, narrow,
- * chunk and stack (composites of reshape, slice and cat: views wherever
- * those give views), and diagonal (a strided view, op DIAGONAL). */
+/* dispatcher/api_shape.c - squeeze and unsqueeze (views, recorded as
+ * reshapes), flatten, unflatten, narrow, chunk and stack (composites of
+ * reshape, slice and cat: views wherever those give views), and diagonal
+ * (a strided view, op DIAGONAL). */
 #include "dispatcher/dispatch.h"
 
 static bool arg_ok(const nt_site *site, const char *fn, nt_tensor *t)
@@ -27,6 +28,22 @@ static nt_tensor *reshape_as(const nt_site *site, const char *fn, nt_tensor *t, 
     return y;
 }
 
+/* t's elements in the same order with size-1 dims dropped or added: always
+ * a view (an expanded t too, as in PyTorch), recorded as a reshape (whose
+ * backward reshapes g back) */
+static nt_tensor *view_as(const nt_site *site, const char *fn, nt_tensor *t, int n,
+                          const int64_t *sh, const int64_t *st)
+{
+    nt__call c;
+    if (!nt__call_begin(&c, site, fn, NT_OP_RESHAPE, 1, &t, "t"))
+        return nt__call_fail(&c);
+    c.odt[0] = (nt_dtype)t->dtype;
+    c.ondim[0] = n;
+    for (int i = 0; i < n; i++)
+        c.oshape[0][i] = sh[i];
+    return nt__dispatch_view(&c, nt__make_view(c.in[0], n, sh, st, c.in[0]->offset, site));
+}
+
 NT_API nt_tensor *nt_squeeze_at(const nt_site *site, nt_tensor *t, int dim)
 {
     const char *fn = "nt_squeeze";
@@ -35,12 +52,12 @@ NT_API nt_tensor *nt_squeeze_at(const nt_site *site, nt_tensor *t, int dim)
     int d = dim == NT_DIM_ALL ? -1 : dim_of(site, fn, "dim", dim, t->ndim);
     if (dim != NT_DIM_ALL && d < 0)
         return NULL;
-    int64_t sh[NT_MAX_DIMS];
+    int64_t sh[NT_MAX_DIMS], st[NT_MAX_DIMS];
     int n = 0;
     for (int i = 0; i < t->ndim; i++)
         if (t->shape[i] != 1 || (dim != NT_DIM_ALL && i != d))
-            sh[n++] = t->shape[i];
-    return reshape_as(site, fn, t, n, sh);
+            sh[n] = t->shape[i], st[n++] = t->stride[i];
+    return view_as(site, fn, t, n, sh, st);
 }
 NT_API nt_tensor *nt_squeeze(nt_tensor *t, int dim) { return nt_squeeze_at(NT_RA_SITE, t, dim); }
 
@@ -57,10 +74,13 @@ NT_API nt_tensor *nt_unsqueeze_at(const nt_site *site, nt_tensor *t, int dim)
     int d = dim_of(site, fn, "dim", dim, t->ndim + 1);
     if (d < 0)
         return NULL;
-    int64_t sh[NT_MAX_DIMS];
-    for (int i = 0, k = 0; i <= t->ndim; i++)
+    int64_t sh[NT_MAX_DIMS], st[NT_MAX_DIMS];
+    for (int i = 0, k = 0; i <= t->ndim; i++) {
+        /* the new dim's stride: PyTorch's (the next dim's extent), never used */
+        st[i] = i == d ? (k < t->ndim ? t->shape[k] * t->stride[k] : 1) : t->stride[k];
         sh[i] = i == d ? 1 : t->shape[k++];
-    return reshape_as(site, fn, t, t->ndim + 1, sh);
+    }
+    return view_as(site, fn, t, t->ndim + 1, sh, st);
 }
 NT_API nt_tensor *nt_unsqueeze(nt_tensor *t, int dim) { return nt_unsqueeze_at(NT_RA_SITE, t, dim); }
 

@@ -603,8 +603,8 @@ NT_API nt_tensor *nt_repeat(nt_tensor *t, const int64_t *repeats, int n);
  *  nothing made).  Gradients flow through nt_slice. */
 NT_API int nt_split(nt_tensor *t, int64_t split_size, int dim, nt_tensor **out, int max_out);
 /** torch.squeeze: t without dim `dim` if its size is 1 (else t unchanged),
- *  or with dim NT_DIM_ALL without every size-1 dim.  A view (nt_reshape's:
- *  an expanded t is copied); a 0-d t takes dim 0 or -1. */
+ *  or with dim NT_DIM_ALL without every size-1 dim.  Always a view (of an
+ *  expanded t too); a 0-d t takes dim 0 or -1. */
 NT_API nt_tensor *nt_squeeze(nt_tensor *t, int dim);
 /** torch.unsqueeze: a size-1 dim inserted at dim (-ndim-1 <= dim <= ndim).
  *  A view, as nt_squeeze. */

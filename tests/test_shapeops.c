@@ -495,6 +495,20 @@ static void test_views_alias(void **state)
         float want = i == 0 ? 1.0f : j == 3 ? 7.0f : j == i + 1 ? 5.0f : 0.0f;
         assert_true(h[k] == want);
     }
+    /* squeeze / unsqueeze of an expanded tensor are views too (no copy) */
+    nt_tensor *ex = nt_expand(nt_reshape(nt_arange(NT_F32, 0, 4, 1), 3, SH(4, 1, 1)), 3, SH(4, 1, 6));
+    assert_int_equal(nt_sync(), 0);
+    nt_stats_reset();
+    nt_tensor *sq = nt_unsqueeze(nt_squeeze(ex, NT_DIM_ALL), 1);
+    nt_stats st;
+    assert_int_equal(nt_stats_get(&st), 0);
+    assert_int_equal(st.ops_enqueued, 0);
+    assert_int_equal(nt_ndim(sq), 3);
+    assert_int_equal(nt_shape(sq, 2), 6);
+    float e24[24];
+    assert_int_equal(nt_to_host(nt_contiguous(sq), e24, sizeof e24), 0);
+    for (int k = 0; k < 24; k++)
+        assert_true(e24[k] == (float)(k / 6));
     /* empty dims: a chunk of an empty dim makes `chunks` empty views */
     nt_tensor *e = nt_zeros(NT_F32, 2, SH(0, 3));
     assert_int_equal(nt_chunk(e, 4, 0, NULL, 0), 4);
