@@ -292,7 +292,7 @@ typedef enum nt__opkind {
     X(MULTINOMIAL, multinomial, 1, NT_KIND_REDUCE, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)         \
     X(SDPA, scaled_dot_product_attention, 4, NT_KIND_ATTN, NT_OPF_DIFF, FLOAT, LOW, sdpa, I0123O01, NT__SIM_NONE) \
     X(SCATTER, scatter, 3, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, scatter, I1, NT__SIM_NONE)       \
-    X(SCATTER_ADD, scatter_add, 3, NT_KIND_GATHER, NT_OPF_DIFF, FLOAT, KEEP, scatter_add, I1, NT__SIM_NONE)
+    X(SCATTER_ADD, scatter_add, 3, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, scatter_add, I1, NT__SIM_NONE)
 
 /* Views (no kernel: metadata only) and composites that autograd records as
  * one node.  nin 0 = variadic (cat). */

@@ -131,6 +131,9 @@ static int scatter_add_core(const scat *s, const int32_t *v)
     return 0;
 }
 
+/* overwrite: bit copies; an integer add (s->add): out[...] += alpha *
+ * src[c] wrapping in i32 (two's complement), then stored to the dtype
+ * (u8: modulo 256), as PyTorch's integer adds */
 static int scatter_copy_core(const scat *s, const int32_t *v)
 {
     const nt_tensor *g = s->src, *o = s->o;
@@ -138,7 +141,7 @@ static int scatter_copy_core(const scat *s, const int32_t *v)
     int64_t es = (int64_t)nt__dtype_size((nt_dtype)o->dtype);
     char *y = nt__tensor_data(o);
     nt__kv iv, gv;
-    nt__kv_of(&iv, s->init, 0, NULL);
+    nt__kv_of(&iv, s->init, 0, NULL); /* (integer scatter_add: always given) */
     nt__kv_of(&gv, g, 0, NULL);
     int64_t c[NT_MAX_DIMS] = {0}, os[NT_MAX_DIMS];
     if (N > 0)
@@ -154,7 +157,14 @@ static int scatter_copy_core(const scat *s, const int32_t *v)
             int64_t off = 0;
             for (int i = 0; i < g->ndim; i++)
                 off += (i == s->dim ? index_at(v, s->select, s->dim, c, p) : c[i]) * os[i];
-            memcpy(y + off * es, gv.data + nt__kv_off(&gv, c) * es, (size_t)es);
+            if (s->add) {
+                nt_dtype dt = (nt_dtype)o->dtype;
+                uint32_t a = (uint32_t)nt__load_i32(y, dt, off);
+                uint32_t b = (uint32_t)nt__load_i32(gv.data, dt, nt__kv_off(&gv, c));
+                nt__store_i32(y, dt, off, (int32_t)(a + b * (uint32_t)(int32_t)s->alpha));
+            } else {
+                memcpy(y + off * es, gv.data + nt__kv_off(&gv, c) * es, (size_t)es);
+            }
             if (!nt__idx_next(c, g->ndim, g->shape))
                 break;
         }
@@ -167,7 +177,8 @@ static int scatter_kernel(const scat *s)
     int rc = nt__index_load(s->ix, s->o->ndim ? s->o->shape[s->dim] : 1, &v);
     if (rc)
         return rc;
-    rc = s->add ? scatter_add_core(s, v) : scatter_copy_core(s, v);
+    bool fadd = s->add && nt__dtype_is_float((nt_dtype)s->o->dtype);
+    rc = fadd ? scatter_add_core(s, v) : scatter_copy_core(s, v);
     free(v);
     return rc;
 }
@@ -192,6 +203,6 @@ int nt__cpu_scatter_add(const nt__rec *r)
 {
     scat s = {.init = r->in[0], .ix = r->in[1], .src = r->in[2], .o = r->out[0],
               .dim = r->p.dim, .select = r->p.flag != 0, .add = true,
-              .alpha = (float)r->p.f[0]};
+              .alpha = (float)r->p.f[0]}; /* integers: an integral alpha (the dispatcher's check) */
     return scatter_kernel(&s);
 }

@@ -55,11 +55,6 @@ static nt_tensor *scat_dispatch(const nt_site *site, const char *fn, int op, nt_
     nt_tensor *in[3] = {t, index, src};
     if (!nt__call_begin(&c, site, fn, op, 3, in, "t,index,src"))
         return nt__call_fail(&c);
-    if (op == NT_OP_SCATTER_ADD && !nt__dtype_is_float((nt_dtype)c.in[0]->dtype)) {
-        nt__err(site, NT_EDTYPE, fn, "argument 't' has dtype %s; expected a floating dtype",
-                nt_dtype_name((nt_dtype)c.in[0]->dtype));
-        return nt__call_fail(&c);
-    }
     t = c.in[0];
     c.p.dim = d;
     c.p.flag = select;
@@ -176,8 +171,10 @@ NT_API nt_tensor *nt_index_add_at(const nt_site *site, nt_tensor *t, int dim, nt
     if (!index_dtype(site, fn, "index", index) || !scat_dim(site, fn, t, dim, &d) ||
         !same_dtype(site, fn, "src", t, src) || !select_shapes(site, fn, t, d, index, src, "src"))
         return NULL;
-    if (!isfinite(alpha)) {
-        nt__err(site, NT_EINVAL, fn, "argument 'alpha' is %g; expected a finite number", alpha);
+    bool fl = nt__dtype_is_float((nt_dtype)t->dtype);
+    if (!isfinite(alpha) || (!fl && (alpha != floor(alpha) || fabs(alpha) > 16777216.0))) {
+        nt__err(site, NT_EINVAL, fn, "argument 'alpha' is %g; expected a finite number%s", alpha,
+                fl ? "" : " (for an integer t an integer of magnitude <= 2^24)");
         return NULL;
     }
     return scat_dispatch(site, fn, NT_OP_SCATTER_ADD, t, d, index, src, true, alpha);
@@ -230,11 +227,6 @@ static nt_tensor *index_put_index(const nt_site *site, const char *fn, nt_tensor
         nt__err(site, NT_ESHAPE, fn, "argument 'index' has shape %s; expected 1-D (or 0-d) i32 "
                 "indices into dim 0, or a u8 mask", nt__shape_str(index->ndim, index->shape, s1,
                                                                   sizeof s1));
-        return NULL;
-    }
-    if (accumulate && !nt__dtype_is_float((nt_dtype)t->dtype)) {
-        nt__err(site, NT_EDTYPE, fn, "argument 't' has dtype %s; accumulate with an index "
-                "tensor expects a floating dtype", nt_dtype_name((nt_dtype)t->dtype));
         return NULL;
     }
     int64_t n = nt__numel(index->ndim, index->shape), sh[NT_MAX_DIMS];

@@ -537,16 +537,18 @@ NT_API nt_tensor *nt_scatter(nt_tensor *t, int dim, nt_tensor *index, nt_tensor 
 /** torch.scatter_add (out of place): out = t, then out[index[i][j]][j] +=
  *  src[i][j] for every position of index in row-major order (a defined
  *  order: repeated indices give the same bits on every backend), in f32 from
- *  t's value, rounded once to t's dtype (f32: PyTorch's bits).  Floating
- *  dtypes only; shapes and index rules as nt_scatter.  Gradients: t's is g;
- *  src's is g gathered at index. */
+ *  t's value, rounded once to t's dtype (f32: PyTorch's bits); integers add
+ *  wrapping (i32 two's complement, u8 modulo 256).  Any dtype; shapes and
+ *  index rules as nt_scatter.  Gradients: t's is g; src's is g gathered at
+ *  index. */
 NT_API nt_tensor *nt_scatter_add(nt_tensor *t, int dim, nt_tensor *index, nt_tensor *src);
 /** torch.index_add (out of place): out = t, then the slice index[i] of out
  *  along dim += alpha * the slice i of src, for i = 0, 1, ... (src's
  *  elements in row-major order), accumulated as nt_scatter_add's.  index is
  *  1-D (or 0-d) i32 or u8; src has t's shape except dim, of numel(index);
- *  alpha finite.  Floating dtypes only.  Gradients: t's is g; src's is alpha
- *  * index_select(g, dim, index). */
+ *  alpha finite (an integer of magnitude <= 2^24 for an integer t).  Any
+ *  dtype.  Gradients: t's is g; src's is alpha * index_select(g, dim,
+ *  index). */
 NT_API nt_tensor *nt_index_add(nt_tensor *t, int dim, nt_tensor *index, nt_tensor *src,
                                double alpha);
 /** torch.index_put with one index (t[index] = values, or += with
@@ -554,8 +556,7 @@ NT_API nt_tensor *nt_index_add(nt_tensor *t, int dim, nt_tensor *index, nt_tenso
  *  of dim 0 (negative entries count from the end, as in PyTorch; otherwise
  *  outside [0, t.shape[0]) is NT_ERANGE when the op runs): values (t's
  *  dtype) broadcast to [numel(index), t.shape[1:]], written as nt_scatter
- *  (repeated rows: the last wins) or added as nt_index_add (floating t
- *  only); index u8, a mask of t's leading dims (PyTorch's bool mask):
+ *  (repeated rows: the last wins) or added as nt_index_add; index u8, a mask of t's leading dims (PyTorch's bool mask):
  *  values has one element, put (or added) where the mask is nonzero (values
  *  per selected element would need the mask's count, a host sync: not
  *  supported).  Gradients as scatter / index_add (the mask form: where's). */

@@ -38,7 +38,7 @@ typedef struct ixk {
     int64_t V;                  /* bound of an index */
     int64_t base, w;            /* the round: first position, columns */
     int64_t e0, ne, F;          /* index_add: the block */
-    float alpha;                /* scatter_add's alpha */
+    float alpha;                /* scatter_add's alpha (integers: integral) */
 } ixk;
 
 static int32_t ld_ix(const nt_gpsimd_operand *o, int q, int64_t j)
@@ -240,6 +240,30 @@ int nt__sk_gather(const nt__rec *r)
     return sk_end(&s);
 }
 
+/* scatter_add of integers: dst the block in the result's dtype; each
+ * position that lands in it adds alpha * its element, wrapping in i32, in
+ * order (cpu/index.c) */
+static int scatter_iadd_fn(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *src, int nsrc,
+                           void *ctx, char *msg, size_t msglen)
+{
+    (void)nsrc, (void)msg, (void)msglen;
+    ixk *c = ctx;
+    uint32_t al = (uint32_t)(int32_t)c->alpha;
+    for (int q = 0; q < src[0].np; q++) {
+        const char *gp = (const char *)src[0].data + q * src[0].pstride;
+        for (int64_t j = 0; j < c->w; j++) {
+            int64_t rel = target(c, c->base + q * c->w + j, ld_ix(&src[1], q, j)) - c->e0;
+            if (rel < 0 || rel >= c->ne)
+                continue;
+            char *a = (char *)dst->data + (rel / c->F) * dst->pstride;
+            uint32_t x = (uint32_t)nt__load_i32(a, dst->dtype, rel % c->F);
+            uint32_t y = (uint32_t)nt__load_i32(gp, src[0].dtype, j);
+            nt__store_i32(a, dst->dtype, rel % c->F, (int32_t)(x + y * al));
+        }
+    }
+    return 0;
+}
+
 /* What a scatter-like kernel does: out starts as init (zeros without one);
  * src's positions, in order, add (f32 accumulator, rounded once) or write
  * their element at the indexed place. */
@@ -274,7 +298,7 @@ static bool block_init(sk_k *s, const scat *a, const void *ib, nt_tile *acc, nt_
     nt_ap A = nt_tile_ap(acc), Y = nt_tile_ap(yt);
     if (!a->init)
         return !nt_isa_memset(s->k, &A, 0.0, NT_ENGINE_VECTOR);
-    if (!a->add)
+    if (!a->add || !nt__dtype_is_float((nt_dtype)a->o->dtype)) /* the result's dtype */
         return block_dma(s, acc, ib, (nt_dtype)a->o->dtype, c, true);
     return block_dma(s, yt, ib, (nt_dtype)a->o->dtype, c, true) &&
            !nt_isa_tensor_copy(s->k, &A, &Y, NT_ENGINE_SCALAR);
@@ -293,7 +317,8 @@ static int scatter_sk(const char *name, const scat *a, int dim, float alpha)
         return rc;
     nt_sim_kernel *k = s.k;
     nt_dtype gdt = (nt_dtype)g->dtype, idt = (nt_dtype)ix->dtype, odt = (nt_dtype)o->dtype;
-    nt_dtype adt = a->add ? NT_F32 : odt;
+    bool fadd = a->add && nt__dtype_is_float(odt); /* an f32 accumulator */
+    nt_dtype adt = fadd ? NT_F32 : odt;
     ixk c = {.s = &s, .dim = dim, .nd = g->ndim, .V = o->ndim ? o->shape[dim] : 1,
              .alpha = alpha};
     int64_t os[NT_MAX_DIMS];
@@ -325,13 +350,14 @@ static int scatter_sk(const char *name, const scat *a, int dim, float alpha)
             ok = gb && pb && !nt_isa_dma_copy(k, &gi, &hg, sk_qin(&s)) &&
                  !nt_isa_dma_copy(k, &ii, &hi, sk_qin(&s)) &&
                  !nt_isa_gpsimd_custom(k, a->add ? "scatter_add" : "scatter", &A, src, 2, 4.0,
-                                       a->add ? scatter_fn : scatter_copy_fn, &c);
+                                       fadd ? scatter_fn : a->add ? scatter_iadd_fn
+                                                              : scatter_copy_fn, &c);
         }
         /* an add rounds once; the block is stored */
         nt_ap Y = nt_tile_ap(yt);
-        if (a->add)
+        if (fadd)
             ok = ok && !nt_isa_tensor_copy(k, &Y, &A, NT_ENGINE_SCALAR);
-        ok = ok && block_dma(&s, a->add ? yt : acc, ob, odt, &c, false);
+        ok = ok && block_dma(&s, fadd ? yt : acc, ob, odt, &c, false);
     }
     return sk_end(&s);
 }

@@ -289,8 +289,9 @@ static void test_double_reference(void **state)
     }
 }
 
-/* cpu and sim give the same bits for scatter_add in bf16 (f32 accumulator,
- * one rounding) and for scatter of i32 and u8 */
+/* cpu and sim give the same bits for scatter_add in bf16 and f16 (f32
+ * accumulator, one rounding), scatter of i32 and u8, and scatter_add of i32
+ * and u8 (wrapping adds) */
 static void test_backends_agree(void **state)
 {
     (void)state;
@@ -303,17 +304,17 @@ static void test_backends_agree(void **state)
     for (int k = 0; k < N; k++)
         ix[k] = (int32_t)(nt_test_rand32(&rs) % 9);
     unsigned char out[2][N * 4];
-    static const nt_dtype dts[] = {NT_BF16, NT_F16, NT_I32, NT_U8};
-    for (int d = 0; d < 4; d++) {
+    static const nt_dtype dts[] = {NT_BF16, NT_F16, NT_I32, NT_U8, NT_I32, NT_U8};
+    for (int d = 0; d < 6; d++) {
         for (int b = 0; b < 2; b++) {
             backend(BE[b]);
             nt_scope *sc = nt_scope_begin();
             nt_tensor *t = nt_cast(nt_mul_scalar(nt_from_host(a, NT_F32, 3, SH(4, 9, 6)), 40.0), dts[d]);
             nt_tensor *src = nt_cast(nt_mul_scalar(nt_from_host(s, NT_F32, 3, SH(4, 9, 6)), 40.0), dts[d]);
             nt_tensor *it = nt_from_host(ix, NT_I32, 3, SH(4, 9, 6));
-            nt_tensor *y = d < 2 ? nt_scatter_add(t, -2, it, src) : nt_scatter(t, 1, it, src);
+            nt_tensor *y = d < 2 || d > 3 ? nt_scatter_add(t, -2, it, src) : nt_scatter(t, 1, it, src);
             assert_non_null(y);
-            size_t nb = (size_t)N * (d == 2 ? 4 : d == 3 ? 1 : 2);
+            size_t nb = (size_t)N * nt_dtype_size(dts[d]);
             assert_int_equal(nt_to_host(y, out[b], nb), 0);
             if (b == 1 && memcmp(out[0], out[1], nb))
                 fail_msg("%s: sim and cpu differ", nt_dtype_name(dts[d]));
@@ -409,6 +410,50 @@ static void test_modes(void **state)
                 fail_msg("%s %s differs from cpu deterministic", BE[b], modes[m]);
         }
     assert_int_equal(nt_config_set("NT_MODE", "deterministic"), 0);
+}
+
+/* Integer scatter_add and index_add wrap like PyTorch's integer adds
+ * (i32 two's complement; u8 modulo 256), alpha multiplying each element;
+ * index_put accumulates integers the same way. */
+static void test_integer_adds(void **state)
+{
+    (void)state;
+    int32_t tv[8] = {2147483647, -5, 0, 7, 250, 1, 2, 3};
+    int32_t sv[12] = {1, 3, 9, -2, 100, 200, 5, 6, 7, 8, 9, 10};
+    int32_t ix[12] = {0, 4, 0, 0, 4, 4, 1, 1, 7, 7, 7, 3};
+    for (int b = 0; b < 2; b++) {
+        backend(BE[b]);
+        for (int u8 = 0; u8 < 2; u8++) {
+            nt_scope *sc = nt_scope_begin();
+            nt_dtype dt = u8 ? NT_U8 : NT_I32;
+            nt_tensor *t = nt_cast(nt_from_host(tv, NT_I32, 1, SH(8)), dt);
+            nt_tensor *s = nt_cast(nt_from_host(sv, NT_I32, 1, SH(12)), dt);
+            nt_tensor *it = nt_from_host(ix, NT_I32, 1, SH(12));
+            int32_t th[8], sh[12];
+            nt_to_host(nt_cast(t, NT_I32), th, sizeof th);
+            nt_to_host(nt_cast(s, NT_I32), sh, sizeof sh);
+            nt_tensor *y[3] = {nt_scatter_add(t, 0, it, s), nt_index_add(t, 0, it, s, -3.0),
+                               nt_index_put(t, it, s, true)};
+            for (int k = 0; k < 3; k++) {
+                uint32_t want[8];
+                for (int e = 0; e < 8; e++)
+                    want[e] = (uint32_t)th[e];
+                for (int p = 0; p < 12; p++)
+                    want[ix[p]] += (uint32_t)sh[p] * (uint32_t)(k == 1 ? -3 : 1);
+                int32_t got[8];
+                assert_non_null(y[k]);
+                assert_int_equal(nt_dtype_of(y[k]), dt);
+                assert_int_equal(nt_to_host(nt_cast(y[k], NT_I32), got, sizeof got), 0);
+                for (int e = 0; e < 8; e++) {
+                    int32_t w = u8 ? (int32_t)(uint8_t)want[e] : (int32_t)want[e];
+                    if (got[e] != w)
+                        fail_msg("%s %s case %d [%d]: %d, expected %d", BE[b], nt_dtype_name(dt), k,
+                                 e, got[e], w);
+                }
+            }
+            nt_scope_end(sc);
+        }
+    }
 }
 
 /* ---------------- gradcheck ---------------- */
@@ -575,22 +620,20 @@ static void test_errors(void **state)
     EXPECT_NULL(nt_scatter(t, 0, nt_zeros(NT_I32, 2, SH(3, 5)), src), NT_ESHAPE, "nt_scatter",
                 "[3, 5]");
     EXPECT_NULL(nt_scatter(s0, 0, ix, src), NT_ESHAPE, "nt_scatter", "0-d");
-    EXPECT_NULL(nt_scatter_add(ti, 0, ix, ti), NT_EDTYPE, "nt_scatter_add", "floating");
     EXPECT_NULL(nt_scatter_add(t, 0, fix, src), NT_EDTYPE, "nt_scatter_add", "'index'");
     EXPECT_NULL(nt_index_add(t, 0, ix, src, 1.0), NT_ESHAPE, "nt_index_add", "1-D");
     EXPECT_NULL(nt_index_add(t, 0, i1, src, 1.0), NT_ESHAPE, "nt_index_add", "'src' has shape");
     EXPECT_NULL(nt_index_add(t, 1, i1, src, NAN), NT_EINVAL, "nt_index_add", "'alpha'");
     EXPECT_NULL(nt_index_add(t, 1, nt_zeros(NT_F32, 1, SH(4)), src, 1.0), NT_EDTYPE,
                 "nt_index_add", "'index' has dtype f32");
-    EXPECT_NULL(nt_index_add(ti, 1, i1, ti, 1.0), NT_EDTYPE, "nt_index_add", "floating");
+    EXPECT_NULL(nt_index_add(ti, 1, i1, ti, 1.5), NT_EINVAL, "nt_index_add", "'alpha' is 1.5");
+    EXPECT_NULL(nt_index_add(ti, 1, i1, ti, 1e9), NT_EINVAL, "nt_index_add", "2^24");
     EXPECT_NULL(nt_index_put(t, fix, s0, false), NT_EDTYPE, "nt_index_put", "'index'");
     EXPECT_NULL(nt_index_put(t, ix, s0, false), NT_ESHAPE, "nt_index_put", "1-D");
     EXPECT_NULL(nt_index_put(t, i1, nt_ones(NT_F32, 1, SH(3)), false), NT_ESHAPE, "nt_index_put",
                 "broadcasts to [4, 4]");
     EXPECT_NULL(nt_index_put(t, i1, nt_ones(NT_BF16, 0, NULL), false), NT_EDTYPE, "nt_index_put",
                 "'values'");
-    EXPECT_NULL(nt_index_put(ti, i1, nt_ones(NT_I32, 0, NULL), true), NT_EDTYPE, "nt_index_put",
-                "accumulate");
     EXPECT_NULL(nt_index_put(t, nt_zeros(NT_U8, 1, SH(4)), s0, false), NT_ESHAPE, "nt_index_put",
                 "mask");
     EXPECT_NULL(nt_index_put(t, nt_zeros(NT_U8, 1, SH(3)), src, false), NT_ESHAPE, "nt_index_put",
@@ -700,6 +743,7 @@ int main(void)
         cmocka_unit_test(test_views_alias),      cmocka_unit_test(test_one_hot_forms),
         cmocka_unit_test(test_errors),           cmocka_unit_test(test_async_index_errors),
         cmocka_unit_test(test_large_strided),    cmocka_unit_test(test_modes),
+        cmocka_unit_test(test_integer_adds),
     };
     return cmocka_run_group_tests_name("shapeops", tests, setup, nt_test_teardown);
 }
