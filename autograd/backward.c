@@ -365,6 +365,19 @@ static int bwd_expand(nt__bctx *b)
     TRY(b->gin[0] = reduce_to(b, G, META(0)));
     return 0;
 }
+/* diagonal: g placed on the diagonal of zeros of the input's shape */
+static int bwd_diagonal(nt__bctx *b)
+{
+    const nt__tmeta *m = META(0);
+    const nt__params *p = &b->n->p;
+    nt_tensor *z, *v;
+    TRY(z = nt_zeros_at(S, (nt_dtype)G->dtype, m->ndim, m->shape));
+    TRY(v = nt_diagonal_at(S, z, p->i[0], (int)p->i[1], (int)p->i[2]));
+    if (nt_copy_into_at(S, v, G))
+        return nt_last_error();
+    b->gin[0] = z;
+    return 0;
+}
 static int bwd_cat(nt__bctx *b)
 {
     int64_t off = 0;
@@ -766,6 +779,54 @@ static int bwd_embedding(nt__bctx *b)
     c.oshape[0][1] = wm->shape[1];
     c.flops = (double)nt__numel(G->ndim, G->shape);
     TRY(b->gin[0] = nt__dispatch(&c));
+    return 0;
+}
+
+/* scatter (p.flag: index_put's 1-D index along dim): t's gradient is g
+ * with the written places zeroed (g scattered with zeros); src's is g
+ * gathered at the index (index_select for a 1-D index). */
+static nt_tensor *gather_back(nt__bctx *b)
+{
+    const nt__params *p = &b->n->p;
+    return p->flag ? nt_index_select_at(S, G, p->dim, IN(1)) : nt_gather_at(S, G, p->dim, IN(1));
+}
+
+static int bwd_scatter(nt__bctx *b)
+{
+    if (LIVE(0)) {
+        const nt__tmeta *sm = META(2);
+        nt__call c;
+        nt_tensor *z, *in[3] = {G, IN(1), NULL};
+        TRY(z = nt_zeros_at(S, (nt_dtype)G->dtype, sm->ndim, sm->shape));
+        in[2] = z;
+        if (!nt__call_begin(&c, S, "nt_scatter", NT_OP_SCATTER, 3, in, "g,index,zeros"))
+            return nt_last_error();
+        c.no_grad = true;
+        c.p = b->n->p;
+        c.odt[0] = (nt_dtype)G->dtype;
+        c.ondim[0] = G->ndim;
+        for (int i = 0; i < G->ndim; i++)
+            c.oshape[0][i] = G->shape[i];
+        c.flops = (double)nt__numel(G->ndim, G->shape);
+        TRY(b->gin[0] = nt__dispatch(&c));
+    }
+    if (LIVE(2))
+        TRY(b->gin[2] = gather_back(b));
+    return 0;
+}
+
+/* scatter_add, index_add: t's gradient is g; src's is alpha * g gathered
+ * at the index. */
+static int bwd_scatter_add(nt__bctx *b)
+{
+    if (LIVE(0))
+        b->gin[0] = G;
+    if (LIVE(2)) {
+        double alpha = b->n->p.f[0];
+        TRY(b->gin[2] = gather_back(b));
+        if (alpha != 1.0)
+            TRY(b->gin[2] = nt_mul_scalar_at(S, b->gin[2], alpha));
+    }
     return 0;
 }
 

@@ -320,7 +320,9 @@ typedef enum nt__opkind {
       INT, KEEP, amax, I0O0, NT__SIM_NONE)                                                                 \
     X(CUMSUM, cumsum, 1, NT_KIND_ROW, NT_OPF_DIFF, INT, KEEP, cumsum, 0, NT__SIM_NONE)                    \
     X(CUMPROD, cumprod, 1, NT_KIND_ROW, NT_OPF_DIFF, INT, KEEP, cumprod, I0O0, NT__SIM_NONE)              \
-    X(LINREC, linrec, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
+    X(LINREC, linrec, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                    \
+    X(SCATTER, scatter, 3, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, scatter, I1, NT__SIM_NONE)       \
+    X(SCATTER_ADD, scatter_add, 3, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, scatter_add, I1, NT__SIM_NONE)
 
 /* Views (no kernel: metadata only) and composites that autograd records as
  * one node.  nin 0 = variadic (cat).  flip (issue 34): an index_select per
@@ -334,12 +336,14 @@ typedef enum nt__opkind {
     X(EXPAND, expand, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, expand, 0, NT__SIM_NONE)             \
     X(ALIAS, alias, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, identity, 0, NT__SIM_NONE)             \
     X(CAT, cat, 0, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, cat, 0, NT__SIM_NONE)             \
-    X(FLIP, flip, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, flip, 0, NT__SIM_NONE)
+    X(FLIP, flip, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, flip, 0, NT__SIM_NONE)            \
+    X(DIAGONAL, diagonal, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, diagonal, 0, NT__SIM_NONE)
 
 /* Backward helpers with their own kernels (autograd/ enqueues them):
  * embedding_bwd(g [..., D], idx [...]) -> [p.i[0] = V, D], rows added in
  * index order; index_add(g, idx) -> the gathered tensor's shape, g's
- * elements added in g's row-major order (gather, index_select);
+ * elements added in g's row-major order (gather, index_select; its kernels
+ * also run the public scatter and scatter_add);
  * sdpa_bwd(qx, kv, lse, mask) -> dq, dkv: attention's gradient with the
  * scores recomputed (cpu/attention.c says how qx and kv are packed). */
 #define NT_OPS_BWD(X)                                                       \

@@ -94,6 +94,8 @@ NT_OPS_MISC(NT__CPU_DECL)
 int nt__cpu_rand(const nt__rec *r);
 int nt__cpu_embedding_bwd(const nt__rec *r);
 int nt__cpu_index_add(const nt__rec *r);
+int nt__cpu_scatter(const nt__rec *r);
+int nt__cpu_scatter_add(const nt__rec *r);
 /* cpu/attention.c */
 int nt__cpu_scaled_dot_product_attention(const nt__rec *r);
 int nt__cpu_sdpa_bwd(const nt__rec *r);

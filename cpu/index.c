@@ -12,7 +12,13 @@
  * gx = 0 of x's shape; for every position c of g in row-major order,
  * gx[c with c[dim] := the index] += g[c], accumulated in f32 from +0 and
  * rounded once to gx's dtype.  A fixed order, so repeated indices always
- * add up the same way. */
+ * add up the same way.
+ *
+ * scatter(t, idx, src) and scatter_add(t, idx, src) (public ops) share that
+ * kernel: the result starts as t instead of zeros; scatter writes src's
+ * elements bit for bit (the last write wins), scatter_add adds alpha * src
+ * in f32 from t's value and rounds once.  p.flag 1 takes a 1-D index along
+ * dim (index_put, index_add). */
 #include "cpu/cpu.h"
 
 #include <stdlib.h>
@@ -80,36 +86,123 @@ static int gather_kernel(const nt__rec *r, bool select)
 int nt__cpu_gather(const nt__rec *r) { return gather_kernel(r, false); }
 int nt__cpu_index_select(const nt__rec *r) { return gather_kernel(r, true); }
 
-int nt__cpu_index_add(const nt__rec *r)
+/* The shared core of index_add (the gradient helper: no init, alpha 1),
+ * scatter and scatter_add (docs/ops.md): out starts as init (zeros without
+ * one); then for every position c of src in row-major order, with i its
+ * index (idx[c] or, select, idx[c[dim]]): add: out[c with c[dim] := i] +=
+ * alpha * src[c] in an f32 accumulator, rounded once to out's dtype;
+ * overwrite: out[c with c[dim] := i] = src[c], bit for bit (the last
+ * write wins). */
+typedef struct scat {
+    const nt_tensor *init, *ix, *src, *o;
+    int dim;
+    bool select, add;
+    float alpha;
+} scat;
+
+static int scatter_add_core(const scat *s, const int32_t *v)
 {
-    const nt_tensor *g = r->in[0], *ix = r->in[1], *o = r->out[0];
-    int dim = r->p.dim;
-    bool select = r->p.flag != 0;
+    const nt_tensor *g = s->src, *o = s->o;
     int64_t N = nt__numel(o->ndim, o->shape), P = nt__numel(g->ndim, g->shape);
-    int32_t *v;
-    int rc = nt__index_load(ix, o->ndim ? o->shape[dim] : 1, &v);
-    if (rc)
-        return rc;
     float *acc = calloc((size_t)(N > 0 ? N : 1), sizeof *acc);
     float *gf = malloc((size_t)(P > 0 ? P : 1) * sizeof *gf);
     if (!acc || !gf) {
-        free(v), free(acc), free(gf);
-        return nt__kerr(NT_EHOSTMEM, "out of host memory for a %lld-element gradient",
+        free(acc), free(gf);
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a %lld-element result",
                         (long long)N);
     }
-    nt__gather_f32(gf, g);
+    if (s->init && N > 0)
+        nt__gather_f32(acc, s->init);
+    if (P > 0)
+        nt__gather_f32(gf, g);
     int64_t os[NT_MAX_DIMS], c[NT_MAX_DIMS] = {0};
     nt__contig_strides(o->ndim, o->shape, os);
     if (P > 0)
         for (int64_t p = 0;; p++) {
             int64_t off = 0;
             for (int i = 0; i < g->ndim; i++)
-                off += (i == dim ? index_at(v, select, dim, c, p) : c[i]) * os[i];
-            acc[off] += gf[p];
+                off += (i == s->dim ? index_at(v, s->select, s->dim, c, p) : c[i]) * os[i];
+            acc[off] += s->alpha == 1.0f ? gf[p] : gf[p] * s->alpha;
             if (!nt__idx_next(c, g->ndim, g->shape))
                 break;
         }
     nt__st_f32(nt__tensor_data(o), (nt_dtype)o->dtype, 1, acc, N);
-    free(v), free(acc), free(gf);
+    free(acc), free(gf);
     return 0;
+}
+
+/* overwrite: bit copies; an integer add (s->add): out[...] += alpha *
+ * src[c] wrapping in i32 (two's complement), then stored to the dtype
+ * (u8: modulo 256), as PyTorch's integer adds */
+static int scatter_copy_core(const scat *s, const int32_t *v)
+{
+    const nt_tensor *g = s->src, *o = s->o;
+    int64_t N = nt__numel(o->ndim, o->shape), P = nt__numel(g->ndim, g->shape);
+    int64_t es = (int64_t)nt__dtype_size((nt_dtype)o->dtype);
+    char *y = nt__tensor_data(o);
+    nt__kv iv, gv;
+    nt__kv_of(&iv, s->init, 0, NULL); /* (integer scatter_add: always given) */
+    nt__kv_of(&gv, g, 0, NULL);
+    int64_t c[NT_MAX_DIMS] = {0}, os[NT_MAX_DIMS];
+    if (N > 0)
+        for (int64_t p = 0;; p++) {
+            memcpy(y + p * es, iv.data + nt__kv_off(&iv, c) * es, (size_t)es);
+            if (!nt__idx_next(c, o->ndim, o->shape))
+                break;
+        }
+    nt__contig_strides(o->ndim, o->shape, os);
+    memset(c, 0, sizeof c);
+    if (P > 0)
+        for (int64_t p = 0;; p++) {
+            int64_t off = 0;
+            for (int i = 0; i < g->ndim; i++)
+                off += (i == s->dim ? index_at(v, s->select, s->dim, c, p) : c[i]) * os[i];
+            if (s->add) {
+                nt_dtype dt = (nt_dtype)o->dtype;
+                uint32_t a = (uint32_t)nt__load_i32(y, dt, off);
+                uint32_t b = (uint32_t)nt__load_i32(gv.data, dt, nt__kv_off(&gv, c));
+                nt__store_i32(y, dt, off, (int32_t)(a + b * (uint32_t)(int32_t)s->alpha));
+            } else {
+                memcpy(y + off * es, gv.data + nt__kv_off(&gv, c) * es, (size_t)es);
+            }
+            if (!nt__idx_next(c, g->ndim, g->shape))
+                break;
+        }
+    return 0;
+}
+
+static int scatter_kernel(const scat *s)
+{
+    int32_t *v;
+    int rc = nt__index_load(s->ix, s->o->ndim ? s->o->shape[s->dim] : 1, &v);
+    if (rc)
+        return rc;
+    bool fadd = s->add && nt__dtype_is_float((nt_dtype)s->o->dtype);
+    rc = fadd ? scatter_add_core(s, v) : scatter_copy_core(s, v);
+    free(v);
+    return rc;
+}
+
+int nt__cpu_index_add(const nt__rec *r)
+{
+    scat s = {.ix = r->in[1], .src = r->in[0], .o = r->out[0], .dim = r->p.dim,
+              .select = r->p.flag != 0, .add = true, .alpha = 1.0f};
+    return scatter_kernel(&s);
+}
+
+/* scatter(t, index, src) and scatter_add(t, index, src): p.flag 1 takes a
+ * 1-D index along dim (index_put, index_add); p.f[0] is scatter_add's alpha */
+int nt__cpu_scatter(const nt__rec *r)
+{
+    scat s = {.init = r->in[0], .ix = r->in[1], .src = r->in[2], .o = r->out[0],
+              .dim = r->p.dim, .select = r->p.flag != 0, .add = false};
+    return scatter_kernel(&s);
+}
+
+int nt__cpu_scatter_add(const nt__rec *r)
+{
+    scat s = {.init = r->in[0], .ix = r->in[1], .src = r->in[2], .o = r->out[0],
+              .dim = r->p.dim, .select = r->p.flag != 0, .add = true,
+              .alpha = (float)r->p.f[0]}; /* integers: an integral alpha (the dispatcher's check) */
+    return scatter_kernel(&s);
 }

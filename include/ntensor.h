@@ -721,6 +721,51 @@ NT_API nt_tensor *nt_gather(nt_tensor *t, int dim, nt_tensor *index);
  *  `dim` (t at least 1-D); index is 1-D (or 0-d) i32 or u8.  Same index rules and gradient
  *  as nt_gather. */
 NT_API nt_tensor *nt_index_select(nt_tensor *t, int dim, nt_tensor *index);
+/** torch.scatter (out of place): a copy of t with out[index[i][j]][j] =
+ *  src[i][j] (dim 0; likewise for other dims), for every position of index
+ *  in row-major order, so with repeated indices the last write wins.  t has
+ *  at least 1 dim; index (i32 or u8) and src have t's ndim, index.shape[d]
+ *  <= src.shape[d] for every d and <= t.shape[d] for d != dim; src has t's
+ *  dtype (any dtype; values copied bit for bit).  Indices must lie in [0,
+ *  t.shape[dim]): a bad one is NT_ERANGE when the op runs, naming its
+ *  position.  Gradients (floating t): t's is g with the written places
+ *  zeroed; src's is g gathered at index (zero where index does not reach). */
+NT_API nt_tensor *nt_scatter(nt_tensor *t, int dim, nt_tensor *index, nt_tensor *src);
+/** torch.scatter_add (out of place): out = t, then out[index[i][j]][j] +=
+ *  src[i][j] for every position of index in row-major order (a defined
+ *  order: repeated indices give the same bits on every backend), in f32 from
+ *  t's value, rounded once to t's dtype (f32: PyTorch's bits); integers add
+ *  wrapping (i32 two's complement, u8 modulo 256).  Any dtype; shapes and
+ *  index rules as nt_scatter.  Gradients: t's is g; src's is g gathered at
+ *  index. */
+NT_API nt_tensor *nt_scatter_add(nt_tensor *t, int dim, nt_tensor *index, nt_tensor *src);
+/** torch.index_add (out of place): out = t, then the slice index[i] of out
+ *  along dim += alpha * the slice i of src, for i = 0, 1, ... (src's
+ *  elements in row-major order), accumulated as nt_scatter_add's.  index is
+ *  1-D (or 0-d) i32 or u8; src has t's shape except dim, of numel(index);
+ *  alpha finite (an integer of magnitude <= 2^24 for an integer t).  Any
+ *  dtype.  Gradients: t's is g; src's is alpha * index_select(g, dim,
+ *  index). */
+NT_API nt_tensor *nt_index_add(nt_tensor *t, int dim, nt_tensor *index, nt_tensor *src,
+                               double alpha);
+/** torch.index_put with one index (t[index] = values, or += with
+ *  accumulate), out of place.  Two forms: index i32, 1-D (or 0-d), the rows
+ *  of dim 0 (negative entries count from the end, as in PyTorch; otherwise
+ *  outside [0, t.shape[0]) is NT_ERANGE when the op runs): values (t's
+ *  dtype) broadcast to [numel(index), t.shape[1:]], written as nt_scatter
+ *  (repeated rows: the last wins) or added as nt_index_add; index u8, a mask of t's leading dims (PyTorch's bool mask):
+ *  values has one element, put (or added) where the mask is nonzero (values
+ *  per selected element would need the mask's count, a host sync: not
+ *  supported).  Gradients as scatter / index_add (the mask form: where's). */
+NT_API nt_tensor *nt_index_put(nt_tensor *t, nt_tensor *index, nt_tensor *values,
+                               bool accumulate);
+/** torch.nn.functional.one_hot: labels (i32 or u8, any shape) -> i32 (PyTorch:
+ *  int64) of shape [..., num_classes], 1 at each label, 0 elsewhere.
+ *  num_classes -1 means the largest label + 1: that reads the labels back
+ *  (nt_max, then a sync, like PyTorch's .item()); empty labels are then
+ *  NT_EINVAL.  A label outside [0, num_classes) is NT_ERANGE when the op
+ *  runs ("index[k] = v is out of range"). */
+NT_API nt_tensor *nt_one_hot(nt_tensor *labels, int64_t num_classes);
 
 /* ------------------------------------------------------------------------ */
 /* Shapes and views.  reshape, transpose, permute, slice and expand return   */
@@ -763,6 +808,39 @@ NT_API nt_tensor *nt_flip(nt_tensor *t, int ndims, const int *dims);
  *  count only.  split_size <= 0 or too few slots: NT_EINVAL (negative return,
  *  nothing made).  Gradients flow through nt_slice. */
 NT_API int nt_split(nt_tensor *t, int64_t split_size, int dim, nt_tensor **out, int max_out);
+/** torch.squeeze: t without dim `dim` if its size is 1 (else t unchanged),
+ *  or with dim NT_DIM_ALL without every size-1 dim.  Always a view (of an
+ *  expanded t too); a 0-d t takes dim 0 or -1. */
+NT_API nt_tensor *nt_squeeze(nt_tensor *t, int dim);
+/** torch.unsqueeze: a size-1 dim inserted at dim (-ndim-1 <= dim <= ndim).
+ *  A view, as nt_squeeze. */
+NT_API nt_tensor *nt_unsqueeze(nt_tensor *t, int dim);
+/** torch.flatten: dims start_dim..end_dim (inclusive, negative counting
+ *  from the end) merged into one; a 0-d t gives [1].  A view when the
+ *  strides allow, else a copy (nt_reshape). */
+NT_API nt_tensor *nt_flatten(nt_tensor *t, int start_dim, int end_dim);
+/** torch.unflatten: dim split into the n sizes (one may be -1, inferred);
+ *  their product must be dim's size.  A view, as nt_flatten. */
+NT_API nt_tensor *nt_unflatten(nt_tensor *t, int dim, int n, const int64_t *sizes);
+/** torch.narrow: elements start .. start + length - 1 of dim (start may be
+ *  negative, counting from the end; -size <= start <= size, 0 <= length <=
+ *  size - start).  A view (nt_slice). */
+NT_API nt_tensor *nt_narrow(nt_tensor *t, int dim, int64_t start, int64_t length);
+/** torch.chunk: views of ceil(size / chunks) elements along dim, the last
+ *  smaller, so there may be fewer than `chunks` (8 in 3 chunks: 3, 3, 2; 5 in
+ *  4: 2, 2, 1); an empty dim gives `chunks` empty views.  The calling
+ *  convention of nt_split: returns how many it made (out may be NULL with
+ *  max_out 0 to ask the count), or an error code (chunks <= 0, too few
+ *  slots: NT_EINVAL, nothing made). */
+NT_API int nt_chunk(nt_tensor *t, int64_t chunks, int dim, nt_tensor **out, int max_out);
+/** torch.stack: n tensors of equal shape and dtype joined along a new dim
+ *  (-ndim-1 <= dim <= ndim): nt_unsqueeze then nt_cat (a new tensor). */
+NT_API nt_tensor *nt_stack(nt_tensor *const *ts, int n, int dim);
+/** torch.diagonal: the elements (i, i + offset) of dims dim1 and dim2
+ *  (distinct; t at least 2-D) as a new last dim, the other dims in order.
+ *  A strided view: writes through it reach t.  Its gradient is g on the
+ *  diagonal of zeros. */
+NT_API nt_tensor *nt_diagonal(nt_tensor *t, int64_t offset, int dim1, int dim2);
 /** A contiguous tensor with t's values: a new handle on t's storage if t is
  *  already contiguous, else a copy. */
 NT_API nt_tensor *nt_contiguous(nt_tensor *t);

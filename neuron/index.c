@@ -18,7 +18,11 @@
  * held in SBUF as f32 [128, F] (element e0 + q * F + j at partition q,
  * column j); a GpSimd scatter-add walks each tile of positions in order and
  * adds the ones that land in the block; the block is rounded once
- * (tensor_copy) and stored. */
+ * (tensor_copy) and stored.
+ * scatter / scatter_add use the same kernel: the block starts as t's
+ * elements (DMA; an add widens them to f32 with tensor_copy), scatter_add's
+ * GpSimd adds alpha * g, scatter's copies each element's bytes into a block
+ * held in the result's dtype (stored without rounding). */
 #include "neuron/sk.h"
 
 #include <string.h>
@@ -34,6 +38,7 @@ typedef struct ixk {
     int64_t V;                  /* bound of an index */
     int64_t base, w;            /* the round: first position, columns */
     int64_t e0, ne, F;          /* index_add: the block */
+    float alpha;                /* scatter_add's alpha (integers: integral) */
 } ixk;
 
 static int32_t ld_ix(const nt_gpsimd_operand *o, int q, int64_t j)
@@ -98,7 +103,29 @@ static int scatter_fn(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *src
             if (rel < 0 || rel >= c->ne)
                 continue;
             float *a = (float *)((char *)dst->data + (rel / c->F) * dst->pstride);
-            a[rel % c->F] += gv[j];
+            a[rel % c->F] += c->alpha == 1.0f ? gv[j] : gv[j] * c->alpha;
+        }
+    }
+    return 0;
+}
+
+/* scatter's overwrite: dst the block [128, F] in the result's dtype; each
+ * position that lands in it writes its source element's bits there, in
+ * order (the last write wins) */
+static int scatter_copy_fn(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *src, int nsrc,
+                           void *ctx, char *msg, size_t msglen)
+{
+    (void)nsrc, (void)msg, (void)msglen;
+    ixk *c = ctx;
+    size_t es = nt__dtype_size(dst->dtype);
+    for (int q = 0; q < src[0].np; q++) {
+        const char *gp = (const char *)src[0].data + q * src[0].pstride;
+        for (int64_t j = 0; j < c->w; j++) {
+            int64_t rel = target(c, c->base + q * c->w + j, ld_ix(&src[1], q, j)) - c->e0;
+            if (rel < 0 || rel >= c->ne)
+                continue;
+            char *a = (char *)dst->data + (rel / c->F) * dst->pstride;
+            memcpy(a + (size_t)(rel % c->F) * es, gp + (size_t)j * es, es);
         }
     }
     return 0;
@@ -213,38 +240,106 @@ int nt__sk_gather(const nt__rec *r)
     return sk_end(&s);
 }
 
-int nt__sk_index_add(const nt__rec *r)
+/* scatter_add of integers: dst the block in the result's dtype; each
+ * position that lands in it adds alpha * its element, wrapping in i32, in
+ * order (cpu/index.c) */
+static int scatter_iadd_fn(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *src, int nsrc,
+                           void *ctx, char *msg, size_t msglen)
 {
-    const nt_tensor *g = r->in[0], *ix = r->in[1], *o = r->out[0];
-    bool select = r->p.flag != 0;
+    (void)nsrc, (void)msg, (void)msglen;
+    ixk *c = ctx;
+    uint32_t al = (uint32_t)(int32_t)c->alpha;
+    for (int q = 0; q < src[0].np; q++) {
+        const char *gp = (const char *)src[0].data + q * src[0].pstride;
+        for (int64_t j = 0; j < c->w; j++) {
+            int64_t rel = target(c, c->base + q * c->w + j, ld_ix(&src[1], q, j)) - c->e0;
+            if (rel < 0 || rel >= c->ne)
+                continue;
+            char *a = (char *)dst->data + (rel / c->F) * dst->pstride;
+            uint32_t x = (uint32_t)nt__load_i32(a, dst->dtype, rel % c->F);
+            uint32_t y = (uint32_t)nt__load_i32(gp, src[0].dtype, j);
+            nt__store_i32(a, dst->dtype, rel % c->F, (int32_t)(x + y * al));
+        }
+    }
+    return 0;
+}
+
+/* What a scatter-like kernel does: out starts as init (zeros without one);
+ * src's positions, in order, add (f32 accumulator, rounded once) or write
+ * their element at the indexed place. */
+typedef struct scat {
+    const nt_tensor *init, *ix, *src, *o;
+    bool select, add;
+} scat;
+
+/* One DMA between the block's rows of the contiguous array hb (elements
+ * e0.. of dtype dt) and the tile t: its full rows, then its tail. */
+static bool block_dma(sk_k *s, nt_tile *t, const void *hb, nt_dtype dt, const ixk *c, bool in)
+{
+    int64_t full = c->ne / c->F, tail = c->ne % c->F;
+    bool ok = true;
+    for (int part = 0; part < 2 && ok; part++) {
+        int64_t rows = part ? (tail ? 1 : 0) : full, w = part ? tail : c->F;
+        if (!rows)
+            continue;
+        nt_ap ta = nt_tile_slice(t, part ? (int)full : 0, (int)rows, 0, w);
+        nt_ap h = nt_hbm_ap(hb, dt, c->e0 + (part ? full * c->F : 0), rows, w, w);
+        ok = in ? !nt_isa_dma_copy(s->k, &ta, &h, sk_qin(s))
+                : !nt_isa_dma_copy(s->k, &h, &ta, sk_qout(s));
+    }
+    return ok;
+}
+
+/* The block's starting values: init's elements (widened to f32 for an
+ * add), or zeros. */
+static bool block_init(sk_k *s, const scat *a, const void *ib, nt_tile *acc, nt_tile *yt,
+                       const ixk *c)
+{
+    nt_ap A = nt_tile_ap(acc), Y = nt_tile_ap(yt);
+    if (!a->init)
+        return !nt_isa_memset(s->k, &A, 0.0, NT_ENGINE_VECTOR);
+    if (!a->add || !nt__dtype_is_float((nt_dtype)a->o->dtype)) /* the result's dtype */
+        return block_dma(s, acc, ib, (nt_dtype)a->o->dtype, c, true);
+    return block_dma(s, yt, ib, (nt_dtype)a->o->dtype, c, true) &&
+           !nt_isa_tensor_copy(s->k, &A, &Y, NT_ENGINE_SCALAR);
+}
+
+static int scatter_sk(const char *name, const scat *a, int dim, float alpha)
+{
+    const nt_tensor *g = a->src, *ix = a->ix, *o = a->o;
     int64_t N = nt__numel(o->ndim, o->shape), P = nt__numel(g->ndim, g->shape);
     int64_t ni = nt__numel(ix->ndim, ix->shape);
-    if (N == 0)
+    if (N == 0 && ni == 0)
         return 0;
     sk_k s;
-    int rc = sk_begin(&s, "index_add");
+    int rc = sk_begin(&s, name);
     if (rc)
         return rc;
     nt_sim_kernel *k = s.k;
     nt_dtype gdt = (nt_dtype)g->dtype, idt = (nt_dtype)ix->dtype, odt = (nt_dtype)o->dtype;
-    ixk c = {.s = &s, .dim = r->p.dim, .nd = g->ndim, .V = o->ndim ? o->shape[r->p.dim] : 1};
+    bool fadd = a->add && nt__dtype_is_float(odt); /* an f32 accumulator */
+    nt_dtype adt = fadd ? NT_F32 : odt;
+    ixk c = {.s = &s, .dim = dim, .nd = g->ndim, .V = o->ndim ? o->shape[dim] : 1,
+             .alpha = alpha};
     int64_t os[NT_MAX_DIMS];
     nt__contig_strides(o->ndim, o->shape, os);
     for (int i = 0; i < g->ndim; i++)
         c.shape[i] = g->shape[i], c.st[i] = os[i];
-    c.F = (N + 127) / 128 < FB ? (N + 127) / 128 : FB;
-    nt_tile *acc = sk_tile(&s, "ia.acc", NT_F32, 128, c.F), *yt = sk_tile(&s, "ia.y", odt, 128, c.F);
+    c.F = N == 0 ? 1 : (N + 127) / 128 < FB ? (N + 127) / 128 : FB;
+    nt_tile *acc = sk_tile(&s, "ia.acc", adt, 128, c.F), *yt = sk_tile(&s, "ia.y", odt, 128, c.F);
     nt_tile *gt = sk_tile(&s, "ia.g", gdt, 128, W), *it = sk_tile(&s, "ia.idx", idt, 128, W);
     const void *ib = ni ? sk_contig_of(&s, ix) : NULL;
     const void *gb = P ? sk_contig_of(&s, g) : NULL;
-    const void *pb = P ? per_position(&s, ix, select, g->ndim, g->shape, r->p.dim) : NULL;
+    const void *pb = P ? per_position(&s, ix, a->select, g->ndim, g->shape, dim) : NULL;
+    const void *tb = a->init ? sk_contig_of(&s, a->init) : NULL;
     bool ok = !nt_sim_kernel_error(k) && (!ni || (ib && !check_all(&s, &c, ib, idt, ni, it)));
+    ok = ok && (!a->init || tb);
     char *ob = nt__tensor_data(o);
     for (int64_t e0 = 0; e0 < N && ok; e0 += 128 * c.F) {
         c.e0 = e0;
         c.ne = N - e0 < 128 * c.F ? N - e0 : 128 * c.F;
         nt_ap A = nt_tile_ap(acc);
-        ok = !nt_isa_memset(k, &A, 0.0, NT_ENGINE_VECTOR);
+        ok = block_init(&s, a, tb, acc, yt, &c);
         int np;
         for (int64_t p0 = 0; p0 < P && ok; p0 += np * c.w) {
             round_of(p0, P, &np, &c.w);
@@ -254,22 +349,30 @@ int nt__sk_index_add(const nt__rec *r)
             const nt_ap *src[2] = {&gi, &ii};
             ok = gb && pb && !nt_isa_dma_copy(k, &gi, &hg, sk_qin(&s)) &&
                  !nt_isa_dma_copy(k, &ii, &hi, sk_qin(&s)) &&
-                 !nt_isa_gpsimd_custom(k, "scatter_add", &A, src, 2, 4.0, scatter_fn, &c);
+                 !nt_isa_gpsimd_custom(k, a->add ? "scatter_add" : "scatter", &A, src, 2, 4.0,
+                                       fadd ? scatter_fn : a->add ? scatter_iadd_fn
+                                                              : scatter_copy_fn, &c);
         }
-        /* round once; store the block's full rows, then its tail */
+        /* an add rounds once; the block is stored */
         nt_ap Y = nt_tile_ap(yt);
-        ok = ok && !nt_isa_tensor_copy(k, &Y, &A, NT_ENGINE_SCALAR);
-        int64_t full = c.ne / c.F, tail = c.ne % c.F;
-        if (ok && full) {
-            nt_ap src = nt_tile_slice(yt, 0, (int)full, 0, c.F);
-            nt_ap out = nt_hbm_ap(ob, odt, e0, full, c.F, c.F);
-            ok = !nt_isa_dma_copy(k, &out, &src, sk_qout(&s));
-        }
-        if (ok && tail) {
-            nt_ap src = nt_tile_slice(yt, (int)full, 1, 0, tail);
-            nt_ap out = nt_hbm_ap(ob, odt, e0 + full * c.F, 1, tail, tail);
-            ok = !nt_isa_dma_copy(k, &out, &src, sk_qout(&s));
-        }
+        if (fadd)
+            ok = ok && !nt_isa_tensor_copy(k, &Y, &A, NT_ENGINE_SCALAR);
+        ok = ok && block_dma(&s, fadd ? yt : acc, ob, odt, &c, false);
     }
     return sk_end(&s);
+}
+
+int nt__sk_index_add(const nt__rec *r)
+{
+    scat a = {.ix = r->in[1], .src = r->in[0], .o = r->out[0], .select = r->p.flag != 0,
+              .add = true};
+    return scatter_sk("index_add", &a, r->p.dim, 1.0f);
+}
+
+/* scatter and scatter_add (cpu/index.c says what they compute) */
+int nt__sk_scatter(const nt__rec *r)
+{
+    scat a = {.init = r->in[0], .ix = r->in[1], .src = r->in[2], .o = r->out[0],
+              .select = r->p.flag != 0, .add = r->op == NT_OP_SCATTER_ADD};
+    return scatter_sk(nt__op_name(r->op), &a, r->p.dim, a.add ? (float)r->p.f[0] : 1.0f);
 }

@@ -64,6 +64,8 @@ static const nt__kernel_fn sk_table[] = {
     [NT_OP_CUMSUM] = nt__sk_scan,
     [NT_OP_CUMPROD] = nt__sk_scan,
     [NT_OP_LINREC] = nt__sk_scan,
+    [NT_OP_SCATTER] = nt__sk_scatter,
+    [NT_OP_SCATTER_ADD] = nt__sk_scatter,
 };
 #undef SK_EW
 

@@ -14,7 +14,7 @@
  *              mse_loss
  *   matmul.c   batched matmul through nt_tile_matmul (and MM programs)
  *   gather.c   embedding and embedding_bwd
- *   index.c    gather, index_select and their backward index_add
+ *   index.c    gather, index_select, their backward index_add, scatter(_add)
  *   attention.c  scaled dot-product attention and its backward (flash style)
  *   gen.c      arange, rand, randn (GpSimd custom code)
  *   sample.c   dropout, topk, multinomial (GpSimd custom code)
@@ -247,6 +247,7 @@ int nt__sk_embedding(const nt__rec *r);
 int nt__sk_embedding_bwd(const nt__rec *r);
 int nt__sk_gather(const nt__rec *r);       /* gather, index_select */
 int nt__sk_index_add(const nt__rec *r);
+int nt__sk_scatter(const nt__rec *r);     /* scatter, scatter_add */
 int nt__sk_sdpa(const nt__rec *r);         /* attention.c */
 int nt__sk_sdpa_bwd(const nt__rec *r);
 /* Whether a head of SDPA / SDPA_BWD with p's sizes fits SBUF (else the op

@@ -121,7 +121,11 @@ static spec spec_of(int op)
         break;
     case NT_KIND_MATMUL: shp(&s, 2, 4, 33); shp(&s, 2, 33, 5); break;
     case NT_KIND_GATHER:
-    case NT_KIND_BWD: shp(&s, 2, 10, 33); break;
+    case NT_KIND_BWD:
+        shp(&s, 2, 10, 33);
+        if (op == NT_OP_SCATTER || op == NT_OP_SCATTER_ADD) /* src */
+            shp(&s, 2, 10, 33);
+        break;
     case NT_KIND_ATTN: /* q [9, 8], k [11, 8], v [11, 6]: no batch dims */
         shp(&s, 2, 9, 8);
         shp(&s, 2, 11, 8);
@@ -432,6 +436,14 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
             int32_t ix[4] = {7, 0, 7, 2};
             return nt_index_select(in[0], 0, host_t(ix, NT_I32, 1, (int64_t[]){4}));
         }
+        if (op == NT_OP_SCATTER_ADD) /* repeated indices add in order */
+            return nt_scatter_add(in[0], 1, gather_index(), in[1]);
+        if (op == NT_OP_SCATTER) { /* distinct per row: the gradient is exact */
+            int32_t ix[50];
+            for (int k = 0; k < 50; k++)
+                ix[k] = (int32_t)((k % 5) * 7 + k / 5 % 3);
+            return nt_scatter(in[0], 1, host_t(ix, NT_I32, 2, (int64_t[]){10, 5}), in[1]);
+        }
         return NO_DRIVER;
     case NT_KIND_VIEW:
         switch (op) {
@@ -444,6 +456,7 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
         case NT_OP_ALIAS: return nt_contiguous(in[0]);
         case NT_OP_CAT: return nt_cat(in, 2, 0);
         case NT_OP_FLIP: return nt_flip(in[0], 2, (int[]){-1, 0});
+        case NT_OP_DIAGONAL: return nt_diagonal(in[0], 1, 0, -1);
         default: return NO_DRIVER;
         }
     case NT_KIND_BWD:
@@ -1177,6 +1190,8 @@ static void check_ref(int op)
         cell(op, K_REF, "n/a: in %s", ref_where(op));
     else if (op == NT_OP_FLIP)
         cell(op, K_REF, "n/a: values and gradients vs torch.flip in test_mathops.c");
+    else if (op == NT_OP_SCATTER || op == NT_OP_SCATTER_ADD || op == NT_OP_DIAGONAL)
+        cell(op, K_REF, "n/a: vs a double host loop and PyTorch in test_shapeops.c");
     else if (op == NT_OP_SDPA || op == NT_OP_SDPA_BWD)
         cell(op, K_REF, "n/a: values and gradients vs double in test_attention.c");
     else if (op == NT_OP_AMAX || op == NT_OP_AMIN || op == NT_OP_CUMSUM || op == NT_OP_CUMPROD ||

@@ -205,6 +205,27 @@ NT_API nt_tensor *nt_repeat_at(const nt_site *site, nt_tensor *t, const int64_t 
 NT_API nt_tensor *nt_flip_at(const nt_site *site, nt_tensor *t, int ndims, const int *dims);
 NT_API int nt_split_at(const nt_site *site, nt_tensor *t, int64_t split_size, int dim,
                        nt_tensor **out, int max_out);
+NT_API nt_tensor *nt_scatter_at(const nt_site *site, nt_tensor *t, int dim, nt_tensor *index,
+                                nt_tensor *src);
+NT_API nt_tensor *nt_scatter_add_at(const nt_site *site, nt_tensor *t, int dim,
+                                    nt_tensor *index, nt_tensor *src);
+NT_API nt_tensor *nt_index_add_at(const nt_site *site, nt_tensor *t, int dim, nt_tensor *index,
+                                  nt_tensor *src, double alpha);
+NT_API nt_tensor *nt_index_put_at(const nt_site *site, nt_tensor *t, nt_tensor *index,
+                                  nt_tensor *values, bool accumulate);
+NT_API nt_tensor *nt_one_hot_at(const nt_site *site, nt_tensor *labels, int64_t num_classes);
+NT_API nt_tensor *nt_squeeze_at(const nt_site *site, nt_tensor *t, int dim);
+NT_API nt_tensor *nt_unsqueeze_at(const nt_site *site, nt_tensor *t, int dim);
+NT_API nt_tensor *nt_flatten_at(const nt_site *site, nt_tensor *t, int start_dim, int end_dim);
+NT_API nt_tensor *nt_unflatten_at(const nt_site *site, nt_tensor *t, int dim, int n,
+                                  const int64_t *sizes);
+NT_API nt_tensor *nt_narrow_at(const nt_site *site, nt_tensor *t, int dim, int64_t start,
+                               int64_t length);
+NT_API int nt_chunk_at(const nt_site *site, nt_tensor *t, int64_t chunks, int dim,
+                       nt_tensor **out, int max_out);
+NT_API nt_tensor *nt_stack_at(const nt_site *site, nt_tensor *const *ts, int n, int dim);
+NT_API nt_tensor *nt_diagonal_at(const nt_site *site, nt_tensor *t, int64_t offset, int dim1,
+                                 int dim2);
 NT_API nt_tensor *nt_contiguous_at(const nt_site *site, nt_tensor *t);
 NT_API int nt_copy_into_at(const nt_site *site, nt_tensor *dst, nt_tensor *src);
 NT_API int nt_add_inplace_at(const nt_site *site, nt_tensor *dst, nt_tensor *src);
@@ -392,6 +413,19 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(nt_tensor *, nt_repeat, (nt_tensor *t, const int64_t *repeats, int n), (const nt_site *site, nt_tensor *t, const int64_t *repeats, int n), 3) \
     X(nt_tensor *, nt_flip, (nt_tensor *t, int ndims, const int *dims), (const nt_site *site, nt_tensor *t, int ndims, const int *dims), 3) \
     X(int, nt_split, (nt_tensor *t, int64_t split_size, int dim, nt_tensor **out, int max_out), (const nt_site *site, nt_tensor *t, int64_t split_size, int dim, nt_tensor **out, int max_out), 5) \
+    X(nt_tensor *, nt_scatter, (nt_tensor *t, int dim, nt_tensor *index, nt_tensor *src), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index, nt_tensor *src), 4) \
+    X(nt_tensor *, nt_scatter_add, (nt_tensor *t, int dim, nt_tensor *index, nt_tensor *src), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index, nt_tensor *src), 4) \
+    X(nt_tensor *, nt_index_add, (nt_tensor *t, int dim, nt_tensor *index, nt_tensor *src, double alpha), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index, nt_tensor *src, double alpha), 5) \
+    X(nt_tensor *, nt_index_put, (nt_tensor *t, nt_tensor *index, nt_tensor *values, bool accumulate), (const nt_site *site, nt_tensor *t, nt_tensor *index, nt_tensor *values, bool accumulate), 4) \
+    X(nt_tensor *, nt_one_hot, (nt_tensor *labels, int64_t num_classes), (const nt_site *site, nt_tensor *labels, int64_t num_classes), 2) \
+    X(nt_tensor *, nt_squeeze, (nt_tensor *t, int dim), (const nt_site *site, nt_tensor *t, int dim), 2) \
+    X(nt_tensor *, nt_unsqueeze, (nt_tensor *t, int dim), (const nt_site *site, nt_tensor *t, int dim), 2) \
+    X(nt_tensor *, nt_flatten, (nt_tensor *t, int start_dim, int end_dim), (const nt_site *site, nt_tensor *t, int start_dim, int end_dim), 3) \
+    X(nt_tensor *, nt_unflatten, (nt_tensor *t, int dim, int n, const int64_t *sizes), (const nt_site *site, nt_tensor *t, int dim, int n, const int64_t *sizes), 4) \
+    X(nt_tensor *, nt_narrow, (nt_tensor *t, int dim, int64_t start, int64_t length), (const nt_site *site, nt_tensor *t, int dim, int64_t start, int64_t length), 4) \
+    X(int, nt_chunk, (nt_tensor *t, int64_t chunks, int dim, nt_tensor **out, int max_out), (const nt_site *site, nt_tensor *t, int64_t chunks, int dim, nt_tensor **out, int max_out), 5) \
+    X(nt_tensor *, nt_stack, (nt_tensor *const *ts, int n, int dim), (const nt_site *site, nt_tensor *const *ts, int n, int dim), 3) \
+    X(nt_tensor *, nt_diagonal, (nt_tensor *t, int64_t offset, int dim1, int dim2), (const nt_site *site, nt_tensor *t, int64_t offset, int dim1, int dim2), 4) \
     X(nt_tensor *, nt_contiguous, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(int, nt_copy_into, (nt_tensor *dst, nt_tensor *src), (const nt_site *site, nt_tensor *dst, nt_tensor *src), 2) \
     X(int, nt_add_inplace, (nt_tensor *dst, nt_tensor *src), (const nt_site *site, nt_tensor *dst, nt_tensor *src), 2) \
@@ -565,6 +599,19 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_repeat(...) nt_repeat_at(NT_HERE, __VA_ARGS__)
 #define nt_flip(...) nt_flip_at(NT_HERE, __VA_ARGS__)
 #define nt_split(...) nt_split_at(NT_HERE, __VA_ARGS__)
+#define nt_scatter(...) nt_scatter_at(NT_HERE, __VA_ARGS__)
+#define nt_scatter_add(...) nt_scatter_add_at(NT_HERE, __VA_ARGS__)
+#define nt_index_add(...) nt_index_add_at(NT_HERE, __VA_ARGS__)
+#define nt_index_put(...) nt_index_put_at(NT_HERE, __VA_ARGS__)
+#define nt_one_hot(...) nt_one_hot_at(NT_HERE, __VA_ARGS__)
+#define nt_squeeze(...) nt_squeeze_at(NT_HERE, __VA_ARGS__)
+#define nt_unsqueeze(...) nt_unsqueeze_at(NT_HERE, __VA_ARGS__)
+#define nt_flatten(...) nt_flatten_at(NT_HERE, __VA_ARGS__)
+#define nt_unflatten(...) nt_unflatten_at(NT_HERE, __VA_ARGS__)
+#define nt_narrow(...) nt_narrow_at(NT_HERE, __VA_ARGS__)
+#define nt_chunk(...) nt_chunk_at(NT_HERE, __VA_ARGS__)
+#define nt_stack(...) nt_stack_at(NT_HERE, __VA_ARGS__)
+#define nt_diagonal(...) nt_diagonal_at(NT_HERE, __VA_ARGS__)
 #define nt_contiguous(...) nt_contiguous_at(NT_HERE, __VA_ARGS__)
 #define nt_copy_into(...) nt_copy_into_at(NT_HERE, __VA_ARGS__)
 #define nt_add_inplace(...) nt_add_inplace_at(NT_HERE, __VA_ARGS__)
