@@ -271,10 +271,10 @@ typedef enum nt__opkind {
  * scaled_dot_product_attention (issue 13, kind ATTN): in q, k, v, mask
  * (NULL, u8 or floating), p.f[0] = scale, p.flag = causal; out o and the
  * f32 log-sum-exp its backward reads (docs/ops.md §7a).
- * amax and amin (issue 34): max and min's kernels (the same recipe, the
+ * amax and amin: max and min's kernels (the same recipe, the
  * same bits) with torch.amax's backward: g shared evenly among the elements
  * equal to the result; dispatcher/api_reduce.c runs them over a dim list.
- * cumsum, cumprod and linrec (issue 34) are one running kernel (cpu/scan.c,
+ * cumsum, cumprod and linrec are one running kernel (cpu/scan.c,
  * neuron/scan.c) over p.dim of contiguous floating inputs, the output x's
  * shape: r = init; r = a[j] * r + b[j] in f32 along the dim, each r
  * rounded once into y[j]; cumsum: a = 1, b = x, init -0; cumprod: a = x,
@@ -325,7 +325,7 @@ typedef enum nt__opkind {
     X(SCATTER_ADD, scatter_add, 3, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, scatter_add, I1, NT__SIM_NONE)
 
 /* Views (no kernel: metadata only) and composites that autograd records as
- * one node.  nin 0 = variadic (cat).  flip (issue 34): an index_select per
+ * one node.  nin 0 = variadic (cat).  flip: an index_select per
  * flipped dim with a descending arange (a gather on either backend), p.i[0]
  * = the flipped dims as a bit mask; its backward flips g the same way. */
 #define NT_OPS_VIEW(X)                                                      \
