@@ -303,8 +303,21 @@ int main(int argc, char **argv)
     if (!opt)
         check(-1, "gpt_optimizer");
     int64_t start = 0;
+    /* checkpoints name each tensor as GPT-2's state_dict does */
+    const char **names = gpt_param_names(&m);
+    if (!names)
+        check(-1, "the parameters' names");
+    nt_checkpoint_spec ck = {.tensors = m.p, .names = names, .n = m.n_params, .opt = opt};
     if (o.resume) {
-        check(nt_load(o.resume, m.p, m.n_params, opt), "--resume");
+        /* a file from before names loads by position */
+        nt_checkpoint_entry *ent;
+        int nent;
+        check(nt_checkpoint_list(o.resume, &ent, &nent), "--resume");
+        bool named = nent > 0 && strcmp(ent[0].name, "0") != 0;
+        nt_checkpoint_list_free(ent, nent);
+        check(named ? nt_checkpoint_read(o.resume, &ck, true, NULL)
+                    : nt_load(o.resume, m.p, m.n_params, opt),
+              "--resume");
         start = nt_optim_steps(opt);
         printf("resumed from %s at step %lld\n", o.resume, (long long)start);
     }
@@ -379,7 +392,7 @@ int main(int argc, char **argv)
                 eval_sum = 0;
                 n_eval = 0;
                 if (o.save) {
-                    check(nt_save(o.save, m.p, m.n_params, opt), "--save");
+                    check(nt_checkpoint_write(o.save, &ck), "--save");
                     printf("saved %s at step %lld\n", o.save, (long long)step + 1);
                 }
             }
@@ -412,6 +425,7 @@ int main(int argc, char **argv)
         generate(&m, &d, o.prompt, o.sample, 1234);
     nt_release(loss_sum);
     gpt_optimizer_free(opt, &o.t);
+    free(names);
     gpt_free(&m);
     gpt_data_free(&d);
     free(xb);

@@ -286,6 +286,39 @@ static inline void gpt_free(gpt_model *m)
     memset(m, 0, sizeof *m);
 }
 
+/* Parameter i's name, as GPT-2's state_dict calls it ("h.0.attn.c_attn.weight"),
+ * for named checkpoints. */
+static inline void gpt_param_name(const gpt_model *m, int i, char *buf, size_t n)
+{
+    static const char *const blk[GPT_PER_BLOCK] = {
+        [GPT_LN1W] = "ln_1.weight",        [GPT_LN1B] = "ln_1.bias",
+        [GPT_WQKV] = "attn.c_attn.weight", [GPT_BQKV] = "attn.c_attn.bias",
+        [GPT_WO] = "attn.c_proj.weight",   [GPT_BO] = "attn.c_proj.bias",
+        [GPT_LN2W] = "ln_2.weight",        [GPT_LN2B] = "ln_2.bias",
+        [GPT_W1] = "mlp.c_fc.weight",      [GPT_B1] = "mlp.c_fc.bias",
+        [GPT_W2] = "mlp.c_proj.weight",    [GPT_B2] = "mlp.c_proj.bias",
+    };
+    int f = GPT_BLOCK(m->c.n_layer, 0);
+    if (i == GPT_WTE || i == GPT_WTE + 1)
+        snprintf(buf, n, "%s.weight", i == GPT_WTE ? "wte" : "wpe");
+    else if (i < f)
+        snprintf(buf, n, "h.%d.%s", (i - 2) / GPT_PER_BLOCK, blk[(i - 2) % GPT_PER_BLOCK]);
+    else
+        snprintf(buf, n, "%s", i == f ? "ln_f.weight" : i == f + 1 ? "ln_f.bias" : "lm_head.weight");
+}
+
+/* The parameters' names (free with free(); NULL without memory). */
+static inline const char **gpt_param_names(const gpt_model *m)
+{
+    const char **nm = calloc((size_t)m->n_params, sizeof *nm + 48);
+    char *store = nm ? (char *)(nm + m->n_params) : NULL;
+    for (int i = 0; nm && i < m->n_params; i++) {
+        gpt_param_name(m, i, store + 48 * (size_t)i, 48);
+        nm[i] = store + 48 * (size_t)i;
+    }
+    return nm;
+}
+
 /* Returns 0, or -1 with the runtime's error set (or NT_EHOSTMEM's cause). */
 static inline int gpt_init(gpt_model *m, const gpt_config *c, uint64_t seed)
 {

@@ -1487,6 +1487,57 @@ NT_API int nt_checkpoint_save(const char *path, nt_tensor *const *params, int n,
 NT_API int nt_checkpoint_load(const char *path, nt_tensor *const *params, int n,
                               nt_optim *opt, nt_grad_scaler *scaler);
 
+/** Everything a checkpoint can hold (zero it, then fill what you use):
+ *  n tensors, each with a name (names NULL: by position, as nt_save), an
+ *  optimizer, a loss scaler and ngens generators (their seed and offset, by
+ *  position).  A name is 1 to 255 bytes, the n names distinct. */
+typedef struct nt_checkpoint_spec {
+    nt_tensor *const *tensors;
+    const char *const *names;
+    int n;
+    nt_optim *opt;            /* or NULL */
+    nt_grad_scaler *scaler;   /* or NULL */
+    nt_generator *const *gens;
+    int ngens;
+} nt_checkpoint_spec;
+/** What a named nt_checkpoint_read did: the tensors loaded, the names asked
+ *  for that the file lacks, the file's names nobody asked for (PyTorch's
+ *  load_state_dict report).  The lists belong to the report: free them with
+ *  nt_load_report_clear. */
+typedef struct nt_load_report {
+    int loaded, n_missing, n_unexpected;
+    char **missing, **unexpected;
+} nt_load_report;
+/** Writes spec's contents like nt_checkpoint_save (atomic, checksummed),
+ *  with the names (an optional record: older readers load the file by
+ *  position) and the generators' states.  Errors as nt_save; bad names or
+ *  generators are NT_EINVAL naming spec's field. */
+NT_API int nt_checkpoint_write(const char *path, const nt_checkpoint_spec *spec);
+/** Loads into spec's tensors (and optimizer, scaler, generators), checked
+ *  completely before anything changes, as nt_checkpoint_load.  With names,
+ *  tensors are matched by name, in any order (a file without names calls
+ *  its tensors "0", "1", ...): a matched name whose dtype or shape differs
+ *  is NT_ESHAPE naming the tensor and both shapes; strict makes a name
+ *  missing on either side NT_EINVAL listing them, else the matching ones
+ *  load and `report` (may be NULL) lists the others.  An optimizer's state
+ *  is restored slot by slot as nt_load does (the optimizer over the same
+ *  parameters in the same order as when saved), and only when every name
+ *  matches.  Generators: the file must hold exactly ngens states. */
+NT_API int nt_checkpoint_read(const char *path, const nt_checkpoint_spec *spec, bool strict,
+                              nt_load_report *report);
+NT_API void nt_load_report_clear(nt_load_report *r);
+/** A checkpoint's tensors, as state_dict's keys: name ("0", "1", ... in a
+ *  file without names), dtype and shape, in the file's order.  *entries is
+ *  freed with nt_checkpoint_list_free.  The file is checked as a load does. */
+typedef struct nt_checkpoint_entry {
+    char *name;
+    nt_dtype dtype;
+    int ndim;
+    int64_t shape[NT_MAX_DIMS];
+} nt_checkpoint_entry;
+NT_API int nt_checkpoint_list(const char *path, nt_checkpoint_entry **entries, int *n);
+NT_API void nt_checkpoint_list_free(nt_checkpoint_entry *entries, int n);
+
 /* ------------------------------------------------------------------------ */
 /* Collectives (docs/collectives.md)                                         */
 /* ------------------------------------------------------------------------ */

@@ -33,8 +33,15 @@ enum {
     REC_OPT_STATE = 3,   /* index: parameter, slot: SLOT_* */
     REC_LOSS_SCALER = 4, /* amp's loss scaler (u8 bytes, SCALER_BYTES) */
     REC_OPT_GROUPS = 5,  /* the optimizer's parameter groups (u8 bytes) */
+    REC_GENERATORS = 6,  /* generators' states, by position (u8 bytes) */
+    /* the parameters' names (u8 bytes): optional, so an older reader loads
+     * the file by position */
+    REC_NAMES = CK_OPTIONAL | 7,
 };
-#define REC_LAST REC_OPT_GROUPS
+#define REC_LAST REC_GENERATORS
+#define NAME_MAX_BYTES 255 /* a tensor's name in a checkpoint */
+#define NAMES_FIXED 8      /* the names record's bytes before its names */
+#define GENS_FIXED 8       /* the generators record's bytes before its states */
 #define SCALER_BYTES 64
 enum { SLOT_S0 = 0, SLOT_S1 = 1, SLOT_MASTER = 2, SLOT_S2 = 3, NSLOTS = 4 };
 #define GROUPS_FIXED 16 /* the group record's bytes before its groups */
@@ -391,15 +398,117 @@ out:
     return rc;
 }
 
+/* What nt_checkpoint_write / nt_checkpoint_read add to the positional
+ * calls (all zero for those). */
+typedef struct {
+    const char *const *names; /* a name per tensor, or NULL: by position */
+    nt_generator *const *gens;
+    int ngens;
+    bool strict;              /* a named read: every name on both sides */
+    nt_load_report *report;
+} ck_extra;
+
+/* Names: each 1..255 bytes, distinct (NT_EINVAL naming the argument). */
+static bool names_ok(const char *fn, const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++) {
+        size_t len = names[i] ? strlen(names[i]) : 0;
+        if (!names[i] || len == 0 || len > NAME_MAX_BYTES) {
+            nt__err(NULL, NT_EINVAL, fn, "argument 'names[%d]' is %s; expected a name of 1 to %d "
+                    "bytes", i, !names[i] ? "NULL" : len ? "too long" : "empty", NAME_MAX_BYTES);
+            return false;
+        }
+        for (int j = 0; j < i; j++)
+            if (!strcmp(names[i], names[j])) {
+                nt__err(NULL, NT_EINVAL, fn, "arguments 'names[%d]' and 'names[%d]' are both "
+                        "\"%s\"; expected distinct names", j, i, names[i]);
+                return false;
+            }
+    }
+    return true;
+}
+
+/* A settings record of `nbytes` bytes, zeroed, for the caller to fill. */
+static int rec_bytes(ck_recs *recs, uint16_t kind, uint64_t nbytes, uint8_t **data)
+{
+    ck_rec r = {.kind = kind, .dtype = NT_U8, .ndim = 1, .nbytes = nbytes};
+    r.shape[0] = (int64_t)nbytes;
+    r.data = calloc(1, nbytes ? nbytes : 1);
+    if (!r.data || !recs_add(recs, &r)) {
+        free(r.data);
+        return nt__err_hostmem(NULL, "nt_checkpoint_write", "a record");
+    }
+    *data = r.data;
+    return 0;
+}
+
+/* count, reserved, then per name its u16 length and bytes */
+static int rec_names(ck_recs *recs, const char *const *names, int n)
+{
+    uint64_t nb = NAMES_FIXED;
+    for (int i = 0; i < n; i++)
+        nb += 2 + strlen(names[i]);
+    uint8_t *d;
+    int rc = rec_bytes(recs, REC_NAMES, nb, &d);
+    if (rc)
+        return rc;
+    put_u32(d, (uint32_t)n);
+    uint8_t *q = d + NAMES_FIXED;
+    for (int i = 0; i < n; i++) {
+        size_t len = strlen(names[i]);
+        put_u16(q, (uint16_t)len);
+        memcpy(q + 2, names[i], len);
+        q += 2 + len;
+    }
+    return 0;
+}
+
+/* count, reserved, then per generator its seed and offset */
+static int rec_gens(ck_recs *recs, nt_generator *const *gens, int ngens)
+{
+    uint8_t *d;
+    int rc = rec_bytes(recs, REC_GENERATORS, GENS_FIXED + 16 * (uint64_t)ngens, &d);
+    if (rc)
+        return rc;
+    put_u32(d, (uint32_t)ngens);
+    for (int i = 0; i < ngens; i++) {
+        uint64_t seed, off;
+        nt_generator_get_state(gens[i], &seed, &off); /* checked live by the caller */
+        put_u64(d + GENS_FIXED + 16 * (size_t)i, seed);
+        put_u64(d + GENS_FIXED + 16 * (size_t)i + 8, off);
+    }
+    return 0;
+}
+
+/* gens: ngens >= 0 live generators (NT_EINVAL naming the argument). */
+static bool gens_ok(const char *fn, nt_generator *const *gens, int ngens)
+{
+    if (ngens < 0 || (ngens && !gens)) {
+        nt__err(NULL, NT_EINVAL, fn, "argument 'spec->gens' is %s with ngens %d; expected %s",
+                gens ? "given" : "NULL", ngens, "ngens >= 0 generators");
+        return false;
+    }
+    uint64_t s, o;
+    for (int i = 0; i < ngens; i++)
+        if (!gens[i] || nt_generator_get_state(gens[i], &s, &o) != 0) {
+            nt_clear_error();
+            nt__err(NULL, NT_EINVAL, fn, "argument 'spec->gens[%d]' is %s", i,
+                    gens[i] ? "not a live generator" : "NULL");
+            return false;
+        }
+    return true;
+}
+
 static int save_impl(const char *fn, const char *path, nt_tensor *const *params, int n,
-                     nt_optim *opt, nt_grad_scaler *scaler)
+                     nt_optim *opt, nt_grad_scaler *scaler, const ck_extra *x)
 {
     if (!nt__ensure_init())
         return nt_last_error();
     if (!path || !*path)
         return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is %s", path ? "empty" : "NULL");
     if (!nt__check_list(fn, params, n, "tensor", NULL) || (opt && !nt__optim_ok(opt, fn)) ||
-        (scaler && !nt__scaler_ok(scaler, fn)))
+        (scaler && !nt__scaler_ok(scaler, fn)) || (x->names && !names_ok(fn, x->names, n)) ||
+        !gens_ok(fn, x->gens, x->ngens))
         return nt_last_error();
     if (opt)
         g_mutex_lock(&opt->lock);
@@ -407,6 +516,10 @@ static int save_impl(const char *fn, const char *path, nt_tensor *const *params,
     int rc = 0;
     for (int i = 0; i < n && !rc; i++)
         rc = rec_tensor(recs, REC_PARAM, (uint32_t)i, 0, params[i]);
+    if (x->names && !rc)
+        rc = rec_names(recs, x->names, n);
+    if (x->ngens && !rc)
+        rc = rec_gens(recs, x->gens, x->ngens);
     if (opt && !rc)
         rc = rec_meta(recs, opt);
     if (opt && !rc) {
@@ -436,13 +549,24 @@ static int save_impl(const char *fn, const char *path, nt_tensor *const *params,
 
 NT_API int nt_save(const char *path, nt_tensor *const *params, int n, nt_optim *opt)
 {
-    return save_impl("nt_save", path, params, n, opt, NULL);
+    return save_impl("nt_save", path, params, n, opt, NULL, &(ck_extra){0});
 }
 
 NT_API int nt_checkpoint_save(const char *path, nt_tensor *const *params, int n,
                               nt_optim *opt, nt_grad_scaler *scaler)
 {
-    return save_impl("nt_checkpoint_save", path, params, n, opt, scaler);
+    return save_impl("nt_checkpoint_save", path, params, n, opt, scaler, &(ck_extra){0});
+}
+
+NT_API int nt_checkpoint_write(const char *path, const nt_checkpoint_spec *spec)
+{
+    const char *fn = "nt_checkpoint_write";
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (!spec)
+        return nt__err(NULL, NT_EINVAL, fn, "argument 'spec' is NULL");
+    ck_extra x = {.names = spec->names, .gens = spec->gens, .ngens = spec->ngens};
+    return save_impl(fn, path, spec->tensors, spec->n, spec->opt, spec->scaler, &x);
 }
 
 /* ---------------- loading ---------------- */
@@ -664,9 +788,72 @@ static int check_scaler_rec(const char *fn, const char *path, const ck_rec *r)
     return scaler_rec_state(fn, path, r, &st);
 }
 
+/* The names record: its count, each name 1..255 bytes without a NUL,
+ * distinct, and nothing after the last (its count against the parameter
+ * records is the load's check).  names (may be NULL): the count names. */
+static int walk_names(const char *fn, const char *path, const ck_rec *r, const char **names,
+                      uint16_t *lens)
+{
+    const uint8_t *d = r->data;
+    if (r->nbytes < NAMES_FIXED || !all_zero(d + 4, 4))
+        return fmt_err(fn, path, "the names record is %s", r->nbytes < NAMES_FIXED
+                       ? "shorter than its header" : "not zero in its reserved bytes 4..7");
+    uint32_t count = get_u32(d);
+    uint64_t at = NAMES_FIXED;
+    for (uint32_t i = 0; i < count; i++) {
+        uint16_t len = at + 2 <= r->nbytes ? get_u16(d + at) : 0;
+        if (len == 0 || len > NAME_MAX_BYTES || at + 2 + len > r->nbytes ||
+            memchr(d + at + 2, 0, len))
+            return fmt_err(fn, path, "name %u of the names record is malformed (empty, longer "
+                           "than %d bytes, past the record's end or holding a NUL)", i,
+                           NAME_MAX_BYTES);
+        if (names) {
+            names[i] = (const char *)d + at + 2;
+            lens[i] = len;
+            for (uint32_t j = 0; j < i; j++)
+                if (lens[j] == len && !memcmp(names[j], names[i], len))
+                    return fmt_err(fn, path, "names %u and %u of the names record are both "
+                                   "\"%.*s\"", j, i, (int)len, names[i]);
+        }
+        at += 2 + (uint64_t)len;
+    }
+    if (at != r->nbytes)
+        return fmt_err(fn, path, "the names record has %llu bytes after its %u names",
+                       (unsigned long long)(r->nbytes - at), count);
+    return 0;
+}
+
+static int check_names(const char *fn, const char *path, const ck_rec *r)
+{
+    uint32_t count = r->nbytes >= NAMES_FIXED ? get_u32(r->data) : 0;
+    if (count > r->nbytes / 3) /* each name takes 3 bytes at least */
+        return fmt_err(fn, path, "the names record counts %u names in %llu bytes", count,
+                       (unsigned long long)r->nbytes);
+    const char **nm = calloc(count + 1, sizeof *nm);
+    uint16_t *lens = calloc(count + 1, sizeof *lens);
+    int rc = nm && lens ? walk_names(fn, path, r, nm, lens)
+                        : nt__err_hostmem(NULL, fn, "the checkpoint's names");
+    free(nm);
+    free(lens);
+    return rc;
+}
+
+static int check_gens(const char *fn, const char *path, const ck_rec *r)
+{
+    if (r->nbytes < GENS_FIXED || !all_zero(r->data + 4, 4) ||
+        r->nbytes != GENS_FIXED + 16 * (uint64_t)get_u32(r->data))
+        return fmt_err(fn, path, "the generators record (%llu bytes) does not match its count",
+                       (unsigned long long)r->nbytes);
+    return 0;
+}
+
 /* A settings record's contents (0 for the other kinds). */
 static int check_settings(const char *fn, const char *path, const ck_rec *r)
 {
+    if (r->kind == REC_NAMES)
+        return check_names(fn, path, r);
+    if (r->kind == REC_GENERATORS)
+        return check_gens(fn, path, r);
     if (r->kind == REC_OPT_META)
         return check_meta(fn, path, r);
     if (r->kind == REC_LOSS_SCALER)
@@ -754,7 +941,7 @@ static int read_checked(const char *fn, const char *path, uint8_t **buf, ck_recs
         ck_rec r = {.kind = get_u16(e), .dtype = e[2], .ndim = e[3], .index = get_u32(e + 4),
                     .slot = get_u32(e + 8), .crc = get_u32(e + 12), .offset = get_u64(e + 16),
                     .nbytes = get_u64(e + 24)};
-        bool known = r.kind >= REC_PARAM && r.kind <= REC_LAST;
+        bool known = (r.kind >= REC_PARAM && r.kind <= REC_LAST) || r.kind == REC_NAMES;
         if (!known && !(r.kind & CK_OPTIONAL)) {
             rc = fmt_err(fn, path, "record %u has kind %u, unknown to this build", i, r.kind);
             break;
@@ -791,8 +978,9 @@ static int read_checked(const char *fn, const char *path, uint8_t **buf, ck_recs
             break;
         }
         /* what each kind leaves unused is zero; settings records are bytes */
-        bool settings =
-            r.kind == REC_OPT_META || r.kind == REC_LOSS_SCALER || r.kind == REC_OPT_GROUPS;
+        bool settings = r.kind == REC_OPT_META || r.kind == REC_LOSS_SCALER ||
+                        r.kind == REC_OPT_GROUPS || r.kind == REC_GENERATORS ||
+                        r.kind == REC_NAMES;
         if (known && ((r.kind != REC_OPT_STATE && r.slot != 0) || (settings && r.index != 0) ||
                       (settings && (r.dtype != NT_U8 || r.ndim != 1)))) {
             rc = fmt_err(fn, path, "record %u (kind %u) has dtype %s, %u dims, index %u, slot %u "
@@ -1016,6 +1204,10 @@ static int plan_load(const char *fn, const char *path, ck_recs *recs, nt_tensor 
                 return fmt_err(fn, path, "parameter record with index %u (duplicate or out of range)",
                                r->index);
             nt_tensor *t = params[r->index];
+            if (!t) { /* a named read leaves it */
+                pl->vals[r->index] = (nt_tensor *)1;
+                continue;
+            }
             if (r->dtype != t->dtype || !same_shape(r, t))
                 return mismatch(fn, path, "parameter", (int)r->index, r, t);
             if (t->expanded)
@@ -1060,6 +1252,8 @@ static int plan_load(const char *fn, const char *path, ck_recs *recs, nt_tensor 
      * optimizer's state on its parameter's */
     for (guint i = 0; i < recs->len; i++) {
         ck_rec *r = &recs->v[i];
+        if (r->kind == REC_PARAM && !params[r->index])
+            continue;
         nt_tensor **dst = r->kind == REC_PARAM ? &pl->vals[r->index]
                           : r->kind == REC_OPT_STATE && o ? &pl->state[r->index * NSLOTS + r->slot]
                                                           : NULL;
@@ -1107,21 +1301,204 @@ static int reserve_records(const char *fn, int n)
     return ok ? 0 : nt__err_hostmem(NULL, fn, "the copies of the loaded values");
 }
 
+/* "a", "b" and 3 more: up to 160 bytes of a list of names */
+static void name_list(char *buf, size_t cap, char *const *names, int n)
+{
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && o < cap; i++) {
+        if (o > 160) {
+            snprintf(buf + o, cap - o, " and %d more", n - i);
+            return;
+        }
+        o += (size_t)snprintf(buf + o, cap - o, "%s\"%s\"", i ? ", " : "", names[i]);
+    }
+}
+
+/* The file's names (its names record, or "0", "1", ... for a file without
+ * one) matched with the caller's: m[i] = the tensor that takes parameter
+ * record i, NULL for one no name asks for.  Fills x->report; missing or
+ * unexpected names fail a strict read (and a read with an optimizer); a
+ * matched name with another dtype or shape fails it, naming both. */
+typedef struct {
+    int P;              /* parameter records */
+    const char **fname; /* [P] the file's names (not NUL-terminated) */
+    uint16_t *flen;
+    char (*num)[12];    /* the positional names */
+    ck_rec **byidx;     /* [P] parameter record i */
+    char **miss, **unexp;
+    int nmiss, nunexp;
+} ck_names;
+
+static void names_free(ck_names *k)
+{
+    free(k->fname);
+    free(k->flen);
+    free(k->num);
+    free(k->byidx);
+    for (int i = 0; i < k->nmiss; i++)
+        free(k->miss[i]);
+    for (int i = 0; i < k->nunexp; i++)
+        free(k->unexp[i]);
+    free(k->miss);
+    free(k->unexp);
+}
+
+static int names_read(const char *fn, const char *path, ck_recs *recs, ck_names *k)
+{
+    ck_rec *nrec = NULL;
+    for (guint i = 0; i < recs->len; i++) {
+        k->P += recs->v[i].kind == REC_PARAM;
+        if (recs->v[i].kind == REC_NAMES && nrec)
+            return fmt_err(fn, path, "two names records");
+        if (recs->v[i].kind == REC_NAMES)
+            nrec = &recs->v[i];
+    }
+    size_t P = (size_t)k->P + 1;
+    k->fname = calloc(P, sizeof *k->fname);
+    k->flen = calloc(P, sizeof *k->flen);
+    k->num = calloc(P, sizeof *k->num);
+    k->byidx = calloc(P, sizeof *k->byidx);
+    if (!k->fname || !k->flen || !k->num || !k->byidx)
+        return nt__err_hostmem(NULL, fn, "the checkpoint's names");
+    for (guint i = 0; i < recs->len; i++) {
+        ck_rec *r = &recs->v[i];
+        if (r->kind != REC_PARAM)
+            continue;
+        if (r->index >= (uint32_t)k->P || k->byidx[r->index])
+            return fmt_err(fn, path, "parameter record with index %u (duplicate or out of range)",
+                           r->index);
+        k->byidx[r->index] = r;
+    }
+    if (nrec && get_u32(nrec->data) != (uint32_t)k->P)
+        return fmt_err(fn, path, "the names record names %u tensors; the file holds %d",
+                       get_u32(nrec->data), k->P);
+    if (nrec)
+        return walk_names(fn, path, nrec, k->fname, k->flen);
+    for (int i = 0; i < k->P; i++) {
+        snprintf(k->num[i], sizeof k->num[i], "%d", i);
+        k->fname[i] = k->num[i];
+        k->flen[i] = (uint16_t)strlen(k->num[i]);
+    }
+    return 0;
+}
+
+static int map_names(const char *fn, const char *path, ck_recs *recs, const ck_extra *x,
+                     nt_tensor *const *params, int n, bool with_opt, nt_tensor ***out, int *np)
+{
+    ck_names k = {0};
+    int rc = names_read(fn, path, recs, &k);
+    nt_tensor **m = rc ? NULL : calloc((size_t)k.P + 1, sizeof *m);
+    k.miss = calloc((size_t)n + 1, sizeof *k.miss);
+    k.unexp = calloc((size_t)k.P + 1, sizeof *k.unexp);
+    if (!rc && (!m || !k.miss || !k.unexp))
+        rc = nt__err_hostmem(NULL, fn, "the name map");
+    for (int j = 0; j < n && !rc; j++) {
+        size_t len = strlen(x->names[j]);
+        int i = 0;
+        while (i < k.P && !(k.flen[i] == len && !memcmp(k.fname[i], x->names[j], len)))
+            i++;
+        if (i == k.P) {
+            if (!(k.miss[k.nmiss++] = strdup(x->names[j])))
+                rc = nt__err_hostmem(NULL, fn, "the report");
+            continue;
+        }
+        ck_rec *r = k.byidx[i];
+        nt_tensor *t = params[j];
+        if (r->dtype != t->dtype || !same_shape(r, t)) {
+            char a[128], b[128];
+            nt__shape_str(r->ndim, r->shape, a, sizeof a);
+            nt__shape_str(t->ndim, t->shape, b, sizeof b);
+            rc = nt__err(NULL, NT_ESHAPE, fn, "'%s': tensor \"%s\" is %s %s in the file; the "
+                         "tensor passed is %s %s", path, x->names[j],
+                         nt_dtype_name((nt_dtype)r->dtype), a, nt_dtype_name((nt_dtype)t->dtype),
+                         b);
+        }
+        m[i] = t;
+    }
+    for (int i = 0; i < k.P && !rc; i++)
+        if (!m[i] && !(k.unexp[k.nunexp++] = strndup(k.fname[i], k.flen[i])))
+            rc = nt__err_hostmem(NULL, fn, "the report");
+    if (!rc && x->report) {
+        *x->report = (nt_load_report){.loaded = n - k.nmiss, .n_missing = k.nmiss,
+                                      .n_unexpected = k.nunexp, .missing = k.miss,
+                                      .unexpected = k.unexp};
+        k.miss = k.unexp = NULL, k.nmiss = k.nunexp = 0; /* the report's now */
+    }
+    if (!rc && (x->strict || with_opt) && (x->report ? x->report->n_missing +
+                                           x->report->n_unexpected : k.nmiss + k.nunexp)) {
+        char mb[256], ub[256];
+        const nt_load_report *rp = x->report;
+        name_list(mb, sizeof mb, rp ? rp->missing : k.miss, rp ? rp->n_missing : k.nmiss);
+        name_list(ub, sizeof ub, rp ? rp->unexpected : k.unexp, rp ? rp->n_unexpected : k.nunexp);
+        rc = nt__err(NULL, NT_EINVAL, fn, "'%s': missing from the file: %s; in the file but not "
+                     "passed: %s (%s)", path, *mb ? mb : "none", *ub ? ub : "none",
+                     with_opt ? "an optimizer's state loads only when every name matches"
+                              : "strict = false loads the names that match");
+    }
+    *np = k.P;
+    names_free(&k);
+    if (rc) {
+        free(m);
+        if (x->report)
+            nt_load_report_clear(x->report);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+/* The generators' saved states, checked against the gens passed. */
+static int plan_gens(const char *fn, const char *path, ck_recs *recs, const ck_extra *x,
+                     const uint8_t **states)
+{
+    *states = NULL;
+    if (!x->ngens)
+        return 0;
+    for (guint i = 0; i < recs->len; i++)
+        if (recs->v[i].kind == REC_GENERATORS)
+            *states = recs->v[i].data;
+    if (!*states)
+        return nt__err(NULL, NT_EINVAL, fn, "'%s' holds no generator state (it was saved "
+                       "without one); pass ngens = 0", path);
+    if (get_u32(*states) != (uint32_t)x->ngens)
+        return nt__err(NULL, NT_ESHAPE, fn, "'%s' holds %u generators' states; %d were passed",
+                       path, get_u32(*states), x->ngens);
+    return 0;
+}
+
 static int load_impl(const char *fn, const char *path, nt_tensor *const *params, int n,
-                     nt_optim *opt, nt_grad_scaler *scaler)
+                     nt_optim *opt, nt_grad_scaler *scaler, const ck_extra *x)
 {
     if (!nt__ensure_init())
         return nt_last_error();
     if (!path || !*path)
         return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is %s", path ? "empty" : "NULL");
+    if (x->report)
+        *x->report = (nt_load_report){0};
     if (!nt__check_list(fn, params, n, "tensor", NULL) || (opt && !nt__optim_ok(opt, fn)) ||
-        (scaler && !nt__scaler_ok(scaler, fn)))
+        (scaler && !nt__scaler_ok(scaler, fn)) || (x->names && !names_ok(fn, x->names, n)) ||
+        !gens_ok(fn, x->gens, x->ngens))
         return nt_last_error();
     uint8_t *buf;
     ck_recs recs_, *recs = &recs_;
     int rc = read_checked(fn, path, &buf, recs);
     if (rc)
         return rc;
+    /* a named read: the tensors in the file's order, NULL where none */
+    nt_tensor **mapped = NULL;
+    const uint8_t *gstates = NULL;
+    if (x->names)
+        rc = map_names(fn, path, recs, x, params, n, opt != NULL, &mapped, &n);
+    if (!rc)
+        rc = plan_gens(fn, path, recs, x, &gstates);
+    if (mapped)
+        params = mapped;
+    if (rc) {
+        rec_free(recs, false);
+        free(buf);
+        return rc;
+    }
     if (opt)
         g_mutex_lock(&opt->lock);
     ck_plan pl = {0};
@@ -1134,6 +1511,8 @@ static int load_impl(const char *fn, const char *path, nt_tensor *const *params,
          * tensor's device (the staged value is there too). */
         nt_no_grad_begin();
         for (int i = 0; i < n && !rc; i++) {
+            if (!params[i])
+                continue;
             nt__devsw dv;
             nt__dev_enter(&dv, params[i]->dev);
             rc = nt_copy_into_at(NULL, params[i], pl.vals[i]);
@@ -1169,21 +1548,108 @@ static int load_impl(const char *fn, const char *path, nt_tensor *const *params,
     }
     if (scaler && !rc)
         nt__scaler_set_state(scaler, &pl.scaler);
+    for (int i = 0; i < x->ngens && !rc; i++)
+        nt_generator_set_state(x->gens[i], get_u64(gstates + GENS_FIXED + 16 * (size_t)i),
+                               get_u64(gstates + GENS_FIXED + 16 * (size_t)i + 8));
     if (opt)
         g_mutex_unlock(&opt->lock);
     plan_free(&pl, n, nstate);
     rec_free(recs, false);
     free(buf);
+    free(mapped);
+    if (rc && x->report)
+        nt_load_report_clear(x->report);
     return rc;
 }
 
 NT_API int nt_load(const char *path, nt_tensor *const *params, int n, nt_optim *opt)
 {
-    return load_impl("nt_load", path, params, n, opt, NULL);
+    return load_impl("nt_load", path, params, n, opt, NULL, &(ck_extra){0});
 }
 
 NT_API int nt_checkpoint_load(const char *path, nt_tensor *const *params, int n,
                               nt_optim *opt, nt_grad_scaler *scaler)
 {
-    return load_impl("nt_checkpoint_load", path, params, n, opt, scaler);
+    return load_impl("nt_checkpoint_load", path, params, n, opt, scaler, &(ck_extra){0});
+}
+
+NT_API int nt_checkpoint_read(const char *path, const nt_checkpoint_spec *spec, bool strict,
+                              nt_load_report *report)
+{
+    const char *fn = "nt_checkpoint_read";
+    if (report)
+        *report = (nt_load_report){0};
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (!spec)
+        return nt__err(NULL, NT_EINVAL, fn, "argument 'spec' is NULL");
+    ck_extra x = {.names = spec->names, .gens = spec->gens, .ngens = spec->ngens,
+                  .strict = strict, .report = report};
+    int rc = load_impl(fn, path, spec->tensors, spec->n, spec->opt, spec->scaler, &x);
+    if (!rc && report && !spec->names)
+        report->loaded = spec->n; /* by position: every one */
+    return rc;
+}
+
+NT_API void nt_load_report_clear(nt_load_report *r)
+{
+    if (!r)
+        return;
+    for (int i = 0; r->missing && i < r->n_missing; i++)
+        free(r->missing[i]);
+    for (int i = 0; r->unexpected && i < r->n_unexpected; i++)
+        free(r->unexpected[i]);
+    free(r->missing);
+    free(r->unexpected);
+    *r = (nt_load_report){0};
+}
+
+NT_API int nt_checkpoint_list(const char *path, nt_checkpoint_entry **entries, int *n)
+{
+    const char *fn = "nt_checkpoint_list";
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (!path || !*path || !entries || !n)
+        return nt__err(NULL, NT_EINVAL, fn, "argument '%s' is %s",
+                       !path || !*path ? "path" : !entries ? "entries" : "n",
+                       path && !*path ? "empty" : "NULL");
+    *entries = NULL;
+    *n = 0;
+    uint8_t *buf;
+    ck_recs recs_, *recs = &recs_;
+    int rc = read_checked(fn, path, &buf, recs);
+    if (rc)
+        return rc;
+    ck_names k = {0};
+    rc = names_read(fn, path, recs, &k);
+    nt_checkpoint_entry *e = rc ? NULL : calloc((size_t)k.P + 1, sizeof *e);
+    if (!rc && !e)
+        rc = nt__err_hostmem(NULL, fn, "the list");
+    for (int i = 0; i < k.P && !rc; i++) {
+        const ck_rec *r = k.byidx[i];
+        e[i].dtype = (nt_dtype)r->dtype;
+        e[i].ndim = r->ndim;
+        memcpy(e[i].shape, r->shape, sizeof e[i].shape);
+        if (!(e[i].name = strndup(k.fname[i], k.flen[i])))
+            rc = nt__err_hostmem(NULL, fn, "the list");
+    }
+    if (rc && e) {
+        nt_checkpoint_list_free(e, k.P);
+        e = NULL;
+    }
+    if (!rc) {
+        *entries = e;
+        *n = k.P;
+    }
+    names_free(&k);
+    rec_free(recs, false);
+    free(buf);
+    return rc;
+}
+
+NT_API void nt_checkpoint_list_free(nt_checkpoint_entry *entries, int n)
+{
+    for (int i = 0; entries && i < n; i++)
+        free(entries[i].name);
+    free(entries);
 }
