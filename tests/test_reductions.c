@@ -585,7 +585,7 @@ static void test_pool_sim_time(void **state)
     sim_ns_of(pool_reduce, x); /* warm */
     sim_ns_of(pool_strided, x);
     double r = sim_ns_of(pool_reduce, x), s = sim_ns_of(pool_strided, x);
-    print_message("pool: reduce %.1f us, strided %.1f us simulated: %.2fx\n", r / 1e3, s / 1e3,
+    print_message("# pool: reduce %.1f us, strided %.1f us simulated: %.2fx\n", r / 1e3, s / 1e3,
                   r / s);
     assert_true(r > 0 && s > 0);
     assert_true(r <= 1.5 * s);
