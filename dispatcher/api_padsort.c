@@ -2,59 +2,58 @@
  * nt_interpolate (issue 33): composites of ops that already give the same
  * bits on every backend and mode (nt_index_select, nt_slice, nt_cat,
  * nt_full, nt_topk, nt_mul, nt_add), so their values and gradients are
- * those ops' (docs/ops.md, "Padding, rolling, sorting, resizing").  The
- * indices and weights are computed here on the host, from the shapes only. */
+ * those ops' (docs/ops.md, "Padding, rolling, sorting, resizing").  Every
+ * index and weight is made on the device by nt_arange / nt_full (never
+ * copied from the host), so the composites also record into a captured
+ * graph. */
 #include <math.h>
 #include <stdlib.h>
 
 #include "dispatcher/dispatch.h"
 
-/* A 1-D i32 index of n entries, or NULL (error set naming fn). */
-static nt_tensor *host_index(const nt_site *site, const char *fn, const int32_t *v, int64_t n)
+/* concatenates the n non-NULL parts along d (one part: a copy, so the
+ * result is always a new tensor); NULL if any part failed */
+static nt_tensor *cat_parts(const nt_site *site, const char *fn, nt_tensor **parts, int n,
+                            int d)
 {
-    nt_tensor *t = nt_from_host_at(site, v ? (const void *)v : (const void *)"", NT_I32, 1, &n);
-    if (!t)
-        nt__err_within(fn);
-    return t;
+    for (int i = 0; i < n; i++)
+        if (!parts[i])
+            return NULL;
+    return n == 1 ? nt__copy_to(site, fn, parts[0], (nt_dtype)-1) : nt_cat_at(site, parts, n, d);
 }
 
-/* y with index_select along d by idx(o) for o in [0, m): idx from fill */
-typedef int64_t (*idx_fn)(int64_t o, int64_t n, int64_t a, int64_t b);
+/* the k elements of y from a along d, reversed (k >= 1) */
+static nt_tensor *flipped(const nt_site *site, nt_tensor *y, int d, int64_t a, int64_t k)
+{
+    nt_tensor *t = nt_slice_at(site, y, d, a, a + k, 1);
+    return t ? nt_flip_at(site, t, 1, &d) : NULL;
+}
 
-static nt_tensor *select_by(const nt_site *site, const char *fn, nt_tensor *y, int d, int64_t m,
-                            idx_fn f, int64_t a, int64_t b)
+/* y's element e along d repeated k times: an expand of the size-1 slice */
+static nt_tensor *repeated(const nt_site *site, nt_tensor *y, int d, int64_t e, int64_t k)
+{
+    nt_tensor *t = nt_slice_at(site, y, d, e, e + 1, 1);
+    int64_t sh[NT_MAX_DIMS];
+    for (int i = 0; i < nt_ndim(y); i++)
+        sh[i] = i == d ? k : nt_shape(y, i);
+    return t ? nt_expand_at(site, t, nt_ndim(y), sh) : NULL;
+}
+
+/* reflect or replicate pad of dim d: cat(left, the crop, right), the left
+ * part y[l], ..., y[1] (reflect) or l copies of y[0] (replicate), the right
+ * part y[n-2], ..., y[n-1-r] or r copies of y[n-1] */
+static nt_tensor *pad_edge_dim(const nt_site *site, const char *fn, nt_tensor *y, int d,
+                               int64_t l, int64_t r, bool reflect)
 {
     int64_t n = nt_shape(y, d);
-    int32_t *v = malloc((size_t)(m > 0 ? m : 1) * sizeof *v);
-    if (!v) {
-        nt__err_hostmem(site, fn, "an index");
-        return NULL;
-    }
-    for (int64_t o = 0; o < m; o++)
-        v[o] = (int32_t)f(o, n, a, b);
-    nt_tensor *ix = host_index(site, fn, v, m);
-    free(v);
-    return ix ? nt_index_select_at(site, y, d, ix) : NULL;
-}
-
-/* ---------------- pad ---------------- */
-
-static int64_t reflect_ix(int64_t o, int64_t n, int64_t l, int64_t unused)
-{
-    (void)unused;
-    int64_t i = o - l;
-    if (i < 0)
-        i = -i;
-    if (i >= n)
-        i = 2 * (n - 1) - i;
-    return i;
-}
-
-static int64_t replicate_ix(int64_t o, int64_t n, int64_t l, int64_t unused)
-{
-    (void)unused;
-    int64_t i = o - l;
-    return i < 0 ? 0 : i >= n ? n - 1 : i;
+    nt_tensor *parts[3];
+    int np = 0;
+    if (l > 0)
+        parts[np++] = reflect ? flipped(site, y, d, 1, l) : repeated(site, y, d, 0, l);
+    parts[np++] = nt_slice_at(site, y, d, l < 0 ? -l : 0, r < 0 ? n + r : n, 1);
+    if (r > 0)
+        parts[np++] = reflect ? flipped(site, y, d, n - 1 - r, r) : repeated(site, y, d, n - 1, r);
+    return cat_parts(site, fn, parts, np, d);
 }
 
 /* constant pad of dim d by l before and r after: the crop (negative pads)
@@ -80,10 +79,7 @@ static nt_tensor *pad_const_dim(const nt_site *site, const char *fn, nt_tensor *
         sh[d] = r;
         parts[np++] = nt_full_at(site, nt_dtype_of(y), nd, sh, value);
     }
-    for (int i = 0; i < np; i++)
-        if (!parts[i])
-            return NULL;
-    return np == 1 ? nt__copy_to(site, fn, mid, (nt_dtype)-1) : nt_cat_at(site, parts, np, d);
+    return cat_parts(site, fn, parts, np, d);
 }
 
 static const char *const PAD_NAMES[3] = {"constant", "reflect", "replicate"};
@@ -157,14 +153,13 @@ NT_API nt_tensor *nt_pad_at(const nt_site *site, nt_tensor *x, int npad, const i
     nt_tensor *y = x;
     for (int p = 0; y && p < npad / 2; p++) {
         int d = x->ndim - 1 - p;
-        int64_t l = pads[2 * p], r = pads[2 * p + 1], m = x->shape[d] + l + r;
+        int64_t l = pads[2 * p], r = pads[2 * p + 1];
         if (l == 0 && r == 0)
             continue;
         if (mode == NT_PAD_CONSTANT)
             y = pad_const_dim(site, fn, y, d, l, r, value);
         else
-            y = select_by(site, fn, y, d, m, mode == NT_PAD_REFLECT ? reflect_ix : replicate_ix, l,
-                          r);
+            y = pad_edge_dim(site, fn, y, d, l, r, mode == NT_PAD_REFLECT);
     }
     if (y == x) /* nothing padded: still a new tensor, as in PyTorch */
         y = nt__copy_to(site, fn, x, (nt_dtype)-1);
@@ -183,18 +178,14 @@ NT_API nt_tensor *nt_pad(nt_tensor *x, int npad, const int64_t *pads, nt_pad_mod
 
 /* ---------------- roll ---------------- */
 
-static int64_t roll_ix(int64_t o, int64_t n, int64_t s, int64_t unused)
-{
-    (void)unused;
-    return (o - s + n) % n; /* 0 <= s < n */
-}
-
+/* y rolled by s along d: cat(the last s elements, the first n - s) */
 static nt_tensor *roll_dim(const nt_site *site, const char *fn, nt_tensor *y, int d, int64_t s)
 {
     int64_t n = nt_shape(y, d);
     if (n == 0 || (s = (s % n + n) % n) == 0)
         return y;
-    return select_by(site, fn, y, d, n, roll_ix, s, 0);
+    nt_tensor *parts[2] = {nt_slice_at(site, y, d, n - s, n, 1), nt_slice_at(site, y, d, 0, n - s, 1)};
+    return cat_parts(site, fn, parts, 2, d);
 }
 
 static bool roll_check(const nt_site *site, const char *fn, nt_tensor *x, int nshifts,
@@ -304,72 +295,101 @@ NT_API nt_tensor *nt_argsort(nt_tensor *x, int dim, bool descending, bool stable
 
 /* ---------------- interpolate ---------------- */
 
-/* PyTorch 1.13's nearest_idx (upsample_nearest2d): the same f32 steps */
-static int64_t nearest_ix(int64_t o, int64_t in, int64_t out, int64_t unused)
+/* nearest along d, PyTorch 1.13's nearest_idx: out == in the identity,
+ * out == 2 in o >> 1, else min(floor(o * scale), in - 1) with scale =
+ * (float)in / out and the product in f32 -- nt_arange's element o is
+ * o * scale computed in double (exact) and rounded once to f32, the same
+ * value; then floor, clamp, cast to i32, index_select. */
+static nt_tensor *nearest_dim(const nt_site *site, nt_tensor *y, int d, int64_t out)
 {
-    (void)unused;
+    int64_t in = nt_shape(y, d);
     if (out == in)
-        return o;
-    if (out == 2 * in)
-        return o >> 1;
-    float scale = (float)in / (float)out;
-    int64_t i = (int64_t)floorf((float)o * scale);
-    return i < in - 1 ? i : in - 1;
+        return y;
+    double scale = out == 2 * in ? 0.5 : (double)((float)in / (float)out);
+    nt_tensor *t = nt_arange_at(site, NT_F32, 0, ((double)out - 0.5) * scale, scale);
+    t = t ? nt_floor_at(site, t) : NULL;
+    t = t ? nt_clamp_at(site, t, 0, (double)(in - 1)) : NULL;
+    t = t ? nt_cast_at(site, t, NT_I32) : NULL;
+    return t ? nt_index_select_at(site, y, d, t) : NULL;
 }
 
-/* PyTorch 1.13's compute_source_index_and_lambda (upsample_bilinear2d):
- * the scale in f32, the source position in double (its acc_type), the
- * weight w1 its fraction rounded to f32, w0 = 1 - w1 in f32: output o of
- * out reads i0 with weight w0 and i1 with weight w1 */
-static void linear_src(int64_t o, int64_t in, int64_t out, bool align, int32_t *i0, int32_t *i1,
-                       float *w0, float *w1)
+/* The weights of bilinear along one dim, PyTorch 1.13's
+ * compute_source_index_and_lambda: scale in f32, the source position real
+ * = scale * (o + 0.5) - 0.5 (align_corners: scale * o) in double, clamped
+ * at 0, i0 = (int)real, i1 = i0 + (i0 < in - 1), w1 = (float)(real - i0),
+ * w0 = 1 - w1 in f32.  Made on the device: over each run of outputs with
+ * the same i0, w1 is an nt_arange (its elements real - i0 computed exactly
+ * in double, rounded once) or an nt_full, i0 and i1 nt_fulls; the runs are
+ * concatenated.  *w1, *i0, *i1: 1-D of length out (held by the scope). */
+typedef struct {
+    nt_tensor **p;
+    int n;
+} parts_t;
+
+static bool linear_runs(const nt_site *site, int64_t in, int64_t out, bool align, parts_t *w,
+                        parts_t *a, parts_t *b)
 {
-    if (out == in) {
-        *i0 = *i1 = (int32_t)o;
-        *w0 = 1.0f, *w1 = 0.0f;
-        return;
+    float fs = align ? (out > 1 ? (float)(in - 1) / (float)(out - 1) : 0.0f)
+                     : (float)in / (float)out;
+    double step = fs, start = align ? 0.0 : 0.5 * step - 0.5;
+    for (int64_t o = 0; o < out;) {
+        double real = start + (double)o * step;
+        int64_t k = real < 0 ? 0 : (int64_t)real, len = 1;
+        if (real < 0) {
+            while (o + len < out && start + (double)(o + len) * step < 0)
+                len++;
+        } else {
+            while (o + len < out && (int64_t)(start + (double)(o + len) * step) == k)
+                len++;
+        }
+        double s0 = real < 0 ? 0.0 : real - (double)k;
+        w->p[w->n++] = real < 0 || len == 1
+                           ? nt_full_at(site, NT_F32, 1, &len, s0)
+                           : nt_arange_at(site, NT_F32, s0, s0 + ((double)len - 0.5) * step, step);
+        a->p[a->n++] = nt_full_at(site, NT_I32, 1, &len, (double)k);
+        b->p[b->n++] = nt_full_at(site, NT_I32, 1, &len, (double)(k + (k < in - 1)));
+        if (!w->p[w->n - 1] || !a->p[a->n - 1] || !b->p[b->n - 1])
+            return false;
+        o += len;
     }
-    float scale = align ? (out > 1 ? (float)(in - 1) / (float)(out - 1) : 0.0f)
-                        : (float)in / (float)out;
-    double real = align ? (double)scale * (double)o : (double)scale * ((double)o + 0.5) - 0.5;
-    if (real < 0)
-        real = 0;
-    int64_t a = (int64_t)real;
-    *i0 = (int32_t)a;
-    *i1 = (int32_t)(a + (a < in - 1 ? 1 : 0));
-    double l1 = real - (double)a;
-    *w1 = (float)(l1 < 0 ? 0 : l1 > 1 ? 1 : l1);
-    *w0 = 1.0f - *w1;
+    return true;
 }
 
 /* one dim (d = 2 or 3) of bilinear: sel(y, i0) * w0 + sel(y, i1) * w1,
- * the weights shaped to broadcast along d */
+ * the weights shaped to broadcast along d; out == in: i0 = i1 = o, w0 = 1,
+ * w1 = 0 (as PyTorch: y * 1 + y * 0) */
 static nt_tensor *linear_dim(const nt_site *site, const char *fn, nt_tensor *y, int d,
                              int64_t out, bool align)
 {
-    int64_t in = nt_shape(y, d);
-    int32_t *ix = malloc((size_t)out * 2 * sizeof *ix);
-    float *w = malloc((size_t)out * 2 * sizeof *w);
-    if (!ix || !w) {
-        free(ix);
-        free(w);
-        nt__err_hostmem(site, fn, "the weights");
+    int64_t in = nt_shape(y, d), nmax = (in < out ? in : out) + 2;
+    nt_tensor *w1, *i0, *i1;
+    if (out == in) {
+        i0 = i1 = nt_arange_at(site, NT_I32, 0, (double)out, 1);
+        w1 = nt_zeros_at(site, NT_F32, 1, &out);
+    } else {
+        nt_tensor **mem = malloc((size_t)nmax * 3 * sizeof *mem);
+        if (!mem) {
+            nt__err_hostmem(site, fn, "the weights");
+            return NULL;
+        }
+        parts_t w = {mem, 0}, a = {mem + nmax, 0}, b = {mem + 2 * nmax, 0};
+        bool ok = linear_runs(site, in, out, align, &w, &a, &b);
+        w1 = ok ? cat_parts(site, fn, w.p, w.n, 0) : NULL;
+        i0 = w1 ? cat_parts(site, fn, a.p, a.n, 0) : NULL;
+        i1 = i0 ? cat_parts(site, fn, b.p, b.n, 0) : NULL;
+        free(mem);
+    }
+    nt_tensor *w0 = w1 ? nt_add_scalar_at(site, nt_neg_at(site, w1), 1.0) : NULL;
+    if (w0 && d == 2) {
+        int64_t sh[2] = {out, 1};
+        w0 = nt_reshape_at(site, w0, 2, sh);
+        w1 = nt_reshape_at(site, w1, 2, sh);
+    }
+    if (!w0 || !w1 || !i0 || !i1)
         return NULL;
-    }
-    for (int64_t o = 0; o < out; o++)
-        linear_src(o, in, out, align, &ix[o], &ix[out + o], &w[o], &w[out + o]);
-    int64_t wsh[2] = {out, d == 2 ? 1 : out};
-    int wnd = d == 2 ? 2 : 1;
-    nt_tensor *t[2] = {NULL, NULL};
-    for (int k = 0; k < 2; k++) {
-        nt_tensor *i = host_index(site, fn, ix + k * out, out);
-        nt_tensor *wt = i ? nt_from_host_at(site, w + k * out, NT_F32, wnd, wsh) : NULL;
-        nt_tensor *g = wt ? nt_index_select_at(site, y, d, i) : NULL;
-        t[k] = g ? nt_mul_at(site, g, wt) : NULL;
-    }
-    free(ix);
-    free(w);
-    return t[0] && t[1] ? nt_add_at(site, t[0], t[1]) : NULL;
+    nt_tensor *t0 = nt_mul_at(site, nt_index_select_at(site, y, d, i0), w0);
+    nt_tensor *t1 = nt_mul_at(site, nt_index_select_at(site, y, d, i1), w1);
+    return t0 && t1 ? nt_add_at(site, t0, t1) : NULL;
 }
 
 static bool interp_check(const nt_site *site, const char *fn, nt_tensor *x, int64_t out_h,
@@ -418,8 +438,10 @@ NT_API nt_tensor *nt_interpolate_at(const nt_site *site, nt_tensor *x, int64_t o
     }
     nt_tensor *y;
     if (mode == NT_INTERP_NEAREST) {
-        y = select_by(site, fn, x, 2, out_h, nearest_ix, out_h, 0);
-        y = y ? select_by(site, fn, y, 3, out_w, nearest_ix, out_w, 0) : NULL;
+        y = nearest_dim(site, x, 2, out_h);
+        y = y ? nearest_dim(site, y, 3, out_w) : NULL;
+        if (y == x) /* the same size: still a new tensor */
+            y = nt__copy_to(site, fn, x, (nt_dtype)-1);
     } else { /* along W first: PyTorch's (x00 w0 + x01 w1) h0 + (x10 w0 + x11 w1) h1 */
         y = linear_dim(site, fn, x, 3, out_w, align_corners);
         y = y ? linear_dim(site, fn, y, 2, out_h, align_corners) : NULL;

@@ -14,7 +14,7 @@
  * (-ffp-contract=off, docs/exactness.md), so within 2e-6 absolute (|x| <= 4:
  * a few roundings of terms of at most 4).  Gradients bitwise where each input element receives at most two
  * contributions (two f32 additions from +0 commute exactly: pad constant,
- * roll, sort, and the one-dim reflect/replicate pads); elsewhere (several
+ * roll, sort, and the one-dim reflect pads); elsewhere (several
  * contributions added in g's row-major order, PyTorch's own order
  * differing) within 4e-6 absolute, w and g being in [-1, 1] with at most
  * 16 contributions per element. */
@@ -172,8 +172,9 @@ static bool same(float a, float b) { return (isnan(a) && isnan(b)) || u_of(a) ==
  * several contributions per element (see the top) */
 static double grad_tol(int kind, int ci)
 {
-    if (kind == K_PAD)
-        return PS_PAD[ci].mode != NT_PAD_CONSTANT && PS_PAD[ci].npad > 2 ? 4e-6 : 0;
+    if (kind == K_PAD) /* replicate: an edge gets pad + 1 contributions */
+        return PS_PAD[ci].mode == NT_PAD_REPLICATE ||
+               (PS_PAD[ci].mode == NT_PAD_REFLECT && PS_PAD[ci].npad > 2) ? 4e-6 : 0;
     return kind == K_INTERP ? 4e-6 : 0;
 }
 
@@ -415,11 +416,296 @@ static void test_vs_definition(void **state)
         }
 }
 
+/* ---------------- gradcheck ---------------- */
+
+typedef struct {
+    int kind, ci;
+} gc_ctx;
+
+static nt_tensor *gc_fn(nt_tensor *const *in, void *ctx)
+{
+    const gc_ctx *c = ctx;
+    static const int64_t p1[4] = {2, 1, -1, 2}, p2[4] = {1, 3, 2, 0}, p3[2] = {3, -2};
+    static const int64_t sh[3] = {2, -3, 1};
+    static const int dims[3] = {0, 2, 1};
+    nt_tensor *ix = NULL;
+    switch (c->kind * 10 + c->ci) {
+    case 0: return nt_pad(in[0], 4, p1, NT_PAD_CONSTANT, 0.25);
+    case 1: return nt_pad(in[0], 4, p2, NT_PAD_REFLECT, 0);
+    case 2: return nt_pad(in[0], 2, p3, NT_PAD_REPLICATE, 0);
+    case 10: return nt_roll(in[0], 3, sh, dims);
+    case 11: return nt_roll(in[0], 1, sh + 1, NULL);
+    case 20: {
+        nt_tensor *v = NULL;
+        return nt_sort(in[0], 1, false, true, &v, &ix) ? NULL : v;
+    }
+    case 21: {
+        nt_tensor *v = NULL;
+        return nt_sort(in[0], -1, true, false, &v, &ix) ? NULL : v;
+    }
+    case 30: return nt_interpolate(in[0], 5, 7, NT_INTERP_NEAREST, false);
+    case 31: return nt_interpolate(in[0], 7, 3, NT_INTERP_BILINEAR, false);
+    default: return nt_interpolate(in[0], 2, 9, NT_INTERP_BILINEAR, true);
+    }
+}
+
+/* The gradients against central differences: every op here is piecewise
+ * linear, so they agree to f32 rounding (sort: distinct values, 0.1
+ * apart, so eps = 1e-2 crosses no tie). */
+static void test_gradcheck(void **state)
+{
+    (void)state;
+    static const int cases[][2] = {{0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}, {2, 0},
+                                   {2, 1}, {3, 0}, {3, 1}, {3, 2}};
+    for (int b = 0; b < 2; b++) {
+        cfg(b);
+        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+            gc_ctx c = {cases[k][0], cases[k][1]};
+            nt_scope *sc = nt_scope_begin();
+            int64_t sh4[4] = {1, 2, 3, 4};
+            float h[24];
+            for (int i = 0; i < 24; i++)
+                h[i] = (float)((i * 7) % 24) * 0.1f - 1.0f; /* distinct */
+            nt_tensor *x = nt_from_host(h, NT_F32, c.kind == 3 ? 4 : 3,
+                                        c.kind == 3 ? sh4 : sh4 + 1);
+            nt_set_requires_grad(x, true);
+            int rc = nt_gradcheck(gc_fn, &x, 1, &c, 1e-2, 1e-3, 1e-3);
+            if (rc)
+                fail_msg("%s gradcheck %d on %s: %s", KNAME[c.kind], c.ci, CFGS[b][0],
+                         nt_last_error_message());
+            assert_int_equal(nt_scope_end(sc), 0);
+        }
+    }
+    cfg(0);
+}
+
+/* ---------------- captured ---------------- */
+
+/* a captured forward (pad, roll, sort, interpolate) replayed on other
+ * inputs gives the eager bits */
+static void test_captured(void **state)
+{
+    (void)state;
+    for (int k = 4; k <= 5; k++) { /* cpu and sim, lazy */
+        cfg(k);
+        for (int kind = 0; kind < NKIND; kind++)
+            for (int ci = 0; ci < NCASE[kind]; ci++) {
+                int nd;
+                const int64_t *sh;
+                const uint32_t *xb = case_x(kind, &nd, &sh);
+                nt_scope *sc = nt_scope_begin();
+                nt_tensor *x2 = from_bits(xb, nd, sh), *ix = NULL, *ix2 = NULL;
+                nt_tensor *want = apply(kind, ci, x2, &ix);
+                assert_non_null(want);
+                nt_tensor *x = nt_zeros_like(x2);
+                assert_int_equal(nt_sync(), 0);
+                assert_int_equal(nt_graph_capture_begin(), 0);
+                assert_int_equal(nt_graph_input(x, "x"), 0);
+                nt_tensor *y = apply(kind, ci, x, &ix2);
+                nt_graph *g = nt_graph_capture_end();
+                if (!g || !y)
+                    fail_msg("%s case %d: %s", KNAME[kind], ci, nt_last_error_message());
+                assert_int_equal(nt_graph_bind(g, "x", x2), 0);
+                assert_int_equal(nt_graph_replay(g), 0);
+                int64_t n = nt_numel(y);
+                float *a = malloc((size_t)(n + 1) * sizeof *a), *b = malloc((size_t)(n + 1) * sizeof *b);
+                assert_int_equal(nt_to_host(y, a, (size_t)n * sizeof *a), 0);
+                assert_int_equal(nt_to_host(want, b, (size_t)n * sizeof *b), 0);
+                assert_memory_equal(a, b, (size_t)n * sizeof *a);
+                if (ix) {
+                    assert_int_equal(nt_to_host(ix2, a, (size_t)n * 4), 0);
+                    assert_int_equal(nt_to_host(ix, b, (size_t)n * 4), 0);
+                    assert_memory_equal(a, b, (size_t)n * 4);
+                }
+                free(a);
+                free(b);
+                nt_graph_destroy(g);
+                assert_int_equal(nt_scope_end(sc), 0);
+            }
+    }
+    cfg(0);
+}
+
+/* ---------------- other dtypes, 0-d, empty, argsort ---------------- */
+
+static void test_dtypes_and_edges(void **state)
+{
+    (void)state;
+    for (int b = 0; b < 2; b++) {
+        cfg(b);
+        nt_scope *sc = nt_scope_begin();
+        int32_t xi[6] = {5, -1, 7, 7, 0, -3}, got[40];
+        int64_t sh[2] = {2, 3};
+        nt_tensor *x = nt_from_host(xi, NT_I32, 2, sh);
+        /* constant pad of an i32 with 9.7 -> 9 (rounded as nt_full), crop a row */
+        int64_t p[4] = {1, 0, -1, 1};
+        nt_tensor *y = nt_pad(x, 4, p, NT_PAD_CONSTANT, 9.7);
+        assert_non_null(y);
+        assert_int_equal(nt_dtype_of(y), NT_I32);
+        assert_int_equal(nt_shape(y, 0), 2);
+        assert_int_equal(nt_shape(y, 1), 4);
+        assert_int_equal(nt_to_host(y, got, 8 * 4), 0);
+        int32_t want[8] = {9, 7, 0, -3, 9, 9, 9, 9};
+        assert_memory_equal(got, want, sizeof want);
+        /* roll of an i32, flattened */
+        int64_t s = -2;
+        y = nt_roll(x, 1, &s, NULL);
+        assert_int_equal(nt_to_host(y, got, 6 * 4), 0);
+        int32_t wr[6] = {7, 7, 0, -3, 5, -1};
+        assert_memory_equal(got, wr, sizeof wr);
+        /* sort of an i32 (descending, ties by index), argsort the same */
+        nt_tensor *v, *ix;
+        assert_int_equal(nt_sort(x, 1, true, true, &v, &ix), 0);
+        assert_int_equal(nt_to_host(v, got, 6 * 4), 0);
+        int32_t ws[6] = {7, 5, -1, 7, 0, -3}, wi[6] = {2, 0, 1, 0, 1, 2};
+        assert_memory_equal(got, ws, sizeof ws);
+        assert_int_equal(nt_to_host(ix, got, 6 * 4), 0);
+        assert_memory_equal(got, wi, sizeof wi);
+        nt_tensor *a = nt_argsort(x, -1, true, false);
+        assert_non_null(a);
+        assert_int_equal(nt_to_host(a, got, 6 * 4), 0);
+        assert_memory_equal(got, wi, sizeof wi);
+        /* nearest of an i32 [1, 1, 2, 3] -> [1, 1, 4, 2] */
+        int64_t sh4[4] = {1, 1, 2, 3};
+        y = nt_interpolate(nt_reshape(x, 4, sh4), 4, 2, NT_INTERP_NEAREST, false);
+        assert_int_equal(nt_to_host(y, got, 8 * 4), 0);
+        int32_t wn[8] = {5, -1, 5, -1, 7, 0, 7, 0};
+        assert_memory_equal(got, wn, sizeof wn);
+        /* 0-d: roll with dims omitted, sort along 0 or -1 */
+        float f = 2.5f, g;
+        nt_tensor *z = nt_from_host(&f, NT_F32, 0, NULL);
+        y = nt_roll(z, 1, &s, NULL);
+        assert_non_null(y);
+        assert_int_equal(nt_ndim(y), 0);
+        assert_int_equal(nt_to_host(y, &g, 4), 0);
+        assert_true(g == 2.5f);
+        assert_int_equal(nt_sort(z, -1, false, true, &v, &ix), 0);
+        assert_int_equal(nt_ndim(v), 0);
+        assert_int_equal(nt_ndim(ix), 0);
+        /* empty: a sort along an empty dim, a roll of nothing, a crop to 0 */
+        int64_t she[2] = {0, 3};
+        nt_tensor *e = nt_zeros(NT_F32, 2, she);
+        assert_int_equal(nt_sort(e, 0, false, true, &v, &ix), 0);
+        assert_int_equal(nt_numel(v), 0);
+        y = nt_roll(e, 1, &s, (int[]){0});
+        assert_non_null(y);
+        assert_int_equal(nt_numel(y), 0);
+        int64_t pc[2] = {-3, 0};
+        y = nt_pad(x, 2, pc, NT_PAD_CONSTANT, 0);
+        assert_non_null(y);
+        assert_int_equal(nt_shape(y, 1), 0);
+        /* nothing to do: still a new tensor with x's values */
+        y = nt_pad(x, 0, NULL, NT_PAD_CONSTANT, 0);
+        assert_non_null(y);
+        assert_true(y != x);
+        assert_int_equal(nt_to_host(y, got, 6 * 4), 0);
+        assert_memory_equal(got, xi, sizeof xi);
+        assert_int_equal(nt_scope_end(sc), 0);
+    }
+    cfg(0);
+}
+
+/* ---------------- bad input ---------------- */
+
+static void test_bad_input(void **state)
+{
+    (void)state;
+    nt_scope *sc = nt_scope_begin();
+    int64_t sh[3] = {2, 3, 4}, p2[2] = {1, 1}, p4[4] = {1, 1, 1, 1}, big[2] = {4, 0};
+    int64_t crop[2] = {-5, 1}, p8[8] = {0};
+    nt_tensor *x = nt_zeros(NT_F32, 3, sh), *v, *ix;
+    nt_tensor *xi = nt_zeros(NT_I32, 4, (int64_t[]){1, 1, 2, 2});
+    nt_tensor *x2 = nt_zeros(NT_F32, 2, (int64_t[]){3, 4});
+    nt_tensor *x4 = nt_zeros(NT_F32, 4, (int64_t[]){1, 1, 0, 2});
+    /* pad */
+    nt_test_expect_err(nt_pad(NULL, 2, p2, NT_PAD_CONSTANT, 0) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_pad");
+    nt_test_expect_err(nt_pad(x, 2, p2, (nt_pad_mode)7, 0) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_pad", "'mode' is 7");
+    nt_test_expect_err(nt_pad(x, 2, NULL, NT_PAD_CONSTANT, 0) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_pad", "'pads' is NULL");
+    nt_test_expect_err(nt_pad(x, -2, p2, NT_PAD_CONSTANT, 0) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_pad", "'pads'");
+    nt_test_expect_err(nt_pad(x, 3, p4, NT_PAD_CONSTANT, 0) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_pad", "'npad' is 3", "even");
+    nt_test_expect_err(nt_pad(x, 8, p8, NT_PAD_CONSTANT, 0) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_pad", "'npad' is 8", "at most 6");
+    nt_test_expect_err(nt_pad(x, 2, p2, NT_PAD_REFLECT, 1) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_pad", "'value' is 1", "reflect");
+    nt_test_expect_err(nt_pad(x2, 4, p4, NT_PAD_REFLECT, 0) ? 0 : nt_last_error(), NT_ESHAPE,
+                       "nt_pad", "x has 2 dims", "3 or 4");
+    nt_test_expect_err(nt_pad(x, 2, big, NT_PAD_REFLECT, 0) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_pad", "pads[0] = 4", "size 4", "reflect");
+    nt_test_expect_err(nt_pad(x, 2, crop, NT_PAD_CONSTANT, 0) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_pad", "pads[0] = -5", "constant");
+    nt_tensor *xe = nt_zeros(NT_F32, 2, (int64_t[]){2, 0});
+    nt_test_expect_err(nt_pad(xe, 2, p2, NT_PAD_REPLICATE, 0) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_pad", "size 0", "replicate");
+    /* roll */
+    int64_t s2[2] = {1, 2};
+    nt_test_expect_err(nt_roll(NULL, 1, s2, NULL) ? 0 : nt_last_error(), NT_EINVAL, "nt_roll");
+    nt_test_expect_err(nt_roll(x, 0, s2, NULL) ? 0 : nt_last_error(), NT_EINVAL, "nt_roll",
+                       "'shifts'");
+    nt_test_expect_err(nt_roll(x, 1, NULL, NULL) ? 0 : nt_last_error(), NT_EINVAL, "nt_roll",
+                       "'shifts' is NULL");
+    nt_test_expect_err(nt_roll(x, 2, s2, NULL) ? 0 : nt_last_error(), NT_EINVAL, "nt_roll",
+                       "'dims' is NULL with nshifts = 2");
+    nt_test_expect_err(nt_roll(x, 2, s2, (int[]){0, 3}) ? 0 : nt_last_error(), NT_EDIM,
+                       "nt_roll", "dims[1] = 3");
+    nt_tensor *z = nt_zeros(NT_F32, 0, NULL);
+    nt_test_expect_err(nt_roll(z, 1, s2, (int[]){0}) ? 0 : nt_last_error(), NT_EDIM, "nt_roll",
+                       "dims[0] = 0");
+    /* sort, argsort */
+    nt_test_expect_err(nt_sort(x, 0, false, true, NULL, &ix), NT_EINVAL, "nt_sort",
+                       "'values' is NULL");
+    nt_test_expect_err(nt_sort(x, 0, false, true, &v, NULL), NT_EINVAL, "nt_sort",
+                       "'indices' is NULL");
+    nt_test_expect_err(nt_sort(NULL, 0, false, true, &v, &ix), NT_EINVAL, "nt_sort");
+    assert_null(v);
+    assert_null(ix);
+    nt_test_expect_err(nt_sort(x, 3, false, true, &v, &ix), NT_EDIM, "nt_sort", "dim 3");
+    nt_test_expect_err(nt_sort(x, -4, false, true, &v, &ix), NT_EDIM, "nt_sort", "dim -4");
+    nt_test_expect_err(nt_sort(z, 1, false, true, &v, &ix), NT_EDIM, "nt_sort", "0-d");
+    nt_test_expect_err(nt_argsort(x, 5, false, true) ? 0 : nt_last_error(), NT_EDIM,
+                       "nt_argsort", "dim 5");
+    /* interpolate */
+    nt_test_expect_err(nt_interpolate(NULL, 2, 2, NT_INTERP_NEAREST, false) ? 0 : nt_last_error(),
+                       NT_EINVAL, "nt_interpolate");
+    nt_test_expect_err(nt_interpolate(xi, 2, 2, (nt_interp_mode)5, false) ? 0 : nt_last_error(),
+                       NT_EINVAL, "nt_interpolate", "'mode' is 5");
+    nt_test_expect_err(nt_interpolate(xi, 2, 2, NT_INTERP_NEAREST, true) ? 0 : nt_last_error(),
+                       NT_EINVAL, "nt_interpolate", "'align_corners'");
+    nt_test_expect_err(nt_interpolate(x, 2, 2, NT_INTERP_NEAREST, false) ? 0 : nt_last_error(),
+                       NT_ESHAPE, "nt_interpolate", "[2, 3, 4]", "4 dims");
+    nt_test_expect_err(nt_interpolate(xi, 2, 2, NT_INTERP_BILINEAR, false) ? 0 : nt_last_error(),
+                       NT_EDTYPE, "nt_interpolate", "i32", "f32");
+    nt_test_expect_err(nt_interpolate(xi, 0, 2, NT_INTERP_NEAREST, false) ? 0 : nt_last_error(),
+                       NT_EINVAL, "nt_interpolate", "0 x 2");
+    nt_test_expect_err(nt_interpolate(xi, 2, -1, NT_INTERP_BILINEAR, false) ? 0 : nt_last_error(),
+                       NT_EDTYPE, "nt_interpolate"); /* the dtype is checked first */
+    nt_test_expect_err(nt_interpolate(x4, 2, 2, NT_INTERP_BILINEAR, true) ? 0 : nt_last_error(),
+                       NT_ESHAPE, "nt_interpolate", "H = 0");
+    /* a released x */
+    nt_tensor *r = nt_zeros(NT_F32, 3, sh);
+    nt_release(r);
+    nt_test_expect_err(nt_pad(r, 2, p2, NT_PAD_CONSTANT, 0) ? 0 : nt_last_error(), NT_ERELEASED,
+                       "nt_pad");
+    nt_test_expect_err(nt_roll(r, 1, s2, NULL) ? 0 : nt_last_error(), NT_ERELEASED, "nt_roll");
+    nt_test_expect_err(nt_sort(r, 0, 0, 1, &v, &ix), NT_ERELEASED, "nt_sort");
+    nt_test_expect_err(nt_interpolate(r, 2, 2, 0, 0) ? 0 : nt_last_error(), NT_ERELEASED,
+                       "nt_interpolate");
+    assert_int_equal(nt_scope_end(sc), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vs_torch_all_configs),
         cmocka_unit_test(test_vs_definition),
+        cmocka_unit_test(test_gradcheck),
+        cmocka_unit_test(test_captured),
+        cmocka_unit_test(test_dtypes_and_edges),
+        cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, nt_test_setup, nt_test_teardown);
 }
