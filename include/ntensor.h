@@ -768,9 +768,9 @@ NT_API int nt_split(nt_tensor *t, int64_t split_size, int dim, nt_tensor **out, 
 NT_API nt_tensor *nt_contiguous(nt_tensor *t);
 
 /* Padding, rolling, sorting, resizing (issue 33; docs/ops.md "Padding,
- * rolling, sorting, resizing").  Composites of index_select, slice, cat,
- * full, topk, mul and add: the same bits on every backend and mode, and
- * the gradients of those ops. */
+ * rolling, sorting, resizing").  Composites of slice, flip, expand, cat,
+ * arange, full, index_select, topk, mul and add: the same bits on every
+ * backend and mode (captured too), and the gradients of those ops. */
 typedef enum nt_pad_mode {
     NT_PAD_CONSTANT = 0, /* torch.nn.functional.pad mode='constant' */
     NT_PAD_REFLECT,      /* mode='reflect' */
@@ -783,8 +783,8 @@ typedef enum nt_pad_mode {
  *  >= 0); any dtype.  Reflect (pad < size, the edge not repeated) and
  *  replicate (the edge repeated): x with npad/2 + 1 or + 2 dims, npad 2, 4
  *  or 6 (as PyTorch), value 0.  A new tensor; the gradient is g sliced
- *  (constant) or the index_select gradient along each padded dim (reflect,
- *  replicate: added in g's row-major order).  Errors: NT_EINVAL (pads
+ *  (constant), with the reflected or replicated parts' gradients added
+ *  (flips, expands summed by nt_sum; a fixed order).  Errors: NT_EINVAL (pads
  *  NULL, npad odd or too large, a pad that does not fit, mode, value),
  *  NT_ESHAPE (x's dims for reflect/replicate). */
 NT_API nt_tensor *nt_pad(nt_tensor *x, int npad, const int64_t *pads, nt_pad_mode mode,
@@ -814,10 +814,12 @@ typedef enum nt_interp_mode {
 /** torch.nn.functional.interpolate with size=(out_h, out_w) of x [N, C, H,
  *  W]: nearest (any dtype; align_corners must be false) picks
  *  min(floor(o * (in / out)), in - 1) in f32 as PyTorch; bilinear (f32)
- *  computes PyTorch's source index and weights in f32 (align_corners false:
- *  (o + 0.5) * in/out - 0.5 clamped at 0; true: o * (in-1)/(out-1)) and
+ *  takes PyTorch's source indices and f32 weights (the scale in f32, the
+ *  position in double: align_corners false (o + 0.5) * s - 0.5 clamped at
+ *  0, true o * s; docs/ops.md) and
  *  y = (x[h0,w0] w0 + x[h0,w1] w1) * h0w + (x[h1,w0] w0 + x[h1,w1] w1) * h1w
- *  (along W first, then H), as PyTorch's CPU kernel.  The gradient is the
+ *  (along W first, then H), as PyTorch's CPU kernel but with every product
+ *  rounded (PyTorch's uses FMA: a few ulp apart).  The gradient is the
  *  ops' (index_select's adds in g's row-major order).  Errors: NT_EINVAL
  *  (mode, sizes < 1, align_corners with nearest), NT_ESHAPE (x not 4-D,
  *  H or W 0), NT_EDTYPE (bilinear not f32). */
