@@ -594,6 +594,18 @@ static void test_dtypes_and_edges(void **state)
         y = nt_pad(x, 2, pc, NT_PAD_CONSTANT, 0);
         assert_non_null(y);
         assert_int_equal(nt_shape(y, 1), 0);
+        /* an empty dim padded: only the value (PyTorch: F.pad(zeros(2, 0), (1, 2), value=3)) */
+        int64_t pe[2] = {1, 2};
+        y = nt_pad(e, 2, pe, NT_PAD_CONSTANT, 3);
+        assert_non_null(y);
+        assert_int_equal(nt_shape(y, 0), 0);
+        assert_int_equal(nt_shape(y, 1), 6);
+        nt_tensor *e2 = nt_zeros(NT_F32, 2, (int64_t[]){2, 0});
+        y = nt_pad(e2, 2, pe, NT_PAD_CONSTANT, 3);
+        float fg[6];
+        assert_int_equal(nt_to_host(y, fg, sizeof fg), 0);
+        for (int i = 0; i < 6; i++)
+            assert_true(fg[i] == 3.0f);
         /* nothing to do: still a new tensor with x's values */
         y = nt_pad(x, 0, NULL, NT_PAD_CONSTANT, 0);
         assert_non_null(y);
