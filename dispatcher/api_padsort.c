@@ -56,6 +56,25 @@ static nt_tensor *pad_edge_dim(const nt_site *site, const char *fn, nt_tensor *y
     return cat_parts(site, fn, parts, np, d);
 }
 
+/* circular pad of dim d: c, the crop of the negative pads, then cat(the
+ * last l of c, c, the first r of c) */
+static nt_tensor *pad_circular_dim(const nt_site *site, const char *fn, nt_tensor *y, int d,
+                                   int64_t l, int64_t r)
+{
+    int64_t n = nt_shape(y, d);
+    nt_tensor *c = nt_slice_at(site, y, d, l < 0 ? -l : 0, r < 0 ? n + r : n, 1), *parts[3];
+    if (!c)
+        return NULL;
+    int64_t m = nt_shape(c, d);
+    int np = 0;
+    if (l > 0)
+        parts[np++] = nt_slice_at(site, c, d, m - l, m, 1);
+    parts[np++] = c;
+    if (r > 0)
+        parts[np++] = nt_slice_at(site, c, d, 0, r, 1);
+    return cat_parts(site, fn, parts, np, d);
+}
+
 /* constant pad of dim d by l before and r after: the crop (negative pads)
  * as a slice, then cat(full(l), the crop, full(r)) */
 static nt_tensor *pad_const_dim(const nt_site *site, const char *fn, nt_tensor *y, int d,
@@ -82,15 +101,15 @@ static nt_tensor *pad_const_dim(const nt_site *site, const char *fn, nt_tensor *
     return cat_parts(site, fn, parts, np, d);
 }
 
-static const char *const PAD_NAMES[3] = {"constant", "reflect", "replicate"};
+static const char *const PAD_NAMES[4] = {"constant", "reflect", "replicate", "circular"};
 
 /* the checks of nt_pad before anything is made; true if all pass */
 static bool pad_check(const nt_site *site, const char *fn, nt_tensor *x, int npad,
                       const int64_t *pads, nt_pad_mode mode, double value)
 {
-    if ((int)mode < 0 || (int)mode > NT_PAD_REPLICATE)
+    if ((int)mode < 0 || (int)mode > NT_PAD_CIRCULAR)
         return !nt__err(site, NT_EINVAL, fn, "argument 'mode' is %d; expected NT_PAD_CONSTANT, "
-                        "NT_PAD_REFLECT or NT_PAD_REPLICATE", (int)mode);
+                        "NT_PAD_REFLECT, NT_PAD_REPLICATE or NT_PAD_CIRCULAR", (int)mode);
     if (npad < 0 || (npad > 0 && !pads))
         return !nt__err(site, NT_EINVAL, fn, "argument 'pads' is %s with npad = %d; expected an "
                         "array of npad >= 0 pads", pads ? "an array" : "NULL", npad);
@@ -105,6 +124,10 @@ static bool pad_check(const nt_site *site, const char *fn, nt_tensor *x, int npa
         if (value != 0)
             return !nt__err(site, NT_EINVAL, fn, "argument 'value' is %g; mode %s takes none "
                             "(expected 0)", value, PAD_NAMES[mode]);
+        if (mode == NT_PAD_CIRCULAR && (k < 1 || k > 3 || nd != k + 2))
+            return !nt__err(site, NT_ESHAPE, fn, "x has %d dims; mode circular with npad = %d "
+                            "expects %d dims (batch, channel and the padded ones, as PyTorch)",
+                            nd, npad, k + 2);
         if (k < 1 || k > 3 || (nd != k + 1 && nd != k + 2))
             return !nt__err(site, NT_ESHAPE, fn, "x has %d dims; mode %s with npad = %d expects "
                             "%d or %d dims (as PyTorch)", nd, PAD_NAMES[mode], npad, k + 1,
@@ -121,6 +144,10 @@ static bool pad_check(const nt_site *site, const char *fn, nt_tensor *x, int npa
             bad = l < -n || r < -n || n + l + r < 0;
         else if (mode == NT_PAD_REFLECT)
             bad = p < k && (l >= n || r >= n || l <= -n || r <= -n || n + l + r < 1);
+        else if (mode == NT_PAD_CIRCULAR) { /* m: the cropped size */
+            int64_t m = n - (l < 0 ? -l : 0) - (r < 0 ? -r : 0);
+            bad = p < k && (m < 0 || l > m || r > m || n + l + r < 1);
+        }
         else
             bad = p < k && (n < 1 || l <= -n || r <= -n || n + l + r < 1);
         if (bad)
@@ -129,7 +156,9 @@ static bool pad_check(const nt_site *site, const char *fn, nt_tensor *x, int npa
                             2 * p + 1, (long long)r, i, (long long)n, PAD_NAMES[mode],
                             mode == NT_PAD_CONSTANT ? "crops within the dim and a size >= 0"
                             : mode == NT_PAD_REFLECT ? "-size < pad < size and a size >= 1"
-                                                     : "-size < pad and a size >= 1");
+                            : mode == NT_PAD_CIRCULAR ? "pads <= the size left by the crops "
+                                                        "and a size >= 1"
+                                                      : "-size < pad and a size >= 1");
         if (__builtin_mul_overflow(total, n + l + r, &total) || total > NT__MAX_NUMEL)
             return !nt__err(site, NT_EINVAL, fn, "the result would have more than 2^48 "
                             "elements (the most a tensor may have)");
@@ -158,6 +187,8 @@ NT_API nt_tensor *nt_pad_at(const nt_site *site, nt_tensor *x, int npad, const i
             continue;
         if (mode == NT_PAD_CONSTANT)
             y = pad_const_dim(site, fn, y, d, l, r, value);
+        else if (mode == NT_PAD_CIRCULAR)
+            y = pad_circular_dim(site, fn, y, d, l, r);
         else
             y = pad_edge_dim(site, fn, y, d, l, r, mode == NT_PAD_REFLECT);
     }

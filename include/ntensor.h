@@ -774,7 +774,8 @@ NT_API nt_tensor *nt_contiguous(nt_tensor *t);
 typedef enum nt_pad_mode {
     NT_PAD_CONSTANT = 0, /* torch.nn.functional.pad mode='constant' */
     NT_PAD_REFLECT,      /* mode='reflect' */
-    NT_PAD_REPLICATE     /* mode='replicate' */
+    NT_PAD_REPLICATE,    /* mode='replicate' */
+    NT_PAD_CIRCULAR      /* mode='circular' */
 } nt_pad_mode;
 /** torch.nn.functional.pad: pads (npad even, at most 2 per dim) name the
  *  last dim first: pads[0] before and pads[1] after the last dim, pads[2],
@@ -782,7 +783,9 @@ typedef enum nt_pad_mode {
  *  added around x; a negative pad crops (within the dim, the size stays
  *  >= 0); any dtype.  Reflect (pad < size, the edge not repeated) and
  *  replicate (the edge repeated): x with npad/2 + 1 or + 2 dims, npad 2, 4
- *  or 6 (as PyTorch), value 0.  A new tensor; the gradient is g sliced
+ *  or 6 (as PyTorch), value 0.  Circular (the crop of the negative pads,
+ *  then wrapped around: pad <= the cropped size): x with npad/2 + 2 dims.
+ *  A new tensor; the gradient is g sliced
  *  (constant), with the reflected or replicated parts' gradients added
  *  (flips, expands summed by nt_sum; a fixed order).  Errors: NT_EINVAL (pads
  *  NULL, npad odd or too large, a pad that does not fit, mode, value),

@@ -173,7 +173,7 @@ static bool same(float a, float b) { return (isnan(a) && isnan(b)) || u_of(a) ==
 static double grad_tol(int kind, int ci)
 {
     if (kind == K_PAD) /* replicate: an edge gets pad + 1 contributions */
-        return PS_PAD[ci].mode == NT_PAD_REPLICATE ||
+        return PS_PAD[ci].mode == NT_PAD_REPLICATE || PS_PAD[ci].mode == NT_PAD_CIRCULAR ||
                (PS_PAD[ci].mode == NT_PAD_REFLECT && PS_PAD[ci].npad > 2) ? 4e-6 : 0;
     return kind == K_INTERP ? 4e-6 : 0;
 }
@@ -236,6 +236,11 @@ static int64_t host_src(int kind, int ci, int d, int64_t o, int64_t n, int64_t m
     if (kind == K_PAD) {
         int p = 2 - d; /* dims counted from the last */
         int64_t l = 2 * p < PS_PAD[ci].npad ? PS_PAD[ci].pads[2 * p] : 0, i = o - l;
+        int64_t r = 2 * p < PS_PAD[ci].npad ? PS_PAD[ci].pads[2 * p + 1] : 0;
+        if (PS_PAD[ci].mode == NT_PAD_CIRCULAR) { /* the crop [a, b), wrapped */
+            int64_t a = l < 0 ? -l : 0, b = r < 0 ? n + r : n, L = l > 0 ? l : 0;
+            return a + ((o - L) % (b - a) + (b - a)) % (b - a);
+        }
         if (PS_PAD[ci].mode == NT_PAD_CONSTANT)
             return i >= 0 && i < n ? i : -1;
         if (PS_PAD[ci].mode == NT_PAD_REPLICATE)
@@ -653,6 +658,11 @@ static void test_bad_input(void **state)
     nt_tensor *xe = nt_zeros(NT_F32, 2, (int64_t[]){2, 0});
     nt_test_expect_err(nt_pad(xe, 2, p2, NT_PAD_REPLICATE, 0) ? 0 : nt_last_error(), NT_EINVAL,
                        "nt_pad", "size 0", "replicate");
+    int64_t wrap[2] = {-2, 3};
+    nt_test_expect_err(nt_pad(x, 2, wrap, NT_PAD_CIRCULAR, 0) ? 0 : nt_last_error(), NT_EINVAL,
+                       "nt_pad", "pads[1] = 3", "circular");
+    nt_test_expect_err(nt_pad(x2, 2, p2, NT_PAD_CIRCULAR, 0) ? 0 : nt_last_error(), NT_ESHAPE,
+                       "nt_pad", "x has 2 dims", "circular");
     /* roll */
     int64_t s2[2] = {1, 2};
     nt_test_expect_err(nt_roll(NULL, 1, s2, NULL) ? 0 : nt_last_error(), NT_EINVAL, "nt_roll");

@@ -8,7 +8,7 @@ Run with /usr/bin/python3 (torch 1.13):  /usr/bin/python3 scripts/torch_refs/pad
 Inputs: a [3, 5, 7] tensor (with NaN, +-Inf, +-0, a subnormal, huge values)
 for pad and roll; for sort a [3, 5, 7] tensor of few distinct values (ties),
 +-0, +-Inf and NaNs; for interpolate a [2, 3, 5, 7] tensor.  Cases: odd
-shapes, negative pads, reflect edges (pad = size - 1), repeated roll dims,
+shapes, negative pads, reflect edges, circular wraps (pad = size - 1), repeated roll dims,
 sizes 1, exactly 2x, align_corners both ways.  Outputs and gradients (of
 sum(y * w), w fixed, of y's shape) are f32 bit patterns; the cases are
 emitted as C tables the test walks.
@@ -83,6 +83,10 @@ PADS = [
     ("reflect", [-1, 2, 3, -2], 0.0),
     ("replicate", [3, 1, 2, 5], 0.0),
     ("replicate", [9, -2], 0.0),
+    ("circular", [1, 2], 0.0),
+    ("circular", [-1, 2], 0.0),
+    ("circular", [5, -2], 0.0),
+    ("circular", [7, 0], 0.0),
 ]
 rows = []
 for k, (mode, pads, value) in enumerate(PADS):
