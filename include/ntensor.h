@@ -845,6 +845,68 @@ NT_API nt_tensor *nt_diagonal(nt_tensor *t, int64_t offset, int dim1, int dim2);
  *  already contiguous, else a copy. */
 NT_API nt_tensor *nt_contiguous(nt_tensor *t);
 
+/* Padding, rolling, sorting, resizing (issue 33; docs/ops.md "Padding,
+ * rolling, sorting, resizing").  Composites of slice, flip, expand, cat,
+ * arange, full, index_select, topk, mul and add: the same bits on every
+ * backend and mode (captured too), and the gradients of those ops. */
+typedef enum nt_pad_mode {
+    NT_PAD_CONSTANT = 0, /* torch.nn.functional.pad mode='constant' */
+    NT_PAD_REFLECT,      /* mode='reflect' */
+    NT_PAD_REPLICATE,    /* mode='replicate' */
+    NT_PAD_CIRCULAR      /* mode='circular' */
+} nt_pad_mode;
+/** torch.nn.functional.pad: pads (npad even, at most 2 per dim) name the
+ *  last dim first: pads[0] before and pads[1] after the last dim, pads[2],
+ *  pads[3] the one before, ...  Constant: value (rounded to x's dtype)
+ *  added around x; a negative pad crops (within the dim, the size stays
+ *  >= 0); any dtype.  Reflect (pad < size, the edge not repeated) and
+ *  replicate (the edge repeated): x with npad/2 + 1 or + 2 dims, npad 2, 4
+ *  or 6 (as PyTorch), value 0.  Circular (the crop of the negative pads,
+ *  then wrapped around: pad <= the cropped size): x with npad/2 + 2 dims.
+ *  A new tensor; the gradient is g sliced
+ *  (constant), with the reflected or replicated parts' gradients added
+ *  (flips, expands summed by nt_sum; a fixed order).  Errors: NT_EINVAL (pads
+ *  NULL, npad odd or too large, a pad that does not fit, mode, value),
+ *  NT_ESHAPE (x's dims for reflect/replicate). */
+NT_API nt_tensor *nt_pad(nt_tensor *x, int npad, const int64_t *pads, nt_pad_mode mode,
+                         double value);
+/** torch.roll: x's elements moved by shifts[i] (any sign, any size) along
+ *  dims[i], cyclically, one dim after another (a dim may repeat); dims NULL
+ *  with nshifts 1: x flattened, rolled, viewed back.  Any dtype, values
+ *  moved bit for bit; the gradient is g rolled back.  Errors: NT_EINVAL
+ *  (nshifts < 1, shifts NULL, dims NULL with nshifts != 1), NT_EDIM. */
+NT_API nt_tensor *nt_roll(nt_tensor *x, int nshifts, const int64_t *shifts, const int *dims);
+/** torch.sort: *values (x's dtype, x's shape) sorted along dim, ascending
+ *  or descending, *indices (i32; PyTorch's are int64) their positions.
+ *  Always stable (stable is accepted for PyTorch's signature): equal values
+ *  (+0 and -0 too) keep their index order; NaN sorts above every number
+ *  (last ascending, first descending), as PyTorch.  nt_topk with k the
+ *  size of dim: values are nt_gather(x, dim, indices), with its gradient.
+ *  A 0-d x takes dim 0 or -1.  Returns 0 or an error code (NT_EINVAL for
+ *  NULL outputs, NT_EDIM), both outputs NULL on error. */
+NT_API int nt_sort(nt_tensor *x, int dim, bool descending, bool stable, nt_tensor **values,
+                   nt_tensor **indices);
+/** torch.argsort: the indices of nt_sort (i32); no gradient. */
+NT_API nt_tensor *nt_argsort(nt_tensor *x, int dim, bool descending, bool stable);
+typedef enum nt_interp_mode {
+    NT_INTERP_NEAREST = 0, /* torch.nn.functional.interpolate mode='nearest' */
+    NT_INTERP_BILINEAR     /* mode='bilinear' */
+} nt_interp_mode;
+/** torch.nn.functional.interpolate with size=(out_h, out_w) of x [N, C, H,
+ *  W]: nearest (any dtype; align_corners must be false) picks
+ *  min(floor(o * (in / out)), in - 1) in f32 as PyTorch; bilinear (f32)
+ *  takes PyTorch's source indices and f32 weights (the scale in f32, the
+ *  position in double: align_corners false (o + 0.5) * s - 0.5 clamped at
+ *  0, true o * s; docs/ops.md) and
+ *  y = (x[h0,w0] w0 + x[h0,w1] w1) * h0w + (x[h1,w0] w0 + x[h1,w1] w1) * h1w
+ *  (along W first, then H), as PyTorch's CPU kernel but with every product
+ *  rounded (PyTorch's uses FMA: a few ulp apart).  The gradient is the
+ *  ops' (index_select's adds in g's row-major order).  Errors: NT_EINVAL
+ *  (mode, sizes < 1, align_corners with nearest), NT_ESHAPE (x not 4-D,
+ *  H or W 0), NT_EDTYPE (bilinear not f32). */
+NT_API nt_tensor *nt_interpolate(nt_tensor *x, int64_t out_h, int64_t out_w, nt_interp_mode mode,
+                                 bool align_corners);
+
 /* ------------------------------------------------------------------------ */
 /* In place.  These write into `dst` (which must not be an expanded view)   */
 /* and return 0 or an error code; the result is cast to dst's dtype.  Each   */

@@ -203,6 +203,16 @@ NT_API nt_tensor *nt_cat_at(const nt_site *site, nt_tensor *const *ts, int n, in
 NT_API nt_tensor *nt_repeat_at(const nt_site *site, nt_tensor *t, const int64_t *repeats,
                                int n);
 NT_API nt_tensor *nt_flip_at(const nt_site *site, nt_tensor *t, int ndims, const int *dims);
+NT_API nt_tensor *nt_pad_at(const nt_site *site, nt_tensor *x, int npad, const int64_t *pads,
+                            nt_pad_mode mode, double value);
+NT_API nt_tensor *nt_roll_at(const nt_site *site, nt_tensor *x, int nshifts,
+                             const int64_t *shifts, const int *dims);
+NT_API int nt_sort_at(const nt_site *site, nt_tensor *x, int dim, bool descending, bool stable,
+                      nt_tensor **values, nt_tensor **indices);
+NT_API nt_tensor *nt_argsort_at(const nt_site *site, nt_tensor *x, int dim, bool descending,
+                                bool stable);
+NT_API nt_tensor *nt_interpolate_at(const nt_site *site, nt_tensor *x, int64_t out_h,
+                                    int64_t out_w, nt_interp_mode mode, bool align_corners);
 NT_API int nt_split_at(const nt_site *site, nt_tensor *t, int64_t split_size, int dim,
                        nt_tensor **out, int max_out);
 NT_API nt_tensor *nt_scatter_at(const nt_site *site, nt_tensor *t, int dim, nt_tensor *index,
@@ -412,6 +422,11 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(nt_tensor *, nt_cat, (nt_tensor *const *ts, int n, int dim), (const nt_site *site, nt_tensor *const *ts, int n, int dim), 3) \
     X(nt_tensor *, nt_repeat, (nt_tensor *t, const int64_t *repeats, int n), (const nt_site *site, nt_tensor *t, const int64_t *repeats, int n), 3) \
     X(nt_tensor *, nt_flip, (nt_tensor *t, int ndims, const int *dims), (const nt_site *site, nt_tensor *t, int ndims, const int *dims), 3) \
+    X(nt_tensor *, nt_pad, (nt_tensor *x, int npad, const int64_t *pads, nt_pad_mode mode, double value), (const nt_site *site, nt_tensor *x, int npad, const int64_t *pads, nt_pad_mode mode, double value), 5) \
+    X(nt_tensor *, nt_roll, (nt_tensor *x, int nshifts, const int64_t *shifts, const int *dims), (const nt_site *site, nt_tensor *x, int nshifts, const int64_t *shifts, const int *dims), 4) \
+    X(int, nt_sort, (nt_tensor *x, int dim, bool descending, bool stable, nt_tensor **values, nt_tensor **indices), (const nt_site *site, nt_tensor *x, int dim, bool descending, bool stable, nt_tensor **values, nt_tensor **indices), 6) \
+    X(nt_tensor *, nt_argsort, (nt_tensor *x, int dim, bool descending, bool stable), (const nt_site *site, nt_tensor *x, int dim, bool descending, bool stable), 4) \
+    X(nt_tensor *, nt_interpolate, (nt_tensor *x, int64_t out_h, int64_t out_w, nt_interp_mode mode, bool align_corners), (const nt_site *site, nt_tensor *x, int64_t out_h, int64_t out_w, nt_interp_mode mode, bool align_corners), 5) \
     X(int, nt_split, (nt_tensor *t, int64_t split_size, int dim, nt_tensor **out, int max_out), (const nt_site *site, nt_tensor *t, int64_t split_size, int dim, nt_tensor **out, int max_out), 5) \
     X(nt_tensor *, nt_scatter, (nt_tensor *t, int dim, nt_tensor *index, nt_tensor *src), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index, nt_tensor *src), 4) \
     X(nt_tensor *, nt_scatter_add, (nt_tensor *t, int dim, nt_tensor *index, nt_tensor *src), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index, nt_tensor *src), 4) \
@@ -598,6 +613,11 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_cat(...) nt_cat_at(NT_HERE, __VA_ARGS__)
 #define nt_repeat(...) nt_repeat_at(NT_HERE, __VA_ARGS__)
 #define nt_flip(...) nt_flip_at(NT_HERE, __VA_ARGS__)
+#define nt_pad(...) nt_pad_at(NT_HERE, __VA_ARGS__)
+#define nt_roll(...) nt_roll_at(NT_HERE, __VA_ARGS__)
+#define nt_sort(...) nt_sort_at(NT_HERE, __VA_ARGS__)
+#define nt_argsort(...) nt_argsort_at(NT_HERE, __VA_ARGS__)
+#define nt_interpolate(...) nt_interpolate_at(NT_HERE, __VA_ARGS__)
 #define nt_split(...) nt_split_at(NT_HERE, __VA_ARGS__)
 #define nt_scatter(...) nt_scatter_at(NT_HERE, __VA_ARGS__)
 #define nt_scatter_add(...) nt_scatter_add_at(NT_HERE, __VA_ARGS__)
