@@ -1,0 +1,443 @@
+/* dispatcher/api_pool.c - 2-d pooling of NCHW tensors (issue 33):
+ * max_pool2d (with PyTorch's flat indices), avg_pool2d and
+ * adaptive_avg_pool2d, with PyTorch 1.13's arguments and window rules.
+ *
+ * Each is a composite of existing ops, so every backend, mode and autograd
+ * have it through them, and its bits are the composite's (docs/ops.md,
+ * section "Pooling"):
+ *   1. the host computes, for output position l (row-major over OH x OW)
+ *      and window slot k (row-major over the kernel), the flat position
+ *      ih * W + iw the slot reads: table T[k * L + l] (i32);
+ *   2. g = nt_index_select(x viewed [N, C, H*W (+ 1)], 2, T), seen as
+ *      [N, C, K, L]: slot k of every window in row k (whole rows);
+ *   3. max (g of x detached): the first maximum over the short dim K
+ *      (nt_argmax; a NaN counts as the maximum, the first one wins), its
+ *      flat position T[am * L + l] (the indices), and the value read from
+ *      x there with nt_gather, whose gradient adds g into x in output
+ *      order (PyTorch's order, so its bits);
+ *      avg: the sum over K in slot order from +0 (K <= POOL_SEQ_MAX: one
+ *      nt_add per slot; larger windows: nt_sum's canonical order, then
+ *      + 0), divided by the window's divisor (adaptive: by kh, then by kw).
+ * A slot in the padding reads, for max, the window's first element inside
+ * the input (a duplicate cannot change the maximum or which element is the
+ * first maximum); for avg, a zero appended after the plane (slot H*W). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dispatcher/dispatch.h"
+
+/* Windows of up to this many slots are summed slot by slot (PyTorch's
+ * order, so its bits); larger ones by the canonical reduction. */
+#define POOL_SEQ_MAX 25
+
+typedef struct pgeo {
+    int64_t N, C, H, W, OH, OW;
+    int64_t k[2], s[2], p[2], d[2];
+    bool batched;
+} pgeo;
+
+typedef struct pctx {
+    const nt_site *site;
+    const char *fn;
+    nt_scope *sc;
+} pctx;
+
+/* The input: a float tensor [N, C, H, W] or [C, H, W] with C, H, W >= 1. */
+static bool check_input(const pctx *P, nt_tensor *x, pgeo *g)
+{
+    if (!nt__ensure_init() || !nt__check_arg(P->site, P->fn, "input", x))
+        return false;
+    if (!nt__dtype_is_float((nt_dtype)x->dtype)) {
+        nt__err(P->site, NT_EDTYPE, P->fn, "argument 'input' has dtype %s; expected f32, bf16 or f16",
+                nt_dtype_name((nt_dtype)x->dtype));
+        return false;
+    }
+    char sb[128];
+    if (x->ndim != 3 && x->ndim != 4) {
+        nt__err(P->site, NT_ESHAPE, P->fn,
+                "argument 'input' has shape %s; expected 3 dims [C, H, W] or 4 [N, C, H, W]",
+                nt__shape_str(x->ndim, x->shape, sb, sizeof sb));
+        return false;
+    }
+    int o = x->ndim - 3;
+    g->batched = x->ndim == 4;
+    g->N = g->batched ? x->shape[0] : 1;
+    g->C = x->shape[o], g->H = x->shape[o + 1], g->W = x->shape[o + 2];
+    if (g->C < 1 || g->H < 1 || g->W < 1) {
+        nt__err(P->site, NT_ESHAPE, P->fn,
+                "argument 'input' has shape %s; expected C, H and W of at least 1",
+                nt__shape_str(x->ndim, x->shape, sb, sizeof sb));
+        return false;
+    }
+    return true;
+}
+
+/* A pair argument: v (NULL gives dflt, or `from` when dflt < 0), each >= lo. */
+static bool pair_arg(const pctx *P, const char *name, const int64_t *v, int64_t dflt,
+                     const int64_t *from, int64_t lo, int64_t out[2])
+{
+    if (!v && dflt == -2) {
+        nt__err(P->site, NT_EINVAL, P->fn, "argument '%s' is NULL; expected 2 values", name);
+        return false;
+    }
+    for (int i = 0; i < 2; i++) {
+        out[i] = v ? v[i] : dflt >= 0 ? dflt : from[i];
+        if (out[i] < lo) {
+            nt__err(P->site, NT_EINVAL, P->fn, "argument '%s' is [%lld, %lld]; expected values >= %lld",
+                    name, (long long)out[0], (long long)(v ? v[1] : out[0]), (long long)lo);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* PyTorch's pooling_output_shape. */
+static int64_t pool_out(int64_t in, int64_t k, int64_t p, int64_t s, int64_t d, bool ceil_mode)
+{
+    int64_t num = in + 2 * p - d * (k - 1) - 1 + (ceil_mode ? s - 1 : 0);
+    int64_t o = (num >= 0 ? num / s : -((-num + s - 1) / s)) + 1;
+    if (ceil_mode && (o - 1) * s >= in + p)
+        o--;
+    return o;
+}
+
+/* The first input row (column) a window starting at `st` reads, or -1. */
+static int64_t first_in(int64_t st, int64_t d, int64_t k, int64_t in)
+{
+    for (int64_t a = 0; a < k; a++)
+        if (st + a * d >= 0 && st + a * d < in)
+            return st + a * d;
+    return -1;
+}
+
+/* Checks kernel/stride/padding/dilation and the output size into g. */
+static bool check_window(const pctx *P, pgeo *g, const int64_t *kernel, const int64_t *stride,
+                         const int64_t *padding, const int64_t *dilation, bool ceil_mode)
+{
+    if (!pair_arg(P, "kernel_size", kernel, -2, NULL, 1, g->k) ||
+        !pair_arg(P, "stride", stride, -1, g->k, 1, g->s) ||
+        !pair_arg(P, "padding", padding, 0, NULL, 0, g->p) ||
+        !pair_arg(P, "dilation", dilation, 1, NULL, 1, g->d))
+        return false;
+    if (g->p[0] > g->k[0] / 2 || g->p[1] > g->k[1] / 2) {
+        nt__err(P->site, NT_EINVAL, P->fn,
+                "argument 'padding' is [%lld, %lld]; expected at most half of kernel_size [%lld, %lld]",
+                (long long)g->p[0], (long long)g->p[1], (long long)g->k[0], (long long)g->k[1]);
+        return false;
+    }
+    int64_t in[2] = {g->H, g->W}, out[2];
+    for (int i = 0; i < 2; i++) {
+        out[i] = pool_out(in[i], g->k[i], g->p[i], g->s[i], g->d[i], ceil_mode);
+        if (out[i] < 1) {
+            nt__err(P->site, NT_ESHAPE, P->fn,
+                    "argument 'input' of size %lld x %lld gives an output of %lld x %lld (kernel_size, "
+                    "padding, dilation); expected at least 1 x 1",
+                    (long long)g->H, (long long)g->W,
+                    (long long)pool_out(g->H, g->k[0], g->p[0], g->s[0], g->d[0], ceil_mode),
+                    (long long)pool_out(g->W, g->k[1], g->p[1], g->s[1], g->d[1], ceil_mode));
+            return false;
+        }
+    }
+    g->OH = out[0], g->OW = out[1];
+    for (int i = 0; i < 2; i++)
+        for (int64_t o = 0; o < out[i]; o++)
+            if (first_in(o * g->s[i] - g->p[i], g->d[i], g->k[i], in[i]) < 0) {
+                nt__err(P->site, NT_ESHAPE, P->fn,
+                        "window %lld along %s lies entirely in the padding (argument 'dilation' "
+                        "[%lld, %lld]); expected every window to read the input",
+                        (long long)o, i ? "W" : "H", (long long)g->d[0], (long long)g->d[1]);
+                return false;
+            }
+    return true;
+}
+
+static bool open_scope(pctx *P)
+{
+    P->sc = nt_scope_begin();
+    if (!P->sc)
+        nt__err_hostmem(P->site, P->fn, "a scope");
+    return P->sc != NULL;
+}
+
+/* The i32 tensor of n host values (freed here), or NULL. */
+static nt_tensor *host_i32(const pctx *P, int32_t *v, int64_t n)
+{
+    nt_tensor *t = v ? nt_from_host_at(P->site, v, NT_I32, 1, &n) : NULL;
+    if (!v)
+        nt__err_hostmem(P->site, P->fn, "a window table");
+    free(v);
+    return t;
+}
+
+/* g = x's planes read through the table T (K x L slots): [N, C, K, L].
+ * pad_zero: append a zero after each plane (slot H*W). */
+static nt_tensor *gather_windows(const pctx *P, nt_tensor *x, const pgeo *g, nt_tensor *T,
+                                 int64_t K, bool pad_zero)
+{
+    int64_t HW = g->H * g->W;
+    nt_tensor *xf = nt_reshape_at(P->site, x, 3, (int64_t[]){g->N, g->C, HW});
+    if (pad_zero && xf) {
+        nt_tensor *z = nt_full_at(P->site, (nt_dtype)x->dtype, 3, (int64_t[]){g->N, g->C, 1}, 0.0);
+        xf = z ? nt_cat_at(P->site, (nt_tensor *const[]){xf, z}, 2, 2) : NULL;
+    }
+    nt_tensor *w = xf && T ? nt_index_select_at(P->site, xf, 2, T) : NULL;
+    return w ? nt_reshape_at(P->site, w, 4, (int64_t[]){g->N, g->C, K, g->OH * g->OW}) : NULL;
+}
+
+/* [N, C, 1, L] -> the caller's layout [N, C, OH, OW] or [C, OH, OW]. */
+static nt_tensor *to_out(const pctx *P, nt_tensor *t, const pgeo *g)
+{
+    if (!t)
+        return NULL;
+    if (g->batched)
+        return nt_reshape_at(P->site, t, 4, (int64_t[]){g->N, g->C, g->OH, g->OW});
+    return nt_reshape_at(P->site, t, 3, (int64_t[]){g->C, g->OH, g->OW});
+}
+
+/* Ends the composite: keeps *a (and *b), hands them to the caller. */
+static int pool_end(pctx *P, nt_tensor **a, nt_tensor **b)
+{
+    bool ok = *a && (!b || *b);
+    if (ok) {
+        nt_keep(*a);
+        if (b)
+            nt_keep(*b);
+    } else {
+        nt__err_within(P->fn);
+    }
+    nt_scope_end(P->sc);
+    if (!ok) {
+        *a = NULL;
+        if (b)
+            *b = NULL;
+        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+    }
+    *a = nt__scope_adopt(*a, P->fn);
+    if (b)
+        *b = nt__scope_adopt(*b, P->fn);
+    return *a && (!b || *b) ? 0 : nt_last_error();
+}
+
+/* max_pool2d's table: slot (a, b) of window (oh, ow) reads (ih, iw), or the
+ * window's first input element when (ih, iw) is padding. */
+static int32_t *max_table(const pgeo *g)
+{
+    int64_t K = g->k[0] * g->k[1], L = g->OH * g->OW;
+    int32_t *t = malloc(sizeof(int32_t) * (size_t)(K * L));
+    for (int64_t oh = 0; t && oh < g->OH; oh++)
+        for (int64_t ow = 0; ow < g->OW; ow++) {
+            int64_t h0 = oh * g->s[0] - g->p[0], w0 = ow * g->s[1] - g->p[1];
+            int64_t fh = first_in(h0, g->d[0], g->k[0], g->H), fw = first_in(w0, g->d[1], g->k[1], g->W);
+            for (int64_t a = 0; a < g->k[0]; a++)
+                for (int64_t b = 0; b < g->k[1]; b++) {
+                    int64_t ih = h0 + a * g->d[0], iw = w0 + b * g->d[1];
+                    bool in = ih >= 0 && ih < g->H && iw >= 0 && iw < g->W;
+                    t[(a * g->k[1] + b) * L + oh * g->OW + ow] =
+                        (int32_t)(in ? ih * g->W + iw : fh * g->W + fw);
+                }
+        }
+    return t;
+}
+
+NT_API nt_tensor *nt_max_pool2d_at(const nt_site *site, nt_tensor *x, const int64_t *kernel,
+                                   const int64_t *stride, const int64_t *padding,
+                                   const int64_t *dilation, bool ceil_mode, nt_tensor **indices)
+{
+    pctx P = {site, "nt_max_pool2d", NULL};
+    pgeo g;
+    if (indices)
+        *indices = NULL;
+    if (!check_input(&P, x, &g) ||
+        !check_window(&P, &g, kernel, stride, padding, dilation, ceil_mode) || !open_scope(&P))
+        return NULL;
+    int64_t K = g.k[0] * g.k[1], L = g.OH * g.OW;
+    nt_tensor *T = host_i32(&P, max_table(&g), K * L);
+    /* which slot: no gradient flows through the windows */
+    nt_tensor *w = gather_windows(&P, nt_detach(x), &g, T, K, false);
+    nt_tensor *am = w ? nt__reduce(site, P.fn, NT_OP_ARGMAX, w, 2, true) : NULL;
+    /* its flat position T[am * L + l] */
+    int32_t *ls = am ? malloc(sizeof(int32_t) * (size_t)L) : NULL;
+    for (int64_t l = 0; ls && l < L; l++)
+        ls[l] = (int32_t)l;
+    nt_tensor *lt = am ? host_i32(&P, ls, L) : NULL;
+    nt_tensor *pos = lt ? nt__binary(site, P.fn, NT_OP_ADD,
+                                     nt__scalar(site, P.fn, NT_OP_MUL_SCALAR, am, (double)L, 0), lt)
+                        : NULL;
+    pos = pos ? nt_reshape_at(site, pos, 1, (int64_t[]){g.N * g.C * L}) : NULL;
+    nt_tensor *fl = pos ? nt_index_select_at(site, T, 0, pos) : NULL;
+    fl = fl ? nt_reshape_at(site, fl, 3, (int64_t[]){g.N, g.C, L}) : NULL;
+    /* the value read from x at it: the gradient adds in output order */
+    nt_tensor *xf = fl ? nt_reshape_at(site, x, 3, (int64_t[]){g.N, g.C, g.H * g.W}) : NULL;
+    nt_tensor *v = xf ? to_out(&P, nt_gather_at(site, xf, 2, fl), &g) : NULL;
+    nt_tensor *idx = v && indices ? to_out(&P, fl, &g) : NULL;
+    if (pool_end(&P, &v, indices ? (*indices = idx, indices) : NULL))
+        return NULL;
+    return v;
+}
+NT_API nt_tensor *nt_max_pool2d(nt_tensor *x, const int64_t *kernel, const int64_t *stride,
+                                const int64_t *padding, const int64_t *dilation, bool ceil_mode,
+                                nt_tensor **indices)
+{
+    return nt_max_pool2d_at(NT_RA_SITE, x, kernel, stride, padding, dilation, ceil_mode, indices);
+}
+
+/* The sum over K of w [N, C, K, L] -> [N, C, 1, L] in f32 (see the header). */
+static nt_tensor *window_sum(const pctx *P, nt_tensor *w, int64_t K)
+{
+    nt_tensor *zero = nt_full_at(P->site, NT_F32, 0, NULL, 0.0);
+    if (!zero || !w)
+        return NULL;
+    if (K > POOL_SEQ_MAX)
+        return nt__binary(P->site, P->fn, NT_OP_ADD, nt__reduce(P->site, P->fn, NT_OP_SUM, w, 2, true),
+                          zero);
+    nt_tensor *acc = zero;
+    for (int64_t k = 0; acc && k < K; k++)
+        acc = nt__binary(P->site, P->fn, NT_OP_ADD, acc, nt_slice_at(P->site, w, 2, k, k + 1, 1));
+    return acc;
+}
+
+/* The float tensor of n host values (freed here) shaped [L], or NULL. */
+static nt_tensor *host_f32(const pctx *P, float *v, int64_t n)
+{
+    nt_tensor *t = v ? nt_from_host_at(P->site, v, NT_F32, 1, &n) : NULL;
+    if (!v)
+        nt__err_hostmem(P->site, P->fn, "a divisor table");
+    free(v);
+    return t;
+}
+
+/* avg_pool2d's table (padding slots read the zero at H*W) and divisors. */
+static int32_t *avg_table(const pgeo *g, bool count_include_pad, float **div)
+{
+    int64_t K = g->k[0] * g->k[1], L = g->OH * g->OW;
+    int32_t *t = malloc(sizeof(int32_t) * (size_t)(K * L));
+    *div = malloc(sizeof(float) * (size_t)L);
+    if (!t || !*div) {
+        free(t);
+        free(*div);
+        *div = NULL;
+        return NULL;
+    }
+    for (int64_t oh = 0; oh < g->OH; oh++)
+        for (int64_t ow = 0; ow < g->OW; ow++) {
+            int64_t h0 = oh * g->s[0] - g->p[0], w0 = ow * g->s[1] - g->p[1];
+            int64_t h1 = h0 + g->k[0] < g->H + g->p[0] ? h0 + g->k[0] : g->H + g->p[0];
+            int64_t w1 = w0 + g->k[1] < g->W + g->p[1] ? w0 + g->k[1] : g->W + g->p[1];
+            int64_t size = (h1 - h0) * (w1 - w0);
+            h0 = h0 < 0 ? 0 : h0, w0 = w0 < 0 ? 0 : w0;
+            h1 = h1 > g->H ? g->H : h1, w1 = w1 > g->W ? g->W : w1;
+            (*div)[oh * g->OW + ow] = (float)(count_include_pad ? size : (h1 - h0) * (w1 - w0));
+            int64_t hs = oh * g->s[0] - g->p[0], ws = ow * g->s[1] - g->p[1];
+            for (int64_t a = 0; a < g->k[0]; a++)
+                for (int64_t b = 0; b < g->k[1]; b++) {
+                    int64_t ih = hs + a, iw = ws + b;
+                    bool in = ih >= 0 && ih < g->H && iw >= 0 && iw < g->W;
+                    t[(a * g->k[1] + b) * L + oh * g->OW + ow] =
+                        (int32_t)(in ? ih * g->W + iw : g->H * g->W);
+                }
+        }
+    return t;
+}
+
+/* Widened input, windows summed, divided by d1 (and d2), rounded back. */
+static nt_tensor *avg_finish(const pctx *P, nt_tensor *x, const pgeo *g, nt_tensor *T, int64_t K,
+                             nt_tensor *d1, nt_tensor *d2)
+{
+    nt_tensor *xf = x->dtype == NT_F32 ? x : nt__copy_to(P->site, P->fn, x, NT_F32);
+    nt_tensor *s = xf && T && d1 ? window_sum(P, gather_windows(P, xf, g, T, K, true), K) : NULL;
+    s = s ? nt__binary(P->site, P->fn, NT_OP_DIV, s, d1) : NULL;
+    if (s && d2)
+        s = nt__binary(P->site, P->fn, NT_OP_DIV, s, d2);
+    s = to_out(P, s, g);
+    if (s && s->dtype != x->dtype)
+        s = nt__copy_to(P->site, P->fn, s, (nt_dtype)x->dtype);
+    return s;
+}
+
+NT_API nt_tensor *nt_avg_pool2d_at(const nt_site *site, nt_tensor *x, const int64_t *kernel,
+                                   const int64_t *stride, const int64_t *padding, bool ceil_mode,
+                                   bool count_include_pad)
+{
+    pctx P = {site, "nt_avg_pool2d", NULL};
+    pgeo g;
+    if (!check_input(&P, x, &g) || !check_window(&P, &g, kernel, stride, padding, NULL, ceil_mode) ||
+        !open_scope(&P))
+        return NULL;
+    float *div = NULL;
+    int64_t K = g.k[0] * g.k[1], L = g.OH * g.OW;
+    nt_tensor *T = host_i32(&P, avg_table(&g, count_include_pad, &div), K * L);
+    nt_tensor *D = div ? host_f32(&P, div, L) : NULL;
+    nt_tensor *y = avg_finish(&P, x, &g, T, K, D, NULL);
+    return pool_end(&P, &y, NULL) ? NULL : y;
+}
+NT_API nt_tensor *nt_avg_pool2d(nt_tensor *x, const int64_t *kernel, const int64_t *stride,
+                                const int64_t *padding, bool ceil_mode, bool count_include_pad)
+{
+    return nt_avg_pool2d_at(NT_RA_SITE, x, kernel, stride, padding, ceil_mode, count_include_pad);
+}
+
+/* PyTorch's adaptive window [start, end) of output i of n over in. */
+static int64_t ad_start(int64_t i, int64_t n, int64_t in) { return (i * in) / n; }
+static int64_t ad_end(int64_t i, int64_t n, int64_t in) { return ((i + 1) * in + n - 1) / n; }
+
+/* The adaptive table: slot (a, b) < (kh, kw) of the window, else the zero;
+ * *K the largest window; kh and kw per output position. */
+static int32_t *adaptive_table(pgeo *g, int64_t *K, float **kh, float **kw)
+{
+    int64_t mh = 0, mw = 0, L = g->OH * g->OW;
+    for (int64_t i = 0; i < g->OH; i++)
+        if (ad_end(i, g->OH, g->H) - ad_start(i, g->OH, g->H) > mh)
+            mh = ad_end(i, g->OH, g->H) - ad_start(i, g->OH, g->H);
+    for (int64_t i = 0; i < g->OW; i++)
+        if (ad_end(i, g->OW, g->W) - ad_start(i, g->OW, g->W) > mw)
+            mw = ad_end(i, g->OW, g->W) - ad_start(i, g->OW, g->W);
+    *K = mh * mw;
+    int32_t *t = malloc(sizeof(int32_t) * (size_t)(*K * L));
+    *kh = malloc(sizeof(float) * (size_t)L), *kw = malloc(sizeof(float) * (size_t)L);
+    if (!t || !*kh || !*kw) {
+        free(t), free(*kh), free(*kw);
+        *kh = *kw = NULL;
+        return NULL;
+    }
+    for (int64_t oh = 0; oh < g->OH; oh++)
+        for (int64_t ow = 0; ow < g->OW; ow++) {
+            int64_t h0 = ad_start(oh, g->OH, g->H), hn = ad_end(oh, g->OH, g->H) - h0;
+            int64_t w0 = ad_start(ow, g->OW, g->W), wn = ad_end(ow, g->OW, g->W) - w0;
+            int64_t l = oh * g->OW + ow;
+            (*kh)[l] = (float)hn, (*kw)[l] = (float)wn;
+            for (int64_t a = 0; a < mh; a++)
+                for (int64_t b = 0; b < mw; b++)
+                    t[(a * mw + b) * L + l] =
+                        (int32_t)(a < hn && b < wn ? (h0 + a) * g->W + w0 + b : g->H * g->W);
+        }
+    return t;
+}
+
+NT_API nt_tensor *nt_adaptive_avg_pool2d_at(const nt_site *site, nt_tensor *x, int64_t out_h,
+                                            int64_t out_w)
+{
+    pctx P = {site, "nt_adaptive_avg_pool2d", NULL};
+    pgeo g;
+    if (!check_input(&P, x, &g))
+        return NULL;
+    if (out_h < 1 || out_w < 1) {
+        nt__err(site, NT_EINVAL, P.fn, "argument 'output_size' is [%lld, %lld]; expected values >= 1",
+                (long long)out_h, (long long)out_w);
+        return NULL;
+    }
+    if (!open_scope(&P))
+        return NULL;
+    g.OH = out_h, g.OW = out_w;
+    float *kh = NULL, *kw = NULL;
+    int64_t K = 0, L = out_h * out_w;
+    int32_t *tab = adaptive_table(&g, &K, &kh, &kw);
+    nt_tensor *T = host_i32(&P, tab, K * L);
+    nt_tensor *D1 = tab ? host_f32(&P, kh, L) : NULL, *D2 = tab ? host_f32(&P, kw, L) : NULL;
+    nt_tensor *y = avg_finish(&P, x, &g, T, K, D1, D2);
+    return pool_end(&P, &y, NULL) ? NULL : y;
+}
+NT_API nt_tensor *nt_adaptive_avg_pool2d(nt_tensor *x, int64_t out_h, int64_t out_w)
+{
+    return nt_adaptive_avg_pool2d_at(NT_RA_SITE, x, out_h, out_w);
+}
