@@ -240,6 +240,33 @@ static int32_t *max_table(const pgeo *g)
     return t;
 }
 
+/* Non-overlapping windows that tile the (cropped) plane, no padding, no
+ * dilation: the plane seen as [N, C, OH, kh, OW, kw] and nt_max over dim
+ * 5, then dim 3 (the simulator's short-dim reduction; its gradient goes to
+ * the first maximum of the first row holding the window's maximum: the
+ * first in row-major order, as the general path's). */
+static bool max_tiles(const pgeo *g)
+{
+    return g->p[0] == 0 && g->p[1] == 0 && g->d[0] == 1 && g->d[1] == 1 && g->s[0] == g->k[0] &&
+           g->s[1] == g->k[1] && g->OH * g->k[0] <= g->H && g->OW * g->k[1] <= g->W;
+}
+
+static nt_tensor *max_tiled(const pctx *P, nt_tensor *x, const pgeo *g)
+{
+    int o = x->ndim - 3;
+    nt_tensor *xc = x;
+    if (g->OH * g->k[0] < g->H)
+        xc = nt_slice_at(P->site, xc, o + 1, 0, g->OH * g->k[0], 1);
+    if (xc && g->OW * g->k[1] < g->W)
+        xc = nt_slice_at(P->site, xc, o + 2, 0, g->OW * g->k[1], 1);
+    nt_tensor *r = xc ? nt_reshape_at(P->site, xc, 6,
+                                      (int64_t[]){g->N, g->C, g->OH, g->k[0], g->OW, g->k[1]})
+                      : NULL;
+    r = r ? nt__reduce(P->site, P->fn, NT_OP_MAX, r, 5, false) : NULL;
+    r = r ? nt__reduce(P->site, P->fn, NT_OP_MAX, r, 3, false) : NULL;
+    return to_out(P, r, g);
+}
+
 NT_API nt_tensor *nt_max_pool2d_at(const nt_site *site, nt_tensor *x, const int64_t *kernel,
                                    const int64_t *stride, const int64_t *padding,
                                    const int64_t *dilation, bool ceil_mode, nt_tensor **indices)
@@ -251,6 +278,10 @@ NT_API nt_tensor *nt_max_pool2d_at(const nt_site *site, nt_tensor *x, const int6
     if (!check_input(&P, x, &g) ||
         !check_window(&P, &g, kernel, stride, padding, dilation, ceil_mode) || !open_scope(&P))
         return NULL;
+    if (!indices && max_tiles(&g)) {
+        nt_tensor *y = max_tiled(&P, x, &g);
+        return pool_end(&P, &y, NULL) ? NULL : y;
+    }
     int64_t K = g.k[0] * g.k[1], L = g.OH * g.OW;
     nt_tensor *T = host_i32(&P, max_table(&g), K * L);
     /* which slot: no gradient flows through the windows */

@@ -113,6 +113,17 @@ static run run_case(const pool_ref *r, const float *xin)
     assert_int_equal(nt_to_host(y, u.out, sizeof(float) * (size_t)u.nout), 0);
     assert_int_equal(nt_to_host(nt_grad(x), u.gx, sizeof(float) * (size_t)u.nx), 0);
     if (idx) {
+        /* without indices (the tiled path where it applies): the same bits */
+        nt_tensor *x2 = nt_from_host(xs, NT_F32, r->ndim, r->shape);
+        assert_int_equal(nt_set_requires_grad(x2, true), 0);
+        nt_tensor *y2 = pool_call(r, x2, NULL);
+        assert_int_equal(nt_backward(nt_sum(nt_reshape(nt_mul(y2, cot), 1, SH(-1)), 0, false)), 0);
+        float *o2 = malloc(sizeof(float) * (size_t)u.nout), *g2 = malloc(sizeof(float) * (size_t)u.nx);
+        assert_int_equal(nt_to_host(y2, o2, sizeof(float) * (size_t)u.nout), 0);
+        assert_int_equal(nt_to_host(nt_grad(x2), g2, sizeof(float) * (size_t)u.nx), 0);
+        assert_memory_equal(o2, u.out, sizeof(float) * (size_t)u.nout);
+        assert_memory_equal(g2, u.gx, sizeof(float) * (size_t)u.nx);
+        free(o2), free(g2);
         assert_int_equal(nt_dtype_of(idx), NT_I32);
         u.idx = malloc(sizeof(int32_t) * (size_t)u.nout);
         assert_int_equal(nt_to_host(idx, u.idx, sizeof(int32_t) * (size_t)u.nout), 0);
