@@ -185,6 +185,86 @@ static nt_tensor *gather_windows(const pctx *P, nt_tensor *x, const pgeo *g, nt_
     return w ? nt_reshape_at(P->site, w, 4, (int64_t[]){g->N, g->C, K, g->OH * g->OW}) : NULL;
 }
 
+/* Non-overlapping windows that tile the (cropped) plane, no padding, no
+ * dilation.  The windows are then one permuting copy of the plane seen as
+ * [N, C, OH, kh, OW, kw]; and max_pool2d without indices and without a
+ * gradient to record is nt_max over dim 5, then dim 3 (the simulator's
+ * short-dim reduction: 50.7 us simulated for 2x2 on [16, 64, 28, 28],
+ * against about 1 ms for the general path; nt_max's own backward is far
+ * slower on the simulator than the general path's, so it is not used for
+ * training).  The same values: the window maximum (a NaN: canonical). */
+static bool max_tiles(const pgeo *g)
+{
+    return g->p[0] == 0 && g->p[1] == 0 && g->d[0] == 1 && g->d[1] == 1 && g->s[0] == g->k[0] &&
+           g->s[1] == g->k[1] && g->OH * g->k[0] <= g->H && g->OW * g->k[1] <= g->W;
+}
+
+/* The (cropped) plane seen as [N, C, OH, k0, OW, k1]. */
+static nt_tensor *tiles(const pctx *P, nt_tensor *x, const pgeo *g)
+{
+    int o = x->ndim - 3;
+    nt_tensor *xc = x;
+    if (g->OH * g->k[0] < g->H)
+        xc = nt_slice_at(P->site, xc, o + 1, 0, g->OH * g->k[0], 1);
+    if (xc && g->OW * g->k[1] < g->W)
+        xc = nt_slice_at(P->site, xc, o + 2, 0, g->OW * g->k[1], 1);
+    return xc ? nt_reshape_at(P->site, xc, 6, (int64_t[]){g->N, g->C, g->OH, g->k[0], g->OW, g->k[1]})
+              : NULL;
+}
+
+/* x [N, C, H, W] padded with v along dim d: `lo` before, `hi` after. */
+static nt_tensor *pad_dim(const pctx *P, nt_tensor *x, int d, int64_t lo, int64_t hi, double v)
+{
+    nt_tensor *parts[3];
+    int n = 0;
+    int64_t sh[4];
+    for (int i = 0; i < 4; i++)
+        sh[i] = x->shape[i];
+    if (lo > 0)
+        sh[d] = lo, parts[n++] = nt_full_at(P->site, (nt_dtype)x->dtype, 4, sh, v);
+    parts[n++] = x;
+    if (hi > 0)
+        sh[d] = hi, parts[n++] = nt_full_at(P->site, (nt_dtype)x->dtype, 4, sh, v);
+    for (int i = 0; i < n; i++)
+        if (!parts[i])
+            return NULL;
+    return n == 1 ? x : nt_cat_at(P->site, parts, n, d);
+}
+
+/* The windows of a strided pool as [N, C, K, L]: x padded with v (p before,
+ * as much as the last window needs after), slot (a, b) the slice starting
+ * at (a d0, b d1) with steps (s0, s1), the slots stacked in slot order. */
+static nt_tensor *stack_windows(const pctx *P, nt_tensor *x, const pgeo *g, double v)
+{
+    int64_t K = g->k[0] * g->k[1], L = g->OH * g->OW, in[2] = {g->H, g->W}, ext[2];
+    if (max_tiles(g)) { /* tiles: one permuting copy of the plane, the same values */
+        nt_tensor *r = tiles(P, x, g);
+        r = r ? nt_permute_at(P->site, r, (const int[]){0, 1, 3, 5, 2, 4}) : NULL;
+        return r ? nt_reshape_at(P->site, r, 4, (int64_t[]){g->N, g->C, K, L}) : NULL;
+    }
+    nt_tensor *xp = nt_reshape_at(P->site, x, 4, (int64_t[]){g->N, g->C, g->H, g->W});
+    for (int i = 0; i < 2 && xp; i++) {
+        ext[i] = (i ? g->OW - 1 : g->OH - 1) * g->s[i] + (g->k[i] - 1) * g->d[i] + 1;
+        int64_t hi = ext[i] - in[i] - g->p[i];
+        xp = pad_dim(P, xp, 2 + i, g->p[i], hi > 0 ? hi : 0, v);
+    }
+    nt_tensor **sl = xp ? malloc(sizeof(nt_tensor *) * (size_t)K) : NULL;
+    if (xp && !sl)
+        nt__err_hostmem(P->site, P->fn, "the window list");
+    nt_tensor *w = sl ? xp : NULL;
+    for (int64_t a = 0; w && a < g->k[0]; a++)
+        for (int64_t b = 0; w && b < g->k[1]; b++) {
+            int64_t h0 = a * g->d[0], w0 = b * g->d[1];
+            nt_tensor *t = nt_slice_at(P->site, xp, 2, h0, h0 + (g->OH - 1) * g->s[0] + 1, g->s[0]);
+            t = t ? nt_slice_at(P->site, t, 3, w0, w0 + (g->OW - 1) * g->s[1] + 1, g->s[1]) : NULL;
+            sl[a * g->k[1] + b] = t ? nt_reshape_at(P->site, t, 4, (int64_t[]){g->N, g->C, 1, L}) : NULL;
+            w = sl[a * g->k[1] + b];
+        }
+    w = w ? (K == 1 ? sl[0] : nt_cat_at(P->site, sl, (int)K, 2)) : NULL;
+    free(sl);
+    return w;
+}
+
 /* [N, C, 1, L] -> the caller's layout [N, C, OH, OW] or [C, OH, OW]. */
 static nt_tensor *to_out(const pctx *P, nt_tensor *t, const pgeo *g)
 {
@@ -221,11 +301,17 @@ static int pool_end(pctx *P, nt_tensor **a, nt_tensor **b)
 
 /* max_pool2d's table: slot (a, b) of window (oh, ow) reads (ih, iw), or the
  * window's first input element when (ih, iw) is padding. */
-static int32_t *max_table(const pgeo *g)
+static int32_t *max_table(const pgeo *g, uint8_t **valid)
 {
     int64_t K = g->k[0] * g->k[1], L = g->OH * g->OW;
     int32_t *t = malloc(sizeof(int32_t) * (size_t)(K * L));
-    for (int64_t oh = 0; t && oh < g->OH; oh++)
+    *valid = malloc((size_t)(K * L));
+    if (!t || !*valid) {
+        free(t), free(*valid);
+        *valid = NULL;
+        return NULL;
+    }
+    for (int64_t oh = 0; oh < g->OH; oh++)
         for (int64_t ow = 0; ow < g->OW; ow++) {
             int64_t h0 = oh * g->s[0] - g->p[0], w0 = ow * g->s[1] - g->p[1];
             int64_t fh = first_in(h0, g->d[0], g->k[0], g->H), fw = first_in(w0, g->d[1], g->k[1], g->W);
@@ -235,33 +321,15 @@ static int32_t *max_table(const pgeo *g)
                     bool in = ih >= 0 && ih < g->H && iw >= 0 && iw < g->W;
                     t[(a * g->k[1] + b) * L + oh * g->OW + ow] =
                         (int32_t)(in ? ih * g->W + iw : fh * g->W + fw);
+                    (*valid)[(a * g->k[1] + b) * L + oh * g->OW + ow] = in;
                 }
         }
     return t;
 }
 
-/* Non-overlapping windows that tile the (cropped) plane, no padding, no
- * dilation: the plane seen as [N, C, OH, kh, OW, kw] and nt_max over dim
- * 5, then dim 3 (the simulator's short-dim reduction; its gradient goes to
- * the first maximum of the first row holding the window's maximum: the
- * first in row-major order, as the general path's). */
-static bool max_tiles(const pgeo *g)
-{
-    return g->p[0] == 0 && g->p[1] == 0 && g->d[0] == 1 && g->d[1] == 1 && g->s[0] == g->k[0] &&
-           g->s[1] == g->k[1] && g->OH * g->k[0] <= g->H && g->OW * g->k[1] <= g->W;
-}
-
 static nt_tensor *max_tiled(const pctx *P, nt_tensor *x, const pgeo *g)
 {
-    int o = x->ndim - 3;
-    nt_tensor *xc = x;
-    if (g->OH * g->k[0] < g->H)
-        xc = nt_slice_at(P->site, xc, o + 1, 0, g->OH * g->k[0], 1);
-    if (xc && g->OW * g->k[1] < g->W)
-        xc = nt_slice_at(P->site, xc, o + 2, 0, g->OW * g->k[1], 1);
-    nt_tensor *r = xc ? nt_reshape_at(P->site, xc, 6,
-                                      (int64_t[]){g->N, g->C, g->OH, g->k[0], g->OW, g->k[1]})
-                      : NULL;
+    nt_tensor *r = tiles(P, x, g);
     r = r ? nt__reduce(P->site, P->fn, NT_OP_MAX, r, 5, false) : NULL;
     r = r ? nt__reduce(P->site, P->fn, NT_OP_MAX, r, 3, false) : NULL;
     return to_out(P, r, g);
@@ -278,30 +346,38 @@ NT_API nt_tensor *nt_max_pool2d_at(const nt_site *site, nt_tensor *x, const int6
     if (!check_input(&P, x, &g) ||
         !check_window(&P, &g, kernel, stride, padding, dilation, ceil_mode) || !open_scope(&P))
         return NULL;
-    if (!indices && max_tiles(&g)) {
+    if (!indices && max_tiles(&g) && !(nt_grad_enabled() && nt_requires_grad(x))) {
         nt_tensor *y = max_tiled(&P, x, &g);
         return pool_end(&P, &y, NULL) ? NULL : y;
     }
     int64_t K = g.k[0] * g.k[1], L = g.OH * g.OW;
-    nt_tensor *T = host_i32(&P, max_table(&g), K * L);
-    /* which slot: no gradient flows through the windows */
-    nt_tensor *w = gather_windows(&P, nt_detach(x), &g, T, K, false);
-    nt_tensor *am = w ? nt__reduce(site, P.fn, NT_OP_ARGMAX, w, 2, true) : NULL;
-    /* its flat position T[am * L + l] */
-    int32_t *ls = am ? malloc(sizeof(int32_t) * (size_t)L) : NULL;
-    for (int64_t l = 0; ls && l < L; l++)
-        ls[l] = (int32_t)l;
-    nt_tensor *lt = am ? host_i32(&P, ls, L) : NULL;
-    nt_tensor *pos = lt ? nt__binary(site, P.fn, NT_OP_ADD,
-                                     nt__scalar(site, P.fn, NT_OP_MUL_SCALAR, am, (double)L, 0), lt)
-                        : NULL;
-    pos = pos ? nt_reshape_at(site, pos, 1, (int64_t[]){g.N * g.C * L}) : NULL;
-    nt_tensor *fl = pos ? nt_index_select_at(site, T, 0, pos) : NULL;
-    fl = fl ? nt_reshape_at(site, fl, 3, (int64_t[]){g.N, g.C, L}) : NULL;
-    /* the value read from x at it: the gradient adds in output order */
-    nt_tensor *xf = fl ? nt_reshape_at(site, x, 3, (int64_t[]){g.N, g.C, g.H * g.W}) : NULL;
-    nt_tensor *v = xf ? to_out(&P, nt_gather_at(site, xf, 2, fl), &g) : NULL;
-    nt_tensor *idx = v && indices ? to_out(&P, fl, &g) : NULL;
+    uint8_t *valid = NULL;
+    nt_tensor *T = host_i32(&P, max_table(&g, &valid), K * L);
+    nt_tensor *V = valid ? nt_from_host_at(site, valid, NT_U8, 2, (int64_t[]){K, L}) : NULL;
+    free(valid);
+    T = T ? nt_reshape_at(site, T, 2, (int64_t[]){K, L}) : NULL;
+    /* the windows, -inf in the padding; m their maxima (no gradient) */
+    nt_tensor *w = V && T ? stack_windows(&P, x, &g, -INFINITY) : NULL;
+    nt_tensor *wd = w ? nt_detach(w) : NULL;
+    nt_tensor *m = wd ? nt__reduce(site, P.fn, NT_OP_MAX, wd, 2, true) : NULL;
+    /* hit: a slot inside the input holding the maximum (a NaN when it is NaN) */
+    nt_tensor *hit = m ? nt__binary(site, P.fn, NT_OP_ADD, nt__binary(site, P.fn, NT_OP_EQ, wd, m),
+                                    nt__binary(site, P.fn, NT_OP_NE, wd, wd))
+                       : NULL;
+    hit = hit ? nt__binary(site, P.fn, NT_OP_MUL, hit, V) : NULL;
+    /* the first hit, from the last slot down: its value (x's bits; the
+     * gradient goes to it alone) and its flat position */
+    nt_tensor *v = hit ? nt_slice_at(site, w, 2, K - 1, K, 1) : NULL;
+    nt_tensor *idx = v ? nt_slice_at(site, T, 0, K - 1, K, 1) : NULL;
+    for (int64_t k = K - 2; idx && k >= 0; k--) {
+        nt_tensor *c = nt_slice_at(site, hit, 2, k, k + 1, 1);
+        v = c ? nt_where_at(site, c, nt_slice_at(site, w, 2, k, k + 1, 1), v) : NULL;
+        idx = v && indices ? nt_where_at(site, c, nt_slice_at(site, T, 0, k, k + 1, 1), idx) : idx;
+    }
+    v = idx ? to_out(&P, v, &g) : NULL;
+    if (v && indices && K == 1)
+        idx = nt_expand_at(site, idx, 4, (int64_t[]){g.N, g.C, 1, L});
+    idx = v && indices ? to_out(&P, nt_contiguous_at(site, idx), &g) : NULL;
     if (pool_end(&P, &v, indices ? (*indices = idx, indices) : NULL))
         return NULL;
     return v;
@@ -338,19 +414,12 @@ static nt_tensor *host_f32(const pctx *P, float *v, int64_t n)
     return t;
 }
 
-/* avg_pool2d's table (padding slots read the zero at H*W) and divisors. */
-static int32_t *avg_table(const pgeo *g, bool count_include_pad, float **div)
+/* avg_pool2d's divisors, PyTorch's: the window clipped to input + padding
+ * (count_include_pad), else to the input. */
+static float *avg_divisors(const pgeo *g, bool count_include_pad)
 {
-    int64_t K = g->k[0] * g->k[1], L = g->OH * g->OW;
-    int32_t *t = malloc(sizeof(int32_t) * (size_t)(K * L));
-    *div = malloc(sizeof(float) * (size_t)L);
-    if (!t || !*div) {
-        free(t);
-        free(*div);
-        *div = NULL;
-        return NULL;
-    }
-    for (int64_t oh = 0; oh < g->OH; oh++)
+    float *div = malloc(sizeof(float) * (size_t)(g->OH * g->OW));
+    for (int64_t oh = 0; div && oh < g->OH; oh++)
         for (int64_t ow = 0; ow < g->OW; ow++) {
             int64_t h0 = oh * g->s[0] - g->p[0], w0 = ow * g->s[1] - g->p[1];
             int64_t h1 = h0 + g->k[0] < g->H + g->p[0] ? h0 + g->k[0] : g->H + g->p[0];
@@ -358,17 +427,31 @@ static int32_t *avg_table(const pgeo *g, bool count_include_pad, float **div)
             int64_t size = (h1 - h0) * (w1 - w0);
             h0 = h0 < 0 ? 0 : h0, w0 = w0 < 0 ? 0 : w0;
             h1 = h1 > g->H ? g->H : h1, w1 = w1 > g->W ? g->W : w1;
-            (*div)[oh * g->OW + ow] = (float)(count_include_pad ? size : (h1 - h0) * (w1 - w0));
-            int64_t hs = oh * g->s[0] - g->p[0], ws = ow * g->s[1] - g->p[1];
-            for (int64_t a = 0; a < g->k[0]; a++)
-                for (int64_t b = 0; b < g->k[1]; b++) {
-                    int64_t ih = hs + a, iw = ws + b;
-                    bool in = ih >= 0 && ih < g->H && iw >= 0 && iw < g->W;
-                    t[(a * g->k[1] + b) * L + oh * g->OW + ow] =
-                        (int32_t)(in ? ih * g->W + iw : g->H * g->W);
-                }
+            div[oh * g->OW + ow] = (float)(count_include_pad ? size : (h1 - h0) * (w1 - w0));
         }
-    return t;
+    return div;
+}
+
+/* The window sums [N, C, 1, L] of the f32 x: through the table T (the
+ * adaptive pool's irregular windows), over the reshaped plane (tiles of
+ * more than POOL_SEQ_MAX slots: nt_sum_dims, the flattened row's canonical
+ * sum, the same bits as nt_sum over the stacked slots), or over the
+ * stacked strided windows. */
+static nt_tensor *avg_sum(const pctx *P, nt_tensor *x, const pgeo *g, nt_tensor *T, int64_t K)
+{
+    if (T)
+        return window_sum(P, gather_windows(P, x, g, T, K, true), K);
+    if (K <= POOL_SEQ_MAX || !max_tiles(g))
+        return window_sum(P, stack_windows(P, x, g, 0.0), K);
+    nt_tensor *r = tiles(P, x, g);
+    if (r && g->OW == 1) /* a window's slots are adjacent: one dim (the same row, so bits) */
+        r = nt__reduce(P->site, P->fn, NT_OP_SUM,
+                       nt_reshape_at(P->site, r, 4, (int64_t[]){g->N, g->C, g->OH, K}), 3, false);
+    else
+        r = r ? nt_sum_dims_at(P->site, r, 2, (const int[]){3, 5}, false) : NULL;
+    nt_tensor *zero = r ? nt_full_at(P->site, NT_F32, 0, NULL, 0.0) : NULL;
+    r = zero ? nt__binary(P->site, P->fn, NT_OP_ADD, r, zero) : NULL;
+    return r ? nt_reshape_at(P->site, r, 4, (int64_t[]){g->N, g->C, 1, g->OH * g->OW}) : NULL;
 }
 
 /* Widened input, windows summed, divided by d1 (and d2), rounded back. */
@@ -376,7 +459,7 @@ static nt_tensor *avg_finish(const pctx *P, nt_tensor *x, const pgeo *g, nt_tens
                              nt_tensor *d1, nt_tensor *d2)
 {
     nt_tensor *xf = x->dtype == NT_F32 ? x : nt__copy_to(P->site, P->fn, x, NT_F32);
-    nt_tensor *s = xf && T && d1 ? window_sum(P, gather_windows(P, xf, g, T, K, true), K) : NULL;
+    nt_tensor *s = xf && d1 ? avg_sum(P, xf, g, T, K) : NULL;
     s = s ? nt__binary(P->site, P->fn, NT_OP_DIV, s, d1) : NULL;
     if (s && d2)
         s = nt__binary(P->site, P->fn, NT_OP_DIV, s, d2);
@@ -395,11 +478,9 @@ NT_API nt_tensor *nt_avg_pool2d_at(const nt_site *site, nt_tensor *x, const int6
     if (!check_input(&P, x, &g) || !check_window(&P, &g, kernel, stride, padding, NULL, ceil_mode) ||
         !open_scope(&P))
         return NULL;
-    float *div = NULL;
-    int64_t K = g.k[0] * g.k[1], L = g.OH * g.OW;
-    nt_tensor *T = host_i32(&P, avg_table(&g, count_include_pad, &div), K * L);
-    nt_tensor *D = div ? host_f32(&P, div, L) : NULL;
-    nt_tensor *y = avg_finish(&P, x, &g, T, K, D, NULL);
+    int64_t L = g.OH * g.OW;
+    nt_tensor *D = host_f32(&P, avg_divisors(&g, count_include_pad), L);
+    nt_tensor *y = avg_finish(&P, x, &g, NULL, g.k[0] * g.k[1], D, NULL);
     return pool_end(&P, &y, NULL) ? NULL : y;
 }
 NT_API nt_tensor *nt_avg_pool2d(nt_tensor *x, const int64_t *kernel, const int64_t *stride,
@@ -463,8 +544,21 @@ NT_API nt_tensor *nt_adaptive_avg_pool2d_at(const nt_site *site, nt_tensor *x, i
     float *kh = NULL, *kw = NULL;
     int64_t K = 0, L = out_h * out_w;
     int32_t *tab = adaptive_table(&g, &K, &kh, &kw);
-    nt_tensor *T = host_i32(&P, tab, K * L);
+    bool regular = g.H % out_h == 0 && g.W % out_w == 0;
+    nt_tensor *T = NULL;
+    if (!tab) {
+        nt__err_hostmem(site, P.fn, "a window table");
+    } else if (regular) {
+        /* equal windows that tile the plane: avg_pool2d's strided path */
+        g.k[0] = g.s[0] = g.H / out_h, g.k[1] = g.s[1] = g.W / out_w;
+        g.p[0] = g.p[1] = 0, g.d[0] = g.d[1] = 1;
+        free(tab);
+    } else {
+        T = host_i32(&P, tab, K * L);
+    }
     nt_tensor *D1 = tab ? host_f32(&P, kh, L) : NULL, *D2 = tab ? host_f32(&P, kw, L) : NULL;
+    if (!regular && !T)
+        D1 = NULL;
     nt_tensor *y = avg_finish(&P, x, &g, T, K, D1, D2);
     return pool_end(&P, &y, NULL) ? NULL : y;
 }

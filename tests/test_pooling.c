@@ -377,7 +377,8 @@ static void test_bf16(void **state)
     }
 }
 
-/* A 2x2/2 max pool with an even plane is the reshape + nt_amax pool. */
+/* Without indices or a gradient, a pool over tiles takes the nt_max path:
+ * the general path's values, and the reshape + nt_amax pool's. */
 static void test_matches_amax(void **state)
 {
     (void)state;
@@ -387,12 +388,26 @@ static void test_matches_amax(void **state)
         float a[2 * 3 * 6 * 8], p[2 * 3 * 12], q[2 * 3 * 12];
         uint64_t s = 9;
         nt_test_fill(a, 288, &s);
+        a[7] = a[6]; /* a tie */
+        a[0] = -0.0f, a[1] = 0.0f, a[8] = 0.0f, a[9] = -0.0f; /* +-0 ties: the first, -0 */
         nt_tensor *x = nt_from_host(a, NT_F32, 4, SH(2, 3, 6, 8));
+        nt_tensor *idx;
+        /* no gradient, no indices: the tiled nt_max path; with indices the general one */
         nt_tensor *y = nt_max_pool2d(x, SH(2, 2), NULL, NULL, NULL, false, NULL);
+        nt_tensor *y2 = nt_max_pool2d(x, SH(2, 2), NULL, NULL, NULL, false, &idx);
         nt_tensor *z = nt_amax(nt_reshape(x, 6, SH(2, 3, 3, 2, 4, 2)), 2, (const int[]){3, 5}, false);
         assert_int_equal(nt_to_host(y, p, sizeof p), 0);
+        assert_int_equal(nt_to_host(y2, q, sizeof q), 0);
+        assert_memory_equal(p, q, sizeof p);
         assert_int_equal(nt_to_host(z, q, sizeof q), 0);
         assert_memory_equal(p, q, sizeof p);
+        /* odd sizes: the plane cropped */
+        nt_tensor *xo = nt_slice(nt_slice(x, 2, 0, 5, 1), 3, 0, 7, 1);
+        y = nt_max_pool2d(xo, SH(2, 3), NULL, NULL, NULL, false, NULL);
+        y2 = nt_max_pool2d(xo, SH(2, 3), NULL, NULL, NULL, false, &idx);
+        assert_int_equal(nt_to_host(y, p, 4 * 2 * 3 * 2 * 2), 0);
+        assert_int_equal(nt_to_host(y2, q, 4 * 2 * 3 * 2 * 2), 0);
+        assert_memory_equal(p, q, 4 * 2 * 3 * 2 * 2);
         assert_int_equal(nt_scope_end(sc), 0);
     }
 }
