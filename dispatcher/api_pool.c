@@ -4,23 +4,21 @@
  *
  * Each is a composite of existing ops, so every backend, mode and autograd
  * have it through them, and its bits are the composite's (docs/ops.md,
- * section "Pooling"):
- *   1. the host computes, for output position l (row-major over OH x OW)
- *      and window slot k (row-major over the kernel), the flat position
- *      ih * W + iw the slot reads: table T[k * L + l] (i32);
- *   2. g = nt_index_select(x viewed [N, C, H*W (+ 1)], 2, T), seen as
- *      [N, C, K, L]: slot k of every window in row k (whole rows);
- *   3. max (g of x detached): the first maximum over the short dim K
- *      (nt_argmax; a NaN counts as the maximum, the first one wins), its
- *      flat position T[am * L + l] (the indices), and the value read from
- *      x there with nt_gather, whose gradient adds g into x in output
- *      order (PyTorch's order, so its bits);
+ * "Pooling (NCHW)" gives every step):
+ *   1. the windows as [N, C, K, L] (slot k of every window in row k, whole
+ *      rows): strided slices of x padded (-inf for max, 0 for avg) stacked
+ *      in slot order, or one permuting copy when the windows tile the
+ *      plane; adaptive windows of unequal sizes through a host table of
+ *      flat positions (nt_index_select, a zero after the plane for the
+ *      slots past a window);
+ *   2. max: the maximum over K, then the first slot inside the input that
+ *      holds it (or is NaN) chosen by a chain of nt_where from the last
+ *      slot down: its value (x's bits; the gradient goes to it alone) and
+ *      its flat position (the indices);
  *      avg: the sum over K in slot order from +0 (K <= POOL_SEQ_MAX: one
  *      nt_add per slot; larger windows: nt_sum's canonical order, then
  *      + 0), divided by the window's divisor (adaptive: by kh, then by kw).
- * A slot in the padding reads, for max, the window's first element inside
- * the input (a duplicate cannot change the maximum or which element is the
- * first maximum); for avg, a zero appended after the plane (slot H*W). */
+ */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,16 +158,6 @@ static bool open_scope(pctx *P)
     return P->sc != NULL;
 }
 
-/* The i32 tensor of n host values (freed here), or NULL. */
-static nt_tensor *host_i32(const pctx *P, int32_t *v, int64_t n)
-{
-    nt_tensor *t = v ? nt_from_host_at(P->site, v, NT_I32, 1, &n) : NULL;
-    if (!v)
-        nt__err_hostmem(P->site, P->fn, "a window table");
-    free(v);
-    return t;
-}
-
 /* g = x's planes read through the table T (K x L slots): [N, C, K, L].
  * pad_zero: append a zero after each plane (slot H*W). */
 static nt_tensor *gather_windows(const pctx *P, nt_tensor *x, const pgeo *g, nt_tensor *T,
@@ -257,12 +245,108 @@ static nt_tensor *stack_windows(const pctx *P, nt_tensor *x, const pgeo *g, doub
             int64_t h0 = a * g->d[0], w0 = b * g->d[1];
             nt_tensor *t = nt_slice_at(P->site, xp, 2, h0, h0 + (g->OH - 1) * g->s[0] + 1, g->s[0]);
             t = t ? nt_slice_at(P->site, t, 3, w0, w0 + (g->OW - 1) * g->s[1] + 1, g->s[1]) : NULL;
-            sl[a * g->k[1] + b] = t ? nt_reshape_at(P->site, t, 4, (int64_t[]){g->N, g->C, 1, L}) : NULL;
+            t = t ? nt_reshape_at(P->site, t, 4, (int64_t[]){g->N, g->C, 1, L}) : NULL;
+            sl[a * g->k[1] + b] = t;
             w = sl[a * g->k[1] + b];
         }
     w = w ? (K == 1 ? sl[0] : nt_cat_at(P->site, sl, (int)K, 2)) : NULL;
     free(sl);
     return w;
+}
+
+/* The tables below (flat positions, masks, divisors) depend on the shapes
+ * alone; they are made by device ops, never from host data, so a captured
+ * program makes them again on each replay (nt_graph_capture_end refuses
+ * host data read by the program).  Integers are f32 (exact below 2^24). */
+
+/* f32 [n]: i * scale + off. */
+static nt_tensor *ramp(const pctx *P, int64_t n, double scale, double off)
+{
+    nt_tensor *t = nt_arange_at(P->site, NT_F32, 0.0, (double)n, 1.0);
+    t = t ? nt__scalar(P->site, P->fn, NT_OP_MUL_SCALAR, t, scale, 0) : NULL;
+    return t ? nt__scalar(P->site, P->fn, NT_OP_ADD_SCALAR, t, off, 0) : NULL;
+}
+
+/* a [n] as a column [n, 1]. */
+static nt_tensor *column(const pctx *P, nt_tensor *a)
+{
+    return a ? nt_reshape_at(P->site, a, 2, (int64_t[]){a->shape[0], 1}) : NULL;
+}
+
+/* op(a[i], b[j]) for a [OH], b [OW]: [OH, OW]. */
+static nt_tensor *outer(const pctx *P, int op, nt_tensor *a, nt_tensor *b)
+{
+    a = column(P, a);
+    return a && b ? nt__binary(P->site, P->fn, op, a, b) : NULL;
+}
+
+/* The 0-d f32 constant v. */
+static nt_tensor *cst(const pctx *P, double v) { return nt_full_at(P->site, NT_F32, 0, NULL, v); }
+
+/* u8 [n]: lo <= t[i] < hi. */
+static nt_tensor *in_range(const pctx *P, nt_tensor *t, double lo, double hi)
+{
+    nt_tensor *a = t ? nt__binary(P->site, P->fn, NT_OP_GE, t, cst(P, lo)) : NULL;
+    nt_tensor *b = a ? nt__binary(P->site, P->fn, NT_OP_LT, t, cst(P, hi)) : NULL;
+    return b ? nt__binary(P->site, P->fn, NT_OP_MUL, a, b) : NULL;
+}
+
+/* f32 [OH, OW] -> [1, L] (i32 when ints). */
+static nt_tensor *as_row(const pctx *P, nt_tensor *t, const pgeo *g, bool ints)
+{
+    t = t && ints ? nt_cast_at(P->site, t, NT_I32) : t;
+    return t ? nt_reshape_at(P->site, t, 2, (int64_t[]){1, g->OH * g->OW}) : NULL;
+}
+
+/* Slot (a, b)'s flat position (oh s0 - p0 + a d0) W + ow s1 - p1 + b d1
+ * in each window: i32 [1, L] (a padding slot's is never used). */
+static nt_tensor *slot_pos(const pctx *P, const pgeo *g, int64_t a, int64_t b)
+{
+    nt_tensor *r = ramp(P, g->OH, (double)(g->s[0] * g->W), (double)((a * g->d[0] - g->p[0]) * g->W));
+    nt_tensor *c = r ? ramp(P, g->OW, (double)g->s[1], (double)(b * g->d[1] - g->p[1])) : NULL;
+    return as_row(P, c ? outer(P, NT_OP_ADD, r, c) : NULL, g, true);
+}
+
+/* Whether slot i of every window along dim d (0 rows, 1 columns) is inside. */
+static bool all_inside(const pgeo *g, int d, int64_t i)
+{
+    int64_t n = d ? g->OW : g->OH, in = d ? g->W : g->H;
+    int64_t lo = i * g->d[d] - g->p[d], hi = (n - 1) * g->s[d] + lo;
+    return lo >= 0 && hi < in;
+}
+
+/* u8 [K, L]: slot k of window l is inside the input; NULL (no error) when
+ * every slot of every window is. */
+static nt_tensor *inside_mask(const pctx *P, const pgeo *g, bool *ok)
+{
+    int64_t K = g->k[0] * g->k[1], L = g->OH * g->OW;
+    bool any = false;
+    for (int64_t a = 0; a < g->k[0]; a++)
+        any |= !all_inside(g, 0, a);
+    for (int64_t b = 0; b < g->k[1]; b++)
+        any |= !all_inside(g, 1, b);
+    *ok = true;
+    if (!any)
+        return NULL;
+    nt_tensor **rows = malloc(sizeof(nt_tensor *) * (size_t)K), *m = NULL;
+    *ok = rows != NULL;
+    if (!rows)
+        nt__err_hostmem(P->site, P->fn, "the mask list");
+    for (int64_t a = 0; *ok && a < g->k[0]; a++)
+        for (int64_t b = 0; *ok && b < g->k[1]; b++) {
+            nt_tensor *r = in_range(P, ramp(P, g->OH, (double)g->s[0], (double)(a * g->d[0] - g->p[0])),
+                                    0.0, (double)g->H);
+            nt_tensor *c = in_range(P, ramp(P, g->OW, (double)g->s[1], (double)(b * g->d[1] - g->p[1])),
+                                    0.0, (double)g->W);
+            m = r && c ? outer(P, NT_OP_MUL, r, c) : NULL;
+            rows[a * g->k[1] + b] = m = as_row(P, m, g, false);
+            *ok = m != NULL;
+        }
+    m = *ok ? nt_cat_at(P->site, rows, (int)K, 0) : NULL;
+    *ok = m != NULL;
+    free(rows);
+    (void)L;
+    return m;
 }
 
 /* [N, C, 1, L] -> the caller's layout [N, C, OH, OW] or [C, OH, OW]. */
@@ -299,34 +383,6 @@ static int pool_end(pctx *P, nt_tensor **a, nt_tensor **b)
     return *a && (!b || *b) ? 0 : nt_last_error();
 }
 
-/* max_pool2d's table: slot (a, b) of window (oh, ow) reads (ih, iw), or the
- * window's first input element when (ih, iw) is padding. */
-static int32_t *max_table(const pgeo *g, uint8_t **valid)
-{
-    int64_t K = g->k[0] * g->k[1], L = g->OH * g->OW;
-    int32_t *t = malloc(sizeof(int32_t) * (size_t)(K * L));
-    *valid = malloc((size_t)(K * L));
-    if (!t || !*valid) {
-        free(t), free(*valid);
-        *valid = NULL;
-        return NULL;
-    }
-    for (int64_t oh = 0; oh < g->OH; oh++)
-        for (int64_t ow = 0; ow < g->OW; ow++) {
-            int64_t h0 = oh * g->s[0] - g->p[0], w0 = ow * g->s[1] - g->p[1];
-            int64_t fh = first_in(h0, g->d[0], g->k[0], g->H), fw = first_in(w0, g->d[1], g->k[1], g->W);
-            for (int64_t a = 0; a < g->k[0]; a++)
-                for (int64_t b = 0; b < g->k[1]; b++) {
-                    int64_t ih = h0 + a * g->d[0], iw = w0 + b * g->d[1];
-                    bool in = ih >= 0 && ih < g->H && iw >= 0 && iw < g->W;
-                    t[(a * g->k[1] + b) * L + oh * g->OW + ow] =
-                        (int32_t)(in ? ih * g->W + iw : fh * g->W + fw);
-                    (*valid)[(a * g->k[1] + b) * L + oh * g->OW + ow] = in;
-                }
-        }
-    return t;
-}
-
 static nt_tensor *max_tiled(const pctx *P, nt_tensor *x, const pgeo *g)
 {
     nt_tensor *r = tiles(P, x, g);
@@ -351,28 +407,25 @@ NT_API nt_tensor *nt_max_pool2d_at(const nt_site *site, nt_tensor *x, const int6
         return pool_end(&P, &y, NULL) ? NULL : y;
     }
     int64_t K = g.k[0] * g.k[1], L = g.OH * g.OW;
-    uint8_t *valid = NULL;
-    nt_tensor *T = host_i32(&P, max_table(&g, &valid), K * L);
-    nt_tensor *V = valid ? nt_from_host_at(site, valid, NT_U8, 2, (int64_t[]){K, L}) : NULL;
-    free(valid);
-    T = T ? nt_reshape_at(site, T, 2, (int64_t[]){K, L}) : NULL;
+    bool ok;
+    nt_tensor *V = inside_mask(&P, &g, &ok);
     /* the windows, -inf in the padding; m their maxima (no gradient) */
-    nt_tensor *w = V && T ? stack_windows(&P, x, &g, -INFINITY) : NULL;
+    nt_tensor *w = ok ? stack_windows(&P, x, &g, -INFINITY) : NULL;
     nt_tensor *wd = w ? nt_detach(w) : NULL;
     nt_tensor *m = wd ? nt__reduce(site, P.fn, NT_OP_MAX, wd, 2, true) : NULL;
     /* hit: a slot inside the input holding the maximum (a NaN when it is NaN) */
     nt_tensor *hit = m ? nt__binary(site, P.fn, NT_OP_ADD, nt__binary(site, P.fn, NT_OP_EQ, wd, m),
                                     nt__binary(site, P.fn, NT_OP_NE, wd, wd))
                        : NULL;
-    hit = hit ? nt__binary(site, P.fn, NT_OP_MUL, hit, V) : NULL;
+    hit = hit && V ? nt__binary(site, P.fn, NT_OP_MUL, hit, V) : hit;
     /* the first hit, from the last slot down: its value (x's bits; the
      * gradient goes to it alone) and its flat position */
     nt_tensor *v = hit ? nt_slice_at(site, w, 2, K - 1, K, 1) : NULL;
-    nt_tensor *idx = v ? nt_slice_at(site, T, 0, K - 1, K, 1) : NULL;
+    nt_tensor *idx = v && indices ? slot_pos(&P, &g, g.k[0] - 1, g.k[1] - 1) : v;
     for (int64_t k = K - 2; idx && k >= 0; k--) {
         nt_tensor *c = nt_slice_at(site, hit, 2, k, k + 1, 1);
         v = c ? nt_where_at(site, c, nt_slice_at(site, w, 2, k, k + 1, 1), v) : NULL;
-        idx = v && indices ? nt_where_at(site, c, nt_slice_at(site, T, 0, k, k + 1, 1), idx) : idx;
+        idx = v && indices ? nt_where_at(site, c, slot_pos(&P, &g, k / g.k[1], k % g.k[1]), idx) : v;
     }
     v = idx ? to_out(&P, v, &g) : NULL;
     if (v && indices && K == 1)
@@ -404,32 +457,26 @@ static nt_tensor *window_sum(const pctx *P, nt_tensor *w, int64_t K)
     return acc;
 }
 
-/* The float tensor of n host values (freed here) shaped [L], or NULL. */
-static nt_tensor *host_f32(const pctx *P, float *v, int64_t n)
+/* avg_pool2d's divisors [OH, OW], PyTorch's: the window clipped to input
+ * + padding (count_include_pad), else to the input; rows times columns. */
+static nt_tensor *avg_divisors(const pctx *P, const pgeo *g, bool count_include_pad)
 {
-    nt_tensor *t = v ? nt_from_host_at(P->site, v, NT_F32, 1, &n) : NULL;
-    if (!v)
-        nt__err_hostmem(P->site, P->fn, "a divisor table");
-    free(v);
-    return t;
-}
-
-/* avg_pool2d's divisors, PyTorch's: the window clipped to input + padding
- * (count_include_pad), else to the input. */
-static float *avg_divisors(const pgeo *g, bool count_include_pad)
-{
-    float *div = malloc(sizeof(float) * (size_t)(g->OH * g->OW));
-    for (int64_t oh = 0; div && oh < g->OH; oh++)
-        for (int64_t ow = 0; ow < g->OW; ow++) {
-            int64_t h0 = oh * g->s[0] - g->p[0], w0 = ow * g->s[1] - g->p[1];
-            int64_t h1 = h0 + g->k[0] < g->H + g->p[0] ? h0 + g->k[0] : g->H + g->p[0];
-            int64_t w1 = w0 + g->k[1] < g->W + g->p[1] ? w0 + g->k[1] : g->W + g->p[1];
-            int64_t size = (h1 - h0) * (w1 - w0);
-            h0 = h0 < 0 ? 0 : h0, w0 = w0 < 0 ? 0 : w0;
-            h1 = h1 > g->H ? g->H : h1, w1 = w1 > g->W ? g->W : w1;
-            div[oh * g->OW + ow] = (float)(count_include_pad ? size : (h1 - h0) * (w1 - w0));
-        }
-    return div;
+    nt_tensor *sz[2] = {NULL, NULL};
+    int64_t in[2] = {g->H, g->W}, out[2] = {g->OH, g->OW};
+    for (int i = 0; i < 2; i++) {
+        nt_tensor *hs = ramp(P, out[i], (double)g->s[i], (double)-g->p[i]);
+        nt_tensor *he = hs ? nt_clamp_at(P->site, nt__scalar(P->site, P->fn, NT_OP_ADD_SCALAR, hs,
+                                                             (double)g->k[i], 0),
+                                         -INFINITY, (double)(in[i] + g->p[i]))
+                           : NULL;
+        if (he && !count_include_pad)
+            hs = nt_clamp_at(P->site, hs, 0.0, INFINITY),
+            he = nt_clamp_at(P->site, he, -INFINITY, (double)in[i]);
+        sz[i] = he && hs ? nt__binary(P->site, P->fn, NT_OP_SUB, he, hs) : NULL;
+        if (!sz[i])
+            return NULL;
+    }
+    return outer(P, NT_OP_MUL, sz[0], sz[1]);
 }
 
 /* The window sums [N, C, 1, L] of the f32 x: through the table T (the
@@ -454,12 +501,14 @@ static nt_tensor *avg_sum(const pctx *P, nt_tensor *x, const pgeo *g, nt_tensor 
     return r ? nt_reshape_at(P->site, r, 4, (int64_t[]){g->N, g->C, 1, g->OH * g->OW}) : NULL;
 }
 
-/* Widened input, windows summed, divided by d1 (and d2), rounded back. */
+/* Widened input, windows summed, divided by d1 (and d2; each broadcast
+ * against [OH, OW]), rounded back. */
 static nt_tensor *avg_finish(const pctx *P, nt_tensor *x, const pgeo *g, nt_tensor *T, int64_t K,
                              nt_tensor *d1, nt_tensor *d2)
 {
     nt_tensor *xf = x->dtype == NT_F32 ? x : nt__copy_to(P->site, P->fn, x, NT_F32);
     nt_tensor *s = xf && d1 ? avg_sum(P, xf, g, T, K) : NULL;
+    s = s ? nt_reshape_at(P->site, s, 4, (int64_t[]){g->N, g->C, g->OH, g->OW}) : NULL;
     s = s ? nt__binary(P->site, P->fn, NT_OP_DIV, s, d1) : NULL;
     if (s && d2)
         s = nt__binary(P->site, P->fn, NT_OP_DIV, s, d2);
@@ -478,8 +527,7 @@ NT_API nt_tensor *nt_avg_pool2d_at(const nt_site *site, nt_tensor *x, const int6
     if (!check_input(&P, x, &g) || !check_window(&P, &g, kernel, stride, padding, NULL, ceil_mode) ||
         !open_scope(&P))
         return NULL;
-    int64_t L = g.OH * g.OW;
-    nt_tensor *D = host_f32(&P, avg_divisors(&g, count_include_pad), L);
+    nt_tensor *D = avg_divisors(&P, &g, count_include_pad);
     nt_tensor *y = avg_finish(&P, x, &g, NULL, g.k[0] * g.k[1], D, NULL);
     return pool_end(&P, &y, NULL) ? NULL : y;
 }
@@ -493,37 +541,55 @@ NT_API nt_tensor *nt_avg_pool2d(nt_tensor *x, const int64_t *kernel, const int64
 static int64_t ad_start(int64_t i, int64_t n, int64_t in) { return (i * in) / n; }
 static int64_t ad_end(int64_t i, int64_t n, int64_t in) { return ((i + 1) * in + n - 1) / n; }
 
-/* The adaptive table: slot (a, b) < (kh, kw) of the window, else the zero;
- * *K the largest window; kh and kw per output position. */
-static int32_t *adaptive_table(pgeo *g, int64_t *K, float **kh, float **kw)
+/* The largest adaptive window along a dim. */
+static int64_t ad_max(int64_t n, int64_t in)
 {
-    int64_t mh = 0, mw = 0, L = g->OH * g->OW;
-    for (int64_t i = 0; i < g->OH; i++)
-        if (ad_end(i, g->OH, g->H) - ad_start(i, g->OH, g->H) > mh)
-            mh = ad_end(i, g->OH, g->H) - ad_start(i, g->OH, g->H);
-    for (int64_t i = 0; i < g->OW; i++)
-        if (ad_end(i, g->OW, g->W) - ad_start(i, g->OW, g->W) > mw)
-            mw = ad_end(i, g->OW, g->W) - ad_start(i, g->OW, g->W);
-    *K = mh * mw;
-    int32_t *t = malloc(sizeof(int32_t) * (size_t)(*K * L));
-    *kh = malloc(sizeof(float) * (size_t)L), *kw = malloc(sizeof(float) * (size_t)L);
-    if (!t || !*kh || !*kw) {
-        free(t), free(*kh), free(*kw);
-        *kh = *kw = NULL;
-        return NULL;
-    }
-    for (int64_t oh = 0; oh < g->OH; oh++)
-        for (int64_t ow = 0; ow < g->OW; ow++) {
-            int64_t h0 = ad_start(oh, g->OH, g->H), hn = ad_end(oh, g->OH, g->H) - h0;
-            int64_t w0 = ad_start(ow, g->OW, g->W), wn = ad_end(ow, g->OW, g->W) - w0;
-            int64_t l = oh * g->OW + ow;
-            (*kh)[l] = (float)hn, (*kw)[l] = (float)wn;
-            for (int64_t a = 0; a < mh; a++)
-                for (int64_t b = 0; b < mw; b++)
-                    t[(a * mw + b) * L + l] =
-                        (int32_t)(a < hn && b < wn ? (h0 + a) * g->W + w0 + b : g->H * g->W);
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (ad_end(i, n, in) - ad_start(i, n, in) > m)
+            m = ad_end(i, n, in) - ad_start(i, n, in);
+    return m;
+}
+
+/* f32 [n]: the windows' starts floor(i in / n) and sizes ceil((i + 1) in /
+ * n) - start (the f32 quotient's floor and ceiling are exact below 2^24). */
+static nt_tensor *ad_starts(const pctx *P, int64_t n, int64_t in, nt_tensor **size)
+{
+    nt_tensor *a = ramp(P, n, (double)in, 0.0), *e = ramp(P, n, (double)in, (double)in);
+    a = a ? nt__scalar(P->site, P->fn, NT_OP_DIV_SCALAR, a, (double)n, 0) : NULL;
+    e = e ? nt__scalar(P->site, P->fn, NT_OP_DIV_SCALAR, e, (double)n, 0) : NULL;
+    a = a ? nt__unary(P->site, P->fn, NT_OP_FLOOR, a) : NULL;
+    e = e ? nt__unary(P->site, P->fn, NT_OP_CEIL, e) : NULL;
+    *size = a && e ? nt__binary(P->site, P->fn, NT_OP_SUB, e, a) : NULL;
+    return *size ? a : NULL;
+}
+
+/* The table of unequal windows, i32 [K L]: slot (a, b) of window l reads
+ * (sh + a) W + sw + b when a < kh and b < kw, else the zero at H W. */
+static nt_tensor *adaptive_table(const pctx *P, const pgeo *g, int64_t mh, int64_t mw,
+                                 nt_tensor *sh, nt_tensor *kh, nt_tensor *sw, nt_tensor *kw)
+{
+    int64_t K = mh * mw;
+    nt_tensor **rows = malloc(sizeof(nt_tensor *) * (size_t)K), *t = rows ? sh : NULL;
+    if (!rows)
+        nt__err_hostmem(P->site, P->fn, "the table list");
+    for (int64_t a = 0; t && a < mh; a++)
+        for (int64_t b = 0; t && b < mw; b++) {
+            nt_tensor *r = nt__scalar(P->site, P->fn, NT_OP_MUL_SCALAR,
+                                      nt__scalar(P->site, P->fn, NT_OP_ADD_SCALAR, sh, (double)a, 0),
+                                      (double)g->W, 0);
+            nt_tensor *c = nt__scalar(P->site, P->fn, NT_OP_ADD_SCALAR, sw, (double)b, 0);
+            nt_tensor *m = outer(P, NT_OP_MUL,
+                                 nt__binary(P->site, P->fn, NT_OP_GT, kh, cst(P, (double)a)),
+                                 nt__binary(P->site, P->fn, NT_OP_GT, kw, cst(P, (double)b)));
+            t = r && c && m ? nt_where_at(P->site, m, outer(P, NT_OP_ADD, r, c),
+                                          cst(P, (double)(g->H * g->W)))
+                            : NULL;
+            rows[a * mw + b] = t = as_row(P, t, g, true);
         }
-    return t;
+    t = t ? nt_cat_at(P->site, rows, (int)K, 0) : NULL;
+    free(rows);
+    return t ? nt_reshape_at(P->site, t, 1, (int64_t[]){K * g->OH * g->OW}) : NULL;
 }
 
 NT_API nt_tensor *nt_adaptive_avg_pool2d_at(const nt_site *site, nt_tensor *x, int64_t out_h,
@@ -541,24 +607,19 @@ NT_API nt_tensor *nt_adaptive_avg_pool2d_at(const nt_site *site, nt_tensor *x, i
     if (!open_scope(&P))
         return NULL;
     g.OH = out_h, g.OW = out_w;
-    float *kh = NULL, *kw = NULL;
-    int64_t K = 0, L = out_h * out_w;
-    int32_t *tab = adaptive_table(&g, &K, &kh, &kw);
-    bool regular = g.H % out_h == 0 && g.W % out_w == 0;
-    nt_tensor *T = NULL;
-    if (!tab) {
-        nt__err_hostmem(site, P.fn, "a window table");
-    } else if (regular) {
+    int64_t mh = ad_max(out_h, g.H), mw = ad_max(out_w, g.W);
+    nt_tensor *kh = NULL, *kw = NULL, *sh = ad_starts(&P, out_h, g.H, &kh);
+    nt_tensor *sw = sh ? ad_starts(&P, out_w, g.W, &kw) : NULL;
+    nt_tensor *T = NULL, *D1 = sw ? column(&P, kh) : NULL, *D2 = sw ? kw : NULL;
+    if (g.H % out_h == 0 && g.W % out_w == 0) {
         /* equal windows that tile the plane: avg_pool2d's strided path */
         g.k[0] = g.s[0] = g.H / out_h, g.k[1] = g.s[1] = g.W / out_w;
         g.p[0] = g.p[1] = 0, g.d[0] = g.d[1] = 1;
-        free(tab);
-    } else {
-        T = host_i32(&P, tab, K * L);
+    } else if (D1) {
+        T = adaptive_table(&P, &g, mh, mw, sh, kh, sw, kw);
+        D1 = T ? D1 : NULL;
     }
-    nt_tensor *D1 = tab ? host_f32(&P, kh, L) : NULL, *D2 = tab ? host_f32(&P, kw, L) : NULL;
-    if (!regular && !T)
-        D1 = NULL;
+    int64_t K = mh * mw;
     nt_tensor *y = avg_finish(&P, x, &g, T, K, D1, D2);
     return pool_end(&P, &y, NULL) ? NULL : y;
 }

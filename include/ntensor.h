@@ -576,8 +576,8 @@ NT_API nt_tensor *nt_kl_div(nt_tensor *input, nt_tensor *target, nt_reduction re
  *  row-major order; a NaN counts as the maximum (PyTorch 1.13's CPU kernel
  *  takes the last NaN; here the first).  *indices (if indices is non-NULL)
  *  gets the i32 flat position ih * W + iw of each maximum in its plane
- *  (PyTorch's are int64).  The gradient goes to that element (overlapping
- *  windows add in output order).  Errors name the argument: NULL or
+ *  (PyTorch's are int64).  The gradient goes to that element (the
+ *  windows' contributions added by autograd).  Errors name the argument: NULL or
  *  non-float x (NT_EDTYPE); x not 3- or 4-D or a C, H or W of 0
  *  (NT_ESHAPE); NULL kernel, kernel/stride/dilation < 1, padding < 0 or
  *  above kernel / 2 (NT_EINVAL); an output size < 1 or a window wholly in

@@ -9,7 +9,7 @@
  *   where the arithmetic is PyTorch's (see test_torch_refs);
  * - against a double-precision loop over the windows computed here;
  * - the same bits on every backend and mode (cpu, sim; deterministic,
- *   adaptive, lazy with fusion, eager without, captured);
+ *   adaptive, lazy with fusion, eager without, captured), an empty batch;
  * - nt_gradcheck, bf16 inputs, and every error path. */
 #include <math.h>
 #include <setjmp.h>
@@ -26,6 +26,7 @@
 #include "nt_test.h"
 #include "torch_refs/pool.h"
 
+#define PERR(call) ((call) ? 0 : nt_last_error()) /* a failed pointer call's code */
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 
 /* backend, mode, fusion */
@@ -289,6 +290,73 @@ static void test_bits_across_configs(void **state)
     }
 }
 
+/* Captured (lazy mode, cpu and sim): the replay on other inputs gives the
+ * eager values and indices. */
+static void test_captured(void **state)
+{
+    (void)state;
+    for (int k = 4; k <= 5; k++) {
+        for (const pool_ref *r = pool_refs; r < NREFS_END; r++) {
+            cfg(k);
+            run u = run_case(r, NULL);
+            nt_scope *sc = nt_scope_begin();
+            float *xs = malloc(sizeof(float) * (size_t)u.nx);
+            for (int64_t i = 0; i < u.nx; i++)
+                xs[i] = fbits(pool_f32[r->x + i]);
+            nt_tensor *x2 = nt_from_host(xs, NT_F32, r->ndim, r->shape);
+            nt_tensor *x = nt_zeros(NT_F32, r->ndim, r->shape), *idx = NULL;
+            assert_int_equal(nt_sync(), 0);
+            assert_int_equal(nt_graph_capture_begin(), 0);
+            assert_int_equal(nt_graph_input(x, "x"), 0);
+            nt_tensor *y = pool_call(r, x, r->kind == 0 ? &idx : NULL);
+            nt_graph *g = nt_graph_capture_end();
+            if (!g || !y)
+                fail_msg("case %d: %s", (int)(r - pool_refs), nt_last_error_message());
+            assert_int_equal(nt_graph_bind(g, "x", x2), 0);
+            assert_int_equal(nt_graph_replay(g), 0);
+            float *v = malloc(sizeof(float) * (size_t)u.nout);
+            assert_int_equal(nt_to_host(y, v, sizeof(float) * (size_t)u.nout), 0);
+            assert_memory_equal(v, u.out, sizeof(float) * (size_t)u.nout);
+            if (idx) {
+                int32_t *iv = malloc(sizeof(int32_t) * (size_t)u.nout);
+                assert_int_equal(nt_to_host(idx, iv, sizeof(int32_t) * (size_t)u.nout), 0);
+                assert_memory_equal(iv, u.idx, sizeof(int32_t) * (size_t)u.nout);
+                free(iv);
+            }
+            free(v), free(xs);
+            nt_graph_destroy(g);
+            assert_int_equal(nt_scope_end(sc), 0);
+            run_free(&u);
+        }
+    }
+    cfg(0);
+}
+
+/* An empty batch (N = 0) gives an empty result, as PyTorch. */
+static void test_empty_batch(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        cfg(k);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = nt_zeros(NT_F32, 4, SH(0, 3, 6, 5)), *idx = NULL;
+        nt_tensor *ys[4] = {
+            nt_max_pool2d(x, SH(2, 2), NULL, NULL, NULL, false, &idx),
+            nt_max_pool2d(x, SH(3, 3), SH(2, 2), SH(1, 1), NULL, true, NULL),
+            nt_avg_pool2d(x, SH(2, 2), NULL, SH(1, 1), false, true),
+            nt_adaptive_avg_pool2d(x, 4, 2),
+        };
+        for (int i = 0; i < 4; i++) {
+            if (!ys[i])
+                fail_msg("pool %d: %s", i, nt_last_error_message());
+            assert_int_equal(nt_numel(ys[i]), 0);
+            assert_int_equal(nt_shape(ys[i], 1), 3);
+        }
+        assert_int_equal(nt_numel(idx), 0);
+        assert_int_equal(nt_scope_end(sc), 0);
+    }
+}
+
 /* NaN: the value is NaN; the index is the first NaN's (PyTorch 1.13's CPU
  * kernel takes the last: documented). */
 static void test_nan(void **state)
@@ -421,33 +489,33 @@ static void test_errors(void **state)
     nt_tensor *x2 = nt_zeros(NT_F32, 2, SH(5, 5));
     nt_tensor *x0 = nt_zeros(NT_F32, 3, SH(2, 0, 5));
     nt_tensor *idx = (nt_tensor *)1;
-    nt_test_expect_err(nt_max_pool2d(NULL, SH(2, 2), NULL, NULL, NULL, false, &idx) ? 0 : nt_last_error(),
+    nt_test_expect_err(PERR(nt_max_pool2d(NULL, SH(2, 2), NULL, NULL, NULL, false, &idx)),
                        NT_EINVAL, "nt_max_pool2d", "'input'");
     assert_null(idx);
-    nt_test_expect_err(nt_max_pool2d(xi, SH(2, 2), NULL, NULL, NULL, false, NULL) ? 0 : nt_last_error(),
+    nt_test_expect_err(PERR(nt_max_pool2d(xi, SH(2, 2), NULL, NULL, NULL, false, NULL)),
                        NT_EDTYPE, "nt_max_pool2d", "'input'", "i32");
-    nt_test_expect_err(nt_avg_pool2d(x2, SH(2, 2), NULL, NULL, false, true) ? 0 : nt_last_error(),
+    nt_test_expect_err(PERR(nt_avg_pool2d(x2, SH(2, 2), NULL, NULL, false, true)),
                        NT_ESHAPE, "nt_avg_pool2d", "'input'", "[5, 5]");
-    nt_test_expect_err(nt_adaptive_avg_pool2d(x0, 1, 1) ? 0 : nt_last_error(), NT_ESHAPE,
+    nt_test_expect_err(PERR(nt_adaptive_avg_pool2d(x0, 1, 1)), NT_ESHAPE,
                        "nt_adaptive_avg_pool2d", "'input'");
-    nt_test_expect_err(nt_max_pool2d(x, NULL, NULL, NULL, NULL, false, NULL) ? 0 : nt_last_error(),
+    nt_test_expect_err(PERR(nt_max_pool2d(x, NULL, NULL, NULL, NULL, false, NULL)),
                        NT_EINVAL, "nt_max_pool2d", "'kernel_size'");
-    nt_test_expect_err(nt_max_pool2d(x, SH(0, 2), NULL, NULL, NULL, false, NULL) ? 0 : nt_last_error(),
+    nt_test_expect_err(PERR(nt_max_pool2d(x, SH(0, 2), NULL, NULL, NULL, false, NULL)),
                        NT_EINVAL, "nt_max_pool2d", "'kernel_size'");
-    nt_test_expect_err(nt_max_pool2d(x, SH(2, 2), SH(1, 0), NULL, NULL, false, NULL) ? 0 : nt_last_error(),
+    nt_test_expect_err(PERR(nt_max_pool2d(x, SH(2, 2), SH(1, 0), NULL, NULL, false, NULL)),
                        NT_EINVAL, "nt_max_pool2d", "'stride'");
-    nt_test_expect_err(nt_max_pool2d(x, SH(2, 2), NULL, SH(-1, 0), NULL, false, NULL) ? 0 : nt_last_error(),
+    nt_test_expect_err(PERR(nt_max_pool2d(x, SH(2, 2), NULL, SH(-1, 0), NULL, false, NULL)),
                        NT_EINVAL, "nt_max_pool2d", "'padding'");
-    nt_test_expect_err(nt_avg_pool2d(x, SH(3, 3), NULL, SH(1, 2), false, true) ? 0 : nt_last_error(),
+    nt_test_expect_err(PERR(nt_avg_pool2d(x, SH(3, 3), NULL, SH(1, 2), false, true)),
                        NT_EINVAL, "nt_avg_pool2d", "'padding'", "half");
-    nt_test_expect_err(nt_max_pool2d(x, SH(2, 2), NULL, NULL, SH(0, 1), false, NULL) ? 0 : nt_last_error(),
+    nt_test_expect_err(PERR(nt_max_pool2d(x, SH(2, 2), NULL, NULL, SH(0, 1), false, NULL)),
                        NT_EINVAL, "nt_max_pool2d", "'dilation'");
-    nt_test_expect_err(nt_max_pool2d(x, SH(6, 2), NULL, NULL, NULL, false, NULL) ? 0 : nt_last_error(),
+    nt_test_expect_err(PERR(nt_max_pool2d(x, SH(6, 2), NULL, NULL, NULL, false, NULL)),
                        NT_ESHAPE, "nt_max_pool2d", "'input'", "output");
-    nt_test_expect_err(nt_max_pool2d(nt_zeros(NT_F32, 3, SH(1, 2, 2)), SH(2, 2), NULL, SH(1, 1),
-                                     SH(3, 1), false, NULL) ? 0 : nt_last_error(),
+    nt_test_expect_err(PERR(nt_max_pool2d(nt_zeros(NT_F32, 3, SH(1, 2, 2)), SH(2, 2), NULL, SH(1, 1),
+                                     SH(3, 1), false, NULL)),
                        NT_ESHAPE, "nt_max_pool2d", "padding", "'dilation'");
-    nt_test_expect_err(nt_adaptive_avg_pool2d(x, 0, 2) ? 0 : nt_last_error(), NT_EINVAL,
+    nt_test_expect_err(PERR(nt_adaptive_avg_pool2d(x, 0, 2)), NT_EINVAL,
                        "nt_adaptive_avg_pool2d", "'output_size'");
     assert_int_equal(nt_scope_end(sc), 0);
 }
@@ -458,6 +526,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_torch_refs, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_double_refs, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bits_across_configs, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_captured, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_empty_batch, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_nan, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_gradcheck, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bf16, nt_test_setup, nt_test_teardown),
