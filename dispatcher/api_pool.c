@@ -12,9 +12,9 @@
  *      flat positions (nt_index_select, a zero after the plane for the
  *      slots past a window);
  *   2. max: the maximum over K, then the first slot inside the input that
- *      holds it (or is NaN) chosen by a chain of nt_where from the last
- *      slot down: its value (x's bits; the gradient goes to it alone) and
- *      its flat position (the indices);
+ *      holds it (a chain of nt_where from the last slot down) or, in a
+ *      window with a NaN, the last NaN (PyTorch's rule): its value (x's
+ *      bits; the gradient goes to it alone) and its flat position;
  *      avg: the sum over K in slot order from +0 (K <= POOL_SEQ_MAX: one
  *      nt_add per slot; larger windows: nt_sum's canonical order, then
  *      + 0), divided by the window's divisor (adaptive: by kh, then by kw).
@@ -298,15 +298,6 @@ static nt_tensor *as_row(const pctx *P, nt_tensor *t, const pgeo *g, bool ints)
     return t ? nt_reshape_at(P->site, t, 2, (int64_t[]){1, g->OH * g->OW}) : NULL;
 }
 
-/* Slot (a, b)'s flat position (oh s0 - p0 + a d0) W + ow s1 - p1 + b d1
- * in each window: i32 [1, L] (a padding slot's is never used). */
-static nt_tensor *slot_pos(const pctx *P, const pgeo *g, int64_t a, int64_t b)
-{
-    nt_tensor *r = ramp(P, g->OH, (double)(g->s[0] * g->W), (double)((a * g->d[0] - g->p[0]) * g->W));
-    nt_tensor *c = r ? ramp(P, g->OW, (double)g->s[1], (double)(b * g->d[1] - g->p[1])) : NULL;
-    return as_row(P, c ? outer(P, NT_OP_ADD, r, c) : NULL, g, true);
-}
-
 /* Whether slot i of every window along dim d (0 rows, 1 columns) is inside. */
 static bool all_inside(const pgeo *g, int d, int64_t i)
 {
@@ -383,6 +374,53 @@ static int pool_end(pctx *P, nt_tensor **a, nt_tensor **b)
     return *a && (!b || *b) ? 0 : nt_last_error();
 }
 
+/* The slot PyTorch's scan (val > maxval || isnan(val)) picks in each
+ * window, f32 [N, C, 1, L] (no gradient): the first hit (a where chain
+ * from the last slot down) or, where m is NaN, the last NaN (a chain from
+ * slot 0 up). */
+static nt_tensor *pick_slot(const pctx *P, int64_t K, nt_tensor *hit, nt_tensor *isn, nt_tensor *m)
+{
+    nt_tensor *s1 = cst(P, (double)(K - 1)), *s2 = cst(P, 0.0);
+    for (int64_t k = K - 2; s1 && k >= 0; k--)
+        s1 = nt_where_at(P->site, nt_slice_at(P->site, hit, 2, k, k + 1, 1), cst(P, (double)k), s1);
+    for (int64_t k = 1; s2 && k < K; k++)
+        s2 = nt_where_at(P->site, nt_slice_at(P->site, isn, 2, k, k + 1, 1), cst(P, (double)k), s2);
+    nt_tensor *mn = s1 && s2 ? nt__binary(P->site, P->fn, NT_OP_NE, m, m) : NULL;
+    return mn ? nt_where_at(P->site, mn, s2, s1) : NULL;
+}
+
+/* Slot s's value of w (a where chain; the gradient goes to it alone). */
+static nt_tensor *slot_value(const pctx *P, int64_t K, nt_tensor *w, nt_tensor *s)
+{
+    nt_tensor *v = nt_slice_at(P->site, w, 2, K - 1, K, 1);
+    for (int64_t k = K - 2; v && k >= 0; k--) {
+        nt_tensor *c = nt__binary(P->site, P->fn, NT_OP_EQ, s, cst(P, (double)k));
+        v = c ? nt_where_at(P->site, c, nt_slice_at(P->site, w, 2, k, k + 1, 1), v) : NULL;
+    }
+    return v;
+}
+
+/* Slot s's flat position (oh s0 - p0 + a d0) W + ow s1 - p1 + b d1 with
+ * a = floor(s / k1), b = s - a k1: i32 [N, C, 1, L]. */
+static nt_tensor *slot_position(const pctx *P, const pgeo *g, nt_tensor *s)
+{
+    nt_tensor *r = ramp(P, g->OH, (double)(g->s[0] * g->W), (double)(-g->p[0] * g->W));
+    nt_tensor *c = r ? ramp(P, g->OW, (double)g->s[1], (double)-g->p[1]) : NULL;
+    nt_tensor *base = as_row(P, c ? outer(P, NT_OP_ADD, r, c) : NULL, g, false);
+    nt_tensor *a = base ? nt__unary(P->site, P->fn, NT_OP_FLOOR,
+                                    nt__scalar(P->site, P->fn, NT_OP_DIV_SCALAR, s, (double)g->k[1], 0))
+                        : NULL;
+    nt_tensor *b = a ? nt__binary(P->site, P->fn, NT_OP_SUB, s,
+                                  nt__scalar(P->site, P->fn, NT_OP_MUL_SCALAR, a, (double)g->k[1], 0))
+                     : NULL;
+    nt_tensor *t = b ? nt__binary(P->site, P->fn, NT_OP_ADD,
+                                  nt__scalar(P->site, P->fn, NT_OP_MUL_SCALAR, a, (double)(g->d[0] * g->W), 0),
+                                  nt__scalar(P->site, P->fn, NT_OP_MUL_SCALAR, b, (double)g->d[1], 0))
+                     : NULL;
+    t = t ? nt__binary(P->site, P->fn, NT_OP_ADD, t, base) : NULL;
+    return t ? nt_cast_at(P->site, t, NT_I32) : NULL;
+}
+
 static nt_tensor *max_tiled(const pctx *P, nt_tensor *x, const pgeo *g)
 {
     nt_tensor *r = tiles(P, x, g);
@@ -406,30 +444,20 @@ NT_API nt_tensor *nt_max_pool2d_at(const nt_site *site, nt_tensor *x, const int6
         nt_tensor *y = max_tiled(&P, x, &g);
         return pool_end(&P, &y, NULL) ? NULL : y;
     }
-    int64_t K = g.k[0] * g.k[1], L = g.OH * g.OW;
     bool ok;
     nt_tensor *V = inside_mask(&P, &g, &ok);
     /* the windows, -inf in the padding; m their maxima (no gradient) */
     nt_tensor *w = ok ? stack_windows(&P, x, &g, -INFINITY) : NULL;
     nt_tensor *wd = w ? nt_detach(w) : NULL;
     nt_tensor *m = wd ? nt__reduce(site, P.fn, NT_OP_MAX, wd, 2, true) : NULL;
-    /* hit: a slot inside the input holding the maximum (a NaN when it is NaN) */
-    nt_tensor *hit = m ? nt__binary(site, P.fn, NT_OP_ADD, nt__binary(site, P.fn, NT_OP_EQ, wd, m),
-                                    nt__binary(site, P.fn, NT_OP_NE, wd, wd))
-                       : NULL;
+    /* hit: a slot inside the input holding the maximum; isn: a NaN */
+    nt_tensor *hit = m ? nt__binary(site, P.fn, NT_OP_EQ, wd, m) : NULL;
     hit = hit && V ? nt__binary(site, P.fn, NT_OP_MUL, hit, V) : hit;
-    /* the first hit, from the last slot down: its value (x's bits; the
-     * gradient goes to it alone) and its flat position */
-    nt_tensor *v = hit ? nt_slice_at(site, w, 2, K - 1, K, 1) : NULL;
-    nt_tensor *idx = v && indices ? slot_pos(&P, &g, g.k[0] - 1, g.k[1] - 1) : v;
-    for (int64_t k = K - 2; idx && k >= 0; k--) {
-        nt_tensor *c = nt_slice_at(site, hit, 2, k, k + 1, 1);
-        v = c ? nt_where_at(site, c, nt_slice_at(site, w, 2, k, k + 1, 1), v) : NULL;
-        idx = v && indices ? nt_where_at(site, c, slot_pos(&P, &g, k / g.k[1], k % g.k[1]), idx) : v;
-    }
-    v = idx ? to_out(&P, v, &g) : NULL;
-    if (v && indices && K == 1)
-        idx = nt_expand_at(site, idx, 4, (int64_t[]){g.N, g.C, 1, L});
+    nt_tensor *isn = hit ? nt__binary(site, P.fn, NT_OP_NE, wd, wd) : NULL;
+    int64_t K = g.k[0] * g.k[1];
+    nt_tensor *sl = isn ? pick_slot(&P, K, hit, isn, m) : NULL;
+    nt_tensor *v = sl ? to_out(&P, slot_value(&P, K, w, sl), &g) : NULL;
+    nt_tensor *idx = v && indices ? slot_position(&P, &g, sl) : NULL;
     idx = v && indices ? to_out(&P, nt_contiguous_at(site, idx), &g) : NULL;
     if (pool_end(&P, &v, indices ? (*indices = idx, indices) : NULL))
         return NULL;

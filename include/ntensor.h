@@ -573,8 +573,8 @@ NT_API nt_tensor *nt_kl_div(nt_tensor *input, nt_tensor *target, nt_reduction re
  *  stride NULL is kernel (PyTorch's default), padding NULL is 0, dilation
  *  NULL is 1; ceil_mode as PyTorch (a last window must start inside the
  *  input or the left padding).  The maximum is the first in the window's
- *  row-major order; a NaN counts as the maximum (PyTorch 1.13's CPU kernel
- *  takes the last NaN; here the first).  *indices (if indices is non-NULL)
+ *  row-major order, or the window's last NaN (PyTorch 1.13's CPU kernel's
+ *  rule).  *indices (if indices is non-NULL)
  *  gets the i32 flat position ih * W + iw of each maximum in its plane
  *  (PyTorch's are int64).  The gradient goes to that element (the
  *  windows' contributions added by autograd).  Errors name the argument: NULL or

@@ -357,25 +357,28 @@ static void test_empty_batch(void **state)
     }
 }
 
-/* NaN: the value is NaN; the index is the first NaN's (PyTorch 1.13's CPU
- * kernel takes the last: documented). */
+/* NaN: the value is NaN and the index the window's last NaN, as PyTorch
+ * 1.13's CPU kernel (val > maxval || isnan(val)); the gradient goes there. */
 static void test_nan(void **state)
 {
     (void)state;
     for (int k = 0; k < 2; k++) {
         cfg(k);
         nt_scope *sc = nt_scope_begin();
-        float x[8] = {1, NAN, 3, NAN, 0, 2, NAN, 5};
-        nt_tensor *idx = NULL;
-        nt_tensor *y = nt_max_pool2d(nt_from_host(x, NT_F32, 4, SH(1, 1, 2, 4)), SH(2, 2), NULL,
-                                     NULL, NULL, false, &idx);
-        float o[2];
+        float x[8] = {1, NAN, 3, NAN, 0, 2, NAN, 5}, o[2], gx[8];
         int32_t i[2];
+        nt_tensor *xt = nt_from_host(x, NT_F32, 4, SH(1, 1, 2, 4)), *idx = NULL;
+        assert_int_equal(nt_set_requires_grad(xt, true), 0);
+        nt_tensor *y = nt_max_pool2d(xt, SH(2, 2), NULL, NULL, NULL, false, &idx);
+        assert_int_equal(nt_backward(nt_sum(nt_reshape(y, 1, SH(-1)), 0, false)), 0);
         assert_int_equal(nt_to_host(y, o, sizeof o), 0);
         assert_int_equal(nt_to_host(idx, i, sizeof i), 0);
+        assert_int_equal(nt_to_host(nt_grad(xt), gx, sizeof gx), 0);
         assert_true(isnan(o[0]) && isnan(o[1]));
         assert_int_equal(i[0], 1);
-        assert_int_equal(i[1], 3);
+        assert_int_equal(i[1], 6);
+        for (int j = 0; j < 8; j++)
+            assert_true(gx[j] == (j == 1 || j == 6 ? 1.0f : 0.0f));
         assert_int_equal(nt_scope_end(sc), 0);
     }
 }

@@ -61,11 +61,15 @@ def main():
     # ties (small integers), overlapping windows, +-0
     case("max", torch.randint(-2, 3, (2, 2, 7, 7)).float(), (3, 3), (1, 2), (1, 1))
     case("max", torch.tensor([[[[-0.0, 0.0, 0.0, -0.0], [0.0, -0.0, -0.0, 0.0]]]]), (2, 2), (2, 2))
-    # -inf windows, NaN (PyTorch takes the last NaN; nt the first: values only for NaN)
+    # -inf windows, NaN (the last NaN of a window, as PyTorch)
     xi = r(1, 2, 5, 5)
     xi[0, 0, :3, :3] = -inf
     xi[0, 1, 2, 2] = inf
     case("max", xi, (3, 3), (2, 2), (1, 1))
+    xn = r(2, 2, 5, 6)
+    xn[0, 0, 1, 1] = xn[0, 0, 2, 3] = xn[0, 0, 3, 2] = xn[1, 1, 0, 0] = nan
+    xn[1, 0, 4, 5] = -inf
+    case("max", xn, (3, 3), (1, 2), (1, 1), (1, 1), True)
     # avg_pool2d
     case("avg", r(2, 3, 6, 6), (2, 2), (2, 2))
     case("avg", r(1, 2, 7, 5), (3, 2), (2, 1), (1, 1), cip=True)
