@@ -374,6 +374,12 @@ static int pool_end(pctx *P, nt_tensor **a, nt_tensor **b)
     return *a && (!b || *b) ? 0 : nt_last_error();
 }
 
+/* f32 [K, 1]: 0, 1, ..., K - 1. */
+static nt_tensor *slot_numbers(const pctx *P, int64_t K)
+{
+    return column(P, ramp(P, K, 1.0, 0.0));
+}
+
 /* The slot PyTorch's scan (val > maxval || isnan(val)) picks in each
  * window, f32 [N, C, 1, L] (no gradient): the first hit (a where chain
  * from the last slot down) or, where m is NaN, the last NaN (a chain from
@@ -389,12 +395,15 @@ static nt_tensor *pick_slot(const pctx *P, int64_t K, nt_tensor *hit, nt_tensor 
     return mn ? nt_where_at(P->site, mn, s2, s1) : NULL;
 }
 
-/* Slot s's value of w (a where chain; the gradient goes to it alone). */
+/* Slot s's value of w: a where chain on s == k from the last slot down
+ * (the gradient goes to that element alone). */
 static nt_tensor *slot_value(const pctx *P, int64_t K, nt_tensor *w, nt_tensor *s)
 {
-    nt_tensor *v = nt_slice_at(P->site, w, 2, K - 1, K, 1);
+    nt_tensor *ks = slot_numbers(P, K);
+    nt_tensor *one = ks ? nt__binary(P->site, P->fn, NT_OP_EQ, ks, s) : NULL;
+    nt_tensor *v = one ? nt_slice_at(P->site, w, 2, K - 1, K, 1) : NULL;
     for (int64_t k = K - 2; v && k >= 0; k--) {
-        nt_tensor *c = nt__binary(P->site, P->fn, NT_OP_EQ, s, cst(P, (double)k));
+        nt_tensor *c = nt_slice_at(P->site, one, 2, k, k + 1, 1);
         v = c ? nt_where_at(P->site, c, nt_slice_at(P->site, w, 2, k, k + 1, 1), v) : NULL;
     }
     return v;
@@ -414,7 +423,8 @@ static nt_tensor *slot_position(const pctx *P, const pgeo *g, nt_tensor *s)
                                   nt__scalar(P->site, P->fn, NT_OP_MUL_SCALAR, a, (double)g->k[1], 0))
                      : NULL;
     nt_tensor *t = b ? nt__binary(P->site, P->fn, NT_OP_ADD,
-                                  nt__scalar(P->site, P->fn, NT_OP_MUL_SCALAR, a, (double)(g->d[0] * g->W), 0),
+                                  nt__scalar(P->site, P->fn, NT_OP_MUL_SCALAR, a,
+                                             (double)(g->d[0] * g->W), 0),
                                   nt__scalar(P->site, P->fn, NT_OP_MUL_SCALAR, b, (double)g->d[1], 0))
                      : NULL;
     t = t ? nt__binary(P->site, P->fn, NT_OP_ADD, t, base) : NULL;
