@@ -8,7 +8,8 @@
  *            tensor: the pooling a PyTorch user writes with view + amax);
  *   strided: nt_maximum of the even and odd columns (nt_slice with step 2),
  *            then of the even and odd rows of that;
- *   amax:    nt_amax of the reshape over the dim list {3, 5} (printed too).
+ *   amax:    nt_amax of the reshape over the dim list {3, 5} (printed too);
+ *   nt_max_pool2d with kernel 2 (printed too: the pooling op's composite).
  * Both give the same values (checked bit for bit).  Each is run a few times
  * after a warm-up, in deterministic mode, and its simulated time per pool
  * (nt_stats' sim_time_ns) printed with the ratio reduce / strided against
@@ -39,6 +40,13 @@ static nt_tensor *pool_strided(nt_tensor *x, const int64_t *s)
 {
     nt_tensor *w = nt_maximum(nt_slice(x, 3, 0, s[3], 2), nt_slice(x, 3, 1, s[3], 2));
     return nt_maximum(nt_slice(w, 2, 0, s[2], 2), nt_slice(w, 2, 1, s[2], 2));
+}
+
+/* nt_max_pool2d (2x2, stride 2): its composite (docs/ops.md, Pooling). */
+static nt_tensor *pool_op(nt_tensor *x, const int64_t *s)
+{
+    (void)s;
+    return nt_max_pool2d(x, (const int64_t[]){2, 2}, NULL, NULL, NULL, false, NULL);
 }
 
 /* Simulated ns of one call of f (its result kept in *out). */
@@ -72,13 +80,14 @@ int main(int argc, char **argv)
     nt_tensor *x = nt_randn(NT_F32, 4, s, 1);
     if (!x)
         bench_fail("randn");
-    double tr[REPS], ts[REPS], ta[REPS];
-    nt_tensor *yr = NULL, *ys = NULL, *ya = NULL;
+    double tr[REPS], ts[REPS], ta[REPS], tp[REPS];
+    nt_tensor *yr = NULL, *ys = NULL, *ya = NULL, *yp = NULL;
     for (int rep = -1; rep < REPS; rep++) { /* rep -1: the warm-up */
         double a = sim_ns(pool_reduce, x, s, &yr), b = sim_ns(pool_strided, x, s, &ys);
         double c = sim_ns(pool_amax, x, s, &ya);
+        double d = sim_ns(pool_op, x, s, &yp);
         if (rep >= 0)
-            tr[rep] = a, ts[rep] = b, ta[rep] = c;
+            tr[rep] = a, ts[rep] = b, ta[rep] = c, tp[rep] = d;
     }
     int64_t n = s[0] * s[1] * (s[2] / 2) * (s[3] / 2);
     float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
@@ -89,6 +98,9 @@ int main(int argc, char **argv)
     bool same = memcmp(a, b, sizeof(float) * (size_t)n) == 0;
     bench_check(nt_to_host(ya, b, sizeof(float) * (size_t)n), "to_host");
     same &= memcmp(a, b, sizeof(float) * (size_t)n) == 0;
+    bench_check(nt_to_host(yp, b, sizeof(float) * (size_t)n), "to_host");
+    same &= memcmp(a, b, sizeof(float) * (size_t)n) == 0;
+    double pm = bench_median(tp, REPS);
     double r = bench_median(tr, REPS), t = bench_median(ts, REPS), am = bench_median(ta, REPS);
     printf("2x2 max-pool of f32 [%lld, %lld, %lld, %lld] on the simulated NeuronCore\n",
            (long long)s[0], (long long)s[1], (long long)s[2], (long long)s[3]);
@@ -96,6 +108,8 @@ int main(int argc, char **argv)
     printf("  strided (nt_maximum of step-2 slices, twice):    %9.1f us simulated\n", t / 1e3);
     printf("  amax    (reshape, nt_amax over dims {3, 5}):      %9.1f us simulated (%.2fx)\n",
            am / 1e3, am / t);
+    printf("  nt_max_pool2d (2x2, stride 2, its composite):      %9.1f us simulated (%.2fx)\n",
+           pm / 1e3, pm / t);
     printf("  ratio reduce / strided: %.2fx (target <= 1.5x: %s); results %s\n", r / t,
            r <= 1.5 * t ? "met" : "NOT met", same ? "bit-identical" : "DIFFER");
     free(a);

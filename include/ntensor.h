@@ -566,6 +566,37 @@ NT_API nt_tensor *nt_huber_loss(nt_tensor *a, nt_tensor *b, nt_reduction reducti
  *  the sum for a 0-d input), PyTorch's mathematically correct mean. */
 NT_API nt_tensor *nt_kl_div(nt_tensor *input, nt_tensor *target, nt_reduction reduction,
                             bool log_target);
+/** torch.nn.functional.max_pool2d of x [N, C, H, W] or [C, H, W] (f32, bf16,
+ *  f16): out[n, c, oh, ow] = the maximum of the window of kernel[0] x
+ *  kernel[1] elements starting at (oh * stride[0] - padding[0], ow *
+ *  stride[1] - padding[1]), dilation apart; padding is -inf (never chosen).
+ *  stride NULL is kernel (PyTorch's default), padding NULL is 0, dilation
+ *  NULL is 1; ceil_mode as PyTorch (a last window must start inside the
+ *  input or the left padding).  The maximum is the first in the window's
+ *  row-major order, or the window's last NaN (PyTorch 1.13's CPU kernel's
+ *  rule).  *indices (if indices is non-NULL)
+ *  gets the i32 flat position ih * W + iw of each maximum in its plane
+ *  (PyTorch's are int64).  The gradient goes to that element (the
+ *  windows' contributions added by autograd).  Errors name the argument: NULL or
+ *  non-float x (NT_EDTYPE); x not 3- or 4-D or a C, H or W of 0
+ *  (NT_ESHAPE); NULL kernel, kernel/stride/dilation < 1, padding < 0 or
+ *  above kernel / 2 (NT_EINVAL); an output size < 1 or a window wholly in
+ *  the padding (NT_ESHAPE).  docs/ops.md gives the composite. */
+NT_API nt_tensor *nt_max_pool2d(nt_tensor *x, const int64_t *kernel, const int64_t *stride,
+                                const int64_t *padding, const int64_t *dilation, bool ceil_mode,
+                                nt_tensor **indices);
+/** torch.nn.functional.avg_pool2d (no divisor_override): the window sum
+ *  (padding counts as 0) divided by the window's size, which counts the
+ *  padding inside input + padding when count_include_pad, else only the
+ *  input elements.  Arguments and errors as nt_max_pool2d's (no dilation).
+ *  Computed in f32, rounded once to x's dtype. */
+NT_API nt_tensor *nt_avg_pool2d(nt_tensor *x, const int64_t *kernel, const int64_t *stride,
+                                const int64_t *padding, bool ceil_mode, bool count_include_pad);
+/** torch.nn.functional.adaptive_avg_pool2d to out_h x out_w: output (i, j)
+ *  averages rows [floor(i H / out_h), ceil((i + 1) H / out_h)) and the
+ *  columns likewise, as sum / kh / kw in f32, rounded once to x's dtype.
+ *  out_h, out_w >= 1 (NT_EINVAL); x as nt_max_pool2d's. */
+NT_API nt_tensor *nt_adaptive_avg_pool2d(nt_tensor *x, int64_t out_h, int64_t out_w);
 /** Training mode, per thread like nt_no_grad_begin; a thread starts in it.
  *  Only nt_dropout reads it (the identity when off, as PyTorch's eval()). */
 NT_API void nt_set_training(bool on);

@@ -157,6 +157,15 @@ NT_API nt_tensor *nt_huber_loss_at(const nt_site *site, nt_tensor *a, nt_tensor 
                                    nt_reduction reduction, double delta);
 NT_API nt_tensor *nt_kl_div_at(const nt_site *site, nt_tensor *input, nt_tensor *target,
                                nt_reduction reduction, bool log_target);
+NT_API nt_tensor *nt_max_pool2d_at(const nt_site *site, nt_tensor *x, const int64_t *kernel,
+                                   const int64_t *stride, const int64_t *padding,
+                                   const int64_t *dilation, bool ceil_mode,
+                                   nt_tensor **indices);
+NT_API nt_tensor *nt_avg_pool2d_at(const nt_site *site, nt_tensor *x, const int64_t *kernel,
+                                   const int64_t *stride, const int64_t *padding,
+                                   bool ceil_mode, bool count_include_pad);
+NT_API nt_tensor *nt_adaptive_avg_pool2d_at(const nt_site *site, nt_tensor *x, int64_t out_h,
+                                            int64_t out_w);
 NT_API nt_tensor *nt_dropout_at(const nt_site *site, nt_tensor *x, double p, uint64_t seed);
 NT_API nt_tensor *nt_dropout_gen_at(const nt_site *site, nt_tensor *x, double p,
                                     nt_generator *g, uint64_t index);
@@ -397,6 +406,9 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(nt_tensor *, nt_smooth_l1_loss, (nt_tensor *a, nt_tensor *b, nt_reduction reduction, double beta), (const nt_site *site, nt_tensor *a, nt_tensor *b, nt_reduction reduction, double beta), 4) \
     X(nt_tensor *, nt_huber_loss, (nt_tensor *a, nt_tensor *b, nt_reduction reduction, double delta), (const nt_site *site, nt_tensor *a, nt_tensor *b, nt_reduction reduction, double delta), 4) \
     X(nt_tensor *, nt_kl_div, (nt_tensor *input, nt_tensor *target, nt_reduction reduction, bool log_target), (const nt_site *site, nt_tensor *input, nt_tensor *target, nt_reduction reduction, bool log_target), 4) \
+    X(nt_tensor *, nt_max_pool2d, (nt_tensor *x, const int64_t *kernel, const int64_t *stride, const int64_t *padding, const int64_t *dilation, bool ceil_mode, nt_tensor **indices), (const nt_site *site, nt_tensor *x, const int64_t *kernel, const int64_t *stride, const int64_t *padding, const int64_t *dilation, bool ceil_mode, nt_tensor **indices), 7) \
+    X(nt_tensor *, nt_avg_pool2d, (nt_tensor *x, const int64_t *kernel, const int64_t *stride, const int64_t *padding, bool ceil_mode, bool count_include_pad), (const nt_site *site, nt_tensor *x, const int64_t *kernel, const int64_t *stride, const int64_t *padding, bool ceil_mode, bool count_include_pad), 6) \
+    X(nt_tensor *, nt_adaptive_avg_pool2d, (nt_tensor *x, int64_t out_h, int64_t out_w), (const nt_site *site, nt_tensor *x, int64_t out_h, int64_t out_w), 3) \
     X(nt_tensor *, nt_dropout, (nt_tensor *x, double p, uint64_t seed), (const nt_site *site, nt_tensor *x, double p, uint64_t seed), 3) \
     X(nt_tensor *, nt_dropout_gen, (nt_tensor *x, double p, nt_generator *g, uint64_t index), (const nt_site *site, nt_tensor *x, double p, nt_generator *g, uint64_t index), 4) \
     X(nt_tensor *, nt_dropout_next, (nt_tensor *x, double p, nt_generator *g), (const nt_site *site, nt_tensor *x, double p, nt_generator *g), 3) \
@@ -588,6 +600,9 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_smooth_l1_loss(...) nt_smooth_l1_loss_at(NT_HERE, __VA_ARGS__)
 #define nt_huber_loss(...) nt_huber_loss_at(NT_HERE, __VA_ARGS__)
 #define nt_kl_div(...) nt_kl_div_at(NT_HERE, __VA_ARGS__)
+#define nt_max_pool2d(...) nt_max_pool2d_at(NT_HERE, __VA_ARGS__)
+#define nt_avg_pool2d(...) nt_avg_pool2d_at(NT_HERE, __VA_ARGS__)
+#define nt_adaptive_avg_pool2d(...) nt_adaptive_avg_pool2d_at(NT_HERE, __VA_ARGS__)
 #define nt_dropout(...) nt_dropout_at(NT_HERE, __VA_ARGS__)
 #define nt_dropout_gen(...) nt_dropout_gen_at(NT_HERE, __VA_ARGS__)
 #define nt_dropout_next(...) nt_dropout_next_at(NT_HERE, __VA_ARGS__)
