@@ -161,6 +161,26 @@ static inline int nt_test_dir_remove(void)
 
 #ifdef cmocka_unit_test /* the parts that assert */
 
+/* The eight settings a test that compares bits runs an op in: backend,
+ * mode, fusion.  nt_test_cfg(k) makes setting k current; on the simulator
+ * NT_REQUIRE_SIM is on, so it runs every op itself (no silent CPU
+ * fallback). */
+static const char *const NT_TEST_CFGS[][3] = {
+    {"cpu", "deterministic", "1"}, {"sim", "deterministic", "1"}, {"cpu", "adaptive", "1"},
+    {"sim", "adaptive", "1"},      {"cpu", "lazy", "1"},          {"sim", "lazy", "1"},
+    {"sim", "eager", "0"},         {"cpu", "eager", "0"},
+};
+enum { NT_TEST_NCFG = sizeof NT_TEST_CFGS / sizeof NT_TEST_CFGS[0] };
+
+static inline void nt_test_cfg(int k)
+{
+    assert_int_equal(nt_config_set("NT_BACKEND", NT_TEST_CFGS[k][0]), 0);
+    assert_int_equal(
+        nt_config_set("NT_REQUIRE_SIM", strcmp(NT_TEST_CFGS[k][0], "sim") ? "0" : "1"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", NT_TEST_CFGS[k][1]), 0);
+    assert_int_equal(nt_config_set("NT_FUSION", NT_TEST_CFGS[k][2]), 0);
+}
+
 /* A fresh runtime per test, with no error left over. */
 static inline int nt_test_setup(void **state)
 {

@@ -35,22 +35,6 @@ uint64_t nt__tensor_live_handles(void); /* core/tensor.c */
 #define PERR(call) ((call) ? 0 : nt_last_error()) /* a failed pointer call's code */
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 
-/* backend, mode, fusion */
-static const char *const CFGS[][3] = {
-    {"cpu", "deterministic", "1"}, {"sim", "deterministic", "1"}, {"cpu", "adaptive", "1"},
-    {"sim", "adaptive", "1"},      {"cpu", "lazy", "1"},          {"sim", "lazy", "1"},
-    {"sim", "eager", "0"},         {"cpu", "eager", "0"},
-};
-enum { NCFG = sizeof CFGS / sizeof CFGS[0] };
-
-static void cfg(int k)
-{
-    assert_int_equal(nt_config_set("NT_BACKEND", CFGS[k][0]), 0);
-    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", strcmp(CFGS[k][0], "sim") ? "0" : "1"), 0);
-    assert_int_equal(nt_config_set("NT_MODE", CFGS[k][1]), 0);
-    assert_int_equal(nt_config_set("NT_FUSION", CFGS[k][2]), 0);
-}
-
 static float fbits(uint32_t u)
 {
     float f;
@@ -375,7 +359,7 @@ static bool sl1_zero(const lr_case *c, int64_t i)
 static void test_torch_refs(void **state)
 {
     (void)state;
-    cfg(0);
+    nt_test_cfg(0);
     for (int ci = 0; ci < LR_NCASES; ci++) {
         const lr_case *c = &lr_cases[ci];
         run R = run_case(c, NT_F32);
@@ -419,7 +403,7 @@ static void test_torch_refs(void **state)
 static void test_double_refs(void **state)
 {
     (void)state;
-    cfg(0);
+    nt_test_cfg(0);
     for (int ci = 0; ci < LR_NCASES; ci++) {
         const lr_case *c = &lr_cases[ci];
         run R = run_case(c, NT_F32);
@@ -458,16 +442,16 @@ static void test_bits_across_configs(void **state)
     (void)state;
     for (int ci = 0; ci < LR_NCASES; ci++) {
         const lr_case *c = &lr_cases[ci];
-        cfg(0);
+        nt_test_cfg(0);
         run ref = run_case(c, NT_F32);
-        for (int k = 1; k < NCFG; k++) {
-            cfg(k);
+        for (int k = 1; k < NT_TEST_NCFG; k++) {
+            nt_test_cfg(k);
             run R = run_case(c, NT_F32);
             for (int64_t i = 0; i < R.nout; i++)
                 if (ubits(R.out[i]) != ubits(ref.out[i]))
-                    fail_msg("case %d on %s/%s: value[%lld] %a, %s/%s gives %a", ci, CFGS[k][0],
-                             CFGS[k][1], (long long)i, R.out[i], CFGS[0][0], CFGS[0][1],
-                             ref.out[i]);
+                    fail_msg("case %d on %s/%s: value[%lld] %a, %s/%s gives %a", ci,
+                             NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1], (long long)i, R.out[i],
+                             NT_TEST_CFGS[0][0], NT_TEST_CFGS[0][1], ref.out[i]);
             assert_memory_equal(R.gx, ref.gx, (size_t)R.nx * sizeof(float));
             if (R.ny)
                 assert_memory_equal(R.gy, ref.gy, (size_t)R.ny * sizeof(float));
@@ -475,7 +459,7 @@ static void test_bits_across_configs(void **state)
         }
         run_free(&ref);
     }
-    cfg(0);
+    nt_test_cfg(0);
 }
 
 /* A captured forward replayed on fresh inputs: the eager bits. */
@@ -483,7 +467,7 @@ static void test_captured(void **state)
 {
     (void)state;
     for (int k = 4; k <= 5; k++) { /* cpu and sim, lazy */
-        cfg(k);
+        nt_test_cfg(k);
         for (int ci = 0; ci < LR_NCASES; ci++) {
             const lr_case *c = &lr_cases[ci];
             run R = run_case(c, NT_F32);
@@ -520,7 +504,7 @@ static void test_captured(void **state)
             run_free(&R);
         }
     }
-    cfg(0);
+    nt_test_cfg(0);
 }
 
 /* bf16 inputs: the result is the f32 computation on the widened inputs,
@@ -528,7 +512,7 @@ static void test_captured(void **state)
 static void test_low_precision_and_autocast(void **state)
 {
     (void)state;
-    cfg(0);
+    nt_test_cfg(0);
     for (int ci = 0; ci < LR_NCASES; ci++) {
         const lr_case *c = &lr_cases[ci];
         if (c->kind == LR_CROSS_ENTROPY)
@@ -582,7 +566,8 @@ static nt_tensor *gc_fn(nt_tensor *const *in, void *ctx)
     const gctx *g = ctx;
     switch (g->kind) {
     case LR_BCE: return nt_binary_cross_entropy(nt_sigmoid(in[0]), in[1], NULL, g->red);
-    case LR_BCE_LOGITS: return nt_binary_cross_entropy_with_logits(in[0], in[1], NULL, in[2], g->red);
+    case LR_BCE_LOGITS:
+        return nt_binary_cross_entropy_with_logits(in[0], in[1], NULL, in[2], g->red);
     case LR_NLL: return nt_nll_loss(nt_log_softmax(in[0], 1), g->labels, in[1], 2, g->red);
     case LR_L1: return nt_l1_loss(in[0], in[1], g->red);
     case LR_SMOOTH_L1: return nt_smooth_l1_loss(in[0], in[1], g->red, 0.7);
@@ -597,7 +582,7 @@ static nt_tensor *gc_fn(nt_tensor *const *in, void *ctx)
 static void test_gradcheck(void **state)
 {
     (void)state;
-    cfg(0);
+    nt_test_cfg(0);
     uint64_t s = 7;
     float a[3 * 4 * 5], b[3 * 4 * 5], w[5]; /* w: class weights [4], pos_weight [5] */
     nt_test_fill(a, 60, &s);
@@ -642,8 +627,8 @@ static void test_gradcheck(void **state)
 static void test_cross_entropy_nd_is_2d(void **state)
 {
     (void)state;
-    for (int k = 0; k < NCFG; k += 3) {
-        cfg(k);
+    for (int k = 0; k < NT_TEST_NCFG; k += 3) {
+        nt_test_cfg(k);
         nt_scope *sc = nt_scope_begin();
         uint64_t s = 11;
         float x[2 * 5 * 3 * 4];
@@ -663,9 +648,11 @@ static void test_cross_entropy_nd_is_2d(void **state)
         assert_int_equal(nt_item(nt_cross_entropy_ex(rows, y1, 2, 0.2), &b), 0);
         assert_int_equal(ubits((float)a), ubits((float)b));
         /* nt_cross_entropy_loss without weights, MEAN: the same bits */
-        assert_int_equal(nt_item(nt_cross_entropy_loss(l, lab, NULL, 2, 0.2, NT_REDUCTION_MEAN), &b), 0);
+        assert_int_equal(
+            nt_item(nt_cross_entropy_loss(l, lab, NULL, 2, 0.2, NT_REDUCTION_MEAN), &b), 0);
         assert_int_equal(ubits((float)a), ubits((float)b));
-        assert_int_equal(nt_item(nt_cross_entropy_loss(l, lab, NULL, -100, 0.0, NT_REDUCTION_MEAN), &b), 0);
+        assert_int_equal(
+            nt_item(nt_cross_entropy_loss(l, lab, NULL, -100, 0.0, NT_REDUCTION_MEAN), &b), 0);
         assert_int_equal(nt_item(nt_cross_entropy(l, lab), &a), 0);
         assert_int_equal(ubits((float)a), ubits((float)b));
         /* nt_cross_entropy ignores nothing: -100 is out of range when it runs */
@@ -679,7 +666,7 @@ static void test_cross_entropy_nd_is_2d(void **state)
         }
         assert_int_equal(nt_scope_end(sc), 0);
     }
-    cfg(0);
+    nt_test_cfg(0);
 }
 
 /* ---------------- bad input ---------------- */
@@ -687,7 +674,7 @@ static void test_cross_entropy_nd_is_2d(void **state)
 static void test_loss_errors(void **state)
 {
     (void)state;
-    cfg(0);
+    nt_test_cfg(0);
     nt_scope *sc = nt_scope_begin();
     nt_tensor *x = nt_full(NT_F32, 2, SH(3, 4), 0.5), *y = nt_full(NT_F32, 2, SH(3, 4), 0.25);
     nt_tensor *xi = nt_zeros(NT_I32, 2, SH(3, 4)), *lab = nt_zeros(NT_I32, 1, SH(3));
@@ -752,7 +739,8 @@ static void test_loss_errors(void **state)
     assert_int_equal(nt__tensor_live_handles(), live); /* nothing made, nothing leaked */
     /* a label out of range: an error when it runs */
     int32_t bad[3] = {0, 4, 1};
-    nt_tensor *l = nt_nll_loss(x, nt_from_host(bad, NT_I32, 1, SH(3)), NULL, -100, NT_REDUCTION_SUM);
+    nt_tensor *l =
+        nt_nll_loss(x, nt_from_host(bad, NT_I32, 1, SH(3)), NULL, -100, NT_REDUCTION_SUM);
     double v;
     if (l) {
         assert_int_not_equal(nt_item(l, &v), 0);
@@ -771,7 +759,7 @@ static void test_loss_errors(void **state)
                                                            nt_zeros(NT_I32, 2, SH(2, 3)))),
                        NT_ESHAPE, "nt_cross_entropy", "'labels'", "[2, 3]");
     nt_test_expect_err(PERR(nt_cross_entropy_ex(nt_zeros(NT_F32, 3, SH(2, 3, 4)),
-                                                              nt_zeros(NT_F32, 2, SH(2, 4)), -100, 0)),
+                                                nt_zeros(NT_F32, 2, SH(2, 4)), -100, 0)),
                        NT_EDTYPE, "nt_cross_entropy_ex", "'labels'");
     assert_int_equal(nt_scope_end(sc), 0);
 }
@@ -780,7 +768,7 @@ static void test_loss_errors(void **state)
 static void test_loss_empty(void **state)
 {
     (void)state;
-    cfg(0);
+    nt_test_cfg(0);
     nt_scope *sc = nt_scope_begin();
     nt_tensor *e = nt_zeros(NT_F32, 2, SH(0, 3));
     double v;
@@ -817,8 +805,8 @@ static void test_loss_empty(void **state)
 static void test_clip_grad_value(void **state)
 {
     (void)state;
-    for (int k = 0; k < NCFG; k += 2) {
-        cfg(k);
+    for (int k = 0; k < NT_TEST_NCFG; k += 2) {
+        nt_test_cfg(k);
         nt_scope *sc = nt_scope_begin();
         float v[7] = {-3, -0.5f, 0, 0.25f, 2, 7, -0.0f};
         nt_tensor *p = nt_zeros(NT_F32, 1, SH(7)), *q = nt_zeros(NT_F32, 1, SH(2));
@@ -867,7 +855,7 @@ static void test_clip_grad_value(void **state)
             assert_true(out[i] == 0.0f);
         assert_int_equal(nt_scope_end(sc), 0);
     }
-    cfg(0);
+    nt_test_cfg(0);
 }
 
 /* ---------------- nt_retain_grad, nt_register_hook ---------------- */
@@ -875,7 +863,7 @@ static void test_clip_grad_value(void **state)
 static void test_retain_grad(void **state)
 {
     (void)state;
-    cfg(0);
+    nt_test_cfg(0);
     nt_scope *sc = nt_scope_begin();
     float xv[4] = {1, -2, 3, 0.5f};
     nt_tensor *x = nt_from_host(xv, NT_F32, 1, SH(4));
@@ -949,8 +937,8 @@ static nt_tensor *bad_hook(nt_tensor *g, void *ctx)
 static void test_hooks(void **state)
 {
     (void)state;
-    for (int k = 0; k < NCFG; k += 3) {
-        cfg(k);
+    for (int k = 0; k < NT_TEST_NCFG; k += 3) {
+        nt_test_cfg(k);
         nt_scope *sc = nt_scope_begin();
         float xv[4] = {1, -2, 3, 0.5f};
         nt_tensor *x = nt_from_host(xv, NT_F32, 1, SH(4));
@@ -995,7 +983,7 @@ static void test_hooks(void **state)
                            "nt_register_hook", "u8");
         assert_int_equal(nt_scope_end(sc), 0);
     }
-    cfg(0);
+    nt_test_cfg(0);
 }
 
 int main(void)
@@ -1008,7 +996,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_low_precision_and_autocast, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_gradcheck, nt_test_setup, nt_test_teardown),
-        cmocka_unit_test_setup_teardown(test_cross_entropy_nd_is_2d, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_cross_entropy_nd_is_2d, nt_test_setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_loss_errors, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_loss_empty, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_clip_grad_value, nt_test_setup, nt_test_teardown),

@@ -12,12 +12,11 @@
  * contraction (t = fma(x0, w0, x1 * w1) along W, then fma(t0, h0, t1 * h1),
  * found by probing torch 1.13 here), ntensor rounds every product
  * (-ffp-contract=off, docs/exactness.md), so within 2e-6 absolute (|x| <= 4:
- * a few roundings of terms of at most 4).  Gradients bitwise where each input element receives at most two
- * contributions (two f32 additions from +0 commute exactly: pad constant,
- * roll, sort, and the one-dim reflect pads); elsewhere (several
- * contributions added in g's row-major order, PyTorch's own order
- * differing) within 4e-6 absolute, w and g being in [-1, 1] with at most
- * 16 contributions per element. */
+ * a few roundings of terms of at most 4).  Gradients bitwise where each input element receives at
+ * most two contributions (two f32 additions from +0 commute exactly: pad constant, roll, sort, and
+ * the one-dim reflect pads); elsewhere (several contributions added in g's row-major order,
+ * PyTorch's own order differing) within 4e-6 absolute, w and g being in [-1, 1] with at most 16
+ * contributions per element. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -32,21 +31,6 @@
 #include "ntensor.h"
 #include "nt_test.h"
 #include "torch_refs/padsort.h"
-
-static const char *const CFGS[][3] = {
-    {"cpu", "deterministic", "1"}, {"sim", "deterministic", "1"}, {"cpu", "adaptive", "1"},
-    {"sim", "adaptive", "1"},      {"cpu", "lazy", "1"},          {"sim", "lazy", "1"},
-    {"sim", "eager", "0"},         {"cpu", "eager", "0"},
-};
-enum { NCFG = sizeof CFGS / sizeof CFGS[0] };
-
-static void cfg(int k)
-{
-    assert_int_equal(nt_config_set("NT_BACKEND", CFGS[k][0]), 0);
-    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", strcmp(CFGS[k][0], "sim") ? "0" : "1"), 0);
-    assert_int_equal(nt_config_set("NT_MODE", CFGS[k][1]), 0);
-    assert_int_equal(nt_config_set("NT_FUSION", CFGS[k][2]), 0);
-}
 
 static float f_of(uint32_t u)
 {
@@ -186,8 +170,8 @@ static void test_vs_torch_all_configs(void **state)
     for (int kind = 0; kind < NKIND; kind++)
         for (int ci = 0; ci < NCASE[kind]; ci++) {
             run ref = {0};
-            for (int k = 0; k < NCFG; k++) {
-                cfg(k);
+            for (int k = 0; k < NT_TEST_NCFG; k++) {
+                nt_test_cfg(k);
                 run R = run_case(kind, ci);
                 const uint32_t *wy = kind == K_PAD ? PS_PAD[ci].y : kind == K_ROLL ? PS_ROLL[ci].y
                                    : kind == K_SORT ? PS_SORT[ci].v : PS_INTERP[ci].y;
@@ -201,19 +185,19 @@ static void test_vs_torch_all_configs(void **state)
                 for (int64_t i = 0; i < R.n; i++)
                     if (bil ? !(fabs(R.y[i] - f_of(wy[i])) <= 2e-6) : !same(R.y[i], f_of(wy[i])))
                         fail_msg("%s case %d on %s/%s: y[%lld] = %a, PyTorch %a", KNAME[kind], ci,
-                                 CFGS[k][0], CFGS[k][1], (long long)i, (double)R.y[i],
-                                 (double)f_of(wy[i]));
+                                 NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1], (long long)i,
+                                 (double)R.y[i], (double)f_of(wy[i]));
                 double tol = grad_tol(kind, ci);
                 for (int64_t i = 0; i < R.nx; i++)
                     if (tol ? !(fabs(R.gx[i] - f_of(wg[i])) <= tol) : !same(R.gx[i], f_of(wg[i])))
-                        fail_msg("%s case %d on %s/%s: gx[%lld] = %a, PyTorch %a", KNAME[kind],
-                                 ci, CFGS[k][0], CFGS[k][1], (long long)i, (double)R.gx[i],
-                                 (double)f_of(wg[i]));
+                        fail_msg("%s case %d on %s/%s: gx[%lld] = %a, PyTorch %a", KNAME[kind], ci,
+                                 NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1], (long long)i,
+                                 (double)R.gx[i], (double)f_of(wg[i]));
                 if (kind == K_SORT)
                     for (int64_t i = 0; i < R.n; i++)
                         if (R.ix[i] != PS_SORT[ci].i[i])
                             fail_msg("sort case %d on %s/%s: index[%lld] = %d, PyTorch %d", ci,
-                                     CFGS[k][0], CFGS[k][1], (long long)i, R.ix[i],
+                                     NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1], (long long)i, R.ix[i],
                                      PS_SORT[ci].i[i]);
                 if (k == 0) {
                     ref = R;
@@ -225,7 +209,7 @@ static void test_vs_torch_all_configs(void **state)
             }
             run_free(&ref);
         }
-    cfg(0);
+    nt_test_cfg(0);
 }
 
 /* ---------------- the definitions again, in double ---------------- */
@@ -397,7 +381,7 @@ static void check_gather(int kind, int ci, const run *R, const float *x, const f
 static void test_vs_definition(void **state)
 {
     (void)state;
-    cfg(0);
+    nt_test_cfg(0);
     for (int kind = 0; kind < NKIND; kind++)
         for (int ci = 0; ci < NCASE[kind]; ci++) {
             int nd;
@@ -463,7 +447,7 @@ static void test_gradcheck(void **state)
     static const int cases[][2] = {{0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}, {2, 0},
                                    {2, 1}, {3, 0}, {3, 1}, {3, 2}};
     for (int b = 0; b < 2; b++) {
-        cfg(b);
+        nt_test_cfg(b);
         for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
             gc_ctx c = {cases[k][0], cases[k][1]};
             nt_scope *sc = nt_scope_begin();
@@ -476,12 +460,12 @@ static void test_gradcheck(void **state)
             nt_set_requires_grad(x, true);
             int rc = nt_gradcheck(gc_fn, &x, 1, &c, 1e-2, 1e-3, 1e-3);
             if (rc)
-                fail_msg("%s gradcheck %d on %s: %s", KNAME[c.kind], c.ci, CFGS[b][0],
+                fail_msg("%s gradcheck %d on %s: %s", KNAME[c.kind], c.ci, NT_TEST_CFGS[b][0],
                          nt_last_error_message());
             assert_int_equal(nt_scope_end(sc), 0);
         }
     }
-    cfg(0);
+    nt_test_cfg(0);
 }
 
 /* ---------------- captured ---------------- */
@@ -492,7 +476,7 @@ static void test_captured(void **state)
 {
     (void)state;
     for (int k = 4; k <= 5; k++) { /* cpu and sim, lazy */
-        cfg(k);
+        nt_test_cfg(k);
         for (int kind = 0; kind < NKIND; kind++)
             for (int ci = 0; ci < NCASE[kind]; ci++) {
                 int nd;
@@ -513,7 +497,8 @@ static void test_captured(void **state)
                 assert_int_equal(nt_graph_bind(g, "x", x2), 0);
                 assert_int_equal(nt_graph_replay(g), 0);
                 int64_t n = nt_numel(y);
-                float *a = malloc((size_t)(n + 1) * sizeof *a), *b = malloc((size_t)(n + 1) * sizeof *b);
+                float *a = malloc((size_t)(n + 1) * sizeof *a),
+                      *b = malloc((size_t)(n + 1) * sizeof *b);
                 assert_int_equal(nt_to_host(y, a, (size_t)n * sizeof *a), 0);
                 assert_int_equal(nt_to_host(want, b, (size_t)n * sizeof *b), 0);
                 assert_memory_equal(a, b, (size_t)n * sizeof *a);
@@ -528,7 +513,7 @@ static void test_captured(void **state)
                 assert_int_equal(nt_scope_end(sc), 0);
             }
     }
-    cfg(0);
+    nt_test_cfg(0);
 }
 
 /* ---------------- other dtypes, 0-d, empty, argsort ---------------- */
@@ -537,7 +522,7 @@ static void test_dtypes_and_edges(void **state)
 {
     (void)state;
     for (int b = 0; b < 2; b++) {
-        cfg(b);
+        nt_test_cfg(b);
         nt_scope *sc = nt_scope_begin();
         int32_t xi[6] = {5, -1, 7, 7, 0, -3}, got[40];
         int64_t sh[2] = {2, 3};
@@ -619,7 +604,7 @@ static void test_dtypes_and_edges(void **state)
         assert_memory_equal(got, xi, sizeof xi);
         assert_int_equal(nt_scope_end(sc), 0);
     }
-    cfg(0);
+    nt_test_cfg(0);
 }
 
 /* ---------------- bad input ---------------- */

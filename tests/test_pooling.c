@@ -29,22 +29,6 @@
 #define PERR(call) ((call) ? 0 : nt_last_error()) /* a failed pointer call's code */
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 
-/* backend, mode, fusion */
-static const char *const CFGS[][3] = {
-    {"cpu", "deterministic", "1"}, {"sim", "deterministic", "1"}, {"cpu", "adaptive", "1"},
-    {"sim", "adaptive", "1"},      {"cpu", "lazy", "1"},          {"sim", "lazy", "1"},
-    {"sim", "eager", "0"},         {"cpu", "eager", "0"},
-};
-enum { NCFG = sizeof CFGS / sizeof CFGS[0] };
-
-static void cfg(int k)
-{
-    assert_int_equal(nt_config_set("NT_BACKEND", CFGS[k][0]), 0);
-    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", strcmp(CFGS[k][0], "sim") ? "0" : "1"), 0);
-    assert_int_equal(nt_config_set("NT_MODE", CFGS[k][1]), 0);
-    assert_int_equal(nt_config_set("NT_FUSION", CFGS[k][2]), 0);
-}
-
 static float fbits(uint32_t u)
 {
     float f;
@@ -119,7 +103,8 @@ static run run_case(const pool_ref *r, const float *xin)
         assert_int_equal(nt_set_requires_grad(x2, true), 0);
         nt_tensor *y2 = pool_call(r, x2, NULL);
         assert_int_equal(nt_backward(nt_sum(nt_reshape(nt_mul(y2, cot), 1, SH(-1)), 0, false)), 0);
-        float *o2 = malloc(sizeof(float) * (size_t)u.nout), *g2 = malloc(sizeof(float) * (size_t)u.nx);
+        float *o2 = malloc(sizeof(float) * (size_t)u.nout),
+              *g2 = malloc(sizeof(float) * (size_t)u.nx);
         assert_int_equal(nt_to_host(y2, o2, sizeof(float) * (size_t)u.nout), 0);
         assert_int_equal(nt_to_host(nt_grad(x2), g2, sizeof(float) * (size_t)u.nx), 0);
         assert_memory_equal(o2, u.out, sizeof(float) * (size_t)u.nout);
@@ -217,7 +202,7 @@ static int64_t slots(const pool_ref *r)
 static void test_torch_refs(void **state)
 {
     (void)state;
-    cfg(0);
+    nt_test_cfg(0);
     for (const pool_ref *r = pool_refs; r < NREFS_END; r++) {
         run u = run_case(r, NULL);
         int c = (int)(r - pool_refs);
@@ -248,7 +233,7 @@ static void test_torch_refs(void **state)
 static void test_double_refs(void **state)
 {
     (void)state;
-    cfg(0);
+    nt_test_cfg(0);
     for (const pool_ref *r = pool_refs; r < NREFS_END; r++) {
         int64_t nx = numel(r->ndim, r->shape);
         float *x = malloc(sizeof(float) * (size_t)nx);
@@ -274,16 +259,16 @@ static void test_bits_across_configs(void **state)
 {
     (void)state;
     for (const pool_ref *r = pool_refs; r < NREFS_END; r++) {
-        cfg(0);
+        nt_test_cfg(0);
         run base = run_case(r, NULL);
-        for (int k = 1; k < NCFG; k++) {
-            cfg(k);
+        for (int k = 1; k < NT_TEST_NCFG; k++) {
+            nt_test_cfg(k);
             run u = run_case(r, NULL);
             if (memcmp(u.out, base.out, sizeof(float) * (size_t)u.nout) ||
                 memcmp(u.gx, base.gx, sizeof(float) * (size_t)u.nx) ||
                 (u.idx && memcmp(u.idx, base.idx, sizeof(int32_t) * (size_t)u.nout)))
-                fail_msg("case %d differs in config %s/%s", (int)(r - pool_refs), CFGS[k][0],
-                         CFGS[k][1]);
+                fail_msg("case %d differs in config %s/%s", (int)(r - pool_refs),
+                         NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1]);
             run_free(&u);
         }
         run_free(&base);
@@ -297,7 +282,7 @@ static void test_captured(void **state)
     (void)state;
     for (int k = 4; k <= 5; k++) {
         for (const pool_ref *r = pool_refs; r < NREFS_END; r++) {
-            cfg(k);
+            nt_test_cfg(k);
             run u = run_case(r, NULL);
             nt_scope *sc = nt_scope_begin();
             float *xs = malloc(sizeof(float) * (size_t)u.nx);
@@ -329,7 +314,7 @@ static void test_captured(void **state)
             run_free(&u);
         }
     }
-    cfg(0);
+    nt_test_cfg(0);
 }
 
 /* An empty batch (N = 0) gives an empty result, as PyTorch. */
@@ -337,7 +322,7 @@ static void test_empty_batch(void **state)
 {
     (void)state;
     for (int k = 0; k < 2; k++) {
-        cfg(k);
+        nt_test_cfg(k);
         nt_scope *sc = nt_scope_begin();
         nt_tensor *x = nt_zeros(NT_F32, 4, SH(0, 3, 6, 5)), *idx = NULL;
         nt_tensor *ys[4] = {
@@ -363,7 +348,7 @@ static void test_nan(void **state)
 {
     (void)state;
     for (int k = 0; k < 2; k++) {
-        cfg(k);
+        nt_test_cfg(k);
         nt_scope *sc = nt_scope_begin();
         float x[8] = {1, NAN, 3, NAN, 0, 2, NAN, 5}, o[2], gx[8];
         int32_t i[2];
@@ -400,7 +385,7 @@ static nt_tensor *gc_fn(nt_tensor *const *in, void *ctx)
 static void test_gradcheck(void **state)
 {
     (void)state;
-    cfg(0);
+    nt_test_cfg(0);
     float a[2 * 3 * 7 * 5];
     for (int i = 0; i < 210; i++) /* distinct values, 0.05 apart: no near ties */
         a[i] = (float)((i * 37) % 210) * 0.05f - 5.0f;
@@ -421,7 +406,7 @@ static void test_bf16(void **state)
 {
     (void)state;
     for (int k = 0; k < 2; k++) {
-        cfg(k);
+        nt_test_cfg(k);
         nt_scope *sc = nt_scope_begin();
         float a[3 * 5 * 6];
         uint64_t s = 5;
@@ -454,7 +439,7 @@ static void test_matches_amax(void **state)
 {
     (void)state;
     for (int k = 0; k < 2; k++) {
-        cfg(k);
+        nt_test_cfg(k);
         nt_scope *sc = nt_scope_begin();
         float a[2 * 3 * 6 * 8], p[2 * 3 * 12], q[2 * 3 * 12];
         uint64_t s = 9;
@@ -466,7 +451,8 @@ static void test_matches_amax(void **state)
         /* no gradient, no indices: the tiled nt_max path; with indices the general one */
         nt_tensor *y = nt_max_pool2d(x, SH(2, 2), NULL, NULL, NULL, false, NULL);
         nt_tensor *y2 = nt_max_pool2d(x, SH(2, 2), NULL, NULL, NULL, false, &idx);
-        nt_tensor *z = nt_amax(nt_reshape(x, 6, SH(2, 3, 3, 2, 4, 2)), 2, (const int[]){3, 5}, false);
+        nt_tensor *z =
+            nt_amax(nt_reshape(x, 6, SH(2, 3, 3, 2, 4, 2)), 2, (const int[]){3, 5}, false);
         assert_int_equal(nt_to_host(y, p, sizeof p), 0);
         assert_int_equal(nt_to_host(y2, q, sizeof q), 0);
         assert_memory_equal(p, q, sizeof p);
@@ -515,8 +501,8 @@ static void test_errors(void **state)
                        NT_EINVAL, "nt_max_pool2d", "'dilation'");
     nt_test_expect_err(PERR(nt_max_pool2d(x, SH(6, 2), NULL, NULL, NULL, false, NULL)),
                        NT_ESHAPE, "nt_max_pool2d", "'input'", "output");
-    nt_test_expect_err(PERR(nt_max_pool2d(nt_zeros(NT_F32, 3, SH(1, 2, 2)), SH(2, 2), NULL, SH(1, 1),
-                                     SH(3, 1), false, NULL)),
+    nt_test_expect_err(PERR(nt_max_pool2d(nt_zeros(NT_F32, 3, SH(1, 2, 2)), SH(2, 2), NULL,
+                                          SH(1, 1), SH(3, 1), false, NULL)),
                        NT_ESHAPE, "nt_max_pool2d", "padding", "'dilation'");
     nt_test_expect_err(PERR(nt_adaptive_avg_pool2d(x, 0, 2)), NT_EINVAL,
                        "nt_adaptive_avg_pool2d", "'output_size'");

@@ -30,22 +30,6 @@ uint64_t nt__tensor_live_handles(void); /* core/tensor.c */
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 #define DIMS(...) ((const int[]){__VA_ARGS__})
 
-/* backend, mode, fusion */
-static const char *const CFGS[][3] = {
-    {"cpu", "deterministic", "1"}, {"sim", "deterministic", "1"}, {"cpu", "adaptive", "1"},
-    {"sim", "adaptive", "1"},      {"cpu", "lazy", "1"},          {"sim", "lazy", "1"},
-    {"sim", "eager", "0"},         {"cpu", "eager", "0"},
-};
-enum { NCFG = sizeof CFGS / sizeof CFGS[0] };
-
-static void cfg(int k)
-{
-    assert_int_equal(nt_config_set("NT_BACKEND", CFGS[k][0]), 0);
-    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", strcmp(CFGS[k][0], "sim") ? "0" : "1"), 0);
-    assert_int_equal(nt_config_set("NT_MODE", CFGS[k][1]), 0);
-    assert_int_equal(nt_config_set("NT_FUSION", CFGS[k][2]), 0);
-}
-
 static uint64_t rs = 88172645463325252ull;
 static double rnd(void)
 {
@@ -182,20 +166,22 @@ static void test_torch_refs(void **state)
     int bad = 0;
     for (size_t i = 0; i < nc; i++) {
         const rr_case *c = &rr_cases[i];
-        float *y0 = malloc(sizeof(float) * (size_t)c->ny), *g0 = malloc(sizeof(float) * (size_t)c->n);
-        float *y1 = malloc(sizeof(float) * (size_t)c->ny), *g1 = malloc(sizeof(float) * (size_t)c->n);
-        for (int k = 0; k < NCFG; k++) {
-            cfg(k);
+        float *y0 = malloc(sizeof(float) * (size_t)c->ny),
+              *g0 = malloc(sizeof(float) * (size_t)c->n);
+        float *y1 = malloc(sizeof(float) * (size_t)c->ny),
+              *g1 = malloc(sizeof(float) * (size_t)c->n);
+        for (int k = 0; k < NT_TEST_NCFG; k++) {
+            nt_test_cfg(k);
             bad += one_case(c, k ? y1 : y0, k ? g1 : g0);
             /* the same bits in every configuration */
             if (k && memcmp(y0, y1, sizeof(float) * (size_t)c->ny)) {
-                print_error("%s (case %zu): values differ on %s %s\n", c->op, i, CFGS[k][0],
-                            CFGS[k][1]);
+                print_error("%s (case %zu): values differ on %s %s\n", c->op, i, NT_TEST_CFGS[k][0],
+                            NT_TEST_CFGS[k][1]);
                 bad++;
             }
             if (k && c->gx >= 0 && memcmp(g0, g1, sizeof(float) * (size_t)c->n)) {
-                print_error("%s (case %zu): gradients differ on %s %s\n", c->op, i, CFGS[k][0],
-                            CFGS[k][1]);
+                print_error("%s (case %zu): gradients differ on %s %s\n", c->op, i,
+                            NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1]);
                 bad++;
             }
         }
@@ -213,7 +199,7 @@ static void test_order_is_flattened(void **state)
 {
     (void)state;
     for (int k = 0; k < 2; k++) {
-        cfg(k);
+        nt_test_cfg(k);
         nt_scope *sc = nt_scope_begin();
         nt_tensor *x = nt_mul_scalar(nt_randn(NT_F32, 4, SH(5, 3, 7, 4), 11), 1e3);
         nt_tensor *f = nt_reshape(nt_contiguous(nt_permute(x, (int[]){1, 3, 0, 2})), 3,
@@ -250,7 +236,7 @@ static void test_double_refs(void **state)
     for (int i = 0; i < A * B * C; i++)
         xv[i] = (float)(3 * rnd());
     for (int k = 0; k < 2; k++) {
-        cfg(k);
+        nt_test_cfg(k);
         nt_scope *sc = nt_scope_begin();
         nt_tensor *x = nt_from_host(xv, NT_F32, 3, SH(A, B, C));
         float *v = host_f32(nt_var(x, 1, DIMS(1), 1.0, false), A * C);
@@ -270,7 +256,8 @@ static void test_double_refs(void **state)
                     e += exp(x1 - mx);
                     pr *= x1;
                     run += x1;
-                    assert_true(fabs(cs[(a * B + b) * C + c] - run) <= 1e-5 * (1 + fabs(run)) + 4e-6 * b);
+                    assert_true(fabs(cs[(a * B + b) * C + c] - run) <=
+                                1e-5 * (1 + fabs(run)) + 4e-6 * b);
                 }
                 int o = a * C + c;
                 assert_true(fabs(v[o] - q / (B - 1)) <= 4e-6 * q / (B - 1));
@@ -332,7 +319,7 @@ static void test_gradcheck(void **state)
     nt_tensor *(*fs[])(nt_tensor *const *, void *) = {g_var,     g_std,      g_lse, g_prod,
                                                        g_cumsum, g_cumprod, g_mean, g_amax};
     for (int k = 0; k < 2; k++) {
-        cfg(k);
+        nt_test_cfg(k);
         for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++) {
             nt_scope *sc = nt_scope_begin();
             /* magnitudes 0.5 + j/60 in a shuffled order with random signs:
@@ -345,7 +332,7 @@ static void test_gradcheck(void **state)
             assert_int_equal(nt_set_requires_grad(x, true), 0);
             int rc = nt_gradcheck(fs[i], &x, 1, NULL, 1e-2, 2e-2, 2e-2);
             if (rc)
-                fail_msg("gradcheck %zu on %s: %s", i, CFGS[k][0], nt_last_error_message());
+                fail_msg("gradcheck %zu on %s: %s", i, NT_TEST_CFGS[k][0], nt_last_error_message());
             nt_scope_end(sc);
         }
     }
@@ -361,7 +348,7 @@ static void test_prod_zero_grad(void **state)
     /* cumprod: d/dx_j sum_i y_i */
     float want_c[2][4] = {{1, 2 + 6 + 30, 0, 0}, {1 + 4, 0, 0, 0}};
     for (int k = 0; k < 2; k++) {
-        cfg(k);
+        nt_test_cfg(k);
         nt_scope *sc = nt_scope_begin();
         nt_tensor *x = nt_from_host(xv, NT_F32, 2, SH(2, 4));
         assert_int_equal(nt_set_requires_grad(x, true), 0);
@@ -390,8 +377,9 @@ static void test_running_long(void **state)
     for (int i = 0; i < N * W; i++)
         xv[i] = (float)(1.0 + 1e-3 * rnd());
     for (int k = 0; k < 2; k++) {
-        cfg(k);
-        for (int c = 0; c < 4; c++) { /* cumsum, cumprod over dim 1 of [W, N]; over dim 0 of [N, W] */
+        nt_test_cfg(k);
+        for (int c = 0; c < 4;
+             c++) { /* cumsum, cumprod over dim 1 of [W, N]; over dim 0 of [N, W] */
             bool prod = c & 1, col = c >= 2;
             nt_scope *sc = nt_scope_begin();
             nt_tensor *x = nt_from_host(xv, NT_F32, 2, col ? SH(N, W) : SH(W, N));
@@ -522,7 +510,7 @@ static void test_edges(void **state)
 {
     (void)state;
     for (int k = 0; k < 2; k++) {
-        cfg(k);
+        nt_test_cfg(k);
         nt_scope *sc = nt_scope_begin();
         nt_tensor *e = nt_zeros(NT_F32, 2, SH(3, 0));
         float v[3];
@@ -579,7 +567,7 @@ static nt_tensor *pool_strided(nt_tensor *x)
 static void test_pool_sim_time(void **state)
 {
     (void)state;
-    cfg(1);
+    nt_test_cfg(1);
     nt_scope *sc = nt_scope_begin();
     nt_tensor *x = nt_randn(NT_F32, 4, SH(4, 16, 28, 28), 5);
     sim_ns_of(pool_reduce, x); /* warm */

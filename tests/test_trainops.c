@@ -27,23 +27,6 @@ uint64_t nt__tensor_live_handles(void); /* core/tensor.c */
 
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 
-/* backend, mode, fusion */
-static const char *const CFGS[][3] = {
-    {"cpu", "deterministic", "1"}, {"sim", "deterministic", "1"}, {"cpu", "adaptive", "1"},
-    {"sim", "adaptive", "1"},      {"cpu", "lazy", "1"},          {"sim", "lazy", "1"},
-    {"sim", "eager", "0"},         {"cpu", "eager", "0"},
-};
-enum { NCFG = sizeof CFGS / sizeof CFGS[0] };
-
-static void cfg(int k)
-{
-    assert_int_equal(nt_config_set("NT_BACKEND", CFGS[k][0]), 0);
-    /* the simulator runs every op itself: no silent CPU fallback */
-    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", strcmp(CFGS[k][0], "sim") ? "0" : "1"), 0);
-    assert_int_equal(nt_config_set("NT_MODE", CFGS[k][1]), 0);
-    assert_int_equal(nt_config_set("NT_FUSION", CFGS[k][2]), 0);
-}
-
 /* A fixed pseudo-random sequence in [-1, 1) (xorshift, not the library's). */
 static uint64_t rs = 88172645463325252ull;
 static double rnd(void)
@@ -137,8 +120,8 @@ static void test_ce_ex_is_cross_entropy(void **state)
         int32_t *y = malloc((size_t)N * sizeof(int32_t));
         ce_data(N, C, x, y, -100, 0);
         uint32_t want = 0;
-        for (int k = 0; k < NCFG; k++) {
-            cfg(k);
+        for (int k = 0; k < NT_TEST_NCFG; k++) {
+            nt_test_cfg(k);
             nt_scope *sc = nt_scope_begin();
             nt_tensor *l = nt_from_host(x, NT_F32, 2, SH(N, C));
             nt_tensor *lab = nt_from_host(y, NT_I32, 1, SH(N));
@@ -149,7 +132,7 @@ static void test_ce_ex_is_cross_entropy(void **state)
                 want = bits(a);
             if (bits(a) != want || bits(b) != want || bits(c) != want)
                 fail_msg("[%lld, %lld] %s/%s: ce %a, ce_ex %a / %a, want %a", (long long)N,
-                         (long long)C, CFGS[k][0], CFGS[k][1], a, b, c, (double)a);
+                         (long long)C, NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1], a, b, c, (double)a);
             double r = ce_ref(x, y, N, C, -100, 0.0, NULL);
             assert_true(fabs(a - r) <= 1e-5 * fabs(r) + 1e-6);
             nt_scope_end(sc);
@@ -175,8 +158,8 @@ static void test_ce_ex_values(void **state)
         ce_data(N, C, x, y, cs[s].ign, cs[s].every);
         double r = ce_ref(x, y, N, C, cs[s].ign, cs[s].eps, g);
         uint32_t want = 0, *wantg = malloc((size_t)(N * C) * 4);
-        for (int k = 0; k < NCFG; k++) {
-            cfg(k);
+        for (int k = 0; k < NT_TEST_NCFG; k++) {
+            nt_test_cfg(k);
             nt_scope *sc = nt_scope_begin();
             nt_tensor *l = nt_from_host(x, NT_F32, 2, SH(N, C));
             nt_tensor *lab = nt_from_host(y, NT_I32, 1, SH(N));
@@ -184,25 +167,25 @@ static void test_ce_ex_values(void **state)
             nt_tensor *loss = nt_cross_entropy_ex(l, lab, cs[s].ign, cs[s].eps);
             float v = (float)item(loss);
             if (!(fabs(v - r) <= 1e-5 * fabs(r) + 1e-6))
-                fail_msg("case %zu %s/%s: loss %.9g, reference %.9g", s, CFGS[k][0],
-                         CFGS[k][1], v, r);
+                fail_msg("case %zu %s/%s: loss %.9g, reference %.9g", s, NT_TEST_CFGS[k][0],
+                         NT_TEST_CFGS[k][1], v, r);
             assert_int_equal(nt_backward(loss), 0);
             float *gv = host_f32(nt_grad(l), N * C);
             for (int64_t e = 0; e < N * C; e++) {
                 if (!(fabs(gv[e] - g[e]) <= 1e-5 * fabs(g[e]) + 1e-7))
-                    fail_msg("case %zu %s/%s: grad[%lld] %.9g, reference %.9g", s, CFGS[k][0],
-                             CFGS[k][1], (long long)e, gv[e], g[e]);
+                    fail_msg("case %zu %s/%s: grad[%lld] %.9g, reference %.9g", s,
+                             NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1], (long long)e, gv[e], g[e]);
                 if (k == 0)
                     wantg[e] = bits(gv[e]);
                 else if (bits(gv[e]) != wantg[e])
-                    fail_msg("case %zu %s/%s: grad[%lld] bits differ from cpu", s, CFGS[k][0],
-                             CFGS[k][1], (long long)e);
+                    fail_msg("case %zu %s/%s: grad[%lld] bits differ from cpu", s,
+                             NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1], (long long)e);
             }
             if (k == 0)
                 want = bits(v);
             else if (bits(v) != want)
-                fail_msg("case %zu %s/%s: loss %a, cpu bits %#x", s, CFGS[k][0], CFGS[k][1], v,
-                         want);
+                fail_msg("case %zu %s/%s: loss %a, cpu bits %#x", s, NT_TEST_CFGS[k][0],
+                         NT_TEST_CFGS[k][1], v, want);
             free(gv);
             nt_scope_end(sc);
         }
@@ -216,7 +199,7 @@ static void test_ce_ex_values(void **state)
 static void test_ce_ex_edges(void **state)
 {
     (void)state;
-    cfg(1);
+    nt_test_cfg(1);
     float x[6] = {1, 2, 3, -1, 0.5f, 4};
     int32_t y[2] = {-100, -100};
     uint8_t yu[2] = {2, 0};
@@ -246,8 +229,8 @@ static void test_ce_ex_edges(void **state)
 static void test_ce_ex_no_rows(void **state)
 {
     (void)state;
-    for (int k = 0; k < NCFG; k++) {
-        cfg(k);
+    for (int k = 0; k < NT_TEST_NCFG; k++) {
+        nt_test_cfg(k);
         for (int C = 0; C <= 3; C += 3)
             for (int form = 0; form < 4; form++) {
                 nt_scope *sc = nt_scope_begin();
@@ -259,8 +242,8 @@ static void test_ce_ex_no_rows(void **state)
                                   : form == 2 ? nt_cross_entropy_ex(l, lab, 1, 0.0)
                                               : nt_cross_entropy_ex(l, lab, -100, 0.25);
                 if (!loss)
-                    fail_msg("%s/%s C %d form %d: %s", CFGS[k][0], CFGS[k][1], C, form,
-                             nt_last_error_message());
+                    fail_msg("%s/%s C %d form %d: %s", NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1], C,
+                             form, nt_last_error_message());
                 assert_int_equal(nt_ndim(loss), 0);
                 assert_true(isnan(item(loss)));
                 assert_int_equal(nt_backward(loss), 0);
@@ -316,8 +299,8 @@ static void test_dropout_values(void **state)
     for (int pi = 0; pi < 3; pi++) {
         double p = ps[pi];
         uint64_t seed = 1234 + (uint64_t)pi;
-        for (int k = 0; k < NCFG; k++) {
-            cfg(k);
+        for (int k = 0; k < NT_TEST_NCFG; k++) {
+            nt_test_cfg(k);
             nt_scope *sc = nt_scope_begin();
             nt_tensor *t = nt_from_host(x, NT_F32, 2, SH(R, C));
             /* plain, in a chain (fused in lazy mode), and of the transpose */
@@ -337,8 +320,8 @@ static void test_dropout_values(void **state)
                           (bits(c[i]) == bits(rc) || (isnan(c[i]) && isnan(rc)));
                 if (!ok)
                     fail_msg("p %g %s/%s/fusion %s: element %lld: %a %a %a, want %a %a %a", p,
-                             CFGS[k][0], CFGS[k][1], CFGS[k][2], (long long)i, a[i], b[i], c[i],
-                             ra, rb, rc);
+                             NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1], NT_TEST_CFGS[k][2],
+                             (long long)i, a[i], b[i], c[i], ra, rb, rc);
             }
             free(a), free(b), free(c);
             nt_scope_end(sc);
@@ -357,7 +340,8 @@ static void test_dropout_fraction(void **state)
     float *y = malloc(N * sizeof(float));
     for (int pi = 0; pi < 5; pi++) {
         double p = ps[pi];
-        assert_int_equal(nt_to_host(nt_dropout(ones, p, 99 + (uint64_t)pi), y, N * sizeof(float)), 0);
+        assert_int_equal(nt_to_host(nt_dropout(ones, p, 99 + (uint64_t)pi), y, N * sizeof(float)),
+                         0);
         int64_t kept = 0;
         float sc = (float)(1.0 / (1.0 - p));
         for (int i = 0; i < N; i++) {
@@ -387,8 +371,8 @@ static void test_dropout_backward(void **state)
     static float x[N], w[N];
     for (int k = 0; k < N; k++)
         x[k] = (float)rnd(), w[k] = (float)rnd();
-    for (int k = 0; k < NCFG; k++) {
-        cfg(k);
+    for (int k = 0; k < NT_TEST_NCFG; k++) {
+        nt_test_cfg(k);
         nt_scope *sc = nt_scope_begin();
         nt_tensor *t = nt_from_host(x, NT_F32, 1, SH(N));
         assert_int_equal(nt_set_requires_grad(t, true), 0);
@@ -398,12 +382,12 @@ static void test_dropout_backward(void **state)
         float *g = host_f32(nt_grad(t), N);
         for (int i = 0; i < N; i++)
             if (bits(g[i]) != bits(drop_ref(w[i], 77, (uint64_t)i, 0.25)))
-                fail_msg("%s/%s: grad[%d] %a, want %a", CFGS[k][0], CFGS[k][1], i, g[i],
-                         drop_ref(w[i], 77, (uint64_t)i, 0.25));
+                fail_msg("%s/%s: grad[%d] %a, want %a", NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1], i,
+                         g[i], drop_ref(w[i], 77, (uint64_t)i, 0.25));
         free(g);
         nt_scope_end(sc);
     }
-    cfg(0);
+    nt_test_cfg(0);
     nt_tensor *t = nt_from_host(x, NT_F32, 2, SH(27, 37));
     assert_int_equal(nt_set_requires_grad(t, true), 0);
     assert_int_equal(nt_gradcheck(f_dropout, &t, 1, NULL, 1e-3, 1e-3, 1e-3), 0);
@@ -509,8 +493,8 @@ static void test_clip_grad_norm(void **state)
     for (int m = 0; m < 4; m++) {
         double coef = fmin(1.0, maxn[m] / (total + 1e-6));
         uint32_t want[3][35], wt = 0;
-        for (int k = 0; k < NCFG; k++) {
-            cfg(k);
+        for (int k = 0; k < NT_TEST_NCFG; k++) {
+            nt_test_cfg(k);
             nt_scope *sc = nt_scope_begin();
             nt_tensor *p[4];
             p[0] = nt_zeros(NT_F32, 2, SH(5, 7));
@@ -539,8 +523,8 @@ static void test_clip_grad_norm(void **state)
             assert_int_equal(nt_dtype_of(tot), NT_F32);
             float tv = (float)item(tot);
             if (!(fabs(tv - total) <= 1e-6 * total))
-                fail_msg("max_norm %g %s/%s: total %.9g, reference %.9g", maxn[m], CFGS[k][0],
-                         CFGS[k][1], tv, total);
+                fail_msg("max_norm %g %s/%s: total %.9g, reference %.9g", maxn[m],
+                         NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1], tv, total);
             if (k == 0)
                 wt = bits(tv);
             assert_int_equal(bits(tv), wt);
@@ -551,7 +535,7 @@ static void test_clip_grad_norm(void **state)
                     if (coef == 1.0 ? bits(g[e]) != bits(w[i][e])
                                     : !(fabs(g[e] - r) <= 2e-7 * fabs(r) + 1e-12))
                         fail_msg("max_norm %g %s/%s: grad %d[%d] %.9g, reference %.9g", maxn[m],
-                                 CFGS[k][0], CFGS[k][1], i, e, g[e], r);
+                                 NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1], i, e, g[e], r);
                     if (k == 0)
                         want[i][e] = bits(g[e]);
                     else
@@ -647,11 +631,12 @@ static void topk_case(nt_dtype dt, int nd, const int64_t *sh, int d, int64_t k, 
     for (int64_t e = 0; e < n; e++)
         hf[e] = (float)hv[e], hi[e] = (int32_t)hv[e];
     int32_t *gi = malloc((size_t)(nk ? nk : 1) * 4);
-    for (int kc = 0; kc < NCFG; kc++) {
-        cfg(kc);
+    for (int kc = 0; kc < NT_TEST_NCFG; kc++) {
+        nt_test_cfg(kc);
         nt_scope *sc = nt_scope_begin();
-        nt_tensor *x = (dt == NT_F32 || dt == NT_BF16 || dt == NT_F16) ? nt_cast(nt_from_host(hf, NT_F32, nd, sh), dt)
-                                              : nt_from_host(hi, NT_I32, nd, sh);
+        nt_tensor *x = (dt == NT_F32 || dt == NT_BF16 || dt == NT_F16)
+                           ? nt_cast(nt_from_host(hf, NT_F32, nd, sh), dt)
+                           : nt_from_host(hi, NT_I32, nd, sh);
         nt_tensor *v = NULL, *ix = NULL;
         assert_int_equal(nt_topk(x, k, d, largest, &v, &ix), 0);
         assert_int_equal(nt_dtype_of(ix), NT_I32);
@@ -676,9 +661,10 @@ static void topk_case(nt_dtype dt, int nd, const int64_t *sh, int d, int64_t k, 
             for (int64_t e = 0; e < nk; e++)
                 if (gi[e] != wi[e] || !(gv[e] == wv[e] || (isnan(gv[e]) && isnan(wv[e]))))
                     fail_msg("%s topk k %lld dim %d %s, %s/%s: element %lld: index %d value %g, "
-                             "want %d %g", nt_dtype_name(dt), (long long)k, d,
-                             largest ? "largest" : "smallest", CFGS[kc][0], CFGS[kc][1],
-                             (long long)e, gi[e], gv[e], wi[e], wv[e]);
+                             "want %d %g",
+                             nt_dtype_name(dt), (long long)k, d, largest ? "largest" : "smallest",
+                             NT_TEST_CFGS[kc][0], NT_TEST_CFGS[kc][1], (long long)e, gi[e], gv[e],
+                             wi[e], wv[e]);
             free(gv);
         }
         nt_scope_end(sc);
@@ -724,8 +710,8 @@ static void test_topk_values(void **state)
 static void test_topk_0d(void **state)
 {
     (void)state;
-    for (int c = 0; c < NCFG; c++) {
-        cfg(c);
+    for (int c = 0; c < NT_TEST_NCFG; c++) {
+        nt_test_cfg(c);
         nt_scope *sc = nt_scope_begin();
         float v = -2.5f;
         nt_tensor *x = nt_from_host(&v, NT_F32, 0, NULL);
@@ -735,8 +721,8 @@ static void test_topk_0d(void **state)
                 for (int lg = 0; lg < 2; lg++) {
                     nt_tensor *val = NULL, *ix = NULL;
                     if (nt_topk(x, k, dim, lg, &val, &ix) != 0)
-                        fail_msg("%s/%s k %d dim %d: %s", CFGS[c][0], CFGS[c][1], k, dim,
-                                 nt_last_error_message());
+                        fail_msg("%s/%s k %d dim %d: %s", NT_TEST_CFGS[c][0], NT_TEST_CFGS[c][1], k,
+                                 dim, nt_last_error_message());
                     assert_int_equal(nt_ndim(val), 0);
                     assert_int_equal(nt_ndim(ix), 0);
                     assert_int_equal(nt_dtype_of(ix), NT_I32);
@@ -769,8 +755,8 @@ static void test_topk_backward(void **state)
         hx[e] = (float)rnd();
     for (int e = 0; e < C * K; e++)
         hw[e] = (float)(e + 1);
-    for (int kc = 0; kc < NCFG; kc++) {
-        cfg(kc);
+    for (int kc = 0; kc < NT_TEST_NCFG; kc++) {
+        nt_test_cfg(kc);
         nt_scope *sc = nt_scope_begin();
         nt_tensor *x = nt_from_host(hx, NT_F32, 2, SH(R, C));
         assert_int_equal(nt_set_requires_grad(x, true), 0);
@@ -838,8 +824,8 @@ static void mn_case(nt_dtype dt, int64_t N, int64_t C, int64_t n, bool one_d, bo
     mn_ref(p, N, C, n, 42, want);
     for (int64_t e = 0; e < N * n; e++)
         assert_true(want[e] >= 0 && p[(e / n) * C + want[e]] > 0);
-    for (int k = 0; k < NCFG; k++) {
-        cfg(k);
+    for (int k = 0; k < NT_TEST_NCFG; k++) {
+        nt_test_cfg(k);
         nt_scope *sc = nt_scope_begin();
         nt_tensor *t;
         if (transposed) /* a [C, N] buffer viewed as [N, C] */ {
@@ -863,8 +849,8 @@ static void mn_case(nt_dtype dt, int64_t N, int64_t C, int64_t n, bool one_d, bo
         for (int64_t e = 0; e < N * n; e++)
             if (got[e] != want[e])
                 fail_msg("multinomial [%lld, %lld] n %lld %s/%s: draw %lld = %d, want %d",
-                         (long long)N, (long long)C, (long long)n, CFGS[k][0], CFGS[k][1],
-                         (long long)e, got[e], want[e]);
+                         (long long)N, (long long)C, (long long)n, NT_TEST_CFGS[k][0],
+                         NT_TEST_CFGS[k][1], (long long)e, got[e], want[e]);
         nt_scope_end(sc);
     }
     free(p), free(want), free(got);
@@ -926,7 +912,7 @@ static void test_multinomial_errors(void **state)
     p[20 * C + 4] = 0.0f; /* a zero category, fine */
     char msg[2][400];
     for (int k = 0; k < 2; k++) {
-        cfg(k);
+        nt_test_cfg(k);
         nt_tensor *t = nt_from_host(p, NT_F32, 2, SH(N, C));
         nt_tensor *y = nt_multinomial(t, 3, 1);
         assert_non_null(y);
