@@ -23,9 +23,6 @@ nt__counters nt__ctr;
 
 static GMutex init_lock;
 volatile AO_t nt__init_epoch;
-/* NT_TRACE_LEVEL and NT_TRACE_STEPS as set (under cfg_lock) */
-static int trace_level = NT__TRACE_KERNEL;
-static int64_t trace_first, trace_end = INT64_MAX;
 
 /* ---------------- options ---------------- */
 
@@ -216,16 +213,15 @@ static int apply_trace_filter(const char *name, const char *v, const char *fn)
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_TRACE_LEVEL: expected host, fusion, kernel or instruction, got "
                            "'%s'", v);
-        trace_level = l;
+        nt__trace_set_level(l);
     } else {
         int64_t a, b;
         if (!nt__trace_steps_parse(v, &a, &b))
             return nt__err(NULL, NT_EINVAL, fn,
                            "NT_TRACE_STEPS: expected a:b (steps a to b - 1, b > a), a: or a, "
                            "got '%s'", v);
-        trace_first = a, trace_end = b;
+        nt__trace_set_steps(a, b);
     }
-    nt__trace_set_filter(trace_level, trace_first, trace_end);
     return 0;
 }
 
@@ -418,8 +414,8 @@ int nt__runtime_init(void (*register_modules)(void))
     g_mutex_lock(&cfg_lock);
     nt__config c = nt__cfg;
     cfg_defaults(&c);
-    trace_level = NT__TRACE_KERNEL, trace_first = 0, trace_end = INT64_MAX;
-    nt__trace_set_filter(trace_level, trace_first, trace_end);
+    nt__trace_set_level(NT__TRACE_KERNEL);
+    nt__trace_set_steps(0, INT64_MAX);
     for (size_t i = 0; i < G_N_ELEMENTS(env_names); i++) {
         const char *v = getenv(env_names[i]);
         if (v && apply_opt(&c, env_names[i], v, "nt_init: environment variable") < 0) {

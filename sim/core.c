@@ -312,7 +312,8 @@ int nt_sim_init(void)
                 /* the simulator alone: every instruction unless
                  * NT_TRACE_LEVEL says less (it has no steps) */
                 int lv = nt__trace_level_parse(getenv("NT_TRACE_LEVEL"));
-                nt__trace_set_filter(lv ? lv : NT__TRACE_INSTR, 0, INT64_MAX);
+                nt__trace_set_level(lv ? lv : NT__TRACE_INSTR);
+                nt__trace_set_steps(0, INT64_MAX);
                 trace_ours = nt__trace_open(tr) == 0;
             }
             atomic_store_explicit(&inited, true, memory_order_release);

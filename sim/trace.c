@@ -109,11 +109,15 @@ static int level_at(int64_t step)
                : 0;
 }
 
-void nt__trace_set_filter(int level, int64_t first, int64_t end)
+void nt__trace_set_level(int level)
 {
     atomic_store(&filt_level, level >= NT__TRACE_HOST && level <= NT__TRACE_INSTR
                                   ? level
                                   : NT__TRACE_INSTR);
+}
+
+void nt__trace_set_steps(int64_t first, int64_t end)
+{
     atomic_store(&filt_first, first < 0 ? 0 : first);
     atomic_store(&filt_end, end);
 }

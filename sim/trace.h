@@ -43,8 +43,9 @@ const char *nt__trace_level_name(int level);
  * step a) into *first and *end (end INT64_MAX: none).  False if malformed. */
 bool nt__trace_steps_parse(const char *s, int64_t *first, int64_t *end);
 /* The filter the next nt__trace_open uses (and the open trace, from its
- * next step boundary on): the level and the window of steps [first, end). */
-void nt__trace_set_filter(int level, int64_t first, int64_t end);
+ * next step boundary on): the level, and the window of steps [first, end). */
+void nt__trace_set_level(int level);
+void nt__trace_set_steps(int64_t first, int64_t end);
 /* The filter's level (NT__TRACE_*). */
 int nt__trace_filter_level(void);
 
