@@ -1419,29 +1419,25 @@ static int map_names(const char *fn, const char *path, ck_recs *recs, const ck_e
     for (int i = 0; i < k.P && !rc; i++)
         if (!m[i] && !(k.unexp[k.nunexp++] = strndup(k.fname[i], k.flen[i])))
             rc = nt__err_hostmem(NULL, fn, "the report");
-    if (!rc && x->report) {
-        *x->report = (nt_load_report){.loaded = n - k.nmiss, .n_missing = k.nmiss,
-                                      .n_unexpected = k.nunexp, .missing = k.miss,
-                                      .unexpected = k.unexp};
-        k.miss = k.unexp = NULL, k.nmiss = k.nunexp = 0; /* the report's now */
-    }
-    if (!rc && (x->strict || with_opt) && (x->report ? x->report->n_missing +
-                                           x->report->n_unexpected : k.nmiss + k.nunexp)) {
+    if (!rc && (x->strict || with_opt) && k.nmiss + k.nunexp) {
         char mb[256], ub[256];
-        const nt_load_report *rp = x->report;
-        name_list(mb, sizeof mb, rp ? rp->missing : k.miss, rp ? rp->n_missing : k.nmiss);
-        name_list(ub, sizeof ub, rp ? rp->unexpected : k.unexp, rp ? rp->n_unexpected : k.nunexp);
+        name_list(mb, sizeof mb, k.miss, k.nmiss);
+        name_list(ub, sizeof ub, k.unexp, k.nunexp);
         rc = nt__err(NULL, NT_EINVAL, fn, "'%s': missing from the file: %s; in the file but not "
                      "passed: %s (%s)", path, *mb ? mb : "none", *ub ? ub : "none",
                      with_opt ? "an optimizer's state loads only when every name matches"
                               : "strict = false loads the names that match");
     }
+    if (!rc && x->report) { /* the lists are the report's now */
+        *x->report = (nt_load_report){.loaded = n - k.nmiss, .n_missing = k.nmiss,
+                                      .n_unexpected = k.nunexp, .missing = k.miss,
+                                      .unexpected = k.unexp};
+        k.miss = k.unexp = NULL, k.nmiss = k.nunexp = 0;
+    }
     *np = k.P;
     names_free(&k);
     if (rc) {
         free(m);
-        if (x->report)
-            nt_load_report_clear(x->report);
         return rc;
     }
     *out = m;
