@@ -8,7 +8,7 @@
 #include "streams/stream.h"
 
 
-static bool check_shape(const nt_site *site, const char *fn, int ndim, const int64_t *shape)
+bool nt__check_shape(const nt_site *site, const char *fn, int ndim, const int64_t *shape)
 {
     if (ndim < 0 || ndim > NT_MAX_DIMS) {
         nt__err(site, NT_EINVAL, fn, "argument 'ndim' is %d; expected 0..%d", ndim, NT_MAX_DIMS);
@@ -47,7 +47,7 @@ NT_API nt_tensor *nt_from_host_at(const nt_site *site, const void *src, nt_dtype
 {
     const char *fn = "nt_from_host";
     if (!nt__ensure_init() || !check_dtype(site, fn, dt, false) ||
-        !check_shape(site, fn, ndim, shape))
+        !nt__check_shape(site, fn, ndim, shape))
         return NULL;
     int64_t n = nt__numel(ndim, shape);
     if (!src && n > 0) {
@@ -82,7 +82,7 @@ static nt_tensor *fill_op(const nt_site *site, const char *fn, int op, nt_dtype 
 {
     if (!nt__ensure_init() ||
         !check_dtype(site, fn, dt, op == NT_OP_RAND || op == NT_OP_RANDN) ||
-        !check_shape(site, fn, ndim, shape))
+        !nt__check_shape(site, fn, ndim, shape))
         return NULL;
     nt__call c;
     if (!nt__call_begin(&c, site, fn, op, 0, NULL, ""))

@@ -90,28 +90,6 @@ NT_API nt_tensor *nt_normal_at(const nt_site *site, nt_dtype dt, int ndim, const
     return scaled(site, fn, NT_OP_RANDN, dt, ndim, shape, std, mean, g);
 }
 
-/* The element count of a host-drawn shape, checked as nt_from_host will. */
-static bool host_count(const nt_site *site, const char *fn, int ndim, const int64_t *shape,
-                       int64_t *n)
-{
-    if (ndim < 0 || ndim > NT_MAX_DIMS || (ndim && !shape)) {
-        nt__err(site, NT_EINVAL, fn, "argument 'ndim' is %d (shape %s); expected 0..%d dims",
-                ndim, shape ? "given" : "NULL", NT_MAX_DIMS);
-        return false;
-    }
-    int64_t c = 1;
-    for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 0 || (shape[i] && c > INT64_MAX / 4 / shape[i])) {
-            nt__err(site, NT_EINVAL, fn, "argument 'shape[%d]' is %lld; expected a size >= 0 "
-                    "whose product stays below 2^61", i, (long long)shape[i]);
-            return false;
-        }
-        c *= shape[i];
-    }
-    *n = c;
-    return true;
-}
-
 /* A host buffer of draws, copied to an i32 tensor (the caller's scope). */
 static nt_tensor *upload_i32(const nt_site *site, const char *fn, int32_t *v, int ndim,
                              const int64_t *shape)
@@ -127,9 +105,9 @@ NT_API nt_tensor *nt_randint_at(const nt_site *site, int64_t low, int64_t high, 
                                 const int64_t *shape, nt_generator *g)
 {
     const char *fn = "nt_randint";
-    int64_t n;
-    if (!nt__ensure_init() || !host_count(site, fn, ndim, shape, &n))
+    if (!nt__ensure_init() || !nt__check_shape(site, fn, ndim, shape))
         return NULL;
+    int64_t n = nt__numel(ndim, shape);
     if (!(low < high) || low < INT32_MIN || high - 1 > INT32_MAX) {
         nt__err(site, NT_EINVAL, fn,
                 "arguments low = %lld, high = %lld; expected low < high, both in i32's range "

@@ -112,6 +112,11 @@ extern volatile AO_t nt__init_epoch;
  * set (a dead generator, another thread's call on it).  Then
  * nt__gen_done(g, taken): releases g and, if the draw was used, advances
  * it by one. */
+/* A creation op's shape: 0..NT_MAX_DIMS dims, shape non-NULL when ndim >
+ * 0, every size >= 0 and the count within nt__shape_ok's bound (NT_EINVAL
+ * naming fn and the argument). */
+bool nt__check_shape(const nt_site *site, const char *fn, int ndim, const int64_t *shape);
+
 nt_generator *nt__gen_take(const nt_site *site, const char *fn, nt_generator *g, int op,
                            uint64_t *seed);
 void nt__gen_done(nt_generator *g, bool taken);
