@@ -6,6 +6,7 @@
  * tensor made during the pass.
  * tests/test_autograd.c checks every entry with finite differences. */
 #include "autograd/autograd.h"
+#include "core/rope.h"
 
 #include <math.h>
 #include <string.h>
@@ -469,6 +470,17 @@ static nt_tensor *rev(nt__bctx *b, nt_tensor *t, int d)
     int64_t n = t ? t->shape[d] : 0;
     return t ? nt_index_select_at(S, t, d, nt_arange_at(S, NT_I32, (double)(n - 1), -1.0, -1.0))
              : NULL;
+}
+
+/* rope: y = R(theta) x per pair, a rotation, so gx = R(-theta) g: the same
+ * op with the inverse flag toggled (sin negated: exact), the same offset
+ * (the saved tensor, or the parameter). */
+static int bwd_rope(nt__bctx *b)
+{
+    const nt__params *p = &b->n->p;
+    TRY(b->gin[0] = nt__rope(S, "nt_rope", G, p->i[0], p->flag ^ NT__ROPE_INVERSE, p->f[0],
+                             p->f[1], p->i[1], IN(1)));
+    return 0;
 }
 
 /* cumsum: each x_i reaches every y_j, j >= i: the reversed running sum of

@@ -254,6 +254,15 @@ typedef enum nt__opkind {
     X(GT, gt, 2, NT_KIND_CMP, 0, INT, KEEP, nograd, 0, NT_ALU_GT)                                   \
     X(GE, ge, 2, NT_KIND_CMP, 0, INT, KEEP, nograd, 0, NT_ALU_GE)
 
+/* rope(x, offset) (issue 33): rotary position embedding of contiguous x
+ * [..., T, D] in one kernel (cpu/rope.c, neuron/rope.c; the arithmetic in
+ * core/rope.h), in[1] NULL or a one-element i32 offset read when the kernel
+ * runs; p.i[0] = dims, p.i[1] = offset, p.f[0] = base, p.f[1] = scale,
+ * p.flag = NT__ROPE_* bits (interleaved; inverse: the rotation by -theta,
+ * which is its backward). */
+#define NT_OPS_ROPE(X)                                                      \
+    X(ROPE, rope, 2, NT_KIND_ROW, NT_OPF_DIFF, FLOAT, KEEP, rope, I1, NT__SIM_NONE)
+
 /* min .. index_select at the end: the reductions and gathers of the
  * Torch-to-NKIPy op registry that ntensor lacked (issue 15).  tril, triu
  * and masked_fill (issue 13) are selects, kind WHERE, so every backend runs
@@ -322,7 +331,8 @@ typedef enum nt__opkind {
     X(CUMPROD, cumprod, 1, NT_KIND_ROW, NT_OPF_DIFF, INT, KEEP, cumprod, I0O0, NT__SIM_NONE)              \
     X(LINREC, linrec, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                    \
     X(SCATTER, scatter, 3, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, scatter, I1, NT__SIM_NONE)       \
-    X(SCATTER_ADD, scatter_add, 3, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, scatter_add, I1, NT__SIM_NONE)
+    X(SCATTER_ADD, scatter_add, 3, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, scatter_add, I1, NT__SIM_NONE) \
+    NT_OPS_ROPE(X)
 
 /* Views (no kernel: metadata only) and composites that autograd records as
  * one node.  nin 0 = variadic (cat).  flip: an index_select per

@@ -157,5 +157,11 @@ nt_tensor *nt__classes_last(const nt_site *site, nt_tensor *t);
 /* The DROPOUT op on x (any training mode): nt_dropout's, and its backward's
  * on g with the same p and seed. */
 nt_tensor *nt__dropout(const nt_site *site, const char *fn, nt_tensor *x, double p, uint64_t seed);
+/* The ROPE op (dispatcher/api_rope.c) on x made contiguous, arguments
+ * already checked: flags NT__ROPE_* (core/rope.h), the offset tensor ot or,
+ * if NULL, off; nt_rope's, and its backward's with NT__ROPE_INVERSE
+ * toggled. */
+nt_tensor *nt__rope(const nt_site *site, const char *fn, nt_tensor *x, int64_t dims,
+                    int flags, double base, double scale, int64_t off, nt_tensor *ot);
 
 #endif

@@ -726,6 +726,31 @@ NT_API nt_tensor *nt_multinomial(nt_tensor *probs, int64_t n, uint64_t seed);
  *  the low dtype (the arithmetic stays f32). */
 NT_API nt_tensor *nt_scaled_dot_product_attention(nt_tensor *q, nt_tensor *k, nt_tensor *v,
                                                   nt_tensor *mask, bool causal, double scale);
+/** Rotary position embedding (RoPE) of x [..., T, D] (f32, bf16 or f16; T
+ *  = dim -2 are the positions offset, offset + 1, ...): the first `dims`
+ *  features (even, 2 <= dims <= D) are rotated in pairs, the rest passed
+ *  through.  Pair i (0 <= i < dims/2) at position pos turns by theta =
+ *  (pos * scale) * base^(-2i/dims): (x1, x2) -> (x1 cos - x2 sin,
+ *  x2 cos + x1 sin), computed in f32 and rounded once to x's dtype
+ *  (docs/ops.md "Rotary position embedding" defines every rounding).
+ *  interleaved = false: GPT-NeoX's layout, pairs (i, i + dims/2);
+ *  true: GPT-J's (the original paper's), pairs (2i, 2i + 1).  Usual
+ *  values: base 10000, scale 1.  One fused kernel on both backends; the
+ *  gradient is the rotation by -theta.  Errors (at the call, naming the
+ *  argument): x not floating (NT_EDTYPE) or with fewer than 2 dims
+ *  (NT_ESHAPE); dims odd, <= 0 or > D, base not finite and > 0, scale not
+ *  finite, offset < 0 or offset + T > 2^24 (NT_EINVAL); a nonzero offset
+ *  while capturing a program (NT_ESTATE: it would be baked into every
+ *  replay; use nt_rope_offset). */
+NT_API nt_tensor *nt_rope(nt_tensor *x, int64_t dims, bool interleaved, double base, double scale,
+                          int64_t offset);
+/** nt_rope with the positions' offset read from `offset`, a one-element i32
+ *  tensor, when the op runs: a captured program that names it with
+ *  nt_graph_input uses the value bound at each replay (KV-cache decoding).
+ *  A wrong dtype or element count is an error at the call; a value < 0 or
+ *  past 2^24 - T an error of the op when it runs (NT_EINVAL). */
+NT_API nt_tensor *nt_rope_offset(nt_tensor *x, int64_t dims, bool interleaved, double base,
+                                 double scale, nt_tensor *offset);
 /** Rows of weight [V, D] picked by the i32 indices idx [...]: [..., D].
  *  Indices outside [0, V) are an error when the op runs. */
 NT_API nt_tensor *nt_embedding(nt_tensor *weight, nt_tensor *idx);

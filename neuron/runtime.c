@@ -64,6 +64,7 @@ static const nt__kernel_fn sk_table[] = {
     [NT_OP_CUMSUM] = nt__sk_scan,
     [NT_OP_CUMPROD] = nt__sk_scan,
     [NT_OP_LINREC] = nt__sk_scan,
+    [NT_OP_ROPE] = nt__sk_rope,
     [NT_OP_SCATTER] = nt__sk_scatter,
     [NT_OP_SCATTER_ADD] = nt__sk_scatter,
 };
@@ -985,9 +986,13 @@ static void sim_stats_clear(void) { nt_sim_stats_reset(); }
 
 /* Attention runs here only when a head fits SBUF (the tile program keeps
  * one resident); every other op its table has, whatever the parameters. */
-static const bool sim_checked[NT_OP_COUNT] = {[NT_OP_SDPA] = true, [NT_OP_SDPA_BWD] = true};
+static const bool sim_checked[NT_OP_COUNT] = {[NT_OP_SDPA] = true, [NT_OP_SDPA_BWD] = true,
+                                               [NT_OP_ROPE] = true};
 
-static bool sim_supports(int op, const nt__params *p) { return nt__sk_sdpa_fits(op, p); }
+static bool sim_supports(int op, const nt__params *p)
+{
+    return op == NT_OP_ROPE ? nt__sk_rope_fits(p) : nt__sk_sdpa_fits(op, p);
+}
 
 const nt__backend_i nt__sim_backend = {
     .name = "sim",

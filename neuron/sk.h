@@ -259,6 +259,9 @@ int nt__sk_randn(const nt__rec *r);
 int nt__sk_dropout(const nt__rec *r);      /* sample.c */
 int nt__sk_topk(const nt__rec *r);
 int nt__sk_multinomial(const nt__rec *r);
+int nt__sk_rope(const nt__rec *r);        /* rope.c */
+/* Whether ROPE with p's sizes fits the kernel's tiles (else the CPU runs it). */
+bool nt__sk_rope_fits(const nt__params *p);
 
 /* Fusion programs on the simulator (ew.c). */
 int nt__sk_fused(const nt__fgroup *g);

@@ -413,6 +413,8 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
         case NT_OP_DROPOUT: return nt_dropout(in[0], 0.3, 7);
         case NT_OP_CUMSUM: return nt_cumsum(in[0], 1);
         case NT_OP_CUMPROD: return nt_cumprod(in[0], 1);
+        case NT_OP_ROPE: /* the offset as a tensor: a capture takes it */
+            return nt_rope_offset(in[0], 32, false, 1e4, 1.0, nt_full(NT_I32, 0, NULL, 3));
         default: return NO_DRIVER;
         }
     case NT_KIND_LOSS:
@@ -1197,6 +1199,8 @@ static void check_ref(int op)
     else if (op == NT_OP_AMAX || op == NT_OP_AMIN || op == NT_OP_CUMSUM || op == NT_OP_CUMPROD ||
              op == NT_OP_LINREC)
         cell(op, K_REF, "n/a: values and gradients vs PyTorch and double in test_reductions.c");
+    else if (op == NT_OP_ROPE)
+        cell(op, K_REF, "n/a: values and gradients vs PyTorch and double in test_rope.c");
     else
         cell(op, K_REF, "n/a: values checked in test_ops.c / test_autograd.c");
 }

@@ -194,6 +194,11 @@ NT_API nt_tensor *nt_scaled_dot_product_attention_at(const nt_site *site, nt_ten
                                                      nt_tensor *k, nt_tensor *v,
                                                      nt_tensor *mask, bool causal,
                                                      double scale);
+NT_API nt_tensor *nt_rope_at(const nt_site *site, nt_tensor *x, int64_t dims, bool interleaved,
+                             double base, double scale, int64_t offset);
+NT_API nt_tensor *nt_rope_offset_at(const nt_site *site, nt_tensor *x, int64_t dims,
+                                    bool interleaved, double base, double scale,
+                                    nt_tensor *offset);
 NT_API nt_tensor *nt_embedding_at(const nt_site *site, nt_tensor *weight, nt_tensor *idx);
 NT_API int nt_topk_at(const nt_site *site, nt_tensor *x, int64_t k, int dim, bool largest,
                       nt_tensor **values, nt_tensor **indices);
@@ -422,6 +427,8 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(nt_tensor *, nt_kaiming_normal, (nt_dtype dt, int ndim, const int64_t *shape, double a, nt_fan_mode mode, nt_nonlinearity nl, nt_generator *g), (const nt_site *site, nt_dtype dt, int ndim, const int64_t *shape, double a, nt_fan_mode mode, nt_nonlinearity nl, nt_generator *g), 7) \
     X(nt_tensor *, nt_multinomial, (nt_tensor *probs, int64_t n, uint64_t seed), (const nt_site *site, nt_tensor *probs, int64_t n, uint64_t seed), 3) \
     X(nt_tensor *, nt_scaled_dot_product_attention, (nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_tensor *mask, bool causal, double scale), (const nt_site *site, nt_tensor *q, nt_tensor *k, nt_tensor *v, nt_tensor *mask, bool causal, double scale), 6) \
+    X(nt_tensor *, nt_rope, (nt_tensor *x, int64_t dims, bool interleaved, double base, double scale, int64_t offset), (const nt_site *site, nt_tensor *x, int64_t dims, bool interleaved, double base, double scale, int64_t offset), 6) \
+    X(nt_tensor *, nt_rope_offset, (nt_tensor *x, int64_t dims, bool interleaved, double base, double scale, nt_tensor *offset), (const nt_site *site, nt_tensor *x, int64_t dims, bool interleaved, double base, double scale, nt_tensor *offset), 6) \
     X(nt_tensor *, nt_embedding, (nt_tensor *weight, nt_tensor *idx), (const nt_site *site, nt_tensor *weight, nt_tensor *idx), 2) \
     X(int, nt_topk, (nt_tensor *x, int64_t k, int dim, bool largest, nt_tensor **values, nt_tensor **indices), (const nt_site *site, nt_tensor *x, int64_t k, int dim, bool largest, nt_tensor **values, nt_tensor **indices), 6) \
     X(nt_tensor *, nt_gather, (nt_tensor *t, int dim, nt_tensor *index), (const nt_site *site, nt_tensor *t, int dim, nt_tensor *index), 3) \
@@ -616,6 +623,8 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_kaiming_normal(...) nt_kaiming_normal_at(NT_HERE, __VA_ARGS__)
 #define nt_multinomial(...) nt_multinomial_at(NT_HERE, __VA_ARGS__)
 #define nt_scaled_dot_product_attention(...) nt_scaled_dot_product_attention_at(NT_HERE, __VA_ARGS__)
+#define nt_rope(...) nt_rope_at(NT_HERE, __VA_ARGS__)
+#define nt_rope_offset(...) nt_rope_offset_at(NT_HERE, __VA_ARGS__)
 #define nt_embedding(...) nt_embedding_at(NT_HERE, __VA_ARGS__)
 #define nt_topk(...) nt_topk_at(NT_HERE, __VA_ARGS__)
 #define nt_gather(...) nt_gather_at(NT_HERE, __VA_ARGS__)
