@@ -85,6 +85,9 @@ static void usage(FILE *f)
             "                           fused nt_scaled_dot_product_attention\n"
             "  --sinpos           sinusoidal position encoding (nt_sin/nt_cos of the\n"
             "                     position) instead of the learned one (needs an even --width)\n"
+            "  --rope             rotary position embedding of q and k in every block\n"
+            "                     (nt_rope, GPT-NeoX layout, base 10000) instead of the\n"
+            "                     learned positions (needs an even --width / --heads)\n"
             "  --save PATH        save parameters and optimizer state at every eval\n"
             "  --resume PATH      load PATH first and continue from its step\n"
             "  --seed N           seed of the initialisation and the batches (1)\n"
@@ -179,6 +182,8 @@ static void parse_args(int argc, char **argv, options *o)
                 o->capture = true;
             else if (!strcmp(a, "--sinpos"))
                 o->c.sinpos = true;
+            else if (!strcmp(a, "--rope"))
+                o->c.rope = true;
             else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
                 usage(stdout);
                 exit(0);
@@ -198,6 +203,12 @@ static void parse_args(int argc, char **argv, options *o)
     }
     if (o->c.sinpos && o->c.width % 2) {
         fprintf(stderr, "char_gpt: --sinpos needs an even --width (got %d)\n", o->c.width);
+        exit(1);
+    }
+    if (o->c.rope && ((o->c.width / o->c.n_head) % 2 || o->c.sinpos)) {
+        fprintf(stderr, "char_gpt: --rope needs an even head width (--width / --heads, got "
+                        "%d) and no --sinpos\n",
+                o->c.width / o->c.n_head);
         exit(1);
     }
     if (strcmp(o->amp, "none") && strcmp(o->amp, "bf16")) {
@@ -291,6 +302,9 @@ int main(int argc, char **argv)
            "parameters\n",
            o.c.n_layer, o.c.n_head, o.c.width, o.c.context, o.c.untied ? "untied" : "tied",
            o.c.dropout, (long long)nparam);
+    if (o.c.rope)
+        printf("positions: rotary (nt_rope of q and k in every block, GPT-NeoX layout, base "
+               "10000); wpe unused\n");
     printf("training: %lld steps of batch %d, AdamW lr %g (warm-up %lld, cosine to %g; "
            "weight decay 0.1 on matrices and embeddings, none on norms and biases), "
            "clip 1.0, seed %llu; mode %s, backend %s, amp %s\n",

@@ -6,9 +6,12 @@
  *
  * The model (GPT-2's pre-LN layout):
  *   x      = wte[idx] + wpe[pos]                               [B, T, D]
- *            (c.sinpos: + gpt_sinpos, sin/cos of the position, for wpe)
+ *            (c.sinpos: + gpt_sinpos, sin/cos of the position, for wpe;
+ *             c.rope: no position term here, see attn)
  *   n_layer blocks:
- *     x    = x + proj(attn(ln1(x)))      H heads, causal
+ *     x    = x + proj(attn(ln1(x)))      H heads, causal (c.rope: q and k
+ *                                        rotated by nt_rope, GPT-NeoX layout,
+ *                                        every feature of a head, base 10000)
  *     x    = x + fc2(gelu(fc(ln2(x))))   4D hidden, exact (erf) GELU
  *   logits = linear(ln_f(x), head)       head = wte when tied
  *   loss   = cross_entropy(logits, next characters)
@@ -220,6 +223,8 @@ typedef struct {
     bool composite_attn; /* matmul/masked_fill/softmax/matmul, not the fused op */
     bool sinpos; /* sinusoidal positions (nt_sin/nt_cos), not wpe (which then gets no
                     gradient and AdamW skips it) */
+    bool rope; /* rotary position embedding of q and k in every block (nt_rope), not
+                  wpe (which then gets no gradient, as with sinpos) */
 } gpt_config;
 
 /* Per block, in the peer's parameter order. */
@@ -430,14 +435,25 @@ static inline nt_tensor *gpt_heads(gpt_model *m, nt_tensor *qkv, int64_t off)
     return nt_permute(nt_reshape(s, 4, (int64_t[]){B, T, H, D / H}), (int[]){0, 2, 1, 3});
 }
 
+/* c.rope: GPT-NeoX's rotary embedding of every feature of the heads t [B,
+ * H, T, hd] (positions 0 .. T-1, base 10000). */
+static inline nt_tensor *gpt_rope(gpt_model *m, nt_tensor *t)
+{
+    return nt_rope(t, m->c.width / m->c.n_head, false, 10000.0, 1.0, 0);
+}
+
 /* Pre-LN block l on x [B, T, D]; p = its GPT_PER_BLOCK params. */
 static inline nt_tensor *gpt_block_fn(gpt_model *m, int l, nt_tensor *const *p, nt_tensor *x)
 {
     int64_t B = nt_shape(x, 0), T = nt_shape(x, 1), D = m->c.width;
     nt_tensor *h = nt_layer_norm(x, p[GPT_LN1W], p[GPT_LN1B], 1e-5);
     nt_tensor *qkv = nt_linear(h, p[GPT_WQKV], p[GPT_BQKV]);
-    nt_tensor *y = gpt_attn(m, gpt_heads(m, qkv, 0), gpt_heads(m, qkv, D),
-                            gpt_heads(m, qkv, 2 * D));
+    nt_tensor *y;
+    if (!m->c.rope)
+        y = gpt_attn(m, gpt_heads(m, qkv, 0), gpt_heads(m, qkv, D), gpt_heads(m, qkv, 2 * D));
+    else
+        y = gpt_attn(m, gpt_rope(m, gpt_heads(m, qkv, 0)), gpt_rope(m, gpt_heads(m, qkv, D)),
+                     gpt_heads(m, qkv, 2 * D));
     y = nt_reshape(nt_permute(y, (int[]){0, 2, 1, 3}), 3, (int64_t[]){B, T, D});
     x = nt_add(x, gpt_dropout(m, nt_linear(y, p[GPT_WO], p[GPT_BO]), 1 + 2 * l));
     h = nt_layer_norm(x, p[GPT_LN2W], p[GPT_LN2B], 1e-5);
@@ -489,10 +505,14 @@ static inline nt_tensor *gpt_logits(gpt_model *m, nt_tensor *idx)
 {
     nt_tensor **p = m->p;
     int64_t B = nt_shape(idx, 0), T = nt_shape(idx, 1);
-    nt_tensor *pos = m->c.sinpos ? NULL : nt_arange(NT_I32, 0, (double)T, 1);
-    nt_tensor *x = nt_add(nt_embedding(p[GPT_WTE], idx),
-                          pos ? nt_embedding(p[GPT_WPE], pos)
-                              : nt_mul_scalar(gpt_sinpos(T, m->c.width), 0.02));
+    nt_tensor *pos = m->c.sinpos || m->c.rope ? NULL : nt_arange(NT_I32, 0, (double)T, 1);
+    nt_tensor *x;
+    if (!m->c.rope)
+        x = nt_add(nt_embedding(p[GPT_WTE], idx),
+                   pos ? nt_embedding(p[GPT_WPE], pos)
+                       : nt_mul_scalar(gpt_sinpos(T, m->c.width), 0.02));
+    else /* the positions enter in attention only */
+        x = nt_embedding(p[GPT_WTE], idx);
     x = gpt_dropout(m, x, 0);
     for (int l = 0; l < m->c.n_layer; l++)
         x = gpt_block(m, l, x);
