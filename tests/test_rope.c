@@ -205,8 +205,11 @@ static void test_torch_refs(void **state)
 
 /* Random problems against the double evaluation: f32 within 2^-23 of the
  * pair, bf16/f16 within their rounding; the gradient is the inverse
- * rotation of cot.  Shapes that take several position blocks (T > 128) and
- * several row groups (nn * D > 4096) on the simulator. */
+ * rotation of cot.  Shapes for both layouts of the simulator's kernel
+ * (neuron/rope.c): positions on partitions with several position blocks
+ * (T > 128) and row groups (nn * D > 4096); chunks of positions, with a
+ * partial last tile ([7, 3, 64, 32]) and several full ones ([70, 64,
+ * 128]). */
 static const prob PROBS[] = {
     {4, {2, 3, 5, 8}, 8, false, 10000, 1, 0, NT_F32, NULL, NULL},
     {4, {2, 3, 5, 8}, 6, true, 10000, 1, 2, NT_F32, NULL, NULL},
@@ -215,6 +218,8 @@ static const prob PROBS[] = {
     {2, {5, 1000}, 998, false, 10000, 1, 9, NT_F32, NULL, NULL},
     {3, {5, 3, 1000}, 64, true, 10000, 1, 0, NT_F16, NULL, NULL},
     {4, {2, 2, 1, 16}, 16, false, 1e6, 3, 40000, NT_F32, NULL, NULL},
+    {4, {7, 3, 64, 32}, 32, false, 10000, 1, 0, NT_BF16, NULL, NULL},
+    {3, {70, 64, 128}, 96, true, 10000, 1, 11, NT_F32, NULL, NULL},
 };
 #define NPROBS ((int)(sizeof PROBS / sizeof PROBS[0]))
 
