@@ -84,6 +84,9 @@ def main():
     ap.add_argument("--eval-batches", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--untied", action="store_true")
+    ap.add_argument("--rope", action="store_true",
+                    help="rotary position embedding of q and k (GPT-NeoX layout, base 10000) "
+                         "instead of the learned positions, as examples/char_gpt --rope")
     ap.add_argument("--data", default=DATA_DIR)
     ap.add_argument("--threads", type=int, default=0,
                     help="torch.set_num_threads; 0 (default) keeps torch's own default "
@@ -147,9 +150,18 @@ def main():
           f"{sum(p.numel() for p in params)} parameters", flush=True)
     causal = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
 
+    hd = D // H
+    inv = torch.tensor([10000.0 ** (-(2.0 * i) / hd) for i in range(hd // 2)],
+                       dtype=torch.float64).float()  # docs/ops.md: in double, rounded once
+
+    def rope(z, t):  # GPT-NeoX: x * cos + cat(-x2, x1) * sin
+        f = torch.outer(torch.arange(t, dtype=torch.float32), inv)
+        c, s = torch.cat((f.cos(), f.cos()), -1), torch.cat((f.sin(), f.sin()), -1)
+        return z * c + torch.cat((-z[..., hd // 2:], z[..., :hd // 2]), -1) * s
+
     def forward(x, y):
         b, t = x.shape
-        h = params[0][x] + params[1][:t]
+        h = params[0][x] if a.rope else params[0][x] + params[1][:t]
         for l in range(L):
             (l1w, l1b, wqkv, bqkv, wo, bo, l2w, l2b, w1, b1, w2, b2) = \
                 params[2 + 12 * l:2 + 12 * (l + 1)]
@@ -157,6 +169,8 @@ def main():
             qkv = F.linear(z, wqkv, bqkv)
             q, k, v = (qkv[..., i * D:(i + 1) * D].reshape(b, t, H, D // H).transpose(1, 2)
                        for i in range(3))
+            if a.rope:
+                q, k = rope(q, t), rope(k, t)
             att = (q @ k.transpose(2, 3)) * (1 / math.sqrt(D // H))
             att = F.softmax(att.masked_fill(causal[:t, :t], float("-inf")), dim=3)
             z = (att @ v).transpose(1, 2).reshape(b, t, D)
