@@ -247,14 +247,14 @@ static bool near(double got, double want, double abssum, int64_t terms, double s
 
 typedef struct {
     int ynd;
-    int64_t ysh[8], ny, nx[3];
-    float *y, *g[3];
+    int64_t ysh[8], ny, nx[4];
+    float *y, *g[4];
 } run;
 
 static void run_free(run *r)
 {
     free(r->y);
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 4; k++)
         free(r->g[k]);
 }
 
@@ -309,7 +309,8 @@ static void check_ref(int ci, const run *R)
         assert_int_equal(R->ysh[i], EI_REFS[ci].ysh[i]);
     ev_eq q;
     ev_parse(&q, eq, n, EI_REFS[ci].nd, EI_REFS[ci].sh);
-    float *xs[3] = {0}, *w = malloc((size_t)(R->ny + 1) * sizeof *w);
+    float *xs[3] = {0};
+    float *w = calloc((size_t)R->ny + 1, sizeof *w);
     for (int k = 0; k < n; k++) {
         xs[k] = malloc((size_t)(R->nx[k] + 1) * sizeof *xs[k]);
         for (int64_t i = 0; i < R->nx[k]; i++)
@@ -374,10 +375,393 @@ static void test_vs_torch_all_configs(void **state)
     nt_test_cfg(0);
 }
 
+/* ---------------- more equations, against the evaluator ---------------- */
+
+typedef struct {
+    const char *eq;
+    int n, nd[4];
+    int64_t sh[4][8];
+} eqcase;
+
+static const eqcase DEF_CASES[] = {
+    {"iii->i", 1, {3}, {{3, 3, 3}}},
+    {"abc,cd,de,ef->af", 4, {3, 2, 2, 2}, {{2, 3, 4}, {4, 3}, {3, 5}, {5, 2}}},
+    {"...ij,...ji->...", 2, {3, 3}, {{2, 3, 4}, {2, 4, 3}}},
+    {"i,i,i->i", 3, {1, 1, 1}, {{5}, {5}, {5}}},
+    {"ij,kl->ijkl", 2, {2, 2}, {{2, 3}, {3, 2}}},
+    {"a...b,b...c->...ac", 2, {3, 3}, {{2, 3, 4}, {4, 3, 5}}},
+    {"ij,jk->ik", 2, {2, 2}, {{3, 300}, {300, 2}}}, /* three K-tiles */
+    {"AaBb,bB->Aa", 2, {4, 2}, {{2, 3, 4, 5}, {5, 4}}},
+    {"i,i", 2, {1, 1}, {{6}, {6}}},
+    {"jii,ik->kj", 2, {3, 2}, {{2, 3, 3}, {3, 4}}},
+    {"...i,...i->...", 2, {3, 2}, {{3, 1, 4}, {5, 4}}},
+    {"ij,jk->ik", 2, {2, 2}, {{2, 0}, {0, 3}}}, /* K = 0: zeros */
+    {"ij->j", 1, {2}, {{0, 3}}},
+    {"ij,j->i", 2, {2, 1}, {{3, 1}, {4}}}, /* broadcast j, summed from b first */
+    {"b i j , b j k -> b k i", 2, {3, 3}, {{2, 3, 4}, {2, 4, 5}}},
+    {"ij,ij,ij->", 3, {2, 2, 2}, {{3, 4}, {1, 4}, {3, 1}}},
+    {"i->i...", 1, {1}, {{4}}},
+    {"...->...", 1, {2}, {{2, 3}}},
+};
+enum { NDEF = sizeof DEF_CASES / sizeof DEF_CASES[0] };
+
+/* the cases' operands, seeded values in [-1, 1) */
+static void def_inputs(int ci, nt_tensor **x, float **xs)
+{
+    uint64_t st = 0x9e3779b97f4a7c15ull + (uint64_t)ci;
+    const eqcase *e = &DEF_CASES[ci];
+    for (int k = 0; k < e->n; k++) {
+        int64_t m = numel_of(e->nd[k], e->sh[k]);
+        xs[k] = malloc((size_t)(m + 1) * sizeof *xs[k]);
+        nt_test_fill(xs[k], (size_t)m, &st);
+        if (x)
+            x[k] = from_floats(xs[k], e->nd[k], e->sh[k]);
+    }
+}
+
+static void test_vs_definition(void **state)
+{
+    (void)state;
+    for (int b = 0; b < 2; b++) { /* cpu and sim */
+        nt_test_cfg(b);
+        for (int ci = 0; ci < NDEF; ci++) {
+            const eqcase *e = &DEF_CASES[ci];
+            nt_tensor *x[4];
+            float *xs[4];
+            nt_scope *sc = nt_scope_begin();
+            def_inputs(ci, x, xs);
+            ev_eq q;
+            ev_parse(&q, e->eq, e->n, e->nd, e->sh);
+            int64_t ny = 1;
+            for (int d = 0; d < q.ond; d++)
+                ny *= q.size[q.osym[d]];
+            float *w = malloc((size_t)(ny + 1) * sizeof *w);
+            uint64_t st = 77;
+            nt_test_fill(w, (size_t)ny, &st);
+            run R = run_eq(e->eq, e->n, x, NULL, w);
+            ev_res E = ev_eval(&q, (const float *const *)xs, w);
+            assert_int_equal(R.ynd, q.ond);
+            for (int d = 0; d < q.ond; d++)
+                assert_int_equal(R.ysh[d], q.size[q.osym[d]]);
+            assert_int_equal(R.ny, ny);
+            for (int64_t i = 0; i < ny; i++)
+                if (!near(R.y[i], E.y[i], E.yabs[i], E.terms, 1))
+                    fail_msg("\"%s\" on %s: y[%lld] = %a, in double %a", e->eq,
+                             NT_TEST_CFGS[b][0], (long long)i, (double)R.y[i], E.y[i]);
+            for (int k = 0; k < e->n; k++)
+                for (int64_t i = 0; i < R.nx[k]; i++) {
+                    int64_t gt = R.nx[k] ? E.terms * ny / R.nx[k] + E.terms + 4 : 0;
+                    if (!near(R.g[k][i], E.g[k][i], E.gabs[k][i], gt, 1))
+                        fail_msg("\"%s\" on %s: operand %d's gradient [%lld] = %a, in double %a",
+                                 e->eq, NT_TEST_CFGS[b][0], k, (long long)i, (double)R.g[k][i],
+                                 E.g[k][i]);
+                }
+            ev_free(&E, e->n);
+            run_free(&R);
+            for (int k = 0; k < e->n; k++)
+                free(xs[k]);
+            free(w);
+            assert_int_equal(nt_scope_end(sc), 0);
+        }
+    }
+    nt_test_cfg(0);
+}
+
+/* ---------------- the lowering of docs/ops.md, as ops ---------------- */
+
+static void expect_bits(const char *what, nt_tensor *got, nt_tensor *want)
+{
+    assert_non_null(got);
+    assert_non_null(want);
+    assert_int_equal(nt_ndim(got), nt_ndim(want));
+    for (int d = 0; d < nt_ndim(got); d++)
+        assert_int_equal(nt_shape(got, d), nt_shape(want, d));
+    float *a = to_floats(got), *b = to_floats(want);
+    if (memcmp(a, b, (size_t)nt_numel(got) * sizeof *a))
+        fail_msg("%s: nt_einsum's bits are not the documented lowering's", what);
+    free(a);
+    free(b);
+}
+
+static nt_tensor *rnd(int nd, const int64_t *sh, uint64_t seed)
+{
+    int64_t m = numel_of(nd, sh);
+    float *f = malloc((size_t)(m + 1) * sizeof *f);
+    nt_test_fill(f, (size_t)m, &seed);
+    for (int64_t i = 0; i < m; i++) /* many magnitudes: the order shows */
+        f[i] = ldexpf(f[i], (int)(i * 7 % 23) - 11);
+    nt_tensor *t = from_floats(f, nd, sh);
+    free(f);
+    return t;
+}
+
+#define SH(...) (const int64_t[]){__VA_ARGS__}
+
+static void test_lowering_bits(void **state)
+{
+    (void)state;
+    for (int b = 0; b < 2; b++) {
+        nt_test_cfg(b);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *A = rnd(3, SH(3, 4, 5), 1), *B = rnd(3, SH(3, 5, 2), 2);
+        /* "ijk,ikl->jl": global order j, l, i, k; K = (i, k), i outer */
+        nt_tensor *a3 = nt_reshape(nt_permute(A, (const int[]){1, 0, 2}), 3, SH(1, 4, 15));
+        nt_tensor *want = nt_reshape(nt_matmul(a3, nt_reshape(B, 3, SH(1, 15, 2))), 2, SH(4, 2));
+        expect_bits("ijk,ikl->jl", nt_einsum("ijk,ikl->jl", 2, (nt_tensor *[]){A, B}), want);
+        /* "kji,ilk->jl" is the same contraction with K = (i, k) still i outer */
+        nt_tensor *At = nt_permute(A, (const int[]){2, 1, 0}), *Bt = nt_permute(B, (const int[]){0, 2, 1});
+        expect_bits("kji,ilk->jl", nt_einsum("kji,ilk->jl", 2, (nt_tensor *[]){At, Bt}), want);
+        /* "ij,jk->i": k summed from the second operand first, then [1, i, j] . [1, j, 1] */
+        nt_tensor *P = rnd(2, SH(3, 4), 3), *Q = rnd(2, SH(4, 6), 4);
+        want = nt_reshape(nt_matmul(nt_reshape(P, 3, SH(1, 3, 4)),
+                                    nt_reshape(nt_sum(Q, 1, false), 3, SH(1, 4, 1))), 1, SH(3));
+        expect_bits("ij,jk->i", nt_einsum("ij,jk->i", 2, (nt_tensor *[]){P, Q}), want);
+        /* one operand: nt_sum_dims over the summed dims in the global order */
+        want = nt_sum_dims(nt_permute(A, (const int[]){1, 0, 2}), 2, (const int[]){1, 2}, false);
+        expect_bits("ijk->j", nt_einsum("ijk->j", 1, &A), want);
+        /* three operands, left to right */
+        nt_tensor *C = rnd(2, SH(6, 2), 5);
+        want = nt_reshape(nt_matmul(nt_reshape(nt_matmul(nt_reshape(P, 3, SH(1, 3, 4)),
+                                                         nt_reshape(Q, 3, SH(1, 4, 6))),
+                                               3, SH(1, 3, 6)),
+                                    nt_reshape(C, 3, SH(1, 6, 2))), 2, SH(3, 2));
+        expect_bits("ij,jk,kl->il", nt_einsum("ij,jk,kl->il", 3, (nt_tensor *[]){P, Q, C}), want);
+        /* no K: one product per element */
+        nt_tensor *u = rnd(1, SH(5), 6), *v = rnd(1, SH(3), 7);
+        want = nt_mul(nt_reshape(u, 2, SH(5, 1)), nt_reshape(v, 2, SH(1, 3)));
+        expect_bits("i,j->ij", nt_einsum("i,j->ij", 2, (nt_tensor *[]){u, v}), want);
+        /* a size-1 j broadcasts: removed from the first operand, summed from the second */
+        nt_tensor *S = rnd(2, SH(3, 1), 8);
+        want = nt_mul(S, nt_reshape(nt_sum(Q, 0, false), 2, SH(1, 6)));
+        expect_bits("ij,jk->ik (j of size 1)", nt_einsum("ij,jk->ik", 2, (nt_tensor *[]){S, Q}),
+                    want);
+        /* attention scores: [b*h, q, d] . [b*h, d, k] */
+        nt_tensor *Qh = rnd(4, SH(2, 3, 5, 7), 9), *Kh = rnd(4, SH(2, 3, 4, 7), 10);
+        want = nt_matmul(Qh, nt_transpose(Kh, 2, 3));
+        expect_bits("bhqd,bhkd->bhqk", nt_einsum("bhqd,bhkd->bhqk", 2, (nt_tensor *[]){Qh, Kh}),
+                    want);
+        /* the result is a new tensor, also when nothing is computed */
+        nt_tensor *y = nt_einsum("ijk", 1, &A);
+        assert_true(y != A);
+        expect_bits("ijk", y, A);
+        assert_int_equal(nt_scope_end(sc), 0);
+    }
+    nt_test_cfg(0);
+}
+
+/* ---------------- gradcheck ---------------- */
+
+static nt_tensor *gc_fn(nt_tensor *const *in, void *ctx)
+{
+    const eqcase *e = ctx;
+    return nt_einsum(e->eq, e->n, in);
+}
+
+static const eqcase GC_CASES[] = {
+    {"ij,jk->ik", 2, {2, 2}, {{2, 3}, {3, 4}}},
+    {"bii->b", 1, {3}, {{2, 3, 3}}},
+    {"...ij,...jk->...ik", 2, {4, 3}, {{2, 1, 2, 3}, {2, 3, 2}}},
+    {"ij,jk,kl->il", 3, {2, 2, 2}, {{2, 3}, {3, 2}, {2, 3}}},
+    {"ij,jk->ik", 2, {2, 2}, {{3, 1}, {2, 2}}},
+    {"iij,k->jk", 2, {3, 1}, {{2, 2, 3}, {2}}},
+    {"bhqd,bhkd->bhqk", 2, {4, 4}, {{1, 2, 3, 2}, {1, 2, 2, 2}}},
+};
+
+/* einsum is multilinear: the central differences are exact but for f32
+ * rounding */
+static void test_gradcheck(void **state)
+{
+    (void)state;
+    for (int b = 0; b < 2; b++) {
+        nt_test_cfg(b);
+        for (size_t ci = 0; ci < sizeof GC_CASES / sizeof GC_CASES[0]; ci++) {
+            const eqcase *e = &GC_CASES[ci];
+            nt_scope *sc = nt_scope_begin();
+            nt_tensor *x[4];
+            for (int k = 0; k < e->n; k++) {
+                x[k] = rnd(e->nd[k], e->sh[k], 100 + ci * 4 + (size_t)k);
+                x[k] = nt_mul_scalar(x[k], 1.0); /* plain values */
+                float h[64];
+                int64_t m = numel_of(e->nd[k], e->sh[k]);
+                for (int64_t i = 0; i < m; i++)
+                    h[i] = (float)((i * 7 + k * 3) % 11) * 0.2f - 1.0f;
+                x[k] = from_floats(h, e->nd[k], e->sh[k]);
+                nt_set_requires_grad(x[k], true);
+            }
+            int rc = nt_gradcheck(gc_fn, x, e->n, (void *)e, 1e-2, 1e-3, 1e-3);
+            if (rc)
+                fail_msg("gradcheck \"%s\" on %s: %s", e->eq, NT_TEST_CFGS[b][0],
+                         nt_last_error_message());
+            assert_int_equal(nt_scope_end(sc), 0);
+        }
+    }
+    nt_test_cfg(0);
+}
+
+/* ---------------- captured ---------------- */
+
+/* a captured einsum replayed on other inputs gives the eager bits */
+static void test_captured(void **state)
+{
+    (void)state;
+    for (int k = 4; k <= 5; k++) { /* cpu and sim, lazy */
+        nt_test_cfg(k);
+        for (int ci = 0; ci < NREF; ci++) {
+            int n = EI_REFS[ci].n;
+            nt_scope *sc = nt_scope_begin();
+            nt_tensor *x2[3], *x[3];
+            for (int j = 0; j < n; j++) {
+                x2[j] = from_bits(EI_REFS[ci].x[j], EI_REFS[ci].nd[j], EI_REFS[ci].sh[j]);
+                x[j] = nt_zeros_like(x2[j]);
+            }
+            nt_tensor *want = nt_einsum(EI_REFS[ci].eq, n, x2);
+            assert_non_null(want);
+            assert_int_equal(nt_sync(), 0);
+            assert_int_equal(nt_graph_capture_begin(), 0);
+            static const char *const names[3] = {"x0", "x1", "x2"};
+            for (int j = 0; j < n; j++)
+                assert_int_equal(nt_graph_input(x[j], names[j]), 0);
+            nt_tensor *y = nt_einsum(EI_REFS[ci].eq, n, x);
+            nt_graph *g = nt_graph_capture_end();
+            if (!g || !y)
+                fail_msg("\"%s\": %s", EI_REFS[ci].eq, nt_last_error_message());
+            for (int j = 0; j < n; j++)
+                assert_int_equal(nt_graph_bind(g, names[j], x2[j]), 0);
+            assert_int_equal(nt_graph_replay(g), 0);
+            float *a = to_floats(y), *b = to_floats(want);
+            assert_memory_equal(a, b, (size_t)nt_numel(y) * sizeof *a);
+            free(a);
+            free(b);
+            nt_graph_destroy(g);
+            assert_int_equal(nt_scope_end(sc), 0);
+        }
+    }
+    nt_test_cfg(0);
+}
+
+/* ---------------- other dtypes ---------------- */
+
+/* bf16 and f16 operands: the same lowering in their dtype (the matmul's
+ * bf16 order, docs/ops.md section 7), against the ops written out */
+static void test_half_dtypes(void **state)
+{
+    (void)state;
+    for (int b = 0; b < 2; b++) {
+        nt_test_cfg(b);
+        for (int h = 0; h < 2; h++) {
+            nt_dtype dt = h ? NT_F16 : NT_BF16;
+            nt_scope *sc = nt_scope_begin();
+            nt_tensor *A = nt_cast(rnd(3, SH(2, 3, 20), 11), dt);
+            nt_tensor *B = nt_cast(rnd(3, SH(2, 20, 4), 12), dt);
+            nt_tensor *y = nt_einsum("bij,bjk->bik", 2, (nt_tensor *[]){A, B});
+            assert_non_null(y);
+            assert_int_equal(nt_dtype_of(y), dt);
+            nt_tensor *want = nt_matmul(A, B);
+            expect_bits("bij,bjk->bik", nt_cast(y, NT_F32), nt_cast(want, NT_F32));
+            y = nt_einsum("bij->i", 1, &A);
+            want = nt_sum_dims(nt_permute(A, (const int[]){1, 0, 2}), 2, (const int[]){1, 2},
+                               false);
+            assert_int_equal(nt_dtype_of(y), dt);
+            expect_bits("bij->i", nt_cast(y, NT_F32), nt_cast(want, NT_F32));
+            assert_int_equal(nt_scope_end(sc), 0);
+        }
+    }
+    nt_test_cfg(0);
+}
+
+/* ---------------- bad input ---------------- */
+
+#define EXPECT_BAD(call, code, ...) \
+    nt_test_expect_err((call) ? 0 : nt_last_error(), code, "nt_einsum", __VA_ARGS__)
+
+static void test_bad_input(void **state)
+{
+    (void)state;
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *a = nt_zeros(NT_F32, 2, SH(2, 3)), *b = nt_zeros(NT_F32, 2, SH(3, 4));
+    nt_tensor *c = nt_zeros(NT_F32, 2, SH(4, 5)), *sq = nt_zeros(NT_F32, 2, SH(3, 4));
+    nt_tensor *ab[2] = {a, b}, *ac[2] = {a, c}, *five[7];
+    nt_tensor *xi = nt_zeros(NT_I32, 2, SH(2, 3)), *xh = nt_zeros(NT_BF16, 2, SH(3, 4));
+    /* NULLs, counts */
+    EXPECT_BAD(nt_einsum(NULL, 2, ab), NT_EINVAL, "'equation' is NULL", "test_einsum.c:");
+    EXPECT_BAD(nt_einsum("ij,jk->ik", 2, NULL), NT_EINVAL, "'operands' is NULL");
+    EXPECT_BAD(nt_einsum("ij,jk->ik", 0, ab), NT_EINVAL, "'operands'", "n = 0");
+    EXPECT_BAD(nt_einsum("ij,jk->ik", 2, (nt_tensor *[]){a, NULL}), NT_EINVAL,
+               "'operands[1]' is NULL");
+    EXPECT_BAD(nt_einsum("ij,jk->ik", 1, ab), NT_EINVAL, "'n' is 1", "names 2 operands");
+    EXPECT_BAD(nt_einsum("ij->ij", 2, ab), NT_EINVAL, "'n' is 2", "names 1 operand;");
+    /* characters */
+    EXPECT_BAD(nt_einsum("ij,j1->i", 2, ab), NT_EINVAL, "'equation'", "('1') at index 4",
+               "[a-zA-Z]");
+    EXPECT_BAD(nt_einsum("ij,jk->ik\t", 2, ab), NT_EINVAL, "0x09", "index 9");
+    /* misplaced '...', '->' */
+    EXPECT_BAD(nt_einsum("i.j", 1, &a), NT_EINVAL, "'.' at index 1", "ellipsis '...'");
+    EXPECT_BAD(nt_einsum("....j", 1, &a), NT_EINVAL, "'.' at index 3");
+    EXPECT_BAD(nt_einsum("...i...", 1, &a), NT_EINVAL, "second '...' at index 4",
+               "an operand");
+    EXPECT_BAD(nt_einsum("...ij->......", 1, &a), NT_EINVAL, "second '...' at index 10",
+               "the output");
+    EXPECT_BAD(nt_einsum("ij->j->i", 1, &a), NT_EINVAL, "second '->' at index 5");
+    EXPECT_BAD(nt_einsum("i-j", 1, &a), NT_EINVAL, "'-' at index 1", "arrow '->'");
+    EXPECT_BAD(nt_einsum("ij>j", 1, &a), NT_EINVAL, "'>' at index 2", "arrow '->'");
+    EXPECT_BAD(nt_einsum("ij,jk->i,k", 2, ab), NT_EINVAL, "',' at index 8", "in the output");
+    /* the output */
+    EXPECT_BAD(nt_einsum("ij,jk->iz", 2, ab), NT_EINVAL, "output subscript 'z' appears in no "
+               "operand");
+    EXPECT_BAD(nt_einsum("ij,jk->kik", 2, ab), NT_EINVAL, "output subscript 'k' appears more "
+               "than once");
+    /* subscripts against dims, sizes */
+    EXPECT_BAD(nt_einsum("ijk->i", 1, &a), NT_ESHAPE, "operands[0] has 2 dims",
+               "3 subscripts and no '...'");
+    EXPECT_BAD(nt_einsum("ij,j->i", 2, ab), NT_ESHAPE, "operands[1] has 2 dims",
+               "1 subscripts");
+    EXPECT_BAD(nt_einsum("ijk...->i", 1, &a), NT_ESHAPE, "3 subscripts and a '...'",
+               "at most 2");
+    EXPECT_BAD(nt_einsum("ij,jk->ik", 2, ac), NT_ESHAPE, "subscript 'j' has size 4",
+               "operands[1] but 3 in operands[0]", "equal sizes or 1");
+    EXPECT_BAD(nt_einsum("ij,kj->ik", 2, ac), NT_ESHAPE, "subscript 'j' has size 5 in dim 1");
+    nt_tensor *e1 = nt_zeros(NT_F32, 3, SH(2, 7, 3)), *e2 = nt_zeros(NT_F32, 2, SH(4, 3));
+    EXPECT_BAD(nt_einsum("...j,...j->...", 2, (nt_tensor *[]){e1, e2}), NT_ESHAPE,
+               "of '...' has size 4 in dim 0 of operands[1] but 7 in operands[0]");
+    EXPECT_BAD(nt_einsum("ii->i", 1, &sq), NT_ESHAPE, "subscript 'i' is repeated in "
+               "operands[0]", "sizes 3 and 4");
+    /* dtypes */
+    EXPECT_BAD(nt_einsum("ij->ji", 1, &xi), NT_EDTYPE, "operands[0] is i32", "floating");
+    EXPECT_BAD(nt_einsum("ij,jk->ik", 2, (nt_tensor *[]){a, xh}), NT_EDTYPE,
+               "operands[1] is bf16 but operands[0] is f32", "one dtype");
+    /* too many dims: in the output, in a step */
+    nt_tensor *v1 = nt_zeros(NT_F32, 1, SH(2));
+    nt_tensor *nine[9] = {v1, v1, v1, v1, v1, v1, v1, v1, v1};
+    EXPECT_BAD(nt_einsum("a,b,c,d,e,f,g,h,i", 9, nine), NT_ESHAPE, "output would have 9 dims",
+               "NT_MAX_DIMS");
+    nt_tensor *m2 = nt_zeros(NT_F32, 2, SH(2, 2)), *m5 = nt_zeros(NT_F32, 5, SH(2, 2, 2, 2, 2));
+    for (int i = 0; i < 5; i++)
+        five[i] = m2;
+    five[5] = five[6] = m5;
+    EXPECT_BAD(nt_einsum("ab,cd,ef,gh,ij,abcde,fghij->", 7, five), NT_ESHAPE,
+               "contracting operands[0..4] would hold 10 dims", "NT_MAX_DIMS");
+    /* a released operand */
+    nt_tensor *r = nt_zeros(NT_F32, 2, SH(2, 3));
+    nt_release(r);
+    nt_test_expect_err(nt_einsum("ij", 1, &r) ? 0 : nt_last_error(), NT_ERELEASED, "nt_einsum");
+    /* nothing was queued by any of these, and a good call still works */
+    nt_tensor *y = nt_einsum("ij,jk->ik", 2, ab);
+    assert_non_null(y);
+    assert_int_equal(nt_shape(y, 0), 2);
+    assert_int_equal(nt_shape(y, 1), 4);
+    assert_int_equal(nt_scope_end(sc), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vs_torch_all_configs),
+        cmocka_unit_test(test_vs_definition),
+        cmocka_unit_test(test_lowering_bits),
+        cmocka_unit_test(test_gradcheck),
+        cmocka_unit_test(test_captured),
+        cmocka_unit_test(test_half_dtypes),
+        cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, nt_test_setup, nt_test_teardown);
 }
