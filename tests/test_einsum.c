@@ -642,7 +642,8 @@ static void test_captured(void **state)
 /* ---------------- other dtypes ---------------- */
 
 /* bf16 and f16 operands: the same lowering in their dtype (the matmul's
- * bf16 order, docs/ops.md section 7), against the ops written out */
+ * bf16 order, docs/ops.md section 7), against the ops written out; and f32
+ * operands under autocast */
 static void test_half_dtypes(void **state)
 {
     (void)state;
@@ -665,6 +666,21 @@ static void test_half_dtypes(void **state)
             expect_bits("bij->i", nt_cast(y, NT_F32), nt_cast(want, NT_F32));
             assert_int_equal(nt_scope_end(sc), 0);
         }
+        /* under autocast: the lowering's matmuls are autocast's (bf16) */
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *P = rnd(2, SH(3, 4), 13), *Q = rnd(2, SH(4, 6), 14), *C = rnd(2, SH(6, 2), 15);
+        assert_int_equal(nt_autocast_begin(NT_BF16), 0);
+        nt_tensor *y = nt_einsum("ij,jk,kl->il", 3, (nt_tensor *[]){P, Q, C});
+        nt_tensor *want = nt_reshape(
+            nt_matmul(nt_reshape(nt_matmul(nt_reshape(P, 3, SH(1, 3, 4)), nt_reshape(Q, 3, SH(1, 4, 6))),
+                                 3, SH(1, 3, 6)),
+                      nt_reshape(C, 3, SH(1, 6, 2))),
+            2, SH(3, 2));
+        assert_int_equal(nt_autocast_end(), 0);
+        assert_non_null(y);
+        assert_int_equal(nt_dtype_of(y), NT_BF16);
+        expect_bits("ij,jk,kl->il under autocast", nt_cast(y, NT_F32), nt_cast(want, NT_F32));
+        assert_int_equal(nt_scope_end(sc), 0);
     }
     nt_test_cfg(0);
 }
