@@ -467,6 +467,125 @@ static void test_vs_definition(void **state)
     nt_test_cfg(0);
 }
 
+/* ---------------- random equations ---------------- */
+
+/* One random equation over letters of random sizes: 1-3 operands, repeated
+ * letters (diagonals), size-1 dims (broadcasting), '...' dims, implicit or
+ * explicit outputs (a '...' left out of one is summed). */
+static int rand_eq(uint64_t *st, char *eq, int *nd, int64_t (*sh)[8])
+{
+    static const char L[] = "abcdAB";
+    int64_t lsz[6], esh[2] = {1 + nt_test_rand32(st) % 3, 1 + nt_test_rand32(st) % 3};
+    for (int i = 0; i < 6; i++)
+        lsz[i] = 1 + nt_test_rand32(st) % 4;
+    int n = 1 + (int)(nt_test_rand32(st) % 3), used[6] = {0}, p = 0;
+    bool any_ell = false;
+    for (int k = 0; k < n; k++) {
+        int nl = (int)(nt_test_rand32(st) % 4), ne = nt_test_rand32(st) % 3 == 0 ? 0 : -1, d = 0;
+        if (ne == 0)
+            ne = (int)(nt_test_rand32(st) % 3);
+        int64_t one = nt_test_rand32(st) % 5 == 0; /* this operand's letters of size 1 */
+        int ep = ne >= 0 ? (int)(nt_test_rand32(st) % (unsigned)(nl + 1)) : -1;
+        if (k)
+            eq[p++] = ',';
+        for (int j = 0; j <= nl; j++) {
+            if (j == ep) {
+                memcpy(eq + p, "...", 3);
+                p += 3;
+                any_ell = true;
+                for (int q = 0; q < ne; q++)
+                    sh[k][d++] = nt_test_rand32(st) % 4 == 0 ? 1 : esh[2 - ne + q];
+            }
+            if (j == nl)
+                break;
+            int li = (int)(nt_test_rand32(st) % 6);
+            used[li] = 1;
+            eq[p++] = L[li];
+            sh[k][d++] = one && li % 2 ? 1 : lsz[li];
+        }
+        nd[k] = d;
+    }
+    if (nt_test_rand32(st) % 2) {
+        memcpy(eq + p, "->", 2);
+        p += 2;
+        if (any_ell && nt_test_rand32(st) % 3) {
+            memcpy(eq + p, "...", 3);
+            p += 3;
+        }
+        int perm[6] = {0, 1, 2, 3, 4, 5}; /* the output's letters in a random order */
+        for (int i = 5; i > 0; i--) {
+            int j = (int)(nt_test_rand32(st) % (unsigned)(i + 1)), t = perm[i];
+            perm[i] = perm[j];
+            perm[j] = t;
+        }
+        for (int i = 0; i < 6; i++)
+            if (used[perm[i]] && nt_test_rand32(st) % 2)
+                eq[p++] = L[perm[i]];
+    }
+    eq[p] = 0;
+    return n;
+}
+
+/* Many random equations against the evaluator in double: values and
+ * gradients, each well within the bound (on the CPU; the bits are the
+ * same everywhere) */
+static void test_random_equations(void **state)
+{
+    (void)state;
+    nt_test_cfg(0);
+    uint64_t st = 0x5eed0033u;
+    int ran = 0;
+    for (int it = 0; it < 400; it++) {
+        char eq[64];
+        int nd[3];
+        int64_t sh[3][8];
+        int n = rand_eq(&st, eq, nd, sh);
+        ev_eq q;
+        ev_parse(&q, eq, n, nd, (const int64_t(*)[8])sh);
+        bool ok = q.ond <= 8;
+        for (int k = 0; k < n; k++) /* a repeated letter takes equal sizes */
+            for (int a = 0; a < nd[k]; a++)
+                for (int b = 0; b < a; b++)
+                    ok &= q.sym[k][a] != q.sym[k][b] || sh[k][a] == sh[k][b];
+        if (!ok)
+            continue;
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x[3];
+        float *xs[3], w[4096];
+        for (int k = 0; k < n; k++) {
+            int64_t m = numel_of(nd[k], sh[k]);
+            xs[k] = malloc((size_t)(m + 1) * sizeof *xs[k]);
+            nt_test_fill(xs[k], (size_t)m, &st);
+            x[k] = from_floats(xs[k], nd[k], sh[k]);
+        }
+        int64_t ny = 1;
+        for (int d = 0; d < q.ond; d++)
+            ny *= q.size[q.osym[d]];
+        assert_true(ny <= 4096);
+        nt_test_fill(w, (size_t)ny, &st);
+        run R = run_eq(eq, n, x, NULL, w);
+        ev_res E = ev_eval(&q, (const float *const *)xs, w);
+        assert_int_equal(R.ny, ny);
+        assert_int_equal(R.ynd, q.ond);
+        for (int64_t i = 0; i < ny; i++)
+            if (!near(R.y[i], E.y[i], E.yabs[i], E.terms, 1))
+                fail_msg("\"%s\": y[%lld] = %a, in double %a", eq, (long long)i, (double)R.y[i],
+                         E.y[i]);
+        for (int k = 0; k < n; k++)
+            for (int64_t i = 0; i < R.nx[k]; i++)
+                if (!near(R.g[k][i], E.g[k][i], E.gabs[k][i], E.terms * ny + 4, 1))
+                    fail_msg("\"%s\": operand %d's gradient [%lld] = %a, in double %a", eq, k,
+                             (long long)i, (double)R.g[k][i], E.g[k][i]);
+        ev_free(&E, n);
+        run_free(&R);
+        for (int k = 0; k < n; k++)
+            free(xs[k]);
+        assert_int_equal(nt_scope_end(sc), 0);
+        ran++;
+    }
+    assert_true(ran > 300);
+}
+
 /* ---------------- the lowering of docs/ops.md, as ops ---------------- */
 
 static void expect_bits(const char *what, nt_tensor *got, nt_tensor *want)
@@ -773,6 +892,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vs_torch_all_configs),
         cmocka_unit_test(test_vs_definition),
+        cmocka_unit_test(test_random_equations),
         cmocka_unit_test(test_lowering_bits),
         cmocka_unit_test(test_gradcheck),
         cmocka_unit_test(test_captured),
