@@ -243,8 +243,7 @@ static int record(nt__call *c, nt_tensor *const *ins, int nin)
         ag->grad_fn = n;
         ag->out_idx = i;
         ag->requires_grad = true;
-        if (nt__ops[op < NT_OP_COUNT ? op : 0].kind == NT_KIND_VIEW && op < NT_OP_COUNT &&
-            op != NT_OP_ALIAS && op != NT_OP_FLIP) /* flip's result is a new tensor */
+        if (op < NT_OP_COUNT && (nt__ops[op].flags & NT_OPF_VIEW))
             ag->is_view = true;
         nt__node_unref(old); /* in place: the new node took its edge */
     }
@@ -344,6 +343,7 @@ int nt__ag_on_cat(const nt_site *site, nt_tensor *const *ts, int n, int dim, nt_
     ag->grad_fn = nd;
     ag->out_idx = 0;
     ag->requires_grad = true;
+    ag->is_view = (nt__ops[NT_OP_CAT].flags & NT_OPF_VIEW) != 0; /* the table says: no */
     return 0;
 }
 

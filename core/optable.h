@@ -20,7 +20,14 @@
  *             simulator's integer sequences run it as that operation);
  *             NT_OPF_RED(rop, pre, fin) (a reduction's recipe, core/reduce.h:
  *             each element mapped by pre, folded by rop, finished by fin;
- *             NT_OPF_RED_ORD: pre and fin follow nt_norm's ord instead)
+ *             NT_OPF_RED_ORD: pre and fin follow nt_norm's ord instead);
+ *             VIEW (the result is a view of input 0, sharing its storage:
+ *             autograd refuses in-place writes through it while it requires
+ *             grad, autograd/tape.c).  Of the VIEW kind, ALIAS (the same
+ *             value under a new handle: nt_contiguous of a contiguous
+ *             tensor, nt_cast to its own dtype, nt_detach; in-place writes
+ *             to it are followed), CAT and FLIP (new tensors) have no VIEW
+ *             flag
  *   ints      integer inputs: INT (the op has nt__ewi_<name> and keeps the
  *             integer dtype), F32INT (integer inputs give an f32 result),
  *             INTONLY (integers only, nt__ewi_<name>; a float input is an
@@ -74,6 +81,7 @@ enum {
     NT_OPF_INPLACE = 1u << 5,
     NT_OPF_REDUCTION = 1u << 6, /* set by NT_OPF_RED */
     NT_OPF_RED_ORD = 1u << 7,
+    NT_OPF_VIEW = 1u << 24, /* bits 8-23: NT_OPF_PRIM and NT_OPF_RED */
 };
 
 /* NT_OPF_PRIM(p): the primitive operation an op is (the flags column) */
@@ -339,15 +347,15 @@ typedef enum nt__opkind {
  * flipped dim with a descending arange (a gather on either backend), p.i[0]
  * = the flipped dims as a bit mask; its backward flips g the same way. */
 #define NT_OPS_VIEW(X)                                                      \
-    X(RESHAPE, reshape, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, reshape, 0, NT__SIM_NONE)          \
-    X(TRANSPOSE, transpose, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, transpose, 0, NT__SIM_NONE)    \
-    X(PERMUTE, permute, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, permute, 0, NT__SIM_NONE)          \
-    X(SLICE, slice, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, slice, 0, NT__SIM_NONE)                \
-    X(EXPAND, expand, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, expand, 0, NT__SIM_NONE)             \
+    X(RESHAPE, reshape, 1, NT_KIND_VIEW, NT_OPF_DIFF | NT_OPF_VIEW, INT, KEEP, reshape, 0, NT__SIM_NONE)          \
+    X(TRANSPOSE, transpose, 1, NT_KIND_VIEW, NT_OPF_DIFF | NT_OPF_VIEW, INT, KEEP, transpose, 0, NT__SIM_NONE)    \
+    X(PERMUTE, permute, 1, NT_KIND_VIEW, NT_OPF_DIFF | NT_OPF_VIEW, INT, KEEP, permute, 0, NT__SIM_NONE)          \
+    X(SLICE, slice, 1, NT_KIND_VIEW, NT_OPF_DIFF | NT_OPF_VIEW, INT, KEEP, slice, 0, NT__SIM_NONE)                \
+    X(EXPAND, expand, 1, NT_KIND_VIEW, NT_OPF_DIFF | NT_OPF_VIEW, INT, KEEP, expand, 0, NT__SIM_NONE)             \
     X(ALIAS, alias, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, identity, 0, NT__SIM_NONE)             \
     X(CAT, cat, 0, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, cat, 0, NT__SIM_NONE)             \
     X(FLIP, flip, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, flip, 0, NT__SIM_NONE)            \
-    X(DIAGONAL, diagonal, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, diagonal, 0, NT__SIM_NONE)
+    X(DIAGONAL, diagonal, 1, NT_KIND_VIEW, NT_OPF_DIFF | NT_OPF_VIEW, INT, KEEP, diagonal, 0, NT__SIM_NONE)
 
 /* Backward helpers with their own kernels (autograd/ enqueues them):
  * embedding_bwd(g [..., D], idx [...]) -> [p.i[0] = V, D], rows added in

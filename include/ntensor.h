@@ -387,6 +387,28 @@ NT_API nt_tensor *nt_matmul(nt_tensor *a, nt_tensor *b);
 /** x[..., in] . w[out, in]^T + b[out]; b may be NULL.  Same as
  *  nt_add(nt_matmul(x, nt_transpose(w, 0, 1)), b), op for op. */
 NT_API nt_tensor *nt_linear(nt_tensor *x, nt_tensor *w, nt_tensor *b);
+/** torch.einsum (PyTorch 1.13 semantics): the contraction the equation
+ *  describes over the n operands, e.g. "bij,bjk->bik", "ii->i", "...ij->...ji"
+ *  or, without "->", the implicit output (the '...' dims, then the letters
+ *  that occur once, in ASCII order: 'A'..'Z' before 'a'..'z').  Subscripts
+ *  are letters [a-zA-Z]; spaces are ignored; a '...' (at most one per
+ *  operand and one in the output) stands for an operand's remaining dims,
+ *  broadcast right-aligned; a letter repeated in one operand takes that
+ *  operand's diagonal; letters not in the output are summed; dims of size 1
+ *  broadcast against the letter's size elsewhere.  Operands: one floating
+ *  dtype (f32, bf16, f16; PyTorch also takes integers).  Lowered, left to
+ *  right over the operands, to nt_diagonal, nt_permute, nt_reshape,
+ *  nt_sum_dims, nt_mul and batched nt_matmul (docs/ops.md, "einsum", fixes
+ *  which dims are summed first and which form the matmul's K, in which
+ *  order): their bits on every backend and mode, their gradients.  Always
+ *  a new contiguous tensor.  Errors, nothing queued: NT_EINVAL (equation or
+ *  operands NULL, n < 1 or not the equation's operand count, a character
+ *  other than those, a misplaced '.', '-', '>' or ',', a second '...' or
+ *  '->', an output letter in no operand or repeated), NT_ESHAPE (a
+ *  subscript count that does not match an operand's dims, sizes of one
+ *  letter that are neither equal nor 1, a diagonal of unequal dims, more
+ *  than NT_MAX_DIMS dims in the output or a step), NT_EDTYPE. */
+NT_API nt_tensor *nt_einsum(const char *equation, int n, nt_tensor *const *operands);
 
 /* ------------------------------------------------------------------------ */
 /* Reductions and row ops.  `dim` may be negative (counts from the end);     */

@@ -1260,6 +1260,47 @@ static void test_reshaped_slice_grad(void **state)
     nt_config_set("NT_BACKEND", "sim");
 }
 
+/* In-place writes after ops of the VIEW kind (core/optable.h's VIEW flag):
+ * the results of cat and flip are new tensors, so an in-place write to
+ * them is followed like any other (the gradient includes it); a write
+ * through a real view of a tensor that requires grad (reshape, transpose,
+ * permute, slice, expand, diagonal) is refused, and leaves no trace. */
+static void test_inplace_after_cat_and_views(void **state)
+{
+    (void)state;
+    nt_scope *s = nt_scope_begin();
+    float h[6] = {1, 2, 3, 4, 5, 6}, g[6];
+    nt_tensor *x = nt_from_host(h, NT_F32, 2, (int64_t[]){2, 3});
+    nt_set_requires_grad(x, true);
+    nt_tensor *a = nt_mul_scalar(x, 1.0); /* non-leaf */
+    nt_tensor *c = nt_cat((nt_tensor *[]){a, a}, 2, 0), *f = nt_flip(a, 1, (int[]){1});
+    assert_int_equal(nt_mul_scalar_inplace(c, 3.0), 0);
+    assert_int_equal(nt_mul_scalar_inplace(f, 5.0), 0);
+    /* d/dx sum(c) + sum(f) = 3 + 3 + 5 per element */
+    assert_int_equal(nt_backward(nt_add(nt_sum(c, NT_DIM_ALL, false), nt_sum(f, NT_DIM_ALL, false))),
+                     0);
+    assert_int_equal(nt_to_host(nt_grad(x), g, sizeof g), 0);
+    for (int i = 0; i < 6; i++)
+        assert_true(g[i] == 11.0f);
+    nt_tensor *b = nt_mul_scalar(x, 1.0);
+    nt_tensor *views[6] = {
+        nt_reshape(b, 1, (int64_t[]){6}), nt_transpose(b, 0, 1), nt_permute(b, (int[]){1, 0}),
+        nt_slice(b, 1, 0, 2, 1),          nt_diagonal(b, 0, 0, 1),
+        nt_expand(nt_slice(b, 0, 0, 1, 1), 2, (int64_t[]){2, 3})};
+    for (int k = 0; k < 6; k++) {
+        assert_non_null(views[k]);
+        int rc = nt_mul_scalar_inplace(views[k], 2.0);
+        assert_true(rc == NT_ENOTSUP || (k == 5 && rc == NT_EINVAL)); /* expanded: its own error */
+        nt_clear_error();
+    }
+    float gb[6];
+    assert_int_equal(nt_backward(nt_sum(b, NT_DIM_ALL, false)), 0);
+    assert_int_equal(nt_to_host(b, gb, sizeof gb), 0);
+    assert_memory_equal(gb, h, sizeof h); /* nothing was written */
+    nt_scope_end(s);
+    nt_release(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1294,6 +1335,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_reshaped_slice_grad, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_slice_grads_one_buffer, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_inplace_after_cat_and_views, nt_test_setup,
                                         nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

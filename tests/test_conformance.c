@@ -1469,9 +1469,42 @@ static int setup(void **state)
     return 0;
 }
 
+/* The VIEW flag says which ops' results share input 0's storage (autograd
+ * refuses in-place writes through those while they require grad): every
+ * flagged op's result does, CAT's and FLIP's (new tensors, of the VIEW
+ * kind for having no kernel) do not; ALIAS shares it unflagged (the same
+ * value under a new handle, core/optable.h); no op of another kind is
+ * flagged. */
+static void test_view_flag(void **state)
+{
+    (void)state;
+    for (int op = 0; op < NT_OP_COUNT; op++) {
+        const nt__opinfo *I = &nt__ops[op];
+        bool flag = (I->flags & NT_OPF_VIEW) != 0;
+        if (I->kind != NT_KIND_VIEW) {
+            if (flag)
+                fail_msg("op %s has the VIEW flag but is not of the VIEW kind", I->name);
+            continue;
+        }
+        spec sp = spec_of(op);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *in[4];
+        for (int i = 0; i < sp.n; i++)
+            in[i] = make_input(&sp, i, NT_F32, V_GRID);
+        nt_tensor *y = run_op(op, in);
+        if (!y || y == NO_DRIVER)
+            fail_msg("op %s: no result (%s)", I->name, nt_last_error_message());
+        bool shares = y->st == in[0]->st;
+        if (shares != (flag || op == NT_OP_ALIAS))
+            fail_msg("op %s: its result %s input 0's storage but the op %s the VIEW flag",
+                     I->name, shares ? "shares" : "does not share", flag ? "has" : "lacks");
+        assert_int_equal(nt_scope_end(sc), 0);
+    }
+}
+
 int main(void)
 {
-    static struct CMUnitTest tests[NT_OP_COUNT + 5];
+    static struct CMUnitTest tests[NT_OP_COUNT + 6];
     static char names[NT_OP_COUNT][48];
     int n = 0;
     for (int op = 0; op < NT_OP_COUNT; op++) {
@@ -1484,6 +1517,7 @@ int main(void)
     tests[n++] = (struct CMUnitTest){"mask_backward", test_mask_backward, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"table_rows_filled", test_table_rows_filled, NULL, NULL,
                                      NULL};
+    tests[n++] = (struct CMUnitTest){"view_flag", test_view_flag, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"coverage_table", test_coverage_table, NULL, NULL, NULL};
     return _cmocka_run_group_tests("conformance", tests, (size_t)n, setup, nt_test_teardown);
 }
