@@ -165,25 +165,46 @@ static nt_tensor *f32(const nctx *P, nt_tensor *t)
     return !t || t->dtype == NT_F32 ? t : nt__copy_to(P->site, P->fn, t, NT_F32);
 }
 
-/* A [C] tensor seen as [1, C, 1, ...] for x of ndim dims. */
+/* A [C] tensor seen as [1, C, 1, ...] for x of ndim dims (as [C, 1] for
+ * the rows [C, M]: ndim 0). */
 static nt_tensor *chan_view(const nctx *P, nt_tensor *t, int ndim)
 {
     int64_t sh[NT_MAX_DIMS];
     for (int i = 0; i < ndim; i++)
         sh[i] = 1;
-    sh[1] = P->C;
+    if (ndim == 0)
+        ndim = 2, sh[0] = P->C, sh[1] = 1;
+    else
+        sh[1] = P->C;
     return t ? nt_reshape_at(P->site, t, ndim, sh) : NULL;
 }
 
-/* v * w + b per channel (each optional); a fresh contiguous result. */
-static nt_tensor *affine(const nctx *P, nt_tensor *v, nt_tensor *w, nt_tensor *b)
+/* x's layout: [1, C, 1, ...] expanded to [N, C, 1, ...], so the gradient
+ * sums along the last dims first ([N, C, S] -> [N, C, 1], a row sum), then
+ * over N (the expand's backward): two fast reductions instead of one over
+ * dims {0, 2, ...}, which needs a permuting copy. */
+static nt_tensor *per_sample(const nctx *P, nt_tensor *c, bool rows)
+{
+    if (!c || rows)
+        return c;
+    int64_t sh[NT_MAX_DIMS];
+    for (int i = 0; i < c->ndim; i++)
+        sh[i] = c->shape[i];
+    sh[0] = P->N;
+    return nt_expand_at(P->site, c, c->ndim, sh);
+}
+
+/* v * w + b per channel (each optional); a fresh contiguous result.  rows:
+ * v is the rows [C, M], else x's layout. */
+static nt_tensor *affine(const nctx *P, nt_tensor *v, nt_tensor *w, nt_tensor *b, bool rows)
 {
     if (!v)
         return NULL;
+    int nd = rows ? 0 : v->ndim;
     if (w)
-        v = nt__binary(P->site, P->fn, NT_OP_MUL, v, chan_view(P, f32(P, w), v->ndim));
+        v = nt__binary(P->site, P->fn, NT_OP_MUL, v, per_sample(P, chan_view(P, f32(P, w), nd), rows));
     if (v && b)
-        v = nt__binary(P->site, P->fn, NT_OP_ADD, v, chan_view(P, f32(P, b), v->ndim));
+        v = nt__binary(P->site, P->fn, NT_OP_ADD, v, per_sample(P, chan_view(P, f32(P, b), nd), rows));
     if (v && !w && !b)
         v = nt_contiguous_at(P->site, v);
     return v;
@@ -249,7 +270,9 @@ static nt_tensor *bn_train(nctx *P, nt_tensor *xf, nt_tensor *rm, nt_tensor *rv,
 {
     nt_tensor *rows = channel_rows(P, xf);
     nt_tensor *xh = rows ? nt_layer_norm_at(P->site, rows, NULL, NULL, eps) : NULL;
-    nt_tensor *y = affine(P, channel_unrows(P, xh, xf), w, b);
+    /* the affine step on the rows: its gradients are sums along rows */
+    nt_tensor *ya = w || b ? affine(P, xh, w, b, true) : xh;
+    nt_tensor *y = ya ? nt_contiguous_at(P->site, channel_unrows(P, ya, xf)) : NULL;
     if (y && rm) {
         nt_tensor *mean, *var;
         if (nt__bn_stats(P->site, P->fn, rows, &mean, &var) ||
@@ -321,7 +344,7 @@ NT_API nt_tensor *nt_group_norm_at(const nt_site *site, nt_tensor *x, int64_t nu
     nt_tensor *g = xf ? nt_reshape_at(site, xf, 3, gsh) : NULL;
     nt_tensor *xh = g ? nt_layer_norm_at(site, g, NULL, NULL, eps) : NULL;
     nt_tensor *v = xh ? nt_reshape_at(site, xh, x->ndim, x->shape) : NULL;
-    return norm_end(&P, affine(&P, v, w, b), (nt_dtype)x->dtype);
+    return norm_end(&P, affine(&P, v, w, b, false), (nt_dtype)x->dtype);
 }
 NT_API nt_tensor *nt_group_norm(nt_tensor *x, int64_t num_groups, nt_tensor *w, nt_tensor *b,
                                 double eps)
