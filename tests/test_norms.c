@@ -26,6 +26,7 @@
 
 #include "ntensor.h"
 #include "nt_test.h"
+#include "torch_refs/norms.h"
 
 #define PERR(call) ((call) ? 0 : nt_last_error()) /* a failed pointer call's code */
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
@@ -435,6 +436,118 @@ static void test_bf16(void **state)
     nt_test_cfg(0);
 }
 
+/* ---------------- PyTorch 1.13 ---------------- */
+
+static float fbits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static nt_tensor *ref_tensor(int off, int ndim, const int64_t *shape)
+{
+    if (off < 0)
+        return NULL;
+    int64_t n = numel(ndim, shape);
+    float *v = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = fbits(norms_f32[off + i]);
+    nt_tensor *t = nt_from_host(v, NT_F32, ndim, shape);
+    free(v);
+    return t;
+}
+
+/* ours against PyTorch's: NaN where PyTorch has NaN, else within
+ * rtol |ref| + atol max|ref| (the array's largest finite magnitude).
+ * PyTorch's CPU kernels accumulate the statistics in double and apply them
+ * as x * (w / std) + (b - mean * w / std); ours are f32 canonical sums and
+ * (x - mean) * (1 / std) * w + b (docs/ops.md): a few ulp apart on values
+ * of order 1, more where the result cancels (a constant channel: PyTorch's
+ * mean is exact in double, ours is within an ulp, times 1 / sqrt(eps)).
+ * The scale is at least 1: a group of one value normalises to exactly 0
+ * here, to about 1e-6 in PyTorch's group_norm (its variance is E[x^2] -
+ * E[x]^2 in f32). */
+static double cmp_ref(const char *what, int k, nt_tensor *t, int off, double rtol, double atol)
+{
+    if (off < 0)
+        return 0;
+    float *a = host(t);
+    int64_t n = nt_numel(t);
+    double scale = 0, worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double b = fbits(norms_f32[off + i]);
+        if (isfinite(b) && fabs(b) > scale)
+            scale = fabs(b);
+    }
+    scale = scale > 1 ? scale : 1;
+    for (int64_t i = 0; i < n; i++) {
+        double b = fbits(norms_f32[off + i]), e = fabs((double)a[i] - b);
+        if (isnan(b) != isnan(a[i]) || (!isnan(b) && !(e <= rtol * fabs(b) + atol * scale)))
+            fail_msg("case %d %s[%lld] = %.9g; PyTorch %.9g", k, what, (long long)i,
+                     (double)a[i], b);
+        if (!isnan(b) && scale > 0 && e / scale > worst)
+            worst = e / scale;
+    }
+    free(a);
+    return worst;
+}
+
+static void test_torch_refs(void **state)
+{
+    (void)state;
+    size_t nrefs = sizeof norm_refs / sizeof norm_refs[0];
+    for (int cfg = 0; cfg < 2; cfg++) {
+        nt_test_cfg(cfg);
+        double worst[4] = {0};
+        for (size_t k = 0; k < nrefs; k++) {
+            const norm_ref *r = &norm_refs[k];
+            nt_scope *sc = nt_scope_begin();
+            int64_t C = r->shape[1], n = numel(r->ndim, r->shape);
+            nt_tensor *w = ref_tensor(r->w, 1, &C), *b = ref_tensor(r->b, 1, &C);
+            nt_tensor *rm = ref_tensor(r->rm0, 1, &C), *rv = ref_tensor(r->rv0, 1, &C);
+            if (w)
+                assert_int_equal(nt_set_requires_grad(w, true), 0);
+            if (b)
+                assert_int_equal(nt_set_requires_grad(b, true), 0);
+            nt_tensor *x = NULL, *y = NULL;
+            for (int s = 0; s < r->steps; s++) {
+                x = ref_tensor(r->x + s * (int)n, r->ndim, r->shape);
+                assert_int_equal(nt_set_requires_grad(x, true), 0);
+                y = r->kind == 2 ? nt_group_norm(x, r->groups, w, b, r->eps)
+                                 : nt_batch_norm(x, rm, rv, w, b, r->kind == 0, r->momentum, r->eps);
+                if (!y)
+                    fail_msg("case %d: %s", (int)k, nt_last_error_message());
+                if (s + 1 < r->steps) {
+                    if (w)
+                        assert_int_equal(nt_zero_grad(w), 0);
+                    if (b)
+                        assert_int_equal(nt_zero_grad(b), 0);
+                }
+            }
+            nt_tensor *cot = ref_tensor(r->cot, r->ndim, r->shape);
+            assert_int_equal(nt_backward(nt_sum(nt_reshape(nt_mul(y, cot), 1, SH(-1)), 0, false)), 0);
+            double e[4] = {cmp_ref("out", (int)k, y, r->out, 1e-5, 1e-5),
+                           cmp_ref("grad x", (int)k, nt_grad(x), r->gx, 1e-4, 1e-5),
+                           /* w's gradient sums g * xh: PyTorch's xh of a constant
+                              group is ~1e-5, not 0 (E[x^2] - E[x]^2) */
+                           w ? cmp_ref("grad w", (int)k, nt_grad(w), r->gw, 1e-4, 1e-4) : 0,
+                           b ? cmp_ref("grad b", (int)k, nt_grad(b), r->gb, 1e-5, 1e-6) : 0};
+            if (rm) {
+                cmp_ref("running_mean", (int)k, rm, r->rm, 1e-5, 1e-6);
+                cmp_ref("running_var", (int)k, rv, r->rv, 1e-5, 1e-6);
+            }
+            for (int i = 0; i < 4; i++)
+                worst[i] = e[i] > worst[i] ? e[i] : worst[i];
+            assert_int_equal(nt_scope_end(sc), 0);
+        }
+        if (getenv("NT_TEST_VERBOSE"))
+            printf("worst |ours - PyTorch| / max|PyTorch|: out %.3g, gx %.3g, gw %.3g, gb %.3g\n",
+                   worst[0], worst[1], worst[2], worst[3]);
+    }
+    nt_test_cfg(0);
+}
+
 /* ---------------- errors ---------------- */
 
 /* A rejected call leaves the running statistics as they were. */
@@ -520,6 +633,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_bn_train_double, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_gn_double, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_torch_refs, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bits_across_configs, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_captured, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_gradcheck, nt_test_setup, nt_test_teardown),
