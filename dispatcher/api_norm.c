@@ -276,7 +276,7 @@ static nt_tensor *bn_train(nctx *P, nt_tensor *xf, nt_tensor *rm, nt_tensor *rv,
     nt_tensor *y = ya ? nt_contiguous_at(P->site, channel_unrows(P, ya, xf)) : NULL;
     if (y && smean)
         return nt__bn_stats(P->site, P->fn, rows, smean, sssd) ? NULL : y;
-    if (y && rm) {
+    if (y && rm && P->N * P->S > 0) { /* an empty batch leaves them, as PyTorch */
         nt_tensor *mean, *ssd, *var;
         if (nt__bn_stats(P->site, P->fn, rows, &mean, &ssd) ||
             !(var = nt__scalar(P->site, P->fn, NT_OP_DIV_SCALAR, ssd,

@@ -715,6 +715,9 @@ static bool bn_shard_ok(const nt_site *site, nt_ddp *d, int shard, nt_tensor *x,
         return nt__err(site, NT_EINVAL, fn, "argument '%s' is on device %d, but shard %d "
                        "belongs to device %d", (int)x->dev != m->dev ? "x" : "running_mean",
                        (int)((int)x->dev != m->dev ? x->dev : rm->dev), shard, m->dev), false;
+    if (nt_numel(x) == 0)
+        return nt__err(site, NT_ESHAPE, fn, "argument 'x' has no elements; expected at least "
+                       "one value per channel"), false;
     if (d->done[shard])
         return nt__err(site, NT_ESTATE, fn, "shard %d already had its nt_ddp_backward this "
                        "step; call nt_ddp_reduce first", shard), false;

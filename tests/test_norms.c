@@ -348,6 +348,42 @@ static void test_captured(void **state)
     nt_test_cfg(0);
 }
 
+/* Views: a permuted (non-contiguous) x gives the bits of its contiguous
+ * copy, values and gradients. */
+static void test_views(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        nt_test_cfg(k);
+        nt_scope *sc = nt_scope_begin();
+        float a[4 * 3 * 5];
+        uint64_t st = 17;
+        nt_test_fill(a, 60, &st);
+        nt_tensor *base = nt_from_host(a, NT_F32, 3, SH(5, 3, 4));
+        nt_tensor *v = nt_permute(base, (const int[]){2, 1, 0}); /* [4, 3, 5] */
+        nt_tensor *c = nt_contiguous(v);
+        nt_tensor *rm1 = nt_zeros(NT_F32, 1, SH(3)), *rv1 = nt_ones(NT_F32, 1, SH(3));
+        nt_tensor *rm2 = nt_zeros(NT_F32, 1, SH(3)), *rv2 = nt_ones(NT_F32, 1, SH(3));
+        nt_tensor *pairs[2][2] = {
+            {nt_batch_norm(v, rm1, rv1, NULL, NULL, true, 0.1, 1e-5),
+             nt_batch_norm(c, rm2, rv2, NULL, NULL, true, 0.1, 1e-5)},
+            {nt_group_norm(v, 3, NULL, NULL, 1e-5), nt_group_norm(c, 3, NULL, NULL, 1e-5)},
+        };
+        for (int i = 0; i < 2; i++) {
+            float p[60], q[60];
+            assert_int_equal(nt_to_host(pairs[i][0], p, sizeof p), 0);
+            assert_int_equal(nt_to_host(pairs[i][1], q, sizeof q), 0);
+            assert_memory_equal(p, q, sizeof p);
+        }
+        float m1[3], m2[3];
+        assert_int_equal(nt_to_host(rv1, m1, sizeof m1), 0);
+        assert_int_equal(nt_to_host(rv2, m2, sizeof m2), 0);
+        assert_memory_equal(m1, m2, sizeof m1);
+        assert_int_equal(nt_scope_end(sc), 0);
+    }
+    nt_test_cfg(0);
+}
+
 /* ---------------- gradients ---------------- */
 
 typedef struct gctx {
@@ -388,37 +424,38 @@ static void test_gradcheck(void **state)
 
 /* ---------------- dtypes ---------------- */
 
-/* bf16 x: the f32 computation of the widened x, rounded once; under
+/* bf16 and f16 x: the f32 computation of the widened x, rounded once; under
  * autocast the result is f32. */
 static void test_bf16(void **state)
 {
     (void)state;
-    for (int k = 0; k < 2; k++) {
-        nt_test_cfg(k);
+    for (int k = 0; k < 4; k++) {
+        nt_test_cfg(k % 2);
+        nt_dtype dt = k < 2 ? NT_BF16 : NT_F16;
         nt_scope *sc = nt_scope_begin();
         float a[3 * 4 * 5], w[4] = {1, 2, 3, 4};
         uint64_t s = 5;
         nt_test_fill(a, 60, &s);
-        nt_tensor *xb = nt_cast(nt_from_host(a, NT_F32, 3, SH(3, 4, 5)), NT_BF16);
+        nt_tensor *xb = nt_cast(nt_from_host(a, NT_F32, 3, SH(3, 4, 5)), dt);
         nt_tensor *xf = nt_cast(xb, NT_F32);
-        nt_tensor *wb = nt_cast(nt_from_host(w, NT_F32, 1, SH(4)), NT_BF16);
+        nt_tensor *wb = nt_cast(nt_from_host(w, NT_F32, 1, SH(4)), dt);
         nt_tensor *rm1 = nt_zeros(NT_F32, 1, SH(4)), *rv1 = nt_ones(NT_F32, 1, SH(4));
         nt_tensor *rm2 = nt_zeros(NT_F32, 1, SH(4)), *rv2 = nt_ones(NT_F32, 1, SH(4));
         nt_tensor *pairs[3][2] = {
             {nt_batch_norm(xb, rm1, rv1, wb, NULL, true, 0.1, 1e-5),
              nt_cast(nt_batch_norm(xf, rm2, rv2, nt_cast(wb, NT_F32), NULL, true, 0.1, 1e-5),
-                     NT_BF16)},
+                     dt)},
             {nt_batch_norm(xb, rm1, rv1, NULL, wb, false, 0.1, 1e-5),
              nt_cast(nt_batch_norm(xf, rm2, rv2, NULL, nt_cast(wb, NT_F32), false, 0.1, 1e-5),
-                     NT_BF16)},
+                     dt)},
             {nt_group_norm(xb, 2, wb, wb, 1e-5),
              nt_cast(nt_group_norm(xf, 2, nt_cast(wb, NT_F32), nt_cast(wb, NT_F32), 1e-5),
-                     NT_BF16)},
+                     dt)},
         };
         for (int i = 0; i < 3; i++) {
             if (!pairs[i][0] || !pairs[i][1])
                 fail_msg("%d: %s", i, nt_last_error_message());
-            assert_int_equal(nt_dtype_of(pairs[i][0]), NT_BF16);
+            assert_int_equal(nt_dtype_of(pairs[i][0]), dt);
             uint16_t p[60], q[60];
             assert_int_equal(nt_to_host(pairs[i][0], p, sizeof p), 0);
             assert_int_equal(nt_to_host(pairs[i][1], q, sizeof q), 0);
@@ -429,7 +466,7 @@ static void test_bf16(void **state)
         assert_int_equal(nt_to_host(rm2, m2, sizeof m2), 0);
         assert_memory_equal(m1, m2, sizeof m1);
         /* autocast: f32 results */
-        assert_int_equal(nt_autocast_begin(NT_BF16), 0);
+        assert_int_equal(nt_autocast_begin(dt), 0);
         nt_tensor *ya = nt_batch_norm(xb, NULL, NULL, wb, NULL, true, 0.1, 1e-5);
         nt_tensor *ga = nt_group_norm(xb, 4, NULL, NULL, 1e-5);
         nt_autocast_end();
@@ -806,6 +843,32 @@ static void expect_stats(nt_tensor *rm, nt_tensor *rv)
         assert_true(m[i] == 0.5f && v[i] == 2.0f);
 }
 
+/* An empty batch: an empty result (and gradient), the running statistics
+ * unchanged, as PyTorch. */
+static void test_empty(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        nt_test_cfg(k);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = nt_zeros(NT_F32, 4, SH(0, 3, 2, 2)), *x2 = nt_zeros(NT_F32, 3, SH(2, 3, 0));
+        nt_tensor *rm = nt_full(NT_F32, 1, SH(3), 0.5), *rv = nt_full(NT_F32, 1, SH(3), 2.0);
+        nt_tensor *w = nt_ones(NT_F32, 1, SH(3));
+        assert_int_equal(nt_set_requires_grad(x, true), 0);
+        nt_tensor *y = nt_batch_norm(x, rm, rv, w, w, true, 0.1, 1e-5);
+        nt_tensor *y2 = nt_batch_norm(x2, rm, rv, NULL, NULL, true, 0.1, 1e-5);
+        nt_tensor *g = nt_group_norm(x, 3, w, w, 1e-5);
+        assert_non_null(y), assert_non_null(y2), assert_non_null(g);
+        assert_int_equal(nt_numel(y), 0);
+        assert_int_equal(nt_numel(y2), 0);
+        assert_int_equal(nt_numel(g), 0);
+        assert_int_equal(nt_backward(nt_sum(nt_reshape(y, 1, SH(-1)), 0, false)), 0);
+        expect_stats(rm, rv);
+        assert_int_equal(nt_scope_end(sc), 0);
+    }
+    nt_test_cfg(0);
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -888,9 +951,11 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_torch_refs, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bits_across_configs, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_captured, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_views, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_gradcheck, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bf16, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_errors, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_empty, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_ddp_single_device, nt_test_setup, nt_test_teardown),
         cmocka_unit_test(test_ddp_across_cores),
     };
