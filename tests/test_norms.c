@@ -829,6 +829,31 @@ static void test_ddp_across_cores(void **state)
                 fail_msg("%s %s: %08x %08x; sim on 1 core: %08x %08x", env[0], env[1], cp, cs,
                          first[0], first[1]);
         }
+    /* two processes (mpirun, when it is on the PATH) of 1 and 2 cores each */
+    static const char *const mpi_env[] = {
+        "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_btl=self,vader",
+        "OMPI_MCA_btl_vader_single_copy_mechanism=none", "OMPI_MCA_rmaps_base_oversubscribe=1"};
+    for (int c = 0; c < 2; c++) {
+        const char *env[] = {"NT_BACKEND=sim", cores[c], "NT_MODE=adaptive", mpi_env[0],
+                             mpi_env[1], mpi_env[2], mpi_env[3], mpi_env[4], NULL};
+        char *argv[] = {"mpirun", "-np", "2", self_exe, "--ddp-child", NULL};
+        char line[512];
+        int status = bench_run_child(argv, env, line, sizeof line);
+        if (status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 127) {
+            printf("# mpirun not found: the two-process runs are skipped\n");
+            return;
+        }
+        unsigned cp, cs;
+        int nc;
+        if (status < 0 || !WIFEXITED(status) || WEXITSTATUS(status) ||
+            sscanf(line, "crc %x %x cores %d", &cp, &cs, &nc) != 3)
+            fail_msg("mpirun -np 2 (%s) failed (%d): '%s'", env[1], status, line);
+        printf("# sim adaptive 2 processes x %s: parameters %08x, running statistics %08x\n",
+               env[1], cp, cs);
+        if (cp != first[0] || cs != first[1])
+            fail_msg("2 processes x %s: %08x %08x; 1 process: %08x %08x", env[1], cp, cs,
+                     first[0], first[1]);
+    }
 }
 
 /* ---------------- errors ---------------- */
