@@ -384,6 +384,48 @@ static void test_views(void **state)
     nt_test_cfg(0);
 }
 
+/* The simulator's column loads (a per-channel operand, constant along a
+ * tile's free axis, enters binary ALU ops as the per-partition scalar,
+ * neuron/ew.c): the CPU's bits for every binary ALU op, either operand
+ * order, edge values (NaN, +-Inf, +-0, subnormals) in both, eager and
+ * fused. */
+static void test_sim_column_operands(void **state)
+{
+    (void)state;
+    enum { R = 12, M = 700 };
+    static float xv[R * M];
+    float cv[R] = {0.5f, -0.0f, 0.0f, INFINITY, -INFINITY, NAN, 1e-40f, -3.0f, 2.0f, 1e30f,
+                   -1e-30f, 7.0f};
+    uint64_t st = 41;
+    nt_test_fill(xv, R * M, &st);
+    xv[0] = NAN, xv[1] = INFINITY, xv[2] = -0.0f, xv[3] = 1e-41f, xv[M + 5] = -INFINITY;
+    nt_tensor *(*ops[])(nt_tensor *, nt_tensor *) = {nt_add, nt_sub, nt_mul, nt_div, nt_maximum,
+                                                    nt_minimum, nt_pow, nt_lt};
+    enum { NOPS = sizeof ops / sizeof ops[0] };
+    static float want[2][NOPS][R * M];
+    for (int cfg = 0; cfg < NT_TEST_NCFG; cfg++) {
+        nt_test_cfg(cfg);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = nt_from_host(xv, NT_F32, 3, SH(2, R / 2, M));
+        nt_tensor *c = nt_from_host(cv, NT_F32, 3, SH(2, R / 2, 1));
+        for (int k = 0; k < NOPS; k++)
+            for (int rev = 0; rev < 2; rev++) {
+                nt_tensor *y = rev ? ops[k](c, x) : ops[k](x, c);
+                /* fused with a neighbour in the modes that fuse */
+                y = nt_mul_scalar(nt_cast(y, NT_F32), 1.0);
+                float *h = host(y);
+                if (cfg == 0)
+                    memcpy(want[rev][k], h, sizeof want[rev][k]);
+                else if (memcmp(want[rev][k], h, sizeof want[rev][k]))
+                    fail_msg("op %d (reversed %d) differs in config %s/%s/%s", k, rev,
+                             NT_TEST_CFGS[cfg][0], NT_TEST_CFGS[cfg][1], NT_TEST_CFGS[cfg][2]);
+                free(h);
+            }
+        assert_int_equal(nt_scope_end(sc), 0);
+    }
+    nt_test_cfg(0);
+}
+
 /* ---------------- gradients ---------------- */
 
 typedef struct gctx {
@@ -977,6 +1019,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_bits_across_configs, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_captured, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_views, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_sim_column_operands, nt_test_setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_gradcheck, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bf16, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_errors, nt_test_setup, nt_test_teardown),
