@@ -875,9 +875,15 @@ static void test_ddp_across_cores(void **state)
     static const char *const mpi_env[] = {
         "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_btl=self,vader",
         "OMPI_MCA_btl_vader_single_copy_mechanism=none", "OMPI_MCA_rmaps_base_oversubscribe=1"};
+    /* Open MPI's plugins leave allocations at exit that no suppression can
+     * name (tests/test_ddp.c does the same): no leak check in its processes */
+    const char *asan = getenv("ASAN_OPTIONS");
+    char asan_env[600];
+    snprintf(asan_env, sizeof asan_env, "ASAN_OPTIONS=%s%sdetect_leaks=0", asan ? asan : "",
+             asan ? ":" : "");
     for (int c = 0; c < 2; c++) {
         const char *env[] = {"NT_BACKEND=sim", cores[c], "NT_MODE=adaptive", mpi_env[0],
-                             mpi_env[1], mpi_env[2], mpi_env[3], mpi_env[4], NULL};
+                             mpi_env[1], mpi_env[2], mpi_env[3], mpi_env[4], asan_env, NULL};
         char *argv[] = {"mpirun", "-np", "2", self_exe, "--ddp-child", NULL};
         char line[512];
         int status = bench_run_child(argv, env, line, sizeof line);
