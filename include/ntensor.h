@@ -619,6 +619,35 @@ NT_API nt_tensor *nt_avg_pool2d(nt_tensor *x, const int64_t *kernel, const int64
  *  columns likewise, as sum / kh / kw in f32, rounded once to x's dtype.
  *  out_h, out_w >= 1 (NT_EINVAL); x as nt_max_pool2d's. */
 NT_API nt_tensor *nt_adaptive_avg_pool2d(nt_tensor *x, int64_t out_h, int64_t out_w);
+/** torch.nn.functional.batch_norm of x [N, C, *] (also [N, C]; f32, bf16,
+ *  f16): per channel c, y = (x - mean_c) / sqrt(var_c + eps) * w_c + b_c.
+ *  running_mean, running_var: [C] f32 or both NULL; w, b: [C] floating or
+ *  NULL.  training: mean and biased variance of the batch (over N and the
+ *  spatial dims), and the running statistics, if given, updated in place:
+ *  r = r * (1 - momentum) + stat * momentum, with the batch's unbiased
+ *  variance for running_var (as PyTorch).  Otherwise the running statistics
+ *  normalise (they must be given).  Statistics in f32; the result rounded
+ *  once to x's dtype (f32 under autocast).  The gradient reaches x, w and
+ *  b.  docs/ops.md ("Normalisation over channels") gives the arithmetic;
+ *  nt_ddp_batch_norm is the data-parallel form.  Errors name the argument:
+ *  NULL x (NT_EINVAL), non-float x (NT_EDTYPE), x under 2 dims, training
+ *  with one value per channel ("Expected more than 1 value per channel
+ *  when training"), a per-channel tensor not [C] (NT_ESHAPE); running
+ *  statistics not f32 (NT_EDTYPE), one of them NULL, or NULL in evaluation;
+ *  eps <= 0 or not finite, momentum outside [0, 1] or NaN (NT_EINVAL).  A
+ *  rejected call changes nothing. */
+NT_API nt_tensor *nt_batch_norm(nt_tensor *x, nt_tensor *running_mean, nt_tensor *running_var,
+                                nt_tensor *w, nt_tensor *b, bool training, double momentum,
+                                double eps);
+/** torch.nn.functional.group_norm of x [N, C, *] (f32, bf16, f16): the C
+ *  channels cut into num_groups groups of C / num_groups; each (sample,
+ *  group) normalised by its mean and biased variance (as nt_layer_norm over
+ *  the group's elements), then y * w_c + b_c per channel (w, b [C] or NULL).
+ *  Statistics in f32; the result rounded once to x's dtype (f32 under
+ *  autocast).  Errors as nt_batch_norm's, and num_groups <= 0 or not
+ *  dividing C (NT_EINVAL). */
+NT_API nt_tensor *nt_group_norm(nt_tensor *x, int64_t num_groups, nt_tensor *w, nt_tensor *b,
+                                double eps);
 /** Training mode, per thread like nt_no_grad_begin; a thread starts in it.
  *  Only nt_dropout reads it (the identity when off, as PyTorch's eval()). */
 NT_API void nt_set_training(bool on);
@@ -1838,6 +1867,25 @@ NT_API int nt_ddp_reduce(nt_ddp *d);
  *  of d (nopts = ndev), each of which must optimise that device's replica
  *  (nt_ddp_params, the same tensors in the same order). */
 NT_API int nt_ddp_step(nt_ddp *d, nt_optim *const *opts, int nopts);
+/** Batch norm under data parallelism (docs/ddp.md, "Batch norm over
+ *  shards"): training-mode nt_batch_norm of shard `shard`'s x, normalised
+ *  with the shard's own batch statistics (the shards are fixed by the
+ *  program, so they and the output are the same bits on any core or
+ *  process count).  The running statistics are not touched here:
+ *  running_mean, running_var ([C] f32, on the shard's device: that device's
+ *  replica of them, equal on every device at the start) are updated by
+ *  nt_ddp_reduce, on every replica alike, from the global batch's mean and
+ *  unbiased variance, combined from the shards' statistics through the
+ *  shard tree of the gradients.  Layers are the calls in order: every
+ *  shard makes the same calls (same C, values per channel and momentum),
+ *  each device passes the same running statistics to a call each step.
+ *  Errors as nt_batch_norm's, and: a shard out of range or of another
+ *  process, x or the running statistics not on the shard's device, NULL
+ *  running statistics, a call unlike the other shards' (NT_EINVAL), a
+ *  shard whose backward was taken this step (NT_ESTATE). */
+NT_API nt_tensor *nt_ddp_batch_norm(nt_ddp *d, int shard, nt_tensor *x, nt_tensor *running_mean,
+                                    nt_tensor *running_var, nt_tensor *w, nt_tensor *b,
+                                    double momentum, double eps);
 
 /* ------------------------------------------------------------------------ */
 /* Captured programs (docs/graphs.md): run a training step once while the   */
