@@ -102,7 +102,8 @@ int nt__cpu_conv_gemm(const nt__rec *r)
         return NT_ENOTSUP;
     bool raw = dt == NT_BF16; /* bf16 x bf16: nt__gemm_bf16's chunked order */
     bool wide = dt == NT_F16; /* f16: both widened to f32 */
-    size_t es = raw ? 2 : 4, ncol = (size_t)(Kc * L), nw = wide ? (size_t)(g.CO * Kc) : 0;
+    bool packw = wide || g.flip; /* w' into scratch (f32, or bf16 bits) */
+    size_t es = raw ? 2 : 4, ncol = (size_t)(Kc * L), nw = packw ? (size_t)(g.CO * Kc) : 0;
     size_t nc = odt == NT_F32 ? 0 : (size_t)(COg * L);
     size_t nab = (ncol * es + 63) & ~(size_t)63;
     char *buf = g_try_malloc(nab + (nw + nc) * sizeof(float) + 16);
@@ -112,15 +113,25 @@ int nt__cpu_conv_gemm(const nt__rec *r)
     float *wf = (float *)(buf + nab), *C = wf + nw;
     const char *xd = nt__tensor_data(x), *wd = nt__tensor_data(w);
     char *yd = nt__tensor_data(y);
-    if (wide)
-        nt__ld_f32(wf, wd, NT_F16, 1, g.CO * Kc);
+    if (packw) /* w' row by row in K order (flip: gathered from w) */
+        for (int64_t grp = 0, j = 0; grp < g.G; grp++)
+            for (int64_t co = 0; co < COg; co++)
+                for (int64_t ci = 0; ci < Cg; ci++)
+                    for (int64_t ki = 0; ki < g.kh; ki++)
+                        for (int64_t kj = 0; kj < g.kw; kj++, j++) {
+                            int64_t at = nt__conv_wpos(&g, grp, co, ci, ki, kj);
+                            if (raw)
+                                ((uint16_t *)wf)[j] = ((const uint16_t *)wd)[at];
+                            else
+                                wf[j] = nt__load_f32(wd, dt, at);
+                        }
     size_t oes = nt__dtype_size(odt);
     nt_dtype adt = raw ? NT_BF16 : NT_F32;
     for (int64_t n = 0; n < g.N; n++)
         for (int64_t grp = 0; grp < g.G; grp++) {
             im2col(&g, xd, dt, grp, n * L, L, buf, L, raw);
-            const void *A = wide ? (const void *)(wf + grp * COg * Kc)
-                                 : (const void *)(wd + grp * COg * Kc * (int64_t)es);
+            const void *A = packw ? (const void *)((const char *)wf + grp * COg * Kc * (int64_t)es)
+                                  : (const void *)(wd + grp * COg * Kc * (int64_t)es);
             char *out = yd + ((n * g.CO + grp * COg) * L) * (int64_t)oes;
             float *Cp = odt == NT_F32 ? (float *)out : C;
             if (nt__gemm_typed((int)COg, (int)L, (int)Kc, A, (int)Kc, true, adt, buf, (int)L,
