@@ -96,27 +96,31 @@ static int columns(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, char *col
     }
     /* column row (ci, ki, kj) at (oh, ow) reads xp row oh s0 + ki d0 - lo0 + pb0 */
     int64_t base = (P.pb[0] - g->lo[0]) * P.Wp + (P.pb[1] - g->lo[1]);
-    /* one DMA per channel: partitions ki, free [kj, n, oh, ow] */
-    for (int64_t c = 0; !rc && c < g->C; c++) {
-        int64_t grp = c / Cg, ci = c % Cg;
-        nt_ap src;
-        memset(&src, 0, sizeof src);
-        src.hbm = P.xp, src.dtype = dt, src.np = (int)g->kh, src.pstep = g->d[0] * P.Wp;
-        src.offset = c * P.Hp * P.Wp + base;
-        src.ndim = 4;
-        src.num[0] = g->kw, src.step[0] = g->d[1];
-        src.num[1] = g->N, src.step[1] = g->C * P.Hp * P.Wp;
-        src.num[2] = g->OH, src.step[2] = g->s[0] * P.Wp;
-        src.num[3] = g->OW, src.step[3] = g->s[1];
-        nt_ap d;
-        memset(&d, 0, sizeof d);
-        d.hbm = col, d.dtype = dt, d.np = (int)g->kh, d.pstep = g->kw * NL;
-        d.offset = grp * Kc * NL + ci * g->kh * g->kw * NL;
-        d.ndim = 2;
-        d.num[0] = g->kw, d.step[0] = NL;
-        d.num[1] = NL, d.step[1] = 1;
-        rc = nt_isa_dma_copy(s->k, &d, &src, sk_qin(s));
-    }
+    /* one DMA per (kernel row, 128 channels): partitions c, free [kj, n, oh,
+     * ow]; channel c's rows start at c T N L in col ([G][Kc] = [C][T]) */
+    int64_t T = g->kh * g->kw;
+    for (int64_t ki = 0; !rc && ki < g->kh; ki++)
+        for (int64_t c0 = 0; !rc && c0 < g->C; c0 += 128) {
+            int np = (int)(g->C - c0 < 128 ? g->C - c0 : 128);
+            nt_ap src;
+            memset(&src, 0, sizeof src);
+            src.hbm = P.xp, src.dtype = dt, src.np = np, src.pstep = P.Hp * P.Wp;
+            src.offset = c0 * P.Hp * P.Wp + base + ki * g->d[0] * P.Wp;
+            src.ndim = 4;
+            src.num[0] = g->kw, src.step[0] = g->d[1];
+            src.num[1] = g->N, src.step[1] = g->C * P.Hp * P.Wp;
+            src.num[2] = g->OH, src.step[2] = g->s[0] * P.Wp;
+            src.num[3] = g->OW, src.step[3] = g->s[1];
+            nt_ap d;
+            memset(&d, 0, sizeof d);
+            d.hbm = col, d.dtype = dt, d.np = np, d.pstep = T * NL;
+            d.offset = (c0 * T + ki * g->kw) * NL;
+            d.ndim = 2;
+            d.num[0] = g->kw, d.step[0] = NL;
+            d.num[1] = NL, d.step[1] = 1;
+            rc = nt_isa_dma_copy(s->k, &d, &src, sk_qin(s));
+        }
+    (void)Cg, (void)Kc;
     if (z)
         nt_tile_release(s->k, z);
     return rc;
