@@ -148,14 +148,16 @@ static int columns(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, char *col
  * (fma(col, w, s): the operands' order in an fma does not matter) and the
  * K-tiles added in ascending order in PSUM: the CPU kernel's bits. */
 
+#define FAST_D 2 /* stage C runs this many blocks behind stage A */
+
 typedef struct fastk {
     sk_k *s;
     const nt__conv_geo *g;
     nt_dtype dt, odt;
     int64_t Hp, Wp, pb[2], Fx, Q, nch, Kc, nK, T;
     int64_t off[64]; /* per tap: flat offset in the padded plane */
-    nt_tile *xs[2], *colT[2], *col[2][8], *wT, *ys[2], *yimg[2];
-    nt_tile *pxT[4], *pcol[2][8], *pacc[2], *pyT[2];
+    nt_tile *xs[2], *colT[2], *col[FAST_D][8], *wT, *ys[2], *yimg[2];
+    nt_tile *pxT[8], *pcol[2][8], *pacc[2], *pyT[2];
     int eng; /* rotation of the copy engines */
 } fastk;
 
@@ -174,7 +176,7 @@ static bool fast_ok(const nt__conv_geo *g, nt_dtype dt)
     int64_t plane = Hp * Wp + 2 * 128;
     /* xs twice, yimg (f32 at most), colT twice, col, wT: per partition */
     int64_t bytes = 2 * plane * es + 2 * g->OH * Wp * 4 +
-                    2 * Kc * es + 2 * 8 * 128 * es + 8 * g->CO * es + 4096;
+                    2 * Kc * es + FAST_D * 8 * 128 * es + 8 * g->CO * es + 4096;
     return bytes <= SK_SBUF_BUDGET;
 }
 
@@ -190,16 +192,17 @@ static int fast_alloc(fastk *f)
 {
     nt_sim_kernel *k = f->s->k;
     const nt__conv_geo *g = f->g;
+    for (int i = 0; i < FAST_D; i++)
+        for (int j = 0; j < f->nK; j++)
+            f->col[i][j] = nt_tile_alloc(k, "conv.col", NT_MEM_SBUF, f->dt, 128, 128);
     for (int i = 0; i < 2; i++) {
         f->xs[i] = nt_tile_alloc(k, "conv.xs", NT_MEM_SBUF, f->dt, (int)g->C, f->Fx);
         f->colT[i] = nt_tile_alloc(k, "conv.colT", NT_MEM_SBUF, f->dt, 128, f->Kc);
-        for (int j = 0; j < f->nK; j++)
-            f->col[i][j] = nt_tile_alloc(k, "conv.col", NT_MEM_SBUF, f->dt, 128, 128);
         f->ys[i] = nt_tile_alloc(k, "conv.ys", NT_MEM_SBUF, NT_F32, 128, g->CO);
         f->pacc[i] = nt_tile_alloc(k, "conv.acc", NT_MEM_PSUM, NT_F32, 128, g->CO);
         f->pyT[i] = nt_tile_alloc(k, "conv.pyT", NT_MEM_PSUM, NT_F32, (int)g->CO, 128);
     }
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 8; i++)
         f->pxT[i] = nt_tile_alloc(k, "conv.pxT", NT_MEM_PSUM, f->dt, 128, g->C);
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < f->nK; j++)
@@ -277,7 +280,7 @@ static int fast_colT(fastk *f, nt_tile *colT, nt_tile *xs, int64_t q0, int64_t q
     int rc = 0;
     for (int64_t t = 0; !rc && t < f->T; t++) {
         nt_ap a = nt_tile_slice(xs, 0, (int)g->C, q0 + f->off[t], qw);
-        nt_ap tp = nt_tile_slice(f->pxT[f->eng % 4], 0, (int)qw, 0, g->C);
+        nt_ap tp = nt_tile_slice(f->pxT[f->eng % 8], 0, (int)qw, 0, g->C);
         rc = nt_isa_nc_transpose(f->s->k, &tp, &a);
         nt_ap d = nt_tile_slice(colT, 0, (int)qw, t, 1);
         d.num[0] = g->C, d.step[0] = f->T;
@@ -300,7 +303,7 @@ typedef struct fblk {
 static int fast_stage_b(fastk *f, const fblk *k2)
 {
     nt_sim_kernel *k = f->s->k;
-    nt_tile *colT = f->colT[k2->b % 2], **col = f->col[k2->b % 2];
+    nt_tile *colT = f->colT[k2->b % 2], **col = f->col[k2->b % FAST_D];
     int rc = 0;
     for (int64_t kc = 0; !rc && kc < f->nK; kc++) {
         int64_t kw = f->Kc - kc * 128 < 128 ? f->Kc - kc * 128 : 128;
@@ -319,7 +322,7 @@ static int fast_stage_c(fastk *f, const fblk *k3)
     nt_sim_kernel *k = f->s->k;
     const nt__conv_geo *g = f->g;
     int64_t b = k3->b, qw = k3->qw;
-    nt_tile **col = f->col[b % 2];
+    nt_tile **col = f->col[b % FAST_D];
     nt_ap ad = nt_tile_slice(f->pacc[b % 2], 0, (int)qw, 0, g->CO);
     int rc = 0;
     for (int64_t kc = 0; !rc && kc < f->nK; kc++) {
@@ -383,8 +386,8 @@ static int fast_run(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, const ch
     const char *xd = nt__tensor_data(x);
     char *yd = nt__tensor_data(y);
     int64_t nb = (f.Q + 127) / 128, total = g->N * nb;
-    fblk q[3]; /* the blocks in stages A, B, C */
-    for (int64_t i = 0; !rc && i < total + 2; i++) {
+    fblk q[FAST_D + 1]; /* the blocks in stages A, B, C */
+    for (int64_t i = 0; !rc && i < total + FAST_D; i++) {
         if (i < total) {
             fblk a = {i, (i % nb) * 128, 0, i / nb};
             a.qw = f.Q - a.q0 < 128 ? f.Q - a.q0 : 128;
@@ -392,12 +395,12 @@ static int fast_run(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, const ch
                 rc = fast_load(&f, xd, a.n);
             if (!rc)
                 rc = fast_colT(&f, f.colT[i % 2], f.xs[a.n % 2], a.q0, a.qw);
-            q[i % 3] = a;
+            q[i % (FAST_D + 1)] = a;
         }
         if (!rc && i >= 1 && i - 1 < total)
-            rc = fast_stage_b(&f, &q[(i - 1) % 3]);
-        if (!rc && i >= 2) {
-            const fblk *c = &q[(i - 2) % 3];
+            rc = fast_stage_b(&f, &q[(i - 1) % (FAST_D + 1)]);
+        if (!rc && i >= FAST_D) {
+            const fblk *c = &q[(i - FAST_D) % (FAST_D + 1)];
             rc = fast_stage_c(&f, c);
             if (!rc && c->q0 + c->qw == f.Q) /* the image's last block */
                 rc = fast_store(&f, yd, c->n);
