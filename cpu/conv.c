@@ -27,8 +27,10 @@ static void col_row(const nt__conv_geo *g, const char *x, nt_dtype dt, int64_t c
 {
     int64_t L = g->OH * g->OW, es = (int64_t)nt__dtype_size(dt), wa, wb;
     nt__conv_wrange(g, kj, &wa, &wb);
+    /* (n, oh, ow0) of p0, then advanced row by row without dividing */
+    int64_t n = p0 / L, oh = p0 % L / g->OW, ow0 = p0 % g->OW;
+    bool f32 = dt == NT_F32 && !raw;
     for (int64_t p = p0; p < p0 + np;) {
-        int64_t n = p / L, r = p % L, oh = r / g->OW, ow0 = r % g->OW;
         int64_t ow1 = g->OW - ow0 < p0 + np - p ? g->OW : ow0 + (p0 + np - p);
         const char *plane = x + ((n * g->C + ci) * g->H * g->W) * es;
         int64_t off = p - p0;
@@ -61,13 +63,21 @@ static void col_row(const nt__conv_geo *g, const char *x, nt_dtype dt, int64_t c
                 float *d = (float *)dst + off - ow0;
                 for (int64_t ow = ow0; ow < a; ow++)
                     d[ow] = 0.0f;
-                if (b > a)
+                if (f32 && g->s[1] == 1) /* a plain copy: the values' bits */
+                    memcpy(d + a, src, (size_t)(b - a) * sizeof(float));
+                else if (f32)
+                    for (int64_t ow = a; ow < b; ow++)
+                        d[ow] = ((const float *)src)[(ow - a) * g->s[1]];
+                else if (b > a)
                     nt__ld_f32(d + a, src, dt, g->s[1], b - a);
                 for (int64_t ow = b; ow < ow1; ow++)
                     d[ow] = 0.0f;
             }
         }
         p += ow1 - ow0;
+        ow0 = 0;
+        if (++oh == g->OH)
+            oh = 0, n++;
     }
 }
 
