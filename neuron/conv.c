@@ -174,9 +174,10 @@ static bool fast_ok(const nt__conv_geo *g, nt_dtype dt)
     Wp = Wp > g->W + 2 * g->lo[1] ? Wp : g->W + 2 * g->lo[1];
     Hp = Hp > g->H + 2 * g->lo[0] ? Hp : g->H + 2 * g->lo[0];
     int64_t plane = Hp * Wp + 2 * 128;
-    /* xs twice, yimg (f32 at most), colT twice, col, wT: per partition */
+    /* xs twice, yimg twice (f32 at most), colT, col, wT: per partition */
     int64_t bytes = 2 * plane * es + 2 * g->OH * Wp * 4 +
-                    2 * Kc * es + FAST_D * 8 * 128 * es + 8 * g->CO * es + 4096;
+                    4 * Kc * es /* colT twice, the weight's staging twice */ +
+                    FAST_D * 8 * 128 * es + 8 * g->CO * es + 4096;
     return bytes <= SK_SBUF_BUDGET;
 }
 
