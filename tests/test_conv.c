@@ -476,6 +476,54 @@ static void test_captured(void **state)
     nt_test_cfg(0);
 }
 
+/* A captured training step (forward and backward, lazy mode, cpu and sim):
+ * the replay on other inputs gives the eager weight and bias gradients. */
+static void test_captured_backward(void **state)
+{
+    (void)state;
+    for (int k = 4; k <= 5; k++)
+        for (const ccase *c = cases; c < cases + NCASES; c += 2) {
+            if (!c->bias)
+                continue;
+            nt_test_cfg(k);
+            inputs in = inputs_of(c, 41 + (uint64_t)(c - cases));
+            sizes z = sizes_of(c);
+            result r = run_case(c, &in, NT_F32);
+            nt_scope *sc = nt_scope_begin();
+            nt_tensor *x2 = nt_from_host(in.x, NT_F32, z.xnd, z.xs);
+            nt_tensor *w = nt_from_host(in.w, NT_F32, 4, z.ws);
+            nt_tensor *b = nt_from_host(in.b, NT_F32, 1, SH(z.nb));
+            nt_tensor *cot = nt_from_host(in.cot, NT_F32, z.xnd, z.ys);
+            nt_tensor *x = nt_zeros(NT_F32, z.xnd, z.xs);
+            assert_int_equal(nt_set_requires_grad(w, true), 0);
+            assert_int_equal(nt_set_requires_grad(b, true), 0);
+            assert_int_equal(nt_sync(), 0);
+            assert_int_equal(nt_graph_capture_begin(), 0);
+            assert_int_equal(nt_graph_input(x, "x"), 0);
+            nt_tensor *y = conv_call(c, x, w, b);
+            nt_tensor *l = y ? nt_sum(nt_reshape(nt_mul(y, cot), 1, SH(-1)), 0, false) : NULL;
+            int rc = l ? nt_backward(l) : -1;
+            nt_graph *g = nt_graph_capture_end();
+            if (!g || rc)
+                fail_msg("case %d: %s", (int)(c - cases), nt_last_error_message());
+            assert_int_equal(nt_zero_grad(w), 0);
+            assert_int_equal(nt_zero_grad(b), 0);
+            assert_int_equal(nt_graph_bind(g, "x", x2), 0);
+            assert_int_equal(nt_graph_replay(g), 0);
+            float *gw = malloc(sizeof(float) * (size_t)z.nw), *gb = malloc(sizeof(float) * (size_t)z.nb);
+            assert_int_equal(nt_to_host(nt_grad(w), gw, sizeof(float) * (size_t)z.nw), 0);
+            assert_int_equal(nt_to_host(nt_grad(b), gb, sizeof(float) * (size_t)z.nb), 0);
+            same("captured gw", (int)(c - cases), k, gw, r.gw, z.nw);
+            same("captured gb", (int)(c - cases), k, gb, r.gb, z.nb);
+            free(gw), free(gb);
+            nt_graph_destroy(g);
+            assert_int_equal(nt_scope_end(sc), 0);
+            result_free(&r);
+            inputs_free(&in);
+        }
+    nt_test_cfg(0);
+}
+
 /* Autocast: bf16 operands (LOW, like nt_matmul), the result bf16; the
  * values are the bf16 run's, gradients reach the f32 leaves in f32. */
 static void test_autocast(void **state)
@@ -717,6 +765,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_matmul_contract, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_conv1d, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_captured, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_captured_backward, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_autocast, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_gradcheck, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_empty_batch, nt_test_setup, nt_test_teardown),
