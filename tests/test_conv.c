@@ -57,6 +57,8 @@ static const ccase cases[] = {
     {2, 20, 12, 13, 9, 3, 3, {1, 1}, {2, 0}, {2, 1}, {0, 0}, 1, false, false}, /* 2 K-chunks */
     {2, 9, 11, 14, 5, 3, 3, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, true, true},
     {1, 128, 5, 6, 128, 3, 2, {1, 1}, {1, 0}, {1, 1}, {0, 0}, 1, false, false}, /* 128 wide */
+    /* padding past the kernel: the input gradient crops (a negative offset) */
+    {2, 3, 4, 5, 4, 1, 3, {1, 1}, {1, 2}, {1, 1}, {0, 0}, 1, true, false},
     {2, 3, 4, 5, 4, 3, 3, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, true, true},
     {1, 4, 3, 5, 6, 3, 2, {2, 3}, {1, 0}, {1, 2}, {1, 2}, 2, true, true},
     {2, 6, 5, 4, 6, 2, 3, {2, 2}, {0, 1}, {2, 1}, {1, 0}, 6, false, true}, /* depthwise */
