@@ -111,20 +111,6 @@ static nt_tensor *expand_back(nt__bctx *b, nt_tensor *g)
     return r ? nt_expand_at(S, r, m->ndim, m->shape) : NULL;
 }
 
-/* A backward that is one kernel without a backward of its own (the
- * generic dx/dxy ones, index_add, embedding's, attention's), run in a
- * create_graph pass on inputs that require grad: refused with an error
- * naming the op, never a gradient that silently stops there.  0: go on. */
-static int no_dbl(nt__bctx *b, nt_tensor *const *in, int n)
-{
-    if (!b->create)
-        return 0;
-    for (int i = 0; i < n; i++)
-        if (in[i] && in[i]->ag && in[i]->ag->requires_grad)
-            return nt__dbl_refuse(S, NULL);
-    return 0;
-}
-
 /* ---------------- binary ---------------- */
 
 static int bwd_add(nt__bctx *b)
@@ -251,8 +237,6 @@ static int bwd_dx(nt__bctx *b)
     int op = b->n->op;
     nt_tensor *v = nt__bwd_table[op].save_out ? OUT(0) : IN(0);
     nt_tensor *in[2] = {G, v};
-    if (no_dbl(b, in, 2))
-        return nt_last_error();
     if (!nt__call_begin(&c, S, nt__op_api(op), NT_OP_UNARY_BWD, 2, in, "g,v"))
         return nt_last_error();
     c.no_grad = true;
@@ -274,8 +258,6 @@ static nt_tensor *binary_dx(nt__bctx *b, int which)
 {
     nt__call c;
     nt_tensor *in[2] = {IN(0), IN(1)};
-    if (no_dbl(b, in, 2))
-        return NULL;
     if (!nt__call_begin(&c, S, nt__op_api(b->n->op), NT_OP_BINARY_DX, 2, in, "a,b"))
         return NULL;
     c.no_grad = true;
@@ -845,8 +827,6 @@ static int bwd_gather(nt__bctx *b)
     nt__call c;
     nt_tensor *in[2] = {G, IN(1)};
     const char *fn = b->n->op == NT_OP_GATHER ? "nt_gather" : "nt_index_select";
-    if (no_dbl(b, in, 2))
-        return nt_last_error();
     if (!nt__call_begin(&c, S, fn, NT_OP_INDEX_ADD, 2, in, "g,index"))
         return nt_last_error();
     c.no_grad = true;
@@ -866,8 +846,6 @@ static int bwd_embedding(nt__bctx *b)
     const nt__tmeta *wm = META(0);
     nt__call c;
     nt_tensor *in[2] = {G, IN(1)};
-    if (no_dbl(b, in, 2))
-        return nt_last_error();
     if (!nt__call_begin(&c, S, "nt_embedding", NT_OP_EMBEDDING_BWD, 2, in, "g,idx"))
         return nt_last_error();
     c.no_grad = true;
@@ -898,8 +876,6 @@ static int bwd_scatter(nt__bctx *b)
         nt_tensor *z, *in[3] = {G, IN(1), NULL};
         TRY(z = nt_zeros_at(S, (nt_dtype)G->dtype, sm->ndim, sm->shape));
         in[2] = z;
-        if (no_dbl(b, in, 3))
-            return nt_last_error();
         if (!nt__call_begin(&c, S, "nt_scatter", NT_OP_SCATTER, 3, in, "g,index,zeros"))
             return nt_last_error();
         c.no_grad = true;
@@ -943,11 +919,9 @@ static int bwd_scatter_add(nt__bctx *b)
 static int bwd_sdpa(nt__bctx *b)
 {
     nt_tensor *q = IN(0), *k = IN(1), *v = IN(2), *mask = IN(3), *o = OUT(0), *lse = OUT(1);
-    nt_tensor *g = G, *all[6] = {q, k, v, o, lse, g};
+    nt_tensor *g = G;
     if (!g)
         return 0;
-    if (no_dbl(b, all, 6))
-        return nt_last_error();
     int nd = q->ndim;
     int64_t D = q->shape[nd - 1], Dv = v->shape[nd - 1];
     if (g->dtype != o->dtype)
@@ -1030,67 +1004,68 @@ static int bwd_sdpa(nt__bctx *b)
  * same kernel, so the same bits as a first backward), d/dv is gg * g *
  * f''(v) from ordinary ops, each as PyTorch 1.13's derivatives.yaml writes
  * it (threshold_backward, tanh_backward, sigmoid_backward,
- * gelu_double_backward, silu_double_backward).  They record in turn: third
- * derivatives follow. */
-static nt_tensor *helper_dg(nt__bctx *b)
+ * gelu_double_backward, silu_double_backward); both summed back over
+ * broadcast dims.  They record in turn: third derivatives follow. */
+static int helper_dg(nt__bctx *b)
 {
     int op = b->n->op;
-    return nt__binary(S, nt__op_api(op), op, G, IN(1));
+    if (LIVE(0))
+        TRY(b->gin[0] = reduce_to(b, nt__binary(S, nt__op_api(op), op, G, IN(1)), META(0)));
+    return 0;
+}
+/* gg * g * f''(v), f'' given as t */
+static int helper_dv(nt__bctx *b, nt_tensor *t)
+{
+    TRY(b->gin[1] = reduce_to(b, nt_mul_at(S, nt_mul_at(S, G, IN(0)), t), META(1)));
+    return 0;
 }
 static int bwd_relu_bwd(nt__bctx *b) /* d/dy: 0 (zeros, as PyTorch) */
 {
-    if (LIVE(0))
-        TRY(b->gin[0] = helper_dg(b));
+    const nt__tmeta *m = META(1);
     if (LIVE(1))
-        TRY(b->gin[1] = nt_zeros_like_at(S, IN(1)));
-    return 0;
+        TRY(b->gin[1] = nt_zeros_at(S, (nt_dtype)m->dtype, m->ndim, m->shape));
+    return helper_dg(b);
 }
 static int bwd_tanh_bwd(nt__bctx *b) /* d/dy: gg ((-2 y) g) */
 {
-    if (LIVE(0))
-        TRY(b->gin[0] = helper_dg(b));
     if (LIVE(1))
-        TRY(b->gin[1] = nt_mul_at(S, G, nt_mul_at(S, nt_mul_scalar_at(S, IN(1), -2.0), IN(0))));
-    return 0;
+        TRY(b->gin[1] = reduce_to(
+                b, nt_mul_at(S, G, nt_mul_at(S, nt_mul_scalar_at(S, IN(1), -2.0), IN(0))),
+                META(1)));
+    return helper_dg(b);
 }
 static int bwd_sigmoid_bwd(nt__bctx *b) /* d/dy: (gg g) (-2 y + 1) */
 {
-    if (LIVE(0))
-        TRY(b->gin[0] = helper_dg(b));
-    if (LIVE(1))
-        TRY(b->gin[1] = nt_mul_at(S, nt_mul_at(S, G, IN(0)),
-                                  nt_add_scalar_at(S, nt_mul_scalar_at(S, IN(1), -2.0), 1.0)));
-    return 0;
+    if (LIVE(1) && helper_dv(b, nt_add_scalar_at(S, nt_mul_scalar_at(S, IN(1), -2.0), 1.0)))
+        return nt_last_error();
+    return helper_dg(b);
 }
 /* d/dx: (gg g) (phi(x) (2 - x^2)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi) */
 static int bwd_gelu_bwd(nt__bctx *b)
 {
-    if (LIVE(0))
-        TRY(b->gin[0] = helper_dg(b));
     if (LIVE(1)) {
         nt_tensor *x = IN(1), *x2, *pdf;
         TRY(x2 = nt_mul_at(S, x, x));
         TRY(pdf = nt_mul_scalar_at(S, nt_exp_at(S, nt_mul_scalar_at(S, x2, -0.5)),
                                    0.39894228040143267794));
-        TRY(b->gin[1] = nt_mul_at(S, nt_mul_at(S, G, IN(0)),
-                                  nt_mul_at(S, pdf, nt_add_scalar_at(S, nt_neg_at(S, x2), 2.0))));
+        if (helper_dv(b, nt_mul_at(S, pdf, nt_add_scalar_at(S, nt_neg_at(S, x2), 2.0))))
+            return nt_last_error();
     }
-    return 0;
+    return helper_dg(b);
 }
 /* d/dx: (gg g) (s (1 - s)) (2 + x (1 - 2 s)), s = sigmoid(x) */
 static int bwd_silu_bwd(nt__bctx *b)
 {
-    if (LIVE(0))
-        TRY(b->gin[0] = helper_dg(b));
     if (LIVE(1)) {
         nt_tensor *x = IN(1), *s, *t, *u;
         TRY(s = nt_sigmoid_at(S, x));
         TRY(t = nt_mul_at(S, s, nt_add_scalar_at(S, nt_neg_at(S, s), 1.0)));
         TRY(u = nt_add_scalar_at(
                 S, nt_mul_at(S, x, nt_add_scalar_at(S, nt_mul_scalar_at(S, s, -2.0), 1.0)), 2.0));
-        TRY(b->gin[1] = nt_mul_at(S, nt_mul_at(S, nt_mul_at(S, G, IN(0)), t), u));
+        if (helper_dv(b, nt_mul_at(S, t, u)))
+            return nt_last_error();
     }
-    return 0;
+    return helper_dg(b);
 }
 
 /* ---------------- the table ---------------- */

@@ -262,8 +262,25 @@ static bool inplace_ok(int op)
     return op >= 0 && op < NT_OP_COUNT && (nt__ops[op].flags & NT_OPF_INPLACE);
 }
 
+/* A call that records no node (c->no_grad: a backward kernel, cat's
+ * copies into its result, detach) inside a create_graph backward, on an
+ * input that carries the graph: the gradient it makes would silently stop
+ * there, so it is refused -- except cat's copies (cat records its own node)
+ * and detach (a cut asked for). */
+static int on_nograd_call(nt__call *c)
+{
+    if (!nt__dbl_of || c->op == NT_OP_ALIAS || (c->dst && c->op == NT_OP_COPY))
+        return 0;
+    for (int i = 0; i < c->nin; i++)
+        if (requires(c->in[i]))
+            return nt__dbl_refuse(c->site, NULL);
+    return 0;
+}
+
 static int on_dispatch(nt__call *c)
 {
+    if (c->no_grad)
+        return on_nograd_call(c);
     if (tls_no_grad) {
         if (nt__ckpt_capturing)
             nt__ckpt_capture(c->in, c->nin);

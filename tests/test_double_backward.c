@@ -924,6 +924,14 @@ static nt_tensor *r_embedding(nt_tensor *x)
     nt_tensor *e = nt_embedding(x, nt_from_host(idx, NT_I32, 1, SH(3)));
     return nt_mul(e, e);
 }
+static nt_tensor *r_scatter(nt_tensor *x)
+{
+    int32_t idx[3] = {2, 0, 1};
+    float sv[3] = {1, 2, 3};
+    nt_tensor *y = nt_scatter(x, 1, nt_from_host(idx, NT_I32, 2, SH(1, 3)),
+                              nt_from_host(sv, NT_F32, 2, SH(1, 3)));
+    return nt_mul(y, y);
+}
 static nt_tensor *r_cumprod(nt_tensor *x) { return nt_cumprod(x, 1); }
 static nt_tensor *r_diagonal(nt_tensor *x)
 {
@@ -955,7 +963,7 @@ static void test_refusals(void **state)
     const refusal R[] = {
         {"'sin'", r_sin},           {"'softplus'", r_softplus}, {"'pow'", r_pow},
         {"'gather'", r_gather},     {"'index_select'", r_index_select},
-        {"'embedding'", r_embedding}, {"'cumprod'", r_cumprod}, {"'diagonal'", r_diagonal},
+        {"'embedding'", r_embedding}, {"'scatter'", r_scatter}, {"'cumprod'", r_cumprod}, {"'diagonal'", r_diagonal},
         {"'scaled_dot_product_attention'", r_sdpa}, {"nt_checkpoint", r_checkpoint},
     };
     float xv[6] = {0.5f, -1.25f, 2, 0.75f, -0.5f, 1.5f};
