@@ -530,6 +530,22 @@ static nt_tensor *gf_linear3d(nt_tensor *const *in)
     return nt_sigmoid(nt_linear(in[0], in[1], in[2]));
 }
 
+/* the ops the docs list as built from differentiable ones */
+static nt_tensor *gf_more(nt_tensor *const *in)
+{
+    nt_tensor *x = in[0], *y = in[1];
+    nt_tensor *a = nt_rms_norm(nt_mul(x, y), NULL, 1e-5);                 /* [3, 5] */
+    nt_tensor *b = nt_mul(nt_abs(x), nt_clamp(y, -0.5, 0.6));
+    nt_tensor *c = nt_mul(nt_maximum(x, y), nt_rsqrt(nt_add_scalar(nt_mul(y, y), 1.0)));
+    nt_tensor *d = nt_cumsum(nt_mul(x, x), 1);
+    nt_tensor *e = nt_expand(nt_amax(nt_mul(x, y), 1, (const int[]){1}, true), 2, SH(3, 5));
+    nt_tensor *f = nt_flip(nt_mul(y, nt_tril(nt_mul(x, x), 0)), 1, (const int[]){0});
+    nt_tensor *nm = nt_expand(nt_norm(nt_add(x, y), 2.0, 1, true), 2, SH(3, 5));
+    nt_tensor *parts[2] = {nt_add(nt_add(a, b), nt_add(c, d)), nt_add(nt_add(e, f), nm)};
+    nt_tensor *cat = nt_cat(parts, 2, 0);                                /* [6, 5] */
+    return nt_mul(cat, nt_add_scalar(nt_cat(parts, 2, 0), 0.25));
+}
+
 static void test_gradgradcheck(void **state)
 {
     (void)state;
@@ -573,6 +589,10 @@ static void test_gradgradcheck(void **state)
     {
         int64_t sh[1][4] = {{24}};
         gradgradcheck("views", gf_views, 1, sh, (int[]){1}, v2, 1e-2, 2e-2);
+    }
+    {
+        int64_t sh[2][4] = {{3, 5}, {3, 5}};
+        gradgradcheck("more", gf_more, 2, sh, (int[]){2, 2}, v2, 1e-3, 3e-2);
     }
     {
         int64_t sh[3][4] = {{2, 3, 4}, {5, 4}, {5}};
