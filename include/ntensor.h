@@ -983,9 +983,17 @@ NT_API int nt_backward_ex(nt_tensor *loss, bool retain_graph);
  *  gradient penalties.  Pass retain_graph = true with it to differentiate
  *  through the first graph again (PyTorch's default then); grad mode is on
  *  inside such a pass, hooks included.  The ops whose backward can be
- *  differentiated are listed in docs/architecture.md ("Double backward");
- *  the others are an error naming the op (NT_ENOTSUP: "double backward of
- *  'sin' is not supported (create_graph)"), as is nt_checkpoint's block.
+ *  differentiated (docs/architecture.md, "Double backward", has the full
+ *  list): add, sub, mul, div, neg, exp, log, sqrt, rsqrt, abs, tanh,
+ *  sigmoid, relu, gelu, silu, pow_scalar, the tensor-scalar ops, clamp,
+ *  maximum/minimum, where, broadcasting, sum, mean, max/min, amax/amin,
+ *  norm, cumsum, matmul/linear, the views (reshape, permute, transpose,
+ *  slice, expand), cat, flip, softmax, log_softmax, layer_norm, rms_norm,
+ *  cross_entropy, mse_loss, dropout, user ops built from these.  The
+ *  others (sin, cos, erf, softplus, ..., pow/atan2/fmod of two tensors,
+ *  gather, index_select, embedding, scatter, cumprod, diagonal, attention)
+ *  are an error naming the op (NT_ENOTSUP: "double backward of 'sin' is
+ *  not supported (create_graph)"), as is nt_checkpoint's block.
  *  The recorded graph is freed with the tensors that hold it (.grad:
  *  nt_zero_grad).  create_graph false: exactly nt_backward_ex.  Errors as
  *  nt_backward's, plus NT_ESHAPE / NT_EDTYPE for a bad gradient. */
@@ -1032,7 +1040,8 @@ typedef nt_tensor *(*nt_grad_hook)(nt_tensor *g, void *ctx);
  *  has sent its gradient; for a leaf, before the gradient goes into .grad);
  *  t's hooks run in the order they were registered, each on the previous
  *  one's result, then nt_retain_grad's copy is taken.  A hook runs inside
- *  the pass, with grad off, on the gradient's device: it may read g (e.g.
+ *  the pass, with grad off (on in a create_graph pass, nt_backward_full), on
+ *  the gradient's device: it may read g (e.g.
  *  nt_item, a host sync), run ops and return a new gradient; it must not
  *  call nt_backward or change t or g in place.  A bad replacement is an
  *  error of nt_backward (NT_ESHAPE).  In a captured step the hook runs
