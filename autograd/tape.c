@@ -1436,7 +1436,9 @@ static int run_node(gradmap *gm, size_t k, const pass_t *P, const nt_site *site)
         /* Ops issued by the backward carry the forward's site and say whose
          * backward they belong to. */
         nt__tls_bwd_of = api;
-        /* create_graph: the backward's ops record; one that cannot names n */
+        /* create_graph: the backward's ops record; one that cannot names n
+         * (a pass that a user op's backward runs inside it keeps its own) */
+        const char *dbl_prev = nt__dbl_of;
         nt__dbl_of = P->create ? (n->custom ? api : nt__op_name(n->op)) : NULL;
         if (n->op == NT_OP_SLICE && !n->custom && gout[0] && n->next[0].node && !P->create &&
             (rc = slice_into(gm, n, gout[0])) <= 0)
@@ -1450,7 +1452,7 @@ static int run_node(gradmap *gm, size_t k, const pass_t *P, const nt_site *site)
             rc = n->op < NT_OP_COUNT && nt__bwd_table[n->op].fn ? nt__bwd_table[n->op].fn(&b)
                                                                : NT_ENOTSUP;
         nt__tls_bwd_of = NULL;
-        nt__dbl_of = NULL;
+        nt__dbl_of = dbl_prev;
         for (int i = 0; i < n->nin && !rc; i++) {
             nt_tensor *g = gp[i];
             if (!g || !n->next[i].node)
