@@ -13,7 +13,8 @@
  *   the second backward, over matmul/linear, broadcasting, softmax,
  *   log_softmax, layer_norm, cross_entropy, mse, views, reductions, ...
  * - Gradient-penalty steps (WGAN-GP: ||dL/dx||^2 added to the loss)
- *   against PyTorch's.
+ *   against PyTorch's; a MAML step (the gradient through an inner SGD step)
+ *   against doubles.
  * - The same bits on every backend and mode (NT_TEST_CFGS), and a
  *   create_graph pass's first gradients equal to a plain pass's.
  * - Ops whose backward cannot be differentiated: an error naming the op.
@@ -828,6 +829,68 @@ static void test_backward_full(void **state)
     nt_scope_end(s);
 }
 
+/* ---------------- MAML: differentiating through an inner step ---------------- */
+
+/* theta' = theta - a d/dtheta mse(X theta, y) (create_graph), outer =
+ * mse(X2 theta', y2); d outer / d theta = A^T (2/n2) X2^T (X2 theta' - y2)
+ * with A = I - a (2/n) X^T X, in double here. */
+static void test_maml(void **state)
+{
+    (void)state;
+    float X[12], y[4], X2[15], y2[5], th[3];
+    uint64_t st = 11;
+    nt_test_fill(X, 12, &st), nt_test_fill(y, 4, &st), nt_test_fill(X2, 15, &st);
+    nt_test_fill(y2, 5, &st), nt_test_fill(th, 3, &st);
+    const double a = 0.3;
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *t = leaf(th, 2, SH(3, 1));
+    nt_tensor *Xt = nt_from_host(X, NT_F32, 2, SH(4, 3)), *yt = nt_from_host(y, NT_F32, 2, SH(4, 1));
+    nt_tensor *X2t = nt_from_host(X2, NT_F32, 2, SH(5, 3));
+    nt_tensor *y2t = nt_from_host(y2, NT_F32, 2, SH(5, 1));
+    nt_tensor *inner = nt_mse_loss(nt_matmul(Xt, t), yt);
+    nt_tensor *g = grad1(inner, t, true);
+    nt_tensor *t1 = nt_sub(t, nt_mul_scalar(g, a));
+    nt_tensor *outer = nt_mse_loss(nt_matmul(X2t, t1), y2t);
+    assert_int_equal(nt_backward(outer), 0);
+    float *got = host(nt_grad(t));
+    double r[4], tp[3], A[3][3], go[3];
+    for (int i = 0; i < 4; i++) {
+        r[i] = -y[i];
+        for (int k = 0; k < 3; k++)
+            r[i] += (double)X[i * 3 + k] * th[k];
+    }
+    for (int k = 0; k < 3; k++) {
+        double gk = 0;
+        for (int i = 0; i < 4; i++)
+            gk += 2.0 / 4 * X[i * 3 + k] * r[i];
+        tp[k] = th[k] - a * gk;
+        for (int j = 0; j < 3; j++) {
+            double xx = 0;
+            for (int i = 0; i < 4; i++)
+                xx += (double)X[i * 3 + k] * X[i * 3 + j];
+            A[k][j] = (k == j) - a * 2.0 / 4 * xx;
+        }
+    }
+    for (int k = 0; k < 3; k++) {
+        go[k] = 0;
+        for (int i = 0; i < 5; i++) {
+            double r2 = -y2[i];
+            for (int j = 0; j < 3; j++)
+                r2 += (double)X2[i * 3 + j] * tp[j];
+            go[k] += 2.0 / 5 * X2[i * 3 + k] * r2;
+        }
+    }
+    for (int j = 0; j < 3; j++) {
+        double want = 0;
+        for (int k = 0; k < 3; k++)
+            want += A[k][j] * go[k]; /* A is symmetric: A^T go */
+        if (!near(got[j], want, 1e-5, 1e-6))
+            fail_msg("MAML d outer / d theta[%d]: %.9g, double %.17g", j, (double)got[j], want);
+    }
+    free(got);
+    nt_scope_end(s);
+}
+
 /* ---------------- nt_autograd_grad specifics ---------------- */
 
 static void test_autograd_grad(void **state)
@@ -1094,6 +1157,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_first_order_unchanged, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_backward_full, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_maml, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_autograd_grad, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_custom_op, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_refusals, nt_test_setup, nt_test_teardown),
