@@ -100,6 +100,12 @@ typedef struct nt__bctx {
     nt_tensor *gout[NT__MAX_OUT];
     nt_tensor **gin;
     const nt_site *site;
+    /* create_graph (double backward): the pass records the backward's ops,
+     * and nt__saved_in/out hand out the saved tensors with their place in
+     * the graph (uin/uout: made on first use, owned by the node's scope). */
+    bool create;
+    nt_tensor *uin[NT__MAX_IN];
+    nt_tensor *uout[NT__MAX_OUT];
 } nt__bctx;
 
 typedef int (*nt__bwd_fn)(nt__bctx *b);
@@ -118,6 +124,17 @@ extern const nt__bwd_entry nt__bwd_table[];
 bool nt__edge_live(const nt__node *n, int i);
 nt_tensor *nt__saved_in(nt__bctx *b, int i);
 nt_tensor *nt__saved_out(nt__bctx *b, int i);
+
+/* Double backward (create_graph, autograd/tape.c): while a node's backward
+ * runs in a pass that records its ops, the name of its op (for the errors
+ * of a backward that cannot be differentiated), else NULL.  nt__dbl_refuse
+ * sets and returns that error (NT_ENOTSUP naming nt_backward and the op). */
+extern _Thread_local const char *nt__dbl_of;
+int nt__dbl_refuse(const nt_site *site, const char *why);
+/* A saved tensor handed to a create_graph backward: a handle on its
+ * storage that carries edge e (its gradient flows there), owned by the
+ * open scope; t itself when e has no node.  NULL: out of memory. */
+nt_tensor *nt__unpack(nt_tensor *t, nt__edge e);
 
 /* The dispatcher's hooks (nt__dhooks; init/init.c registers them): record
  * the node of a call, whether grad mode is on, cat's node. */

@@ -12,8 +12,29 @@
 #include <string.h>
 
 bool nt__edge_live(const nt__node *n, int i) { return i < n->nin && n->next[i].node != NULL; }
-nt_tensor *nt__saved_in(nt__bctx *b, int i) { return b->n->saved_in[i]; }
-nt_tensor *nt__saved_out(nt__bctx *b, int i) { return b->n->saved_out[i]; }
+/* Saved tensors.  In a create_graph pass each comes with its place in the
+ * graph (PyTorch's unpacked SavedVariable): an input with its edge, an
+ * output as output i of the node itself, so the gradient the backward
+ * computes from them is a function of them that a later backward can
+ * follow.  Otherwise the plain saved handle. */
+nt_tensor *nt__saved_in(nt__bctx *b, int i)
+{
+    nt_tensor *t = b->n->saved_in[i];
+    if (!b->create || !t || i >= b->n->nin || !b->n->next[i].node)
+        return t;
+    if (!b->uin[i])
+        b->uin[i] = nt__unpack(t, b->n->next[i]);
+    return b->uin[i];
+}
+nt_tensor *nt__saved_out(nt__bctx *b, int i)
+{
+    nt_tensor *t = b->n->saved_out[i];
+    if (!b->create || !t)
+        return t;
+    if (!b->uout[i])
+        b->uout[i] = nt__unpack(t, (nt__edge){b->n, i});
+    return b->uout[i];
+}
 
 #define S (b->site)
 #define G (b->gout[0])
@@ -356,10 +377,66 @@ static int bwd_permute(nt__bctx *b)
     TRY(b->gin[0] = nt_permute_at(S, G, inv));
     return 0;
 }
+/* slice in a create_graph pass: g between zeros by cat (a step > 1 puts
+ * step - 1 zeros after each element first: [.., n, 1, ..] cat zeros
+ * [.., n, step - 1, ..] along the new dim, reshaped and cut), with no write
+ * in place, so the gradient records as a function of g.  Copies only: the
+ * values and bits of g copied into zeros. */
+static nt_tensor *slice_back_cat(nt__bctx *b)
+{
+    const nt__tmeta *m = META(0);
+    const nt__params *p = &b->n->p;
+    int d = p->dim, nd = m->ndim;
+    int64_t lo = p->i[0], step = p->i[2], cnt = G->shape[d], sh[NT_MAX_DIMS];
+    nt_dtype dt = (nt_dtype)G->dtype;
+    nt_tensor *g = G, *z, *parts[3];
+    if (cnt == 0)
+        return nt_zeros_at(S, dt, nd, m->shape);
+    if (step > 1 && cnt > 1) {
+        if (nd == NT_MAX_DIMS) {
+            nt__dbl_refuse(S, "a slice with a step of a tensor of NT_MAX_DIMS dims");
+            return NULL;
+        }
+        for (int i = 0, k = 0; i < nd; i++) {
+            sh[k++] = G->shape[i];
+            if (i == d)
+                sh[k++] = 1;
+        }
+        nt_tensor *g1 = nt_reshape_at(S, G, nd + 1, sh);
+        sh[d + 1] = step - 1;
+        if (!g1 || !(z = nt_zeros_at(S, dt, nd + 1, sh)))
+            return NULL;
+        memcpy(sh, G->shape, sizeof(int64_t) * (size_t)nd);
+        sh[d] = cnt * step;
+        g = nt_reshape_at(S, nt_cat_at(S, (nt_tensor *[]){g1, z}, 2, d + 1), nd, sh);
+        if (!(g = nt_slice_at(S, g, d, 0, (cnt - 1) * step + 1, 1)))
+            return NULL;
+    }
+    int k = 0;
+    int64_t after = m->shape[d] - lo - g->shape[d];
+    memcpy(sh, m->shape, sizeof(int64_t) * (size_t)nd);
+    if (lo > 0) {
+        sh[d] = lo;
+        if (!(parts[k++] = nt_zeros_at(S, dt, nd, sh)))
+            return NULL;
+    }
+    parts[k++] = g;
+    if (after > 0) {
+        sh[d] = after;
+        if (!(parts[k++] = nt_zeros_at(S, dt, nd, sh)))
+            return NULL;
+    }
+    return k == 1 ? g : nt_cat_at(S, parts, k, d);
+}
+
 static int bwd_slice(nt__bctx *b) /* g placed into zeros of the input's shape */
 {
     const nt__tmeta *m = META(0);
     nt_tensor *z, *v;
+    if (b->create) {
+        TRY(b->gin[0] = slice_back_cat(b));
+        return 0;
+    }
     TRY(z = nt_zeros_at(S, (nt_dtype)G->dtype, m->ndim, m->shape));
     const nt__params *p = &b->n->p;
     TRY(v = nt_slice_at(S, z, p->dim, p->i[0], p->i[1], p->i[2]));
@@ -937,6 +1014,77 @@ static int bwd_sdpa(nt__bctx *b)
                                       nd, ks));
     }
     return 0;
+}
+
+/* ---------------- double backward of the helpers ---------------- */
+
+/* The backward helpers of relu, tanh, sigmoid, gelu and silu, h(g, v) =
+ * g * f'(v), recorded by a create_graph pass: d/dg is h(gg, v) itself (the
+ * same kernel, so the same bits as a first backward), d/dv is gg * g *
+ * f''(v) from ordinary ops, each as PyTorch 1.13's derivatives.yaml writes
+ * it (threshold_backward, tanh_backward, sigmoid_backward,
+ * gelu_double_backward, silu_double_backward); both summed back over
+ * broadcast dims.  They record in turn: third derivatives follow. */
+static int helper_dg(nt__bctx *b)
+{
+    int op = b->n->op;
+    if (LIVE(0))
+        TRY(b->gin[0] = reduce_to(b, nt__binary(S, nt__op_api(op), op, G, IN(1)), META(0)));
+    return 0;
+}
+/* gg * g * f''(v), f'' given as t */
+static int helper_dv(nt__bctx *b, nt_tensor *t)
+{
+    TRY(b->gin[1] = reduce_to(b, nt_mul_at(S, nt_mul_at(S, G, IN(0)), t), META(1)));
+    return 0;
+}
+static int bwd_relu_bwd(nt__bctx *b) /* d/dy: 0 (zeros, as PyTorch) */
+{
+    const nt__tmeta *m = META(1);
+    if (LIVE(1))
+        TRY(b->gin[1] = nt_zeros_at(S, (nt_dtype)m->dtype, m->ndim, m->shape));
+    return helper_dg(b);
+}
+static int bwd_tanh_bwd(nt__bctx *b) /* d/dy: gg ((-2 y) g) */
+{
+    if (LIVE(1))
+        TRY(b->gin[1] = reduce_to(
+                b, nt_mul_at(S, G, nt_mul_at(S, nt_mul_scalar_at(S, IN(1), -2.0), IN(0))),
+                META(1)));
+    return helper_dg(b);
+}
+static int bwd_sigmoid_bwd(nt__bctx *b) /* d/dy: (gg g) (-2 y + 1) */
+{
+    if (LIVE(1) && helper_dv(b, nt_add_scalar_at(S, nt_mul_scalar_at(S, IN(1), -2.0), 1.0)))
+        return nt_last_error();
+    return helper_dg(b);
+}
+/* d/dx: (gg g) (phi(x) (2 - x^2)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi) */
+static int bwd_gelu_bwd(nt__bctx *b)
+{
+    if (LIVE(1)) {
+        nt_tensor *x = IN(1), *x2, *pdf;
+        TRY(x2 = nt_mul_at(S, x, x));
+        TRY(pdf = nt_mul_scalar_at(S, nt_exp_at(S, nt_mul_scalar_at(S, x2, -0.5)),
+                                   0.39894228040143267794));
+        if (helper_dv(b, nt_mul_at(S, pdf, nt_add_scalar_at(S, nt_neg_at(S, x2), 2.0))))
+            return nt_last_error();
+    }
+    return helper_dg(b);
+}
+/* d/dx: (gg g) (s (1 - s)) (2 + x (1 - 2 s)), s = sigmoid(x) */
+static int bwd_silu_bwd(nt__bctx *b)
+{
+    if (LIVE(1)) {
+        nt_tensor *x = IN(1), *s, *t, *u;
+        TRY(s = nt_sigmoid_at(S, x));
+        TRY(t = nt_mul_at(S, s, nt_add_scalar_at(S, nt_neg_at(S, s), 1.0)));
+        TRY(u = nt_add_scalar_at(
+                S, nt_mul_at(S, x, nt_add_scalar_at(S, nt_mul_scalar_at(S, s, -2.0), 1.0)), 2.0));
+        if (helper_dv(b, nt_mul_at(S, t, u)))
+            return nt_last_error();
+    }
+    return helper_dg(b);
 }
 
 /* ---------------- the table ---------------- */

@@ -316,10 +316,12 @@ int nt__custom_backward(nt__bctx *b)
     if (!b->gout[0])
         return 0;
     nt_tensor *in[NT__MAX_IN] = {0};
+    /* (in a create_graph pass, with their places in the graph: a backward
+     * made of ntensor ops records, and differentiates again) */
     for (int i = 0; i < c->def.nin; i++)
-        in[i] = b->n->saved_in[i];
+        in[i] = nt__saved_in(b, i);
     nt__user_code_begin();
-    int rc = c->def.backward(b->gout[0], in, b->n->saved_out[0], b->gin, c->def.ctx);
+    int rc = c->def.backward(b->gout[0], in, nt__saved_out(b, 0), b->gin, c->def.ctx);
     nt__user_code_end();
     if (rc)
         return nt_last_error() ? nt_last_error()

@@ -261,8 +261,25 @@ static bool inplace_ok(int op)
     return op >= 0 && op < NT_OP_COUNT && (nt__ops[op].flags & NT_OPF_INPLACE);
 }
 
+/* A call that records no node (c->no_grad: a backward kernel, cat's
+ * copies into its result, detach) inside a create_graph backward, on an
+ * input that carries the graph: the gradient it makes would silently stop
+ * there, so it is refused -- except cat's copies (cat records its own node)
+ * and detach (a cut asked for). */
+static int on_nograd_call(nt__call *c)
+{
+    if (!nt__dbl_of || c->op == NT_OP_ALIAS || (c->dst && c->op == NT_OP_COPY))
+        return 0;
+    for (int i = 0; i < c->nin; i++)
+        if (requires(c->in[i]))
+            return nt__dbl_refuse(c->site, NULL);
+    return 0;
+}
+
 static int on_dispatch(nt__call *c)
 {
+    if (c->no_grad)
+        return on_nograd_call(c);
     if (tls_no_grad) {
         if (nt__ckpt_capturing)
             nt__ckpt_capture(c->in, c->nin);
@@ -272,6 +289,17 @@ static int on_dispatch(nt__call *c)
     for (int i = 0; i < c->nin; i++)
         if (requires(c->in[i]))
             any = true;
+    if (nt__dbl_of && (any || requires(c->dst))) {
+        /* a create_graph pass runs a backward on tensors that carry the
+         * graph: a write in place, or a backward kernel without a backward
+         * of its own, would leave a gradient that silently stops there */
+        int op = c->op;
+        if (c->dst)
+            return nt__dbl_refuse(c->site, "its backward writes in place");
+        if (op < NT_OP_COUNT && !(nt__ops[op].flags & NT_OPF_DIFF) &&
+            (nt__ops[op].kind == NT_KIND_BWD || op == NT_OP_UNARY_BWD || op == NT_OP_BINARY_DX))
+            return nt__dbl_refuse(c->site, NULL);
+    }
     if (c->dst) {
         nt_tensor *d = c->dst;
         bool dreq = requires(d);
@@ -809,16 +837,20 @@ static int add_grad(gradmap *gm, nt__edge e, nt_tensor *g, const nt_site *site)
     return 0;
 }
 
-/* Collects every node reachable from root, once, newest first (depth
+/* Collects every node reachable from the roots, once, newest first (depth
  * first; leaf accumulators, all of seq 0, last in the order found); false:
  * out of host memory. */
-static bool reachable(gradmap *gm, nt__node *root)
+static bool reachable(gradmap *gm, const nt__edge *roots, int nroots)
 {
     nt__node **stack = NULL;
     size_t nstack = 0, stackcap = 0, nmarked = 0;
-    bool ok = room_for(&stack, &stackcap, 0) && gm_mark(gm, root, &nmarked);
-    if (ok)
-        stack[nstack++] = root;
+    bool ok = true;
+    for (int r = 0; r < nroots && ok; r++)
+        if (!gm_has(gm, roots[r].node)) {
+            ok = room_for(&stack, &stackcap, nstack) && gm_mark(gm, roots[r].node, &nmarked);
+            if (ok)
+                stack[nstack++] = roots[r].node;
+        }
     while (ok && nstack) {
         nt__node *n = stack[--nstack];
         if (!(ok = room_for(&gm->order, &gm->cap, gm->n)))
@@ -981,69 +1013,134 @@ out:
     return rc;
 }
 
-static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site);
+/* One backward pass: nt_backward's (accumulate into the leaves' .grad) or
+ * nt_autograd_grad's (capture the gradients of `cap`'s edges, run only the
+ * nodes that lead to them, leave .grad alone). */
+typedef struct {
+    const char *fn;      /* the API the user called */
+    bool retain, create;
+    int ncap;            /* nt_autograd_grad: its inputs' edges */
+    const nt__edge *cap;
+    nt_tensor **grads;   /* [ncap]: the gradients captured (references) */
+    uint8_t *want;       /* [gm.n] with cap: bit 0 an input's node, bit 1 runs */
+} pass_t;
 
-NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
+/* The pass's API name, for errors raised inside it (nt__dbl_refuse). */
+static _Thread_local const char *tls_pass_fn;
+_Thread_local const char *nt__dbl_of;
+
+int nt__dbl_refuse(const nt_site *site, const char *why)
 {
-    const char *fn = "nt_backward";
-    if (!nt__ensure_init() || !nt__check_arg(site, fn, "loss", loss))
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
-    if (nt__numel(loss->ndim, loss->shape) != 1) {
-        char s1[128];
-        return nt__err(site, NT_ESHAPE, fn,
-                       "argument 'loss' has shape %s; expected one element (reduce it first, "
-                       "e.g. with nt_mean)", nt__shape_str(loss->ndim, loss->shape, s1, sizeof s1));
-    }
-    if (!requires(loss))
-        return nt__err(site, NT_ESTATE, fn,
-                       "argument 'loss' does not require grad: no input of the ops that made it "
-                       "requires grad (or they ran in a no-grad region)");
-    nt__edge root = nt__edge_of(loss);
-    if (!root.node)
-        return nt__err_hostmem(site, fn, "a gradient accumulator");
-    if (root.node->freed)
-        return nt__err(site, NT_ESTATE, fn,
-                       "the graph behind 'loss' was already freed by an earlier nt_backward; "
-                       "pass retain_graph = true to nt_backward_ex the first time");
+    return nt__err(site, NT_ENOTSUP, tls_pass_fn ? tls_pass_fn : "nt_backward",
+                   "double backward of '%s' is not supported (create_graph)%s%s; see the list "
+                   "in docs/architecture.md, \"Double backward\"",
+                   nt__dbl_of ? nt__dbl_of : "?", why ? ": " : "", why ? why : "");
+}
 
-    nt_scope *scope = nt_scope_begin(); /* every temporary of the pass */
-    if (!scope)
-        return nt__err_hostmem(site, fn, "the scope of the pass");
+nt_tensor *nt__unpack(nt_tensor *t, nt__edge e)
+{
+    if (!e.node)
+        return t;
+    nt_tensor *v = nt__make_view(t, t->ndim, t->shape, t->stride, t->offset, &t->site);
+    struct nt__ag *ag = v ? nt__ag_of(v) : NULL;
+    if (!ag) {
+        if (v)
+            nt_release(v);
+        nt__err_hostmem(NULL, "nt_backward", "a saved tensor of the graph");
+        return NULL;
+    }
+    node_ref(e.node);
+    ag->grad_fn = e.node;
+    ag->out_idx = e.idx;
+    ag->requires_grad = true;
+    return nt__scope_adopt(v, "nt_backward");
+}
+
+/* nt_autograd_grad: which nodes lead to an input's edge (bit 1; an input's
+ * own node has bit 0).  Edges lead to older nodes, later in the order, so
+ * one sweep from the oldest decides.  NULL: out of host memory. */
+static uint8_t *prune(gradmap *gm, const pass_t *P)
+{
+    uint8_t *w = calloc(gm->n ? gm->n : 1, 1);
+    if (!w)
+        return NULL;
+    for (int j = 0; j < P->ncap; j++)
+        if (P->cap[j].node && gm_has(gm, P->cap[j].node))
+            w[gm->pos[map_find(gm, P->cap[j].node)]] |= 1;
+    for (size_t k = gm->n; k-- > 0;) {
+        const nt__node *n = gm->order[k];
+        for (int i = 0; i < n->nin; i++) {
+            const nt__node *m = n->next[i].node;
+            if (m && w[gm->pos[map_find(gm, m)]]) {
+                w[k] |= 2;
+                break;
+            }
+        }
+    }
+    return w;
+}
+
+/* A leaf's gradient in a create_graph pass: .grad becomes a function of the
+ * graph (PyTorch's AccumulateGrad with grad mode on): a copy of the first
+ * gradient, then .grad + g out of place, both recorded. */
+static int accumulate_leaf_graph(nt_tensor *leaf, nt_tensor *g, const nt_site *site)
+{
+    struct nt__ag *ag = nt__ag_of(leaf);
+    if (nt__capturing())
+        return nt__err(site, NT_ENOTSUP, tls_pass_fn,
+                       "create_graph is not supported while a step is being captured");
+    nt_tensor *ng = ag->grad ? nt_add_at(site, ag->grad, g)
+                             : nt__copy_to(site, tls_pass_fn, g, (nt_dtype)leaf->dtype);
+    if (!ng)
+        return nt_last_error();
+    nt_keep(ng);
+    if (ag->grad)
+        nt_release(ag->grad);
+    ag->grad = ng;
+    return 0;
+}
+
+static int run_node(gradmap *gm, size_t k, const pass_t *P, const nt_site *site);
+
+/* What the node's backward makes lives in a scope of its own, and the
+ * slots hold references on what flows on: each temporary goes as soon as
+ * its node is done, each gradient once its node has used it, not at the
+ * end of the pass (a checkpoint's recompute would save little otherwise). */
+static int run_node_scoped(gradmap *gm, size_t k, const pass_t *P, const nt_site *site)
+{
+    nt_scope *ns = nt_scope_begin();
+    if (!ns)
+        return nt__err_hostmem(site, P->fn, "the scope of an op's backward");
+    int rc = run_node(gm, k, P, site);
+    nt_scope_end(ns);
+    return rc;
+}
+
+/* Runs a pass from the gradients seeds[r] of roots[r] (each seed is
+ * referenced by the pass while it runs).  Grad mode is off inside, on for
+ * a create_graph pass (PyTorch: grad mode = create_graph). */
+static int run_pass(const nt_site *site, pass_t *P, const nt__edge *roots,
+                    nt_tensor *const *seeds, int nroots)
+{
+    const char *fn = P->fn;
     int rc = 0;
     gradmap gm = {0};
-    if (!reachable(&gm, root.node)) {
-        rc = nt__err_hostmem(site, fn, "the list of the graph's nodes");
-        goto out;
+    if (!reachable(&gm, roots, nroots) || (P->ncap && !(P->want = prune(&gm, P)))) {
+        gm_free(&gm);
+        return nt__err_hostmem(site, fn, "the list of the graph's nodes");
     }
-    nt__devsw d;
-    nt__dev_enter(&d, loss->dev); /* the seed goes where the loss is */
-    nt_tensor *seed = nt_ones_like_at(site, loss);
-    nt__dev_leave(&d);
-    if (!seed) {
-        rc = nt_last_error();
-        goto out;
-    }
-    slots_of(&gm, root.node)[root.idx] = nt_retain(seed);
-    nt_no_grad_begin();
+    const char *prev_fn = tls_pass_fn;
+    tls_pass_fn = fn;
+    int ng = nt__ag_set_no_grad(P->create ? 0 : 1);
+    for (int r = 0; r < nroots && !rc; r++)
+        rc = add_grad(&gm, roots[r], seeds[r], site);
     for (size_t k = 0; k < gm.n && !rc; k++) {
         nt_tensor **gout = gm.slots + k * NT__MAX_OUT;
         bool any = false;
         for (int i = 0; i < NT__MAX_OUT; i++)
             any |= gout[i] != NULL;
-        if (!any)
-            continue; /* no gradient reaches it */
-        /* What the node's backward makes lives in a scope of its own, and
-         * the slots hold references on what flows on: each temporary goes
-         * as soon as its node is done, each gradient once its node has
-         * used it, not at the end of the pass (a checkpoint's recompute
-         * would save little otherwise). */
-        nt_scope *ns = nt_scope_begin();
-        if (!ns) {
-            rc = nt__err_hostmem(site, fn, "the scope of an op's backward");
-            break;
-        }
-        rc = run_node(&gm, k, retain, site);
-        nt_scope_end(ns);
+        if (any && (!P->want || P->want[k])) /* a gradient reaches it, and it leads to an input */
+            rc = run_node_scoped(&gm, k, P, site);
         gout = gm.slots + k * NT__MAX_OUT; /* a checkpoint's splice moves them */
         for (int i = 0; i < NT__MAX_OUT; i++)
             if (gout[i]) {
@@ -1051,18 +1148,235 @@ NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
                 gout[i] = NULL;
             }
     }
-    nt_no_grad_end();
-out:
+    nt__ag_set_no_grad(ng);
+    tls_pass_fn = prev_fn;
+    free(P->want);
+    P->want = NULL;
     gm_free(&gm);
+    return rc;
+}
+
+/* The checks of a root: one that requires grad, of a graph not freed.
+ * Returns its edge (node NULL: the error is set). */
+static nt__edge root_of(const nt_site *site, const char *fn, const char *arg, nt_tensor *t)
+{
+    nt__edge none = {NULL, 0};
+    if (!requires(t)) {
+        nt__err(site, NT_ESTATE, fn,
+                "argument '%s' does not require grad: no input of the ops that made it "
+                "requires grad (or they ran in a no-grad region)", arg);
+        return none;
+    }
+    nt__edge root = nt__edge_of(t);
+    if (!root.node) {
+        nt__err_hostmem(site, fn, "a gradient accumulator");
+        return none;
+    }
+    if (root.node->freed) {
+        nt__err(site, NT_ESTATE, fn,
+                "the graph behind '%s' was already freed by an earlier nt_backward; "
+                "pass retain_graph = true to nt_backward_ex the first time", arg);
+        return none;
+    }
+    return root;
+}
+
+/* The gradient that starts a pass at output t: `given` (checked: t's shape,
+ * floating; cast to t's dtype), or ones for a one-element t.  Owned by the
+ * open scope.  NULL: the error is set. */
+static nt_tensor *seed_of(const nt_site *site, const char *fn, const char *arg, nt_tensor *t,
+                          nt_tensor *given, const char *garg)
+{
+    char s1[128], s2[128];
+    if (!given) {
+        if (nt__numel(t->ndim, t->shape) != 1) {
+            nt__err(site, NT_ESHAPE, fn,
+                    "argument '%s' has shape %s; expected one element (reduce it first, e.g. "
+                    "with nt_mean), or pass its gradient as '%s'", arg,
+                    nt__shape_str(t->ndim, t->shape, s1, sizeof s1), garg);
+            return NULL;
+        }
+        nt__devsw d;
+        nt__dev_enter(&d, t->dev); /* the seed goes where the output is */
+        nt_tensor *seed = nt_ones_like_at(site, t);
+        nt__dev_leave(&d);
+        return seed;
+    }
+    if (!nt__check_arg(site, fn, garg, given))
+        return NULL;
+    if (given->ndim != t->ndim ||
+        memcmp(given->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim) != 0) {
+        nt__err(site, NT_ESHAPE, fn, "argument '%s' has shape %s; expected %s, the shape of '%s'",
+                garg, nt__shape_str(given->ndim, given->shape, s1, sizeof s1),
+                nt__shape_str(t->ndim, t->shape, s2, sizeof s2), arg);
+        return NULL;
+    }
+    if (!nt__dtype_is_float((nt_dtype)given->dtype)) {
+        nt__err(site, NT_EDTYPE, fn, "argument '%s' has dtype %s; expected a floating dtype",
+                garg, nt_dtype_name((nt_dtype)given->dtype));
+        return NULL;
+    }
+    if (given->dtype != t->dtype)
+        return nt__copy_to(site, fn, given, (nt_dtype)t->dtype);
+    return given;
+}
+
+static int backward_impl(const nt_site *site, const char *fn, nt_tensor *loss,
+                         nt_tensor *gradient, bool retain, bool create)
+{
+    if (!nt__ensure_init() || !nt__check_arg(site, fn, "loss", loss))
+        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+    if (!gradient && nt__numel(loss->ndim, loss->shape) != 1) {
+        char s1[128];
+        return nt__err(site, NT_ESHAPE, fn,
+                       "argument 'loss' has shape %s; expected one element (reduce it first, "
+                       "e.g. with nt_mean)", nt__shape_str(loss->ndim, loss->shape, s1, sizeof s1));
+    }
+    nt__edge root = root_of(site, fn, "loss", loss);
+    if (!root.node)
+        return nt_last_error();
+    nt_scope *scope = nt_scope_begin(); /* every temporary of the pass */
+    if (!scope)
+        return nt__err_hostmem(site, fn, "the scope of the pass");
+    int rc;
+    nt_tensor *seed = seed_of(site, fn, "loss", loss, gradient, "gradient");
+    pass_t P = {.fn = fn, .retain = retain, .create = create};
+    rc = seed ? run_pass(site, &P, &root, &seed, 1) : nt_last_error();
     nt_scope_end(scope);
     return rc;
 }
 
+NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain)
+{
+    return backward_impl(site, "nt_backward", loss, NULL, retain, false);
+}
+
+NT_API int nt_backward_full_at(const nt_site *site, nt_tensor *loss, nt_tensor *gradient,
+                               bool retain_graph, bool create_graph)
+{
+    return backward_impl(site, "nt_backward_full", loss, gradient, retain_graph, create_graph);
+}
+NT_API int nt_backward_full(nt_tensor *loss, nt_tensor *gradient, bool retain_graph,
+                            bool create_graph)
+{
+    return nt_backward_full_at(NT_RA_SITE, loss, gradient, retain_graph, create_graph);
+}
+
+/* nt_autograd_grad's arguments, each checked; roots[] and cap[] filled. */
+static int grad_args(const nt_site *site, const char *fn, nt_tensor *const *outputs, int nout,
+                     nt_tensor *const *inputs, int nin, nt_tensor **grads, nt__edge *roots,
+                     nt__edge *cap)
+{
+    if (!outputs || nout < 1)
+        return nt__err(site, NT_EINVAL, fn, "argument 'outputs' is %s; expected at least one "
+                       "tensor", outputs ? "empty" : "NULL");
+    if (!inputs || nin < 1)
+        return nt__err(site, NT_EINVAL, fn, "argument 'inputs' is %s; expected at least one "
+                       "tensor", inputs ? "empty" : "NULL");
+    if (!grads)
+        return nt__err(site, NT_EINVAL, fn, "argument 'grads' is NULL; expected room for %d "
+                       "gradients", nin);
+    char arg[48];
+    for (int i = 0; i < nout; i++) {
+        snprintf(arg, sizeof arg, "outputs[%d]", i);
+        if (!nt__check_arg(site, fn, arg, outputs[i]))
+            return nt_last_error();
+        roots[i] = root_of(site, fn, arg, outputs[i]);
+        if (!roots[i].node)
+            return nt_last_error();
+    }
+    for (int j = 0; j < nin; j++) {
+        snprintf(arg, sizeof arg, "inputs[%d]", j);
+        if (!nt__check_arg(site, fn, arg, inputs[j]))
+            return nt_last_error();
+        if (!requires(inputs[j]))
+            return nt__err(site, NT_ESTATE, fn, "argument '%s' does not require grad: it has "
+                           "no gradient to compute", arg);
+        cap[j] = nt__edge_of(inputs[j]);
+        if (!cap[j].node)
+            return nt__err_hostmem(site, fn, "a gradient accumulator");
+    }
+    return 0;
+}
+
+NT_API int nt_autograd_grad_at(const nt_site *site, nt_tensor *const *outputs, int n_outputs,
+                               nt_tensor *const *inputs, int n_inputs,
+                               nt_tensor *const *grad_outputs, bool retain_graph,
+                               bool create_graph, bool allow_unused, nt_tensor **grads)
+{
+    const char *fn = "nt_autograd_grad";
+    if (!nt__ensure_init())
+        return nt_last_error();
+    for (int j = 0; grads && j < n_inputs; j++)
+        grads[j] = NULL;
+    nt__edge *roots = calloc((size_t)(n_outputs > 0 ? n_outputs : 1), sizeof *roots);
+    nt__edge *cap = calloc((size_t)(n_inputs > 0 ? n_inputs : 1), sizeof *cap);
+    nt_tensor **seeds = calloc((size_t)(n_outputs > 0 ? n_outputs : 1), sizeof *seeds);
+    nt_tensor **got = calloc((size_t)(n_inputs > 0 ? n_inputs : 1), sizeof *got);
+    int rc = roots && cap && seeds && got ? 0 : nt__err_hostmem(site, fn, "its argument lists");
+    if (!rc)
+        rc = grad_args(site, fn, outputs, n_outputs, inputs, n_inputs, grads, roots, cap);
+    nt_scope *scope = rc ? NULL : nt_scope_begin();
+    if (!rc && !scope)
+        rc = nt__err_hostmem(site, fn, "the scope of the pass");
+    char arg[48], garg[48];
+    for (int i = 0; i < n_outputs && !rc; i++) {
+        snprintf(arg, sizeof arg, "outputs[%d]", i);
+        snprintf(garg, sizeof garg, "grad_outputs[%d]", i);
+        seeds[i] = seed_of(site, fn, arg, outputs[i], grad_outputs ? grad_outputs[i] : NULL, garg);
+        if (!seeds[i])
+            rc = nt_last_error();
+    }
+    if (!rc) {
+        pass_t P = {.fn = fn, .retain = retain_graph, .create = create_graph,
+                    .ncap = n_inputs, .cap = cap, .grads = got};
+        rc = run_pass(site, &P, roots, seeds, n_outputs);
+    }
+    if (scope)
+        nt_scope_end(scope);
+    for (int j = 0; j < n_inputs && !rc && !allow_unused; j++)
+        if (!got[j])
+            rc = nt__err(site, NT_ESTATE, fn,
+                         "argument 'inputs[%d]' was not used to compute the outputs (no gradient "
+                         "reaches it); pass allow_unused = true to get NULL for it", j);
+    for (int j = 0; got && j < n_inputs; j++)
+        if (got[j] && rc)
+            nt_release(got[j]);
+        else if (got[j] && !(grads[j] = nt__scope_adopt(got[j], fn)))
+            rc = nt_last_error();
+    if (rc)
+        for (int j = 0; grads && j < n_inputs; j++)
+            grads[j] = NULL; /* (a scope already owns what was adopted) */
+    free(roots);
+    free(cap);
+    free(seeds);
+    free(got);
+    return rc;
+}
+NT_API int nt_autograd_grad(nt_tensor *const *outputs, int n_outputs, nt_tensor *const *inputs,
+                            int n_inputs, nt_tensor *const *grad_outputs, bool retain_graph,
+                            bool create_graph, bool allow_unused, nt_tensor **grads)
+{
+    return nt_autograd_grad_at(NT_RA_SITE, outputs, n_outputs, inputs, n_inputs, grad_outputs,
+                               retain_graph, create_graph, allow_unused, grads);
+}
+
+/* nt_autograd_grad: node k is an input's; its gradient (after its hooks) is
+ * taken for each input whose edge it is. */
+static int capture(const pass_t *P, nt__node *n, nt_tensor *const *gout)
+{
+    for (int j = 0; j < P->ncap; j++)
+        if (P->cap[j].node == n && gout[P->cap[j].idx] && !P->grads[j])
+            P->grads[j] = nt_retain(gout[P->cap[j].idx]);
+    return 0;
+}
+
 /* Runs the backward of node k of the pass (which some gradient reaches):
  * adds its input gradients into the slots of the nodes its edges lead to. */
-static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
+static int run_node(gradmap *gm, size_t k, const pass_t *P, const nt_site *site)
 {
     const char *fn = "nt_backward";
+    bool retain = P->retain;
     nt__node *n = gm->order[k];
     nt_tensor **gout = gm->slots + k * NT__MAX_OUT;
     int rc = 0;
@@ -1071,11 +1385,14 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
             return rc;
     if (n->hooks && (rc = nt__run_hooks(n, gout, site)) != 0)
         return rc;
+    if (P->ncap && ((rc = capture(P, n, gout)) != 0 || !(P->want[k] & 2)))
+        return rc; /* an input's node that leads to no other input: not run */
     if (n->op == NT__OP_ACCUMULATE) {
         if (n->leaf && n->leaf->st && gout[0]) {
             nt__devsw d;
             nt__dev_enter(&d, n->leaf->dev);
-            rc = accumulate_leaf(n->leaf, &gout[0], site);
+            rc = P->create ? accumulate_leaf_graph(n->leaf, gout[0], site)
+                           : accumulate_leaf(n->leaf, &gout[0], site);
             nt__dev_leave(&d);
         }
         return rc;
@@ -1085,6 +1402,11 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
         return nt__err(site, NT_ESTATE, fn,
                        "part of the graph (%s) was freed by an earlier nt_backward; pass "
                        "retain_graph = true the first time", api);
+    if (n->ckpt && (P->create || P->ncap))
+        return nt__err(&n->site, NT_ENOTSUP, P->fn,
+                       "nt_checkpoint's block cannot be differentiated by %s (as PyTorch's "
+                       "reentrant checkpoint); call the block without nt_checkpoint",
+                       P->create ? "a pass with create_graph" : "nt_autograd_grad");
     if (n->ckpt) {
         nt_tensor *g[NT__MAX_OUT];
         memcpy(g, gout, sizeof g); /* the splice moves the slots */
@@ -1102,7 +1424,7 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
         nt_tensor **gp = n->nin <= 64 ? gin : calloc((size_t)n->nin, sizeof *gp);
         if (!gp)
             return nt__err_hostmem(site, fn, "an op's input gradients");
-        nt__bctx b = {.n = n, .gin = gp, .site = &n->site};
+        nt__bctx b = {.n = n, .gin = gp, .site = &n->site, .create = P->create};
         int dev = -1;
         for (int i = 0; i < n->nout; i++) {
             b.gout[i] = gout[i];
@@ -1114,10 +1436,14 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
         /* Ops issued by the backward carry the forward's site and say whose
          * backward they belong to. */
         nt__tls_bwd_of = api;
-        if (n->op == NT_OP_SLICE && !n->custom && gout[0] && n->next[0].node &&
+        /* create_graph: the backward's ops record; one that cannot names n
+         * (a pass that a user op's backward runs inside it keeps its own) */
+        const char *dbl_prev = nt__dbl_of;
+        nt__dbl_of = P->create ? (n->custom ? api : nt__op_name(n->op)) : NULL;
+        if (n->op == NT_OP_SLICE && !n->custom && gout[0] && n->next[0].node && !P->create &&
             (rc = slice_into(gm, n, gout[0])) <= 0)
             ; /* done (or failed) in its input's slot: no input gradient */
-        else if (n->op == NT_OP_RESHAPE && !n->custom && gout[0] &&
+        else if (n->op == NT_OP_RESHAPE && !n->custom && gout[0] && !P->create &&
                  (rc = reshape_into_slice(gm, n, gout[0])) <= 0)
             ; /* done in the slice's input slot */
         else if (n->custom)
@@ -1126,6 +1452,7 @@ static int run_node(gradmap *gm, size_t k, bool retain, const nt_site *site)
             rc = n->op < NT_OP_COUNT && nt__bwd_table[n->op].fn ? nt__bwd_table[n->op].fn(&b)
                                                                : NT_ENOTSUP;
         nt__tls_bwd_of = NULL;
+        nt__dbl_of = dbl_prev;
         for (int i = 0; i < n->nin && !rc; i++) {
             nt_tensor *g = gp[i];
             if (!g || !n->next[i].node)

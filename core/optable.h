@@ -238,11 +238,11 @@ typedef enum nt__opkind {
 /* Backward helpers of the unary ops: y = nt__ew_<name>(g, x-or-y), binary
  * elementwise like the family above, enqueued only by autograd. */
 #define NT_OPS_EW_BWD(X)                                                    \
-    X(RELU_BWD, relu_bwd, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)                \
-    X(GELU_BWD, gelu_bwd, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)                \
-    X(SILU_BWD, silu_bwd, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)                \
-    X(SIGMOID_BWD, sigmoid_bwd, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)          \
-    X(TANH_BWD, tanh_bwd, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)
+    X(RELU_BWD, relu_bwd, 2, NT_KIND_BINARY, NT_OPF_DIFF, FLOAT, KEEP, relu_bwd, I1, NT__SIM_SEQ)                \
+    X(GELU_BWD, gelu_bwd, 2, NT_KIND_BINARY, NT_OPF_DIFF, FLOAT, KEEP, gelu_bwd, I01, NT__SIM_SEQ)                \
+    X(SILU_BWD, silu_bwd, 2, NT_KIND_BINARY, NT_OPF_DIFF, FLOAT, KEEP, silu_bwd, I01, NT__SIM_SEQ)                \
+    X(SIGMOID_BWD, sigmoid_bwd, 2, NT_KIND_BINARY, NT_OPF_DIFF, FLOAT, KEEP, sigmoid_bwd, I01, NT__SIM_SEQ)          \
+    X(TANH_BWD, tanh_bwd, 2, NT_KIND_BINARY, NT_OPF_DIFF, FLOAT, KEEP, tanh_bwd, I01, NT__SIM_SEQ)
 
 /* The generic backwards, enqueued only by autograd: UNARY_BWD(g, v) = g *
  * nt__ew_<f>_dx(v) for the unary or tensor-scalar op f = p.i[0] with bwd

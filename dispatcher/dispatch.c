@@ -252,7 +252,9 @@ nt_tensor *nt__dispatch_view(nt__call *c, nt_tensor *v)
     if (!v)
         return nt__call_fail(c);
     c->out[0] = v;
-    if (!c->no_grad && nt__dhooks.ag_on_dispatch && nt__dhooks.ag_on_dispatch(c) < 0) {
+    /* (a no_grad call records nothing; autograd sees it to refuse one that a
+     * create_graph backward would need to differentiate) */
+    if (nt__dhooks.ag_on_dispatch && nt__dhooks.ag_on_dispatch(c) < 0) {
         nt_release(v);
         return nt__call_fail(c);
     }
@@ -340,7 +342,9 @@ static nt_tensor *dispatch_inner(nt__call *c)
     }
 
     /* Autograd records the node (and refuses bad in-place writes). */
-    if (!c->no_grad && nt__dhooks.ag_on_dispatch && nt__dhooks.ag_on_dispatch(c) < 0) {
+    /* (a no_grad call records nothing; autograd sees it to refuse one that a
+     * create_graph backward would need to differentiate) */
+    if (nt__dhooks.ag_on_dispatch && nt__dhooks.ag_on_dispatch(c) < 0) {
         nt__rec_unalloc(r);
         goto fail_out;
     }

@@ -84,7 +84,7 @@ extern _Thread_local const char *nt__tls_bwd_of NT_TLS_HOT;
  * the first nt_init, assigning the real functions, so each entry's type is
  * checked against its prototype.  NULL: that module is not registered. */
 typedef struct nt__dispatch_hooks {
-    int (*ag_on_dispatch)(nt__call *c); /* autograd: record a node */
+    int (*ag_on_dispatch)(nt__call *c); /* autograd: record a node (not for no_grad calls) */
     bool (*ag_grad_mode)(void);         /* autograd: grad enabled? */
     /* autograd: record cat as one node with n inputs */
     int (*ag_on_cat)(const nt_site *site, nt_tensor *const *ts, int n, int dim, nt_tensor *out);

@@ -1084,6 +1084,51 @@ NT_API bool nt_requires_grad(nt_tensor *t);
  *  error (NT_ESTATE) unless the first used nt_backward_ex(loss, true). */
 NT_API int nt_backward(nt_tensor *loss);
 NT_API int nt_backward_ex(nt_tensor *loss, bool retain_graph);
+/** torch.Tensor.backward(gradient, retain_graph, create_graph): nt_backward
+ *  from `loss` of any shape with its gradient `gradient` (NULL: ones, for a
+ *  one-element loss; else loss's shape, floating, cast to loss's dtype).
+ *  create_graph records the backward's own ops on the tape, so the .grad
+ *  it leaves (a copy of the first gradient, then .grad + g) is itself a
+ *  function of the leaves that nt_backward / nt_autograd_grad can
+ *  differentiate again: second derivatives, Hessian-vector products,
+ *  gradient penalties.  Pass retain_graph = true with it to differentiate
+ *  through the first graph again (PyTorch's default then); grad mode is on
+ *  inside such a pass, hooks included.  The ops whose backward can be
+ *  differentiated (docs/architecture.md, "Double backward", has the full
+ *  list): add, sub, mul, div, neg, exp, log, sqrt, rsqrt, abs, tanh,
+ *  sigmoid, relu, gelu, silu, pow_scalar, the tensor-scalar ops, clamp,
+ *  maximum/minimum, where, broadcasting, sum, mean, max/min, amax/amin,
+ *  norm, cumsum, matmul/linear, the views (reshape, permute, transpose,
+ *  slice, expand), cat, flip, softmax, log_softmax, layer_norm, rms_norm,
+ *  cross_entropy, mse_loss, dropout, user ops built from these.  The
+ *  others (sin, cos, erf, softplus, ..., pow/atan2/fmod of two tensors,
+ *  gather, index_select, embedding, scatter, cumprod, diagonal, attention)
+ *  are an error naming the op (NT_ENOTSUP: "double backward of 'sin' is
+ *  not supported (create_graph)"), as is nt_checkpoint's block.
+ *  The recorded graph is freed with the tensors that hold it (.grad:
+ *  nt_zero_grad).  create_graph false: exactly nt_backward_ex.  Errors as
+ *  nt_backward's, plus NT_ESHAPE / NT_EDTYPE for a bad gradient. */
+NT_API int nt_backward_full(nt_tensor *loss, nt_tensor *gradient, bool retain_graph,
+                            bool create_graph);
+/** torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph,
+ *  create_graph, allow_unused): the gradients of sum_i <outputs[i],
+ *  grad_outputs[i]> with respect to inputs[0..n_inputs), put in
+ *  grads[0..n_inputs) (new references, owned by the open scope like an
+ *  op's result), without touching any .grad.  grad_outputs may be NULL, or
+ *  have NULL entries, for one-element outputs (ones); otherwise each has
+ *  its output's shape.  Only the part of the graph that leads to the
+ *  inputs runs (and, without retain_graph, is freed).  Inputs may be
+ *  leaves or results of ops (their gradient after their hooks).  With
+ *  create_graph the gradients carry a graph of their own (see
+ *  nt_backward_full).  An input no gradient reaches: NULL in grads with
+ *  allow_unused, else NT_ESTATE.  Errors: NULL or empty lists, a NULL or
+ *  released tensor (NT_EINVAL / NT_ERELEASED, naming it), an output or
+ *  input that does not require grad or a freed graph (NT_ESTATE), a bad
+ *  grad_outputs[i] (NT_ESHAPE, NT_EDTYPE), an op without double backward
+ *  (NT_ENOTSUP); on error every grads[j] is NULL. */
+NT_API int nt_autograd_grad(nt_tensor *const *outputs, int n_outputs, nt_tensor *const *inputs,
+                            int n_inputs, nt_tensor *const *grad_outputs, bool retain_graph,
+                            bool create_graph, bool allow_unused, nt_tensor **grads);
 /** The accumulated gradient of t (a new reference), or NULL without setting
  *  an error if there is none yet. */
 NT_API nt_tensor *nt_grad(nt_tensor *t);
@@ -1106,7 +1151,8 @@ typedef nt_tensor *(*nt_grad_hook)(nt_tensor *g, void *ctx);
  *  has sent its gradient; for a leaf, before the gradient goes into .grad);
  *  t's hooks run in the order they were registered, each on the previous
  *  one's result, then nt_retain_grad's copy is taken.  A hook runs inside
- *  the pass, with grad off, on the gradient's device: it may read g (e.g.
+ *  the pass, with grad off (on in a create_graph pass, nt_backward_full), on
+ *  the gradient's device: it may read g (e.g.
  *  nt_item, a host sync), run ops and return a new gradient; it must not
  *  call nt_backward or change t or g in place.  A bad replacement is an
  *  error of nt_backward (NT_ESHAPE).  In a captured step the hook runs

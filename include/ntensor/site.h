@@ -281,6 +281,12 @@ NT_API int nt_neg_inplace_at(const nt_site *site, nt_tensor *dst);
 NT_API int nt_clamp_inplace_at(const nt_site *site, nt_tensor *dst, double lo, double hi);
 NT_API int nt_backward_at(const nt_site *site, nt_tensor *loss);
 NT_API int nt_backward_ex_at(const nt_site *site, nt_tensor *loss, bool retain_graph);
+NT_API int nt_backward_full_at(const nt_site *site, nt_tensor *loss, nt_tensor *gradient,
+                               bool retain_graph, bool create_graph);
+NT_API int nt_autograd_grad_at(const nt_site *site, nt_tensor *const *outputs, int n_outputs,
+                               nt_tensor *const *inputs, int n_inputs,
+                               nt_tensor *const *grad_outputs, bool retain_graph,
+                               bool create_graph, bool allow_unused, nt_tensor **grads);
 NT_API nt_tensor *nt_detach_at(const nt_site *site, nt_tensor *t);
 NT_API nt_tensor *nt_op_call_at(const nt_site *site, int op, nt_tensor *const *in);
 NT_API int nt_checkpoint_at(const nt_site *site, nt_checkpoint_fn fn, void *ctx,
@@ -500,6 +506,8 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(int, nt_clamp_inplace, (nt_tensor *dst, double lo, double hi), (const nt_site *site, nt_tensor *dst, double lo, double hi), 3) \
     X(int, nt_backward, (nt_tensor *loss), (const nt_site *site, nt_tensor *loss), 1) \
     X(int, nt_backward_ex, (nt_tensor *loss, bool retain_graph), (const nt_site *site, nt_tensor *loss, bool retain_graph), 2) \
+    X(int, nt_backward_full, (nt_tensor *loss, nt_tensor *gradient, bool retain_graph, bool create_graph), (const nt_site *site, nt_tensor *loss, nt_tensor *gradient, bool retain_graph, bool create_graph), 4) \
+    X(int, nt_autograd_grad, (nt_tensor *const *outputs, int n_outputs, nt_tensor *const *inputs, int n_inputs, nt_tensor *const *grad_outputs, bool retain_graph, bool create_graph, bool allow_unused, nt_tensor **grads), (const nt_site *site, nt_tensor *const *outputs, int n_outputs, nt_tensor *const *inputs, int n_inputs, nt_tensor *const *grad_outputs, bool retain_graph, bool create_graph, bool allow_unused, nt_tensor **grads), 9) \
     X(nt_tensor *, nt_detach, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(nt_tensor *, nt_op_call, (int op, nt_tensor *const *in), (const nt_site *site, int op, nt_tensor *const *in), 2) \
     X(int, nt_checkpoint, (nt_checkpoint_fn fn, void *ctx, nt_tensor *const *inputs, int n_in, nt_tensor **outputs, int n_out), (const nt_site *site, nt_checkpoint_fn fn, void *ctx, nt_tensor *const *inputs, int n_in, nt_tensor **outputs, int n_out), 6) \
@@ -703,6 +711,8 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_clamp_inplace(...) nt_clamp_inplace_at(NT_HERE, __VA_ARGS__)
 #define nt_backward(...) nt_backward_at(NT_HERE, __VA_ARGS__)
 #define nt_backward_ex(...) nt_backward_ex_at(NT_HERE, __VA_ARGS__)
+#define nt_backward_full(...) nt_backward_full_at(NT_HERE, __VA_ARGS__)
+#define nt_autograd_grad(...) nt_autograd_grad_at(NT_HERE, __VA_ARGS__)
 #define nt_detach(...) nt_detach_at(NT_HERE, __VA_ARGS__)
 #define nt_op_call(...) nt_op_call_at(NT_HERE, __VA_ARGS__)
 #define nt_checkpoint(...) nt_checkpoint_at(NT_HERE, __VA_ARGS__)
