@@ -158,4 +158,17 @@ nt_tensor *nt__classes_last(const nt_site *site, nt_tensor *t);
  * on g with the same p and seed. */
 nt_tensor *nt__dropout(const nt_site *site, const char *fn, nt_tensor *x, double p, uint64_t seed);
 
+/* batch_norm's pieces (dispatcher/api_norm.c), shared with nt_ddp_batch_norm:
+ * the argument checks of nt_batch_norm (false with the error set, naming
+ * fn); rows [C, M] -> *mean [C] = sum(rows) / M and *var [C] = sum(d * d)
+ * / (M - 1), d = rows - mean (canonical sums, no graph); the running update
+ * r = r * (1 - momentum) + stat * momentum in place.  0 or the error. */
+bool nt__bn_check(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *rm,
+                  nt_tensor *rv, nt_tensor *w, nt_tensor *b, bool training, double momentum,
+                  double eps);
+int nt__bn_stats(const nt_site *site, const char *fn, nt_tensor *rows, nt_tensor **mean,
+                 nt_tensor **var);
+int nt__bn_update(const nt_site *site, const char *fn, nt_tensor *r, nt_tensor *stat,
+                  double momentum);
+
 #endif

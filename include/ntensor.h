@@ -597,6 +597,35 @@ NT_API nt_tensor *nt_avg_pool2d(nt_tensor *x, const int64_t *kernel, const int64
  *  columns likewise, as sum / kh / kw in f32, rounded once to x's dtype.
  *  out_h, out_w >= 1 (NT_EINVAL); x as nt_max_pool2d's. */
 NT_API nt_tensor *nt_adaptive_avg_pool2d(nt_tensor *x, int64_t out_h, int64_t out_w);
+/** torch.nn.functional.batch_norm of x [N, C, *] (also [N, C]; f32, bf16,
+ *  f16): per channel c, y = (x - mean_c) / sqrt(var_c + eps) * w_c + b_c.
+ *  running_mean, running_var: [C] f32 or both NULL; w, b: [C] floating or
+ *  NULL.  training: mean and biased variance of the batch (over N and the
+ *  spatial dims), and the running statistics, if given, updated in place:
+ *  r = r * (1 - momentum) + stat * momentum, with the batch's unbiased
+ *  variance for running_var (as PyTorch).  Otherwise the running statistics
+ *  normalise (they must be given).  Statistics in f32; the result rounded
+ *  once to x's dtype (f32 under autocast).  The gradient reaches x, w and
+ *  b.  docs/ops.md ("Normalisation over channels") gives the arithmetic;
+ *  nt_ddp_batch_norm is the data-parallel form.  Errors name the argument:
+ *  NULL x (NT_EINVAL), non-float x (NT_EDTYPE), x under 2 dims, training
+ *  with one value per channel ("Expected more than 1 value per channel
+ *  when training"), a per-channel tensor not [C] (NT_ESHAPE); running
+ *  statistics not f32 (NT_EDTYPE), one of them NULL, or NULL in evaluation;
+ *  eps <= 0 or not finite, momentum outside [0, 1] or NaN (NT_EINVAL).  A
+ *  rejected call changes nothing. */
+NT_API nt_tensor *nt_batch_norm(nt_tensor *x, nt_tensor *running_mean, nt_tensor *running_var,
+                                nt_tensor *w, nt_tensor *b, bool training, double momentum,
+                                double eps);
+/** torch.nn.functional.group_norm of x [N, C, *] (f32, bf16, f16): the C
+ *  channels cut into num_groups groups of C / num_groups; each (sample,
+ *  group) normalised by its mean and biased variance (as nt_layer_norm over
+ *  the group's elements), then y * w_c + b_c per channel (w, b [C] or NULL).
+ *  Statistics in f32; the result rounded once to x's dtype (f32 under
+ *  autocast).  Errors as nt_batch_norm's, and num_groups <= 0 or not
+ *  dividing C (NT_EINVAL). */
+NT_API nt_tensor *nt_group_norm(nt_tensor *x, int64_t num_groups, nt_tensor *w, nt_tensor *b,
+                                double eps);
 /** Training mode, per thread like nt_no_grad_begin; a thread starts in it.
  *  Only nt_dropout reads it (the identity when off, as PyTorch's eval()). */
 NT_API void nt_set_training(bool on);

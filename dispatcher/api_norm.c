@@ -1,0 +1,353 @@
+/* dispatcher/api_norm.c - normalisation over channels (issue 33):
+ * batch_norm and group_norm of [N, C, *] tensors, with PyTorch 1.13's
+ * arguments and semantics.
+ *
+ * Each is a composite of existing ops, so every backend, mode, fusion and
+ * autograd have it through them, and its bits are the composite's
+ * (docs/ops.md, "Normalisation over channels", gives every step):
+ *   batch_norm (training): x (f32) permuted to [C, N * S] (one copy; S the
+ *     spatial size), nt_layer_norm over the rows (the per-channel mean and
+ *     biased variance in the canonical order, the fused row kernel and its
+ *     backward), the result seen back as [N, C, S] and scaled by w and
+ *     shifted by b per channel (that op writes the NCHW result).  The
+ *     running statistics: the rows' mean and unbiased variance (the same
+ *     canonical sums), then rm = rm * (1 - m) + mean * m in place;
+ *   batch_norm (evaluation): a = w / sqrt(rv + eps), c = b - rm * a per
+ *     channel, y = x * a + c (PyTorch's transform);
+ *   group_norm: x seen as [N, G, C / G * S] (a view when contiguous),
+ *     nt_layer_norm over the rows, then w and b per channel.
+ * bf16/f16 x are widened to f32 first and the result rounded once to x's
+ * dtype (f32 inside an autocast region: the F32 policy of layer_norm).
+ *
+ * nt_ddp_batch_norm (dist/ddp.c) is the data-parallel form: per-shard
+ * statistics (nt__bn_stats here), the running update from their shard
+ * tree (docs/ddp.md). */
+#include <math.h>
+#include <string.h>
+
+#include "dispatcher/dispatch.h"
+
+typedef struct nctx {
+    const nt_site *site;
+    const char *fn;
+    nt_scope *sc;
+    int64_t N, C, S; /* x as [N, C, S] */
+} nctx;
+
+/* x: a floating tensor of >= 2 dims. */
+static bool check_x(nctx *P, nt_tensor *x)
+{
+    if (!nt__ensure_init() || !nt__check_arg(P->site, P->fn, "x", x))
+        return false;
+    if (!nt__dtype_is_float((nt_dtype)x->dtype)) {
+        nt__err(P->site, NT_EDTYPE, P->fn, "argument 'x' has dtype %s; expected f32, bf16 or f16",
+                nt_dtype_name((nt_dtype)x->dtype));
+        return false;
+    }
+    if (x->ndim < 2) {
+        char sb[128];
+        nt__err(P->site, NT_ESHAPE, P->fn,
+                "argument 'x' has shape %s; expected at least 2 dims [N, C, *]",
+                nt__shape_str(x->ndim, x->shape, sb, sizeof sb));
+        return false;
+    }
+    P->N = x->shape[0], P->C = x->shape[1];
+    P->S = nt__numel(x->ndim - 2, x->shape + 2);
+    return true;
+}
+
+/* A per-channel tensor: NULL when opt, else [C] of dtype dt (NT_DTYPE_COUNT:
+ * any floating), on x's device. */
+static bool check_chan(const nctx *P, nt_tensor *x, nt_tensor *t, const char *arg, bool opt,
+                       nt_dtype dt)
+{
+    if (!t && opt)
+        return true;
+    if (!t) {
+        nt__err(P->site, NT_EINVAL, P->fn, "argument '%s' is NULL; expected a [%lld] f32 tensor",
+                arg, (long long)P->C);
+        return false;
+    }
+    if (!nt__check_arg(P->site, P->fn, arg, t))
+        return false;
+    bool dt_ok = dt == NT_DTYPE_COUNT ? nt__dtype_is_float((nt_dtype)t->dtype) : t->dtype == dt;
+    if (!dt_ok) {
+        nt__err(P->site, NT_EDTYPE, P->fn, "argument '%s' has dtype %s; expected %s", arg,
+                nt_dtype_name((nt_dtype)t->dtype),
+                dt == NT_DTYPE_COUNT ? "f32, bf16 or f16" : nt_dtype_name(dt));
+        return false;
+    }
+    if (t->ndim != 1 || t->shape[0] != P->C) {
+        char sb[128];
+        nt__err(P->site, NT_ESHAPE, P->fn,
+                "argument '%s' has shape %s; expected [%lld] (the channels, dim 1 of 'x')", arg,
+                nt__shape_str(t->ndim, t->shape, sb, sizeof sb), (long long)P->C);
+        return false;
+    }
+    if (t->dev != x->dev) {
+        nt__err(P->site, NT_EINVAL, P->fn, "argument '%s' is on device %d; expected x's device %d",
+                arg, (int)t->dev, (int)x->dev);
+        return false;
+    }
+    return true;
+}
+
+static bool check_eps(const nctx *P, double eps)
+{
+    if (eps > 0 && isfinite(eps))
+        return true;
+    nt__err(P->site, NT_EINVAL, P->fn, "argument 'eps' is %g; expected a finite value > 0", eps);
+    return false;
+}
+
+bool nt__bn_check(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *rm,
+                  nt_tensor *rv, nt_tensor *w, nt_tensor *b, bool training, double momentum,
+                  double eps)
+{
+    nctx P = {.site = site, .fn = fn};
+    if (!check_x(&P, x))
+        return false;
+    if ((rm == NULL) != (rv == NULL)) {
+        nt__err(site, NT_EINVAL, fn, "argument '%s' is NULL but '%s' is not; expected both "
+                "running statistics or neither", rm ? "running_var" : "running_mean",
+                rm ? "running_mean" : "running_var");
+        return false;
+    }
+    if (!training && !rm) {
+        nt__err(site, NT_EINVAL, fn, "argument 'running_mean' is NULL; evaluation "
+                "(training false) expects running_mean and running_var");
+        return false;
+    }
+    if (!check_chan(&P, x, rm, "running_mean", true, NT_F32) ||
+        !check_chan(&P, x, rv, "running_var", true, NT_F32) ||
+        !check_chan(&P, x, w, "w", true, NT_DTYPE_COUNT) ||
+        !check_chan(&P, x, b, "b", true, NT_DTYPE_COUNT) || !check_eps(&P, eps))
+        return false;
+    if (!(momentum >= 0 && momentum <= 1)) {
+        nt__err(site, NT_EINVAL, fn, "argument 'momentum' is %g; expected 0 <= momentum <= 1",
+                momentum);
+        return false;
+    }
+    if (training && P.N * P.S == 1) {
+        char sb[128];
+        nt__err(site, NT_ESHAPE, fn, "argument 'x' has shape %s: Expected more than 1 value per "
+                "channel when training", nt__shape_str(x->ndim, x->shape, sb, sizeof sb));
+        return false;
+    }
+    return true;
+}
+
+static bool open_scope(nctx *P)
+{
+    P->sc = nt_scope_begin();
+    if (!P->sc)
+        nt__err_hostmem(P->site, P->fn, "a scope");
+    return P->sc != NULL;
+}
+
+/* Ends the composite: y rounded to x's dtype (f32 under autocast), kept
+ * past the scope and handed to the caller's. */
+static nt_tensor *norm_end(nctx *P, nt_tensor *y, nt_dtype xdt)
+{
+    nt_dtype odt = nt_autocast_dtype() != NT_DTYPE_COUNT ? NT_F32 : xdt;
+    if (y && y->dtype != odt)
+        y = nt__copy_to(P->site, P->fn, y, odt);
+    if (y)
+        nt_keep(y);
+    else
+        nt__err_within(P->fn);
+    nt_scope_end(P->sc);
+    return y ? nt__scope_adopt(y, P->fn) : NULL;
+}
+
+static nt_tensor *f32(const nctx *P, nt_tensor *t)
+{
+    return !t || t->dtype == NT_F32 ? t : nt__copy_to(P->site, P->fn, t, NT_F32);
+}
+
+/* A [C] tensor seen as [1, C, 1, ...] for x of ndim dims (as [C, 1] for
+ * the rows [C, M]: ndim 0). */
+static nt_tensor *chan_view(const nctx *P, nt_tensor *t, int ndim)
+{
+    int64_t sh[NT_MAX_DIMS];
+    for (int i = 0; i < ndim; i++)
+        sh[i] = 1;
+    if (ndim == 0)
+        ndim = 2, sh[0] = P->C, sh[1] = 1;
+    else
+        sh[1] = P->C;
+    return t ? nt_reshape_at(P->site, t, ndim, sh) : NULL;
+}
+
+/* x's layout: [1, C, 1, ...] expanded to [N, C, 1, ...], so the gradient
+ * sums along the last dims first ([N, C, S] -> [N, C, 1], a row sum), then
+ * over N (the expand's backward): two fast reductions instead of one over
+ * dims {0, 2, ...}, which needs a permuting copy. */
+static nt_tensor *per_sample(const nctx *P, nt_tensor *c, bool rows)
+{
+    if (!c || rows)
+        return c;
+    int64_t sh[NT_MAX_DIMS];
+    for (int i = 0; i < c->ndim; i++)
+        sh[i] = c->shape[i];
+    sh[0] = P->N;
+    return nt_expand_at(P->site, c, c->ndim, sh);
+}
+
+/* v * w + b per channel (each optional); a fresh contiguous result.  rows:
+ * v is the rows [C, M], else x's layout. */
+static nt_tensor *affine(const nctx *P, nt_tensor *v, nt_tensor *w, nt_tensor *b, bool rows)
+{
+    if (!v)
+        return NULL;
+    int nd = rows ? 0 : v->ndim;
+    if (w)
+        v = nt__binary(P->site, P->fn, NT_OP_MUL, v, per_sample(P, chan_view(P, f32(P, w), nd), rows));
+    if (v && b)
+        v = nt__binary(P->site, P->fn, NT_OP_ADD, v, per_sample(P, chan_view(P, f32(P, b), nd), rows));
+    if (v && !w && !b)
+        v = nt_contiguous_at(P->site, v);
+    return v;
+}
+
+/* The permutation [1, 0, 2, ..., ndim - 1] (its own inverse). */
+static void swap01(int *perm, int ndim)
+{
+    for (int i = 0; i < ndim; i++)
+        perm[i] = i;
+    perm[0] = 1, perm[1] = 0;
+}
+
+/* xf (f32, x's shape) as the rows [C, N * S]. */
+static nt_tensor *channel_rows(const nctx *P, nt_tensor *xf)
+{
+    int perm[NT_MAX_DIMS];
+    swap01(perm, xf->ndim);
+    nt_tensor *p = nt_permute_at(P->site, xf, perm);
+    return p ? nt_reshape_at(P->site, p, 2, (int64_t[]){P->C, P->N * P->S}) : NULL;
+}
+
+/* Rows [C, N * S] seen back in x's shape (a view). */
+static nt_tensor *channel_unrows(const nctx *P, nt_tensor *r, const nt_tensor *x)
+{
+    int64_t sh[NT_MAX_DIMS];
+    int perm[NT_MAX_DIMS];
+    for (int i = 0; i < x->ndim; i++)
+        sh[i] = x->shape[i];
+    sh[0] = x->shape[1], sh[1] = x->shape[0];
+    swap01(perm, x->ndim);
+    nt_tensor *v = r ? nt_reshape_at(P->site, r, x->ndim, sh) : NULL;
+    return v ? nt_permute_at(P->site, v, perm) : NULL;
+}
+
+int nt__bn_stats(const nt_site *site, const char *fn, nt_tensor *rows, nt_tensor **mean,
+                 nt_tensor **var)
+{
+    int64_t M = rows->shape[1];
+    nt_tensor *xd = nt_detach_at(site, rows);
+    nt_tensor *mu = xd ? nt__reduce(site, fn, NT_OP_MEAN, xd, 1, true) : NULL;
+    nt_tensor *d = mu ? nt__binary(site, fn, NT_OP_SUB, xd, mu) : NULL;
+    nt_tensor *sq = d ? nt__binary(site, fn, NT_OP_MUL, d, d) : NULL;
+    nt_tensor *s = sq ? nt__reduce(site, fn, NT_OP_SUM, sq, 1, false) : NULL;
+    *var = s ? nt__scalar(site, fn, NT_OP_DIV_SCALAR, s, (double)(M - 1), 0) : NULL;
+    *mean = *var ? nt_reshape_at(site, mu, 1, (int64_t[]){rows->shape[0]}) : NULL;
+    return *mean ? 0 : (nt_last_error() ? nt_last_error() : NT_EINVAL);
+}
+
+int nt__bn_update(const nt_site *site, const char *fn, nt_tensor *r, nt_tensor *stat,
+                  double momentum)
+{
+    nt_tensor *a = nt__scalar(site, fn, NT_OP_MUL_SCALAR, r, 1.0 - momentum, 0);
+    nt_tensor *c = a ? nt__scalar(site, fn, NT_OP_MUL_SCALAR, stat, momentum, 0) : NULL;
+    nt_tensor *n = c ? nt__binary(site, fn, NT_OP_ADD, a, c) : NULL;
+    if (!n)
+        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+    return nt_copy_into_at(site, r, n);
+}
+
+static nt_tensor *bn_train(nctx *P, nt_tensor *xf, nt_tensor *rm, nt_tensor *rv, nt_tensor *w,
+                           nt_tensor *b, double momentum, double eps)
+{
+    nt_tensor *rows = channel_rows(P, xf);
+    nt_tensor *xh = rows ? nt_layer_norm_at(P->site, rows, NULL, NULL, eps) : NULL;
+    /* the affine step on the rows: its gradients are sums along rows */
+    nt_tensor *ya = w || b ? affine(P, xh, w, b, true) : xh;
+    nt_tensor *y = ya ? nt_contiguous_at(P->site, channel_unrows(P, ya, xf)) : NULL;
+    if (y && rm) {
+        nt_tensor *mean, *var;
+        if (nt__bn_stats(P->site, P->fn, rows, &mean, &var) ||
+            nt__bn_update(P->site, P->fn, rm, mean, momentum) ||
+            nt__bn_update(P->site, P->fn, rv, var, momentum))
+            return NULL;
+    }
+    return y;
+}
+
+/* a = w / sqrt(rv + eps) (1 / sqrt without w), c = b - rm * a; x * a + c. */
+static nt_tensor *bn_eval(nctx *P, nt_tensor *xf, nt_tensor *rm, nt_tensor *rv, nt_tensor *w,
+                          nt_tensor *b, double eps)
+{
+    const nt_site *S = P->site;
+    const char *fn = P->fn;
+    nt_tensor *e = nt__scalar(S, fn, NT_OP_ADD_SCALAR, rv, eps, 0);
+    nt_tensor *r = e ? nt__unary(S, fn, NT_OP_RECIPROCAL, nt__unary(S, fn, NT_OP_SQRT, e)) : NULL;
+    nt_tensor *a = r && w ? nt__binary(S, fn, NT_OP_MUL, r, f32(P, w)) : r;
+    nt_tensor *ma = a ? nt__binary(S, fn, NT_OP_MUL, rm, a) : NULL;
+    nt_tensor *c = !ma ? NULL
+                   : b ? nt__binary(S, fn, NT_OP_SUB, f32(P, b), ma)
+                       : nt__unary(S, fn, NT_OP_NEG, ma);
+    nt_tensor *y = c ? nt__binary(S, fn, NT_OP_MUL, xf, chan_view(P, a, xf->ndim)) : NULL;
+    return y ? nt__binary(S, fn, NT_OP_ADD, y, chan_view(P, c, xf->ndim)) : NULL;
+}
+
+NT_API nt_tensor *nt_batch_norm_at(const nt_site *site, nt_tensor *x, nt_tensor *running_mean,
+                                   nt_tensor *running_var, nt_tensor *w, nt_tensor *b,
+                                   bool training, double momentum, double eps)
+{
+    const char *fn = "nt_batch_norm";
+    nctx P = {.site = site, .fn = fn};
+    if (!nt__bn_check(site, fn, x, running_mean, running_var, w, b, training, momentum, eps) ||
+        !check_x(&P, x) || !open_scope(&P))
+        return NULL;
+    nt_tensor *xf = f32(&P, x);
+    nt_tensor *y = !xf ? NULL
+                   : training ? bn_train(&P, xf, running_mean, running_var, w, b, momentum, eps)
+                              : bn_eval(&P, xf, running_mean, running_var, w, b, eps);
+    return norm_end(&P, y, (nt_dtype)x->dtype);
+}
+NT_API nt_tensor *nt_batch_norm(nt_tensor *x, nt_tensor *running_mean, nt_tensor *running_var,
+                                nt_tensor *w, nt_tensor *b, bool training, double momentum,
+                                double eps)
+{
+    return nt_batch_norm_at(NT_RA_SITE, x, running_mean, running_var, w, b, training, momentum,
+                            eps);
+}
+
+NT_API nt_tensor *nt_group_norm_at(const nt_site *site, nt_tensor *x, int64_t num_groups,
+                                   nt_tensor *w, nt_tensor *b, double eps)
+{
+    nctx P = {.site = site, .fn = "nt_group_norm"};
+    if (!check_x(&P, x))
+        return NULL;
+    if (num_groups <= 0 || P.C % num_groups != 0) {
+        nt__err(site, NT_EINVAL, P.fn, "argument 'num_groups' is %lld; expected a positive "
+                "divisor of the %lld channels (dim 1 of 'x')", (long long)num_groups,
+                (long long)P.C);
+        return NULL;
+    }
+    if (!check_chan(&P, x, w, "w", true, NT_DTYPE_COUNT) ||
+        !check_chan(&P, x, b, "b", true, NT_DTYPE_COUNT) || !check_eps(&P, eps) ||
+        !open_scope(&P))
+        return NULL;
+    nt_tensor *xf = f32(&P, x);
+    int64_t gsh[3] = {P.N, num_groups, P.C / num_groups * P.S};
+    nt_tensor *g = xf ? nt_reshape_at(site, xf, 3, gsh) : NULL;
+    nt_tensor *xh = g ? nt_layer_norm_at(site, g, NULL, NULL, eps) : NULL;
+    nt_tensor *v = xh ? nt_reshape_at(site, xh, x->ndim, x->shape) : NULL;
+    return norm_end(&P, affine(&P, v, w, b, false), (nt_dtype)x->dtype);
+}
+NT_API nt_tensor *nt_group_norm(nt_tensor *x, int64_t num_groups, nt_tensor *w, nt_tensor *b,
+                                double eps)
+{
+    return nt_group_norm_at(NT_RA_SITE, x, num_groups, w, b, eps);
+}
