@@ -330,6 +330,13 @@ static int bwd_flip(nt__bctx *b) /* g flipped back over the same dims (p.i[0], a
     TRY(b->gin[0] = nt_flip_at(S, G, n, dims));
     return 0;
 }
+/* conv2d, conv_transpose2d: dispatcher/api_conv.c (docs/ops.md, "Convolution") */
+static int bwd_conv2d(nt__bctx *b)
+{
+    const bool live[3] = {LIVE(0), LIVE(1), LIVE(2)};
+    return nt__conv_grads(S, b->n->op, &b->n->p, G, IN(0), IN(1), live, b->gin);
+}
+#define bwd_conv_transpose2d bwd_conv2d
 static int bwd_reshape(nt__bctx *b)
 {
     TRY(b->gin[0] = nt_reshape_at(S, G, META(0)->ndim, META(0)->shape));

@@ -244,7 +244,8 @@ static int record(nt__call *c, nt_tensor *const *ins, int nin)
         ag->out_idx = i;
         ag->requires_grad = true;
         if (nt__ops[op < NT_OP_COUNT ? op : 0].kind == NT_KIND_VIEW && op < NT_OP_COUNT &&
-            op != NT_OP_ALIAS && op != NT_OP_FLIP) /* flip's result is a new tensor */
+            op != NT_OP_ALIAS && op != NT_OP_FLIP && op != NT_OP_CONV2D &&
+            op != NT_OP_CONV_TRANSPOSE2D) /* their results are new tensors */
             ag->is_view = true;
         nt__node_unref(old); /* in place: the new node took its edge */
     }

@@ -327,7 +327,11 @@ typedef enum nt__opkind {
 /* Views (no kernel: metadata only) and composites that autograd records as
  * one node.  nin 0 = variadic (cat).  flip: an index_select per
  * flipped dim with a descending arange (a gather on either backend), p.i[0]
- * = the flipped dims as a bit mask; its backward flips g the same way. */
+ * = the flipped dims as a bit mask; its backward flips g the same way..
+ * conv2d, conv_transpose2d (issue 33): composites of conv_gemm (and a bias
+ * add) recorded as one node with inputs x, w, b; p.i[0..1] stride, [2..3]
+ * padding, [4..5] dilation, [6..7] output_padding, p.flag groups
+ * (dispatcher/api_conv.c, docs/ops.md "Convolution"). */
 #define NT_OPS_VIEW(X)                                                      \
     X(RESHAPE, reshape, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, reshape, 0, NT__SIM_NONE)          \
     X(TRANSPOSE, transpose, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, transpose, 0, NT__SIM_NONE)    \
@@ -337,7 +341,9 @@ typedef enum nt__opkind {
     X(ALIAS, alias, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, identity, 0, NT__SIM_NONE)             \
     X(CAT, cat, 0, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, cat, 0, NT__SIM_NONE)             \
     X(FLIP, flip, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, flip, 0, NT__SIM_NONE)            \
-    X(DIAGONAL, diagonal, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, diagonal, 0, NT__SIM_NONE)
+    X(DIAGONAL, diagonal, 1, NT_KIND_VIEW, NT_OPF_DIFF, INT, KEEP, diagonal, 0, NT__SIM_NONE) \
+    X(CONV2D, conv2d, 3, NT_KIND_VIEW, NT_OPF_DIFF, FLOAT, LOW, conv2d, I01, NT__SIM_NONE)          \
+    X(CONV_TRANSPOSE2D, conv_transpose2d, 3, NT_KIND_VIEW, NT_OPF_DIFF, FLOAT, LOW, conv_transpose2d, I01, NT__SIM_NONE)
 
 /* Backward helpers with their own kernels (autograd/ enqueues them):
  * embedding_bwd(g [..., D], idx [...]) -> [p.i[0] = V, D], rows added in
@@ -345,11 +351,15 @@ typedef enum nt__opkind {
  * elements added in g's row-major order (gather, index_select; its kernels
  * also run the public scatter and scatter_add);
  * sdpa_bwd(qx, kv, lse, mask) -> dq, dkv: attention's gradient with the
- * scores recomputed (cpu/attention.c says how qx and kv are packed). */
+ * scores recomputed (cpu/attention.c says how qx and kv are packed).;
+ * conv_gemm(x, w) -> y and conv_wgrad(x, gy) -> dw: the convolutions'
+ * products (core/conv.h has their geometry and parameters). */
 #define NT_OPS_BWD(X)                                                       \
     X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                                             \
     X(INDEX_ADD, index_add, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                \
-    X(SDPA_BWD, sdpa_bwd, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
+    X(SDPA_BWD, sdpa_bwd, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                  \
+    X(CONV_GEMM, conv_gemm, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                \
+    X(CONV_WGRAD, conv_wgrad, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
 
 #define NT_OP_TABLE(X)                                                      \
     NT_OPS_FILL(X) NT_OPS_COPY(X) NT_OPS_UNARY(X) NT_OPS_SCALAR(X)          \

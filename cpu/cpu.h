@@ -100,6 +100,9 @@ int nt__cpu_scatter_add(const nt__rec *r);
 int nt__cpu_scaled_dot_product_attention(const nt__rec *r);
 int nt__cpu_sdpa_bwd(const nt__rec *r);
 int nt__cpu_randn(const nt__rec *r);
+/* cpu/conv.c */
+int nt__cpu_conv_gemm(const nt__rec *r);
+int nt__cpu_conv_wgrad(const nt__rec *r);
 #undef NT__CPU_DECL
 
 #endif

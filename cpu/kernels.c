@@ -31,6 +31,8 @@ const nt__kernel_fn nt__cpu_kernels[] = {
     [NT_OP_EMBEDDING_BWD] = nt__cpu_embedding_bwd,
     [NT_OP_INDEX_ADD] = nt__cpu_index_add,
     [NT_OP_SDPA_BWD] = nt__cpu_sdpa_bwd,
+    [NT_OP_CONV_GEMM] = nt__cpu_conv_gemm,
+    [NT_OP_CONV_WGRAD] = nt__cpu_conv_wgrad,
 };
 
 _Static_assert(sizeof nt__cpu_kernels / sizeof nt__cpu_kernels[0] == NT_OP_COUNT,

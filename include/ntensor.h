@@ -626,6 +626,41 @@ NT_API nt_tensor *nt_batch_norm(nt_tensor *x, nt_tensor *running_mean, nt_tensor
  *  dividing C (NT_EINVAL). */
 NT_API nt_tensor *nt_group_norm(nt_tensor *x, int64_t num_groups, nt_tensor *w, nt_tensor *b,
                                 double eps);
+/** torch.nn.functional.conv2d: x [N, Cin, H, W] (or [Cin, H, W]), w [Cout,
+ *  Cin/groups, kh, kw], b [Cout] or NULL; one dtype (f32, bf16, f16; under
+ *  autocast: bf16 operands, f32 accumulation, like nt_matmul).
+ *  stride/padding/dilation: arrays of 2 (H, W), NULL = PyTorch's default (1,
+ *  0, 1).  Output [N, Cout, OH, OW] (or [Cout, OH, OW]), OH = (H + 2p -
+ *  d (kh - 1) - 1) / s + 1.  Arithmetic: per group one nt_matmul of w [Cout/g,
+ *  K] and the columns [K, (n, oh, ow)], K = (ci, ki, kj) row-major, padding
+ *  taps zero products; the bias added after (docs/ops.md, "Convolution").
+ *  Differentiable in x, w and b.  Errors (nothing queued): NULL or released
+ *  tensors (NT_EINVAL); a non-floating input or mixed dtypes (NT_EDTYPE);
+ *  wrong dims, channels not divisible by groups, w's Cin/groups not x's, a
+ *  bias not [Cout], a kernel larger than the padded input (NT_ESHAPE);
+ *  stride or dilation < 1, padding < 0, groups < 1 (NT_EINVAL). */
+NT_API nt_tensor *nt_conv2d(nt_tensor *x, nt_tensor *w, nt_tensor *b, const int64_t *stride,
+                            const int64_t *padding, const int64_t *dilation, int64_t groups);
+/** torch.nn.functional.conv1d: x [N, Cin, L] (or [Cin, L]), w [Cout,
+ *  Cin/groups, k], b [Cout] or NULL: nt_conv2d of the views x [N, Cin, 1, L]
+ *  and w [Cout, Cin/groups, 1, k] with stride (1, stride) etc. -- the same
+ *  bits.  Output [N, Cout, OL].  Errors as nt_conv2d's. */
+NT_API nt_tensor *nt_conv1d(nt_tensor *x, nt_tensor *w, nt_tensor *b, int64_t stride,
+                            int64_t padding, int64_t dilation, int64_t groups);
+/** torch.nn.functional.conv_transpose2d (PyTorch's argument order): x [N,
+ *  Cin, H, W] (or [Cin, H, W]), w [Cin, Cout/groups, kh, kw], b [Cout] or
+ *  NULL; stride/padding/output_padding/dilation arrays of 2 or NULL (1, 0,
+ *  0, 1).  Output OH = (H - 1) s - 2p + d (kh - 1) + output_padding + 1.
+ *  Arithmetic: nt_conv2d's, of x dilated by the stride (zeros between),
+ *  padded by d (k - 1) - p, with w rotated 180 degrees and its channel
+ *  dims swapped per group, stride 1 -- the formulation of nt_conv2d's input
+ *  gradient (docs/ops.md, "Convolution").  Differentiable.  Errors as
+ *  nt_conv2d's, and output_padding not smaller than stride or dilation
+ *  (NT_EINVAL), an output size below 1 (NT_ESHAPE). */
+NT_API nt_tensor *nt_conv_transpose2d(nt_tensor *x, nt_tensor *w, nt_tensor *b,
+                                      const int64_t *stride, const int64_t *padding,
+                                      const int64_t *output_padding, int64_t groups,
+                                      const int64_t *dilation);
 /** Training mode, per thread like nt_no_grad_begin; a thread starts in it.
  *  Only nt_dropout reads it (the identity when off, as PyTorch's eval()). */
 NT_API void nt_set_training(bool on);

@@ -66,6 +66,8 @@ static const nt__kernel_fn sk_table[] = {
     [NT_OP_LINREC] = nt__sk_scan,
     [NT_OP_SCATTER] = nt__sk_scatter,
     [NT_OP_SCATTER_ADD] = nt__sk_scatter,
+    [NT_OP_CONV_GEMM] = nt__sk_conv_gemm,
+    [NT_OP_CONV_WGRAD] = nt__sk_conv_wgrad,
 };
 #undef SK_EW
 

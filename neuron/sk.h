@@ -248,6 +248,8 @@ int nt__sk_embedding_bwd(const nt__rec *r);
 int nt__sk_gather(const nt__rec *r);       /* gather, index_select */
 int nt__sk_index_add(const nt__rec *r);
 int nt__sk_scatter(const nt__rec *r);     /* scatter, scatter_add */
+int nt__sk_conv_gemm(const nt__rec *r);   /* conv_gemm (neuron/conv.c) */
+int nt__sk_conv_wgrad(const nt__rec *r);  /* conv_wgrad */
 int nt__sk_sdpa(const nt__rec *r);         /* attention.c */
 int nt__sk_sdpa_bwd(const nt__rec *r);
 /* Whether a head of SDPA / SDPA_BWD with p's sizes fits SBUF (else the op

@@ -125,6 +125,8 @@ static spec spec_of(int op)
         shp(&s, 2, 10, 33);
         if (op == NT_OP_SCATTER || op == NT_OP_SCATTER_ADD) /* src */
             shp(&s, 2, 10, 33);
+        if (op == NT_OP_CONV_GEMM || op == NT_OP_CONV_WGRAD) /* w [3, 10, 2, 1] */
+            shp(&s, 2, 3, 20);
         break;
     case NT_KIND_ATTN: /* q [9, 8], k [11, 8], v [11, 6]: no batch dims */
         shp(&s, 2, 9, 8);
@@ -135,6 +137,10 @@ static spec spec_of(int op)
         shp(&s, 2, 4, 33);
         if (op == NT_OP_CAT)
             shp(&s, 2, 4, 33);
+        if (op == NT_OP_CONV2D) /* x [1, 4, 3, 11], w [3, 4, 2, 1], b [3] */
+            shp(&s, 2, 3, 8), shp(&s, 1, 3, 0);
+        if (op == NT_OP_CONV_TRANSPOSE2D) /* w [4, 3, 2, 1] */
+            shp(&s, 2, 4, 6), shp(&s, 1, 3, 0);
         break;
     default: s.has_driver = false; break;
     }
@@ -281,6 +287,28 @@ static nt_tensor *attn_grad(nt_tensor *x)
         return NULL;
     nt_tensor *g = nt_grad(w);
     nt_release(w);
+    return g;
+}
+
+/* conv_gemm (conv2d's product of x [1, 10, 3, 11] and w [3, 10, 2, 1],
+ * padding (1, 0)) or conv_wgrad (w's gradient of that product). */
+static nt_tensor *conv_drv(nt_tensor *x, nt_tensor *w, bool wgrad)
+{
+    nt_tensor *x4 = nt_reshape(x, 4, (int64_t[]){1, 10, 3, 11});
+    nt_tensor *w4 = nt_detach(nt_reshape(w, 4, (int64_t[]){3, 10, 2, 1}));
+    if (wgrad)
+        nt_set_requires_grad(w4, true);
+    nt_tensor *y = nt_conv2d(x4, w4, NULL, NULL, (int64_t[]){1, 0}, NULL, 1);
+    if (!wgrad || !y) {
+        nt_release(w4);
+        return y;
+    }
+    nt_tensor *k = nt_arange(nt_dtype_of(x), 0.0, 132 * 0.01, 0.01);
+    nt_tensor *l = nt_sum(nt_mul(y, nt_reshape(k, 4, (int64_t[]){1, 3, 4, 11})), NT_DIM_ALL, false);
+    if (!l || nt_backward(l))
+        return NULL;
+    nt_tensor *g = nt_grad(w4);
+    nt_release(w4);
     return g;
 }
 
@@ -457,6 +485,14 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
         case NT_OP_CAT: return nt_cat(in, 2, 0);
         case NT_OP_FLIP: return nt_flip(in[0], 2, (int[]){-1, 0});
         case NT_OP_DIAGONAL: return nt_diagonal(in[0], 1, 0, -1);
+        case NT_OP_CONV2D:
+            return nt_conv2d(nt_reshape(in[0], 4, (int64_t[]){1, 4, 3, 11}),
+                             nt_reshape(in[1], 4, (int64_t[]){3, 4, 2, 1}), in[2],
+                             (int64_t[]){1, 2}, (int64_t[]){1, 0}, NULL, 1);
+        case NT_OP_CONV_TRANSPOSE2D:
+            return nt_conv_transpose2d(nt_reshape(in[0], 4, (int64_t[]){1, 4, 3, 11}),
+                                       nt_reshape(in[1], 4, (int64_t[]){4, 3, 2, 1}), in[2],
+                                       (int64_t[]){2, 1}, NULL, (int64_t[]){1, 0}, 1, NULL);
         default: return NO_DRIVER;
         }
     case NT_KIND_BWD:
@@ -466,6 +502,8 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
             return attn_grad(in[0]);
         if (op == NT_OP_LINREC)
             return cumprod_grad(in[0]);
+        if (op == NT_OP_CONV_GEMM || op == NT_OP_CONV_WGRAD)
+            return conv_drv(in[0], in[1], op == NT_OP_CONV_WGRAD);
         return NO_DRIVER;
     case NT_KIND_ATTN:
         if (op == NT_OP_SDPA)
@@ -1192,6 +1230,9 @@ static void check_ref(int op)
         cell(op, K_REF, "n/a: values and gradients vs torch.flip in test_mathops.c");
     else if (op == NT_OP_SCATTER || op == NT_OP_SCATTER_ADD || op == NT_OP_DIAGONAL)
         cell(op, K_REF, "n/a: vs a double host loop and PyTorch in test_shapeops.c");
+    else if (op == NT_OP_CONV2D || op == NT_OP_CONV_TRANSPOSE2D || op == NT_OP_CONV_GEMM ||
+             op == NT_OP_CONV_WGRAD)
+        cell(op, K_REF, "n/a: values and gradients vs double and PyTorch in test_conv.c");
     else if (op == NT_OP_SDPA || op == NT_OP_SDPA_BWD)
         cell(op, K_REF, "n/a: values and gradients vs double in test_attention.c");
     else if (op == NT_OP_AMAX || op == NT_OP_AMIN || op == NT_OP_CUMSUM || op == NT_OP_CUMPROD ||

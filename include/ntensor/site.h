@@ -171,6 +171,16 @@ NT_API nt_tensor *nt_batch_norm_at(const nt_site *site, nt_tensor *x, nt_tensor 
                                    bool training, double momentum, double eps);
 NT_API nt_tensor *nt_group_norm_at(const nt_site *site, nt_tensor *x, int64_t num_groups,
                                    nt_tensor *w, nt_tensor *b, double eps);
+NT_API nt_tensor *nt_conv2d_at(const nt_site *site, nt_tensor *x, nt_tensor *w, nt_tensor *b,
+                               const int64_t *stride, const int64_t *padding,
+                               const int64_t *dilation, int64_t groups);
+NT_API nt_tensor *nt_conv1d_at(const nt_site *site, nt_tensor *x, nt_tensor *w, nt_tensor *b,
+                               int64_t stride, int64_t padding, int64_t dilation,
+                               int64_t groups);
+NT_API nt_tensor *nt_conv_transpose2d_at(const nt_site *site, nt_tensor *x, nt_tensor *w,
+                                         nt_tensor *b, const int64_t *stride,
+                                         const int64_t *padding, const int64_t *output_padding,
+                                         int64_t groups, const int64_t *dilation);
 NT_API nt_tensor *nt_dropout_at(const nt_site *site, nt_tensor *x, double p, uint64_t seed);
 NT_API nt_tensor *nt_dropout_gen_at(const nt_site *site, nt_tensor *x, double p,
                                     nt_generator *g, uint64_t index);
@@ -416,6 +426,9 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(nt_tensor *, nt_adaptive_avg_pool2d, (nt_tensor *x, int64_t out_h, int64_t out_w), (const nt_site *site, nt_tensor *x, int64_t out_h, int64_t out_w), 3) \
     X(nt_tensor *, nt_batch_norm, (nt_tensor *x, nt_tensor *running_mean, nt_tensor *running_var, nt_tensor *w, nt_tensor *b, bool training, double momentum, double eps), (const nt_site *site, nt_tensor *x, nt_tensor *running_mean, nt_tensor *running_var, nt_tensor *w, nt_tensor *b, bool training, double momentum, double eps), 8) \
     X(nt_tensor *, nt_group_norm, (nt_tensor *x, int64_t num_groups, nt_tensor *w, nt_tensor *b, double eps), (const nt_site *site, nt_tensor *x, int64_t num_groups, nt_tensor *w, nt_tensor *b, double eps), 5) \
+    X(nt_tensor *, nt_conv2d, (nt_tensor *x, nt_tensor *w, nt_tensor *b, const int64_t *stride, const int64_t *padding, const int64_t *dilation, int64_t groups), (const nt_site *site, nt_tensor *x, nt_tensor *w, nt_tensor *b, const int64_t *stride, const int64_t *padding, const int64_t *dilation, int64_t groups), 7) \
+    X(nt_tensor *, nt_conv1d, (nt_tensor *x, nt_tensor *w, nt_tensor *b, int64_t stride, int64_t padding, int64_t dilation, int64_t groups), (const nt_site *site, nt_tensor *x, nt_tensor *w, nt_tensor *b, int64_t stride, int64_t padding, int64_t dilation, int64_t groups), 7) \
+    X(nt_tensor *, nt_conv_transpose2d, (nt_tensor *x, nt_tensor *w, nt_tensor *b, const int64_t *stride, const int64_t *padding, const int64_t *output_padding, int64_t groups, const int64_t *dilation), (const nt_site *site, nt_tensor *x, nt_tensor *w, nt_tensor *b, const int64_t *stride, const int64_t *padding, const int64_t *output_padding, int64_t groups, const int64_t *dilation), 8) \
     X(nt_tensor *, nt_dropout, (nt_tensor *x, double p, uint64_t seed), (const nt_site *site, nt_tensor *x, double p, uint64_t seed), 3) \
     X(nt_tensor *, nt_dropout_gen, (nt_tensor *x, double p, nt_generator *g, uint64_t index), (const nt_site *site, nt_tensor *x, double p, nt_generator *g, uint64_t index), 4) \
     X(nt_tensor *, nt_dropout_next, (nt_tensor *x, double p, nt_generator *g), (const nt_site *site, nt_tensor *x, double p, nt_generator *g), 3) \
@@ -612,6 +625,9 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_adaptive_avg_pool2d(...) nt_adaptive_avg_pool2d_at(NT_HERE, __VA_ARGS__)
 #define nt_batch_norm(...) nt_batch_norm_at(NT_HERE, __VA_ARGS__)
 #define nt_group_norm(...) nt_group_norm_at(NT_HERE, __VA_ARGS__)
+#define nt_conv2d(...) nt_conv2d_at(NT_HERE, __VA_ARGS__)
+#define nt_conv1d(...) nt_conv1d_at(NT_HERE, __VA_ARGS__)
+#define nt_conv_transpose2d(...) nt_conv_transpose2d_at(NT_HERE, __VA_ARGS__)
 #define nt_dropout(...) nt_dropout_at(NT_HERE, __VA_ARGS__)
 #define nt_dropout_gen(...) nt_dropout_gen_at(NT_HERE, __VA_ARGS__)
 #define nt_dropout_next(...) nt_dropout_next_at(NT_HERE, __VA_ARGS__)

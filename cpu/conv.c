@@ -1,0 +1,206 @@
+/* cpu/conv.c - the convolution kernels conv_gemm and conv_wgrad (core/conv.h
+ * has the geometry, docs/ops.md "Convolution" the contract): im2col into
+ * scratch, then the project's own GEMM (core/gemm.h), so each output
+ * element follows nt_matmul's recurrence exactly -- f32 (or f16 widened):
+ * the fma recurrence per K-tile of 128; both operands bf16: the chunked
+ * order of nt__gemm_bf16.  The GEMM picks AVX-512/AVX2 at run time and
+ * shares big products with the helper thread; the per-element order does
+ * not depend on the blocking, so these kernels equal the simulator's. */
+#include "cpu/cpu.h"
+
+#include <glib.h>
+#include <string.h>
+
+#include "core/conv.h"
+#include "core/gemm.h"
+
+/* Positions per chunk of conv_wgrad's columns: a multiple of the K-tile,
+ * so every chunk starts a tile. */
+#define CONV_WCHUNK (32 * NT_GEMM_KTILE)
+
+/* Writes positions [p0, p0 + np) of the flattened (n, oh, ow) of column row
+ * (ci, ki, kj) of group grp into dst[0 .. np): f32, or the raw bf16 bits
+ * when raw (x bf16). */
+static void col_row(const nt__conv_geo *g, const char *x, nt_dtype dt, int64_t ci, int64_t ki,
+                    int64_t kj, int64_t p0, int64_t np, void *dst, bool raw)
+{
+    int64_t L = g->OH * g->OW, es = (int64_t)nt__dtype_size(dt), wa, wb;
+    nt__conv_wrange(g, kj, &wa, &wb);
+    for (int64_t p = p0; p < p0 + np;) {
+        int64_t n = p / L, r = p % L, oh = r / g->OW, ow0 = r % g->OW;
+        int64_t ow1 = g->OW - ow0 < p0 + np - p ? g->OW : ow0 + (p0 + np - p);
+        const char *plane = x + ((n * g->C + ci) * g->H * g->W) * es;
+        int64_t off = p - p0;
+        int64_t ih = oh * g->s[0] + ki * g->d[0] - g->lo[0];
+        bool rowok = ih >= 0 && ih % g->u[0] == 0 && ih / g->u[0] < g->H;
+        if (!rowok || g->u[1] != 1) {
+            for (int64_t ow = ow0; ow < ow1; ow++) {
+                int64_t sp = rowok ? nt__conv_src(g, ki, kj, oh, ow) : -1;
+                if (raw)
+                    ((uint16_t *)dst)[off + ow - ow0] =
+                        sp < 0 ? 0 : ((const uint16_t *)plane)[sp];
+                else
+                    ((float *)dst)[off + ow - ow0] = sp < 0 ? 0.0f : nt__load_f32(plane, dt, sp);
+            }
+        } else {
+            int64_t a = wa > ow0 ? wa : ow0, b = wb < ow1 ? wb : ow1;
+            if (b < a)
+                b = a;
+            const char *src = plane + ((ih / g->u[0]) * g->W + a * g->s[1] + kj * g->d[1] -
+                                       g->lo[1]) * es;
+            if (raw) {
+                uint16_t *d = (uint16_t *)dst + off - ow0;
+                for (int64_t ow = ow0; ow < a; ow++)
+                    d[ow] = 0;
+                for (int64_t ow = a; ow < b; ow++)
+                    d[ow] = ((const uint16_t *)src)[(ow - a) * g->s[1]];
+                for (int64_t ow = b; ow < ow1; ow++)
+                    d[ow] = 0;
+            } else {
+                float *d = (float *)dst + off - ow0;
+                for (int64_t ow = ow0; ow < a; ow++)
+                    d[ow] = 0.0f;
+                if (b > a)
+                    nt__ld_f32(d + a, src, dt, g->s[1], b - a);
+                for (int64_t ow = b; ow < ow1; ow++)
+                    d[ow] = 0.0f;
+            }
+        }
+        p += ow1 - ow0;
+    }
+}
+
+/* The column rows of group grp over positions [p0, p0 + np): Kc rows of np,
+ * rows ld apart. */
+static void im2col(const nt__conv_geo *g, const char *x, nt_dtype dt, int64_t grp, int64_t p0,
+                   int64_t np, void *col, int64_t ld, bool raw)
+{
+    int64_t Cg = g->C / g->G, es = raw ? 2 : 4, k = 0;
+    for (int64_t ci = 0; ci < Cg; ci++)
+        for (int64_t ki = 0; ki < g->kh; ki++)
+            for (int64_t kj = 0; kj < g->kw; kj++, k++)
+                col_row(g, x, dt, grp * Cg + ci, ki, kj, p0, np, (char *)col + k * ld * es, raw);
+}
+
+static int too_big(const nt__conv_geo *g, int64_t Kc)
+{
+    if (Kc > INT32_MAX || g->OH * g->OW > INT32_MAX || g->CO > INT32_MAX)
+        return nt__kerr(NT_ENOTSUP, "convolution dims exceed the int range");
+    return 0;
+}
+
+int nt__cpu_conv_gemm(const nt__rec *r)
+{
+    nt__conv_geo g;
+    nt__conv_geo_of(r, false, &g);
+    const nt_tensor *x = r->in[0], *w = r->in[1], *y = r->out[0];
+    nt_dtype dt = (nt_dtype)x->dtype, odt = (nt_dtype)y->dtype;
+    int64_t Cg = g.C / g.G, COg = g.CO / g.G, Kc = Cg * g.kh * g.kw, L = g.OH * g.OW;
+    if (g.N == 0 || L == 0 || g.CO == 0)
+        return 0;
+    if (too_big(&g, Kc))
+        return NT_ENOTSUP;
+    bool raw = dt == NT_BF16; /* bf16 x bf16: nt__gemm_bf16's chunked order */
+    bool wide = dt == NT_F16; /* f16: both widened to f32 */
+    size_t es = raw ? 2 : 4, ncol = (size_t)(Kc * L), nw = wide ? (size_t)(g.CO * Kc) : 0;
+    size_t nc = odt == NT_F32 ? 0 : (size_t)(COg * L);
+    size_t nab = (ncol * es + 63) & ~(size_t)63;
+    char *buf = g_try_malloc(nab + (nw + nc) * sizeof(float) + 16);
+    if (!buf)
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for the convolution's columns "
+                        "(%zu bytes)", ncol * es + (nw + nc) * sizeof(float));
+    float *wf = (float *)(buf + nab), *C = wf + nw;
+    const char *xd = nt__tensor_data(x), *wd = nt__tensor_data(w);
+    char *yd = nt__tensor_data(y);
+    if (wide)
+        nt__ld_f32(wf, wd, NT_F16, 1, g.CO * Kc);
+    size_t oes = nt__dtype_size(odt);
+    nt_dtype adt = raw ? NT_BF16 : NT_F32;
+    for (int64_t n = 0; n < g.N; n++)
+        for (int64_t grp = 0; grp < g.G; grp++) {
+            im2col(&g, xd, dt, grp, n * L, L, buf, L, raw);
+            const void *A = wide ? (const void *)(wf + grp * COg * Kc)
+                                 : (const void *)(wd + grp * COg * Kc * (int64_t)es);
+            char *out = yd + ((n * g.CO + grp * COg) * L) * (int64_t)oes;
+            float *Cp = odt == NT_F32 ? (float *)out : C;
+            if (nt__gemm_typed((int)COg, (int)L, (int)Kc, A, (int)Kc, true, adt, buf, (int)L,
+                               false, adt, Cp, (int)L, out, odt) != 0) {
+                /* no memory for the panels (f32 operands only here): the
+                 * plain product, the same bits */
+                nt__gemm_ex_canon((int)COg, (int)L, (int)Kc, A, (int)Kc, true,
+                                  (const float *)buf, (int)L, false, Cp, (int)L);
+                if (odt != NT_F32)
+                    nt__st_f32(out, odt, 1, Cp, COg * L);
+            }
+        }
+    g_free(buf);
+    return 0;
+}
+
+/* conv_wgrad: per group, dw^T [Kc, COg] = col [Kc, P] . gy^T [P, COg] over
+ * chunks of CONV_WCHUNK positions, accumulated tile by tile (the same
+ * recurrence as one product over all P: the chunks start K-tiles), then
+ * transposed and rounded into dw. */
+int nt__cpu_conv_wgrad(const nt__rec *r)
+{
+    nt__conv_geo g;
+    nt__conv_geo_of(r, true, &g);
+    const nt_tensor *x = r->in[0], *gy = r->in[1], *dw = r->out[0];
+    nt_dtype dt = (nt_dtype)x->dtype, odt = (nt_dtype)dw->dtype;
+    int64_t Cg = g.C / g.G, COg = g.CO / g.G, Kc = Cg * g.kh * g.kw, L = g.OH * g.OW;
+    int64_t P = g.N * L;
+    if (too_big(&g, Kc))
+        return NT_ENOTSUP;
+    bool raw = dt == NT_BF16;
+    size_t es = raw ? 2 : 4, chunk = (size_t)(P < CONV_WCHUNK ? P : CONV_WCHUNK);
+    size_t ncol = (size_t)Kc * chunk, ngt = chunk * (size_t)COg, nct = (size_t)(Kc * COg);
+    size_t nab = ((ncol + ngt) * es + 63) & ~(size_t)63; /* CT aligned */
+    size_t nb = nab + (nct + (size_t)Kc) * sizeof(float);
+    char *buf = g_try_malloc(nb + 16);
+    if (!buf)
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for the convolution's columns "
+                        "(%zu bytes)", nb);
+    char *gt = buf + ncol * es;
+    float *CT = (float *)(buf + nab), *row = CT + nct;
+    const char *xd = nt__tensor_data(x), *gd = nt__tensor_data(gy);
+    char *od = nt__tensor_data(dw);
+    size_t gdes = nt__dtype_size((nt_dtype)gy->dtype), oes = nt__dtype_size(odt);
+    for (int64_t grp = 0; grp < g.G; grp++) {
+        if (P == 0)
+            memset(CT, 0, nct * sizeof(float));
+        for (int64_t p0 = 0; p0 < P; p0 += (int64_t)chunk) {
+            int64_t np = P - p0 < (int64_t)chunk ? P - p0 : (int64_t)chunk;
+            im2col(&g, xd, dt, grp, p0, np, buf, np, raw);
+            /* gy^T [np, COg]: position-major */
+            for (int64_t p = p0; p < p0 + np; p++) {
+                int64_t n = p / L, q = p % L;
+                const char *src = gd + ((n * g.CO + grp * COg) * L + q) * (int64_t)gdes;
+                if (raw)
+                    for (int64_t c = 0; c < COg; c++)
+                        ((uint16_t *)gt)[(p - p0) * COg + c] = ((const uint16_t *)src)[c * L];
+                else
+                    nt__ld_f32((float *)gt + (p - p0) * COg, src, (nt_dtype)gy->dtype, L, COg);
+            }
+            if (raw) {
+                nt__gemm_bf16((int)Kc, (int)COg, (int)np, buf, (int)np, true, NT_BF16, gt,
+                              (int)COg, false, NT_BF16, CT, (int)COg, p0 > 0, false, NULL,
+                              NT_F32);
+            } else {
+                for (int64_t t = 0; t < np; t += NT_GEMM_KTILE) {
+                    int kt = (int)(np - t < NT_GEMM_KTILE ? np - t : NT_GEMM_KTILE);
+                    nt__gemm_ktile_rowa((int)Kc, (int)COg, kt, (const float *)buf + t, (int)np,
+                                        (const float *)gt + t * COg, (int)COg, CT, (int)COg,
+                                        p0 + t > 0);
+                }
+            }
+        }
+        /* dw[grp * COg + c][k] = CT[k][c], rounded (NaNs canonical) */
+        for (int64_t c = 0; c < COg; c++) {
+            for (int64_t k = 0; k < Kc; k++)
+                row[k] = nt__canon(CT[k * COg + c]);
+            nt__st_f32(od + ((grp * COg + c) * Kc) * (int64_t)oes, odt, 1, row, Kc);
+        }
+    }
+    g_free(buf);
+    return 0;
+}
