@@ -152,7 +152,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--width", type=int, default=32)
+    ap.add_argument("--width", type=int, default=16)
     ap.add_argument("--optim", default="sgd", choices=("sgd", "adamw"))
     ap.add_argument("--lr", type=float, default=0.0, help="0: 0.1 for sgd, 2e-3 for adamw")
     ap.add_argument("--wd", type=float, default=-1.0, help="<0: 5e-4 for sgd, 0.05 for adamw")
