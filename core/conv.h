@@ -25,7 +25,10 @@
  *
  * Parameters (the record's nt__params): i[0..1] stride s, i[2..3] the
  * offset lo (padding before; negative crops), i[4..5] dilation d, i[6..7]
- * the input dilation u (1: none), flag the groups G.  OH and OW are the
+ * the input dilation u (1: none), flag the groups G; conv_gemm's dim 1
+ * (flip): w is given as [C, CO/G, kh, kw] (a transposed convolution's
+ * weight) and read as w'[g COg + co, ci, ki, kj] = w[g Cg + ci, co, kh-1-ki,
+ * kw-1-kj] (nt__conv_wpos).  OH and OW are the
  * output's (conv_gemm) or gy's (conv_wgrad) last dims; kh, kw w's (dw's). */
 #ifndef NT_CORE_CONV_H
 #define NT_CORE_CONV_H
@@ -37,6 +40,7 @@ typedef struct nt__conv_geo {
     int64_t CO, OH, OW;  /* output channels, positions */
     int64_t kh, kw, G;   /* kernel, groups */
     int64_t s[2], lo[2], d[2], u[2];
+    bool flip;           /* conv_gemm: w in the transposed layout */
 } nt__conv_geo;
 
 static inline void nt__conv_geo_params(const nt__params *p, nt__conv_geo *g)
@@ -48,6 +52,7 @@ static inline void nt__conv_geo_params(const nt__params *p, nt__conv_geo *g)
         g->u[i] = p->i[6 + i];
     }
     g->G = p->flag;
+    g->flip = p->dim == 1;
 }
 
 /* conv_gemm (wgrad false: x, w -> y) or conv_wgrad (true: x, gy -> dw). */
@@ -59,6 +64,17 @@ static inline void nt__conv_geo_of(const nt__rec *r, bool wgrad, nt__conv_geo *g
     g->N = x->shape[0], g->C = x->shape[1], g->H = x->shape[2], g->W = x->shape[3];
     g->CO = o->shape[1], g->OH = o->shape[2], g->OW = o->shape[3];
     g->kh = k->shape[2], g->kw = k->shape[3];
+}
+
+/* The flat position in w of the weight w'[grp COg + co][K = (ci, ki, kj)]
+ * of conv_gemm (COg = CO / G, Cg = C / G). */
+static inline int64_t nt__conv_wpos(const nt__conv_geo *g, int64_t grp, int64_t co, int64_t ci,
+                                    int64_t ki, int64_t kj)
+{
+    int64_t COg = g->CO / g->G, Cg = g->C / g->G;
+    if (!g->flip)
+        return (((grp * COg + co) * Cg + ci) * g->kh + ki) * g->kw + kj;
+    return (((grp * Cg + ci) * COg + co) * g->kh + (g->kh - 1 - ki)) * g->kw + (g->kw - 1 - kj);
 }
 
 /* The flat position ih * W + iw that column row (ki, kj) reads at output

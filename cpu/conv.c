@@ -9,6 +9,7 @@
 #include "cpu/cpu.h"
 
 #include <glib.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "core/conv.h"
@@ -70,16 +71,25 @@ static void col_row(const nt__conv_geo *g, const char *x, nt_dtype dt, int64_t c
     }
 }
 
-/* The column rows of group grp over positions [p0, p0 + np): Kc rows of np,
- * rows ld apart. */
+/* Column rows [k0, k1) of group grp over positions [p0, p0 + np): rows of
+ * np, ld apart, from col. */
+static void im2col_rows(const nt__conv_geo *g, const char *x, nt_dtype dt, int64_t grp,
+                        int64_t k0, int64_t k1, int64_t p0, int64_t np, void *col, int64_t ld,
+                        bool raw)
+{
+    int64_t Cg = g->C / g->G, T = g->kh * g->kw, es = raw ? 2 : 4;
+    for (int64_t k = k0; k < k1; k++) {
+        int64_t ci = k / T, t = k % T;
+        col_row(g, x, dt, grp * Cg + ci, t / g->kw, t % g->kw, p0, np,
+                (char *)col + (k - k0) * ld * es, raw);
+    }
+}
+
+/* All Kc column rows of group grp over positions [p0, p0 + np). */
 static void im2col(const nt__conv_geo *g, const char *x, nt_dtype dt, int64_t grp, int64_t p0,
                    int64_t np, void *col, int64_t ld, bool raw)
 {
-    int64_t Cg = g->C / g->G, es = raw ? 2 : 4, k = 0;
-    for (int64_t ci = 0; ci < Cg; ci++)
-        for (int64_t ki = 0; ki < g->kh; ki++)
-            for (int64_t kj = 0; kj < g->kw; kj++, k++)
-                col_row(g, x, dt, grp * Cg + ci, ki, kj, p0, np, (char *)col + k * ld * es, raw);
+    im2col_rows(g, x, dt, grp, 0, g->C / g->G * g->kh * g->kw, p0, np, col, ld, raw);
 }
 
 static int too_big(const nt__conv_geo *g, int64_t Kc)
@@ -87,6 +97,54 @@ static int too_big(const nt__conv_geo *g, int64_t Kc)
     if (Kc > INT32_MAX || g->OH * g->OW > INT32_MAX || g->CO > INT32_MAX)
         return nt__kerr(NT_ENOTSUP, "convolution dims exceed the int range");
     return 0;
+}
+
+/* conv_gemm's work, shared by the blocks of nt__par_blocks: block b is
+ * image b (with more than one image) -- its columns and its products, in
+ * the block's own scratch -- so both threads build columns, and each
+ * image's product is the same call whichever thread runs it (the same
+ * bits).  One image alone shares its products instead. */
+typedef struct cg_job {
+    const nt__conv_geo *g;
+    const char *xd, *wd;
+    const float *wf; /* w' packed (f32, or bf16 bits), or NULL: wd as it is */
+    char *yd;
+    nt_dtype dt, odt;
+    atomic_int failed;
+} cg_job;
+
+static void cg_image(void *arg, int n)
+{
+    cg_job *j = arg;
+    const nt__conv_geo *g = j->g;
+    int64_t Cg = g->C / g->G, COg = g->CO / g->G, Kc = Cg * g->kh * g->kw, L = g->OH * g->OW;
+    bool raw = j->dt == NT_BF16; /* bf16 x bf16: nt__gemm_bf16's chunked order */
+    size_t es = raw ? 2 : 4, ncol = (size_t)(Kc * L), oes = nt__dtype_size(j->odt);
+    size_t nab = (ncol * es + 63) & ~(size_t)63, nc = j->odt == NT_F32 ? 0 : (size_t)(COg * L);
+    char *buf = g_try_malloc(nab + nc * sizeof(float) + 16);
+    if (!buf) {
+        atomic_store_explicit(&j->failed, 1, memory_order_relaxed);
+        return;
+    }
+    float *C = (float *)(buf + nab);
+    nt_dtype adt = raw ? NT_BF16 : NT_F32;
+    for (int64_t grp = 0; grp < g->G; grp++) {
+        im2col(g, j->xd, j->dt, grp, n * L, L, buf, L, raw);
+        const void *A = j->wf ? (const void *)((const char *)j->wf + grp * COg * Kc * (int64_t)es)
+                              : (const void *)(j->wd + grp * COg * Kc * (int64_t)es);
+        char *out = j->yd + ((n * g->CO + grp * COg) * L) * (int64_t)oes;
+        float *Cp = j->odt == NT_F32 ? (float *)out : C;
+        if (nt__gemm_typed((int)COg, (int)L, (int)Kc, A, (int)Kc, true, adt, buf, (int)L, false,
+                           adt, Cp, (int)L, out, j->odt) != 0) {
+            /* no memory for the panels (f32 operands only here): the plain
+             * product, the same bits */
+            nt__gemm_ex_canon((int)COg, (int)L, (int)Kc, A, (int)Kc, true, (const float *)buf,
+                              (int)L, false, Cp, (int)L);
+            if (j->odt != NT_F32)
+                nt__st_f32(out, j->odt, 1, Cp, COg * L);
+        }
+    }
+    g_free(buf);
 }
 
 int nt__cpu_conv_gemm(const nt__rec *r)
@@ -98,49 +156,101 @@ int nt__cpu_conv_gemm(const nt__rec *r)
     int64_t Cg = g.C / g.G, COg = g.CO / g.G, Kc = Cg * g.kh * g.kw, L = g.OH * g.OW;
     if (g.N == 0 || L == 0 || g.CO == 0)
         return 0;
-    if (too_big(&g, Kc))
+    if (too_big(&g, Kc) || g.N > INT32_MAX)
         return NT_ENOTSUP;
-    bool raw = dt == NT_BF16; /* bf16 x bf16: nt__gemm_bf16's chunked order */
-    bool wide = dt == NT_F16; /* f16: both widened to f32 */
-    size_t es = raw ? 2 : 4, ncol = (size_t)(Kc * L), nw = wide ? (size_t)(g.CO * Kc) : 0;
-    size_t nc = odt == NT_F32 ? 0 : (size_t)(COg * L);
-    size_t nab = (ncol * es + 63) & ~(size_t)63;
-    char *buf = g_try_malloc(nab + (nw + nc) * sizeof(float) + 16);
-    if (!buf)
+    bool raw = dt == NT_BF16, wide = dt == NT_F16;
+    bool packw = wide || g.flip; /* w' into scratch (f32, or bf16 bits) */
+    const char *wd = nt__tensor_data(w);
+    float *wf = packw ? g_try_malloc((size_t)(g.CO * Kc) * sizeof(float) + 16) : NULL;
+    if (packw && !wf)
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for the convolution's weights");
+    if (packw) /* w' row by row in K order (flip: gathered from w) */
+        for (int64_t grp = 0, j = 0; grp < g.G; grp++)
+            for (int64_t co = 0; co < COg; co++)
+                for (int64_t ci = 0; ci < Cg; ci++)
+                    for (int64_t ki = 0; ki < g.kh; ki++)
+                        for (int64_t kj = 0; kj < g.kw; kj++, j++) {
+                            int64_t at = nt__conv_wpos(&g, grp, co, ci, ki, kj);
+                            if (raw)
+                                ((uint16_t *)wf)[j] = ((const uint16_t *)wd)[at];
+                            else
+                                wf[j] = nt__load_f32(wd, dt, at);
+                        }
+    cg_job j = {&g, nt__tensor_data(x), wd, wf, nt__tensor_data(y), dt, odt, 0};
+    if (g.N > 1)
+        nt__par_blocks((int)g.N, cg_image, &j, true);
+    else
+        cg_image(&j, 0);
+    g_free(wf);
+    /* nt__par_blocks returns after every block, its ends published */
+    if (atomic_load_explicit(&j.failed, memory_order_relaxed))
         return nt__kerr(NT_EHOSTMEM, "out of host memory for the convolution's columns "
-                        "(%zu bytes)", ncol * es + (nw + nc) * sizeof(float));
-    float *wf = (float *)(buf + nab), *C = wf + nw;
-    const char *xd = nt__tensor_data(x), *wd = nt__tensor_data(w);
-    char *yd = nt__tensor_data(y);
-    if (wide)
-        nt__ld_f32(wf, wd, NT_F16, 1, g.CO * Kc);
-    size_t oes = nt__dtype_size(odt);
-    nt_dtype adt = raw ? NT_BF16 : NT_F32;
-    for (int64_t n = 0; n < g.N; n++)
-        for (int64_t grp = 0; grp < g.G; grp++) {
-            im2col(&g, xd, dt, grp, n * L, L, buf, L, raw);
-            const void *A = wide ? (const void *)(wf + grp * COg * Kc)
-                                 : (const void *)(wd + grp * COg * Kc * (int64_t)es);
-            char *out = yd + ((n * g.CO + grp * COg) * L) * (int64_t)oes;
-            float *Cp = odt == NT_F32 ? (float *)out : C;
-            if (nt__gemm_typed((int)COg, (int)L, (int)Kc, A, (int)Kc, true, adt, buf, (int)L,
-                               false, adt, Cp, (int)L, out, odt) != 0) {
-                /* no memory for the panels (f32 operands only here): the
-                 * plain product, the same bits */
-                nt__gemm_ex_canon((int)COg, (int)L, (int)Kc, A, (int)Kc, true,
-                                  (const float *)buf, (int)L, false, Cp, (int)L);
-                if (odt != NT_F32)
-                    nt__st_f32(out, odt, 1, Cp, COg * L);
-            }
-        }
-    g_free(buf);
+                        "(%zu bytes)", (size_t)(Kc * L) * (raw ? 2 : 4));
     return 0;
 }
 
 /* conv_wgrad: per group, dw^T [Kc, COg] = col [Kc, P] . gy^T [P, COg] over
  * chunks of CONV_WCHUNK positions, accumulated tile by tile (the same
  * recurrence as one product over all P: the chunks start K-tiles), then
- * transposed and rounded into dw. */
+ * transposed and rounded into dw.  The two blocks of nt__par_blocks take
+ * the two halves of the rows K (their columns and their products, each in
+ * its own scratch): a row's recurrence does not depend on the others, so
+ * the bits do not depend on the split. */
+typedef struct wg_job {
+    const nt__conv_geo *g;
+    const char *xd, *gd;
+    nt_dtype dt, gdt;
+    int64_t grp, nblk;
+    float *CT; /* [Kc, COg] */
+    atomic_int failed;
+} wg_job;
+
+static void wg_rows(void *arg, int b)
+{
+    wg_job *j = arg;
+    const nt__conv_geo *g = j->g;
+    int64_t Cg = g->C / g->G, COg = g->CO / g->G, Kc = Cg * g->kh * g->kw, L = g->OH * g->OW;
+    int64_t P = g->N * L, k0 = Kc * b / j->nblk, k1 = Kc * (b + 1) / j->nblk, grp = j->grp;
+    if (k1 <= k0)
+        return;
+    bool raw = j->dt == NT_BF16;
+    size_t es = raw ? 2 : 4, chunk = (size_t)(P < CONV_WCHUNK ? P : CONV_WCHUNK);
+    char *buf = g_try_malloc(((size_t)(k1 - k0) + (size_t)COg) * chunk * es + 16);
+    if (!buf) {
+        atomic_store_explicit(&j->failed, 1, memory_order_relaxed);
+        return;
+    }
+    char *gt = buf + (size_t)(k1 - k0) * chunk * es;
+    float *CT = j->CT + k0 * COg;
+    size_t gdes = nt__dtype_size(j->gdt);
+    for (int64_t p0 = 0; p0 < P; p0 += (int64_t)chunk) {
+        int64_t np = P - p0 < (int64_t)chunk ? P - p0 : (int64_t)chunk;
+        im2col_rows(g, j->xd, j->dt, grp, k0, k1, p0, np, buf, np, raw);
+        /* gy^T [np, COg]: position-major */
+        for (int64_t p = p0; p < p0 + np; p++) {
+            int64_t n = p / L, q = p % L;
+            const char *src = j->gd + ((n * g->CO + grp * COg) * L + q) * (int64_t)gdes;
+            if (raw)
+                for (int64_t c = 0; c < COg; c++)
+                    ((uint16_t *)gt)[(p - p0) * COg + c] = ((const uint16_t *)src)[c * L];
+            else
+                nt__ld_f32((float *)gt + (p - p0) * COg, src, j->gdt, L, COg);
+        }
+        if (raw) {
+            nt__gemm_bf16((int)(k1 - k0), (int)COg, (int)np, buf, (int)np, true, NT_BF16, gt,
+                          (int)COg, false, NT_BF16, CT, (int)COg, p0 > 0, false, NULL, NT_F32);
+        } else {
+            for (int64_t t = 0; t < np; t += NT_GEMM_KTILE) {
+                int kt = (int)(np - t < NT_GEMM_KTILE ? np - t : NT_GEMM_KTILE);
+                nt__gemm_ktile_rowa((int)(k1 - k0), (int)COg, kt, (const float *)buf + t,
+                                    (int)np, (const float *)gt + t * COg, (int)COg, CT,
+                                    (int)COg, p0 + t > 0);
+            }
+        }
+    }
+    g_free(buf);
+}
+
 int nt__cpu_conv_wgrad(const nt__rec *r)
 {
     nt__conv_geo g;
@@ -151,48 +261,26 @@ int nt__cpu_conv_wgrad(const nt__rec *r)
     int64_t P = g.N * L;
     if (too_big(&g, Kc))
         return NT_ENOTSUP;
-    bool raw = dt == NT_BF16;
-    size_t es = raw ? 2 : 4, chunk = (size_t)(P < CONV_WCHUNK ? P : CONV_WCHUNK);
-    size_t ncol = (size_t)Kc * chunk, ngt = chunk * (size_t)COg, nct = (size_t)(Kc * COg);
-    size_t nab = ((ncol + ngt) * es + 63) & ~(size_t)63; /* CT aligned */
-    size_t nb = nab + (nct + (size_t)Kc) * sizeof(float);
-    char *buf = g_try_malloc(nb + 16);
-    if (!buf)
-        return nt__kerr(NT_EHOSTMEM, "out of host memory for the convolution's columns "
-                        "(%zu bytes)", nb);
-    char *gt = buf + ncol * es;
-    float *CT = (float *)(buf + nab), *row = CT + nct;
-    const char *xd = nt__tensor_data(x), *gd = nt__tensor_data(gy);
+    size_t nct = (size_t)(Kc * COg);
+    float *CT = g_try_malloc((nct + (size_t)Kc) * sizeof(float) + 16), *row = CT + nct;
+    if (!CT)
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for the convolution's weight gradient");
     char *od = nt__tensor_data(dw);
-    size_t gdes = nt__dtype_size((nt_dtype)gy->dtype), oes = nt__dtype_size(odt);
+    size_t oes = nt__dtype_size(odt);
+    /* two halves where the product is worth a second thread */
+    int64_t nblk = Kc >= 32 && (double)P * (double)Kc * (double)COg >= (double)(1 << 20) ? 2 : 1;
     for (int64_t grp = 0; grp < g.G; grp++) {
+        wg_job j = {&g, nt__tensor_data(x), nt__tensor_data(gy), dt, (nt_dtype)gy->dtype,
+                    grp, nblk, CT, 0};
         if (P == 0)
             memset(CT, 0, nct * sizeof(float));
-        for (int64_t p0 = 0; p0 < P; p0 += (int64_t)chunk) {
-            int64_t np = P - p0 < (int64_t)chunk ? P - p0 : (int64_t)chunk;
-            im2col(&g, xd, dt, grp, p0, np, buf, np, raw);
-            /* gy^T [np, COg]: position-major */
-            for (int64_t p = p0; p < p0 + np; p++) {
-                int64_t n = p / L, q = p % L;
-                const char *src = gd + ((n * g.CO + grp * COg) * L + q) * (int64_t)gdes;
-                if (raw)
-                    for (int64_t c = 0; c < COg; c++)
-                        ((uint16_t *)gt)[(p - p0) * COg + c] = ((const uint16_t *)src)[c * L];
-                else
-                    nt__ld_f32((float *)gt + (p - p0) * COg, src, (nt_dtype)gy->dtype, L, COg);
-            }
-            if (raw) {
-                nt__gemm_bf16((int)Kc, (int)COg, (int)np, buf, (int)np, true, NT_BF16, gt,
-                              (int)COg, false, NT_BF16, CT, (int)COg, p0 > 0, false, NULL,
-                              NT_F32);
-            } else {
-                for (int64_t t = 0; t < np; t += NT_GEMM_KTILE) {
-                    int kt = (int)(np - t < NT_GEMM_KTILE ? np - t : NT_GEMM_KTILE);
-                    nt__gemm_ktile_rowa((int)Kc, (int)COg, kt, (const float *)buf + t, (int)np,
-                                        (const float *)gt + t * COg, (int)COg, CT, (int)COg,
-                                        p0 + t > 0);
-                }
-            }
+        else if (nblk > 1)
+            nt__par_blocks((int)nblk, wg_rows, &j, true);
+        else
+            wg_rows(&j, 0);
+        if (atomic_load_explicit(&j.failed, memory_order_relaxed)) {
+            g_free(CT);
+            return nt__kerr(NT_EHOSTMEM, "out of host memory for the convolution's columns");
         }
         /* dw[grp * COg + c][k] = CT[k][c], rounded (NaNs canonical) */
         for (int64_t c = 0; c < COg; c++) {
@@ -201,6 +289,6 @@ int nt__cpu_conv_wgrad(const nt__rec *r)
             nt__st_f32(od + ((grp * COg + c) * Kc) * (int64_t)oes, odt, 1, row, Kc);
         }
     }
-    g_free(buf);
+    g_free(CT);
     return 0;
 }

@@ -27,9 +27,10 @@ typedef struct cgeo {
     bool batched;
 } cgeo;
 
-/* Issues conv_gemm on contiguous x [N, C, H, W] and w [CO, C/G, kh, kw]. */
+/* Issues conv_gemm on contiguous x [N, C, H, W] and w [CO, C/G, kh, kw]
+ * (flip: w [C, CO/G, kh, kw], read as the adjoint's weight, core/conv.h). */
 nt_tensor *nt__conv_gemm(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *w,
-                         const int64_t s[2], const int64_t lo[2], const int64_t d[2],
+                         bool flip, const int64_t s[2], const int64_t lo[2], const int64_t d[2],
                          const int64_t u[2], int64_t G, int64_t OH, int64_t OW)
 {
     nt__call c;
@@ -41,13 +42,14 @@ nt_tensor *nt__conv_gemm(const nt_site *site, const char *fn, nt_tensor *x, nt_t
     for (int i = 0; i < 2; i++)
         c.p.i[i] = s[i], c.p.i[2 + i] = lo[i], c.p.i[4 + i] = d[i], c.p.i[6 + i] = u[i];
     c.p.flag = (int32_t)G;
+    c.p.dim = flip;
     nt_tensor *xx = c.in[0], *ww = c.in[1];
     c.odt[0] = (nt_dtype)xx->dtype;
     c.ondim[0] = 4;
-    int64_t sh[4] = {xx->shape[0], ww->shape[0], OH, OW};
+    int64_t sh[4] = {xx->shape[0], flip ? ww->shape[1] * G : ww->shape[0], OH, OW};
     memcpy(c.oshape[0], sh, sizeof sh);
     c.flops = 2.0 * (double)(sh[0] * sh[1] * OH * OW) *
-              (double)(ww->shape[1] * ww->shape[2] * ww->shape[3]);
+              (double)(xx->shape[1] / G * ww->shape[2] * ww->shape[3]);
     return nt__dispatch(&c);
 }
 
@@ -79,18 +81,6 @@ nt_tensor *nt__conv_wgrad(const nt_site *site, const char *fn, nt_tensor *x, nt_
     return nt__dispatch(&c);
 }
 
-/* w [A, B, kh, kw] of groups G as the weight of the adjoint convolution:
- * [G B, A / G, kh, kw], each group's two channel dims swapped and the
- * kernel rotated by 180 degrees. */
-static nt_tensor *flip_t(const nt_site *site, nt_tensor *w, int64_t G)
-{
-    int64_t A = w->shape[0], B = w->shape[1], kh = w->shape[2], kw = w->shape[3];
-    nt_tensor *t = nt_reshape_at(site, w, 5, (int64_t[]){G, A / G, B, kh, kw});
-    t = t ? nt_transpose_at(site, t, 1, 2) : NULL;
-    t = t ? nt_flip_at(site, t, 2, (const int[]){3, 4}) : NULL;
-    return t ? nt_reshape_at(site, t, 4, (int64_t[]){G * B, A / G, kh, kw}) : NULL;
-}
-
 /* x as [N, C, H, W]. */
 static nt_tensor *as4(const nt_site *site, nt_tensor *x)
 {
@@ -111,19 +101,18 @@ static nt_tensor *unbatch(const nt_site *site, nt_tensor *y, bool batched)
 static nt_tensor *fwd_conv(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *w,
                            const cgeo *g)
 {
-    return nt__conv_gemm(site, fn, x, w, g->s, g->p, g->d, (const int64_t[]){1, 1}, g->G, g->OH,
-                         g->OW);
+    return nt__conv_gemm(site, fn, x, w, false, g->s, g->p, g->d, (const int64_t[]){1, 1}, g->G,
+                         g->OH, g->OW);
 }
 
-/* conv_transpose2d's product: conv_gemm of x dilated by s with flip_t(w). */
+/* conv_transpose2d's product: conv_gemm of x dilated by s with w read as
+ * the adjoint's weight (flipped, channel dims swapped per group). */
 static nt_tensor *fwd_convt(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *w,
                             const int64_t s[2], const int64_t p[2], const int64_t d[2], int64_t G,
                             int64_t OH, int64_t OW)
 {
     int64_t lo[2] = {d[0] * (w->shape[2] - 1) - p[0], d[1] * (w->shape[3] - 1) - p[1]};
-    nt_tensor *wt = flip_t(site, w, G);
-    return wt ? nt__conv_gemm(site, fn, x, wt, (const int64_t[]){1, 1}, lo, d, s, G, OH, OW)
-              : NULL;
+    return nt__conv_gemm(site, fn, x, w, true, (const int64_t[]){1, 1}, lo, d, s, G, OH, OW);
 }
 
 /* The bias's gradient: g [N, CO, OH, OW] summed over (n, oh, ow), one sum
@@ -149,8 +138,8 @@ int nt__conv_grads(const nt_site *site, int op, const nt__params *p, nt_tensor *
     if (live[0]) {
         nt_tensor *dx = op == NT_OP_CONV2D
                             ? fwd_convt(site, fn, g4, w, s, pd, d, G, x4->shape[2], x4->shape[3])
-                            : nt__conv_gemm(site, fn, g4, w, s, pd, d, (const int64_t[]){1, 1}, G,
-                                            x4->shape[2], x4->shape[3]);
+                            : nt__conv_gemm(site, fn, g4, w, false, s, pd, d,
+                                            (const int64_t[]){1, 1}, G, x4->shape[2], x4->shape[3]);
         if (!(gin[0] = unbatch(site, dx, batched)))
             return nt_last_error();
     }

@@ -175,7 +175,7 @@ int nt__bn_update(const nt_site *site, const char *fn, nt_tensor *r, nt_tensor *
  * (op) for autograd: gin[i] set for each live input (x, w, b) from g, the
  * saved x and w and the node's parameters.  0 or an error code. */
 nt_tensor *nt__conv_gemm(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *w,
-                         const int64_t s[2], const int64_t lo[2], const int64_t d[2],
+                         bool flip, const int64_t s[2], const int64_t lo[2], const int64_t d[2],
                          const int64_t u[2], int64_t G, int64_t OH, int64_t OW);
 nt_tensor *nt__conv_wgrad(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *gy,
                           const int64_t s[2], const int64_t lo[2], const int64_t d[2], int64_t G,

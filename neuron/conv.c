@@ -62,18 +62,27 @@ static int columns(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, char *col
     }
     P.Hp = ext[0], P.Wp = ext[1];
     int64_t nxp = g->N * g->C * P.Hp * P.Wp;
-    if (!(P.xp = sk_scratch(s, (size_t)(nxp * es))))
-        return s->derr_code;
-    int64_t F = 2048;
-    nt_tile *z = sk_tile(s, "conv.zero", dt, 128, F);
-    int rc = z ? 0 : nt_sim_kernel_error(s->k);
-    nt_ap za = z ? nt_tile_ap(z) : (nt_ap){0};
-    if (!rc)
-        rc = nt_isa_memset(s->k, &za, 0.0, NT_ENGINE_GPSIMD);
-    if (!rc)
-        rc = zero_hbm(s, P.xp, dt, nxp, z, F);
     const char *xd = nt__tensor_data(x);
-    int64_t planes = g->N * g->C;
+    /* no padding, no dilation, nothing past the plane: x is its own xp */
+    bool same = P.Hp == g->H && P.Wp == g->W && P.pb[0] == 0 && P.pb[1] == 0 && g->u[0] == 1 &&
+                g->u[1] == 1;
+    nt_tile *z = NULL;
+    int rc = 0;
+    if (same) {
+        P.xp = (char *)xd;
+    } else {
+        if (!(P.xp = sk_scratch(s, (size_t)(nxp * es))))
+            return s->derr_code;
+        int64_t F = 2048;
+        z = sk_tile(s, "conv.zero", dt, 128, F);
+        rc = z ? 0 : nt_sim_kernel_error(s->k);
+        nt_ap za = z ? nt_tile_ap(z) : (nt_ap){0};
+        if (!rc)
+            rc = nt_isa_memset(s->k, &za, 0.0, NT_ENGINE_GPSIMD);
+        if (!rc)
+            rc = zero_hbm(s, P.xp, dt, nxp, z, F);
+    }
+    int64_t planes = same ? 0 : g->N * g->C;
     for (int64_t p0 = 0; !rc && p0 < planes; p0 += 128) {
         int np = (int)(planes - p0 < 128 ? planes - p0 : 128);
         nt_ap src = nt_hbm_ap(xd, dt, p0 * g->H * g->W, np, g->H * g->W, g->W);
@@ -87,28 +96,313 @@ static int columns(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, char *col
     }
     /* column row (ci, ki, kj) at (oh, ow) reads xp row oh s0 + ki d0 - lo0 + pb0 */
     int64_t base = (P.pb[0] - g->lo[0]) * P.Wp + (P.pb[1] - g->lo[1]);
-    for (int64_t n = 0; !rc && n < g->N; n++)
-        for (int64_t c = 0; !rc && c < g->C; c++) {
-            int64_t grp = c / Cg, ci = c % Cg;
+    /* one DMA per (kernel row, 128 channels): partitions c, free [kj, n, oh,
+     * ow]; channel c's rows start at c T N L in col ([G][Kc] = [C][T]) */
+    int64_t T = g->kh * g->kw;
+    for (int64_t ki = 0; !rc && ki < g->kh; ki++)
+        for (int64_t c0 = 0; !rc && c0 < g->C; c0 += 128) {
+            int np = (int)(g->C - c0 < 128 ? g->C - c0 : 128);
             nt_ap src;
             memset(&src, 0, sizeof src);
-            src.hbm = P.xp, src.dtype = dt, src.np = (int)g->kh, src.pstep = g->d[0] * P.Wp;
-            src.offset = (n * g->C + c) * P.Hp * P.Wp + base;
-            src.ndim = 3;
+            src.hbm = P.xp, src.dtype = dt, src.np = np, src.pstep = P.Hp * P.Wp;
+            src.offset = c0 * P.Hp * P.Wp + base + ki * g->d[0] * P.Wp;
+            src.ndim = 4;
             src.num[0] = g->kw, src.step[0] = g->d[1];
-            src.num[1] = g->OH, src.step[1] = g->s[0] * P.Wp;
-            src.num[2] = g->OW, src.step[2] = g->s[1];
+            src.num[1] = g->N, src.step[1] = g->C * P.Hp * P.Wp;
+            src.num[2] = g->OH, src.step[2] = g->s[0] * P.Wp;
+            src.num[3] = g->OW, src.step[3] = g->s[1];
             nt_ap d;
             memset(&d, 0, sizeof d);
-            d.hbm = col, d.dtype = dt, d.np = (int)g->kh, d.pstep = g->kw * NL;
-            d.offset = grp * Kc * NL + ci * g->kh * g->kw * NL + n * L;
+            d.hbm = col, d.dtype = dt, d.np = np, d.pstep = T * NL;
+            d.offset = (c0 * T + ki * g->kw) * NL;
             d.ndim = 2;
             d.num[0] = g->kw, d.step[0] = NL;
-            d.num[1] = L, d.step[1] = 1;
+            d.num[1] = NL, d.step[1] = 1;
             rc = nt_isa_dma_copy(s->k, &d, &src, sk_qin(s));
         }
+    (void)Cg, (void)Kc;
     if (z)
         nt_tile_release(s->k, z);
+    return rc;
+}
+
+/* ---------------- the SBUF kernel: stride 1, one group ----------------
+ *
+ * The columns never leave the chip.  Per image, x is loaded once into SBUF
+ * as xs [C, padded plane] (zeros around).  The output
+ * positions are taken in blocks of 128 flat positions q = oh Wp + ow of
+ * the padded width (the Wp - OW extra columns of a row are computed and
+ * dropped).  Per block:
+ *   1. colT [q, K] (K = (ci, ki, kj) along the free dim): tap t's columns
+ *      are xs's positions q + off_t, transposed by TensorE (positions onto
+ *      partitions) and interleaved into K order by the PSUM copy;
+ *   2. TensorE transposes colT in K-chunks of 128 into col [K, q], so the
+ *      contraction dim is on partitions in the contract's K order;
+ *   3. TensorE: acc [q, CO] (+)= col[kc]^T . wT[kc] for the K-chunks in
+ *      ascending order -- the positions are the stationary operand (M =
+ *      128: the whole PE array, where CO = 64 as the stationary would use
+ *      half of it), the weight the moving one (N = CO);
+ *   4. acc is copied to SBUF (exact), transposed to [CO, q] and rounded
+ *      once into the image's output rows, stored by one DMA per image.
+ * Per element this is the recurrence of nt__gemm_ktile over each K-tile
+ * (fma(col, w, s): the operands' order in an fma does not matter) and the
+ * K-tiles added in ascending order in PSUM: the CPU kernel's bits. */
+
+typedef struct fastk {
+    sk_k *s;
+    const nt__conv_geo *g;
+    nt_dtype dt, odt;
+    int64_t Hp, Wp, pb[2], Fx, Q, nch, Kc, nK, T;
+    int64_t off[64]; /* per tap: flat offset in the padded plane */
+    nt_tile *xs[2], *colT[2], *col[2][8], *wT, *ys[2], *yimg[2];
+    nt_tile *pxT[4], *pcol[2][8], *pacc[2], *pyT[2];
+    int eng; /* rotation of the copy engines */
+} fastk;
+
+#define FAST_MAX_KC 1024
+
+static bool fast_ok(const nt__conv_geo *g, nt_dtype dt)
+{
+    int64_t es = (int64_t)nt__dtype_size(dt), Kc = g->C * g->kh * g->kw;
+    if (g->s[0] != 1 || g->s[1] != 1 || g->u[0] != 1 || g->u[1] != 1 || g->G != 1 ||
+        g->C > 128 || g->CO > 128 || Kc > FAST_MAX_KC || g->kh * g->kw > 64 || g->N == 0 ||
+        g->OH * g->OW == 0)
+        return false;
+    int64_t Wp = g->OW + (g->kw - 1) * g->d[1], Hp = g->OH + (g->kh - 1) * g->d[0] + 1;
+    Wp = Wp > g->W + 2 * g->lo[1] ? Wp : g->W + 2 * g->lo[1];
+    Hp = Hp > g->H + 2 * g->lo[0] ? Hp : g->H + 2 * g->lo[0];
+    int64_t plane = Hp * Wp + 2 * 128;
+    /* xs twice, yimg (f32 at most), colT twice, col, wT: per partition */
+    int64_t bytes = 2 * plane * es + 2 * g->OH * Wp * 4 +
+                    2 * Kc * es + 2 * 8 * 128 * es + 8 * g->CO * es + 4096;
+    return bytes <= SK_SBUF_BUDGET;
+}
+
+/* The engine of the next PSUM evacuation: ScalarE and VectorE by turns
+ * (GpSimd has no PSUM access). */
+static nt_engine fast_eng(fastk *f, bool psum)
+{
+    (void)psum;
+    return f->eng++ % 2 ? NT_ENGINE_VECTOR : NT_ENGINE_SCALAR;
+}
+
+static int fast_alloc(fastk *f)
+{
+    nt_sim_kernel *k = f->s->k;
+    const nt__conv_geo *g = f->g;
+    for (int i = 0; i < 2; i++) {
+        f->xs[i] = nt_tile_alloc(k, "conv.xs", NT_MEM_SBUF, f->dt, (int)g->C, f->Fx);
+        f->colT[i] = nt_tile_alloc(k, "conv.colT", NT_MEM_SBUF, f->dt, 128, f->Kc);
+        for (int j = 0; j < f->nK; j++)
+            f->col[i][j] = nt_tile_alloc(k, "conv.col", NT_MEM_SBUF, f->dt, 128, 128);
+        f->ys[i] = nt_tile_alloc(k, "conv.ys", NT_MEM_SBUF, NT_F32, 128, g->CO);
+        f->pacc[i] = nt_tile_alloc(k, "conv.acc", NT_MEM_PSUM, NT_F32, 128, g->CO);
+        f->pyT[i] = nt_tile_alloc(k, "conv.pyT", NT_MEM_PSUM, NT_F32, (int)g->CO, 128);
+    }
+    for (int i = 0; i < 4; i++)
+        f->pxT[i] = nt_tile_alloc(k, "conv.pxT", NT_MEM_PSUM, f->dt, 128, g->C);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < f->nK; j++)
+            f->pcol[i][j] = nt_tile_alloc(k, "conv.pcol", NT_MEM_PSUM, f->dt, 128, 128);
+    f->wT = nt_tile_alloc(k, "conv.wT", NT_MEM_SBUF, f->dt, 128, f->nK * g->CO);
+    for (int i = 0; i < 2; i++)
+        f->yimg[i] = nt_tile_alloc(k, "conv.y", NT_MEM_SBUF, f->odt, (int)g->CO, f->Q);
+    return nt_sim_kernel_error(k);
+}
+
+/* wT [K-chunk kc: 128 k, CO] from w' [CO, Kc] in HBM (wd): loaded with CO
+ * on partitions, transposed chunk by chunk. */
+static int fast_weights(fastk *f, const char *wd)
+{
+    nt_sim_kernel *k = f->s->k;
+    const nt__conv_geo *g = f->g;
+    nt_tile *ws = nt_tile_alloc(k, "conv.w", NT_MEM_SBUF, f->dt, (int)g->CO, f->Kc);
+    nt_tile *wr = g->flip ? nt_tile_alloc(k, "conv.wr", NT_MEM_SBUF, f->dt, (int)g->CO, f->Kc)
+                          : NULL;
+    if (!ws || (g->flip && !wr))
+        return nt_sim_kernel_error(k);
+    nt_ap d = nt_tile_ap(ws), src = nt_hbm_ap(wd, f->dt, 0, (int)g->CO, f->Kc, f->Kc);
+    if (g->flip) { /* w [C, CO, kh, kw]: rows co of (ci, tap) runs, taps reversed on chip */
+        src = nt_hbm_ap(wd, f->dt, 0, (int)g->CO, f->T, f->T);
+        src.ndim = 2, src.num[0] = g->C, src.step[0] = g->CO * f->T, src.num[1] = f->T,
+        src.step[1] = 1;
+        d = nt_tile_ap(wr);
+    }
+    int rc = nt_isa_dma_copy(k, &d, &src, sk_qin(f->s));
+    if (!rc && g->flip) {
+        nt_ap rv = nt_tile_slice(wr, 0, (int)g->CO, f->T - 1, 1);
+        rv.ndim = 2, rv.num[0] = g->C, rv.step[0] = f->T, rv.num[1] = f->T, rv.step[1] = -1;
+        nt_ap o = nt_tile_ap(ws);
+        rc = nt_isa_tensor_copy(k, &o, &rv, NT_ENGINE_GPSIMD);
+        nt_tile_release(k, wr);
+    }
+    for (int64_t kc = 0; !rc && kc < f->nK; kc++) {
+        int64_t kw = f->Kc - kc * 128 < 128 ? f->Kc - kc * 128 : 128;
+        nt_ap a = nt_tile_slice(ws, 0, (int)g->CO, kc * 128, kw);
+        nt_ap t = nt_tile_slice(f->pcol[0][kc], 0, (int)kw, 0, g->CO);
+        rc = nt_isa_nc_transpose(k, &t, &a);
+        nt_ap o = nt_tile_slice(f->wT, 0, (int)kw, kc * g->CO, g->CO);
+        if (!rc)
+            rc = nt_isa_tensor_copy(k, &o, &t, NT_ENGINE_VECTOR);
+    }
+    nt_tile_release(k, ws);
+    return rc;
+}
+
+/* Image n: xs (zeros, then x's plane inside). */
+static int fast_load(fastk *f, const char *xd, int64_t n)
+{
+    nt_sim_kernel *k = f->s->k;
+    const nt__conv_geo *g = f->g;
+    nt_tile *xs = f->xs[n % 2];
+    nt_ap all = nt_tile_ap(xs);
+    int rc = nt_isa_memset(k, &all, 0.0, NT_ENGINE_GPSIMD);
+    nt_ap src = nt_hbm_ap(xd, f->dt, n * g->C * g->H * g->W, (int)g->C, g->H * g->W, g->W);
+    src.ndim = 2, src.num[0] = g->H, src.step[0] = g->W, src.num[1] = g->W, src.step[1] = 1;
+    nt_ap d = nt_tile_slice(xs, 0, (int)g->C, f->pb[0] * f->Wp + f->pb[1], g->W);
+    d.ndim = 2, d.num[0] = g->H, d.step[0] = f->Wp, d.num[1] = g->W, d.step[1] = 1;
+    if (!rc)
+        rc = nt_isa_dma_copy(k, &d, &src, sk_qin(f->s));
+    return rc;
+}
+
+/* colT rows [0, qw) of the block at q0: per tap, TensorE transposes xs's
+ * positions q0 + off_t .. (x's channels on partitions) into PSUM, and a
+ * copy interleaves them into colT's K order (a compute engine may only
+ * start at partition 0, 32, 64 or 96, so the transpose, not a
+ * partition-shifted copy, moves the positions onto partitions). */
+static int fast_colT(fastk *f, nt_tile *colT, nt_tile *xs, int64_t q0, int64_t qw)
+{
+    const nt__conv_geo *g = f->g;
+    int rc = 0;
+    for (int64_t t = 0; !rc && t < f->T; t++) {
+        nt_ap a = nt_tile_slice(xs, 0, (int)g->C, q0 + f->off[t], qw);
+        nt_ap tp = nt_tile_slice(f->pxT[f->eng % 4], 0, (int)qw, 0, g->C);
+        rc = nt_isa_nc_transpose(f->s->k, &tp, &a);
+        nt_ap d = nt_tile_slice(colT, 0, (int)qw, t, 1);
+        d.num[0] = g->C, d.step[0] = f->T;
+        if (!rc)
+            rc = nt_isa_tensor_copy(f->s->k, &d, &tp, fast_eng(f, true));
+    }
+    return rc;
+}
+
+/* The three stages of a block of 128 flat positions (b counts blocks over
+ * every image, so the buffers alternate across images too):
+ * A: colT; B: col (TensorE transposes, evacuated); C: the matmuls and the
+ * output.  fast_run issues them software-pipelined (A of block b, B of
+ * b - 1, C of b - 2), so TensorE and the evacuating engines work on
+ * different blocks instead of waiting for each other in turn. */
+typedef struct fblk {
+    int64_t b, q0, qw, n;
+} fblk;
+
+static int fast_stage_b(fastk *f, const fblk *k2)
+{
+    nt_sim_kernel *k = f->s->k;
+    nt_tile *colT = f->colT[k2->b % 2], **col = f->col[k2->b % 2];
+    int rc = 0;
+    for (int64_t kc = 0; !rc && kc < f->nK; kc++) {
+        int64_t kw = f->Kc - kc * 128 < 128 ? f->Kc - kc * 128 : 128;
+        nt_ap a = nt_tile_slice(colT, 0, (int)k2->qw, kc * 128, kw);
+        nt_ap t = nt_tile_slice(f->pcol[k2->b % 2][kc], 0, (int)kw, 0, k2->qw);
+        rc = nt_isa_nc_transpose(k, &t, &a);
+        nt_ap o = nt_tile_slice(col[kc], 0, (int)kw, 0, k2->qw);
+        if (!rc)
+            rc = nt_isa_tensor_copy(k, &o, &t, fast_eng(f, true));
+    }
+    return rc;
+}
+
+static int fast_stage_c(fastk *f, const fblk *k3)
+{
+    nt_sim_kernel *k = f->s->k;
+    const nt__conv_geo *g = f->g;
+    int64_t b = k3->b, qw = k3->qw;
+    nt_tile **col = f->col[b % 2];
+    nt_ap ad = nt_tile_slice(f->pacc[b % 2], 0, (int)qw, 0, g->CO);
+    int rc = 0;
+    for (int64_t kc = 0; !rc && kc < f->nK; kc++) {
+        int64_t kw = f->Kc - kc * 128 < 128 ? f->Kc - kc * 128 : 128;
+        nt_ap st = nt_tile_slice(col[kc], 0, (int)kw, 0, qw);
+        nt_ap mv = nt_tile_slice(f->wT, 0, (int)kw, kc * g->CO, g->CO);
+        rc = nt_isa_nc_matmul(k, &ad, &st, &mv, kc > 0);
+    }
+    nt_ap ys = nt_tile_slice(f->ys[b % 2], 0, (int)qw, 0, g->CO);
+    if (!rc)
+        rc = nt_isa_tensor_copy(k, &ys, &ad, NT_ENGINE_SCALAR);
+    nt_ap yt = nt_tile_slice(f->pyT[b % 2], 0, (int)g->CO, 0, qw);
+    if (!rc)
+        rc = nt_isa_nc_transpose(k, &yt, &ys);
+    nt_ap yo = nt_tile_slice(f->yimg[k3->n % 2], 0, (int)g->CO, k3->q0, qw);
+    if (!rc)
+        rc = nt_isa_tensor_copy(k, &yo, &yt, NT_ENGINE_VECTOR);
+    return rc;
+}
+
+/* Image n's output rows (the extra columns dropped) to y. */
+static int fast_store(fastk *f, char *yd, int64_t n)
+{
+    const nt__conv_geo *g = f->g;
+    int64_t L = g->OH * g->OW;
+    nt_ap src = nt_tile_slice(f->yimg[n % 2], 0, (int)g->CO, 0, g->OW);
+    src.ndim = 2, src.num[0] = g->OH, src.step[0] = f->Wp, src.num[1] = g->OW, src.step[1] = 1;
+    nt_ap d = nt_hbm_ap(yd, f->odt, n * g->CO * L, (int)g->CO, L, L);
+    return nt_isa_dma_copy(f->s->k, &d, &src, sk_qout(f->s));
+}
+
+static int fast_run(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, const char *wd,
+                    const nt_tensor *y)
+{
+    fastk f;
+    memset(&f, 0, sizeof f);
+    f.s = s, f.g = g, f.dt = (nt_dtype)x->dtype, f.odt = (nt_dtype)y->dtype;
+    f.T = g->kh * g->kw, f.Kc = g->C * f.T, f.nK = (f.Kc + 127) / 128;
+    f.pb[0] = g->lo[0] > 0 ? g->lo[0] : 0, f.pb[1] = g->lo[1] > 0 ? g->lo[1] : 0;
+    f.Wp = g->OW + (g->kw - 1) * g->d[1];
+    if (f.Wp < f.pb[1] + g->W)
+        f.Wp = f.pb[1] + g->W;
+    f.Hp = g->OH + (g->kh - 1) * g->d[0] + 1;
+    if (f.Hp < f.pb[0] + g->H)
+        f.Hp = f.pb[0] + g->H;
+    f.Q = g->OH * f.Wp;
+    int64_t offmax = 0;
+    for (int64_t ki = 0; ki < g->kh; ki++)
+        for (int64_t kj = 0; kj < g->kw; kj++) {
+            int64_t o = (ki * g->d[0] - g->lo[0] + f.pb[0]) * f.Wp + kj * g->d[1] - g->lo[1] +
+                        f.pb[1];
+            f.off[ki * g->kw + kj] = o;
+            offmax = o > offmax ? o : offmax;
+        }
+    f.Fx = f.Q + offmax > f.Hp * f.Wp ? f.Q + offmax : f.Hp * f.Wp;
+    f.nch = (f.Fx + 127) / 128;
+    f.Fx = f.nch * 128; /* whole chunks: the tail is zeros */
+    int rc = fast_alloc(&f);
+    if (!rc)
+        rc = fast_weights(&f, wd);
+    const char *xd = nt__tensor_data(x);
+    char *yd = nt__tensor_data(y);
+    int64_t nb = (f.Q + 127) / 128, total = g->N * nb;
+    fblk q[3]; /* the blocks in stages A, B, C */
+    for (int64_t i = 0; !rc && i < total + 2; i++) {
+        if (i < total) {
+            fblk a = {i, (i % nb) * 128, 0, i / nb};
+            a.qw = f.Q - a.q0 < 128 ? f.Q - a.q0 : 128;
+            if (a.q0 == 0)
+                rc = fast_load(&f, xd, a.n);
+            if (!rc)
+                rc = fast_colT(&f, f.colT[i % 2], f.xs[a.n % 2], a.q0, a.qw);
+            q[i % 3] = a;
+        }
+        if (!rc && i >= 1 && i - 1 < total)
+            rc = fast_stage_b(&f, &q[(i - 1) % 3]);
+        if (!rc && i >= 2) {
+            const fblk *c = &q[(i - 2) % 3];
+            rc = fast_stage_c(&f, c);
+            if (!rc && c->q0 + c->qw == f.Q) /* the image's last block */
+                rc = fast_store(&f, yd, c->n);
+        }
+    }
     return rc;
 }
 
@@ -123,11 +417,32 @@ static int conv_gemm_run(sk_k *s, const nt__rec *r)
     int64_t NL = g.N * L;
     if (NL == 0 || g.CO == 0)
         return 0;
-    char *col = sk_scratch(s, (size_t)(g.G * Kc * NL * es));
-    if (!col)
+    bool fast = fast_ok(&g, dt);
+    char *col = fast ? NULL : sk_scratch(s, (size_t)(g.G * Kc * NL * es));
+    if (!fast && !col)
         return s->derr_code;
-    int rc = columns(s, &g, x, col);
+    int rc = fast ? 0 : columns(s, &g, x, col);
     const char *wd = nt__tensor_data(w);
+    if (!rc && g.flip && !fast) { /* w' into scratch: one DMA per input channel */
+        char *wt = sk_scratch(s, (size_t)(g.CO * Kc * es));
+        if (!wt)
+            return s->derr_code;
+        for (int64_t c = 0; !rc && c < g.C; c++) {
+            int64_t grp = c / Cg, ci = c % Cg, kk = g.kh * g.kw;
+            nt_ap src;
+            memset(&src, 0, sizeof src);
+            src.hbm = (void *)wd, src.dtype = dt, src.np = (int)COg, src.pstep = kk;
+            src.offset = c * COg * kk + kk - 1; /* w[c][co][kh-1][kw-1], walked down */
+            src.ndim = 2;
+            src.num[0] = g.kh, src.step[0] = -g.kw;
+            src.num[1] = g.kw, src.step[1] = -1;
+            nt_ap d = nt_hbm_ap(wt, dt, grp * COg * Kc + ci * kk, (int)COg, Kc, kk);
+            rc = nt_isa_dma_copy(s->k, &d, &src, sk_qin(s));
+        }
+        wd = wt;
+    }
+    if (fast)
+        return rc ? rc : fast_run(s, &g, x, wd, y);
     char *yd = nt__tensor_data(y);
     for (int64_t n = 0; !rc && n < g.N; n++)
         for (int64_t grp = 0; !rc && grp < g.G; grp++) {

@@ -16,6 +16,7 @@
  *   gather.c   embedding and embedding_bwd
  *   index.c    gather, index_select, their backward index_add, scatter(_add)
  *   attention.c  scaled dot-product attention and its backward (flash style)
+ *   conv.c     conv_gemm and conv_wgrad (convolutions: im2col on chip or by DMA)
  *   gen.c      arange, rand, randn (GpSimd custom code)
  *   sample.c   dropout, topk, multinomial (GpSimd custom code)
  *   user.c     user tile kernels (nt_op_register_kernel)
