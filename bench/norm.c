@@ -3,7 +3,8 @@
  * the host wall time per step on the CPU backend (median of REPS, adaptive
  * mode unless NT_MODE says otherwise), and the simulated time of one step on
  * the sim backend (deterministic mode: simulated time is deterministic), and
- * the same for nt_group_norm (32 groups).  bench/peer/norm.py is PyTorch's
+ * the same for nt_group_norm (32 groups), and for the loss alone (what a
+ * step spends outside the norm).  bench/peer/norm.py is PyTorch's
  * side of the comparison (docs/ops.md, "Normalisation over channels").
  *
  * Usage: bench/norm [N C H W] */
@@ -14,18 +15,22 @@
 
 static nt_tensor *xg, *wg, *bg, *rm, *rv, *cot;
 
-/* One training step: y = bn(x); backward of sum(y * cot). */
-static void step(bool group)
+/* One training step: y = bn(x); backward of sum(y * cot).  Case 2: the
+ * loss alone (y = x), the part of a step that is not the norm. */
+static void step(int group)
 {
     nt_scope *sc = nt_scope_begin();
-    nt_tensor *y = group ? nt_group_norm(xg, 32, wg, bg, 1e-5)
-                         : nt_batch_norm(xg, rm, rv, wg, bg, true, 0.1, 1e-5);
+    nt_tensor *y = group == 2 ? nt_retain(xg)
+                   : group    ? nt_group_norm(xg, 32, wg, bg, 1e-5)
+                              : nt_batch_norm(xg, rm, rv, wg, bg, true, 0.1, 1e-5);
     if (!y)
         bench_fail("norm");
     nt_tensor *l = nt_sum(nt_reshape(nt_mul(y, cot), 1, (int64_t[]){-1}), 0, false);
     bench_check(nt_backward(l), "backward");
     bench_check(nt_sync(), "sync");
-    nt_zero_grad(xg), nt_zero_grad(wg), nt_zero_grad(bg);
+    nt_zero_grad(xg);
+    if (group < 2)
+        nt_zero_grad(wg), nt_zero_grad(bg);
     nt_scope_end(sc);
 }
 
@@ -48,8 +53,10 @@ int main(int argc, char **argv)
             s[i] = atoll(argv[i + 1]);
     bench_check(nt_init(), "nt_init");
     setup(s);
-    for (int group = 0; group < 2; group++) {
-        const char *name = group ? "group_norm (32 groups)" : "batch_norm (training)";
+    for (int group = 0; group < 3; group++) {
+        const char *name = group == 2 ? "the loss alone (sum(x * cot))"
+                           : group    ? "group_norm (32 groups)"
+                                      : "batch_norm (training)";
         nt_config_set("NT_BACKEND", "cpu");
         nt_config_set("NT_MODE", getenv("NT_MODE") ? getenv("NT_MODE") : "adaptive");
         double t[REPS];

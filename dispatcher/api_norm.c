@@ -241,16 +241,14 @@ static nt_tensor *channel_unrows(const nctx *P, nt_tensor *r, const nt_tensor *x
 }
 
 int nt__bn_stats(const nt_site *site, const char *fn, nt_tensor *rows, nt_tensor **mean,
-                 nt_tensor **var)
+                 nt_tensor **ssd)
 {
-    int64_t M = rows->shape[1];
     nt_tensor *xd = nt_detach_at(site, rows);
     nt_tensor *mu = xd ? nt__reduce(site, fn, NT_OP_MEAN, xd, 1, true) : NULL;
     nt_tensor *d = mu ? nt__binary(site, fn, NT_OP_SUB, xd, mu) : NULL;
     nt_tensor *sq = d ? nt__binary(site, fn, NT_OP_MUL, d, d) : NULL;
-    nt_tensor *s = sq ? nt__reduce(site, fn, NT_OP_SUM, sq, 1, false) : NULL;
-    *var = s ? nt__scalar(site, fn, NT_OP_DIV_SCALAR, s, (double)(M - 1), 0) : NULL;
-    *mean = *var ? nt_reshape_at(site, mu, 1, (int64_t[]){rows->shape[0]}) : NULL;
+    *ssd = sq ? nt__reduce(site, fn, NT_OP_SUM, sq, 1, false) : NULL;
+    *mean = *ssd ? nt_reshape_at(site, mu, 1, (int64_t[]){rows->shape[0]}) : NULL;
     return *mean ? 0 : (nt_last_error() ? nt_last_error() : NT_EINVAL);
 }
 
@@ -265,17 +263,24 @@ int nt__bn_update(const nt_site *site, const char *fn, nt_tensor *r, nt_tensor *
     return nt_copy_into_at(site, r, n);
 }
 
+/* Training: y; with rm, the running statistics updated; with *smean (the
+ * data-parallel form), the batch's mean and ssd returned there instead. */
 static nt_tensor *bn_train(nctx *P, nt_tensor *xf, nt_tensor *rm, nt_tensor *rv, nt_tensor *w,
-                           nt_tensor *b, double momentum, double eps)
+                           nt_tensor *b, double momentum, double eps, nt_tensor **smean,
+                           nt_tensor **sssd)
 {
     nt_tensor *rows = channel_rows(P, xf);
     nt_tensor *xh = rows ? nt_layer_norm_at(P->site, rows, NULL, NULL, eps) : NULL;
     /* the affine step on the rows: its gradients are sums along rows */
     nt_tensor *ya = w || b ? affine(P, xh, w, b, true) : xh;
     nt_tensor *y = ya ? nt_contiguous_at(P->site, channel_unrows(P, ya, xf)) : NULL;
-    if (y && rm) {
-        nt_tensor *mean, *var;
-        if (nt__bn_stats(P->site, P->fn, rows, &mean, &var) ||
+    if (y && smean)
+        return nt__bn_stats(P->site, P->fn, rows, smean, sssd) ? NULL : y;
+    if (y && rm && P->N * P->S > 0) { /* an empty batch leaves them, as PyTorch */
+        nt_tensor *mean, *ssd, *var;
+        if (nt__bn_stats(P->site, P->fn, rows, &mean, &ssd) ||
+            !(var = nt__scalar(P->site, P->fn, NT_OP_DIV_SCALAR, ssd,
+                               (double)(P->N * P->S - 1), 0)) ||
             nt__bn_update(P->site, P->fn, rm, mean, momentum) ||
             nt__bn_update(P->site, P->fn, rv, var, momentum))
             return NULL;
@@ -311,9 +316,31 @@ NT_API nt_tensor *nt_batch_norm_at(const nt_site *site, nt_tensor *x, nt_tensor 
         return NULL;
     nt_tensor *xf = f32(&P, x);
     nt_tensor *y = !xf ? NULL
-                   : training ? bn_train(&P, xf, running_mean, running_var, w, b, momentum, eps)
+                   : training ? bn_train(&P, xf, running_mean, running_var, w, b, momentum, eps,
+                                         NULL, NULL)
                               : bn_eval(&P, xf, running_mean, running_var, w, b, eps);
     return norm_end(&P, y, (nt_dtype)x->dtype);
+}
+
+nt_tensor *nt__bn_shard(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *w,
+                        nt_tensor *b, double eps, nt_tensor **mean, nt_tensor **ssd)
+{
+    nctx P = {.site = site, .fn = fn};
+    *mean = *ssd = NULL;
+    if (!check_x(&P, x) || !open_scope(&P))
+        return NULL;
+    nt_tensor *xf = f32(&P, x);
+    nt_tensor *m = NULL, *q = NULL;
+    nt_tensor *y = xf ? bn_train(&P, xf, NULL, NULL, w, b, 0.0, eps, &m, &q) : NULL;
+    if (y && m && q)
+        nt_keep(m), nt_keep(q);
+    y = norm_end(&P, y && m && q ? y : NULL, (nt_dtype)x->dtype);
+    if (y) {
+        *mean = nt__scope_adopt(m, fn), *ssd = nt__scope_adopt(q, fn);
+    } else if (m && q) {
+        nt_release(m), nt_release(q);
+    }
+    return y;
 }
 NT_API nt_tensor *nt_batch_norm(nt_tensor *x, nt_tensor *running_mean, nt_tensor *running_var,
                                 nt_tensor *w, nt_tensor *b, bool training, double momentum,

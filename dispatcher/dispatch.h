@@ -160,14 +160,16 @@ nt_tensor *nt__dropout(const nt_site *site, const char *fn, nt_tensor *x, double
 
 /* batch_norm's pieces (dispatcher/api_norm.c), shared with nt_ddp_batch_norm:
  * the argument checks of nt_batch_norm (false with the error set, naming
- * fn); rows [C, M] -> *mean [C] = sum(rows) / M and *var [C] = sum(d * d)
- * / (M - 1), d = rows - mean (canonical sums, no graph); the running update
- * r = r * (1 - momentum) + stat * momentum in place.  0 or the error. */
+ * fn); rows [C, M] -> *mean [C] = sum(rows) / M and *ssd [C] = sum(d * d),
+ * d = rows - mean (canonical sums, no graph); the running update
+ * r = r * (1 - momentum) + stat * momentum in place (0 or the error); and
+ * training batch norm of x without running statistics, its mean and ssd
+ * returned in *mean, *ssd (the caller's scope holds them). */
 bool nt__bn_check(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *rm,
                   nt_tensor *rv, nt_tensor *w, nt_tensor *b, bool training, double momentum,
                   double eps);
 int nt__bn_stats(const nt_site *site, const char *fn, nt_tensor *rows, nt_tensor **mean,
-                 nt_tensor **var);
+                 nt_tensor **ssd);
 int nt__bn_update(const nt_site *site, const char *fn, nt_tensor *r, nt_tensor *stat,
                   double momentum);
 /* Convolutions (dispatcher/api_conv.c, core/conv.h): the kernel ops
@@ -182,5 +184,7 @@ nt_tensor *nt__conv_wgrad(const nt_site *site, const char *fn, nt_tensor *x, nt_
                           int64_t kh, int64_t kw);
 int nt__conv_grads(const nt_site *site, int op, const nt__params *p, nt_tensor *g, nt_tensor *x,
                    nt_tensor *w, const bool live[3], nt_tensor **gin);
+nt_tensor *nt__bn_shard(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *w,
+                        nt_tensor *b, double eps, nt_tensor **mean, nt_tensor **ssd);
 
 #endif

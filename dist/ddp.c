@@ -28,6 +28,7 @@
  * and the thread's current stream is restored before they return. */
 #include "autograd/autograd.h"
 #include "core/handle.h"
+#include "dispatcher/dispatch.h"
 
 #include <glib.h>
 #include <math.h>
@@ -49,6 +50,16 @@ typedef struct member {
     nt_tensor ***tree;
 } member;
 
+/* One nt_ddp_batch_norm layer: the k-th call of every shard's forward. */
+typedef struct bn_layer {
+    int64_t C, M;    /* channels; values per channel in one shard */
+    double momentum;
+    nt_tensor *rm[DDP_MAX_DEV], *rv[DDP_MAX_DEV]; /* member k's running statistics */
+    /* [nmem * block]: the shard's mean and ssd (f32 [C], a user reference
+     * each) at slot k * block + (shard % block); NULL until its forward */
+    nt_tensor **mean, **ssd;
+} bn_layer;
+
 struct nt_ddp {
     NT__HOBJ_HEAD;  /* core/handle.h: its memory outlives it */
     int n;          /* parameters */
@@ -61,6 +72,9 @@ struct nt_ddp {
     member *m;
     uint8_t *done;  /* [S] the shard's backward was taken this step */
     nt_comm *comm;  /* the ranks' rank tree; NULL with one rank */
+    bn_layer *bn;   /* nt_ddp_batch_norm's layers (docs/ddp.md) */
+    int nbn, bn_cap;
+    int *bn_calls;  /* [S] this step's nt_ddp_batch_norm calls of each shard */
     GMutex lock;
 };
 
@@ -173,6 +187,30 @@ static bool check_shard(const nt_site *site, const nt_ddp *d, const char *fn, in
 
 /* ---------------- create, destroy ---------------- */
 
+/* Drops the shards' batch-norm statistics of this step (all: the layers
+ * and their running statistics too). */
+static void bn_clear(nt_ddp *d, bool all)
+{
+    for (int l = 0; l < d->nbn; l++) {
+        bn_layer *L = &d->bn[l];
+        for (int i = 0; L->mean && i < d->nmem * d->block; i++) {
+            nt_release(L->mean[i]), nt_release(L->ssd[i]);
+            L->mean[i] = L->ssd[i] = NULL;
+        }
+        if (!all)
+            continue;
+        for (int k = 0; k < d->nmem; k++)
+            nt_release(L->rm[k]), nt_release(L->rv[k]);
+        free(L->mean), free(L->ssd);
+    }
+    if (d->bn_calls)
+        memset(d->bn_calls, 0, sizeof *d->bn_calls * (size_t)d->shards);
+    if (all) {
+        free(d->bn), free(d->bn_calls);
+        d->bn = NULL, d->bn_calls = NULL, d->nbn = d->bn_cap = 0;
+    }
+}
+
 static void tree_clear(nt_ddp *d)
 {
     for (int k = 0; k < d->nmem; k++) {
@@ -187,6 +225,7 @@ static void tree_clear(nt_ddp *d)
                 }
     }
     memset(d->done, 0, (size_t)d->shards);
+    bn_clear(d, false);
 }
 
 static void ddp_free(nt_ddp *d)
@@ -197,6 +236,7 @@ static void ddp_free(nt_ddp *d)
     if (d->m && nt__hobj_current(d)) {
         if (d->done)
             tree_clear(d);
+        bn_clear(d, true);
         for (int k = 0; k < d->nmem; k++)
             if (d->m[k].rep)
                 for (int j = 0; j < d->n; j++)
@@ -212,6 +252,11 @@ static void ddp_free(nt_ddp *d)
         }
     free(d->m);
     free(d->done);
+    free(d->bn_calls);
+    if (d->bn)
+        for (int l = 0; l < d->nbn; l++)
+            free(d->bn[l].mean), free(d->bn[l].ssd);
+    free(d->bn);
     nt_comm_destroy(d->comm);
     g_mutex_clear(&d->lock);
     nt__hobj_free(d);
@@ -293,7 +338,8 @@ NT_API nt_ddp *nt_ddp_create_at(const nt_site *site, nt_tensor *const *params, i
     d->nmem = ndev;
     d->m = calloc((size_t)ndev, sizeof *d->m);
     d->done = calloc((size_t)shards, 1);
-    bool ok = d->m && d->done;
+    d->bn_calls = calloc((size_t)shards, sizeof *d->bn_calls);
+    bool ok = d->m && d->done && d->bn_calls;
     for (int k = 0; ok && k < ndev; k++) {
         member *m = &d->m[k];
         m->dev = devices[k];
@@ -613,6 +659,232 @@ NT_API int nt_ddp_backward(nt_ddp *d, int shard, nt_tensor *loss)
     return nt_ddp_backward_at(NT_RA_SITE, d, shard, loss);
 }
 
+/* ---------------- batch norm over shards ---------------- */
+
+/* Layer li of this step's calls for (C, M, momentum): a new one for the
+ * first shard that gets there, else checked against it.  NULL + error. */
+static bn_layer *bn_layer_at(const nt_site *site, nt_ddp *d, int li, int shard, int64_t C,
+                             int64_t M, double momentum)
+{
+    const char *fn = "nt_ddp_batch_norm";
+    if (li < d->nbn) {
+        bn_layer *L = &d->bn[li];
+        if (L->C != C || L->M != M || L->momentum != momentum) {
+            nt__err(site, NT_EINVAL, fn,
+                    "argument 'x' (call %d of shard %d) has %lld channels of %lld values, "
+                    "momentum %g; expected call %d of every shard alike: %lld channels of %lld "
+                    "values, momentum %g", li, shard, (long long)C, (long long)M, momentum, li,
+                    (long long)L->C, (long long)L->M, L->momentum);
+            return NULL;
+        }
+        return L;
+    }
+    if (d->nbn == d->bn_cap) {
+        int cap = d->bn_cap ? 2 * d->bn_cap : 8;
+        bn_layer *nb = realloc(d->bn, sizeof *nb * (size_t)cap);
+        if (!nb) {
+            nt__err_hostmem(site, fn, "the batch-norm layers");
+            return NULL;
+        }
+        d->bn = nb, d->bn_cap = cap;
+    }
+    bn_layer *L = &d->bn[d->nbn];
+    memset(L, 0, sizeof *L);
+    L->C = C, L->M = M, L->momentum = momentum;
+    L->mean = calloc((size_t)(d->nmem * d->block), sizeof *L->mean);
+    L->ssd = calloc((size_t)(d->nmem * d->block), sizeof *L->ssd);
+    if (!L->mean || !L->ssd) {
+        free(L->mean), free(L->ssd);
+        nt__err_hostmem(site, fn, "a batch-norm layer");
+        return NULL;
+    }
+    d->nbn++;
+    return L;
+}
+
+/* The shard's own checks: its device, its step, its replica's statistics. */
+static bool bn_shard_ok(const nt_site *site, nt_ddp *d, int shard, nt_tensor *x, nt_tensor *rm,
+                        member *m)
+{
+    const char *fn = "nt_ddp_batch_norm";
+    if (!rm)
+        return nt__err(site, NT_EINVAL, fn, "argument 'running_mean' is NULL; expected the "
+                       "running statistics of device %d's replica (nt_batch_norm normalises "
+                       "without them)", m->dev), false;
+    if ((int)x->dev != m->dev || (int)rm->dev != m->dev)
+        return nt__err(site, NT_EINVAL, fn, "argument '%s' is on device %d, but shard %d "
+                       "belongs to device %d", (int)x->dev != m->dev ? "x" : "running_mean",
+                       (int)((int)x->dev != m->dev ? x->dev : rm->dev), shard, m->dev), false;
+    if (nt_numel(x) == 0)
+        return nt__err(site, NT_ESHAPE, fn, "argument 'x' has no elements; expected at least "
+                       "one value per channel"), false;
+    if (d->done[shard])
+        return nt__err(site, NT_ESTATE, fn, "shard %d already had its nt_ddp_backward this "
+                       "step; call nt_ddp_reduce first", shard), false;
+    return true;
+}
+
+NT_API nt_tensor *nt_ddp_batch_norm_at(const nt_site *site, nt_ddp *d, int shard, nt_tensor *x,
+                                       nt_tensor *running_mean, nt_tensor *running_var,
+                                       nt_tensor *w, nt_tensor *b, double momentum, double eps)
+{
+    const char *fn = "nt_ddp_batch_norm";
+    if (!ddp_ok(site, d, fn))
+        return NULL;
+    g_mutex_lock(&d->lock);
+    nt_tensor *y = NULL;
+    if (!check_shard(site, d, fn, shard) ||
+        !nt__bn_check(site, fn, x, running_mean, running_var, w, b, true, momentum, eps))
+        goto out;
+    int k = member_of(d, shard);
+    member *m = &d->m[k];
+    if (!bn_shard_ok(site, d, shard, x, running_mean, m))
+        goto out;
+    int64_t C = x->shape[1], M = nt_numel(x) / C;
+    bn_layer *L = bn_layer_at(site, d, d->bn_calls[shard], shard, C, M, momentum);
+    if (!L)
+        goto out;
+    if (L->rm[k] && (L->rm[k] != running_mean || L->rv[k] != running_var)) {
+        nt__err(site, NT_EINVAL, fn, "argument 'running_mean' or 'running_var' is not the "
+                "tensor an earlier shard of device %d gave to call %d", m->dev,
+                d->bn_calls[shard]);
+        goto out;
+    }
+    nt_tensor *mean, *ssd;
+    nt_stream *old = enter(m->dev);
+    y = nt__bn_shard(site, fn, x, w, b, eps, &mean, &ssd);
+    leave(old);
+    if (!y)
+        goto out;
+    int slot = k * d->block + shard % d->block;
+    L->mean[slot] = nt_keep(mean), L->ssd[slot] = nt_keep(ssd);
+    if (!L->rm[k])
+        L->rm[k] = nt_retain(running_mean), L->rv[k] = nt_retain(running_var);
+    d->bn_calls[shard]++;
+out:
+    g_mutex_unlock(&d->lock);
+    return y;
+}
+
+NT_API nt_tensor *nt_ddp_batch_norm(nt_ddp *d, int shard, nt_tensor *x, nt_tensor *running_mean,
+                                    nt_tensor *running_var, nt_tensor *w, nt_tensor *b,
+                                    double momentum, double eps)
+{
+    return nt_ddp_batch_norm_at(NT_RA_SITE, d, shard, x, running_mean, running_var, w, b,
+                                momentum, eps);
+}
+
+/* v[0..n) (n a power of two) summed as the shard tree's levels inside a
+ * block: adjacent pairs, level by level. */
+static nt_tensor *local_tree(const nt_site *site, nt_tensor **v, int n)
+{
+    for (int w = n; w > 1 && v[0]; w /= 2)
+        for (int i = 0; i < w / 2; i++)
+            v[i] = v[2 * i] && v[2 * i + 1] ? nt_add_at(site, v[2 * i], v[2 * i + 1]) : NULL;
+    return v[0];
+}
+
+/* Member k's block sums of every layer's per-shard value, one flat [T]:
+ * val(L, slot) is the shard's mean (mg NULL) or its ssd + (mean - mg)^2 M
+ * (mg: the global means, [T] on member k's device). */
+static nt_tensor *bn_block(const nt_site *site, nt_ddp *d, int k, nt_tensor *mg)
+{
+    nt_tensor *parts[64], **v = calloc((size_t)d->block, sizeof *v);
+    if (!v) {
+        nt__err_hostmem(site, "nt_ddp_reduce", "a batch-norm tree");
+        return NULL;
+    }
+    int64_t off = 0;
+    for (int l = 0; l < d->nbn; l++) {
+        bn_layer *L = &d->bn[l];
+        nt_tensor *g = mg ? nt_slice_at(site, mg, 0, off, off + L->C, 1) : NULL;
+        for (int i = 0; i < d->block; i++) {
+            nt_tensor *mu = L->mean[k * d->block + i];
+            if (!mg) {
+                v[i] = mu;
+                continue;
+            }
+            nt_tensor *e = g ? nt_sub_at(site, mu, g) : NULL;
+            e = e ? nt_mul_scalar_at(site, nt_mul_at(site, e, e), (double)L->M) : NULL;
+            v[i] = e ? nt_add_at(site, L->ssd[k * d->block + i], e) : NULL;
+        }
+        parts[l] = local_tree(site, v, d->block);
+        off += L->C;
+        if (!parts[l]) {
+            free(v);
+            return NULL;
+        }
+    }
+    free(v);
+    return d->nbn == 1 ? parts[0] : nt_cat_at(site, parts, d->nbn, 0);
+}
+
+/* Sums every member's block sums over the ranks (the rank tree of the
+ * collective) into out[k]. */
+static int bn_round(const nt_site *site, nt_ddp *d, nt_tensor *const *mg, nt_tensor **out)
+{
+    nt_tensor *in[DDP_MAX_DEV] = {0};
+    for (int k = 0; k < d->nmem; k++) {
+        nt_stream *old = enter(d->m[k].dev);
+        in[k] = bn_block(site, d, k, mg ? mg[k] : NULL);
+        leave(old);
+        if (!in[k])
+            return nt_last_error() ? nt_last_error() : NT_EINVAL;
+    }
+    if (!d->comm) {
+        out[0] = in[0];
+        return 0;
+    }
+    return nt_all_reduce_at(site, d->comm, in, out, NT_REDUCE_SUM);
+}
+
+/* The running statistics of every layer from the shards' statistics over
+ * the shard tree (docs/ddp.md): mean = tree(mean_s) / S, ssd = tree(ssd_s +
+ * (mean_s - mean)^2 M), var = ssd / (S M - 1); then on every replica rm =
+ * rm (1 - m) + mean m, rv likewise. */
+static int bn_reduce(const nt_site *site, nt_ddp *d)
+{
+    if (!d->nbn)
+        return 0;
+    if (d->nbn > 64)
+        return nt__err(site, NT_EINVAL, "nt_ddp_reduce", "%d nt_ddp_batch_norm calls per "
+                       "shard; at most 64", d->nbn);
+    nt_tensor *mg[DDP_MAX_DEV] = {0}, *tot[DDP_MAX_DEV] = {0};
+    nt_scope *sc = nt_scope_begin();
+    if (!sc)
+        return nt__err_hostmem(site, "nt_ddp_reduce", "a scope");
+    nt_no_grad_begin();
+    int rc = bn_round(site, d, NULL, mg);
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        nt_stream *old = enter(d->m[k].dev);
+        if (!(mg[k] = nt_mul_scalar_at(site, mg[k], 1.0 / d->shards)))
+            rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+        leave(old);
+    }
+    if (!rc)
+        rc = bn_round(site, d, mg, tot);
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        nt_stream *old = enter(d->m[k].dev);
+        int64_t off = 0;
+        for (int l = 0; l < d->nbn && !rc; l++) {
+            bn_layer *L = &d->bn[l];
+            nt_tensor *mean = nt_slice_at(site, mg[k], 0, off, off + L->C, 1);
+            nt_tensor *ssd = nt_slice_at(site, tot[k], 0, off, off + L->C, 1);
+            nt_tensor *var = ssd ? nt_div_scalar_at(site, ssd, (double)(d->shards * L->M - 1))
+                                 : NULL;
+            rc = !mean || !var ? (nt_last_error() ? nt_last_error() : NT_EINVAL)
+                               : nt__bn_update(site, "nt_ddp_reduce", L->rm[k], mean, L->momentum);
+            if (!rc)
+                rc = nt__bn_update(site, "nt_ddp_reduce", L->rv[k], var, L->momentum);
+            off += L->C;
+        }
+        leave(old);
+    }
+    nt_no_grad_end();
+    nt_scope_end(sc);
+    return rc;
+}
+
 /* ---------------- reduce ---------------- */
 
 /* All-reduces (SUM) the block sums of parameters lo..hi (one flat f32
@@ -693,6 +965,14 @@ NT_API int nt_ddp_reduce_at(const nt_site *site, nt_ddp *d)
                          "shard of this process (%d..%d) first", s, d->shards, lo, hi - 1);
             goto out;
         }
+    for (int s = lo; s < hi; s++)
+        if (d->bn_calls[s] != d->nbn) {
+            rc = nt__err(site, NT_ESTATE, fn,
+                         "shard %d made %d nt_ddp_batch_norm calls this step and another "
+                         "shard %d; every shard must make the same calls", s, d->bn_calls[s],
+                         d->nbn);
+            goto out;
+        }
     /* Each member's block sum is the root of its tree; over the ranks, the
      * rank tree of the collective; then the mean, rounded once. */
     nt_tensor **sum = calloc((size_t)d->nmem * n, sizeof *sum);
@@ -757,6 +1037,8 @@ NT_API int nt_ddp_reduce_at(const nt_site *site, nt_ddp *d)
         leave(old);
     }
     free(sum);
+    if (!rc)
+        rc = bn_reduce(site, d);
     tree_clear(d);
 out:
     g_mutex_unlock(&d->lock);

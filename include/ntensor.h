@@ -1855,6 +1855,25 @@ NT_API int nt_ddp_reduce(nt_ddp *d);
  *  of d (nopts = ndev), each of which must optimise that device's replica
  *  (nt_ddp_params, the same tensors in the same order). */
 NT_API int nt_ddp_step(nt_ddp *d, nt_optim *const *opts, int nopts);
+/** Batch norm under data parallelism (docs/ddp.md, "Batch norm over
+ *  shards"): training-mode nt_batch_norm of shard `shard`'s x, normalised
+ *  with the shard's own batch statistics (the shards are fixed by the
+ *  program, so they and the output are the same bits on any core or
+ *  process count).  The running statistics are not touched here:
+ *  running_mean, running_var ([C] f32, on the shard's device: that device's
+ *  replica of them, equal on every device at the start) are updated by
+ *  nt_ddp_reduce, on every replica alike, from the global batch's mean and
+ *  unbiased variance, combined from the shards' statistics through the
+ *  shard tree of the gradients.  Layers are the calls in order: every
+ *  shard makes the same calls (same C, values per channel and momentum),
+ *  each device passes the same running statistics to a call each step.
+ *  Errors as nt_batch_norm's, and: a shard out of range or of another
+ *  process, x or the running statistics not on the shard's device, NULL
+ *  running statistics, a call unlike the other shards' (NT_EINVAL), a
+ *  shard whose backward was taken this step (NT_ESTATE). */
+NT_API nt_tensor *nt_ddp_batch_norm(nt_ddp *d, int shard, nt_tensor *x, nt_tensor *running_mean,
+                                    nt_tensor *running_var, nt_tensor *w, nt_tensor *b,
+                                    double momentum, double eps);
 
 /* ------------------------------------------------------------------------ */
 /* Captured programs (docs/graphs.md): run a training step once while the   */

@@ -33,7 +33,7 @@
                    #name ": the prototype differs from include/ntensor/site.list");          \
     _Static_assert(__builtin_types_compatible_p(__typeof__(&name##_at), ret(*) at_params),   \
                    #name "_at: the declaration differs from include/ntensor/site.list");      \
-    _Static_assert(n <= 8, #name ": add ZARGS_" #n " below");
+    _Static_assert(n <= 9, #name ": add ZARGS_" #n " below");
 NT_SITE_FUNCS(AGREE)
 
 /* The check itself must be able to fail: a wrong signature is not
@@ -97,6 +97,7 @@ static void list_is_whole(void **state)
 #define ZARGS_6 (0, 0, 0, 0, 0, 0)
 #define ZARGS_7 (0, 0, 0, 0, 0, 0, 0)
 #define ZARGS_8 (0, 0, 0, 0, 0, 0, 0, 0)
+#define ZARGS_9 (0, 0, 0, 0, 0, 0, 0, 0, 0)
 #define ZARGS(n) ZARGS_##n
 /* f is substituted unexpanded (no '(' follows it in the argument), so the
  * rescan of `f args` is what invokes the site macro. */

@@ -23,8 +23,12 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "ntensor.h"
+#define BENCH_NAME "tests/test_norms"
+#include "bench/bench.h" /* bench_run_child */
 #include "nt_test.h"
 #include "torch_refs/norms.h"
 
@@ -344,6 +348,84 @@ static void test_captured(void **state)
     nt_test_cfg(0);
 }
 
+/* Views: a permuted (non-contiguous) x gives the bits of its contiguous
+ * copy, values and gradients. */
+static void test_views(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        nt_test_cfg(k);
+        nt_scope *sc = nt_scope_begin();
+        float a[4 * 3 * 5];
+        uint64_t st = 17;
+        nt_test_fill(a, 60, &st);
+        nt_tensor *base = nt_from_host(a, NT_F32, 3, SH(5, 3, 4));
+        nt_tensor *v = nt_permute(base, (const int[]){2, 1, 0}); /* [4, 3, 5] */
+        nt_tensor *c = nt_contiguous(v);
+        nt_tensor *rm1 = nt_zeros(NT_F32, 1, SH(3)), *rv1 = nt_ones(NT_F32, 1, SH(3));
+        nt_tensor *rm2 = nt_zeros(NT_F32, 1, SH(3)), *rv2 = nt_ones(NT_F32, 1, SH(3));
+        nt_tensor *pairs[2][2] = {
+            {nt_batch_norm(v, rm1, rv1, NULL, NULL, true, 0.1, 1e-5),
+             nt_batch_norm(c, rm2, rv2, NULL, NULL, true, 0.1, 1e-5)},
+            {nt_group_norm(v, 3, NULL, NULL, 1e-5), nt_group_norm(c, 3, NULL, NULL, 1e-5)},
+        };
+        for (int i = 0; i < 2; i++) {
+            float p[60], q[60];
+            assert_int_equal(nt_to_host(pairs[i][0], p, sizeof p), 0);
+            assert_int_equal(nt_to_host(pairs[i][1], q, sizeof q), 0);
+            assert_memory_equal(p, q, sizeof p);
+        }
+        float m1[3], m2[3];
+        assert_int_equal(nt_to_host(rv1, m1, sizeof m1), 0);
+        assert_int_equal(nt_to_host(rv2, m2, sizeof m2), 0);
+        assert_memory_equal(m1, m2, sizeof m1);
+        assert_int_equal(nt_scope_end(sc), 0);
+    }
+    nt_test_cfg(0);
+}
+
+/* The simulator's column loads (a per-channel operand, constant along a
+ * tile's free axis, enters binary ALU ops as the per-partition scalar,
+ * neuron/ew.c): the CPU's bits for every binary ALU op, either operand
+ * order, edge values (NaN, +-Inf, +-0, subnormals) in both, eager and
+ * fused. */
+static void test_sim_column_operands(void **state)
+{
+    (void)state;
+    enum { R = 12, M = 700 };
+    static float xv[R * M];
+    float cv[R] = {0.5f, -0.0f, 0.0f, INFINITY, -INFINITY, NAN, 1e-40f, -3.0f, 2.0f, 1e30f,
+                   -1e-30f, 7.0f};
+    uint64_t st = 41;
+    nt_test_fill(xv, R * M, &st);
+    xv[0] = NAN, xv[1] = INFINITY, xv[2] = -0.0f, xv[3] = 1e-41f, xv[M + 5] = -INFINITY;
+    nt_tensor *(*ops[])(nt_tensor *, nt_tensor *) = {nt_add, nt_sub, nt_mul, nt_div, nt_maximum,
+                                                    nt_minimum, nt_pow, nt_lt};
+    enum { NOPS = sizeof ops / sizeof ops[0] };
+    static float want[2][NOPS][R * M];
+    for (int cfg = 0; cfg < NT_TEST_NCFG; cfg++) {
+        nt_test_cfg(cfg);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = nt_from_host(xv, NT_F32, 3, SH(2, R / 2, M));
+        nt_tensor *c = nt_from_host(cv, NT_F32, 3, SH(2, R / 2, 1));
+        for (int k = 0; k < NOPS; k++)
+            for (int rev = 0; rev < 2; rev++) {
+                nt_tensor *y = rev ? ops[k](c, x) : ops[k](x, c);
+                /* fused with a neighbour in the modes that fuse */
+                y = nt_mul_scalar(nt_cast(y, NT_F32), 1.0);
+                float *h = host(y);
+                if (cfg == 0)
+                    memcpy(want[rev][k], h, sizeof want[rev][k]);
+                else if (memcmp(want[rev][k], h, sizeof want[rev][k]))
+                    fail_msg("op %d (reversed %d) differs in config %s/%s/%s", k, rev,
+                             NT_TEST_CFGS[cfg][0], NT_TEST_CFGS[cfg][1], NT_TEST_CFGS[cfg][2]);
+                free(h);
+            }
+        assert_int_equal(nt_scope_end(sc), 0);
+    }
+    nt_test_cfg(0);
+}
+
 /* ---------------- gradients ---------------- */
 
 typedef struct gctx {
@@ -384,37 +466,38 @@ static void test_gradcheck(void **state)
 
 /* ---------------- dtypes ---------------- */
 
-/* bf16 x: the f32 computation of the widened x, rounded once; under
+/* bf16 and f16 x: the f32 computation of the widened x, rounded once; under
  * autocast the result is f32. */
 static void test_bf16(void **state)
 {
     (void)state;
-    for (int k = 0; k < 2; k++) {
-        nt_test_cfg(k);
+    for (int k = 0; k < 4; k++) {
+        nt_test_cfg(k % 2);
+        nt_dtype dt = k < 2 ? NT_BF16 : NT_F16;
         nt_scope *sc = nt_scope_begin();
         float a[3 * 4 * 5], w[4] = {1, 2, 3, 4};
         uint64_t s = 5;
         nt_test_fill(a, 60, &s);
-        nt_tensor *xb = nt_cast(nt_from_host(a, NT_F32, 3, SH(3, 4, 5)), NT_BF16);
+        nt_tensor *xb = nt_cast(nt_from_host(a, NT_F32, 3, SH(3, 4, 5)), dt);
         nt_tensor *xf = nt_cast(xb, NT_F32);
-        nt_tensor *wb = nt_cast(nt_from_host(w, NT_F32, 1, SH(4)), NT_BF16);
+        nt_tensor *wb = nt_cast(nt_from_host(w, NT_F32, 1, SH(4)), dt);
         nt_tensor *rm1 = nt_zeros(NT_F32, 1, SH(4)), *rv1 = nt_ones(NT_F32, 1, SH(4));
         nt_tensor *rm2 = nt_zeros(NT_F32, 1, SH(4)), *rv2 = nt_ones(NT_F32, 1, SH(4));
         nt_tensor *pairs[3][2] = {
             {nt_batch_norm(xb, rm1, rv1, wb, NULL, true, 0.1, 1e-5),
              nt_cast(nt_batch_norm(xf, rm2, rv2, nt_cast(wb, NT_F32), NULL, true, 0.1, 1e-5),
-                     NT_BF16)},
+                     dt)},
             {nt_batch_norm(xb, rm1, rv1, NULL, wb, false, 0.1, 1e-5),
              nt_cast(nt_batch_norm(xf, rm2, rv2, NULL, nt_cast(wb, NT_F32), false, 0.1, 1e-5),
-                     NT_BF16)},
+                     dt)},
             {nt_group_norm(xb, 2, wb, wb, 1e-5),
              nt_cast(nt_group_norm(xf, 2, nt_cast(wb, NT_F32), nt_cast(wb, NT_F32), 1e-5),
-                     NT_BF16)},
+                     dt)},
         };
         for (int i = 0; i < 3; i++) {
             if (!pairs[i][0] || !pairs[i][1])
                 fail_msg("%d: %s", i, nt_last_error_message());
-            assert_int_equal(nt_dtype_of(pairs[i][0]), NT_BF16);
+            assert_int_equal(nt_dtype_of(pairs[i][0]), dt);
             uint16_t p[60], q[60];
             assert_int_equal(nt_to_host(pairs[i][0], p, sizeof p), 0);
             assert_int_equal(nt_to_host(pairs[i][1], q, sizeof q), 0);
@@ -425,7 +508,7 @@ static void test_bf16(void **state)
         assert_int_equal(nt_to_host(rm2, m2, sizeof m2), 0);
         assert_memory_equal(m1, m2, sizeof m1);
         /* autocast: f32 results */
-        assert_int_equal(nt_autocast_begin(NT_BF16), 0);
+        assert_int_equal(nt_autocast_begin(dt), 0);
         nt_tensor *ya = nt_batch_norm(xb, NULL, NULL, wb, NULL, true, 0.1, 1e-5);
         nt_tensor *ga = nt_group_norm(xb, 4, NULL, NULL, 1e-5);
         nt_autocast_end();
@@ -548,6 +631,273 @@ static void test_torch_refs(void **state)
     nt_test_cfg(0);
 }
 
+/* ---------------- data parallel: nt_ddp_batch_norm ---------------- */
+
+/* One device, 4 shards of x [8, 3, 2, 2]: each shard's output is
+ * nt_batch_norm's of the shard alone (bits); after nt_ddp_reduce the
+ * running statistics are the global batch's mean and unbiased variance
+ * (double reference), the same update on every step. */
+static void test_ddp_single_device(void **state)
+{
+    (void)state;
+    nt_test_cfg(0);
+    enum { B = 8, C = 3, S = 4, SH = 4 };
+    float xs[B * C * S], w[C] = {1.5f, -0.5f, 2.0f}, bb[C] = {0.1f, 0.2f, 0.3f};
+    uint64_t st = 21;
+    nt_tensor *pw = nt_from_host(w, NT_F32, 1, SH(C)), *pb = nt_from_host(bb, NT_F32, 1, SH(C));
+    assert_int_equal(nt_set_requires_grad(pw, true), 0);
+    assert_int_equal(nt_set_requires_grad(pb, true), 0);
+    nt_tensor *params[2] = {pw, pb};
+    nt_ddp *d = nt_ddp_create(params, 2, SH, (const int[]){0}, 1);
+    assert_non_null(d);
+    nt_tensor *rm = nt_zeros(NT_F32, 1, SH(C)), *rv = nt_ones(NT_F32, 1, SH(C));
+    double erm[C] = {0}, erv[C] = {1, 1, 1};
+    for (int step = 0; step < 2; step++) {
+        nt_test_fill(xs, B * C * S, &st);
+        for (int i = 0; i < B * C * S; i++)
+            xs[i] = xs[i] * (float)(1 + i % 3) + (float)(i % 5);
+        for (int s = 0; s < SH; s++) {
+            nt_scope *sc = nt_scope_begin();
+            nt_tensor *x = nt_ddp_shard_from_host(d, s, xs, NT_F32, 4, SH(B, C, 2, 2));
+            nt_tensor *y = nt_ddp_batch_norm(d, s, x, rm, rv, pw, pb, 0.1, 1e-5);
+            if (!y)
+                fail_msg("nt_ddp_batch_norm: %s", nt_last_error_message());
+            nt_tensor *y1 = nt_batch_norm(x, NULL, NULL, pw, pb, true, 0.1, 1e-5);
+            float a[B / SH * C * S], e[B / SH * C * S];
+            assert_int_equal(nt_to_host(y, a, sizeof a), 0);
+            assert_int_equal(nt_to_host(y1, e, sizeof e), 0);
+            assert_memory_equal(a, e, sizeof a);
+            assert_int_equal(nt_ddp_backward(d, s, nt_sum(nt_reshape(y, 1, SH(-1)), 0, false)), 0);
+            assert_int_equal(nt_scope_end(sc), 0);
+        }
+        /* not yet: the running statistics move at nt_ddp_reduce */
+        float m0[C];
+        assert_int_equal(nt_to_host(rm, m0, sizeof m0), 0);
+        assert_true(m0[0] == (float)erm[0]);
+        assert_int_equal(nt_ddp_reduce(d), 0);
+        double y0[B * C * S], mean[C], var[C];
+        bn_ref(xs, B, C, S, NULL, NULL, true, NULL, NULL, 1e-5, y0, mean, var);
+        for (int c = 0; c < C; c++) {
+            erm[c] = 0.9 * erm[c] + 0.1 * mean[c];
+            erv[c] = 0.9 * erv[c] + 0.1 * var[c];
+        }
+        float *hm = host(rm), *hv = host(rv);
+        expect_close("running_mean", hm, erm, C, 1e-5, 1e-6);
+        expect_close("running_var", hv, erv, C, 1e-5, 1e-6);
+        free(hm), free(hv);
+    }
+    /* errors: nothing recorded, the step can go on */
+    nt_tensor *x = nt_ones(NT_F32, 4, SH(2, C, 2, 2)), *x4 = nt_ones(NT_F32, 4, SH(2, 4, 2, 2));
+    const char *fn = "nt_ddp_batch_norm";
+    nt_test_expect_err(PERR(nt_ddp_batch_norm(d, 0, x, NULL, NULL, pw, pb, 0.1, 1e-5)),
+                       NT_EINVAL, fn, "'running_mean'", "NULL");
+    nt_test_expect_err(PERR(nt_ddp_batch_norm(d, 4, x, rm, rv, pw, pb, 0.1, 1e-5)), NT_EINVAL,
+                       fn, "'shard'");
+    nt_test_expect_err(PERR(nt_ddp_batch_norm(NULL, 0, x, rm, rv, pw, pb, 0.1, 1e-5)),
+                       NT_EINVAL, fn, "'d'");
+    nt_test_expect_err(PERR(nt_ddp_batch_norm(d, 0, x, rm, rv, pw, pb, 2.0, 1e-5)), NT_EINVAL,
+                       fn, "'momentum'");
+    assert_non_null(nt_ddp_batch_norm(d, 0, x, rm, rv, pw, pb, 0.1, 1e-5));
+    nt_tensor *rm4 = nt_zeros(NT_F32, 1, SH(4)), *rv4 = nt_ones(NT_F32, 1, SH(4));
+    nt_test_expect_err(PERR(nt_ddp_batch_norm(d, 1, x4, rm4, rv4, NULL, NULL, 0.1, 1e-5)),
+                       NT_EINVAL, fn, "'x'", "every shard alike");
+    nt_release(rm4), nt_release(rv4);
+    nt_test_expect_err(PERR(nt_ddp_batch_norm(d, 1, x, rm, rv, pw, pb, 0.2, 1e-5)), NT_EINVAL,
+                       fn, "momentum 0.1");
+    nt_tensor *rm2 = nt_zeros(NT_F32, 1, SH(C));
+    nt_test_expect_err(PERR(nt_ddp_batch_norm(d, 1, x, rm2, rv, pw, pb, 0.1, 1e-5)), NT_EINVAL,
+                       fn, "'running_mean' or 'running_var'");
+    for (int s = 0; s < SH; s++) {
+        nt_scope *sc = nt_scope_begin();
+        /* shard 0 made its call above */
+        nt_tensor *y = s ? nt_ddp_batch_norm(d, s, x, rm, rv, pw, pb, 0.1, 1e-5)
+                         : nt_mul(x, nt_reshape(pw, 4, SH(1, C, 1, 1)));
+        if (nt_ddp_backward(d, s, nt_sum(nt_reshape(nt_mul(y, x), 1, SH(-1)), 0, false)))
+            fail_msg("shard %d: %s", s, nt_last_error_message());
+        assert_int_equal(nt_scope_end(sc), 0);
+        if (s == 0)
+            nt_test_expect_err(PERR(nt_ddp_batch_norm(d, 0, x, rm, rv, pw, pb, 0.1, 1e-5)),
+                               NT_ESTATE, fn, "shard 0", "nt_ddp_reduce");
+    }
+    assert_int_equal(nt_ddp_reduce(d), 0);
+    /* a shard that skips a call: nt_ddp_reduce refuses, naming it */
+    for (int s = 0; s < SH; s++) {
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *y = s == 2 ? nt_mul(x, nt_reshape(pw, 4, SH(1, C, 1, 1)))
+                              : nt_ddp_batch_norm(d, s, x, rm, rv, pw, pb, 0.1, 1e-5);
+        assert_int_equal(nt_ddp_backward(d, s, nt_sum(nt_reshape(y, 1, SH(-1)), 0, false)), 0);
+        assert_int_equal(nt_scope_end(sc), 0);
+    }
+    nt_test_expect_err(nt_ddp_reduce(d), NT_ESTATE, "nt_ddp_reduce", "shard 2",
+                       "nt_ddp_batch_norm");
+    nt_ddp_destroy(d);
+    assert_int_equal(nt_sync(), 0);
+    nt_release(pw), nt_release(pb), nt_release(rm), nt_release(rv), nt_release(rm2);
+    nt_release(x), nt_release(x4);
+}
+
+enum { DDP_STEPS = 4, DDP_SHARDS = 8, DDP_B = 16, DDP_C1 = 4, DDP_C2 = 6 };
+
+static uint32_t crc_bytes(uint32_t c, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    c = ~c;
+    for (size_t i = 0; i < n; i++) {
+        c ^= b[i];
+        for (int k = 0; k < 8; k++)
+            c = c >> 1 ^ (0xedb88320u & (0u - (c & 1)));
+    }
+    return ~c;
+}
+
+static uint32_t tensors_crc(nt_tensor *const *t, int n)
+{
+    uint32_t c = 0;
+    for (int j = 0; j < n; j++) {
+        float buf[64];
+        size_t nb = sizeof(float) * (size_t)nt_numel(t[j]);
+        if (nb > sizeof buf || nt_to_host(t[j], buf, nb))
+            return 0;
+        c = crc_bytes(c, buf, nb);
+    }
+    return c;
+}
+
+/* The child: DDP_STEPS AdamW steps of a two-layer batch-norm model on every
+ * core nt_init found, 8 shards; prints "crc <params> <running stats> cores
+ * <n> replicas <same|differ>". */
+static int ddp_child(void)
+{
+    if (nt_init())
+        return 3;
+    int ndev = nt_device_count(), devs[8];
+    for (int i = 0; i < ndev; i++)
+        devs[i] = i;
+    float init[2 * DDP_C1 + 2 * DDP_C2];
+    uint64_t st = 7;
+    nt_test_fill(init, sizeof init / sizeof init[0], &st);
+    nt_tensor *p[4] = {nt_from_host(init, NT_F32, 1, SH(DDP_C1)),
+                       nt_from_host(init + DDP_C1, NT_F32, 1, SH(DDP_C1)),
+                       nt_from_host(init + 2 * DDP_C1, NT_F32, 1, SH(DDP_C2)),
+                       nt_from_host(init + 2 * DDP_C1 + DDP_C2, NT_F32, 1, SH(DDP_C2))};
+    for (int j = 0; j < 4; j++)
+        nt_set_requires_grad(p[j], true);
+    nt_ddp *d = nt_ddp_create(p, 4, DDP_SHARDS, devs, ndev);
+    if (!d)
+        return 4;
+    nt_optim *opts[8];
+    nt_tensor *rs[8][4]; /* per device: rm1, rv1, rm2, rv2 */
+    for (int i = 0; i < ndev; i++) {
+        nt_device_set(devs[i]);
+        opts[i] = nt_optim_adamw(nt_ddp_params(d, devs[i]), 4, 1e-2, 0.9, 0.999, 1e-8, 0.01);
+        rs[i][0] = nt_zeros(NT_F32, 1, SH(DDP_C1)), rs[i][1] = nt_ones(NT_F32, 1, SH(DDP_C1));
+        rs[i][2] = nt_zeros(NT_F32, 1, SH(DDP_C2)), rs[i][3] = nt_ones(NT_F32, 1, SH(DDP_C2));
+    }
+    static float xb[DDP_B * DDP_C1 * 6], tb[DDP_B * DDP_C2 * 4];
+    for (int step = 0; step < DDP_STEPS; step++) {
+        nt_test_fill(xb, sizeof xb / sizeof xb[0], &st);
+        nt_test_fill(tb, sizeof tb / sizeof tb[0], &st);
+        for (int s = 0; s < DDP_SHARDS; s++) {
+            int dev = nt_ddp_shard_device(d, s);
+            if (dev < 0)
+                continue;
+            nt_device_set(dev);
+            nt_tensor **r = rs[dev], **q = nt_ddp_params(d, dev);
+            nt_scope *sc = nt_scope_begin();
+            nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 4, SH(DDP_B, DDP_C1, 3, 2));
+            nt_tensor *t = nt_ddp_shard_from_host(d, s, tb, NT_F32, 3, SH(DDP_B, DDP_C2, 4));
+            nt_tensor *h = nt_relu(nt_ddp_batch_norm(d, s, x, r[0], r[1], q[0], q[1], 0.1, 1e-5));
+            h = nt_reshape(h, 3, SH(DDP_B / DDP_SHARDS, DDP_C2, 4));
+            h = nt_ddp_batch_norm(d, s, h, r[2], r[3], q[2], q[3], 0.25, 1e-3);
+            int rc = nt_ddp_backward(d, s, nt_mse_loss(h, t));
+            nt_scope_end(sc);
+            if (rc) {
+                fprintf(stderr, "child: %s\n", nt_last_error_message());
+                return 5;
+            }
+        }
+        if (nt_ddp_reduce(d) || nt_ddp_step(d, opts, ndev)) {
+            fprintf(stderr, "child: %s\n", nt_last_error_message());
+            return 6;
+        }
+    }
+    uint32_t cp = tensors_crc(nt_ddp_params(d, devs[0]), 4), cs = tensors_crc(rs[0], 4);
+    bool same = true;
+    for (int i = 1; i < ndev; i++)
+        same &= tensors_crc(nt_ddp_params(d, devs[i]), 4) == cp && tensors_crc(rs[i], 4) == cs;
+    int rc = nt_sync();
+    printf("crc %08x %08x cores %d replicas %s\n", cp, cs, ndev, same ? "same" : "differ");
+    for (int i = 0; i < ndev; i++)
+        nt_optim_destroy(opts[i]);
+    nt_ddp_destroy(d);
+    nt_shutdown();
+    return rc ? 7 : 0;
+}
+
+static char self_exe[4096];
+
+/* Parameters and running statistics after DDP_STEPS steps: the same bits on
+ * 1, 2, 4 and 8 simulated cores, on both backends (sim adaptive, cpu
+ * deterministic). */
+static void test_ddp_across_cores(void **state)
+{
+    (void)state;
+    static const char *const backends[] = {"NT_BACKEND=sim", "NT_BACKEND=cpu"};
+    static const char *const modes[] = {"NT_MODE=adaptive", "NT_MODE=deterministic"};
+    static const char *const cores[] = {"NT_SIM_CORES=1", "NT_SIM_CORES=2", "NT_SIM_CORES=4",
+                                        "NT_SIM_CORES=8"};
+    unsigned first[2] = {0, 0};
+    for (int b = 0; b < 2; b++)
+        for (int c = 0; c < 4; c++) {
+            const char *env[] = {backends[b], cores[c], modes[b], NULL};
+            char *argv[] = {self_exe, "--ddp-child", NULL};
+            char line[256];
+            int status = bench_run_child(argv, env, line, sizeof line);
+            if (status < 0 || !WIFEXITED(status) || WEXITSTATUS(status))
+                fail_msg("child %s %s failed (%d): '%s'", env[0], env[1], status, line);
+            unsigned cp, cs;
+            int nc;
+            char rep[16] = "";
+            if (sscanf(line, "crc %x %x cores %d replicas %15s", &cp, &cs, &nc, rep) != 4)
+                fail_msg("child printed '%s'", line);
+            assert_int_equal(nc, 1 << c);
+            if (strcmp(rep, "same"))
+                fail_msg("%s %s: the replicas differ", env[0], env[1]);
+            printf("# %s %s %s: parameters %08x, running statistics %08x\n", env[0] + 11,
+                   env[2] + 8, env[1], cp, cs);
+            if (b == 0 && c == 0)
+                first[0] = cp, first[1] = cs;
+            else if (cp != first[0] || cs != first[1])
+                fail_msg("%s %s: %08x %08x; sim on 1 core: %08x %08x", env[0], env[1], cp, cs,
+                         first[0], first[1]);
+        }
+    /* two processes (mpirun, when it is on the PATH) of 1 and 2 cores each */
+    static const char *const mpi_env[] = {
+        "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_btl=self,vader",
+        "OMPI_MCA_btl_vader_single_copy_mechanism=none", "OMPI_MCA_rmaps_base_oversubscribe=1"};
+    for (int c = 0; c < 2; c++) {
+        const char *env[] = {"NT_BACKEND=sim", cores[c], "NT_MODE=adaptive", mpi_env[0],
+                             mpi_env[1], mpi_env[2], mpi_env[3], mpi_env[4], NULL};
+        char *argv[] = {"mpirun", "-np", "2", self_exe, "--ddp-child", NULL};
+        char line[512];
+        int status = bench_run_child(argv, env, line, sizeof line);
+        if (status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 127) {
+            printf("# mpirun not found: the two-process runs are skipped\n");
+            return;
+        }
+        unsigned cp, cs;
+        int nc;
+        if (status < 0 || !WIFEXITED(status) || WEXITSTATUS(status) ||
+            sscanf(line, "crc %x %x cores %d", &cp, &cs, &nc) != 3)
+            fail_msg("mpirun -np 2 (%s) failed (%d): '%s'", env[1], status, line);
+        printf("# sim adaptive 2 processes x %s: parameters %08x, running statistics %08x\n",
+               env[1], cp, cs);
+        if (cp != first[0] || cs != first[1])
+            fail_msg("2 processes x %s: %08x %08x; 1 process: %08x %08x", env[1], cp, cs,
+                     first[0], first[1]);
+    }
+}
+
 /* ---------------- errors ---------------- */
 
 /* A rejected call leaves the running statistics as they were. */
@@ -558,6 +908,32 @@ static void expect_stats(nt_tensor *rm, nt_tensor *rv)
     assert_int_equal(nt_to_host(rv, v, sizeof v), 0);
     for (int i = 0; i < 3; i++)
         assert_true(m[i] == 0.5f && v[i] == 2.0f);
+}
+
+/* An empty batch: an empty result (and gradient), the running statistics
+ * unchanged, as PyTorch. */
+static void test_empty(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        nt_test_cfg(k);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = nt_zeros(NT_F32, 4, SH(0, 3, 2, 2)), *x2 = nt_zeros(NT_F32, 3, SH(2, 3, 0));
+        nt_tensor *rm = nt_full(NT_F32, 1, SH(3), 0.5), *rv = nt_full(NT_F32, 1, SH(3), 2.0);
+        nt_tensor *w = nt_ones(NT_F32, 1, SH(3));
+        assert_int_equal(nt_set_requires_grad(x, true), 0);
+        nt_tensor *y = nt_batch_norm(x, rm, rv, w, w, true, 0.1, 1e-5);
+        nt_tensor *y2 = nt_batch_norm(x2, rm, rv, NULL, NULL, true, 0.1, 1e-5);
+        nt_tensor *g = nt_group_norm(x, 3, w, w, 1e-5);
+        assert_non_null(y), assert_non_null(y2), assert_non_null(g);
+        assert_int_equal(nt_numel(y), 0);
+        assert_int_equal(nt_numel(y2), 0);
+        assert_int_equal(nt_numel(g), 0);
+        assert_int_equal(nt_backward(nt_sum(nt_reshape(y, 1, SH(-1)), 0, false)), 0);
+        expect_stats(rm, rv);
+        assert_int_equal(nt_scope_end(sc), 0);
+    }
+    nt_test_cfg(0);
 }
 
 static void test_errors(void **state)
@@ -628,17 +1004,29 @@ static void test_errors(void **state)
     assert_int_equal(nt_scope_end(sc), 0);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 2 && !strcmp(argv[1], "--ddp-child"))
+        return ddp_child();
+    ssize_t k = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
+    if (k <= 0)
+        return 1;
+    self_exe[k] = '\0';
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_bn_train_double, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_gn_double, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_torch_refs, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bits_across_configs, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_captured, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_views, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_sim_column_operands, nt_test_setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_gradcheck, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bf16, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_errors, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_empty, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_ddp_single_device, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test(test_ddp_across_cores),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -304,6 +304,9 @@ NT_API nt_tensor *nt_ddp_shard_from_host_at(const nt_site *site, nt_ddp *d, int 
 NT_API int nt_ddp_backward_at(const nt_site *site, nt_ddp *d, int shard, nt_tensor *loss);
 NT_API int nt_ddp_reduce_at(const nt_site *site, nt_ddp *d);
 NT_API int nt_ddp_step_at(const nt_site *site, nt_ddp *d, nt_optim *const *opts, int nopts);
+NT_API nt_tensor *nt_ddp_batch_norm_at(const nt_site *site, nt_ddp *d, int shard, nt_tensor *x,
+                                       nt_tensor *running_mean, nt_tensor *running_var,
+                                       nt_tensor *w, nt_tensor *b, double momentum, double eps);
 NT_API int nt_graph_capture_begin_at(const nt_site *site);
 NT_API int nt_graph_input_at(const nt_site *site, nt_tensor *t, const char *name);
 NT_API nt_graph *nt_graph_capture_end_at(const nt_site *site);
@@ -507,6 +510,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(int, nt_ddp_backward, (nt_ddp *d, int shard, nt_tensor *loss), (const nt_site *site, nt_ddp *d, int shard, nt_tensor *loss), 3) \
     X(int, nt_ddp_reduce, (nt_ddp *d), (const nt_site *site, nt_ddp *d), 1) \
     X(int, nt_ddp_step, (nt_ddp *d, nt_optim *const *opts, int nopts), (const nt_site *site, nt_ddp *d, nt_optim *const *opts, int nopts), 3) \
+    X(nt_tensor *, nt_ddp_batch_norm, (nt_ddp *d, int shard, nt_tensor *x, nt_tensor *running_mean, nt_tensor *running_var, nt_tensor *w, nt_tensor *b, double momentum, double eps), (const nt_site *site, nt_ddp *d, int shard, nt_tensor *x, nt_tensor *running_mean, nt_tensor *running_var, nt_tensor *w, nt_tensor *b, double momentum, double eps), 9) \
     X(int, nt_graph_capture_begin, (void), (const nt_site *site), 0) \
     X(int, nt_graph_input, (nt_tensor *t, const char *name), (const nt_site *site, nt_tensor *t, const char *name), 2) \
     X(nt_graph *, nt_graph_capture_end, (void), (const nt_site *site), 0) \
@@ -706,6 +710,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_ddp_backward(...) nt_ddp_backward_at(NT_HERE, __VA_ARGS__)
 #define nt_ddp_reduce(...) nt_ddp_reduce_at(NT_HERE, __VA_ARGS__)
 #define nt_ddp_step(...) nt_ddp_step_at(NT_HERE, __VA_ARGS__)
+#define nt_ddp_batch_norm(...) nt_ddp_batch_norm_at(NT_HERE, __VA_ARGS__)
 #define nt_graph_capture_begin() nt_graph_capture_begin_at(NT_HERE)
 #define nt_graph_input(...) nt_graph_input_at(NT_HERE, __VA_ARGS__)
 #define nt_graph_capture_end() nt_graph_capture_end_at(NT_HERE)
