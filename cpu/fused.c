@@ -1402,6 +1402,25 @@ typedef struct ew_ctx {
     volatile int rc;
 } ew_ctx;
 
+/* Input e (view m) of an EW chunk of n elements at idx: read in place
+ * (contiguous f32), or loaded into its register reg once a chunk (*loaded);
+ * an input constant along the chunk (a per-row [R, 1] operand of an
+ * [R, C] program) as its one value, a scalar operand (the chunk filled
+ * with it took a quarter of the layer norm backward's last kernel). */
+static opnd ext_opnd(const nt__fprog *P, const mview *m, int e, const int64_t *idx, int nd,
+                     int64_t n, blk *reg, bool *loaded)
+{
+    int64_t est = nd ? m->stride[nd - 1] : 1;
+    if (m->dt == NT_F32 && est == 1)
+        return (opnd){(const float *)m->data + offset_of(m, idx, nd), NT_F32, false};
+    bool one = nd && est == 0;
+    if (!*loaded) {
+        load(reg, m, offset_of(m, idx, nd), est, one ? 1 : n);
+        *loaded = true;
+    }
+    return (opnd){reg, (nt_dtype)P->ext[e].dtype, one};
+}
+
 /* Elements [lo, hi) of the row-major order. */
 static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
 {
@@ -1486,18 +1505,7 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
                 int sl = o->a[q];
                 if (NT_F_IS_EXT(sl)) {
                     int e = NT_F_EXT_IDX(sl);
-                    int64_t est = nd ? ev[e].stride[nd - 1] : 1;
-                    if (ev[e].dt == NT_F32 && est == 1) {
-                        /* contiguous f32: read in place */
-                        a[q] = (opnd){(const float *)ev[e].data + offset_of(&ev[e], idx, nd),
-                                      NT_F32, false};
-                        continue;
-                    }
-                    if (!loaded[e]) {
-                        load(&E[e], &ev[e], offset_of(&ev[e], idx, nd), est, n);
-                        loaded[e] = true;
-                    }
-                    a[q] = (opnd){&E[e], (nt_dtype)P->ext[e].dtype, false};
+                    a[q] = ext_opnd(P, &ev[e], e, idx, nd, n, &E[e], &loaded[e]);
                 } else {
                     a[q] = (opnd){at[sl], (nt_dtype)P->vals[sl].dtype, false};
                 }
