@@ -1395,8 +1395,31 @@ typedef struct ew_ctx {
     int nsrc;                      /* its inputs read in place */
     int8_t srcs[NT_F_MAXEXT];
     lin_prog L;
+    /* the program over its coalesced iteration shape (coalesce_ew) */
+    nt__fprog pc;
+    nt__fgroup gc;
+    mview prec;
     volatile int rc;
 } ew_ctx;
+
+/* Input e (view m) of an EW chunk of n elements at idx: read in place
+ * (contiguous f32), or loaded into its register reg once a chunk (*loaded);
+ * an input constant along the chunk (a per-row [R, 1] operand of an
+ * [R, C] program) as its one value, a scalar operand (the chunk filled
+ * with it took a quarter of the layer norm backward's last kernel). */
+static opnd ext_opnd(const nt__fprog *P, const mview *m, int e, const int64_t *idx, int nd,
+                     int64_t n, blk *reg, bool *loaded)
+{
+    int64_t est = nd ? m->stride[nd - 1] : 1;
+    if (m->dt == NT_F32 && est == 1)
+        return (opnd){(const float *)m->data + offset_of(m, idx, nd), NT_F32, false};
+    bool one = nd && est == 0;
+    if (!*loaded) {
+        load(reg, m, offset_of(m, idx, nd), est, one ? 1 : n);
+        *loaded = true;
+    }
+    return (opnd){reg, (nt_dtype)P->ext[e].dtype, one};
+}
 
 /* Elements [lo, hi) of the row-major order. */
 static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
@@ -1482,18 +1505,7 @@ static int ew_span(const ew_ctx *c, int64_t lo, int64_t hi)
                 int sl = o->a[q];
                 if (NT_F_IS_EXT(sl)) {
                     int e = NT_F_EXT_IDX(sl);
-                    int64_t est = nd ? ev[e].stride[nd - 1] : 1;
-                    if (ev[e].dt == NT_F32 && est == 1) {
-                        /* contiguous f32: read in place */
-                        a[q] = (opnd){(const float *)ev[e].data + offset_of(&ev[e], idx, nd),
-                                      NT_F32, false};
-                        continue;
-                    }
-                    if (!loaded[e]) {
-                        load(&E[e], &ev[e], offset_of(&ev[e], idx, nd), est, n);
-                        loaded[e] = true;
-                    }
-                    a[q] = (opnd){&E[e], (nt_dtype)P->ext[e].dtype, false};
+                    a[q] = ext_opnd(P, &ev[e], e, idx, nd, n, &E[e], &loaded[e]);
                 } else {
                     a[q] = (opnd){at[sl], (nt_dtype)P->vals[sl].dtype, false};
                 }
@@ -2071,6 +2083,59 @@ static bool opt_try(const nt__fgroup *g, int from, int prev, const mview *pre, c
 }
 #endif /* NT_FUSED_X86 */
 
+/* Merges adjacent dims of the iteration shape that every view in v steps
+ * through as one (stride[d] == stride[d + 1] * shape[d + 1]) and drops
+ * size-1 dims; returns the new ndim.  The row-major order of the elements
+ * (and so every element's index) stays; a chunk then runs along the merged
+ * inner dims: a permuted [N, C, H, W] operand (batch norm's channel rows)
+ * went 28 elements a chunk, each paying every op's call. */
+static int coalesce_dims(int nd, int64_t *shape, mview **v, int nv)
+{
+    int o = 0;
+    for (int d = 0; d < nd; d++) {
+        if (o > 0 && shape[d] == 1)
+            continue;
+        bool merge = o > 0;
+        for (int i = 0; merge && shape[o - 1] != 1 && i < nv; i++)
+            merge = v[i]->stride[o - 1] == v[i]->stride[d] * shape[d];
+        if (merge)
+            shape[o - 1] = shape[o - 1] == 1 ? shape[d] : shape[o - 1] * shape[d];
+        else
+            shape[o] = shape[d];
+        for (int i = 0; i < nv; i++)
+            v[i]->stride[merge ? o - 1 : o] = v[i]->stride[d];
+        o += !merge;
+    }
+    return o;
+}
+
+/* c's views and a copy of g's program over the coalesced shape; g's
+ * stand-in (c->gc) on return. */
+static const nt__fgroup *coalesce_ew(ew_ctx *c, const nt__fgroup *g, const mview *pre)
+{
+    const nt__fprog *P = g->prog;
+    mview *v[NT_F_MAXEXT + NT_F_MAXOUT + 1];
+    int nv = 0;
+    for (int k = 0; k < P->next; k++)
+        v[nv++] = &c->ev[k];
+    for (int sv = 0; sv < P->nout; sv++)
+        v[nv++] = &c->ov[sv];
+    if (pre) {
+        c->prec = *pre;
+        v[nv++] = &c->prec;
+        c->pre = &c->prec;
+    }
+    int64_t shape[NT_MAX_DIMS];
+    memcpy(shape, P->shape, sizeof shape);
+    int nd = coalesce_dims(P->ndim, shape, v, nv);
+    c->pc = *P;
+    c->pc.ndim = nd;
+    memcpy(c->pc.shape, shape, sizeof shape);
+    c->gc = *g;
+    c->gc.prog = &c->pc;
+    return &c->gc;
+}
+
 /* Runs ops [from, nops) of an EW-shaped program over its iteration space.
  * pre: value `prev` (if >= 0) is read from `pre` instead of being computed. */
 static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
@@ -2079,7 +2144,6 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
     ew_ctx *c = malloc(sizeof *c);
     if (!c)
         return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
-    c->g = g;
     c->from = from;
     c->prev = prev;
     c->pre = pre;
@@ -2088,6 +2152,9 @@ static int run_ew(const nt__fgroup *g, int from, int prev, const mview *pre)
         mview_of(&c->ev[k], g->ext[k], P->ndim, P->shape);
     for (int sv = 0; sv < P->nout; sv++)
         mview_of(&c->ov[sv], g->out[sv], P->ndim, P->shape);
+    g = c->g = coalesce_ew(c, g, pre);
+    P = g->prog;
+    pre = c->pre;
     plan_canon(P, from, c->canon);
 #ifdef NT_FUSED_X86
     int orc;

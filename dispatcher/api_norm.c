@@ -247,7 +247,11 @@ int nt__bn_stats(const nt_site *site, const char *fn, nt_tensor *rows, nt_tensor
     nt_tensor *mu = xd ? nt__reduce(site, fn, NT_OP_MEAN, xd, 1, true) : NULL;
     nt_tensor *d = mu ? nt__binary(site, fn, NT_OP_SUB, xd, mu) : NULL;
     nt_tensor *sq = d ? nt__binary(site, fn, NT_OP_MUL, d, d) : NULL;
-    *ssd = sq ? nt__reduce(site, fn, NT_OP_SUM, sq, 1, false) : NULL;
+    /* keepdim, as the mean: the fusion planner then takes the sum into the
+     * row kernel of the mean and the squares (keepdim false broke it off:
+     * the squares written and read again) */
+    nt_tensor *ss = sq ? nt__reduce(site, fn, NT_OP_SUM, sq, 1, true) : NULL;
+    *ssd = ss ? nt_reshape_at(site, ss, 1, (int64_t[]){rows->shape[0]}) : NULL;
     *mean = *ssd ? nt_reshape_at(site, mu, 1, (int64_t[]){rows->shape[0]}) : NULL;
     return *mean ? 0 : (nt_last_error() ? nt_last_error() : NT_EINVAL);
 }

@@ -3207,6 +3207,57 @@ static void test_subnormal_assist_probe(void **state)
     assert_true(nt__sn_assists_cheap() == (avx512 && r <= 6.0));
 }
 
+/* Iteration dims merged (cpu/fused.c, coalesce_dims): operands that step
+ * through some adjacent dims as one and not others -- channel rows
+ * [C, N, 1, H, W] permuted to [N, C, 1, H, W] (H and W merge, N and C do
+ * not; the size-1 dim drops), a per-channel [1, C, 1, 1, 1] operand, a
+ * contiguous one, a bf16 cast -- on NaNs, infinities and signed zeros, and
+ * the [2, 3, 1, 1, 1] shape (all but two dims of size 1): lazy (fused, in
+ * fewer kernels than ops) == deterministic (unfused), bit for bit. */
+static void coalesce_case(int64_t N, int64_t C, int64_t H, int64_t W)
+{
+    int64_t n = N * C * H * W;
+    float *rv = malloc(sizeof(float) * (size_t)n), *zv = malloc(sizeof(float) * (size_t)n);
+    float wv[64];
+    static const float edge[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, 3.0f};
+    for (int64_t i = 0; i < n; i++) {
+        rv[i] = i % 97 < 8 ? edge[i % 97] : sinf((float)i * 0.37f) * 4.0f;
+        zv[i] = cosf((float)i * 0.11f);
+    }
+    for (int64_t c = 0; c < C; c++)
+        wv[c] = c == 1 ? -0.0f : 0.5f + (float)c;
+    uint32_t *got[2];
+    for (int m = 0; m < 2; m++) {
+        nt_config_set("NT_MODE", m ? "lazy" : "deterministic");
+        nt_scope *s = nt_scope_begin();
+        nt_tensor *rows = nt_from_host(rv, NT_F32, 5, (int64_t[]){C, N, 1, H, W});
+        nt_tensor *w = nt_from_host(wv, NT_F32, 5, (int64_t[]){1, C, 1, 1, 1});
+        nt_tensor *z = nt_from_host(zv, NT_F32, 5, (int64_t[]){N, C, 1, H, W});
+        nt_stats a, b;
+        nt_stats_get(&a);
+        nt_tensor *p = nt_permute(rows, (int[]){1, 0, 2, 3, 4});
+        nt_tensor *y = nt_sub(nt_mul_scalar(nt_add(nt_mul(p, w), z), 0.5), p);
+        nt_tensor *yb = nt_cast(nt_mul(y, p), NT_BF16);
+        got[m] = malloc(sizeof(uint32_t) * (size_t)n + sizeof(uint16_t) * (size_t)n);
+        assert_int_equal(nt_to_host(y, got[m], sizeof(float) * (size_t)n), 0);
+        assert_int_equal(nt_to_host(yb, got[m] + n, sizeof(uint16_t) * (size_t)n), 0);
+        nt_stats_get(&b);
+        if (m && n > 1000)
+            assert_true(b.kernels_launched - a.kernels_launched < 5);
+        nt_scope_end(s);
+    }
+    assert_memory_equal(got[0], got[1], sizeof(uint32_t) * (size_t)n + sizeof(uint16_t) * (size_t)n);
+    free(got[0]), free(got[1]), free(rv), free(zv);
+}
+
+static void test_coalesced_dims_bitwise(void **state)
+{
+    (void)state;
+    coalesce_case(16, 5, 28, 28);
+    coalesce_case(3, 7, 1, 33);
+    coalesce_case(2, 3, 1, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -3245,6 +3296,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_kernel_cache, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_cache_key_int_params, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_op_limit, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_coalesced_dims_bitwise, setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
