@@ -94,33 +94,33 @@ static int columns(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, char *col
         d.step[0] = g->u[0] * P.Wp, d.step[1] = g->u[1];
         rc = nt_isa_dma_copy(s->k, &d, &src, sk_qin(s));
     }
-    /* column row (ci, ki, kj) at (oh, ow) reads xp row oh s0 + ki d0 - lo0 + pb0 */
+    /* column row (ki, kj, ci) at (oh, ow) reads xp row oh s0 + ki d0 - lo0 + pb0 */
     int64_t base = (P.pb[0] - g->lo[0]) * P.Wp + (P.pb[1] - g->lo[1]);
-    /* one DMA per (kernel row, 128 channels): partitions c, free [kj, n, oh,
-     * ow]; channel c's rows start at c T N L in col ([G][Kc] = [C][T]) */
-    int64_t T = g->kh * g->kw;
-    for (int64_t ki = 0; !rc && ki < g->kh; ki++)
-        for (int64_t c0 = 0; !rc && c0 < g->C; c0 += 128) {
-            int np = (int)(g->C - c0 < 128 ? g->C - c0 : 128);
-            nt_ap src;
-            memset(&src, 0, sizeof src);
-            src.hbm = P.xp, src.dtype = dt, src.np = np, src.pstep = P.Hp * P.Wp;
-            src.offset = c0 * P.Hp * P.Wp + base + ki * g->d[0] * P.Wp;
-            src.ndim = 4;
-            src.num[0] = g->kw, src.step[0] = g->d[1];
-            src.num[1] = g->N, src.step[1] = g->C * P.Hp * P.Wp;
-            src.num[2] = g->OH, src.step[2] = g->s[0] * P.Wp;
-            src.num[3] = g->OW, src.step[3] = g->s[1];
-            nt_ap d;
-            memset(&d, 0, sizeof d);
-            d.hbm = col, d.dtype = dt, d.np = np, d.pstep = T * NL;
-            d.offset = (c0 * T + ki * g->kw) * NL;
-            d.ndim = 2;
-            d.num[0] = g->kw, d.step[0] = NL;
-            d.num[1] = NL, d.step[1] = 1;
-            rc = nt_isa_dma_copy(s->k, &d, &src, sk_qin(s));
-        }
-    (void)Cg, (void)Kc;
+    /* one DMA per (group, kernel row, 128 channels): partitions ci, free
+     * [kj, n, oh, ow]; row (ki, kj, ci) of group grp starts at (grp Kc +
+     * (ki kw + kj) Cg + ci) N L in col */
+    for (int64_t grp = 0; !rc && grp < g->G; grp++)
+        for (int64_t ki = 0; !rc && ki < g->kh; ki++)
+            for (int64_t c0 = 0; !rc && c0 < Cg; c0 += 128) {
+                int np = (int)(Cg - c0 < 128 ? Cg - c0 : 128);
+                nt_ap src;
+                memset(&src, 0, sizeof src);
+                src.hbm = P.xp, src.dtype = dt, src.np = np, src.pstep = P.Hp * P.Wp;
+                src.offset = (grp * Cg + c0) * P.Hp * P.Wp + base + ki * g->d[0] * P.Wp;
+                src.ndim = 4;
+                src.num[0] = g->kw, src.step[0] = g->d[1];
+                src.num[1] = g->N, src.step[1] = g->C * P.Hp * P.Wp;
+                src.num[2] = g->OH, src.step[2] = g->s[0] * P.Wp;
+                src.num[3] = g->OW, src.step[3] = g->s[1];
+                nt_ap d;
+                memset(&d, 0, sizeof d);
+                d.hbm = col, d.dtype = dt, d.np = np, d.pstep = NL;
+                d.offset = (grp * Kc + ki * g->kw * Cg + c0) * NL;
+                d.ndim = 2;
+                d.num[0] = g->kw, d.step[0] = Cg * NL;
+                d.num[1] = NL, d.step[1] = 1;
+                rc = nt_isa_dma_copy(s->k, &d, &src, sk_qin(s));
+            }
     if (z)
         nt_tile_release(s->k, z);
     return rc;
@@ -133,7 +133,7 @@ static int columns(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, char *col
  * positions are taken in blocks of 128 flat positions q = oh Wp + ow of
  * the padded width (the Wp - OW extra columns of a row are computed and
  * dropped).  Per block:
- *   1. colT [q, K] (K = (ci, ki, kj) along the free dim): tap t's columns
+ *   1. colT [q, K] (K = (ki, kj, ci) along the free dim): tap t's columns
  *      are xs's positions q + off_t, transposed by TensorE (positions onto
  *      partitions) and interleaved into K order by the PSUM copy;
  *   2. TensorE transposes colT in K-chunks of 128 into col [K, q], so the
@@ -225,7 +225,9 @@ static int fast_weights(fastk *f, const char *wd)
                           : NULL;
     if (!ws || (g->flip && !wr))
         return nt_sim_kernel_error(k);
+    /* w [CO, C, T] read in K order (t, ci) */
     nt_ap d = nt_tile_ap(ws), src = nt_hbm_ap(wd, f->dt, 0, (int)g->CO, f->Kc, f->Kc);
+    src.ndim = 2, src.num[0] = f->T, src.step[0] = 1, src.num[1] = g->C, src.step[1] = f->T;
     if (g->flip) { /* w [C, CO, kh, kw]: rows co of (ci, tap) runs, taps reversed on chip */
         src = nt_hbm_ap(wd, f->dt, 0, (int)g->CO, f->T, f->T);
         src.ndim = 2, src.num[0] = g->C, src.step[0] = g->CO * f->T, src.num[1] = f->T,
@@ -235,7 +237,7 @@ static int fast_weights(fastk *f, const char *wd)
     int rc = nt_isa_dma_copy(k, &d, &src, sk_qin(f->s));
     if (!rc && g->flip) {
         nt_ap rv = nt_tile_slice(wr, 0, (int)g->CO, f->T - 1, 1);
-        rv.ndim = 2, rv.num[0] = g->C, rv.step[0] = f->T, rv.num[1] = f->T, rv.step[1] = -1;
+        rv.ndim = 2, rv.num[0] = f->T, rv.step[0] = -1, rv.num[1] = g->C, rv.step[1] = f->T;
         nt_ap o = nt_tile_ap(ws);
         rc = nt_isa_tensor_copy(k, &o, &rv, NT_ENGINE_GPSIMD);
         nt_tile_release(k, wr);
@@ -283,8 +285,7 @@ static int fast_colT(fastk *f, nt_tile *colT, nt_tile *xs, int64_t q0, int64_t q
         nt_ap a = nt_tile_slice(xs, 0, (int)g->C, q0 + f->off[t], qw);
         nt_ap tp = nt_tile_slice(f->pxT[f->eng % 8], 0, (int)qw, 0, g->C);
         rc = nt_isa_nc_transpose(f->s->k, &tp, &a);
-        nt_ap d = nt_tile_slice(colT, 0, (int)qw, t, 1);
-        d.num[0] = g->C, d.step[0] = f->T;
+        nt_ap d = nt_tile_slice(colT, 0, (int)qw, t * g->C, g->C);
         if (!rc)
             rc = nt_isa_tensor_copy(f->s->k, &d, &tp, fast_eng(f, true));
     }
@@ -427,6 +428,20 @@ static int conv_gemm_run(sk_k *s, const nt__rec *r)
         return s->derr_code;
     int rc = fast ? 0 : columns(s, &g, x, col);
     const char *wd = nt__tensor_data(w);
+    int64_t T = g.kh * g.kw;
+    if (!rc && !g.flip && !fast && T > 1 && Cg > 1) { /* w' [CO, (t, ci)] into scratch */
+        char *wt = sk_scratch(s, (size_t)(g.CO * Kc * es));
+        if (!wt)
+            return s->derr_code;
+        for (int64_t c0 = 0; !rc && c0 < g.CO; c0 += 128) {
+            int np = (int)(g.CO - c0 < 128 ? g.CO - c0 : 128);
+            nt_ap src = nt_hbm_ap(wd, dt, c0 * Kc, np, Kc, Kc);
+            src.ndim = 2, src.num[0] = T, src.step[0] = 1, src.num[1] = Cg, src.step[1] = T;
+            nt_ap d = nt_hbm_ap(wt, dt, c0 * Kc, np, Kc, Kc);
+            rc = nt_isa_dma_copy(s->k, &d, &src, sk_qin(s));
+        }
+        wd = wt;
+    }
     if (!rc && g.flip && !fast) { /* w' into scratch: one DMA per input channel */
         char *wt = sk_scratch(s, (size_t)(g.CO * Kc * es));
         if (!wt)
@@ -440,7 +455,8 @@ static int conv_gemm_run(sk_k *s, const nt__rec *r)
             src.ndim = 2;
             src.num[0] = g.kh, src.step[0] = -g.kw;
             src.num[1] = g.kw, src.step[1] = -1;
-            nt_ap d = nt_hbm_ap(wt, dt, grp * COg * Kc + ci * kk, (int)COg, Kc, kk);
+            nt_ap d = nt_hbm_ap(wt, dt, grp * COg * Kc + ci, (int)COg, Kc, kk);
+            d.step[0] = Cg; /* tap t of channel ci at t Cg + ci */
             rc = nt_isa_dma_copy(s->k, &d, &src, sk_qin(s));
         }
         wd = wt;
@@ -486,7 +502,12 @@ static int conv_wgrad_run(sk_k *s, const nt__rec *r)
             nt_ap d = nt_hbm_ap(gs, dt, c0 * NL + n * L, np, NL, L);
             rc = nt_isa_dma_copy(s->k, &d, &src, sk_qin(s));
         }
-    char *od = nt__tensor_data(dw);
+    /* the product's rows are in K order (t, ci): through scratch, then
+     * permuted into dw's (ci, t) unless they agree (T or Cg 1) */
+    int64_t T = g.kh * g.kw;
+    char *od = nt__tensor_data(dw), *dd = od;
+    if (T > 1 && Cg > 1 && !(od = sk_scratch(s, (size_t)(g.CO * Kc * oes))))
+        return s->derr_code;
     for (int64_t grp = 0; !rc && grp < g.G; grp++) {
         nt_tile_matmul_args a;
         memset(&a, 0, sizeof a);
@@ -497,6 +518,13 @@ static int conv_wgrad_run(sk_k *s, const nt__rec *r)
         a.c = od + grp * COg * Kc * oes, a.ldc = Kc;
         a.out_dtype = odt;
         rc = nt_tile_matmul(s->k, &a);
+    }
+    for (int64_t c0 = 0; !rc && od != dd && c0 < g.CO; c0 += 128) {
+        int np = (int)(g.CO - c0 < 128 ? g.CO - c0 : 128);
+        nt_ap src = nt_hbm_ap(od, odt, c0 * Kc, np, Kc, Kc);
+        src.ndim = 2, src.num[0] = Cg, src.step[0] = 1, src.num[1] = T, src.step[1] = Cg;
+        nt_ap d = nt_hbm_ap(dd, odt, c0 * Kc, np, Kc, Kc);
+        rc = nt_isa_dma_copy(s->k, &d, &src, sk_qout(s));
     }
     return rc;
 }

@@ -349,7 +349,7 @@ static void test_matmul_contract(void **state)
                                         for (int64_t ow = 0; ow < z.OW; ow++) {
                                             int64_t ih = oh * c->s[0] - c->p[0] + ki * c->d[0];
                                             int64_t iw = ow * c->s[1] - c->p[1] + kj * c->d[1];
-                                            int64_t kk = (ci * c->kh + ki) * c->kw + kj;
+                                            int64_t kk = (ki * c->kw + kj) * Cg + ci;
                                             if (ih >= 0 && iw >= 0 && ih < c->H && iw < c->W)
                                                 col[(g * K + kk) * NL + n * L + oh * z.OW + ow] =
                                                     in.x[((n * c->C + g * Cg + ci) * c->H + ih) *
@@ -368,7 +368,10 @@ static void test_matmul_contract(void **state)
                 nt_tensor *y3 = nt_reshape(nt_permute(nt_reshape(y, 4, SH(z.N, c->G, COg, L)),
                                                       (const int[]){1, 2, 0, 3}),
                                            3, SH(c->G, COg, NL));
-                nt_tensor *m = nt_matmul(nt_reshape(w, 3, SH(c->G, COg, K)), cl);
+                /* w [CO, Cg, kh, kw] in the contract's K order (ki, kj, ci) */
+                nt_tensor *wk = nt_reshape(nt_permute(w, (const int[]){0, 2, 3, 1}), 3,
+                                           SH(c->G, COg, K));
+                nt_tensor *m = nt_matmul(wk, cl);
                 nt_tensor *g3 = nt_reshape(nt_permute(nt_reshape(cot, 4, SH(z.N, c->G, COg, L)),
                                                       (const int[]){1, 2, 0, 3}),
                                            3, SH(c->G, COg, NL));
@@ -378,7 +381,8 @@ static void test_matmul_contract(void **state)
                       *gb = malloc(nw * 4);
                 assert_int_equal(nt_to_host(nt_cast(y3, NT_F32), a, ny * 4), 0);
                 assert_int_equal(nt_to_host(nt_cast(m, NT_F32), b, ny * 4), 0);
-                assert_int_equal(nt_to_host(nt_cast(nt_grad(w), NT_F32), ga, nw * 4), 0);
+                nt_tensor *dwk = nt_permute(nt_grad(w), (const int[]){0, 2, 3, 1});
+                assert_int_equal(nt_to_host(nt_cast(nt_contiguous(dwk), NT_F32), ga, nw * 4), 0);
                 assert_int_equal(nt_to_host(nt_cast(gw, NT_F32), gb, nw * 4), 0);
                 same("y vs matmul", (int)(c - cases), k, a, b, (int64_t)ny);
                 same("gw vs matmul", (int)(c - cases), k, ga, gb, (int64_t)nw);
