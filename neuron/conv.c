@@ -149,6 +149,7 @@ static int columns(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, char *col
  * K-tiles added in ascending order in PSUM: the CPU kernel's bits. */
 
 #define FAST_D 2 /* stage C runs this many blocks behind stage A */
+#define SV_D 4   /* the shifted-view kernel's rotation of its PSUM and ys tiles */
 
 typedef struct fastk {
     sk_k *s;
@@ -156,9 +157,14 @@ typedef struct fastk {
     nt_dtype dt, odt;
     int64_t Hp, Wp, pb[2], Fx, Q, nch, Kc, nK, T;
     int64_t off[64]; /* per tap: flat offset in the padded plane */
-    nt_tile *xs[2], *colT[2], *col[FAST_D][8], *wT, *ys[2], *yimg[2];
-    nt_tile *pxT[8], *pcol[2][8], *pacc[2], *pyT[2];
+    nt_tile *xs[2], *colT[2], *col[FAST_D][8], *wT, *ys[SV_D], *yimg[2];
+    nt_tile *pxT[8], *pcol[2][8], *pacc[SV_D], *pyT[SV_D];
     int eng; /* rotation of the copy engines */
+    /* the shifted-view kernel (sv_*): m taps per K-tile, the copies of the
+     * plane (per image parity), each K-tile's copy, each copy's segments */
+    int64_t m, delta[8][4];
+    int nsig, sig[8], nseg[8];
+    nt_tile *xv[2][8];
 } fastk;
 
 #define FAST_MAX_KC 1024
@@ -221,35 +227,34 @@ static int fast_weights(fastk *f, const char *wd)
     nt_sim_kernel *k = f->s->k;
     const nt__conv_geo *g = f->g;
     nt_tile *ws = nt_tile_alloc(k, "conv.w", NT_MEM_SBUF, f->dt, (int)g->CO, f->Kc);
-    nt_tile *wr = g->flip ? nt_tile_alloc(k, "conv.wr", NT_MEM_SBUF, f->dt, (int)g->CO, f->Kc)
-                          : NULL;
-    if (!ws || (g->flip && !wr))
+    nt_tile *wr = nt_tile_alloc(k, "conv.wr", NT_MEM_SBUF, f->dt, (int)g->CO, f->Kc);
+    if (!ws || !wr)
         return nt_sim_kernel_error(k);
-    /* w [CO, C, T] read in K order (t, ci) */
-    nt_ap d = nt_tile_ap(ws), src = nt_hbm_ap(wd, f->dt, 0, (int)g->CO, f->Kc, f->Kc);
-    src.ndim = 2, src.num[0] = f->T, src.step[0] = 1, src.num[1] = g->C, src.step[1] = f->T;
+    /* w [CO, C, T] as it is (contiguous rows), permuted on chip into K
+     * order (t, ci) (an element-wise DMA would cost a descriptor each) */
+    nt_ap d = nt_tile_ap(wr), src = nt_hbm_ap(wd, f->dt, 0, (int)g->CO, f->Kc, f->Kc);
+    nt_ap rv = nt_tile_slice(wr, 0, (int)g->CO, 0, 1);
+    rv.ndim = 2, rv.num[0] = f->T, rv.step[0] = 1, rv.num[1] = g->C, rv.step[1] = f->T;
     if (g->flip) { /* w [C, CO, kh, kw]: rows co of (ci, tap) runs, taps reversed on chip */
         src = nt_hbm_ap(wd, f->dt, 0, (int)g->CO, f->T, f->T);
         src.ndim = 2, src.num[0] = g->C, src.step[0] = g->CO * f->T, src.num[1] = f->T,
         src.step[1] = 1;
-        d = nt_tile_ap(wr);
+        rv = nt_tile_slice(wr, 0, (int)g->CO, f->T - 1, 1); /* taps reversed */
+        rv.ndim = 2, rv.num[0] = f->T, rv.step[0] = -1, rv.num[1] = g->C, rv.step[1] = f->T;
     }
     int rc = nt_isa_dma_copy(k, &d, &src, sk_qin(f->s));
-    if (!rc && g->flip) {
-        nt_ap rv = nt_tile_slice(wr, 0, (int)g->CO, f->T - 1, 1);
-        rv.ndim = 2, rv.num[0] = f->T, rv.step[0] = -1, rv.num[1] = g->C, rv.step[1] = f->T;
-        nt_ap o = nt_tile_ap(ws);
+    nt_ap o = nt_tile_ap(ws);
+    if (!rc)
         rc = nt_isa_tensor_copy(k, &o, &rv, NT_ENGINE_GPSIMD);
-        nt_tile_release(k, wr);
-    }
+    nt_tile_release(k, wr);
     for (int64_t kc = 0; !rc && kc < f->nK; kc++) {
         int64_t kw = f->Kc - kc * 128 < 128 ? f->Kc - kc * 128 : 128;
         nt_ap a = nt_tile_slice(ws, 0, (int)g->CO, kc * 128, kw);
         nt_ap t = nt_tile_slice(f->pcol[0][kc], 0, (int)kw, 0, g->CO);
         rc = nt_isa_nc_transpose(k, &t, &a);
-        nt_ap o = nt_tile_slice(f->wT, 0, (int)kw, kc * g->CO, g->CO);
+        nt_ap ot = nt_tile_slice(f->wT, 0, (int)kw, kc * g->CO, g->CO);
         if (!rc)
-            rc = nt_isa_tensor_copy(k, &o, &t, NT_ENGINE_VECTOR);
+            rc = nt_isa_tensor_copy(k, &ot, &t, NT_ENGINE_VECTOR);
     }
     nt_tile_release(k, ws);
     return rc;
@@ -356,12 +361,206 @@ static int fast_store(fastk *f, char *yd, int64_t n)
     return nt_isa_dma_copy(f->s->k, &d, &src, sk_qout(f->s));
 }
 
-static int fast_run(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, const char *wd,
-                    const nt_tensor *y)
+/* ---------------- the shifted-view kernel: C in {32, 64, 128} ----------------
+ *
+ * With K = (ki, kj, ci) and C dividing 128, K-tile kc is m = 128 / C whole
+ * taps t0 = kc m, t0 + 1, ..: partitions j C .. (j + 1) C - 1 are tap t0 +
+ * j's channels, and its rows at block q0 are the padded plane's positions
+ * q0 + off(t0 + j) ..  So the K-tile is one SBUF view -- positions q0 +
+ * off(t0) of a copy of the plane whose segment j holds the plane shifted
+ * by off(t0 + j) - off(t0) -- and TensorE multiplies it as it is, no
+ * transpose.  Per image the plane is loaded by DMA into partitions [0, C)
+ * of each distinct copy (the zeros around it written once), and GpSimd
+ * copies it, shifted, into the other segments (an engine access starts at
+ * partition 0, 32, 64 or 96: C a multiple of 32).  Per block of 128 flat
+ * positions: acc [q, CO] (+)= view[kc]^T . wT[kc] over the K-tiles in
+ * ascending order (the positions stationary: M = 128), copied to SBUF by
+ * ScalarE, transposed by TensorE to [CO, q] and rounded once by VectorE into
+ * the image's rows -- the transposing kernel's arithmetic, step for step:
+ * the same bits.  The next image loads while this one multiplies; a
+ * block's transpose is issued after the next block's matmuls so TensorE
+ * does not wait for the copy. */
+
+/* Plans the copies; false when the kernel does not apply. */
+static bool sv_plan(fastk *f)
+{
+    const nt__conv_geo *g = f->g;
+    int64_t C = g->C, es = (int64_t)nt__dtype_size(f->dt);
+    if ((C != 32 && C != 64 && C != 128) || f->nK > 8 || f->Fx > 65536)
+        return false;
+    f->m = 128 / C;
+    f->nsig = 0;
+    for (int64_t kc = 0; kc < f->nK; kc++) {
+        int64_t t0 = kc * f->m, mm = f->T - t0 < f->m ? f->T - t0 : f->m;
+        int sg;
+        for (sg = 0; sg < f->nsig; sg++) {
+            bool ok = f->nseg[sg] >= mm;
+            for (int64_t j = 1; ok && j < mm; j++)
+                ok = f->delta[sg][j] == f->off[t0 + j] - f->off[t0];
+            if (ok)
+                break;
+        }
+        if (sg == f->nsig) {
+            f->nseg[sg] = (int)mm, f->delta[sg][0] = 0;
+            for (int64_t j = 1; j < mm; j++)
+                f->delta[sg][j] = f->off[t0 + j] - f->off[t0];
+            f->nsig++;
+        }
+        f->sig[kc] = sg;
+    }
+    /* the copies twice, yimg twice (f32 at most), the weight's staging, wT */
+    int64_t bytes = 2 * f->nsig * f->Fx * es + 2 * f->Q * 4 + 4 * f->Kc * es +
+                    f->nK * g->CO * es + 2 * g->CO * 4 + 4096;
+    return bytes <= SK_SBUF_BUDGET;
+}
+
+/* The zeros around the plane in partitions [0, C) of copy t (once: the
+ * loads write only the interior). */
+static int sv_zero(fastk *f, nt_tile *t)
+{
+    const nt__conv_geo *g = f->g;
+    int64_t a = f->pb[0] * f->Wp + f->pb[1], gap = f->Wp - g->W;
+    int64_t end = (f->pb[0] + g->H - 1) * f->Wp + f->pb[1] + g->W;
+    int rc = 0;
+    if (a > 0) {
+        nt_ap z = nt_tile_slice(t, 0, (int)g->C, 0, a);
+        rc = nt_isa_memset(f->s->k, &z, 0.0, NT_ENGINE_GPSIMD);
+    }
+    if (!rc && gap > 0 && g->H > 1) {
+        nt_ap z = nt_tile_slice(t, 0, (int)g->C, a + g->W, gap);
+        z.ndim = 2, z.num[0] = g->H - 1, z.step[0] = f->Wp, z.num[1] = gap, z.step[1] = 1;
+        rc = nt_isa_memset(f->s->k, &z, 0.0, NT_ENGINE_GPSIMD);
+    }
+    if (!rc && end < f->Fx) {
+        nt_ap z = nt_tile_slice(t, 0, (int)g->C, end, f->Fx - end);
+        rc = nt_isa_memset(f->s->k, &z, 0.0, NT_ENGINE_GPSIMD);
+    }
+    return rc;
+}
+
+static int sv_alloc(fastk *f)
+{
+    nt_sim_kernel *k = f->s->k;
+    const nt__conv_geo *g = f->g;
+    for (int i = 0; i < SV_D; i++) {
+        f->ys[i] = nt_tile_alloc(k, "conv.ys", NT_MEM_SBUF, NT_F32, 128, g->CO);
+        f->pacc[i] = nt_tile_alloc(k, "conv.acc", NT_MEM_PSUM, NT_F32, 128, g->CO);
+        f->pyT[i] = nt_tile_alloc(k, "conv.pyT", NT_MEM_PSUM, NT_F32, (int)g->CO, 128);
+    }
+    for (int i = 0; i < 2; i++) {
+        for (int sg = 0; sg < f->nsig; sg++)
+            f->xv[i][sg] = nt_tile_alloc(k, "conv.xv", NT_MEM_SBUF, f->dt, 128, f->Fx);
+        f->yimg[i] = nt_tile_alloc(k, "conv.y", NT_MEM_SBUF, f->odt, (int)g->CO, f->Q);
+    }
+    for (int j = 0; j < f->nK; j++) /* fast_weights' transposes */
+        f->pcol[0][j] = nt_tile_alloc(k, "conv.pcol", NT_MEM_PSUM, f->dt, 128, 128);
+    f->wT = nt_tile_alloc(k, "conv.wT", NT_MEM_SBUF, f->dt, 128, f->nK * g->CO);
+    int rc = nt_sim_kernel_error(k);
+    for (int i = 0; !rc && i < 2; i++)
+        for (int sg = 0; !rc && sg < f->nsig; sg++)
+            rc = sv_zero(f, f->xv[i][sg]);
+    return rc;
+}
+
+/* Image n into its copies: the plane by DMA into partitions [0, C) of
+ * each, then segment j (partitions j C ..) = the plane from element
+ * delta_j on, by GpSimd. */
+static int sv_load(fastk *f, const char *xd, int64_t n)
+{
+    nt_sim_kernel *k = f->s->k;
+    const nt__conv_geo *g = f->g;
+    int rc = 0;
+    for (int sg = 0; !rc && sg < f->nsig; sg++) {
+        nt_tile *t = f->xv[n % 2][sg];
+        nt_ap src = nt_hbm_ap(xd, f->dt, n * g->C * g->H * g->W, (int)g->C, g->H * g->W, g->W);
+        src.ndim = 2, src.num[0] = g->H, src.step[0] = g->W, src.num[1] = g->W, src.step[1] = 1;
+        nt_ap d = nt_tile_slice(t, 0, (int)g->C, f->pb[0] * f->Wp + f->pb[1], g->W);
+        d.ndim = 2, d.num[0] = g->H, d.step[0] = f->Wp, d.num[1] = g->W, d.step[1] = 1;
+        rc = nt_isa_dma_copy(k, &d, &src, sk_qin(f->s));
+        for (int j = 1; !rc && j < f->nseg[sg]; j++) {
+            int64_t dl = f->delta[sg][j];
+            nt_ap a = nt_tile_slice(t, 0, (int)g->C, dl, f->Fx - dl);
+            nt_ap o = nt_tile_slice(t, j * (int)g->C, (int)g->C, 0, f->Fx - dl);
+            rc = nt_isa_tensor_copy(k, &o, &a, NT_ENGINE_GPSIMD);
+        }
+    }
+    return rc;
+}
+
+/* Block b's matmuls over the K-tiles in ascending order, and acc to ys. */
+static int sv_mm(fastk *f, const fblk *bk)
+{
+    nt_sim_kernel *k = f->s->k;
+    const nt__conv_geo *g = f->g;
+    nt_ap ad = nt_tile_slice(f->pacc[bk->b % SV_D], 0, (int)bk->qw, 0, g->CO);
+    int rc = 0;
+    for (int64_t kc = 0; !rc && kc < f->nK; kc++) {
+        int64_t kw = f->Kc - kc * 128 < 128 ? f->Kc - kc * 128 : 128;
+        nt_tile *v = f->xv[bk->n % 2][f->sig[kc]];
+        nt_ap st = nt_tile_slice(v, 0, (int)kw, bk->q0 + f->off[kc * f->m], bk->qw);
+        nt_ap mv = nt_tile_slice(f->wT, 0, (int)kw, kc * g->CO, g->CO);
+        rc = nt_isa_nc_matmul(k, &ad, &st, &mv, kc > 0);
+    }
+    nt_ap ys = nt_tile_slice(f->ys[bk->b % SV_D], 0, (int)bk->qw, 0, g->CO);
+    if (!rc)
+        rc = nt_isa_tensor_copy(k, &ys, &ad, NT_ENGINE_SCALAR);
+    return rc;
+}
+
+/* Block b's output: ys transposed to [CO, q], rounded into the image's rows;
+ * the image stored after its last block. */
+static int sv_out(fastk *f, const fblk *bk, char *yd)
+{
+    nt_sim_kernel *k = f->s->k;
+    const nt__conv_geo *g = f->g;
+    nt_ap ys = nt_tile_slice(f->ys[bk->b % SV_D], 0, (int)bk->qw, 0, g->CO);
+    nt_ap yt = nt_tile_slice(f->pyT[bk->b % SV_D], 0, (int)g->CO, 0, bk->qw);
+    int rc = nt_isa_nc_transpose(k, &yt, &ys);
+    nt_ap yo = nt_tile_slice(f->yimg[bk->n % 2], 0, (int)g->CO, bk->q0, bk->qw);
+    /* ScalarE, not VectorE: VectorE would wait for GpSimd's long copies
+     * (they share the SBUF port on trn1) and TensorE for it */
+    if (!rc)
+        rc = nt_isa_tensor_copy(k, &yo, &yt, NT_ENGINE_SCALAR);
+    if (!rc && bk->q0 + bk->qw == f->Q)
+        rc = fast_store(f, yd, bk->n);
+    return rc;
+}
+
+static int sv_run(fastk *f, const nt_tensor *x, const char *wd, const nt_tensor *y)
+{
+    const nt__conv_geo *g = f->g;
+    int rc = sv_alloc(f);
+    if (!rc)
+        rc = fast_weights(f, wd);
+    const char *xd = nt__tensor_data(x);
+    char *yd = nt__tensor_data(y);
+    int64_t nb = (f->Q + 127) / 128, total = g->N * nb;
+    fblk prev = {0, 0, 0, 0};
+    for (int64_t i = 0; !rc && i < total; i++) {
+        fblk a = {i, (i % nb) * 128, 0, i / nb};
+        a.qw = f->Q - a.q0 < 128 ? f->Q - a.q0 : 128;
+        if (i == 0)
+            rc = sv_load(f, xd, 0);
+        if (!rc && a.q0 == 0 && a.n + 1 < g->N) /* the next image, ahead */
+            rc = sv_load(f, xd, a.n + 1);
+        if (!rc)
+            rc = sv_mm(f, &a);
+        if (!rc && i > 0)
+            rc = sv_out(f, &prev, yd);
+        prev = a;
+    }
+    if (!rc && total > 0)
+        rc = sv_out(f, &prev, yd);
+    return rc;
+}
+
+/* The geometry both SBUF kernels share: the padded plane, the taps'
+ * offsets in it, the flat positions Q. */
+static void fast_geo(fastk *fp, sk_k *s, const nt__conv_geo *g, nt_dtype dt, nt_dtype odt)
 {
     fastk f;
     memset(&f, 0, sizeof f);
-    f.s = s, f.g = g, f.dt = (nt_dtype)x->dtype, f.odt = (nt_dtype)y->dtype;
+    f.s = s, f.g = g, f.dt = dt, f.odt = odt;
     f.T = g->kh * g->kw, f.Kc = g->C * f.T, f.nK = (f.Kc + 127) / 128;
     f.pb[0] = g->lo[0] > 0 ? g->lo[0] : 0, f.pb[1] = g->lo[1] > 0 ? g->lo[1] : 0;
     f.Wp = g->OW + (g->kw - 1) * g->d[1];
@@ -382,6 +581,18 @@ static int fast_run(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, const ch
     f.Fx = f.Q + offmax > f.Hp * f.Wp ? f.Q + offmax : f.Hp * f.Wp;
     f.nch = (f.Fx + 127) / 128;
     f.Fx = f.nch * 128; /* whole chunks: the tail is zeros */
+    *fp = f;
+}
+
+static int sv_run(fastk *f, const nt_tensor *x, const char *wd, const nt_tensor *y);
+
+static int fast_run(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, const char *wd,
+                    const nt_tensor *y)
+{
+    fastk f;
+    fast_geo(&f, s, g, (nt_dtype)x->dtype, (nt_dtype)y->dtype);
+    if (sv_plan(&f))
+        return sv_run(&f, x, wd, y);
     int rc = fast_alloc(&f);
     if (!rc)
         rc = fast_weights(&f, wd);
