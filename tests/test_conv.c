@@ -63,6 +63,11 @@ static const ccase cases[] = {
     {1, 4, 3, 5, 6, 3, 2, {2, 3}, {1, 0}, {1, 2}, {1, 2}, 2, true, true},
     {2, 6, 5, 4, 6, 2, 3, {2, 2}, {0, 1}, {2, 1}, {1, 0}, 6, false, true}, /* depthwise */
     {0, 3, 4, 3, 2, 3, 3, {3, 1}, {2, 0}, {1, 1}, {2, 0}, 1, true, true},   /* unbatched */
+    /* the simulator's shifted-view kernel: 64 and 32 channels (2 and 4 taps
+     * a K-tile), dilated, transposed (their input gradients too) */
+    {2, 64, 12, 13, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, true, false},
+    {2, 32, 11, 12, 64, 3, 3, {1, 1}, {2, 1}, {2, 1}, {0, 0}, 1, false, false},
+    {2, 64, 6, 7, 32, 3, 2, {1, 1}, {1, 0}, {1, 1}, {0, 0}, 1, true, true},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };
 
