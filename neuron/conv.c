@@ -11,7 +11,8 @@
  *   2. the columns col [G][Kc][N OH OW]: one DMA per (image, channel), a
  *      pattern [ki (partitions), kj, oh, ow] over xp -- the padding and
  *      the holes are the zeros of xp, so no tap needs a case of its own;
- *   3. conv_gemm: per image and group w_g [COg, Kc] . col [Kc, OH OW];
+ *   3. conv_gemm: per image and group w_g [COg, Kc] . col [Kc, OH OW]
+ *      (stride 1 and one group: the SBUF kernels below instead);
  *      conv_wgrad: per group gy_g [COg, N OH OW] . col^T (col given as
  *      B^T), one product over every image's positions. */
 #include "neuron/sk.h"
@@ -126,9 +127,10 @@ static int columns(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, char *col
     return rc;
 }
 
-/* ---------------- the SBUF kernel: stride 1, one group ----------------
+/* ---------------- the transposing SBUF kernel: stride 1, one group ----------------
  *
- * The columns never leave the chip.  Per image, x is loaded once into SBUF
+ * (Channel counts the shifted-view kernel below does not take.)  The
+ * columns never leave the chip.  Per image, x is loaded once into SBUF
  * as xs [C, padded plane] (zeros around).  The output
  * positions are taken in blocks of 128 flat positions q = oh Wp + ow of
  * the padded width (the Wp - OW extra columns of a row are computed and
