@@ -692,6 +692,252 @@ static int conv_gemm_run(sk_k *s, const nt__rec *r)
     return rc;
 }
 
+/* ---------------- the weight gradient on chip ----------------
+ *
+ * Stride 1, one group, C in {32, 64, 128}, OH OW a multiple of 64.  The
+ * contract's K-tiles are 128 consecutive flat positions p = (n, oh, ow),
+ * across rows and images, so both operands need the positions on
+ * partitions.  Per image the column rows are built in SBUF, compact over
+ * (oh, ow): K-chunk kc's tile holds tap t0 + j's channels on partitions j
+ * C .. (the K order (ki, kj, ci)), each tap's valid rectangle loaded by DMA
+ * from x, its zeros written once.  Per position tile: TensorE transposes
+ * each K-chunk's [K, 128 p] view (an image boundary inside the tile: two
+ * transposes into PSUM partitions [0, 64) and [64, 128)) and gy's [CO, 128
+ * p] (DMA'd per tile), the copies evacuate, and acc[kc] [K, CO] (+)= colT^T
+ * . gyT accumulates in PSUM over the tiles in ascending order: the
+ * recurrence of the CPU's product, the same bits.  The matmuls of tile i
+ * are issued after tile i + 1's transposes.  At the end acc is transposed
+ * to [CO, K], permuted into w's (ci, ki, kj) and rounded once. */
+
+typedef struct wgk {
+    sk_k *s;
+    const nt__conv_geo *g;
+    nt_dtype dt, odt;
+    int64_t L, P, Kc, nK, T, m, loaded;
+    int64_t ra[64], rb[64], ca[64], cb[64]; /* per tap: the valid rows, cols */
+    nt_tile *cp[2][8], *colT[2][8], *gyc[4], *gyT[2], *ptc[2][8], *ptg[2], *acc[8];
+    int eng;
+} wgk;
+
+static bool wg_ok(const nt__conv_geo *g, nt_dtype dt)
+{
+    int64_t es = (int64_t)nt__dtype_size(dt), T = g->kh * g->kw, Kc = g->C * T;
+    int64_t L = g->OH * g->OW, nK = (Kc + 127) / 128;
+    if (g->s[0] != 1 || g->s[1] != 1 || g->u[0] != 1 || g->u[1] != 1 || g->G != 1 ||
+        (g->C != 32 && g->C != 64 && g->C != 128) || g->CO > 128 || Kc > FAST_MAX_KC ||
+        T > 64 || g->N == 0 || L == 0 || L % 64 || L > 65536)
+        return false;
+    int64_t bytes = 2 * nK * L * es + 2 * nK * 128 * es + 6 * 128 * es + 3 * Kc * 4 +
+                    g->CO * 4 + 4096;
+    return bytes <= SK_SBUF_BUDGET;
+}
+
+/* Valid output range [*a, *b) of a tap offset off = k d - lo along a dim
+ * of input size n and output size o (stride 1). */
+static void wg_range(int64_t off, int64_t n, int64_t o, int64_t *a, int64_t *b)
+{
+    int64_t lo = off >= 0 ? 0 : -off, hi = n - off;
+    hi = hi < o ? hi : o;
+    *a = lo < o ? lo : o;
+    *b = hi < *a ? *a : hi;
+}
+
+static nt_engine wg_eng(wgk *w)
+{
+    return w->eng++ % 2 ? NT_ENGINE_VECTOR : NT_ENGINE_SCALAR;
+}
+
+static int wg_alloc(wgk *w)
+{
+    nt_sim_kernel *k = w->s->k;
+    const nt__conv_geo *g = w->g;
+    for (int i = 0; i < 2; i++) {
+        for (int kc = 0; kc < w->nK; kc++) {
+            w->cp[i][kc] = nt_tile_alloc(k, "wg.cp", NT_MEM_SBUF, w->dt, 128, w->L);
+            w->colT[i][kc] = nt_tile_alloc(k, "wg.colT", NT_MEM_SBUF, w->dt, 128, 128);
+            w->ptc[i][kc] = nt_tile_alloc(k, "wg.ptc", NT_MEM_PSUM, w->dt, 128, 128);
+        }
+        w->gyT[i] = nt_tile_alloc(k, "wg.gyT", NT_MEM_SBUF, w->dt, 128, g->CO);
+        w->ptg[i] = nt_tile_alloc(k, "wg.ptg", NT_MEM_PSUM, w->dt, 128, g->CO);
+    }
+    for (int i = 0; i < 4; i++)
+        w->gyc[i] = nt_tile_alloc(k, "wg.gy", NT_MEM_SBUF, w->dt, (int)g->CO, 128);
+    for (int kc = 0; kc < w->nK; kc++)
+        w->acc[kc] = nt_tile_alloc(k, "wg.acc", NT_MEM_PSUM, NT_F32, 128, g->CO);
+    int rc = nt_sim_kernel_error(k);
+    /* the zeros of every tap's segment, once (the loads write only the
+     * valid rectangle) */
+    for (int i = 0; !rc && i < 2; i++)
+        for (int64_t t = 0; !rc && t < w->T; t++) {
+            nt_tile *c = w->cp[i][t / w->m];
+            int p0 = (int)((t % w->m) * g->C), np = (int)g->C;
+            int64_t ra = w->ra[t], rb = w->rb[t], ca = w->ca[t], cb = w->cb[t];
+            nt_ap z[4];
+            int nz = 0;
+            if (ra >= rb || ca >= cb) {
+                z[nz++] = nt_tile_slice(c, p0, np, 0, w->L);
+            } else {
+                if (ra > 0)
+                    z[nz++] = nt_tile_slice(c, p0, np, 0, ra * g->OW);
+                if (rb < g->OH)
+                    z[nz++] = nt_tile_slice(c, p0, np, rb * g->OW, (g->OH - rb) * g->OW);
+                for (int side = 0; side < 2; side++) {
+                    int64_t c0 = side ? cb : 0, nc = side ? g->OW - cb : ca;
+                    if (nc <= 0)
+                        continue;
+                    nt_ap a = nt_tile_slice(c, p0, np, ra * g->OW + c0, nc);
+                    a.ndim = 2, a.num[0] = rb - ra, a.step[0] = g->OW, a.num[1] = nc,
+                    a.step[1] = 1;
+                    z[nz++] = a;
+                }
+            }
+            for (int q = 0; !rc && q < nz; q++)
+                rc = nt_isa_memset(k, &z[q], 0.0, NT_ENGINE_GPSIMD);
+        }
+    return rc;
+}
+
+/* Image n's column rows (the valid rectangles) into cp[n % 2]. */
+static int wg_load(wgk *w, const char *xd, int64_t n)
+{
+    const nt__conv_geo *g = w->g;
+    int rc = 0;
+    for (int64_t t = 0; !rc && t < w->T; t++) {
+        int64_t ki = t / g->kw, kj = t % g->kw, ra = w->ra[t], rb = w->rb[t];
+        int64_t ca = w->ca[t], cb = w->cb[t];
+        if (ra >= rb || ca >= cb)
+            continue;
+        int64_t ih = ra + ki * g->d[0] - g->lo[0], iw = ca + kj * g->d[1] - g->lo[1];
+        nt_ap src = nt_hbm_ap(xd, w->dt, (n * g->C * g->H + ih) * g->W + iw, (int)g->C,
+                              g->H * g->W, cb - ca);
+        src.ndim = 2, src.num[0] = rb - ra, src.step[0] = g->W, src.num[1] = cb - ca,
+        src.step[1] = 1;
+        nt_ap d = nt_tile_slice(w->cp[n % 2][t / w->m], (int)((t % w->m) * g->C), (int)g->C,
+                                ra * g->OW + ca, cb - ca);
+        d.ndim = 2, d.num[0] = rb - ra, d.step[0] = g->OW, d.num[1] = cb - ca, d.step[1] = 1;
+        rc = nt_isa_dma_copy(w->s->k, &d, &src, sk_qin(w->s));
+    }
+    return rc;
+}
+
+/* Tile i (positions [128 i, 128 i + len)): the transposes and their
+ * evacuations into colT[i % 2], gyT[i % 2]. */
+static int wg_stage_a(wgk *w, const char *xd, const char *gd, int64_t i)
+{
+    nt_sim_kernel *k = w->s->k;
+    const nt__conv_geo *g = w->g;
+    int64_t p0 = i * 128, len = w->P - p0 < 128 ? w->P - p0 : 128;
+    int par = (int)(i % 2), rc = 0;
+    nt_tile *gc = w->gyc[i % 4];
+    for (int64_t c = 0; !rc && c < len;) {
+        int64_t n = (p0 + c) / w->L, pa = (p0 + c) % w->L;
+        int64_t l = len - c < w->L - pa ? len - c : w->L - pa;
+        for (; !rc && w->loaded < n + 1 && w->loaded + 1 < g->N; w->loaded++)
+            rc = wg_load(w, xd, w->loaded + 1); /* one image ahead */
+        for (int64_t kc = 0; !rc && kc < w->nK; kc++) {
+            int64_t kw = w->Kc - kc * 128 < 128 ? w->Kc - kc * 128 : 128;
+            nt_ap a = nt_tile_slice(w->cp[n % 2][kc], 0, (int)kw, pa, l);
+            nt_ap t = nt_tile_slice(w->ptc[par][kc], (int)c, (int)l, 0, kw);
+            rc = nt_isa_nc_transpose(k, &t, &a);
+        }
+        nt_ap src = nt_hbm_ap(gd, w->dt, n * g->CO * w->L + pa, (int)g->CO, w->L, l);
+        nt_ap d = nt_tile_slice(gc, 0, (int)g->CO, c, l);
+        if (!rc) /* the output queues, idle till the end: not behind the loads */
+            rc = nt_isa_dma_copy(k, &d, &src, sk_qout(w->s));
+        c += l;
+    }
+    nt_ap ga = nt_tile_slice(gc, 0, (int)g->CO, 0, len);
+    nt_ap gt = nt_tile_slice(w->ptg[par], 0, (int)len, 0, g->CO);
+    if (!rc)
+        rc = nt_isa_nc_transpose(k, &gt, &ga);
+    for (int64_t kc = 0; !rc && kc < w->nK; kc++) {
+        int64_t kw = w->Kc - kc * 128 < 128 ? w->Kc - kc * 128 : 128;
+        nt_ap t = nt_tile_slice(w->ptc[par][kc], 0, (int)len, 0, kw);
+        nt_ap o = nt_tile_slice(w->colT[par][kc], 0, (int)len, 0, kw);
+        rc = nt_isa_tensor_copy(k, &o, &t, wg_eng(w));
+    }
+    nt_ap go = nt_tile_slice(w->gyT[par], 0, (int)len, 0, g->CO);
+    if (!rc)
+        rc = nt_isa_tensor_copy(k, &go, &gt, wg_eng(w));
+    return rc;
+}
+
+/* Tile i's matmuls: acc[kc] (+)= colT[kc]^T . gyT. */
+static int wg_stage_b(wgk *w, int64_t i)
+{
+    const nt__conv_geo *g = w->g;
+    int64_t len = w->P - i * 128 < 128 ? w->P - i * 128 : 128;
+    int par = (int)(i % 2), rc = 0;
+    for (int64_t kc = 0; !rc && kc < w->nK; kc++) {
+        int64_t kw = w->Kc - kc * 128 < 128 ? w->Kc - kc * 128 : 128;
+        nt_ap ad = nt_tile_slice(w->acc[kc], 0, (int)kw, 0, g->CO);
+        nt_ap st = nt_tile_slice(w->colT[par][kc], 0, (int)len, 0, kw);
+        nt_ap mv = nt_tile_slice(w->gyT[par], 0, (int)len, 0, g->CO);
+        rc = nt_isa_nc_matmul(w->s->k, &ad, &st, &mv, i > 0);
+    }
+    return rc;
+}
+
+/* acc [K, CO] -> dw [CO, (ci, ki, kj)]: transposed, permuted, rounded once. */
+static int wg_finish(wgk *w, char *od)
+{
+    nt_sim_kernel *k = w->s->k;
+    const nt__conv_geo *g = w->g;
+    nt_tile *as = nt_tile_alloc(k, "wg.as", NT_MEM_SBUF, NT_F32, 128, g->CO);
+    nt_tile *pf = nt_tile_alloc(k, "wg.pf", NT_MEM_PSUM, NT_F32, (int)g->CO, 128);
+    nt_tile *dk = nt_tile_alloc(k, "wg.dk", NT_MEM_SBUF, NT_F32, (int)g->CO, w->Kc);
+    nt_tile *dout = nt_tile_alloc(k, "wg.do", NT_MEM_SBUF, w->odt, (int)g->CO, w->Kc);
+    int rc = nt_sim_kernel_error(k);
+    for (int64_t kc = 0; !rc && kc < w->nK; kc++) {
+        int64_t kw = w->Kc - kc * 128 < 128 ? w->Kc - kc * 128 : 128;
+        nt_ap a = nt_tile_slice(w->acc[kc], 0, (int)kw, 0, g->CO);
+        nt_ap s = nt_tile_slice(as, 0, (int)kw, 0, g->CO);
+        rc = nt_isa_tensor_copy(k, &s, &a, NT_ENGINE_SCALAR);
+        nt_ap t = nt_tile_slice(pf, 0, (int)g->CO, 0, kw);
+        if (!rc)
+            rc = nt_isa_nc_transpose(k, &t, &s);
+        nt_ap o = nt_tile_slice(dk, 0, (int)g->CO, kc * 128, kw);
+        if (!rc)
+            rc = nt_isa_tensor_copy(k, &o, &t, NT_ENGINE_VECTOR);
+    }
+    nt_ap src = nt_tile_slice(dk, 0, (int)g->CO, 0, 1); /* (ci, t) from (t, ci) */
+    src.ndim = 2, src.num[0] = g->C, src.step[0] = 1, src.num[1] = w->T, src.step[1] = g->C;
+    nt_ap o = nt_tile_ap(dout);
+    if (!rc)
+        rc = nt_isa_tensor_copy(k, &o, &src, NT_ENGINE_VECTOR);
+    nt_ap d = nt_hbm_ap(od, w->odt, 0, (int)g->CO, w->Kc, w->Kc);
+    nt_ap ds = nt_tile_ap(dout);
+    if (!rc)
+        rc = nt_isa_dma_copy(k, &d, &ds, sk_qout(w->s));
+    return rc;
+}
+
+static int wg_run(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, const nt_tensor *gy,
+                  const nt_tensor *dw)
+{
+    wgk w;
+    memset(&w, 0, sizeof w);
+    w.s = s, w.g = g, w.dt = (nt_dtype)x->dtype, w.odt = (nt_dtype)dw->dtype;
+    w.T = g->kh * g->kw, w.Kc = g->C * w.T, w.nK = (w.Kc + 127) / 128, w.m = 128 / g->C;
+    w.L = g->OH * g->OW, w.P = g->N * w.L, w.loaded = 0;
+    for (int64_t t = 0; t < w.T; t++) {
+        wg_range((t / g->kw) * g->d[0] - g->lo[0], g->H, g->OH, &w.ra[t], &w.rb[t]);
+        wg_range((t % g->kw) * g->d[1] - g->lo[1], g->W, g->OW, &w.ca[t], &w.cb[t]);
+    }
+    const char *xd = nt__tensor_data(x), *gd = nt__tensor_data(gy);
+    int rc = wg_alloc(&w);
+    if (!rc)
+        rc = wg_load(&w, xd, 0);
+    int64_t nt = (w.P + 127) / 128;
+    for (int64_t i = 0; !rc && i <= nt; i++) {
+        if (i < nt)
+            rc = wg_stage_a(&w, xd, gd, i);
+        if (!rc && i > 0)
+            rc = wg_stage_b(&w, i - 1);
+    }
+    return rc ? rc : wg_finish(&w, nt__tensor_data(dw));
+}
+
 static int conv_wgrad_run(sk_k *s, const nt__rec *r)
 {
     nt__conv_geo g;
@@ -701,6 +947,8 @@ static int conv_wgrad_run(sk_k *s, const nt__rec *r)
     int64_t es = (int64_t)nt__dtype_size(dt), oes = (int64_t)nt__dtype_size(odt);
     int64_t Cg = g.C / g.G, COg = g.CO / g.G, Kc = Cg * g.kh * g.kw, L = g.OH * g.OW;
     int64_t NL = g.N * L;
+    if (NL && wg_ok(&g, dt))
+        return wg_run(s, &g, x, gy, dw);
     char *col = NL ? sk_scratch(s, (size_t)(g.G * Kc * NL * es)) : NULL;
     char *gs = NL ? sk_scratch(s, (size_t)(g.CO * NL * es)) : NULL;
     if (NL && (!col || !gs))

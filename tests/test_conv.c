@@ -68,6 +68,11 @@ static const ccase cases[] = {
     {2, 64, 12, 13, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, true, false},
     {2, 32, 11, 12, 64, 3, 3, {1, 1}, {2, 1}, {2, 1}, {0, 0}, 1, false, false},
     {2, 64, 6, 7, 32, 3, 2, {1, 1}, {1, 0}, {1, 1}, {0, 0}, 1, true, true},
+    /* its weight gradient on chip: OH OW a multiple of 64, position tiles
+     * across images (split at 64) and a last tile of 64 */
+    {3, 64, 8, 8, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, true, false},
+    {2, 32, 12, 16, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, false, false},
+    {1, 128, 8, 9, 8, 3, 2, {1, 1}, {2, 0}, {2, 1}, {0, 0}, 1, true, false},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };
 
