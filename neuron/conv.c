@@ -715,7 +715,7 @@ typedef struct wgk {
     nt_dtype dt, odt;
     int64_t L, P, Kc, nK, T, m, loaded;
     int64_t ra[64], rb[64], ca[64], cb[64]; /* per tap: the valid rows, cols */
-    nt_tile *cp[2][8], *colT[2][8], *gyc[4], *gyT[2], *ptc[2][8], *ptg[2], *acc[8];
+    nt_tile *cp[2][8], *colT[2][8], *gyc[4], *gyT[2], *ptc[2][8], *ptg[2], *acc[8], *xc;
     int eng;
 } wgk;
 
@@ -727,8 +727,8 @@ static bool wg_ok(const nt__conv_geo *g, nt_dtype dt)
         (g->C != 32 && g->C != 64 && g->C != 128) || g->CO > 128 || Kc > FAST_MAX_KC ||
         T > 64 || g->N == 0 || L == 0 || L % 64 || L > 65536)
         return false;
-    int64_t bytes = 2 * nK * L * es + 2 * nK * 128 * es + 6 * 128 * es + 3 * Kc * 4 +
-                    g->CO * 4 + 4096;
+    int64_t bytes = 2 * nK * L * es + g->H * g->W * es + 2 * nK * 128 * es + 6 * 128 * es +
+                    3 * Kc * 4 + g->CO * 4 + 4096;
     return bytes <= SK_SBUF_BUDGET;
 }
 
@@ -742,9 +742,12 @@ static void wg_range(int64_t off, int64_t n, int64_t o, int64_t *a, int64_t *b)
     *b = hi < *a ? *a : hi;
 }
 
+/* The PSUM evacuations: VectorE (ScalarE builds column rows, GpSimd would
+ * hold VectorE's SBUF port). */
 static nt_engine wg_eng(wgk *w)
 {
-    return w->eng++ % 2 ? NT_ENGINE_VECTOR : NT_ENGINE_SCALAR;
+    (void)w;
+    return NT_ENGINE_VECTOR;
 }
 
 static int wg_alloc(wgk *w)
@@ -762,6 +765,7 @@ static int wg_alloc(wgk *w)
     }
     for (int i = 0; i < 4; i++)
         w->gyc[i] = nt_tile_alloc(k, "wg.gy", NT_MEM_SBUF, w->dt, (int)g->CO, 128);
+    w->xc = nt_tile_alloc(k, "wg.x", NT_MEM_SBUF, w->dt, (int)g->C, g->H * g->W);
     for (int kc = 0; kc < w->nK; kc++)
         w->acc[kc] = nt_tile_alloc(k, "wg.acc", NT_MEM_PSUM, NT_F32, 128, g->CO);
     int rc = nt_sim_kernel_error(k);
@@ -797,11 +801,21 @@ static int wg_alloc(wgk *w)
     return rc;
 }
 
-/* Image n's column rows (the valid rectangles) into cp[n % 2]. */
+/* Image n's column rows (the valid rectangles) into cp[n % 2]: the first
+ * third of the taps by DMA from x, the others by ScalarE from x's plane
+ * loaded once into SBUF (the DMA engines' bandwidth would bound the kernel
+ * otherwise). */
 static int wg_load(wgk *w, const char *xd, int64_t n)
 {
     const nt__conv_geo *g = w->g;
+    int64_t ndma = w->T / 3;
     int rc = 0;
+    if (ndma < w->T) {
+        nt_ap src = nt_hbm_ap(xd, w->dt, n * g->C * g->H * g->W, (int)g->C, g->H * g->W,
+                              g->H * g->W);
+        nt_ap d = nt_tile_ap(w->xc);
+        rc = nt_isa_dma_copy(w->s->k, &d, &src, sk_qin(w->s));
+    }
     for (int64_t t = 0; !rc && t < w->T; t++) {
         int64_t ki = t / g->kw, kj = t % g->kw, ra = w->ra[t], rb = w->rb[t];
         int64_t ca = w->ca[t], cb = w->cb[t];
@@ -815,7 +829,13 @@ static int wg_load(wgk *w, const char *xd, int64_t n)
         nt_ap d = nt_tile_slice(w->cp[n % 2][t / w->m], (int)((t % w->m) * g->C), (int)g->C,
                                 ra * g->OW + ca, cb - ca);
         d.ndim = 2, d.num[0] = rb - ra, d.step[0] = g->OW, d.num[1] = cb - ca, d.step[1] = 1;
-        rc = nt_isa_dma_copy(w->s->k, &d, &src, sk_qin(w->s));
+        if (t < ndma) {
+            rc = nt_isa_dma_copy(w->s->k, &d, &src, sk_qin(w->s));
+        } else {
+            nt_ap a = nt_tile_slice(w->xc, 0, (int)g->C, ih * g->W + iw, cb - ca);
+            a.ndim = 2, a.num[0] = rb - ra, a.step[0] = g->W, a.num[1] = cb - ca, a.step[1] = 1;
+            rc = nt_isa_tensor_copy(w->s->k, &d, &a, NT_ENGINE_SCALAR);
+        }
     }
     return rc;
 }
