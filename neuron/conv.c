@@ -14,7 +14,8 @@
  *   3. conv_gemm: per image and group w_g [COg, Kc] . col [Kc, OH OW]
  *      (stride 1 and one group: the SBUF kernels below instead);
  *      conv_wgrad: per group gy_g [COg, N OH OW] . col^T (col given as
- *      B^T), one product over every image's positions. */
+ *      B^T), one product over every image's positions (stride 1, one
+ *      group, 32/64/128 channels: the on-chip kernel wg_* instead). */
 #include "neuron/sk.h"
 
 #include <string.h>
