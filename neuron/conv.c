@@ -725,8 +725,8 @@ static bool wg_ok(const nt__conv_geo *g, nt_dtype dt)
     int64_t es = (int64_t)nt__dtype_size(dt), T = g->kh * g->kw, Kc = g->C * T;
     int64_t L = g->OH * g->OW, nK = (Kc + 127) / 128;
     if (g->s[0] != 1 || g->s[1] != 1 || g->u[0] != 1 || g->u[1] != 1 || g->G != 1 ||
-        (g->C != 32 && g->C != 64 && g->C != 128) || g->CO > 128 || Kc > FAST_MAX_KC ||
-        T > 64 || g->N == 0 || L == 0 || L % 64 || L > 65536)
+        (g->C != 32 && g->C != 64 && g->C != 128) || g->CO < 1 || g->CO > 128 ||
+        Kc > FAST_MAX_KC || T > 64 || g->N == 0 || L == 0 || L % 64 || L > 65536)
         return false;
     int64_t bytes = 2 * nK * L * es + g->H * g->W * es + 2 * nK * 128 * es + 6 * 128 * es +
                     3 * Kc * 4 + g->CO * 4 + 4096;
