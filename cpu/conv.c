@@ -81,8 +81,8 @@ static void col_row(const nt__conv_geo *g, const char *x, nt_dtype dt, int64_t c
     }
 }
 
-/* Column rows [k0, k1) (K = (ki, kj, ci), tap-major) of group grp over positions [p0, p0 + np): rows of
- * np, ld apart, from col. */
+/* Column rows [k0, k1) (K = (ki, kj, ci), tap-major) of group grp over
+ * positions [p0, p0 + np): rows of np, ld apart, from col. */
 static void im2col_rows(const nt__conv_geo *g, const char *x, nt_dtype dt, int64_t grp,
                         int64_t k0, int64_t k1, int64_t p0, int64_t np, void *col, int64_t ld,
                         bool raw)
