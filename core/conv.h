@@ -5,8 +5,9 @@
  * public ones from them; docs/ops.md, "Convolution", has the contract):
  *
  *   conv_gemm(x [N, C, H, W], w [CO, C/G, kh, kw]) -> y [N, CO, OH, OW]
- *     per group and image, y[co, (oh, ow)] = sum over K = (ci, ki, kj), in
- *     row-major order of w's [C/G, kh, kw], of w[co, K] * col[K, (oh, ow)]:
+ *     per group and image, y[co, (oh, ow)] = sum over K = (ki, kj, ci), in
+ *     row-major order of [kh, kw, C/G] (tap-major, channel-minor: w's own
+ *     [C/G, kh, kw] rows permuted), of w[co, K] * col[K, (oh, ow)]:
  *     nt_matmul's arithmetic (docs/exactness.md, rule 4) with w as the left
  *     operand and the columns as the right one;
  *   conv_wgrad(x [N, C, H, W], gy [N, CO, OH, OW]) -> dw [CO, C/G, kh, kw]
@@ -15,7 +16,7 @@
  *     positions, K-tiles of 128 positions in ascending order across the
  *     image boundaries.
  *
- * col[(ci, ki, kj), (oh, ow)] of image n is the element of x's channel
+ * col[(ki, kj, ci), (oh, ow)] of image n is the element of x's channel
  * g * C/G + ci at (ih, iw) = ((oh s0 + ki d0 - lo0) / u0, (ow s1 + kj d1 -
  * lo1) / u1) when both divisions are exact and the result lies inside the
  * plane, else +0 (a padding tap, or a hole of the input dilated by u: the
@@ -66,7 +67,7 @@ static inline void nt__conv_geo_of(const nt__rec *r, bool wgrad, nt__conv_geo *g
     g->kh = k->shape[2], g->kw = k->shape[3];
 }
 
-/* The flat position in w of the weight w'[grp COg + co][K = (ci, ki, kj)]
+/* The flat position in w of the weight w'[grp COg + co][K = (ki, kj, ci)]
  * of conv_gemm (COg = CO / G, Cg = C / G). */
 static inline int64_t nt__conv_wpos(const nt__conv_geo *g, int64_t grp, int64_t co, int64_t ci,
                                     int64_t ki, int64_t kj)

@@ -81,15 +81,15 @@ static void col_row(const nt__conv_geo *g, const char *x, nt_dtype dt, int64_t c
     }
 }
 
-/* Column rows [k0, k1) of group grp over positions [p0, p0 + np): rows of
- * np, ld apart, from col. */
+/* Column rows [k0, k1) (K = (ki, kj, ci), tap-major) of group grp over
+ * positions [p0, p0 + np): rows of np, ld apart, from col. */
 static void im2col_rows(const nt__conv_geo *g, const char *x, nt_dtype dt, int64_t grp,
                         int64_t k0, int64_t k1, int64_t p0, int64_t np, void *col, int64_t ld,
                         bool raw)
 {
-    int64_t Cg = g->C / g->G, T = g->kh * g->kw, es = raw ? 2 : 4;
+    int64_t Cg = g->C / g->G, es = raw ? 2 : 4;
     for (int64_t k = k0; k < k1; k++) {
-        int64_t ci = k / T, t = k % T;
+        int64_t ci = k % Cg, t = k / Cg; /* K = (ki, kj, ci) */
         col_row(g, x, dt, grp * Cg + ci, t / g->kw, t % g->kw, p0, np,
                 (char *)col + (k - k0) * ld * es, raw);
     }
@@ -169,7 +169,9 @@ int nt__cpu_conv_gemm(const nt__rec *r)
     if (too_big(&g, Kc) || g.N > INT32_MAX)
         return NT_ENOTSUP;
     bool raw = dt == NT_BF16, wide = dt == NT_F16;
-    bool packw = wide || g.flip; /* w' into scratch (f32, or bf16 bits) */
+    /* w' into scratch (f32, or bf16 bits) in K order (ki, kj, ci): w's own
+     * rows are (ci, ki, kj), the same only for a 1x1 kernel or one channel */
+    bool packw = wide || g.flip || (Cg > 1 && g.kh * g.kw > 1);
     const char *wd = nt__tensor_data(w);
     float *wf = packw ? g_try_malloc((size_t)(g.CO * Kc) * sizeof(float) + 16) : NULL;
     if (packw && !wf)
@@ -177,9 +179,9 @@ int nt__cpu_conv_gemm(const nt__rec *r)
     if (packw) /* w' row by row in K order (flip: gathered from w) */
         for (int64_t grp = 0, j = 0; grp < g.G; grp++)
             for (int64_t co = 0; co < COg; co++)
-                for (int64_t ci = 0; ci < Cg; ci++)
-                    for (int64_t ki = 0; ki < g.kh; ki++)
-                        for (int64_t kj = 0; kj < g.kw; kj++, j++) {
+                for (int64_t ki = 0; ki < g.kh; ki++)
+                    for (int64_t kj = 0; kj < g.kw; kj++)
+                        for (int64_t ci = 0; ci < Cg; ci++, j++) {
                             int64_t at = nt__conv_wpos(&g, grp, co, ci, ki, kj);
                             if (raw)
                                 ((uint16_t *)wf)[j] = ((const uint16_t *)wd)[at];
@@ -292,10 +294,12 @@ int nt__cpu_conv_wgrad(const nt__rec *r)
             g_free(CT);
             return nt__kerr(NT_EHOSTMEM, "out of host memory for the convolution's columns");
         }
-        /* dw[grp * COg + c][k] = CT[k][c], rounded (NaNs canonical) */
+        /* dw[grp * COg + c][ci][t] = CT[k = t Cg + ci][c], rounded (NaNs
+         * canonical): K's (ki, kj, ci) back to w's (ci, ki, kj) */
+        int64_t T = g.kh * g.kw;
         for (int64_t c = 0; c < COg; c++) {
             for (int64_t k = 0; k < Kc; k++)
-                row[k] = nt__canon(CT[k * COg + c]);
+                row[(k % Cg) * T + k / Cg] = nt__canon(CT[k * COg + c]);
             nt__st_f32(od + ((grp * COg + c) * Kc) * (int64_t)oes, odt, 1, row, Kc);
         }
     }

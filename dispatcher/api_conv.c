@@ -4,7 +4,7 @@
  *
  * Every one is an instance of nt_matmul's arithmetic through the kernel op
  * conv_gemm (core/conv.h: per group, W[co, K] . col[K, (n, oh, ow)] with K =
- * (ci, ki, kj), padding taps and the holes of a dilated input as zero
+ * (ki, kj, ci), padding taps and the holes of a dilated input as zero
  * products), and every weight gradient one conv_wgrad (a matmul contracting
  * over (n, oh, ow)).  docs/ops.md, "Convolution", is the contract:
  *   conv2d(x, w)            conv_gemm(x, w; stride s, offset p, dilation d)

@@ -63,6 +63,16 @@ static const ccase cases[] = {
     {1, 4, 3, 5, 6, 3, 2, {2, 3}, {1, 0}, {1, 2}, {1, 2}, 2, true, true},
     {2, 6, 5, 4, 6, 2, 3, {2, 2}, {0, 1}, {2, 1}, {1, 0}, 6, false, true}, /* depthwise */
     {0, 3, 4, 3, 2, 3, 3, {3, 1}, {2, 0}, {1, 1}, {2, 0}, 1, true, true},   /* unbatched */
+    /* the simulator's shifted-view kernel: 64 and 32 channels (2 and 4 taps
+     * a K-tile), dilated, transposed (their input gradients too) */
+    {2, 64, 12, 13, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, true, false},
+    {2, 32, 11, 12, 64, 3, 3, {1, 1}, {2, 1}, {2, 1}, {0, 0}, 1, false, false},
+    {2, 64, 6, 7, 32, 3, 2, {1, 1}, {1, 0}, {1, 1}, {0, 0}, 1, true, true},
+    /* its weight gradient on chip: OH OW a multiple of 64, position tiles
+     * across images (split at 64) and a last tile of 64 */
+    {3, 64, 8, 8, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, true, false},
+    {2, 32, 12, 16, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, false, false},
+    {1, 128, 8, 9, 8, 3, 2, {1, 1}, {2, 0}, {2, 1}, {0, 0}, 1, true, false},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };
 
@@ -349,7 +359,7 @@ static void test_matmul_contract(void **state)
                                         for (int64_t ow = 0; ow < z.OW; ow++) {
                                             int64_t ih = oh * c->s[0] - c->p[0] + ki * c->d[0];
                                             int64_t iw = ow * c->s[1] - c->p[1] + kj * c->d[1];
-                                            int64_t kk = (ci * c->kh + ki) * c->kw + kj;
+                                            int64_t kk = (ki * c->kw + kj) * Cg + ci;
                                             if (ih >= 0 && iw >= 0 && ih < c->H && iw < c->W)
                                                 col[(g * K + kk) * NL + n * L + oh * z.OW + ow] =
                                                     in.x[((n * c->C + g * Cg + ci) * c->H + ih) *
@@ -368,7 +378,10 @@ static void test_matmul_contract(void **state)
                 nt_tensor *y3 = nt_reshape(nt_permute(nt_reshape(y, 4, SH(z.N, c->G, COg, L)),
                                                       (const int[]){1, 2, 0, 3}),
                                            3, SH(c->G, COg, NL));
-                nt_tensor *m = nt_matmul(nt_reshape(w, 3, SH(c->G, COg, K)), cl);
+                /* w [CO, Cg, kh, kw] in the contract's K order (ki, kj, ci) */
+                nt_tensor *wk = nt_reshape(nt_permute(w, (const int[]){0, 2, 3, 1}), 3,
+                                           SH(c->G, COg, K));
+                nt_tensor *m = nt_matmul(wk, cl);
                 nt_tensor *g3 = nt_reshape(nt_permute(nt_reshape(cot, 4, SH(z.N, c->G, COg, L)),
                                                       (const int[]){1, 2, 0, 3}),
                                            3, SH(c->G, COg, NL));
@@ -378,7 +391,8 @@ static void test_matmul_contract(void **state)
                       *gb = malloc(nw * 4);
                 assert_int_equal(nt_to_host(nt_cast(y3, NT_F32), a, ny * 4), 0);
                 assert_int_equal(nt_to_host(nt_cast(m, NT_F32), b, ny * 4), 0);
-                assert_int_equal(nt_to_host(nt_cast(nt_grad(w), NT_F32), ga, nw * 4), 0);
+                nt_tensor *dwk = nt_permute(nt_grad(w), (const int[]){0, 2, 3, 1});
+                assert_int_equal(nt_to_host(nt_cast(nt_contiguous(dwk), NT_F32), ga, nw * 4), 0);
                 assert_int_equal(nt_to_host(nt_cast(gw, NT_F32), gb, nw * 4), 0);
                 same("y vs matmul", (int)(c - cases), k, a, b, (int64_t)ny);
                 same("gw vs matmul", (int)(c - cases), k, ga, gb, (int64_t)nw);
