@@ -565,8 +565,9 @@ static void sr_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
                          nt__sr_bits(key, (uint64_t)(i0 + i * c->st[0])));
 }
 
-/* An f32 -> f32 copy whose rows (the collapsed inner dim, contiguous in
- * both) are short: the permuted heads of attention, 32 floats a row.  The
+/* An f32 -> f32 copy whose rows (the collapsed inner dim) are short: the
+ * permuted heads of attention, 32 floats a row (contiguous in both), or a
+ * pooling window's strided slots (gathered or scattered).  The
  * driver's chunk per row (a call, a store dispatch and a vector loop with
  * its tail for two vectors) cost more than the copy; here each row is
  * copied and canonicalised inline at the AVX-512 level, rows walked with
@@ -597,19 +598,38 @@ __attribute__((target(NT_TARGET_AVX512))) static void rowcopy_span(const walk *w
     const __m512i absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
     const __m512i qnan = _mm512_set1_epi32((int)NT__QNAN_F32);
     const __mmask16 tail = (__mmask16)((1u << (inner % 16)) - 1u);
+    const int64_t s0 = w->cst[0][nd - 1], s1 = w->cst[1][nd - 1];
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i i0 = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)s0));
+    const __m512i i1 = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)s1));
     for (int64_t r = r0; r < r1; r++) {
         float *d = dst0 + off[0];
         const float *sp = src0 + off[1];
         int64_t j = 0;
-        for (; j + 16 <= inner; j += 16) {
-            __m512i u = _mm512_loadu_si512(sp + j);
-            __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absm), inf);
-            _mm512_storeu_si512(d + j, _mm512_mask_mov_epi32(u, nan, qnan));
-        }
-        if (tail) {
-            __m512i u = _mm512_maskz_loadu_epi32(tail, sp + j);
-            __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absm), inf);
-            _mm512_mask_storeu_epi32(d + j, tail, _mm512_mask_mov_epi32(u, nan, qnan));
+        if (s0 == 1 && s1 == 1) {
+            for (; j + 16 <= inner; j += 16) {
+                __m512i u = _mm512_loadu_si512(sp + j);
+                __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absm), inf);
+                _mm512_storeu_si512(d + j, _mm512_mask_mov_epi32(u, nan, qnan));
+            }
+            if (tail) {
+                __m512i u = _mm512_maskz_loadu_epi32(tail, sp + j);
+                __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absm), inf);
+                _mm512_mask_storeu_epi32(d + j, tail, _mm512_mask_mov_epi32(u, nan, qnan));
+            }
+        } else { /* strided rows: gathered, scattered */
+            for (; j < inner; j += 16) {
+                __mmask16 k = inner - j >= 16 ? (__mmask16)0xffffu : tail;
+                __m512i u = s1 == 1 ? _mm512_maskz_loadu_epi32(k, sp + j)
+                                    : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, i1,
+                                                                  sp + j * s1, 4);
+                __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absm), inf);
+                u = _mm512_mask_mov_epi32(u, nan, qnan);
+                if (s0 == 1)
+                    _mm512_mask_storeu_epi32(d + j, k, u);
+                else
+                    _mm512_mask_i32scatter_epi32(d + j * s0, k, i0, u, 4);
+            }
         }
         for (int dd = nd - 2; dd >= 0; dd--) { /* next row */
             idx[dd]++;
@@ -640,9 +660,27 @@ static int copy_rows_f32(const nt__rec *r, nt__kv *v)
     walk w;
     w.r = r, w.v = v, w.nv = 2, w.fn = NULL;
     collapse(&w, v, 2);
-    int64_t inner = w.cs[w.nd - 1];
-    if (w.n_all == 0 || w.nd < 2 || inner > ROWCOPY_MAX || w.cst[0][w.nd - 1] != 1 ||
-        w.cst[1][w.nd - 1] != 1)
+    int nd = w.nd;
+    /* Rows shorter than a vector along a longer neighbour dim: the walk
+     * takes the two innermost dims the other way round (each element is
+     * written once, from its own source: the order does not matter), e.g.
+     * the gradient of a 2x2 pool's window copy, rows of 2 [N, C, OH, 2,
+     * OW, 2] from [N, C, 2, 2, OH, OW], walked as rows of OW. */
+    if (nd >= 2 && w.cs[nd - 1] < 16 && w.cs[nd - 2] > w.cs[nd - 1] && w.cs[nd - 2] <= ROWCOPY_MAX &&
+        (w.cst[0][nd - 1] != 1 || w.cst[1][nd - 1] != 1)) {
+        int64_t t = w.cs[nd - 1];
+        w.cs[nd - 1] = w.cs[nd - 2], w.cs[nd - 2] = t;
+        for (int k = 0; k < 2; k++)
+            t = w.cst[k][nd - 1], w.cst[k][nd - 1] = w.cst[k][nd - 2], w.cst[k][nd - 2] = t;
+    }
+    int64_t inner = w.cs[nd - 1], s0 = w.cst[0][nd - 1], s1 = w.cst[1][nd - 1];
+    /* strided rows: gather/scatter indices j * stride in int32; an output
+     * stride 0 (several elements on one) is left to the driver */
+    const int64_t smax = ((int64_t)1 << 30) / (ROWCOPY_MAX + 16);
+    if (w.n_all == 0 || nd < 2 || inner > ROWCOPY_MAX || s0 == 0 || s0 > smax || s0 < -smax ||
+        s1 > smax || s1 < -smax)
+        return 0;
+    if ((s0 != 1 || s1 != 1) && inner < 4) /* rows of 1-3 strided elements: the driver */
         return 0;
     /* spans of whole rows, about EW_SPAN elements */
     w.span = (EW_SPAN + inner - 1) / inner * inner;
