@@ -493,9 +493,41 @@ int nt__cpu_cmp(const nt__rec *r)
 
 /* ---------------- where ---------------- */
 
+/* where on f32 values with a contiguous u8 condition, each value
+ * contiguous or one broadcast element (stride 0) into a contiguous f32
+ * output: the pick and nt__canon inline, without staging the operands
+ * (the where chains of max_pool2d and its gradient).  The same values:
+ * the picked element's bits, made canonical as nt__st_f32 does. */
+#define WHERE_U8_LOOP(AI, BI)                                                              \
+    for (int64_t i = 0; i < n; i++) {                                                     \
+        uint32_t m = 0u - (uint32_t)(cp[i] != 0);                                         \
+        y[i] = nt__canon(nt__bits_f32((nt__f32_bits(ap[AI]) & m) | (nt__f32_bits(bp[BI]) & ~m))); \
+    }
+
+static bool where_u8_f32(const chunk *c, int64_t n)
+{
+    if (c->dt[0] != NT_F32 || c->dt[1] != NT_U8 || c->dt[2] != NT_F32 || c->dt[3] != NT_F32 ||
+        c->st[0] != 1 || c->st[1] != 1 || (c->st[2] & ~(int64_t)1) || (c->st[3] & ~(int64_t)1))
+        return false;
+    const uint8_t *cp = (const uint8_t *)c->p[1];
+    const float *ap = (const float *)c->p[2], *bp = (const float *)c->p[3];
+    float *y = (float *)c->p[0];
+    if (c->st[2] && c->st[3])
+        WHERE_U8_LOOP(i, i)
+    else if (c->st[2])
+        WHERE_U8_LOOP(i, 0)
+    else if (c->st[3])
+        WHERE_U8_LOOP(0, i)
+    else
+        WHERE_U8_LOOP(0, 0)
+    return true;
+}
+
 static void where_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 {
     (void)r;
+    if (where_u8_f32(c, n))
+        return;
     float *m = scr; /* cond != 0 */
     nt__ld_f32(m, c->p[1], c->dt[1], c->st[1], n);
     if (nt__dtype_is_float(c->dt[0])) {
@@ -579,6 +611,35 @@ static void sr_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 #include <immintrin.h>
 #define ROWCOPY_X86 1
 
+/* cnt <= 16 elements p[0], p[2], ... as a vector: the 2 cnt - 1 floats
+ * they span in two masked loads (nothing past them is read), the even ones
+ * picked. */
+__attribute__((target(NT_TARGET_AVX512))) static inline __m512i ld_stride2(const float *p,
+                                                                          int64_t cnt)
+{
+    int64_t span = 2 * cnt - 1;
+    __mmask16 mlo = (__mmask16)(span >= 16 ? 0xffffu : (1u << span) - 1u);
+    __mmask16 mhi = (__mmask16)(span > 16 ? (1u << (span - 16)) - 1u : 0u);
+    __m512i lo = _mm512_maskz_loadu_epi32(mlo, p), hi = _mm512_maskz_loadu_epi32(mhi, p + 16);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    return _mm512_permutex2var_epi32(lo, even, hi);
+}
+
+/* The first cnt <= 16 lanes of u to p[0], p[2], ...: spread to the even
+ * lanes of two vectors, stored under masks of those lanes alone. */
+__attribute__((target(NT_TARGET_AVX512))) static inline void st_stride2(float *p, int64_t cnt,
+                                                                       __m512i u)
+{
+    const __m512i ilo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i ihi = _mm512_setr_epi32(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    uint32_t nlo = (uint32_t)(cnt < 8 ? cnt : 8), nhi = (uint32_t)(cnt > 8 ? cnt - 8 : 0);
+    __mmask16 mlo = (__mmask16)(0x5555u & ((1u << (2 * nlo)) - 1u));
+    __mmask16 mhi = (__mmask16)(0x5555u & ((1u << (2 * nhi)) - 1u));
+    _mm512_mask_storeu_epi32(p, mlo, _mm512_permutexvar_epi32(ilo, u));
+    if (mhi)
+        _mm512_mask_storeu_epi32(p + 16, mhi, _mm512_permutexvar_epi32(ihi, u));
+}
+
 __attribute__((target(NT_TARGET_AVX512))) static void rowcopy_span(const walk *w, int64_t lo,
                                                                    int64_t hi)
 {
@@ -617,16 +678,23 @@ __attribute__((target(NT_TARGET_AVX512))) static void rowcopy_span(const walk *w
                 __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absm), inf);
                 _mm512_mask_storeu_epi32(d + j, tail, _mm512_mask_mov_epi32(u, nan, qnan));
             }
-        } else { /* strided rows: gathered, scattered */
+        } else { /* strided rows: gathered, scattered (stride 2: two vectors) */
             for (; j < inner; j += 16) {
-                __mmask16 k = inner - j >= 16 ? (__mmask16)0xffffu : tail;
-                __m512i u = s1 == 1 ? _mm512_maskz_loadu_epi32(k, sp + j)
-                                    : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, i1,
-                                                                  sp + j * s1, 4);
+                int64_t cnt = inner - j >= 16 ? 16 : inner - j;
+                __mmask16 k = cnt == 16 ? (__mmask16)0xffffu : tail;
+                __m512i u;
+                if (s1 == 1)
+                    u = _mm512_maskz_loadu_epi32(k, sp + j);
+                else if (s1 == 2)
+                    u = ld_stride2(sp + 2 * j, cnt);
+                else
+                    u = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, i1, sp + j * s1, 4);
                 __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absm), inf);
                 u = _mm512_mask_mov_epi32(u, nan, qnan);
                 if (s0 == 1)
                     _mm512_mask_storeu_epi32(d + j, k, u);
+                else if (s0 == 2)
+                    st_stride2(d + 2 * j, cnt, u);
                 else
                     _mm512_mask_i32scatter_epi32(d + j * s0, k, i0, u, 4);
             }

@@ -737,6 +737,19 @@ static void test_pool_copies_and_short_dim_max(void **state)
                 assert_int_equal(nt_to_host(nt_min(w, 2, false), got, (size_t)(N * NC * L) * 4), 0);
                 if ((d = first_diff(got, wmn, N * NC * L)) >= 0)
                     fail_msg("OW %lld: min over the slots, element %lld", (long long)OW, (long long)d);
+                /* where on a u8 condition (cpu/ewise.c, where_u8_f32): values
+                 * contiguous or one broadcast element, either side */
+                nt_tensor *cond = nt_gt(y, xb), *k2 = nt_full(NT_F32, 0, NULL, 2.5);
+                nt_tensor *sel[3] = {nt_where(cond, y, xb), nt_where(cond, y, k2), nt_where(cond, k2, xb)};
+                for (int e = 0; e < 3; e++) {
+                    assert_int_equal(nt_to_host(sel[e], got, (size_t)n * 4), 0);
+                    for (int64_t i = 0; i < n; i++) {
+                        float a = e == 2 ? 2.5f : want[i], b = e == 1 ? 2.5f : xv[i];
+                        float r = nt__canon(want[i] > xv[i] ? a : b);
+                        if (fbits(got[i]) != fbits(r))
+                            fail_msg("OW %lld: where %d element %lld", (long long)OW, e, (long long)i);
+                    }
+                }
                 nt_scope_end(sc);
             }
         nt_release(x), nt_release(xb);
