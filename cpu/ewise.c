@@ -449,8 +449,44 @@ int nt__cpu_binary(const nt__rec *r)
 
 /* ---------------- compare ---------------- */
 
+/* A comparison of f32 operands, each contiguous or one broadcast element
+ * (stride 0), into a contiguous u8 output: the compare and the 0/1 store
+ * inline, without staging (max_pool2d's window compares).  The same 0/1 as
+ * the staged path. */
+#define CMP_U8_LOOP(name, AI, BI)         \
+    for (int64_t i = 0; i < n; i++)       \
+        y[i] = (uint8_t)nt__ew_##name(ap[AI], bp[BI]);
+
+static bool cmp_f32_u8(const nt__rec *r, const chunk *c, int64_t n)
+{
+    if (c->dt[0] != NT_U8 || c->dt[1] != NT_F32 || c->dt[2] != NT_F32 || c->st[0] != 1 ||
+        (c->st[1] & ~(int64_t)1) || (c->st[2] & ~(int64_t)1))
+        return false;
+    const float *ap = (const float *)c->p[1], *bp = (const float *)c->p[2];
+    uint8_t *y = (uint8_t *)c->p[0];
+    int form = (c->st[1] ? 2 : 0) + (c->st[2] ? 1 : 0);
+    switch (r->op) {
+#define NT__CM_U8(ID, name, nin, kind, flags, ...) \
+    case NT_OP_##ID:                                \
+        if (form == 3)                              \
+            CMP_U8_LOOP(name, i, i)                 \
+        else if (form == 2)                         \
+            CMP_U8_LOOP(name, i, 0)                 \
+        else if (form == 1)                         \
+            CMP_U8_LOOP(name, 0, i)                 \
+        else                                        \
+            CMP_U8_LOOP(name, 0, 0)                 \
+        return true;
+        NT_OPS_CMP(NT__CM_U8)
+#undef NT__CM_U8
+    default: return false;
+    }
+}
+
 static void cmp_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 {
+    if (cmp_f32_u8(r, c, n))
+        return;
     int32_t *y = (int32_t *)scr + 2 * NT_CHUNK;
     if (nt__dtype_is_float(c->dt[1]) || nt__dtype_is_float(c->dt[2])) {
         float *a = scr, *b = a + NT_CHUNK;

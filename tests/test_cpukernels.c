@@ -682,8 +682,9 @@ static void test_row_kernels_split_match_definitions(void **state)
  * as rows of OW, scattered), by copy_rows_f32 and by the driver, against
  * nt__canon of each source element; and nt_max / nt_min over a short
  * middle dim (cpu/reduce.c's column-wise lanes) against the canonical
- * strided reduction of each column, with NaN, +-Inf and -0 among the
- * values, on one and two threads. */
+ * strided reduction of each column, and nt_where / compares on a u8
+ * condition with contiguous or broadcast values, with NaN, +-Inf and -0
+ * among the values, on one and two threads. */
 static void test_pool_copies_and_short_dim_max(void **state)
 {
     (void)state;
@@ -741,6 +742,18 @@ static void test_pool_copies_and_short_dim_max(void **state)
                  * contiguous or one broadcast element, either side */
                 nt_tensor *cond = nt_gt(y, xb), *k2 = nt_full(NT_F32, 0, NULL, 2.5);
                 nt_tensor *sel[3] = {nt_where(cond, y, xb), nt_where(cond, y, k2), nt_where(cond, k2, xb)};
+                /* compares into u8 (cmp_f32_u8): contiguous, broadcast either side */
+                nt_tensor *cm[3] = {nt_ne(xb, xb), nt_eq(y, k2), nt_lt(k2, y)};
+                uint8_t *cb = malloc((size_t)n);
+                for (int e = 0; e < 3; e++) {
+                    assert_int_equal(nt_to_host(cm[e], cb, (size_t)n), 0);
+                    for (int64_t i = 0; i < n; i++) {
+                        int r = e == 0 ? xv[i] != xv[i] : e == 1 ? want[i] == 2.5f : 2.5f < want[i];
+                        if (cb[i] != r)
+                            fail_msg("OW %lld: compare %d element %lld", (long long)OW, e, (long long)i);
+                    }
+                }
+                free(cb);
                 for (int e = 0; e < 3; e++) {
                     assert_int_equal(nt_to_host(sel[e], got, (size_t)n * 4), 0);
                     for (int64_t i = 0; i < n; i++) {
