@@ -449,8 +449,44 @@ int nt__cpu_binary(const nt__rec *r)
 
 /* ---------------- compare ---------------- */
 
+/* A comparison of f32 operands, each contiguous or one broadcast element
+ * (stride 0), into a contiguous u8 output: the compare and the 0/1 store
+ * inline, without staging (max_pool2d's window compares).  The same 0/1 as
+ * the staged path. */
+#define CMP_U8_LOOP(name, AI, BI)         \
+    for (int64_t i = 0; i < n; i++)       \
+        y[i] = (uint8_t)nt__ew_##name(ap[AI], bp[BI]);
+
+static bool cmp_f32_u8(const nt__rec *r, const chunk *c, int64_t n)
+{
+    if (c->dt[0] != NT_U8 || c->dt[1] != NT_F32 || c->dt[2] != NT_F32 || c->st[0] != 1 ||
+        (c->st[1] & ~(int64_t)1) || (c->st[2] & ~(int64_t)1))
+        return false;
+    const float *ap = (const float *)c->p[1], *bp = (const float *)c->p[2];
+    uint8_t *y = (uint8_t *)c->p[0];
+    int form = (c->st[1] ? 2 : 0) + (c->st[2] ? 1 : 0);
+    switch (r->op) {
+#define NT__CM_U8(ID, name, nin, kind, flags, ...) \
+    case NT_OP_##ID:                                \
+        if (form == 3)                              \
+            CMP_U8_LOOP(name, i, i)                 \
+        else if (form == 2)                         \
+            CMP_U8_LOOP(name, i, 0)                 \
+        else if (form == 1)                         \
+            CMP_U8_LOOP(name, 0, i)                 \
+        else                                        \
+            CMP_U8_LOOP(name, 0, 0)                 \
+        return true;
+        NT_OPS_CMP(NT__CM_U8)
+#undef NT__CM_U8
+    default: return false;
+    }
+}
+
 static void cmp_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 {
+    if (cmp_f32_u8(r, c, n))
+        return;
     int32_t *y = (int32_t *)scr + 2 * NT_CHUNK;
     if (nt__dtype_is_float(c->dt[1]) || nt__dtype_is_float(c->dt[2])) {
         float *a = scr, *b = a + NT_CHUNK;
@@ -493,9 +529,41 @@ int nt__cpu_cmp(const nt__rec *r)
 
 /* ---------------- where ---------------- */
 
+/* where on f32 values with a contiguous u8 condition, each value
+ * contiguous or one broadcast element (stride 0) into a contiguous f32
+ * output: the pick and nt__canon inline, without staging the operands
+ * (the where chains of max_pool2d and its gradient).  The same values:
+ * the picked element's bits, made canonical as nt__st_f32 does. */
+#define WHERE_U8_LOOP(AI, BI)                                                              \
+    for (int64_t i = 0; i < n; i++) {                                                     \
+        uint32_t m = 0u - (uint32_t)(cp[i] != 0);                                         \
+        y[i] = nt__canon(nt__bits_f32((nt__f32_bits(ap[AI]) & m) | (nt__f32_bits(bp[BI]) & ~m))); \
+    }
+
+static bool where_u8_f32(const chunk *c, int64_t n)
+{
+    if (c->dt[0] != NT_F32 || c->dt[1] != NT_U8 || c->dt[2] != NT_F32 || c->dt[3] != NT_F32 ||
+        c->st[0] != 1 || c->st[1] != 1 || (c->st[2] & ~(int64_t)1) || (c->st[3] & ~(int64_t)1))
+        return false;
+    const uint8_t *cp = (const uint8_t *)c->p[1];
+    const float *ap = (const float *)c->p[2], *bp = (const float *)c->p[3];
+    float *y = (float *)c->p[0];
+    if (c->st[2] && c->st[3])
+        WHERE_U8_LOOP(i, i)
+    else if (c->st[2])
+        WHERE_U8_LOOP(i, 0)
+    else if (c->st[3])
+        WHERE_U8_LOOP(0, i)
+    else
+        WHERE_U8_LOOP(0, 0)
+    return true;
+}
+
 static void where_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 {
     (void)r;
+    if (where_u8_f32(c, n))
+        return;
     float *m = scr; /* cond != 0 */
     nt__ld_f32(m, c->p[1], c->dt[1], c->st[1], n);
     if (nt__dtype_is_float(c->dt[0])) {
@@ -565,8 +633,9 @@ static void sr_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
                          nt__sr_bits(key, (uint64_t)(i0 + i * c->st[0])));
 }
 
-/* An f32 -> f32 copy whose rows (the collapsed inner dim, contiguous in
- * both) are short: the permuted heads of attention, 32 floats a row.  The
+/* An f32 -> f32 copy whose rows (the collapsed inner dim) are short: the
+ * permuted heads of attention, 32 floats a row (contiguous in both), or a
+ * pooling window's strided slots (gathered or scattered).  The
  * driver's chunk per row (a call, a store dispatch and a vector loop with
  * its tail for two vectors) cost more than the copy; here each row is
  * copied and canonicalised inline at the AVX-512 level, rows walked with
@@ -577,6 +646,35 @@ static void sr_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define ROWCOPY_X86 1
+
+/* cnt <= 16 elements p[0], p[2], ... as a vector: the 2 cnt - 1 floats
+ * they span in two masked loads (nothing past them is read), the even ones
+ * picked. */
+__attribute__((target(NT_TARGET_AVX512))) static inline __m512i ld_stride2(const float *p,
+                                                                          int64_t cnt)
+{
+    int64_t span = 2 * cnt - 1;
+    __mmask16 mlo = (__mmask16)(span >= 16 ? 0xffffu : (1u << span) - 1u);
+    __mmask16 mhi = (__mmask16)(span > 16 ? (1u << (span - 16)) - 1u : 0u);
+    __m512i lo = _mm512_maskz_loadu_epi32(mlo, p), hi = _mm512_maskz_loadu_epi32(mhi, p + 16);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    return _mm512_permutex2var_epi32(lo, even, hi);
+}
+
+/* The first cnt <= 16 lanes of u to p[0], p[2], ...: spread to the even
+ * lanes of two vectors, stored under masks of those lanes alone. */
+__attribute__((target(NT_TARGET_AVX512))) static inline void st_stride2(float *p, int64_t cnt,
+                                                                       __m512i u)
+{
+    const __m512i ilo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i ihi = _mm512_setr_epi32(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    uint32_t nlo = (uint32_t)(cnt < 8 ? cnt : 8), nhi = (uint32_t)(cnt > 8 ? cnt - 8 : 0);
+    __mmask16 mlo = (__mmask16)(0x5555u & ((1u << (2 * nlo)) - 1u));
+    __mmask16 mhi = (__mmask16)(0x5555u & ((1u << (2 * nhi)) - 1u));
+    _mm512_mask_storeu_epi32(p, mlo, _mm512_permutexvar_epi32(ilo, u));
+    if (mhi)
+        _mm512_mask_storeu_epi32(p + 16, mhi, _mm512_permutexvar_epi32(ihi, u));
+}
 
 __attribute__((target(NT_TARGET_AVX512))) static void rowcopy_span(const walk *w, int64_t lo,
                                                                    int64_t hi)
@@ -597,19 +695,45 @@ __attribute__((target(NT_TARGET_AVX512))) static void rowcopy_span(const walk *w
     const __m512i absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
     const __m512i qnan = _mm512_set1_epi32((int)NT__QNAN_F32);
     const __mmask16 tail = (__mmask16)((1u << (inner % 16)) - 1u);
+    const int64_t s0 = w->cst[0][nd - 1], s1 = w->cst[1][nd - 1];
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i i0 = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)s0));
+    const __m512i i1 = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)s1));
     for (int64_t r = r0; r < r1; r++) {
         float *d = dst0 + off[0];
         const float *sp = src0 + off[1];
         int64_t j = 0;
-        for (; j + 16 <= inner; j += 16) {
-            __m512i u = _mm512_loadu_si512(sp + j);
-            __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absm), inf);
-            _mm512_storeu_si512(d + j, _mm512_mask_mov_epi32(u, nan, qnan));
-        }
-        if (tail) {
-            __m512i u = _mm512_maskz_loadu_epi32(tail, sp + j);
-            __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absm), inf);
-            _mm512_mask_storeu_epi32(d + j, tail, _mm512_mask_mov_epi32(u, nan, qnan));
+        if (s0 == 1 && s1 == 1) {
+            for (; j + 16 <= inner; j += 16) {
+                __m512i u = _mm512_loadu_si512(sp + j);
+                __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absm), inf);
+                _mm512_storeu_si512(d + j, _mm512_mask_mov_epi32(u, nan, qnan));
+            }
+            if (tail) {
+                __m512i u = _mm512_maskz_loadu_epi32(tail, sp + j);
+                __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absm), inf);
+                _mm512_mask_storeu_epi32(d + j, tail, _mm512_mask_mov_epi32(u, nan, qnan));
+            }
+        } else { /* strided rows: gathered, scattered (stride 2: two vectors) */
+            for (; j < inner; j += 16) {
+                int64_t cnt = inner - j >= 16 ? 16 : inner - j;
+                __mmask16 k = cnt == 16 ? (__mmask16)0xffffu : tail;
+                __m512i u;
+                if (s1 == 1)
+                    u = _mm512_maskz_loadu_epi32(k, sp + j);
+                else if (s1 == 2)
+                    u = ld_stride2(sp + 2 * j, cnt);
+                else
+                    u = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, i1, sp + j * s1, 4);
+                __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absm), inf);
+                u = _mm512_mask_mov_epi32(u, nan, qnan);
+                if (s0 == 1)
+                    _mm512_mask_storeu_epi32(d + j, k, u);
+                else if (s0 == 2)
+                    st_stride2(d + 2 * j, cnt, u);
+                else
+                    _mm512_mask_i32scatter_epi32(d + j * s0, k, i0, u, 4);
+            }
         }
         for (int dd = nd - 2; dd >= 0; dd--) { /* next row */
             idx[dd]++;
@@ -640,9 +764,27 @@ static int copy_rows_f32(const nt__rec *r, nt__kv *v)
     walk w;
     w.r = r, w.v = v, w.nv = 2, w.fn = NULL;
     collapse(&w, v, 2);
-    int64_t inner = w.cs[w.nd - 1];
-    if (w.n_all == 0 || w.nd < 2 || inner > ROWCOPY_MAX || w.cst[0][w.nd - 1] != 1 ||
-        w.cst[1][w.nd - 1] != 1)
+    int nd = w.nd;
+    /* Rows shorter than a vector along a longer neighbour dim: the walk
+     * takes the two innermost dims the other way round (each element is
+     * written once, from its own source: the order does not matter), e.g.
+     * the gradient of a 2x2 pool's window copy, rows of 2 [N, C, OH, 2,
+     * OW, 2] from [N, C, 2, 2, OH, OW], walked as rows of OW. */
+    if (nd >= 2 && w.cs[nd - 1] < 16 && w.cs[nd - 2] > w.cs[nd - 1] && w.cs[nd - 2] <= ROWCOPY_MAX &&
+        (w.cst[0][nd - 1] != 1 || w.cst[1][nd - 1] != 1)) {
+        int64_t t = w.cs[nd - 1];
+        w.cs[nd - 1] = w.cs[nd - 2], w.cs[nd - 2] = t;
+        for (int k = 0; k < 2; k++)
+            t = w.cst[k][nd - 1], w.cst[k][nd - 1] = w.cst[k][nd - 2], w.cst[k][nd - 2] = t;
+    }
+    int64_t inner = w.cs[nd - 1], s0 = w.cst[0][nd - 1], s1 = w.cst[1][nd - 1];
+    /* strided rows: gather/scatter indices j * stride in int32; an output
+     * stride 0 (several elements on one) is left to the driver */
+    const int64_t smax = ((int64_t)1 << 30) / (ROWCOPY_MAX + 16);
+    if (w.n_all == 0 || nd < 2 || inner > ROWCOPY_MAX || s0 == 0 || s0 > smax || s0 < -smax ||
+        s1 > smax || s1 < -smax)
+        return 0;
+    if ((s0 != 1 || s1 != 1) && inner < 4) /* rows of 1-3 strided elements: the driver */
         return 0;
     /* spans of whole rows, about EW_SPAN elements */
     w.span = (EW_SPAN + inner - 1) / inner * inner;

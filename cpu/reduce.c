@@ -374,6 +374,78 @@ static void cols_sum(const float *T, int64_t m, int64_t w, int64_t ld, float *pa
     cols_block_sum(T, m, w, ld, part);
 }
 
+/* part[j] = nt__red_block_max_f32 (mx) or nt__red_block_min_f32 (!mx) of
+ * column j < w of the m rows T + k * ld, all columns at once: each column
+ * gets the same lanes (the identity, then its elements in order), the same
+ * halving folds and the same nt__ew_maximum / nt__ew_minimum (written with
+ * both arms computed and picked by masks, the same values, so the loops
+ * over the contiguous columns vectorise).  A reduction over a short middle
+ * dim (a pooling window's slots, [N, C, K, L] over K) was one strided call
+ * per column: its 16 lanes' setup and 15 folds cost more than its few
+ * elements. */
+#define NT__EXT(mx, a, b) \
+    nt__fsel(((a) != (a)) | ((b) != (b)), (a) + (b), nt__fsel((mx) ? (b) > (a) : (b) < (a), (b), (a)))
+#define COLS_BLOCK_EXT(T, m, w, ld, part, mx)                   \
+    do {                                                        \
+        float lane[NT_RED_LANES][RED_W];                        \
+        const float id = (mx) ? -INFINITY : INFINITY;           \
+        for (int l = 0; l < NT_RED_LANES; l++)                  \
+            for (int64_t j = 0; j < w; j++)                     \
+                lane[l][j] = id;                                \
+        for (int64_t k = 0; k < m; k++) {                       \
+            float *ln = lane[k % NT_RED_LANES];                 \
+            const float *row = T + k * ld;                      \
+            for (int64_t j = 0; j < w; j++)                     \
+                ln[j] = NT__EXT(mx, ln[j], row[j]);             \
+        }                                                       \
+        for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)          \
+            for (int l = 0; l < h; l++)                         \
+                for (int64_t j = 0; j < w; j++)                 \
+                    lane[l][j] = NT__EXT(mx, lane[l][j], lane[l + h][j]); \
+        for (int64_t j = 0; j < w; j++)                         \
+            part[j] = lane[0][j];                               \
+    } while (0)
+
+static void cols_block_max(const float *T, int64_t m, int64_t w, int64_t ld, float *part)
+{
+    COLS_BLOCK_EXT(T, m, w, ld, part, true);
+}
+static void cols_block_min(const float *T, int64_t m, int64_t w, int64_t ld, float *part)
+{
+    COLS_BLOCK_EXT(T, m, w, ld, part, false);
+}
+#ifdef COLS_AVX512
+__attribute__((target(NT_TARGET_AVX512))) static void
+cols_block_max_avx512(const float *T, int64_t m, int64_t w, int64_t ld, float *part)
+{
+    COLS_BLOCK_EXT(T, m, w, ld, part, true);
+}
+__attribute__((target(NT_TARGET_AVX512))) static void
+cols_block_min_avx512(const float *T, int64_t m, int64_t w, int64_t ld, float *part)
+{
+    COLS_BLOCK_EXT(T, m, w, ld, part, false);
+}
+#endif
+
+/* The column maxima (mx) or minima of COLS_BLOCK_EXT, at the widest vector
+ * level the reductions' ISA allows. */
+static void cols_ext(const float *T, int64_t m, int64_t w, int64_t ld, float *part, bool mx)
+{
+#ifdef COLS_AVX512
+    if (w >= 16 && nt__gemm_isa() == NT_ISA_AVX512) {
+        if (mx)
+            cols_block_max_avx512(T, m, w, ld, part);
+        else
+            cols_block_min_avx512(T, m, w, ld, part);
+        return;
+    }
+#endif
+    if (mx)
+        cols_block_max(T, m, w, ld, part);
+    else
+        cols_block_min(T, m, w, ld, part);
+}
+
 /* Folds elements k0 .. k0+m-1 (m <= NT_RED_BLOCK: one canonical block) of w
  * columns, held in c->T / c->Ti as [m, w]. */
 static void acc_block(red *c, int64_t k0, int64_t m, int64_t w)
@@ -400,18 +472,28 @@ static void acc_block(red *c, int64_t k0, int64_t m, int64_t w)
             for (int64_t k = 0; k < m; k++)
                 for (int64_t j = 0; j < w; j++)
                     c->i[j] = Ti[k * w + j] > c->i[j] ? Ti[k * w + j] : c->i[j];
-        else
+        else if (w == 1)
+            c->f[0] = nt__ew_maximum(c->f[0], nt__red_block_max_f32(T, m, 1));
+        else {
+            float part[RED_W];
+            cols_ext(T, m, w, w, part, true);
             for (int64_t j = 0; j < w; j++)
-                c->f[j] = nt__ew_maximum(c->f[j], nt__red_block_max_f32(T + j, m, w));
+                c->f[j] = nt__ew_maximum(c->f[j], part[j]);
+        }
         break;
     case NT_RED_MIN:
         if (c->ints)
             for (int64_t k = 0; k < m; k++)
                 for (int64_t j = 0; j < w; j++)
                     c->i[j] = Ti[k * w + j] < c->i[j] ? Ti[k * w + j] : c->i[j];
-        else
+        else if (w == 1)
+            c->f[0] = nt__ew_minimum(c->f[0], nt__red_block_min_f32(T, m, 1));
+        else {
+            float part[RED_W];
+            cols_ext(T, m, w, w, part, false);
             for (int64_t j = 0; j < w; j++)
-                c->f[j] = nt__ew_minimum(c->f[j], nt__red_block_min_f32(T + j, m, w));
+                c->f[j] = nt__ew_minimum(c->f[j], part[j]);
+        }
         break;
     case NT_RED_ARGMAX:
     case NT_RED_ARGMIN:

@@ -677,6 +677,105 @@ static void test_row_kernels_split_match_definitions(void **state)
     free(x), free(w), free(b), free(ref), free(got), free(tmp), free(u), free(lab);
 }
 
+/* Pooling's kernels (issue 33): the window copy of a 2x2 pool (rows of OW
+ * gathered with stride 2) and its gradient's copy back (rows of 2 walked
+ * as rows of OW, scattered), by copy_rows_f32 and by the driver, against
+ * nt__canon of each source element; and nt_max / nt_min over a short
+ * middle dim (cpu/reduce.c's column-wise lanes) against the canonical
+ * strided reduction of each column, and nt_where / compares on a u8
+ * condition with contiguous or broadcast values, with NaN, +-Inf and -0
+ * among the values, on one and two threads. */
+static void test_pool_copies_and_short_dim_max(void **state)
+{
+    (void)state;
+    static const int64_t ows[] = {3, 14, 17, 40};
+    static const char *const threads[] = {"1", "2"};
+    const int64_t N = 3, NC = 5, OH = 7;
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    for (size_t q = 0; q < sizeof ows / sizeof ows[0]; q++) {
+        int64_t OW = ows[q], n = N * NC * OH * 2 * OW * 2, L = OH * OW;
+        float *xv = malloc((size_t)n * 4), *want = malloc((size_t)n * 4), *back = malloc((size_t)n * 4);
+        float *got = malloc((size_t)n * 4), *wmx = malloc((size_t)(N * NC * L) * 4);
+        float *wmn = malloc((size_t)(N * NC * L) * 4);
+        mixed_values(xv, n, 70 + (uint64_t)q);
+        /* want [N, NC, a, b, oh, ow] = x [N, NC, oh, a, ow, b]; back the inverse of want */
+        for (int64_t nc = 0; nc < N * NC; nc++)
+            for (int64_t a = 0; a < 2; a++)
+                for (int64_t b = 0; b < 2; b++)
+                    for (int64_t i = 0; i < L; i++) {
+                        int64_t oh = i / OW, ow = i % OW;
+                        int64_t src = ((nc * OH + oh) * 2 + a) * OW * 2 + ow * 2 + b;
+                        int64_t dst = (nc * 4 + a * 2 + b) * L + i;
+                        want[dst] = nt__canon(xv[src]);
+                        back[src] = nt__canon(xv[dst]);
+                    }
+        for (int64_t j = 0; j < N * NC * L; j++) {
+            int64_t nc = j / L, i = j % L;
+            wmx[j] = nt__red_max_f32(want + nc * 4 * L + i, 4, L);
+            wmn[j] = nt__red_min_f32(want + nc * 4 * L + i, 4, L);
+        }
+        nt_tensor *x = nt_from_host(xv, NT_F32, 6, (int64_t[]){N, NC, OH, 2, OW, 2});
+        nt_tensor *xb = nt_from_host(xv, NT_F32, 6, (int64_t[]){N, NC, 2, 2, OH, OW});
+        for (int t = 0; t < 2 * NLEVELS; t++)
+            for (int fast = 0; fast < 2; fast++) {
+                if (nt_config_set("NT_CPU_ISA", levels[t / 2]) != 0)
+                    continue;
+                nt_scope *sc = nt_scope_begin();
+                assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[t % 2]), 0);
+                __atomic_store_n(&nt__cpu_rowcopy, fast, __ATOMIC_RELAXED);
+                nt_tensor *y = nt_contiguous(nt_permute(x, (const int[]){0, 1, 3, 5, 2, 4}));
+                assert_int_equal(nt_to_host(y, got, (size_t)n * 4), 0);
+                int64_t d = first_diff(got, want, n);
+                if (d >= 0)
+                    fail_msg("OW %lld fast %d: window copy element %lld", (long long)OW, fast, (long long)d);
+                nt_tensor *z = nt_contiguous(nt_permute(xb, (const int[]){0, 1, 4, 2, 5, 3}));
+                assert_int_equal(nt_to_host(z, got, (size_t)n * 4), 0);
+                if ((d = first_diff(got, back, n)) >= 0)
+                    fail_msg("OW %lld fast %d: copy back element %lld", (long long)OW, fast, (long long)d);
+                nt_tensor *w = nt_reshape(y, 4, (int64_t[]){N, NC, 4, L});
+                assert_int_equal(nt_to_host(nt_max(w, 2, false), got, (size_t)(N * NC * L) * 4), 0);
+                if ((d = first_diff(got, wmx, N * NC * L)) >= 0)
+                    fail_msg("OW %lld: max over the slots, element %lld", (long long)OW, (long long)d);
+                assert_int_equal(nt_to_host(nt_min(w, 2, false), got, (size_t)(N * NC * L) * 4), 0);
+                if ((d = first_diff(got, wmn, N * NC * L)) >= 0)
+                    fail_msg("OW %lld: min over the slots, element %lld", (long long)OW, (long long)d);
+                /* where on a u8 condition (cpu/ewise.c, where_u8_f32): values
+                 * contiguous or one broadcast element, either side */
+                nt_tensor *cond = nt_gt(y, xb), *k2 = nt_full(NT_F32, 0, NULL, 2.5);
+                nt_tensor *sel[3] = {nt_where(cond, y, xb), nt_where(cond, y, k2), nt_where(cond, k2, xb)};
+                /* compares into u8 (cmp_f32_u8): contiguous, broadcast either side */
+                nt_tensor *cm[3] = {nt_ne(xb, xb), nt_eq(y, k2), nt_lt(k2, y)};
+                uint8_t *cb = malloc((size_t)n);
+                for (int e = 0; e < 3; e++) {
+                    assert_int_equal(nt_to_host(cm[e], cb, (size_t)n), 0);
+                    for (int64_t i = 0; i < n; i++) {
+                        int r = e == 0 ? xv[i] != xv[i] : e == 1 ? want[i] == 2.5f : 2.5f < want[i];
+                        if (cb[i] != r)
+                            fail_msg("OW %lld: compare %d element %lld", (long long)OW, e, (long long)i);
+                    }
+                }
+                free(cb);
+                for (int e = 0; e < 3; e++) {
+                    assert_int_equal(nt_to_host(sel[e], got, (size_t)n * 4), 0);
+                    for (int64_t i = 0; i < n; i++) {
+                        float a = e == 2 ? 2.5f : want[i], b = e == 1 ? 2.5f : xv[i];
+                        float r = nt__canon(want[i] > xv[i] ? a : b);
+                        if (fbits(got[i]) != fbits(r))
+                            fail_msg("OW %lld: where %d element %lld", (long long)OW, e, (long long)i);
+                    }
+                }
+                nt_scope_end(sc);
+            }
+        nt_release(x), nt_release(xb);
+        free(xv), free(want), free(back), free(got), free(wmx), free(wmn);
+    }
+    __atomic_store_n(&nt__cpu_rowcopy, 1, __ATOMIC_RELAXED);
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -690,6 +789,8 @@ int main(void)
                                         nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fill_values, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_short_row_copies, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_pool_copies_and_short_dim_max, nt_test_setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_small_column_sums, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_row_kernels_split_match_definitions, nt_test_setup,
                                         nt_test_teardown),
