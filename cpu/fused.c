@@ -10,6 +10,7 @@
 
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "fusion/ir.h"
@@ -2128,7 +2129,10 @@ static const nt__fgroup *coalesce_ew(ew_ctx *c, const nt__fgroup *g, const mview
     int64_t shape[NT_MAX_DIMS];
     memcpy(shape, P->shape, sizeof shape);
     int nd = coalesce_dims(P->ndim, shape, v, nv);
-    c->pc = *P;
+    /* The program's own fields only: those from key on are the cache's
+     * bookkeeping, which other threads update under its lock. */
+    memset(&c->pc, 0, sizeof c->pc);
+    memcpy(&c->pc, P, offsetof(nt__fprog, key));
     c->pc.ndim = nd;
     memcpy(c->pc.shape, shape, sizeof shape);
     c->gc = *g;
