@@ -33,7 +33,7 @@
 
 #define BENCH_NAME "bench/cnn_step"
 #include "bench.h"
-#include "examples/cnn_data.h"
+#include "examples/fmnist.h"
 #include "examples/cnn_model.h"
 
 #ifndef CNN_PEER_SCRIPT
@@ -309,12 +309,12 @@ static void compare_accuracy(const bench_opts *b, const cnn_data *train, const c
 int main(int argc, char **argv)
 {
     bench_opts b = {.width = 16, .batch = 128, .steps = 30, .warmup = 5, .epochs = 0,
-                    .python = "/usr/bin/python3", .peer = CNN_PEER_SCRIPT, .data = CNN_DATA_DIR};
+                    .python = "/usr/bin/python3", .peer = CNN_PEER_SCRIPT, .data = FMNIST_DIR};
     int rounds = 1;
     const char *configs = "peer,cpu,sim";
     parse(argc, argv, &b, &rounds, &configs);
     cnn_data train, test;
-    if (cnn_data_load(b.data, "train", &train) || cnn_data_load(b.data, "t10k", &test))
+    if (fmnist_load("cnn", b.data, "train", &train) || fmnist_load("cnn", b.data, "t10k", &test))
         return 1;
     if (nt_init() != 0)
         bench_fail("nt_init");
@@ -417,8 +417,8 @@ int main(int argc, char **argv)
     if (b.epochs > 0)
         compare_accuracy(&b, &train, &test, faster, has_torch);
     free(order);
-    cnn_data_free(&train);
-    cnn_data_free(&test);
+    fmnist_free(&train);
+    fmnist_free(&test);
     nt_shutdown();
     return 0;
 }

@@ -28,7 +28,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cnn_data.h"
+#include "fmnist.h"
 #include "cnn_model.h"
 
 typedef struct {
@@ -217,12 +217,12 @@ static int train_epoch(const options *o, cnn_model *m, nt_optim *opt, nt_schedul
 
 int main(int argc, char **argv)
 {
-    options o = {.data_dir = CNN_DATA_DIR, .epochs = 4, .log_every = 100, .seed = 1,
+    options o = {.data_dir = FMNIST_DIR, .epochs = 4, .log_every = 100, .seed = 1,
                  .t = {.batch = 128, .width = 16, .warmup = -1, .lr = 0, .wd = -1}};
     parse_args(argc, argv, &o);
     double t_start = now_s();
     cnn_data train, test;
-    if (cnn_data_load(o.data_dir, "train", &train) || cnn_data_load(o.data_dir, "t10k", &test))
+    if (fmnist_load("cnn", o.data_dir, "train", &train) || fmnist_load("cnn", o.data_dir, "t10k", &test))
         return 1;
     if (o.train_subset && o.train_subset < train.n)
         train.n = o.train_subset;
@@ -298,8 +298,8 @@ int main(int argc, char **argv)
     free(xb);
     free(yb);
     free(order);
-    cnn_data_free(&train);
-    cnn_data_free(&test);
+    fmnist_free(&train);
+    fmnist_free(&test);
     nt_shutdown();
     return 0;
 }

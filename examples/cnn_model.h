@@ -49,6 +49,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fmnist.h"
+
 #define CNN_PIXELS 784
 #define CNN_CLASSES 10
 #define CNN_CONVS 8
@@ -61,11 +63,7 @@ typedef struct {
     nt_tensor *buf[CNN_NBUFS];  /* running mean, running var of each batch norm */
 } cnn_model;
 
-typedef struct {
-    int n;
-    uint8_t *images; /* [n, 784] */
-    uint8_t *labels; /* [n] */
-} cnn_data;
+typedef fmnist_data cnn_data; /* examples/fmnist.h */
 
 typedef struct {
     int batch, width, warmup; /* warmup < 0: a tenth of an epoch's steps */

@@ -38,14 +38,12 @@
 #include <time.h>
 #include <zlib.h>
 
+#include "fmnist.h"
+
 #define PIXELS 784
 #define CLASSES 10
 
-typedef struct {
-    int n;
-    uint8_t *images; /* [n, 784] */
-    uint8_t *labels; /* [n] */
-} dataset;
+typedef fmnist_data dataset; /* examples/fmnist.h */
 
 typedef struct {
     const char *data_dir;
@@ -63,124 +61,13 @@ typedef struct {
     int shards;
 } options;
 
-/* ---------------- reading the IDX files ---------------- */
+/* ---------------- timing ---------------- */
 
 static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static uint32_t be32(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-/* Decompresses a whole .gz file.  Returns the bytes (malloc'ed) or NULL
- * after printing what went wrong, naming the file. */
-static uint8_t *read_gz(const char *path, size_t *len)
-{
-    gzFile f = gzopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "fashion_mnist: cannot open '%s': %s\n", path,
-                errno ? strerror(errno) : "out of memory");
-        if (errno == ENOENT)
-            fprintf(stderr, "fashion_mnist: install Debian's package dataset-fashion-mnist "
-                            "(sh scripts/deps.sh dataset-fashion-mnist) or pass --data DIR\n");
-        return NULL;
-    }
-    size_t cap = 1 << 20, n = 0;
-    uint8_t *buf = malloc(cap);
-    for (;;) {
-        if (n == cap) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-        }
-        if (!buf) {
-            fprintf(stderr, "fashion_mnist: out of memory reading '%s'\n", path);
-            gzclose(f);
-            return NULL;
-        }
-        unsigned want = cap - n > (1u << 30) ? 1u << 30 : (unsigned)(cap - n);
-        int got = gzread(f, buf + n, want);
-        if (got < 0) {
-            int zerr;
-            const char *msg = gzerror(f, &zerr);
-            fprintf(stderr, "fashion_mnist: '%s' is not a valid gzip file: %s\n", path,
-                    zerr == Z_ERRNO ? strerror(errno) : msg);
-            free(buf);
-            gzclose(f);
-            return NULL;
-        }
-        if (got == 0)
-            break;
-        n += (size_t)got;
-    }
-    /* A truncated stream ends without an error from gzread in some zlib
-     * versions; gzclose_r reports it. */
-    int zrc = gzclose(f);
-    if (zrc != Z_OK) {
-        fprintf(stderr, "fashion_mnist: '%s' is %s\n", path,
-                zrc == Z_BUF_ERROR ? "truncated (the gzip stream ends early)"
-                                   : "corrupt (gzip checksum or format error)");
-        free(buf);
-        return NULL;
-    }
-    *len = n;
-    return buf;
-}
-
-/* Loads one split (images and labels) and checks every field. */
-static int load_split(const char *dir, const char *prefix, dataset *d)
-{
-    char ipath[4096], lpath[4096];
-    snprintf(ipath, sizeof ipath, "%s/%s-images-idx3-ubyte.gz", dir, prefix);
-    snprintf(lpath, sizeof lpath, "%s/%s-labels-idx1-ubyte.gz", dir, prefix);
-    size_t ilen, llen;
-    uint8_t *img = read_gz(ipath, &ilen);
-    if (!img)
-        return -1;
-    uint8_t *lab = read_gz(lpath, &llen);
-    if (!lab) {
-        free(img);
-        return -1;
-    }
-    const char *bad = NULL, *badpath = ipath;
-    if (ilen < 16 || be32(img) != 0x00000803)
-        bad = "bad magic (expected an IDX file of unsigned bytes with 3 dims, 0x00000803)";
-    else if (be32(img + 8) != 28 || be32(img + 12) != 28)
-        bad = "images are not 28 x 28";
-    else if ((uint64_t)ilen != 16 + (uint64_t)be32(img + 4) * PIXELS)
-        bad = "its size does not match the image count in its header (truncated?)";
-    if (!bad) {
-        badpath = lpath;
-        if (llen < 8 || be32(lab) != 0x00000801)
-            bad = "bad magic (expected an IDX file of unsigned bytes with 1 dim, 0x00000801)";
-        else if ((uint64_t)llen != 8 + (uint64_t)be32(lab + 4))
-            bad = "its size does not match the label count in its header (truncated?)";
-        else if (be32(lab + 4) != be32(img + 4))
-            bad = "its label count differs from the image count";
-        else if (be32(lab + 4) == 0 || be32(lab + 4) > (1u << 28))
-            bad = "implausible label count";
-    }
-    for (uint32_t i = 0; !bad && i < be32(lab + 4); i++)
-        if (lab[8 + i] >= CLASSES)
-            bad = "a label is outside 0..9";
-    if (bad) {
-        fprintf(stderr, "fashion_mnist: malformed file '%s': %s\n", badpath, bad);
-        free(img);
-        free(lab);
-        return -1;
-    }
-    d->n = (int)be32(img + 4);
-    d->images = malloc((size_t)d->n * PIXELS);
-    d->labels = malloc((size_t)d->n);
-    memcpy(d->images, img + 16, (size_t)d->n * PIXELS);
-    memcpy(d->labels, lab + 8, (size_t)d->n);
-    free(img);
-    free(lab);
-    return 0;
 }
 
 /* ---------------- the model ---------------- */
@@ -755,14 +642,15 @@ static int train_step_fn(void *ctx, nt_tensor *const *in, int nin, nt_tensor **o
 
 int main(int argc, char **argv)
 {
-    options o = {.data_dir = "/usr/share/datasets/fashion-mnist", .epochs = 5, .batch = 128,
+    options o = {.data_dir = FMNIST_DIR, .epochs = 5, .batch = 128,
                  .hidden = 1024, .log_every = 100, .seed = 1, .optim = "adamw", .schedule = "cosine",
                  .amp = "none", .shards = 8};
     parse_args(argc, argv, &o);
     double t_start = now_s();
 
     dataset train, test;
-    if (load_split(o.data_dir, "train", &train) || load_split(o.data_dir, "t10k", &test))
+    if (fmnist_load("fashion_mnist", o.data_dir, "train", &train) ||
+        fmnist_load("fashion_mnist", o.data_dir, "t10k", &test))
         return 1;
     if (nt_init() != 0) {
         fprintf(stderr, "fashion_mnist: nt_init: %s\n", nt_last_error_message());
@@ -784,10 +672,8 @@ int main(int argc, char **argv)
         int rc = train_ddp(&o, p, &train, &test, amp, t_start);
         for (int i = 0; i < NPARAMS; i++)
             nt_release(p[i]);
-        free(train.images);
-        free(train.labels);
-        free(test.images);
-        free(test.labels);
+        fmnist_free(&train);
+        fmnist_free(&test);
         nt_shutdown();
         return rc;
     }
@@ -989,10 +875,8 @@ int main(int argc, char **argv)
     free(xb);
     free(yb);
     free(order);
-    free(train.images);
-    free(train.labels);
-    free(test.images);
-    free(test.labels);
+    fmnist_free(&train);
+    fmnist_free(&test);
     nt_shutdown();
     return 0;
 }

@@ -1,9 +1,10 @@
-/* examples/cnn_data.h - reads a split of Fashion-MNIST (the gzip'ed IDX
- * files of Debian's dataset-fashion-mnist) into a cnn_data
- * (examples/cnn_model.h), checking every field; the reader of
- * examples/fashion_mnist.c.  Needs zlib (-lz). */
-#ifndef NT_EXAMPLES_CNN_DATA_H
-#define NT_EXAMPLES_CNN_DATA_H
+/* examples/fmnist.h - reads a split of Fashion-MNIST (the gzip'ed IDX
+ * files of Debian's dataset-fashion-mnist), checking every field: the one
+ * reader of examples/fashion_mnist.c, examples/cnn.c and bench/cnn_step.
+ * Messages start with the caller's program name.  Needs zlib (-lz) when
+ * fmnist_load is called. */
+#ifndef NT_EXAMPLES_FMNIST_H
+#define NT_EXAMPLES_FMNIST_H
 
 #include <errno.h>
 #include <stdint.h>
@@ -12,26 +13,33 @@
 #include <string.h>
 #include <zlib.h>
 
-#include "cnn_model.h"
+#define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
+#define FMNIST_PIXELS 784
+#define FMNIST_CLASSES 10
 
-#define CNN_DATA_DIR "/usr/share/datasets/fashion-mnist"
+typedef struct {
+    int n;
+    uint8_t *images; /* [n, 784] */
+    uint8_t *labels; /* [n] */
+} fmnist_data;
 
-static inline uint32_t cnn_be32(const uint8_t *p)
+static inline uint32_t fmnist_be32(const uint8_t *p)
 {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
 /* Decompresses a whole .gz file.  Returns the bytes (malloc'ed) or NULL
  * after printing what went wrong, naming the file. */
-static inline uint8_t *cnn_read_gz(const char *path, size_t *len)
+static inline uint8_t *fmnist_read_gz(const char *prog, const char *path, size_t *len)
 {
     gzFile f = gzopen(path, "rb");
     if (!f) {
-        fprintf(stderr, "cnn: cannot open '%s': %s\n", path,
+        fprintf(stderr, "%s: cannot open '%s': %s\n", prog, path,
                 errno ? strerror(errno) : "out of memory");
         if (errno == ENOENT)
-            fprintf(stderr, "cnn: install Debian's package dataset-fashion-mnist "
-                            "(sh scripts/deps.sh dataset-fashion-mnist) or pass --data DIR\n");
+            fprintf(stderr, "%s: install Debian's package dataset-fashion-mnist "
+                            "(sh scripts/deps.sh dataset-fashion-mnist) or pass --data DIR\n",
+                    prog);
         return NULL;
     }
     size_t cap = 1 << 20, n = 0;
@@ -42,7 +50,7 @@ static inline uint8_t *cnn_read_gz(const char *path, size_t *len)
             buf = realloc(buf, cap);
         }
         if (!buf) {
-            fprintf(stderr, "cnn: out of memory reading '%s'\n", path);
+            fprintf(stderr, "%s: out of memory reading '%s'\n", prog, path);
             gzclose(f);
             return NULL;
         }
@@ -51,7 +59,7 @@ static inline uint8_t *cnn_read_gz(const char *path, size_t *len)
         if (got < 0) {
             int zerr;
             const char *msg = gzerror(f, &zerr);
-            fprintf(stderr, "cnn: '%s' is not a valid gzip file: %s\n", path,
+            fprintf(stderr, "%s: '%s' is not a valid gzip file: %s\n", prog, path,
                     zerr == Z_ERRNO ? strerror(errno) : msg);
             free(buf);
             gzclose(f);
@@ -65,7 +73,7 @@ static inline uint8_t *cnn_read_gz(const char *path, size_t *len)
      * versions; gzclose_r reports it. */
     int zrc = gzclose(f);
     if (zrc != Z_OK) {
-        fprintf(stderr, "cnn: '%s' is %s\n", path,
+        fprintf(stderr, "%s: '%s' is %s\n", prog, path,
                 zrc == Z_BUF_ERROR ? "truncated (the gzip stream ends early)"
                                    : "corrupt (gzip checksum or format error)");
         free(buf);
@@ -76,58 +84,59 @@ static inline uint8_t *cnn_read_gz(const char *path, size_t *len)
 }
 
 /* Loads one split (images and labels) and checks every field. */
-static inline int cnn_data_load(const char *dir, const char *prefix, cnn_data *d)
+static inline int fmnist_load(const char *prog, const char *dir, const char *prefix,
+                              fmnist_data *d)
 {
     char ipath[4096], lpath[4096];
     snprintf(ipath, sizeof ipath, "%s/%s-images-idx3-ubyte.gz", dir, prefix);
     snprintf(lpath, sizeof lpath, "%s/%s-labels-idx1-ubyte.gz", dir, prefix);
     size_t ilen, llen;
-    uint8_t *img = cnn_read_gz(ipath, &ilen);
+    uint8_t *img = fmnist_read_gz(prog, ipath, &ilen);
     if (!img)
         return -1;
-    uint8_t *lab = cnn_read_gz(lpath, &llen);
+    uint8_t *lab = fmnist_read_gz(prog, lpath, &llen);
     if (!lab) {
         free(img);
         return -1;
     }
     const char *bad = NULL, *badpath = ipath;
-    if (ilen < 16 || cnn_be32(img) != 0x00000803)
+    if (ilen < 16 || fmnist_be32(img) != 0x00000803)
         bad = "bad magic (expected an IDX file of unsigned bytes with 3 dims, 0x00000803)";
-    else if (cnn_be32(img + 8) != 28 || cnn_be32(img + 12) != 28)
+    else if (fmnist_be32(img + 8) != 28 || fmnist_be32(img + 12) != 28)
         bad = "images are not 28 x 28";
-    else if ((uint64_t)ilen != 16 + (uint64_t)cnn_be32(img + 4) * CNN_PIXELS)
+    else if ((uint64_t)ilen != 16 + (uint64_t)fmnist_be32(img + 4) * FMNIST_PIXELS)
         bad = "its size does not match the image count in its header (truncated?)";
     if (!bad) {
         badpath = lpath;
-        if (llen < 8 || cnn_be32(lab) != 0x00000801)
+        if (llen < 8 || fmnist_be32(lab) != 0x00000801)
             bad = "bad magic (expected an IDX file of unsigned bytes with 1 dim, 0x00000801)";
-        else if ((uint64_t)llen != 8 + (uint64_t)cnn_be32(lab + 4))
+        else if ((uint64_t)llen != 8 + (uint64_t)fmnist_be32(lab + 4))
             bad = "its size does not match the label count in its header (truncated?)";
-        else if (cnn_be32(lab + 4) != cnn_be32(img + 4))
+        else if (fmnist_be32(lab + 4) != fmnist_be32(img + 4))
             bad = "its label count differs from the image count";
-        else if (cnn_be32(lab + 4) == 0 || cnn_be32(lab + 4) > (1u << 28))
+        else if (fmnist_be32(lab + 4) == 0 || fmnist_be32(lab + 4) > (1u << 28))
             bad = "implausible label count";
     }
-    for (uint32_t i = 0; !bad && i < cnn_be32(lab + 4); i++)
-        if (lab[8 + i] >= CNN_CLASSES)
+    for (uint32_t i = 0; !bad && i < fmnist_be32(lab + 4); i++)
+        if (lab[8 + i] >= FMNIST_CLASSES)
             bad = "a label is outside 0..9";
     if (bad) {
-        fprintf(stderr, "cnn: malformed file '%s': %s\n", badpath, bad);
+        fprintf(stderr, "%s: malformed file '%s': %s\n", prog, badpath, bad);
         free(img);
         free(lab);
         return -1;
     }
-    d->n = (int)cnn_be32(img + 4);
-    d->images = malloc((size_t)d->n * CNN_PIXELS);
+    d->n = (int)fmnist_be32(img + 4);
+    d->images = malloc((size_t)d->n * FMNIST_PIXELS);
     d->labels = malloc((size_t)d->n);
-    memcpy(d->images, img + 16, (size_t)d->n * CNN_PIXELS);
+    memcpy(d->images, img + 16, (size_t)d->n * FMNIST_PIXELS);
     memcpy(d->labels, lab + 8, (size_t)d->n);
     free(img);
     free(lab);
     return 0;
 }
 
-static inline void cnn_data_free(cnn_data *d)
+static inline void fmnist_free(fmnist_data *d)
 {
     free(d->images);
     free(d->labels);
