@@ -17,6 +17,29 @@
 
 /* ---------------- seeded values ---------------- */
 
+/* An f32 from its bit pattern, and back (the torch_refs headers hold bits). */
+static inline float nt_test_fbits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint32_t nt_test_ubits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* The element count of a shape. */
+static inline int64_t nt_test_numel(int nd, const int64_t *sh)
+{
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++)
+        n *= sh[i];
+    return n;
+}
+
 /* The tests' generator (xorshift64): the next 32 bits of *state. */
 static inline uint32_t nt_test_rand32(uint64_t *state)
 {

@@ -29,13 +29,6 @@
 #define PERR(call) ((call) ? 0 : nt_last_error()) /* a failed pointer call's code */
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 
-static float fbits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* One convolution: x [N, C, H, W] (N = 0: unbatched [C, H, W]), kernel kh x
  * kw, CO output channels. */
 typedef struct ccase {
@@ -663,16 +656,16 @@ static void test_torch_refs(void **state)
                    *tgw = malloc(8 * (size_t)z.nw), *tgb = malloc(8 * (size_t)z.nb),
                    *gba = calloc((size_t)z.nb, 8);
             for (int64_t j = 0; j < z.ny; j++) {
-                ty[j] = fbits(conv_f32[R->y + j]);
+                ty[j] = nt_test_fbits(conv_f32[R->y + j]);
                 d.ya[j] += c.bias ? fabs(in.b[j / (z.OH * z.OW) % c.CO]) : 0.0;
                 gba[j / (z.OH * z.OW) % c.CO] += fabs(in.cot[j]);
             }
             for (int64_t j = 0; j < z.nx; j++)
-                tgx[j] = fbits(conv_f32[R->gx + j]);
+                tgx[j] = nt_test_fbits(conv_f32[R->gx + j]);
             for (int64_t j = 0; j < z.nw; j++)
-                tgw[j] = fbits(conv_f32[R->gw + j]);
+                tgw[j] = nt_test_fbits(conv_f32[R->gw + j]);
             for (int64_t j = 0; j < z.nb; j++)
-                tgb[j] = c.bias ? fbits(conv_f32[R->gb + j]) : 0.0;
+                tgb[j] = c.bias ? nt_test_fbits(conv_f32[R->gb + j]) : 0.0;
             near("torch y", (int)i, r.y, ty, d.ya, z.ny, 1e-5);
             near("torch gx", (int)i, r.gx, tgx, d.gxa, z.nx, 1e-5);
             near("torch gw", (int)i, r.gw, tgw, d.gwa, z.nw, 1e-5);

@@ -40,27 +40,6 @@ uint64_t nt__tensor_live_handles(void); /* core/tensor.c */
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 #define PERR(call) ((call) ? 0 : nt_last_error())
 
-static float fbits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint32_t ubits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static int64_t numel(int nd, const int64_t *sh)
-{
-    int64_t n = 1;
-    for (int i = 0; i < nd; i++)
-        n *= sh[i];
-    return n;
-}
-
 /* t's shape into sh; returns its ndim */
 static int shp(nt_tensor *t, int64_t *sh)
 {
@@ -74,7 +53,7 @@ static int64_t tnumel(nt_tensor *t)
 {
     int64_t sh[8];
     int nd = shp(t, sh);
-    return numel(nd, sh);
+    return nt_test_numel(nd, sh);
 }
 
 static nt_tensor *leaf(const float *v, int nd, const int64_t *sh)
@@ -88,10 +67,10 @@ static nt_tensor *leaf(const float *v, int nd, const int64_t *sh)
 /* a leaf from the reference pool */
 static nt_tensor *pool_leaf(long off, int nd, const int64_t *sh)
 {
-    int64_t n = numel(nd, sh);
+    int64_t n = nt_test_numel(nd, sh);
     float *v = malloc((size_t)n * sizeof *v);
     for (int64_t i = 0; i < n; i++)
-        v[i] = fbits(db_pool[off + i]);
+        v[i] = nt_test_fbits(db_pool[off + i]);
     nt_tensor *t = leaf(v, nd, sh);
     free(v);
     return t;
@@ -121,10 +100,10 @@ static void vs_torch(const char *what, const float *got, long off, int64_t n, do
                      double abs_tol)
 {
     for (int64_t i = 0; i < n; i++) {
-        float w = fbits(db_pool[off + i]);
+        float w = nt_test_fbits(db_pool[off + i]);
         if (!near(got[i], w, rel, abs_tol))
             fail_msg("%s[%lld]: got %.9g (0x%08x), PyTorch %.9g (0x%08x)", what, (long long)i,
-                     (double)got[i], ubits(got[i]), (double)w, ubits(w));
+                     (double)got[i], nt_test_ubits(got[i]), (double)w, nt_test_ubits(w));
     }
 }
 
@@ -239,7 +218,7 @@ static void test_ew_second_derivatives(void **state)
         ew_run(e, g, h);
         char what[64];
         for (int i = 0; i < DB_NEDGE; i++) {
-            double x = fbits(db_pool[db_edge_x + i]);
+            double x = nt_test_fbits(db_pool[db_edge_x + i]);
             /* against analytic doubles where x is finite, in the domain,
              * and the derivative is an f32 number; absolute 3e-7: 1 - y^2
              * and y (1 - y) of an f32 y near +-1 or 1 cancel to a few
@@ -257,7 +236,7 @@ static void test_ew_second_derivatives(void **state)
          * ntensor's relu backward (y > 0 ? g : 0) does not -- the first
          * derivative's definition, older than double backward */
         if (!strcmp(e->name, "relu"))
-            g[DB_NEDGE - 1] = fbits(db_pool[db_ew_rows[k].g + DB_NEDGE - 1]);
+            g[DB_NEDGE - 1] = nt_test_fbits(db_pool[db_ew_rows[k].g + DB_NEDGE - 1]);
         /* relative 1e-5: the transcendentals are core/nmath.h's (<= 2 ulp
          * apart from PyTorch's); absolute 3e-7: a 1-ulp difference in
          * tanh(-9) (ours -1 + 2^-24, PyTorch's -1) is 2^-23 in 1 - y^2 */
@@ -279,9 +258,9 @@ static void mlp_grad_d(const double *p[4], double *g[4])
 {
     double X[5][3], T[5][2], h[5][4], o[5][2];
     for (int i = 0; i < 15; i++)
-        X[i / 3][i % 3] = fbits(db_pool[db_hvp_X + i]);
+        X[i / 3][i % 3] = nt_test_fbits(db_pool[db_hvp_X + i]);
     for (int i = 0; i < 10; i++)
-        T[i / 2][i % 2] = fbits(db_pool[db_hvp_T + i]);
+        T[i / 2][i % 2] = nt_test_fbits(db_pool[db_hvp_T + i]);
     for (int k = 0; k < 4; k++)
         memset(g[k], 0, (size_t)hv_n(k) * sizeof(double));
     for (int r = 0; r < 5; r++) {
@@ -324,9 +303,9 @@ static void hvp_run(float *hv[4], float *g[4])
         p[k] = pool_leaf(db_hvp_p[k], hv_nd(k), HV_SH[k]);
     float xv[15], tv[10];
     for (int i = 0; i < 15; i++)
-        xv[i] = fbits(db_pool[db_hvp_X + i]);
+        xv[i] = nt_test_fbits(db_pool[db_hvp_X + i]);
     for (int i = 0; i < 10; i++)
-        tv[i] = fbits(db_pool[db_hvp_T + i]);
+        tv[i] = nt_test_fbits(db_pool[db_hvp_T + i]);
     nt_tensor *Xt = nt_from_host(xv, NT_F32, 2, SH(5, 3)), *Tt = nt_from_host(tv, NT_F32, 2, SH(5, 2));
     nt_tensor *loss = nt_mse_loss(nt_linear(nt_tanh(nt_linear(Xt, p[0], p[1])), p[2], p[3]), Tt);
     assert_int_equal(nt_autograd_grad(&loss, 1, p, 4, NULL, true, true, false, gs), 0);
@@ -334,7 +313,7 @@ static void hvp_run(float *hv[4], float *g[4])
     for (int k = 0; k < 4; k++) {
         float *vv = malloc((size_t)hv_n(k) * sizeof *vv);
         for (int64_t i = 0; i < hv_n(k); i++)
-            vv[i] = fbits(db_pool[db_hvp_v[k] + i]);
+            vv[i] = nt_test_fbits(db_pool[db_hvp_v[k] + i]);
         nt_tensor *vt = nt_from_host(vv, NT_F32, hv_nd(k), HV_SH[k]);
         free(vv);
         nt_tensor *d = scalar_sum(nt_mul(gs[k], vt));
@@ -363,8 +342,8 @@ static void test_hvp_mlp(void **state)
         gp[k] = malloc((size_t)n * sizeof(double));
         gm[k] = malloc((size_t)n * sizeof(double));
         for (int64_t i = 0; i < n; i++) {
-            p[k][i] = fbits(db_pool[db_hvp_p[k] + i]);
-            double v = fbits(db_pool[db_hvp_v[k] + i]);
+            p[k][i] = nt_test_fbits(db_pool[db_hvp_p[k] + i]);
+            double v = nt_test_fbits(db_pool[db_hvp_v[k] + i]);
             pp[k][i] = p[k][i] + eps * v;
             pm[k][i] = p[k][i] - eps * v;
         }
@@ -408,7 +387,7 @@ static nt_tensor *gg_s(ggfn f, nt_tensor *const *in, int n, uint64_t seed, bool 
     uint64_t st = seed;
     int64_t ysh[8];
     int ynd = shp(y, ysh);
-    int64_t ny = numel(ynd, ysh);
+    int64_t ny = nt_test_numel(ynd, ysh);
     float *w = malloc((size_t)ny * sizeof *w);
     nt_test_fill(w, (size_t)ny, &st);
     nt_tensor *wt = nt_from_host(w, NT_F32, ynd, ysh);
@@ -423,7 +402,7 @@ static nt_tensor *gg_s(ggfn f, nt_tensor *const *in, int n, uint64_t seed, bool 
             continue;
         int64_t gsh[8];
         int gnd = shp(g[i], gsh);
-        int64_t m = numel(gnd, gsh);
+        int64_t m = nt_test_numel(gnd, gsh);
         float *u = malloc((size_t)m * sizeof *u);
         nt_test_fill(u, (size_t)m, &st);
         nt_tensor *ut = nt_from_host(u, NT_F32, gnd, gsh);
@@ -455,7 +434,7 @@ static void gradgradcheck(const char *name, ggfn f, int n, const int64_t (*shape
     assert_true(nt_requires_grad(s)); /* every function here is nonlinear */
     assert_int_equal(nt_autograd_grad(&s, 1, in, n, NULL, false, false, true, h), 0);
     for (int i = 0; i < n; i++) {
-        int64_t m = numel(nds[i], shapes[i]);
+        int64_t m = nt_test_numel(nds[i], shapes[i]);
         float *hv = h[i] ? host(h[i]) : calloc((size_t)m, sizeof *hv);
         float *x = malloc((size_t)m * sizeof *x);
         memcpy(x, vals[i], (size_t)m * sizeof *x);
@@ -695,7 +674,7 @@ static void bits_add(bits *b, const float *v, int64_t n)
         b->v = realloc(b->v, b->cap * sizeof *b->v);
     }
     for (int64_t i = 0; i < n; i++)
-        b->v[b->n++] = ubits(v[i]);
+        b->v[b->n++] = nt_test_ubits(v[i]);
 }
 
 static void all_bits(bits *b)

@@ -35,27 +35,6 @@ uint64_t nt__tensor_live_handles(void); /* core/tensor.c */
 #define PERR(call) ((call) ? 0 : nt_last_error()) /* a failed pointer call's code */
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 
-static float fbits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint32_t ubits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static int64_t numel(int nd, const int64_t *sh)
-{
-    int64_t n = 1;
-    for (int i = 0; i < nd; i++)
-        n *= sh[i];
-    return n;
-}
-
 /* ---------------- one reference case ---------------- */
 
 typedef struct run {
@@ -67,10 +46,10 @@ static nt_tensor *pool_tensor(long off, int nd, const int64_t *sh, nt_dtype dt)
 {
     if (off < 0)
         return NULL;
-    int64_t n = numel(nd, sh);
+    int64_t n = nt_test_numel(nd, sh);
     float *v = malloc((size_t)(n ? n : 1) * sizeof *v);
     for (int64_t i = 0; i < n; i++)
-        v[i] = fbits(lr_pool[off + i]);
+        v[i] = nt_test_fbits(lr_pool[off + i]);
     nt_tensor *t = nt_from_host(v, NT_F32, nd, sh);
     free(v);
     assert_non_null(t);
@@ -126,14 +105,14 @@ static run run_case(const lr_case *c, nt_dtype dt)
     assert_int_equal(nt_to_host(l32, R.out, (size_t)R.nout * sizeof(float)), 0);
     nt_tensor *cot = pool_tensor(c->cot, c->ond, c->osh, NT_F32);
     assert_int_equal(nt_backward(nt_sum(nt_mul(l32, cot), NT_DIM_ALL, false)), 0);
-    R.nx = numel(c->xnd, c->xsh);
+    R.nx = nt_test_numel(c->xnd, c->xsh);
     R.gx = malloc((size_t)R.nx * sizeof(float));
     nt_tensor *g = nt_grad(x);
     assert_non_null(g);
     assert_int_equal(nt_to_host(nt_dtype_of(g) == NT_F32 ? g : nt_cast(g, NT_F32), R.gx,
                                 (size_t)R.nx * sizeof(float)), 0);
     if (c->gy >= 0) {
-        R.ny = numel(c->ynd, c->ysh);
+        R.ny = nt_test_numel(c->ynd, c->ysh);
         R.gy = malloc((size_t)R.ny * sizeof(float));
         g = nt_grad(y);
         assert_non_null(g);
@@ -169,7 +148,7 @@ static int64_t bidx(int64_t i, int ond, const int64_t *osh, int nd, const int64_
     return idx;
 }
 
-static double pv(long off, int64_t i) { return off < 0 ? 1.0 : (double)fbits(lr_pool[off + i]); }
+static double pv(long off, int64_t i) { return off < 0 ? 1.0 : (double)nt_test_fbits(lr_pool[off + i]); }
 static double sgn(double v) { return v > 0 ? 1 : v < 0 ? -1 : 0; }
 
 /* Elementwise losses: value, d/dx, d/dy of element (x, y, w, pw). */
@@ -232,7 +211,7 @@ static void ref_elementwise(const lr_case *c, double *out, double *gx, double *g
         int64_t a = e >= 0 ? c->xsh[e] : 1, b = f >= 0 ? c->ysh[f] : 1;
         bsh[d] = a > b ? a : b;
     }
-    int64_t n = numel(bnd, bsh);
+    int64_t n = nt_test_numel(bnd, bsh);
     double acc = 0, scale = 1;
     if (c->red == 1)
         scale = 1.0 / (double)n;
@@ -264,7 +243,7 @@ static void ref_classes(const lr_case *c, double *out, double *gx)
     bool ce = c->kind != LR_NLL;
     int cd = c->xnd == 1 ? 0 : 1;
     int64_t C = c->xsh[cd], N = c->xnd == 1 ? 1 : c->xsh[0];
-    int64_t inner = c->xnd <= 2 ? 1 : numel(c->xnd - 2, c->xsh + 2);
+    int64_t inner = c->xnd <= 2 ? 1 : nt_test_numel(c->xnd - 2, c->xsh + 2);
     int64_t M = N * inner;
     double tot = 0, den = 0, eps = ce ? c->arg : 0, W = 0;
     double *lp = calloc((size_t)(M * C), sizeof *lp);
@@ -367,9 +346,9 @@ static void test_torch_refs(void **state)
          * PyTorch's); l1 is exact; a reduction within 2e-5 relative (the
          * canonical summation order against PyTorch's) */
         for (int64_t i = 0; i < R.nout; i++) {
-            double want = fbits(lr_pool[c->out + i]);
+            double want = nt_test_fbits(lr_pool[c->out + i]);
             if (c->kind == LR_L1 && c->red == 0)
-                assert_int_equal(ubits(R.out[i]), lr_pool[c->out + i]);
+                assert_int_equal(nt_test_ubits(R.out[i]), lr_pool[c->out + i]);
             else if (c->red == 0 && c->kind == LR_CROSS_ENTROPY_LOSS) /* log_softmax: |x| ulps */
                 near("value", ci, i, R.out[i], want, 1e-6, 1e-6);
             else if (c->red == 0 && c->kind != LR_NLL)
@@ -382,14 +361,14 @@ static void test_torch_refs(void **state)
         double gs = maxabs((const float *)R.gx, 0);
         float *tg = malloc((size_t)R.nx * sizeof *tg);
         for (int64_t i = 0; i < R.nx; i++)
-            tg[i] = fbits(lr_pool[c->gx + i]);
+            tg[i] = nt_test_fbits(lr_pool[c->gx + i]);
         gs = maxabs(tg, R.nx);
         for (int64_t i = 0; i < R.nx; i++)
             if (!bce_edge(c, c, i) && !sl1_zero(c, i))
                 near("grad x", ci, i, R.gx[i], tg[i], 1e-5, 1e-5 * gs + 1e-30);
         free(tg);
         for (int64_t i = 0; i < R.ny; i++) {
-            double want = fbits(lr_pool[c->gy + i]);
+            double want = nt_test_fbits(lr_pool[c->gy + i]);
             if (sl1_zero(c, i))
                 continue;
             if (c->kind == LR_KL_DIV && !c->flag && pv(c->y, i) == 0)
@@ -448,7 +427,7 @@ static void test_bits_across_configs(void **state)
             nt_test_cfg(k);
             run R = run_case(c, NT_F32);
             for (int64_t i = 0; i < R.nout; i++)
-                if (ubits(R.out[i]) != ubits(ref.out[i]))
+                if (nt_test_ubits(R.out[i]) != nt_test_ubits(ref.out[i]))
                     fail_msg("case %d on %s/%s: value[%lld] %a, %s/%s gives %a", ci,
                              NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1], (long long)i, R.out[i],
                              NT_TEST_CFGS[0][0], NT_TEST_CFGS[0][1], ref.out[i]);
@@ -643,18 +622,18 @@ static void test_cross_entropy_nd_is_2d(void **state)
         double a, b;
         assert_int_equal(nt_item(nt_cross_entropy(l, lab), &a), 0);
         assert_int_equal(nt_item(nt_cross_entropy(rows, y1), &b), 0);
-        assert_int_equal(ubits((float)a), ubits((float)b));
+        assert_int_equal(nt_test_ubits((float)a), nt_test_ubits((float)b));
         assert_int_equal(nt_item(nt_cross_entropy_ex(l, lab, 2, 0.2), &a), 0);
         assert_int_equal(nt_item(nt_cross_entropy_ex(rows, y1, 2, 0.2), &b), 0);
-        assert_int_equal(ubits((float)a), ubits((float)b));
+        assert_int_equal(nt_test_ubits((float)a), nt_test_ubits((float)b));
         /* nt_cross_entropy_loss without weights, MEAN: the same bits */
         assert_int_equal(
             nt_item(nt_cross_entropy_loss(l, lab, NULL, 2, 0.2, NT_REDUCTION_MEAN), &b), 0);
-        assert_int_equal(ubits((float)a), ubits((float)b));
+        assert_int_equal(nt_test_ubits((float)a), nt_test_ubits((float)b));
         assert_int_equal(
             nt_item(nt_cross_entropy_loss(l, lab, NULL, -100, 0.0, NT_REDUCTION_MEAN), &b), 0);
         assert_int_equal(nt_item(nt_cross_entropy(l, lab), &a), 0);
-        assert_int_equal(ubits((float)a), ubits((float)b));
+        assert_int_equal(nt_test_ubits((float)a), nt_test_ubits((float)b));
         /* nt_cross_entropy ignores nothing: -100 is out of range when it runs */
         y[3] = -100;
         nt_tensor *bad = nt_cross_entropy(l, nt_from_host(y, NT_I32, 3, SH(2, 3, 4)));

@@ -35,14 +35,6 @@
 #define PERR(call) ((call) ? 0 : nt_last_error()) /* a failed pointer call's code */
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 
-static int64_t numel(int nd, const int64_t *sh)
-{
-    int64_t n = 1;
-    for (int i = 0; i < nd; i++)
-        n *= sh[i];
-    return n;
-}
-
 static float *host(nt_tensor *t)
 {
     int64_t n = nt_numel(t);
@@ -141,7 +133,7 @@ static void test_bn_train_double(void **state)
         nt_test_cfg(cfg);
         for (int k = 0; k < NSHAPES; k++) {
             const shape_case *sc = &SHAPES[k];
-            int64_t N = sc->shape[0], C = sc->shape[1], S = numel(sc->ndim - 2, sc->shape + 2);
+            int64_t N = sc->shape[0], C = sc->shape[1], S = nt_test_numel(sc->ndim - 2, sc->shape + 2);
             int64_t n = N * C * S;
             nt_scope *scope = nt_scope_begin();
             float *x = malloc(sizeof(float) * (size_t)n), w[8], b[8];
@@ -196,7 +188,7 @@ static void test_gn_double(void **state)
         nt_test_cfg(cfg);
         for (int k = 0; k < NSHAPES; k++) {
             const shape_case *sc = &SHAPES[k];
-            int64_t N = sc->shape[0], C = sc->shape[1], S = numel(sc->ndim - 2, sc->shape + 2);
+            int64_t N = sc->shape[0], C = sc->shape[1], S = nt_test_numel(sc->ndim - 2, sc->shape + 2);
             int64_t n = N * C * S;
             for (int64_t G = 1; G <= C; G++) {
                 if (C % G)
@@ -240,7 +232,7 @@ static void bits_free(bits *u)
  * the current config. */
 static bits run_bits(const shape_case *sc)
 {
-    int64_t C = sc->shape[1], n = numel(sc->ndim, sc->shape);
+    int64_t C = sc->shape[1], n = nt_test_numel(sc->ndim, sc->shape);
     bits u = {.n = n};
     nt_scope *scope = nt_scope_begin();
     float *x = malloc(sizeof(float) * (size_t)n), *cot = malloc(sizeof(float) * (size_t)n), w[8],
@@ -521,21 +513,14 @@ static void test_bf16(void **state)
 
 /* ---------------- PyTorch 1.13 ---------------- */
 
-static float fbits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static nt_tensor *ref_tensor(int off, int ndim, const int64_t *shape)
 {
     if (off < 0)
         return NULL;
-    int64_t n = numel(ndim, shape);
+    int64_t n = nt_test_numel(ndim, shape);
     float *v = malloc(sizeof(float) * (size_t)n);
     for (int64_t i = 0; i < n; i++)
-        v[i] = fbits(norms_f32[off + i]);
+        v[i] = nt_test_fbits(norms_f32[off + i]);
     nt_tensor *t = nt_from_host(v, NT_F32, ndim, shape);
     free(v);
     return t;
@@ -559,13 +544,13 @@ static double cmp_ref(const char *what, int k, nt_tensor *t, int off, double rto
     int64_t n = nt_numel(t);
     double scale = 0, worst = 0;
     for (int64_t i = 0; i < n; i++) {
-        double b = fbits(norms_f32[off + i]);
+        double b = nt_test_fbits(norms_f32[off + i]);
         if (isfinite(b) && fabs(b) > scale)
             scale = fabs(b);
     }
     scale = scale > 1 ? scale : 1;
     for (int64_t i = 0; i < n; i++) {
-        double b = fbits(norms_f32[off + i]), e = fabs((double)a[i] - b);
+        double b = nt_test_fbits(norms_f32[off + i]), e = fabs((double)a[i] - b);
         if (isnan(b) != isnan(a[i]) || (!isnan(b) && !(e <= rtol * fabs(b) + atol * scale)))
             fail_msg("case %d %s[%lld] = %.9g; PyTorch %.9g", k, what, (long long)i,
                      (double)a[i], b);
@@ -586,7 +571,7 @@ static void test_torch_refs(void **state)
         for (size_t k = 0; k < nrefs; k++) {
             const norm_ref *r = &norm_refs[k];
             nt_scope *sc = nt_scope_begin();
-            int64_t C = r->shape[1], n = numel(r->ndim, r->shape);
+            int64_t C = r->shape[1], n = nt_test_numel(r->ndim, r->shape);
             nt_tensor *w = ref_tensor(r->w, 1, &C), *b = ref_tensor(r->b, 1, &C);
             nt_tensor *rm = ref_tensor(r->rm0, 1, &C), *rv = ref_tensor(r->rv0, 1, &C);
             if (w)

@@ -29,27 +29,6 @@
 #define PERR(call) ((call) ? 0 : nt_last_error()) /* a failed pointer call's code */
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 
-static float fbits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint32_t ubits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static int64_t numel(int nd, const int64_t *sh)
-{
-    int64_t n = 1;
-    for (int i = 0; i < nd; i++)
-        n *= sh[i];
-    return n;
-}
-
 /* One pool call of the reference case r on x. */
 static nt_tensor *pool_call(const pool_ref *r, nt_tensor *x, nt_tensor **idx)
 {
@@ -75,13 +54,13 @@ static void run_free(run *u)
  * and (max) the indices. */
 static run run_case(const pool_ref *r, const float *xin)
 {
-    run u = {numel(r->ndim, r->oshape), numel(r->ndim, r->shape), NULL, NULL, NULL};
+    run u = {nt_test_numel(r->ndim, r->oshape), nt_test_numel(r->ndim, r->shape), NULL, NULL, NULL};
     nt_scope *sc = nt_scope_begin();
     float *xs = malloc(sizeof(float) * (size_t)u.nx), *cs = malloc(sizeof(float) * (size_t)u.nout);
     for (int64_t i = 0; i < u.nx; i++)
-        xs[i] = xin ? xin[i] : fbits(pool_f32[r->x + i]);
+        xs[i] = xin ? xin[i] : nt_test_fbits(pool_f32[r->x + i]);
     for (int64_t i = 0; i < u.nout; i++)
-        cs[i] = fbits(pool_f32[r->cot + i]);
+        cs[i] = nt_test_fbits(pool_f32[r->cot + i]);
     nt_tensor *x = nt_from_host(xs, NT_F32, r->ndim, r->shape);
     nt_tensor *cot = nt_from_host(cs, NT_F32, r->ndim, r->oshape);
     assert_int_equal(nt_set_requires_grad(x, true), 0);
@@ -208,18 +187,18 @@ static void test_torch_refs(void **state)
         int c = (int)(r - pool_refs);
         bool seq = slots(r) <= 25;
         for (int64_t i = 0; i < u.nout; i++)
-            if (seq ? ubits(u.out[i]) != pool_f32[r->out + i]
-                    : fabsf(u.out[i] - fbits(pool_f32[r->out + i])) >
-                          4e-7f * fabsf(fbits(pool_f32[r->out + i])) + 1e-7f)
+            if (seq ? nt_test_ubits(u.out[i]) != pool_f32[r->out + i]
+                    : fabsf(u.out[i] - nt_test_fbits(pool_f32[r->out + i])) >
+                          4e-7f * fabsf(nt_test_fbits(pool_f32[r->out + i])) + 1e-7f)
                 fail_msg("case %d out[%lld] = %.9g, torch %.9g", c, (long long)i, u.out[i],
-                         fbits(pool_f32[r->out + i]));
+                         nt_test_fbits(pool_f32[r->out + i]));
         for (int64_t i = 0; r->idx >= 0 && i < u.nout; i++)
             if (u.idx[i] != pool_idx[r->idx + i])
                 fail_msg("case %d idx[%lld] = %d, torch %d", c, (long long)i, u.idx[i],
                          pool_idx[r->idx + i]);
         for (int64_t i = 0; i < u.nx; i++) {
-            float t = fbits(pool_f32[r->grad + i]);
-            bool ok = r->kind == 0 ? ubits(u.gx[i]) == pool_f32[r->grad + i]
+            float t = nt_test_fbits(pool_f32[r->grad + i]);
+            bool ok = r->kind == 0 ? nt_test_ubits(u.gx[i]) == pool_f32[r->grad + i]
                                    : fabsf(u.gx[i] - t) <= 1e-6f * fabsf(t) + 1e-7f;
             if (!ok)
                 fail_msg("case %d grad[%lld] = %.9g, torch %.9g", c, (long long)i, u.gx[i], t);
@@ -235,10 +214,10 @@ static void test_double_refs(void **state)
     (void)state;
     nt_test_cfg(0);
     for (const pool_ref *r = pool_refs; r < NREFS_END; r++) {
-        int64_t nx = numel(r->ndim, r->shape);
+        int64_t nx = nt_test_numel(r->ndim, r->shape);
         float *x = malloc(sizeof(float) * (size_t)nx);
         for (int64_t i = 0; i < nx; i++)
-            x[i] = fbits(pool_f32[r->x + i]);
+            x[i] = nt_test_fbits(pool_f32[r->x + i]);
         run u = run_case(r, x);
         double *d = malloc(sizeof(double) * (size_t)u.nout);
         double_ref(r, x, d);
@@ -287,7 +266,7 @@ static void test_captured(void **state)
             nt_scope *sc = nt_scope_begin();
             float *xs = malloc(sizeof(float) * (size_t)u.nx);
             for (int64_t i = 0; i < u.nx; i++)
-                xs[i] = fbits(pool_f32[r->x + i]);
+                xs[i] = nt_test_fbits(pool_f32[r->x + i]);
             nt_tensor *x2 = nt_from_host(xs, NT_F32, r->ndim, r->shape);
             nt_tensor *x = nt_zeros(NT_F32, r->ndim, r->shape), *idx = NULL;
             assert_int_equal(nt_sync(), 0);

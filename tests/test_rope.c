@@ -33,21 +33,6 @@
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 #define NREFS ((int)(sizeof rope_refs / sizeof rope_refs[0]))
 
-static float fbits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static int64_t numel(int nd, const int64_t *sh)
-{
-    int64_t n = 1;
-    for (int i = 0; i < nd; i++)
-        n *= sh[i];
-    return n;
-}
-
 /* One rope problem: x's shape and values, the parameters. */
 typedef struct prob {
     int nd;
@@ -70,7 +55,7 @@ static void res_free(res *r) { free(r->y), free(r->gx); }
  * NULL): y and the gradient of sum(y * cot) (both read back as f32). */
 static res run(const prob *p, bool as_tensor)
 {
-    int64_t n = numel(p->nd, p->sh);
+    int64_t n = nt_test_numel(p->nd, p->sh);
     res u = {malloc(sizeof(float) * (size_t)n), malloc(sizeof(float) * (size_t)n)};
     nt_scope *sc = nt_scope_begin();
     nt_tensor *x = nt_cast(nt_from_host(p->x, NT_F32, p->nd, p->sh), p->dt);
@@ -100,7 +85,7 @@ static res run(const prob *p, bool as_tensor)
 static void ref_double(const prob *p, const float *x, double *y, bool inv)
 {
     int64_t D = p->sh[p->nd - 1], T = p->sh[p->nd - 2], h = p->dims / 2;
-    int64_t N = numel(p->nd, p->sh) / (T * D);
+    int64_t N = nt_test_numel(p->nd, p->sh) / (T * D);
     for (int64_t r = 0; r < N * T; r++) {
         float pf = (float)(p->off + r % T) * (float)p->scale;
         const float *xr = x + r * D;
@@ -122,7 +107,7 @@ static void ref_double(const prob *p, const float *x, double *y, bool inv)
 static void check_close(const prob *p, const float *x, const float *got, const double *want,
                         double rel, const char *what)
 {
-    int64_t D = p->sh[p->nd - 1], h = p->dims / 2, n = numel(p->nd, p->sh);
+    int64_t D = p->sh[p->nd - 1], h = p->dims / 2, n = nt_test_numel(p->nd, p->sh);
     double ulp = p->dt == NT_F32 ? 0x1p-24 : p->dt == NT_BF16 ? 0x1p-8 : 0x1p-11;
     for (int64_t k = 0; k < n; k++) {
         int64_t j = k % D, base = k - j;
@@ -153,9 +138,9 @@ static void check_close(const prob *p, const float *x, const float *got, const d
 
 static prob ref_prob(const rope_ref *r, float *x, float *cot)
 {
-    int64_t n = numel(r->ndim, r->shape);
+    int64_t n = nt_test_numel(r->ndim, r->shape);
     for (int64_t i = 0; i < n; i++)
-        x[i] = fbits(rope_f32[r->x + i]), cot[i] = fbits(rope_f32[r->cot + i]);
+        x[i] = nt_test_fbits(rope_f32[r->x + i]), cot[i] = nt_test_fbits(rope_f32[r->cot + i]);
     prob p = {r->ndim, {0}, r->dims, r->interleaved != 0, r->base, r->scale, r->offset,
               r->bf16 ? NT_BF16 : NT_F32, x, cot};
     memcpy(p.sh, r->shape, sizeof p.sh);
@@ -177,19 +162,19 @@ static void test_torch_refs(void **state)
         int64_t same = 0, total = 0;
         for (int c = 0; c < NREFS; c++) {
             const rope_ref *r = &rope_refs[c];
-            int64_t n = numel(r->ndim, r->shape);
+            int64_t n = nt_test_numel(r->ndim, r->shape);
             float *x = malloc(sizeof(float) * (size_t)n), *cot = malloc(sizeof(float) * (size_t)n);
             double *want = malloc(sizeof(double) * (size_t)n);
             prob p = ref_prob(r, x, cot);
             res u = run(&p, false);
             char what[64];
             for (int64_t i = 0; i < n; i++)
-                want[i] = fbits(rope_f32[r->y + i]);
+                want[i] = nt_test_fbits(rope_f32[r->y + i]);
             snprintf(what, sizeof what, "%s case %d y", NT_TEST_CFGS[k][0], c);
             check_close(&p, x, u.y, want, 4e-7, what);
             for (int64_t i = 0; i < n; i++) {
                 same += memcmp(&u.y[i], &rope_f32[r->y + i], 4) == 0;
-                want[i] = fbits(rope_f32[r->grad + i]);
+                want[i] = nt_test_fbits(rope_f32[r->grad + i]);
             }
             total += n;
             if (!r->bf16) { /* bf16: the gradient is bf16 here, f32 in the script */
@@ -226,7 +211,7 @@ static const prob PROBS[] = {
 static prob make_prob(int i, float **x, float **cot)
 {
     prob p = PROBS[i];
-    int64_t n = numel(p.nd, p.sh);
+    int64_t n = nt_test_numel(p.nd, p.sh);
     *x = malloc(sizeof(float) * (size_t)n), *cot = malloc(sizeof(float) * (size_t)n);
     uint64_t s = 77 + (uint64_t)i;
     nt_test_fill(*x, (size_t)n, &s);
@@ -249,7 +234,7 @@ static void test_double_refs(void **state)
         for (int i = 0; i < NPROBS; i++) {
             float *x, *cot;
             prob p = make_prob(i, &x, &cot);
-            int64_t n = numel(p.nd, p.sh);
+            int64_t n = nt_test_numel(p.nd, p.sh);
             double *want = malloc(sizeof(double) * (size_t)n);
             res u = run(&p, false);
             char what[64];
@@ -272,7 +257,7 @@ static void test_bits_across_configs(void **state)
     for (int i = 0; i < NPROBS; i++) {
         float *x, *cot;
         prob p = make_prob(i, &x, &cot);
-        size_t nb = sizeof(float) * (size_t)numel(p.nd, p.sh);
+        size_t nb = sizeof(float) * (size_t)nt_test_numel(p.nd, p.sh);
         nt_test_cfg(0);
         res base = run(&p, false);
         for (int k = 0; k < NT_TEST_NCFG; k++) {
@@ -300,7 +285,7 @@ static void test_captured(void **state)
     (void)state;
     float *x, *cot;
     prob p = make_prob(1, &x, &cot);
-    int64_t n = numel(p.nd, p.sh);
+    int64_t n = nt_test_numel(p.nd, p.sh);
     size_t nb = sizeof(float) * (size_t)n;
     float *x2 = malloc(nb), *v = malloc(nb);
     for (int64_t i = 0; i < n; i++)
