@@ -2110,8 +2110,8 @@ static int coalesce_dims(int nd, int64_t *shape, mview **v, int nv)
     return o;
 }
 
-/* c's views and a copy of g's program over the coalesced shape; g's
- * stand-in (c->gc) on return. */
+/* c's views and, when dims merge, a copy of g's program over the coalesced
+ * shape; returns g, or its stand-in (c->gc). */
 static const nt__fgroup *coalesce_ew(ew_ctx *c, const nt__fgroup *g, const mview *pre)
 {
     const nt__fprog *P = g->prog;
@@ -2129,6 +2129,8 @@ static const nt__fgroup *coalesce_ew(ew_ctx *c, const nt__fgroup *g, const mview
     int64_t shape[NT_MAX_DIMS];
     memcpy(shape, P->shape, sizeof shape);
     int nd = coalesce_dims(P->ndim, shape, v, nv);
+    if (nd == P->ndim)
+        return g; /* nothing merged or dropped: the views and shape stand */
     /* The program's own fields only: those from key on are the cache's
      * bookkeeping, which other threads update under its lock. */
     memset(&c->pc, 0, sizeof c->pc);
