@@ -21,20 +21,27 @@ nt__sim_global nt__sim;
 /* Configuration                                                            */
 /* ------------------------------------------------------------------------ */
 
+/* Every value and its source: docs/sim.md, "Parameters and their sources".
+ * A trn2 value differs from trn1's only where AWS publishes a different
+ * NeuronCore-v3 figure; where it publishes none, v3 keeps v2's value. */
 static void config_for(nt_sim_target t, nt_sim_config *c)
 {
     memset(c, 0, sizeof *c);
     c->target = t;
     c->partitions = NT_SIM_PARTITIONS;
-    c->psum_partition_bytes = NT__SIM_PSUM_BYTES;
+    c->psum_partition_bytes = NT__SIM_PSUM_BYTES; /* 2 MiB on both */
     c->dma_queues = NT_SIM_DMA_QUEUES;
-    c->dma_engines = 16;
+    c->dma_engines = 16; /* per core on v2, v3 and v4 */
     /* NEURONCORE.md gives 1.3-2 us; the top of the range, see docs/sim.md */
     c->dma_fixed_ns = 2000.0;
+    /* 27.2 GB/s in theory per engine on v2 and v3 alike, ~17 in practice */
+    c->dma_engine_bytes_per_ns = 17.0;
     c->dma_min_descriptor_bytes = 64;
     c->min_instr_cycles = 64;
     c->access_latency_cycles = 60;
     c->act_table_switch_ns = 1000.0;
+    c->tensor_rate[NT_SIM_MM_F32] = 0.25;
+    c->tensor_rate[NT_SIM_MM_BF16] = 1.0;
     if (t == NT_SIM_TRN2) {
         c->name = "trn2 (NeuronCore-v3)";
         c->sbuf_partition_bytes = 224 * 1024;
@@ -42,8 +49,9 @@ static void config_for(nt_sim_target t, nt_sim_config *c)
         c->clock_ghz[NT_ENGINE_VECTOR] = 0.96;
         c->clock_ghz[NT_ENGINE_SCALAR] = 1.2;
         c->clock_ghz[NT_ENGINE_GPSIMD] = 1.2;
-        c->dma_engine_bytes_per_ns = 23.0;
         c->hbm_bytes_per_ns = 2900.0 / 8.0; /* 2.9 TB/s per chip, 8 cores */
+        c->tensor_rate[NT_SIM_MM_FP8] = 2.0; /* 158 against 79 TFLOPS */
+        c->vector_perf_mode = true;
         c->vector_gpsimd_share_sbuf = false;
         c->vector_scalar_share_psum = false;
     } else {
@@ -53,13 +61,17 @@ static void config_for(nt_sim_target t, nt_sim_config *c)
         c->clock_ghz[NT_ENGINE_VECTOR] = 1.12;
         c->clock_ghz[NT_ENGINE_SCALAR] = 1.4;
         c->clock_ghz[NT_ENGINE_GPSIMD] = 1.4;
-        c->dma_engine_bytes_per_ns = 17.0;
         c->hbm_bytes_per_ns = 820.0 / 2.0; /* 820 GB/s per chip, 2 cores */
+        c->tensor_rate[NT_SIM_MM_FP8] = 1.0; /* cFP8 at the bf16 rate */
+        c->vector_perf_mode = false;
         c->vector_gpsimd_share_sbuf = true;
         c->vector_scalar_share_psum = true;
     }
-    c->tensor_peak_flops_bf16 = 128.0 * 128.0 * 2.0 * c->clock_ghz[NT_ENGINE_TENSOR] * 1e9;
-    c->tensor_peak_flops_f32 = c->tensor_peak_flops_bf16 / 4.0;
+    for (int f = 0; f < NT_SIM_MM_FORMATS; f++)
+        c->tensor_peak_flops[f] =
+            128.0 * 128.0 * 2.0 * c->clock_ghz[NT_ENGINE_TENSOR] * 1e9 * c->tensor_rate[f];
+    c->tensor_peak_flops_bf16 = c->tensor_peak_flops[NT_SIM_MM_BF16];
+    c->tensor_peak_flops_f32 = c->tensor_peak_flops[NT_SIM_MM_F32];
 }
 
 static const char *engine_names[NT_ENGINE_COUNT] = {"TensorE", "VectorE", "ScalarE", "GpSimd",
@@ -355,6 +367,18 @@ int nt_sim_config_get(nt_sim_config *out)
     pthread_mutex_lock(&state_lock);
     *out = nt__sim.cfg;
     pthread_mutex_unlock(&state_lock);
+    return 0;
+}
+
+int nt_sim_target_config(nt_sim_target target, nt_sim_config *out)
+{
+    if (target != NT_SIM_TRN1 && target != NT_SIM_TRN2)
+        return nt__err(NULL, NT_EINVAL, "nt_sim_target_config",
+                       "argument 'target' is %d; expected NT_SIM_TRN1 or NT_SIM_TRN2",
+                       (int)target);
+    if (!out)
+        return NT__SIM_NULL("nt_sim_target_config", "out");
+    config_for(target, out);
     return 0;
 }
 

@@ -1987,6 +1987,18 @@ static void gemm_cols(void *arg, int lo, int hi, float **s)
                        g->acc);
 }
 
+/* TensorE operand format of a dtype (its row of nt_sim_config.tensor_rate),
+ * -1 when TensorE does not multiply it. */
+static int mm_format(nt_dtype dt)
+{
+    switch (dt) {
+    case NT_F32: return NT_SIM_MM_F32;
+    case NT_BF16:
+    case NT_F16: return NT_SIM_MM_BF16;
+    default: return -1;
+    }
+}
+
 int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st_, const nt_ap *mv,
                      bool accumulate)
 {
@@ -1995,7 +2007,8 @@ int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st_, const
     TRY(check_ap(k, I, "dst", dst, M_PSUM, NT_ENGINE_TENSOR));
     TRY(check_ap(k, I, "stationary", st_, M_SBUF, NT_ENGINE_TENSOR));
     TRY(check_ap(k, I, "moving", mv, M_SBUF, NT_ENGINE_TENSOR));
-    if (st_->dtype != mv->dtype || !nt__dtype_is_float(st_->dtype))
+    int fmt = mm_format(st_->dtype);
+    if (st_->dtype != mv->dtype || fmt < 0)
         return nt__sim_fail(k, I,
                             "stationary is %s, moving %s (rule: both f32, both bf16 or both f16)",
                             dtn(st_->dtype), dtn(mv->dtype));
@@ -2024,17 +2037,22 @@ int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st_, const
         return nt__sim_fail(k, I, "dst free dims are strided (rule: matmul writes contiguous "
                                   "PSUM rows)");
 
-    bool f32 = st_->dtype == NT_F32;
+    /* the target's rate for the operand format (nt_sim_config.tensor_rate):
+     * below one MAC per processing element per cycle (f32, a quarter) the
+     * moving data streams in several passes; above it (fp8 on v3) each
+     * element takes more K rows in the same time, so an instruction costs
+     * what a bf16 one does and the peak (tensor_peak_flops) doubles */
+    const nt_sim_config *c = &nt__sim.cfg;
+    double rate = c->tensor_rate[fmt];
     double cyc = (double)(M < 64 ? M : 64);
     if ((double)N > cyc)
         cyc = (double)N;
-    if (f32)
-        cyc *= 4.0; /* fp32 streams at a quarter of the rate */
-    const nt_sim_config *c = &nt__sim.cfg;
+    if (rate < 1.0)
+        cyc /= rate;
     double flops = 2.0 * K * (double)M * (double)N;
     nt__sim_instr in = {.name = I, .engine = NT_ENGINE_TENSOR, .cycles = cyc, .flops = flops,
                         .act_table = -1};
-    in.ideal_ns = flops / (f32 ? c->tensor_peak_flops_f32 : c->tensor_peak_flops_bf16) * 1e9;
+    in.ideal_ns = flops / c->tensor_peak_flops[fmt] * 1e9;
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, accumulate};
     in.acc[in.nacc++] = (nt__sim_acc){"stationary", st_, false, false};
     in.acc[in.nacc++] = (nt__sim_acc){"moving", mv, false, false};
@@ -2174,6 +2192,39 @@ static int check_pow_engine(nt_sim_kernel *k, const char *I, int e, nt_alu_op a,
     return 0;
 }
 
+static bool is_f16ish(nt_dtype dt)
+{
+    return dt == NT_BF16 || dt == NT_F16;
+}
+
+static bool inner_contig(const nt_ap *ap)
+{
+    nt__sim_shape s;
+    nt__sim_canon(ap, &s);
+    return s.step[s.nd - 1] == 1;
+}
+
+/* NeuronCore-v3's VectorE performance mode (docs/sim.md, section 4): how
+ * many times faster than on v2 a VectorE tensor_copy or tensor_scalar
+ * (`copy`: a, no b) or tensor_tensor (a and b) runs, all operands bf16/f16:
+ * copies 4x with both sides in SBUF and contiguous innermost dims, 2x when
+ * not contiguous or when one side is in PSUM (contiguous); tensor_tensor 2x
+ * with both inputs in SBUF.  1 on targets without the mode and on the other
+ * engines. */
+static double vec_speedup(int e, const nt_ap *dst, const nt_ap *a, const nt_ap *b)
+{
+    if (e != NT_ENGINE_VECTOR || !nt__sim.cfg.vector_perf_mode)
+        return 1.0;
+    if (!is_f16ish(dst->dtype) || !is_f16ish(a->dtype) || (b && !is_f16ish(b->dtype)))
+        return 1.0;
+    if (b)
+        return mem_of(a) == NT_MEM_SBUF && mem_of(b) == NT_MEM_SBUF ? 2.0 : 1.0;
+    bool contig = inner_contig(dst) && inner_contig(a);
+    if (mem_of(a) == NT_MEM_SBUF && mem_of(dst) == NT_MEM_SBUF)
+        return contig ? 4.0 : 2.0;
+    return contig ? 2.0 : 1.0;
+}
+
 int nt_isa_tensor_tensor(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *a, const nt_ap *b,
                          nt_alu_op op, nt_engine engine)
 {
@@ -2195,7 +2246,8 @@ int nt_isa_tensor_tensor(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *a, con
     bool fast = mem_of(a) == NT_MEM_PSUM || mem_of(b) == NT_MEM_PSUM ||
                 (a->dtype == NT_BF16 && b->dtype == NT_BF16 && dst->dtype == NT_BF16 &&
                  (op == NT_ALU_ADD || op == NT_ALU_SUB || op == NT_ALU_MUL));
-    nt__sim_instr in = {.name = I, .engine = e, .cycles = fast ? (double)N : 2.0 * N,
+    nt__sim_instr in = {.name = I, .engine = e,
+                        .cycles = (fast ? (double)N : 2.0 * N) / vec_speedup(e, dst, a, b),
                         .act_table = -1};
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
     in.acc[in.nacc++] = (nt__sim_acc){"a", a, false, false};
@@ -2252,7 +2304,8 @@ int nt_isa_tensor_scalar(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src,
     if (op1)
         TRY(check_scalar(k, I, "operand1", &op1->operand, src, e));
     int64_t N = nt__sim_free_count(dst);
-    nt__sim_instr in = {.name = I, .engine = e, .cycles = (double)N, .act_table = -1};
+    nt__sim_instr in = {.name = I, .engine = e,
+                        .cycles = (double)N / vec_speedup(e, dst, src, NULL), .act_table = -1};
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
     in.acc[in.nacc++] = (nt__sim_acc){"src", src, false, false};
     if (op0->operand.ap)
@@ -2435,7 +2488,8 @@ int nt_isa_tensor_copy(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, nt_
         return k->err;
     TRY(check_dst_src(k, I, dst, src, e));
     int64_t N = nt__sim_free_count(dst);
-    nt__sim_instr in = {.name = I, .engine = e, .cycles = (double)N, .act_table = -1};
+    nt__sim_instr in = {.name = I, .engine = e,
+                        .cycles = (double)N / vec_speedup(e, dst, src, NULL), .act_table = -1};
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, false};
     in.acc[in.nacc++] = (nt__sim_acc){"src", src, false, false};
     TRY(issue(k, &in));

@@ -73,6 +73,16 @@ typedef enum nt_sim_target {
     NT_SIM_TRN2 = 1, /* NeuronCore-v3 */
 } nt_sim_target;
 
+/* TensorE operand formats, each with its own rate per target
+ * (nt_sim_config.tensor_rate, docs/sim.md section 4): f32; bf16 and f16
+ * (one rate); fp8 (e4m3/e5m2: an entry ready for when those dtypes exist). */
+typedef enum nt_sim_mm_format {
+    NT_SIM_MM_F32 = 0,
+    NT_SIM_MM_BF16 = 1, /* bf16 and f16 */
+    NT_SIM_MM_FP8 = 2,
+    NT_SIM_MM_FORMATS = 3,
+} nt_sim_mm_format;
+
 typedef enum nt_mem {
     NT_MEM_HBM = 0, /* device memory = host pointers */
     NT_MEM_SBUF,    /* state buffer, 128 partitions */
@@ -196,8 +206,15 @@ typedef struct nt_sim_config {
     double act_table_switch_ns;       /* ScalarE loads another function table */
     bool vector_gpsimd_share_sbuf;    /* v2: VectorE and GpSimd exclude each other on SBUF */
     bool vector_scalar_share_psum;    /* v2: VectorE and ScalarE exclude each other on PSUM */
-    double tensor_peak_flops_bf16;    /* 128*128*2*clock */
-    double tensor_peak_flops_f32;     /* a quarter of that */
+    double tensor_peak_flops_bf16;    /* 128*128*2*clock = tensor_peak_flops[NT_SIM_MM_BF16] */
+    double tensor_peak_flops_f32;     /* a quarter of that = tensor_peak_flops[NT_SIM_MM_F32] */
+    /* multiply-accumulates per TensorE processing element per cycle, by
+     * operand format: f32 0.25, bf16/f16 1; fp8 2 on trn2 (two K-rows per
+     * element, 256-deep contraction in a bf16 instruction's time), 1 on trn1
+     * (cFP8 at the bf16 rate) */
+    double tensor_rate[NT_SIM_MM_FORMATS];
+    double tensor_peak_flops[NT_SIM_MM_FORMATS]; /* 128*128*2*clock*rate */
+    bool vector_perf_mode;            /* v3: VectorE's 16-bit copies 2-4x faster */
 } nt_sim_config;
 
 /** Initialises the simulator (idempotent, thread-safe; nt_init and every
@@ -211,8 +228,15 @@ NT_API int nt_sim_init(void);
 NT_API void nt_sim_shutdown(void);
 /** Copies the active configuration into *out.  Thread-safe. */
 NT_API int nt_sim_config_get(nt_sim_config *out);
-/** Switches the modelled core (waits until no kernel runs).  Thread-safe. */
+/** Switches the modelled core (waits until no kernel runs).  Thread-safe.
+ *  NT_EINVAL (the message names the argument) for a target other than
+ *  NT_SIM_TRN1 or NT_SIM_TRN2; the active target is then unchanged. */
 NT_API int nt_sim_set_target(nt_sim_target target);
+/** Copies the configuration `target` would have into *out, without
+ *  switching to it (docs/sim.md lists every value and its source).
+ *  NT_EINVAL for a target other than NT_SIM_TRN1/NT_SIM_TRN2 or a NULL out
+ *  (the message names the argument). */
+NT_API int nt_sim_target_config(nt_sim_target target, nt_sim_config *out);
 /** Timing-only mode when `on` is false: instructions are checked and timed
  *  but no data is read or written (no DMA copy, no GEMM), so huge shapes
  *  can be modelled quickly.  Applies to kernels begun afterwards.  (The
