@@ -255,9 +255,11 @@ static void run(int64_t n, int reps)
            hval > 0 ? "once per program, the CPU kernel: GEMM, NaN check"
                     : "nc_matmul's functional GEMM",
            (host - gemm) * 1e3, (ts - host) * 1e3);
-    printf("        simulated: %.3f ms on one NeuronCore-v2, TensorE utilisation (MFU, f32 rate) "
+    nt_sim_config cfg;
+    nt_sim_config_get(&cfg); /* NT_SIM_TARGET: trn1 (NeuronCore-v2) or trn2 (v3) */
+    printf("        simulated: %.3f ms on one %s core, TensorE utilisation (MFU, f32 rate) "
            "%.1f%%\n",
-           sim * 1e3, 100.0 * mfu);
+           sim * 1e3, cfg.name, 100.0 * mfu);
     nt_release(A);
     nt_release(B);
     free(a), free(b), free(c);
