@@ -14,7 +14,11 @@
  * bigger batch shows where the matmuls, and so the low precision, start to
  * matter.
  *
- * Usage: amp [--steps N] [--warmup N] [--batches 128,1024] [--mode adaptive] */
+ * On the sim backend every configuration runs on both simulated targets,
+ * trn1 (NeuronCore-v2) and trn2 (NeuronCore-v3): a row each (--targets).
+ *
+ * Usage: amp [--steps N] [--warmup N] [--batches 128,1024] [--mode adaptive]
+ *            [--targets trn1,trn2] */
 #include <ntensor.h>
 #include <math.h>
 #include <stdio.h>
@@ -116,10 +120,31 @@ static result run(nt_dtype amp, bool master, int batch, int warmup, int steps)
     return r;
 }
 
+/* One batch size on the active target: the four precisions and the bf16 /
+ * f32 ratios, each row labelled with the target. */
+static void run_batch(const char *target, int batch, int warmup, int steps)
+{
+    const nt_dtype amps[4] = {NT_DTYPE_COUNT, NT_BF16, NT_F16, NT_BF16};
+    const char *names[4] = {"f32", "bf16", "fp16+scale", "bf16+master"};
+    result r[4];
+    for (int k = 0; k < 4; k++) {
+        r[k] = run(amps[k], k == 3, batch, warmup, steps);
+        printf("%6d %-6s %-11s %9.2f %9.3f %9.3f %9.3f %9.1f %8.1f %8.4f\n", batch, target,
+               names[k], r[k].ms, r[k].sim_ms, r[k].tensor_ms, r[k].ideal_ms, r[k].mbytes,
+               r[k].kernels, r[k].loss);
+        fflush(stdout);
+    }
+    /* bf16's figure over f32's, as the target reads (bf16 <= 0.8x
+     * of f32): below 1 means bf16 takes less */
+    printf("%6d %-6s bf16 / f32: wall x%.2f, simulated x%.2f, TensorE x%.2f, HBM bytes x%.2f\n",
+           batch, target, r[1].ms / r[0].ms, r[1].sim_ms / r[0].sim_ms,
+           r[1].tensor_ms / r[0].tensor_ms, r[1].mbytes / r[0].mbytes);
+}
+
 int main(int argc, char **argv)
 {
     int warmup = 5, steps = 20;
-    const char *batches = "128,1024", *mode = "adaptive";
+    const char *batches = "128,1024", *mode = "adaptive", *targets = "trn1,trn2";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--steps"))
             steps = atoi(argv[i + 1]);
@@ -129,40 +154,46 @@ int main(int argc, char **argv)
             batches = argv[i + 1];
         else if (!strcmp(argv[i], "--mode"))
             mode = argv[i + 1];
+        else if (!strcmp(argv[i], "--targets"))
+            targets = argv[i + 1];
         else {
             fprintf(stderr, "usage: amp [--steps N] [--warmup N] [--batches 128,1024] "
-                            "[--mode adaptive]\n");
+                            "[--mode adaptive] [--targets trn1,trn2]\n");
             return 1;
         }
     }
     if (steps < 1 || warmup < 0 || nt_init() != 0 || nt_config_set("NT_MODE", mode) != 0)
         bench_fail("set-up");
+    const char *backend = nt_config_get("NT_BACKEND");
+    bool sim = backend && !strcmp(backend, "sim");
     printf("amp: MLP 784-1024-1024-10, AdamW; mode %s, backend %s; median of "
-           "%d steps after %d\n", mode, nt_config_get("NT_BACKEND"), steps, warmup);
-    printf("%6s %-11s %9s %9s %9s %9s %9s %8s %8s\n", "batch", "precision", "wall ms",
-           "sim ms", "TensorE", "at peak", "HBM MB", "kernels", "loss");
+           "%d steps after %d\n", mode, backend, steps, warmup);
+    printf("%6s %-6s %-11s %9s %9s %9s %9s %9s %8s %8s\n", "batch", "target", "precision",
+           "wall ms", "sim ms", "TensorE", "at peak", "HBM MB", "kernels", "loss");
     char *list = strdup(batches);
-    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
         int batch = atoi(tok);
         if (batch < 1)
             bench_fail("--batches");
-        const nt_dtype amps[4] = {NT_DTYPE_COUNT, NT_BF16, NT_F16, NT_BF16};
-        const char *names[4] = {"f32", "bf16", "fp16+scale", "bf16+master"};
-        result r[4];
-        for (int k = 0; k < 4; k++) {
-            r[k] = run(amps[k], k == 3, batch, warmup, steps);
-            printf("%6d %-11s %9.2f %9.3f %9.3f %9.3f %9.1f %8.1f %8.4f\n", batch, names[k],
-                   r[k].ms, r[k].sim_ms, r[k].tensor_ms, r[k].ideal_ms, r[k].mbytes,
-                   r[k].kernels, r[k].loss);
-            fflush(stdout);
+        if (!sim) { /* nothing simulated: one set of rows */
+            run_batch("-", batch, warmup, steps);
+            continue;
         }
-        /* bf16's figure over f32's, as the target reads (bf16 <= 0.8x
-         * of f32): below 1 means bf16 takes less */
-        printf("%6d bf16 / f32: wall x%.2f, simulated x%.2f, TensorE x%.2f, HBM bytes x%.2f\n",
-               batch, r[1].ms / r[0].ms, r[1].sim_ms / r[0].sim_ms,
-               r[1].tensor_ms / r[0].tensor_ms, r[1].mbytes / r[0].mbytes);
+        char *tl = strdup(targets);
+        for (char *ts = NULL, *t = strtok_r(tl, ",", &ts); t; t = strtok_r(NULL, ",", &ts)) {
+            nt_sim_target tg = !strcmp(t, "trn1") ? NT_SIM_TRN1
+                               : !strcmp(t, "trn2") ? NT_SIM_TRN2 : (nt_sim_target)-1;
+            /* every queued op finished on the previous target first */
+            if (nt_sync() || nt_sim_set_target(tg))
+                bench_fail("--targets (trn1 or trn2)");
+            run_batch(t, batch, warmup, steps);
+        }
+        free(tl);
     }
     free(list);
+    nt_sync();
+    nt_sim_set_target(NT_SIM_TRN1);
     nt_shutdown();
     return 0;
 }
