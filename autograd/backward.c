@@ -279,11 +279,58 @@ static nt_tensor *binary_dx(nt__bctx *b, int which)
     c.flops = (double)nt__numel(nd, c.oshape[0]);
     return nt__dispatch(&c);
 }
+/* The same partial in a create_graph pass, from recorded ops, so it
+ * differentiates again (pow's masks by where, as PyTorch's
+ * pow_backward_self / _exponent; fmod's trunc has a zero gradient): each op
+ * is the function the BINARY_DX kernel calls, in the same order, in f32
+ * rounded once to the result's dtype as the kernel does, so the first
+ * gradients keep their bits (tests/test_gradgrad.c). */
+static nt_tensor *binary_dx_graph(nt__bctx *b, int which)
+{
+    nt_tensor *a = IN(0), *c = IN(1), *z;
+    nt_dtype odt = nt__promote((nt_dtype)a->dtype, (nt_dtype)c->dtype);
+    if (!(a = nt_cast_at(S, a, NT_F32)) || !(c = nt_cast_at(S, c, NT_F32)) ||
+        !(z = nt_zeros_at(S, NT_F32, 0, NULL)))
+        return NULL;
+    nt_tensor *d = NULL;
+    switch (b->n->op) {
+    case NT_OP_POW:
+        if (which == 0) /* b == 0 ? 0 : b a^(b-1) */
+            d = nt_where_at(S, nt_eq_at(S, c, z), z,
+                            nt_mul_at(S, c, nt_pow_at(S, a, nt_add_scalar_at(S, c, -1.0))));
+        else { /* a == 0 && b >= 0 ? 0 : a^b log(a) */
+            nt_tensor *v = nt_mul_at(S, nt_pow_at(S, a, c), nt_log_at(S, a));
+            d = nt_where_at(S, nt_eq_at(S, a, z), nt_where_at(S, nt_ge_at(S, c, z), z, v), v);
+        }
+        break;
+    case NT_OP_ATAN2: { /* (+-operand) (1 / (a^2 + b^2)) */
+        nt_tensor *r = nt_reciprocal_at(S, nt_add_at(S, nt_mul_at(S, a, a), nt_mul_at(S, c, c)));
+        d = which == 0 ? nt_mul_at(S, c, r) : nt_mul_at(S, nt_neg_at(S, a), r);
+        break;
+    }
+    case NT_OP_FMOD: /* 1, -trunc(a / b) */
+        if (which == 0) {
+            int nd;
+            int64_t sh[NT_MAX_DIMS];
+            if (!nt__broadcast(a->ndim, a->shape, c->ndim, c->shape, &nd, sh))
+                return NULL;
+            d = nt_ones_at(S, NT_F32, nd, sh);
+        } else
+            d = nt_neg_at(S, nt_trunc_at(S, nt_div_at(S, a, c)));
+        break;
+    default:
+        nt__dbl_refuse(S, "its partial derivatives have no derivatives of their own yet");
+        return NULL;
+    }
+    return d ? nt_cast_at(S, d, odt) : NULL;
+}
 static int bwd_dxy(nt__bctx *b)
 {
     for (int i = 0; i < 2; i++)
         if (LIVE(i))
-            TRY(b->gin[i] = reduce_to(b, nt_mul_at(S, G, binary_dx(b, i)), META(i)));
+            TRY(b->gin[i] = reduce_to(
+                    b, nt_mul_at(S, G, b->create ? binary_dx_graph(b, i) : binary_dx(b, i)),
+                    META(i)));
     return 0;
 }
 

@@ -1104,10 +1104,11 @@ NT_API int nt_backward_ex(nt_tensor *loss, bool retain_graph);
  *  softsign, reciprocal, gelu_tanh, log1p, expm1, leaky_relu, hardtanh,
  *  gather, index_select, embedding, scatter, diagonal, cumprod, attention
  *  (its create_graph backward is a composite of recorded ops, whose first
- *  gradients round differently from the fused kernel's), user ops built
- *  from these.  pow/atan2/fmod of two tensors are an error naming the op
- *  (NT_ENOTSUP: "double backward of 'pow' is not supported
- *  (create_graph)"), as is nt_checkpoint's block.
+ *  gradients round differently from the fused kernel's), pow/atan2/fmod of
+ *  two tensors, user ops built from these.  nt_checkpoint's block is an
+ *  error (NT_ENOTSUP naming nt_checkpoint and create_graph), as is any
+ *  later op whose backward cannot be differentiated ("double backward of
+ *  '<op>' is not supported (create_graph)").
  *  The recorded graph is freed with the tensors that hold it (.grad:
  *  nt_zero_grad).  create_graph false: exactly nt_backward_ex.  Errors as
  *  nt_backward's, plus NT_ESHAPE / NT_EDTYPE for a bad gradient. */

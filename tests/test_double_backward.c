@@ -965,9 +965,6 @@ typedef struct refusal {
     nt_tensor *(*f)(nt_tensor *x);
 } refusal;
 
-static nt_tensor *r_pow(nt_tensor *x) { return nt_pow(x, nt_add_scalar(x, 1.0)); }
-static nt_tensor *r_atan2(nt_tensor *x) { return nt_atan2(x, nt_add_scalar(x, 3.0)); }
-
 static int ckpt_block(void *ctx, nt_tensor *const *in, int n_in, nt_tensor **out, int n_out)
 {
     (void)ctx, (void)n_in, (void)n_out;
@@ -985,7 +982,7 @@ static void test_refusals(void **state)
 {
     (void)state;
     const refusal R[] = {
-        {"'pow'", r_pow}, {"'atan2'", r_atan2}, {"nt_checkpoint", r_checkpoint},
+        {"nt_checkpoint", r_checkpoint},
     };
     float xv[6] = {0.5f, -1.25f, 2, 0.75f, -0.5f, 1.5f};
     for (size_t k = 0; k < sizeof R / sizeof R[0]; k++) {

@@ -1,12 +1,14 @@
 /* tests/test_gradgrad.c - double backward of the ops whose backward runs a
- * kernel of its own (the generic elementwise derivative UNARY_BWD, gather /
- * index_select / embedding's index_add, scatter, diagonal, cumprod's
- * linrec, attention), nt_gradgradcheck, and removable tensor hooks.
+ * kernel of its own (the generic elementwise derivatives UNARY_BWD and
+ * BINARY_DX, gather / index_select / embedding's index_add, scatter,
+ * diagonal, cumprod's linrec, attention), nt_gradgradcheck, and removable
+ * tensor hooks.
  *
  * - Second (and third) derivatives of sin, cos, erf, softplus, mish,
  *   softsign, reciprocal, gelu_tanh, log1p, expm1, leaky_relu, hardtanh
  *   against double references computed here; their gradient with respect to
- *   the incoming gradient.
+ *   the incoming gradient; the Hessians of pow, atan2 and fmod of two
+ *   tensors (their partials from recorded ops, with the kernel's bits).
  * - Hessian-vector products through embedding, gather, index_select and
  *   cumprod (with a zero) against doubles computed here.
  * - A create_graph pass's first gradients have a plain pass's bits, and the
@@ -231,6 +233,86 @@ static void test_grad_of_grad_output(void **state)
     }
 }
 
+/* ---------------- pow, atan2, fmod of two tensors ---------------- */
+
+/* the Hessian of f(a, b) in double: [daa, dab, dbb] */
+static void hess_ref(int which, double a, double b, double h[3])
+{
+    if (which == 0) { /* pow */
+        double l = log(a);
+        h[0] = b * (b - 1) * pow(a, b - 2);
+        h[1] = pow(a, b - 1) * (1 + b * l);
+        h[2] = pow(a, b) * l * l;
+    } else if (which == 1) { /* atan2 */
+        double r = a * a + b * b;
+        h[0] = -2 * a * b / (r * r);
+        h[1] = (a * a - b * b) / (r * r);
+        h[2] = 2 * a * b / (r * r);
+    } else {
+        h[0] = h[1] = h[2] = 0;
+    }
+}
+
+static nt_tensor *binop(int which, nt_tensor *a, nt_tensor *b)
+{
+    return which == 0 ? nt_pow(a, b) : which == 1 ? nt_atan2(a, b) : nt_fmod(a, b);
+}
+
+static void test_binary_second(void **state)
+{
+    (void)state;
+    const char *names[3] = {"pow", "atan2", "fmod"};
+    float av[5] = {0.6f, 1.3f, 2.2f, 0.9f, 3.1f}, bv[5] = {1.7f, -0.8f, 0.45f, 2.6f, -1.9f};
+    for (int which = 0; which < 3; which++) {
+        nt_scope *s = nt_scope_begin();
+        nt_tensor *a = leaf(av, 1, SH(5)), *b = leaf(bv, 1, SH(5)), *ab[2] = {a, b};
+        nt_tensor *L = ssum(binop(which, a, b)), *g0[2], *g[2], *h[2][2];
+        assert_int_equal(nt_autograd_grad(&L, 1, ab, 2, NULL, true, false, false, g0), 0);
+        assert_int_equal(nt_autograd_grad(&L, 1, ab, 2, NULL, true, true, false, g), 0);
+        for (int i = 0; i < 2; i++) {
+            float *x = host(g0[i]), *y = host(g[i]);
+            assert_memory_equal(x, y, sizeof av); /* the same bits */
+            free(x), free(y);
+            nt_tensor *si = ssum(g[i]);
+            h[i][0] = h[i][1] = NULL; /* fmod's d/da is a constant 1 */
+            if (which != 2 || nt_requires_grad(si))
+                assert_int_equal(nt_autograd_grad(&si, 1, ab, 2, NULL, true, false, true, h[i]), 0);
+        }
+        float *hv[2][2];
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++)
+                hv[i][j] = h[i][j] ? host(h[i][j]) : calloc(5, sizeof(float));
+        for (int k = 0; k < 5; k++) {
+            double r[3];
+            hess_ref(which, av[k], bv[k], r);
+            double got[3] = {hv[0][0][k], hv[0][1][k], hv[1][1][k]};
+            for (int m = 0; m < 3; m++)
+                if (!near(got[m], r[m], 1e-5, 1e-6))
+                    fail_msg("%s: Hessian entry %d at (%g, %g): %.9g, double %.9g", names[which],
+                             m, av[k], bv[k], got[m], r[m]);
+            assert_true(near(hv[1][0][k], r[1], 1e-5, 1e-6)); /* symmetric */
+        }
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++)
+                free(hv[i][j]);
+        nt_scope_end(s);
+    }
+    /* bf16 operands: the partial in f32, rounded once, as the kernel's */
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *a = nt_cast(nt_from_host(av, NT_F32, 1, SH(5)), NT_BF16);
+    nt_tensor *b = nt_cast(nt_from_host(bv, NT_F32, 1, SH(5)), NT_BF16);
+    nt_set_requires_grad(a, true), nt_set_requires_grad(b, true);
+    nt_tensor *ab[2] = {a, b}, *L = ssum(nt_cast(nt_pow(a, b), NT_F32)), *g0[2], *g[2];
+    assert_int_equal(nt_autograd_grad(&L, 1, ab, 2, NULL, true, false, false, g0), 0);
+    assert_int_equal(nt_autograd_grad(&L, 1, ab, 2, NULL, true, true, false, g), 0);
+    for (int i = 0; i < 2; i++) {
+        float *x = host(nt_cast(g0[i], NT_F32)), *y = host(nt_cast(g[i], NT_F32));
+        assert_memory_equal(x, y, sizeof av);
+        free(x), free(y);
+    }
+    nt_scope_end(s);
+}
+
 /* ---------------- index ops and cumprod: Hessian-vector products ---------------- */
 
 /* L = sum(e^2 k), e = embedding(W [4, 3], idx): (H u)_r = 2 u_r sum_{k:
@@ -368,7 +450,8 @@ static void all_bits(bits_t *b)
     int32_t idx[4] = {1, 3, 1, 0};
     nt_scope *s = nt_scope_begin();
     nt_tensor *x = leaf(xv, 2, SH(3, 4));
-    nt_tensor *ys[5] = {
+    nt_tensor *ys[6] = {
+        ssum(nt_atan2(nt_pow(nt_add_scalar(nt_abs(x), 0.5), nt_cos(x)), nt_add_scalar(x, 0.3))),
         ssum(nt_mul(nt_sin(x), nt_erf(x))),
         ssum(nt_mul(nt_softplus(x), nt_cos(x))),
         ssum(nt_cumprod(nt_mul_scalar(x, 0.5), 1)),
@@ -378,7 +461,7 @@ static void all_bits(bits_t *b)
                                                     nt_reshape(x, 3, SH(1, 3, 4)), NULL, true, 0),
                     nt_reshape(x, 3, SH(1, 3, 4)))),
     };
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < 6; k++) {
         nt_tensor *g = grad1(ys[k], x, true);
         push(b, g);
         push(b, grad1(ssum(nt_mul(g, g)), x, false));
@@ -474,6 +557,11 @@ static nt_tensor *gg_index(nt_tensor *const *in, void *ctx)
     return nt_mul(p, nt_tanh(p));
 }
 
+static nt_tensor *gg_binop(nt_tensor *const *in, void *ctx)
+{
+    return binop(*(int *)ctx, in[0], in[1]);
+}
+
 static nt_tensor *gg_cumprod(nt_tensor *const *in, void *ctx)
 {
     (void)ctx;
@@ -534,6 +622,16 @@ static void test_gradgradcheck_ops(void **state)
             fail_msg("sdpa variant %d: %s", variant, nt_last_error_message());
         nt_scope_end(s);
     }
+    /* pow (a > 0), atan2, fmod of two tensors, b broadcast along rows
+     * (a / b away from fmod's jumps by more than eps) */
+    float pa[6] = {0.6f, 1.3f, 2.2f, 0.9f, 1.7f, 1.1f}, pb[3] = {1.7f, -0.8f, 0.7f};
+    for (int which = 0; which < 3; which++) {
+        nt_scope *s = nt_scope_begin();
+        nt_tensor *in[2] = {leaf(pa, 2, SH(2, 3)), leaf(pb, 1, SH(3))};
+        if (nt_gradgradcheck(gg_binop, in, 2, &which, NULL, 1e-2, 2e-2, 2e-2))
+            fail_msg("binary op %d: %s", which, nt_last_error_message());
+        nt_scope_end(s);
+    }
     /* a given grad_output */
     {
         float go[6] = {1, -2, 0.5f, 0.25f, -1, 3};
@@ -585,10 +683,17 @@ static nt_tensor *gg_null(nt_tensor *const *in, void *ctx)
     (void)in, (void)ctx;
     return NULL;
 }
-static nt_tensor *gg_pow(nt_tensor *const *in, void *ctx)
+static int ckpt_block(void *ctx, nt_tensor *const *in, int n_in, nt_tensor **out, int n_out)
+{
+    (void)ctx, (void)n_in, (void)n_out;
+    out[0] = nt_mul(in[0], in[0]);
+    return out[0] ? 0 : nt_last_error();
+}
+static nt_tensor *gg_ckpt(nt_tensor *const *in, void *ctx)
 {
     (void)ctx;
-    return nt_pow(in[0], nt_add_scalar(in[0], 1.0));
+    nt_tensor *y = NULL;
+    return nt_checkpoint(ckpt_block, NULL, in, 1, &y, 1) ? NULL : y;
 }
 static nt_tensor *gg_const(nt_tensor *const *in, void *ctx)
 {
@@ -647,9 +752,9 @@ static void test_gradgradcheck_errors(void **state)
     /* f's own error, said to be within the check */
     nt_test_expect_err(nt_gradgradcheck(gg_cumprod, &x, 1, NULL, NULL, 1e-2, 1e-2, 1e-2),
                        NT_EDIM, "nt_gradgradcheck", "nt_cumprod", "'dim'");
-    /* pow's backward is not differentiable yet: its refusal, named */
-    nt_test_expect_err(nt_gradgradcheck(gg_pow, &x, 1, NULL, NULL, 1e-2, 1e-2, 1e-2),
-                       NT_ENOTSUP, "nt_gradgradcheck", "double backward of 'pow'");
+    /* nt_checkpoint's block cannot be differentiated twice: its refusal */
+    nt_test_expect_err(nt_gradgradcheck(gg_ckpt, &x, 1, NULL, NULL, 1e-2, 1e-2, 1e-2),
+                       NT_ENOTSUP, "nt_gradgradcheck", "nt_checkpoint", "create_graph");
     /* functions with no second derivative: 0 on both sides passes */
     assert_int_equal(nt_gradgradcheck(gg_const, &x, 1, NULL, NULL, 1e-2, 1e-2, 1e-2), 0);
     assert_int_equal(nt_gradgradcheck(gg_linear, &x, 1, NULL, NULL, 1e-2, 1e-2, 1e-2), 0);
@@ -811,6 +916,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_unary_second, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_unary_third, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_grad_of_grad_output, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_binary_second, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_embedding_hvp, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_gather_hvp, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_cumprod_hvp, nt_test_setup, nt_test_teardown),
