@@ -18,6 +18,11 @@
  * - nt_gradgradcheck passes on every newly supported op (random and given
  *   grad_output), fails on a user op whose backward is right to first order
  *   only, and every error it raises.
+ * - Against PyTorch 1.13 (tests/torch_refs/gradgrad.h from
+ *   scripts/torch_refs/gradgrad.py): f' and f'' on edge values, the
+ *   Hessian-vector products of pow/atan2/fmod with broadcasting, gather,
+ *   index_select, embedding, cumprod (zeros) on odd shapes, attention
+ *   (causal, u8 mask).
  * - nt_register_hook_handle / nt_remove_hook: removal, order, removing
  *   twice, unknown handles, a handle that outlives its graph; no leak. */
 #include <float.h>
@@ -34,6 +39,7 @@
 
 #include "ntensor.h"
 #include "nt_test.h"
+#include "torch_refs/gradgrad.h"
 
 uint64_t nt__tensor_live_handles(void); /* core/tensor.c */
 
@@ -422,6 +428,181 @@ static void test_cumprod_hvp(void **state)
     }
     free(g0), free(g1), free(h);
     nt_scope_end(s);
+}
+
+/* ---------------- against PyTorch 1.13 ---------------- */
+
+static nt_tensor *pool_t(long off, int nd, const int64_t *sh, bool req)
+{
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++)
+        n *= sh[i];
+    float *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = nt_test_fbits(gg_pool[off + i]);
+    nt_tensor *t = req ? leaf(v, nd, sh) : nt_from_host(v, NT_F32, nd, sh);
+    free(v);
+    return t;
+}
+
+/* t (NULL: zeros) against PyTorch's n values at gg_pool[off] */
+static void vs_torch(const char *what, nt_tensor *t, long off, int64_t n, double rel, double abs_tol)
+{
+    float *got = t ? host(t) : calloc((size_t)n, sizeof *got);
+    for (int64_t i = 0; i < n; i++) {
+        float w = nt_test_fbits(gg_pool[off + i]);
+        bool ok = isinf(w) || isinf(got[i]) ? got[i] == w : near(got[i], w, rel, abs_tol);
+        if (!ok)
+            fail_msg("%s[%lld]: got %.9g (0x%08x), PyTorch %.9g (0x%08x)", what, (long long)i,
+                     (double)got[i], nt_test_ubits(got[i]), (double)w, nt_test_ubits(w));
+    }
+    free(got);
+}
+
+static const unop *unop_named(const char *name)
+{
+    for (int k = 0; k < NUNOPS; k++)
+        if (!strcmp(UNOPS[k].name, name))
+            return &UNOPS[k];
+    fail_msg("no op %s", name);
+    return NULL;
+}
+
+static bool agree(float got, float w, double rel, double abs_tol)
+{
+    return isinf(w) || isinf(got) ? got == w : near(got, w, rel, abs_tol);
+}
+
+/* f'' on edge values within 3e-5 relative (it composes other f32 ops than
+ * PyTorch's kernels: gelu_tanh'' at 3 is 7e-6 from the double value,
+ * PyTorch's f32 one 3e-6 on the other side), NaN where PyTorch has NaN, the same infinities.  f'
+ * is the ops' own (checked against PyTorch by their tests, to their
+ * definitions: softsign' is 0 at +-Inf where PyTorch's x / (1 + |x|)
+ * gives NaN, ...): where it differs from PyTorch's by definition (not
+ * within 1e-5) the second derivative is not compared either, at most at
+ * the three non-finite points. */
+static void test_torch_ew(void **state)
+{
+    (void)state;
+    for (size_t r = 0; r < sizeof gg_ew / sizeof gg_ew[0]; r++) {
+        const unop *u = unop_named(gg_ew[r].name);
+        nt_scope *s = nt_scope_begin();
+        nt_tensor *x = pool_t(gg_ew_x, 1, SH(GG_NEDGE), true);
+        nt_tensor *g = grad1(ssum(u->f(x)), x, true);
+        nt_tensor *h = nt_requires_grad(g) ? grad1(ssum(g), x, false) : NULL;
+        float *gv = host(g), *hv = h ? host(h) : calloc(GG_NEDGE, sizeof *hv);
+        int skipped = 0;
+        for (int i = 0; i < GG_NEDGE; i++) {
+            float xi = nt_test_fbits(gg_pool[gg_ew_x + i]);
+            float wg = nt_test_fbits(gg_pool[gg_ew[r].g + i]);
+            float wh = nt_test_fbits(gg_pool[gg_ew[r].h + i]);
+            if (!agree(gv[i], wg, 1e-5, 1e-9)) {
+                if (isfinite(xi))
+                    fail_msg("%s' at %g: %.9g, PyTorch %.9g", u->name, xi, gv[i], wg);
+                skipped++;
+                continue;
+            }
+            if (!agree(hv[i], wh, 3e-5, 1e-9)) /* (1 - tanh^2 rounds to 0 past |x| ~ 4.5) */
+                fail_msg("%s'' at %g: got %.9g (0x%08x), PyTorch %.9g (0x%08x)", u->name, xi,
+                         hv[i], nt_test_ubits(hv[i]), wh, nt_test_ubits(wh));
+        }
+        assert_true(skipped <= 3);
+        free(gv), free(hv);
+        nt_scope_end(s);
+    }
+}
+
+static void test_torch_binary(void **state)
+{
+    (void)state;
+    for (int which = 0; which < 3; which++) {
+        nt_scope *s = nt_scope_begin();
+        nt_tensor *a = pool_t(gg_bin_a, 2, SH(3, 5), true), *b = pool_t(gg_bin_b, 1, SH(5), true);
+        nt_tensor *ab[2] = {a, b}, *g[2], *h[2] = {NULL, NULL};
+        nt_tensor *L = ssum(binop(which, a, b));
+        assert_int_equal(nt_autograd_grad(&L, 1, ab, 2, NULL, true, true, false, g), 0);
+        nt_tensor *dot = nt_add(ssum(nt_mul(g[0], pool_t(gg_bin_u, 2, SH(3, 5), false))),
+                                ssum(nt_mul(g[1], pool_t(gg_bin_w, 1, SH(5), false))));
+        if (nt_requires_grad(dot))
+            assert_int_equal(nt_autograd_grad(&dot, 1, ab, 2, NULL, false, false, true, h), 0);
+        const gg_bin_row *r = &gg_bin[which];
+        char what[64];
+        snprintf(what, sizeof what, "%s ga", r->name);
+        vs_torch(what, g[0], r->ga, 15, 4e-7, 1e-30);
+        snprintf(what, sizeof what, "%s gb", r->name);
+        vs_torch(what, g[1], r->gb, 5, 2e-6, 1e-30); /* a sum over 3 rows */
+        snprintf(what, sizeof what, "%s Hu (a)", r->name);
+        vs_torch(what, h[0], r->ha, 15, 1e-5, 1e-6);
+        snprintf(what, sizeof what, "%s Hu (b)", r->name);
+        vs_torch(what, h[1], r->hb, 5, 1e-5, 1e-6);
+        nt_scope_end(s);
+    }
+}
+
+static nt_tensor *idx_t(const int32_t *v, int nd, const int64_t *sh)
+{
+    return nt_from_host(v, NT_I32, nd, sh);
+}
+
+static void test_torch_hvp(void **state)
+{
+    (void)state;
+    for (int c = 0; c < 4; c++) {
+        const gg_hv_row *r = &gg_hv[c];
+        nt_scope *s = nt_scope_begin();
+        const int64_t *xs = c == 2 ? SH(6, 5) : c == 3 ? SH(3, 1, 7) : SH(3, 5, 7);
+        int xnd = c == 2 ? 2 : 3;
+        int64_t xn = c == 2 ? 30 : c == 3 ? 21 : 105;
+        nt_tensor *x = pool_t(r->x, xnd, xs, true), *y;
+        switch (c) {
+        case 0: y = nt_gather(x, 1, idx_t(gg_gather_idx, 3, SH(3, 4, 7))); break;
+        case 1: y = nt_index_select(x, 1, idx_t(gg_select_idx, 1, SH(6))); break;
+        case 2: y = nt_embedding(x, idx_t(gg_embed_idx, 2, SH(2, 3))); break;
+        default: y = nt_cumprod(x, 2); break;
+        }
+        if (c < 3)
+            y = nt_mul(y, y);
+        int64_t ysh[3];
+        for (int i = 0; i < nt_ndim(y); i++)
+            ysh[i] = nt_shape(y, i);
+        nt_tensor *g = grad1(ssum(nt_mul(y, pool_t(r->k, nt_ndim(y), ysh, false))), x, true);
+        nt_tensor *hu = grad1(ssum(nt_mul(g, pool_t(r->u, xnd, xs, false))), x, false);
+        char what[64];
+        snprintf(what, sizeof what, "%s g", r->name);
+        vs_torch(what, g, r->g, xn, 1e-6, 1e-7);
+        snprintf(what, sizeof what, "%s Hu", r->name);
+        vs_torch(what, hu, r->hu, xn, 1e-5, 1e-6);
+        nt_scope_end(s);
+    }
+}
+
+static void test_torch_sdpa(void **state)
+{
+    (void)state;
+    for (int c = 0; c < 2; c++) {
+        nt_scope *s = nt_scope_begin();
+        nt_tensor *in[3] = {pool_t(gg_at_q, 3, SH(2, 5, 3), true),
+                            pool_t(gg_at_k, 3, SH(2, 5, 3), true),
+                            pool_t(gg_at_v, 3, SH(2, 5, 3), true)};
+        nt_tensor *m = c ? nt_from_host(gg_at_mask, NT_U8, 2, SH(5, 5)) : NULL;
+        nt_tensor *y = nt_scaled_dot_product_attention(in[0], in[1], in[2], m, c == 0, 0.6);
+        nt_tensor *L = ssum(nt_mul(y, pool_t(gg_at_go, 3, SH(2, 5, 3), false))), *g[3], *h[3];
+        assert_int_equal(nt_autograd_grad(&L, 1, in, 3, NULL, true, true, false, g), 0);
+        nt_tensor *dot = NULL;
+        for (int i = 0; i < 3; i++) {
+            nt_tensor *d = ssum(nt_mul(g[i], pool_t(gg_at_u[i], 3, SH(2, 5, 3), false)));
+            dot = dot ? nt_add(dot, d) : d;
+        }
+        assert_int_equal(nt_autograd_grad(&dot, 1, in, 3, NULL, false, false, false, h), 0);
+        for (int i = 0; i < 3; i++) {
+            char what[64];
+            snprintf(what, sizeof what, "sdpa %s d/d%c", gg_at[c].variant, "qkv"[i]);
+            vs_torch(what, g[i], gg_at[c].g[i], 30, 1e-5, 1e-6);
+            snprintf(what, sizeof what, "sdpa %s Hu d/d%c", gg_at[c].variant, "qkv"[i]);
+            vs_torch(what, h[i], gg_at[c].h[i], 30, 1e-4, 1e-5);
+        }
+        nt_scope_end(s);
+    }
 }
 
 /* ---------------- bits across backends and modes ---------------- */
@@ -920,6 +1101,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_embedding_hvp, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_gather_hvp, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_cumprod_hvp, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_torch_ew, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_torch_binary, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_torch_hvp, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_torch_sdpa, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bits_across_configs, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_sdpa_first_order, nt_test_setup, nt_test_teardown),
