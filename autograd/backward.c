@@ -1123,6 +1123,7 @@ static int bwd_sdpa(nt__bctx *b)
     nt_tensor *g = G;
     if (!g)
         return 0;
+    TRY(q && k && v && o && lse); /* (a create_graph pass's handles: out of memory) */
     int nd = q->ndim;
     int64_t D = q->shape[nd - 1], Dv = v->shape[nd - 1];
     if (g->dtype != o->dtype)
