@@ -10,7 +10,13 @@
  * leaf: before the gradient goes into .grad): the hooks in the order they
  * were registered, each seeing the one before's result, then the retained
  * .grad, which gets the final gradient (added to the one it already has,
- * as a leaf's .grad is). */
+ * as a leaf's .grad is).
+ *
+ * nt_register_hook_handle also gives a handle (torch's RemovableHandle):
+ * nt_remove_hook marks the entry removed (passes skip it; it is freed with
+ * its node, so a pass never sees the list change), and the handle table
+ * below says which handles are live, so a second removal or a made-up
+ * handle is an error rather than a write to freed memory. */
 #include "autograd/autograd.h"
 
 #include <pthread.h>
