@@ -289,8 +289,10 @@ static nt_tensor *binary_dx_graph(nt__bctx *b, int which)
 {
     nt_tensor *a = IN(0), *c = IN(1), *z;
     nt_dtype odt = nt__promote((nt_dtype)a->dtype, (nt_dtype)c->dtype);
-    if (!(a = nt_cast_at(S, a, NT_F32)) || !(c = nt_cast_at(S, c, NT_F32)) ||
-        !(z = nt_zeros_at(S, NT_F32, 0, NULL)))
+    /* (a floating dtype wider than f32 computes in itself) */
+    nt_dtype wdt = nt__dtype_size(odt) > 4 ? odt : NT_F32;
+    if (!(a = nt_cast_at(S, a, wdt)) || !(c = nt_cast_at(S, c, wdt)) ||
+        !(z = nt_zeros_at(S, wdt, 0, NULL)))
         return NULL;
     nt_tensor *d = NULL;
     switch (b->n->op) {
@@ -314,7 +316,7 @@ static nt_tensor *binary_dx_graph(nt__bctx *b, int which)
             int64_t sh[NT_MAX_DIMS];
             if (!nt__broadcast(a->ndim, a->shape, c->ndim, c->shape, &nd, sh))
                 return NULL;
-            d = nt_ones_at(S, NT_F32, nd, sh);
+            d = nt_ones_at(S, wdt, nd, sh);
         } else
             d = nt_neg_at(S, nt_trunc_at(S, nt_div_at(S, a, c)));
         break;
