@@ -61,6 +61,8 @@ struct nt__node {
  * cleared when that tensor dies). */
 typedef struct nt__ghook {
     int idx;
+    bool removed;      /* nt_remove_hook: inert until the node goes */
+    nt_hook_handle id; /* nt_register_hook_handle's handle, else 0 */
     nt_grad_hook fn;
     void *ctx;
     struct nt__ag *ag;

@@ -228,28 +228,35 @@ static int bwd_by_helper(nt__bctx *b)
                                e->save_out ? OUT(0) : IN(0)));
     return 0;
 }
+/* UNARY_BWD(g, v) for forward op `op` with its scalars p->f: no_grad in a
+ * plain pass, recorded in a create_graph pass (its own backward is
+ * bwd_unary_bwd), the same kernel either way. */
+static nt_tensor *unary_bwd(nt__bctx *b, int op, const nt__params *p, nt_tensor *g, nt_tensor *v)
+{
+    nt__call c;
+    nt_tensor *in[2] = {g, v};
+    if (!nt__call_begin(&c, S, nt__op_api(op), NT_OP_UNARY_BWD, 2, in, "g,v"))
+        return NULL;
+    c.no_grad = !b->create;
+    c.p.i[0] = op;
+    c.p.f[0] = p->f[0]; /* a tensor-scalar op's scalars */
+    c.p.f[1] = p->f[1];
+    c.odt[0] = nt__promote((nt_dtype)g->dtype, (nt_dtype)v->dtype);
+    c.ondim[0] = g->ndim;
+    for (int i = 0; i < g->ndim; i++)
+        c.oshape[0][i] = g->shape[i];
+    c.flops = (double)nt__numel(g->ndim, g->shape);
+    return nt__dispatch(&c);
+}
 /* The generic backward of an elementwise unary or tensor-scalar op (bwd
  * column `dx`): g * nt__ew_<f>_dx(v[, s0, s1]), one UNARY_BWD helper for
  * every such op, with v the saved input or output as the op's save column
  * says. */
 static int bwd_dx(nt__bctx *b)
 {
-    nt__call c;
     int op = b->n->op;
     nt_tensor *v = nt__bwd_table[op].save_out ? OUT(0) : IN(0);
-    nt_tensor *in[2] = {G, v};
-    if (!nt__call_begin(&c, S, nt__op_api(op), NT_OP_UNARY_BWD, 2, in, "g,v"))
-        return nt_last_error();
-    c.no_grad = true;
-    c.p.i[0] = op;
-    c.p.f[0] = b->n->p.f[0]; /* a tensor-scalar op's scalars */
-    c.p.f[1] = b->n->p.f[1];
-    c.odt[0] = nt__promote((nt_dtype)G->dtype, (nt_dtype)v->dtype);
-    c.ondim[0] = G->ndim;
-    for (int i = 0; i < G->ndim; i++)
-        c.oshape[0][i] = G->shape[i];
-    c.flops = (double)nt__numel(G->ndim, G->shape);
-    TRY(b->gin[0] = nt__dispatch(&c));
+    TRY(b->gin[0] = unary_bwd(b, op, &b->n->p, G, v));
     return 0;
 }
 /* The generic backward of a binary op (bwd column `dxy`): g times its
@@ -272,11 +279,60 @@ static nt_tensor *binary_dx(nt__bctx *b, int which)
     c.flops = (double)nt__numel(nd, c.oshape[0]);
     return nt__dispatch(&c);
 }
+/* The same partial in a create_graph pass, from recorded ops, so it
+ * differentiates again (pow's masks by where, as PyTorch's
+ * pow_backward_self / _exponent; fmod's trunc has a zero gradient): each op
+ * is the function the BINARY_DX kernel calls, in the same order, in f32
+ * rounded once to the result's dtype as the kernel does, so the first
+ * gradients keep their bits (tests/test_gradgrad.c). */
+static nt_tensor *binary_dx_graph(nt__bctx *b, int which)
+{
+    nt_tensor *a = IN(0), *c = IN(1), *z;
+    nt_dtype odt = nt__promote((nt_dtype)a->dtype, (nt_dtype)c->dtype);
+    /* (a floating dtype wider than f32 computes in itself) */
+    nt_dtype wdt = nt__dtype_size(odt) > 4 ? odt : NT_F32;
+    if (!(a = nt_cast_at(S, a, wdt)) || !(c = nt_cast_at(S, c, wdt)) ||
+        !(z = nt_zeros_at(S, wdt, 0, NULL)))
+        return NULL;
+    nt_tensor *d = NULL;
+    switch (b->n->op) {
+    case NT_OP_POW:
+        if (which == 0) /* b == 0 ? 0 : b a^(b-1) */
+            d = nt_where_at(S, nt_eq_at(S, c, z), z,
+                            nt_mul_at(S, c, nt_pow_at(S, a, nt_add_scalar_at(S, c, -1.0))));
+        else { /* a == 0 && b >= 0 ? 0 : a^b log(a) */
+            nt_tensor *v = nt_mul_at(S, nt_pow_at(S, a, c), nt_log_at(S, a));
+            d = nt_where_at(S, nt_eq_at(S, a, z), nt_where_at(S, nt_ge_at(S, c, z), z, v), v);
+        }
+        break;
+    case NT_OP_ATAN2: { /* (+-operand) (1 / (a^2 + b^2)) */
+        nt_tensor *r = nt_reciprocal_at(S, nt_add_at(S, nt_mul_at(S, a, a), nt_mul_at(S, c, c)));
+        d = which == 0 ? nt_mul_at(S, c, r) : nt_mul_at(S, nt_neg_at(S, a), r);
+        break;
+    }
+    case NT_OP_FMOD: /* 1, -trunc(a / b) */
+        if (which == 0) {
+            int nd;
+            int64_t sh[NT_MAX_DIMS];
+            if (!nt__broadcast(a->ndim, a->shape, c->ndim, c->shape, &nd, sh))
+                return NULL;
+            d = nt_ones_at(S, wdt, nd, sh);
+        } else
+            d = nt_neg_at(S, nt_trunc_at(S, nt_div_at(S, a, c)));
+        break;
+    default:
+        nt__dbl_refuse(S, "its partial derivatives have no derivatives of their own yet");
+        return NULL;
+    }
+    return d ? nt_cast_at(S, d, odt) : NULL;
+}
 static int bwd_dxy(nt__bctx *b)
 {
     for (int i = 0; i < 2; i++)
         if (LIVE(i))
-            TRY(b->gin[i] = reduce_to(b, nt_mul_at(S, G, binary_dx(b, i)), META(i)));
+            TRY(b->gin[i] = reduce_to(
+                    b, nt_mul_at(S, G, b->create ? binary_dx_graph(b, i) : binary_dx(b, i)),
+                    META(i)));
     return 0;
 }
 
@@ -456,6 +512,21 @@ static int bwd_diagonal(nt__bctx *b)
     const nt__tmeta *m = META(0);
     const nt__params *p = &b->n->p;
     nt_tensor *z, *v;
+    if (b->create) {
+        /* no copy in place in a recorded backward: g scattered into a
+         * flat zero tensor at the diagonal's flat positions (the diagonal
+         * of arange(numel) in x's shape), the same values; scatter's
+         * gradient with respect to g gathers them back */
+        int64_t ne = nt__numel(m->ndim, m->shape), one = -1;
+        nt_tensor *pos;
+        TRY(pos = nt_reshape_at(S, nt_arange_at(S, NT_I32, 0, (double)ne, 1), m->ndim, m->shape));
+        TRY(pos = nt_reshape_at(S, nt_diagonal_at(S, pos, p->i[0], (int)p->i[1], (int)p->i[2]),
+                                1, &one));
+        TRY(z = nt_scatter_at(S, nt_zeros_at(S, (nt_dtype)G->dtype, 1, &ne), 0, pos,
+                              nt_reshape_at(S, G, 1, &one)));
+        TRY(b->gin[0] = nt_reshape_at(S, z, m->ndim, m->shape));
+        return 0;
+    }
     TRY(z = nt_zeros_at(S, (nt_dtype)G->dtype, m->ndim, m->shape));
     TRY(v = nt_diagonal_at(S, z, p->i[0], (int)p->i[1], (int)p->i[2]));
     if (nt_copy_into_at(S, v, G))
@@ -599,6 +670,35 @@ static int bwd_cumprod(nt__bctx *b)
     TRY(a = nt_cat_at(S, (nt_tensor *[]){nt_slice_at(S, x, d, 1, n, 1), one}, 2, d));
     TRY(sr = nt__linrec(S, rev(b, a, d), rev(b, G, d), d));
     TRY(b->gin[0] = nt_mul_at(S, e, rev(b, sr, d)));
+    return 0;
+}
+
+/* linrec (cumprod's backward, recorded by a create_graph pass): y_j = a_j
+ * y_(j-1) + b_j, y_(-1) = -0.  With T_i = g_i + a_(i+1) T_(i+1) (the same
+ * running op from the end, as cumprod's backward): gb = T, ga_j = T_j
+ * y_(j-1) (0 for j = 0).  Built from differentiable ops and linrec itself:
+ * third derivatives follow. */
+static int bwd_linrec(nt__bctx *b)
+{
+    const nt__tmeta *m = META(0);
+    int d = b->n->p.dim;
+    int64_t n = m->shape[d], s1[NT_MAX_DIMS];
+    nt_tensor *t = G, *one, *zero, *a;
+    memcpy(s1, m->shape, sizeof s1);
+    s1[d] = 1;
+    TRY(one = nt_ones_at(S, (nt_dtype)G->dtype, m->ndim, s1));
+    TRY(zero = nt_zeros_at(S, (nt_dtype)G->dtype, m->ndim, s1));
+    if (n > 1) {
+        TRY(a = nt_cat_at(S, (nt_tensor *[]){nt_slice_at(S, IN(0), d, 1, n, 1), one}, 2, d));
+        TRY(t = rev(b, nt__linrec(S, rev(b, a, d), rev(b, G, d), d), d));
+    }
+    if (LIVE(1))
+        b->gin[1] = t;
+    if (LIVE(0)) {
+        nt_tensor *ys = n > 1 ? nt_cat_at(S, (nt_tensor *[]){zero, nt_slice_at(S, OUT(0), d, 0, n - 1, 1)}, 2, d)
+                              : zero;
+        TRY(b->gin[0] = nt_mul_at(S, t, ys));
+    }
     return 0;
 }
 
@@ -848,7 +948,7 @@ static int bwd_gather(nt__bctx *b)
     const char *fn = b->n->op == NT_OP_GATHER ? "nt_gather" : "nt_index_select";
     if (!nt__call_begin(&c, S, fn, NT_OP_INDEX_ADD, 2, in, "g,index"))
         return nt_last_error();
-    c.no_grad = true;
+    c.no_grad = !b->create; /* recorded in a create_graph pass: bwd_index_add */
     c.p.dim = b->n->p.dim;
     c.p.flag = b->n->op == NT_OP_INDEX_SELECT;
     c.odt[0] = (nt_dtype)G->dtype;
@@ -867,7 +967,7 @@ static int bwd_embedding(nt__bctx *b)
     nt_tensor *in[2] = {G, IN(1)};
     if (!nt__call_begin(&c, S, "nt_embedding", NT_OP_EMBEDDING_BWD, 2, in, "g,idx"))
         return nt_last_error();
-    c.no_grad = true;
+    c.no_grad = !b->create; /* recorded in a create_graph pass: bwd_embedding_bwd */
     c.p.i[0] = wm->shape[0];
     c.odt[0] = (nt_dtype)G->dtype;
     c.ondim[0] = 2;
@@ -875,6 +975,25 @@ static int bwd_embedding(nt__bctx *b)
     c.oshape[0][1] = wm->shape[1];
     c.flops = (double)nt__numel(G->ndim, G->shape);
     TRY(b->gin[0] = nt__dispatch(&c));
+    return 0;
+}
+
+/* The backward kernels of gather / index_select (INDEX_ADD) and embedding
+ * (EMBEDDING_BWD), recorded by a create_graph pass, are linear in g: their
+ * gradient with respect to g is the forward op again on the incoming
+ * gradient (gathering at the same index); the index gets none. */
+static int bwd_index_add(nt__bctx *b)
+{
+    const nt__params *p = &b->n->p;
+    if (LIVE(0))
+        TRY(b->gin[0] = p->flag ? nt_index_select_at(S, G, p->dim, IN(1))
+                                : nt_gather_at(S, G, p->dim, IN(1)));
+    return 0;
+}
+static int bwd_embedding_bwd(nt__bctx *b)
+{
+    if (LIVE(0))
+        TRY(b->gin[0] = nt_embedding_at(S, G, IN(1)));
     return 0;
 }
 
@@ -897,7 +1016,7 @@ static int bwd_scatter(nt__bctx *b)
         in[2] = z;
         if (!nt__call_begin(&c, S, "nt_scatter", NT_OP_SCATTER, 3, in, "g,index,zeros"))
             return nt_last_error();
-        c.no_grad = true;
+        c.no_grad = !b->create; /* a create_graph pass records scatter: linear in g */
         c.p = b->n->p;
         c.odt[0] = (nt_dtype)G->dtype;
         c.ondim[0] = G->ndim;
@@ -935,12 +1054,78 @@ static int bwd_scatter_add(nt__bctx *b)
  * batch the three (two) row-major blocks one after the other, which copies
  * in long contiguous runs; dk and dv come back packed like k, v.  A
  * floating mask gets no gradient. */
+/* The scores of sdpa, recomputed from differentiable ops in f32: s = q k^T
+ * scale, the mask (u8: -Inf where 0; floating: added), the causal rule
+ * (-Inf where key j > query i).  *empty: u8, the rows with no key left (the
+ * forward gives them 0). */
+static nt_tensor *sdpa_scores(nt__bctx *b, nt_tensor *q, nt_tensor *k, nt_tensor **empty)
+{
+    const nt__params *p = &b->n->p;
+    nt_tensor *mask = b->n->saved_in[3], *sc, *ninf;
+    int nd = q->ndim;
+    int64_t Tq = q->shape[nd - 2], Tk = k->shape[nd - 2];
+    if (!(sc = nt_mul_scalar_at(S, nt_matmul_at(S, q, nt_transpose_at(S, k, -1, -2)), (float)p->f[0])))
+        return NULL;
+    if (mask && mask->dtype == NT_U8)
+        sc = nt_masked_fill_at(S, sc, nt_eq_at(S, mask, nt_zeros_at(S, NT_U8, 0, NULL)), -INFINITY);
+    else if (mask)
+        sc = nt_add_at(S, sc, nt_cast_at(S, mask, NT_F32));
+    if (sc && p->flag) {
+        nt_tensor *i = nt_reshape_at(S, nt_arange_at(S, NT_I32, 0, (double)Tq, 1), 2,
+                                     (int64_t[]){Tq, 1});
+        nt_tensor *j = nt_reshape_at(S, nt_arange_at(S, NT_I32, 0, (double)Tk, 1), 2,
+                                     (int64_t[]){1, Tk});
+        sc = nt_masked_fill_at(S, sc, nt_gt_at(S, j, i), -INFINITY);
+    }
+    if (!sc || !(ninf = nt_full_at(S, NT_F32, 0, NULL, -INFINITY)))
+        return NULL;
+    nt_tensor *m = nt_amax_at(S, nt_detach_at(S, sc), 1, (int[]){-1}, true);
+    *empty = m ? nt_eq_at(S, m, ninf) : NULL;
+    return *empty ? sc : NULL;
+}
+
+/* sdpa's backward in a create_graph pass: the same function as SDPA_BWD
+ * from recorded ops (P = softmax(s); dv = P^T g, dP = g v^T, ds = P (dP -
+ * rowsum(dP P)), dq = ds k scale, dk = ds^T q scale), in f32, cast back to
+ * q's dtype, so it differentiates again.  Its first-order values round
+ * differently from the fused kernel's (another order of the same sums),
+ * as PyTorch's math and flash backends differ; rows with no key get 0. */
+static int bwd_sdpa_graph(nt__bctx *b)
+{
+    nt_tensor *q = IN(0), *k = IN(1), *v = IN(2), *g = G, *empty, *sc, *P, *dP, *ds, *z;
+    nt_dtype dt = (nt_dtype)q->dtype;
+    double scale = (float)b->n->p.f[0];
+    TRY(q = nt_cast_at(S, q, NT_F32));
+    TRY(k = nt_cast_at(S, k, NT_F32));
+    TRY(v = nt_cast_at(S, v, NT_F32));
+    TRY(g = nt_cast_at(S, g, NT_F32));
+    TRY(sc = sdpa_scores(b, q, k, &empty));
+    TRY(z = nt_zeros_at(S, NT_F32, 0, NULL));
+    /* empty rows: scores 0 there (softmax finite), P 0 there: no NaN
+     * reaches the gradient through where */
+    TRY(P = nt_where_at(S, empty, z, nt_softmax_at(S, nt_where_at(S, empty, z, sc), -1)));
+    TRY(dP = nt_matmul_at(S, g, nt_transpose_at(S, v, -1, -2)));
+    TRY(ds = nt_mul_at(S, P, nt_sub_at(S, dP, nt_sum_at(S, nt_mul_at(S, dP, P), -1, true))));
+    if (LIVE(0))
+        TRY(b->gin[0] = nt_cast_at(S, nt_mul_scalar_at(S, nt_matmul_at(S, ds, k), scale), dt));
+    if (LIVE(1))
+        TRY(b->gin[1] = nt_cast_at(
+                S, nt_mul_scalar_at(S, nt_matmul_at(S, nt_transpose_at(S, ds, -1, -2), q), scale), dt));
+    if (LIVE(2))
+        TRY(b->gin[2] = nt_cast_at(S, nt_matmul_at(S, nt_transpose_at(S, P, -1, -2), g), dt));
+    return 0;
+}
+
 static int bwd_sdpa(nt__bctx *b)
 {
+    if (b->create && G && nt_requires_grad(G) | nt_requires_grad(IN(0)) | nt_requires_grad(IN(1)) |
+                              nt_requires_grad(IN(2)))
+        return bwd_sdpa_graph(b);
     nt_tensor *q = IN(0), *k = IN(1), *v = IN(2), *mask = IN(3), *o = OUT(0), *lse = OUT(1);
     nt_tensor *g = G;
     if (!g)
         return 0;
+    TRY(q && k && v && o && lse); /* (a create_graph pass's handles: out of memory) */
     int nd = q->ndim;
     int64_t D = q->shape[nd - 1], Dv = v->shape[nd - 1];
     if (g->dtype != o->dtype)
@@ -1085,6 +1270,85 @@ static int bwd_silu_bwd(nt__bctx *b)
             return nt_last_error();
     }
     return helper_dg(b);
+}
+
+/* UNARY_BWD(g, v) = g * d(v), d = nt__ew_<f>_dx, recorded by a
+ * create_graph pass (bwd_dx): d/dg is UNARY_BWD(gg, v) itself (the same
+ * kernel: a create_graph pass's first gradients keep a plain pass's bits),
+ * d/dv is gg * g * d'(v), d' from ordinary ops (PyTorch 1.13's
+ * derivatives.yaml where it has the op).  v is x or y as f's save column
+ * says, so d' is the derivative of d in that variable: reciprocal's d(y) =
+ * -y^2 gives -2y, expm1's d(y) = y + 1 gives 1. */
+static nt_tensor *one_minus(nt__bctx *b, nt_tensor *t)
+{
+    return t ? nt_add_scalar_at(S, nt_neg_at(S, t), 1.0) : NULL;
+}
+static nt_tensor *unary_dd(nt__bctx *b, int f, nt_tensor *v)
+{
+    nt_tensor *t, *s, *u;
+    switch (f) {
+    case NT_OP_SIN: /* d = cos x */
+        return nt_neg_at(S, nt_sin_at(S, v));
+    case NT_OP_COS: /* d = -sin x */
+        return nt_neg_at(S, nt_cos_at(S, v));
+    case NT_OP_ERF: /* d = 2/sqrt(pi) exp(-x^2): d' = -2x d */
+        return nt_mul_at(S, nt_mul_scalar_at(S, v, -2.0 * 1.12837916709551257390),
+                         nt_exp_at(S, nt_neg_at(S, nt_mul_at(S, v, v))));
+    case NT_OP_LOG1P: /* d = 1/(1 + x): d' = -d^2 */
+        return (t = nt_reciprocal_at(S, nt_add_scalar_at(S, v, 1.0))) ? nt_neg_at(S, nt_mul_at(S, t, t))
+                                                                       : NULL;
+    case NT_OP_EXPM1: /* d = y + 1 */
+        return nt_ones_at(S, (nt_dtype)v->dtype, v->ndim, v->shape);
+    case NT_OP_RECIPROCAL: /* d = -y^2 */
+        return nt_mul_scalar_at(S, v, -2.0);
+    case NT_OP_SOFTPLUS: /* d = x > 20 ? 1 : s: d' = x > 20 ? 0 : s (1 - s) */
+        if (!(s = nt_sigmoid_at(S, v)) || !(t = zero0d(b, v)))
+            return NULL;
+        return nt_where_at(S, nt_gt_at(S, v, nt_full_at(S, (nt_dtype)v->dtype, 0, NULL, 20.0)), t,
+                           nt_mul_at(S, s, one_minus(b, s)));
+    case NT_OP_SOFTSIGN: /* d = (1 + |x|)^-2: d' = -2 sgn(x) (1 + |x|)^-3 */
+        if (!(t = nt_reciprocal_at(S, nt_add_scalar_at(S, nt_abs_at(S, v), 1.0))))
+            return NULL;
+        return nt_mul_at(S, nt_mul_scalar_at(S, sgn(b, v), -2.0),
+                         nt_mul_at(S, t, nt_mul_at(S, t, t)));
+    case NT_OP_MISH: /* t = tanh(softplus x), s = sigmoid x:
+                        d' = (1 - t^2) s (2 + x (1 - s (2 t + 1))) */
+        if (!(t = nt_tanh_at(S, nt_softplus_at(S, v))) || !(s = nt_sigmoid_at(S, v)))
+            return NULL;
+        u = one_minus(b, nt_mul_at(S, s, nt_add_scalar_at(S, nt_mul_scalar_at(S, t, 2.0), 1.0)));
+        return nt_mul_at(S, nt_mul_at(S, one_minus(b, nt_mul_at(S, t, t)), s),
+                         nt_add_scalar_at(S, nt_mul_at(S, v, u), 2.0));
+    case NT_OP_GELU_TANH: { /* u = c (x + k x^3), t = tanh u:
+                               d' = (1 - t^2) (u' + x/2 (u'' - 2 t u'^2)) */
+        const double c = 0.79788456080286535588, k = 0.044715;
+        nt_tensor *x2, *x3, *du, *ddu;
+        if (!(x2 = nt_mul_at(S, v, v)) || !(x3 = nt_mul_at(S, x2, v)) ||
+            !(t = nt_tanh_at(S, nt_mul_scalar_at(S, nt_add_at(S, v, nt_mul_scalar_at(S, x3, k)), c))) ||
+            !(du = nt_mul_scalar_at(S, nt_add_scalar_at(S, nt_mul_scalar_at(S, x2, 3.0 * k), 1.0), c)) ||
+            !(ddu = nt_mul_scalar_at(S, v, 6.0 * k * c)))
+            return NULL;
+        u = nt_sub_at(S, ddu, nt_mul_at(S, nt_mul_scalar_at(S, t, 2.0), nt_mul_at(S, du, du)));
+        return nt_mul_at(S, one_minus(b, nt_mul_at(S, t, t)),
+                         nt_add_at(S, du, nt_mul_at(S, nt_mul_scalar_at(S, v, 0.5), u)));
+    }
+    case NT_OP_LEAKY_RELU: /* piecewise constant d */
+    case NT_OP_HARDTANH:
+        return nt_zeros_at(S, (nt_dtype)v->dtype, v->ndim, v->shape);
+    default:
+        nt__dbl_of = nt__op_name(f);
+        nt__dbl_refuse(S, "its derivative has no derivative of its own yet");
+        return NULL;
+    }
+}
+static int bwd_unary_bwd(nt__bctx *b)
+{
+    const nt__params *p = &b->n->p;
+    int f = p->i[0];
+    if (LIVE(1))
+        TRY(b->gin[1] = nt_mul_at(S, nt_mul_at(S, G, IN(0)), unary_dd(b, f, IN(1))));
+    if (LIVE(0))
+        TRY(b->gin[0] = unary_bwd(b, f, p, G, IN(1)));
+    return 0;
 }
 
 /* ---------------- the table ---------------- */

@@ -10,10 +10,63 @@
  * leaf: before the gradient goes into .grad): the hooks in the order they
  * were registered, each seeing the one before's result, then the retained
  * .grad, which gets the final gradient (added to the one it already has,
- * as a leaf's .grad is). */
+ * as a leaf's .grad is).
+ *
+ * nt_register_hook_handle also gives a handle (torch's RemovableHandle):
+ * nt_remove_hook marks the entry removed (passes skip it; it is freed with
+ * its node, so a pass never sees the list change), and the handle table
+ * below says which handles are live, so a second removal or a made-up
+ * handle is an error rather than a write to freed memory. */
 #include "autograd/autograd.h"
 
+#include <pthread.h>
 #include <string.h>
+
+/* Handles (nt_register_hook_handle): every handle given out and not yet
+ * removed, in the order given (so sorted), with its hook, or NULL once the
+ * hook's node has gone.  One lock for all threads. */
+typedef struct {
+    nt_hook_handle id;
+    nt__ghook *h;
+} handle_ent;
+static pthread_mutex_t handles_lock = PTHREAD_MUTEX_INITIALIZER;
+static handle_ent *handles;
+static size_t n_handles, cap_handles;
+static nt_hook_handle last_handle;
+
+/* The entry of id (the lock held), or NULL. */
+static handle_ent *handle_find(nt_hook_handle id)
+{
+    size_t lo = 0, hi = n_handles;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (handles[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n_handles && handles[lo].id == id ? &handles[lo] : NULL;
+}
+
+/* A new handle for h; 0: out of host memory. */
+static nt_hook_handle handle_new(nt__ghook *h)
+{
+    nt_hook_handle id = 0;
+    pthread_mutex_lock(&handles_lock);
+    if (n_handles == cap_handles) {
+        size_t nc = cap_handles ? 2 * cap_handles : 16;
+        handle_ent *nh = realloc(handles, nc * sizeof *nh);
+        if (!nh)
+            goto out;
+        handles = nh, cap_handles = nc;
+    }
+    id = ++last_handle;
+    handles[n_handles++] = (handle_ent){id, h};
+    h->id = id;
+out:
+    pthread_mutex_unlock(&handles_lock);
+    return id;
+}
 
 /* The node and output index that carry t's gradient; NULL: out of memory. */
 static nt__node *hook_node(nt_tensor *t, int *idx)
@@ -53,9 +106,9 @@ static bool hook_target(const nt_site *site, const char *fn, nt_tensor *t)
     return true;
 }
 
-NT_API int nt_register_hook_at(const nt_site *site, nt_tensor *t, nt_grad_hook fn, void *ctx)
+static int register_hook(const nt_site *site, const char *api, nt_tensor *t, nt_grad_hook fn,
+                         void *ctx, nt_hook_handle *handle)
 {
-    const char *api = "nt_register_hook";
     if (!hook_target(site, api, t))
         return nt_last_error();
     if (!fn)
@@ -66,12 +119,64 @@ NT_API int nt_register_hook_at(const nt_site *site, nt_tensor *t, nt_grad_hook f
     if (!h)
         return nt__err_hostmem(site, api, "a hook");
     h->fn = fn, h->ctx = ctx;
+    if (handle && !(*handle = handle_new(h))) {
+        h->removed = true; /* stays on the list, inert */
+        return nt__err_hostmem(site, api, "a hook's handle");
+    }
     return 0;
+}
+NT_API int nt_register_hook_at(const nt_site *site, nt_tensor *t, nt_grad_hook fn, void *ctx)
+{
+    return register_hook(site, "nt_register_hook", t, fn, ctx, NULL);
 }
 NT_API int nt_register_hook(nt_tensor *t, nt_grad_hook fn, void *ctx)
 {
     return nt_register_hook_at(NT_RA_SITE, t, fn, ctx);
 }
+NT_API int nt_register_hook_handle_at(const nt_site *site, nt_tensor *t, nt_grad_hook fn,
+                                      void *ctx, nt_hook_handle *handle)
+{
+    const char *api = "nt_register_hook_handle";
+    if (!handle) {
+        if (!nt__ensure_init())
+            return nt_last_error();
+        return nt__err(site, NT_EINVAL, api, "argument 'handle' is NULL; expected where to put "
+                       "the hook's handle");
+    }
+    *handle = 0;
+    return register_hook(site, api, t, fn, ctx, handle);
+}
+NT_API int nt_register_hook_handle(nt_tensor *t, nt_grad_hook fn, void *ctx,
+                                   nt_hook_handle *handle)
+{
+    return nt_register_hook_handle_at(NT_RA_SITE, t, fn, ctx, handle);
+}
+
+NT_API int nt_remove_hook_at(const nt_site *site, nt_hook_handle handle)
+{
+    const char *api = "nt_remove_hook";
+    if (!nt__ensure_init())
+        return nt_last_error();
+    pthread_mutex_lock(&handles_lock);
+    handle_ent *e = handle_find(handle);
+    nt_hook_handle last = last_handle;
+    if (e) {
+        if (e->h)
+            e->h->removed = true;
+        size_t k = (size_t)(e - handles);
+        memmove(e, e + 1, (n_handles - k - 1) * sizeof *e);
+        n_handles--;
+    }
+    pthread_mutex_unlock(&handles_lock);
+    if (e)
+        return 0;
+    if (handle == 0 || handle > last)
+        return nt__err(site, NT_EINVAL, api, "argument 'handle' is %llu, unknown: not a handle "
+                       "nt_register_hook_handle gave out", (unsigned long long)handle);
+    return nt__err(site, NT_ESTATE, api, "argument 'handle' (%llu): the hook was already removed",
+                   (unsigned long long)handle);
+}
+NT_API int nt_remove_hook(nt_hook_handle handle) { return nt_remove_hook_at(NT_RA_SITE, handle); }
 
 NT_API int nt_retain_grad_at(const nt_site *site, nt_tensor *t)
 {
@@ -112,6 +217,13 @@ void nt__hooks_free(nt__node *n)
 {
     for (nt__ghook *h = n->hooks, *nx; h; h = nx) {
         nx = h->next;
+        if (h->id) { /* the handle outlives the hook (removed: no entry left) */
+            pthread_mutex_lock(&handles_lock);
+            handle_ent *e = handle_find(h->id);
+            if (e)
+                e->h = NULL;
+            pthread_mutex_unlock(&handles_lock);
+        }
         free(h);
     }
     n->hooks = NULL;
@@ -138,7 +250,7 @@ int nt__run_hooks(nt__node *n, nt_tensor **gout, const nt_site *site)
 {
     for (nt__ghook *h = n->hooks; h; h = h->next) {
         nt_tensor *g = gout[h->idx];
-        if (!g)
+        if (!g || h->removed)
             continue;
         if (!h->fn) {
             int rc = h->ag ? retain_into(h->ag, g, site) : 0;

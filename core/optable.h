@@ -248,9 +248,11 @@ typedef enum nt__opkind {
  * nt__ew_<f>_dx(v) for the unary or tensor-scalar op f = p.i[0] with bwd
  * `dx` (v = x or y, per f's save column; f's scalars in p.f); BINARY_DX(a,
  * b) = nt__ew_<f>_da(a, b) (p.i[1] = 0) or nt__ew_<f>_db (p.i[1] = 1) for
- * the binary op f = p.i[0] with bwd `dxy`, which autograd multiplies by g. */
+ * the binary op f = p.i[0] with bwd `dxy`, which autograd multiplies by g.
+ * UNARY_BWD records (and differentiates again) only in a create_graph
+ * pass; a plain backward enqueues it without a node. */
 #define NT_OPS_GRAD(X)                                                                             \
-    X(UNARY_BWD, unary_bwd, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)             \
+    X(UNARY_BWD, unary_bwd, 2, NT_KIND_BINARY, NT_OPF_DIFF, FLOAT, KEEP, unary_bwd, I01, NT__SIM_SEQ) \
     X(BINARY_DX, binary_dx, 2, NT_KIND_BINARY, 0, FLOAT, KEEP, nograd, 0, NT__SIM_SEQ)
 
 /* u8 y = nt__ew_<name>(a, b) */
@@ -337,7 +339,7 @@ typedef enum nt__opkind {
       INT, KEEP, amax, I0O0, NT__SIM_NONE)                                                                 \
     X(CUMSUM, cumsum, 1, NT_KIND_ROW, NT_OPF_DIFF, INT, KEEP, cumsum, 0, NT__SIM_NONE)                    \
     X(CUMPROD, cumprod, 1, NT_KIND_ROW, NT_OPF_DIFF, INT, KEEP, cumprod, I0O0, NT__SIM_NONE)              \
-    X(LINREC, linrec, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                    \
+    X(LINREC, linrec, 2, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, linrec, I0O0, NT__SIM_NONE)                    \
     X(SCATTER, scatter, 3, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, scatter, I1, NT__SIM_NONE)       \
     X(SCATTER_ADD, scatter_add, 3, NT_KIND_GATHER, NT_OPF_DIFF, INT, KEEP, scatter_add, I1, NT__SIM_NONE) \
     NT_OPS_ROPE(X)
@@ -373,8 +375,8 @@ typedef enum nt__opkind {
  * conv_gemm(x, w) -> y and conv_wgrad(x, gy) -> dw: the convolutions'
  * products (core/conv.h has their geometry and parameters). */
 #define NT_OPS_BWD(X)                                                       \
-    X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                                             \
-    X(INDEX_ADD, index_add, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                \
+    X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, embedding_bwd, I1, NT__SIM_NONE)                                             \
+    X(INDEX_ADD, index_add, 2, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, index_add, I1, NT__SIM_NONE)                \
     X(SDPA_BWD, sdpa_bwd, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                  \
     X(CONV_GEMM, conv_gemm, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                \
     X(CONV_WGRAD, conv_wgrad, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)

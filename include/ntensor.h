@@ -1100,11 +1100,15 @@ NT_API int nt_backward_ex(nt_tensor *loss, bool retain_graph);
  *  maximum/minimum, where, broadcasting, sum, mean, max/min, amax/amin,
  *  norm, cumsum, matmul/linear, the views (reshape, permute, transpose,
  *  slice, expand), cat, flip, softmax, log_softmax, layer_norm, rms_norm,
- *  cross_entropy, mse_loss, dropout, user ops built from these.  The
- *  others (sin, cos, erf, softplus, ..., pow/atan2/fmod of two tensors,
- *  gather, index_select, embedding, scatter, cumprod, diagonal, attention)
- *  are an error naming the op (NT_ENOTSUP: "double backward of 'sin' is
- *  not supported (create_graph)"), as is nt_checkpoint's block.
+ *  cross_entropy, mse_loss, dropout, sin, cos, erf, softplus, mish,
+ *  softsign, reciprocal, gelu_tanh, log1p, expm1, leaky_relu, hardtanh,
+ *  gather, index_select, embedding, scatter, diagonal, cumprod, attention
+ *  (its create_graph backward is a composite of recorded ops, whose first
+ *  gradients round differently from the fused kernel's), pow/atan2/fmod of
+ *  two tensors, user ops built from these.  nt_checkpoint's block is an
+ *  error (NT_ENOTSUP naming nt_checkpoint and create_graph), as is any
+ *  later op whose backward cannot be differentiated ("double backward of
+ *  '<op>' is not supported (create_graph)").
  *  The recorded graph is freed with the tensors that hold it (.grad:
  *  nt_zero_grad).  create_graph false: exactly nt_backward_ex.  Errors as
  *  nt_backward's, plus NT_ESHAPE / NT_EDTYPE for a bad gradient. */
@@ -1158,10 +1162,28 @@ typedef nt_tensor *(*nt_grad_hook)(nt_tensor *g, void *ctx);
  *  error of nt_backward (NT_ESHAPE).  In a captured step the hook runs
  *  once, at the capture; replays rerun the ops it queued, not the hook.
  *  Hooks stay while t's graph node
- *  lives (a leaf: while t lives); they cannot be removed.  Errors: t NULL
+ *  lives (a leaf: while t lives), or until removed (nt_register_hook_handle,
+ *  nt_remove_hook).  Errors: t NULL
  *  or released, fn NULL (NT_EINVAL), t not floating (NT_EDTYPE) or not
  *  requiring grad (NT_ESTATE). */
 NT_API int nt_register_hook(nt_tensor *t, nt_grad_hook fn, void *ctx);
+/** A removable hook (torch.utils.hooks.RemovableHandle): a number that
+ *  nt_register_hook_handle gives out, never 0 and never given out twice
+ *  in a process. */
+typedef uint64_t nt_hook_handle;
+/** nt_register_hook, and *handle (set on success; 0 on an error) removes
+ *  the hook with nt_remove_hook.  The handle keeps 16 bytes of bookkeeping
+ *  until it is removed, even after t's graph has gone.  Errors: those of
+ *  nt_register_hook; handle NULL (NT_EINVAL). */
+NT_API int nt_register_hook_handle(nt_tensor *t, nt_grad_hook fn, void *ctx,
+                                   nt_hook_handle *handle);
+/** RemovableHandle.remove(): the hook no longer runs (later backward
+ *  passes skip it; the others keep their order).  After t's graph has gone
+ *  (the hook would never run again) removing it succeeds and does nothing
+ *  else.  Not while a backward pass that reaches t runs on another thread
+ *  (as nt_register_hook).  Errors: handle 0 or never given out (NT_EINVAL,
+ *  "unknown"); removed before (NT_ESTATE, "already removed"). */
+NT_API int nt_remove_hook(nt_hook_handle handle);
 /** A tensor sharing t's storage, cut from the graph. */
 NT_API nt_tensor *nt_detach(nt_tensor *t);
 /** No-grad regions (nestable, per thread): ops record no graph inside. */
@@ -1240,6 +1262,28 @@ NT_API int nt_checkpoint(nt_checkpoint_fn fn, void *ctx, nt_tensor *const *input
  *  element and both values.  Runs f 2 * numel + 1 times: use small inputs. */
 NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_tensor *const *in,
                         int n, void *ctx, double eps, double atol, double rtol);
+/** torch.autograd.gradgradcheck: checks second derivatives (double backward,
+ *  nt_autograd_grad with create_graph) against central finite differences
+ *  of the first derivative.  With y = f(in) and v = grad_output (NULL: a
+ *  fixed pseudo-random tensor of y's shape), the checked function is the
+ *  first-order gradient G_i(in, v) = d<y, v>/d in_i, reduced as nt_gradcheck
+ *  reduces f: L = sum_i <G_i, u_i>, u_i fixed pseudo-random.  Every element
+ *  of dL/d in_i and of dL/dv (computed by differentiating the recorded G)
+ *  must be within atol + rtol * |numeric| of (L(t + eps) - L(t - eps)) /
+ *  2 eps, each L a plain first-order backward.  An input f does not use, or
+ *  a G linear in it, has second derivative 0 on both sides.  Inputs must be
+ *  floating and require grad; their .grad is left alone.  Returns 0, or
+ *  NT_ERANGE naming the input (or grad_output), the element and both
+ *  values; NT_EINVAL for f NULL, n outside 1..16, eps not finite and > 0,
+ *  an input NULL, released or not requiring grad; NT_ESHAPE for a
+ *  grad_output not floating or not of y's shape; an op whose backward
+ *  cannot be differentiated: its NT_ENOTSUP (docs/architecture.md, "Double
+ *  backward").  Runs f about 2 * (numel(in) + numel(y)) + 1 times, each with
+ *  a backward: use small inputs.  In f32, eps around 1e-2 and tolerances
+ *  around 2e-2 suit O(1) values. */
+NT_API int nt_gradgradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx),
+                            nt_tensor *const *in, int n, void *ctx, nt_tensor *grad_output,
+                            double eps, double atol, double rtol);
 
 /* ------------------------------------------------------------------------ */
 /* Streams and events                                                        */

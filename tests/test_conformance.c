@@ -227,9 +227,24 @@ static nt_tensor *gather_index(void)
  * add in order) or a gather (INDEX_ADD: repeated indices add in g's
  * order), weighted so every element's share differs.  A new reference:
  * the caller's scope does not own it. */
+/* With x requiring grad (the gradcheck column), the gradient of sum(e^2 k)
+ * with respect to x itself, by a create_graph pass: a function of x that
+ * the op's own backward (double backward) differentiates.  nt_gradcheck's
+ * finite differences evaluate it in a no-grad region: the same gradient,
+ * by a plain pass with grad mode on for the while. */
+static nt_tensor *grad_of_x(nt_tensor *l, nt_tensor *x, bool create)
+{
+    nt_tensor *g = NULL;
+    if (!l || nt_autograd_grad(&l, 1, &x, 1, NULL, true, create, false, &g))
+        return NULL;
+    return nt_retain(g);
+}
+
 static nt_tensor *index_grad(nt_tensor *x, int op)
 {
-    nt_tensor *w = nt_detach(x);
+    bool dbl = nt_requires_grad(x), num = !nt_grad_enabled();
+    int ng = num ? nt__ag_set_no_grad(0) : 0;
+    nt_tensor *w = dbl ? x : nt_detach(x);
     nt_set_requires_grad(w, true);
     int32_t ix[5] = {3, 0, 9, 3, 5};
     bool emb = op == NT_OP_EMBEDDING_BWD;
@@ -237,8 +252,18 @@ static nt_tensor *index_grad(nt_tensor *x, int op)
     nt_tensor *e = emb ? nt_embedding(w, host_t(ix, NT_I32, 1, (int64_t[]){5}))
                        : nt_gather(w, 1, gather_index());
     nt_tensor *k = nt_arange(nt_dtype_of(x), 0.0, (double)(r * c) * 0.03, 0.03);
-    nt_tensor *l = e ? nt_sum(nt_mul(e, nt_reshape(k, 2, (int64_t[]){r, c})), NT_DIM_ALL, false)
+    nt_tensor *l = e ? nt_sum(nt_mul(dbl || num ? nt_mul(e, e) : e,
+                                     nt_reshape(k, 2, (int64_t[]){r, c})),
+                              NT_DIM_ALL, false)
                      : NULL;
+    if (dbl || num) {
+        nt_tensor *g = grad_of_x(l, w, dbl);
+        if (num) {
+            nt__ag_set_no_grad(ng);
+            nt_release(w);
+        }
+        return g;
+    }
     if (!l || nt_backward(l))
         return NULL;
     nt_tensor *g = nt_grad(w);
@@ -249,12 +274,22 @@ static nt_tensor *index_grad(nt_tensor *x, int op)
 /* linrec is cumprod's backward: the gradient of sum(cumprod(x, 1) * k) */
 static nt_tensor *cumprod_grad(nt_tensor *x)
 {
-    nt_tensor *w = nt_detach(x);
+    bool dbl = nt_requires_grad(x), num = !nt_grad_enabled();
+    int ng = num ? nt__ag_set_no_grad(0) : 0;
+    nt_tensor *w = dbl ? x : nt_detach(x);
     nt_set_requires_grad(w, true);
     nt_tensor *k = nt_arange(nt_dtype_of(x), 0.0, 330 * 0.03, 0.03);
     nt_tensor *y = nt_cumprod(w, 1);
     nt_tensor *l = y ? nt_sum(nt_mul(y, nt_reshape(k, 2, (int64_t[]){10, 33})), NT_DIM_ALL, false)
                      : NULL;
+    if (dbl || num) {
+        nt_tensor *g = grad_of_x(l, w, dbl);
+        if (num) {
+            nt__ag_set_no_grad(ng);
+            nt_release(w);
+        }
+        return g;
+    }
     if (!l || nt_backward(l))
         return NULL;
     nt_tensor *g = nt_grad(w);
@@ -323,7 +358,7 @@ static nt_tensor *unary_bwd(nt_tensor *g, nt_tensor *v)
     const nt_site *site = NT_HERE; /* the call keeps the pointer: not inside the if */
     if (!nt__call_begin(&c, site, "nt_unary_bwd", NT_OP_UNARY_BWD, 2, in, "g,v"))
         return nt__call_fail(&c);
-    c.no_grad = true;
+    c.no_grad = false; /* recorded where grad is on, as a create_graph pass records it */
     c.p.i[0] = grad_of_op;
     c.p.f[0] = -0.5;
     c.p.f[1] = 1.25;

@@ -965,47 +965,6 @@ typedef struct refusal {
     nt_tensor *(*f)(nt_tensor *x);
 } refusal;
 
-static nt_tensor *r_sin(nt_tensor *x) { return nt_sin(x); }
-static nt_tensor *r_softplus(nt_tensor *x) { return nt_softplus(x); }
-static nt_tensor *r_pow(nt_tensor *x) { return nt_pow(x, nt_add_scalar(x, 1.0)); }
-static nt_tensor *r_gather(nt_tensor *x)
-{
-    int32_t idx[6] = {1, 0, 2, 2, 1, 0};
-    nt_tensor *g = nt_gather(x, 1, nt_from_host(idx, NT_I32, 2, SH(2, 3)));
-    return nt_mul(g, g); /* so the gradient reaching gather depends on x */
-}
-static nt_tensor *r_index_select(nt_tensor *x)
-{
-    int32_t idx[2] = {2, 0};
-    nt_tensor *g = nt_index_select(x, 1, nt_from_host(idx, NT_I32, 1, SH(2)));
-    return nt_mul(g, g);
-}
-static nt_tensor *r_embedding(nt_tensor *x)
-{
-    int32_t idx[3] = {1, 0, 1};
-    nt_tensor *e = nt_embedding(x, nt_from_host(idx, NT_I32, 1, SH(3)));
-    return nt_mul(e, e);
-}
-static nt_tensor *r_scatter(nt_tensor *x)
-{
-    int32_t idx[3] = {2, 0, 1};
-    float sv[3] = {1, 2, 3};
-    nt_tensor *y = nt_scatter(x, 1, nt_from_host(idx, NT_I32, 2, SH(1, 3)),
-                              nt_from_host(sv, NT_F32, 2, SH(1, 3)));
-    return nt_mul(y, y);
-}
-static nt_tensor *r_cumprod(nt_tensor *x) { return nt_cumprod(x, 1); }
-static nt_tensor *r_diagonal(nt_tensor *x)
-{
-    nt_tensor *d = nt_diagonal(x, 0, 0, 1);
-    return nt_mul(d, d);
-}
-static nt_tensor *r_sdpa(nt_tensor *x)
-{
-    nt_tensor *q = nt_reshape(x, 3, SH(1, 2, 3));
-    return nt_scaled_dot_product_attention(q, q, q, NULL, false, 0.5);
-}
-
 static int ckpt_block(void *ctx, nt_tensor *const *in, int n_in, nt_tensor **out, int n_out)
 {
     (void)ctx, (void)n_in, (void)n_out;
@@ -1023,10 +982,7 @@ static void test_refusals(void **state)
 {
     (void)state;
     const refusal R[] = {
-        {"'sin'", r_sin},           {"'softplus'", r_softplus}, {"'pow'", r_pow},
-        {"'gather'", r_gather},     {"'index_select'", r_index_select},
-        {"'embedding'", r_embedding}, {"'scatter'", r_scatter}, {"'cumprod'", r_cumprod}, {"'diagonal'", r_diagonal},
-        {"'scaled_dot_product_attention'", r_sdpa}, {"nt_checkpoint", r_checkpoint},
+        {"nt_checkpoint", r_checkpoint},
     };
     float xv[6] = {0.5f, -1.25f, 2, 0.75f, -0.5f, 1.5f};
     for (size_t k = 0; k < sizeof R / sizeof R[0]; k++) {

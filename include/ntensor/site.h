@@ -299,6 +299,9 @@ NT_API int nt_clip_grad_value_at(const nt_site *site, nt_tensor *const *params, 
                                  double clip);
 NT_API int nt_retain_grad_at(const nt_site *site, nt_tensor *t);
 NT_API int nt_register_hook_at(const nt_site *site, nt_tensor *t, nt_grad_hook fn, void *ctx);
+NT_API int nt_register_hook_handle_at(const nt_site *site, nt_tensor *t, nt_grad_hook fn,
+                                      void *ctx, nt_hook_handle *handle);
+NT_API int nt_remove_hook_at(const nt_site *site, nt_hook_handle handle);
 NT_API nt_tensor *nt_to_device_at(const nt_site *site, nt_tensor *t, int dev);
 NT_API int nt_all_reduce_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
                             nt_tensor **out, nt_reduce_op op);
@@ -517,6 +520,8 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(int, nt_clip_grad_value, (nt_tensor *const *params, int n, double clip), (const nt_site *site, nt_tensor *const *params, int n, double clip), 3) \
     X(int, nt_retain_grad, (nt_tensor *t), (const nt_site *site, nt_tensor *t), 1) \
     X(int, nt_register_hook, (nt_tensor *t, nt_grad_hook fn, void *ctx), (const nt_site *site, nt_tensor *t, nt_grad_hook fn, void *ctx), 3) \
+    X(int, nt_register_hook_handle, (nt_tensor *t, nt_grad_hook fn, void *ctx, nt_hook_handle *handle), (const nt_site *site, nt_tensor *t, nt_grad_hook fn, void *ctx, nt_hook_handle *handle), 4) \
+    X(int, nt_remove_hook, (nt_hook_handle handle), (const nt_site *site, nt_hook_handle handle), 1) \
     X(nt_tensor *, nt_to_device, (nt_tensor *t, int dev), (const nt_site *site, nt_tensor *t, int dev), 2) \
     X(int, nt_all_reduce, (nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out, nt_reduce_op op), 4) \
     X(int, nt_all_gather, (nt_comm *c, nt_tensor *const *in, nt_tensor **out), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out), 3) \
@@ -722,6 +727,8 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_clip_grad_value(...) nt_clip_grad_value_at(NT_HERE, __VA_ARGS__)
 #define nt_retain_grad(...) nt_retain_grad_at(NT_HERE, __VA_ARGS__)
 #define nt_register_hook(...) nt_register_hook_at(NT_HERE, __VA_ARGS__)
+#define nt_register_hook_handle(...) nt_register_hook_handle_at(NT_HERE, __VA_ARGS__)
+#define nt_remove_hook(...) nt_remove_hook_at(NT_HERE, __VA_ARGS__)
 #define nt_to_device(...) nt_to_device_at(NT_HERE, __VA_ARGS__)
 #define nt_all_reduce(...) nt_all_reduce_at(NT_HERE, __VA_ARGS__)
 #define nt_all_gather(...) nt_all_gather_at(NT_HERE, __VA_ARGS__)
