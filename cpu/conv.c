@@ -12,6 +12,13 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define CONV_X86 1
+#else
+#define CONV_X86 0
+#endif
+
 #include "core/conv.h"
 #include "core/gemm.h"
 
@@ -201,6 +208,64 @@ int nt__cpu_conv_gemm(const nt__rec *r)
     return 0;
 }
 
+/* ---------------- conv_wgrad without columns (f32, AVX-512) ----------------
+ *
+ * The same recurrence as the product below, element by element: per K-tile
+ * of 128 positions, s = +0, s = fma(col[k, p], gy[co, p], s) over the tile's
+ * positions in order, then dw^T[k, co] = s on the first tile, else dw^T +
+ * s.  The columns are not built: col[k, p] is read where it lies in xp, x
+ * with its padding made real zeros (the same +0 a column holds), at
+ * po[p] + ko[k]; a block of 8 rows k keeps its 8 x COg sums in registers
+ * (co across the lanes, one or two vectors) over a tile's positions, gy's
+ * tile transposed position-major (zeros past COg) once per tile. */
+#define WGD_R 8
+
+typedef struct wgd {
+    const float *xp;       /* [N][C][Hp][Wp] */
+    int64_t Hp, Wp, *ko;   /* ko [Kc]: the column row's offset in xp */
+} wgd;
+
+#if CONV_X86
+#define WGD_LOAD(r) const int64_t o##r = ko[(r) < rows ? (r) : rows - 1];
+#define WGD_ONE(r) __m512 a##r = _mm512_setzero_ps();
+#define WGD_TWO(r) __m512 a##r = _mm512_setzero_ps(), b##r = a##r;
+#define WGD_R8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+#define WGD_FMA1(r) a##r = _mm512_fmadd_ps(_mm512_set1_ps(b[o##r]), g0, a##r);
+#define WGD_FMA2(r)                                                                          \
+    {                                                                                        \
+        __m512 v = _mm512_set1_ps(b[o##r]);                                                  \
+        a##r = _mm512_fmadd_ps(v, g0, a##r), b##r = _mm512_fmadd_ps(v, g1, b##r);            \
+    }
+#define WGD_ST1(r) _mm512_storeu_ps(s + (r) * 32, a##r);
+#define WGD_ST2(r) _mm512_storeu_ps(s + (r) * 32, a##r), _mm512_storeu_ps(s + (r) * 32 + 16, b##r);
+
+/* Rows ko[0 .. rows) (rows <= 8) over one tile of kt positions (xp offsets
+ * po, gy^T rows gt of 16 nv floats): the tile's sums into s [8][32]. */
+__attribute__((target(NT_TARGET_AVX512))) static void wgd_tile(const float *xp, const int64_t *po,
+                                                             int kt, const int64_t *ko, int rows,
+                                                             const float *gt, int nv, float *s)
+{
+    WGD_R8(WGD_LOAD)
+    if (nv == 1) {
+        WGD_R8(WGD_ONE)
+        for (int p = 0; p < kt; p++) {
+            const float *b = xp + po[p];
+            __m512 g0 = _mm512_loadu_ps(gt + p * 16);
+            WGD_R8(WGD_FMA1)
+        }
+        WGD_R8(WGD_ST1)
+    } else {
+        WGD_R8(WGD_TWO)
+        for (int p = 0; p < kt; p++) {
+            const float *b = xp + po[p];
+            __m512 g0 = _mm512_loadu_ps(gt + p * 32), g1 = _mm512_loadu_ps(gt + p * 32 + 16);
+            WGD_R8(WGD_FMA2)
+        }
+        WGD_R8(WGD_ST2)
+    }
+}
+#endif
+
 /* conv_wgrad: per group, dw^T [Kc, COg] = col [Kc, P] . gy^T [P, COg] over
  * chunks of CONV_WCHUNK positions, accumulated tile by tile (the same
  * recurrence as one product over all P: the chunks start K-tiles), then
@@ -215,7 +280,57 @@ typedef struct wg_job {
     int64_t grp, nblk;
     float *CT; /* [Kc, COg] */
     atomic_int failed;
+    const wgd *d; /* non-NULL: the kernel without columns */
 } wg_job;
+
+#if CONV_X86
+/* wg_rows without columns: rows [k0, k1) of group grp (see wgd). */
+static void wgd_rows(wg_job *j, int64_t k0, int64_t k1)
+{
+    const nt__conv_geo *g = j->g;
+    const wgd *d = j->d;
+    int64_t COg = g->CO / g->G, L = g->OH * g->OW, P = g->N * L, grp = j->grp;
+    int nv = COg <= 16 ? 1 : 2;
+    float *gt = g_try_malloc((size_t)NT_GEMM_KTILE * 32 * sizeof(float) * 2 + 64);
+    if (!gt) {
+        atomic_store_explicit(&j->failed, 1, memory_order_relaxed);
+        return;
+    }
+    int64_t *po = (int64_t *)(gt + NT_GEMM_KTILE * 32);
+    float s[WGD_R * 32];
+    const float *gd = (const float *)j->gd;
+    for (int64_t t0 = 0; t0 < P; t0 += NT_GEMM_KTILE) {
+        int kt = (int)(P - t0 < NT_GEMM_KTILE ? P - t0 : NT_GEMM_KTILE);
+        int64_t n = t0 / L, oh = t0 % L / g->OW, ow = t0 % g->OW;
+        for (int p = 0; p < kt; p++) {
+            po[p] = (n * g->C * d->Hp + oh * g->s[0]) * d->Wp + ow * g->s[1];
+            if (++ow == g->OW && (ow = 0, ++oh == g->OH))
+                oh = 0, n++;
+        }
+        /* gy^T's tile, channel by channel along each image's run */
+        for (int64_t p = 0; p < kt;) {
+            int64_t im = (t0 + p) / L, q = (t0 + p) % L, l = L - q < kt - p ? L - q : kt - p;
+            for (int64_t c = 0; c < 16 * nv; c++) {
+                const float *src = gd + (im * g->CO + grp * COg + c) * L + q;
+                float *gp = gt + p * 16 * nv + c;
+                for (int64_t e = 0; e < l; e++)
+                    gp[e * 16 * nv] = c < COg ? src[e] : 0.0f;
+            }
+            p += l;
+        }
+        for (int64_t k = k0; k < k1; k += WGD_R) {
+            int rows = (int)(k1 - k < WGD_R ? k1 - k : WGD_R);
+            wgd_tile(d->xp, po, kt, d->ko + k, rows, gt, nv, s);
+            for (int r = 0; r < rows; r++) {
+                float *c = j->CT + (k + r) * COg;
+                for (int64_t q = 0; q < COg; q++) /* gemm.h's C = acc ? C + s : s */
+                    c[q] = t0 > 0 ? c[q] + s[r * 32 + q] : s[r * 32 + q];
+            }
+        }
+    }
+    g_free(gt);
+}
+#endif
 
 static void wg_rows(void *arg, int b)
 {
@@ -225,6 +340,12 @@ static void wg_rows(void *arg, int b)
     int64_t P = g->N * L, k0 = Kc * b / j->nblk, k1 = Kc * (b + 1) / j->nblk, grp = j->grp;
     if (k1 <= k0)
         return;
+#if CONV_X86
+    if (j->d) {
+        wgd_rows(j, k0, k1);
+        return;
+    }
+#endif
     bool raw = j->dt == NT_BF16;
     size_t es = raw ? 2 : 4, chunk = (size_t)(P < CONV_WCHUNK ? P : CONV_WCHUNK);
     char *buf = g_try_malloc(((size_t)(k1 - k0) + (size_t)COg) * chunk * es + 16);
@@ -263,6 +384,46 @@ static void wg_rows(void *arg, int b)
     g_free(buf);
 }
 
+/* xp (and d's geometry, its ko [Kc]) for the kernel without columns when it
+ * applies: f32 x and gy, the AVX-512 level, at most 32 output channels per
+ * group, no input dilation or crop; else NULL (or no memory: the columns'
+ * path, the same bits). */
+static float *wgd_pad(const nt__conv_geo *g, const nt_tensor *x, const nt_tensor *gy, wgd *d)
+{
+#if CONV_X86
+    int64_t COg = g->CO / g->G, Kc = g->C / g->G * g->kh * g->kw;
+    if (x->dtype != NT_F32 || gy->dtype != NT_F32 || nt__gemm_isa() != NT_ISA_AVX512 ||
+        COg > 32 || g->u[0] != 1 || g->u[1] != 1 || g->lo[0] < 0 || g->lo[1] < 0 ||
+        g->N == 0 || g->OH == 0 || g->OW == 0)
+        return NULL;
+    d->Hp = (g->OH - 1) * g->s[0] + (g->kh - 1) * g->d[0] + 1;
+    d->Wp = (g->OW - 1) * g->s[1] + (g->kw - 1) * g->d[1] + 1;
+    size_t np = (size_t)(g->N * g->C * d->Hp * d->Wp);
+    float *xp = g_try_malloc((np + (size_t)Kc * 2) * sizeof(float) + 64);
+    if (!xp)
+        return NULL;
+    d->ko = (int64_t *)(xp + np), d->xp = xp;
+    const float *xd = nt__tensor_data(x);
+    for (int64_t pl = 0; pl < g->N * g->C; pl++) /* the planes, padded with +0 */
+        for (int64_t r = 0; r < d->Hp; r++) {
+            float *dst = xp + (pl * d->Hp + r) * d->Wp;
+            int64_t ih = r - g->lo[0], a = g->lo[1] < d->Wp ? g->lo[1] : d->Wp;
+            int64_t b = g->lo[1] + g->W < d->Wp ? g->lo[1] + g->W : d->Wp;
+            if (ih < 0 || ih >= g->H || b <= a) {
+                memset(dst, 0, (size_t)d->Wp * sizeof(float));
+                continue;
+            }
+            memset(dst, 0, (size_t)a * sizeof(float));
+            memcpy(dst + a, xd + (pl * g->H + ih) * g->W, (size_t)(b - a) * sizeof(float));
+            memset(dst + b, 0, (size_t)(d->Wp - b) * sizeof(float));
+        }
+    return xp;
+#else
+    (void)g, (void)x, (void)gy, (void)d;
+    return NULL;
+#endif
+}
+
 int nt__cpu_conv_wgrad(const nt__rec *r)
 {
     nt__conv_geo g;
@@ -281,9 +442,15 @@ int nt__cpu_conv_wgrad(const nt__rec *r)
     size_t oes = nt__dtype_size(odt);
     /* two halves where the product is worth a second thread */
     int64_t nblk = Kc >= 32 && (double)P * (double)Kc * (double)COg >= (double)(1 << 20) ? 2 : 1;
+    wgd d = {0};
+    float *xp = wgd_pad(&g, x, gy, &d);
     for (int64_t grp = 0; grp < g.G; grp++) {
         wg_job j = {&g, nt__tensor_data(x), nt__tensor_data(gy), dt, (nt_dtype)gy->dtype,
-                    grp, nblk, CT, 0};
+                    grp, nblk, CT, 0, xp ? &d : NULL};
+        for (int64_t k = 0; xp && k < Kc; k++) { /* K = (ki, kj, ci) */
+            int64_t ci = k % Cg, t = k / Cg;
+            d.ko[k] = ((grp * Cg + ci) * d.Hp + t / g.kw * g.d[0]) * d.Wp + t % g.kw * g.d[1];
+        }
         if (P == 0)
             memset(CT, 0, nct * sizeof(float));
         else if (nblk > 1)
@@ -292,6 +459,7 @@ int nt__cpu_conv_wgrad(const nt__rec *r)
             wg_rows(&j, 0);
         if (atomic_load_explicit(&j.failed, memory_order_relaxed)) {
             g_free(CT);
+            g_free(xp);
             return nt__kerr(NT_EHOSTMEM, "out of host memory for the convolution's columns");
         }
         /* dw[grp * COg + c][ci][t] = CT[k = t Cg + ci][c], rounded (NaNs
@@ -304,5 +472,6 @@ int nt__cpu_conv_wgrad(const nt__rec *r)
         }
     }
     g_free(CT);
+    g_free(xp);
     return 0;
 }
