@@ -128,11 +128,116 @@ typedef struct cg_job {
     char *yd;
     nt_dtype dt, odt;
     atomic_int failed;
+    const float *wt; /* non-NULL: the kernel without columns, w'^T [G][Kc][COg] */
 } cg_job;
+
+/* ---------------- conv_gemm without columns (f32, stride 1, AVX-512) ----------------
+ *
+ * With stride 1 a column row is x's padded plane shifted: col[(ki, kj, ci),
+ * (oh, ow)] = xp[ci][oh + ki d0][ow + kj d1] for xp x with its padding made
+ * real zeros (the +0 a column holds).  Over the flat positions q = oh Wp + ow
+ * of the padded width Wp the row is contiguous, xp + ko[k] + q, so a block of
+ * 8 output channels x 48 positions runs nt_matmul's recurrence straight from
+ * xp -- per K-tile of 128, s = +0, s = fma(w'[co, k], col[k, q], s) in
+ * ascending k, then C = s or C + s, NaNs canonical at the end -- and the
+ * positions ow >= OW (the padded width's extra columns) are dropped. */
+#define CGD_Q 48
+
+#if CONV_X86
+#define CGD_R8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+#define CGD_ZERO(r) __m512 s##r##a = _mm512_setzero_ps(), s##r##b = s##r##a, s##r##c = s##r##a;
+#define CGD_FMA(r)                                                                           \
+    {                                                                                        \
+        __m512 v = _mm512_set1_ps(wk[r]);                                                    \
+        s##r##a = _mm512_fmadd_ps(v, b0, s##r##a), s##r##b = _mm512_fmadd_ps(v, b1, s##r##b); \
+        s##r##c = _mm512_fmadd_ps(v, b2, s##r##c);                                           \
+    }
+#define CGD_ST(r)                                                                            \
+    cgd_put(c + (r) * CGD_Q, s##r##a, acc), cgd_put(c + (r) * CGD_Q + 16, s##r##b, acc),     \
+        cgd_put(c + (r) * CGD_Q + 32, s##r##c, acc);
+
+__attribute__((target(NT_TARGET_AVX512), always_inline)) static inline void
+cgd_put(float *c, __m512 s, bool acc)
+{
+    _mm512_storeu_ps(c, acc ? _mm512_add_ps(_mm512_loadu_ps(c), s) : s);
+}
+
+/* c [8][48] = the product of one block: w'^T rows wt (ldw apart, 8 channels
+ * from wt[k * ldw]) and the column rows xq + ko[k], K-tile by K-tile. */
+__attribute__((target(NT_TARGET_AVX512))) static void cgd_block(const float *xq, const int64_t *ko,
+                                                              int Kc, const float *wt, int ldw,
+                                                              float *c)
+{
+    for (int k0 = 0; k0 < Kc; k0 += NT_GEMM_KTILE) {
+        int k1 = Kc - k0 < NT_GEMM_KTILE ? Kc : k0 + NT_GEMM_KTILE;
+        bool acc = k0 > 0;
+        CGD_R8(CGD_ZERO)
+        for (int k = k0; k < k1; k++) {
+            const float *b = xq + ko[k], *wk = wt + (int64_t)k * ldw;
+            __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+            __m512 b2 = _mm512_loadu_ps(b + 32);
+            CGD_R8(CGD_FMA)
+        }
+        CGD_R8(CGD_ST)
+    }
+}
+
+/* Image n without columns (see above). */
+static void cgd_image(cg_job *j, int n)
+{
+    const nt__conv_geo *g = j->g;
+    int64_t Cg = g->C / g->G, COg = g->CO / g->G, Kc = Cg * g->kh * g->kw, L = g->OH * g->OW;
+    int64_t Wp = g->OW + (g->kw - 1) * g->d[1], Hp = g->OH + (g->kh - 1) * g->d[0];
+    int64_t Q = g->OH * Wp, ldw = (COg + 7) / 8 * 8, slack = (g->kw - 1) * g->d[1] + CGD_Q;
+    size_t np = (size_t)(g->C * Hp * Wp + slack);
+    float *xp = g_try_malloc(np * sizeof(float) + (size_t)Kc * sizeof(int64_t) + 64);
+    if (!xp) {
+        atomic_store_explicit(&j->failed, 1, memory_order_relaxed);
+        return;
+    }
+    int64_t *ko = (int64_t *)(xp + np);
+    const float *xd = (const float *)j->xd + n * g->C * g->H * g->W;
+    memset(xp, 0, np * sizeof(float));
+    for (int64_t pl = 0; pl < g->C; pl++) /* the planes, padded with +0 */
+        for (int64_t r = 0; r < Hp; r++) {
+            int64_t ih = r - g->lo[0], a = g->lo[1] < Wp ? g->lo[1] : Wp;
+            int64_t b = g->lo[1] + g->W < Wp ? g->lo[1] + g->W : Wp;
+            if (ih >= 0 && ih < g->H && b > a)
+                memcpy(xp + (pl * Hp + r) * Wp + a, xd + (pl * g->H + ih) * g->W,
+                       (size_t)(b - a) * sizeof(float));
+        }
+    float c[8 * CGD_Q];
+    for (int64_t grp = 0; grp < g->G; grp++) {
+        for (int64_t k = 0; k < Kc; k++) { /* K = (ki, kj, ci) */
+            int64_t ci = k % Cg, t = k / Cg;
+            ko[k] = ((grp * Cg + ci) * Hp + t / g->kw * g->d[0]) * Wp + t % g->kw * g->d[1];
+        }
+        float *y = (float *)j->yd + (n * g->CO + grp * COg) * L;
+        for (int64_t q0 = 0; q0 < Q; q0 += CGD_Q)
+            for (int64_t co = 0; co < COg; co += 8) {
+                cgd_block(xp + q0, ko, (int)Kc, j->wt + grp * Kc * ldw + co, (int)ldw, c);
+                int64_t oh = q0 / Wp, ow = q0 % Wp;
+                for (int64_t q = 0; q < CGD_Q && oh < g->OH; q++) {
+                    for (int64_t r = 0; ow < g->OW && r < 8 && co + r < COg; r++)
+                        y[(co + r) * L + oh * g->OW + ow] = nt__canon(c[r * CGD_Q + q]);
+                    if (++ow == Wp)
+                        ow = 0, oh++;
+                }
+            }
+    }
+    g_free(xp);
+}
+#endif
 
 static void cg_image(void *arg, int n)
 {
     cg_job *j = arg;
+#if CONV_X86
+    if (j->wt) {
+        cgd_image(j, n);
+        return;
+    }
+#endif
     const nt__conv_geo *g = j->g;
     int64_t Cg = g->C / g->G, COg = g->CO / g->G, Kc = Cg * g->kh * g->kw, L = g->OH * g->OW;
     bool raw = j->dt == NT_BF16; /* bf16 x bf16: nt__gemm_bf16's chunked order */
@@ -162,6 +267,30 @@ static void cg_image(void *arg, int n)
         }
     }
     g_free(buf);
+}
+
+/* w'^T [G][Kc][COg rounded up to 8] (zeros past COg) from w' [CO][Kc] for
+ * the kernel without columns when it applies: f32 in and out, stride 1, no
+ * input dilation or crop, two images or more (one image shares its product
+ * between the threads instead), the AVX-512 level; else NULL. */
+static float *cgd_weights(const nt__conv_geo *g, nt_dtype dt, nt_dtype odt, const float *w)
+{
+#if CONV_X86
+    int64_t COg = g->CO / g->G, Kc = g->C / g->G * g->kh * g->kw, ldw = (COg + 7) / 8 * 8;
+    if (dt != NT_F32 || odt != NT_F32 || nt__gemm_isa() != NT_ISA_AVX512 || g->N < 2 ||
+        g->s[0] != 1 || g->s[1] != 1 || g->u[0] != 1 || g->u[1] != 1 || g->lo[0] < 0 ||
+        g->lo[1] < 0)
+        return NULL;
+    float *wt = g_try_malloc0((size_t)(g->G * Kc * ldw) * sizeof(float) + 16);
+    for (int64_t grp = 0; wt && grp < g->G; grp++)
+        for (int64_t co = 0; co < COg; co++)
+            for (int64_t k = 0; k < Kc; k++)
+                wt[(grp * Kc + k) * ldw + co] = w[(grp * COg + co) * Kc + k];
+    return wt;
+#else
+    (void)g, (void)dt, (void)odt, (void)w;
+    return NULL;
+#endif
 }
 
 int nt__cpu_conv_gemm(const nt__rec *r)
@@ -195,12 +324,14 @@ int nt__cpu_conv_gemm(const nt__rec *r)
                             else
                                 wf[j] = nt__load_f32(wd, dt, at);
                         }
-    cg_job j = {&g, nt__tensor_data(x), wd, wf, nt__tensor_data(y), dt, odt, 0};
+    float *wt = cgd_weights(&g, dt, odt, wf ? wf : (const float *)wd);
+    cg_job j = {&g, nt__tensor_data(x), wd, wf, nt__tensor_data(y), dt, odt, 0, wt};
     if (g.N > 1)
         nt__par_blocks((int)g.N, cg_image, &j, true);
     else
         cg_image(&j, 0);
     g_free(wf);
+    g_free(wt);
     /* nt__par_blocks returns after every block, its ends published */
     if (atomic_load_explicit(&j.failed, memory_order_relaxed))
         return nt__kerr(NT_EHOSTMEM, "out of host memory for the convolution's columns "
