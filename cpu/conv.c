@@ -153,13 +153,22 @@ typedef struct cg_job {
         s##r##c = _mm512_fmadd_ps(v, b2, s##r##c);                                           \
     }
 #define CGD_ST(r)                                                                            \
-    cgd_put(c + (r) * CGD_Q, s##r##a, acc), cgd_put(c + (r) * CGD_Q + 16, s##r##b, acc),     \
-        cgd_put(c + (r) * CGD_Q + 32, s##r##c, acc);
+    cgd_put(c + (r) * CGD_Q, s##r##a, acc, last),                                            \
+        cgd_put(c + (r) * CGD_Q + 16, s##r##b, acc, last),                                   \
+        cgd_put(c + (r) * CGD_Q + 32, s##r##c, acc, last);
 
+/* C = s or C + s; the last K-tile's NaNs canonical (nt__canon). */
 __attribute__((target(NT_TARGET_AVX512), always_inline)) static inline void
-cgd_put(float *c, __m512 s, bool acc)
+cgd_put(float *c, __m512 s, bool acc, bool last)
 {
-    _mm512_storeu_ps(c, acc ? _mm512_add_ps(_mm512_loadu_ps(c), s) : s);
+    __m512 v = acc ? _mm512_add_ps(_mm512_loadu_ps(c), s) : s;
+    if (last) {
+        __m512i u = _mm512_castps_si512(v);
+        __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+        v = _mm512_castsi512_ps(_mm512_mask_mov_epi32(u, nan, _mm512_set1_epi32((int)NT__QNAN_F32)));
+    }
+    _mm512_storeu_ps(c, v);
 }
 
 /* c [8][48] = the product of one block: w'^T rows wt (ldw apart, 8 channels
@@ -170,7 +179,7 @@ __attribute__((target(NT_TARGET_AVX512))) static void cgd_block(const float *xq,
 {
     for (int k0 = 0; k0 < Kc; k0 += NT_GEMM_KTILE) {
         int k1 = Kc - k0 < NT_GEMM_KTILE ? Kc : k0 + NT_GEMM_KTILE;
-        bool acc = k0 > 0;
+        bool acc = k0 > 0, last = k1 == Kc;
         CGD_R8(CGD_ZERO)
         for (int k = k0; k < k1; k++) {
             const float *b = xq + ko[k], *wk = wt + (int64_t)k * ldw;
@@ -216,13 +225,16 @@ static void cgd_image(cg_job *j, int n)
         for (int64_t q0 = 0; q0 < Q; q0 += CGD_Q)
             for (int64_t co = 0; co < COg; co += 8) {
                 cgd_block(xp + q0, ko, (int)Kc, j->wt + grp * Kc * ldw + co, (int)ldw, c);
-                int64_t oh = q0 / Wp, ow = q0 % Wp;
-                for (int64_t q = 0; q < CGD_Q && oh < g->OH; q++) {
-                    for (int64_t r = 0; ow < g->OW && r < 8 && co + r < COg; r++)
-                        y[(co + r) * L + oh * g->OW + ow] = nt__canon(c[r * CGD_Q + q]);
-                    if (++ow == Wp)
-                        ow = 0, oh++;
-                }
+                for (int64_t r = 0; r < 8 && co + r < COg; r++) /* rows' runs, ow < OW */
+                    for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < CGD_Q && oh < g->OH;) {
+                        int64_t l = Wp - ow < CGD_Q - q ? Wp - ow : CGD_Q - q;
+                        if (ow < g->OW)
+                            memcpy(y + (co + r) * L + oh * g->OW + ow, c + r * CGD_Q + q,
+                                   (size_t)((ow + l < g->OW ? l : g->OW - ow)) * sizeof(float));
+                        q += l, ow += l;
+                        if (ow == Wp)
+                            ow = 0, oh++;
+                    }
             }
     }
     g_free(xp);
