@@ -364,8 +364,13 @@ int nt__cpu_conv_gemm(const nt__rec *r)
 #define WGD_R 8
 
 typedef struct wgd {
-    const float *xp;       /* [N][C][Hp][Wp] */
+    const nt__conv_geo *g;
+    float *xp;             /* [N][C][Hp][Wp] */
+    float *gT;             /* the group's gy^T [P][16 nv], zeros past COg */
+    const float *xd, *gd;
     int64_t Hp, Wp, *ko;   /* ko [Kc]: the column row's offset in xp */
+    int64_t grp;
+    int nv;
 } wgd;
 
 #if CONV_X86
@@ -432,16 +437,10 @@ static void wgd_rows(wg_job *j, int64_t k0, int64_t k1)
 {
     const nt__conv_geo *g = j->g;
     const wgd *d = j->d;
-    int64_t COg = g->CO / g->G, L = g->OH * g->OW, P = g->N * L, grp = j->grp;
-    int nv = COg <= 16 ? 1 : 2;
-    float *gt = g_try_malloc((size_t)NT_GEMM_KTILE * 32 * sizeof(float) * 2 + 64);
-    if (!gt) {
-        atomic_store_explicit(&j->failed, 1, memory_order_relaxed);
-        return;
-    }
-    int64_t *po = (int64_t *)(gt + NT_GEMM_KTILE * 32);
+    int64_t COg = g->CO / g->G, L = g->OH * g->OW, P = g->N * L;
+    int nv = d->nv;
+    int64_t po[NT_GEMM_KTILE];
     float s[WGD_R * 32];
-    const float *gd = (const float *)j->gd;
     for (int64_t t0 = 0; t0 < P; t0 += NT_GEMM_KTILE) {
         int kt = (int)(P - t0 < NT_GEMM_KTILE ? P - t0 : NT_GEMM_KTILE);
         int64_t n = t0 / L, oh = t0 % L / g->OW, ow = t0 % g->OW;
@@ -450,17 +449,7 @@ static void wgd_rows(wg_job *j, int64_t k0, int64_t k1)
             if (++ow == g->OW && (ow = 0, ++oh == g->OH))
                 oh = 0, n++;
         }
-        /* gy^T's tile, channel by channel along each image's run */
-        for (int64_t p = 0; p < kt;) {
-            int64_t im = (t0 + p) / L, q = (t0 + p) % L, l = L - q < kt - p ? L - q : kt - p;
-            for (int64_t c = 0; c < 16 * nv; c++) {
-                const float *src = gd + (im * g->CO + grp * COg + c) * L + q;
-                float *gp = gt + p * 16 * nv + c;
-                for (int64_t e = 0; e < l; e++)
-                    gp[e * 16 * nv] = c < COg ? src[e] : 0.0f;
-            }
-            p += l;
-        }
+        const float *gt = d->gT + t0 * 16 * nv;
         for (int64_t k = k0; k < k1; k += WGD_R) {
             int rows = (int)(k1 - k < WGD_R ? k1 - k : WGD_R);
             wgd_tile(d->xp, po, kt, d->ko + k, rows, gt, nv, s);
@@ -471,7 +460,52 @@ static void wgd_rows(wg_job *j, int64_t k0, int64_t k1)
             }
         }
     }
-    g_free(gt);
+}
+
+/* Block b of the group's gy^T: positions [b 8192, ..), channel by channel
+ * along each image's run. */
+#define WGD_TB 8192
+static void wgd_transpose(void *arg, int b)
+{
+    const wgd *d = arg;
+    const nt__conv_geo *g = d->g;
+    int64_t COg = g->CO / g->G, L = g->OH * g->OW, P = g->N * L, w = 16 * d->nv;
+    int64_t p0 = (int64_t)b * WGD_TB, p1 = P - p0 < WGD_TB ? P : p0 + WGD_TB;
+    for (int64_t p = p0; p < p1;) {
+        int64_t im = p / L, q = p % L, l = L - q < p1 - p ? L - q : p1 - p;
+        for (int64_t c = 0; c < w; c++) {
+            float *gp = d->gT + p * w + c;
+            if (c >= COg) {
+                for (int64_t e = 0; e < l; e++)
+                    gp[e * w] = 0.0f;
+                continue;
+            }
+            const float *src = d->gd + (im * g->CO + d->grp * COg + c) * L + q;
+            for (int64_t e = 0; e < l; e++)
+                gp[e * w] = src[e];
+        }
+        p += l;
+    }
+}
+
+/* Image b's planes of xp, padded with +0. */
+static void wgd_pad_image(void *arg, int b)
+{
+    const wgd *d = arg;
+    const nt__conv_geo *g = d->g;
+    for (int64_t pl = (int64_t)b * g->C; pl < ((int64_t)b + 1) * g->C; pl++)
+        for (int64_t r = 0; r < d->Hp; r++) {
+            float *dst = d->xp + (pl * d->Hp + r) * d->Wp;
+            int64_t ih = r - g->lo[0], a = g->lo[1] < d->Wp ? g->lo[1] : d->Wp;
+            int64_t e = g->lo[1] + g->W < d->Wp ? g->lo[1] + g->W : d->Wp;
+            if (ih < 0 || ih >= g->H || e <= a) {
+                memset(dst, 0, (size_t)d->Wp * sizeof(float));
+                continue;
+            }
+            memset(dst, 0, (size_t)a * sizeof(float));
+            memcpy(dst + a, d->xd + (pl * g->H + ih) * g->W, (size_t)(e - a) * sizeof(float));
+            memset(dst + e, 0, (size_t)(d->Wp - e) * sizeof(float));
+        }
 }
 #endif
 
@@ -534,32 +568,21 @@ static void wg_rows(void *arg, int b)
 static float *wgd_pad(const nt__conv_geo *g, const nt_tensor *x, const nt_tensor *gy, wgd *d)
 {
 #if CONV_X86
-    int64_t COg = g->CO / g->G, Kc = g->C / g->G * g->kh * g->kw;
+    int64_t COg = g->CO / g->G, Kc = g->C / g->G * g->kh * g->kw, P = g->N * g->OH * g->OW;
     if (x->dtype != NT_F32 || gy->dtype != NT_F32 || nt__gemm_isa() != NT_ISA_AVX512 ||
         COg > 32 || g->u[0] != 1 || g->u[1] != 1 || g->lo[0] < 0 || g->lo[1] < 0 ||
-        g->N == 0 || g->OH == 0 || g->OW == 0)
+        P == 0 || P / WGD_TB >= INT32_MAX)
         return NULL;
+    d->g = g, d->nv = COg <= 16 ? 1 : 2;
     d->Hp = (g->OH - 1) * g->s[0] + (g->kh - 1) * g->d[0] + 1;
     d->Wp = (g->OW - 1) * g->s[1] + (g->kw - 1) * g->d[1] + 1;
-    size_t np = (size_t)(g->N * g->C * d->Hp * d->Wp);
-    float *xp = g_try_malloc((np + (size_t)Kc * 2) * sizeof(float) + 64);
+    size_t np = (size_t)(g->N * g->C * d->Hp * d->Wp), ng = (size_t)(P * 16 * d->nv);
+    float *xp = g_try_malloc((np + ng + (size_t)Kc * 2) * sizeof(float) + 64);
     if (!xp)
         return NULL;
-    d->ko = (int64_t *)(xp + np), d->xp = xp;
-    const float *xd = nt__tensor_data(x);
-    for (int64_t pl = 0; pl < g->N * g->C; pl++) /* the planes, padded with +0 */
-        for (int64_t r = 0; r < d->Hp; r++) {
-            float *dst = xp + (pl * d->Hp + r) * d->Wp;
-            int64_t ih = r - g->lo[0], a = g->lo[1] < d->Wp ? g->lo[1] : d->Wp;
-            int64_t b = g->lo[1] + g->W < d->Wp ? g->lo[1] + g->W : d->Wp;
-            if (ih < 0 || ih >= g->H || b <= a) {
-                memset(dst, 0, (size_t)d->Wp * sizeof(float));
-                continue;
-            }
-            memset(dst, 0, (size_t)a * sizeof(float));
-            memcpy(dst + a, xd + (pl * g->H + ih) * g->W, (size_t)(b - a) * sizeof(float));
-            memset(dst + b, 0, (size_t)(d->Wp - b) * sizeof(float));
-        }
+    d->xp = xp, d->gT = xp + np, d->ko = (int64_t *)(xp + np + ng);
+    d->xd = nt__tensor_data(x), d->gd = nt__tensor_data(gy);
+    nt__par_blocks((int)g->N, wgd_pad_image, d, g->N > 1);
     return xp;
 #else
     (void)g, (void)x, (void)gy, (void)d;
@@ -593,6 +616,10 @@ int nt__cpu_conv_wgrad(const nt__rec *r)
         for (int64_t k = 0; xp && k < Kc; k++) { /* K = (ki, kj, ci) */
             int64_t ci = k % Cg, t = k / Cg;
             d.ko[k] = ((grp * Cg + ci) * d.Hp + t / g.kw * g.d[0]) * d.Wp + t % g.kw * g.d[1];
+        }
+        if (xp) {
+            d.grp = grp;
+            nt__par_blocks((int)((P + WGD_TB - 1) / WGD_TB), wgd_transpose, &d, P > WGD_TB);
         }
         if (P == 0)
             memset(CT, 0, nct * sizeof(float));
