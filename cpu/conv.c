@@ -5,7 +5,11 @@
  * the fma recurrence per K-tile of 128; both operands bf16: the chunked
  * order of nt__gemm_bf16.  The GEMM picks AVX-512/AVX2 at run time and
  * shares big products with the helper thread; the per-element order does
- * not depend on the blocking, so these kernels equal the simulator's. */
+ * not depend on the blocking, so these kernels equal the simulator's.  At
+ * the AVX-512 level f32 convolutions with stride 1 (conv_gemm) and with at
+ * most 32 output channels per group (conv_wgrad) build no columns: they
+ * read each column entry where it lies in a zero-padded copy of x, in the
+ * same order (cgd_*, wgd_* below). */
 #include "cpu/cpu.h"
 
 #include <glib.h>
