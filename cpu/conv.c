@@ -621,10 +621,12 @@ int nt__cpu_conv_wgrad(const nt__rec *r)
             int64_t ci = k % Cg, t = k / Cg;
             d.ko[k] = ((grp * Cg + ci) * d.Hp + t / g.kw * g.d[0]) * d.Wp + t % g.kw * g.d[1];
         }
+#if CONV_X86
         if (xp) {
             d.grp = grp;
             nt__par_blocks((int)((P + WGD_TB - 1) / WGD_TB), wgd_transpose, &d, P > WGD_TB);
         }
+#endif
         if (P == 0)
             memset(CT, 0, nct * sizeof(float));
         else if (nblk > 1)
