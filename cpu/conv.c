@@ -7,7 +7,7 @@
  * shares big products with the helper thread; the per-element order does
  * not depend on the blocking, so these kernels equal the simulator's.  At
  * the AVX-512 level f32 convolutions with stride 1 (conv_gemm) and with at
- * most 32 output channels per group (conv_wgrad) build no columns: they
+ * most 64 output channels per group (conv_wgrad) build no columns: they
  * read each column entry where it lies in a zero-padded copy of x, in the
  * same order (cgd_*, wgd_* below). */
 #include "cpu/cpu.h"
@@ -362,9 +362,9 @@ int nt__cpu_conv_gemm(const nt__rec *r)
  * positions in order, then dw^T[k, co] = s on the first tile, else dw^T +
  * s.  The columns are not built: col[k, p] is read where it lies in xp, x
  * with its padding made real zeros (the same +0 a column holds), at
- * po[p] + ko[k]; a block of 8 rows k keeps its 8 x COg sums in registers
- * (co across the lanes, one or two vectors) over a tile's positions, gy's
- * tile transposed position-major (zeros past COg) once per tile. */
+ * po[p] + ko[k]; a block of 8 rows k (4 past 32 channels) keeps its sums
+ * in registers (co across the lanes, one, two or four vectors) over a
+ * tile's positions, gy transposed position-major (zeros past COg) once. */
 #define WGD_R 8
 
 typedef struct wgd {
@@ -416,6 +416,34 @@ __attribute__((target(NT_TARGET_AVX512))) static void wgd_tile(const float *xp, 
         WGD_R8(WGD_ST2)
     }
 }
+
+/* wgd_tile for 64 channels (nv 4): rows ko[0 .. rows) (rows <= 4), the
+ * sums into s [4][64]. */
+#define WGD_R4(M) M(0) M(1) M(2) M(3)
+#define WGD_FOUR(r) __m512 a##r = _mm512_setzero_ps(), b##r = a##r, c##r = a##r, d##r = a##r;
+#define WGD_FMA4(r)                                                                          \
+    {                                                                                        \
+        __m512 v = _mm512_set1_ps(b[o##r]);                                                  \
+        a##r = _mm512_fmadd_ps(v, g0, a##r), b##r = _mm512_fmadd_ps(v, g1, b##r);            \
+        c##r = _mm512_fmadd_ps(v, g2, c##r), d##r = _mm512_fmadd_ps(v, g3, d##r);            \
+    }
+#define WGD_ST4(r)                                                                           \
+    _mm512_storeu_ps(s + (r) * 64, a##r), _mm512_storeu_ps(s + (r) * 64 + 16, b##r),         \
+        _mm512_storeu_ps(s + (r) * 64 + 32, c##r), _mm512_storeu_ps(s + (r) * 64 + 48, d##r);
+__attribute__((target(NT_TARGET_AVX512))) static void wgd_tile4(const float *xp, const int64_t *po,
+                                                              int kt, const int64_t *ko, int rows,
+                                                              const float *gt, float *s)
+{
+    WGD_R4(WGD_LOAD)
+    WGD_R4(WGD_FOUR)
+    for (int p = 0; p < kt; p++) {
+        const float *b = xp + po[p], *gp = gt + p * 64;
+        __m512 g0 = _mm512_loadu_ps(gp), g1 = _mm512_loadu_ps(gp + 16);
+        __m512 g2 = _mm512_loadu_ps(gp + 32), g3 = _mm512_loadu_ps(gp + 48);
+        WGD_R4(WGD_FMA4)
+    }
+    WGD_R4(WGD_ST4)
+}
 #endif
 
 /* conv_wgrad: per group, dw^T [Kc, COg] = col [Kc, P] . gy^T [P, COg] over
@@ -454,13 +482,17 @@ static void wgd_rows(wg_job *j, int64_t k0, int64_t k1)
                 oh = 0, n++;
         }
         const float *gt = d->gT + t0 * 16 * nv;
-        for (int64_t k = k0; k < k1; k += WGD_R) {
-            int rows = (int)(k1 - k < WGD_R ? k1 - k : WGD_R);
-            wgd_tile(d->xp, po, kt, d->ko + k, rows, gt, nv, s);
+        int R = nv == 4 ? 4 : WGD_R, sw = nv == 4 ? 64 : 32;
+        for (int64_t k = k0; k < k1; k += R) {
+            int rows = (int)(k1 - k < R ? k1 - k : R);
+            if (nv == 4)
+                wgd_tile4(d->xp, po, kt, d->ko + k, rows, gt, s);
+            else
+                wgd_tile(d->xp, po, kt, d->ko + k, rows, gt, nv, s);
             for (int r = 0; r < rows; r++) {
                 float *c = j->CT + (k + r) * COg;
                 for (int64_t q = 0; q < COg; q++) /* gemm.h's C = acc ? C + s : s */
-                    c[q] = t0 > 0 ? c[q] + s[r * 32 + q] : s[r * 32 + q];
+                    c[q] = t0 > 0 ? c[q] + s[r * sw + q] : s[r * sw + q];
             }
         }
     }
@@ -566,7 +598,7 @@ static void wg_rows(void *arg, int b)
 }
 
 /* xp (and d's geometry, its ko [Kc]) for the kernel without columns when it
- * applies: f32 x and gy, the AVX-512 level, at most 32 output channels per
+ * applies: f32 x and gy, the AVX-512 level, at most 64 output channels per
  * group, no input dilation or crop; else NULL (or no memory: the columns'
  * path, the same bits). */
 static float *wgd_pad(const nt__conv_geo *g, const nt_tensor *x, const nt_tensor *gy, wgd *d)
@@ -574,10 +606,10 @@ static float *wgd_pad(const nt__conv_geo *g, const nt_tensor *x, const nt_tensor
 #if CONV_X86
     int64_t COg = g->CO / g->G, Kc = g->C / g->G * g->kh * g->kw, P = g->N * g->OH * g->OW;
     if (x->dtype != NT_F32 || gy->dtype != NT_F32 || nt__gemm_isa() != NT_ISA_AVX512 ||
-        COg > 32 || g->u[0] != 1 || g->u[1] != 1 || g->lo[0] < 0 || g->lo[1] < 0 ||
+        COg > 64 || g->u[0] != 1 || g->u[1] != 1 || g->lo[0] < 0 || g->lo[1] < 0 ||
         P == 0 || P / WGD_TB >= INT32_MAX)
         return NULL;
-    d->g = g, d->nv = COg <= 16 ? 1 : 2;
+    d->g = g, d->nv = COg <= 16 ? 1 : COg <= 32 ? 2 : 4;
     d->Hp = (g->OH - 1) * g->s[0] + (g->kh - 1) * g->d[0] + 1;
     d->Wp = (g->OW - 1) * g->s[1] + (g->kw - 1) * g->d[1] + 1;
     size_t np = (size_t)(g->N * g->C * d->Hp * d->Wp), ng = (size_t)(P * 16 * d->nv);
