@@ -195,6 +195,29 @@ __attribute__((target(NT_TARGET_AVX512))) static void cgd_block(const float *xq,
     }
 }
 
+/* cgd_block for 16 positions (c's rows still CGD_Q apart): the tail of a
+ * small plane, where a block of 48 would mostly compute past its end. */
+#define CGD_ZERO1(r) __m512 s##r##a = _mm512_setzero_ps();
+#define CGD_FMA1(r) s##r##a = _mm512_fmadd_ps(_mm512_set1_ps(wk[r]), b0, s##r##a);
+#define CGD_ST1(r) cgd_put(c + (r) * CGD_Q, s##r##a, acc, last);
+__attribute__((target(NT_TARGET_AVX512))) static void cgd_block16(const float *xq,
+                                                                const int64_t *ko, int Kc,
+                                                                const float *wt, int ldw,
+                                                                float *c)
+{
+    for (int k0 = 0; k0 < Kc; k0 += NT_GEMM_KTILE) {
+        int k1 = Kc - k0 < NT_GEMM_KTILE ? Kc : k0 + NT_GEMM_KTILE;
+        bool acc = k0 > 0, last = k1 == Kc;
+        CGD_R8(CGD_ZERO1)
+        for (int k = k0; k < k1; k++) {
+            const float *wk = wt + (int64_t)k * ldw;
+            __m512 b0 = _mm512_loadu_ps(xq + ko[k]);
+            CGD_R8(CGD_FMA1)
+        }
+        CGD_R8(CGD_ST1)
+    }
+}
+
 /* Image n without columns (see above). */
 static void cgd_image(cg_job *j, int n)
 {
@@ -226,12 +249,17 @@ static void cgd_image(cg_job *j, int n)
             ko[k] = ((grp * Cg + ci) * Hp + t / g->kw * g->d[0]) * Wp + t % g->kw * g->d[1];
         }
         float *y = (float *)j->yd + (n * g->CO + grp * COg) * L;
-        for (int64_t q0 = 0; q0 < Q; q0 += CGD_Q)
+        for (int64_t q0 = 0, bw; q0 < Q; q0 += bw) {
+            bw = Q - q0 > 32 ? CGD_Q : 16; /* blocks of 48, a tail of 16s */
             for (int64_t co = 0; co < COg; co += 8) {
-                cgd_block(xp + q0, ko, (int)Kc, j->wt + grp * Kc * ldw + co, (int)ldw, c);
+                const float *wg = j->wt + grp * Kc * ldw + co;
+                if (bw == CGD_Q)
+                    cgd_block(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
+                else
+                    cgd_block16(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
                 for (int64_t r = 0; r < 8 && co + r < COg; r++) /* rows' runs, ow < OW */
-                    for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < CGD_Q && oh < g->OH;) {
-                        int64_t l = Wp - ow < CGD_Q - q ? Wp - ow : CGD_Q - q;
+                    for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < bw && oh < g->OH;) {
+                        int64_t l = Wp - ow < bw - q ? Wp - ow : bw - q;
                         if (ow < g->OW)
                             memcpy(y + (co + r) * L + oh * g->OW + ow, c + r * CGD_Q + q,
                                    (size_t)((ow + l < g->OW ? l : g->OW - ow)) * sizeof(float));
@@ -240,6 +268,7 @@ static void cgd_image(cg_job *j, int n)
                             ow = 0, oh++;
                     }
             }
+        }
     }
     g_free(xp);
 }
