@@ -18,6 +18,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+#include "core/tr16.h"
 #define CONV_X86 1
 #else
 #define CONV_X86 0
@@ -527,8 +528,30 @@ static void wgd_rows(wg_job *j, int64_t k0, int64_t k1)
     }
 }
 
-/* Block b of the group's gy^T: positions [b 8192, ..), channel by channel
- * along each image's run. */
+/* dst [e][0 .. w) = src[c * ld + e] (zeros for c >= n) for the positions e
+ * of whole 16 x 16 blocks, transposed in registers; returns how many (the
+ * caller copies the rest). */
+__attribute__((target(NT_TARGET_AVX512))) static int64_t wgd_tr16(const float *src, int64_t ld,
+                                                                int64_t n, int64_t l, float *dst,
+                                                                int w)
+{
+    int64_t e = 0;
+    for (; e + 16 <= l; e += 16)
+        for (int c0 = 0; c0 < w; c0 += 16) {
+            __m512i v[16];
+            for (int i = 0; i < 16; i++)
+                v[i] = c0 + i < n ? _mm512_loadu_si512(src + (c0 + i) * ld + e)
+                                  : _mm512_setzero_si512();
+            nt__tr16(v);
+            for (int i = 0; i < 16; i++)
+                _mm512_storeu_si512(dst + (e + i) * w + c0, v[i]);
+        }
+    return e;
+}
+
+/* Block b of the group's gy^T: positions [b 8192, ..), along each image's
+ * run: 16 x 16 blocks in registers, the run's last positions channel by
+ * channel. */
 #define WGD_TB 8192
 static void wgd_transpose(void *arg, int b)
 {
@@ -538,15 +561,17 @@ static void wgd_transpose(void *arg, int b)
     int64_t p0 = (int64_t)b * WGD_TB, p1 = P - p0 < WGD_TB ? P : p0 + WGD_TB;
     for (int64_t p = p0; p < p1;) {
         int64_t im = p / L, q = p % L, l = L - q < p1 - p ? L - q : p1 - p;
-        for (int64_t c = 0; c < w; c++) {
+        int64_t e0 = wgd_tr16(d->gd + (im * g->CO + d->grp * COg) * L + q, L, COg, l,
+                              d->gT + p * w, (int)w);
+        for (int64_t c = 0; e0 < l && c < w; c++) {
             float *gp = d->gT + p * w + c;
             if (c >= COg) {
-                for (int64_t e = 0; e < l; e++)
+                for (int64_t e = e0; e < l; e++)
                     gp[e * w] = 0.0f;
                 continue;
             }
             const float *src = d->gd + (im * g->CO + d->grp * COg + c) * L + q;
-            for (int64_t e = 0; e < l; e++)
+            for (int64_t e = e0; e < l; e++)
                 gp[e * w] = src[e];
         }
         p += l;
