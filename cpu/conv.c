@@ -5,12 +5,24 @@
  * the fma recurrence per K-tile of 128; both operands bf16: the chunked
  * order of nt__gemm_bf16.  The GEMM picks AVX-512/AVX2 at run time and
  * shares big products with the helper thread; the per-element order does
- * not depend on the blocking, so these kernels equal the simulator's. */
+ * not depend on the blocking, so these kernels equal the simulator's.  At
+ * the AVX-512 level f32 convolutions with stride 1 (conv_gemm) and with at
+ * most 64 output channels per group (conv_wgrad) build no columns: they
+ * read each column entry where it lies in a zero-padded copy of x, in the
+ * same order (cgd_*, wgd_* below). */
 #include "cpu/cpu.h"
 
 #include <glib.h>
 #include <stdatomic.h>
 #include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#include "core/tr16.h"
+#define CONV_X86 1
+#else
+#define CONV_X86 0
+#endif
 
 #include "core/conv.h"
 #include "core/gemm.h"
@@ -121,11 +133,157 @@ typedef struct cg_job {
     char *yd;
     nt_dtype dt, odt;
     atomic_int failed;
+    const float *wt; /* non-NULL: the kernel without columns, w'^T [G][Kc][COg] */
 } cg_job;
+
+/* ---------------- conv_gemm without columns (f32, stride 1, AVX-512) ----------------
+ *
+ * With stride 1 a column row is x's padded plane shifted: col[(ki, kj, ci),
+ * (oh, ow)] = xp[ci][oh + ki d0][ow + kj d1] for xp x with its padding made
+ * real zeros (the +0 a column holds).  Over the flat positions q = oh Wp + ow
+ * of the padded width Wp the row is contiguous, xp + ko[k] + q, so a block of
+ * 8 output channels x 48 positions runs nt_matmul's recurrence straight from
+ * xp -- per K-tile of 128, s = +0, s = fma(w'[co, k], col[k, q], s) in
+ * ascending k, then C = s or C + s, NaNs canonical at the end -- and the
+ * positions ow >= OW (the padded width's extra columns) are dropped. */
+#define CGD_Q 48
+
+#if CONV_X86
+#define CGD_R8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+#define CGD_ZERO(r) __m512 s##r##a = _mm512_setzero_ps(), s##r##b = s##r##a, s##r##c = s##r##a;
+#define CGD_FMA(r)                                                                           \
+    {                                                                                        \
+        __m512 v = _mm512_set1_ps(wk[r]);                                                    \
+        s##r##a = _mm512_fmadd_ps(v, b0, s##r##a), s##r##b = _mm512_fmadd_ps(v, b1, s##r##b); \
+        s##r##c = _mm512_fmadd_ps(v, b2, s##r##c);                                           \
+    }
+#define CGD_ST(r)                                                                            \
+    cgd_put(c + (r) * CGD_Q, s##r##a, acc, last),                                            \
+        cgd_put(c + (r) * CGD_Q + 16, s##r##b, acc, last),                                   \
+        cgd_put(c + (r) * CGD_Q + 32, s##r##c, acc, last);
+
+/* C = s or C + s; the last K-tile's NaNs canonical (nt__canon). */
+__attribute__((target(NT_TARGET_AVX512), always_inline)) static inline void
+cgd_put(float *c, __m512 s, bool acc, bool last)
+{
+    __m512 v = acc ? _mm512_add_ps(_mm512_loadu_ps(c), s) : s;
+    if (last) {
+        __m512i u = _mm512_castps_si512(v);
+        __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+        v = _mm512_castsi512_ps(_mm512_mask_mov_epi32(u, nan, _mm512_set1_epi32((int)NT__QNAN_F32)));
+    }
+    _mm512_storeu_ps(c, v);
+}
+
+/* c [8][48] = the product of one block: w'^T rows wt (ldw apart, 8 channels
+ * from wt[k * ldw]) and the column rows xq + ko[k], K-tile by K-tile. */
+__attribute__((target(NT_TARGET_AVX512))) static void cgd_block(const float *xq, const int64_t *ko,
+                                                              int Kc, const float *wt, int ldw,
+                                                              float *c)
+{
+    for (int k0 = 0; k0 < Kc; k0 += NT_GEMM_KTILE) {
+        int k1 = Kc - k0 < NT_GEMM_KTILE ? Kc : k0 + NT_GEMM_KTILE;
+        bool acc = k0 > 0, last = k1 == Kc;
+        CGD_R8(CGD_ZERO)
+        for (int k = k0; k < k1; k++) {
+            const float *b = xq + ko[k], *wk = wt + (int64_t)k * ldw;
+            __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+            __m512 b2 = _mm512_loadu_ps(b + 32);
+            CGD_R8(CGD_FMA)
+        }
+        CGD_R8(CGD_ST)
+    }
+}
+
+/* cgd_block for 16 positions (c's rows still CGD_Q apart): the tail of a
+ * small plane, where a block of 48 would mostly compute past its end. */
+#define CGD_ZERO1(r) __m512 s##r##a = _mm512_setzero_ps();
+#define CGD_FMA1(r) s##r##a = _mm512_fmadd_ps(_mm512_set1_ps(wk[r]), b0, s##r##a);
+#define CGD_ST1(r) cgd_put(c + (r) * CGD_Q, s##r##a, acc, last);
+__attribute__((target(NT_TARGET_AVX512))) static void cgd_block16(const float *xq,
+                                                                const int64_t *ko, int Kc,
+                                                                const float *wt, int ldw,
+                                                                float *c)
+{
+    for (int k0 = 0; k0 < Kc; k0 += NT_GEMM_KTILE) {
+        int k1 = Kc - k0 < NT_GEMM_KTILE ? Kc : k0 + NT_GEMM_KTILE;
+        bool acc = k0 > 0, last = k1 == Kc;
+        CGD_R8(CGD_ZERO1)
+        for (int k = k0; k < k1; k++) {
+            const float *wk = wt + (int64_t)k * ldw;
+            __m512 b0 = _mm512_loadu_ps(xq + ko[k]);
+            CGD_R8(CGD_FMA1)
+        }
+        CGD_R8(CGD_ST1)
+    }
+}
+
+/* Image n without columns (see above). */
+static void cgd_image(cg_job *j, int n)
+{
+    const nt__conv_geo *g = j->g;
+    int64_t Cg = g->C / g->G, COg = g->CO / g->G, Kc = Cg * g->kh * g->kw, L = g->OH * g->OW;
+    int64_t Wp = g->OW + (g->kw - 1) * g->d[1], Hp = g->OH + (g->kh - 1) * g->d[0];
+    int64_t Q = g->OH * Wp, ldw = (COg + 7) / 8 * 8, slack = (g->kw - 1) * g->d[1] + CGD_Q;
+    size_t np = (size_t)(g->C * Hp * Wp + slack);
+    float *xp = g_try_malloc(np * sizeof(float) + (size_t)Kc * sizeof(int64_t) + 64);
+    if (!xp) {
+        atomic_store_explicit(&j->failed, 1, memory_order_relaxed);
+        return;
+    }
+    int64_t *ko = (int64_t *)(xp + np);
+    const float *xd = (const float *)j->xd + n * g->C * g->H * g->W;
+    memset(xp, 0, np * sizeof(float));
+    for (int64_t pl = 0; pl < g->C; pl++) /* the planes, padded with +0 */
+        for (int64_t r = 0; r < Hp; r++) {
+            int64_t ih = r - g->lo[0], a = g->lo[1] < Wp ? g->lo[1] : Wp;
+            int64_t b = g->lo[1] + g->W < Wp ? g->lo[1] + g->W : Wp;
+            if (ih >= 0 && ih < g->H && b > a)
+                memcpy(xp + (pl * Hp + r) * Wp + a, xd + (pl * g->H + ih) * g->W,
+                       (size_t)(b - a) * sizeof(float));
+        }
+    float c[8 * CGD_Q];
+    for (int64_t grp = 0; grp < g->G; grp++) {
+        for (int64_t k = 0; k < Kc; k++) { /* K = (ki, kj, ci) */
+            int64_t ci = k % Cg, t = k / Cg;
+            ko[k] = ((grp * Cg + ci) * Hp + t / g->kw * g->d[0]) * Wp + t % g->kw * g->d[1];
+        }
+        float *y = (float *)j->yd + (n * g->CO + grp * COg) * L;
+        for (int64_t q0 = 0, bw; q0 < Q; q0 += bw) {
+            bw = Q - q0 > 32 ? CGD_Q : 16; /* blocks of 48, a tail of 16s */
+            for (int64_t co = 0; co < COg; co += 8) {
+                const float *wg = j->wt + grp * Kc * ldw + co;
+                if (bw == CGD_Q)
+                    cgd_block(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
+                else
+                    cgd_block16(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
+                for (int64_t r = 0; r < 8 && co + r < COg; r++) /* rows' runs, ow < OW */
+                    for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < bw && oh < g->OH;) {
+                        int64_t l = Wp - ow < bw - q ? Wp - ow : bw - q;
+                        if (ow < g->OW)
+                            memcpy(y + (co + r) * L + oh * g->OW + ow, c + r * CGD_Q + q,
+                                   (size_t)((ow + l < g->OW ? l : g->OW - ow)) * sizeof(float));
+                        q += l, ow += l;
+                        if (ow == Wp)
+                            ow = 0, oh++;
+                    }
+            }
+        }
+    }
+    g_free(xp);
+}
+#endif
 
 static void cg_image(void *arg, int n)
 {
     cg_job *j = arg;
+#if CONV_X86
+    if (j->wt) {
+        cgd_image(j, n);
+        return;
+    }
+#endif
     const nt__conv_geo *g = j->g;
     int64_t Cg = g->C / g->G, COg = g->CO / g->G, Kc = Cg * g->kh * g->kw, L = g->OH * g->OW;
     bool raw = j->dt == NT_BF16; /* bf16 x bf16: nt__gemm_bf16's chunked order */
@@ -155,6 +313,30 @@ static void cg_image(void *arg, int n)
         }
     }
     g_free(buf);
+}
+
+/* w'^T [G][Kc][COg rounded up to 8] (zeros past COg) from w' [CO][Kc] for
+ * the kernel without columns when it applies: f32 in and out, stride 1, no
+ * input dilation or crop, two images or more (one image shares its product
+ * between the threads instead), the AVX-512 level; else NULL. */
+static float *cgd_weights(const nt__conv_geo *g, nt_dtype dt, nt_dtype odt, const float *w)
+{
+#if CONV_X86
+    int64_t COg = g->CO / g->G, Kc = g->C / g->G * g->kh * g->kw, ldw = (COg + 7) / 8 * 8;
+    if (dt != NT_F32 || odt != NT_F32 || nt__gemm_isa() != NT_ISA_AVX512 || g->N < 2 ||
+        g->s[0] != 1 || g->s[1] != 1 || g->u[0] != 1 || g->u[1] != 1 || g->lo[0] < 0 ||
+        g->lo[1] < 0)
+        return NULL;
+    float *wt = g_try_malloc0((size_t)(g->G * Kc * ldw) * sizeof(float) + 16);
+    for (int64_t grp = 0; wt && grp < g->G; grp++)
+        for (int64_t co = 0; co < COg; co++)
+            for (int64_t k = 0; k < Kc; k++)
+                wt[(grp * Kc + k) * ldw + co] = w[(grp * COg + co) * Kc + k];
+    return wt;
+#else
+    (void)g, (void)dt, (void)odt, (void)w;
+    return NULL;
+#endif
 }
 
 int nt__cpu_conv_gemm(const nt__rec *r)
@@ -188,18 +370,111 @@ int nt__cpu_conv_gemm(const nt__rec *r)
                             else
                                 wf[j] = nt__load_f32(wd, dt, at);
                         }
-    cg_job j = {&g, nt__tensor_data(x), wd, wf, nt__tensor_data(y), dt, odt, 0};
+    float *wt = cgd_weights(&g, dt, odt, wf ? wf : (const float *)wd);
+    cg_job j = {&g, nt__tensor_data(x), wd, wf, nt__tensor_data(y), dt, odt, 0, wt};
     if (g.N > 1)
         nt__par_blocks((int)g.N, cg_image, &j, true);
     else
         cg_image(&j, 0);
     g_free(wf);
+    g_free(wt);
     /* nt__par_blocks returns after every block, its ends published */
     if (atomic_load_explicit(&j.failed, memory_order_relaxed))
         return nt__kerr(NT_EHOSTMEM, "out of host memory for the convolution's columns "
                         "(%zu bytes)", (size_t)(Kc * L) * (raw ? 2 : 4));
     return 0;
 }
+
+/* ---------------- conv_wgrad without columns (f32, AVX-512) ----------------
+ *
+ * The same recurrence as the product below, element by element: per K-tile
+ * of 128 positions, s = +0, s = fma(col[k, p], gy[co, p], s) over the tile's
+ * positions in order, then dw^T[k, co] = s on the first tile, else dw^T +
+ * s.  The columns are not built: col[k, p] is read where it lies in xp, x
+ * with its padding made real zeros (the same +0 a column holds), at
+ * po[p] + ko[k]; a block of 8 rows k (4 past 32 channels) keeps its sums
+ * in registers (co across the lanes, one, two or four vectors) over a
+ * tile's positions, gy transposed position-major (zeros past COg) once. */
+#define WGD_R 8
+
+typedef struct wgd {
+    const nt__conv_geo *g;
+    float *xp;             /* [N][C][Hp][Wp] */
+    float *gT;             /* the group's gy^T [P][16 nv], zeros past COg */
+    const float *xd, *gd;
+    int64_t Hp, Wp, *ko;   /* ko [Kc]: the column row's offset in xp */
+    int64_t grp;
+    int nv;
+} wgd;
+
+#if CONV_X86
+#define WGD_LOAD(r) const int64_t o##r = ko[(r) < rows ? (r) : rows - 1];
+#define WGD_ONE(r) __m512 a##r = _mm512_setzero_ps();
+#define WGD_TWO(r) __m512 a##r = _mm512_setzero_ps(), b##r = a##r;
+#define WGD_R8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+#define WGD_FMA1(r) a##r = _mm512_fmadd_ps(_mm512_set1_ps(b[o##r]), g0, a##r);
+#define WGD_FMA2(r)                                                                          \
+    {                                                                                        \
+        __m512 v = _mm512_set1_ps(b[o##r]);                                                  \
+        a##r = _mm512_fmadd_ps(v, g0, a##r), b##r = _mm512_fmadd_ps(v, g1, b##r);            \
+    }
+#define WGD_ST1(r) _mm512_storeu_ps(s + (r) * 32, a##r);
+#define WGD_ST2(r) _mm512_storeu_ps(s + (r) * 32, a##r), _mm512_storeu_ps(s + (r) * 32 + 16, b##r);
+
+/* Rows ko[0 .. rows) (rows <= 8) over one tile of kt positions (xp offsets
+ * po, gy^T rows gt of 16 nv floats): the tile's sums into s [8][32]. */
+__attribute__((target(NT_TARGET_AVX512))) static void wgd_tile(const float *xp, const int64_t *po,
+                                                             int kt, const int64_t *ko, int rows,
+                                                             const float *gt, int nv, float *s)
+{
+    WGD_R8(WGD_LOAD)
+    if (nv == 1) {
+        WGD_R8(WGD_ONE)
+        for (int p = 0; p < kt; p++) {
+            const float *b = xp + po[p];
+            __m512 g0 = _mm512_loadu_ps(gt + p * 16);
+            WGD_R8(WGD_FMA1)
+        }
+        WGD_R8(WGD_ST1)
+    } else {
+        WGD_R8(WGD_TWO)
+        for (int p = 0; p < kt; p++) {
+            const float *b = xp + po[p];
+            __m512 g0 = _mm512_loadu_ps(gt + p * 32), g1 = _mm512_loadu_ps(gt + p * 32 + 16);
+            WGD_R8(WGD_FMA2)
+        }
+        WGD_R8(WGD_ST2)
+    }
+}
+
+/* wgd_tile for 64 channels (nv 4): rows ko[0 .. rows) (rows <= 4), the
+ * sums into s [4][64]. */
+#define WGD_R4(M) M(0) M(1) M(2) M(3)
+#define WGD_FOUR(r) __m512 a##r = _mm512_setzero_ps(), b##r = a##r, c##r = a##r, d##r = a##r;
+#define WGD_FMA4(r)                                                                          \
+    {                                                                                        \
+        __m512 v = _mm512_set1_ps(b[o##r]);                                                  \
+        a##r = _mm512_fmadd_ps(v, g0, a##r), b##r = _mm512_fmadd_ps(v, g1, b##r);            \
+        c##r = _mm512_fmadd_ps(v, g2, c##r), d##r = _mm512_fmadd_ps(v, g3, d##r);            \
+    }
+#define WGD_ST4(r)                                                                           \
+    _mm512_storeu_ps(s + (r) * 64, a##r), _mm512_storeu_ps(s + (r) * 64 + 16, b##r),         \
+        _mm512_storeu_ps(s + (r) * 64 + 32, c##r), _mm512_storeu_ps(s + (r) * 64 + 48, d##r);
+__attribute__((target(NT_TARGET_AVX512))) static void wgd_tile4(const float *xp, const int64_t *po,
+                                                              int kt, const int64_t *ko, int rows,
+                                                              const float *gt, float *s)
+{
+    WGD_R4(WGD_LOAD)
+    WGD_R4(WGD_FOUR)
+    for (int p = 0; p < kt; p++) {
+        const float *b = xp + po[p], *gp = gt + p * 64;
+        __m512 g0 = _mm512_loadu_ps(gp), g1 = _mm512_loadu_ps(gp + 16);
+        __m512 g2 = _mm512_loadu_ps(gp + 32), g3 = _mm512_loadu_ps(gp + 48);
+        WGD_R4(WGD_FMA4)
+    }
+    WGD_R4(WGD_ST4)
+}
+#endif
 
 /* conv_wgrad: per group, dw^T [Kc, COg] = col [Kc, P] . gy^T [P, COg] over
  * chunks of CONV_WCHUNK positions, accumulated tile by tile (the same
@@ -215,7 +490,114 @@ typedef struct wg_job {
     int64_t grp, nblk;
     float *CT; /* [Kc, COg] */
     atomic_int failed;
+    const wgd *d; /* non-NULL: the kernel without columns */
 } wg_job;
+
+#if CONV_X86
+/* wg_rows without columns: rows [k0, k1) of group grp (see wgd). */
+static void wgd_rows(wg_job *j, int64_t k0, int64_t k1)
+{
+    const nt__conv_geo *g = j->g;
+    const wgd *d = j->d;
+    int64_t COg = g->CO / g->G, L = g->OH * g->OW, P = g->N * L;
+    int nv = d->nv;
+    int64_t po[NT_GEMM_KTILE];
+    float s[WGD_R * 32];
+    for (int64_t t0 = 0; t0 < P; t0 += NT_GEMM_KTILE) {
+        int kt = (int)(P - t0 < NT_GEMM_KTILE ? P - t0 : NT_GEMM_KTILE);
+        int64_t n = t0 / L, oh = t0 % L / g->OW, ow = t0 % g->OW;
+        for (int p = 0; p < kt; p++) {
+            po[p] = (n * g->C * d->Hp + oh * g->s[0]) * d->Wp + ow * g->s[1];
+            if (++ow == g->OW && (ow = 0, ++oh == g->OH))
+                oh = 0, n++;
+        }
+        const float *gt = d->gT + t0 * 16 * nv;
+        int R = nv == 4 ? 4 : WGD_R, sw = nv == 4 ? 64 : 32;
+        for (int64_t k = k0; k < k1; k += R) {
+            int rows = (int)(k1 - k < R ? k1 - k : R);
+            if (nv == 4)
+                wgd_tile4(d->xp, po, kt, d->ko + k, rows, gt, s);
+            else
+                wgd_tile(d->xp, po, kt, d->ko + k, rows, gt, nv, s);
+            for (int r = 0; r < rows; r++) {
+                float *c = j->CT + (k + r) * COg;
+                for (int64_t q = 0; q < COg; q++) /* gemm.h's C = acc ? C + s : s */
+                    c[q] = t0 > 0 ? c[q] + s[r * sw + q] : s[r * sw + q];
+            }
+        }
+    }
+}
+
+/* dst [e][0 .. w) = src[c * ld + e] (zeros for c >= n) for the positions e
+ * of whole 16 x 16 blocks, transposed in registers; returns how many (the
+ * caller copies the rest). */
+__attribute__((target(NT_TARGET_AVX512))) static int64_t wgd_tr16(const float *src, int64_t ld,
+                                                                int64_t n, int64_t l, float *dst,
+                                                                int w)
+{
+    int64_t e = 0;
+    for (; e + 16 <= l; e += 16)
+        for (int c0 = 0; c0 < w; c0 += 16) {
+            __m512i v[16];
+            for (int i = 0; i < 16; i++)
+                v[i] = c0 + i < n ? _mm512_loadu_si512(src + (c0 + i) * ld + e)
+                                  : _mm512_setzero_si512();
+            nt__tr16(v);
+            for (int i = 0; i < 16; i++)
+                _mm512_storeu_si512(dst + (e + i) * w + c0, v[i]);
+        }
+    return e;
+}
+
+/* Block b of the group's gy^T: positions [b 8192, ..), along each image's
+ * run: 16 x 16 blocks in registers, the run's last positions channel by
+ * channel. */
+#define WGD_TB 8192
+static void wgd_transpose(void *arg, int b)
+{
+    const wgd *d = arg;
+    const nt__conv_geo *g = d->g;
+    int64_t COg = g->CO / g->G, L = g->OH * g->OW, P = g->N * L, w = 16 * d->nv;
+    int64_t p0 = (int64_t)b * WGD_TB, p1 = P - p0 < WGD_TB ? P : p0 + WGD_TB;
+    for (int64_t p = p0; p < p1;) {
+        int64_t im = p / L, q = p % L, l = L - q < p1 - p ? L - q : p1 - p;
+        int64_t e0 = wgd_tr16(d->gd + (im * g->CO + d->grp * COg) * L + q, L, COg, l,
+                              d->gT + p * w, (int)w);
+        for (int64_t c = 0; e0 < l && c < w; c++) {
+            float *gp = d->gT + p * w + c;
+            if (c >= COg) {
+                for (int64_t e = e0; e < l; e++)
+                    gp[e * w] = 0.0f;
+                continue;
+            }
+            const float *src = d->gd + (im * g->CO + d->grp * COg + c) * L + q;
+            for (int64_t e = e0; e < l; e++)
+                gp[e * w] = src[e];
+        }
+        p += l;
+    }
+}
+
+/* Image b's planes of xp, padded with +0. */
+static void wgd_pad_image(void *arg, int b)
+{
+    const wgd *d = arg;
+    const nt__conv_geo *g = d->g;
+    for (int64_t pl = (int64_t)b * g->C; pl < ((int64_t)b + 1) * g->C; pl++)
+        for (int64_t r = 0; r < d->Hp; r++) {
+            float *dst = d->xp + (pl * d->Hp + r) * d->Wp;
+            int64_t ih = r - g->lo[0], a = g->lo[1] < d->Wp ? g->lo[1] : d->Wp;
+            int64_t e = g->lo[1] + g->W < d->Wp ? g->lo[1] + g->W : d->Wp;
+            if (ih < 0 || ih >= g->H || e <= a) {
+                memset(dst, 0, (size_t)d->Wp * sizeof(float));
+                continue;
+            }
+            memset(dst, 0, (size_t)a * sizeof(float));
+            memcpy(dst + a, d->xd + (pl * g->H + ih) * g->W, (size_t)(e - a) * sizeof(float));
+            memset(dst + e, 0, (size_t)(d->Wp - e) * sizeof(float));
+        }
+}
+#endif
 
 static void wg_rows(void *arg, int b)
 {
@@ -225,6 +607,12 @@ static void wg_rows(void *arg, int b)
     int64_t P = g->N * L, k0 = Kc * b / j->nblk, k1 = Kc * (b + 1) / j->nblk, grp = j->grp;
     if (k1 <= k0)
         return;
+#if CONV_X86
+    if (j->d) {
+        wgd_rows(j, k0, k1);
+        return;
+    }
+#endif
     bool raw = j->dt == NT_BF16;
     size_t es = raw ? 2 : 4, chunk = (size_t)(P < CONV_WCHUNK ? P : CONV_WCHUNK);
     char *buf = g_try_malloc(((size_t)(k1 - k0) + (size_t)COg) * chunk * es + 16);
@@ -263,6 +651,35 @@ static void wg_rows(void *arg, int b)
     g_free(buf);
 }
 
+/* xp (and d's geometry, its ko [Kc]) for the kernel without columns when it
+ * applies: f32 x and gy, the AVX-512 level, at most 64 output channels per
+ * group, no input dilation or crop; else NULL (or no memory: the columns'
+ * path, the same bits). */
+static float *wgd_pad(const nt__conv_geo *g, const nt_tensor *x, const nt_tensor *gy, wgd *d)
+{
+#if CONV_X86
+    int64_t COg = g->CO / g->G, Kc = g->C / g->G * g->kh * g->kw, P = g->N * g->OH * g->OW;
+    if (x->dtype != NT_F32 || gy->dtype != NT_F32 || nt__gemm_isa() != NT_ISA_AVX512 ||
+        COg > 64 || g->u[0] != 1 || g->u[1] != 1 || g->lo[0] < 0 || g->lo[1] < 0 ||
+        P == 0 || P / WGD_TB >= INT32_MAX)
+        return NULL;
+    d->g = g, d->nv = COg <= 16 ? 1 : COg <= 32 ? 2 : 4;
+    d->Hp = (g->OH - 1) * g->s[0] + (g->kh - 1) * g->d[0] + 1;
+    d->Wp = (g->OW - 1) * g->s[1] + (g->kw - 1) * g->d[1] + 1;
+    size_t np = (size_t)(g->N * g->C * d->Hp * d->Wp), ng = (size_t)(P * 16 * d->nv);
+    float *xp = g_try_malloc((np + ng + (size_t)Kc * 2) * sizeof(float) + 64);
+    if (!xp)
+        return NULL;
+    d->xp = xp, d->gT = xp + np, d->ko = (int64_t *)(xp + np + ng);
+    d->xd = nt__tensor_data(x), d->gd = nt__tensor_data(gy);
+    nt__par_blocks((int)g->N, wgd_pad_image, d, g->N > 1);
+    return xp;
+#else
+    (void)g, (void)x, (void)gy, (void)d;
+    return NULL;
+#endif
+}
+
 int nt__cpu_conv_wgrad(const nt__rec *r)
 {
     nt__conv_geo g;
@@ -281,9 +698,21 @@ int nt__cpu_conv_wgrad(const nt__rec *r)
     size_t oes = nt__dtype_size(odt);
     /* two halves where the product is worth a second thread */
     int64_t nblk = Kc >= 32 && (double)P * (double)Kc * (double)COg >= (double)(1 << 20) ? 2 : 1;
+    wgd d = {0};
+    float *xp = wgd_pad(&g, x, gy, &d);
     for (int64_t grp = 0; grp < g.G; grp++) {
         wg_job j = {&g, nt__tensor_data(x), nt__tensor_data(gy), dt, (nt_dtype)gy->dtype,
-                    grp, nblk, CT, 0};
+                    grp, nblk, CT, 0, xp ? &d : NULL};
+        for (int64_t k = 0; xp && k < Kc; k++) { /* K = (ki, kj, ci) */
+            int64_t ci = k % Cg, t = k / Cg;
+            d.ko[k] = ((grp * Cg + ci) * d.Hp + t / g.kw * g.d[0]) * d.Wp + t % g.kw * g.d[1];
+        }
+#if CONV_X86
+        if (xp) {
+            d.grp = grp;
+            nt__par_blocks((int)((P + WGD_TB - 1) / WGD_TB), wgd_transpose, &d, P > WGD_TB);
+        }
+#endif
         if (P == 0)
             memset(CT, 0, nct * sizeof(float));
         else if (nblk > 1)
@@ -292,6 +721,7 @@ int nt__cpu_conv_wgrad(const nt__rec *r)
             wg_rows(&j, 0);
         if (atomic_load_explicit(&j.failed, memory_order_relaxed)) {
             g_free(CT);
+            g_free(xp);
             return nt__kerr(NT_EHOSTMEM, "out of host memory for the convolution's columns");
         }
         /* dw[grp * COg + c][ci][t] = CT[k = t Cg + ci][c], rounded (NaNs
@@ -304,5 +734,6 @@ int nt__cpu_conv_wgrad(const nt__rec *r)
         }
     }
     g_free(CT);
+    g_free(xp);
     return 0;
 }

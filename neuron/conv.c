@@ -701,7 +701,8 @@ static int conv_gemm_run(sk_k *s, const nt__rec *r)
  * partitions.  Per image the column rows are built in SBUF, compact over
  * (oh, ow): K-chunk kc's tile holds tap t0 + j's channels on partitions j
  * C .. (the K order (ki, kj, ci)), each tap's valid rectangle loaded by DMA
- * from x, its zeros written once.  Per position tile: TensorE transposes
+ * from x or copied by ScalarE from x's plane in SBUF (the identity tap's
+ * rows, when the convolution has one), its zeros written once.  Per position tile: TensorE transposes
  * each K-chunk's [K, 128 p] view (an image boundary inside the tile: two
  * transposes into PSUM partitions [0, 64) and [64, 128)) and gy's [CO, 128
  * p] (DMA'd per tile), the copies evacuate, and acc[kc] [K, CO] (+)= colT^T
@@ -714,7 +715,7 @@ typedef struct wgk {
     sk_k *s;
     const nt__conv_geo *g;
     nt_dtype dt, odt;
-    int64_t L, P, Kc, nK, T, m, loaded;
+    int64_t L, P, Kc, nK, T, m, loaded, ident; /* ident: the identity tap, or -1 */
     int64_t ra[64], rb[64], ca[64], cb[64]; /* per tap: the valid rows, cols */
     nt_tile *cp[2][8], *colT[2][8], *gyc[4], *gyT[2], *ptc[2][8], *ptg[2], *acc[8], *xc;
     int eng;
@@ -766,7 +767,8 @@ static int wg_alloc(wgk *w)
     }
     for (int i = 0; i < 4; i++)
         w->gyc[i] = nt_tile_alloc(k, "wg.gy", NT_MEM_SBUF, w->dt, (int)g->CO, 128);
-    w->xc = nt_tile_alloc(k, "wg.x", NT_MEM_SBUF, w->dt, (int)g->C, g->H * g->W);
+    if (w->ident < 0)
+        w->xc = nt_tile_alloc(k, "wg.x", NT_MEM_SBUF, w->dt, (int)g->C, g->H * g->W);
     for (int kc = 0; kc < w->nK; kc++)
         w->acc[kc] = nt_tile_alloc(k, "wg.acc", NT_MEM_PSUM, NT_F32, 128, g->CO);
     int rc = nt_sim_kernel_error(k);
@@ -802,41 +804,61 @@ static int wg_alloc(wgk *w)
     return rc;
 }
 
-/* Image n's column rows (the valid rectangles) into cp[n % 2]: the first
- * third of the taps by DMA from x, the others by ScalarE from x's plane
- * loaded once into SBUF (the DMA engines' bandwidth would bound the kernel
- * otherwise). */
+/* Tap t's valid rectangle of image n into cp[n % 2] by DMA from x. */
+static int wg_tap_dma(wgk *w, const char *xd, int64_t n, int64_t t)
+{
+    const nt__conv_geo *g = w->g;
+    int64_t ki = t / g->kw, kj = t % g->kw, ra = w->ra[t], rb = w->rb[t];
+    int64_t ca = w->ca[t], cb = w->cb[t];
+    int64_t ih = ra + ki * g->d[0] - g->lo[0], iw = ca + kj * g->d[1] - g->lo[1];
+    nt_ap src = nt_hbm_ap(xd, w->dt, (n * g->C * g->H + ih) * g->W + iw, (int)g->C,
+                          g->H * g->W, cb - ca);
+    src.ndim = 2, src.num[0] = rb - ra, src.step[0] = g->W, src.num[1] = cb - ca,
+    src.step[1] = 1;
+    nt_ap d = nt_tile_slice(w->cp[n % 2][t / w->m], (int)((t % w->m) * g->C), (int)g->C,
+                            ra * g->OW + ca, cb - ca);
+    d.ndim = 2, d.num[0] = rb - ra, d.step[0] = g->OW, d.num[1] = cb - ca, d.step[1] = 1;
+    return nt_isa_dma_copy(w->s->k, &d, &src, sk_qin(w->s));
+}
+
+/* Image n's column rows (the valid rectangles) into cp[n % 2]: some taps by
+ * DMA from x, the others by ScalarE from x's plane in SBUF (the DMA
+ * engines' bandwidth would bound the kernel otherwise).  The plane is the
+ * identity tap's rows when there is one (offset 0 and OH, OW = H, W: the
+ * centre of a "same" convolution), so it comes with the double-buffered
+ * columns; else xc, loaded once per image. */
 static int wg_load(wgk *w, const char *xd, int64_t n)
 {
     const nt__conv_geo *g = w->g;
-    int64_t ndma = w->T / 3;
-    int rc = 0;
-    if (ndma < w->T) {
+    int64_t id = w->ident, ndma = id >= 0 ? w->T / 4 + 1 : w->T / 3;
+    int rc = 0, xp0 = 0;
+    nt_tile *xs = w->xc;
+    if (id >= 0) {
+        rc = wg_tap_dma(w, xd, n, id);
+        xs = w->cp[n % 2][id / w->m], xp0 = (int)((id % w->m) * g->C);
+    } else if (ndma < w->T) {
         nt_ap src = nt_hbm_ap(xd, w->dt, n * g->C * g->H * g->W, (int)g->C, g->H * g->W,
                               g->H * g->W);
         nt_ap d = nt_tile_ap(w->xc);
         rc = nt_isa_dma_copy(w->s->k, &d, &src, sk_qin(w->s));
     }
-    for (int64_t t = 0; !rc && t < w->T; t++) {
+    for (int64_t t = 0, nd = id >= 0; !rc && t < w->T; t++) {
         int64_t ki = t / g->kw, kj = t % g->kw, ra = w->ra[t], rb = w->rb[t];
         int64_t ca = w->ca[t], cb = w->cb[t];
-        if (ra >= rb || ca >= cb)
+        if (t == id || ra >= rb || ca >= cb)
             continue;
+        if (nd < ndma) {
+            nd++;
+            rc = wg_tap_dma(w, xd, n, t);
+            continue;
+        }
         int64_t ih = ra + ki * g->d[0] - g->lo[0], iw = ca + kj * g->d[1] - g->lo[1];
-        nt_ap src = nt_hbm_ap(xd, w->dt, (n * g->C * g->H + ih) * g->W + iw, (int)g->C,
-                              g->H * g->W, cb - ca);
-        src.ndim = 2, src.num[0] = rb - ra, src.step[0] = g->W, src.num[1] = cb - ca,
-        src.step[1] = 1;
         nt_ap d = nt_tile_slice(w->cp[n % 2][t / w->m], (int)((t % w->m) * g->C), (int)g->C,
                                 ra * g->OW + ca, cb - ca);
         d.ndim = 2, d.num[0] = rb - ra, d.step[0] = g->OW, d.num[1] = cb - ca, d.step[1] = 1;
-        if (t < ndma) {
-            rc = nt_isa_dma_copy(w->s->k, &d, &src, sk_qin(w->s));
-        } else {
-            nt_ap a = nt_tile_slice(w->xc, 0, (int)g->C, ih * g->W + iw, cb - ca);
-            a.ndim = 2, a.num[0] = rb - ra, a.step[0] = g->W, a.num[1] = cb - ca, a.step[1] = 1;
-            rc = nt_isa_tensor_copy(w->s->k, &d, &a, NT_ENGINE_SCALAR);
-        }
+        nt_ap a = nt_tile_slice(xs, xp0, (int)g->C, ih * g->W + iw, cb - ca);
+        a.ndim = 2, a.num[0] = rb - ra, a.step[0] = g->W, a.num[1] = cb - ca, a.step[1] = 1;
+        rc = nt_isa_tensor_copy(w->s->k, &d, &a, NT_ENGINE_SCALAR);
     }
     return rc;
 }
@@ -941,7 +963,11 @@ static int wg_run(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, const nt_t
     w.s = s, w.g = g, w.dt = (nt_dtype)x->dtype, w.odt = (nt_dtype)dw->dtype;
     w.T = g->kh * g->kw, w.Kc = g->C * w.T, w.nK = (w.Kc + 127) / 128, w.m = 128 / g->C;
     w.L = g->OH * g->OW, w.P = g->N * w.L, w.loaded = 0;
+    w.ident = -1;
     for (int64_t t = 0; t < w.T; t++) {
+        if ((t / g->kw) * g->d[0] == g->lo[0] && (t % g->kw) * g->d[1] == g->lo[1] &&
+            g->OH == g->H && g->OW == g->W)
+            w.ident = t;
         wg_range((t / g->kw) * g->d[0] - g->lo[0], g->H, g->OH, &w.ra[t], &w.rb[t]);
         wg_range((t % g->kw) * g->d[1] - g->lo[1], g->W, g->OW, &w.ca[t], &w.cb[t]);
     }
