@@ -66,6 +66,10 @@ static const ccase cases[] = {
     {3, 64, 8, 8, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, true, false},
     {2, 32, 12, 16, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, false, false},
     {1, 128, 8, 9, 8, 3, 2, {1, 1}, {2, 0}, {2, 1}, {0, 0}, 1, true, false},
+    /* ... and without a centre tap (no padding: no tap reads x unshifted),
+     * whose weight gradient loads its own plane tile */
+    {2, 64, 10, 10, 16, 3, 3, {1, 1}, {0, 0}, {1, 1}, {0, 0}, 1, true, false},
+    {1, 32, 10, 17, 8, 3, 2, {1, 1}, {0, 0}, {1, 1}, {0, 0}, 1, false, false},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };
 
