@@ -1,0 +1,199 @@
+/* cpu/bn.c - training batch norm in one kernel each way: batch_norm_fwd and
+ * batch_norm_bwd (dispatcher/api_norm.c issues them; docs/ops.md,
+ * "Normalisation over channels", is the contract).
+ *
+ * x is contiguous f32 [N, C, S]; channel c's row is its M = N S values
+ * x[n, c, s] in (n, s) row-major order, the order every sum below takes
+ * (the canonical one of core/reduce.h, block by block: acc += the block's
+ * lane-and-fold partial).  Per channel, in f32, each step rounded:
+ *   forward   mean = sum(x) / (float)M; d = x - mean; ss = sum(d * d);
+ *             r = rsqrt(ss / (float)M + eps); y = d * r, then * w[c], then
+ *             + b[c] (when given); stats[0][c] = mean, stats[1][c] = ss
+ *   backward  r as above from stats; xh = (x - mean) * r; gx = g * w[c]
+ *             (g without w); db = sum(g); dw = sum(g * xh);
+ *             m1 = sum(gx) / (float)M; m2 = sum(gx * xh) / (float)M;
+ *             dx = r * ((gx - m1) - xh * m2); dwb[0][c] = dw, dwb[1][c] = db
+ * which are the steps, and so the bits, of the composite it replaces
+ * (layer_norm's row kernel and backward over the rows [C, M], then the
+ * affine ops).  A channel's row is gathered into a buffer once (one read
+ * of x and g from memory); channels are split into blocks that the calling
+ * thread and the pool's helper run: which thread runs a channel never
+ * changes its bits. */
+#include "cpu/cpu.h"
+
+#include <string.h>
+
+#include "core/ewise.h"
+#include "core/gemm.h"
+#include "core/reduce.h"
+
+typedef struct bnk {
+    const float *x, *g, *w, *b, *st;
+    float *y, *out2; /* y or dx; stats or dwb */
+    int64_t N, C, S, M, per;
+    float eps;
+    volatile AO_t fail;
+} bnk;
+
+static void gather(float *T, const float *x, const bnk *k, int64_t c)
+{
+    for (int64_t n = 0; n < k->N; n++)
+        memcpy(T + n * k->S, x + (n * k->C + c) * k->S, (size_t)k->S * sizeof(float));
+}
+
+static void scatter(float *y, const float *T, const bnk *k, int64_t c)
+{
+    for (int64_t n = 0; n < k->N; n++)
+        memcpy(y + (n * k->C + c) * k->S, T + n * k->S, (size_t)k->S * sizeof(float));
+}
+
+/* sum(T[i] * U[i]) in the canonical order (U NULL: sum(T[i] * T[i])) */
+static float sum_prod(const float *T, const float *U, int64_t n, float *B)
+{
+    float acc = 0.0f;
+    if (!U)
+        U = T;
+    for (int64_t b0 = 0; b0 < n; b0 += NT_RED_BLOCK) {
+        int64_t m = n - b0 < NT_RED_BLOCK ? n - b0 : NT_RED_BLOCK;
+        const float *restrict t = T + b0, *restrict u = U + b0;
+        float *restrict o = B;
+        for (int64_t i = 0; i < m; i++)
+            o[i] = t[i] * u[i];
+        acc += nt__red_block_sum_f32(B, m, 1);
+    }
+    return acc;
+}
+
+static float rstd(const bnk *k, float ss)
+{
+    return nt__ew_rsqrt(ss / (float)k->M + k->eps);
+}
+
+static void fwd_channel(const bnk *k, int64_t c, float *T, float *B)
+{
+    int64_t M = k->M;
+    gather(T, k->x, k, c);
+    float mean = nt__red_sum_f32(T, M, 1) / (float)M;
+    float *restrict t = T;
+    for (int64_t i = 0; i < M; i++)
+        t[i] = t[i] - mean;
+    float ss = sum_prod(T, NULL, M, B);
+    float r = rstd(k, ss);
+    for (int64_t i = 0; i < M; i++)
+        t[i] = t[i] * r;
+    if (k->w) {
+        float wc = k->w[c];
+        for (int64_t i = 0; i < M; i++)
+            t[i] = t[i] * wc;
+    }
+    if (k->b) {
+        float bc = k->b[c];
+        for (int64_t i = 0; i < M; i++)
+            t[i] = t[i] + bc;
+    }
+    scatter(k->y, T, k, c);
+    k->out2[c] = mean, k->out2[k->C + c] = ss;
+}
+
+static void bwd_channel(const bnk *k, int64_t c, float *T, float *U, float *B)
+{
+    int64_t M = k->M;
+    float mean = k->st[c], r = rstd(k, k->st[k->C + c]);
+    gather(T, k->x, k, c); /* T: xh */
+    gather(U, k->g, k, c); /* U: g, then gx */
+    float *restrict t = T, *restrict u = U;
+    for (int64_t i = 0; i < M; i++)
+        t[i] = (t[i] - mean) * r;
+    float db = nt__red_sum_f32(U, M, 1), dw = sum_prod(U, T, M, B);
+    float s1 = db, s2 = dw;
+    if (k->w) {
+        float wc = k->w[c];
+        for (int64_t i = 0; i < M; i++)
+            u[i] = u[i] * wc;
+        s1 = nt__red_sum_f32(U, M, 1);
+        s2 = sum_prod(U, T, M, B);
+    }
+    float m1 = s1 / (float)M, m2 = s2 / (float)M;
+    for (int64_t i = 0; i < M; i++)
+        u[i] = r * ((u[i] - m1) - t[i] * m2);
+    scatter(k->y, U, k, c);
+    k->out2[c] = dw, k->out2[k->C + c] = db;
+}
+
+static void bn_block(void *arg, int blk)
+{
+    bnk *k = arg;
+    size_t M = (size_t)k->M;
+    float *buf = g_try_malloc((2 * M + NT_RED_BLOCK) * sizeof(float));
+    if (!buf) {
+        AO_store(&k->fail, 1);
+        return;
+    }
+    int64_t c0 = (int64_t)blk * k->per, c1 = c0 + k->per < k->C ? c0 + k->per : k->C;
+    for (int64_t c = c0; c < c1; c++) {
+        if (k->g)
+            bwd_channel(k, c, buf, buf + M, buf + 2 * M);
+        else
+            fwd_channel(k, c, buf, buf + 2 * M);
+    }
+    g_free(buf);
+}
+
+/* Shapes from x [N, C, *], then the channel blocks. */
+static int run_bn(bnk *k, const nt__rec *r, const nt_tensor *x)
+{
+    k->N = x->shape[0], k->C = x->shape[1];
+    k->S = nt__numel(x->ndim - 2, x->shape + 2);
+    k->M = k->N * k->S;
+    k->eps = (float)r->p.f[0];
+    if (k->C == 0)
+        return 0;
+    int nb = k->C < 16 ? (int)k->C : 16;
+    k->per = (k->C + nb - 1) / nb;
+    nb = (int)((k->C + k->per - 1) / k->per);
+    nt__par_blocks(nb, bn_block, k, nb >= 2 && k->M * k->C >= 16384);
+    if (AO_load(&k->fail))
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a %lld-float channel buffer",
+                        (long long)(2 * k->M));
+    return 0;
+}
+
+int nt__cpu_batch_norm_fwd(const nt__rec *r)
+{
+    const nt_tensor *x = r->in[0];
+    bnk k = {.x = nt__tensor_data(x), .y = nt__tensor_data(r->out[0]),
+             .out2 = nt__tensor_data(r->out[1])};
+    float *wb = NULL;
+    int64_t C = x->shape[1];
+    if (r->in[1] || r->in[2]) {
+        wb = g_try_malloc((size_t)(2 * (C > 0 ? C : 1)) * sizeof(float));
+        if (!wb)
+            return nt__kerr(NT_EHOSTMEM, "out of host memory for the affine parameters");
+        if (r->in[1])
+            nt__gather_f32(wb, r->in[1]), k.w = wb;
+        if (r->in[2])
+            nt__gather_f32(wb + C, r->in[2]), k.b = wb + C;
+    }
+    int rc = run_bn(&k, r, x);
+    g_free(wb);
+    return rc;
+}
+
+int nt__cpu_batch_norm_bwd(const nt__rec *r)
+{
+    const nt_tensor *x = r->in[1];
+    bnk k = {.g = nt__tensor_data(r->in[0]), .x = nt__tensor_data(x),
+             .st = nt__tensor_data(r->in[2]), .y = nt__tensor_data(r->out[0]),
+             .out2 = nt__tensor_data(r->out[1])};
+    float *wv = NULL;
+    if (r->in[3]) {
+        wv = g_try_malloc((size_t)(x->shape[1] > 0 ? x->shape[1] : 1) * sizeof(float));
+        if (!wv)
+            return nt__kerr(NT_EHOSTMEM, "out of host memory for the weights");
+        nt__gather_f32(wv, r->in[3]);
+        k.w = wv;
+    }
+    int rc = run_bn(&k, r, x);
+    g_free(wv);
+    return rc;
+}
