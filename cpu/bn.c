@@ -16,9 +16,10 @@
  * which are the steps, and so the bits, of the composite it replaces
  * (layer_norm's row kernel and backward over the rows [C, M], then the
  * affine ops).  A channel's row is gathered into a buffer once (one read
- * of x and g from memory); channels are split into blocks that the calling
- * thread and the pool's helper run: which thread runs a channel never
- * changes its bits. */
+ * of x and g from memory) and each sum taken a 2048-element block at a
+ * time, as its block is written; channels are split into blocks that the
+ * calling thread and the pool's helper run: which thread runs a channel
+ * never changes its bits. */
 #include "cpu/cpu.h"
 
 #include <string.h>
@@ -35,33 +36,35 @@ typedef struct bnk {
     volatile AO_t fail;
 } bnk;
 
-static void gather(float *T, const float *x, const bnk *k, int64_t c)
+/* Row elements j0 .. j0+m of channel c (row j = n S + s) into T, and T
+ * back to y. */
+static void gather(float *T, const float *x, const bnk *k, int64_t c, int64_t j0, int64_t m)
 {
-    for (int64_t n = 0; n < k->N; n++)
-        memcpy(T + n * k->S, x + (n * k->C + c) * k->S, (size_t)k->S * sizeof(float));
-}
-
-static void scatter(float *y, const float *T, const bnk *k, int64_t c)
-{
-    for (int64_t n = 0; n < k->N; n++)
-        memcpy(y + (n * k->C + c) * k->S, T + n * k->S, (size_t)k->S * sizeof(float));
-}
-
-/* sum(T[i] * U[i]) in the canonical order (U NULL: sum(T[i] * T[i])) */
-static float sum_prod(const float *T, const float *U, int64_t n, float *B)
-{
-    float acc = 0.0f;
-    if (!U)
-        U = T;
-    for (int64_t b0 = 0; b0 < n; b0 += NT_RED_BLOCK) {
-        int64_t m = n - b0 < NT_RED_BLOCK ? n - b0 : NT_RED_BLOCK;
-        const float *restrict t = T + b0, *restrict u = U + b0;
-        float *restrict o = B;
-        for (int64_t i = 0; i < m; i++)
-            o[i] = t[i] * u[i];
-        acc += nt__red_block_sum_f32(B, m, 1);
+    int64_t S = k->S;
+    while (m > 0) {
+        int64_t n = j0 / S, s = j0 % S, len = S - s < m ? S - s : m;
+        memcpy(T, x + (n * k->C + c) * S + s, (size_t)len * sizeof(float));
+        T += len, j0 += len, m -= len;
     }
-    return acc;
+}
+
+static void scatter(float *y, const float *T, const bnk *k, int64_t c, int64_t j0, int64_t m)
+{
+    int64_t S = k->S;
+    while (m > 0) {
+        int64_t n = j0 / S, s = j0 % S, len = S - s < m ? S - s : m;
+        memcpy(y + (n * k->C + c) * S + s, T, (size_t)len * sizeof(float));
+        T += len, j0 += len, m -= len;
+    }
+}
+
+/* the canonical block partial of t[i] * u[i] (B: scratch) */
+static float block_dot(const float *restrict t, const float *restrict u, int64_t m,
+                       float *restrict B)
+{
+    for (int64_t i = 0; i < m; i++)
+        B[i] = t[i] * u[i];
+    return nt__red_block_sum_f32(B, m, 1);
 }
 
 static float rstd(const bnk *k, float ss)
@@ -69,54 +72,78 @@ static float rstd(const bnk *k, float ss)
     return nt__ew_rsqrt(ss / (float)k->M + k->eps);
 }
 
+/* Each sum is acc = +0, acc += the partial of each 2048-element block in
+ * order: nt__red_sum_f32, taken a block at a time while the block is in L1
+ * (the row is gathered into T once; three passes over it in all). */
 static void fwd_channel(const bnk *k, int64_t c, float *T, float *B)
 {
     int64_t M = k->M;
-    gather(T, k->x, k, c);
-    float mean = nt__red_sum_f32(T, M, 1) / (float)M;
-    float *restrict t = T;
-    for (int64_t i = 0; i < M; i++)
-        t[i] = t[i] - mean;
-    float ss = sum_prod(T, NULL, M, B);
-    float r = rstd(k, ss);
-    for (int64_t i = 0; i < M; i++)
-        t[i] = t[i] * r;
-    if (k->w) {
-        float wc = k->w[c];
-        for (int64_t i = 0; i < M; i++)
-            t[i] = t[i] * wc;
+    float acc = 0.0f;
+    for (int64_t b0 = 0; b0 < M; b0 += NT_RED_BLOCK) {
+        int64_t m = M - b0 < NT_RED_BLOCK ? M - b0 : NT_RED_BLOCK;
+        gather(T + b0, k->x, k, c, b0, m);
+        acc += nt__red_block_sum_f32(T + b0, m, 1);
     }
-    if (k->b) {
-        float bc = k->b[c];
-        for (int64_t i = 0; i < M; i++)
-            t[i] = t[i] + bc;
+    float mean = acc / (float)M, ss = 0.0f;
+    for (int64_t b0 = 0; b0 < M; b0 += NT_RED_BLOCK) {
+        int64_t m = M - b0 < NT_RED_BLOCK ? M - b0 : NT_RED_BLOCK;
+        float *restrict t = T + b0;
+        for (int64_t i = 0; i < m; i++)
+            t[i] = t[i] - mean;
+        ss += block_dot(t, t, m, B);
     }
-    scatter(k->y, T, k, c);
+    float r = rstd(k, ss), wc = k->w ? k->w[c] : 0.0f, bc = k->b ? k->b[c] : 0.0f;
+    for (int64_t b0 = 0; b0 < M; b0 += NT_RED_BLOCK) {
+        int64_t m = M - b0 < NT_RED_BLOCK ? M - b0 : NT_RED_BLOCK;
+        const float *restrict t = T + b0;
+        float *restrict o = B;
+        for (int64_t i = 0; i < m; i++)
+            o[i] = t[i] * r;
+        if (k->w)
+            for (int64_t i = 0; i < m; i++)
+                o[i] = o[i] * wc;
+        if (k->b)
+            for (int64_t i = 0; i < m; i++)
+                o[i] = o[i] + bc;
+        scatter(k->y, B, k, c, b0, m);
+    }
     k->out2[c] = mean, k->out2[k->C + c] = ss;
 }
 
+/* Pass 1: xh into T, g (gx with w) into U, the four sums block by block;
+ * pass 2: dx. */
 static void bwd_channel(const bnk *k, int64_t c, float *T, float *U, float *B)
 {
     int64_t M = k->M;
-    float mean = k->st[c], r = rstd(k, k->st[k->C + c]);
-    gather(T, k->x, k, c); /* T: xh */
-    gather(U, k->g, k, c); /* U: g, then gx */
-    float *restrict t = T, *restrict u = U;
-    for (int64_t i = 0; i < M; i++)
-        t[i] = (t[i] - mean) * r;
-    float db = nt__red_sum_f32(U, M, 1), dw = sum_prod(U, T, M, B);
-    float s1 = db, s2 = dw;
-    if (k->w) {
-        float wc = k->w[c];
-        for (int64_t i = 0; i < M; i++)
-            u[i] = u[i] * wc;
-        s1 = nt__red_sum_f32(U, M, 1);
-        s2 = sum_prod(U, T, M, B);
+    float mean = k->st[c], r = rstd(k, k->st[k->C + c]), wc = k->w ? k->w[c] : 0.0f;
+    float db = 0.0f, dw = 0.0f, s1 = 0.0f, s2 = 0.0f;
+    for (int64_t b0 = 0; b0 < M; b0 += NT_RED_BLOCK) {
+        int64_t m = M - b0 < NT_RED_BLOCK ? M - b0 : NT_RED_BLOCK;
+        float *restrict t = T + b0, *restrict u = U + b0;
+        gather(t, k->x, k, c, b0, m);
+        gather(u, k->g, k, c, b0, m);
+        for (int64_t i = 0; i < m; i++)
+            t[i] = (t[i] - mean) * r;
+        db += nt__red_block_sum_f32(u, m, 1);
+        dw += block_dot(u, t, m, B);
+        if (k->w) {
+            for (int64_t i = 0; i < m; i++)
+                u[i] = u[i] * wc;
+            s1 += nt__red_block_sum_f32(u, m, 1);
+            s2 += block_dot(u, t, m, B);
+        }
     }
+    if (!k->w)
+        s1 = db, s2 = dw;
     float m1 = s1 / (float)M, m2 = s2 / (float)M;
-    for (int64_t i = 0; i < M; i++)
-        u[i] = r * ((u[i] - m1) - t[i] * m2);
-    scatter(k->y, U, k, c);
+    for (int64_t b0 = 0; b0 < M; b0 += NT_RED_BLOCK) {
+        int64_t m = M - b0 < NT_RED_BLOCK ? M - b0 : NT_RED_BLOCK;
+        const float *restrict t = T + b0, *restrict u = U + b0;
+        float *restrict o = B;
+        for (int64_t i = 0; i < m; i++)
+            o[i] = r * ((u[i] - m1) - t[i] * m2);
+        scatter(k->y, B, k, c, b0, m);
+    }
     k->out2[c] = dw, k->out2[k->C + c] = db;
 }
 
