@@ -105,9 +105,11 @@ static void fwd_channel(const bnk *k, int64_t c, float *T, float *B)
         if (k->b)
             for (int64_t i = 0; i < m; i++)
                 o[i] = o[i] + bc;
+        for (int64_t i = 0; i < m; i++)
+            o[i] = nt__canon(o[i]); /* stored NaNs are canonical (core/dtype.h) */
         scatter(k->y, B, k, c, b0, m);
     }
-    k->out2[c] = mean, k->out2[k->C + c] = ss;
+    k->out2[c] = nt__canon(mean), k->out2[k->C + c] = nt__canon(ss);
 }
 
 /* Pass 1: xh into T, g (gx with w) into U, the four sums block by block;
@@ -141,10 +143,10 @@ static void bwd_channel(const bnk *k, int64_t c, float *T, float *U, float *B)
         const float *restrict t = T + b0, *restrict u = U + b0;
         float *restrict o = B;
         for (int64_t i = 0; i < m; i++)
-            o[i] = r * ((u[i] - m1) - t[i] * m2);
+            o[i] = nt__canon(r * ((u[i] - m1) - t[i] * m2));
         scatter(k->y, B, k, c, b0, m);
     }
-    k->out2[c] = dw, k->out2[k->C + c] = db;
+    k->out2[c] = nt__canon(dw), k->out2[k->C + c] = nt__canon(db);
 }
 
 static void bn_block(void *arg, int blk)

@@ -1,17 +1,16 @@
-/* dispatcher/api_norm.c - normalisation over channels (issue 33):
+/* dispatcher/api_norm.c - normalisation over channels:
  * batch_norm and group_norm of [N, C, *] tensors, with PyTorch 1.13's
- * arguments and semantics.
- *
- * Each is a composite of existing ops, so every backend, mode, fusion and
- * autograd have it through them, and its bits are the composite's
- * (docs/ops.md, "Normalisation over channels", gives every step):
- *   batch_norm (training): x (f32) permuted to [C, N * S] (one copy; S the
- *     spatial size), nt_layer_norm over the rows (the per-channel mean and
- *     biased variance in the canonical order, the fused row kernel and its
- *     backward), the result seen back as [N, C, S] and scaled by w and
- *     shifted by b per channel (that op writes the NCHW result).  The
- *     running statistics: the rows' mean and unbiased variance (the same
- *     canonical sums), then rm = rm * (1 - m) + mean * m in place;
+ * arguments and semantics (docs/ops.md, "Normalisation over channels",
+ * gives every step):
+ *   batch_norm (training): one kernel op each way on x made contiguous f32,
+ *     batch_norm_fwd(x, w, b) -> y, stats [2, C] (per channel the mean and
+ *     the sum of squared deviations, canonical sums over the channel's
+ *     N * S values in (n, s) order) and, as its backward,
+ *     batch_norm_bwd(g, x, stats, w) -> dx, [dw; db] (cpu/bn.c,
+ *     neuron/bn.c): the steps of the composite they replaced (layer_norm
+ *     over the rows [C, N * S], the affine ops on the rows), so its bits.
+ *     The running statistics: rm = rm * (1 - m) + mean * m, rv likewise
+ *     with ss / (M - 1), in place (queued ops on [C]);
  *   batch_norm (evaluation): a = w / sqrt(rv + eps), c = b - rm * a per
  *     channel, y = x * a + c (PyTorch's transform);
  *   group_norm: x seen as [N, G, C / G * S] (a view when contiguous),
@@ -20,7 +19,7 @@
  * dtype (f32 inside an autocast region: the F32 policy of layer_norm).
  *
  * nt_ddp_batch_norm (dist/ddp.c) is the data-parallel form: per-shard
- * statistics (nt__bn_stats here), the running update from their shard
+ * statistics (the kernel's stats), the running update from their shard
  * tree (docs/ddp.md). */
 #include <math.h>
 #include <string.h>

@@ -1004,7 +1004,8 @@ static void test_errors(void **state)
  * and the running statistics -- in every setting (so cpu == sim too), on
  * shapes that take the simulator's other paths: a row longer than its
  * 4096-element chunk that splits samples (M = 7500), more than 128 channels
- * (two partition groups), a sample of one element ([N, C]). */
+ * (two partition groups), a sample of one element ([N, C], with an Inf, a
+ * NaN and an infinite gradient: NaNs stored canonical). */
 
 static const shape_case FUSED_SHAPES[] = {
     {4, {3, 2, 50, 50}}, {3, {2, 130, 3}}, {4, {4, 3, 5, 6}}, {2, {5, 4}},
@@ -1066,6 +1067,8 @@ static fres fused_step(const shape_case *sc, int aff, bool composite)
     nt_test_fill(b, (size_t)C, &st);
     for (int64_t i = 0; i < n; i++)
         x[i] = x[i] * 2.5f + (float)(i % 7) * 0.25f;
+    if (sc->ndim == 2) /* [5, 4]: channel 1 holds an Inf, 2 a NaN, 3 a -Inf gradient */
+        x[1] = INFINITY, x[6] = NAN, cot[7] = -INFINITY;
     nt_tensor *tx = nt_from_host(x, NT_F32, sc->ndim, sc->shape);
     nt_tensor *tw = nt_from_host(w, NT_F32, 1, SH(C)), *tb = nt_from_host(b, NT_F32, 1, SH(C));
     nt_tensor *rm = nt_full(NT_F32, 1, SH(C), 0.5), *rv = nt_full(NT_F32, 1, SH(C), 2.0);
