@@ -1005,10 +1005,11 @@ static void test_errors(void **state)
  * shapes that take the simulator's other paths: a row longer than its
  * 4096-element chunk that splits samples (M = 7500), more than 128 channels
  * (two partition groups), a sample of one element ([N, C], with an Inf, a
- * NaN and an infinite gradient: NaNs stored canonical). */
+ * NaN and an infinite gradient: NaNs stored canonical), a row the CPU
+ * kernel cuts into two units (M = 18000). */
 
 static const shape_case FUSED_SHAPES[] = {
-    {4, {3, 2, 50, 50}}, {3, {2, 130, 3}}, {4, {4, 3, 5, 6}}, {2, {5, 4}},
+    {4, {3, 2, 50, 50}}, {3, {2, 130, 3}}, {4, {4, 3, 5, 6}}, {2, {5, 4}}, {3, {2, 3, 9000}},
 };
 enum { NFUSED = sizeof FUSED_SHAPES / sizeof FUSED_SHAPES[0] };
 
