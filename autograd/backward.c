@@ -415,6 +415,61 @@ static int bwd_conv2d(nt__bctx *b)
     return nt__conv_grads(S, b->n->op, &b->n->p, G, IN(0), IN(1), live, b->gin);
 }
 #define bwd_conv_transpose2d bwd_conv2d
+
+/* t [N, C, *] as the rows [C, N * S] (a copy), and back. */
+static nt_tensor *bn_rows(nt__bctx *b, nt_tensor *t)
+{
+    int perm[NT_MAX_DIMS];
+    for (int i = 0; i < t->ndim; i++)
+        perm[i] = i;
+    perm[0] = 1, perm[1] = 0;
+    int64_t C = t->shape[1], M = nt__numel(t->ndim, t->shape) / (C ? C : 1);
+    nt_tensor *p = nt_contiguous_at(S, nt_permute_at(S, t, perm));
+    return p ? nt_reshape_at(S, p, 2, (int64_t[]){C, M}) : NULL;
+}
+static nt_tensor *bn_unrows(nt__bctx *b, nt_tensor *r, const nt__tmeta *m)
+{
+    int64_t sh[NT_MAX_DIMS];
+    int perm[NT_MAX_DIMS];
+    for (int i = 0; i < m->ndim; i++)
+        sh[i] = m->shape[i], perm[i] = i;
+    sh[0] = m->shape[1], sh[1] = m->shape[0];
+    perm[0] = 1, perm[1] = 0;
+    return nt_contiguous_at(S, nt_permute_at(S, nt_reshape_at(S, r, m->ndim, sh), perm));
+}
+
+/* batch_norm_fwd (dispatcher/api_norm.c): one batch_norm_bwd kernel.  A
+ * create_graph pass takes the same steps (docs/ops.md) from ops that
+ * record, on the rows [C, M] so every sum is the kernel's. */
+static int bwd_bn_fwd(nt__bctx *b)
+{
+    const bool live[3] = {LIVE(0), LIVE(1), LIVE(2)};
+    double eps = b->n->p.f[0];
+    if (!G)
+        return 0;
+    if (!b->create)
+        return nt__bn_grads(S, eps, G, IN(0), IN(1), OUT(1), live, b->gin);
+    nt_tensor *x, *g, *w = IN(1), *mu, *d, *r, *xh, *gx, *m1, *m2, *t;
+    int64_t C = META(0)->shape[1];
+    TRY(x = bn_rows(b, IN(0)));
+    TRY(g = bn_rows(b, G));
+    TRY(mu = nt_mean_at(S, x, -1, true));
+    TRY(d = nt_sub_at(S, x, mu));
+    TRY(r = nt_rsqrt_at(S, nt_add_scalar_at(S, nt_mean_at(S, nt_mul_at(S, d, d), -1, true), eps)));
+    TRY(xh = nt_mul_at(S, d, r));
+    if (LIVE(2))
+        TRY(b->gin[2] = nt_reshape_at(S, nt_sum_at(S, g, 1, false), 1, (int64_t[]){C}));
+    if (LIVE(1))
+        TRY(b->gin[1] = nt_sum_at(S, nt_mul_at(S, g, xh), 1, false));
+    if (LIVE(0)) {
+        TRY(gx = w ? nt_mul_at(S, g, nt_reshape_at(S, w, 2, (int64_t[]){C, 1})) : g);
+        TRY(m1 = nt_mean_at(S, gx, -1, true));
+        TRY(m2 = nt_mean_at(S, nt_mul_at(S, gx, xh), -1, true));
+        TRY(t = nt_mul_at(S, r, nt_sub_at(S, nt_sub_at(S, gx, m1), nt_mul_at(S, xh, m2))));
+        TRY(b->gin[0] = bn_unrows(b, t, META(0)));
+    }
+    return 0;
+}
 static int bwd_reshape(nt__bctx *b)
 {
     TRY(b->gin[0] = nt_reshape_at(S, G, META(0)->ndim, META(0)->shape));

@@ -137,6 +137,7 @@ typedef enum { NT__AMP_KEEP = 0, NT__AMP_LOW, NT__AMP_F32 } nt__amp_policy;
 #define NT__SAVE_O0 0u, 1u
 #define NT__SAVE_I0O0 1u, 1u
 #define NT__SAVE_I0123O01 15u, 3u
+#define NT__SAVE_I01O1 3u, 2u
 
 /* the sim column's non-instruction values */
 enum { NT__SIM_NONE = -1, NT__SIM_SEQ = -3 };
@@ -373,13 +374,19 @@ typedef enum nt__opkind {
  * sdpa_bwd(qx, kv, lse, mask) -> dq, dkv: attention's gradient with the
  * scores recomputed (cpu/attention.c says how qx and kv are packed).;
  * conv_gemm(x, w) -> y and conv_wgrad(x, gy) -> dw: the convolutions'
- * products (core/conv.h has their geometry and parameters). */
+ * products (core/conv.h has their geometry and parameters);
+ * batch_norm_fwd(x [N, C, *], w, b) -> y, stats [2, C] (the per-channel
+ * mean and sum of squared deviations; p.f[0] = eps) and batch_norm_bwd(g,
+ * x, stats, w) -> dx, dwb [2, C] (dw, db): training batch norm in one
+ * kernel each (dispatcher/api_norm.c, cpu/bn.c, neuron/bn.c). */
 #define NT_OPS_BWD(X)                                                       \
     X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, embedding_bwd, I1, NT__SIM_NONE)                                             \
     X(INDEX_ADD, index_add, 2, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, index_add, I1, NT__SIM_NONE)                \
     X(SDPA_BWD, sdpa_bwd, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                  \
     X(CONV_GEMM, conv_gemm, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                \
-    X(CONV_WGRAD, conv_wgrad, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
+    X(CONV_WGRAD, conv_wgrad, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE) \
+    X(BN_FWD, batch_norm_fwd, 3, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, bn_fwd, I01O1, NT__SIM_NONE) \
+    X(BN_BWD, batch_norm_bwd, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
 
 #define NT_OP_TABLE(X)                                                      \
     NT_OPS_FILL(X) NT_OPS_COPY(X) NT_OPS_UNARY(X) NT_OPS_SCALAR(X)          \

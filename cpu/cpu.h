@@ -103,6 +103,9 @@ int nt__cpu_randn(const nt__rec *r);
 /* cpu/conv.c */
 int nt__cpu_conv_gemm(const nt__rec *r);
 int nt__cpu_conv_wgrad(const nt__rec *r);
+/* cpu/bn.c: training batch norm, forward and backward */
+int nt__cpu_batch_norm_fwd(const nt__rec *r);
+int nt__cpu_batch_norm_bwd(const nt__rec *r);
 #undef NT__CPU_DECL
 
 #endif

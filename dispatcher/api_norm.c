@@ -1,17 +1,16 @@
-/* dispatcher/api_norm.c - normalisation over channels (issue 33):
+/* dispatcher/api_norm.c - normalisation over channels:
  * batch_norm and group_norm of [N, C, *] tensors, with PyTorch 1.13's
- * arguments and semantics.
- *
- * Each is a composite of existing ops, so every backend, mode, fusion and
- * autograd have it through them, and its bits are the composite's
- * (docs/ops.md, "Normalisation over channels", gives every step):
- *   batch_norm (training): x (f32) permuted to [C, N * S] (one copy; S the
- *     spatial size), nt_layer_norm over the rows (the per-channel mean and
- *     biased variance in the canonical order, the fused row kernel and its
- *     backward), the result seen back as [N, C, S] and scaled by w and
- *     shifted by b per channel (that op writes the NCHW result).  The
- *     running statistics: the rows' mean and unbiased variance (the same
- *     canonical sums), then rm = rm * (1 - m) + mean * m in place;
+ * arguments and semantics (docs/ops.md, "Normalisation over channels",
+ * gives every step):
+ *   batch_norm (training): one kernel op each way on x made contiguous f32,
+ *     batch_norm_fwd(x, w, b) -> y, stats [2, C] (per channel the mean and
+ *     the sum of squared deviations, canonical sums over the channel's
+ *     N * S values in (n, s) order) and, as its backward,
+ *     batch_norm_bwd(g, x, stats, w) -> dx, [dw; db] (cpu/bn.c,
+ *     neuron/bn.c): the steps of the composite they replaced (layer_norm
+ *     over the rows [C, N * S], the affine ops on the rows), so its bits.
+ *     The running statistics: rm = rm * (1 - m) + mean * m, rv likewise
+ *     with ss / (M - 1), in place (queued ops on [C]);
  *   batch_norm (evaluation): a = w / sqrt(rv + eps), c = b - rm * a per
  *     channel, y = x * a + c (PyTorch's transform);
  *   group_norm: x seen as [N, G, C / G * S] (a view when contiguous),
@@ -20,7 +19,7 @@
  * dtype (f32 inside an autocast region: the F32 policy of layer_norm).
  *
  * nt_ddp_batch_norm (dist/ddp.c) is the data-parallel form: per-shard
- * statistics (nt__bn_stats here), the running update from their shard
+ * statistics (the kernel's stats), the running update from their shard
  * tree (docs/ddp.md). */
 #include <math.h>
 #include <string.h>
@@ -210,52 +209,6 @@ static nt_tensor *affine(const nctx *P, nt_tensor *v, nt_tensor *w, nt_tensor *b
     return v;
 }
 
-/* The permutation [1, 0, 2, ..., ndim - 1] (its own inverse). */
-static void swap01(int *perm, int ndim)
-{
-    for (int i = 0; i < ndim; i++)
-        perm[i] = i;
-    perm[0] = 1, perm[1] = 0;
-}
-
-/* xf (f32, x's shape) as the rows [C, N * S]. */
-static nt_tensor *channel_rows(const nctx *P, nt_tensor *xf)
-{
-    int perm[NT_MAX_DIMS];
-    swap01(perm, xf->ndim);
-    nt_tensor *p = nt_permute_at(P->site, xf, perm);
-    return p ? nt_reshape_at(P->site, p, 2, (int64_t[]){P->C, P->N * P->S}) : NULL;
-}
-
-/* Rows [C, N * S] seen back in x's shape (a view). */
-static nt_tensor *channel_unrows(const nctx *P, nt_tensor *r, const nt_tensor *x)
-{
-    int64_t sh[NT_MAX_DIMS];
-    int perm[NT_MAX_DIMS];
-    for (int i = 0; i < x->ndim; i++)
-        sh[i] = x->shape[i];
-    sh[0] = x->shape[1], sh[1] = x->shape[0];
-    swap01(perm, x->ndim);
-    nt_tensor *v = r ? nt_reshape_at(P->site, r, x->ndim, sh) : NULL;
-    return v ? nt_permute_at(P->site, v, perm) : NULL;
-}
-
-int nt__bn_stats(const nt_site *site, const char *fn, nt_tensor *rows, nt_tensor **mean,
-                 nt_tensor **ssd)
-{
-    nt_tensor *xd = nt_detach_at(site, rows);
-    nt_tensor *mu = xd ? nt__reduce(site, fn, NT_OP_MEAN, xd, 1, true) : NULL;
-    nt_tensor *d = mu ? nt__binary(site, fn, NT_OP_SUB, xd, mu) : NULL;
-    nt_tensor *sq = d ? nt__binary(site, fn, NT_OP_MUL, d, d) : NULL;
-    /* keepdim, as the mean: the fusion planner then takes the sum into the
-     * row kernel of the mean and the squares (keepdim false broke it off:
-     * the squares written and read again) */
-    nt_tensor *ss = sq ? nt__reduce(site, fn, NT_OP_SUM, sq, 1, true) : NULL;
-    *ssd = ss ? nt_reshape_at(site, ss, 1, (int64_t[]){rows->shape[0]}) : NULL;
-    *mean = *ssd ? nt_reshape_at(site, mu, 1, (int64_t[]){rows->shape[0]}) : NULL;
-    return *mean ? 0 : (nt_last_error() ? nt_last_error() : NT_EINVAL);
-}
-
 int nt__bn_update(const nt_site *site, const char *fn, nt_tensor *r, nt_tensor *stat,
                   double momentum)
 {
@@ -267,22 +220,88 @@ int nt__bn_update(const nt_site *site, const char *fn, nt_tensor *r, nt_tensor *
     return nt_copy_into_at(site, r, n);
 }
 
+/* Issues batch_norm_fwd on xf (f32): y (f32, x's shape), and *stats
+ * [2, C] (the per-channel mean and ssd; in the open scope). */
+static nt_tensor *bn_fwd(nctx *P, nt_tensor *xf, nt_tensor *w, nt_tensor *b, double eps,
+                         nt_tensor **stats)
+{
+    nt__call c;
+    nt_tensor *in[3] = {nt_contiguous_at(P->site, xf), f32(P, w), f32(P, b)};
+    if (!in[0] || (w && !in[1]) || (b && !in[2]))
+        return NULL;
+    if (!nt__call_begin(&c, P->site, P->fn, NT_OP_BN_FWD, 3, in, "x,?w,?b"))
+        return nt__call_fail(&c);
+    c.p.f[0] = eps;
+    c.nout = 2;
+    c.odt[0] = c.odt[1] = NT_F32;
+    c.ondim[0] = xf->ndim;
+    memcpy(c.oshape[0], xf->shape, (size_t)xf->ndim * sizeof(int64_t));
+    c.ondim[1] = 2;
+    c.oshape[1][0] = 2, c.oshape[1][1] = P->C;
+    c.flops = 10.0 * (double)(P->N * P->C * P->S);
+    nt_tensor *y = nt__dispatch(&c);
+    *stats = y ? c.out[1] : NULL;
+    return y;
+}
+
+/* Row i of stats [2, C] as [C] (a view). */
+static nt_tensor *stat_row(const nt_site *site, nt_tensor *st, int i)
+{
+    nt_tensor *r = st ? nt_slice_at(site, st, 0, i, i + 1, 1) : NULL;
+    return r ? nt_reshape_at(site, r, 1, (int64_t[]){st->shape[1]}) : NULL;
+}
+
+int nt__bn_grads(const nt_site *site, double eps, nt_tensor *g, nt_tensor *x, nt_tensor *w,
+                 nt_tensor *stats, const bool live[3], nt_tensor **gin)
+{
+    const char *fn = "nt_batch_norm";
+    nt__call c;
+    if (g && g->dtype != NT_F32)
+        g = nt_cast_at(site, g, NT_F32);
+    nt_tensor *in[4] = {g ? nt_contiguous_at(site, g) : NULL, x, stats, w};
+    if (!in[0])
+        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+    if (!nt__call_begin(&c, site, fn, NT_OP_BN_BWD, 4, in, "grad,x,stats,?w")) {
+        nt__call_fail(&c);
+        return nt_last_error();
+    }
+    c.no_grad = true;
+    c.p.f[0] = eps;
+    c.nout = 2;
+    c.odt[0] = c.odt[1] = NT_F32;
+    c.ondim[0] = x->ndim;
+    memcpy(c.oshape[0], x->shape, (size_t)x->ndim * sizeof(int64_t));
+    c.ondim[1] = 2;
+    c.oshape[1][0] = 2, c.oshape[1][1] = x->shape[1];
+    c.flops = 14.0 * (double)nt__numel(x->ndim, x->shape);
+    nt_tensor *dx = nt__dispatch(&c);
+    if (!dx)
+        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+    nt_tensor *dwb = c.out[1];
+    if (live[0])
+        gin[0] = dx;
+    if (live[1] && !(gin[1] = stat_row(site, dwb, 0)))
+        return nt_last_error();
+    if (live[2] && !(gin[2] = stat_row(site, dwb, 1)))
+        return nt_last_error();
+    return 0;
+}
+
 /* Training: y; with rm, the running statistics updated; with *smean (the
  * data-parallel form), the batch's mean and ssd returned there instead. */
 static nt_tensor *bn_train(nctx *P, nt_tensor *xf, nt_tensor *rm, nt_tensor *rv, nt_tensor *w,
                            nt_tensor *b, double momentum, double eps, nt_tensor **smean,
                            nt_tensor **sssd)
 {
-    nt_tensor *rows = channel_rows(P, xf);
-    nt_tensor *xh = rows ? nt_layer_norm_at(P->site, rows, NULL, NULL, eps) : NULL;
-    /* the affine step on the rows: its gradients are sums along rows */
-    nt_tensor *ya = w || b ? affine(P, xh, w, b, true) : xh;
-    nt_tensor *y = ya ? nt_contiguous_at(P->site, channel_unrows(P, ya, xf)) : NULL;
-    if (y && smean)
-        return nt__bn_stats(P->site, P->fn, rows, smean, sssd) ? NULL : y;
+    nt_tensor *stats = NULL;
+    nt_tensor *y = bn_fwd(P, xf, w, b, eps, &stats);
+    if (y && smean) {
+        *smean = stat_row(P->site, stats, 0), *sssd = stat_row(P->site, stats, 1);
+        return *smean && *sssd ? y : NULL;
+    }
     if (y && rm && P->N * P->S > 0) { /* an empty batch leaves them, as PyTorch */
-        nt_tensor *mean, *ssd, *var;
-        if (nt__bn_stats(P->site, P->fn, rows, &mean, &ssd) ||
+        nt_tensor *mean = stat_row(P->site, stats, 0), *ssd = stat_row(P->site, stats, 1), *var;
+        if (!mean || !ssd ||
             !(var = nt__scalar(P->site, P->fn, NT_OP_DIV_SCALAR, ssd,
                                (double)(P->N * P->S - 1), 0)) ||
             nt__bn_update(P->site, P->fn, rm, mean, momentum) ||

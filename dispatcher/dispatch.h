@@ -166,16 +166,13 @@ nt_tensor *nt__rope(const nt_site *site, const char *fn, nt_tensor *x, int64_t d
 
 /* batch_norm's pieces (dispatcher/api_norm.c), shared with nt_ddp_batch_norm:
  * the argument checks of nt_batch_norm (false with the error set, naming
- * fn); rows [C, M] -> *mean [C] = sum(rows) / M and *ssd [C] = sum(d * d),
- * d = rows - mean (canonical sums, no graph); the running update
+ * fn); the running update
  * r = r * (1 - momentum) + stat * momentum in place (0 or the error); and
  * training batch norm of x without running statistics, its mean and ssd
  * returned in *mean, *ssd (the caller's scope holds them). */
 bool nt__bn_check(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *rm,
                   nt_tensor *rv, nt_tensor *w, nt_tensor *b, bool training, double momentum,
                   double eps);
-int nt__bn_stats(const nt_site *site, const char *fn, nt_tensor *rows, nt_tensor **mean,
-                 nt_tensor **ssd);
 int nt__bn_update(const nt_site *site, const char *fn, nt_tensor *r, nt_tensor *stat,
                   double momentum);
 /* Convolutions (dispatcher/api_conv.c, core/conv.h): the kernel ops
@@ -192,6 +189,11 @@ int nt__conv_grads(const nt_site *site, int op, const nt__params *p, nt_tensor *
                    nt_tensor *w, const bool live[3], nt_tensor **gin);
 nt_tensor *nt__bn_shard(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *w,
                         nt_tensor *b, double eps, nt_tensor **mean, nt_tensor **ssd);
+/* The gradients of batch_norm_fwd for autograd: one batch_norm_bwd of g,
+ * the saved x and w and the forward's stats [2, C]; gin[i] set for each
+ * live input (x, w, b).  0 or an error code. */
+int nt__bn_grads(const nt_site *site, double eps, nt_tensor *g, nt_tensor *x, nt_tensor *w,
+                 nt_tensor *stats, const bool live[3], nt_tensor **gin);
 
 /* Convolutions (dispatcher/api_conv.c, core/conv.h): the kernel ops
  * conv_gemm and conv_wgrad, and the gradients of conv2d / conv_transpose2d

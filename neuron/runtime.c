@@ -69,6 +69,8 @@ static const nt__kernel_fn sk_table[] = {
     [NT_OP_SCATTER_ADD] = nt__sk_scatter,
     [NT_OP_CONV_GEMM] = nt__sk_conv_gemm,
     [NT_OP_CONV_WGRAD] = nt__sk_conv_wgrad,
+    [NT_OP_BN_FWD] = nt__sk_batch_norm_fwd,
+    [NT_OP_BN_BWD] = nt__sk_batch_norm_bwd,
 };
 #undef SK_EW
 

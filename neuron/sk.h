@@ -17,6 +17,7 @@
  *   index.c    gather, index_select, their backward index_add, scatter(_add)
  *   attention.c  scaled dot-product attention and its backward (flash style)
  *   conv.c     conv_gemm and conv_wgrad (convolutions: im2col on chip or by DMA)
+ *   bn.c       batch_norm_fwd and batch_norm_bwd (training batch norm)
  *   gen.c      arange, rand, randn (GpSimd custom code)
  *   sample.c   dropout, topk, multinomial (GpSimd custom code)
  *   user.c     user tile kernels (nt_op_register_kernel)
@@ -251,6 +252,8 @@ int nt__sk_index_add(const nt__rec *r);
 int nt__sk_scatter(const nt__rec *r);     /* scatter, scatter_add */
 int nt__sk_conv_gemm(const nt__rec *r);   /* conv_gemm (neuron/conv.c) */
 int nt__sk_conv_wgrad(const nt__rec *r);  /* conv_wgrad */
+int nt__sk_batch_norm_fwd(const nt__rec *r); /* bn.c */
+int nt__sk_batch_norm_bwd(const nt__rec *r);
 int nt__sk_sdpa(const nt__rec *r);         /* attention.c */
 int nt__sk_sdpa_bwd(const nt__rec *r);
 /* Whether a head of SDPA / SDPA_BWD with p's sizes fits SBUF (else the op

@@ -127,6 +127,10 @@ static spec spec_of(int op)
             shp(&s, 2, 10, 33);
         if (op == NT_OP_CONV_GEMM || op == NT_OP_CONV_WGRAD) /* w [3, 10, 2, 1] */
             shp(&s, 2, 3, 20);
+        if (op == NT_OP_BN_FWD || op == NT_OP_BN_BWD) { /* w [5], b [5] */
+            shp(&s, 1, 5, 0);
+            shp(&s, 1, 5, 0);
+        }
         break;
     case NT_KIND_ATTN: /* q [9, 8], k [11, 8], v [11, 6]: no batch dims */
         shp(&s, 2, 9, 8);
@@ -347,6 +351,27 @@ static nt_tensor *conv_drv(nt_tensor *x, nt_tensor *w, bool wgrad)
     return g;
 }
 
+/* batch_norm_fwd (training nt_batch_norm of x [2, 5, 3, 11] with w and b)
+ * or batch_norm_bwd (x's gradient of sum(y * k) through it). */
+static nt_tensor *bn_drv(nt_tensor *x, nt_tensor *w, nt_tensor *b, bool grad)
+{
+    nt_tensor *x4 = nt_reshape(x, 4, (int64_t[]){2, 5, 3, 11});
+    if (!grad)
+        return nt_batch_norm(x4, NULL, NULL, w, b, true, 0.1, 1e-5);
+    nt_tensor *xd = nt_detach(x4);
+    nt_set_requires_grad(xd, true);
+    nt_tensor *y = nt_batch_norm(xd, NULL, NULL, w, b, true, 0.1, 1e-5);
+    nt_tensor *k = nt_arange(nt_dtype_of(x), 0.0, 330 * 0.01, 0.01);
+    nt_tensor *l = y ? nt_sum(nt_mul(y, nt_reshape(k, 4, (int64_t[]){2, 5, 3, 11})),
+                              NT_DIM_ALL, false)
+                     : NULL;
+    if (!l || nt_backward(l))
+        return NULL;
+    nt_tensor *g = nt_grad(xd);
+    nt_release(xd);
+    return g;
+}
+
 static int grad_of_op = NT_OP_SOFTPLUS; /* UNARY_BWD's forward op */
 
 /* UNARY_BWD(g, v) for the forward op grad_of_op with the scalar driver's
@@ -541,6 +566,8 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
             return cumprod_grad(in[0]);
         if (op == NT_OP_CONV_GEMM || op == NT_OP_CONV_WGRAD)
             return conv_drv(in[0], in[1], op == NT_OP_CONV_WGRAD);
+        if (op == NT_OP_BN_FWD || op == NT_OP_BN_BWD)
+            return bn_drv(in[0], in[1], in[2], op == NT_OP_BN_BWD);
         return NO_DRIVER;
     case NT_KIND_ATTN:
         if (op == NT_OP_SDPA)
@@ -1270,6 +1297,8 @@ static void check_ref(int op)
     else if (op == NT_OP_CONV2D || op == NT_OP_CONV_TRANSPOSE2D || op == NT_OP_CONV_GEMM ||
              op == NT_OP_CONV_WGRAD)
         cell(op, K_REF, "n/a: values and gradients vs double and PyTorch in test_conv.c");
+    else if (op == NT_OP_BN_FWD || op == NT_OP_BN_BWD)
+        cell(op, K_REF, "n/a: values and gradients vs double and PyTorch in test_norms.c");
     else if (op == NT_OP_SDPA || op == NT_OP_SDPA_BWD)
         cell(op, K_REF, "n/a: values and gradients vs double in test_attention.c");
     else if (op == NT_OP_AMAX || op == NT_OP_AMIN || op == NT_OP_CUMSUM || op == NT_OP_CUMPROD ||

@@ -995,6 +995,282 @@ static void test_errors(void **state)
     assert_int_equal(nt_scope_end(sc), 0);
 }
 
+/* ---------------- the fused kernels (batch_norm_fwd, batch_norm_bwd) ----------------
+ *
+ * Training batch norm runs as one kernel each way (cpu/bn.c, neuron/bn.c)
+ * in the steps of the composite it replaced: layer_norm over the rows
+ * [C, M] and the affine ops on them.  That composite, built here from
+ * public ops, gives the same bits as nt_batch_norm -- y, every gradient
+ * and the running statistics -- in every setting (so cpu == sim too), on
+ * shapes that take the simulator's other paths: a row longer than its
+ * 4096-element chunk that splits samples (M = 7500), more than 128 channels
+ * (two partition groups), a sample of one element ([N, C], with an Inf, a
+ * NaN and an infinite gradient: NaNs stored canonical), a row the CPU
+ * kernel cuts into two units (M = 18000). */
+
+static const shape_case FUSED_SHAPES[] = {
+    {4, {3, 2, 50, 50}}, {3, {2, 130, 3}}, {4, {4, 3, 5, 6}}, {2, {5, 4}}, {3, {2, 3, 9000}},
+};
+enum { NFUSED = sizeof FUSED_SHAPES / sizeof FUSED_SHAPES[0] };
+
+/* x [N, C, *] as the rows [C, M] (a copy), and rows back in x's shape */
+static nt_tensor *rows_of(nt_tensor *x, int64_t C)
+{
+    int perm[5] = {1, 0, 2, 3, 4};
+    return nt_reshape(nt_permute(x, perm), 2, SH(C, nt_numel(x) / C));
+}
+static nt_tensor *unrows(nt_tensor *r, const shape_case *sc)
+{
+    int perm[5] = {1, 0, 2, 3, 4};
+    int64_t sh[5];
+    memcpy(sh, sc->shape, sizeof sh);
+    sh[0] = sc->shape[1], sh[1] = sc->shape[0];
+    return nt_contiguous(nt_permute(nt_reshape(r, sc->ndim, sh), perm));
+}
+
+/* the composite: y, and the running update from the rows' statistics */
+static nt_tensor *bn_composite(nt_tensor *x, const shape_case *sc, nt_tensor *rm, nt_tensor *rv,
+                               nt_tensor *w, nt_tensor *b, double mom, double eps)
+{
+    int64_t C = sc->shape[1];
+    nt_tensor *rows = rows_of(x, C), *ya = nt_layer_norm(rows, NULL, NULL, eps);
+    if (w)
+        ya = nt_mul(ya, nt_reshape(w, 2, SH(C, 1)));
+    if (b)
+        ya = nt_add(ya, nt_reshape(b, 2, SH(C, 1)));
+    nt_no_grad_begin();
+    nt_tensor *xd = nt_detach(rows), *mu = nt_mean(xd, 1, true), *d = nt_sub(xd, mu);
+    nt_tensor *ss = nt_reshape(nt_sum(nt_mul(d, d), 1, true), 1, SH(C));
+    nt_tensor *var = nt_div_scalar(ss, (double)(nt_numel(x) / C - 1));
+    mu = nt_reshape(mu, 1, SH(C));
+    assert_int_equal(nt_copy_into(rm, nt_add(nt_mul_scalar(rm, 1.0 - mom), nt_mul_scalar(mu, mom))), 0);
+    assert_int_equal(nt_copy_into(rv, nt_add(nt_mul_scalar(rv, 1.0 - mom), nt_mul_scalar(var, mom))), 0);
+    nt_no_grad_end();
+    return unrows(ya, sc);
+}
+
+typedef struct fres {
+    float *v[6]; /* y, dx, dw, db, rm, rv */
+} fres;
+
+/* One training step with the loss sum(y * cot): fused or composite; with
+ * w and/or b per `aff` (bit 0 w, bit 1 b). */
+static fres fused_step(const shape_case *sc, int aff, bool composite)
+{
+    int64_t C = sc->shape[1], n = nt_test_numel(sc->ndim, sc->shape);
+    nt_scope *scope = nt_scope_begin();
+    float *x = malloc(sizeof(float) * (size_t)n), *cot = malloc(sizeof(float) * (size_t)n);
+    float *w = malloc(sizeof(float) * (size_t)C), *b = malloc(sizeof(float) * (size_t)C);
+    uint64_t st = 123;
+    nt_test_fill(x, (size_t)n, &st);
+    nt_test_fill(cot, (size_t)n, &st);
+    nt_test_fill(w, (size_t)C, &st);
+    nt_test_fill(b, (size_t)C, &st);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = x[i] * 2.5f + (float)(i % 7) * 0.25f;
+    if (sc->ndim == 2) /* [5, 4]: channel 1 holds an Inf, 2 a NaN, 3 a -Inf gradient */
+        x[1] = INFINITY, x[6] = NAN, cot[7] = -INFINITY;
+    nt_tensor *tx = nt_from_host(x, NT_F32, sc->ndim, sc->shape);
+    nt_tensor *tw = nt_from_host(w, NT_F32, 1, SH(C)), *tb = nt_from_host(b, NT_F32, 1, SH(C));
+    nt_tensor *rm = nt_full(NT_F32, 1, SH(C), 0.5), *rv = nt_full(NT_F32, 1, SH(C), 2.0);
+    assert_int_equal(nt_set_requires_grad(tx, true), 0);
+    assert_int_equal(nt_set_requires_grad(tw, true), 0);
+    assert_int_equal(nt_set_requires_grad(tb, true), 0);
+    nt_tensor *pw = aff & 1 ? tw : NULL, *pb = aff & 2 ? tb : NULL;
+    nt_tensor *y = composite ? bn_composite(tx, sc, rm, rv, pw, pb, 0.1, 1e-5)
+                             : nt_batch_norm(tx, rm, rv, pw, pb, true, 0.1, 1e-5);
+    if (!y)
+        fail_msg("batch_norm: %s", nt_last_error_message());
+    nt_tensor *l = nt_sum(nt_mul(y, nt_from_host(cot, NT_F32, sc->ndim, sc->shape)), NT_DIM_ALL,
+                          false);
+    assert_int_equal(nt_backward(l), 0);
+    fres r = {{host(y), host(nt_grad(tx)), pw ? host(nt_grad(tw)) : NULL,
+               pb ? host(nt_grad(tb)) : NULL, host(rm), host(rv)}};
+    free(x), free(cot), free(w), free(b);
+    assert_int_equal(nt_scope_end(scope), 0);
+    return r;
+}
+
+static void fres_free(fres *r)
+{
+    for (int i = 0; i < 6; i++)
+        free(r->v[i]);
+}
+
+static void test_bn_fused_bits(void **state)
+{
+    (void)state;
+    static const char *names[6] = {"y", "dx", "dw", "db", "running_mean", "running_var"};
+    for (int k = 0; k < NFUSED; k++) {
+        const shape_case *sc = &FUSED_SHAPES[k];
+        int64_t C = sc->shape[1], n = nt_test_numel(sc->ndim, sc->shape);
+        size_t nb[6] = {(size_t)n, (size_t)n, (size_t)C, (size_t)C, (size_t)C, (size_t)C};
+        for (int aff = 0; aff < 4; aff++) {
+            nt_test_cfg(0);
+            fres ref = fused_step(sc, aff, true);
+            for (int c = 0; c < NT_TEST_NCFG; c++) {
+                nt_test_cfg(c);
+                for (int comp = 0; comp < 2; comp++) {
+                    if (c == 0 && comp)
+                        continue;
+                    fres u = fused_step(sc, aff, comp);
+                    for (int i = 0; i < 6; i++)
+                        if (ref.v[i] && memcmp(ref.v[i], u.v[i], nb[i] * sizeof(float)))
+                            fail_msg("shape %d, w/b %d, %s %s/%s/%s: %s differs from the "
+                                     "composite's", k, aff, comp ? "composite" : "fused",
+                                     NT_TEST_CFGS[c][0], NT_TEST_CFGS[c][1], NT_TEST_CFGS[c][2],
+                                     names[i]);
+                    fres_free(&u);
+                }
+            }
+            fres_free(&ref);
+        }
+    }
+    nt_test_cfg(0);
+}
+
+/* The gradients against a double loop: with xh = (x - mean) r,
+ * r = 1 / sqrt(var + eps) (biased var), db = sum(g), dw = sum(g xh),
+ * dx = w r (g - db / M - xh dw / M). */
+static void test_bn_fused_grad_double(void **state)
+{
+    (void)state;
+    for (int cfg = 0; cfg < 2; cfg++) {
+        nt_test_cfg(cfg);
+        for (int k = 0; k < 2; k++) {
+            const shape_case *sc = &FUSED_SHAPES[k];
+            int64_t N = sc->shape[0], C = sc->shape[1], n = nt_test_numel(sc->ndim, sc->shape);
+            int64_t S = n / (N * C), M = N * S;
+            fres f = fused_step(sc, 3, false);
+            float *x = malloc(sizeof(float) * (size_t)n), *cot = malloc(sizeof(float) * (size_t)n);
+            float *w = malloc(sizeof(float) * (size_t)C), *b = malloc(sizeof(float) * (size_t)C);
+            double *dx = malloc(sizeof(double) * (size_t)n), *dw = malloc(sizeof(double) * (size_t)C);
+            double *db = malloc(sizeof(double) * (size_t)C);
+            uint64_t st = 123; /* fused_step's inputs */
+            nt_test_fill(x, (size_t)n, &st);
+            nt_test_fill(cot, (size_t)n, &st);
+            nt_test_fill(w, (size_t)C, &st);
+            nt_test_fill(b, (size_t)C, &st);
+            for (int64_t i = 0; i < n; i++)
+                x[i] = x[i] * 2.5f + (float)(i % 7) * 0.25f;
+            for (int64_t c = 0; c < C; c++) {
+                double m = 0, v = 0, sg = 0, sgx = 0;
+                for (int64_t j = 0; j < M; j++)
+                    m += x[(j / S * C + c) * S + j % S];
+                m /= (double)M;
+                for (int64_t j = 0; j < M; j++) {
+                    double d = x[(j / S * C + c) * S + j % S] - m;
+                    v += d * d;
+                }
+                double r = 1.0 / sqrt(v / (double)M + 1e-5);
+                for (int64_t j = 0; j < M; j++) {
+                    int64_t i = (j / S * C + c) * S + j % S;
+                    sg += cot[i], sgx += cot[i] * (x[i] - m) * r;
+                }
+                db[c] = sg, dw[c] = sgx;
+                for (int64_t j = 0; j < M; j++) {
+                    int64_t i = (j / S * C + c) * S + j % S;
+                    dx[i] = w[c] * r * (cot[i] - sg / (double)M - (x[i] - m) * r * sgx / (double)M);
+                }
+            }
+            expect_close("dx", f.v[1], dx, n, 1e-4, 1e-5);
+            expect_close("dw", f.v[2], dw, C, 1e-4, 1e-4);
+            expect_close("db", f.v[3], db, C, 1e-5, 1e-4);
+            free(x), free(cot), free(w), free(b), free(dx), free(dw), free(db);
+            fres_free(&f);
+        }
+    }
+    nt_test_cfg(0);
+}
+
+/* A create_graph pass: its first gradients have the plain pass's bits, and
+ * the second derivative of s = sum(dx * u), dx = d/dx sum(y * y * k), by x,
+ * w and b agrees with central differences of s. */
+static double gg_s(const float *const *v, nt_tensor **h)
+{
+    static const int64_t sh[3][4] = {{2, 3, 4, 2}, {3}, {3}};
+    nt_tensor *in[3];
+    for (int i = 0; i < 3; i++) {
+        in[i] = nt_from_host(v[i], NT_F32, i ? 1 : 4, sh[i]);
+        assert_int_equal(nt_set_requires_grad(in[i], true), 0);
+    }
+    nt_tensor *y = nt_batch_norm(in[0], NULL, NULL, in[1], in[2], true, 0.1, 1e-3);
+    nt_tensor *k = nt_reshape(nt_arange(NT_F32, 0.0, 0.48, 0.01), 4, SH(2, 3, 4, 2));
+    nt_tensor *l = nt_sum(nt_mul(nt_mul(y, y), k), NT_DIM_ALL, false), *g = NULL;
+    if (nt_autograd_grad(&l, 1, in, 1, NULL, true, h != NULL, true, &g))
+        fail_msg("first gradient: %s", nt_last_error_message());
+    nt_tensor *u = nt_reshape(nt_arange(NT_F32, 0.5, -0.46, -0.02), 4, SH(2, 3, 4, 2));
+    nt_tensor *sv = nt_sum(nt_mul(g, u), NT_DIM_ALL, false);
+    if (h && nt_autograd_grad(&sv, 1, in, 3, NULL, false, false, true, h))
+        fail_msg("second gradient: %s", nt_last_error_message());
+    double r = 0;
+    assert_int_equal(nt_item(sv, &r), 0);
+    return r;
+}
+
+static void test_bn_fused_create_graph(void **state)
+{
+    (void)state;
+    const shape_case *sc = &FUSED_SHAPES[2];
+    int64_t C = sc->shape[1], n = nt_test_numel(sc->ndim, sc->shape);
+    for (int cfg = 0; cfg < 2; cfg++) {
+        nt_test_cfg(cfg);
+        float *got[2][3];
+        for (int create = 0; create < 2; create++) {
+            nt_scope *scope = nt_scope_begin();
+            float *x = malloc(sizeof(float) * (size_t)n), w[3] = {0.5f, -1.5f, 2.0f};
+            uint64_t st = 31;
+            nt_test_fill(x, (size_t)n, &st);
+            nt_tensor *tx = nt_from_host(x, NT_F32, sc->ndim, sc->shape);
+            nt_tensor *tw = nt_from_host(w, NT_F32, 1, SH(C)), *tb = nt_zeros(NT_F32, 1, SH(C));
+            nt_tensor *p[3] = {tx, tw, tb};
+            for (int i = 0; i < 3; i++)
+                assert_int_equal(nt_set_requires_grad(p[i], true), 0);
+            nt_tensor *y = nt_batch_norm(tx, NULL, NULL, tw, tb, true, 0.1, 1e-5);
+            nt_tensor *ck = nt_reshape(nt_arange(NT_F32, 0.0, 3.6, 0.01), sc->ndim, sc->shape);
+            nt_tensor *l = nt_sum(nt_mul(nt_mul(y, y), ck), NT_DIM_ALL, false);
+            if (nt_backward_full(l, NULL, false, create))
+                fail_msg("create_graph %d: %s", create, nt_last_error_message());
+            for (int i = 0; i < 3; i++)
+                got[create][i] = host(nt_grad(p[i]));
+            free(x);
+            assert_int_equal(nt_scope_end(scope), 0);
+        }
+        for (int i = 0; i < 3; i++) {
+            if (memcmp(got[0][i], got[1][i], sizeof(float) * (size_t)(i ? C : n)))
+                fail_msg("create_graph: gradient %d differs from a plain pass's", i);
+            free(got[0][i]), free(got[1][i]);
+        }
+    }
+    nt_test_cfg(0);
+    float a[48], w[3] = {0.7f, -1.3f, 2.0f}, b[3] = {0.1f, 0.2f, -0.3f};
+    uint64_t st = 9;
+    nt_test_fill(a, 48, &st);
+    float *v[3] = {a, w, b};
+    const int64_t nv[3] = {48, 3, 3};
+    nt_scope *sc2 = nt_scope_begin();
+    nt_tensor *h[3];
+    gg_s((const float *const *)v, h);
+    for (int i = 0; i < 3; i++) {
+        float *hv = host(h[i]);
+        for (int64_t e = 0; e < nv[i]; e += i ? 1 : 7) {
+            float keep = v[i][e];
+            double sv[2];
+            for (int sg = 0; sg < 2; sg++) {
+                v[i][e] = keep + (sg ? -1e-2f : 1e-2f);
+                sv[sg] = gg_s((const float *const *)v, NULL);
+            }
+            v[i][e] = keep;
+            double fd = (sv[0] - sv[1]) / 2e-2;
+            if (fabs(fd - hv[e]) > 3e-2 + 3e-2 * fabs(fd))
+                fail_msg("second derivative by input %d [%lld]: %.7g; differences %.7g", i,
+                         (long long)e, (double)hv[e], fd);
+        }
+        free(hv);
+    }
+    assert_int_equal(nt_scope_end(sc2), 0);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && !strcmp(argv[1], "--ddp-child"))
@@ -1018,6 +1294,11 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_empty, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_ddp_single_device, nt_test_setup, nt_test_teardown),
         cmocka_unit_test(test_ddp_across_cores),
+        cmocka_unit_test_setup_teardown(test_bn_fused_bits, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bn_fused_grad_double, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bn_fused_create_graph, nt_test_setup,
+                                        nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,257 @@
+/* cpu/bn.c - training batch norm in one kernel each way: batch_norm_fwd and
+ * batch_norm_bwd (dispatcher/api_norm.c issues them; docs/ops.md,
+ * "Normalisation over channels", is the contract).
+ *
+ * x is contiguous f32 [N, C, S]; channel c's row is its M = N S values
+ * x[n, c, s] in (n, s) row-major order, the order every sum below takes
+ * (the canonical one of core/reduce.h: acc = +0, then acc += each
+ * 2048-element block's lane-and-fold partial, in order).  Per channel, in
+ * f32, each step rounded:
+ *   forward   mean = sum(x) / (float)M; d = x - mean; ss = sum(d * d);
+ *             r = rsqrt(ss / (float)M + eps); y = d * r, then * w[c], then
+ *             + b[c] (when given); stats[0][c] = mean, stats[1][c] = ss
+ *   backward  r as above from stats; xh = (x - mean) * r; gx = g * w[c]
+ *             (g without w); db = sum(g); dw = sum(g * xh);
+ *             m1 = sum(gx) / (float)M; m2 = sum(gx * xh) / (float)M;
+ *             dx = r * ((gx - m1) - xh * m2); dwb[0][c] = dw, dwb[1][c] = db
+ * which are the steps, and so the bits, of the composite it replaces
+ * (layer_norm's row kernel and backward over the rows [C, M], then the
+ * affine ops).  Stored NaNs are canonical (core/dtype.h).
+ *
+ * How it runs: in phases (forward: the block partials of x, of d * d, then
+ * y; backward: the four sums' partials, then dx), each over units of at
+ * most UNIT row elements -- a channel's row cut at block boundaries --
+ * that the calling thread and the pool's helper take as they come
+ * (nt__par_blocks); a unit gathers its blocks from the [N, C, S] layout
+ * one at a time into L1 and writes each block's partial to its slot.
+ * Between phases the calling thread adds each channel's partials in block
+ * order.  So the sums are the canonical ones whatever thread ran a block,
+ * and units are short (tens of microseconds): a thread that finishes
+ * first waits little for the other (one unit per channel made it wait
+ * for a whole channel, and on a loaded host yield its processor). */
+#include "cpu/cpu.h"
+
+#include <string.h>
+
+#include "core/ewise.h"
+#include "core/gemm.h"
+#include "core/reduce.h"
+
+#define UNIT (8 * NT_RED_BLOCK)
+
+enum { P_FWD_SUM, P_FWD_SQ, P_FWD_Y, P_BWD_SUMS, P_BWD_DX };
+
+typedef struct bnk {
+    const float *x, *g, *w, *b;
+    float *y, *out2;  /* y or dx; stats or dwb */
+    int64_t N, C, S, M, nbk, nun; /* blocks and units per row */
+    float eps;
+    int phase;
+    float *part;      /* [C][nbk][4] block partials */
+    float *mean, *r, *m1, *m2; /* [C] each */
+} bnk;
+
+/* Row elements j0 .. j0+m of channel c (row j = n S + s) into T, and T
+ * back to y. */
+static void gather(float *T, const float *x, const bnk *k, int64_t c, int64_t j0, int64_t m)
+{
+    int64_t S = k->S;
+    while (m > 0) {
+        int64_t n = j0 / S, s = j0 % S, len = S - s < m ? S - s : m;
+        memcpy(T, x + (n * k->C + c) * S + s, (size_t)len * sizeof(float));
+        T += len, j0 += len, m -= len;
+    }
+}
+
+static void scatter(float *y, const float *T, const bnk *k, int64_t c, int64_t j0, int64_t m)
+{
+    int64_t S = k->S;
+    while (m > 0) {
+        int64_t n = j0 / S, s = j0 % S, len = S - s < m ? S - s : m;
+        memcpy(y + (n * k->C + c) * S + s, T, (size_t)len * sizeof(float));
+        T += len, j0 += len, m -= len;
+    }
+}
+
+/* the canonical block partial of t[i] * u[i] (B: scratch) */
+static float block_dot(const float *restrict t, const float *restrict u, int64_t m,
+                       float *restrict B)
+{
+    for (int64_t i = 0; i < m; i++)
+        B[i] = t[i] * u[i];
+    return nt__red_block_sum_f32(B, m, 1);
+}
+
+/* One forward block: bk the block's number in channel c's row. */
+static void fwd_block(const bnk *k, int64_t c, int64_t bk, float *restrict T, float *restrict B)
+{
+    int64_t j0 = bk * NT_RED_BLOCK, m = k->M - j0 < NT_RED_BLOCK ? k->M - j0 : NT_RED_BLOCK;
+    float *p = k->part + (c * k->nbk + bk) * 4;
+    gather(T, k->x, k, c, j0, m);
+    if (k->phase == P_FWD_SUM) {
+        p[0] = nt__red_block_sum_f32(T, m, 1);
+        return;
+    }
+    float mean = k->mean[c];
+    for (int64_t i = 0; i < m; i++)
+        T[i] = T[i] - mean;
+    if (k->phase == P_FWD_SQ) {
+        p[0] = block_dot(T, T, m, B);
+        return;
+    }
+    float r = k->r[c], wc = k->w ? k->w[c] : 0.0f, bc = k->b ? k->b[c] : 0.0f;
+    for (int64_t i = 0; i < m; i++)
+        B[i] = T[i] * r;
+    if (k->w)
+        for (int64_t i = 0; i < m; i++)
+            B[i] = B[i] * wc;
+    if (k->b)
+        for (int64_t i = 0; i < m; i++)
+            B[i] = B[i] + bc;
+    for (int64_t i = 0; i < m; i++)
+        B[i] = nt__canon(B[i]);
+    scatter(k->y, B, k, c, j0, m);
+}
+
+/* One backward block: xh into T, g (gx with w) into U; the partials of
+ * db, dw, sum(gx), sum(gx * xh), or dx. */
+static void bwd_block(const bnk *k, int64_t c, int64_t bk, float *restrict T, float *restrict U,
+                      float *restrict B)
+{
+    int64_t j0 = bk * NT_RED_BLOCK, m = k->M - j0 < NT_RED_BLOCK ? k->M - j0 : NT_RED_BLOCK;
+    float *p = k->part + (c * k->nbk + bk) * 4, mean = k->mean[c], r = k->r[c];
+    float wc = k->w ? k->w[c] : 0.0f;
+    gather(T, k->x, k, c, j0, m);
+    gather(U, k->g, k, c, j0, m);
+    for (int64_t i = 0; i < m; i++)
+        T[i] = (T[i] - mean) * r;
+    if (k->phase == P_BWD_SUMS) {
+        p[0] = nt__red_block_sum_f32(U, m, 1);
+        p[1] = block_dot(U, T, m, B);
+    }
+    if (k->w)
+        for (int64_t i = 0; i < m; i++)
+            U[i] = U[i] * wc;
+    if (k->phase == P_BWD_SUMS) {
+        if (k->w) {
+            p[2] = nt__red_block_sum_f32(U, m, 1);
+            p[3] = block_dot(U, T, m, B);
+        }
+        return;
+    }
+    float m1 = k->m1[c], m2 = k->m2[c];
+    for (int64_t i = 0; i < m; i++)
+        B[i] = nt__canon(r * ((U[i] - m1) - T[i] * m2));
+    scatter(k->y, B, k, c, j0, m);
+}
+
+static void bn_unit(void *arg, int u)
+{
+    const bnk *k = arg;
+    float T[NT_RED_BLOCK], U[NT_RED_BLOCK], B[NT_RED_BLOCK];
+    int64_t c = u / k->nun, b0 = u % k->nun * (UNIT / NT_RED_BLOCK);
+    int64_t b1 = b0 + UNIT / NT_RED_BLOCK < k->nbk ? b0 + UNIT / NT_RED_BLOCK : k->nbk;
+    for (int64_t bk = b0; bk < b1; bk++) {
+        if (k->phase >= P_BWD_SUMS)
+            bwd_block(k, c, bk, T, U, B);
+        else
+            fwd_block(k, c, bk, T, B);
+    }
+}
+
+static void phase(bnk *k, int ph)
+{
+    int nu = (int)(k->C * k->nun);
+    k->phase = ph;
+    nt__par_blocks(nu, bn_unit, k, nu >= 2 && k->C * k->M >= 32768);
+}
+
+/* acc = +0; acc += partial i of each block in order (channel c) */
+static float fold(const bnk *k, int64_t c, int i)
+{
+    float acc = 0.0f;
+    for (int64_t bk = 0; bk < k->nbk; bk++)
+        acc += k->part[(c * k->nbk + bk) * 4 + i];
+    return acc;
+}
+
+static float rstd(const bnk *k, float ss)
+{
+    return nt__ew_rsqrt(ss / (float)k->M + k->eps);
+}
+
+/* Shapes from x [N, C, *]; the per-channel arrays (a pointer each, into
+ * buf).  0 or the error. */
+static int bn_begin(bnk *k, const nt__rec *r, const nt_tensor *x, float **buf)
+{
+    k->N = x->shape[0], k->C = x->shape[1];
+    k->S = nt__numel(x->ndim - 2, x->shape + 2);
+    k->M = k->N * k->S;
+    k->eps = (float)r->p.f[0];
+    k->nbk = (k->M + NT_RED_BLOCK - 1) / NT_RED_BLOCK;
+    k->nun = (k->M + UNIT - 1) / UNIT;
+    size_t C = (size_t)(k->C > 0 ? k->C : 1), nb = (size_t)(k->nbk > 0 ? k->nbk : 1);
+    *buf = g_try_malloc((C * nb * 4 + 6 * C) * sizeof(float));
+    if (!*buf)
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for %lld channels' partial sums",
+                        (long long)k->C);
+    k->part = *buf;
+    k->mean = k->part + C * nb * 4, k->r = k->mean + C, k->m1 = k->r + C, k->m2 = k->m1 + C;
+    float *wb = k->m2 + C;
+    if (r->op == NT_OP_BN_FWD) {
+        if (r->in[1])
+            nt__gather_f32(wb, r->in[1]), k->w = wb;
+        if (r->in[2])
+            nt__gather_f32(wb + C, r->in[2]), k->b = wb + C;
+    } else if (r->in[3]) {
+        nt__gather_f32(wb, r->in[3]), k->w = wb;
+    }
+    return 0;
+}
+
+int nt__cpu_batch_norm_fwd(const nt__rec *r)
+{
+    const nt_tensor *x = r->in[0];
+    bnk k = {.x = nt__tensor_data(x), .y = nt__tensor_data(r->out[0]),
+             .out2 = nt__tensor_data(r->out[1])};
+    float *buf;
+    int rc = bn_begin(&k, r, x, &buf);
+    if (rc)
+        return rc;
+    phase(&k, P_FWD_SUM);
+    for (int64_t c = 0; c < k.C; c++)
+        k.mean[c] = fold(&k, c, 0) / (float)k.M;
+    phase(&k, P_FWD_SQ);
+    for (int64_t c = 0; c < k.C; c++) {
+        float ss = fold(&k, c, 0);
+        k.r[c] = rstd(&k, ss);
+        k.out2[c] = nt__canon(k.mean[c]), k.out2[k.C + c] = nt__canon(ss);
+    }
+    phase(&k, P_FWD_Y);
+    g_free(buf);
+    return 0;
+}
+
+int nt__cpu_batch_norm_bwd(const nt__rec *r)
+{
+    const nt_tensor *x = r->in[1];
+    const float *st = nt__tensor_data(r->in[2]);
+    bnk k = {.g = nt__tensor_data(r->in[0]), .x = nt__tensor_data(x),
+             .y = nt__tensor_data(r->out[0]), .out2 = nt__tensor_data(r->out[1])};
+    float *buf;
+    int rc = bn_begin(&k, r, x, &buf);
+    if (rc)
+        return rc;
+    for (int64_t c = 0; c < k.C; c++)
+        k.mean[c] = st[c], k.r[c] = rstd(&k, st[k.C + c]);
+    phase(&k, P_BWD_SUMS);
+    for (int64_t c = 0; c < k.C; c++) {
+        float db = fold(&k, c, 0), dw = fold(&k, c, 1);
+        float s1 = k.w ? fold(&k, c, 2) : db, s2 = k.w ? fold(&k, c, 3) : dw;
+        k.m1[c] = s1 / (float)k.M, k.m2[c] = s2 / (float)k.M;
+        k.out2[c] = nt__canon(dw), k.out2[k.C + c] = nt__canon(db);
+    }
+    phase(&k, P_BWD_DX);
+    g_free(buf);
+    return 0;
+}
