@@ -195,17 +195,4 @@ nt_tensor *nt__bn_shard(const nt_site *site, const char *fn, nt_tensor *x, nt_te
 int nt__bn_grads(const nt_site *site, double eps, nt_tensor *g, nt_tensor *x, nt_tensor *w,
                  nt_tensor *stats, const bool live[3], nt_tensor **gin);
 
-/* Convolutions (dispatcher/api_conv.c, core/conv.h): the kernel ops
- * conv_gemm and conv_wgrad, and the gradients of conv2d / conv_transpose2d
- * (op) for autograd: gin[i] set for each live input (x, w, b) from g, the
- * saved x and w and the node's parameters.  0 or an error code. */
-nt_tensor *nt__conv_gemm(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *w,
-                         bool flip, const int64_t s[2], const int64_t lo[2], const int64_t d[2],
-                         const int64_t u[2], int64_t G, int64_t OH, int64_t OW);
-nt_tensor *nt__conv_wgrad(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *gy,
-                          const int64_t s[2], const int64_t lo[2], const int64_t d[2], int64_t G,
-                          int64_t kh, int64_t kw);
-int nt__conv_grads(const nt_site *site, int op, const nt__params *p, nt_tensor *g, nt_tensor *x,
-                   nt_tensor *w, const bool live[3], nt_tensor **gin);
-
 #endif
