@@ -134,6 +134,7 @@ typedef struct nt__sim_prog {
     double eng_free[NT_ENGINE_DMA], q_free[NT_SIM_DMA_QUEUES];
     double port_sbuf_vg, port_psum_vs;
     int act_table, rr_queue;
+    int64_t sbuf_origin[2]; /* where the next kernels' SBUF first fit starts */
     double *bucket;          /* the DMA engines' bookings, program time */
     size_t nbucket;
     double *dma_iv;          /* DMA activity, program time */
@@ -565,6 +566,8 @@ static int alloc_init(nt__sim_alloc *a, int64_t total)
     a->free[0] = (nt__sim_block){0, total};
     a->total = total;
     a->used = a->peak = 0;
+    a->origin = a->hi = 0;
+    a->down = false;
     return 0;
 }
 
@@ -583,11 +586,41 @@ static int64_t fit_in(const nt__sim_block *b, int64_t size, bool psum)
     return s + size <= b->off + b->size ? s : -1;
 }
 
+/* Where a block of `size` bytes fits inside free block b below `top`,
+ * as high as it can (an SBUF allocation from the top down), or -1. */
+static int64_t fit_down(const nt__sim_block *b, int64_t size, int64_t top)
+{
+    if (top > b->off + b->size)
+        top = b->off + b->size;
+    int64_t s = (top - size) / NT__SIM_ALIGN * NT__SIM_ALIGN;
+    return top - size >= b->off && s >= b->off ? s : -1;
+}
+
+/* Free block j of the scan in a's direction, fit at most `reach` bytes
+ * from a's end (pass 0: the origin; pass 1: all of it); -1 if none. */
+static int64_t fit_dir(const nt__sim_alloc *a, int j, int64_t size, bool psum, int64_t reach)
+{
+    const nt__sim_block *b = &a->free[j];
+    if (a->down)
+        return fit_down(b, size, a->total - reach);
+    if (b->off + b->size <= reach)
+        return -1;
+    nt__sim_block up = *b;
+    if (up.off < reach) {
+        up.size -= reach - up.off;
+        up.off = reach;
+    }
+    return fit_in(&up, size, psum);
+}
+
 static int64_t alloc_take(nt__sim_alloc *a, int64_t size, bool psum)
 {
-    for (int i = 0; i < a->n; i++) {
+    /* pass 0: first fit from the origin on; pass 1: from the end */
+    for (int pass = a->origin > 0 ? 0 : 1, t = 0; pass < 2; pass++, t = 0)
+    for (; t < a->n; t++) {
+        int i = a->down ? a->n - 1 - t : t;
         nt__sim_block *b = &a->free[i];
-        int64_t s = fit_in(b, size, psum);
+        int64_t s = fit_dir(a, i, size, psum, pass == 0 ? a->origin : 0);
         if (s < 0)
             continue;
         int64_t end = b->off + b->size;
@@ -617,6 +650,9 @@ static int64_t alloc_take(nt__sim_alloc *a, int64_t size, bool psum)
         a->used += size;
         if (a->used > a->peak)
             a->peak = a->used;
+        int64_t reach = a->down ? a->total - s : s + size;
+        if (reach > a->hi)
+            a->hi = reach;
         return s;
     }
     return -1;
@@ -651,6 +687,23 @@ static void alloc_give(nt__sim_alloc *a, int64_t off, int64_t size)
         a->n++;
     }
     a->used -= size;
+}
+
+/* A program's kernels take their SBUF tiles away from the kernels just
+ * before them, as a compiler that allocates the whole program's buffers
+ * does: each kernel from offset 0 made every kernel's first tiles wait for
+ * the last one's reads of the same bytes (a run of 4-byte copies each
+ * waited for the one before it to store).  Every other kernel fits from
+ * the top down (the mirror image of first fit: it fits whatever first fit
+ * does), and each starts where the last kernel from the same end stopped,
+ * while that is below SBUF_ORIGIN_MAX, so a kernel planned within its
+ * budget (neuron/sk.h: 160 of 192 KiB) has room there; past that it
+ * starts from its end again.  Either way a tile that does not fit there
+ * takes the first fit over all of SBUF. */
+#define SBUF_ORIGIN_MAX (24 * 1024)
+static int64_t next_origin(const nt__sim_alloc *a)
+{
+    return a->hi < SBUF_ORIGIN_MAX ? a->hi : 0;
 }
 
 static int64_t alloc_largest(const nt__sim_alloc *a, bool psum)
@@ -960,6 +1013,8 @@ nt_sim_kernel *nt_sim_kernel_begin(const char *name)
         k->port_psum_vs = pg->port_psum_vs;
         k->act_table = pg->act_table;
         k->rr_queue = pg->rr_queue;
+        k->sbuf.down = pg->kernels & 1;
+        k->sbuf.origin = pg->sbuf_origin[pg->kernels & 1];
         k->bucket = pg->bucket, pg->bucket = NULL;
         k->nbucket = pg->nbucket;
         k->dma_iv = pg->dma_iv, pg->dma_iv = NULL;
@@ -1111,6 +1166,7 @@ static int prog_kernel_end(nt_sim_kernel *k, nt__sim_prog *pg, nt_sim_report *re
         pg->port_psum_vs = k->port_psum_vs;
         pg->act_table = k->act_table;
         pg->rr_queue = k->rr_queue;
+        pg->sbuf_origin[k->sbuf.down] = next_origin(&k->sbuf);
         pg->bucket = k->bucket, k->bucket = NULL;
         pg->nbucket = k->nbucket;
         pg->dma_iv = k->dma_iv, k->dma_iv = NULL;

@@ -47,11 +47,16 @@ typedef struct nt__sim_block {
     int64_t off, size;
 } nt__sim_block;
 
-/* First-fit allocator over one partition's byte range (per kernel). */
+/* First-fit allocator over one partition's byte range (per kernel).  In a
+ * program (SBUF, sim/core.c): every other kernel fits from the top down
+ * (down), first fit starts origin bytes from its end (then falls back to
+ * the whole range), and hi is how far from its end its blocks reach. */
 typedef struct nt__sim_alloc {
     nt__sim_block *free; /* sorted by offset, coalesced */
     int n, cap;
     int64_t total, used, peak;
+    int64_t origin, hi;
+    bool down;
 } nt__sim_alloc;
 
 struct nt_tile {
