@@ -69,6 +69,17 @@ typedef struct ak {
 
 static nt_ap col(nt_tile *t, int np, int64_t j) { return nt_tile_slice(t, 0, np, j, 1); }
 
+/* A head's columns of a tile the heads in flight share (a head's rows at
+ * columns c0..): their loads and stores go as one DMA per operand. */
+typedef struct tv {
+    nt_tile *t;
+    int64_t c0;
+} tv;
+
+static nt_ap tvs(tv v, int np, int64_t f0, int64_t nf) { return nt_tile_slice(v.t, 0, np, v.c0 + f0, nf); }
+
+static inline tv tv_at(tv v, int64_t c) { return (tv){v.t, v.c0 + c}; }
+
 static int ts(ak *a, const nt_ap *d, const nt_ap *x, nt_alu_op op, const nt_ap *sap, float imm)
 {
     return nt_isa_tensor_scalar(a->k, d, x, &(nt_isa_alu){op, {sap, imm}, false}, NULL,
@@ -87,7 +98,7 @@ static inline int bsize(int64_t T, int j) { return (int)(T - (int64_t)j * BLK < 
  * [128, nblocks(T) * nc], block j at column j * nc, row r at partition
  * r % 128): one DMA for the full blocks, one for the last, and a widening
  * copy on-chip when x is not f32 (exact). */
-static int load_head(ak *a, nt_tile *t, const nt__attn_opnd *x, int64_t boff, int64_t T,
+static int load_head(ak *a, tv t, const nt__attn_opnd *x, int64_t boff, int64_t T,
                      int64_t nc)
 {
     int64_t nfull = T / BLK, tail = T % BLK;
@@ -103,7 +114,7 @@ static int load_head(ak *a, nt_tile *t, const nt__attn_opnd *x, int64_t boff, in
         h.ndim = 2;
         h.num[0] = nb, h.step[0] = BLK * x->rs;
         h.num[1] = nc, h.step[1] = x->cs;
-        nt_ap d = nt_tile_slice(t, 0, np, c0, nb * nc);
+        nt_ap d = tvs(t, np, c0, nb * nc);
         if (f32) {
             rc = nt_isa_dma_copy(a->k, &d, &h, sk_qfree(a->s));
         } else {
@@ -120,7 +131,7 @@ static int load_head(ak *a, nt_tile *t, const nt__attn_opnd *x, int64_t boff, in
 
 /* tT [nc, T] (f32) = the head's rows t (load_head's layout) transposed: up
  * to 4 blocks per PSUM tile, one evacuating copy each */
-static int transpose_head(ak *a, nt_tile *tT, nt_tile *t, int64_t T, int64_t nc)
+static int transpose_head(ak *a, nt_tile *tT, tv t, int64_t T, int64_t nc)
 {
     int nb = nblocks(T), rc = 0;
     for (int j0 = 0; j0 < nb && !rc; j0 += 4) {
@@ -128,7 +139,7 @@ static int transpose_head(ak *a, nt_tile *tT, nt_tile *t, int64_t T, int64_t nc)
         int64_t w = 0;
         for (int j = j0; j < nb && j < j0 + 4 && !rc; j++) {
             int n = bsize(T, j);
-            nt_ap src = nt_tile_slice(t, 0, n, (int64_t)j * nc, nc);
+            nt_ap src = tvs(t, n, (int64_t)j * nc, nc);
             nt_ap dst = nt_tile_slice(p, 0, (int)nc, w, n);
             rc = nt_isa_nc_transpose(a->k, &dst, &src);
             w += n;
@@ -219,16 +230,16 @@ static int too_long(int64_t Tq, int64_t Tk, int64_t bytes)
 /* Stores tile t (load_head's layout, [128, nblocks(T) * nc], dtype dt) to
  * the contiguous rows [0, T) x [0, nc) at element off of base (row stride
  * ld): one DMA for the full blocks, one for the last. */
-static int store_head_at(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, nt_tile *t,
+static int store_head_at(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, tv t,
                          int64_t col0, int64_t T, int64_t nc);
-static int store_head(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, nt_tile *t,
+static int store_head(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, tv t,
                       int64_t T, int64_t nc)
 {
     return store_head_at(a, base, dt, off, ld, t, 0, T, nc);
 }
 
 /* store_head from columns col0.. of t */
-static int store_head_at(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, nt_tile *t,
+static int store_head_at(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, tv t,
                          int64_t col0, int64_t T, int64_t nc)
 {
     int64_t nfull = T / BLK, tail = T % BLK;
@@ -242,9 +253,75 @@ static int store_head_at(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld
         h.ndim = 2;
         h.num[0] = nb, h.step[0] = BLK * ld;
         h.num[1] = nc, h.step[1] = 1;
-        nt_ap d = nt_tile_slice(t, 0, np, col0 + c0, nb * nc);
+        nt_ap d = tvs(t, np, col0 + c0, nb * nc);
         rc = nt_isa_dma_copy(a->k, &h, &d, sk_qfree(a->s));
     }
+    return rc;
+}
+
+/* Whether the nh heads from b0 of operand x (batch geometry g) lie at one
+ * stride (*hs) elements apart, so that their rows go as one access
+ * pattern. */
+static bool heads_uniform(const nt__attn_geom *g, const nt__attn_opnd *x, int64_t b0, int nh,
+                          int64_t *hs)
+{
+    if (nh < 2)
+        return false;
+    int64_t o0 = nt__attn_boff(x, g, b0);
+    *hs = nt__attn_boff(x, g, b0 + 1) - o0;
+    for (int h = 2; h < nh; h++)
+        if (nt__attn_boff(x, g, b0 + h) - o0 != h * *hs)
+            return false;
+    return true;
+}
+
+/* load_head for the nh heads from b0, head h into t0's columns from h * w
+ * (w = nblocks(T) * nc): f32 whole blocks at one stride apart in one DMA,
+ * [128 rows, heads, blocks, nc], else head by head (the same bits: a DMA
+ * moves them). */
+static int load_heads_g(ak *a, const nt__attn_geom *g, tv t0, int64_t w,
+                        const nt__attn_opnd *x, int64_t b0, int nh, int64_t T, int64_t nc)
+{
+    int64_t hs;
+    if (x->dt == NT_F32 && T > 0 && T % BLK == 0 && heads_uniform(g, x, b0, nh, &hs)) {
+        nt_ap h = sk_hbm_rows(x->base, x->dt, nt__attn_boff(x, g, b0), BLK, x->rs,
+                              nh * w, x->cs);
+        h.ndim = 3;
+        h.num[0] = nh, h.step[0] = hs;
+        h.num[1] = T / BLK, h.step[1] = BLK * x->rs;
+        h.num[2] = nc, h.step[2] = x->cs;
+        nt_ap d = tvs(t0, BLK, 0, nh * w);
+        return nt_isa_dma_copy(a->k, &d, &h, sk_qfree(a->s));
+    }
+    int rc = 0;
+    for (int h = 0; h < nh && !rc; h++)
+        rc = load_head(a, tv_at(t0, h * w), x, nt__attn_boff(x, g, b0 + h), T, nc);
+    return rc;
+}
+
+static int load_heads(ak *a, tv t0, int64_t w, const nt__attn_opnd *x, int64_t b0, int nh,
+                      int64_t T, int64_t nc)
+{
+    return load_heads_g(a, &a->g, t0, w, x, b0, nh, T, nc);
+}
+
+/* store_head for nh heads, head h from t0's columns h * w (w = nblocks(T)
+ * * nc) to element off + h * hs: whole blocks in one DMA. */
+static int store_heads(ak *a, char *base, nt_dtype dt, int64_t off, int64_t hs, int64_t ld, tv t0,
+                       int64_t w, int nh, int64_t T, int64_t nc)
+{
+    if (nh > 1 && T > 0 && T % BLK == 0) {
+        nt_ap h = sk_hbm_rows(base, dt, off, BLK, ld, nh * w, 1);
+        h.ndim = 3;
+        h.num[0] = nh, h.step[0] = hs;
+        h.num[1] = T / BLK, h.step[1] = BLK * ld;
+        h.num[2] = nc, h.step[2] = 1;
+        nt_ap d = tvs(t0, BLK, 0, nh * w);
+        return nt_isa_dma_copy(a->k, &h, &d, sk_qfree(a->s));
+    }
+    int rc = 0;
+    for (int h = 0; h < nh && !rc; h++)
+        rc = store_head(a, base, dt, off + h * hs, ld, tv_at(t0, h * w), T, nc);
     return rc;
 }
 
@@ -334,7 +411,8 @@ typedef struct fq {
 
 /* One head's tiles: k^T, q^T, rows of k, v, q, its output. */
 typedef struct fh {
-    nt_tile *KT, *QT, *Kr, *V, *Qr, *OT;
+    nt_tile *KT, *QT;
+    tv Kr, V, Qr, OT;
 } fh;
 
 /* The forward's tiles: nset sets of a head's tiles (hb heads in flight,
@@ -357,14 +435,21 @@ static int fwd_tiles(ak *a, ft *T, nt_dtype odt, int rc)
     int64_t D = a->D, Dv = a->Dv, Tq = a->Tq, Tk = a->Tk, nqb = a->nqb, nkb = a->nkb;
     heads_in_flight(fwd_need(D, Dv, Tq, Tk), fwd_head(D, Dv, Tq, Tk), nqb, a->g.nbatch, 0, 0,
                     &T->hb, &T->nset);
-    for (int h = 0; h < T->nset; h++) {
-        fh *x = &T->h[h];
-        x->KT = sk_tile(s, "attn.kT", NT_F32, (int)D, Tk);
-        x->QT = sk_tile(s, "attn.qT", NT_F32, (int)D, Tq);
-        x->Kr = sk_tile(s, "attn.k", NT_F32, BLK, nkb * D);
-        x->V = sk_tile(s, "attn.v", NT_F32, BLK, nkb * Dv);
-        x->Qr = sk_tile(s, "attn.q", NT_F32, BLK, nqb * D);
-        x->OT = sk_tile(s, "attn.out", odt, BLK, nqb * Dv);
+    for (int g0 = 0; g0 < T->nset; g0 += T->hb) {
+        int hb = T->hb;
+        nt_tile *Kr = sk_tile(s, "attn.k", NT_F32, BLK, hb * nkb * D);
+        nt_tile *V = sk_tile(s, "attn.v", NT_F32, BLK, hb * nkb * Dv);
+        nt_tile *Qr = sk_tile(s, "attn.q", NT_F32, BLK, hb * nqb * D);
+        nt_tile *OT = sk_tile(s, "attn.out", odt, BLK, hb * nqb * Dv);
+        for (int h = 0; h < hb; h++) {
+            fh *x = &T->h[g0 + h];
+            x->KT = sk_tile(s, "attn.kT", NT_F32, (int)D, Tk);
+            x->QT = sk_tile(s, "attn.qT", NT_F32, (int)D, Tq);
+            x->Kr = (tv){Kr, h * nkb * D};
+            x->V = (tv){V, h * nkb * Dv};
+            x->Qr = (tv){Qr, h * nqb * D};
+            x->OT = (tv){OT, h * nqb * Dv};
+        }
     }
     /* lse = m + log(max(l, 1)) waits for a group of HG heads: one LOG
      * activation over all of them, not one per head (each switched
@@ -439,7 +524,7 @@ static int fwd_step(ak *a, const ft *T, int step, int g, int j)
     case F_TR: return nt_isa_nc_transpose(k, &trp, &sc);
     case F_TRC: return nt_isa_tensor_copy(k, &pT, &trp, NT_ENGINE_SCALAR);
     case F_PV: {
-        nt_ap vd = nt_tile_slice(H->V, 0, nk, (int64_t)j * Dv, Dv);
+        nt_ap vd = tvs(H->V, nk, (int64_t)j * Dv, Dv);
         return nt_isa_nc_matmul(k, &PV, &pT, &vd, false);
     }
     case F_OA: return ts(a, &o_, &o_, NT_ALU_MUL, &alpha, 0);
@@ -485,7 +570,7 @@ static int fwd_query_blocks(ak *a, ft *T, int64_t b0, int set0, int64_t p0, int 
         int64_t i = f->i, c = (f->b % T->HG) * nqb + i;
         nt_ap m = col(f->st, Mq, C_M), l = col(f->st, Mq, C_L);
         nt_ap o_ = nt_tile_slice(f->acc, 0, Mq, 0, Dv);
-        nt_ap out = nt_tile_slice(T->h[f->hs].OT, 0, Mq, i * Dv, Dv);
+        nt_ap out = tvs(T->h[f->hs].OT, Mq, i * Dv, Dv);
         nt_ap ls = col(T->LS, Mq, c), lm = col(T->LM, Mq, c);
         if ((rc = ts(a, &ls, &l, NT_ALU_MAX, NULL, 1.0f)) ||
             (rc = ts(a, &out, &o_, NT_ALU_DIV, &ls, 0)))
@@ -510,28 +595,26 @@ static int fwd_lse(ak *a, const ft *T, int64_t b, char *ld)
      * -- one store (a store per head waited for the one before it on their
      * shared HBM pages) */
     if (!rc && Tq % BLK == 0)
-        rc = store_head_at(a, ld, NT_F32, b0 * Tq, 1, T->LS, 0, nh * Tq, 1);
+        rc = store_head_at(a, ld, NT_F32, b0 * Tq, 1, (tv){T->LS, 0}, 0, nh * Tq, 1);
     for (int64_t h = 0; h < nh && !rc && Tq % BLK; h++)
-        rc = store_head_at(a, ld, NT_F32, (b0 + h) * Tq, 1, T->LS, h * nqb, Tq, 1);
+        rc = store_head_at(a, ld, NT_F32, (b0 + h) * Tq, 1, (tv){T->LS, 0}, h * nqb, Tq, 1);
     return rc;
 }
 
 /* Heads b0 .. b0+nh: k, v, q into tile sets set0.., q and k transposed. */
 static int fwd_heads(ak *a, ft *T, int64_t b0, int nh, int set0)
 {
-    int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv;
-    int rc = 0;
+    int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv, nqb = a->nqb, nkb = a->nkb;
+    const fh *H0 = &T->h[set0];
+    int rc;
+    if ((rc = load_heads(a, H0->Kr, nkb * D, &a->kk, b0, nh, Tk, D)) ||
+        (rc = load_heads(a, H0->V, nkb * Dv, &a->v, b0, nh, Tk, Dv)) ||
+        (rc = load_heads(a, H0->Qr, nqb * D, &a->q, b0, nh, Tq, D)))
+        return rc;
     for (int h = 0; h < nh && !rc; h++) {
-        int64_t b = b0 + h;
-        int64_t qb = nt__attn_boff(&a->q, &a->g, b), kb = nt__attn_boff(&a->kk, &a->g, b);
-        int64_t vb = nt__attn_boff(&a->v, &a->g, b);
         const fh *H = &T->h[set0 + h];
-        if ((rc = load_head(a, H->Kr, &a->kk, kb, Tk, D)) ||
-            (rc = transpose_head(a, H->KT, H->Kr, Tk, D)) ||
-            (rc = load_head(a, H->V, &a->v, vb, Tk, Dv)) ||
-            (rc = load_head(a, H->Qr, &a->q, qb, Tq, D)))
-            break;
-        rc = transpose_head(a, H->QT, H->Qr, Tq, D);
+        if (!(rc = transpose_head(a, H->KT, H->Kr, Tk, D)))
+            rc = transpose_head(a, H->QT, H->Qr, Tq, D);
     }
     return rc;
 }
@@ -572,8 +655,9 @@ int nt__sk_sdpa(const nt__rec *r)
         for (int64_t p0 = 0; p0 < nh * nqb && !rc; p0 += G)
             rc = fwd_query_blocks(&a, &T, b0, set0, p0,
                                   (int)(nh * nqb - p0 < G ? nh * nqb - p0 : G));
-        for (int h = 0; h < nh && !rc; h++)
-            rc = store_head(&a, od, odt, (b0 + h) * Tq * Dv, Dv, T.h[set0 + h].OT, Tq, Dv);
+        if (!rc)
+            rc = store_heads(&a, od, odt, b0 * Tq * Dv, Tq * Dv, Dv, T.h[set0].OT, nqb * Dv, nh,
+                             Tq, Dv);
         for (int64_t b = b0; b < b0 + nh && !rc; b++)
             if (nqb > 0 && (b % T.HG == T.HG - 1 || b + 1 == a.g.nbatch))
                 rc = fwd_lse(&a, &T, b, ld);
@@ -590,7 +674,8 @@ enum { B_MM, B_SCORES, B_P, B_DV, B_DP, B_DS, B_DSP, B_DK, B_TR, B_TRC, B_DQ, B_
  * per query block in flight dS, dS^T and PSUM for dP and dQ; PSUM for dK
  * and dV, two key blocks. */
 typedef struct bh {
-    nt_tile *QT, *GT, *KT, *VT, *Qr, *Gr, *Of, *Kr, *Vr, *dQ, *Dr, *NL, *dQo, *dKo, *dVo;
+    nt_tile *QT, *GT, *KT, *VT, *dQ, *Dr;
+    tv Qr, Gr, Of, Kr, Vr, NL, dQo, dKo, dVo;
 } bh;
 
 /* nset sets of a head's tiles, hb heads in flight (as the forward's ft);
@@ -615,23 +700,35 @@ static void bwd_tiles(ak *a, bt *T, nt_dtype dt)
                     2 * (D + Dv) * 4,
                     NT_SIM_PSUM_BANKS * NT_SIM_PSUM_BANK_BYTES - 2 * NT_SIM_PSUM_BANK_BYTES - psum,
                     &T->hb, &T->nset);
-    for (int h = 0; h < T->nset; h++) {
-        bh *x = &T->h[h];
-        x->QT = sk_tile(s, "attn.qT", NT_F32, (int)D, Tq);
-        x->GT = sk_tile(s, "attn.dOT", NT_F32, (int)Dv, Tq);
-        x->KT = sk_tile(s, "attn.kT", NT_F32, (int)D, Tk);
-        x->VT = sk_tile(s, "attn.vT", NT_F32, (int)Dv, Tk);
-        x->Qr = sk_tile(s, "attn.q", NT_F32, BLK, nqb * D);
-        x->Gr = sk_tile(s, "attn.dO", NT_F32, BLK, nqb * Dv);
-        x->Of = sk_tile(s, "attn.O", NT_F32, BLK, nqb * Dv);
-        x->Kr = sk_tile(s, "attn.k", NT_F32, BLK, nkb * D);
-        x->Vr = sk_tile(s, "attn.v", NT_F32, BLK, nkb * Dv);
-        x->dQ = sk_tile(s, "attn.dq", NT_F32, BLK, nqb * D);
-        x->Dr = sk_tile(s, "attn.Dr", NT_F32, BLK, nqb);
-        x->NL = sk_tile(s, "attn.negl", NT_F32, BLK, nqb);
-        x->dQo = sk_tile(s, "attn.dq.out", dt, BLK, nqb * D);
-        x->dKo = sk_tile(s, "attn.dk.out", dt, BLK, nkb * D);
-        x->dVo = sk_tile(s, "attn.dv.out", dt, BLK, nkb * Dv);
+    for (int g0 = 0; g0 < T->nset; g0 += T->hb) {
+        int hb = T->hb;
+        nt_tile *Qr = sk_tile(s, "attn.q", NT_F32, BLK, hb * nqb * D);
+        nt_tile *Gr = sk_tile(s, "attn.dO", NT_F32, BLK, hb * nqb * Dv);
+        nt_tile *Of = sk_tile(s, "attn.O", NT_F32, BLK, hb * nqb * Dv);
+        nt_tile *Kr = sk_tile(s, "attn.k", NT_F32, BLK, hb * nkb * D);
+        nt_tile *Vr = sk_tile(s, "attn.v", NT_F32, BLK, hb * nkb * Dv);
+        nt_tile *NL = sk_tile(s, "attn.negl", NT_F32, BLK, hb * nqb);
+        nt_tile *dQo = sk_tile(s, "attn.dq.out", dt, BLK, hb * nqb * D);
+        nt_tile *dKo = sk_tile(s, "attn.dk.out", dt, BLK, hb * nkb * D);
+        nt_tile *dVo = sk_tile(s, "attn.dv.out", dt, BLK, hb * nkb * Dv);
+        for (int h = 0; h < hb; h++) {
+            bh *x = &T->h[g0 + h];
+            x->QT = sk_tile(s, "attn.qT", NT_F32, (int)D, Tq);
+            x->GT = sk_tile(s, "attn.dOT", NT_F32, (int)Dv, Tq);
+            x->KT = sk_tile(s, "attn.kT", NT_F32, (int)D, Tk);
+            x->VT = sk_tile(s, "attn.vT", NT_F32, (int)Dv, Tk);
+            x->dQ = sk_tile(s, "attn.dq", NT_F32, BLK, nqb * D);
+            x->Dr = sk_tile(s, "attn.Dr", NT_F32, BLK, nqb);
+            x->Qr = (tv){Qr, h * nqb * D};
+            x->Gr = (tv){Gr, h * nqb * Dv};
+            x->Of = (tv){Of, h * nqb * Dv};
+            x->Kr = (tv){Kr, h * nkb * D};
+            x->Vr = (tv){Vr, h * nkb * Dv};
+            x->NL = (tv){NL, h * nqb};
+            x->dQo = (tv){dQo, h * nqb * D};
+            x->dKo = (tv){dKo, h * nkb * D};
+            x->dVo = (tv){dVo, h * nkb * Dv};
+        }
     }
     for (int g = 0; g < G; g++) {
         T->dS[g] = sk_tile(s, "attn.dS", NT_F32, BLK, BLK);
@@ -646,43 +743,54 @@ static void bwd_tiles(ak *a, bt *T, nt_dtype dt)
         }
 }
 
-/* Batch b's head into SBUF: q, dO, k, v as rows and transposes, O as rows;
- * dQ's accumulator cleared. */
-static int bwd_load(ak *a, const bh *T, int64_t b)
+/* Heads b0 .. b0+nh (tile sets from T): q, dO, k, v as rows and
+ * transposes, O as rows, -lse; dQ's accumulators cleared. */
+static int bwd_load(ak *a, const bh *T, int64_t b0, int nh, const char *lsed)
 {
     nt_sim_kernel *k = a->k;
-    int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv;
-    int64_t qb = nt__attn_boff(&a->q, &a->g, b), kb = nt__attn_boff(&a->kk, &a->g, b);
-    nt_ap dqall = nt_tile_ap(T->dQ);
-    int rc;
-    if ((rc = nt_isa_memset(k, &dqall, 0.0, NT_ENGINE_GPSIMD)) ||
-        (rc = load_head(a, T->Qr, &a->q, qb, Tq, D)) ||
-        (rc = transpose_head(a, T->QT, T->Qr, Tq, D)) ||
-        (rc = load_head(a, T->Gr, &a->dO, qb, Tq, Dv)) ||
-        (rc = transpose_head(a, T->GT, T->Gr, Tq, Dv)) ||
-        (rc = load_head(a, T->Of, &a->O, qb, Tq, Dv)) ||
-        (rc = load_head(a, T->Kr, &a->kk, kb, Tk, D)) ||
-        (rc = transpose_head(a, T->KT, T->Kr, Tk, D)) ||
-        (rc = load_head(a, T->Vr, &a->v, kb, Tk, Dv)))
+    int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv, nqb = a->nqb, nkb = a->nkb;
+    int rc = 0;
+    for (int h = 0; h < nh && !rc; h++) {
+        nt_ap dqall = nt_tile_ap(T[h].dQ);
+        rc = nt_isa_memset(k, &dqall, 0.0, NT_ENGINE_GPSIMD);
+    }
+    /* -lse: [rows, heads, blocks] of lse's [heads, Tq], one element a run */
+    nt__attn_opnd l = {.base = lsed, .dt = NT_F32, .rs = 1, .cs = 1, .nb = 1};
+    l.bst[0] = Tq;
+    nt__attn_geom lg = {.nb = 1, .nbatch = a->g.nbatch};
+    lg.bshape[0] = a->g.nbatch;
+    if (!rc)
+        rc = load_heads_g(a, &lg, T[0].NL, nqb, &l, b0, nh, Tq, 1);
+    if (rc || (rc = load_heads(a, T[0].Qr, nqb * D, &a->q, b0, nh, Tq, D)) ||
+        (rc = load_heads(a, T[0].Gr, nqb * Dv, &a->dO, b0, nh, Tq, Dv)) ||
+        (rc = load_heads(a, T[0].Of, nqb * Dv, &a->O, b0, nh, Tq, Dv)) ||
+        (rc = load_heads(a, T[0].Kr, nkb * D, &a->kk, b0, nh, Tk, D)) ||
+        (rc = load_heads(a, T[0].Vr, nkb * Dv, &a->v, b0, nh, Tk, Dv)))
         return rc;
-    return transpose_head(a, T->VT, T->Vr, Tk, Dv);
+    for (int h = 0; h < nh && !rc; h++) {
+        const bh *H = &T[h];
+        if ((rc = transpose_head(a, H->QT, H->Qr, Tq, D)) ||
+            (rc = transpose_head(a, H->GT, H->Gr, Tq, Dv)) ||
+            (rc = transpose_head(a, H->KT, H->Kr, Tk, D)))
+            break;
+        rc = transpose_head(a, H->VT, H->Vr, Tk, Dv);
+    }
+    return rc;
 }
 
 /* Dr = rowsum(dO * O) (products rounded to f32), -lse; dO * O goes into
  * O's tile. */
-static int bwd_drow(ak *a, const bh *T, const char *lsed, int64_t b)
+static int bwd_drow(ak *a, const bh *T)
 {
     nt_sim_kernel *k = a->k;
     int64_t Tq = a->Tq, Dv = a->Dv;
     int rc = 0;
     for (int64_t i = 0; i < a->nqb && !rc; i++) {
         int Mq = bsize(Tq, (int)i);
-        nt_ap gr = nt_tile_slice(T->Gr, 0, Mq, i * Dv, Dv), of = nt_tile_slice(T->Of, 0, Mq, i * Dv, Dv);
-        nt_ap dr = col(T->Dr, Mq, i), nl = col(T->NL, Mq, i);
-        nt_ap hl = sk_hbm_rows(lsed, NT_F32, b * Tq + i * BLK, Mq, 1, 1, 1);
+        nt_ap gr = tvs(T->Gr, Mq, i * Dv, Dv), of = tvs(T->Of, Mq, i * Dv, Dv);
+        nt_ap dr = col(T->Dr, Mq, i), nl = tvs(T->NL, Mq, i, 1);
         if ((rc = tt(a, &of, &gr, &of, NT_ALU_MUL)) ||
-            (rc = nt_isa_tensor_reduce(k, &dr, &of, NT_ALU_ADD, 1)) ||
-            (rc = nt_isa_dma_copy(k, &nl, &hl, sk_qfree(a->s))))
+            (rc = nt_isa_tensor_reduce(k, &dr, &of, NT_ALU_ADD, 1)))
             break;
         rc = ts(a, &nl, &nl, NT_ALU_MUL, NULL, -1.0f);
     }
@@ -722,11 +830,11 @@ static int bwd_step(ak *a, const bt *TT, const bkey *kb, int step, int g, int64_
     }
     case B_SCORES: return scores(a, g, &P, &S, kb->mb, q0, Mq, kb->k0, nk);
     case B_P: {
-        nt_ap nl = col(T->NL, Mq, i);
+        nt_ap nl = tvs(T->NL, Mq, i, 1);
         return nt_isa_activation(k, &P, NT_ACT_EXP, &P, NULL, &(nt_isa_scalar){&nl, 0}, NULL);
     }
     case B_DV: {
-        nt_ap gr = nt_tile_slice(T->Gr, 0, Mq, i * Dv, Dv);
+        nt_ap gr = tvs(T->Gr, Mq, i * Dv, Dv);
         return nt_isa_nc_matmul(k, &kb->dV, &P, &gr, !first);
     }
     case B_DP: {
@@ -741,7 +849,7 @@ static int bwd_step(ak *a, const bt *TT, const bkey *kb, int step, int g, int64_
     }
     case B_DSP: return tt(a, &ds, &ds, &P, NT_ALU_MUL);
     case B_DK: {
-        nt_ap qr = nt_tile_slice(T->Qr, 0, Mq, i * D, D);
+        nt_ap qr = tvs(T->Qr, Mq, i * D, D);
         return nt_isa_nc_matmul(k, &kb->dK, &ds, &qr, !first);
     }
     case B_TR: return nt_isa_nc_transpose(k, &trp, &ds);
@@ -776,7 +884,7 @@ static int bwd_key_block(ak *a, const bt *T, int j, int64_t b0, int nh, int set0
                        .mb = a->has_mask ? nt__attn_boff(&a->m, &a->g, b0 + h) : 0};
         kb[h].kT = nt_tile_slice(H->KT, 0, (int)D, k0, nk);
         kb[h].vT = nt_tile_slice(H->VT, 0, (int)Dv, k0, nk);
-        kb[h].kr = nt_tile_slice(H->Kr, 0, nk, (int64_t)j * D, D);
+        kb[h].kr = tvs(H->Kr, nk, (int64_t)j * D, D);
         kb[h].dK = nt_tile_slice(T->dKp[h][j & 1], 0, nk, 0, D);
         kb[h].dV = nt_tile_slice(T->dVp[h][j & 1], 0, nk, 0, Dv);
     }
@@ -794,8 +902,8 @@ static int bwd_key_block(ak *a, const bt *T, int j, int64_t b0, int nh, int set0
     for (int h = 0; h < nh && !rc; h++) {
         /* dk, dv of this block */
         const bh *H = &T->h[set0 + h];
-        nt_ap o1 = nt_tile_slice(H->dKo, 0, nk, (int64_t)j * D, D);
-        nt_ap o2 = nt_tile_slice(H->dVo, 0, nk, (int64_t)j * Dv, Dv);
+        nt_ap o1 = tvs(H->dKo, nk, (int64_t)j * D, D);
+        nt_ap o2 = tvs(H->dVo, nk, (int64_t)j * Dv, Dv);
         if (firstq < 0) { /* no query reached this block */
             if (!(rc = nt_isa_memset(k, &o1, 0.0, NT_ENGINE_VECTOR)))
                 rc = nt_isa_memset(k, &o2, 0.0, NT_ENGINE_VECTOR);
@@ -806,22 +914,26 @@ static int bwd_key_block(ak *a, const bt *T, int j, int64_t b0, int nh, int set0
     return rc;
 }
 
-/* Batch b's dq (the accumulator in the output dtype), dk and dv to HBM. */
-static int bwd_store(ak *a, const bh *T, int64_t b, char *dqd, char *dkvd, nt_dtype dt)
+/* Heads b0 .. b0+nh: dq (the accumulators in the output dtype), dk and dv
+ * to HBM. */
+static int bwd_store(ak *a, const bh *T, int64_t b0, int nh, char *dqd, char *dkvd, nt_dtype dt)
 {
-    int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv;
+    int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv, nqb = a->nqb, nkb = a->nkb;
     int rc = 0;
-    for (int64_t i = 0; i < a->nqb && !rc; i++) {
-        int Mq = bsize(Tq, (int)i);
-        nt_ap dqa = nt_tile_slice(T->dQ, 0, Mq, i * D, D), o1 = nt_tile_slice(T->dQo, 0, Mq, i * D, D);
-        rc = nt_isa_tensor_copy(a->k, &o1, &dqa, NT_ENGINE_VECTOR);
-    }
+    for (int h = 0; h < nh; h++)
+        for (int64_t i = 0; i < nqb && !rc; i++) {
+            int Mq = bsize(Tq, (int)i);
+            nt_ap dqa = nt_tile_slice(T[h].dQ, 0, Mq, i * D, D), o1 = tvs(T[h].dQo, Mq, i * D, D);
+            rc = nt_isa_tensor_copy(a->k, &o1, &dqa, NT_ENGINE_VECTOR);
+        }
+    int64_t kvs = Tk * (D + Dv);
     if (!rc)
-        rc = store_head(a, dqd, dt, b * Tq * D, D, T->dQo, Tq, D);
+        rc = store_heads(a, dqd, dt, b0 * Tq * D, Tq * D, D, T[0].dQo, nqb * D, nh, Tq, D);
     if (!rc)
-        rc = store_head(a, dkvd, dt, b * Tk * (D + Dv), D, T->dKo, Tk, D);
+        rc = store_heads(a, dkvd, dt, b0 * kvs, kvs, D, T[0].dKo, nkb * D, nh, Tk, D);
     if (!rc)
-        rc = store_head(a, dkvd, dt, b * Tk * (D + Dv) + Tk * D, Dv, T->dVo, Tk, Dv);
+        rc = store_heads(a, dkvd, dt, b0 * kvs + Tk * D, kvs, Dv, T[0].dVo, nkb * Dv, nh, Tk,
+                         Dv);
     return rc;
 }
 
@@ -859,13 +971,13 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
     for (int64_t b0 = 0; b0 < a.g.nbatch && !rc; b0 += T.hb) {
         int nh = (int)(a.g.nbatch - b0 < T.hb ? a.g.nbatch - b0 : T.hb);
         int set0 = T.nset > T.hb ? (int)((b0 / T.hb) & 1) * T.hb : 0;
+        rc = bwd_load(&a, &T.h[set0], b0, nh, lsed);
         for (int h = 0; h < nh && !rc; h++)
-            if (!(rc = bwd_load(&a, &T.h[set0 + h], b0 + h)))
-                rc = bwd_drow(&a, &T.h[set0 + h], lsed, b0 + h);
+            rc = bwd_drow(&a, &T.h[set0 + h]);
         for (int j = 0; j < nkb && !rc; j++)
             rc = bwd_key_block(&a, &T, j, b0, nh, set0);
-        for (int h = 0; h < nh && !rc; h++)
-            rc = bwd_store(&a, &T.h[set0 + h], b0 + h, dqd, dkvd, dt);
+        if (!rc)
+            rc = bwd_store(&a, &T.h[set0], b0, nh, dqd, dkvd, dt);
     }
     return sk_end_values(&s, values, rc, r);
 }
