@@ -23,7 +23,11 @@
  * Query blocks run G at a time, their instructions interleaved step by step
  * (software pipelining): the engines are in-order, so one block's chain of
  * dependent steps would leave them idle between its steps.  The order of
- * the steps of any one block, and so every value, is unchanged.
+ * the steps of any one block, and so every value, is unchanged.  With
+ * fewer query blocks than G a head, the blocks of several heads fill the
+ * slots (heads_in_flight); their row tiles are one tile, so a group's
+ * operands load and its results store one DMA each (load_heads,
+ * store_heads), and a second set lets the next group load meanwhile.
  *
  * Every instruction computes what cpu/attention.c computes at that step
  * (the same nt__gemm_ktile products, core/ewise.h steps and canonical

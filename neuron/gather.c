@@ -8,10 +8,10 @@
  *
  * embedding_bwd: gw[V, D] = sum over positions p, in order, of g[p, :] added
  * into row idx[p], accumulated in f32 from +0 and rounded once (cpu/bwd.c).
- * The accumulator lives in SBUF, row v at partition v % 128 (V in blocks
- * when it does not fit); a GpSimd scatter-add walks the positions of each
- * [128, D] tile of g in order, so every row sees its additions in the CPU's
- * order. */
+ * The accumulator lives in SBUF transposed, feature d at partition d (D in
+ * chunks of 128, V in blocks when it does not fit); a GpSimd scatter-add
+ * walks the positions of each transposed [128, 128] tile of g in order on
+ * every lane, so every element sees its additions in the CPU's order. */
 #include "neuron/sk.h"
 
 #include <string.h>

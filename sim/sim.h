@@ -206,7 +206,11 @@ extern nt__sim_global nt__sim;
  * program's storages and its plan's block), so two planned tensors that
  * reuse the same bytes wait for each other, and where the host put a
  * buffer never changes the time.  The program's time (its makespan) is
- * added to the core's clock and statistics once, at its end.
+ * added to the core's clock and statistics once, at its end.  Its kernels
+ * take SBUF away from the kernels just before them (every other one fits
+ * from the top down, each from where the last one from its end stopped:
+ * sim/core.c, next_origin), as a compiler allocating the whole program's
+ * buffers would; alone, a kernel fits from offset 0.
  *
  * Untimed: a program whose timing is known (the snapshot of an earlier
  * run of the same program) runs its kernels for their values only -- the
