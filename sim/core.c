@@ -117,11 +117,25 @@ typedef struct nt__sim_dep {
  * simulated time (two identical runs give identical nanoseconds, whatever
  * each buffer's alignment, and two buffers never share a page). */
 #define HBM_PAGE_SHIFT 14 /* 16 KiB: fine enough to pipeline tiles, cheap on 16 MiB DMAs */
+/* Within a page, the bytes [lo, hi) an access touched and when it ended:
+ * an access waits only for the accesses to bytes it touches (a DMA engine
+ * orders nothing else; with a page's whole 16 KiB, the four-byte stores of
+ * the gradient norms into one vector each waited for the one before).  A
+ * page keeps its last HBM_RECS writes and reads; older ones are folded into
+ * wold / rold, which cover the whole page (later than need be, never
+ * earlier). */
+#define HBM_RECS 4
+typedef struct hrec {
+    int32_t lo, hi;
+    double t;
+} hrec;
 typedef struct nt__sim_hpage {
     uintptr_t base; /* the pattern's base pointer */
     uintptr_t key;  /* the page, counted from base */
     uint32_t gen;
-    double wend, rend;
+    uint8_t nw, nr;
+    double wold, rold;
+    hrec w[HBM_RECS], r[HBM_RECS];
 } hpage;
 
 /* A program running on a core (sim/sim.h, "Programs"): the timeline state
@@ -1569,7 +1583,8 @@ static hpage *ht_get(nt__sim_core *c, uintptr_t base, uintptr_t key)
     c->ht[j].base = base;
     c->ht[j].key = key;
     c->ht[j].gen = c->ht_gen;
-    c->ht[j].wend = c->ht[j].rend = 0.0;
+    c->ht[j].wold = c->ht[j].rold = 0.0;
+    c->ht[j].nw = c->ht[j].nr = 0;
     c->ht_count++;
     return &c->ht[j];
 }
@@ -1591,13 +1606,65 @@ static bool hp_room(nt__sim_core *c, size_t n)
     return true;
 }
 
+/* When an access to bytes [lo, hi) of page e may start. */
+static double hp_wait(const hpage *e, int32_t lo, int32_t hi, bool write)
+{
+    double t = e->wold;
+    for (int i = 0; i < e->nw; i++)
+        if (e->w[i].lo < hi && lo < e->w[i].hi && e->w[i].t > t)
+            t = e->w[i].t;
+    if (!write)
+        return t;
+    if (e->rold > t)
+        t = e->rold;
+    for (int i = 0; i < e->nr; i++)
+        if (e->r[i].lo < hi && lo < e->r[i].hi && e->r[i].t > t)
+            t = e->r[i].t;
+    return t;
+}
+
+/* Records an access to bytes [lo, hi) of page e ending at end. */
+static void hp_note(hpage *e, int32_t lo, int32_t hi, bool write, double end)
+{
+    hrec *r = write ? e->w : e->r;
+    uint8_t *n = write ? &e->nw : &e->nr;
+    double *old = write ? &e->wold : &e->rold;
+    int m = 0;
+    for (int i = 0; i < *n; i++) {
+        if (r[i].lo == lo && r[i].hi == hi) {
+            if (end > r[i].t)
+                r[i].t = end;
+            return;
+        }
+        if (r[i].t < r[m].t)
+            m = i;
+    }
+    if (*n < HBM_RECS) {
+        r[(*n)++] = (hrec){lo, hi, end};
+        return;
+    }
+    if (r[m].t > *old)
+        *old = r[m].t;
+    r[m] = (hrec){lo, hi, end};
+}
+
+/* The bytes of page pg that an access spanning [elo, ehi) touches. */
+static void hp_span(int64_t pg, int64_t elo, int64_t ehi, int32_t *lo, int32_t *hi)
+{
+    int64_t p0 = pg << HBM_PAGE_SHIFT, p1 = p0 + ((int64_t)1 << HBM_PAGE_SHIFT);
+    *lo = (int32_t)((elo > p0 ? elo : p0) - p0);
+    *hi = (int32_t)((ehi < p1 ? ehi : p1) - p0);
+}
+
 /* Visits the HBM pages of every row of ap: mode 0 = collect the time a read
  * (write=false) or write must wait for, mode 1 = record the access ending at
  * `end`.  In mode 0, when *nhp is not SIZE_MAX each visited entry is also
  * appended to c->hp (at *nhp, which is advanced), so that mode 1 can update
- * them without another lookup; SIZE_MAX on return: the list is incomplete. */
+ * them without another lookup; SIZE_MAX on return: the list is incomplete.
+ * Within a page the access counts as its bytes from its lowest to its
+ * highest (*elo, *ehi, from the page origin). */
 static double hbm_pages(nt__sim_core *c, const nt_ap *ap, bool write, int mode, double end,
-                        size_t *nhp)
+                        size_t *nhp, int64_t *elo, int64_t *ehi)
 {
     int64_t esz = (int64_t)nt__dtype_size(ap->dtype);
     int64_t lo, hi;
@@ -1621,6 +1688,10 @@ static double hbm_pages(nt__sim_core *c, const nt_ap *ap, bool write, int mode, 
         }
     }
     int64_t F = nt__sim_free_count(ap);
+    int64_t r0 = shift + (ap->offset + lo) * esz, span = (int64_t)(ap->np - 1) * ap->pstep * esz;
+    int64_t xlo = r0 + (span < 0 ? span : 0), xhi = r0 + (span > 0 ? span : 0) + (hi - lo + 1) * esz;
+    if (elo)
+        *elo = xlo, *ehi = xhi;
     nt__sim_shape s;
     nt__sim_canon(ap, &s);
     bool dense = s.nd == 1 && s.step[0] == 1;
@@ -1658,15 +1729,14 @@ static double hbm_pages(nt__sim_core *c, const nt_ap *ap, bool write, int mode, 
                 else
                     *nhp = SIZE_MAX;
             }
+            int32_t plo, phi;
+            hp_span(pg, xlo, xhi, &plo, &phi);
             if (mode == 0) {
-                if (e->wend > t)
-                    t = e->wend;
-                if (write && e->rend > t)
-                    t = e->rend;
-            } else if (write) {
-                e->wend = end;
-            } else if (end > e->rend) {
-                e->rend = end;
+                double w = hp_wait(e, plo, phi, write);
+                if (w > t)
+                    t = w;
+            } else {
+                hp_note(e, plo, phi, write, end);
             }
         }
         last_page = last;
@@ -1798,6 +1868,7 @@ typedef struct issued {
      * found, so that recording the access needs no second lookup: valid
      * while the table is not rehashed (only a new entry grows it) */
     size_t nhp, hp_end[NT__SIM_MAX_ACC];
+    int64_t elo[NT__SIM_MAX_ACC], ehi[NT__SIM_MAX_ACC]; /* each HBM access's bytes */
     const hpage *ht0;
     double start, end, lat; /* when it runs; its writes' access latency */
 } issued;
@@ -1817,7 +1888,7 @@ ISSUE_STEP void issue_wait(nt_sim_kernel *k, const nt__sim_instr *in, issued *is
         const nt__sim_acc *a = &in->acc[i];
         const nt_ap *ap = a->ap;
         if (!ap->tile) {
-            double t = hbm_pages(core, ap, a->write, 0, 0.0, &nhp);
+            double t = hbm_pages(core, ap, a->write, 0, 0.0, &nhp, &is->elo[i], &is->ehi[i]);
             is->hp_end[i] = nhp;
             if (t > ready)
                 ready = t;
@@ -1941,16 +2012,15 @@ ISSUE_STEP void issue_record(nt_sim_kernel *k, const nt__sim_instr *in, const is
         const nt_ap *ap = a->ap;
         if (!ap->tile) {
             if (!hp_ok) {
-                hbm_pages(core, ap, a->write, 1, end, NULL);
+                hbm_pages(core, ap, a->write, 1, end, NULL, NULL, NULL);
                 continue;
             }
             /* what hbm_pages' mode 1 does to each page it visits */
             for (size_t h = hp0; h < is->hp_end[i]; h++) {
                 hpage *e = core->hp[h];
-                if (a->write)
-                    e->wend = end;
-                else if (end > e->rend)
-                    e->rend = end;
+                int32_t plo, phi;
+                hp_span((int64_t)e->key, is->elo[i], is->ehi[i], &plo, &phi);
+                hp_note(e, plo, phi, a->write, end);
             }
             hp0 = is->hp_end[i];
             continue;
