@@ -713,11 +713,22 @@ static void alloc_give(nt__sim_alloc *a, int64_t off, int64_t size)
  * while that is below SBUF_ORIGIN_MAX, so a kernel planned within its
  * budget (neuron/sk.h: 160 of 192 KiB) has room there; past that it
  * starts from its end again.  Either way a tile that does not fit there
- * takes the first fit over all of SBUF. */
+ * takes the first fit over all of SBUF.  Only the runtime's own kernels,
+ * planned within that budget, are placed so (nt__sim_kernel_spread, from
+ * neuron/ sk_begin); a user's tile kernel may count on SBUF from 0. */
 #define SBUF_ORIGIN_MAX (24 * 1024)
 static int64_t next_origin(const nt__sim_alloc *a)
 {
     return a->hi < SBUF_ORIGIN_MAX ? a->hi : 0;
+}
+
+void nt__sim_kernel_spread(nt_sim_kernel *k)
+{
+    nt__sim_prog *pg = k && k->in_prog ? k->core->prog : NULL;
+    if (!pg || !pg->timed || k->sbuf.used)
+        return;
+    k->sbuf.down = pg->kernels & 1;
+    k->sbuf.origin = pg->sbuf_origin[pg->kernels & 1];
 }
 
 static int64_t alloc_largest(const nt__sim_alloc *a, bool psum)
@@ -1027,8 +1038,6 @@ nt_sim_kernel *nt_sim_kernel_begin(const char *name)
         k->port_psum_vs = pg->port_psum_vs;
         k->act_table = pg->act_table;
         k->rr_queue = pg->rr_queue;
-        k->sbuf.down = pg->kernels & 1;
-        k->sbuf.origin = pg->sbuf_origin[pg->kernels & 1];
         k->bucket = pg->bucket, pg->bucket = NULL;
         k->nbucket = pg->nbucket;
         k->dma_iv = pg->dma_iv, pg->dma_iv = NULL;

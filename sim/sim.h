@@ -210,7 +210,9 @@ extern nt__sim_global nt__sim;
  * take SBUF away from the kernels just before them (every other one fits
  * from the top down, each from where the last one from its end stopped:
  * sim/core.c, next_origin), as a compiler allocating the whole program's
- * buffers would; alone, a kernel fits from offset 0.
+ * buffers would, when the kernel asks before its first tile
+ * (nt__sim_kernel_spread: the runtime's kernels, planned within 160 KiB);
+ * alone, or a user's tile kernel, fits from offset 0.
  *
  * Untimed: a program whose timing is known (the snapshot of an earlier
  * run of the same program) runs its kernels for their values only -- the
@@ -241,6 +243,9 @@ double nt__sim_program_end(nt__sim_prog_snap *out);
 /* True between begin and end of an untimed program on this thread's core:
  * a built-in kernel computes its values without issuing. */
 bool nt__sim_program_untimed(void);
+/* In a timed program, k (before its first tile) takes SBUF away from the
+ * kernels just before it (sim/core.c, next_origin); else nothing. */
+void nt__sim_kernel_spread(nt_sim_kernel *k);
 /* True between begin and end of any program on this thread's core. */
 bool nt__sim_program_active(void);
 
