@@ -23,7 +23,11 @@
  * Query blocks run G at a time, their instructions interleaved step by step
  * (software pipelining): the engines are in-order, so one block's chain of
  * dependent steps would leave them idle between its steps.  The order of
- * the steps of any one block, and so every value, is unchanged.
+ * the steps of any one block, and so every value, is unchanged.  With
+ * fewer query blocks than G a head, the blocks of several heads fill the
+ * slots (heads_in_flight); their row tiles are one tile, so a group's
+ * operands load and its results store one DMA each (load_heads,
+ * store_heads), and a second set lets the next group load meanwhile.
  *
  * Every instruction computes what cpu/attention.c computes at that step
  * (the same nt__gemm_ktile products, core/ewise.h steps and canonical
@@ -69,6 +73,17 @@ typedef struct ak {
 
 static nt_ap col(nt_tile *t, int np, int64_t j) { return nt_tile_slice(t, 0, np, j, 1); }
 
+/* A head's columns of a tile the heads in flight share (a head's rows at
+ * columns c0..): their loads and stores go as one DMA per operand. */
+typedef struct tv {
+    nt_tile *t;
+    int64_t c0;
+} tv;
+
+static nt_ap tvs(tv v, int np, int64_t f0, int64_t nf) { return nt_tile_slice(v.t, 0, np, v.c0 + f0, nf); }
+
+static inline tv tv_at(tv v, int64_t c) { return (tv){v.t, v.c0 + c}; }
+
 static int ts(ak *a, const nt_ap *d, const nt_ap *x, nt_alu_op op, const nt_ap *sap, float imm)
 {
     return nt_isa_tensor_scalar(a->k, d, x, &(nt_isa_alu){op, {sap, imm}, false}, NULL,
@@ -87,7 +102,7 @@ static inline int bsize(int64_t T, int j) { return (int)(T - (int64_t)j * BLK < 
  * [128, nblocks(T) * nc], block j at column j * nc, row r at partition
  * r % 128): one DMA for the full blocks, one for the last, and a widening
  * copy on-chip when x is not f32 (exact). */
-static int load_head(ak *a, nt_tile *t, const nt__attn_opnd *x, int64_t boff, int64_t T,
+static int load_head(ak *a, tv t, const nt__attn_opnd *x, int64_t boff, int64_t T,
                      int64_t nc)
 {
     int64_t nfull = T / BLK, tail = T % BLK;
@@ -103,12 +118,12 @@ static int load_head(ak *a, nt_tile *t, const nt__attn_opnd *x, int64_t boff, in
         h.ndim = 2;
         h.num[0] = nb, h.step[0] = BLK * x->rs;
         h.num[1] = nc, h.step[1] = x->cs;
-        nt_ap d = nt_tile_slice(t, 0, np, c0, nb * nc);
+        nt_ap d = tvs(t, np, c0, nb * nc);
         if (f32) {
-            rc = nt_isa_dma_copy(a->k, &d, &h, sk_qin(a->s));
+            rc = nt_isa_dma_copy(a->k, &d, &h, sk_qfree(a->s));
         } else {
             nt_ap r = nt_tile_slice(a->raw[a->nraw % a->nraw_slots], 0, np, c0, nb * nc);
-            rc = nt_isa_dma_copy(a->k, &r, &h, sk_qin(a->s));
+            rc = nt_isa_dma_copy(a->k, &r, &h, sk_qfree(a->s));
             if (!rc)
                 rc = nt_isa_tensor_copy(a->k, &d, &r, NT_ENGINE_GPSIMD);
         }
@@ -120,7 +135,7 @@ static int load_head(ak *a, nt_tile *t, const nt__attn_opnd *x, int64_t boff, in
 
 /* tT [nc, T] (f32) = the head's rows t (load_head's layout) transposed: up
  * to 4 blocks per PSUM tile, one evacuating copy each */
-static int transpose_head(ak *a, nt_tile *tT, nt_tile *t, int64_t T, int64_t nc)
+static int transpose_head(ak *a, nt_tile *tT, tv t, int64_t T, int64_t nc)
 {
     int nb = nblocks(T), rc = 0;
     for (int j0 = 0; j0 < nb && !rc; j0 += 4) {
@@ -128,7 +143,7 @@ static int transpose_head(ak *a, nt_tile *tT, nt_tile *t, int64_t T, int64_t nc)
         int64_t w = 0;
         for (int j = j0; j < nb && j < j0 + 4 && !rc; j++) {
             int n = bsize(T, j);
-            nt_ap src = nt_tile_slice(t, 0, n, (int64_t)j * nc, nc);
+            nt_ap src = tvs(t, n, (int64_t)j * nc, nc);
             nt_ap dst = nt_tile_slice(p, 0, (int)nc, w, n);
             rc = nt_isa_nc_transpose(a->k, &dst, &src);
             w += n;
@@ -219,16 +234,16 @@ static int too_long(int64_t Tq, int64_t Tk, int64_t bytes)
 /* Stores tile t (load_head's layout, [128, nblocks(T) * nc], dtype dt) to
  * the contiguous rows [0, T) x [0, nc) at element off of base (row stride
  * ld): one DMA for the full blocks, one for the last. */
-static int store_head_at(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, nt_tile *t,
+static int store_head_at(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, tv t,
                          int64_t col0, int64_t T, int64_t nc);
-static int store_head(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, nt_tile *t,
+static int store_head(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, tv t,
                       int64_t T, int64_t nc)
 {
     return store_head_at(a, base, dt, off, ld, t, 0, T, nc);
 }
 
 /* store_head from columns col0.. of t */
-static int store_head_at(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, nt_tile *t,
+static int store_head_at(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld, tv t,
                          int64_t col0, int64_t T, int64_t nc)
 {
     int64_t nfull = T / BLK, tail = T % BLK;
@@ -242,9 +257,75 @@ static int store_head_at(ak *a, char *base, nt_dtype dt, int64_t off, int64_t ld
         h.ndim = 2;
         h.num[0] = nb, h.step[0] = BLK * ld;
         h.num[1] = nc, h.step[1] = 1;
-        nt_ap d = nt_tile_slice(t, 0, np, col0 + c0, nb * nc);
-        rc = nt_isa_dma_copy(a->k, &h, &d, sk_qout(a->s));
+        nt_ap d = tvs(t, np, col0 + c0, nb * nc);
+        rc = nt_isa_dma_copy(a->k, &h, &d, sk_qfree(a->s));
     }
+    return rc;
+}
+
+/* Whether the nh heads from b0 of operand x (batch geometry g) lie at one
+ * stride (*hs) elements apart, so that their rows go as one access
+ * pattern. */
+static bool heads_uniform(const nt__attn_geom *g, const nt__attn_opnd *x, int64_t b0, int nh,
+                          int64_t *hs)
+{
+    if (nh < 2)
+        return false;
+    int64_t o0 = nt__attn_boff(x, g, b0);
+    *hs = nt__attn_boff(x, g, b0 + 1) - o0;
+    for (int h = 2; h < nh; h++)
+        if (nt__attn_boff(x, g, b0 + h) - o0 != h * *hs)
+            return false;
+    return true;
+}
+
+/* load_head for the nh heads from b0, head h into t0's columns from h * w
+ * (w = nblocks(T) * nc): f32 whole blocks at one stride apart in one DMA,
+ * [128 rows, heads, blocks, nc], else head by head (the same bits: a DMA
+ * moves them). */
+static int load_heads_g(ak *a, const nt__attn_geom *g, tv t0, int64_t w,
+                        const nt__attn_opnd *x, int64_t b0, int nh, int64_t T, int64_t nc)
+{
+    int64_t hs;
+    if (x->dt == NT_F32 && T > 0 && T % BLK == 0 && heads_uniform(g, x, b0, nh, &hs)) {
+        nt_ap h = sk_hbm_rows(x->base, x->dt, nt__attn_boff(x, g, b0), BLK, x->rs,
+                              nh * w, x->cs);
+        h.ndim = 3;
+        h.num[0] = nh, h.step[0] = hs;
+        h.num[1] = T / BLK, h.step[1] = BLK * x->rs;
+        h.num[2] = nc, h.step[2] = x->cs;
+        nt_ap d = tvs(t0, BLK, 0, nh * w);
+        return nt_isa_dma_copy(a->k, &d, &h, sk_qfree(a->s));
+    }
+    int rc = 0;
+    for (int h = 0; h < nh && !rc; h++)
+        rc = load_head(a, tv_at(t0, h * w), x, nt__attn_boff(x, g, b0 + h), T, nc);
+    return rc;
+}
+
+static int load_heads(ak *a, tv t0, int64_t w, const nt__attn_opnd *x, int64_t b0, int nh,
+                      int64_t T, int64_t nc)
+{
+    return load_heads_g(a, &a->g, t0, w, x, b0, nh, T, nc);
+}
+
+/* store_head for nh heads, head h from t0's columns h * w (w = nblocks(T)
+ * * nc) to element off + h * hs: whole blocks in one DMA. */
+static int store_heads(ak *a, char *base, nt_dtype dt, int64_t off, int64_t hs, int64_t ld, tv t0,
+                       int64_t w, int nh, int64_t T, int64_t nc)
+{
+    if (nh > 1 && T > 0 && T % BLK == 0) {
+        nt_ap h = sk_hbm_rows(base, dt, off, BLK, ld, nh * w, 1);
+        h.ndim = 3;
+        h.num[0] = nh, h.step[0] = hs;
+        h.num[1] = T / BLK, h.step[1] = BLK * ld;
+        h.num[2] = nc, h.step[2] = 1;
+        nt_ap d = tvs(t0, BLK, 0, nh * w);
+        return nt_isa_dma_copy(a->k, &h, &d, sk_qfree(a->s));
+    }
+    int rc = 0;
+    for (int h = 0; h < nh && !rc; h++)
+        rc = store_head(a, base, dt, off + h * hs, ld, tv_at(t0, h * w), T, nc);
     return rc;
 }
 
@@ -279,6 +360,40 @@ static int64_t bwd_need(int64_t D, int64_t Dv, int64_t Tq, int64_t Tk)
                 RAW_BWD * raw_elems(D, Dv, nqb, nkb) / 2 + G * 3 * BLK + 2);
 }
 
+/* the part of fwd_need one more head in flight adds */
+static int64_t fwd_head(int64_t D, int64_t Dv, int64_t Tq, int64_t Tk)
+{
+    int64_t nqb = nblocks(Tq), nkb = nblocks(Tk);
+    return 4 * (Tk + Tq + nkb * (D + Dv) + nqb * (D + Dv));
+}
+
+/* the part of bwd_need one more head in flight adds */
+static int64_t bwd_head(int64_t D, int64_t Dv, int64_t Tq, int64_t Tk)
+{
+    int64_t nqb = nblocks(Tq), nkb = nblocks(Tk);
+    return 4 * (2 * Tq + 2 * Tk + nqb * (2 * D + 3 * Dv + 2) + nkb * (2 * D + 2 * Dv));
+}
+
+/* Heads in flight (*hb): with fewer query blocks than G, the blocks of
+ * several heads fill the G slots (a head of one block is a chain of
+ * dependent steps that leaves the engines idle); and two sets of their
+ * tiles (*nset = 2 * hb) when SBUF has room, so the next group's loads run
+ * while this one computes.  need: the SBUF bytes of one head's program,
+ * per_head: what another head adds; psum_head: the PSUM bytes another head
+ * adds, of psum_spare left free by one head's program. */
+static void heads_in_flight(int64_t need, int64_t per_head, int64_t nqb, int64_t nbatch,
+                           int64_t psum_head, int64_t psum_spare, int *hb, int *nset)
+{
+    int64_t h = nqb >= G ? 1 : G / (nqb < 1 ? 1 : nqb);
+    if (h > nbatch)
+        h = nbatch < 1 ? 1 : nbatch;
+    while (h > 1 && (need + (2 * h - 1) * per_head > SK_SBUF_BUDGET ||
+                     (h - 1) * psum_head > psum_spare))
+        h--;
+    *hb = (int)h;
+    *nset = need + (2 * h - 1) * per_head <= SK_SBUF_BUDGET ? (int)(2 * h) : (int)h;
+}
+
 bool nt__sk_sdpa_fits(int op, const nt__params *p)
 {
     int64_t D = p->i[0], Dv = p->i[1], Tq = p->i[2], Tk = p->i[3];
@@ -290,17 +405,29 @@ bool nt__sk_sdpa_fits(int op, const nt__params *p)
 enum { F_MM, F_SCORES, F_MAX, F_MNEW, F_SUB, F_ALPHA, F_P, F_L, F_TR, F_TRC, F_PV, F_OA,
        F_OADD, F_NSTEP };
 
+/* A query block in flight: its head b (tile set hs), block i (rows q0,
+ * Mq of them), the head's mask offset mb. */
 typedef struct fq {
-    int64_t q0;
-    int Mq;
+    int64_t q0, b, i, mb;
+    int Mq, hs;
     nt_tile *st, *acc, *PT, *pv;
 } fq;
 
-/* The forward's tiles: the head's k^T, q^T, rows of k, v, q, its output;
- * the lse of a group of HG heads (LS) with their m (LM); per query block
- * in flight its stats, o accumulator, P^T and PSUM for P V. */
+/* One head's tiles: k^T, q^T, rows of k, v, q, its output. */
+typedef struct fh {
+    nt_tile *KT, *QT;
+    tv Kr, V, Qr, OT;
+} fh;
+
+/* The forward's tiles: nset sets of a head's tiles (hb heads in flight,
+ * two groups of them when SBUF has room, so the next group's loads go
+ * while this one computes); the lse of a group of HG heads (LS) with their
+ * m (LM); per query block in flight its stats, o accumulator, P^T and PSUM
+ * for P V. */
 typedef struct ft {
-    nt_tile *KT, *QT, *Kr, *V, *Qr, *OT, *LS, *LM;
+    fh h[2 * G];
+    int hb, nset;
+    nt_tile *LS, *LM;
     int64_t HG;
     fq f[G];
 } ft;
@@ -310,18 +437,32 @@ static int fwd_tiles(ak *a, ft *T, nt_dtype odt, int rc)
     sk_k *s = a->s;
     nt_sim_kernel *k = a->k;
     int64_t D = a->D, Dv = a->Dv, Tq = a->Tq, Tk = a->Tk, nqb = a->nqb, nkb = a->nkb;
-    T->KT = sk_tile(s, "attn.kT", NT_F32, (int)D, Tk);
-    T->QT = sk_tile(s, "attn.qT", NT_F32, (int)D, Tq);
-    T->Kr = sk_tile(s, "attn.k", NT_F32, BLK, nkb * D);
-    T->V = sk_tile(s, "attn.v", NT_F32, BLK, nkb * Dv);
-    T->Qr = sk_tile(s, "attn.q", NT_F32, BLK, nqb * D);
-    T->OT = sk_tile(s, "attn.out", odt, BLK, nqb * Dv);
+    heads_in_flight(fwd_need(D, Dv, Tq, Tk), fwd_head(D, Dv, Tq, Tk), nqb, a->g.nbatch, 0, 0,
+                    &T->hb, &T->nset);
+    for (int g0 = 0; g0 < T->nset; g0 += T->hb) {
+        int hb = T->hb;
+        nt_tile *Kr = sk_tile(s, "attn.k", NT_F32, BLK, hb * nkb * D);
+        nt_tile *V = sk_tile(s, "attn.v", NT_F32, BLK, hb * nkb * Dv);
+        nt_tile *Qr = sk_tile(s, "attn.q", NT_F32, BLK, hb * nqb * D);
+        nt_tile *OT = sk_tile(s, "attn.out", odt, BLK, hb * nqb * Dv);
+        for (int h = 0; h < hb; h++) {
+            fh *x = &T->h[g0 + h];
+            x->KT = sk_tile(s, "attn.kT", NT_F32, (int)D, Tk);
+            x->QT = sk_tile(s, "attn.qT", NT_F32, (int)D, Tq);
+            x->Kr = (tv){Kr, h * nkb * D};
+            x->V = (tv){V, h * nkb * Dv};
+            x->Qr = (tv){Qr, h * nqb * D};
+            x->OT = (tv){OT, h * nqb * Dv};
+        }
+    }
     /* lse = m + log(max(l, 1)) waits for a group of HG heads: one LOG
      * activation over all of them, not one per head (each switched
      * ScalarE's function table from exp to log and back: 2 us a head) */
     int64_t HG = nqb < 1 || LSE_COLS / nqb < 1 ? 1 : LSE_COLS / nqb;
     if (HG > a->g.nbatch)
         HG = a->g.nbatch < 1 ? 1 : a->g.nbatch;
+    if (HG > T->hb) /* whole groups of heads in flight: a group's lse columns are final */
+        HG -= HG % T->hb;
     T->HG = HG;
     T->LS = sk_tile(s, "attn.lse", NT_F32, BLK, HG * nqb);
     T->LM = sk_tile(s, "attn.lsem", NT_F32, BLK, HG * nqb);
@@ -343,14 +484,15 @@ static int fwd_tiles(ak *a, ft *T, nt_dtype odt, int rc)
 
 /* Step `step` of query block slot g against key block j (k0, nk keys);
  * mb, the batch's mask offset. */
-static int fwd_step(ak *a, const ft *T, int step, int g, int j, int64_t mb)
+static int fwd_step(ak *a, const ft *T, int step, int g, int j)
 {
     nt_sim_kernel *k = a->k;
     int64_t D = a->D, Dv = a->Dv, k0 = (int64_t)j * BLK;
     int nk = bsize(a->Tk, j);
     const fq *f = &T->f[g];
+    const fh *H = &T->h[f->hs];
     int Mq = f->Mq;
-    int64_t q0 = f->q0;
+    int64_t q0 = f->q0, mb = f->mb;
     nt_tile *st = f->st;
     nt_ap S = nt_tile_slice(a->S[g], 0, Mq, 0, nk);
     nt_ap sc = nt_tile_slice(a->sc[g], 0, Mq, 0, nk);
@@ -365,8 +507,8 @@ static int fwd_step(ak *a, const ft *T, int step, int g, int j, int64_t mb)
     int rc;
     switch (step) {
     case F_MM: {
-        nt_ap qT = nt_tile_slice(T->QT, 0, (int)D, q0, Mq);
-        nt_ap kd = nt_tile_slice(T->KT, 0, (int)D, k0, nk);
+        nt_ap qT = nt_tile_slice(H->QT, 0, (int)D, q0, Mq);
+        nt_ap kd = nt_tile_slice(H->KT, 0, (int)D, k0, nk);
         return nt_isa_nc_matmul(k, &S, &qT, &kd, false);
     }
     case F_SCORES: return scores(a, g, &sc, &S, mb, q0, Mq, k0, nk);
@@ -386,7 +528,7 @@ static int fwd_step(ak *a, const ft *T, int step, int g, int j, int64_t mb)
     case F_TR: return nt_isa_nc_transpose(k, &trp, &sc);
     case F_TRC: return nt_isa_tensor_copy(k, &pT, &trp, NT_ENGINE_SCALAR);
     case F_PV: {
-        nt_ap vd = nt_tile_slice(T->V, 0, nk, (int64_t)j * Dv, Dv);
+        nt_ap vd = tvs(H->V, nk, (int64_t)j * Dv, Dv);
         return nt_isa_nc_matmul(k, &PV, &pT, &vd, false);
     }
     case F_OA: return ts(a, &o_, &o_, NT_ALU_MUL, &alpha, 0);
@@ -395,18 +537,24 @@ static int fwd_step(ak *a, const ft *T, int step, int g, int j, int64_t mb)
     return 0;
 }
 
-/* Query blocks i0 .. i0+ng of batch b: state cleared, every key block
- * with their steps interleaved, then out = o / max(l, 1), with max(l, 1)
- * and m kept in the group's lse columns. */
-static int fwd_query_blocks(ak *a, ft *T, int64_t b, int64_t i0, int ng, int64_t mb)
+/* Query blocks p0 .. p0+ng of the heads b0.. in flight (block p: head
+ * b0 + p / nqb in tile set set0 + p / nqb, its query block p % nqb):
+ * state cleared, every key block with their steps interleaved, then out =
+ * o / max(l, 1), with max(l, 1) and m kept in the group's lse columns. */
+static int fwd_query_blocks(ak *a, ft *T, int64_t b0, int set0, int64_t p0, int ng)
 {
     nt_sim_kernel *k = a->k;
     int64_t Dv = a->Dv, nqb = a->nqb;
     int rc = 0;
     for (int g = 0; g < ng && !rc; g++) {
         fq *f = &T->f[g];
-        f->q0 = (i0 + g) * BLK;
-        f->Mq = bsize(a->Tq, (int)(i0 + g));
+        int64_t p = p0 + g;
+        f->b = b0 + p / nqb;
+        f->hs = set0 + (int)(p / nqb);
+        f->i = p % nqb;
+        f->mb = a->has_mask ? nt__attn_boff(&a->m, &a->g, f->b) : 0;
+        f->q0 = f->i * BLK;
+        f->Mq = bsize(a->Tq, (int)f->i);
         nt_ap m = col(f->st, f->Mq, C_M), l = col(f->st, f->Mq, C_L);
         nt_ap o_ = nt_tile_slice(f->acc, 0, f->Mq, 0, Dv);
         if (!(rc = nt_isa_memset(k, &m, -FLT_MAX, NT_ENGINE_VECTOR)) &&
@@ -418,15 +566,15 @@ static int fwd_query_blocks(ak *a, ft *T, int64_t b, int64_t i0, int ng, int64_t
         for (int step = 0; step < F_NSTEP && !rc; step++)
             for (int g = 0; g < ng && !rc; g++)
                 if (!skip_block(a, T->f[g].q0, T->f[g].Mq, k0))
-                    rc = fwd_step(a, T, step, g, j, mb);
+                    rc = fwd_step(a, T, step, g, j);
     }
     for (int g = 0; g < ng && !rc; g++) {
         const fq *f = &T->f[g];
         int Mq = f->Mq;
-        int64_t i = i0 + g, c = (b % T->HG) * nqb + i;
+        int64_t i = f->i, c = (f->b % T->HG) * nqb + i;
         nt_ap m = col(f->st, Mq, C_M), l = col(f->st, Mq, C_L);
         nt_ap o_ = nt_tile_slice(f->acc, 0, Mq, 0, Dv);
-        nt_ap out = nt_tile_slice(T->OT, 0, Mq, i * Dv, Dv);
+        nt_ap out = tvs(T->h[f->hs].OT, Mq, i * Dv, Dv);
         nt_ap ls = col(T->LS, Mq, c), lm = col(T->LM, Mq, c);
         if ((rc = ts(a, &ls, &l, NT_ALU_MAX, NULL, 1.0f)) ||
             (rc = ts(a, &out, &o_, NT_ALU_DIV, &ls, 0)))
@@ -451,9 +599,27 @@ static int fwd_lse(ak *a, const ft *T, int64_t b, char *ld)
      * -- one store (a store per head waited for the one before it on their
      * shared HBM pages) */
     if (!rc && Tq % BLK == 0)
-        rc = store_head_at(a, ld, NT_F32, b0 * Tq, 1, T->LS, 0, nh * Tq, 1);
+        rc = store_head_at(a, ld, NT_F32, b0 * Tq, 1, (tv){T->LS, 0}, 0, nh * Tq, 1);
     for (int64_t h = 0; h < nh && !rc && Tq % BLK; h++)
-        rc = store_head_at(a, ld, NT_F32, (b0 + h) * Tq, 1, T->LS, h * nqb, Tq, 1);
+        rc = store_head_at(a, ld, NT_F32, (b0 + h) * Tq, 1, (tv){T->LS, 0}, h * nqb, Tq, 1);
+    return rc;
+}
+
+/* Heads b0 .. b0+nh: k, v, q into tile sets set0.., q and k transposed. */
+static int fwd_heads(ak *a, ft *T, int64_t b0, int nh, int set0)
+{
+    int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv, nqb = a->nqb, nkb = a->nkb;
+    const fh *H0 = &T->h[set0];
+    int rc;
+    if ((rc = load_heads(a, H0->Kr, nkb * D, &a->kk, b0, nh, Tk, D)) ||
+        (rc = load_heads(a, H0->V, nkb * Dv, &a->v, b0, nh, Tk, Dv)) ||
+        (rc = load_heads(a, H0->Qr, nqb * D, &a->q, b0, nh, Tq, D)))
+        return rc;
+    for (int h = 0; h < nh && !rc; h++) {
+        const fh *H = &T->h[set0 + h];
+        if (!(rc = transpose_head(a, H->KT, H->Kr, Tk, D)))
+            rc = transpose_head(a, H->QT, H->Qr, Tq, D);
+    }
     return rc;
 }
 
@@ -486,22 +652,19 @@ int nt__sk_sdpa(const nt__rec *r)
     rc = fwd_tiles(&a, &T, odt, rc);
     if (!rc)
         rc = nt_sim_kernel_error(s.k);
-    for (int64_t b = 0; b < a.g.nbatch && !rc; b++) {
-        int64_t qb = nt__attn_boff(&a.q, &a.g, b), kb = nt__attn_boff(&a.kk, &a.g, b);
-        int64_t vb = nt__attn_boff(&a.v, &a.g, b);
-        int64_t mb = a.has_mask ? nt__attn_boff(&a.m, &a.g, b) : 0;
-        if ((rc = load_head(&a, T.Kr, &a.kk, kb, Tk, D)) ||
-            (rc = transpose_head(&a, T.KT, T.Kr, Tk, D)) ||
-            (rc = load_head(&a, T.V, &a.v, vb, Tk, Dv)) ||
-            (rc = load_head(&a, T.Qr, &a.q, qb, Tq, D)) ||
-            (rc = transpose_head(&a, T.QT, T.Qr, Tq, D)))
-            break;
-        for (int64_t i0 = 0; i0 < nqb && !rc; i0 += G)
-            rc = fwd_query_blocks(&a, &T, b, i0, (int)(nqb - i0 < G ? nqb - i0 : G), mb);
+    for (int64_t b0 = 0; b0 < a.g.nbatch && !rc; b0 += T.hb) {
+        int nh = (int)(a.g.nbatch - b0 < T.hb ? a.g.nbatch - b0 : T.hb);
+        int set0 = T.nset > T.hb ? (int)((b0 / T.hb) & 1) * T.hb : 0;
+        rc = fwd_heads(&a, &T, b0, nh, set0);
+        for (int64_t p0 = 0; p0 < nh * nqb && !rc; p0 += G)
+            rc = fwd_query_blocks(&a, &T, b0, set0, p0,
+                                  (int)(nh * nqb - p0 < G ? nh * nqb - p0 : G));
         if (!rc)
-            rc = store_head(&a, od, odt, b * Tq * Dv, Dv, T.OT, Tq, Dv);
-        if (!rc && nqb > 0 && (b % T.HG == T.HG - 1 || b + 1 == a.g.nbatch))
-            rc = fwd_lse(&a, &T, b, ld);
+            rc = store_heads(&a, od, odt, b0 * Tq * Dv, Tq * Dv, Dv, T.h[set0].OT, nqb * Dv, nh,
+                             Tq, Dv);
+        for (int64_t b = b0; b < b0 + nh && !rc; b++)
+            if (nqb > 0 && (b % T.HG == T.HG - 1 || b + 1 == a.g.nbatch))
+                rc = fwd_lse(&a, &T, b, ld);
     }
     return sk_end_values(&s, values, rc, r);
 }
@@ -514,10 +677,18 @@ enum { B_MM, B_SCORES, B_P, B_DV, B_DP, B_DS, B_DSP, B_DK, B_TR, B_TRC, B_DQ, B_
  * f32 accumulator, Dr and -lse, the head's dq, dk, dv in the output dtype;
  * per query block in flight dS, dS^T and PSUM for dP and dQ; PSUM for dK
  * and dV, two key blocks. */
+typedef struct bh {
+    nt_tile *QT, *GT, *KT, *VT, *dQ, *Dr;
+    tv Qr, Gr, Of, Kr, Vr, NL, dQo, dKo, dVo;
+} bh;
+
+/* nset sets of a head's tiles, hb heads in flight (as the forward's ft);
+ * dK, dV in PSUM per head in flight and key block parity. */
 typedef struct bt {
-    nt_tile *QT, *GT, *KT, *VT, *Qr, *Gr, *Of, *Kr, *Vr, *dQ, *Dr, *NL, *dQo, *dKo, *dVo;
+    bh h[2 * G];
+    int hb, nset;
     nt_tile *dS[G], *dSt[G], *dPp[G], *dQp[G];
-    nt_tile *dKp[2], *dVp[2];
+    nt_tile *dKp[G][2], *dVp[G][2];
 } bt;
 
 static void bwd_tiles(ak *a, bt *T, nt_dtype dt)
@@ -525,98 +696,136 @@ static void bwd_tiles(ak *a, bt *T, nt_dtype dt)
     sk_k *s = a->s;
     nt_sim_kernel *k = a->k;
     int64_t D = a->D, Dv = a->Dv, Tq = a->Tq, Tk = a->Tk, nqb = a->nqb, nkb = a->nkb;
-    T->QT = sk_tile(s, "attn.qT", NT_F32, (int)D, Tq);
-    T->GT = sk_tile(s, "attn.dOT", NT_F32, (int)Dv, Tq);
-    T->KT = sk_tile(s, "attn.kT", NT_F32, (int)D, Tk);
-    T->VT = sk_tile(s, "attn.vT", NT_F32, (int)Dv, Tk);
-    T->Qr = sk_tile(s, "attn.q", NT_F32, BLK, nqb * D);
-    T->Gr = sk_tile(s, "attn.dO", NT_F32, BLK, nqb * Dv);
-    T->Of = sk_tile(s, "attn.O", NT_F32, BLK, nqb * Dv);
-    T->Kr = sk_tile(s, "attn.k", NT_F32, BLK, nkb * D);
-    T->Vr = sk_tile(s, "attn.v", NT_F32, BLK, nkb * Dv);
-    T->dQ = sk_tile(s, "attn.dq", NT_F32, BLK, nqb * D);
-    T->Dr = sk_tile(s, "attn.Dr", NT_F32, BLK, nqb);
-    T->NL = sk_tile(s, "attn.negl", NT_F32, BLK, nqb);
-    T->dQo = sk_tile(s, "attn.dq.out", dt, BLK, nqb * D);
-    T->dKo = sk_tile(s, "attn.dk.out", dt, BLK, nkb * D);
-    T->dVo = sk_tile(s, "attn.dv.out", dt, BLK, nkb * Dv);
+    /* PSUM: the transposes' two banks, S and dP per block in flight, dQ's
+     * products; what another head adds: its dK and dV for two key blocks;
+     * two banks kept free for the packing of tiles into banks */
+    int64_t psum = 2 * 4 * BLK * 4 + 2 * G * BLK * 4 + G * D * 4 + 2 * (D + Dv) * 4;
+    heads_in_flight(bwd_need(D, Dv, Tq, Tk), bwd_head(D, Dv, Tq, Tk), nqb, a->g.nbatch,
+                    2 * (D + Dv) * 4,
+                    NT_SIM_PSUM_BANKS * NT_SIM_PSUM_BANK_BYTES - 2 * NT_SIM_PSUM_BANK_BYTES - psum,
+                    &T->hb, &T->nset);
+    for (int g0 = 0; g0 < T->nset; g0 += T->hb) {
+        int hb = T->hb;
+        nt_tile *Qr = sk_tile(s, "attn.q", NT_F32, BLK, hb * nqb * D);
+        nt_tile *Gr = sk_tile(s, "attn.dO", NT_F32, BLK, hb * nqb * Dv);
+        nt_tile *Of = sk_tile(s, "attn.O", NT_F32, BLK, hb * nqb * Dv);
+        nt_tile *Kr = sk_tile(s, "attn.k", NT_F32, BLK, hb * nkb * D);
+        nt_tile *Vr = sk_tile(s, "attn.v", NT_F32, BLK, hb * nkb * Dv);
+        nt_tile *NL = sk_tile(s, "attn.negl", NT_F32, BLK, hb * nqb);
+        nt_tile *dQo = sk_tile(s, "attn.dq.out", dt, BLK, hb * nqb * D);
+        nt_tile *dKo = sk_tile(s, "attn.dk.out", dt, BLK, hb * nkb * D);
+        nt_tile *dVo = sk_tile(s, "attn.dv.out", dt, BLK, hb * nkb * Dv);
+        for (int h = 0; h < hb; h++) {
+            bh *x = &T->h[g0 + h];
+            x->QT = sk_tile(s, "attn.qT", NT_F32, (int)D, Tq);
+            x->GT = sk_tile(s, "attn.dOT", NT_F32, (int)Dv, Tq);
+            x->KT = sk_tile(s, "attn.kT", NT_F32, (int)D, Tk);
+            x->VT = sk_tile(s, "attn.vT", NT_F32, (int)Dv, Tk);
+            x->dQ = sk_tile(s, "attn.dq", NT_F32, BLK, nqb * D);
+            x->Dr = sk_tile(s, "attn.Dr", NT_F32, BLK, nqb);
+            x->Qr = (tv){Qr, h * nqb * D};
+            x->Gr = (tv){Gr, h * nqb * Dv};
+            x->Of = (tv){Of, h * nqb * Dv};
+            x->Kr = (tv){Kr, h * nkb * D};
+            x->Vr = (tv){Vr, h * nkb * Dv};
+            x->NL = (tv){NL, h * nqb};
+            x->dQo = (tv){dQo, h * nqb * D};
+            x->dKo = (tv){dKo, h * nkb * D};
+            x->dVo = (tv){dVo, h * nkb * Dv};
+        }
+    }
     for (int g = 0; g < G; g++) {
         T->dS[g] = sk_tile(s, "attn.dS", NT_F32, BLK, BLK);
         T->dSt[g] = sk_tile(s, "attn.dST", NT_F32, BLK, BLK);
         T->dPp[g] = nt_tile_alloc(k, "attn.dP", NT_MEM_PSUM, NT_F32, BLK, BLK);
         T->dQp[g] = nt_tile_alloc(k, "attn.dQp", NT_MEM_PSUM, NT_F32, BLK, D);
     }
-    for (int i = 0; i < 2; i++) {
-        T->dKp[i] = nt_tile_alloc(k, "attn.dK", NT_MEM_PSUM, NT_F32, BLK, D);
-        T->dVp[i] = nt_tile_alloc(k, "attn.dV", NT_MEM_PSUM, NT_F32, BLK, Dv);
-    }
+    for (int h = 0; h < T->hb; h++)
+        for (int i = 0; i < 2; i++) {
+            T->dKp[h][i] = nt_tile_alloc(k, "attn.dK", NT_MEM_PSUM, NT_F32, BLK, D);
+            T->dVp[h][i] = nt_tile_alloc(k, "attn.dV", NT_MEM_PSUM, NT_F32, BLK, Dv);
+        }
 }
 
-/* Batch b's head into SBUF: q, dO, k, v as rows and transposes, O as rows;
- * dQ's accumulator cleared. */
-static int bwd_load(ak *a, const bt *T, int64_t b)
+/* Heads b0 .. b0+nh (tile sets from T): q, dO, k, v as rows and
+ * transposes, O as rows, -lse; dQ's accumulators cleared. */
+static int bwd_load(ak *a, const bh *T, int64_t b0, int nh, const char *lsed)
 {
     nt_sim_kernel *k = a->k;
-    int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv;
-    int64_t qb = nt__attn_boff(&a->q, &a->g, b), kb = nt__attn_boff(&a->kk, &a->g, b);
-    nt_ap dqall = nt_tile_ap(T->dQ);
-    int rc;
-    if ((rc = nt_isa_memset(k, &dqall, 0.0, NT_ENGINE_GPSIMD)) ||
-        (rc = load_head(a, T->Qr, &a->q, qb, Tq, D)) ||
-        (rc = transpose_head(a, T->QT, T->Qr, Tq, D)) ||
-        (rc = load_head(a, T->Gr, &a->dO, qb, Tq, Dv)) ||
-        (rc = transpose_head(a, T->GT, T->Gr, Tq, Dv)) ||
-        (rc = load_head(a, T->Of, &a->O, qb, Tq, Dv)) ||
-        (rc = load_head(a, T->Kr, &a->kk, kb, Tk, D)) ||
-        (rc = transpose_head(a, T->KT, T->Kr, Tk, D)) ||
-        (rc = load_head(a, T->Vr, &a->v, kb, Tk, Dv)))
+    int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv, nqb = a->nqb, nkb = a->nkb;
+    int rc = 0;
+    for (int h = 0; h < nh && !rc; h++) {
+        nt_ap dqall = nt_tile_ap(T[h].dQ);
+        rc = nt_isa_memset(k, &dqall, 0.0, NT_ENGINE_GPSIMD);
+    }
+    /* -lse: [rows, heads, blocks] of lse's [heads, Tq], one element a run */
+    nt__attn_opnd l = {.base = lsed, .dt = NT_F32, .rs = 1, .cs = 1, .nb = 1};
+    l.bst[0] = Tq;
+    nt__attn_geom lg = {.nb = 1, .nbatch = a->g.nbatch};
+    lg.bshape[0] = a->g.nbatch;
+    if (!rc)
+        rc = load_heads_g(a, &lg, T[0].NL, nqb, &l, b0, nh, Tq, 1);
+    if (rc || (rc = load_heads(a, T[0].Qr, nqb * D, &a->q, b0, nh, Tq, D)) ||
+        (rc = load_heads(a, T[0].Gr, nqb * Dv, &a->dO, b0, nh, Tq, Dv)) ||
+        (rc = load_heads(a, T[0].Of, nqb * Dv, &a->O, b0, nh, Tq, Dv)) ||
+        (rc = load_heads(a, T[0].Kr, nkb * D, &a->kk, b0, nh, Tk, D)) ||
+        (rc = load_heads(a, T[0].Vr, nkb * Dv, &a->v, b0, nh, Tk, Dv)))
         return rc;
-    return transpose_head(a, T->VT, T->Vr, Tk, Dv);
+    for (int h = 0; h < nh && !rc; h++) {
+        const bh *H = &T[h];
+        if ((rc = transpose_head(a, H->QT, H->Qr, Tq, D)) ||
+            (rc = transpose_head(a, H->GT, H->Gr, Tq, Dv)) ||
+            (rc = transpose_head(a, H->KT, H->Kr, Tk, D)))
+            break;
+        rc = transpose_head(a, H->VT, H->Vr, Tk, Dv);
+    }
+    return rc;
 }
 
 /* Dr = rowsum(dO * O) (products rounded to f32), -lse; dO * O goes into
  * O's tile. */
-static int bwd_drow(ak *a, const bt *T, const char *lsed, int64_t b)
+static int bwd_drow(ak *a, const bh *T)
 {
     nt_sim_kernel *k = a->k;
     int64_t Tq = a->Tq, Dv = a->Dv;
     int rc = 0;
     for (int64_t i = 0; i < a->nqb && !rc; i++) {
         int Mq = bsize(Tq, (int)i);
-        nt_ap gr = nt_tile_slice(T->Gr, 0, Mq, i * Dv, Dv), of = nt_tile_slice(T->Of, 0, Mq, i * Dv, Dv);
-        nt_ap dr = col(T->Dr, Mq, i), nl = col(T->NL, Mq, i);
-        nt_ap hl = sk_hbm_rows(lsed, NT_F32, b * Tq + i * BLK, Mq, 1, 1, 1);
+        nt_ap gr = tvs(T->Gr, Mq, i * Dv, Dv), of = tvs(T->Of, Mq, i * Dv, Dv);
+        nt_ap dr = col(T->Dr, Mq, i), nl = tvs(T->NL, Mq, i, 1);
         if ((rc = tt(a, &of, &gr, &of, NT_ALU_MUL)) ||
-            (rc = nt_isa_tensor_reduce(k, &dr, &of, NT_ALU_ADD, 1)) ||
-            (rc = nt_isa_dma_copy(k, &nl, &hl, sk_qin(a->s))))
+            (rc = nt_isa_tensor_reduce(k, &dr, &of, NT_ALU_ADD, 1)))
             break;
         rc = ts(a, &nl, &nl, NT_ALU_MUL, NULL, -1.0f);
     }
     return rc;
 }
 
-/* Key block j (k0, nk keys) of the backward: its slices of k^T, v^T, k's
- * rows and the dK, dV accumulators; firstq, the first query block that
- * reaches it (-1: none); mb, the batch's mask offset. */
+/* Key block j (k0, nk keys) of one head's backward: its slices of k^T,
+ * v^T, k's rows and the dK, dV accumulators; firstq, the first query
+ * block that reaches it (-1: none); mb, the batch's mask offset; H, the
+ * head's tiles. */
 typedef struct bkey {
     int j, nk;
     int64_t k0, firstq, mb;
     nt_ap kT, vT, kr, dK, dV;
+    const bh *H;
 } bkey;
 
 /* Step `step` of query block i (slot g in flight) against key block kb. */
-static int bwd_step(ak *a, const bt *T, const bkey *kb, int step, int g, int64_t i)
+static int bwd_step(ak *a, const bt *TT, const bkey *kb, int step, int g, int64_t i)
 {
     nt_sim_kernel *k = a->k;
+    const bh *T = kb->H;
     int64_t D = a->D, Dv = a->Dv, q0 = i * BLK;
     int Mq = bsize(a->Tq, (int)i), nk = kb->nk;
     bool first = i == kb->firstq;
     nt_ap S = nt_tile_slice(a->S[g], 0, Mq, 0, nk);
     nt_ap P = nt_tile_slice(a->sc[g], 0, Mq, 0, nk);
-    nt_ap dP = nt_tile_slice(T->dPp[g], 0, Mq, 0, nk);
-    nt_ap ds = nt_tile_slice(T->dS[g], 0, Mq, 0, nk);
-    nt_ap dsT = nt_tile_slice(T->dSt[g], 0, nk, 0, Mq);
-    nt_ap dQs = nt_tile_slice(T->dQp[g], 0, Mq, 0, D);
+    nt_ap dP = nt_tile_slice(TT->dPp[g], 0, Mq, 0, nk);
+    nt_ap ds = nt_tile_slice(TT->dS[g], 0, Mq, 0, nk);
+    nt_ap dsT = nt_tile_slice(TT->dSt[g], 0, nk, 0, Mq);
+    nt_ap dQs = nt_tile_slice(TT->dQp[g], 0, Mq, 0, D);
     nt_ap trp = nt_tile_slice(a->tp[g & 1], 0, nk, (g >> 1) * BLK, Mq);
     switch (step) {
     case B_MM: {
@@ -625,11 +834,11 @@ static int bwd_step(ak *a, const bt *T, const bkey *kb, int step, int g, int64_t
     }
     case B_SCORES: return scores(a, g, &P, &S, kb->mb, q0, Mq, kb->k0, nk);
     case B_P: {
-        nt_ap nl = col(T->NL, Mq, i);
+        nt_ap nl = tvs(T->NL, Mq, i, 1);
         return nt_isa_activation(k, &P, NT_ACT_EXP, &P, NULL, &(nt_isa_scalar){&nl, 0}, NULL);
     }
     case B_DV: {
-        nt_ap gr = nt_tile_slice(T->Gr, 0, Mq, i * Dv, Dv);
+        nt_ap gr = tvs(T->Gr, Mq, i * Dv, Dv);
         return nt_isa_nc_matmul(k, &kb->dV, &P, &gr, !first);
     }
     case B_DP: {
@@ -644,7 +853,7 @@ static int bwd_step(ak *a, const bt *T, const bkey *kb, int step, int g, int64_t
     }
     case B_DSP: return tt(a, &ds, &ds, &P, NT_ALU_MUL);
     case B_DK: {
-        nt_ap qr = nt_tile_slice(T->Qr, 0, Mq, i * D, D);
+        nt_ap qr = tvs(T->Qr, Mq, i * D, D);
         return nt_isa_nc_matmul(k, &kb->dK, &ds, &qr, !first);
     }
     case B_TR: return nt_isa_nc_transpose(k, &trp, &ds);
@@ -659,62 +868,76 @@ static int bwd_step(ak *a, const bt *T, const bkey *kb, int step, int g, int64_t
     return 0;
 }
 
-/* Key block j: every query block that reaches it, G at a time, their steps
- * interleaved; then its dk, dv (zero if no query reached it). */
-static int bwd_key_block(ak *a, const bt *T, int j, int64_t mb)
+/* Key block j of heads b0 .. b0+nh (tile sets set0..): every query block
+ * of theirs that reaches it, G at a time (block p: head p / nqb, query
+ * block p % nqb), their steps interleaved; then each head's dk, dv of the
+ * block (zero if no query reached it). */
+static int bwd_key_block(ak *a, const bt *T, int j, int64_t b0, int nh, int set0)
 {
     nt_sim_kernel *k = a->k;
     int64_t D = a->D, Dv = a->Dv, nqb = a->nqb;
-    bkey kb = {.j = j, .nk = bsize(a->Tk, j), .k0 = (int64_t)j * BLK, .firstq = -1, .mb = mb};
-    int nk = kb.nk;
-    kb.kT = nt_tile_slice(T->KT, 0, (int)D, kb.k0, nk);
-    kb.vT = nt_tile_slice(T->VT, 0, (int)Dv, kb.k0, nk);
-    kb.kr = nt_tile_slice(T->Kr, 0, nk, (int64_t)j * D, D);
-    kb.dK = nt_tile_slice(T->dKp[j & 1], 0, nk, 0, D);
-    kb.dV = nt_tile_slice(T->dVp[j & 1], 0, nk, 0, Dv);
-    for (int64_t i = 0; i < nqb && kb.firstq < 0; i++)
-        if (!skip_block(a, i * BLK, bsize(a->Tq, (int)i), kb.k0))
-            kb.firstq = i;
+    bkey kb[G];
+    int nk = bsize(a->Tk, j);
+    int64_t k0 = (int64_t)j * BLK, firstq = -1;
+    for (int64_t i = 0; i < nqb && firstq < 0; i++)
+        if (!skip_block(a, i * BLK, bsize(a->Tq, (int)i), k0))
+            firstq = i;
+    for (int h = 0; h < nh; h++) {
+        const bh *H = &T->h[set0 + h];
+        kb[h] = (bkey){.j = j, .nk = nk, .k0 = k0, .firstq = firstq, .H = H,
+                       .mb = a->has_mask ? nt__attn_boff(&a->m, &a->g, b0 + h) : 0};
+        kb[h].kT = nt_tile_slice(H->KT, 0, (int)D, k0, nk);
+        kb[h].vT = nt_tile_slice(H->VT, 0, (int)Dv, k0, nk);
+        kb[h].kr = tvs(H->Kr, nk, (int64_t)j * D, D);
+        kb[h].dK = nt_tile_slice(T->dKp[h][j & 1], 0, nk, 0, D);
+        kb[h].dV = nt_tile_slice(T->dVp[h][j & 1], 0, nk, 0, Dv);
+    }
     int rc = 0;
-    for (int64_t i0 = 0; i0 < nqb && !rc && kb.firstq >= 0; i0 += G) {
-        int ng = (int)(nqb - i0 < G ? nqb - i0 : G);
+    int64_t np = nh * nqb;
+    for (int64_t p0 = 0; p0 < np && !rc && firstq >= 0; p0 += G) {
+        int ng = (int)(np - p0 < G ? np - p0 : G);
         for (int step = 0; step < B_NSTEP && !rc; step++)
             for (int g = 0; g < ng && !rc; g++) {
-                int64_t i = i0 + g;
-                if (!skip_block(a, i * BLK, bsize(a->Tq, (int)i), kb.k0))
-                    rc = bwd_step(a, T, &kb, step, g, i);
+                int64_t p = p0 + g, i = p % nqb;
+                if (!skip_block(a, i * BLK, bsize(a->Tq, (int)i), k0))
+                    rc = bwd_step(a, T, &kb[p / nqb], step, g, i);
             }
     }
-    if (rc)
-        return rc;
-    /* dk, dv of this block */
-    nt_ap o1 = nt_tile_slice(T->dKo, 0, nk, (int64_t)j * D, D);
-    nt_ap o2 = nt_tile_slice(T->dVo, 0, nk, (int64_t)j * Dv, Dv);
-    if (kb.firstq < 0) { /* no query reached this block */
-        if (!(rc = nt_isa_memset(k, &o1, 0.0, NT_ENGINE_VECTOR)))
-            rc = nt_isa_memset(k, &o2, 0.0, NT_ENGINE_VECTOR);
-    } else if (!(rc = nt_isa_tensor_copy(k, &o1, &kb.dK, NT_ENGINE_VECTOR))) {
-        rc = nt_isa_tensor_copy(k, &o2, &kb.dV, NT_ENGINE_SCALAR);
+    for (int h = 0; h < nh && !rc; h++) {
+        /* dk, dv of this block */
+        const bh *H = &T->h[set0 + h];
+        nt_ap o1 = tvs(H->dKo, nk, (int64_t)j * D, D);
+        nt_ap o2 = tvs(H->dVo, nk, (int64_t)j * Dv, Dv);
+        if (firstq < 0) { /* no query reached this block */
+            if (!(rc = nt_isa_memset(k, &o1, 0.0, NT_ENGINE_VECTOR)))
+                rc = nt_isa_memset(k, &o2, 0.0, NT_ENGINE_VECTOR);
+        } else if (!(rc = nt_isa_tensor_copy(k, &o1, &kb[h].dK, NT_ENGINE_VECTOR))) {
+            rc = nt_isa_tensor_copy(k, &o2, &kb[h].dV, NT_ENGINE_SCALAR);
+        }
     }
     return rc;
 }
 
-/* Batch b's dq (the accumulator in the output dtype), dk and dv to HBM. */
-static int bwd_store(ak *a, const bt *T, int64_t b, char *dqd, char *dkvd, nt_dtype dt)
+/* Heads b0 .. b0+nh: dq (the accumulators in the output dtype), dk and dv
+ * to HBM. */
+static int bwd_store(ak *a, const bh *T, int64_t b0, int nh, char *dqd, char *dkvd, nt_dtype dt)
 {
-    int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv;
+    int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv, nqb = a->nqb, nkb = a->nkb;
     int rc = 0;
-    for (int64_t i = 0; i < a->nqb && !rc; i++) {
-        int Mq = bsize(Tq, (int)i);
-        nt_ap dqa = nt_tile_slice(T->dQ, 0, Mq, i * D, D), o1 = nt_tile_slice(T->dQo, 0, Mq, i * D, D);
-        rc = nt_isa_tensor_copy(a->k, &o1, &dqa, NT_ENGINE_VECTOR);
-    }
+    for (int h = 0; h < nh; h++)
+        for (int64_t i = 0; i < nqb && !rc; i++) {
+            int Mq = bsize(Tq, (int)i);
+            nt_ap dqa = nt_tile_slice(T[h].dQ, 0, Mq, i * D, D), o1 = tvs(T[h].dQo, Mq, i * D, D);
+            rc = nt_isa_tensor_copy(a->k, &o1, &dqa, NT_ENGINE_VECTOR);
+        }
+    int64_t kvs = Tk * (D + Dv);
     if (!rc)
-        rc = store_head(a, dqd, dt, b * Tq * D, D, T->dQo, Tq, D);
+        rc = store_heads(a, dqd, dt, b0 * Tq * D, Tq * D, D, T[0].dQo, nqb * D, nh, Tq, D);
     if (!rc)
-        rc = store_head(a, dkvd, dt, b * Tk * (D + Dv), D, T->dKo, Tk, D);
+        rc = store_heads(a, dkvd, dt, b0 * kvs, kvs, D, T[0].dKo, nkb * D, nh, Tk, D);
     if (!rc)
-        rc = store_head(a, dkvd, dt, b * Tk * (D + Dv) + Tk * D, Dv, T->dVo, Tk, Dv);
+        rc = store_heads(a, dkvd, dt, b0 * kvs + Tk * D, kvs, Dv, T[0].dVo, nkb * Dv, nh, Tk,
+                         Dv);
     return rc;
 }
 
@@ -749,14 +972,16 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
     bwd_tiles(&a, &T, dt);
     if (!rc)
         rc = nt_sim_kernel_error(s.k);
-    for (int64_t b = 0; b < a.g.nbatch && !rc; b++) {
-        int64_t mb = a.has_mask ? nt__attn_boff(&a.m, &a.g, b) : 0;
-        if ((rc = bwd_load(&a, &T, b)) || (rc = bwd_drow(&a, &T, lsed, b)))
-            break;
+    for (int64_t b0 = 0; b0 < a.g.nbatch && !rc; b0 += T.hb) {
+        int nh = (int)(a.g.nbatch - b0 < T.hb ? a.g.nbatch - b0 : T.hb);
+        int set0 = T.nset > T.hb ? (int)((b0 / T.hb) & 1) * T.hb : 0;
+        rc = bwd_load(&a, &T.h[set0], b0, nh, lsed);
+        for (int h = 0; h < nh && !rc; h++)
+            rc = bwd_drow(&a, &T.h[set0 + h]);
         for (int j = 0; j < nkb && !rc; j++)
-            rc = bwd_key_block(&a, &T, j, mb);
+            rc = bwd_key_block(&a, &T, j, b0, nh, set0);
         if (!rc)
-            rc = bwd_store(&a, &T, b, dqd, dkvd, dt);
+            rc = bwd_store(&a, &T.h[set0], b0, nh, dqd, dkvd, dt);
     }
     return sk_end_values(&s, values, rc, r);
 }

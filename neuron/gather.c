@@ -8,10 +8,10 @@
  *
  * embedding_bwd: gw[V, D] = sum over positions p, in order, of g[p, :] added
  * into row idx[p], accumulated in f32 from +0 and rounded once (cpu/bwd.c).
- * The accumulator lives in SBUF, row v at partition v % 128 (V in blocks
- * when it does not fit); a GpSimd scatter-add walks the positions of each
- * [128, D] tile of g in order, so every row sees its additions in the CPU's
- * order. */
+ * The accumulator lives in SBUF transposed, feature d at partition d (D in
+ * chunks of 128, V in blocks when it does not fit); a GpSimd scatter-add
+ * walks the positions of each transposed [128, 128] tile of g in order on
+ * every lane, so every element sees its additions in the CPU's order. */
 #include "neuron/sk.h"
 
 #include <string.h>
@@ -102,40 +102,108 @@ int nt__sk_embedding(const nt__rec *r)
 
 /* ---------------- embedding_bwd ---------------- */
 
+/* The accumulator is held transposed, accT[d, v] (feature d of the chunk on
+ * partition d, row v of the block on the free axis): a position p adds
+ * g[p, d] into accT[d, idx[p]] on every lane at once, each lane walking the
+ * positions in order, so every element sees its additions in the CPU's
+ * order.  With rows on partitions (row v at partition v % 128) a position
+ * touched one lane, and the cost bound had to put all of a tile's positions
+ * on one lane (2 cycles x 128 positions x the width: 414 us of the char
+ * GPT's step for its 2048 x 128 gradient).  g's tiles reach that layout by
+ * nc_transpose (bits moved), and the block back by nc_transpose before its
+ * one rounding copy. */
 typedef struct scat {
     sk_k *s;
-    int64_t base; /* position of the tile's first partition */
-    int64_t V, v0, G, Dc, dw;
+    int64_t base; /* position of the tile's first column */
+    int64_t V, v0, vb;
 } scat;
 
-/* dst: the accumulator [128, G * Dc] f32; src[0]: g [np, dw]; src[1]: idx [np, 1] */
+/* dst: accT [dw, vb] f32; src[0]: gT [dw, np] f32; src[1]: idx [dw, np],
+ * each lane a copy of the tile's indices */
 static int scatter_add(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *src, int nsrc,
                        void *ctx, char *msg, size_t msglen)
 {
     (void)nsrc;
     scat *c = ctx;
     const nt_gpsimd_operand *g = &src[0], *ix = &src[1];
-    float tmp[2048];
-    for (int q = 0; q < ix->np; q++) {
-        int32_t v = ld_idx(ix, q);
+    for (int64_t q = 0; q < g->n; q++) {
+        int32_t v = ix->dtype == NT_U8 ? ((const uint8_t *)ix->data)[q]
+                                       : ((const int32_t *)ix->data)[q];
         if (v < 0 || v >= c->V) {
             snprintf(msg, msglen, "idx[%lld] = %d is out of range [0, %lld)",
                      (long long)(c->base + q), v, (long long)c->V);
             return sk_data_error(c->s, NT_ERANGE, "%s", msg);
         }
         int64_t rel = v - c->v0;
-        if (rel < 0 || rel >= 128 * c->G)
+        if (rel < 0 || rel >= c->vb)
             continue;
-        float *a = (float *)((char *)dst->data + (rel % 128) * dst->pstride) + (rel / 128) * c->Dc;
-        const char *gr = (const char *)g->data + q * g->pstride;
-        for (int64_t j0 = 0; j0 < c->dw; j0 += 2048) {
-            int64_t m = c->dw - j0 < 2048 ? c->dw - j0 : 2048;
-            nt__ld_f32(tmp, gr + j0 * (int64_t)nt__dtype_size(g->dtype), g->dtype, 1, m);
-            for (int64_t j = 0; j < m; j++)
-                a[j0 + j] += tmp[j];
+        for (int d = 0; d < g->np; d++) {
+            float *a = (float *)((char *)dst->data + d * dst->pstride) + rel;
+            *a += ((const float *)((const char *)g->data + d * g->pstride))[q];
         }
     }
     return 0;
+}
+
+typedef struct ebwd {
+    sk_k s;
+    nt_tile *graw[2], *gf[2], *it[2], *gT[2], *tp[2], *yt[2], *acc;
+    int t;
+} ebwd;
+
+/* Positions p0 .. p0+np of g's columns d0 .. d0+dw into accT: g's tile
+ * loaded (widened to f32 on chip when it is not f32), transposed, and the
+ * tile's indices on every lane; one scatter-add. */
+static int ebwd_tile(ebwd *e, const char *gb, nt_dtype gdt, int64_t D, const void *ib,
+                     nt_dtype idt, int64_t p0, int np, int64_t d0, int dw, scat *c)
+{
+    nt_sim_kernel *k = e->s.k;
+    int b = e->t++ & 1;
+    nt_ap gr = nt_tile_slice(e->graw[b], 0, np, 0, dw);
+    nt_ap hg = nt_hbm_ap(gb, gdt, p0 * D + d0, np, D, dw);
+    nt_ap ii = nt_tile_slice(e->it[b], 0, dw, 0, np);
+    nt_ap hi = nt_hbm_ap(ib, idt, p0, dw, 0, np); /* the same row on every lane */
+    nt_ap tp = nt_tile_slice(e->tp[b], 0, dw, 0, np);
+    nt_ap gT = nt_tile_slice(e->gT[b], 0, dw, 0, np);
+    nt_ap A = nt_tile_slice(e->acc, 0, dw, 0, c->vb);
+    int rc = nt_isa_dma_copy(k, &gr, &hg, sk_qin(&e->s));
+    if (!rc && gdt != NT_F32) {
+        nt_ap gf = nt_tile_slice(e->gf[b], 0, np, 0, dw);
+        rc = nt_isa_tensor_copy(k, &gf, &gr, NT_ENGINE_VECTOR);
+        gr = gf;
+    }
+    if (!rc)
+        rc = nt_isa_dma_copy(k, &ii, &hi, sk_qin(&e->s));
+    if (!rc)
+        rc = nt_isa_nc_transpose(k, &tp, &gr);
+    if (!rc)
+        rc = nt_isa_tensor_copy(k, &gT, &tp, NT_ENGINE_SCALAR);
+    /* every lane adds np elements, 2 cycles each, in parallel; charged per
+     * element of dst's free size (vb) */
+    const nt_ap *src[2] = {&gT, &ii};
+    return rc ? rc
+              : nt_isa_gpsimd_custom(k, "scatter_add", &A, src, 2,
+                                     2.0 * (double)np / (double)c->vb, scatter_add, c);
+}
+
+/* accT's rows v0 .. v0+vb (features d0 .. d0+dw) transposed back, rounded
+ * once to the output's dtype and stored, 128 rows at a time. */
+static int ebwd_store(ebwd *e, char *ob, nt_dtype odt, int64_t D, int64_t v0, int64_t vb,
+                      int64_t d0, int dw)
+{
+    nt_sim_kernel *k = e->s.k;
+    int rc = 0;
+    for (int64_t r = 0; r < vb && !rc; r += 128) {
+        int nv = (int)(vb - r < 128 ? vb - r : 128), b = e->t++ & 1;
+        nt_ap src = nt_tile_slice(e->acc, 0, dw, r, nv);
+        nt_ap tp = nt_tile_slice(e->tp[b], 0, nv, 0, dw);
+        nt_ap y = nt_tile_slice(e->yt[b], 0, nv, 0, dw);
+        nt_ap out = nt_hbm_ap(ob, odt, (v0 + r) * D + d0, nv, D, dw);
+        if (!(rc = nt_isa_nc_transpose(k, &tp, &src)) &&
+            !(rc = nt_isa_tensor_copy(k, &y, &tp, NT_ENGINE_SCALAR)))
+            rc = nt_isa_dma_copy(k, &out, &y, sk_qout(&e->s));
+    }
+    return rc;
 }
 
 int nt__sk_embedding_bwd(const nt__rec *r)
@@ -144,62 +212,42 @@ int nt__sk_embedding_bwd(const nt__rec *r)
     int64_t V = o->shape[0], D = o->shape[1], P = nt__numel(ix->ndim, ix->shape);
     if (V == 0 || D == 0)
         return 0;
-    sk_k s;
-    int rc = sk_begin(&s, "embedding_bwd");
+    ebwd e;
+    memset(&e, 0, sizeof e);
+    int rc = sk_begin(&e.s, "embedding_bwd");
     if (rc)
         return rc;
-    nt_sim_kernel *k = s.k;
+    sk_k *s = &e.s;
     nt_dtype gdt = (nt_dtype)g->dtype, idt = (nt_dtype)ix->dtype, odt = (nt_dtype)o->dtype;
-    const char *gb = sk_contig_of(&s, g);
-    const void *ib = sk_contig_of(&s, ix);
-    int64_t Dc = D < 2048 ? D : 2048;
-    int64_t G = 24576 / Dc, ng = (V + 127) / 128;
-    if (G > ng)
-        G = ng;
-    nt_tile *acc = sk_tile(&s, "ebwd.acc", NT_F32, 128, G * Dc);
-    nt_tile *yt = sk_tile(&s, "ebwd.y", odt, 128, G * Dc);
-    nt_tile *gt = sk_tile(&s, "ebwd.g", gdt, 128, Dc), *it = sk_tile(&s, "ebwd.idx", idt, 128, 1);
+    const char *gb = sk_contig_of(s, g);
+    const void *ib = sk_contig_of(s, ix);
+    /* rows of a block: 96 KiB of f32 per partition */
+    int64_t Vb = V < 24576 ? V : 24576;
+    e.acc = sk_tile(s, "ebwd.accT", NT_F32, 128, Vb);
+    for (int b = 0; b < 2; b++) {
+        e.graw[b] = sk_tile(s, "ebwd.g", gdt, 128, 128);
+        e.gf[b] = gdt != NT_F32 ? sk_tile(s, "ebwd.gf", NT_F32, 128, 128) : NULL;
+        e.it[b] = sk_tile(s, "ebwd.idx", idt, 128, 128);
+        e.gT[b] = sk_tile(s, "ebwd.gT", NT_F32, 128, 128);
+        e.yt[b] = sk_tile(s, "ebwd.y", odt, 128, 128);
+        e.tp[b] = nt_tile_alloc(s->k, "ebwd.tr", NT_MEM_PSUM, NT_F32, 128, 128);
+    }
     char *ob = nt__tensor_data(o);
-    bool ok = gb && ib && !nt_sim_kernel_error(k);
-    for (int64_t d0 = 0; d0 < D && ok; d0 += Dc) {
-        int64_t dw = D - d0 < Dc ? D - d0 : Dc;
-        for (int64_t v0 = 0; v0 < V && ok; v0 += 128 * G) {
-            nt_ap A = nt_tile_ap(acc);
-            ok = !nt_isa_memset(k, &A, 0.0, NT_ENGINE_VECTOR);
-            for (int64_t p0 = 0; p0 < P && ok; p0 += 128) {
+    rc = gb && ib ? nt_sim_kernel_error(s->k) : NT_EHOSTMEM;
+    for (int64_t d0 = 0; d0 < D && !rc; d0 += 128) {
+        int dw = (int)(D - d0 < 128 ? D - d0 : 128);
+        for (int64_t v0 = 0; v0 < V && !rc; v0 += Vb) {
+            int64_t vb = V - v0 < Vb ? V - v0 : Vb;
+            nt_ap A = nt_tile_slice(e.acc, 0, dw, 0, vb);
+            rc = nt_isa_memset(s->k, &A, 0.0, NT_ENGINE_VECTOR);
+            for (int64_t p0 = 0; p0 < P && !rc; p0 += 128) {
                 int np = (int)(P - p0 < 128 ? P - p0 : 128);
-                nt_ap gi = nt_tile_slice(gt, 0, np, 0, dw), ii = nt_tile_slice(it, 0, np, 0, 1);
-                nt_ap hg = nt_hbm_ap(gb, gdt, p0 * D + d0, np, D, dw);
-                nt_ap hi = nt_hbm_ap(ib, idt, p0, np, 1, 1);
-                scat c = {&s, p0, V, v0, G, Dc, dw};
-                const nt_ap *src[2] = {&gi, &ii};
-                /* Its cost: 2 cycles for each element it adds (np rows of
-                 * dw), all on one lane, since a row's additions keep the
-                 * positions' order -- a bound no parallel schedule would
-                 * exceed.  The instruction charges cycles_per_elem for each
-                 * element of dst's free size (G * Dc), so per element of it
-                 * that is 2 np dw / (G Dc).  (It was 2 dw per element of
-                 * dst: quadratic in the width, 1.2M cycles a tile at
-                 * D = 768 and 9.4M for 8 row blocks, where the adds are
-                 * 197K.) */
-                double cpe = 2.0 * (double)np * (double)dw / (double)(G * Dc);
-                ok = !nt_isa_dma_copy(k, &gi, &hg, sk_qin(&s)) &&
-                     !nt_isa_dma_copy(k, &ii, &hi, sk_qin(&s)) &&
-                     !nt_isa_gpsimd_custom(k, "scatter_add", &A, src, 2, cpe, scatter_add, &c);
+                scat c = {s, p0, V, v0, vb};
+                rc = ebwd_tile(&e, gb, gdt, D, ib, idt, p0, np, d0, dw, &c);
             }
-            /* round once and store the block's rows */
-            nt_ap Y = nt_tile_ap(yt);
-            ok = ok && !nt_isa_tensor_copy(k, &Y, &A, NT_ENGINE_SCALAR);
-            for (int64_t gi = 0; gi < G && ok; gi++) {
-                int64_t r0 = v0 + gi * 128;
-                if (r0 >= V)
-                    break;
-                int np = (int)(V - r0 < 128 ? V - r0 : 128);
-                nt_ap src = nt_tile_slice(yt, 0, np, gi * Dc, dw);
-                nt_ap out = nt_hbm_ap(ob, odt, r0 * D + d0, np, D, dw);
-                ok = !nt_isa_dma_copy(k, &out, &src, sk_qout(&s));
-            }
+            if (!rc)
+                rc = ebwd_store(&e, ob, odt, D, v0, vb, d0, dw);
         }
     }
-    return sk_end(&s);
+    return sk_end(s);
 }

@@ -114,6 +114,22 @@ int sk_begin(sk_k *s, const char *name)
     s->k = nt_sim_kernel_begin(name);
     if (!s->k)
         return nt__kerr(NT_EHOSTMEM, "out of host memory for a simulator kernel");
+    /* in a captured program the kernel's SBUF tiles go away from the
+     * kernels just before it (sim/sim.h, "Programs"); and sk_qin's and
+     * sk_qout's round robins start at the queue of their eight
+     * that frees up first: in a captured program the queues carry over from
+     * the kernels before, and a run of small kernels (the 4-byte copies of
+     * the gradient norms into one vector) each started on queue 0 and 8,
+     * every one waiting for the last one's transfers; alone, all queues are
+     * free and the start is 0, 8 as before */
+    nt__sim_kernel_spread(s->k);
+    const double *qf = s->k->q_free;
+    for (int q = 1; q < 8; q++) {
+        if (qf[q] < qf[s->qin])
+            s->qin = q;
+        if (qf[8 + q] < qf[8 + s->qout])
+            s->qout = q;
+    }
     return 0;
 }
 

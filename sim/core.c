@@ -129,11 +129,25 @@ typedef struct nt__sim_dep {
  * simulated time (two identical runs give identical nanoseconds, whatever
  * each buffer's alignment, and two buffers never share a page). */
 #define HBM_PAGE_SHIFT 14 /* 16 KiB: fine enough to pipeline tiles, cheap on 16 MiB DMAs */
+/* Within a page, the bytes [lo, hi) an access touched and when it ended:
+ * an access waits only for the accesses to bytes it touches (a DMA engine
+ * orders nothing else; with a page's whole 16 KiB, the four-byte stores of
+ * the gradient norms into one vector each waited for the one before).  A
+ * page keeps its last HBM_RECS writes and reads; older ones are folded into
+ * wold / rold, which cover the whole page (later than need be, never
+ * earlier). */
+#define HBM_RECS 4
+typedef struct hrec {
+    int32_t lo, hi;
+    double t;
+} hrec;
 typedef struct nt__sim_hpage {
     uintptr_t base; /* the pattern's base pointer */
     uintptr_t key;  /* the page, counted from base */
     uint32_t gen;
-    double wend, rend;
+    uint8_t nw, nr;
+    double wold, rold;
+    hrec w[HBM_RECS], r[HBM_RECS];
 } hpage;
 
 /* A program running on a core (sim/sim.h, "Programs"): the timeline state
@@ -146,6 +160,7 @@ typedef struct nt__sim_prog {
     double eng_free[NT_ENGINE_DMA], q_free[NT_SIM_DMA_QUEUES];
     double port_sbuf_vg, port_psum_vs;
     int act_table, rr_queue;
+    int64_t sbuf_origin[2]; /* where the next kernels' SBUF first fit starts */
     double *bucket;          /* the DMA engines' bookings, program time */
     size_t nbucket;
     double *dma_iv;          /* DMA activity, program time */
@@ -589,6 +604,8 @@ static int alloc_init(nt__sim_alloc *a, int64_t total)
     a->free[0] = (nt__sim_block){0, total};
     a->total = total;
     a->used = a->peak = 0;
+    a->origin = a->hi = 0;
+    a->down = false;
     return 0;
 }
 
@@ -607,11 +624,41 @@ static int64_t fit_in(const nt__sim_block *b, int64_t size, bool psum)
     return s + size <= b->off + b->size ? s : -1;
 }
 
+/* Where a block of `size` bytes fits inside free block b below `top`,
+ * as high as it can (an SBUF allocation from the top down), or -1. */
+static int64_t fit_down(const nt__sim_block *b, int64_t size, int64_t top)
+{
+    if (top > b->off + b->size)
+        top = b->off + b->size;
+    int64_t s = (top - size) / NT__SIM_ALIGN * NT__SIM_ALIGN;
+    return top - size >= b->off && s >= b->off ? s : -1;
+}
+
+/* Free block j of the scan in a's direction, fit at most `reach` bytes
+ * from a's end (pass 0: the origin; pass 1: all of it); -1 if none. */
+static int64_t fit_dir(const nt__sim_alloc *a, int j, int64_t size, bool psum, int64_t reach)
+{
+    const nt__sim_block *b = &a->free[j];
+    if (a->down)
+        return fit_down(b, size, a->total - reach);
+    if (b->off + b->size <= reach)
+        return -1;
+    nt__sim_block up = *b;
+    if (up.off < reach) {
+        up.size -= reach - up.off;
+        up.off = reach;
+    }
+    return fit_in(&up, size, psum);
+}
+
 static int64_t alloc_take(nt__sim_alloc *a, int64_t size, bool psum)
 {
-    for (int i = 0; i < a->n; i++) {
+    /* pass 0: first fit from the origin on; pass 1: from the end */
+    for (int pass = a->origin > 0 ? 0 : 1, t = 0; pass < 2; pass++, t = 0)
+    for (; t < a->n; t++) {
+        int i = a->down ? a->n - 1 - t : t;
         nt__sim_block *b = &a->free[i];
-        int64_t s = fit_in(b, size, psum);
+        int64_t s = fit_dir(a, i, size, psum, pass == 0 ? a->origin : 0);
         if (s < 0)
             continue;
         int64_t end = b->off + b->size;
@@ -641,6 +688,9 @@ static int64_t alloc_take(nt__sim_alloc *a, int64_t size, bool psum)
         a->used += size;
         if (a->used > a->peak)
             a->peak = a->used;
+        int64_t reach = a->down ? a->total - s : s + size;
+        if (reach > a->hi)
+            a->hi = reach;
         return s;
     }
     return -1;
@@ -675,6 +725,34 @@ static void alloc_give(nt__sim_alloc *a, int64_t off, int64_t size)
         a->n++;
     }
     a->used -= size;
+}
+
+/* A program's kernels take their SBUF tiles away from the kernels just
+ * before them, as a compiler that allocates the whole program's buffers
+ * does: each kernel from offset 0 made every kernel's first tiles wait for
+ * the last one's reads of the same bytes (a run of 4-byte copies each
+ * waited for the one before it to store).  Every other kernel fits from
+ * the top down (the mirror image of first fit: it fits whatever first fit
+ * does), and each starts where the last kernel from the same end stopped,
+ * while that is below SBUF_ORIGIN_MAX, so a kernel planned within its
+ * budget (neuron/sk.h: 160 of 192 KiB) has room there; past that it
+ * starts from its end again.  Either way a tile that does not fit there
+ * takes the first fit over all of SBUF.  Only the runtime's own kernels,
+ * planned within that budget, are placed so (nt__sim_kernel_spread, from
+ * neuron/ sk_begin); a user's tile kernel may count on SBUF from 0. */
+#define SBUF_ORIGIN_MAX (24 * 1024)
+static int64_t next_origin(const nt__sim_alloc *a)
+{
+    return a->hi < SBUF_ORIGIN_MAX ? a->hi : 0;
+}
+
+void nt__sim_kernel_spread(nt_sim_kernel *k)
+{
+    nt__sim_prog *pg = k && k->in_prog ? k->core->prog : NULL;
+    if (!pg || !pg->timed || k->sbuf.used)
+        return;
+    k->sbuf.down = pg->kernels & 1;
+    k->sbuf.origin = pg->sbuf_origin[pg->kernels & 1];
 }
 
 static int64_t alloc_largest(const nt__sim_alloc *a, bool psum)
@@ -1135,6 +1213,7 @@ static int prog_kernel_end(nt_sim_kernel *k, nt__sim_prog *pg, nt_sim_report *re
         pg->port_psum_vs = k->port_psum_vs;
         pg->act_table = k->act_table;
         pg->rr_queue = k->rr_queue;
+        pg->sbuf_origin[k->sbuf.down] = next_origin(&k->sbuf);
         pg->bucket = k->bucket, k->bucket = NULL;
         pg->nbucket = k->nbucket;
         pg->dma_iv = k->dma_iv, k->dma_iv = NULL;
@@ -1537,7 +1616,8 @@ static hpage *ht_get(nt__sim_core *c, uintptr_t base, uintptr_t key)
     c->ht[j].base = base;
     c->ht[j].key = key;
     c->ht[j].gen = c->ht_gen;
-    c->ht[j].wend = c->ht[j].rend = 0.0;
+    c->ht[j].wold = c->ht[j].rold = 0.0;
+    c->ht[j].nw = c->ht[j].nr = 0;
     c->ht_count++;
     return &c->ht[j];
 }
@@ -1559,13 +1639,65 @@ static bool hp_room(nt__sim_core *c, size_t n)
     return true;
 }
 
+/* When an access to bytes [lo, hi) of page e may start. */
+static double hp_wait(const hpage *e, int32_t lo, int32_t hi, bool write)
+{
+    double t = e->wold;
+    for (int i = 0; i < e->nw; i++)
+        if (e->w[i].lo < hi && lo < e->w[i].hi && e->w[i].t > t)
+            t = e->w[i].t;
+    if (!write)
+        return t;
+    if (e->rold > t)
+        t = e->rold;
+    for (int i = 0; i < e->nr; i++)
+        if (e->r[i].lo < hi && lo < e->r[i].hi && e->r[i].t > t)
+            t = e->r[i].t;
+    return t;
+}
+
+/* Records an access to bytes [lo, hi) of page e ending at end. */
+static void hp_note(hpage *e, int32_t lo, int32_t hi, bool write, double end)
+{
+    hrec *r = write ? e->w : e->r;
+    uint8_t *n = write ? &e->nw : &e->nr;
+    double *old = write ? &e->wold : &e->rold;
+    int m = 0;
+    for (int i = 0; i < *n; i++) {
+        if (r[i].lo == lo && r[i].hi == hi) {
+            if (end > r[i].t)
+                r[i].t = end;
+            return;
+        }
+        if (r[i].t < r[m].t)
+            m = i;
+    }
+    if (*n < HBM_RECS) {
+        r[(*n)++] = (hrec){lo, hi, end};
+        return;
+    }
+    if (r[m].t > *old)
+        *old = r[m].t;
+    r[m] = (hrec){lo, hi, end};
+}
+
+/* The bytes of page pg that an access spanning [elo, ehi) touches. */
+static void hp_span(int64_t pg, int64_t elo, int64_t ehi, int32_t *lo, int32_t *hi)
+{
+    int64_t p0 = pg << HBM_PAGE_SHIFT, p1 = p0 + ((int64_t)1 << HBM_PAGE_SHIFT);
+    *lo = (int32_t)((elo > p0 ? elo : p0) - p0);
+    *hi = (int32_t)((ehi < p1 ? ehi : p1) - p0);
+}
+
 /* Visits the HBM pages of every row of ap: mode 0 = collect the time a read
  * (write=false) or write must wait for, mode 1 = record the access ending at
  * `end`.  In mode 0, when *nhp is not SIZE_MAX each visited entry is also
  * appended to c->hp (at *nhp, which is advanced), so that mode 1 can update
- * them without another lookup; SIZE_MAX on return: the list is incomplete. */
+ * them without another lookup; SIZE_MAX on return: the list is incomplete.
+ * Within a page the access counts as its bytes from its lowest to its
+ * highest (*elo, *ehi, from the page origin). */
 static double hbm_pages(nt__sim_core *c, const nt_ap *ap, bool write, int mode, double end,
-                        size_t *nhp)
+                        size_t *nhp, int64_t *elo, int64_t *ehi)
 {
     int64_t esz = (int64_t)nt__dtype_size(ap->dtype);
     int64_t lo, hi;
@@ -1589,6 +1721,10 @@ static double hbm_pages(nt__sim_core *c, const nt_ap *ap, bool write, int mode, 
         }
     }
     int64_t F = nt__sim_free_count(ap);
+    int64_t r0 = shift + (ap->offset + lo) * esz, span = (int64_t)(ap->np - 1) * ap->pstep * esz;
+    int64_t xlo = r0 + (span < 0 ? span : 0), xhi = r0 + (span > 0 ? span : 0) + (hi - lo + 1) * esz;
+    if (elo)
+        *elo = xlo, *ehi = xhi;
     nt__sim_shape s;
     nt__sim_canon(ap, &s);
     bool dense = s.nd == 1 && s.step[0] == 1;
@@ -1626,15 +1762,14 @@ static double hbm_pages(nt__sim_core *c, const nt_ap *ap, bool write, int mode, 
                 else
                     *nhp = SIZE_MAX;
             }
+            int32_t plo, phi;
+            hp_span(pg, xlo, xhi, &plo, &phi);
             if (mode == 0) {
-                if (e->wend > t)
-                    t = e->wend;
-                if (write && e->rend > t)
-                    t = e->rend;
-            } else if (write) {
-                e->wend = end;
-            } else if (end > e->rend) {
-                e->rend = end;
+                double w = hp_wait(e, plo, phi, write);
+                if (w > t)
+                    t = w;
+            } else {
+                hp_note(e, plo, phi, write, end);
             }
         }
         last_page = last;
@@ -1766,6 +1901,7 @@ typedef struct issued {
      * found, so that recording the access needs no second lookup: valid
      * while the table is not rehashed (only a new entry grows it) */
     size_t nhp, hp_end[NT__SIM_MAX_ACC];
+    int64_t elo[NT__SIM_MAX_ACC], ehi[NT__SIM_MAX_ACC]; /* each HBM access's bytes */
     const hpage *ht0;
     double start, end, lat; /* when it runs; its writes' access latency */
 } issued;
@@ -1785,7 +1921,7 @@ ISSUE_STEP void issue_wait(nt_sim_kernel *k, const nt__sim_instr *in, issued *is
         const nt__sim_acc *a = &in->acc[i];
         const nt_ap *ap = a->ap;
         if (!ap->tile) {
-            double t = hbm_pages(core, ap, a->write, 0, 0.0, &nhp);
+            double t = hbm_pages(core, ap, a->write, 0, 0.0, &nhp, &is->elo[i], &is->ehi[i]);
             is->hp_end[i] = nhp;
             if (t > ready)
                 ready = t;
@@ -1909,16 +2045,15 @@ ISSUE_STEP void issue_record(nt_sim_kernel *k, const nt__sim_instr *in, const is
         const nt_ap *ap = a->ap;
         if (!ap->tile) {
             if (!hp_ok) {
-                hbm_pages(core, ap, a->write, 1, end, NULL);
+                hbm_pages(core, ap, a->write, 1, end, NULL, NULL, NULL);
                 continue;
             }
             /* what hbm_pages' mode 1 does to each page it visits */
             for (size_t h = hp0; h < is->hp_end[i]; h++) {
                 hpage *e = core->hp[h];
-                if (a->write)
-                    e->wend = end;
-                else if (end > e->rend)
-                    e->rend = end;
+                int32_t plo, phi;
+                hp_span((int64_t)e->key, is->elo[i], is->ehi[i], &plo, &phi);
+                hp_note(e, plo, phi, a->write, end);
             }
             hp0 = is->hp_end[i];
             continue;

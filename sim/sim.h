@@ -47,11 +47,16 @@ typedef struct nt__sim_block {
     int64_t off, size;
 } nt__sim_block;
 
-/* First-fit allocator over one partition's byte range (per kernel). */
+/* First-fit allocator over one partition's byte range (per kernel).  In a
+ * program (SBUF, sim/core.c): every other kernel fits from the top down
+ * (down), first fit starts origin bytes from its end (then falls back to
+ * the whole range), and hi is how far from its end its blocks reach. */
 typedef struct nt__sim_alloc {
     nt__sim_block *free; /* sorted by offset, coalesced */
     int n, cap;
     int64_t total, used, peak;
+    int64_t origin, hi;
+    bool down;
 } nt__sim_alloc;
 
 struct nt_tile {
@@ -201,7 +206,13 @@ extern nt__sim_global nt__sim;
  * program's storages and its plan's block), so two planned tensors that
  * reuse the same bytes wait for each other, and where the host put a
  * buffer never changes the time.  The program's time (its makespan) is
- * added to the core's clock and statistics once, at its end.
+ * added to the core's clock and statistics once, at its end.  Its kernels
+ * take SBUF away from the kernels just before them (every other one fits
+ * from the top down, each from where the last one from its end stopped:
+ * sim/core.c, next_origin), as a compiler allocating the whole program's
+ * buffers would, when the kernel asks before its first tile
+ * (nt__sim_kernel_spread: the runtime's kernels, planned within 160 KiB);
+ * alone, or a user's tile kernel, fits from offset 0.
  *
  * Untimed: a program whose timing is known (the snapshot of an earlier
  * run of the same program) runs its kernels for their values only -- the
@@ -232,6 +243,9 @@ double nt__sim_program_end(nt__sim_prog_snap *out);
 /* True between begin and end of an untimed program on this thread's core:
  * a built-in kernel computes its values without issuing. */
 bool nt__sim_program_untimed(void);
+/* In a timed program, k (before its first tile) takes SBUF away from the
+ * kernels just before it (sim/core.c, next_origin); else nothing. */
+void nt__sim_kernel_spread(nt_sim_kernel *k);
 /* True between begin and end of any program on this thread's core. */
 bool nt__sim_program_active(void);
 
