@@ -127,6 +127,7 @@ static void test_first_step_capture_fuses_the_update(void **state)
     (void)state;
     static const char *const backends[] = {"sim", "cpu"};
     static result ref, first, later;
+    static float sim_params[4][HID * IN];
     for (int b = 0; b < 2; b++) {
         train(backends[b], -1, &ref);
         train(backends[b], 0, &first); /* the moments are made inside the capture */
@@ -135,6 +136,10 @@ static void test_first_step_capture_fuses_the_update(void **state)
         assert_memory_equal(ref.params, first.params, sizeof ref.params);
         assert_memory_equal(ref.loss, later.loss, sizeof ref.loss);
         assert_memory_equal(ref.params, later.params, sizeof ref.params);
+        if (b == 1) /* the CPU's bits are the simulator's (this ref is the CPU's) */
+            assert_memory_equal(ref.params, sim_params, sizeof ref.params);
+        else
+            memcpy(sim_params, ref.params, sizeof sim_params);
         /* the same program either way: W1's gradient and its update in one
          * kernel (before: the update alone, re-reading the gradient) */
         assert_int_equal(first.kernels, later.kernels);
@@ -147,10 +152,52 @@ static void test_first_step_capture_fuses_the_update(void **state)
     assert_int_equal(nt_init(), 0);
 }
 
+/* x * x inside a program bound by VectorE runs as ScalarE's square
+ * (neuron/ew.c): the same bits as the CPU's x * x, edge values included. */
+static void test_square_in_a_vector_bound_program(void **state)
+{
+    (void)state;
+    enum { N = 4099 };
+    static float x[N], b[N], out[2][N];
+    static const float edge[] = {0.0f, -0.0f, 1e-45f, -1e-45f, 1.1754942e-38f, 1e-20f,
+                                 1.8446743e19f, 3.4028235e38f, -3.4028235e38f, 1.0f / 0.0f,
+                                 -1.0f / 0.0f, 0.0f / 0.0f, 1.5f, -2.75f};
+    for (int i = 0; i < N; i++) {
+        x[i] = i < (int)(sizeof edge / sizeof edge[0]) ? edge[i]
+                                                       : (float)((i * 7919) % 2003) / 97.0f - 10.0f;
+        b[i] = (float)((i * 31) % 17) / 8.0f - 1.0f;
+    }
+    static const char *const backends[] = {"sim", "cpu"};
+    for (int k = 0; k < 2; k++) {
+        nt_shutdown();
+        assert_int_equal(nt_init(), 0);
+        assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+        assert_int_equal(nt_config_set("NT_BACKEND", backends[k]), 0);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *tx = nt_from_host(x, NT_F32, 2, (int64_t[]){1, N});
+        nt_tensor *tb = nt_from_host(b, NT_F32, 2, (int64_t[]){1, N});
+        /* binary steps (VectorE's) outweigh the rest: x * x goes to ScalarE */
+        nt_tensor *y = nt_sub(nt_mul(nt_add(nt_mul(nt_mul(tx, tx), tb), tx), tb), tx);
+        assert_non_null(y);
+        assert_int_equal(nt_to_host(y, out[k], sizeof out[k]), 0);
+        nt_scope_end(sc);
+    }
+    for (int i = 0; i < N; i++) {
+        uint32_t u0, u1;
+        memcpy(&u0, &out[0][i], 4);
+        memcpy(&u1, &out[1][i], 4);
+        if (u0 != u1)
+            fail_msg("element %d: sim %08x, cpu %08x", i, u0, u1);
+    }
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_first_step_capture_fuses_the_update, nt_test_teardown),
+        cmocka_unit_test_teardown(test_square_in_a_vector_bound_program, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
