@@ -27,10 +27,13 @@
  * schedule of those bytes can beat.
  *
  * "captured" is a mode of its own here: the step recorded once by
- * nt_graph_cache (docs/graphs.md) and replayed, in adaptive mode.
+ * nt_graph_cache (docs/graphs.md) and replayed, in adaptive mode
+ * ("captured_lazy": the same in lazy mode).  On the sim backend each mode
+ * also prints its HBM bytes a step, its DMA-limited floor and the step over
+ * that floor.
  *
  * Usage: train_step [--steps N] [--warmup N]
- *                   [--modes deterministic,eager,adaptive,lazy,captured]
+ *                   [--modes deterministic,eager,adaptive,lazy,captured,captured_lazy]
  *                   [--model mlp|tf|both]
  *                   [--peer] [--peer-script PATH] [--rounds N]
  * (--rounds: the peer comparison N times over, each ratio the median of
