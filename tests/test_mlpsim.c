@@ -4,7 +4,8 @@
  * as a step captured once that state exists -- each weight gradient's
  * matmul takes the parameter's update as its epilogue (fusion/plan.c,
  * same_capture) -- and trains to the same bits as the step run op by op,
- * on both backends. */
+ * on both backends, in deterministic, eager, adaptive and lazy mode; and
+ * AdamW's g * g on ScalarE (neuron/ew.c) gives the CPU's bits. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -45,11 +46,11 @@ static nt_tensor *step(nt_tensor **p, nt_optim *opt, nt_tensor *x, nt_tensor *y)
 
 /* STEPS AdamW steps; capture_at >= 0: that step captured, the later ones
  * replayed. */
-static void train(const char *backend, int capture_at, result *r)
+static void train(const char *backend, const char *mode, int capture_at, result *r)
 {
     nt_shutdown();
     assert_int_equal(nt_init(), 0);
-    assert_int_equal(nt_config_set("NT_MODE", capture_at < 0 ? "deterministic" : "lazy"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
     assert_int_equal(nt_config_set("NT_BACKEND", backend), 0);
     memset(r, 0, sizeof *r);
     int64_t shp[4][2] = {{HID, IN}, {HID, 0}, {OUT, HID}, {OUT, 0}};
@@ -129,9 +130,9 @@ static void test_first_step_capture_fuses_the_update(void **state)
     static result ref, first, later;
     static float sim_params[4][HID * IN];
     for (int b = 0; b < 2; b++) {
-        train(backends[b], -1, &ref);
-        train(backends[b], 0, &first); /* the moments are made inside the capture */
-        train(backends[b], 1, &later); /* they exist when the capture starts */
+        train(backends[b], "deterministic", -1, &ref);
+        train(backends[b], "lazy", 0, &first); /* the moments are made inside the capture */
+        train(backends[b], "lazy", 1, &later); /* they exist when the capture starts */
         assert_memory_equal(ref.loss, first.loss, sizeof ref.loss);
         assert_memory_equal(ref.params, first.params, sizeof ref.params);
         assert_memory_equal(ref.loss, later.loss, sizeof ref.loss);
@@ -147,6 +148,14 @@ static void test_first_step_capture_fuses_the_update(void **state)
             assert_true(first.hbm > 0);
             assert_int_equal(first.hbm, later.hbm);
         }
+        /* the other modes: the same bits, op by op and captured */
+        static const char *const modes[] = {"eager", "adaptive"};
+        for (int m = 0; m < 2; m++)
+            for (int at = -1; at <= 0; at++) {
+                train(backends[b], modes[m], at, &first);
+                assert_memory_equal(ref.loss, first.loss, sizeof ref.loss);
+                assert_memory_equal(ref.params, first.params, sizeof ref.params);
+            }
     }
     nt_shutdown();
     assert_int_equal(nt_init(), 0);
