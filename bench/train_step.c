@@ -27,10 +27,13 @@
  * schedule of those bytes can beat.
  *
  * "captured" is a mode of its own here: the step recorded once by
- * nt_graph_cache (docs/graphs.md) and replayed, in adaptive mode.
+ * nt_graph_cache (docs/graphs.md) and replayed, in adaptive mode
+ * ("captured_lazy": the same in lazy mode).  On the sim backend each mode
+ * also prints its HBM bytes a step, its DMA-limited floor and the step over
+ * that floor.
  *
  * Usage: train_step [--steps N] [--warmup N]
- *                   [--modes deterministic,eager,adaptive,lazy,captured]
+ *                   [--modes deterministic,eager,adaptive,lazy,captured,captured_lazy]
  *                   [--model mlp|tf|both]
  *                   [--peer] [--peer-script PATH] [--rounds N]
  * (--rounds: the peer comparison N times over, each ratio the median of
@@ -112,8 +115,12 @@ static int cap_step(void *ctx, nt_tensor *const *in, int nin, nt_tensor **out, i
 /* amp: NT_BF16 runs the forward under bf16 autocast; NT_F32 does not. */
 static result run_amp(const char *mode, bool tf, int warmup, int steps, nt_dtype amp)
 {
-    bool captured = !strcmp(mode, "captured");
-    if (nt_config_set("NT_MODE", captured ? "adaptive" : mode) != 0)
+    /* "captured_lazy": the same, the step captured in lazy mode (its fusion
+     * groups whole, as lazy mode forms them, not as adaptive mode's worker
+     * happens to split them) */
+    bool cap_lazy = !strcmp(mode, "captured_lazy");
+    bool captured = cap_lazy || !strcmp(mode, "captured");
+    if (nt_config_set("NT_MODE", cap_lazy ? "lazy" : captured ? "adaptive" : mode) != 0)
         bench_fail("nt_config_set");
     nt_sync();
     nt_stats_reset(); /* peaks from here: this mode's model and steps */
@@ -429,6 +436,12 @@ static double run_model(bool tf, const char *modes_arg, int warmup, int steps,
         if (r.sim_ms > 0)
             printf("  %8.3f ms/step simulated NeuronCore time (%.0f ns in all)", r.sim_ms,
                    r.sim_ns);
+        if (r.sim_ms > 0)
+            printf("\n  %-13s simulated: %.1f MB HBM/step, DMA-limited floor %.3f ms (%.2fx of "
+                   "it), TensorE %.1f%% busy, DMA %.1f%% busy",
+                   "", r.hbm_bytes / 1e6, dma_floor_ms(r.hbm_bytes),
+                   dma_floor_ms(r.hbm_bytes) > 0 ? r.sim_ms / dma_floor_ms(r.hbm_bytes) : 0,
+                   100 * r.tensor_busy, 100 * r.dma_busy);
         printf("\n  %-13s peak device memory %8.2f MiB reserved, %8.2f MiB live, %8.2f MiB "
                "backed\n",
                "", r.peak / 1048576.0, r.live_peak / 1048576.0, r.backed_peak / 1048576.0);

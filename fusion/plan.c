@@ -888,6 +888,19 @@ static bool ew_joinable(const nt__rec *x, const nt_tensor *o)
     return n == 1 || n == nt__numel(o->ndim, o->shape);
 }
 
+/* Whether x may share a kernel with r as far as a capture goes: both part
+ * of the program being captured, or both not (check_join).  While a step
+ * is captured, the optimizer's moments made on first use (fills: not part
+ * of the program) sit between a weight gradient's matmul and its update; a
+ * matmul moved to just before them would meet a break at the first fill and
+ * its update would run as a kernel of its own, re-reading the gradient from
+ * HBM at every replay (the MLP step: 14.7 MB).  Moved to just after them, it
+ * takes the update as its epilogue as it does uncaptured. */
+static bool same_capture(const nt__rec *x, const nt__rec *r)
+{
+    return !((x->flags ^ r->flags) & NT_RECF_NOCAPTURE);
+}
+
 /* A matmul at k whose only next record is a cast of its output (under
  * autocast, a bf16 weight gradient cast back to the f32 parameter's
  * dtype) already has its reader next to it; the two move forward together
@@ -931,7 +944,7 @@ static bool hoist_with_cast(nt__rec **recs, int n, int k)
     if (q < n && recs[q]->type == NT_REC_OP && is_row_reduce(recs[q]))
         return false;
     int p = j;
-    while (p - 1 > k + 1 && ew_joinable(recs[p - 1], e->out[0]))
+    while (p - 1 > k + 1 && ew_joinable(recs[p - 1], e->out[0]) && same_capture(recs[p - 1], r))
         p--;
     if (p - 1 == k + 1)
         return false;
@@ -985,7 +998,7 @@ static bool hoist_matmuls(nt__rec **recs, int n, const uint32_t *mm, int nmm)
         if (!ok || j == end || !ew_joinable(recs[j], r->out[0]))
             continue;
         int p = j;
-        while (p - 1 > k && ew_joinable(recs[p - 1], r->out[0]))
+        while (p - 1 > k && ew_joinable(recs[p - 1], r->out[0]) && same_capture(recs[p - 1], r))
             p--;
         if (p - 1 == k) {
             moved |= hoist_with_cast(recs, n, k); /* already there; maybe both go */

@@ -1254,6 +1254,14 @@ static int run_op(tile_state *t, int *kp, int (*store)(void *ctx, int slot, cons
         a[0].dt == (nt_dtype)val->dtype)
         return store(sctx, val->store, &a[0].ap);
     nt_ap dst = val_ap(t, o->out);
+    /* x * x of an f32 value in a program bound by VectorE (AdamW's g * g):
+     * ScalarE's square, nt__ew_mul(x, x) as the tensor_tensor computes it,
+     * N ScalarE cycles instead of 2N of VectorE's */
+    if (o->op == NT_OP_MUL && o->nin == 2 && o->a[0] == o->a[1] && s->scalar_first &&
+        val->dtype == NT_F32 && !val->red && a[0].dt == NT_F32 && !a[0].red) {
+        rc = act(s, &dst, NT_ACT_SQUARE, &a[0].ap);
+        return !rc && val->store >= 0 ? store(sctx, val->store, &dst) : rc;
+    }
     if (o->op == NT_OP_SUM || o->op == NT_OP_MAX || o->op == NT_OP_MEAN || o->op == NT_OP_MIN) {
         /* ROW: a row reduction, the CPU's canonical order over C */
         nt_alu_op op = o->op == NT_OP_MAX   ? NT_ALU_MAX

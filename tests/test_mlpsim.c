@@ -1,0 +1,212 @@
+/* tests/test_mlpsim.c - the MLP training step on the simulated NeuronCore:
+ * a captured step whose optimizer makes its state on first use (AdamW's
+ * moments, filled while the step is captured) compiles to the same kernels
+ * as a step captured once that state exists -- each weight gradient's
+ * matmul takes the parameter's update as its epilogue (fusion/plan.c,
+ * same_capture) -- and trains to the same bits as the step run op by op,
+ * on both backends, in deterministic, eager, adaptive and lazy mode; and
+ * AdamW's g * g on ScalarE (neuron/ew.c) gives the CPU's bits. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ntensor.h"
+#include "nt_test.h"
+
+#define STEPS 4
+#define B 32
+#define IN 40
+#define HID 128 /* a weight gradient of 128 rows: a matmul epilogue's size */
+#define OUT 10
+
+typedef struct {
+    uint32_t loss[STEPS];
+    float params[4][HID * IN];
+    int64_t kernels;   /* kernels a replay runs */
+    uint64_t hbm;      /* simulated HBM bytes of the last replay (sim backend) */
+} result;
+
+static nt_tensor *step(nt_tensor **p, nt_optim *opt, nt_tensor *x, nt_tensor *y)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *h = nt_relu(nt_linear(x, p[0], p[1]));
+    nt_tensor *loss = nt_cross_entropy(nt_linear(h, p[2], p[3]), y);
+    int rc = !loss || nt_backward(loss) || nt_optim_step(opt) || nt_optim_zero_grad(opt);
+    if (!rc)
+        nt_keep(loss);
+    nt_scope_end(s);
+    return rc ? NULL : loss;
+}
+
+/* STEPS AdamW steps; capture_at >= 0: that step captured, the later ones
+ * replayed. */
+static void train(const char *backend, const char *mode, int capture_at, result *r)
+{
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+    assert_int_equal(nt_config_set("NT_BACKEND", backend), 0);
+    memset(r, 0, sizeof *r);
+    int64_t shp[4][2] = {{HID, IN}, {HID, 0}, {OUT, HID}, {OUT, 0}};
+    nt_tensor *p[4];
+    for (int i = 0; i < 4; i++) {
+        p[i] = nt_mul_scalar(nt_randn(NT_F32, i % 2 ? 1 : 2, shp[i], 21 + (uint64_t)i), 0.1);
+        assert_non_null(p[i]);
+        nt_keep(p[i]);
+        assert_int_equal(nt_set_requires_grad(p[i], true), 0);
+    }
+    nt_optim *opt = nt_optim_adamw(p, 4, 1e-2, 0.9, 0.999, 1e-8, 0.01);
+    assert_non_null(opt);
+    nt_graph *g = NULL;
+    nt_tensor *gloss = NULL;
+    static float xs[B * IN];
+    int32_t ys[B];
+    for (int k = 0; k < STEPS; k++) {
+        for (int i = 0; i < B * IN; i++)
+            xs[i] = (float)((i * 37 + k * 101) % 29) / 29.0f - 0.5f;
+        for (int i = 0; i < B; i++)
+            ys[i] = (i * 3 + k) % OUT;
+        nt_tensor *x = nt_from_host(xs, NT_F32, 2, (int64_t[]){B, IN});
+        nt_tensor *y = nt_from_host(ys, NT_I32, 1, (int64_t[]){B});
+        assert_non_null(x);
+        assert_non_null(y);
+        nt_tensor *loss;
+        if (capture_at < 0 || k < capture_at) {
+            loss = step(p, opt, x, y);
+        } else if (k == capture_at) {
+            assert_int_equal(nt_graph_capture_begin(), 0);
+            assert_int_equal(nt_graph_input(x, "x"), 0);
+            assert_int_equal(nt_graph_input(y, "y"), 0);
+            gloss = step(p, opt, x, y);
+            g = nt_graph_capture_end();
+            assert_non_null(g);
+            loss = nt_retain(gloss);
+        } else {
+            assert_int_equal(nt_graph_bind(g, "x", x), 0);
+            assert_int_equal(nt_graph_bind(g, "y", y), 0);
+            assert_int_equal(nt_sync(), 0);
+            nt_stats s0, s1;
+            nt_stats_get(&s0);
+            assert_int_equal(nt_graph_replay(g), 0);
+            assert_int_equal(nt_sync(), 0);
+            nt_stats_get(&s1);
+            r->hbm = s1.sim_hbm_bytes - s0.sim_hbm_bytes;
+            loss = nt_retain(gloss);
+        }
+        assert_non_null(loss);
+        double l;
+        assert_int_equal(nt_item(loss, &l), 0);
+        float f = (float)l;
+        memcpy(&r->loss[k], &f, sizeof f);
+        nt_release(loss);
+        nt_release(x);
+        nt_release(y);
+    }
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(nt_to_host(p[i], r->params[i], (size_t)nt_numel(p[i]) * 4), 0);
+    if (g) {
+        nt_graph_info gi;
+        assert_int_equal(nt_graph_info_get(g, &gi), 0);
+        r->kernels = gi.kernels;
+        nt_graph_destroy(g);
+    }
+    nt_release(gloss);
+    nt_optim_destroy(opt);
+    for (int i = 0; i < 4; i++)
+        nt_release(p[i]);
+    assert_int_equal(nt_sync(), 0);
+}
+
+static void test_first_step_capture_fuses_the_update(void **state)
+{
+    (void)state;
+    static const char *const backends[] = {"sim", "cpu"};
+    static result ref, first, later;
+    static float sim_params[4][HID * IN];
+    for (int b = 0; b < 2; b++) {
+        train(backends[b], "deterministic", -1, &ref);
+        train(backends[b], "lazy", 0, &first); /* the moments are made inside the capture */
+        train(backends[b], "lazy", 1, &later); /* they exist when the capture starts */
+        assert_memory_equal(ref.loss, first.loss, sizeof ref.loss);
+        assert_memory_equal(ref.params, first.params, sizeof ref.params);
+        assert_memory_equal(ref.loss, later.loss, sizeof ref.loss);
+        assert_memory_equal(ref.params, later.params, sizeof ref.params);
+        if (b == 1) /* the CPU's bits are the simulator's (this ref is the CPU's) */
+            assert_memory_equal(ref.params, sim_params, sizeof ref.params);
+        else
+            memcpy(sim_params, ref.params, sizeof sim_params);
+        /* the same program either way: W1's gradient and its update in one
+         * kernel (before: the update alone, re-reading the gradient) */
+        assert_int_equal(first.kernels, later.kernels);
+        if (!strcmp(backends[b], "sim")) {
+            assert_true(first.hbm > 0);
+            assert_int_equal(first.hbm, later.hbm);
+        }
+        /* the other modes: the same bits, op by op and captured */
+        static const char *const modes[] = {"eager", "adaptive"};
+        for (int m = 0; m < 2; m++)
+            for (int at = -1; at <= 0; at++) {
+                train(backends[b], modes[m], at, &first);
+                assert_memory_equal(ref.loss, first.loss, sizeof ref.loss);
+                assert_memory_equal(ref.params, first.params, sizeof ref.params);
+            }
+    }
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+}
+
+/* x * x inside a program bound by VectorE runs as ScalarE's square
+ * (neuron/ew.c): the same bits as the CPU's x * x, edge values included. */
+static void test_square_in_a_vector_bound_program(void **state)
+{
+    (void)state;
+    enum { N = 4099 };
+    static float x[N], b[N], out[2][N];
+    static const float edge[] = {0.0f, -0.0f, 1e-45f, -1e-45f, 1.1754942e-38f, 1e-20f,
+                                 1.8446743e19f, 3.4028235e38f, -3.4028235e38f, 1.0f / 0.0f,
+                                 -1.0f / 0.0f, 0.0f / 0.0f, 1.5f, -2.75f};
+    for (int i = 0; i < N; i++) {
+        x[i] = i < (int)(sizeof edge / sizeof edge[0]) ? edge[i]
+                                                       : (float)((i * 7919) % 2003) / 97.0f - 10.0f;
+        b[i] = (float)((i * 31) % 17) / 8.0f - 1.0f;
+    }
+    static const char *const backends[] = {"sim", "cpu"};
+    for (int k = 0; k < 2; k++) {
+        nt_shutdown();
+        assert_int_equal(nt_init(), 0);
+        assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+        assert_int_equal(nt_config_set("NT_BACKEND", backends[k]), 0);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *tx = nt_from_host(x, NT_F32, 2, (int64_t[]){1, N});
+        nt_tensor *tb = nt_from_host(b, NT_F32, 2, (int64_t[]){1, N});
+        /* binary steps (VectorE's) outweigh the rest: x * x goes to ScalarE */
+        nt_tensor *y = nt_sub(nt_mul(nt_add(nt_mul(nt_mul(tx, tx), tb), tx), tb), tx);
+        assert_non_null(y);
+        assert_int_equal(nt_to_host(y, out[k], sizeof out[k]), 0);
+        nt_scope_end(sc);
+    }
+    for (int i = 0; i < N; i++) {
+        uint32_t u0, u1;
+        memcpy(&u0, &out[0][i], 4);
+        memcpy(&u1, &out[1][i], 4);
+        if (u0 != u1)
+            fail_msg("element %d: sim %08x, cpu %08x", i, u0, u1);
+    }
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_first_step_capture_fuses_the_update, nt_test_teardown),
+        cmocka_unit_test_teardown(test_square_in_a_vector_bound_program, nt_test_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
