@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/ewise.h"
+#include "core/ewise64.h"
 #include "core/gemm.h"
 
 #define NT_CHUNK 512
@@ -219,6 +220,63 @@ static int setup(const nt__rec *r, nt__kv *v, int nin)
     return 1 + nin;
 }
 
+/* ---------------- f64 ----------------
+ *
+ * A chunk with an f64 operand (input or output) computes in double, element
+ * by element: each input widened exactly (nt__load_f64), the op's
+ * core/ewise64.h definition, one rounding into the output (nt__store_f64).
+ * Only ops of core/ewise64.h's lists reach here with f64 operands
+ * (dispatcher/dispatch.c refuses the others), and f64 records never join a
+ * fused group (fusion/plan.c), so this loop is the one evaluator of f64
+ * arithmetic: the same bits in every mode. */
+static bool f64_compute(const chunk *c)
+{
+    for (int k = 0; k < c->nv; k++)
+        if (c->dt[k] == NT_F64)
+            return true;
+    return false;
+}
+
+static inline double ld64(const chunk *c, int k, int64_t i)
+{
+    return nt__load_f64(c->p[k], c->dt[k], i * c->st[k]);
+}
+
+static void f64_chunk(const nt__rec *r, const chunk *c, int64_t n)
+{
+    char *y = c->p[0];
+    nt_dtype ydt = c->dt[0];
+    int64_t ys = c->st[0];
+    switch (nt__ops[r->op].kind) {
+    case NT_KIND_UNARY:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_f64(y, ydt, i * ys, nt__ew64_unary(r->op, ld64(c, 1, i)));
+        break;
+    case NT_KIND_SCALAR:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_f64(y, ydt, i * ys, nt__ew64_scalar(r->op, ld64(c, 1, i), r->p.f[0], r->p.f[1]));
+        break;
+    case NT_KIND_BINARY:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_f64(y, ydt, i * ys,
+                          nt__ew64_binary(r->op, ld64(c, 1, i), ld64(c, 2, i), r->p.i, r->p.f));
+        break;
+    case NT_KIND_CMP:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_f64(y, ydt, i * ys, (double)nt__ew64_cmp(r->op, ld64(c, 1, i), ld64(c, 2, i)));
+        break;
+    case NT_KIND_WHERE:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_f64(y, ydt, i * ys, ld64(c, 1, i) != 0.0 ? ld64(c, 2, i) : ld64(c, 3, i));
+        break;
+    case NT_KIND_COPY: /* one rounding from the exact double (core/dtype.h) */
+        for (int64_t i = 0; i < n; i++)
+            nt__store_f64(y, ydt, i * ys, ld64(c, 1, i));
+        break;
+    default: nt__op_unhandled("cpu f64 elementwise", r->op);
+    }
+}
+
 static bool float_compute(const chunk *c)
 {
     for (int k = 0; k < c->nv; k++)
@@ -305,7 +363,9 @@ static inline float *dst_f32(float *buf, const chunk *c)
 static inline __attribute__((always_inline)) void unary_body(const nt__rec *r, const chunk *c,
                                                              int64_t n, void *scr)
 {
-    if (float_compute(c)) {
+    if (f64_compute(c)) {
+        f64_chunk(r, c, n);
+    } else if (float_compute(c)) {
         const float *a = src_f32(scr, c, 1, n);
         float *y = dst_f32((float *)scr + NT_CHUNK, c);
         switch (r->op) {
@@ -346,7 +406,9 @@ int nt__cpu_unary(const nt__rec *r)
 static inline __attribute__((always_inline)) void scalar_body(const nt__rec *r, const chunk *c,
                                                               int64_t n, void *scr)
 {
-    if (float_compute(c)) {
+    if (f64_compute(c)) {
+        f64_chunk(r, c, n);
+    } else if (float_compute(c)) {
         const float *a = src_f32(scr, c, 1, n);
         float *y = dst_f32((float *)scr + NT_CHUNK, c);
         float s0 = (float)r->p.f[0], s1 = (float)r->p.f[1];
@@ -392,7 +454,9 @@ int nt__cpu_scalar(const nt__rec *r)
 static inline __attribute__((always_inline)) void binary_body(const nt__rec *r, const chunk *c,
                                                               int64_t n, void *scr)
 {
-    if (float_compute(c)) {
+    if (f64_compute(c)) {
+        f64_chunk(r, c, n);
+    } else if (float_compute(c)) {
         const float *a = src_f32(scr, c, 1, n);
         const float *b = src_f32((float *)scr + NT_CHUNK, c, 2, n);
         float *y = dst_f32((float *)scr + 2 * NT_CHUNK, c);
@@ -487,6 +551,10 @@ static void cmp_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 {
     if (cmp_f32_u8(r, c, n))
         return;
+    if (f64_compute(c)) {
+        f64_chunk(r, c, n);
+        return;
+    }
     int32_t *y = (int32_t *)scr + 2 * NT_CHUNK;
     if (nt__dtype_is_float(c->dt[1]) || nt__dtype_is_float(c->dt[2])) {
         float *a = scr, *b = a + NT_CHUNK;
@@ -561,9 +629,12 @@ static bool where_u8_f32(const chunk *c, int64_t n)
 
 static void where_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 {
-    (void)r;
     if (where_u8_f32(c, n))
         return;
+    if (f64_compute(c)) {
+        f64_chunk(r, c, n);
+        return;
+    }
     float *m = scr; /* cond != 0 */
     nt__ld_f32(m, c->p[1], c->dt[1], c->st[1], n);
     if (nt__dtype_is_float(c->dt[0])) {
@@ -602,9 +673,10 @@ int nt__cpu_masked_fill(const nt__rec *r) { return nt__cpu_where(r); }
  * saturates (core/dtype.h). */
 static void copy_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 {
-    (void)r;
     nt_dtype sd = c->dt[1], dd = c->dt[0];
-    if (sd == NT_F32 && c->st[1] == 1) { /* autocast's casts: no staging copy */
+    if (f64_compute(c)) {
+        f64_chunk(r, c, n);
+    } else if (sd == NT_F32 && c->st[1] == 1) { /* autocast's casts: no staging copy */
         nt__st_f32(c->p[0], dd, c->st[0], (const float *)c->p[1], n);
     } else if (nt__dtype_is_float(sd)) {
         float *a = scr;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/ewise64.h"
 #include "debug/debug.h"
 #include "streams/stream.h"
 
@@ -58,6 +59,7 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
     c->fn = fn;
     c->op = op;
     c->nin = nin;
+    c->names = names;
     c->nout = 1;
     c->bwd_of = nt__tls_bwd_of;
     if (!nt__ensure_init())
@@ -107,7 +109,41 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
     return true;
 }
 
-static bool logged_fallback[NT_OP_COUNT];
+static bool logged_fallback[NT_OP_COUNT], logged_f64[NT_OP_COUNT];
+
+/* -1: no f64 operand; else the index of the first f64 input, or nin for
+ * an f64 output */
+static int f64_operand(const nt__call *c)
+{
+    for (int i = 0; i < c->nin; i++)
+        if (c->in[i] && c->in[i]->dtype == NT_F64)
+            return i;
+    for (int i = 0; i < c->nout; i++)
+        if (c->odt[i] == NT_F64)
+            return c->nin;
+    return -1;
+}
+
+/* An f64 operand of an op outside core/ewise64.h's lists: NT_ENOTSUP
+ * naming the function, the argument and the dtypes the op takes, before
+ * anything is allocated (no f32 kernel ever reads f64 data).  User ops
+ * (custom kernels) see every dtype. */
+static int check_f64(const nt__call *c, int k)
+{
+    if (k < 0 || c->op >= NT_OP_COUNT || nt__f64_op_ok(c->op))
+        return 0;
+    char name[32];
+    if (k < c->nin && c->names)
+        arg_name(c->names, k, name, sizeof name);
+    else
+        snprintf(name, sizeof name, "%s", k < c->nin ? "input" : "the result");
+    const char *takes = (nt__ops[c->op].flags & NT_OPF_INT) ? "f32, bf16, f16, i32 or u8"
+                                                            : "f32, bf16 or f16";
+    return nt__err(c->site, NT_ENOTSUP, c->fn,
+                   "%s is f64, which op '%s' does not take (it takes %s; the ops that take "
+                   "f64 are listed in docs/ops.md, \"Dtypes\")",
+                   name, nt__op_name(c->op), takes);
+}
 
 static int choose_backend(nt__call *c, uint8_t *backend)
 {
@@ -119,6 +155,21 @@ static int choose_backend(nt__call *c, uint8_t *backend)
      * runs every op), or is refused under NT_REQUIRE_SIM (core/backend.h). */
     const nt__backend_i *be = nt__backends[want];
     bool ok = be && nt__backend_can(be, c->op, &c->p);
+    if (ok && want == NT_BACKEND_SIM && f64_operand(c) >= 0) {
+        /* The NeuronCore has no f64 datapath (docs/sim.md): f64 ops run on
+         * the CPU backend, counted as fallbacks, or are refused. */
+        if (NT__CFG(require_sim))
+            return nt__err(c->site, NT_ENOTSUP, c->fn,
+                           "op '%s' on f64 tensors: the simulated NeuronCore has no f64 "
+                           "datapath and NT_REQUIRE_SIM=1 forbids the CPU fallback",
+                           nt__op_name(c->op));
+        if (c->op < NT_OP_COUNT &&
+            !__atomic_exchange_n(&logged_f64[c->op], true, __ATOMIC_RELAXED))
+            nt__log(NT__LOG_WARN, "op '%s' on f64 tensors runs on the CPU backend (the "
+                    "simulated NeuronCore has no f64 datapath)", nt__op_name(c->op));
+        NT__COUNT(cpu_fallbacks, 1);
+        return 0;
+    }
     if (!ok) {
         const char *name = want == NT_BACKEND_SIM ? "simulator" : be ? be->name : "?";
         if (NT__CFG(require_sim))
@@ -285,7 +336,7 @@ nt_tensor *nt__dispatch(nt__call *c)
 static nt_tensor *dispatch_inner(nt__call *c)
 {
     uint8_t backend;
-    if (choose_backend(c, &backend) < 0)
+    if (check_f64(c, f64_operand(c)) < 0 || choose_backend(c, &backend) < 0)
         return NULL;
 
     /* The record's references on its inputs, taken first: a locked

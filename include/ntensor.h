@@ -137,6 +137,7 @@ typedef enum nt_dtype {
     NT_F16,     /* IEEE binary16 */
     NT_I32,     /* int32 */
     NT_U8,      /* uint8; comparisons return it (0 or 1) */
+    NT_F64,     /* IEEE binary64: CPU backend only (docs/ops.md "Dtypes") */
     NT_DTYPE_COUNT
 } nt_dtype;
 
@@ -1237,7 +1238,14 @@ NT_API int nt_checkpoint(nt_checkpoint_fn fn, void *ctx, nt_tensor *const *input
  *  gradient must be within atol + rtol * |numeric| of (L(x + eps) - L(x -
  *  eps)) / 2 eps.  Inputs must be floating and require grad; their .grad is
  *  reset.  Returns 0, or NT_ERANGE with a message naming the input, the
- *  element and both values.  Runs f 2 * numel + 1 times: use small inputs. */
+ *  element and both values.  Runs f 2 * numel + 1 times: use small inputs.
+ *  When an input is NT_F64 the whole check runs in double (w, the loss, the
+ *  perturbed copies; f's result is cast to f64), so tight tolerances work:
+ *  PyTorch's double defaults are NT_GRADCHECK_F64_EPS, _ATOL and _RTOL.
+ *  Otherwise the loss is f32 and the perturbation is rounded to f32. */
+#define NT_GRADCHECK_F64_EPS 1e-6
+#define NT_GRADCHECK_F64_ATOL 1e-5
+#define NT_GRADCHECK_F64_RTOL 1e-3
 NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_tensor *const *in,
                         int n, void *ctx, double eps, double atol, double rtol);
 

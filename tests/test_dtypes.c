@@ -1,0 +1,459 @@
+/* tests/test_dtypes.c - NT_F64: creation, host copies, printing, casts to
+ * and from every dtype (against conversions written here), elementwise
+ * math, reductions and matmul against double references computed here,
+ * the same bits in every mode and on both backends (the simulator runs f64
+ * on the CPU backend, or refuses it under NT_REQUIRE_SIM), autograd and
+ * nt_gradcheck in double, checkpoints, and every error path. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ntensor.h"
+#include "nt_test.h"
+#include "crc32.h"
+
+static uint64_t dbits(double d)
+{
+    uint64_t u;
+    memcpy(&u, &d, 8);
+    return u;
+}
+
+static nt_tensor *f64_from(const double *v, int nd, const int64_t *sh)
+{
+    nt_tensor *t = nt_from_host(v, NT_F64, nd, sh);
+    assert_non_null(t);
+    return t;
+}
+
+static void to_host64(nt_tensor *t, double *out, int64_t n)
+{
+    assert_non_null(t);
+    assert_int_equal(nt_dtype_of(t), NT_F64);
+    assert_int_equal(nt_to_host(t, out, (size_t)n * sizeof(double)), 0);
+}
+
+/* ---------------- basics ---------------- */
+
+static void test_basics(void **state)
+{
+    (void)state;
+    assert_string_equal(nt_dtype_name(NT_F64), "f64");
+    assert_int_equal(nt_dtype_size(NT_F64), 8);
+    /* the existing values keep their numbers */
+    assert_int_equal(NT_F32, 0);
+    assert_int_equal(NT_U8, 4);
+    assert_int_equal(NT_F64, 5);
+    nt_scope *sc = nt_scope_begin();
+    const double v[3] = {1.0 + 0x1p-52, -0x1p-1074, 1e300};
+    double h[3];
+    int64_t n3 = 3;
+    to_host64(f64_from(v, 1, &n3), h, 3);
+    for (int i = 0; i < 3; i++)
+        assert_true(dbits(h[i]) == dbits(v[i])); /* no rounding through f32 */
+    to_host64(nt_full(NT_F64, 1, &n3, 0.1), h, 3);
+    assert_true(h[0] == 0.1 && h[2] == 0.1);
+    to_host64(nt_arange(NT_F64, 0, 0.3, 0.1), h, 3);
+    assert_true(h[1] == 0.1 && h[2] == 0.2);
+    double it = 0;
+    assert_int_equal(nt_item(nt_full(NT_F64, 0, NULL, 1.0 / 3.0), &it), 0);
+    assert_true(it == 1.0 / 3.0);
+    char *s = nt_format(f64_from(v, 1, &n3));
+    assert_non_null(s);
+    assert_non_null(strstr(s, "dtype=f64"));
+    free(s);
+    /* f64 rand draws the f32 grid (multiples of 2^-24) in [0, 1) */
+    to_host64(nt_rand(NT_F64, 1, &n3, 7), h, 3);
+    for (int i = 0; i < 3; i++)
+        assert_true(h[i] >= 0 && h[i] < 1 && h[i] * 0x1p24 == floor(h[i] * 0x1p24));
+    nt_scope_end(sc);
+}
+
+/* ---------------- casts ---------------- */
+
+/* f64 -> f32 / bf16 / f16 rounds once to nearest even, from the double:
+ * 1 + 2^-8 + 2^-40 is above bf16's halfway point 1 + 2^-8, so it rounds up
+ * (a cast through f32 would first drop the 2^-40 and then tie to even,
+ * down). */
+static void test_casts(void **state)
+{
+    (void)state;
+    nt_scope *sc = nt_scope_begin();
+    const double v[8] = {1.0 + 0x1p-8 + 0x1p-40, -2.5, 70000.5, 1e-50, NAN, -INFINITY,
+                         3e9, -0.0};
+    int64_t n = 8;
+    nt_tensor *x = f64_from(v, 1, &n);
+    float f[8];
+    assert_int_equal(nt_to_host(nt_cast(x, NT_F32), f, sizeof f), 0);
+    for (int i = 0; i < 8; i++) {
+        float want = (float)v[i];
+        if (isnan(v[i]))
+            assert_true(nt_test_ubits(f[i]) == 0x7fc00000u);
+        else
+            assert_true(nt_test_ubits(f[i]) == nt_test_ubits(want));
+    }
+    uint16_t b[8], hf[8];
+    assert_int_equal(nt_to_host(nt_cast(x, NT_BF16), b, sizeof b), 0);
+    assert_int_equal(b[0], 0x3f81); /* up: 1 + 2^-7 */
+    assert_int_equal(b[1], 0xc020);
+    assert_int_equal(b[4], 0x7fc0);
+    assert_int_equal(b[5], 0xff80);
+    assert_int_equal(b[7], 0x8000);
+    assert_int_equal(nt_to_host(nt_cast(x, NT_F16), hf, sizeof hf), 0);
+    assert_int_equal(hf[1], 0xc100);
+    assert_int_equal(hf[2], 0x7c00); /* > 65504: Inf */
+    assert_int_equal(hf[3], 0x0000);
+    assert_int_equal(hf[7], 0x8000);
+    int32_t iv[8];
+    assert_int_equal(nt_to_host(nt_cast(x, NT_I32), iv, sizeof iv), 0);
+    /* truncation toward zero; out of range saturates, NaN gives 0 */
+    const int32_t iw[8] = {1, -2, 70000, 0, 0, INT32_MIN, INT32_MAX, 0};
+    assert_memory_equal(iv, iw, sizeof iv);
+    uint8_t u[8];
+    assert_int_equal(nt_to_host(nt_cast(x, NT_U8), u, sizeof u), 0);
+    const uint8_t uw[8] = {1, 0, 255, 0, 0, 0, 255, 0};
+    assert_memory_equal(u, uw, sizeof u);
+    /* every dtype to f64 is exact */
+    const float fs[4] = {0x1.fffffep+127f, 0x1p-149f, -3.25f, 16777217.0f};
+    int64_t n4 = 4;
+    double h[4];
+    to_host64(nt_cast(nt_from_host(fs, NT_F32, 1, &n4), NT_F64), h, 4);
+    for (int i = 0; i < 4; i++)
+        assert_true(h[i] == (double)fs[i]);
+    const int32_t is[4] = {INT32_MIN, -1, 0, 16777217};
+    to_host64(nt_cast(nt_from_host(is, NT_I32, 1, &n4), NT_F64), h, 4);
+    for (int i = 0; i < 4; i++)
+        assert_true(h[i] == (double)is[i]); /* 2^24 + 1: exact, unlike through f32 */
+    const uint16_t bs[4] = {0x3f81, 0x0001, 0xff80, 0x7f7f};
+    to_host64(nt_cast(nt_from_host(bs, NT_BF16, 1, &n4), NT_F64), h, 4);
+    for (int i = 0; i < 4; i++) {
+        uint32_t w = (uint32_t)bs[i] << 16;
+        float want;
+        memcpy(&want, &w, 4);
+        assert_true(h[i] == (double)want);
+    }
+    const uint16_t hs[4] = {0x0001, 0x7bff, 0xc100, 0x3c01};
+    const double hw[4] = {0x1p-24, 65504.0, -2.5, 1.0 + 0x1p-10};
+    to_host64(nt_cast(nt_from_host(hs, NT_F16, 1, &n4), NT_F64), h, 4);
+    for (int i = 0; i < 4; i++)
+        assert_true(h[i] == hw[i]);
+    const uint8_t us[4] = {0, 1, 128, 255};
+    to_host64(nt_cast(nt_from_host(us, NT_U8, 1, &n4), NT_F64), h, 4);
+    for (int i = 0; i < 4; i++)
+        assert_true(h[i] == (double)us[i]);
+    /* promotion: f64 with anything is f64 */
+    nt_tensor *p = nt_add(nt_from_host(fs, NT_F32, 1, &n4), nt_zeros(NT_F64, 1, &n4));
+    assert_int_equal(nt_dtype_of(p), NT_F64);
+    assert_int_equal(nt_dtype_of(nt_mul(nt_from_host(is, NT_I32, 1, &n4), nt_ones(NT_F64, 0, NULL))),
+                     NT_F64);
+    nt_scope_end(sc);
+}
+
+/* ---------------- values against double references ---------------- */
+
+#define R 3
+#define C 5
+#define K 7
+
+static void make_inputs(double *a, double *b, double *m)
+{
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < R * C; i++) {
+        a[i] = (double)nt_test_rand32(&st) / 4294967296.0 * 4.0 - 2.0 + 0x1p-40;
+        b[i] = (double)nt_test_rand32(&st) / 4294967296.0 * 3.0 + 0.25;
+    }
+    for (int i = 0; i < C * K; i++)
+        m[i] = (double)nt_test_rand32(&st) / 4294967296.0 - 0.5;
+}
+
+/* One program over f64 values: outputs [0, R*C) unary/binary math,
+ * then R row sums, R row maxima, R*K matmul. */
+#define NOUT (6 * R * C + 2 * R + R * K + 1)
+static void run_program(double *out)
+{
+    double a[R * C], b[R * C], m[C * K];
+    make_inputs(a, b, m);
+    int64_t sh[2] = {R, C}, shm[2] = {C, K};
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *A = f64_from(a, 2, sh), *B = f64_from(b, 2, sh), *M = f64_from(m, 2, shm);
+    nt_tensor *outs[9] = {
+        nt_exp(nt_mul(A, B)),
+        nt_tanh(nt_sub(A, nt_div(A, B))),
+        nt_log(nt_add_scalar(B, 1.0 / 3.0)),
+        nt_sin(nt_mul_scalar(A, 0.1)),
+        nt_pow(B, A),
+        nt_where(nt_gt(A, B), A, nt_sigmoid(B)),
+        nt_sum(A, 1, false),
+        nt_max(nt_mul(A, B), 1, false),
+        nt_matmul(A, M),
+    };
+    double *o = out;
+    for (int i = 0; i < 9; i++) {
+        int64_t ne = nt_numel(outs[i]);
+        to_host64(outs[i], o, ne);
+        o += ne;
+    }
+    to_host64(nt_mean(A, NT_DIM_ALL, false), o, 1);
+    nt_scope_end(sc);
+}
+
+static void test_values(void **state)
+{
+    (void)state;
+    double a[R * C], b[R * C], m[C * K], out[NOUT];
+    make_inputs(a, b, m);
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    run_program(out);
+    const double *o = out;
+    /* elementwise: one double evaluation each, the same libm: exact */
+    for (int i = 0; i < R * C; i++) {
+        assert_true(dbits(o[i]) == dbits(exp(a[i] * b[i])));
+        assert_true(dbits(o[R * C + i]) == dbits(tanh(a[i] - a[i] / b[i])));
+        assert_true(dbits(o[2 * R * C + i]) == dbits(log(b[i] + 1.0 / 3.0)));
+        assert_true(dbits(o[3 * R * C + i]) == dbits(sin(a[i] * 0.1)));
+        assert_true(dbits(o[4 * R * C + i]) == dbits(pow(b[i], a[i])));
+        double w = a[i] > b[i] ? a[i] : 1.0 / (1.0 + exp(-b[i]));
+        assert_true(dbits(o[5 * R * C + i]) == dbits(w));
+    }
+    o += 6 * R * C;
+    /* reductions and matmul: another order than a plain loop, so within
+     * a few ulp of the double sum (far below f32's 6e-8) */
+    for (int r = 0; r < R; r++) {
+        double s = 0, mx = -INFINITY;
+        for (int c = 0; c < C; c++)
+            s += a[r * C + c], mx = fmax(mx, a[r * C + c] * b[r * C + c]);
+        assert_true(fabs(o[r] - s) <= 1e-15 * (1 + fabs(s)));
+        assert_true(o[R + r] == mx);
+    }
+    o += 2 * R;
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < K; k++) {
+            double s = 0;
+            for (int c = 0; c < C; c++)
+                s += a[r * C + c] * m[c * K + k];
+            assert_true(fabs(o[r * K + k] - s) <= 1e-15);
+        }
+    o += R * K;
+    double s = 0;
+    for (int i = 0; i < R * C; i++)
+        s += a[i];
+    assert_true(fabs(o[0] - s / (R * C)) <= 1e-15);
+}
+
+/* The same bits in every mode, on both backends (f64 on the simulator
+ * runs on the CPU backend, counted as fallbacks), and in a captured graph. */
+static void test_modes(void **state)
+{
+    (void)state;
+    double ref[NOUT], got[NOUT];
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    run_program(ref);
+    for (int k = 0; k < NT_TEST_NCFG; k++) {
+        nt_test_cfg(k);
+        assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "0"), 0);
+        nt_stats_reset();
+        run_program(got);
+        assert_memory_equal(ref, got, sizeof ref);
+        if (!strcmp(NT_TEST_CFGS[k][0], "sim")) {
+            nt_stats st;
+            assert_int_equal(nt_stats_get(&st), 0);
+            assert_true(st.cpu_fallbacks > 0);
+        }
+    }
+    nt_test_cfg(0);
+    /* captured and replayed */
+    double a[R * C], b[R * C], m[C * K];
+    make_inputs(a, b, m);
+    int64_t sh[2] = {R, C};
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *A = f64_from(a, 2, sh), *B = f64_from(b, 2, sh);
+    assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+    assert_int_equal(nt_graph_capture_begin(), 0);
+    assert_int_equal(nt_graph_input(A, "a"), 0);
+    nt_tensor *y = nt_exp(nt_mul(A, B));
+    nt_keep(y);
+    nt_graph *g = nt_graph_capture_end();
+    assert_non_null(g);
+    assert_int_equal(nt_graph_replay(g), 0);
+    double h[R * C];
+    to_host64(y, h, R * C);
+    for (int i = 0; i < R * C; i++)
+        assert_true(dbits(h[i]) == dbits(ref[i]));
+    nt_graph_destroy(g);
+    nt_release(y);
+    nt_scope_end(sc);
+}
+
+/* ---------------- autograd and gradcheck ---------------- */
+
+static nt_tensor *f_smooth(nt_tensor *const *in, void *ctx)
+{
+    (void)ctx;
+    nt_tensor *x = in[0], *w = in[1];
+    return nt_sum(nt_mul(nt_tanh(nt_matmul(x, w)), nt_exp(nt_mul_scalar(x, 0.5))), 1, false);
+}
+
+/* x + c (x - detach(x)): the value of x, a gradient 1 + c: an analytic
+ * gradient off by c times w, which finite differences do not see */
+static double g_err = 3e-6;
+static nt_tensor *f_wrong(nt_tensor *const *in, void *ctx)
+{
+    (void)ctx;
+    nt_tensor *x = in[0];
+    nt_tensor *d = nt_sub(x, nt_detach(x));
+    return nt_add(nt_sin(x), nt_mul_scalar(d, g_err));
+}
+
+static nt_tensor *leaf(nt_dtype dt, int nd, const int64_t *sh, uint64_t seed)
+{
+    nt_tensor *t = nt_cast(nt_randn(NT_F32, nd, sh, seed), dt);
+    assert_non_null(t);
+    t = nt_detach(t);
+    assert_int_equal(nt_set_requires_grad(t, true), 0);
+    return t;
+}
+
+static void test_gradcheck(void **state)
+{
+    (void)state;
+    nt_scope *sc = nt_scope_begin();
+    int64_t sx[2] = {3, 4}, sw[2] = {4, 4};
+    nt_tensor *in[2] = {leaf(NT_F64, 2, sx, 1), leaf(NT_F64, 2, sw, 2)};
+    /* PyTorch's double defaults hold, and so does atol 1e-7 alone */
+    assert_int_equal(nt_gradcheck(f_smooth, in, 2, NULL, NT_GRADCHECK_F64_EPS,
+                                  NT_GRADCHECK_F64_ATOL, NT_GRADCHECK_F64_RTOL), 0);
+    assert_int_equal(nt_gradcheck(f_smooth, in, 2, NULL, 1e-6, 1e-7, 0), 0);
+    /* the gradient's dtype is the input's */
+    assert_int_equal(nt_dtype_of(nt_grad(in[0])), NT_F64);
+    /* a 3e-6 error in the gradient: f64 at atol 1e-6 catches it ... */
+    int64_t n = 8;
+    nt_tensor *x64 = leaf(NT_F64, 1, &n, 3);
+    assert_int_equal(nt_gradcheck(f_wrong, &x64, 1, NULL, 1e-6, 1e-6, 0), NT_ERANGE);
+    nt_clear_error();
+    g_err = 0;
+    assert_int_equal(nt_gradcheck(f_wrong, &x64, 1, NULL, 1e-6, 1e-6, 0), 0);
+    /* ... f32 cannot: at atol 1e-6 even the right gradient fails (the
+     * differences are rounded to f32), and at tolerances f32 passes the
+     * wrong one passes too */
+    nt_tensor *x32 = leaf(NT_F32, 1, &n, 3);
+    assert_int_equal(nt_gradcheck(f_wrong, &x32, 1, NULL, 1e-3, 1e-6, 0), NT_ERANGE);
+    nt_clear_error();
+    g_err = 3e-6;
+    assert_int_equal(nt_gradcheck(f_wrong, &x32, 1, NULL, 1e-2, 1e-3, 1e-2), 0);
+    nt_scope_end(sc);
+}
+
+/* ---------------- checkpoints ---------------- */
+
+static void test_checkpoint(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_test_dir_make("dtypes"), 0);
+    char p64[300], p32[300], pv1[300];
+    snprintf(p64, sizeof p64, "%s/f64.ckpt", nt_test_dir);
+    snprintf(p32, sizeof p32, "%s/f32.ckpt", nt_test_dir);
+    snprintf(pv1, sizeof pv1, "%s/v1.ckpt", nt_test_dir);
+    nt_scope *sc = nt_scope_begin();
+    const double v[3] = {0.1, -0x1p-1074, 1e300};
+    int64_t n = 3;
+    nt_tensor *t = f64_from(v, 1, &n), *u = nt_zeros(NT_F64, 1, &n);
+    nt_tensor *f = nt_ones(NT_F32, 1, &n);
+    assert_int_equal(nt_save(p64, &t, 1, NULL), 0);
+    assert_int_equal(nt_save(p32, &f, 1, NULL), 0);
+    assert_int_equal(nt_load(p64, &u, 1, NULL), 0);
+    double h[3];
+    to_host64(u, h, 3);
+    assert_memory_equal(h, v, sizeof v);
+    /* the version: 2 with an f64 record, 1 without */
+    uint8_t buf[4096];
+    FILE *fp = fopen(p32, "rb");
+    assert_non_null(fp);
+    assert_true(fread(buf, 1, 12, fp) == 12);
+    fclose(fp);
+    assert_int_equal(buf[8], 1);
+    fp = fopen(p64, "rb");
+    assert_non_null(fp);
+    size_t len = fread(buf, 1, sizeof buf, fp);
+    fclose(fp);
+    assert_int_equal(buf[8], 2);
+    /* a version-1 file with an f64 record (header CRC fixed up) is refused */
+    uint32_t count = (uint32_t)buf[12] | (uint32_t)buf[13] << 8;
+    size_t hsize = 32 + (size_t)count * 96 + 8;
+    buf[8] = 1;
+    uint32_t crc = crc32_ieee(buf, hsize - 8);
+    for (int i = 0; i < 4; i++)
+        buf[hsize - 8 + i] = (uint8_t)(crc >> (8 * i));
+    fp = fopen(pv1, "wb");
+    assert_non_null(fp);
+    assert_true(fwrite(buf, 1, len, fp) == len);
+    fclose(fp);
+    nt_test_expect_err(nt_load(pv1, &u, 1, NULL), NT_EFORMAT, "nt_load", "v1.ckpt",
+                       "dtype f64 in a version-1 file");
+    /* a dtype mismatch names both */
+    nt_test_expect_err(nt_load(p64, &f, 1, NULL), NT_ESHAPE, "f64", "f32");
+    nt_scope_end(sc);
+    assert_int_equal(nt_test_dir_remove(), 0);
+}
+
+/* ---------------- errors ---------------- */
+
+static void test_errors(void **state)
+{
+    (void)state;
+    nt_scope *sc = nt_scope_begin();
+    int64_t sh[2] = {2, 3};
+    nt_tensor *x = nt_zeros(NT_F64, 2, sh), *y32 = nt_zeros(NT_F32, 2, sh);
+    /* an op without an f64 kernel: the function, the argument, what it takes */
+    assert_null(nt_softmax(x, 1));
+    nt_test_expect_err(nt_last_error(), NT_ENOTSUP, "nt_softmax", "is f64", "f32, bf16 or f16");
+    /* another op outside the f64 lists */
+    assert_null(nt_log_softmax(x, 1));
+    printf("# %s\n", nt_last_error_message());
+    nt_test_expect_err(nt_last_error(), NT_ENOTSUP, "nt_log_softmax", "is f64");
+    /* composites of f64 ops work: cumsum (adds along the dim) */
+    double c6[6];
+    to_host64(nt_cumsum(nt_ones(NT_F64, 2, sh), 1), c6, 6);
+    assert_true(c6[2] == 3.0 && c6[3] == 1.0);
+    /* nothing was changed: x is still usable */
+    double h[6];
+    to_host64(nt_add_scalar(x, 1), h, 6);
+    assert_true(h[5] == 1.0);
+    /* the simulator with NT_REQUIRE_SIM: refused, naming the op and f64 */
+    assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "1"), 0);
+    assert_null(nt_exp(x));
+    printf("# %s\n", nt_last_error_message());
+    nt_test_expect_err(nt_last_error(), NT_ENOTSUP, "nt_exp", "'exp'", "f64");
+    /* f32 still runs there */
+    assert_non_null(nt_exp(y32));
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "0"), 0);
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    /* out-of-range dtypes are still refused */
+    assert_null(nt_zeros((nt_dtype)NT_DTYPE_COUNT, 2, sh));
+    assert_int_not_equal(nt_last_error(), 0);
+    nt_clear_error();
+    assert_string_equal(nt_dtype_name(NT_DTYPE_COUNT), "?");
+    assert_int_equal(nt_dtype_size(NT_DTYPE_COUNT), 0);
+    nt_scope_end(sc);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_basics),
+        cmocka_unit_test(test_casts),
+        cmocka_unit_test(test_values),
+        cmocka_unit_test(test_modes),
+        cmocka_unit_test(test_gradcheck),
+        cmocka_unit_test(test_checkpoint),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, nt_test_setup, nt_test_teardown);
+}
