@@ -365,7 +365,8 @@ NT_API nt_tensor *nt_hardtanh(nt_tensor *t, double min_val, double max_val);
 
 /** Converts to dtype `dt` (round to nearest even for floats; float to int
  *  truncates toward zero, saturates, and maps NaN to 0; int to u8 wraps).
- *  Casting to t's own dtype gives a new handle on t's storage. */
+ *  f64 to a narrower float rounds once from the double; every dtype to f64
+ *  is exact.  Casting to t's own dtype gives a new handle on t's storage. */
 NT_API nt_tensor *nt_cast(nt_tensor *t, nt_dtype dt);
 /** Casts an f32 tensor to bf16 or f16 with stochastic rounding: each element
  *  goes to one of its two neighbours in dt, up (in magnitude) with
