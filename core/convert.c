@@ -335,6 +335,11 @@ void nt__ld_f32(float *dst, const char *src, nt_dtype dt, int64_t st, int64_t n)
             dst[i] = (float)p[i * st];
         break;
     }
+    case NT_I64:
+    case NT_BOOL:
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = nt__load_f32(src, dt, i * st);
+        break;
     default: break;
     }
 }
@@ -409,6 +414,11 @@ void nt__st_f32(char *dst, nt_dtype dt, int64_t st, const float *src, int64_t n)
             p[i * st] = nt__canon64((double)src[i]);
         break;
     }
+    case NT_I64:
+    case NT_BOOL:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_f32(dst, dt, i * st, src[i]);
+        break;
     default: break;
     }
 }

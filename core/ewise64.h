@@ -68,6 +68,55 @@ static inline bool nt__f64_op_ok(int op)
     }
 }
 
+/* i64 (integer math in int64, wrapping; cpu/ewise.c) and bool (0/1 in the
+ * i32 path, stored as v != 0): the ops that take them anywhere */
+#define NT_I64_OPS(X)                                                                      \
+    X(FILL, fill) X(ARANGE, arange) X(COPY, copy) X(CAST, cast) X(NEG, neg) X(ABS, abs)    \
+    X(RELU, relu) X(SIGN, sign) X(FLOOR, floor) X(CEIL, ceil) X(ROUND, round)              \
+    X(TRUNC, trunc) X(ADD_SCALAR, add_scalar) X(MUL_SCALAR, mul_scalar) X(CLAMP, clamp)    \
+    X(ADD, add) X(SUB, sub) X(MUL, mul) X(DIV, div) X(MAXIMUM, maximum)                    \
+    X(MINIMUM, minimum) X(EQ, eq) X(NE, ne) X(LT, lt) X(LE, le) X(GT, gt) X(GE, ge)        \
+    X(WHERE, where) X(TRIL, tril) X(TRIU, triu) X(MASKED_FILL, masked_fill)                \
+    X(RESHAPE, reshape) X(TRANSPOSE, transpose) X(PERMUTE, permute) X(SLICE, slice)        \
+    X(EXPAND, expand) X(ALIAS, alias) X(CAT, cat) X(DIAGONAL, diagonal)
+/* ops whose input 1 is an index: i64 there is read with saturation to i32
+ * (core/dtype.h nt__i64_to_i32_sat), so a value outside i32 is out of range */
+#define NT_I64_INDEX_OPS(X)                                                                \
+    X(GATHER, gather) X(INDEX_SELECT, index_select) X(EMBEDDING, embedding)                \
+    X(CROSS_ENTROPY, cross_entropy) X(SCATTER, scatter) X(SCATTER_ADD, scatter_add)        \
+    X(INDEX_ADD, index_add) X(EMBEDDING_BWD, embedding_bwd)
+#define NT_BOOL_OPS(X)                                                                     \
+    X(FILL, fill) X(COPY, copy) X(CAST, cast) X(ADD, add) X(MUL, mul) X(MAXIMUM, maximum)  \
+    X(MINIMUM, minimum) X(EQ, eq) X(NE, ne) X(WHERE, where) X(TRIL, tril) X(TRIU, triu)    \
+    X(MASKED_FILL, masked_fill) X(RESHAPE, reshape) X(TRANSPOSE, transpose)                \
+    X(PERMUTE, permute) X(SLICE, slice) X(EXPAND, expand) X(ALIAS, alias) X(CAT, cat)      \
+    X(DIAGONAL, diagonal)
+
+/* true: built-in op `op` takes dtype dt at input `pos` (-1: its result) */
+static inline bool nt__dtype_op_ok(nt_dtype dt, int op, int pos)
+{
+#define NT__OK_CASE(ID, name) case NT_OP_##ID:
+    switch (dt) {
+    case NT_F64: return nt__f64_op_ok(op);
+    case NT_I64:
+        switch (op) {
+            NT_I64_OPS(NT__OK_CASE)
+            return true;
+            NT_I64_INDEX_OPS(NT__OK_CASE)
+            return pos == 1;
+        default: return false;
+        }
+    case NT_BOOL:
+        switch (op) {
+            NT_BOOL_OPS(NT__OK_CASE)
+            return true;
+        default: return false;
+        }
+    default: return true;
+    }
+#undef NT__OK_CASE
+}
+
 #define NT__SQRT1_2 0.70710678118654752440
 #define NT__SQRT2PI_INV 0.39894228040143267794
 #define NT__SQRT_2_PI 0.79788456080286535588

@@ -277,6 +277,112 @@ static void f64_chunk(const nt__rec *r, const chunk *c, int64_t n)
     }
 }
 
+/* ---------------- i64 ----------------
+ *
+ * A chunk with an i64 operand and no floating one computes in int64,
+ * element by element (core/dtype.h nt__load_i64 / nt__store_i64): + - *
+ * wrap (two's complement), max/min/abs/neg/relu/sign/clamp as for i32, the
+ * roundings are the identity; compares and where pick by the exact values.
+ * With a floating operand the chunk takes the f32 (or f64) path, the i64
+ * values rounded once to f32 as PyTorch's type promotion does. */
+static bool has_dtype(const chunk *c, nt_dtype dt)
+{
+    for (int k = 0; k < c->nv; k++)
+        if (c->dt[k] == dt)
+            return true;
+    return false;
+}
+
+static inline int64_t ld_i64(const chunk *c, int k, int64_t i)
+{
+    return nt__load_i64(c->p[k], c->dt[k], i * c->st[k]);
+}
+
+static int64_t i64_unary(int op, int64_t a, int64_t s0, int64_t s1)
+{
+    switch (op) {
+    case NT_OP_NEG: return (int64_t)(0u - (uint64_t)a);
+    case NT_OP_ABS: return a < 0 ? (int64_t)(0u - (uint64_t)a) : a;
+    case NT_OP_RELU: return a > 0 ? a : 0;
+    case NT_OP_SIGN: return (a > 0) - (a < 0);
+    case NT_OP_FLOOR:
+    case NT_OP_CEIL:
+    case NT_OP_ROUND:
+    case NT_OP_TRUNC: return a;
+    case NT_OP_ADD_SCALAR: return (int64_t)((uint64_t)a + (uint64_t)s0);
+    case NT_OP_MUL_SCALAR: return (int64_t)((uint64_t)a * (uint64_t)s0);
+    case NT_OP_CLAMP: {
+        int64_t x = a < s0 ? s0 : a;
+        return x > s1 ? s1 : x;
+    }
+    default: nt__op_unhandled("cpu i64 unary", op);
+    }
+}
+
+static int64_t i64_binary(int op, int64_t a, int64_t b)
+{
+    switch (op) {
+    case NT_OP_ADD: return (int64_t)((uint64_t)a + (uint64_t)b);
+    case NT_OP_SUB: return (int64_t)((uint64_t)a - (uint64_t)b);
+    case NT_OP_MUL: return (int64_t)((uint64_t)a * (uint64_t)b);
+    case NT_OP_MAXIMUM: return b > a ? b : a;
+    case NT_OP_MINIMUM: return b < a ? b : a;
+    case NT_OP_EQ: return a == b;
+    case NT_OP_NE: return a != b;
+    case NT_OP_LT: return a < b;
+    case NT_OP_LE: return a <= b;
+    case NT_OP_GT: return a > b;
+    case NT_OP_GE: return a >= b;
+    default: nt__op_unhandled("cpu i64 binary", op);
+    }
+}
+
+static void i64_chunk(const nt__rec *r, const chunk *c, int64_t n)
+{
+    char *y = c->p[0];
+    nt_dtype ydt = c->dt[0];
+    int64_t ys = c->st[0];
+    int64_t s0 = nt__f64_to_i64(r->p.f[0]), s1 = nt__f64_to_i64(r->p.f[1]);
+    switch (nt__ops[r->op].kind) {
+    case NT_KIND_UNARY:
+    case NT_KIND_SCALAR:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_i64(y, ydt, i * ys, i64_unary(r->op, ld_i64(c, 1, i), s0, s1));
+        break;
+    case NT_KIND_BINARY:
+    case NT_KIND_CMP:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_i64(y, ydt, i * ys, i64_binary(r->op, ld_i64(c, 1, i), ld_i64(c, 2, i)));
+        break;
+    case NT_KIND_WHERE:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_i64(y, ydt, i * ys, ld_i64(c, 1, i) != 0 ? ld_i64(c, 2, i) : ld_i64(c, 3, i));
+        break;
+    case NT_KIND_COPY: /* int to int wraps, as for i32 */
+        for (int64_t i = 0; i < n; i++)
+            nt__store_i64(y, ydt, i * ys, ld_i64(c, 1, i));
+        break;
+    default: nt__op_unhandled("cpu i64 elementwise", r->op);
+    }
+}
+
+static bool float_compute(const chunk *c);
+
+/* The chunk's f64 or i64 evaluation, when it has such an operand: true
+ * when done. */
+static bool wide(const nt__rec *r, const chunk *c, int64_t n)
+{
+    if (f64_compute(c)) {
+        f64_chunk(r, c, n);
+        return true;
+    }
+    if (has_dtype(c, NT_I64) && !float_compute(c)) {
+        i64_chunk(r, c, n);
+        return true;
+    }
+    return false;
+}
+
 static bool float_compute(const chunk *c)
 {
     for (int k = 0; k < c->nv; k++)
@@ -363,9 +469,9 @@ static inline float *dst_f32(float *buf, const chunk *c)
 static inline __attribute__((always_inline)) void unary_body(const nt__rec *r, const chunk *c,
                                                              int64_t n, void *scr)
 {
-    if (f64_compute(c)) {
-        f64_chunk(r, c, n);
-    } else if (float_compute(c)) {
+    if (wide(r, c, n))
+        return;
+    if (float_compute(c)) {
         const float *a = src_f32(scr, c, 1, n);
         float *y = dst_f32((float *)scr + NT_CHUNK, c);
         switch (r->op) {
@@ -406,9 +512,9 @@ int nt__cpu_unary(const nt__rec *r)
 static inline __attribute__((always_inline)) void scalar_body(const nt__rec *r, const chunk *c,
                                                               int64_t n, void *scr)
 {
-    if (f64_compute(c)) {
-        f64_chunk(r, c, n);
-    } else if (float_compute(c)) {
+    if (wide(r, c, n))
+        return;
+    if (float_compute(c)) {
         const float *a = src_f32(scr, c, 1, n);
         float *y = dst_f32((float *)scr + NT_CHUNK, c);
         float s0 = (float)r->p.f[0], s1 = (float)r->p.f[1];
@@ -454,9 +560,9 @@ int nt__cpu_scalar(const nt__rec *r)
 static inline __attribute__((always_inline)) void binary_body(const nt__rec *r, const chunk *c,
                                                               int64_t n, void *scr)
 {
-    if (f64_compute(c)) {
-        f64_chunk(r, c, n);
-    } else if (float_compute(c)) {
+    if (wide(r, c, n))
+        return;
+    if (float_compute(c)) {
         const float *a = src_f32(scr, c, 1, n);
         const float *b = src_f32((float *)scr + NT_CHUNK, c, 2, n);
         float *y = dst_f32((float *)scr + 2 * NT_CHUNK, c);
@@ -551,10 +657,8 @@ static void cmp_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 {
     if (cmp_f32_u8(r, c, n))
         return;
-    if (f64_compute(c)) {
-        f64_chunk(r, c, n);
+    if (wide(r, c, n))
         return;
-    }
     int32_t *y = (int32_t *)scr + 2 * NT_CHUNK;
     if (nt__dtype_is_float(c->dt[1]) || nt__dtype_is_float(c->dt[2])) {
         float *a = scr, *b = a + NT_CHUNK;
@@ -631,10 +735,8 @@ static void where_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 {
     if (where_u8_f32(c, n))
         return;
-    if (f64_compute(c)) {
-        f64_chunk(r, c, n);
+    if (wide(r, c, n))
         return;
-    }
     float *m = scr; /* cond != 0 */
     nt__ld_f32(m, c->p[1], c->dt[1], c->st[1], n);
     if (nt__dtype_is_float(c->dt[0])) {
@@ -674,9 +776,9 @@ int nt__cpu_masked_fill(const nt__rec *r) { return nt__cpu_where(r); }
 static void copy_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 {
     nt_dtype sd = c->dt[1], dd = c->dt[0];
-    if (f64_compute(c)) {
-        f64_chunk(r, c, n);
-    } else if (sd == NT_F32 && c->st[1] == 1) { /* autocast's casts: no staging copy */
+    if (wide(r, c, n))
+        return;
+    if (sd == NT_F32 && c->st[1] == 1) { /* autocast's casts: no staging copy */
         nt__st_f32(c->p[0], dd, c->st[0], (const float *)c->p[1], n);
     } else if (nt__dtype_is_float(sd)) {
         float *a = scr;

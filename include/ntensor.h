@@ -138,6 +138,8 @@ typedef enum nt_dtype {
     NT_I32,     /* int32 */
     NT_U8,      /* uint8; comparisons return it (0 or 1) */
     NT_F64,     /* IEEE binary64: CPU backend only (docs/ops.md "Dtypes") */
+    NT_I64,     /* int64: indices, casts, basic arithmetic (CPU backend only) */
+    NT_BOOL,    /* bool, one byte 0 or 1: masks (CPU backend only) */
     NT_DTYPE_COUNT
 } nt_dtype;
 

@@ -22,7 +22,7 @@
 
 static const char CK_MAGIC[8] = {'N', 'T', 'C', 'K', 'P', 'T', '\r', '\n'};
 #define CK_VERSION 1u
-/* A file with a record of a dtype after NT_U8 (f64) is version 2, so a
+/* A file with a record of a dtype after NT_U8 (f64, i64, bool) is version 2, so a
  * reader built before those dtypes refuses it by its version ("format
  * version 2; this build reads version 1"), not by a record's dtype code;
  * files without one stay version 1, readable by every build. */

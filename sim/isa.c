@@ -218,8 +218,8 @@ static int check_ap(nt_sim_kernel *k, const char *I, const char *role, const nt_
     if ((unsigned)ap->dtype >= NT_DTYPE_COUNT)
         return nt__sim_fail(k, I, "operand '%s': bad dtype %d", role, (int)ap->dtype);
     if (!nt__dtype_on_device((nt_dtype)ap->dtype))
-        return nt__sim_fail(k, I, "operand '%s' is %s (rule: the engines have no %s datapath)",
-                            role, dtn(ap->dtype), dtn(ap->dtype));
+        return nt__sim_fail(k, I, "operand '%s' is %s (rule: f32, bf16, f16, i32 or u8: the "
+                            "engines have no %s datapath)", role, dtn(ap->dtype), dtn(ap->dtype));
     if (ap->ndim < 1 || ap->ndim > NT_AP_MAX_DIMS)
         return nt__sim_fail(k, I,
                             "operand '%s': %d free dims (rule: access patterns have 1 to 4 "

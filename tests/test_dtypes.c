@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "ntensor.h"
+#include "ntensor/sim.h"
 #include "nt_test.h"
 #include "crc32.h"
 
@@ -444,6 +445,238 @@ static void test_errors(void **state)
     nt_scope_end(sc);
 }
 
+/* ---------------- i64 ---------------- */
+
+static void test_i64(void **state)
+{
+    (void)state;
+    assert_int_equal(NT_I64, 6);
+    assert_int_equal(NT_BOOL, 7);
+    assert_string_equal(nt_dtype_name(NT_I64), "i64");
+    assert_int_equal(nt_dtype_size(NT_I64), 8);
+    nt_scope *sc = nt_scope_begin();
+    const int64_t v[4] = {INT64_MAX, INT64_MIN, ((int64_t)1 << 62) + 1, -7};
+    int64_t n = 4, h[4];
+    nt_tensor *x = nt_from_host(v, NT_I64, 1, &n);
+    assert_int_equal(nt_to_host(x, h, sizeof h), 0);
+    assert_memory_equal(h, v, sizeof v);
+    /* wrapping arithmetic in int64, exact past 2^53 */
+    assert_int_equal(nt_to_host(nt_add_scalar(x, 1), h, sizeof h), 0);
+    assert_true(h[0] == INT64_MIN && h[1] == INT64_MIN + 1 && h[2] == ((int64_t)1 << 62) + 2);
+    assert_int_equal(nt_to_host(nt_mul(x, x), h, sizeof h), 0);
+    assert_true(h[3] == 49 && h[2] == (int64_t)((uint64_t)v[2] * (uint64_t)v[2]));
+    assert_int_equal(nt_to_host(nt_neg(x), h, sizeof h), 0);
+    assert_true(h[1] == INT64_MIN && h[0] == -INT64_MAX);
+    assert_int_equal(nt_to_host(nt_maximum(x, nt_full(NT_I64, 0, NULL, 0)), h, sizeof h), 0);
+    assert_true(h[0] == INT64_MAX && h[1] == 0 && h[3] == 0);
+    /* compares keep returning u8 */
+    nt_tensor *lt = nt_lt(x, nt_from_host((int64_t[]){INT64_MAX, INT64_MIN, ((int64_t)1 << 62) + 2, -8}, NT_I64, 1, &n));
+    assert_int_equal(nt_dtype_of(lt), NT_U8);
+    uint8_t u[4];
+    assert_int_equal(nt_to_host(lt, u, 4), 0);
+    assert_true(u[0] == 0 && u[1] == 0 && u[2] == 1 && u[3] == 0); /* 2^62 + 1 < 2^62 + 2 */
+    /* promotion: i64 with i32 is i64; with a float, the float */
+    const int32_t i3[4] = {1, 2, 3, 4};
+    assert_int_equal(nt_dtype_of(nt_add(x, nt_from_host(i3, NT_I32, 1, &n))), NT_I64);
+    assert_int_equal(nt_dtype_of(nt_add(x, nt_ones(NT_F32, 0, NULL))), NT_F32);
+    /* casts: to i32 wraps (as int to int), from f32 truncates and saturates */
+    int32_t w[4];
+    assert_int_equal(nt_to_host(nt_cast(x, NT_I32), w, sizeof w), 0);
+    assert_true(w[0] == -1 && w[1] == 0 && w[2] == 1 && w[3] == -7);
+    const float f[4] = {-2.7f, 1e30f, NAN, 3.5f};
+    assert_int_equal(nt_to_host(nt_cast(nt_from_host(f, NT_F32, 1, &n), NT_I64), h, sizeof h), 0);
+    assert_true(h[0] == -2 && h[1] == INT64_MAX && h[2] == 0 && h[3] == 3);
+    double d[4];
+    to_host64(nt_cast(x, NT_F64), d, 4);
+    assert_true(d[2] == 0x1p62 && d[3] == -7.0);
+    /* printed exactly */
+    char *s = nt_format(x);
+    assert_non_null(s);
+    assert_non_null(strstr(s, "4611686018427387905"));
+    assert_non_null(strstr(s, "dtype=i64"));
+    free(s);
+    nt_scope_end(sc);
+}
+
+/* i64 indices give the i32 indices' results; one outside i32 is out of
+ * range, never wrapped onto a valid row */
+static void test_i64_indices(void **state)
+{
+    (void)state;
+    nt_scope *sc = nt_scope_begin();
+    float wv[12];
+    for (int i = 0; i < 12; i++)
+        wv[i] = (float)i * 0.5f - 2.0f;
+    int64_t sw[2] = {4, 3}, ni = 5;
+    nt_tensor *w = nt_from_host(wv, NT_F32, 2, sw);
+    const int64_t i64[5] = {3, 0, 2, 2, 1};
+    const int32_t i32[5] = {3, 0, 2, 2, 1};
+    nt_tensor *x64 = nt_from_host(i64, NT_I64, 1, &ni), *x32 = nt_from_host(i32, NT_I32, 1, &ni);
+    float a[15], b[15];
+    assert_int_equal(nt_to_host(nt_embedding(w, x64), a, sizeof a), 0);
+    assert_int_equal(nt_to_host(nt_embedding(w, x32), b, sizeof b), 0);
+    assert_memory_equal(a, b, sizeof a);
+    assert_int_equal(nt_to_host(nt_index_select(w, 0, x64), a, sizeof a), 0);
+    assert_memory_equal(a, b, sizeof a);
+    /* cross entropy with i64 labels, and its gradient */
+    nt_tensor *lg = nt_detach(nt_randn(NT_F32, 2, (int64_t[]){5, 4}, 9));
+    assert_int_equal(nt_set_requires_grad(lg, true), 0);
+    float l64, l32;
+    assert_int_equal(nt_to_host(nt_cross_entropy(lg, x64), &l64, 4), 0);
+    assert_int_equal(nt_to_host(nt_cross_entropy(lg, x32), &l32, 4), 0);
+    assert_true(nt_test_ubits(l64) == nt_test_ubits(l32));
+    assert_int_equal(nt_backward(nt_cross_entropy(lg, x64)), 0);
+    /* gather along dim 1 */
+    int64_t sg[2] = {4, 1};
+    const int64_t g64[4] = {2, 0, 1, 2};
+    assert_int_equal(nt_to_host(nt_gather(w, 1, nt_from_host(g64, NT_I64, 2, sg)), a, 16), 0);
+    for (int r = 0; r < 4; r++)
+        assert_true(a[r] == wv[r * 3 + g64[r]]);
+    /* 2^32 + 1 would wrap to row 1: it is out of range */
+    const int64_t big[1] = {((int64_t)1 << 32) + 1};
+    int64_t one = 1;
+    nt_tensor *e = nt_embedding(w, nt_from_host(big, NT_I64, 1, &one));
+    int rc = e ? nt_to_host(e, a, 12) : nt_last_error();
+    assert_int_not_equal(rc, 0);
+    nt_clear_error();
+    nt_scope_end(sc);
+}
+
+/* ---------------- bool ---------------- */
+
+static void test_bool(void **state)
+{
+    (void)state;
+    assert_string_equal(nt_dtype_name(NT_BOOL), "bool");
+    assert_int_equal(nt_dtype_size(NT_BOOL), 1);
+    nt_scope *sc = nt_scope_begin();
+    const float f[4] = {NAN, -0.0f, 0.25f, 0.0f};
+    int64_t n = 4;
+    nt_tensor *m = nt_cast(nt_from_host(f, NT_F32, 1, &n), NT_BOOL);
+    assert_int_equal(nt_dtype_of(m), NT_BOOL);
+    uint8_t u[4];
+    assert_int_equal(nt_to_host(m, u, 4), 0);
+    assert_true(u[0] == 1 && u[1] == 0 && u[2] == 1 && u[3] == 0); /* PyTorch: NaN is True */
+    /* a bool mask selects */
+    const float a[4] = {1, 2, 3, 4};
+    float y[4];
+    nt_tensor *t = nt_from_host(a, NT_F32, 1, &n);
+    assert_int_equal(nt_to_host(nt_where(m, t, nt_zeros(NT_F32, 0, NULL)), y, sizeof y), 0);
+    assert_true(y[0] == 1 && y[1] == 0 && y[2] == 3 && y[3] == 0);
+    assert_int_equal(nt_to_host(nt_masked_fill(t, m, -1.0), y, sizeof y), 0); /* a bool mask */
+    assert_true(y[0] == -1 && y[1] == 2 && y[2] == -1 && y[3] == 4);
+    /* logical or / and as add / mul, result bool; compares give u8 */
+    const uint8_t bv[4] = {1, 1, 0, 0};
+    nt_tensor *b = nt_from_host(bv, NT_BOOL, 1, &n);
+    nt_tensor *o = nt_add(m, b);
+    assert_int_equal(nt_dtype_of(o), NT_BOOL);
+    assert_int_equal(nt_to_host(o, u, 4), 0);
+    assert_true(u[0] == 1 && u[1] == 1 && u[2] == 1 && u[3] == 0);
+    assert_int_equal(nt_to_host(nt_mul(m, b), u, 4), 0);
+    assert_true(u[0] == 1 && u[1] == 0 && u[2] == 0 && u[3] == 0);
+    assert_int_equal(nt_dtype_of(nt_eq(m, b)), NT_U8);
+    /* bool with u8 is u8; casts out give 0 / 1 */
+    assert_int_equal(nt_dtype_of(nt_add(b, nt_ones(NT_U8, 0, NULL))), NT_U8);
+    assert_int_equal(nt_to_host(nt_cast(m, NT_F32), y, sizeof y), 0);
+    assert_true(y[0] == 1 && y[1] == 0);
+    char *s = nt_format(m);
+    assert_non_null(s);
+    assert_non_null(strstr(s, "True"));
+    assert_non_null(strstr(s, "False"));
+    assert_non_null(strstr(s, "dtype=bool"));
+    free(s);
+    nt_scope_end(sc);
+}
+
+/* i64 and bool: the same bits in every mode and on both backends */
+static void run_int_program(int64_t *out64, uint8_t *outb)
+{
+    const int64_t v[6] = {5, -3, ((int64_t)1 << 40) + 3, 0, 7, -1};
+    int64_t sh[2] = {2, 3};
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *x = nt_from_host(v, NT_I64, 2, sh);
+    nt_tensor *y = nt_add(nt_mul(x, x), nt_clamp(x, -2, 6));
+    nt_tensor *m = nt_cast(nt_gt(y, nt_full(NT_I64, 0, NULL, 10)), NT_BOOL);
+    assert_int_equal(nt_to_host(nt_where(m, y, nt_neg(x)), out64, 48), 0);
+    assert_int_equal(nt_to_host(nt_add(m, nt_cast(x, NT_BOOL)), outb, 6), 0);
+    nt_scope_end(sc);
+}
+
+static void test_int_modes(void **state)
+{
+    (void)state;
+    int64_t r64[6], g64[6];
+    uint8_t rb[6], gb[6];
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    run_int_program(r64, rb);
+    assert_true(r64[2] == (int64_t)((uint64_t)(((int64_t)1 << 40) + 3) * (uint64_t)(((int64_t)1 << 40) + 3)) + 6);
+    assert_true(r64[0] == 30 && r64[1] == 3 && r64[3] == 0);
+    for (int k = 0; k < NT_TEST_NCFG; k++) {
+        nt_test_cfg(k);
+        assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "0"), 0);
+        run_int_program(g64, gb);
+        assert_memory_equal(r64, g64, sizeof r64);
+        assert_memory_equal(rb, gb, sizeof rb);
+    }
+    nt_test_cfg(0);
+}
+
+static void test_int_errors(void **state)
+{
+    (void)state;
+    nt_scope *sc = nt_scope_begin();
+    int64_t sh[2] = {2, 3};
+    nt_tensor *x = nt_zeros(NT_I64, 2, sh), *m = nt_zeros(NT_BOOL, 2, sh);
+    nt_tensor *w = nt_zeros(NT_F32, 2, sh);
+    assert_null(nt_softmax(x, 1)); /* its own check: floats only */
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_softmax", "'t'", "i64");
+    assert_null(nt_sum(x, 1, false));
+    nt_test_expect_err(nt_last_error(), NT_ENOTSUP, "nt_sum", "is i64");
+    assert_null(nt_exp(m));
+    nt_test_expect_err(nt_last_error(), NT_ENOTSUP, "nt_exp", "is bool");
+    /* i64 as an index is fine, as the gathered data it is not */
+    int64_t one = 1;
+    nt_tensor *ix = nt_zeros(NT_I64, 1, &one);
+    assert_non_null(nt_index_select(w, 0, ix));
+    assert_null(nt_index_select(x, 0, ix));
+    nt_test_expect_err(nt_last_error(), NT_ENOTSUP, "nt_index_select", "is i64");
+    /* a float index is still refused, naming the dtypes taken */
+    assert_null(nt_index_select(w, 0, nt_zeros(NT_F32, 1, &one)));
+    nt_test_expect_err(nt_last_error(), NT_EDTYPE, "nt_index_select", "i32, i64 or u8");
+    /* the simulator under NT_REQUIRE_SIM */
+    assert_int_equal(nt_config_set("NT_BACKEND", "sim"), 0);
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "1"), 0);
+    assert_null(nt_add(x, x));
+    nt_test_expect_err(nt_last_error(), NT_ENOTSUP, "nt_add", "i64");
+    assert_null(nt_where(m, w, w));
+    nt_test_expect_err(nt_last_error(), NT_ENOTSUP, "nt_where", "bool");
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "0"), 0);
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    nt_scope_end(sc);
+}
+
+/* the simulator's instruction level refuses tiles of the dtypes its engines
+ * lack, naming the tile and the dtype */
+static void test_sim_tiles(void **state)
+{
+    (void)state;
+    const nt_dtype bad[3] = {NT_F64, NT_I64, NT_BOOL};
+    for (int i = 0; i < 3; i++) {
+        nt_sim_kernel *k = nt_sim_kernel_begin("dtypes");
+        assert_non_null(k);
+        assert_null(nt_tile_alloc(k, "t64", NT_MEM_SBUF, bad[i], 4, 8));
+        assert_int_equal(nt_sim_kernel_error(k), NT_ESIM);
+        const char *m = nt_sim_kernel_message(k);
+        assert_non_null(strstr(m, "t64"));
+        assert_non_null(strstr(m, nt_dtype_name(bad[i])));
+        nt_sim_kernel_end(k, NULL);
+        nt_clear_error();
+    }
+    nt_sim_kernel *k = nt_sim_kernel_begin("dtypes");
+    assert_non_null(nt_tile_alloc(k, "ok", NT_MEM_SBUF, NT_F32, 4, 8));
+    assert_int_equal(nt_sim_kernel_end(k, NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -454,6 +687,12 @@ int main(void)
         cmocka_unit_test(test_gradcheck),
         cmocka_unit_test(test_checkpoint),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_i64),
+        cmocka_unit_test(test_i64_indices),
+        cmocka_unit_test(test_bool),
+        cmocka_unit_test(test_int_modes),
+        cmocka_unit_test(test_int_errors),
+        cmocka_unit_test(test_sim_tiles),
     };
     return cmocka_run_group_tests(tests, nt_test_setup, nt_test_teardown);
 }
