@@ -397,6 +397,19 @@ static void test_checkpoint(void **state)
     fclose(fp);
     nt_test_expect_err(nt_load(pv1, &u, 1, NULL), NT_EFORMAT, "nt_load", "v1.ckpt",
                        "dtype f64 in a version-1 file");
+    /* i64 and bool round-trip too (version 2) */
+    const int64_t iv[3] = {INT64_MIN, 1, ((int64_t)1 << 60) + 3};
+    const uint8_t bv[3] = {1, 0, 1};
+    nt_tensor *pi[2] = {nt_from_host(iv, NT_I64, 1, &n), nt_from_host(bv, NT_BOOL, 1, &n)};
+    nt_tensor *qi[2] = {nt_zeros(NT_I64, 1, &n), nt_zeros(NT_BOOL, 1, &n)};
+    assert_int_equal(nt_save(p32, pi, 2, NULL), 0);
+    assert_int_equal(nt_load(p32, qi, 2, NULL), 0);
+    int64_t ih[3];
+    uint8_t bh[3];
+    assert_int_equal(nt_to_host(qi[0], ih, sizeof ih), 0);
+    assert_int_equal(nt_to_host(qi[1], bh, sizeof bh), 0);
+    assert_memory_equal(ih, iv, sizeof iv);
+    assert_memory_equal(bh, bv, sizeof bv);
     /* a dtype mismatch names both */
     nt_test_expect_err(nt_load(p64, &f, 1, NULL), NT_ESHAPE, "f64", "f32");
     nt_scope_end(sc);
@@ -532,6 +545,21 @@ static void test_i64_indices(void **state)
     assert_int_equal(nt_to_host(nt_gather(w, 1, nt_from_host(g64, NT_I64, 2, sg)), a, 16), 0);
     for (int r = 0; r < 4; r++)
         assert_true(a[r] == wv[r * 3 + g64[r]]);
+    /* scatter and scatter_add with i64 indices equal the i32 ones */
+    const int64_t s64[4] = {2, 0, 1, 2};
+    const int32_t s32[4] = {2, 0, 1, 2};
+    nt_tensor *src = nt_ones(NT_F32, 2, sg);
+    float c64[12], c32[12];
+    assert_int_equal(nt_to_host(nt_scatter_add(w, 1, nt_from_host(s64, NT_I64, 2, sg), src), c64,
+                                sizeof c64), 0);
+    assert_int_equal(nt_to_host(nt_scatter_add(w, 1, nt_from_host(s32, NT_I32, 2, sg), src), c32,
+                                sizeof c32), 0);
+    assert_memory_equal(c64, c32, sizeof c64);
+    assert_int_equal(nt_to_host(nt_scatter(w, 1, nt_from_host(s64, NT_I64, 2, sg), src), c64,
+                                sizeof c64), 0);
+    assert_int_equal(nt_to_host(nt_scatter(w, 1, nt_from_host(s32, NT_I32, 2, sg), src), c32,
+                                sizeof c32), 0);
+    assert_memory_equal(c64, c32, sizeof c64);
     /* 2^32 + 1 would wrap to row 1: it is out of range */
     const int64_t big[1] = {((int64_t)1 << 32) + 1};
     int64_t one = 1;
