@@ -560,6 +560,19 @@ static void test_i64_indices(void **state)
     assert_int_equal(nt_to_host(nt_scatter(w, 1, nt_from_host(s32, NT_I32, 2, sg), src), c32,
                                 sizeof c32), 0);
     assert_memory_equal(c64, c32, sizeof c64);
+    /* index_put (rows, negative from the end) and one_hot */
+    const int64_t r64[2] = {-1, 1};
+    const int32_t r32[2] = {-1, 1};
+    int64_t two = 2;
+    nt_tensor *vals = nt_full(NT_F32, 1, (int64_t[]){3}, 9.0);
+    assert_int_equal(nt_to_host(nt_index_put(w, nt_from_host(r64, NT_I64, 1, &two), vals, true),
+                                c64, sizeof c64), 0);
+    assert_int_equal(nt_to_host(nt_index_put(w, nt_from_host(r32, NT_I32, 1, &two), vals, true),
+                                c32, sizeof c32), 0);
+    assert_memory_equal(c64, c32, sizeof c64);
+    int32_t oh[8];
+    assert_int_equal(nt_to_host(nt_one_hot(nt_from_host(s64, NT_I64, 1, &two), 4), oh, sizeof oh), 0);
+    assert_true(oh[2] == 1 && oh[4] == 1 && oh[0] == 0 && oh[5] == 0);
     /* 2^32 + 1 would wrap to row 1: it is out of range */
     const int64_t big[1] = {((int64_t)1 << 32) + 1};
     int64_t one = 1;
