@@ -445,7 +445,7 @@ static inline void nt__store_i64(void *p, nt_dtype dt, int64_t i, int64_t v)
     case NT_BOOL: ((uint8_t *)p)[i] = v != 0; break;
     case NT_F64: ((double *)p)[i] = (double)v; break;
     case NT_F32: ((float *)p)[i] = (float)v; break;
-    default: nt__store_f64(p, dt, i, (double)v); break; /* bf16, f16: via odd f32 */
+    default: nt__store_f32(p, dt, i, (float)v); break; /* bf16, f16: through f32, as PyTorch */
     }
 }
 

@@ -269,7 +269,15 @@ static void f64_chunk(const nt__rec *r, const chunk *c, int64_t n)
         for (int64_t i = 0; i < n; i++)
             nt__store_f64(y, ydt, i * ys, ld64(c, 1, i) != 0.0 ? ld64(c, 2, i) : ld64(c, 3, i));
         break;
-    case NT_KIND_COPY: /* one rounding from the exact double (core/dtype.h) */
+    case NT_KIND_COPY:
+        /* to bf16 / f16 through f32, each step to nearest even: PyTorch's
+         * double -> half conversions (a double rounding, as theirs); to
+         * f32, f64 and the integers one rounding from the double */
+        if (ydt == NT_BF16 || ydt == NT_F16) {
+            for (int64_t i = 0; i < n; i++)
+                nt__store_f32(y, ydt, i * ys, (float)ld64(c, 1, i));
+            break;
+        }
         for (int64_t i = 0; i < n; i++)
             nt__store_f64(y, ydt, i * ys, ld64(c, 1, i));
         break;
@@ -376,7 +384,8 @@ static bool wide(const nt__rec *r, const chunk *c, int64_t n)
         f64_chunk(r, c, n);
         return true;
     }
-    if (has_dtype(c, NT_I64) && !float_compute(c)) {
+    /* casts to or from i64 too: exact from and to the int64 value */
+    if (has_dtype(c, NT_I64) && (!float_compute(c) || nt__ops[r->op].kind == NT_KIND_COPY)) {
         i64_chunk(r, c, n);
         return true;
     }

@@ -19,6 +19,7 @@
 #include "ntensor/sim.h"
 #include "nt_test.h"
 #include "crc32.h"
+#include "torch_refs/dtypes.h"
 
 static uint64_t dbits(double d)
 {
@@ -79,10 +80,10 @@ static void test_basics(void **state)
 
 /* ---------------- casts ---------------- */
 
-/* f64 -> f32 / bf16 / f16 rounds once to nearest even, from the double:
- * 1 + 2^-8 + 2^-40 is above bf16's halfway point 1 + 2^-8, so it rounds up
- * (a cast through f32 would first drop the 2^-40 and then tie to even,
- * down). */
+/* f64 -> f32 rounds once to nearest even; -> bf16 / f16 through f32, as
+ * PyTorch: 1 + 2^-8 + 2^-40 becomes the f32 1 + 2^-8, a bf16 tie, to even:
+ * 1.0 (a direct rounding would go up).  tests/torch_refs/dtypes.h checks
+ * more values against PyTorch. */
 static void test_casts(void **state)
 {
     (void)state;
@@ -102,7 +103,7 @@ static void test_casts(void **state)
     }
     uint16_t b[8], hf[8];
     assert_int_equal(nt_to_host(nt_cast(x, NT_BF16), b, sizeof b), 0);
-    assert_int_equal(b[0], 0x3f81); /* up: 1 + 2^-7 */
+    assert_int_equal(b[0], 0x3f80); /* the tie after the f32 step: down */
     assert_int_equal(b[1], 0xc020);
     assert_int_equal(b[4], 0x7fc0);
     assert_int_equal(b[5], 0xff80);
@@ -154,6 +155,104 @@ static void test_casts(void **state)
     assert_int_equal(nt_dtype_of(p), NT_F64);
     assert_int_equal(nt_dtype_of(nt_mul(nt_from_host(is, NT_I32, 1, &n4), nt_ones(NT_F64, 0, NULL))),
                      NT_F64);
+    nt_scope_end(sc);
+}
+
+/* ---------------- against PyTorch 1.13 ---------------- */
+
+#define NREF(a) ((int64_t)(sizeof(a) / sizeof((a)[0])))
+
+static double from_u64(uint64_t u)
+{
+    double d;
+    memcpy(&d, &u, 8);
+    return d;
+}
+
+/* |a - b| in units of the last place of b (0 for equal bits; NaN = NaN) */
+static double ulps(double a, double b)
+{
+    if (isnan(a) && isnan(b))
+        return 0;
+    if (a == b)
+        return 0;
+    return fabs(a - b) / (nextafter(fabs(b), INFINITY) - fabs(b));
+}
+
+static void test_vs_torch(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    nt_scope *sc = nt_scope_begin();
+    int64_t n = NREF(DT_F64_IN);
+    nt_tensor *x = nt_from_host(DT_F64_IN, NT_F64, 1, &n);
+    /* casts: bitwise (NaN is any NaN) */
+    uint32_t f[NREF(DT_F64_IN)];
+    uint16_t h[NREF(DT_F64_IN)];
+    uint8_t b[NREF(DT_F64_IN)];
+    assert_int_equal(nt_to_host(nt_cast(x, NT_F32), f, sizeof f), 0);
+    for (int64_t i = 0; i < n; i++)
+        if (f[i] != DT_TO_F32[i])
+            fail_msg("f64 %a -> f32: %08x, torch %08x", from_u64(DT_F64_IN[i]), f[i], DT_TO_F32[i]);
+    assert_int_equal(nt_to_host(nt_cast(x, NT_BF16), h, sizeof h), 0);
+    for (int64_t i = 0; i < n; i++) {
+        bool nan = (h[i] & 0x7fff) > 0x7f80 && (DT_TO_BF16[i] & 0x7fff) > 0x7f80;
+        if (h[i] != DT_TO_BF16[i] && !nan)
+            fail_msg("f64 %a -> bf16: %04x, torch %04x", from_u64(DT_F64_IN[i]), h[i], DT_TO_BF16[i]);
+    }
+    assert_int_equal(nt_to_host(nt_cast(x, NT_F16), h, sizeof h), 0);
+    for (int64_t i = 0; i < n; i++) {
+        bool nan = (h[i] & 0x7fff) > 0x7c00 && (DT_TO_F16[i] & 0x7fff) > 0x7c00;
+        if (h[i] != DT_TO_F16[i] && !nan)
+            fail_msg("f64 %a -> f16: %04x, torch %04x", from_u64(DT_F64_IN[i]), h[i], DT_TO_F16[i]);
+    }
+    assert_int_equal(nt_to_host(nt_cast(x, NT_BOOL), b, sizeof b), 0);
+    assert_memory_equal(b, DT_TO_BOOL, sizeof b);
+    /* in-range floats to integers */
+    int64_t ni = NREF(DT_INTV_IN);
+    nt_tensor *xi = nt_from_host(DT_INTV_IN, NT_F64, 1, &ni);
+    int32_t i32[NREF(DT_INTV_IN)];
+    int64_t i64[NREF(DT_INTV_IN)];
+    uint8_t u8[NREF(DT_INTV_IN)];
+    assert_int_equal(nt_to_host(nt_cast(xi, NT_I32), i32, sizeof i32), 0);
+    assert_memory_equal(i32, DT_INTV_I32, sizeof i32);
+    assert_int_equal(nt_to_host(nt_cast(xi, NT_I64), i64, sizeof i64), 0);
+    assert_memory_equal(i64, DT_INTV_I64, sizeof i64);
+    assert_int_equal(nt_to_host(nt_cast(xi, NT_U8), u8, sizeof u8), 0);
+    assert_memory_equal(u8, DT_INTV_U8, sizeof u8);
+    /* i64: casts and wrapping arithmetic, bitwise */
+    int64_t nl = NREF(DT_I64_IN);
+    nt_tensor *l = nt_from_host(DT_I64_IN, NT_I64, 1, &nl);
+    uint64_t w[NREF(DT_I64_IN)];
+    uint32_t w32[NREF(DT_I64_IN)];
+    assert_int_equal(nt_to_host(nt_cast(l, NT_F64), w, sizeof w), 0);
+    assert_memory_equal(w, DT_I64_TO_F64, sizeof w);
+    assert_int_equal(nt_to_host(nt_cast(l, NT_F32), w32, sizeof w32), 0);
+    assert_memory_equal(w32, DT_I64_TO_F32, sizeof w32);
+    assert_int_equal(nt_to_host(nt_cast(l, NT_I32), w32, sizeof w32), 0);
+    assert_memory_equal(w32, DT_I64_TO_I32, sizeof w32);
+    assert_int_equal(nt_to_host(nt_add_scalar(l, 1), w, sizeof w), 0);
+    assert_memory_equal(w, DT_I64_ADD1, sizeof w);
+    assert_int_equal(nt_to_host(nt_mul(l, l), w, sizeof w), 0);
+    assert_memory_equal(w, DT_I64_MUL, sizeof w);
+    /* f64 math: PyTorch's double kernels (SLEEF's vector forms, within 1
+     * ulp) against the C library's: within 2 ulp */
+    int64_t nm = NREF(DT_MA);
+    nt_tensor *a = nt_from_host(DT_MA, NT_F64, 1, &nm), *bb = nt_from_host(DT_MB, NT_F64, 1, &nm);
+    nt_tensor *outs[9] = {nt_exp(a), nt_log(nt_abs(bb)), nt_tanh(a), nt_sin(a), nt_erf(a),
+                          nt_pow(nt_abs(bb), nt_clamp(a, -5, 5)), nt_atan2(a, bb), nt_div(a, bb),
+                          nt_sigmoid(a)};
+    static const char *const names[9] = {"exp", "log", "tanh", "sin", "erf", "pow", "atan2",
+                                         "div", "sigmoid"};
+    for (int k = 0; k < 9; k++) {
+        double got[NREF(DT_MA)];
+        to_host64(outs[k], got, nm);
+        for (int64_t i = 0; i < nm; i++) {
+            double want = from_u64(DT_MATH[k * nm + i]);
+            if (!(ulps(got[i], want) <= 2))
+                fail_msg("%s element %lld: %a, torch %a", names[k], (long long)i, got[i], want);
+        }
+    }
     nt_scope_end(sc);
 }
 
@@ -723,6 +822,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_basics),
         cmocka_unit_test(test_casts),
+        cmocka_unit_test(test_vs_torch),
         cmocka_unit_test(test_values),
         cmocka_unit_test(test_modes),
         cmocka_unit_test(test_gradcheck),
