@@ -152,7 +152,9 @@ static int on_call(nt__call *c)
     nt_dtype want = pol == NT__AMP_LOW ? low : NT_F32;
     for (int i = 0; i < c->nin; i++) {
         nt_tensor *t = c->in[i];
-        if (!t || t->dtype == want || !nt__dtype_is_float((nt_dtype)t->dtype) || c->tmp[i])
+        /* f64 inputs are never cast (PyTorch's autocast leaves double alone) */
+        if (!t || t->dtype == want || !nt__dtype_is_float((nt_dtype)t->dtype) ||
+            t->dtype == NT_F64 || c->tmp[i])
             continue;
         int rc = cast_input(c, i, want);
         if (rc)

@@ -3,8 +3,10 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
-/* loss = sum(f(x) * w) as a double, graph off. */
+/* loss = sum(f(x) * w) as a double, graph off, in w's dtype (f32, or f64
+ * when an input is f64). */
 static int eval_loss(nt_tensor *(*f)(nt_tensor *const *, void *), nt_tensor *const *in, void *ctx,
                      nt_tensor *w, double *out)
 {
@@ -15,7 +17,7 @@ static int eval_loss(nt_tensor *(*f)(nt_tensor *const *, void *), nt_tensor *con
     nt__user_code_begin();
     nt_tensor *y = f(in, ctx);
     nt__user_code_end();
-    nt_tensor *l = y ? nt_sum(nt_mul(nt_cast(y, NT_F32), w), NT_DIM_ALL, false) : NULL;
+    nt_tensor *l = y ? nt_sum(nt_mul(nt_cast(y, nt_dtype_of(w)), w), NT_DIM_ALL, false) : NULL;
     int rc = l ? nt_item(l, out) : (nt_last_error() ? nt_last_error() : NT_EEXEC);
     nt_no_grad_end();
     nt_scope_end(s);
@@ -38,6 +40,13 @@ NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_ten
         if (!nt_requires_grad(in[i]))
             return nt__err(NULL, NT_EINVAL, fn, "in[%d] does not require grad", i);
     }
+    /* An f64 input makes the whole check f64: the loss, w, the host copies
+     * and the perturbed inputs (PyTorch's gradcheck in double); else f32. */
+    nt_dtype cdt = NT_F32;
+    for (int i = 0; i < n; i++)
+        if (in[i]->dtype == NT_F64)
+            cdt = NT_F64;
+    size_t es = cdt == NT_F64 ? sizeof(double) : sizeof(float);
     nt_scope *s = nt_scope_begin();
     if (!s)
         return nt__err_hostmem(NULL, fn, "a scope");
@@ -50,47 +59,49 @@ NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_ten
         rc = nt_last_error() ? nt_last_error() : NT_EEXEC;
         goto out;
     }
-    nt_tensor *w = nt_randn(NT_F32, y->ndim, y->shape, 0x6a09e667f3bcc908ull);
+    nt_tensor *w = nt_cast(nt_randn(NT_F32, y->ndim, y->shape, 0x6a09e667f3bcc908ull), cdt);
     for (int i = 0; i < n; i++)
         nt_zero_grad(in[i]);
-    nt_tensor *loss = nt_sum(nt_mul(nt_cast(y, NT_F32), w), NT_DIM_ALL, false);
+    nt_tensor *loss = nt_sum(nt_mul(nt_cast(y, cdt), w), NT_DIM_ALL, false);
     if (!loss || (rc = nt_backward(loss)) != 0) {
         rc = rc ? rc : nt_last_error();
         goto out;
     }
-    /* numeric, element by element, on f32 host copies */
+    /* numeric, element by element, on host copies in cdt */
     for (int i = 0; i < n && !rc; i++) {
         nt_tensor *x = in[i];
         int64_t ne = nt_numel(x);
-        float *h = malloc((size_t)(ne ? ne : 1) * sizeof(float));
-        float *ga = malloc((size_t)(ne ? ne : 1) * sizeof(float));
+        char *h = malloc((size_t)(ne ? ne : 1) * es);
+        char *ga = malloc((size_t)(ne ? ne : 1) * es);
         nt_tensor *g = nt_grad(x);
-        nt_tensor *xf = nt_cast(x, NT_F32);
+        nt_tensor *xf = nt_cast(x, cdt);
         if (!h || !ga) {
             rc = nt__err_hostmem(NULL, fn, "the host copies of an input");
-        } else if (!xf || nt_to_host(xf, h, (size_t)ne * sizeof(float))) {
+        } else if (!xf || nt_to_host(xf, h, (size_t)ne * es)) {
             rc = nt_last_error();
         } else if (g) {
-            rc = nt_to_host(nt_cast(g, NT_F32), ga, (size_t)ne * sizeof(float));
+            rc = nt_to_host(nt_cast(g, cdt), ga, (size_t)ne * es);
         } else {
-            for (int64_t k = 0; k < ne; k++)
-                ga[k] = 0;
+            memset(ga, 0, (size_t)ne * es);
         }
         for (int64_t k = 0; k < ne && !rc; k++) {
             nt_tensor *pert[16];
             double lp = 0, lm = 0;
-            float keep = h[k];
+            double keep = nt__load_f64(h, cdt, k);
             for (int sgn = 0; sgn < 2 && !rc; sgn++) {
-                h[k] = keep + (float)(sgn ? -eps : eps);
+                /* f32: the perturbation rounded to f32, as before */
+                double v = cdt == NT_F64 ? keep + (sgn ? -eps : eps)
+                                         : (double)((float)keep + (float)(sgn ? -eps : eps));
+                nt__store_f64(h, cdt, k, v);
                 for (int j = 0; j < n; j++)
                     pert[j] = in[j];
-                pert[i] = nt_cast(nt_from_host(h, NT_F32, x->ndim, x->shape), (nt_dtype)x->dtype);
+                pert[i] = nt_cast(nt_from_host(h, cdt, x->ndim, x->shape), (nt_dtype)x->dtype);
                 rc = eval_loss(f, pert, ctx, w, sgn ? &lm : &lp);
             }
-            h[k] = keep;
+            nt__store_f64(h, cdt, k, keep);
             if (rc)
                 break;
-            double num = (lp - lm) / (2 * eps), ana = ga[k];
+            double num = (lp - lm) / (2 * eps), ana = nt__load_f64(ga, cdt, k);
             if (!(fabs(ana - num) <= atol + rtol * fabs(num))) {
                 rc = nt__err(NULL, NT_ERANGE, fn,
                              "input %d element %lld: analytic gradient %.6g, numeric %.6g "

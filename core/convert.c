@@ -328,6 +328,18 @@ void nt__ld_f32(float *dst, const char *src, nt_dtype dt, int64_t st, int64_t n)
             dst[i] = (float)p[i * st];
         break;
     }
+    case NT_F64: { /* rounds to nearest even (an f64 op never takes this path: it
+                    * computes in double, cpu/ewise.c) */
+        const double *p = (const double *)src;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = (float)p[i * st];
+        break;
+    }
+    case NT_I64:
+    case NT_BOOL:
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = nt__load_f32(src, dt, i * st);
+        break;
     default: break;
     }
 }
@@ -396,6 +408,17 @@ void nt__st_f32(char *dst, nt_dtype dt, int64_t st, const float *src, int64_t n)
             p[i * st] = nt__f64_to_u8((double)src[i]);
         break;
     }
+    case NT_F64: {
+        double *p = (double *)dst;
+        for (int64_t i = 0; i < n; i++)
+            p[i * st] = nt__canon64((double)src[i]);
+        break;
+    }
+    case NT_I64:
+    case NT_BOOL:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_f32(dst, dt, i * st, src[i]);
+        break;
     default: break;
     }
 }
@@ -426,6 +449,10 @@ void nt__settle_f32(float *out, nt_dtype dt, const float *y, int64_t n)
     case NT_F16:
         for (int64_t i = settle_f16_vec(out, y, n); i < n; i++)
             out[i] = nt__f16_to_f32(nt__f32_to_f16(y[i]));
+        break;
+    case NT_F64: /* exact: only the NaN is made canonical */
+        for (int64_t i = 0; i < n; i++)
+            out[i] = nt__canon(y[i]);
         break;
     default: break;
     }

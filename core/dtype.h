@@ -34,6 +34,7 @@ static inline float nt__bits_f32(uint32_t u)
 #define NT__QNAN_F32 0x7fc00000u
 #define NT__QNAN_BF16 0x7fc0u
 #define NT__QNAN_F16 0x7e00u
+#define NT__QNAN_F64 UINT64_C(0x7ff8000000000000)
 
 static inline float nt__canon(float f)
 {
@@ -42,6 +43,17 @@ static inline float nt__canon(float f)
     /* |u| as a signed int: one signed compare (vpcmpgtd), no unsigned min */
     uint32_t nan = 0u - (uint32_t)((int32_t)(u & 0x7fffffffu) > (int32_t)0x7f800000);
     return nt__bits_f32((u & ~nan) | (NT__QNAN_F32 & nan));
+}
+
+/* f64: the same canonical NaN rule, in binary64 */
+static inline double nt__canon64(double d)
+{
+    uint64_t u;
+    memcpy(&u, &d, 8);
+    if ((u & UINT64_C(0x7fffffffffffffff)) > UINT64_C(0x7ff0000000000000))
+        u = NT__QNAN_F64;
+    memcpy(&d, &u, 8);
+    return d;
 }
 
 static inline float nt__bf16_to_f32(uint16_t h)
@@ -141,14 +153,70 @@ static inline uint8_t nt__f64_to_u8(double d)
     return (uint8_t)d;
 }
 
+/* Per-dtype facts, one row per nt_dtype (a new dtype adds its row here,
+ * its name in core/optable.c and its cases in the load/store switches
+ * below; docs/ops.md "Dtypes" lists what each op takes).
+ *   size       bytes per element
+ *   is_float   floating (f32, bf16, f16, f64)
+ *   on_device  the NeuronCore's engines have the datapath (f64, i64: no;
+ *              bool: kept off the simulator too, whose kernels know u8
+ *              masks; such tensors run on the CPU backend, docs/sim.md) */
+#define NT__DTYPE_TABLE(X)                                                                 \
+    X(NT_F32, 4, 1, 1)                                                                     \
+    X(NT_BF16, 2, 1, 1)                                                                    \
+    X(NT_F16, 2, 1, 1)                                                                     \
+    X(NT_I32, 4, 0, 1)                                                                     \
+    X(NT_U8, 1, 0, 1)                                                                      \
+    X(NT_F64, 8, 1, 0)                                                                     \
+    X(NT_I64, 8, 0, 0)                                                                     \
+    X(NT_BOOL, 1, 0, 0)
+
+/* Float to i64: truncate toward zero, saturate, NaN -> 0 */
+static inline int64_t nt__f64_to_i64(double d)
+{
+    if (isnan(d))
+        return 0;
+    if (d >= 9223372036854775807.0)
+        return INT64_MAX;
+    if (d <= -9223372036854775808.0)
+        return INT64_MIN;
+    return (int64_t)d;
+}
+
+/* i64 to i32 for index reads: saturating, so an index outside i32 stays
+ * out of range (never wraps onto a valid row) */
+static inline int32_t nt__i64_to_i32_sat(int64_t v)
+{
+    return v > INT32_MAX ? INT32_MAX : v < INT32_MIN ? INT32_MIN : (int32_t)v;
+}
+
 static inline bool nt__dtype_is_float(nt_dtype dt)
 {
-    return dt == NT_F32 || dt == NT_BF16 || dt == NT_F16;
+    switch (dt) {
+#define NT__DT_FLOAT(D, sz, fl, dev) case D: return fl;
+        NT__DTYPE_TABLE(NT__DT_FLOAT)
+#undef NT__DT_FLOAT
+    default: return false;
+    }
+}
+
+static inline bool nt__dtype_on_device(nt_dtype dt)
+{
+    switch (dt) {
+#define NT__DT_DEV(D, sz, fl, dev) case D: return dev;
+        NT__DTYPE_TABLE(NT__DT_DEV)
+#undef NT__DT_DEV
+    default: return false;
+    }
 }
 
 static inline size_t nt__dtype_size(nt_dtype dt)
 {
-    static const unsigned char sz[NT_DTYPE_COUNT] = {4, 2, 2, 4, 1};
+    static const unsigned char sz[NT_DTYPE_COUNT] = {
+#define NT__DT_SIZE(D, size, fl, dev) [D] = size,
+        NT__DTYPE_TABLE(NT__DT_SIZE)
+#undef NT__DT_SIZE
+    };
     return (unsigned)dt < NT_DTYPE_COUNT ? sz[dt] : 0;
 }
 
@@ -161,16 +229,21 @@ static inline float nt__load_f32(const void *p, nt_dtype dt, int64_t i)
     case NT_F16: return nt__f16_to_f32(((const uint16_t *)p)[i]);
     case NT_I32: return (float)((const int32_t *)p)[i];
     case NT_U8: return (float)((const uint8_t *)p)[i];
+    case NT_F64: return (float)((const double *)p)[i];
+    case NT_I64: return (float)((const int64_t *)p)[i];
+    case NT_BOOL: return ((const uint8_t *)p)[i] ? 1.0f : 0.0f;
     default: return 0.0f;
     }
 }
 
-/* Element i as double (exact for every dtype). */
+/* Element i as double (exact for every dtype but i64 beyond 2^53). */
 static inline double nt__load_f64(const void *p, nt_dtype dt, int64_t i)
 {
     switch (dt) {
     case NT_I32: return (double)((const int32_t *)p)[i];
     case NT_U8: return (double)((const uint8_t *)p)[i];
+    case NT_F64: return ((const double *)p)[i];
+    case NT_I64: return (double)((const int64_t *)p)[i]; /* exact to 2^53 */
     default: return (double)nt__load_f32(p, dt, i);
     }
 }
@@ -181,6 +254,9 @@ static inline int32_t nt__load_i32(const void *p, nt_dtype dt, int64_t i)
     switch (dt) {
     case NT_I32: return ((const int32_t *)p)[i];
     case NT_U8: return ((const uint8_t *)p)[i];
+    case NT_F64: return nt__f64_to_i32(((const double *)p)[i]);
+    case NT_I64: return nt__i64_to_i32_sat(((const int64_t *)p)[i]);
+    case NT_BOOL: return ((const uint8_t *)p)[i] != 0;
     default: return nt__f64_to_i32((double)nt__load_f32(p, dt, i));
     }
 }
@@ -194,6 +270,9 @@ static inline void nt__store_f32(void *p, nt_dtype dt, int64_t i, float v)
     case NT_F16: ((uint16_t *)p)[i] = nt__f32_to_f16(v); break;
     case NT_I32: ((int32_t *)p)[i] = nt__f64_to_i32((double)v); break;
     case NT_U8: ((uint8_t *)p)[i] = nt__f64_to_u8((double)v); break;
+    case NT_F64: ((double *)p)[i] = nt__canon64((double)v); break;
+    case NT_I64: ((int64_t *)p)[i] = nt__f64_to_i64((double)v); break;
+    case NT_BOOL: ((uint8_t *)p)[i] = v != 0.0f; break; /* NaN is true */
     default: break;
     }
 }
@@ -207,6 +286,9 @@ static inline void nt__store_f64(void *p, nt_dtype dt, int64_t i, double v)
     case NT_F16: ((uint16_t *)p)[i] = nt__f64_to_f16(v); break;
     case NT_I32: ((int32_t *)p)[i] = nt__f64_to_i32(v); break;
     case NT_U8: ((uint8_t *)p)[i] = nt__f64_to_u8(v); break;
+    case NT_F64: ((double *)p)[i] = nt__canon64(v); break;
+    case NT_I64: ((int64_t *)p)[i] = nt__f64_to_i64(v); break;
+    case NT_BOOL: ((uint8_t *)p)[i] = v != 0.0; break;
     default: break;
     }
 }
@@ -218,16 +300,21 @@ static inline void nt__store_i32(void *p, nt_dtype dt, int64_t i, int32_t v)
     switch (dt) {
     case NT_I32: ((int32_t *)p)[i] = v; break;
     case NT_U8: ((uint8_t *)p)[i] = (uint8_t)(uint32_t)v; break;
+    case NT_I64: ((int64_t *)p)[i] = v; break;
+    case NT_BOOL: ((uint8_t *)p)[i] = v != 0; break;
     default: nt__store_f64(p, dt, i, (double)v); break;
     }
 }
 
-/* Promotion for binary ops: float beats int; f32 beats half types; bf16 with
- * f16 gives f32; i32 beats u8. */
+/* Promotion for binary ops: float beats int; f64 beats every other type;
+ * f32 beats half types; bf16 with f16 gives f32; among integers i64 beats
+ * i32 beats u8 beats bool (PyTorch's). */
 static inline nt_dtype nt__promote(nt_dtype a, nt_dtype b)
 {
     if (a == b)
         return a;
+    if (a == NT_F64 || b == NT_F64)
+        return NT_F64;
     bool fa = nt__dtype_is_float(a), fb = nt__dtype_is_float(b);
     if (fa && fb)
         return NT_F32; /* f32 with a half type, or bf16 with f16 */
@@ -235,7 +322,11 @@ static inline nt_dtype nt__promote(nt_dtype a, nt_dtype b)
         return a;
     if (fb)
         return b;
-    return NT_I32; /* i32 with u8 */
+    if (a == NT_I64 || b == NT_I64)
+        return NT_I64;
+    if (a == NT_I32 || b == NT_I32)
+        return NT_I32;
+    return NT_U8; /* u8 with bool */
 }
 
 /* ---------------- stochastic rounding (amp, docs/amp.md) ----------------
@@ -328,6 +419,33 @@ static inline float nt__round_f32_sr(nt_dtype dt, float v, uint32_t r)
     case NT_BF16: return nt__bf16_to_f32(nt__f32_to_bf16_sr(v, r));
     case NT_F16: return nt__f16_to_f32(nt__f32_to_f16_sr(v, r));
     default: return nt__canon(v);
+    }
+}
+
+/* Element i as int64 (integers exactly; floats truncate and saturate) and
+ * an int64 stored with one rounding (floats), wrapping (narrower ints) or
+ * v != 0 (bool): the integer path of i64 ops (cpu/ewise.c). */
+static inline int64_t nt__load_i64(const void *p, nt_dtype dt, int64_t i)
+{
+    switch (dt) {
+    case NT_I64: return ((const int64_t *)p)[i];
+    case NT_I32: return ((const int32_t *)p)[i];
+    case NT_U8: return ((const uint8_t *)p)[i];
+    case NT_BOOL: return ((const uint8_t *)p)[i] != 0;
+    default: return nt__f64_to_i64(nt__load_f64(p, dt, i));
+    }
+}
+
+static inline void nt__store_i64(void *p, nt_dtype dt, int64_t i, int64_t v)
+{
+    switch (dt) {
+    case NT_I64: ((int64_t *)p)[i] = v; break;
+    case NT_I32: ((int32_t *)p)[i] = (int32_t)(uint32_t)(uint64_t)v; break;
+    case NT_U8: ((uint8_t *)p)[i] = (uint8_t)(uint64_t)v; break;
+    case NT_BOOL: ((uint8_t *)p)[i] = v != 0; break;
+    case NT_F64: ((double *)p)[i] = (double)v; break;
+    case NT_F32: ((float *)p)[i] = (float)v; break;
+    default: nt__store_f32(p, dt, i, (float)v); break; /* bf16, f16: through f32, as PyTorch */
     }
 }
 

@@ -209,4 +209,21 @@ NT__MATH_INLINE float nt__erff(float x)
     return nt__u2f(nt__f2u(r) | sx);
 }
 
+/* binary64 (NT_F64 tensors, docs/ops.md "Dtypes"): the C library's double
+ * functions, called through these names only.  f64 ops run on the CPU
+ * backend alone and never in a fused kernel, so one build gives one answer
+ * in every mode; across C libraries the last bit may differ (glibc's exp,
+ * log, sin, cos, pow are correctly rounded in practice; erf, tanh, expm1,
+ * log1p, atan2 within 1-2 ulp of binary64). */
+static inline double nt__exp64(double x) { return exp(x); }
+static inline double nt__log64(double x) { return log(x); }
+static inline double nt__tanh64(double x) { return tanh(x); }
+static inline double nt__erf64(double x) { return erf(x); }
+static inline double nt__sin64(double x) { return sin(x); }
+static inline double nt__cos64(double x) { return cos(x); }
+static inline double nt__log1p64(double x) { return log1p(x); }
+static inline double nt__expm164(double x) { return expm1(x); }
+static inline double nt__pow64(double x, double y) { return pow(x, y); }
+static inline double nt__atan264(double y, double x) { return atan2(y, x); }
+
 #endif

@@ -52,7 +52,7 @@ const char *nt__op_api(int op)
 
 NT_API const char *nt_dtype_name(nt_dtype dt)
 {
-    static const char *names[NT_DTYPE_COUNT] = {"f32", "bf16", "f16", "i32", "u8"};
+    static const char *names[NT_DTYPE_COUNT] = {"f32", "bf16", "f16", "i32", "u8", "f64", "i64", "bool"};
     return (unsigned)dt < NT_DTYPE_COUNT ? names[dt] : "?";
 }
 

@@ -25,20 +25,31 @@ typedef struct {
     bool summarize;
     bool is_float;
     int mode; /* 0 fixed, 1 integer-valued, 2 scientific */
+    int64_t raw; /* an i64 element as read by elem(), exact (fmt_value prints it) */
     int width; /* at least 1, like PyTorch's max_width */
     nt__strbuf *out;
 } pctx;
 
-static double elem(const pctx *c, const int64_t *idx)
+static double elem(pctx *c, const int64_t *idx)
 {
     int64_t off = 0;
     for (int i = 0; i < c->t->ndim; i++)
         off += idx[i] * c->t->stride[i];
+    if (c->t->dtype == NT_I64)
+        c->raw = ((const int64_t *)(const void *)c->base)[off];
     return nt__load_f64(c->base, (nt_dtype)c->t->dtype, off);
 }
 
 static void fmt_value(const pctx *c, double v, char *buf, size_t n)
 {
+    if (c->t->dtype == NT_BOOL) { /* PyTorch's True / False */
+        snprintf(buf, n, "%s", v != 0 ? "True" : "False");
+        return;
+    }
+    if (c->t->dtype == NT_I64) { /* exact, also past 2^53 */
+        snprintf(buf, n, "%lld", (long long)c->raw);
+        return;
+    }
     if (!c->is_float) {
         snprintf(buf, n, "%.0f", v);
         return;

@@ -51,9 +51,10 @@ static inline uint64_t nt__rng_bits(uint64_t key, uint64_t i)
 }
 
 /* Significand bits of a floating dtype (0 for integer dtypes). */
+/* f64 draws the f32 grid (multiples of 2^-24), widened exactly */
 static inline int nt__rng_pbits(nt_dtype dt)
 {
-    return dt == NT_F32 ? 24 : dt == NT_BF16 ? 8 : dt == NT_F16 ? 11 : 0;
+    return dt == NT_F32 || dt == NT_F64 ? 24 : dt == NT_BF16 ? 8 : dt == NT_F16 ? 11 : 0;
 }
 
 /* rand element i: a multiple of 2^-p in [0, 1), exact in f32 and in the

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/ewise.h"
+#include "core/ewise64.h"
 #include "core/gemm.h"
 
 #define NT_CHUNK 512
@@ -219,6 +220,178 @@ static int setup(const nt__rec *r, nt__kv *v, int nin)
     return 1 + nin;
 }
 
+/* ---------------- f64 ----------------
+ *
+ * A chunk with an f64 operand (input or output) computes in double, element
+ * by element: each input widened exactly (nt__load_f64), the op's
+ * core/ewise64.h definition, one rounding into the output (nt__store_f64).
+ * Only ops of core/ewise64.h's lists reach here with f64 operands
+ * (dispatcher/dispatch.c refuses the others), and f64 records never join a
+ * fused group (fusion/plan.c), so this loop is the one evaluator of f64
+ * arithmetic: the same bits in every mode. */
+static bool f64_compute(const chunk *c)
+{
+    for (int k = 0; k < c->nv; k++)
+        if (c->dt[k] == NT_F64)
+            return true;
+    return false;
+}
+
+static inline double ld64(const chunk *c, int k, int64_t i)
+{
+    return nt__load_f64(c->p[k], c->dt[k], i * c->st[k]);
+}
+
+static void f64_chunk(const nt__rec *r, const chunk *c, int64_t n)
+{
+    char *y = c->p[0];
+    nt_dtype ydt = c->dt[0];
+    int64_t ys = c->st[0];
+    switch (nt__ops[r->op].kind) {
+    case NT_KIND_UNARY:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_f64(y, ydt, i * ys, nt__ew64_unary(r->op, ld64(c, 1, i)));
+        break;
+    case NT_KIND_SCALAR:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_f64(y, ydt, i * ys, nt__ew64_scalar(r->op, ld64(c, 1, i), r->p.f[0], r->p.f[1]));
+        break;
+    case NT_KIND_BINARY:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_f64(y, ydt, i * ys,
+                          nt__ew64_binary(r->op, ld64(c, 1, i), ld64(c, 2, i), r->p.i, r->p.f));
+        break;
+    case NT_KIND_CMP:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_f64(y, ydt, i * ys, (double)nt__ew64_cmp(r->op, ld64(c, 1, i), ld64(c, 2, i)));
+        break;
+    case NT_KIND_WHERE:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_f64(y, ydt, i * ys, ld64(c, 1, i) != 0.0 ? ld64(c, 2, i) : ld64(c, 3, i));
+        break;
+    case NT_KIND_COPY:
+        /* to bf16 / f16 through f32, each step to nearest even: PyTorch's
+         * double -> half conversions (a double rounding, as theirs); to
+         * f32, f64 and the integers one rounding from the double */
+        if (ydt == NT_BF16 || ydt == NT_F16) {
+            for (int64_t i = 0; i < n; i++)
+                nt__store_f32(y, ydt, i * ys, (float)ld64(c, 1, i));
+            break;
+        }
+        for (int64_t i = 0; i < n; i++)
+            nt__store_f64(y, ydt, i * ys, ld64(c, 1, i));
+        break;
+    default: nt__op_unhandled("cpu f64 elementwise", r->op);
+    }
+}
+
+/* ---------------- i64 ----------------
+ *
+ * A chunk with an i64 operand and no floating one computes in int64,
+ * element by element (core/dtype.h nt__load_i64 / nt__store_i64): + - *
+ * wrap (two's complement), max/min/abs/neg/relu/sign/clamp as for i32, the
+ * roundings are the identity; compares and where pick by the exact values.
+ * With a floating operand the chunk takes the f32 (or f64) path, the i64
+ * values rounded once to f32 as PyTorch's type promotion does. */
+static bool has_dtype(const chunk *c, nt_dtype dt)
+{
+    for (int k = 0; k < c->nv; k++)
+        if (c->dt[k] == dt)
+            return true;
+    return false;
+}
+
+static inline int64_t ld_i64(const chunk *c, int k, int64_t i)
+{
+    return nt__load_i64(c->p[k], c->dt[k], i * c->st[k]);
+}
+
+static int64_t i64_unary(int op, int64_t a, int64_t s0, int64_t s1)
+{
+    switch (op) {
+    case NT_OP_NEG: return (int64_t)(0u - (uint64_t)a);
+    case NT_OP_ABS: return a < 0 ? (int64_t)(0u - (uint64_t)a) : a;
+    case NT_OP_RELU: return a > 0 ? a : 0;
+    case NT_OP_SIGN: return (a > 0) - (a < 0);
+    case NT_OP_FLOOR:
+    case NT_OP_CEIL:
+    case NT_OP_ROUND:
+    case NT_OP_TRUNC: return a;
+    case NT_OP_ADD_SCALAR: return (int64_t)((uint64_t)a + (uint64_t)s0);
+    case NT_OP_MUL_SCALAR: return (int64_t)((uint64_t)a * (uint64_t)s0);
+    case NT_OP_CLAMP: {
+        int64_t x = a < s0 ? s0 : a;
+        return x > s1 ? s1 : x;
+    }
+    default: nt__op_unhandled("cpu i64 unary", op);
+    }
+}
+
+static int64_t i64_binary(int op, int64_t a, int64_t b)
+{
+    switch (op) {
+    case NT_OP_ADD: return (int64_t)((uint64_t)a + (uint64_t)b);
+    case NT_OP_SUB: return (int64_t)((uint64_t)a - (uint64_t)b);
+    case NT_OP_MUL: return (int64_t)((uint64_t)a * (uint64_t)b);
+    case NT_OP_MAXIMUM: return b > a ? b : a;
+    case NT_OP_MINIMUM: return b < a ? b : a;
+    case NT_OP_EQ: return a == b;
+    case NT_OP_NE: return a != b;
+    case NT_OP_LT: return a < b;
+    case NT_OP_LE: return a <= b;
+    case NT_OP_GT: return a > b;
+    case NT_OP_GE: return a >= b;
+    default: nt__op_unhandled("cpu i64 binary", op);
+    }
+}
+
+static void i64_chunk(const nt__rec *r, const chunk *c, int64_t n)
+{
+    char *y = c->p[0];
+    nt_dtype ydt = c->dt[0];
+    int64_t ys = c->st[0];
+    int64_t s0 = nt__f64_to_i64(r->p.f[0]), s1 = nt__f64_to_i64(r->p.f[1]);
+    switch (nt__ops[r->op].kind) {
+    case NT_KIND_UNARY:
+    case NT_KIND_SCALAR:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_i64(y, ydt, i * ys, i64_unary(r->op, ld_i64(c, 1, i), s0, s1));
+        break;
+    case NT_KIND_BINARY:
+    case NT_KIND_CMP:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_i64(y, ydt, i * ys, i64_binary(r->op, ld_i64(c, 1, i), ld_i64(c, 2, i)));
+        break;
+    case NT_KIND_WHERE:
+        for (int64_t i = 0; i < n; i++)
+            nt__store_i64(y, ydt, i * ys, ld_i64(c, 1, i) != 0 ? ld_i64(c, 2, i) : ld_i64(c, 3, i));
+        break;
+    case NT_KIND_COPY: /* int to int wraps, as for i32 */
+        for (int64_t i = 0; i < n; i++)
+            nt__store_i64(y, ydt, i * ys, ld_i64(c, 1, i));
+        break;
+    default: nt__op_unhandled("cpu i64 elementwise", r->op);
+    }
+}
+
+static bool float_compute(const chunk *c);
+
+/* The chunk's f64 or i64 evaluation, when it has such an operand: true
+ * when done. */
+static bool wide(const nt__rec *r, const chunk *c, int64_t n)
+{
+    if (f64_compute(c)) {
+        f64_chunk(r, c, n);
+        return true;
+    }
+    /* casts to or from i64 too: exact from and to the int64 value */
+    if (has_dtype(c, NT_I64) && (!float_compute(c) || nt__ops[r->op].kind == NT_KIND_COPY)) {
+        i64_chunk(r, c, n);
+        return true;
+    }
+    return false;
+}
+
 static bool float_compute(const chunk *c)
 {
     for (int k = 0; k < c->nv; k++)
@@ -305,6 +478,8 @@ static inline float *dst_f32(float *buf, const chunk *c)
 static inline __attribute__((always_inline)) void unary_body(const nt__rec *r, const chunk *c,
                                                              int64_t n, void *scr)
 {
+    if (wide(r, c, n))
+        return;
     if (float_compute(c)) {
         const float *a = src_f32(scr, c, 1, n);
         float *y = dst_f32((float *)scr + NT_CHUNK, c);
@@ -346,6 +521,8 @@ int nt__cpu_unary(const nt__rec *r)
 static inline __attribute__((always_inline)) void scalar_body(const nt__rec *r, const chunk *c,
                                                               int64_t n, void *scr)
 {
+    if (wide(r, c, n))
+        return;
     if (float_compute(c)) {
         const float *a = src_f32(scr, c, 1, n);
         float *y = dst_f32((float *)scr + NT_CHUNK, c);
@@ -392,6 +569,8 @@ int nt__cpu_scalar(const nt__rec *r)
 static inline __attribute__((always_inline)) void binary_body(const nt__rec *r, const chunk *c,
                                                               int64_t n, void *scr)
 {
+    if (wide(r, c, n))
+        return;
     if (float_compute(c)) {
         const float *a = src_f32(scr, c, 1, n);
         const float *b = src_f32((float *)scr + NT_CHUNK, c, 2, n);
@@ -487,6 +666,8 @@ static void cmp_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 {
     if (cmp_f32_u8(r, c, n))
         return;
+    if (wide(r, c, n))
+        return;
     int32_t *y = (int32_t *)scr + 2 * NT_CHUNK;
     if (nt__dtype_is_float(c->dt[1]) || nt__dtype_is_float(c->dt[2])) {
         float *a = scr, *b = a + NT_CHUNK;
@@ -561,8 +742,9 @@ static bool where_u8_f32(const chunk *c, int64_t n)
 
 static void where_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 {
-    (void)r;
     if (where_u8_f32(c, n))
+        return;
+    if (wide(r, c, n))
         return;
     float *m = scr; /* cond != 0 */
     nt__ld_f32(m, c->p[1], c->dt[1], c->st[1], n);
@@ -602,8 +784,9 @@ int nt__cpu_masked_fill(const nt__rec *r) { return nt__cpu_where(r); }
  * saturates (core/dtype.h). */
 static void copy_chunk(const nt__rec *r, const chunk *c, int64_t n, void *scr)
 {
-    (void)r;
     nt_dtype sd = c->dt[1], dd = c->dt[0];
+    if (wide(r, c, n))
+        return;
     if (sd == NT_F32 && c->st[1] == 1) { /* autocast's casts: no staging copy */
         nt__st_f32(c->p[0], dd, c->st[0], (const float *)c->p[1], n);
     } else if (nt__dtype_is_float(sd)) {

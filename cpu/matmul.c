@@ -218,6 +218,36 @@ static int mm_pass(const nt__rec *r, const nt__mminfo *mip, bool typed)
     return 0;
 }
 
+/* f64 (an f64 operand; the other one widened exactly): each output element
+ * sum_k a[m][k] * b[k][n] in double, k ascending from +0, a multiply and an
+ * add per step (no FMA), rounded once into the output.  On the calling
+ * thread, in batch-major order: every mode gives the same bits. */
+static int mm_f64(const nt__rec *r, const nt__mminfo *mi)
+{
+    const nt_tensor *a = r->in[0], *b = r->in[1], *o = r->out[0];
+    const char *ad = nt__tensor_data(a), *bd = nt__tensor_data(b);
+    char *od = nt__tensor_data(o);
+    nt_dtype adt = (nt_dtype)a->dtype, bdt = (nt_dtype)b->dtype, odt = (nt_dtype)o->dtype;
+    int64_t idx[NT_MAX_DIMS] = {0}, bi = 0;
+    do {
+        int64_t aoff = 0, boff = 0;
+        for (int i = 0; i < mi->nbatch; i++)
+            aoff += idx[i] * mi->a_bstride[i], boff += idx[i] * mi->b_bstride[i];
+        for (int64_t m = 0; m < mi->M; m++)
+            for (int64_t n = 0; n < mi->N; n++) {
+                double acc = 0.0;
+                for (int64_t k = 0; k < mi->K; k++) {
+                    double p = nt__load_f64(ad, adt, aoff + m * mi->a_rs + k * mi->a_cs) *
+                               nt__load_f64(bd, bdt, boff + k * mi->b_rs + n * mi->b_cs);
+                    acc = acc + p;
+                }
+                nt__store_f64(od, odt, (bi * mi->M + m) * mi->N + n, acc);
+            }
+        bi++;
+    } while (mi->nbatch > 0 && nt__idx_next(idx, mi->nbatch, mi->batch));
+    return 0;
+}
+
 int nt__cpu_matmul(const nt__rec *r)
 {
     const nt_tensor *a = r->in[0], *b = r->in[1];
@@ -232,6 +262,8 @@ int nt__cpu_matmul(const nt__rec *r)
     if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
         return nt__kerr(NT_ENOTSUP, "matrix dims %lld x %lld x %lld exceed the int range",
                         (long long)M, (long long)K, (long long)N);
+    if (a->dtype == NT_F64 || b->dtype == NT_F64 || r->out[0]->dtype == NT_F64)
+        return mm_f64(r, &mi);
     /* Typed first; with no memory for its panels, every batch again the
      * plain way (outputs never alias inputs, and each batch's result is
      * the same bits either way). */

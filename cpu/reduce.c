@@ -26,9 +26,11 @@
  * in memory at once. */
 #include "cpu/rows.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/ewise.h"
+#include "core/ewise64.h"
 #include "core/gemm.h"
 #include "core/reduce.h"
 
@@ -588,9 +590,113 @@ static void red_block(void *arg, int b)
     g_free(buf);
 }
 
+/* ---------------- f64 ----------------
+ *
+ * An f64 input reduces in double in the canonical order of core/reduce.h
+ * (blocks of NT_RED_BLOCK, NT_RED_LANES lanes folded in halves, the block
+ * partials combined in order), each element loaded exactly; mean divides
+ * the double sum by n; argmax/argmin pick the first extreme (a NaN counts
+ * as the extreme, the first one wins), as for f32.  One pass per output
+ * element on the calling thread: f64 is the precise path, not the fast
+ * one. */
+static double red64_fold(double a, double b, int rop)
+{
+    switch (rop) {
+    case NT_RED_MAX: return nt__ew64_maximum(a, b);
+    case NT_RED_MIN: return nt__ew64_minimum(a, b);
+    default: return a + b;
+    }
+}
+
+static double red64_run(const char *x, nt_dtype dt, int64_t n, int64_t st, int rop)
+{
+    double id = rop == NT_RED_MAX ? -INFINITY : rop == NT_RED_MIN ? INFINITY : 0.0;
+    double acc = id;
+    for (int64_t k0 = 0; k0 < n; k0 += NT_RED_BLOCK) {
+        int64_t m = n - k0 < NT_RED_BLOCK ? n - k0 : NT_RED_BLOCK;
+        double lane[NT_RED_LANES];
+        for (int l = 0; l < NT_RED_LANES; l++)
+            lane[l] = id;
+        for (int64_t k = 0; k < m; k++)
+            lane[k % NT_RED_LANES] =
+                red64_fold(lane[k % NT_RED_LANES], nt__load_f64(x, dt, (k0 + k) * st), rop);
+        for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)
+            for (int l = 0; l < h; l++)
+                lane[l] = red64_fold(lane[l], lane[l + h], rop);
+        acc = red64_fold(acc, lane[0], rop);
+    }
+    return acc;
+}
+
+static int64_t red64_arg(const char *x, nt_dtype dt, int64_t n, int64_t st, bool is_max)
+{
+    int64_t best = 0;
+    double bv = n ? nt__load_f64(x, dt, 0) : 0.0;
+    for (int64_t k = 1; k < n && bv == bv; k++) {
+        double v = nt__load_f64(x, dt, k * st);
+        if (v != v || (is_max ? v > bv : v < bv))
+            best = k, bv = v;
+    }
+    return best;
+}
+
+static int reduce_f64(const nt__rec *r, int rop, int fin)
+{
+    const nt_tensor *t = r->in[0], *o = r->out[0];
+    const char *x = nt__tensor_data(t);
+    char *y = nt__tensor_data(o);
+    nt_dtype dt = (nt_dtype)t->dtype, ydt = (nt_dtype)o->dtype;
+    int nd = t->ndim, dim = r->p.dim;
+    int64_t shape[NT_MAX_DIMS], idx[NT_MAX_DIMS] = {0}, n, st;
+    double *flat = NULL;
+    if (dim == NT_DIM_ALL || nd == 0) { /* every element, row-major, exact in double */
+        n = nt__numel(t->ndim, t->shape), st = 1;
+        flat = malloc((size_t)(n ? n : 1) * sizeof(double));
+        if (!flat)
+            return nt__kerr(NT_EHOSTMEM, "out of host memory for an f64 reduction");
+        for (int64_t k = 0; k < n; k++) {
+            int64_t rem = k, off = 0;
+            for (int i = nd - 1; i >= 0; i--) {
+                off += (rem % t->shape[i]) * t->stride[i];
+                rem /= t->shape[i];
+            }
+            flat[k] = nt__load_f64(x, dt, off);
+        }
+        x = (const char *)flat, dt = NT_F64, nd = 0;
+    } else {
+        for (int i = 0; i < nd; i++)
+            shape[i] = i == dim ? 1 : t->shape[i];
+        n = t->shape[dim], st = t->stride[dim];
+    }
+    int64_t j = 0;
+    do {
+        int64_t off = 0;
+        for (int i = 0; i < nd; i++)
+            off += idx[i] * t->stride[i];
+        const char *row = x + off * (int64_t)nt__dtype_size(dt);
+        if (rop == NT_RED_ARGMAX || rop == NT_RED_ARGMIN) {
+            nt__store_f64(y, ydt, j, (double)red64_arg(row, dt, n, st, rop == NT_RED_ARGMAX));
+        } else {
+            double v = red64_run(row, dt, n, st, rop);
+            nt__store_f64(y, ydt, j, fin == NT_RED_FIN_MEAN ? v / (double)n : v);
+        }
+        j++;
+    } while (nd > 0 && nt__idx_next(idx, nd, shape));
+    free(flat);
+    return 0;
+}
+
 static int reduce_kernel(const nt__rec *r)
 {
     const nt_tensor *t = r->in[0], *o = r->out[0];
+    if (t->dtype == NT_F64 || o->dtype == NT_F64) {
+        int rop, pre, fin;
+        if (nt__red_plan(r->op, r->p.f[0], &rop, &pre, &fin) || pre != NT_RED_PRE_NONE)
+            return nt__kerr(NT_EINVAL, "op %s has no f64 reduction", nt__op_name(r->op));
+        if (nt__numel(o->ndim, o->shape) == 0)
+            return 0;
+        return reduce_f64(r, rop, fin);
+    }
     red c;
     memset(&c, 0, sizeof c);
     c.op = r->op;

@@ -346,8 +346,8 @@ NT_API nt_tensor *nt_masked_fill_at(const nt_site *site, nt_tensor *t, nt_tensor
     if (!nt__ensure_init() || !nt__check_arg(site, fn, "t", t) ||
         !nt__check_arg(site, fn, "mask", mask))
         return NULL;
-    if (mask->dtype != NT_U8) {
-        nt__err(site, NT_EDTYPE, fn, "argument 'mask' has dtype %s; expected u8",
+    if (mask->dtype != NT_U8 && mask->dtype != NT_BOOL) {
+        nt__err(site, NT_EDTYPE, fn, "argument 'mask' has dtype %s; expected u8 or bool",
                 nt_dtype_name((nt_dtype)mask->dtype));
         return NULL;
     }

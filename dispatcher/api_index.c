@@ -4,12 +4,12 @@
 
 #include "dispatcher/dispatch.h"
 
-/* An index argument: i32 or u8, like nt_embedding's. */
+/* An index argument: i32, i64 or u8, like nt_embedding's. */
 static bool index_dtype(nt__call *c, nt_tensor *ix)
 {
-    if (ix->dtype == NT_I32 || ix->dtype == NT_U8)
+    if (ix->dtype == NT_I32 || ix->dtype == NT_U8 || ix->dtype == NT_I64)
         return true;
-    nt__err(c->site, NT_EDTYPE, c->fn, "argument 'index' has dtype %s; expected i32 or u8",
+    nt__err(c->site, NT_EDTYPE, c->fn, "argument 'index' has dtype %s; expected i32, i64 or u8",
             nt_dtype_name((nt_dtype)ix->dtype));
     return false;
 }

@@ -293,7 +293,7 @@ static bool need_labels(const lctx *L, nt_tensor *labels)
         return false;
     if (!nt__dtype_is_float((nt_dtype)labels->dtype))
         return true;
-    nt__err(L->site, NT_EDTYPE, L->fn, "argument 'labels' has dtype %s; expected i32 or u8",
+    nt__err(L->site, NT_EDTYPE, L->fn, "argument 'labels' has dtype %s; expected i32, i64 or u8",
             nt_dtype_name((nt_dtype)labels->dtype));
     return false;
 }

@@ -21,7 +21,7 @@ static bool need_int(nt__call *c, nt_tensor *t, const char *arg)
 {
     if (!nt__dtype_is_float((nt_dtype)t->dtype))
         return true;
-    nt__err(c->site, NT_EDTYPE, c->fn, "argument '%s' has dtype %s; expected i32 or u8", arg,
+    nt__err(c->site, NT_EDTYPE, c->fn, "argument '%s' has dtype %s; expected i32, i64 or u8", arg,
             nt_dtype_name((nt_dtype)t->dtype));
     return false;
 }

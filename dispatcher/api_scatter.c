@@ -13,9 +13,9 @@
 
 static bool index_dtype(const nt_site *site, const char *fn, const char *arg, nt_tensor *ix)
 {
-    if (ix->dtype == NT_I32 || ix->dtype == NT_U8)
+    if (ix->dtype == NT_I32 || ix->dtype == NT_U8 || ix->dtype == NT_I64)
         return true;
-    nt__err(site, NT_EDTYPE, fn, "argument '%s' has dtype %s; expected i32 or u8", arg,
+    nt__err(site, NT_EDTYPE, fn, "argument '%s' has dtype %s; expected i32, i64 or u8", arg,
             nt_dtype_name((nt_dtype)ix->dtype));
     return false;
 }

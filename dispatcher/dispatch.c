@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/ewise64.h"
 #include "debug/debug.h"
 #include "streams/stream.h"
 
@@ -58,6 +59,7 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
     c->fn = fn;
     c->op = op;
     c->nin = nin;
+    c->names = names;
     c->nout = 1;
     c->bwd_of = nt__tls_bwd_of;
     if (!nt__ensure_init())
@@ -107,7 +109,52 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
     return true;
 }
 
-static bool logged_fallback[NT_OP_COUNT];
+static bool logged_fallback[NT_OP_COUNT], logged_f64[NT_OP_COUNT];
+
+/* -1: every operand of a dtype the simulator's engines have; else the
+ * index of the first other input, or nin for such an output */
+static int offdev_operand(const nt__call *c)
+{
+    for (int i = 0; i < c->nin; i++)
+        if (c->in[i] && !nt__dtype_on_device((nt_dtype)c->in[i]->dtype))
+            return i;
+    for (int i = 0; i < c->nout; i++)
+        if (!nt__dtype_on_device(c->odt[i]))
+            return c->nin;
+    return -1;
+}
+
+/* An f64, i64 or bool operand of an op that does not take it there
+ * (core/ewise64.h's lists): NT_ENOTSUP naming the function, the argument
+ * and the dtypes the op takes, before anything is allocated (no kernel ever
+ * reads data of a dtype it does not know).  User ops (custom kernels) see
+ * every dtype. */
+static int check_dtypes(const nt__call *c)
+{
+    if (c->op >= NT_OP_COUNT)
+        return 0;
+    int k = -1;
+    nt_dtype dt = NT_F32;
+    for (int i = 0; i < c->nin && k < 0; i++)
+        if (c->in[i] && !nt__dtype_op_ok((nt_dtype)c->in[i]->dtype, c->op, i))
+            k = i, dt = (nt_dtype)c->in[i]->dtype;
+    for (int i = 0; i < c->nout && k < 0; i++)
+        if (!nt__dtype_op_ok(c->odt[i], c->op, -1))
+            k = c->nin, dt = c->odt[i];
+    if (k < 0)
+        return 0;
+    char name[32];
+    if (k < c->nin && c->names)
+        arg_name(c->names, k, name, sizeof name);
+    else
+        snprintf(name, sizeof name, "%s", k < c->nin ? "input" : "the result");
+    const char *takes = (nt__ops[c->op].flags & NT_OPF_INT) ? "f32, bf16, f16, i32 or u8"
+                                                            : "f32, bf16 or f16";
+    return nt__err(c->site, NT_ENOTSUP, c->fn,
+                   "%s is %s, which op '%s' does not take there (it takes %s; the ops that "
+                   "take f64, i64 and bool are listed in docs/ops.md, section 14)",
+                   name, nt_dtype_name(dt), nt__op_name(c->op), takes);
+}
 
 static int choose_backend(nt__call *c, uint8_t *backend)
 {
@@ -119,6 +166,27 @@ static int choose_backend(nt__call *c, uint8_t *backend)
      * runs every op), or is refused under NT_REQUIRE_SIM (core/backend.h). */
     const nt__backend_i *be = nt__backends[want];
     bool ok = be && nt__backend_can(be, c->op, &c->p);
+    int k = ok && want == NT_BACKEND_SIM ? offdev_operand(c) : -1;
+    if (k >= 0) {
+        /* The NeuronCore has no f64 or i64 datapath, and the simulator's
+         * kernels know u8 masks, not bool (docs/sim.md): such ops run on
+         * the CPU backend, counted as fallbacks, or are refused. */
+        const char *dn = nt_dtype_name(k < c->nin ? (nt_dtype)c->in[k]->dtype : c->odt[0]);
+        for (int i = 0; i < c->nout && k >= c->nin; i++)
+            if (!nt__dtype_on_device(c->odt[i]))
+                dn = nt_dtype_name(c->odt[i]);
+        if (NT__CFG(require_sim))
+            return nt__err(c->site, NT_ENOTSUP, c->fn,
+                           "op '%s' on %s tensors: the simulated NeuronCore has no %s "
+                           "datapath and NT_REQUIRE_SIM=1 forbids the CPU fallback",
+                           nt__op_name(c->op), dn, dn);
+        if (c->op < NT_OP_COUNT &&
+            !__atomic_exchange_n(&logged_f64[c->op], true, __ATOMIC_RELAXED))
+            nt__log(NT__LOG_WARN, "op '%s' on %s tensors runs on the CPU backend (the "
+                    "simulated NeuronCore has no %s datapath)", nt__op_name(c->op), dn, dn);
+        NT__COUNT(cpu_fallbacks, 1);
+        return 0;
+    }
     if (!ok) {
         const char *name = want == NT_BACKEND_SIM ? "simulator" : be ? be->name : "?";
         if (NT__CFG(require_sim))
@@ -285,7 +353,7 @@ nt_tensor *nt__dispatch(nt__call *c)
 static nt_tensor *dispatch_inner(nt__call *c)
 {
     uint8_t backend;
-    if (choose_backend(c, &backend) < 0)
+    if (check_dtypes(c) < 0 || choose_backend(c, &backend) < 0)
         return NULL;
 
     /* The record's references on its inputs, taken first: a locked

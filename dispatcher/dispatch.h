@@ -14,6 +14,7 @@
 typedef struct nt__call {
     const nt_site *site;
     const char *fn;  /* public name, for messages: "nt_add" */
+    const char *names; /* the inputs' names, "a,b" (nt__call_begin's) */
     int op;
     int nin;
     nt_tensor *in[NT__MAX_IN];

@@ -440,9 +440,25 @@ static void append_op(gstate *s, const nt__rec *r, nt__fop *op, bool out_red, bo
     s->g.nrecs++;
 }
 
+/* An f64, i64 or bool operand (a dtype the device lacks): such ops run as
+ * their own CPU kernels, never fused (the fused evaluators compute in f32
+ * or i32; core/ewise64.h). */
+static bool rec_wide(const nt__rec *r)
+{
+    for (int i = 0; i < NT__MAX_IN; i++)
+        if (r->in[i] && !nt__dtype_on_device((nt_dtype)r->in[i]->dtype))
+            return true;
+    for (int i = 0; i < NT__MAX_OUT; i++)
+        if (r->out[i] && !nt__dtype_on_device((nt_dtype)r->out[i]->dtype))
+            return true;
+    return false;
+}
+
 /* Tries to append record r; returns NULL on success or the reason why not. */
 static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
 {
+    if (rec_wide(r))
+        return "an f64, i64 or bool op runs alone";
     bool inplace = r->flags & NT_RECF_INPLACE;
     bool ew = nt__fusable_ew(r->op);
     bool red = is_row_reduce(r);

@@ -137,6 +137,9 @@ typedef enum nt_dtype {
     NT_F16,     /* IEEE binary16 */
     NT_I32,     /* int32 */
     NT_U8,      /* uint8; comparisons return it (0 or 1) */
+    NT_F64,     /* IEEE binary64: CPU backend only (docs/ops.md "Dtypes") */
+    NT_I64,     /* int64: indices, casts, basic arithmetic (CPU backend only) */
+    NT_BOOL,    /* bool, one byte 0 or 1: masks (CPU backend only) */
     NT_DTYPE_COUNT
 } nt_dtype;
 
@@ -364,7 +367,8 @@ NT_API nt_tensor *nt_hardtanh(nt_tensor *t, double min_val, double max_val);
 
 /** Converts to dtype `dt` (round to nearest even for floats; float to int
  *  truncates toward zero, saturates, and maps NaN to 0; int to u8 wraps).
- *  Casting to t's own dtype gives a new handle on t's storage. */
+ *  f64 to f32 rounds once; to bf16/f16 through f32 (PyTorch's); every
+ *  dtype to f64 is exact.  Casting to t's own dtype gives a new handle on t's storage. */
 NT_API nt_tensor *nt_cast(nt_tensor *t, nt_dtype dt);
 /** Casts an f32 tensor to bf16 or f16 with stochastic rounding: each element
  *  goes to one of its two neighbours in dt, up (in magnitude) with
@@ -500,7 +504,7 @@ NT_API nt_tensor *nt_layer_norm(nt_tensor *x, nt_tensor *w, nt_tensor *b,
 /** x * rsqrt(mean(x^2) + eps) * w over the last dim; w may be NULL. */
 NT_API nt_tensor *nt_rms_norm(nt_tensor *x, nt_tensor *w, double eps);
 /** Mean over the batch of -log_softmax(logits)[i, labels[i]].
- *  logits [N, C] floating, labels [N] i32 or u8 in [0, C) (checked when it runs).
+ *  logits [N, C] floating, labels [N] i32, i64 or u8 in [0, C) (checked when it runs).
  *  Logits [N, C, d1, ...] with labels [N, d1, ...], as PyTorch: the class
  *  dim moved last and the rows flattened in the order of [N, d1, ...]
  *  (the same bits as the 2-D call on those rows).
@@ -556,7 +560,7 @@ NT_API nt_tensor *nt_binary_cross_entropy_with_logits(nt_tensor *x, nt_tensor *y
                                                       nt_tensor *weight, nt_tensor *pos_weight,
                                                       nt_reduction reduction);
 /** torch.nn.functional.nll_loss: logp [N, C, d1, ...] (or [C]) floating,
- *  labels [N, d1, ...] (or 0-d) i32 or u8 in [0, C) (checked when it runs,
+ *  labels [N, d1, ...] (or 0-d) i32, i64 or u8 in [0, C) (checked when it runs,
  *  NT_ERANGE), weight [C] or NULL; l_i = -w[y_i] logp[i, y_i], 0 where
  *  y_i == ignore_index (-100 is PyTorch's default).  MEAN is sum(l) /
  *  sum(w[y_i]) over the labels not ignored (NaN when all are). */
@@ -837,7 +841,7 @@ NT_API nt_tensor *nt_rope(nt_tensor *x, int64_t dims, bool interleaved, double b
  *  past 2^24 - T an error of the op when it runs (NT_EINVAL). */
 NT_API nt_tensor *nt_rope_offset(nt_tensor *x, int64_t dims, bool interleaved, double base,
                                  double scale, nt_tensor *offset);
-/** Rows of weight [V, D] picked by the i32 indices idx [...]: [..., D].
+/** Rows of weight [V, D] picked by the indices idx [...] (i32, i64 or u8): [..., D].
  *  Indices outside [0, V) are an error when the op runs. */
 NT_API nt_tensor *nt_embedding(nt_tensor *weight, nt_tensor *idx);
 /** The k largest (largest = true) or smallest elements of x along dim, in
@@ -851,7 +855,7 @@ NT_API nt_tensor *nt_embedding(nt_tensor *weight, nt_tensor *idx);
 NT_API int nt_topk(nt_tensor *x, int64_t k, int dim, bool largest, nt_tensor **values,
                    nt_tensor **indices);
 /** torch.gather: out[i][j][k] = t[index[i][j][k]][j][k] (dim 0; likewise for
- *  other dims).  t has at least 1 dim; index (i32 or u8; PyTorch's is
+ *  other dims).  t has at least 1 dim; index (i32, i64 or u8; PyTorch's is
  *  int64) has t's ndim and index.shape[d] <=
  *  t.shape[d] for d != dim; out has index's shape and t's dtype (any dtype;
  *  values copied bit for bit).  Indices must lie in [0, t.shape[dim]):
@@ -860,13 +864,13 @@ NT_API int nt_topk(nt_tensor *x, int64_t k, int dim, bool largest, nt_tensor **v
  *  row-major order (deterministic; repeated indices accumulate). */
 NT_API nt_tensor *nt_gather(nt_tensor *t, int dim, nt_tensor *index);
 /** torch.index_select: the entries index[0], index[1], ... of t along
- *  `dim` (t at least 1-D); index is 1-D (or 0-d) i32 or u8.  Same index rules and gradient
+ *  `dim` (t at least 1-D); index is 1-D (or 0-d) i32, i64 or u8.  Same index rules and gradient
  *  as nt_gather. */
 NT_API nt_tensor *nt_index_select(nt_tensor *t, int dim, nt_tensor *index);
 /** torch.scatter (out of place): a copy of t with out[index[i][j]][j] =
  *  src[i][j] (dim 0; likewise for other dims), for every position of index
  *  in row-major order, so with repeated indices the last write wins.  t has
- *  at least 1 dim; index (i32 or u8) and src have t's ndim, index.shape[d]
+ *  at least 1 dim; index (i32, i64 or u8) and src have t's ndim, index.shape[d]
  *  <= src.shape[d] for every d and <= t.shape[d] for d != dim; src has t's
  *  dtype (any dtype; values copied bit for bit).  Indices must lie in [0,
  *  t.shape[dim]): a bad one is NT_ERANGE when the op runs, naming its
@@ -884,7 +888,7 @@ NT_API nt_tensor *nt_scatter_add(nt_tensor *t, int dim, nt_tensor *index, nt_ten
 /** torch.index_add (out of place): out = t, then the slice index[i] of out
  *  along dim += alpha * the slice i of src, for i = 0, 1, ... (src's
  *  elements in row-major order), accumulated as nt_scatter_add's.  index is
- *  1-D (or 0-d) i32 or u8; src has t's shape except dim, of numel(index);
+ *  1-D (or 0-d) i32, i64 or u8; src has t's shape except dim, of numel(index);
  *  alpha finite (an integer of magnitude <= 2^24 for an integer t).  Any
  *  dtype.  Gradients: t's is g; src's is alpha * index_select(g, dim,
  *  index). */
@@ -901,7 +905,7 @@ NT_API nt_tensor *nt_index_add(nt_tensor *t, int dim, nt_tensor *index, nt_tenso
  *  supported).  Gradients as scatter / index_add (the mask form: where's). */
 NT_API nt_tensor *nt_index_put(nt_tensor *t, nt_tensor *index, nt_tensor *values,
                                bool accumulate);
-/** torch.nn.functional.one_hot: labels (i32 or u8, any shape) -> i32 (PyTorch:
+/** torch.nn.functional.one_hot: labels (i32, i64 or u8, any shape) -> i32 (PyTorch:
  *  int64) of shape [..., num_classes], 1 at each label, 0 elsewhere.
  *  num_classes -1 means the largest label + 1: that reads the labels back
  *  (nt_max, then a sync, like PyTorch's .item()); empty labels are then
@@ -1259,7 +1263,14 @@ NT_API int nt_checkpoint(nt_checkpoint_fn fn, void *ctx, nt_tensor *const *input
  *  gradient must be within atol + rtol * |numeric| of (L(x + eps) - L(x -
  *  eps)) / 2 eps.  Inputs must be floating and require grad; their .grad is
  *  reset.  Returns 0, or NT_ERANGE with a message naming the input, the
- *  element and both values.  Runs f 2 * numel + 1 times: use small inputs. */
+ *  element and both values.  Runs f 2 * numel + 1 times: use small inputs.
+ *  When an input is NT_F64 the whole check runs in double (w, the loss, the
+ *  perturbed copies; f's result is cast to f64), so tight tolerances work:
+ *  PyTorch's double defaults are NT_GRADCHECK_F64_EPS, _ATOL and _RTOL.
+ *  Otherwise the loss is f32 and the perturbation is rounded to f32. */
+#define NT_GRADCHECK_F64_EPS 1e-6
+#define NT_GRADCHECK_F64_ATOL 1e-5
+#define NT_GRADCHECK_F64_RTOL 1e-3
 NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_tensor *const *in,
                         int n, void *ctx, double eps, double atol, double rtol);
 /** torch.autograd.gradgradcheck: checks second derivatives (double backward,

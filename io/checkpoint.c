@@ -22,6 +22,12 @@
 
 static const char CK_MAGIC[8] = {'N', 'T', 'C', 'K', 'P', 'T', '\r', '\n'};
 #define CK_VERSION 1u
+/* A file with a record of a dtype after NT_U8 (f64, i64, bool) is version 2, so a
+ * reader built before those dtypes refuses it by its version ("format
+ * version 2; this build reads version 1"), not by a record's dtype code;
+ * files without one stay version 1, readable by every build. */
+#define CK_VERSION_WIDE 2u
+#define CK_DTYPE_V1_LAST NT_U8
 #define CK_HEADER 32
 #define CK_ENTRY 96
 #define CK_ALIGN 64
@@ -340,7 +346,11 @@ static int write_file(const char *fn, const char *path, ck_recs *recs)
     }
     snprintf(tmp, tlen, "%s.tmp", path);
     memcpy(h, CK_MAGIC, 8);
-    put_u32(h + 8, CK_VERSION);
+    uint32_t version = CK_VERSION;
+    for (guint i = 0; i < recs->len; i++)
+        if (recs->v[i].dtype > CK_DTYPE_V1_LAST)
+            version = CK_VERSION_WIDE;
+    put_u32(h + 8, version);
     put_u32(h + 12, recs->len);
     put_u64(h + 16, total);
     for (guint i = 0; i < recs->len; i++) {
@@ -863,6 +873,20 @@ static int check_settings(const char *fn, const char *path, const ck_rec *r)
     return 0;
 }
 
+/* Record i's dtype and dim count: in range, and no dtype after u8 in a
+ * version-1 file.  0 or NT_EFORMAT. */
+static int check_dtype_dims(const char *fn, const char *path, uint32_t i, const ck_rec *r,
+                            uint32_t version)
+{
+    if (r->dtype >= NT_DTYPE_COUNT || r->ndim > NT_MAX_DIMS)
+        return fmt_err(fn, path, "record %u has dtype %u and %u dims", i, r->dtype, r->ndim);
+    if (version == CK_VERSION && r->dtype > CK_DTYPE_V1_LAST)
+        return fmt_err(fn, path, "record %u has dtype %s in a version-1 file (version 1 has "
+                       "dtypes f32, bf16, f16, i32 and u8 only)", i,
+                       nt_dtype_name((nt_dtype)r->dtype));
+    return 0;
+}
+
 /* Reads and checks the whole file: header, table, every record's bounds and
  * checksum.  On success *buf holds the file and *recs its records (data
  * pointing into *buf). */
@@ -908,9 +932,9 @@ static int read_checked(const char *fn, const char *path, uint8_t **buf, ck_recs
     }
     uint32_t version = get_u32(b + 8), count = get_u32(b + 12);
     uint64_t total = get_u64(b + 16);
-    if (version != CK_VERSION) {
-        rc = fmt_err(fn, path, "format version %u; this build reads version %u", version,
-                     CK_VERSION);
+    if (version != CK_VERSION && version != CK_VERSION_WIDE) {
+        rc = fmt_err(fn, path, "format version %u; this build reads versions %u and %u", version,
+                     CK_VERSION, CK_VERSION_WIDE);
         goto fail;
     }
     if (total != size) {
@@ -946,10 +970,8 @@ static int read_checked(const char *fn, const char *path, uint8_t **buf, ck_recs
             rc = fmt_err(fn, path, "record %u has kind %u, unknown to this build", i, r.kind);
             break;
         }
-        if (r.dtype >= NT_DTYPE_COUNT || r.ndim > NT_MAX_DIMS) {
-            rc = fmt_err(fn, path, "record %u has dtype %u and %u dims", i, r.dtype, r.ndim);
+        if ((rc = check_dtype_dims(fn, path, i, &r, version)) != 0)
             break;
-        }
         for (int d = 0; d < r.ndim; d++)
             r.shape[d] = (int64_t)get_u64(e + 32 + 8 * d);
         char why[256];

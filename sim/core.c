@@ -780,8 +780,7 @@ static int64_t alloc_largest(const nt__sim_alloc *a, bool psum)
 
 static const char *dt_name(nt_dtype dt)
 {
-    static const char *n[] = {"f32", "bf16", "f16", "i32", "u8"};
-    return (unsigned)dt < NT_DTYPE_COUNT ? n[dt] : "?";
+    return nt_dtype_name(dt);
 }
 
 nt_tile *nt_tile_alloc(nt_sim_kernel *k, const char *name, nt_mem mem, nt_dtype dt,
@@ -801,9 +800,9 @@ nt_tile *nt_tile_alloc(nt_sim_kernel *k, const char *name, nt_mem mem, nt_dtype 
                      name, nt_mem_name(mem));
         return NULL;
     }
-    if ((unsigned)dt >= NT_DTYPE_COUNT) {
-        nt__sim_fail(k, I, "tile '%s': bad dtype %d (rule: f32, bf16, f16, i32 or u8)", name,
-                     (int)dt);
+    if ((unsigned)dt >= NT_DTYPE_COUNT || !nt__dtype_on_device(dt)) {
+        nt__sim_fail(k, I, "tile '%s': bad dtype %s (%d) (rule: f32, bf16, f16, i32 or u8: "
+                     "the engines have no f64, i64 or bool datapath)", name, dt_name(dt), (int)dt);
         return NULL;
     }
     if (partitions < 1 || partitions > NT_SIM_PARTITIONS) {

@@ -190,8 +190,7 @@ int nt_sim_isa_kind(int i, const char **name, const char **nki)
 
 static const char *dtn(nt_dtype dt)
 {
-    static const char *n[] = {"f32", "bf16", "f16", "i32", "u8"};
-    return (unsigned)dt < NT_DTYPE_COUNT ? n[dt] : "?";
+    return nt_dtype_name(dt);
 }
 
 static bool is_int(nt_dtype dt)
@@ -218,6 +217,9 @@ static int check_ap(nt_sim_kernel *k, const char *I, const char *role, const nt_
         return nt__sim_fail(k, I, "operand '%s' is missing", role);
     if ((unsigned)ap->dtype >= NT_DTYPE_COUNT)
         return nt__sim_fail(k, I, "operand '%s': bad dtype %d", role, (int)ap->dtype);
+    if (!nt__dtype_on_device((nt_dtype)ap->dtype))
+        return nt__sim_fail(k, I, "operand '%s' is %s (rule: f32, bf16, f16, i32 or u8: the "
+                            "engines have no %s datapath)", role, dtn(ap->dtype), dtn(ap->dtype));
     if (ap->ndim < 1 || ap->ndim > NT_AP_MAX_DIMS)
         return nt__sim_fail(k, I,
                             "operand '%s': %d free dims (rule: access patterns have 1 to 4 "

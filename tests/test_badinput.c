@@ -699,7 +699,7 @@ static int run_mk(int v)
     mk_fn f = MK[v / MK_NV].f;
     switch (v % MK_NV) {
     case MK_DT_NEG: return T(f((nt_dtype)-1, 1, SH(2)));
-    case MK_DT_BIG: return T(f((nt_dtype)5, 1, SH(2)));
+    case MK_DT_BIG: return T(f(NT_DTYPE_COUNT, 1, SH(2)));
     case MK_NDIM_NEG: return T(f(NT_F32, -1, SH(2)));
     case MK_NDIM_BIG: return T(f(NT_F32, 9, SH(1, 1, 1, 1, 1, 1, 1, 1, 1)));
     case MK_SHAPE_NULL: return T(f(NT_F32, 2, NULL));
@@ -1236,7 +1236,7 @@ static const edit EDITS[] = {
     {"header reserved 31", "reserved", 0, 31, 'b', 1, true},
     {"4 bytes after the header CRC", "reserved", 0, -4, 'b', 1, true},
     {"bad magic", "magic", 0, 0, 'b', 'X', false},
-    {"version 2", "version", 0, 8, 'l', 2, false},
+    {"version 3", "version", 0, 8, 'l', 3, false},
     {"size field", "bytes", 0, 16, 'q', 12345, false},
     {"header CRC", "checksum", 0, 40, 'b', 0x55, false},
     {"record count huge", "record table", 0, 12, 'l', 0x7fffffff, false},
@@ -2045,7 +2045,7 @@ static void build(void)
     };
     for (int k = 0; k < (int)(sizeof VW / sizeof VW[0]); k++)
         add(VW[k].fn, VW[k].code, VW[k].w, run_view, k, "%s: %s", VW[k].fn, VW[k].name);
-    static const char *const MKN[] = {"dt -1", "dt 5", "ndim -1", "ndim 9", "shape NULL",
+    static const char *const MKN[] = {"dt -1", "dt NT_DTYPE_COUNT", "ndim -1", "ndim 9", "shape NULL",
                                       "shape[1] -3", "shape[0] INT64_MIN", "2^40 x 2^40",
                                       "0 x 2^62 x 2^62", "2^32 x 2^32 (wraps to 0)"};
     for (int i = 0; i < NMK; i++)

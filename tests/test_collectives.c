@@ -81,7 +81,7 @@ static void check_tree(nt_dtype dt, nt_reduce_op op, int n, int64_t count)
             double want = ref_tree(col, n, op);
             if (op == NT_REDUCE_MEAN)
                 want = (double)(float)(want * (double)(float)(1.0 / n));
-            uint8_t wb[4];
+            uint8_t wb[8]; /* the widest dtype */
             nt__store_f64(wb, dt, 0, want);
             double got = load(dst, dt, i), w = load(wb, dt, 0);
             if (isnan(w))

@@ -38,8 +38,9 @@ OP_CUSTOM_BASE = 1024
 REC_TYPES = {0: "op", 1: "wait", 2: "host"}
 # name, element size, struct format (bf16 is converted by hand)
 DTYPES = {0: ("f32", 4, "<f"), 1: ("bf16", 2, "<H"), 2: ("f16", 2, "<e"),
-          3: ("i32", 4, "<i"), 4: ("u8", 1, "<B")}
-FLOAT_DTYPES = (0, 1, 2)
+          3: ("i32", 4, "<i"), 4: ("u8", 1, "<B"), 5: ("f64", 8, "<d"),
+          6: ("i64", 8, "<q"), 7: ("bool", 1, "<B")}
+FLOAT_DTYPES = (0, 1, 2, 5)
 PRINT_THRESHOLD = 1000   # core/print.c
 PRINT_EDGE = 3
 PRINT_WIDTH = 80
