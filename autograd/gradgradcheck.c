@@ -7,7 +7,9 @@
  * reduces f:  L(x, v) = sum_i <G_i(x, v), u_i>.  Its analytic gradient with
  * respect to every x_i and to v comes from a double backward (G recorded
  * with create_graph, then differentiated); its numeric one from central
- * differences of L, each evaluation a plain first-order backward. */
+ * differences of L, each evaluation a plain first-order backward.  As in
+ * nt_gradcheck, an f64 input makes the whole check f64 (L, u, the host
+ * copies and the perturbations); else it runs in f32. */
 #include "autograd/autograd.h"
 
 #include <math.h>
@@ -20,10 +22,11 @@ typedef struct {
     nt_tensor *(*f)(nt_tensor *const *in, void *ctx);
     void *ctx;
     int n;
-    nt_tensor *u[GG_MAX_IN]; /* the weights of G_i (f32, x_i's shape) */
+    nt_dtype cdt;             /* NT_F64 if an input is f64, else NT_F32 */
+    nt_tensor *u[GG_MAX_IN]; /* the weights of G_i (cdt, x_i's shape) */
 } gg_t;
 
-/* L(in, v) as a tensor (f32 scalar), G recorded when create.  An input that
+/* L(in, v) as a tensor (a cdt scalar), G recorded when create.  An input that
  * f does not use (or v) contributes 0. */
 static nt_tensor *gg_loss(gg_t *c, nt_tensor *const *in, nt_tensor *v, bool create)
 {
@@ -33,7 +36,7 @@ static nt_tensor *gg_loss(gg_t *c, nt_tensor *const *in, nt_tensor *v, bool crea
     if (!y)
         return NULL;
     if (!nt_requires_grad(y)) { /* f ignores its inputs: G is 0 */
-        nt_tensor *z = nt_zeros(NT_F32, 0, NULL);
+        nt_tensor *z = nt_zeros(c->cdt, 0, NULL);
         return z;
     }
     nt_tensor *g[GG_MAX_IN] = {0}, *L = NULL;
@@ -43,12 +46,12 @@ static nt_tensor *gg_loss(gg_t *c, nt_tensor *const *in, nt_tensor *v, bool crea
     for (int i = 0; i < c->n; i++) {
         if (!g[i])
             continue;
-        nt_tensor *d = nt_sum(nt_mul(nt_cast(g[i], NT_F32), c->u[i]), NT_DIM_ALL, false);
+        nt_tensor *d = nt_sum(nt_mul(nt_cast(g[i], c->cdt), c->u[i]), NT_DIM_ALL, false);
         L = L ? nt_add(L, d) : d;
         if (!L)
             return NULL;
     }
-    return L ? L : nt_zeros(NT_F32, 0, NULL);
+    return L ? L : nt_zeros(c->cdt, 0, NULL);
 }
 
 /* L as a double with x_i (i < n) or v (i == n) replaced by p. */
@@ -68,21 +71,22 @@ static int gg_eval(gg_t *c, nt_tensor *const *in, nt_tensor *v, int i, nt_tensor
     return rc;
 }
 
-/* Host f32 copy of t (malloc'd), or NULL with the error set. */
-static float *gg_host(nt_tensor *t, int64_t ne)
+/* Host copy of t in cdt (malloc'd; zeros for NULL), or NULL with the error
+ * set. */
+static char *gg_host(nt_tensor *t, int64_t ne, nt_dtype cdt)
 {
-    float *h = malloc((size_t)(ne ? ne : 1) * sizeof(float));
+    size_t es = nt__dtype_size(cdt);
+    char *h = malloc((size_t)(ne ? ne : 1) * es);
     if (!h) {
         nt__err_hostmem(NULL, "nt_gradgradcheck", "the host copy of an input");
         return NULL;
     }
     if (!t) {
-        for (int64_t k = 0; k < ne; k++)
-            h[k] = 0;
+        memset(h, 0, (size_t)(ne ? ne : 1) * es);
         return h;
     }
-    nt_tensor *tf = nt_cast(t, NT_F32);
-    if (!tf || nt_to_host(tf, h, (size_t)ne * sizeof(float))) {
+    nt_tensor *tf = nt_cast(t, cdt);
+    if (!tf || nt_to_host(tf, h, (size_t)ne * es)) {
         free(h);
         return NULL;
     }
@@ -97,27 +101,30 @@ static int gg_compare(gg_t *c, nt_tensor *const *in, nt_tensor *v, int i, nt_ten
     const char *fn = "nt_gradgradcheck";
     nt_tensor *t = i < c->n ? in[i] : v;
     int64_t ne = nt_numel(t);
-    float *h = gg_host(t, ne), *ga = h ? gg_host(ga_t, ne) : NULL;
+    char *h = gg_host(t, ne, c->cdt), *ga = h ? gg_host(ga_t, ne, c->cdt) : NULL;
     int rc = ga ? 0 : nt_last_error();
     for (int64_t k = 0; k < ne && !rc; k++) {
         double l[2] = {0, 0};
-        float keep = h[k];
+        double keep = nt__load_f64(h, c->cdt, k);
         for (int sgn = 0; sgn < 2 && !rc; sgn++) {
             nt_scope *s = nt_scope_begin();
             if (!s) {
                 rc = nt__err_hostmem(NULL, fn, "a scope");
                 break;
             }
-            h[k] = keep + (float)(sgn ? -eps : eps);
-            nt_tensor *p = nt_from_host(h, NT_F32, t->ndim, t->shape);
+            /* f32: the perturbation rounded to f32, as nt_gradcheck's */
+            double pv = c->cdt == NT_F64 ? keep + (sgn ? -eps : eps)
+                                         : (double)((float)keep + (float)(sgn ? -eps : eps));
+            nt__store_f64(h, c->cdt, k, pv);
+            nt_tensor *p = nt_from_host(h, c->cdt, t->ndim, t->shape);
             p = p ? nt_detach(nt_cast(p, (nt_dtype)t->dtype)) : NULL;
             rc = p ? gg_eval(c, in, v, i, p, &l[sgn]) : nt_last_error();
             nt_scope_end(s);
         }
-        h[k] = keep;
+        nt__store_f64(h, c->cdt, k, keep);
         if (rc)
             break;
-        double num = (l[0] - l[1]) / (2 * eps), ana = ga[k];
+        double num = (l[0] - l[1]) / (2 * eps), ana = nt__load_f64(ga, c->cdt, k);
         if (!(fabs(ana - num) <= atol + rtol * fabs(num))) {
             char what[32];
             if (i < c->n)
@@ -199,7 +206,10 @@ NT_API int nt_gradgradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx),
     nt_scope *s = nt_scope_begin();
     if (!s)
         return nt__err_hostmem(NULL, fn, "a scope");
-    gg_t c = {.f = f, .ctx = ctx, .n = n};
+    gg_t c = {.f = f, .ctx = ctx, .n = n, .cdt = NT_F32};
+    for (int i = 0; i < n; i++)
+        if (in[i]->dtype == NT_F64)
+            c.cdt = NT_F64;
     nt__user_code_begin();
     nt_tensor *y = f(in, ctx);
     nt__user_code_end();
@@ -213,7 +223,8 @@ NT_API int nt_gradgradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx),
         goto out;
     }
     for (int i = 0; i < n && !rc; i++) {
-        c.u[i] = nt_randn(NT_F32, in[i]->ndim, in[i]->shape, 0x3c6ef372fe94f82bull + (uint64_t)i);
+        c.u[i] = nt_cast(nt_randn(NT_F32, in[i]->ndim, in[i]->shape,
+                                  0x3c6ef372fe94f82bull + (uint64_t)i), c.cdt);
         if (!c.u[i])
             rc = nt_last_error();
         wrt[i] = in[i];

@@ -1290,8 +1290,10 @@ NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_ten
  *  grad_output not floating or not of y's shape; an op whose backward
  *  cannot be differentiated: its NT_ENOTSUP (docs/architecture.md, "Double
  *  backward").  Runs f about 2 * (numel(in) + numel(y)) + 1 times, each with
- *  a backward: use small inputs.  In f32, eps around 1e-2 and tolerances
- *  around 2e-2 suit O(1) values. */
+ *  a backward: use small inputs.  An f64 input makes the whole check f64
+ *  (L, u_i, the host copies, the perturbations), as nt_gradcheck: then
+ *  PyTorch's eps 1e-6, atol 1e-5, rtol 1e-3 apply.  In f32, eps around 1e-2
+ *  and tolerances around 2e-2 suit O(1) values. */
 NT_API int nt_gradgradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx),
                             nt_tensor *const *in, int n, void *ctx, nt_tensor *grad_output,
                             double eps, double atol, double rtol);

@@ -859,6 +859,42 @@ static void test_gradgradcheck_catches_wrong(void **state)
     nt_scope_end(s);
 }
 
+/* An f64 input makes nt_gradgradcheck run in double: PyTorch's tolerances
+ * (eps 1e-6, atol 1e-5, rtol 1e-3) hold for products and the transcendental
+ * ops, where the same check in f32 cannot resolve the perturbation. */
+static nt_tensor *gg_f64(nt_tensor *const *in, void *ctx)
+{
+    switch (*(int *)ctx) {
+    case 0: return nt_mul(nt_mul(in[0], in[0]), nt_mul(in[0], in[1]));
+    case 1: return nt_mul(nt_tanh(in[0]), in[1]);
+    case 2: return nt_mul(nt_exp(in[0]), in[1]);
+    default: return nt_mul(nt_sin(in[0]), in[1]);
+    }
+}
+
+static void test_gradgradcheck_f64(void **state)
+{
+    (void)state;
+    double xv[5] = {-0.85, -0.4, 0.3, 0.9, 1.6}, wv[5] = {0.5, -1, 1.5, 0.75, -0.25};
+    for (int which = 0; which < 4; which++) {
+        nt_scope *s = nt_scope_begin();
+        nt_tensor *x = nt_from_host(xv, NT_F64, 1, SH(5)), *w = nt_from_host(wv, NT_F64, 1, SH(5));
+        assert_int_equal(nt_set_requires_grad(x, true), 0);
+        assert_int_equal(nt_set_requires_grad(w, true), 0);
+        nt_tensor *in[2] = {x, w};
+        if (nt_gradgradcheck(gg_f64, in, 2, &which, NULL, 1e-6, 1e-5, 1e-3))
+            fail_msg("f64 case %d: %s", which, nt_last_error_message());
+        /* the same in f32 at these tolerances: eps is below f32's spacing */
+        nt_tensor *xf = nt_detach(nt_cast(x, NT_F32)), *wf = nt_detach(nt_cast(w, NT_F32));
+        assert_int_equal(nt_set_requires_grad(xf, true), 0);
+        assert_int_equal(nt_set_requires_grad(wf, true), 0);
+        nt_tensor *inf[2] = {xf, wf};
+        assert_int_equal(nt_gradgradcheck(gg_f64, inf, 2, &which, NULL, 1e-6, 1e-5, 1e-3),
+                         NT_ERANGE);
+        nt_scope_end(s);
+    }
+}
+
 static nt_tensor *gg_null(nt_tensor *const *in, void *ctx)
 {
     (void)in, (void)ctx;
@@ -1113,6 +1149,7 @@ int main(void)
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_gradgradcheck_errors, nt_test_setup,
                                         nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_gradgradcheck_f64, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_hooks_removable, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_hooks_create_graph, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_no_leak, nt_test_setup, nt_test_teardown),
