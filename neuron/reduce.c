@@ -74,6 +74,9 @@ typedef struct red {
     nt_tile *yq;                        /* its pending results */
     int nq, qnp, qcol;
     int64_t qoff;
+    int64_t aoff;                       /* red_all: where its result goes */
+    nt_tile *row;                       /* grad_norms: the results, stored once */
+    int xnext;                          /* grad_norms: the load buffer to use next */
 } red;
 
 static nt_ap col(nt_tile *t, int np) { return nt_tile_slice(t, 0, np, 0, 1); }
@@ -520,7 +523,7 @@ static int red_all(red *c)
     bool one = !c->ints && nbf + (rem > 0) == 1;
     int rc = one ? 0 : init_acc(c, 1, op);
     nt_ap acc = col(c->ints ? c->acci : c->acc, 1);
-    int t = 0;
+    int t = c->xnext; /* grad_norms: the next input's load goes to the other buffer */
     for (int64_t b0 = 0; b0 < nbf + (rem > 0) && !rc; t++) {
         bool tail = b0 >= nbf;
         int np = tail ? 1 : (int)(nbf - b0 < 128 ? nbf - b0 : 128);
@@ -545,7 +548,12 @@ static int red_all(red *c)
             rc = c->ints ? int_combine(c, &acc, &p, op) : sk_seq_combine(s, &acc, &p, op);
         b0 += np;
     }
-    return rc ? rc : finish(c, 1, 0);
+    c->xnext = t;
+    if (!rc && c->row) { /* grad_norms: into its column, stored with the others */
+        nt_ap r = nt_tile_slice(c->row, 0, 1, c->aoff, 1);
+        return finish_to(c, 1, &r);
+    }
+    return rc ? rc : finish(c, 1, c->aoff);
 }
 
 /* A short reduced dim of a contiguous tensor, seen as [O, n, I] (O the
@@ -706,5 +714,58 @@ int nt__sk_reduce(const nt__rec *r)
                 flush_q(&c);
         }
     }
+    return sk_end_values(&s, values, 0, r);
+}
+
+/* grad_norms: y[j] = nt_norm(in[j], 2) over all of in[j] (f32), in one
+ * kernel: each input takes red_all's path exactly as the norm kernel
+ * runs it alone (the same instructions on the same tiles), its result
+ * stored to y[j]. */
+int nt__sk_grad_norms(const nt__rec *r)
+{
+    red c;
+    memset(&c, 0, sizeof c);
+    c.op = NT_OP_NORM;
+    if (nt__red_plan(NT_OP_NORM, 2.0, &c.rop, &c.pre, &c.fin))
+        return nt__kerr(NT_EINVAL, "op norm is not a reduction");
+    sk_k s;
+    int rc = sk_begin(&s, nt__op_name(r->op));
+    if (rc)
+        return rc;
+    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
+    if (values && sk_memo_rec(&s, r, false))
+        return sk_end_values(&s, values, 0, r);
+    c.s = &s;
+    c.alu = NT_ALU_ADD;
+    c.p = 2.0f;
+    c.xdt = NT_F32;
+    c.odt = (nt_dtype)r->out[0]->dtype;
+    c.ob = nt__tensor_data(r->out[0]);
+    for (int b = 0; b < 2; b++)
+        c.x[b] = sk_tile(&s, "red.x", c.xdt, 128, CH);
+    c.part = sk_tile(&s, "red.part", NT_F32, 128, TX_G * NPB);
+    c.acc = sk_tile(&s, "red.acc", NT_F32, 128, TX_G);
+    c.y = sk_tile(&s, "red.y", c.odt, 128, Y_RING * 64 / (int64_t)nt__dtype_size(c.odt));
+    c.pre_t = sk_tile(&s, "red.pre", NT_F32, 128, CH);
+    int64_t k = nt__numel(r->out[0]->ndim, r->out[0]->shape);
+    c.row = sk_tile(&s, "norms.row", c.odt, 1, k > 0 ? k : 1);
+    sk_warm_act(&s, NT_ACT_SQRT);
+    for (int j = 0; j < k && !nt_sim_kernel_error(s.k); j++) {
+        const nt_tensor *x = r->in[j];
+        c.n = x ? nt__numel(x->ndim, x->shape) : 0;
+        c.aoff = j;
+        nt_ap rj = nt_tile_slice(c.row, 0, 1, j, 1);
+        if (c.n == 0) {
+            finish_to(&c, 1, &rj); /* the norm of nothing: 0 */
+            continue;
+        }
+        c.xb = (char *)sk_contig_of(&s, x);
+        if (c.xb)
+            red_all(&c);
+    }
+    /* the k norms in one store */
+    nt_ap rw = nt_tile_slice(c.row, 0, 1, 0, k), ho = nt_hbm_ap(c.ob, c.odt, 0, 1, k, k);
+    if (k > 0 && !nt_sim_kernel_error(s.k))
+        nt_isa_dma_copy(s.k, &ho, &rw, sk_qout(&s));
     return sk_end_values(&s, values, 0, r);
 }
