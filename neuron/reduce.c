@@ -74,9 +74,6 @@ typedef struct red {
     nt_tile *yq;                        /* its pending results */
     int nq, qnp, qcol;
     int64_t qoff;
-    int64_t aoff;                       /* red_all: where its result goes */
-    nt_tile *row;                       /* grad_norms: the results, stored once */
-    int xnext;                          /* grad_norms: the load buffer to use next */
 } red;
 
 static nt_ap col(nt_tile *t, int np) { return nt_tile_slice(t, 0, np, 0, 1); }
@@ -523,7 +520,7 @@ static int red_all(red *c)
     bool one = !c->ints && nbf + (rem > 0) == 1;
     int rc = one ? 0 : init_acc(c, 1, op);
     nt_ap acc = col(c->ints ? c->acci : c->acc, 1);
-    int t = c->xnext; /* grad_norms: the next input's load goes to the other buffer */
+    int t = 0;
     for (int64_t b0 = 0; b0 < nbf + (rem > 0) && !rc; t++) {
         bool tail = b0 >= nbf;
         int np = tail ? 1 : (int)(nbf - b0 < 128 ? nbf - b0 : 128);
@@ -548,12 +545,7 @@ static int red_all(red *c)
             rc = c->ints ? int_combine(c, &acc, &p, op) : sk_seq_combine(s, &acc, &p, op);
         b0 += np;
     }
-    c->xnext = t;
-    if (!rc && c->row) { /* grad_norms: into its column, stored with the others */
-        nt_ap r = nt_tile_slice(c->row, 0, 1, c->aoff, 1);
-        return finish_to(c, 1, &r);
-    }
-    return rc ? rc : finish(c, 1, c->aoff);
+    return rc ? rc : finish(c, 1, 0);
 }
 
 /* A short reduced dim of a contiguous tensor, seen as [O, n, I] (O the
@@ -717,17 +709,76 @@ int nt__sk_reduce(const nt__rec *r)
     return sk_end_values(&s, values, 0, r);
 }
 
-/* grad_norms: y[j] = nt_norm(in[j], 2) over all of in[j] (f32), in one
- * kernel: each input takes red_all's path exactly as the norm kernel
- * runs it alone (the same instructions on the same tiles), its result
- * stored to y[j]. */
+
+/* ---------------- grad_norms ---------------- */
+
+/* grad_norms: y[j] = nt_norm(in[j], 2) over all of in[j] (f32), each in
+ * the norm kernel's arithmetic (red_all): the blocks of 2048 on partitions,
+ * each block's sum of squares by one ScalarE Square activation with its
+ * canonical add-reduce, the partials folded in order into sum j (+0 first;
+ * a single block's partial is the sum), then sqrt.  Across the inputs:
+ * four load buffers and two partial tiles in turn (the next input loads
+ * and squares while this one folds), a load split by columns over queues
+ * when its partitions alone would leave DMA engines idle, the k sums in
+ * one row, one sqrt of the row and one store. */
+#define GN_BUF 4
+typedef struct gn {
+    sk_k *s;
+    nt_tile *x[GN_BUF], *part[2], *sq, *sums, *y;
+    int t;
+} gn;
+
+/* Loads [np, w] from h into x, in up to 4 column pieces on their own queues
+ * (a transfer takes ceil(np / 8) of the 16 DMA engines). */
+static int gn_load(gn *g, const nt_ap *x, const nt_ap *h)
+{
+    int np = x->np, eng = (np + 7) / 8;
+    int64_t w = x->num[0];
+    int pieces = 16 / eng;
+    if (pieces > 4)
+        pieces = 4;
+    while (pieces > 1 && w / pieces < 512)
+        pieces--;
+    int64_t step = (w + pieces - 1) / pieces;
+    int rc = 0;
+    for (int64_t c0 = 0; c0 < w && !rc; c0 += step) {
+        int64_t cw = w - c0 < step ? w - c0 : step;
+        nt_ap xs = *x, hs = *h;
+        xs.offset += c0, xs.num[0] = cw;
+        hs.offset += c0, hs.num[0] = cw;
+        rc = nt_isa_dma_copy(g->s->k, &xs, &hs, sk_qin(g->s));
+    }
+    return rc;
+}
+
+/* Sum j of the squares of the n f32 elements at xb. */
+static int gn_sum(gn *g, const char *xb, int64_t n, int j)
+{
+    nt_sim_kernel *k = g->s->k;
+    int64_t nbf = n / NT_RED_BLOCK, rem = n % NT_RED_BLOCK, nb = nbf + (rem > 0);
+    nt_ap acc = nt_tile_slice(g->sums, 0, 1, j, 1);
+    int rc = nb == 1 ? 0 : nt_isa_memset(k, &acc, 0.0, NT_ENGINE_VECTOR);
+    for (int64_t b0 = 0; b0 < nb && !rc;) {
+        bool tail = b0 >= nbf;
+        int np = tail ? 1 : (int)(nbf - b0 < 128 ? nbf - b0 : 128);
+        int64_t w = tail ? rem : NT_RED_BLOCK;
+        int t = g->t++;
+        nt_ap x = nt_tile_slice(g->x[t % GN_BUF], 0, np, 0, w);
+        nt_ap h = nt_hbm_ap((void *)xb, NT_F32, b0 * NT_RED_BLOCK, np, NT_RED_BLOCK, w);
+        rc = gn_load(g, &x, &h);
+        nt_ap p = nb == 1 ? acc : nt_tile_slice(g->part[t & 1], 0, np, 0, 1);
+        nt_ap sq = nt_tile_slice(g->sq, 0, np, 0, w);
+        if (!rc)
+            rc = nt_isa_activation(k, &sq, NT_ACT_SQUARE, &x, NULL, NULL, &p);
+        if (!rc && nb > 1)
+            rc = sk_seq_combine(g->s, &acc, &p, NT_ALU_ADD);
+        b0 += np;
+    }
+    return rc;
+}
+
 int nt__sk_grad_norms(const nt__rec *r)
 {
-    red c;
-    memset(&c, 0, sizeof c);
-    c.op = NT_OP_NORM;
-    if (nt__red_plan(NT_OP_NORM, 2.0, &c.rop, &c.pre, &c.fin))
-        return nt__kerr(NT_EINVAL, "op norm is not a reduction");
     sk_k s;
     int rc = sk_begin(&s, nt__op_name(r->op));
     if (rc)
@@ -735,37 +786,33 @@ int nt__sk_grad_norms(const nt__rec *r)
     bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
     if (values && sk_memo_rec(&s, r, false))
         return sk_end_values(&s, values, 0, r);
-    c.s = &s;
-    c.alu = NT_ALU_ADD;
-    c.p = 2.0f;
-    c.xdt = NT_F32;
-    c.odt = (nt_dtype)r->out[0]->dtype;
-    c.ob = nt__tensor_data(r->out[0]);
+    const nt_tensor *o = r->out[0];
+    int64_t k = nt__numel(o->ndim, o->shape);
+    gn g = {.s = &s};
+    for (int b = 0; b < GN_BUF; b++)
+        g.x[b] = sk_tile(&s, "norms.x", NT_F32, 128, NT_RED_BLOCK);
     for (int b = 0; b < 2; b++)
-        c.x[b] = sk_tile(&s, "red.x", c.xdt, 128, CH);
-    c.part = sk_tile(&s, "red.part", NT_F32, 128, TX_G * NPB);
-    c.acc = sk_tile(&s, "red.acc", NT_F32, 128, TX_G);
-    c.y = sk_tile(&s, "red.y", c.odt, 128, Y_RING * 64 / (int64_t)nt__dtype_size(c.odt));
-    c.pre_t = sk_tile(&s, "red.pre", NT_F32, 128, CH);
-    int64_t k = nt__numel(r->out[0]->ndim, r->out[0]->shape);
-    c.row = sk_tile(&s, "norms.row", c.odt, 1, k > 0 ? k : 1);
-    sk_warm_act(&s, NT_ACT_SQRT);
+        g.part[b] = sk_tile(&s, "norms.part", NT_F32, 128, 1);
+    g.sq = sk_tile(&s, "norms.sq", NT_F32, 128, NT_RED_BLOCK);
+    g.sums = sk_tile(&s, "norms.sums", NT_F32, 1, k > 0 ? k : 1);
+    g.y = sk_tile(&s, "norms.y", (nt_dtype)o->dtype, 1, k > 0 ? k : 1);
+    sk_warm_act(&s, NT_ACT_SQRT); /* the sqrt table loads while the squares run */
     for (int j = 0; j < k && !nt_sim_kernel_error(s.k); j++) {
         const nt_tensor *x = r->in[j];
-        c.n = x ? nt__numel(x->ndim, x->shape) : 0;
-        c.aoff = j;
-        nt_ap rj = nt_tile_slice(c.row, 0, 1, j, 1);
-        if (c.n == 0) {
-            finish_to(&c, 1, &rj); /* the norm of nothing: 0 */
+        int64_t n = x ? nt__numel(x->ndim, x->shape) : 0;
+        if (n == 0) { /* the norm of nothing: sqrt(+0) */
+            nt_ap a = nt_tile_slice(g.sums, 0, 1, j, 1);
+            nt_isa_memset(s.k, &a, 0.0, NT_ENGINE_VECTOR);
             continue;
         }
-        c.xb = (char *)sk_contig_of(&s, x);
-        if (c.xb)
-            red_all(&c);
+        const char *xb = sk_contig_of(&s, x);
+        if (xb)
+            gn_sum(&g, xb, n, j);
     }
-    /* the k norms in one store */
-    nt_ap rw = nt_tile_slice(c.row, 0, 1, 0, k), ho = nt_hbm_ap(c.ob, c.odt, 0, 1, k, k);
-    if (k > 0 && !nt_sim_kernel_error(s.k))
-        nt_isa_dma_copy(s.k, &ho, &rw, sk_qout(&s));
+    nt_ap sums = nt_tile_slice(g.sums, 0, 1, 0, k), y = nt_tile_slice(g.y, 0, 1, 0, k);
+    nt_ap ho = nt_hbm_ap(nt__tensor_data(o), (nt_dtype)o->dtype, 0, 1, k, k);
+    if (k > 0 && !nt_sim_kernel_error(s.k) &&
+        !nt_isa_activation(s.k, &y, NT_ACT_SQRT, &sums, NULL, NULL, NULL))
+        nt_isa_dma_copy(s.k, &ho, &y, sk_qout(&s));
     return sk_end_values(&s, values, 0, r);
 }
