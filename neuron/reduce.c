@@ -709,7 +709,6 @@ int nt__sk_reduce(const nt__rec *r)
     return sk_end_values(&s, values, 0, r);
 }
 
-
 /* ---------------- grad_norms ---------------- */
 
 /* grad_norms: y[j] = nt_norm(in[j], 2) over all of in[j] (f32), each in
