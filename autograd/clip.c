@@ -1,6 +1,8 @@
 /* autograd/clip.c - nt_clip_grad_norm: torch.nn.utils.clip_grad_norm_ (L2)
  * built from ops, so it runs on the device with no host sync:
- *   n_i   = nt_norm(g_i, 2) over all of g_i (f32; a bf16/f16 g_i widened first)
+ *   n_i   = nt_norm(g_i, 2) over all of g_i (f32; a bf16/f16 g_i widened first),
+ *           computed by grad_norms for up to 4 gradients of a device at a time
+ *           (one kernel, each norm's bits those of nt_norm)
  *   total = nt_norm([n_0, n_1, ...], 2)        (PyTorch: the norm of the stack)
  *   coef  = min(reciprocal(total + 1e-6) * max_norm, 1)
  *                                              (PyTorch's max_norm / t is t.reciprocal() * max_norm)
@@ -65,16 +67,28 @@ NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *pa
     }
     int here = nt_device_current();
     int k = 0, rc = 0;
-    for (int i = 0; i < n && !rc; i++) {
-        nt_tensor *g = params[i]->ag ? params[i]->ag->grad : NULL;
-        if (!g)
-            continue;
+    int at = 0;
+    while (at < n && !rc) { /* up to 4 gradients of one device per grad_norms */
+        nt_tensor *gs[4];
+        int m = 0, dev = -1;
+        for (; at < n && m < 4; at++) {
+            nt_tensor *g = params[at]->ag ? params[at]->ag->grad : NULL;
+            if (!g)
+                continue;
+            if (m > 0 && g->dev != dev)
+                break;
+            dev = g->dev;
+            gs[m++] = g;
+        }
+        if (m == 0)
+            break;
         nt__devsw dv;
-        nt__dev_enter(&dv, g->dev);
-        nt_tensor *g32 = g->dtype == NT_F32 ? g : nt__copy_to(site, fn, g, NT_F32);
-        nt_tensor *ni = nt_reshape_at(site, nt_norm_at(site, g32, 2.0, NT_DIM_ALL, false), 1,
-                                      (int64_t[]){1});
-        norms[k] = ni && g->dev != here ? nt_to_device_at(site, ni, here) : ni;
+        nt__dev_enter(&dv, dev);
+        for (int j = 0; j < m; j++)
+            if (gs[j] && gs[j]->dtype != NT_F32)
+                gs[j] = nt__copy_to(site, fn, gs[j], NT_F32);
+        nt_tensor *ni = nt__grad_norms(site, fn, gs, m);
+        norms[k] = ni && dev != here ? nt_to_device_at(site, ni, here) : ni;
         nt__dev_leave(&dv);
         if (!norms[k++])
             rc = nt_last_error() ? nt_last_error() : NT_EINVAL;

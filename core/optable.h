@@ -378,7 +378,10 @@ typedef enum nt__opkind {
  * batch_norm_fwd(x [N, C, *], w, b) -> y, stats [2, C] (the per-channel
  * mean and sum of squared deviations; p.f[0] = eps) and batch_norm_bwd(g,
  * x, stats, w) -> dx, dwb [2, C] (dw, db): training batch norm in one
- * kernel each (dispatcher/api_norm.c, cpu/bn.c, neuron/bn.c). */
+ * kernel each (dispatcher/api_norm.c, cpu/bn.c, neuron/bn.c);
+ * grad_norms(g0, ?g1, ?g2, ?g3) -> [k] f32: the 2-norm of every f32 input
+ * over all its elements, each exactly nt_norm(gi, 2) (gradient clipping's
+ * per-parameter norms, k at a time, autograd/clip.c). */
 #define NT_OPS_BWD(X)                                                       \
     X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, embedding_bwd, I1, NT__SIM_NONE)                                             \
     X(INDEX_ADD, index_add, 2, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, index_add, I1, NT__SIM_NONE)                \
@@ -386,7 +389,8 @@ typedef enum nt__opkind {
     X(CONV_GEMM, conv_gemm, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)                \
     X(CONV_WGRAD, conv_wgrad, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE) \
     X(BN_FWD, batch_norm_fwd, 3, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, bn_fwd, I01O1, NT__SIM_NONE) \
-    X(BN_BWD, batch_norm_bwd, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
+    X(BN_BWD, batch_norm_bwd, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE) \
+    X(GRAD_NORMS, grad_norms, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
 
 #define NT_OP_TABLE(X)                                                      \
     NT_OPS_FILL(X) NT_OPS_COPY(X) NT_OPS_UNARY(X) NT_OPS_SCALAR(X)          \

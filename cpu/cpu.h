@@ -106,6 +106,8 @@ int nt__cpu_conv_wgrad(const nt__rec *r);
 /* cpu/bn.c: training batch norm, forward and backward */
 int nt__cpu_batch_norm_fwd(const nt__rec *r);
 int nt__cpu_batch_norm_bwd(const nt__rec *r);
+/* cpu/reduce.c: gradient clipping's per-parameter 2-norms */
+int nt__cpu_grad_norms(const nt__rec *r);
 #undef NT__CPU_DECL
 
 #endif

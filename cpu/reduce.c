@@ -686,6 +686,28 @@ static int reduce_f64(const nt__rec *r, int rop, int fin)
     return 0;
 }
 
+/* All of t's elements (in index order) into y[oo]. */
+static void red_all(red *c, const nt_tensor *t, int64_t oo)
+{
+    c->n = nt__numel(t->ndim, t->shape);
+    float T[NT_RED_BLOCK];
+    int32_t Ti[NT_RED_BLOCK];
+    c->T = T, c->Ti = Ti;
+    nt__flat F;
+    nt__flat_init(&F, t);
+    acc_init(c, 1);
+    for (int64_t k0 = 0; k0 < c->n; k0 += NT_RED_BLOCK) {
+        int64_t m = c->n - k0 < NT_RED_BLOCK ? c->n - k0 : NT_RED_BLOCK;
+        if (c->ints)
+            nt__flat_read_i32(&F, Ti, m);
+        else
+            nt__flat_read_f32(&F, T, m);
+        acc_block(c, k0, m, 1);
+    }
+    acc_store(c, oo, 1, 1);
+    c->T = NULL, c->Ti = NULL;
+}
+
 static int reduce_kernel(const nt__rec *r)
 {
     const nt_tensor *t = r->in[0], *o = r->out[0];
@@ -711,22 +733,7 @@ static int reduce_kernel(const nt__rec *r)
         return 0;
 
     if (r->p.dim == NT_DIM_ALL) {
-        c.n = nt__numel(t->ndim, t->shape);
-        float T[NT_RED_BLOCK];
-        int32_t Ti[NT_RED_BLOCK];
-        c.T = T, c.Ti = Ti;
-        nt__flat F;
-        nt__flat_init(&F, t);
-        acc_init(&c, 1);
-        for (int64_t k0 = 0; k0 < c.n; k0 += NT_RED_BLOCK) {
-            int64_t m = c.n - k0 < NT_RED_BLOCK ? c.n - k0 : NT_RED_BLOCK;
-            if (c.ints)
-                nt__flat_read_i32(&F, Ti, m);
-            else
-                nt__flat_read_f32(&F, T, m);
-            acc_block(&c, k0, m, 1);
-        }
-        acc_store(&c, 0, 1, 1);
+        red_all(&c, t, 0);
         return 0;
     }
 
@@ -764,3 +771,22 @@ int nt__cpu_any(const nt__rec *r) { return reduce_kernel(r); }
 int nt__cpu_norm(const nt__rec *r) { return reduce_kernel(r); }
 int nt__cpu_amax(const nt__rec *r) { return reduce_kernel(r); }
 int nt__cpu_amin(const nt__rec *r) { return reduce_kernel(r); }
+
+/* grad_norms: y[j] = nt_norm(in[j], 2) over all of in[j], each reduced
+ * exactly as the norm kernel above reduces it. */
+int nt__cpu_grad_norms(const nt__rec *r)
+{
+    red c;
+    memset(&c, 0, sizeof c);
+    c.op = NT_OP_NORM;
+    if (nt__red_plan(NT_OP_NORM, 2.0, &c.rop, &c.pre, &c.fin))
+        return nt__kerr(NT_EINVAL, "op norm is not a reduction");
+    c.p = 2.0f;
+    c.y = nt__tensor_data(r->out[0]);
+    c.ydt = (nt_dtype)r->out[0]->dtype;
+    c.yes = (int64_t)nt__dtype_size(c.ydt);
+    for (int j = 0; j < r->nin; j++)
+        if (r->in[j])
+            red_all(&c, r->in[j], j);
+    return 0;
+}

@@ -401,3 +401,27 @@ NT_API nt_tensor *nt_group_norm(nt_tensor *x, int64_t num_groups, nt_tensor *w, 
 {
     return nt_group_norm_at(NT_RA_SITE, x, num_groups, w, b, eps);
 }
+
+/* Gradient clipping's per-parameter norms, k (1..4) at a time: one
+ * grad_norms kernel, y[j] = nt_norm(g[j], 2) over all of g[j] with the
+ * same bits (the f32 g[j] on one device, the current one). */
+nt_tensor *nt__grad_norms(const nt_site *site, const char *fn, nt_tensor *const *g, int k)
+{
+    nt__call c;
+    nt_tensor *in[4] = {0};
+    for (int j = 0; j < k && j < 4; j++)
+        if (!(in[j] = g[j]))
+            return NULL; /* a widening copy failed: its error is set */
+    if (!nt__call_begin(&c, site, fn, NT_OP_GRAD_NORMS, 4, in, "g0,?g1,?g2,?g3"))
+        return nt__call_fail(&c);
+    c.no_grad = true;
+    c.nout = 1;
+    c.odt[0] = NT_F32;
+    c.ondim[0] = 1;
+    c.oshape[0][0] = k;
+    double n = 0;
+    for (int j = 0; j < k; j++)
+        n += (double)nt__numel(g[j]->ndim, g[j]->shape);
+    c.flops = 2.0 * n;
+    return nt__dispatch(&c);
+}

@@ -195,5 +195,9 @@ nt_tensor *nt__bn_shard(const nt_site *site, const char *fn, nt_tensor *x, nt_te
  * live input (x, w, b).  0 or an error code. */
 int nt__bn_grads(const nt_site *site, double eps, nt_tensor *g, nt_tensor *x, nt_tensor *w,
                  nt_tensor *stats, const bool live[3], nt_tensor **gin);
+/* Gradient clipping's norms (autograd/clip.c): one grad_norms of the k
+ * (1..4) f32 tensors g[0..k) on the current device -> [k] f32, y[j] the
+ * bits of nt_norm(g[j], 2) over all of g[j].  NULL with the error set. */
+nt_tensor *nt__grad_norms(const nt_site *site, const char *fn, nt_tensor *const *g, int k);
 
 #endif

@@ -708,3 +708,110 @@ int nt__sk_reduce(const nt__rec *r)
     }
     return sk_end_values(&s, values, 0, r);
 }
+
+/* ---------------- grad_norms ---------------- */
+
+/* grad_norms: y[j] = nt_norm(in[j], 2) over all of in[j] (f32), each in
+ * the norm kernel's arithmetic (red_all): the blocks of 2048 on partitions,
+ * each block's sum of squares by one ScalarE Square activation with its
+ * canonical add-reduce, the partials folded in order into sum j (+0 first;
+ * a single block's partial is the sum), then sqrt.  Across the inputs:
+ * four load buffers and two partial tiles in turn (the next input loads
+ * and squares while this one folds), a load split by columns over queues
+ * when its partitions alone would leave DMA engines idle, the k sums in
+ * one row, one sqrt of the row and one store. */
+#define GN_BUF 4
+typedef struct gn {
+    sk_k *s;
+    nt_tile *x[GN_BUF], *part[2], *sq, *sums, *y;
+    int t;
+} gn;
+
+/* Loads [np, w] from h into x, in up to 4 column pieces on their own queues
+ * (a transfer takes ceil(np / 8) of the 16 DMA engines). */
+static int gn_load(gn *g, const nt_ap *x, const nt_ap *h)
+{
+    int np = x->np, eng = (np + 7) / 8;
+    int64_t w = x->num[0];
+    int pieces = 16 / eng;
+    if (pieces > 4)
+        pieces = 4;
+    while (pieces > 1 && w / pieces < 512)
+        pieces--;
+    int64_t step = (w + pieces - 1) / pieces;
+    int rc = 0;
+    for (int64_t c0 = 0; c0 < w && !rc; c0 += step) {
+        int64_t cw = w - c0 < step ? w - c0 : step;
+        nt_ap xs = *x, hs = *h;
+        xs.offset += c0, xs.num[0] = cw;
+        hs.offset += c0, hs.num[0] = cw;
+        rc = nt_isa_dma_copy(g->s->k, &xs, &hs, sk_qin(g->s));
+    }
+    return rc;
+}
+
+/* Sum j of the squares of the n f32 elements at xb. */
+static int gn_sum(gn *g, const char *xb, int64_t n, int j)
+{
+    nt_sim_kernel *k = g->s->k;
+    int64_t nbf = n / NT_RED_BLOCK, rem = n % NT_RED_BLOCK, nb = nbf + (rem > 0);
+    nt_ap acc = nt_tile_slice(g->sums, 0, 1, j, 1);
+    int rc = nb == 1 ? 0 : nt_isa_memset(k, &acc, 0.0, NT_ENGINE_VECTOR);
+    for (int64_t b0 = 0; b0 < nb && !rc;) {
+        bool tail = b0 >= nbf;
+        int np = tail ? 1 : (int)(nbf - b0 < 128 ? nbf - b0 : 128);
+        int64_t w = tail ? rem : NT_RED_BLOCK;
+        int t = g->t++;
+        nt_ap x = nt_tile_slice(g->x[t % GN_BUF], 0, np, 0, w);
+        nt_ap h = nt_hbm_ap((void *)xb, NT_F32, b0 * NT_RED_BLOCK, np, NT_RED_BLOCK, w);
+        rc = gn_load(g, &x, &h);
+        nt_ap p = nb == 1 ? acc : nt_tile_slice(g->part[t & 1], 0, np, 0, 1);
+        nt_ap sq = nt_tile_slice(g->sq, 0, np, 0, w);
+        if (!rc)
+            rc = nt_isa_activation(k, &sq, NT_ACT_SQUARE, &x, NULL, NULL, &p);
+        if (!rc && nb > 1)
+            rc = sk_seq_combine(g->s, &acc, &p, NT_ALU_ADD);
+        b0 += np;
+    }
+    return rc;
+}
+
+int nt__sk_grad_norms(const nt__rec *r)
+{
+    sk_k s;
+    int rc = sk_begin(&s, nt__op_name(r->op));
+    if (rc)
+        return rc;
+    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
+    if (values && sk_memo_rec(&s, r, false))
+        return sk_end_values(&s, values, 0, r);
+    const nt_tensor *o = r->out[0];
+    int64_t k = nt__numel(o->ndim, o->shape);
+    gn g = {.s = &s};
+    for (int b = 0; b < GN_BUF; b++)
+        g.x[b] = sk_tile(&s, "norms.x", NT_F32, 128, NT_RED_BLOCK);
+    for (int b = 0; b < 2; b++)
+        g.part[b] = sk_tile(&s, "norms.part", NT_F32, 128, 1);
+    g.sq = sk_tile(&s, "norms.sq", NT_F32, 128, NT_RED_BLOCK);
+    g.sums = sk_tile(&s, "norms.sums", NT_F32, 1, k > 0 ? k : 1);
+    g.y = sk_tile(&s, "norms.y", (nt_dtype)o->dtype, 1, k > 0 ? k : 1);
+    sk_warm_act(&s, NT_ACT_SQRT); /* the sqrt table loads while the squares run */
+    for (int j = 0; j < k && !nt_sim_kernel_error(s.k); j++) {
+        const nt_tensor *x = r->in[j];
+        int64_t n = x ? nt__numel(x->ndim, x->shape) : 0;
+        if (n == 0) { /* the norm of nothing: sqrt(+0) */
+            nt_ap a = nt_tile_slice(g.sums, 0, 1, j, 1);
+            nt_isa_memset(s.k, &a, 0.0, NT_ENGINE_VECTOR);
+            continue;
+        }
+        const char *xb = sk_contig_of(&s, x);
+        if (xb)
+            gn_sum(&g, xb, n, j);
+    }
+    nt_ap sums = nt_tile_slice(g.sums, 0, 1, 0, k), y = nt_tile_slice(g.y, 0, 1, 0, k);
+    nt_ap ho = nt_hbm_ap(nt__tensor_data(o), (nt_dtype)o->dtype, 0, 1, k, k);
+    if (k > 0 && !nt_sim_kernel_error(s.k) &&
+        !nt_isa_activation(s.k, &y, NT_ACT_SQRT, &sums, NULL, NULL, NULL))
+        nt_isa_dma_copy(s.k, &ho, &y, sk_qout(&s));
+    return sk_end_values(&s, values, 0, r);
+}

@@ -71,6 +71,7 @@ static const nt__kernel_fn sk_table[] = {
     [NT_OP_CONV_WGRAD] = nt__sk_conv_wgrad,
     [NT_OP_BN_FWD] = nt__sk_batch_norm_fwd,
     [NT_OP_BN_BWD] = nt__sk_batch_norm_bwd,
+    [NT_OP_GRAD_NORMS] = nt__sk_grad_norms,
 };
 #undef SK_EW
 

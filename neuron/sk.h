@@ -254,6 +254,7 @@ int nt__sk_conv_gemm(const nt__rec *r);   /* conv_gemm (neuron/conv.c) */
 int nt__sk_conv_wgrad(const nt__rec *r);  /* conv_wgrad */
 int nt__sk_batch_norm_fwd(const nt__rec *r); /* bn.c */
 int nt__sk_batch_norm_bwd(const nt__rec *r);
+int nt__sk_grad_norms(const nt__rec *r); /* reduce.c: clipping's norms */
 int nt__sk_sdpa(const nt__rec *r);         /* attention.c */
 int nt__sk_sdpa_bwd(const nt__rec *r);
 /* Whether a head of SDPA / SDPA_BWD with p's sizes fits SBUF (else the op

@@ -389,6 +389,153 @@ static void test_hbm_bytes_not_pages(void **state)
     assert_true(same > 1.8 * apart);
 }
 
+/* ---------------- gradient clipping's norms in grad_norms kernels ---------------- */
+
+/* Parameters of odd sizes (one block, two, three, 2049: one past a block, a
+ * bf16 one, one without a gradient, more than 4 so several grad_norms) and
+ * their gradients' values: random, with an Inf-free spread of scales. */
+#define CN 9
+static const int64_t cn_shape[CN][2] = {{1, 5},  {3, 7},    {50, 45}, {1, 1},   {130, 33},
+                                        {4, 6},  {1, 2049}, {16, 16}, {7, 3}};
+
+typedef struct clip_res {
+    uint32_t total[2]; /* the first clip's total, then the second's */
+    float *g;          /* the gradients after both */
+} clip_res;
+
+static int64_t cn_numel(void)
+{
+    int64_t n = 0;
+    for (int i = 0; i < CN; i++)
+        n += cn_shape[i][0] * cn_shape[i][1];
+    return n;
+}
+
+/* The per-parameter path this replaced, in public ops: n_i = nt_norm(g_i),
+ * total = nt_norm(cat(n_i)), coef = min(1/(total + 1e-6) * max, 1), g *= coef. */
+static nt_tensor *clip_reference(nt_tensor **g, int n, double max_norm)
+{
+    nt_tensor *ns[CN];
+    for (int i = 0; i < n; i++)
+        ns[i] = nt_reshape(nt_norm(nt_cast(g[i], NT_F32), 2.0, NT_DIM_ALL, false), 1,
+                           (int64_t[]){1});
+    nt_tensor *total = nt_norm(nt_cat(ns, n, 0), 2.0, NT_DIM_ALL, false);
+    nt_tensor *coef =
+        nt_clamp(nt_mul_scalar(nt_reciprocal(nt_add_scalar(total, 1e-6)), max_norm), -INFINITY, 1.0);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(nt_mul_inplace(g[i], nt_cast(coef, nt_dtype_of(g[i]))), 0);
+    return total;
+}
+
+/* Clips twice (captured: the capture runs the first, a replay the second);
+ * reference: clip_reference on plain tensors instead of nt_clip_grad_norm. */
+static void clip_run(const char *be, const char *mode, bool capture, bool reference, clip_res *r)
+{
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+    backend(be);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *p[CN], *g[CN];
+    int ng = 0;
+    for (int i = 0; i < CN; i++) {
+        int64_t n = cn_shape[i][0] * cn_shape[i][1];
+        float *v = rand_buf(n, 100 + (uint64_t)i);
+        for (int64_t j = 0; j < n; j++)
+            v[j] *= (float)(1 << (i % 5)) * 0.37f;
+        nt_dtype dt = i == 3 || i == 7 ? NT_BF16 : NT_F32;
+        nt_tensor *c = nt_cast(nt_from_host(v, NT_F32, 2, cn_shape[i]), dt);
+        free(v);
+        p[i] = nt_zeros(dt, 2, cn_shape[i]);
+        assert_int_equal(nt_set_requires_grad(p[i], true), 0);
+        if (i == 5)
+            continue; /* no gradient: skipped */
+        if (reference) {
+            g[ng++] = nt_contiguous(nt_mul_scalar(c, 1.0));
+        } else {
+            assert_int_equal(nt_backward(nt_sum(nt_mul(p[i], c), NT_DIM_ALL, false)), 0);
+            g[ng++] = nt_grad(p[i]);
+        }
+    }
+    nt_tensor *t0, *t1;
+    if (reference) {
+        t0 = clip_reference(g, ng, 0.25);
+        t1 = clip_reference(g, ng, 0.25);
+    } else if (capture) {
+        assert_int_equal(nt_graph_capture_begin(), 0);
+        t0 = nt_contiguous(nt_clip_grad_norm(p, CN, 0.25));
+        nt_graph *gr = nt_graph_capture_end();
+        assert_non_null(gr);
+        double v0;
+        assert_int_equal(nt_item(t0, &v0), 0);
+        r->total[0] = nt_test_ubits((float)v0);
+        assert_int_equal(nt_graph_replay(gr), 0);
+        t1 = t0;
+        nt_graph_destroy(gr);
+    } else {
+        t0 = nt_clip_grad_norm(p, CN, 0.25);
+        t1 = nt_clip_grad_norm(p, CN, 0.25);
+    }
+    assert_non_null(t0);
+    assert_non_null(t1);
+    double v;
+    if (!capture) {
+        assert_int_equal(nt_item(t0, &v), 0);
+        r->total[0] = nt_test_ubits((float)v);
+    }
+    assert_int_equal(nt_item(t1, &v), 0);
+    r->total[1] = nt_test_ubits((float)v);
+    r->g = malloc((size_t)cn_numel() * sizeof *r->g);
+    assert_non_null(r->g);
+    for (int i = 0, k = 0, off = 0; i < CN; i++) {
+        int64_t n = cn_shape[i][0] * cn_shape[i][1];
+        if (i == 5)
+            continue;
+        to_host_f32(g[k++], r->g + off, n);
+        off += (int)n;
+    }
+    nt_scope_end(sc);
+    for (int i = 0; i < CN; i++)
+        nt_release(p[i]);
+    assert_int_equal(nt_sync(), 0);
+}
+
+/* nt_clip_grad_norm's norms (grad_norms, up to 4 gradients a kernel) give
+ * the bits of the per-parameter nt_norm path it replaced: the totals and
+ * the clipped gradients, on both backends, in every mode and captured. */
+static void test_clip_norms_same_bits(void **state)
+{
+    (void)state;
+    clip_res ref;
+    clip_run("cpu", "deterministic", false, true, &ref);
+    static const char *modes[] = {"deterministic", "eager", "adaptive", "lazy"};
+    static const char *bes[] = {"cpu", "sim"};
+    int64_t n = cn_numel() - cn_shape[5][0] * cn_shape[5][1];
+    for (int b = 0; b < 2; b++)
+        for (int m = 0; m < 5; m++) {
+            clip_res r;
+            bool cap = m == 4;
+            clip_run(bes[b], cap ? "lazy" : modes[m], cap, false, &r);
+            if (r.total[0] != ref.total[0] || r.total[1] != ref.total[1])
+                fail_msg("%s %s: totals %08x %08x, the per-parameter path %08x %08x", bes[b],
+                         cap ? "captured" : modes[m], r.total[0], r.total[1], ref.total[0],
+                         ref.total[1]);
+            for (int64_t j = 0; j < n; j++)
+                if (nt_test_ubits(r.g[j]) != nt_test_ubits(ref.g[j]))
+                    fail_msg("%s %s: clipped gradient element %lld differs", bes[b],
+                             cap ? "captured" : modes[m], (long long)j);
+            free(r.g);
+        }
+    /* the reference path on the simulator agrees too */
+    clip_res rs;
+    clip_run("sim", "eager", false, true, &rs);
+    assert_int_equal(rs.total[0], ref.total[0]);
+    assert_int_equal(rs.total[1], ref.total[1]);
+    assert_memory_equal(rs.g, ref.g, (size_t)n * sizeof *rs.g);
+    free(rs.g);
+    free(ref.g);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -404,6 +551,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_embedding_bwd_transposed, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_captured_step_same_bits, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_hbm_bytes_not_pages, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_clip_norms_same_bits, setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -131,6 +131,11 @@ static spec spec_of(int op)
             shp(&s, 1, 5, 0);
             shp(&s, 1, 5, 0);
         }
+        if (op == NT_OP_GRAD_NORMS) { /* [7], [3, 5], [50, 45] (two blocks) */
+            shp(&s, 1, 7, 0);
+            shp(&s, 2, 3, 5);
+            shp(&s, 2, 50, 45);
+        }
         break;
     case NT_KIND_ATTN: /* q [9, 8], k [11, 8], v [11, 6]: no batch dims */
         shp(&s, 2, 9, 8);
@@ -372,6 +377,15 @@ static nt_tensor *bn_drv(nt_tensor *x, nt_tensor *w, nt_tensor *b, bool grad)
     return g;
 }
 
+/* grad_norms (gradient clipping's norms) of the four inputs, as f32. */
+static nt_tensor *norms_drv(nt_tensor *const *in)
+{
+    nt_tensor *g[4];
+    for (int i = 0; i < 4; i++)
+        g[i] = in[i] && nt_dtype_of(in[i]) != NT_F32 ? nt_cast(in[i], NT_F32) : in[i];
+    return nt__grad_norms(NULL, "nt_clip_grad_norm", g, 4);
+}
+
 static int grad_of_op = NT_OP_SOFTPLUS; /* UNARY_BWD's forward op */
 
 /* UNARY_BWD(g, v) for the forward op grad_of_op with the scalar driver's
@@ -568,6 +582,8 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
             return conv_drv(in[0], in[1], op == NT_OP_CONV_WGRAD);
         if (op == NT_OP_BN_FWD || op == NT_OP_BN_BWD)
             return bn_drv(in[0], in[1], in[2], op == NT_OP_BN_BWD);
+        if (op == NT_OP_GRAD_NORMS)
+            return norms_drv(in);
         return NO_DRIVER;
     case NT_KIND_ATTN:
         if (op == NT_OP_SDPA)
@@ -1301,6 +1317,8 @@ static void check_ref(int op)
         cell(op, K_REF, "n/a: values and gradients vs double and PyTorch in test_conv.c");
     else if (op == NT_OP_BN_FWD || op == NT_OP_BN_BWD)
         cell(op, K_REF, "n/a: values and gradients vs double and PyTorch in test_norms.c");
+    else if (op == NT_OP_GRAD_NORMS)
+        cell(op, K_REF, "n/a: the bits of nt_norm, checked in test_compile.c");
     else if (op == NT_OP_SDPA || op == NT_OP_SDPA_BWD)
         cell(op, K_REF, "n/a: values and gradients vs double in test_attention.c");
     else if (op == NT_OP_AMAX || op == NT_OP_AMIN || op == NT_OP_CUMSUM || op == NT_OP_CUMPROD ||
