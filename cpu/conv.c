@@ -226,15 +226,16 @@ static void cgd_image(cg_job *j, int n)
     int64_t Cg = g->C / g->G, COg = g->CO / g->G, Kc = Cg * g->kh * g->kw, L = g->OH * g->OW;
     int64_t Wp = g->OW + (g->kw - 1) * g->d[1], Hp = g->OH + (g->kh - 1) * g->d[0];
     int64_t Q = g->OH * Wp, ldw = (COg + 7) / 8 * 8, slack = (g->kw - 1) * g->d[1] + CGD_Q;
-    size_t np = (size_t)(g->C * Hp * Wp + slack);
-    float *xp = g_try_malloc(np * sizeof(float) + (size_t)Kc * sizeof(int64_t) + 64);
+    size_t np = (size_t)(g->C * Hp * Wp + slack), npa = (np + 15) & ~(size_t)15;
+    /* (ko after the planes at a multiple of 64 bytes: int64_t's alignment) */
+    float *xp = g_try_malloc(npa * sizeof(float) + (size_t)Kc * sizeof(int64_t) + 64);
     if (!xp) {
         atomic_store_explicit(&j->failed, 1, memory_order_relaxed);
         return;
     }
-    int64_t *ko = (int64_t *)(xp + np);
+    int64_t *ko = (int64_t *)(xp + npa);
     const float *xd = (const float *)j->xd + n * g->C * g->H * g->W;
-    memset(xp, 0, np * sizeof(float));
+    memset(xp, 0, npa * sizeof(float));
     for (int64_t pl = 0; pl < g->C; pl++) /* the planes, padded with +0 */
         for (int64_t r = 0; r < Hp; r++) {
             int64_t ih = r - g->lo[0], a = g->lo[1] < Wp ? g->lo[1] : Wp;
@@ -667,10 +668,12 @@ static float *wgd_pad(const nt__conv_geo *g, const nt_tensor *x, const nt_tensor
     d->Hp = (g->OH - 1) * g->s[0] + (g->kh - 1) * g->d[0] + 1;
     d->Wp = (g->OW - 1) * g->s[1] + (g->kw - 1) * g->d[1] + 1;
     size_t np = (size_t)(g->N * g->C * d->Hp * d->Wp), ng = (size_t)(P * 16 * d->nv);
-    float *xp = g_try_malloc((np + ng + (size_t)Kc * 2) * sizeof(float) + 64);
+    size_t npa = (np + 15) & ~(size_t)15; /* gT and ko 64-byte aligned */
+    float *xp = g_try_malloc((npa + ng + (size_t)Kc * 2) * sizeof(float) + 64);
     if (!xp)
         return NULL;
-    d->xp = xp, d->gT = xp + np, d->ko = (int64_t *)(xp + np + ng);
+    memset(xp + np, 0, (npa - np) * sizeof(float));
+    d->xp = xp, d->gT = xp + npa, d->ko = (int64_t *)(xp + npa + ng);
     d->xd = nt__tensor_data(x), d->gd = nt__tensor_data(gy);
     nt__par_blocks((int)g->N, wgd_pad_image, d, g->N > 1);
     return xp;
