@@ -247,6 +247,46 @@ static inline void nt_test_expect_err_(int rc, int code, const char *const *want
     nt_clear_error();
 }
 
+/* ---------------- tensors for the autograd tests ---------------- */
+
+/* t's element count. */
+static inline int64_t nt_test_tnumel(nt_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < nt_ndim(t); i++)
+        n *= nt_shape(t, i);
+    return n;
+}
+
+/* An f32 leaf that requires grad, from v (nd dims of shape sh). */
+static inline nt_tensor *nt_test_leaf(const float *v, int nd, const int64_t *sh)
+{
+    nt_tensor *t = nt_from_host(v, NT_F32, nd, sh);
+    assert_non_null(t);
+    assert_int_equal(nt_set_requires_grad(t, true), 0);
+    return t;
+}
+
+/* t's values (f32) in a malloc'd array. */
+static inline float *nt_test_host(nt_tensor *t)
+{
+    assert_non_null(t);
+    int64_t n = nt_test_tnumel(t);
+    float *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    assert_int_equal(nt_to_host(t, v, (size_t)n * sizeof *v), 0);
+    return v;
+}
+
+/* d/dx of a one-element y, create_graph as given (graph kept). */
+static inline nt_tensor *nt_test_grad1(nt_tensor *y, nt_tensor *x, bool create)
+{
+    nt_tensor *g = NULL;
+    int rc = nt_autograd_grad(&y, 1, &x, 1, NULL, true, create, true, &g);
+    if (rc)
+        fail_msg("nt_autograd_grad: %s", nt_last_error_message());
+    return g;
+}
+
 #endif /* cmocka_unit_test */
 
 #endif

@@ -49,21 +49,6 @@ static int shp(nt_tensor *t, int64_t *sh)
     return nd;
 }
 
-static int64_t tnumel(nt_tensor *t)
-{
-    int64_t sh[8];
-    int nd = shp(t, sh);
-    return nt_test_numel(nd, sh);
-}
-
-static nt_tensor *leaf(const float *v, int nd, const int64_t *sh)
-{
-    nt_tensor *t = nt_from_host(v, NT_F32, nd, sh);
-    assert_non_null(t);
-    assert_int_equal(nt_set_requires_grad(t, true), 0);
-    return t;
-}
-
 /* a leaf from the reference pool */
 static nt_tensor *pool_leaf(long off, int nd, const int64_t *sh)
 {
@@ -71,19 +56,9 @@ static nt_tensor *pool_leaf(long off, int nd, const int64_t *sh)
     float *v = malloc((size_t)n * sizeof *v);
     for (int64_t i = 0; i < n; i++)
         v[i] = nt_test_fbits(db_pool[off + i]);
-    nt_tensor *t = leaf(v, nd, sh);
+    nt_tensor *t = nt_test_leaf(v, nd, sh);
     free(v);
     return t;
-}
-
-/* t's values (n of them) into a malloc'd array */
-static float *host(nt_tensor *t)
-{
-    assert_non_null(t);
-    int64_t n = tnumel(t);
-    float *v = malloc((size_t)(n ? n : 1) * sizeof *v);
-    assert_int_equal(nt_to_host(t, v, (size_t)n * sizeof *v), 0);
-    return v;
 }
 
 static bool near(double got, double want, double rel, double abs_tol)
@@ -108,16 +83,6 @@ static void vs_torch(const char *what, const float *got, long off, int64_t n, do
 }
 
 static nt_tensor *scalar_sum(nt_tensor *t) { return nt_sum(t, NT_DIM_ALL, false); }
-
-/* d/dx of a one-element y (create_graph as given) */
-static nt_tensor *grad1(nt_tensor *y, nt_tensor *x, bool create)
-{
-    nt_tensor *g = NULL;
-    int rc = nt_autograd_grad(&y, 1, &x, 1, NULL, true, create, true, &g);
-    if (rc)
-        fail_msg("nt_autograd_grad: %s", nt_last_error_message());
-    return g;
-}
 
 /* ---------------- elementwise second derivatives ---------------- */
 
@@ -188,8 +153,8 @@ static void ew_run(const ewfn *e, float *g, float *h)
 {
     nt_scope *s = nt_scope_begin();
     nt_tensor *x = pool_leaf(db_edge_x, 1, SH(DB_NEDGE));
-    nt_tensor *gt = grad1(scalar_sum(e->f(x)), x, true);
-    float *v = host(gt);
+    nt_tensor *gt = nt_test_grad1(scalar_sum(e->f(x)), x, true);
+    float *v = nt_test_host(gt);
     memcpy(g, v, DB_NEDGE * sizeof *g);
     free(v);
     nt_tensor *ht = NULL;
@@ -198,7 +163,7 @@ static void ew_run(const ewfn *e, float *g, float *h)
         assert_int_equal(nt_autograd_grad(&y2, 1, &x, 1, NULL, false, false, true, &ht), 0);
     }
     if (ht) {
-        v = host(ht);
+        v = nt_test_host(ht);
         memcpy(h, v, DB_NEDGE * sizeof *h);
         free(v);
     } else {
@@ -318,11 +283,11 @@ static void hvp_run(float *hv[4], float *g[4])
         free(vv);
         nt_tensor *d = scalar_sum(nt_mul(gs[k], vt));
         dot = dot ? nt_add(dot, d) : d;
-        g[k] = host(gs[k]);
+        g[k] = nt_test_host(gs[k]);
     }
     assert_int_equal(nt_autograd_grad(&dot, 1, p, 4, NULL, false, false, false, hvt), 0);
     for (int k = 0; k < 4; k++)
-        hv[k] = host(hvt[k]);
+        hv[k] = nt_test_host(hvt[k]);
     nt_scope_end(s);
 }
 
@@ -428,14 +393,14 @@ static void gradgradcheck(const char *name, ggfn f, int n, const int64_t (*shape
     nt_scope *sc = nt_scope_begin();
     nt_tensor *in[8];
     for (int i = 0; i < n; i++)
-        in[i] = leaf(vals[i], nds[i], shapes[i]);
+        in[i] = nt_test_leaf(vals[i], nds[i], shapes[i]);
     nt_tensor *s = gg_s(f, in, n, 77, true), *h[8];
     assert_non_null(s);
     assert_true(nt_requires_grad(s)); /* every function here is nonlinear */
     assert_int_equal(nt_autograd_grad(&s, 1, in, n, NULL, false, false, true, h), 0);
     for (int i = 0; i < n; i++) {
         int64_t m = nt_test_numel(nds[i], shapes[i]);
-        float *hv = h[i] ? host(h[i]) : calloc((size_t)m, sizeof *hv);
+        float *hv = h[i] ? nt_test_host(h[i]) : calloc((size_t)m, sizeof *hv);
         float *x = malloc((size_t)m * sizeof *x);
         memcpy(x, vals[i], (size_t)m * sizeof *x);
         for (int64_t k = 0; k < m; k++) {
@@ -445,7 +410,7 @@ static void gradgradcheck(const char *name, ggfn f, int n, const int64_t (*shape
                 x[k] = vals[i][k] + (float)(sgn ? -eps : eps);
                 nt_tensor *in2[8];
                 for (int j = 0; j < n; j++)
-                    in2[j] = j == i ? leaf(x, nds[j], shapes[j]) : leaf(vals[j], nds[j], shapes[j]);
+                    in2[j] = j == i ? nt_test_leaf(x, nds[j], shapes[j]) : nt_test_leaf(vals[j], nds[j], shapes[j]);
                 sv[sgn] = item(gg_s(f, in2, n, 77, false));
                 nt_scope_end(s2);
             }
@@ -614,17 +579,17 @@ static void gp_run(int which, gp_out *o)
     for (int k = 0; k < gp_np[which]; k++)
         p[k] = pool_leaf(r->P[k], gp_nd(gp_shapes[which][k + 1]), gp_shapes[which][k + 1]);
     nt_tensor *L = gp_model(which, x, p);
-    nt_tensor *gx = grad1(L, x, true);
+    nt_tensor *gx = nt_test_grad1(L, x, true);
     nt_tensor *pen = scalar_sum(nt_mul(gx, gx));
     nt_tensor *total = nt_add(L, nt_mul_scalar(pen, DB_GP_LAMBDA));
     assert_int_equal(nt_backward(total), 0);
-    o->L = host(L), o->gx = host(gx), o->pen = host(pen), o->total = host(total);
+    o->L = nt_test_host(L), o->gx = nt_test_host(gx), o->pen = nt_test_host(pen), o->total = nt_test_host(total);
     for (int k = 0; k < gp_np[which]; k++) {
         nt_tensor *g = nt_grad(p[k]);
         assert_non_null(g);
-        o->grads[k] = host(g);
+        o->grads[k] = nt_test_host(g);
     }
-    o->xgrad = host(nt_grad(x));
+    o->xgrad = nt_test_host(nt_grad(x));
     nt_scope_end(s);
 }
 
@@ -749,9 +714,9 @@ static void test_first_order_unchanged(void **state)
                 nt_tensor *xs = nt_slice(nt_reshape(x, 1, SH(-1)), 0, 1, 17, 2);
                 nt_tensor *L = nt_add(gp_model(which, x, p), scalar_sum(nt_mul(xs, xs)));
                 assert_int_equal(nt_backward_full(L, NULL, false, create), 0);
-                got[create][0] = host(nt_grad(x));
+                got[create][0] = nt_test_host(nt_grad(x));
                 for (int k = 0; k < gp_np[which]; k++)
-                    got[create][k + 1] = host(nt_grad(p[k]));
+                    got[create][k + 1] = nt_test_host(nt_grad(p[k]));
                 nt_scope_end(s);
             }
             for (int k = 0; k <= gp_np[which]; k++) {
@@ -770,7 +735,7 @@ static void test_backward_full(void **state)
     (void)state;
     float xv[5] = {0.5f, -1.25f, 2.0f, 0.0f, -3.5f};
     nt_scope *s = nt_scope_begin();
-    nt_tensor *x = leaf(xv, 1, SH(5));
+    nt_tensor *x = nt_test_leaf(xv, 1, SH(5));
     nt_tensor *y = scalar_sum(nt_mul(nt_mul(x, x), nt_tanh(x))); /* x^2 tanh x */
     assert_int_equal(nt_backward_full(y, NULL, true, true), 0);
     nt_tensor *g = nt_grad(x);
@@ -778,7 +743,7 @@ static void test_backward_full(void **state)
     /* a second create_graph backward adds to .grad out of place: 2 g */
     assert_int_equal(nt_backward_full(y, NULL, true, true), 0);
     nt_tensor *g2 = nt_grad(x);
-    float *a = host(g), *b2 = host(g2);
+    float *a = nt_test_host(g), *b2 = nt_test_host(g2);
     for (int i = 0; i < 5; i++) {
         double t = tanh(xv[i]), d1 = 2 * xv[i] * t + xv[i] * xv[i] * (1 - t * t);
         assert_true(near(a[i], d1, 2e-6, 1e-7));
@@ -788,7 +753,7 @@ static void test_backward_full(void **state)
     /* d/dx sum(.grad) = 2 f''(x) (.grad is 2 f') */
     assert_int_equal(nt_zero_grad(x), 0);
     assert_int_equal(nt_backward(scalar_sum(g2)), 0);
-    float *h = host(nt_grad(x));
+    float *h = nt_test_host(nt_grad(x));
     for (int i = 0; i < 5; i++) {
         double t = tanh(xv[i]), s2 = 1 - t * t;
         double d2 = 2 * t + 4 * xv[i] * s2 - 2 * xv[i] * xv[i] * t * s2;
@@ -797,11 +762,11 @@ static void test_backward_full(void **state)
     }
     free(h);
     /* a gradient for a loss of many elements: d/dx <x^3, v> = 3 x^2 v */
-    nt_tensor *x2 = leaf(xv, 1, SH(5));
+    nt_tensor *x2 = nt_test_leaf(xv, 1, SH(5));
     float vv[5] = {1, 2, -1, 0.5f, 3};
     nt_tensor *v = nt_from_host(vv, NT_F32, 1, SH(5));
     assert_int_equal(nt_backward_full(f_cube(x2), v, false, false), 0);
-    float *gv = host(nt_grad(x2));
+    float *gv = nt_test_host(nt_grad(x2));
     for (int i = 0; i < 5; i++)
         assert_true(near(gv[i], 3.0 * xv[i] * xv[i] * vv[i], 1e-6, 0));
     free(gv);
@@ -822,16 +787,16 @@ static void test_maml(void **state)
     nt_test_fill(y2, 5, &st), nt_test_fill(th, 3, &st);
     const double a = 0.3;
     nt_scope *s = nt_scope_begin();
-    nt_tensor *t = leaf(th, 2, SH(3, 1));
+    nt_tensor *t = nt_test_leaf(th, 2, SH(3, 1));
     nt_tensor *Xt = nt_from_host(X, NT_F32, 2, SH(4, 3)), *yt = nt_from_host(y, NT_F32, 2, SH(4, 1));
     nt_tensor *X2t = nt_from_host(X2, NT_F32, 2, SH(5, 3));
     nt_tensor *y2t = nt_from_host(y2, NT_F32, 2, SH(5, 1));
     nt_tensor *inner = nt_mse_loss(nt_matmul(Xt, t), yt);
-    nt_tensor *g = grad1(inner, t, true);
+    nt_tensor *g = nt_test_grad1(inner, t, true);
     nt_tensor *t1 = nt_sub(t, nt_mul_scalar(g, a));
     nt_tensor *outer = nt_mse_loss(nt_matmul(X2t, t1), y2t);
     assert_int_equal(nt_backward(outer), 0);
-    float *got = host(nt_grad(t));
+    float *got = nt_test_host(nt_grad(t));
     double r[4], tp[3], A[3][3], go[3];
     for (int i = 0; i < 4; i++) {
         r[i] = -y[i];
@@ -877,7 +842,7 @@ static void test_autograd_grad(void **state)
     (void)state;
     float av[4] = {0.5f, -1, 2, 1.5f}, bv[3] = {0.25f, 1, -2};
     nt_scope *s = nt_scope_begin();
-    nt_tensor *a = leaf(av, 1, SH(4)), *b = leaf(bv, 1, SH(3));
+    nt_tensor *a = nt_test_leaf(av, 1, SH(4)), *b = nt_test_leaf(bv, 1, SH(3));
     /* a non-leaf input: d/dh of sum(h^2) at h = exp(a) is 2 h */
     nt_tensor *h = nt_exp(a);
     nt_tensor *y = nt_add(scalar_sum(nt_mul(h, h)), scalar_sum(nt_sin(b)));
@@ -885,7 +850,7 @@ static void test_autograd_grad(void **state)
     /* only the part that leads to the inputs runs: sin's backward (which
      * cannot be differentiated) is never reached */
     assert_int_equal(nt_autograd_grad(&y, 1, &h, 1, NULL, true, true, false, g), 0);
-    float *gh = host(g[0]);
+    float *gh = nt_test_host(g[0]);
     for (int i = 0; i < 4; i++)
         assert_true(near(gh[i], 2 * exp(av[i]), 1e-6, 0));
     free(gh);
@@ -897,7 +862,7 @@ static void test_autograd_grad(void **state)
     nt_tensor *outs[2] = {o1, o2}, *gos[2] = {nt_from_host(wv, NT_F32, 1, SH(4)), NULL};
     nt_tensor *ins[2] = {a, b};
     assert_int_equal(nt_autograd_grad(outs, 2, ins, 2, gos, true, true, false, g), 0);
-    float *ga = host(g[0]), *gb = host(g[1]);
+    float *ga = nt_test_host(g[0]), *gb = nt_test_host(g[1]);
     for (int i = 0; i < 4; i++)
         assert_true(ga[i] == 2 * av[i] * wv[i]);
     for (int i = 0; i < 3; i++)
@@ -907,12 +872,12 @@ static void test_autograd_grad(void **state)
     nt_tensor *ga2;
     nt_tensor *sa = scalar_sum(g[0]);
     assert_int_equal(nt_autograd_grad(&sa, 1, &a, 1, NULL, false, false, false, &ga2), 0);
-    ga = host(ga2);
+    ga = nt_test_host(ga2);
     for (int i = 0; i < 4; i++)
         assert_true(ga[i] == 2 * wv[i]);
     free(ga);
     /* allow_unused: an input no gradient reaches */
-    nt_tensor *c = leaf(av, 1, SH(4));
+    nt_tensor *c = nt_test_leaf(av, 1, SH(4));
     nt_tensor *ins2[2] = {a, c};
     nt_tensor *y2 = scalar_sum(nt_mul(a, a));
     assert_int_equal(nt_autograd_grad(&y2, 1, ins2, 2, NULL, true, false, true, g), 0);
@@ -948,10 +913,10 @@ static void test_custom_op(void **state)
     assert_true(op >= 0);
     float xv[3] = {0.5f, -2, 3};
     nt_scope *s = nt_scope_begin();
-    nt_tensor *x = leaf(xv, 1, SH(3));
-    nt_tensor *g = grad1(scalar_sum(nt_op_call(op, &x)), x, true);
-    nt_tensor *h = grad1(scalar_sum(g), x, false);
-    float *hv = host(h);
+    nt_tensor *x = nt_test_leaf(xv, 1, SH(3));
+    nt_tensor *g = nt_test_grad1(scalar_sum(nt_op_call(op, &x)), x, true);
+    nt_tensor *h = nt_test_grad1(scalar_sum(g), x, false);
+    float *hv = nt_test_host(h);
     for (int i = 0; i < 3; i++)
         assert_true(near(hv[i], 6.0 * xv[i], 1e-6, 0));
     free(hv);
@@ -987,7 +952,7 @@ static void test_refusals(void **state)
     float xv[6] = {0.5f, -1.25f, 2, 0.75f, -0.5f, 1.5f};
     for (size_t k = 0; k < sizeof R / sizeof R[0]; k++) {
         nt_scope *s = nt_scope_begin();
-        nt_tensor *x = leaf(xv, 2, SH(2, 3));
+        nt_tensor *x = nt_test_leaf(xv, 2, SH(2, 3));
         nt_tensor *y = scalar_sum(R[k].f(x)), *g = (nt_tensor *)1;
         int rc = nt_autograd_grad(&y, 1, &x, 1, NULL, true, true, false, &g);
         if (k + 1 < sizeof R / sizeof R[0])
@@ -1014,7 +979,7 @@ static void test_errors(void **state)
     (void)state;
     float xv[4] = {1, 2, 3, 4};
     nt_scope *s = nt_scope_begin();
-    nt_tensor *x = leaf(xv, 1, SH(4)), *c = nt_from_host(xv, NT_F32, 1, SH(4));
+    nt_tensor *x = nt_test_leaf(xv, 1, SH(4)), *c = nt_from_host(xv, NT_F32, 1, SH(4));
     nt_tensor *y = scalar_sum(nt_mul(x, x)), *v = nt_mul(x, x), *g[2];
     nt_test_expect_err(nt_autograd_grad(NULL, 1, &x, 1, NULL, true, false, false, g), NT_EINVAL,
                        "nt_autograd_grad", "'outputs' is NULL");

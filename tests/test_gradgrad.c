@@ -45,31 +45,6 @@ uint64_t nt__tensor_live_handles(void); /* core/tensor.c */
 
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
 
-static int64_t tnumel(nt_tensor *t)
-{
-    int64_t n = 1;
-    for (int i = 0; i < nt_ndim(t); i++)
-        n *= nt_shape(t, i);
-    return n;
-}
-
-static nt_tensor *leaf(const float *v, int nd, const int64_t *sh)
-{
-    nt_tensor *t = nt_from_host(v, NT_F32, nd, sh);
-    assert_non_null(t);
-    assert_int_equal(nt_set_requires_grad(t, true), 0);
-    return t;
-}
-
-static float *host(nt_tensor *t)
-{
-    assert_non_null(t);
-    int64_t n = tnumel(t);
-    float *v = malloc((size_t)(n ? n : 1) * sizeof *v);
-    assert_int_equal(nt_to_host(t, v, (size_t)n * sizeof *v), 0);
-    return v;
-}
-
 static bool near(double got, double want, double rel, double abs_tol)
 {
     if (isnan(got) || isnan(want))
@@ -78,15 +53,6 @@ static bool near(double got, double want, double rel, double abs_tol)
 }
 
 static nt_tensor *ssum(nt_tensor *t) { return nt_sum(t, NT_DIM_ALL, false); }
-
-static nt_tensor *grad1(nt_tensor *y, nt_tensor *x, bool create)
-{
-    nt_tensor *g = NULL;
-    int rc = nt_autograd_grad(&y, 1, &x, 1, NULL, true, create, true, &g);
-    if (rc)
-        fail_msg("nt_autograd_grad: %s", nt_last_error_message());
-    return g;
-}
 
 /* ---------------- elementwise: f'' against doubles ---------------- */
 
@@ -172,17 +138,17 @@ static void test_unary_second(void **state)
             if (ux_ok(u, UX[i]))
                 xv[n++] = UX[i];
         nt_scope *s = nt_scope_begin();
-        nt_tensor *x = leaf(xv, 1, SH(n));
+        nt_tensor *x = nt_test_leaf(xv, 1, SH(n));
         nt_tensor *y = ssum(u->f(x));
-        nt_tensor *g0 = grad1(y, x, false), *g = grad1(y, x, true);
-        float *a = host(g0), *b = host(g);
+        nt_tensor *g0 = nt_test_grad1(y, x, false), *g = nt_test_grad1(y, x, true);
+        float *a = nt_test_host(g0), *b = nt_test_host(g);
         /* a create_graph pass's first gradient: the same kernel, the same bits */
         assert_memory_equal(a, b, (size_t)n * sizeof *a);
         for (int i = 0; i < n; i++)
             if (!near(b[i], u->d1(xv[i]), 2e-6, 1e-7))
                 fail_msg("%s' at %g: %.9g, double %.9g", u->name, xv[i], b[i], u->d1(xv[i]));
-        nt_tensor *h = grad1(ssum(g), x, true);
-        float *hv = h ? host(h) : calloc((size_t)n, sizeof *hv);
+        nt_tensor *h = nt_test_grad1(ssum(g), x, true);
+        float *hv = h ? nt_test_host(h) : calloc((size_t)n, sizeof *hv);
         for (int i = 0; i < n; i++)
             if (!near(hv[i], d2_ref(u, xv[i]), 1e-5, 2e-6))
                 fail_msg("%s'' at %g: %.9g, double %.9g", u->name, xv[i], hv[i],
@@ -198,16 +164,16 @@ static void test_unary_third(void **state)
     (void)state;
     float xv[4] = {-1.5f, -0.25f, 0.6f, 2.2f};
     nt_scope *s = nt_scope_begin();
-    nt_tensor *x = leaf(xv, 1, SH(4));
-    nt_tensor *g = grad1(ssum(nt_sin(x)), x, true);
-    nt_tensor *h = grad1(ssum(g), x, true);
-    float *t = host(grad1(ssum(h), x, false));
+    nt_tensor *x = nt_test_leaf(xv, 1, SH(4));
+    nt_tensor *g = nt_test_grad1(ssum(nt_sin(x)), x, true);
+    nt_tensor *h = nt_test_grad1(ssum(g), x, true);
+    float *t = nt_test_host(nt_test_grad1(ssum(h), x, false));
     for (int i = 0; i < 4; i++)
         assert_true(near(t[i], -cos(xv[i]), 1e-6, 1e-7));
     free(t);
-    g = grad1(ssum(nt_erf(x)), x, true);
-    h = grad1(ssum(g), x, true);
-    t = host(grad1(ssum(h), x, false));
+    g = nt_test_grad1(ssum(nt_erf(x)), x, true);
+    h = nt_test_grad1(ssum(g), x, true);
+    t = nt_test_host(nt_test_grad1(ssum(h), x, false));
     for (int i = 0; i < 4; i++)
         assert_true(near(t[i], (4.0 * xv[i] * xv[i] - 2.0) * d_erf(xv[i]), 1e-5, 1e-6));
     free(t);
@@ -224,12 +190,12 @@ static void test_grad_of_grad_output(void **state)
     for (int k = 0; k < NUNOPS; k++) {
         const unop *u = &UNOPS[k];
         nt_scope *s = nt_scope_begin();
-        nt_tensor *x = leaf(xv, 1, SH(5)), *v = leaf(vv, 1, SH(5));
+        nt_tensor *x = nt_test_leaf(xv, 1, SH(5)), *v = nt_test_leaf(vv, 1, SH(5));
         nt_tensor *y = u->f(x), *G = NULL, *gv = NULL;
         assert_int_equal(nt_autograd_grad(&y, 1, &x, 1, &v, true, true, false, &G), 0);
         nt_tensor *L = ssum(nt_mul(G, nt_from_host(uv, NT_F32, 1, SH(5))));
         assert_int_equal(nt_autograd_grad(&L, 1, &v, 1, NULL, false, false, false, &gv), 0);
-        float *got = host(gv);
+        float *got = nt_test_host(gv);
         for (int i = 0; i < 5; i++)
             if (!near(got[i], uv[i] * u->d1(xv[i]), 2e-6, 1e-7))
                 fail_msg("%s: d/dv[%d] %.9g, double %.9g", u->name, i, got[i],
@@ -271,12 +237,12 @@ static void test_binary_second(void **state)
     float av[5] = {0.6f, 1.3f, 2.2f, 0.9f, 3.1f}, bv[5] = {1.7f, -0.8f, 0.45f, 2.6f, -1.9f};
     for (int which = 0; which < 3; which++) {
         nt_scope *s = nt_scope_begin();
-        nt_tensor *a = leaf(av, 1, SH(5)), *b = leaf(bv, 1, SH(5)), *ab[2] = {a, b};
+        nt_tensor *a = nt_test_leaf(av, 1, SH(5)), *b = nt_test_leaf(bv, 1, SH(5)), *ab[2] = {a, b};
         nt_tensor *L = ssum(binop(which, a, b)), *g0[2], *g[2], *h[2][2];
         assert_int_equal(nt_autograd_grad(&L, 1, ab, 2, NULL, true, false, false, g0), 0);
         assert_int_equal(nt_autograd_grad(&L, 1, ab, 2, NULL, true, true, false, g), 0);
         for (int i = 0; i < 2; i++) {
-            float *x = host(g0[i]), *y = host(g[i]);
+            float *x = nt_test_host(g0[i]), *y = nt_test_host(g[i]);
             assert_memory_equal(x, y, sizeof av); /* the same bits */
             free(x), free(y);
             nt_tensor *si = ssum(g[i]);
@@ -287,7 +253,7 @@ static void test_binary_second(void **state)
         float *hv[2][2];
         for (int i = 0; i < 2; i++)
             for (int j = 0; j < 2; j++)
-                hv[i][j] = h[i][j] ? host(h[i][j]) : calloc(5, sizeof(float));
+                hv[i][j] = h[i][j] ? nt_test_host(h[i][j]) : calloc(5, sizeof(float));
         for (int k = 0; k < 5; k++) {
             double r[3];
             hess_ref(which, av[k], bv[k], r);
@@ -312,7 +278,7 @@ static void test_binary_second(void **state)
     assert_int_equal(nt_autograd_grad(&L, 1, ab, 2, NULL, true, false, false, g0), 0);
     assert_int_equal(nt_autograd_grad(&L, 1, ab, 2, NULL, true, true, false, g), 0);
     for (int i = 0; i < 2; i++) {
-        float *x = host(nt_cast(g0[i], NT_F32)), *y = host(nt_cast(g[i], NT_F32));
+        float *x = nt_test_host(nt_cast(g0[i], NT_F32)), *y = nt_test_host(nt_cast(g[i], NT_F32));
         assert_memory_equal(x, y, sizeof av);
         free(x), free(y);
     }
@@ -333,14 +299,14 @@ static void test_embedding_hvp(void **state)
         kv[i] = 0.5f + 0.125f * (float)i;
     int32_t idx[5] = {2, 0, 2, 3, 2};
     nt_scope *s = nt_scope_begin();
-    nt_tensor *W = leaf(wv, 2, SH(4, 3));
+    nt_tensor *W = nt_test_leaf(wv, 2, SH(4, 3));
     nt_tensor *e = nt_embedding(W, nt_from_host(idx, NT_I32, 1, SH(5)));
     nt_tensor *L = ssum(nt_mul(nt_mul(e, e), nt_from_host(kv, NT_F32, 2, SH(5, 3))));
-    nt_tensor *g = grad1(L, W, true);
-    float *g0 = host(grad1(L, W, false)), *g1 = host(g);
+    nt_tensor *g = nt_test_grad1(L, W, true);
+    float *g0 = nt_test_host(nt_test_grad1(L, W, false)), *g1 = nt_test_host(g);
     assert_memory_equal(g0, g1, sizeof wv);
-    nt_tensor *hu = grad1(ssum(nt_mul(g, nt_from_host(uv, NT_F32, 2, SH(4, 3)))), W, false);
-    float *h = host(hu);
+    nt_tensor *hu = nt_test_grad1(ssum(nt_mul(g, nt_from_host(uv, NT_F32, 2, SH(4, 3)))), W, false);
+    float *h = nt_test_host(hu);
     for (int r = 0; r < 4; r++)
         for (int c = 0; c < 3; c++) {
             double want = 0;
@@ -366,14 +332,14 @@ static void test_gather_hvp(void **state)
     int32_t gi[9] = {1, 1, 3, 0, 2, 0, 3, 3, 3}, si[3] = {2, 0, 2};
     for (int which = 0; which < 2; which++) {
         nt_scope *s = nt_scope_begin();
-        nt_tensor *x = leaf(xv, 2, SH(3, 4));
+        nt_tensor *x = nt_test_leaf(xv, 2, SH(3, 4));
         nt_tensor *p = which ? nt_index_select(x, 1, nt_from_host(si, NT_I32, 1, SH(3)))
                              : nt_gather(x, 1, nt_from_host(gi, NT_I32, 2, SH(3, 3)));
         nt_tensor *L = ssum(nt_mul(nt_mul(p, p), nt_from_host(kv, NT_F32, 2, SH(3, 3))));
-        nt_tensor *g = grad1(L, x, true);
-        float *g0 = host(grad1(L, x, false)), *g1 = host(g);
+        nt_tensor *g = nt_test_grad1(L, x, true);
+        float *g0 = nt_test_host(nt_test_grad1(L, x, false)), *g1 = nt_test_host(g);
         assert_memory_equal(g0, g1, sizeof xv);
-        float *h = host(grad1(ssum(nt_mul(g, nt_from_host(uv, NT_F32, 2, SH(3, 4)))), x, false));
+        float *h = nt_test_host(nt_test_grad1(ssum(nt_mul(g, nt_from_host(uv, NT_F32, 2, SH(3, 4)))), x, false));
         for (int i = 0; i < 3; i++)
             for (int j = 0; j < 4; j++) {
                 double want = 0;
@@ -399,12 +365,12 @@ static void test_cumprod_hvp(void **state)
     for (int i = 0; i < R * N; i++)
         wv[i] = 0.5f + 0.1f * (float)i, uv[i] = (float)((i * 3) % 5) - 2.0f;
     nt_scope *s = nt_scope_begin();
-    nt_tensor *x = leaf(xv, 2, SH(R, N));
+    nt_tensor *x = nt_test_leaf(xv, 2, SH(R, N));
     nt_tensor *L = ssum(nt_mul(nt_cumprod(x, 1), nt_from_host(wv, NT_F32, 2, SH(R, N))));
-    nt_tensor *g = grad1(L, x, true);
-    float *g0 = host(grad1(L, x, false)), *g1 = host(g);
+    nt_tensor *g = nt_test_grad1(L, x, true);
+    float *g0 = nt_test_host(nt_test_grad1(L, x, false)), *g1 = nt_test_host(g);
     assert_memory_equal(g0, g1, sizeof xv);
-    float *h = host(grad1(ssum(nt_mul(g, nt_from_host(uv, NT_F32, 2, SH(R, N)))), x, false));
+    float *h = nt_test_host(nt_test_grad1(ssum(nt_mul(g, nt_from_host(uv, NT_F32, 2, SH(R, N)))), x, false));
     for (int r = 0; r < R; r++) {
         const float *X = xv + r * N, *W = wv + r * N, *U = uv + r * N;
         for (int i = 0; i < N; i++) {
@@ -440,7 +406,7 @@ static nt_tensor *pool_t(long off, int nd, const int64_t *sh, bool req)
     float *v = malloc((size_t)n * sizeof *v);
     for (int64_t i = 0; i < n; i++)
         v[i] = nt_test_fbits(gg_pool[off + i]);
-    nt_tensor *t = req ? leaf(v, nd, sh) : nt_from_host(v, NT_F32, nd, sh);
+    nt_tensor *t = req ? nt_test_leaf(v, nd, sh) : nt_from_host(v, NT_F32, nd, sh);
     free(v);
     return t;
 }
@@ -448,7 +414,7 @@ static nt_tensor *pool_t(long off, int nd, const int64_t *sh, bool req)
 /* t (NULL: zeros) against PyTorch's n values at gg_pool[off] */
 static void vs_torch(const char *what, nt_tensor *t, long off, int64_t n, double rel, double abs_tol)
 {
-    float *got = t ? host(t) : calloc((size_t)n, sizeof *got);
+    float *got = t ? nt_test_host(t) : calloc((size_t)n, sizeof *got);
     for (int64_t i = 0; i < n; i++) {
         float w = nt_test_fbits(gg_pool[off + i]);
         bool ok = isinf(w) || isinf(got[i]) ? got[i] == w : near(got[i], w, rel, abs_tol);
@@ -488,9 +454,9 @@ static void test_torch_ew(void **state)
         const unop *u = unop_named(gg_ew[r].name);
         nt_scope *s = nt_scope_begin();
         nt_tensor *x = pool_t(gg_ew_x, 1, SH(GG_NEDGE), true);
-        nt_tensor *g = grad1(ssum(u->f(x)), x, true);
-        nt_tensor *h = nt_requires_grad(g) ? grad1(ssum(g), x, false) : NULL;
-        float *gv = host(g), *hv = h ? host(h) : calloc(GG_NEDGE, sizeof *hv);
+        nt_tensor *g = nt_test_grad1(ssum(u->f(x)), x, true);
+        nt_tensor *h = nt_requires_grad(g) ? nt_test_grad1(ssum(g), x, false) : NULL;
+        float *gv = nt_test_host(g), *hv = h ? nt_test_host(h) : calloc(GG_NEDGE, sizeof *hv);
         int skipped = 0;
         for (int i = 0; i < GG_NEDGE; i++) {
             float xi = nt_test_fbits(gg_pool[gg_ew_x + i]);
@@ -565,8 +531,8 @@ static void test_torch_hvp(void **state)
         int64_t ysh[3];
         for (int i = 0; i < nt_ndim(y); i++)
             ysh[i] = nt_shape(y, i);
-        nt_tensor *g = grad1(ssum(nt_mul(y, pool_t(r->k, nt_ndim(y), ysh, false))), x, true);
-        nt_tensor *hu = grad1(ssum(nt_mul(g, pool_t(r->u, xnd, xs, false))), x, false);
+        nt_tensor *g = nt_test_grad1(ssum(nt_mul(y, pool_t(r->k, nt_ndim(y), ysh, false))), x, true);
+        nt_tensor *hu = nt_test_grad1(ssum(nt_mul(g, pool_t(r->u, xnd, xs, false))), x, false);
         char what[64];
         snprintf(what, sizeof what, "%s g", r->name);
         vs_torch(what, g, r->g, xn, 1e-6, 1e-7);
@@ -614,8 +580,8 @@ typedef struct {
 
 static void push(bits_t *b, nt_tensor *t)
 {
-    float *h = host(t);
-    int64_t n = tnumel(t);
+    float *h = nt_test_host(t);
+    int64_t n = nt_test_tnumel(t);
     b->v = realloc(b->v, (b->n + (size_t)n) * sizeof *b->v);
     memcpy(b->v + b->n, h, (size_t)n * sizeof *h);
     b->n += (size_t)n;
@@ -630,7 +596,7 @@ static void all_bits(bits_t *b)
         xv[i] = 0.37f * (float)i - 2.1f;
     int32_t idx[4] = {1, 3, 1, 0};
     nt_scope *s = nt_scope_begin();
-    nt_tensor *x = leaf(xv, 2, SH(3, 4));
+    nt_tensor *x = nt_test_leaf(xv, 2, SH(3, 4));
     nt_tensor *ys[6] = {
         ssum(nt_atan2(nt_pow(nt_add_scalar(nt_abs(x), 0.5), nt_cos(x)), nt_add_scalar(x, 0.3))),
         ssum(nt_mul(nt_sin(x), nt_erf(x))),
@@ -643,9 +609,9 @@ static void all_bits(bits_t *b)
                     nt_reshape(x, 3, SH(1, 3, 4)))),
     };
     for (int k = 0; k < 6; k++) {
-        nt_tensor *g = grad1(ys[k], x, true);
+        nt_tensor *g = nt_test_grad1(ys[k], x, true);
         push(b, g);
-        push(b, grad1(ssum(nt_mul(g, g)), x, false));
+        push(b, nt_test_grad1(ssum(nt_mul(g, g)), x, false));
     }
     nt_scope_end(s);
 }
@@ -693,8 +659,8 @@ static void test_sdpa_first_order(void **state)
         mv[i] = (uint8_t)((i * 7) % 3 != 0 && i / T != 2); /* row 2 attends nothing */
     for (int variant = 0; variant < 3; variant++) {
         nt_scope *s = nt_scope_begin();
-        nt_tensor *q = leaf(qv, 3, SH(2, T, D)), *k = leaf(kv, 3, SH(2, T, D));
-        nt_tensor *v = leaf(vv, 3, SH(2, T, D));
+        nt_tensor *q = nt_test_leaf(qv, 3, SH(2, T, D)), *k = nt_test_leaf(kv, 3, SH(2, T, D));
+        nt_tensor *v = nt_test_leaf(vv, 3, SH(2, T, D));
         nt_tensor *m = variant == 2 ? nt_from_host(mv, NT_U8, 2, SH(T, T)) : NULL;
         nt_tensor *y = nt_scaled_dot_product_attention(q, k, v, m, variant == 1, 0);
         nt_tensor *L = ssum(nt_mul(y, nt_sin(y)));
@@ -703,7 +669,7 @@ static void test_sdpa_first_order(void **state)
         assert_int_equal(nt_autograd_grad(&L, 1, in, 3, NULL, true, true, false, gb), 0);
         for (int j = 0; j < 3; j++) {
             assert_true(nt_requires_grad(gb[j]));
-            float *a = host(ga[j]), *b = host(gb[j]);
+            float *a = nt_test_host(ga[j]), *b = nt_test_host(gb[j]);
             for (int i = 0; i < 2 * T * D; i++)
                 if (!near(b[i], a[i], 1e-5, 1e-6))
                     fail_msg("sdpa variant %d d/d%c[%d]: create_graph %.9g, fused %.9g", variant,
@@ -767,7 +733,7 @@ static void test_gradgradcheck_ops(void **state)
     float xv[6] = {-0.85f, -0.4f, 0.3f, 0.9f, 1.6f, 2.4f}, wv[6] = {0.5f, -1, 1.5f, 0.75f, -0.25f, 1};
     for (int k = 0; k < NUNOPS; k++) {
         nt_scope *s = nt_scope_begin();
-        nt_tensor *in[2] = {leaf(xv, 1, SH(6)), leaf(wv, 1, SH(6))};
+        nt_tensor *in[2] = {nt_test_leaf(xv, 1, SH(6)), nt_test_leaf(wv, 1, SH(6))};
         int rc = nt_gradgradcheck(gg_unary, in, 2, (void *)&UNOPS[k], NULL, 1e-2, 2e-2, 2e-2);
         if (rc)
             fail_msg("%s: %s", UNOPS[k].name, nt_last_error_message());
@@ -776,7 +742,7 @@ static void test_gradgradcheck_ops(void **state)
     float iv[6] = {0.4f, -0.9f, 1.2f, 0.6f, -0.3f, 0.8f}, sv[3] = {0.7f, -1.1f, 0.5f};
     for (int which = 0; which < 5; which++) {
         nt_scope *s = nt_scope_begin();
-        nt_tensor *in[2] = {leaf(iv, 2, SH(2, 3)), leaf(sv, 2, SH(1, 3))};
+        nt_tensor *in[2] = {nt_test_leaf(iv, 2, SH(2, 3)), nt_test_leaf(sv, 2, SH(1, 3))};
         int n = which == 3 ? 2 : 1;
         if (nt_gradgradcheck(gg_index, in, n, &which, NULL, 1e-2, 2e-2, 2e-2))
             fail_msg("index op %d: %s", which, nt_last_error_message());
@@ -785,7 +751,7 @@ static void test_gradgradcheck_ops(void **state)
     {
         float cv[10] = {0.9f, -1.2f, 0.0f, 0.7f, -0.8f, 1.3f, 0.6f, -0.6f, 1.4f, 0.5f};
         nt_scope *s = nt_scope_begin();
-        nt_tensor *x = leaf(cv, 2, SH(2, 5));
+        nt_tensor *x = nt_test_leaf(cv, 2, SH(2, 5));
         if (nt_gradgradcheck(gg_cumprod, &x, 1, NULL, NULL, 1e-2, 2e-2, 2e-2))
             fail_msg("cumprod: %s", nt_last_error_message());
         nt_scope_end(s);
@@ -797,8 +763,8 @@ static void test_gradgradcheck_ops(void **state)
         v[i] = 0.2f * (float)i - 0.5f;
     for (int variant = 0; variant < 4; variant++) {
         nt_scope *s = nt_scope_begin();
-        nt_tensor *in[3] = {leaf(q, 3, SH(1, 3, 4)), leaf(kk, 3, SH(1, 3, 4)),
-                            leaf(v, 3, SH(1, 3, 2))};
+        nt_tensor *in[3] = {nt_test_leaf(q, 3, SH(1, 3, 4)), nt_test_leaf(kk, 3, SH(1, 3, 4)),
+                            nt_test_leaf(v, 3, SH(1, 3, 2))};
         if (nt_gradgradcheck(gg_sdpa, in, 3, &variant, NULL, 1e-2, 2e-2, 2e-2))
             fail_msg("sdpa variant %d: %s", variant, nt_last_error_message());
         nt_scope_end(s);
@@ -808,7 +774,7 @@ static void test_gradgradcheck_ops(void **state)
     float pa[6] = {0.6f, 1.3f, 2.2f, 0.9f, 1.7f, 1.1f}, pb[3] = {1.7f, -0.8f, 0.7f};
     for (int which = 0; which < 3; which++) {
         nt_scope *s = nt_scope_begin();
-        nt_tensor *in[2] = {leaf(pa, 2, SH(2, 3)), leaf(pb, 1, SH(3))};
+        nt_tensor *in[2] = {nt_test_leaf(pa, 2, SH(2, 3)), nt_test_leaf(pb, 1, SH(3))};
         if (nt_gradgradcheck(gg_binop, in, 2, &which, NULL, 1e-2, 2e-2, 2e-2))
             fail_msg("binary op %d: %s", which, nt_last_error_message());
         nt_scope_end(s);
@@ -817,7 +783,7 @@ static void test_gradgradcheck_ops(void **state)
     {
         float go[6] = {1, -2, 0.5f, 0.25f, -1, 3};
         nt_scope *s = nt_scope_begin();
-        nt_tensor *in[2] = {leaf(xv, 1, SH(6)), leaf(wv, 1, SH(6))};
+        nt_tensor *in[2] = {nt_test_leaf(xv, 1, SH(6)), nt_test_leaf(wv, 1, SH(6))};
         assert_int_equal(nt_gradgradcheck(gg_unary, in, 2, (void *)&UNOPS[0],
                                           nt_from_host(go, NT_F32, 1, SH(6)), 1e-2, 2e-2, 2e-2),
                          0);
@@ -851,7 +817,7 @@ static void test_gradgradcheck_catches_wrong(void **state)
     assert_true(op >= 0);
     float xv[3] = {0.5f, -1.5f, 1.25f};
     nt_scope *s = nt_scope_begin();
-    nt_tensor *x = leaf(xv, 1, SH(3));
+    nt_tensor *x = nt_test_leaf(xv, 1, SH(3));
     assert_int_equal(nt_gradcheck(gg_custom, &x, 1, &op, 1e-2, 2e-2, 2e-2), 0);
     nt_test_expect_err(nt_gradgradcheck(gg_custom, &x, 1, &op, NULL, 1e-2, 2e-2, 2e-2), NT_ERANGE,
                        "nt_gradgradcheck", "input 0 element 0", "analytic second derivative 0",
@@ -933,7 +899,7 @@ static void test_gradgradcheck_errors(void **state)
     (void)state;
     float xv[3] = {0.5f, 1.5f, 2};
     nt_scope *s = nt_scope_begin();
-    nt_tensor *x = leaf(xv, 1, SH(3)), *c = nt_from_host(xv, NT_F32, 1, SH(3));
+    nt_tensor *x = nt_test_leaf(xv, 1, SH(3)), *c = nt_from_host(xv, NT_F32, 1, SH(3));
     nt_tensor *in2[2] = {x, NULL};
     const unop *u = &UNOPS[0];
     nt_test_expect_err(nt_gradgradcheck(NULL, &x, 1, NULL, NULL, 1e-2, 1e-2, 1e-2), NT_EINVAL,
@@ -1013,7 +979,7 @@ static float grad0_after(nt_tensor *x, nt_tensor *y)
 {
     assert_int_equal(nt_zero_grad(x), 0);
     assert_int_equal(nt_backward_ex(y, true), 0);
-    float *g = host(nt_grad(x));
+    float *g = nt_test_host(nt_grad(x));
     float v = g[0];
     free(g);
     return v;
@@ -1026,7 +992,7 @@ static void test_hooks_removable(void **state)
     HL.scale[0] = 2, HL.scale[1] = 3, HL.scale[2] = 1;
     float xv[2] = {1.5f, -0.5f};
     nt_scope *s = nt_scope_begin();
-    nt_tensor *x = leaf(xv, 1, SH(2));
+    nt_tensor *x = nt_test_leaf(xv, 1, SH(2));
     nt_tensor *h = nt_mul_scalar(x, 1.0);
     nt_tensor *y = ssum(nt_mul(h, h)); /* dy/dh = 2 h = 3 at element 0 */
     nt_hook_handle ha = 0, hb = 0, hc = 0;
@@ -1073,7 +1039,7 @@ static void test_hooks_removable(void **state)
     /* a handle that outlives its graph: removing succeeds once */
     nt_hook_handle ho = 0;
     s = nt_scope_begin();
-    nt_tensor *x2 = leaf(xv, 1, SH(2));
+    nt_tensor *x2 = nt_test_leaf(xv, 1, SH(2));
     nt_tensor *h2 = nt_exp(x2);
     assert_int_equal(nt_register_hook_handle(h2, hook_b, NULL, &ho), 0);
     nt_scope_end(s); /* x2, h2 and the graph go */
@@ -1089,14 +1055,14 @@ static void test_hooks_create_graph(void **state)
     HL.scale[0] = 10;
     float xv[2] = {0.5f, 1};
     nt_scope *s = nt_scope_begin();
-    nt_tensor *x = leaf(xv, 1, SH(2));
+    nt_tensor *x = nt_test_leaf(xv, 1, SH(2));
     nt_tensor *h = nt_sin(x);
     nt_hook_handle ha;
     assert_int_equal(nt_register_hook_handle(h, hook_a, NULL, &ha), 0);
     nt_tensor *y = ssum(nt_mul(h, h));
-    float *g1 = host(grad1(y, x, true));
+    float *g1 = nt_test_host(nt_test_grad1(y, x, true));
     assert_int_equal(nt_remove_hook(ha), 0);
-    float *g2 = host(grad1(y, x, true));
+    float *g2 = nt_test_host(nt_test_grad1(y, x, true));
     for (int i = 0; i < 2; i++)
         assert_true(near(g1[i], 10.0 * g2[i], 1e-6, 0));
     assert_int_equal(HL.calls[0], 1);
