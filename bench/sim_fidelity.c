@@ -201,97 +201,32 @@ static void blocked(nt_sim_kernel *k)
 }
 
 /* Step 4, nki_matmul_fully_optimized_ (TILES_IN_BLOCK M=16, N=2, K=8):
- * blocks on every dim, wide loads, partial sums kept in SBUF. */
-static void optimized(nt_sim_kernel *k)
+ * blocks on every dim, wide loads, partial sums kept in SBUF, in dt.
+ *
+ * bf16 (the tutorial's): the input tiles double-buffered, the packed result
+ * in a ring of its own.  f32, as the trn2 guide's driver passes them (numpy
+ * float32 matrices; its kernels allocate tiles in the inputs' dtype): the
+ * partial sums (128 KiB per partition) and one set of lhsT (64 KiB) and rhs
+ * tiles (32 KiB) fill trn2's 224 KiB exactly, so the input tiles are
+ * single-buffered and the packed result is built in the block's last lhsT
+ * tile, free by then (the choice a compiler short of SBUF makes). */
+static void optimized_in(nt_sim_kernel *k, nt_dtype dt)
 {
     enum { TBM = 16, TBN = 2, TBK = 8 };
     const int64_t BLOCK_M = TM * TBM, BLOCK_N = TN * TBN, BLOCK_K = TK * TBK;
     const int64_t NBM = M / BLOCK_M, NBN = N / BLOCK_N, NBK = K / BLOCK_K;
+    const bool wide = dt == NT_F32; /* single buffers, packed in lhsT's tile */
     ring rt, lt, ps, packed;
     nt_tile *acc[2][TBM][TBN];
     for (int m = 0; m < NBM; m++)
         for (int bm = 0; bm < TBM; bm++)
             for (int bn = 0; bn < TBN; bn++)
-                acc[m][bm][bn] = nt_tile_alloc(k, "result_tmps", NT_MEM_SBUF, NT_BF16, TM, TN);
-    ring_alloc(k, &rt, "rhs_tile", NT_MEM_SBUF, NT_BF16, TK, BLOCK_N, 2 * TBK);
-    ring_alloc(k, &lt, "lhsT_tile", NT_MEM_SBUF, NT_BF16, TK, BLOCK_M, 2 * TBK);
+                acc[m][bm][bn] = nt_tile_alloc(k, "result_tmps", NT_MEM_SBUF, dt, TM, TN);
+    ring_alloc(k, &rt, "rhs_tile", NT_MEM_SBUF, dt, TK, BLOCK_N, wide ? TBK : 2 * TBK);
+    ring_alloc(k, &lt, "lhsT_tile", NT_MEM_SBUF, dt, TK, BLOCK_M, wide ? TBK : 2 * TBK);
     ring_alloc(k, &ps, "result_tile", NT_MEM_PSUM, NT_F32, TM, TN, 2);
-    ring_alloc(k, &packed, "result_packed", NT_MEM_SBUF, NT_BF16, TM, BLOCK_N, 2);
-    for (int64_t n = 0; n < NBN; n++) {
-        for (int m = 0; m < NBM; m++)
-            for (int bm = 0; bm < TBM; bm++)
-                for (int bn = 0; bn < TBN; bn++) {
-                    nt_ap A = nt_tile_ap(acc[m][bm][bn]);
-                    CHECK(nt_isa_memset(k, &A, 0.0, NT_ENGINE_VECTOR));
-                }
-        for (int64_t kb = 0; kb < NBK; kb++) {
-            nt_tile *r[TBK];
-            for (int bk = 0; bk < TBK; bk++) {
-                r[bk] = ring_get(&rt);
-                nt_ap R = nt_tile_ap(r[bk]);
-                nt_ap h = nt_hbm_ap(rhs, NT_BF16, (kb * TBK + bk) * TK * N + n * BLOCK_N, TK, N,
-                                    BLOCK_N);
-                CHECK(nt_isa_dma_copy(k, &R, &h, rhs_q()));
-            }
-            for (int m = 0; m < NBM; m++) {
-                nt_tile *l[TBK];
-                for (int bk = 0; bk < TBK; bk++) {
-                    l[bk] = ring_get(&lt);
-                    nt_ap L = nt_tile_ap(l[bk]);
-                    nt_ap h = nt_hbm_ap(lhsT, NT_BF16, (kb * TBK + bk) * TK * M + m * BLOCK_M, TK,
-                                        M, BLOCK_M);
-                    CHECK(nt_isa_dma_copy(k, &L, &h, lhs_q()));
-                }
-                for (int bn = 0; bn < TBN; bn++)
-                    for (int bm = 0; bm < TBM; bm++) {
-                        nt_tile *p = ring_get(&ps);
-                        nt_ap P = nt_tile_ap(p);
-                        for (int bk = 0; bk < TBK; bk++) {
-                            nt_ap L = nt_tile_slice(l[bk], 0, TK, bm * TM, TM);
-                            nt_ap R = nt_tile_slice(r[bk], 0, TK, bn * TN, TN);
-                            CHECK(nt_isa_nc_matmul(k, &P, &L, &R, bk > 0));
-                        }
-                        nt_ap A = nt_tile_ap(acc[m][bm][bn]);
-                        CHECK(nt_isa_tensor_tensor(k, &A, &A, &P, NT_ALU_ADD, NT_ENGINE_VECTOR));
-                    }
-            }
-        }
-        for (int m = 0; m < NBM; m++)
-            for (int bm = 0; bm < TBM; bm++) {
-                nt_tile *pk = ring_get(&packed);
-                for (int bn = 0; bn < TBN; bn++) {
-                    nt_ap d = nt_tile_slice(pk, 0, TM, bn * TN, TN);
-                    nt_ap s = nt_tile_ap(acc[m][bm][bn]);
-                    CHECK(nt_isa_tensor_copy(k, &d, &s, NT_ENGINE_VECTOR));
-                }
-                nt_ap s = nt_tile_ap(pk);
-                nt_ap d = nt_hbm_ap(result, NT_BF16, (m * BLOCK_M + bm * TM) * N + n * BLOCK_N,
-                                    TM, N, BLOCK_N);
-                CHECK(nt_isa_dma_copy(k, &d, &s, Q_OUT));
-            }
-    }
-}
-
-/* Step 4 with f32 operands, as the trn2 guide's driver passes them (numpy
- * float32 matrices; its kernels allocate tiles in the inputs' dtype).  In
- * f32 the partial sums (128 KiB per partition) and one set of lhsT (64 KiB)
- * and rhs tiles (32 KiB) fill trn2's 224 KiB exactly: the input tiles are
- * single-buffered and the packed result is built in the block's last lhsT
- * tile, free by then (the choice a compiler short of SBUF makes). */
-static void optimized_f32(nt_sim_kernel *k)
-{
-    enum { TBM = 16, TBN = 2, TBK = 8 };
-    const int64_t BLOCK_M = TM * TBM, BLOCK_N = TN * TBN;
-    const int64_t NBM = M / BLOCK_M, NBN = N / BLOCK_N, NBK = K / (TK * TBK);
-    ring rt, lt, ps;
-    nt_tile *acc[2][TBM][TBN];
-    for (int m = 0; m < NBM; m++)
-        for (int bm = 0; bm < TBM; bm++)
-            for (int bn = 0; bn < TBN; bn++)
-                acc[m][bm][bn] = nt_tile_alloc(k, "result_tmps", NT_MEM_SBUF, NT_F32, TM, TN);
-    ring_alloc(k, &rt, "rhs_tile", NT_MEM_SBUF, NT_F32, TK, BLOCK_N, TBK);
-    ring_alloc(k, &lt, "lhsT_tile", NT_MEM_SBUF, NT_F32, TK, BLOCK_M, TBK);
-    ring_alloc(k, &ps, "result_tile", NT_MEM_PSUM, NT_F32, TM, TN, 2);
+    if (!wide)
+        ring_alloc(k, &packed, "result_packed", NT_MEM_SBUF, dt, TM, BLOCK_N, 2);
     for (int64_t n = 0; n < NBN; n++) {
         nt_tile *l[TBK] = {0};
         for (int m = 0; m < NBM; m++)
@@ -305,7 +240,7 @@ static void optimized_f32(nt_sim_kernel *k)
             for (int bk = 0; bk < TBK; bk++) {
                 r[bk] = ring_get(&rt);
                 nt_ap R = nt_tile_ap(r[bk]);
-                nt_ap h = nt_hbm_ap(rhs, NT_F32, (kb * TBK + bk) * TK * N + n * BLOCK_N, TK, N,
+                nt_ap h = nt_hbm_ap(rhs, dt, (kb * TBK + bk) * TK * N + n * BLOCK_N, TK, N,
                                     BLOCK_N);
                 CHECK(nt_isa_dma_copy(k, &R, &h, rhs_q()));
             }
@@ -313,7 +248,7 @@ static void optimized_f32(nt_sim_kernel *k)
                 for (int bk = 0; bk < TBK; bk++) {
                     l[bk] = ring_get(&lt);
                     nt_ap L = nt_tile_ap(l[bk]);
-                    nt_ap h = nt_hbm_ap(lhsT, NT_F32, (kb * TBK + bk) * TK * M + m * BLOCK_M, TK,
+                    nt_ap h = nt_hbm_ap(lhsT, dt, (kb * TBK + bk) * TK * M + m * BLOCK_M, TK,
                                         M, BLOCK_M);
                     CHECK(nt_isa_dma_copy(k, &L, &h, lhs_q()));
                 }
@@ -333,19 +268,22 @@ static void optimized_f32(nt_sim_kernel *k)
         }
         for (int m = 0; m < NBM; m++)
             for (int bm = 0; bm < TBM; bm++) {
-                nt_tile *pk = l[TBK - 1];
+                nt_tile *pk = wide ? l[TBK - 1] : ring_get(&packed);
                 for (int bn = 0; bn < TBN; bn++) {
                     nt_ap d = nt_tile_slice(pk, 0, TM, bn * TN, TN);
                     nt_ap s = nt_tile_ap(acc[m][bm][bn]);
                     CHECK(nt_isa_tensor_copy(k, &d, &s, NT_ENGINE_VECTOR));
                 }
-                nt_ap s = nt_tile_slice(pk, 0, TM, 0, BLOCK_N);
-                nt_ap d = nt_hbm_ap(result, NT_F32, (m * BLOCK_M + bm * TM) * N + n * BLOCK_N,
+                nt_ap s = wide ? nt_tile_slice(pk, 0, TM, 0, BLOCK_N) : nt_tile_ap(pk);
+                nt_ap d = nt_hbm_ap(result, dt, (m * BLOCK_M + bm * TM) * N + n * BLOCK_N,
                                     TM, N, BLOCK_N);
                 CHECK(nt_isa_dma_copy(k, &d, &s, Q_OUT));
             }
     }
 }
+
+static void optimized(nt_sim_kernel *k) { optimized_in(k, NT_BF16); }
+static void optimized_f32(nt_sim_kernel *k) { optimized_in(k, NT_F32); }
 
 static double run(const char *name, void (*prog)(nt_sim_kernel *), nt_sim_report *r)
 {
