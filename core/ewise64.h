@@ -92,7 +92,9 @@ static inline bool nt__f64_op_ok(int op)
     X(PERMUTE, permute) X(SLICE, slice) X(EXPAND, expand) X(ALIAS, alias) X(CAT, cat)      \
     X(DIAGONAL, diagonal)
 
-/* true: built-in op `op` takes dtype dt at input `pos` (-1: its result) */
+/* true: built-in op `op` takes dtype dt at input `pos` (-1: its result).
+ * Every op takes every dtype the device has (nt__dtype_on_device): the
+ * dispatcher looks here only for an off-device operand. */
 static inline bool nt__dtype_op_ok(nt_dtype dt, int op, int pos)
 {
 #define NT__OK_CASE(ID, name) case NT_OP_##ID:

@@ -128,10 +128,14 @@ static int offdev_operand(const nt__call *c)
  * (core/ewise64.h's lists): NT_ENOTSUP naming the function, the argument
  * and the dtypes the op takes, before anything is allocated (no kernel ever
  * reads data of a dtype it does not know).  User ops (custom kernels) see
- * every dtype. */
-static int check_dtypes(const nt__call *c)
+ * every dtype.  One scan in the common case: every op takes every dtype
+ * the device has (nt__dtype_op_ok), so only an off-device operand is
+ * looked at further; c->offdev keeps the scan's answer for
+ * choose_backend. */
+static int check_dtypes(nt__call *c)
 {
-    if (c->op >= NT_OP_COUNT)
+    c->offdev = offdev_operand(c);
+    if (c->offdev < 0 || c->op >= NT_OP_COUNT)
         return 0;
     int k = -1;
     nt_dtype dt = NT_F32;
@@ -166,7 +170,7 @@ static int choose_backend(nt__call *c, uint8_t *backend)
      * runs every op), or is refused under NT_REQUIRE_SIM (core/backend.h). */
     const nt__backend_i *be = nt__backends[want];
     bool ok = be && nt__backend_can(be, c->op, &c->p);
-    int k = ok && want == NT_BACKEND_SIM ? offdev_operand(c) : -1;
+    int k = ok && want == NT_BACKEND_SIM ? c->offdev : -1;
     if (k >= 0) {
         /* The NeuronCore has no f64 or i64 datapath, and the simulator's
          * kernels know u8 masks, not bool (docs/sim.md): such ops run on

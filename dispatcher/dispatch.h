@@ -20,6 +20,8 @@ typedef struct nt__call {
     nt_tensor *in[NT__MAX_IN];
     nt__params p;
     int nout;        /* 1 unless the op says otherwise */
+    int offdev;      /* dispatch: the first operand of a dtype the device
+                        lacks (an input's index, nin for an output), or -1 */
     nt_dtype odt[NT__MAX_OUT];
     int ondim[NT__MAX_OUT];
     int64_t oshape[NT__MAX_OUT][NT_MAX_DIMS];
