@@ -91,8 +91,10 @@ struct nt__ag {
     nt_tensor *amp_cast;
     uint64_t amp_ver;
     uint8_t amp_want;
-    /* the capture note of amp_cast (autograd/optim.c, ampcap), borrowed */
+    /* the capture note of amp_cast (autograd/optim.c, ampcap), borrowed;
+     * amp_opt: the leaf is an optimizer's parameter */
     struct ampcap *amp_cap;
+    bool amp_opt;
 };
 
 /* Backward of one node: gout[i] is the gradient of output i (NULL: zero);

@@ -121,6 +121,8 @@ static int add_group_locked(nt_optim *o, nt_tensor *const *params, int n, const 
             return nt__err_hostmem(NULL, fn, "the parameter group");
         }
         s->p = nt_retain(params[i]);
+        if (s->p->ag) /* (a capture makes its casts ahead: ampcap_make) */
+            s->p->ag->amp_opt = true;
         s->o = o;
         s->g = o->ngroups;
         o->slots[o->n + i] = s;
@@ -925,8 +927,10 @@ static int ampcap_write(struct nt__ag *ag, nt_tensor *p, nt_tensor *w_new, uint8
 static nt_tensor *ampcap_make(const nt_site *site, const char *fn, nt_tensor *l, nt_dtype dt)
 {
     struct nt__ag *ag = l->ag;
-    if (l->dtype != NT_F32 || (dt != NT_BF16 && dt != NT_F16) || NT__CFG(sr) ||
-        !nt__is_contig(l))
+    /* an optimizer's parameters only: a leaf the user rewrites otherwise (a
+     * graph input bound at each replay) is cast in the program */
+    if (!ag->amp_opt || l->dtype != NT_F32 || (dt != NT_BF16 && dt != NT_F16) ||
+        NT__CFG(sr) || !nt__is_contig(l))
         return NULL;
     nt__capture_pause();
     nt_no_grad_begin();

@@ -265,6 +265,62 @@ static void test_fewer_kernels_and_bytes(void **state)
     assert_true(ahead.replay_hbm + saved <= in_prog.replay_hbm);
 }
 
+/* A capture of a forward alone: w (an optimizer's parameter) gets its cast
+ * made outside the program, x (a named input that requires grad) is cast
+ * in it.  Each replay's y equals y computed op by op with the x bound and
+ * the w of then: x's new values are cast (not a stale cast of step 0's),
+ * and w written between replays is cast again. */
+static void test_forward_capture(void **state)
+{
+    (void)state;
+    for (size_t b = 0; b < G_N_ELEMENTS(backends); b++) {
+        nt_shutdown();
+        assert_int_equal(nt_init(), 0);
+        assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+        assert_int_equal(nt_config_set("NT_BACKEND", backends[b]), 0);
+        net n;
+        net_make(&n);
+        float xs[NB * NI];
+        batch_of(0, xs, (int32_t[NB]){0});
+        nt_tensor *x = nt_from_host(xs, NT_F32, 2, (int64_t[]){NB, NI});
+        assert_non_null(x);
+        assert_int_equal(nt_set_requires_grad(x, true), 0);
+        assert_int_equal(nt_graph_capture_begin(), 0);
+        assert_int_equal(nt_graph_input(x, "x"), 0);
+        assert_int_equal(nt_autocast_begin(NT_BF16), 0);
+        nt_tensor *y = nt_linear(x, n.p[0], NULL);
+        assert_int_equal(nt_autocast_end(), 0);
+        nt_graph *g = nt_graph_capture_end();
+        assert_non_null(g);
+        assert_non_null(y);
+        for (int k = 1; k < 5; k++) {
+            if (k == 3)
+                write_w1(&n);
+            batch_of(k, xs, (int32_t[NB]){0});
+            nt_tensor *xk = nt_from_host(xs, NT_F32, 2, (int64_t[]){NB, NI});
+            assert_non_null(xk);
+            assert_int_equal(nt_graph_bind(g, "x", xk), 0);
+            assert_int_equal(nt_graph_replay(g), 0);
+            assert_int_equal(nt_autocast_begin(NT_BF16), 0);
+            nt_tensor *want = nt_linear(xk, n.p[0], NULL);
+            assert_int_equal(nt_autocast_end(), 0);
+            assert_non_null(want);
+            static uint16_t a[NB * NH], e[NB * NH];
+            assert_int_equal(nt_to_host(y, a, sizeof a), 0);
+            assert_int_equal(nt_to_host(want, e, sizeof e), 0);
+            if (memcmp(a, e, sizeof a))
+                fail_msg("%s: replay %d's y differs from y op by op", backends[b], k);
+            nt_release(want);
+            nt_release(xk);
+        }
+        nt_graph_destroy(g);
+        nt_release(y);
+        nt_release(x);
+        net_free(&n);
+        assert_int_equal(nt_sync(), 0);
+    }
+}
+
 /* ---------------- attention in bf16 ---------------- */
 
 enum { AB = 4, AH = 4, AD = 32 };
@@ -359,6 +415,7 @@ int main(void)
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fewer_kernels_and_bytes, nt_test_setup,
                                         nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_forward_capture, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_attention_bf16_grouped, nt_test_setup,
                                         nt_test_teardown),
     };
