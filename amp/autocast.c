@@ -99,7 +99,7 @@ static nt_tensor *cast_made(const nt_site *site, const char *fn, nt_tensor *src,
 
 nt_tensor *nt__amp_cast(const nt_site *site, const char *fn, nt_tensor *src, nt_dtype dt)
 {
-    nt_tensor *pre = NT__CFG(sr) ? NULL : nt__optim_cast_of(src, dt);
+    nt_tensor *pre = NT__CFG(sr) ? NULL : nt__optim_cast_of_at(site, fn, src, dt);
     return pre ? cast_made(site, fn, src, pre, dt) : nt__copy_to(site, fn, src, dt);
 }
 

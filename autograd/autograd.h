@@ -91,6 +91,10 @@ struct nt__ag {
     nt_tensor *amp_cast;
     uint64_t amp_ver;
     uint8_t amp_want;
+    /* the capture note of amp_cast (autograd/optim.c, ampcap), borrowed;
+     * amp_opt: the leaf is an optimizer's parameter */
+    struct ampcap *amp_cap;
+    bool amp_opt;
 };
 
 /* Backward of one node: gout[i] is the gradient of output i (NULL: zero);
@@ -216,6 +220,10 @@ int nt__optim_nparams(nt_optim *opt);
  * it), notes that the leaf was cast to dt and returns the leaf's cast made
  * ahead by an optimizer step when it is still valid (borrowed), else NULL. */
 nt_tensor *nt__optim_cast_of(nt_tensor *src, nt_dtype dt);
+/* The same, from autocast at site in fn: while capturing, a leaf without a
+ * valid cast made ahead gets one made now, outside the program (optim.c,
+ * ampcap_make). */
+nt_tensor *nt__optim_cast_of_at(const nt_site *site, const char *fn, nt_tensor *src, nt_dtype dt);
 nt_tensor *nt__optim_param(nt_optim *opt, int i);
 
 #endif

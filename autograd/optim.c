@@ -121,6 +121,8 @@ static int add_group_locked(nt_optim *o, nt_tensor *const *params, int n, const 
             return nt__err_hostmem(NULL, fn, "the parameter group");
         }
         s->p = nt_retain(params[i]);
+        if (s->p->ag) /* (a capture makes its casts ahead: ampcap_make) */
+            s->p->ag->amp_opt = true;
         s->o = o;
         s->g = o->ngroups;
         o->slots[o->n + i] = s;
@@ -822,13 +824,136 @@ static nt_tensor *leaf_of(nt_tensor *src)
     return l && l->ag && nt__same_view(l, src) ? l : NULL;
 }
 
+/* ---- casts made ahead in a captured step ----
+ *
+ * A captured forward reads the cast the step before it made ahead, as a
+ * step op by op does: the program reads that cast's storage.  The
+ * optimizer step of the same capture then writes its cast of w_new into
+ * that very storage (one more output of the update's kernel), so each
+ * replay's forward reads what the replay before it wrote: the bits of
+ * casting the parameter, with no cast kernel at the top of the program.
+ * Each such cast is checked at every replay (ampcap_check): when the
+ * parameter was written since the storage got its cast (a step op by op,
+ * nt_load, nt_copy_into), the replay casts it into the storage first. */
+typedef struct ampcap {
+    nt_tensor *leaf; /* the parameter (a reference) */
+    nt_tensor *cast; /* the cast the program reads (a reference) */
+    uint64_t serial; /* the capture that read it (nt__capture_serial) */
+    uint64_t ver_ok; /* the leaf's storage version the cast is of */
+    bool writes;     /* the program's optimizer step rewrites it */
+    AO_t refs;
+} ampcap;
+
+static void ampcap_retain(void *ctx) { AO_fetch_and_add1(&((ampcap *)ctx)->refs); }
+static void ampcap_release(void *ctx)
+{
+    ampcap *a = ctx;
+    if (!nt__ref_drop(&a->refs, 1))
+        return;
+    if (a->leaf->ag && a->leaf->ag->amp_cap == a)
+        a->leaf->ag->amp_cap = NULL;
+    nt_release(a->cast);
+    nt_release(a->leaf);
+    free(a);
+}
+
+static int ampcap_check(void *ctx, const nt_site *site)
+{
+    ampcap *a = ctx;
+    struct nt__ag *ag = a->leaf->ag;
+    uint64_t v = AO_load_full(&a->leaf->st->version);
+    if (v != a->ver_ok) {
+        nt_no_grad_begin();
+        int rc = nt_copy_into_at(site, a->cast, a->leaf);
+        nt_no_grad_end();
+        if (rc)
+            return rc;
+    }
+    /* a replay that writes the parameter moves its version by one */
+    a->ver_ok = v + (a->writes ? 1 : 0);
+    if (a->writes && ag) {
+        if (ag->amp_cast != a->cast) {
+            nt__optim_drop(&ag->amp_cast);
+            ag->amp_cast = nt_retain(a->cast);
+        }
+        ag->amp_ver = a->ver_ok;
+    }
+    return 0;
+}
+
+/* The capturing forward reads c, leaf l's cast made ahead: noted once per
+ * capture; false (cast as usual) when the note cannot be made. */
+static bool ampcap_note(nt_tensor *l, nt_tensor *c)
+{
+    uint64_t serial = nt__capture_serial();
+    ampcap *a = l->ag->amp_cap;
+    if (a && a->serial == serial && a->cast == c)
+        return true;
+    if (!(a = calloc(1, sizeof *a)))
+        return false;
+    a->leaf = nt_retain(l);
+    a->cast = nt_retain(c);
+    a->serial = serial;
+    a->ver_ok = l->ag->amp_ver;
+    a->refs = 1;
+    nt__capture_on_check(ampcap_check, a, ampcap_retain, ampcap_release);
+    l->ag->amp_cap = a; /* the capture holds it (or failed: then so does the capture) */
+    ampcap_release(a);
+    return l->ag->amp_cap == a;
+}
+
+/* In a captured optimizer step: w_new's cast goes into the storage the
+ * program's forward read (*wrote), if it read one.  0 or the error. */
+static int ampcap_write(struct nt__ag *ag, nt_tensor *p, nt_tensor *w_new, uint8_t want,
+                        const nt_site *site, bool *wrote)
+{
+    ampcap *a = ag->amp_cap;
+    *wrote = false;
+    if (!a || a->serial != nt__capture_serial() || ag->amp_cast != a->cast ||
+        want != (uint8_t)(a->cast->dtype + 1) || w_new->dtype != NT_F32)
+        return 0;
+    int rc = nt_copy_into_at(site, a->cast, w_new);
+    if (rc)
+        return rc;
+    a->writes = *wrote = true;
+    a->ver_ok = ag->amp_ver = AO_load_full(&p->st->version);
+    return 0;
+}
+
+/* A capturing forward that finds no valid cast made ahead of leaf l: the
+ * cast made now, outside the program (as an optimizer's first-use state
+ * is), so that the program reads it like one made ahead and its optimizer
+ * step can rewrite it (ampcap); NULL to cast in the program as usual. */
+static nt_tensor *ampcap_make(const nt_site *site, const char *fn, nt_tensor *l, nt_dtype dt)
+{
+    struct nt__ag *ag = l->ag;
+    /* an optimizer's parameters only: a leaf the user rewrites otherwise (a
+     * graph input bound at each replay) is cast in the program */
+    if (!ag->amp_opt || l->dtype != NT_F32 || (dt != NT_BF16 && dt != NT_F16) ||
+        NT__CFG(sr) || !nt__is_contig(l))
+        return NULL;
+    nt__capture_pause();
+    nt_no_grad_begin();
+    nt_tensor *c = own(nt__copy_to(site, fn, l, dt));
+    nt_no_grad_end();
+    nt__capture_resume();
+    if (!c) {
+        nt_clear_error();
+        return NULL;
+    }
+    nt__optim_drop(&ag->amp_cast);
+    ag->amp_cast = c;
+    ag->amp_ver = AO_load_full(&l->st->version);
+    return ampcap_note(l, c) ? c : NULL;
+}
+
 nt_tensor *nt__optim_cast_of(nt_tensor *src, nt_dtype dt)
 {
-    /* A captured step casts its parameters itself: a cast made ahead by
-     * the previous step is not in the program, and the program's own would
-     * reach only the next replay's forward through a storage it rewrites. */
-    if (nt__capturing())
-        return NULL;
+    return nt__optim_cast_of_at(NULL, "autocast", src, dt);
+}
+
+nt_tensor *nt__optim_cast_of_at(const nt_site *site, const char *fn, nt_tensor *src, nt_dtype dt)
+{
     nt_tensor *l = leaf_of(src);
     if (!l)
         return NULL;
@@ -841,8 +966,8 @@ nt_tensor *nt__optim_cast_of(nt_tensor *src, nt_dtype dt)
     nt_tensor *c = ag->amp_cast;
     if (c && c->dtype == dt && c->dev == src->dev && c->ndim == src->ndim &&
         AO_load_full(&l->st->version) == ag->amp_ver)
-        return c;
-    return NULL;
+        return !nt__capturing() || ampcap_note(l, c) ? c : NULL;
+    return nt__capturing() && site ? ampcap_make(site, fn, l, dt) : NULL;
 }
 
 /* After the update wrote w_new into the parameter: its cast for the next
@@ -852,10 +977,15 @@ static int cast_ahead(slot *s, nt_tensor *w_new, const nt_site *site, const char
     struct nt__ag *ag = s->p->ag;
     if (!ag)
         return 0;
-    if (nt__capturing()) { /* see nt__optim_cast_of */
-        nt__optim_drop(&ag->amp_cast);
-        __atomic_store_n(&ag->amp_want, 0, __ATOMIC_RELAXED);
-        return 0;
+    if (nt__capturing()) { /* see ampcap */
+        uint8_t want = __atomic_exchange_n(&ag->amp_want, 0, __ATOMIC_RELAXED);
+        bool wrote = false;
+        int rc = NT__CFG(sr) || !nt__is_contig(s->p) || s->p->dtype != NT_F32
+                     ? 0
+                     : ampcap_write(ag, s->p, w_new, want, site, &wrote);
+        if (!wrote)
+            nt__optim_drop(&ag->amp_cast);
+        return rc;
     }
     nt__optim_drop(&ag->amp_cast); /* stale from here on */
     uint8_t want = __atomic_exchange_n(&ag->amp_want, 0, __ATOMIC_RELAXED);

@@ -91,6 +91,7 @@ typedef struct ghook {
     void *ctx;
     int64_t arg;
     void (*release)(void *ctx);
+    int (*check)(void *ctx, const nt_site *site); /* nt__capture_on_check's (fn NULL) */
 } ghook;
 
 typedef struct gleaf {
@@ -122,6 +123,7 @@ struct nt__capture {
     GThread *owner;
     nt_site site;            /* nt_graph_capture_begin's */
     uint64_t seq0;           /* the first seq the capture drew */
+    uint64_t serial;         /* nt__capture_serial: unique per capture */
     int paused;              /* nt__capture_pause depth */
     /* pending for the next record of this thread */
     bool patch_pending;
@@ -603,7 +605,7 @@ void nt__capture_on_replay(void (*fn)(void *ctx, int64_t arg), void *ctx, int64_
     if (!c || c->paused)
         return;
     for (int i = 0; i < c->nhooks; i++)
-        if (c->hooks[i].fn == fn && c->hooks[i].ctx == ctx) {
+        if (c->hooks[i].fn == fn && fn && c->hooks[i].ctx == ctx) {
             c->hooks[i].arg = arg;
             return;
         }
@@ -613,8 +615,28 @@ void nt__capture_on_replay(void (*fn)(void *ctx, int64_t arg), void *ctx, int64_
     }
     if (retain)
         retain(ctx);
-    c->hooks[c->nhooks++] = (ghook){fn, ctx, arg, release};
+    c->hooks[c->nhooks++] = (ghook){fn, ctx, arg, release, NULL};
 }
+
+void nt__capture_on_check(int (*check)(void *ctx, const nt_site *site), void *ctx,
+                          void (*retain)(void *ctx), void (*release)(void *ctx))
+{
+    nt__capture *c = tl_cap;
+    if (!c || c->paused)
+        return;
+    for (int i = 0; i < c->nhooks; i++)
+        if (c->hooks[i].check == check && c->hooks[i].ctx == ctx)
+            return;
+    if (!grow((void **)&c->hooks, &c->caphooks, c->nhooks + 1, sizeof *c->hooks)) {
+        cap_fail(c, NT_EHOSTMEM, "out of host memory for the capture's hooks");
+        return;
+    }
+    if (retain)
+        retain(ctx);
+    c->hooks[c->nhooks++] = (ghook){NULL, ctx, 0, release, check};
+}
+
+uint64_t nt__capture_serial(void) { return tl_cap ? tl_cap->serial : 0; }
 
 static void hooks_release(ghook *h, int n)
 {
@@ -751,6 +773,8 @@ NT_API int nt_graph_capture_begin_at(const nt_site *site)
     c->owner = g_thread_self();
     c->site = site ? *site : (nt_site){0};
     c->seq0 = nt__stream_last_seq(s) + 1;
+    static AO_t serials;
+    c->serial = (uint64_t)AO_fetch_and_add1(&serials) + 1;
     AO_store_release(&s->capture, (AO_t)c);
     tl_cap = c;
     nt__tl_cap = (uint8_t)c->slot;
@@ -1559,6 +1583,11 @@ static int replay_checks(const nt_site *site, nt_graph *g)
                        "captured step left, or capture again",
                        where, gr ? "another" : "no");
     }
+    for (int i = 0; i < g->nhooks; i++) {
+        int rc = g->hooks[i].check ? g->hooks[i].check(g->hooks[i].ctx, site) : 0;
+        if (rc)
+            return rc;
+    }
     return 0;
 }
 
@@ -1601,7 +1630,8 @@ NT_API int nt_graph_replay_at(const nt_site *site, nt_graph *g)
     for (int i = 0; i < g->npatches; i++)
         rp->pv[i] = g->patches[i].fn(g->patches[i].ctx, g->patches[i].role);
     for (int i = 0; i < g->nhooks; i++)
-        g->hooks[i].fn(g->hooks[i].ctx, g->hooks[i].arg);
+        if (g->hooks[i].fn)
+            g->hooks[i].fn(g->hooks[i].ctx, g->hooks[i].arg);
     /* the leaves' .grads as the step leaves them (the program rewrites
      * them; reading one waits for the replay like any op's result) */
     for (int i = 0; i < g->nleaves; i++) {

@@ -86,6 +86,15 @@ void nt__capture_fail(int code, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
  * the graph calls release(ctx) when it is destroyed or the capture fails. */
 void nt__capture_on_replay(void (*fn)(void *ctx, int64_t arg), void *ctx, int64_t arg,
                            void (*retain)(void *ctx), void (*release)(void *ctx));
+/* check(ctx, site) at every replay, before anything of it is queued (after
+ * the graph's own checks): 0, or an error (set) that fails the replay.  It
+ * may queue ops on the graph's stream (they run before the program).  One
+ * per (check, ctx); retain and release as for nt__capture_on_replay. */
+void nt__capture_on_check(int (*check)(void *ctx, const nt_site *site), void *ctx,
+                          void (*retain)(void *ctx), void (*release)(void *ctx));
+/* A number naming the calling thread's capture (unique per capture of the
+ * process), or 0 when it captures none. */
+uint64_t nt__capture_serial(void);
 /* How a captured program asks autograd (a layer above) for a leaf's .grad
  * and gives it one. */
 typedef struct nt__leaf_access {

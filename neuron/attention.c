@@ -62,6 +62,11 @@ typedef struct ak {
      * overlap instead of each waiting for the last one's widening copy */
     nt_tile *raw[RAW_SLOTS];
     int nraw_slots, nraw;
+    /* elements per partition of a raw slot: the operand of up to as many
+     * heads as fill the query-block slots, so a group of heads loads as one
+     * DMA and widens as one copy, as an f32 group loads (raw_extra: the
+     * SBUF bytes past one head's slots) */
+    int64_t raw_cap, raw_extra;
     nt_tile *tp[2];     /* PSUM for transposes, [128, 512] f32 */
     int ntp;
     nt_tile *ninf;      /* [128, 1] of -Inf */
@@ -192,7 +197,8 @@ static inline bool skip_block(const ak *a, int64_t q0, int Mq, int64_t k0)
     return a->causal && k0 > q0 + Mq - 1;
 }
 
-static int setup(ak *a, sk_k *s, const nt__rec *r, int64_t raw_elems, int raw_slots, bool packed)
+static int setup(ak *a, sk_k *s, const nt__rec *r, int64_t raw_elems, int raw_slots, bool packed,
+                 int64_t need, int64_t nqb)
 {
     memset(a, 0, sizeof *a);
     a->s = s;
@@ -209,8 +215,18 @@ static int setup(ak *a, sk_k *s, const nt__rec *r, int64_t raw_elems, int raw_sl
     nt_sim_kernel *k = a->k;
     nt_dtype dt = (nt_dtype)r->in[0]->dtype;
     a->nraw_slots = raw_slots, a->nraw = 0;
+    int64_t m = 1, es = (int64_t)nt__dtype_size(dt);
+    if (dt != NT_F32) { /* heads_in_flight's first guess, as SBUF allows */
+        m = nqb >= G ? 1 : G / (nqb < 1 ? 1 : nqb);
+        if (m > a->g.nbatch)
+            m = a->g.nbatch < 1 ? 1 : a->g.nbatch;
+        while (m > 1 && need + raw_slots * raw_elems * (m - 1) * es > SK_SBUF_BUDGET)
+            m--;
+    }
+    a->raw_cap = raw_elems * m;
+    a->raw_extra = raw_slots * raw_elems * (m - 1) * es;
     for (int i = 0; i < raw_slots; i++)
-        a->raw[i] = dt != NT_F32 ? sk_tile(s, "attn.raw", dt, BLK, raw_elems) : NULL;
+        a->raw[i] = dt != NT_F32 ? sk_tile(s, "attn.raw", dt, BLK, a->raw_cap) : NULL;
     for (int b = 0; b < 2; b++)
         a->tp[b] = nt_tile_alloc(k, "attn.tr", NT_MEM_PSUM, NT_F32, BLK, 4 * BLK);
     for (int g = 0; g < G; g++) {
@@ -287,7 +303,9 @@ static int load_heads_g(ak *a, const nt__attn_geom *g, tv t0, int64_t w,
                         const nt__attn_opnd *x, int64_t b0, int nh, int64_t T, int64_t nc)
 {
     int64_t hs;
-    if (x->dt == NT_F32 && T > 0 && T % BLK == 0 && heads_uniform(g, x, b0, nh, &hs)) {
+    bool f32 = x->dt == NT_F32;
+    if ((f32 || nh * w <= a->raw_cap) && T > 0 && T % BLK == 0 &&
+        heads_uniform(g, x, b0, nh, &hs)) {
         nt_ap h = sk_hbm_rows(x->base, x->dt, nt__attn_boff(x, g, b0), BLK, x->rs,
                               nh * w, x->cs);
         h.ndim = 3;
@@ -295,7 +313,12 @@ static int load_heads_g(ak *a, const nt__attn_geom *g, tv t0, int64_t w,
         h.num[1] = T / BLK, h.step[1] = BLK * x->rs;
         h.num[2] = nc, h.step[2] = x->cs;
         nt_ap d = tvs(t0, BLK, 0, nh * w);
-        return nt_isa_dma_copy(a->k, &d, &h, sk_qfree(a->s));
+        if (f32)
+            return nt_isa_dma_copy(a->k, &d, &h, sk_qfree(a->s));
+        /* the group into a raw slot, widened by one copy (exact) */
+        nt_ap r = nt_tile_slice(a->raw[a->nraw++ % a->nraw_slots], 0, BLK, 0, nh * w);
+        int rc = nt_isa_dma_copy(a->k, &r, &h, sk_qfree(a->s));
+        return rc ? rc : nt_isa_tensor_copy(a->k, &d, &r, NT_ENGINE_GPSIMD);
     }
     int rc = 0;
     for (int h = 0; h < nh && !rc; h++)
@@ -437,7 +460,8 @@ static int fwd_tiles(ak *a, ft *T, nt_dtype odt, int rc)
     sk_k *s = a->s;
     nt_sim_kernel *k = a->k;
     int64_t D = a->D, Dv = a->Dv, Tq = a->Tq, Tk = a->Tk, nqb = a->nqb, nkb = a->nkb;
-    heads_in_flight(fwd_need(D, Dv, Tq, Tk), fwd_head(D, Dv, Tq, Tk), nqb, a->g.nbatch, 0, 0,
+    heads_in_flight(fwd_need(D, Dv, Tq, Tk) + a->raw_extra, fwd_head(D, Dv, Tq, Tk), nqb,
+                    a->g.nbatch, 0, 0,
                     &T->hb, &T->nset);
     for (int g0 = 0; g0 < T->nset; g0 += T->hb) {
         int hb = T->hb;
@@ -640,7 +664,7 @@ int nt__sk_sdpa(const nt__rec *r)
     if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
         return sk_end_values(&s, values, 0, r);
     ak a;
-    rc = setup(&a, &s, r, raw, RAW_FWD, false);
+    rc = setup(&a, &s, r, raw, RAW_FWD, false, need, nqb);
     a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv, a.nqb = nqb, a.nkb = nkb;
     nt__attn_opnd_of(&a.q, q, &a.g, 0);
     nt__attn_opnd_of(&a.kk, kt, &a.g, 0);
@@ -700,7 +724,8 @@ static void bwd_tiles(ak *a, bt *T, nt_dtype dt)
      * products; what another head adds: its dK and dV for two key blocks;
      * two banks kept free for the packing of tiles into banks */
     int64_t psum = 2 * 4 * BLK * 4 + 2 * G * BLK * 4 + G * D * 4 + 2 * (D + Dv) * 4;
-    heads_in_flight(bwd_need(D, Dv, Tq, Tk), bwd_head(D, Dv, Tq, Tk), nqb, a->g.nbatch,
+    heads_in_flight(bwd_need(D, Dv, Tq, Tk) + a->raw_extra, bwd_head(D, Dv, Tq, Tk), nqb,
+                    a->g.nbatch,
                     2 * (D + Dv) * 4,
                     NT_SIM_PSUM_BANKS * NT_SIM_PSUM_BANK_BYTES - 2 * NT_SIM_PSUM_BANK_BYTES - psum,
                     &T->hb, &T->nset);
@@ -957,7 +982,7 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
     if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
         return sk_end_values(&s, values, 0, r);
     ak a;
-    rc = setup(&a, &s, r, raw, RAW_BWD, true);
+    rc = setup(&a, &s, r, raw, RAW_BWD, true, need, nqb);
     a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv, a.nqb = nqb, a.nkb = nkb;
     nt__attn_opnd_flat(&a.q, qx, &a.g, 0, D);
     nt__attn_opnd_flat(&a.dO, qx, &a.g, Tq * D, Dv);
