@@ -701,6 +701,14 @@ static void test_refused(void **state)
     nt_tensor *m = nt_zeros(NT_E4M3, 2, sh2);
     assert_null(nt_matmul(m, m));
     nt_test_expect_err(nt_last_error(), NT_ENOTSUP, "nt_matmul", "nt_matmul_fp8");
+    /* a reducing collective refuses it (gathers move its bytes) */
+    int dev0 = 0;
+    nt_comm *cm = nt_comm_create(&dev0, 1);
+    assert_non_null(cm);
+    nt_tensor *ro = NULL;
+    nt_test_expect_err(nt_all_reduce(cm, &a, &ro, NT_REDUCE_SUM), NT_EDTYPE, "nt_all_reduce",
+                       "e4m3", "reducing collective");
+    nt_comm_destroy(cm);
     /* views, copies and cats take it */
     uint8_t h[8];
     host_bytes(nt_reshape(nt_transpose(m, 0, 1), 1, &n), h, 4);
