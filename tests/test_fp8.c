@@ -676,6 +676,26 @@ static void test_matmul_dr_rules(void **state)
     assert_int_equal(nt_init(), 0);
 }
 
+/* A cast through fp8 is differentiable as every cast: the gradient flows
+ * straight through to the f32 input, not rounded to fp8 on the way (the
+ * gradient of a cast is the incoming gradient in the input's dtype) */
+static void test_cast_grad(void **state)
+{
+    (void)state;
+    nt_scope *sc = nt_scope_begin();
+    const float v[4] = {1.0f, -3.3f, 500.0f, 1e-3f};
+    int64_t n = 4;
+    nt_tensor *x = nt_test_leaf(v, 1, &n);
+    nt_tensor *y = nt_sum(nt_mul_scalar(nt_cast(nt_cast(x, NT_E4M3), NT_F32), 0.3), 0, false);
+    nt_tensor *g = nt_test_grad1(y, x, false);
+    float h[4];
+    host_f32(g, h, 4);
+    for (int i = 0; i < 4; i++)
+        if (h[i] != 0.3f)
+            fail_msg("grad %d: %a", i, h[i]);
+    nt_scope_end(sc);
+}
+
 /* ---------------- printing and checkpoints ---------------- */
 
 static void test_print_checkpoint(void **state)
@@ -782,6 +802,7 @@ int main(void)
         cmocka_unit_test(test_print_checkpoint),
         cmocka_unit_test(test_matmul_rate),
         cmocka_unit_test(test_matmul_dr_rules),
+        cmocka_unit_test(test_cast_grad),
     };
     return cmocka_run_group_tests(tests, nt_test_setup, nt_test_teardown);
 }
