@@ -146,6 +146,16 @@ static void test_basics(void **state)
     assert_true(h[0] == 0xbe && h[3] == 0xbe); /* -1.5: S.01111.10 */
     host_bytes(nt_full(NT_E4M3, 1, &n, 1000.0), h, 4);
     assert_true(h[1] == 0x7e); /* saturates to 448 */
+    /* one rounding from the double: just above the midpoint 1.0625 rounds
+     * up (through f32 it would tie, to even 1.0) */
+    for (int k = 0; k < 2; k++) {
+        nt_test_cfg(k);
+        host_bytes(nt_full(NT_E4M3, 1, &n, 1.0625 + 0x1p-40), h, 4);
+        assert_true(h[0] == 0x39 && h[3] == 0x39);
+        host_bytes(nt_full(NT_E5M2, 1, &n, 1.125 + 0x1p-40), h, 4);
+        assert_true(h[0] == 0x3d && h[3] == 0x3d);
+    }
+    nt_test_cfg(0);
     nt_scope_end(sc);
 }
 
@@ -677,23 +687,30 @@ static void test_matmul_dr_rules(void **state)
 }
 
 /* A cast through fp8 is differentiable as every cast: the gradient flows
- * straight through to the f32 input, not rounded to fp8 on the way (the
- * gradient of a cast is the incoming gradient in the input's dtype) */
+ * straight through, cast to each cast's input dtype, so rounded to e4m3 on
+ * the way (as PyTorch's casts do); the same in every mode, fused or not (a
+ * fused kernel rounds its fp8 intermediates as storing them would) */
 static void test_cast_grad(void **state)
 {
     (void)state;
-    nt_scope *sc = nt_scope_begin();
-    const float v[4] = {1.0f, -3.3f, 500.0f, 1e-3f};
-    int64_t n = 4;
-    nt_tensor *x = nt_test_leaf(v, 1, &n);
-    nt_tensor *y = nt_sum(nt_mul_scalar(nt_cast(nt_cast(x, NT_E4M3), NT_F32), 0.3), 0, false);
-    nt_tensor *g = nt_test_grad1(y, x, false);
-    float h[4];
-    host_f32(g, h, 4);
-    for (int i = 0; i < 4; i++)
-        if (h[i] != 0.3f)
-            fail_msg("grad %d: %a", i, h[i]);
-    nt_scope_end(sc);
+    for (int k = 0; k < NT_TEST_NCFG; k++) {
+        nt_test_cfg(k);
+        nt_scope *sc = nt_scope_begin();
+        const float v[4] = {1.0f, -3.3f, 500.0f, 1e-3f};
+        int64_t n = 4;
+        nt_tensor *x = nt_test_leaf(v, 1, &n);
+        nt_tensor *y =
+            nt_sum(nt_mul_scalar(nt_cast(nt_cast(x, NT_E4M3), NT_F32), 0.3), 0, false);
+        nt_tensor *g = nt_test_grad1(y, x, false);
+        float h[4];
+        host_f32(g, h, 4);
+        for (int i = 0; i < 4; i++)
+            if (h[i] != 0.3125f)
+                fail_msg("%s/%s/fusion %s: grad %d is %a, not 0.3 rounded to e4m3",
+                         NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1], NT_TEST_CFGS[k][2], i, h[i]);
+        nt_scope_end(sc);
+    }
+    nt_test_cfg(0);
 }
 
 /* ---------------- printing and checkpoints ---------------- */
