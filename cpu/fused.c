@@ -110,6 +110,8 @@ static void settle_f(void *out, nt_dtype dt, float *y, int64_t n)
     case NT_F32:
     case NT_BF16:
     case NT_F16: /* core/convert.c: vector forms of the element rules */
+    case NT_E4M3:
+    case NT_E5M2:
         nt__settle_f32(out, dt, y, n);
         break;
     case NT_I32:

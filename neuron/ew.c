@@ -100,13 +100,15 @@ static nt_engine tt_eng(nt_alu_op op)
 }
 
 /* The value memset must be given so that it stores what nt__store_f64
- * stores: memset rounds (float)value to the tile, so half types get the
- * round-to-odd f32 (one correct rounding), u8 the saturated value. */
+ * stores: memset rounds (float)value to the tile, so half and fp8 types get
+ * the round-to-odd f32 (one correct rounding), u8 the saturated value. */
 static double memset_value(nt_dtype dt, double v)
 {
     switch (dt) {
     case NT_BF16:
-    case NT_F16: return (double)nt__f64_to_f32_odd(v);
+    case NT_F16:
+    case NT_E4M3:
+    case NT_E5M2: return (double)nt__f64_to_f32_odd(v);
     case NT_U8: return (double)nt__f64_to_u8(v);
     default: return v;
     }
@@ -1010,12 +1012,19 @@ static int warm_table(sk_k *s, const plan *L)
 static int plan_alloc(sk_k *s, plan *L, emit_ctx *E, int64_t F, int nbuf)
 {
     /* tile names for the trace: "reg.<dtype>[.row]" (no printf per kernel) */
-    static const char *const full[] = {"reg.f32", "reg.bf16", "reg.f16", "reg.i32", "reg.u8"};
-    static const char *const row[] = {"reg.f32.row", "reg.bf16.row", "reg.f16.row",
-                                      "reg.i32.row", "reg.u8.row"};
+    static const char *const full[NT_DTYPE_COUNT] = {
+        [NT_F32] = "reg.f32", [NT_BF16] = "reg.bf16", [NT_F16] = "reg.f16",
+        [NT_I32] = "reg.i32", [NT_U8] = "reg.u8",     [NT_E4M3] = "reg.e4m3",
+        [NT_E5M2] = "reg.e5m2"};
+    static const char *const row[NT_DTYPE_COUNT] = {
+        [NT_F32] = "reg.f32.row", [NT_BF16] = "reg.bf16.row", [NT_F16] = "reg.f16.row",
+        [NT_I32] = "reg.i32.row", [NT_U8] = "reg.u8.row",     [NT_E4M3] = "reg.e4m3.row",
+        [NT_E5M2] = "reg.e5m2.row"};
     for (int b = 0; b < nbuf; b++)
         for (int r = 0; r < L->R.n; r++) {
             const char *name = (L->R.red[r] ? row : full)[L->R.dt[r]];
+            if (!name) /* a dtype the device has not: never planned here */
+                name = "reg";
             L->R.tile[b][r] = sk_tile(s, name, L->R.dt[r], 128, L->R.red[r] ? 1 : F);
         }
     for (int r = 0; r < L->R.n; r++)
