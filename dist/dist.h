@@ -118,4 +118,10 @@ void nt__pcomm_destroy(nt__pcomm *pc);
 int nt__pcomm_allgather(nt__pcomm *pc, const void *send, void *recv, const size_t *len,
                         const size_t *off, const char *what, char *errbuf, size_t errlen);
 
+/* A communicator of this process's devices[0..n) alone, even under MPI
+ * (global ranks 0..n-1, no exchange with other processes): a mesh's
+ * sub-group that lies inside one process (mesh.c).  Errors as
+ * nt_comm_create. */
+nt_comm *nt__comm_create_local(const int *devices, int n);
+
 #endif
