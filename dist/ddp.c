@@ -1292,7 +1292,11 @@ NT_API int nt_ddp_zero_stage(const nt_ddp *d)
 {
     if (!ddp_ok(NULL, d, "nt_ddp_zero_stage"))
         return nt_last_error();
-    return d->zero;
+    nt_ddp *w = (nt_ddp *)d; /* the lock only */
+    g_mutex_lock(&w->lock);
+    int z = d->zero;
+    g_mutex_unlock(&w->lock);
+    return z;
 }
 
 NT_API nt_tensor **nt_ddp_zero_shards(nt_ddp *d, int dev)
@@ -1306,11 +1310,12 @@ NT_API nt_tensor **nt_ddp_zero_shards(nt_ddp *d, int dev)
                 "devices", dev);
         return NULL;
     }
-    if (!d->zero) {
+    g_mutex_lock(&d->lock);
+    nt_tensor **r = d->zero ? d->shard + (m - d->m) * d->n : NULL;
+    g_mutex_unlock(&d->lock);
+    if (!r)
         nt__err(NULL, NT_ESTATE, fn, "the nt_ddp has no ZeRO stage (nt_ddp_set_zero)");
-        return NULL;
-    }
-    return d->shard + (m - d->m) * d->n;
+    return r;
 }
 
 /* Parameters [lo, hi] in one collective: the cost model's rule of
@@ -1505,11 +1510,11 @@ NT_API int nt_ddp_gather(nt_ddp *d, int lo, int hi)
     if (lo < 0 || hi > d->n || lo >= hi)
         return nt__err(NULL, NT_EINVAL, fn, "arguments 'lo', 'hi' are %d, %d; expected 0 <= lo "
                        "< hi <= %d (the parameters)", lo, hi, d->n);
-    if (d->zero != 3)
-        return nt__err(NULL, NT_ESTATE, fn, "the nt_ddp is at ZeRO stage %d; only stage 3 "
-                       "gathers its parameters (the others keep them whole)", d->zero);
     g_mutex_lock(&d->lock);
-    int rc = zero_gather(NULL, d, lo, hi);
+    int rc = d->zero == 3 ? zero_gather(NULL, d, lo, hi)
+                          : nt__err(NULL, NT_ESTATE, fn, "the nt_ddp is at ZeRO stage %d; only "
+                                    "stage 3 gathers its parameters (the others keep them "
+                                    "whole)", d->zero);
     g_mutex_unlock(&d->lock);
     return rc;
 }

@@ -8,7 +8,10 @@
  *           closed formula and as a schedule of per-step transfers
  *   mpi.c   processes: MPI bootstrap at nt_init, the byte exchange polled
  *           against NT_COLLECTIVE_TIMEOUT (a stub without MPI)
- *   comm.c  communicators and the public collective ops */
+ *   comm.c  communicators and the public collective ops
+ *   mesh.c  the device mesh: named dimensions, a communicator per group
+ *   ddp.c   data parallelism and ZeRO stages 1-3 (docs/ddp.md,
+ *           docs/sharding.md) */
 #ifndef NT_DIST_DIST_H
 #define NT_DIST_DIST_H
 

@@ -2064,8 +2064,9 @@ NT_API int nt_ddp_gather(nt_ddp *d, int lo, int hi);
  *  nt_ddp_reduce: the same bits as nt_clip_grad_norm on a stage-0 replica.
  *  Stages 2, 3 all-gather the gradient shards first (the norms need the
  *  whole gradients: Psi more elements moved) and scale their shards.
- *  Returns the total norm (0-dim f32 on the calling thread's device, owned
- *  like an op's result) or NULL with the error (NT_ESTATE before a
+ *  Returns the total norm (0-dim f32 on the calling thread's device, or on
+ *  d's last device when the thread's is not one of d's; the caller releases
+ *  it, even inside a scope) or NULL with the error (NT_ESTATE before a
  *  reduce, errors of nt_clip_grad_norm). */
 NT_API nt_tensor *nt_ddp_clip_grad_norm(nt_ddp *d, double max_norm);
 /** Sharded checkpoint: each global rank writes its shards and their
