@@ -1438,6 +1438,7 @@ static int zero_gather_bucket(const nt_site *site, nt_ddp *d, int lo, int hi)
 {
     int n = d->n, rc = 0;
     nt_tensor *in[DDP_MAX_DEV] = {0}, *out[DDP_MAX_DEV] = {0}, *parts[64];
+    nt_tensor *made[DDP_MAX_DEV * 64]; /* stage 3's new leaves */
     nt_scope *sc = nt_scope_begin();
     if (!sc)
         return nt__err_hostmem(site, "nt_ddp_gather", "a scope");
@@ -1465,15 +1466,17 @@ static int zero_gather_bucket(const nt_site *site, nt_ddp *d, int lo, int hi)
                 rc = errc();
             } else if (d->zero < 3) {
                 rc = nt_copy_into(m->rep[j], full);
-            } else {
+            } else { /* kept below once every member's are made (else none is) */
                 nt_tensor *p = nt_zeros_at(site, d->pdt[j], d->pnd[j], d->pshape[j]);
                 rc = !p || nt_copy_into(p, full) || nt_set_requires_grad(p, true) ? errc() : 0;
-                if (!rc)
-                    m->rep[j] = nt_keep(p);
+                made[k * (hi - lo + 1) + j - lo] = p;
             }
         }
         leave(old);
     }
+    for (int k = 0; k < d->nmem && !rc && d->zero == 3; k++)
+        for (int j = lo; j <= hi; j++)
+            d->m[k].rep[j] = nt_keep(made[k * (hi - lo + 1) + j - lo]);
     nt_scope_end(sc);
     return rc;
 }
