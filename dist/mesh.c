@@ -116,7 +116,8 @@ static int exchange(nt_comm *world, const int32_t *mine, int ndev, int32_t *all,
         return 0;
     }
     nt_tensor *in[NT_MAX_DEVICES] = {0}, *out[NT_MAX_DEVICES] = {0};
-    int old = nt_device_current(), rc = 0;
+    nt_stream *old = nt_stream_current();
+    int rc = 0;
     nt_scope *sc = nt_scope_begin();
     if (!sc)
         return nt__err_hostmem(NULL, "nt_mesh_create", "a scope");
@@ -125,7 +126,7 @@ static int exchange(nt_comm *world, const int32_t *mine, int ndev, int32_t *all,
         in[i] = nt_from_host(mine, NT_I32, 1, (int64_t[]){MESH_DESC});
         rc = in[i] ? 0 : nt_last_error();
     }
-    nt_device_set(old);
+    nt_stream_set_current(old);
     if (!rc)
         rc = nt_all_gather(world, in, out);
     int total = nt_comm_size(world);
