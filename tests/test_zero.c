@@ -32,10 +32,10 @@
 enum { F = 12, H = 24, C = 5, NP = 4 };
 enum { STEPS = 8, SHARDS = 8, B = 32 };
 
-static void make_data(float *x, int32_t *y, int rows, uint32_t seed)
+static void make_data(float *x, int32_t *y, int rows, int cols, uint32_t seed)
 {
     uint32_t s = seed * 2654435761u + 1;
-    for (int i = 0; i < rows * F; i++) {
+    for (int i = 0; i < rows * cols; i++) {
         s = s * 1664525u + 1013904223u;
         x[i] = (float)((s >> 8) & 0xFFFF) / 65536.0f - 0.5f;
     }
@@ -104,9 +104,9 @@ static nt_optim *make_opt(const run *r, nt_tensor **ps)
  * issued before the first shard's compute (the prefetch). */
 static int train_step(nt_ddp *d, const run *r, nt_optim **opts, int ndev, int step)
 {
-    static float xb[B * F];
+    static float xb[B * 1024];
     static int32_t yb[B];
-    make_data(xb, yb, B, 100 + (uint32_t)step);
+    make_data(xb, yb, B, r->f, 100 + (uint32_t)step);
     if (r->stage == 3 && (nt_ddp_gather(d, 0, 2) || nt_ddp_gather(d, 2, NP)))
         return -1;
     for (int s = 0; s < SHARDS; s++) {
@@ -338,7 +338,7 @@ static int child_mem(int stage)
     static float xb[B * 512];
     static int32_t yb[B];
     memset(xb, 0, sizeof xb);
-    make_data(xb, yb, B, 7);
+    make_data(xb, yb, B, 512, 7);
     if (!rc && stage == 3)
         rc = nt_ddp_gather(d, 0, NP);
     for (int s = 0; s < SHARDS && !rc; s++) {
@@ -581,7 +581,7 @@ static nt_tensor *shard_loss(nt_ddp *d, int s)
 {
     static float xb[B * F];
     static int32_t yb[B];
-    make_data(xb, yb, B, 1);
+    make_data(xb, yb, B, F, 1);
     int dev = nt_ddp_shard_device(d, s);
     nt_device_set(dev);
     nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, (int64_t[]){B, F});
