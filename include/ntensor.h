@@ -2075,12 +2075,15 @@ NT_API nt_tensor *nt_ddp_clip_grad_norm(nt_ddp *d, double max_norm);
  *  replica as "<path>.zero0of1").  opts as for nt_ddp_step (NULL: no
  *  optimizer state).  Every process calls it. */
 NT_API int nt_ddp_save(nt_ddp *d, const char *path, nt_optim *const *opts, int nopts);
-/** Loads what nt_ddp_save wrote into d (its shards and opts' state, or its
- *  replicas at stage 0).  A checkpoint saved under another rank count or
- *  stage is NT_EINVAL naming both layouts unless reshard is true: then the
- *  parameters and the optimizer state are cut again from all the saved
- *  ranks' files.  Errors of nt_checkpoint_read otherwise; nothing changes
- *  on an error. */
+/** Loads what nt_ddp_save wrote at path (the newest layout there) into d:
+ *  its shards and opts' state (stages 1, 2 then all-gather the replicas),
+ *  or its replicas at stage 0.  A checkpoint saved under another stage or
+ *  rank count (a stage-0 save loads into any stage-0 nt_ddp) is NT_EINVAL
+ *  naming both layouts unless reshard is true: then the parameters and the
+ *  optimizer state (SGD, Adam, AdamW with one group; else NT_ENOTSUP) are
+ *  put together from every saved rank's file and cut again.  No file:
+ *  NT_EIO; another parameter count or size: NT_ESHAPE naming it; errors of
+ *  nt_checkpoint_read otherwise. */
 NT_API int nt_ddp_load(nt_ddp *d, const char *path, nt_optim *const *opts, int nopts,
                        bool reshard);
 
