@@ -86,7 +86,7 @@ static uint32_t params_crc(nt_tensor **p)
 
 typedef struct run {
     int stage;
-    bool sgd, clip;
+    bool sgd, clip, bf16; /* bf16: the forward under bf16 autocast */
     int h, f, steps;
     const char *save, *load; /* checkpoint paths (NULL: none) */
     int save_at;             /* the step after which to save */
@@ -117,7 +117,12 @@ static int train_step(nt_ddp *d, const run *r, nt_optim **opts, int ndev, int st
         nt_scope *sc = nt_scope_begin();
         nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, (int64_t[]){B, r->f});
         nt_tensor *y = nt_ddp_shard_from_host(d, s, yb, NT_I32, 1, (int64_t[]){B});
-        int rc = nt_ddp_backward(d, s, model_loss(nt_ddp_params(d, dev), x, y));
+        if (r->bf16)
+            nt_autocast_begin(NT_BF16);
+        nt_tensor *loss = model_loss(nt_ddp_params(d, dev), x, y);
+        if (r->bf16)
+            nt_autocast_end();
+        int rc = nt_ddp_backward(d, s, loss);
         nt_scope_end(sc);
         if (rc)
             return rc;
@@ -237,6 +242,7 @@ static void parse_spec(const char *spec, run *r)
     r->stage = spec[0] - '0';
     r->sgd = spec[1] == 's';
     r->clip = spec[2] == 'c';
+    r->bf16 = spec[2] && spec[3] == 'b';
     r->h = H, r->f = F, r->steps = STEPS;
 }
 
@@ -289,6 +295,20 @@ static void test_bitwise_stages_sizes(void **state)
             }
     printf("# cpu adaptive, cpu and sim deterministic: stages 0-3 on 1 and 8 cores give "
            "%08x too\n", ref[0]);
+    /* under bf16 autocast (f32 parameters): one CRC for every stage, 1 and 8 cores */
+    unsigned bref = 0;
+    for (int st = 0; st < 4; st++)
+        for (int c = 0; c < 4; c += 3) {
+            const char *env[] = {"NT_BACKEND=sim", "NT_MODE=adaptive", CORES[c], NULL};
+            char spec[5] = {(char)('0' + st), 'a', 'c', 'b', 0};
+            unsigned crc = train_crc(env, spec, 1 << c);
+            if (st == 0 && c == 0)
+                bref = crc;
+            else if (crc != bref)
+                fail_msg("bf16 autocast, stage %d, %d cores: %08x, 1-core plain DDP %08x", st,
+                         1 << c, crc, bref);
+        }
+    printf("# under bf16 autocast: stages 0-3 on 1 and 8 cores give %08x\n", bref);
 }
 
 /* ---------------- memory against the formula ---------------- */
