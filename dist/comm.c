@@ -135,7 +135,9 @@ static void comm_unref(nt_comm *c)
     nt__hobj_free(c); /* a stale pointer still finds a dead communicator */
 }
 
-NT_API nt_comm *nt_comm_create(const int *devices, int n)
+/* local: a communicator of this process's devices alone (no exchange with
+ * the other processes; for a mesh's sub-groups inside one process). */
+static nt_comm *comm_create(const int *devices, int n, bool local)
 {
     static const char fn[] = "nt_comm_create";
     if (!nt__ensure_init())
@@ -166,7 +168,7 @@ NT_API nt_comm *nt_comm_create(const int *devices, int n)
             }
     }
     nt_comm *c = nt__hobj_new(sizeof *c, COMM_MAGIC);
-    int np = nt__mpi_active() ? nt_process_count() : 1;
+    int np = nt__mpi_active() && !local ? nt_process_count() : 1;
     if (c) {
         c->dev = malloc(sizeof *c->dev * (size_t)n);
         c->pcount = calloc((size_t)np, sizeof *c->pcount);
@@ -187,7 +189,11 @@ NT_API nt_comm *nt_comm_create(const int *devices, int n)
     c->nproc = np;
     c->me = np > 1 ? nt_process_rank() : 0;
     char why[256] = "";
-    int rc = nt__pcomm_create(n, c->pcount, &c->pc, why, sizeof why);
+    int rc = 0;
+    if (local)
+        c->pcount[0] = n;
+    else
+        rc = nt__pcomm_create(n, c->pcount, &c->pc, why, sizeof why);
     if (rc < 0) {
         free(c->dev);
         free(c->pcount);
@@ -204,6 +210,16 @@ NT_API nt_comm *nt_comm_create(const int *devices, int n)
     c->gen = nt__dist_generation();
     c->refs = 1;
     return c;
+}
+
+NT_API nt_comm *nt_comm_create(const int *devices, int n)
+{
+    return comm_create(devices, n, false);
+}
+
+nt_comm *nt__comm_create_local(const int *devices, int n)
+{
+    return comm_create(devices, n, true);
 }
 
 NT_API void nt_comm_destroy(nt_comm *c)

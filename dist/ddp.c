@@ -27,10 +27,13 @@
  * device concerned (the thread's current stream if that is on the device),
  * and the thread's current stream is restored before they return. */
 #include "autograd/autograd.h"
+#include "autograd/optim.h"
 #include "core/handle.h"
 #include "dispatcher/dispatch.h"
 
 #include <glib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,7 +79,22 @@ struct nt_ddp {
     int nbn, bn_cap;
     int *bn_calls;  /* [S] this step's nt_ddp_batch_norm calls of each shard */
     GMutex lock;
+    /* ZeRO (docs/sharding.md): stage 0 is plain data parallelism. */
+    int zero;                 /* 0..3 */
+    int64_t reduces;          /* nt_ddp_reduce calls made */
+    int64_t *numel, *len;     /* [n] elements; shard length L = ceil(numel / R) */
+    int *pnd;                 /* [n] the parameters' ndim, shape, dtype */
+    int64_t (*pshape)[NT_MAX_DIMS];
+    nt_dtype *pdt;
+    nt_tensor **shard;        /* [nmem * n] member k's shard of parameter j (a leaf) */
+    uint8_t *view;            /* [nmem * n] that shard is a view of the replica */
 };
+
+static void zero_free(nt_ddp *d);
+static int zero_reduce(const nt_site *site, nt_ddp *d, nt_tensor **sum);
+static int zero_step(const nt_site *site, nt_ddp *d, nt_optim *const *opts);
+static int zero_backward_check(const nt_site *site, nt_ddp *d, const member *m);
+static void zero_backward_done(nt_ddp *d, int k);
 
 /* ---------------- devices ---------------- */
 
@@ -242,6 +260,7 @@ static void ddp_free(nt_ddp *d)
                 for (int j = 0; j < d->n; j++)
                     nt_release(d->m[k].rep[j]);
     }
+    zero_free(d);
     if (d->m)
         for (int k = 0; k < d->nmem; k++) {
             free(d->m[k].rep);
@@ -588,6 +607,10 @@ NT_API int nt_ddp_backward_at(const nt_site *site, nt_ddp *d, int shard, nt_tens
                      "before the next backward of a shard", shard);
         goto out;
     }
+    if (zero_backward_check(site, d, m)) {
+        rc = nt_last_error();
+        goto out;
+    }
     int n = d->n;
     nt_tensor **keep = calloc((size_t)n * 2, sizeof *keep);
     if (!keep) {
@@ -645,9 +668,10 @@ NT_API int nt_ddp_backward_at(const nt_site *site, nt_ddp *d, int shard, nt_tens
         nt_scope_end(sc);
     leave(old);
     free(keep);
-    if (!rc)
+    if (!rc) {
         d->done[shard] = 1;
-    else if (inserted)
+        zero_backward_done(d, member_of(d, shard));
+    } else if (inserted)
         tree_clear(d); /* a half-made tree cannot be trusted: the step starts again */
 out:
     g_mutex_unlock(&d->lock);
@@ -995,6 +1019,11 @@ NT_API int nt_ddp_reduce_at(const nt_site *site, nt_ddp *d)
     double fixed = 0;
     if (d->comm)
         nt_collective_cost(NT_COLL_ALL_REDUCE, d->ranks, 0, &fixed, NULL);
+    if (d->zero) {
+        rc = zero_reduce(site, d, sum);
+        free(sum);
+        goto reduced;
+    }
     for (int hi_j = n - 1; hi_j >= 0 && d->comm && !rc;) {
         int lo_j = hi_j;
         double bytes = 4.0 * (double)nt_numel(sum[hi_j]);
@@ -1037,9 +1066,11 @@ NT_API int nt_ddp_reduce_at(const nt_site *site, nt_ddp *d)
         leave(old);
     }
     free(sum);
+reduced:
     if (!rc)
         rc = bn_reduce(site, d);
     tree_clear(d);
+    d->reduces++;
 out:
     g_mutex_unlock(&d->lock);
     return rc;
@@ -1061,6 +1092,11 @@ NT_API int nt_ddp_step_at(const nt_site *site, nt_ddp *d, nt_optim *const *opts,
                        opts ? "wrong" : "NULL", d->nmem);
     g_mutex_lock(&d->lock);
     int rc = 0;
+    if (d->zero) {
+        rc = zero_step(site, d, opts);
+        g_mutex_unlock(&d->lock);
+        return rc;
+    }
     for (int k = 0; k < d->nmem && !rc; k++) {
         int np = nt__optim_nparams(opts[k]);
         if (np < 0) {
@@ -1089,4 +1125,918 @@ NT_API int nt_ddp_step_at(const nt_site *site, nt_ddp *d, nt_optim *const *opts,
 NT_API int nt_ddp_step(nt_ddp *d, nt_optim *const *opts, int nopts)
 {
     return nt_ddp_step_at(NT_RA_SITE, d, opts, nopts);
+}
+
+/* ---------------- ZeRO: sharded optimizer state, gradients, parameters ----------------
+ *
+ * Stage z >= 1 cuts parameter j (numel elements, flattened, padded with
+ * zeros to R L) into R shards of L = ceil(numel / R) elements; global rank
+ * r owns elements [r L, (r + 1) L).  The optimizers update the shards
+ * (nt_ddp_zero_shards), never the replicas:
+ *   stage 1: the gradients are all-reduced as plain DDP does; each replica
+ *            keeps the whole mean, the shard's .grad is its slice;
+ *   stage 2: the block sums are reduce-scattered: each rank gets its
+ *            shard's sum only;
+ *   stage 1, 2: after the step the shards are all-gathered into every
+ *            replica (in place);
+ *   stage 3: the replicas are gone between steps; nt_ddp_gather all-gathers
+ *            them before the forward and the shard's last backward frees them.
+ * Why the bits are those of DDP: a reduce-scatter reduces element e of
+ * every rank's input in the same rank tree as an all-reduce (dist/tree.c),
+ * the mean is the same multiply, and every optimizer is elementwise, so a
+ * shard's update is the full update's restricted to its elements. */
+
+static int errc(void) { return nt_last_error() ? nt_last_error() : NT_EINVAL; }
+
+/* Elements of parameter j's shard of global rank r that are not padding. */
+static int64_t zero_valid(const nt_ddp *d, int j, int r)
+{
+    int64_t v = d->numel[j] - (int64_t)r * d->len[j];
+    return v < 0 ? 0 : v > d->len[j] ? d->len[j] : v;
+}
+
+/* t (parameter j's shape, contiguous) as [R, L]: flat, zero-padded. */
+static nt_tensor *zero_rows(const nt_site *site, const nt_ddp *d, int j, nt_tensor *t)
+{
+    nt_tensor *f = nt_reshape_at(site, t, 1, (int64_t[]){d->numel[j]});
+    int64_t pad = d->len[j] * d->ranks - d->numel[j];
+    if (pad && f) {
+        nt_tensor *z = nt_zeros_at(site, (nt_dtype)t->dtype, 1, (int64_t[]){pad});
+        f = z ? nt_cat_at(site, (nt_tensor *[]){f, z}, 2, 0) : NULL;
+    }
+    return f ? nt_reshape_at(site, f, 2, (int64_t[]){d->ranks, d->len[j]}) : NULL;
+}
+
+/* Parameter j from its [R, L] rows (a column block of a bucket, maybe not
+ * contiguous): a view of a contiguous tensor, in the parameter's shape. */
+static nt_tensor *zero_unrows(const nt_site *site, const nt_ddp *d, int j, nt_tensor *rows)
+{
+    nt_tensor *c = nt_contiguous_at(site, rows);
+    c = c ? nt_reshape_at(site, c, 1, (int64_t[]){d->ranks * d->len[j]}) : NULL;
+    c = c ? nt_slice_at(site, c, 0, 0, d->numel[j], 1) : NULL;
+    return c ? nt_reshape_at(site, c, d->pnd[j], d->pshape[j]) : NULL;
+}
+
+/* A new [L] shard of rank r holding elements [r L, r L + valid) of `full`
+ * (parameter j's shape), zeros after. */
+static nt_tensor *zero_cut(const nt_site *site, const nt_ddp *d, int j, int r, nt_tensor *full)
+{
+    if (!full)
+        return NULL;
+    int64_t v = zero_valid(d, j, r), lo = (int64_t)r * d->len[j];
+    nt_tensor *s = nt_zeros_at(site, (nt_dtype)full->dtype, 1, (int64_t[]){d->len[j]});
+    if (s && v > 0) {
+        nt_tensor *f = nt_reshape_at(site, full, 1, (int64_t[]){d->numel[j]});
+        nt_tensor *dst = nt_slice_at(site, s, 0, 0, v, 1);
+        if (!f || !dst || nt_copy_into(dst, nt_slice_at(site, f, 0, lo, lo + v, 1)))
+            return NULL;
+    }
+    return s;
+}
+
+static void zero_free(nt_ddp *d)
+{
+    if (d->shard && nt__hobj_current(d))
+        for (int i = 0; i < d->nmem * d->n; i++)
+            nt_release(d->shard[i]);
+    free(d->shard), free(d->view), free(d->numel), free(d->len), free(d->pnd);
+    free(d->pshape), free(d->pdt);
+    d->shard = NULL, d->view = NULL, d->numel = d->len = NULL, d->pnd = NULL;
+    d->pshape = NULL, d->pdt = NULL;
+}
+
+/* Member k's shard of parameter j from its replica: a view of the replica
+ * when it has no padding (stages 1, 2), else a copy; a leaf requiring grad. */
+static int zero_make_shard(const nt_site *site, nt_ddp *d, int k, int j, int stage)
+{
+    member *m = &d->m[k];
+    nt_tensor *p = m->rep[j], *s;
+    int64_t lo = (int64_t)m->rank * d->len[j];
+    bool view = stage < 3 && zero_valid(d, j, m->rank) == d->len[j];
+    if (view)
+        s = nt_detach(nt_slice_at(site, nt_reshape_at(site, p, 1, (int64_t[]){d->numel[j]}), 0,
+                                  lo, lo + d->len[j], 1));
+    else
+        s = zero_cut(site, d, j, m->rank, p);
+    if (!s || nt_set_requires_grad(s, true))
+        return errc();
+    d->shard[k * d->n + j] = nt_keep(s);
+    d->view[k * d->n + j] = view;
+    return 0;
+}
+
+NT_API int nt_ddp_set_zero(nt_ddp *d, int stage)
+{
+    const char *fn = "nt_ddp_set_zero";
+    if (!ddp_ok(NULL, d, fn))
+        return nt_last_error();
+    if (stage < 0 || stage > 3)
+        return nt__err(NULL, NT_EINVAL, fn, "argument 'stage' is %d; expected 0, 1, 2 or 3",
+                       stage);
+    g_mutex_lock(&d->lock);
+    int rc = 0, n = d->n;
+    for (int s = 0; s < d->shards && !rc; s++)
+        if (d->done[s] || d->reduces || d->zero)
+            rc = nt__err(NULL, NT_ESTATE, fn, "the nt_ddp has %s; set the ZeRO stage once, "
+                         "right after nt_ddp_create", d->zero ? "a ZeRO stage already"
+                                                              : "begun training");
+    if (rc || !stage)
+        goto out;
+    zero_free(d); /* shapes an nt_ddp_load at stage 0 noted */
+    d->numel = calloc((size_t)n, sizeof *d->numel);
+    d->len = calloc((size_t)n, sizeof *d->len);
+    d->pnd = calloc((size_t)n, sizeof *d->pnd);
+    d->pshape = calloc((size_t)n, sizeof *d->pshape);
+    d->pdt = calloc((size_t)n, sizeof *d->pdt);
+    d->shard = calloc((size_t)n * d->nmem, sizeof *d->shard);
+    d->view = calloc((size_t)n * d->nmem, 1);
+    if (!d->numel || !d->len || !d->pnd || !d->pshape || !d->pdt || !d->shard || !d->view) {
+        zero_free(d);
+        rc = nt__err_hostmem(NULL, fn, "the shards' tables");
+        goto out;
+    }
+    for (int j = 0; j < n; j++) {
+        nt_tensor *p = d->m[0].rep[j];
+        d->numel[j] = nt_numel(p);
+        d->len[j] = (d->numel[j] + d->ranks - 1) / d->ranks;
+        d->pnd[j] = p->ndim, d->pdt[j] = (nt_dtype)p->dtype;
+        memcpy(d->pshape[j], p->shape, sizeof(int64_t) * (size_t)p->ndim);
+    }
+    nt_no_grad_begin();
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        nt_stream *old = enter(d->m[k].dev);
+        nt_scope *sc = nt_scope_begin();
+        for (int j = 0; j < n && !rc; j++)
+            rc = zero_make_shard(NULL, d, k, j, stage);
+        nt_scope_end(sc);
+        leave(old);
+    }
+    nt_no_grad_end();
+    if (rc) {
+        zero_free(d);
+        goto out;
+    }
+    d->zero = stage;
+    if (stage == 3) /* the shards are the parameters now */
+        for (int k = 0; k < d->nmem; k++)
+            for (int j = 0; j < n; j++) {
+                nt_release(d->m[k].rep[j]);
+                d->m[k].rep[j] = NULL;
+            }
+out:
+    g_mutex_unlock(&d->lock);
+    return rc;
+}
+
+NT_API int nt_ddp_zero_stage(const nt_ddp *d)
+{
+    if (!ddp_ok(NULL, d, "nt_ddp_zero_stage"))
+        return nt_last_error();
+    nt_ddp *w = (nt_ddp *)d; /* the lock only */
+    g_mutex_lock(&w->lock);
+    int z = d->zero;
+    g_mutex_unlock(&w->lock);
+    return z;
+}
+
+NT_API nt_tensor **nt_ddp_zero_shards(nt_ddp *d, int dev)
+{
+    const char *fn = "nt_ddp_zero_shards";
+    if (!ddp_ok(NULL, d, fn))
+        return NULL;
+    member *m = member_of_dev(d, dev);
+    if (!m) {
+        nt__err(NULL, NT_EINVAL, fn, "argument 'dev' is %d, which is not one of the nt_ddp's "
+                "devices", dev);
+        return NULL;
+    }
+    g_mutex_lock(&d->lock);
+    nt_tensor **r = d->zero ? d->shard + (m - d->m) * d->n : NULL;
+    g_mutex_unlock(&d->lock);
+    if (!r)
+        nt__err(NULL, NT_ESTATE, fn, "the nt_ddp has no ZeRO stage (nt_ddp_set_zero)");
+    return r;
+}
+
+/* Parameters [lo, hi] in one collective: the cost model's rule of
+ * nt_ddp_reduce (a bucket grows while the call stays under twice the cost
+ * of one of no bytes, never past 25 MiB), going down from hi. */
+static int zero_bucket_lo(const nt_ddp *d, nt_collective kind, int hi)
+{
+    double fixed = 0, bytes = 4.0 * (double)(d->len[hi] * d->ranks);
+    nt_collective_cost(kind, d->ranks, 0, &fixed, NULL);
+    int lo = hi;
+    while (lo > 0 && d->comm) {
+        double more = bytes + 4.0 * (double)(d->len[lo - 1] * d->ranks), t = 0;
+        nt_collective_cost(kind, d->ranks, more, &t, NULL);
+        if (t >= 2 * fixed || more > DDP_BUCKET_BYTES)
+            break;
+        bytes = more;
+        lo--;
+    }
+    return lo;
+}
+
+/* Sets t's .grad to g (a new reference is kept). */
+static void set_grad(nt_tensor *t, nt_tensor *g)
+{
+    nt_keep(g);
+    if (t->ag->grad)
+        nt_release(t->ag->grad);
+    t->ag->grad = g;
+}
+
+/* Member k's result of the bucket [lo, hi] (out: [R, sum L] for stage 1,
+ * [1, sum L] after a reduce-scatter) times 1/S into the shards' .grads
+ * (and the replicas' for stage 1). */
+static int zero_take_mean(const nt_site *site, nt_ddp *d, int k, nt_tensor *out, int lo, int hi)
+{
+    member *m = &d->m[k];
+    nt_tensor *mean = nt_mul_scalar_at(site, out, 1.0 / d->shards);
+    int64_t off = 0;
+    for (int j = lo; j <= hi && mean; off += d->len[j], j++) {
+        nt_tensor *col = nt_slice_at(site, mean, 1, off, off + d->len[j], 1), *g;
+        nt_tensor *sh = d->shard[k * d->n + j];
+        if (d->zero == 1) { /* the replica's .grad as DDP's; the shard's a slice */
+            g = zero_unrows(site, d, j, col);
+            if (g && d->pdt[j] != NT_F32)
+                g = nt_cast_at(site, g, d->pdt[j]);
+            if (!g)
+                return errc();
+            set_grad(m->rep[j], g);
+            int64_t r0 = (int64_t)m->rank * d->len[j];
+            g = d->view[k * d->n + j]
+                    ? nt_slice_at(site, nt_reshape_at(site, g, 1, (int64_t[]){d->numel[j]}), 0,
+                                  r0, r0 + d->len[j], 1)
+                    : zero_cut(site, d, j, m->rank, g);
+        } else {
+            g = nt_reshape_at(site, col, 1, (int64_t[]){d->len[j]});
+            if (g && d->pdt[j] != NT_F32)
+                g = nt_cast_at(site, g, d->pdt[j]);
+            else if (g && lo != hi) { /* its own storage, not the bucket's */
+                nt_tensor *c = nt_zeros_at(site, NT_F32, 1, (int64_t[]){d->len[j]});
+                g = c && !nt_copy_into(c, g) ? c : NULL;
+            }
+        }
+        if (!g)
+            return errc();
+        set_grad(sh, g);
+    }
+    return mean ? 0 : errc();
+}
+
+/* One bucket: every member's block sums of parameters [lo, hi] as [R, sum
+ * L], all-reduced (stage 1) or reduce-scattered (2, 3) in the rank tree. */
+static int zero_bucket(const nt_site *site, nt_ddp *d, nt_tensor **sum, int lo, int hi)
+{
+    int n = d->n, rc = 0;
+    nt_tensor *in[DDP_MAX_DEV] = {0}, *out[DDP_MAX_DEV] = {0}, *parts[64];
+    nt_scope *sc = nt_scope_begin();
+    if (!sc)
+        return nt__err_hostmem(site, "nt_ddp_reduce", "a scope");
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        nt_stream *old = enter(d->m[k].dev);
+        for (int j = lo; j <= hi; j++)
+            parts[j - lo] = zero_rows(site, d, j, sum[k * n + j]);
+        in[k] = lo == hi ? parts[0] : nt_cat_at(site, parts, hi - lo + 1, 1);
+        leave(old);
+        rc = in[k] ? 0 : errc();
+    }
+    if (!rc && d->comm)
+        rc = d->zero == 1 ? nt_all_reduce_at(site, d->comm, in, out, NT_REDUCE_SUM)
+                          : nt_reduce_scatter_at(site, d->comm, in, out, NT_REDUCE_SUM);
+    else if (!rc)
+        out[0] = in[0];
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        nt_stream *old = enter(d->m[k].dev);
+        rc = zero_take_mean(site, d, k, out[k], lo, hi);
+        leave(old);
+    }
+    nt_scope_end(sc);
+    return rc;
+}
+
+static int zero_reduce(const nt_site *site, nt_ddp *d, nt_tensor **sum)
+{
+    nt_collective kind = d->zero == 1 ? NT_COLL_ALL_REDUCE : NT_COLL_REDUCE_SCATTER;
+    int rc = 0;
+    nt_no_grad_begin();
+    for (int hi = d->n - 1; hi >= 0 && !rc;) {
+        int lo = zero_bucket_lo(d, kind, hi);
+        if (hi - lo >= 64)
+            lo = hi - 63;
+        rc = zero_bucket(site, d, sum, lo, hi);
+        hi = lo - 1;
+    }
+    nt_no_grad_end();
+    return rc;
+}
+
+/* All-gathers the shards of parameters [lo, hi] into every member's
+ * replica: in place (stages 1, 2), or as new leaves (stage 3). */
+static int zero_gather_bucket(const nt_site *site, nt_ddp *d, int lo, int hi)
+{
+    int n = d->n, rc = 0;
+    nt_tensor *in[DDP_MAX_DEV] = {0}, *out[DDP_MAX_DEV] = {0}, *parts[64];
+    nt_tensor *made[DDP_MAX_DEV * 64]; /* stage 3's new leaves */
+    nt_scope *sc = nt_scope_begin();
+    if (!sc)
+        return nt__err_hostmem(site, "nt_ddp_gather", "a scope");
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        nt_stream *old = enter(d->m[k].dev);
+        for (int j = lo; j <= hi; j++)
+            parts[j - lo] = nt_reshape_at(site, d->shard[k * n + j], 2,
+                                          (int64_t[]){1, d->len[j]});
+        in[k] = lo == hi ? parts[0] : nt_cat_at(site, parts, hi - lo + 1, 1);
+        leave(old);
+        rc = in[k] ? 0 : errc();
+    }
+    if (!rc && d->comm)
+        rc = nt_all_gather_at(site, d->comm, in, out);
+    else if (!rc)
+        out[0] = in[0];
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        member *m = &d->m[k];
+        nt_stream *old = enter(m->dev);
+        int64_t off = 0;
+        for (int j = lo; j <= hi && !rc; off += d->len[j], j++) {
+            nt_tensor *full = zero_unrows(site, d, j, nt_slice_at(site, out[k], 1, off,
+                                                                  off + d->len[j], 1));
+            if (!full) {
+                rc = errc();
+            } else if (d->zero < 3) {
+                rc = nt_copy_into(m->rep[j], full);
+            } else { /* kept below once every member's are made (else none is) */
+                nt_tensor *p = nt_zeros_at(site, d->pdt[j], d->pnd[j], d->pshape[j]);
+                rc = !p || nt_copy_into(p, full) || nt_set_requires_grad(p, true) ? errc() : 0;
+                made[k * (hi - lo + 1) + j - lo] = p;
+            }
+        }
+        leave(old);
+    }
+    for (int k = 0; k < d->nmem && !rc && d->zero == 3; k++)
+        for (int j = lo; j <= hi; j++)
+            d->m[k].rep[j] = nt_keep(made[k * (hi - lo + 1) + j - lo]);
+    nt_scope_end(sc);
+    return rc;
+}
+
+/* Gathers parameters [lo, hi) in buckets (stage 3: those not gathered). */
+static int zero_gather(const nt_site *site, nt_ddp *d, int lo, int hi)
+{
+    int rc = 0;
+    nt_no_grad_begin();
+    for (int j = hi - 1; j >= lo && !rc;) {
+        if (d->zero == 3 && d->m[0].rep[j]) {
+            j--;
+            continue;
+        }
+        int b = zero_bucket_lo(d, NT_COLL_ALL_GATHER, j);
+        b = b < lo ? lo : b;
+        if (j - b >= 64)
+            b = j - 63;
+        for (int i = b; i < j && d->zero == 3; i++)
+            if (d->m[0].rep[i])
+                b = i + 1;
+        rc = zero_gather_bucket(site, d, b, j);
+        j = b - 1;
+    }
+    nt_no_grad_end();
+    return rc;
+}
+
+NT_API int nt_ddp_gather(nt_ddp *d, int lo, int hi)
+{
+    const char *fn = "nt_ddp_gather";
+    if (!ddp_ok(NULL, d, fn))
+        return nt_last_error();
+    if (lo < 0 || hi > d->n || lo >= hi)
+        return nt__err(NULL, NT_EINVAL, fn, "arguments 'lo', 'hi' are %d, %d; expected 0 <= lo "
+                       "< hi <= %d (the parameters)", lo, hi, d->n);
+    g_mutex_lock(&d->lock);
+    int rc = d->zero == 3 ? zero_gather(NULL, d, lo, hi)
+                          : nt__err(NULL, NT_ESTATE, fn, "the nt_ddp is at ZeRO stage %d; only "
+                                    "stage 3 gathers its parameters (the others keep them "
+                                    "whole)", d->zero);
+    g_mutex_unlock(&d->lock);
+    return rc;
+}
+
+static int zero_backward_check(const nt_site *site, nt_ddp *d, const member *m)
+{
+    if (d->zero != 3)
+        return 0;
+    for (int j = 0; j < d->n; j++)
+        if (!m->rep[j])
+            return nt__err(site, NT_ESTATE, "nt_ddp_backward", "parameter %d of device %d is "
+                           "not gathered (ZeRO stage 3): call nt_ddp_gather before the "
+                           "forward", j, m->dev);
+    return 0;
+}
+
+/* Stage 3: once every shard of member k had its backward, its gathered
+ * parameters go (the graph that used them is gone). */
+static void zero_backward_done(nt_ddp *d, int k)
+{
+    if (d->zero != 3)
+        return;
+    int s0 = (d->first_rank + k) * d->block;
+    for (int s = s0; s < s0 + d->block; s++)
+        if (!d->done[s])
+            return;
+    for (int j = 0; j < d->n; j++) {
+        nt_release(d->m[k].rep[j]);
+        d->m[k].rep[j] = NULL;
+    }
+}
+
+static int zero_step(const nt_site *site, nt_ddp *d, nt_optim *const *opts)
+{
+    const char *fn = "nt_ddp_step";
+    int rc = 0, n = d->n;
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        int np = nt__optim_nparams(opts[k]);
+        bool same = np == n;
+        for (int j = 0; same && j < np; j++)
+            same = nt__optim_param(opts[k], j) == d->shard[k * n + j];
+        if (np < 0)
+            rc = nt__err(site, NT_EINVAL, fn, "argument 'opts[%d]' is not a live optimizer", k);
+        else if (!same)
+            rc = nt__err(site, NT_EINVAL, fn, "argument 'opts[%d]' does not optimize "
+                         "nt_ddp_zero_shards(d, %d) (ZeRO stage %d: the %d shards, in order)",
+                         k, d->m[k].dev, d->zero, n);
+    }
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        nt_stream *old = enter(d->m[k].dev);
+        rc = nt_optim_step_at(site, opts[k]);
+        if (!rc)
+            rc = nt_optim_zero_grad(opts[k]);
+        for (int j = 0; j < n && !rc && d->zero == 1; j++)
+            if (d->m[k].rep[j]->ag->grad) {
+                nt_release(d->m[k].rep[j]->ag->grad);
+                d->m[k].rep[j]->ag->grad = NULL;
+            }
+        leave(old);
+    }
+    if (!rc && d->zero < 3)
+        rc = zero_gather(site, d, 0, n);
+    return rc;
+}
+
+/* Stage 2, 3: member k's whole mean gradients, all-gathered from the
+ * shards (new tensors in the parameters' shapes) into full[k * n + j]. */
+static int zero_full_grads(const nt_site *site, nt_ddp *d, nt_tensor **full)
+{
+    int n = d->n, rc = 0;
+    for (int j = 0; j < n && !rc; j++) {
+        nt_tensor *in[DDP_MAX_DEV] = {0}, *out[DDP_MAX_DEV] = {0};
+        for (int k = 0; k < d->nmem && !rc; k++) {
+            nt_tensor *g = d->shard[k * n + j]->ag->grad;
+            nt_stream *old = enter(d->m[k].dev);
+            in[k] = g ? nt_reshape_at(site, g, 2, (int64_t[]){1, d->len[j]}) : NULL;
+            leave(old);
+            if (!in[k])
+                rc = g ? errc() : nt__err(site, NT_ESTATE, "nt_ddp_clip_grad_norm", "shard %d "
+                                          "of device %d has no gradient; call nt_ddp_reduce "
+                                          "first", j, d->m[k].dev);
+        }
+        if (!rc && d->comm)
+            rc = nt_all_gather_at(site, d->comm, in, out);
+        else if (!rc)
+            out[0] = in[0];
+        for (int k = 0; k < d->nmem && !rc; k++) {
+            nt_stream *old = enter(d->m[k].dev);
+            full[k * n + j] = zero_unrows(site, d, j, out[k]);
+            leave(old);
+            rc = full[k * n + j] ? 0 : errc();
+        }
+    }
+    return rc;
+}
+
+NT_API nt_tensor *nt_ddp_clip_grad_norm(nt_ddp *d, double max_norm)
+{
+    const char *fn = "nt_ddp_clip_grad_norm";
+    if (!ddp_ok(NULL, d, fn))
+        return NULL;
+    g_mutex_lock(&d->lock);
+    int n = d->n, rc = 0, here = nt_device_current();
+    nt_tensor *total = NULL, **full = calloc((size_t)n * d->nmem * 2, sizeof *full);
+    nt_tensor **dummy = full ? full + (size_t)n * d->nmem : NULL;
+    if (!full) {
+        nt__err_hostmem(NULL, fn, "the gradient lists");
+        goto out;
+    }
+    nt_scope *sc = nt_scope_begin();
+    nt_no_grad_begin();
+    if (d->zero >= 2)
+        rc = zero_full_grads(NULL, d, full);
+    /* the replicas hold them whole (stages 0, 1); else leaves of no
+     * elements that carry them, so nt_clip_grad_norm does the arithmetic */
+    for (int k = 0; k < d->nmem && !rc; k++)
+        for (int j = 0; j < n && !rc; j++) {
+            if (d->zero < 2) {
+                dummy[k * n + j] = d->m[k].rep[j];
+                continue;
+            }
+            nt_stream *old = enter(d->m[k].dev);
+            nt_tensor *t = nt_zeros_at(NULL, NT_F32, 1, (int64_t[]){0});
+            leave(old);
+            if (!t || nt_set_requires_grad(t, true)) {
+                rc = errc();
+                break;
+            }
+            t->ag->grad = nt_retain(full[k * n + j]);
+            dummy[k * n + j] = t;
+        }
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        member *m = &d->m[k];
+        nt_stream *old = enter(m->dev);
+        nt_tensor *t = nt_clip_grad_norm(dummy + (size_t)k * n, n, max_norm);
+        if (t && (d->m[k].dev == here || (!total && k == d->nmem - 1)))
+            total = nt_keep(nt_to_device(t, here));
+        /* the shards' .grads again from the clipped whole ones (a view of
+         * the replica's .grad was clipped with it) */
+        for (int j = 0; j < n && t && !rc && d->zero; j++) {
+            if (d->view[k * n + j] && d->zero == 1)
+                continue;
+            nt_tensor *g = d->zero == 1 ? m->rep[j]->ag->grad : full[k * n + j];
+            nt_tensor *c = zero_cut(NULL, d, j, m->rank, g);
+            rc = c ? 0 : errc();
+            if (!rc)
+                set_grad(d->shard[k * n + j], c);
+        }
+        leave(old);
+        if (!t)
+            rc = errc();
+    }
+    for (int i = 0; i < n * d->nmem && d->zero >= 2; i++)
+        if (dummy[i])
+            nt_release(dummy[i]);
+    nt_no_grad_end();
+    nt_scope_end(sc);
+out:
+    free(full);
+    g_mutex_unlock(&d->lock);
+    if (rc && total) {
+        nt_release(total);
+        total = NULL;
+    }
+    return total;
+}
+
+/* ---------------- sharded checkpoints ----------------
+ *
+ * Global rank r of R writes "<path>.zero<r>of<R>": its shards "p<j>" ([L],
+ * or the parameter itself at stage 0, where only rank 0 writes, as R = 1),
+ * its optimizer's state (the checkpoint's optimizer records) and
+ * "zero.layout" (i32: R, stage, n, numel of each parameter). */
+
+#define ZNAME 24
+
+static void zero_path(char *buf, size_t cap, const char *path, int r, int R)
+{
+    snprintf(buf, cap, "%s.zero%dof%d", path, r, R);
+}
+
+/* The spec of member k's file: its shards (or replica), their names and
+ * the layout tensor (made on the member's device, in the open scope). */
+static int zero_spec(const nt_site *site, nt_ddp *d, int k, nt_optim *opt, char (*names)[ZNAME],
+                     const char **np, nt_tensor **ts, nt_checkpoint_spec *spec, int R)
+{
+    int n = d->n;
+    int32_t *lay = calloc((size_t)n + 3, sizeof *lay);
+    if (!lay)
+        return nt__err_hostmem(site, "nt_ddp_save", "the layout");
+    lay[0] = R, lay[1] = d->zero, lay[2] = n;
+    for (int j = 0; j < n; j++) {
+        lay[3 + j] = (int32_t)(d->zero ? d->numel[j] : nt_numel(d->m[k].rep[j]));
+        ts[j] = d->zero ? d->shard[k * n + j] : d->m[k].rep[j];
+        snprintf(names[j], ZNAME, "p%d", j);
+        np[j] = names[j];
+    }
+    nt_stream *old = enter(d->m[k].dev);
+    ts[n] = nt_from_host(lay, NT_I32, 1, (int64_t[]){n + 3});
+    leave(old);
+    free(lay);
+    np[n] = "zero.layout";
+    *spec = (nt_checkpoint_spec){.tensors = ts, .names = np, .n = n + 1, .opt = opt};
+    return ts[n] ? 0 : errc();
+}
+
+static int zero_opts_ok(const nt_site *site, nt_ddp *d, const char *fn, nt_optim *const *opts,
+                        int nopts)
+{
+    if (opts && nopts != d->nmem)
+        return nt__err(site, NT_EINVAL, fn, "argument 'nopts' is %d; expected one optimizer "
+                       "per local device (%d), or opts NULL", nopts, d->nmem);
+    for (int k = 0; opts && k < d->nmem; k++) {
+        int np = nt__optim_nparams(opts[k]);
+        bool same = np == d->n;
+        for (int j = 0; same && j < np; j++)
+            same = nt__optim_param(opts[k], j) == (d->zero ? d->shard[k * d->n + j]
+                                                           : d->m[k].rep[j]);
+        if (!same)
+            return nt__err(site, NT_EINVAL, fn, "argument 'opts[%d]' does not optimize the "
+                           "%s of device %d", k, d->zero ? "shards" : "replica", d->m[k].dev);
+    }
+    return 0;
+}
+
+NT_API int nt_ddp_save(nt_ddp *d, const char *path, nt_optim *const *opts, int nopts)
+{
+    const char *fn = "nt_ddp_save";
+    if (!ddp_ok(NULL, d, fn))
+        return nt_last_error();
+    if (!path)
+        return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is NULL");
+    g_mutex_lock(&d->lock);
+    int rc = zero_opts_ok(NULL, d, fn, opts, nopts), n = d->n;
+    char (*names)[ZNAME] = calloc((size_t)n, ZNAME);
+    const char **np = calloc((size_t)n + 1, sizeof *np);
+    nt_tensor **ts = calloc((size_t)n + 1, sizeof *ts);
+    if (!rc && (!names || !np || !ts))
+        rc = nt__err_hostmem(NULL, fn, "the names");
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        int R = d->zero ? d->ranks : 1;
+        if (!d->zero && d->m[k].rank != 0)
+            continue;
+        char file[4096];
+        zero_path(file, sizeof file, path, d->m[k].rank, R);
+        nt_checkpoint_spec spec;
+        nt_scope *sc = nt_scope_begin();
+        rc = zero_spec(NULL, d, k, opts ? opts[k] : NULL, names, np, ts, &spec, R);
+        if (!rc)
+            rc = nt_checkpoint_write(file, &spec);
+        nt_scope_end(sc);
+    }
+    free(names), free(np), free(ts);
+    g_mutex_unlock(&d->lock);
+    return rc;
+}
+
+/* The layout a checkpoint was saved under: *R (files), *stage, and the
+ * parameters' numel (lay[3 ..]).  0 or an error naming the path. */
+static int zero_saved_layout(nt_ddp *d, const char *path, int *R, int *stage, int32_t **lay)
+{
+    const char *fn = "nt_ddp_load";
+    char file[4096];
+    *R = 0;
+    /* the newest layout saved at path, if several were */
+    double newest = -1;
+    for (int r = 1; r <= 4096; r++) {
+        struct stat sb;
+        zero_path(file, sizeof file, path, 0, r);
+        if (stat(file, &sb) || access(file, R_OK))
+            continue;
+        double t = (double)sb.st_mtim.tv_sec + 1e-9 * (double)sb.st_mtim.tv_nsec;
+        if (t > newest)
+            newest = t, *R = r;
+    }
+    if (!*R)
+        return nt__err(NULL, NT_EIO, fn, "no sharded checkpoint at '%s' (no file "
+                       "'%s.zero0of<R>' can be read)", path, path);
+    zero_path(file, sizeof file, path, 0, *R);
+    int n = d->n;
+    *lay = calloc((size_t)n + 3, sizeof **lay);
+    if (!*lay)
+        return nt__err_hostmem(NULL, fn, "the layout");
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *t = nt_zeros(NT_I32, 1, (int64_t[]){n + 3});
+    const char *nm = "zero.layout";
+    nt_checkpoint_spec spec = {.tensors = &t, .names = &nm, .n = 1};
+    nt_load_report rep = {0};
+    int rc = t ? nt_checkpoint_read(file, &spec, false, &rep) : errc();
+    if (!rc && rep.loaded != 1)
+        rc = nt__err(NULL, NT_EINVAL, fn, "'%s' has no tensor 'zero.layout'; not written by "
+                     "nt_ddp_save", file);
+    nt_load_report_clear(&rep);
+    if (!rc)
+        rc = nt_to_host(t, *lay, sizeof **lay * ((size_t)n + 3));
+    nt_scope_end(sc);
+    if (rc)
+        return rc;
+    *stage = (*lay)[1];
+    if ((*lay)[0] != *R || (*lay)[2] != n)
+        return nt__err(NULL, NT_ESHAPE, fn, "'%s' holds %d parameters over %d ranks; the "
+                       "nt_ddp has %d parameters", file, (*lay)[2], (*lay)[0], n);
+    for (int j = 0; j < n; j++) {
+        int64_t want = d->zero ? d->numel[j] : nt_numel(d->m[0].rep[j]);
+        if ((*lay)[3 + j] != want)
+            return nt__err(NULL, NT_ESHAPE, fn, "'%s': parameter %d has %d elements; the "
+                           "nt_ddp's has %lld", file, j, (*lay)[3 + j], (long long)want);
+    }
+    return 0;
+}
+
+/* An optimizer of o's kind, flags and (single) group over ps. */
+static nt_optim *zero_opt_like(nt_optim *o, nt_tensor **ps, int n)
+{
+    const char *fn = "nt_ddp_load";
+    if (o->ngroups != 1 || o->master)
+        return nt__err(NULL, NT_ENOTSUP, fn, "resharding an optimizer with %d parameter "
+                       "groups%s; one group without master weights is supported", o->ngroups,
+                       o->master ? " and master weights" : ""), NULL;
+    opt_group *g = &o->groups[0];
+    int ams = o->flags & OPTF_AMSGRAD ? NT_OPTIM_AMSGRAD : 0;
+    switch (o->kind) {
+    case KIND_SGD:
+        return nt_optim_sgd(ps, n, g->lr, g->momentum, g->weight_decay,
+                            (o->flags & OPTF_NESTEROV) != 0);
+    case KIND_ADAMW:
+        return nt_optim_adamw_ex(ps, n, g->lr, g->beta1, g->beta2, g->eps, g->weight_decay, ams);
+    case KIND_ADAM:
+        return nt_optim_adam(ps, n, g->lr, g->beta1, g->beta2, g->eps, g->weight_decay, ams);
+    default:
+        return nt__err(NULL, NT_ENOTSUP, fn, "resharding the state of this optimizer; SGD, "
+                       "Adam and AdamW are supported"), NULL;
+    }
+}
+
+/* What resharding reads: every saved rank's pieces of each parameter and
+ * state slot, put together (flat [numel], on member 0's device). */
+typedef struct zfull {
+    nt_tensor **v;    /* [n * 4]: parameter, s0, s1, s2 (NULL: no such state) */
+    int64_t *steps;   /* [n] the slots' update counts */
+    int64_t osteps;   /* the optimizer's */
+    double lr, initial_lr;
+} zfull;
+
+/* Saved rank r's file into tmp tensors (and a temporary optimizer like
+ * opt); appends its pieces to parts[(j * 4 + x) * R + r]. */
+static int zero_read_rank(nt_ddp *d, const char *path, int r, int R, int stage, nt_optim *opt,
+                          nt_tensor **parts, zfull *z)
+{
+    int n = d->n, rc = 0;
+    char file[4096], (*names)[ZNAME] = calloc((size_t)n, ZNAME);
+    const char **np = calloc((size_t)n + 1, sizeof *np);
+    nt_tensor **ts = calloc((size_t)n + 1, sizeof *ts);
+    if (!names || !np || !ts)
+        rc = nt__err_hostmem(NULL, "nt_ddp_load", "the names");
+    for (int j = 0; j < n && !rc; j++) {
+        int64_t L = (d->numel[j] + R - 1) / R;
+        ts[j] = stage ? nt_zeros(d->pdt[j], 1, (int64_t[]){L})
+                      : nt_zeros(d->pdt[j], d->pnd[j], d->pshape[j]);
+        rc = ts[j] && !nt_set_requires_grad(ts[j], true) ? 0 : errc();
+        snprintf(names[j], ZNAME, "p%d", j);
+        np[j] = names[j];
+    }
+    ts[n] = rc ? NULL : nt_zeros(NT_I32, 1, (int64_t[]){n + 3});
+    np[n] = "zero.layout";
+    nt_optim *tmp = !ts[n] || !opt ? NULL : zero_opt_like(opt, ts, n);
+    if (!rc && (!ts[n] || (opt && !tmp)))
+        rc = errc();
+    zero_path(file, sizeof file, path, r, R);
+    nt_checkpoint_spec spec = {.tensors = ts, .names = np, .n = n + 1, .opt = tmp};
+    if (!rc)
+        rc = nt_checkpoint_read(file, &spec, true, NULL);
+    for (int j = 0; j < n && !rc; j++) {
+        slot *s = tmp ? tmp->slots[j] : NULL;
+        nt_tensor *v[4] = {ts[j], s ? s->s0 : NULL, s ? s->s1 : NULL, s ? s->s2 : NULL};
+        for (int x = 0; x < 4; x++)
+            parts[(j * 4 + x) * R + r] =
+                v[x] ? nt_reshape(v[x], 1, (int64_t[]){nt_numel(v[x])}) : NULL;
+        z->steps[j] = s ? s->steps : 0;
+    }
+    if (!rc && tmp) {
+        z->osteps = tmp->steps;
+        z->lr = tmp->groups[0].lr, z->initial_lr = tmp->groups[0].initial_lr;
+    }
+    nt_optim_destroy(tmp);
+    free(names), free(np), free(ts);
+    return rc;
+}
+
+/* Member k's value of a whole flat tensor: its shard (stage >= 1) or the
+ * parameter's shape, on its device. */
+static nt_tensor *zero_member_value(nt_ddp *d, int k, int j, nt_tensor *full)
+{
+    nt_stream *old = enter((int)full->dev); /* cut where the whole one is */
+    nt_tensor *f = nt_reshape(full, d->pnd[j], d->pshape[j]);
+    nt_tensor *v = d->zero && f ? zero_cut(NULL, d, j, d->m[k].rank, f) : f;
+    if (v && d->m[k].dev != (int)v->dev)
+        v = nt_to_device(v, d->m[k].dev);
+    leave(old);
+    return v;
+}
+
+/* Puts the whole tensors into every member's shards or replica and its
+ * optimizer's slots. */
+static int zero_put(nt_ddp *d, nt_optim *const *opts, const zfull *z)
+{
+    int n = d->n, rc = 0;
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        nt_stream *old = enter(d->m[k].dev);
+        for (int j = 0; j < n && !rc; j++) {
+            nt_tensor *dst = d->zero ? d->shard[k * n + j] : d->m[k].rep[j];
+            nt_tensor *v = zero_member_value(d, k, j, z->v[j * 4]);
+            rc = v ? nt_copy_into(dst, v) : errc();
+            slot *s = opts ? opts[k]->slots[j] : NULL;
+            nt_tensor **st[3] = {s ? &s->s0 : NULL, s ? &s->s1 : NULL, s ? &s->s2 : NULL};
+            for (int x = 0; x < 3 && s && !rc; x++) {
+                if (!z->v[j * 4 + 1 + x])
+                    continue;
+                v = zero_member_value(d, k, j, z->v[j * 4 + 1 + x]);
+                if (!v)
+                    rc = errc();
+                else if (*st[x])
+                    rc = nt_copy_into(*st[x], v);
+                else
+                    *st[x] = nt_keep(nt_contiguous(v));
+            }
+            if (s)
+                s->steps = z->steps[j];
+        }
+        if (opts && !rc) {
+            opts[k]->steps = z->osteps;
+            opts[k]->groups[0].lr = z->lr, opts[k]->groups[0].initial_lr = z->initial_lr;
+        }
+        leave(old);
+    }
+    return rc;
+}
+
+static int zero_reshard(nt_ddp *d, const char *path, nt_optim *const *opts, int R, int stage)
+{
+    int n = d->n, rc = 0;
+    nt_tensor **parts = calloc((size_t)n * 4 * R, sizeof *parts);
+    zfull z = {.v = calloc((size_t)n * 4, sizeof *z.v), .steps = calloc((size_t)n, 8)};
+    if (!parts || !z.v || !z.steps)
+        rc = nt__err_hostmem(NULL, "nt_ddp_load", "the pieces");
+    nt_stream *old = enter(d->m[0].dev);
+    for (int r = 0; r < R && !rc; r++)
+        rc = zero_read_rank(d, path, r, R, stage, opts ? opts[0] : NULL, parts, &z);
+    for (int i = 0; i < n * 4 && !rc; i++) {
+        if (!parts[i * R])
+            continue;
+        int64_t numel = d->numel[i / 4];
+        nt_tensor *c = R == 1 ? parts[i * R] : nt_cat(parts + (size_t)i * R, R, 0);
+        z.v[i] = c ? nt_slice(c, 0, 0, numel, 1) : NULL;
+        rc = z.v[i] ? 0 : errc();
+    }
+    leave(old);
+    if (!rc)
+        rc = zero_put(d, opts, &z);
+    free(parts), free(z.v), free(z.steps);
+    return rc;
+}
+
+NT_API int nt_ddp_load(nt_ddp *d, const char *path, nt_optim *const *opts, int nopts,
+                       bool reshard)
+{
+    const char *fn = "nt_ddp_load";
+    if (!ddp_ok(NULL, d, fn))
+        return nt_last_error();
+    if (!path)
+        return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is NULL");
+    g_mutex_lock(&d->lock);
+    int R = 0, stage = 0, rc = zero_opts_ok(NULL, d, fn, opts, nopts);
+    int32_t *lay = NULL;
+    if (!rc && (!d->zero && !d->numel)) { /* stage 0 keeps no shapes: take the replica's */
+        d->numel = calloc((size_t)d->n, sizeof *d->numel);
+        d->len = calloc((size_t)d->n, sizeof *d->len);
+        d->pnd = calloc((size_t)d->n, sizeof *d->pnd);
+        d->pshape = calloc((size_t)d->n, sizeof *d->pshape);
+        d->pdt = calloc((size_t)d->n, sizeof *d->pdt);
+        if (!d->numel || !d->len || !d->pnd || !d->pshape || !d->pdt)
+            rc = nt__err_hostmem(NULL, fn, "the shapes");
+        for (int j = 0; j < d->n && !rc; j++) {
+            nt_tensor *p = d->m[0].rep[j];
+            d->numel[j] = d->len[j] = nt_numel(p);
+            d->pnd[j] = p->ndim, d->pdt[j] = (nt_dtype)p->dtype;
+            memcpy(d->pshape[j], p->shape, sizeof(int64_t) * (size_t)p->ndim);
+        }
+    }
+    if (!rc)
+        rc = zero_saved_layout(d, path, &R, &stage, &lay);
+    bool same = !rc && ((stage == 0 && d->zero == 0) || (stage == d->zero && R == d->ranks));
+    if (!rc && !same && !reshard)
+        rc = nt__err(NULL, NT_EINVAL, fn, "'%s' was saved under ZeRO stage %d over %d ranks; "
+                     "this nt_ddp is stage %d over %d ranks: pass reshard = true to cut the "
+                     "parameters and the optimizer state again", path, stage, R, d->zero,
+                     d->ranks);
+    nt_scope *sc = nt_scope_begin();
+    nt_no_grad_begin();
+    if (!rc && !same)
+        rc = zero_reshard(d, path, opts, R, stage);
+    char (*names)[ZNAME] = same && !rc ? calloc((size_t)d->n, ZNAME) : NULL;
+    const char **np = names ? calloc((size_t)d->n + 1, sizeof *np) : NULL;
+    nt_tensor **ts = np ? calloc((size_t)d->n + 1, sizeof *ts) : NULL;
+    if (same && !rc && !ts)
+        rc = nt__err_hostmem(NULL, fn, "the names");
+    for (int k = 0; k < d->nmem && same && !rc; k++) {
+        char file[4096];
+        zero_path(file, sizeof file, path, stage ? d->m[k].rank : 0, stage ? R : 1);
+        nt_checkpoint_spec spec;
+        rc = zero_spec(NULL, d, k, opts ? opts[k] : NULL, names, np, ts, &spec, R);
+        if (!rc)
+            rc = nt_checkpoint_read(file, &spec, true, NULL);
+    }
+    if (!rc && (d->zero == 1 || d->zero == 2)) /* the replicas from the shards */
+        rc = zero_gather(NULL, d, 0, d->n);
+    nt_no_grad_end();
+    nt_scope_end(sc);
+    free(names), free(np), free(ts), free(lay);
+    g_mutex_unlock(&d->lock);
+    return rc;
 }

@@ -8,7 +8,10 @@
  *           closed formula and as a schedule of per-step transfers
  *   mpi.c   processes: MPI bootstrap at nt_init, the byte exchange polled
  *           against NT_COLLECTIVE_TIMEOUT (a stub without MPI)
- *   comm.c  communicators and the public collective ops */
+ *   comm.c  communicators and the public collective ops
+ *   mesh.c  the device mesh: named dimensions, a communicator per group
+ *   ddp.c   data parallelism and ZeRO stages 1-3 (docs/ddp.md,
+ *           docs/sharding.md) */
 #ifndef NT_DIST_DIST_H
 #define NT_DIST_DIST_H
 
@@ -117,5 +120,11 @@ void nt__pcomm_destroy(nt__pcomm *pc);
  * process and `what` was being done ("exchanging the inputs").  Thread-safe (calls are serialised). */
 int nt__pcomm_allgather(nt__pcomm *pc, const void *send, void *recv, const size_t *len,
                         const size_t *off, const char *what, char *errbuf, size_t errlen);
+
+/* A communicator of this process's devices[0..n) alone, even under MPI
+ * (global ranks 0..n-1, no exchange with other processes): a mesh's
+ * sub-group that lies inside one process (mesh.c).  Errors as
+ * nt_comm_create. */
+nt_comm *nt__comm_create_local(const int *devices, int n);
 
 #endif

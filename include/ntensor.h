@@ -2046,6 +2046,108 @@ NT_API nt_tensor *nt_ddp_batch_norm(nt_ddp *d, int shard, nt_tensor *x, nt_tenso
                                     nt_tensor *running_var, nt_tensor *w, nt_tensor *b,
                                     double momentum, double eps);
 
+/* ZeRO (docs/sharding.md): the optimizer state (stage 1), the gradients
+ * (stage 2) and the parameters (stage 3) sharded over the nt_ddp's ranks,
+ * with the parameters after every step the same bits as plain nt_ddp's
+ * (and a one-core run's), whatever the stage and the rank count.  A step:
+ *     nt_ddp_set_zero(d, 2);                          (once, after create)
+ *     opts[i] = nt_optim_adamw(nt_ddp_zero_shards(d, dev_i), n, ...);
+ *     loop: [stage 3: nt_ddp_gather(d, lo, hi) per layer before the forward]
+ *           nt_ddp_backward per shard; nt_ddp_reduce(d); nt_ddp_step(d, opts, ndev);
+ */
+/** Sets the ZeRO stage (0..3) of d, once, before its first nt_ddp_backward
+ *  (NT_ESTATE otherwise).  Parameter j (numel elements, flattened, padded
+ *  with zeros to a multiple of the global rank count R) is cut into R
+ *  shards of L = ceil(numel / R) elements; rank r owns [r L, (r + 1) L).
+ *  Stage 1: nt_ddp_reduce all-reduces as stage 0 (the replicas keep the
+ *  whole mean .grad) and each shard's .grad is its slice.  Stage 2: it
+ *  reduce-scatters, only the shards get a .grad.  Stages 1, 2: nt_ddp_step
+ *  steps the shards' optimizers and all-gathers the shards into every
+ *  replica, in place.  Stage 3: the replicas are released now (release your
+ *  own references to the parameters too, to free their memory); before a
+ *  forward, nt_ddp_gather makes them again, and each device's gathered
+ *  parameters are released after its last shard's nt_ddp_backward of the
+ *  step.  NT_EINVAL for a stage out of range. */
+NT_API int nt_ddp_set_zero(nt_ddp *d, int stage);
+/** d's ZeRO stage (0 without nt_ddp_set_zero), or a negative error. */
+NT_API int nt_ddp_zero_stage(const nt_ddp *d);
+/** Device dev's shards (an array of nparams 1-D tensors of L elements,
+ *  leaves requiring grad, owned by d): what that device's optimizer must
+ *  optimize under ZeRO (nt_ddp_step checks it).  NULL with NT_ESTATE at
+ *  stage 0, NT_EINVAL for a device not of d. */
+NT_API nt_tensor **nt_ddp_zero_shards(nt_ddp *d, int dev);
+/** Stage 3: all-gathers parameters [lo, hi) (those not gathered yet) into
+ *  every local replica (nt_ddp_params), queued like any collective, so a
+ *  call for the next layer issued before this layer's compute overlaps it
+ *  (a prefetch).  NT_EINVAL for a bad range, NT_ESTATE at another stage. */
+NT_API int nt_ddp_gather(nt_ddp *d, int lo, int hi);
+/** nt_clip_grad_norm over the parameters' whole mean gradients, after
+ *  nt_ddp_reduce: the same bits as nt_clip_grad_norm on a stage-0 replica.
+ *  Stages 2, 3 all-gather the gradient shards first (the norms need the
+ *  whole gradients: Psi more elements moved) and scale their shards.
+ *  Returns the total norm (0-dim f32 on the calling thread's device, or on
+ *  d's last device when the thread's is not one of d's; the caller releases
+ *  it, even inside a scope) or NULL with the error (NT_ESTATE before a
+ *  reduce, errors of nt_clip_grad_norm). */
+NT_API nt_tensor *nt_ddp_clip_grad_norm(nt_ddp *d, double max_norm);
+/** Sharded checkpoint: each global rank writes its shards and their
+ *  optimizer state to "<path>.zero<r>of<R>" (the format of
+ *  docs/checkpoint-format.md, named records; stage 0 writes rank 0's
+ *  replica as "<path>.zero0of1").  opts as for nt_ddp_step (NULL: no
+ *  optimizer state).  Every process calls it. */
+NT_API int nt_ddp_save(nt_ddp *d, const char *path, nt_optim *const *opts, int nopts);
+/** Loads what nt_ddp_save wrote at path (the newest layout there) into d:
+ *  its shards and opts' state (stages 1, 2 then all-gather the replicas),
+ *  or its replicas at stage 0.  A checkpoint saved under another stage or
+ *  rank count (a stage-0 save loads into any stage-0 nt_ddp) is NT_EINVAL
+ *  naming both layouts unless reshard is true: then the parameters and the
+ *  optimizer state (SGD, Adam, AdamW with one group; else NT_ENOTSUP) are
+ *  put together from every saved rank's file and cut again.  No file:
+ *  NT_EIO; another parameter count or size: NT_ESHAPE naming it; errors of
+ *  nt_checkpoint_read otherwise. */
+NT_API int nt_ddp_load(nt_ddp *d, const char *path, nt_optim *const *opts, int nopts,
+                       bool reshard);
+
+/* ------------------------------------------------------------------------ */
+/* Device mesh (docs/sharding.md)                                           */
+/* ------------------------------------------------------------------------ */
+
+/** Opaque device mesh: the global ranks (every device of every process,
+ *  process by process) laid out row-major (the last dimension fastest) over
+ *  named dimensions, with a communicator for each group of ranks that
+ *  differ along one dimension only. */
+typedef struct nt_mesh nt_mesh;
+/** A mesh of dims[0] x ... x dims[ndims-1] ranks (ndims 1..3), names[a]
+ *  one of "data", "tensor", "expert" (distinct).  The product must be the
+ *  device count over every process; under MPI every process calls it with
+ *  the same dims and names (collective: a mismatch is NT_EINVAL naming both
+ *  processes' layouts).  A group spanning some processes but not all is
+ *  NT_ENOTSUP.  NULL with the error (NT_EINVAL naming the argument, the
+ *  layout and the sizes).  Free with nt_mesh_destroy. */
+NT_API nt_mesh *nt_mesh_create(const int *dims, const char *const *names, int ndims);
+/** Frees the mesh and its communicators (NULL: no-op). */
+NT_API void nt_mesh_destroy(nt_mesh *m);
+/** The communicator of the group along dimension `name` holding local
+ *  device dev's rank (borrowed, valid until nt_mesh_destroy; its rank i is
+ *  coordinate i along the dimension).  NULL with NT_EINVAL for an unknown
+ *  name or a bad device. */
+NT_API nt_comm *nt_mesh_comm(nt_mesh *m, const char *name, int dev);
+/** The local devices of that group, in the communicator's member order
+ *  (in[i] of a collective on it is devs[i]'s): fills devs[0..n) (cap
+ *  entries at most) and returns n, or a negative error. */
+NT_API int nt_mesh_group(const nt_mesh *m, const char *name, int dev, int *devs, int cap);
+/** The size of dimension `name` (NULL: the mesh's rank count), or a
+ *  negative error. */
+NT_API int nt_mesh_size(const nt_mesh *m, const char *name);
+/** Local device dev's coordinate along dimension `name`, or an error. */
+NT_API int nt_mesh_coord(const nt_mesh *m, const char *name, int dev);
+/** Local device dev's global rank, or an error. */
+NT_API int nt_mesh_rank(const nt_mesh *m, int dev);
+/** Bytes of device dev's memory that live tensors hold (the allocator's
+ *  count, nt_stats' device_bytes_live for one device), or a negative error
+ *  (NT_EINVAL for a bad device). */
+NT_API int64_t nt_device_bytes_live(int dev);
+
 /* ------------------------------------------------------------------------ */
 /* Captured programs (docs/graphs.md): run a training step once while the   */
 /* runtime records it, then replay it with one call -- no dispatch, no      */

@@ -1,0 +1,957 @@
+/* tests/test_zero.c - the device mesh (dist/mesh.c) and ZeRO stages 1-3
+ * (dist/ddp.c, docs/sharding.md): the parameters after training are the
+ * same bits for every stage and every core count as plain nt_ddp's and a
+ * one-core run's (AdamW and SGD with momentum, with gradient clipping), on
+ * both backends and in the modes; per-core model-state bytes against the
+ * formula; stage 3 trains on 8 cores a model one core's NT_HBM_BYTES cannot
+ * hold; sharded checkpoints; every error path.
+ *
+ * NT_SIM_CORES is read by nt_init, so the core counts run as child
+ * processes of this test (it re-executes itself with --child ...). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ntensor.h"
+#include "nt_test.h"
+#include "crc32.h"
+#define BENCH_NAME "tests/test_zero"
+#include "bench/bench.h" /* bench_run_child */
+
+/* ---------------- a small MLP (sizes that need padding on 8 ranks) ---------------- */
+
+enum { F = 12, H = 24, C = 5, NP = 4 };
+enum { STEPS = 8, SHARDS = 8, B = 32 };
+
+static void make_data(float *x, int32_t *y, int rows, int cols, uint32_t seed)
+{
+    uint32_t s = seed * 2654435761u + 1;
+    for (int i = 0; i < rows * cols; i++) {
+        s = s * 1664525u + 1013904223u;
+        x[i] = (float)((s >> 8) & 0xFFFF) / 65536.0f - 0.5f;
+    }
+    for (int i = 0; i < rows; i++) {
+        s = s * 1664525u + 1013904223u;
+        y[i] = (int32_t)((s >> 16) % C);
+    }
+}
+
+static int make_params(nt_tensor **p, int h, int f, uint64_t seed)
+{
+    const int64_t shapes[NP][2] = {{h, f}, {h, 0}, {C, h}, {C, 0}};
+    for (int j = 0; j < NP; j++) {
+        int nd = shapes[j][1] ? 2 : 1;
+        nt_tensor *r = nt_randn(NT_F32, nd, shapes[j], seed * 8 + (uint64_t)j);
+        p[j] = nt_mul_scalar(r, 0.3);
+        nt_release(r);
+        if (!p[j] || nt_set_requires_grad(p[j], true))
+            return -1;
+    }
+    return 0;
+}
+
+static nt_tensor *model_loss(nt_tensor **p, nt_tensor *x, nt_tensor *y)
+{
+    nt_tensor *h = nt_relu(nt_linear(x, p[0], p[1]));
+    return nt_cross_entropy(nt_linear(h, p[2], p[3]), y);
+}
+
+static uint32_t params_crc(nt_tensor **p)
+{
+    uint32_t c = 0;
+    for (int j = 0; j < NP; j++) {
+        size_t nb = (size_t)nt_numel(p[j]) * 4;
+        uint8_t *buf = malloc(nb);
+        if (!buf || nt_to_host(p[j], buf, nb) != 0) {
+            fprintf(stderr, "child: %s\n", nt_last_error_message());
+            free(buf);
+            return 0;
+        }
+        c = crc32_ieee(buf, nb) ^ (c * 31u);
+        free(buf);
+    }
+    return c;
+}
+
+/* ---------------- the training a child runs ---------------- */
+
+typedef struct run {
+    int stage;
+    bool sgd, clip, bf16; /* bf16: the forward under bf16 autocast */
+    int h, f, steps;
+    const char *save, *load; /* checkpoint paths (NULL: none) */
+    int save_at;             /* the step after which to save */
+    bool reshard;
+} run;
+
+static nt_optim *make_opt(const run *r, nt_tensor **ps)
+{
+    return r->sgd ? nt_optim_sgd(ps, NP, 5e-2, 0.9, 1e-3, false)
+                  : nt_optim_adamw(ps, NP, 1e-2, 0.9, 0.999, 1e-8, 0.01);
+}
+
+/* One step: every shard's forward and backward, the reduce, clipping, the
+ * optimizers.  Stage 3 gathers layer by layer, the next layer's gather
+ * issued before the first shard's compute (the prefetch). */
+static int train_step(nt_ddp *d, const run *r, nt_optim **opts, int ndev, int step)
+{
+    static float xb[B * 1024];
+    static int32_t yb[B];
+    make_data(xb, yb, B, r->f, 100 + (uint32_t)step);
+    if (r->stage == 3 && (nt_ddp_gather(d, 0, 2) || nt_ddp_gather(d, 2, NP)))
+        return -1;
+    for (int s = 0; s < SHARDS; s++) {
+        int dev = nt_ddp_shard_device(d, s);
+        if (dev < 0)
+            continue;
+        nt_device_set(dev);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, (int64_t[]){B, r->f});
+        nt_tensor *y = nt_ddp_shard_from_host(d, s, yb, NT_I32, 1, (int64_t[]){B});
+        if (r->bf16)
+            nt_autocast_begin(NT_BF16);
+        nt_tensor *loss = model_loss(nt_ddp_params(d, dev), x, y);
+        if (r->bf16)
+            nt_autocast_end();
+        int rc = nt_ddp_backward(d, s, loss);
+        nt_scope_end(sc);
+        if (rc)
+            return rc;
+    }
+    if (nt_ddp_reduce(d))
+        return -1;
+    if (r->clip) {
+        nt_device_set(0);
+        nt_tensor *t = nt_ddp_clip_grad_norm(d, 0.5);
+        if (!t)
+            return -1;
+        nt_release(t);
+    }
+    return nt_ddp_step(d, opts, ndev);
+}
+
+static int child_train(const run *r)
+{
+    if (nt_init() != 0)
+        return 3;
+    int ndev = nt_device_count(), devs[64], rc = 0;
+    for (int i = 0; i < ndev; i++)
+        devs[i] = i;
+    nt_tensor *p[NP];
+    nt_device_set(0);
+    if (make_params(p, r->h, r->f, 11))
+        return 4;
+    nt_ddp *d = nt_ddp_create(p, NP, SHARDS, devs, ndev);
+    if (!d || nt_ddp_set_zero(d, r->stage)) {
+        fprintf(stderr, "child: %s\n", nt_last_error_message());
+        return 4;
+    }
+    if (r->stage == 3) /* the shards are the parameters: ours may go */
+        for (int j = 0; j < NP; j++)
+            nt_release(p[j]), p[j] = NULL;
+    nt_optim *opts[64];
+    for (int i = 0; i < ndev; i++) {
+        nt_device_set(devs[i]);
+        opts[i] = make_opt(r, r->stage ? nt_ddp_zero_shards(d, devs[i])
+                                       : nt_ddp_params(d, devs[i]));
+    }
+    if (r->load && nt_ddp_load(d, r->load, opts, ndev, r->reshard)) {
+        printf("load failed: %d %s\n", nt_last_error(), nt_last_error_message());
+        rc = 9;
+    }
+    int first = r->load ? r->save_at : 0;
+    for (int step = first; step < r->steps && !rc; step++) {
+        if (train_step(d, r, opts, ndev, step)) {
+            fprintf(stderr, "child: step %d: %s\n", step, nt_last_error_message());
+            rc = 5;
+        }
+        if (!rc && r->save && step + 1 == r->save_at && nt_ddp_save(d, r->save, opts, ndev)) {
+            fprintf(stderr, "child: save: %s\n", nt_last_error_message());
+            rc = 6;
+        }
+    }
+    if (!rc && r->stage == 3 && nt_ddp_gather(d, 0, NP))
+        rc = 7;
+    uint32_t crc = 0;
+    bool same = true;
+    if (!rc) {
+        crc = params_crc(nt_ddp_params(d, devs[0]));
+        for (int i = 1; i < ndev; i++)
+            same &= params_crc(nt_ddp_params(d, devs[i])) == crc;
+    }
+    if (!rc && nt_sync())
+        rc = 8;
+    if (!rc && nt_process_rank() <= 0)
+        printf("crc %08x cores %d procs %d replicas %s\n", crc, ndev,
+               nt_process_count() > 1 ? nt_process_count() : 1, same ? "same" : "differ");
+    for (int i = 0; i < ndev; i++)
+        nt_optim_destroy(opts[i]);
+    nt_ddp_destroy(d);
+    for (int j = 0; j < NP; j++)
+        nt_release(p[j]);
+    nt_shutdown();
+    return rc;
+}
+
+/* ---------------- running children ---------------- */
+
+static char self_exe[4096];
+
+static void run_child_argv(const char *const *env, char *const *argv, char *line, size_t cap)
+{
+    int status = bench_run_child(argv, env, line, cap);
+    assert_true(status >= 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("child (%s %s %s %s; %s %s %s) failed with status %d: '%s'", env[0],
+                 env[1] ? env[1] : "", env[1] && env[2] ? env[2] : "",
+                 env[1] && env[2] && env[3] ? env[3] : "", argv[1], argv[2],
+                 argv[2] ? argv[3] : "", status, line);
+}
+
+/* The CRC a training child prints, checking its core count and replicas. */
+static unsigned train_crc(const char *const *env, const char *spec, int cores)
+{
+    char line[512];
+    char *argv[] = {self_exe, "--child", (char *)spec, NULL};
+    run_child_argv(env, argv, line, sizeof line);
+    unsigned crc = 0;
+    int nc = 0, np = 0;
+    char rep[16] = "";
+    if (sscanf(line, "crc %x cores %d procs %d replicas %15s", &crc, &nc, &np, rep) != 4)
+        fail_msg("child %s printed '%s'", spec, line);
+    if (cores)
+        assert_int_equal(nc, cores);
+    if (strcmp(rep, "same"))
+        fail_msg("child %s: the replicas differ", spec);
+    return crc;
+}
+
+/* spec: "<stage><a|s><c|->", e.g. "2ac" = stage 2, AdamW, clipping. */
+static void parse_spec(const char *spec, run *r)
+{
+    memset(r, 0, sizeof *r);
+    r->stage = spec[0] - '0';
+    r->sgd = spec[1] == 's';
+    r->clip = spec[2] == 'c';
+    r->bf16 = spec[2] && spec[3] == 'b';
+    r->h = H, r->f = F, r->steps = STEPS;
+}
+
+/* ---------------- bit-identical for every stage and size ---------------- */
+
+static const char *const CORES[] = {"NT_SIM_CORES=1", "NT_SIM_CORES=2", "NT_SIM_CORES=4",
+                                    "NT_SIM_CORES=8"};
+
+/* Stage x cores on the simulator (adaptive), AdamW with clipping and SGD
+ * with momentum: one CRC per optimizer; then the other backend and modes
+ * at 1 and 8 cores for every stage: the same CRC. */
+static void test_bitwise_stages_sizes(void **state)
+{
+    (void)state;
+    static const char *const opt_specs[][4] = {{"0ac", "1ac", "2ac", "3ac"},
+                                               {"0s-", "1s-", "2s-", "3s-"}};
+    unsigned ref[2] = {0, 0};
+    for (int o = 0; o < 2; o++) {
+        printf("# %s, %d steps, %d shards: crc32 of the parameters\n",
+               o ? "SGD momentum 0.9" : "AdamW + clip_grad_norm 0.5", STEPS, SHARDS);
+        printf("# stage   1 core    2 cores   4 cores   8 cores\n");
+        for (int st = 0; st < 4; st++) {
+            char row[128];
+            int k = snprintf(row, sizeof row, "# %d    ", st);
+            for (int c = 0; c < 4; c++) {
+                const char *env[] = {"NT_BACKEND=sim", "NT_MODE=adaptive", CORES[c], NULL};
+                unsigned crc = train_crc(env, opt_specs[o][st], 1 << c);
+                k += snprintf(row + k, sizeof row - (size_t)k, "  %08x", crc);
+                if (st == 0 && c == 0)
+                    ref[o] = crc;
+                else if (crc != ref[o])
+                    fail_msg("stage %d on %d cores (%s): %08x, plain 1-core DDP %08x", st,
+                             1 << c, opt_specs[o][st], crc, ref[o]);
+            }
+            printf("%s\n", row);
+        }
+    }
+    static const char *const cfg[][3] = {{"NT_BACKEND=cpu", "NT_MODE=adaptive", NULL},
+                                         {"NT_BACKEND=cpu", "NT_DETERMINISTIC=1", NULL},
+                                         {"NT_BACKEND=sim", "NT_DETERMINISTIC=1", NULL}};
+    for (int g = 0; g < 3; g++)
+        for (int st = 0; st < 4; st++)
+            for (int c = 0; c < 4; c += 3) {
+                const char *env[] = {cfg[g][0], cfg[g][1], CORES[c], NULL};
+                char spec[4] = {(char)('0' + st), 'a', 'c', 0};
+                unsigned crc = train_crc(env, spec, 1 << c);
+                if (crc != ref[0])
+                    fail_msg("%s %s stage %d, %d cores: %08x, sim adaptive %08x", cfg[g][0],
+                             cfg[g][1], st, 1 << c, crc, ref[0]);
+            }
+    printf("# cpu adaptive, cpu and sim deterministic: stages 0-3 on 1 and 8 cores give "
+           "%08x too\n", ref[0]);
+    /* under bf16 autocast (f32 parameters): one CRC for every stage, 1 and 8 cores */
+    unsigned bref = 0;
+    for (int st = 0; st < 4; st++)
+        for (int c = 0; c < 4; c += 3) {
+            const char *env[] = {"NT_BACKEND=sim", "NT_MODE=adaptive", CORES[c], NULL};
+            char spec[5] = {(char)('0' + st), 'a', 'c', 'b', 0};
+            unsigned crc = train_crc(env, spec, 1 << c);
+            if (st == 0 && c == 0)
+                bref = crc;
+            else if (crc != bref)
+                fail_msg("bf16 autocast, stage %d, %d cores: %08x, 1-core plain DDP %08x", st,
+                         1 << c, crc, bref);
+        }
+    printf("# under bf16 autocast: stages 0-3 on 1 and 8 cores give %08x\n", bref);
+}
+
+/* ---------------- memory against the formula ---------------- */
+
+/* f32 AdamW (4-byte parameters and gradients, 8 bytes of state), N ranks:
+ * what each core holds after nt_ddp_reduce (docs/sharding.md). */
+static double formula_bytes(int stage, double psi, int n)
+{
+    switch (stage) {
+    case 0: return 16 * psi;
+    case 1: return 8 * psi + 8 * psi / n;
+    case 2: return 4 * psi + 12 * psi / n;
+    default: return 16 * psi / n;
+    }
+}
+
+/* The child: 2 steps of a 512-wide MLP at `stage`; after the second
+ * step's nt_ddp_reduce (the gradients and the optimizer state exist)
+ * prints every core's live bytes and the formula's. */
+static int child_mem(int stage)
+{
+    if (nt_init() != 0)
+        return 3;
+    int ndev = nt_device_count(), devs[64];
+    for (int i = 0; i < ndev; i++)
+        devs[i] = i;
+    run r = {.stage = stage, .h = 512, .f = 512, .steps = 2};
+    nt_tensor *p[NP];
+    nt_device_set(0);
+    if (make_params(p, r.h, r.f, 3))
+        return 4;
+    double psi = 0;
+    for (int j = 0; j < NP; j++)
+        psi += (double)nt_numel(p[j]);
+    nt_ddp *d = nt_ddp_create(p, NP, SHARDS, devs, ndev);
+    if (!d || nt_ddp_set_zero(d, stage))
+        return 4;
+    for (int j = 0; j < NP; j++)
+        nt_release(p[j]); /* the nt_ddp holds what it needs */
+    nt_optim *opts[64];
+    for (int i = 0; i < ndev; i++) {
+        nt_device_set(i);
+        opts[i] = make_opt(&r, stage ? nt_ddp_zero_shards(d, i) : nt_ddp_params(d, i));
+    }
+    int rc = train_step(d, &r, opts, ndev, 0);
+    /* the second step up to its reduce */
+    static float xb[B * 512];
+    static int32_t yb[B];
+    memset(xb, 0, sizeof xb);
+    make_data(xb, yb, B, 512, 7);
+    if (!rc && stage == 3)
+        rc = nt_ddp_gather(d, 0, NP);
+    for (int s = 0; s < SHARDS && !rc; s++) {
+        int dev = nt_ddp_shard_device(d, s);
+        nt_device_set(dev);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, (int64_t[]){B, 512});
+        nt_tensor *y = nt_ddp_shard_from_host(d, s, yb, NT_I32, 1, (int64_t[]){B});
+        rc = nt_ddp_backward(d, s, model_loss(nt_ddp_params(d, dev), x, y));
+        nt_scope_end(sc);
+    }
+    if (!rc)
+        rc = nt_ddp_reduce(d);
+    if (!rc)
+        rc = nt_sync();
+    if (rc) {
+        fprintf(stderr, "child: %s\n", nt_last_error_message());
+        return 5;
+    }
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int i = 0; i < ndev; i++) {
+        int64_t b = nt_device_bytes_live(i);
+        lo = b < lo ? b : lo, hi = b > hi ? b : hi;
+    }
+    printf("mem %d %d %.0f %lld %lld %.0f\n", stage, ndev, psi, (long long)lo, (long long)hi,
+           formula_bytes(stage, psi, ndev));
+    for (int i = 0; i < ndev; i++)
+        nt_optim_destroy(opts[i]);
+    nt_ddp_destroy(d);
+    nt_shutdown();
+    return 0;
+}
+
+static void test_memory_formula(void **state)
+{
+    (void)state;
+    printf("# per-core model-state bytes after nt_ddp_reduce, f32 AdamW (MiB), "
+           "measured (nt_device_bytes_live) / formula\n");
+    printf("# stage  formula          1 core          2 cores         4 cores         8 cores\n");
+    static const char *const fml[] = {"16P", "8P+8P/N", "4P+12P/N", "16P/N"};
+    for (int st = 0; st < 4; st++) {
+        char row[256];
+        int k = snprintf(row, sizeof row, "# %d      %-9s", st, fml[st]);
+        for (int c = 0; c < 4; c++) {
+            const char *env[] = {"NT_BACKEND=sim", CORES[c], NULL};
+            char arg[4] = {(char)('0' + st), 0}, line[256];
+            char *argv[] = {self_exe, "--mem", arg, NULL};
+            run_child_argv(env, argv, line, sizeof line);
+            int s2 = 0, n = 0;
+            double psi = 0, f = 0;
+            long long lo = 0, hi = 0;
+            if (sscanf(line, "mem %d %d %lf %lld %lld %lf", &s2, &n, &psi, &lo, &hi, &f) != 6)
+                fail_msg("child printed '%s'", line);
+            k += snprintf(row + k, sizeof row - (size_t)k, "  %6.3f / %6.3f", hi / 1048576.0,
+                          f / 1048576.0);
+            if (fabs((double)lo - f) > 0.02 * f || fabs((double)hi - f) > 0.02 * f)
+                fail_msg("stage %d on %d cores: %lld..%lld bytes per core, the formula %.0f "
+                         "(psi %.0f)", st, n, lo, hi, f, psi);
+        }
+        printf("%s\n", row);
+    }
+}
+
+/* ---------------- a model one core cannot hold ---------------- */
+
+/* The child: 2 steps of a 1024-wide MLP at `stage`; prints "trained" or
+ * the error (NT_ENOMEM expected on one core). */
+static int child_hbm(int stage)
+{
+    if (nt_init() != 0)
+        return 3;
+    int ndev = nt_device_count(), devs[64];
+    for (int i = 0; i < ndev; i++)
+        devs[i] = i;
+    run r = {.stage = stage, .h = 1024, .f = 1024, .steps = 2};
+    nt_tensor *p[NP];
+    nt_device_set(0);
+    int rc = make_params(p, r.h, r.f, 5) ? nt_last_error() : 0;
+    nt_ddp *d = rc ? NULL : nt_ddp_create(p, NP, SHARDS, devs, ndev);
+    if (d && nt_ddp_set_zero(d, stage))
+        rc = nt_last_error();
+    for (int j = 0; j < NP; j++)
+        nt_release(p[j]);
+    nt_optim *opts[64] = {0};
+    for (int i = 0; i < ndev && d && !rc; i++) {
+        nt_device_set(i);
+        opts[i] = make_opt(&r, stage ? nt_ddp_zero_shards(d, i) : nt_ddp_params(d, i));
+    }
+    for (int step = 0; step < r.steps && d && !rc; step++)
+        if (train_step(d, &r, opts, ndev, step))
+            rc = nt_last_error();
+    if (!rc)
+        rc = nt_sync();
+    if (!rc && nt_device_count() > 0)
+        printf("trained %d cores stage %d\n", ndev, stage);
+    else
+        printf("failed %d %s\n", rc, nt_last_error_message());
+    for (int i = 0; i < ndev; i++)
+        nt_optim_destroy(opts[i]);
+    nt_ddp_destroy(d);
+    nt_shutdown();
+    return 0;
+}
+
+static void test_stage3_beyond_one_core(void **state)
+{
+    (void)state;
+    char line[1024];
+    char *argv0[] = {self_exe, "--hbm", "0", NULL}, *argv3[] = {self_exe, "--hbm", "3", NULL};
+    const char *env1[] = {"NT_BACKEND=sim", "NT_HBM_BYTES=12M", "NT_SIM_CORES=1", NULL};
+    run_child_argv(env1, argv0, line, sizeof line);
+    printf("# 1 core, plain DDP, NT_HBM_BYTES=12M: %s", line);
+    if (strncmp(line, "failed -2 ", 10))
+        fail_msg("expected NT_ENOMEM on one core, got '%s'", line);
+    const char *env8[] = {"NT_BACKEND=sim", "NT_HBM_BYTES=12M", "NT_SIM_CORES=8", NULL};
+    run_child_argv(env8, argv3, line, sizeof line);
+    printf("# 8 cores, ZeRO-3, NT_HBM_BYTES=12M: %s", line);
+    assert_string_equal(line, "trained 8 cores stage 3\n");
+}
+
+/* ---------------- the mesh ---------------- */
+
+static int setup_8dev(void **state)
+{
+    setenv("NT_SIM_CORES", "8", 1);
+    return nt_test_setup(state);
+}
+
+static int teardown_8dev(void **state)
+{
+    int rc = nt_test_teardown(state);
+    unsetenv("NT_SIM_CORES");
+    return rc;
+}
+
+/* Sums every member's rank over the group of `name` holding dev: checks
+ * the group is the ranks that differ from dev's along that dimension. */
+static void check_group(nt_mesh *m, const char *name, int dev, int stride)
+{
+    int devs[8];
+    int n = nt_mesh_group(m, name, dev, devs, 8);
+    assert_int_equal(n, nt_mesh_size(m, name));
+    nt_comm *c = nt_mesh_comm(m, name, dev);
+    assert_non_null(c);
+    assert_int_equal(nt_comm_size(c), n);
+    nt_tensor *in[8], *out[8] = {0};
+    int base = nt_mesh_rank(m, dev) - nt_mesh_coord(m, name, dev) * stride;
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(devs[i], base + i * stride);
+        assert_int_equal(nt_mesh_coord(m, name, devs[i]), i);
+        assert_ptr_equal(nt_mesh_comm(m, name, devs[i]), c);
+        nt_device_set(devs[i]);
+        in[i] = nt_full(NT_F32, 1, (int64_t[]){1}, (double)nt_mesh_rank(m, devs[i]));
+    }
+    assert_int_equal(nt_all_reduce(c, in, out, NT_REDUCE_SUM), 0);
+    float got = 0;
+    assert_int_equal(nt_to_host(out[n - 1], &got, 4), 0);
+    float want = 0;
+    for (int i = 0; i < n; i++)
+        want += (float)(base + i * stride);
+    assert_true(got == want);
+    for (int i = 0; i < n; i++)
+        nt_release(in[i]), nt_release(out[i]);
+    nt_device_set(0);
+}
+
+static void test_mesh(void **state)
+{
+    (void)state;
+    const char *names3[] = {"data", "tensor", "expert"};
+    nt_mesh *m = nt_mesh_create((int[]){2, 2, 2}, names3, 3);
+    assert_non_null(m);
+    assert_int_equal(nt_mesh_size(m, NULL), 8);
+    for (int dev = 0; dev < 8; dev++) {
+        assert_int_equal(nt_mesh_rank(m, dev), dev);
+        check_group(m, "data", dev, 4);
+        check_group(m, "tensor", dev, 2);
+        check_group(m, "expert", dev, 1);
+    }
+    assert_int_equal(nt_mesh_coord(m, "data", 6), 1);
+    assert_int_equal(nt_mesh_coord(m, "tensor", 6), 1);
+    assert_int_equal(nt_mesh_coord(m, "expert", 6), 0);
+    nt_mesh_destroy(m);
+    const char *names2[] = {"tensor", "data"};
+    m = nt_mesh_create((int[]){4, 2}, names2, 2);
+    assert_non_null(m);
+    for (int dev = 0; dev < 8; dev++) {
+        check_group(m, "tensor", dev, 2);
+        check_group(m, "data", dev, 1);
+    }
+    /* a mesh's errors */
+    nt_test_expect_err((int)nt_mesh_size(m, "expert"), NT_EINVAL, "nt_mesh_size", "'name'",
+                       "\"expert\"", "tensor=4 x data=2");
+    assert_null(nt_mesh_comm(m, "pipeline", 0));
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_mesh_comm", "\"pipeline\"");
+    assert_null(nt_mesh_comm(m, NULL, 0));
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_mesh_comm", "'name'");
+    assert_null(nt_mesh_comm(m, "data", 8));
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_mesh_comm", "'dev' is 8", "0..7");
+    nt_test_expect_err(nt_mesh_coord(m, "data", -1), NT_EINVAL, "nt_mesh_coord", "'dev'");
+    nt_test_expect_err(nt_mesh_rank(m, 9), NT_EINVAL, "nt_mesh_rank", "'dev' is 9");
+    int devs[1];
+    nt_test_expect_err(nt_mesh_group(m, "tensor", 0, devs, 1), NT_EINVAL, "nt_mesh_group",
+                       "'cap' is 1");
+    nt_test_expect_err(nt_mesh_group(m, "tensor", 0, NULL, 4), NT_EINVAL, "nt_mesh_group",
+                       "'devs'");
+    nt_mesh_destroy(m);
+    nt_test_expect_err(nt_mesh_size(m, NULL), NT_EINVAL, "nt_mesh_size", "'m'");
+    nt_mesh_destroy(NULL);
+    /* bad layouts */
+    assert_null(nt_mesh_create((int[]){3, 2}, names2, 2));
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_mesh_create", "tensor=3 x data=2",
+                       "6 ranks", "8 devices");
+    assert_null(nt_mesh_create((int[]){16}, names2, 1));
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_mesh_create", "tensor=16", "16 ranks",
+                       "8 devices");
+    const char *bad[] = {"data", "tensr"};
+    assert_null(nt_mesh_create((int[]){2, 4}, bad, 2));
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_mesh_create", "'names[1]'",
+                       "\"tensr\"", "\"expert\"");
+    const char *dup[] = {"data", "data"};
+    assert_null(nt_mesh_create((int[]){2, 4}, dup, 2));
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_mesh_create", "\"data\" at 0 and 1");
+    const char *nul[] = {"data", NULL};
+    assert_null(nt_mesh_create((int[]){2, 4}, nul, 2));
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_mesh_create", "'names[1]' is NULL");
+    assert_null(nt_mesh_create((int[]){0, 4}, names2, 2));
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_mesh_create", "'dims[0]' is 0");
+    assert_null(nt_mesh_create((int[]){2, 2, 2, 1}, names3, 4));
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_mesh_create", "'ndims' is 4");
+    assert_null(nt_mesh_create(NULL, names3, 1));
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_mesh_create", "'dims' is NULL");
+    assert_null(nt_mesh_create((int[]){8}, NULL, 1));
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_mesh_create", "'names' is NULL");
+}
+
+/* ---------------- ZeRO's errors ---------------- */
+
+static nt_tensor *shard_loss(nt_ddp *d, int s)
+{
+    static float xb[B * F];
+    static int32_t yb[B];
+    make_data(xb, yb, B, F, 1);
+    int dev = nt_ddp_shard_device(d, s);
+    nt_device_set(dev);
+    nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, (int64_t[]){B, F});
+    nt_tensor *y = nt_ddp_shard_from_host(d, s, yb, NT_I32, 1, (int64_t[]){B});
+    return model_loss(nt_ddp_params(d, dev), x, y);
+}
+
+static void test_zero_errors(void **state)
+{
+    (void)state;
+    int devs[2] = {0, 1};
+    nt_tensor *p[NP];
+    nt_device_set(0);
+    assert_int_equal(make_params(p, H, F, 2), 0);
+    nt_ddp *d = nt_ddp_create(p, NP, SHARDS, devs, 2);
+    assert_non_null(d);
+    nt_test_expect_err(nt_ddp_set_zero(d, 4), NT_EINVAL, "nt_ddp_set_zero", "'stage' is 4");
+    nt_test_expect_err(nt_ddp_set_zero(d, -1), NT_EINVAL, "nt_ddp_set_zero", "'stage' is -1");
+    assert_null(nt_ddp_zero_shards(d, 0));
+    nt_test_expect_err(nt_last_error(), NT_ESTATE, "nt_ddp_zero_shards", "no ZeRO stage");
+    nt_test_expect_err(nt_ddp_gather(d, 0, NP), NT_ESTATE, "nt_ddp_gather", "stage 0");
+    assert_int_equal(nt_ddp_zero_stage(d), 0);
+    /* a stage after training began */
+    nt_scope *sc = nt_scope_begin();
+    assert_int_equal(nt_ddp_backward(d, 0, shard_loss(d, 0)), 0);
+    nt_scope_end(sc);
+    nt_test_expect_err(nt_ddp_set_zero(d, 2), NT_ESTATE, "nt_ddp_set_zero", "begun training");
+    nt_ddp_destroy(d);
+    /* stage 3 */
+    d = nt_ddp_create(p, NP, SHARDS, devs, 2);
+    assert_non_null(d);
+    assert_int_equal(nt_ddp_set_zero(d, 3), 0);
+    assert_int_equal(nt_ddp_zero_stage(d), 3);
+    nt_test_expect_err(nt_ddp_set_zero(d, 1), NT_ESTATE, "nt_ddp_set_zero", "already");
+    assert_null(nt_ddp_zero_shards(d, 5));
+    nt_test_expect_err(nt_last_error(), NT_EINVAL, "nt_ddp_zero_shards", "'dev' is 5");
+    nt_test_expect_err(nt_ddp_gather(d, 2, 2), NT_EINVAL, "nt_ddp_gather", "'lo', 'hi'");
+    nt_test_expect_err(nt_ddp_gather(d, 0, NP + 1), NT_EINVAL, "nt_ddp_gather", "<= 4");
+    assert_null(nt_ddp_params(d, 0)[0]); /* not gathered */
+    sc = nt_scope_begin();
+    assert_int_equal(nt_ddp_gather(d, 0, 2), 0);
+    nt_test_expect_err(nt_ddp_backward(d, 0, shard_loss(d, 0)), NT_EINVAL, "");
+    nt_clear_error();
+    nt_tensor *l = nt_sum(nt_ddp_params(d, 0)[0], NT_DIM_ALL, false);
+    nt_test_expect_err(nt_ddp_backward(d, 0, l), NT_ESTATE, "nt_ddp_backward",
+                       "parameter 2 of device 0 is not gathered", "nt_ddp_gather");
+    nt_scope_end(sc);
+    nt_tensor *t = nt_ddp_clip_grad_norm(d, 1.0);
+    assert_null(t);
+    nt_test_expect_err(nt_last_error(), NT_ESTATE, "nt_ddp_clip_grad_norm", "nt_ddp_reduce");
+    /* a step with the replicas' optimizers, not the shards' */
+    assert_int_equal(nt_ddp_gather(d, 2, NP), 0);
+    nt_optim *bad[2], *good[2];
+    for (int i = 0; i < 2; i++) {
+        nt_device_set(i);
+        bad[i] = nt_optim_sgd(nt_ddp_params(d, i), NP, 0.1, 0, 0, false);
+        good[i] = nt_optim_sgd(nt_ddp_zero_shards(d, i), NP, 0.1, 0, 0, false);
+    }
+    for (int s = 0; s < SHARDS; s++) {
+        sc = nt_scope_begin();
+        assert_int_equal(nt_ddp_backward(d, s, shard_loss(d, s)), 0);
+        nt_scope_end(sc);
+    }
+    assert_null(nt_ddp_params(d, 0)[0]); /* released after the backward */
+    assert_int_equal(nt_ddp_reduce(d), 0);
+    nt_test_expect_err(nt_ddp_step(d, bad, 2), NT_EINVAL, "nt_ddp_step", "'opts[0]'",
+                       "nt_ddp_zero_shards(d, 0)");
+    assert_int_equal(nt_ddp_step(d, good, 2), 0);
+    for (int i = 0; i < 2; i++)
+        nt_optim_destroy(bad[i]), nt_optim_destroy(good[i]);
+    nt_ddp_destroy(d);
+    for (int j = 0; j < NP; j++)
+        nt_release(p[j]);
+    nt_device_set(0);
+}
+
+/* ---------------- sharded checkpoints ---------------- */
+
+/* Trains `spec` on `cores` for STEPS steps, with a save after step 4
+ * ("save") or from a checkpoint of step 4 ("load"); returns the CRC. */
+static unsigned ckpt_run(const char *cores, const char *spec, const char *how, const char *path,
+                         bool reshard)
+{
+    char line[1024];
+    char *argv[] = {self_exe, "--ckpt", (char *)spec, (char *)how, (char *)path,
+                    reshard ? "1" : "0", NULL};
+    const char *env[] = {"NT_BACKEND=sim", cores, NULL};
+    run_child_argv(env, argv, line, sizeof line);
+    unsigned crc = 0;
+    int nc, np;
+    char rep[16];
+    if (sscanf(line, "crc %x cores %d procs %d replicas %15s", &crc, &nc, &np, rep) != 4)
+        fail_msg("checkpoint child %s %s %s printed '%s'", cores, spec, how, line);
+    return crc;
+}
+
+static void test_checkpoints(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_test_dir_make("zero"), 0);
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/a", nt_test_dir);
+    snprintf(b, sizeof b, "%s/b", nt_test_dir);
+    const char *env1[] = {"NT_BACKEND=sim", "NT_SIM_CORES=1", NULL};
+    unsigned ref = train_crc(env1, "0a-", 1), sref = train_crc(env1, "0s-", 1);
+    /* saved at step 4 on 4 cores, stage 2; loaded in the same layout */
+    unsigned c = ckpt_run("NT_SIM_CORES=4", "2a-", "save", a, false);
+    assert_int_equal(c, ref);
+    c = ckpt_run("NT_SIM_CORES=4", "2a-", "load", a, false);
+    printf("# stage 2 x 4 cores saved at step 4, loaded on 4 cores: %08x (uninterrupted "
+           "%08x)\n", c, ref);
+    assert_int_equal(c, ref);
+    /* into one core, plain DDP, and back into 8 cores at stage 3 */
+    c = ckpt_run("NT_SIM_CORES=1", "0a-", "load", a, true);
+    printf("# ... resharded into 1 core, stage 0: %08x\n", c);
+    assert_int_equal(c, ref);
+    c = ckpt_run("NT_SIM_CORES=1", "0a-", "save", b, false);
+    assert_int_equal(c, ref);
+    c = ckpt_run("NT_SIM_CORES=8", "3a-", "load", b, true);
+    printf("# a 1-core stage-0 save resharded into 8 cores, stage 3: %08x\n", c);
+    assert_int_equal(c, ref);
+    /* SGD's momentum buffers, stage 1 on 2 cores into stage 3 on 4 */
+    c = ckpt_run("NT_SIM_CORES=2", "1s-", "save", b, false);
+    assert_int_equal(c, sref);
+    c = ckpt_run("NT_SIM_CORES=4", "3s-", "load", b, true);
+    assert_int_equal(c, sref);
+    /* another layout without asking: a clear error */
+    char line[1024];
+    char *argv[] = {self_exe, "--ckpt", "1a-", "load", a, "0", NULL};
+    const char *env2[] = {"NT_BACKEND=sim", "NT_SIM_CORES=2", NULL};
+    int st = bench_run_child(argv, env2, line, sizeof line);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 9);
+    printf("# stage 1 x 2 cores loading it without reshard: %s", line);
+    if (!strstr(line, "nt_ddp_load") || !strstr(line, "stage 2 over 4 ranks") ||
+        !strstr(line, "stage 1 over 2 ranks") || !strstr(line, "reshard"))
+        fail_msg("the message: %s", line);
+    assert_int_equal(nt_test_dir_remove(), 0);
+}
+
+/* The checkpoints' errors in this process. */
+static void test_checkpoint_errors(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_test_dir_make("zeroerr"), 0);
+    int devs[2] = {0, 1};
+    nt_tensor *p[NP];
+    nt_device_set(0);
+    assert_int_equal(make_params(p, H, F, 2), 0);
+    nt_ddp *d = nt_ddp_create(p, NP, SHARDS, devs, 2);
+    assert_non_null(d);
+    assert_int_equal(nt_ddp_set_zero(d, 2), 0);
+    char path[512];
+    snprintf(path, sizeof path, "%s/none", nt_test_dir);
+    nt_test_expect_err(nt_ddp_load(d, path, NULL, 0, false), NT_EIO, "nt_ddp_load",
+                       "no sharded checkpoint", ".zero0of<R>");
+    nt_test_expect_err(nt_ddp_save(d, NULL, NULL, 0), NT_EINVAL, "nt_ddp_save", "'path'");
+    nt_test_expect_err(nt_ddp_load(d, NULL, NULL, 0, true), NT_EINVAL, "nt_ddp_load", "'path'");
+    nt_optim *o[2];
+    for (int i = 0; i < 2; i++) {
+        nt_device_set(i);
+        o[i] = nt_optim_adamw(nt_ddp_params(d, i), NP, 1e-3, 0.9, 0.99, 1e-8, 0);
+    }
+    nt_test_expect_err(nt_ddp_save(d, path, o, 2), NT_EINVAL, "nt_ddp_save", "'opts[0]'",
+                       "shards");
+    nt_test_expect_err(nt_ddp_save(d, path, o, 1), NT_EINVAL, "nt_ddp_save", "'nopts' is 1");
+    for (int i = 0; i < 2; i++)
+        nt_optim_destroy(o[i]);
+    assert_int_equal(nt_ddp_save(d, path, NULL, 0), 0);
+    assert_int_equal(nt_ddp_load(d, path, NULL, 0, false), 0);
+    /* a model of other sizes */
+    nt_tensor *q[NP];
+    nt_device_set(0);
+    assert_int_equal(make_params(q, H + 8, F, 2), 0);
+    nt_ddp *e = nt_ddp_create(q, NP, SHARDS, devs, 2);
+    assert_non_null(e);
+    assert_int_equal(nt_ddp_set_zero(e, 2), 0);
+    nt_test_expect_err(nt_ddp_load(e, path, NULL, 0, true), NT_ESHAPE, "nt_ddp_load",
+                       "parameter 0 has 288 elements", "has 384");
+    nt_ddp_destroy(e);
+    nt_ddp_destroy(d);
+    for (int j = 0; j < NP; j++)
+        nt_release(p[j]), nt_release(q[j]);
+    nt_device_set(0);
+    assert_int_equal(nt_test_dir_remove(), 0);
+}
+
+/* ---------------- over 2 processes (mpirun) ---------------- */
+
+static const char *mpirun_path;
+
+static void mpi_env(const char **asan_saved, char *opts, size_t cap)
+{
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMPI_MCA_btl", "self,vader", 1);
+    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
+    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+    /* Open MPI's plugins leave allocations at exit (tests/mpi_test.sh) */
+    const char *asan = getenv("ASAN_OPTIONS");
+    *asan_saved = asan;
+    snprintf(opts, cap, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
+}
+
+/* 2 processes x 1 and 2 cores at stages 2 and 3 give the one-core CRC; a
+ * mesh whose layout differs between the processes is a clear error. */
+static void test_across_processes(void **state)
+{
+    (void)state;
+    const char *asan;
+    char opts[512], line[1024];
+    mpi_env(&asan, opts, sizeof opts);
+    const char *env1[] = {"NT_SIM_CORES=1", NULL};
+    unsigned ref = train_crc(env1, "0ac", 1);
+    printf("# 1 process x 1 core, plain DDP: %08x\n", ref);
+    static const char *const specs[] = {"2ac", "3ac"};
+    for (int c = 0; c < 2; c++)
+        for (int s = 0; s < 2; s++) {
+            const char *env[] = {CORES[c], NULL};
+            char *argv[] = {(char *)mpirun_path, "-np", "2", self_exe, "--child",
+                            (char *)specs[s], NULL};
+            setenv("ASAN_OPTIONS", opts, 1);
+            run_child_argv(env, argv, line, sizeof line);
+            asan ? setenv("ASAN_OPTIONS", asan, 1) : unsetenv("ASAN_OPTIONS");
+            unsigned crc = 0;
+            int nc = 0, np = 0;
+            char rep[16] = "";
+            if (sscanf(line, "crc %x cores %d procs %d replicas %15s", &crc, &nc, &np, rep) != 4)
+                fail_msg("mpirun child printed '%s'", line);
+            printf("# 2 processes x %d cores, ZeRO stage %c: %08x\n", nc, specs[s][0], crc);
+            assert_int_equal(np, 2);
+            if (crc != ref)
+                fail_msg("2 processes x %d cores stage %c: %08x, 1 core %08x", nc, specs[s][0],
+                         crc, ref);
+        }
+    const char *env2[] = {"NT_SIM_CORES=2", NULL};
+    char *argv[] = {(char *)mpirun_path, "-np", "2", self_exe, "--meshmpi", NULL};
+    setenv("ASAN_OPTIONS", opts, 1);
+    run_child_argv(env2, argv, line, sizeof line);
+    asan ? setenv("ASAN_OPTIONS", asan, 1) : unsetenv("ASAN_OPTIONS");
+    printf("# %s", line);
+    if (!strstr(line, "mesh ok") || !strstr(line, "nt_mesh_create") ||
+        !strstr(line, "data=2 x tensor=2") || !strstr(line, "data=4"))
+        fail_msg("mesh over processes: '%s'", line);
+}
+
+/* Under mpirun -np 2 with 2 cores each: a 2 x 2 mesh whose data groups
+ * span the processes and tensor groups lie in one (checked by sums), then
+ * process 1 asks for another layout. */
+static int child_meshmpi(void)
+{
+    if (nt_init() != 0)
+        return 3;
+    int me = nt_process_rank();
+    const char *names[] = {"data", "tensor"};
+    nt_mesh *m = nt_mesh_create((int[]){2, 2}, names, 2);
+    bool ok = m != NULL;
+    for (int dev = 0; ok && dev < 2; dev++) {
+        int r = nt_mesh_rank(m, dev);
+        ok = r == me * 2 + dev && nt_mesh_coord(m, "data", dev) == me &&
+             nt_comm_size(nt_mesh_comm(m, "data", dev)) == 2 &&
+             nt_comm_size(nt_mesh_comm(m, "tensor", dev)) == 2;
+    }
+    /* sums of the global ranks over each group */
+    const char *dims[] = {"data", "tensor"};
+    for (int a = 0; a < 2 && ok; a++) {
+        int devs[2], n = 0;
+        for (int dev = 0; dev < 2; dev += n) {
+            n = nt_mesh_group(m, dims[a], dev, devs, 2);
+            nt_tensor *in[2], *out[2] = {0};
+            for (int i = 0; i < n; i++) {
+                nt_device_set(devs[i]);
+                in[i] = nt_full(NT_F32, 1, (int64_t[]){1}, nt_mesh_rank(m, devs[i]));
+            }
+            float got = -1;
+            ok = nt_all_reduce(nt_mesh_comm(m, dims[a], dev), in, out, NT_REDUCE_SUM) == 0 &&
+                 nt_to_host(out[0], &got, 4) == 0;
+            int r = nt_mesh_rank(m, devs[0]);
+            float want = a == 0 ? (float)(2 * (r % 2) + 2) : (float)(4 * me + 1);
+            ok = ok && got == want;
+            for (int i = 0; i < n; i++)
+                nt_release(in[i]), nt_release(out[i]);
+            nt_device_set(0);
+        }
+    }
+    nt_mesh_destroy(m);
+    int dims2[2] = {2, 2}, dims1[1] = {4};
+    nt_mesh *bad = me == 0 ? nt_mesh_create(dims2, names, 2) : nt_mesh_create(dims1, names, 1);
+    if (me == 0)
+        printf("mesh %s; mismatch: %s\n", ok && !bad ? "ok" : "FAILED",
+               bad ? "accepted" : nt_last_error_message());
+    nt_mesh_destroy(bad);
+    nt_shutdown();
+    return 0;
+}
+
+/* ---------------- main ---------------- */
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && !strcmp(argv[1], "--child")) {
+        run r;
+        parse_spec(argv[2], &r);
+        return child_train(&r);
+    }
+    if (argc == 3 && !strcmp(argv[1], "--mem"))
+        return child_mem(atoi(argv[2]));
+    if (argc == 3 && !strcmp(argv[1], "--hbm"))
+        return child_hbm(atoi(argv[2]));
+    if (argc == 2 && !strcmp(argv[1], "--meshmpi"))
+        return child_meshmpi();
+    if (argc == 6 && !strcmp(argv[1], "--ckpt")) {
+        run r;
+        parse_spec(argv[2], &r);
+        r.save_at = 4;
+        if (!strcmp(argv[3], "save"))
+            r.save = argv[4];
+        else
+            r.load = argv[4];
+        r.reshard = argv[5][0] == '1';
+        return child_train(&r);
+    }
+    ssize_t k = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
+    if (k <= 0)
+        return 1;
+    self_exe[k] = '\0';
+    if (argc == 3 && !strcmp(argv[1], "--mpi")) {
+        if (!strcmp(argv[2], "none")) {
+            printf("1..0 # SKIP ntensor was built without MPI or mpirun is missing\n");
+            return 0;
+        }
+        mpirun_path = argv[2];
+        const struct CMUnitTest mpi_tests[] = {cmocka_unit_test(test_across_processes)};
+        return cmocka_run_group_tests(mpi_tests, NULL, NULL);
+    }
+    /* --only NAME: one test of the list */
+    const char *only = argc == 3 && !strcmp(argv[1], "--only") ? argv[2] : NULL;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_mesh, setup_8dev, teardown_8dev),
+        cmocka_unit_test_setup_teardown(test_zero_errors, setup_8dev, teardown_8dev),
+        cmocka_unit_test_setup_teardown(test_checkpoint_errors, setup_8dev, teardown_8dev),
+        cmocka_unit_test(test_bitwise_stages_sizes),
+        cmocka_unit_test(test_memory_formula),
+        cmocka_unit_test(test_stage3_beyond_one_core),
+        cmocka_unit_test(test_checkpoints),
+    };
+    if (only) {
+        for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
+            if (!strcmp(tests[i].name, only))
+                return _cmocka_run_group_tests("test_zero", tests + i, 1, NULL, NULL);
+        return 1;
+    }
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
