@@ -1026,6 +1026,8 @@ const nt__backend_i nt__sim_backend = {
     .checked = sim_checked,
     .custom_kernel = nt__sk_custom_kernel,
     .run_fused = nt__sk_fused,
+    .kernel_open = nt__sk_join_open,
+    .kernel_close = nt__sk_join_close,
     .stats_fill = sim_stats_fill,
     .stats_clear = sim_stats_clear,
 };
