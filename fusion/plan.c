@@ -1004,8 +1004,10 @@ static bool join_offer(joinq *q, const nt__fgroup *g, int stored, int elided, bo
     if (!NT__CFG(foreach) || NT__CFG(check_nan) || !join_kind(g, &in, &nin, &out, &nout))
         return false;
     bool nocap = g->recs[0]->flags & NT_RECF_NOCAPTURE;
+    if (nocap)
+        return false; /* state made on first use while capturing: passes the queue */
     if (!join_fits(q, g, nocap, in, nin, out, nout)) {
-        if (q->n == 0 || nocap != q->nocap) /* the latter may pass the queue */
+        if (q->n == 0 || nocap != q->nocap)
             return false;
         join_flush(q);
         if (!join_fits(q, g, nocap, in, nin, out, nout))
@@ -1078,7 +1080,10 @@ static void join_flush(joinq *q)
     if (n == 0)
         return;
     const nt__backend_i *be = nt__backends[q->backend];
-    bool joined = n >= 2 && (!be->kernel_open || be->kernel_open() == 0);
+    const nt__fgroup *list[JOIN_MAX];
+    for (int i = 0; i < n; i++)
+        list[i] = &q->e[i].g;
+    bool joined = n >= 2 && (!be->kernel_open || be->kernel_open(list, n) == 0);
     int in = 0; /* programs run in the shared kernel */
     for (int i = 0; i < n; i++) {
         jentry *e = &q->e[i];
@@ -1095,8 +1100,17 @@ static void join_flush(joinq *q)
     nt__fjoined = 0;
     if (joined)
         join_close(q->backend, q->wr, q->nw);
-    if (in > 1)
+    if (in > 1 && NT__CFG(fusion_log)) {
+        char where[NT__SITE_MAX];
+        nt__site_format(&q->e[0].g.recs[0]->site, where, sizeof where);
+        fprintf(stderr, "ntensor: fusion: foreach kernel of %d programs (the first at %s)\n", in,
+                where);
+    }
+    if (in > 1) {
         NT__COUNT(kernels, -(in - 1));
+        AO_fetch_and_add1(&nt__fst.foreach_kernels);
+        AO_fetch_and_add(&nt__fst.foreach_programs, (AO_t)in);
+    }
     for (int i = 0; i < n; i++)
         for (int k = 0; k < q->e[i].g.nrecs; k++)
             nt__rec_drop_dead(q->e[i].g.recs[k]);
@@ -1109,12 +1123,15 @@ void nt__fusion_join(int backend, bool open, int n)
     const nt__backend_i *be = nt__backends[backend];
     if (open) {
         if (be->kernel_open)
-            be->kernel_open();
+            be->kernel_open(NULL, 0);
         return;
     }
     join_close(backend, NULL, 0);
-    if (n > 1)
+    if (n > 1) {
         NT__COUNT(kernels, -(n - 1));
+        AO_fetch_and_add1(&nt__fst.foreach_kernels);
+        AO_fetch_and_add(&nt__fst.foreach_programs, (AO_t)n);
+    }
 }
 
 /* ---------------- moving a matmul next to its consumers ----------------
@@ -1620,6 +1637,8 @@ void nt__fusion_stats(nt_stats *out)
     out->fused_values_stored = AO_load(&nt__fst.stored);
     out->fused_values_elided = AO_load(&nt__fst.elided);
     out->fusion_plan_ns = AO_load(&nt__fst.plan_ns);
+    out->foreach_kernels = AO_load(&nt__fst.foreach_kernels);
+    out->foreach_programs = AO_load(&nt__fst.foreach_programs);
     nt__graph_stats(out);
 }
 

@@ -276,7 +276,7 @@ static void test_kernel_counts(void **state)
         /* per stage: NP - 1 small programs in ceil(40 / 32) = 2 kernels, the
          * big one alone: NP - 3 fewer */
         int stages = kind == K_ADAMW_CLIP ? 2 : 1;
-        print_message("%s: kernels a step %llu -> %llu, a replay %lld -> %lld\n", kind_name[kind],
+        print_message("# %s: kernels a step %llu -> %llu, a replay %lld -> %lld\n", kind_name[kind],
                       (unsigned long long)off.kernels_last, (unsigned long long)on.kernels_last,
                       (long long)coff.graph_kernels, (long long)con.graph_kernels);
         assert_true(off.kernels_last - on.kernels_last >= (uint64_t)(stages * (NP - 3)));
