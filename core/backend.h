@@ -46,6 +46,18 @@ typedef struct nt__backend_i {
      * (the planner then runs the group op by op).  May be NULL (no fusion
      * on this backend: every group runs op by op). */
     int (*run_fused)(const struct nt__fgroup *g);
+    /* Foreach kernels (fusion/plan.c, "sharing a kernel"): between
+     * kernel_open and kernel_close the EW and ROW programs run_fused runs
+     * and the kernels of single elementwise records are one kernel, each
+     * issuing what it issues alone (the same bits).  The planner gives it
+     * programs that never read what another of them writes, and runs
+     * nothing else in between on the thread.  g[0..n): the programs that
+     * will run (g->prog NULL: the single record g->recs[0]), for a timing
+     * memo; NULL (a replay): not known.  kernel_close returns 0 or the
+     * kernel's error (set with nt__kerr).  Both may be NULL: each program
+     * is its own kernel, and the planner counts them as one. */
+    int (*kernel_open)(const struct nt__fgroup *const *g, int n);
+    int (*kernel_close)(void);
     /* Adds the backend's counters to *out (nt_stats_get) / clears them
      * (nt_stats_reset).  May be NULL. */
     void (*stats_fill)(nt_stats *out);

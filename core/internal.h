@@ -671,6 +671,7 @@ typedef struct nt__config {
     bool check_nan;        /* NT_CHECK_NAN */
     bool stats_at_exit;    /* NT_STATS */
     bool fusion_log;       /* NT_FUSION_LOG */
+    bool foreach;          /* NT_FOREACH: small programs in a row share a kernel */
     int lazy_window;       /* NT_LAZY_WINDOW: ops held in lazy mode */
     int max_inflight;      /* NT_MAX_INFLIGHT: backpressure per stream */
     uint64_t max_inflight_bytes; /* NT_MAX_INFLIGHT_BYTES: 0 = half of hbm_bytes */

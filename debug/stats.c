@@ -32,9 +32,9 @@ void nt__debug_stats_print(FILE *f)
     if (nt_stats_get(&st) != 0)
         return;
     char b1[32], b2[32], b3[32];
-    uint64_t single = st.kernels_launched >= st.fusion_groups
-                          ? st.kernels_launched - st.fusion_groups
-                          : 0;
+    /* a foreach kernel ran foreach_programs groups and single ops as one */
+    uint64_t runs = st.kernels_launched + st.foreach_programs - st.foreach_kernels;
+    uint64_t single = runs >= st.fusion_groups ? runs - st.fusion_groups : 0;
     fprintf(f, "ntensor stats:\n");
     fprintf(f, "  ops         %llu enqueued, %llu executed, %llu skipped (poisoned input)\n",
             (unsigned long long)st.ops_enqueued, (unsigned long long)st.ops_executed,
@@ -46,6 +46,10 @@ void nt__debug_stats_print(FILE *f)
             st.fusion_groups ? (double)st.fused_ops / (double)st.fusion_groups : 0.0,
             (unsigned long long)single,
             st.kernels_launched ? (double)st.ops_executed / (double)st.kernels_launched : 0.0);
+    if (st.foreach_kernels)
+        fprintf(f, "  foreach     %llu kernels running %llu programs (%.1f a kernel)\n",
+                (unsigned long long)st.foreach_kernels, (unsigned long long)st.foreach_programs,
+                (double)st.foreach_programs / (double)st.foreach_kernels);
     uint64_t lookups = st.kernel_cache_hits + st.kernel_cache_misses;
     fprintf(f, "  fusion      %llu breaks; kernel cache %llu hits, %llu misses (%.1f%% hits); "
             "%llu values written, %llu intermediates elided; planning %.3f ms\n",

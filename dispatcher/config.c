@@ -87,6 +87,7 @@ static int apply_flag(nt__config *c, const char *name, const char *v, const char
         {"NT_STATS", offsetof(nt__config, stats_at_exit)},
         {"NT_FUSION_LOG", offsetof(nt__config, fusion_log)},
         {"NT_STOCHASTIC_ROUNDING", offsetof(nt__config, sr)},
+        {"NT_FOREACH", offsetof(nt__config, foreach)},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(flags); i++) {
         if (strcmp(name, flags[i].name))
@@ -316,7 +317,7 @@ static const char *const env_names[] = {
     "NT_MAX_INFLIGHT", "NT_MAX_INFLIGHT_BYTES", "NT_HBM_BYTES", "NT_TRACE", "NT_TRACE_LEVEL",
     "NT_TRACE_STEPS", "NT_LOG",
     "NT_STOCHASTIC_ROUNDING", "NT_SR_SEED", "NT_SEED", "NT_HANDLE_QUARANTINE", "NT_CPU_ISA",
-    "NT_SIM_CORES", "NT_CPU_THREADS",
+    "NT_SIM_CORES", "NT_CPU_THREADS", "NT_FOREACH",
 };
 
 /* Writers of nt__cfg (nt_init, nt_config_set) hold this, so each works on a
@@ -336,6 +337,7 @@ static void cfg_publish(const nt__config *c)
     NT_PUB(check_nan);
     NT_PUB(stats_at_exit);
     NT_PUB(fusion_log);
+    NT_PUB(foreach);
     NT_PUB(lazy_window);
     NT_PUB(max_inflight);
     NT_PUB(hbm_bytes);
@@ -358,6 +360,7 @@ static void cfg_defaults(nt__config *c)
     memset(c, 0, sizeof *c);
     c->mode = NT_MODE_ADAPTIVE;
     c->fusion = true;
+    c->foreach = true;
     /* The simulator is the default when it is registered (init/init.c). */
     c->backend = nt__backends[NT_BACKEND_SIM] ? NT_BACKEND_SIM : NT_BACKEND_CPU;
     c->lazy_window = 4096;
@@ -561,6 +564,8 @@ NT_API const char *nt_config_get(const char *name)
         return NT__CFG(fusion_log) ? "1" : "0";
     if (!strcmp(name, "NT_STOCHASTIC_ROUNDING"))
         return NT__CFG(sr) ? "1" : "0";
+    if (!strcmp(name, "NT_FOREACH"))
+        return NT__CFG(foreach) ? "1" : "0";
     if (!strcmp(name, "NT_TRACE"))
         return NT__CFG(trace_path) ? NT__CFG(trace_path) : "";
     if (!strcmp(name, "NT_CPU_ISA"))

@@ -82,6 +82,7 @@ extern volatile AO_t nt__fplan_mismatch, nt__fplan_moved;
 /* Counters (also in nt_stats). */
 typedef struct nt__fstats {
     volatile AO_t groups, fused_ops, hits, misses, breaks, stored, elided;
+    volatile AO_t foreach_kernels, foreach_programs; /* shared kernels, what they ran */
     volatile AO_t plan_ns; /* time spent deciding, not running kernels */
 } nt__fstats;
 extern nt__fstats nt__fst;

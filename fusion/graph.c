@@ -70,6 +70,7 @@ enum { STEP_REC = 0, STEP_GROUP = 1 };
 
 typedef struct gstep {
     uint8_t kind;
+    bool joined;         /* shares the previous step's kernel (nt__fjoined) */
     int rec0, nrecs;     /* into recs */
     int t0, nin, nout;   /* into tix: nin operand slots then nout results */
     nt__fprog *prog;     /* STEP_GROUP: the graph's own copy */
@@ -460,6 +461,7 @@ void nt__capture_rec(nt__capture *c, const nt__rec *r)
             cap_fail(c, NT_ESTATE, "%s at %s failed in the captured step (its error is "
                      "reported by the next sync on its result)", nt__op_api(r->op), where);
         }
+    s->joined = nt__fjoined > 0;
     s->rec0 = rec_copy(c, r);
     s->nrecs = 1;
     if (s->rec0 >= 0)
@@ -476,6 +478,7 @@ void nt__capture_group(nt__capture *c, const nt__fgroup *g)
         return;
     s->nin = p->next;
     s->nout = p->nout;
+    s->joined = nt__fjoined > 0;
     s->grp.backend = g->backend;
     s->prog = malloc(sizeof *s->prog);
     if (!s->prog) {
@@ -1080,6 +1083,8 @@ static int bind_steps(const nt_site *site, nt_graph *g)
         g->on_sim |= s->grp.backend == NT_BACKEND_SIM;
     }
     g->info.kernels = g->nsteps;
+    for (int k = 0; k < g->nsteps; k++)
+        g->info.kernels -= g->steps[k].joined; /* foreach kernels: one each */
     return 0;
 }
 
@@ -1452,13 +1457,27 @@ static void graph_run(void *arg)
         r->sid = s->id;
         r->seq += shift;
     }
+    int jn = 0, jb = 0; /* programs of the open shared kernel, its backend */
     for (int k = 0; k < g->nsteps; k++) {
         gstep *st = &g->steps[k];
+        if (jn && !st->joined) {
+            nt__fusion_join(jb, false, jn);
+            jn = 0;
+        }
+        if (!jn && k + 1 < g->nsteps && g->steps[k + 1].joined) {
+            jb = st->kind == STEP_REC ? g->recs[st->rec0].backend : st->grp.backend;
+            nt__fusion_join(jb, true, 0);
+            jn = 1;
+        } else if (jn) {
+            jn++;
+        }
         if (st->kind == STEP_REC)
             nt__exec_rec(&g->recs[st->rec0]);
         else
             nt__fusion_replay_group(&st->grp);
     }
+    if (jn)
+        nt__fusion_join(jb, false, jn);
     if (prog)
         sim_program_end(g);
     g_mutex_lock(&gst.lock);

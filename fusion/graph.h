@@ -117,6 +117,14 @@ static inline uint64_t nt__patch_f64(double v)
 
 /* ---- the planner (fusion/plan.c) ---- */
 
+/* > 0 while the executor runs the second and later programs of a shared
+ * (foreach) kernel: the step it records shares the previous step's kernel
+ * (the executing thread's). */
+extern _Thread_local int nt__fjoined;
+/* A replay's shared kernels: open before the first program of one; close
+ * (open false) after its n programs ran. */
+void nt__fusion_join(int backend, bool open, int n);
+
 /* Runs a recorded group again: its program on its tensors, as the planner
  * ran it, with errors poisoning its outputs (named after its first op). */
 void nt__fusion_replay_group(nt__fgroup *g);

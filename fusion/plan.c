@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/simtls.h"
 #include "debug/debug.h"
 #include "streams/stream.h"
 
@@ -136,6 +137,23 @@ static bool shape_is(const nt_tensor *t, int ndim, const int64_t *shape)
 
 /* ---------------- the group being built ---------------- */
 
+/* Foreach kernels (see "sharing a kernel" below): independent small EW and
+ * ROW programs and single elementwise records, queued to run as one. */
+enum { JOIN_MAX = 32, JOIN_SET = 256, JOIN_NUMEL = 1 << 20 };
+typedef struct jentry {
+    nt__fgroup g;   /* g.prog NULL: the single record g.recs[0] */
+    int stored, elided;
+    bool hit;
+} jentry;
+typedef struct joinq {
+    int n;
+    uint8_t backend;
+    bool nocap;                         /* its records' NT_RECF_NOCAPTURE */
+    jentry e[JOIN_MAX];
+    int nr, nw;                         /* storages they read, write */
+    const nt__storage *rd[JOIN_SET], *wr[JOIN_SET];
+} joinq;
+
 typedef struct {
     bool open;
     nt__fprog p;
@@ -152,6 +170,7 @@ typedef struct {
     const nt__storage *st_key[2 * NT_F_MAXVALS];
     int8_t st_val[2 * NT_F_MAXVALS];
     bool st_multi[2 * NT_F_MAXVALS];
+    joinq jq;                         /* programs waiting to share a kernel */
 } gstate;
 
 static int st_slot(const gstate *s, const nt__storage *st)
@@ -742,27 +761,40 @@ static void plan_pause(void) { AO_fetch_and_add(&nt__fst.plan_ns, (AO_t)(nt__now
 static void plan_resume(void) { plan_t0 = nt__now_ns(); }
 
 
-static void run_group_kernel(gstate *s);
+static bool run_group_kernel(gstate *s);
+static bool join_offer(joinq *q, const nt__fgroup *g, int stored, int elided, bool hit);
+static void join_flush(joinq *q);
+static bool join_passes(const joinq *q, const nt__fgroup *g);
 
 /* Runs the open group, then lets its records drop what only they held
- * (nt__rec_drop_dead), so the next group can reuse those blocks. */
+ * (nt__rec_drop_dead), so the next group can reuse those blocks; a group
+ * queued to share a kernel runs (and drops) when its queue is flushed. */
 static void run_group(gstate *s)
 {
     if (!s->open || s->g.nrecs == 0)
         return;
-    run_group_kernel(s);
+    if (run_group_kernel(s))
+        return;
     for (int k = 0; k < s->g.nrecs; k++)
         nt__rec_drop_dead(s->g.recs[k]);
 }
 
-static void run_group_kernel(gstate *s)
+static void launch(nt__fgroup *g, int stored, int elided, bool hit, bool poisoned,
+                   bool *joined);
+
+/* Runs the open group's kernel, or queues it to share one (true). */
+static bool run_group_kernel(gstate *s)
 {
     s->open = false;
     if (s->g.nrecs == 1) {
+        if (join_offer(&s->jq, &s->g, 0, 0, false))
+            return true;
+        if (!join_passes(&s->jq, &s->g))
+            join_flush(&s->jq);
         plan_pause();
         nt__exec_rec(s->g.recs[0]);
         plan_resume();
-        return;
+        return false;
     }
     /* Decide what the kernel writes out. */
     const char *why_stored[NT_F_MAXVALS] = {0};
@@ -797,11 +829,12 @@ static void run_group_kernel(gstate *s)
     bool hit;
     nt__fprog *c = compile(&s->p, &hit);
     if (!c) { /* the host is out of memory: the same bits, op by op */
+        join_flush(&s->jq);
         plan_pause();
         for (int k = 0; k < s->g.nrecs; k++)
             nt__exec_rec(s->g.recs[k]);
         plan_resume();
-        return;
+        return false;
     }
     s->g.prog = c;
     AO_fetch_and_add1(&c->runs);
@@ -824,47 +857,281 @@ static void run_group_kernel(gstate *s)
     for (int k = 0; NT__CFG(check_nan) && k < s->g.nrecs; k++)
         if (s->g.recs[k]->flags & NT_RECF_INPLACE)
             poisoned = true;
+    if (!poisoned && join_offer(&s->jq, &s->g, stored, elided, hit))
+        return true;
+    if (!join_passes(&s->jq, &s->g))
+        join_flush(&s->jq);
+    bool joined = false;
+    launch(&s->g, stored, elided, hit, poisoned, &joined);
+    return false;
+}
+
+/* Runs bound group g (its program compiled, counted and logged); joined:
+ * it is a program of the open shared kernel, which a failure closes
+ * before the group runs op by op. */
+static void join_close(int backend, const nt__storage *const *wr, int nw);
+static void launch(nt__fgroup *g, int stored, int elided, bool hit, bool poisoned,
+                   bool *joined)
+{
+    nt__fprog *c = g->prog;
     int rc = NT_ENOTSUP;
+    /* a queued group's input may have been poisoned since it was planned
+     * (by a program queued before it ran): op by op, as the planner does */
+    for (int k = 0; k < c->next && !poisoned; k++)
+        poisoned = AO_load_acquire(&g->ext[k]->st->poison) != 0;
     plan_pause();
     bool traced = nt__trace_enabled();
     double t0 = traced ? nt__htrace_now() : 0;
     /* the blocks of what the kernel reads and stores; a value it elides
      * never takes one */
-    if (!poisoned && (nt__tensors_materialize(s->g.ext, c->next) < 0 ||
-                      nt__tensors_materialize(s->g.out, s->p.nout) < 0))
+    if (!poisoned && (nt__tensors_materialize(g->ext, c->next) < 0 ||
+                      nt__tensors_materialize(g->out, c->nout) < 0))
         poisoned = true; /* host out of memory: op by op reports it per op */
     if (!poisoned) {
-        const nt__backend_i *be = nt__backends[s->g.backend];
-        nt__sim_ready_begin(s->g.ext, c->next, s->g.out, s->p.nout);
+        const nt__backend_i *be = nt__backends[g->backend];
+        nt__sim_ready_begin(g->ext, c->next, g->out, c->nout);
         if (be->run_fused)
-            rc = be->run_fused(&s->g);
-        nt__sim_ready_end(s->g.out, s->p.nout);
+            rc = be->run_fused(g);
+        nt__sim_ready_end(g->out, c->nout);
     }
     if (traced)
-        nt__htrace_fused(kind_name(c->kind), (unsigned long)AO_load(&kernel_no), s->g.recs,
-                         s->g.nrecs, stored, elided, hit, t0, rc);
+        nt__htrace_fused(kind_name(c->kind), (unsigned long)AO_load(&kernel_no), g->recs,
+                         g->nrecs, stored, elided, hit, t0, rc);
     /* NT_CHECK_NAN: every value was stored (above); if one holds a NaN or
      * an Inf, replay the group op by op with the check on.  The replay
      * recomputes the same bits, and nt__exec_rec names the first op that
      * made a NaN or Inf from finite inputs, as an unfused run would. */
-    if (rc == 0 && NT__CFG(check_nan) && nt__nan_any(s->g.out, s->p.nout))
+    if (rc == 0 && NT__CFG(check_nan) && nt__nan_any(g->out, c->nout))
         rc = NT_ENAN;
     /* a captured program keeps its own copy of the program */
-    if (rc == 0 && nt__tl_recorder && !(s->g.recs[0]->flags & NT_RECF_NOCAPTURE))
-        nt__capture_group(nt__tl_recorder, &s->g);
+    if (rc == 0 && nt__tl_recorder && !(g->recs[0]->flags & NT_RECF_NOCAPTURE))
+        nt__capture_group(nt__tl_recorder, g);
     prog_unref(c);
-    s->g.prog = NULL;
+    g->prog = NULL;
     if (rc == 0) {
-        NT__COUNT(ops_executed, s->g.nrecs);
+        NT__COUNT(ops_executed, g->nrecs);
         NT__COUNT(kernels, 1);
         plan_resume();
         return;
     }
     /* Could not run fused (no executor, or it failed): replay op by op,
-     * which names the exact op that fails. */
-    for (int k = 0; k < s->g.nrecs; k++)
-        nt__exec_rec(s->g.recs[k]);
+     * which names the exact op that fails (the shared kernel closed first:
+     * the op's own kernels run alone). */
+    if (*joined) {
+        join_close(g->backend, NULL, 0);
+        *joined = false;
+        nt__fjoined = 0;
+    }
+    for (int k = 0; k < g->nrecs; k++)
+        nt__exec_rec(g->recs[k]);
     plan_resume();
+}
+
+/* ---------------- sharing a kernel (foreach kernels) ----------------
+ *
+ * An optimizer step, gradient clipping's scaling and the loss scaler's
+ * unscale each issue the same short chain for every parameter: each chain
+ * fuses into a program of its own, and each program alone is a kernel --
+ * dozens a step, each a round trip of small DMAs with nothing to overlap
+ * (PyTorch's answer is the _foreach_* ops and fused AdamW).  So a small EW
+ * or ROW program (or a single elementwise record) that neither reads what
+ * the queued ones write nor writes what they read or write waits in the
+ * queue (so do gradient clipping's grad_norms records); the queue runs as
+ * one kernel when something else must run, when it is full, or at the end
+ * of the batch.  The backend runs every program
+ * exactly as alone (core/backend.h kernel_open / kernel_close; the
+ * simulator's neuron/foreach.c), so the bits are the same; the kernel is
+ * counted once, and a captured program replays it as one (fusion/graph.c,
+ * nt__fjoined). */
+_Thread_local int nt__fjoined;
+
+static bool join_has(const nt__storage *const *set, int n, const nt__storage *st)
+{
+    for (int i = 0; i < n; i++)
+        if (set[i] == st)
+            return true;
+    return false;
+}
+
+/* Whether g (prog NULL: its one record) may wait in q: what it reads and
+ * writes in *in / *out. */
+static bool join_kind(const nt__fgroup *g, nt_tensor *const **in, int *nin,
+                      nt_tensor *const **out, int *nout)
+{
+    const nt__rec *r = g->recs[0];
+    int64_t numel;
+    if (g->prog) {
+        if (g->prog->kind == NT_FK_MM)
+            return false;
+        *in = g->ext, *nin = g->prog->next, *out = g->out, *nout = g->prog->nout;
+        numel = nt__numel(g->prog->ndim, g->prog->shape);
+    } else {
+        int k = r->type == NT_REC_OP && r->op < NT_OP_COUNT ? (int)nt__ops[r->op].kind : -1;
+        if ((k != NT_KIND_UNARY && k != NT_KIND_SCALAR && k != NT_KIND_BINARY &&
+             r->op != NT_OP_GRAD_NORMS) ||
+            r->nout != 1 || !r->out[0])
+            return false;
+        *in = r->in, *nin = r->nin, *out = r->out, *nout = 1;
+        numel = nt__numel(r->out[0]->ndim, r->out[0]->shape);
+        for (int i = 0; r->op == NT_OP_GRAD_NORMS && i < r->nin; i++)
+            if (r->in[i])
+                numel += nt__numel(r->in[i]->ndim, r->in[i]->shape);
+    }
+    return numel <= JOIN_NUMEL;
+}
+
+static bool join_fits(const joinq *q, const nt__fgroup *g, bool nocap, nt_tensor *const *in,
+                      int nin, nt_tensor *const *out, int nout)
+{
+    if (q->n >= JOIN_MAX || q->nr + nin > JOIN_SET || q->nw + nout > JOIN_SET ||
+        (q->n > 0 && (q->backend != g->backend || q->nocap != nocap)))
+        return false;
+    for (int i = 0; i < nin; i++)
+        if (in[i] && join_has(q->wr, q->nw, in[i]->st))
+            return false;
+    for (int i = 0; i < nout; i++)
+        if (out[i] && (join_has(q->wr, q->nw, out[i]->st) || join_has(q->rd, q->nr, out[i]->st)))
+            return false;
+    return true;
+}
+
+/* Queues g to share a kernel (true), flushing the queue first if g
+ * conflicts with it; false: g runs alone (the caller flushes first). */
+static bool join_offer(joinq *q, const nt__fgroup *g, int stored, int elided, bool hit)
+{
+    nt_tensor *const *in, *const *out;
+    int nin, nout;
+    if (!NT__CFG(foreach) || NT__CFG(check_nan) || !join_kind(g, &in, &nin, &out, &nout))
+        return false;
+    bool nocap = g->recs[0]->flags & NT_RECF_NOCAPTURE;
+    if (nocap)
+        return false; /* state made on first use while capturing: passes the queue */
+    if (!join_fits(q, g, nocap, in, nin, out, nout)) {
+        if (q->n == 0 || nocap != q->nocap)
+            return false;
+        join_flush(q);
+        if (!join_fits(q, g, nocap, in, nin, out, nout))
+            return false;
+    }
+    jentry *e = &q->e[q->n++];
+    e->g = *g;
+    e->stored = stored, e->elided = elided, e->hit = hit;
+    q->backend = g->backend;
+    q->nocap = nocap;
+    for (int i = 0; i < nin; i++)
+        if (in[i])
+            q->rd[q->nr++] = in[i]->st;
+    for (int i = 0; i < nout; i++)
+        if (out[i])
+            q->wr[q->nw++] = out[i]->st;
+    return true;
+}
+
+/* Whether g, which runs alone, may run before the queued programs: it is
+ * state made on first use while capturing (an optimizer's moments:
+ * NT_RECF_NOCAPTURE, never part of the program) and reads nothing they
+ * write, writes nothing they read or write -- so the order does not
+ * matter, and the updates of a step captured with its optimizer's first
+ * update still share their kernels. */
+static bool join_passes(const joinq *q, const nt__fgroup *g)
+{
+    if (q->n == 0)
+        return true;
+    const nt__rec *r = g->recs[0];
+    if (q->nocap || !(r->flags & NT_RECF_NOCAPTURE))
+        return false;
+    nt_tensor *const *in = g->prog ? g->ext : r->in, *const *out = g->prog ? g->out : r->out;
+    int nin = g->prog ? g->prog->next : r->nin, nout = g->prog ? g->prog->nout : r->nout;
+    for (int i = 0; i < nin; i++)
+        if (in[i] && join_has(q->wr, q->nw, in[i]->st))
+            return false;
+    for (int i = 0; i < nout; i++)
+        if (out[i] && (join_has(q->wr, q->nw, out[i]->st) || join_has(q->rd, q->nr, out[i]->st)))
+            return false;
+    return true;
+}
+
+/* Ends the shared kernel: what its programs wrote is ready at its end. */
+static void join_close(int backend, const nt__storage *const *wr, int nw)
+{
+    const nt__backend_i *be = nt__backends[backend];
+    nt__tl_sim_end = -1.0;
+    int rc = be->kernel_close ? be->kernel_close() : 0;
+    double t = nt__tl_sim_end;
+    nt__errobj *e = rc < 0 ? nt__errobj_new(rc, nt__kerr_msg()) : NULL;
+    for (int i = 0; i < nw; i++) {
+        nt__storage *st = (nt__storage *)wr[i];
+        if (t > 0)
+            nt__storage_ready_set(st, t);
+        if (e) {
+            nt__errobj_ref(e);
+            if (!AO_compare_and_swap_full(&st->poison, 0, (AO_t)e))
+                nt__errobj_unref(e);
+        }
+    }
+    if (e)
+        nt__errobj_unref(e);
+}
+
+/* Runs the queue: two or more as one kernel. */
+static void join_flush(joinq *q)
+{
+    int n = q->n;
+    if (n == 0)
+        return;
+    const nt__backend_i *be = nt__backends[q->backend];
+    const nt__fgroup *list[JOIN_MAX];
+    for (int i = 0; i < n; i++)
+        list[i] = &q->e[i].g;
+    bool joined = n >= 2 && (!be->kernel_open || be->kernel_open(list, n) == 0);
+    int in = 0; /* programs run in the shared kernel */
+    for (int i = 0; i < n; i++) {
+        jentry *e = &q->e[i];
+        nt__fjoined = joined ? in : 0;
+        if (e->g.prog) {
+            launch(&e->g, e->stored, e->elided, e->hit, false, &joined);
+        } else {
+            plan_pause();
+            nt__exec_rec(e->g.recs[0]);
+            plan_resume();
+        }
+        in += joined;
+    }
+    nt__fjoined = 0;
+    if (joined)
+        join_close(q->backend, q->wr, q->nw);
+    if (in > 1 && NT__CFG(fusion_log)) {
+        char where[NT__SITE_MAX];
+        nt__site_format(&q->e[0].g.recs[0]->site, where, sizeof where);
+        fprintf(stderr, "ntensor: fusion: foreach kernel of %d programs (the first at %s)\n", in,
+                where);
+    }
+    if (in > 1) {
+        NT__COUNT(kernels, -(in - 1));
+        AO_fetch_and_add1(&nt__fst.foreach_kernels);
+        AO_fetch_and_add(&nt__fst.foreach_programs, (AO_t)in);
+    }
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < q->e[i].g.nrecs; k++)
+            nt__rec_drop_dead(q->e[i].g.recs[k]);
+    q->n = q->nr = q->nw = 0;
+}
+
+/* A captured program's shared kernels at replay (fusion/graph.c). */
+void nt__fusion_join(int backend, bool open, int n)
+{
+    const nt__backend_i *be = nt__backends[backend];
+    if (open) {
+        if (be->kernel_open)
+            be->kernel_open(NULL, 0);
+        return;
+    }
+    join_close(backend, NULL, 0);
+    if (n > 1) {
+        NT__COUNT(kernels, -(n - 1));
+        AO_fetch_and_add1(&nt__fst.foreach_kernels);
+        AO_fetch_and_add(&nt__fst.foreach_programs, (AO_t)n);
+    }
 }
 
 /* ---------------- moving a matmul next to its consumers ----------------
@@ -1207,6 +1474,7 @@ void nt__fusion_run(nt__rec **recs, int n)
     }
     gstate s;
     s.open = false;
+    s.jq.n = s.jq.nr = s.jq.nw = 0;
     char why[128];
     for (int k = 0; k < n; k++) {
         /* The move back runs HOIST_WINDOW records ahead of grouping, in the
@@ -1239,6 +1507,7 @@ void nt__fusion_run(nt__rec **recs, int n)
             AO_fetch_and_add1(&nt__fplan_mismatch);
         if (r->type != NT_REC_OP || r->op >= NT_OP_COUNT) {
             run_group(&s);
+            join_flush(&s.jq);
             plan_pause();
             nt__exec_rec(r);
             nt__rec_drop_dead(r);
@@ -1259,6 +1528,7 @@ void nt__fusion_run(nt__rec **recs, int n)
         group_reset(&s, recs, k, r->backend);
         if (try_add(&s, r, why, sizeof why)) { /* cannot even start a group */
             s.open = false;
+            join_flush(&s.jq);
             plan_pause();
             nt__exec_rec(r);
             nt__rec_drop_dead(r);
@@ -1266,6 +1536,7 @@ void nt__fusion_run(nt__rec **recs, int n)
         }
     }
     run_group(&s);
+    join_flush(&s.jq);
     free(ref);
     if (w.slot != wstack)
         free(w.slot);
@@ -1366,6 +1637,8 @@ void nt__fusion_stats(nt_stats *out)
     out->fused_values_stored = AO_load(&nt__fst.stored);
     out->fused_values_elided = AO_load(&nt__fst.elided);
     out->fusion_plan_ns = AO_load(&nt__fst.plan_ns);
+    out->foreach_kernels = AO_load(&nt__fst.foreach_kernels);
+    out->foreach_programs = AO_load(&nt__fst.foreach_programs);
     nt__graph_stats(out);
 }
 

@@ -1446,6 +1446,10 @@ typedef struct nt_stats {
     uint64_t graph_sim_hbm_bytes;  /* HBM bytes their DMAs moved */
     double graph_sim_ideal_ns;     /* their matmuls at TensorE's peak (MFU = this / sim) */
     double graph_sim_busy_ns[5];   /* busy time of TensorE, VectorE, ScalarE, GpSimd, DMA */
+    /* Foreach kernels (NT_FOREACH, docs/fusion.md): kernels that ran several
+     * small independent programs or single ops, and how many they ran. */
+    uint64_t foreach_kernels;
+    uint64_t foreach_programs;
 } nt_stats;
 
 /** Fills *out with counters since nt_init (or the last nt_stats_reset). */

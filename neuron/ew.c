@@ -1951,6 +1951,15 @@ int nt__sk_fused(const nt__fgroup *g)
     for (int k = 0; k < P->nops && k < g->nrecs; k++)
         if (is_sr(&P->ops[k]))
             keys[k] = nt__rec_sr_key(g->recs[k]);
+    nt_tile *mark;
+    bool issue;
+    sk_k *js = P->kind != NT_FK_MM ? sk_join_enter("foreach", &issue, &mark) : NULL;
+    if (js) { /* a program of a shared kernel (neuron/foreach.c) */
+        int jr = !issue                   ? 0
+                 : P->kind == NT_FK_EW ? run_ew(js, P, g->ext, g->out, keys)
+                                       : run_row(js, P, g->ext, g->out, keys);
+        return sk_join_leave(js, mark, jr, sk_ref_fused, g);
+    }
     sk_k s;
     int rc = sk_begin(&s, names[P->kind]);
     if (rc)
@@ -2014,6 +2023,16 @@ int nt__sk_ew(const nt__rec *r)
     uint64_t keys[1] = {0};
     if (is_sr(op))
         keys[0] = nt__rec_sr_key(r);
+    nt_tile *mark;
+    bool issue;
+    sk_k *js = sk_join_enter("foreach", &issue, &mark);
+    if (js) { /* one program of a shared kernel (neuron/foreach.c) */
+        nt_tensor *outs[1] = {r->out[0]};
+        int jr = issue ? run_ew(js, P, ext, outs, keys) : 0;
+        jr = sk_join_leave(js, mark, jr, sk_ref_rec, r);
+        g_free(P);
+        return jr;
+    }
     sk_k s;
     int rc = sk_begin(&s, nt__op_name(r->op));
     if (!rc) {

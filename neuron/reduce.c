@@ -776,8 +776,49 @@ static int gn_sum(gn *g, const char *xb, int64_t n, int j)
     return rc;
 }
 
+/* grad_norms' instructions into kernel s. */
+static void norms_issue(sk_k *s, const nt__rec *r)
+{
+    const nt_tensor *o = r->out[0];
+    int64_t k = nt__numel(o->ndim, o->shape);
+    gn g = {.s = s};
+    for (int b = 0; b < GN_BUF; b++)
+        g.x[b] = sk_tile(s, "norms.x", NT_F32, 128, NT_RED_BLOCK);
+    for (int b = 0; b < 2; b++)
+        g.part[b] = sk_tile(s, "norms.part", NT_F32, 128, 1);
+    g.sq = sk_tile(s, "norms.sq", NT_F32, 128, NT_RED_BLOCK);
+    g.sums = sk_tile(s, "norms.sums", NT_F32, 1, k > 0 ? k : 1);
+    g.y = sk_tile(s, "norms.y", (nt_dtype)o->dtype, 1, k > 0 ? k : 1);
+    sk_warm_act(s, NT_ACT_SQRT); /* the sqrt table loads while the squares run */
+    for (int j = 0; j < k && !nt_sim_kernel_error(s->k); j++) {
+        const nt_tensor *x = r->in[j];
+        int64_t n = x ? nt__numel(x->ndim, x->shape) : 0;
+        if (n == 0) { /* the norm of nothing: sqrt(+0) */
+            nt_ap a = nt_tile_slice(g.sums, 0, 1, j, 1);
+            nt_isa_memset(s->k, &a, 0.0, NT_ENGINE_VECTOR);
+            continue;
+        }
+        const char *xb = sk_contig_of(s, x);
+        if (xb)
+            gn_sum(&g, xb, n, j);
+    }
+    nt_ap sums = nt_tile_slice(g.sums, 0, 1, 0, k), y = nt_tile_slice(g.y, 0, 1, 0, k);
+    nt_ap ho = nt_hbm_ap(nt__tensor_data(o), (nt_dtype)o->dtype, 0, 1, k, k);
+    if (k > 0 && !nt_sim_kernel_error(s->k) &&
+        !nt_isa_activation(s->k, &y, NT_ACT_SQRT, &sums, NULL, NULL, NULL))
+        nt_isa_dma_copy(s->k, &ho, &y, sk_qout(s));
+}
+
 int nt__sk_grad_norms(const nt__rec *r)
 {
+    nt_tile *mark;
+    bool issue;
+    sk_k *js = sk_join_enter("foreach", &issue, &mark);
+    if (js) { /* one program of a shared kernel (neuron/foreach.c) */
+        if (issue)
+            norms_issue(js, r);
+        return sk_join_leave(js, mark, 0, sk_ref_rec, r);
+    }
     sk_k s;
     int rc = sk_begin(&s, nt__op_name(r->op));
     if (rc)
@@ -785,33 +826,6 @@ int nt__sk_grad_norms(const nt__rec *r)
     bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
     if (values && sk_memo_rec(&s, r, false))
         return sk_end_values(&s, values, 0, r);
-    const nt_tensor *o = r->out[0];
-    int64_t k = nt__numel(o->ndim, o->shape);
-    gn g = {.s = &s};
-    for (int b = 0; b < GN_BUF; b++)
-        g.x[b] = sk_tile(&s, "norms.x", NT_F32, 128, NT_RED_BLOCK);
-    for (int b = 0; b < 2; b++)
-        g.part[b] = sk_tile(&s, "norms.part", NT_F32, 128, 1);
-    g.sq = sk_tile(&s, "norms.sq", NT_F32, 128, NT_RED_BLOCK);
-    g.sums = sk_tile(&s, "norms.sums", NT_F32, 1, k > 0 ? k : 1);
-    g.y = sk_tile(&s, "norms.y", (nt_dtype)o->dtype, 1, k > 0 ? k : 1);
-    sk_warm_act(&s, NT_ACT_SQRT); /* the sqrt table loads while the squares run */
-    for (int j = 0; j < k && !nt_sim_kernel_error(s.k); j++) {
-        const nt_tensor *x = r->in[j];
-        int64_t n = x ? nt__numel(x->ndim, x->shape) : 0;
-        if (n == 0) { /* the norm of nothing: sqrt(+0) */
-            nt_ap a = nt_tile_slice(g.sums, 0, 1, j, 1);
-            nt_isa_memset(s.k, &a, 0.0, NT_ENGINE_VECTOR);
-            continue;
-        }
-        const char *xb = sk_contig_of(&s, x);
-        if (xb)
-            gn_sum(&g, xb, n, j);
-    }
-    nt_ap sums = nt_tile_slice(g.sums, 0, 1, 0, k), y = nt_tile_slice(g.y, 0, 1, 0, k);
-    nt_ap ho = nt_hbm_ap(nt__tensor_data(o), (nt_dtype)o->dtype, 0, 1, k, k);
-    if (k > 0 && !nt_sim_kernel_error(s.k) &&
-        !nt_isa_activation(s.k, &y, NT_ACT_SQRT, &sums, NULL, NULL, NULL))
-        nt_isa_dma_copy(s.k, &ho, &y, sk_qout(&s));
+    norms_issue(&s, r);
     return sk_end_values(&s, values, 0, r);
 }

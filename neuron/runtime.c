@@ -330,12 +330,12 @@ static void kb_tensor(kbuf *k, const nt_tensor *t, const nt_tensor **seen, int n
 /* A kernel's operands: its inputs a[0..na) then its outputs b[0..nb), each
  * by kb_tensor against the ones before it (seen: room for na + nb). */
 static void kb_operands(kbuf *k, nt_tensor *const *a, int na, nt_tensor *const *b, int nb,
-                        const nt_tensor **seen)
+                        const nt_tensor **seen, int base)
 {
     for (int i = 0; i < na; i++)
-        kb_tensor(k, a[i], seen, i);
+        kb_tensor(k, a[i], seen, base + i);
     for (int i = 0; i < nb; i++)
-        kb_tensor(k, b[i], seen, na + i);
+        kb_tensor(k, b[i], seen, base + na + i);
 }
 
 /* What every key starts with: the kind of kernel and the simulator's
@@ -397,53 +397,104 @@ static bool memo_look(sk_k *s, kbuf *k)
     return false;
 }
 
+static void kb_rec(kbuf *k, const nt__rec *r, bool imm, const nt_tensor **seen, int base)
+{
+    kb_i64(k, ((int64_t)r->op << 24) | ((int64_t)r->nin << 16) | ((int64_t)r->nout << 8) |
+                  r->flags);
+    kb_params(k, &r->p, imm);
+    kb_operands(k, r->in, r->nin, r->out, r->nout, seen, base);
+}
+
 bool sk_memo_rec(sk_k *s, const nt__rec *r, bool imm)
 {
     if (!memo_on())
         return false;
     kbuf k = {0};
     kb_head(&k, 1);
-    kb_i64(&k, ((int64_t)r->op << 24) | ((int64_t)r->nin << 16) | ((int64_t)r->nout << 8) |
-                   r->flags);
-    kb_params(&k, &r->p, imm);
     const nt_tensor *seen[NT__MAX_IN + NT__MAX_OUT];
-    kb_operands(&k, r->in, r->nin, r->out, r->nout, seen);
+    kb_rec(&k, r, imm, seen, 0);
     return memo_look(s, &k);
 }
+
+static void kb_group(kbuf *k, const nt__fgroup *g, const nt_tensor **seen, int base);
 
 bool sk_memo_group(sk_k *s, const nt__fgroup *g)
 {
     if (!memo_on())
         return false;
-    const nt__fprog *P = g->prog;
     kbuf k = {0};
     kb_head(&k, 2);
-    kb_i64(&k, P->kind);
-    kb_i64(&k, P->nops);
-    kb_i64(&k, P->nvals);
-    kb_i64(&k, P->next);
-    kb_i64(&k, P->nout);
-    kb_i64(&k, P->ndim);
+    const nt_tensor *seen[NT_F_MAXEXT + NT_F_MAXOUT];
+    kb_group(&k, g, seen, 0);
+    return memo_look(s, &k);
+}
+
+/* A shared kernel's programs (neuron/foreach.c): each as above, their
+ * operands compared across the programs too. */
+bool sk_memo_list(sk_k *s, const nt__fgroup *const *g, int n)
+{
+    if (!memo_on())
+        return false;
+    int nt = 0;
+    for (int i = 0; i < n; i++) {
+        /* a stochastic-rounding cast draws from its record's key, new every
+         * run: never filed (ew.c) */
+        const nt__fprog *P = g[i]->prog;
+        for (int k = 0; P && k < P->nops; k++)
+            if (P->ops[k].op == NT_OP_CAST && (P->ops[k].p.flag & NT__CAST_SR))
+                return false;
+        const nt__rec *r = g[i]->recs[0];
+        if (!P && r->op == NT_OP_CAST && (r->p.flag & NT__CAST_SR))
+            return false;
+        nt += P ? P->next + P->nout : r->nin + r->nout;
+    }
+    const nt_tensor **seen = malloc(sizeof *seen * (size_t)(nt > 0 ? nt : 1));
+    if (!seen)
+        return false;
+    kbuf k = {0};
+    kb_head(&k, 3);
+    kb_i64(&k, n);
+    for (int i = 0, base = 0; i < n; i++) {
+        const nt__rec *r = g[i]->recs[0];
+        if (g[i]->prog) {
+            kb_group(&k, g[i], seen, base);
+            base += g[i]->prog->next + g[i]->prog->nout;
+        } else {
+            kb_rec(&k, r, r->op != NT_OP_GRAD_NORMS, seen, base); /* ew.c: immediates */
+            base += r->nin + r->nout;
+        }
+    }
+    free(seen);
+    return memo_look(s, &k);
+}
+
+static void kb_group(kbuf *k, const nt__fgroup *g, const nt_tensor **seen, int base)
+{
+    const nt__fprog *P = g->prog;
+    kb_i64(k, P->kind);
+    kb_i64(k, P->nops);
+    kb_i64(k, P->nvals);
+    kb_i64(k, P->next);
+    kb_i64(k, P->nout);
+    kb_i64(k, P->ndim);
     for (int d = 0; d < NT_MAX_DIMS; d++)
-        kb_i64(&k, P->shape[d]);
+        kb_i64(k, P->shape[d]);
     for (int i = 0; i < P->nops; i++) {
         const nt__fop *o = &P->ops[i];
-        kb_i64(&k, ((int64_t)o->op << 40) | ((int64_t)o->nin << 32) |
+        kb_i64(k, ((int64_t)o->op << 40) | ((int64_t)o->nin << 32) |
                        ((int64_t)(uint8_t)o->a[0] << 24) | ((int64_t)(uint8_t)o->a[1] << 16) |
                        ((int64_t)(uint8_t)o->a[2] << 8) | (uint8_t)o->out);
-        kb_params(&k, &o->p, true); /* ew.c: scalars are immediates */
+        kb_params(k, &o->p, true); /* ew.c: scalars are immediates */
     }
     for (int i = 0; i < P->nvals; i++)
-        kb_i64(&k, ((int64_t)P->vals[i].dtype << 16) | ((int64_t)P->vals[i].red << 8) |
+        kb_i64(k, ((int64_t)P->vals[i].dtype << 16) | ((int64_t)P->vals[i].red << 8) |
                        (uint8_t)P->vals[i].store);
     for (int i = 0; i < P->next; i++)
-        kb_i64(&k, ((int64_t)P->ext[i].dtype << 24) | ((int64_t)P->ext[i].red << 16) |
+        kb_i64(k, ((int64_t)P->ext[i].dtype << 24) | ((int64_t)P->ext[i].red << 16) |
                        P->ext[i].bcast);
     for (int i = 0; i < P->nout; i++)
-        kb_i64(&k, P->out_val[i]);
-    const nt_tensor *seen[NT_F_MAXEXT + NT_F_MAXOUT];
-    kb_operands(&k, g->ext, P->next, g->out, P->nout, seen);
-    return memo_look(s, &k);
+        kb_i64(k, P->out_val[i]);
+    kb_operands(k, g->ext, P->next, g->out, P->nout, seen, base);
 }
 
 /* Files s's program under the key its miss kept, if it ran clean. */
@@ -1026,6 +1077,8 @@ const nt__backend_i nt__sim_backend = {
     .checked = sim_checked,
     .custom_kernel = nt__sk_custom_kernel,
     .run_fused = nt__sk_fused,
+    .kernel_open = nt__sk_join_open,
+    .kernel_close = nt__sk_join_close,
     .stats_fill = sim_stats_fill,
     .stats_clear = sim_stats_clear,
 };

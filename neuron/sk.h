@@ -93,6 +93,10 @@ int sk_values_end(sk_k *s, int rc, int (*ref)(const void *arg), const void *arg)
  * part of it (a norm's p picks its program). */
 bool sk_memo_rec(sk_k *s, const nt__rec *r, bool imm);
 bool sk_memo_group(sk_k *s, const nt__fgroup *g);
+/* The same for the programs g[0..n) of a shared kernel (neuron/foreach.c;
+ * g->prog NULL: the record g->recs[0]), their operands compared across
+ * them. */
+bool sk_memo_list(sk_k *s, const nt__fgroup *const *g, int n);
 /* Counts since start (tests): hits, programs filed. */
 void nt__sk_memo_counts(uint64_t *hits, uint64_t *filed);
 /* On (default) or off (NT_SIM_MEMO=0; tests compare both). */
@@ -255,6 +259,18 @@ int nt__sk_conv_wgrad(const nt__rec *r);  /* conv_wgrad */
 int nt__sk_batch_norm_fwd(const nt__rec *r); /* bn.c */
 int nt__sk_batch_norm_bwd(const nt__rec *r);
 int nt__sk_grad_norms(const nt__rec *r); /* reduce.c: clipping's norms */
+/* foreach.c: programs that share one kernel.  join_open / join_close are
+ * the backend's kernel_open / kernel_close (core/backend.h).  Between them
+ * an EW or ROW program (ew.c) calls sk_join_enter: the shared kernel (begun
+ * by the first program; NULL when none is open: the program runs alone),
+ * *mark where its tiles start, *issue false when only its values are
+ * wanted (an untimed captured program); then sk_join_leave(s, mark, rc,
+ * ref, arg): its tiles released, ref(arg) -- the CPU reference -- for its
+ * values, its error. */
+int nt__sk_join_open(const nt__fgroup *const *g, int n);
+int nt__sk_join_close(void);
+sk_k *sk_join_enter(const char *name, bool *issue, nt_tile **mark);
+int sk_join_leave(sk_k *s, nt_tile *mark, int rc, int (*ref)(const void *arg), const void *arg);
 int nt__sk_sdpa(const nt__rec *r);         /* attention.c */
 int nt__sk_sdpa_bwd(const nt__rec *r);
 /* Whether a head of SDPA / SDPA_BWD with p's sizes fits SBUF (else the op

@@ -1,0 +1,371 @@
+/* tests/test_foreach.c - foreach kernels (fusion/plan.c, "sharing a kernel";
+ * neuron/foreach.c): an optimizer step's per-parameter updates, gradient
+ * clipping's scaling and the loss scaler's unscale run as a few shared
+ * kernels instead of one each, with the bits of the per-parameter kernels
+ * (NT_FOREACH=0) on both backends, in every mode and captured; the kernel
+ * counts drop as designed; errors stay with the parameter they belong to. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ntensor.h"
+#include "nt_test.h"
+
+/* Parameters of odd sizes: one element, 3x5x7, one past a 2048 block, a
+ * row of 33, a large one (past the 1M elements a program may have to
+ * share a kernel: it runs alone), and bf16 ones. */
+#define NP 41
+enum { BIG = NP - 1 };
+static void pshape(int i, int *nd, int64_t sh[3])
+{
+    static const int64_t s[8][3] = {{1, 0, 0},  {3, 5, 7},  {1, 2049, 0}, {130, 33, 0},
+                                    {17, 0, 0}, {4, 6, 0},  {2, 3, 5},    {64, 64, 0}};
+    static const int nds[8] = {1, 3, 2, 2, 1, 2, 3, 2};
+    if (i == BIG) {
+        *nd = 2, sh[0] = 1030, sh[1] = 1031;
+        return;
+    }
+    *nd = nds[i % 8];
+    memcpy(sh, s[i % 8], sizeof s[0]);
+}
+static nt_dtype pdtype(int i) { return i % 11 == 3 ? NT_BF16 : NT_F32; }
+
+static int64_t pnumel(int i)
+{
+    int nd;
+    int64_t sh[3];
+    pshape(i, &nd, sh);
+    return nt_test_numel(nd, sh);
+}
+
+static int64_t total_numel(void)
+{
+    int64_t n = 0;
+    for (int i = 0; i < NP; i++)
+        n += pnumel(i);
+    return n;
+}
+
+enum { K_ADAMW, K_SGD, K_ADAMW_CLIP, K_SCALER, K_COUNT };
+static const char *const kind_name[K_COUNT] = {"adamw", "sgd", "adamw+clip", "scaler+adam"};
+#define STEPS 4
+
+typedef struct world {
+    nt_tensor *p[NP], *c[NP];
+    nt_optim *opt;
+    nt_grad_scaler *sc;
+    int kind;
+} world;
+
+static nt_tensor *seeded(int i, uint64_t seed, float scale)
+{
+    int nd;
+    int64_t sh[3];
+    pshape(i, &nd, sh);
+    int64_t n = pnumel(i);
+    float *v = malloc((size_t)n * sizeof *v);
+    assert_non_null(v);
+    uint64_t st = seed * 0x9e3779b97f4a7c15ull + (uint64_t)i + 1;
+    nt_test_fill(v, (size_t)n, &st);
+    for (int64_t j = 0; j < n; j++)
+        v[j] *= scale * (float)(1 + i % 5);
+    nt_tensor *t = nt_cast(nt_from_host(v, NT_F32, nd, sh), pdtype(i));
+    free(v);
+    assert_non_null(t);
+    return nt_keep(nt_contiguous(t));
+}
+
+static void world_make(world *w, int kind)
+{
+    memset(w, 0, sizeof *w);
+    w->kind = kind;
+    for (int i = 0; i < NP; i++) {
+        w->p[i] = seeded(i, 1, 0.5f);
+        w->c[i] = seeded(i, 2, 0.25f);
+        assert_int_equal(nt_set_requires_grad(w->p[i], true), 0);
+    }
+    if (kind == K_SGD) {
+        w->opt = nt_optim_sgd(w->p, NP, 0.05, 0.9, 0.01, false);
+    } else if (kind == K_SCALER) {
+        w->opt = nt_optim_adam(w->p, NP, 0.01, 0.9, 0.99, 1e-8, 0.01, 0);
+        nt_grad_scaler_opts o = {0};
+        o.init_scale = 1024.0;
+        o.growth_factor = 2.0;
+        o.backoff_factor = 0.5;
+        o.growth_interval = 2;
+        w->sc = nt_grad_scaler_create(&o);
+        assert_non_null(w->sc);
+    } else {
+        w->opt = nt_optim_adamw(w->p, 20, 0.01, 0.9, 0.95, 1e-8, 0.1);
+        assert_non_null(w->opt);
+        assert_true(nt_optim_add_group(w->opt, w->p + 20, NP - 20, 0.02, 0.0) > 0);
+    }
+    assert_non_null(w->opt);
+}
+
+static void world_free(world *w)
+{
+    nt_optim_destroy(w->opt);
+    if (w->sc)
+        nt_grad_scaler_destroy(w->sc);
+    for (int i = 0; i < NP; i++)
+        nt_release(w->p[i]), nt_release(w->c[i]);
+}
+
+/* One training step: loss = sum_i sum(p_i * c_i * (1 + p_i)), its
+ * backward, then the kind's clipping / scaling and update. */
+static int step(world *w)
+{
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *loss = NULL;
+    for (int i = 0; i < NP; i++) {
+        nt_tensor *pi = nt_cast(w->p[i], NT_F32), *ci = nt_cast(w->c[i], NT_F32);
+        nt_tensor *li = nt_sum(nt_mul(nt_mul(pi, ci), nt_add_scalar(pi, 1.0)), NT_DIM_ALL, false);
+        loss = loss ? nt_add(loss, li) : li;
+    }
+    int rc;
+    if (w->kind == K_SCALER) {
+        rc = !loss || nt_backward(nt_grad_scaler_scale(w->sc, loss)) ||
+             nt_grad_scaler_step(w->sc, w->opt) || nt_grad_scaler_update(w->sc);
+    } else {
+        rc = !loss || nt_backward(loss);
+        if (!rc && w->kind == K_ADAMW_CLIP)
+            rc = !nt_clip_grad_norm(w->p, NP, 0.5);
+        if (!rc)
+            rc = nt_optim_step(w->opt);
+    }
+    rc = rc || nt_optim_zero_grad(w->opt);
+    nt_scope_end(s);
+    return rc ? (nt_last_error() ? nt_last_error() : -1) : 0;
+}
+
+typedef struct res {
+    float *params;
+    uint64_t kernels_last; /* kernels of the last step (NT_STATS' counter) */
+    int64_t graph_kernels; /* a replay's, captured */
+} res;
+
+/* STEPS steps (captured: step 0 eagerly, step 1 captured, the rest
+ * replayed, the lr changed before each), the parameters after. */
+static void run(int kind, const char *be, const char *mode, bool capture, bool foreach, res *r)
+{
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+    assert_int_equal(nt_config_set("NT_BACKEND", be), 0);
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", strcmp(be, "sim") ? "0" : "1"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+    assert_int_equal(nt_config_set("NT_FOREACH", foreach ? "1" : "0"), 0);
+    world w;
+    world_make(&w, kind);
+    nt_graph *g = NULL;
+    r->graph_kernels = -1;
+    for (int k = 0; k < STEPS; k++) {
+        if (kind != K_SCALER)
+            assert_int_equal(nt_optim_set_lr(w.opt, 0.01 * (1.0 + 0.5 * k)), 0);
+        assert_int_equal(nt_sync(), 0);
+        nt_stats_reset();
+        if (!capture || k == 0 || kind == K_SCALER) {
+            assert_int_equal(step(&w), 0);
+        } else if (k == 1) {
+            assert_int_equal(nt_graph_capture_begin(), 0);
+            assert_int_equal(step(&w), 0);
+            g = nt_graph_capture_end();
+            assert_non_null(g);
+        } else {
+            assert_int_equal(nt_graph_replay(g), 0);
+        }
+        assert_int_equal(nt_sync(), 0);
+        nt_stats st;
+        assert_int_equal(nt_stats_get(&st), 0);
+        r->kernels_last = st.kernels_launched;
+    }
+    if (g) {
+        nt_graph_info gi;
+        assert_int_equal(nt_graph_info_get(g, &gi), 0);
+        r->graph_kernels = gi.kernels;
+        nt_graph_destroy(g);
+    }
+    int64_t n = total_numel();
+    r->params = malloc((size_t)n * sizeof *r->params);
+    assert_non_null(r->params);
+    for (int i = 0, off = 0; i < NP; i++) {
+        nt_tensor *c = nt_cast(w.p[i], NT_F32);
+        assert_int_equal(nt_to_host(c, r->params + off, (size_t)pnumel(i) * sizeof(float)), 0);
+        nt_release(c);
+        off += (int)pnumel(i);
+    }
+    world_free(&w);
+    assert_int_equal(nt_sync(), 0);
+}
+
+static void expect_bits(const res *a, const res *b, const char *what)
+{
+    int64_t n = total_numel();
+    for (int64_t j = 0; j < n; j++)
+        if (nt_test_ubits(a->params[j]) != nt_test_ubits(b->params[j]))
+            fail_msg("%s: parameter element %lld is %08x, the per-parameter kernels' %08x", what,
+                     (long long)j, nt_test_ubits(a->params[j]), nt_test_ubits(b->params[j]));
+}
+
+/* Every kind, both backends, every mode and captured: the same bits as the
+ * per-parameter kernels (NT_FOREACH=0, deterministic, CPU). */
+static void same_bits_kind(int kind)
+{
+    res ref;
+    run(kind, "cpu", "deterministic", false, false, &ref);
+    static const char *const modes[] = {"deterministic", "eager", "adaptive", "lazy", "lazy"};
+    static const char *const bes[] = {"cpu", "sim"};
+    for (int b = 0; b < 2; b++)
+        for (int m = 0; m < 5; m++) {
+            bool cap = m == 4;
+            if (cap && kind == K_SCALER)
+                continue; /* the scaler reads its flag on the host: not capturable */
+            res r;
+            run(kind, bes[b], modes[m], cap, true, &r);
+            char what[128];
+            snprintf(what, sizeof what, "%s, %s, %s", kind_name[kind], bes[b],
+                     cap ? "captured" : modes[m]);
+            expect_bits(&r, &ref, what);
+            free(r.params);
+        }
+    free(ref.params);
+}
+
+static void test_adamw_same_bits(void **state)
+{
+    (void)state;
+    same_bits_kind(K_ADAMW);
+}
+
+static void test_sgd_same_bits(void **state)
+{
+    (void)state;
+    same_bits_kind(K_SGD);
+}
+
+static void test_clip_same_bits(void **state)
+{
+    (void)state;
+    same_bits_kind(K_ADAMW_CLIP);
+}
+
+static void test_scaler_same_bits(void **state)
+{
+    (void)state;
+    same_bits_kind(K_SCALER);
+}
+
+/* Lazy mode on the simulator: the update's 41 per-parameter kernels become
+ * two shared ones (32 a kernel; the big parameter runs alone), and the
+ * clipping's 41 scalings likewise; a captured replay runs the same. */
+static void test_kernel_counts(void **state)
+{
+    (void)state;
+    for (int kind = K_ADAMW; kind <= K_ADAMW_CLIP; kind++) {
+        res off, on, coff, con;
+        run(kind, "sim", "lazy", false, false, &off);
+        run(kind, "sim", "lazy", false, true, &on);
+        run(kind, "sim", "lazy", true, false, &coff);
+        run(kind, "sim", "lazy", true, true, &con);
+        /* per stage: NP - 1 small programs in ceil(40 / 32) = 2 kernels, the
+         * big one alone: NP - 3 fewer */
+        int stages = kind == K_ADAMW_CLIP ? 2 : 1;
+        print_message("# %s: kernels a step %llu -> %llu, a replay %lld -> %lld\n", kind_name[kind],
+                      (unsigned long long)off.kernels_last, (unsigned long long)on.kernels_last,
+                      (long long)coff.graph_kernels, (long long)con.graph_kernels);
+        assert_true(off.kernels_last - on.kernels_last >= (uint64_t)(stages * (NP - 3)));
+        assert_true(coff.graph_kernels - con.graph_kernels >= stages * (NP - 3));
+        assert_int_equal((int64_t)con.kernels_last, con.graph_kernels);
+        expect_bits(&on, &off, "lazy");
+        expect_bits(&con, &coff, "captured");
+        free(off.params), free(on.params), free(coff.params), free(con.params);
+    }
+}
+
+/* A parameter whose gradient failed: its update fails with the first
+ * error, the others update with their usual bits, whether or not the
+ * updates share kernels. */
+static void test_poisoned_gradient(void **state)
+{
+    (void)state;
+    float got[2][64 * 64];
+    for (int f = 0; f < 2; f++) {
+        nt_shutdown();
+        assert_int_equal(nt_init(), 0);
+        assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+        assert_int_equal(nt_config_set("NT_FOREACH", f ? "1" : "0"), 0);
+        world w;
+        world_make(&w, K_ADAMW);
+        nt_scope *s = nt_scope_begin();
+        nt_tensor *loss = NULL;
+        for (int i = 0; i < NP; i++) {
+            nt_tensor *li = nt_sum(nt_mul(nt_cast(w.p[i], NT_F32), nt_cast(w.c[i], NT_F32)),
+                                   NT_DIM_ALL, false);
+            loss = loss ? nt_add(loss, li) : li;
+        }
+        assert_int_equal(nt_backward(loss), 0);
+        /* parameter 5's gradient times an embedding with an index out of
+         * range: poisoned when it runs */
+        nt_tensor *tab = nt_ones(NT_F32, 2, (int64_t[]){4, 6});
+        nt_tensor *bad = nt_embedding(tab, nt_full(NT_I32, 1, (int64_t[]){4}, 9.0));
+        nt_tensor *g5 = nt_grad(w.p[5]);
+        assert_int_equal(nt_mul_inplace(g5, bad), 0);
+        nt_release(g5);
+        assert_int_equal(nt_optim_step(w.opt), 0);
+        nt_scope_end(s);
+        float v[4 * 6];
+        nt_test_expect_err(nt_to_host(w.p[5], v, sizeof v), NT_ERANGE, "nt_embedding",
+                           "test_foreach.c:");
+        /* parameter 7 (64 x 64) updated as usual */
+        nt_tensor *c = nt_cast(w.p[7], NT_F32);
+        assert_int_equal(nt_to_host(c, got[f], sizeof got[f]), 0);
+        nt_release(c);
+        world_free(&w);
+        nt_clear_error();
+    }
+    assert_memory_equal(got[0], got[1], sizeof got[0]);
+}
+
+/* NT_FOREACH takes 0 or 1; NT_CHECK_NAN runs every program alone and names
+ * the op that made the NaN. */
+static void test_errors(void **state)
+{
+    (void)state;
+    nt_test_expect_err(nt_config_set("NT_FOREACH", "2"), NT_EINVAL, "NT_FOREACH",
+                       "expected 0 or 1");
+    assert_string_equal(nt_config_get("NT_FOREACH"), "1");
+    assert_int_equal(nt_config_set("NT_FOREACH", "0"), 0);
+    assert_string_equal(nt_config_get("NT_FOREACH"), "0");
+    assert_int_equal(nt_config_set("NT_FOREACH", "1"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+    assert_int_equal(nt_config_set("NT_CHECK_NAN", "1"), 0);
+    nt_tensor *a = nt_full(NT_F32, 1, (int64_t[]){5}, -1.0);
+    nt_tensor *b = nt_full(NT_F32, 1, (int64_t[]){7}, 4.0);
+    nt_tensor *ra = nt_sqrt(a), *rb = nt_sqrt(b);
+    nt_test_expect_err(nt_sync(), NT_ENAN, "nt_sqrt", "test_foreach.c:");
+    float v[7];
+    assert_int_equal(nt_to_host(rb, v, sizeof v), 0);
+    assert_true(v[0] == 2.0f);
+    nt_release(a), nt_release(b), nt_release(ra), nt_release(rb);
+    assert_int_equal(nt_config_set("NT_CHECK_NAN", "0"), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_adamw_same_bits, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_sgd_same_bits, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_clip_same_bits, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_scaler_same_bits, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_kernel_counts, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_poisoned_gradient, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_errors, nt_test_setup, nt_test_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
