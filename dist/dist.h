@@ -118,4 +118,14 @@ void nt__pcomm_destroy(nt__pcomm *pc);
 int nt__pcomm_allgather(nt__pcomm *pc, const void *send, void *recv, const size_t *len,
                         const size_t *off, const char *what, char *errbuf, size_t errlen);
 
+/* ------------------------------------------------------------------ */
+/* Communicators, for dist/tp.c (comm.c)                              */
+/* ------------------------------------------------------------------ */
+
+/* 0 when cm is a live communicator of this session, else the error
+ * (naming fn and argument 'c'). */
+int nt__comm_valid(const nt_site *site, const char *fn, const nt_comm *cm);
+/* The number of local members; *devs their devices (local rank order). */
+int nt__comm_local(const nt_comm *cm, const int **devs);
+
 #endif
