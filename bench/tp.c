@@ -8,7 +8,9 @@
  * column-parallel input gradient).  Also the plain block (nt_linear, no
  * K-blocks) on one core: what the fixed reduction tree costs.
  *
- *   build/bench/tp [--tokens N] [--width D] [--blocks B] [--dtype bf16|f32]
+ *   build/bench/tp [--tokens N] [--width D] [--blocks B] [--dtype bf16|f32] [--detail]
+ *
+ * --detail: each core's kernel time in the step (the rest is waiting).
  *
  * Defaults: 2048 tokens, width 4096 (hidden 16384), 4 blocks, bf16. */
 #define BENCH_NAME "bench/tp"
@@ -17,6 +19,18 @@
 static int64_t TOK = 2048, DM = 4096;
 static int BLOCKS = 4;
 static nt_dtype DT = NT_BF16;
+
+static bool DETAIL;
+
+/* Each core's kernel time (sum of its kernels' durations). */
+static void kernel_ns(int n, double *k)
+{
+    for (int i = 0; i < n; i++) {
+        nt_sim_stats st;
+        bench_check(nt_device_stats_get(i, &st), "nt_device_stats_get");
+        k[i] = st.sim_ns;
+    }
+}
 
 static double max_clock(int n)
 {
@@ -103,11 +117,18 @@ static void measure(int tp, double *sim_ns, double *host_ns)
     int n = tp ? tp : 1;
     block_step(&b);
     bench_check(nt_sync(), "nt_sync");
+    double k0[4], k1[4];
+    kernel_ns(n, k0);
     double c0 = max_clock(n), w0 = bench_now_ns();
     block_step(&b);
     bench_check(nt_sync(), "nt_sync");
     *sim_ns = max_clock(n) - c0;
     *host_ns = bench_now_ns() - w0;
+    kernel_ns(n, k1);
+    if (DETAIL)
+        for (int r = 0; r < n; r++)
+            printf("  tp %d core %d: kernels %.3f ms of the step's %.3f ms\n", tp, r,
+                   (k1[r] - k0[r]) * 1e-6, *sim_ns * 1e-6);
     nt_tensor **ps[] = {b.x, b.w1, b.b1, b.w2, b.b2};
     for (int r = 0; r < n; r++)
         for (int j = 0; j < 5; j++)
@@ -117,6 +138,8 @@ static void measure(int tp, double *sim_ns, double *host_ns)
 
 int main(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        DETAIL |= !strcmp(argv[i], "--detail");
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--tokens"))
             TOK = atoll(argv[i + 1]);
