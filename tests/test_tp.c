@@ -59,7 +59,8 @@ static nt_tensor *on_dev(int dev, const float *v, int nd, const int64_t *shape, 
 
 static void host_of(nt_tensor *t, float *v)
 {
-    assert_non_null(t);
+    if (!t)
+        fail_msg("no tensor: %s", nt_last_error_message());
     assert_int_equal(nt_to_host(t, v, (size_t)nt_numel(t) * 4), 0);
 }
 
@@ -239,6 +240,19 @@ static void slice_param(int j, const float *full, int r, int tp, float *out, int
     shape[1] = cc;
 }
 
+static nt_dtype PDT = NT_F32; /* the model's parameters' dtype */
+
+/* A parameter's values as f32 on the host. */
+static void param_host(nt_tensor *t, float *v)
+{
+    assert_int_equal(nt_device_set(nt_tensor_device(t)), 0);
+    nt_tensor *f = PDT == NT_F32 ? t : nt_cast(t, NT_F32);
+    assert_int_equal(nt_device_set(0), 0);
+    host_of(f, v);
+    if (f != t)
+        nt_release(f);
+}
+
 typedef struct model {
     int tp, dp, first;
     nt_comm *c;
@@ -258,7 +272,16 @@ static void model_init(model *m, int first, int tp, int dp)
             int64_t sh[2];
             int nd;
             slice_param(j, full, r, tp, part, sh, &nd);
-            m->p[r][j] = on_dev(first + r, part, nd, sh, true);
+            nt_tensor *t = on_dev(first + r, part, nd, sh, PDT == NT_F32);
+            if (PDT != NT_F32) {
+                assert_int_equal(nt_device_set(first + r), 0);
+                nt_tensor *c = nt_cast(t, PDT);
+                nt_release(t);
+                assert_int_equal(nt_set_requires_grad(c, true), 0);
+                t = c;
+                assert_int_equal(nt_device_set(0), 0);
+            }
+            m->p[r][j] = t;
             nt_keep(m->p[r][j]);
         }
     }
@@ -390,14 +413,14 @@ static uint32_t train(int dp, int tp, int steps)
     for (int j = 0; j < NPAR; j++) {
         int64_t R = PAR[j].r, C = PAR[j].c ? PAR[j].c : 1;
         for (int r = 0; r < tp; r++) {
-            host_of(g[0].p[r][j], part);
+            param_host(g[0].p[r][j], part);
             int64_t rr = PAR[j].split == 0 ? R / tp : R, cc = PAR[j].split == 1 ? C / tp : C;
             for (int d = 1; d < dp; d++) {
-                host_of(g[d].p[r][j], other);
+                param_host(g[d].p[r][j], other);
                 assert_memory_equal(part, other, (size_t)(rr * cc) * 4);
             }
             if (PAR[j].split == 2 && r > 0) { /* replicated: equal on every member */
-                host_of(g[0].p[0][j], other);
+                param_host(g[0].p[0][j], other);
                 assert_memory_equal(part, other, (size_t)(rr * cc) * 4);
             }
             for (int64_t a = 0; a < rr; a++)
@@ -422,8 +445,11 @@ static void test_bitwise(void **state)
     (void)state;
     static const int splits[][2] = {{1, 1}, {1, 2}, {1, 4}, {2, 1}, {2, 2}};
     enum { NS = sizeof splits / sizeof splits[0], STEPS = 3 };
+    for (int dt = 0; dt < 2; dt++) {
+    PDT = dt ? NT_BF16 : NT_F32;
     uint32_t first = 0;
-    printf("# parameters after %d SGD steps, %d shards (crc32)\n", STEPS, SHARDS);
+    printf("# %s parameters after %d SGD steps, %d shards (crc32)\n", nt_dtype_name(PDT), STEPS,
+           SHARDS);
     printf("# backend mode           fusion (1,1)    (1,2)    (1,4)    (2,1)    (2,2)\n");
     for (int k = 0; k < NT_TEST_NCFG; k++) {
         nt_test_cfg(k);
@@ -445,6 +471,8 @@ static void test_bitwise(void **state)
                          "setting %08x", NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1], splits[s][0],
                          splits[s][1], crc[s], first);
     }
+    }
+    PDT = NT_F32;
     nt_test_cfg(3);
 }
 
