@@ -622,6 +622,64 @@ static void test_cross_entropy_ref(void **state)
     }
 }
 
+/* ---------------- gradcheck ---------------- */
+
+/* The layers whose output is replicated, at tp 2, through nt_tp_join (one
+ * member's value; every member's copy gets the gradient): in[0..1] the
+ * members' x slices, in[2..3] their weights. */
+static nt_comm *GC;
+static nt_tensor *gc_row(nt_tensor *const *in, void *ctx)
+{
+    (void)ctx;
+    nt_tensor *y[2];
+    if (nt_tp_row_linear(GC, in, in + 2, NULL, 2, y))
+        return NULL;
+    return nt_tp_join(GC, y);
+}
+static nt_tensor *gc_ce(nt_tensor *const *in, void *ctx)
+{
+    nt_tensor **tg = ctx, *l[2];
+    if (nt_tp_cross_entropy(GC, in, tg, 4, l))
+        return NULL;
+    return nt_tp_join(GC, l);
+}
+static nt_tensor *gc_emb(nt_tensor *const *in, void *ctx)
+{
+    nt_tensor **ids = ctx, *e[2];
+    if (nt_tp_embedding(GC, in, ids, e))
+        return NULL;
+    return nt_tp_join(GC, e);
+}
+
+static void test_gradcheck(void **state)
+{
+    (void)state;
+    nt_scope *sc = nt_scope_begin();
+    GC = comm_of(0, 2);
+    float v[64];
+    uint64_t s = 41;
+    nt_tensor *in[4];
+    for (int i = 0; i < 4; i++) {
+        nt_test_fill(v, 64, &s);
+        in[i] = on_dev(i % 2, v, 2, (int64_t[]){3, 4}, true); /* x [3, 4], w [3, 4] */
+    }
+    int grc = nt_gradcheck(gc_row, in, 4, NULL, 1e-2, 2e-2, 2e-2);
+    if (grc)
+        fail_msg("%s", nt_last_error_message());
+    int32_t t3[3] = {0, 5, 7}, i4[4] = {7, 0, 3, 4};
+    nt_tensor *tg[2], *ids[2];
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(nt_device_set(r), 0);
+        tg[r] = nt_from_host(t3, NT_I32, 1, (int64_t[]){3});
+        ids[r] = nt_from_host(i4, NT_I32, 1, (int64_t[]){4});
+    }
+    assert_int_equal(nt_device_set(0), 0);
+    assert_int_equal(nt_gradcheck(gc_ce, in, 2, tg, 1e-2, 2e-2, 2e-2), 0);
+    assert_int_equal(nt_gradcheck(gc_emb, in, 2, ids, 1e-2, 2e-2, 2e-2), 0);
+    nt_comm_destroy(GC);
+    nt_scope_end(sc);
+}
+
 /* ---------------- bad input ---------------- */
 
 static void test_errors(void **state)
@@ -700,6 +758,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_collectives, setup, teardown),
         cmocka_unit_test_setup_teardown(test_layers_vs_plain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cross_entropy_ref, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gradcheck, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bitwise, setup, teardown),
     };
