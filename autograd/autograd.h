@@ -53,6 +53,8 @@ struct nt__node {
     struct nt__ckpt *ckpt; /* nt_checkpoint's node (autograd/checkpoint.c) */
     nt__node *dead_next;  /* nt__node_unref's list of nodes to free */
     struct nt__ghook *hooks; /* nt_register_hook / nt_retain_grad, in order */
+    struct nt__grp *grp;  /* a group op's member node (autograd/group.c) */
+    int grp_idx;          /* which member */
 };
 
 /* A gradient hook on output idx of a node (an accumulator's idx 0 for a
@@ -71,6 +73,7 @@ typedef struct nt__ghook {
 
 #define NT__OP_ACCUMULATE (NT_OP_COUNT + 0)
 #define NT__OP_CHECKPOINT (NT_OP_COUNT + 1)
+#define NT__OP_GROUP (NT_OP_COUNT + 2)
 
 /* Per-tensor autograd state (nt_tensor.ag). */
 struct nt__ag {
@@ -151,6 +154,47 @@ int nt__ag_on_cat(const nt_site *site, nt_tensor *const *ts, int n, int dim, nt_
 /* Frees a handle's autograd metadata (core/tensor.c calls it through
  * core/hooks.h). */
 void nt__ag_free(struct nt__ag *ag);
+
+/* Group ops (autograd/group.c): one op over the members of a
+ * communicator (the tensor-parallel layers and differentiable collectives of
+ * dist/tp.c), whose backward needs every member's output gradient at once.
+ * Member m's output gets a node of its own (op NT__OP_GROUP, one output,
+ * the member's inputs as edges); the members' nodes are made one after the
+ * other in one call, so a backward pass reaches every member's consumers
+ * before any member (they were all made later), and when it reaches the
+ * first member every member's output gradient is final.  The group's
+ * backward runs then, once, for all members; each member's node hands its
+ * own input gradients on when the pass reaches it.
+ *
+ * bwd(ctx, gout, gin): gout[m] is member m's output gradient (NULL: no
+ * gradient reached it, i.e. zeros); it sets gin[m * nin + i] to the
+ * gradient of member m's input i (or leaves it NULL).  Runs inside the
+ * pass's scope with grad off; returns 0 or an error (thread error set). */
+typedef int (*nt__grp_bwd_fn)(void *ctx, nt_tensor *const *gout, nt_tensor **gin);
+typedef struct nt__grp {
+    volatile AO_t refs;   /* one per member node */
+    int nmem, nin;
+    const char *api;      /* static: named in errors and traces */
+    nt__grp_bwd_fn bwd;
+    void (*free_ctx)(void *ctx);
+    void *ctx;
+    nt__node **mem;       /* [nmem] weak: cleared when a member's node goes */
+    nt_tensor **gin;      /* [nmem * nin] the running pass's results (references) */
+    int pending;          /* members of the running pass yet to take theirs */
+    uint64_t pass;        /* the pass gin belongs to */
+} nt__grp;
+/* Records a group op: member m (0..nmem-1) has inputs in[m*nin ..
+ * m*nin+nin) (entries may be NULL) and output out[m] (floating, made with
+ * grad off).  Records nothing (and frees ctx) when grad mode is off or no
+ * input requires grad; else the outputs require grad and ctx is freed with
+ * the last member's node.  0 or NT_EHOSTMEM (ctx freed, nothing
+ * recorded). */
+int nt__grp_record(const nt_site *site, const char *api, int nmem, int nin,
+                   nt_tensor *const *in, nt_tensor *const *out, nt__grp_bwd_fn bwd,
+                   void (*free_ctx)(void *), void *ctx);
+void nt__grp_unref(nt__grp *g, int member);
+/* Releases the results a pass left (references the group holds). */
+void nt__grp_drop_results(nt__grp *g);
 
 /* Custom ops (autograd/custom.c). */
 struct nt__custom_op;

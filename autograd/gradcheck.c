@@ -59,10 +59,14 @@ NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_ten
         rc = nt_last_error() ? nt_last_error() : NT_EEXEC;
         goto out;
     }
+    /* each tensor is worked on on its own device (inputs may be on several) */
+    nt__devsw dv;
+    nt__dev_enter(&dv, y->dev);
     nt_tensor *w = nt_cast(nt_randn(NT_F32, y->ndim, y->shape, 0x6a09e667f3bcc908ull), cdt);
     for (int i = 0; i < n; i++)
         nt_zero_grad(in[i]);
     nt_tensor *loss = nt_sum(nt_mul(nt_cast(y, cdt), w), NT_DIM_ALL, false);
+    nt__dev_leave(&dv);
     if (!loss || (rc = nt_backward(loss)) != 0) {
         rc = rc ? rc : nt_last_error();
         goto out;
@@ -74,13 +78,16 @@ NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_ten
         char *h = malloc((size_t)(ne ? ne : 1) * es);
         char *ga = malloc((size_t)(ne ? ne : 1) * es);
         nt_tensor *g = nt_grad(x);
+        nt__dev_enter(&dv, x->dev);
         nt_tensor *xf = nt_cast(x, cdt);
+        nt_tensor *gf = g ? nt_cast(g, cdt) : NULL;
+        nt__dev_leave(&dv);
         if (!h || !ga) {
             rc = nt__err_hostmem(NULL, fn, "the host copies of an input");
         } else if (!xf || nt_to_host(xf, h, (size_t)ne * es)) {
             rc = nt_last_error();
         } else if (g) {
-            rc = nt_to_host(nt_cast(g, cdt), ga, (size_t)ne * es);
+            rc = nt_to_host(gf, ga, (size_t)ne * es);
         } else {
             memset(ga, 0, (size_t)ne * es);
         }
@@ -95,7 +102,9 @@ NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_ten
                 nt__store_f64(h, cdt, k, v);
                 for (int j = 0; j < n; j++)
                     pert[j] = in[j];
+                nt__dev_enter(&dv, x->dev);
                 pert[i] = nt_cast(nt_from_host(h, cdt, x->ndim, x->shape), (nt_dtype)x->dtype);
+                nt__dev_leave(&dv);
                 rc = eval_loss(f, pert, ctx, w, sgn ? &lm : &lp);
             }
             nt__store_f64(h, cdt, k, keep);

@@ -99,6 +99,8 @@ void nt__node_unref(nt__node *n)
         free(n->sizes);
         if (n->ckpt)
             nt__ckpt_free(n->ckpt);
+        if (n->grp)
+            nt__grp_unref(n->grp, n->grp_idx);
         nt__hooks_free(n);
         free(n);
     }
@@ -536,6 +538,7 @@ typedef struct {
     size_t nscat, scatcap;
     uint32_t *uses;    /* [n][NT__MAX_OUT]: edges into each output from the pass's nodes */
     bool ckpt;         /* a checkpoint in the pass: its splice adds edges (uses is stale) */
+    uint64_t serial;   /* this pass among all (group ops' results belong to one) */
 } gradmap;
 
 /* A slot whose gradient is a buffer the backwards of slices of one dim
@@ -842,6 +845,8 @@ static int add_grad(gradmap *gm, nt__edge e, nt_tensor *g, const nt_site *site)
  * out of host memory. */
 static bool reachable(gradmap *gm, const nt__edge *roots, int nroots)
 {
+    static volatile AO_t pass_serial;
+    gm->serial = AO_fetch_and_add1(&pass_serial) + 1;
     nt__node **stack = NULL;
     size_t nstack = 0, stackcap = 0, nmarked = 0;
     bool ok = true;
@@ -1371,6 +1376,61 @@ static int capture(const pass_t *P, nt__node *n, nt_tensor *const *gout)
     return 0;
 }
 
+/* A group op's member node n (autograd/group.c): at the first member the
+ * pass reaches, every member's output gradient is final (their consumers
+ * were all made after the group), so the group's backward runs once, for
+ * all; each member then hands on its own input gradients (gp[0..nin)). */
+static int grp_backward(gradmap *gm, nt__node *n, const pass_t *P, nt_tensor **gp)
+{
+    nt__grp *g = n->grp;
+    if (P->create || P->ncap)
+        return nt__err(&n->site, NT_ENOTSUP, P->fn, "%s cannot be differentiated by %s",
+                       g->api, P->create ? "a pass with create_graph" : "nt_autograd_grad");
+    int rc = 0;
+    if (g->pass != gm->serial)
+        nt__grp_drop_results(g); /* what an earlier (failed) pass left is not ours */
+    if (g->pending == 0) {
+        g->pass = gm->serial;
+        nt_tensor **go = calloc((size_t)g->nmem, sizeof *go);
+        if (!go)
+            return nt__err_hostmem(&n->site, "nt_backward", "a group op's gradients");
+        int count = 0;
+        for (int m = 0; m < g->nmem && !rc; m++) {
+            nt__node *mm = g->mem[m];
+            if (!mm || !gm_has(gm, mm))
+                continue;
+            nt_tensor **slot = gm->slots + gm->pos[map_find(gm, mm)] * NT__MAX_OUT;
+            rc = scat_finish(gm, slot[0], &mm->site);
+            go[m] = slot[0];
+            count++;
+        }
+        if (!rc) {
+            const char *prev = nt__tls_bwd_of;
+            nt__tls_bwd_of = g->api;
+            rc = g->bwd(g->ctx, go, g->gin);
+            nt__tls_bwd_of = prev;
+        }
+        free(go);
+        /* the results outlive this node's scope until their member runs */
+        size_t total = (size_t)g->nmem * (size_t)g->nin;
+        for (size_t i = 0; i < total; i++)
+            if (g->gin[i])
+                g->gin[i] = rc ? NULL : nt_retain(g->gin[i]);
+        if (rc)
+            return rc;
+        g->pending = count;
+    }
+    for (int i = 0; i < g->nin && !rc; i++) {
+        nt_tensor **r = &g->gin[(size_t)n->grp_idx * g->nin + i];
+        if (*r && !(gp[i] = nt__scope_adopt(*r, "nt_backward")))
+            rc = nt_last_error();
+        *r = NULL;
+    }
+    if (--g->pending <= 0)
+        nt__grp_drop_results(g);
+    return rc;
+}
+
 /* Runs the backward of node k of the pass (which some gradient reaches):
  * adds its input gradients into the slots of the nodes its edges lead to. */
 static int run_node(gradmap *gm, size_t k, const pass_t *P, const nt_site *site)
@@ -1397,7 +1457,7 @@ static int run_node(gradmap *gm, size_t k, const pass_t *P, const nt_site *site)
         }
         return rc;
     }
-    const char *api = n->ckpt ? "nt_checkpoint" : nt__op_api(n->op);
+    const char *api = n->ckpt ? "nt_checkpoint" : n->grp ? n->grp->api : nt__op_api(n->op);
     if (n->freed)
         return nt__err(site, NT_ESTATE, fn,
                        "part of the graph (%s) was freed by an earlier nt_backward; pass "
@@ -1446,6 +1506,8 @@ static int run_node(gradmap *gm, size_t k, const pass_t *P, const nt_site *site)
         else if (n->op == NT_OP_RESHAPE && !n->custom && gout[0] && !P->create &&
                  (rc = reshape_into_slice(gm, n, gout[0])) <= 0)
             ; /* done in the slice's input slot */
+        else if (n->grp)
+            rc = grp_backward(gm, n, P, gp);
         else if (n->custom)
             rc = nt__custom_backward(&b);
         else

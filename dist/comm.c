@@ -721,6 +721,26 @@ static int check_comm(const nt_site *site, const char *fn, const nt_comm *cm,
     return 0;
 }
 
+/* For dist/tp.c: the communicator's check alone, and its local members. */
+int nt__comm_valid(const nt_site *site, const char *fn, const nt_comm *cm)
+{
+    if (!cm)
+        return nt__err(site, NT_EINVAL, fn, "argument 'c' is NULL");
+    if (cm->magic != COMM_MAGIC)
+        return nt__err(site, NT_EINVAL, fn, "argument 'c' is not a live communicator "
+                                            "(destroyed?)");
+    if (cm->gen != nt__dist_generation())
+        return nt__err(site, NT_ESTATE, fn,
+                       "communicator 'c' was created before the last nt_shutdown; create it "
+                       "again after nt_init");
+    return 0;
+}
+int nt__comm_local(const nt_comm *cm, const int **devs)
+{
+    *devs = cm->dev;
+    return cm->n;
+}
+
 /* The reduction op and the broadcast root; *root_local: the root's local
  * member, or -1 (another process's, or not a broadcast). */
 static int check_op_root(const nt_site *site, const char *fn, nt__coll_kind kind,

@@ -126,5 +126,14 @@ int nt__pcomm_allgather(nt__pcomm *pc, const void *send, void *recv, const size_
  * sub-group that lies inside one process (mesh.c).  Errors as
  * nt_comm_create. */
 nt_comm *nt__comm_create_local(const int *devices, int n);
+/* ------------------------------------------------------------------ */
+/* Communicators, for dist/tp.c (comm.c)                              */
+/* ------------------------------------------------------------------ */
+
+/* 0 when cm is a live communicator of this session, else the error
+ * (naming fn and argument 'c'). */
+int nt__comm_valid(const nt_site *site, const char *fn, const nt_comm *cm);
+/* The number of local members; *devs their devices (local rank order). */
+int nt__comm_local(const nt_comm *cm, const int **devs);
 
 #endif

@@ -2153,6 +2153,82 @@ NT_API int nt_mesh_rank(const nt_mesh *m, int dev);
 NT_API int64_t nt_device_bytes_live(int dev);
 
 /* ------------------------------------------------------------------------ */
+/* Tensor parallelism (docs/parallel.md): differentiable collectives and    */
+/* tensor-parallel layers over a communicator (the tensor-parallel group),  */
+/* the same bits for every group size.                                      */
+/* ------------------------------------------------------------------------ */
+
+/* Conventions: every array has one tensor per local member of c, in[i] on
+ * member i's device (as the collectives'); out[i] gets a new tensor there,
+ * owned by the caller (adopted by the open scope).  "size" is the group's
+ * global size, "rank" member i's global rank.  A member's slice of a split
+ * dim is the rank-th of size equal blocks.  The ops are differentiable:
+ * one backward pass from nt_tp_join of the members' losses runs every
+ * member's backward, the collectives of the backward included.  c must
+ * live until that backward.  Errors at the call name the function, the
+ * argument and the sizes (NT_EINVAL, NT_ESHAPE, NT_EDTYPE, as
+ * nt_all_reduce's), and leave every out[i] NULL. */
+
+/** Megatron's f: out[i] = in[i] (a view); backward: the gradients'
+ *  all-reduce (sum, rank tree).  Floating inputs, one shape. */
+NT_API int nt_tp_copy(nt_comm *c, nt_tensor *const *in, nt_tensor **out);
+/** Megatron's g: out[i] = the all-reduce (sum, rank tree) of the inputs;
+ *  backward: identity (each member's own gradient). */
+NT_API int nt_tp_reduce(nt_comm *c, nt_tensor *const *in, nt_tensor **out);
+/** out[i] = the inputs concatenated along dim in rank order; backward: the
+ *  reduce-scatter (sum) of the gradients along dim. */
+NT_API int nt_tp_gather(nt_comm *c, nt_tensor *const *in, nt_tensor **out, int dim);
+/** out[i] = member i's slice of in[i] along dim (size must divide it);
+ *  backward: the all-gather of the gradients along dim. */
+NT_API int nt_tp_split(nt_comm *c, nt_tensor *const *in, nt_tensor **out, int dim);
+/** The members' replicated values (a loss each member computed alike) as
+ *  one tensor on local member 0's device, equal to in[0]; backward: the
+ *  gradient to every member (nt_backward of it seeds every member's loss,
+ *  as each rank's own backward does in Megatron).  NULL on error. */
+NT_API nt_tensor *nt_tp_join(nt_comm *c, nt_tensor *const *in);
+/** Column-parallel linear: y[i] = x[i] w[i]^T + b[i], x [..., K]
+ *  replicated, w[i] [N / size, K] (rows rank * N/size ...), b NULL or
+ *  b[i] [N / size]; y[i] [..., N / size].  Backward: x's gradient sums
+ *  over N, which the split cuts: it is defined as `blocks` blocks of N,
+ *  each an ordinary matmul rounded to x's dtype and widened to f32, added
+ *  in the rank tree's order (each member's blocks, then the all-reduce),
+ *  so it is the same bits for every size.  blocks: a multiple of size with
+ *  a power-of-two quotient, dividing N. */
+NT_API int nt_tp_column_linear(nt_comm *c, nt_tensor *const *x, nt_tensor *const *w,
+                               nt_tensor *const *b, int blocks, nt_tensor **y);
+/** Row-parallel linear: y[i] = the sum over size of x[i] w[i]^T, plus
+ *  b[i]; x[i] [..., K / size] (member i's slice), w[i] [N, K / size], b
+ *  NULL or b[i] [N] (replicated); y[i] [..., N] replicated.  The K-sum is
+ *  `blocks` blocks of K (each an ordinary matmul, widened to f32) in the
+ *  rank tree's order, then rounded to x's dtype: the same bits for every
+ *  size (docs/parallel.md has its cost).  blocks as nt_tp_column_linear's,
+ *  dividing K. */
+NT_API int nt_tp_row_linear(nt_comm *c, nt_tensor *const *x, nt_tensor *const *w,
+                            nt_tensor *const *b, int blocks, nt_tensor **y);
+/** Vocabulary-parallel embedding: w[i] [V / size, D] (rows rank * V/size
+ *  ...), idx[i] integer [...] replicated; out[i] [..., D] replicated: each
+ *  member's rows for the indices in its block, zeros elsewhere, summed
+ *  over the group (x + 0: the row's bits, -0 as +0 on every size). */
+NT_API int nt_tp_embedding(nt_comm *c, nt_tensor *const *w, nt_tensor *const *idx,
+                           nt_tensor **out);
+/** Vocabulary-parallel cross-entropy (mean over M): logits[i] [M, V / size]
+ *  (floating; computed in f32), target[i] [M] integer in [0, V)
+ *  replicated; loss[i] a 0-d f32, replicated.  The max over V is an
+ *  all-reduce (max, exact); the sum of exponentials is `blocks` blocks of
+ *  V summed in the rank tree's order, as the linear layers' K; blocks as
+ *  theirs, dividing V. */
+NT_API int nt_tp_cross_entropy(nt_comm *c, nt_tensor *const *logits, nt_tensor *const *target,
+                               int blocks, nt_tensor **loss);
+/** Causal self-attention with `heads` heads split over the group: x[i]
+ *  [B, T, D] replicated; wq, wk, wv [i] [D / size, D] (member i's heads'
+ *  rows, column-parallel, no bias), wo[i] [D, D / size] (row-parallel,
+ *  no bias); y[i] [B, T, D] replicated.  heads a multiple of size;
+ *  head dim D / heads <= 128; blocks as the linear layers'. */
+NT_API int nt_tp_attention(nt_comm *c, nt_tensor *const *x, nt_tensor *const *wq,
+                           nt_tensor *const *wk, nt_tensor *const *wv, nt_tensor *const *wo,
+                           int heads, int blocks, nt_tensor **y);
+
+/* ------------------------------------------------------------------------ */
 /* Captured programs (docs/graphs.md): run a training step once while the   */
 /* runtime records it, then replay it with one call -- no dispatch, no      */
 /* planning, no allocation per op -- with the same bits as running the step */

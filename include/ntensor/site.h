@@ -325,6 +325,28 @@ NT_API int nt_ddp_step_at(const nt_site *site, nt_ddp *d, nt_optim *const *opts,
 NT_API nt_tensor *nt_ddp_batch_norm_at(const nt_site *site, nt_ddp *d, int shard, nt_tensor *x,
                                        nt_tensor *running_mean, nt_tensor *running_var,
                                        nt_tensor *w, nt_tensor *b, double momentum, double eps);
+NT_API int nt_tp_copy_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
+                         nt_tensor **out);
+NT_API int nt_tp_reduce_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
+                           nt_tensor **out);
+NT_API int nt_tp_gather_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
+                           nt_tensor **out, int dim);
+NT_API int nt_tp_split_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
+                          nt_tensor **out, int dim);
+NT_API nt_tensor *nt_tp_join_at(const nt_site *site, nt_comm *c, nt_tensor *const *in);
+NT_API int nt_tp_column_linear_at(const nt_site *site, nt_comm *c, nt_tensor *const *x,
+                                  nt_tensor *const *w, nt_tensor *const *b, int blocks,
+                                  nt_tensor **y);
+NT_API int nt_tp_row_linear_at(const nt_site *site, nt_comm *c, nt_tensor *const *x,
+                               nt_tensor *const *w, nt_tensor *const *b, int blocks,
+                               nt_tensor **y);
+NT_API int nt_tp_embedding_at(const nt_site *site, nt_comm *c, nt_tensor *const *w,
+                              nt_tensor *const *idx, nt_tensor **out);
+NT_API int nt_tp_cross_entropy_at(const nt_site *site, nt_comm *c, nt_tensor *const *logits,
+                                  nt_tensor *const *target, int blocks, nt_tensor **loss);
+NT_API int nt_tp_attention_at(const nt_site *site, nt_comm *c, nt_tensor *const *x,
+                              nt_tensor *const *wq, nt_tensor *const *wk, nt_tensor *const *wv,
+                              nt_tensor *const *wo, int heads, int blocks, nt_tensor **y);
 NT_API int nt_graph_capture_begin_at(const nt_site *site);
 NT_API int nt_graph_input_at(const nt_site *site, nt_tensor *t, const char *name);
 NT_API nt_graph *nt_graph_capture_end_at(const nt_site *site);
@@ -537,6 +559,16 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(int, nt_ddp_reduce, (nt_ddp *d), (const nt_site *site, nt_ddp *d), 1) \
     X(int, nt_ddp_step, (nt_ddp *d, nt_optim *const *opts, int nopts), (const nt_site *site, nt_ddp *d, nt_optim *const *opts, int nopts), 3) \
     X(nt_tensor *, nt_ddp_batch_norm, (nt_ddp *d, int shard, nt_tensor *x, nt_tensor *running_mean, nt_tensor *running_var, nt_tensor *w, nt_tensor *b, double momentum, double eps), (const nt_site *site, nt_ddp *d, int shard, nt_tensor *x, nt_tensor *running_mean, nt_tensor *running_var, nt_tensor *w, nt_tensor *b, double momentum, double eps), 9) \
+    X(int, nt_tp_copy, (nt_comm *c, nt_tensor *const *in, nt_tensor **out), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out), 3) \
+    X(int, nt_tp_reduce, (nt_comm *c, nt_tensor *const *in, nt_tensor **out), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out), 3) \
+    X(int, nt_tp_gather, (nt_comm *c, nt_tensor *const *in, nt_tensor **out, int dim), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out, int dim), 4) \
+    X(int, nt_tp_split, (nt_comm *c, nt_tensor *const *in, nt_tensor **out, int dim), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out, int dim), 4) \
+    X(nt_tensor *, nt_tp_join, (nt_comm *c, nt_tensor *const *in), (const nt_site *site, nt_comm *c, nt_tensor *const *in), 2) \
+    X(int, nt_tp_column_linear, (nt_comm *c, nt_tensor *const *x, nt_tensor *const *w, nt_tensor *const *b, int blocks, nt_tensor **y), (const nt_site *site, nt_comm *c, nt_tensor *const *x, nt_tensor *const *w, nt_tensor *const *b, int blocks, nt_tensor **y), 6) \
+    X(int, nt_tp_row_linear, (nt_comm *c, nt_tensor *const *x, nt_tensor *const *w, nt_tensor *const *b, int blocks, nt_tensor **y), (const nt_site *site, nt_comm *c, nt_tensor *const *x, nt_tensor *const *w, nt_tensor *const *b, int blocks, nt_tensor **y), 6) \
+    X(int, nt_tp_embedding, (nt_comm *c, nt_tensor *const *w, nt_tensor *const *idx, nt_tensor **out), (const nt_site *site, nt_comm *c, nt_tensor *const *w, nt_tensor *const *idx, nt_tensor **out), 4) \
+    X(int, nt_tp_cross_entropy, (nt_comm *c, nt_tensor *const *logits, nt_tensor *const *target, int blocks, nt_tensor **loss), (const nt_site *site, nt_comm *c, nt_tensor *const *logits, nt_tensor *const *target, int blocks, nt_tensor **loss), 5) \
+    X(int, nt_tp_attention, (nt_comm *c, nt_tensor *const *x, nt_tensor *const *wq, nt_tensor *const *wk, nt_tensor *const *wv, nt_tensor *const *wo, int heads, int blocks, nt_tensor **y), (const nt_site *site, nt_comm *c, nt_tensor *const *x, nt_tensor *const *wq, nt_tensor *const *wk, nt_tensor *const *wv, nt_tensor *const *wo, int heads, int blocks, nt_tensor **y), 9) \
     X(int, nt_graph_capture_begin, (void), (const nt_site *site), 0) \
     X(int, nt_graph_input, (nt_tensor *t, const char *name), (const nt_site *site, nt_tensor *t, const char *name), 2) \
     X(nt_graph *, nt_graph_capture_end, (void), (const nt_site *site), 0) \
@@ -745,6 +777,16 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_ddp_reduce(...) nt_ddp_reduce_at(NT_HERE, __VA_ARGS__)
 #define nt_ddp_step(...) nt_ddp_step_at(NT_HERE, __VA_ARGS__)
 #define nt_ddp_batch_norm(...) nt_ddp_batch_norm_at(NT_HERE, __VA_ARGS__)
+#define nt_tp_copy(...) nt_tp_copy_at(NT_HERE, __VA_ARGS__)
+#define nt_tp_reduce(...) nt_tp_reduce_at(NT_HERE, __VA_ARGS__)
+#define nt_tp_gather(...) nt_tp_gather_at(NT_HERE, __VA_ARGS__)
+#define nt_tp_split(...) nt_tp_split_at(NT_HERE, __VA_ARGS__)
+#define nt_tp_join(...) nt_tp_join_at(NT_HERE, __VA_ARGS__)
+#define nt_tp_column_linear(...) nt_tp_column_linear_at(NT_HERE, __VA_ARGS__)
+#define nt_tp_row_linear(...) nt_tp_row_linear_at(NT_HERE, __VA_ARGS__)
+#define nt_tp_embedding(...) nt_tp_embedding_at(NT_HERE, __VA_ARGS__)
+#define nt_tp_cross_entropy(...) nt_tp_cross_entropy_at(NT_HERE, __VA_ARGS__)
+#define nt_tp_attention(...) nt_tp_attention_at(NT_HERE, __VA_ARGS__)
 #define nt_graph_capture_begin() nt_graph_capture_begin_at(NT_HERE)
 #define nt_graph_input(...) nt_graph_input_at(NT_HERE, __VA_ARGS__)
 #define nt_graph_capture_end() nt_graph_capture_end_at(NT_HERE)
