@@ -8,7 +8,9 @@
  *           closed formula and as a schedule of per-step transfers
  *   mpi.c   processes: MPI bootstrap at nt_init, the byte exchange polled
  *           against NT_COLLECTIVE_TIMEOUT (a stub without MPI)
- *   comm.c  communicators and the public collective ops */
+ *   comm.c  communicators and the public collective ops
+ *   fp8.c   nt_fp8_recipe_update: fp8 amaxes reduced with MAX over a
+ *           communicator before the recipe's rescale (amp/fp8.c) */
 #ifndef NT_DIST_DIST_H
 #define NT_DIST_DIST_H
 
@@ -117,5 +119,8 @@ void nt__pcomm_destroy(nt__pcomm *pc);
  * process and `what` was being done ("exchanging the inputs").  Thread-safe (calls are serialised). */
 int nt__pcomm_allgather(nt__pcomm *pc, const void *send, void *recv, const size_t *len,
                         const size_t *off, const char *what, char *errbuf, size_t errlen);
+
+/* Local member i's device (comm.c), or -1 when i is out of range. */
+int nt__comm_local_device(const nt_comm *c, int i);
 
 #endif
