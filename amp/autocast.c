@@ -156,9 +156,10 @@ static int on_call(nt__call *c)
     nt_dtype want = pol == NT__AMP_LOW ? low : NT_F32;
     for (int i = 0; i < c->nin; i++) {
         nt_tensor *t = c->in[i];
-        /* f64 inputs are never cast (PyTorch's autocast leaves double alone) */
+        /* f64 inputs are never cast (PyTorch's autocast leaves double alone),
+         * nor fp8 ones (nt_matmul_fp8's operands; other ops refuse fp8) */
         if (!t || t->dtype == want || !nt__dtype_is_float((nt_dtype)t->dtype) ||
-            t->dtype == NT_F64 || c->tmp[i])
+            t->dtype == NT_F64 || nt__dtype_is_fp8((nt_dtype)t->dtype) || c->tmp[i])
             continue;
         int rc = cast_input(c, i, want);
         if (rc)

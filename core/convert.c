@@ -337,6 +337,8 @@ void nt__ld_f32(float *dst, const char *src, nt_dtype dt, int64_t st, int64_t n)
     }
     case NT_I64:
     case NT_BOOL:
+    case NT_E4M3:
+    case NT_E5M2:
         for (int64_t i = 0; i < n; i++)
             dst[i] = nt__load_f32(src, dt, i * st);
         break;
@@ -416,6 +418,8 @@ void nt__st_f32(char *dst, nt_dtype dt, int64_t st, const float *src, int64_t n)
     }
     case NT_I64:
     case NT_BOOL:
+    case NT_E4M3:
+    case NT_E5M2:
         for (int64_t i = 0; i < n; i++)
             nt__store_f32(dst, dt, i * st, src[i]);
         break;
@@ -453,6 +457,14 @@ void nt__settle_f32(float *out, nt_dtype dt, const float *y, int64_t n)
     case NT_F64: /* exact: only the NaN is made canonical */
         for (int64_t i = 0; i < n; i++)
             out[i] = nt__canon(y[i]);
+        break;
+    case NT_E4M3:
+        for (int64_t i = 0; i < n; i++)
+            out[i] = nt__e4m3_to_f32(nt__f32_to_e4m3(y[i]));
+        break;
+    case NT_E5M2:
+        for (int64_t i = 0; i < n; i++)
+            out[i] = nt__canon(nt__e5m2_to_f32(nt__f32_to_e5m2(y[i])));
         break;
     default: break;
     }

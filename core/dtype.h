@@ -109,6 +109,123 @@ static inline uint16_t nt__f32_to_f16(float f)
     return (uint16_t)(sign | (nt__f32_bits(t) - 0x3f000000u));
 }
 
+/* ---------------- fp8 (OCP 8-bit floating point, docs/ops.md "fp8") ------
+ *
+ * E4M3 ("fn"): sign, 4 exponent bits (bias 7), 3 mantissa bits; no
+ * infinities, NaN is S.1111.111; max 448, smallest subnormal 2^-9.
+ * E5M2: sign, 5 exponent bits (bias 15), 2 mantissa bits, IEEE-like (the
+ * top byte of an f16): infinities and NaNs; max 57344, smallest subnormal
+ * 2^-16.  Every fp8 value is exact in f32, bf16 and f16.
+ *
+ * Rounding to fp8 is to nearest even.  Overflow: E4M3 saturates (a finite
+ * value past 448 gives +-448: it has no infinity, and NaN would turn one
+ * stale scale's overflow into a NaN that poisons a whole matmul; Transformer
+ * Engine's and the Neuron compiler's casts saturate too); +-Inf, which is
+ * not a value an fp8 scale can bring into range, becomes NaN.  E5M2
+ * overflows to +-Inf as IEEE formats do (>= 61440, the midpoint past
+ * 57344, rounds to Inf).  NaN becomes the canonical NaN: 0x7f (E4M3), 0x7e
+ * (E5M2, a quiet NaN, the top byte of f16's). */
+#define NT__QNAN_E4M3 0x7fu
+#define NT__QNAN_E5M2 0x7eu
+
+static inline bool nt__dtype_is_fp8(nt_dtype dt) { return dt == NT_E4M3 || dt == NT_E5M2; }
+
+static inline float nt__e4m3_to_f32(uint8_t c)
+{
+    uint32_t sign = (uint32_t)(c & 0x80u) << 24;
+    uint32_t e = (c >> 3) & 0xfu, m = c & 7u;
+    if ((c & 0x7fu) == 0x7fu)
+        return nt__bits_f32(NT__QNAN_F32);
+    if (e == 0) /* subnormal: m * 2^-9, exact */
+        return nt__bits_f32(nt__f32_bits((float)m * 0x1p-9f) | sign);
+    return nt__bits_f32(sign | ((e + 120u) << 23) | (m << 20));
+}
+
+static inline float nt__e5m2_to_f32(uint8_t c)
+{
+    return nt__f16_to_f32((uint16_t)((unsigned)c << 8));
+}
+
+static inline uint8_t nt__f32_to_e4m3(float f)
+{
+    uint32_t x = nt__f32_bits(f);
+    uint32_t sign = (x >> 24) & 0x80u;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) /* NaN, +-Inf */
+        return (uint8_t)NT__QNAN_E4M3;
+    if (ax >= 0x43e00000u) /* >= 448: saturates */
+        return (uint8_t)(sign | 0x7eu);
+    if (ax >= 0x3c800000u) { /* normal in E4M3 (>= 2^-6): drop 20 bits, to even */
+        uint32_t odd = (ax >> 20) & 1u;
+        ax = ax - (120u << 23) + 0x7ffffu + odd;
+        return (uint8_t)(sign | (ax >> 20));
+    }
+    /* subnormal or zero: 2^14's ulp is 2^-9, so the FPU's own
+     * round-to-nearest-even of the sum rounds (a carry gives 2^-6, code 8) */
+    float t = nt__bits_f32(ax) + 0x1p14f;
+    return (uint8_t)(sign | (nt__f32_bits(t) - 0x46800000u));
+}
+
+static inline uint8_t nt__f32_to_e5m2(float f)
+{
+    uint32_t x = nt__f32_bits(f);
+    uint32_t sign = (x >> 24) & 0x80u;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u)
+        return (uint8_t)NT__QNAN_E5M2;
+    if (ax >= 0x47700000u) /* >= 61440 (and Inf): Inf */
+        return (uint8_t)(sign | 0x7cu);
+    if (ax >= 0x38800000u) { /* normal in E5M2 (>= 2^-14): drop 21 bits, to even */
+        uint32_t odd = (ax >> 21) & 1u;
+        ax = ax - (112u << 23) + 0xfffffu + odd;
+        return (uint8_t)(sign | (ax >> 21));
+    }
+    /* subnormal or zero: 2^7's ulp is 2^-16 */
+    float t = nt__bits_f32(ax) + 0x1p7f;
+    return (uint8_t)(sign | (nt__f32_bits(t) - 0x43000000u));
+}
+
+/* Stochastic rounding to fp8 (the scheme of nt__f32_to_bf16_sr below: add
+ * random bits just below the last bit kept, truncate).  In the normal range
+ * the dropped f32 bits (20 for E4M3, 21 for E5M2) are exactly the bits beyond
+ * fp8's precision, so the rounding is exactly unbiased there; below the
+ * smallest normal the magnitude is first truncated to a multiple of 2^-29
+ * (E4M3) or 2^-37 (E5M2), then the same bits decide.  E4M3: a result past
+ * 448 saturates to 448, Inf and NaN give NaN; E5M2: |f| >= 65536 and Inf
+ * give Inf (a value in (57344, 65536) reaches Inf with the probability of
+ * its distance to 57344 over 8192), NaN the canonical NaN. */
+static inline uint8_t nt__f32_to_e4m3_sr(float f, uint32_t r)
+{
+    uint32_t x = nt__f32_bits(f);
+    uint32_t sign = (x >> 24) & 0x80u;
+    uint32_t ax = x & 0x7fffffffu;
+    uint32_t r20 = r >> 12, c;
+    if (ax >= 0x7f800000u)
+        return (uint8_t)NT__QNAN_E4M3;
+    if (ax >= 0x43e00000u) /* >= 448 */
+        return (uint8_t)(sign | 0x7eu);
+    if (ax >= 0x3c800000u)
+        c = (ax - (120u << 23) + r20) >> 20;
+    else
+        c = ((uint32_t)(nt__bits_f32(ax) * 0x1p29f) + r20) >> 20;
+    return (uint8_t)(sign | (c > 0x7eu ? 0x7eu : c));
+}
+
+static inline uint8_t nt__f32_to_e5m2_sr(float f, uint32_t r)
+{
+    uint32_t x = nt__f32_bits(f);
+    uint32_t sign = (x >> 24) & 0x80u;
+    uint32_t ax = x & 0x7fffffffu;
+    uint32_t r21 = r >> 11;
+    if (ax > 0x7f800000u)
+        return (uint8_t)NT__QNAN_E5M2;
+    if (ax >= 0x47800000u) /* >= 65536 (and Inf) */
+        return (uint8_t)(sign | 0x7cu);
+    if (ax >= 0x38800000u) /* a carry may reach 2^16 = Inf */
+        return (uint8_t)(sign | ((ax - (112u << 23) + r21) >> 21));
+    return (uint8_t)(sign | (((uint32_t)(nt__bits_f32(ax) * 0x1p37f) + r21) >> 21));
+}
+
 /* double -> f32 rounding to odd: the sticky bit keeps a second rounding to a
  * narrower format (bf16, f16: >= 2 bits fewer) correct. */
 static inline float nt__f64_to_f32_odd(double d)
@@ -130,6 +247,16 @@ static inline uint16_t nt__f64_to_bf16(double d)
 static inline uint16_t nt__f64_to_f16(double d)
 {
     return nt__f32_to_f16(nt__f64_to_f32_odd(d));
+}
+
+static inline uint8_t nt__f64_to_e4m3(double d)
+{
+    return nt__f32_to_e4m3(nt__f64_to_f32_odd(d));
+}
+
+static inline uint8_t nt__f64_to_e5m2(double d)
+{
+    return nt__f32_to_e5m2(nt__f64_to_f32_odd(d));
 }
 
 /* Float to int: truncate toward zero, saturate, NaN -> 0. */
@@ -157,10 +284,12 @@ static inline uint8_t nt__f64_to_u8(double d)
  * its name in core/optable.c and its cases in the load/store switches
  * below; docs/ops.md "Dtypes" lists what each op takes).
  *   size       bytes per element
- *   is_float   floating (f32, bf16, f16, f64)
+ *   is_float   floating (f32, bf16, f16, f64, e4m3, e5m2)
  *   on_device  the NeuronCore's engines have the datapath (f64, i64: no;
  *              bool: kept off the simulator too, whose kernels know u8
- *              masks; such tensors run on the CPU backend, docs/sim.md) */
+ *              masks; such tensors run on the CPU backend, docs/sim.md).
+ *              fp8 is on the device but a storage dtype: only the ops
+ *              core/ewise64.h lists take it (nt__dtype_all_ops). */
 #define NT__DTYPE_TABLE(X)                                                                 \
     X(NT_F32, 4, 1, 1)                                                                     \
     X(NT_BF16, 2, 1, 1)                                                                    \
@@ -169,7 +298,9 @@ static inline uint8_t nt__f64_to_u8(double d)
     X(NT_U8, 1, 0, 1)                                                                      \
     X(NT_F64, 8, 1, 0)                                                                     \
     X(NT_I64, 8, 0, 0)                                                                     \
-    X(NT_BOOL, 1, 0, 0)
+    X(NT_BOOL, 1, 0, 0)                                                                    \
+    X(NT_E4M3, 1, 1, 1)                                                                    \
+    X(NT_E5M2, 1, 1, 1)
 
 /* Float to i64: truncate toward zero, saturate, NaN -> 0 */
 static inline int64_t nt__f64_to_i64(double d)
@@ -210,6 +341,13 @@ static inline bool nt__dtype_on_device(nt_dtype dt)
     }
 }
 
+/* Every op takes dt (the dispatcher asks core/ewise64.h's lists only about
+ * the others: off-device dtypes and fp8). */
+static inline bool nt__dtype_all_ops(nt_dtype dt)
+{
+    return nt__dtype_on_device(dt) && !nt__dtype_is_fp8(dt);
+}
+
 static inline size_t nt__dtype_size(nt_dtype dt)
 {
     static const unsigned char sz[NT_DTYPE_COUNT] = {
@@ -232,6 +370,8 @@ static inline float nt__load_f32(const void *p, nt_dtype dt, int64_t i)
     case NT_F64: return (float)((const double *)p)[i];
     case NT_I64: return (float)((const int64_t *)p)[i];
     case NT_BOOL: return ((const uint8_t *)p)[i] ? 1.0f : 0.0f;
+    case NT_E4M3: return nt__e4m3_to_f32(((const uint8_t *)p)[i]);
+    case NT_E5M2: return nt__e5m2_to_f32(((const uint8_t *)p)[i]);
     default: return 0.0f;
     }
 }
@@ -273,6 +413,8 @@ static inline void nt__store_f32(void *p, nt_dtype dt, int64_t i, float v)
     case NT_F64: ((double *)p)[i] = nt__canon64((double)v); break;
     case NT_I64: ((int64_t *)p)[i] = nt__f64_to_i64((double)v); break;
     case NT_BOOL: ((uint8_t *)p)[i] = v != 0.0f; break; /* NaN is true */
+    case NT_E4M3: ((uint8_t *)p)[i] = nt__f32_to_e4m3(v); break;
+    case NT_E5M2: ((uint8_t *)p)[i] = nt__f32_to_e5m2(v); break;
     default: break;
     }
 }
@@ -289,6 +431,8 @@ static inline void nt__store_f64(void *p, nt_dtype dt, int64_t i, double v)
     case NT_F64: ((double *)p)[i] = nt__canon64(v); break;
     case NT_I64: ((int64_t *)p)[i] = nt__f64_to_i64(v); break;
     case NT_BOOL: ((uint8_t *)p)[i] = v != 0.0; break;
+    case NT_E4M3: ((uint8_t *)p)[i] = nt__f64_to_e4m3(v); break;
+    case NT_E5M2: ((uint8_t *)p)[i] = nt__f64_to_e5m2(v); break;
     default: break;
     }
 }
@@ -407,6 +551,8 @@ static inline void nt__store_f32_sr(void *p, nt_dtype dt, int64_t i, float v, ui
     switch (dt) {
     case NT_BF16: ((uint16_t *)p)[i] = nt__f32_to_bf16_sr(v, r); break;
     case NT_F16: ((uint16_t *)p)[i] = nt__f32_to_f16_sr(v, r); break;
+    case NT_E4M3: ((uint8_t *)p)[i] = nt__f32_to_e4m3_sr(v, r); break;
+    case NT_E5M2: ((uint8_t *)p)[i] = nt__f32_to_e5m2_sr(v, r); break;
     default: nt__store_f32(p, dt, i, v); break;
     }
 }
@@ -418,6 +564,8 @@ static inline float nt__round_f32_sr(nt_dtype dt, float v, uint32_t r)
     switch (dt) {
     case NT_BF16: return nt__bf16_to_f32(nt__f32_to_bf16_sr(v, r));
     case NT_F16: return nt__f16_to_f32(nt__f32_to_f16_sr(v, r));
+    case NT_E4M3: return nt__e4m3_to_f32(nt__f32_to_e4m3_sr(v, r));
+    case NT_E5M2: return nt__e5m2_to_f32(nt__f32_to_e5m2_sr(v, r));
     default: return nt__canon(v);
     }
 }

@@ -92,9 +92,21 @@ static inline bool nt__f64_op_ok(int op)
     X(PERMUTE, permute) X(SLICE, slice) X(EXPAND, expand) X(ALIAS, alias) X(CAT, cat)      \
     X(DIAGONAL, diagonal)
 
+/* fp8 (e4m3, e5m2) is a storage dtype: made (fill), cast and copied
+ * (round to nearest even or stochastic rounding, core/dtype.h), viewed,
+ * concatenated, and multiplied by nt_matmul_fp8 (a MATMUL record with fp8
+ * operands and an f32 result).  Every other op refuses it by name; cast to
+ * f32 or bf16 first (docs/ops.md "fp8"). */
+#define NT_FP8_OPS(X)                                                                      \
+    X(FILL, fill) X(COPY, copy) X(CAST, cast) X(RESHAPE, reshape) X(TRANSPOSE, transpose)  \
+    X(PERMUTE, permute) X(SLICE, slice) X(EXPAND, expand) X(ALIAS, alias) X(CAT, cat)      \
+    X(DIAGONAL, diagonal)
+/* ops whose inputs 0 and 1 may be fp8 (the result is not) */
+#define NT_FP8_OPERAND_OPS(X) X(MATMUL, matmul)
+
 /* true: built-in op `op` takes dtype dt at input `pos` (-1: its result).
- * Every op takes every dtype the device has (nt__dtype_on_device): the
- * dispatcher looks here only for an off-device operand. */
+ * Every op takes every dtype the device has but fp8 (nt__dtype_all_ops):
+ * the dispatcher looks here only for an off-device or fp8 operand. */
 static inline bool nt__dtype_op_ok(nt_dtype dt, int op, int pos)
 {
 #define NT__OK_CASE(ID, name) case NT_OP_##ID:
@@ -112,6 +124,15 @@ static inline bool nt__dtype_op_ok(nt_dtype dt, int op, int pos)
         switch (op) {
             NT_BOOL_OPS(NT__OK_CASE)
             return true;
+        default: return false;
+        }
+    case NT_E4M3:
+    case NT_E5M2:
+        switch (op) {
+            NT_FP8_OPS(NT__OK_CASE)
+            return true;
+            NT_FP8_OPERAND_OPS(NT__OK_CASE)
+            return pos == 0 || pos == 1;
         default: return false;
         }
     default: return true;

@@ -52,7 +52,8 @@ const char *nt__op_api(int op)
 
 NT_API const char *nt_dtype_name(nt_dtype dt)
 {
-    static const char *names[NT_DTYPE_COUNT] = {"f32", "bf16", "f16", "i32", "u8", "f64", "i64", "bool"};
+    static const char *names[NT_DTYPE_COUNT] = {"f32", "bf16", "f16", "i32",  "u8",
+                                                "f64", "i64",  "bool", "e4m3", "e5m2"};
     return (unsigned)dt < NT_DTYPE_COUNT ? names[dt] : "?";
 }
 

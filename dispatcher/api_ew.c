@@ -392,7 +392,10 @@ static nt_tensor *copy_to(const nt_site *site, const char *fn, nt_tensor *src, n
         return nt__call_fail(&c);
     src = c.in[0];
     out_like(&c, src, dt == (nt_dtype)-1 ? (nt_dtype)src->dtype : dt);
-    if ((sr || NT__CFG(sr)) && src->dtype == NT_F32 && (dt == NT_BF16 || dt == NT_F16)) {
+    /* (NT_STOCHASTIC_ROUNDING=1 covers f32 -> bf16/f16 only; an fp8 cast
+     * rounds stochastically when nt_cast_sr asks) */
+    if ((sr && nt__dtype_is_fp8(dt)) ||
+        ((sr || NT__CFG(sr)) && src->dtype == NT_F32 && (dt == NT_BF16 || dt == NT_F16))) {
         c.p.flag |= NT__CAST_SR;
         c.p.seed = NT__CFG(sr_seed);
     }
@@ -454,9 +457,13 @@ NT_API nt_tensor *nt_cast_sr_at(const nt_site *site, nt_tensor *t, nt_dtype dt)
     const char *fn = "nt_cast_sr";
     if (!nt__ensure_init() || !nt__check_arg(site, fn, "t", t))
         return NULL;
-    if (t->dtype != NT_F32 || (dt != NT_BF16 && dt != NT_F16)) {
+    bool to_half = t->dtype == NT_F32 && (dt == NT_BF16 || dt == NT_F16);
+    bool to_fp8 = (t->dtype == NT_F32 || t->dtype == NT_BF16 || t->dtype == NT_F16) &&
+                  (unsigned)dt < NT_DTYPE_COUNT && nt__dtype_is_fp8(dt);
+    if (!to_half && !to_fp8) {
         nt__err(site, NT_EDTYPE, fn,
-                "stochastic rounding casts f32 to bf16 or f16; got %s to %s (use nt_cast)",
+                "stochastic rounding casts f32 to bf16 or f16, or f32, bf16 or f16 to e4m3 or "
+                "e5m2; got %s to %s (use nt_cast)",
                 nt_dtype_name((nt_dtype)t->dtype), nt_dtype_name(dt));
         return NULL;
     }

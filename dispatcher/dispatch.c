@@ -124,18 +124,32 @@ static int offdev_operand(const nt__call *c)
     return -1;
 }
 
-/* An f64, i64 or bool operand of an op that does not take it there
+/* -1: every operand of a dtype every op takes (nt__dtype_all_ops); else
+ * the index of the first other input, or nin for such an output */
+static int restricted_operand(const nt__call *c)
+{
+    for (int i = 0; i < c->nin; i++)
+        if (c->in[i] && !nt__dtype_all_ops((nt_dtype)c->in[i]->dtype))
+            return i;
+    for (int i = 0; i < c->nout; i++)
+        if (!nt__dtype_all_ops(c->odt[i]))
+            return c->nin;
+    return -1;
+}
+
+/* An f64, i64, bool or fp8 operand of an op that does not take it there
  * (core/ewise64.h's lists): NT_ENOTSUP naming the function, the argument
  * and the dtypes the op takes, before anything is allocated (no kernel ever
  * reads data of a dtype it does not know).  User ops (custom kernels) see
  * every dtype.  One scan in the common case: every op takes every dtype
- * the device has (nt__dtype_op_ok), so only an off-device operand is
- * looked at further; c->offdev keeps the scan's answer for
- * choose_backend. */
+ * the device has but fp8 (nt__dtype_op_ok), so only an off-device or fp8
+ * operand is looked at further; c->offdev keeps the off-device scan's
+ * answer for choose_backend. */
 static int check_dtypes(nt__call *c)
 {
-    c->offdev = offdev_operand(c);
-    if (c->offdev < 0 || c->op >= NT_OP_COUNT)
+    int r = restricted_operand(c);
+    c->offdev = r < 0 ? -1 : offdev_operand(c);
+    if (r < 0 || c->op >= NT_OP_COUNT)
         return 0;
     int k = -1;
     nt_dtype dt = NT_F32;
@@ -154,6 +168,12 @@ static int check_dtypes(nt__call *c)
         snprintf(name, sizeof name, "%s", k < c->nin ? "input" : "the result");
     const char *takes = (nt__ops[c->op].flags & NT_OPF_INT) ? "f32, bf16, f16, i32 or u8"
                                                             : "f32, bf16 or f16";
+    if (nt__dtype_is_fp8(dt))
+        return nt__err(c->site, NT_ENOTSUP, c->fn,
+                       "%s is %s, which op '%s' does not take there (fp8 is a storage dtype: "
+                       "it takes %s; cast with nt_cast first, multiply with nt_matmul_fp8; "
+                       "docs/ops.md, \"fp8\")",
+                       name, nt_dtype_name(dt), nt__op_name(c->op), takes);
     return nt__err(c->site, NT_ENOTSUP, c->fn,
                    "%s is %s, which op '%s' does not take there (it takes %s; the ops that "
                    "take f64, i64 and bool are listed in docs/ops.md, section 14)",

@@ -140,6 +140,11 @@ typedef enum nt_dtype {
     NT_F64,     /* IEEE binary64: CPU backend only (docs/ops.md "Dtypes") */
     NT_I64,     /* int64: indices, casts, basic arithmetic (CPU backend only) */
     NT_BOOL,    /* bool, one byte 0 or 1: masks (CPU backend only) */
+    NT_E4M3,    /* OCP FP8 E4M3 ("fn"): bias 7, max 448, no infinities; a storage
+                 * dtype: casts, copies, views and the fp8 matmul only
+                 * (docs/ops.md "fp8") */
+    NT_E5M2,    /* OCP FP8 E5M2: bias 15, max 57344, IEEE infinities and NaNs;
+                 * a storage dtype as NT_E4M3 */
     NT_DTYPE_COUNT
 } nt_dtype;
 
@@ -370,7 +375,8 @@ NT_API nt_tensor *nt_hardtanh(nt_tensor *t, double min_val, double max_val);
  *  f64 to f32 rounds once; to bf16/f16 through f32 (PyTorch's); every
  *  dtype to f64 is exact.  Casting to t's own dtype gives a new handle on t's storage. */
 NT_API nt_tensor *nt_cast(nt_tensor *t, nt_dtype dt);
-/** Casts an f32 tensor to bf16 or f16 with stochastic rounding: each element
+/** Casts an f32 tensor to bf16 or f16, or an f32, bf16 or f16 tensor to
+ *  NT_E4M3 or NT_E5M2, with stochastic rounding: each element
  *  goes to one of its two neighbours in dt, up (in magnitude) with
  *  probability equal to its distance from the lower one over the gap, so the
  *  rounding is unbiased.  The random bits come from NT_SR_SEED, the op's
@@ -388,6 +394,21 @@ NT_API nt_tensor *nt_cast_sr(nt_tensor *t, nt_dtype dt);
  *  row/column and the added dim removed; leading (batch) dims broadcast.
  *  Floating dtypes; accumulates in f32 in K-tiles of 128, ascending. */
 NT_API nt_tensor *nt_matmul(nt_tensor *a, nt_tensor *b);
+/** fp8 matrix product with per-tensor scales (torch._scaled_mm's
+ *  arithmetic): out = round_out_dtype(acc * round_f32(scale_a * scale_b)),
+ *  acc = sum_k a[m,k] * b[k,n] in f32 (each product exact), in nt_matmul's
+ *  K order (K-tiles of 128, ascending), so the CPU and the simulator give
+ *  the same bits.  a, b: both NT_E4M3 or both NT_E5M2, nt_matmul's shapes
+ *  (1-D promoted, batch dims broadcast); scale_a, scale_b: one-element
+ *  (shape [] or [1]) f32 tensors on a's device, read when the op runs (a
+ *  captured graph replays with their new values); a scale of 0, Inf or NaN
+ *  is applied as IEEE arithmetic, not checked (docs/ops.md "fp8");
+ *  out_dtype NT_F32 or NT_BF16.  Not differentiable: an operand that
+ *  requires grad is NT_EINVAL (fp8 autocast differentiates through its
+ *  casts).  Other dtypes or shapes: NT_EDTYPE / NT_ESHAPE naming the
+ *  argument; operands on different devices as nt_matmul. */
+NT_API nt_tensor *nt_matmul_fp8(nt_tensor *a, nt_tensor *b, nt_tensor *scale_a,
+                                nt_tensor *scale_b, nt_dtype out_dtype);
 /** x[..., in] . w[out, in]^T + b[out]; b may be NULL.  Same as
  *  nt_add(nt_matmul(x, nt_transpose(w, 0, 1)), b), op for op. */
 NT_API nt_tensor *nt_linear(nt_tensor *x, nt_tensor *w, nt_tensor *b);

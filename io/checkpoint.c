@@ -28,6 +28,11 @@ static const char CK_MAGIC[8] = {'N', 'T', 'C', 'K', 'P', 'T', '\r', '\n'};
  * files without one stay version 1, readable by every build. */
 #define CK_VERSION_WIDE 2u
 #define CK_DTYPE_V1_LAST NT_U8
+/* And a file with an fp8 record (e4m3, e5m2) is version 3: a reader built
+ * before fp8 refuses it by its version ("format version 3; this build reads
+ * versions 1 and 2"). */
+#define CK_VERSION_FP8 3u
+#define CK_DTYPE_V2_LAST NT_BOOL
 #define CK_HEADER 32
 #define CK_ENTRY 96
 #define CK_ALIGN 64
@@ -348,7 +353,9 @@ static int write_file(const char *fn, const char *path, ck_recs *recs)
     memcpy(h, CK_MAGIC, 8);
     uint32_t version = CK_VERSION;
     for (guint i = 0; i < recs->len; i++)
-        if (recs->v[i].dtype > CK_DTYPE_V1_LAST)
+        if (recs->v[i].dtype > CK_DTYPE_V2_LAST)
+            version = CK_VERSION_FP8;
+        else if (recs->v[i].dtype > CK_DTYPE_V1_LAST && version < CK_VERSION_WIDE)
             version = CK_VERSION_WIDE;
     put_u32(h + 8, version);
     put_u32(h + 12, recs->len);
@@ -884,6 +891,9 @@ static int check_dtype_dims(const char *fn, const char *path, uint32_t i, const 
         return fmt_err(fn, path, "record %u has dtype %s in a version-1 file (version 1 has "
                        "dtypes f32, bf16, f16, i32 and u8 only)", i,
                        nt_dtype_name((nt_dtype)r->dtype));
+    if (version == CK_VERSION_WIDE && r->dtype > CK_DTYPE_V2_LAST)
+        return fmt_err(fn, path, "record %u has dtype %s in a version-2 file (fp8 records "
+                       "make a file version 3)", i, nt_dtype_name((nt_dtype)r->dtype));
     return 0;
 }
 
@@ -932,9 +942,9 @@ static int read_checked(const char *fn, const char *path, uint8_t **buf, ck_recs
     }
     uint32_t version = get_u32(b + 8), count = get_u32(b + 12);
     uint64_t total = get_u64(b + 16);
-    if (version != CK_VERSION && version != CK_VERSION_WIDE) {
-        rc = fmt_err(fn, path, "format version %u; this build reads versions %u and %u", version,
-                     CK_VERSION, CK_VERSION_WIDE);
+    if (version != CK_VERSION && version != CK_VERSION_WIDE && version != CK_VERSION_FP8) {
+        rc = fmt_err(fn, path, "format version %u; this build reads versions %u, %u and %u",
+                     version, CK_VERSION, CK_VERSION_WIDE, CK_VERSION_FP8);
         goto fail;
     }
     if (total != size) {

@@ -105,6 +105,8 @@ typedef struct mm {
     nt_tile *abuf;       /* row-major A: NS slots of G M-tiles [128 m, G * K] */
     int G, NS, nacc;
     int64_t naccn;
+    int64_t bprev; /* run: the B ring offset of the previous K-tile */
+    bool dr;       /* fp8 operands on a target with the double-row mode */
 } mm;
 
 static int64_t min64(int64_t a, int64_t b)
@@ -135,6 +137,24 @@ static int64_t need_bytes(const mm *p, int BM, int NP)
 static nt_ap sl(nt_tile *t, int np, int64_t f0, int64_t nf)
 {
     return nt_tile_slice(t, 0, np, f0, nf);
+}
+
+/* Whether K-tiles kt and kt + 1 go to TensorE as one fp8 double-row
+ * instruction (nt_isa_nc_matmul_dr, trn2): both full, fp8 operands, a
+ * target whose fp8 rate is twice bf16's.  The values are those of two
+ * instructions in K order, so the bits do not change. */
+static bool dr_pair(const mm *p, int64_t kt)
+{
+    return p->dr && (kt + 2) * TK <= p->a->K;
+}
+
+/* a [np, 2, n] pattern: x and the same rows `step` elements further */
+static nt_ap dr_ap(nt_ap x, int64_t step)
+{
+    x.ndim = 2;
+    x.num[1] = x.num[0], x.step[1] = x.step[0];
+    x.num[0] = 2, x.step[0] = step;
+    return x;
 }
 
 /* panel slot of K-tile kt */
@@ -606,7 +626,13 @@ static int run_stream(mm *p)
                 int64_t kw = min64(TK, a->K - kt * TK);
                 nt_ap st = sl(p->panel, (int)kw, so + kt * TM, mw);
                 nt_ap mv = sl(p->bres, (int)kw, kt * a->N + n0, nw);
-                rc = nt_isa_nc_matmul(p->k, &dst, &st, &mv, kt > 0);
+                if (dr_pair(p, kt)) { /* K-tiles kt, kt + 1: TM and N apart */
+                    nt_ap st2 = dr_ap(st, TM), mv2 = dr_ap(mv, a->N);
+                    rc = nt_isa_nc_matmul_dr(p->k, &dst, &st2, &mv2, kt > 0);
+                    kt++;
+                } else {
+                    rc = nt_isa_nc_matmul(p->k, &dst, &st, &mv, kt > 0);
+                }
             }
             if (rc)
                 break;
@@ -675,14 +701,29 @@ static int run(mm *p)
                 }
                 nt_ap bdst = sl(p->bring, (int)kw, bo, nw);
                 int64_t so = slot_off(p, kt);
-                for (int bm = 0; bm < mt; bm++) {
+                /* fp8 on trn2: K-tiles kt (even) and kt + 1, whose panel
+                 * (row-major A: prepared one ahead) and B are both in
+                 * SBUF by now, as one double-row instruction; the odd
+                 * K-tile's turn then only loads */
+                int64_t sstep = kt + 1 < p->nk ? slot_off(p, kt + 1) - so : 0;
+                bool pair = kt % 2 == 0 && !a->a_trans && dr_pair(p, kt) && sstep > 0 &&
+                            bo_next > bo;
+                bool second = kt % 2 == 1 && !a->a_trans && dr_pair(p, kt - 1) &&
+                              slot_off(p, kt) > slot_off(p, kt - 1) && bo > p->bprev;
+                for (int bm = 0; bm < mt && !second; bm++) {
                     int64_t mw = min64(TM, a->M - (m0 + (int64_t)bm * TM));
                     nt_ap dst = sl(p->acc[bm], (int)mw, 0, nw);
                     nt_ap st = sl(p->panel, (int)kw, so + (int64_t)bm * TM, mw);
-                    rc = nt_isa_nc_matmul(p->k, &dst, &st, &bdst, kt > 0);
+                    if (pair) {
+                        nt_ap st2 = dr_ap(st, sstep), mv2 = dr_ap(bdst, bo_next - bo);
+                        rc = nt_isa_nc_matmul_dr(p->k, &dst, &st2, &mv2, kt > 0);
+                    } else {
+                        rc = nt_isa_nc_matmul(p->k, &dst, &st, &bdst, kt > 0);
+                    }
                     if (rc)
                         return rc;
                 }
+                p->bprev = bo;
                 bo = bo_next;
             }
             if (p->c32) {
@@ -834,7 +875,8 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
         return nt__sim_fail(k, I, "row strides lda=%lld ldb=%lld ldc=%lld (rule: at most 2^48)",
                             (long long)a->lda, (long long)a->ldb, (long long)a->ldc);
     if (!nt__dtype_is_float(a->in_dtype) || !nt__dtype_is_float(a->out_dtype))
-        return nt__sim_fail(k, I, "dtypes in=%d out=%d (rule: f32, bf16 or f16)",
+        return nt__sim_fail(k, I, "dtypes in=%d out=%d (rule: f32, bf16, f16, e4m3 or e5m2 in, "
+                            "f32, bf16 or f16 out)",
                             (int)a->in_dtype, (int)a->out_dtype);
     if (a->M == 0 || a->N == 0)
         return 0;
@@ -856,6 +898,7 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
     p.a = a;
     p.esz = (int64_t)nt__dtype_size(a->in_dtype);
     p.csz = (int64_t)nt__dtype_size(a->out_dtype);
+    p.dr = nt__dtype_is_fp8(a->in_dtype) && nt__sim.cfg.tensor_rate[NT_SIM_MM_FP8] >= 2.0;
     p.nm = (a->M + TM - 1) / TM;
     p.nk = (a->K + TK - 1) / TK;
     p.nn = (a->N + TN - 1) / TN;

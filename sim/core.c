@@ -801,8 +801,9 @@ nt_tile *nt_tile_alloc(nt_sim_kernel *k, const char *name, nt_mem mem, nt_dtype 
         return NULL;
     }
     if ((unsigned)dt >= NT_DTYPE_COUNT || !nt__dtype_on_device(dt)) {
-        nt__sim_fail(k, I, "tile '%s': bad dtype %s (%d) (rule: f32, bf16, f16, i32 or u8: "
-                     "the engines have no f64, i64 or bool datapath)", name, dt_name(dt), (int)dt);
+        nt__sim_fail(k, I, "tile '%s': bad dtype %s (%d) (rule: f32, bf16, f16, e4m3, e5m2, "
+                     "i32 or u8: the engines have no f64, i64 or bool datapath)", name,
+                     dt_name(dt), (int)dt);
         return NULL;
     }
     if (partitions < 1 || partitions > NT_SIM_PARTITIONS) {

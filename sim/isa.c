@@ -1997,22 +1997,22 @@ static int mm_format(nt_dtype dt)
     case NT_F32: return NT_SIM_MM_F32;
     case NT_BF16:
     case NT_F16: return NT_SIM_MM_BF16;
+    case NT_E4M3:
+    case NT_E5M2: return NT_SIM_MM_FP8;
     default: return -1;
     }
 }
 
-int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st_, const nt_ap *mv,
-                     bool accumulate)
+/* nc_matmul's operand rules (after check_ap): the formats, the shapes;
+ * the product's M and N */
+static int mm_check(nt_sim_kernel *k, const char *I, const nt_ap *dst, const nt_ap *st_,
+                    const nt_ap *mv, int64_t *Mp, int64_t *Np)
 {
-    const char *I = isa_kinds[K_NC_MATMUL].name;
-    PROLOGUE(k);
-    TRY(check_ap(k, I, "dst", dst, M_PSUM, NT_ENGINE_TENSOR));
-    TRY(check_ap(k, I, "stationary", st_, M_SBUF, NT_ENGINE_TENSOR));
-    TRY(check_ap(k, I, "moving", mv, M_SBUF, NT_ENGINE_TENSOR));
     int fmt = mm_format(st_->dtype);
     if (st_->dtype != mv->dtype || fmt < 0)
         return nt__sim_fail(k, I,
-                            "stationary is %s, moving %s (rule: both f32, both bf16 or both f16)",
+                            "stationary is %s, moving %s (rule: both f32, both bf16, both f16, "
+                            "both e4m3 or both e5m2)",
                             dtn(st_->dtype), dtn(mv->dtype));
     if (dst->dtype != NT_F32)
         return nt__sim_fail(k, I, "dst is %s (rule: matmul writes f32 to PSUM)", dtn(dst->dtype));
@@ -2038,12 +2038,20 @@ int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st_, const
     if (!contiguous_row(dst))
         return nt__sim_fail(k, I, "dst free dims are strided (rule: matmul writes contiguous "
                                   "PSUM rows)");
+    *Mp = M, *Np = N;
+    return 0;
+}
 
-    /* the target's rate for the operand format (nt_sim_config.tensor_rate):
-     * below one MAC per processing element per cycle (f32, a quarter) the
-     * moving data streams in several passes; above it (fp8 on v3) each
-     * element takes more K rows in the same time, so an instruction costs
-     * what a bf16 one does and the peak (tensor_peak_flops) doubles */
+/* The instruction's timing entry: K contraction rows of M x N in format
+ * fmt.  The target's rate for the operand format (nt_sim_config.tensor_rate):
+ * below one MAC per processing element per cycle (f32, a quarter) the
+ * moving data streams in several passes; above it (fp8 on v3) each element
+ * takes more K rows in the same time (the double-row mode,
+ * nt_isa_nc_matmul_dr), so an instruction costs what a bf16 one does and
+ * the peak (tensor_peak_flops) doubles. */
+static int mm_issue(nt_sim_kernel *k, const char *I, int fmt, int K, int64_t M, int64_t N,
+                    const nt_ap *dst, const nt_ap *st_, const nt_ap *mv, bool accumulate)
+{
     const nt_sim_config *c = &nt__sim.cfg;
     double rate = c->tensor_rate[fmt];
     double cyc = (double)(M < 64 ? M : 64);
@@ -2058,14 +2066,17 @@ int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st_, const
     in.acc[in.nacc++] = (nt__sim_acc){"dst", dst, true, accumulate};
     in.acc[in.nacc++] = (nt__sim_acc){"stationary", st_, false, false};
     in.acc[in.nacc++] = (nt__sim_acc){"moving", mv, false, false};
-    TRY(issue(k, &in));
-    if (!k->functional)
-        return 0;
-    nt__sim_fx_flush(k);
+    return issue(k, &in);
+}
 
+/* The functional step: dst (+)= st^T . mv, K = st's partitions. */
+static void mm_values(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st_, const nt_ap *mv,
+                      int64_t M, int64_t N, bool accumulate)
+{
+    nt__sim_fx_flush(k);
     /* operands as f32 matrices: SBUF itself when already f32 and contiguous,
      * else widened exactly into scratch */
-    gemm_arg g = {.M = (int)M, .N = (int)N, .K = K, .acc = accumulate,
+    gemm_arg g = {.M = (int)M, .N = (int)N, .K = st_->np, .acc = accumulate,
                   .bf16 = st_->dtype == NT_BF16};
     g.S = as_matrix(st_, scr(k)[0], &g.lds);
     g.B = as_matrix(mv, scr(k)[1], &g.ldb);
@@ -2075,6 +2086,63 @@ int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st_, const
     double t0 = nt__sim_now_ns();
     gemm_cols(&g, 0, (int)N, NULL);
     k->gemm_ns += nt__sim_now_ns() - t0;
+}
+
+int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st_, const nt_ap *mv,
+                     bool accumulate)
+{
+    const char *I = isa_kinds[K_NC_MATMUL].name;
+    PROLOGUE(k);
+    TRY(check_ap(k, I, "dst", dst, M_PSUM, NT_ENGINE_TENSOR));
+    TRY(check_ap(k, I, "stationary", st_, M_SBUF, NT_ENGINE_TENSOR));
+    TRY(check_ap(k, I, "moving", mv, M_SBUF, NT_ENGINE_TENSOR));
+    int64_t M, N;
+    TRY(mm_check(k, I, dst, st_, mv, &M, &N));
+    TRY(mm_issue(k, I, mm_format(st_->dtype), st_->np, M, N, dst, st_, mv, accumulate));
+    if (k->functional)
+        mm_values(k, dst, st_, mv, M, N, accumulate);
+    return 0;
+}
+
+/* row r (0 or 1) of a double-row operand [K, 2, F]: [K, F] */
+static nt_ap dr_half(const nt_ap *ap, int r)
+{
+    nt_ap h = *ap;
+    h.ndim = ap->ndim - 1;
+    for (int i = 0; i < h.ndim; i++)
+        h.num[i] = ap->num[i + 1], h.step[i] = ap->step[i + 1];
+    h.offset = ap->offset + r * ap->step[0];
+    return h;
+}
+
+int nt_isa_nc_matmul_dr(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *st_, const nt_ap *mv,
+                        bool accumulate)
+{
+    const char *I = isa_kinds[K_NC_MATMUL].name;
+    PROLOGUE(k);
+    TRY(check_ap(k, I, "dst", dst, M_PSUM, NT_ENGINE_TENSOR));
+    TRY(check_ap(k, I, "stationary", st_, M_SBUF, NT_ENGINE_TENSOR));
+    TRY(check_ap(k, I, "moving", mv, M_SBUF, NT_ENGINE_TENSOR));
+    if (st_->ndim < 2 || st_->num[0] != 2 || mv->ndim < 2 || mv->num[0] != 2)
+        return nt__sim_fail(k, I, "double-row operands of %d and %d free dims (rule: stationary "
+                            "[K, 2, M] and moving [K, 2, N])", st_->ndim, mv->ndim);
+    if (!nt__dtype_is_fp8(st_->dtype))
+        return nt__sim_fail(k, I, "double-row operands are %s (rule: the double-row mode "
+                            "multiplies e4m3 or e5m2)", dtn(st_->dtype));
+    if (nt__sim.cfg.tensor_rate[NT_SIM_MM_FP8] < 2.0)
+        return nt__sim_fail(k, I, "the double-row mode on %s (rule: NeuronCore-v3's, "
+                            "NT_SIM_TARGET=trn2)", nt__sim.cfg.name);
+    nt_ap s0 = dr_half(st_, 0), s1 = dr_half(st_, 1), m0 = dr_half(mv, 0), m1 = dr_half(mv, 1);
+    int64_t M, N;
+    TRY(mm_check(k, I, dst, &s0, &m0, &M, &N));
+    TRY(mm_check(k, I, dst, &s1, &m1, &M, &N));
+    TRY(mm_issue(k, I, NT_SIM_MM_FP8, 2 * st_->np, M, N, dst, st_, mv, accumulate));
+    /* the two row groups in order, each accumulated as nc_matmul does: the
+     * bits of two nc_matmul instructions (the CPU's K-tile recurrence) */
+    if (k->functional) {
+        mm_values(k, dst, &s0, &m0, M, N, accumulate);
+        mm_values(k, dst, &s1, &m1, M, N, true);
+    }
     return 0;
 }
 
@@ -2516,7 +2584,10 @@ int nt_isa_tensor_copy_sr(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *src, 
     if (!index)
         return nt__sim_fail(k, I, "index is missing");
     TRY(check_dst_src(k, I, dst, src, e));
-    bool sr = src->dtype == NT_F32 && (dst->dtype == NT_BF16 || dst->dtype == NT_F16);
+    /* f32 -> bf16/f16, and f32/bf16/f16 -> fp8 (nt_cast_sr's pairs) */
+    bool half_src = src->dtype == NT_BF16 || src->dtype == NT_F16;
+    bool sr = (src->dtype == NT_F32 && (dst->dtype == NT_BF16 || dst->dtype == NT_F16)) ||
+              ((src->dtype == NT_F32 || half_src) && nt__dtype_is_fp8(dst->dtype));
     if (!sr)
         return nt_isa_tensor_copy(k, dst, src, engine);
     int64_t N = nt__sim_free_count(dst);

@@ -725,7 +725,7 @@ static int run_mk_extra(int v)
     case 6: return T(nt_arange(NT_F32, 0, 10, -1));
     case 7: return T(nt_arange(NT_F32, 10, 0, 1));
     case 8: return T(nt_arange(NT_F32, 0, 1e300, 1e-300));
-    case 9: return T(nt_arange((nt_dtype)9, 0, 10, 1));
+    case 9: return T(nt_arange(NT_DTYPE_COUNT, 0, 10, 1));
     case 10: return T(nt_arange(NT_F32, -1e308, 1e308, 1));
     case 11: return T(nt_arange(NT_F32, 0, 10, NAN));
     }
@@ -1236,7 +1236,7 @@ static const edit EDITS[] = {
     {"header reserved 31", "reserved", 0, 31, 'b', 1, true},
     {"4 bytes after the header CRC", "reserved", 0, -4, 'b', 1, true},
     {"bad magic", "magic", 0, 0, 'b', 'X', false},
-    {"version 3", "version", 0, 8, 'l', 3, false},
+    {"version 4", "version", 0, 8, 'l', 4, false},
     {"size field", "bytes", 0, 16, 'q', 12345, false},
     {"header CRC", "checksum", 0, 40, 'b', 0x55, false},
     {"record count huge", "record table", 0, 12, 'l', 0x7fffffff, false},
@@ -1508,7 +1508,7 @@ static int run_sim_misc(int v)
     switch (v) {
     case 0: t = nt_tile_alloc(k, "t", NT_MEM_HBM, NT_F32, 1, 1); break;
     case 1: t = nt_tile_alloc(k, "t", (nt_mem)9, NT_F32, 1, 1); break;
-    case 2: t = nt_tile_alloc(k, "t", NT_MEM_SBUF, (nt_dtype)9, 1, 1); break;
+    case 2: t = nt_tile_alloc(k, "t", NT_MEM_SBUF, NT_DTYPE_COUNT, 1, 1); break;
     case 3: t = nt_tile_alloc(k, "t", NT_MEM_SBUF, NT_F32, 0, 1); break;
     case 4: t = nt_tile_alloc(k, "t", NT_MEM_SBUF, NT_F32, 129, 1); break;
     case 5: t = nt_tile_alloc(k, "t", NT_MEM_SBUF, NT_F32, 1, 0); break;

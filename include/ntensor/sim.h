@@ -394,12 +394,22 @@ NT_API int nt_isa_dma_gather(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *sr
                              const nt_ap *idx, int queue);
 
 /** TensorE: dst[M, N] (+)= stationary[K, M]^T . moving[K, N].
- *  stationary and moving in SBUF, same dtype (f32, bf16 or f16), K <= 128
+ *  stationary and moving in SBUF, same dtype (f32, bf16, f16, e4m3 or
+ *  e5m2), K <= 128
  *  partitions, M <= 128, N <= 512; dst an f32 PSUM pattern of M partitions
  *  and N contiguous elements inside one bank.  accumulate=false overwrites.
  *  Products accumulate in f32 exactly as the CPU backend's K-tile. */
 NT_API int nt_isa_nc_matmul(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *stationary,
                             const nt_ap *moving, bool accumulate);
+/** TensorE's fp8 double-row mode (NeuronCore-v3, NT_SIM_TARGET=trn2):
+ *  stationary [K, 2, M] and moving [K, 2, N], both e4m3 or both e5m2, a
+ *  2K-deep contraction in one instruction at a bf16 instruction's cost
+ *  (twice the fp8 rate of nc_matmul).  Its values are those of two
+ *  nc_matmul instructions, row group 0 (accumulate as given) then row
+ *  group 1 (accumulating): the CPU backend's K-tile recurrence.  Other
+ *  rules as nc_matmul; on trn1 it is a rule error. */
+NT_API int nt_isa_nc_matmul_dr(nt_sim_kernel *k, const nt_ap *dst, const nt_ap *stationary,
+                               const nt_ap *moving, bool accumulate);
 
 /** TensorE: dst[F, P] = src[P, F]^T with P, F <= 128; src in SBUF, dst in
  *  one PSUM bank with src's dtype or f32. */

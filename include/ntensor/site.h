@@ -101,6 +101,8 @@ NT_API nt_tensor *nt_matmul_at(const nt_site *site, nt_tensor *a, nt_tensor *b);
 NT_API nt_tensor *nt_linear_at(const nt_site *site, nt_tensor *x, nt_tensor *w, nt_tensor *b);
 NT_API nt_tensor *nt_einsum_at(const nt_site *site, const char *equation, int n,
                                nt_tensor *const *operands);
+NT_API nt_tensor *nt_matmul_fp8_at(const nt_site *site, nt_tensor *a, nt_tensor *b,
+                                   nt_tensor *scale_a, nt_tensor *scale_b, nt_dtype out_dtype);
 NT_API nt_tensor *nt_sum_at(const nt_site *site, nt_tensor *t, int dim, bool keepdim);
 NT_API nt_tensor *nt_mean_at(const nt_site *site, nt_tensor *t, int dim, bool keepdim);
 NT_API nt_tensor *nt_max_at(const nt_site *site, nt_tensor *t, int dim, bool keepdim);
@@ -408,6 +410,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(nt_tensor *, nt_matmul, (nt_tensor *a, nt_tensor *b), (const nt_site *site, nt_tensor *a, nt_tensor *b), 2) \
     X(nt_tensor *, nt_linear, (nt_tensor *x, nt_tensor *w, nt_tensor *b), (const nt_site *site, nt_tensor *x, nt_tensor *w, nt_tensor *b), 3) \
     X(nt_tensor *, nt_einsum, (const char *equation, int n, nt_tensor *const *operands), (const nt_site *site, const char *equation, int n, nt_tensor *const *operands), 3) \
+    X(nt_tensor *, nt_matmul_fp8, (nt_tensor *a, nt_tensor *b, nt_tensor *scale_a, nt_tensor *scale_b, nt_dtype out_dtype), (const nt_site *site, nt_tensor *a, nt_tensor *b, nt_tensor *scale_a, nt_tensor *scale_b, nt_dtype out_dtype), 5) \
     X(nt_tensor *, nt_sum, (nt_tensor *t, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, int dim, bool keepdim), 3) \
     X(nt_tensor *, nt_mean, (nt_tensor *t, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, int dim, bool keepdim), 3) \
     X(nt_tensor *, nt_max, (nt_tensor *t, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, int dim, bool keepdim), 3) \
@@ -615,6 +618,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_matmul(...) nt_matmul_at(NT_HERE, __VA_ARGS__)
 #define nt_linear(...) nt_linear_at(NT_HERE, __VA_ARGS__)
 #define nt_einsum(...) nt_einsum_at(NT_HERE, __VA_ARGS__)
+#define nt_matmul_fp8(...) nt_matmul_fp8_at(NT_HERE, __VA_ARGS__)
 #define nt_sum(...) nt_sum_at(NT_HERE, __VA_ARGS__)
 #define nt_mean(...) nt_mean_at(NT_HERE, __VA_ARGS__)
 #define nt_max(...) nt_max_at(NT_HERE, __VA_ARGS__)

@@ -36,11 +36,30 @@ MAGIC_OLD = 0x0FD0FD0F  # freed by the nt_shutdown before the running runtime
 SEQ_MASK = (1 << 48) - 1
 OP_CUSTOM_BASE = 1024
 REC_TYPES = {0: "op", 1: "wait", 2: "host"}
-# name, element size, struct format (bf16 is converted by hand)
+# name, element size, struct format (bf16 and fp8 are converted by hand)
 DTYPES = {0: ("f32", 4, "<f"), 1: ("bf16", 2, "<H"), 2: ("f16", 2, "<e"),
           3: ("i32", 4, "<i"), 4: ("u8", 1, "<B"), 5: ("f64", 8, "<d"),
-          6: ("i64", 8, "<q"), 7: ("bool", 1, "<B")}
-FLOAT_DTYPES = (0, 1, 2, 5)
+          6: ("i64", 8, "<q"), 7: ("bool", 1, "<B"), 8: ("e4m3", 1, "<B"),
+          9: ("e5m2", 1, "<B")}
+FLOAT_DTYPES = (0, 1, 2, 5, 8, 9)
+
+
+def decode_e4m3(c):
+    """OCP e4m3 (core/dtype.h): bias 7, no infinities, S.1111.111 is NaN."""
+    s = -1.0 if c & 0x80 else 1.0
+    e, m = (c >> 3) & 0xF, c & 7
+    if c & 0x7F == 0x7F:
+        return float("nan")
+    if e == 0:
+        return s * m * 2.0 ** -9
+    return s * (1 + m / 8.0) * 2.0 ** (e - 7)
+
+
+def decode_e5m2(c):
+    """OCP e5m2: the top byte of an f16."""
+    return struct.unpack("<e", struct.pack("<H", c << 8))[0]
+
+
 PRINT_THRESHOLD = 1000   # core/print.c
 PRINT_EDGE = 3
 PRINT_WIDTH = 80
@@ -297,6 +316,10 @@ class Tensor(object):
         v = struct.unpack(fmt, b)[0]
         if self.dtype == 1:  # bf16: the high half of an f32
             v = struct.unpack("<f", struct.pack("<I", v << 16))[0]
+        elif self.dtype == 8:
+            v = decode_e4m3(v)
+        elif self.dtype == 9:
+            v = decode_e5m2(v)
         return float(v)
 
     def format(self):
