@@ -46,8 +46,8 @@
 #define E5M2_MAX 57344.0
 
 /* The dtypes of the forward operands and of the gradients. */
-#define FP8_FWD_DT NT_BF16 /* stand-in until the fp8 dtypes land */
-#define FP8_BWD_DT NT_BF16
+#define FP8_FWD_DT NT_E4M3
+#define FP8_BWD_DT NT_E5M2
 
 typedef struct fp8_dev fp8_dev;
 
@@ -334,25 +334,31 @@ static nt_tensor *slot_scale(fp8_slot *s, int i, nt_tensor *x, bool record)
     return nt_narrow(d->scale, 0, row, 1);
 }
 
-/* x * scale, saturated to +-fmax (NaN stays NaN), rounded to the row's
- * fp8 dtype. */
-static nt_tensor *quant(fp8_slot *s, int i, nt_tensor *x, nt_tensor *scale)
+/* x * scale in f32, saturated to +-fmax of dt (Inf to the max, NaN stays
+ * NaN), rounded to dt (nearest even). */
+static nt_tensor *quant(nt_tensor *x, nt_tensor *scale, nt_dtype dt)
 {
-    bool e5 = i == 2 && s->r->o.format == NT_FP8_HYBRID;
-    double fm = e5 ? E5M2_MAX : E4M3_MAX;
+    double fm = dt == NT_E5M2 ? E5M2_MAX : E4M3_MAX;
     nt_tensor *t = nt_mul(x, scale);
     if (t && t->dtype != NT_F32)
         t = nt_cast(t, NT_F32);
-    t = nt_clamp(t, -fm, fm);
-    return nt_cast(t, e5 ? FP8_BWD_DT : FP8_FWD_DT);
+    return nt_cast(nt_clamp(t, -fm, fm), dt);
 }
 
-/* (qa @ qb) / (sa sb) rounded to odt: the fp8 matmul with its scales. */
+/* (qa . qb) / (sa sb) rounded to odt: the fp8 matmul, its dequantizing
+ * multipliers 1 / sa and 1 / sb (nt_matmul_fp8: acc * round(1/sa * 1/sb)). */
 static nt_tensor *mm(nt_tensor *qa, nt_tensor *qb, nt_tensor *sa, nt_tensor *sb, nt_dtype odt)
 {
-    nt_tensor *y = nt_matmul(qa, qb); /* stand-in until the fp8 matmul lands */
-    y = nt_div(nt_div(nt_cast(y, NT_F32), sa), sb);
-    return y && y->dtype != odt ? nt_cast(y, odt) : y;
+    nt_dtype mdt = odt == NT_F32 || odt == NT_BF16 ? odt : NT_F32;
+    nt_tensor *y = nt_matmul_fp8(qa, qb, nt_reciprocal(sa), nt_reciprocal(sb), mdt);
+    return y && mdt != odt ? nt_cast(y, odt) : y;
+}
+
+/* The dtype slot s rounds row i to in the forward (i 0, 1) or as the
+ * gradient (i 2). */
+static nt_dtype row_dtype(const fp8_slot *s, int i)
+{
+    return i == 2 && s->r->o.format == NT_FP8_HYBRID ? FP8_BWD_DT : FP8_FWD_DT;
 }
 
 static nt_tensor *slot_forward(nt_tensor *const *in, void *ctx)
@@ -365,7 +371,8 @@ static nt_tensor *slot_forward(nt_tensor *const *in, void *ctx)
     nt_tensor *a2 = nt_reshape(a, 2, (int64_t[]){M, K});
     nt_tensor *sa = a2 ? slot_scale(s, 0, a2, tls_record) : NULL;
     nt_tensor *sb = sa ? slot_scale(s, 1, b, tls_record) : NULL;
-    nt_tensor *y = sb ? mm(quant(s, 0, a2, sa), quant(s, 1, b, sb), sa, sb, NT_BF16) : NULL;
+    nt_tensor *y = sb ? mm(quant(a2, sa, FP8_FWD_DT), quant(b, sb, FP8_FWD_DT), sa, sb, NT_BF16)
+                      : NULL;
     if (y) {
         int64_t shape[NT_MAX_DIMS];
         for (int i = 0; i < a->ndim - 1; i++)
@@ -394,8 +401,12 @@ static int slot_backward(nt_tensor *gout, nt_tensor *const *in, nt_tensor *out,
     nt_tensor *sb = sa ? slot_scale(s, 1, b, false) : NULL;
     if (!sb)
         return nt_last_error();
-    nt_tensor *qg = quant(s, 2, g2, sg);
-    nt_tensor *qa = quant(s, 0, a2, sa), *qb = quant(s, 1, b, sb);
+    /* TensorE multiplies two operands of one fp8 format (nc_matmul: both
+     * e4m3 or both e5m2), so the gradient's partners are rounded to the
+     * gradient's format, each with its own scale */
+    nt_dtype gdt = row_dtype(s, 2);
+    nt_tensor *qg = quant(g2, sg, gdt);
+    nt_tensor *qa = quant(a2, sa, gdt), *qb = quant(b, sb, gdt);
     nt_tensor *da = mm(qg, nt_transpose(qb, 0, 1), sg, sb, (nt_dtype)a->dtype);
     nt_tensor *db = mm(nt_transpose(qa, 0, 1), qg, sa, sg, (nt_dtype)b->dtype);
     if (!da || !db)

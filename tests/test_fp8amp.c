@@ -228,7 +228,7 @@ static void test_scale_overflow_keeps(void **state)
  * exactly and sums that f32 holds exactly: y must be the exact product
  * rounded to bf16; with values e4m3 does not hold, x and w are rounded to
  * e4m3 first (the reference rounds them here). */
-static void __attribute__((unused)) test_forward_values(void **state)
+static void test_forward_values(void **state)
 {
     (void)state;
     enum { M = 5, K = 16, N = 3 };
@@ -656,7 +656,7 @@ int main(int argc, char **argv)
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_scale_overflow_keeps, nt_test_setup,
                                         nt_test_teardown),
-        /* test_forward_values: registered with the fp8 dtypes */
+        cmocka_unit_test_setup_teardown(test_forward_values, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, nt_test_setup, nt_test_teardown),
         cmocka_unit_test(test_bitwise_delayed),
         cmocka_unit_test(test_bitwise_current),
