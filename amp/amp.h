@@ -55,6 +55,9 @@ nt_tensor *nt__amp_fp8_matmul(const nt_site *site, nt_tensor *a, nt_tensor *b, b
 bool nt__fp8_recipe_ok(nt_fp8_recipe *r, const char *fn);
 nt_tensor *nt__fp8_pending(nt_fp8_recipe *r, int dev, const char *fn);
 int nt__fp8_apply(nt_fp8_recipe *r, const char *fn);
+/* Folds the amaxes recorded since the last call into each device's step
+ * amax (nt__fp8_pending's values): first thing in an update. */
+int nt__fp8_collect(nt_fp8_recipe *r, const char *fn);
 /* Makes a stream of dev the thread's current one (the current stream if it
  * is on dev, else dev's default); returns the old one to restore. */
 nt_stream *nt__fp8_enter(int dev);

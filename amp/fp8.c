@@ -61,6 +61,14 @@ typedef struct fp8_slot {
 struct fp8_dev {
     int dev;
     nt_tensor *scale, *hist, *pending, *fmax; /* f32 [CAP], [CAP, H], [CAP], [CAP] */
+    nt_tensor *inv;                            /* f32 [CAP]: 1 / scale */
+    /* the amaxes recorded since the last collect: rec[j] (f32 [1], held)
+     * of row rec_row[j], in record order; folded: pending already holds
+     * the max of earlier ones (a long step folded them in) */
+    nt_tensor **rec;
+    int *rec_row;
+    int nrec, caprec;
+    bool folded;
     nt_tensor *zero, *inf, *one;               /* f32 [1] constants */
     nt_tensor *max_e4m3, *max_e5m2;            /* f32 [1] */
     int nslots;
@@ -130,7 +138,11 @@ NT_API nt_fp8_recipe *nt_fp8_recipe_create(const nt_fp8_recipe_opts *opts)
 
 static void dev_free(fp8_dev *d, bool live)
 {
-    nt_tensor *ts[] = {d->scale, d->hist, d->pending, d->fmax, d->zero,
+    for (int j = 0; live && j < d->nrec; j++)
+        nt_release(d->rec[j]);
+    g_free(d->rec);
+    g_free(d->rec_row);
+    nt_tensor *ts[] = {d->scale, d->inv, d->hist, d->pending, d->fmax, d->zero,
                        d->inf, d->one, d->max_e4m3, d->max_e5m2};
     for (size_t i = 0; live && i < sizeof ts / sizeof *ts; i++)
         if (ts[i])
@@ -203,6 +215,7 @@ static fp8_dev *dev_make(nt_fp8_recipe *r, int dev)
     d->scale = persistent(FP8_CAP, 0, 1.0);
     d->hist = persistent(FP8_CAP, r->o.amax_history_len, 0.0);
     d->pending = persistent(FP8_CAP, 0, 0.0);
+    d->inv = persistent(FP8_CAP, 0, 1.0);
     d->fmax = fmax_rows(r->o.format);
     d->zero = persistent(1, 0, 0.0);
     d->inf = persistent(1, 0, INFINITY);
@@ -211,7 +224,7 @@ static fp8_dev *dev_make(nt_fp8_recipe *r, int dev)
     d->max_e5m2 = persistent(1, 0, E5M2_MAX);
     nt_scope_end(sc);
     nt__first_use_end();
-    if (!d->scale || !d->hist || !d->pending || !d->fmax || !d->zero || !d->inf || !d->one ||
+    if (!d->scale || !d->inv || !d->hist || !d->pending || !d->fmax || !d->zero || !d->inf || !d->one ||
         !d->max_e4m3 || !d->max_e5m2) {
         dev_free(d, true);
         return NULL;
@@ -303,35 +316,71 @@ static nt_tensor *scale_from(nt_tensor *fm, nt_tensor *amax, int margin, nt_tens
     return nt_where(nt_gt(sf, d->zero), nt_where(nt_lt(sf, d->inf), sf, keep), keep);
 }
 
-/* amax |x| as f32 [1]. */
+/* amax |x| as f32 [1]: the infinity norm, one reduction (NaN propagates). */
 static nt_tensor *amax1(nt_tensor *x)
 {
-    int dims[NT_MAX_DIMS];
-    for (int i = 0; i < x->ndim; i++)
-        dims[i] = i;
-    nt_tensor *m = nt_amax(nt_abs(x), x->ndim, dims, false);
+    nt_tensor *m = nt_norm(x, INFINITY, NT_DIM_ALL, false);
     if (m && m->dtype != NT_F32)
         m = nt_cast(m, NT_F32);
     return nt_reshape(m, 1, (int64_t[]){1});
 }
 
-/* The scale of x for row i (0: a, 1: b, 2: the gradient) of slot s, as an
- * f32 [1] tensor; delayed scaling with `record` also max-accumulates x's
- * amax into the step's amax. */
-static nt_tensor *slot_scale(fp8_slot *s, int i, nt_tensor *x, bool record)
+static int dev_collect(fp8_dev *d);
+
+/* Keeps amax t (f32 [1]) of row `row` for the next collect (a new reference
+ * taken); folds the records into the step's amax when they grow long (a
+ * program that never calls nt_fp8_recipe_update). */
+static int rec_add(fp8_slot *s, int row, nt_tensor *t)
+{
+    fp8_dev *d = s->d;
+    if (!t)
+        return nt_last_error();
+    int rc = 0;
+    g_mutex_lock(&s->r->lock);
+    if (d->nrec >= 4096)
+        rc = dev_collect(d);
+    if (!rc && d->nrec == d->caprec) {
+        int cap = d->caprec ? 2 * d->caprec : 64;
+        nt_tensor **nr = g_try_renew(nt_tensor *, d->rec, (size_t)cap);
+        if (nr)
+            d->rec = nr;
+        int *nrow = nr ? g_try_renew(int, d->rec_row, (size_t)cap) : NULL;
+        if (nrow) {
+            d->rec_row = nrow;
+            d->caprec = cap;
+        } else {
+            rc = nt__err_hostmem(NULL, "nt_matmul", "the fp8 amax records");
+        }
+    }
+    if (!rc) {
+        d->rec[d->nrec] = nt_retain(t);
+        d->rec_row[d->nrec++] = row;
+    }
+    g_mutex_unlock(&s->r->lock);
+    return rc;
+}
+
+/* The scale of x for row i (0: a, 1: b, 2: the gradient) of slot s and its
+ * reciprocal, as f32 [1] tensors: current scaling computes them from x;
+ * delayed scaling reads the recipe's and, with `record`, keeps x's amax
+ * for the step's amax of the row.  0 or an error. */
+static int slot_scale(fp8_slot *s, int i, nt_tensor *x, bool record, nt_tensor **scale,
+                      nt_tensor **inv)
 {
     fp8_dev *d = s->d;
     int row = 3 * s->k + i;
     bool e5 = i == 2 && s->r->o.format == NT_FP8_HYBRID;
-    if (s->r->o.scaling == NT_FP8_CURRENT)
-        return scale_from(e5 ? d->max_e5m2 : d->max_e4m3, amax1(x), s->r->o.margin, d->one, d);
-    if (record) {
-        nt_tensor *p = nt_narrow(d->pending, 0, row, 1);
-        nt_tensor *m = nt_maximum(p, amax1(x));
-        if (!m || nt_copy_into(p, m))
-            return NULL;
+    if (s->r->o.scaling == NT_FP8_CURRENT) {
+        *scale = scale_from(e5 ? d->max_e5m2 : d->max_e4m3, amax1(x), s->r->o.margin, d->one, d);
+        *inv = nt_reciprocal(*scale);
+    } else {
+        int rc = record ? rec_add(s, row, amax1(x)) : 0;
+        if (rc)
+            return rc;
+        *scale = nt_narrow(d->scale, 0, row, 1);
+        *inv = nt_narrow(d->inv, 0, row, 1);
     }
-    return nt_narrow(d->scale, 0, row, 1);
+    return *scale && *inv ? 0 : nt_last_error();
 }
 
 /* x * scale in f32, saturated to +-fmax of dt (Inf to the max, NaN stays
@@ -345,12 +394,12 @@ static nt_tensor *quant(nt_tensor *x, nt_tensor *scale, nt_dtype dt)
     return nt_cast(nt_clamp(t, -fm, fm), dt);
 }
 
-/* (qa . qb) / (sa sb) rounded to odt: the fp8 matmul, its dequantizing
- * multipliers 1 / sa and 1 / sb (nt_matmul_fp8: acc * round(1/sa * 1/sb)). */
-static nt_tensor *mm(nt_tensor *qa, nt_tensor *qb, nt_tensor *sa, nt_tensor *sb, nt_dtype odt)
+/* (qa . qb) / (sa sb) rounded to odt: the fp8 matmul with its dequantizing
+ * multipliers ia = 1 / sa, ib = 1 / sb (nt_matmul_fp8: acc * round(ia ib)). */
+static nt_tensor *mm(nt_tensor *qa, nt_tensor *qb, nt_tensor *ia, nt_tensor *ib, nt_dtype odt)
 {
     nt_dtype mdt = odt == NT_F32 || odt == NT_BF16 ? odt : NT_F32;
-    nt_tensor *y = nt_matmul_fp8(qa, qb, nt_reciprocal(sa), nt_reciprocal(sb), mdt);
+    nt_tensor *y = nt_matmul_fp8(qa, qb, ia, ib, mdt);
     return y && mdt != odt ? nt_cast(y, odt) : y;
 }
 
@@ -369,10 +418,10 @@ static nt_tensor *slot_forward(nt_tensor *const *in, void *ctx)
     nt_scope *sc = nt_scope_begin();
     nt__amp_suspend();
     nt_tensor *a2 = nt_reshape(a, 2, (int64_t[]){M, K});
-    nt_tensor *sa = a2 ? slot_scale(s, 0, a2, tls_record) : NULL;
-    nt_tensor *sb = sa ? slot_scale(s, 1, b, tls_record) : NULL;
-    nt_tensor *y = sb ? mm(quant(a2, sa, FP8_FWD_DT), quant(b, sb, FP8_FWD_DT), sa, sb, NT_BF16)
-                      : NULL;
+    nt_tensor *sa, *sb, *ia, *ib, *y = NULL;
+    if (a2 && !slot_scale(s, 0, a2, tls_record, &sa, &ia) &&
+        !slot_scale(s, 1, b, tls_record, &sb, &ib))
+        y = mm(quant(a2, sa, FP8_FWD_DT), quant(b, sb, FP8_FWD_DT), ia, ib, NT_BF16);
     if (y) {
         int64_t shape[NT_MAX_DIMS];
         for (int i = 0; i < a->ndim - 1; i++)
@@ -396,10 +445,9 @@ static int slot_backward(nt_tensor *gout, nt_tensor *const *in, nt_tensor *out,
     int64_t K = b->shape[0], N = b->shape[1], M = nt_numel(a) / K;
     nt_tensor *a2 = nt_reshape(a, 2, (int64_t[]){M, K});
     nt_tensor *g2 = nt_reshape(gout, 2, (int64_t[]){M, N});
-    nt_tensor *sg = g2 ? slot_scale(s, 2, g2, true) : NULL;
-    nt_tensor *sa = a2 && sg ? slot_scale(s, 0, a2, false) : NULL;
-    nt_tensor *sb = sa ? slot_scale(s, 1, b, false) : NULL;
-    if (!sb)
+    nt_tensor *sg, *sa, *sb, *ig, *ia, *ib;
+    if (!a2 || !g2 || slot_scale(s, 2, g2, true, &sg, &ig) ||
+        slot_scale(s, 0, a2, false, &sa, &ia) || slot_scale(s, 1, b, false, &sb, &ib))
         return nt_last_error();
     /* TensorE multiplies two operands of one fp8 format (nc_matmul: both
      * e4m3 or both e5m2), so the gradient's partners are rounded to the
@@ -407,8 +455,8 @@ static int slot_backward(nt_tensor *gout, nt_tensor *const *in, nt_tensor *out,
     nt_dtype gdt = row_dtype(s, 2);
     nt_tensor *qg = quant(g2, sg, gdt);
     nt_tensor *qa = quant(a2, sa, gdt), *qb = quant(b, sb, gdt);
-    nt_tensor *da = mm(qg, nt_transpose(qb, 0, 1), sg, sb, (nt_dtype)a->dtype);
-    nt_tensor *db = mm(nt_transpose(qa, 0, 1), qg, sa, sg, (nt_dtype)b->dtype);
+    nt_tensor *da = mm(qg, nt_transpose(qb, 0, 1), ig, ib, (nt_dtype)a->dtype);
+    nt_tensor *db = mm(nt_transpose(qa, 0, 1), qg, ia, ig, (nt_dtype)b->dtype);
     if (!da || !db)
         return nt_last_error();
     gin[0] = nt_reshape(da, a->ndim, a->shape);
@@ -444,6 +492,75 @@ nt_tensor *nt__fp8_pending(nt_fp8_recipe *r, int dev, const char *fn)
     return nt_narrow(d->pending, 0, 0, 3 * (int64_t)d->nslots);
 }
 
+/* The step's amax of every row from the records (called with the recipe's
+ * lock held, on any stream: it enters d's device): records sorted by row
+ * (stable), one cat; when every row has m records, one max over [n, m];
+ * else a max per row (rows without a record: 0).  Joined with what pending
+ * holds when earlier records were folded in; written to pending. */
+static int dev_collect(fp8_dev *d)
+{
+    int n = 3 * d->nslots, nrec = d->nrec;
+    if (!nrec)
+        return 0;
+    int *cnt = g_try_new0(int, (size_t)n + 1);
+    nt_tensor **ord = g_try_new(nt_tensor *, (size_t)nrec);
+    if (!cnt || !ord) {
+        g_free(cnt);
+        g_free(ord);
+        return nt__err_hostmem(NULL, "nt_fp8_recipe_update", "the amax records");
+    }
+    for (int j = 0; j < nrec; j++)
+        cnt[d->rec_row[j] + 1]++;
+    bool uniform = true;
+    for (int r = 1; r < n; r++)
+        uniform &= cnt[r + 1] == cnt[1];
+    for (int r = 0; r < n; r++) /* cnt[r]: the first place of row r */
+        cnt[r + 1] += cnt[r];
+    for (int j = 0; j < nrec; j++)
+        ord[cnt[d->rec_row[j]]++] = d->rec[j];
+    nt_stream *old = nt__fp8_enter(d->dev);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *all = nt_cat(ord, nrec, 0), *v = NULL;
+    int m = nrec / n;
+    if (all && uniform)
+        v = m > 1 ? nt_amax(nt_reshape(all, 2, (int64_t[]){n, m}), 1, (int[]){1}, false) : all;
+    else if (all) {
+        /* cnt[r] is now the end of row r */
+        nt_tensor **rows = g_try_new(nt_tensor *, (size_t)n);
+        for (int r = 0, at = 0; rows && r < n; at = cnt[r++])
+            rows[r] = cnt[r] > at ? nt_amax(nt_narrow(all, 0, at, cnt[r] - at), 1, (int[]){0}, true)
+                                  : d->zero;
+        v = rows ? nt_cat(rows, n, 0) : NULL;
+        g_free(rows);
+    }
+    nt_tensor *p = nt_narrow(d->pending, 0, 0, n);
+    if (v && d->folded)
+        v = nt_maximum(v, p);
+    int rc = v && p && !nt_copy_into(p, v) ? 0 : (nt_last_error() ? nt_last_error() : NT_EINVAL);
+    nt_scope_end(sc);
+    nt_stream_set_current(old);
+    g_free(cnt);
+    g_free(ord);
+    for (int j = 0; j < nrec; j++)
+        nt_release(d->rec[j]);
+    d->nrec = 0;
+    d->folded = !rc;
+    return rc;
+}
+
+int nt__fp8_collect(nt_fp8_recipe *r, const char *fn)
+{
+    int rc = 0;
+    g_mutex_lock(&r->lock);
+    for (int i = 0; i < FP8_MAX_DEVS && !rc; i++)
+        if (r->devs[i])
+            rc = dev_collect(r->devs[i]);
+    g_mutex_unlock(&r->lock);
+    if (rc)
+        nt__err_within(fn);
+    return rc;
+}
+
 /* Push the step's amax into d's history, rescale, clear the step's amax. */
 static int dev_apply(nt_fp8_recipe *r, fp8_dev *d)
 {
@@ -461,8 +578,10 @@ static int dev_apply(nt_fp8_recipe *r, fp8_dev *d)
         return nt_last_error();
     nt_tensor *am = nt_amax(h, 1, (int[]){1}, false);
     nt_tensor *sf = am ? scale_from(nt_narrow(d->fmax, 0, 0, n), am, r->o.margin, cur, d) : NULL;
-    if (!sf || nt_copy_into(cur, sf) || nt_fill_inplace(p, 0.0))
+    if (!sf || nt_copy_into(cur, sf) || nt_copy_into(nt_narrow(d->inv, 0, 0, n), nt_reciprocal(sf)) ||
+        nt_fill_inplace(p, 0.0))
         return nt_last_error();
+    d->folded = false;
     return 0;
 }
 
@@ -520,6 +639,8 @@ NT_API nt_tensor *nt_fp8_recipe_state(nt_fp8_recipe *r, int dev, int which)
         nt__err(NULL, NT_ESTATE, fn, "device %d ran no fp8 matmul of this recipe yet", dev);
         return NULL;
     }
+    if (which == 2 && nt__fp8_collect(r, fn))
+        return NULL;
     nt_tensor *t = which == 0 ? d->scale : which == 1 ? d->hist : d->pending;
     return nt_narrow(t, 0, 0, 3 * (int64_t)d->nslots);
 }

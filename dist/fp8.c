@@ -13,6 +13,8 @@ NT_API int nt_fp8_recipe_update(nt_fp8_recipe *r, struct nt_comm *comm)
     const char *fn = "nt_fp8_recipe_update";
     if (!nt__fp8_recipe_ok(r, fn))
         return nt_last_error();
+    if (nt__fp8_collect(r, fn))
+        return nt_last_error();
     if (!comm)
         return nt__fp8_apply(r, fn);
     int n = 0;
