@@ -474,22 +474,26 @@ nt_stream *nt__fp8_enter(int dev)
     return old;
 }
 
-static fp8_dev *dev_of(nt_fp8_recipe *r, int dev)
+/* Device dev's block of r and its slot count then (*n; 0 without a
+ * block), read under the recipe's lock. */
+static fp8_dev *dev_of(nt_fp8_recipe *r, int dev, int *n)
 {
     g_mutex_lock(&r->lock);
     fp8_dev *d = dev >= 0 && dev < FP8_MAX_DEVS ? r->devs[dev] : NULL;
+    *n = d ? d->nslots : 0;
     g_mutex_unlock(&r->lock);
     return d;
 }
 
 nt_tensor *nt__fp8_pending(nt_fp8_recipe *r, int dev, const char *fn)
 {
-    fp8_dev *d = dev_of(r, dev);
-    if (!d || !d->nslots) {
+    int ns;
+    fp8_dev *d = dev_of(r, dev, &ns);
+    if (!d || !ns) {
         nt__err(NULL, NT_ESTATE, fn, "device %d ran no fp8 matmul of this recipe", dev);
         return NULL;
     }
-    return nt_narrow(d->pending, 0, 0, 3 * (int64_t)d->nslots);
+    return nt_narrow(d->pending, 0, 0, 3 * (int64_t)ns);
 }
 
 /* The step's amax of every row from the records (called with the recipe's
@@ -562,9 +566,9 @@ int nt__fp8_collect(nt_fp8_recipe *r, const char *fn)
 }
 
 /* Push the step's amax into d's history, rescale, clear the step's amax. */
-static int dev_apply(nt_fp8_recipe *r, fp8_dev *d)
+static int dev_apply(nt_fp8_recipe *r, fp8_dev *d, int nslots)
 {
-    int64_t n = 3 * (int64_t)d->nslots, H = r->o.amax_history_len;
+    int64_t n = 3 * (int64_t)nslots, H = r->o.amax_history_len;
     nt_tensor *p = nt_narrow(d->pending, 0, 0, n);
     nt_tensor *h = nt_narrow(d->hist, 0, 0, n);
     nt_tensor *cur = nt_narrow(d->scale, 0, 0, n);
@@ -592,11 +596,12 @@ int nt__fp8_apply(nt_fp8_recipe *r, const char *fn)
     int rc = 0;
     nt_scope *sc = nt_scope_begin();
     for (int i = 0; i < FP8_MAX_DEVS && !rc; i++) {
-        fp8_dev *d = dev_of(r, i);
-        if (!d || !d->nslots)
+        int ns;
+        fp8_dev *d = dev_of(r, i, &ns);
+        if (!d || !ns)
             continue;
         nt_stream *old = nt__fp8_enter(d->dev);
-        rc = dev_apply(r, d);
+        rc = dev_apply(r, d, ns);
         nt_stream_set_current(old);
     }
     nt_scope_end(sc);
@@ -615,8 +620,9 @@ NT_API int nt_fp8_recipe_slots(nt_fp8_recipe *r, int dev)
                 nt_device_count() - 1);
         return -1;
     }
-    fp8_dev *d = dev_of(r, dev);
-    return d ? d->nslots : 0;
+    int ns;
+    dev_of(r, dev, &ns);
+    return ns;
 }
 
 NT_API nt_tensor *nt_fp8_recipe_state(nt_fp8_recipe *r, int dev, int which)
@@ -634,13 +640,14 @@ NT_API nt_tensor *nt_fp8_recipe_state(nt_fp8_recipe *r, int dev, int which)
                 "histories) or 2 (the step's amaxes)", which);
         return NULL;
     }
-    fp8_dev *d = dev_of(r, dev);
-    if (!d || !d->nslots) {
+    int ns;
+    fp8_dev *d = dev_of(r, dev, &ns);
+    if (!d || !ns) {
         nt__err(NULL, NT_ESTATE, fn, "device %d ran no fp8 matmul of this recipe yet", dev);
         return NULL;
     }
     if (which == 2 && nt__fp8_collect(r, fn))
         return NULL;
     nt_tensor *t = which == 0 ? d->scale : which == 1 ? d->hist : d->pending;
-    return nt_narrow(t, 0, 0, 3 * (int64_t)d->nslots);
+    return nt_narrow(t, 0, 0, 3 * (int64_t)ns);
 }
