@@ -29,7 +29,9 @@
  * OPENBLAS_CORETYPE=Haswell, AVX2 kernels on AVX-512 CPUs) the bench runs
  * itself again without them, since OpenBLAS reads them when it is loaded;
  * ntensor reads neither.  It prints the core OpenBLAS chose (--openblas:
- * only that, for the meson test peer_env). */
+ * only that, for the meson test peer_env).  --fp8: only the simulated time
+ * and TFLOPS of a 4096^3 product with e4m3 operands (nt_matmul_fp8) next to
+ * bf16's, on trn1 and on trn2. */
 #include <cblas.h>
 #include <errno.h>
 #include <ntensor.h>
@@ -265,6 +267,46 @@ static void run(int64_t n, int reps)
     free(a), free(b), free(c);
 }
 
+/* ---------------- fp8 against bf16 (--fp8) ---------------- */
+
+/* Simulated time of one n^3 product with bf16 operands and with e4m3
+ * operands (nt_matmul_fp8, scales 1), both with a bf16 result, on the
+ * target NT_SIM_TARGET names (read when the simulator starts: the runtime
+ * is restarted per target), in lazy mode (the scaling fuses into the
+ * matmul's epilogue as it does in a training step); TFLOPS = 2 n^3 /
+ * simulated time. */
+static void fp8_target(const char *target, int64_t n)
+{
+    setenv("NT_SIM_TARGET", target, 1);
+    bench_check(nt_init(), "nt_init");
+    bench_check(nt_config_set("NT_BACKEND", "sim"), "NT_BACKEND=sim");
+    bench_check(nt_config_set("NT_MODE", "lazy"), "NT_MODE=lazy");
+    nt_sim_config cfg;
+    nt_sim_config_get(&cfg);
+    int64_t shape[2] = {n, n};
+    nt_tensor *X = nt_randn(NT_F32, 2, shape, 1), *Y = nt_randn(NT_F32, 2, shape, 2);
+    nt_tensor *S = nt_full(NT_F32, 0, NULL, 1.0);
+    nt_tensor *ops[2][2] = {{nt_cast(X, NT_BF16), nt_cast(Y, NT_BF16)},
+                            {nt_cast(X, NT_E4M3), nt_cast(Y, NT_E4M3)}};
+    bench_check(nt_sync(), "operands");
+    double flops = 2.0 * (double)n * (double)n * (double)n, ms[2];
+    for (int f = 0; f < 2; f++) {
+        nt_sim_stats_reset();
+        nt_tensor *C = f ? nt_matmul_fp8(ops[f][0], ops[f][1], S, S, NT_BF16)
+                         : nt_matmul(ops[f][0], ops[f][1]);
+        bench_check(nt_sync(), f ? "nt_matmul_fp8" : "nt_matmul");
+        nt_sim_stats st;
+        nt_sim_stats_get(&st);
+        ms[f] = st.sim_ns * 1e-6;
+        printf("%-5s %lld^3 %-4s: simulated %8.3f ms, %6.1f TFLOPS (peak %6.1f)\n", target,
+               (long long)n, f ? "e4m3" : "bf16", ms[f], flops / (ms[f] * 1e-3) * 1e-12,
+               cfg.tensor_peak_flops[f ? NT_SIM_MM_FP8 : NT_SIM_MM_BF16] * 1e-12);
+        nt_release(C);
+    }
+    printf("%-5s fp8 / bf16 time: %.2f\n", target, ms[1] / ms[0]);
+    nt_shutdown();
+}
+
 /* Runs this program again without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
  * when either is set: OpenBLAS read them when it was loaded, before main. */
 static void openblas_unpinned(char **argv)
@@ -299,9 +341,15 @@ int main(int argc, char **argv)
     /* --openblas: only the line that says which OpenBLAS core runs (a test
      * checks it is the one OpenBLAS picks with nothing pinned) */
     bool only_blas = argc == 2 && !strcmp(argv[1], "--openblas");
-    if (argc > 1 && !only_blas) {
-        fprintf(stderr, "usage: sim_matmul [--openblas]\n");
+    bool fp8 = argc == 2 && !strcmp(argv[1], "--fp8");
+    if (argc > 1 && !only_blas && !fp8) {
+        fprintf(stderr, "usage: sim_matmul [--openblas | --fp8]\n");
         return 1;
+    }
+    if (fp8) { /* --fp8: e4m3 against bf16 on trn1 and trn2 */
+        fp8_target("trn1", 4096);
+        fp8_target("trn2", 4096);
+        return 0;
     }
     openblas_unpinned(argv);
     if (only_blas) {

@@ -114,11 +114,15 @@ NT_API nt_tensor *nt_matmul_fp8_at(const nt_site *site, nt_tensor *a, nt_tensor 
         nt__err_hostmem(site, fn, "a scope");
         return NULL;
     }
-    nt_tensor *y = fp8_product(site, fn, a, b);
-    /* s = round_f32(scale_a * scale_b), 0-d so it broadcasts over any result */
+    /* s = round_f32(scale_a * scale_b), 0-d so it broadcasts over any result;
+     * made before the product, so that the product and its scaling are
+     * neighbours in the queue and fuse (the scaling as the matmul's
+     * epilogue, applied while the accumulator leaves PSUM) */
+    nt_tensor *s = nt_mul_at(site, nt_reshape_at(site, scale_a, 0, NULL),
+                             nt_reshape_at(site, scale_b, 0, NULL));
+    nt_tensor *y = s ? fp8_product(site, fn, a, b) : NULL;
     if (y)
-        y = nt_mul_at(site, y, nt_mul_at(site, nt_reshape_at(site, scale_a, 0, NULL),
-                                         nt_reshape_at(site, scale_b, 0, NULL)));
+        y = nt_mul_at(site, y, s);
     if (y && out_dtype != NT_F32)
         y = nt__copy_to(site, fn, y, out_dtype);
     if (y)

@@ -785,10 +785,12 @@ static int out_shape(const nt_site *site, const char *fn, nt__coll_kind kind,
     /* the tree reduction (dist/tree.c) computes in f32 or i32: an f64
      * reduction would lose bits, so f64 is refused (gathers and broadcasts
      * only move bytes) */
-    if ((kind == NT__COLL_ALL_REDUCE || kind == NT__COLL_REDUCE_SCATTER) && dt == NT_F64)
+    if ((kind == NT__COLL_ALL_REDUCE || kind == NT__COLL_REDUCE_SCATTER) &&
+        (dt == NT_F64 || nt__dtype_is_fp8(dt)))
         return nt__err(site, NT_EDTYPE, fn,
-                       "in[0] is f64, which a reducing collective does not take (it takes "
-                       "f32, bf16, f16, i32 or u8)");
+                       "in[0] is %s, which a reducing collective does not take (it takes "
+                       "f32, bf16, f16, i32 or u8; fp8 is a storage dtype: reduce the f32 "
+                       "values, docs/ops.md section 15)", nt_dtype_name(dt));
     if ((kind == NT__COLL_ALL_REDUCE || kind == NT__COLL_REDUCE_SCATTER) &&
         op == NT_REDUCE_MEAN && !nt__dtype_is_float(dt))
         return nt__err(site, NT_EDTYPE, fn, "NT_REDUCE_MEAN needs a floating dtype; got %s",

@@ -406,10 +406,16 @@ static size_t run_program(int cfg, uint8_t **all)
     assert_int_equal(nt_init(), 0);
     nt_test_cfg(cfg);
     assert_int_equal(nt_config_set("NT_SR_SEED", "4242"), 0);
+    nt_stats_reset();
     nt_scope *sc = nt_scope_begin();
     nt_tensor *o[NPROG];
     fp8_program(o);
     nt_scope_end(sc);
+    assert_int_equal(nt_sync(), 0);
+    nt_stats st;
+    assert_int_equal(nt_stats_get(&st), 0);
+    if (!strcmp(NT_TEST_CFGS[cfg][1], "lazy")) /* the casts ran inside fused kernels */
+        assert_true(st.fused_ops >= 4);
     size_t n = 0;
     *all = NULL;
     for (int i = 0; i < NPROG; i++) {
@@ -626,6 +632,70 @@ static void test_matmul_rate(void **state)
                  b1, f2, b2);
 }
 
+/* nt_isa_nc_matmul_dr's rules: fp8 operands [K, 2, M] / [K, 2, N], NeuronCore-v3 */
+static int dr_case(int v)
+{
+    nt_sim_kernel *k = nt_sim_kernel_begin("fp8_dr");
+    assert_non_null(k);
+    nt_dtype dt = v == 1 ? NT_BF16 : NT_E4M3;
+    nt_tile *st = nt_tile_alloc(k, "st", NT_MEM_SBUF, dt, 128, 2 * 64);
+    nt_tile *mv = nt_tile_alloc(k, "mv", NT_MEM_SBUF, dt, 128, 2 * 32);
+    nt_tile *ps = nt_tile_alloc(k, "ps", NT_MEM_PSUM, NT_F32, 64, 32);
+    assert_true(st && mv && ps);
+    nt_ap a = nt_tile_slice(st, 0, 128, 0, 64), b = nt_tile_slice(mv, 0, 128, 0, 32);
+    nt_ap d = nt_tile_slice(ps, 0, 64, 0, 32);
+    if (v != 2) { /* [128, 2, 64] and [128, 2, 32]: the row groups side by side */
+        a.ndim = b.ndim = 2;
+        a.num[1] = 64, a.step[1] = 1, a.num[0] = 2, a.step[0] = 64;
+        b.num[1] = 32, b.step[1] = 1, b.num[0] = 2, b.step[0] = 32;
+    }
+    int rc = nt_isa_nc_matmul_dr(k, &d, &a, &b, false);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", nt_sim_kernel_message(k));
+    assert_int_equal(nt_sim_kernel_end(k, NULL), rc);
+    if (rc && !strstr(msg, v == 1 ? "e4m3 or e5m2" : v == 2 ? "[K, 2, M]" : "NeuronCore-v3"))
+        fail_msg("case %d: %s", v, msg);
+    return rc;
+}
+
+static void test_matmul_dr_rules(void **state)
+{
+    (void)state;
+    setenv("NT_SIM_TARGET", "trn2", 1);
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+    assert_int_equal(dr_case(0), 0);
+    assert_int_equal(dr_case(1), NT_ESIM);
+    assert_int_equal(dr_case(2), NT_ESIM);
+    setenv("NT_SIM_TARGET", "trn1", 1);
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+    assert_int_equal(dr_case(0), NT_ESIM); /* no double-row mode on v2 */
+    unsetenv("NT_SIM_TARGET");
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+}
+
+/* A cast through fp8 is differentiable as every cast: the gradient flows
+ * straight through to the f32 input, not rounded to fp8 on the way (the
+ * gradient of a cast is the incoming gradient in the input's dtype) */
+static void test_cast_grad(void **state)
+{
+    (void)state;
+    nt_scope *sc = nt_scope_begin();
+    const float v[4] = {1.0f, -3.3f, 500.0f, 1e-3f};
+    int64_t n = 4;
+    nt_tensor *x = nt_test_leaf(v, 1, &n);
+    nt_tensor *y = nt_sum(nt_mul_scalar(nt_cast(nt_cast(x, NT_E4M3), NT_F32), 0.3), 0, false);
+    nt_tensor *g = nt_test_grad1(y, x, false);
+    float h[4];
+    host_f32(g, h, 4);
+    for (int i = 0; i < 4; i++)
+        if (h[i] != 0.3f)
+            fail_msg("grad %d: %a", i, h[i]);
+    nt_scope_end(sc);
+}
+
 /* ---------------- printing and checkpoints ---------------- */
 
 static void test_print_checkpoint(void **state)
@@ -701,6 +771,14 @@ static void test_refused(void **state)
     nt_tensor *m = nt_zeros(NT_E4M3, 2, sh2);
     assert_null(nt_matmul(m, m));
     nt_test_expect_err(nt_last_error(), NT_ENOTSUP, "nt_matmul", "nt_matmul_fp8");
+    /* a reducing collective refuses it (gathers move its bytes) */
+    int dev0 = 0;
+    nt_comm *cm = nt_comm_create(&dev0, 1);
+    assert_non_null(cm);
+    nt_tensor *ro = NULL;
+    nt_test_expect_err(nt_all_reduce(cm, &a, &ro, NT_REDUCE_SUM), NT_EDTYPE, "nt_all_reduce",
+                       "e4m3", "reducing collective");
+    nt_comm_destroy(cm);
     /* views, copies and cats take it */
     uint8_t h[8];
     host_bytes(nt_reshape(nt_transpose(m, 0, 1), 1, &n), h, 4);
@@ -723,6 +801,8 @@ int main(void)
         cmocka_unit_test(test_matmul_errors),
         cmocka_unit_test(test_print_checkpoint),
         cmocka_unit_test(test_matmul_rate),
+        cmocka_unit_test(test_matmul_dr_rules),
+        cmocka_unit_test(test_cast_grad),
     };
     return cmocka_run_group_tests(tests, nt_test_setup, nt_test_teardown);
 }
