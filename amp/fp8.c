@@ -11,21 +11,22 @@
  * replays the scales exactly as the step run op by op.
  *
  * Each slot is a registered user op (autograd/custom.c) whose ctx is the
- * slot: its forward records the amax of a and b (delayed scaling: into the
- * step's amax, max-accumulated, so slots reused by several shards on one
- * device hold the max of all), scales and rounds them to e4m3, runs the
- * fp8 matmul; its backward records the gradient's amax, rounds it to e5m2
- * (hybrid) and runs the two gradient matmuls on the operands rounded
- * again the same way (the scales do not change between a forward and its
- * backward: they change only in nt_fp8_recipe_update, after the step).
- * The state is not an input of the node, so the in-place amax writes never
+ * slot: its forward takes the amax of a and b (delayed scaling: kept in the
+ * device's list of records, one f32 [1] tensor each), scales and rounds
+ * them to e4m3, runs the fp8 matmul; its backward records the gradient's
+ * amax, rounds it to e5m2 (hybrid) and runs the two gradient matmuls on the
+ * operands rounded again (the scales do not change between a forward and
+ * its backward: they change only in nt_fp8_recipe_update, after the step).
+ * The state is not an input of the node, so its in-place updates never
  * trip autograd's saved-tensor version checks.
  *
- * The update (nt__fp8_apply) is six ops per device whatever the number of
- * slots: push (a cat of the step's amax and the history's first H-1
- * columns, copied into the history), max over the window, fp8max / amax,
- * times 2^-margin, two compares and wheres that keep the old scale where
- * the new one is not positive finite, and a fill of the step's amax. */
+ * The update works on every row of a device at once, a dozen small ops
+ * whatever the number of slots: collect (the records sorted by row, one
+ * cat, one max per row over the shards that used it: the step's amax),
+ * push (a cat of the step's amax and the history's first H-1 columns,
+ * copied into the history), max over the window, fp8max / amax, times
+ * 2^-margin, two compares and wheres that keep the old scale where the new
+ * one is not positive finite, 1 / scale, and a fill of the step's amax. */
 #include "amp/amp.h"
 
 #include "autograd/autograd.h"
