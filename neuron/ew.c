@@ -1010,12 +1010,19 @@ static int warm_table(sk_k *s, const plan *L)
 static int plan_alloc(sk_k *s, plan *L, emit_ctx *E, int64_t F, int nbuf)
 {
     /* tile names for the trace: "reg.<dtype>[.row]" (no printf per kernel) */
-    static const char *const full[] = {"reg.f32", "reg.bf16", "reg.f16", "reg.i32", "reg.u8"};
-    static const char *const row[] = {"reg.f32.row", "reg.bf16.row", "reg.f16.row",
-                                      "reg.i32.row", "reg.u8.row"};
+    static const char *const full[NT_DTYPE_COUNT] = {
+        [NT_F32] = "reg.f32", [NT_BF16] = "reg.bf16", [NT_F16] = "reg.f16",
+        [NT_I32] = "reg.i32", [NT_U8] = "reg.u8",     [NT_E4M3] = "reg.e4m3",
+        [NT_E5M2] = "reg.e5m2"};
+    static const char *const row[NT_DTYPE_COUNT] = {
+        [NT_F32] = "reg.f32.row", [NT_BF16] = "reg.bf16.row", [NT_F16] = "reg.f16.row",
+        [NT_I32] = "reg.i32.row", [NT_U8] = "reg.u8.row",     [NT_E4M3] = "reg.e4m3.row",
+        [NT_E5M2] = "reg.e5m2.row"};
     for (int b = 0; b < nbuf; b++)
         for (int r = 0; r < L->R.n; r++) {
-            const char *name = (L->R.red[r] ? row : full)[L->R.dt[r]];
+            const char *name = (L->R.red[r] ? row : full)[L->R.dt[r]]; /* fp8 registers too */
+            if (!name)
+                name = L->R.red[r] ? "reg.row" : "reg";
             L->R.tile[b][r] = sk_tile(s, name, L->R.dt[r], 128, L->R.red[r] ? 1 : F);
         }
     for (int r = 0; r < L->R.n; r++)
