@@ -2,7 +2,9 @@
  *
  * autocast.c  the per-thread region stack and the dispatcher hook
  *             (nt__amp_on_call) that applies the per-op policy;
- * scaler.c    the dynamic loss scaler (nt_grad_scaler).
+ * scaler.c    the dynamic loss scaler (nt_grad_scaler);
+ * fp8.c       fp8 autocast: recipes, scales, amax histories, the fp8
+ *             matmul node (nt_fp8_recipe, nt_fp8_autocast_begin).
  * Stochastic rounding lives in core/dtype.h (the conversions and the random
  * bits, shared by every kernel) and dispatcher/api_ew.c (the flag on a
  * CAST record).  docs/amp.md describes all three. */
@@ -33,6 +35,32 @@ nt_tensor *nt__amp_cast(const nt_site *site, const char *fn, nt_tensor *t, nt_dt
  * NT_ESTATE when the stack is full. */
 int nt__amp_enter(nt_dtype dt);
 void nt__amp_leave(void);
+
+/* fp8 autocast (amp/fp8.c).  nt__amp_push_fp8 opens a region of recipe r
+ * (its ops follow the bf16 policy, matmuls go to r); nt__amp_fp8_region
+ * gives the recipe of the innermost region if it applies to the calling
+ * thread's next op (not suspended, not in a backward) and sets *next to
+ * its counter of fp8 matmuls issued; nt__amp_fp8_top the innermost
+ * region's recipe or NULL. */
+int nt__amp_push_fp8(nt_fp8_recipe *r);
+nt_fp8_recipe *nt__amp_fp8_region(int **next);
+nt_fp8_recipe *nt__amp_fp8_top(void);
+/* nt__dhooks.amp_fp8_matmul: under an fp8 region, runs nt_matmul(a, b) as
+ * an fp8 matmul and sets *handled; else leaves *handled false. */
+nt_tensor *nt__amp_fp8_matmul(const nt_site *site, nt_tensor *a, nt_tensor *b, bool *handled);
+/* For dist/ (nt_fp8_recipe_update): checks r (NT_EINVAL naming fn); the
+ * step's amaxes of r on device dev as a new view [3 * slots] (NULL with
+ * NT_ESTATE naming fn when dev has no slot); the push and rescale of every
+ * device's state (queued ops). */
+bool nt__fp8_recipe_ok(nt_fp8_recipe *r, const char *fn);
+nt_tensor *nt__fp8_pending(nt_fp8_recipe *r, int dev, const char *fn);
+int nt__fp8_apply(nt_fp8_recipe *r, const char *fn);
+/* Folds the amaxes recorded since the last call into each device's step
+ * amax (nt__fp8_pending's values): first thing in an update. */
+int nt__fp8_collect(nt_fp8_recipe *r, const char *fn);
+/* Makes a stream of dev the thread's current one (the current stream if it
+ * is on dev, else dev's default); returns the old one to restore. */
+nt_stream *nt__fp8_enter(int dev);
 
 /* The loss scaler's state as the checkpoint stores it (record kind 4). */
 typedef struct nt__scaler_state {

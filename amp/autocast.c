@@ -47,6 +47,10 @@
 static _Thread_local int tls_depth NT_TLS_HOT;
 static _Thread_local int tls_suspended NT_TLS_HOT;
 static _Thread_local uint8_t tls_stack[NT_AMP_MAX_DEPTH];
+/* The fp8 recipe of each region (NULL: a bf16/f16 region) and the number
+ * of fp8 matmuls it issued so far (amp/fp8.c: the next one's slot). */
+static _Thread_local nt_fp8_recipe *tls_fp8[NT_AMP_MAX_DEPTH];
+static _Thread_local int tls_fp8_next[NT_AMP_MAX_DEPTH];
 
 /* The amp column of core/optable.h; registered user ops keep their dtypes. */
 static nt__amp_policy policy_of(int op)
@@ -193,9 +197,32 @@ NT_API int nt_autocast_begin(nt_dtype dt)
         return nt__err(NULL, NT_ESTATE, fn,
                        "autocast regions are nested %d deep on this thread (the limit); is an "
                        "nt_autocast_end missing?", tls_depth);
+    tls_fp8[tls_depth] = NULL;
     tls_stack[tls_depth++] = (uint8_t)dt;
     return 0;
 }
+
+int nt__amp_push_fp8(nt_fp8_recipe *r)
+{
+    if (tls_depth >= NT_AMP_MAX_DEPTH)
+        return nt__err(NULL, NT_ESTATE, "nt_fp8_autocast_begin",
+                       "autocast regions are nested %d deep on this thread (the limit); is an "
+                       "nt_autocast_end missing?", tls_depth);
+    tls_fp8[tls_depth] = r;
+    tls_fp8_next[tls_depth] = 0;
+    tls_stack[tls_depth++] = (uint8_t)NT_BF16;
+    return 0;
+}
+
+nt_fp8_recipe *nt__amp_fp8_region(int **next)
+{
+    if (!tls_depth || tls_suspended || nt__tls_bwd_of || !tls_fp8[tls_depth - 1])
+        return NULL;
+    *next = &tls_fp8_next[tls_depth - 1];
+    return tls_fp8[tls_depth - 1];
+}
+
+nt_fp8_recipe *nt__amp_fp8_top(void) { return tls_depth ? tls_fp8[tls_depth - 1] : NULL; }
 
 int nt__amp_enter(nt_dtype dt)
 {
@@ -203,6 +230,7 @@ int nt__amp_enter(nt_dtype dt)
         return nt__err(NULL, NT_ESTATE, "nt_checkpoint",
                        "autocast regions are nested %d deep on this thread (the limit)",
                        tls_depth);
+    tls_fp8[tls_depth] = NULL;
     tls_stack[tls_depth++] = (uint8_t)dt; /* NT_DTYPE_COUNT: off */
     return 0;
 }

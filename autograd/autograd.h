@@ -270,4 +270,11 @@ nt_tensor *nt__optim_cast_of(nt_tensor *src, nt_dtype dt);
 nt_tensor *nt__optim_cast_of_at(const nt_site *site, const char *fn, nt_tensor *src, nt_dtype dt);
 nt_tensor *nt__optim_param(nt_optim *opt, int i);
 
+/* State made on first use by a layer above fusion (amp/fp8.c's scales):
+ * the ops between begin and end run but stay out of a capture in progress
+ * (nt__capture_pause / resume, autograd/optim.c), so a replay never makes
+ * the state again. */
+void nt__first_use_begin(void);
+void nt__first_use_end(void);
+
 #endif

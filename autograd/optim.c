@@ -1239,3 +1239,6 @@ nt_tensor *nt__optim_param(nt_optim *o, int i)
 {
     return o->slots[i]->p; /* fixed once added: no lock needed */
 }
+
+void nt__first_use_begin(void) { nt__capture_pause(); }
+void nt__first_use_end(void) { nt__capture_resume(); }

@@ -4,7 +4,8 @@
  * f16 autocast with the loss scaler, in the same run; and, for comparison,
  * bf16 parameters with f32 master weights in the optimizer
  * (nt_optim_set_master_weights), which saves autocast its per-step casts of
- * the weights.
+ * the weights; and fp8 autocast with delayed scaling (nt_fp8_autocast_begin,
+ * the recipe updated after each backward; docs/amp.md "fp8 autocast").
  *
  * A step is: forward (under autocast), backward, optimizer step (through
  * the scaler for f16), zero_grad, read the loss.  Per step: the median wall
@@ -38,9 +39,13 @@ typedef struct {
 } result;
 
 /* amp: NT_DTYPE_COUNT (f32), NT_BF16, or NT_F16 (with the loss scaler);
- * master: bf16 parameters with f32 masters (amp NT_BF16). */
-static result run(nt_dtype amp, bool master, int batch, int warmup, int steps)
+ * master: bf16 parameters with f32 masters (amp NT_BF16); fp8: fp8
+ * autocast with a default recipe (amp unused). */
+static result run(nt_dtype amp, bool master, bool fp8, int batch, int warmup, int steps)
 {
+    nt_fp8_recipe *recipe = fp8 ? nt_fp8_recipe_create(NULL) : NULL;
+    if (fp8 && !recipe)
+        bench_fail("nt_fp8_recipe_create");
     nt_tensor *p[6];
     bench_mlp_params(p, IN, HID, OUT);
     /* synthetic data: pixels in [0, 1), labels from a fixed pattern */
@@ -77,19 +82,21 @@ static result run(nt_dtype amp, bool master, int batch, int warmup, int steps)
         }
         double t0 = bench_now_ns() * 1e-6;
         nt_scope *sc = nt_scope_begin();
-        if (amp != NT_DTYPE_COUNT && nt_autocast_begin(amp))
+        if (recipe ? nt_fp8_autocast_begin(recipe)
+                   : amp != NT_DTYPE_COUNT && nt_autocast_begin(amp))
             bench_fail("nt_autocast_begin");
         nt_tensor *h1 = nt_relu(nt_linear(x, p[0], p[1]));
         nt_tensor *h2 = nt_relu(nt_linear(h1, p[2], p[3]));
         nt_tensor *loss = nt_cross_entropy(nt_linear(h2, p[4], p[5]), y);
-        if (amp != NT_DTYPE_COUNT)
+        if (recipe || amp != NT_DTYPE_COUNT)
             nt_autocast_end();
         int rc;
         if (scaler)
             rc = nt_backward(nt_grad_scaler_scale(scaler, loss)) ||
                  nt_grad_scaler_step(scaler, opt) < 0 || nt_grad_scaler_update(scaler);
         else
-            rc = nt_backward(loss) || nt_optim_step(opt);
+            rc = nt_backward(loss) || (recipe && nt_fp8_recipe_update(recipe, NULL)) ||
+                 nt_optim_step(opt);
         if (rc || nt_optim_zero_grad(opt) || nt_item(loss, &l))
             bench_fail("step");
         nt_scope_end(sc);
@@ -112,6 +119,7 @@ static result run(nt_dtype amp, bool master, int batch, int warmup, int steps)
     };
     free(t);
     nt_grad_scaler_destroy(scaler);
+    nt_fp8_recipe_destroy(recipe);
     nt_optim_destroy(opt);
     nt_release(x);
     nt_release(y);
@@ -120,15 +128,15 @@ static result run(nt_dtype amp, bool master, int batch, int warmup, int steps)
     return r;
 }
 
-/* One batch size on the active target: the four precisions and the bf16 /
- * f32 ratios, each row labelled with the target. */
+/* One batch size on the active target: the five precisions, the bf16 /
+ * f32 and fp8 / bf16 ratios, each row labelled with the target. */
 static void run_batch(const char *target, int batch, int warmup, int steps)
 {
-    const nt_dtype amps[4] = {NT_DTYPE_COUNT, NT_BF16, NT_F16, NT_BF16};
-    const char *names[4] = {"f32", "bf16", "fp16+scale", "bf16+master"};
-    result r[4];
-    for (int k = 0; k < 4; k++) {
-        r[k] = run(amps[k], k == 3, batch, warmup, steps);
+    const nt_dtype amps[5] = {NT_DTYPE_COUNT, NT_BF16, NT_F16, NT_BF16, NT_DTYPE_COUNT};
+    const char *names[5] = {"f32", "bf16", "fp16+scale", "bf16+master", "fp8 delayed"};
+    result r[5];
+    for (int k = 0; k < 5; k++) {
+        r[k] = run(amps[k], k == 3, k == 4, batch, warmup, steps);
         printf("%6d %-6s %-11s %9.2f %9.3f %9.3f %9.3f %9.1f %8.1f %8.4f\n", batch, target,
                names[k], r[k].ms, r[k].sim_ms, r[k].tensor_ms, r[k].ideal_ms, r[k].mbytes,
                r[k].kernels, r[k].loss);
@@ -139,6 +147,9 @@ static void run_batch(const char *target, int batch, int warmup, int steps)
     printf("%6d %-6s bf16 / f32: wall x%.2f, simulated x%.2f, TensorE x%.2f, HBM bytes x%.2f\n",
            batch, target, r[1].ms / r[0].ms, r[1].sim_ms / r[0].sim_ms,
            r[1].tensor_ms / r[0].tensor_ms, r[1].mbytes / r[0].mbytes);
+    printf("%6d %-6s fp8 / bf16: wall x%.2f, simulated x%.2f, TensorE x%.2f, HBM bytes x%.2f\n",
+           batch, target, r[4].ms / r[1].ms, r[4].sim_ms / r[1].sim_ms,
+           r[4].tensor_ms / r[1].tensor_ms, r[4].mbytes / r[1].mbytes);
 }
 
 int main(int argc, char **argv)

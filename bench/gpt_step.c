@@ -32,9 +32,13 @@
  *
  * simcap and cpucap (not in the default --configs) train the same way with
  * the step captured once and replayed (char_gpt --capture), and print
- * captured / op-by-op wall time per step next to the other ratios.
+ * captured / op-by-op wall time per step next to the other ratios.  fp8
+ * (not in the default --configs either) trains on the simulator under fp8
+ * autocast with delayed scaling (char_gpt --amp fp8, docs/amp.md) and,
+ * with bf16, prints fp8 / bf16 simulated time and the val loss difference
+ * (run it with NT_SIM_TARGET=trn2, where fp8 runs at twice bf16's rate).
  *
- * Usage: gpt_step [--steps N] [--configs peer,sim,cpu,bf16,simcap,cpucap] [--rounds N]
+ * Usage: gpt_step [--steps N] [--configs peer,sim,cpu,bf16,simcap,cpucap,fp8] [--rounds N]
  *                 [--peer PATH] [--python PATH] [--eval-every N]
  *                 [--eval-batches N] [--curves DIR] [--data DIR] */
 #include <math.h>
@@ -76,18 +80,22 @@ static FILE *curves_open(const char *name)
     return f;
 }
 
-/* Trains on `backend` (amp: NT_BF16 or NT_DTYPE_COUNT) and fills r;
+/* Trains on `backend` (amp: NT_BF16 or NT_DTYPE_COUNT; fp8: fp8 autocast
+ * with a default recipe instead) and fills r;
  * captured: the first step recorded as a program (docs/graphs.md) and
  * replayed for the others with each step's batch bound, as char_gpt
  * --capture does. */
-static void run_ours(const char *backend, nt_dtype amp, bool captured, const gpt_data *d,
-                     int steps, int eval_every, int eval_batches, result *r)
+static void run_ours(const char *backend, nt_dtype amp, bool fp8, bool captured,
+                     const gpt_data *d, int steps, int eval_every, int eval_batches, result *r)
 {
     bench_check(nt_config_set("NT_BACKEND", backend), "nt_config_set NT_BACKEND");
+    nt_fp8_recipe *recipe = fp8 ? nt_fp8_recipe_create(NULL) : NULL;
+    if (fp8 && !recipe)
+        bench_fail("nt_fp8_recipe_create");
     gpt_config c = {.n_layer = 4, .n_head = 4, .width = 128, .context = 128,
                     .vocab = d->vocab};
     gpt_train_opts o = {.batch = 16, .lr = 2e-3, .clip = 1.0, .steps = steps,
-                        .warmup = steps / 10, .amp = amp, .seed = 1};
+                        .warmup = steps / 10, .amp = amp, .fp8 = recipe, .seed = 1};
     gpt_model m;
     bench_check(gpt_init(&m, &c, 1), "gpt_init");
     nt_optim *opt = gpt_optimizer(&m, &o, 0.1);
@@ -121,7 +129,7 @@ static void run_ours(const char *backend, nt_dtype amp, bool captured, const gpt
             train_ns += t1 - t0;
             total += l;
             nt_sim_stats_get(&e0);
-            r->val = gpt_eval(&m, d, 16, eval_batches, amp);
+            r->val = gpt_eval_fp8(&m, d, 16, eval_batches, amp, recipe);
             nt_sim_stats_get(&e1);
             eval_sim_ns += e1.sim_ns - e0.sim_ns;
             eval_ideal_ns += e1.tensor_ideal_ns - e0.tensor_ideal_ns;
@@ -152,6 +160,7 @@ static void run_ours(const char *backend, nt_dtype amp, bool captured, const gpt
     nt_release(sum);
     gpt_capture_free(&cap);
     gpt_optimizer_free(opt, &o);
+    nt_fp8_recipe_destroy(recipe);
     gpt_free(&m);
     free(xb);
     free(yb);
@@ -236,7 +245,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--data") && v)
             data = v;
         else {
-            fprintf(stderr, "usage: gpt_step [--steps N] [--configs sim,cpu,bf16,simcap,cpucap,peer] "
+            fprintf(stderr, "usage: gpt_step [--steps N] [--configs sim,cpu,bf16,simcap,cpucap,fp8,peer] "
                             "[--rounds N] [--peer PATH] [--python PATH] [--eval-every N] "
                             "[--eval-batches N] [--curves DIR] [--data DIR]\n");
             return 1;
@@ -264,10 +273,10 @@ int main(int argc, char **argv)
            "16), %d steps of AdamW from seed 1 on %lld characters of %s; mode %s; %d round(s)\n",
            steps, (long long)d.n, data, nt_config_get("NT_MODE"), rounds);
     /* the peer at 1 and at 2 threads; PEER is the faster of the two, per round */
-    enum { PEER1, PEER2, SIM, CPU, BF16, SIMCAP, CPUCAP, NCFG, PEER = NCFG };
+    enum { PEER1, PEER2, SIM, CPU, BF16, SIMCAP, CPUCAP, FP8, NCFG, PEER = NCFG };
     result r[NCFG] = {{.name = "peer-1t"}, {.name = "peer-2t"}, {.name = "sim"},
                       {.name = "cpu"},     {.name = "bf16"},    {.name = "sim-cap"},
-                      {.name = "cpu-cap"}};
+                      {.name = "cpu-cap"}, {.name = "fp8"}};
     double ms[NCFG + 1][MAX_ROUNDS];
     bool ran[NCFG] = {false}, all[NCFG]; /* ran in some round; in every round */
     for (int i = 0; i < NCFG; i++)
@@ -283,21 +292,24 @@ int main(int argc, char **argv)
                 run_peer(python, peer, data, steps, 1, eval_every, eval_batches, &r[PEER1]);
                 run_peer(python, peer, data, steps, 2, eval_every, eval_batches, &r[PEER2]);
             } else if (!strcmp(c, "sim"))
-                run_ours("sim", NT_DTYPE_COUNT, false, &d, steps, eval_every, eval_batches,
+                run_ours("sim", NT_DTYPE_COUNT, false, false, &d, steps, eval_every, eval_batches,
                          &r[SIM]);
             else if (!strcmp(c, "cpu"))
-                run_ours("cpu", NT_DTYPE_COUNT, false, &d, steps, eval_every, eval_batches,
+                run_ours("cpu", NT_DTYPE_COUNT, false, false, &d, steps, eval_every, eval_batches,
                          &r[CPU]);
             else if (!strcmp(c, "bf16"))
-                run_ours("sim", NT_BF16, false, &d, steps, eval_every, eval_batches, &r[BF16]);
+                run_ours("sim", NT_BF16, false, false, &d, steps, eval_every, eval_batches, &r[BF16]);
             else if (!strcmp(c, "simcap"))
-                run_ours("sim", NT_DTYPE_COUNT, true, &d, steps, eval_every, eval_batches,
+                run_ours("sim", NT_DTYPE_COUNT, false, true, &d, steps, eval_every, eval_batches,
                          &r[SIMCAP]);
+            else if (!strcmp(c, "fp8"))
+                run_ours("sim", NT_DTYPE_COUNT, true, false, &d, steps, eval_every,
+                         eval_batches, &r[FP8]);
             else if (!strcmp(c, "cpucap"))
-                run_ours("cpu", NT_DTYPE_COUNT, true, &d, steps, eval_every, eval_batches,
+                run_ours("cpu", NT_DTYPE_COUNT, false, true, &d, steps, eval_every, eval_batches,
                          &r[CPUCAP]);
             else {
-                fprintf(stderr, "gpt_step: unknown config '%s' (sim, cpu, bf16, simcap, cpucap, "
+                fprintf(stderr, "gpt_step: unknown config '%s' (sim, cpu, bf16, simcap, cpucap, fp8, "
                                 "peer)\n",
                         c);
                 return 1;
@@ -326,7 +338,7 @@ int main(int argc, char **argv)
     const char *label[NCFG] = {"PyTorch 1.13 eager fp32, 1 thread",
                                "PyTorch 1.13 eager fp32, 2 threads", "ntensor sim", "ntensor cpu",
                                "ntensor sim bf16", "ntensor sim, captured step",
-                               "ntensor cpu, captured step"};
+                               "ntensor cpu, captured step", "ntensor sim fp8 (delayed scaling)"};
     double ratio[NCFG];
     for (int i = 0; i < NCFG; i++) {
         ratio[i] = 0;
@@ -379,6 +391,10 @@ int main(int argc, char **argv)
                r[e].name, bench_median(q, rounds), rounds,
                r[i].val == r[e].val ? "; the same val loss, bit for bit" : "; val loss DIFFERS");
     }
+    if (all[FP8] && all[BF16] && r[BF16].sim_ms > 0)
+        printf("fp8 / bf16: simulated ms/step %.3f / %.3f = %.2fx, val loss %+.4f (fp8 - bf16)\n",
+               r[FP8].sim_ms, r[BF16].sim_ms, r[FP8].sim_ms / r[BF16].sim_ms,
+               r[FP8].val - r[BF16].val);
     if (peer_ok) {
         if (all[SIM])
             printf("sim backend <= %.1fx PyTorch's step time: %s (%.2fx)\n", SIM_TARGET,

@@ -495,6 +495,12 @@ NT_API nt_tensor *nt_matmul_at(const nt_site *site, nt_tensor *a, nt_tensor *b)
 {
     nt__call c;
     nt_tensor *in[2] = {a, b};
+    if (nt__dhooks.amp_fp8_matmul) { /* an fp8 autocast region (amp/fp8.c) */
+        bool handled = false;
+        nt_tensor *y = nt__dhooks.amp_fp8_matmul(site, a, b, &handled);
+        if (handled)
+            return y;
+    }
     if (!nt__call_begin(&c, site, "nt_matmul", NT_OP_MATMUL, 2, in, "a,b"))
         return nt__call_fail(&c);
     a = c.in[0], b = c.in[1];

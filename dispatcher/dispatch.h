@@ -102,6 +102,9 @@ typedef struct nt__dispatch_hooks {
     /* amp: t cast to dt as autocast casts a parameter (a cast an optimizer
      * made ahead, when valid, else a queued CAST); NULL with the error set */
     nt_tensor *(*amp_cast)(const nt_site *site, const char *fn, nt_tensor *t, nt_dtype dt);
+    /* amp: under an fp8 autocast region, nt_matmul(a, b) as an fp8 matmul
+     * (*handled set); else *handled stays false */
+    nt_tensor *(*amp_fp8_matmul)(const nt_site *site, nt_tensor *a, nt_tensor *b, bool *handled);
 } nt__dispatch_hooks;
 extern nt__dispatch_hooks nt__dhooks;
 /* Counts successful nt_init calls (nt_default_generator resets a thread's

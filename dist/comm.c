@@ -1047,3 +1047,5 @@ NT_API int nt_broadcast(nt_comm *c, nt_tensor *const *in, nt_tensor **out, int r
 {
     return nt_broadcast_at(NT_RA_SITE, c, in, out, root);
 }
+
+int nt__comm_local_device(const nt_comm *c, int i) { return i >= 0 && i < c->n ? c->dev[i] : -1; }

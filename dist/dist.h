@@ -11,7 +11,11 @@
  *   comm.c  communicators and the public collective ops
  *   mesh.c  the device mesh: named dimensions, a communicator per group
  *   ddp.c   data parallelism and ZeRO stages 1-3 (docs/ddp.md,
- *           docs/sharding.md) */
+ *           docs/sharding.md)
+ *   tp.c    tensor parallelism: differentiable collectives and the
+ *           tensor-parallel layers (docs/parallel.md)
+ *   fp8.c   nt_fp8_recipe_update: fp8 amaxes reduced with MAX over a
+ *           communicator before the recipe's rescale (amp/fp8.c) */
 #ifndef NT_DIST_DIST_H
 #define NT_DIST_DIST_H
 
@@ -135,5 +139,7 @@ nt_comm *nt__comm_create_local(const int *devices, int n);
 int nt__comm_valid(const nt_site *site, const char *fn, const nt_comm *cm);
 /* The number of local members; *devs their devices (local rank order). */
 int nt__comm_local(const nt_comm *cm, const int **devs);
+/* Local member i's device (comm.c), or -1 when i is out of range. */
+int nt__comm_local_device(const nt_comm *c, int i);
 
 #endif

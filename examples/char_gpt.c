@@ -76,7 +76,8 @@ static void usage(FILE *f)
             "  --log-every N      a progress line every N steps (10; 0: none)\n"
             "  --untied           the head has its own weight (tied to the embedding)\n"
             "  --dropout P        dropout probability in [0, 1) (0)\n"
-            "  --amp bf16         autocast the forward pass to bf16 (none)\n"
+            "  --amp bf16|fp8     autocast the forward pass to bf16, or fp8 matmuls with\n"
+            "                     delayed scaling (none; docs/amp.md)\n"
             "  --checkpoint-activations  recompute each block's activations in backward\n"
             "  --capture          record the first training step as a program and replay\n"
             "                     it for the others (nt_graph_*): the same bits, no\n"
@@ -211,8 +212,8 @@ static void parse_args(int argc, char **argv, options *o)
                 o->c.width / o->c.n_head);
         exit(1);
     }
-    if (strcmp(o->amp, "none") && strcmp(o->amp, "bf16")) {
-        fprintf(stderr, "char_gpt: --amp must be none or bf16 (got '%s')\n", o->amp);
+    if (strcmp(o->amp, "none") && strcmp(o->amp, "bf16") && strcmp(o->amp, "fp8")) {
+        fprintf(stderr, "char_gpt: --amp must be none, bf16 or fp8 (got '%s')\n", o->amp);
         exit(1);
     }
     o->t.amp = strcmp(o->amp, "bf16") ? NT_DTYPE_COUNT : NT_BF16;
@@ -289,6 +290,12 @@ int main(int argc, char **argv)
     if (o.backend)
         setenv("NT_BACKEND", o.backend, 1); /* read by nt_init */
     check(nt_init(), "nt_init");
+    if (!strcmp(o.amp, "fp8")) {
+        /* delayed scaling, e4m3 forward and e5m2 gradients (docs/amp.md) */
+        o.t.fp8 = nt_fp8_recipe_create(NULL);
+        if (!o.t.fp8)
+            check(-1, "nt_fp8_recipe_create");
+    }
     gpt_model m;
     check(gpt_init(&m, &o.c, o.t.seed), "initialising the model");
     int64_t nparam = 0;
@@ -397,7 +404,7 @@ int main(int argc, char **argv)
             }
             n_log = 0;
             if (eval) {
-                val = gpt_eval(&m, &d, B, o.eval_batches, o.t.amp);
+                val = gpt_eval_fp8(&m, &d, B, o.eval_batches, o.t.amp, o.t.fp8);
                 if (isnan(val))
                     check(-1, "evaluation");
                 printf("eval step=%lld train=%.4f val=%.4f ms_per_step=%.1f\n",
@@ -429,7 +436,7 @@ int main(int argc, char **argv)
                    100.0 * (sim_now.tensor_ideal_ns - sim_all0.tensor_ideal_ns) / sim_ns);
         printf("\n");
     } else {
-        val = gpt_eval(&m, &d, B, o.eval_batches, o.t.amp);
+        val = gpt_eval_fp8(&m, &d, B, o.eval_batches, o.t.amp, o.t.fp8);
         printf("eval step=%lld train=nan val=%.4f ms_per_step=nan\n", (long long)start, val);
     }
     printf("final val loss %.4f after %lld steps (%.1f s wall)\n", val,
@@ -439,6 +446,7 @@ int main(int argc, char **argv)
         generate(&m, &d, o.prompt, o.sample, 1234);
     nt_release(loss_sum);
     gpt_optimizer_free(opt, &o.t);
+    nt_fp8_recipe_destroy(o.t.fp8);
     free(names);
     gpt_free(&m);
     gpt_data_free(&d);

@@ -544,6 +544,7 @@ typedef struct {
     double lr, clip;      /* peak learning rate; max gradient norm (0: none) */
     int64_t steps, warmup;
     nt_dtype amp;         /* NT_BF16 / NT_F16 autocast, NT_DTYPE_COUNT: none */
+    nt_fp8_recipe *fp8;   /* fp8 autocast with this recipe (amp then unused), or NULL */
     uint64_t seed;        /* the batches' generator */
     nt_scheduler *sched;  /* the lr schedule (gpt_optimizer makes it) */
 } gpt_train_opts;
@@ -610,6 +611,15 @@ static inline int gpt_step_prepare(gpt_model *m, nt_optim *opt, const gpt_data *
     return 0;
 }
 
+/* Opens the autocast region of amp or, if fp8 is not NULL, the fp8 one
+ * (docs/amp.md); *open says whether one was opened (close it with
+ * nt_autocast_end).  0 or an error code. */
+static inline int gpt_autocast_begin(nt_dtype amp, nt_fp8_recipe *fp8, bool *open)
+{
+    *open = fp8 || amp != NT_DTYPE_COUNT;
+    return fp8 ? nt_fp8_autocast_begin(fp8) : *open ? nt_autocast_begin(amp) : 0;
+}
+
 /* The device's part of a step on batch x [B, T], targets y [B * T] (i32):
  * forward, backward, gradient clipping, update, zero_grad -- what
  * `char_gpt --capture` records once and replays.  Returns the loss (0-dim
@@ -620,14 +630,18 @@ static inline nt_tensor *gpt_step_body(gpt_model *m, nt_optim *opt, const gpt_tr
     nt_scope *sc = nt_scope_begin();
     if (!sc)
         return NULL;
-    if (o->amp != NT_DTYPE_COUNT && nt_autocast_begin(o->amp) != 0) {
+    bool amp;
+    if (gpt_autocast_begin(o->amp, o->fp8, &amp) != 0) {
         nt_scope_end(sc);
         return NULL;
     }
     nt_tensor *loss = gpt_loss(m, x, y); /* f32 under autocast */
-    if (o->amp != NT_DTYPE_COUNT)
+    if (amp)
         nt_autocast_end();
     int rc = !loss || nt_backward(loss) != 0;
+    /* fp8: push this step's amaxes, rescale (device ops: captured too) */
+    if (!rc && o->fp8)
+        rc = nt_fp8_recipe_update(o->fp8, NULL) != 0;
     if (!rc && o->clip > 0 && !gpt_clip_grads(m->p, m->n_params, o->clip))
         rc = 1;
     if (!rc)
@@ -707,7 +721,8 @@ static inline void gpt_capture_free(gpt_capture *cap)
 
 /* Mean loss over `nb` fixed validation batches (GPT_VAL_SEED), without a
  * graph: one sync.  NaN with the runtime's error set on failure. */
-static inline double gpt_eval(gpt_model *m, const gpt_data *d, int B, int nb, nt_dtype amp)
+static inline double gpt_eval_fp8(gpt_model *m, const gpt_data *d, int B, int nb, nt_dtype amp,
+                                  nt_fp8_recipe *fp8)
 {
     int T = m->c.context;
     int32_t *xb = malloc(sizeof *xb * (size_t)B * (size_t)T);
@@ -727,10 +742,10 @@ static inline double gpt_eval(gpt_model *m, const gpt_data *d, int B, int nb, nt
             gpt_batch(d, true, GPT_VAL_SEED, k, B, T, xb, yb);
             nt_tensor *x = nt_from_host(xb, NT_I32, 2, (int64_t[]){B, T});
             nt_tensor *y = nt_from_host(yb, NT_I32, 1, (int64_t[]){(int64_t)B * T});
-            if (amp != NT_DTYPE_COUNT)
-                nt_autocast_begin(amp);
+            bool open = false;
+            gpt_autocast_begin(amp, fp8, &open);
             nt_tensor *l = gpt_loss(m, x, y);
-            if (amp != NT_DTYPE_COUNT)
+            if (open)
                 nt_autocast_end();
             rc = !bs || nt_add_inplace(sum, l) != 0;
             nt_scope_end(bs);
@@ -745,6 +760,12 @@ static inline double gpt_eval(gpt_model *m, const gpt_data *d, int B, int nb, nt
     free(xb);
     free(yb);
     return v;
+}
+
+/* gpt_eval_fp8 without fp8. */
+static inline double gpt_eval(gpt_model *m, const gpt_data *d, int B, int nb, nt_dtype amp)
+{
+    return gpt_eval_fp8(m, d, B, nb, amp, NULL);
 }
 
 #endif

@@ -1808,6 +1808,88 @@ NT_API int64_t nt_grad_scaler_growth_tracker(nt_grad_scaler *s);
  *  naming the argument. */
 NT_API void nt_grad_scaler_destroy(nt_grad_scaler *s);
 
+/** fp8 autocast (docs/amp.md, "fp8 autocast"): matmuls run on fp8 operands
+ *  with per-tensor scales, after Transformer Engine's recipes.  A recipe
+ *  holds, per device and per matmul of a region (its "slot": the k-th
+ *  matmul a region issues on that device is slot k, so a model that issues
+ *  the same matmuls every step keeps its slots), three scaled tensors --
+ *  the matmul's a (activations), its b (weights) and its output gradient --
+ *  each with a scale and, for delayed scaling, an amax history.  Scales,
+ *  histories and amaxes are f32 device tensors updated by device ops: no
+ *  host sync, so a captured step replays them (docs/graphs.md). */
+typedef enum nt_fp8_scaling {
+    /** scale from the max of the last amax_history_len steps' amaxes
+     *  (the current step's amax is pushed after use, by
+     *  nt_fp8_recipe_update) */
+    NT_FP8_DELAYED = 0,
+    /** scale from the amax of the tensor being cast, just in time */
+    NT_FP8_CURRENT = 1,
+} nt_fp8_scaling;
+typedef enum nt_fp8_format {
+    /** e4m3 for a and b, e5m2 for gradients (Transformer Engine's HYBRID) */
+    NT_FP8_HYBRID = 0,
+    /** e4m3 for all three */
+    NT_FP8_E4M3_ALL = 1,
+} nt_fp8_format;
+/** A recipe's settings (plain data; zero-initialised is invalid: set
+ *  amax_history_len).  Defaults (opts NULL): delayed, hybrid, history 16,
+ *  margin 0. */
+typedef struct nt_fp8_recipe_opts {
+    nt_fp8_scaling scaling;
+    nt_fp8_format format;
+    int amax_history_len; /* 1..4096 (used by delayed scaling; checked always) */
+    int margin;           /* 0..32: scale = (fp8 max / amax) / 2^margin */
+} nt_fp8_recipe_opts;
+typedef struct nt_fp8_recipe nt_fp8_recipe;
+struct nt_comm; /* the communicator (below) */
+/** A new recipe; opts NULL gives the defaults.  NULL with NT_EINVAL naming
+ *  the bad field (history outside 1..4096, margin outside 0..32, an unknown
+ *  scaling or format).  Scales start at 1, histories at 0.  Belongs to the
+ *  nt_init that made it; free with nt_fp8_recipe_destroy. */
+NT_API nt_fp8_recipe *nt_fp8_recipe_create(const nt_fp8_recipe_opts *opts);
+/** Frees r and its device state.  NULL is a no-op; a recipe destroyed
+ *  already sets NT_EINVAL naming the argument. */
+NT_API void nt_fp8_recipe_destroy(nt_fp8_recipe *r);
+/** Opens an fp8 autocast region on the calling thread, closed by
+ *  nt_autocast_end.  Inside it every op follows the bf16 autocast policy
+ *  (nt_autocast_dtype() is NT_BF16), except nt_matmul (and so nt_linear)
+ *  with a floating 2-D b and an a of 2 or more dims: its operands are
+ *  scaled, saturated to the format's max and rounded to e4m3, the product
+ *  runs on the fp8 matmul (f32 accumulation, bf16 result), and its backward
+ *  casts the output gradient to e5m2 (hybrid) for the two gradient
+ *  matmuls.  Other matmuls (batched b) and attention and convolution run in
+ *  bf16 (documented upcast).  Errors: r not a live recipe (NT_EINVAL),
+ *  regions nested 64 deep (NT_ESTATE); a region may issue at most 256 fp8
+ *  matmuls per device (the 257th is NT_ESTATE naming nt_matmul). */
+NT_API int nt_fp8_autocast_begin(nt_fp8_recipe *r);
+/** The recipe of the calling thread's innermost autocast region, or NULL
+ *  (no region, or a bf16/f16 one). */
+NT_API nt_fp8_recipe *nt_fp8_autocast_recipe(void);
+/** Delayed scaling: after a step's forward and backward, pushes each
+ *  slot's amax of the step (the max over every fp8 matmul that used the
+ *  slot since the last update, NaN if any was NaN) into its history and
+ *  sets scale = (fp8 max / max(history)) / 2^margin, keeping the previous
+ *  scale where that is not a positive finite f32 (history max 0, Inf or
+ *  NaN, or a scale that overflows); then clears the step's amaxes.  With
+ *  comm (may be NULL), the step's amaxes are first reduced with MAX over
+ *  the communicator (nt_all_reduce, the rank tree), one vector per local
+ *  member's device, so every replica gets the same scales whatever the
+ *  core or process count.  Current scaling: nothing to do (returns 0).
+ *  Queued device ops only.  Errors: r not live (NT_EINVAL); a comm member's
+ *  device that ran no fp8 matmul of r, or devices with different slot
+ *  counts (NT_ESTATE); nt_all_reduce's errors. */
+NT_API int nt_fp8_recipe_update(nt_fp8_recipe *r, struct nt_comm *comm);
+/** The number of slots r has on device dev (0 if none), or -1 with
+ *  NT_EINVAL (r not live, dev out of range). */
+NT_API int nt_fp8_recipe_slots(nt_fp8_recipe *r, int dev);
+/** Views of r's state on device dev (new references, f32): which 0 gives
+ *  the scales [3 * slots] (slot k: a at 3k, b at 3k + 1, the gradient at
+ *  3k + 2), 1 the amax histories [3 * slots, amax_history_len] (newest
+ *  first), 2 the amaxes of the current step [3 * slots].  NULL with
+ *  NT_EINVAL (r not live, dev out of range, which not 0..2) or NT_ESTATE
+ *  (no slot on dev yet). */
+NT_API nt_tensor *nt_fp8_recipe_state(nt_fp8_recipe *r, int dev, int which);
+
 /** nt_save plus, if scaler is not NULL, the loss scaler's state (scale,
  *  settings, growth tracker, skipped steps: record kind 4 of
  *  docs/checkpoint-format.md).  opt may be NULL.  Same guarantees as nt_save. */

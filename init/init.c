@@ -54,6 +54,7 @@ static void register_modules(void)
         .amp_enter = nt__amp_enter,
         .amp_leave = nt__amp_leave,
         .amp_cast = nt__amp_cast,
+        .amp_fp8_matmul = nt__amp_fp8_matmul,
     };
     /* Every op with a CPU kernel has a simulator kernel (views have
      * neither): the CPU fallback is for what a backend refuses, not for an

@@ -1,0 +1,654 @@
+/* amp/fp8.c - fp8 autocast: scaling recipes and the fp8 matmul node.
+ *
+ * A recipe (nt_fp8_recipe) keeps, per device, one block of f32 device
+ * tensors: scale [CAP], amax history [CAP, H], the step's amax [CAP] and
+ * the format's max [CAP], where CAP = 3 x the most slots a device may have.
+ * The k-th fp8 matmul a region issues on a device is slot k: rows 3k (its
+ * a), 3k + 1 (its b), 3k + 2 (its output gradient).  The block is made at
+ * the first fp8 matmul on the device, outside any capture
+ * (nt__first_use_begin: a replay never refills it), and everything that
+ * reads or writes it afterwards is a queued device op, so a captured step
+ * replays the scales exactly as the step run op by op.
+ *
+ * Each slot is a registered user op (autograd/custom.c) whose ctx is the
+ * slot: its forward takes the amax of a and b (delayed scaling: kept in the
+ * device's list of records, one f32 [1] tensor each), scales and rounds
+ * them to e4m3, runs the fp8 matmul; its backward records the gradient's
+ * amax, rounds it to e5m2 (hybrid) and runs the two gradient matmuls on the
+ * operands rounded again (the scales do not change between a forward and
+ * its backward: they change only in nt_fp8_recipe_update, after the step).
+ * The state is not an input of the node, so its in-place updates never
+ * trip autograd's saved-tensor version checks.
+ *
+ * The update works on every row of a device at once, a dozen small ops
+ * whatever the number of slots: collect (the records sorted by row, one
+ * cat, one max per row over the shards that used it: the step's amax),
+ * push (a cat of the step's amax and the history's first H-1 columns,
+ * copied into the history), max over the window, fp8max / amax, times
+ * 2^-margin, two compares and wheres that keep the old scale where the new
+ * one is not positive finite, 1 / scale, and a fill of the step's amax. */
+#include "amp/amp.h"
+
+#include "autograd/autograd.h"
+#include "core/handle.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define FP8_MAGIC 0x46503852u /* "FP8R" */
+#define FP8_MAX_SLOTS 256
+#define FP8_CAP (3 * FP8_MAX_SLOTS)
+#define FP8_MAX_DEVS 64
+#define FP8_MAX_HISTORY 4096
+
+/* The formats' largest finite values (OCP FP8: e4m3 has no infinities). */
+#define E4M3_MAX 448.0
+#define E5M2_MAX 57344.0
+
+/* The dtypes of the forward operands and of the gradients. */
+#define FP8_FWD_DT NT_E4M3
+#define FP8_BWD_DT NT_E5M2
+
+typedef struct fp8_dev fp8_dev;
+
+typedef struct fp8_slot {
+    nt_fp8_recipe *r;
+    fp8_dev *d;
+    int k;  /* slot index */
+    int op; /* its registered user op */
+} fp8_slot;
+
+struct fp8_dev {
+    int dev;
+    nt_tensor *scale, *hist, *pending, *fmax; /* f32 [CAP], [CAP, H], [CAP], [CAP] */
+    nt_tensor *inv;                            /* f32 [CAP]: 1 / scale */
+    /* the amaxes recorded since the last collect: rec[j] (f32 [1], held)
+     * of row rec_row[j], in record order; folded: pending already holds
+     * the max of earlier ones (a long step folded them in) */
+    nt_tensor **rec;
+    int *rec_row;
+    int nrec, caprec;
+    bool folded;
+    nt_tensor *zero, *inf, *one;               /* f32 [1] constants */
+    nt_tensor *max_e4m3, *max_e5m2;            /* f32 [1] */
+    int nslots;
+    fp8_slot *slots[FP8_MAX_SLOTS];
+};
+
+struct nt_fp8_recipe {
+    NT__HOBJ_HEAD; /* core/handle.h */
+    GMutex lock;   /* devs, their slots (made on first use) */
+    nt_fp8_recipe_opts o;
+    unsigned id;
+    fp8_dev *devs[FP8_MAX_DEVS];
+};
+
+static volatile AO_t next_id;
+/* Set by the matmul hook for the node's forward: record amaxes (grad mode
+ * was on at the call: a training forward; an eval forward only reads). */
+static _Thread_local bool tls_record;
+
+bool nt__fp8_recipe_ok(nt_fp8_recipe *r, const char *fn)
+{
+    if (!nt__ensure_init())
+        return false;
+    return nt__hobj_check(r, FP8_MAGIC, NULL, fn, "r", "nt_fp8_recipe") == 0;
+}
+
+NT_API nt_fp8_recipe *nt_fp8_recipe_create(const nt_fp8_recipe_opts *opts)
+{
+    const char *fn = "nt_fp8_recipe_create";
+    if (!nt__ensure_init())
+        return NULL;
+    nt_fp8_recipe_opts o = {NT_FP8_DELAYED, NT_FP8_HYBRID, 16, 0};
+    if (opts)
+        o = *opts;
+    if ((unsigned)o.scaling > NT_FP8_CURRENT) {
+        nt__err(NULL, NT_EINVAL, fn, "opts->scaling is %d; expected NT_FP8_DELAYED or "
+                "NT_FP8_CURRENT", (int)o.scaling);
+        return NULL;
+    }
+    if ((unsigned)o.format > NT_FP8_E4M3_ALL) {
+        nt__err(NULL, NT_EINVAL, fn, "opts->format is %d; expected NT_FP8_HYBRID or "
+                "NT_FP8_E4M3_ALL", (int)o.format);
+        return NULL;
+    }
+    if (o.amax_history_len < 1 || o.amax_history_len > FP8_MAX_HISTORY) {
+        nt__err(NULL, NT_EINVAL, fn, "opts->amax_history_len is %d; expected 1..%d (the "
+                "window of amaxes a delayed scale is taken from)", o.amax_history_len,
+                FP8_MAX_HISTORY);
+        return NULL;
+    }
+    if (o.margin < 0 || o.margin > 32) {
+        nt__err(NULL, NT_EINVAL, fn, "opts->margin is %d; expected 0..32 (scale = fp8 max / "
+                "amax / 2^margin)", o.margin);
+        return NULL;
+    }
+    nt_fp8_recipe *r = nt__hobj_new(sizeof *r, FP8_MAGIC);
+    if (!r) {
+        nt__err_hostmem(NULL, fn, "the recipe");
+        return NULL;
+    }
+    g_mutex_init(&r->lock);
+    r->o = o;
+    r->id = (unsigned)AO_fetch_and_add1(&next_id);
+    memset(r->devs, 0, sizeof r->devs);
+    return r;
+}
+
+static void dev_free(fp8_dev *d, bool live)
+{
+    for (int j = 0; live && j < d->nrec; j++)
+        nt_release(d->rec[j]);
+    g_free(d->rec);
+    g_free(d->rec_row);
+    nt_tensor *ts[] = {d->scale, d->inv, d->hist, d->pending, d->fmax, d->zero,
+                       d->inf, d->one, d->max_e4m3, d->max_e5m2};
+    for (size_t i = 0; live && i < sizeof ts / sizeof *ts; i++)
+        if (ts[i])
+            nt_release(ts[i]);
+    for (int k = 0; k < d->nslots; k++)
+        g_free(d->slots[k]);
+    g_free(d);
+}
+
+NT_API void nt_fp8_recipe_destroy(nt_fp8_recipe *r)
+{
+    if (!r)
+        return;
+    if (!nt__hobj_live(r, FP8_MAGIC)) {
+        nt__hobj_check(r, FP8_MAGIC, NULL, "nt_fp8_recipe_destroy", "r", "nt_fp8_recipe");
+        return;
+    }
+    bool live = nt__hobj_current(r); /* else the tensors went with nt_shutdown */
+    for (int i = 0; i < FP8_MAX_DEVS; i++)
+        if (r->devs[i])
+            dev_free(r->devs[i], live);
+    g_mutex_clear(&r->lock);
+    nt__hobj_free(r);
+}
+
+NT_API int nt_fp8_autocast_begin(nt_fp8_recipe *r)
+{
+    if (!nt__fp8_recipe_ok(r, "nt_fp8_autocast_begin"))
+        return nt_last_error();
+    return nt__amp_push_fp8(r);
+}
+
+NT_API nt_fp8_recipe *nt_fp8_autocast_recipe(void) { return nt__amp_fp8_top(); }
+
+/* A new f32 [n] (or [n, h]) tensor on the current device, out of any scope. */
+static nt_tensor *persistent(int64_t n, int64_t h, double v)
+{
+    int64_t shape[2] = {n, h};
+    nt_tensor *t = nt_full(NT_F32, h ? 2 : 1, shape, v);
+    if (t)
+        nt_keep(t);
+    return t;
+}
+
+/* The format's max of each row: e4m3 for a and b, the gradient's format
+ * for the third row of each slot. */
+static nt_tensor *fmax_rows(nt_fp8_format f)
+{
+    static float v[FP8_CAP];
+    static GMutex lock;
+    g_mutex_lock(&lock);
+    for (int i = 0; i < FP8_CAP; i++)
+        v[i] = (float)(i % 3 == 2 && f == NT_FP8_HYBRID ? E5M2_MAX : E4M3_MAX);
+    nt_tensor *t = nt_from_host(v, NT_F32, 1, (int64_t[]){FP8_CAP});
+    g_mutex_unlock(&lock);
+    if (t)
+        nt_keep(t);
+    return t;
+}
+
+/* The device block, made outside any capture (state made on first use). */
+static fp8_dev *dev_make(nt_fp8_recipe *r, int dev)
+{
+    fp8_dev *d = g_try_new0(fp8_dev, 1);
+    if (!d)
+        return NULL;
+    d->dev = dev;
+    nt__first_use_begin();
+    nt_scope *sc = nt_scope_begin();
+    d->scale = persistent(FP8_CAP, 0, 1.0);
+    d->hist = persistent(FP8_CAP, r->o.amax_history_len, 0.0);
+    d->pending = persistent(FP8_CAP, 0, 0.0);
+    d->inv = persistent(FP8_CAP, 0, 1.0);
+    d->fmax = fmax_rows(r->o.format);
+    d->zero = persistent(1, 0, 0.0);
+    d->inf = persistent(1, 0, INFINITY);
+    d->one = persistent(1, 0, 1.0);
+    d->max_e4m3 = persistent(1, 0, E4M3_MAX);
+    d->max_e5m2 = persistent(1, 0, E5M2_MAX);
+    nt_scope_end(sc);
+    nt__first_use_end();
+    if (!d->scale || !d->inv || !d->hist || !d->pending || !d->fmax || !d->zero || !d->inf || !d->one ||
+        !d->max_e4m3 || !d->max_e5m2) {
+        dev_free(d, true);
+        return NULL;
+    }
+    return d;
+}
+
+static nt_tensor *slot_forward(nt_tensor *const *in, void *ctx);
+static int slot_backward(nt_tensor *gout, nt_tensor *const *in, nt_tensor *out,
+                         nt_tensor **gin, void *ctx);
+
+/* Slot k of r on device dev, made (with its device block and user op) on
+ * first use; NULL with the error set. */
+static fp8_slot *slot_get(nt_fp8_recipe *r, int dev, int k)
+{
+    const char *fn = "nt_matmul";
+    if (k >= FP8_MAX_SLOTS) {
+        nt__err(NULL, NT_ESTATE, fn, "this fp8 autocast region issued %d fp8 matmuls on device "
+                "%d; a region may issue at most %d", k + 1, dev, FP8_MAX_SLOTS);
+        return NULL;
+    }
+    g_mutex_lock(&r->lock);
+    fp8_dev *d = r->devs[dev];
+    if (!d && !(d = r->devs[dev] = dev_make(r, dev))) {
+        g_mutex_unlock(&r->lock);
+        if (!nt_last_error())
+            nt__err_hostmem(NULL, fn, "the fp8 recipe's state");
+        return NULL;
+    }
+    fp8_slot *s = NULL;
+    if (k < d->nslots) {
+        s = d->slots[k];
+    } else if (k == d->nslots && (s = g_try_new0(fp8_slot, 1)) != NULL) {
+        char name[96];
+        snprintf(name, sizeof name, "nt_fp8_matmul/r%u/d%d/s%d", r->id, dev, k);
+        *s = (fp8_slot){r, d, k, -1};
+        nt_op_def def = {name, 2, slot_forward, slot_backward, s};
+        s->op = nt_op_register(&def);
+        if (s->op < 0) {
+            g_free(s);
+            s = NULL;
+        } else {
+            d->slots[d->nslots++] = s;
+        }
+    }
+    g_mutex_unlock(&r->lock);
+    if (!s && !nt_last_error())
+        nt__err(NULL, NT_ESTATE, fn, "fp8 slot %d of device %d skipped one (a region's "
+                "matmuls are numbered in order)", k, dev);
+    return s;
+}
+
+nt_tensor *nt__amp_fp8_matmul(const nt_site *site, nt_tensor *a, nt_tensor *b, bool *handled)
+{
+    int *next;
+    nt_fp8_recipe *r = nt__amp_fp8_region(&next);
+    if (!r)
+        return NULL;
+    if (!nt__check_arg(site, "nt_matmul", "a", a) || !nt__check_arg(site, "nt_matmul", "b", b)) {
+        *handled = true;
+        return NULL;
+    }
+    nt_dtype da = (nt_dtype)a->dtype, db = (nt_dtype)b->dtype;
+    /* fp8 for x @ W: a floating a of >= 2 dims, a floating 2-D b; anything
+     * else (batched products, f64) takes the bf16 policy */
+    if (!nt__dtype_is_float(da) || !nt__dtype_is_float(db) || da == NT_F64 || db == NT_F64 ||
+        b->ndim != 2 || a->ndim < 2 || a->shape[a->ndim - 1] != b->shape[0] ||
+        nt_numel(a) == 0 || nt_numel(b) == 0)
+        return NULL;
+    *handled = true;
+    fp8_slot *s = slot_get(r, nt_device_current(), (*next)++);
+    if (!s)
+        return NULL;
+    tls_record = nt_grad_enabled();
+    nt_tensor *in[2] = {a, b};
+    return nt_op_call(s->op, in);
+}
+
+/* ---------------- the node's arithmetic ---------------- */
+
+/* scale = (fmax / amax) * 2^-margin where positive finite, else `keep`
+ * (amax [1] f32 or [n]). */
+static nt_tensor *scale_from(nt_tensor *fm, nt_tensor *amax, int margin, nt_tensor *keep,
+                             fp8_dev *d)
+{
+    nt_tensor *sf = nt_div(fm, amax);
+    if (margin)
+        sf = nt_mul_scalar(sf, ldexp(1.0, -margin));
+    return nt_where(nt_gt(sf, d->zero), nt_where(nt_lt(sf, d->inf), sf, keep), keep);
+}
+
+/* amax |x| as f32 [1]: the infinity norm, one reduction (NaN propagates). */
+static nt_tensor *amax1(nt_tensor *x)
+{
+    nt_tensor *m = nt_norm(x, INFINITY, NT_DIM_ALL, false);
+    if (m && m->dtype != NT_F32)
+        m = nt_cast(m, NT_F32);
+    return nt_reshape(m, 1, (int64_t[]){1});
+}
+
+static int dev_collect(fp8_dev *d);
+
+/* Keeps amax t (f32 [1]) of row `row` for the next collect (a new reference
+ * taken); folds the records into the step's amax when they grow long (a
+ * program that never calls nt_fp8_recipe_update). */
+static int rec_add(fp8_slot *s, int row, nt_tensor *t)
+{
+    fp8_dev *d = s->d;
+    if (!t)
+        return nt_last_error();
+    int rc = 0;
+    g_mutex_lock(&s->r->lock);
+    if (d->nrec >= 4096)
+        rc = dev_collect(d);
+    if (!rc && d->nrec == d->caprec) {
+        int cap = d->caprec ? 2 * d->caprec : 64;
+        nt_tensor **nr = g_try_renew(nt_tensor *, d->rec, (size_t)cap);
+        if (nr)
+            d->rec = nr;
+        int *nrow = nr ? g_try_renew(int, d->rec_row, (size_t)cap) : NULL;
+        if (nrow) {
+            d->rec_row = nrow;
+            d->caprec = cap;
+        } else {
+            rc = nt__err_hostmem(NULL, "nt_matmul", "the fp8 amax records");
+        }
+    }
+    if (!rc) {
+        d->rec[d->nrec] = nt_retain(t);
+        d->rec_row[d->nrec++] = row;
+    }
+    g_mutex_unlock(&s->r->lock);
+    return rc;
+}
+
+/* The scale of x for row i (0: a, 1: b, 2: the gradient) of slot s and its
+ * reciprocal, as f32 [1] tensors: current scaling computes them from x;
+ * delayed scaling reads the recipe's and, with `record`, keeps x's amax
+ * for the step's amax of the row.  0 or an error. */
+static int slot_scale(fp8_slot *s, int i, nt_tensor *x, bool record, nt_tensor **scale,
+                      nt_tensor **inv)
+{
+    fp8_dev *d = s->d;
+    int row = 3 * s->k + i;
+    bool e5 = i == 2 && s->r->o.format == NT_FP8_HYBRID;
+    if (s->r->o.scaling == NT_FP8_CURRENT) {
+        *scale = scale_from(e5 ? d->max_e5m2 : d->max_e4m3, amax1(x), s->r->o.margin, d->one, d);
+        *inv = nt_reciprocal(*scale);
+    } else {
+        int rc = record ? rec_add(s, row, amax1(x)) : 0;
+        if (rc)
+            return rc;
+        *scale = nt_narrow(d->scale, 0, row, 1);
+        *inv = nt_narrow(d->inv, 0, row, 1);
+    }
+    return *scale && *inv ? 0 : nt_last_error();
+}
+
+/* x * scale in f32, saturated to +-fmax of dt (Inf to the max, NaN stays
+ * NaN), rounded to dt (nearest even). */
+static nt_tensor *quant(nt_tensor *x, nt_tensor *scale, nt_dtype dt)
+{
+    double fm = dt == NT_E5M2 ? E5M2_MAX : E4M3_MAX;
+    nt_tensor *t = nt_mul(x, scale);
+    if (t && t->dtype != NT_F32)
+        t = nt_cast(t, NT_F32);
+    return nt_cast(nt_clamp(t, -fm, fm), dt);
+}
+
+/* (qa . qb) / (sa sb) rounded to odt: the fp8 matmul with its dequantizing
+ * multipliers ia = 1 / sa, ib = 1 / sb (nt_matmul_fp8: acc * round(ia ib)). */
+static nt_tensor *mm(nt_tensor *qa, nt_tensor *qb, nt_tensor *ia, nt_tensor *ib, nt_dtype odt)
+{
+    nt_dtype mdt = odt == NT_F32 || odt == NT_BF16 ? odt : NT_F32;
+    nt_tensor *y = nt_matmul_fp8(qa, qb, ia, ib, mdt);
+    return y && mdt != odt ? nt_cast(y, odt) : y;
+}
+
+/* The dtype slot s rounds row i to in the forward (i 0, 1) or as the
+ * gradient (i 2). */
+static nt_dtype row_dtype(const fp8_slot *s, int i)
+{
+    return i == 2 && s->r->o.format == NT_FP8_HYBRID ? FP8_BWD_DT : FP8_FWD_DT;
+}
+
+static nt_tensor *slot_forward(nt_tensor *const *in, void *ctx)
+{
+    fp8_slot *s = ctx;
+    nt_tensor *a = in[0], *b = in[1];
+    int64_t K = b->shape[0], N = b->shape[1], M = nt_numel(a) / K;
+    nt_scope *sc = nt_scope_begin();
+    nt__amp_suspend();
+    nt_tensor *a2 = nt_reshape(a, 2, (int64_t[]){M, K});
+    nt_tensor *sa, *sb, *ia, *ib, *y = NULL;
+    if (a2 && !slot_scale(s, 0, a2, tls_record, &sa, &ia) &&
+        !slot_scale(s, 1, b, tls_record, &sb, &ib))
+        y = mm(quant(a2, sa, FP8_FWD_DT), quant(b, sb, FP8_FWD_DT), ia, ib, NT_BF16);
+    if (y) {
+        int64_t shape[NT_MAX_DIMS];
+        for (int i = 0; i < a->ndim - 1; i++)
+            shape[i] = a->shape[i];
+        shape[a->ndim - 1] = N;
+        y = nt_reshape(y, a->ndim, shape);
+    }
+    nt__amp_resume();
+    if (y)
+        nt_keep(y);
+    nt_scope_end(sc);
+    return y ? nt__scope_adopt(y, "nt_matmul") : NULL;
+}
+
+static int slot_backward(nt_tensor *gout, nt_tensor *const *in, nt_tensor *out,
+                         nt_tensor **gin, void *ctx)
+{
+    (void)out;
+    fp8_slot *s = ctx;
+    nt_tensor *a = in[0], *b = in[1];
+    int64_t K = b->shape[0], N = b->shape[1], M = nt_numel(a) / K;
+    nt_tensor *a2 = nt_reshape(a, 2, (int64_t[]){M, K});
+    nt_tensor *g2 = nt_reshape(gout, 2, (int64_t[]){M, N});
+    nt_tensor *sg, *sa, *sb, *ig, *ia, *ib;
+    if (!a2 || !g2 || slot_scale(s, 2, g2, true, &sg, &ig) ||
+        slot_scale(s, 0, a2, false, &sa, &ia) || slot_scale(s, 1, b, false, &sb, &ib))
+        return nt_last_error();
+    /* TensorE multiplies two operands of one fp8 format (nc_matmul: both
+     * e4m3 or both e5m2), so the gradient's partners are rounded to the
+     * gradient's format, each with its own scale */
+    nt_dtype gdt = row_dtype(s, 2);
+    nt_tensor *qg = quant(g2, sg, gdt);
+    nt_tensor *qa = quant(a2, sa, gdt), *qb = quant(b, sb, gdt);
+    nt_tensor *da = mm(qg, nt_transpose(qb, 0, 1), ig, ib, (nt_dtype)a->dtype);
+    nt_tensor *db = mm(nt_transpose(qa, 0, 1), qg, ia, ig, (nt_dtype)b->dtype);
+    if (!da || !db)
+        return nt_last_error();
+    gin[0] = nt_reshape(da, a->ndim, a->shape);
+    gin[1] = db;
+    return gin[0] ? 0 : nt_last_error();
+}
+
+/* ---------------- the update ---------------- */
+
+nt_stream *nt__fp8_enter(int dev)
+{
+    nt_stream *old = nt_stream_current();
+    if (nt_stream_device(old) != dev)
+        nt_stream_set_current(nt_stream_default_on(dev));
+    return old;
+}
+
+/* Device dev's block of r and its slot count then (*n; 0 without a
+ * block), read under the recipe's lock. */
+static fp8_dev *dev_of(nt_fp8_recipe *r, int dev, int *n)
+{
+    g_mutex_lock(&r->lock);
+    fp8_dev *d = dev >= 0 && dev < FP8_MAX_DEVS ? r->devs[dev] : NULL;
+    *n = d ? d->nslots : 0;
+    g_mutex_unlock(&r->lock);
+    return d;
+}
+
+nt_tensor *nt__fp8_pending(nt_fp8_recipe *r, int dev, const char *fn)
+{
+    int ns;
+    fp8_dev *d = dev_of(r, dev, &ns);
+    if (!d || !ns) {
+        nt__err(NULL, NT_ESTATE, fn, "device %d ran no fp8 matmul of this recipe", dev);
+        return NULL;
+    }
+    return nt_narrow(d->pending, 0, 0, 3 * (int64_t)ns);
+}
+
+/* The step's amax of every row from the records (called with the recipe's
+ * lock held, on any stream: it enters d's device): records sorted by row
+ * (stable), one cat; when every row has m records, one max over [n, m];
+ * else a max per row (rows without a record: 0).  Joined with what pending
+ * holds when earlier records were folded in; written to pending. */
+static int dev_collect(fp8_dev *d)
+{
+    int n = 3 * d->nslots, nrec = d->nrec;
+    if (!nrec)
+        return 0;
+    int *cnt = g_try_new0(int, (size_t)n + 1);
+    nt_tensor **ord = g_try_new(nt_tensor *, (size_t)nrec);
+    if (!cnt || !ord) {
+        g_free(cnt);
+        g_free(ord);
+        return nt__err_hostmem(NULL, "nt_fp8_recipe_update", "the amax records");
+    }
+    for (int j = 0; j < nrec; j++)
+        cnt[d->rec_row[j] + 1]++;
+    bool uniform = true;
+    for (int r = 1; r < n; r++)
+        uniform &= cnt[r + 1] == cnt[1];
+    for (int r = 0; r < n; r++) /* cnt[r]: the first place of row r */
+        cnt[r + 1] += cnt[r];
+    for (int j = 0; j < nrec; j++)
+        ord[cnt[d->rec_row[j]]++] = d->rec[j];
+    nt_stream *old = nt__fp8_enter(d->dev);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *all = nt_cat(ord, nrec, 0), *v = NULL;
+    int m = nrec / n;
+    if (all && uniform)
+        v = m > 1 ? nt_amax(nt_reshape(all, 2, (int64_t[]){n, m}), 1, (int[]){1}, false) : all;
+    else if (all) {
+        /* cnt[r] is now the end of row r */
+        nt_tensor **rows = g_try_new(nt_tensor *, (size_t)n);
+        for (int r = 0, at = 0; rows && r < n; at = cnt[r++])
+            rows[r] = cnt[r] > at ? nt_amax(nt_narrow(all, 0, at, cnt[r] - at), 1, (int[]){0}, true)
+                                  : d->zero;
+        v = rows ? nt_cat(rows, n, 0) : NULL;
+        g_free(rows);
+    }
+    nt_tensor *p = nt_narrow(d->pending, 0, 0, n);
+    if (v && d->folded)
+        v = nt_maximum(v, p);
+    int rc = v && p && !nt_copy_into(p, v) ? 0 : (nt_last_error() ? nt_last_error() : NT_EINVAL);
+    nt_scope_end(sc);
+    nt_stream_set_current(old);
+    g_free(cnt);
+    g_free(ord);
+    for (int j = 0; j < nrec; j++)
+        nt_release(d->rec[j]);
+    d->nrec = 0;
+    d->folded = !rc;
+    return rc;
+}
+
+int nt__fp8_collect(nt_fp8_recipe *r, const char *fn)
+{
+    int rc = 0;
+    g_mutex_lock(&r->lock);
+    for (int i = 0; i < FP8_MAX_DEVS && !rc; i++)
+        if (r->devs[i])
+            rc = dev_collect(r->devs[i]);
+    g_mutex_unlock(&r->lock);
+    if (rc)
+        nt__err_within(fn);
+    return rc;
+}
+
+/* Push the step's amax into d's history, rescale, clear the step's amax. */
+static int dev_apply(nt_fp8_recipe *r, fp8_dev *d, int nslots)
+{
+    int64_t n = 3 * (int64_t)nslots, H = r->o.amax_history_len;
+    nt_tensor *p = nt_narrow(d->pending, 0, 0, n);
+    nt_tensor *h = nt_narrow(d->hist, 0, 0, n);
+    nt_tensor *cur = nt_narrow(d->scale, 0, 0, n);
+    nt_tensor *col = nt_unsqueeze(p, 1);
+    nt_tensor *pushed = col;
+    if (H > 1) {
+        nt_tensor *parts[2] = {col, nt_narrow(h, 1, 0, H - 1)};
+        pushed = parts[1] ? nt_cat(parts, 2, 1) : NULL;
+    }
+    if (!pushed || nt_copy_into(h, pushed))
+        return nt_last_error();
+    nt_tensor *am = nt_amax(h, 1, (int[]){1}, false);
+    nt_tensor *sf = am ? scale_from(nt_narrow(d->fmax, 0, 0, n), am, r->o.margin, cur, d) : NULL;
+    if (!sf || nt_copy_into(cur, sf) || nt_copy_into(nt_narrow(d->inv, 0, 0, n), nt_reciprocal(sf)) ||
+        nt_fill_inplace(p, 0.0))
+        return nt_last_error();
+    d->folded = false;
+    return 0;
+}
+
+int nt__fp8_apply(nt_fp8_recipe *r, const char *fn)
+{
+    if (r->o.scaling == NT_FP8_CURRENT)
+        return 0;
+    int rc = 0;
+    nt_scope *sc = nt_scope_begin();
+    for (int i = 0; i < FP8_MAX_DEVS && !rc; i++) {
+        int ns;
+        fp8_dev *d = dev_of(r, i, &ns);
+        if (!d || !ns)
+            continue;
+        nt_stream *old = nt__fp8_enter(d->dev);
+        rc = dev_apply(r, d, ns);
+        nt_stream_set_current(old);
+    }
+    nt_scope_end(sc);
+    if (rc)
+        nt__err_within(fn);
+    return rc;
+}
+
+NT_API int nt_fp8_recipe_slots(nt_fp8_recipe *r, int dev)
+{
+    const char *fn = "nt_fp8_recipe_slots";
+    if (!nt__fp8_recipe_ok(r, fn))
+        return -1;
+    if (dev < 0 || dev >= nt_device_count()) {
+        nt__err(NULL, NT_EINVAL, fn, "argument 'dev' is %d; expected 0..%d", dev,
+                nt_device_count() - 1);
+        return -1;
+    }
+    int ns;
+    dev_of(r, dev, &ns);
+    return ns;
+}
+
+NT_API nt_tensor *nt_fp8_recipe_state(nt_fp8_recipe *r, int dev, int which)
+{
+    const char *fn = "nt_fp8_recipe_state";
+    if (!nt__fp8_recipe_ok(r, fn))
+        return NULL;
+    if (dev < 0 || dev >= nt_device_count()) {
+        nt__err(NULL, NT_EINVAL, fn, "argument 'dev' is %d; expected 0..%d", dev,
+                nt_device_count() - 1);
+        return NULL;
+    }
+    if (which < 0 || which > 2) {
+        nt__err(NULL, NT_EINVAL, fn, "argument 'which' is %d; expected 0 (scales), 1 (amax "
+                "histories) or 2 (the step's amaxes)", which);
+        return NULL;
+    }
+    int ns;
+    fp8_dev *d = dev_of(r, dev, &ns);
+    if (!d || !ns) {
+        nt__err(NULL, NT_ESTATE, fn, "device %d ran no fp8 matmul of this recipe yet", dev);
+        return NULL;
+    }
+    if (which == 2 && nt__fp8_collect(r, fn))
+        return NULL;
+    nt_tensor *t = which == 0 ? d->scale : which == 1 ? d->hist : d->pending;
+    return nt_narrow(t, 0, 0, 3 * (int64_t)ns);
+}
