@@ -308,12 +308,24 @@ NT_API nt_tensor *nt_logsumexp(nt_tensor *t, int ndims, const int *dims, bool ke
 
 /* ---------------- prod, cumsum, cumprod: sequential along a dim ---------------- */
 
-/* t (integers widened to i32, as nt_sum; bf16 and f16 to f32) and its dim d: t itself, or its
- * row-major flattening for NT_DIM_ALL (and a 0-d t). */
+/* The dtype prod, cumsum and cumprod run in: f32, f64, i64 keep theirs;
+ * bool goes to i64 (PyTorch's long), other ints to i32 (as nt_sum), bf16
+ * and f16 to f32. */
+static nt_dtype seq_dtype(nt_dtype dt)
+{
+    if (dt == NT_F32 || dt == NT_F64 || dt == NT_I64 || dt == NT_I32)
+        return dt;
+    if (dt == NT_BOOL)
+        return NT_I64;
+    return nt__dtype_is_float(dt) ? NT_F32 : NT_I32;
+}
+
+/* t in seq_dtype and its dim d: t itself, or its row-major flattening for
+ * NT_DIM_ALL (and a 0-d t). */
 static nt_tensor *seq_input(const nt_site *site, const char *fn, nt_tensor *t, int dim, int *d)
 {
-    if (t->dtype != NT_I32 && t->dtype != NT_F32)
-        t = nt__copy_to(site, fn, t, nt__dtype_is_float((nt_dtype)t->dtype) ? NT_F32 : NT_I32);
+    if (seq_dtype((nt_dtype)t->dtype) != t->dtype)
+        t = nt__copy_to(site, fn, t, seq_dtype((nt_dtype)t->dtype));
     if (!t)
         return NULL;
     if (dim == NT_DIM_ALL || t->ndim == 0) {
@@ -414,7 +426,7 @@ static nt_tensor *prod_cum(const nt_site *site, const char *fn, int op, nt_tenso
         y = scan_op(site, fn, op == NT_OP_ADD ? NT_OP_CUMSUM : NT_OP_CUMPROD, x, NULL, d);
         if (y && !cum)
             y = nt_slice_at(site, y, d, x->shape[d] - 1, x->shape[d], 1);
-    } else { /* integers: exact, any order; one op per position */
+    } else { /* integers (exact, any order) and f64: one op per position */
         y = seq_run(site, fn, op, x, d, cum);
     }
     int64_t sh[NT_MAX_DIMS];
@@ -437,7 +449,7 @@ static nt_tensor *prod_cum(const nt_site *site, const char *fn, int op, nt_tenso
     }
     if (y)
         y = nt_reshape_at(site, y, k, sh);
-    if (y && nt__dtype_is_float((nt_dtype)t->dtype) && t->dtype != NT_F32)
+    if (y && nt__dtype_is_float((nt_dtype)t->dtype) && t->dtype != y->dtype)
         y = nt__copy_to(site, fn, y, (nt_dtype)t->dtype); /* rounded once */
     return composite_end(sc, y, fn);
 }
@@ -460,3 +472,24 @@ NT_API nt_tensor *nt_cumprod_at(const nt_site *site, nt_tensor *t, int dim)
     return prod_cum(site, "nt_cumprod", NT_OP_MUL, t, dim, false, true);
 }
 NT_API nt_tensor *nt_cumprod(nt_tensor *t, int dim) { return nt_cumprod_at(NT_RA_SITE, t, dim); }
+
+/* ---------------- all ---------------- */
+
+/* torch.all: (any(t == 0) == 0), so an empty dim gives 1 and a NaN counts
+ * as nonzero, with nt_any's dims and errors. */
+NT_API nt_tensor *nt_all_at(const nt_site *site, nt_tensor *t, int dim, bool keepdim)
+{
+    const char *fn = "nt_all";
+    nt_scope *sc = composite_begin(site, fn, t);
+    if (!sc)
+        return NULL;
+    nt_tensor *z = nt_zeros_at(site, (nt_dtype)t->dtype, 0, NULL);
+    nt_tensor *e = z ? nt__binary(site, fn, NT_OP_EQ, t, z) : NULL;
+    nt_tensor *a = e ? nt__reduce(site, fn, NT_OP_ANY, e, dim, keepdim) : NULL;
+    nt_tensor *z8 = a ? nt_zeros_at(site, NT_U8, 0, NULL) : NULL;
+    return composite_end(sc, z8 ? nt__binary(site, fn, NT_OP_EQ, a, z8) : NULL, fn);
+}
+NT_API nt_tensor *nt_all(nt_tensor *t, int dim, bool keepdim)
+{
+    return nt_all_at(NT_RA_SITE, t, dim, keepdim);
+}

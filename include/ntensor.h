@@ -419,7 +419,12 @@ NT_API nt_tensor *nt_einsum(const char *equation, int n, nt_tensor *const *opera
 /* NT_DIM_ALL reduces every dim.  One summation order, fixed by the shape.   */
 /* ------------------------------------------------------------------------ */
 
-NT_API nt_tensor *nt_sum(nt_tensor *t, int dim, bool keepdim);  /* ints sum in i32 */
+/** torch.sum over `dim`: floats in the canonical f32 order (f64 in double),
+ *  t's dtype out; i32 and u8 sum in i32 (wrapping; PyTorch: i64); i64 and
+ *  bool sum in i64 (wrapping), an i64 result, as PyTorch.  max, min, argmax,
+ *  argmin, any, nt_amax and nt_amin also take i64 and bool (bool max is
+ *  `or`, min `and`), on the CPU backend (docs/ops.md "i64 and bool"). */
+NT_API nt_tensor *nt_sum(nt_tensor *t, int dim, bool keepdim);
 NT_API nt_tensor *nt_mean(nt_tensor *t, int dim, bool keepdim); /* floating only */
 NT_API nt_tensor *nt_max(nt_tensor *t, int dim, bool keepdim);  /* values */
 NT_API nt_tensor *nt_argmax(nt_tensor *t, int dim, bool keepdim); /* i32, first max */
@@ -434,6 +439,11 @@ NT_API nt_tensor *nt_argmin(nt_tensor *t, int dim, bool keepdim);
 /** u8 1 where some element over `dim` is nonzero (NaN is nonzero), else 0;
  *  an empty dim gives 0.  Every dtype.  Not differentiable. */
 NT_API nt_tensor *nt_any(nt_tensor *t, int dim, bool keepdim);
+/** torch.all: u8 1 where every element over `dim` (or NT_DIM_ALL) is
+ *  nonzero (NaN is nonzero), else 0; an empty dim gives 1.  Every dtype.
+ *  Computed as (nt_any(t == 0) == 0): its bits on every backend and mode.
+ *  Not differentiable.  Errors as nt_any (NT_EDIM naming nt_all). */
+NT_API nt_tensor *nt_all(nt_tensor *t, int dim, bool keepdim);
 /** torch.linalg.vector_norm: (sum |x|^ord)^(1/ord) over `dim` (or every
  *  element with NT_DIM_ALL); ord 2 (sqrt of the sum of squares), 1, INFINITY
  *  (max |x|), -INFINITY (min |x|), 0 (count of nonzeros) or any other
@@ -482,13 +492,16 @@ NT_API nt_tensor *nt_std(nt_tensor *t, int ndims, const int *dims, double correc
 NT_API nt_tensor *nt_logsumexp(nt_tensor *t, int ndims, const int *dims, bool keepdim);
 /** torch.prod over `dim` (or NT_DIM_ALL: every element in row-major order):
  *  the product taken sequentially along the dim, x0 * x1 * x2 ...  Floating
- *  dtypes keep theirs; integers multiply in i32 (wrapping; PyTorch: i64).
+ *  dtypes keep theirs (f64 multiplies in double, the others in f32);
+ *  i32 and u8 multiply in i32 (wrapping; PyTorch: i64), i64 and bool in
+ *  i64 (wrapping), an i64 result as PyTorch's.
  *  No elements give 1.  The gradient has no division: exact with zeros in
  *  the row (the product of the other elements), as PyTorch. */
 NT_API nt_tensor *nt_prod(nt_tensor *t, int dim, bool keepdim);
 /** torch.cumsum along `dim`: y_i = y_(i-1) + x_i in order, the running value
- *  in f32 and each y_i rounded once to t's dtype.  Integers in i32 (PyTorch:
- *  i64).  NT_DIM_ALL is NT_EDIM. */
+ *  in f32 (f64: in double) and each y_i rounded once to t's dtype.  i32
+ *  and u8 in i32 (PyTorch: i64); i64 and bool in i64.  NT_DIM_ALL is
+ *  NT_EDIM. */
 NT_API nt_tensor *nt_cumsum(nt_tensor *t, int dim);
 /** torch.cumprod along `dim`: y_i = y_(i-1) * x_i in order, integers as
  *  nt_cumsum.  The gradient is exact with zeros along the dim. */
@@ -1655,7 +1668,8 @@ NT_API void nt_scheduler_destroy(nt_scheduler *s);
  *  params' .grads as one vector (the norm of their norms); each .grad is
  *  multiplied in place by min(1, max_norm / (total + 1e-6)), on the device,
  *  no host sync.  Returns total as a 0-dim f32 tensor on the calling
- *  thread's device, owned like any op's result (by the open scope; with
+ *  thread's device (f64 when some .grad is f64: that gradient's norm, the
+ *  total and the factor are then computed in double, as PyTorch's), owned like any op's result (by the open scope; with
  *  none, the caller releases it), NULL on bad input (params
  *  NULL, n < 0, max_norm <= 0 or NaN, a non-floating or repeated
  *  parameter).  Params without a .grad are skipped; with none, total is 0.

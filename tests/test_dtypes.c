@@ -71,10 +71,12 @@ static void test_basics(void **state)
     assert_non_null(s);
     assert_non_null(strstr(s, "dtype=f64"));
     free(s);
-    /* f64 rand draws the f32 grid (multiples of 2^-24) in [0, 1) */
+    /* f64 rand draws 53 bits: multiples of 2^-53 in [0, 1), off the f32
+     * grid (tests/test_close34.c checks the bits) */
     to_host64(nt_rand(NT_F64, 1, &n3, 7), h, 3);
     for (int i = 0; i < 3; i++)
-        assert_true(h[i] >= 0 && h[i] < 1 && h[i] * 0x1p24 == floor(h[i] * 0x1p24));
+        assert_true(h[i] >= 0 && h[i] < 1 && h[i] * 0x1p53 == floor(h[i] * 0x1p53) &&
+                    h[i] * 0x1p24 != floor(h[i] * 0x1p24));
     nt_scope_end(sc);
 }
 
