@@ -210,8 +210,8 @@ static nt_tensor *var_std(const nt_site *site, const char *fn, nt_tensor *t, int
         nt_scope_end(sc);
         return NULL;
     }
-    nt_dtype dt = (nt_dtype)t->dtype;
-    nt_tensor *x = dt == NT_F32 ? t : nt__copy_to(site, fn, t, NT_F32);
+    nt_dtype dt = (nt_dtype)t->dtype, cd = dt == NT_F64 ? NT_F64 : NT_F32; /* f64: double */
+    nt_tensor *x = dt == cd ? t : nt__copy_to(site, fn, t, cd);
     nt_tensor *mu = x ? red_over(site, fn, NT_OP_MEAN, x, &r, true) : NULL;
     nt_tensor *d = mu ? nt__binary(site, fn, NT_OP_SUB, x, mu) : NULL;
     nt_tensor *s = d ? red_over(site, fn, NT_OP_SUM, nt__binary(site, fn, NT_OP_MUL, d, d), &r,
@@ -221,7 +221,7 @@ static nt_tensor *var_std(const nt_site *site, const char *fn, nt_tensor *t, int
     nt_tensor *y = s ? nt__scalar(site, fn, NT_OP_DIV_SCALAR, s, den > 0 ? den : 0.0, 0) : NULL;
     if (y && sd)
         y = nt__unary(site, fn, NT_OP_SQRT, y);
-    if (y && dt != NT_F32)
+    if (y && dt != cd)
         y = nt__copy_to(site, fn, y, dt);
     return composite_end(sc, y, fn);
 }
@@ -247,17 +247,17 @@ NT_API nt_tensor *nt_std(nt_tensor *t, int ndims, const int *dims, double correc
     return nt_std_at(NT_RA_SITE, t, ndims, dims, correction, keepdim);
 }
 
-/* log(sum(exp(x - m))) + m over the dims of r in f32, m the amax (keepdim,
+/* log(sum(exp(x - m))) + m over the dims of r in x's dtype (f32 or f64), m the amax (keepdim,
  * no gradient) with +-Inf replaced by 0 (PyTorch's logsumexp): a row of
  * -Inf gives -Inf, a row with +Inf gives +Inf, NaN propagates; no elements
  * give -Inf. */
 static nt_tensor *lse(const nt_site *site, const char *fn, nt_tensor *x, const rdims *r,
                       bool keepdim)
 {
-    nt_tensor *m = NULL, *z = nt_zeros_at(site, NT_F32, 0, NULL);
+    nt_tensor *m = NULL, *z = nt_zeros_at(site, (nt_dtype)x->dtype, 0, NULL);
     if (r->n > 0) {
         nt_tensor *a = red_over(site, fn, NT_OP_AMAX, nt_detach_at(site, x), r, true);
-        nt_tensor *inf = nt_full_at(site, NT_F32, 0, NULL, INFINITY);
+        nt_tensor *inf = nt_full_at(site, (nt_dtype)x->dtype, 0, NULL, INFINITY);
         nt_tensor *isinf = a ? nt__binary(site, fn, NT_OP_EQ, nt__unary(site, fn, NT_OP_ABS, a), inf)
                              : NULL;
         m = isinf ? nt_where_at(site, isinf, z, a) : NULL;
@@ -295,9 +295,10 @@ NT_API nt_tensor *nt_logsumexp_at(const nt_site *site, nt_tensor *t, int ndims, 
     nt_dtype dt = (nt_dtype)t->dtype;
     if (!nt__dtype_is_float(dt))
         dt = NT_F32; /* integers give f32, as PyTorch 1.13 */
-    nt_tensor *x = t->dtype == NT_F32 ? t : nt__copy_to(site, fn, t, NT_F32);
+    nt_dtype cd = dt == NT_F64 ? NT_F64 : NT_F32; /* f64: in double */
+    nt_tensor *x = t->dtype == cd ? t : nt__copy_to(site, fn, t, cd);
     nt_tensor *y = x ? lse(site, fn, x, &r, keepdim) : NULL;
-    if (y && dt != NT_F32)
+    if (y && dt != cd)
         y = nt__copy_to(site, fn, y, dt);
     return composite_end(sc, y, fn);
 }

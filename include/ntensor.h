@@ -476,8 +476,9 @@ NT_API nt_tensor *nt_amin(nt_tensor *t, int ndims, const int *dims, bool keepdim
 /** torch.var(t, dims, correction=, keepdim): sum((x - mean)^2) / max(n -
  *  correction, 0) over the dims (correction 1: PyTorch's default unbiased
  *  estimate; 0: the biased one).  Floating dtypes only (NT_EDTYPE for
- *  integers, as PyTorch); computed in f32 (mean by nt_mean_dims, the
- *  squares' sum by nt_sum_dims) and rounded once to t's dtype.  n <=
+ *  integers, as PyTorch); computed in f32 (f64: in double; mean by
+ *  nt_mean_dims, the squares' sum by nt_sum_dims) and rounded once to t's
+ *  dtype.  n <=
  *  correction gives Inf or NaN (a division by 0), as PyTorch.  NaN
  *  correction: NT_EINVAL. */
 NT_API nt_tensor *nt_var(nt_tensor *t, int ndims, const int *dims, double correction,
@@ -487,8 +488,8 @@ NT_API nt_tensor *nt_std(nt_tensor *t, int ndims, const int *dims, double correc
                          bool keepdim);
 /** torch.logsumexp: log(sum(exp(x - m))) + m over the dims, m the maximum
  *  (0 where it is +-Inf, as PyTorch: a row of -Inf gives -Inf, a row with
- *  +Inf gives +Inf); no elements give -Inf.  In f32, rounded once to t's
- *  dtype (integers give f32, as PyTorch 1.13).  Gradient: softmax(x) g. */
+ *  +Inf gives +Inf); no elements give -Inf.  In f32 (f64: in double),
+ *  rounded once to t's dtype (integers give f32, as PyTorch 1.13).  Gradient: softmax(x) g. */
 NT_API nt_tensor *nt_logsumexp(nt_tensor *t, int ndims, const int *dims, bool keepdim);
 /** torch.prod over `dim` (or NT_DIM_ALL: every element in row-major order):
  *  the product taken sequentially along the dim, x0 * x1 * x2 ...  Floating

@@ -362,6 +362,111 @@ static void test_all(void **state)
     nt_scope_end(sc);
 }
 
+/* The composites that take f64 compute in double (they went through f32):
+ * var, std, logsumexp and the losses, against double formulas here; a
+ * normalisation whose statistics are f32 kernels refuses f64. */
+static double v64(int i) { return 0.3 + 0.37 * (i % 7) - 0.11 * i + 1e-12 * i * i; }
+
+static double item64(nt_tensor *t)
+{
+    double v = NAN;
+    if (!t)
+        fail_msg("%s", nt_last_error_message());
+    assert_int_equal(nt_dtype_of(t), NT_F64);
+    assert_int_equal(nt_item(t, &v), 0);
+    return v;
+}
+
+static void near(double got, double want, double rel, const char *what)
+{
+    if (!(fabs(got - want) <= rel * fabs(want)))
+        fail_msg("%s: %.17g, the double reference %.17g", what, got, want);
+}
+
+static nt_tensor *f_var(nt_tensor *const *in, void *ctx)
+{
+    (void)ctx;
+    return nt_var(in[0], 0, NULL, 1.0, false);
+}
+static nt_tensor *f_lse(nt_tensor *const *in, void *ctx)
+{
+    (void)ctx;
+    return nt_logsumexp(in[0], 0, NULL, false);
+}
+static nt_tensor *f_bcel(nt_tensor *const *in, void *ctx)
+{
+    return nt_binary_cross_entropy_with_logits(in[0], ctx, NULL, NULL, NT_REDUCTION_MEAN);
+}
+static nt_tensor *f_huber(nt_tensor *const *in, void *ctx)
+{
+    (void)ctx;
+    return nt_huber_loss(in[0], in[1], NT_REDUCTION_SUM, 0.7);
+}
+
+static void test_f64_composites(void **state)
+{
+    (void)state;
+    enum { N = 24 };
+    double a[N], b[N], y[N];
+    for (int i = 0; i < N; i++) {
+        a[i] = v64(i);
+        b[i] = v64(i + 5) * 0.5;
+        y[i] = (double)(i % 3) / 2.0;
+    }
+    double mu = 0, ss = 0, m = -INFINITY, se = 0, l1 = 0, hub = 0, bce = 0;
+    for (int i = 0; i < N; i++)
+        mu += a[i], m = fmax(m, a[i]);
+    mu /= N;
+    for (int i = 0; i < N; i++) {
+        double d = a[i] - b[i], ad = fabs(d);
+        ss += (a[i] - mu) * (a[i] - mu);
+        se += exp(a[i] - m);
+        l1 += ad;
+        hub += ad < 0.7 ? 0.5 * d * d : 0.7 * (ad - 0.35);
+        bce += (1 - y[i]) * a[i] + log1p(exp(-a[i])); /* -y log s(a) - (1 - y) log(1 - s(a)) */
+    }
+    for (int k = 0; k < 2; k++) {
+        nt_test_cfg(k);
+        assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "0"), 0);
+        nt_scope *sc = nt_scope_begin();
+        const int64_t sh[2] = {4, 6};
+        nt_tensor *ta = nt_from_host(a, NT_F64, 2, sh), *tb = nt_from_host(b, NT_F64, 2, sh);
+        nt_tensor *ty = nt_from_host(y, NT_F64, 2, sh);
+        /* an f32 path is 1e-7 off: these bounds are a few ulp of double
+         * (the sums' orders differ from the loops above) */
+        near(item64(nt_var(ta, 0, NULL, 1.0, false)), ss / (N - 1), 1e-14, "var");
+        near(item64(nt_std(ta, 0, NULL, 0.0, false)), sqrt(ss / N), 1e-14, "std");
+        near(item64(nt_logsumexp(ta, 0, NULL, false)), log(se) + m, 1e-14, "logsumexp");
+        near(item64(nt_l1_loss(ta, tb, NT_REDUCTION_MEAN)), l1 / N, 1e-14, "l1_loss");
+        near(item64(nt_huber_loss(ta, tb, NT_REDUCTION_SUM, 0.7)), hub, 1e-14, "huber_loss");
+        near(item64(nt_binary_cross_entropy_with_logits(ta, ty, NULL, NULL, NT_REDUCTION_MEAN)),
+             bce / N, 1e-13, "binary_cross_entropy_with_logits");
+        nt_scope_end(sc);
+    }
+    nt_test_cfg(0);
+    /* their gradients, checked in double at PyTorch's double tolerances */
+    nt_scope *sc = nt_scope_begin();
+    const int64_t sh[2] = {4, 6};
+    nt_tensor *in[2] = {nt_from_host(a, NT_F64, 2, sh), nt_from_host(b, NT_F64, 2, sh)};
+    nt_tensor *iy[2] = {in[0], nt_from_host(y, NT_F64, 2, sh)};
+    nt_set_requires_grad(in[0], true);
+    nt_set_requires_grad(in[1], true);
+    const double E = NT_GRADCHECK_F64_EPS, A = NT_GRADCHECK_F64_ATOL, R = NT_GRADCHECK_F64_RTOL;
+    assert_int_equal(nt_gradcheck(f_var, in, 1, NULL, E, A, R), 0);
+    assert_int_equal(nt_gradcheck(f_lse, in, 1, NULL, E, A, R), 0);
+    assert_int_equal(nt_gradcheck(f_huber, in, 2, NULL, E, A, R), 0);
+    if (nt_gradcheck(f_bcel, iy, 1, iy[1], E, A, R)) /* the targets: ctx */
+        fail_msg("%s", nt_last_error_message());
+    /* batch and group norm's statistics are f32 kernels: f64 is
+     * refused, not narrowed */
+    nt_tensor *x4 = nt_reshape(nt_detach(in[0]), 4, (const int64_t[]){2, 2, 3, 2});
+    assert_null(nt_batch_norm(x4, NULL, NULL, NULL, NULL, true, 0.1, 1e-5));
+    nt_test_expect_err(nt_last_error(), NT_ENOTSUP, "nt_batch_norm", "'x' is f64");
+    assert_null(nt_group_norm(x4, 1, NULL, NULL, 1e-5));
+    nt_test_expect_err(nt_last_error(), NT_ENOTSUP, "nt_group_norm", "'x' is f64");
+    nt_scope_end(sc);
+}
+
 /* Bad input: each a clear error naming the call, nothing else changed. */
 static void test_bad_input(void **state)
 {
@@ -410,6 +515,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_f64_rand_53_bits, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_clip_grad_norm_f64, nt_test_setup,
                                         nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_f64_composites, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_all, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, nt_test_setup, nt_test_teardown),
     };

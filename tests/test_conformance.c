@@ -909,7 +909,7 @@ static void check_grad64(int op)
     int err = nt_last_error();
     if (!y && (err == NT_ENOTSUP || err == NT_EDTYPE)) {
         cell(op, K_G64, "n/a: takes no f64");
-    } else if (!y || y->dtype != NT_F64) {
+    } else if (!y || (y->dtype != NT_F64 && op != NT_OP_CAST)) { /* cast: to its target */
         cell(op, K_G64, "FAIL f64 forward: %.50s", y ? "not f64" : nt_last_error_message());
     } else {
         for (int i = 0; i < s.n; i++)
