@@ -184,17 +184,19 @@ static void test_i64_index_on_sim(void **state)
     nt_tensor *t = nt_from_host(w, NT_F32, 2, (const int64_t[]){4, 3});
     const int64_t i64[3] = {3, 0, 2};
     const int32_t i32[3] = {3, 0, 2};
+    nt_stats s0, s1;
+    assert_int_equal(nt_sync(), 0);
+    assert_int_equal(nt_stats_get(&s0), 0);
     nt_tensor *a = nt_index_select(t, 0, nt_from_host(i64, NT_I64, 1, (const int64_t[]){3}));
     nt_tensor *b = nt_index_select(t, 0, nt_from_host(i32, NT_I32, 1, (const int64_t[]){3}));
     assert_non_null(a);
     assert_non_null(b);
     float ha[9], hb[9];
-    nt_stats s0, s1;
-    assert_int_equal(nt_stats_get(&s0), 0);
     assert_int_equal(nt_to_host(a, ha, sizeof ha), 0);
     assert_int_equal(nt_to_host(b, hb, sizeof hb), 0);
     assert_int_equal(nt_stats_get(&s1), 0);
     assert_memory_equal(ha, hb, sizeof ha);
+    assert_true(s1.cpu_fallbacks >= s0.cpu_fallbacks + 1); /* the i64 one, counted */
     assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "1"), 0);
     assert_null(nt_index_select(t, 0, nt_from_host(i64, NT_I64, 1, (const int64_t[]){3})));
     nt_test_expect_err(nt_last_error(), NT_ENOTSUP, "nt_index_select", "i64");
