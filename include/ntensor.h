@@ -759,7 +759,8 @@ NT_API nt_tensor *nt_dropout_next(nt_tensor *x, double p, nt_generator *g);
  *  and advances g by one, so each call differs and a run from the same state
  *  repeats (docs/ops.md gives each one's exact steps).  The floating ones
  *  (f32, bf16, f16) are nt_rand / nt_randn in f32, times (float)scale, plus
- *  (float)shift, rounded once to dt; they can be part of a captured step
+ *  (float)shift, rounded once to dt (f64: nt_rand / nt_randn of f64, the
+ *  scale and shift in double); they can be part of a captured step
  *  (each replay draws anew).  Errors (NT_EINVAL, NT_EDTYPE, NT_ESHAPE) name
  *  the function and the argument. */
 /** U[a, b): scale b - a, shift a.  a <= b, both and b - a finite in f32. */

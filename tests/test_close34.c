@@ -4,7 +4,9 @@
  * 1.13 (tests/torch_refs/close34.h) in every mode, on the CPU backend and
  * on the simulator (which runs them on the CPU, counted as fallbacks, or
  * refuses them under NT_REQUIRE_SIM); f64 prod and cumsum in double
- * (against products computed here); nt_rand(NT_F64) drawing 53 bits;
+ * (against products computed here); nt_rand(NT_F64) drawing 53 bits, and
+ * nt_uniform / nt_normal of f64 in double; var, std, logsumexp and the
+ * losses of f64 in double, with gradchecks at double tolerances;
  * nt_clip_grad_norm with an f64 gradient in double (against PyTorch's
  * clip_grad_norm_); nt_all; i64 indices on the simulator; every error
  * path. */
@@ -288,6 +290,48 @@ static void test_f64_rand_53_bits(void **state)
     free(h0);
 }
 
+/* nt_uniform and nt_normal of f64 draw and scale in double (they went
+ * through f32): values off the f32 grid, in [a, b), with U[a, b)'s mean;
+ * the same generator state gives the same bits on both backends. */
+static void test_f64_uniform_normal(void **state)
+{
+    (void)state;
+    enum { N = 4096 };
+    double *u = malloc(sizeof *u * N), *z = malloc(sizeof *z * N), *u0 = malloc(sizeof *u0 * N);
+    assert_true(u && z && u0);
+    for (int k = 0; k < 2; k++) {
+        nt_test_cfg(k);
+        assert_int_equal(nt_config_set("NT_REQUIRE_SIM", "0"), 0);
+        nt_scope *sc = nt_scope_begin();
+        nt_generator *g = nt_generator_create(77);
+        int64_t n = N;
+        nt_tensor *tu = nt_uniform(NT_F64, 1, &n, -2.0, 3.0, g);
+        nt_tensor *tz = nt_normal(NT_F64, 1, &n, 1.0, 0.1, g);
+        assert_non_null(tu);
+        assert_non_null(tz);
+        assert_int_equal(nt_dtype_of(tu), NT_F64);
+        assert_int_equal(nt_to_host(tu, k ? u : u0, sizeof *u * N), 0);
+        assert_int_equal(nt_to_host(tz, z, sizeof *z * N), 0);
+        nt_generator_destroy(g);
+        nt_scope_end(sc);
+    }
+    nt_test_cfg(0);
+    assert_memory_equal(u, u0, sizeof *u * N);
+    int off_u = 0, off_z = 0;
+    double m = 0;
+    for (int i = 0; i < N; i++) {
+        assert_true(u[i] >= -2.0 && u[i] < 3.0);
+        off_u += (double)(float)u[i] != u[i];
+        off_z += (double)(float)z[i] != z[i];
+        m += u[i];
+    }
+    assert_true(off_u > N - 4 && off_z > N - 4);
+    assert_true(fabs(m / N - 0.5) < 0.1); /* 1.44 / sqrt(N) = 0.023: 4 sigma */
+    free(u);
+    free(z);
+    free(u0);
+}
+
 /* nt_clip_grad_norm with an f64 gradient next to an f32 one: the total in
  * double (an f64 result, PyTorch's), the factor in double, each gradient
  * scaled in its dtype; against torch.nn.utils.clip_grad_norm_. */
@@ -515,6 +559,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_i64_index_on_sim, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_f64_prod_cumsum, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_f64_rand_53_bits, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_f64_uniform_normal, nt_test_setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_clip_grad_norm_f64, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_f64_composites, nt_test_setup, nt_test_teardown),
