@@ -1,6 +1,8 @@
 /* autograd/clip.c - nt_clip_grad_norm: torch.nn.utils.clip_grad_norm_ (L2)
  * built from ops, so it runs on the device with no host sync:
- *   n_i   = nt_norm(g_i, 2) over all of g_i (f32; a bf16/f16 g_i widened first),
+ *   n_i   = nt_norm(g_i, 2) over all of g_i (f32; a bf16/f16 g_i widened first;
+ *           an f64 g_i: sqrt(sum(g_i * g_i)) in double, and then every n_i
+ *           widened to f64 and total, coef in double: an f64 total),
  *           computed by grad_norms for up to 4 gradients of a device at a time
  *           (one kernel, each norm's bits those of nt_norm)
  *   total = nt_norm([n_0, n_1, ...], 2)        (PyTorch: the norm of the stack)
@@ -35,6 +37,16 @@ static bool clip_param(const char *fn, const char *arg, nt_tensor *const *ps, in
     return true;
 }
 
+/* The L2 norm of all of an f64 g in double, shape [1]: sqrt of the
+ * canonical f64 sum of the squares (nt_norm takes no f64). */
+static nt_tensor *norm64(const nt_site *site, const char *fn, nt_tensor *g)
+{
+    nt_tensor *sq = nt__binary(site, fn, NT_OP_MUL, g, g);
+    nt_tensor *s = sq ? nt__reduce(site, fn, NT_OP_SUM, sq, NT_DIM_ALL, false) : NULL;
+    nt_tensor *r = s ? nt__unary(site, fn, NT_OP_SQRT, s) : NULL;
+    return r ? nt_reshape_at(site, r, 1, (const int64_t[]){1}) : NULL;
+}
+
 NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *params, int n,
                                        double max_norm)
 {
@@ -67,6 +79,7 @@ NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *pa
     }
     int here = nt_device_current();
     int k = 0, rc = 0;
+    bool any64 = false; /* an f64 gradient: the total and coef in double */
     int at = 0;
     while (at < n && !rc) { /* up to 4 gradients of one device per grad_norms */
         nt_tensor *gs[4];
@@ -75,29 +88,42 @@ NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *pa
             nt_tensor *g = params[at]->ag ? params[at]->ag->grad : NULL;
             if (!g)
                 continue;
-            if (m > 0 && g->dev != dev)
+            if (m > 0 && (g->dev != dev || g->dtype == NT_F64))
                 break;
             dev = g->dev;
             gs[m++] = g;
+            if (g->dtype == NT_F64) { /* alone, in double */
+                at++;
+                break;
+            }
         }
         if (m == 0)
             break;
         nt__devsw dv;
         nt__dev_enter(&dv, dev);
-        for (int j = 0; j < m; j++)
+        bool g64 = gs[0]->dtype == NT_F64;
+        any64 |= g64;
+        for (int j = 0; j < m && !g64; j++)
             if (gs[j] && gs[j]->dtype != NT_F32)
                 gs[j] = nt__copy_to(site, fn, gs[j], NT_F32);
-        nt_tensor *ni = nt__grad_norms(site, fn, gs, m);
+        nt_tensor *ni = g64 ? norm64(site, fn, gs[0]) : nt__grad_norms(site, fn, gs, m);
         norms[k] = ni && dev != here ? nt_to_device_at(site, ni, here) : ni;
         nt__dev_leave(&dv);
         if (!norms[k++])
             rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
     }
     nt_tensor *total = NULL;
-    if (!rc)
+    if (!rc && any64) {
+        for (int j = 0; j < k && !rc; j++)
+            if (norms[j]->dtype != NT_F64 && !(norms[j] = nt__copy_to(site, fn, norms[j], NT_F64)))
+                rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+        total = rc ? NULL : norm64(site, fn, k == 1 ? norms[0] : nt_cat_at(site, norms, k, 0));
+        total = total ? nt_reshape_at(site, total, 0, NULL) : NULL;
+    } else if (!rc) {
         total = k == 0 ? nt_zeros_at(site, NT_F32, 0, NULL)
                        : nt_norm_at(site, k == 1 ? norms[0] : nt_cat_at(site, norms, k, 0), 2.0,
                                     NT_DIM_ALL, false);
+    }
     if (total && k > 0) {
         nt_tensor *coef = nt__scalar(
             site, fn, NT_OP_CLAMP,
@@ -118,7 +144,7 @@ NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *pa
             nt__devsw dv;
             nt__dev_enter(&dv, g->dev);
             nt_tensor *c = on[g->dev];
-            if (c && g->dtype != NT_F32)
+            if (c && g->dtype != c->dtype)
                 c = nt__copy_to(site, fn, c, (nt_dtype)g->dtype);
             rc = c ? nt_mul_inplace_at(site, g, c) : (nt_last_error() ? nt_last_error() : NT_EINVAL);
             nt__dev_leave(&dv);

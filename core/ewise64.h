@@ -68,6 +68,10 @@ static inline bool nt__f64_op_ok(int op)
     }
 }
 
+/* the reductions that take i64 and bool (cpu/reduce.c reduce_i64) */
+#define NT_INT64_RED_OPS(X)                                                                \
+    X(SUM, sum) X(MAX, max) X(MIN, min) X(ARGMAX, argmax) X(ARGMIN, argmin) X(ANY, any)    \
+    X(AMAX, amax) X(AMIN, amin)
 /* i64 (integer math in int64, wrapping; cpu/ewise.c) and bool (0/1 in the
  * i32 path, stored as v != 0): the ops that take them anywhere */
 #define NT_I64_OPS(X)                                                                      \
@@ -78,7 +82,8 @@ static inline bool nt__f64_op_ok(int op)
     X(MINIMUM, minimum) X(EQ, eq) X(NE, ne) X(LT, lt) X(LE, le) X(GT, gt) X(GE, ge)        \
     X(WHERE, where) X(TRIL, tril) X(TRIU, triu) X(MASKED_FILL, masked_fill)                \
     X(RESHAPE, reshape) X(TRANSPOSE, transpose) X(PERMUTE, permute) X(SLICE, slice)        \
-    X(EXPAND, expand) X(ALIAS, alias) X(CAT, cat) X(DIAGONAL, diagonal)
+    X(EXPAND, expand) X(ALIAS, alias) X(CAT, cat) X(DIAGONAL, diagonal)                  \
+    NT_INT64_RED_OPS(X)
 /* ops whose input 1 is an index: i64 there is read with saturation to i32
  * (core/dtype.h nt__i64_to_i32_sat), so a value outside i32 is out of range */
 #define NT_I64_INDEX_OPS(X)                                                                \
@@ -90,7 +95,7 @@ static inline bool nt__f64_op_ok(int op)
     X(MINIMUM, minimum) X(EQ, eq) X(NE, ne) X(WHERE, where) X(TRIL, tril) X(TRIU, triu)    \
     X(MASKED_FILL, masked_fill) X(RESHAPE, reshape) X(TRANSPOSE, transpose)                \
     X(PERMUTE, permute) X(SLICE, slice) X(EXPAND, expand) X(ALIAS, alias) X(CAT, cat)      \
-    X(DIAGONAL, diagonal)
+    X(DIAGONAL, diagonal) NT_INT64_RED_OPS(X)
 
 /* fp8 (e4m3, e5m2) is a storage dtype: made (fill), cast and copied
  * (round to nearest even or stochastic rounding, core/dtype.h), viewed,

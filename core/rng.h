@@ -11,10 +11,10 @@
  * seed is mixed first so that nearby seeds (1, 2, 3 ...) start far apart on
  * the Weyl sequence instead of overlapping with a shift.
  *
- * rand: a dtype with p significand bits (f32 24, bf16 8, f16 11) gets
- *   (h >> (64 - p)) * 2^-p, a multiple of 2^-p in [0, 1 - 2^-p]: exactly
- *   representable, so storing it rounds nothing and every value is equally
- *   likely.
+ * rand: a dtype with p significand bits (f32 24, bf16 8, f16 11, f64 53)
+ *   gets (h >> (64 - p)) * 2^-p, a multiple of 2^-p in [0, 1 - 2^-p]:
+ *   exactly representable, so storing it rounds nothing and every value is
+ *   equally likely.
  * randn: Box-Muller in double from two draws per element,
  *   u1 = ((h(s, 2i) >> 11) + 1) * 2^-53 in (0, 1]   (never 0: log is finite)
  *   u2 = (h(s, 2i + 1) >> 11) * 2^-53 in [0, 1)
@@ -50,11 +50,18 @@ static inline uint64_t nt__rng_bits(uint64_t key, uint64_t i)
     return nt__rng_fmix(key + (i + 1) * NT__RNG_GOLDEN);
 }
 
-/* Significand bits of a floating dtype (0 for integer dtypes). */
-/* f64 draws the f32 grid (multiples of 2^-24), widened exactly */
+/* Significand bits of a floating dtype (0 for integer dtypes); f64's 53
+ * are drawn by nt__rng_uniform64. */
 static inline int nt__rng_pbits(nt_dtype dt)
 {
-    return dt == NT_F32 || dt == NT_F64 ? 24 : dt == NT_BF16 ? 8 : dt == NT_F16 ? 11 : 0;
+    return dt == NT_F32 ? 24 : dt == NT_F64 ? 53 : dt == NT_BF16 ? 8 : dt == NT_F16 ? 11 : 0;
+}
+
+/* f64 rand element i: (h >> 11) * 2^-53, a multiple of 2^-53 in [0, 1)
+ * (PyTorch's double uniform also takes 53 random bits). */
+static inline double nt__rng_uniform64(uint64_t key, uint64_t i)
+{
+    return (double)(nt__rng_bits(key, i) >> 11) * 0x1p-53;
 }
 
 /* rand element i: a multiple of 2^-p in [0, 1), exact in f32 and in the

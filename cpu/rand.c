@@ -15,6 +15,11 @@ int nt__cpu_rand(const nt__rec *r)
     char *y = nt__tensor_data(o);
     size_t es = nt__dtype_size(dt);
     uint64_t key = nt__rng_key(r->p.seed);
+    if (dt == NT_F64) { /* 53 random bits an element */
+        for (int64_t i = 0; i < n; i++)
+            ((double *)(void *)y)[i] = nt__rng_uniform64(key, (uint64_t)i);
+        return 0;
+    }
     int p = nt__rng_pbits(dt);
     float buf[NT_RAND_CHUNK];
     for (int64_t i0 = 0; i0 < n; i0 += NT_RAND_CHUNK) {

@@ -686,6 +686,86 @@ static int reduce_f64(const nt__rec *r, int rop, int fin)
     return 0;
 }
 
+/* ---------------- i64 and bool ----------------
+ *
+ * An i64 or bool input reduces exactly in int64 (order does not matter:
+ * the sum wraps in two's complement, max/min/any are exact): sum gives
+ * i64, max/min/amax/amin t's dtype (bool: or / and), argmax/argmin the
+ * first extreme (i32), any 0/1 (u8), as PyTorch's long and bool. */
+static int64_t red_i64_fold(int64_t a, int64_t b, int rop)
+{
+    switch (rop) {
+    case NT_RED_MAX: return a > b ? a : b;
+    case NT_RED_MIN: return a < b ? a : b;
+    default: return (int64_t)((uint64_t)a + (uint64_t)b);
+    }
+}
+
+/* One output element: the n elements at x (dtype dt) k * st apart. */
+static int64_t red_i64_row(const char *x, nt_dtype dt, int64_t n, int64_t st, int rop, int pre)
+{
+    if (rop == NT_RED_ARGMAX || rop == NT_RED_ARGMIN) {
+        int64_t best = 0, bv = n ? nt__load_i64(x, dt, 0) : 0;
+        for (int64_t k = 1; k < n; k++) {
+            int64_t v = nt__load_i64(x, dt, k * st);
+            if (rop == NT_RED_ARGMAX ? v > bv : v < bv)
+                best = k, bv = v;
+        }
+        return best;
+    }
+    int64_t acc = rop == NT_RED_MAX ? INT64_MIN : rop == NT_RED_MIN ? INT64_MAX : 0;
+    if (pre == NT_RED_PRE_NZ)
+        acc = 0; /* any: the max of 0/1 flags from 0 */
+    for (int64_t k = 0; k < n; k++) {
+        int64_t v = nt__load_i64(x, dt, k * st);
+        acc = red_i64_fold(acc, pre == NT_RED_PRE_NZ ? v != 0 : v, rop);
+    }
+    return acc;
+}
+
+static int reduce_i64(const nt__rec *r, int rop, int pre)
+{
+    const nt_tensor *t = r->in[0], *o = r->out[0];
+    const char *x = nt__tensor_data(t);
+    char *y = nt__tensor_data(o);
+    nt_dtype dt = (nt_dtype)t->dtype, ydt = (nt_dtype)o->dtype;
+    int nd = t->ndim, dim = r->p.dim;
+    int64_t es = (int64_t)nt__dtype_size(dt), idx[NT_MAX_DIMS] = {0};
+    if (dim == NT_DIM_ALL || nd == 0) { /* every element in row-major order */
+        int64_t n = nt__numel(nd, t->shape), acc = 0, best = 0, k = 0;
+        bool arg = rop == NT_RED_ARGMAX || rop == NT_RED_ARGMIN;
+        if (!arg)
+            acc = red_i64_row(x, dt, 0, 1, rop, pre); /* the identity */
+        for (; n > 0; k++) {
+            int64_t off = 0;
+            for (int i = 0; i < nd; i++)
+                off += idx[i] * t->stride[i];
+            int64_t v = nt__load_i64(x, dt, off);
+            if (arg) {
+                if (k == 0 || (rop == NT_RED_ARGMAX ? v > acc : v < acc))
+                    best = k, acc = v;
+            } else {
+                acc = red_i64_fold(acc, pre == NT_RED_PRE_NZ ? v != 0 : v, rop);
+            }
+            if (nd == 0 || !nt__idx_next(idx, nd, t->shape))
+                break;
+        }
+        nt__store_i64(y, ydt, 0, arg ? best : acc);
+        return 0;
+    }
+    int64_t shape[NT_MAX_DIMS], j = 0;
+    for (int i = 0; i < nd; i++)
+        shape[i] = i == dim ? 1 : t->shape[i];
+    do {
+        int64_t off = 0;
+        for (int i = 0; i < nd; i++)
+            off += idx[i] * t->stride[i];
+        nt__store_i64(y, ydt, j++,
+                      red_i64_row(x + off * es, dt, t->shape[dim], t->stride[dim], rop, pre));
+    } while (nt__idx_next(idx, nd, shape));
+    return 0;
+}
+
 /* All of t's elements (in index order) into y[oo]. */
 static void red_all(red *c, const nt_tensor *t, int64_t oo)
 {
@@ -718,6 +798,16 @@ static int reduce_kernel(const nt__rec *r)
         if (nt__numel(o->ndim, o->shape) == 0)
             return 0;
         return reduce_f64(r, rop, fin);
+    }
+    if (t->dtype == NT_I64 || t->dtype == NT_BOOL) {
+        int rop, pre, fin;
+        if (nt__red_plan(r->op, r->p.f[0], &rop, &pre, &fin) ||
+            (pre != NT_RED_PRE_NONE && pre != NT_RED_PRE_NZ) || fin != NT_RED_FIN_NONE)
+            return nt__kerr(NT_EINVAL, "op %s has no %s reduction", nt__op_name(r->op),
+                            nt_dtype_name((nt_dtype)t->dtype));
+        if (nt__numel(o->ndim, o->shape) == 0)
+            return 0;
+        return reduce_i64(r, rop, pre);
     }
     red c;
     memset(&c, 0, sizeof c);

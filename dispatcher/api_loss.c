@@ -21,7 +21,8 @@ typedef struct lctx {
     const char *fn;
     nt_scope *sc;
     nt_dtype odt; /* the result's dtype */
-    int nk;       /* the 0-d f32 constants made so far (each made once) */
+    nt_dtype cd;  /* the dtype it is computed in: f64 for an f64 result, else f32 */
+    int nk;       /* the 0-d constants (in cd) made so far (each made once) */
     double kv[4];
     nt_tensor *kt[4];
 } lctx;
@@ -65,6 +66,7 @@ static bool loss_begin(lctx *L, const nt_site *site, const char *fn, int n, nt_t
                                     : nt__promote(odt, (nt_dtype)ts[i]->dtype);
     }
     L->odt = nt_autocast_dtype() != NT_DTYPE_COUNT ? NT_F32 : odt;
+    L->cd = L->odt == NT_F64 ? NT_F64 : NT_F32;
     return true;
 }
 
@@ -89,18 +91,19 @@ static nt_tensor *loss_end(lctx *L, nt_tensor *loss)
     return loss ? nt__scope_adopt(loss, L->fn) : NULL;
 }
 
+/* t in the computing dtype (f32, or f64 when the result is f64) */
 static nt_tensor *f32(const lctx *L, nt_tensor *t)
 {
-    return !t || t->dtype == NT_F32 ? t : nt__copy_to(L->site, L->fn, t, NT_F32);
+    return !t || t->dtype == L->cd ? t : nt__copy_to(L->site, L->fn, t, L->cd);
 }
 
-/* The 0-d f32 constant v, made once per call (one fill op each). */
+/* The 0-d constant v in the computing dtype, made once per call (one fill op each). */
 static nt_tensor *scal(lctx *L, double v)
 {
     for (int i = 0; i < L->nk; i++)
         if (L->kv[i] == v)
             return L->kt[i];
-    nt_tensor *t = nt_full_at(L->site, NT_F32, 0, NULL, v);
+    nt_tensor *t = nt_full_at(L->site, L->cd, 0, NULL, v);
     if (t && L->nk < 4)
         L->kv[L->nk] = v, L->kt[L->nk++] = t;
     return t;
@@ -454,7 +457,8 @@ static nt_tensor *regression(const nt_site *site, const char *fn, int kind, nt_t
         kind = L1; /* PyTorch: beta == 0 is l1_loss */
     nt_tensor *z = un(&L, NT_OP_ABS, bin(&L, NT_OP_SUB, f32(&L, a), f32(&L, b)));
     if (kind != L1) {
-        float sf = (float)s, half = 0.5f * sf;
+        /* the parameter as the f32 PyTorch uses for f32 data; as passed in f64 */
+        double sf = L.cd == NT_F64 ? s : (double)(float)s, half = 0.5 * sf;
         nt_tensor *zq = nt_clamp_at(site, z, -INFINITY, (double)sf);
         nt_tensor *q = bin(&L, NT_OP_MUL, sc1(&L, NT_OP_MUL_SCALAR, zq, 0.5), zq);
         nt_tensor *lin = sc1(&L, NT_OP_ADD_SCALAR, z, -(double)half);

@@ -58,7 +58,7 @@ static nt_tensor *reduce_ord(const nt_site *site, const char *fn, int op, nt_ten
     }
     c.p.f[0] = op == NT_OP_NORM ? ord : 0.0;
     if (op == NT_OP_SUM && !nt__dtype_is_float(dt))
-        dt = NT_I32;
+        dt = dt == NT_I64 || dt == NT_BOOL ? NT_I64 : NT_I32; /* PyTorch: i64 */
     if (op == NT_OP_ARGMAX || op == NT_OP_ARGMIN)
         dt = NT_I32;
     if (op == NT_OP_ANY)

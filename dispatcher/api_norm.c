@@ -43,6 +43,11 @@ static bool check_x(nctx *P, nt_tensor *x)
                 nt_dtype_name((nt_dtype)x->dtype));
         return false;
     }
+    if (x->dtype == NT_F64) { /* the statistics' kernels are f32: refused, not narrowed */
+        nt__err(P->site, NT_ENOTSUP, P->fn, "argument 'x' is f64, which this normalisation does "
+                "not take (it computes in f32: f32, bf16 or f16; docs/ops.md, section 14)");
+        return false;
+    }
     if (x->ndim < 2) {
         char sb[128];
         nt__err(P->site, NT_ESHAPE, P->fn,

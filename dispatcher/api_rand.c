@@ -19,7 +19,8 @@
 #include "dispatcher/dispatch.h"
 
 /* f32 draws of `op` (RAND or RANDN) from g, then * scale + shift, rounded
- * to dt: the composition every floating creation op here is. */
+ * to dt: the composition every floating creation op here is (f64: the
+ * draws, the scale and the shift in double). */
 static nt_tensor *scaled(const nt_site *site, const char *fn, int op, nt_dtype dt, int ndim,
                          const int64_t *shape, double scale, double shift, nt_generator *g)
 {
@@ -37,14 +38,15 @@ static nt_tensor *scaled(const nt_site *site, const char *fn, int op, nt_dtype d
         nt__err_hostmem(site, fn, "a scope");
         return NULL;
     }
-    nt_tensor *y = op == NT_OP_RAND ? nt_rand_at(site, NT_F32, ndim, shape, seed)
-                                    : nt_randn_at(site, NT_F32, ndim, shape, seed);
+    nt_dtype cd = dt == NT_F64 ? NT_F64 : NT_F32; /* f64: 53-bit draws, double arithmetic */
+    nt_tensor *y = op == NT_OP_RAND ? nt_rand_at(site, cd, ndim, shape, seed)
+                                    : nt_randn_at(site, cd, ndim, shape, seed);
     nt__gen_done(g, y != NULL);
     if (y && scale != 1.0)
         y = nt_mul_scalar_at(site, y, scale);
     if (y && shift != 0.0)
         y = nt_add_scalar_at(site, y, shift);
-    if (y && dt != NT_F32)
+    if (y && dt != cd)
         y = nt_cast_at(site, y, dt);
     if (y)
         nt_keep(y);

@@ -210,8 +210,8 @@ static nt_tensor *var_std(const nt_site *site, const char *fn, nt_tensor *t, int
         nt_scope_end(sc);
         return NULL;
     }
-    nt_dtype dt = (nt_dtype)t->dtype;
-    nt_tensor *x = dt == NT_F32 ? t : nt__copy_to(site, fn, t, NT_F32);
+    nt_dtype dt = (nt_dtype)t->dtype, cd = dt == NT_F64 ? NT_F64 : NT_F32; /* f64: double */
+    nt_tensor *x = dt == cd ? t : nt__copy_to(site, fn, t, cd);
     nt_tensor *mu = x ? red_over(site, fn, NT_OP_MEAN, x, &r, true) : NULL;
     nt_tensor *d = mu ? nt__binary(site, fn, NT_OP_SUB, x, mu) : NULL;
     nt_tensor *s = d ? red_over(site, fn, NT_OP_SUM, nt__binary(site, fn, NT_OP_MUL, d, d), &r,
@@ -221,7 +221,7 @@ static nt_tensor *var_std(const nt_site *site, const char *fn, nt_tensor *t, int
     nt_tensor *y = s ? nt__scalar(site, fn, NT_OP_DIV_SCALAR, s, den > 0 ? den : 0.0, 0) : NULL;
     if (y && sd)
         y = nt__unary(site, fn, NT_OP_SQRT, y);
-    if (y && dt != NT_F32)
+    if (y && dt != cd)
         y = nt__copy_to(site, fn, y, dt);
     return composite_end(sc, y, fn);
 }
@@ -247,17 +247,17 @@ NT_API nt_tensor *nt_std(nt_tensor *t, int ndims, const int *dims, double correc
     return nt_std_at(NT_RA_SITE, t, ndims, dims, correction, keepdim);
 }
 
-/* log(sum(exp(x - m))) + m over the dims of r in f32, m the amax (keepdim,
+/* log(sum(exp(x - m))) + m over the dims of r in x's dtype (f32 or f64), m the amax (keepdim,
  * no gradient) with +-Inf replaced by 0 (PyTorch's logsumexp): a row of
  * -Inf gives -Inf, a row with +Inf gives +Inf, NaN propagates; no elements
  * give -Inf. */
 static nt_tensor *lse(const nt_site *site, const char *fn, nt_tensor *x, const rdims *r,
                       bool keepdim)
 {
-    nt_tensor *m = NULL, *z = nt_zeros_at(site, NT_F32, 0, NULL);
+    nt_tensor *m = NULL, *z = nt_zeros_at(site, (nt_dtype)x->dtype, 0, NULL);
     if (r->n > 0) {
         nt_tensor *a = red_over(site, fn, NT_OP_AMAX, nt_detach_at(site, x), r, true);
-        nt_tensor *inf = nt_full_at(site, NT_F32, 0, NULL, INFINITY);
+        nt_tensor *inf = nt_full_at(site, (nt_dtype)x->dtype, 0, NULL, INFINITY);
         nt_tensor *isinf = a ? nt__binary(site, fn, NT_OP_EQ, nt__unary(site, fn, NT_OP_ABS, a), inf)
                              : NULL;
         m = isinf ? nt_where_at(site, isinf, z, a) : NULL;
@@ -295,9 +295,10 @@ NT_API nt_tensor *nt_logsumexp_at(const nt_site *site, nt_tensor *t, int ndims, 
     nt_dtype dt = (nt_dtype)t->dtype;
     if (!nt__dtype_is_float(dt))
         dt = NT_F32; /* integers give f32, as PyTorch 1.13 */
-    nt_tensor *x = t->dtype == NT_F32 ? t : nt__copy_to(site, fn, t, NT_F32);
+    nt_dtype cd = dt == NT_F64 ? NT_F64 : NT_F32; /* f64: in double */
+    nt_tensor *x = t->dtype == cd ? t : nt__copy_to(site, fn, t, cd);
     nt_tensor *y = x ? lse(site, fn, x, &r, keepdim) : NULL;
-    if (y && dt != NT_F32)
+    if (y && dt != cd)
         y = nt__copy_to(site, fn, y, dt);
     return composite_end(sc, y, fn);
 }
@@ -308,12 +309,24 @@ NT_API nt_tensor *nt_logsumexp(nt_tensor *t, int ndims, const int *dims, bool ke
 
 /* ---------------- prod, cumsum, cumprod: sequential along a dim ---------------- */
 
-/* t (integers widened to i32, as nt_sum; bf16 and f16 to f32) and its dim d: t itself, or its
- * row-major flattening for NT_DIM_ALL (and a 0-d t). */
+/* The dtype prod, cumsum and cumprod run in: f32, f64, i64 keep theirs;
+ * bool goes to i64 (PyTorch's long), other ints to i32 (as nt_sum), bf16
+ * and f16 to f32. */
+static nt_dtype seq_dtype(nt_dtype dt)
+{
+    if (dt == NT_F32 || dt == NT_F64 || dt == NT_I64 || dt == NT_I32)
+        return dt;
+    if (dt == NT_BOOL)
+        return NT_I64;
+    return nt__dtype_is_float(dt) ? NT_F32 : NT_I32;
+}
+
+/* t in seq_dtype and its dim d: t itself, or its row-major flattening for
+ * NT_DIM_ALL (and a 0-d t). */
 static nt_tensor *seq_input(const nt_site *site, const char *fn, nt_tensor *t, int dim, int *d)
 {
-    if (t->dtype != NT_I32 && t->dtype != NT_F32)
-        t = nt__copy_to(site, fn, t, nt__dtype_is_float((nt_dtype)t->dtype) ? NT_F32 : NT_I32);
+    if (seq_dtype((nt_dtype)t->dtype) != t->dtype)
+        t = nt__copy_to(site, fn, t, seq_dtype((nt_dtype)t->dtype));
     if (!t)
         return NULL;
     if (dim == NT_DIM_ALL || t->ndim == 0) {
@@ -414,7 +427,7 @@ static nt_tensor *prod_cum(const nt_site *site, const char *fn, int op, nt_tenso
         y = scan_op(site, fn, op == NT_OP_ADD ? NT_OP_CUMSUM : NT_OP_CUMPROD, x, NULL, d);
         if (y && !cum)
             y = nt_slice_at(site, y, d, x->shape[d] - 1, x->shape[d], 1);
-    } else { /* integers: exact, any order; one op per position */
+    } else { /* integers (exact, any order) and f64: one op per position */
         y = seq_run(site, fn, op, x, d, cum);
     }
     int64_t sh[NT_MAX_DIMS];
@@ -437,7 +450,7 @@ static nt_tensor *prod_cum(const nt_site *site, const char *fn, int op, nt_tenso
     }
     if (y)
         y = nt_reshape_at(site, y, k, sh);
-    if (y && nt__dtype_is_float((nt_dtype)t->dtype) && t->dtype != NT_F32)
+    if (y && nt__dtype_is_float((nt_dtype)t->dtype) && t->dtype != y->dtype)
         y = nt__copy_to(site, fn, y, (nt_dtype)t->dtype); /* rounded once */
     return composite_end(sc, y, fn);
 }
@@ -460,3 +473,24 @@ NT_API nt_tensor *nt_cumprod_at(const nt_site *site, nt_tensor *t, int dim)
     return prod_cum(site, "nt_cumprod", NT_OP_MUL, t, dim, false, true);
 }
 NT_API nt_tensor *nt_cumprod(nt_tensor *t, int dim) { return nt_cumprod_at(NT_RA_SITE, t, dim); }
+
+/* ---------------- all ---------------- */
+
+/* torch.all: (any(t == 0) == 0), so an empty dim gives 1 and a NaN counts
+ * as nonzero, with nt_any's dims and errors. */
+NT_API nt_tensor *nt_all_at(const nt_site *site, nt_tensor *t, int dim, bool keepdim)
+{
+    const char *fn = "nt_all";
+    nt_scope *sc = composite_begin(site, fn, t);
+    if (!sc)
+        return NULL;
+    nt_tensor *z = nt_zeros_at(site, (nt_dtype)t->dtype, 0, NULL);
+    nt_tensor *e = z ? nt__binary(site, fn, NT_OP_EQ, t, z) : NULL;
+    nt_tensor *a = e ? nt__reduce(site, fn, NT_OP_ANY, e, dim, keepdim) : NULL;
+    nt_tensor *z8 = a ? nt_zeros_at(site, NT_U8, 0, NULL) : NULL;
+    return composite_end(sc, z8 ? nt__binary(site, fn, NT_OP_EQ, a, z8) : NULL, fn);
+}
+NT_API nt_tensor *nt_all(nt_tensor *t, int dim, bool keepdim)
+{
+    return nt_all_at(NT_RA_SITE, t, dim, keepdim);
+}

@@ -4,9 +4,12 @@
  *   4 layers, 4 heads, width 128, context 128, batch 16 (about 0.82M
  *   parameters): token + position embedding, pre-LN blocks of multi-head
  *   causal attention and a GELU MLP, the head tied to the token embedding
- *   (--untied for its own weight).  AdamW (betas 0.9, 0.95, weight decay 0.1
- *   on every parameter), linear warm-up then cosine decay to a tenth of the
- *   peak, gradient clipping at norm 1.
+ *   (--untied for its own weight).  AdamW (betas 0.9, 0.95) in two
+ *   parameter groups (weight decay 0.1 on matrices and embeddings, none on
+ *   norms and biases), a scheduler object (linear warm-up then cosine decay
+ *   to a tenth of the peak), gradient clipping at norm 1; --save and
+ *   --resume write and read checkpoints that name each tensor as GPT-2's
+ *   state_dict does (a file from before names loads by position).
  *
  * The model, the data and the batch order are in examples/gpt_model.h;
  * bench/peer/char_gpt.py trains the same in PyTorch, and bench/gpt_step runs

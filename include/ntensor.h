@@ -440,7 +440,12 @@ NT_API nt_tensor *nt_einsum(const char *equation, int n, nt_tensor *const *opera
 /* NT_DIM_ALL reduces every dim.  One summation order, fixed by the shape.   */
 /* ------------------------------------------------------------------------ */
 
-NT_API nt_tensor *nt_sum(nt_tensor *t, int dim, bool keepdim);  /* ints sum in i32 */
+/** torch.sum over `dim`: floats in the canonical f32 order (f64 in double),
+ *  t's dtype out; i32 and u8 sum in i32 (wrapping; PyTorch: i64); i64 and
+ *  bool sum in i64 (wrapping), an i64 result, as PyTorch.  max, min, argmax,
+ *  argmin, any, nt_amax and nt_amin also take i64 and bool (bool max is
+ *  `or`, min `and`), on the CPU backend (docs/ops.md "i64 and bool"). */
+NT_API nt_tensor *nt_sum(nt_tensor *t, int dim, bool keepdim);
 NT_API nt_tensor *nt_mean(nt_tensor *t, int dim, bool keepdim); /* floating only */
 NT_API nt_tensor *nt_max(nt_tensor *t, int dim, bool keepdim);  /* values */
 NT_API nt_tensor *nt_argmax(nt_tensor *t, int dim, bool keepdim); /* i32, first max */
@@ -455,6 +460,11 @@ NT_API nt_tensor *nt_argmin(nt_tensor *t, int dim, bool keepdim);
 /** u8 1 where some element over `dim` is nonzero (NaN is nonzero), else 0;
  *  an empty dim gives 0.  Every dtype.  Not differentiable. */
 NT_API nt_tensor *nt_any(nt_tensor *t, int dim, bool keepdim);
+/** torch.all: u8 1 where every element over `dim` (or NT_DIM_ALL) is
+ *  nonzero (NaN is nonzero), else 0; an empty dim gives 1.  Every dtype.
+ *  Computed as (nt_any(t == 0) == 0): its bits on every backend and mode.
+ *  Not differentiable.  Errors as nt_any (NT_EDIM naming nt_all). */
+NT_API nt_tensor *nt_all(nt_tensor *t, int dim, bool keepdim);
 /** torch.linalg.vector_norm: (sum |x|^ord)^(1/ord) over `dim` (or every
  *  element with NT_DIM_ALL); ord 2 (sqrt of the sum of squares), 1, INFINITY
  *  (max |x|), -INFINITY (min |x|), 0 (count of nonzeros) or any other
@@ -487,8 +497,9 @@ NT_API nt_tensor *nt_amin(nt_tensor *t, int ndims, const int *dims, bool keepdim
 /** torch.var(t, dims, correction=, keepdim): sum((x - mean)^2) / max(n -
  *  correction, 0) over the dims (correction 1: PyTorch's default unbiased
  *  estimate; 0: the biased one).  Floating dtypes only (NT_EDTYPE for
- *  integers, as PyTorch); computed in f32 (mean by nt_mean_dims, the
- *  squares' sum by nt_sum_dims) and rounded once to t's dtype.  n <=
+ *  integers, as PyTorch); computed in f32 (f64: in double; mean by
+ *  nt_mean_dims, the squares' sum by nt_sum_dims) and rounded once to t's
+ *  dtype.  n <=
  *  correction gives Inf or NaN (a division by 0), as PyTorch.  NaN
  *  correction: NT_EINVAL. */
 NT_API nt_tensor *nt_var(nt_tensor *t, int ndims, const int *dims, double correction,
@@ -498,18 +509,21 @@ NT_API nt_tensor *nt_std(nt_tensor *t, int ndims, const int *dims, double correc
                          bool keepdim);
 /** torch.logsumexp: log(sum(exp(x - m))) + m over the dims, m the maximum
  *  (0 where it is +-Inf, as PyTorch: a row of -Inf gives -Inf, a row with
- *  +Inf gives +Inf); no elements give -Inf.  In f32, rounded once to t's
- *  dtype (integers give f32, as PyTorch 1.13).  Gradient: softmax(x) g. */
+ *  +Inf gives +Inf); no elements give -Inf.  In f32 (f64: in double),
+ *  rounded once to t's dtype (integers give f32, as PyTorch 1.13).  Gradient: softmax(x) g. */
 NT_API nt_tensor *nt_logsumexp(nt_tensor *t, int ndims, const int *dims, bool keepdim);
 /** torch.prod over `dim` (or NT_DIM_ALL: every element in row-major order):
  *  the product taken sequentially along the dim, x0 * x1 * x2 ...  Floating
- *  dtypes keep theirs; integers multiply in i32 (wrapping; PyTorch: i64).
+ *  dtypes keep theirs (f64 multiplies in double, the others in f32);
+ *  i32 and u8 multiply in i32 (wrapping; PyTorch: i64), i64 and bool in
+ *  i64 (wrapping), an i64 result as PyTorch's.
  *  No elements give 1.  The gradient has no division: exact with zeros in
  *  the row (the product of the other elements), as PyTorch. */
 NT_API nt_tensor *nt_prod(nt_tensor *t, int dim, bool keepdim);
 /** torch.cumsum along `dim`: y_i = y_(i-1) + x_i in order, the running value
- *  in f32 and each y_i rounded once to t's dtype.  Integers in i32 (PyTorch:
- *  i64).  NT_DIM_ALL is NT_EDIM. */
+ *  in f32 (f64: in double) and each y_i rounded once to t's dtype.  i32
+ *  and u8 in i32 (PyTorch: i64); i64 and bool in i64.  NT_DIM_ALL is
+ *  NT_EDIM. */
 NT_API nt_tensor *nt_cumsum(nt_tensor *t, int dim);
 /** torch.cumprod along `dim`: y_i = y_(i-1) * x_i in order, integers as
  *  nt_cumsum.  The gradient is exact with zeros along the dim. */
@@ -766,7 +780,8 @@ NT_API nt_tensor *nt_dropout_next(nt_tensor *x, double p, nt_generator *g);
  *  and advances g by one, so each call differs and a run from the same state
  *  repeats (docs/ops.md gives each one's exact steps).  The floating ones
  *  (f32, bf16, f16) are nt_rand / nt_randn in f32, times (float)scale, plus
- *  (float)shift, rounded once to dt; they can be part of a captured step
+ *  (float)shift, rounded once to dt (f64: nt_rand / nt_randn of f64, the
+ *  scale and shift in double); they can be part of a captured step
  *  (each replay draws anew).  Errors (NT_EINVAL, NT_EDTYPE, NT_ESHAPE) name
  *  the function and the argument. */
 /** U[a, b): scale b - a, shift a.  a <= b, both and b - a finite in f32. */
@@ -1680,7 +1695,8 @@ NT_API void nt_scheduler_destroy(nt_scheduler *s);
  *  params' .grads as one vector (the norm of their norms); each .grad is
  *  multiplied in place by min(1, max_norm / (total + 1e-6)), on the device,
  *  no host sync.  Returns total as a 0-dim f32 tensor on the calling
- *  thread's device, owned like any op's result (by the open scope; with
+ *  thread's device (f64 when some .grad is f64: that gradient's norm, the
+ *  total and the factor are then computed in double, as PyTorch's), owned like any op's result (by the open scope; with
  *  none, the caller releases it), NULL on bad input (params
  *  NULL, n < 0, max_norm <= 0 or NaN, a non-floating or repeated
  *  parameter).  Params without a .grad are skipped; with none, total is 0.

@@ -24,6 +24,10 @@
  *                 with NT_EDTYPE naming the function
  *   reference     the new ops against a double-precision host formula over
  *                 a sweep: max ulp within the bound stated in ref_of
+ *   gradcheck f64 nt_gradcheck with f64 inputs (the whole check in double)
+ *                 at PyTorch's double tolerances (NT_GRADCHECK_F64_*) on
+ *                 every NT_OPF_DIFF op that takes f64 (docs/ops.md "Dtypes"
+ *                 lists them; the others refuse f64 with NT_ENOTSUP: n/a)
  */
 #include <math.h>
 #include <setjmp.h>
@@ -43,9 +47,10 @@
 #include "dispatcher/dispatch.h"
 #include "nt_test.h"
 
-enum { K_SIM, K_FUSE, K_MODES, K_CAPT, K_GRAD, K_AMP, K_INT, K_REF, NCHK };
+enum { K_SIM, K_FUSE, K_MODES, K_CAPT, K_GRAD, K_AMP, K_INT, K_REF, K_G64, NCHK };
 static const char *chk_name[NCHK] = {"sim=cpu", "fused=unfused", "det=adaptive", "captured",
-                                     "gradcheck", "autocast", "int", "reference"};
+                                     "gradcheck", "autocast", "int", "reference",
+                                     "gradcheck f64"};
 static char cov[NT_OP_COUNT][NCHK][72];
 static bool op_failed[NT_OP_COUNT];
 
@@ -834,6 +839,8 @@ static nt_tensor *grad_f(nt_tensor *const *in, void *ctx)
     return y == NO_DRIVER ? NULL : y;
 }
 
+static int grad_v[NT_OP_COUNT]; /* check_grad's inputs for check_grad64 */
+
 static void check_grad(int op)
 {
     if (!(nt__ops[op].flags & NT_OPF_DIFF)) {
@@ -871,12 +878,52 @@ static void check_grad(int op)
     if (op == NT_OP_FLOOR || op == NT_OP_CEIL || op == NT_OP_ROUND || op == NT_OP_TRUNC ||
         op == NT_OP_FMOD)
         eps = 1e-4;
+    grad_v[op] = v;
     int o = op;
     int rc = nt_gradcheck(grad_f, in, s.n, &o, eps, 2e-2, 2e-2);
     if (rc)
         cell(op, K_GRAD, "FAIL %.60s", nt_last_error_message());
     else
         cell(op, K_GRAD, "ok%s", v == V_POS ? " (x > 0)" : "");
+    nt_clear_error();
+    nt_scope_end(sc);
+}
+
+/* The gradcheck column again with f64 inputs (check_grad's values, the
+ * whole check in double) at PyTorch's double tolerances.  An op that takes
+ * no f64 input refuses it before anything runs (NT_ENOTSUP): n/a. */
+static void check_grad64(int op)
+{
+    spec s = spec_of(op);
+    if (!(nt__ops[op].flags & NT_OPF_DIFF) || s.n == 0) {
+        cell(op, K_G64, "n/a: %s", s.n ? "not differentiable" : "no inputs");
+        return;
+    }
+    config("cpu", "deterministic", "1");
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *in[4];
+    for (int i = 0; i < s.n; i++)
+        in[i] = make_input(&s, i, NT_F64, grad_v[op]);
+    nt_clear_error();
+    nt_tensor *y = run_op(op, in);
+    int err = nt_last_error();
+    if (!y && (err == NT_ENOTSUP || err == NT_EDTYPE)) {
+        cell(op, K_G64, "n/a: takes no f64");
+    } else if (!y || (y->dtype != NT_F64 && op != NT_OP_CAST)) { /* cast: to its target */
+        cell(op, K_G64, "FAIL f64 forward: %.50s", y ? "not f64" : nt_last_error_message());
+    } else {
+        for (int i = 0; i < s.n; i++)
+            nt_set_requires_grad(in[i], true);
+        /* the f32 column's wide steps where the op rounds through f16 */
+        double eps = op == NT_OP_CAST ? 0.25 : NT_GRADCHECK_F64_EPS;
+        double tol = op == NT_OP_CAST ? 2e-2 : NT_GRADCHECK_F64_ATOL;
+        int o = op;
+        if (nt_gradcheck(grad_f, in, s.n, &o, eps, tol,
+                         op == NT_OP_CAST ? 2e-2 : NT_GRADCHECK_F64_RTOL))
+            cell(op, K_G64, "FAIL %.60s", nt_last_error_message());
+        else
+            cell(op, K_G64, "ok (double tolerances)%s", grad_v[op] == V_POS ? " (x > 0)" : "");
+    }
     nt_clear_error();
     nt_scope_end(sc);
 }
@@ -1422,6 +1469,7 @@ static void test_op(void **state)
     check_chain(op);
     check_captured(op);
     check_grad(op);
+    check_grad64(op);
     check_amp(op);
     check_int(op);
     check_ref(op);

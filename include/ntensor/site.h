@@ -110,6 +110,7 @@ NT_API nt_tensor *nt_argmax_at(const nt_site *site, nt_tensor *t, int dim, bool 
 NT_API nt_tensor *nt_min_at(const nt_site *site, nt_tensor *t, int dim, bool keepdim);
 NT_API nt_tensor *nt_argmin_at(const nt_site *site, nt_tensor *t, int dim, bool keepdim);
 NT_API nt_tensor *nt_any_at(const nt_site *site, nt_tensor *t, int dim, bool keepdim);
+NT_API nt_tensor *nt_all_at(const nt_site *site, nt_tensor *t, int dim, bool keepdim);
 NT_API nt_tensor *nt_norm_at(const nt_site *site, nt_tensor *t, double ord, int dim,
                              bool keepdim);
 NT_API nt_tensor *nt_sum_dims_at(const nt_site *site, nt_tensor *t, int ndims, const int *dims,
@@ -440,6 +441,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(nt_tensor *, nt_min, (nt_tensor *t, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, int dim, bool keepdim), 3) \
     X(nt_tensor *, nt_argmin, (nt_tensor *t, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, int dim, bool keepdim), 3) \
     X(nt_tensor *, nt_any, (nt_tensor *t, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, int dim, bool keepdim), 3) \
+    X(nt_tensor *, nt_all, (nt_tensor *t, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, int dim, bool keepdim), 3) \
     X(nt_tensor *, nt_norm, (nt_tensor *t, double ord, int dim, bool keepdim), (const nt_site *site, nt_tensor *t, double ord, int dim, bool keepdim), 4) \
     X(nt_tensor *, nt_sum_dims, (nt_tensor *t, int ndims, const int *dims, bool keepdim), (const nt_site *site, nt_tensor *t, int ndims, const int *dims, bool keepdim), 4) \
     X(nt_tensor *, nt_mean_dims, (nt_tensor *t, int ndims, const int *dims, bool keepdim), (const nt_site *site, nt_tensor *t, int ndims, const int *dims, bool keepdim), 4) \
@@ -658,6 +660,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_min(...) nt_min_at(NT_HERE, __VA_ARGS__)
 #define nt_argmin(...) nt_argmin_at(NT_HERE, __VA_ARGS__)
 #define nt_any(...) nt_any_at(NT_HERE, __VA_ARGS__)
+#define nt_all(...) nt_all_at(NT_HERE, __VA_ARGS__)
 #define nt_norm(...) nt_norm_at(NT_HERE, __VA_ARGS__)
 #define nt_sum_dims(...) nt_sum_dims_at(NT_HERE, __VA_ARGS__)
 #define nt_mean_dims(...) nt_mean_dims_at(NT_HERE, __VA_ARGS__)
