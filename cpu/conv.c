@@ -235,15 +235,22 @@ static void cgd_image(cg_job *j, int n)
     }
     int64_t *ko = (int64_t *)(xp + npa);
     const float *xd = (const float *)j->xd + n * g->C * g->H * g->W;
-    memset(xp, 0, npa * sizeof(float));
-    for (int64_t pl = 0; pl < g->C; pl++) /* the planes, padded with +0 */
+    /* the planes, padded with +0: each row's copy and its zeros written
+     * once (not the whole buffer zeroed first), then the slack after them */
+    for (int64_t pl = 0; pl < g->C; pl++)
         for (int64_t r = 0; r < Hp; r++) {
+            float *dst = xp + (pl * Hp + r) * Wp;
             int64_t ih = r - g->lo[0], a = g->lo[1] < Wp ? g->lo[1] : Wp;
             int64_t b = g->lo[1] + g->W < Wp ? g->lo[1] + g->W : Wp;
-            if (ih >= 0 && ih < g->H && b > a)
-                memcpy(xp + (pl * Hp + r) * Wp + a, xd + (pl * g->H + ih) * g->W,
-                       (size_t)(b - a) * sizeof(float));
+            if (ih < 0 || ih >= g->H || b <= a) {
+                memset(dst, 0, (size_t)Wp * sizeof(float));
+                continue;
+            }
+            memset(dst, 0, (size_t)a * sizeof(float));
+            memcpy(dst + a, xd + (pl * g->H + ih) * g->W, (size_t)(b - a) * sizeof(float));
+            memset(dst + b, 0, (size_t)(Wp - b) * sizeof(float));
         }
+    memset(xp + g->C * Hp * Wp, 0, (npa - (size_t)(g->C * Hp * Wp)) * sizeof(float));
     float c[8 * CGD_Q];
     for (int64_t grp = 0; grp < g->G; grp++) {
         for (int64_t k = 0; k < Kc; k++) { /* K = (ki, kj, ci) */
@@ -325,6 +332,7 @@ static float *cgd_weights(const nt__conv_geo *g, nt_dtype dt, nt_dtype odt, cons
 #if CONV_X86
     int64_t COg = g->CO / g->G, Kc = g->C / g->G * g->kh * g->kw, ldw = (COg + 7) / 8 * 8;
     if (dt != NT_F32 || odt != NT_F32 || nt__gemm_isa() != NT_ISA_AVX512 || g->N < 2 ||
+        atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed) ||
         g->s[0] != 1 || g->s[1] != 1 || g->u[0] != 1 || g->u[1] != 1 || g->lo[0] < 0 ||
         g->lo[1] < 0)
         return NULL;
@@ -661,6 +669,7 @@ static float *wgd_pad(const nt__conv_geo *g, const nt_tensor *x, const nt_tensor
 #if CONV_X86
     int64_t COg = g->CO / g->G, Kc = g->C / g->G * g->kh * g->kw, P = g->N * g->OH * g->OW;
     if (x->dtype != NT_F32 || gy->dtype != NT_F32 || nt__gemm_isa() != NT_ISA_AVX512 ||
+        atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed) ||
         COg > 64 || g->u[0] != 1 || g->u[1] != 1 || g->lo[0] < 0 || g->lo[1] < 0 ||
         P == 0 || P / WGD_TB >= INT32_MAX)
         return NULL;

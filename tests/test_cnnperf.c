@@ -138,10 +138,66 @@ static void test_bn_by_channel(void **state)
         }
 }
 
+/* ---------------- convolutions ---------------- */
+
+typedef struct conv_case {
+    int64_t x[4], w[4], stride[2], pad[2], dil[2], groups;
+} conv_case;
+
+/* conv2d of case c, then the backward of sum(y * g): y, dx, dw. */
+static void conv_run(const conv_case *c, outs *o)
+{
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *x = input(4, c->x, 21, true), *w = input(4, c->w, 22, false);
+    assert_int_equal(nt_set_requires_grad(x, true), 0);
+    assert_int_equal(nt_set_requires_grad(w, true), 0);
+    nt_tensor *y = nt_conv2d(x, w, NULL, c->stride, c->pad, c->dil, c->groups);
+    if (!y)
+        fail_msg("conv2d: %s", nt_last_error_message());
+    int64_t gs[4];
+    for (int d = 0; d < 4; d++)
+        gs[d] = nt_shape(y, d);
+    nt_tensor *g = input(4, gs, 23, false);
+    assert_int_equal(nt_backward_full(y, g, false, false), 0);
+    keep(o, y), keep(o, nt_grad(x)), keep(o, nt_grad(w));
+    nt_scope_end(sc);
+}
+
+static void test_conv_paths(void **state)
+{
+    (void)state;
+    static const conv_case cases[] = {
+        {{2, 3, 9, 11}, {5, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},     /* odd H, W */
+        {{3, 4, 10, 7}, {6, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 2},     /* groups */
+        {{2, 6, 9, 9}, {6, 1, 3, 3}, {1, 1}, {2, 0}, {1, 1}, 6},      /* depthwise */
+        {{3, 5, 11, 13}, {7, 5, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1},    /* stride 2 */
+        {{2, 5, 8, 9}, {9, 5, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 1},      /* 1x1 */
+        {{2, 4, 12, 10}, {3, 4, 3, 2}, {1, 1}, {2, 1}, {2, 3}, 1},    /* dilation */
+        {{1, 16, 28, 28}, {16, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1}, /* batch 1 */
+        {{4, 16, 14, 14}, {32, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1}, /* the CNN's */
+        {{3, 32, 7, 7}, {32, 32, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+        {{2, 3, 5, 5}, {70, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},     /* > 64 channels */
+        {{2, 2, 1, 9}, {3, 2, 1, 4}, {1, 2}, {0, 3}, {1, 1}, 1},      /* H = 1 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        outs fast = {0}, ref = {0};
+        assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+        atomic_store(&nt__cpu_ref_paths, 0);
+        conv_run(&cases[i], &fast);
+        atomic_store(&nt__cpu_ref_paths, 1);
+        conv_run(&cases[i], &ref);
+        atomic_store(&nt__cpu_ref_paths, 0);
+        char what[64];
+        snprintf(what, sizeof what, "conv2d case %zu", i);
+        compare(what, &fast, &ref);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_bn_by_channel, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_conv_paths, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
