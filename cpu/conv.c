@@ -219,6 +219,34 @@ __attribute__((target(NT_TARGET_AVX512))) static void cgd_block16(const float *x
     }
 }
 
+/* cgd_block for 32 positions: a tail of 17 to 32 positions in one pass
+ * over the weights instead of two blocks of 16. */
+#define CGD_ZERO2(r) __m512 s##r##a = _mm512_setzero_ps(), s##r##b = s##r##a;
+#define CGD_FMA2(r)                                                                          \
+    {                                                                                        \
+        __m512 v = _mm512_set1_ps(wk[r]);                                                    \
+        s##r##a = _mm512_fmadd_ps(v, b0, s##r##a), s##r##b = _mm512_fmadd_ps(v, b1, s##r##b); \
+    }
+#define CGD_ST2(r)                                                                           \
+    cgd_put(c + (r) * CGD_Q, s##r##a, acc, last), cgd_put(c + (r) * CGD_Q + 16, s##r##b, acc, last);
+__attribute__((target(NT_TARGET_AVX512))) static void cgd_block32(const float *xq,
+                                                                const int64_t *ko, int Kc,
+                                                                const float *wt, int ldw,
+                                                                float *c)
+{
+    for (int k0 = 0; k0 < Kc; k0 += NT_GEMM_KTILE) {
+        int k1 = Kc - k0 < NT_GEMM_KTILE ? Kc : k0 + NT_GEMM_KTILE;
+        bool acc = k0 > 0, last = k1 == Kc;
+        CGD_R8(CGD_ZERO2)
+        for (int k = k0; k < k1; k++) {
+            const float *b = xq + ko[k], *wk = wt + (int64_t)k * ldw;
+            __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+            CGD_R8(CGD_FMA2)
+        }
+        CGD_R8(CGD_ST2)
+    }
+}
+
 /* Image n without columns (see above). */
 static void cgd_image(cg_job *j, int n)
 {
@@ -259,11 +287,14 @@ static void cgd_image(cg_job *j, int n)
         }
         float *y = (float *)j->yd + (n * g->CO + grp * COg) * L;
         for (int64_t q0 = 0, bw; q0 < Q; q0 += bw) {
-            bw = Q - q0 > 32 ? CGD_Q : 16; /* blocks of 48, a tail of 16s */
+            /* blocks of 48, a tail of one 32 or 16 */
+            bw = Q - q0 > 32 ? CGD_Q : Q - q0 > 16 ? 32 : 16;
             for (int64_t co = 0; co < COg; co += 8) {
                 const float *wg = j->wt + grp * Kc * ldw + co;
                 if (bw == CGD_Q)
                     cgd_block(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
+                else if (bw == 32)
+                    cgd_block32(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
                 else
                     cgd_block16(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
                 for (int64_t r = 0; r < 8 && co + r < COg; r++) /* rows' runs, ow < OW */
