@@ -44,6 +44,8 @@
 
 atomic_int nt__cpu_ref_paths;
 
+_Static_assert(NT_RED_BLOCK % NT_RED_LANES == 0, "bwd_sums' lanes");
+
 enum { P_FWD_SUM, P_FWD_SQ, P_FWD_Y, P_BWD_SUMS, P_BWD_DX };
 
 typedef struct bnk {
@@ -85,6 +87,35 @@ static float block_dot(const float *restrict t, const float *restrict u, int64_t
     for (int64_t i = 0; i < m; i++)
         B[i] = t[i] * u[i];
     return nt__red_block_sum_f32(B, m, 1);
+}
+
+/* The backward's four block partials in one pass over the block (x and g
+ * as gathered): lane l of each takes the same terms in the same order as
+ * nt__red_block_sum_f32's (elements i = l mod NT_RED_LANES, ascending;
+ * each product rounded before it is added), then the same halving fold,
+ * so the same bits as the sums and block_dot over xh, g and g * w. */
+static void bwd_sums(const float *restrict X, const float *restrict G, int64_t m, float mean,
+                     float r, const float *w, float wc, float *p)
+{
+    float a0[NT_RED_LANES], a1[NT_RED_LANES], a2[NT_RED_LANES], a3[NT_RED_LANES];
+    for (int l = 0; l < NT_RED_LANES; l++)
+        a0[l] = a1[l] = a2[l] = a3[l] = 0.0f;
+    int64_t i = 0;
+    for (; i + NT_RED_LANES <= m; i += NT_RED_LANES)
+        for (int l = 0; l < NT_RED_LANES; l++) {
+            float t = (X[i + l] - mean) * r, u = G[i + l], uw = u * wc;
+            a0[l] += u, a1[l] += u * t, a2[l] += uw, a3[l] += uw * t;
+        }
+    for (int l = 0; i < m; i++, l++) {
+        float t = (X[i] - mean) * r, u = G[i], uw = u * wc;
+        a0[l] += u, a1[l] += u * t, a2[l] += uw, a3[l] += uw * t;
+    }
+    for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)
+        for (int l = 0; l < h; l++)
+            a0[l] += a0[l + h], a1[l] += a1[l + h], a2[l] += a2[l + h], a3[l] += a3[l + h];
+    p[0] = a0[0], p[1] = a1[0];
+    if (w)
+        p[2] = a2[0], p[3] = a3[0];
 }
 
 /* One forward block: bk the block's number in channel c's row. */
@@ -129,6 +160,10 @@ static void bwd_block(const bnk *k, int ph, int64_t c, int64_t bk, float *restri
     float wc = k->w ? k->w[c] : 0.0f;
     gather(T, k->x, k, c, j0, m);
     gather(U, k->g, k, c, j0, m);
+    if (ph == P_BWD_SUMS && !atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed)) {
+        bwd_sums(T, U, m, mean, r, k->w, wc, p);
+        return;
+    }
     for (int64_t i = 0; i < m; i++)
         T[i] = (T[i] - mean) * r;
     if (ph == P_BWD_SUMS) {
