@@ -118,6 +118,43 @@ static void bwd_sums(const float *restrict X, const float *restrict G, int64_t m
         p[2] = a2[0], p[3] = a3[0];
 }
 
+/* The forward's sum of (x - mean)^2 over a block in one pass, in
+ * nt__red_block_sum_f32's lane order (as block_dot of x - mean with
+ * itself: the same bits). */
+static float sq_sum(const float *restrict X, int64_t m, float mean)
+{
+    float a[NT_RED_LANES];
+    for (int l = 0; l < NT_RED_LANES; l++)
+        a[l] = 0.0f;
+    int64_t i = 0;
+    for (; i + NT_RED_LANES <= m; i += NT_RED_LANES)
+        for (int l = 0; l < NT_RED_LANES; l++) {
+            float d = X[i + l] - mean;
+            a[l] += d * d;
+        }
+    for (int l = 0; i < m; i++, l++) {
+        float d = X[i] - mean;
+        a[l] += d * d;
+    }
+    for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)
+        for (int l = 0; l < h; l++)
+            a[l] += a[l + h];
+    return a[0];
+}
+
+/* y = ((x - mean) * r) * w, + b, NaNs canonical, each step rounded as the
+ * passes below take them, in one pass. */
+static void fwd_y(const float *restrict X, int64_t m, float mean, float r, float wc, bool hw,
+                  float bc, bool hb, float *restrict Y)
+{
+    for (int64_t i = 0; i < m; i++) {
+        float v = (X[i] - mean) * r;
+        v = hw ? v * wc : v;
+        v = hb ? v + bc : v;
+        Y[i] = nt__canon(v);
+    }
+}
+
 /* One forward block: bk the block's number in channel c's row. */
 static void fwd_block(const bnk *k, int ph, int64_t c, int64_t bk, float *restrict T,
                       float *restrict B)
@@ -130,6 +167,16 @@ static void fwd_block(const bnk *k, int ph, int64_t c, int64_t bk, float *restri
         return;
     }
     float mean = k->mean[c];
+    if (ph == P_FWD_SQ && !atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed)) {
+        p[0] = sq_sum(T, m, mean);
+        return;
+    }
+    if (ph == P_FWD_Y && !atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed)) {
+        fwd_y(T, m, mean, k->r[c], k->w ? k->w[c] : 1.0f, k->w != NULL,
+              k->b ? k->b[c] : 0.0f, k->b != NULL, B);
+        scatter(k->y, B, k, c, j0, m);
+        return;
+    }
     for (int64_t i = 0; i < m; i++)
         T[i] = T[i] - mean;
     if (ph == P_FWD_SQ) {
