@@ -247,6 +247,31 @@ __attribute__((target(NT_TARGET_AVX512))) static void cgd_block32(const float *x
     }
 }
 
+/* A run of a block's positions inside one output row: c's columns q ..
+ * q + n go to y's positions dst .. dst + n. */
+typedef struct cgd_run {
+    int q, n;
+    int64_t dst;
+} cgd_run;
+
+/* The block's rows (c, CGD_Q apart) into y's rows (L apart), run by run,
+ * 16 values at a time under a mask: the values as they are. */
+__attribute__((target(NT_TARGET_AVX512))) static void cgd_store(float *y, int64_t L, int rows,
+                                                               const float *c,
+                                                               const cgd_run *run, int nrun)
+{
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < nrun; i++) {
+            const float *src = c + r * CGD_Q + run[i].q;
+            float *dst = y + r * L + run[i].dst;
+            for (int e = 0; e < run[i].n; e += 16) {
+                int m = run[i].n - e < 16 ? run[i].n - e : 16;
+                __mmask16 k = (__mmask16)((1u << m) - 1u);
+                _mm512_mask_storeu_ps(dst + e, k, _mm512_maskz_loadu_ps(k, src + e));
+            }
+        }
+}
+
 /* Image n without columns (see above). */
 static void cgd_image(cg_job *j, int n)
 {
@@ -280,6 +305,7 @@ static void cgd_image(cg_job *j, int n)
         }
     memset(xp + g->C * Hp * Wp, 0, (npa - (size_t)(g->C * Hp * Wp)) * sizeof(float));
     float c[8 * CGD_Q];
+    cgd_run run[CGD_Q];
     for (int64_t grp = 0; grp < g->G; grp++) {
         for (int64_t k = 0; k < Kc; k++) { /* K = (ki, kj, ci) */
             int64_t ci = k % Cg, t = k / Cg;
@@ -289,6 +315,17 @@ static void cgd_image(cg_job *j, int n)
         for (int64_t q0 = 0, bw; q0 < Q; q0 += bw) {
             /* blocks of 48, a tail of one 32 or 16 */
             bw = Q - q0 > 32 ? CGD_Q : Q - q0 > 16 ? 32 : 16;
+            int nrun = 0; /* the block's runs of positions with ow < OW */
+            for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < bw && oh < g->OH;) {
+                int64_t l = Wp - ow < bw - q ? Wp - ow : bw - q;
+                if (ow < g->OW) {
+                    run[nrun].q = (int)q, run[nrun].dst = oh * g->OW + ow;
+                    run[nrun++].n = (int)(ow + l < g->OW ? l : g->OW - ow);
+                }
+                q += l, ow += l;
+                if (ow == Wp)
+                    ow = 0, oh++;
+            }
             for (int64_t co = 0; co < COg; co += 8) {
                 const float *wg = j->wt + grp * Kc * ldw + co;
                 if (bw == CGD_Q)
@@ -297,16 +334,7 @@ static void cgd_image(cg_job *j, int n)
                     cgd_block32(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
                 else
                     cgd_block16(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
-                for (int64_t r = 0; r < 8 && co + r < COg; r++) /* rows' runs, ow < OW */
-                    for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < bw && oh < g->OH;) {
-                        int64_t l = Wp - ow < bw - q ? Wp - ow : bw - q;
-                        if (ow < g->OW)
-                            memcpy(y + (co + r) * L + oh * g->OW + ow, c + r * CGD_Q + q,
-                                   (size_t)((ow + l < g->OW ? l : g->OW - ow)) * sizeof(float));
-                        q += l, ow += l;
-                        if (ow == Wp)
-                            ow = 0, oh++;
-                    }
+                cgd_store(y + co * L, L, COg - co < 8 ? (int)(COg - co) : 8, c, run, nrun);
             }
         }
     }
