@@ -27,8 +27,11 @@
  * Between phases the calling thread adds each channel's partials in block
  * order.  So the sums are the canonical ones whatever thread ran a block,
  * and units are short (tens of microseconds): a thread that finishes
- * first waits little for the other (one unit per channel made it wait
- * for a whole channel, and on a loaded host yield its processor). */
+ * first waits little for the other.  With four channels or more a unit is
+ * instead a whole channel through every phase (bn_chan): the same blocks,
+ * partials and folds, so the same bits, while the channel's row is still
+ * in the core's cache for the phase after (a phase over all channels
+ * reads a [128, 16, 28, 28] tensor from memory again each time). */
 #include "cpu/cpu.h"
 
 #include <string.h>
@@ -38,6 +41,10 @@
 #include "core/reduce.h"
 
 #define UNIT (8 * NT_RED_BLOCK)
+
+atomic_int nt__cpu_ref_paths;
+
+_Static_assert(NT_RED_BLOCK % NT_RED_LANES == 0, "bwd_sums' lanes");
 
 enum { P_FWD_SUM, P_FWD_SQ, P_FWD_Y, P_BWD_SUMS, P_BWD_DX };
 
@@ -82,20 +89,97 @@ static float block_dot(const float *restrict t, const float *restrict u, int64_t
     return nt__red_block_sum_f32(B, m, 1);
 }
 
+/* The backward's four block partials in one pass over the block (x and g
+ * as gathered): lane l of each takes the same terms in the same order as
+ * nt__red_block_sum_f32's (elements i = l mod NT_RED_LANES, ascending;
+ * each product rounded before it is added), then the same halving fold,
+ * so the same bits as the sums and block_dot over xh, g and g * w. */
+static void bwd_sums(const float *restrict X, const float *restrict G, int64_t m, float mean,
+                     float r, const float *w, float wc, float *p)
+{
+    float a0[NT_RED_LANES], a1[NT_RED_LANES], a2[NT_RED_LANES], a3[NT_RED_LANES];
+    for (int l = 0; l < NT_RED_LANES; l++)
+        a0[l] = a1[l] = a2[l] = a3[l] = 0.0f;
+    int64_t i = 0;
+    for (; i + NT_RED_LANES <= m; i += NT_RED_LANES)
+        for (int l = 0; l < NT_RED_LANES; l++) {
+            float t = (X[i + l] - mean) * r, u = G[i + l], uw = u * wc;
+            a0[l] += u, a1[l] += u * t, a2[l] += uw, a3[l] += uw * t;
+        }
+    for (int l = 0; i < m; i++, l++) {
+        float t = (X[i] - mean) * r, u = G[i], uw = u * wc;
+        a0[l] += u, a1[l] += u * t, a2[l] += uw, a3[l] += uw * t;
+    }
+    for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)
+        for (int l = 0; l < h; l++)
+            a0[l] += a0[l + h], a1[l] += a1[l + h], a2[l] += a2[l + h], a3[l] += a3[l + h];
+    p[0] = a0[0], p[1] = a1[0];
+    if (w)
+        p[2] = a2[0], p[3] = a3[0];
+}
+
+/* The forward's sum of (x - mean)^2 over a block in one pass, in
+ * nt__red_block_sum_f32's lane order (as block_dot of x - mean with
+ * itself: the same bits). */
+static float sq_sum(const float *restrict X, int64_t m, float mean)
+{
+    float a[NT_RED_LANES];
+    for (int l = 0; l < NT_RED_LANES; l++)
+        a[l] = 0.0f;
+    int64_t i = 0;
+    for (; i + NT_RED_LANES <= m; i += NT_RED_LANES)
+        for (int l = 0; l < NT_RED_LANES; l++) {
+            float d = X[i + l] - mean;
+            a[l] += d * d;
+        }
+    for (int l = 0; i < m; i++, l++) {
+        float d = X[i] - mean;
+        a[l] += d * d;
+    }
+    for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)
+        for (int l = 0; l < h; l++)
+            a[l] += a[l + h];
+    return a[0];
+}
+
+/* y = ((x - mean) * r) * w, + b, NaNs canonical, each step rounded as the
+ * passes below take them, in one pass. */
+static void fwd_y(const float *restrict X, int64_t m, float mean, float r, float wc, bool hw,
+                  float bc, bool hb, float *restrict Y)
+{
+    for (int64_t i = 0; i < m; i++) {
+        float v = (X[i] - mean) * r;
+        v = hw ? v * wc : v;
+        v = hb ? v + bc : v;
+        Y[i] = nt__canon(v);
+    }
+}
+
 /* One forward block: bk the block's number in channel c's row. */
-static void fwd_block(const bnk *k, int64_t c, int64_t bk, float *restrict T, float *restrict B)
+static void fwd_block(const bnk *k, int ph, int64_t c, int64_t bk, float *restrict T,
+                      float *restrict B)
 {
     int64_t j0 = bk * NT_RED_BLOCK, m = k->M - j0 < NT_RED_BLOCK ? k->M - j0 : NT_RED_BLOCK;
     float *p = k->part + (c * k->nbk + bk) * 4;
     gather(T, k->x, k, c, j0, m);
-    if (k->phase == P_FWD_SUM) {
+    if (ph == P_FWD_SUM) {
         p[0] = nt__red_block_sum_f32(T, m, 1);
         return;
     }
     float mean = k->mean[c];
+    if (ph == P_FWD_SQ && !atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed)) {
+        p[0] = sq_sum(T, m, mean);
+        return;
+    }
+    if (ph == P_FWD_Y && !atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed)) {
+        fwd_y(T, m, mean, k->r[c], k->w ? k->w[c] : 1.0f, k->w != NULL,
+              k->b ? k->b[c] : 0.0f, k->b != NULL, B);
+        scatter(k->y, B, k, c, j0, m);
+        return;
+    }
     for (int64_t i = 0; i < m; i++)
         T[i] = T[i] - mean;
-    if (k->phase == P_FWD_SQ) {
+    if (ph == P_FWD_SQ) {
         p[0] = block_dot(T, T, m, B);
         return;
     }
@@ -115,24 +199,28 @@ static void fwd_block(const bnk *k, int64_t c, int64_t bk, float *restrict T, fl
 
 /* One backward block: xh into T, g (gx with w) into U; the partials of
  * db, dw, sum(gx), sum(gx * xh), or dx. */
-static void bwd_block(const bnk *k, int64_t c, int64_t bk, float *restrict T, float *restrict U,
-                      float *restrict B)
+static void bwd_block(const bnk *k, int ph, int64_t c, int64_t bk, float *restrict T,
+                      float *restrict U, float *restrict B)
 {
     int64_t j0 = bk * NT_RED_BLOCK, m = k->M - j0 < NT_RED_BLOCK ? k->M - j0 : NT_RED_BLOCK;
     float *p = k->part + (c * k->nbk + bk) * 4, mean = k->mean[c], r = k->r[c];
     float wc = k->w ? k->w[c] : 0.0f;
     gather(T, k->x, k, c, j0, m);
     gather(U, k->g, k, c, j0, m);
+    if (ph == P_BWD_SUMS && !atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed)) {
+        bwd_sums(T, U, m, mean, r, k->w, wc, p);
+        return;
+    }
     for (int64_t i = 0; i < m; i++)
         T[i] = (T[i] - mean) * r;
-    if (k->phase == P_BWD_SUMS) {
+    if (ph == P_BWD_SUMS) {
         p[0] = nt__red_block_sum_f32(U, m, 1);
         p[1] = block_dot(U, T, m, B);
     }
     if (k->w)
         for (int64_t i = 0; i < m; i++)
             U[i] = U[i] * wc;
-    if (k->phase == P_BWD_SUMS) {
+    if (ph == P_BWD_SUMS) {
         if (k->w) {
             p[2] = nt__red_block_sum_f32(U, m, 1);
             p[3] = block_dot(U, T, m, B);
@@ -153,9 +241,9 @@ static void bn_unit(void *arg, int u)
     int64_t b1 = b0 + UNIT / NT_RED_BLOCK < k->nbk ? b0 + UNIT / NT_RED_BLOCK : k->nbk;
     for (int64_t bk = b0; bk < b1; bk++) {
         if (k->phase >= P_BWD_SUMS)
-            bwd_block(k, c, bk, T, U, B);
+            bwd_block(k, k->phase, c, bk, T, U, B);
         else
-            fwd_block(k, c, bk, T, B);
+            fwd_block(k, k->phase, c, bk, T, B);
     }
 }
 
@@ -209,6 +297,64 @@ static int bn_begin(bnk *k, const nt__rec *r, const nt_tensor *x, float **buf)
     return 0;
 }
 
+/* The per-channel steps between the phases (channel c; each writes c's
+ * slots only). */
+static void fwd_mean(bnk *k, int64_t c)
+{
+    k->mean[c] = fold(k, c, 0) / (float)k->M;
+}
+
+static void fwd_rstd(bnk *k, int64_t c)
+{
+    float ss = fold(k, c, 0);
+    k->r[c] = rstd(k, ss);
+    k->out2[c] = nt__canon(k->mean[c]), k->out2[k->C + c] = nt__canon(ss);
+}
+
+static void bwd_moments(bnk *k, int64_t c)
+{
+    float db = fold(k, c, 0), dw = fold(k, c, 1);
+    float s1 = k->w ? fold(k, c, 2) : db, s2 = k->w ? fold(k, c, 3) : dw;
+    k->m1[c] = s1 / (float)k->M, k->m2[c] = s2 / (float)k->M;
+    k->out2[c] = nt__canon(dw), k->out2[k->C + c] = nt__canon(db);
+}
+
+/* Channel c through every phase in one go (k->phase P_FWD_SUM: the
+ * forward, else the backward): the same blocks, partials and folds as the
+ * phases over all channels, so the same bits, but the channel's row is
+ * still in this core's cache when the next phase reads it again. */
+static void bn_chan(void *arg, int ci)
+{
+    bnk *k = arg;
+    float T[NT_RED_BLOCK], U[NT_RED_BLOCK], B[NT_RED_BLOCK];
+    int64_t c = ci;
+    if (k->phase == P_FWD_SUM) {
+        for (int64_t bk = 0; bk < k->nbk; bk++)
+            fwd_block(k, P_FWD_SUM, c, bk, T, B);
+        fwd_mean(k, c);
+        for (int64_t bk = 0; bk < k->nbk; bk++)
+            fwd_block(k, P_FWD_SQ, c, bk, T, B);
+        fwd_rstd(k, c);
+        for (int64_t bk = 0; bk < k->nbk; bk++)
+            fwd_block(k, P_FWD_Y, c, bk, T, B);
+        return;
+    }
+    for (int64_t bk = 0; bk < k->nbk; bk++)
+        bwd_block(k, P_BWD_SUMS, c, bk, T, U, B);
+    bwd_moments(k, c);
+    for (int64_t bk = 0; bk < k->nbk; bk++)
+        bwd_block(k, P_BWD_DX, c, bk, T, U, B);
+}
+
+/* Whole channels as the units when there are enough of them to share
+ * between the two threads (a unit then runs every phase of its channel);
+ * else the phases over units of UNIT elements. */
+static bool by_channel(const bnk *k)
+{
+    return k->C >= 4 && k->C <= INT32_MAX &&
+           !atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed);
+}
+
 int nt__cpu_batch_norm_fwd(const nt__rec *r)
 {
     const nt_tensor *x = r->in[0];
@@ -218,15 +364,18 @@ int nt__cpu_batch_norm_fwd(const nt__rec *r)
     int rc = bn_begin(&k, r, x, &buf);
     if (rc)
         return rc;
+    if (by_channel(&k)) {
+        k.phase = P_FWD_SUM;
+        nt__par_blocks((int)k.C, bn_chan, &k, k.C * k.M >= 32768);
+        g_free(buf);
+        return 0;
+    }
     phase(&k, P_FWD_SUM);
     for (int64_t c = 0; c < k.C; c++)
-        k.mean[c] = fold(&k, c, 0) / (float)k.M;
+        fwd_mean(&k, c);
     phase(&k, P_FWD_SQ);
-    for (int64_t c = 0; c < k.C; c++) {
-        float ss = fold(&k, c, 0);
-        k.r[c] = rstd(&k, ss);
-        k.out2[c] = nt__canon(k.mean[c]), k.out2[k.C + c] = nt__canon(ss);
-    }
+    for (int64_t c = 0; c < k.C; c++)
+        fwd_rstd(&k, c);
     phase(&k, P_FWD_Y);
     g_free(buf);
     return 0;
@@ -244,13 +393,15 @@ int nt__cpu_batch_norm_bwd(const nt__rec *r)
         return rc;
     for (int64_t c = 0; c < k.C; c++)
         k.mean[c] = st[c], k.r[c] = rstd(&k, st[k.C + c]);
-    phase(&k, P_BWD_SUMS);
-    for (int64_t c = 0; c < k.C; c++) {
-        float db = fold(&k, c, 0), dw = fold(&k, c, 1);
-        float s1 = k.w ? fold(&k, c, 2) : db, s2 = k.w ? fold(&k, c, 3) : dw;
-        k.m1[c] = s1 / (float)k.M, k.m2[c] = s2 / (float)k.M;
-        k.out2[c] = nt__canon(dw), k.out2[k.C + c] = nt__canon(db);
+    if (by_channel(&k)) {
+        k.phase = P_BWD_SUMS;
+        nt__par_blocks((int)k.C, bn_chan, &k, k.C * k.M >= 32768);
+        g_free(buf);
+        return 0;
     }
+    phase(&k, P_BWD_SUMS);
+    for (int64_t c = 0; c < k.C; c++)
+        bwd_moments(&k, c);
     phase(&k, P_BWD_DX);
     g_free(buf);
     return 0;

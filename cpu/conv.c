@@ -219,6 +219,59 @@ __attribute__((target(NT_TARGET_AVX512))) static void cgd_block16(const float *x
     }
 }
 
+/* cgd_block for 32 positions: a tail of 17 to 32 positions in one pass
+ * over the weights instead of two blocks of 16. */
+#define CGD_ZERO2(r) __m512 s##r##a = _mm512_setzero_ps(), s##r##b = s##r##a;
+#define CGD_FMA2(r)                                                                          \
+    {                                                                                        \
+        __m512 v = _mm512_set1_ps(wk[r]);                                                    \
+        s##r##a = _mm512_fmadd_ps(v, b0, s##r##a), s##r##b = _mm512_fmadd_ps(v, b1, s##r##b); \
+    }
+#define CGD_ST2(r)                                                                           \
+    cgd_put(c + (r) * CGD_Q, s##r##a, acc, last), cgd_put(c + (r) * CGD_Q + 16, s##r##b, acc, last);
+__attribute__((target(NT_TARGET_AVX512))) static void cgd_block32(const float *xq,
+                                                                const int64_t *ko, int Kc,
+                                                                const float *wt, int ldw,
+                                                                float *c)
+{
+    for (int k0 = 0; k0 < Kc; k0 += NT_GEMM_KTILE) {
+        int k1 = Kc - k0 < NT_GEMM_KTILE ? Kc : k0 + NT_GEMM_KTILE;
+        bool acc = k0 > 0, last = k1 == Kc;
+        CGD_R8(CGD_ZERO2)
+        for (int k = k0; k < k1; k++) {
+            const float *b = xq + ko[k], *wk = wt + (int64_t)k * ldw;
+            __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+            CGD_R8(CGD_FMA2)
+        }
+        CGD_R8(CGD_ST2)
+    }
+}
+
+/* A run of a block's positions inside one output row: c's columns q ..
+ * q + n go to y's positions dst .. dst + n. */
+typedef struct cgd_run {
+    int q, n;
+    int64_t dst;
+} cgd_run;
+
+/* The block's rows (c, CGD_Q apart) into y's rows (L apart), run by run,
+ * 16 values at a time under a mask: the values as they are. */
+__attribute__((target(NT_TARGET_AVX512))) static void cgd_store(float *y, int64_t L, int rows,
+                                                               const float *c,
+                                                               const cgd_run *run, int nrun)
+{
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < nrun; i++) {
+            const float *src = c + r * CGD_Q + run[i].q;
+            float *dst = y + r * L + run[i].dst;
+            for (int e = 0; e < run[i].n; e += 16) {
+                int m = run[i].n - e < 16 ? run[i].n - e : 16;
+                __mmask16 k = (__mmask16)((1u << m) - 1u);
+                _mm512_mask_storeu_ps(dst + e, k, _mm512_maskz_loadu_ps(k, src + e));
+            }
+        }
+}
+
 /* Image n without columns (see above). */
 static void cgd_image(cg_job *j, int n)
 {
@@ -235,16 +288,24 @@ static void cgd_image(cg_job *j, int n)
     }
     int64_t *ko = (int64_t *)(xp + npa);
     const float *xd = (const float *)j->xd + n * g->C * g->H * g->W;
-    memset(xp, 0, npa * sizeof(float));
-    for (int64_t pl = 0; pl < g->C; pl++) /* the planes, padded with +0 */
+    /* the planes, padded with +0: each row's copy and its zeros written
+     * once (not the whole buffer zeroed first), then the slack after them */
+    for (int64_t pl = 0; pl < g->C; pl++)
         for (int64_t r = 0; r < Hp; r++) {
+            float *dst = xp + (pl * Hp + r) * Wp;
             int64_t ih = r - g->lo[0], a = g->lo[1] < Wp ? g->lo[1] : Wp;
             int64_t b = g->lo[1] + g->W < Wp ? g->lo[1] + g->W : Wp;
-            if (ih >= 0 && ih < g->H && b > a)
-                memcpy(xp + (pl * Hp + r) * Wp + a, xd + (pl * g->H + ih) * g->W,
-                       (size_t)(b - a) * sizeof(float));
+            if (ih < 0 || ih >= g->H || b <= a) {
+                memset(dst, 0, (size_t)Wp * sizeof(float));
+                continue;
+            }
+            memset(dst, 0, (size_t)a * sizeof(float));
+            memcpy(dst + a, xd + (pl * g->H + ih) * g->W, (size_t)(b - a) * sizeof(float));
+            memset(dst + b, 0, (size_t)(Wp - b) * sizeof(float));
         }
+    memset(xp + g->C * Hp * Wp, 0, (npa - (size_t)(g->C * Hp * Wp)) * sizeof(float));
     float c[8 * CGD_Q];
+    cgd_run run[CGD_Q];
     for (int64_t grp = 0; grp < g->G; grp++) {
         for (int64_t k = 0; k < Kc; k++) { /* K = (ki, kj, ci) */
             int64_t ci = k % Cg, t = k / Cg;
@@ -252,23 +313,28 @@ static void cgd_image(cg_job *j, int n)
         }
         float *y = (float *)j->yd + (n * g->CO + grp * COg) * L;
         for (int64_t q0 = 0, bw; q0 < Q; q0 += bw) {
-            bw = Q - q0 > 32 ? CGD_Q : 16; /* blocks of 48, a tail of 16s */
+            /* blocks of 48, a tail of one 32 or 16 */
+            bw = Q - q0 > 32 ? CGD_Q : Q - q0 > 16 ? 32 : 16;
+            int nrun = 0; /* the block's runs of positions with ow < OW */
+            for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < bw && oh < g->OH;) {
+                int64_t l = Wp - ow < bw - q ? Wp - ow : bw - q;
+                if (ow < g->OW) {
+                    run[nrun].q = (int)q, run[nrun].dst = oh * g->OW + ow;
+                    run[nrun++].n = (int)(ow + l < g->OW ? l : g->OW - ow);
+                }
+                q += l, ow += l;
+                if (ow == Wp)
+                    ow = 0, oh++;
+            }
             for (int64_t co = 0; co < COg; co += 8) {
                 const float *wg = j->wt + grp * Kc * ldw + co;
                 if (bw == CGD_Q)
                     cgd_block(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
+                else if (bw == 32)
+                    cgd_block32(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
                 else
                     cgd_block16(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
-                for (int64_t r = 0; r < 8 && co + r < COg; r++) /* rows' runs, ow < OW */
-                    for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < bw && oh < g->OH;) {
-                        int64_t l = Wp - ow < bw - q ? Wp - ow : bw - q;
-                        if (ow < g->OW)
-                            memcpy(y + (co + r) * L + oh * g->OW + ow, c + r * CGD_Q + q,
-                                   (size_t)((ow + l < g->OW ? l : g->OW - ow)) * sizeof(float));
-                        q += l, ow += l;
-                        if (ow == Wp)
-                            ow = 0, oh++;
-                    }
+                cgd_store(y + co * L, L, COg - co < 8 ? (int)(COg - co) : 8, c, run, nrun);
             }
         }
     }
@@ -325,6 +391,7 @@ static float *cgd_weights(const nt__conv_geo *g, nt_dtype dt, nt_dtype odt, cons
 #if CONV_X86
     int64_t COg = g->CO / g->G, Kc = g->C / g->G * g->kh * g->kw, ldw = (COg + 7) / 8 * 8;
     if (dt != NT_F32 || odt != NT_F32 || nt__gemm_isa() != NT_ISA_AVX512 || g->N < 2 ||
+        atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed) ||
         g->s[0] != 1 || g->s[1] != 1 || g->u[0] != 1 || g->u[1] != 1 || g->lo[0] < 0 ||
         g->lo[1] < 0)
         return NULL;
@@ -661,6 +728,7 @@ static float *wgd_pad(const nt__conv_geo *g, const nt_tensor *x, const nt_tensor
 #if CONV_X86
     int64_t COg = g->CO / g->G, Kc = g->C / g->G * g->kh * g->kw, P = g->N * g->OH * g->OW;
     if (x->dtype != NT_F32 || gy->dtype != NT_F32 || nt__gemm_isa() != NT_ISA_AVX512 ||
+        atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed) ||
         COg > 64 || g->u[0] != 1 || g->u[1] != 1 || g->lo[0] < 0 || g->lo[1] < 0 ||
         P == 0 || P / WGD_TB >= INT32_MAX)
         return NULL;

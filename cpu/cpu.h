@@ -8,6 +8,8 @@
 #ifndef NT_CPU_CPU_H
 #define NT_CPU_CPU_H
 
+#include <stdatomic.h>
+
 #include "core/backend.h"
 #include "core/internal.h"
 
@@ -106,6 +108,11 @@ int nt__cpu_conv_wgrad(const nt__rec *r);
 /* cpu/bn.c: training batch norm, forward and backward */
 int nt__cpu_batch_norm_fwd(const nt__rec *r);
 int nt__cpu_batch_norm_bwd(const nt__rec *r);
+/* Nonzero: the CPU kernels take their reference paths where a faster one
+ * gives the same bits (batch norm's phases over all channels; the
+ * convolutions' general paths), so tests/test_cnnperf.c can compare the
+ * two.  Tests set it between ops; kernels read it (relaxed). */
+extern atomic_int nt__cpu_ref_paths;
 /* cpu/reduce.c: gradient clipping's per-parameter 2-norms */
 int nt__cpu_grad_norms(const nt__rec *r);
 #undef NT__CPU_DECL

@@ -1,0 +1,203 @@
+/* tests/test_cnnperf.c - the CNN step's faster CPU kernel paths give the
+ * bits of the paths they replace.
+ *
+ * cpu/cpu.h's nt__cpu_ref_paths makes the CPU kernels take their reference
+ * paths (batch norm: each phase over all channels in units of blocks; the
+ * convolutions: the general paths); each case runs an op and its backward
+ * once each way, on odd shapes (odd H and W, batch 1, a size-1 dim, more
+ * than one 2048-element block per channel, no affine weight), with edge
+ * values among the random ones, and compares every output and gradient bit
+ * for bit. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ntensor.h"
+#include "nt_test.h"
+#include "cpu/cpu.h"
+
+#define SH(...) ((const int64_t[]){__VA_ARGS__})
+#define NOUT 6
+
+/* n floats of t (f32) into a new buffer. */
+static float *host(nt_tensor *t, int64_t *n)
+{
+    *n = nt_numel(t);
+    float *v = malloc(sizeof(float) * (size_t)(*n ? *n : 1));
+    assert_non_null(v);
+    if (nt_to_host(t, v, sizeof(float) * (size_t)*n))
+        fail_msg("to_host: %s", nt_last_error_message());
+    return v;
+}
+
+/* An f32 tensor of shape sh, random normal values with a few edge values
+ * (+-0, huge, tiny, subnormal) at fixed places. */
+static nt_tensor *input(int nd, const int64_t *sh, uint64_t seed, bool edges)
+{
+    int64_t n = nt_test_numel(nd, sh);
+    float *v = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    uint64_t st = seed;
+    for (int64_t i = 0; i < n; i++)
+        v[i] = 2.0f * nt_test_uniform(&st) - 1.0f;
+    static const float ev[] = {0.0f, -0.0f, 3.0e4f, -2.5e-30f, 1.0e-41f, -7.0f};
+    for (int64_t i = 0; edges && i < (int64_t)(sizeof ev / sizeof ev[0]) && i * 37 < n; i++)
+        v[i * 37] = ev[i];
+    nt_tensor *t = nt_from_host(v, NT_F32, nd, sh);
+    free(v);
+    assert_non_null(t);
+    return t;
+}
+
+static void same_bits(const char *what, const float *a, const float *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (nt_test_ubits(a[i]) != nt_test_ubits(b[i]))
+            fail_msg("%s[%lld]: %.9g (%08x) with the fast path, %.9g (%08x) with the "
+                     "reference one", what, (long long)i, (double)a[i], nt_test_ubits(a[i]),
+                     (double)b[i], nt_test_ubits(b[i]));
+}
+
+typedef struct outs {
+    float *v[NOUT];
+    int64_t n[NOUT];
+    int k;
+} outs;
+
+static void keep(outs *o, nt_tensor *t)
+{
+    assert_non_null(t);
+    assert_true(o->k < NOUT);
+    o->v[o->k] = host(t, &o->n[o->k]);
+    o->k++;
+}
+
+static void compare(const char *what, outs *a, outs *b)
+{
+    assert_int_equal(a->k, b->k);
+    for (int i = 0; i < a->k; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "%s output %d", what, i);
+        assert_int_equal(a->n[i], b->n[i]);
+        same_bits(name, a->v[i], b->v[i], a->n[i]);
+        free(a->v[i]);
+        free(b->v[i]);
+    }
+}
+
+/* ---------------- batch norm ---------------- */
+
+/* Training batch norm of x [sh] (affine or not), then the backward of
+ * sum(y * g): y, the running statistics, dx, dw, db. */
+static void bn_run(const int64_t *sh, bool affine, outs *o)
+{
+    nt_scope *sc = nt_scope_begin();
+    int64_t C = sh[1];
+    nt_tensor *x = input(4, sh, 11, true), *g = input(4, sh, 12, false);
+    nt_tensor *rm = nt_zeros(NT_F32, 1, &C), *rv = nt_ones(NT_F32, 1, &C);
+    nt_tensor *w = affine ? input(1, &C, 13, false) : NULL, *b = affine ? input(1, &C, 14, false)
+                                                                       : NULL;
+    assert_int_equal(nt_set_requires_grad(x, true), 0);
+    if (affine) {
+        assert_int_equal(nt_set_requires_grad(w, true), 0);
+        assert_int_equal(nt_set_requires_grad(b, true), 0);
+    }
+    nt_tensor *y = nt_batch_norm(x, rm, rv, w, b, true, 0.1, 1e-5);
+    assert_non_null(y);
+    assert_int_equal(nt_backward_full(y, g, false, false), 0);
+    keep(o, y), keep(o, rm), keep(o, rv), keep(o, nt_grad(x));
+    if (affine)
+        keep(o, nt_grad(w)), keep(o, nt_grad(b));
+    nt_scope_end(sc);
+}
+
+static void test_bn_by_channel(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][4] = {
+        {2, 5, 3, 7}, {1, 4, 33, 65}, {3, 6, 1, 1}, {5, 9, 13, 11}, {2, 3, 7, 5}, {128, 4, 3, 3},
+    };
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int affine = 0; affine < 2; affine++) {
+            outs fast = {0}, ref = {0};
+            assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+            atomic_store(&nt__cpu_ref_paths, 0);
+            bn_run(shapes[s], affine, &fast);
+            atomic_store(&nt__cpu_ref_paths, 1);
+            bn_run(shapes[s], affine, &ref);
+            atomic_store(&nt__cpu_ref_paths, 0);
+            char what[64];
+            snprintf(what, sizeof what, "batch_norm shape %zu affine %d", s, affine);
+            compare(what, &fast, &ref);
+        }
+}
+
+/* ---------------- convolutions ---------------- */
+
+typedef struct conv_case {
+    int64_t x[4], w[4], stride[2], pad[2], dil[2], groups;
+} conv_case;
+
+/* conv2d of case c, then the backward of sum(y * g): y, dx, dw. */
+static void conv_run(const conv_case *c, outs *o)
+{
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *x = input(4, c->x, 21, true), *w = input(4, c->w, 22, false);
+    assert_int_equal(nt_set_requires_grad(x, true), 0);
+    assert_int_equal(nt_set_requires_grad(w, true), 0);
+    nt_tensor *y = nt_conv2d(x, w, NULL, c->stride, c->pad, c->dil, c->groups);
+    if (!y)
+        fail_msg("conv2d: %s", nt_last_error_message());
+    int64_t gs[4];
+    for (int d = 0; d < 4; d++)
+        gs[d] = nt_shape(y, d);
+    nt_tensor *g = input(4, gs, 23, false);
+    assert_int_equal(nt_backward_full(y, g, false, false), 0);
+    keep(o, y), keep(o, nt_grad(x)), keep(o, nt_grad(w));
+    nt_scope_end(sc);
+}
+
+static void test_conv_paths(void **state)
+{
+    (void)state;
+    static const conv_case cases[] = {
+        {{2, 3, 9, 11}, {5, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},     /* odd H, W */
+        {{3, 4, 10, 7}, {6, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 2},     /* groups */
+        {{2, 6, 9, 9}, {6, 1, 3, 3}, {1, 1}, {2, 0}, {1, 1}, 6},      /* depthwise */
+        {{3, 5, 11, 13}, {7, 5, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1},    /* stride 2 */
+        {{2, 5, 8, 9}, {9, 5, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 1},      /* 1x1 */
+        {{2, 4, 12, 10}, {3, 4, 3, 2}, {1, 1}, {2, 1}, {2, 3}, 1},    /* dilation */
+        {{1, 16, 28, 28}, {16, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1}, /* batch 1 */
+        {{4, 16, 14, 14}, {32, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1}, /* the CNN's */
+        {{3, 32, 7, 7}, {32, 32, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+        {{2, 3, 5, 5}, {70, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},     /* > 64 channels */
+        {{2, 2, 1, 9}, {3, 2, 1, 4}, {1, 2}, {0, 3}, {1, 1}, 1},      /* H = 1 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        outs fast = {0}, ref = {0};
+        assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+        atomic_store(&nt__cpu_ref_paths, 0);
+        conv_run(&cases[i], &fast);
+        atomic_store(&nt__cpu_ref_paths, 1);
+        conv_run(&cases[i], &ref);
+        atomic_store(&nt__cpu_ref_paths, 0);
+        char what[64];
+        snprintf(what, sizeof what, "conv2d case %zu", i);
+        compare(what, &fast, &ref);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_bn_by_channel, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_conv_paths, nt_test_setup, nt_test_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
