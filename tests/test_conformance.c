@@ -1629,9 +1629,54 @@ static void test_view_flag(void **state)
     }
 }
 
+/* The public composites (ops built of other ops) refuse fp8 as the table
+ * ops do, naming themselves: none may widen it to f32 behind the caller's
+ * back (docs/ops.md "fp8": cast first). */
+static int fp8_refusal_bad(const char *fn, nt_tensor *r)
+{
+    const char *m = nt_last_error_message();
+    bool ok = !r && nt_last_error() == NT_ENOTSUP && strstr(m, fn) &&
+              (strstr(m, "e4m3") || strstr(m, "e5m2"));
+    if (!ok)
+        print_message("# %s on fp8 gave %s: %s\n", fn, r ? "a result" : nt_strerror(nt_last_error()),
+                      r ? "" : m);
+    nt_clear_error();
+    return !ok;
+}
+
+static void test_fp8_composites_refused(void **state)
+{
+    (void)state;
+    config("cpu", "deterministic", "1");
+    nt_scope *sc = nt_scope_begin();
+    int64_t sh[2] = {3, 4};
+    nt_tensor *x = nt_cast(nt_ones(NT_F32, 2, sh), NT_E4M3);
+    nt_tensor *x5 = nt_cast(nt_ones(NT_F32, 2, sh), NT_E5M2);
+    int32_t lab[3] = {0, 3, 1};
+    nt_tensor *y = nt_from_host(lab, NT_I32, 1, (int64_t[]){3});
+    const int d1[1] = {1};
+    int bad = 0;
+    bad += fp8_refusal_bad("nt_prod", nt_prod(x, 1, false));
+    bad += fp8_refusal_bad("nt_cumsum", nt_cumsum(x5, 0));
+    bad += fp8_refusal_bad("nt_cumprod", nt_cumprod(x, 1));
+    bad += fp8_refusal_bad("nt_var", nt_var(x, 1, d1, 1.0, false));
+    bad += fp8_refusal_bad("nt_std", nt_std(x5, 1, d1, 0.0, true));
+    bad += fp8_refusal_bad("nt_logsumexp", nt_logsumexp(x, 1, d1, false));
+    bad += fp8_refusal_bad("nt_mean", nt_mean(x, 1, false));
+    bad += fp8_refusal_bad("nt_norm", nt_norm(x, 2.0, 1, false));
+    bad += fp8_refusal_bad("nt_cross_entropy_ex", nt_cross_entropy_ex(x, y, -100, 0.1));
+    bad += fp8_refusal_bad("nt_nll_loss", nt_nll_loss(x, y, NULL, -100, NT_REDUCTION_MEAN));
+    bad += fp8_refusal_bad("nt_l1_loss", nt_l1_loss(x, x, NT_REDUCTION_SUM));
+    bad += fp8_refusal_bad("nt_mse_loss", nt_mse_loss(x5, x5));
+    bad += fp8_refusal_bad("nt_softmax", nt_softmax(x, 1));
+    bad += fp8_refusal_bad("nt_linear", nt_linear(x, x, NULL));
+    assert_int_equal(nt_scope_end(sc), 0);
+    assert_int_equal(bad, 0);
+}
+
 int main(void)
 {
-    static struct CMUnitTest tests[NT_OP_COUNT + 6];
+    static struct CMUnitTest tests[NT_OP_COUNT + 7];
     static char names[NT_OP_COUNT][48];
     int n = 0;
     for (int op = 0; op < NT_OP_COUNT; op++) {
@@ -1645,6 +1690,8 @@ int main(void)
     tests[n++] = (struct CMUnitTest){"table_rows_filled", test_table_rows_filled, NULL, NULL,
                                      NULL};
     tests[n++] = (struct CMUnitTest){"view_flag", test_view_flag, NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"fp8_composites_refused", test_fp8_composites_refused,
+                                     NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"coverage_table", test_coverage_table, NULL, NULL, NULL};
     return _cmocka_run_group_tests("conformance", tests, (size_t)n, setup, nt_test_teardown);
 }
