@@ -30,7 +30,7 @@ typedef struct lctx {
 static bool need_float(const lctx *L, nt_tensor *t, const char *arg)
 {
     if (nt__dtype_is_float((nt_dtype)t->dtype))
-        return true;
+        return nt__no_fp8(L->site, L->fn, arg, t);
     nt__err(L->site, NT_EDTYPE, L->fn, "argument '%s' has dtype %s; expected f32, bf16 or f16",
             arg, nt_dtype_name((nt_dtype)t->dtype));
     return false;

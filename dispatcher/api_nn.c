@@ -11,7 +11,7 @@
 static bool need_float(nt__call *c, nt_tensor *t, const char *arg)
 {
     if (nt__dtype_is_float((nt_dtype)t->dtype))
-        return true;
+        return nt__no_fp8(c->site, c->fn, arg, t);
     nt__err(c->site, NT_EDTYPE, c->fn, "argument '%s' has dtype %s; expected f32, bf16 or f16",
             arg, nt_dtype_name((nt_dtype)t->dtype));
     return false;

@@ -126,7 +126,7 @@ static nt_tensor *composite_end(nt_scope *sc, nt_tensor *y, const char *fn)
 
 static nt_scope *composite_begin(const nt_site *site, const char *fn, nt_tensor *t)
 {
-    if (!nt__ensure_init() || !nt__check_arg(site, fn, "t", t))
+    if (!nt__ensure_init() || !nt__check_arg(site, fn, "t", t) || !nt__no_fp8(site, fn, "t", t))
         return NULL;
     nt_scope *sc = nt_scope_begin();
     if (!sc)

@@ -180,6 +180,17 @@ static int check_dtypes(nt__call *c)
                    name, nt_dtype_name(dt), nt__op_name(c->op), takes);
 }
 
+bool nt__no_fp8(const nt_site *site, const char *fn, const char *arg, const nt_tensor *t)
+{
+    if (!nt__dtype_is_fp8((nt_dtype)t->dtype))
+        return true;
+    nt__err(site, NT_ENOTSUP, fn,
+            "argument '%s' is %s, which %s does not take (fp8 is a storage dtype: cast with "
+            "nt_cast first, multiply with nt_matmul_fp8; docs/ops.md, \"fp8\")",
+            arg, nt_dtype_name((nt_dtype)t->dtype), fn);
+    return false;
+}
+
 static int choose_backend(nt__call *c, uint8_t *backend)
 {
     *backend = NT_BACKEND_CPU;

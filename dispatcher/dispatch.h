@@ -56,6 +56,12 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
  * the error set on failure (nothing enqueued). */
 nt_tensor *nt__dispatch(nt__call *c);
 
+/* A composite (an API function built of other ops) given fp8 argument t
+ * where it has no fp8 path: NT_ENOTSUP naming fn and arg, as the
+ * dispatcher refuses a table op's fp8 operand (no silent widening to f32;
+ * docs/ops.md "fp8").  Returns true if t is not fp8. */
+bool nt__no_fp8(const nt_site *site, const char *fn, const char *arg, const nt_tensor *t);
+
 /* The one way a record joins a stream, for every op (nt__dispatch's, and
  * each member of a collective, dist/comm.c), so ordering, the storages'
  * last reader and writer, the stats and the NT_TRACE event are the same for

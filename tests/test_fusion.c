@@ -3258,6 +3258,134 @@ static void test_coalesced_dims_bitwise(void **state)
     coalesce_case(2, 3, 1, 1);
 }
 
+/* ---------------- fp8 chains ----------------
+ *
+ * Random chains of f32 elementwise ops with casts to e4m3 / e5m2 and back
+ * in between (round to nearest even by nt_cast, stochastic by nt_cast_sr,
+ * from f32 or bf16), some fp8 values read back as bytes: fused (lazy,
+ * adaptive, short windows) against op by op (eager, NT_FUSION=0) and the
+ * CPU's deterministic run, bit for bit, on both backends.  The values span
+ * fp8's range: subnormals, the saturation and overflow edges, +-Inf, NaN. */
+enum { F8_R = 5, F8_C = 37, F8_STEPS = 14 };
+
+static nt_tensor *fp8_step(rng *r, nt_tensor *x, nt_tensor *other)
+{
+    static const nt_dtype f8[2] = {NT_E4M3, NT_E5M2};
+    nt_dtype d = f8[rint_(r, 2)];
+    switch (rint_(r, 10)) {
+    case 0: return nt_mul_scalar(x, ldexp(1.0, rint_(r, 17) - 8) * (rint_(r, 2) ? 1 : -1.3));
+    case 1: return nt_add_scalar(x, runi(r) * 4 - 2);
+    case 2: return nt_tanh(x);
+    case 3: return nt_exp(nt_mul_scalar(x, 0.25));
+    case 4: return rint_(r, 2) ? nt_add(x, other) : nt_mul(x, other);
+    case 5:
+    case 6: return nt_cast(nt_cast(x, d), NT_F32);
+    case 7:
+    case 8: return nt_cast(nt_cast_sr(x, d), NT_F32);
+    default: /* through bf16 first (fp8 casts from bf16 too) */
+        return nt_cast(nt_cast(rint_(r, 2) ? nt_cast_sr(nt_cast(x, NT_BF16), d)
+                                           : nt_cast(nt_cast(x, NT_BF16), d),
+                               NT_BF16),
+                       NT_F32);
+    }
+}
+
+/* One chain (seed), its kept values' bytes appended to out. */
+static void fp8_chain(uint64_t seed, GByteArray *out)
+{
+    rng r = {seed * 0x2545f4914f6cdd1dull + 1};
+    nt_scope *sc = nt_scope_begin();
+    float h[F8_R * F8_C];
+    static const float sp[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 448.0f, 464.0f, 61440.0f,
+                               57344.0f, 0x1p-9f, 0x1p-10f, 0x1.8p-17f, 0x1p-16f, 240.0f};
+    for (int k = 0; k < F8_R * F8_C; k++) {
+        h[k] = (float)((runi(&r) * 2 - 1) * ldexp(1.0, rint_(&r, 36) - 20));
+        if (rint_(&r, 9) == 0)
+            h[k] = sp[rint_(&r, (int)(sizeof sp / sizeof sp[0]))];
+    }
+    int64_t sh[2] = {F8_R, F8_C};
+    nt_tensor *x = nt_from_host(h, NT_F32, 2, sh);
+    nt_tensor *o = nt_mul_scalar(x, -0.75);
+    nt_tensor *keep[2 * F8_STEPS + 1];
+    int nk = 0;
+    for (int k = 0; k < F8_STEPS; k++) {
+        x = fp8_step(&r, x, rint_(&r, 3) ? o : nt_transpose(nt_transpose(o, 0, 1), 0, 1));
+        assert_non_null(x);
+        if (rint_(&r, 5) == 0) /* an fp8 value itself, read as bytes */
+            keep[nk++] = nt_cast(x, rint_(&r, 2) ? NT_E4M3 : NT_E5M2);
+        if (rint_(&r, 6) == 0)
+            keep[nk++] = x;
+    }
+    keep[nk++] = x;
+    for (int k = 0; k < nk; k++) {
+        nt_tensor *t = nt_contiguous(keep[k]);
+        size_t nb = (size_t)nt_numel(t) * nt_dtype_size(nt_dtype_of(t));
+        uint8_t *b = malloc(nb);
+        assert_int_equal(nt_to_host(t, b, nb), 0);
+        g_byte_array_append(out, b, (guint)nb);
+        free(b);
+    }
+    assert_int_equal(nt_scope_end(sc), 0);
+}
+
+/* One run of chain `seed` in a fresh runtime: a stochastic rounding's bits
+ * depend on its record's sequence number (nt__rec_sr_key), so every run
+ * numbers its records from the start, as test_fp8.c's program runs do.
+ * cfg: NULL is the CPU's deterministic reference. */
+static void fp8_run(uint64_t seed, const char *backend, const config *cfg, GByteArray *out)
+{
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+    nt_config_set("NT_SR_SEED", "4242");
+    nt_config_set("NT_BACKEND", backend);
+    if (cfg)
+        apply(cfg);
+    else {
+        nt_config_set("NT_MODE", "deterministic");
+        nt_config_set("NT_FUSION", "1");
+    }
+    fp8_chain(seed, out);
+}
+
+static void test_fp8_chains_bitwise(void **state)
+{
+    (void)state;
+    static const char *be[2] = {"cpu", "sim"};
+    int n = nprograms(60), runs = 0;
+    nt_stats st;
+    uint64_t fused = 0;
+    for (int seed = 1; seed <= n; seed++) {
+        GByteArray *ref = g_byte_array_new();
+        fp8_run((uint64_t)seed, "cpu", NULL, ref);
+        for (int b = 0; b < 2; b++)
+            for (size_t c = 0; c <= sizeof configs / sizeof configs[0]; c++) {
+                bool det = c == sizeof configs / sizeof configs[0];
+                if ((det && b == 0) || (b == 1 && seed % 3 && c != 0 && c != 2 && !det))
+                    continue; /* the simulator: eager, lazy and deterministic for most */
+                GByteArray *got = g_byte_array_new();
+                fp8_run((uint64_t)seed, be[b], det ? NULL : &configs[c], got);
+                nt_stats_get(&st);
+                fused += st.fused_ops;
+                if (got->len != ref->len || memcmp(got->data, ref->data, ref->len)) {
+                    print_error("fp8 chain seed %d differs in config %s on the %s backend\n",
+                                seed, det ? "deterministic" : configs[c].name, be[b]);
+                    first_diff(ref, got);
+                    fail();
+                }
+                g_byte_array_unref(got);
+                runs++;
+            }
+        g_byte_array_unref(ref);
+    }
+    print_message("# fp8 chains: %d chains, %d runs (%llu ops fused) against the CPU's "
+                  "deterministic bits\n", n, runs, (unsigned long long)fused);
+    assert_true(fused > 0);
+    nt_config_set("NT_BACKEND", "cpu");
+    nt_config_set("NT_MODE", "adaptive");
+    nt_config_set("NT_LAZY_WINDOW", "4096");
+    nt_config_set("NT_FUSION", "1");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -3297,6 +3425,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_cache_key_int_params, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_op_limit, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_coalesced_dims_bitwise, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_fp8_chains_bitwise, setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
