@@ -869,7 +869,7 @@ static bool run_group_kernel(gstate *s)
 /* Runs bound group g (its program compiled, counted and logged); joined:
  * it is a program of the open shared kernel, which a failure closes
  * before the group runs op by op. */
-static void join_close(int backend, const nt__storage *const *wr, int nw);
+static void join_close(int backend, const nt__rec *r, const nt__storage *const *wr, int nw);
 static void launch(nt__fgroup *g, int stored, int elided, bool hit, bool poisoned,
                    bool *joined)
 {
@@ -918,7 +918,7 @@ static void launch(nt__fgroup *g, int stored, int elided, bool hit, bool poisone
      * which names the exact op that fails (the shared kernel closed first:
      * the op's own kernels run alone). */
     if (*joined) {
-        join_close(g->backend, NULL, 0);
+        join_close(g->backend, NULL, NULL, 0);
         *joined = false;
         nt__fjoined = 0;
     }
@@ -1051,14 +1051,25 @@ static bool join_passes(const joinq *q, const nt__fgroup *g)
     return true;
 }
 
-/* Ends the shared kernel: what its programs wrote is ready at its end. */
-static void join_close(int backend, const nt__storage *const *wr, int nw)
+/* Ends the shared kernel: what its programs wrote is ready at its end.  A
+ * program that fails reports its own error; the kernel fails here only if
+ * its end does, named after the op that begins it (r, as a replayed
+ * kernel's failure is) and on its stream, which nt_sync reports. */
+static void join_close(int backend, const nt__rec *r, const nt__storage *const *wr, int nw)
 {
     const nt__backend_i *be = nt__backends[backend];
     nt__tl_sim_end = -1.0;
     int rc = be->kernel_close ? be->kernel_close() : 0;
     double t = nt__tl_sim_end;
-    nt__errobj *e = rc < 0 ? nt__errobj_new(rc, nt__kerr_msg()) : NULL;
+    nt__errobj *e = NULL;
+    if (rc < 0 && r) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "the shared kernel this op begins failed at its end: %s",
+                 nt__kerr_msg());
+        e = nt__rec_error(r, rc, msg);
+        if (r->stream)
+            nt__stream_note_error(r->stream, e, r->seq);
+    }
     for (int i = 0; i < nw; i++) {
         nt__storage *st = (nt__storage *)wr[i];
         if (t > 0)
@@ -1099,7 +1110,7 @@ static void join_flush(joinq *q)
     }
     nt__fjoined = 0;
     if (joined)
-        join_close(q->backend, q->wr, q->nw);
+        join_close(q->backend, q->e[0].g.recs[0], q->wr, q->nw);
     if (in > 1 && NT__CFG(fusion_log)) {
         char where[NT__SITE_MAX];
         nt__site_format(&q->e[0].g.recs[0]->site, where, sizeof where);
@@ -1126,7 +1137,7 @@ void nt__fusion_join(int backend, bool open, int n)
             be->kernel_open(NULL, 0);
         return;
     }
-    join_close(backend, NULL, 0);
+    join_close(backend, NULL, NULL, 0);
     if (n > 1) {
         NT__COUNT(kernels, -(n - 1));
         AO_fetch_and_add1(&nt__fst.foreach_kernels);

@@ -24,6 +24,8 @@
 #include "sim/sim.h"
 
 #include <stdlib.h>
+#include <stdio.h>
+#include <unistd.h>
 
 /* as sim/core.c: past this a program from one end starts at the end */
 #define SBUF_ORIGIN_MAX (24 * 1024)
@@ -35,6 +37,7 @@ typedef struct joinst {
     int nlist;
     bool hit;    /* the timing memo had the kernel: only values are wanted */
     bool bad;    /* a program failed: the kernel is not filed */
+    bool told;   /* a program returned the kernel's error (sk_join_leave) */
     bool values; /* s's values come from the reference, program by program */
     bool down0;  /* where the first program's tiles went */
     int64_t org[2]; /* where the next program from each end starts */
@@ -75,6 +78,12 @@ int nt__sk_join_close(void)
         if (J.values)
             sk_values_end(&J.s, J.bad, no_values, NULL);
         rc = sk_end(&J.s);
+        /* a program that failed returned its error (sk_join_leave), which
+         * its op or group reports; the kernel ends there (sk_join_enter),
+         * so the programs before it are complete: its error again here
+         * would be a second one, without the op's name, on what they wrote */
+        if (J.told)
+            rc = 0;
     }
     memset(&J, 0, sizeof J);
     return rc;
@@ -91,7 +100,7 @@ sk_k *sk_join_enter(const char *name, bool *issue, nt_tile **mark)
         J.hit = J.values && J.list && sk_memo_list(&J.s, J.list, J.nlist);
         J.down0 = J.s.k->sbuf.down;
         J.org[J.down0] = J.s.k->sbuf.origin; /* where a program's kernel starts */
-    } else if (nt_sim_kernel_error(J.s.k)) {
+    } else if (nt_sim_kernel_error(J.s.k) || J.s.derr_code) {
         nt__sk_join_close(); /* a failed program ended it; the rest run alone */
         return NULL;
     }
@@ -120,11 +129,17 @@ int sk_join_leave(sk_k *s, nt_tile *mark, int rc, int (*ref)(const void *arg), c
     if (s->warm && !s->warm->live)
         s->warm = NULL; /* the next program warms its own */
     J.n++;
-    J.bad |= rc != 0;
-    if (!rc && nt_sim_kernel_error(s->k))
+    /* the program's error, with its message: an instruction that failed
+     * returns the kernel's bare code (its message is the kernel's, which
+     * alone sk_end gives), and a refusal has none; the planner names the
+     * op (fusion/exec.c) or replays the group op by op */
+    J.told |= nt_sim_kernel_error(s->k) || s->derr_code;
+    if (nt_sim_kernel_error(s->k))
         rc = nt__kerr(nt_sim_kernel_error(s->k), "simulator: %s", s->k->msg);
-    if (!rc && s->derr_code)
+    else if (s->derr_code)
         rc = nt__kerr(s->derr_code, "%s", s->derr);
+    else if (rc)
+        rc = nt__kerr(rc, "no simulator program for this op (%s)", nt_strerror(rc));
     J.bad |= rc != 0;
     if (rc || !J.values)
         return rc;
