@@ -144,6 +144,7 @@ typedef struct jentry {
     nt__fgroup g;   /* g.prog NULL: the single record g.recs[0] */
     int stored, elided;
     bool hit;
+    int w0;         /* where its storages start in the queue's wr */
 } jentry;
 typedef struct joinq {
     int n;
@@ -1016,6 +1017,7 @@ static bool join_offer(joinq *q, const nt__fgroup *g, int stored, int elided, bo
     jentry *e = &q->e[q->n++];
     e->g = *g;
     e->stored = stored, e->elided = elided, e->hit = hit;
+    e->w0 = q->nw;
     q->backend = g->backend;
     q->nocap = nocap;
     for (int i = 0; i < nin; i++)
@@ -1084,20 +1086,74 @@ static void join_close(int backend, const nt__rec *r, const nt__storage *const *
         nt__errobj_unref(e);
 }
 
-/* Runs the queue: two or more as one kernel. */
-static void join_flush(joinq *q)
+/* Whether one of e's records holds a reference nt__rec_drop_dead drops. */
+static bool join_dead(const jentry *e)
+{
+    for (int k = 0; k < e->g.nrecs; k++) {
+        const nt__rec *r = e->g.recs[k];
+        for (int i = 0; r->type == NT_REC_OP && i < NT__MAX_IN + NT__MAX_OUT; i++) {
+            const nt_tensor *t = i < NT__MAX_IN ? r->in[i] : r->out[i - NT__MAX_IN];
+            if (t && t->st->deferred && __atomic_load_n(&t->st->hostdead, __ATOMIC_ACQUIRE))
+                return true;
+        }
+    }
+    return false;
+}
+
+/* The bytes of the blocks e's kernel takes: storages it reads or writes
+ * that have none yet. */
+static uint64_t join_takes(const jentry *e)
+{
+    const nt__fgroup *g = &e->g;
+    const nt__rec *r = g->recs[0];
+    nt_tensor *const *in = g->prog ? g->ext : r->in, *const *out = g->prog ? g->out : r->out;
+    int nin = g->prog ? g->prog->next : r->nin, nout = g->prog ? g->prog->nout : r->nout;
+    uint64_t b = 0;
+    for (int i = 0; i < nin + nout; i++) {
+        const nt_tensor *t = i < nin ? in[i] : out[i - nin];
+        if (t && !__atomic_load_n(&t->st->data, __ATOMIC_ACQUIRE))
+            b += t->st->nbytes;
+    }
+    return b;
+}
+
+/* Whether taking b more bytes of blocks would back more than is reserved:
+ * then bytes lent by a storage whose block is still held are backed twice. */
+static bool tight(uint64_t b)
+{
+    return b > 0 && nt__arena_backed() + b > nt__arena_in_use();
+}
+
+static void join_drop(joinq *q, int i)
+{
+    for (int k = 0; k < q->e[i].g.nrecs; k++)
+        nt__rec_drop_dead(q->e[i].g.recs[k]);
+}
+
+/* Runs q's programs from..: two or more as one kernel; returns where it
+ * stopped.  Each program's dead references drop as soon as it ran, as a
+ * group alone does (run_group), so a later program's block may be the one
+ * it leaves: lent bytes are then never backed twice.  In an open kernel
+ * (the simulator's) the blocks its programs touch stay until it closes, so
+ * there a program that takes a block while earlier ones left dead
+ * references starts the next kernel instead, after those drop -- when the
+ * blocks would exceed the reserved bytes (else sharing wins). */
+static int join_run(joinq *q, int from)
 {
     int n = q->n;
-    if (n == 0)
-        return;
     const nt__backend_i *be = nt__backends[q->backend];
     const nt__fgroup *list[JOIN_MAX];
-    for (int i = 0; i < n; i++)
-        list[i] = &q->e[i].g;
-    bool joined = n >= 2 && (!be->kernel_open || be->kernel_open(list, n) == 0);
+    for (int i = from; i < n; i++)
+        list[i - from] = &q->e[i].g;
+    bool joined = n - from >= 2 && (!be->kernel_open || be->kernel_open(list, n - from) == 0);
+    bool keep = joined && be->kernel_open; /* blocks stay until the kernel closes */
+    bool dead = false;
     int in = 0; /* programs run in the shared kernel */
-    for (int i = 0; i < n; i++) {
+    int i = from;
+    for (; i < n; i++) {
         jentry *e = &q->e[i];
+        if (joined && keep && dead && tight(join_takes(e)))
+            break;
         nt__fjoined = joined ? in : 0;
         if (e->g.prog) {
             launch(&e->g, e->stored, e->elided, e->hit, false, &joined);
@@ -1107,13 +1163,18 @@ static void join_flush(joinq *q)
             plan_resume();
         }
         in += joined;
+        if (!(joined && keep))
+            join_drop(q, i);
+        else
+            dead |= join_dead(e);
     }
     nt__fjoined = 0;
-    if (joined)
-        join_close(q->backend, q->e[0].g.recs[0], q->wr, q->nw);
+    if (joined) /* what it wrote is ready when it closes (its blocks kept) */
+        join_close(q->backend, q->e[from].g.recs[0], q->wr + q->e[from].w0,
+                   keep ? (i < n ? q->e[i].w0 : q->nw) - q->e[from].w0 : 0);
     if (in > 1 && NT__CFG(fusion_log)) {
         char where[NT__SITE_MAX];
-        nt__site_format(&q->e[0].g.recs[0]->site, where, sizeof where);
+        nt__site_format(&q->e[from].g.recs[0]->site, where, sizeof where);
         fprintf(stderr, "ntensor: fusion: foreach kernel of %d programs (the first at %s)\n", in,
                 where);
     }
@@ -1122,9 +1183,16 @@ static void join_flush(joinq *q)
         AO_fetch_and_add1(&nt__fst.foreach_kernels);
         AO_fetch_and_add(&nt__fst.foreach_programs, (AO_t)in);
     }
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < q->e[i].g.nrecs; k++)
-            nt__rec_drop_dead(q->e[i].g.recs[k]);
+    for (int k = from; k < i && keep; k++)
+        join_drop(q, k);
+    return i;
+}
+
+/* Runs the queue. */
+static void join_flush(joinq *q)
+{
+    for (int i = 0; i < q->n;)
+        i = join_run(q, i);
     q->n = q->nr = q->nw = 0;
 }
 
