@@ -281,6 +281,49 @@ static void ddp_free(nt_ddp *d)
     nt__hobj_free(d);
 }
 
+/* Replicas: the parameters themselves on their own device, bit copies
+ * (new leaves requiring grad) elsewhere.  Each device's copies read the
+ * home replica on that device's stream, but a storage remembers only its
+ * last reader, which is all an in-place write there (nt_ddp_load's, an
+ * optimizer step's) waits for: so every device's copies wait for the
+ * previous device's (an event), and the last reader finishes last. */
+static int replicate(const nt_site *site, nt_ddp *d, nt_tensor *const *params, int nparams)
+{
+    int home = (int)params[0]->dev;
+    int rc = 0;
+    nt_event *prev = NULL; /* recorded after the previous device's copies */
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        member *m = &d->m[k];
+        nt_stream *old = enter(m->dev);
+        if (m->dev != home && prev)
+            rc = nt_stream_wait_event(NULL, prev);
+        nt_no_grad_begin();
+        for (int j = 0; j < nparams && !rc; j++) {
+            if (m->dev == home) {
+                m->rep[j] = nt_retain(params[j]);
+                continue;
+            }
+            nt_tensor *c = nt_to_device_at(site, params[j], m->dev);
+            if (c)
+                c = nt_keep(c);
+            if (!c || nt_set_requires_grad(c, true) != 0) {
+                rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+                nt_release(c);
+                break;
+            }
+            m->rep[j] = c;
+        }
+        nt_no_grad_end();
+        if (!rc && m->dev != home && !prev && !(prev = nt_event_create()))
+            rc = nt_last_error() ? nt_last_error() : NT_EHOSTMEM;
+        if (!rc && m->dev != home)
+            rc = nt_event_record(prev, NULL);
+        leave(old);
+    }
+    nt_event_destroy(prev);
+    return rc;
+}
+
 NT_API nt_ddp *nt_ddp_create_at(const nt_site *site, nt_tensor *const *params, int nparams,
                                 int shards, const int *devices, int ndev)
 {
@@ -375,32 +418,7 @@ NT_API nt_ddp *nt_ddp_create_at(const nt_site *site, nt_tensor *const *params, i
         nt__err_hostmem(site, fn, "the nt_ddp's tables");
         return NULL;
     }
-    /* Replicas: the parameters themselves on their own device, bit copies
-     * (new leaves requiring grad) elsewhere. */
-    int home = (int)params[0]->dev;
-    int rc = 0;
-    for (int k = 0; k < ndev && !rc; k++) {
-        member *m = &d->m[k];
-        nt_stream *old = enter(m->dev);
-        nt_no_grad_begin();
-        for (int j = 0; j < nparams && !rc; j++) {
-            if (m->dev == home) {
-                m->rep[j] = nt_retain(params[j]);
-                continue;
-            }
-            nt_tensor *c = nt_to_device_at(site, params[j], m->dev);
-            if (c)
-                c = nt_keep(c);
-            if (!c || nt_set_requires_grad(c, true) != 0) {
-                rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
-                nt_release(c);
-                break;
-            }
-            m->rep[j] = c;
-        }
-        nt_no_grad_end();
-        leave(old);
-    }
+    int rc = replicate(site, d, params, nparams);
     if (rc) {
         ddp_free(d);
         return NULL;
