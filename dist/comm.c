@@ -703,15 +703,9 @@ static void member_run(void *arg)
 static int check_comm(const nt_site *site, const char *fn, const nt_comm *cm,
                       nt_tensor *const *in, nt_tensor **out)
 {
-    if (!cm)
-        return nt__err(site, NT_EINVAL, fn, "argument 'c' is NULL");
-    if (cm->magic != COMM_MAGIC)
-        return nt__err(site, NT_EINVAL, fn, "argument 'c' is not a live communicator "
-                                            "(destroyed?)");
-    if (cm->gen != nt__dist_generation())
-        return nt__err(site, NT_ESTATE, fn,
-                       "communicator 'c' was created before the last nt_shutdown; create it "
-                       "again after nt_init");
+    int rc = nt__comm_valid(site, fn, cm);
+    if (rc)
+        return rc;
     if (!out)
         return nt__err(site, NT_EINVAL, fn, "argument 'out' is NULL");
     for (int i = 0; i < cm->n; i++)
@@ -721,7 +715,8 @@ static int check_comm(const nt_site *site, const char *fn, const nt_comm *cm,
     return 0;
 }
 
-/* For dist/tp.c: the communicator's check alone, and its local members. */
+/* For dist/tp.c, dist/fp8.c and check_comm: the communicator alone, and its
+ * local members. */
 int nt__comm_valid(const nt_site *site, const char *fn, const nt_comm *cm)
 {
     if (!cm)
@@ -1047,5 +1042,3 @@ NT_API int nt_broadcast(nt_comm *c, nt_tensor *const *in, nt_tensor **out, int r
 {
     return nt_broadcast_at(NT_RA_SITE, c, in, out, root);
 }
-
-int nt__comm_local_device(const nt_comm *c, int i) { return i >= 0 && i < c->n ? c->dev[i] : -1; }

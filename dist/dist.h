@@ -131,7 +131,7 @@ int nt__pcomm_allgather(nt__pcomm *pc, const void *send, void *recv, const size_
  * nt_comm_create. */
 nt_comm *nt__comm_create_local(const int *devices, int n);
 /* ------------------------------------------------------------------ */
-/* Communicators, for dist/tp.c (comm.c)                              */
+/* Communicators, for dist/tp.c and dist/fp8.c (comm.c)             */
 /* ------------------------------------------------------------------ */
 
 /* 0 when cm is a live communicator of this session, else the error
@@ -139,7 +139,5 @@ nt_comm *nt__comm_create_local(const int *devices, int n);
 int nt__comm_valid(const nt_site *site, const char *fn, const nt_comm *cm);
 /* The number of local members; *devs their devices (local rank order). */
 int nt__comm_local(const nt_comm *cm, const int **devs);
-/* Local member i's device (comm.c), or -1 when i is out of range. */
-int nt__comm_local_device(const nt_comm *c, int i);
 
 #endif

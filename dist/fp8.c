@@ -17,9 +17,10 @@ NT_API int nt_fp8_recipe_update(nt_fp8_recipe *r, struct nt_comm *comm)
         return nt_last_error();
     if (!comm)
         return nt__fp8_apply(r, fn);
-    int n = 0;
-    while (nt__comm_local_device(comm, n) >= 0)
-        n++;
+    if (nt__comm_valid(NULL, fn, comm))
+        return nt_last_error();
+    const int *dev;
+    int n = nt__comm_local(comm, &dev);
     if (n == 0)
         return nt__err(NULL, NT_EINVAL, fn, "argument 'comm' has no local member");
     nt_tensor **in = g_try_new0(nt_tensor *, 2 * (size_t)n);
@@ -29,21 +30,21 @@ NT_API int nt_fp8_recipe_update(nt_fp8_recipe *r, struct nt_comm *comm)
     nt_scope *sc = nt_scope_begin();
     int rc = 0;
     for (int i = 0; i < n && !rc; i++) {
-        nt_stream *old = nt__fp8_enter(nt__comm_local_device(comm, i));
-        in[i] = nt__fp8_pending(r, nt__comm_local_device(comm, i), fn);
+        nt_stream *old = nt__fp8_enter(dev[i]);
+        in[i] = nt__fp8_pending(r, dev[i], fn);
         nt_stream_set_current(old);
         if (!in[i])
             rc = nt_last_error();
         else if (i && nt_numel(in[i]) != nt_numel(in[0]))
             rc = nt__err(NULL, NT_ESTATE, fn, "device %d has %lld fp8 slots, device %d %lld: "
                          "every replica must run the same matmuls",
-                         nt__comm_local_device(comm, i), (long long)nt_numel(in[i]) / 3,
-                         nt__comm_local_device(comm, 0), (long long)nt_numel(in[0]) / 3);
+                         dev[i], (long long)nt_numel(in[i]) / 3, dev[0],
+                         (long long)nt_numel(in[0]) / 3);
     }
     if (!rc)
         rc = nt_all_reduce(comm, in, out, NT_REDUCE_MAX);
     for (int i = 0; i < n && !rc; i++) {
-        nt_stream *old = nt__fp8_enter(nt__comm_local_device(comm, i));
+        nt_stream *old = nt__fp8_enter(dev[i]);
         rc = nt_copy_into(in[i], out[i]);
         nt_stream_set_current(old);
     }

@@ -981,12 +981,11 @@ static bool join_kind(const nt__fgroup *g, nt_tensor *const **in, int *nin,
     return numel <= JOIN_NUMEL;
 }
 
-static bool join_fits(const joinq *q, const nt__fgroup *g, bool nocap, nt_tensor *const *in,
-                      int nin, nt_tensor *const *out, int nout)
+/* Whether a program reading in and writing out neither reads what the
+ * queued ones write nor writes what they read or write. */
+static bool join_apart(const joinq *q, nt_tensor *const *in, int nin, nt_tensor *const *out,
+                       int nout)
 {
-    if (q->n >= JOIN_MAX || q->nr + nin > JOIN_SET || q->nw + nout > JOIN_SET ||
-        (q->n > 0 && (q->backend != g->backend || q->nocap != nocap)))
-        return false;
     for (int i = 0; i < nin; i++)
         if (in[i] && join_has(q->wr, q->nw, in[i]->st))
             return false;
@@ -994,6 +993,15 @@ static bool join_fits(const joinq *q, const nt__fgroup *g, bool nocap, nt_tensor
         if (out[i] && (join_has(q->wr, q->nw, out[i]->st) || join_has(q->rd, q->nr, out[i]->st)))
             return false;
     return true;
+}
+
+static bool join_fits(const joinq *q, const nt__fgroup *g, bool nocap, nt_tensor *const *in,
+                      int nin, nt_tensor *const *out, int nout)
+{
+    if (q->n >= JOIN_MAX || q->nr + nin > JOIN_SET || q->nw + nout > JOIN_SET ||
+        (q->n > 0 && (q->backend != g->backend || q->nocap != nocap)))
+        return false;
+    return join_apart(q, in, nin, out, nout);
 }
 
 /* Queues g to share a kernel (true), flushing the queue first if g
@@ -1044,13 +1052,7 @@ static bool join_passes(const joinq *q, const nt__fgroup *g)
         return false;
     nt_tensor *const *in = g->prog ? g->ext : r->in, *const *out = g->prog ? g->out : r->out;
     int nin = g->prog ? g->prog->next : r->nin, nout = g->prog ? g->prog->nout : r->nout;
-    for (int i = 0; i < nin; i++)
-        if (in[i] && join_has(q->wr, q->nw, in[i]->st))
-            return false;
-    for (int i = 0; i < nout; i++)
-        if (out[i] && (join_has(q->wr, q->nw, out[i]->st) || join_has(q->rd, q->nr, out[i]->st)))
-            return false;
-    return true;
+    return join_apart(q, in, nin, out, nout);
 }
 
 /* Ends the shared kernel: what its programs wrote is ready at its end.  A
