@@ -1,0 +1,214 @@
+/* tests/test_mesh.c - the char GPT under a device mesh (examples/gpt_mesh.h,
+ * docs/parallel.md "char GPT under a mesh"): a small model of the same
+ * code trained at several (dp, tp) splits and ZeRO stages, on both
+ * backends and in every mode, gives one CRC-32 of its parameters; and the
+ * errors: mesh sizes that are not the core count, heads, width, vocabulary
+ * or blocks that tp does not divide, a ZeRO stage out of range,
+ * nt_ddp_backward_group's arguments.  Each run has its own runtime with
+ * NT_SIM_CORES = dp x tp. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "ntensor.h"
+#include "nt_test.h"
+#include "../examples/gpt_mesh.h"
+
+enum { STEPS = 3, SHARDS = 8, BATCH = 8, BLOCKS = 4 };
+
+/* A text of 10 distinct characters (vocabulary padded to 12). */
+static void make_data(gpt_data *d)
+{
+    enum { N = 4096 };
+    uint8_t *text = malloc(N);
+    assert_non_null(text);
+    uint64_t s = 12345;
+    for (int i = 0; i < N; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        text[i] = (uint8_t)('a' + (i % 7 == 0 ? 9 : (int)((s >> 33) % 9)));
+    }
+    gpt_data_from_text(d, text, N);
+    assert_non_null(d->ids);
+    assert_int_equal(d->vocab, 10);
+}
+
+static gpt_config small_cfg(void)
+{
+    return (gpt_config){.n_layer = 1, .n_head = 4, .width = 16, .context = 8, .vocab = 12};
+}
+
+static gpt_train_opts small_opts(void)
+{
+    return (gpt_train_opts){.batch = BATCH, .lr = 1e-2, .steps = STEPS, .warmup = 1,
+                            .seed = 3, .amp = NT_DTYPE_COUNT};
+}
+
+/* Trains STEPS steps at (dp, tp, zero) in test setting cfg; the CRC-32. */
+static uint32_t run(int dp, int tp, int zero, int cfg, nt_dtype amp)
+{
+    char cores[8], err[512];
+    snprintf(cores, sizeof cores, "%d", dp * tp);
+    setenv("NT_SIM_CORES", cores, 1);
+    assert_int_equal(nt_init(), 0);
+    nt_test_cfg(cfg);
+    gpt_data d;
+    make_data(&d);
+    gpt_config c = small_cfg();
+    gpt_train_opts o = small_opts();
+    o.amp = amp;
+    static gpt_mesh g;
+    if (gptm_init(&g, &c, dp, tp, zero, BLOCKS, SHARDS, &o, err, sizeof err))
+        fail_msg("gptm_init (%d, %d, %d): %s", dp, tp, zero, err);
+    int32_t xb[BATCH * 8], yb[BATCH * 8];
+    for (int st = 0; st < STEPS; st++) {
+        gpt_batch(&d, false, o.seed, st, BATCH, c.context, xb, yb);
+        if (gptm_step(&g, &o, xb, yb, NULL))
+            fail_msg("step %d at (%d, %d, %d): %s", st, dp, tp, zero, nt_last_error_message());
+    }
+    double val = gptm_eval(&g, &d, &o, 1);
+    assert_false(isnan(val));
+    uint32_t crc = 0;
+    if (gptm_crc(&g, &crc, err, sizeof err))
+        fail_msg("%s", err);
+    gptm_free(&g);
+    gpt_data_free(&d);
+    nt_shutdown();
+    unsetenv("NT_SIM_CORES");
+    return crc;
+}
+
+/* Every split of the target at one stage each (all four stages among them)
+ * and every stage at (2, 2), on the simulator (adaptive); (1, 1) and (2, 4)
+ * in every backend and mode; all one CRC. */
+static void test_bitwise(void **state)
+{
+    (void)state;
+    static const int runs[][4] = {
+        /* dp, tp, zero, cfg (nt_test.h: 3 sim adaptive) */
+        {1, 1, 0, 3}, {2, 1, 1, 3}, {1, 2, 2, 3}, {2, 2, 3, 3}, {4, 2, 0, 3}, {2, 4, 2, 3},
+        {8, 1, 3, 3}, {2, 2, 0, 3}, {2, 2, 1, 3}, {2, 2, 2, 3},
+        {1, 1, 0, 0}, {1, 1, 0, 1}, {1, 1, 0, 2}, {1, 1, 0, 4}, {1, 1, 0, 5}, {1, 1, 0, 6},
+        {1, 1, 0, 7}, {2, 4, 3, 0}, {2, 4, 1, 1}, {2, 4, 2, 2}, {2, 4, 3, 4}, {2, 4, 0, 5},
+        {2, 4, 1, 6}, {2, 4, 3, 7},
+    };
+    enum { NR = sizeof runs / sizeof runs[0] };
+    uint32_t first = 0;
+    printf("# parameters after %d AdamW steps (crc32)\n", STEPS);
+    for (int i = 0; i < NR; i++) {
+        const int *r = runs[i];
+        uint32_t crc = run(r[0], r[1], r[2], r[3], NT_DTYPE_COUNT);
+        printf("# (dp %d, tp %d) zero %d %-4s %-14s %08x\n", r[0], r[1], r[2],
+               NT_TEST_CFGS[r[3]][0], NT_TEST_CFGS[r[3]][1], crc);
+        fflush(stdout);
+        if (i == 0)
+            first = crc;
+        else if (crc != first)
+            fail_msg("(dp %d, tp %d) zero %d on %s %s gives %08x; (1, 1) gave %08x", r[0], r[1],
+                     r[2], NT_TEST_CFGS[r[3]][0], NT_TEST_CFGS[r[3]][1], crc, first);
+    }
+}
+
+/* bf16 autocast: one CRC for (1, 1), (2, 2) and (2, 4) (its own). */
+static void test_bitwise_bf16(void **state)
+{
+    (void)state;
+    uint32_t a = run(1, 1, 0, 3, NT_BF16), b = run(2, 2, 2, 3, NT_BF16),
+             c = run(2, 4, 3, 0, NT_BF16);
+    printf("# bf16 autocast: %08x %08x %08x\n", a, b, c);
+    assert_true(a == b && a == c);
+}
+
+/* gptm_init's errors, with the runtime of `cores` cores. */
+static void expect_init_err(int cores, gpt_config c, int dp, int tp, int zero, int blocks,
+                            const char *want1, const char *want2)
+{
+    char buf[8], err[512] = "";
+    snprintf(buf, sizeof buf, "%d", cores);
+    setenv("NT_SIM_CORES", buf, 1);
+    assert_int_equal(nt_init(), 0);
+    gpt_train_opts o = small_opts();
+    static gpt_mesh g;
+    assert_int_equal(gptm_init(&g, &c, dp, tp, zero, blocks, SHARDS, &o, err, sizeof err), -1);
+    gptm_free(&g);
+    if (!strstr(err, want1) || (want2 && !strstr(err, want2)))
+        fail_msg("error '%s'; expected '%s' and '%s'", err, want1, want2 ? want2 : "");
+    nt_shutdown();
+    unsetenv("NT_SIM_CORES");
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    gpt_config c = small_cfg();
+    /* a mesh whose size is not the core count */
+    expect_init_err(4, c, 2, 1, 0, BLOCKS, "nt_mesh_create", "has 2 ranks but there are 4");
+    expect_init_err(4, c, 4, 2, 0, BLOCKS, "nt_mesh_create", "has 8 ranks but there are 4");
+    /* heads, width, vocabulary, blocks that tp does not divide */
+    expect_init_err(3, c, 1, 3, 0, 12, "--heads (4) must be a multiple of --tp (3)", NULL);
+    gpt_config w = c;
+    w.width = 18;
+    expect_init_err(2, w, 1, 2, 0, BLOCKS, "--width (18) must be a multiple of --heads (4)",
+                    NULL);
+    gpt_config v = c;
+    v.vocab = 10;
+    expect_init_err(4, v, 1, 4, 0, BLOCKS, "vocabulary (10) must be a multiple of --tp (4)",
+                    NULL);
+    v.vocab = 14;
+    expect_init_err(2, v, 1, 2, 0, BLOCKS, "vocabulary (14) must be a multiple of --blocks (4)",
+                    NULL);
+    expect_init_err(2, c, 1, 2, 0, 6, "--blocks (6) must be a multiple of --tp (2)", NULL);
+    /* ZeRO out of range */
+    expect_init_err(1, c, 1, 1, 4, BLOCKS, "--zero must be 0, 1, 2 or 3 (got 4)", NULL);
+    expect_init_err(1, c, 1, 1, -1, BLOCKS, "--zero must be 0, 1, 2 or 3 (got -1)", NULL);
+    /* shards the data dimension does not divide */
+    expect_init_err(3, c, 3, 1, 0, BLOCKS, "--shards (8) must be a multiple of --dp (3)", NULL);
+}
+
+/* nt_ddp_backward_group's arguments. */
+static void test_backward_group_errors(void **state)
+{
+    (void)state;
+    setenv("NT_SIM_CORES", "2", 1);
+    assert_int_equal(nt_init(), 0);
+    float v[4] = {1, 2, 3, 4};
+    nt_tensor *p = nt_from_host(v, NT_F32, 1, (int64_t[]){4});
+    assert_int_equal(nt_set_requires_grad(p, true), 0);
+    nt_ddp *d = nt_ddp_create(&p, 1, 2, (int[]){0, 1}, 2);
+    assert_non_null(d);
+    nt_tensor *loss = nt_sum(nt_ddp_params(d, 0)[0], NT_DIM_ALL, false);
+    nt_test_expect_err(nt_ddp_backward_group(NULL, 1, 0, loss), NT_EINVAL,
+                       "nt_ddp_backward_group", "'ds' is NULL");
+    nt_test_expect_err(nt_ddp_backward_group(&d, 0, 0, loss), NT_EINVAL,
+                       "nt_ddp_backward_group", "'nd'");
+    nt_ddp *two[2] = {d, d};
+    nt_test_expect_err(nt_ddp_backward_group(two, 2, 0, loss), NT_EINVAL,
+                       "nt_ddp_backward_group", "same nt_ddp at 0 and 1");
+    nt_test_expect_err(nt_ddp_backward_group(&d, 1, 5, loss), NT_EINVAL,
+                       "nt_ddp_backward_group", "'shard' is 5");
+    nt_test_expect_err(nt_ddp_backward_group(&d, 1, 1, loss), NT_EINVAL,
+                       "nt_ddp_backward_group", "'loss' is on device 0", "device 1");
+    nt_test_expect_err(nt_ddp_backward_group(&d, 1, 0, NULL), NT_EINVAL,
+                       "nt_ddp_backward_group", "loss");
+    /* still works, once per shard */
+    assert_int_equal(nt_ddp_backward_group(&d, 1, 0, loss), 0);
+    nt_test_expect_err(nt_ddp_backward_group(&d, 1, 0, loss), NT_ESTATE,
+                       "nt_ddp_backward_group", "shard 0 already");
+    nt_release(loss);
+    nt_ddp_destroy(d);
+    nt_release(p);
+    nt_shutdown();
+    unsetenv("NT_SIM_CORES");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_backward_group_errors),
+        cmocka_unit_test(test_bitwise),
+        cmocka_unit_test(test_bitwise_bf16),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
