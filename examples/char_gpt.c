@@ -119,7 +119,7 @@ static void usage(FILE *f)
             "                     power-of-two quotient, dividing --batch\n"
             "  Under a mesh: --amp bf16 works; refused with an error: --amp fp8, --capture,\n"
             "  --checkpoint-activations, --dropout > 0, --untied, --sinpos, --rope, --no-sdpa,\n"
-            "  --save, --resume; no gradient clipping and no sample at the end.\n");
+            "  --save, --resume; no sample at the end.\n");
 }
 
 static long parse_long(const char *opt, const char *v, long lo)
@@ -383,11 +383,11 @@ static int mesh_main(options *o, gpt_data *d)
     if (main_proc)
         printf("mesh: data %d x tensor %d (%d cores in %d process(es)), ZeRO stage %d, %d "
                "shards of %d sequences, %d blocks; vocabulary %d padded to %d; %d layers, %d "
-               "heads, width %d, context %d; %lld steps, AdamW lr %g, no clipping; mode %s, "
+               "heads, width %d, context %d; %lld steps, AdamW lr %g, clip %g; mode %s, "
                "backend %s, amp %s\n",
                o->dp, o->tp, nt_mesh_size(g.mesh, NULL), nt_process_count(), o->zero,
                o->shards, o->t.batch / o->shards, o->blocks, V, o->c.vocab, o->c.n_layer,
-               o->c.n_head, o->c.width, o->c.context, (long long)o->t.steps, o->t.lr,
+               o->c.n_head, o->c.width, o->c.context, (long long)o->t.steps, o->t.lr, o->t.clip,
                nt_config_get("NT_MODE"), nt_config_get("NT_BACKEND"), o->amp);
     int B = o->t.batch, T = o->c.context;
     int32_t *xb = malloc(sizeof *xb * (size_t)B * T), *yb = malloc(sizeof *yb * (size_t)B * T);

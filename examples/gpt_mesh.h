@@ -30,9 +30,9 @@
  * tensor coordinate r (its "data" group), S fixed shards of the batch
  * (--shards, 8); shard s's loss is the tensor group's joined loss and
  * nt_ddp_backward_group hands each nt_ddp its replica's gradients.  ZeRO
- * stages come from nt_ddp_set_zero on every one of them.  Not done under a
- * mesh: gradient clipping (a norm over a split parameter needs an order
- * defined over its blocks), dropout, --untied, --sinpos, --rope. */
+ * stages come from nt_ddp_set_zero on every one of them.  Gradient
+ * clipping (gptm_clip) defines its norm's order over the same blocks.  Not
+ * done under a mesh: dropout, --untied, --sinpos, --rope. */
 #ifndef NT_EXAMPLES_GPT_MESH_H
 #define NT_EXAMPLES_GPT_MESH_H
 
@@ -425,6 +425,147 @@ static inline nt_tensor *gptm_loss(gpt_mesh *g, nt_comm *c, nt_tensor **P[], con
     return nt_tp_join(c, loss);
 }
 
+/* ---------------- gradient clipping, the same at every split ----------------
+ *
+ * torch's clip_grad_norm_(max_norm) scales every gradient by min(1,
+ * max_norm / (total + 1e-6)), total the L2 norm of all of them.  Its bits
+ * depend on the order of the sums, which a split would change, so here the
+ * order is defined by the model, not by the layout: a split parameter's sum
+ * of squares is `blocks` blocks along its split dim (each an nt_sum of the
+ * block's squares), added pairwise in the rank tree's order (each member
+ * its blocks, then nt_all_reduce over the tensor group, as dist/tp.c's
+ * sums); a replicated one's is one nt_sum on every member; total^2 is the
+ * nt_sum of the [n] vector of them.  The gradients are whole here: the
+ * replicas' (stages 0, 1), or the shards all-gathered over the data group
+ * (stages 2, 3, as nt_ddp_clip_grad_norm does).  The scale multiplies, an
+ * elementwise op, what the optimizers read (the replicas' .grad at stage 0,
+ * the shards' at 1-3), so its bits do not depend on the layout either. */
+
+/* Adjacent pairs level by level, an odd last one carried (dist/tree.c). */
+static inline nt_tensor *gptm_tree(nt_tensor **v, int n)
+{
+    for (int len = n; len > 1; len = (len + 1) / 2)
+        for (int i = 0; 2 * i < len; i++)
+            v[i] = 2 * i + 1 < len ? nt_add(v[2 * i], v[2 * i + 1]) : v[2 * i];
+    return v[0];
+}
+
+/* Member r's part of parameter j: its shape. */
+static inline void gptm_part_shape(const gpt_mesh *g, int j, int64_t *shape)
+{
+    const gptm_spec *p = &g->spec[j];
+    shape[0] = p->r / (p->split == GPTM_ROWS ? g->tp : 1);
+    shape[1] = p->c / (p->split == GPTM_COLS ? g->tp : 1);
+}
+
+/* The whole mean gradients of tensor rank r's parameters on its k-th local
+ * device into G[j * nk + k] (stages 2, 3: all-gathered over the data group);
+ * in the caller's scope. */
+static inline int gptm_full_grads(gpt_mesh *g, int r, nt_tensor **G)
+{
+    int n = g->n, nk = g->ndd[r];
+    for (int j = 0; j < n; j++) {
+        nt_tensor *in[GPTM_MAXD], *out[GPTM_MAXD];
+        for (int k = 0; k < nk; k++) {
+            int dev = g->dd[r][k];
+            nt_device_set(dev);
+            nt_tensor *t = g->zero >= 2 ? nt_ddp_zero_shards(g->ddp[r], dev)[j]
+                                        : nt_ddp_params(g->ddp[r], dev)[j];
+            if (!(in[k] = nt_grad(t)))
+                return -1;
+        }
+        if (g->zero < 2) {
+            memcpy(G + (size_t)j * nk, in, sizeof *in * (size_t)nk);
+            continue;
+        }
+        if (nt_all_gather(nt_mesh_comm(g->mesh, "data", g->dd[r][0]), in, out))
+            return -1;
+        int64_t shape[2];
+        gptm_part_shape(g, j, shape);
+        for (int k = 0; k < nk; k++) {
+            nt_device_set(g->dd[r][k]);
+            int64_t numel = shape[0] * (g->spec[j].nd == 2 ? shape[1] : 1);
+            G[(size_t)j * nk + k] = nt_reshape(nt_slice(out[k], 0, 0, numel, 1),
+                                               g->spec[j].nd, shape);
+        }
+    }
+    return 0;
+}
+
+/* Sum of squares of member r's part x of parameter j: its blocks' tree (a
+ * split parameter) or the whole (replicated). */
+static inline nt_tensor *gptm_sumsq(const gpt_mesh *g, int j, nt_tensor *x)
+{
+    const gptm_spec *p = &g->spec[j];
+    if (p->split == GPTM_REP)
+        return nt_sum(nt_mul(x, x), NT_DIM_ALL, false);
+    int dim = p->split == GPTM_ROWS ? 0 : 1, lb = g->blocks / g->tp;
+    int64_t len = nt_shape(x, dim) / lb;
+    nt_tensor *v[GPTM_MAXD * 8];
+    for (int b = 0; b < lb; b++) {
+        nt_tensor *blk = nt_contiguous(nt_slice(x, dim, b * len, (b + 1) * len, 1));
+        v[b] = nt_sum(nt_mul(blk, blk), NT_DIM_ALL, false);
+    }
+    return gptm_tree(v, lb);
+}
+
+/* Clips the reduced gradients of every parameter to total norm max_norm
+ * (after nt_ddp_reduce, before nt_ddp_step).  0 or -1 with the error. */
+static inline int gptm_clip(gpt_mesh *g, double max_norm)
+{
+    int n = g->n, tp = g->tp, nk = g->ndd[0], rc = 0;
+    nt_scope *sc = nt_scope_begin();
+    nt_no_grad_begin();
+    nt_tensor **G = calloc((size_t)tp * n * nk, sizeof *G);
+    nt_tensor **sq = calloc((size_t)n, sizeof *sq);
+    rc = !G || !sq;
+    for (int r = 0; r < tp && !rc; r++)
+        rc = gptm_full_grads(g, r, G + (size_t)r * n * nk);
+    for (int k = 0; k < nk && !rc; k++) { /* the tensor group of local data index k */
+        nt_tensor *part[GPTM_MAXD], *sum[GPTM_MAXD], *coef[GPTM_MAXD];
+        for (int r = 0; r < tp; r++) {
+            nt_device_set(g->dd[r][k]);
+            nt_tensor *v[1024];
+            int ns = 0;
+            for (int j = 0; j < n; j++)
+                if (g->spec[j].split != GPTM_REP)
+                    v[ns++] = nt_reshape(gptm_sumsq(g, j, G[((size_t)r * n + j) * nk + k]), 1,
+                                         (int64_t[]){1});
+            part[r] = nt_cat(v, ns, 0);
+        }
+        rc = nt_all_reduce(nt_mesh_comm(g->mesh, "tensor", g->dd[0][k]), part, sum,
+                           NT_REDUCE_SUM);
+        for (int r = 0; r < tp && !rc; r++) {
+            nt_device_set(g->dd[r][k]);
+            for (int j = 0, s = 0; j < n; j++) {
+                if (g->spec[j].split != GPTM_REP) {
+                    sq[j] = nt_slice(sum[r], 0, s, s + 1, 1);
+                    s++;
+                } else {
+                    sq[j] = nt_reshape(gptm_sumsq(g, j, G[((size_t)r * n + j) * nk + k]), 1,
+                                       (int64_t[]){1});
+                }
+            }
+            nt_tensor *total = nt_sqrt(nt_sum(nt_cat(sq, n, 0), NT_DIM_ALL, false));
+            nt_tensor *mx = nt_full(NT_F32, 0, NULL, max_norm);
+            coef[r] = nt_clamp(nt_div(mx, nt_add_scalar(total, 1e-6)), 0.0, 1.0);
+            for (int j = 0; j < n && !rc; j++) {
+                int dev = g->dd[r][k];
+                nt_tensor *t = g->zero ? nt_ddp_zero_shards(g->ddp[r], dev)[j]
+                                       : nt_ddp_params(g->ddp[r], dev)[j];
+                nt_tensor *gr = nt_grad(t);
+                rc = !gr || !coef[r] || nt_mul_inplace(gr, coef[r]);
+            }
+        }
+    }
+    free(G);
+    free(sq);
+    nt_no_grad_end();
+    nt_scope_end(sc);
+    nt_device_set(0);
+    return rc ? -1 : 0;
+}
+
 /* The members' devices of global shard s (this process's), or -1. */
 static inline int gptm_shard_devs(gpt_mesh *g, int s, int *devs)
 {
@@ -478,10 +619,11 @@ static inline int gptm_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t 
             nt_autocast_end();
         int rc = !loss || nt_ddp_backward_group(g->ddp, tp, s, loss);
         if (!rc && loss_sum) {
-            nt_device_set(nt_tensor_device(loss_sum));
+            int dst = nt_tensor_device(loss_sum);
             nt_no_grad_begin();
-            rc = nt_add_inplace(loss_sum, nt_to_device(nt_detach(loss),
-                                                       nt_tensor_device(loss_sum))) != 0;
+            nt_tensor *lv = nt_to_device(nt_detach(loss), dst);
+            nt_device_set(dst);
+            rc = nt_add_inplace(loss_sum, lv) != 0;
             nt_no_grad_end();
         }
         nt_scope_end(sc);
@@ -491,6 +633,8 @@ static inline int gptm_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t 
     for (int r = 0; r < tp; r++)
         if (nt_ddp_reduce(g->ddp[r]))
             return -1;
+    if (o->clip > 0 && gptm_clip(g, o->clip))
+        return -1;
     for (int r = 0; r < tp; r++)
         if (nt_ddp_step(g->ddp[r], g->opt[r], g->ndd[r]))
             return -1;

@@ -1,7 +1,8 @@
 /* tests/test_mesh.c - the char GPT under a device mesh (examples/gpt_mesh.h,
  * docs/parallel.md "char GPT under a mesh"): a small model of the same
  * code trained at several (dp, tp) splits and ZeRO stages, on both
- * backends and in every mode, gives one CRC-32 of its parameters; and the
+ * backends and in every mode, gives one CRC-32 of its parameters (with
+ * gradient clipping, whose norm is defined over the blocks too); and the
  * errors: mesh sizes that are not the core count, heads, width, vocabulary
  * or blocks that tp does not divide, a ZeRO stage out of range,
  * nt_ddp_backward_group's arguments.  Each run has its own runtime with
@@ -17,6 +18,7 @@
 #include "../examples/gpt_mesh.h"
 
 enum { STEPS = 3, SHARDS = 8, BATCH = 8, BLOCKS = 4 };
+static double CLIP = 0.05; /* small enough that every step clips */
 
 /* A text of 10 distinct characters (vocabulary padded to 12). */
 static void make_data(gpt_data *d)
@@ -41,7 +43,7 @@ static gpt_config small_cfg(void)
 
 static gpt_train_opts small_opts(void)
 {
-    return (gpt_train_opts){.batch = BATCH, .lr = 1e-2, .steps = STEPS, .warmup = 1,
+    return (gpt_train_opts){.batch = BATCH, .lr = 1e-2, .clip = 0.05, .steps = STEPS, .warmup = 1,
                             .seed = 3, .amp = NT_DTYPE_COUNT};
 }
 
@@ -58,6 +60,7 @@ static uint32_t run(int dp, int tp, int zero, int cfg, nt_dtype amp)
     gpt_config c = small_cfg();
     gpt_train_opts o = small_opts();
     o.amp = amp;
+    o.clip = CLIP;
     static gpt_mesh g;
     if (gptm_init(&g, &c, dp, tp, zero, BLOCKS, SHARDS, &o, err, sizeof err))
         fail_msg("gptm_init (%d, %d, %d): %s", dp, tp, zero, err);
@@ -118,6 +121,22 @@ static void test_bitwise_bf16(void **state)
              c = run(2, 4, 3, 0, NT_BF16);
     printf("# bf16 autocast: %08x %08x %08x\n", a, b, c);
     assert_true(a == b && a == c);
+}
+
+/* Clipping: a bound no norm reaches scales by exactly 1 (the CRC of no
+ * clipping), the small one of the other tests changes the parameters. */
+static void test_clip(void **state)
+{
+    (void)state;
+    CLIP = 0;
+    uint32_t none = run(2, 2, 2, 3, NT_DTYPE_COUNT);
+    CLIP = 1e9;
+    uint32_t big = run(2, 2, 2, 3, NT_DTYPE_COUNT);
+    CLIP = 0.05;
+    uint32_t small = run(2, 2, 2, 3, NT_DTYPE_COUNT);
+    printf("# clip none %08x, 1e9 %08x, 0.05 %08x\n", none, big, small);
+    assert_true(none == big);
+    assert_true(small != none);
 }
 
 /* gptm_init's errors, with the runtime of `cores` cores. */
@@ -209,6 +228,7 @@ int main(void)
         cmocka_unit_test(test_backward_group_errors),
         cmocka_unit_test(test_bitwise),
         cmocka_unit_test(test_bitwise_bf16),
+        cmocka_unit_test(test_clip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
