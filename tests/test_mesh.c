@@ -10,6 +10,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -47,14 +48,11 @@ static gpt_train_opts small_opts(void)
                             .seed = 3, .amp = NT_DTYPE_COUNT};
 }
 
-/* Trains STEPS steps at (dp, tp, zero) in test setting cfg; the CRC-32. */
-static uint32_t run(int dp, int tp, int zero, int cfg, nt_dtype amp)
+/* Trains STEPS steps at (dp, tp, zero) in the runtime nt_init made (the
+ * caller's); 0 and *crc, or -1 with err set.  No cmocka here: an mpirun
+ * child runs it too. */
+static int train(int dp, int tp, int zero, nt_dtype amp, uint32_t *crc, char *err, size_t en)
 {
-    char cores[8], err[512];
-    snprintf(cores, sizeof cores, "%d", dp * tp);
-    setenv("NT_SIM_CORES", cores, 1);
-    assert_int_equal(nt_init(), 0);
-    nt_test_cfg(cfg);
     gpt_data d;
     make_data(&d);
     gpt_config c = small_cfg();
@@ -62,21 +60,33 @@ static uint32_t run(int dp, int tp, int zero, int cfg, nt_dtype amp)
     o.amp = amp;
     o.clip = CLIP;
     static gpt_mesh g;
-    if (gptm_init(&g, &c, dp, tp, zero, BLOCKS, SHARDS, &o, err, sizeof err))
-        fail_msg("gptm_init (%d, %d, %d): %s", dp, tp, zero, err);
+    int rc = gptm_init(&g, &c, dp, tp, zero, BLOCKS, SHARDS, &o, err, en);
     int32_t xb[BATCH * 8], yb[BATCH * 8];
-    for (int st = 0; st < STEPS; st++) {
+    for (int st = 0; st < STEPS && !rc; st++) {
         gpt_batch(&d, false, o.seed, st, BATCH, c.context, xb, yb);
         if (gptm_step(&g, &o, xb, yb, NULL))
-            fail_msg("step %d at (%d, %d, %d): %s", st, dp, tp, zero, nt_last_error_message());
+            rc = gptm_fail(err, en, "step %d: %s", st, nt_last_error_message());
     }
-    double val = gptm_eval(&g, &d, &o, 1);
-    assert_false(isnan(val));
-    uint32_t crc = 0;
-    if (gptm_crc(&g, &crc, err, sizeof err))
-        fail_msg("%s", err);
+    if (!rc && isnan(gptm_eval(&g, &d, &o, 1)))
+        rc = gptm_fail(err, en, "eval: %s", nt_last_error_message());
+    if (!rc)
+        rc = gptm_crc(&g, crc, err, en);
     gptm_free(&g);
     gpt_data_free(&d);
+    return rc;
+}
+
+/* train() at (dp, tp, zero) in test setting cfg, with NT_SIM_CORES = dp x tp. */
+static uint32_t run(int dp, int tp, int zero, int cfg, nt_dtype amp)
+{
+    char cores[8], err[512];
+    snprintf(cores, sizeof cores, "%d", dp * tp);
+    setenv("NT_SIM_CORES", cores, 1);
+    assert_int_equal(nt_init(), 0);
+    nt_test_cfg(cfg);
+    uint32_t crc = 0;
+    if (train(dp, tp, zero, amp, &crc, err, sizeof err))
+        fail_msg("(dp %d, tp %d, zero %d): %s", dp, tp, zero, err);
     nt_shutdown();
     unsetenv("NT_SIM_CORES");
     return crc;
@@ -221,8 +231,86 @@ static void test_backward_group_errors(void **state)
     unsetenv("NT_SIM_CORES");
 }
 
-int main(void)
+/* ---------------- over 2 processes (mpirun) ---------------- */
+
+static const char *mpirun_path;
+static char self_exe[4096];
+
+/* mpirun -np 2 of this program at (dp, tp, zero) with `cores` cores a
+ * process: the CRC process 0 printed. */
+static uint32_t mpi_crc(int cores, int dp, int tp, int zero)
 {
+    char cmd[8192], line[1024];
+    const char *asan = getenv("ASAN_OPTIONS");
+    /* Open MPI's plugins leave allocations at exit (tests/mpi_test.sh) */
+    snprintf(cmd, sizeof cmd, "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+             "OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none "
+             "OMPI_MCA_rmaps_base_oversubscribe=1 ASAN_OPTIONS=%s%sdetect_leaks=0 "
+             "NT_SIM_CORES=%d timeout 600 %s -np 2 --oversubscribe %s --child %d %d %d 2>&1",
+             asan ? asan : "", asan ? ":" : "", cores, mpirun_path, self_exe, dp, tp, zero);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    uint32_t crc = 0;
+    bool got = false;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "crc %x", &crc) == 1)
+            got = true;
+        else
+            printf("# child: %s", line);
+    int st = pclose(f);
+    if (!got || st != 0)
+        fail_msg("mpirun at (dp %d, tp %d, zero %d) gave no CRC (status %d)", dp, tp, zero, st);
+    return crc;
+}
+
+/* (2, 1) over 2 processes of 1 core at stages 0 and 3, and (2, 2) over 2
+ * processes of 2 cores at stage 2, give the one-process CRC. */
+static void test_across_processes(void **state)
+{
+    (void)state;
+    uint32_t ref = run(1, 1, 0, 3, NT_DTYPE_COUNT);
+    static const int runs[][4] = {{1, 2, 1, 0}, {1, 2, 1, 3}, {2, 2, 2, 2}};
+    for (int i = 0; i < 3; i++) {
+        const int *r = runs[i];
+        uint32_t crc = mpi_crc(r[0], r[1], r[2], r[3]);
+        printf("# 2 processes x %d cores, (dp %d, tp %d) zero %d: %08x (1 process %08x)\n",
+               r[0], r[1], r[2], r[3], crc, ref);
+        assert_true(crc == ref);
+    }
+}
+
+/* An mpirun child: trains, process 0 prints "crc X". */
+static int child(int dp, int tp, int zero)
+{
+    char err[512];
+    uint32_t crc = 0;
+    if (nt_init() || train(dp, tp, zero, NT_DTYPE_COUNT, &crc, err, sizeof err)) {
+        fprintf(stderr, "child: %s\n", nt_last_error() ? nt_last_error_message() : err);
+        return 1;
+    }
+    if (nt_process_rank() == 0)
+        printf("crc %08x\n", crc);
+    nt_shutdown();
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 5 && !strcmp(argv[1], "--child"))
+        return child(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
+    if (argc == 3 && !strcmp(argv[1], "--mpi")) {
+        if (!strcmp(argv[2], "none")) {
+            printf("1..0 # SKIP ntensor was built without MPI or mpirun is missing\n");
+            return 0;
+        }
+        ssize_t k = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
+        if (k <= 0)
+            return 1;
+        self_exe[k] = '\0';
+        mpirun_path = argv[2];
+        const struct CMUnitTest mpi_tests[] = {cmocka_unit_test(test_across_processes)};
+        return cmocka_run_group_tests(mpi_tests, NULL, NULL);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_backward_group_errors),
