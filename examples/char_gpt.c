@@ -21,6 +21,11 @@
  * simulated NeuronCore did per step (time, MFU).  It ends by sampling
  * characters from a prompt with a fixed seed.
  *
+ * --dp N --tp N --zero S trains the tensor-parallel form of the model on a
+ * data x tensor device mesh with ZeRO stage S (examples/gpt_mesh.h) and
+ * prints the parameters' CRC-32, the same for every split and stage
+ * (docs/parallel.md, "char GPT under a mesh").
+ *
  * The backend is NT_BACKEND (sim, the default, or cpu; --backend sets it),
  * the execution mode NT_MODE (docs/env.md).  Run with --help for the
  * options. */
