@@ -719,31 +719,37 @@ static inline int gptm_crc(gpt_mesh *g, uint32_t *crc, char *err, size_t en)
         int64_t R = p->r, C = p->nd == 2 ? p->c : 1;
         float *full = malloc(sizeof *full * (size_t)(R * C)), *part = malloc(sizeof *part * (size_t)(R * C));
         float *other = malloc(sizeof *other * (size_t)(R * C));
-        if (!full || !part || !other)
-            return gptm_fail(err, en, "out of memory");
-        for (int r = 0; r < tp; r++) {
+        int rc = !full || !part || !other ? gptm_fail(err, en, "out of memory") : 0;
+        for (int r = 0; r < tp && !rc; r++) {
             bool rows = p->split == GPTM_ROWS && tp > 1, cols = p->split == GPTM_COLS && tp > 1;
             int64_t rr = rows ? R / tp : R, cc = cols ? C / tp : C;
-            for (int k = 0; k < g->ndd[r]; k++) {
+            for (int k = 0; k < g->ndd[r] && !rc; k++) {
                 nt_tensor *t = nt_ddp_params(g->ddp[r], g->dd[r][k])[j];
                 if (nt_to_host(t, k ? other : part, sizeof *part * (size_t)(rr * cc)))
-                    return gptm_fail(err, en, "reading parameter %d failed", j);
-                if (k && memcmp(part, other, sizeof *part * (size_t)(rr * cc)))
-                    return gptm_fail(err, en, "parameter %d differs between the replicas of "
-                                     "tensor rank %d", j, r);
+                    rc = gptm_fail(err, en, "reading parameter %d failed: %s", j,
+                                   nt_last_error_message());
+                else if (k && memcmp(part, other, sizeof *part * (size_t)(rr * cc)))
+                    rc = gptm_fail(err, en, "parameter %d differs between the replicas of "
+                                   "tensor rank %d", j, r);
             }
             /* a replicated parameter: the same bits on every tensor rank */
-            if (r > 0 && p->split == GPTM_REP && memcmp(part, full, sizeof *part * (size_t)(R * C)))
-                return gptm_fail(err, en, "replicated parameter %d differs between tensor "
-                                 "ranks 0 and %d", j, r);
+            if (!rc && r > 0 && p->split == GPTM_REP &&
+                memcmp(part, full, sizeof *part * (size_t)(R * C)))
+                rc = gptm_fail(err, en, "replicated parameter %d differs between tensor ranks "
+                               "0 and %d", j, r);
+            if (rc)
+                break;
             for (int64_t a = 0; a < rr; a++)
                 for (int64_t b = 0; b < cc; b++)
                     full[(rows ? a + r * rr : a) * C + (cols ? b + r * cc : b)] = part[a * cc + b];
         }
-        c = gptm_crc32(c, full, sizeof *full * (size_t)(R * C));
+        if (!rc)
+            c = gptm_crc32(c, full, sizeof *full * (size_t)(R * C));
         free(full);
         free(part);
         free(other);
+        if (rc)
+            return -1;
     }
     *crc = c;
     return 0;
