@@ -598,61 +598,16 @@ static int tree_insert(const nt_site *site, nt_ddp *d, member *m, int idx, nt_te
     return rc;
 }
 
-NT_API int nt_ddp_backward_at(const nt_site *site, nt_ddp *d, int shard, nt_tensor *loss)
+/* Shard `shard`'s gradients g[0..n) (the replica's, taken out of .grad; NULL
+ * where the loss did not reach) into member m's tree of d: f32, zeros for
+ * a missing one, then tree_insert.  Consumes g.  0 or an error. */
+static int shard_collect(const nt_site *site, const char *fn, nt_ddp *d, member *m, int shard,
+                         nt_tensor **g)
 {
-    const char *fn = "nt_ddp_backward";
-    if (!ddp_ok(site, d, fn))
-        return nt_last_error();
-    if (!nt__check_arg(site, fn, "loss", loss))
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
-    g_mutex_lock(&d->lock);
-    int rc = 0;
-    if (!check_shard(site, d, fn, shard)) {
-        rc = nt_last_error();
-        goto out;
-    }
-    member *m = &d->m[member_of(d, shard)];
-    if (loss->dev != m->dev) {
-        rc = nt__err(site, NT_EINVAL, fn,
-                     "argument 'loss' is on device %d, but shard %d belongs to device %d "
-                     "(compute it with nt_ddp_params(d, %d) after nt_device_set(%d))",
-                     (int)loss->dev, shard, m->dev, m->dev, m->dev);
-        goto out;
-    }
-    if (d->done[shard]) {
-        rc = nt__err(site, NT_ESTATE, fn,
-                     "shard %d already has its gradients for this step; call nt_ddp_reduce "
-                     "before the next backward of a shard", shard);
-        goto out;
-    }
-    if (zero_backward_check(site, d, m)) {
-        rc = nt_last_error();
-        goto out;
-    }
-    int n = d->n;
-    nt_tensor **keep = calloc((size_t)n * 2, sizeof *keep);
-    if (!keep) {
-        rc = nt__err_hostmem(site, fn, "the shard's gradient list");
-        goto out;
-    }
-    nt_tensor **g = keep + n;
-    /* The replica's own .grads (e.g. of the last nt_ddp_reduce) step
-     * aside, so this backward starts from none and its gradients are this
-     * shard's alone. */
-    for (int j = 0; j < n; j++) {
-        struct nt__ag *ag = m->rep[j]->ag;
-        keep[j] = ag->grad;
-        ag->grad = NULL;
-    }
+    int n = d->n, rc = 0;
     nt_stream *old = enter(m->dev);
-    rc = nt_backward_at(site, loss);
-    for (int j = 0; j < n; j++) {
-        struct nt__ag *ag = m->rep[j]->ag;
-        g[j] = ag->grad;
-        ag->grad = keep[j];
-    }
-    nt_scope *sc = NULL;
-    if (!rc && !(sc = nt_scope_begin()))
+    nt_scope *sc = nt_scope_begin();
+    if (!sc)
         rc = nt__err_hostmem(site, fn, "a scope");
     nt_no_grad_begin();
     /* f32 for the sum whatever the parameters' dtype; a parameter the loss
@@ -685,20 +640,128 @@ NT_API int nt_ddp_backward_at(const nt_site *site, nt_ddp *d, int shard, nt_tens
     if (sc)
         nt_scope_end(sc);
     leave(old);
-    free(keep);
     if (!rc) {
         d->done[shard] = 1;
-        zero_backward_done(d, member_of(d, shard));
+        zero_backward_done(d, (int)(m - d->m));
     } else if (inserted)
         tree_clear(d); /* a half-made tree cannot be trusted: the step starts again */
-out:
-    g_mutex_unlock(&d->lock);
     return rc;
+}
+
+/* The checks of shard `shard` of ds[i] before its backward: the shard is
+ * this process's, not done yet, and (stage 3) gathered.  *m its member. */
+static int shard_check(const nt_site *site, const char *fn, nt_ddp *d, int i, int shard,
+                       member **m)
+{
+    if (!check_shard(site, d, fn, shard))
+        return nt_last_error();
+    *m = &d->m[member_of(d, shard)];
+    if (d->done[shard])
+        return nt__err(site, NT_ESTATE, fn,
+                       "shard %d already has its gradients for this step (nt_ddp %d); call "
+                       "nt_ddp_reduce before the next backward of a shard", shard, i);
+    return zero_backward_check(site, d, *m);
+}
+
+/* nt_ddp_backward of one loss for nd nt_ddps (distinct; the loss on the
+ * first one's device of the shard). */
+static int backward_many(const nt_site *site, const char *fn, nt_ddp *const *ds, int nd,
+                         int shard, nt_tensor *loss)
+{
+    member *m[DDP_MAX_DEV] = {0};
+    int rc = 0, locked = 0;
+    for (; locked < nd && !rc; locked++) {
+        g_mutex_lock(&ds[locked]->lock);
+        rc = shard_check(site, fn, ds[locked], locked, shard, &m[locked]);
+    }
+    if (!rc && loss->dev != m[0]->dev)
+        rc = nt__err(site, NT_EINVAL, fn,
+                     "argument 'loss' is on device %d, but shard %d belongs to device %d "
+                     "(compute it with nt_ddp_params(d, %d) after nt_device_set(%d))",
+                     (int)loss->dev, shard, m[0]->dev, m[0]->dev, m[0]->dev);
+    int tot = 0;
+    for (int i = 0; i < nd; i++)
+        tot += ds[i]->n;
+    nt_tensor **keep = rc ? NULL : calloc((size_t)tot * 2, sizeof *keep);
+    if (!rc && !keep)
+        rc = nt__err_hostmem(site, fn, "the shard's gradient list");
+    if (!rc) {
+        nt_tensor **g = keep + tot;
+        /* The replicas' own .grads (e.g. of the last nt_ddp_reduce) step
+         * aside, so this backward starts from none and its gradients are
+         * this shard's alone. */
+        for (int i = 0, o = 0; i < nd; o += ds[i++]->n)
+            for (int j = 0; j < ds[i]->n; j++) {
+                struct nt__ag *ag = m[i]->rep[j]->ag;
+                keep[o + j] = ag->grad;
+                ag->grad = NULL;
+            }
+        nt_stream *old = enter(m[0]->dev);
+        rc = nt_backward_at(site, loss);
+        leave(old);
+        for (int i = 0, o = 0; i < nd; o += ds[i++]->n)
+            for (int j = 0; j < ds[i]->n; j++) {
+                struct nt__ag *ag = m[i]->rep[j]->ag;
+                g[o + j] = ag->grad;
+                ag->grad = keep[o + j];
+            }
+        for (int i = 0, o = 0; i < nd; o += ds[i++]->n) {
+            if (rc) {
+                for (int j = 0; j < ds[i]->n; j++)
+                    nt_release(g[o + j]);
+                continue;
+            }
+            rc = shard_collect(site, fn, ds[i], m[i], shard, g + o);
+        }
+    }
+    free(keep);
+    while (locked > 0)
+        g_mutex_unlock(&ds[--locked]->lock);
+    return rc;
+}
+
+NT_API int nt_ddp_backward_at(const nt_site *site, nt_ddp *d, int shard, nt_tensor *loss)
+{
+    const char *fn = "nt_ddp_backward";
+    if (!ddp_ok(site, d, fn))
+        return nt_last_error();
+    if (!nt__check_arg(site, fn, "loss", loss))
+        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+    return backward_many(site, fn, &d, 1, shard, loss);
 }
 
 NT_API int nt_ddp_backward(nt_ddp *d, int shard, nt_tensor *loss)
 {
     return nt_ddp_backward_at(NT_RA_SITE, d, shard, loss);
+}
+
+NT_API int nt_ddp_backward_group_at(const nt_site *site, nt_ddp *const *ds, int nd, int shard,
+                                    nt_tensor *loss)
+{
+    const char *fn = "nt_ddp_backward_group";
+    if (!nt__ensure_init())
+        return NT_ESTATE;
+    if (!ds || nd < 1 || nd > DDP_MAX_DEV)
+        return nt__err(site, NT_EINVAL, fn, "argument '%s' is %s; expected 1..%d nt_ddps",
+                       ds ? "nd" : "ds", ds ? "out of range" : "NULL", DDP_MAX_DEV);
+    for (int i = 0; i < nd; i++) {
+        char arg[32];
+        snprintf(arg, sizeof arg, "ds[%d]", i);
+        if (nt__hobj_check(ds[i], DDP_MAGIC, site, fn, arg, "nt_ddp"))
+            return nt_last_error();
+        for (int k = 0; k < i; k++)
+            if (ds[k] == ds[i])
+                return nt__err(site, NT_EINVAL, fn, "argument 'ds' lists the same nt_ddp at "
+                               "%d and %d", k, i);
+    }
+    if (!nt__check_arg(site, fn, "loss", loss))
+        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+    return backward_many(site, fn, ds, nd, shard, loss);
+}
+
+NT_API int nt_ddp_backward_group(nt_ddp *const *ds, int nd, int shard, nt_tensor *loss)
+{
+    return nt_ddp_backward_group_at(NT_RA_SITE, ds, nd, shard, loss);
 }
 
 /* ---------------- batch norm over shards ---------------- */

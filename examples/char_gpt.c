@@ -21,6 +21,11 @@
  * simulated NeuronCore did per step (time, MFU).  It ends by sampling
  * characters from a prompt with a fixed seed.
  *
+ * --dp N --tp N --zero S trains the tensor-parallel form of the model on a
+ * data x tensor device mesh with ZeRO stage S (examples/gpt_mesh.h) and
+ * prints the parameters' CRC-32, the same for every split and stage
+ * (docs/parallel.md, "char GPT under a mesh").
+ *
  * The backend is NT_BACKEND (sim, the default, or cpu; --backend sets it),
  * the execution mode NT_MODE (docs/env.md).  Run with --help for the
  * options. */
@@ -33,7 +38,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "gpt_model.h"
+#include "gpt_mesh.h"
 
 
 typedef struct {
@@ -43,6 +48,9 @@ typedef struct {
     bool capture; /* record the first step, replay it (docs/graphs.md) */
     int64_t limit_steps; /* stop after this many steps (0: none); the schedule still spans --steps */
     const char *save, *resume, *prompt, *data, *backend, *amp;
+    /* a device mesh (examples/gpt_mesh.h): any of --dp/--tp/--zero/--ep given */
+    bool mesh;
+    int dp, tp, ep, zero, blocks, shards;
 } options;
 
 static double now_s(void)
@@ -99,7 +107,24 @@ static void usage(FILE *f)
             "  --prompt STR       the sample's prompt (\"The \")\n"
             "  --backend NAME     sim (simulated NeuronCore) or cpu; default NT_BACKEND\n"
             "                     or sim (docs/env.md)\n"
-            "  --data DIR         the fortune files (" GPT_DATA_DIR ")\n");
+            "  --data DIR         the fortune files (" GPT_DATA_DIR ")\n"
+            "A device mesh (examples/gpt_mesh.h, docs/parallel.md): any of these trains the\n"
+            "tensor-parallel model on dp x tp simulated cores (NT_SIM_CORES, set to dp x tp\n"
+            "when unset; under mpirun, the cores of every process together), and prints the\n"
+            "parameters' CRC-32, the same for every split and stage:\n"
+            "  --dp N             data-parallel size (1)\n"
+            "  --tp N             tensor-parallel size (1): heads, --blocks and the padded\n"
+            "                     vocabulary split over N cores; must divide --heads\n"
+            "  --zero S           ZeRO stage 0..3 over the data dimension (0)\n"
+            "  --ep N             expert-parallel size: only 1 (mixture of experts is not\n"
+            "                     built into this example yet)\n"
+            "  --blocks N         the fixed K/N/V blocks of the tensor-parallel sums (4): a\n"
+            "                     multiple of --tp with a power-of-two quotient, dividing --width\n"
+            "  --shards N         fixed shards of each batch (8): a multiple of --dp with a\n"
+            "                     power-of-two quotient, dividing --batch\n"
+            "  Under a mesh: --amp bf16 works; refused with an error: --amp fp8, --capture,\n"
+            "  --checkpoint-activations, --dropout > 0, --untied, --sinpos, --rope, --no-sdpa,\n"
+            "  --save, --resume; no sample at the end.\n");
 }
 
 static long parse_long(const char *opt, const char *v, long lo)
@@ -125,6 +150,36 @@ static double parse_double(const char *opt, const char *v, double lo, double hi)
         exit(1);
     }
     return x;
+}
+
+/* The options a mesh run does not take (examples/gpt_mesh.h says why). */
+static void mesh_refuse(const options *o)
+{
+    const char *bad = !strcmp(o->amp, "fp8")   ? "--amp fp8"
+                      : o->capture             ? "--capture"
+                      : o->c.checkpoint        ? "--checkpoint-activations"
+                      : o->c.dropout > 0       ? "--dropout"
+                      : o->c.untied            ? "--untied"
+                      : o->c.sinpos            ? "--sinpos"
+                      : o->c.rope              ? "--rope"
+                      : o->c.composite_attn    ? "--no-sdpa"
+                      : o->save                ? "--save"
+                      : o->resume              ? "--resume"
+                                               : NULL;
+    if (bad) {
+        fprintf(stderr, "char_gpt: %s is not supported with --dp/--tp/--zero/--ep (a device "
+                        "mesh); see --help\n", bad);
+        exit(1);
+    }
+    if (o->ep != 1) {
+        fprintf(stderr, "char_gpt: --ep %d: mixture of experts is not built into this example "
+                        "yet (only --ep 1)\n", o->ep);
+        exit(1);
+    }
+    if (o->zero > 3) {
+        fprintf(stderr, "char_gpt: --zero must be 0, 1, 2 or 3 (got %d)\n", o->zero);
+        exit(1);
+    }
 }
 
 static void parse_args(int argc, char **argv, options *o)
@@ -162,6 +217,18 @@ static void parse_args(int argc, char **argv, options *o)
             o->t.lr = parse_double(a, v, 1e-12, 10);
         else if (!strcmp(a, "--dropout"))
             o->c.dropout = parse_double(a, v, 0, 1);
+        else if (!strcmp(a, "--dp"))
+            o->dp = (int)parse_long(a, v, 1), o->mesh = true;
+        else if (!strcmp(a, "--tp"))
+            o->tp = (int)parse_long(a, v, 1), o->mesh = true;
+        else if (!strcmp(a, "--ep"))
+            o->ep = (int)parse_long(a, v, 1), o->mesh = true;
+        else if (!strcmp(a, "--zero"))
+            o->zero = (int)parse_long(a, v, 0), o->mesh = true;
+        else if (!strcmp(a, "--blocks"))
+            o->blocks = (int)parse_long(a, v, 1);
+        else if (!strcmp(a, "--shards"))
+            o->shards = (int)parse_long(a, v, 1);
         else if (!strcmp(a, "--amp") && v)
             o->amp = v;
         else if (!strcmp(a, "--save") && v)
@@ -220,6 +287,8 @@ static void parse_args(int argc, char **argv, options *o)
         exit(1);
     }
     o->t.amp = strcmp(o->amp, "bf16") ? NT_DTYPE_COUNT : NT_BF16;
+    if (o->mesh)
+        mesh_refuse(o);
     if (o->backend && strcmp(o->backend, "sim") && strcmp(o->backend, "cpu")) {
         fprintf(stderr, "char_gpt: --backend must be sim or cpu (got '%s')\n", o->backend);
         exit(1);
@@ -272,13 +341,131 @@ static void generate(gpt_model *m, const gpt_data *d, const char *prompt, int n,
     free(ctx);
 }
 
+/* The latest simulated clock over this process's cores, after a sync (ns). */
+static double mesh_clock(void)
+{
+    check(nt_sync(), "nt_sync");
+    double m = 0;
+    for (int i = 0; i < nt_device_count(); i++) {
+        nt_sim_stats st;
+        if (nt_device_stats_get(i, &st) == 0 && st.clock_ns > m)
+            m = st.clock_ns;
+    }
+    return m;
+}
+
+/* Training under a dp x tp mesh (examples/gpt_mesh.h): prints the loss
+ * and eval lines as the plain run does, the simulated and host time per
+ * step (from step 2 on, evaluations left out) and the parameters' CRC-32. */
+static int mesh_main(options *o, gpt_data *d)
+{
+    char err[512];
+    int V = o->c.vocab;
+    o->c.vocab = (V + o->blocks - 1) / o->blocks * o->blocks; /* padded: unused ids */
+    if (gptm_check(&o->c, o->dp, o->tp, o->zero, o->blocks, o->shards, o->t.batch, err,
+                   sizeof err)) {
+        fprintf(stderr, "char_gpt: %s\n", err);
+        return 1;
+    }
+    if (!getenv("NT_SIM_CORES")) {
+        /* one core per mesh rank, over the processes mpirun started */
+        const char *ws = getenv("OMPI_COMM_WORLD_SIZE");
+        int np = ws ? atoi(ws) : 1, cores = o->dp * o->tp * o->ep;
+        char buf[16];
+        snprintf(buf, sizeof buf, "%d", np > 0 && cores % np == 0 ? cores / np : cores);
+        setenv("NT_SIM_CORES", buf, 1);
+    }
+    check(nt_init(), "nt_init");
+    gpt_mesh g;
+    if (gptm_init(&g, &o->c, o->dp, o->tp, o->zero, o->blocks, o->shards, &o->t, err,
+                  sizeof err)) {
+        fprintf(stderr, "char_gpt: %s\n", err);
+        gptm_free(&g);
+        nt_shutdown();
+        return 1;
+    }
+    bool main_proc = nt_process_rank() == 0;
+    if (main_proc)
+        printf("mesh: data %d x tensor %d (%d cores in %d process(es)), ZeRO stage %d, %d "
+               "shards of %d sequences, %d blocks; vocabulary %d padded to %d; %d layers, %d "
+               "heads, width %d, context %d; %lld steps, AdamW lr %g, clip %g; mode %s, "
+               "backend %s, amp %s\n",
+               o->dp, o->tp, nt_mesh_size(g.mesh, NULL), nt_process_count(), o->zero,
+               o->shards, o->t.batch / o->shards, o->blocks, V, o->c.vocab, o->c.n_layer,
+               o->c.n_head, o->c.width, o->c.context, (long long)o->t.steps, o->t.lr, o->t.clip,
+               nt_config_get("NT_MODE"), nt_config_get("NT_BACKEND"), o->amp);
+    int B = o->t.batch, T = o->c.context;
+    int32_t *xb = malloc(sizeof *xb * (size_t)B * T), *yb = malloc(sizeof *yb * (size_t)B * T);
+    nt_tensor *loss_sum = nt_zeros(NT_F32, 0, NULL);
+    if (!xb || !yb || !loss_sum)
+        check(-1, "allocating the batch");
+    int64_t end = o->limit_steps && o->limit_steps < o->t.steps ? o->limit_steps : o->t.steps;
+    int local = 0; /* this process's shards */
+    for (int s = 0; s < o->shards; s++)
+        local += nt_ddp_shard_device(g.ddp[0], s) >= 0;
+    double sim = 0, host = 0, mark = 0, hmark = 0, val = NAN;
+    int64_t timed = 0, n_log = 0;
+    for (int64_t step = 0; step < end; step++) {
+        gpt_batch(d, false, o->t.seed, step, B, T, xb, yb);
+        if (gptm_step(&g, &o->t, xb, yb, loss_sum))
+            check(-1, "training step");
+        n_log++;
+        if (step == 0)
+            mark = mesh_clock(), hmark = now_s();
+        else
+            timed++;
+        bool last = step + 1 == end, eval = (step + 1) % o->eval_every == 0 || last;
+        bool log = o->log_every && (step + 1) % o->log_every == 0;
+        if (!log && !eval)
+            continue;
+        double c = mesh_clock(), h = now_s(), sv;
+        if (step > 0)
+            sim += c - mark, host += h - hmark;
+        check(nt_item(loss_sum, &sv), "reading the loss");
+        check(nt_fill_inplace(loss_sum, 0), "resetting the loss sum");
+        if (log && main_proc)
+            printf("step %5lld/%lld  loss %.4f  lr %.2e\n", (long long)step + 1,
+                   (long long)o->t.steps, sv / (n_log * local), nt_optim_get_lr(g.opt[0][0]));
+        n_log = 0;
+        if (eval) {
+            val = gptm_eval(&g, d, &o->t, o->eval_batches);
+            if (isnan(val))
+                check(-1, "evaluation");
+            if (main_proc)
+                printf("eval step=%lld val=%.4f\n", (long long)step + 1, val);
+        }
+        fflush(stdout);
+        mark = mesh_clock(), hmark = now_s();
+    }
+    uint32_t crc = 0;
+    if (gptm_crc(&g, &crc, err, sizeof err)) {
+        fprintf(stderr, "char_gpt: %s\n", err);
+        return 1;
+    }
+    if (main_proc) {
+        if (timed > 0)
+            printf("mesh step time (steps 2..%lld, evaluations left out): NeuronCore "
+                   "(simulated) %.3f ms/step, host %.1f ms/step\n", (long long)end,
+                   sim * 1e-6 / timed, host * 1e3 / timed);
+        printf("final val loss %.4f after %lld steps\n", val, (long long)end);
+        printf("params crc32 %08x (dp %d, tp %d, zero %d)\n", crc, o->dp, o->tp, o->zero);
+    }
+    nt_release(loss_sum);
+    free(xb);
+    free(yb);
+    gptm_free(&g);
+    nt_shutdown();
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     options o = {.c = {.n_layer = 4, .n_head = 4, .width = 128, .context = 128},
                  .t = {.batch = 16, .lr = 2e-3, .clip = 1.0, .steps = 300, .warmup = 30,
                        .seed = 1},
                  .eval_every = 50, .eval_batches = 8, .log_every = 10, .sample = 300,
-                 .prompt = "The ", .data = GPT_DATA_DIR, .amp = "none"};
+                 .prompt = "The ", .data = GPT_DATA_DIR, .amp = "none",
+                 .dp = 1, .tp = 1, .ep = 1, .blocks = 4, .shards = 8};
     parse_args(argc, argv, &o);
     double t_start = now_s();
     gpt_data d;
@@ -292,6 +479,11 @@ int main(int argc, char **argv)
     o.c.vocab = d.vocab;
     if (o.backend)
         setenv("NT_BACKEND", o.backend, 1); /* read by nt_init */
+    if (o.mesh) {
+        int rc = mesh_main(&o, &d);
+        gpt_data_free(&d);
+        return rc;
+    }
     check(nt_init(), "nt_init");
     if (!strcmp(o.amp, "fp8")) {
         /* delayed scaling, e4m3 forward and e5m2 gradients (docs/amp.md) */

@@ -2117,6 +2117,15 @@ NT_API nt_tensor *nt_ddp_shard_from_host(nt_ddp *d, int shard, const void *src, 
  *  second).  On an error inside the backward the step's gradients so far
  *  are dropped. */
 NT_API int nt_ddp_backward(nt_ddp *d, int shard, nt_tensor *loss);
+/** nt_ddp_backward of one loss that reaches the replicas of several nt_ddps
+ *  (ds[0..nd), distinct): the nt_ddps of a tensor-parallel group, one per
+ *  tensor rank, each data-parallel over its own devices, whose members'
+ *  losses were joined (nt_tp_join).  One nt_backward; each nt_ddp gets its
+ *  own replica's gradients of shard `shard` in its shard tree, as
+ *  nt_ddp_backward does.  `loss` must be on ds[0]'s device of the shard.
+ *  Errors as nt_ddp_backward's (naming ds[i]), and NT_EINVAL for NULL ds,
+ *  nd < 1 or the same nt_ddp twice. */
+NT_API int nt_ddp_backward_group(nt_ddp *const *ds, int nd, int shard, nt_tensor *loss);
 /** Combines the step's shard gradients (every shard of this process must
  *  have had its nt_ddp_backward, else NT_ESTATE naming the first missing
  *  one): the shard tree, the collective over processes and devices, times

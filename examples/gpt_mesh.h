@@ -1,0 +1,758 @@
+/* examples/gpt_mesh.h - the char GPT of examples/gpt_model.h under a device
+ * mesh: data parallel over "data" (nt_ddp, ZeRO stage 0-3), tensor parallel
+ * over "tensor" (nt_tp_* layers), with parameters after any number of steps
+ * the same bits for every (dp, tp) and ZeRO stage (docs/parallel.md, "char
+ * GPT under a mesh").  Shared by examples/char_gpt.c (--dp, --tp, --zero)
+ * and tests/test_mesh.c; written against the public API only.
+ *
+ * The model is gpt_model.h's (pre-LN blocks, GELU MLP, the head tied to
+ * the token embedding) made of the tensor-parallel layers, at every tp,
+ * 1 included:
+ *   x      = tp_embedding(wte)[idx] + wpe[pos]     wte's rows split (vocabulary-parallel)
+ *   blocks:
+ *     qkv  = column_linear(ln1(x), wqkv, bqkv)     rows split by heads
+ *     x    = x + row_linear(attn(q, k, v), wo) + bo   (causal sdpa on each member's heads)
+ *     x    = x + row_linear(gelu(column_linear(ln2(x), w1, b1)), w2) + b2
+ *   loss   = tp_cross_entropy(column_linear(ln_f(x), wte))
+ * The layer norms, wpe and the row-parallel biases are replicated.  wqkv's
+ * rows are head by head, q k v within a head ([H, 3, hd, D]), so a member's
+ * rows are its heads' q, k and v whatever tp is.  The row-parallel sums
+ * (over K), the column-parallel input gradients (over N) and the
+ * cross-entropy's sum of exponentials (over V) are the fixed trees of
+ * `blocks` blocks of dist/tp.c, so they do not depend on tp; the vocabulary
+ * is padded with unused ids to a multiple of `blocks` (Megatron pads it
+ * too; the padded rows' logits take part in the softmax and learn to be
+ * small).  This is why a mesh run's bits are not those of the plain model
+ * of gpt_model.h, even at (1, 1): that one sums over K in one matmul, over
+ * V in one reduction, and uses one [3D, D] qkv weight with a q|k|v layout.
+ *
+ * Data parallelism: one nt_ddp per tensor rank r over the devices of
+ * tensor coordinate r (its "data" group), S fixed shards of the batch
+ * (--shards, 8); shard s's loss is the tensor group's joined loss and
+ * nt_ddp_backward_group hands each nt_ddp its replica's gradients.  ZeRO
+ * stages come from nt_ddp_set_zero on every one of them.  Gradient
+ * clipping (gptm_clip) defines its norm's order over the same blocks.  Not
+ * done under a mesh: dropout, --untied, --sinpos, --rope. */
+#ifndef NT_EXAMPLES_GPT_MESH_H
+#define NT_EXAMPLES_GPT_MESH_H
+
+#include <stdarg.h>
+
+#include "gpt_model.h"
+
+#define GPTM_MAXD 64 /* devices of a process */
+
+/* Parameter kinds: how a member holds it. */
+enum { GPTM_ROWS, GPTM_COLS, GPTM_REP };
+
+typedef struct {
+    int nd;
+    int64_t r, c;   /* the full shape ([r] when nd == 1) */
+    int split;      /* GPTM_ROWS / GPTM_COLS / GPTM_REP */
+    double std, fill;
+    bool decay;     /* AdamW weight decay (2-D) */
+} gptm_spec;
+
+typedef struct {
+    gpt_config c;          /* c.vocab: padded to a multiple of blocks */
+    int vocab_data;        /* the data's vocabulary */
+    int dp, tp, zero, blocks, shards, ep;
+    nt_dtype amp;          /* --amp bf16: the tensor-parallel linears' operands cast to it */
+    int ndev;              /* this process's devices */
+    nt_mesh *mesh;
+    int n;                 /* parameters (per member) */
+    gptm_spec *spec;       /* [n]: decay ones first (the optimizer's groups) */
+    nt_ddp *ddp[GPTM_MAXD];            /* [tp] one per tensor rank */
+    int ndd[GPTM_MAXD];                /* [tp] its local devices */
+    int dd[GPTM_MAXD][GPTM_MAXD];      /* [tp][ndd] those devices */
+    nt_optim *opt[GPTM_MAXD][GPTM_MAXD];
+    nt_scheduler *sched[GPTM_MAXD][GPTM_MAXD];
+    nt_tensor *mask_unused;
+} gpt_mesh;
+
+/* Parameter index: wte, wpe, per block wqkv wo w1 w2 (the 2-D, decayed),
+ * then per block ln1w ln1b bqkv bo ln2w ln2b b1 b2, then ln_f w, b. */
+enum { GPTM_WQKV, GPTM_WO, GPTM_W1, GPTM_W2, GPTM_N2 };
+enum { GPTM_LN1W, GPTM_LN1B, GPTM_BQKV, GPTM_BO, GPTM_LN2W, GPTM_LN2B, GPTM_B1, GPTM_B2,
+       GPTM_N1 };
+#define GPTM_WTE 0
+#define GPTM_WPE 1
+#define GPTM_M2(g, l, i) (2 + (l) * GPTM_N2 + (i))
+#define GPTM_M1(g, l, i) (2 + (g)->c.n_layer * GPTM_N2 + (l) * GPTM_N1 + (i))
+#define GPTM_LNF(g) (2 + (g)->c.n_layer * (GPTM_N2 + GPTM_N1))
+
+/* Formats the caller's error message into err[n]; returns -1. */
+static inline int gptm_fail(char *err, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (err)
+        vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Checks the sizes against tp and blocks; 0 or -1 with err set. */
+static inline int gptm_check(const gpt_config *c, int dp, int tp, int zero, int blocks,
+                             int shards, int batch, char *err, size_t n)
+{
+    if (dp < 1 || tp < 1)
+        return gptm_fail(err, n, "--dp (%d) and --tp (%d) must be >= 1", dp, tp);
+    if (zero < 0 || zero > 3)
+        return gptm_fail(err, n, "--zero must be 0, 1, 2 or 3 (got %d)", zero);
+    if (c->n_head % tp)
+        return gptm_fail(err, n, "--heads (%d) must be a multiple of --tp (%d)", c->n_head,
+                         tp);
+    if (c->width % c->n_head)
+        return gptm_fail(err, n, "--width (%d) must be a multiple of --heads (%d)", c->width,
+                         c->n_head);
+    int q = blocks / tp;
+    if (blocks < 1 || blocks % tp || (q & (q - 1)))
+        return gptm_fail(err, n, "--blocks (%d) must be a multiple of --tp (%d) with a "
+                         "power-of-two quotient", blocks, tp);
+    if (c->width % blocks)
+        return gptm_fail(err, n, "--width (%d) must be a multiple of --blocks (%d)",
+                         c->width, blocks);
+    if (c->vocab % tp)
+        return gptm_fail(err, n, "the vocabulary (%d) must be a multiple of --tp (%d): pad it",
+                         c->vocab, tp);
+    if (c->vocab % blocks)
+        return gptm_fail(err, n, "the vocabulary (%d) must be a multiple of --blocks (%d): "
+                         "pad it", c->vocab, blocks);
+    int qs = shards / dp;
+    if (shards % dp || (qs & (qs - 1)))
+        return gptm_fail(err, n, "--shards (%d) must be a multiple of --dp (%d) with a "
+                         "power-of-two quotient", shards, dp);
+    if (batch % shards)
+        return gptm_fail(err, n, "--batch (%d) must be a multiple of --shards (%d)", batch,
+                         shards);
+    return 0;
+}
+
+static inline gptm_spec *gptm_specs(const gpt_config *c, int *np)
+{
+    int L = c->n_layer, n = 2 + L * (GPTM_N2 + GPTM_N1) + 2;
+    int64_t D = c->width, V = c->vocab, T = c->context;
+    double s = 0.02, so = 0.02 / sqrt(2.0 * L);
+    gptm_spec *p = calloc((size_t)n, sizeof *p);
+    if (!p)
+        return NULL;
+    p[GPTM_WTE] = (gptm_spec){2, V, D, GPTM_ROWS, s, 0, true};
+    p[GPTM_WPE] = (gptm_spec){2, T, D, GPTM_REP, s, 0, true};
+    for (int l = 0; l < L; l++) {
+        gptm_spec *w = p + 2 + l * GPTM_N2, *b = p + 2 + L * GPTM_N2 + l * GPTM_N1;
+        w[GPTM_WQKV] = (gptm_spec){2, 3 * D, D, GPTM_ROWS, s, 0, true};
+        w[GPTM_WO] = (gptm_spec){2, D, D, GPTM_COLS, so, 0, true};
+        w[GPTM_W1] = (gptm_spec){2, 4 * D, D, GPTM_ROWS, s, 0, true};
+        w[GPTM_W2] = (gptm_spec){2, D, 4 * D, GPTM_COLS, so, 0, true};
+        b[GPTM_LN1W] = (gptm_spec){1, D, 0, GPTM_REP, 0, 1, false};
+        b[GPTM_LN1B] = (gptm_spec){1, D, 0, GPTM_REP, 0, 0, false};
+        b[GPTM_BQKV] = (gptm_spec){1, 3 * D, 0, GPTM_ROWS, 0, 0, false};
+        b[GPTM_BO] = (gptm_spec){1, D, 0, GPTM_REP, 0, 0, false};
+        b[GPTM_LN2W] = (gptm_spec){1, D, 0, GPTM_REP, 0, 1, false};
+        b[GPTM_LN2B] = (gptm_spec){1, D, 0, GPTM_REP, 0, 0, false};
+        b[GPTM_B1] = (gptm_spec){1, 4 * D, 0, GPTM_ROWS, 0, 0, false};
+        b[GPTM_B2] = (gptm_spec){1, D, 0, GPTM_REP, 0, 0, false};
+    }
+    p[n - 2] = (gptm_spec){1, D, 0, GPTM_REP, 0, 1, false};
+    p[n - 1] = (gptm_spec){1, D, 0, GPTM_REP, 0, 0, false};
+    *np = n;
+    return p;
+}
+
+/* Tensor rank r of tp's part of parameter j, made on the current device:
+ * the full tensor (nt_randn of the full shape: the same values at every
+ * split), then the member's rows or columns. */
+static inline nt_tensor *gptm_param(const gptm_spec *p, int r, int tp, uint64_t seed)
+{
+    int64_t shape[2] = {p->r, p->c};
+    nt_tensor *full = p->std != 0 ? nt_mul_scalar(nt_randn(NT_F32, p->nd, shape, seed), p->std)
+                                  : nt_full(NT_F32, p->nd, shape, p->fill);
+    nt_tensor *t = full;
+    if (p->split != GPTM_REP && tp > 1) {
+        int dim = p->split == GPTM_ROWS ? 0 : 1;
+        int64_t part = shape[dim] / tp;
+        t = nt_contiguous(nt_slice(full, dim, r * part, (r + 1) * part, 1));
+    }
+    if (t && nt_set_requires_grad(t, true) != 0)
+        return NULL;
+    return t;
+}
+
+/* The local devices of tensor rank r, in data-coordinate order. */
+static inline int gptm_layout(gpt_mesh *g, char *err, size_t n)
+{
+    for (int r = 0; r < g->tp; r++)
+        g->ndd[r] = 0;
+    for (int dev = 0; dev < g->ndev; dev++) {
+        int r = nt_mesh_coord(g->mesh, "tensor", dev);
+        if (r < 0)
+            return gptm_fail(err, n, "nt_mesh_coord failed (%d)", r);
+        int devs[GPTM_MAXD];
+        int k = nt_mesh_group(g->mesh, "tensor", dev, devs, GPTM_MAXD);
+        if (k != g->tp)
+            return gptm_fail(err, n, "a tensor group must lie in one process: this process "
+                             "holds %d of its %d devices", k, g->tp);
+        g->dd[r][g->ndd[r]++] = dev;
+    }
+    return 0;
+}
+
+static inline void gptm_free(gpt_mesh *g)
+{
+    for (int r = 0; r < GPTM_MAXD; r++)
+        for (int k = 0; k < GPTM_MAXD; k++) {
+            if (g->sched[r][k])
+                nt_scheduler_destroy(g->sched[r][k]);
+            if (g->opt[r][k])
+                nt_optim_destroy(g->opt[r][k]);
+        }
+    for (int r = 0; r < GPTM_MAXD; r++)
+        if (g->ddp[r])
+            nt_ddp_destroy(g->ddp[r]);
+    nt_mesh_destroy(g->mesh);
+    free(g->spec);
+    memset(g, 0, sizeof *g);
+}
+
+/* The optimizers of tensor rank r: AdamW per local device over its
+ * replica (stage 0) or its shards, weight decay wd on the 2-D parameters
+ * (the first ones), and the cosine schedule of gpt_optimizer. */
+static inline int gptm_optim(gpt_mesh *g, int r, const gpt_train_opts *o, double wd)
+{
+    int nd = 0;
+    while (nd < g->n && g->spec[nd].decay)
+        nd++;
+    for (int k = 0; k < g->ndd[r]; k++) {
+        int dev = g->dd[r][k];
+        nt_tensor **ps = g->zero ? nt_ddp_zero_shards(g->ddp[r], dev) : nt_ddp_params(g->ddp[r], dev);
+        if (!ps || nt_device_set(dev))
+            return -1;
+        nt_optim *op = nt_optim_adamw(ps, nd, o->lr, 0.9, 0.95, 1e-8, wd);
+        g->opt[r][k] = op;
+        if (!op || (nd < g->n && nt_optim_add_group(op, ps + nd, g->n - nd, o->lr, 0) < 0))
+            return -1;
+        int64_t total = o->steps > o->warmup ? o->steps : o->warmup;
+        g->sched[r][k] = nt_scheduler_cosine(op, o->warmup, total, o->lr * 0.1);
+        if (!g->sched[r][k])
+            return -1;
+    }
+    return 0;
+}
+
+/* Builds the mesh (dp x tp over every process's devices), the parameters
+ * of each tensor rank (seeded as gpt_init is: one nt_randn seed per
+ * parameter), one nt_ddp per tensor rank at ZeRO stage `zero`, and the
+ * optimizers.  c->vocab must be padded already.  0, or -1 with err set. */
+static inline int gptm_init(gpt_mesh *g, const gpt_config *c, int dp, int tp, int zero,
+                            int blocks, int shards, const gpt_train_opts *o, char *err,
+                            size_t en)
+{
+    memset(g, 0, sizeof *g);
+    g->c = *c;
+    g->dp = dp, g->tp = tp, g->zero = zero, g->blocks = blocks, g->shards = shards, g->ep = 1;
+    g->amp = o->amp;
+    if (gptm_check(c, dp, tp, zero, blocks, shards, o->batch, err, en))
+        return -1;
+    g->ndev = nt_device_count();
+    if (g->ndev > GPTM_MAXD)
+        return gptm_fail(err, en, "%d devices; at most %d", g->ndev, GPTM_MAXD);
+    static const char *const names[] = {"data", "tensor"};
+    g->mesh = nt_mesh_create((int[]){dp, tp}, names, 2);
+    if (!g->mesh)
+        return gptm_fail(err, en, "%s", nt_last_error_message());
+    if (gptm_layout(g, err, en))
+        return -1;
+    g->spec = gptm_specs(c, &g->n);
+    if (!g->spec)
+        return gptm_fail(err, en, "out of memory");
+    uint64_t seed = o->seed * 1000;
+    for (int r = 0; r < tp; r++) {
+        nt_tensor *ps[1024];
+        if (g->n > 1024)
+            return gptm_fail(err, en, "%d parameters; at most %d", g->n, 1024);
+        nt_device_set(g->dd[r][0]);
+        nt_scope *sc = nt_scope_begin();
+        for (int j = 0; j < g->n; j++) {
+            ps[j] = gptm_param(&g->spec[j], r, tp, seed + (uint64_t)j);
+            if (!ps[j]) {
+                nt_scope_end(sc);
+                return gptm_fail(err, en, "making parameter %d failed", j);
+            }
+        }
+        g->ddp[r] = nt_ddp_create(ps, g->n, shards, g->dd[r], g->ndd[r]);
+        nt_scope_end(sc); /* the nt_ddp holds the replicas */
+        if (!g->ddp[r] || (zero && nt_ddp_set_zero(g->ddp[r], zero)) || gptm_optim(g, r, o, 0.1)) {
+            snprintf(err, en, "%s", nt_last_error_message());
+            return -1;
+        }
+    }
+    nt_device_set(0);
+    return 0;
+}
+
+/* Member arrays: P[r] = tensor rank r's parameters on the device of
+ * data coordinate dc (this process's k-th of that rank). */
+static inline int gptm_params(gpt_mesh *g, int k, nt_tensor **P[GPTM_MAXD])
+{
+    for (int r = 0; r < g->tp; r++)
+        if (!(P[r] = nt_ddp_params(g->ddp[r], g->dd[r][k])))
+            return -1;
+    return 0;
+}
+
+/* layer norm of each member's x with parameter j, j + 1 */
+static inline void gptm_ln(gpt_mesh *g, nt_tensor **P[], const int *devs, nt_tensor **x,
+                           int j, nt_tensor **h)
+{
+    for (int r = 0; r < g->tp; r++) {
+        nt_device_set(devs[r]);
+        h[r] = nt_layer_norm(x[r], P[r][j], P[r][j + 1], 1e-5);
+    }
+}
+
+/* Under --amp, the operands of a tensor-parallel linear (x, w, b: NULL
+ * skipped) cast to the autocast dtype, as autocast casts nt_linear's: the
+ * nt_tp_* layers take one dtype and are not autocast themselves. */
+static inline void gptm_lowp(gpt_mesh *g, const int *devs, nt_tensor **x, nt_tensor **w,
+                             nt_tensor **b)
+{
+    if (g->amp == NT_DTYPE_COUNT)
+        return;
+    for (int r = 0; r < g->tp; r++) {
+        nt_device_set(devs[r]);
+        x[r] = nt_cast(x[r], g->amp);
+        w[r] = nt_cast(w[r], g->amp);
+        if (b)
+            b[r] = nt_cast(b[r], g->amp);
+    }
+}
+
+/* [B, T, hl * 3 * hd] -> q, k or v (which) [B, hl, T, hd]. */
+static inline nt_tensor *gptm_head(nt_tensor *qkv, int64_t hl, int64_t hd, int which)
+{
+    int64_t B = nt_shape(qkv, 0), T = nt_shape(qkv, 1);
+    nt_tensor *t = nt_reshape(qkv, 5, (int64_t[]){B, T, hl, 3, hd});
+    t = nt_reshape(nt_slice(t, 3, which, which + 1, 1), 4, (int64_t[]){B, T, hl, hd});
+    return nt_permute(t, (int[]){0, 2, 1, 3});
+}
+
+/* Block l on the members' x [B, T, D]. */
+static inline int gptm_block(gpt_mesh *g, nt_comm *c, nt_tensor **P[], const int *devs, int l,
+                             nt_tensor **x)
+{
+    int tp = g->tp, B = g->blocks;
+    int64_t D = g->c.width, H = g->c.n_head, hl = H / tp, hd = D / H;
+    nt_tensor *h[GPTM_MAXD] = {0}, *q[GPTM_MAXD] = {0}, *w[GPTM_MAXD] = {0},
+              *b[GPTM_MAXD] = {0}, *y[GPTM_MAXD] = {0};
+    gptm_ln(g, P, devs, x, GPTM_M1(g, l, GPTM_LN1W), h);
+    for (int r = 0; r < tp; r++)
+        w[r] = P[r][GPTM_M2(g, l, GPTM_WQKV)], b[r] = P[r][GPTM_M1(g, l, GPTM_BQKV)];
+    gptm_lowp(g, devs, h, w, b);
+    if (nt_tp_column_linear(c, h, w, b, B, q))
+        return -1;
+    for (int r = 0; r < tp; r++) {
+        nt_device_set(devs[r]);
+        int64_t Bt = nt_shape(x[r], 0), T = nt_shape(x[r], 1);
+        nt_tensor *a = nt_scaled_dot_product_attention(gptm_head(q[r], hl, hd, 0),
+                                                       gptm_head(q[r], hl, hd, 1),
+                                                       gptm_head(q[r], hl, hd, 2), NULL, true,
+                                                       0.0);
+        h[r] = nt_reshape(nt_permute(a, (int[]){0, 2, 1, 3}), 3, (int64_t[]){Bt, T, hl * hd});
+        w[r] = P[r][GPTM_M2(g, l, GPTM_WO)], b[r] = P[r][GPTM_M1(g, l, GPTM_BO)];
+    }
+    gptm_lowp(g, devs, h, w, b);
+    if (nt_tp_row_linear(c, h, w, b, B, y))
+        return -1;
+    for (int r = 0; r < tp; r++) {
+        nt_device_set(devs[r]);
+        x[r] = nt_add(x[r], y[r]);
+    }
+    gptm_ln(g, P, devs, x, GPTM_M1(g, l, GPTM_LN2W), h);
+    /* --ep: a mixture-of-experts MLP would take this place (not built here) */
+    for (int r = 0; r < tp; r++)
+        w[r] = P[r][GPTM_M2(g, l, GPTM_W1)], b[r] = P[r][GPTM_M1(g, l, GPTM_B1)];
+    gptm_lowp(g, devs, h, w, b);
+    if (nt_tp_column_linear(c, h, w, b, B, q))
+        return -1;
+    for (int r = 0; r < tp; r++) {
+        nt_device_set(devs[r]);
+        h[r] = nt_gelu(q[r]);
+        w[r] = P[r][GPTM_M2(g, l, GPTM_W2)], b[r] = P[r][GPTM_M1(g, l, GPTM_B2)];
+    }
+    gptm_lowp(g, devs, h, w, b);
+    if (nt_tp_row_linear(c, h, w, b, B, y))
+        return -1;
+    for (int r = 0; r < tp; r++) {
+        nt_device_set(devs[r]);
+        x[r] = nt_add(x[r], y[r]);
+        if (!x[r])
+            return -1;
+    }
+    return 0;
+}
+
+/* The members' mean cross-entropy of idx [b, T] against tgt [b * T] (one
+ * per member, replicated), joined into one loss on devs[0]. */
+static inline nt_tensor *gptm_loss(gpt_mesh *g, nt_comm *c, nt_tensor **P[], const int *devs,
+                                   nt_tensor *const *idx, nt_tensor *const *tgt)
+{
+    int tp = g->tp;
+    int64_t Bt = nt_shape(idx[0], 0), T = nt_shape(idx[0], 1), D = g->c.width;
+    nt_tensor *x[GPTM_MAXD], *w[GPTM_MAXD], *lg[GPTM_MAXD], *loss[GPTM_MAXD];
+    for (int r = 0; r < tp; r++)
+        w[r] = P[r][GPTM_WTE];
+    if (nt_tp_embedding(c, w, idx, x))
+        return NULL;
+    for (int r = 0; r < tp; r++) {
+        nt_device_set(devs[r]);
+        nt_tensor *pos = nt_arange(NT_I32, 0, (double)T, 1);
+        x[r] = nt_add(x[r], nt_embedding(P[r][GPTM_WPE], pos));
+    }
+    for (int l = 0; l < g->c.n_layer; l++)
+        if (gptm_block(g, c, P, devs, l, x))
+            return NULL;
+    gptm_ln(g, P, devs, x, GPTM_LNF(g), x);
+    for (int r = 0; r < tp; r++) {
+        nt_device_set(devs[r]);
+        x[r] = nt_reshape(x[r], 2, (int64_t[]){Bt * T, D});
+    }
+    gptm_lowp(g, devs, x, w, NULL);
+    if (nt_tp_column_linear(c, x, w, NULL, g->blocks, lg) ||
+        nt_tp_cross_entropy(c, lg, tgt, g->blocks, loss))
+        return NULL;
+    nt_device_set(devs[0]);
+    return nt_tp_join(c, loss);
+}
+
+/* ---------------- gradient clipping, the same at every split ----------------
+ *
+ * torch's clip_grad_norm_(max_norm) scales every gradient by min(1,
+ * max_norm / (total + 1e-6)), total the L2 norm of all of them.  Its bits
+ * depend on the order of the sums, which a split would change, so here the
+ * order is defined by the model, not by the layout: a split parameter's sum
+ * of squares is `blocks` blocks along its split dim (each an nt_sum of the
+ * block's squares), added pairwise in the rank tree's order (each member
+ * its blocks, then nt_all_reduce over the tensor group, as dist/tp.c's
+ * sums); a replicated one's is one nt_sum on every member; total^2 is the
+ * nt_sum of the [n] vector of them.  The gradients are whole here: the
+ * replicas' (stages 0, 1), or the shards all-gathered over the data group
+ * (stages 2, 3, as nt_ddp_clip_grad_norm does).  The scale multiplies, an
+ * elementwise op, what the optimizers read (the replicas' .grad at stage 0,
+ * the shards' at 1-3), so its bits do not depend on the layout either. */
+
+/* Adjacent pairs level by level, an odd last one carried (dist/tree.c). */
+static inline nt_tensor *gptm_tree(nt_tensor **v, int n)
+{
+    for (int len = n; len > 1; len = (len + 1) / 2)
+        for (int i = 0; 2 * i < len; i++)
+            v[i] = 2 * i + 1 < len ? nt_add(v[2 * i], v[2 * i + 1]) : v[2 * i];
+    return v[0];
+}
+
+/* Member r's part of parameter j: its shape. */
+static inline void gptm_part_shape(const gpt_mesh *g, int j, int64_t *shape)
+{
+    const gptm_spec *p = &g->spec[j];
+    shape[0] = p->r / (p->split == GPTM_ROWS ? g->tp : 1);
+    shape[1] = p->c / (p->split == GPTM_COLS ? g->tp : 1);
+}
+
+/* The whole mean gradients of tensor rank r's parameters on its k-th local
+ * device into G[j * nk + k] (stages 2, 3: all-gathered over the data group);
+ * in the caller's scope. */
+static inline int gptm_full_grads(gpt_mesh *g, int r, nt_tensor **G)
+{
+    int n = g->n, nk = g->ndd[r];
+    for (int j = 0; j < n; j++) {
+        nt_tensor *in[GPTM_MAXD], *out[GPTM_MAXD];
+        for (int k = 0; k < nk; k++) {
+            int dev = g->dd[r][k];
+            nt_device_set(dev);
+            nt_tensor *t = g->zero >= 2 ? nt_ddp_zero_shards(g->ddp[r], dev)[j]
+                                        : nt_ddp_params(g->ddp[r], dev)[j];
+            if (!(in[k] = nt_grad(t)))
+                return -1;
+        }
+        if (g->zero < 2) {
+            memcpy(G + (size_t)j * nk, in, sizeof *in * (size_t)nk);
+            continue;
+        }
+        if (nt_all_gather(nt_mesh_comm(g->mesh, "data", g->dd[r][0]), in, out))
+            return -1;
+        int64_t shape[2];
+        gptm_part_shape(g, j, shape);
+        for (int k = 0; k < nk; k++) {
+            nt_device_set(g->dd[r][k]);
+            int64_t numel = shape[0] * (g->spec[j].nd == 2 ? shape[1] : 1);
+            G[(size_t)j * nk + k] = nt_reshape(nt_slice(out[k], 0, 0, numel, 1),
+                                               g->spec[j].nd, shape);
+        }
+    }
+    return 0;
+}
+
+/* Sum of squares of member r's part x of parameter j: its blocks' tree (a
+ * split parameter) or the whole (replicated). */
+static inline nt_tensor *gptm_sumsq(const gpt_mesh *g, int j, nt_tensor *x)
+{
+    const gptm_spec *p = &g->spec[j];
+    if (p->split == GPTM_REP)
+        return nt_sum(nt_mul(x, x), NT_DIM_ALL, false);
+    int dim = p->split == GPTM_ROWS ? 0 : 1, lb = g->blocks / g->tp;
+    int64_t len = nt_shape(x, dim) / lb;
+    nt_tensor *v[GPTM_MAXD * 8];
+    for (int b = 0; b < lb; b++) {
+        nt_tensor *blk = nt_contiguous(nt_slice(x, dim, b * len, (b + 1) * len, 1));
+        v[b] = nt_sum(nt_mul(blk, blk), NT_DIM_ALL, false);
+    }
+    return gptm_tree(v, lb);
+}
+
+/* Clips the reduced gradients of every parameter to total norm max_norm
+ * (after nt_ddp_reduce, before nt_ddp_step).  0 or -1 with the error. */
+static inline int gptm_clip(gpt_mesh *g, double max_norm)
+{
+    int n = g->n, tp = g->tp, nk = g->ndd[0], rc = 0;
+    nt_scope *sc = nt_scope_begin();
+    nt_no_grad_begin();
+    nt_tensor **G = calloc((size_t)tp * n * nk, sizeof *G);
+    nt_tensor **sq = calloc((size_t)n, sizeof *sq);
+    rc = !G || !sq;
+    for (int r = 0; r < tp && !rc; r++)
+        rc = gptm_full_grads(g, r, G + (size_t)r * n * nk);
+    for (int k = 0; k < nk && !rc; k++) { /* the tensor group of local data index k */
+        nt_tensor *part[GPTM_MAXD], *sum[GPTM_MAXD], *coef[GPTM_MAXD];
+        for (int r = 0; r < tp; r++) {
+            nt_device_set(g->dd[r][k]);
+            nt_tensor *v[1024];
+            int ns = 0;
+            for (int j = 0; j < n; j++)
+                if (g->spec[j].split != GPTM_REP)
+                    v[ns++] = nt_reshape(gptm_sumsq(g, j, G[((size_t)r * n + j) * nk + k]), 1,
+                                         (int64_t[]){1});
+            part[r] = nt_cat(v, ns, 0);
+        }
+        rc = nt_all_reduce(nt_mesh_comm(g->mesh, "tensor", g->dd[0][k]), part, sum,
+                           NT_REDUCE_SUM);
+        for (int r = 0; r < tp && !rc; r++) {
+            nt_device_set(g->dd[r][k]);
+            for (int j = 0, s = 0; j < n; j++) {
+                if (g->spec[j].split != GPTM_REP) {
+                    sq[j] = nt_slice(sum[r], 0, s, s + 1, 1);
+                    s++;
+                } else {
+                    sq[j] = nt_reshape(gptm_sumsq(g, j, G[((size_t)r * n + j) * nk + k]), 1,
+                                       (int64_t[]){1});
+                }
+            }
+            nt_tensor *total = nt_sqrt(nt_sum(nt_cat(sq, n, 0), NT_DIM_ALL, false));
+            nt_tensor *mx = nt_full(NT_F32, 0, NULL, max_norm);
+            coef[r] = nt_clamp(nt_div(mx, nt_add_scalar(total, 1e-6)), 0.0, 1.0);
+            for (int j = 0; j < n && !rc; j++) {
+                int dev = g->dd[r][k];
+                nt_tensor *t = g->zero ? nt_ddp_zero_shards(g->ddp[r], dev)[j]
+                                       : nt_ddp_params(g->ddp[r], dev)[j];
+                nt_tensor *gr = nt_grad(t);
+                rc = !gr || !coef[r] || nt_mul_inplace(gr, coef[r]);
+            }
+        }
+    }
+    free(G);
+    free(sq);
+    nt_no_grad_end();
+    nt_scope_end(sc);
+    nt_device_set(0);
+    return rc ? -1 : 0;
+}
+
+/* The members' devices of global shard s (this process's), or -1. */
+static inline int gptm_shard_devs(gpt_mesh *g, int s, int *devs)
+{
+    for (int r = 0; r < g->tp; r++)
+        if ((devs[r] = nt_ddp_shard_device(g->ddp[r], s)) < 0)
+            return -1;
+    return 0;
+}
+
+/* One training step on batch xb [B, T], yb [B * T] (host ints): every
+ * local shard's forward and backward, the reduce and the step of each
+ * tensor rank's nt_ddp.  *loss_sum (f32 0-d on device 0) gets this
+ * process's shards' losses added.  0 or -1 with the runtime's error. */
+static inline int gptm_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t *xb,
+                            const int32_t *yb, nt_tensor *loss_sum)
+{
+    int B = o->batch, T = g->c.context, tp = g->tp;
+    for (int r = 0; r < tp; r++)
+        for (int k = 0; k < g->ndd[r]; k++)
+            if (nt_scheduler_step(g->sched[r][k]))
+                return -1;
+    if (g->zero == 3)
+        for (int r = 0; r < tp; r++)
+            if (nt_ddp_gather(g->ddp[r], 0, g->n))
+                return -1;
+    for (int s = 0; s < g->shards; s++) {
+        int devs[GPTM_MAXD];
+        if (gptm_shard_devs(g, s, devs))
+            continue; /* another process's */
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *idx[GPTM_MAXD], *tgt[GPTM_MAXD], **P[GPTM_MAXD];
+        for (int r = 0; r < tp; r++) {
+            nt_device_set(devs[r]);
+            P[r] = nt_ddp_params(g->ddp[r], devs[r]);
+            idx[r] = nt_ddp_shard_from_host(g->ddp[r], s, xb, NT_I32, 2, (int64_t[]){B, T});
+            tgt[r] = nt_ddp_shard_from_host(g->ddp[r], s, yb, NT_I32, 1,
+                                            (int64_t[]){(int64_t)B * T});
+            if (!P[r] || !idx[r] || !tgt[r]) {
+                nt_scope_end(sc);
+                return -1;
+            }
+        }
+        nt_comm *c = nt_mesh_comm(g->mesh, "tensor", devs[0]);
+        bool amp = o->amp != NT_DTYPE_COUNT;
+        if (amp && nt_autocast_begin(o->amp)) {
+            nt_scope_end(sc);
+            return -1;
+        }
+        nt_tensor *loss = c ? gptm_loss(g, c, P, devs, idx, tgt) : NULL;
+        if (amp)
+            nt_autocast_end();
+        int rc = !loss || nt_ddp_backward_group(g->ddp, tp, s, loss);
+        if (!rc && loss_sum) {
+            int dst = nt_tensor_device(loss_sum);
+            nt_no_grad_begin();
+            nt_tensor *lv = nt_to_device(nt_detach(loss), dst);
+            nt_device_set(dst);
+            rc = nt_add_inplace(loss_sum, lv) != 0;
+            nt_no_grad_end();
+        }
+        nt_scope_end(sc);
+        if (rc)
+            return -1;
+    }
+    for (int r = 0; r < tp; r++)
+        if (nt_ddp_reduce(g->ddp[r]))
+            return -1;
+    if (o->clip > 0 && gptm_clip(g, o->clip))
+        return -1;
+    for (int r = 0; r < tp; r++)
+        if (nt_ddp_step(g->ddp[r], g->opt[r], g->ndd[r]))
+            return -1;
+    nt_device_set(0);
+    return 0;
+}
+
+/* Mean loss of nb fixed validation batches, on this process's first tensor
+ * group, no graph.  NaN with the runtime's error. */
+static inline double gptm_eval(gpt_mesh *g, const gpt_data *d, const gpt_train_opts *o, int nb)
+{
+    int B = o->batch, T = g->c.context, tp = g->tp;
+    if (g->zero == 3)
+        for (int r = 0; r < tp; r++)
+            if (nt_ddp_gather(g->ddp[r], 0, g->n))
+                return NAN;
+    int devs[GPTM_MAXD];
+    nt_tensor **P[GPTM_MAXD];
+    for (int r = 0; r < tp; r++)
+        devs[r] = g->dd[r][0];
+    if (gptm_params(g, 0, P))
+        return NAN;
+    int32_t *xb = malloc(sizeof *xb * (size_t)B * T), *yb = malloc(sizeof *yb * (size_t)B * T);
+    nt_comm *c = nt_mesh_comm(g->mesh, "tensor", devs[0]);
+    double sum = 0;
+    int rc = !xb || !yb || !c;
+    nt_no_grad_begin();
+    for (int k = 0; k < nb && !rc; k++) {
+        nt_scope *sc = nt_scope_begin();
+        gpt_batch(d, true, GPT_VAL_SEED, k, B, T, xb, yb);
+        nt_tensor *idx[GPTM_MAXD], *tgt[GPTM_MAXD];
+        for (int r = 0; r < tp; r++) {
+            nt_device_set(devs[r]);
+            idx[r] = nt_from_host(xb, NT_I32, 2, (int64_t[]){B, T});
+            tgt[r] = nt_from_host(yb, NT_I32, 1, (int64_t[]){(int64_t)B * T});
+        }
+        bool amp = o->amp != NT_DTYPE_COUNT;
+        if (amp)
+            nt_autocast_begin(o->amp);
+        nt_tensor *l = gptm_loss(g, c, P, devs, idx, tgt);
+        if (amp)
+            nt_autocast_end();
+        double v;
+        rc = !l || nt_item(l, &v);
+        sum += rc ? 0 : v;
+        nt_scope_end(sc);
+    }
+    nt_no_grad_end();
+    nt_device_set(0);
+    free(xb);
+    free(yb);
+    return rc ? NAN : sum / nb;
+}
+
+/* CRC-32 (IEEE, reflected), continuing from crc. */
+static inline uint32_t gptm_crc32(uint32_t crc, const void *buf, size_t n)
+{
+    const uint8_t *p = buf;
+    crc = ~crc;
+    for (size_t i = 0; i < n; i++) {
+        crc ^= p[i];
+        for (int k = 0; k < 8; k++)
+            crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+    }
+    return ~crc;
+}
+
+/* The CRC-32 of every parameter whole (put together from the tensor ranks'
+ * parts, in f32, in the spec's order), read from this process's first
+ * device of each tensor rank; checks that every local replica agrees (at
+ * stages 0-2).  Returns 0 and *crc, or -1 with err set. */
+static inline int gptm_crc(gpt_mesh *g, uint32_t *crc, char *err, size_t en)
+{
+    int tp = g->tp;
+    if (g->zero == 3)
+        for (int r = 0; r < tp; r++)
+            if (nt_ddp_gather(g->ddp[r], 0, g->n))
+                return gptm_fail(err, en, "nt_ddp_gather failed");
+    uint32_t c = 0;
+    for (int j = 0; j < g->n; j++) {
+        const gptm_spec *p = &g->spec[j];
+        int64_t R = p->r, C = p->nd == 2 ? p->c : 1;
+        float *full = malloc(sizeof *full * (size_t)(R * C)), *part = malloc(sizeof *part * (size_t)(R * C));
+        float *other = malloc(sizeof *other * (size_t)(R * C));
+        int rc = !full || !part || !other ? gptm_fail(err, en, "out of memory") : 0;
+        for (int r = 0; r < tp && !rc; r++) {
+            bool rows = p->split == GPTM_ROWS && tp > 1, cols = p->split == GPTM_COLS && tp > 1;
+            int64_t rr = rows ? R / tp : R, cc = cols ? C / tp : C;
+            for (int k = 0; k < g->ndd[r] && !rc; k++) {
+                nt_tensor *t = nt_ddp_params(g->ddp[r], g->dd[r][k])[j];
+                if (nt_to_host(t, k ? other : part, sizeof *part * (size_t)(rr * cc)))
+                    rc = gptm_fail(err, en, "reading parameter %d failed: %s", j,
+                                   nt_last_error_message());
+                else if (k && memcmp(part, other, sizeof *part * (size_t)(rr * cc)))
+                    rc = gptm_fail(err, en, "parameter %d differs between the replicas of "
+                                   "tensor rank %d", j, r);
+            }
+            /* a replicated parameter: the same bits on every tensor rank */
+            if (!rc && r > 0 && p->split == GPTM_REP &&
+                memcmp(part, full, sizeof *part * (size_t)(R * C)))
+                rc = gptm_fail(err, en, "replicated parameter %d differs between tensor ranks "
+                               "0 and %d", j, r);
+            if (rc)
+                break;
+            for (int64_t a = 0; a < rr; a++)
+                for (int64_t b = 0; b < cc; b++)
+                    full[(rows ? a + r * rr : a) * C + (cols ? b + r * cc : b)] = part[a * cc + b];
+        }
+        if (!rc)
+            c = gptm_crc32(c, full, sizeof *full * (size_t)(R * C));
+        free(full);
+        free(part);
+        free(other);
+        if (rc)
+            return -1;
+    }
+    *crc = c;
+    return 0;
+}
+
+#endif

@@ -1,0 +1,322 @@
+/* tests/test_mesh.c - the char GPT under a device mesh (examples/gpt_mesh.h,
+ * docs/parallel.md "char GPT under a mesh"): a small model of the same
+ * code trained at several (dp, tp) splits and ZeRO stages, on both
+ * backends and in every mode, gives one CRC-32 of its parameters (with
+ * gradient clipping, whose norm is defined over the blocks too); and the
+ * errors: mesh sizes that are not the core count, heads, width, vocabulary
+ * or blocks that tp does not divide, a ZeRO stage out of range,
+ * nt_ddp_backward_group's arguments.  Each run has its own runtime with
+ * NT_SIM_CORES = dp x tp. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ntensor.h"
+#include "nt_test.h"
+#include "../examples/gpt_mesh.h"
+
+enum { STEPS = 3, SHARDS = 8, BATCH = 8, BLOCKS = 4 };
+static double CLIP = 0.05; /* small enough that every step clips */
+
+/* A text of 10 distinct characters (vocabulary padded to 12). */
+static void make_data(gpt_data *d)
+{
+    enum { N = 4096 };
+    uint8_t *text = malloc(N);
+    assert_non_null(text);
+    uint64_t s = 12345;
+    for (int i = 0; i < N; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        text[i] = (uint8_t)('a' + (i % 7 == 0 ? 9 : (int)((s >> 33) % 9)));
+    }
+    gpt_data_from_text(d, text, N);
+    assert_non_null(d->ids);
+    assert_int_equal(d->vocab, 10);
+}
+
+static gpt_config small_cfg(void)
+{
+    return (gpt_config){.n_layer = 1, .n_head = 4, .width = 16, .context = 8, .vocab = 12};
+}
+
+static gpt_train_opts small_opts(void)
+{
+    return (gpt_train_opts){.batch = BATCH, .lr = 1e-2, .clip = 0.05, .steps = STEPS, .warmup = 1,
+                            .seed = 3, .amp = NT_DTYPE_COUNT};
+}
+
+/* Trains STEPS steps at (dp, tp, zero) in the runtime nt_init made (the
+ * caller's); 0 and *crc, or -1 with err set.  No cmocka here: an mpirun
+ * child runs it too. */
+static int train(int dp, int tp, int zero, nt_dtype amp, uint32_t *crc, char *err, size_t en)
+{
+    gpt_data d;
+    make_data(&d);
+    gpt_config c = small_cfg();
+    gpt_train_opts o = small_opts();
+    o.amp = amp;
+    o.clip = CLIP;
+    static gpt_mesh g;
+    int rc = gptm_init(&g, &c, dp, tp, zero, BLOCKS, SHARDS, &o, err, en);
+    int32_t xb[BATCH * 8], yb[BATCH * 8];
+    for (int st = 0; st < STEPS && !rc; st++) {
+        gpt_batch(&d, false, o.seed, st, BATCH, c.context, xb, yb);
+        if (gptm_step(&g, &o, xb, yb, NULL))
+            rc = gptm_fail(err, en, "step %d: %s", st, nt_last_error_message());
+    }
+    if (!rc && isnan(gptm_eval(&g, &d, &o, 1)))
+        rc = gptm_fail(err, en, "eval: %s", nt_last_error_message());
+    if (!rc)
+        rc = gptm_crc(&g, crc, err, en);
+    gptm_free(&g);
+    gpt_data_free(&d);
+    return rc;
+}
+
+/* train() at (dp, tp, zero) in test setting cfg, with NT_SIM_CORES = dp x tp. */
+static uint32_t run(int dp, int tp, int zero, int cfg, nt_dtype amp)
+{
+    char cores[8], err[512];
+    snprintf(cores, sizeof cores, "%d", dp * tp);
+    setenv("NT_SIM_CORES", cores, 1);
+    assert_int_equal(nt_init(), 0);
+    nt_test_cfg(cfg);
+    uint32_t crc = 0;
+    if (train(dp, tp, zero, amp, &crc, err, sizeof err))
+        fail_msg("(dp %d, tp %d, zero %d): %s", dp, tp, zero, err);
+    nt_shutdown();
+    unsetenv("NT_SIM_CORES");
+    return crc;
+}
+
+/* Every split of the target at one stage each (all four stages among them)
+ * and every stage at (2, 2), on the simulator (adaptive); (1, 1) and (2, 4)
+ * in every backend and mode; all one CRC. */
+static void test_bitwise(void **state)
+{
+    (void)state;
+    static const int runs[][4] = {
+        /* dp, tp, zero, cfg (nt_test.h: 3 sim adaptive) */
+        {1, 1, 0, 3}, {2, 1, 1, 3}, {1, 2, 2, 3}, {2, 2, 3, 3}, {4, 2, 0, 3}, {2, 4, 2, 3},
+        {8, 1, 3, 3}, {2, 2, 0, 3}, {2, 2, 1, 3}, {2, 2, 2, 3},
+        {1, 1, 0, 0}, {1, 1, 0, 1}, {1, 1, 0, 2}, {1, 1, 0, 4}, {1, 1, 0, 5}, {1, 1, 0, 6},
+        {1, 1, 0, 7}, {2, 4, 3, 0}, {2, 4, 1, 1}, {2, 4, 2, 2}, {2, 4, 3, 4}, {2, 4, 0, 5},
+        {2, 4, 1, 6}, {2, 4, 3, 7},
+    };
+    enum { NR = sizeof runs / sizeof runs[0] };
+    uint32_t first = 0;
+    printf("# parameters after %d AdamW steps (crc32)\n", STEPS);
+    for (int i = 0; i < NR; i++) {
+        const int *r = runs[i];
+        uint32_t crc = run(r[0], r[1], r[2], r[3], NT_DTYPE_COUNT);
+        printf("# (dp %d, tp %d) zero %d %-4s %-14s %08x\n", r[0], r[1], r[2],
+               NT_TEST_CFGS[r[3]][0], NT_TEST_CFGS[r[3]][1], crc);
+        fflush(stdout);
+        if (i == 0)
+            first = crc;
+        else if (crc != first)
+            fail_msg("(dp %d, tp %d) zero %d on %s %s gives %08x; (1, 1) gave %08x", r[0], r[1],
+                     r[2], NT_TEST_CFGS[r[3]][0], NT_TEST_CFGS[r[3]][1], crc, first);
+    }
+}
+
+/* bf16 autocast: one CRC for (1, 1), (2, 2) and (2, 4) (its own). */
+static void test_bitwise_bf16(void **state)
+{
+    (void)state;
+    uint32_t a = run(1, 1, 0, 3, NT_BF16), b = run(2, 2, 2, 3, NT_BF16),
+             c = run(2, 4, 3, 0, NT_BF16);
+    printf("# bf16 autocast: %08x %08x %08x\n", a, b, c);
+    assert_true(a == b && a == c);
+}
+
+/* Clipping: a bound no norm reaches scales by exactly 1 (the CRC of no
+ * clipping), the small one of the other tests changes the parameters. */
+static void test_clip(void **state)
+{
+    (void)state;
+    CLIP = 0;
+    uint32_t none = run(2, 2, 2, 3, NT_DTYPE_COUNT);
+    CLIP = 1e9;
+    uint32_t big = run(2, 2, 2, 3, NT_DTYPE_COUNT);
+    CLIP = 0.05;
+    uint32_t small = run(2, 2, 2, 3, NT_DTYPE_COUNT);
+    printf("# clip none %08x, 1e9 %08x, 0.05 %08x\n", none, big, small);
+    assert_true(none == big);
+    assert_true(small != none);
+}
+
+/* gptm_init's errors, with the runtime of `cores` cores. */
+static void expect_init_err(int cores, gpt_config c, int dp, int tp, int zero, int blocks,
+                            const char *want1, const char *want2)
+{
+    char buf[8], err[512] = "";
+    snprintf(buf, sizeof buf, "%d", cores);
+    setenv("NT_SIM_CORES", buf, 1);
+    assert_int_equal(nt_init(), 0);
+    gpt_train_opts o = small_opts();
+    static gpt_mesh g;
+    assert_int_equal(gptm_init(&g, &c, dp, tp, zero, blocks, SHARDS, &o, err, sizeof err), -1);
+    gptm_free(&g);
+    if (!strstr(err, want1) || (want2 && !strstr(err, want2)))
+        fail_msg("error '%s'; expected '%s' and '%s'", err, want1, want2 ? want2 : "");
+    nt_shutdown();
+    unsetenv("NT_SIM_CORES");
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    gpt_config c = small_cfg();
+    /* a mesh whose size is not the core count */
+    expect_init_err(4, c, 2, 1, 0, BLOCKS, "nt_mesh_create", "has 2 ranks but there are 4");
+    expect_init_err(4, c, 4, 2, 0, BLOCKS, "nt_mesh_create", "has 8 ranks but there are 4");
+    /* heads, width, vocabulary, blocks that tp does not divide */
+    expect_init_err(3, c, 1, 3, 0, 12, "--heads (4) must be a multiple of --tp (3)", NULL);
+    gpt_config w = c;
+    w.width = 18;
+    expect_init_err(2, w, 1, 2, 0, BLOCKS, "--width (18) must be a multiple of --heads (4)",
+                    NULL);
+    gpt_config v = c;
+    v.vocab = 10;
+    expect_init_err(4, v, 1, 4, 0, BLOCKS, "vocabulary (10) must be a multiple of --tp (4)",
+                    NULL);
+    v.vocab = 14;
+    expect_init_err(2, v, 1, 2, 0, BLOCKS, "vocabulary (14) must be a multiple of --blocks (4)",
+                    NULL);
+    expect_init_err(2, c, 1, 2, 0, 6, "--blocks (6) must be a multiple of --tp (2)", NULL);
+    /* ZeRO out of range */
+    expect_init_err(1, c, 1, 1, 4, BLOCKS, "--zero must be 0, 1, 2 or 3 (got 4)", NULL);
+    expect_init_err(1, c, 1, 1, -1, BLOCKS, "--zero must be 0, 1, 2 or 3 (got -1)", NULL);
+    /* shards the data dimension does not divide */
+    expect_init_err(3, c, 3, 1, 0, BLOCKS, "--shards (8) must be a multiple of --dp (3)", NULL);
+}
+
+/* nt_ddp_backward_group's arguments. */
+static void test_backward_group_errors(void **state)
+{
+    (void)state;
+    setenv("NT_SIM_CORES", "2", 1);
+    assert_int_equal(nt_init(), 0);
+    float v[4] = {1, 2, 3, 4};
+    nt_tensor *p = nt_from_host(v, NT_F32, 1, (int64_t[]){4});
+    assert_int_equal(nt_set_requires_grad(p, true), 0);
+    nt_ddp *d = nt_ddp_create(&p, 1, 2, (int[]){0, 1}, 2);
+    assert_non_null(d);
+    nt_tensor *loss = nt_sum(nt_ddp_params(d, 0)[0], NT_DIM_ALL, false);
+    nt_test_expect_err(nt_ddp_backward_group(NULL, 1, 0, loss), NT_EINVAL,
+                       "nt_ddp_backward_group", "'ds' is NULL");
+    nt_test_expect_err(nt_ddp_backward_group(&d, 0, 0, loss), NT_EINVAL,
+                       "nt_ddp_backward_group", "'nd'");
+    nt_ddp *two[2] = {d, d};
+    nt_test_expect_err(nt_ddp_backward_group(two, 2, 0, loss), NT_EINVAL,
+                       "nt_ddp_backward_group", "same nt_ddp at 0 and 1");
+    nt_test_expect_err(nt_ddp_backward_group(&d, 1, 5, loss), NT_EINVAL,
+                       "nt_ddp_backward_group", "'shard' is 5");
+    nt_test_expect_err(nt_ddp_backward_group(&d, 1, 1, loss), NT_EINVAL,
+                       "nt_ddp_backward_group", "'loss' is on device 0", "device 1");
+    nt_test_expect_err(nt_ddp_backward_group(&d, 1, 0, NULL), NT_EINVAL,
+                       "nt_ddp_backward_group", "loss");
+    /* still works, once per shard */
+    assert_int_equal(nt_ddp_backward_group(&d, 1, 0, loss), 0);
+    nt_test_expect_err(nt_ddp_backward_group(&d, 1, 0, loss), NT_ESTATE,
+                       "nt_ddp_backward_group", "shard 0 already");
+    nt_release(loss);
+    nt_ddp_destroy(d);
+    nt_release(p);
+    nt_shutdown();
+    unsetenv("NT_SIM_CORES");
+}
+
+/* ---------------- over 2 processes (mpirun) ---------------- */
+
+static const char *mpirun_path;
+static char self_exe[4096];
+
+/* mpirun -np 2 of this program at (dp, tp, zero) with `cores` cores a
+ * process: the CRC process 0 printed. */
+static uint32_t mpi_crc(int cores, int dp, int tp, int zero)
+{
+    char cmd[8192], line[1024];
+    const char *asan = getenv("ASAN_OPTIONS");
+    /* Open MPI's plugins leave allocations at exit (tests/mpi_test.sh) */
+    snprintf(cmd, sizeof cmd, "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+             "OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none "
+             "OMPI_MCA_rmaps_base_oversubscribe=1 ASAN_OPTIONS=%s%sdetect_leaks=0 "
+             "NT_SIM_CORES=%d timeout 600 %s -np 2 --oversubscribe %s --child %d %d %d 2>&1",
+             asan ? asan : "", asan ? ":" : "", cores, mpirun_path, self_exe, dp, tp, zero);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    uint32_t crc = 0;
+    bool got = false;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "crc %x", &crc) == 1)
+            got = true;
+        else
+            printf("# child: %s", line);
+    int st = pclose(f);
+    if (!got || st != 0)
+        fail_msg("mpirun at (dp %d, tp %d, zero %d) gave no CRC (status %d)", dp, tp, zero, st);
+    return crc;
+}
+
+/* (2, 1) over 2 processes of 1 core at stages 0 and 3, and (2, 2) over 2
+ * processes of 2 cores at stage 2, give the one-process CRC. */
+static void test_across_processes(void **state)
+{
+    (void)state;
+    uint32_t ref = run(1, 1, 0, 3, NT_DTYPE_COUNT);
+    static const int runs[][4] = {{1, 2, 1, 0}, {1, 2, 1, 3}, {2, 2, 2, 2}};
+    for (int i = 0; i < 3; i++) {
+        const int *r = runs[i];
+        uint32_t crc = mpi_crc(r[0], r[1], r[2], r[3]);
+        printf("# 2 processes x %d cores, (dp %d, tp %d) zero %d: %08x (1 process %08x)\n",
+               r[0], r[1], r[2], r[3], crc, ref);
+        assert_true(crc == ref);
+    }
+}
+
+/* An mpirun child: trains, process 0 prints "crc X". */
+static int child(int dp, int tp, int zero)
+{
+    char err[512];
+    uint32_t crc = 0;
+    if (nt_init() || train(dp, tp, zero, NT_DTYPE_COUNT, &crc, err, sizeof err)) {
+        fprintf(stderr, "child: %s\n", nt_last_error() ? nt_last_error_message() : err);
+        return 1;
+    }
+    if (nt_process_rank() == 0)
+        printf("crc %08x\n", crc);
+    nt_shutdown();
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 5 && !strcmp(argv[1], "--child"))
+        return child(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
+    if (argc == 3 && !strcmp(argv[1], "--mpi")) {
+        if (!strcmp(argv[2], "none")) {
+            printf("1..0 # SKIP ntensor was built without MPI or mpirun is missing\n");
+            return 0;
+        }
+        ssize_t k = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
+        if (k <= 0)
+            return 1;
+        self_exe[k] = '\0';
+        mpirun_path = argv[2];
+        const struct CMUnitTest mpi_tests[] = {cmocka_unit_test(test_across_processes)};
+        return cmocka_run_group_tests(mpi_tests, NULL, NULL);
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_backward_group_errors),
+        cmocka_unit_test(test_bitwise),
+        cmocka_unit_test(test_bitwise_bf16),
+        cmocka_unit_test(test_clip),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
