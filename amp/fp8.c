@@ -26,7 +26,12 @@
  * push (a cat of the step's amax and the history's first H-1 columns,
  * copied into the history), max over the window, fp8max / amax, times
  * 2^-margin, two compares and wheres that keep the old scale where the new
- * one is not positive finite, 1 / scale, and a fill of the step's amax. */
+ * one is not positive finite, 1 / scale, and a fill of the step's amax.
+ *
+ * Checkpoints (io/checkpoint.c, record kind 7) read every device's block
+ * (nt__fp8_state_get: the devices must agree) and write it back
+ * (nt__fp8_state_set); the loaded state is kept as the recipe's preset, so
+ * a device that makes its block later starts from it too. */
 #include "amp/amp.h"
 
 #include "autograd/autograd.h"
