@@ -62,6 +62,28 @@ int nt__fp8_collect(nt_fp8_recipe *r, const char *fn);
  * is on dev, else dev's default); returns the old one to restore. */
 nt_stream *nt__fp8_enter(int dev);
 
+/* An fp8 recipe's state as a checkpoint stores it (record kind 7,
+ * io/checkpoint.c): its settings, its slot count and, for rows 0 .. 3 slots
+ * - 1, scale, 1 / scale, the step's amax and the amax history (rows of
+ * o.amax_history_len, newest first); one host block (data, g_free) the
+ * four arrays point into.  nt__fp8_state_get collects the step's amaxes
+ * and reads every device's state (a sync): devices must agree (NT_ESTATE
+ * naming fn and two devices); a recipe that ran nothing gives what it
+ * loaded last, or 0 slots.  nt__fp8_state_set copies st into r: every
+ * device's block now, and the blocks devices make later (checked by the
+ * caller: st's settings are r's).  nt__fp8_opts gives r's settings. */
+typedef struct nt__fp8_state {
+    nt_fp8_recipe_opts o;
+    int slots;
+    float *data, *scale, *inv, *pending, *hist;
+} nt__fp8_state;
+int nt__fp8_state_get(nt_fp8_recipe *r, const char *fn, nt__fp8_state *st);
+int nt__fp8_state_set(nt_fp8_recipe *r, const char *fn, const nt__fp8_state *st);
+nt_fp8_recipe_opts nt__fp8_opts(nt_fp8_recipe *r);
+/* A state block for `slots` slots of history h (zeroed), its arrays set;
+ * false when the host is out of memory. */
+bool nt__fp8_state_alloc(nt__fp8_state *st, int slots, int h);
+
 /* The loss scaler's state as the checkpoint stores it (record kind 4). */
 typedef struct nt__scaler_state {
     double scale, growth_factor, backoff_factor;

@@ -26,7 +26,12 @@
  * push (a cat of the step's amax and the history's first H-1 columns,
  * copied into the history), max over the window, fp8max / amax, times
  * 2^-margin, two compares and wheres that keep the old scale where the new
- * one is not positive finite, 1 / scale, and a fill of the step's amax. */
+ * one is not positive finite, 1 / scale, and a fill of the step's amax.
+ *
+ * Checkpoints (io/checkpoint.c, record kind 7) read every device's block
+ * (nt__fp8_state_get: the devices must agree) and write it back
+ * (nt__fp8_state_set); the loaded state is kept as the recipe's preset, so
+ * a device that makes its block later starts from it too. */
 #include "amp/amp.h"
 
 #include "autograd/autograd.h"
@@ -82,6 +87,7 @@ struct nt_fp8_recipe {
     nt_fp8_recipe_opts o;
     unsigned id;
     fp8_dev *devs[FP8_MAX_DEVS];
+    nt__fp8_state preset; /* a checkpoint's state (data NULL: none), for new blocks */
 };
 
 static volatile AO_t next_id;
@@ -165,6 +171,7 @@ NT_API void nt_fp8_recipe_destroy(nt_fp8_recipe *r)
     for (int i = 0; i < FP8_MAX_DEVS; i++)
         if (r->devs[i])
             dev_free(r->devs[i], live);
+    g_free(r->preset.data);
     g_mutex_clear(&r->lock);
     nt__hobj_free(r);
 }
@@ -204,6 +211,8 @@ static nt_tensor *fmax_rows(nt_fp8_format f)
     return t;
 }
 
+static int dev_write(nt_fp8_recipe *r, fp8_dev *d, const nt__fp8_state *st);
+
 /* The device block, made outside any capture (state made on first use). */
 static fp8_dev *dev_make(nt_fp8_recipe *r, int dev)
 {
@@ -224,9 +233,13 @@ static fp8_dev *dev_make(nt_fp8_recipe *r, int dev)
     d->max_e4m3 = persistent(1, 0, E4M3_MAX);
     d->max_e5m2 = persistent(1, 0, E5M2_MAX);
     nt_scope_end(sc);
+    bool ok = d->scale && d->inv && d->hist && d->pending && d->fmax && d->zero && d->inf &&
+              d->one && d->max_e4m3 && d->max_e5m2;
+    /* a loaded checkpoint's state seeds the block (it is still ours alone) */
+    if (ok && r->preset.data && dev_write(r, d, &r->preset))
+        ok = false;
     nt__first_use_end();
-    if (!d->scale || !d->inv || !d->hist || !d->pending || !d->fmax || !d->zero || !d->inf || !d->one ||
-        !d->max_e4m3 || !d->max_e5m2) {
+    if (!ok) {
         dev_free(d, true);
         return NULL;
     }
@@ -651,4 +664,158 @@ NT_API nt_tensor *nt_fp8_recipe_state(nt_fp8_recipe *r, int dev, int which)
         return NULL;
     nt_tensor *t = which == 0 ? d->scale : which == 1 ? d->hist : d->pending;
     return nt_narrow(t, 0, 0, 3 * (int64_t)ns);
+}
+
+/* ---------------- checkpoints (io/checkpoint.c, record kind 7) ---------------- */
+
+nt_fp8_recipe_opts nt__fp8_opts(nt_fp8_recipe *r) { return r->o; }
+
+bool nt__fp8_state_alloc(nt__fp8_state *st, int slots, int h)
+{
+    size_t n = 3 * (size_t)slots;
+    st->slots = slots;
+    st->data = g_try_new0(float, n * (3 + (size_t)h) + 1);
+    st->scale = st->data;
+    st->inv = st->data ? st->scale + n : NULL;
+    st->pending = st->data ? st->inv + n : NULL;
+    st->hist = st->data ? st->pending + n : NULL;
+    return st->data != NULL;
+}
+
+/* Rows [0, n) of d's scale, 1 / scale, step amax and history into st's
+ * arrays (a sync, on d's device). */
+static int dev_read(fp8_dev *d, int64_t n, int64_t h, nt__fp8_state *st)
+{
+    nt_stream *old = nt__fp8_enter(d->dev);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *src[4] = {d->scale, d->inv, d->pending, d->hist};
+    float *dst[4] = {st->scale, st->inv, st->pending, st->hist};
+    int rc = 0;
+    for (int i = 0; i < 4 && !rc; i++) {
+        nt_tensor *v = nt_narrow(src[i], 0, 0, n);
+        size_t nb = (size_t)(n * (i == 3 ? h : 1)) * sizeof(float);
+        rc = v ? nt_to_host(v, dst[i], nb) : nt_last_error();
+    }
+    nt_scope_end(sc);
+    nt_stream_set_current(old);
+    return rc;
+}
+
+/* d's state from st: rows below 3 st->slots from it, the others as a new
+ * block has them (scale 1, amaxes 0); the records of the step so far are
+ * dropped, and the loaded step amax is kept for the next collect (folded).
+ * With r's lock held, or on a block not yet shared. */
+static int dev_write(nt_fp8_recipe *r, fp8_dev *d, const nt__fp8_state *st)
+{
+    int64_t h = r->o.amax_history_len, n = 3 * (int64_t)st->slots;
+    float *b = g_try_new0(float, (size_t)FP8_CAP * (3 + (size_t)h));
+    if (!b)
+        return nt__err_hostmem(NULL, "nt_checkpoint_read", "the fp8 recipe's state");
+    float *src[4] = {b, b + FP8_CAP, b + 2 * FP8_CAP, b + 3 * FP8_CAP};
+    for (int i = 0; i < FP8_CAP; i++)
+        src[0][i] = src[1][i] = 1.0f;
+    memcpy(src[0], st->scale, (size_t)n * sizeof(float));
+    memcpy(src[1], st->inv, (size_t)n * sizeof(float));
+    memcpy(src[2], st->pending, (size_t)n * sizeof(float));
+    memcpy(src[3], st->hist, (size_t)(n * h) * sizeof(float));
+    bool held = false;
+    for (int64_t i = 0; i < n; i++)
+        held |= st->pending[i] != 0.0f; /* NaN too */
+    nt_stream *old = nt__fp8_enter(d->dev);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *dst[4] = {d->scale, d->inv, d->pending, d->hist};
+    int rc = 0;
+    for (int k = 0; k < 4 && !rc; k++) {
+        nt_tensor *t = nt_from_host(src[k], NT_F32, dst[k]->ndim, dst[k]->shape);
+        rc = t && !nt_copy_into(dst[k], t) ? 0 : (nt_last_error() ? nt_last_error() : NT_EINVAL);
+    }
+    nt_scope_end(sc);
+    nt_stream_set_current(old);
+    g_free(b);
+    if (rc)
+        return rc;
+    for (int j = 0; j < d->nrec; j++)
+        nt_release(d->rec[j]);
+    d->nrec = 0;
+    d->folded = held;
+    return 0;
+}
+
+/* The state of one device that has slots (st) against another's (t): the
+ * replicas of a data-parallel run hold the same bits. */
+static int state_differs(const char *fn, const nt__fp8_state *st, int a, const nt__fp8_state *t,
+                         int b, int h)
+{
+    if (t->slots != st->slots)
+        return nt__err(NULL, NT_ESTATE, fn, "the fp8 recipe has %d slots on device %d and %d on "
+                       "device %d: every replica must run the same matmuls", st->slots, a,
+                       t->slots, b);
+    size_t nb = 3 * (size_t)st->slots * (3 + (size_t)h) * sizeof(float);
+    if (memcmp(st->data, t->data, nb))
+        return nt__err(NULL, NT_ESTATE, fn, "the fp8 recipe's state on device %d differs from "
+                       "device %d's: reduce the amaxes over every replica (nt_fp8_recipe_update "
+                       "with a communicator of them) before saving", b, a);
+    return 0;
+}
+
+int nt__fp8_state_get(nt_fp8_recipe *r, const char *fn, nt__fp8_state *st)
+{
+    memset(st, 0, sizeof *st);
+    if (nt__fp8_collect(r, fn))
+        return nt_last_error();
+    int h = r->o.amax_history_len, first = -1, rc = 0;
+    nt__fp8_state other = {0};
+    for (int i = 0; i < FP8_MAX_DEVS && !rc; i++) {
+        int ns;
+        fp8_dev *d = dev_of(r, i, &ns);
+        if (!d || !ns)
+            continue;
+        nt__fp8_state *t = first < 0 ? st : &other;
+        g_free(t->data);
+        if (!nt__fp8_state_alloc(t, ns, h))
+            rc = nt__err_hostmem(NULL, fn, "the fp8 recipe's state");
+        else if ((rc = dev_read(d, 3 * (int64_t)ns, h, t)) != 0)
+            nt__err_within(fn);
+        else if (first >= 0)
+            rc = state_differs(fn, st, first, t, i, h);
+        if (first < 0)
+            first = i;
+    }
+    g_free(other.data);
+    if (!rc && first < 0) { /* nothing ran: what was loaded last, or no slot */
+        g_mutex_lock(&r->lock);
+        int ns = r->preset.data ? r->preset.slots : 0;
+        if (!nt__fp8_state_alloc(st, ns, h))
+            rc = nt__err_hostmem(NULL, fn, "the fp8 recipe's state");
+        else if (ns)
+            memcpy(st->data, r->preset.data, 3 * (size_t)ns * (3 + (size_t)h) * sizeof(float));
+        g_mutex_unlock(&r->lock);
+    }
+    st->o = r->o;
+    if (rc) {
+        g_free(st->data);
+        memset(st, 0, sizeof *st);
+    }
+    return rc;
+}
+
+int nt__fp8_state_set(nt_fp8_recipe *r, const char *fn, const nt__fp8_state *st)
+{
+    int h = r->o.amax_history_len;
+    nt__fp8_state keep;
+    if (!nt__fp8_state_alloc(&keep, st->slots, h))
+        return nt__err_hostmem(NULL, fn, "the fp8 recipe's state");
+    keep.o = r->o;
+    memcpy(keep.data, st->data, 3 * (size_t)st->slots * (3 + (size_t)h) * sizeof(float));
+    int rc = 0;
+    g_mutex_lock(&r->lock);
+    g_free(r->preset.data);
+    r->preset = keep;
+    for (int i = 0; i < FP8_MAX_DEVS && !rc; i++)
+        if (r->devs[i])
+            rc = dev_write(r, r->devs[i], &r->preset);
+    g_mutex_unlock(&r->lock);
+    if (rc)
+        nt__err_within(fn);
+    return rc;
 }

@@ -137,6 +137,18 @@ static int restricted_operand(const nt__call *c)
     return -1;
 }
 
+/* The one refusal of an fp8 operand (check_dtypes, nt__no_fp8): "`what` is
+ * e4m3, which `by` does not take`where` (fp8 is a storage dtype: `takes`cast
+ * with nt_cast first, ...)"; NT_ENOTSUP. */
+static int fp8_refused(const nt_site *site, const char *fn, const char *what, nt_dtype dt,
+                       const char *by, const char *where, const char *takes)
+{
+    return nt__err(site, NT_ENOTSUP, fn,
+                   "%s is %s, which %s does not take%s (fp8 is a storage dtype: %scast with "
+                   "nt_cast first, multiply with nt_matmul_fp8; docs/ops.md, \"fp8\")",
+                   what, nt_dtype_name(dt), by, where, takes);
+}
+
 /* An f64, i64, bool or fp8 operand of an op that does not take it there
  * (core/ewise64.h's lists): NT_ENOTSUP naming the function, the argument
  * and the dtypes the op takes, before anything is allocated (no kernel ever
@@ -168,12 +180,12 @@ static int check_dtypes(nt__call *c)
         snprintf(name, sizeof name, "%s", k < c->nin ? "input" : "the result");
     const char *takes = (nt__ops[c->op].flags & NT_OPF_INT) ? "f32, bf16, f16, i32 or u8"
                                                             : "f32, bf16 or f16";
-    if (nt__dtype_is_fp8(dt))
-        return nt__err(c->site, NT_ENOTSUP, c->fn,
-                       "%s is %s, which op '%s' does not take there (fp8 is a storage dtype: "
-                       "it takes %s; cast with nt_cast first, multiply with nt_matmul_fp8; "
-                       "docs/ops.md, \"fp8\")",
-                       name, nt_dtype_name(dt), nt__op_name(c->op), takes);
+    if (nt__dtype_is_fp8(dt)) {
+        char op[64], tk[64];
+        snprintf(op, sizeof op, "op '%s'", nt__op_name(c->op));
+        snprintf(tk, sizeof tk, "it takes %s; ", takes);
+        return fp8_refused(c->site, c->fn, name, dt, op, " there", tk);
+    }
     return nt__err(c->site, NT_ENOTSUP, c->fn,
                    "%s is %s, which op '%s' does not take there (it takes %s; the ops that "
                    "take f64, i64 and bool are listed in docs/ops.md, section 14)",
@@ -184,10 +196,9 @@ bool nt__no_fp8(const nt_site *site, const char *fn, const char *arg, const nt_t
 {
     if (!nt__dtype_is_fp8((nt_dtype)t->dtype))
         return true;
-    nt__err(site, NT_ENOTSUP, fn,
-            "argument '%s' is %s, which %s does not take (fp8 is a storage dtype: cast with "
-            "nt_cast first, multiply with nt_matmul_fp8; docs/ops.md, \"fp8\")",
-            arg, nt_dtype_name((nt_dtype)t->dtype), fn);
+    char what[64];
+    snprintf(what, sizeof what, "argument '%s'", arg);
+    fp8_refused(site, fn, what, (nt_dtype)t->dtype, fn, "", "");
     return false;
 }
 

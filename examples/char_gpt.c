@@ -523,7 +523,10 @@ int main(int argc, char **argv)
     const char **names = gpt_param_names(&m);
     if (!names)
         check(-1, "the parameters' names");
-    nt_checkpoint_spec ck = {.tensors = m.p, .names = names, .n = m.n_params, .opt = opt};
+    /* --amp fp8: the recipe's scales and amax histories too (a resumed run
+     * continues with the uninterrupted run's bits) */
+    nt_checkpoint_spec ck = {.tensors = m.p, .names = names, .n = m.n_params, .opt = opt,
+                             .fp8 = o.t.fp8};
     if (o.resume) {
         /* a file from before names loads by position */
         nt_checkpoint_entry *ent;

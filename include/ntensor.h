@@ -1919,8 +1919,13 @@ NT_API int nt_checkpoint_load(const char *path, nt_tensor *const *params, int n,
 
 /** Everything a checkpoint can hold (zero it, then fill what you use):
  *  n tensors, each with a name (names NULL: by position, as nt_save), an
- *  optimizer, a loss scaler and ngens generators (their seed and offset, by
- *  position).  A name is 1 to 255 bytes, the n names distinct. */
+ *  optimizer, a loss scaler, ngens generators (their seed and offset, by
+ *  position) and an fp8 recipe's state (its settings, scales, amax
+ *  histories and the step's amaxes: record kind 7 of
+ *  docs/checkpoint-format.md, so a resumed fp8 run continues with the bits
+ *  of an uninterrupted one).  A name is 1 to 255 bytes, the n names
+ *  distinct.  With fp8 set, n may be 0 (tensors NULL): a file of the
+ *  recipe alone, e.g. beside nt_ddp_save's. */
 typedef struct nt_checkpoint_spec {
     nt_tensor *const *tensors;
     const char *const *names;
@@ -1929,6 +1934,7 @@ typedef struct nt_checkpoint_spec {
     nt_grad_scaler *scaler;   /* or NULL */
     nt_generator *const *gens;
     int ngens;
+    nt_fp8_recipe *fp8;       /* or NULL */
 } nt_checkpoint_spec;
 /** What a named nt_checkpoint_read did: the tensors loaded, the names asked
  *  for that the file lacks, the file's names nobody asked for (PyTorch's
@@ -1940,8 +1946,13 @@ typedef struct nt_load_report {
 } nt_load_report;
 /** Writes spec's contents like nt_checkpoint_save (atomic, checksummed),
  *  with the names (an optional record: older readers load the file by
- *  position) and the generators' states.  Errors as nt_save; bad names or
- *  generators are NT_EINVAL naming spec's field. */
+ *  position), the generators' states and the fp8 recipe's state (a reader
+ *  built before fp8 recipes refuses the file: "kind 7, unknown to this
+ *  build").  Errors as nt_save; bad names or generators are NT_EINVAL
+ *  naming spec's field; spec->fp8 not a live recipe NT_EINVAL; a recipe
+ *  whose devices hold different state (amaxes not reduced over the
+ *  replicas: nt_fp8_recipe_update with a communicator) NT_ESTATE naming the
+ *  devices. */
 NT_API int nt_checkpoint_write(const char *path, const nt_checkpoint_spec *spec);
 /** Loads into spec's tensors (and optimizer, scaler, generators), checked
  *  completely before anything changes, as nt_checkpoint_load.  With names,
@@ -1952,7 +1963,13 @@ NT_API int nt_checkpoint_write(const char *path, const nt_checkpoint_spec *spec)
  *  load and `report` (may be NULL) lists the others.  An optimizer's state
  *  is restored slot by slot as nt_load does (the optimizer over the same
  *  parameters in the same order as when saved), and only when every name
- *  matches.  Generators: the file must hold exactly ngens states. */
+ *  matches.  Generators: the file must hold exactly ngens states.  fp8:
+ *  the file's recipe state replaces spec->fp8's on every device (and seeds
+ *  devices that run their first fp8 matmul later); a file without one is
+ *  NT_EINVAL, a recipe of other settings (scaling, format,
+ *  amax_history_len, margin) NT_EINVAL naming the setting and both values,
+ *  a record no writer makes NT_EFORMAT.  Without spec->fp8 the record is
+ *  checked but not restored. */
 NT_API int nt_checkpoint_read(const char *path, const nt_checkpoint_spec *spec, bool strict,
                               nt_load_report *report);
 NT_API void nt_load_report_clear(nt_load_report *r);

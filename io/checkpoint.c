@@ -45,11 +45,13 @@ enum {
     REC_LOSS_SCALER = 4, /* amp's loss scaler (u8 bytes, SCALER_BYTES) */
     REC_OPT_GROUPS = 5,  /* the optimizer's parameter groups (u8 bytes) */
     REC_GENERATORS = 6,  /* generators' states, by position (u8 bytes) */
+    REC_FP8 = 7,         /* an fp8 recipe's state (u8 bytes, FP8_FIXED + its floats) */
     /* the parameters' names (u8 bytes): optional, so an older reader loads
      * the file by position */
     REC_NAMES = CK_OPTIONAL | 7,
 };
-#define REC_LAST REC_GENERATORS
+#define REC_LAST REC_FP8
+#define FP8_FIXED 32 /* the fp8 recipe record's bytes before its floats */
 #define NAME_MAX_BYTES 255 /* a tensor's name in a checkpoint */
 #define NAMES_FIXED 8      /* the names record's bytes before its names */
 #define GENS_FIXED 8       /* the generators record's bytes before its states */
@@ -423,7 +425,51 @@ typedef struct {
     int ngens;
     bool strict;              /* a named read: every name on both sides */
     nt_load_report *report;
+    nt_fp8_recipe *fp8;       /* its state saved or restored (record kind 7) */
 } ck_extra;
+
+/* The tensors' list: at least one, unless the file holds an fp8 recipe's
+ * state (n 0, tensors NULL: the recipe alone). */
+static bool tensors_ok(const char *fn, nt_tensor *const *params, int n, const ck_extra *x)
+{
+    if (x->fp8 && n == 0 && !params)
+        return true;
+    return nt__check_list(fn, params, n, "tensor", NULL);
+}
+
+/* An fp8 recipe's state record (docs/checkpoint-format.md): settings,
+ * slots, then scale, 1 / scale, the step's amax and the history as
+ * little-endian f32. */
+static int rec_fp8(ck_recs *recs, const char *fn, nt_fp8_recipe *r)
+{
+    nt__fp8_state st;
+    int rc = nt__fp8_state_get(r, fn, &st);
+    if (rc)
+        return rc;
+    uint64_t h = (uint64_t)st.o.amax_history_len, nf = 3 * (uint64_t)st.slots * (3 + h);
+    ck_rec c = {.kind = REC_FP8, .dtype = NT_U8, .ndim = 1};
+    c.nbytes = FP8_FIXED + 4 * nf;
+    c.shape[0] = (int64_t)c.nbytes;
+    uint8_t *p = c.data = calloc(1, c.nbytes);
+    if (!p) {
+        g_free(st.data);
+        return nt__err_hostmem(NULL, fn, "the fp8 recipe record");
+    }
+    put_u32(p + 0, 1u); /* layout version */
+    put_u32(p + 4, (uint32_t)st.o.scaling);
+    put_u32(p + 8, (uint32_t)st.o.format);
+    put_u32(p + 12, (uint32_t)st.o.amax_history_len);
+    put_u32(p + 16, (uint32_t)st.o.margin);
+    put_u32(p + 20, (uint32_t)st.slots);
+    memcpy(p + FP8_FIXED, st.data, 4 * nf);
+    to_from_le(p + FP8_FIXED, 4 * nf, 4);
+    g_free(st.data);
+    if (!recs_add(recs, &c)) {
+        free(p);
+        return nt__err_hostmem(NULL, fn, "the list of records");
+    }
+    return 0;
+}
 
 /* Names: each 1..255 bytes, distinct (NT_EINVAL naming the argument). */
 static bool names_ok(const char *fn, const char *const *names, int n)
@@ -523,9 +569,9 @@ static int save_impl(const char *fn, const char *path, nt_tensor *const *params,
         return nt_last_error();
     if (!path || !*path)
         return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is %s", path ? "empty" : "NULL");
-    if (!nt__check_list(fn, params, n, "tensor", NULL) || (opt && !nt__optim_ok(opt, fn)) ||
+    if (!tensors_ok(fn, params, n, x) || (opt && !nt__optim_ok(opt, fn)) ||
         (scaler && !nt__scaler_ok(scaler, fn)) || (x->names && !names_ok(fn, x->names, n)) ||
-        !gens_ok(fn, x->gens, x->ngens))
+        !gens_ok(fn, x->gens, x->ngens) || (x->fp8 && !nt__fp8_recipe_ok(x->fp8, fn)))
         return nt_last_error();
     if (opt)
         g_mutex_lock(&opt->lock);
@@ -558,6 +604,8 @@ static int save_impl(const char *fn, const char *path, nt_tensor *const *params,
         g_mutex_unlock(&opt->lock);
     if (scaler && !rc)
         rc = rec_scaler(recs, scaler);
+    if (x->fp8 && !rc)
+        rc = rec_fp8(recs, fn, x->fp8);
     if (!rc)
         rc = write_file(fn, path, recs);
     rec_free(recs, true);
@@ -582,7 +630,8 @@ NT_API int nt_checkpoint_write(const char *path, const nt_checkpoint_spec *spec)
         return nt_last_error();
     if (!spec)
         return nt__err(NULL, NT_EINVAL, fn, "argument 'spec' is NULL");
-    ck_extra x = {.names = spec->names, .gens = spec->gens, .ngens = spec->ngens};
+    ck_extra x = {.names = spec->names, .gens = spec->gens, .ngens = spec->ngens,
+                  .fp8 = spec->fp8};
     return save_impl(fn, path, spec->tensors, spec->n, spec->opt, spec->scaler, &x);
 }
 
@@ -864,6 +913,98 @@ static int check_gens(const char *fn, const char *path, const ck_rec *r)
     return 0;
 }
 
+/* An f32 of the fp8 record's floats (little-endian at p). */
+static float fp8_f32(const uint8_t *p)
+{
+    uint32_t u = get_u32(p);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* The fp8 recipe record: its layout, settings in range, its size against
+ * its slots and history, scales and their reciprocals positive finite,
+ * amaxes not negative (NaN and +Inf are amaxes a step can have).  With st,
+ * decodes it (a host block; g_free(st->data)). */
+static int check_fp8_rec(const char *fn, const char *path, const ck_rec *r, nt__fp8_state *st)
+{
+    const char *what = "the fp8 recipe record";
+    const uint8_t *p = r->data;
+    if (r->nbytes < FP8_FIXED || get_u32(p) != 1u)
+        return fmt_err(fn, path, "%s has an unknown layout (%llu bytes, version %u; expected "
+                       "version 1)", what, (unsigned long long)r->nbytes,
+                       r->nbytes >= 4 ? get_u32(p) : 0u);
+    uint32_t sc = get_u32(p + 4), fm = get_u32(p + 8), h = get_u32(p + 12), mg = get_u32(p + 16);
+    uint32_t slots = get_u32(p + 20);
+    if (sc > 1 || fm > 1 || h < 1 || h > 4096 || mg > 32 || slots > 256)
+        return fmt_err(fn, path, "%s has scaling %u, format %u, amax_history_len %u, margin %u, "
+                       "%u slots (expected 0..1, 0..1, 1..4096, 0..32, 0..256)", what, sc, fm, h,
+                       mg, slots);
+    if (!all_zero(p + 24, 8))
+        return fmt_err(fn, path, "%s's reserved bytes (24..31) are not zero", what);
+    uint64_t n = 3 * (uint64_t)slots, nf = n * (3 + (uint64_t)h);
+    if (r->nbytes != FP8_FIXED + 4 * nf)
+        return fmt_err(fn, path, "%s is %llu bytes; %u slots with a history of %u make %llu",
+                       what, (unsigned long long)r->nbytes, slots, h,
+                       (unsigned long long)(FP8_FIXED + 4 * nf));
+    const uint8_t *f = p + FP8_FIXED;
+    for (uint64_t i = 0; i < nf; i++) {
+        float v = fp8_f32(f + 4 * i);
+        bool scale = i < 2 * n;
+        if (scale ? !(v > 0.0f && v < INFINITY) : v < 0.0f)
+            return fmt_err(fn, path, "%s's %s of row %llu is %g (expected %s)", what,
+                           i < n ? "scale" : i < 2 * n ? "1 / scale" : i < 3 * n ? "step amax"
+                                                                         : "amax history",
+                           (unsigned long long)(i < 3 * n ? i % n : (i - 3 * n) / h), (double)v,
+                           scale ? "positive and finite" : "an amax: not negative");
+    }
+    if (!st)
+        return 0;
+    if (!nt__fp8_state_alloc(st, (int)slots, (int)h))
+        return nt__err_hostmem(NULL, fn, "the fp8 recipe's state");
+    st->o = (nt_fp8_recipe_opts){(nt_fp8_scaling)sc, (nt_fp8_format)fm, (int)h, (int)mg};
+    for (uint64_t i = 0; i < nf; i++)
+        st->data[i] = fp8_f32(f + 4 * i);
+    return 0;
+}
+
+/* The fp8 record for recipe fr: present once, its settings fr's (NT_EINVAL
+ * naming the setting), decoded into *st.  Without fr: at most one record. */
+static int plan_fp8(const char *fn, const char *path, ck_recs *recs, nt_fp8_recipe *fr,
+                    nt__fp8_state *st)
+{
+    const ck_rec *rec = NULL;
+    for (guint i = 0; i < recs->len; i++)
+        if (recs->v[i].kind == REC_FP8) {
+            if (rec)
+                return fmt_err(fn, path, "two fp8 recipe records");
+            rec = &recs->v[i];
+        }
+    if (!fr)
+        return 0;
+    if (!rec)
+        return nt__err(NULL, NT_EINVAL, fn, "'%s' holds no fp8 recipe state (it was saved "
+                       "without one); pass fp8 = NULL", path);
+    int rc = check_fp8_rec(fn, path, rec, st);
+    if (rc)
+        return rc;
+    nt_fp8_recipe_opts o = nt__fp8_opts(fr), f = st->o;
+    const char *field = o.scaling != f.scaling ? "scaling" : o.format != f.format ? "format"
+                        : o.amax_history_len != f.amax_history_len ? "amax_history_len"
+                        : o.margin != f.margin ? "margin" : NULL;
+    if (!field)
+        return 0;
+    int a = !strcmp(field, "scaling") ? (int)f.scaling : !strcmp(field, "format") ? (int)f.format
+            : !strcmp(field, "margin") ? f.margin : f.amax_history_len;
+    int b = !strcmp(field, "scaling") ? (int)o.scaling : !strcmp(field, "format") ? (int)o.format
+            : !strcmp(field, "margin") ? o.margin : o.amax_history_len;
+    g_free(st->data);
+    st->data = NULL;
+    return nt__err(NULL, NT_EINVAL, fn, "'%s' holds the state of an fp8 recipe with %s %d; "
+                   "argument 'spec->fp8' has %s %d (make the recipe with the saved settings)",
+                   path, field, a, field, b);
+}
+
 /* A settings record's contents (0 for the other kinds). */
 static int check_settings(const char *fn, const char *path, const ck_rec *r)
 {
@@ -877,6 +1018,8 @@ static int check_settings(const char *fn, const char *path, const ck_rec *r)
         return check_scaler_rec(fn, path, r);
     if (r->kind == REC_OPT_GROUPS)
         return check_groups(fn, path, r);
+    if (r->kind == REC_FP8)
+        return check_fp8_rec(fn, path, r, NULL);
     return 0;
 }
 
@@ -1012,7 +1155,7 @@ static int read_checked(const char *fn, const char *path, uint8_t **buf, ck_recs
         /* what each kind leaves unused is zero; settings records are bytes */
         bool settings = r.kind == REC_OPT_META || r.kind == REC_LOSS_SCALER ||
                         r.kind == REC_OPT_GROUPS || r.kind == REC_GENERATORS ||
-                        r.kind == REC_NAMES;
+                        r.kind == REC_NAMES || r.kind == REC_FP8;
         if (known && ((r.kind != REC_OPT_STATE && r.slot != 0) || (settings && r.index != 0) ||
                       (settings && (r.dtype != NT_U8 || r.ndim != 1)))) {
             rc = fmt_err(fn, path, "record %u (kind %u) has dtype %s, %u dims, index %u, slot %u "
@@ -1225,7 +1368,7 @@ static int plan_load(const char *fn, const char *path, ck_recs *recs, nt_tensor 
         for (int i = 0; i < o->n; i++)
             pl->psteps[i] = (int64_t)get_u64(m + META_FIXED + 8 * i);
     }
-    pl->vals = calloc((size_t)n, sizeof *pl->vals);
+    pl->vals = calloc((size_t)n + 1, sizeof *pl->vals);
     if (!pl->vals)
         return nt__err_hostmem(NULL, fn, "the values to load");
     /* first every check, then every allocation */
@@ -1319,7 +1462,7 @@ static void plan_free(ck_plan *pl, int n, int nstate)
  * handed back to this thread's pool, where those copies find them. */
 static int reserve_records(const char *fn, int n)
 {
-    nt__rec **r = calloc((size_t)n, sizeof *r);
+    nt__rec **r = calloc((size_t)n + 1, sizeof *r);
     if (!r)
         return nt__err_hostmem(NULL, fn, "the copies of the loaded values");
     nt_stream *s = nt__stream_current();
@@ -1504,9 +1647,9 @@ static int load_impl(const char *fn, const char *path, nt_tensor *const *params,
         return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is %s", path ? "empty" : "NULL");
     if (x->report)
         *x->report = (nt_load_report){0};
-    if (!nt__check_list(fn, params, n, "tensor", NULL) || (opt && !nt__optim_ok(opt, fn)) ||
+    if (!tensors_ok(fn, params, n, x) || (opt && !nt__optim_ok(opt, fn)) ||
         (scaler && !nt__scaler_ok(scaler, fn)) || (x->names && !names_ok(fn, x->names, n)) ||
-        !gens_ok(fn, x->gens, x->ngens))
+        !gens_ok(fn, x->gens, x->ngens) || (x->fp8 && !nt__fp8_recipe_ok(x->fp8, fn)))
         return nt_last_error();
     uint8_t *buf;
     ck_recs recs_, *recs = &recs_;
@@ -1520,6 +1663,9 @@ static int load_impl(const char *fn, const char *path, nt_tensor *const *params,
         rc = map_names(fn, path, recs, x, params, n, opt != NULL, &mapped, &n);
     if (!rc)
         rc = plan_gens(fn, path, recs, x, &gstates);
+    nt__fp8_state fst = {0};
+    if (!rc)
+        rc = plan_fp8(fn, path, recs, x->fp8, &fst);
     if (mapped)
         params = mapped;
     if (rc) {
@@ -1579,6 +1725,9 @@ static int load_impl(const char *fn, const char *path, nt_tensor *const *params,
     for (int i = 0; i < x->ngens && !rc; i++)
         nt_generator_set_state(x->gens[i], get_u64(gstates + GENS_FIXED + 16 * (size_t)i),
                                get_u64(gstates + GENS_FIXED + 16 * (size_t)i + 8));
+    if (x->fp8 && !rc && (rc = nt__fp8_state_set(x->fp8, fn, &fst)) != 0)
+        load_failed(fn, path);
+    g_free(fst.data);
     if (opt)
         g_mutex_unlock(&opt->lock);
     plan_free(&pl, n, nstate);
@@ -1612,7 +1761,7 @@ NT_API int nt_checkpoint_read(const char *path, const nt_checkpoint_spec *spec, 
     if (!spec)
         return nt__err(NULL, NT_EINVAL, fn, "argument 'spec' is NULL");
     ck_extra x = {.names = spec->names, .gens = spec->gens, .ngens = spec->ngens,
-                  .strict = strict, .report = report};
+                  .strict = strict, .report = report, .fp8 = spec->fp8};
     int rc = load_impl(fn, path, spec->tensors, spec->n, spec->opt, spec->scaler, &x);
     if (!rc && report && !spec->names)
         report->loaded = spec->n; /* by position: every one */

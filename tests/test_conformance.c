@@ -29,8 +29,10 @@
  *                 every NT_OPF_DIFF op that takes f64 (docs/ops.md "Dtypes"
  *                 lists them; the others refuse f64 with NT_ENOTSUP: n/a)
  *   fp8           the ops that take e4m3 / e5m2 on fp8 data (sim=cpu, every
- *                 mode, fused=unfused, an exact reference), the others'
- *                 refusal (NT_ENOTSUP naming the function): see "fp8" below
+ *                 mode, captured and replayed on other values -- also noted
+ *                 in the captured column --, fused=unfused, an exact
+ *                 reference), the others' refusal (NT_ENOTSUP naming the
+ *                 function): see "fp8" below
  */
 #include <math.h>
 #include <setjmp.h>
@@ -1457,7 +1459,9 @@ static void check_ref1(const ref *R)
  * data in every variant below, each format: the simulator gives the CPU's
  * bits (deterministic), and a chain x*1 -> cast -> op -> cast to f32 -> *2
  * gives the same bits in every mode (deterministic, adaptive, lazy, eager
- * with NT_FUSION=0) on both backends; the values against this file's own
+ * with NT_FUSION=0) on both backends, and captured on other values and
+ * replayed on these (not the stochastic roundings, whose bits are keyed by
+ * where a run falls in the record sequence); the values against this file's own
  * decoding and encoding of the formats (sign, exponent and mantissa fields
  * with ldexp, round to nearest even by search over the codes).  Every
  * other op refuses fp8 with NT_ENOTSUP naming its function, with fp8 in
@@ -1580,6 +1584,17 @@ static void fp8_host(int64_t n, int i, bool finite, float *h)
     }
 }
 
+/* Input i with the values of pattern `pat` (fp8_host's i) */
+static nt_tensor *fp8_input_pat(const spec *s, int i, int pat, bool finite)
+{
+    int64_t n = s->sh[i][0] * (s->nd[i] > 1 ? s->sh[i][1] : 1);
+    float *h = malloc((size_t)n * sizeof(float));
+    fp8_host(n, pat, finite, h);
+    nt_tensor *t = nt_from_host(h, NT_F32, s->nd[i], (int64_t[]){s->sh[i][0], s->sh[i][1]});
+    free(h);
+    return t;
+}
+
 static nt_tensor *fp8_input(const spec *s, int i, bool finite)
 {
     int64_t n = s->sh[i][0] * (s->nd[i] > 1 ? s->sh[i][1] : 1);
@@ -1648,6 +1663,53 @@ static void run_fp8(int op, const f8fmt *f, int v, bool chain, result *r)
     r->b = malloc(r->nb ? r->nb : 1);
     r->rc = nt_to_host(y, r->b, r->nb);
     nt_stats_get(&r->st);
+    nt_scope_end(sc);
+}
+
+/* The fp8 chain (x*1, the variant, cast to f32, *2) captured on other
+ * values (fp8_host's pattern i + 2), replayed on run_fp8's (bound to the
+ * captured inputs): the replay's bits must be run_fp8's chained ones. */
+static void run_fp8_captured(int op, const f8fmt *f, int v, result *r)
+{
+    memset(r, 0, sizeof *r);
+    spec s = spec_of(op);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *in[4] = {0}, *in2[4] = {0}, *x1[4] = {0};
+    for (int i = 0; i < s.n; i++) {
+        in[i] = fp8_input_pat(&s, i, i + 2, op == NT_OP_MATMUL);
+        in2[i] = fp8_input(&s, i, op == NT_OP_MATMUL);
+    }
+    nt_sync();
+    assert_int_equal(nt_graph_capture_begin(), 0);
+    char nm[16];
+    for (int i = 0; i < s.n; i++) {
+        snprintf(nm, sizeof nm, "in%d", i);
+        assert_int_equal(nt_graph_input(in[i], nm), 0);
+        x1[i] = nt_mul_scalar(in[i], 1.0);
+    }
+    nt_tensor *y = fp8_op(op, f, v, x1, s.n);
+    nt_tensor *yy = y ? nt_contiguous(nt_mul_scalar(nt_cast(y, NT_F32), 2.0)) : NULL;
+    nt_graph *g = nt_graph_capture_end();
+    if (!g || !yy) {
+        r->rc = nt_last_error() ? nt_last_error() : NT_EEXEC;
+        snprintf(r->msg, sizeof r->msg, "capture: %s", nt_last_error_message());
+        nt_clear_error();
+    }
+    for (int i = 0; g && i < s.n; i++) {
+        snprintf(nm, sizeof nm, "in%d", i);
+        assert_int_equal(nt_graph_bind(g, nm, in2[i]), 0);
+    }
+    if (g && (r->rc = nt_graph_replay(g)) == 0) {
+        r->dt = nt_dtype_of(yy);
+        r->nb = (size_t)nt_numel(yy) * nt_dtype_size(r->dt);
+        r->b = malloc(r->nb ? r->nb : 1);
+        r->rc = nt_to_host(yy, r->b, r->nb);
+    }
+    if (r->rc && !r->msg[0]) {
+        snprintf(r->msg, sizeof r->msg, "%s", nt_last_error_message());
+        nt_clear_error();
+    }
+    nt_graph_destroy(g);
     nt_scope_end(sc);
 }
 
@@ -1817,6 +1879,20 @@ static const char *fp8_case(int op, const f8fmt *f, int v, double *worst, uint64
                 *groups += g.st.fusion_groups;
             result_free(&g);
         }
+    /* captured (the "captured" column's fp8 part); not the stochastic
+     * roundings: their bits are keyed by the records' sequence numbers,
+     * which a replay draws where the step would run, not where a fresh
+     * runtime's first run does */
+    bool sr = op == NT_OP_CAST && (v == CV_SR || v == CV_SR_BF16);
+    for (int b = 0; b < 2 && !why[0] && !sr; b++) {
+        result g;
+        fp8_config(op, v, be[b], "lazy", "1");
+        run_fp8_captured(op, f, v, &g);
+        w = diff(&ref, &g);
+        if (*w)
+            snprintf(why, sizeof why, "%s captured: %s", be[b], w);
+        result_free(&g);
+    }
     result_free(&c);
     result_free(&sm);
     result_free(&ref);
@@ -1903,6 +1979,11 @@ static void check_fp8(int op)
                 return;
             }
         }
+    /* the captured column: the fp8 runs replayed too (fp8_case) */
+    if (!strncmp(cov[op][K_CAPT], "ok", 2))
+        cell(op, K_CAPT, "ok; fp8: %s captured", op == NT_OP_MATMUL ? "nt_matmul_fp8"
+                                                  : op == NT_OP_CAST ? "casts but SR"
+                                                                     : "e4m3,e5m2");
     if (op == NT_OP_MATMUL) { /* and nt_matmul itself refuses fp8 */
         const char *w = fp8_refused(op, -1);
         if (*w) {
@@ -1912,7 +1993,8 @@ static void check_fp8(int op)
         cell(op, K_FP8, "ok: nt_matmul_fp8 %.2f of the bound; nt_matmul refuses", worst);
         return;
     }
-    cell(op, K_FP8, "ok: %d variant%s x e4m3,e5m2, modes, exact ref%s", nv, nv > 1 ? "s" : "",
+    cell(op, K_FP8, "ok: %d variant%s x e4m3,e5m2, modes, captured, exact ref%s", nv,
+         nv > 1 ? "s" : "",
          groups ? "" : " (no fusion)");
 }
 

@@ -5,7 +5,8 @@
  *
  * NT_SIM_CORES is read by nt_init, so the core counts run as child
  * processes of this test (it re-executes itself with --child and the
- * environment of the case), each printing a CRC-32 of its parameters. */
+ * environment of the case), each printing a CRC-32 of its parameters
+ * (tests/ddp_harness.h). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,44 +22,21 @@
 
 #include "ntensor.h"
 #include "nt_test.h"
-#include "crc32.h"
 #define BENCH_NAME "tests/test_ddp"
-#include "bench/bench.h" /* bench_run_child */
+#include "ddp_harness.h"
 
 /* ---------------- a small MLP ---------------- */
 
-enum { F = 12, H = 24, C = 5, NP = 4 };
+enum { F = 12, H = 24, C = DDP_H_CLASSES, NP = DDP_H_NP };
 
 static void make_data(float *x, int32_t *y, int rows, uint32_t seed)
 {
-    uint32_t s = seed * 2654435761u + 1;
-    for (int i = 0; i < rows * F; i++) {
-        s = s * 1664525u + 1013904223u;
-        x[i] = (float)((s >> 8) & 0xFFFF) / 65536.0f - 0.5f;
-    }
-    for (int i = 0; i < rows; i++) {
-        s = s * 1664525u + 1013904223u;
-        y[i] = (int32_t)((s >> 16) % C);
-    }
+    ddp_h_data(x, y, rows, F, 1.0f, seed);
 }
 
 static void make_params(nt_tensor **p, nt_dtype dt, uint64_t seed)
 {
-    const int64_t shapes[NP][2] = {{H, F}, {H, 0}, {C, H}, {C, 0}};
-    for (int j = 0; j < NP; j++) {
-        int nd = shapes[j][1] ? 2 : 1;
-        nt_tensor *r = nt_randn(NT_F32, nd, shapes[j], seed * 8 + (uint64_t)j);
-        nt_tensor *t = nt_mul_scalar(r, 0.3);
-        if (dt != NT_F32) {
-            nt_tensor *c = nt_cast(t, dt);
-            nt_release(t);
-            t = c;
-        }
-        nt_release(r);
-        assert_non_null(t);
-        assert_int_equal(nt_set_requires_grad(t, true), 0);
-        p[j] = t;
-    }
+    assert_int_equal(ddp_h_params(p, dt, H, F, seed), 0);
 }
 
 static nt_tensor *model_loss(nt_tensor **p, nt_tensor *x, nt_tensor *y)
@@ -304,32 +282,29 @@ static void test_bad_input(void **state)
 enum { TRAIN_STEPS = 20, TRAIN_SHARDS = 8, TRAIN_B = 32 };
 
 /* CRC-32 of a replica's parameter bytes. */
-static uint32_t replica_crc(nt_tensor **p)
+static uint32_t replica_crc(nt_tensor **p) { return ddp_h_crc(p, NP); }
+
+/* The shard's loss under autocast `ctx` (an nt_dtype, or NT_DTYPE_COUNT: none). */
+static nt_tensor *amp_loss(void *ctx, nt_tensor **p, nt_tensor *x, nt_tensor *y)
 {
-    uint32_t c = 0;
-    static uint8_t buf[H * F * 4];
-    for (int j = 0; j < NP; j++) {
-        size_t nb = (size_t)nt_numel(p[j]) * nt_dtype_size(nt_dtype_of(p[j]));
-        if (nt_to_host(p[j], buf, nb) != 0) {
-            fprintf(stderr, "child: %s\n", nt_last_error_message());
-            return 0;
-        }
-        c = crc32_ieee(buf, nb) ^ (c * 31u);
-    }
-    return c;
+    nt_dtype amp = *(nt_dtype *)ctx;
+    if (amp != NT_DTYPE_COUNT)
+        nt_autocast_begin(amp);
+    nt_tensor *loss = model_loss(p, x, y);
+    if (amp != NT_DTYPE_COUNT)
+        nt_autocast_end();
+    return loss;
 }
 
 /* The child: 20 AdamW steps of the MLP on every core nt_init found
- * (NT_SIM_CORES), global batch 32 in 8 shards, under autocast `amp` (or
- * none); prints "crc <hex> cores <n> replicas <same|differ>". */
+ * (NT_SIM_CORES), global batch 32 in 8 shards (NT_TEST_SHARDS), under
+ * autocast `amp` (or none); prints the harness's line. */
 static int child_main(const char *amp_name)
 {
     nt_dtype amp = !strcmp(amp_name, "bf16") ? NT_BF16 : NT_DTYPE_COUNT;
     if (nt_init() != 0)
         return 3;
-    int ndev = nt_device_count(), devs[64];
-    for (int i = 0; i < ndev; i++)
-        devs[i] = i;
+    int devs[DDP_H_MAXDEV], ndev = ddp_h_devices(devs);
     nt_tensor *p[NP];
     make_params(p, NT_F32, 11);
     int shards = getenv("NT_TEST_SHARDS") ? atoi(getenv("NT_TEST_SHARDS")) : TRAIN_SHARDS;
@@ -338,48 +313,19 @@ static int child_main(const char *amp_name)
         fprintf(stderr, "child: %s\n", nt_last_error_message());
         return 4;
     }
-    nt_optim *opts[64];
+    nt_optim *opts[DDP_H_MAXDEV];
     for (int i = 0; i < ndev; i++) {
         nt_device_set(devs[i]);
         opts[i] = nt_optim_adamw(nt_ddp_params(d, devs[i]), NP, 1e-2, 0.9, 0.999, 1e-8, 0.01);
     }
-    static float xb[TRAIN_B * F];
-    static int32_t yb[TRAIN_B];
-    for (int step = 0; step < TRAIN_STEPS; step++) {
-        make_data(xb, yb, TRAIN_B, 100 + (uint32_t)step);
-        for (int s = 0; s < shards; s++) {
-            int dev = nt_ddp_shard_device(d, s);
-            if (dev < 0)
-                continue;
-            nt_device_set(dev);
-            nt_scope *sc = nt_scope_begin();
-            nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, (int64_t[]){TRAIN_B, F});
-            nt_tensor *y = nt_ddp_shard_from_host(d, s, yb, NT_I32, 1, (int64_t[]){TRAIN_B});
-            if (amp != NT_DTYPE_COUNT)
-                nt_autocast_begin(amp);
-            nt_tensor *loss = model_loss(nt_ddp_params(d, dev), x, y);
-            if (amp != NT_DTYPE_COUNT)
-                nt_autocast_end();
-            int rc = nt_ddp_backward(d, s, loss);
-            nt_scope_end(sc);
-            if (rc) {
-                fprintf(stderr, "child: %s\n", nt_last_error_message());
-                return 5;
-            }
-        }
-        if (nt_ddp_reduce(d) || nt_ddp_step(d, opts, ndev)) {
+    ddp_h_cfg cfg = {.shards = shards, .rows = TRAIN_B, .cols = F, .range = 1.0f,
+                     .loss = amp_loss, .ctx = &amp};
+    for (int step = 0; step < TRAIN_STEPS; step++)
+        if (ddp_h_step(d, &cfg, opts, ndev, step)) {
             fprintf(stderr, "child: %s\n", nt_last_error_message());
             return 6;
         }
-    }
-    uint32_t crc = replica_crc(nt_ddp_params(d, devs[0]));
-    bool same = true;
-    for (int i = 1; i < ndev; i++)
-        same &= replica_crc(nt_ddp_params(d, devs[i])) == crc;
-    int rc = nt_sync();
-    if (nt_process_rank() <= 0)
-        printf("crc %08x cores %d procs %d replicas %s\n", crc, ndev,
-               nt_process_count() > 1 ? nt_process_count() : 1, same ? "same" : "differ");
+    int rc = ddp_h_report(d, devs, ndev, NP);
     for (int i = 0; i < ndev; i++)
         nt_optim_destroy(opts[i]);
     nt_ddp_destroy(d);
@@ -387,26 +333,6 @@ static int child_main(const char *amp_name)
         nt_release(p[j]);
     nt_shutdown();
     return rc ? 7 : 0;
-}
-
-/* Runs this executable as a child with --child amp and the given
- * environment (NAME=VALUE strings, NULL-terminated); returns its line. */
-static void run_child_argv(const char *const *env, char *const *argv, char *line, size_t cap)
-{
-    int status = bench_run_child(argv, env, line, cap);
-    assert_true(status >= 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        fail_msg("child (%s %s %s %s, %s %s) failed with status %d: '%s'", env[0],
-                 env[1] ? env[1] : "", env[1] && env[2] ? env[2] : "",
-                 env[1] && env[2] && env[3] ? env[3] : "", argv[0], argv[1], status, line);
-}
-
-static char self_exe[4096];
-
-static void run_child(const char *const *env, const char *amp, char *line, size_t cap)
-{
-    char *argv[] = {self_exe, "--child", (char *)amp, NULL};
-    run_child_argv(env, argv, line, cap);
 }
 
 static void test_bitwise_across_cores(void **state)
@@ -431,17 +357,7 @@ static void test_bitwise_across_cores(void **state)
                                  m ? "deterministic" : "adaptive", amps[a]);
                 for (int c = 0; c < 4; c++) {
                     const char *env[] = {backends[b], modes[m][0], modes[m][1], cores[c], NULL};
-                    char line[256];
-                    run_child(env, amps[a], line, sizeof line);
-                    int nc = 0, np = 0;
-                    char rep[16] = "";
-                    if (sscanf(line, "crc %x cores %d procs %d replicas %15s", &crc[c], &nc, &np,
-                               rep) != 4 || np != 1)
-                        fail_msg("child printed '%s'", line);
-                    assert_int_equal(nc, 1 << c);
-                    if (strcmp(rep, "same"))
-                        fail_msg("%s %s %s amp %s: the replicas differ", env[0], env[2],
-                                 env[3], amps[a]);
+                    crc[c] = ddp_h_child_crc(env, amps[a], NULL, 1 << c);
                     k += snprintf(row + k, sizeof row - (size_t)k, "  %08x", crc[c]);
                 }
                 printf("%s\n", row);
@@ -591,44 +507,16 @@ static const char *mpirun_path;
 static void test_bitwise_across_processes(void **state)
 {
     (void)state;
-    /* Open MPI as root in a container, on loopback (tests/mpi_test.sh). */
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    setenv("OMPI_MCA_btl", "self,vader", 1);
-    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
-    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-    /* Open MPI's plugins leave allocations at exit that no suppression can
-     * name (tests/mpi_test.sh): no leak check in the MPI processes. */
-    const char *asan = getenv("ASAN_OPTIONS");
-    char opts[512];
-    snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
-    char line[512];
-    unsigned ref = 0, crc;
-    int nc, np;
-    char rep[16];
     const char *env1[] = {"NT_SIM_CORES=1", NULL};
-    run_child(env1, "none", line, sizeof line);
-    assert_int_equal(sscanf(line, "crc %x cores %d procs %d replicas %15s", &ref, &nc, &np, rep),
-                     4);
+    unsigned ref = ddp_h_child_crc(env1, "none", NULL, 1);
     printf("# 1 process x 1 core: %08x\n", ref);
     static const char *const cores[] = {"NT_SIM_CORES=1", "NT_SIM_CORES=2", "NT_SIM_CORES=4"};
     for (int c = 0; c < 3; c++) {
         const char *env[] = {cores[c], NULL};
-        char *argv[] = {(char *)mpirun_path, "-np", "2", self_exe, "--child", "none", NULL};
-        setenv("ASAN_OPTIONS", opts, 1);
-        run_child_argv(env, argv, line, sizeof line);
-        if (asan)
-            setenv("ASAN_OPTIONS", asan, 1);
-        else
-            unsetenv("ASAN_OPTIONS");
-        if (sscanf(line, "crc %x cores %d procs %d replicas %15s", &crc, &nc, &np, rep) != 4)
-            fail_msg("mpirun child printed '%s'", line);
-        printf("# 2 processes x %d cores: %08x (replicas %s)\n", nc, crc, rep);
-        assert_int_equal(np, 2);
-        assert_int_equal(nc, 1 << c);
-        assert_string_equal(rep, "same");
+        unsigned crc = ddp_h_mpi_crc(mpirun_path, env, "none", 1 << c);
+        printf("# 2 processes x %d cores: %08x (replicas same)\n", 1 << c, crc);
         if (crc != ref)
-            fail_msg("2 processes x %d cores give %08x, 1 process %08x", nc, crc, ref);
+            fail_msg("2 processes x %d cores give %08x, 1 process %08x", 1 << c, crc, ref);
     }
 }
 
@@ -636,19 +524,11 @@ int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--child"))
         return child_main(argv[2]);
-    ssize_t k = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
-    if (k <= 0)
+    if (ddp_h_self())
         return 1;
-    self_exe[k] = '\0';
     if (argc == 3 && !strcmp(argv[1], "--mpi")) {
-        if (!strcmp(argv[2], "none")) {
-            /* a skipped TAP plan: meson's TAP protocol counts exit 77 as an error */
-            printf("1..0 # SKIP ntensor was built without MPI or mpirun is missing\n");
-            return 0;
-        }
-        mpirun_path = argv[2];
         const struct CMUnitTest mpi_tests[] = {cmocka_unit_test(test_bitwise_across_processes)};
-        return cmocka_run_group_tests(mpi_tests, NULL, NULL);
+        return ddp_h_mpi_main(argv[2], &mpirun_path, mpi_tests, 1);
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_tree_matches_reference, nt_test_setup,

@@ -10,7 +10,7 @@
  *
  * NT_SIM_CORES is read by nt_init, so the runs are child processes of this
  * test (it re-executes itself with --child and the case's environment),
- * each printing a CRC-32 of its parameters. */
+ * each printing a CRC-32 of its parameters (tests/ddp_harness.h). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,9 +26,8 @@
 
 #include "ntensor.h"
 #include "nt_test.h"
-#include "crc32.h"
 #define BENCH_NAME "tests/test_fp8amp"
-#include "bench/bench.h" /* bench_run_child */
+#include "ddp_harness.h"
 
 /* ---------------- references ---------------- */
 
@@ -382,35 +381,18 @@ static void test_bad_input(void **state)
 /* (NT_TEST_QUICK=1 cuts the tables to sim adaptive, delayed scaling: for
  * the sanitizer builds, where each child takes tens of seconds) */
 
-enum { F = 12, H = 24, C = 5, NP = 4 };
+enum { F = 12, H = 24, C = DDP_H_CLASSES, NP = DDP_H_NP };
 enum { TRAIN_STEPS = 10, TRAIN_SHARDS = 8, TRAIN_B = 32 };
 
+/* inputs in [-2, 2) */
 static void make_data(float *x, int32_t *y, int rows, uint32_t seed)
 {
-    uint32_t s = seed * 2654435761u + 1;
-    for (int i = 0; i < rows * F; i++) {
-        s = s * 1664525u + 1013904223u;
-        x[i] = (float)((s >> 8) & 0xFFFF) / 16384.0f - 2.0f;
-    }
-    for (int i = 0; i < rows; i++) {
-        s = s * 1664525u + 1013904223u;
-        y[i] = (int32_t)((s >> 16) % C);
-    }
+    ddp_h_data(x, y, rows, F, 4.0f, seed);
 }
 
 static int make_params(nt_tensor **p, uint64_t seed)
 {
-    const int64_t shapes[NP][2] = {{H, F}, {H, 0}, {C, H}, {C, 0}};
-    for (int j = 0; j < NP; j++) {
-        int nd = shapes[j][1] ? 2 : 1;
-        nt_tensor *r = nt_randn(NT_F32, nd, shapes[j], seed * 8 + (uint64_t)j);
-        nt_tensor *t = nt_mul_scalar(r, 0.3);
-        nt_release(r);
-        if (!t || nt_set_requires_grad(t, true))
-            return -1;
-        p[j] = t;
-    }
-    return 0;
+    return ddp_h_params(p, NT_F32, H, F, seed);
 }
 
 /* The loss of the MLP under fp8 autocast of r. */
@@ -425,18 +407,7 @@ static nt_tensor *model_loss(nt_fp8_recipe *r, nt_tensor **p, nt_tensor *x, nt_t
     return loss;
 }
 
-static uint32_t params_crc(nt_tensor **p)
-{
-    uint32_t c = 0;
-    static uint8_t buf[H * F * 4];
-    for (int j = 0; j < NP; j++) {
-        size_t nb = (size_t)nt_numel(p[j]) * 4;
-        if (nt_to_host(p[j], buf, nb) != 0)
-            return 0;
-        c = crc32_ieee(buf, nb) ^ (c * 31u);
-    }
-    return c;
-}
+static uint32_t params_crc(nt_tensor **p) { return ddp_h_crc(p, NP); }
 
 #define CHILD_FAIL(code)                                                                   \
     do {                                                                                   \
@@ -444,13 +415,30 @@ static uint32_t params_crc(nt_tensor **p)
         return (code);                                                                     \
     } while (0)
 
+/* The harness's hooks: the loss under fp8 autocast of the recipe ctx, the
+ * amaxes reduced with MAX over every core after the reduce. */
+typedef struct {
+    nt_fp8_recipe *r;
+    nt_comm *comm;
+} fp8_ctx;
+
+static nt_tensor *fp8_loss(void *ctx, nt_tensor **p, nt_tensor *x, nt_tensor *y)
+{
+    return model_loss(((fp8_ctx *)ctx)->r, p, x, y);
+}
+
+static int fp8_update(void *ctx, nt_ddp *d)
+{
+    (void)d;
+    fp8_ctx *c = ctx;
+    return nt_fp8_recipe_update(c->r, c->comm);
+}
+
 /* Data parallel: every core NT_SIM_CORES gave, 8 shards, the amaxes
  * reduced with MAX over a communicator of every core. */
 static int child_ddp(nt_fp8_recipe *r)
 {
-    int ndev = nt_device_count(), devs[64];
-    for (int i = 0; i < ndev; i++)
-        devs[i] = i;
+    int devs[DDP_H_MAXDEV], ndev = ddp_h_devices(devs);
     nt_tensor *p[NP];
     if (make_params(p, 11))
         CHILD_FAIL(4);
@@ -458,39 +446,19 @@ static int child_ddp(nt_fp8_recipe *r)
     nt_comm *comm = nt_comm_create(devs, ndev);
     if (!d || !comm)
         CHILD_FAIL(4);
-    nt_optim *opts[64];
+    nt_optim *opts[DDP_H_MAXDEV];
     for (int i = 0; i < ndev; i++) {
         nt_device_set(devs[i]);
         opts[i] = nt_optim_adamw(nt_ddp_params(d, devs[i]), NP, 1e-2, 0.9, 0.999, 1e-8, 0.01);
     }
-    static float xb[TRAIN_B * F];
-    static int32_t yb[TRAIN_B];
-    for (int step = 0; step < TRAIN_STEPS; step++) {
-        make_data(xb, yb, TRAIN_B, 100 + (uint32_t)step);
-        for (int s = 0; s < TRAIN_SHARDS; s++) {
-            int dev = nt_ddp_shard_device(d, s);
-            if (dev < 0)
-                continue;
-            nt_device_set(dev);
-            nt_scope *sc = nt_scope_begin();
-            nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, (int64_t[]){TRAIN_B, F});
-            nt_tensor *y = nt_ddp_shard_from_host(d, s, yb, NT_I32, 1, (int64_t[]){TRAIN_B});
-            nt_tensor *loss = model_loss(r, nt_ddp_params(d, dev), x, y);
-            int rc = loss ? nt_ddp_backward(d, s, loss) : -1;
-            nt_scope_end(sc);
-            if (rc)
-                CHILD_FAIL(5);
-        }
-        if (nt_ddp_reduce(d) || nt_fp8_recipe_update(r, comm) || nt_ddp_step(d, opts, ndev))
+    fp8_ctx c = {r, comm};
+    ddp_h_cfg cfg = {.shards = TRAIN_SHARDS, .rows = TRAIN_B, .cols = F, .range = 4.0f,
+                     .loss = fp8_loss, .after_reduce = fp8_update, .ctx = &c};
+    for (int step = 0; step < TRAIN_STEPS; step++)
+        if (ddp_h_step(d, &cfg, opts, ndev, step))
             CHILD_FAIL(6);
-    }
-    uint32_t crc = params_crc(nt_ddp_params(d, devs[0]));
-    bool same = true;
-    for (int i = 1; i < ndev; i++)
-        same &= params_crc(nt_ddp_params(d, devs[i])) == crc;
-    if (nt_sync())
+    if (ddp_h_report(d, devs, ndev, NP))
         CHILD_FAIL(7);
-    printf("crc %08x cores %d replicas %s\n", crc, ndev, same ? "same" : "differ");
     for (int i = 0; i < ndev; i++)
         nt_optim_destroy(opts[i]);
     nt_comm_destroy(comm);
@@ -537,7 +505,7 @@ static int child_plain(nt_fp8_recipe *r, bool capture)
     uint32_t crc = params_crc(p);
     if (nt_sync())
         CHILD_FAIL(7);
-    printf("crc %08x cores 1 replicas same\n", crc);
+    printf("crc %08x cores 1 procs 1 replicas same\n", crc);
     if (g)
         nt_graph_destroy(g);
     nt_optim_destroy(opt);
@@ -563,27 +531,9 @@ static int child_main(const char *kind)
     return rc;
 }
 
-static char self_exe[4096];
-
 static unsigned run_child(const char *const *env, const char *kind, int want_cores)
 {
-    char *argv[] = {self_exe, "--child", (char *)kind, NULL};
-    char line[256];
-    int status = bench_run_child(argv, env, line, sizeof line);
-    assert_true(status >= 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        fail_msg("child (%s %s %s %s, %s) failed with status %d: '%s'", env[0],
-                 env[1] ? env[1] : "", env[1] && env[2] ? env[2] : "",
-                 env[1] && env[2] && env[3] ? env[3] : "", kind, status, line);
-    unsigned crc = 0;
-    int nc = 0;
-    char rep[16] = "";
-    if (sscanf(line, "crc %x cores %d replicas %15s", &crc, &nc, rep) != 3)
-        fail_msg("child printed '%s'", line);
-    assert_int_equal(nc, want_cores);
-    if (strcmp(rep, "same"))
-        fail_msg("%s %s: the replicas differ", env[0], kind);
-    return crc;
+    return ddp_h_child_crc(env, kind, NULL, want_cores);
 }
 
 static void bitwise_case(const char *scaling)
@@ -656,10 +606,8 @@ int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--child"))
         return child_main(argv[2]);
-    ssize_t k = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
-    if (k <= 0)
+    if (ddp_h_self())
         return 1;
-    self_exe[k] = '\0';
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_scale_update_reference, nt_test_setup,
                                         nt_test_teardown),

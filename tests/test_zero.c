@@ -7,7 +7,8 @@
  * hold; sharded checkpoints; every error path.
  *
  * NT_SIM_CORES is read by nt_init, so the core counts run as child
- * processes of this test (it re-executes itself with --child ...). */
+ * processes of this test (it re-executes itself with --child ...:
+ * tests/ddp_harness.h). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,63 +24,28 @@
 
 #include "ntensor.h"
 #include "nt_test.h"
-#include "crc32.h"
 #define BENCH_NAME "tests/test_zero"
-#include "bench/bench.h" /* bench_run_child */
+#include "ddp_harness.h"
 
 /* ---------------- a small MLP (sizes that need padding on 8 ranks) ---------------- */
 
-enum { F = 12, H = 24, C = 5, NP = 4 };
+enum { F = 12, H = 24, C = DDP_H_CLASSES, NP = DDP_H_NP };
 enum { STEPS = 8, SHARDS = 8, B = 32 };
 
 static void make_data(float *x, int32_t *y, int rows, int cols, uint32_t seed)
 {
-    uint32_t s = seed * 2654435761u + 1;
-    for (int i = 0; i < rows * cols; i++) {
-        s = s * 1664525u + 1013904223u;
-        x[i] = (float)((s >> 8) & 0xFFFF) / 65536.0f - 0.5f;
-    }
-    for (int i = 0; i < rows; i++) {
-        s = s * 1664525u + 1013904223u;
-        y[i] = (int32_t)((s >> 16) % C);
-    }
+    ddp_h_data(x, y, rows, cols, 1.0f, seed);
 }
 
 static int make_params(nt_tensor **p, int h, int f, uint64_t seed)
 {
-    const int64_t shapes[NP][2] = {{h, f}, {h, 0}, {C, h}, {C, 0}};
-    for (int j = 0; j < NP; j++) {
-        int nd = shapes[j][1] ? 2 : 1;
-        nt_tensor *r = nt_randn(NT_F32, nd, shapes[j], seed * 8 + (uint64_t)j);
-        p[j] = nt_mul_scalar(r, 0.3);
-        nt_release(r);
-        if (!p[j] || nt_set_requires_grad(p[j], true))
-            return -1;
-    }
-    return 0;
+    return ddp_h_params(p, NT_F32, h, f, seed);
 }
 
 static nt_tensor *model_loss(nt_tensor **p, nt_tensor *x, nt_tensor *y)
 {
     nt_tensor *h = nt_relu(nt_linear(x, p[0], p[1]));
     return nt_cross_entropy(nt_linear(h, p[2], p[3]), y);
-}
-
-static uint32_t params_crc(nt_tensor **p)
-{
-    uint32_t c = 0;
-    for (int j = 0; j < NP; j++) {
-        size_t nb = (size_t)nt_numel(p[j]) * 4;
-        uint8_t *buf = malloc(nb);
-        if (!buf || nt_to_host(p[j], buf, nb) != 0) {
-            fprintf(stderr, "child: %s\n", nt_last_error_message());
-            free(buf);
-            return 0;
-        }
-        c = crc32_ieee(buf, nb) ^ (c * 31u);
-        free(buf);
-    }
-    return c;
 }
 
 /* ---------------- the training a child runs ---------------- */
@@ -99,53 +65,54 @@ static nt_optim *make_opt(const run *r, nt_tensor **ps)
                   : nt_optim_adamw(ps, NP, 1e-2, 0.9, 0.999, 1e-8, 0.01);
 }
 
+/* The harness's hooks for a run: the loss (under bf16 autocast with
+ * r->bf16), stage 3's gathers layer by layer (the next layer's issued
+ * before the first shard's compute: the prefetch), clipping. */
+static nt_tensor *run_loss(void *ctx, nt_tensor **p, nt_tensor *x, nt_tensor *y)
+{
+    const run *r = ctx;
+    if (r->bf16)
+        nt_autocast_begin(NT_BF16);
+    nt_tensor *loss = model_loss(p, x, y);
+    if (r->bf16)
+        nt_autocast_end();
+    return loss;
+}
+
+static int run_gather(void *ctx, nt_ddp *d)
+{
+    const run *r = ctx;
+    return r->stage == 3 && (nt_ddp_gather(d, 0, 2) || nt_ddp_gather(d, 2, NP)) ? -1 : 0;
+}
+
+static int run_clip(void *ctx, nt_ddp *d)
+{
+    const run *r = ctx;
+    if (!r->clip)
+        return 0;
+    nt_device_set(0);
+    nt_tensor *t = nt_ddp_clip_grad_norm(d, 0.5);
+    if (!t)
+        return -1;
+    nt_release(t);
+    return 0;
+}
+
 /* One step: every shard's forward and backward, the reduce, clipping, the
- * optimizers.  Stage 3 gathers layer by layer, the next layer's gather
- * issued before the first shard's compute (the prefetch). */
+ * optimizers (ddp_h_step). */
 static int train_step(nt_ddp *d, const run *r, nt_optim **opts, int ndev, int step)
 {
-    static float xb[B * 1024];
-    static int32_t yb[B];
-    make_data(xb, yb, B, r->f, 100 + (uint32_t)step);
-    if (r->stage == 3 && (nt_ddp_gather(d, 0, 2) || nt_ddp_gather(d, 2, NP)))
-        return -1;
-    for (int s = 0; s < SHARDS; s++) {
-        int dev = nt_ddp_shard_device(d, s);
-        if (dev < 0)
-            continue;
-        nt_device_set(dev);
-        nt_scope *sc = nt_scope_begin();
-        nt_tensor *x = nt_ddp_shard_from_host(d, s, xb, NT_F32, 2, (int64_t[]){B, r->f});
-        nt_tensor *y = nt_ddp_shard_from_host(d, s, yb, NT_I32, 1, (int64_t[]){B});
-        if (r->bf16)
-            nt_autocast_begin(NT_BF16);
-        nt_tensor *loss = model_loss(nt_ddp_params(d, dev), x, y);
-        if (r->bf16)
-            nt_autocast_end();
-        int rc = nt_ddp_backward(d, s, loss);
-        nt_scope_end(sc);
-        if (rc)
-            return rc;
-    }
-    if (nt_ddp_reduce(d))
-        return -1;
-    if (r->clip) {
-        nt_device_set(0);
-        nt_tensor *t = nt_ddp_clip_grad_norm(d, 0.5);
-        if (!t)
-            return -1;
-        nt_release(t);
-    }
-    return nt_ddp_step(d, opts, ndev);
+    ddp_h_cfg cfg = {.shards = SHARDS, .rows = B, .cols = r->f, .range = 1.0f,
+                     .loss = run_loss, .before = run_gather, .after_reduce = run_clip,
+                     .ctx = (void *)r};
+    return ddp_h_step(d, &cfg, opts, ndev, step);
 }
 
 static int child_train(const run *r)
 {
     if (nt_init() != 0)
         return 3;
-    int ndev = nt_device_count(), devs[64], rc = 0;
-    for (int i = 0; i < ndev; i++)
-        devs[i] = i;
+    int devs[DDP_H_MAXDEV], ndev = ddp_h_devices(devs), rc = 0;
     nt_tensor *p[NP];
     nt_device_set(0);
     if (make_params(p, r->h, r->f, 11))
@@ -181,18 +148,8 @@ static int child_train(const run *r)
     }
     if (!rc && r->stage == 3 && nt_ddp_gather(d, 0, NP))
         rc = 7;
-    uint32_t crc = 0;
-    bool same = true;
-    if (!rc) {
-        crc = params_crc(nt_ddp_params(d, devs[0]));
-        for (int i = 1; i < ndev; i++)
-            same &= params_crc(nt_ddp_params(d, devs[i])) == crc;
-    }
-    if (!rc && nt_sync())
+    if (!rc && ddp_h_report(d, devs, ndev, NP))
         rc = 8;
-    if (!rc && nt_process_rank() <= 0)
-        printf("crc %08x cores %d procs %d replicas %s\n", crc, ndev,
-               nt_process_count() > 1 ? nt_process_count() : 1, same ? "same" : "differ");
     for (int i = 0; i < ndev; i++)
         nt_optim_destroy(opts[i]);
     nt_ddp_destroy(d);
@@ -204,35 +161,10 @@ static int child_train(const run *r)
 
 /* ---------------- running children ---------------- */
 
-static char self_exe[4096];
-
-static void run_child_argv(const char *const *env, char *const *argv, char *line, size_t cap)
-{
-    int status = bench_run_child(argv, env, line, cap);
-    assert_true(status >= 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        fail_msg("child (%s %s %s %s; %s %s %s) failed with status %d: '%s'", env[0],
-                 env[1] ? env[1] : "", env[1] && env[2] ? env[2] : "",
-                 env[1] && env[2] && env[3] ? env[3] : "", argv[1], argv[2],
-                 argv[2] ? argv[3] : "", status, line);
-}
-
 /* The CRC a training child prints, checking its core count and replicas. */
 static unsigned train_crc(const char *const *env, const char *spec, int cores)
 {
-    char line[512];
-    char *argv[] = {self_exe, "--child", (char *)spec, NULL};
-    run_child_argv(env, argv, line, sizeof line);
-    unsigned crc = 0;
-    int nc = 0, np = 0;
-    char rep[16] = "";
-    if (sscanf(line, "crc %x cores %d procs %d replicas %15s", &crc, &nc, &np, rep) != 4)
-        fail_msg("child %s printed '%s'", spec, line);
-    if (cores)
-        assert_int_equal(nc, cores);
-    if (strcmp(rep, "same"))
-        fail_msg("child %s: the replicas differ", spec);
-    return crc;
+    return ddp_h_child_crc(env, spec, NULL, cores);
 }
 
 /* spec: "<stage><a|s><c|->", e.g. "2ac" = stage 2, AdamW, clipping. */
@@ -405,8 +337,8 @@ static void test_memory_formula(void **state)
         for (int c = 0; c < 4; c++) {
             const char *env[] = {"NT_BACKEND=sim", CORES[c], NULL};
             char arg[4] = {(char)('0' + st), 0}, line[256];
-            char *argv[] = {self_exe, "--mem", arg, NULL};
-            run_child_argv(env, argv, line, sizeof line);
+            char *argv[] = {ddp_h_exe, "--mem", arg, NULL};
+            ddp_h_run(env, argv, line, sizeof line);
             int s2 = 0, n = 0;
             double psi = 0, f = 0;
             long long lo = 0, hi = 0;
@@ -467,14 +399,14 @@ static void test_stage3_beyond_one_core(void **state)
 {
     (void)state;
     char line[1024];
-    char *argv0[] = {self_exe, "--hbm", "0", NULL}, *argv3[] = {self_exe, "--hbm", "3", NULL};
+    char *argv0[] = {ddp_h_exe, "--hbm", "0", NULL}, *argv3[] = {ddp_h_exe, "--hbm", "3", NULL};
     const char *env1[] = {"NT_BACKEND=sim", "NT_HBM_BYTES=12M", "NT_SIM_CORES=1", NULL};
-    run_child_argv(env1, argv0, line, sizeof line);
+    ddp_h_run(env1, argv0, line, sizeof line);
     printf("# 1 core, plain DDP, NT_HBM_BYTES=12M: %s", line);
     if (strncmp(line, "failed -2 ", 10))
         fail_msg("expected NT_ENOMEM on one core, got '%s'", line);
     const char *env8[] = {"NT_BACKEND=sim", "NT_HBM_BYTES=12M", "NT_SIM_CORES=8", NULL};
-    run_child_argv(env8, argv3, line, sizeof line);
+    ddp_h_run(env8, argv3, line, sizeof line);
     printf("# 8 cores, ZeRO-3, NT_HBM_BYTES=12M: %s", line);
     assert_string_equal(line, "trained 8 cores stage 3\n");
 }
@@ -686,16 +618,11 @@ static unsigned ckpt_run(const char *cores, const char *spec, const char *how, c
                          bool reshard)
 {
     char line[1024];
-    char *argv[] = {self_exe, "--ckpt", (char *)spec, (char *)how, (char *)path,
+    char *argv[] = {ddp_h_exe, "--ckpt", (char *)spec, (char *)how, (char *)path,
                     reshard ? "1" : "0", NULL};
     const char *env[] = {"NT_BACKEND=sim", cores, NULL};
-    run_child_argv(env, argv, line, sizeof line);
-    unsigned crc = 0;
-    int nc, np;
-    char rep[16];
-    if (sscanf(line, "crc %x cores %d procs %d replicas %15s", &crc, &nc, &np, rep) != 4)
-        fail_msg("checkpoint child %s %s %s printed '%s'", cores, spec, how, line);
-    return crc;
+    ddp_h_run(env, argv, line, sizeof line);
+    return ddp_h_parse(line, spec, 0, 1);
 }
 
 static void test_checkpoints(void **state)
@@ -730,7 +657,7 @@ static void test_checkpoints(void **state)
     assert_int_equal(c, sref);
     /* another layout without asking: a clear error */
     char line[1024];
-    char *argv[] = {self_exe, "--ckpt", "1a-", "load", a, "0", NULL};
+    char *argv[] = {ddp_h_exe, "--ckpt", "1a-", "load", a, "0", NULL};
     const char *env2[] = {"NT_BACKEND=sim", "NT_SIM_CORES=2", NULL};
     int st = bench_run_child(argv, env2, line, sizeof line);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 9);
@@ -792,27 +719,12 @@ static void test_checkpoint_errors(void **state)
 
 static const char *mpirun_path;
 
-static void mpi_env(const char **asan_saved, char *opts, size_t cap)
-{
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    setenv("OMPI_MCA_btl", "self,vader", 1);
-    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
-    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-    /* Open MPI's plugins leave allocations at exit (tests/mpi_test.sh) */
-    const char *asan = getenv("ASAN_OPTIONS");
-    *asan_saved = asan;
-    snprintf(opts, cap, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
-}
-
 /* 2 processes x 1 and 2 cores at stages 2 and 3 give the one-core CRC; a
  * mesh whose layout differs between the processes is a clear error. */
 static void test_across_processes(void **state)
 {
     (void)state;
-    const char *asan;
-    char opts[512], line[1024];
-    mpi_env(&asan, opts, sizeof opts);
+    char line[1024];
     const char *env1[] = {"NT_SIM_CORES=1", NULL};
     unsigned ref = train_crc(env1, "0ac", 1);
     printf("# 1 process x 1 core, plain DDP: %08x\n", ref);
@@ -820,27 +732,18 @@ static void test_across_processes(void **state)
     for (int c = 0; c < 2; c++)
         for (int s = 0; s < 2; s++) {
             const char *env[] = {CORES[c], NULL};
-            char *argv[] = {(char *)mpirun_path, "-np", "2", self_exe, "--child",
-                            (char *)specs[s], NULL};
-            setenv("ASAN_OPTIONS", opts, 1);
-            run_child_argv(env, argv, line, sizeof line);
-            asan ? setenv("ASAN_OPTIONS", asan, 1) : unsetenv("ASAN_OPTIONS");
-            unsigned crc = 0;
-            int nc = 0, np = 0;
-            char rep[16] = "";
-            if (sscanf(line, "crc %x cores %d procs %d replicas %15s", &crc, &nc, &np, rep) != 4)
-                fail_msg("mpirun child printed '%s'", line);
-            printf("# 2 processes x %d cores, ZeRO stage %c: %08x\n", nc, specs[s][0], crc);
-            assert_int_equal(np, 2);
+            unsigned crc = ddp_h_mpi_crc(mpirun_path, env, specs[s], 1 << c);
+            printf("# 2 processes x %d cores, ZeRO stage %c: %08x\n", 1 << c, specs[s][0], crc);
             if (crc != ref)
-                fail_msg("2 processes x %d cores stage %c: %08x, 1 core %08x", nc, specs[s][0],
-                         crc, ref);
+                fail_msg("2 processes x %d cores stage %c: %08x, 1 core %08x", 1 << c,
+                         specs[s][0], crc, ref);
         }
     const char *env2[] = {"NT_SIM_CORES=2", NULL};
-    char *argv[] = {(char *)mpirun_path, "-np", "2", self_exe, "--meshmpi", NULL};
-    setenv("ASAN_OPTIONS", opts, 1);
-    run_child_argv(env2, argv, line, sizeof line);
-    asan ? setenv("ASAN_OPTIONS", asan, 1) : unsetenv("ASAN_OPTIONS");
+    char *argv[] = {(char *)mpirun_path, "-np", "2", ddp_h_exe, "--meshmpi", NULL};
+    ddp_h_mpi_env();
+    ddp_h_mpi_asan(true);
+    ddp_h_run(env2, argv, line, sizeof line);
+    ddp_h_mpi_asan(false);
     printf("# %s", line);
     if (!strstr(line, "mesh ok") || !strstr(line, "nt_mesh_create") ||
         !strstr(line, "data=2 x tensor=2") || !strstr(line, "data=4"))
@@ -923,18 +826,11 @@ int main(int argc, char **argv)
         r.reshard = argv[5][0] == '1';
         return child_train(&r);
     }
-    ssize_t k = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
-    if (k <= 0)
+    if (ddp_h_self())
         return 1;
-    self_exe[k] = '\0';
     if (argc == 3 && !strcmp(argv[1], "--mpi")) {
-        if (!strcmp(argv[2], "none")) {
-            printf("1..0 # SKIP ntensor was built without MPI or mpirun is missing\n");
-            return 0;
-        }
-        mpirun_path = argv[2];
         const struct CMUnitTest mpi_tests[] = {cmocka_unit_test(test_across_processes)};
-        return cmocka_run_group_tests(mpi_tests, NULL, NULL);
+        return ddp_h_mpi_main(argv[2], &mpirun_path, mpi_tests, 1);
     }
     /* --only NAME: one test of the list */
     const char *only = argc == 3 && !strcmp(argv[1], "--only") ? argv[2] : NULL;
