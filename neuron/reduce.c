@@ -549,16 +549,18 @@ static int red_all(red *c)
     return rc ? rc : finish(c, 1, 0);
 }
 
-/* A float sum / mean / max / min over a dim whose one row is the whole
- * contiguous tensor (a 1-D tensor's mean: a replicated loss over [T*D]):
- * the row's blocks go on partitions as red_all's do, instead of 2048 at a
- * time on one partition (2053 instructions and 1.1 ms for 2M elements,
+/* A float sum / mean / max / min (no element map: not a norm or any) over
+ * a dim whose one row is the whole contiguous tensor (a 1-D tensor's mean:
+ * a replicated loss over [T*D]): the row's blocks go on partitions as
+ * red_all's do, instead of 2048 at a time on one partition (2053 instructions and 1.1 ms for 2M elements,
  * now a few per 128 blocks).  The same arithmetic: blocks of 2048 in
  * order, each block's partial folded into the accumulator in order
  * (core/reduce.h; red_all and red_group are both the CPU's). */
 static bool red_one_row(red *c, const nt_tensor *x, const nt_tensor *o)
 {
-    bool ok = !c->ints && c->n > NT_RED_BLOCK && c->sn == 1 &&
+    bool ok = !c->ints && c->pre == NT_RED_PRE_NONE &&
+              (c->fin == NT_RED_FIN_NONE || c->fin == NT_RED_FIN_MEAN) &&
+              c->n > NT_RED_BLOCK && c->sn == 1 &&
               nt__numel(o->ndim, o->shape) == 1 && c->n == nt__numel(x->ndim, x->shape) &&
               c->rop != NT_RED_ARGMAX && c->rop != NT_RED_ARGMIN && nt__is_contig(x);
     c->xb_all = ok;
