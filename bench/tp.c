@@ -9,8 +9,10 @@
  * K-blocks) on one core: what the fixed reduction tree costs.
  *
  *   build/bench/tp [--tokens N] [--width D] [--blocks B] [--dtype bf16|f32] [--detail]
+ *                  [--tp N]
  *
  * --detail: each core's kernel time in the step (the rest is waiting).
+ * --tp N: that configuration alone (0: the plain block), for a trace.
  *
  * Defaults: 2048 tokens, width 4096 (hidden 16384), 4 blocks, bf16. */
 #define BENCH_NAME "bench/tp"
@@ -21,6 +23,7 @@ static int BLOCKS = 4;
 static nt_dtype DT = NT_BF16;
 
 static bool DETAIL;
+static int ONLY = -1; /* --tp N: that configuration alone (0: plain) */
 
 /* Each core's kernel time (sum of its kernels' durations). */
 static void kernel_ns(int n, double *k)
@@ -147,6 +150,8 @@ int main(int argc, char **argv)
             DM = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--blocks"))
             BLOCKS = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--tp"))
+            ONLY = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--dtype"))
             DT = strcmp(argv[i + 1], "f32") ? NT_BF16 : NT_F32;
     }
@@ -157,8 +162,9 @@ int main(int argc, char **argv)
            (long long)DM, (long long)(4 * DM), (long long)DM, (long long)TOK,
            nt_dtype_name(DT), BLOCKS, getenv("NT_SIM_TOPOLOGY") ? getenv("NT_SIM_TOPOLOGY")
                                                                : "trn1.32xlarge");
-    double plain_sim, plain_host;
-    measure(0, &plain_sim, &plain_host);
+    double plain_sim = 0, plain_host = 0;
+    if (ONLY <= 0)
+        measure(0, &plain_sim, &plain_host);
     printf("plain (nt_linear, 1 core): sim %.3f ms/step, host %.1f ms/step\n", plain_sim * 1e-6,
            plain_host * 1e-6);
     printf("%-4s %12s %10s %10s %12s %12s %8s\n", "tp", "sim ms/step", "vs tp 1", "vs plain",
@@ -167,6 +173,8 @@ int main(int argc, char **argv)
     static const char *const target[] = {"", "", ">= 1.8x", "", ">= 3.2x"};
     for (int tp = 1; tp <= 4; tp *= 2) {
         double sim, host, f = 0, sch = 0;
+        if (ONLY >= 0 && tp != ONLY)
+            continue;
         measure(tp, &sim, &host);
         if (tp == 1)
             base = sim;

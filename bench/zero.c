@@ -15,7 +15,13 @@
  * nt_init reads NT_SIM_CORES and NT_HBM_BYTES, so every configuration runs
  * in a child process of this program (--child STAGE).
  *
- * Usage: zero [--in N] [--hid N] [--batch N (per core)] [--steps N] [--hbm MiB] */
+ * 4. --vs-ddp CORES: ZeRO-3 against DDP on CORES cores (one shard per core,
+ *    the same global batch): simulated ms per step and the throughput
+ *    ratio; with NT_TRACE set, each child writes the trace (the last run,
+ *    ZeRO-3, is the one left in the file).
+ *
+ * Usage: zero [--in N] [--hid N] [--batch N (per core)] [--steps N] [--hbm MiB]
+ *             [--shards N] [--vs-ddp CORES] */
 #include <math.h>
 #include <ntensor.h>
 #include <stdint.h>
@@ -30,9 +36,9 @@
 
 #define OUT 10
 #define NP 6
-#define SHARDS 8
 
 static int64_t in_f = 512, hid = 1024, batch = 64, steps = 3;
+static int SHARDS = 8; /* --shards: the global batch is SHARDS x batch */
 
 static nt_tensor *forward_loss(nt_tensor **p, nt_tensor *x, nt_tensor *y)
 {
@@ -52,8 +58,15 @@ static double max_clock(int ndev)
     return m;
 }
 
-/* Every shard's backward and the reduce of one step (stage 3 gathers each
- * layer, the next one's gather issued before the compute: the prefetch). */
+/* Every shard's backward and the reduce of one step.  Stage 3 gathers
+ * every layer in one nt_ddp_gather before the compute: it issues each
+ * bucket's all-gather, first layer first, before any bucket's copies into
+ * the leaves, so the gathers run back to back on the collective engine
+ * while the cores copy the buckets already there out, and the forward of
+ * layer 1 waits for its own gather and the copies ahead of it only.
+ * (Gathering layer l + 1 after layer l's compute was queued was slower:
+ * a core runs its kernels in order, and the packing of the next bucket
+ * then came after that compute, holding its gather back.) */
 static int backward_reduce(nt_ddp *d, int stage, int step, float *xb, int32_t *yb, int64_t B)
 {
     uint32_t s0 = 12345u + (uint32_t)step;
@@ -61,9 +74,8 @@ static int backward_reduce(nt_ddp *d, int stage, int step, float *xb, int32_t *y
         s0 = s0 * 1664525u + 1013904223u, xb[i] = (float)(s0 >> 8) / 16777216.0f - 0.5f;
     for (int64_t i = 0; i < B; i++)
         s0 = s0 * 1664525u + 1013904223u, yb[i] = (int32_t)((s0 >> 16) % OUT);
-    for (int l = 0; l < 3 && stage == 3; l++)
-        if (nt_ddp_gather(d, 2 * l, 2 * l + 2))
-            return -1;
+    if (stage == 3 && nt_ddp_gather(d, 0, NP))
+        return -1;
     for (int s = 0; s < SHARDS; s++) {
         int dev = nt_ddp_shard_device(d, s);
         if (dev < 0)
@@ -178,7 +190,10 @@ static void run(char *self, int stage, const char *cores, const char *hbm, char 
     snprintf(st, sizeof st, "%d", stage);
     snprintf(a, sizeof a, "%lld", (long long)in_f), snprintf(b, sizeof b, "%lld", (long long)hid);
     snprintf(c, sizeof c, "%lld", (long long)batch), snprintf(e, sizeof e, "%lld", (long long)steps);
-    char *argv[] = {self, "--in", a, "--hid", b, "--batch", c, "--steps", e, "--child", st, NULL};
+    char sh[16];
+    snprintf(sh, sizeof sh, "%d", SHARDS);
+    char *argv[] = {self, "--in",  a,  "--hid",    b,  "--batch", c, "--steps",
+                    e,    "--shards", sh, "--child", st, NULL};
     const char *env[] = {"NT_BACKEND=sim", "NT_SIM_TOPOLOGY=trn1.32xlarge", cores, hbm, NULL};
     int status = bench_run_child(argv, env, line, cap);
     if (status < 0 || !WIFEXITED(status) || WEXITSTATUS(status))
@@ -186,9 +201,37 @@ static void run(char *self, int stage, const char *cores, const char *hbm, char 
                 stage, status, line), exit(1);
 }
 
+/* ZeRO-3 against DDP (stage 0) on `cores` cores at one global batch (one
+ * shard per core): simulated ms per step and the throughput ratio. */
+static int vs_ddp(char *self, int cores)
+{
+    char nc[32], line[1024];
+    snprintf(nc, sizeof nc, "NT_SIM_CORES=%d", cores);
+    SHARDS = cores;
+    double ms[2] = {0, 0}, psi = 0;
+    unsigned crc[2] = {0, 0};
+    for (int j = 0; j < 2; j++) {
+        run(self, 3 * j, nc, "NT_HBM_BYTES=16G", line, sizeof line);
+        int s2, n2;
+        long long lo, hi;
+        if (sscanf(line, "z %d %d %lf %lld %lld %lf %x", &s2, &n2, &psi, &lo, &hi, &ms[j],
+                   &crc[j]) != 7)
+            return fprintf(stderr, "%s: child printed '%s'\n", BENCH_NAME, line), 1;
+    }
+    printf("MLP %lld-%lld-%lld-%d, P = %.0f, AdamW, %d cores (trn1.32xlarge), global batch "
+           "%lld (%lld per core)\n", (long long)in_f, (long long)hid, (long long)hid, OUT, psi,
+           cores, (long long)(batch * cores), (long long)batch);
+    printf("| | sim ms/step | throughput vs DDP |\n| --- | ---: | ---: |\n");
+    printf("| DDP (stage 0) | %.3f | 1.00 |\n", ms[0]);
+    printf("| ZeRO-3 | %.3f | %.2f (target >= 0.85) |\n", ms[1], ms[0] / ms[1]);
+    printf("parameters: %s (%08x, %08x)\n", crc[0] == crc[1] ? "the same bits" : "DIFFERENT",
+           crc[0], crc[1]);
+    return crc[0] == crc[1] ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
-    int child_stage = -1;
+    int child_stage = -1, vs_cores = 0;
     double hbm_mib = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
@@ -197,9 +240,11 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--batch")) batch = atoll(v);
         else if (!strcmp(k, "--steps")) steps = atoll(v) < 2 ? 2 : atoll(v);
         else if (!strcmp(k, "--hbm")) hbm_mib = atof(v);
+        else if (!strcmp(k, "--shards")) SHARDS = atoi(v);
+        else if (!strcmp(k, "--vs-ddp")) vs_cores = atoi(v);
         else if (!strcmp(k, "--child")) child_stage = atoi(v);
         else return fprintf(stderr, "usage: zero [--in N] [--hid N] [--batch N] [--steps N] "
-                            "[--hbm MiB]\n"), 2;
+                            "[--hbm MiB] [--shards N] [--vs-ddp CORES]\n"), 2;
     }
     if (child_stage >= 0)
         return child(child_stage);
@@ -208,6 +253,8 @@ int main(int argc, char **argv)
     if (n <= 0)
         return 1;
     self[n] = 0;
+    if (vs_cores)
+        return vs_ddp(self, vs_cores);
     static const char *const cores[] = {"NT_SIM_CORES=1", "NT_SIM_CORES=2", "NT_SIM_CORES=4",
                                         "NT_SIM_CORES=8"};
     static const char *const fml[] = {"16P", "8P+8P/N", "4P+12P/N", "16P/N"};

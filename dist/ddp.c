@@ -1513,16 +1513,12 @@ static int zero_reduce(const nt_site *site, nt_ddp *d, nt_tensor **sum)
     return rc;
 }
 
-/* All-gathers the shards of parameters [lo, hi] into every member's
- * replica: in place (stages 1, 2), or as new leaves (stage 3). */
-static int zero_gather_bucket(const nt_site *site, nt_ddp *d, int lo, int hi)
+/* Issues the all-gather of the shards of parameters [lo, hi] (each
+ * member's shards side by side, then the collective) into out[]. */
+static int zero_gather_issue(const nt_site *site, nt_ddp *d, int lo, int hi, nt_tensor **out)
 {
     int n = d->n, rc = 0;
-    nt_tensor *in[DDP_MAX_DEV] = {0}, *out[DDP_MAX_DEV] = {0}, *parts[64];
-    nt_tensor *made[DDP_MAX_DEV * 64]; /* stage 3's new leaves */
-    nt_scope *sc = nt_scope_begin();
-    if (!sc)
-        return nt__err_hostmem(site, "nt_ddp_gather", "a scope");
+    nt_tensor *in[DDP_MAX_DEV] = {0}, *parts[64];
     for (int k = 0; k < d->nmem && !rc; k++) {
         nt_stream *old = enter(d->m[k].dev);
         for (int j = lo; j <= hi; j++)
@@ -1536,6 +1532,15 @@ static int zero_gather_bucket(const nt_site *site, nt_ddp *d, int lo, int hi)
         rc = nt_all_gather_at(site, d->comm, in, out);
     else if (!rc)
         out[0] = in[0];
+    return rc;
+}
+
+/* Puts the gathered out[] of parameters [lo, hi] into every member's
+ * replica: in place (stages 1, 2), or as new leaves (stage 3). */
+static int zero_gather_finish(const nt_site *site, nt_ddp *d, int lo, int hi, nt_tensor **out)
+{
+    int rc = 0;
+    nt_tensor *made[DDP_MAX_DEV * 64]; /* stage 3's new leaves */
     for (int k = 0; k < d->nmem && !rc; k++) {
         member *m = &d->m[k];
         nt_stream *old = enter(m->dev);
@@ -1548,8 +1553,10 @@ static int zero_gather_bucket(const nt_site *site, nt_ddp *d, int lo, int hi)
             } else if (d->zero < 3) {
                 rc = nt_copy_into(m->rep[j], full);
             } else { /* kept below once every member's are made (else none is) */
-                nt_tensor *p = nt_zeros_at(site, d->pdt[j], d->pnd[j], d->pshape[j]);
-                rc = !p || nt_copy_into(p, full) || nt_set_requires_grad(p, true) ? errc() : 0;
+                /* full is a fresh contiguous tensor (zero_unrows' copy, its
+                 * padding cut off): the leaf itself, not copied again */
+                nt_tensor *p = nt_detach_at(site, full);
+                rc = !p || nt_set_requires_grad(p, true) ? errc() : 0;
                 made[k * (hi - lo + 1) + j - lo] = p;
             }
         }
@@ -1558,14 +1565,33 @@ static int zero_gather_bucket(const nt_site *site, nt_ddp *d, int lo, int hi)
     for (int k = 0; k < d->nmem && !rc && d->zero == 3; k++)
         for (int j = lo; j <= hi; j++)
             d->m[k].rep[j] = nt_keep(made[k * (hi - lo + 1) + j - lo]);
+    return rc;
+}
+
+/* All-gathers the shards of parameters [lo, hi] into every member's
+ * replica (stages 1, 2: nt_ddp_step's gather, bucket by bucket). */
+static int zero_gather_bucket(const nt_site *site, nt_ddp *d, int lo, int hi)
+{
+    nt_tensor *out[DDP_MAX_DEV] = {0};
+    nt_scope *sc = nt_scope_begin();
+    if (!sc)
+        return nt__err_hostmem(site, "nt_ddp_gather", "a scope");
+    int rc = zero_gather_issue(site, d, lo, hi, out);
+    if (!rc)
+        rc = zero_gather_finish(site, d, lo, hi, out);
     nt_scope_end(sc);
     return rc;
 }
 
-/* Gathers parameters [lo, hi) in buckets (stage 3: those not gathered). */
+/* Gathers parameters [lo, hi) in buckets (stage 3: those not gathered).
+ * Stage 3 issues every bucket's all-gather, first parameters first, before
+ * any bucket's copies into the leaves: a core runs its kernels in order,
+ * so a bucket's copies (which wait for its gather) placed before the next
+ * bucket's packing held that gather back; now the gathers run back to
+ * back and each bucket's copies overlap the next one's gather. */
 static int zero_gather(const nt_site *site, nt_ddp *d, int lo, int hi)
 {
-    int rc = 0;
+    int rc = 0, nb = 0, blo[64], bhi[64];
     nt_no_grad_begin();
     for (int j = hi - 1; j >= lo && !rc;) {
         if (d->zero == 3 && d->m[0].rep[j]) {
@@ -1579,9 +1605,20 @@ static int zero_gather(const nt_site *site, nt_ddp *d, int lo, int hi)
         for (int i = b; i < j && d->zero == 3; i++)
             if (d->m[0].rep[i])
                 b = i + 1;
-        rc = zero_gather_bucket(site, d, b, j);
+        if (d->zero < 3 || nb == 64)
+            rc = zero_gather_bucket(site, d, b, j);
+        else
+            blo[nb] = b, bhi[nb++] = j;
         j = b - 1;
     }
+    nt_scope *sc = nb ? nt_scope_begin() : NULL;
+    nt_tensor *out[64][DDP_MAX_DEV];
+    for (int i = nb - 1; i >= 0 && !rc; i--)
+        rc = zero_gather_issue(site, d, blo[i], bhi[i], out[i]);
+    for (int i = nb - 1; i >= 0 && !rc; i--)
+        rc = zero_gather_finish(site, d, blo[i], bhi[i], out[i]);
+    if (sc)
+        nt_scope_end(sc);
     nt_no_grad_end();
     return rc;
 }

@@ -406,12 +406,12 @@ static nt_tensor *blocked_mm(const nt_site *site, nt_tensor *a, nt_tensor *b, in
 }
 
 /* The blocked sums of every member, then the rank tree over the members
- * (all-reduce); each result cast to dt. */
-static int blocked_reduce(const nt_site *site, lin_ctx *x, nt_tensor **a, nt_tensor **b,
-                          nt_dtype dt, nt_tensor **out)
+ * (all-reduce), in f32. */
+static int blocked_sum(const nt_site *site, lin_ctx *x, nt_tensor **a, nt_tensor **b,
+                       nt_tensor **p)
 {
     int n = x->n, lb = x->blocks / nt_comm_size(x->c), rc = 0;
-    nt_tensor *q[TP_MAXM], *p[TP_MAXM];
+    nt_tensor *q[TP_MAXM];
     for (int i = 0; i < n && !rc; i++) {
         nt__devsw d;
         nt__dev_enter(&d, x->devs[i]);
@@ -419,9 +419,15 @@ static int blocked_reduce(const nt_site *site, lin_ctx *x, nt_tensor **a, nt_ten
         nt__dev_leave(&d);
         rc = q[i] ? 0 : nt_last_error();
     }
-    if (!rc)
-        rc = nt_all_reduce_at(site, x->c, q, p, NT_REDUCE_SUM);
-    for (int i = 0; i < n && !rc; i++) {
+    return rc ? rc : nt_all_reduce_at(site, x->c, q, p, NT_REDUCE_SUM);
+}
+
+/* Each member's f32 sum p[i] cast to dt. */
+static int cast_members(const nt_site *site, lin_ctx *x, nt_tensor **p, nt_dtype dt,
+                        nt_tensor **out)
+{
+    int rc = 0;
+    for (int i = 0; i < x->n && !rc; i++) {
         nt__devsw d;
         nt__dev_enter(&d, x->devs[i]);
         out[i] = dt == NT_F32 ? p[i] : nt_cast_at(site, p[i], dt);
@@ -429,6 +435,15 @@ static int blocked_reduce(const nt_site *site, lin_ctx *x, nt_tensor **a, nt_ten
         rc = out[i] ? 0 : nt_last_error();
     }
     return rc;
+}
+
+/* blocked_sum, each result cast to dt. */
+static int blocked_reduce(const nt_site *site, lin_ctx *x, nt_tensor **a, nt_tensor **b,
+                          nt_dtype dt, nt_tensor **out)
+{
+    nt_tensor *p[TP_MAXM];
+    int rc = blocked_sum(site, x, a, b, p);
+    return rc ? rc : cast_members(site, x, p, dt, out);
 }
 
 /* Member i's weight and bias gradients (and, row-parallel, the input's):
@@ -448,12 +463,16 @@ static int lin_local_grads(const nt_site *site, lin_ctx *x, int i, nt_tensor *g2
     return gw && (!x->has_b || gin[2]) && (!x->row || gin[0]) ? 0 : nt_last_error();
 }
 
+/* The backward.  Column-parallel, the input's gradient sums over N, which
+ * the split cuts: the blocked tree over N.  Its products and all-reduce
+ * are issued first, so that the all-reduce runs while the cores compute
+ * the weight and bias gradients; its cast (which waits for it) last. */
 static int lin_bwd(void *ctxp, nt_tensor *const *gout, nt_tensor **gin)
 {
     lin_ctx *x = ctxp;
     const nt_site *site = &x->site;
     int n = x->n, rc = 0;
-    nt_tensor *g2[TP_MAXM];
+    nt_tensor *g2[TP_MAXM], *dx32[TP_MAXM];
     for (int i = 0; i < n && !rc; i++) {
         nt__devsw d;
         nt__dev_enter(&d, x->devs[i]);
@@ -465,15 +484,21 @@ static int lin_bwd(void *ctxp, nt_tensor *const *gout, nt_tensor **gin)
             int64_t cols = x->row ? x->w[i]->shape[0] : x->w[i]->shape[0];
             g2[i] = nt_zeros_at(site, (nt_dtype)x->x[i]->dtype, 2, (int64_t[]){rows, cols});
         }
-        rc = g2[i] ? lin_local_grads(site, x, i, g2[i], gin + 3 * i) : nt_last_error();
+        nt__dev_leave(&d);
+        rc = g2[i] ? 0 : nt_last_error();
+    }
+    if (!rc && !x->row)
+        rc = blocked_sum(site, x, g2, x->w, dx32);
+    for (int i = 0; i < n && !rc; i++) {
+        nt__devsw d;
+        nt__dev_enter(&d, x->devs[i]);
+        rc = lin_local_grads(site, x, i, g2[i], gin + 3 * i);
         nt__dev_leave(&d);
     }
     if (rc || x->row)
         return rc;
-    /* column-parallel: the input's gradient sums over N, which the split
-     * cuts: the blocked tree over N */
     nt_tensor *dx[TP_MAXM];
-    rc = blocked_reduce(site, x, g2, x->w, (nt_dtype)x->x[0]->dtype, dx);
+    rc = cast_members(site, x, dx32, (nt_dtype)x->x[0]->dtype, dx);
     for (int i = 0; i < n && !rc; i++) {
         nt__devsw d;
         nt__dev_enter(&d, x->devs[i]);

@@ -868,6 +868,11 @@ typedef struct plan {
     /* EW: an f32 input read only by binary ALU ops, which a tile may load as
      * one column when it is constant along the tile's free axis (ew_tile) */
     bool colok[NT_F_MAXEXT];
+    /* EW: a float input read only by computing ops (no copy, cast or
+     * select, which would pass a NaN's payload through), which a tile
+     * constant along its free axis loads as one column and spreads over the
+     * free axis on VectorE (ew_tile) */
+    bool bcok[NT_F_MAXEXT];
 } plan;
 
 static bool val_fc(const nt__fprog *P, const nt__fop *o)
@@ -1381,12 +1386,17 @@ static int ew_store(void *ctx, int slot, const nt_ap *src)
 /* Inputs that may be loaded as a column (plan.colok): f32, and every live
  * op reading them a binary ALU op, which takes a column operand as the
  * per-partition scalar of tensor_scalar (emit_op) -- the same ALU step on
- * the same values as the full tile, so the same bits. */
+ * the same values as the full tile, so the same bits.  plan.bcok: float
+ * inputs read by computing ops only, spread from one column on chip (a
+ * scalar's gradient expanded over a mean's input: 512 us of DMA
+ * descriptors for [2M] bf16, one per element, before). */
 static void plan_colok(plan *L)
 {
     const nt__fprog *P = L->P;
-    for (int e = 0; e < P->next; e++)
+    for (int e = 0; e < P->next; e++) {
         L->colok[e] = L->eused[e] && !P->ext[e].red && P->ext[e].dtype == NT_F32;
+        L->bcok[e] = L->eused[e] && !P->ext[e].red && isf((nt_dtype)P->ext[e].dtype);
+    }
     for (int k = L->first; k < P->nops; k++) {
         const nt__fop *o = &P->ops[k];
         if (!L->live[k])
@@ -1394,9 +1404,14 @@ static void plan_colok(plan *L)
         int kind = nt__ops[o->op].kind;
         bool alu = (kind == NT_KIND_BINARY || kind == NT_KIND_CMP) && alu_of(o->op) >= 0 &&
                    isf((nt_dtype)P->vals[o->out].dtype) && !P->vals[o->out].red;
-        for (int q = 0; q < o->nin; q++)
+        bool calc = kind == NT_KIND_UNARY || kind == NT_KIND_SCALAR ||
+                    kind == NT_KIND_BINARY || kind == NT_KIND_CMP;
+        for (int q = 0; q < o->nin; q++) {
             if (NT_F_IS_EXT(o->a[q]) && !alu)
                 L->colok[NT_F_EXT_IDX(o->a[q])] = false;
+            if (NT_F_IS_EXT(o->a[q]) && !calc)
+                L->bcok[NT_F_EXT_IDX(o->a[q])] = false;
+        }
     }
 }
 
@@ -1435,13 +1450,20 @@ static int ew_tile(void *ctx, const sk_tile_iter *it)
         if (!L->eused[e])
             continue;
         nt_ap src = r->it.ap[e];
-        bool col = !w->has_sr && e < 32 && L->colok[e] && ap_col(&src, it->nf);
-        if (col) {
+        bool cst = !w->has_sr && e < 32 && ap_col(&src, it->nf);
+        bool col = cst && L->colok[e], spread = cst && !col && L->bcok[e];
+        if (col || spread)
             src.ndim = 1, src.num[0] = 1, src.step[0] = 1;
+        if (col)
             r->t.ecol |= 1u << e;
-        }
-        nt_ap d = nt_tile_slice(L->R.tile[r->t.buf][L->ereg[e]], 0, it->np, 0, col ? 1 : it->nf);
+        nt_tile *rt = L->R.tile[r->t.buf][L->ereg[e]];
+        nt_ap d = nt_tile_slice(rt, 0, it->np, 0, col || spread ? 1 : it->nf);
         int rc = nt_isa_dma_copy(w->s->k, &d, &src, sk_qin(w->s));
+        if (!rc && spread) { /* columns 1.. from column 0 (an exact copy) */
+            nt_ap rest = nt_tile_slice(rt, 0, it->np, 1, it->nf - 1);
+            d.num[0] = it->nf - 1, d.step[0] = 0;
+            rc = nt_isa_tensor_copy(w->s->k, &rest, &d, NT_ENGINE_VECTOR);
+        }
         if (rc)
             return rc;
     }
