@@ -453,7 +453,7 @@ static nt_tensor *quant(nt_tensor *x, nt_tensor *scale, nt_dtype dt)
 
 /* One rounding pass over a 2-D x (delayed scaling): q[0] = x rounded to
  * dt[0] as quant() does, q[1] (when dt[1] is an fp8 dtype) the same
- * product rounded to dt[1], and with am, *am = max |x| as f32 [1] -- the
+ * product rounded to dt[1], and with am, *am = max |x| as f32 [1, 1] -- the
  * value amax1 gives (the maximum of exact magnitudes; NaN if any element
  * is NaN).  Queued so that the fused evaluators read x once: the product,
  * the roundings, |x| and its maximum along rows make one kernel (a row
@@ -470,10 +470,28 @@ static int quant_pass(nt_tensor *x, nt_tensor *scale, const nt_dtype dt[2], nt_t
                             : NULL;
         if (m && m->dtype != NT_F32)
             m = nt_cast(m, NT_F32);
-        *am = nt_reshape(m, 1, (int64_t[]){1});
+        *am = m;
     }
     bool ok = q[0] && (q[1] || !nt__dtype_is_fp8(dt[1])) && (!am || *am);
     return ok ? 0 : (nt_last_error() ? nt_last_error() : NT_EEXEC);
+}
+
+/* Joins amax am (f32 [1, 1], from quant_pass) to the step's amax of row
+ * `row` in place: pending[row] = maximum(pending[row], am), queued right
+ * after the reduction that made am so that the fused evaluators run both
+ * in its kernel; the records' list (rec_add) and its concatenation at the
+ * update are skipped.  The same value: the maximum of the same exact
+ * magnitudes (pending starts at +0; NaN propagates). */
+static int pend_max(fp8_slot *s, int row, nt_tensor *am)
+{
+    fp8_dev *d = s->d;
+    nt_tensor *pv = nt_reshape(nt_narrow(d->pending, 0, row, 1), 2, (int64_t[]){1, 1});
+    if (!pv || nt_copy_into(pv, nt_maximum(pv, am)))
+        return nt_last_error() ? nt_last_error() : NT_EEXEC;
+    g_mutex_lock(&s->r->lock);
+    d->folded = true; /* pending holds amaxes of this step: collect joins them */
+    g_mutex_unlock(&s->r->lock);
+    return 0;
 }
 
 /* (qa . qb) / (sa sb) rounded to odt: the fp8 matmul with its dequantizing
@@ -596,9 +614,9 @@ static nt_tensor *fwd_delayed(fp8_slot *s, nt_tensor *a2, nt_tensor *b)
     nt_tensor *qa[2], *qb[2], *ama = NULL, *amb = NULL;
     nt_tensor *sa = nt_narrow(d->scale, 0, 3 * s->k, 1), *sb = nt_narrow(d->scale, 0, 3 * s->k + 1, 1);
     if (!sa || !sb || quant_pass(a2, sa, dts, qa, tls_record ? &ama : NULL) ||
-        (tls_record && rec_add(s, 3 * s->k, ama)) ||
+        (tls_record && pend_max(s, 3 * s->k, ama)) ||
         quant_pass(b, sb, dts, qb, tls_record ? &amb : NULL) ||
-        (tls_record && rec_add(s, 3 * s->k + 1, amb)))
+        (tls_record && pend_max(s, 3 * s->k + 1, amb)))
         return NULL;
     nt_tensor *p = slot_prod(s, 0);
     nt_tensor *y = p ? mmp(qa[0], qb[0], p, NT_BF16) : NULL;
@@ -652,7 +670,7 @@ static int bwd_saved(fp8_slot *s, fp8_saved *e, nt_tensor *a, nt_tensor *b, nt_t
 {
     nt_dtype dts[2] = {row_dtype(s, 2), NT_DTYPE_COUNT};
     nt_tensor *qg[2], *am, *sg = nt_narrow(s->d->scale, 0, 3 * s->k + 2, 1);
-    if (!sg || quant_pass(g2, sg, dts, qg, &am) || rec_add(s, 3 * s->k + 2, am))
+    if (!sg || quant_pass(g2, sg, dts, qg, &am) || pend_max(s, 3 * s->k + 2, am))
         return nt_last_error() ? nt_last_error() : NT_EEXEC;
     nt_tensor *da = mmp(qg[0], nt_transpose(e->qb, 0, 1), e->pda, (nt_dtype)a->dtype);
     nt_tensor *db = mmp(nt_transpose(e->qa, 0, 1), qg[0], e->pdb, (nt_dtype)b->dtype);
