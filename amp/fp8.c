@@ -461,13 +461,16 @@ static nt_tensor *quant(nt_tensor *x, nt_tensor *scale, nt_dtype dt)
 static int quant_pass(nt_tensor *x, nt_tensor *scale, const nt_dtype dt[2], nt_tensor **q,
                       nt_tensor **am)
 {
+    /* in x's own shape, so that the pass can join the kernel that made x
+     * (an elementwise program of that shape); the roundings are fresh
+     * tensors, viewed as [rows, last dim] */
+    int64_t last = x->shape[x->ndim - 1], sh2[2] = {nt_numel(x) / last, last};
     nt_tensor *t = scaled(x, scale);
-    q[0] = clamp_cast(t, dt[0]);
-    q[1] = t && nt__dtype_is_fp8(dt[1]) ? clamp_cast(t, dt[1]) : NULL;
+    q[0] = nt_reshape(clamp_cast(t, dt[0]), 2, sh2);
+    q[1] = t && nt__dtype_is_fp8(dt[1]) ? nt_reshape(clamp_cast(t, dt[1]), 2, sh2) : NULL;
     if (am) {
-        nt_tensor *rows = nt_max(nt_abs(x), 1, true);
-        nt_tensor *m = rows ? nt_max(nt_reshape(rows, 2, (int64_t[]){1, rows->shape[0]}), 1, true)
-                            : NULL;
+        nt_tensor *rows = nt_max(nt_abs(x), x->ndim - 1, true);
+        nt_tensor *m = rows ? nt_max(nt_reshape(rows, 2, (int64_t[]){1, sh2[0]}), 1, true) : NULL;
         if (m && m->dtype != NT_F32)
             m = nt_cast(m, NT_F32);
         *am = m;
@@ -603,7 +606,7 @@ static bool saved_take(fp8_slot *s, const void *key, fp8_saved *e)
  * recorded, rounds it to the gradient's format for the backward (hybrid);
  * the matmul takes its scale product made once per region.  The same bits
  * as the unfused sequence (quant, amax1, mm). */
-static nt_tensor *fwd_delayed(fp8_slot *s, nt_tensor *a2, nt_tensor *b)
+static nt_tensor *fwd_delayed(fp8_slot *s, nt_tensor *a, nt_tensor *b)
 {
     fp8_dev *d = s->d;
     if (dev_prods(d, &s->r->lock))
@@ -613,7 +616,7 @@ static nt_tensor *fwd_delayed(fp8_slot *s, nt_tensor *a2, nt_tensor *b)
     nt_dtype dts[2] = {FP8_FWD_DT, two ? gdt : NT_DTYPE_COUNT};
     nt_tensor *qa[2], *qb[2], *ama = NULL, *amb = NULL;
     nt_tensor *sa = nt_narrow(d->scale, 0, 3 * s->k, 1), *sb = nt_narrow(d->scale, 0, 3 * s->k + 1, 1);
-    if (!sa || !sb || quant_pass(a2, sa, dts, qa, tls_record ? &ama : NULL) ||
+    if (!sa || !sb || quant_pass(a, sa, dts, qa, tls_record ? &ama : NULL) ||
         (tls_record && pend_max(s, 3 * s->k, ama)) ||
         quant_pass(b, sb, dts, qb, tls_record ? &amb : NULL) ||
         (tls_record && pend_max(s, 3 * s->k + 1, amb)))
@@ -644,7 +647,7 @@ static nt_tensor *slot_forward(nt_tensor *const *in, void *ctx)
     nt_tensor *a2 = nt_reshape(a, 2, (int64_t[]){M, K});
     nt_tensor *sa, *sb, *ia, *ib, *y = NULL;
     if (a2 && s->r->o.scaling == NT_FP8_DELAYED)
-        y = fwd_delayed(s, a2, b);
+        y = fwd_delayed(s, a, b);
     else if (a2 && !slot_scale(s, 0, a2, tls_record, &sa, &ia) &&
              !slot_scale(s, 1, b, tls_record, &sb, &ib))
         y = mm(quant(a2, sa, FP8_FWD_DT), quant(b, sb, FP8_FWD_DT), ia, ib, NT_BF16);
@@ -665,12 +668,12 @@ static nt_tensor *slot_forward(nt_tensor *const *in, void *ctx)
 /* The backward under delayed scaling with the forward's entry e: one
  * rounding pass over the gradient that records its amax, and the two
  * gradient matmuls on the forward's roundings of a and b. */
-static int bwd_saved(fp8_slot *s, fp8_saved *e, nt_tensor *a, nt_tensor *b, nt_tensor *g2,
+static int bwd_saved(fp8_slot *s, fp8_saved *e, nt_tensor *a, nt_tensor *b, nt_tensor *g,
                      nt_tensor **gin)
 {
     nt_dtype dts[2] = {row_dtype(s, 2), NT_DTYPE_COUNT};
     nt_tensor *qg[2], *am, *sg = nt_narrow(s->d->scale, 0, 3 * s->k + 2, 1);
-    if (!sg || quant_pass(g2, sg, dts, qg, &am) || pend_max(s, 3 * s->k + 2, am))
+    if (!sg || quant_pass(g, sg, dts, qg, &am) || pend_max(s, 3 * s->k + 2, am))
         return nt_last_error() ? nt_last_error() : NT_EEXEC;
     nt_tensor *da = mmp(qg[0], nt_transpose(e->qb, 0, 1), e->pda, (nt_dtype)a->dtype);
     nt_tensor *db = mmp(nt_transpose(e->qa, 0, 1), qg[0], e->pdb, (nt_dtype)b->dtype);
@@ -697,7 +700,7 @@ static int slot_backward(nt_tensor *gout, nt_tensor *const *in, nt_tensor *out,
         g_mutex_lock(&s->r->lock);
         bool ok = e.epoch == s->d->epoch && e.qa->st->cap == nt__tl_cap;
         g_mutex_unlock(&s->r->lock);
-        int rc = ok && g2 ? bwd_saved(s, &e, a, b, g2, gin) : -1;
+        int rc = ok ? bwd_saved(s, &e, a, b, gout, gin) : -1;
         saved_clear(&e, true);
         if (rc >= 0)
             return rc;
