@@ -583,6 +583,7 @@ static void saved_put(fp8_slot *s, const fp8_saved *e)
         at = &s->saved[s->nsaved++ % FP8_SAVED];
     saved_clear(at, true);
     *at = *e;
+    at->epoch = s->d->epoch; /* the scales the forward's roundings used */
     g_mutex_unlock(&s->r->lock);
 }
 
@@ -624,8 +625,8 @@ static nt_tensor *fwd_delayed(fp8_slot *s, nt_tensor *a, nt_tensor *b)
     nt_tensor *p = slot_prod(s, 0);
     nt_tensor *y = p ? mmp(qa[0], qb[0], p, NT_BF16) : NULL;
     if (y && tls_save) {
-        fp8_saved e = {y->st, d->epoch, two ? qa[1] : qa[0], two ? qb[1] : qb[0],
-                       slot_prod(s, 1), slot_prod(s, 2)};
+        fp8_saved e = {y->st, 0, two ? qa[1] : qa[0], two ? qb[1] : qb[0], slot_prod(s, 1),
+                       slot_prod(s, 2)};
         if (!e.pda || !e.pdb)
             return NULL;
         nt_retain(e.qa);
@@ -845,8 +846,8 @@ static int dev_apply(nt_fp8_recipe *r, fp8_dev *d, int nslots)
     if (!sf || nt_copy_into(cur, sf) || nt_copy_into(nt_narrow(d->inv, 0, 0, n), nt_reciprocal(sf)) ||
         nt_fill_inplace(p, 0.0))
         return nt_last_error();
-    d->folded = false;
     g_mutex_lock(&r->lock);
+    d->folded = false;
     d->epoch++;
     g_mutex_unlock(&r->lock);
     return 0;
