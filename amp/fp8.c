@@ -617,11 +617,18 @@ static nt_tensor *fwd_delayed(fp8_slot *s, nt_tensor *a, nt_tensor *b)
     nt_dtype dts[2] = {FP8_FWD_DT, two ? gdt : NT_DTYPE_COUNT};
     nt_tensor *qa[2], *qb[2], *ama = NULL, *amb = NULL;
     nt_tensor *sa = nt_narrow(d->scale, 0, 3 * s->k, 1), *sb = nt_narrow(d->scale, 0, 3 * s->k + 1, 1);
-    if (!sa || !sb || quant_pass(a, sa, dts, qa, tls_record ? &ama : NULL) ||
+    /* b = w^T (what nt_linear passes): the pass reads w in its own
+     * (contiguous) layout and the roundings are viewed transposed back */
+    nt_tensor *wt = nt_transpose(b, 0, 1);
+    bool tr = wt && !nt_is_contiguous(b) && nt_is_contiguous(wt);
+    if (!sa || !sb || !wt || quant_pass(a, sa, dts, qa, tls_record ? &ama : NULL) ||
         (tls_record && pend_max(s, 3 * s->k, ama)) ||
-        quant_pass(b, sb, dts, qb, tls_record ? &amb : NULL) ||
+        quant_pass(tr ? wt : b, sb, dts, qb, tls_record ? &amb : NULL) ||
         (tls_record && pend_max(s, 3 * s->k + 1, amb)))
         return NULL;
+    for (int i = 0; tr && i < 2; i++)
+        if (qb[i] && !(qb[i] = nt_transpose(qb[i], 0, 1)))
+            return NULL;
     nt_tensor *p = slot_prod(s, 0);
     nt_tensor *y = p ? mmp(qa[0], qb[0], p, NT_BF16) : NULL;
     if (y && tls_save) {
