@@ -97,6 +97,9 @@ static nt_tensor *fp8_product(const nt_site *site, const char *fn, nt_tensor *a,
     return nt__dispatch(&c);
 }
 
+static nt_tensor *fp8_scaled(const nt_site *site, const char *fn, nt_scope *sc, nt_tensor *a,
+                             nt_tensor *b, nt_tensor *s, nt_dtype out_dtype);
+
 NT_API nt_tensor *nt_matmul_fp8_at(const nt_site *site, nt_tensor *a, nt_tensor *b,
                                    nt_tensor *scale_a, nt_tensor *scale_b, nt_dtype out_dtype)
 {
@@ -120,6 +123,13 @@ NT_API nt_tensor *nt_matmul_fp8_at(const nt_site *site, nt_tensor *a, nt_tensor 
      * epilogue, applied while the accumulator leaves PSUM) */
     nt_tensor *s = nt_mul_at(site, nt_reshape_at(site, scale_a, 0, NULL),
                              nt_reshape_at(site, scale_b, 0, NULL));
+    return fp8_scaled(site, fn, sc, a, b, s, out_dtype);
+}
+
+/* acc(a, b) * s rounded to out_dtype, inside scope sc (ended here) */
+static nt_tensor *fp8_scaled(const nt_site *site, const char *fn, nt_scope *sc, nt_tensor *a,
+                             nt_tensor *b, nt_tensor *s, nt_dtype out_dtype)
+{
     nt_tensor *y = s ? fp8_product(site, fn, a, b) : NULL;
     if (y)
         y = nt_mul_at(site, y, s);
@@ -131,6 +141,25 @@ NT_API nt_tensor *nt_matmul_fp8_at(const nt_site *site, nt_tensor *a, nt_tensor 
         nt__err_within(fn);
     nt_scope_end(sc);
     return y ? nt__scope_adopt(y, fn) : NULL;
+}
+
+nt_tensor *nt__matmul_fp8_prod(const nt_site *site, nt_tensor *a, nt_tensor *b, nt_tensor *s,
+                               nt_dtype out_dtype)
+{
+    const char *fn = "nt_matmul_fp8";
+    nt_tensor *in[4] = {a, b, s, s};
+    if (!nt__ensure_init() || !args_ok(site, fn, in, out_dtype))
+        return NULL;
+    if (s->dev != a->dev) {
+        nt__device_mismatch(site, fn, "scale_a", s->dev, a->dev);
+        return NULL;
+    }
+    nt_scope *sc = nt_scope_begin();
+    if (!sc) {
+        nt__err_hostmem(site, fn, "a scope");
+        return NULL;
+    }
+    return fp8_scaled(site, fn, sc, a, b, nt_reshape_at(site, s, 0, NULL), out_dtype);
 }
 
 NT_API nt_tensor *nt_matmul_fp8(nt_tensor *a, nt_tensor *b, nt_tensor *scale_a,

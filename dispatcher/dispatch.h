@@ -154,6 +154,11 @@ nt_tensor *nt__scalar(const nt_site *site, const char *fn, int op, nt_tensor *t,
 nt_tensor *nt__reduce(const nt_site *site, const char *fn, int op, nt_tensor *t, int dim,
                       bool keepdim);
 nt_tensor *nt__copy_to(const nt_site *site, const char *fn, nt_tensor *src, nt_dtype dt);
+/* nt_matmul_fp8 with the product of its scales made already: s = round_f32(
+ * scale_a * scale_b), f32 [1] or [] (amp/fp8.c makes every slot's at once);
+ * the same bits as nt_matmul_fp8(a, b, scale_a, scale_b, out_dtype). */
+nt_tensor *nt__matmul_fp8_prod(const nt_site *site, nt_tensor *a, nt_tensor *b, nt_tensor *s,
+                               nt_dtype out_dtype);
 /* linrec(a, b) over dim (dispatcher/api_reduce.c): y_j = a_j * y_(j-1) +
  * b_j from -0, floating a and b of one shape (cumprod's backward). */
 nt_tensor *nt__linrec(const nt_site *site, nt_tensor *a, nt_tensor *b, int dim);
