@@ -417,6 +417,8 @@ static void run_ep(int ep, const moe_data *md, nt_dtype dt, moe_out *o)
     for (int step = 0; step <= STEPS; step++) {
         nt_scope *ss = nt_scope_begin();
         nt_tensor *y[NDEV], *aux[NDEV], *cnt[NDEV], *l[NDEV], *L[NDEV], *Z[NDEV];
+        nt_stats st0, st1;
+        assert_int_equal(nt_stats_get(&st0), 0);
         if (nt_moe_mlp(c, x, wg, w1, w2, &OPTS, y, aux, cnt))
             fail_msg("nt_moe_mlp: %s", nt_last_error_message());
         for (int i = 0; i < ep; i++) {
@@ -431,6 +433,9 @@ static void run_ep(int ep, const moe_data *md, nt_dtype dt, moe_out *o)
         }
         assert_int_equal(nt_device_set(0), 0);
         assert_int_equal(nt_backward(nt_tp_join(c, Z)), 0);
+        assert_int_equal(nt_stats_get(&st1), 0);
+        if (nt_get_mode() != NT_MODE_DETERMINISTIC) /* no host sync in the step */
+            assert_int_equal(st1.syncs, st0.syncs);
         if (step == 0) {
             for (int i = 0; i < ep; i++) {
                 words_of(y[i], o->y + i * tl * D);
