@@ -74,6 +74,22 @@ static int dt_check(const nt_site *site, const char *fn, const char *arg, const 
 
 static bool mm_dtype(nt_dtype d) { return d == NT_F32 || d == NT_BF16; }
 
+/* Rows idx of t along dim 0 (t's values copied bit for bit): nt_embedding
+ * of t seen as [rows, rest], a DMA gather of whole rows on the simulator;
+ * its gradient adds the rows back in idx's order, in f32 from +0, rounded
+ * once, as nt_index_select's does. */
+static nt_tensor *rows_of(const nt_site *site, nt_tensor *t, nt_tensor *idx)
+{
+    if (!t || !idx)
+        return NULL;
+    int64_t rows = t->shape[0], rest = rows ? nt__numel(t->ndim, t->shape) / rows : 1;
+    int64_t sh[NT_MAX_DIMS];
+    memcpy(sh, t->shape, sizeof sh);
+    sh[0] = idx->shape[0];
+    nt_tensor *t2 = nt_reshape_at(site, t, 2, (int64_t[]){rows, rest});
+    return nt_reshape_at(site, nt_embedding_at(site, t2, idx), t->ndim, sh);
+}
+
 /* t + v in i32 (a 0-d i32 operand keeps the dtype). */
 static nt_tensor *add_i32(const nt_site *site, nt_tensor *t, int64_t v)
 {
@@ -288,7 +304,7 @@ static int a2a_run(const nt_site *site, const char *fn, nt_comm *c, int n, const
         zs[0] = 1; /* the zero row the padding reads */
         nt_tensor *parts[2] = {X[i], nt_zeros_at(site, (nt_dtype)in[i]->dtype, in[i]->ndim, zs)};
         nt_tensor *idx = a2a_index_issue(site, fn, C[i], j, R, cap);
-        out[i] = idx && parts[1] ? nt_index_select_at(site, nt_cat_at(site, parts, 2, 0), 0, idx)
+        out[i] = idx && parts[1] ? rows_of(site, nt_cat_at(site, parts, 2, 0), idx)
                                  : NULL;
         if (rcnt)
             rcnt[i] = nt_reshape_at(site, nt_contiguous_at(site, nt_slice_at(site, C[i], 1, j,
@@ -663,7 +679,7 @@ static int moe_sort(const nt_site *site, nt_tensor *x, nt_tensor *logits, const 
                                                                   (int64_t[]){T, k})),
                         1, (int64_t[]){T * k});
     nt_tensor *ef = nt_reshape_at(site, m->r.experts, 1, (int64_t[]){T * k});
-    m->xs = nt_index_select_at(site, x, 0, nt_index_select_at(site, tok, 0, m->r.perm));
+    m->xs = rows_of(site, x, nt_index_select_at(site, tok, 0, m->r.perm));
     m->ids = add_i32(site, nt_index_select_at(site, ef, 0, m->r.perm), 1);
     m->sc = nt_sum_at(site, nt_reshape_at(site, m->r.counts, 2, (int64_t[]){P, E / P}), 1, false);
     if (m->sc && m->sc->dtype != NT_I32)
@@ -687,10 +703,10 @@ static int moe_experts(const nt_site *site, moe_m *m, nt_tensor *w1, nt_tensor *
     if (cnt && cnt->dtype != NT_I32)
         cnt = nt_cast_at(site, cnt, NT_I32);
     cnt = nt_contiguous_at(site, nt_slice_at(site, cnt, 0, 0, El, 1));
-    nt_tensor *xe = nt_index_select_at(site, m->xr, 0, perm);
+    nt_tensor *xe = rows_of(site, m->xr, perm);
     nt_tensor *h = nt_gelu_at(site, nt_grouped_mm_at(site, xe, w1, cnt));
     nt_tensor *ye = nt_grouped_mm_at(site, h, w2, cnt);
-    m->yr = nt_index_select_at(site, ye, 0, nt_argsort_at(site, perm, 0, false, true));
+    m->yr = rows_of(site, ye, nt_argsort_at(site, perm, 0, false, true));
     return m->yr ? 0 : nt_last_error();
 }
 
@@ -699,7 +715,7 @@ static int moe_experts(const nt_site *site, moe_m *m, nt_tensor *w1, nt_tensor *
 static nt_tensor *moe_combine(const nt_site *site, moe_m *m, int64_t T, int64_t k, nt_dtype dt)
 {
     nt_tensor *inv = nt_argsort_at(site, m->r.perm, 0, false, true);
-    nt_tensor *yt = nt_index_select_at(site, m->yb, 0, inv);
+    nt_tensor *yt = rows_of(site, m->yb, inv);
     if (!yt)
         return NULL;
     int64_t D = yt->shape[1];
