@@ -7,14 +7,18 @@
  * the host time is the wall time of the step on this machine.
  *
  *   build/bench/moe [--tokens N] [--width D] [--hidden H] [--experts E] [--k K]
- *                   [--dtype bf16|f32]
+ *                   [--dtype bf16|f32] [--capacity-factor F]
  *
- * Defaults: 1024 tokens, D 512, H 1024, 8 experts, k 2, bf16. */
+ * --capacity-factor: each member's receive buffer holds F times its
+ * average rows (tokens k / ep); 0: every row the group could send it
+ * (tokens k, nt_moe_opts' default), which does not shrink with ep.
+ * Defaults: 1024 tokens, D 512, H 1024, 8 experts, k 2, bf16, F 2. */
 #define BENCH_NAME "bench/moe"
 #include "bench.h"
 
 static int64_t TOK = 1024, DM = 512, HM = 1024;
 static int EX = 8, KX = 2;
+static double CF = 2.0; /* capacity factor: rows a member can receive / its average */
 static nt_dtype DT = NT_BF16;
 
 static double max_clock(int n)
@@ -64,7 +68,8 @@ static void layer_init(layer *l, int ep)
 static void layer_step(layer *l)
 {
     nt_scope *s = nt_scope_begin();
-    nt_moe_opts o = {KX, NT_MOE_SOFTMAX, 8, 0};
+    int64_t avg = TOK * KX / l->ep, cap = (int64_t)(CF * (double)avg);
+    nt_moe_opts o = {KX, NT_MOE_SOFTMAX, 8, CF > 0 && cap < avg * l->ep ? cap : 0};
     nt_tensor *y[8], *aux[8], *m[8], *Z[8];
     bench_check(nt_moe_mlp(l->c, l->x, l->wg, l->w1, l->w2, &o, y, aux, NULL), "nt_moe_mlp");
     for (int r = 0; r < l->ep; r++) {
@@ -117,6 +122,8 @@ int main(int argc, char **argv)
             EX = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--k"))
             KX = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--capacity-factor"))
+            CF = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--dtype"))
             DT = strcmp(argv[i + 1], "f32") ? NT_BF16 : NT_F32;
     }
@@ -125,9 +132,9 @@ int main(int argc, char **argv)
     setenv("NT_SIM_CORES", "8", 0);
     setenv("NT_BACKEND", "sim", 0);
     bench_check(nt_init(), "nt_init");
-    printf("MoE MLP: %lld tokens, %d experts of %lld -> %lld -> %lld, top %d, %s, topology %s\n",
-           (long long)TOK, EX, (long long)DM, (long long)HM, (long long)DM, KX,
-           nt_dtype_name(DT), getenv("NT_SIM_TOPOLOGY") ? getenv("NT_SIM_TOPOLOGY")
+    printf("MoE MLP: %lld tokens, %d experts of %lld -> %lld -> %lld, top %d, %s, capacity "
+           "factor %g, topology %s\n", (long long)TOK, EX, (long long)DM, (long long)HM,
+           (long long)DM, KX, nt_dtype_name(DT), CF, getenv("NT_SIM_TOPOLOGY") ? getenv("NT_SIM_TOPOLOGY")
                                                         : "trn1.32xlarge");
     printf("%-4s %12s %10s %12s\n", "ep", "sim ms/step", "vs ep 1", "host ms");
     double base = 0;
