@@ -16,6 +16,7 @@
 #include "ntensor.h"
 #include "nt_test.h"
 #include "crc32.h"
+#include "torch_refs/moe.h"
 
 #define NDEV 8
 
@@ -210,6 +211,97 @@ static void test_grouped_mm(void **state)
         same_bits(c.gw, m.gw, "w's gradient sim vs cpu");
         nt_scope_end(sc);
     }
+}
+
+/* ---------------- PyTorch ---------------- */
+
+/* got against PyTorch's want: the same class (NaN, +-Inf), else within
+ * 1e-6 of the sum of the terms' magnitudes (mag): PyTorch's CPU matmul and
+ * softmax sum in another order. */
+static void near_torch(float got, uint32_t wantb, double mag, const char *what, int i)
+{
+    float want = nt_test_fbits(wantb);
+    if (isnan(want) || isinf(want)) {
+        if (!(isnan(want) ? isnan(got) : got == want))
+            fail_msg("%s[%d]: %g, PyTorch %g", what, i, got, want);
+        return;
+    }
+    if (!(fabs((double)got - want) <= 1e-6 * mag + 1e-30))
+        fail_msg("%s[%d]: %.9g, PyTorch %.9g (terms' magnitude %g)", what, i, got, want, mag);
+}
+
+static void test_torch(void **state)
+{
+    (void)state;
+    enum { M = MOE_GM, K = MOE_GK, N = MOE_GN, NE = MOE_GE };
+    float x[M * K], w[NE * K * N], u[M * N], y[M * N], gx[M * K], gw[NE * K * N];
+    for (int i = 0; i < M * K; i++)
+        x[i] = nt_test_fbits(moe_x[i]);
+    for (int i = 0; i < NE * K * N; i++)
+        w[i] = nt_test_fbits(moe_w[i]);
+    for (int i = 0; i < M * N; i++)
+        u[i] = nt_test_fbits(moe_u[i]);
+    for (int b = 0; b < 2; b++) {
+        set_backend(b ? "sim" : "cpu");
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *xt = on_dev(0, x, NT_F32, 2, (int64_t[]){M, K}, true);
+        nt_tensor *wt = on_dev(0, w, NT_F32, 3, (int64_t[]){NE, K, N}, true);
+        nt_tensor *ct = on_dev(0, moe_counts, NT_I32, 1, (int64_t[]){NE}, false);
+        nt_tensor *yt = nt_grouped_mm(xt, wt, ct);
+        assert_int_equal(nt_backward(sum_all(nt_mul(yt, on_dev(0, u, NT_F32, 2,
+                                                             (int64_t[]){M, N}, false)))), 0);
+        host_of(yt, y);
+        host_of(nt_grad(xt), gx);
+        host_of(nt_grad(wt), gw);
+        int e = 0, end = moe_counts[0];
+        for (int i = 0; i < M; i++) {
+            while (e < NE && i >= end)
+                end += moe_counts[++e < NE ? e : NE - 1];
+            for (int n = 0; n < N; n++) {
+                double mag = 0;
+                for (int k = 0; e < NE && k < K; k++)
+                    mag += fabs((double)x[i * K + k] * w[(e * K + k) * N + n]);
+                near_torch(y[i * N + n], moe_y[i * N + n], mag, "y", i * N + n);
+            }
+            for (int k = 0; k < K; k++) {
+                double mag = 0;
+                for (int n = 0; e < NE && n < N; n++)
+                    mag += fabs((double)u[i * N + n] * w[(e * K + k) * N + n]);
+                near_torch(gx[i * K + k], moe_gx[i * K + k], mag, "x's gradient", i * K + k);
+            }
+        }
+        for (int q = 0, r0 = 0; q < NE; r0 += moe_counts[q++])
+            for (int k = 0; k < K; k++)
+                for (int n = 0; n < N; n++) {
+                    double mag = 0;
+                    for (int i = r0; i < r0 + moe_counts[q]; i++)
+                        mag += fabs((double)x[i * K + k] * u[i * N + n]);
+                    int j = (q * K + k) * N + n;
+                    near_torch(gw[j], moe_gw[j], mag, "w's gradient", j);
+                }
+        /* the router */
+        float lg[MOE_RT * MOE_RE], wv[MOE_RT * MOE_RK];
+        int32_t ev[MOE_RT * MOE_RK];
+        for (int i = 0; i < MOE_RT * MOE_RE; i++)
+            lg[i] = nt_test_fbits(moe_logits[i]);
+        for (int sg = 0; sg < 2; sg++) {
+            nt_tensor *rw, *re, *rc, *rp;
+            assert_int_equal(nt_moe_route(on_dev(0, lg, NT_F32, 2,
+                                                 (int64_t[]){MOE_RT, MOE_RE}, false),
+                                          MOE_RK, sg ? NT_MOE_SIGMOID : NT_MOE_SOFTMAX, &rw, &re,
+                                          &rc, &rp), 0);
+            host_of(rw, wv);
+            host_of(re, ev);
+            const uint32_t *tw = sg ? moe_sigmoid_w : moe_softmax_w;
+            const int32_t *te = sg ? moe_sigmoid_e : moe_softmax_e;
+            for (int i = 0; i < MOE_RT * MOE_RK; i++) {
+                assert_int_equal(ev[i], te[i]);
+                near_torch(wv[i], tw[i], 4.0 * nt_test_fbits(tw[i]), "weights", i);
+            }
+        }
+        nt_scope_end(sc);
+    }
+    set_backend("cpu");
 }
 
 /* ---------------- the router ---------------- */
@@ -994,6 +1086,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_grouped_mm, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_torch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_route, setup, teardown),
         cmocka_unit_test_setup_teardown(test_all_to_all, setup, teardown),
         cmocka_unit_test_setup_teardown(test_values, setup, teardown),
