@@ -134,6 +134,7 @@ typedef enum { NT__AMP_KEEP = 0, NT__AMP_LOW, NT__AMP_F32 } nt__amp_policy;
 #define NT__SAVE_I0 1u, 0u
 #define NT__SAVE_I1 2u, 0u
 #define NT__SAVE_I01 3u, 0u
+#define NT__SAVE_I012 7u, 0u
 #define NT__SAVE_O0 0u, 1u
 #define NT__SAVE_I0O0 1u, 1u
 #define NT__SAVE_I0123O01 15u, 3u
@@ -400,8 +401,8 @@ typedef enum nt__opkind {
     X(BN_FWD, batch_norm_fwd, 3, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, bn_fwd, I01O1, NT__SIM_NONE) \
     X(BN_BWD, batch_norm_bwd, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE) \
     X(GRAD_NORMS, grad_norms, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE) \
-    X(GMM, grouped_mm, 3, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE) \
-    X(GMM_WGRAD, grouped_mm_wgrad, 3, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE) \
+    X(GMM, grouped_mm, 3, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, grouped_mm, I012, NT__SIM_NONE) \
+    X(GMM_WGRAD, grouped_mm_wgrad, 3, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, grouped_mm_wgrad, I012, NT__SIM_NONE) \
     X(A2A_INDEX, all_to_all_index, 1, NT_KIND_BWD, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)
 
 #define NT_OP_TABLE(X)                                                      \

@@ -6,7 +6,8 @@
  * Nothing here reads a value back to the host: the counts, the
  * permutations and the all_to_all's gather index are tensors, and the
  * kernels that need them (grouped_mm, all_to_all_index: cpu/moe.c,
- * neuron/moe.c) read them on the device when they run.  Shapes are fixed
+ * neuron/moe.c; nt_grouped_mm is dispatcher/api_moe.c's) read them on the
+ * device when they run.  Shapes are fixed
  * at the call: an all_to_all's output has `capacity` rows, those past the
  * rows received zero, and a grouped product's rows past its counts' sum
  * are zero.
@@ -94,143 +95,6 @@ static nt_tensor *rows_of(const nt_site *site, nt_tensor *t, nt_tensor *idx)
 static nt_tensor *add_i32(const nt_site *site, nt_tensor *t, int64_t v)
 {
     return nt_add_at(site, t, nt_full_at(site, NT_I32, 0, NULL, (double)v));
-}
-
-/* ------------------------------------------------------------------ */
-/* The grouped matmul                                                  */
-/* ------------------------------------------------------------------ */
-
-/* grouped_mm(x [M, K], w [E, K, N], counts) -> [M, N]; tr: x [M, N] times
- * w[e]^T -> [M, K]. */
-static nt_tensor *gmm_issue(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *w,
-                            nt_tensor *counts, bool tr)
-{
-    nt__call c;
-    nt_tensor *in[3] = {nt_contiguous_at(site, x), nt_contiguous_at(site, w), counts};
-    if (!in[0] || !in[1])
-        return NULL;
-    if (!nt__call_begin(&c, site, fn, NT_OP_GMM, 3, in, "x,w,counts"))
-        return nt__call_fail(&c);
-    c.p.dim = tr;
-    c.no_grad = true;
-    c.odt[0] = (nt_dtype)in[0]->dtype;
-    c.ondim[0] = 2;
-    c.oshape[0][0] = in[0]->shape[0];
-    c.oshape[0][1] = in[1]->shape[tr ? 1 : 2];
-    c.flops = 2.0 * (double)in[0]->shape[0] * (double)in[1]->shape[1] * (double)in[1]->shape[2];
-    return nt__dispatch(&c);
-}
-
-/* grouped_mm_wgrad(x [M, K], gy [M, N], counts [E]) -> [E, K, N]. */
-static nt_tensor *gmm_wgrad_issue(const nt_site *site, const char *fn, nt_tensor *x,
-                                  nt_tensor *gy, nt_tensor *counts)
-{
-    nt__call c;
-    nt_tensor *in[3] = {nt_contiguous_at(site, x), nt_contiguous_at(site, gy), counts};
-    if (!in[0] || !in[1])
-        return NULL;
-    if (!nt__call_begin(&c, site, fn, NT_OP_GMM_WGRAD, 3, in, "x,grad,counts"))
-        return nt__call_fail(&c);
-    c.no_grad = true;
-    c.odt[0] = (nt_dtype)in[0]->dtype;
-    c.ondim[0] = 3;
-    c.oshape[0][0] = counts->shape[0];
-    c.oshape[0][1] = in[0]->shape[1];
-    c.oshape[0][2] = in[1]->shape[1];
-    c.flops = 2.0 * (double)in[0]->shape[0] * (double)in[0]->shape[1] * (double)in[1]->shape[1];
-    return nt__dispatch(&c);
-}
-
-typedef struct gmm_ctx {
-    nt_site site;
-    nt_tensor *x, *w, *counts; /* saved */
-} gmm_ctx;
-
-static void gmm_free(void *p)
-{
-    gmm_ctx *x = p;
-    nt_tensor *t[3] = {x->x, x->w, x->counts};
-    for (int i = 0; i < 3; i++)
-        if (t[i])
-            nt_release(t[i]);
-    free(x);
-}
-
-static int gmm_bwd(void *ctxp, nt_tensor *const *gout, nt_tensor **gin)
-{
-    gmm_ctx *x = ctxp;
-    const nt_site *site = &x->site;
-    const char *fn = "nt_grouped_mm";
-    nt_tensor *g = gout[0];
-    if (!g)
-        return 0; /* no gradient reached the output: the inputs' are zero */
-    nt__devsw d;
-    nt__dev_enter(&d, g->dev);
-    gin[0] = gmm_issue(site, fn, g, x->w, x->counts, true);
-    gin[1] = gmm_wgrad_issue(site, fn, x->x, g, x->counts);
-    nt__dev_leave(&d);
-    return gin[0] && gin[1] ? 0 : nt_last_error();
-}
-
-static int gmm_check(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *w,
-                     nt_tensor *counts)
-{
-    if (!nt__check_arg(site, fn, "x", x) || !nt__check_arg(site, fn, "w", w) ||
-        !nt__check_arg(site, fn, "counts", counts))
-        return nt_last_error();
-    char a[128], b[128];
-    if (!mm_dtype((nt_dtype)x->dtype))
-        return nt__err(site, NT_EDTYPE, fn, "x is %s; expected f32 or bf16",
-                       nt_dtype_name((nt_dtype)x->dtype));
-    int rc = dt_check(site, fn, "w", w, (nt_dtype)x->dtype);
-    if (rc || (rc = dt_check(site, fn, "counts", counts, NT_I32)))
-        return rc;
-    if (x->ndim != 2 || w->ndim != 3 || w->shape[1] != x->shape[1])
-        return nt__err(site, NT_ESHAPE, fn, "x has shape %s and w %s; expected x [M, K] and w "
-                       "[E, K, N]", nt__shape_str(x->ndim, x->shape, a, sizeof a),
-                       nt__shape_str(w->ndim, w->shape, b, sizeof b));
-    if (counts->ndim != 1 || counts->shape[0] != w->shape[0])
-        return nt__err(site, NT_ESHAPE, fn, "counts has shape %s; expected [%lld] (w's experts)",
-                       nt__shape_str(counts->ndim, counts->shape, a, sizeof a),
-                       (long long)w->shape[0]);
-    if (x->dev != w->dev || x->dev != counts->dev)
-        return nt__err(site, NT_EINVAL, fn, "x, w and counts are on devices %d, %d and %d; "
-                       "expected one device", x->dev, w->dev, counts->dev);
-    return 0;
-}
-
-nt_tensor *nt_grouped_mm_at(const nt_site *site, nt_tensor *x, nt_tensor *w, nt_tensor *counts)
-{
-    const char *fn = "nt_grouped_mm";
-    if (gmm_check(site, fn, x, w, counts))
-        return NULL;
-    gmm_ctx *cx = calloc(1, sizeof *cx);
-    if (!cx) {
-        nt__err_hostmem(site, fn, "the op's record");
-        return NULL;
-    }
-    cx->site = *site;
-    cx->x = nt__save(x);
-    cx->w = nt__save(w);
-    cx->counts = nt__save(counts);
-    nt_scope *s = nt_scope_begin();
-    int rc = cx->x && cx->w && cx->counts ? 0 : nt__err_hostmem(site, fn, "saved tensors");
-    nt_tensor *y = NULL;
-    if (!rc) {
-        nt__devsw d;
-        nt__dev_enter(&d, x->dev);
-        nt_no_grad_begin();
-        y = gmm_issue(site, fn, x, w, counts, false);
-        nt_no_grad_end();
-        nt__dev_leave(&d);
-        rc = y ? 0 : nt_last_error();
-    }
-    nt_tensor *in[3] = {x, w, counts};
-    if (!rc)
-        rc = nt__grp_record(site, fn, 1, 3, in, &y, gmm_bwd, gmm_free, cx);
-    else
-        gmm_free(cx);
-    return moe_end(s, fn, rc, &y, 1) ? NULL : y;
 }
 
 /* ------------------------------------------------------------------ */
@@ -922,14 +786,9 @@ int nt_moe_mlp_at(const nt_site *site, nt_comm *c, nt_tensor *const *x, nt_tenso
 /* The plain entry points                                              */
 /* ------------------------------------------------------------------ */
 
-#undef nt_grouped_mm
 #undef nt_all_to_all
 #undef nt_moe_route
 #undef nt_moe_mlp
-NT_API nt_tensor *nt_grouped_mm(nt_tensor *x, nt_tensor *w, nt_tensor *counts)
-{
-    return nt_grouped_mm_at(NT_RA_SITE, x, w, counts);
-}
 NT_API int nt_all_to_all(nt_comm *c, nt_tensor *const *in, nt_tensor *const *send_counts,
                          int64_t capacity, nt_tensor **out, nt_tensor **recv_counts)
 {

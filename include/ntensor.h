@@ -2351,7 +2351,8 @@ typedef enum nt_moe_score {
  *  K-tiles of 128 from its first row (zero for an empty run).  Errors at the
  *  call: NULL or released arguments, dtypes (NT_EDTYPE), shapes (NT_ESHAPE);
  *  when the kernel runs: a negative count or counts that add up to more
- *  than M (NT_ERANGE, "counts add up to S rows; x has M"). */
+ *  than M (NT_ERANGE, "counts add up to S rows; x has M").  Each gradient
+ *  is itself a grouped product, so double backward works. */
 NT_API nt_tensor *nt_grouped_mm(nt_tensor *x, nt_tensor *w, nt_tensor *counts);
 
 /** all_to_all with per-destination counts held on the device, over c (the

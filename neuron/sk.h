@@ -18,6 +18,8 @@
  *   attention.c  scaled dot-product attention and its backward (flash style)
  *   conv.c     conv_gemm and conv_wgrad (convolutions: im2col on chip or by DMA)
  *   bn.c       batch_norm_fwd and batch_norm_bwd (training batch norm)
+ *   moe.c      grouped_mm, grouped_mm_wgrad and all_to_all_index (mixture
+ *              of experts: one nt_tile_matmul program per expert)
  *   gen.c      arange, rand, randn (GpSimd custom code)
  *   sample.c   dropout, topk, multinomial (GpSimd custom code)
  *   user.c     user tile kernels (nt_op_register_kernel)

@@ -213,6 +213,36 @@ static void test_grouped_mm(void **state)
     }
 }
 
+/* nt_grouped_mm of in[0] [6, 3], in[1] [3, 3, 2], counts 2, 0, 3 (ctx). */
+static nt_tensor *gc_gmm(nt_tensor *const *in, void *ctx)
+{
+    return nt_grouped_mm(in[0], in[1], ctx);
+}
+
+/* First and second derivatives against finite differences, both backends. */
+static void test_grouped_mm_grads(void **state)
+{
+    (void)state;
+    static const int32_t cv[3] = {2, 0, 3};
+    for (int b = 0; b < 2; b++) {
+        set_backend(b ? "sim" : "cpu");
+        nt_scope *sc = nt_scope_begin();
+        float v[18];
+        uint64_t s = 11;
+        nt_test_fill(v, 18, &s);
+        nt_tensor *in[2] = {on_dev(0, v, NT_F32, 2, (int64_t[]){6, 3}, true), NULL};
+        nt_test_fill(v, 18, &s);
+        in[1] = on_dev(0, v, NT_F32, 3, (int64_t[]){3, 3, 2}, true);
+        nt_tensor *ct = on_dev(0, cv, NT_I32, 1, (int64_t[]){3}, false);
+        if (nt_gradcheck(gc_gmm, in, 2, ct, 1e-2, 2e-2, 2e-2))
+            fail_msg("gradcheck: %s", nt_last_error_message());
+        if (nt_gradgradcheck(gc_gmm, in, 2, ct, NULL, 1e-2, 2e-2, 2e-2))
+            fail_msg("gradgradcheck: %s", nt_last_error_message());
+        nt_scope_end(sc);
+    }
+    set_backend("cpu");
+}
+
 /* ---------------- PyTorch ---------------- */
 
 /* got against PyTorch's want: the same class (NaN, +-Inf), else within
@@ -1086,6 +1116,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_grouped_mm, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_grouped_mm_grads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_torch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_route, setup, teardown),
         cmocka_unit_test_setup_teardown(test_all_to_all, setup, teardown),
