@@ -416,6 +416,36 @@ static int bwd_conv2d(nt__bctx *b)
 }
 #define bwd_conv_transpose2d bwd_conv2d
 
+/* grouped_mm (dispatcher/api_moe.c): y = x w[e] per run (p.dim 1: x
+ * w[e]^T).  x's gradient is g times w[e]^T (w[e]) per run, w's the runs'
+ * x_e^T g_e (g_e^T x_e), each a kernel op that records in a create_graph
+ * pass. */
+static int bwd_grouped_mm(nt__bctx *b)
+{
+    bool tr = b->n->p.dim == 1, ng = !b->create;
+    if (!G)
+        return 0;
+    if (LIVE(0))
+        TRY(b->gin[0] = nt__grouped_mm(S, "nt_grouped_mm", G, IN(1), IN(2), !tr, ng));
+    if (LIVE(1))
+        TRY(b->gin[1] = tr ? nt__grouped_mm_wgrad(S, "nt_grouped_mm", G, IN(0), IN(2), ng)
+                           : nt__grouped_mm_wgrad(S, "nt_grouped_mm", IN(0), G, IN(2), ng));
+    return 0;
+}
+/* grouped_mm_wgrad: dw[e] = a_e^T b_e; a's gradient b_e g[e]^T, b's a_e
+ * g[e], per run. */
+static int bwd_grouped_mm_wgrad(nt__bctx *b)
+{
+    bool ng = !b->create;
+    if (!G)
+        return 0;
+    if (LIVE(0))
+        TRY(b->gin[0] = nt__grouped_mm(S, "nt_grouped_mm", IN(1), G, IN(2), true, ng));
+    if (LIVE(1))
+        TRY(b->gin[1] = nt__grouped_mm(S, "nt_grouped_mm", IN(0), G, IN(2), false, ng));
+    return 0;
+}
+
 /* t [N, C, *] as the rows [C, N * S] (a copy), and back. */
 static nt_tensor *bn_rows(nt__bctx *b, nt_tensor *t)
 {

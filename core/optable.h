@@ -134,6 +134,7 @@ typedef enum { NT__AMP_KEEP = 0, NT__AMP_LOW, NT__AMP_F32 } nt__amp_policy;
 #define NT__SAVE_I0 1u, 0u
 #define NT__SAVE_I1 2u, 0u
 #define NT__SAVE_I01 3u, 0u
+#define NT__SAVE_I012 7u, 0u
 #define NT__SAVE_O0 0u, 1u
 #define NT__SAVE_I0O0 1u, 1u
 #define NT__SAVE_I0123O01 15u, 3u
@@ -381,7 +382,16 @@ typedef enum nt__opkind {
  * kernel each (dispatcher/api_norm.c, cpu/bn.c, neuron/bn.c);
  * grad_norms(g0, ?g1, ?g2, ?g3) -> [k] f32: the 2-norm of every f32 input
  * over all its elements, each exactly nt_norm(gi, 2) (gradient clipping's
- * per-parameter norms, k at a time, autograd/clip.c). */
+ * per-parameter norms, k at a time, autograd/clip.c);
+ * grouped_mm(x [M, K], w [E, K, N], counts [E] i32) -> [M, N]: rows of
+ * expert e (the counts' consecutive runs) times w[e], each nt_matmul's
+ * recurrence, rows past the counts' sum zero (p.dim 1: x [M, N] times
+ * w[e]^T -> [M, K], the input gradient); grouped_mm_wgrad(x [M, K], gy [M, N],
+ * counts) -> [E, K, N]: x_e^T . gy_e per expert, K-tiles of 128 rows from
+ * the expert's first row; all_to_all_index(C [P, P] i32) -> [cap] i32:
+ * the rows rank p.i[0] gathers from every rank's R = p.i[1] rows (C[i][j]:
+ * rows rank i sends rank j), i * R + the row, P * R past the received
+ * ones, counts checked (dist/moe.c, docs/parallel.md). */
 #define NT_OPS_BWD(X)                                                       \
     X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, embedding_bwd, I1, NT__SIM_NONE)                                             \
     X(INDEX_ADD, index_add, 2, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, index_add, I1, NT__SIM_NONE)                \
@@ -390,7 +400,10 @@ typedef enum nt__opkind {
     X(CONV_WGRAD, conv_wgrad, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE) \
     X(BN_FWD, batch_norm_fwd, 3, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, bn_fwd, I01O1, NT__SIM_NONE) \
     X(BN_BWD, batch_norm_bwd, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE) \
-    X(GRAD_NORMS, grad_norms, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
+    X(GRAD_NORMS, grad_norms, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE) \
+    X(GMM, grouped_mm, 3, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, grouped_mm, I012, NT__SIM_NONE) \
+    X(GMM_WGRAD, grouped_mm_wgrad, 3, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, grouped_mm_wgrad, I012, NT__SIM_NONE) \
+    X(A2A_INDEX, all_to_all_index, 1, NT_KIND_BWD, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)
 
 #define NT_OP_TABLE(X)                                                      \
     NT_OPS_FILL(X) NT_OPS_COPY(X) NT_OPS_UNARY(X) NT_OPS_SCALAR(X)          \

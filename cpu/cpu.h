@@ -115,6 +115,9 @@ int nt__cpu_batch_norm_bwd(const nt__rec *r);
 extern atomic_int nt__cpu_ref_paths;
 /* cpu/reduce.c: gradient clipping's per-parameter 2-norms */
 int nt__cpu_grad_norms(const nt__rec *r);
+int nt__cpu_grouped_mm(const nt__rec *r);       /* moe.c */
+int nt__cpu_grouped_mm_wgrad(const nt__rec *r); /* moe.c */
+int nt__cpu_all_to_all_index(const nt__rec *r); /* moe.c */
 #undef NT__CPU_DECL
 
 #endif

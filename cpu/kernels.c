@@ -36,6 +36,9 @@ const nt__kernel_fn nt__cpu_kernels[] = {
     [NT_OP_BN_FWD] = nt__cpu_batch_norm_fwd,
     [NT_OP_BN_BWD] = nt__cpu_batch_norm_bwd,
     [NT_OP_GRAD_NORMS] = nt__cpu_grad_norms,
+    [NT_OP_GMM] = nt__cpu_grouped_mm,
+    [NT_OP_GMM_WGRAD] = nt__cpu_grouped_mm_wgrad,
+    [NT_OP_A2A_INDEX] = nt__cpu_all_to_all_index,
 };
 
 _Static_assert(sizeof nt__cpu_kernels / sizeof nt__cpu_kernels[0] == NT_OP_COUNT,

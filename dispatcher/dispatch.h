@@ -192,6 +192,14 @@ bool nt__bn_check(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *
                   double eps);
 int nt__bn_update(const nt_site *site, const char *fn, nt_tensor *r, nt_tensor *stat,
                   double momentum);
+/* The grouped matmul of mixture-of-experts layers (dispatcher/api_moe.c,
+ * core/optable.h): grouped_mm(x, w, counts) (tr: w[e] read transposed) and
+ * grouped_mm_wgrad(x, gy, counts) -> [E, x's cols, gy's cols]; autograd
+ * records a node unless no_grad. */
+nt_tensor *nt__grouped_mm(const nt_site *site, const char *fn, nt_tensor *x, nt_tensor *w,
+                          nt_tensor *counts, bool tr, bool no_grad);
+nt_tensor *nt__grouped_mm_wgrad(const nt_site *site, const char *fn, nt_tensor *x,
+                                nt_tensor *gy, nt_tensor *counts, bool no_grad);
 /* Convolutions (dispatcher/api_conv.c, core/conv.h): the kernel ops
  * conv_gemm and conv_wgrad, and the gradients of conv2d / conv_transpose2d
  * (op) for autograd: gin[i] set for each live input (x, w, b) from g, the

@@ -15,7 +15,10 @@
  *   tp.c    tensor parallelism: differentiable collectives and the
  *           tensor-parallel layers (docs/parallel.md)
  *   fp8.c   nt_fp8_recipe_update: fp8 amaxes reduced with MAX over a
- *           communicator before the recipe's rescale (amp/fp8.c) */
+ *           communicator before the recipe's rescale (amp/fp8.c)
+ *   moe.c   mixture of experts: the grouped matmul, the router,
+ *           all_to_all with counts on the device, the expert-parallel
+ *           MoE MLP (docs/parallel.md) */
 #ifndef NT_DIST_DIST_H
 #define NT_DIST_DIST_H
 

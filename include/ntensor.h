@@ -2353,6 +2353,100 @@ NT_API int nt_tp_attention(nt_comm *c, nt_tensor *const *x, nt_tensor *const *wq
                            int heads, int blocks, nt_tensor **y);
 
 /* ------------------------------------------------------------------------ */
+/* Mixture of experts (docs/parallel.md, "Mixture of experts"): a router,   */
+/* the grouped matmul, all_to_all with counts on the device and the         */
+/* expert-parallel MoE MLP, the same bits for every expert-parallel size.   */
+/* Nothing here reads a tensor back to the host.                            */
+/* ------------------------------------------------------------------------ */
+
+/** The router's score function (computed in f32). */
+typedef enum nt_moe_score {
+    NT_MOE_SOFTMAX = 0, /* softmax over the experts (Switch, GShard, Mixtral) */
+    NT_MOE_SIGMOID = 1, /* sigmoid of each logit (DeepSeek-V3) */
+} nt_moe_score;
+
+/** torch._grouped_mm with counts: x [M, K] holds consecutive runs of rows,
+ *  counts[e] (i32 [E], on the device) rows for expert e in order; w [E, K,
+ *  N].  Row r of run e is x[r] . w[e]: each run exactly nt_matmul(run,
+ *  w[e]) (f32 accumulation over K-tiles of 128 in ascending order, one
+ *  rounding), so the result equals a loop of nt_matmul over the row slices
+ *  bit for bit; rows past the counts' sum are zero.  x and w: f32 or bf16,
+ *  one dtype; the result [M, N] has it.  One kernel for every expert, which
+ *  reads the counts on the device.  Gradients: x's is grouped_mm(g, w[e]^T)
+ *  per run; w[e]'s is x_e^T . g_e, contracting over the run's rows in
+ *  K-tiles of 128 from its first row (zero for an empty run).  Errors at the
+ *  call: NULL or released arguments, dtypes (NT_EDTYPE), shapes (NT_ESHAPE);
+ *  when the kernel runs: a negative count or counts that add up to more
+ *  than M (NT_ERANGE, "counts add up to S rows; x has M").  Each gradient
+ *  is itself a grouped product, so double backward works. */
+NT_API nt_tensor *nt_grouped_mm(nt_tensor *x, nt_tensor *w, nt_tensor *counts);
+
+/** all_to_all with per-destination counts held on the device, over c (the
+ *  expert dimension of a mesh): in[i] [R, ...] (one shape and dtype on every
+ *  member) holds its rows sorted by destination rank, send_counts[i] (i32
+ *  [P], P = nt_comm_size(c)) the rows for each rank.  out[i] [cap, ...] gets
+ *  the rows every rank sent it, source rank by source rank, each source's in
+ *  their order; rows past those zero.  cap = capacity, or P * R when
+ *  capacity is 0 (what any split can send).  recv_counts (may be NULL) gets
+ *  i32 [P]: the rows from each source.  Floating in is differentiable: the
+ *  gradient is the reverse all_to_all (each member sends back what it
+ *  received).  No host sync: the counts are exchanged with nt_all_gather
+ *  and the gather index made on the device.  Errors at the call as the
+ *  collectives' (NULL, devices, shapes, dtypes; send_counts not i32 [P];
+ *  capacity < 0); when it runs (NT_ERANGE, poisoning the outputs): a
+ *  negative count, a member's counts adding up to more than R ("rank i's
+ *  send counts add up to S rows; its input has R"), more than cap rows for
+ *  one rank. */
+NT_API int nt_all_to_all(nt_comm *c, nt_tensor *const *in, nt_tensor *const *send_counts,
+                         int64_t capacity, nt_tensor **out, nt_tensor **recv_counts);
+
+/** The router: logits [T, E] (floating) scored in f32 (softmax over the
+ *  experts, or sigmoid), the k best experts per token: *weights [T, k] f32
+ *  (their scores, largest first, differentiable; not renormalized),
+ *  *experts [T, k] i32 (ties: the lower expert index first, nt_topk's
+ *  rule), *counts [E] i32 the assignments per expert, *perm [T k] i32 the
+ *  stable permutation of the flat assignments t k + j sorted by expert
+ *  (each expert's in token order).  1 <= k <= E.  Returns 0 or an error
+ *  naming the argument (every output NULL). */
+NT_API int nt_moe_route(nt_tensor *logits, int k, nt_moe_score score, nt_tensor **weights,
+                        nt_tensor **experts, nt_tensor **counts, nt_tensor **perm);
+
+/** Options of nt_moe_mlp. */
+typedef struct nt_moe_opts {
+    int k;              /* experts per token, 1 .. E */
+    nt_moe_score score; /* the router's score function */
+    int blocks;         /* token blocks over the group for the router's weight
+                           gradient and the load statistics: a multiple of
+                           the group's size with a power-of-two quotient
+                           dividing each member's T; keep it fixed to get the
+                           same bits at every size (e.g. 8 for sizes 1..8) */
+    int64_t capacity;   /* rows a member's experts can receive; 0: T k P */
+} nt_moe_opts;
+
+/** An expert-parallel MoE MLP (docs/parallel.md) over c (the expert
+ *  dimension): member i holds its tokens x[i] [T, D], the router's weight
+ *  wg[i] [E, D] (the same on every member), and its E / P experts' weights
+ *  w1[i] [E/P, D, H] and w2[i] [E/P, H, D] (member of rank r owns experts r
+ *  E/P ..); one dtype, f32 or bf16.  Per token: logits = x wg^T, the route
+ *  of nt_moe_route, its rows dispatched (sorted by expert, nt_all_to_all),
+ *  each expert's gelu(x_e w1[e]) w2[e] by nt_grouped_mm over the rows it
+ *  received sorted by expert (in global token order), sent back, and
+ *  combined y = sum over j = 0 .. k-1, in that order, of weights[:, j] times
+ *  the j-th expert's output (f32, rounded once to the dtype).  y[i] [T, D].
+ *  aux[i] (may be NULL): f32 0-d, the load-balancing loss E sum_e f_e P_e
+ *  (f_e the fraction of the group's T P k assignments to e, P_e the mean
+ *  score of e), differentiable; counts[i] (may be NULL): i32 [E], tokens per
+ *  expert over the group.  wg's gradient and P_e sum over the tokens in
+ *  opts->blocks blocks combined in the rank tree's order, so every output,
+ *  gradient and optimizer step is the same for every group size (and
+ *  equals the dense loop over experts on one device).  Errors (naming the
+ *  argument and sizes, nothing queued): E not divisible by the group's
+ *  size, k outside 1 .. E, bad blocks, capacity, dtypes or shapes. */
+NT_API int nt_moe_mlp(nt_comm *c, nt_tensor *const *x, nt_tensor *const *wg,
+                      nt_tensor *const *w1, nt_tensor *const *w2, const nt_moe_opts *opts,
+                      nt_tensor **y, nt_tensor **aux, nt_tensor **counts);
+
+/* ------------------------------------------------------------------------ */
 /* Captured programs (docs/graphs.md): run a training step once while the   */
 /* runtime records it, then replay it with one call -- no dispatch, no      */
 /* planning, no allocation per op -- with the same bits as running the step */

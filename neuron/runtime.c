@@ -72,6 +72,9 @@ static const nt__kernel_fn sk_table[] = {
     [NT_OP_BN_FWD] = nt__sk_batch_norm_fwd,
     [NT_OP_BN_BWD] = nt__sk_batch_norm_bwd,
     [NT_OP_GRAD_NORMS] = nt__sk_grad_norms,
+    [NT_OP_GMM] = nt__sk_grouped_mm,
+    [NT_OP_GMM_WGRAD] = nt__sk_grouped_mm_wgrad,
+    [NT_OP_A2A_INDEX] = nt__sk_all_to_all_index,
 };
 #undef SK_EW
 

@@ -142,6 +142,8 @@ static spec spec_of(int op)
             shp(&s, 1, 5, 0);
             shp(&s, 1, 5, 0);
         }
+        if (op == NT_OP_GMM || op == NT_OP_GMM_WGRAD) /* w [3, 33, 5] */
+            shp(&s, 2, 99, 5);
         if (op == NT_OP_GRAD_NORMS) { /* [7], [3, 5], [50, 45] (two blocks) */
             shp(&s, 1, 7, 0);
             shp(&s, 2, 3, 5);
@@ -364,6 +366,39 @@ static nt_tensor *conv_drv(nt_tensor *x, nt_tensor *w, bool wgrad)
         return NULL;
     nt_tensor *g = nt_grad(w4);
     nt_release(w4);
+    return g;
+}
+
+/* grouped_mm (nt_grouped_mm of x [10, 33] with w [3, 33, 5], counts 4, 0,
+ * 5: a zero row), grouped_mm_wgrad (w's gradient of sum(y * k)),
+ * all_to_all_index (nt_all_to_all of x over a communicator of device 0, all
+ * 10 rows to itself, into 12: two zero rows). */
+static nt_tensor *moe_drv(nt_tensor *const *in, int op)
+{
+    static const int32_t cv[3] = {4, 0, 5}, one[1] = {10};
+    if (op == NT_OP_A2A_INDEX) {
+        nt_comm *c = nt_comm_create((int[]){0}, 1);
+        nt_tensor *sc = host_t(one, NT_I32, 1, (int64_t[]){1}), *out = NULL;
+        int rc = c ? nt_all_to_all(c, in, &sc, 12, &out, NULL) : nt_last_error();
+        nt_comm_destroy(c);
+        return rc ? NULL : out;
+    }
+    nt_tensor *ct = host_t(cv, NT_I32, 1, (int64_t[]){3});
+    if (op == NT_OP_GMM)
+        return nt_grouped_mm(in[0], nt_reshape(in[1], 3, (int64_t[]){3, 33, 5}), ct);
+    nt_tensor *w = nt_detach(nt_reshape(in[1], 3, (int64_t[]){3, 33, 5}));
+    nt_set_requires_grad(w, true);
+    nt_tensor *y = nt_grouped_mm(in[0], w, ct);
+    if (!y) {
+        nt_release(w);
+        return NULL;
+    }
+    nt_tensor *k = nt_arange(nt_dtype_of(in[0]), 0.0, 50 * 0.01, 0.01);
+    nt_tensor *l = nt_sum(nt_mul(y, nt_reshape(k, 2, (int64_t[]){10, 5})), NT_DIM_ALL, false);
+    if (!l || nt_backward(l))
+        return NULL;
+    nt_tensor *g = nt_grad(w);
+    nt_release(w);
     return g;
 }
 
@@ -595,6 +630,8 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
             return bn_drv(in[0], in[1], in[2], op == NT_OP_BN_BWD);
         if (op == NT_OP_GRAD_NORMS)
             return norms_drv(in);
+        if (op == NT_OP_GMM || op == NT_OP_GMM_WGRAD || op == NT_OP_A2A_INDEX)
+            return moe_drv(in, op);
         return NO_DRIVER;
     case NT_KIND_ATTN:
         if (op == NT_OP_SDPA)
@@ -821,6 +858,11 @@ static void run_captured(int op, nt_dtype dt, result *r)
 static void check_captured(int op)
 {
     static const char *be[2] = {"cpu", "sim"};
+    if (op == NT_OP_A2A_INDEX) { /* issued by nt_all_to_all only */
+        cell(op, K_CAPT, "n/a: part of nt_all_to_all, a collective (collectives run outside a "
+                         "captured program)");
+        return;
+    }
     nt_dtype dt = dt_main(op);
     for (int b = 0; b < 2; b++) {
         result ref, got;
@@ -856,6 +898,11 @@ static void check_grad(int op)
     spec s = spec_of(op);
     if (s.n == 0) {
         cell(op, K_GRAD, "n/a: no inputs");
+        return;
+    }
+    if (op == NT_OP_GMM_WGRAD) { /* its driver returns a first-order gradient */
+        cell(op, K_GRAD, "n/a: its gradient is nt_grouped_mm's second derivative, checked "
+                         "by nt_gradgradcheck in test_moe.c");
         return;
     }
     config("cpu", "deterministic", "1");
@@ -1374,6 +1421,9 @@ static void check_ref(int op)
         cell(op, K_REF, "n/a: values and gradients vs double and PyTorch in test_norms.c");
     else if (op == NT_OP_GRAD_NORMS)
         cell(op, K_REF, "n/a: the bits of nt_norm, checked in test_compile.c");
+    else if (op == NT_OP_GMM || op == NT_OP_GMM_WGRAD || op == NT_OP_A2A_INDEX)
+        cell(op, K_REF, "n/a: values and gradients vs double and a loop of nt_matmul in "
+                        "test_moe.c");
     else if (op == NT_OP_SDPA || op == NT_OP_SDPA_BWD)
         cell(op, K_REF, "n/a: values and gradients vs double in test_attention.c");
     else if (op == NT_OP_AMAX || op == NT_OP_AMIN || op == NT_OP_CUMSUM || op == NT_OP_CUMPROD ||
