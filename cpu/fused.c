@@ -2824,12 +2824,55 @@ static int run_mm(const nt__fgroup *g)
     return rc;
 }
 
+/* A product with a side sum (fusion/ir.h): A's rows summed by the sum
+ * kernel itself, over A seen as [rows, K] (the record the planner fused;
+ * the bits of running it alone), then the product and its epilogue. */
+static int run_mm_side(const nt__fgroup *g)
+{
+    const nt__fprog *P = g->prog;
+    int ks = 0;
+    for (int k = 1; k < P->nops && !ks; k++)
+        ks = nt__fop_is_side(P, k) ? k : 0;
+    if (!ks)
+        return run_mm(g);
+    nt__fprog *rp = malloc(sizeof *rp);
+    if (!rp)
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's program");
+    nt__fgroup rest;
+    nt_tensor *so = NULL;
+    const nt_tensor *A = g->ext[NT_F_EXT_IDX(P->ops[0].a[0])];
+    int rc = nt__fgroup_split(g, &rest, rp, &so, 1) == 1 && so && A->ndim >= 1 &&
+                     nt__is_contig(A)
+                 ? 0
+                 : NT_ENOTSUP;
+    if (!rc) {
+        nt_tensor x = *A;
+        int64_t K = A->shape[A->ndim - 1];
+        x.ndim = 2;
+        x.shape[0] = K ? nt__numel(A->ndim, A->shape) / K : 0;
+        x.shape[1] = K;
+        x.stride[0] = K, x.stride[1] = 1;
+        nt__rec r;
+        memset(&r, 0, sizeof r);
+        r.op = NT_OP_SUM;
+        r.nin = r.nout = 1;
+        r.in[0] = &x;
+        r.out[0] = so;
+        r.p = P->ops[ks].p;
+        rc = nt__cpu_kernels[NT_OP_SUM](&r);
+    }
+    if (!rc)
+        rc = run_mm(&rest);
+    free(rp);
+    return rc;
+}
+
 int nt__fused_cpu(const nt__fgroup *g)
 {
     switch (g->prog->kind) {
     case NT_FK_EW: return run_ew(g, 0, -1, NULL);
     case NT_FK_ROW: return run_row(g);
-    case NT_FK_MM: return run_mm(g);
+    case NT_FK_MM: return run_mm_side(g);
     }
     return NT_ENOTSUP;
 }

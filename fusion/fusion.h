@@ -78,6 +78,10 @@ void nt__fusion_run(nt__rec **recs, int n);
  * order moved (so a test can tell that it exercised the moves). */
 extern bool nt__fplan_check;
 extern volatile AO_t nt__fplan_mismatch, nt__fplan_moved;
+/* Tests: nonzero keeps every bias-gradient sum out of the matmul kernels
+ * (side sums, fusion/ir.h), to compare the kernels and bytes with and
+ * without them; read by the workers, set while none plans. */
+extern volatile AO_t nt__fplan_noside;
 
 /* Counters (also in nt_stats). */
 typedef struct nt__fstats {

@@ -69,4 +69,62 @@ typedef struct nt__fgroup {
     uint8_t backend;
 } nt__fgroup;
 
+/* Column sums riding on a matmul.  In an NT_FK_MM program an op NT_OP_SUM
+ * (ops[k], k >= 1: a "side sum") reads the matmul's first operand A (its
+ * a[0] is ops[0].a[0]) and sums it over all its rows -- every dim but the
+ * last, as one sum over the flattened rows in the order of core/reduce.h,
+ * the sum its record computes over dim 0 of A seen as [rows, K] -- into a
+ * value of K elements (f32) that no other op of the program reads.  A
+ * backend can sum A's rows as it loads them for the product: the linear
+ * layer's bias gradient beside dX = dY . W, reading dY once.  The planner
+ * puts at most one in a program, only for an f32 A laid out row-major. */
+static inline bool nt__fop_is_side(const nt__fprog *p, int k)
+{
+    return p->kind == NT_FK_MM && k > 0 && p->ops[k].op == NT_OP_SUM;
+}
+
+/* Splits g into its product and epilogue (*rest, its program *rp: g's
+ * without the side sums, values and output slots renumbered; rest->prog is
+ * rp) and the side sums' output tensors (side[0..n), n returned, at most
+ * `max`; -1 if there are more).  rest shares g's inputs and records. */
+static inline int nt__fgroup_split(const nt__fgroup *g, nt__fgroup *rest, nt__fprog *rp,
+                                   nt_tensor **side, int max)
+{
+    const nt__fprog *p = g->prog;
+    int8_t vmap[NT_F_MAXVALS];
+    int n = 0;
+    *rp = *p;
+    *rest = *g;
+    rest->prog = rp;
+    rp->nops = rp->nvals = rp->nout = 0;
+    for (int k = 0; k < p->nops; k++) {
+        const nt__fop *o = &p->ops[k];
+        vmap[o->out] = -1;
+        if (nt__fop_is_side(p, k)) {
+            if (n == max)
+                return -1;
+            int sv = p->vals[o->out].store;
+            side[n++] = sv >= 0 ? g->out[sv] : NULL;
+            continue;
+        }
+        nt__fop q = *o;
+        for (int i = 0; i < q.nin; i++)
+            if (!NT_F_IS_EXT(q.a[i]))
+                q.a[i] = vmap[q.a[i]];
+        q.out = (int8_t)rp->nvals;
+        vmap[o->out] = q.out;
+        rp->vals[rp->nvals++] = p->vals[o->out];
+        rp->ops[rp->nops++] = q;
+    }
+    for (int sv = 0; sv < p->nout; sv++) {
+        int v = vmap[p->out_val[sv]];
+        if (v < 0)
+            continue;
+        rp->vals[v].store = (int8_t)rp->nout;
+        rp->out_val[rp->nout] = (int8_t)v;
+        rest->out[rp->nout++] = g->out[sv];
+    }
+    return n;
+}
+
 #endif

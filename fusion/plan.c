@@ -376,6 +376,11 @@ static const char *check_operands(const gstate *s, const nt__rec *r, const nt__f
 {
     const nt_tensor *o = r->out[0];
     *out_red = false;
+    /* a side sum's value (fusion/ir.h) leaves the kernel, never read in it;
+     * value v is op v's */
+    for (int i = 0; i < r->nin; i++)
+        if (r->in[i] && !NT_F_IS_EXT(op->a[i]) && nt__fop_is_side(&s->p, op->a[i]))
+            return "reads a column sum the kernel makes";
     if (s->p.kind == NT_FK_ROW) {
         *out_red = red || shape_is(o, s->p.ndim, s->red_shape);
         if (*out_red && !red)
@@ -474,11 +479,79 @@ static bool rec_wide(const nt__rec *r)
     return false;
 }
 
+/* ---------------- side sums (fusion/ir.h) ----------------
+ *
+ * A linear layer's backward reads its output gradient dY three times: the
+ * bias gradient (a sum over dY's rows), the weight gradient and the input
+ * gradient dX = dY . W, each a kernel loading all of dY from HBM.  The sum
+ * joins dX's matmul as a side sum: the simulator's matmul program sums the
+ * rows of the tiles of dY it turns for TensorE anyway, in the one reduction
+ * order (neuron/tp_matmul.c), so dY is read once for both, and the CPU runs
+ * the sum kernel itself: the bits of the sum run alone. */
+
+/* A sum over dim 0 of a contiguous f32 [rows, K] into f32 (reduce_to in
+ * autograd/backward.c: dY seen as [B*T, C]). */
+static bool side_sum_rec(const nt__rec *r)
+{
+    const nt_tensor *x = r->in[0], *o = r->out[0];
+    return r->type == NT_REC_OP && r->op == NT_OP_SUM && r->nin == 1 && r->nout == 1 && x && o &&
+           !(r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)) && r->p.dim == 0 && x->ndim == 2 &&
+           x->dtype == NT_F32 && o->dtype == NT_F32 && x->shape[0] >= 128 && x->shape[1] >= 1 &&
+           nt__is_contig(x);
+}
+
+/* Whether matmul m reads x's rows as its first operand A: contiguous, the
+ * same elements in the same order, x [rows, K] with K A's last dim, and
+ * the rows one product whatever the epilogue (A 2-D, one batch, or 128-row
+ * batches: the simulator folds the batches of such an A into one program,
+ * neuron/matmul.c fold_batches, and the sums ride on one program). */
+static bool side_sum_of(const nt__rec *m, const nt_tensor *x)
+{
+    const nt_tensor *a = m->in[0];
+    return m->type == NT_REC_OP && m->op == NT_OP_MATMUL && m->nout == 1 && a && m->in[1] &&
+           m->out[0] && !(m->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)) && a->st == x->st &&
+           a->offset == x->offset && a->dtype == x->dtype && a->ndim >= 2 &&
+           a->shape[a->ndim - 1] == x->shape[1] &&
+           nt__numel(a->ndim, a->shape) == x->shape[0] * x->shape[1] && nt__is_contig(a) &&
+           (nt__numel(a->ndim - 2, a->shape) == 1 || a->shape[a->ndim - 2] % 128 == 0);
+}
+
+/* r joins the open MM group as its side sum: 0, 1 (refused, *why), or -1
+ * (r is no side sum of this group: the usual rules decide). */
+static int side_join(gstate *s, nt__rec *r, const char **why)
+{
+    if (!side_sum_rec(r) || !side_sum_of(s->g.recs[0], r->in[0]))
+        return -1;
+    *why = r->backend != s->g.backend                                    ? "backend change"
+           : (r->flags ^ s->g.recs[0]->flags) & NT_RECF_NOCAPTURE       ? "the edge of a captured program"
+           : s->g.nrecs >= NT_F_MAXOPS || s->p.nvals >= NT_F_MAXVALS ? "kernel op limit"
+           : s->st_key[st_slot(s, r->in[0]->st)] ? "reads another view of a value the kernel writes"
+                                                  : NULL;
+    for (int k = 1; k < s->p.nops && !*why; k++)
+        if (nt__fop_is_side(&s->p, k))
+            *why = "a second column sum";
+    if (*why)
+        return 1;
+    nt__fop op;
+    memset(&op, 0, sizeof op);
+    op.op = r->op;
+    op.nin = 1;
+    op.a[0] = s->p.ops[0].a[0];
+    op.p = r->p;
+    append_op(s, r, &op, false, false);
+    return 0;
+}
+
 /* Tries to append record r; returns NULL on success or the reason why not. */
 static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
 {
     if (rec_wide(r))
         return "an f64, i64 or bool op runs alone";
+    if (s->g.nrecs > 0 && s->p.kind == NT_FK_MM && r->op == NT_OP_SUM) {
+        const char *no = NULL;
+        if (side_join(s, r, &no) >= 0)
+            return no;
+    }
     bool inplace = r->flags & NT_RECF_INPLACE;
     bool ew = nt__fusable_ew(r->op);
     bool red = is_row_reduce(r);
@@ -1318,6 +1391,35 @@ static bool hoist_with_cast(nt__rec **recs, int n, int k)
     return true;
 }
 
+/* A side sum at j (side_sum_rec) moves forward to just after the first
+ * later matmul that reads its rows as A (dX = dY . W of the same layer),
+ * when nothing in between reads or writes its output, writes its input,
+ * or is anything but an op of the same capture: the same records in an
+ * order in which every op reads what it read.  The matmul's kernel then
+ * takes it (side_join).  Reads recs[j .. j + HOIST_WINDOW), moves within. */
+volatile AO_t nt__fplan_noside;
+
+static bool side_sum_move(nt__rec **recs, int n, int j)
+{
+    nt__rec *r = recs[j];
+    if (AO_load(&nt__fplan_noside) || !side_sum_rec(r) || (j > 0 && side_sum_of(recs[j - 1], r->in[0])))
+        return false; /* none, or in place already */
+    const nt_tensor *x = r->in[0];
+    int end = j + HOIST_WINDOW < n ? j + HOIST_WINDOW : n;
+    for (int q = j + 1; q < end; q++) {
+        const nt__rec *m = recs[q];
+        if (m->type != NT_REC_OP || (m->flags & NT_RECF_ALONE) || !same_capture(m, r) ||
+            rec_touches(m, r->out[0]->st, false) || rec_touches(m, x->st, true))
+            return false;
+        if (side_sum_of(m, x)) {
+            memmove(&recs[j], &recs[j + 1], sizeof *recs * (size_t)(q - j));
+            recs[q] = r;
+            return true;
+        }
+    }
+    return false;
+}
+
 /* mm[0..nmm): the positions of the batch's matmul records, ascending (the
  * worker's note, nt__batch_mm), or nmm < 0: walk the whole batch.  A move
  * at k reorders only recs[k..], so the positions below k stay right. */
@@ -1529,8 +1631,11 @@ static nt__rec **reference_order(nt__rec *const *recs, int n, const wset *w)
         return NULL;
     memcpy(ref, recs, sizeof *ref * (size_t)n);
     hoist_matmuls(ref, n, NULL, -1);
-    for (int j = 1; j < n; j++)
+    for (int j = 1; j < n; j++) {
+        while (side_sum_move(ref, n, j))
+            ;
         pull_one(ref, n, j, w);
+    }
     int moved = 0;
     for (int k = 0; k < n; k++)
         moved += ref[k] != recs[k];
@@ -1572,6 +1677,8 @@ void nt__fusion_run(nt__rec **recs, int n)
                     if (q->in[i])
                         __builtin_prefetch(q->in[i]);
             }
+            while (side_sum_move(recs, n, j))
+                moved = true;
             moved |= pull_one(recs, n, j, &w);
             /* what grouping reads of recs[j] beyond what pull_one did,
              * fetched now so that it is in cache when grouping gets there */

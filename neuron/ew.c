@@ -1865,8 +1865,10 @@ static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, 
     return rc;
 }
 
+/* colsum: the side sum's output (fusion/ir.h), taken by the matmul program
+ * from A's tiles (nt_tile_matmul_args.a_colsum), or NULL. */
 static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out,
-                  const uint64_t *keys)
+                  const uint64_t *keys, void *colsum)
 {
     const nt__fop *m = &P->ops[0];
     const nt_tensor *a = ext[NT_F_EXT_IDX(m->a[0])], *b = ext[NT_F_EXT_IDX(m->a[1])];
@@ -1874,6 +1876,14 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     char why[160];
     if (!nt__matmul_info(a, b, &mi, why, sizeof why))
         return NT_ENOTSUP;
+    if (colsum && !sk_matmul_cs_ok(a, b, P->nops > 1))
+        return NT_ENOTSUP;
+    if (P->nops == 1) { /* the product and its side sum: stored as nt_matmul stores it */
+        int sv = P->vals[0].store;
+        return sv < 0 || !nt__is_contig(out[sv])
+                   ? NT_ENOTSUP
+                   : sk_matmul_run_cs(s, a, b, out[sv], NULL, NULL, colsum);
+    }
     plan *L = malloc(sizeof *L);
     if (!L)
         return sk_data_error(s, NT_EHOSTMEM, "out of host memory for a kernel plan");
@@ -1921,11 +1931,43 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
             if (L->eused[e] && ext[e]->st == out[o]->st)
                 w->lag = true;
     if (!rc)
-        rc = sk_matmul_run(s, a, b, NULL, mm_epi, w);
+        rc = sk_matmul_run_cs(s, a, b, NULL, mm_epi, w, colsum);
     if (!rc && w->pend >= 0)
         rc = mm_finish(&w->blk[w->pend]);
     g_free(w);
     g_free(L);
+    return rc;
+}
+
+/* An MM program with a side sum (fusion/ir.h): the product and epilogue
+ * without it, the sums of A's rows riding on the matmul program (f32 A and
+ * sums, contiguous, one program over A's rows; else NT_ENOTSUP, nothing
+ * issued, and the planner runs the records one by one). */
+static int run_mm_group(sk_k *s, const nt__fgroup *g, const uint64_t *keys)
+{
+    const nt__fprog *P = g->prog;
+    int ks = 0;
+    for (int k = 1; k < P->nops && !ks; k++)
+        ks = nt__fop_is_side(P, k) ? k : 0;
+    if (!ks)
+        return run_mm(s, P, g->ext, g->out, keys, NULL);
+    nt__fprog *rp = malloc(sizeof *rp);
+    if (!rp)
+        return sk_data_error(s, NT_EHOSTMEM, "out of host memory for a kernel plan");
+    nt__fgroup rest;
+    nt_tensor *so = NULL;
+    const nt_tensor *a = g->ext[NT_F_EXT_IDX(P->ops[0].a[0])];
+    int rc = NT_ENOTSUP;
+    if (nt__fgroup_split(g, &rest, rp, &so, 1) == 1 && so && so->dtype == NT_F32 &&
+        nt__is_contig(so) && a->ndim >= 1 && nt__is_contig(a) &&
+        nt__numel(so->ndim, so->shape) == a->shape[a->ndim - 1]) {
+        uint64_t k2[NT_F_MAXOPS] = {0};
+        for (int k = 0, j = 0; k < P->nops; k++)
+            if (k != ks)
+                k2[j++] = keys[k];
+        rc = run_mm(s, rp, rest.ext, rest.out, k2, nt__tensor_data(so));
+    }
+    g_free(rp);
     return rc;
 }
 
@@ -1951,6 +1993,8 @@ static bool prog_supported(const nt__fprog *P)
         case NT_KIND_CMP:
         case NT_KIND_WHERE: break;
         case NT_KIND_REDUCE:
+            if (nt__fop_is_side(P, k)) /* run_mm_group */
+                break;
             if (P->kind != NT_FK_ROW || (o->op != NT_OP_SUM && o->op != NT_OP_MEAN &&
                                          o->op != NT_OP_MAX && o->op != NT_OP_MIN))
                 return false;
@@ -1995,7 +2039,7 @@ int nt__sk_fused(const nt__fgroup *g)
         switch (P->kind) {
         case NT_FK_EW: rc = run_ew(&s, P, g->ext, g->out, keys); break;
         case NT_FK_ROW: rc = run_row(&s, P, g->ext, g->out, keys); break;
-        case NT_FK_MM: rc = run_mm(&s, P, g->ext, g->out, keys); break;
+        case NT_FK_MM: rc = run_mm_group(&s, g, keys); break;
         default: rc = NT_ENOTSUP; break;
         }
     /* a refused program issued nothing and computed nothing: the planner

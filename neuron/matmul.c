@@ -81,8 +81,24 @@ static bool fold_batches(const nt__mminfo *mi, bool a_row, bool has_epi)
     return n > 1;
 }
 
+bool sk_matmul_cs_ok(const nt_tensor *a, const nt_tensor *b, bool epi)
+{
+    nt__mminfo mi;
+    char why[160];
+    if (a->dtype != NT_F32 || !nt__matmul_info(a, b, &mi, why, sizeof why) || mi.K == 0)
+        return false;
+    bool a_row = (mi.a_cs == 1 || mi.K == 1) && (mi.M == 1 || mi.a_rs >= mi.K);
+    return a_row && (nt__numel(mi.nbatch, mi.batch) == 1 || fold_batches(&mi, a_row, epi));
+}
+
 int sk_matmul_run(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tensor *c,
                   sk_mm_epi epi, void *ctx)
+{
+    return sk_matmul_run_cs(s, a, b, c, epi, ctx, NULL);
+}
+
+int sk_matmul_run_cs(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tensor *c,
+                     sk_mm_epi epi, void *ctx, void *colsum)
 {
     nt__mminfo mi;
     char why[160];
@@ -102,6 +118,8 @@ int sk_matmul_run(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tens
     bool a_col = !a_row && (mi.a_rs == 1 || M == 1) && (K == 1 || mi.a_cs >= M);
     bool b_row = (mi.b_cs == 1 || N == 1) && (K == 1 || mi.b_rs >= N);
     bool b_col = !b_row && (mi.b_rs == 1 || K == 1) && (N == 1 || mi.b_cs >= K);
+    if (colsum && !sk_matmul_cs_ok(a, b, epi != NULL))
+        return NT_ENOTSUP; /* nothing issued yet */
     char *ascr = NULL, *bscr = NULL;
     if (K > 0 && !a_row && !a_col && !(ascr = sk_scratch(s, (size_t)(M * K * esz))))
         return s->derr_code;
@@ -153,6 +171,7 @@ int sk_matmul_run(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tens
             }
         }
         a_prev = aoff, b_prev = boff;
+        g.a_colsum = colsum;
         epi_tramp t = {s, epi, ctx, bi, fold_m};
         if (epi) {
             g.epilogue = tramp;

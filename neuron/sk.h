@@ -310,5 +310,11 @@ typedef int (*sk_mm_epi)(sk_k *s, const nt_ap *acc, int64_t batch, int64_t m0, i
                          void *ctx);
 int sk_matmul_run(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tensor *c,
                   sk_mm_epi epi, void *ctx);
+/* The same, and colsum (f32 [K]) gets the sums of a's columns over all its
+ * rows (nt_tile_matmul_args.a_colsum); NT_ENOTSUP, nothing issued, unless a
+ * is f32, row-major and its rows one program. */
+int sk_matmul_run_cs(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tensor *c,
+                     sk_mm_epi epi, void *ctx, void *colsum);
+bool sk_matmul_cs_ok(const nt_tensor *a, const nt_tensor *b, bool epi);
 
 #endif

@@ -52,7 +52,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dtype.h"
 #include "core/gemm.h"
+#include "core/reduce.h"
 #include "sim/sim.h"
 
 enum {
@@ -107,6 +109,10 @@ typedef struct mm {
     int64_t naccn;
     int64_t bprev; /* run: the B ring offset of the previous K-tile */
     bool dr;       /* fp8 operands on a target with the double-row mode */
+    /* a_colsum (cs_tile): lanes [128 k, nk * 16], sums [128 k, nk]; cs_on:
+     * the block program loads the panel for its first N-chunk */
+    nt_tile *cs_lane, *cs_acc;
+    bool cs, cs_on;
 } mm;
 
 static int64_t min64(int64_t a, int64_t b)
@@ -163,6 +169,105 @@ static int64_t slot_off(const mm *p, int64_t kt)
     return (p->resident ? kt : kt % p->NP) * (int64_t)p->BM * TM;
 }
 
+/* ---------------- column sums of A (a_colsum) ----------------
+ *
+ * Row-major A reaches the panel turned: a K-tile's columns of A on
+ * partitions, an M-tile's rows along the free axis -- the layout a sum over
+ * the rows wants.  Each column is summed in the one reduction order
+ * (core/reduce.h): row m of a 2048-row block goes to lane m % 16 of its
+ * column, each lane adds its rows in order from +0, and at the block's end
+ * the lanes fold in halves (8, 4, 2, 1) and acc[k] += lane 0 (acc from +0):
+ * nt__red_sum_f32's additions in its order, so its bits.  One GpSimd add per
+ * 16 rows covers every lane of the K-tiles of the call; GpSimd, idle in a
+ * matmul, keeps them off VectorE's PSUM copies. */
+
+/* M-tile rows m0 .. m0+mw of K-tiles kt0 .. kt0+nkt (all of one width),
+ * K-tile kt's rows at panel column off + (kt - kt0) * kstep. */
+static int cs_tile(mm *p, int64_t m0, int64_t mw, int64_t kt0, int64_t nkt, int64_t off,
+                   int64_t kstep)
+{
+    nt_sim_kernel *k = p->k;
+    const nt_tile_matmul_args *a = p->a;
+    int kw = (int)min64(TK, a->K - kt0 * TK);
+    int64_t b0 = m0 / NT_RED_BLOCK * NT_RED_BLOCK, bend = min64(b0 + NT_RED_BLOCK, a->M);
+    nt_ap ln = sl(p->cs_lane, kw, kt0 * NT_RED_LANES, nkt * NT_RED_LANES);
+    ln.ndim = 2;
+    ln.num[0] = nkt, ln.step[0] = NT_RED_LANES;
+    ln.num[1] = NT_RED_LANES, ln.step[1] = 1;
+    int rc = m0 == b0 ? nt_isa_memset(k, &ln, 0.0, NT_ENGINE_GPSIMD) : 0;
+    for (int64_t q = 0; q < mw && !rc; q += NT_RED_LANES) {
+        int64_t w = min64(NT_RED_LANES, mw - q);
+        nt_ap d = ln, x = sl(p->panel, kw, off + q, (nkt - 1) * kstep + w);
+        d.num[1] = w;
+        x.ndim = 2;
+        x.num[0] = nkt, x.step[0] = kstep;
+        x.num[1] = w, x.step[1] = 1;
+        rc = nt_isa_tensor_tensor(k, &d, &d, &x, NT_ALU_ADD, NT_ENGINE_GPSIMD);
+    }
+    if (rc || m0 + mw != bend)
+        return rc;
+    for (int h = NT_RED_LANES / 2; h >= 1 && !rc; h /= 2) {
+        nt_ap lo = ln, hi = ln;
+        lo.num[1] = hi.num[1] = h;
+        hi.offset += h;
+        rc = nt_isa_tensor_tensor(k, &lo, &lo, &hi, NT_ALU_ADD, NT_ENGINE_GPSIMD);
+    }
+    nt_ap acc = sl(p->cs_acc, kw, kt0, nkt), l0 = ln;
+    l0.ndim = 1;
+    l0.num[0] = nkt, l0.step[0] = NT_RED_LANES;
+    return rc ? rc : nt_isa_tensor_tensor(k, &acc, &acc, &l0, NT_ALU_ADD, NT_ENGINE_GPSIMD);
+}
+
+/* Every K-tile of M-tile rows m0 .. m0+mw, K-tile kt at panel column so +
+ * kt * TM: the full K-tiles in one pass, a narrower last one alone. */
+static int cs_mtile(mm *p, int64_t m0, int64_t mw, int64_t so)
+{
+    int64_t full = p->a->K / TK;
+    int rc = full ? cs_tile(p, m0, mw, 0, full, so, TM) : 0;
+    if (!rc && full < p->nk)
+        rc = cs_tile(p, m0, mw, full, 1, so + full * TM, 0);
+    return rc;
+}
+
+/* The sums to HBM (a_colsum[kt * 128 + k] from partition k, column kt).
+ * With the program-level product the panel was never filled (the loads
+ * and adds were timed only): the sums are computed here, as the accumulators
+ * get theirs (deliver), by nt__red_sum_f32 itself. */
+static int cs_store(mm *p)
+{
+    nt_sim_kernel *k = p->k;
+    const nt_tile_matmul_args *a = p->a;
+    int rc = 0;
+    if (p->c32) {
+        nt__sim_fx_flush(k);
+        for (int64_t kt = 0; kt < p->nk; kt++) {
+            int kw = (int)min64(TK, a->K - kt * TK);
+            nt_ap d = sl(p->cs_acc, kw, kt, 1);
+            for (int r = 0; r < kw; r++) {
+                float v = nt__canon( /* the NaN every store makes */
+                    nt__red_sum_f32((const float *)a->a + kt * TK + r, a->M, a->lda));
+                memcpy(nt__sim_row(&d, r), &v, sizeof v);
+            }
+        }
+    }
+    for (int64_t kt0 = 0; kt0 < p->nk && !rc;) {
+        int kw = (int)min64(TK, a->K - kt0 * TK);
+        int64_t nkt = kw == TK ? a->K / TK - kt0 : 1;
+        nt_ap src = sl(p->cs_acc, kw, kt0, nkt), dst;
+        memset(&dst, 0, sizeof dst);
+        dst.hbm = a->a_colsum;
+        dst.dtype = NT_F32;
+        dst.np = kw;
+        dst.pstep = 1;
+        dst.offset = kt0 * TK;
+        dst.ndim = 1;
+        dst.num[0] = nkt, dst.step[0] = TK;
+        rc = nt_isa_dma_copy(k, &dst, &src, next_q(&p->qc, Q_C0, Q_CN));
+        kt0 += nkt;
+    }
+    return rc;
+}
+
 /* Fills the panel slot of K-tile kt for M-block mb (rows m0.., mt tiles). */
 static int load_panel(mm *p, int64_t kt, int64_t m0, int mt)
 {
@@ -203,6 +308,8 @@ static int load_panel(mm *p, int64_t kt, int64_t m0, int mt)
             return rc;
         nt_ap dst = sl(p->panel, (int)kw, so + (int64_t)bm * TM, mw);
         rc = nt_isa_tensor_copy(p->k, &dst, &tp, NT_ENGINE_VECTOR);
+        if (!rc && p->cs && p->cs_on)
+            rc = cs_tile(p, r0, mw, kt, 1, so + (int64_t)bm * TM, 0);
         if (rc)
             return rc;
     }
@@ -586,7 +693,7 @@ static int prep_a(mm *p, int64_t i)
         if (rc)
             return rc;
     }
-    return 0;
+    return p->cs ? cs_mtile(p, m0, mw, so) : 0;
 }
 
 /* B small enough to stay in SBUF, many M-tiles (nt_linear on B*T rows, a
@@ -661,6 +768,7 @@ static int run(mm *p)
         for (int64_t nc = 0; nc < p->nn; nc++) {
             int64_t n0 = nc * TN, nw = min64(TN, a->N - n0);
             bool load = !p->resident || nc == 0;
+            p->cs_on = nc == 0; /* the column sums from the first chunk's panel */
             /* with the program-level product, the loads and matmuls are
              * timed but compute nothing (see the top) */
             if (p->c32)
@@ -886,6 +994,11 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
         return nt__sim_fail(k, I, "dtypes in=%d out=%d (rule: f32, bf16, f16, e4m3 or e5m2 in, "
                             "f32, bf16 or f16 out)",
                             (int)a->in_dtype, (int)a->out_dtype);
+    if (a->a_colsum && (a->a_trans || a->in_dtype != NT_F32 || a->M < 1 || a->N < 1))
+        return nt__sim_fail(k, I, "a_colsum with %s A of M=%lld, N=%lld (rule: f32 A given "
+                            "row-major, M and N >= 1)",
+                            a->a_trans ? "a transposed" : nt_dtype_name(a->in_dtype),
+                            (long long)a->M, (long long)a->N);
     if (a->M == 0 || a->N == 0)
         return 0;
     if ((!a->c && !a->epilogue) || (a->K > 0 && (!a->a || !a->b)))
@@ -913,6 +1026,18 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
 
     /* PSUM: one bank per M-tile of a block, plus one for transposes */
     bool tbank = a->K > 0 && (!a->a_trans || a->b_trans); /* transposes on TensorE */
+    /* the column sums' tiles first: the program's plan fits around them */
+    p.cs = a->a_colsum && a->K > 0;
+    if (p.cs) {
+        p.cs_lane = nt_tile_alloc(k, "mm.colsum.lanes", NT_MEM_SBUF, NT_F32, TK,
+                                  p.nk * NT_RED_LANES);
+        p.cs_acc = nt_tile_alloc(k, "mm.colsum", NT_MEM_SBUF, NT_F32, TK, p.nk);
+        nt_ap z = nt_tile_ap(p.cs_acc);
+        if (!k->err)
+            nt_isa_memset(k, &z, 0.0, NT_ENGINE_GPSIMD);
+        if (k->err)
+            return k->err;
+    }
     int rc = plan(&p, tbank);
     if (rc)
         return rc;
@@ -927,11 +1052,13 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
     if (!rc)
         rc = flush_store(&p);
     k->functional = fx; /* also after an error inside a timed-only stretch */
+    if (!rc && p.cs)
+        rc = cs_store(&p);
 
     /* give the space back to the kernel (dependencies keep later users of
      * these bytes behind this program's accesses) */
     nt_tile *all[] = {p.oring, p.bring, p.panel, p.strip[0], p.strip[1], p.tpsum, p.bstage,
-                      p.bres, p.abuf};
+                      p.bres, p.abuf, p.cs_lane, p.cs_acc};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (all[i] && all[i]->live)
             nt_tile_release(k, all[i]);

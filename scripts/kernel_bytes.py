@@ -11,9 +11,11 @@ them (the worker's span per kernel: the op and its site).
 
   NT_TRACE=/tmp/t.json NT_TRACE_STEPS=1 build/examples/char_gpt --capture \\
       --steps 20 --sample 0
-  python3 scripts/kernel_bytes.py /tmp/t.json [--by-site]
+  python3 scripts/kernel_bytes.py /tmp/t.json [--by-site | --by-kernel]
 
---by-site splits the kinds further by the call's site (file:line).
+--by-site splits the kinds further by the call's site (file:line);
+--by-kernel (and any replay with a foreach kernel, whose programs' host
+spans do not pair one to one with kernels) groups by the kernel's name only.
 """
 import collections
 import json
@@ -49,6 +51,11 @@ def main(argv):
         print("no kernel of a replayed program in %s (trace a replay: NT_TRACE_STEPS)" % argv[1])
         return 1
     host = host[-len(sim):] if len(host) >= len(sim) else []
+    # a foreach kernel runs several recorded programs, each its own host
+    # span: the spans no longer pair one to one, so only the kernels' names
+    # are shown then
+    if "foreach" in {k["name"] for k in sim} or "--by-kernel" in argv[2:]:
+        host = []
     agg = collections.defaultdict(lambda: [0, 0, 0, 0.0])
     for i, k in enumerate(sim):
         h = host[i] if host else None

@@ -553,6 +553,13 @@ typedef struct nt_tile_matmul_args {
     nt_tile_matmul_epilogue epilogue; /* NULL: round to out_dtype and store C */
     void *epilogue_ctx;
     bool b_trans;         /* b is B^T [N, K], row stride ldb */
+    /* Non-NULL: also the sums of A's K columns over its M rows (M >= 1),
+     * f32 [K] contiguous, each in the one reduction order (core/reduce.h:
+     * blocks of 2048 rows ascending, 16 lanes in a block folded in halves),
+     * taken from A's tiles as the program turns them for TensorE (GpSimd
+     * adds), so A is read once for both: a linear layer's bias gradient
+     * beside dX = dY . W.  Rule: A f32 and row-major (not a_trans). */
+    void *a_colsum;
 } nt_tile_matmul_args;
 
 /** Issues into k a matmul program: PSUM accumulation over K-tiles of 128 in
