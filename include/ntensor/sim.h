@@ -553,6 +553,9 @@ typedef struct nt_tile_matmul_args {
     nt_tile_matmul_epilogue epilogue; /* NULL: round to out_dtype and store C */
     void *epilogue_ctx;
     bool b_trans;         /* b is B^T [N, K], row stride ldb */
+    bool epilogue_apart;  /* the epilogue writes nothing that it, A or B reads: the
+                             program may hand it the N-chunks of one row block in
+                             turn (B kept in SBUF); false: as an in-place epilogue */
 } nt_tile_matmul_args;
 
 /** Issues into k a matmul program: PSUM accumulation over K-tiles of 128 in
