@@ -604,7 +604,8 @@ static int prep_a(mm *p, int64_t i)
  * TensorE's 128, a bank of eight slots -- before the matmuls; spread, the
  * copies run under the matmuls.  The transposes and copies are exact and
  * every one still precedes the matmuls that read it, so the bits are the
- * same. */
+ * same.  A tile of at most a bank's slots of K-tiles (no slot waits) is
+ * still turned all at once before the matmuls (run_stream). */
 static int prep_a_spread(mm *p, int64_t next, int64_t *turned, int64_t done, int64_t total)
 {
     if (next < 0 || *turned >= p->nk)
@@ -648,6 +649,10 @@ static int run_stream(mm *p)
         /* row-major A: the next M-tile's transposes between this one's
          * matmuls (prep_a_spread) */
         int64_t next = !a->a_trans && i + 1 < nm ? i + 1 : -1, turned = 0;
+        if (next >= 0 && p->nk <= p->tslots) { /* they fit the bank: no wait */
+            rc = prep_a(p, next);
+            turned = p->nk;
+        }
         int64_t so = (i % p->NP) * p->nk * TM;
         for (int64_t nc = 0; nc < p->nn && !rc; nc++) {
             int64_t n0 = nc * TN, nw = min64(TN, a->N - n0);
