@@ -38,9 +38,14 @@
  * with bf16, prints fp8 / bf16 simulated time and the val loss difference
  * (run it with NT_SIM_TARGET=trn2, where fp8 runs at twice bf16's rate).
  *
+ * gpt2, gpt2cap, gpt2bf16, gpt2bf16cap (not in the default --configs
+ * either) train a GPT-2-small-shaped model (run_gpt2 below) and print a
+ * row per target: simulated ms, MFU, TensorE busy, kernels, HBM bytes.
+ *
  * Usage: gpt_step [--steps N] [--configs peer,sim,cpu,bf16,simcap,cpucap,fp8] [--rounds N]
  *                 [--peer PATH] [--python PATH] [--eval-every N]
- *                 [--eval-batches N] [--curves DIR] [--data DIR] */
+ *                 [--eval-batches N] [--curves DIR] [--data DIR]
+ *                 [--gpt2-layers N] [--gpt2-steps N] [--targets trn1,trn2] */
 #include <math.h>
 #include <ntensor.h>
 #include <stdio.h>
@@ -166,6 +171,103 @@ static void run_ours(const char *backend, nt_dtype amp, bool fp8, bool captured,
     free(yb);
 }
 
+/* ---------------- the GPT-2-small-shaped block ---------------- */
+
+/* gpt2, gpt2cap, gpt2bf16, gpt2bf16cap (not in the default --configs): the
+ * model of examples/gpt_model.h at GPT-2 small's shape -- width 768, 12
+ * heads, context 1024, batch 4 -- with --gpt2-layers blocks (default 2) and
+ * the data's character vocabulary (so the blocks, not the head, are the
+ * step), trained --gpt2-steps steps (default 3) of AdamW with clipping on
+ * the simulator, op by op or captured, f32 or bf16 autocast, once per
+ * target of --targets (trn1,trn2: nt_sim_set_target).  The first step
+ * (AdamW's moments made; captured: the capture) is not counted; each row
+ * gives per later step the simulated ms, MFU (of the peak for the dtypes
+ * used), TensorE's busy share, kernels, HBM bytes read + written and the
+ * host's wall time, and the train loss of the last step (the same bits
+ * captured and op by op). */
+typedef struct {
+    double sim_ms, mfu, tensor_util, kernels, hbm_mib, host_s, loss;
+} gpt2_row;
+
+static void run_gpt2(int layers, nt_dtype amp, bool captured, nt_sim_target target,
+                     const gpt_data *d, int steps, gpt2_row *row)
+{
+    bench_check(nt_config_set("NT_BACKEND", "sim"), "nt_config_set NT_BACKEND");
+    bench_check(nt_sync(), "nt_sync");
+    bench_check(nt_sim_set_target(target), "nt_sim_set_target");
+    enum { B = 4, T = 1024 };
+    gpt_config c = {.n_layer = layers, .n_head = 12, .width = 768, .context = T,
+                    .vocab = d->vocab};
+    gpt_train_opts o = {.batch = B, .lr = 6e-4, .clip = 1.0, .steps = steps, .warmup = 0,
+                        .amp = amp, .seed = 1};
+    gpt_model m;
+    bench_check(gpt_init(&m, &c, 1), "gpt_init");
+    nt_optim *opt = gpt_optimizer(&m, &o, 0.1);
+    if (!opt)
+        bench_fail("gpt_optimizer");
+    int32_t *xb = malloc(sizeof *xb * B * T), *yb = malloc(sizeof *yb * B * T);
+    gpt_capture cap = {0};
+    nt_sim_stats s0, s1;
+    double t0 = 0;
+    for (int s = 0; s < steps; s++) {
+        if (s == 1) { /* the first step made the moments (and the capture) */
+            bench_check(nt_sync(), "nt_sync");
+            nt_sim_stats_get(&s0);
+            t0 = bench_now_ns();
+        }
+        nt_tensor *loss = captured ? gpt_captured_step(&m, opt, d, &o, s, xb, yb, &cap)
+                                   : gpt_train_step(&m, opt, d, &o, s, xb, yb);
+        if (!loss)
+            bench_fail("training step");
+        if (s + 1 == steps)
+            bench_check(nt_item(loss, &row->loss), "reading the loss");
+        nt_release(loss);
+    }
+    bench_check(nt_sync(), "nt_sync");
+    nt_sim_stats_get(&s1);
+    int n = steps - 1;
+    double sim_ns = s1.sim_ns - s0.sim_ns;
+    row->sim_ms = sim_ns * 1e-6 / n;
+    row->mfu = sim_ns > 0 ? (s1.tensor_ideal_ns - s0.tensor_ideal_ns) / sim_ns : 0;
+    row->tensor_util =
+        sim_ns > 0 ? (s1.busy_ns[NT_ENGINE_TENSOR] - s0.busy_ns[NT_ENGINE_TENSOR]) / sim_ns : 0;
+    row->kernels = (double)(s1.kernels - s0.kernels) / n;
+    row->hbm_mib = (double)(s1.hbm_read_bytes - s0.hbm_read_bytes + s1.hbm_write_bytes -
+                            s0.hbm_write_bytes) /
+                   (1024.0 * 1024.0) / n;
+    row->host_s = (bench_now_ns() - t0) * 1e-9 / n;
+    gpt_capture_free(&cap);
+    gpt_optimizer_free(opt, &o);
+    gpt_free(&m);
+    free(xb);
+    free(yb);
+}
+
+/* Runs config `name` (gpt2, gpt2cap, gpt2bf16, gpt2bf16cap) on every
+ * target of `targets` and prints its rows; false for another name. */
+static bool gpt2_configs(const char *name, const char *targets, int layers, int steps,
+                         const gpt_data *d)
+{
+    bool cap = strstr(name, "cap") != NULL, bf16 = strstr(name, "bf16") != NULL;
+    if (strncmp(name, "gpt2", 4) || strlen(name) != (size_t)(4 + (cap ? 3 : 0) + (bf16 ? 4 : 0)))
+        return false;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", targets);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        nt_sim_target tg = !strcmp(t, "trn2") ? NT_SIM_TRN2 : NT_SIM_TRN1;
+        gpt2_row r;
+        run_gpt2(layers, bf16 ? NT_BF16 : NT_DTYPE_COUNT, cap, tg, d, steps, &r);
+        printf("| GPT-2-small block x%d, %s, %s, %s | %s | %.2f | %.1f%% | %.1f%% | %.0f | "
+               "%.0f MiB | %.1f s | %.6f |\n",
+               layers, bf16 ? "bf16" : "f32", cap ? "captured" : "eager",
+               nt_config_get("NT_MODE"), tg == NT_SIM_TRN2 ? "trn2" : "trn1", r.sim_ms,
+               100 * r.mfu, 100 * r.tensor_util, r.kernels, r.hbm_mib, r.host_s, r.loss);
+        fflush(stdout);
+    }
+    nt_sim_set_target(NT_SIM_TRN1);
+    return true;
+}
+
 /* The peer's output as it arrives: eval lines to the curve log, the
  * "final" line into the result. */
 typedef struct {
@@ -221,7 +323,9 @@ static void run_peer(const char *python, const char *script, const char *data, i
 
 int main(int argc, char **argv)
 {
-    int steps = STEPS, eval_batches = 8, eval_every = 50, rounds = 1;
+    int steps = STEPS, eval_batches = 8, eval_every = 50, rounds = 1, gpt2_layers = 2,
+        gpt2_steps = 3;
+    const char *targets = "trn1,trn2";
     const char *configs = "peer,sim,cpu,bf16", *peer = GPT_PEER_SCRIPT,
                *python = "/usr/bin/python3", *data = GPT_DATA_DIR;
     for (int i = 1; i < argc; i++) {
@@ -244,13 +348,24 @@ int main(int argc, char **argv)
             python = v;
         else if (!strcmp(argv[i], "--data") && v)
             data = v;
+        else if (!strcmp(argv[i], "--gpt2-layers") && v)
+            gpt2_layers = atoi(v);
+        else if (!strcmp(argv[i], "--gpt2-steps") && v)
+            gpt2_steps = atoi(v);
+        else if (!strcmp(argv[i], "--targets") && v)
+            targets = v;
         else {
             fprintf(stderr, "usage: gpt_step [--steps N] [--configs sim,cpu,bf16,simcap,cpucap,fp8,peer] "
                             "[--rounds N] [--peer PATH] [--python PATH] [--eval-every N] "
-                            "[--eval-batches N] [--curves DIR] [--data DIR]\n");
+                            "[--eval-batches N] [--curves DIR] [--data DIR] [--gpt2-layers N] "
+                            "[--gpt2-steps N] [--targets trn1,trn2]\n");
             return 1;
         }
         i++;
+    }
+    if (gpt2_layers < 1 || gpt2_layers > 12 || gpt2_steps < 2) {
+        fprintf(stderr, "gpt_step: --gpt2-layers 1 to 12, --gpt2-steps >= 2\n");
+        return 1;
     }
     if (steps < 1 || eval_batches < 1 || eval_every < 1 || rounds < 1 || rounds > MAX_ROUNDS) {
         fprintf(stderr, "gpt_step: --steps, --eval-every and --eval-batches must be >= 1, "
@@ -281,6 +396,7 @@ int main(int argc, char **argv)
     bool ran[NCFG] = {false}, all[NCFG]; /* ran in some round; in every round */
     for (int i = 0; i < NCFG; i++)
         all[i] = true;
+    bool gpt2_head = false;
     for (int k = 0; k < rounds; k++) {
         char buf[256];
         snprintf(buf, sizeof buf, "%s", configs);
@@ -308,7 +424,17 @@ int main(int argc, char **argv)
             else if (!strcmp(c, "cpucap"))
                 run_ours("cpu", NT_DTYPE_COUNT, false, true, &d, steps, eval_every, eval_batches,
                          &r[CPUCAP]);
-            else {
+            else if (!strncmp(c, "gpt2", 4)) {
+                if (!gpt2_head) /* the GPT-2-small rows' header, once */
+                    printf("\n| GPT-2-small-shaped step | target | simulated ms/step | MFU | "
+                           "TensorE busy | kernels/step | HBM/step | host/step | loss |\n"
+                           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+                gpt2_head = true;
+                if (!gpt2_configs(c, targets, gpt2_layers, gpt2_steps, &d)) {
+                    fprintf(stderr, "gpt_step: unknown config '%s'\n", c);
+                    return 1;
+                }
+            } else {
                 fprintf(stderr, "gpt_step: unknown config '%s' (sim, cpu, bf16, simcap, cpucap, fp8, "
                                 "peer)\n",
                         c);

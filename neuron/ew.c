@@ -1930,8 +1930,16 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
         for (int o = 0; o < P->nout; o++)
             if (L->eused[e] && ext[e]->st == out[o]->st)
                 w->lag = true;
+    /* no output shares a storage with any input (the operands included):
+     * the tile program may stream the row blocks past a resident B */
+    bool apart = true;
+    for (int e = 0; e < P->next; e++)
+        for (int o = 0; o < P->nout; o++)
+            apart &= ext[e]->st != out[o]->st;
+    s->mm_apart = apart;
     if (!rc)
         rc = sk_matmul_run_cs(s, a, b, NULL, mm_epi, w, colsum);
+    s->mm_apart = false;
     if (!rc && w->pend >= 0)
         rc = mm_finish(&w->blk[w->pend]);
     g_free(w);

@@ -56,6 +56,9 @@ typedef struct sk_k {
     uint8_t *mkey;
     size_t mlen;
     uint64_t mhash;
+    /* sk_matmul_run: its epilogue writes nothing it or the product reads
+     * (nt_tile_matmul_args.epilogue_apart); set by the caller around the call */
+    bool mm_apart;
 } sk_k;
 
 /* Opens kernel `name` (an op name, "fused.ew", ...). */

@@ -674,13 +674,14 @@ static int load_a_unit(mm *p, int64_t u)
     return rc;
 }
 
-/* Row-major A: M-tile i's K-tiles turned into its panel slot i % NP. */
-static int prep_a(mm *p, int64_t i)
+/* Row-major A: M-tile i's K-tiles kt0 .. kt1-1 turned into its panel slot
+ * i % NP. */
+static int prep_a_range(mm *p, int64_t i, int64_t kt0, int64_t kt1)
 {
     const nt_tile_matmul_args *a = p->a;
     int64_t m0 = i * TM, mw = min64(TM, a->M - m0);
     int64_t ao = (i / p->G % p->NS) * p->G * a->K + (i % p->G) * a->K, so = (i % p->NP) * p->nk * TM;
-    for (int64_t kt = 0; kt < p->nk; kt++) {
+    for (int64_t kt = kt0; kt < kt1; kt++) {
         int64_t k0 = kt * TK, kw = min64(TK, a->K - k0);
         int slot = p->tnext;
         p->tnext = (p->tnext + 1) % p->tslots;
@@ -693,7 +694,39 @@ static int prep_a(mm *p, int64_t i)
         if (rc)
             return rc;
     }
-    return p->cs ? cs_mtile(p, m0, mw, so) : 0;
+    /* the column sums once the M-tile's last K-tile is turned (the spread
+     * turns it in parts): once per M-tile, in M-tile order */
+    return p->cs && kt1 == p->nk ? cs_mtile(p, m0, mw, so) : 0;
+}
+
+/* Row-major A: all of M-tile i's K-tiles. */
+static int prep_a(mm *p, int64_t i)
+{
+    return prep_a_range(p, i, 0, p->nk);
+}
+
+/* The next M-tile's transposes spread over the current M-tile's matmuls:
+ * after the current tile's `done`-th of `total` matmul steps, the next
+ * tile's K-tiles up to done * nk / total (rounded up) are turned.  Issued
+ * all at once, TensorE (in order) would wait for each transpose slot's
+ * copy out of PSUM -- VectorE's 128 cycles at its slower clock against
+ * TensorE's 128, a bank of eight slots -- before the matmuls; spread, the
+ * copies run under the matmuls.  The transposes and copies are exact and
+ * every one still precedes the matmuls that read it, so the bits are the
+ * same.  A tile of at most a bank's slots of K-tiles (no slot waits) is
+ * still turned all at once before the matmuls (run_stream). */
+static int prep_a_spread(mm *p, int64_t next, int64_t *turned, int64_t done, int64_t total)
+{
+    if (next < 0 || *turned >= p->nk)
+        return 0;
+    int64_t want = total > 0 ? (done * p->nk + total - 1) / total : p->nk;
+    if (want > p->nk)
+        want = p->nk;
+    if (want <= *turned)
+        return 0;
+    int rc = prep_a_range(p, next, *turned, want);
+    *turned = want;
+    return rc;
 }
 
 /* B small enough to stay in SBUF, many M-tiles (nt_linear on B*T rows, a
@@ -722,8 +755,13 @@ static int run_stream(mm *p)
         int64_t u = a->a_trans ? i : (i % p->G == 0 ? i / p->G : -1);
         if (u >= 0 && u + p->NS - 1 < units)
             rc = load_a_unit(p, u + p->NS - 1);
-        if (!rc && !a->a_trans && i + 1 < nm)
-            rc = prep_a(p, i + 1);
+        /* row-major A: the next M-tile's transposes between this one's
+         * matmuls (prep_a_spread) */
+        int64_t next = !a->a_trans && i + 1 < nm ? i + 1 : -1, turned = 0;
+        if (next >= 0 && p->nk <= p->tslots) { /* they fit the bank: no wait */
+            rc = prep_a(p, next);
+            turned = p->nk;
+        }
         int64_t so = (i % p->NP) * p->nk * TM;
         for (int64_t nc = 0; nc < p->nn && !rc; nc++) {
             int64_t n0 = nc * TN, nw = min64(TN, a->N - n0);
@@ -740,6 +778,8 @@ static int run_stream(mm *p)
                 } else {
                     rc = nt_isa_nc_matmul(p->k, &dst, &st, &mv, kt > 0);
                 }
+                if (!rc)
+                    rc = prep_a_spread(p, next, &turned, nc * p->nk + kt + 1, p->nn * p->nk);
             }
             if (rc)
                 break;
@@ -870,9 +910,12 @@ static int plan(mm *p, bool tbank)
      * the largest block whose whole A panel stays resident, else the
      * largest block that streams the panel through a few slots */
     int64_t avail = nt_tile_free_bytes(k, NT_MEM_SBUF);
-    /* (with an epilogue, one N-chunk: an in-place epilogue's loads of the
-     * next chunk of the same rows would wait for this chunk's stores to the
-     * same HBM pages; the block program puts other M-tiles between them) */
+    /* (with an epilogue, one N-chunk unless it is apart: an in-place
+     * epilogue's loads of the next chunk of the same rows would wait for
+     * this chunk's stores to the same HBM pages; the block program puts
+     * other M-tiles between them.  An epilogue that writes nothing it reads
+     * takes the chunks in turn: B stays resident, where the block program
+     * loaded and turned it again for every block of M-tiles) */
     /* A given as A^T (a weight gradient over a few K-tiles of tokens) and
      * four or more N-chunks per M-tile: the block program, whose output
      * ring of BM + 2 slots keeps the stores flowing where the stream's four
@@ -881,19 +924,19 @@ static int plan(mm *p, bool tbank)
      * 848 us; the stream stays ahead with one N-chunk: [65536, 64] x
      * [64, 512] 398 us, 465 us blocked) */
     bool wide_at = a->a_trans && p->nn >= 4;
-    if (a->K > 0 && p->nm >= 2 && banks >= 2 && (!a->epilogue || p->nn == 1)) {
+    if (a->K > 0 && p->nm >= 2 && banks >= 2 && (!a->epilogue || p->nn == 1 || a->epilogue_apart)) {
         int64_t bres = p->nk * a->N * p->esz;
         int64_t G = a->a_trans ? 1 : min64(min64(per_load(p, a->K), 8), p->nm);
         int NP = a->a_trans ? S_NS : 2;
         int64_t need = bres + (a->a_trans ? 0 : S_NS * G * a->K * p->esz) +
-                       (int64_t)NP * p->nk * TM * p->esz + (a->epilogue ? 0 : 4 * TN * p->csz) +
+                       (int64_t)NP * p->nk * TM * p->esz + (a->epilogue ? 0 : 8 * TN * p->csz) +
                        (a->b_trans ? BT_SETS * a->K * p->esz : 0) + NT__SIM_ALIGN * 8;
         if (bres <= S_BRES && !wide_at && (!a->b_trans || a->K * p->esz <= 16 * 1024) && need <= avail) {
             p->stream = true;
             p->G = (int)G;
             p->NS = S_NS;
             p->NP = NP;
-            p->NO = 4;
+            p->NO = 8;
             p->nacc = banks < 6 ? banks : 6;
         }
     }

@@ -560,6 +560,9 @@ typedef struct nt_tile_matmul_args {
      * adds), so A is read once for both: a linear layer's bias gradient
      * beside dX = dY . W.  Rule: A f32 and row-major (not a_trans). */
     void *a_colsum;
+    bool epilogue_apart;  /* the epilogue writes nothing that it, A or B reads: the
+                             program may hand it the N-chunks of one row block in
+                             turn (B kept in SBUF); false: as an in-place epilogue */
 } nt_tile_matmul_args;
 
 /** Issues into k a matmul program: PSUM accumulation over K-tiles of 128 in
