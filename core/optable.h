@@ -138,6 +138,7 @@ typedef enum { NT__AMP_KEEP = 0, NT__AMP_LOW, NT__AMP_F32 } nt__amp_policy;
 #define NT__SAVE_I0O0 1u, 1u
 #define NT__SAVE_I0123O01 15u, 3u
 #define NT__SAVE_I01O1 3u, 2u
+#define NT__SAVE_O1 0u, 2u
 
 /* the sim column's non-instruction values */
 enum { NT__SIM_NONE = -1, NT__SIM_SEQ = -3 };
@@ -381,7 +382,11 @@ typedef enum nt__opkind {
  * kernel each (dispatcher/api_norm.c, cpu/bn.c, neuron/bn.c);
  * grad_norms(g0, ?g1, ?g2, ?g3) -> [k] f32: the 2-norm of every f32 input
  * over all its elements, each exactly nt_norm(gi, 2) (gradient clipping's
- * per-parameter norms, k at a time, autograd/clip.c). */
+ * per-parameter norms, k at a time, autograd/clip.c);
+ * max_pool2d_fwd(x [..., H, W] f32) -> y [..., OH, OW], idx (i32, the flat
+ * position h W + w of each maximum): nt_max_pool2d in one kernel (p.i[0..1]
+ * kernel, [2..3] stride, [4..5] padding, [6..7] dilation; core/pool.h,
+ * cpu/pool.c, neuron/pool.c); its backward is a scatter_add of g at idx. */
 #define NT_OPS_BWD(X)                                                       \
     X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, embedding_bwd, I1, NT__SIM_NONE)                                             \
     X(INDEX_ADD, index_add, 2, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, index_add, I1, NT__SIM_NONE)                \
@@ -390,7 +395,8 @@ typedef enum nt__opkind {
     X(CONV_WGRAD, conv_wgrad, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE) \
     X(BN_FWD, batch_norm_fwd, 3, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, bn_fwd, I01O1, NT__SIM_NONE) \
     X(BN_BWD, batch_norm_bwd, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE) \
-    X(GRAD_NORMS, grad_norms, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
+    X(GRAD_NORMS, grad_norms, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE) \
+    X(MAX_POOL2D, max_pool2d_fwd, 1, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, max_pool2d, O1, NT__SIM_NONE)
 
 #define NT_OP_TABLE(X)                                                      \
     NT_OPS_FILL(X) NT_OPS_COPY(X) NT_OPS_UNARY(X) NT_OPS_SCALAR(X)          \

@@ -72,6 +72,7 @@ static const nt__kernel_fn sk_table[] = {
     [NT_OP_BN_FWD] = nt__sk_batch_norm_fwd,
     [NT_OP_BN_BWD] = nt__sk_batch_norm_bwd,
     [NT_OP_GRAD_NORMS] = nt__sk_grad_norms,
+    [NT_OP_MAX_POOL2D] = nt__sk_max_pool2d_fwd,
 };
 #undef SK_EW
 

@@ -593,6 +593,10 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
             return bn_drv(in[0], in[1], in[2], op == NT_OP_BN_BWD);
         if (op == NT_OP_GRAD_NORMS)
             return norms_drv(in);
+        if (op == NT_OP_MAX_POOL2D) /* x [2, 5, 3, 11]: padded, overlapping columns */
+            return nt_max_pool2d(nt_reshape(in[0], 4, (int64_t[]){2, 5, 3, 11}),
+                                 (int64_t[]){2, 3}, (int64_t[]){2, 2}, (int64_t[]){1, 1}, NULL,
+                                 true, NULL);
         return NO_DRIVER;
     case NT_KIND_ATTN:
         if (op == NT_OP_SDPA)
@@ -1372,6 +1376,8 @@ static void check_ref(int op)
         cell(op, K_REF, "n/a: values and gradients vs double and PyTorch in test_norms.c");
     else if (op == NT_OP_GRAD_NORMS)
         cell(op, K_REF, "n/a: the bits of nt_norm, checked in test_compile.c");
+    else if (op == NT_OP_MAX_POOL2D)
+        cell(op, K_REF, "n/a: values and gradients vs double and PyTorch in test_cnn2.c");
     else if (op == NT_OP_SDPA || op == NT_OP_SDPA_BWD)
         cell(op, K_REF, "n/a: values and gradients vs double in test_attention.c");
     else if (op == NT_OP_AMAX || op == NT_OP_AMIN || op == NT_OP_CUMSUM || op == NT_OP_CUMPROD ||
