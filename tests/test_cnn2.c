@@ -6,7 +6,8 @@
  *   on odd shapes, padding, dilation, ceil_mode, a 1 x 1 kernel, more than
  *   128 planes (the simulator's planes-per-partition groups and their
  *   remainders), with +-0, +-Inf, NaN, ties and subnormals among the values;
- * - the same bits as the composite of ops it replaces (dispatcher's
+ * - the same bits as the composite of ops it replaces (run also with
+ *   NT_CPU_ISA=avx2 for the CPU's scalar 2 x 2 loop) (dispatcher's
  *   nt__pool_composed), forward and gradient, on every backend and mode;
  * - the gradient against a double sum over the windows, and nt_gradcheck;
  * - bad input: each error names nt_max_pool2d and the argument. */
@@ -43,6 +44,7 @@ static const pcase cases[] = {
     {1, 1, 1, 6, {1, 4}, {1, 1}, {0, 2}, {1, 1}, false},    /* H = 1 */
     {3, 100, 6, 6, {2, 2}, {2, 2}, {0, 0}, {1, 1}, false},  /* 300 planes: q > 1, remainders */
     {1, 131, 5, 5, {3, 3}, {1, 1}, {1, 1}, {1, 1}, false},  /* 131 planes, padded */
+    {2, 3, 6, 41, {2, 2}, {2, 2}, {0, 0}, {1, 1}, false},   /* 20 windows a row: 16 + 4 */
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
