@@ -1101,13 +1101,18 @@ static int bwd_scatter_add(nt__bctx *b)
 }
 
 /* max_pool2d_fwd (dispatcher/api_pool.c): g added at the saved flat
- * positions, windows in row-major order (scatter_add's order: PyTorch's
- * max_pool2d backward), into zeros [P, H W]; so create_graph records it. */
+ * positions, windows in row-major order (PyTorch's max_pool2d backward),
+ * into zeros: one max_pool2d_bwd kernel, or in a create_graph pass the
+ * same sums by scatter_add into zeros [P, H W], which records. */
 static int bwd_max_pool2d(nt__bctx *b)
 {
     const nt__tmeta *m = META(0);
     if (!G || !LIVE(0))
         return 0;
+    if (!b->create && G->dtype == NT_F32) {
+        TRY(b->gin[0] = nt__max_pool2d_grad(S, G, OUT(1), &b->n->p, m->ndim, m->shape));
+        return 0;
+    }
     int nd = m->ndim;
     int64_t P = 1, HW = m->shape[nd - 2] * m->shape[nd - 1];
     for (int i = 0; i < nd - 2; i++)

@@ -386,7 +386,9 @@ typedef enum nt__opkind {
  * max_pool2d_fwd(x [..., H, W] f32) -> y [..., OH, OW], idx (i32, the flat
  * position h W + w of each maximum): nt_max_pool2d in one kernel (p.i[0..1]
  * kernel, [2..3] stride, [4..5] padding, [6..7] dilation; core/pool.h,
- * cpu/pool.c, neuron/pool.c); its backward is a scatter_add of g at idx. */
+ * cpu/pool.c, neuron/pool.c); max_pool2d_bwd(g, idx) -> dx (x's shape,
+ * the same p.i): g added at idx into zeros, windows in row-major order (a
+ * create_graph pass: the same sums by scatter_add). */
 #define NT_OPS_BWD(X)                                                       \
     X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, embedding_bwd, I1, NT__SIM_NONE)                                             \
     X(INDEX_ADD, index_add, 2, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, index_add, I1, NT__SIM_NONE)                \
@@ -396,7 +398,8 @@ typedef enum nt__opkind {
     X(BN_FWD, batch_norm_fwd, 3, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, bn_fwd, I01O1, NT__SIM_NONE) \
     X(BN_BWD, batch_norm_bwd, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE) \
     X(GRAD_NORMS, grad_norms, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE) \
-    X(MAX_POOL2D, max_pool2d_fwd, 1, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, max_pool2d, O1, NT__SIM_NONE)
+    X(MAX_POOL2D, max_pool2d_fwd, 1, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, max_pool2d, O1, NT__SIM_NONE) \
+    X(MAX_POOL2D_BWD, max_pool2d_bwd, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
 
 #define NT_OP_TABLE(X)                                                      \
     NT_OPS_FILL(X) NT_OPS_COPY(X) NT_OPS_UNARY(X) NT_OPS_SCALAR(X)          \

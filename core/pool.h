@@ -12,6 +12,7 @@
 #ifndef NT_CORE_POOL_H
 #define NT_CORE_POOL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/internal.h"
@@ -21,11 +22,12 @@ typedef struct nt__pool2d {
     int64_t k[2], s[2], p[2], d[2];
 } nt__pool2d;
 
-/* The geometry of a max_pool2d_fwd record (p.i: kernel, stride, padding,
+/* The geometry of a max_pool2d_fwd or max_pool2d_bwd record (p.i: kernel, stride, padding,
  * dilation, two values each). */
 static inline void nt__pool2d_geo(nt__pool2d *g, const nt__rec *r)
 {
-    const nt_tensor *x = r->in[0], *y = r->out[0];
+    bool bwd = r->op == NT_OP_MAX_POOL2D_BWD; /* x's shape is dx's, y's g's */
+    const nt_tensor *x = bwd ? r->out[0] : r->in[0], *y = bwd ? r->in[0] : r->out[0];
     int nd = x->ndim;
     g->H = x->shape[nd - 2], g->W = x->shape[nd - 1];
     g->OH = y->shape[nd - 2], g->OW = y->shape[nd - 1];

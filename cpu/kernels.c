@@ -37,6 +37,7 @@ const nt__kernel_fn nt__cpu_kernels[] = {
     [NT_OP_BN_BWD] = nt__cpu_batch_norm_bwd,
     [NT_OP_GRAD_NORMS] = nt__cpu_grad_norms,
     [NT_OP_MAX_POOL2D] = nt__cpu_max_pool2d_fwd,
+    [NT_OP_MAX_POOL2D_BWD] = nt__cpu_max_pool2d_bwd,
 };
 
 _Static_assert(sizeof nt__cpu_kernels / sizeof nt__cpu_kernels[0] == NT_OP_COUNT,

@@ -8,6 +8,8 @@
 #include "core/pool.h"
 #include "cpu/cpu.h"
 
+#include <string.h>
+
 #define PLANES_PER_BLOCK 16
 
 typedef struct poolk {
@@ -147,5 +149,43 @@ int nt__cpu_max_pool2d_fwd(const nt__rec *r)
     nt__pool2d_geo(&k.g, r);
     int64_t nb = (k.g.P + PLANES_PER_BLOCK - 1) / PLANES_PER_BLOCK;
     nt__par_blocks((int)nb, pool_block, &k, k.g.P * k.g.H * k.g.W >= 65536);
+    return 0;
+}
+
+/* max_pool2d_bwd: per plane dx = +0, then dx[idx[l]] += g[l] for the
+ * windows l in row-major order (scatter_add's order and bits; a position
+ * outside the plane adds nothing), NaNs stored canonical. */
+typedef struct poolb {
+    nt__pool2d g;
+    const float *gy;
+    const int32_t *idx;
+    float *dx;
+} poolb;
+
+static void bwd_block(void *arg, int blk)
+{
+    const poolb *k = arg;
+    int64_t HW = k->g.H * k->g.W, L = k->g.OH * k->g.OW;
+    int64_t p0 = (int64_t)blk * PLANES_PER_BLOCK, p1 = p0 + PLANES_PER_BLOCK;
+    for (int64_t pl = p0; pl < p1 && pl < k->g.P; pl++) {
+        float *d = k->dx + pl * HW;
+        const float *gp = k->gy + pl * L;
+        const int32_t *ip = k->idx + pl * L;
+        memset(d, 0, sizeof(float) * (size_t)HW);
+        for (int64_t l = 0; l < L; l++)
+            if (ip[l] >= 0 && ip[l] < HW)
+                d[ip[l]] += gp[l];
+        for (int64_t i = 0; i < HW; i++)
+            d[i] = nt__canon(d[i]);
+    }
+}
+
+int nt__cpu_max_pool2d_bwd(const nt__rec *r)
+{
+    poolb k = {.gy = nt__tensor_data(r->in[0]), .idx = nt__tensor_data(r->in[1]),
+               .dx = nt__tensor_data(r->out[0])};
+    nt__pool2d_geo(&k.g, r);
+    int64_t nb = (k.g.P + PLANES_PER_BLOCK - 1) / PLANES_PER_BLOCK;
+    nt__par_blocks((int)nb, bwd_block, &k, k.g.P * k.g.H * k.g.W >= 65536);
     return 0;
 }

@@ -478,6 +478,26 @@ static nt_tensor *max_kernel(const pctx *P, nt_tensor *x, const pgeo *g, nt_tens
     return y;
 }
 
+nt_tensor *nt__max_pool2d_grad(const nt_site *site, nt_tensor *g, nt_tensor *idx,
+                               const nt__params *p, int ndim, const int64_t *xshape)
+{
+    nt__call c;
+    nt_tensor *gc = g->dtype == NT_F32 ? g : nt_cast_at(site, g, NT_F32);
+    nt_tensor *in[2] = {gc ? nt_contiguous_at(site, gc) : NULL, idx};
+    if (!in[0])
+        return NULL;
+    if (!nt__call_begin(&c, site, "nt_max_pool2d", NT_OP_MAX_POOL2D_BWD, 2, in, "grad,indices"))
+        return nt__call_fail(&c);
+    c.no_grad = true;
+    c.p = *p;
+    c.nout = 1;
+    c.odt[0] = NT_F32;
+    c.ondim[0] = ndim;
+    memcpy(c.oshape[0], xshape, (size_t)ndim * sizeof(int64_t));
+    c.flops = (double)nt__numel(ndim, xshape);
+    return nt__dispatch(&c);
+}
+
 NT_API nt_tensor *nt_max_pool2d_at(const nt_site *site, nt_tensor *x, const int64_t *kernel,
                                    const int64_t *stride, const int64_t *padding,
                                    const int64_t *dilation, bool ceil_mode, nt_tensor **indices)

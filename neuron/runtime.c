@@ -73,6 +73,7 @@ static const nt__kernel_fn sk_table[] = {
     [NT_OP_BN_BWD] = nt__sk_batch_norm_bwd,
     [NT_OP_GRAD_NORMS] = nt__sk_grad_norms,
     [NT_OP_MAX_POOL2D] = nt__sk_max_pool2d_fwd,
+    [NT_OP_MAX_POOL2D_BWD] = nt__sk_max_pool2d_bwd,
 };
 #undef SK_EW
 

@@ -18,7 +18,7 @@
  *   attention.c  scaled dot-product attention and its backward (flash style)
  *   conv.c     conv_gemm and conv_wgrad (convolutions: im2col on chip or by DMA)
  *   bn.c       batch_norm_fwd and batch_norm_bwd (training batch norm)
- *   pool.c     max_pool2d_fwd (max pooling with indices)
+ *   pool.c     max_pool2d_fwd and max_pool2d_bwd (max pooling with indices)
  *   gen.c      arange, rand, randn (GpSimd custom code)
  *   sample.c   dropout, topk, multinomial (GpSimd custom code)
  *   user.c     user tile kernels (nt_op_register_kernel)
@@ -261,6 +261,7 @@ int nt__sk_batch_norm_fwd(const nt__rec *r); /* bn.c */
 int nt__sk_batch_norm_bwd(const nt__rec *r);
 int nt__sk_grad_norms(const nt__rec *r); /* reduce.c: clipping's norms */
 int nt__sk_max_pool2d_fwd(const nt__rec *r); /* pool.c */
+int nt__sk_max_pool2d_bwd(const nt__rec *r);
 /* foreach.c: programs that share one kernel.  join_open / join_close are
  * the backend's kernel_open / kernel_close (core/backend.h).  Between them
  * an EW or ROW program (ew.c) calls sk_join_enter: the shared kernel (begun

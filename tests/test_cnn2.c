@@ -9,7 +9,8 @@
  * - the same bits as the composite of ops it replaces (run also with
  *   NT_CPU_ISA=avx2 for the CPU's scalar 2 x 2 loop) (dispatcher's
  *   nt__pool_composed), forward and gradient, on every backend and mode;
- * - the gradient against a double sum over the windows, and nt_gradcheck;
+ * - the gradient against a double sum over the windows, the backward
+ *   kernel against a create_graph pass (scatter_add), and nt_gradcheck;
  * - bad input: each error names nt_max_pool2d and the argument. */
 #include <math.h>
 #include <setjmp.h>
@@ -247,6 +248,44 @@ static void test_unbatched_and_large(void **state)
     nt_test_cfg(0);
 }
 
+/* The backward kernel (max_pool2d_bwd) and a create_graph pass (the same
+ * sums by scatter_add, recorded): the same bits; the latter's gradient
+ * differentiates again (with respect to the loss's weights). */
+static void test_create_graph(void **state)
+{
+    (void)state;
+    for (int k = 0; k < NT_TEST_NCFG; k++) {
+        nt_test_cfg(k);
+        for (int ci = 2; ci <= 4; ci++) {
+            const pcase *c = &cases[ci];
+            nt_scope *sc = nt_scope_begin();
+            int64_t n = c->n * c->c * c->h * c->w;
+            float *a = make_x(n, 300 + (uint64_t)ci);
+            for (int64_t i = 0; i < n; i++) /* finite values: the loss stays finite */
+                if (!isfinite(a[i]))
+                    a[i] = (float)(i % 5) - 2.0f;
+            nt_tensor *x = nt_test_leaf(a, 4, SH(c->n, c->c, c->h, c->w));
+            nt_tensor *y = pool(c, x, NULL);
+            nt_tensor *w = nt_arange(NT_F32, 1.0, 1.0 + (double)nt_numel(y) * 0.375, 0.375);
+            w = nt_detach(nt_reshape(w, 4, (int64_t[]){c->n, c->c, nt_shape(y, 2), nt_shape(y, 3)}));
+            assert_int_equal(nt_set_requires_grad(w, true), 0);
+            nt_tensor *l = nt_sum(nt_mul(y, w), NT_DIM_ALL, false);
+            nt_tensor *g0 = nt_test_grad1(l, x, false), *g1 = nt_test_grad1(l, x, true);
+            float *v0 = nt_test_host(g0), *v1 = nt_test_host(g1);
+            assert_memory_equal(v0, v1, sizeof(float) * (size_t)n);
+            /* each window's weight lands in dx once: d sum(dx) / dw = 1 */
+            nt_tensor *gg = nt_test_grad1(nt_sum(g1, NT_DIM_ALL, false), w, false);
+            float *vg = nt_test_host(gg);
+            for (int64_t i = 0; i < nt_numel(w); i++)
+                assert_true(vg[i] == 1.0f);
+            free(a), free(v0), free(v1), free(vg);
+            nt_release(x), nt_release(w);
+            assert_int_equal(nt_scope_end(sc), 0);
+        }
+    }
+    nt_test_cfg(0);
+}
+
 typedef struct gctx {
     const pcase *c;
 } gctx;
@@ -323,6 +362,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_kernel, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_unbatched_and_large, nt_test_setup,
                                         nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_create_graph, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_gradcheck, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_errors, nt_test_setup, nt_test_teardown),
     };
