@@ -135,6 +135,8 @@ static res run(const pcase *c, const float *xv, bool composed)
     nt_tensor *y = pool(c, x, &idx);
     if (!y || !idx)
         fail_msg("pool: %s", nt_last_error_message());
+    assert_true(nt_requires_grad(y));
+    assert_false(nt_requires_grad(idx)); /* positions: no gradient */
     r.ny = nt_numel(y), r.nx = nt_numel(x);
     float *gv = malloc(sizeof(float) * (size_t)r.ny);
     for (int64_t i = 0; i < r.ny; i++)
