@@ -1130,6 +1130,33 @@ static int bwd_scatter_add(nt__bctx *b)
     return 0;
 }
 
+/* max_pool2d_fwd (dispatcher/api_pool.c): g added at the saved flat
+ * positions, windows in row-major order (PyTorch's max_pool2d backward),
+ * into zeros: one max_pool2d_bwd kernel, or in a create_graph pass the
+ * same sums by scatter_add into zeros [P, H W], which records. */
+static int bwd_max_pool2d(nt__bctx *b)
+{
+    const nt__tmeta *m = META(0);
+    if (!G || !LIVE(0))
+        return 0;
+    if (!b->create && G->dtype == NT_F32) {
+        TRY(b->gin[0] = nt__max_pool2d_grad(S, G, OUT(1), &b->n->p, m->ndim, m->shape));
+        return 0;
+    }
+    int nd = m->ndim;
+    int64_t P = 1, HW = m->shape[nd - 2] * m->shape[nd - 1];
+    for (int i = 0; i < nd - 2; i++)
+        P *= m->shape[i];
+    int64_t L = nt_numel(G) / (P > 0 ? P : 1);
+    nt_tensor *z, *ix, *g;
+    TRY(z = nt_zeros_at(S, (nt_dtype)G->dtype, 2, (int64_t[]){P, HW}));
+    TRY(ix = nt_reshape_at(S, OUT(1), 2, (int64_t[]){P, L}));
+    TRY(g = nt_reshape_at(S, G, 2, (int64_t[]){P, L}));
+    TRY(g = nt_scatter_add_at(S, z, 1, ix, g));
+    TRY(b->gin[0] = nt_reshape_at(S, g, nd, m->shape));
+    return 0;
+}
+
 /* ---------------- attention ---------------- */
 
 /* FlashAttention-2's backward as one op, SDPA_BWD (cpu/attention.c): the

@@ -236,9 +236,11 @@ static int record(nt__call *c, nt_tensor *const *ins, int nin)
     /* Every allocation before the first change to an output: a failure
      * leaves the outputs as they were. */
     for (int i = 0; i < nout; i++)
-        if (!nt__ag_of(c->out[i]))
+        if (nt__dtype_is_float((nt_dtype)c->out[i]->dtype) && !nt__ag_of(c->out[i]))
             goto oom;
     for (int i = 0; i < nout; i++) {
+        if (!nt__dtype_is_float((nt_dtype)c->out[i]->dtype))
+            continue; /* an index output (max_pool2d_fwd's) takes no part */
         struct nt__ag *ag = nt__ag_of(c->out[i]);
         nt__node *old = ag->grad_fn;
         node_ref(n);
@@ -331,7 +333,8 @@ static int on_dispatch(nt__call *c)
     if (op < NT_OP_COUNT && !(nt__ops[op].flags & NT_OPF_DIFF))
         return 0; /* comparisons, argmax: no gradient flows */
     for (int i = 0; i < c->nout; i++)
-        if (c->out[i] && !nt__dtype_is_float((nt_dtype)c->out[i]->dtype))
+        if (c->out[i] && !nt__dtype_is_float((nt_dtype)c->out[i]->dtype) &&
+            !(op == NT_OP_MAX_POOL2D && i == 1)) /* its positions: no gradient */
             return 0;
     return record(c, c->in, c->nin);
 }

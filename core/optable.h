@@ -139,6 +139,7 @@ typedef enum { NT__AMP_KEEP = 0, NT__AMP_LOW, NT__AMP_F32 } nt__amp_policy;
 #define NT__SAVE_I0O0 1u, 1u
 #define NT__SAVE_I0123O01 15u, 3u
 #define NT__SAVE_I01O1 3u, 2u
+#define NT__SAVE_O1 0u, 2u
 
 /* the sim column's non-instruction values */
 enum { NT__SIM_NONE = -1, NT__SIM_SEQ = -3 };
@@ -391,7 +392,13 @@ typedef enum nt__opkind {
  * the expert's first row; all_to_all_index(C [P, P] i32) -> [cap] i32:
  * the rows rank p.i[0] gathers from every rank's R = p.i[1] rows (C[i][j]:
  * rows rank i sends rank j), i * R + the row, P * R past the received
- * ones, counts checked (dist/moe.c, docs/parallel.md). */
+ * ones, counts checked (dist/moe.c, docs/parallel.md);
+ * max_pool2d_fwd(x [..., H, W] f32) -> y [..., OH, OW], idx (i32, the flat
+ * position h W + w of each maximum): nt_max_pool2d in one kernel (p.i[0..1]
+ * kernel, [2..3] stride, [4..5] padding, [6..7] dilation; core/pool.h,
+ * cpu/pool.c, neuron/pool.c); max_pool2d_bwd(g, idx) -> dx (x's shape,
+ * the same p.i): g added at idx into zeros, windows in row-major order (a
+ * create_graph pass: the same sums by scatter_add). */
 #define NT_OPS_BWD(X)                                                       \
     X(EMBEDDING_BWD, embedding_bwd, 2, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, embedding_bwd, I1, NT__SIM_NONE)                                             \
     X(INDEX_ADD, index_add, 2, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, index_add, I1, NT__SIM_NONE)                \
@@ -403,7 +410,9 @@ typedef enum nt__opkind {
     X(GRAD_NORMS, grad_norms, 4, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE) \
     X(GMM, grouped_mm, 3, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, grouped_mm, I012, NT__SIM_NONE) \
     X(GMM_WGRAD, grouped_mm_wgrad, 3, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, grouped_mm_wgrad, I012, NT__SIM_NONE) \
-    X(A2A_INDEX, all_to_all_index, 1, NT_KIND_BWD, 0, INT, KEEP, nograd, 0, NT__SIM_NONE)
+    X(A2A_INDEX, all_to_all_index, 1, NT_KIND_BWD, 0, INT, KEEP, nograd, 0, NT__SIM_NONE) \
+    X(MAX_POOL2D, max_pool2d_fwd, 1, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, max_pool2d, O1, NT__SIM_NONE) \
+    X(MAX_POOL2D_BWD, max_pool2d_bwd, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
 
 #define NT_OP_TABLE(X)                                                      \
     NT_OPS_FILL(X) NT_OPS_COPY(X) NT_OPS_UNARY(X) NT_OPS_SCALAR(X)          \

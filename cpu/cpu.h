@@ -108,6 +108,8 @@ int nt__cpu_conv_wgrad(const nt__rec *r);
 /* cpu/bn.c: training batch norm, forward and backward */
 int nt__cpu_batch_norm_fwd(const nt__rec *r);
 int nt__cpu_batch_norm_bwd(const nt__rec *r);
+int nt__cpu_max_pool2d_fwd(const nt__rec *r); /* pool.c */
+int nt__cpu_max_pool2d_bwd(const nt__rec *r);
 /* Nonzero: the CPU kernels take their reference paths where a faster one
  * gives the same bits (batch norm's phases over all channels; the
  * convolutions' general paths), so tests/test_cnnperf.c can compare the

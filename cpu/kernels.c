@@ -39,6 +39,8 @@ const nt__kernel_fn nt__cpu_kernels[] = {
     [NT_OP_GMM] = nt__cpu_grouped_mm,
     [NT_OP_GMM_WGRAD] = nt__cpu_grouped_mm_wgrad,
     [NT_OP_A2A_INDEX] = nt__cpu_all_to_all_index,
+    [NT_OP_MAX_POOL2D] = nt__cpu_max_pool2d_fwd,
+    [NT_OP_MAX_POOL2D_BWD] = nt__cpu_max_pool2d_bwd,
 };
 
 _Static_assert(sizeof nt__cpu_kernels / sizeof nt__cpu_kernels[0] == NT_OP_COUNT,

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/pool.h"
 #include "dispatcher/dispatch.h"
 
 /* Windows of up to this many slots are summed slot by slot (PyTorch's
@@ -439,6 +440,64 @@ static nt_tensor *max_tiled(const pctx *P, nt_tensor *x, const pgeo *g)
     return to_out(P, r, g);
 }
 
+/* max_pool2d_fwd: y and its flat positions in one kernel (f32 input; see
+ * core/pool.h), the windows' values and positions the composite's. */
+atomic_int nt__pool_composed;
+
+static bool max_kernel_fits(const nt_tensor *x, const pgeo *g)
+{
+    if (atomic_load_explicit(&nt__pool_composed, memory_order_relaxed))
+        return false;
+    nt__pool2d q = {.P = g->N * g->C, .H = g->H, .W = g->W, .OH = g->OH, .OW = g->OW};
+    for (int i = 0; i < 2; i++)
+        q.k[i] = g->k[i], q.s[i] = g->s[i], q.p[i] = g->p[i], q.d[i] = g->d[i];
+    return x->dtype == NT_F32 && g->H * g->W < (1 << 24) &&
+           nt__pool2d_bytes(&q, 1) <= NT_POOL2D_SBUF;
+}
+
+static nt_tensor *max_kernel(const pctx *P, nt_tensor *x, const pgeo *g, nt_tensor **idx)
+{
+    nt__call c;
+    nt_tensor *in[1] = {nt_contiguous_at(P->site, x)};
+    if (!in[0])
+        return NULL;
+    if (!nt__call_begin(&c, P->site, P->fn, NT_OP_MAX_POOL2D, 1, in, "input"))
+        return nt__call_fail(&c);
+    for (int i = 0; i < 2; i++)
+        c.p.i[i] = g->k[i], c.p.i[2 + i] = g->s[i], c.p.i[4 + i] = g->p[i], c.p.i[6 + i] = g->d[i];
+    c.nout = 2;
+    c.odt[0] = NT_F32, c.odt[1] = NT_I32;
+    for (int o = 0; o < 2; o++) {
+        c.ondim[o] = x->ndim;
+        memcpy(c.oshape[o], x->shape, (size_t)x->ndim * sizeof(int64_t));
+        c.oshape[o][x->ndim - 2] = g->OH, c.oshape[o][x->ndim - 1] = g->OW;
+    }
+    c.flops = (double)(g->N * g->C * g->OH * g->OW * g->k[0] * g->k[1]);
+    nt_tensor *y = nt__dispatch(&c);
+    *idx = y ? c.out[1] : NULL;
+    return y;
+}
+
+nt_tensor *nt__max_pool2d_grad(const nt_site *site, nt_tensor *g, nt_tensor *idx,
+                               const nt__params *p, int ndim, const int64_t *xshape)
+{
+    nt__call c;
+    nt_tensor *gc = g->dtype == NT_F32 ? g : nt_cast_at(site, g, NT_F32);
+    nt_tensor *in[2] = {gc ? nt_contiguous_at(site, gc) : NULL, idx};
+    if (!in[0])
+        return NULL;
+    if (!nt__call_begin(&c, site, "nt_max_pool2d", NT_OP_MAX_POOL2D_BWD, 2, in, "grad,indices"))
+        return nt__call_fail(&c);
+    c.no_grad = true;
+    c.p = *p;
+    c.nout = 1;
+    c.odt[0] = NT_F32;
+    c.ondim[0] = ndim;
+    memcpy(c.oshape[0], xshape, (size_t)ndim * sizeof(int64_t));
+    c.flops = (double)nt__numel(ndim, xshape);
+    return nt__dispatch(&c);
+}
+
 NT_API nt_tensor *nt_max_pool2d_at(const nt_site *site, nt_tensor *x, const int64_t *kernel,
                                    const int64_t *stride, const int64_t *padding,
                                    const int64_t *dilation, bool ceil_mode, nt_tensor **indices)
@@ -450,6 +509,12 @@ NT_API nt_tensor *nt_max_pool2d_at(const nt_site *site, nt_tensor *x, const int6
     if (!check_input(&P, x, &g) ||
         !check_window(&P, &g, kernel, stride, padding, dilation, ceil_mode) || !open_scope(&P))
         return NULL;
+    if (max_kernel_fits(x, &g)) {
+        nt_tensor *idx = NULL, *y = max_kernel(&P, x, &g, &idx);
+        if (pool_end(&P, &y, indices && y ? (*indices = idx, indices) : NULL))
+            return NULL;
+        return y;
+    }
     if (!indices && max_tiles(&g) && !(nt_grad_enabled() && nt_requires_grad(x))) {
         nt_tensor *y = max_tiled(&P, x, &g);
         return pool_end(&P, &y, NULL) ? NULL : y;

@@ -9,6 +9,7 @@
 #ifndef NT_DISPATCHER_DISPATCH_H
 #define NT_DISPATCHER_DISPATCH_H
 
+#include <stdatomic.h>
 #include "core/internal.h"
 
 typedef struct nt__call {
@@ -223,5 +224,13 @@ int nt__bn_grads(const nt_site *site, double eps, nt_tensor *g, nt_tensor *x, nt
  * (1..4) f32 tensors g[0..k) on the current device -> [k] f32, y[j] the
  * bits of nt_norm(g[j], 2) over all of g[j].  NULL with the error set. */
 nt_tensor *nt__grad_norms(const nt_site *site, const char *fn, nt_tensor *const *g, int k);
+/* max_pool2d_fwd's gradient: one max_pool2d_bwd of g (made contiguous
+ * f32) and the saved positions idx, p the forward's parameters, dx of x's
+ * shape (ndim, xshape).  NULL with the error set. */
+nt_tensor *nt__max_pool2d_grad(const nt_site *site, nt_tensor *g, nt_tensor *idx,
+                               const nt__params *p, int ndim, const int64_t *xshape);
+/* Tests: nonzero makes nt_max_pool2d take its composite of ops instead of
+ * the max_pool2d_fwd kernel (dispatcher/api_pool.c), to compare the two. */
+extern atomic_int nt__pool_composed;
 
 #endif

@@ -75,6 +75,8 @@ static const nt__kernel_fn sk_table[] = {
     [NT_OP_GMM] = nt__sk_grouped_mm,
     [NT_OP_GMM_WGRAD] = nt__sk_grouped_mm_wgrad,
     [NT_OP_A2A_INDEX] = nt__sk_all_to_all_index,
+    [NT_OP_MAX_POOL2D] = nt__sk_max_pool2d_fwd,
+    [NT_OP_MAX_POOL2D_BWD] = nt__sk_max_pool2d_bwd,
 };
 #undef SK_EW
 

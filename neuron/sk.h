@@ -20,6 +20,7 @@
  *   bn.c       batch_norm_fwd and batch_norm_bwd (training batch norm)
  *   moe.c      grouped_mm, grouped_mm_wgrad and all_to_all_index (mixture
  *              of experts: one nt_tile_matmul program per expert)
+ *   pool.c     max_pool2d_fwd and max_pool2d_bwd (max pooling with indices)
  *   gen.c      arange, rand, randn (GpSimd custom code)
  *   sample.c   dropout, topk, multinomial (GpSimd custom code)
  *   user.c     user tile kernels (nt_op_register_kernel)
@@ -267,6 +268,8 @@ int nt__sk_grad_norms(const nt__rec *r); /* reduce.c: clipping's norms */
 int nt__sk_grouped_mm(const nt__rec *r);       /* moe.c */
 int nt__sk_grouped_mm_wgrad(const nt__rec *r); /* moe.c */
 int nt__sk_all_to_all_index(const nt__rec *r); /* moe.c */
+int nt__sk_max_pool2d_fwd(const nt__rec *r); /* pool.c */
+int nt__sk_max_pool2d_bwd(const nt__rec *r);
 /* foreach.c: programs that share one kernel.  join_open / join_close are
  * the backend's kernel_open / kernel_close (core/backend.h).  Between them
  * an EW or ROW program (ew.c) calls sk_join_enter: the shared kernel (begun

@@ -423,6 +423,29 @@ static nt_tensor *bn_drv(nt_tensor *x, nt_tensor *w, nt_tensor *b, bool grad)
     return g;
 }
 
+/* max_pool2d_fwd of x [2, 5, 3, 11] (padded, overlapping columns,
+ * ceil_mode) or max_pool2d_bwd (x's gradient of sum(y * k) through it). */
+static nt_tensor *pool_drv(nt_tensor *x, bool grad)
+{
+    const int64_t k[2] = {2, 3}, s[2] = {2, 2}, p[2] = {1, 1};
+    nt_tensor *x4 = nt_reshape(x, 4, (int64_t[]){2, 5, 3, 11});
+    if (!grad)
+        return nt_max_pool2d(x4, k, s, p, NULL, true, NULL);
+    nt_tensor *xd = nt_detach(x4);
+    nt_set_requires_grad(xd, true);
+    nt_tensor *y = nt_max_pool2d(xd, k, s, p, NULL, true, NULL);
+    nt_tensor *w = y ? nt_arange(nt_dtype_of(y), 0.0, (double)nt_numel(y) * 0.25, 0.25) : NULL;
+    nt_tensor *l = w ? nt_sum(nt_mul(y, nt_reshape(w, 4, (int64_t[]){2, 5, nt_shape(y, 2),
+                                                                     nt_shape(y, 3)})),
+                              NT_DIM_ALL, false)
+                     : NULL;
+    if (!l || nt_backward(l))
+        return NULL;
+    nt_tensor *g = nt_grad(xd);
+    nt_release(xd);
+    return g;
+}
+
 /* grad_norms (gradient clipping's norms) of the four inputs, as f32. */
 static nt_tensor *norms_drv(nt_tensor *const *in)
 {
@@ -632,6 +655,8 @@ static nt_tensor *run_op(int op, nt_tensor *const *in)
             return norms_drv(in);
         if (op == NT_OP_GMM || op == NT_OP_GMM_WGRAD || op == NT_OP_A2A_INDEX)
             return moe_drv(in, op);
+        if (op == NT_OP_MAX_POOL2D || op == NT_OP_MAX_POOL2D_BWD)
+            return pool_drv(in[0], op == NT_OP_MAX_POOL2D_BWD);
         return NO_DRIVER;
     case NT_KIND_ATTN:
         if (op == NT_OP_SDPA)
@@ -1424,6 +1449,8 @@ static void check_ref(int op)
     else if (op == NT_OP_GMM || op == NT_OP_GMM_WGRAD || op == NT_OP_A2A_INDEX)
         cell(op, K_REF, "n/a: values and gradients vs double and a loop of nt_matmul in "
                         "test_moe.c");
+    else if (op == NT_OP_MAX_POOL2D || op == NT_OP_MAX_POOL2D_BWD)
+        cell(op, K_REF, "n/a: values and gradients vs double and PyTorch in test_cnn2.c");
     else if (op == NT_OP_SDPA || op == NT_OP_SDPA_BWD)
         cell(op, K_REF, "n/a: values and gradients vs double in test_attention.c");
     else if (op == NT_OP_AMAX || op == NT_OP_AMIN || op == NT_OP_CUMSUM || op == NT_OP_CUMPROD ||
