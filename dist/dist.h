@@ -143,4 +143,13 @@ int nt__comm_valid(const nt_site *site, const char *fn, const nt_comm *cm);
 /* The number of local members; *devs their devices (local rank order). */
 int nt__comm_local(const nt_comm *cm, const int **devs);
 
+/* The group calls' common pieces (dist/tp.c; used by dist/tp.c and
+ * dist/moe.c).  nt__group_end ends the call's scope s: with rc 0 and every
+ * out[0..n) non-NULL they move to the caller's scope, else out[0..n) are
+ * NULL and the error is returned.  nt__group_tree_sum sums v[0..n) in the
+ * rank tree's order (adjacent pairs level by level, an odd last one
+ * carried; dist/tree.c), overwriting v. */
+int nt__group_end(nt_scope *s, const char *fn, int rc, nt_tensor **out, int n);
+nt_tensor *nt__group_tree_sum(const nt_site *site, nt_tensor **v, int n);
+
 #endif

@@ -33,37 +33,6 @@
 /* Shared pieces                                                       */
 /* ------------------------------------------------------------------ */
 
-/* Ends the call's scope; on success out[0..n) go to the caller's. */
-static int moe_end(nt_scope *s, const char *fn, int rc, nt_tensor **out, int n)
-{
-    for (int i = 0; i < n && !rc; i++)
-        if (!out[i])
-            rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
-    if (!rc)
-        for (int i = 0; i < n; i++)
-            nt_keep(out[i]);
-    nt_scope_end(s);
-    if (rc) {
-        for (int i = 0; i < n; i++)
-            out[i] = NULL;
-        return rc;
-    }
-    bool ok = true;
-    for (int i = 0; i < n; i++)
-        ok &= (out[i] = nt__scope_adopt(out[i], fn)) != NULL;
-    return ok ? 0 : nt_last_error();
-}
-
-/* Adjacent pairs, level by level, an odd last one carried: the rank
- * tree's order (dist/tree.c) over v[0..n). */
-static nt_tensor *tree_sum(const nt_site *site, nt_tensor **v, int n)
-{
-    for (int len = n; len > 1; len = (len + 1) / 2)
-        for (int i = 0; 2 * i < len; i++)
-            v[i] = 2 * i + 1 < len ? nt_add_at(site, v[2 * i], v[2 * i + 1]) : v[2 * i];
-    return v[0];
-}
-
 static int dt_check(const nt_site *site, const char *fn, const char *arg, const nt_tensor *t,
                     nt_dtype want)
 {
@@ -329,7 +298,7 @@ int nt_all_to_all_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
         all[n + i] = rcv[i];
     }
     int nk = recv_counts ? 2 * n : n;
-    rc = moe_end(s, fn, rc, all, nk);
+    rc = nt__group_end(s, fn, rc, all, nk);
     for (int i = 0; i < n; i++) {
         out[i] = rc ? NULL : all[i];
         if (recv_counts)
@@ -413,7 +382,7 @@ int nt_moe_route_at(const nt_site *site, nt_tensor *logits, int k, nt_moe_score 
     rc = route(site, logits, k, score, &o);
     nt__dev_leave(&d);
     nt_tensor *r[4] = {o.weights, o.experts, o.counts, o.perm};
-    rc = moe_end(s, fn, rc, r, 4);
+    rc = nt__group_end(s, fn, rc, r, 4);
     for (int i = 0; i < 4; i++)
         *outs[i] = rc ? NULL : r[i];
     return rc;
@@ -454,7 +423,7 @@ static nt_tensor *gate_wgrad_part(const nt_site *site, nt_tensor *g, nt_tensor *
         nt_tensor *xj = lb == 1 ? x : nt_slice_at(site, x, 0, j * tb, (j + 1) * tb, 1);
         p[j] = nt_cast_at(site, nt_matmul_at(site, nt_transpose_at(site, gj, 0, 1), xj), NT_F32);
     }
-    return tree_sum(site, p, lb);
+    return nt__group_tree_sum(site, p, lb);
 }
 
 static int gate_bwd(void *ctxp, nt_tensor *const *gout, nt_tensor **gin)
@@ -612,7 +581,7 @@ static int moe_stats(const nt_site *site, nt_comm *c, int n, const int *devs, mo
         for (int b = 0; b < lb; b++)
             p[b] = nt_sum_at(site, nt_slice_at(site, m[i].r.probs, 0, b * tb, (b + 1) * tb, 1), 0,
                              false);
-        q[i] = tree_sum(site, p, lb);
+        q[i] = nt__group_tree_sum(site, p, lb);
         nt__dev_leave(&d);
         rc = q[i] ? 0 : nt_last_error();
     }
@@ -771,7 +740,7 @@ int nt_moe_mlp_at(const nt_site *site, nt_comm *c, nt_tensor *const *x, nt_tenso
         if (counts)
             all[nk++] = ca[i];
     }
-    rc = moe_end(s, fn, rc, all, nk);
+    rc = nt__group_end(s, fn, rc, all, nk);
     for (int i = 0, t = 0; i < n && !rc; i++) {
         y[i] = all[t++];
         if (aux)

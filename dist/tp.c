@@ -101,8 +101,9 @@ static int tp_blocks(const nt_site *site, const char *fn, int blocks, int size, 
     return 0;
 }
 
-/* Ends the call's scope; on success the outputs go to the caller's. */
-static int tp_end(nt_scope *s, const char *fn, int rc, nt_tensor **out, int n)
+/* Ends a group call's scope (dist/dist.h); on success out[0..n) go to
+ * the caller's scope, else they are NULL and rc is returned. */
+int nt__group_end(nt_scope *s, const char *fn, int rc, nt_tensor **out, int n)
 {
     for (int i = 0; i < n && !rc; i++)
         if (!out[i])
@@ -123,8 +124,8 @@ static int tp_end(nt_scope *s, const char *fn, int rc, nt_tensor **out, int n)
 }
 
 /* Adjacent pairs, level by level, an odd last one carried: the rank
- * tree's order (dist/tree.c) over v[0..n). */
-static nt_tensor *tree_sum(const nt_site *site, nt_tensor **v, int n)
+ * tree's order (dist/tree.c) over v[0..n) (dist/dist.h). */
+nt_tensor *nt__group_tree_sum(const nt_site *site, nt_tensor **v, int n)
 {
     for (int len = n; len > 1; len = (len + 1) / 2)
         for (int i = 0; 2 * i < len; i++)
@@ -333,7 +334,7 @@ static int tp_coll(const nt_site *site, int kind, nt_comm *c, nt_tensor *const *
                             : nt__grp_record(site, fn, n, 1, in, out, coll_bwd, free, x);
     else
         free(x);
-    return tp_end(s, fn, rc, out, nout);
+    return nt__group_end(s, fn, rc, out, nout);
 }
 
 int nt_tp_copy_at(const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out)
@@ -402,7 +403,7 @@ static nt_tensor *blocked_mm(const nt_site *site, nt_tensor *a, nt_tensor *b, in
         nt_tensor *bj = lb == 1 ? b : nt_slice_at(site, b, 0, j * kb, (j + 1) * kb, 1);
         p[j] = nt_cast_at(site, nt_matmul_at(site, aj, bj), NT_F32);
     }
-    return tree_sum(site, p, lb);
+    return nt__group_tree_sum(site, p, lb);
 }
 
 /* The blocked sums of every member, then the rank tree over the members
@@ -601,7 +602,7 @@ static int tp_linear(const nt_site *site, const char *fn, bool row, nt_comm *c,
         rc = nt__grp_record(site, fn, n, 3, ins, y, lin_bwd, lin_free, x);
     else
         lin_free(x);
-    return tp_end(s, fn, rc, y, n);
+    return nt__group_end(s, fn, rc, y, n);
 }
 
 int nt_tp_column_linear_at(const nt_site *site, nt_comm *c, nt_tensor *const *x,
@@ -686,7 +687,7 @@ int nt_tp_embedding_at(const nt_site *site, nt_comm *c, nt_tensor *const *w,
     }
     if (!rc)
         rc = one_hot_reduce(site, c, e, out, n, devs);
-    return tp_end(s, fn, rc, out, n);
+    return nt__group_end(s, fn, rc, out, n);
 }
 
 /* Member i's part of the sum of exponentials: its blocks' row sums of
@@ -700,7 +701,7 @@ static nt_tensor *sumexp_part(const nt_site *site, nt_tensor *z, int lb)
     for (int j = 0; j < lb; j++)
         p[j] = nt_sum_at(site, lb == 1 ? ez : nt_slice_at(site, ez, 1, j * vb, (j + 1) * vb, 1),
                          1, false);
-    return tree_sum(site, p, lb);
+    return nt__group_tree_sum(site, p, lb);
 }
 
 static int ce_check(const nt_site *site, const char *fn, nt_comm *c, nt_tensor *const *logits,
@@ -795,7 +796,7 @@ int nt_tp_cross_entropy_at(const nt_site *site, nt_comm *c, nt_tensor *const *lo
         nt__dev_leave(&d);
         rc = loss[i] ? 0 : nt_last_error();
     }
-    return tp_end(s, fn, rc, loss, n);
+    return nt__group_end(s, fn, rc, loss, n);
 }
 
 /* ------------------------------------------------------------------ */
@@ -858,7 +859,7 @@ int nt_tp_attention_at(const nt_site *site, nt_comm *c, nt_tensor *const *x,
     }
     if (!rc)
         rc = nt_tp_row_linear_at(site, c, a, wo, NULL, blocks, y);
-    return tp_end(s, fn, rc, y, n);
+    return nt__group_end(s, fn, rc, y, n);
 }
 
 /* ------------------------------------------------------------------ */
