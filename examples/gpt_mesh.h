@@ -32,7 +32,17 @@
  * nt_ddp_backward_group hands each nt_ddp its replica's gradients.  ZeRO
  * stages come from nt_ddp_set_zero on every one of them.  Gradient
  * clipping (gptm_clip) defines its norm's order over the same blocks.  Not
- * done under a mesh: dropout, --untied, --sinpos, --rope. */
+ * done under a mesh: dropout, --untied, --sinpos, --rope.
+ *
+ * The MoE variant (gptm_init_moe with experts > 0, char_gpt --ep/--experts):
+ * every block's MLP is nt_moe_mlp over a third mesh dimension, "expert"
+ * (data x tensor x expert with tensor 1): a group of ep members processes
+ * one shard; each member runs the embedding, attention, layer norms and
+ * loss of the whole shard alike, and only the MoE MLP is split (gptm_moe):
+ * member e routes rows e N/ep .. of the shard's tokens and owns experts
+ * e E/ep ... One nt_ddp per member (over the devices of its expert
+ * coordinate), the experts' weights held as that member's rows.  The loss
+ * adds auxw times the layers' load-balancing losses. */
 #ifndef NT_EXAMPLES_GPT_MESH_H
 #define NT_EXAMPLES_GPT_MESH_H
 
