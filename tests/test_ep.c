@@ -4,7 +4,8 @@
  * dimension.  A small model trained at ep 1, 2, 4 and 8 (with dp and ZeRO
  * stages among them), on both backends and in every mode, gives one CRC-32
  * of its parameters; ep 1 is the dense loop over the experts on one core
- * (nt_moe_mlp at one member, checked against that loop in test_moe.c).
+ * (nt_moe_mlp at one member, checked against that loop in test_moe.c);
+ * top-1 routing and 4 experts give other parameters (at ep 1 and 2 alike).
  * And the errors: experts not divisible by ep, topk out of range, ep not
  * dividing the cores, tp > 1 with the MoE MLP, ep not dividing the fixed
  * token blocks.  Each run has its own runtime with NT_SIM_CORES = dp x ep. */
@@ -134,6 +135,32 @@ static void test_bitwise(void **state)
     }
 }
 
+/* The MoE MLP is in the model: top-1 routing, or 4 experts, train other
+ * parameters than top-2 of 8 (the same at ep 1 and 2 each). */
+static void test_variants(void **state)
+{
+    (void)state;
+    char err[512];
+    uint32_t crc[2][3];
+    for (int i = 0; i < 2; i++) {
+        int ep = i ? 2 : 1;
+        for (int v = 0; v < 3; v++) {
+            cores_env(ep);
+            assert_int_equal(nt_init(), 0);
+            nt_test_cfg(3);
+            if (train(1, ep, 0, v == 2 ? 4 : EXPERTS, v == 1 ? 1 : 2, &crc[i][v], NULL, err,
+                      sizeof err))
+                fail_msg("ep %d variant %d: %s", ep, v, err);
+            nt_shutdown();
+            unsetenv("NT_SIM_CORES");
+        }
+    }
+    printf("# top-2 of 8 %08x, top-1 of 8 %08x, top-2 of 4 %08x\n", crc[0][0], crc[0][1],
+           crc[0][2]);
+    assert_memory_equal(crc[0], crc[1], sizeof crc[0]);
+    assert_true(crc[0][0] != crc[0][1] && crc[0][0] != crc[0][2] && crc[0][1] != crc[0][2]);
+}
+
 /* gptm_init_moe's errors with `cores` cores, naming want. */
 static void expect_err(int cores, int dp, int tp, int ep, int experts, int topk,
                        const char *want)
@@ -186,6 +213,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_bitwise),
+        cmocka_unit_test(test_variants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
