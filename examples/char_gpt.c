@@ -24,7 +24,10 @@
  * --dp N --tp N --zero S trains the tensor-parallel form of the model on a
  * data x tensor device mesh with ZeRO stage S (examples/gpt_mesh.h) and
  * prints the parameters' CRC-32, the same for every split and stage
- * (docs/parallel.md, "char GPT under a mesh").
+ * (docs/parallel.md, "char GPT under a mesh").  --ep N (or --experts E)
+ * makes every block's MLP a mixture of experts split over N cores of an
+ * "expert" mesh dimension, with the same bits for every N (docs/parallel.md,
+ * "MoE variant of the char GPT").
  *
  * The backend is NT_BACKEND (sim, the default, or cpu; --backend sets it),
  * the execution mode NT_MODE (docs/env.md).  Run with --help for the
@@ -51,6 +54,7 @@ typedef struct {
     /* a device mesh (examples/gpt_mesh.h): any of --dp/--tp/--zero/--ep given */
     bool mesh;
     int dp, tp, ep, zero, blocks, shards;
+    int experts, topk; /* the MoE MLP: on with --experts or --ep > 1 */
 } options;
 
 static double now_s(void)
@@ -116,8 +120,15 @@ static void usage(FILE *f)
             "  --tp N             tensor-parallel size (1): heads, --blocks and the padded\n"
             "                     vocabulary split over N cores; must divide --heads\n"
             "  --zero S           ZeRO stage 0..3 over the data dimension (0)\n"
-            "  --ep N             expert-parallel size: only 1 (mixture of experts is not\n"
-            "                     built into this example yet)\n"
+            "  --ep N             expert-parallel size (1): N > 1 (or --experts) turns on the\n"
+            "                     MoE variant: every block's MLP is a mixture of experts,\n"
+            "                     split over N cores (each member keeps the shard's tokens\n"
+            "                     and runs the other layers alike); N must divide --experts\n"
+            "                     and 8; the cores are dp x ep. Needs --tp 1 and no --amp.\n"
+            "                     Prints the tokens per expert at log lines; the same bits\n"
+            "                     for every N (and --dp, --zero)\n"
+            "  --experts E        experts per MoE MLP (8 when --ep > 1), hidden 4 x width each\n"
+            "  --topk K           experts per token, 1..E (2); router: top-K of a softmax\n"
             "  --blocks N         the fixed K/N/V blocks of the tensor-parallel sums (4): a\n"
             "                     multiple of --tp with a power-of-two quotient, dividing --width\n"
             "  --shards N         fixed shards of each batch (8): a multiple of --dp with a\n"
@@ -171,11 +182,6 @@ static void mesh_refuse(const options *o)
                         "mesh); see --help\n", bad);
         exit(1);
     }
-    if (o->ep != 1) {
-        fprintf(stderr, "char_gpt: --ep %d: mixture of experts is not built into this example "
-                        "yet (only --ep 1)\n", o->ep);
-        exit(1);
-    }
     if (o->zero > 3) {
         fprintf(stderr, "char_gpt: --zero must be 0, 1, 2 or 3 (got %d)\n", o->zero);
         exit(1);
@@ -223,6 +229,10 @@ static void parse_args(int argc, char **argv, options *o)
             o->tp = (int)parse_long(a, v, 1), o->mesh = true;
         else if (!strcmp(a, "--ep"))
             o->ep = (int)parse_long(a, v, 1), o->mesh = true;
+        else if (!strcmp(a, "--experts"))
+            o->experts = (int)parse_long(a, v, 1), o->mesh = true;
+        else if (!strcmp(a, "--topk"))
+            o->topk = (int)parse_long(a, v, 1);
         else if (!strcmp(a, "--zero"))
             o->zero = (int)parse_long(a, v, 0), o->mesh = true;
         else if (!strcmp(a, "--blocks"))
@@ -354,6 +364,27 @@ static double mesh_clock(void)
     return m;
 }
 
+/* The MoE load statistics since the last log line: tokens per expert of
+ * every layer's router, summed over the layers and the ns shards, as a
+ * share of the assignments; then reset. */
+static void mesh_load(gpt_mesh *g, bool print, int64_t ns)
+{
+    int32_t cnt[256] = {0};
+    int E = g->experts < 256 ? g->experts : 256;
+    check(nt_to_host(g->load, cnt, sizeof *cnt * (size_t)E), "reading the load statistics");
+    check(nt_fill_inplace(g->load, 0), "resetting the load statistics");
+    if (!print)
+        return;
+    int64_t total = 0, mx = 0;
+    for (int e = 0; e < E; e++)
+        total += cnt[e], mx = cnt[e] > mx ? cnt[e] : mx;
+    printf("  load: tokens per expert (%lld shard-steps x %d layers):", (long long)ns,
+           g->c.n_layer);
+    for (int e = 0; e < E; e++)
+        printf(" %d", cnt[e]);
+    printf("  (max/mean %.2f)\n", total ? (double)mx * E / (double)total : 0.0);
+}
+
 /* Training under a dp x tp mesh (examples/gpt_mesh.h): prints the loss
  * and eval lines as the plain run does, the simulated and host time per
  * step (from step 2 on, evaluations left out) and the parameters' CRC-32. */
@@ -362,23 +393,29 @@ static int mesh_main(options *o, gpt_data *d)
     char err[512];
     int V = o->c.vocab;
     o->c.vocab = (V + o->blocks - 1) / o->blocks * o->blocks; /* padded: unused ids */
+    if (o->ep > 1 && !o->experts)
+        o->experts = 8;
+    if (o->experts && !o->topk)
+        o->topk = 2;
     if (gptm_check(&o->c, o->dp, o->tp, o->zero, o->blocks, o->shards, o->t.batch, err,
-                   sizeof err)) {
+                   sizeof err) ||
+        (o->experts && gptm_check_moe(&o->c, o->tp, o->ep, o->experts, o->topk, o->shards,
+                                      o->t.batch, err, sizeof err))) {
         fprintf(stderr, "char_gpt: %s\n", err);
         return 1;
     }
     if (!getenv("NT_SIM_CORES")) {
         /* one core per mesh rank, over the processes mpirun started */
         const char *ws = getenv("OMPI_COMM_WORLD_SIZE");
-        int np = ws ? atoi(ws) : 1, cores = o->dp * o->tp * o->ep;
+        int np = ws ? atoi(ws) : 1, cores = o->dp * o->tp * (o->experts ? o->ep : 1);
         char buf[16];
         snprintf(buf, sizeof buf, "%d", np > 0 && cores % np == 0 ? cores / np : cores);
         setenv("NT_SIM_CORES", buf, 1);
     }
     check(nt_init(), "nt_init");
     gpt_mesh g;
-    if (gptm_init(&g, &o->c, o->dp, o->tp, o->zero, o->blocks, o->shards, &o->t, err,
-                  sizeof err)) {
+    if (gptm_init_moe(&g, &o->c, o->dp, o->tp, o->ep, o->experts, o->topk, o->zero, o->blocks,
+                      o->shards, &o->t, err, sizeof err)) {
         fprintf(stderr, "char_gpt: %s\n", err);
         gptm_free(&g);
         nt_shutdown();
@@ -394,6 +431,10 @@ static int mesh_main(options *o, gpt_data *d)
                o->shards, o->t.batch / o->shards, o->blocks, V, o->c.vocab, o->c.n_layer,
                o->c.n_head, o->c.width, o->c.context, (long long)o->t.steps, o->t.lr, o->t.clip,
                nt_config_get("NT_MODE"), nt_config_get("NT_BACKEND"), o->amp);
+    if (main_proc && o->experts)
+        printf("MoE MLP: %d experts (hidden %d each) over expert %d, top-%d of a softmax "
+               "router, load-balancing loss x %g\n", o->experts, 4 * o->c.width, g.ep, o->topk,
+               g.auxw);
     int B = o->t.batch, T = o->c.context;
     int32_t *xb = malloc(sizeof *xb * (size_t)B * T), *yb = malloc(sizeof *yb * (size_t)B * T);
     nt_tensor *loss_sum = nt_zeros(NT_F32, 0, NULL);
@@ -426,6 +467,8 @@ static int mesh_main(options *o, gpt_data *d)
         if (log && main_proc)
             printf("step %5lld/%lld  loss %.4f  lr %.2e\n", (long long)step + 1,
                    (long long)o->t.steps, sv / (n_log * local), nt_optim_get_lr(g.opt[0][0]));
+        if (log && g.load)
+            mesh_load(&g, main_proc, n_log * local);
         n_log = 0;
         if (eval) {
             val = gptm_eval(&g, d, &o->t, o->eval_batches);
@@ -448,7 +491,11 @@ static int mesh_main(options *o, gpt_data *d)
                    "(simulated) %.3f ms/step, host %.1f ms/step\n", (long long)end,
                    sim * 1e-6 / timed, host * 1e3 / timed);
         printf("final val loss %.4f after %lld steps\n", val, (long long)end);
-        printf("params crc32 %08x (dp %d, tp %d, zero %d)\n", crc, o->dp, o->tp, o->zero);
+        if (o->experts)
+            printf("params crc32 %08x (dp %d, ep %d, zero %d; MoE %d experts, top-%d)\n", crc,
+                   o->dp, g.ep, o->zero, o->experts, o->topk);
+        else
+            printf("params crc32 %08x (dp %d, tp %d, zero %d)\n", crc, o->dp, o->tp, o->zero);
     }
     nt_release(loss_sum);
     free(xb);

@@ -32,7 +32,17 @@
  * nt_ddp_backward_group hands each nt_ddp its replica's gradients.  ZeRO
  * stages come from nt_ddp_set_zero on every one of them.  Gradient
  * clipping (gptm_clip) defines its norm's order over the same blocks.  Not
- * done under a mesh: dropout, --untied, --sinpos, --rope. */
+ * done under a mesh: dropout, --untied, --sinpos, --rope.
+ *
+ * The MoE variant (gptm_init_moe with experts > 0, char_gpt --ep/--experts):
+ * every block's MLP is nt_moe_mlp over a third mesh dimension, "expert"
+ * (data x tensor x expert with tensor 1): a group of ep members processes
+ * one shard; each member runs the embedding, attention, layer norms and
+ * loss of the whole shard alike, and only the MoE MLP is split (gptm_moe):
+ * member e routes rows e N/ep .. of the shard's tokens and owns experts
+ * e E/ep ... One nt_ddp per member (over the devices of its expert
+ * coordinate), the experts' weights held as that member's rows.  The loss
+ * adds auxw times the layers' load-balancing losses. */
 #ifndef NT_EXAMPLES_GPT_MESH_H
 #define NT_EXAMPLES_GPT_MESH_H
 
@@ -43,7 +53,7 @@
 #define GPTM_MAXD 64 /* devices of a process */
 
 /* Parameter kinds: how a member holds it. */
-enum { GPTM_ROWS, GPTM_COLS, GPTM_REP };
+enum { GPTM_ROWS, GPTM_COLS, GPTM_REP, GPTM_EXP /* rows split over "expert" */ };
 
 typedef struct {
     int nd;
@@ -57,6 +67,11 @@ typedef struct {
     gpt_config c;          /* c.vocab: padded to a multiple of blocks */
     int vocab_data;        /* the data's vocabulary */
     int dp, tp, zero, blocks, shards, ep;
+    int nm;                /* members of a group: tp x ep (one of them is 1) */
+    int experts, topk;     /* the MoE MLP (experts > 0; see gptm_moe) */
+    double auxw;           /* the load-balancing loss's coefficient */
+    bool tally;            /* gptm_moe adds its counts to `load` */
+    nt_tensor *load;       /* i32 [experts] on device 0: tokens per expert since the reset */
     nt_dtype amp;          /* --amp bf16: the tensor-parallel linears' operands cast to it */
     int ndev;              /* this process's devices */
     nt_mesh *mesh;
@@ -160,6 +175,31 @@ static inline gptm_spec *gptm_specs(const gpt_config *c, int *np)
     return p;
 }
 
+/* The MoE variant's parameters (experts > 0): block l's w1 is the experts'
+ * [E, D, 4D] held as [E D, 4D], w2 [E, 4D, D] as [E 4D, D], both split by
+ * experts over "expert"; b1's slot holds the router's weight [E, D]
+ * (replicated, no weight decay); b2 stays the MLP's output bias. */
+static inline void gptm_specs_moe(const gpt_config *c, int experts, gptm_spec *p)
+{
+    int L = c->n_layer;
+    int64_t D = c->width, E = experts;
+    double s = 0.02, so = 0.02 / sqrt(2.0 * L);
+    for (int l = 0; l < L; l++) {
+        gptm_spec *w = p + 2 + l * GPTM_N2, *b = p + 2 + L * GPTM_N2 + l * GPTM_N1;
+        w[GPTM_W1] = (gptm_spec){2, E * D, 4 * D, GPTM_EXP, s, 0, true};
+        w[GPTM_W2] = (gptm_spec){2, E * 4 * D, D, GPTM_EXP, so, 0, true};
+        b[GPTM_B1] = (gptm_spec){2, E, D, GPTM_REP, s, 0, false};
+    }
+}
+
+/* Member m's rank and part count for a parameter of kind split. */
+static inline void gptm_rank(const gpt_mesh *g, int split, int m, int *rank, int *parts)
+{
+    bool exp = split == GPTM_EXP;
+    *rank = exp ? m / g->tp : m % g->tp;
+    *parts = split == GPTM_REP ? 1 : exp ? g->ep : g->tp;
+}
+
 /* Tensor rank r of tp's part of parameter j, made on the current device:
  * the full tensor (nt_randn of the full shape: the same values at every
  * split), then the member's rows or columns. */
@@ -170,7 +210,7 @@ static inline nt_tensor *gptm_param(const gptm_spec *p, int r, int tp, uint64_t 
                                   : nt_full(NT_F32, p->nd, shape, p->fill);
     nt_tensor *t = full;
     if (p->split != GPTM_REP && tp > 1) {
-        int dim = p->split == GPTM_ROWS ? 0 : 1;
+        int dim = p->split == GPTM_COLS ? 1 : 0;
         int64_t part = shape[dim] / tp;
         t = nt_contiguous(nt_slice(full, dim, r * part, (r + 1) * part, 1));
     }
@@ -179,21 +219,28 @@ static inline nt_tensor *gptm_param(const gptm_spec *p, int r, int tp, uint64_t 
     return t;
 }
 
-/* The local devices of tensor rank r, in data-coordinate order. */
+/* The local devices of member m = expert rank * tp + tensor rank, in
+ * data-coordinate order. */
 static inline int gptm_layout(gpt_mesh *g, char *err, size_t n)
 {
-    for (int r = 0; r < g->tp; r++)
-        g->ndd[r] = 0;
+    for (int m = 0; m < g->nm; m++)
+        g->ndd[m] = 0;
     for (int dev = 0; dev < g->ndev; dev++) {
         int r = nt_mesh_coord(g->mesh, "tensor", dev);
-        if (r < 0)
-            return gptm_fail(err, n, "nt_mesh_coord failed (%d)", r);
+        int e = g->experts ? nt_mesh_coord(g->mesh, "expert", dev) : 0;
+        if (r < 0 || e < 0)
+            return gptm_fail(err, n, "nt_mesh_coord failed (%d)", r < 0 ? r : e);
         int devs[GPTM_MAXD];
         int k = nt_mesh_group(g->mesh, "tensor", dev, devs, GPTM_MAXD);
         if (k != g->tp)
             return gptm_fail(err, n, "a tensor group must lie in one process: this process "
                              "holds %d of its %d devices", k, g->tp);
-        g->dd[r][g->ndd[r]++] = dev;
+        k = g->experts ? nt_mesh_group(g->mesh, "expert", dev, devs, GPTM_MAXD) : 1;
+        if (k != g->ep)
+            return gptm_fail(err, n, "an expert group must lie in one process: this process "
+                             "holds %d of its %d devices", k, g->ep);
+        int m = e * g->tp + r;
+        g->dd[m][g->ndd[m]++] = dev;
     }
     return 0;
 }
@@ -211,6 +258,8 @@ static inline void gptm_free(gpt_mesh *g)
         if (g->ddp[r])
             nt_ddp_destroy(g->ddp[r]);
     nt_mesh_destroy(g->mesh);
+    if (g->load)
+        nt_release(g->load);
     free(g->spec);
     memset(g, 0, sizeof *g);
 }
@@ -240,25 +289,66 @@ static inline int gptm_optim(gpt_mesh *g, int r, const gpt_train_opts *o, double
     return 0;
 }
 
-/* Builds the mesh (dp x tp over every process's devices), the parameters
- * of each tensor rank (seeded as gpt_init is: one nt_randn seed per
- * parameter), one nt_ddp per tensor rank at ZeRO stage `zero`, and the
- * optimizers.  c->vocab must be padded already.  0, or -1 with err set. */
-static inline int gptm_init(gpt_mesh *g, const gpt_config *c, int dp, int tp, int zero,
-                            int blocks, int shards, const gpt_train_opts *o, char *err,
-                            size_t en)
+/* The MoE variant's fixed token blocks (nt_moe_opts.blocks): ep must
+ * divide it, so the bits are those of every ep dividing 8. */
+#define GPTM_MOE_BLOCKS 8
+
+/* Checks the MoE variant's sizes (experts > 0): 0 or -1 with err set. */
+static inline int gptm_check_moe(const gpt_config *c, int tp, int ep, int experts, int topk,
+                                 int shards, int batch, char *err, size_t n)
+{
+    if (ep < 1 || experts < 1)
+        return gptm_fail(err, n, "--ep (%d) and --experts (%d) must be >= 1", ep, experts);
+    if (tp != 1)
+        return gptm_fail(err, n, "the MoE MLP (--ep/--experts) needs --tp 1 (got --tp %d): "
+                         "tensor and expert parallelism together are not supported", tp);
+    if (experts % ep)
+        return gptm_fail(err, n, "--experts (%d) must be divisible by --ep (%d)", experts, ep);
+    if (topk < 1 || topk > experts)
+        return gptm_fail(err, n, "--topk (%d) must be in 1..--experts (%d)", topk, experts);
+    if (GPTM_MOE_BLOCKS % ep)
+        return gptm_fail(err, n, "--ep (%d) must divide %d (the MoE's fixed token blocks)", ep,
+                         GPTM_MOE_BLOCKS);
+    int64_t rows = (int64_t)(batch / (shards > 0 ? shards : 1)) * c->context;
+    if (rows % GPTM_MOE_BLOCKS)
+        return gptm_fail(err, n, "a shard's tokens (%lld) must be a multiple of %d for the "
+                         "MoE MLP", (long long)rows, GPTM_MOE_BLOCKS);
+    return 0;
+}
+
+/* Builds the mesh (dp x tp over every process's devices; dp x tp x ep with
+ * the MoE MLP, experts > 0), the parameters of each member (seeded as
+ * gpt_init is: one nt_randn seed per parameter), one nt_ddp per member at
+ * ZeRO stage `zero`, and the optimizers.  c->vocab must be padded already.
+ * 0, or -1 with err set. */
+static inline int gptm_init_moe(gpt_mesh *g, const gpt_config *c, int dp, int tp, int ep,
+                                int experts, int topk, int zero, int blocks, int shards,
+                                const gpt_train_opts *o, char *err, size_t en)
 {
     memset(g, 0, sizeof *g);
     g->c = *c;
-    g->dp = dp, g->tp = tp, g->zero = zero, g->blocks = blocks, g->shards = shards, g->ep = 1;
+    g->dp = dp, g->tp = tp, g->zero = zero, g->blocks = blocks, g->shards = shards;
+    g->ep = experts ? ep : 1, g->experts = experts, g->topk = topk, g->auxw = 0.01;
+    g->nm = tp * g->ep;
     g->amp = o->amp;
     if (gptm_check(c, dp, tp, zero, blocks, shards, o->batch, err, en))
         return -1;
+    if (experts && gptm_check_moe(c, tp, ep, experts, topk, shards, o->batch, err, en))
+        return -1;
+    if (experts && o->amp != NT_DTYPE_COUNT)
+        return gptm_fail(err, en, "the MoE MLP runs in f32: --amp is not supported with it");
     g->ndev = nt_device_count();
     if (g->ndev > GPTM_MAXD)
         return gptm_fail(err, en, "%d devices; at most %d", g->ndev, GPTM_MAXD);
-    static const char *const names[] = {"data", "tensor"};
-    g->mesh = nt_mesh_create((int[]){dp, tp}, names, 2);
+    int cores = g->ndev * nt_process_count();
+    if (experts && cores % g->ep)
+        return gptm_fail(err, en, "--ep (%d) must divide the cores (%d, NT_SIM_CORES)", g->ep,
+                         cores);
+    if (experts && cores != dp * g->nm)
+        return gptm_fail(err, en, "--dp %d x --ep %d needs %d cores; the runtime has %d "
+                         "(NT_SIM_CORES)", dp, g->ep, dp * g->nm, cores);
+    static const char *const names[] = {"data", "tensor", "expert"};
+    g->mesh = nt_mesh_create((int[]){dp, tp, g->ep}, names, experts ? 3 : 2);
     if (!g->mesh)
         return gptm_fail(err, en, "%s", nt_last_error_message());
     if (gptm_layout(g, err, en))
@@ -266,23 +356,31 @@ static inline int gptm_init(gpt_mesh *g, const gpt_config *c, int dp, int tp, in
     g->spec = gptm_specs(c, &g->n);
     if (!g->spec)
         return gptm_fail(err, en, "out of memory");
+    if (experts) {
+        gptm_specs_moe(c, experts, g->spec);
+        nt_device_set(0);
+        if (!(g->load = nt_zeros(NT_I32, 1, (int64_t[]){experts})))
+            return gptm_fail(err, en, "%s", nt_last_error_message());
+    }
     uint64_t seed = o->seed * 1000;
-    for (int r = 0; r < tp; r++) {
+    for (int m = 0; m < g->nm; m++) {
         nt_tensor *ps[1024];
         if (g->n > 1024)
             return gptm_fail(err, en, "%d parameters; at most %d", g->n, 1024);
-        nt_device_set(g->dd[r][0]);
+        nt_device_set(g->dd[m][0]);
         nt_scope *sc = nt_scope_begin();
         for (int j = 0; j < g->n; j++) {
-            ps[j] = gptm_param(&g->spec[j], r, tp, seed + (uint64_t)j);
+            int rank, parts;
+            gptm_rank(g, g->spec[j].split, m, &rank, &parts);
+            ps[j] = gptm_param(&g->spec[j], rank, parts, seed + (uint64_t)j);
             if (!ps[j]) {
                 nt_scope_end(sc);
                 return gptm_fail(err, en, "making parameter %d failed", j);
             }
         }
-        g->ddp[r] = nt_ddp_create(ps, g->n, shards, g->dd[r], g->ndd[r]);
+        g->ddp[m] = nt_ddp_create(ps, g->n, shards, g->dd[m], g->ndd[m]);
         nt_scope_end(sc); /* the nt_ddp holds the replicas */
-        if (!g->ddp[r] || (zero && nt_ddp_set_zero(g->ddp[r], zero)) || gptm_optim(g, r, o, 0.1)) {
+        if (!g->ddp[m] || (zero && nt_ddp_set_zero(g->ddp[m], zero)) || gptm_optim(g, m, o, 0.1)) {
             snprintf(err, en, "%s", nt_last_error_message());
             return -1;
         }
@@ -291,11 +389,19 @@ static inline int gptm_init(gpt_mesh *g, const gpt_config *c, int dp, int tp, in
     return 0;
 }
 
+/* gptm_init_moe without the MoE MLP: the dp x tp mesh. */
+static inline int gptm_init(gpt_mesh *g, const gpt_config *c, int dp, int tp, int zero,
+                            int blocks, int shards, const gpt_train_opts *o, char *err,
+                            size_t en)
+{
+    return gptm_init_moe(g, c, dp, tp, 1, 0, 0, zero, blocks, shards, o, err, en);
+}
+
 /* Member arrays: P[r] = tensor rank r's parameters on the device of
  * data coordinate dc (this process's k-th of that rank). */
 static inline int gptm_params(gpt_mesh *g, int k, nt_tensor **P[GPTM_MAXD])
 {
-    for (int r = 0; r < g->tp; r++)
+    for (int r = 0; r < g->nm; r++)
         if (!(P[r] = nt_ddp_params(g->ddp[r], g->dd[r][k])))
             return -1;
     return 0;
@@ -305,7 +411,7 @@ static inline int gptm_params(gpt_mesh *g, int k, nt_tensor **P[GPTM_MAXD])
 static inline void gptm_ln(gpt_mesh *g, nt_tensor **P[], const int *devs, nt_tensor **x,
                            int j, nt_tensor **h)
 {
-    for (int r = 0; r < g->tp; r++) {
+    for (int r = 0; r < g->nm; r++) {
         nt_device_set(devs[r]);
         h[r] = nt_layer_norm(x[r], P[r][j], P[r][j + 1], 1e-5);
     }
@@ -319,7 +425,7 @@ static inline void gptm_lowp(gpt_mesh *g, const int *devs, nt_tensor **x, nt_ten
 {
     if (g->amp == NT_DTYPE_COUNT)
         return;
-    for (int r = 0; r < g->tp; r++) {
+    for (int r = 0; r < g->nm; r++) {
         nt_device_set(devs[r]);
         x[r] = nt_cast(x[r], g->amp);
         w[r] = nt_cast(w[r], g->amp);
@@ -337,19 +443,104 @@ static inline nt_tensor *gptm_head(nt_tensor *qkv, int64_t hl, int64_t hd, int w
     return nt_permute(t, (int[]){0, 2, 1, 3});
 }
 
-/* Block l on the members' x [B, T, D]. */
-static inline int gptm_block(gpt_mesh *g, nt_comm *c, nt_tensor **P[], const int *devs, int l,
-                             nt_tensor **x)
+/* nt_tp_column_linear / nt_tp_row_linear on each expert rank's tensor
+ * group (c[e]; members e tp ..). */
+static inline int gptm_column(gpt_mesh *g, nt_comm **c, nt_tensor **x, nt_tensor **w,
+                              nt_tensor **b, int blocks, nt_tensor **y)
 {
-    int tp = g->tp, B = g->blocks;
-    int64_t D = g->c.width, H = g->c.n_head, hl = H / tp, hd = D / H;
+    for (int e = 0, t = g->tp; e < g->ep; e++)
+        if (nt_tp_column_linear(c[e], x + e * t, w + e * t, b ? b + e * t : NULL, blocks,
+                                y + e * t))
+            return -1;
+    return 0;
+}
+
+static inline int gptm_row(gpt_mesh *g, nt_comm **c, nt_tensor **x, nt_tensor **w,
+                           nt_tensor **b, int blocks, nt_tensor **y)
+{
+    for (int e = 0, t = g->tp; e < g->ep; e++)
+        if (nt_tp_row_linear(c[e], x + e * t, w + e * t, b ? b + e * t : NULL, blocks,
+                             y + e * t))
+            return -1;
+    return 0;
+}
+
+/* The MoE MLP of block l (tp is 1, member e = expert rank e): every member
+ * holds the shard's whole h [b, T, D] (computed alike on each), flattened
+ * to [N, D]; member e takes rows e N/ep .. (nt_tp_split: its gradient is
+ * all-gathered back), nt_moe_mlp over "expert" (top-k softmax router,
+ * GPTM_MOE_BLOCKS blocks), and the members' outputs are put together on
+ * every member by zero-padding each to [N, D] and nt_tp_reduce (a sum of
+ * one value and zeros: exact; backward the identity, so each member's
+ * rows get the gradient of its own rows).  x += y + b2; aux[e] += the
+ * layer's load-balancing loss; the counts (tokens per expert) go into
+ * g->load while g->tally.  The bits do not depend on ep. */
+static inline int gptm_moe(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const int *devs, int l,
+                           nt_tensor **h, nt_tensor **x, nt_tensor **aux)
+{
+    int ep = g->ep;
+    int64_t Bt = nt_shape(x[0], 0), T = nt_shape(x[0], 1), D = g->c.width, N = Bt * T,
+            n = N / ep, E = g->experts, H = 4 * D;
+    nt_comm *ce = nt_mesh_comm(g->mesh, "expert", devs[0]);
+    nt_tensor *xf[GPTM_MAXD], *xs[GPTM_MAXD], *wg[GPTM_MAXD], *w1[GPTM_MAXD], *w2[GPTM_MAXD],
+              *y[GPTM_MAXD], *a[GPTM_MAXD], *cnt[GPTM_MAXD], *yp[GPTM_MAXD], *ys[GPTM_MAXD];
+    (void)c;
+    for (int e = 0; e < ep; e++) {
+        nt_device_set(devs[e]);
+        xf[e] = nt_reshape(h[e], 2, (int64_t[]){N, D});
+        wg[e] = P[e][GPTM_M1(g, l, GPTM_B1)];
+        w1[e] = nt_reshape(P[e][GPTM_M2(g, l, GPTM_W1)], 3, (int64_t[]){E / ep, D, H});
+        w2[e] = nt_reshape(P[e][GPTM_M2(g, l, GPTM_W2)], 3, (int64_t[]){E / ep, H, D});
+    }
+    if (!ce || nt_tp_split(ce, xf, xs, 0) ||
+        nt_moe_mlp(ce, xs, wg, w1, w2, &(nt_moe_opts){g->topk, NT_MOE_SOFTMAX, GPTM_MOE_BLOCKS, 0},
+                   y, a, cnt))
+        return -1;
+    for (int e = 0; e < ep; e++) {
+        nt_device_set(devs[e]);
+        nt_tensor *parts[3];
+        int np = 0;
+        if (e > 0)
+            parts[np++] = nt_zeros(NT_F32, 2, (int64_t[]){e * n, D});
+        parts[np++] = nt_add_scalar(y[e], 0.0); /* -0 to +0, as a sum with zeros gives */
+        if (e < ep - 1)
+            parts[np++] = nt_zeros(NT_F32, 2, (int64_t[]){(ep - 1 - e) * n, D});
+        yp[e] = np > 1 ? nt_cat(parts, np, 0) : parts[0];
+        aux[e] = aux[e] ? nt_add(aux[e], a[e]) : a[e];
+    }
+    if (nt_tp_reduce(ce, yp, ys))
+        return -1;
+    for (int e = 0; e < ep; e++) {
+        nt_device_set(devs[e]);
+        nt_tensor *yy = nt_reshape(ys[e], 3, (int64_t[]){Bt, T, D});
+        x[e] = nt_add(x[e], nt_add(yy, P[e][GPTM_M1(g, l, GPTM_B2)]));
+        if (!x[e] || !aux[e])
+            return -1;
+    }
+    if (g->tally && g->load) {
+        nt_no_grad_begin();
+        nt_device_set(nt_tensor_device(g->load));
+        int rc = nt_add_inplace(g->load, nt_to_device(cnt[0], nt_tensor_device(g->load)));
+        nt_no_grad_end();
+        if (rc)
+            return -1;
+    }
+    return 0;
+}
+
+/* Block l on the members' x [B, T, D]. */
+static inline int gptm_block(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const int *devs, int l,
+                             nt_tensor **x, nt_tensor **aux)
+{
+    int tp = g->nm, B = g->blocks;
+    int64_t D = g->c.width, H = g->c.n_head, hl = H / g->tp, hd = D / H;
     nt_tensor *h[GPTM_MAXD] = {0}, *q[GPTM_MAXD] = {0}, *w[GPTM_MAXD] = {0},
               *b[GPTM_MAXD] = {0}, *y[GPTM_MAXD] = {0};
     gptm_ln(g, P, devs, x, GPTM_M1(g, l, GPTM_LN1W), h);
     for (int r = 0; r < tp; r++)
         w[r] = P[r][GPTM_M2(g, l, GPTM_WQKV)], b[r] = P[r][GPTM_M1(g, l, GPTM_BQKV)];
     gptm_lowp(g, devs, h, w, b);
-    if (nt_tp_column_linear(c, h, w, b, B, q))
+    if (gptm_column(g, c, h, w, b, B, q))
         return -1;
     for (int r = 0; r < tp; r++) {
         nt_device_set(devs[r]);
@@ -362,18 +553,19 @@ static inline int gptm_block(gpt_mesh *g, nt_comm *c, nt_tensor **P[], const int
         w[r] = P[r][GPTM_M2(g, l, GPTM_WO)], b[r] = P[r][GPTM_M1(g, l, GPTM_BO)];
     }
     gptm_lowp(g, devs, h, w, b);
-    if (nt_tp_row_linear(c, h, w, b, B, y))
+    if (gptm_row(g, c, h, w, b, B, y))
         return -1;
     for (int r = 0; r < tp; r++) {
         nt_device_set(devs[r]);
         x[r] = nt_add(x[r], y[r]);
     }
     gptm_ln(g, P, devs, x, GPTM_M1(g, l, GPTM_LN2W), h);
-    /* --ep: a mixture-of-experts MLP would take this place (not built here) */
+    if (g->experts)
+        return gptm_moe(g, c, P, devs, l, h, x, aux);
     for (int r = 0; r < tp; r++)
         w[r] = P[r][GPTM_M2(g, l, GPTM_W1)], b[r] = P[r][GPTM_M1(g, l, GPTM_B1)];
     gptm_lowp(g, devs, h, w, b);
-    if (nt_tp_column_linear(c, h, w, b, B, q))
+    if (gptm_column(g, c, h, w, b, B, q))
         return -1;
     for (int r = 0; r < tp; r++) {
         nt_device_set(devs[r]);
@@ -381,7 +573,7 @@ static inline int gptm_block(gpt_mesh *g, nt_comm *c, nt_tensor **P[], const int
         w[r] = P[r][GPTM_M2(g, l, GPTM_W2)], b[r] = P[r][GPTM_M1(g, l, GPTM_B2)];
     }
     gptm_lowp(g, devs, h, w, b);
-    if (nt_tp_row_linear(c, h, w, b, B, y))
+    if (gptm_row(g, c, h, w, b, B, y))
         return -1;
     for (int r = 0; r < tp; r++) {
         nt_device_set(devs[r]);
@@ -394,23 +586,25 @@ static inline int gptm_block(gpt_mesh *g, nt_comm *c, nt_tensor **P[], const int
 
 /* The members' mean cross-entropy of idx [b, T] against tgt [b * T] (one
  * per member, replicated), joined into one loss on devs[0]. */
-static inline nt_tensor *gptm_loss(gpt_mesh *g, nt_comm *c, nt_tensor **P[], const int *devs,
+static inline nt_tensor *gptm_loss(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const int *devs,
                                    nt_tensor *const *idx, nt_tensor *const *tgt)
 {
-    int tp = g->tp;
+    int tp = g->nm, t = g->tp;
     int64_t Bt = nt_shape(idx[0], 0), T = nt_shape(idx[0], 1), D = g->c.width;
-    nt_tensor *x[GPTM_MAXD], *w[GPTM_MAXD], *lg[GPTM_MAXD], *loss[GPTM_MAXD];
+    nt_tensor *x[GPTM_MAXD], *w[GPTM_MAXD], *lg[GPTM_MAXD], *loss[GPTM_MAXD],
+              *aux[GPTM_MAXD] = {0};
     for (int r = 0; r < tp; r++)
         w[r] = P[r][GPTM_WTE];
-    if (nt_tp_embedding(c, w, idx, x))
-        return NULL;
+    for (int e = 0; e < g->ep; e++)
+        if (nt_tp_embedding(c[e], w + e * t, idx + e * t, x + e * t))
+            return NULL;
     for (int r = 0; r < tp; r++) {
         nt_device_set(devs[r]);
         nt_tensor *pos = nt_arange(NT_I32, 0, (double)T, 1);
         x[r] = nt_add(x[r], nt_embedding(P[r][GPTM_WPE], pos));
     }
     for (int l = 0; l < g->c.n_layer; l++)
-        if (gptm_block(g, c, P, devs, l, x))
+        if (gptm_block(g, c, P, devs, l, x, aux))
             return NULL;
     gptm_ln(g, P, devs, x, GPTM_LNF(g), x);
     for (int r = 0; r < tp; r++) {
@@ -418,11 +612,23 @@ static inline nt_tensor *gptm_loss(gpt_mesh *g, nt_comm *c, nt_tensor **P[], con
         x[r] = nt_reshape(x[r], 2, (int64_t[]){Bt * T, D});
     }
     gptm_lowp(g, devs, x, w, NULL);
-    if (nt_tp_column_linear(c, x, w, NULL, g->blocks, lg) ||
-        nt_tp_cross_entropy(c, lg, tgt, g->blocks, loss))
+    if (gptm_column(g, c, x, w, NULL, g->blocks, lg))
         return NULL;
+    for (int e = 0; e < g->ep; e++)
+        if (nt_tp_cross_entropy(c[e], lg + e * t, tgt + e * t, g->blocks, loss + e * t))
+            return NULL;
+    if (!g->experts) {
+        nt_device_set(devs[0]);
+        return nt_tp_join(c[0], loss);
+    }
+    /* tp is 1: member e's loss, plus the load-balancing losses, joined over
+     * "expert" (every member computed the same loss) */
+    for (int e = 0; e < g->ep; e++) {
+        nt_device_set(devs[e]);
+        loss[e] = nt_add(loss[e], nt_mul_scalar(aux[e], g->auxw));
+    }
     nt_device_set(devs[0]);
-    return nt_tp_join(c, loss);
+    return nt_tp_join(nt_mesh_comm(g->mesh, "expert", devs[0]), loss);
 }
 
 /* ---------------- gradient clipping, the same at every split ----------------
@@ -454,7 +660,7 @@ static inline nt_tensor *gptm_tree(nt_tensor **v, int n)
 static inline void gptm_part_shape(const gpt_mesh *g, int j, int64_t *shape)
 {
     const gptm_spec *p = &g->spec[j];
-    shape[0] = p->r / (p->split == GPTM_ROWS ? g->tp : 1);
+    shape[0] = p->r / (p->split == GPTM_ROWS ? g->tp : p->split == GPTM_EXP ? g->ep : 1);
     shape[1] = p->c / (p->split == GPTM_COLS ? g->tp : 1);
 }
 
@@ -499,7 +705,9 @@ static inline nt_tensor *gptm_sumsq(const gpt_mesh *g, int j, nt_tensor *x)
     const gptm_spec *p = &g->spec[j];
     if (p->split == GPTM_REP)
         return nt_sum(nt_mul(x, x), NT_DIM_ALL, false);
-    int dim = p->split == GPTM_ROWS ? 0 : 1, lb = g->blocks / g->tp;
+    int dim = p->split == GPTM_COLS ? 1 : 0, lb = g->blocks / g->tp;
+    if (p->split == GPTM_EXP) /* one block per expert */
+        lb = g->experts / g->ep;
     int64_t len = nt_shape(x, dim) / lb;
     nt_tensor *v[GPTM_MAXD * 8];
     for (int b = 0; b < lb; b++) {
@@ -511,9 +719,14 @@ static inline nt_tensor *gptm_sumsq(const gpt_mesh *g, int j, nt_tensor *x)
 
 /* Clips the reduced gradients of every parameter to total norm max_norm
  * (after nt_ddp_reduce, before nt_ddp_step).  0 or -1 with the error. */
+static inline bool gptm_reduced(const gpt_mesh *g, int j)
+{
+    return g->experts ? g->spec[j].split == GPTM_EXP : g->spec[j].split != GPTM_REP;
+}
+
 static inline int gptm_clip(gpt_mesh *g, double max_norm)
 {
-    int n = g->n, tp = g->tp, nk = g->ndd[0], rc = 0;
+    int n = g->n, tp = g->nm, nk = g->ndd[0], rc = 0;
     nt_scope *sc = nt_scope_begin();
     nt_no_grad_begin();
     nt_tensor **G = calloc((size_t)tp * n * nk, sizeof *G);
@@ -528,17 +741,17 @@ static inline int gptm_clip(gpt_mesh *g, double max_norm)
             nt_tensor *v[1024];
             int ns = 0;
             for (int j = 0; j < n; j++)
-                if (g->spec[j].split != GPTM_REP)
+                if (gptm_reduced(g, j))
                     v[ns++] = nt_reshape(gptm_sumsq(g, j, G[((size_t)r * n + j) * nk + k]), 1,
                                          (int64_t[]){1});
             part[r] = nt_cat(v, ns, 0);
         }
-        rc = nt_all_reduce(nt_mesh_comm(g->mesh, "tensor", g->dd[0][k]), part, sum,
-                           NT_REDUCE_SUM);
+        rc = nt_all_reduce(nt_mesh_comm(g->mesh, g->experts ? "expert" : "tensor",
+                                        g->dd[0][k]), part, sum, NT_REDUCE_SUM);
         for (int r = 0; r < tp && !rc; r++) {
             nt_device_set(g->dd[r][k]);
             for (int j = 0, s = 0; j < n; j++) {
-                if (g->spec[j].split != GPTM_REP) {
+                if (gptm_reduced(g, j)) {
                     sq[j] = nt_slice(sum[r], 0, s, s + 1, 1);
                     s++;
                 } else {
@@ -569,7 +782,7 @@ static inline int gptm_clip(gpt_mesh *g, double max_norm)
 /* The members' devices of global shard s (this process's), or -1. */
 static inline int gptm_shard_devs(gpt_mesh *g, int s, int *devs)
 {
-    for (int r = 0; r < g->tp; r++)
+    for (int r = 0; r < g->nm; r++)
         if ((devs[r] = nt_ddp_shard_device(g->ddp[r], s)) < 0)
             return -1;
     return 0;
@@ -582,7 +795,7 @@ static inline int gptm_shard_devs(gpt_mesh *g, int s, int *devs)
 static inline int gptm_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t *xb,
                             const int32_t *yb, nt_tensor *loss_sum)
 {
-    int B = o->batch, T = g->c.context, tp = g->tp;
+    int B = o->batch, T = g->c.context, tp = g->nm;
     for (int r = 0; r < tp; r++)
         for (int k = 0; k < g->ndd[r]; k++)
             if (nt_scheduler_step(g->sched[r][k]))
@@ -608,13 +821,18 @@ static inline int gptm_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t 
                 return -1;
             }
         }
-        nt_comm *c = nt_mesh_comm(g->mesh, "tensor", devs[0]);
+        nt_comm *c[GPTM_MAXD];
+        bool ok = true;
+        for (int e = 0; e < g->ep; e++)
+            ok = (c[e] = nt_mesh_comm(g->mesh, "tensor", devs[e * g->tp])) && ok;
         bool amp = o->amp != NT_DTYPE_COUNT;
         if (amp && nt_autocast_begin(o->amp)) {
             nt_scope_end(sc);
             return -1;
         }
-        nt_tensor *loss = c ? gptm_loss(g, c, P, devs, idx, tgt) : NULL;
+        g->tally = true;
+        nt_tensor *loss = ok ? gptm_loss(g, c, P, devs, idx, tgt) : NULL;
+        g->tally = false;
         if (amp)
             nt_autocast_end();
         int rc = !loss || nt_ddp_backward_group(g->ddp, tp, s, loss);
@@ -646,7 +864,7 @@ static inline int gptm_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t 
  * group, no graph.  NaN with the runtime's error. */
 static inline double gptm_eval(gpt_mesh *g, const gpt_data *d, const gpt_train_opts *o, int nb)
 {
-    int B = o->batch, T = g->c.context, tp = g->tp;
+    int B = o->batch, T = g->c.context, tp = g->nm;
     if (g->zero == 3)
         for (int r = 0; r < tp; r++)
             if (nt_ddp_gather(g->ddp[r], 0, g->n))
@@ -658,9 +876,11 @@ static inline double gptm_eval(gpt_mesh *g, const gpt_data *d, const gpt_train_o
     if (gptm_params(g, 0, P))
         return NAN;
     int32_t *xb = malloc(sizeof *xb * (size_t)B * T), *yb = malloc(sizeof *yb * (size_t)B * T);
-    nt_comm *c = nt_mesh_comm(g->mesh, "tensor", devs[0]);
+    nt_comm *c[GPTM_MAXD];
+    int rc = !xb || !yb;
+    for (int e = 0; e < g->ep; e++)
+        rc |= !(c[e] = nt_mesh_comm(g->mesh, "tensor", devs[e * g->tp]));
     double sum = 0;
-    int rc = !xb || !yb || !c;
     nt_no_grad_begin();
     for (int k = 0; k < nb && !rc; k++) {
         nt_scope *sc = nt_scope_begin();
@@ -708,7 +928,7 @@ static inline uint32_t gptm_crc32(uint32_t crc, const void *buf, size_t n)
  * stages 0-2).  Returns 0 and *crc, or -1 with err set. */
 static inline int gptm_crc(gpt_mesh *g, uint32_t *crc, char *err, size_t en)
 {
-    int tp = g->tp;
+    int tp = g->nm;
     if (g->zero == 3)
         for (int r = 0; r < tp; r++)
             if (nt_ddp_gather(g->ddp[r], 0, g->n))
@@ -721,8 +941,10 @@ static inline int gptm_crc(gpt_mesh *g, uint32_t *crc, char *err, size_t en)
         float *other = malloc(sizeof *other * (size_t)(R * C));
         int rc = !full || !part || !other ? gptm_fail(err, en, "out of memory") : 0;
         for (int r = 0; r < tp && !rc; r++) {
-            bool rows = p->split == GPTM_ROWS && tp > 1, cols = p->split == GPTM_COLS && tp > 1;
-            int64_t rr = rows ? R / tp : R, cc = cols ? C / tp : C;
+            int pr, parts; /* member r's part of the parameter's parts */
+            gptm_rank(g, p->split, r, &pr, &parts);
+            bool rows = p->split != GPTM_COLS && parts > 1, cols = p->split == GPTM_COLS && parts > 1;
+            int64_t rr = rows ? R / parts : R, cc = cols ? C / parts : C;
             for (int k = 0; k < g->ndd[r] && !rc; k++) {
                 nt_tensor *t = nt_ddp_params(g->ddp[r], g->dd[r][k])[j];
                 if (nt_to_host(t, k ? other : part, sizeof *part * (size_t)(rr * cc)))
@@ -732,8 +954,8 @@ static inline int gptm_crc(gpt_mesh *g, uint32_t *crc, char *err, size_t en)
                     rc = gptm_fail(err, en, "parameter %d differs between the replicas of "
                                    "tensor rank %d", j, r);
             }
-            /* a replicated parameter: the same bits on every tensor rank */
-            if (!rc && r > 0 && p->split == GPTM_REP &&
+            /* a replicated parameter: the same bits on every member */
+            if (!rc && r > 0 && parts == 1 &&
                 memcmp(part, full, sizeof *part * (size_t)(R * C)))
                 rc = gptm_fail(err, en, "replicated parameter %d differs between tensor ranks "
                                "0 and %d", j, r);
@@ -741,7 +963,7 @@ static inline int gptm_crc(gpt_mesh *g, uint32_t *crc, char *err, size_t en)
                 break;
             for (int64_t a = 0; a < rr; a++)
                 for (int64_t b = 0; b < cc; b++)
-                    full[(rows ? a + r * rr : a) * C + (cols ? b + r * cc : b)] = part[a * cc + b];
+                    full[(rows ? a + pr * rr : a) * C + (cols ? b + pr * cc : b)] = part[a * cc + b];
         }
         if (!rc)
             c = gptm_crc32(c, full, sizeof *full * (size_t)(R * C));
