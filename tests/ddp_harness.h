@@ -29,6 +29,7 @@
 
 #include "ntensor.h"
 #include "crc32.h"
+#include "nt_test.h" /* nt_test_setup, nt_test_teardown */
 #include "bench/bench.h" /* bench_run_child */
 
 enum { DDP_H_CLASSES = 5, DDP_H_NP = 4, DDP_H_MAXDEV = 64 };
@@ -311,6 +312,21 @@ static inline int ddp_h_mpi_main(const char *arg, const char **mpirun,
     }
     *mpirun = arg;
     return _cmocka_run_group_tests("mpi_tests", tests, n, NULL, NULL);
+}
+
+/* cmocka setup / teardown of a group run on two simulated cores
+ * (NT_SIM_CORES=2 for the group's runtime, unset after it). */
+static inline int ddp_h_setup_2dev(void **state)
+{
+    setenv("NT_SIM_CORES", "2", 1);
+    return nt_test_setup(state);
+}
+
+static inline int ddp_h_teardown_2dev(void **state)
+{
+    int rc = nt_test_teardown(state);
+    unsetenv("NT_SIM_CORES");
+    return rc;
 }
 
 #endif

@@ -377,19 +377,6 @@ static void test_bitwise_across_cores(void **state)
 
 /* ---------------- two devices in this process ---------------- */
 
-static int setup_2dev(void **state)
-{
-    setenv("NT_SIM_CORES", "2", 1);
-    return nt_test_setup(state);
-}
-
-static int teardown_2dev(void **state)
-{
-    int rc = nt_test_teardown(state);
-    unsetenv("NT_SIM_CORES");
-    return rc;
-}
-
 /* What needs two devices: duplicate devices, shard counts that do not
  * split over them, parameters on two devices, a loss on the wrong device;
  * the replica on device 1 is a copy with the same bits; after the errors a
@@ -534,7 +521,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_tree_matches_reference, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, nt_test_setup, nt_test_teardown),
-        cmocka_unit_test_setup_teardown(test_two_devices, setup_2dev, teardown_2dev),
+        cmocka_unit_test_setup_teardown(test_two_devices, ddp_h_setup_2dev, ddp_h_teardown_2dev),
         cmocka_unit_test(test_bitwise_across_cores),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

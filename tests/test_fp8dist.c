@@ -393,19 +393,6 @@ static void edit_fp8(const char *src, const char *dst, long at, uint32_t v)
     free(b);
 }
 
-static int setup_2dev(void **state)
-{
-    setenv("NT_SIM_CORES", "2", 1);
-    return nt_test_setup(state);
-}
-
-static int teardown_2dev(void **state)
-{
-    int rc = nt_test_teardown(state);
-    unsetenv("NT_SIM_CORES");
-    return rc;
-}
-
 static void test_record_restores(void **state)
 {
     (void)state;
@@ -613,8 +600,8 @@ int main(int argc, char **argv)
         return ddp_h_mpi_main(argv[2], &mpirun_path, mpi_tests, 1);
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_record_restores, setup_2dev, teardown_2dev),
-        cmocka_unit_test_setup_teardown(test_record_errors, setup_2dev, teardown_2dev),
+        cmocka_unit_test_setup_teardown(test_record_restores, ddp_h_setup_2dev, ddp_h_teardown_2dev),
+        cmocka_unit_test_setup_teardown(test_record_errors, ddp_h_setup_2dev, ddp_h_teardown_2dev),
         cmocka_unit_test(test_bitwise_across_cores),
         cmocka_unit_test(test_resume),
     };
