@@ -52,7 +52,7 @@ static nt_tensor *heads(nt_tensor *qkv, const shp *s, int blk, bool contig)
  * column blocks order[0..2] (contig: through contiguous copies); the
  * kernels the simulator ran in *kernels. */
 static float *qkv_grad(const shp *s, const float *x, const float *w, const int order[3],
-                       bool contig, uint64_t *kernels)
+                       bool contig, nt_dtype dt, uint64_t *kernels)
 {
     int64_t C = s->H * s->D, n = s->B * s->T * 3 * C;
     nt_scope *sc = nt_scope_begin();
@@ -62,10 +62,13 @@ static float *qkv_grad(const shp *s, const float *x, const float *w, const int o
     nt_tensor *W = nt_from_host(w, NT_F32, 4, (int64_t[]){s->B, s->H, s->T, s->D});
     nt_sync();
     nt_stats_reset();
-    nt_tensor *y = nt_scaled_dot_product_attention(heads(qkv, s, order[0], contig),
-                                                   heads(qkv, s, order[1], contig),
-                                                   heads(qkv, s, order[2], contig), NULL,
+    nt_tensor *x2 = dt == NT_F32 ? qkv : nt_cast(qkv, dt);
+    nt_tensor *y = nt_scaled_dot_product_attention(heads(x2, s, order[0], contig),
+                                                   heads(x2, s, order[1], contig),
+                                                   heads(x2, s, order[2], contig), NULL,
                                                    s->causal, 0.0);
+    if (y && dt != NT_F32)
+        y = nt_cast(y, NT_F32);
     assert_non_null(y);
     nt_tensor *l = nt_sum(nt_mul(y, W), NT_DIM_ALL, false);
     assert_non_null(l);
@@ -88,7 +91,7 @@ static const shp shapes[] = {
 
 /* The gradient through the views equals the one through contiguous copies
  * (the packed path) bit for bit, on both backends and in every mode, and
- * the two backends agree. */
+ * the two backends agree; in f32 and with q, k, v in bf16. */
 static void test_views_equal_packed(void **state)
 {
     (void)state;
@@ -104,14 +107,15 @@ static void test_views_equal_packed(void **state)
         for (int64_t j = 0; j < nw; j++)
             w[j] = urand();
         x[0] = -0.0f; /* a -0 in q: +0 in the gradient's sum either way */
-        for (int o = 0; o < 2; o++) {
+        for (int o = 0; o < 4; o++) {
+            nt_dtype dt = o < 2 ? NT_F32 : NT_BF16;
             float *first = NULL;
             for (int b = 0; b < 2; b++)
                 for (int m = 0; m < 3; m++) {
                     uint64_t kv, kp;
                     config(be[b], modes[m]);
-                    float *gv = qkv_grad(s, x, w, orders[o], false, &kv);
-                    float *gp = qkv_grad(s, x, w, orders[o], true, &kp);
+                    float *gv = qkv_grad(s, x, w, orders[o % 2], false, dt, &kv);
+                    float *gp = qkv_grad(s, x, w, orders[o % 2], true, dt, &kp);
                     assert_memory_equal(gv, gp, (size_t)n * sizeof(float));
                     if (!first)
                         first = gv;
@@ -143,8 +147,8 @@ static void test_views_fewer_kernels(void **state)
         w[j] = urand();
     config("sim", "deterministic");
     uint64_t kin, kswap;
-    free(qkv_grad(&s, x, w, (const int[]){0, 1, 2}, false, &kin));
-    free(qkv_grad(&s, x, w, (const int[]){0, 2, 1}, false, &kswap));
+    free(qkv_grad(&s, x, w, (const int[]){0, 1, 2}, false, NT_F32, &kin));
+    free(qkv_grad(&s, x, w, (const int[]){0, 2, 1}, false, NT_F32, &kswap));
     assert_true(kin > 0);
     assert_true(kin < kswap);
     free(x);
