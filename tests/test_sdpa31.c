@@ -96,7 +96,7 @@ static void test_views_equal_packed(void **state)
 {
     (void)state;
     static const char *be[2] = {"cpu", "sim"};
-    static const char *modes[3] = {"deterministic", "lazy", "adaptive"};
+    static const char *modes[4] = {"deterministic", "lazy", "adaptive", "eager"};
     static const int orders[2][3] = {{0, 1, 2}, {0, 2, 1}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const shp *s = &shapes[i];
@@ -111,7 +111,7 @@ static void test_views_equal_packed(void **state)
             nt_dtype dt = o < 2 ? NT_F32 : NT_BF16;
             float *first = NULL;
             for (int b = 0; b < 2; b++)
-                for (int m = 0; m < 3; m++) {
+                for (int m = 0; m < 4; m++) {
                     uint64_t kv, kp;
                     config(be[b], modes[m]);
                     float *gv = qkv_grad(s, x, w, orders[o % 2], false, dt, &kv);
