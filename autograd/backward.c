@@ -1228,6 +1228,34 @@ static int bwd_sdpa_graph(nt__bctx *b)
     return 0;
 }
 
+/* q, k, v of one shape, strides and dtype, views of one storage at
+ * element offsets o, o + s, o + 2s (s > 0: attention's heads of one qkv
+ * projection): one view [3, ..., T, D] of the three, which SDPA_BWD reads
+ * in place of the packed copies of q, dO, O and k, v (p.i[4] = 1: inputs
+ * qkv, dO, O, lse, no mask).  NULL when they are not such views (the
+ * packed path then). */
+static nt_tensor *sdpa_qkv_view(nt__bctx *b, nt_tensor *q, nt_tensor *k, nt_tensor *v)
+{
+    int nd = q->ndim;
+    if (nd + 1 > NT_MAX_DIMS || k->st != q->st || v->st != q->st || k->ndim != nd ||
+        v->ndim != nd || k->dtype != q->dtype || v->dtype != q->dtype || q->expanded ||
+        k->expanded || v->expanded)
+        return NULL;
+    for (int i = 0; i < nd; i++)
+        if (k->shape[i] != q->shape[i] || v->shape[i] != q->shape[i] ||
+            k->stride[i] != q->stride[i] || v->stride[i] != q->stride[i])
+            return NULL;
+    int64_t st = k->offset - q->offset, sh[NT_MAX_DIMS], sd[NT_MAX_DIMS];
+    if (st <= 0 || v->offset - k->offset != st)
+        return NULL;
+    sh[0] = 3;
+    sd[0] = st;
+    memcpy(sh + 1, q->shape, sizeof(int64_t) * (size_t)nd);
+    memcpy(sd + 1, q->stride, sizeof(int64_t) * (size_t)nd);
+    nt_tensor *t = nt__make_view(q, nd + 1, sh, sd, q->offset, S);
+    return t ? nt__scope_adopt(t, "nt_backward") : NULL;
+}
+
 static int bwd_sdpa(nt__bctx *b)
 {
     if (b->create && G && nt_requires_grad(G) | nt_requires_grad(IN(0)) | nt_requires_grad(IN(1)) |
@@ -1246,8 +1274,12 @@ static int bwd_sdpa(nt__bctx *b)
     for (int i = 0; i < nd - 2; i++)
         fs[i] = q->shape[i];
     nt_tensor *f[3] = {q, g, o}, *fk[2] = {k, v};
-    nt_tensor *qx, *kv;
-    if (D == Dv) {
+    nt_tensor *qx = NULL, *kv = NULL, *qkv = NULL;
+    if (!mask && D == Dv && Tq == Tk && !g->expanded && !o->expanded)
+        qkv = sdpa_qkv_view(b, q, k, v);
+    if (qkv) {
+        /* read where they are: no packing copies */
+    } else if (D == Dv) {
         /* Blocks of one width: cat along the rows lays them out as the
          * flattened blocks' cat does, and a permuted q, k, v (heads of one
          * projection) is copied once, not first by its reshape. */
@@ -1271,9 +1303,9 @@ static int bwd_sdpa(nt__bctx *b)
         TRY(kv = nt_cat_at(S, fk, 2, nd - 2));
     }
     nt__call c;
-    nt_tensor *in[4] = {qx, kv, lse, mask};
-    if (!nt__call_begin(&c, S, "nt_scaled_dot_product_attention", NT_OP_SDPA_BWD, 4, in,
-                        "qx,kv,lse,?mask"))
+    nt_tensor *in[4] = {qx, kv, lse, mask}, *ins[4] = {qkv, g, o, lse};
+    if (!nt__call_begin(&c, S, "nt_scaled_dot_product_attention", NT_OP_SDPA_BWD, 4,
+                        qkv ? ins : in, qkv ? "qkv,dO,O,lse" : "qx,kv,lse,?mask"))
         return nt_last_error();
     c.no_grad = true;
     c.p = b->n->p;
@@ -1281,6 +1313,7 @@ static int bwd_sdpa(nt__bctx *b)
     c.p.i[1] = Dv;
     c.p.i[2] = Tq;
     c.p.i[3] = Tk;
+    c.p.i[4] = qkv != NULL;
     c.nout = 2;
     c.odt[0] = c.odt[1] = (nt_dtype)q->dtype;
     c.ondim[0] = nd;

@@ -76,6 +76,16 @@ static inline void nt__attn_opnd_flat(nt__attn_opnd *o, const nt_tensor *t,
               off * t->stride[t->ndim - 1] * (int64_t)nt__dtype_size(o->dt);
 }
 
+/* The backward's unpacked q, k, v (autograd/backward.c, p.i[4] = 1): t
+ * [3, ..lead, T, D] holds them along its first dim; operand i of the three,
+ * read through t's strides. */
+static inline void nt__attn_opnd_stack(nt__attn_opnd *o, const nt_tensor *t,
+                                       const nt__attn_geom *g, int i)
+{
+    nt__attn_opnd_of(o, t, g, 0);
+    o->base += (int64_t)i * t->stride[0] * (int64_t)nt__dtype_size(o->dt);
+}
+
 /* The batch geometry of the packed t [..lead, N]. */
 static inline void nt__attn_geom_flat(nt__attn_geom *g, const nt_tensor *t)
 {

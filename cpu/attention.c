@@ -540,17 +540,18 @@ static size_t bwd_sizes(const attn_ctx *a, int64_t *sizes)
 }
 
 /* Row i's dO . O elementwise into tmp (products rounded to f32). */
-static void dO_times_O(const attn_ctx *a, float *tmp, int64_t qb, int64_t i)
+static void dO_times_O(const attn_ctx *a, float *tmp, int64_t gb, int64_t ob, int64_t i)
 {
-    if (a->dO.dt == NT_F32 && a->O.dt == NT_F32) { /* packed by autograd: rows of floats */
-        const float *x = (const float *)a->dO.base + qb + i * a->dO.rs;
-        const float *y = (const float *)a->O.base + qb + i * a->O.rs;
+    if (a->dO.dt == NT_F32 && a->O.dt == NT_F32 && a->dO.cs == 1 && a->O.cs == 1) {
+        /* rows of floats (packed by autograd, or dO and O read in place) */
+        const float *x = (const float *)a->dO.base + gb + i * a->dO.rs;
+        const float *y = (const float *)a->O.base + ob + i * a->O.rs;
         for (int64_t d = 0; d < a->Dv; d++)
             tmp[d] = nt__ew_mul(x[d], y[d]);
         return;
     }
     for (int64_t d = 0; d < a->Dv; d++)
-        tmp[d] = nt__ew_mul(ld(&a->dO, qb, i, d), ld(&a->O, qb, i, d));
+        tmp[d] = nt__ew_mul(ld(&a->dO, gb, i, d), ld(&a->O, ob, i, d));
 }
 
 /* The backward of batch b (unit b): dq, dk and dv of that batch. */
@@ -571,11 +572,14 @@ static void bwd_unit(par_run *pr, float *buf, int64_t b)
     nt_dtype dt = pr->dt;
     int64_t es = pr->es;
     int64_t qb = nt__attn_boff(&a.q, &a.g, b), kb = nt__attn_boff(&a.k, &a.g, b);
+    /* (packed: the same offsets as q's and k's) */
+    int64_t gb = nt__attn_boff(&a.dO, &a.g, b), ob = nt__attn_boff(&a.O, &a.g, b),
+            vb = nt__attn_boff(&a.v, &a.g, b);
     int64_t mb = a.has_mask ? nt__attn_boff(&a.m, &a.g, b) : 0;
     /* Dr_i = rowsum(dO_i * O_i) (products rounded to f32, canonical sum);
      * -lse_i the exponent's bias */
     for (int64_t i = 0; i < Tq; i++) {
-        dO_times_O(&a, tmp, qb, i);
+        dO_times_O(&a, tmp, gb, ob, i);
         Dr[i] = nt__red_sum_f32(tmp, Dv, 1);
         negl[i] = nt__ew_mul(pr->lse_in[b * Tq + i], -1.0f);
     }
@@ -585,14 +589,14 @@ static void bwd_unit(par_run *pr, float *buf, int64_t b)
         int ldk, ldq, ldo;
         const float *Kb = rows_f32(Kbuf, &a.k, kb, k0, nk, D, &ldk);
         pack(Kt, &a.k, kb, k0, nk, D, true);
-        pack(Vt, &a.v, kb, k0, nk, Dv, true);
+        pack(Vt, &a.v, vb, k0, nk, Dv, true);
         bool first = true;
         for (int64_t q0 = 0; q0 < Tq; q0 += BLK) {
             int Mq = (int)(Tq - q0 < BLK ? Tq - q0 : BLK);
             if (skip_block(&a, q0, Mq, k0))
                 continue;
             const float *Qrow = rows_f32(Qbuf, &a.q, qb, q0, Mq, D, &ldq);
-            const float *dOb = rows_f32(dObuf, &a.dO, qb, q0, Mq, Dv, &ldo);
+            const float *dOb = rows_f32(dObuf, &a.dO, gb, q0, Mq, Dv, &ldo);
             /* the left-out dS = ((dP - Dr) scale) P, P = +0, are zeros only
              * when (dP - Dr) scale is finite: |dP| <= Dv max|dO| max|V| */
             bool cut = causal_cut(&a, q0, k0, nk) && finite_rows(negl + q0, 1, Mq, 1) &&
@@ -661,12 +665,23 @@ int nt__cpu_sdpa_bwd(const nt__rec *r)
     const nt_tensor *qx = r->in[0], *kv = r->in[1], *lse = r->in[2];
     a.D = r->p.i[0], a.Dv = r->p.i[1], a.Tq = r->p.i[2], a.Tk = r->p.i[3];
     int64_t D = a.D, Dv = a.Dv;
-    nt__attn_geom_flat(&a.g, qx);
-    nt__attn_opnd_flat(&a.q, qx, &a.g, 0, D);
-    nt__attn_opnd_flat(&a.dO, qx, &a.g, a.Tq * D, Dv);
-    nt__attn_opnd_flat(&a.O, qx, &a.g, a.Tq * (D + Dv), Dv);
-    nt__attn_opnd_flat(&a.k, kv, &a.g, 0, D);
-    nt__attn_opnd_flat(&a.v, kv, &a.g, a.Tk * D, Dv);
+    if (r->p.i[4]) { /* q, k, v in one view, dO, O, lse: read where they are */
+        lse = r->in[3];
+        a.has_mask = false;
+        nt__attn_geom_of(&a.g, r->in[1]);
+        nt__attn_opnd_stack(&a.q, qx, &a.g, 0);
+        nt__attn_opnd_stack(&a.k, qx, &a.g, 1);
+        nt__attn_opnd_stack(&a.v, qx, &a.g, 2);
+        nt__attn_opnd_of(&a.dO, r->in[1], &a.g, 0);
+        nt__attn_opnd_of(&a.O, r->in[2], &a.g, 0);
+    } else {
+        nt__attn_geom_flat(&a.g, qx);
+        nt__attn_opnd_flat(&a.q, qx, &a.g, 0, D);
+        nt__attn_opnd_flat(&a.dO, qx, &a.g, a.Tq * D, Dv);
+        nt__attn_opnd_flat(&a.O, qx, &a.g, a.Tq * (D + Dv), Dv);
+        nt__attn_opnd_flat(&a.k, kv, &a.g, 0, D);
+        nt__attn_opnd_flat(&a.v, kv, &a.g, a.Tk * D, Dv);
+    }
     if (a.has_mask)
         nt__attn_opnd_of(&a.m, r->in[3], &a.g, 0);
     const nt_tensor *dq = r->out[0], *dkv = r->out[1];

@@ -205,8 +205,10 @@ static int setup(ak *a, sk_k *s, const nt__rec *r, int64_t raw_elems, int raw_sl
     a->k = s->k;
     a->scale = (float)r->p.f[0];
     a->causal = r->p.flag != 0;
-    a->has_mask = r->in[3] != NULL;
-    if (packed)
+    a->has_mask = r->in[3] != NULL && !(packed && r->p.i[4]);
+    if (packed && r->p.i[4]) /* the backward's q, k, v in one view */
+        nt__attn_geom_of(&a->g, r->in[1]);
+    else if (packed)
         nt__attn_geom_flat(&a->g, r->in[0]);
     else
         nt__attn_geom_of(&a->g, r->in[0]);
@@ -968,7 +970,7 @@ static int bwd_store(ak *a, const bh *T, int64_t b0, int nh, char *dqd, char *dk
 
 int nt__sk_sdpa_bwd(const nt__rec *r)
 {
-    const nt_tensor *qx = r->in[0], *kv = r->in[1], *lse = r->in[2];
+    const nt_tensor *qx = r->in[0], *kv = r->in[1], *lse = r->p.i[4] ? r->in[3] : r->in[2];
     int64_t D = r->p.i[0], Dv = r->p.i[1], Tq = r->p.i[2], Tk = r->p.i[3];
     int64_t nqb = nblocks(Tq), nkb = nblocks(Tk);
     int64_t raw = raw_elems(D, Dv, nqb, nkb), need = bwd_need(D, Dv, Tq, Tk);
@@ -984,11 +986,19 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
     ak a;
     rc = setup(&a, &s, r, raw, RAW_BWD, true, need, nqb);
     a.Tq = Tq, a.Tk = Tk, a.D = D, a.Dv = Dv, a.nqb = nqb, a.nkb = nkb;
-    nt__attn_opnd_flat(&a.q, qx, &a.g, 0, D);
-    nt__attn_opnd_flat(&a.dO, qx, &a.g, Tq * D, Dv);
-    nt__attn_opnd_flat(&a.O, qx, &a.g, Tq * (D + Dv), Dv);
-    nt__attn_opnd_flat(&a.kk, kv, &a.g, 0, D);
-    nt__attn_opnd_flat(&a.v, kv, &a.g, Tk * D, Dv);
+    if (r->p.i[4]) { /* q, k, v in one view, dO, O, lse: read where they are */
+        nt__attn_opnd_stack(&a.q, qx, &a.g, 0);
+        nt__attn_opnd_stack(&a.kk, qx, &a.g, 1);
+        nt__attn_opnd_stack(&a.v, qx, &a.g, 2);
+        nt__attn_opnd_of(&a.dO, kv, &a.g, 0);
+        nt__attn_opnd_of(&a.O, r->in[2], &a.g, 0);
+    } else {
+        nt__attn_opnd_flat(&a.q, qx, &a.g, 0, D);
+        nt__attn_opnd_flat(&a.dO, qx, &a.g, Tq * D, Dv);
+        nt__attn_opnd_flat(&a.O, qx, &a.g, Tq * (D + Dv), Dv);
+        nt__attn_opnd_flat(&a.kk, kv, &a.g, 0, D);
+        nt__attn_opnd_flat(&a.v, kv, &a.g, Tk * D, Dv);
+    }
     const nt_tensor *dq = r->out[0], *dkv = r->out[1];
     nt_dtype dt = (nt_dtype)dq->dtype;
     char *dqd = nt__tensor_data(dq), *dkvd = nt__tensor_data(dkv);

@@ -1,0 +1,167 @@
+/* tests/test_sdpa31.c - attention's backward reading q, k, v where they
+ * are: when q, k, v are heads of one [B, T, 3C] projection (views of one
+ * storage at offsets o, o + s, o + 2s) and there is no mask, SDPA_BWD
+ * takes them as one strided view with dO, O and lse (autograd/backward.c)
+ * instead of packing copies of q, dO, O and k, v.  The gradient of the
+ * projection is the same bits as through contiguous copies of q, k, v (the
+ * packed path), on both backends, in every mode; heads in another order
+ * (k after v) keep the packed path with the same bits, and cost more
+ * kernels. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ntensor.h"
+#include "nt_test.h"
+
+typedef struct shp {
+    int64_t B, T, H, D;
+    bool causal;
+} shp;
+
+static uint64_t rs = 0x2545f4914f6cdd1dull;
+static float urand(void) /* [-1, 1) */
+{
+    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+    return (float)((double)(rs >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static void config(const char *backend, const char *mode)
+{
+    assert_int_equal(nt_config_set("NT_BACKEND", backend), 0);
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", strcmp(backend, "sim") ? "0" : "1"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+}
+
+/* Head h of qkv [B, T, 3C] at column block blk (as examples/gpt_model.h's
+ * gpt_heads): [B, H, T, D]. */
+static nt_tensor *heads(nt_tensor *qkv, const shp *s, int blk, bool contig)
+{
+    int64_t C = s->H * s->D;
+    nt_tensor *t = nt_slice(qkv, 2, blk * C, (blk + 1) * C, 1);
+    t = nt_permute(nt_reshape(t, 4, (int64_t[]){s->B, s->T, s->H, s->D}), (int[]){0, 2, 1, 3});
+    return contig ? nt_contiguous(t) : t;
+}
+
+/* The gradient of sum(sdpa(q, k, v) * w) with respect to qkv, q, k, v at
+ * column blocks order[0..2] (contig: through contiguous copies); the
+ * kernels the simulator ran in *kernels. */
+static float *qkv_grad(const shp *s, const float *x, const float *w, const int order[3],
+                       bool contig, nt_dtype dt, uint64_t *kernels)
+{
+    int64_t C = s->H * s->D, n = s->B * s->T * 3 * C;
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *qkv = nt_from_host(x, NT_F32, 3, (int64_t[]){s->B, s->T, 3 * C});
+    assert_non_null(qkv);
+    nt_set_requires_grad(qkv, true);
+    nt_tensor *W = nt_from_host(w, NT_F32, 4, (int64_t[]){s->B, s->H, s->T, s->D});
+    nt_sync();
+    nt_stats_reset();
+    nt_tensor *x2 = dt == NT_F32 ? qkv : nt_cast(qkv, dt);
+    nt_tensor *y = nt_scaled_dot_product_attention(heads(x2, s, order[0], contig),
+                                                   heads(x2, s, order[1], contig),
+                                                   heads(x2, s, order[2], contig), NULL,
+                                                   s->causal, 0.0);
+    if (y && dt != NT_F32)
+        y = nt_cast(y, NT_F32);
+    assert_non_null(y);
+    nt_tensor *l = nt_sum(nt_mul(y, W), NT_DIM_ALL, false);
+    assert_non_null(l);
+    assert_int_equal(nt_backward(l), 0);
+    float *g = malloc((size_t)n * sizeof(float));
+    assert_int_equal(nt_to_host(nt_contiguous(nt_grad(qkv)), g, (size_t)n * sizeof(float)), 0);
+    nt_stats st;
+    nt_stats_get(&st);
+    *kernels = st.sim_kernels;
+    nt_scope_end(sc);
+    return g;
+}
+
+static const shp shapes[] = {
+    {2, 130, 2, 8, true},
+    {1, 5, 3, 4, false},
+    {2, 129, 1, 32, true},
+    {1, 1, 2, 8, false},
+};
+
+/* The gradient through the views equals the one through contiguous copies
+ * (the packed path) bit for bit, on both backends and in every mode, and
+ * the two backends agree; in f32 and with q, k, v in bf16. */
+static void test_views_equal_packed(void **state)
+{
+    (void)state;
+    static const char *be[2] = {"cpu", "sim"};
+    static const char *modes[4] = {"deterministic", "lazy", "adaptive", "eager"};
+    static const int orders[2][3] = {{0, 1, 2}, {0, 2, 1}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const shp *s = &shapes[i];
+        int64_t C = s->H * s->D, n = s->B * s->T * 3 * C, nw = s->B * s->T * C;
+        float *x = malloc((size_t)n * sizeof(float)), *w = malloc((size_t)nw * sizeof(float));
+        for (int64_t j = 0; j < n; j++)
+            x[j] = urand();
+        for (int64_t j = 0; j < nw; j++)
+            w[j] = urand();
+        x[0] = -0.0f; /* a -0 in q: +0 in the gradient's sum either way */
+        for (int o = 0; o < 4; o++) {
+            nt_dtype dt = o < 2 ? NT_F32 : NT_BF16;
+            float *first = NULL;
+            for (int b = 0; b < 2; b++)
+                for (int m = 0; m < 4; m++) {
+                    uint64_t kv, kp;
+                    config(be[b], modes[m]);
+                    float *gv = qkv_grad(s, x, w, orders[o % 2], false, dt, &kv);
+                    float *gp = qkv_grad(s, x, w, orders[o % 2], true, dt, &kp);
+                    assert_memory_equal(gv, gp, (size_t)n * sizeof(float));
+                    if (!first)
+                        first = gv;
+                    else
+                        assert_memory_equal(gv, first, (size_t)n * sizeof(float));
+                    if (gv != first)
+                        free(gv);
+                    free(gp);
+                }
+            free(first);
+        }
+        free(x);
+        free(w);
+    }
+}
+
+/* In place, q, k, v are not copied for the backward: heads in order run
+ * fewer kernels than heads with k and v swapped (which keep the packed
+ * path), the same ops otherwise. */
+static void test_views_fewer_kernels(void **state)
+{
+    (void)state;
+    const shp s = {2, 130, 2, 8, true};
+    int64_t C = s.H * s.D, n = s.B * s.T * 3 * C, nw = s.B * s.T * C;
+    float *x = malloc((size_t)n * sizeof(float)), *w = malloc((size_t)nw * sizeof(float));
+    for (int64_t j = 0; j < n; j++)
+        x[j] = urand();
+    for (int64_t j = 0; j < nw; j++)
+        w[j] = urand();
+    config("sim", "deterministic");
+    uint64_t kin, kswap;
+    free(qkv_grad(&s, x, w, (const int[]){0, 1, 2}, false, NT_F32, &kin));
+    free(qkv_grad(&s, x, w, (const int[]){0, 2, 1}, false, NT_F32, &kswap));
+    assert_true(kin > 0);
+    assert_true(kin < kswap);
+    free(x);
+    free(w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_views_equal_packed, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_views_fewer_kernels, nt_test_setup,
+                                        nt_test_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
