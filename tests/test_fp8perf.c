@@ -422,7 +422,7 @@ static void test_fewer_kernels(void **state)
     assert_int_equal(nt_stats_get(&st2), 0);
     uint64_t kf = st1.sim_kernels - st0.sim_kernels, ku = st2.sim_kernels - st1.sim_kernels;
     uint64_t bf = st1.sim_hbm_bytes - st0.sim_hbm_bytes, bu = st2.sim_hbm_bytes - st1.sim_hbm_bytes;
-    print_message("fused step: %llu kernels, %llu HBM bytes; unfused: %llu kernels, %llu bytes\n",
+    print_message("# fused step: %llu kernels, %llu HBM bytes; unfused: %llu kernels, %llu bytes\n",
                   (unsigned long long)kf, (unsigned long long)bf, (unsigned long long)ku,
                   (unsigned long long)bu);
     assert_true(kf < ku); /* (the bytes are printed: on shapes this small the fixed

@@ -143,7 +143,7 @@ static void tile_case(nt_dtype dt, bool b_trans)
     assert_true(rs.hbm_write_bytes == rb.hbm_write_bytes);
     assert_true(rs.duration_ns < rb.duration_ns);
     assert_true(fabs(rs.flops - 2.0 * M * N * K) < 0.5);
-    print_message("  %s%s: block program %.1f us, %.2f MB read; streamed %.1f us, %.2f MB\n",
+    print_message("#   %s%s: block program %.1f us, %.2f MB read; streamed %.1f us, %.2f MB\n",
                   dt == NT_BF16 ? "bf16" : "f32", b_trans ? ", B^T" : "",
                   rb.duration_ns * 1e-3, rb.hbm_read_bytes * 1e-6, rs.duration_ns * 1e-3,
                   rs.hbm_read_bytes * 1e-6);
