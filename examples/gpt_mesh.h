@@ -443,25 +443,18 @@ static inline nt_tensor *gptm_head(nt_tensor *qkv, int64_t hl, int64_t hd, int w
     return nt_permute(t, (int[]){0, 2, 1, 3});
 }
 
-/* nt_tp_column_linear / nt_tp_row_linear on each expert rank's tensor
- * group (c[e]; members e tp ..). */
-static inline int gptm_column(gpt_mesh *g, nt_comm **c, nt_tensor **x, nt_tensor **w,
+/* nt_tp_column_linear (row false) or nt_tp_row_linear (row true) on each
+ * expert rank's tensor group (c[e]; members e tp ..). */
+static inline int gptm_linear(gpt_mesh *g, bool row, nt_comm **c, nt_tensor **x, nt_tensor **w,
                               nt_tensor **b, int blocks, nt_tensor **y)
 {
-    for (int e = 0, t = g->tp; e < g->ep; e++)
-        if (nt_tp_column_linear(c[e], x + e * t, w + e * t, b ? b + e * t : NULL, blocks,
-                                y + e * t))
+    for (int e = 0, t = g->tp; e < g->ep; e++) {
+        nt_tensor **be = b ? b + e * t : NULL;
+        int rc = row ? nt_tp_row_linear(c[e], x + e * t, w + e * t, be, blocks, y + e * t)
+                     : nt_tp_column_linear(c[e], x + e * t, w + e * t, be, blocks, y + e * t);
+        if (rc)
             return -1;
-    return 0;
-}
-
-static inline int gptm_row(gpt_mesh *g, nt_comm **c, nt_tensor **x, nt_tensor **w,
-                           nt_tensor **b, int blocks, nt_tensor **y)
-{
-    for (int e = 0, t = g->tp; e < g->ep; e++)
-        if (nt_tp_row_linear(c[e], x + e * t, w + e * t, b ? b + e * t : NULL, blocks,
-                             y + e * t))
-            return -1;
+    }
     return 0;
 }
 
@@ -540,7 +533,7 @@ static inline int gptm_block(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const in
     for (int r = 0; r < tp; r++)
         w[r] = P[r][GPTM_M2(g, l, GPTM_WQKV)], b[r] = P[r][GPTM_M1(g, l, GPTM_BQKV)];
     gptm_lowp(g, devs, h, w, b);
-    if (gptm_column(g, c, h, w, b, B, q))
+    if (gptm_linear(g, false, c, h, w, b, B, q))
         return -1;
     for (int r = 0; r < tp; r++) {
         nt_device_set(devs[r]);
@@ -553,7 +546,7 @@ static inline int gptm_block(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const in
         w[r] = P[r][GPTM_M2(g, l, GPTM_WO)], b[r] = P[r][GPTM_M1(g, l, GPTM_BO)];
     }
     gptm_lowp(g, devs, h, w, b);
-    if (gptm_row(g, c, h, w, b, B, y))
+    if (gptm_linear(g, true, c, h, w, b, B, y))
         return -1;
     for (int r = 0; r < tp; r++) {
         nt_device_set(devs[r]);
@@ -565,7 +558,7 @@ static inline int gptm_block(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const in
     for (int r = 0; r < tp; r++)
         w[r] = P[r][GPTM_M2(g, l, GPTM_W1)], b[r] = P[r][GPTM_M1(g, l, GPTM_B1)];
     gptm_lowp(g, devs, h, w, b);
-    if (gptm_column(g, c, h, w, b, B, q))
+    if (gptm_linear(g, false, c, h, w, b, B, q))
         return -1;
     for (int r = 0; r < tp; r++) {
         nt_device_set(devs[r]);
@@ -573,7 +566,7 @@ static inline int gptm_block(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const in
         w[r] = P[r][GPTM_M2(g, l, GPTM_W2)], b[r] = P[r][GPTM_M1(g, l, GPTM_B2)];
     }
     gptm_lowp(g, devs, h, w, b);
-    if (gptm_row(g, c, h, w, b, B, y))
+    if (gptm_linear(g, true, c, h, w, b, B, y))
         return -1;
     for (int r = 0; r < tp; r++) {
         nt_device_set(devs[r]);
@@ -612,7 +605,7 @@ static inline nt_tensor *gptm_loss(gpt_mesh *g, nt_comm **c, nt_tensor **P[], co
         x[r] = nt_reshape(x[r], 2, (int64_t[]){Bt * T, D});
     }
     gptm_lowp(g, devs, x, w, NULL);
-    if (gptm_column(g, c, x, w, NULL, g->blocks, lg))
+    if (gptm_linear(g, false, c, x, w, NULL, g->blocks, lg))
         return NULL;
     for (int e = 0; e < g->ep; e++)
         if (nt_tp_cross_entropy(c[e], lg + e * t, tgt + e * t, g->blocks, loss + e * t))
