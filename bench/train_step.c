@@ -30,7 +30,11 @@
  * nt_graph_cache (docs/graphs.md) and replayed, in adaptive mode
  * ("captured_lazy": the same in lazy mode).  On the sim backend each mode
  * also prints its HBM bytes a step, its DMA-limited floor and the step over
- * that floor.
+ * that floor.  On the CPU backend each MLP mode's line gives the step
+ * against its FLOP floor instead: the step's matmul FLOPs at the FMA peak
+ * measured right then (bench/fma_peak.h), the wall time against every
+ * processor's peak and the step's CPU time against one thread's (target
+ * <= 1.3x; the CPU time is what a neighbour's load moves least).
  *
  * Usage: train_step [--steps N] [--warmup N]
  *                   [--modes deterministic,eager,adaptive,lazy,captured,captured_lazy]
