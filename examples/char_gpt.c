@@ -505,9 +505,9 @@ static int mesh_main(options *o, gpt_data *d)
                    "(simulated) %.3f ms/step, host %.1f ms/step\n", (long long)end,
                    sim * 1e-6 / timed, host * 1e3 / timed);
         printf("final val loss %.4f after %lld steps\n", val, (long long)end);
-        printf("activations: %.3f MiB on tensor rank 0's core (a shard's forward: the "
-               "growth of nt_device_bytes_live, largest over the steps); live at the end of "
-               "the forward %.3f MiB\n", (double)g.act_bytes / 1048576.0,
+        printf("activations: %.3f MiB on tensor rank 0's core (what a shard's forward "
+               "keeps for the backward: nt_device_bytes_live's growth, largest over the "
+               "steps); live then %.3f MiB\n", (double)g.act_bytes / 1048576.0,
                (double)g.live_bytes / 1048576.0);
         if (o->experts)
             printf("params crc32 %08x (dp %d, ep %d, zero %d; MoE %d experts, top-%d)\n", crc,

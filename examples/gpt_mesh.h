@@ -109,8 +109,9 @@ typedef struct {
     int shard;             /* the shard gptm_loss computes (gptm_step sets it) */
     bool training;         /* dropout on (gptm_step's forward) */
     int64_t act_bytes;     /* the largest activation memory a shard's forward left on
-                              member 0's device (nt_device_bytes_live before the
-                              backward minus before the forward) */
+                              member 0's device: nt_device_bytes_live after the
+                              forward's scope ended (what the backward keeps, and
+                              the loss) minus before the forward */
     int64_t live_bytes;    /* the largest nt_device_bytes_live there before a backward */
 } gpt_mesh;
 
@@ -1101,8 +1102,15 @@ static inline int gptm_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t 
         g->tally = true;
         g->training = true;
         g->shard = s;
+        /* the forward in its own scope: what stays live after it is what the
+         * backward keeps (the activations) and the loss */
         int64_t live0 = nt_device_bytes_live(devs[0]);
-        nt_tensor *loss = ok ? gptm_loss(g, c, P, devs, idx, tgt) : NULL;
+        nt_scope *fs = nt_scope_begin();
+        nt_tensor *loss = ok && fs ? gptm_loss(g, c, P, devs, idx, tgt) : NULL;
+        if (loss)
+            nt_keep(loss);
+        if (fs)
+            nt_scope_end(fs);
         int64_t live1 = nt_device_bytes_live(devs[0]);
         if (loss && live1 - live0 > g->act_bytes)
             g->act_bytes = live1 - live0;
@@ -1121,6 +1129,8 @@ static inline int gptm_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t 
             rc = nt_add_inplace(loss_sum, lv) != 0;
             nt_no_grad_end();
         }
+        if (loss)
+            nt_release(loss);
         nt_scope_end(sc);
         if (rc)
             return -1;
