@@ -27,7 +27,10 @@
  * (docs/parallel.md, "char GPT under a mesh").  --ep N (or --experts E)
  * makes every block's MLP a mixture of experts split over N cores of an
  * "expert" mesh dimension, with the same bits for every N (docs/parallel.md,
- * "MoE variant of the char GPT").
+ * "MoE variant of the char GPT").  --sp holds the residual stream, layer
+ * norms and dropout as each tensor rank's slice of the sequence, and
+ * --dropout works under the mesh too (docs/parallel.md, "Sequence
+ * parallelism and dropout").
  *
  * The backend is NT_BACKEND (sim, the default, or cpu; --backend sets it),
  * the execution mode NT_MODE (docs/env.md).  Run with --help for the
