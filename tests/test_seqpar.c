@@ -139,15 +139,18 @@ static void column_case(int size)
 
 /* Row-parallel: nt_tp_row_linear (replicated y) and nt_tp_row_linear_sp
  * (y's sequence slice): the same y bits, and the same gradients when every
- * member's y gets the gradient u (sp: its slice of u). */
+ * member's y gets the gradient u (sp: its slice of u).  The bias: the
+ * same y bits; under sp through nt_tp_copy, whose all-reduce sums the
+ * members' rows, its gradient the column sums of u (against double). */
 static void row_case(int size)
 {
     nt_comm *c = group(size);
     int kl = LK / size;
-    float x[LB * LT * LK], w[LN * LK], u[LB * LT * LN];
+    float x[LB * LT * LK], w[LN * LK], u[LB * LT * LN], b[LN];
     fill(x, sizeof x / sizeof *x, 5), fill(w, sizeof w / sizeof *w, 6);
-    fill(u, sizeof u / sizeof *u, 7);
-    nt_tensor *x0[4], *x1[4], *w0[4], *w1[4], *y0[4], *y1[4], *l0[4], *l1[4];
+    fill(u, sizeof u / sizeof *u, 7), fill(b, LN, 8);
+    nt_tensor *x0[4], *x1[4], *w0[4], *w1[4], *y0[4], *y1[4], *l0[4], *l1[4], *b0[4], *b1[4],
+              *bc[4];
     for (int r = 0; r < size; r++) {
         float xl[LB * LT * LK], wl[LN * LK];
         for (int i = 0; i < LB * LT; i++)
@@ -158,9 +161,12 @@ static void row_case(int size)
         x1[r] = leaf(r, xl, 3, (int64_t[]){LB, LT, kl});
         w0[r] = leaf(r, wl, 2, (int64_t[]){LN, kl});
         w1[r] = leaf(r, wl, 2, (int64_t[]){LN, kl});
+        b0[r] = leaf(r, b, 1, (int64_t[]){LN});
+        b1[r] = leaf(r, b, 1, (int64_t[]){LN});
     }
-    assert_int_equal(nt_tp_row_linear(c, x0, w0, NULL, BLK, y0), 0);
-    assert_int_equal(nt_tp_row_linear_sp(c, x1, w1, NULL, BLK, 1, y1), 0);
+    assert_int_equal(nt_tp_copy(c, b1, bc), 0);
+    assert_int_equal(nt_tp_row_linear(c, x0, w0, b0, BLK, y0), 0);
+    assert_int_equal(nt_tp_row_linear_sp(c, x1, w1, bc, BLK, 1, y1), 0);
     for (int r = 0; r < size; r++) {
         nt_device_set(r);
         float a[LB * LT * LN], bb[LB * LT * LN], as[LB * LT * LN], us[LB * LT * LN];
@@ -170,7 +176,7 @@ static void row_case(int size)
         assert_memory_equal(as, bb, sizeof *bb * (size_t)LB * LT / size * LN);
         for (int i = 0; i < LB * LT; i++)
             for (int j = 0; j < LN; j++) {
-                double s = 0;
+                double s = b[j];
                 for (int k = 0; k < LK; k++)
                     s += (double)x[i * LK + k] * w[j * LK + k];
                 assert_true(fabs(a[i * LN + j] - s) <= 1e-5 * (1 + fabs(s)));
@@ -192,6 +198,15 @@ static void row_case(int size)
         host(nt_grad(w0[r]), g0, (size_t)LN * kl);
         host(nt_grad(w1[r]), g1, (size_t)LN * kl);
         assert_memory_equal(g0, g1, sizeof *g0 * (size_t)LN * kl);
+        host(nt_grad(b0[r]), g0, LN);
+        host(nt_grad(b1[r]), g1, LN);
+        for (int j = 0; j < LN; j++) {
+            double s = 0;
+            for (int i = 0; i < LB * LT; i++)
+                s += u[i * LN + j];
+            assert_true(fabs(g0[j] - s) <= 1e-5 * (1 + fabs(s)));
+            assert_true(fabs(g1[j] - s) <= 1e-5 * (1 + fabs(s)));
+        }
     }
     nt_comm_destroy(c);
 }
