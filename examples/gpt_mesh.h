@@ -102,7 +102,7 @@ typedef struct {
     nt_scheduler *sched[GPTM_MAXD][GPTM_MAXD];
     nt_tensor *mask_unused;
     /* Sequence parallelism (gptm_set_sp) and dropout (gptm_set_dropout):
-     * see "Sequence parallelism and dropout" below. */
+     * the file's comment says what they do. */
     bool sp;
     double dropout;
     uint64_t seed, step;   /* dropout's key: the run's seed, the step (gptm_step counts) */
