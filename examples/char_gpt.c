@@ -27,7 +27,10 @@
  * (docs/parallel.md, "char GPT under a mesh").  --ep N (or --experts E)
  * makes every block's MLP a mixture of experts split over N cores of an
  * "expert" mesh dimension, with the same bits for every N (docs/parallel.md,
- * "MoE variant of the char GPT").
+ * "MoE variant of the char GPT").  --sp holds the residual stream, layer
+ * norms and dropout as each tensor rank's slice of the sequence, and
+ * --dropout works under the mesh too (docs/parallel.md, "Sequence
+ * parallelism and dropout").
  *
  * The backend is NT_BACKEND (sim, the default, or cpu; --backend sets it),
  * the execution mode NT_MODE (docs/env.md).  Run with --help for the
@@ -52,7 +55,7 @@ typedef struct {
     int64_t limit_steps; /* stop after this many steps (0: none); the schedule still spans --steps */
     const char *save, *resume, *prompt, *data, *backend, *amp;
     /* a device mesh (examples/gpt_mesh.h): any of --dp/--tp/--zero/--ep given */
-    bool mesh;
+    bool mesh, sp;
     int dp, tp, ep, zero, blocks, shards;
     int experts, topk; /* the MoE MLP: on with --experts or --ep > 1 */
 } options;
@@ -133,8 +136,12 @@ static void usage(FILE *f)
             "                     multiple of --tp with a power-of-two quotient, dividing --width\n"
             "  --shards N         fixed shards of each batch (8): a multiple of --dp with a\n"
             "                     power-of-two quotient, dividing --batch\n"
-            "  Under a mesh: --amp bf16 works; refused with an error: --amp fp8, --capture,\n"
-            "  --checkpoint-activations, --dropout > 0, --untied, --sinpos, --rope, --no-sdpa,\n"
+            "  --sp               sequence parallelism: the residual stream, layer norms and\n"
+            "                     dropout hold --context / --tp positions per tensor rank\n"
+            "                     (--context a multiple of --blocks); one CRC for every split\n"
+            "  Under a mesh: --amp bf16 and --dropout work (masks keyed on the global token\n"
+            "  position: the same bits for every split); refused with an error: --amp fp8,\n"
+            "  --capture, --checkpoint-activations, --untied, --sinpos, --rope, --no-sdpa,\n"
             "  --save, --resume; no sample at the end.\n");
 }
 
@@ -169,7 +176,6 @@ static void mesh_refuse(const options *o)
     const char *bad = !strcmp(o->amp, "fp8")   ? "--amp fp8"
                       : o->capture             ? "--capture"
                       : o->c.checkpoint        ? "--checkpoint-activations"
-                      : o->c.dropout > 0       ? "--dropout"
                       : o->c.untied            ? "--untied"
                       : o->c.sinpos            ? "--sinpos"
                       : o->c.rope              ? "--rope"
@@ -261,6 +267,8 @@ static void parse_args(int argc, char **argv, options *o)
                 o->c.composite_attn = true;
             else if (!strcmp(a, "--capture"))
                 o->capture = true;
+            else if (!strcmp(a, "--sp"))
+                o->sp = true, o->mesh = true;
             else if (!strcmp(a, "--sinpos"))
                 o->c.sinpos = true;
             else if (!strcmp(a, "--rope"))
@@ -421,7 +429,16 @@ static int mesh_main(options *o, gpt_data *d)
         nt_shutdown();
         return 1;
     }
+    if (gptm_set_sp(&g, o->sp, err, sizeof err) ||
+        gptm_set_dropout(&g, o->c.dropout, err, sizeof err)) {
+        fprintf(stderr, "char_gpt: %s\n", err);
+        gptm_free(&g);
+        nt_shutdown();
+        return 1;
+    }
     bool main_proc = nt_process_rank() == 0;
+    if (main_proc && (o->sp || o->c.dropout > 0))
+        printf("sequence parallelism %s, dropout %g\n", o->sp ? "on" : "off", o->c.dropout);
     if (main_proc)
         printf("mesh: data %d x tensor %d (%d cores in %d process(es)), ZeRO stage %d, %d "
                "shards of %d sequences, %d blocks; vocabulary %d padded to %d; %d layers, %d "
@@ -491,11 +508,16 @@ static int mesh_main(options *o, gpt_data *d)
                    "(simulated) %.3f ms/step, host %.1f ms/step\n", (long long)end,
                    sim * 1e-6 / timed, host * 1e3 / timed);
         printf("final val loss %.4f after %lld steps\n", val, (long long)end);
+        printf("activations: %.3f MiB on tensor rank 0's core (what a shard's forward "
+               "keeps for the backward: nt_device_bytes_live's growth, largest over the "
+               "steps); live then %.3f MiB\n", (double)g.act_bytes / 1048576.0,
+               (double)g.live_bytes / 1048576.0);
         if (o->experts)
             printf("params crc32 %08x (dp %d, ep %d, zero %d; MoE %d experts, top-%d)\n", crc,
                    o->dp, g.ep, o->zero, o->experts, o->topk);
         else
-            printf("params crc32 %08x (dp %d, tp %d, zero %d)\n", crc, o->dp, o->tp, o->zero);
+            printf("params crc32 %08x (dp %d, tp %d, zero %d%s)\n", crc, o->dp, o->tp, o->zero,
+                   o->sp ? ", sp" : "");
     }
     nt_release(loss_sum);
     free(xb);

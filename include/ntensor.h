@@ -2329,6 +2329,32 @@ NT_API int nt_tp_column_linear(nt_comm *c, nt_tensor *const *x, nt_tensor *const
  *  dividing K. */
 NT_API int nt_tp_row_linear(nt_comm *c, nt_tensor *const *x, nt_tensor *const *w,
                             nt_tensor *const *b, int blocks, nt_tensor **y);
+/** Sequence parallelism (Korthikanti et al. 2022): the column-parallel
+ *  linear of nt_tp_column_linear whose input x[i] is member i's slice of
+ *  the sequence dim `dim` (not the last): x is all-gathered along dim
+ *  first (y[i] as nt_tp_column_linear's of the whole x); backward: x's
+ *  gradient, the same blocked tree over N, is reduce-scattered along dim
+ *  (nt_reduce_scatter sums in nt_all_reduce's rank tree, so each element
+ *  is nt_tp_column_linear's bits) and w's from x gathered again (only the
+ *  slice is kept for the backward). */
+NT_API int nt_tp_column_linear_sp(nt_comm *c, nt_tensor *const *x, nt_tensor *const *w,
+                                  nt_tensor *const *b, int blocks, int dim, nt_tensor **y);
+/** Sequence parallelism: nt_tp_row_linear whose output is reduce-scattered
+ *  along the sequence dim `dim` (not the last; size must divide it)
+ *  instead of all-reduced: y[i] is member i's slice of nt_tp_row_linear's
+ *  result, the same bits.  Backward: y's gradient all-gathered along dim.
+ *  b (NULL or [N] replicated) is added to the slice; its gradient sums
+ *  the member's rows only (pass b through nt_tp_copy, or nt_tp_copy_blocks,
+ *  to sum it over the group). */
+NT_API int nt_tp_row_linear_sp(nt_comm *c, nt_tensor *const *x, nt_tensor *const *w,
+                               nt_tensor *const *b, int blocks, int dim, nt_tensor **y);
+/** A replicated parameter used by nb token blocks on each member (a layer
+ *  norm or bias in a sequence-parallel region): out[i] [nb, ...] is nb
+ *  copies of in[i]; backward: member i's nb gradient rows (each + 0, so -0
+ *  is +0 at every split) added pairwise in the rank tree's order in f32,
+ *  then all-reduced (sum): the tree over nb x size blocks, the same bits
+ *  for every size when nb x size is fixed.  nb a power of two. */
+NT_API int nt_tp_copy_blocks(nt_comm *c, nt_tensor *const *in, int nb, nt_tensor **out);
 /** Vocabulary-parallel embedding: w[i] [V / size, D] (rows rank * V/size
  *  ...), idx[i] integer [...] replicated; out[i] [..., D] replicated: each
  *  member's rows for the indices in its block, zeros elsewhere, summed
