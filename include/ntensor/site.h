@@ -363,6 +363,7 @@ NT_API int nt_moe_mlp_at(const nt_site *site, nt_comm *c, nt_tensor *const *x,
                          const nt_moe_opts *opts, nt_tensor **y, nt_tensor **aux,
                          nt_tensor **counts);
 NT_API int nt_graph_capture_begin_at(const nt_site *site);
+NT_API int nt_graph_capture_begin_multi_at(const nt_site *site);
 NT_API int nt_graph_input_at(const nt_site *site, nt_tensor *t, const char *name);
 NT_API nt_graph *nt_graph_capture_end_at(const nt_site *site);
 NT_API int nt_graph_bind_at(const nt_site *site, nt_graph *g, const char *name, nt_tensor *t);
@@ -815,6 +816,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_moe_route(...) nt_moe_route_at(NT_HERE, __VA_ARGS__)
 #define nt_moe_mlp(...) nt_moe_mlp_at(NT_HERE, __VA_ARGS__)
 #define nt_graph_capture_begin() nt_graph_capture_begin_at(NT_HERE)
+#define nt_graph_capture_begin_multi() nt_graph_capture_begin_multi_at(NT_HERE)
 #define nt_graph_input(...) nt_graph_input_at(NT_HERE, __VA_ARGS__)
 #define nt_graph_capture_end() nt_graph_capture_end_at(NT_HERE)
 #define nt_graph_bind(...) nt_graph_bind_at(NT_HERE, __VA_ARGS__)
