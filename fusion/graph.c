@@ -1908,8 +1908,12 @@ NT_API int nt_graph_bind_at(const nt_site *site, nt_graph *g, const char *name, 
     if (k == g->ninputs)
         return nt__err(site, NT_EINVAL, fn, "argument 'name' (\"%s\") is not an input of the graph",
                        name);
-    if (g->multi && g->inputs[k].s >= 0) /* the segment that reads it first copies it in */
-        return nt_graph_bind_at(site, g->items[g->inputs[k].s].seg, name, t);
+    if (g->multi && g->inputs[k].s >= 0) { /* the segment that reads it first copies it in */
+        g_mutex_lock(&g->lock); /* not while a replay of the group reads the binding */
+        int rc = nt_graph_bind_at(site, g->items[g->inputs[k].s].seg, name, t);
+        g_mutex_unlock(&g->lock);
+        return rc;
+    }
     const gten *e = NULL;
     for (int i = 0; i < g->ntens && !e; i++)
         if (g->tens[i].s == g->inputs[k].s)
@@ -2601,4 +2605,14 @@ void nt__graph_shutdown(void)
     }
     if (c) /* its stream went with the others: only the recording is left */
         capture_free(c);
+    ggroup *G = tl_grp;
+    tl_grp = NULL;
+    if (G) { /* a capture of several streams in progress: its segments are dead graphs */
+        for (int i = 0; i < G->nitems; i++)
+            if (G->items[i].seg) {
+                graph_free(G->items[i].seg);
+                G->items[i].seg = NULL;
+            }
+        grp_free(G);
+    }
 }
