@@ -32,11 +32,14 @@ enum { F = 12, H = 24, NP = DDP_H_NP, SHARDS = 8, B = 32 };
 
 static int steps(void) { return getenv("NT_TEST_QUICK") ? 3 : 5; }
 
-static nt_tensor *model_loss(nt_tensor **p, nt_tensor *x, nt_tensor *y, bool bf16)
+static nt_tensor *model_loss(nt_tensor **p, nt_tensor *x, nt_tensor *y, bool bf16,
+                            nt_generator *drop)
 {
     if (bf16)
         nt_autocast_begin(NT_BF16);
     nt_tensor *h = nt_relu(nt_linear(x, p[0], p[1]));
+    if (drop) /* each shard's mask the generator's next: one count over every device */
+        h = nt_dropout_next(h, 0.25, drop);
     nt_tensor *logits = nt_linear(h, p[2], p[3]);
     if (nt_dtype_of(logits) != NT_F32)
         logits = nt_cast(logits, NT_F32);
@@ -47,14 +50,14 @@ static nt_tensor *model_loss(nt_tensor **p, nt_tensor *x, nt_tensor *y, bool bf1
 
 typedef struct run {
     int stage; /* ZeRO */
-    bool clip, bf16;
+    bool clip, bf16, dropout;
 } run;
 
 static double lr_at(int step) { return 1e-2 / (1 + step); }
 
 /* One step on the shards' inputs x[s], y[s] (NULL for another process's). */
 static int train_step(nt_ddp *d, const run *r, nt_optim **opts, int ndev, nt_tensor **x,
-                      nt_tensor **y)
+                      nt_tensor **y, nt_generator *gen)
 {
     if (r->stage == 3 && nt_ddp_gather(d, 0, NP))
         return -1;
@@ -64,7 +67,8 @@ static int train_step(nt_ddp *d, const run *r, nt_optim **opts, int ndev, nt_ten
             continue;
         nt_device_set(dev);
         nt_scope *sc = nt_scope_begin();
-        nt_tensor *loss = model_loss(nt_ddp_params(d, dev), x[s], y[s], r->bf16);
+        nt_tensor *loss = model_loss(nt_ddp_params(d, dev), x[s], y[s], r->bf16,
+                                       r->dropout ? gen : NULL);
         int rc = loss ? nt_ddp_backward(d, s, loss) : -1;
         nt_scope_end(sc);
         if (rc)
@@ -104,6 +108,7 @@ static void batch_free(nt_tensor **x, nt_tensor **y)
 
 typedef struct model {
     nt_tensor *p[NP];
+    nt_generator *gen;
     nt_ddp *d;
     nt_optim *opts[DDP_H_MAXDEV];
     int ndev, devs[DDP_H_MAXDEV];
@@ -113,6 +118,8 @@ static int model_make(model *m, const run *r)
 {
     memset(m, 0, sizeof *m);
     m->ndev = ddp_h_devices(m->devs);
+    if (!(m->gen = nt_generator_create(7)))
+        return -1;
     nt_device_set(0);
     if (ddp_h_params(m->p, NT_F32, H, F, 11))
         return -1;
@@ -138,6 +145,7 @@ static void model_free(model *m)
     nt_ddp_destroy(m->d);
     for (int j = 0; j < NP; j++)
         nt_release(m->p[j]);
+    nt_generator_destroy(m->gen);
 }
 
 static void set_lr(model *m, int step)
@@ -171,13 +179,15 @@ static double sim_ms(void)
     return m / 1e6;
 }
 
-/* The child: `variant` is "plain", "clip", "zero1".."zero3" or "bf16". */
+/* The child: `variant` is "plain", "clip", "zero1".."zero3", "bf16" or
+ * "dropout". */
 static int child_main(const char *variant)
 {
     run r = {.clip = strcmp(variant, "plain") != 0};
     if (!strncmp(variant, "zero", 4))
         r.stage = atoi(variant + 4);
     r.bf16 = !strcmp(variant, "bf16");
+    r.dropout = !strcmp(variant, "dropout");
     if (nt_init() != 0)
         return 3;
     model e, c;
@@ -192,7 +202,7 @@ static int child_main(const char *variant)
     for (int k = 0; k < steps(); k++) {
         set_lr(&e, k);
         batch(e.d, k, x, y);
-        if (train_step(e.d, &r, e.opts, e.ndev, x, y)) {
+        if (train_step(e.d, &r, e.opts, e.ndev, x, y, e.gen)) {
             fprintf(stderr, "child: eager step %d: %s\n", k, nt_last_error_message());
             return 5;
         }
@@ -213,7 +223,7 @@ static int child_main(const char *variant)
         snprintf(name, sizeof name, "y%d", s);
         rc = rc ? rc : nt_graph_input(cy[s], name);
     }
-    rc = rc ? rc : train_step(c.d, &r, c.opts, c.ndev, cx, cy);
+    rc = rc ? rc : train_step(c.d, &r, c.opts, c.ndev, cx, cy, c.gen);
     nt_graph *g = nt_graph_capture_end();
     if (rc || !g) {
         fprintf(stderr, "child: capture: %s\n", nt_last_error_message());
@@ -324,14 +334,16 @@ static void test_bits_vs_eager(void **state)
         }
 }
 
-/* ZeRO stages 1-3 and bf16 autocast, on 2 and 4 cores (sim, adaptive) and
- * 2 cores (cpu, deterministic). */
+/* ZeRO stages 1-3, bf16 autocast and dropout (a generator's masks drawn on
+ * every device), on 2 and 4 cores (sim, adaptive) and 2 cores (cpu,
+ * deterministic). */
 static void test_zero_and_amp(void **state)
 {
     (void)state;
-    static const char *const variants[] = {"plain", "zero1", "zero2", "zero3", "bf16"};
+    static const char *const variants[] = {"plain", "zero1", "zero2", "zero3", "bf16",
+                                           "dropout"};
     char line[512];
-    for (int v = 0; v < 5; v++) {
+    for (int v = 0; v < 6; v++) {
         const char *e2[] = {"NT_BACKEND=sim", "NT_MODE=adaptive", "NT_DETERMINISTIC=0",
                             "NT_SIM_CORES=2", NULL};
         const char *e4[] = {"NT_BACKEND=sim", "NT_MODE=adaptive", "NT_DETERMINISTIC=0",
