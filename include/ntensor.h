@@ -2495,6 +2495,20 @@ typedef struct nt_graph nt_graph;
  *  nesting).  What a replay refreshes and what it bakes in: docs/graphs.md.
  *  Thread-safe; the capture belongs to the calling thread. */
 NT_API int nt_graph_capture_begin(void);
+/** Like nt_graph_capture_begin, but records every stream the calling thread
+ *  issues to, and the collectives between them: a data-parallel step over
+ *  this process's devices (nt_ddp's shards, nt_ddp_reduce's collectives,
+ *  clipping, the optimizers).  Each stretch of one stream's ops becomes a
+ *  program of its own, each collective a step between them; nt_graph_replay
+ *  (from any thread; the current stream does not matter) queues them again
+ *  in the recorded order, each on the stream it was captured on, with the
+ *  same bits as the step run op by op.  nt_graph_input, nt_graph_bind,
+ *  nt_graph_capture_end, nt_graph_info_get (summed over the programs) and
+ *  nt_graph_destroy work as for one stream.  A collective whose communicator
+ *  spans processes is refused at its call (NT_ESTATE, naming it), and so are
+ *  event waits; every refusal of nt_graph_capture_begin holds too.  See
+ *  docs/graphs.md, "Several devices". */
+NT_API int nt_graph_capture_begin_multi(void);
 /** Names t an input of the capture in progress: a replay reads the tensor
  *  bound to `name` (nt_graph_bind; t itself until then), of t's dtype, shape
  *  and strides (an input the step never reads is allowed: binding it

@@ -371,6 +371,7 @@ NT_API int nt_moe_mlp_at(const nt_site *site, nt_comm *c, nt_tensor *const *x,
                          const nt_moe_opts *opts, nt_tensor **y, nt_tensor **aux,
                          nt_tensor **counts);
 NT_API int nt_graph_capture_begin_at(const nt_site *site);
+NT_API int nt_graph_capture_begin_multi_at(const nt_site *site);
 NT_API int nt_graph_input_at(const nt_site *site, nt_tensor *t, const char *name);
 NT_API nt_graph *nt_graph_capture_end_at(const nt_site *site);
 NT_API int nt_graph_bind_at(const nt_site *site, nt_graph *g, const char *name, nt_tensor *t);
@@ -602,6 +603,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(int, nt_moe_route, (nt_tensor *logits, int k, nt_moe_score score, nt_tensor **weights, nt_tensor **experts, nt_tensor **counts, nt_tensor **perm), (const nt_site *site, nt_tensor *logits, int k, nt_moe_score score, nt_tensor **weights, nt_tensor **experts, nt_tensor **counts, nt_tensor **perm), 7) \
     X(int, nt_moe_mlp, (nt_comm *c, nt_tensor *const *x, nt_tensor *const *wg, nt_tensor *const *w1, nt_tensor *const *w2, const nt_moe_opts *opts, nt_tensor **y, nt_tensor **aux, nt_tensor **counts), (const nt_site *site, nt_comm *c, nt_tensor *const *x, nt_tensor *const *wg, nt_tensor *const *w1, nt_tensor *const *w2, const nt_moe_opts *opts, nt_tensor **y, nt_tensor **aux, nt_tensor **counts), 9) \
     X(int, nt_graph_capture_begin, (void), (const nt_site *site), 0) \
+    X(int, nt_graph_capture_begin_multi, (void), (const nt_site *site), 0) \
     X(int, nt_graph_input, (nt_tensor *t, const char *name), (const nt_site *site, nt_tensor *t, const char *name), 2) \
     X(nt_graph *, nt_graph_capture_end, (void), (const nt_site *site), 0) \
     X(int, nt_graph_bind, (nt_graph *g, const char *name, nt_tensor *t), (const nt_site *site, nt_graph *g, const char *name, nt_tensor *t), 3) \
@@ -829,6 +831,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_moe_route(...) nt_moe_route_at(NT_HERE, __VA_ARGS__)
 #define nt_moe_mlp(...) nt_moe_mlp_at(NT_HERE, __VA_ARGS__)
 #define nt_graph_capture_begin() nt_graph_capture_begin_at(NT_HERE)
+#define nt_graph_capture_begin_multi() nt_graph_capture_begin_multi_at(NT_HERE)
 #define nt_graph_input(...) nt_graph_input_at(NT_HERE, __VA_ARGS__)
 #define nt_graph_capture_end() nt_graph_capture_end_at(NT_HERE)
 #define nt_graph_bind(...) nt_graph_bind_at(NT_HERE, __VA_ARGS__)
