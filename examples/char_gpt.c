@@ -53,6 +53,7 @@ typedef struct {
     const char *save, *resume, *prompt, *data, *backend, *amp;
     /* a device mesh (examples/gpt_mesh.h): any of --dp/--tp/--zero/--ep given */
     bool mesh;
+    bool reshard; /* --resume a mesh checkpoint of another layout */
     int dp, tp, ep, zero, blocks, shards;
     int experts, topk; /* the MoE MLP: on with --experts or --ep > 1 */
 } options;
@@ -133,9 +134,13 @@ static void usage(FILE *f)
             "                     multiple of --tp with a power-of-two quotient, dividing --width\n"
             "  --shards N         fixed shards of each batch (8): a multiple of --dp with a\n"
             "                     power-of-two quotient, dividing --batch\n"
-            "  Under a mesh: --amp bf16 works; refused with an error: --amp fp8, --capture,\n"
-            "  --checkpoint-activations, --dropout > 0, --untied, --sinpos, --rope, --no-sdpa,\n"
-            "  --save, --resume; no sample at the end.\n");
+            "  --reshard          --resume a mesh checkpoint saved under another --dp, --tp,\n"
+            "                     --ep or --zero: its parameters and AdamW state are put\n"
+            "                     together and cut for this layout (without it: an error)\n"
+            "  Under a mesh: --amp bf16, --save and --resume (a sharded checkpoint: PATH and\n"
+            "  PATH.tp<m>of<n>.zero<r>of<R>) work; refused with an error: --amp fp8,\n"
+            "  --capture, --checkpoint-activations, --dropout > 0, --untied, --sinpos, --rope,\n"
+            "  --no-sdpa; no sample at the end.\n");
 }
 
 static long parse_long(const char *opt, const char *v, long lo)
@@ -174,8 +179,6 @@ static void mesh_refuse(const options *o)
                       : o->c.sinpos            ? "--sinpos"
                       : o->c.rope              ? "--rope"
                       : o->c.composite_attn    ? "--no-sdpa"
-                      : o->save                ? "--save"
-                      : o->resume              ? "--resume"
                                                : NULL;
     if (bad) {
         fprintf(stderr, "char_gpt: %s is not supported with --dp/--tp/--zero/--ep (a device "
@@ -265,6 +268,8 @@ static void parse_args(int argc, char **argv, options *o)
                 o->c.sinpos = true;
             else if (!strcmp(a, "--rope"))
                 o->c.rope = true;
+            else if (!strcmp(a, "--reshard"))
+                o->reshard = true;
             else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
                 usage(stdout);
                 exit(0);
@@ -299,6 +304,11 @@ static void parse_args(int argc, char **argv, options *o)
     o->t.amp = strcmp(o->amp, "bf16") ? NT_DTYPE_COUNT : NT_BF16;
     if (o->mesh)
         mesh_refuse(o);
+    if (o->reshard && (!o->mesh || !o->resume)) {
+        fprintf(stderr, "char_gpt: --reshard needs --resume and a device mesh "
+                        "(--dp/--tp/--zero/--ep): a plain run's checkpoint has one layout\n");
+        exit(1);
+    }
     if (o->backend && strcmp(o->backend, "sim") && strcmp(o->backend, "cpu")) {
         fprintf(stderr, "char_gpt: --backend must be sim or cpu (got '%s')\n", o->backend);
         exit(1);
@@ -441,17 +451,30 @@ static int mesh_main(options *o, gpt_data *d)
     if (!xb || !yb || !loss_sum)
         check(-1, "allocating the batch");
     int64_t end = o->limit_steps && o->limit_steps < o->t.steps ? o->limit_steps : o->t.steps;
+    int64_t start = 0;
+    if (o->resume) {
+        /* the same layout, or any other with --reshard (examples/gpt_mesh.h) */
+        if (gptm_load(&g, o->resume, o->reshard, err, sizeof err)) {
+            fprintf(stderr, "char_gpt: --resume: %s\n", err);
+            gptm_free(&g);
+            nt_shutdown();
+            return 1;
+        }
+        start = nt_optim_steps(g.opt[0][0]);
+        if (main_proc)
+            printf("resumed from %s at step %lld\n", o->resume, (long long)start);
+    }
     int local = 0; /* this process's shards */
     for (int s = 0; s < o->shards; s++)
         local += nt_ddp_shard_device(g.ddp[0], s) >= 0;
     double sim = 0, host = 0, mark = 0, hmark = 0, val = NAN;
     int64_t timed = 0, n_log = 0;
-    for (int64_t step = 0; step < end; step++) {
+    for (int64_t step = start; step < end; step++) {
         gpt_batch(d, false, o->t.seed, step, B, T, xb, yb);
         if (gptm_step(&g, &o->t, xb, yb, loss_sum))
             check(-1, "training step");
         n_log++;
-        if (step == 0)
+        if (step == start)
             mark = mesh_clock(), hmark = now_s();
         else
             timed++;
@@ -460,7 +483,7 @@ static int mesh_main(options *o, gpt_data *d)
         if (!log && !eval)
             continue;
         double c = mesh_clock(), h = now_s(), sv;
-        if (step > 0)
+        if (step > start)
             sim += c - mark, host += h - hmark;
         check(nt_item(loss_sum, &sv), "reading the loss");
         check(nt_fill_inplace(loss_sum, 0), "resetting the loss sum");
@@ -476,6 +499,14 @@ static int mesh_main(options *o, gpt_data *d)
                 check(-1, "evaluation");
             if (main_proc)
                 printf("eval step=%lld val=%.4f\n", (long long)step + 1, val);
+            if (o->save) {
+                if (gptm_save(&g, o->save, err, sizeof err)) {
+                    fprintf(stderr, "char_gpt: --save: %s\n", err);
+                    return 1;
+                }
+                if (main_proc)
+                    printf("saved %s at step %lld\n", o->save, (long long)step + 1);
+            }
         }
         fflush(stdout);
         mark = mesh_clock(), hmark = now_s();
@@ -487,8 +518,9 @@ static int mesh_main(options *o, gpt_data *d)
     }
     if (main_proc) {
         if (timed > 0)
-            printf("mesh step time (steps 2..%lld, evaluations left out): NeuronCore "
-                   "(simulated) %.3f ms/step, host %.1f ms/step\n", (long long)end,
+            printf("mesh step time (steps %lld..%lld, evaluations left out): NeuronCore "
+                   "(simulated) %.3f ms/step, host %.1f ms/step\n", (long long)start + 2,
+                   (long long)end,
                    sim * 1e-6 / timed, host * 1e3 / timed);
         printf("final val loss %.4f after %lld steps\n", val, (long long)end);
         if (o->experts)
