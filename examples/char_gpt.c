@@ -611,8 +611,17 @@ int main(int argc, char **argv)
         nt_checkpoint_entry *ent;
         int nent;
         check(nt_checkpoint_list(o.resume, &ent, &nent), "--resume");
-        bool named = nent > 0 && strcmp(ent[0].name, "0") != 0;
+        bool named = nent > 0 && strcmp(ent[0].name, "0") != 0, mesh = false;
+        for (int i = 0; i < nent; i++)
+            mesh = mesh || !strcmp(ent[i].name, "mesh.layout");
         nt_checkpoint_list_free(ent, nent);
+        if (mesh) {
+            fprintf(stderr, "char_gpt: --resume: '%s' is a mesh checkpoint (--dp/--tp/--zero/"
+                            "--ep): the mesh model's parameters are laid out and summed "
+                            "otherwise; resume it under a mesh (its 1-core form: --dp 1 --tp "
+                            "1 --reshard)\n", o.resume);
+            return 1;
+        }
         check(named ? nt_checkpoint_read(o.resume, &ck, true, NULL)
                     : nt_load(o.resume, m.p, m.n_params, opt),
               "--resume");
