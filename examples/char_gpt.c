@@ -24,7 +24,9 @@
  * --dp N --tp N --zero S trains the tensor-parallel form of the model on a
  * data x tensor device mesh with ZeRO stage S (examples/gpt_mesh.h) and
  * prints the parameters' CRC-32, the same for every split and stage
- * (docs/parallel.md, "char GPT under a mesh").  --ep N (or --experts E)
+ * (docs/parallel.md, "char GPT under a mesh"); --save and --resume write and
+ * read a sharded mesh checkpoint, --reshard loads one saved under another
+ * layout (docs/parallel.md, "Mesh checkpoints").  --ep N (or --experts E)
  * makes every block's MLP a mixture of experts split over N cores of an
  * "expert" mesh dimension, with the same bits for every N (docs/parallel.md,
  * "MoE variant of the char GPT").

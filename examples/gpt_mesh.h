@@ -42,7 +42,10 @@
  * member e routes rows e N/ep .. of the shard's tokens and owns experts
  * e E/ep ... One nt_ddp per member (over the devices of its expert
  * coordinate), the experts' weights held as that member's rows.  The loss
- * adds auxw times the layers' load-balancing losses. */
+ * adds auxw times the layers' load-balancing losses.
+ *
+ * Checkpoints (gptm_save, gptm_load at the end): one nt_ddp_save_split per
+ * member plus a layout record; a load under another layout reshards. */
 #ifndef NT_EXAMPLES_GPT_MESH_H
 #define NT_EXAMPLES_GPT_MESH_H
 

@@ -10,7 +10,10 @@
  * arithmetic).  And the errors: another layout without reshard, another
  * model, no checkpoint, a plain checkpoint, nt_ddp_save_split's and
  * nt_ddp_load_split's arguments.  Each run has its own runtime with
- * NT_SIM_CORES = dp x tp (x ep). */
+ * NT_SIM_CORES = dp x tp (x ep).  NT_TEST_QUICK=1 runs two layouts of each
+ * table (one MoE target).  Under mpirun (meson test meshio_mpi): a save
+ * over 2 processes resumed in one and back, and processes that read
+ * checkpoints of different layouts. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,6 +29,12 @@ enum { STEPS = 6, HALF = 3, SHARDS = 8, BATCH = 8, BLOCKS = 4 };
 
 static char dir[256];
 static bool in_child; /* an mpirun child: NT_SIM_CORES and the backend from the caller */
+
+/* NT_TEST_QUICK=1 (sanitizer runs): the first two layouts of each table. */
+static size_t rows(size_t n)
+{
+    return getenv("NT_TEST_QUICK") && n > 2 ? 2 : n;
+}
 
 /* A text of 10 distinct characters (vocabulary padded to 12), as
  * tests/test_mesh.c's. */
@@ -128,7 +137,7 @@ static void test_resume_same(void **state)
         {1, 1, 0, 3}, {2, 2, 2, 3}, {4, 2, 3, 3}, {2, 4, 1, 3}, {2, 2, 2, 2}, {1, 1, 0, 2},
     };
     uint32_t ref = 0;
-    for (size_t i = 0; i < sizeof lay / sizeof lay[0]; i++) {
+    for (size_t i = 0; i < rows(sizeof lay / sizeof lay[0]); i++) {
         const int *l = lay[i];
         char ck[300];
         path(ck, sizeof ck, "same");
@@ -157,7 +166,7 @@ static void test_reshard(void **state)
     char a[300], b[300];
     path(a, sizeof a, "from222");
     path(b, sizeof b, "back");
-    for (size_t i = 0; i < sizeof tgt / sizeof tgt[0]; i++) {
+    for (size_t i = 0; i < rows(sizeof tgt / sizeof tgt[0]); i++) {
         const int *t = tgt[i];
         int cfg = t[3];
         run_ok((run_spec){2, 2, 2, 0, cfg, NULL, false, HALF, a});
@@ -181,7 +190,7 @@ static void test_reshard_moe(void **state)
     path(a, sizeof a, "moe");
     path(b, sizeof b, "moeback");
     static const int tgt[][3] = {{1, 0, 4}, {4, 3, 1}};
-    for (int i = 0; i < 2; i++) {
+    for (size_t i = 0; i < (getenv("NT_TEST_QUICK") ? 1u : 2u); i++) {
         const int *t = tgt[i];
         run_ok((run_spec){2, 1, 1, 2, 3, NULL, false, HALF, a});
         run_ok((run_spec){t[0], 1, t[1], t[2], 3, a, true, 2, b});
