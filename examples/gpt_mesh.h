@@ -60,7 +60,10 @@
  * member e routes rows e N/ep .. of the shard's tokens and owns experts
  * e E/ep ... One nt_ddp per member (over the devices of its expert
  * coordinate), the experts' weights held as that member's rows.  The loss
- * adds auxw times the layers' load-balancing losses. */
+ * adds auxw times the layers' load-balancing losses.
+ *
+ * Checkpoints (gptm_save, gptm_load at the end): one nt_ddp_save_split per
+ * member plus a layout record; a load under another layout reshards. */
 #ifndef NT_EXAMPLES_GPT_MESH_H
 #define NT_EXAMPLES_GPT_MESH_H
 
@@ -1261,6 +1264,189 @@ static inline int gptm_crc(gpt_mesh *g, uint32_t *crc, char *err, size_t en)
             return -1;
     }
     *crc = c;
+    return 0;
+}
+
+/* ---------------- checkpoints (docs/parallel.md, "Mesh checkpoints") ----------------
+ *
+ * A save at `path` is one nt_ddp_save_split per member (tensor rank r of
+ * tp, or expert rank e of ep: "<path>.tp<m>of<nm>.zero<r>of<R>", its
+ * shards or replica and its AdamW state, step counts and lrs) and, written
+ * last by process 0, "<path>" itself: the tensor "mesh.layout" (the model,
+ * which must match to load, and the layout it was split by).  A load under
+ * the same layout reads each member's own files; under another (dp, tp,
+ * ep, zero) it is an error unless asked to reshard: then
+ * nt_ddp_load_split puts each parameter and its AdamW moments together
+ * from every saved file and cuts them for this layout.  The mesh layouts
+ * share their arithmetic (fixed blocks and shards), so a resharded run
+ * continues with the bits of an uninterrupted run.  The schedule's
+ * position and the batches are the optimizer's step count (gpt_batch of
+ * the step), restored with it. */
+
+enum { GPTM_CK_VERSION = 1, GPTM_CK_N = 16 };
+
+/* The layout record: version, dp, tp, ep, zero, then the model: blocks,
+ * shards, experts, topk, vocab (padded), layers, heads, width, context,
+ * parameter count, auxw x 1e6. */
+static inline void gptm_ck_layout(const gpt_mesh *g, int32_t *v)
+{
+    int32_t w[GPTM_CK_N] = {GPTM_CK_VERSION, g->dp, g->tp, g->ep, g->zero, g->blocks,
+                            g->shards, g->experts, g->topk, g->c.vocab, g->c.n_layer,
+                            g->c.n_head, g->c.width, g->c.context, g->n,
+                            (int32_t)lround(g->auxw * 1e6)};
+    memcpy(v, w, sizeof w);
+}
+
+/* "dp 2, tp 2, zero 2" (and ", ep E" with the MoE MLP) of layout v. */
+static inline void gptm_ck_name(const int32_t *v, char *buf, size_t n)
+{
+    if (v[0] < 0)
+        snprintf(buf, n, "no checkpoint it could read");
+    else if (v[7])
+        snprintf(buf, n, "dp %d, ep %d, zero %d", v[1], v[3], v[4]);
+    else
+        snprintf(buf, n, "dp %d, tp %d, zero %d", v[1], v[2], v[4]);
+}
+
+/* Parameter j's split dim over the members (-1: the same on every one). */
+static inline int gptm_split_dim(const gpt_mesh *g, int j)
+{
+    int split = g->spec[j].split;
+    if (split == GPTM_REP)
+        return -1;
+    if (g->experts)
+        return split == GPTM_EXP ? 0 : -1;
+    return split == GPTM_COLS ? 1 : 0;
+}
+
+/* Saves g at path (see above); every process calls it.  0 or -1 with err. */
+static inline int gptm_save(gpt_mesh *g, const char *path, char *err, size_t en)
+{
+    for (int m = 0; m < g->nm; m++)
+        if (nt_ddp_save_split(g->ddp[m], path, m, g->nm, g->opt[m], g->ndd[m]))
+            return gptm_fail(err, en, "%s", nt_last_error_message());
+    if (nt_process_rank() != 0)
+        return 0;
+    int32_t v[GPTM_CK_N];
+    gptm_ck_layout(g, v);
+    nt_device_set(0);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *t = nt_from_host(v, NT_I32, 1, (int64_t[]){GPTM_CK_N});
+    const char *name = "mesh.layout";
+    int rc = !t || nt_checkpoint_write(path, &(nt_checkpoint_spec){.tensors = &t,
+                                                                  .names = &name, .n = 1});
+    nt_scope_end(sc);
+    return rc ? gptm_fail(err, en, "%s", nt_last_error_message()) : 0;
+}
+
+/* Reads path's layout record into v.  0 or -1 with err set. */
+static inline int gptm_ck_read(const char *path, int32_t *v, char *err, size_t en)
+{
+    nt_device_set(0);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *t = nt_zeros(NT_I32, 1, (int64_t[]){GPTM_CK_N});
+    const char *name = "mesh.layout";
+    nt_load_report rep = {0};
+    int rc = !t || nt_checkpoint_read(path, &(nt_checkpoint_spec){.tensors = &t, .names = &name,
+                                                                 .n = 1}, false, &rep);
+    if (rc)
+        gptm_fail(err, en, "%s", nt_last_error_message());
+    else if (rep.loaded != 1)
+        rc = gptm_fail(err, en, "'%s' is not a mesh checkpoint (no tensor 'mesh.layout'): "
+                       "a checkpoint of char_gpt without --dp/--tp/--zero/--ep loads only "
+                       "there", path);
+    else if (nt_to_host(t, v, sizeof *v * GPTM_CK_N))
+        rc = gptm_fail(err, en, "%s", nt_last_error_message());
+    nt_load_report_clear(&rep);
+    nt_scope_end(sc);
+    return rc ? -1 : 0;
+}
+
+/* Under mpirun: every process's layout record v must be the same (each
+ * read the file itself); 0 or -1 with err naming both. */
+static inline int gptm_ck_agree(gpt_mesh *g, const char *path, const int32_t *v, char *err,
+                                size_t en)
+{
+    if (nt_process_count() == 1)
+        return 0;
+    int devs[GPTM_MAXD];
+    for (int i = 0; i < g->ndev; i++)
+        devs[i] = i;
+    nt_comm *w = nt_comm_create(devs, g->ndev);
+    if (!w)
+        return gptm_fail(err, en, "%s", nt_last_error_message());
+    int total = nt_comm_size(w), rc = 0;
+    int32_t *every = malloc(sizeof *every * GPTM_CK_N * (size_t)total);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *in[GPTM_MAXD], *out[GPTM_MAXD];
+    for (int i = 0; i < g->ndev && !rc; i++) {
+        nt_device_set(i);
+        rc = !(in[i] = nt_from_host(v, NT_I32, 1, (int64_t[]){GPTM_CK_N}));
+    }
+    if (rc || !every || nt_all_gather(w, in, out) ||
+        nt_to_host(out[0], every, sizeof *every * GPTM_CK_N * (size_t)total))
+        rc = gptm_fail(err, en, "comparing the layouts of the processes: %s",
+                       nt_last_error_message());
+    for (int r = 0; r < total && !rc; r++)
+        if (memcmp(every + (size_t)r * GPTM_CK_N, every, sizeof *every * GPTM_CK_N)) {
+            char a[64], b[64];
+            gptm_ck_name(every, a, sizeof a);
+            gptm_ck_name(every + (size_t)r * GPTM_CK_N, b, sizeof b);
+            rc = gptm_fail(err, en, "the processes read different checkpoints at '%s': global "
+                           "rank 0's was saved under (%s), global rank %d's under (%s)%s", path,
+                           a, r, b, strcmp(a, b) ? "" : " (another model)");
+        }
+    nt_scope_end(sc);
+    nt_comm_destroy(w);
+    free(every);
+    nt_device_set(0);
+    return rc ? -1 : 0;
+}
+
+/* Loads path into g (its parameters, AdamW moments, step counts and lrs):
+ * the same layout as saved, or any other with reshard.  Every process
+ * calls it.  0 or -1 with err set (a different model, a layout asked for
+ * without reshard, the runtime's errors), nothing loaded on a mismatch. */
+static inline int gptm_load(gpt_mesh *g, const char *path, bool reshard, char *err, size_t en)
+{
+    int32_t v[GPTM_CK_N], w[GPTM_CK_N];
+    char rerr[512] = "";
+    bool bad = gptm_ck_read(path, v, rerr, sizeof rerr) != 0;
+    if (bad) /* still compared: the others must not wait for this process */
+        for (int i = 0; i < GPTM_CK_N; i++)
+            v[i] = -1;
+    if (gptm_ck_agree(g, path, v, err, en))
+        return -1;
+    if (bad)
+        return gptm_fail(err, en, "%s", rerr);
+    gptm_ck_layout(g, w);
+    if (v[0] != GPTM_CK_VERSION)
+        return gptm_fail(err, en, "'%s': mesh checkpoint version %d; this build reads %d", path,
+                         v[0], GPTM_CK_VERSION);
+    static const char *const what[GPTM_CK_N] = {
+        "", "", "", "", "", "--blocks", "--shards", "--experts", "--topk",
+        "the padded vocabulary", "--layers", "--heads", "--width", "--context",
+        "the parameter count", "the load-balancing coefficient (x 1e6)"};
+    for (int i = 5; i < GPTM_CK_N; i++)
+        if (v[i] != w[i])
+            return gptm_fail(err, en, "'%s' holds another model: %s is %d there, %d here", path,
+                             what[i], v[i], w[i]);
+    bool same = v[1] == w[1] && v[2] == w[2] && v[3] == w[3] && v[4] == w[4];
+    char saved[64], here[64];
+    gptm_ck_name(v, saved, sizeof saved);
+    gptm_ck_name(w, here, sizeof here);
+    if (!same && !reshard)
+        return gptm_fail(err, en, "'%s' was saved under (%s); this run is (%s): pass --reshard "
+                         "(gptm_load's reshard) to cut the parameters and the optimizer state "
+                         "for this layout", path, saved, here);
+    int dims[1024];
+    for (int j = 0; j < g->n && j < 1024; j++)
+        dims[j] = gptm_split_dim(g, j);
+    for (int m = 0; m < g->nm; m++)
+        if (nt_ddp_load_split(g->ddp[m], path, m, g->nm, dims, g->opt[m], g->ndd[m], !same))
+            return gptm_fail(err, en, "loading '%s' (%s) into (%s): %s", path, saved, here,
+                             nt_last_error_message());
+    nt_device_set(0);
     return 0;
 }
 

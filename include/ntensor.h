@@ -2229,12 +2229,34 @@ NT_API int nt_ddp_save(nt_ddp *d, const char *path, nt_optim *const *opts, int n
  *  or its replicas at stage 0.  A checkpoint saved under another stage or
  *  rank count (a stage-0 save loads into any stage-0 nt_ddp) is NT_EINVAL
  *  naming both layouts unless reshard is true: then the parameters and the
- *  optimizer state (SGD, Adam, AdamW with one group; else NT_ENOTSUP) are
+ *  optimizer state (SGD, Adam, AdamW, any parameter groups; else NT_ENOTSUP) are
  *  put together from every saved rank's file and cut again.  No file:
  *  NT_EIO; another parameter count or size: NT_ESHAPE naming it; errors of
  *  nt_checkpoint_read otherwise. */
 NT_API int nt_ddp_load(nt_ddp *d, const char *path, nt_optim *const *opts, int nopts,
                        bool reshard);
+/** Tensor-parallel sharded checkpoint: d holds tensor rank `rank` of
+ *  `ranks`' parts of a model's parameters (e.g. one nt_ddp per member of a
+ *  mesh's "tensor" group); writes nt_ddp_save's files at
+ *  "<path>.tp<rank>of<ranks>".  Every member of every process calls it.
+ *  NT_EINVAL for a NULL path or rank outside 0..ranks-1; else as
+ *  nt_ddp_save. */
+NT_API int nt_ddp_save_split(nt_ddp *d, const char *path, int rank, int ranks,
+                             nt_optim *const *opts, int nopts);
+/** Loads what nt_ddp_save_split wrote at path (the newest tensor rank count
+ *  there) into d, tensor rank `rank` of `ranks`, whose parameter j is split
+ *  evenly along dims[j] over the tensor ranks (-1: replicated, the same on
+ *  every rank).  Saved over `ranks` tensor ranks: nt_ddp_load of rank's
+ *  files (reshard as there).  Saved over another count: NT_EINVAL naming
+ *  both counts unless reshard is true; then every saved tensor rank's
+ *  files are read (each put together over its ZeRO ranks), each split
+ *  parameter and its optimizer state (as nt_ddp_load's reshard: SGD, Adam,
+ *  AdamW, any parameter groups) joined along dims[j] and this rank's part
+ *  cut again; a replicated one is saved rank 0's.  No file: NT_EIO; dims
+ *  NULL or out of range, rank outside 0..ranks-1: NT_EINVAL; a split dim
+ *  the saved count does not divide: NT_ESHAPE. */
+NT_API int nt_ddp_load_split(nt_ddp *d, const char *path, int rank, int ranks, const int *dims,
+                             nt_optim *const *opts, int nopts, bool reshard);
 
 /* ------------------------------------------------------------------------ */
 /* Device mesh (docs/sharding.md)                                           */
