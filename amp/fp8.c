@@ -704,7 +704,16 @@ static int bwd_saved(fp8_slot *s, fp8_saved *e, nt_tensor *a, nt_tensor *b, nt_t
     int64_t N = b->shape[1];
     nt_tensor *da = mmp(qg[0], nt_transpose(e->qb, 0, 1), e->pda, (nt_dtype)a->dtype);
     nt_tensor *g2 = nt_reshape(qg[0], 2, (int64_t[]){nt_numel(g) / N, N});
-    nt_tensor *db = g2 ? mmp(nt_transpose(e->qa, 0, 1), g2, e->pdb, (nt_dtype)b->dtype) : NULL;
+    /* b = w^T (nt_linear): db made in w's layout, db^T = g^T . a (the same
+     * products summed in the same order over the rows, so the same bits),
+     * and viewed transposed back: its gradient reaches w with no transposing
+     * copy */
+    nt_tensor *wt = nt_transpose(b, 0, 1), *db = NULL;
+    bool tr = wt && !nt_is_contiguous(b) && nt_is_contiguous(wt);
+    if (g2 && tr)
+        db = nt_transpose(mmp(nt_transpose(g2, 0, 1), e->qa, e->pdb, (nt_dtype)b->dtype), 0, 1);
+    else if (g2)
+        db = mmp(nt_transpose(e->qa, 0, 1), g2, e->pdb, (nt_dtype)b->dtype);
     if (!da || !db)
         return nt_last_error();
     gin[0] = da->ndim == a->ndim ? da : nt_reshape(da, a->ndim, a->shape);
