@@ -478,7 +478,7 @@ static int quant_pass(nt_tensor *x, nt_tensor *scale, const nt_dtype dt[2], nt_t
 {
     /* in x's own shape, so that the pass can join the kernel that made x
      * (an elementwise program of that shape); the roundings are fresh
-     * tensors, viewed as [rows, last dim] */
+     * tensors, the second viewed as [rows, last dim] */
     int64_t last = x->shape[x->ndim - 1], sh2[2] = {nt_numel(x) / last, last};
     nt_tensor *t = scaled(x, scale);
     q[0] = clamp_cast(t, dt[0]);
