@@ -367,12 +367,6 @@ static const char *check_join(gstate *s, const nt__rec *r, bool ew, bool red, bo
     return shape_is(o, s->p.ndim, s->p.shape) ? NULL : "shape change";
 }
 
-/* Where view t's elements lie, as a residue class: every element sits at
- * t->offset + (an inner offset in [0, *len)) + (a multiple of the gcd of the
- * other dims' strides, returned).  The inner block is t's trailing dims that
- * are laid out contiguously (stride 1, then each the size times the stride
- * of the one after it); dims of size 1 count for nothing.  0: no such form
- * (a negative or zero stride). */
 static int64_t gcd64(int64_t a, int64_t b)
 {
     while (b) {
@@ -383,6 +377,12 @@ static int64_t gcd64(int64_t a, int64_t b)
     return a;
 }
 
+/* Where view t's elements lie, as a residue class: every element sits at
+ * t->offset + (an inner offset in [0, *len)) + (a multiple of the gcd of the
+ * other dims' strides, returned).  The inner block is t's trailing dims that
+ * are laid out contiguously (stride 1, then each the size times the stride
+ * of the one after it); dims of size 1 count for nothing.  INT64_MAX: the
+ * view is one block; 0: no such form (a negative or zero stride). */
 static int64_t view_pitch(const nt_tensor *t, int64_t *len)
 {
     int64_t inner = 1, g = 0;
