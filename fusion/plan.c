@@ -367,6 +367,78 @@ static const char *check_join(gstate *s, const nt__rec *r, bool ew, bool red, bo
     return shape_is(o, s->p.ndim, s->p.shape) ? NULL : "shape change";
 }
 
+static int64_t gcd64(int64_t a, int64_t b)
+{
+    while (b) {
+        int64_t r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+/* Where view t's elements lie, as a residue class: every element sits at
+ * t->offset + (an inner offset in [0, *len)) + (a multiple of the gcd of the
+ * other dims' strides, returned).  The inner block is t's trailing dims that
+ * are laid out contiguously (stride 1, then each the size times the stride
+ * of the one after it); dims of size 1 count for nothing.  INT64_MAX: the
+ * view is one block; 0: no such form (a negative or zero stride). */
+static int64_t view_pitch(const nt_tensor *t, int64_t *len)
+{
+    int64_t inner = 1, g = 0;
+    bool in_block = true;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        int64_t n = t->shape[i], st = t->stride[i];
+        if (n == 1)
+            continue;
+        if (st <= 0)
+            return 0;
+        if (in_block && st == inner) {
+            inner *= n;
+            continue;
+        }
+        in_block = false;
+        g = gcd64(g, st);
+    }
+    *len = inner;
+    return g ? g : INT64_MAX; /* one block: no outer dim */
+}
+
+/* Whether views a and b of one storage provably share no element: their
+ * element ranges do not meet, or, with P the gcd of both views' outer
+ * strides, each view's elements fall in a block of residues mod P that
+ * does not wrap, and the two blocks do not meet (the heads of q, k and v
+ * in one [B, T, 3C] buffer: rows of pitch 3C, blocks [0, C), [C, 2C),
+ * [2C, 3C)).  false when unsure. */
+static bool views_disjoint(const nt_tensor *a, const nt_tensor *b)
+{
+    if (a->st != b->st || a->dtype != b->dtype || a->expanded || b->expanded)
+        return false;
+    int64_t lo[2], hi[2];
+    const nt_tensor *t[2] = {a, b};
+    for (int j = 0; j < 2; j++) {
+        lo[j] = hi[j] = t[j]->offset;
+        for (int i = 0; i < t[j]->ndim; i++) {
+            if (t[j]->shape[i] == 0)
+                return true; /* no elements */
+            int64_t d = (t[j]->shape[i] - 1) * t[j]->stride[i];
+            if (d < 0)
+                lo[j] += d;
+            else
+                hi[j] += d;
+        }
+    }
+    if (hi[0] < lo[1] || hi[1] < lo[0])
+        return true;
+    int64_t la, lb, pa = view_pitch(a, &la), pb = view_pitch(b, &lb);
+    if (pa <= 0 || pb <= 0)
+        return false;
+    int64_t p = gcd64(pa, pb), ra = a->offset % p, rb = b->offset % p;
+    if (ra + la > p || rb + lb > p)
+        return false;
+    return ra + la <= rb || rb + lb <= ra;
+}
+
 /* What r's operands (op->a, already found) allow: in a ROW group an op
  * with a per-row result (*out_red) may only use per-row operands, a full
  * row needs SBUF room; an in-place write must be element-aligned with
@@ -395,7 +467,8 @@ static const char *check_operands(const gstate *s, const nt__rec *r, const nt__f
             if (s->g.ext[k]->st == o->st && !nt__same_view(s->g.ext[k], o))
                 return "in-place write to another view of a kernel input";
         for (int v = 0; v < s->p.nvals; v++)
-            if (s->val_t[v] && s->val_t[v]->st == o->st && !nt__same_view(s->val_t[v], o))
+            if (s->val_t[v] && s->val_t[v]->st == o->st && !nt__same_view(s->val_t[v], o) &&
+                !(s->val_inplace[v] && views_disjoint(s->val_t[v], o)))
                 return "in-place write to another view of a kernel value";
     }
     return NULL;
