@@ -332,9 +332,11 @@ static int on_dispatch(nt__call *c)
     int op = c->op;
     if (op < NT_OP_COUNT && !(nt__ops[op].flags & NT_OPF_DIFF))
         return 0; /* comparisons, argmax: no gradient flows */
+    /* an integer result has no gradient, so no node: unless the table says
+     * the op's integer outputs are indices beside float results */
+    bool idx = op < NT_OP_COUNT && (nt__ops[op].flags & NT_OPF_IDXOUT);
     for (int i = 0; i < c->nout; i++)
-        if (c->out[i] && !nt__dtype_is_float((nt_dtype)c->out[i]->dtype) &&
-            !(op == NT_OP_MAX_POOL2D && i == 1)) /* its positions: no gradient */
+        if (!idx && c->out[i] && !nt__dtype_is_float((nt_dtype)c->out[i]->dtype))
             return 0;
     return record(c, c->in, c->nin);
 }

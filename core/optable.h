@@ -27,7 +27,10 @@
  *             value under a new handle: nt_contiguous of a contiguous
  *             tensor, nt_cast to its own dtype, nt_detach; in-place writes
  *             to it are followed), CAT and FLIP (new tensors) have no VIEW
- *             flag
+ *             flag; IDXOUT (a differentiable op whose integer outputs are
+ *             indices, as max_pool2d_fwd's positions: autograd records the
+ *             node for its float outputs and gives the indices no gradient,
+ *             autograd/tape.c)
  *   ints      integer inputs: INT (the op has nt__ewi_<name> and keeps the
  *             integer dtype), F32INT (integer inputs give an f32 result),
  *             INTONLY (integers only, nt__ewi_<name>; a float input is an
@@ -82,6 +85,7 @@ enum {
     NT_OPF_REDUCTION = 1u << 6, /* set by NT_OPF_RED */
     NT_OPF_RED_ORD = 1u << 7,
     NT_OPF_VIEW = 1u << 24, /* bits 8-23: NT_OPF_PRIM and NT_OPF_RED */
+    NT_OPF_IDXOUT = 1u << 25,
 };
 
 /* NT_OPF_PRIM(p): the primitive operation an op is (the flags column) */
@@ -411,7 +415,7 @@ typedef enum nt__opkind {
     X(GMM, grouped_mm, 3, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, grouped_mm, I012, NT__SIM_NONE) \
     X(GMM_WGRAD, grouped_mm_wgrad, 3, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, grouped_mm_wgrad, I012, NT__SIM_NONE) \
     X(A2A_INDEX, all_to_all_index, 1, NT_KIND_BWD, 0, INT, KEEP, nograd, 0, NT__SIM_NONE) \
-    X(MAX_POOL2D, max_pool2d_fwd, 1, NT_KIND_BWD, NT_OPF_DIFF, FLOAT, KEEP, max_pool2d, O1, NT__SIM_NONE) \
+    X(MAX_POOL2D, max_pool2d_fwd, 1, NT_KIND_BWD, NT_OPF_DIFF | NT_OPF_IDXOUT, FLOAT, KEEP, max_pool2d, O1, NT__SIM_NONE) \
     X(MAX_POOL2D_BWD, max_pool2d_bwd, 2, NT_KIND_BWD, 0, FLOAT, KEEP, nograd, 0, NT__SIM_NONE)
 
 #define NT_OP_TABLE(X)                                                      \

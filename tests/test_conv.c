@@ -70,6 +70,12 @@ static const ccase cases[] = {
      * whose weight gradient loads its own plane tile */
     {2, 64, 10, 10, 16, 3, 3, {1, 1}, {0, 0}, {1, 1}, {0, 0}, 1, true, false},
     {1, 32, 10, 17, 8, 3, 2, {1, 1}, {0, 0}, {1, 1}, {0, 0}, 1, false, false},
+    /* the CPU's channel-last weight gradient (16 channels a group, 8 output
+     * channels): groups and a stride, a last block of one vector of rows
+     * (2x2: 4 vectors), of two (1x1 over 32 channels) */
+    {2, 32, 12, 14, 16, 3, 3, {2, 1}, {1, 1}, {1, 1}, {0, 0}, 2, true, false},
+    {2, 16, 9, 10, 8, 2, 2, {1, 1}, {0, 0}, {1, 1}, {0, 0}, 1, false, false},
+    {2, 32, 9, 9, 24, 1, 1, {1, 1}, {0, 0}, {1, 1}, {0, 0}, 1, false, false},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };
 
