@@ -565,6 +565,8 @@ static int child_gather_oom(void)
         !strstr(msg, "bytes on each of") || !strstr(msg, "nothing was gathered")) {
         fprintf(stderr, "child: gather gave %d '%s'\n", g, msg);
         rc = 5;
+    } else {
+        fprintf(stderr, "# %s\n", msg);
     }
     for (int i = 0; i < ndev && !rc; i++)
         for (int j = 0; j < NP; j++)
