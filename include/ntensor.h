@@ -1192,7 +1192,9 @@ NT_API int nt_retain_grad(nt_tensor *t);
 typedef nt_tensor *(*nt_grad_hook)(nt_tensor *g, void *ctx);
 /** torch.Tensor.register_hook: fn(g, ctx) runs during every later
  *  nt_backward that reaches t, when the pass gets to t (after every use of t
- *  has sent its gradient; for a leaf, before the gradient goes into .grad);
+ *  has sent its gradient; for a leaf, before the gradient goes into .grad,
+ *  and a leaf with a hook is reached as soon as its last use has sent its
+ *  gradient, not at the end of the pass with the other leaves);
  *  t's hooks run in the order they were registered, each on the previous
  *  one's result, then nt_retain_grad's copy is taken.  A hook runs inside
  *  the pass, with grad off (on in a create_graph pass, nt_backward_full), on
