@@ -768,6 +768,11 @@ static void test_zero_errors(void **state)
     nt_test_expect_err(nt_ddp_set_overlap(d, true), NT_ESTATE, "nt_ddp_set_overlap",
                        "stage 0", "stages 2 and 3");
     nt_test_expect_err(nt_ddp_set_overlap(NULL, true), NT_EINVAL, "nt_ddp_set_overlap", "'d'");
+    /* the per-device peak: at least what is live now; a bad device */
+    assert_true(nt_device_bytes_live_peak(0) >= nt_device_bytes_live(0));
+    assert_true(nt_device_bytes_live(0) > 0);
+    nt_test_expect_err((int)nt_device_bytes_live_peak(8), NT_EINVAL, "nt_device_bytes_live_peak",
+                       "'dev' is 8", "0..7");
     nt_ddp_destroy(d);
     /* the overlap at stage 1, and after a shard's backward of the step */
     d = nt_ddp_create(p, NP, SHARDS, devs, 2);
