@@ -464,9 +464,11 @@ static nt_tensor *quant(nt_tensor *x, nt_tensor *scale, nt_dtype dt)
     return clamp_cast(scaled(x, scale), dt);
 }
 
-/* One rounding pass over a 2-D x (delayed scaling): q[0] = x rounded to
- * dt[0] as quant() does, q[1] (when dt[1] is an fp8 dtype) the same
- * product rounded to dt[1], and with am, *am = max |x| as f32 [1, 1] -- the
+/* One rounding pass over x (delayed scaling): q[0] = x rounded to dt[0] as
+ * quant() does, in x's own shape (so that a product of it keeps the
+ * caller's shape and its consumers join the matmul's epilogue), q[1] (when
+ * dt[1] is an fp8 dtype) the same product rounded to dt[1], viewed as
+ * [rows, last dim], and with am, *am = max |x| as f32 [1, 1] -- the
  * value amax1 gives (the maximum of exact magnitudes; NaN if any element
  * is NaN).  Queued so that the fused evaluators read x once: the product,
  * the roundings, |x| and its maximum along rows make one kernel (a row
@@ -476,10 +478,10 @@ static int quant_pass(nt_tensor *x, nt_tensor *scale, const nt_dtype dt[2], nt_t
 {
     /* in x's own shape, so that the pass can join the kernel that made x
      * (an elementwise program of that shape); the roundings are fresh
-     * tensors, viewed as [rows, last dim] */
+     * tensors, the second viewed as [rows, last dim] */
     int64_t last = x->shape[x->ndim - 1], sh2[2] = {nt_numel(x) / last, last};
     nt_tensor *t = scaled(x, scale);
-    q[0] = nt_reshape(clamp_cast(t, dt[0]), 2, sh2);
+    q[0] = clamp_cast(t, dt[0]);
     q[1] = t && nt__dtype_is_fp8(dt[1]) ? nt_reshape(clamp_cast(t, dt[1]), 2, sh2) : NULL;
     if (am) {
         nt_tensor *rows = nt_max(nt_abs(x), x->ndim - 1, true);
@@ -645,9 +647,11 @@ static nt_tensor *fwd_delayed(fp8_slot *s, nt_tensor *a, nt_tensor *b)
     nt_tensor *p = slot_prod(s, 0);
     nt_tensor *y = p ? mmp(qa[0], qb[0], p, NT_BF16) : NULL;
     if (y && tls_save) {
-        fp8_saved e = {y->st, 0, two ? qa[1] : qa[0], two ? qb[1] : qb[0], slot_prod(s, 1),
-                       slot_prod(s, 2)};
-        if (!e.pda || !e.pdb)
+        int64_t K = b->shape[0];
+        fp8_saved e = {y->st, 0,
+                       two ? qa[1] : nt_reshape(qa[0], 2, (int64_t[]){nt_numel(a) / K, K}),
+                       two ? qb[1] : qb[0], slot_prod(s, 1), slot_prod(s, 2)};
+        if (!e.qa || !e.pda || !e.pdb)
             return NULL;
         nt_retain(e.qa);
         nt_retain(e.qb);
@@ -672,7 +676,7 @@ static nt_tensor *slot_forward(nt_tensor *const *in, void *ctx)
     else if (a2 && !slot_scale(s, 0, a2, tls_record, &sa, &ia) &&
              !slot_scale(s, 1, b, tls_record, &sb, &ib))
         y = mm(quant(a2, sa, FP8_FWD_DT), quant(b, sb, FP8_FWD_DT), ia, ib, NT_BF16);
-    if (y) {
+    if (y && y->ndim != a->ndim) { /* (delayed scaling: y has a's shape already) */
         int64_t shape[NT_MAX_DIMS];
         for (int i = 0; i < a->ndim - 1; i++)
             shape[i] = a->shape[i];
@@ -696,11 +700,23 @@ static int bwd_saved(fp8_slot *s, fp8_saved *e, nt_tensor *a, nt_tensor *b, nt_t
     nt_tensor *qg[2], *am, *sg = nt_narrow(s->d->scale, 0, 3 * s->k + 2, 1);
     if (!sg || quant_pass(g, sg, dts, qg, &am) || pend_max(s, 3 * s->k + 2, am))
         return nt_last_error() ? nt_last_error() : NT_EEXEC;
+    /* da in g's shape (a's leading dims), db from g viewed as [rows, N] */
+    int64_t N = b->shape[1];
     nt_tensor *da = mmp(qg[0], nt_transpose(e->qb, 0, 1), e->pda, (nt_dtype)a->dtype);
-    nt_tensor *db = mmp(nt_transpose(e->qa, 0, 1), qg[0], e->pdb, (nt_dtype)b->dtype);
+    nt_tensor *g2 = nt_reshape(qg[0], 2, (int64_t[]){nt_numel(g) / N, N});
+    /* b = w^T (nt_linear): db made in w's layout, db^T = g^T . a (the same
+     * products summed in the same order over the rows, so the same bits),
+     * and viewed transposed back: its gradient reaches w with no transposing
+     * copy */
+    nt_tensor *wt = nt_transpose(b, 0, 1), *db = NULL;
+    bool tr = wt && !nt_is_contiguous(b) && nt_is_contiguous(wt);
+    if (g2 && tr)
+        db = nt_transpose(mmp(nt_transpose(g2, 0, 1), e->qa, e->pdb, (nt_dtype)b->dtype), 0, 1);
+    else if (g2)
+        db = mmp(nt_transpose(e->qa, 0, 1), g2, e->pdb, (nt_dtype)b->dtype);
     if (!da || !db)
         return nt_last_error();
-    gin[0] = nt_reshape(da, a->ndim, a->shape);
+    gin[0] = da->ndim == a->ndim ? da : nt_reshape(da, a->ndim, a->shape);
     gin[1] = db;
     return gin[0] ? 0 : nt_last_error();
 }

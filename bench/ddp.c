@@ -19,12 +19,17 @@
  *    parameters must be the same in every run.
  * 4. Host wall time: bench/batch_split (next to this executable) run whole,
  *    B independent pieces on 2 simulated cores over 1 (target <= 0.6x).
+ * 5. Captured (--capture runs this alone): the scaling's step op by op and
+ *    captured with nt_graph_capture_begin_multi (docs/graphs.md, "Several
+ *    devices") in the same child, on 1, 2, 4 and 8 cores: simulated ms and
+ *    host ms a step, captured over op by op, and whether the parameters
+ *    after the same steps are the same bits (they must be).
  *
  * nt_init reads NT_SIM_CORES, so every configuration runs in a child
  * process of this program (it re-executes itself with --child-*).
  *
  * Usage: ddp [--batch N] [--steps N] [--warmup N] [--max-cores N] [--bits-steps N]
- *            [--no-mpi] */
+ *            [--no-mpi] [--capture] */
 #include <ntensor.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -194,6 +199,86 @@ static int child_scale(int batch, int steps, int warmup)
     return 0;
 }
 
+static uint32_t params_crc(trainer *t)
+{
+    uint32_t crc = 0xFFFFFFFFu;
+    for (int j = 0; j < NPARAMS; j++) {
+        size_t nb = (size_t)nt_numel(t->p[j]) * 4;
+        uint8_t *b = malloc(nb);
+        if (!b)
+            bench_fail("malloc");
+        bench_check(nt_to_host(nt_ddp_params(t->d, 0)[j], b, nb), "nt_to_host");
+        for (size_t i = 0; i < nb; i++) { /* CRC-32 (IEEE) */
+            crc ^= b[i];
+            for (int k = 0; k < 8; k++)
+                crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+        }
+        free(b);
+    }
+    return crc ^ 0xFFFFFFFFu;
+}
+
+/* The scaling's step op by op, then on a second trainer captured (its
+ * first step) and replayed, the same batch every step. */
+static int child_capture(int batch, int steps)
+{
+    bench_check(nt_init(), "nt_init");
+    int ndev = nt_device_count();
+    trainer e, c;
+    trainer_init(&e, ndev, batch * ndev);
+    trainer_init(&c, ndev, batch * ndev);
+    trainer_step(&e, 1, true); /* AdamW's state made, as the capture makes it */
+    bench_check(nt_sync(), "nt_sync");
+    double c0 = max_clock(ndev), w0 = bench_now_ns();
+    for (int i = 0; i < steps; i++)
+        trainer_step(&e, 1, false);
+    bench_check(nt_sync(), "nt_sync");
+    double c1 = max_clock(ndev), w1 = bench_now_ns();
+    fill(c.xb, c.yb, c.batch, 1);
+    const int64_t xs[2] = {c.batch, IN}, ys[1] = {c.batch};
+    nt_tensor *x[MAXDEV], *y[MAXDEV];
+    for (int s = 0; s < c.shards; s++) {
+        x[s] = nt_ddp_shard_from_host(c.d, s, c.xb, NT_F32, 2, xs);
+        y[s] = nt_ddp_shard_from_host(c.d, s, c.yb, NT_I32, 1, ys);
+    }
+    bench_check(nt_sync(), "nt_sync");
+    bench_check(nt_graph_capture_begin_multi(), "nt_graph_capture_begin_multi");
+    for (int s = 0; s < c.shards; s++) {
+        int dev = nt_ddp_shard_device(c.d, s);
+        bench_check(nt_device_set(dev), "nt_device_set");
+        nt_scope *sc = nt_scope_begin();
+        bench_check(nt_ddp_backward(c.d, s, forward_loss(nt_ddp_params(c.d, dev), x[s], y[s])),
+                    "nt_ddp_backward");
+        nt_scope_end(sc);
+    }
+    bench_check(nt_ddp_reduce(c.d), "nt_ddp_reduce");
+    bench_check(nt_ddp_step(c.d, c.opts, c.ndev), "nt_ddp_step");
+    bench_check(nt_device_set(0), "nt_device_set");
+    nt_graph *g = nt_graph_capture_end();
+    if (!g)
+        bench_fail("nt_graph_capture_end");
+    bench_check(nt_sync(), "nt_sync");
+    double c2 = max_clock(ndev), w2 = bench_now_ns();
+    for (int i = 0; i < steps; i++)
+        bench_check(nt_graph_replay(g), "nt_graph_replay");
+    bench_check(nt_sync(), "nt_sync");
+    double c3 = max_clock(ndev), w3 = bench_now_ns();
+    uint32_t ce = params_crc(&e), cc = params_crc(&c);
+    printf("capture cores %d eager_ns %.1f captured_ns %.1f eager_wall_ms %.1f "
+           "captured_wall_ms %.1f same %d\n",
+           ndev, (c1 - c0) / steps, (c3 - c2) / steps, (w1 - w0) * 1e-6 / steps,
+           (w3 - w2) * 1e-6 / steps, ce == cc);
+    nt_graph_destroy(g);
+    for (int s = 0; s < c.shards; s++) {
+        nt_release(x[s]);
+        nt_release(y[s]);
+    }
+    trainer_free(&e);
+    trainer_free(&c);
+    nt_shutdown();
+    return 0;
+}
+
 /* One all-reduce of `floats` f32 per core, timed on the cores' clocks. */
 static int child_allreduce(void)
 {
@@ -341,6 +426,8 @@ int main(int argc, char **argv)
         return child_allreduce();
     if (has_flag(argc, argv, "--child-bits"))
         return child_bits(bits_steps);
+    if (has_flag(argc, argv, "--child-capture"))
+        return child_capture(batch, steps);
     if (batch < 1 || steps < 1 || warmup < 0 || max_cores < 1 || max_cores > 32 ||
         bits_steps < 1) {
         fprintf(stderr, "usage: ddp [--batch N] [--steps N] [--warmup N] [--max-cores 1..32] "
@@ -362,6 +449,35 @@ int main(int argc, char **argv)
     const char *topo = "NT_SIM_TOPOLOGY=trn1.32xlarge";
     char line[512];
     int fails = 0;
+
+    if (has_flag(argc, argv, "--capture")) {
+        /* 5. captured against op by op, in the same child */
+        printf("%s: the scaling's step (784-%d-%d-10 MLP, AdamW, %d samples per core) op by "
+               "op and captured (nt_graph_capture_begin_multi), trn1.32xlarge, mean of %d "
+               "steps\n", BENCH_NAME, HID, HID, batch, steps);
+        printf("  cores  sim ms op by op  captured  ratio   host ms op by op  captured  ratio  "
+               "same bits\n");
+        for (int c = 1; c <= max_cores && c <= 8; c *= 2) {
+            snprintf(cores_env, sizeof cores_env, "NT_SIM_CORES=%d", c);
+            const char *env[] = {cores_env, topo, NULL};
+            char *av[] = {self, "--child-capture", "--batch", sbatch, "--steps", ssteps, NULL};
+            int nc, same;
+            double en, cn, ew, cw;
+            if (!run(av, env, "capture", line, sizeof line) ||
+                sscanf(line, "capture cores %d eager_ns %lf captured_ns %lf eager_wall_ms %lf "
+                             "captured_wall_ms %lf same %d",
+                       &nc, &en, &cn, &ew, &cw, &same) != 6) {
+                printf("  %5d  failed: %s\n", c, line);
+                fails++;
+                continue;
+            }
+            printf("  %5d  %15.3f  %8.3f  %5.2fx  %16.1f  %8.1f  %5.2fx  %s\n", c, en * 1e-6,
+                   cn * 1e-6, cn / en, ew, cw, cw / ew, same ? "yes" : "NO");
+            fails += !same;
+            fflush(stdout);
+        }
+        return fails ? 1 : 0;
+    }
 
     /* 1. scaling */
     printf("%s: weak scaling of the 784-%d-%d-10 MLP, AdamW, %d samples per core per step, "

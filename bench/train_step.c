@@ -30,7 +30,12 @@
  * nt_graph_cache (docs/graphs.md) and replayed, in adaptive mode
  * ("captured_lazy": the same in lazy mode).  On the sim backend each mode
  * also prints its HBM bytes a step, its DMA-limited floor and the step over
- * that floor.
+ * that floor.  On the CPU backend each MLP mode's line gives the step
+ * against its FLOP floor instead: the step's matmul FLOPs at the FMA peak
+ * measured right then (bench/fma_peak.h): the step's CPU time against one
+ * thread's peak (target <= 1.3x; both timed by CPU time, which a
+ * neighbour's load moves least), and the wall time against every
+ * processor's peak.
  *
  * Usage: train_step [--steps N] [--warmup N]
  *                   [--modes deterministic,eager,adaptive,lazy,captured,captured_lazy]
@@ -44,12 +49,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define BENCH_NAME "bench/train_step"
 #ifndef MLP_PEER_SCRIPT /* set by bench/meson.build: the checkout's copy */
 #define MLP_PEER_SCRIPT "bench/peer/mlp_train_step.py"
 #endif
 #include "bench.h"
+#include "fma_peak.h"
 #include "models.h"
 
 #define BATCH 128
@@ -74,7 +81,16 @@ typedef struct {
     double sim_ns;          /* ... and over all measured steps, exactly */
     double tensor_busy, dma_busy; /* simulated TensorE / DMA busy, fraction of sim time */
     double hbm_bytes;       /* HBM bytes read + written per step */
+    double cpu_ms;          /* the process's CPU time per step (all threads), mean */
 } result;
+
+/* The process's CPU time so far, ms (every thread's). */
+static double bench_cpu_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
 
 /* "captured": the step (forward, backward, AdamW, zero_grad) recorded once
  * by nt_graph_cache and replayed, in adaptive mode; the loss is read after
@@ -147,11 +163,13 @@ static result run_amp(const char *mode, bool tf, int warmup, int steps, nt_dtype
     double *t = malloc(sizeof(double) * (size_t)steps);
     nt_stats st0, st1;
     nt_sim_stats sim0, sim1;
+    double cpu0 = 0;
     for (int s = 0; s < warmup + steps; s++) {
         if (s == warmup) {
             nt_sync();
             nt_stats_get(&st0);
             nt_sim_stats_get(&sim0);
+            cpu0 = bench_cpu_ms();
         }
         double t0 = bench_now_ns() * 1e-6;
         nt_scope *sc = nt_scope_begin();
@@ -175,6 +193,7 @@ static result run_amp(const char *mode, bool tf, int warmup, int steps, nt_dtype
             t[s - warmup] = bench_now_ns() * 1e-6 - t0;
     }
     nt_sync();
+    double cpu_ms = (bench_cpu_ms() - cpu0) / steps;
     nt_stats_get(&st1);
     nt_sim_stats_get(&sim1);
     qsort(t, (size_t)steps, sizeof t[0], bench_cmp);
@@ -190,6 +209,7 @@ static result run_amp(const char *mode, bool tf, int warmup, int steps, nt_dtype
         r.tensor_busy = (sim1.busy_ns[NT_ENGINE_TENSOR] - sim0.busy_ns[NT_ENGINE_TENSOR]) / r.sim_ns;
         r.dma_busy = (sim1.busy_ns[NT_ENGINE_DMA] - sim0.busy_ns[NT_ENGINE_DMA]) / r.sim_ns;
     }
+    r.cpu_ms = cpu_ms;
     free(t);
     nt_graph_cache_destroy(cache);
     nt_optim_destroy(opt);
@@ -217,6 +237,46 @@ static double dma_floor_ms(double bytes)
     if (c.hbm_bytes_per_ns > 0 && c.hbm_bytes_per_ns < rate)
         rate = c.hbm_bytes_per_ns;
     return rate > 0 ? bytes / rate * 1e-6 : 0;
+}
+
+/* The MLP step's matmul FLOPs: the forward's three products, the three
+ * weight gradients and the input gradients of layers 2 and 3 (the data
+ * needs none), 2 FLOPs a multiply-add.  The elementwise work (ReLU, loss,
+ * AdamW's 17 ops a parameter: about 2.5% as many operations) is left out,
+ * so the floor is below what any schedule reaches. */
+static double mlp_flops(void)
+{
+    double l1 = (double)IN * HID, l2 = (double)HID * HID, l3 = (double)HID * OUT;
+    return 2.0 * BATCH * (2 * (l1 + l2 + l3) + l2 + l3);
+}
+
+#define FLOP_TARGET 1.3 /* host step over its FLOP floor, CPU backend */
+
+/* On the CPU backend, the MLP step against its FLOP floor: its matmul FLOPs
+ * at the FMA peak measured now.  The verdict is the step's CPU time (every
+ * thread's) against one thread's peak timed by its own CPU time: neither
+ * side counts time the scheduler gave other processes, so a busy machine
+ * moves it little.  The wall time against every processor's peak timed by
+ * the wall clock follows, for a quiet machine. */
+static void print_flop_floor(const result *r)
+{
+    const char *isa;
+    int lanes = peak_lanes(&isa);
+    long nproc = sysconf(_SC_NPROCESSORS_ONLN);
+    int nth = nproc < 1 ? 1 : nproc > 8 ? 8 : (int)nproc;
+    if (!lanes) {
+        printf("  %-13s host: no FMA peak measured on this CPU\n", "");
+        return;
+    }
+    double one = peak_gflops_cpu(lanes, 3), all = peak_gflops(nth, lanes, 3);
+    double fl = mlp_flops(), cpu_floor = fl / (one * 1e9) * 1e3, wall_floor = fl / (all * 1e9) * 1e3;
+    double ratio = r->cpu_ms / cpu_floor;
+    printf("  %-13s host: %.3f GFLOP/step of matmul; FMA peak (%s, now) %.1f GFLOPS a thread: "
+           "CPU time %.2f ms/step over the FLOP floor %.2f ms: %.2fx (target <= %.1fx: %s); "
+           "wall %.2f ms over %.2f ms at %.1f GFLOPS on %d threads: %.2fx\n",
+           "", fl * 1e-9, isa, one, r->cpu_ms, cpu_floor, ratio, FLOP_TARGET,
+           ratio <= FLOP_TARGET ? "met" : "NOT met", r->ms, wall_floor, all, nth,
+           r->ms / wall_floor);
 }
 
 /* The peer's medians, ms/step: [precision: 0 f32, 1 bf16][threads - 1]. */
@@ -442,9 +502,14 @@ static double run_model(bool tf, const char *modes_arg, int warmup, int steps,
                    "", r.hbm_bytes / 1e6, dma_floor_ms(r.hbm_bytes),
                    dma_floor_ms(r.hbm_bytes) > 0 ? r.sim_ms / dma_floor_ms(r.hbm_bytes) : 0,
                    100 * r.tensor_busy, 100 * r.dma_busy);
-        printf("\n  %-13s peak device memory %8.2f MiB reserved, %8.2f MiB live, %8.2f MiB "
+        if (r.sim_ms == 0 && !tf) {
+            printf("\n");
+            print_flop_floor(&r);
+        }
+        printf("%s  %-13s peak device memory %8.2f MiB reserved, %8.2f MiB live, %8.2f MiB "
                "backed\n",
-               "", r.peak / 1048576.0, r.live_peak / 1048576.0, r.backed_peak / 1048576.0);
+               r.sim_ms == 0 && !tf ? "" : "\n", "", r.peak / 1048576.0,
+               r.live_peak / 1048576.0, r.backed_peak / 1048576.0);
         fflush(stdout);
         if (!strcmp(m, "deterministic"))
             det = (double)r.peak;

@@ -684,7 +684,8 @@ struct nt_generator {
     uint64_t seed;
     volatile AO_t offset;
     volatile AO_t refs;    /* the user's, plus captured programs' (their patches read it) */
-    const void *cap;       /* the capture that last advanced it (nt__tl_capture) */
+    uint64_t cap;          /* the capture that last advanced it (nt__capture_serial: one
+                              for all segments of a capture of several streams) */
     uint64_t cap_adv;      /* how far that capture advanced it */
     volatile AO_t busy;    /* a call is moving it: a second thread's call is refused */
     bool is_default;       /* a thread's default generator (nt_default_generator) */
@@ -694,7 +695,7 @@ struct nt_generator {
 /* How far capture `cap` has advanced g so far (0 if it has not). */
 static uint64_t gen_cap_adv(const nt_generator *g)
 {
-    return nt__capturing() && g->cap == nt__tl_capture ? g->cap_adv : 0;
+    return nt__capturing() && g->cap == nt__capture_serial() ? g->cap_adv : 0;
 }
 
 static void gen_free_ref(nt_generator *g)
@@ -785,8 +786,8 @@ static void gen_move(nt_generator *g, uint64_t n)
 {
     AO_fetch_and_add(&g->offset, (AO_t)n);
     if (nt__capturing()) {
-        if (g->cap != nt__tl_capture) {
-            g->cap = nt__tl_capture;
+        if (g->cap != nt__capture_serial()) {
+            g->cap = nt__capture_serial();
             g->cap_adv = 0;
         }
         g->cap_adv += n;
@@ -841,7 +842,8 @@ NT_API nt_tensor *nt_dropout_gen_at(const nt_site *site, nt_tensor *x, double p,
          * seed) is patched with it (fusion/graph.c) */
         nt__capture_patch_next(gen_patch, g, (int)(index + gen_cap_adv(g)), NT__PATCH_SEED,
                                NT_OP_DROPOUT);
-        nt__capture_on_replay(gen_advance_hook, g, g->cap == nt__tl_capture ? (int64_t)g->cap_adv : 0,
+        nt__capture_on_replay(gen_advance_hook, g,
+                              g->cap == nt__capture_serial() ? (int64_t)g->cap_adv : 0,
                               gen_retain, gen_release);
     }
     return nt__dropout(site, fn, x, p, gen_draw(g, index));
@@ -911,7 +913,7 @@ NT_API nt_generator *nt_default_generator(void)
     if (g->epoch != ep) {
         g->seed = NT__CFG(seed);
         AO_store(&g->offset, 0);
-        g->cap = NULL;
+        g->cap = 0;
         g->epoch = ep;
     }
     return g;

@@ -33,6 +33,7 @@
 #include <math.h>
 
 #include "dispatcher/dispatch.h"
+#include "fusion/graph.h"
 #include "sim/sim.h"
 #include "sim/trace.h"
 #include "streams/stream.h"
@@ -70,6 +71,8 @@ struct coll {
     const char *fn;      /* "nt_all_reduce" */
     nt_site site;
     bool inline_run;     /* deterministic mode: records run at the call */
+    bool fixed_out;      /* a captured collective's replay: out[] are the captured
+                            outputs, known to other threads */
     uint64_t tag;        /* its number among the comm's collectives */
     int n;
     nt_tensor **in, **out;
@@ -921,7 +924,10 @@ static void coll_start(coll *c, const nt_site *site, const char *fn, nt__coll_ki
         c->in[i] = in[i];
         if (in[i])
             nt__tensor_iref(in[i]);
-        c->out[i]->irefs++; /* the collective's, until its last member is done */
+        if (c->fixed_out)
+            nt__tensor_iref(c->out[i]);
+        else
+            c->out[i]->irefs++; /* the collective's, until its last member is done */
         c->mem[i] = (member){c, i};
     }
 }
@@ -943,15 +949,18 @@ static uint64_t enqueue_member(coll *c, int i, nt__rec *r)
         r->in[0] = c->in[i];
         r->nin = 1;
     }
-    c->out[i]->irefs++; /* the record's; a fresh handle no other thread knows */
+    if (c->fixed_out)
+        nt__tensor_iref(c->out[i]);
+    else
+        c->out[i]->irefs++; /* the record's; a fresh handle no other thread knows */
     r->out[0] = c->out[i];
     r->nout = 1;
     return nt__rec_enqueue(r, &c->stream[i], c->inline_run);
 }
 
 /* Checks and issues one collective; every out[i] is NULL on failure. */
-static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor *const *in,
-                 nt_tensor **out, int op, int root)
+static int issue_now(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor *const *in,
+                     nt_tensor **out, int op, int root)
 {
     const char *fn = kind_api(kind);
     if (!nt__ensure_init())
@@ -1000,6 +1009,186 @@ static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor
         return nt_last_error();
     }
     return 0;
+}
+
+/* ---------------- captured collectives (fusion/graph.h) ----------------
+ *
+ * Inside a capture of several streams a collective is recorded as what a
+ * replay issues again: the same kind, op and root on the same communicator,
+ * reading the captured inputs (which the segments before it rewrite) and
+ * writing the captured outputs in place (which the segments after it read),
+ * its members on the streams they ran on. */
+
+typedef struct ccap {
+    nt_comm *comm;       /* referenced */
+    nt__coll_kind kind;
+    int op, root, n;
+    nt_site site;
+    nt_tensor **in, **out; /* internal references */
+    nt_stream **stream;
+} ccap;
+
+typedef struct cprep {
+    coll *c;
+    nt__rec **recs;
+} cprep;
+
+static void ccap_release(void *rec)
+{
+    ccap *k = rec;
+    for (int i = 0; i < k->n; i++) {
+        if (k->in[i])
+            nt__tensor_iunref(k->in[i]);
+        nt__tensor_iunref(k->out[i]);
+    }
+    comm_unref(k->comm);
+    free(k->in);
+    free(k);
+}
+
+static void ccap_discard(void *prep)
+{
+    cprep *p = prep;
+    for (int i = 0; i < p->c->n; i++)
+        if (p->recs[i])
+            nt__rec_unalloc(p->recs[i]);
+    free(p->c->in);
+    free(p->c);
+    free(p->recs);
+    free(p);
+}
+
+static void *ccap_prepare(void *rec, const nt_site *site)
+{
+    ccap *k = rec;
+    const char *fn = kind_api(k->kind);
+    int n = k->n;
+    cprep *p = calloc(1, sizeof *p);
+    coll *c = calloc(1, sizeof *c);
+    void *block = calloc((size_t)n, sizeof(nt_tensor *) * 2 + sizeof(nt_stream *) +
+                                        sizeof(double) + sizeof(member) + 1);
+    nt__rec **recs = calloc((size_t)n, sizeof *recs);
+    if (!p || !c || !block || !recs) {
+        free(p);
+        free(c);
+        free(block);
+        free(recs);
+        nt__err_hostmem(site, fn, "a captured collective's replay");
+        return NULL;
+    }
+    c->in = block;
+    c->out = c->in + n;
+    c->stream = (nt_stream **)(c->out + n);
+    c->ready = (double *)(c->stream + n);
+    c->mem = (member *)(c->ready + n);
+    c->here = (uint8_t *)(c->mem + n);
+    c->n = n;
+    p->c = c;
+    p->recs = recs;
+    for (int i = 0; i < n; i++) {
+        c->stream[i] = k->stream[i];
+        c->out[i] = k->out[i];
+        if (!(recs[i] = nt__rec_alloc(k->stream[i]))) {
+            ccap_discard(p);
+            nt__err_hostmem(site, fn, "an op record");
+            return NULL;
+        }
+    }
+    return p;
+}
+
+static void ccap_issue(void *rec, void *prep)
+{
+    ccap *k = rec;
+    cprep *p = prep;
+    coll *c = p->c;
+    const char *fn = kind_api(k->kind);
+    c->fixed_out = true;
+    /* the call site is the captured call's: an error of the replay names it */
+    coll_start(c, &k->site, fn, k->kind, k->comm, k->in, k->op, k->root);
+    bool lazy = !c->inline_run && NT__CFG(mode) == NT_MODE_LAZY;
+    uint64_t seqs[64], *sq = k->n <= 64 ? seqs : malloc(sizeof *sq * (size_t)k->n);
+    for (int i = 0; i < k->n; i++) {
+        uint64_t q = enqueue_member(c, i, p->recs[i]);
+        if (sq)
+            sq[i] = q;
+    }
+    if (lazy) /* a held window must not keep a member from its collective */
+        for (int i = 0; i < k->n; i++)
+            nt__stream_request_flush(c->stream[i], sq ? sq[i] : UINT64_MAX);
+    if (sq != seqs)
+        free(sq);
+    coll_unref(c); /* this call's */
+    free(p->recs);
+    free(p);
+}
+
+static const nt__capture_coll_ops ccap_ops = {ccap_prepare, ccap_issue, ccap_discard,
+                                              ccap_release};
+
+/* The record of a collective just issued (its members' streams in
+ * streams[]), or NULL (host memory: the capture fails). */
+static ccap *ccap_new(const nt_site *site, nt__coll_kind kind, nt_comm *cm,
+                      nt_tensor *const *in, nt_tensor *const *out, int op, int root,
+                      nt_stream *const *streams)
+{
+    int n = cm->n;
+    ccap *k = calloc(1, sizeof *k);
+    void *block = calloc((size_t)n, sizeof(nt_tensor *) * 2 + sizeof(nt_stream *));
+    if (!k || !block) {
+        free(k);
+        free(block);
+        return NULL;
+    }
+    k->in = block;
+    k->out = k->in + n;
+    k->stream = (nt_stream **)(k->out + n);
+    k->comm = cm;
+    AO_fetch_and_add1(&cm->refs);
+    k->kind = kind;
+    k->op = op;
+    k->root = root;
+    k->n = n;
+    k->site = site ? *site : (nt_site){0};
+    for (int i = 0; i < n; i++) {
+        k->in[i] = in[i];
+        if (in[i])
+            nt__tensor_iref(in[i]);
+        k->out[i] = out[i];
+        nt__tensor_iref(out[i]);
+        k->stream[i] = streams[i];
+    }
+    return k;
+}
+
+/* issue_now, recorded when a capture of several streams is in progress
+ * (fusion/graph.h: nt__capture_coll_begin). */
+static int issue(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor *const *in,
+                 nt_tensor **out, int op, int root)
+{
+    bool grouped = false;
+    if (nt__capturing() && cm && cm->magic == COMM_MAGIC) {
+        int rc = nt__capture_coll_begin(site, kind_api(kind), cm->nproc, &grouped);
+        if (rc) {
+            for (int i = 0; out && i < cm->n; i++)
+                out[i] = NULL;
+            return rc;
+        }
+    }
+    if (!grouped)
+        return issue_now(site, kind, cm, in, out, op, root);
+    int rc = issue_now(site, kind, cm, in, out, op, root);
+    ccap *k = NULL;
+    if (!rc) {
+        nt_stream *st[MAX_CORES];
+        int n = cm->n < MAX_CORES ? cm->n : MAX_CORES;
+        for (int i = 0; i < n; i++)
+            st[i] = member_stream(cm->dev[i]);
+        k = cm->n <= MAX_CORES ? ccap_new(site, kind, cm, in, out, op, root, st) : NULL;
+    }
+    /* (issued but not recorded: n < 0 fails the capture) */
+    nt__capture_coll_end(k, &ccap_ops, in, out, k ? cm->n : rc ? 0 : -1);
+    return rc;
 }
 
 int nt_all_reduce_at(const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor **out,

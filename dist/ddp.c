@@ -32,6 +32,7 @@
 #include "dispatcher/dispatch.h"
 
 #include <glib.h>
+#include <glob.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <math.h>
@@ -2149,6 +2150,9 @@ out:
     return total;
 }
 
+/* The most tensor ranks nt_ddp_load_split reads. */
+#define SPLIT_MAX 64
+
 /* ---------------- sharded checkpoints ----------------
  *
  * Global rank r of R writes "<path>.zero<r>of<R>": its shards "p<j>" ([L],
@@ -2239,9 +2243,17 @@ NT_API int nt_ddp_save(nt_ddp *d, const char *path, nt_optim *const *opts, int n
     return rc;
 }
 
+/* The saved parameters' shapes (d's own, or those of another tensor
+ * rank's parts: nt_ddp_load_split). */
+typedef struct zshape {
+    const int64_t *numel;
+    const int64_t (*shape)[NT_MAX_DIMS];
+} zshape;
+
 /* The layout a checkpoint was saved under: *R (files), *stage, and the
  * parameters' numel (lay[3 ..]).  0 or an error naming the path. */
-static int zero_saved_layout(nt_ddp *d, const char *path, int *R, int *stage, int32_t **lay)
+static int zero_saved_layout(nt_ddp *d, const zshape *zs, const char *path, int *R,
+                             int *stage, int32_t **lay)
 {
     const char *fn = "nt_ddp_load";
     char file[4096];
@@ -2285,7 +2297,7 @@ static int zero_saved_layout(nt_ddp *d, const char *path, int *R, int *stage, in
         return nt__err(NULL, NT_ESHAPE, fn, "'%s' holds %d parameters over %d ranks; the "
                        "nt_ddp has %d parameters", file, (*lay)[2], (*lay)[0], n);
     for (int j = 0; j < n; j++) {
-        int64_t want = d->zero ? d->numel[j] : nt_numel(d->m[0].rep[j]);
+        int64_t want = zs->numel[j];
         if ((*lay)[3 + j] != want)
             return nt__err(NULL, NT_ESHAPE, fn, "'%s': parameter %d has %d elements; the "
                            "nt_ddp's has %lld", file, j, (*lay)[3 + j], (long long)want);
@@ -2293,28 +2305,44 @@ static int zero_saved_layout(nt_ddp *d, const char *path, int *R, int *stage, in
     return 0;
 }
 
-/* An optimizer of o's kind, flags and (single) group over ps. */
+/* An optimizer of o's kind, flags and groups (each over the same slots
+ * as o's) over ps. */
 static nt_optim *zero_opt_like(nt_optim *o, nt_tensor **ps, int n)
 {
     const char *fn = "nt_ddp_load";
-    if (o->ngroups != 1 || o->master)
-        return nt__err(NULL, NT_ENOTSUP, fn, "resharding an optimizer with %d parameter "
-                       "groups%s; one group without master weights is supported", o->ngroups,
-                       o->master ? " and master weights" : ""), NULL;
+    if (o->master || o->groups[0].first != 0 || o->n != n)
+        return nt__err(NULL, NT_ENOTSUP, fn, "resharding an optimizer with master weights "
+                       "or over other parameters than the nt_ddp's; one without master "
+                       "weights over them is supported"), NULL;
     opt_group *g = &o->groups[0];
     int ams = o->flags & OPTF_AMSGRAD ? NT_OPTIM_AMSGRAD : 0;
+    nt_optim *t;
     switch (o->kind) {
     case KIND_SGD:
-        return nt_optim_sgd(ps, n, g->lr, g->momentum, g->weight_decay,
-                            (o->flags & OPTF_NESTEROV) != 0);
+        t = nt_optim_sgd(ps, g->n, g->lr, g->momentum, g->weight_decay,
+                         (o->flags & OPTF_NESTEROV) != 0);
+        break;
     case KIND_ADAMW:
-        return nt_optim_adamw_ex(ps, n, g->lr, g->beta1, g->beta2, g->eps, g->weight_decay, ams);
+        t = nt_optim_adamw_ex(ps, g->n, g->lr, g->beta1, g->beta2, g->eps, g->weight_decay, ams);
+        break;
     case KIND_ADAM:
-        return nt_optim_adam(ps, n, g->lr, g->beta1, g->beta2, g->eps, g->weight_decay, ams);
+        t = nt_optim_adam(ps, g->n, g->lr, g->beta1, g->beta2, g->eps, g->weight_decay, ams);
+        break;
     default:
         return nt__err(NULL, NT_ENOTSUP, fn, "resharding the state of this optimizer; SGD, "
                        "Adam and AdamW are supported"), NULL;
     }
+    for (int k = 1; k < o->ngroups && t; k++) {
+        opt_group *h = &o->groups[k];
+        bool sgd = o->kind == KIND_SGD; /* a value it does not use is NAN */
+        if (nt_optim_add_group_ex(t, ps + h->first, h->n, h->lr, h->weight_decay,
+                                  sgd ? NAN : h->beta1, sgd ? NAN : h->beta2,
+                                  sgd ? h->momentum : NAN) < 0) {
+            nt_optim_destroy(t);
+            t = NULL;
+        }
+    }
+    return t;
 }
 
 /* What resharding reads: every saved rank's pieces of each parameter and
@@ -2323,13 +2351,14 @@ typedef struct zfull {
     nt_tensor **v;    /* [n * 4]: parameter, s0, s1, s2 (NULL: no such state) */
     int64_t *steps;   /* [n] the slots' update counts */
     int64_t osteps;   /* the optimizer's */
-    double lr, initial_lr;
+    int ngroups;
+    double *lr, *initial_lr; /* [ngroups] */
 } zfull;
 
 /* Saved rank r's file into tmp tensors (and a temporary optimizer like
  * opt); appends its pieces to parts[(j * 4 + x) * R + r]. */
-static int zero_read_rank(nt_ddp *d, const char *path, int r, int R, int stage, nt_optim *opt,
-                          nt_tensor **parts, zfull *z)
+static int zero_read_rank(nt_ddp *d, const zshape *zs, const char *path, int r, int R,
+                          int stage, nt_optim *opt, nt_tensor **parts, zfull *z)
 {
     int n = d->n, rc = 0;
     char file[4096], (*names)[ZNAME] = calloc((size_t)n, ZNAME);
@@ -2338,9 +2367,9 @@ static int zero_read_rank(nt_ddp *d, const char *path, int r, int R, int stage, 
     if (!names || !np || !ts)
         rc = nt__err_hostmem(NULL, "nt_ddp_load", "the names");
     for (int j = 0; j < n && !rc; j++) {
-        int64_t L = (d->numel[j] + R - 1) / R;
+        int64_t L = (zs->numel[j] + R - 1) / R;
         ts[j] = stage ? nt_zeros(d->pdt[j], 1, (int64_t[]){L})
-                      : nt_zeros(d->pdt[j], d->pnd[j], d->pshape[j]);
+                      : nt_zeros(d->pdt[j], d->pnd[j], zs->shape[j]);
         rc = ts[j] && !nt_set_requires_grad(ts[j], true) ? 0 : errc();
         snprintf(names[j], ZNAME, "p%d", j);
         np[j] = names[j];
@@ -2364,7 +2393,8 @@ static int zero_read_rank(nt_ddp *d, const char *path, int r, int R, int stage, 
     }
     if (!rc && tmp) {
         z->osteps = tmp->steps;
-        z->lr = tmp->groups[0].lr, z->initial_lr = tmp->groups[0].initial_lr;
+        for (int g = 0; g < z->ngroups && g < tmp->ngroups; g++)
+            z->lr[g] = tmp->groups[g].lr, z->initial_lr[g] = tmp->groups[g].initial_lr;
     }
     nt_optim_destroy(tmp);
     free(names), free(np), free(ts);
@@ -2413,36 +2443,88 @@ static int zero_put(nt_ddp *d, nt_optim *const *opts, const zfull *z)
         }
         if (opts && !rc) {
             opts[k]->steps = z->osteps;
-            opts[k]->groups[0].lr = z->lr, opts[k]->groups[0].initial_lr = z->initial_lr;
+            for (int g = 0; g < z->ngroups && g < opts[k]->ngroups; g++)
+                opts[k]->groups[g].lr = z->lr[g], opts[k]->groups[g].initial_lr = z->initial_lr[g];
         }
         leave(old);
     }
     return rc;
 }
 
-static int zero_reshard(nt_ddp *d, const char *path, nt_optim *const *opts, int R, int stage)
+/* Every saved rank's file put together into z (flat whole tensors of zs's
+ * sizes, on member 0's device, in the open scope). */
+static int zero_read_all(nt_ddp *d, const zshape *zs, const char *path, nt_optim *opt, int R,
+                         int stage, zfull *z)
 {
     int n = d->n, rc = 0;
     nt_tensor **parts = calloc((size_t)n * 4 * R, sizeof *parts);
-    zfull z = {.v = calloc((size_t)n * 4, sizeof *z.v), .steps = calloc((size_t)n, 8)};
-    if (!parts || !z.v || !z.steps)
-        rc = nt__err_hostmem(NULL, "nt_ddp_load", "the pieces");
+    if (!parts)
+        return nt__err_hostmem(NULL, "nt_ddp_load", "the pieces");
     nt_stream *old = enter(d->m[0].dev);
     for (int r = 0; r < R && !rc; r++)
-        rc = zero_read_rank(d, path, r, R, stage, opts ? opts[0] : NULL, parts, &z);
+        rc = zero_read_rank(d, zs, path, r, R, stage, opt, parts, z);
     for (int i = 0; i < n * 4 && !rc; i++) {
         if (!parts[i * R])
             continue;
-        int64_t numel = d->numel[i / 4];
+        int64_t numel = zs->numel[i / 4];
         nt_tensor *c = R == 1 ? parts[i * R] : nt_cat(parts + (size_t)i * R, R, 0);
-        z.v[i] = c ? nt_slice(c, 0, 0, numel, 1) : NULL;
-        rc = z.v[i] ? 0 : errc();
+        z->v[i] = c ? nt_slice(c, 0, 0, numel, 1) : NULL;
+        rc = z->v[i] ? 0 : errc();
     }
     leave(old);
+    free(parts);
+    return rc;
+}
+
+static int zfull_alloc(const nt_ddp *d, nt_optim *const *opts, zfull *z)
+{
+    int ng = opts ? opts[0]->ngroups : 1;
+    *z = (zfull){.v = calloc((size_t)d->n * 4, sizeof *z->v),
+                 .steps = calloc((size_t)d->n, sizeof *z->steps), .ngroups = ng,
+                 .lr = calloc((size_t)ng, sizeof *z->lr),
+                 .initial_lr = calloc((size_t)ng, sizeof *z->initial_lr)};
+    if (!z->v || !z->steps || !z->lr || !z->initial_lr)
+        return nt__err_hostmem(NULL, "nt_ddp_load", "the pieces");
+    return 0;
+}
+
+static void zfull_free(zfull *z)
+{
+    free(z->v), free(z->steps), free(z->lr), free(z->initial_lr);
+}
+
+static int zero_reshard(nt_ddp *d, const char *path, nt_optim *const *opts, int R, int stage)
+{
+    zfull z;
+    zshape zs = {d->numel, (const int64_t(*)[NT_MAX_DIMS])d->pshape};
+    int rc = zfull_alloc(d, opts, &z);
+    if (!rc)
+        rc = zero_read_all(d, &zs, path, opts ? opts[0] : NULL, R, stage, &z);
     if (!rc)
         rc = zero_put(d, opts, &z);
-    free(parts), free(z.v), free(z.steps);
+    zfull_free(&z);
     return rc;
+}
+
+/* Stage 0 keeps no shapes: take the replica's.  0 or the error. */
+static int zero_shapes(nt_ddp *d, const char *fn)
+{
+    if (d->zero || d->numel)
+        return 0;
+    d->numel = calloc((size_t)d->n, sizeof *d->numel);
+    d->len = calloc((size_t)d->n, sizeof *d->len);
+    d->pnd = calloc((size_t)d->n, sizeof *d->pnd);
+    d->pshape = calloc((size_t)d->n, sizeof *d->pshape);
+    d->pdt = calloc((size_t)d->n, sizeof *d->pdt);
+    if (!d->numel || !d->len || !d->pnd || !d->pshape || !d->pdt)
+        return nt__err_hostmem(NULL, fn, "the shapes");
+    for (int j = 0; j < d->n; j++) {
+        nt_tensor *p = d->m[0].rep[j];
+        d->numel[j] = d->len[j] = nt_numel(p);
+        d->pnd[j] = p->ndim, d->pdt[j] = (nt_dtype)p->dtype;
+        memcpy(d->pshape[j], p->shape, sizeof(int64_t) * (size_t)p->ndim);
+    }
+    return 0;
 }
 
 NT_API int nt_ddp_load(nt_ddp *d, const char *path, nt_optim *const *opts, int nopts,
@@ -2456,23 +2538,11 @@ NT_API int nt_ddp_load(nt_ddp *d, const char *path, nt_optim *const *opts, int n
     g_mutex_lock(&d->lock);
     int R = 0, stage = 0, rc = zero_opts_ok(NULL, d, fn, opts, nopts);
     int32_t *lay = NULL;
-    if (!rc && (!d->zero && !d->numel)) { /* stage 0 keeps no shapes: take the replica's */
-        d->numel = calloc((size_t)d->n, sizeof *d->numel);
-        d->len = calloc((size_t)d->n, sizeof *d->len);
-        d->pnd = calloc((size_t)d->n, sizeof *d->pnd);
-        d->pshape = calloc((size_t)d->n, sizeof *d->pshape);
-        d->pdt = calloc((size_t)d->n, sizeof *d->pdt);
-        if (!d->numel || !d->len || !d->pnd || !d->pshape || !d->pdt)
-            rc = nt__err_hostmem(NULL, fn, "the shapes");
-        for (int j = 0; j < d->n && !rc; j++) {
-            nt_tensor *p = d->m[0].rep[j];
-            d->numel[j] = d->len[j] = nt_numel(p);
-            d->pnd[j] = p->ndim, d->pdt[j] = (nt_dtype)p->dtype;
-            memcpy(d->pshape[j], p->shape, sizeof(int64_t) * (size_t)p->ndim);
-        }
-    }
     if (!rc)
-        rc = zero_saved_layout(d, path, &R, &stage, &lay);
+        rc = zero_shapes(d, fn);
+    zshape zs = {d->numel, (const int64_t(*)[NT_MAX_DIMS])d->pshape};
+    if (!rc)
+        rc = zero_saved_layout(d, &zs, path, &R, &stage, &lay);
     bool same = !rc && ((stage == 0 && d->zero == 0) || (stage == d->zero && R == d->ranks));
     if (!rc && !same && !reshard)
         rc = nt__err(NULL, NT_EINVAL, fn, "'%s' was saved under ZeRO stage %d over %d ranks; "
@@ -2501,6 +2571,191 @@ NT_API int nt_ddp_load(nt_ddp *d, const char *path, nt_optim *const *opts, int n
     nt_no_grad_end();
     nt_scope_end(sc);
     free(names), free(np), free(ts), free(lay);
+    g_mutex_unlock(&d->lock);
+    return rc;
+}
+
+/* ---------------- tensor-parallel sharded checkpoints ----------------
+ *
+ * Tensor rank t of T saves with nt_ddp_save at "<path>.tp<t>of<T>"; a load
+ * under another T reads every saved tensor rank's files (each put together
+ * over its ZeRO ranks as a reshard does), joins each split parameter's
+ * parts along its dim and cuts this rank's part again. */
+
+static void split_path(char *buf, size_t cap, const char *path, int t, int T)
+{
+    snprintf(buf, cap, "%s.tp%dof%d", path, t, T);
+}
+
+NT_API int nt_ddp_save_split(nt_ddp *d, const char *path, int rank, int ranks,
+                             nt_optim *const *opts, int nopts)
+{
+    const char *fn = "nt_ddp_save_split";
+    if (!ddp_ok(NULL, d, fn))
+        return nt_last_error();
+    if (!path)
+        return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is NULL");
+    if (ranks < 1 || rank < 0 || rank >= ranks)
+        return nt__err(NULL, NT_EINVAL, fn, "argument 'rank' is %d of 'ranks' %d; expected "
+                       "0 <= rank < ranks", rank, ranks);
+    char file[4096];
+    split_path(file, sizeof file, path, rank, ranks);
+    return nt_ddp_save(d, file, opts, nopts);
+}
+
+/* The tensor rank count of the newest split checkpoint at path, or 0. */
+static int split_saved_ranks(const char *path)
+{
+    char pat[4200];
+    snprintf(pat, sizeof pat, "%s.tp0of*.zero0of*", path);
+    glob_t gl;
+    int T = 0;
+    if (glob(pat, 0, NULL, &gl) != 0)
+        return 0;
+    double newest = -1;
+    size_t plen = strlen(path);
+    for (size_t i = 0; i < gl.gl_pathc; i++) {
+        const char *f = gl.gl_pathv[i];
+        int t, R;
+        char end;
+        struct stat sb;
+        if (strlen(f) <= plen || sscanf(f + plen, ".tp0of%d.zero0of%d%c", &t, &R, &end) != 2 ||
+            t < 1 || stat(f, &sb))
+            continue;
+        double m = (double)sb.st_mtim.tv_sec + 1e-9 * (double)sb.st_mtim.tv_nsec;
+        if (m > newest)
+            newest = m, T = t;
+    }
+    globfree(&gl);
+    return T;
+}
+
+/* Saved tensor rank t's whole parts (flat, zs's sizes) into z. */
+static int split_read(nt_ddp *d, const zshape *zs, const char *path, int t, int T,
+                      nt_optim *opt, zfull *z)
+{
+    char file[4096];
+    split_path(file, sizeof file, path, t, T);
+    int R = 0, stage = 0;
+    int32_t *lay = NULL;
+    int rc = zero_saved_layout(d, zs, file, &R, &stage, &lay);
+    free(lay);
+    return rc ? rc : zero_read_all(d, zs, file, opt, R, stage, z);
+}
+
+/* Joins saved parts v[0..T) of parameter j (flat, saved shape sh) along
+ * dim and cuts rank's part (flat, d's numel). */
+static nt_tensor *split_recut(nt_ddp *d, int j, int dim, int rank, nt_tensor **v, int T,
+                              const int64_t *sh)
+{
+    nt_tensor *p[SPLIT_MAX];
+    for (int t = 0; t < T; t++)
+        if (!v[t] || !(p[t] = nt_reshape(v[t], d->pnd[j], sh)))
+            return NULL;
+    nt_tensor *whole = T == 1 ? p[0] : nt_cat(p, T, dim);
+    int64_t len = d->pshape[j][dim];
+    nt_tensor *part = whole ? nt_contiguous(nt_slice(whole, dim, rank * len, (rank + 1) * len, 1))
+                            : NULL;
+    return part ? nt_reshape(part, 1, (int64_t[]){d->numel[j]}) : NULL;
+}
+
+NT_API int nt_ddp_load_split(nt_ddp *d, const char *path, int rank, int ranks, const int *dims,
+                             nt_optim *const *opts, int nopts, bool reshard)
+{
+    const char *fn = "nt_ddp_load_split";
+    if (!ddp_ok(NULL, d, fn))
+        return nt_last_error();
+    if (!path)
+        return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is NULL");
+    if (ranks < 1 || rank < 0 || rank >= ranks)
+        return nt__err(NULL, NT_EINVAL, fn, "argument 'rank' is %d of 'ranks' %d; expected "
+                       "0 <= rank < ranks", rank, ranks);
+    if (!dims)
+        return nt__err(NULL, NT_EINVAL, fn, "argument 'dims' is NULL");
+    int T = split_saved_ranks(path);
+    if (!T)
+        return nt__err(NULL, NT_EIO, fn, "no tensor-parallel checkpoint at '%s' (no file "
+                       "'%s.tp0of<T>.zero0of<R>' can be read)", path, path);
+    if (T > SPLIT_MAX)
+        return nt__err(NULL, NT_ENOTSUP, fn, "'%s' was saved over %d tensor ranks; at most %d "
+                       "are read", path, T, SPLIT_MAX);
+    char file[4096];
+    if (T == ranks) {
+        split_path(file, sizeof file, path, rank, ranks);
+        return nt_ddp_load(d, file, opts, nopts, reshard);
+    }
+    if (!reshard)
+        return nt__err(NULL, NT_EINVAL, fn, "'%s' was saved over %d tensor ranks; this nt_ddp "
+                       "is tensor rank %d of %d: pass reshard = true to put the parts "
+                       "together and cut them again", path, T, rank, ranks);
+    g_mutex_lock(&d->lock);
+    int n = d->n, rc = zero_opts_ok(NULL, d, fn, opts, nopts);
+    if (!rc)
+        rc = zero_shapes(d, fn);
+    int64_t(*sh)[NT_MAX_DIMS] = calloc((size_t)n, sizeof *sh);
+    int64_t *snumel = calloc((size_t)n, sizeof *snumel);
+    zfull zt[SPLIT_MAX] = {0}, z = {0};
+    if (!rc && (!sh || !snumel))
+        rc = nt__err_hostmem(NULL, fn, "the shapes");
+    for (int j = 0; j < n && !rc; j++) {
+        int dim = dims[j];
+        if (dim < -1 || dim >= d->pnd[j])
+            rc = nt__err(NULL, NT_EINVAL, fn, "argument 'dims[%d]' is %d; parameter %d has %d "
+                         "dims (-1: replicated)", j, dim, j, d->pnd[j]);
+        memcpy(sh[j], d->pshape[j], sizeof sh[j]);
+        if (!rc && dim >= 0) {
+            int64_t whole = d->pshape[j][dim] * ranks;
+            if (whole % T)
+                rc = nt__err(NULL, NT_ESHAPE, fn, "parameter %d: its dim %d (%lld whole) does "
+                             "not split into the saved %d tensor ranks", j, dim,
+                             (long long)whole, T);
+            sh[j][dim] = whole / T;
+        }
+        snumel[j] = 1;
+        for (int a = 0; a < d->pnd[j]; a++)
+            snumel[j] *= sh[j][a];
+    }
+    zshape zs = {snumel, (const int64_t(*)[NT_MAX_DIMS])sh};
+    nt_scope *sc = nt_scope_begin();
+    nt_no_grad_begin();
+    for (int t = 0; t < T && !rc; t++) {
+        rc = zfull_alloc(d, opts, &zt[t]);
+        if (!rc)
+            rc = split_read(d, &zs, path, t, T, opts ? opts[0] : NULL, &zt[t]);
+    }
+    if (!rc)
+        rc = zfull_alloc(d, opts, &z);
+    nt_stream *old = enter(d->m[0].dev);
+    for (int i = 0; i < n * 4 && !rc; i++) {
+        int j = i / 4;
+        if (!zt[0].v[i])
+            continue;
+        if (dims[j] < 0) {
+            z.v[i] = zt[0].v[i];
+            continue;
+        }
+        nt_tensor *v[SPLIT_MAX];
+        for (int t = 0; t < T; t++)
+            v[t] = zt[t].v[i];
+        z.v[i] = split_recut(d, j, dims[j], rank, v, T, sh[j]);
+        rc = z.v[i] ? 0 : errc();
+    }
+    leave(old);
+    if (!rc) {
+        memcpy(z.steps, zt[0].steps, sizeof *z.steps * (size_t)n);
+        z.osteps = zt[0].osteps;
+        memcpy(z.lr, zt[0].lr, sizeof *z.lr * (size_t)z.ngroups);
+        memcpy(z.initial_lr, zt[0].initial_lr, sizeof *z.lr * (size_t)z.ngroups);
+        rc = zero_put(d, opts, &z);
+    }
+    if (!rc && (d->zero == 1 || d->zero == 2))
+        rc = zero_gather(NULL, d, 0, d->n);
+    nt_no_grad_end();
+    nt_scope_end(sc);
+    for (int t = 0; t < T; t++)
+        zfull_free(&zt[t]);
+    zfull_free(&z);
+    free(sh), free(snumel);
     g_mutex_unlock(&d->lock);
     return rc;
 }

@@ -617,6 +617,339 @@ int nt_tp_row_linear_at(const nt_site *site, nt_comm *c, nt_tensor *const *x,
 }
 
 /* ------------------------------------------------------------------ */
+/* Replicated parameters of sequence-parallel regions                  */
+/* ------------------------------------------------------------------ */
+
+/* nt_tp_copy_blocks: out[i] = nb copies of in[i] stacked on a new dim 0;
+ * backward: member i's nb gradient rows (each + 0, so -0 is +0 however
+ * many rows a member has) added pairwise in the tree's order, then the
+ * all-reduce (sum, rank tree): the tree over all nb * size blocks. */
+typedef struct copyb_ctx {
+    nt_comm *c;
+    int n, nb;
+    const int *devs;
+    nt_site site;
+    nt__tmeta in;
+} copyb_ctx;
+
+static int copyb_bwd(void *ctxp, nt_tensor *const *gout, nt_tensor **gin)
+{
+    copyb_ctx *x = ctxp;
+    const nt_site *site = &x->site;
+    int n = x->n, rc = 0;
+    nt__tmeta om = x->in;
+    memmove(om.shape + 1, om.shape, sizeof om.shape[0] * (size_t)om.ndim);
+    om.shape[0] = x->nb;
+    om.ndim++;
+    nt_tensor *g[TP_MAXM] = {0}, *p[TP_MAXM] = {0};
+    rc = fill_missing(site, x->devs, n, gout, &om, g);
+    for (int i = 0; i < n && !rc; i++) {
+        nt__devsw d;
+        nt__dev_enter(&d, x->devs[i]);
+        nt_tensor *v[TP_MAXM * 8];
+        nt_tensor *f = nt_add_scalar_at(site, nt_cast_at(site, g[i], NT_F32), 0.0);
+        for (int j = 0; j < x->nb && f; j++)
+            v[j] = nt_reshape_at(site, nt_slice_at(site, f, 0, j, j + 1, 1), x->in.ndim,
+                                 x->in.shape);
+        p[i] = f ? nt__group_tree_sum(site, v, x->nb) : NULL;
+        nt__dev_leave(&d);
+        rc = p[i] ? 0 : nt_last_error();
+    }
+    nt_tensor *r[TP_MAXM];
+    if (!rc)
+        rc = nt_all_reduce_at(site, x->c, p, r, NT_REDUCE_SUM);
+    for (int i = 0; i < n && !rc; i++) {
+        nt__devsw d;
+        nt__dev_enter(&d, x->devs[i]);
+        gin[i] = x->in.dtype == NT_F32 ? r[i] : nt_cast_at(site, r[i], (nt_dtype)x->in.dtype);
+        nt__dev_leave(&d);
+        rc = gin[i] ? 0 : nt_last_error();
+    }
+    return rc;
+}
+
+int nt_tp_copy_blocks_at(const nt_site *site, nt_comm *c, nt_tensor *const *in, int nb,
+                         nt_tensor **out)
+{
+    const char *fn = "nt_tp_copy_blocks";
+    const int *devs;
+    int rc = tp_begin(site, fn, c, out, &devs);
+    if (rc)
+        return rc;
+    int n = nt__comm_local(c, &devs);
+    if ((rc = tp_arg(site, fn, "in", in, n, devs, true, true, false)) != 0)
+        return rc;
+    if (nb < 1 || nb > TP_MAXM * 8 || (nb & (nb - 1)))
+        return nt__err(site, NT_EINVAL, fn, "nb is %d; expected a power of two in 1 .. %d", nb,
+                       TP_MAXM * 8);
+    if (in[0]->ndim >= NT_MAX_DIMS)
+        return nt__err(site, NT_ESHAPE, fn, "in[0] has %d dims; at most %d", in[0]->ndim,
+                       NT_MAX_DIMS - 1);
+    copyb_ctx *x = calloc(1, sizeof *x);
+    if (!x)
+        return nt__err_hostmem(site, fn, "the op's record");
+    *x = (copyb_ctx){.c = c, .n = n, .nb = nb, .devs = devs, .site = *site};
+    x->in.dtype = in[0]->dtype;
+    x->in.ndim = (int8_t)in[0]->ndim;
+    memcpy(x->in.shape, in[0]->shape, sizeof x->in.shape);
+    nt_scope *s = nt_scope_begin();
+    nt_no_grad_begin();
+    for (int i = 0; i < n && !rc; i++) {
+        nt__devsw d;
+        nt__dev_enter(&d, devs[i]);
+        int64_t shape[NT_MAX_DIMS];
+        shape[0] = nb;
+        memcpy(shape + 1, in[i]->shape, sizeof shape[0] * (size_t)in[i]->ndim);
+        out[i] = nt_contiguous_at(site, nt_expand_at(site, nt_unsqueeze_at(site, in[i], 0),
+                                                     in[i]->ndim + 1, shape));
+        nt__dev_leave(&d);
+        rc = out[i] ? 0 : nt_last_error();
+    }
+    nt_no_grad_end();
+    if (!rc)
+        rc = nt__grp_record(site, fn, n, 1, in, out, copyb_bwd, free, x);
+    else
+        free(x);
+    return nt__group_end(s, fn, rc, out, n);
+}
+
+/* ------------------------------------------------------------------ */
+/* Sequence-parallel linear layers                                     */
+/* ------------------------------------------------------------------ */
+
+/* Korthikanti et al.'s sequence parallelism: around a tensor-parallel
+ * block the activations are split along the sequence dim `dim` (each
+ * member its slice); the column-parallel layer all-gathers its input
+ * along dim (backward: the input gradient's member partial, the blocked
+ * tree over N, reduce-scattered along dim instead of all-reduced), the
+ * row-parallel layer reduce-scatters its output's blocked K-sum along dim
+ * instead of all-reducing it (backward: the output gradient all-gathered).
+ * nt_reduce_scatter sums in the all-reduce's rank tree, so every element
+ * is the bits of the layers above. */
+
+/* t along dim gathered (all-gather) or its rank block of the sum
+ * (reduce-scatter, f32 in, f32 out): dim moved to the front and back. */
+static int sp_coll(const nt_site *site, nt_comm *c, int n, const int *devs, nt_tensor *const *t,
+                   int dim, bool gather, nt_tensor **out)
+{
+    int rc = 0;
+    nt_tensor *f[TP_MAXM], *r[TP_MAXM];
+    for (int i = 0; i < n && !rc; i++) {
+        nt__devsw d;
+        nt__dev_enter(&d, devs[i]);
+        f[i] = dim == 0 ? nt_contiguous_at(site, t[i]) : to_front(site, t[i], dim);
+        nt__dev_leave(&d);
+        rc = f[i] ? 0 : nt_last_error();
+    }
+    if (!rc)
+        rc = gather ? nt_all_gather_at(site, c, f, r)
+                    : nt_reduce_scatter_at(site, c, f, r, NT_REDUCE_SUM);
+    for (int i = 0; i < n && !rc; i++) {
+        nt__devsw d;
+        nt__dev_enter(&d, devs[i]);
+        out[i] = from_front(site, r[i], dim);
+        nt__dev_leave(&d);
+        rc = out[i] ? 0 : nt_last_error();
+    }
+    return rc;
+}
+
+typedef struct sp_ctx {
+    nt_comm *c;
+    bool row;
+    int n, blocks, dim;
+    const int *devs;
+    nt_site site;
+    nt_tensor *x[TP_MAXM], *w[TP_MAXM]; /* saved: column, the member's slice */
+    bool has_b;
+} sp_ctx;
+
+static void sp_free(void *p)
+{
+    sp_ctx *x = p;
+    for (int i = 0; i < x->n; i++) {
+        if (x->x[i])
+            nt_release(x->x[i]);
+        if (x->w[i])
+            nt_release(x->w[i]);
+    }
+    free(x);
+}
+
+/* Every member's output gradient (zeros where none came), shaped `like`
+ * with the last dim `last`. */
+static int sp_gout(const nt_site *site, sp_ctx *x, nt_tensor *const *gout, const nt_tensor *like,
+                   int64_t last, nt_tensor **g)
+{
+    nt__tmeta m = {.dtype = like->dtype, .ndim = (int8_t)like->ndim};
+    memcpy(m.shape, like->shape, sizeof m.shape);
+    m.shape[like->ndim - 1] = last;
+    return fill_missing(site, x->devs, x->n, gout, &m, g);
+}
+
+static int sp_bwd(void *ctxp, nt_tensor *const *gout, nt_tensor **gin)
+{
+    sp_ctx *x = ctxp;
+    const nt_site *site = &x->site;
+    int n = x->n, size = nt_comm_size(x->c), lb = x->blocks / size, rc = 0;
+    nt_tensor *g[TP_MAXM] = {0}, *xf[TP_MAXM] = {0}, *gf[TP_MAXM] = {0};
+    if (x->row) {
+        /* g: the member's slice of [..., N] -> gathered; x: saved whole */
+        int64_t shape[NT_MAX_DIMS];
+        nt__tmeta m = {.dtype = x->x[0]->dtype, .ndim = (int8_t)x->x[0]->ndim};
+        memcpy(shape, x->x[0]->shape, sizeof shape);
+        shape[x->dim] /= size;
+        shape[m.ndim - 1] = x->w[0]->shape[0];
+        memcpy(m.shape, shape, sizeof m.shape);
+        rc = fill_missing(site, x->devs, n, gout, &m, g);
+        if (!rc)
+            rc = sp_coll(site, x->c, n, x->devs, g, x->dim, true, gf);
+        for (int i = 0; i < n && !rc; i++) {
+            nt__devsw d;
+            nt__dev_enter(&d, x->devs[i]);
+            nt_tensor *g2 = as_2d(site, gf[i]);
+            nt_tensor *x2 = as_2d(site, x->x[i]);
+            gin[3 * i + 1] = nt_matmul_at(site, nt_transpose_at(site, g2, 0, 1), x2);
+            if (x->has_b)
+                gin[3 * i + 2] = nt_sum_at(site, as_2d(site, g[i]), 0, false);
+            nt_tensor *gx = nt_matmul_at(site, g2, x->w[i]);
+            gin[3 * i] = gx ? nt_reshape_at(site, gx, x->x[i]->ndim, x->x[i]->shape) : NULL;
+            nt__dev_leave(&d);
+            rc = gin[3 * i] && gin[3 * i + 1] && (!x->has_b || gin[3 * i + 2]) ? 0
+                                                                               : nt_last_error();
+        }
+        return rc;
+    }
+    /* column: x re-gathered (the slice was saved, not the whole); the
+     * input gradient's member partial (f32) reduce-scattered, then cast */
+    nt_tensor *xs[TP_MAXM], *p[TP_MAXM] = {0}, *ps[TP_MAXM] = {0};
+    for (int i = 0; i < n; i++)
+        xs[i] = x->x[i];
+    rc = sp_coll(site, x->c, n, x->devs, xs, x->dim, true, xf);
+    if (!rc)
+        rc = sp_gout(site, x, gout, xf[0], x->w[0]->shape[0], g);
+    for (int i = 0; i < n && !rc; i++) {
+        nt__devsw d;
+        nt__dev_enter(&d, x->devs[i]);
+        nt_tensor *g2 = as_2d(site, g[i]);
+        nt_tensor *q = g2 ? blocked_mm(site, g2, x->w[i], lb) : NULL;
+        p[i] = q ? nt_reshape_at(site, q, xf[i]->ndim, xf[i]->shape) : NULL;
+        nt__dev_leave(&d);
+        rc = p[i] ? 0 : nt_last_error();
+    }
+    if (!rc)
+        rc = sp_coll(site, x->c, n, x->devs, p, x->dim, false, ps);
+    for (int i = 0; i < n && !rc; i++) {
+        nt__devsw d;
+        nt__dev_enter(&d, x->devs[i]);
+        nt_tensor *g2 = as_2d(site, g[i]);
+        gin[3 * i + 1] = nt_matmul_at(site, nt_transpose_at(site, g2, 0, 1),
+                                      as_2d(site, xf[i]));
+        if (x->has_b)
+            gin[3 * i + 2] = nt_sum_at(site, g2, 0, false);
+        nt__dev_leave(&d);
+        rc = gin[3 * i + 1] && (!x->has_b || gin[3 * i + 2]) ? 0 : nt_last_error();
+    }
+    for (int i = 0; i < n && !rc; i++) {
+        nt__devsw d;
+        nt__dev_enter(&d, x->devs[i]);
+        nt_dtype dt = (nt_dtype)x->x[i]->dtype;
+        gin[3 * i] = dt == NT_F32 ? ps[i] : nt_cast_at(site, ps[i], dt);
+        nt__dev_leave(&d);
+        rc = gin[3 * i] ? 0 : nt_last_error();
+    }
+    return rc;
+}
+
+static int tp_linear_sp(const nt_site *site, const char *fn, bool row, nt_comm *c,
+                        nt_tensor *const *xs, nt_tensor *const *w, nt_tensor *const *b,
+                        int blocks, int dim, nt_tensor **y)
+{
+    const int *devs;
+    int rc = tp_begin(site, fn, c, y, &devs);
+    if (rc)
+        return rc;
+    int n = nt__comm_local(c, &devs), size = nt_comm_size(c);
+    if ((rc = lin_check(site, fn, row, c, xs, w, b, blocks, n, devs)) != 0)
+        return rc;
+    int nd = xs[0]->ndim;
+    if (nd < 2 || dim < -nd || dim >= nd - 1 || (dim < 0 && dim + nd >= nd - 1))
+        return nt__err(site, NT_EINVAL, fn, "dim is %d; expected a dim of x other than its last "
+                       "(x has %d dims)", dim, nd);
+    dim = dim < 0 ? dim + nd : dim;
+    if (row && xs[0]->shape[dim] % size)
+        return nt__err(site, NT_ESHAPE, fn, "x[0]'s dim %d (the sequence) is %lld, which the "
+                       "group's size %d does not divide", dim, (long long)xs[0]->shape[dim],
+                       size);
+    sp_ctx *x = calloc(1, sizeof *x);
+    if (!x)
+        return nt__err_hostmem(site, fn, "the op's record");
+    *x = (sp_ctx){.c = c, .row = row, .n = n, .blocks = blocks, .dim = dim, .devs = devs,
+                  .site = *site, .has_b = b != NULL};
+    for (int i = 0; i < n && !rc; i++) {
+        x->x[i] = nt__save(xs[i]);
+        x->w[i] = nt__save(w[i]);
+        if (!x->x[i] || !x->w[i])
+            rc = nt__err_hostmem(site, fn, "the op's saved tensors");
+    }
+    nt_scope *s = nt_scope_begin();
+    nt_no_grad_begin();
+    nt_tensor *xf[TP_MAXM], *r[TP_MAXM], *q[TP_MAXM];
+    if (!rc && !row)
+        rc = sp_coll(site, c, n, devs, xs, dim, true, xf);
+    for (int i = 0; i < n && !rc; i++) {
+        nt__devsw d;
+        nt__dev_enter(&d, devs[i]);
+        nt_tensor *src = row ? xs[i] : xf[i];
+        nt_tensor *a = as_2d(site, src), *wt = nt_transpose_at(site, w[i], 0, 1);
+        int64_t shape[NT_MAX_DIMS];
+        memcpy(shape, src->shape, sizeof shape);
+        shape[nd - 1] = w[i]->shape[0];
+        nt_tensor *v = row ? blocked_mm(site, a, wt, blocks / size) : nt_matmul_at(site, a, wt);
+        q[i] = v ? nt_reshape_at(site, v, nd, shape) : NULL;
+        nt__dev_leave(&d);
+        rc = q[i] ? 0 : nt_last_error();
+    }
+    if (!rc && row)
+        rc = sp_coll(site, c, n, devs, q, dim, false, r);
+    for (int i = 0; i < n && !rc; i++) {
+        nt__devsw d;
+        nt__dev_enter(&d, devs[i]);
+        nt_tensor *v = q[i];
+        if (row)
+            v = xs[i]->dtype == NT_F32 ? r[i] : nt_cast_at(site, r[i], (nt_dtype)xs[i]->dtype);
+        y[i] = b && v ? nt_add_at(site, v, b[i]) : v;
+        nt__dev_leave(&d);
+        rc = y[i] ? 0 : nt_last_error();
+    }
+    nt_no_grad_end();
+    nt_tensor *ins[TP_MAXM * 3];
+    for (int i = 0; i < n; i++) {
+        ins[3 * i] = xs[i];
+        ins[3 * i + 1] = w[i];
+        ins[3 * i + 2] = b ? b[i] : NULL;
+    }
+    if (!rc)
+        rc = nt__grp_record(site, fn, n, 3, ins, y, sp_bwd, sp_free, x);
+    else
+        sp_free(x);
+    return nt__group_end(s, fn, rc, y, n);
+}
+
+int nt_tp_column_linear_sp_at(const nt_site *site, nt_comm *c, nt_tensor *const *x,
+                              nt_tensor *const *w, nt_tensor *const *b, int blocks, int dim,
+                              nt_tensor **y)
+{
+    return tp_linear_sp(site, "nt_tp_column_linear_sp", false, c, x, w, b, blocks, dim, y);
+}
+int nt_tp_row_linear_sp_at(const nt_site *site, nt_comm *c, nt_tensor *const *x,
+                           nt_tensor *const *w, nt_tensor *const *b, int blocks, int dim,
+                           nt_tensor **y)
+{
+    return tp_linear_sp(site, "nt_tp_row_linear_sp", true, c, x, w, b, blocks, dim, y);
+}
+
+/* ------------------------------------------------------------------ */
 /* Vocabulary-parallel embedding and cross-entropy                     */
 /* ------------------------------------------------------------------ */
 
@@ -876,6 +1209,9 @@ int nt_tp_attention_at(const nt_site *site, nt_comm *c, nt_tensor *const *x,
 #undef nt_tp_embedding
 #undef nt_tp_cross_entropy
 #undef nt_tp_attention
+#undef nt_tp_copy_blocks
+#undef nt_tp_column_linear_sp
+#undef nt_tp_row_linear_sp
 NT_API int nt_tp_copy(nt_comm *c, nt_tensor *const *in, nt_tensor **out)
 {
     return nt_tp_copy_at(NT_RA_SITE, c, in, out);
@@ -921,4 +1257,18 @@ NT_API int nt_tp_attention(nt_comm *c, nt_tensor *const *x, nt_tensor *const *wq
                            int heads, int blocks, nt_tensor **y)
 {
     return nt_tp_attention_at(NT_RA_SITE, c, x, wq, wk, wv, wo, heads, blocks, y);
+}
+NT_API int nt_tp_copy_blocks(nt_comm *c, nt_tensor *const *in, int nb, nt_tensor **out)
+{
+    return nt_tp_copy_blocks_at(NT_RA_SITE, c, in, nb, out);
+}
+NT_API int nt_tp_column_linear_sp(nt_comm *c, nt_tensor *const *x, nt_tensor *const *w,
+                                  nt_tensor *const *b, int blocks, int dim, nt_tensor **y)
+{
+    return nt_tp_column_linear_sp_at(NT_RA_SITE, c, x, w, b, blocks, dim, y);
+}
+NT_API int nt_tp_row_linear_sp(nt_comm *c, nt_tensor *const *x, nt_tensor *const *w,
+                               nt_tensor *const *b, int blocks, int dim, nt_tensor **y)
+{
+    return nt_tp_row_linear_sp_at(NT_RA_SITE, c, x, w, b, blocks, dim, y);
 }

@@ -24,10 +24,15 @@
  * --dp N --tp N --zero S trains the tensor-parallel form of the model on a
  * data x tensor device mesh with ZeRO stage S (examples/gpt_mesh.h) and
  * prints the parameters' CRC-32, the same for every split and stage
- * (docs/parallel.md, "char GPT under a mesh").  --ep N (or --experts E)
+ * (docs/parallel.md, "char GPT under a mesh"); --save and --resume write and
+ * read a sharded mesh checkpoint, --reshard loads one saved under another
+ * layout (docs/parallel.md, "Mesh checkpoints").  --ep N (or --experts E)
  * makes every block's MLP a mixture of experts split over N cores of an
  * "expert" mesh dimension, with the same bits for every N (docs/parallel.md,
- * "MoE variant of the char GPT").
+ * "MoE variant of the char GPT").  --sp holds the residual stream, layer
+ * norms and dropout as each tensor rank's slice of the sequence, and
+ * --dropout works under the mesh too (docs/parallel.md, "Sequence
+ * parallelism and dropout").
  *
  * The backend is NT_BACKEND (sim, the default, or cpu; --backend sets it),
  * the execution mode NT_MODE (docs/env.md).  Run with --help for the
@@ -52,7 +57,8 @@ typedef struct {
     int64_t limit_steps; /* stop after this many steps (0: none); the schedule still spans --steps */
     const char *save, *resume, *prompt, *data, *backend, *amp;
     /* a device mesh (examples/gpt_mesh.h): any of --dp/--tp/--zero/--ep given */
-    bool mesh;
+    bool mesh, sp;
+    bool reshard; /* --resume a mesh checkpoint of another layout */
     int dp, tp, ep, zero, blocks, shards;
     int experts, topk; /* the MoE MLP: on with --experts or --ep > 1 */
 } options;
@@ -133,9 +139,17 @@ static void usage(FILE *f)
             "                     multiple of --tp with a power-of-two quotient, dividing --width\n"
             "  --shards N         fixed shards of each batch (8): a multiple of --dp with a\n"
             "                     power-of-two quotient, dividing --batch\n"
-            "  Under a mesh: --amp bf16 works; refused with an error: --amp fp8, --capture,\n"
-            "  --checkpoint-activations, --dropout > 0, --untied, --sinpos, --rope, --no-sdpa,\n"
-            "  --save, --resume; no sample at the end.\n");
+            "  --sp               sequence parallelism: the residual stream, layer norms and\n"
+            "                     dropout hold --context / --tp positions per tensor rank\n"
+            "                     (--context a multiple of --blocks); one CRC for every split\n"
+            "  --reshard          --resume a mesh checkpoint saved under another --dp, --tp,\n"
+            "                     --ep or --zero: its parameters and AdamW state are put\n"
+            "                     together and cut for this layout (without it: an error)\n"
+            "  Under a mesh: --amp bf16, --dropout (masks keyed on the global token position:\n"
+            "  the same bits for every split), --save and --resume (a sharded checkpoint: PATH\n"
+            "  and PATH.tp<m>of<n>.zero<r>of<R>) work; refused with an error: --amp fp8,\n"
+            "  --capture, --checkpoint-activations, --untied, --sinpos, --rope, --no-sdpa; no\n"
+            "  sample at the end.\n");
 }
 
 static long parse_long(const char *opt, const char *v, long lo)
@@ -169,13 +183,10 @@ static void mesh_refuse(const options *o)
     const char *bad = !strcmp(o->amp, "fp8")   ? "--amp fp8"
                       : o->capture             ? "--capture"
                       : o->c.checkpoint        ? "--checkpoint-activations"
-                      : o->c.dropout > 0       ? "--dropout"
                       : o->c.untied            ? "--untied"
                       : o->c.sinpos            ? "--sinpos"
                       : o->c.rope              ? "--rope"
                       : o->c.composite_attn    ? "--no-sdpa"
-                      : o->save                ? "--save"
-                      : o->resume              ? "--resume"
                                                : NULL;
     if (bad) {
         fprintf(stderr, "char_gpt: %s is not supported with --dp/--tp/--zero/--ep (a device "
@@ -261,10 +272,14 @@ static void parse_args(int argc, char **argv, options *o)
                 o->c.composite_attn = true;
             else if (!strcmp(a, "--capture"))
                 o->capture = true;
+            else if (!strcmp(a, "--sp"))
+                o->sp = true, o->mesh = true;
             else if (!strcmp(a, "--sinpos"))
                 o->c.sinpos = true;
             else if (!strcmp(a, "--rope"))
                 o->c.rope = true;
+            else if (!strcmp(a, "--reshard"))
+                o->reshard = true;
             else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
                 usage(stdout);
                 exit(0);
@@ -299,6 +314,11 @@ static void parse_args(int argc, char **argv, options *o)
     o->t.amp = strcmp(o->amp, "bf16") ? NT_DTYPE_COUNT : NT_BF16;
     if (o->mesh)
         mesh_refuse(o);
+    if (o->reshard && (!o->mesh || !o->resume)) {
+        fprintf(stderr, "char_gpt: --reshard needs --resume and a device mesh "
+                        "(--dp/--tp/--zero/--ep): a plain run's checkpoint has one layout\n");
+        exit(1);
+    }
     if (o->backend && strcmp(o->backend, "sim") && strcmp(o->backend, "cpu")) {
         fprintf(stderr, "char_gpt: --backend must be sim or cpu (got '%s')\n", o->backend);
         exit(1);
@@ -421,7 +441,16 @@ static int mesh_main(options *o, gpt_data *d)
         nt_shutdown();
         return 1;
     }
+    if (gptm_set_sp(&g, o->sp, err, sizeof err) ||
+        gptm_set_dropout(&g, o->c.dropout, err, sizeof err)) {
+        fprintf(stderr, "char_gpt: %s\n", err);
+        gptm_free(&g);
+        nt_shutdown();
+        return 1;
+    }
     bool main_proc = nt_process_rank() == 0;
+    if (main_proc && (o->sp || o->c.dropout > 0))
+        printf("sequence parallelism %s, dropout %g\n", o->sp ? "on" : "off", o->c.dropout);
     if (main_proc)
         printf("mesh: data %d x tensor %d (%d cores in %d process(es)), ZeRO stage %d, %d "
                "shards of %d sequences, %d blocks; vocabulary %d padded to %d; %d layers, %d "
@@ -441,17 +470,31 @@ static int mesh_main(options *o, gpt_data *d)
     if (!xb || !yb || !loss_sum)
         check(-1, "allocating the batch");
     int64_t end = o->limit_steps && o->limit_steps < o->t.steps ? o->limit_steps : o->t.steps;
+    int64_t start = 0;
+    if (o->resume) {
+        /* the same layout, or any other with --reshard (examples/gpt_mesh.h) */
+        if (gptm_load(&g, o->resume, o->reshard, err, sizeof err)) {
+            fprintf(stderr, "char_gpt: --resume: %s\n", err);
+            gptm_free(&g);
+            nt_shutdown();
+            return 1;
+        }
+        start = nt_optim_steps(g.opt[0][0]);
+        g.step = (uint64_t)start; /* dropout's masks are keyed on the step */
+        if (main_proc)
+            printf("resumed from %s at step %lld\n", o->resume, (long long)start);
+    }
     int local = 0; /* this process's shards */
     for (int s = 0; s < o->shards; s++)
         local += nt_ddp_shard_device(g.ddp[0], s) >= 0;
     double sim = 0, host = 0, mark = 0, hmark = 0, val = NAN;
     int64_t timed = 0, n_log = 0;
-    for (int64_t step = 0; step < end; step++) {
+    for (int64_t step = start; step < end; step++) {
         gpt_batch(d, false, o->t.seed, step, B, T, xb, yb);
         if (gptm_step(&g, &o->t, xb, yb, loss_sum))
             check(-1, "training step");
         n_log++;
-        if (step == 0)
+        if (step == start)
             mark = mesh_clock(), hmark = now_s();
         else
             timed++;
@@ -460,7 +503,7 @@ static int mesh_main(options *o, gpt_data *d)
         if (!log && !eval)
             continue;
         double c = mesh_clock(), h = now_s(), sv;
-        if (step > 0)
+        if (step > start)
             sim += c - mark, host += h - hmark;
         check(nt_item(loss_sum, &sv), "reading the loss");
         check(nt_fill_inplace(loss_sum, 0), "resetting the loss sum");
@@ -476,6 +519,14 @@ static int mesh_main(options *o, gpt_data *d)
                 check(-1, "evaluation");
             if (main_proc)
                 printf("eval step=%lld val=%.4f\n", (long long)step + 1, val);
+            if (o->save) {
+                if (gptm_save(&g, o->save, err, sizeof err)) {
+                    fprintf(stderr, "char_gpt: --save: %s\n", err);
+                    return 1;
+                }
+                if (main_proc)
+                    printf("saved %s at step %lld\n", o->save, (long long)step + 1);
+            }
         }
         fflush(stdout);
         mark = mesh_clock(), hmark = now_s();
@@ -487,15 +538,21 @@ static int mesh_main(options *o, gpt_data *d)
     }
     if (main_proc) {
         if (timed > 0)
-            printf("mesh step time (steps 2..%lld, evaluations left out): NeuronCore "
-                   "(simulated) %.3f ms/step, host %.1f ms/step\n", (long long)end,
+            printf("mesh step time (steps %lld..%lld, evaluations left out): NeuronCore "
+                   "(simulated) %.3f ms/step, host %.1f ms/step\n", (long long)start + 2,
+                   (long long)end,
                    sim * 1e-6 / timed, host * 1e3 / timed);
         printf("final val loss %.4f after %lld steps\n", val, (long long)end);
+        printf("activations: %.3f MiB on tensor rank 0's core (what a shard's forward "
+               "keeps for the backward: nt_device_bytes_live's growth, largest over the "
+               "steps); live then %.3f MiB\n", (double)g.act_bytes / 1048576.0,
+               (double)g.live_bytes / 1048576.0);
         if (o->experts)
             printf("params crc32 %08x (dp %d, ep %d, zero %d; MoE %d experts, top-%d)\n", crc,
                    o->dp, g.ep, o->zero, o->experts, o->topk);
         else
-            printf("params crc32 %08x (dp %d, tp %d, zero %d)\n", crc, o->dp, o->tp, o->zero);
+            printf("params crc32 %08x (dp %d, tp %d, zero %d%s)\n", crc, o->dp, o->tp, o->zero,
+                   o->sp ? ", sp" : "");
     }
     nt_release(loss_sum);
     free(xb);
@@ -579,8 +636,17 @@ int main(int argc, char **argv)
         nt_checkpoint_entry *ent;
         int nent;
         check(nt_checkpoint_list(o.resume, &ent, &nent), "--resume");
-        bool named = nent > 0 && strcmp(ent[0].name, "0") != 0;
+        bool named = nent > 0 && strcmp(ent[0].name, "0") != 0, mesh = false;
+        for (int i = 0; i < nent; i++)
+            mesh = mesh || !strcmp(ent[i].name, "mesh.layout");
         nt_checkpoint_list_free(ent, nent);
+        if (mesh) {
+            fprintf(stderr, "char_gpt: --resume: '%s' is a mesh checkpoint (--dp/--tp/--zero/"
+                            "--ep): the mesh model's parameters are laid out and summed "
+                            "otherwise; resume it under a mesh (its 1-core form: --dp 1 --tp "
+                            "1 --reshard)\n", o.resume);
+            return 1;
+        }
         check(named ? nt_checkpoint_read(o.resume, &ck, true, NULL)
                     : nt_load(o.resume, m.p, m.n_params, opt),
               "--resume");

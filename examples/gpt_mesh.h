@@ -32,7 +32,25 @@
  * nt_ddp_backward_group hands each nt_ddp its replica's gradients.  ZeRO
  * stages come from nt_ddp_set_zero on every one of them.  Gradient
  * clipping (gptm_clip) defines its norm's order over the same blocks.  Not
- * done under a mesh: dropout, --untied, --sinpos, --rope.
+ * done under a mesh: --untied, --sinpos, --rope.
+ *
+ * Sequence parallelism and dropout (gptm_set_sp, gptm_set_dropout): with
+ * sp, the residual stream, the layer norms, the row-parallel biases and
+ * dropout hold each member's slice of the sequence, [b, T / tp, D]; the
+ * column-parallel linears all-gather their input along T and the
+ * row-parallel ones reduce-scatter their output (nt_tp_*_linear_sp: every
+ * activation element the bits of the layers without sp).  What the split
+ * would cut is the replicated parameters' gradients, which sum over
+ * tokens: under sp they are defined over `blocks` token blocks of T /
+ * blocks positions (each block's layer norm, bias add and position rows
+ * on its own, nt_tp_copy_blocks adding the blocks in the rank tree), so
+ * every split gives one CRC -- not the CRC without sp, whose layer norms
+ * sum all of a shard's tokens in one reduction.  Dropout (the plain
+ * model's places: the embedding, each block's two residual branches) masks
+ * each token block with its own seed, a hash of (seed, step, shard, site,
+ * token block): nt_dropout's counter-based mask of (seed, element) then
+ * depends on the global position only, not on the split, with or without
+ * sp.
  *
  * The MoE variant (gptm_init_moe with experts > 0, char_gpt --ep/--experts):
  * every block's MLP is nt_moe_mlp over a third mesh dimension, "expert"
@@ -42,7 +60,10 @@
  * member e routes rows e N/ep .. of the shard's tokens and owns experts
  * e E/ep ... One nt_ddp per member (over the devices of its expert
  * coordinate), the experts' weights held as that member's rows.  The loss
- * adds auxw times the layers' load-balancing losses. */
+ * adds auxw times the layers' load-balancing losses.
+ *
+ * Checkpoints (gptm_save, gptm_load at the end): one nt_ddp_save_split per
+ * member plus a layout record; a load under another layout reshards. */
 #ifndef NT_EXAMPLES_GPT_MESH_H
 #define NT_EXAMPLES_GPT_MESH_H
 
@@ -83,6 +104,18 @@ typedef struct {
     nt_optim *opt[GPTM_MAXD][GPTM_MAXD];
     nt_scheduler *sched[GPTM_MAXD][GPTM_MAXD];
     nt_tensor *mask_unused;
+    /* Sequence parallelism (gptm_set_sp) and dropout (gptm_set_dropout):
+     * the file's comment says what they do. */
+    bool sp;
+    double dropout;
+    uint64_t seed, step;   /* dropout's key: the run's seed, the step (gptm_step counts) */
+    int shard;             /* the shard gptm_loss computes (gptm_step sets it) */
+    bool training;         /* dropout on (gptm_step's forward) */
+    int64_t act_bytes;     /* the largest activation memory a shard's forward left on
+                              member 0's device: nt_device_bytes_live after the
+                              forward's scope ended (what the backward keeps, and
+                              the loss) minus before the forward */
+    int64_t live_bytes;    /* the largest nt_device_bytes_live there before a backward */
 } gpt_mesh;
 
 /* Parameter index: wte, wpe, per block wqkv wo w1 w2 (the 2-D, decayed),
@@ -141,6 +174,43 @@ static inline int gptm_check(const gpt_config *c, int dp, int tp, int zero, int 
     if (batch % shards)
         return gptm_fail(err, n, "--batch (%d) must be a multiple of --shards (%d)", batch,
                          shards);
+    return 0;
+}
+
+/* Sequence parallelism's sizes: 0 or -1 with err set. */
+static inline int gptm_check_sp(const gpt_config *c, int tp, int blocks, int experts, char *err,
+                                size_t n)
+{
+    if (experts)
+        return gptm_fail(err, n, "--sp needs the dense MLP: not with --ep/--experts");
+    if (c->context % blocks)
+        return gptm_fail(err, n, "--sp: --context (%d) must be a multiple of --blocks (%d), "
+                         "the token blocks (each member holds --context / --tp = %d / %d "
+                         "positions)", c->context, blocks, c->context, tp);
+    return 0;
+}
+
+/* Turns sequence parallelism on (before the first step): 0 or -1 with err
+ * set. */
+static inline int gptm_set_sp(gpt_mesh *g, bool on, char *err, size_t n)
+{
+    if (on && gptm_check_sp(&g->c, g->tp, g->blocks, g->experts, err, n))
+        return -1;
+    g->sp = on;
+    return 0;
+}
+
+/* Dropout probability p in [0, 1) (the plain model's places). */
+static inline int gptm_set_dropout(gpt_mesh *g, double p, char *err, size_t n)
+{
+    if (!(p >= 0 && p < 1))
+        return gptm_fail(err, n, "--dropout (%g) must be in [0, 1)", p);
+    if (p > 0 && g->experts)
+        return gptm_fail(err, n, "--dropout is not supported with the MoE MLP (--ep/--experts)");
+    if (p > 0 && g->c.context % g->blocks)
+        return gptm_fail(err, n, "--dropout: --context (%d) must be a multiple of --blocks (%d) "
+                         "(dropout's token blocks)", g->c.context, g->blocks);
+    g->dropout = p;
     return 0;
 }
 
@@ -331,6 +401,7 @@ static inline int gptm_init_moe(gpt_mesh *g, const gpt_config *c, int dp, int tp
     g->ep = experts ? ep : 1, g->experts = experts, g->topk = topk, g->auxw = 0.01;
     g->nm = tp * g->ep;
     g->amp = o->amp;
+    g->seed = o->seed;
     if (gptm_check(c, dp, tp, zero, blocks, shards, o->batch, err, en))
         return -1;
     if (experts && gptm_check_moe(c, tp, ep, experts, topk, shards, o->batch, err, en))
@@ -521,6 +592,191 @@ static inline int gptm_moe(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const int 
     return 0;
 }
 
+/* ---------------- dropout and sequence parallelism ---------------- */
+
+#define GPTM_MAXLB 64 /* token blocks of a member */
+
+static inline uint64_t gptm_mix(uint64_t x) /* splitmix64's finalizer */
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static inline bool gptm_dropping(const gpt_mesh *g)
+{
+    return g->dropout > 0 && g->training;
+}
+
+/* Dropout of global token block kg (x [b, T / blocks, D]) at `site` (0 the
+ * embedding, then two per block, as gpt_dropout's): nt_dropout's mask of
+ * (seed, element index in the block), the seed a hash of (the run's seed,
+ * the step, the shard, site, kg) -- the same whatever holds the block. */
+static inline nt_tensor *gptm_drop1(const gpt_mesh *g, nt_tensor *x, int site, int kg)
+{
+    uint64_t h = gptm_mix(g->seed);
+    h = gptm_mix(h ^ g->step);
+    h = gptm_mix(h ^ (uint64_t)g->shard);
+    h = gptm_mix(h ^ ((uint64_t)site << 32 | (uint64_t)kg));
+    return nt_dropout(x, g->dropout, h);
+}
+
+/* Without sp: dropout of the members' whole x [b, T, D], block by block. */
+static inline void gptm_drop_full(const gpt_mesh *g, const int *devs, nt_tensor **x, int site)
+{
+    if (!gptm_dropping(g))
+        return;
+    int nb = g->blocks;
+    for (int r = 0; r < g->nm; r++) {
+        nt_device_set(devs[r]);
+        int64_t tb = nt_shape(x[r], 1) / nb;
+        nt_tensor *parts[GPTM_MAXLB];
+        for (int k = 0; k < nb; k++)
+            parts[k] = gptm_drop1(g, nt_slice(x[r], 1, k * tb, (k + 1) * tb, 1), site, k);
+        x[r] = nb > 1 ? nt_cat(parts, nb, 1) : parts[0];
+    }
+}
+
+/* Row k of a nt_tp_copy_blocks result [lb, ...]: the k-th block's copy. */
+static inline nt_tensor *gptm_blk(nt_tensor *pc, int k)
+{
+    int nd = nt_ndim(pc);
+    int64_t shape[2] = {nt_shape(pc, 1), nd > 2 ? nt_shape(pc, 2) : 0};
+    return nt_reshape(nt_slice(pc, 0, k, k + 1, 1), nd - 1, shape);
+}
+
+/* The members' replicated parameter j as blocks / tp copies each. */
+static inline int gptm_sp_copy(const gpt_mesh *g, nt_comm *c, nt_tensor **P[], int j,
+                               nt_tensor **pc)
+{
+    nt_tensor *in[GPTM_MAXD];
+    for (int r = 0; r < g->tp; r++)
+        in[r] = P[r][j];
+    return nt_tp_copy_blocks(c, in, g->blocks / g->tp, pc);
+}
+
+/* sp: each member's token blocks of x [b, T / tp, D] layer-normed, each
+ * block with its copy of parameters j, j + 1. */
+static inline int gptm_sp_ln(gpt_mesh *g, nt_comm *c, nt_tensor **P[], const int *devs,
+                             nt_tensor **x, int j, nt_tensor **h)
+{
+    int lb = g->blocks / g->tp;
+    nt_tensor *wc[GPTM_MAXD], *bc[GPTM_MAXD];
+    if (gptm_sp_copy(g, c, P, j, wc) || gptm_sp_copy(g, c, P, j + 1, bc))
+        return -1;
+    for (int r = 0; r < g->tp; r++) {
+        nt_device_set(devs[r]);
+        int64_t tb = nt_shape(x[r], 1) / lb;
+        nt_tensor *parts[GPTM_MAXLB];
+        for (int k = 0; k < lb; k++)
+            parts[k] = nt_layer_norm(nt_slice(x[r], 1, k * tb, (k + 1) * tb, 1),
+                                     gptm_blk(wc[r], k), gptm_blk(bc[r], k), 1e-5);
+        h[r] = lb > 1 ? nt_cat(parts, lb, 1) : parts[0];
+        if (!h[r])
+            return -1;
+    }
+    return 0;
+}
+
+/* sp: x[r] += dropout(y[r] + bias j), token block by token block. */
+static inline int gptm_sp_resid(gpt_mesh *g, nt_comm *c, nt_tensor **P[], const int *devs,
+                                int j, nt_tensor **y, nt_tensor **x, int site)
+{
+    int lb = g->blocks / g->tp;
+    nt_tensor *bc[GPTM_MAXD];
+    if (gptm_sp_copy(g, c, P, j, bc))
+        return -1;
+    for (int r = 0; r < g->tp; r++) {
+        nt_device_set(devs[r]);
+        int64_t tb = nt_shape(y[r], 1) / lb;
+        nt_tensor *parts[GPTM_MAXLB];
+        for (int k = 0; k < lb; k++) {
+            nt_tensor *b = gptm_blk(bc[r], k);
+            if (g->amp != NT_DTYPE_COUNT)
+                b = nt_cast(b, g->amp);
+            nt_tensor *v = nt_add(nt_slice(y[r], 1, k * tb, (k + 1) * tb, 1), b);
+            parts[k] = gptm_dropping(g) ? gptm_drop1(g, v, site, r * lb + k) : v;
+        }
+        x[r] = nt_add(x[r], lb > 1 ? nt_cat(parts, lb, 1) : parts[0]);
+        if (!x[r])
+            return -1;
+    }
+    return 0;
+}
+
+/* sp: block l on the members' slices x [b, T / tp, D]. */
+static inline int gptm_block_sp(gpt_mesh *g, nt_comm *c, nt_tensor **P[], const int *devs,
+                                int l, nt_tensor **x)
+{
+    int tp = g->tp, B = g->blocks;
+    int64_t D = g->c.width, H = g->c.n_head, hl = H / tp, hd = D / H;
+    nt_tensor *h[GPTM_MAXD] = {0}, *q[GPTM_MAXD] = {0}, *w[GPTM_MAXD] = {0},
+              *b[GPTM_MAXD] = {0}, *y[GPTM_MAXD] = {0};
+    if (gptm_sp_ln(g, c, P, devs, x, GPTM_M1(g, l, GPTM_LN1W), h))
+        return -1;
+    for (int r = 0; r < tp; r++)
+        w[r] = P[r][GPTM_M2(g, l, GPTM_WQKV)], b[r] = P[r][GPTM_M1(g, l, GPTM_BQKV)];
+    gptm_lowp(g, devs, h, w, b);
+    if (nt_tp_column_linear_sp(c, h, w, b, B, 1, q))
+        return -1;
+    for (int r = 0; r < tp; r++) {
+        nt_device_set(devs[r]);
+        int64_t Bt = nt_shape(q[r], 0), T = nt_shape(q[r], 1);
+        nt_tensor *a = nt_scaled_dot_product_attention(gptm_head(q[r], hl, hd, 0),
+                                                       gptm_head(q[r], hl, hd, 1),
+                                                       gptm_head(q[r], hl, hd, 2), NULL, true,
+                                                       0.0);
+        h[r] = nt_reshape(nt_permute(a, (int[]){0, 2, 1, 3}), 3, (int64_t[]){Bt, T, hl * hd});
+        w[r] = P[r][GPTM_M2(g, l, GPTM_WO)];
+    }
+    gptm_lowp(g, devs, h, w, NULL);
+    if (nt_tp_row_linear_sp(c, h, w, NULL, B, 1, y) ||
+        gptm_sp_resid(g, c, P, devs, GPTM_M1(g, l, GPTM_BO), y, x, 1 + 2 * l) ||
+        gptm_sp_ln(g, c, P, devs, x, GPTM_M1(g, l, GPTM_LN2W), h))
+        return -1;
+    for (int r = 0; r < tp; r++)
+        w[r] = P[r][GPTM_M2(g, l, GPTM_W1)], b[r] = P[r][GPTM_M1(g, l, GPTM_B1)];
+    gptm_lowp(g, devs, h, w, b);
+    if (nt_tp_column_linear_sp(c, h, w, b, B, 1, q))
+        return -1;
+    for (int r = 0; r < tp; r++) {
+        nt_device_set(devs[r]);
+        h[r] = nt_gelu(q[r]);
+        w[r] = P[r][GPTM_M2(g, l, GPTM_W2)];
+    }
+    gptm_lowp(g, devs, h, w, NULL);
+    if (nt_tp_row_linear_sp(c, h, w, NULL, B, 1, y))
+        return -1;
+    return gptm_sp_resid(g, c, P, devs, GPTM_M1(g, l, GPTM_B2), y, x, 2 + 2 * l);
+}
+
+/* sp: the members' slices of the embedding e [b, T, D] (replicated) plus
+ * the positions, token block by token block (dropout site 0). */
+static inline int gptm_sp_embed(gpt_mesh *g, nt_comm *c, nt_tensor **P[], const int *devs,
+                                nt_tensor **e, nt_tensor **x)
+{
+    int lb = g->blocks / g->tp;
+    nt_tensor *xs[GPTM_MAXD], *pc[GPTM_MAXD];
+    if (nt_tp_split(c, e, xs, 1) || gptm_sp_copy(g, c, P, GPTM_WPE, pc))
+        return -1;
+    for (int r = 0; r < g->tp; r++) {
+        nt_device_set(devs[r]);
+        int64_t tb = nt_shape(xs[r], 1) / lb;
+        nt_tensor *parts[GPTM_MAXLB];
+        for (int k = 0; k < lb; k++) {
+            int kg = r * lb + k;
+            nt_tensor *pos = nt_slice(gptm_blk(pc[r], k), 0, kg * tb, (kg + 1) * tb, 1);
+            nt_tensor *v = nt_add(nt_slice(xs[r], 1, k * tb, (k + 1) * tb, 1), pos);
+            parts[k] = gptm_dropping(g) ? gptm_drop1(g, v, 0, kg) : v;
+        }
+        x[r] = lb > 1 ? nt_cat(parts, lb, 1) : parts[0];
+        if (!x[r])
+            return -1;
+    }
+    return 0;
+}
+
 /* Block l on the members' x [B, T, D]. */
 static inline int gptm_block(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const int *devs, int l,
                              nt_tensor **x, nt_tensor **aux)
@@ -548,6 +804,7 @@ static inline int gptm_block(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const in
     gptm_lowp(g, devs, h, w, b);
     if (gptm_linear(g, true, c, h, w, b, B, y))
         return -1;
+    gptm_drop_full(g, devs, y, 1 + 2 * l);
     for (int r = 0; r < tp; r++) {
         nt_device_set(devs[r]);
         x[r] = nt_add(x[r], y[r]);
@@ -568,6 +825,7 @@ static inline int gptm_block(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const in
     gptm_lowp(g, devs, h, w, b);
     if (gptm_linear(g, true, c, h, w, b, B, y))
         return -1;
+    gptm_drop_full(g, devs, y, 2 + 2 * l);
     for (int r = 0; r < tp; r++) {
         nt_device_set(devs[r]);
         x[r] = nt_add(x[r], y[r]);
@@ -591,11 +849,30 @@ static inline nt_tensor *gptm_loss(gpt_mesh *g, nt_comm **c, nt_tensor **P[], co
     for (int e = 0; e < g->ep; e++)
         if (nt_tp_embedding(c[e], w + e * t, idx + e * t, x + e * t))
             return NULL;
+    if (g->sp) {
+        nt_tensor *xs[GPTM_MAXD];
+        if (gptm_sp_embed(g, c[0], P, devs, x, xs))
+            return NULL;
+        for (int l = 0; l < g->c.n_layer; l++)
+            if (gptm_block_sp(g, c[0], P, devs, l, xs))
+                return NULL;
+        if (gptm_sp_ln(g, c[0], P, devs, xs, GPTM_LNF(g), xs))
+            return NULL;
+        gptm_lowp(g, devs, xs, w, NULL);
+        if (nt_tp_column_linear_sp(c[0], xs, w, NULL, g->blocks, 1, lg))
+            return NULL;
+        for (int r = 0; r < tp; r++) {
+            nt_device_set(devs[r]);
+            lg[r] = nt_reshape(lg[r], 2, (int64_t[]){Bt * T, nt_shape(lg[r], 2)});
+        }
+        goto head_done;
+    }
     for (int r = 0; r < tp; r++) {
         nt_device_set(devs[r]);
         nt_tensor *pos = nt_arange(NT_I32, 0, (double)T, 1);
         x[r] = nt_add(x[r], nt_embedding(P[r][GPTM_WPE], pos));
     }
+    gptm_drop_full(g, devs, x, 0);
     for (int l = 0; l < g->c.n_layer; l++)
         if (gptm_block(g, c, P, devs, l, x, aux))
             return NULL;
@@ -607,6 +884,7 @@ static inline nt_tensor *gptm_loss(gpt_mesh *g, nt_comm **c, nt_tensor **P[], co
     gptm_lowp(g, devs, x, w, NULL);
     if (gptm_linear(g, false, c, x, w, NULL, g->blocks, lg))
         return NULL;
+head_done:
     for (int e = 0; e < g->ep; e++)
         if (nt_tp_cross_entropy(c[e], lg + e * t, tgt + e * t, g->blocks, loss + e * t))
             return NULL;
@@ -789,6 +1067,7 @@ static inline int gptm_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t 
                             const int32_t *yb, nt_tensor *loss_sum)
 {
     int B = o->batch, T = g->c.context, tp = g->nm;
+    g->step++;
     for (int r = 0; r < tp; r++)
         for (int k = 0; k < g->ndd[r]; k++)
             if (nt_scheduler_step(g->sched[r][k]))
@@ -824,7 +1103,23 @@ static inline int gptm_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t 
             return -1;
         }
         g->tally = true;
-        nt_tensor *loss = ok ? gptm_loss(g, c, P, devs, idx, tgt) : NULL;
+        g->training = true;
+        g->shard = s;
+        /* the forward in its own scope: what stays live after it is what the
+         * backward keeps (the activations) and the loss */
+        int64_t live0 = nt_device_bytes_live(devs[0]);
+        nt_scope *fs = nt_scope_begin();
+        nt_tensor *loss = ok && fs ? gptm_loss(g, c, P, devs, idx, tgt) : NULL;
+        if (loss)
+            nt_keep(loss);
+        if (fs)
+            nt_scope_end(fs);
+        int64_t live1 = nt_device_bytes_live(devs[0]);
+        if (loss && live1 - live0 > g->act_bytes)
+            g->act_bytes = live1 - live0;
+        if (loss && live1 > g->live_bytes)
+            g->live_bytes = live1;
+        g->training = false;
         g->tally = false;
         if (amp)
             nt_autocast_end();
@@ -837,6 +1132,8 @@ static inline int gptm_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t 
             rc = nt_add_inplace(loss_sum, lv) != 0;
             nt_no_grad_end();
         }
+        if (loss)
+            nt_release(loss);
         nt_scope_end(sc);
         if (rc)
             return -1;
@@ -967,6 +1264,189 @@ static inline int gptm_crc(gpt_mesh *g, uint32_t *crc, char *err, size_t en)
             return -1;
     }
     *crc = c;
+    return 0;
+}
+
+/* ---------------- checkpoints (docs/parallel.md, "Mesh checkpoints") ----------------
+ *
+ * A save at `path` is one nt_ddp_save_split per member (tensor rank r of
+ * tp, or expert rank e of ep: "<path>.tp<m>of<nm>.zero<r>of<R>", its
+ * shards or replica and its AdamW state, step counts and lrs) and, written
+ * last by process 0, "<path>" itself: the tensor "mesh.layout" (the model,
+ * which must match to load, and the layout it was split by).  A load under
+ * the same layout reads each member's own files; under another (dp, tp,
+ * ep, zero) it is an error unless asked to reshard: then
+ * nt_ddp_load_split puts each parameter and its AdamW moments together
+ * from every saved file and cuts them for this layout.  The mesh layouts
+ * share their arithmetic (fixed blocks and shards), so a resharded run
+ * continues with the bits of an uninterrupted run.  The schedule's
+ * position and the batches are the optimizer's step count (gpt_batch of
+ * the step), restored with it. */
+
+enum { GPTM_CK_VERSION = 1, GPTM_CK_N = 16 };
+
+/* The layout record: version, dp, tp, ep, zero, then the model: blocks,
+ * shards, experts, topk, vocab (padded), layers, heads, width, context,
+ * parameter count, auxw x 1e6. */
+static inline void gptm_ck_layout(const gpt_mesh *g, int32_t *v)
+{
+    int32_t w[GPTM_CK_N] = {GPTM_CK_VERSION, g->dp, g->tp, g->ep, g->zero, g->blocks,
+                            g->shards, g->experts, g->topk, g->c.vocab, g->c.n_layer,
+                            g->c.n_head, g->c.width, g->c.context, g->n,
+                            (int32_t)lround(g->auxw * 1e6)};
+    memcpy(v, w, sizeof w);
+}
+
+/* "dp 2, tp 2, zero 2" (and ", ep E" with the MoE MLP) of layout v. */
+static inline void gptm_ck_name(const int32_t *v, char *buf, size_t n)
+{
+    if (v[0] < 0)
+        snprintf(buf, n, "no checkpoint it could read");
+    else if (v[7])
+        snprintf(buf, n, "dp %d, ep %d, zero %d", v[1], v[3], v[4]);
+    else
+        snprintf(buf, n, "dp %d, tp %d, zero %d", v[1], v[2], v[4]);
+}
+
+/* Parameter j's split dim over the members (-1: the same on every one). */
+static inline int gptm_split_dim(const gpt_mesh *g, int j)
+{
+    int split = g->spec[j].split;
+    if (split == GPTM_REP)
+        return -1;
+    if (g->experts)
+        return split == GPTM_EXP ? 0 : -1;
+    return split == GPTM_COLS ? 1 : 0;
+}
+
+/* Saves g at path (see above); every process calls it.  0 or -1 with err. */
+static inline int gptm_save(gpt_mesh *g, const char *path, char *err, size_t en)
+{
+    for (int m = 0; m < g->nm; m++)
+        if (nt_ddp_save_split(g->ddp[m], path, m, g->nm, g->opt[m], g->ndd[m]))
+            return gptm_fail(err, en, "%s", nt_last_error_message());
+    if (nt_process_rank() != 0)
+        return 0;
+    int32_t v[GPTM_CK_N];
+    gptm_ck_layout(g, v);
+    nt_device_set(0);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *t = nt_from_host(v, NT_I32, 1, (int64_t[]){GPTM_CK_N});
+    const char *name = "mesh.layout";
+    int rc = !t || nt_checkpoint_write(path, &(nt_checkpoint_spec){.tensors = &t,
+                                                                  .names = &name, .n = 1});
+    nt_scope_end(sc);
+    return rc ? gptm_fail(err, en, "%s", nt_last_error_message()) : 0;
+}
+
+/* Reads path's layout record into v.  0 or -1 with err set. */
+static inline int gptm_ck_read(const char *path, int32_t *v, char *err, size_t en)
+{
+    nt_device_set(0);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *t = nt_zeros(NT_I32, 1, (int64_t[]){GPTM_CK_N});
+    const char *name = "mesh.layout";
+    nt_load_report rep = {0};
+    int rc = !t || nt_checkpoint_read(path, &(nt_checkpoint_spec){.tensors = &t, .names = &name,
+                                                                 .n = 1}, false, &rep);
+    if (rc)
+        gptm_fail(err, en, "%s", nt_last_error_message());
+    else if (rep.loaded != 1)
+        rc = gptm_fail(err, en, "'%s' is not a mesh checkpoint (no tensor 'mesh.layout'): "
+                       "a checkpoint of char_gpt without --dp/--tp/--zero/--ep loads only "
+                       "there", path);
+    else if (nt_to_host(t, v, sizeof *v * GPTM_CK_N))
+        rc = gptm_fail(err, en, "%s", nt_last_error_message());
+    nt_load_report_clear(&rep);
+    nt_scope_end(sc);
+    return rc ? -1 : 0;
+}
+
+/* Under mpirun: every process's layout record v must be the same (each
+ * read the file itself); 0 or -1 with err naming both. */
+static inline int gptm_ck_agree(gpt_mesh *g, const char *path, const int32_t *v, char *err,
+                                size_t en)
+{
+    if (nt_process_count() == 1)
+        return 0;
+    int devs[GPTM_MAXD];
+    for (int i = 0; i < g->ndev; i++)
+        devs[i] = i;
+    nt_comm *w = nt_comm_create(devs, g->ndev);
+    if (!w)
+        return gptm_fail(err, en, "%s", nt_last_error_message());
+    int total = nt_comm_size(w), rc = 0;
+    int32_t *every = malloc(sizeof *every * GPTM_CK_N * (size_t)total);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *in[GPTM_MAXD], *out[GPTM_MAXD];
+    for (int i = 0; i < g->ndev && !rc; i++) {
+        nt_device_set(i);
+        rc = !(in[i] = nt_from_host(v, NT_I32, 1, (int64_t[]){GPTM_CK_N}));
+    }
+    if (rc || !every || nt_all_gather(w, in, out) ||
+        nt_to_host(out[0], every, sizeof *every * GPTM_CK_N * (size_t)total))
+        rc = gptm_fail(err, en, "comparing the layouts of the processes: %s",
+                       nt_last_error_message());
+    for (int r = 0; r < total && !rc; r++)
+        if (memcmp(every + (size_t)r * GPTM_CK_N, every, sizeof *every * GPTM_CK_N)) {
+            char a[64], b[64];
+            gptm_ck_name(every, a, sizeof a);
+            gptm_ck_name(every + (size_t)r * GPTM_CK_N, b, sizeof b);
+            rc = gptm_fail(err, en, "the processes read different checkpoints at '%s': global "
+                           "rank 0's was saved under (%s), global rank %d's under (%s)%s", path,
+                           a, r, b, strcmp(a, b) ? "" : " (another model)");
+        }
+    nt_scope_end(sc);
+    nt_comm_destroy(w);
+    free(every);
+    nt_device_set(0);
+    return rc ? -1 : 0;
+}
+
+/* Loads path into g (its parameters, AdamW moments, step counts and lrs):
+ * the same layout as saved, or any other with reshard.  Every process
+ * calls it.  0 or -1 with err set (a different model, a layout asked for
+ * without reshard, the runtime's errors), nothing loaded on a mismatch. */
+static inline int gptm_load(gpt_mesh *g, const char *path, bool reshard, char *err, size_t en)
+{
+    int32_t v[GPTM_CK_N], w[GPTM_CK_N];
+    char rerr[512] = "";
+    bool bad = gptm_ck_read(path, v, rerr, sizeof rerr) != 0;
+    if (bad) /* still compared: the others must not wait for this process */
+        for (int i = 0; i < GPTM_CK_N; i++)
+            v[i] = -1;
+    if (gptm_ck_agree(g, path, v, err, en))
+        return -1;
+    if (bad)
+        return gptm_fail(err, en, "%s", rerr);
+    gptm_ck_layout(g, w);
+    if (v[0] != GPTM_CK_VERSION)
+        return gptm_fail(err, en, "'%s': mesh checkpoint version %d; this build reads %d", path,
+                         v[0], GPTM_CK_VERSION);
+    static const char *const what[GPTM_CK_N] = {
+        "", "", "", "", "", "--blocks", "--shards", "--experts", "--topk",
+        "the padded vocabulary", "--layers", "--heads", "--width", "--context",
+        "the parameter count", "the load-balancing coefficient (x 1e6)"};
+    for (int i = 5; i < GPTM_CK_N; i++)
+        if (v[i] != w[i])
+            return gptm_fail(err, en, "'%s' holds another model: %s is %d there, %d here", path,
+                             what[i], v[i], w[i]);
+    bool same = v[1] == w[1] && v[2] == w[2] && v[3] == w[3] && v[4] == w[4];
+    char saved[64], here[64];
+    gptm_ck_name(v, saved, sizeof saved);
+    gptm_ck_name(w, here, sizeof here);
+    if (!same && !reshard)
+        return gptm_fail(err, en, "'%s' was saved under (%s); this run is (%s): pass --reshard "
+                         "(gptm_load's reshard) to cut the parameters and the optimizer state "
+                         "for this layout", path, saved, here);
+    int dims[1024];
+    for (int j = 0; j < g->n && j < 1024; j++)
+        dims[j] = gptm_split_dim(g, j);
+    for (int m = 0; m < g->nm; m++)
+        if (nt_ddp_load_split(g->ddp[m], path, m, g->nm, dims, g->opt[m], g->ndd[m], !same))
+            return gptm_fail(err, en, "loading '%s' (%s) into (%s): %s", path, saved, here,
+                             nt_last_error_message());
+    nt_device_set(0);
     return 0;
 }
 

@@ -47,6 +47,8 @@ typedef struct gstore {
     bool read_first;     /* some step reads it before any step writes it */
     bool dead;           /* freed before the capture ended */
     bool planned;
+    bool grouped;        /* written by an earlier part of a capture of several streams
+                            (a segment, a collective): the group keeps it, not the user */
     int first, last;     /* steps touching it */
     int64_t off;         /* planned: offset in the block */
     int input;           /* index into inputs, or -1 */
@@ -118,8 +120,11 @@ typedef struct idmap {
     size_t cap, n;
 } idmap;
 
+typedef struct ggroup ggroup;
+
 struct nt__capture {
     int slot;                /* in caps[] and st->cap */
+    ggroup *grp;             /* the capture of several streams it is a segment of, or NULL */
     nt_stream *stream;
     GThread *owner;
     nt_site site;            /* nt_graph_capture_begin's */
@@ -193,6 +198,40 @@ struct nt_graph {
     bool prog_timed;         /* the replay running now times its program */
     nt__sim_prog_snap snap;
     volatile AO_t replays;
+    /* a capture of several streams (nt_graph_capture_begin_multi): its parts
+     * in the recorded order (stream is NULL; inputs, leaves and hooks are
+     * the group's) */
+    struct gitem *items;
+    int nitems;
+    bool multi;
+};
+
+/* A part of a capture of several streams: one stream's program (a
+ * segment), or a collective (dist's record). */
+typedef struct gitem {
+    nt_graph *seg;
+    void *coll;
+    const nt__capture_coll_ops *ops;
+    nt_tensor **uin;     /* a collective's inputs the user's program owns (internal
+                            references): a replay checks they are alive */
+    int nuin;
+} gitem;
+
+/* A capture of several streams in progress (the capturing thread's). */
+struct ggroup {
+    nt_site site;            /* nt_graph_capture_begin_multi's */
+    uint64_t serial;         /* nt__capture_serial of every segment */
+    gitem *items;
+    int nitems, capitems;
+    ginput *inputs;          /* s: the item of the segment that reads it first, or -1 */
+    int ninputs, capinputs;
+    gleaf *leaves;
+    int nleaves, capleaves;
+    ghook *hooks;
+    int nhooks, caphooks;
+    idmap made;              /* storages written by the parts so far */
+    int err;
+    char msg[512];
 };
 
 typedef struct greplay {
@@ -218,6 +257,7 @@ static GMutex caps_lock;
 static nt_graph *live_graphs; /* caps_lock */
 _Thread_local nt__capture *nt__tl_capture NT_TLS_HOT;
 #define tl_cap nt__tl_capture
+static _Thread_local ggroup *tl_grp;
 
 /* ---------------- small containers ---------------- */
 
@@ -512,9 +552,15 @@ void nt__capture_group(nt__capture *c, const nt__fgroup *g)
 
 /* ---------------- the host side of a capture ---------------- */
 
+static int grp_switch(const nt_site *site, const char *fn, nt_stream *s);
+static int grp_input(const nt_site *site, ggroup *G, nt_tensor *t, const char *name);
+static nt_graph *grp_end(const nt_site *site);
+
 int nt__capture_check_stream(const nt_site *site, const char *fn, const nt__stream *s)
 {
     nt__capture *c = tl_cap;
+    if (c && c->stream != s && c->grp && !AO_load_acquire(&s->capture))
+        return grp_switch(site, fn, (nt_stream *)s); /* the next segment */
     if (c && c->stream != s)
         return nt__err(site, NT_ESTATE, fn,
                        "the thread is capturing a program on stream '%s'; an op on stream "
@@ -601,24 +647,32 @@ void nt__capture_fail(int code, const char *fmt, ...)
     cap_fail(c, code, "%s", m);
 }
 
+/* Where the calling thread's capture keeps its hooks: a capture of several
+ * streams keeps them for all its segments (a hook runs once a replay). */
+#define HOOKS_OF(c, h, n, cap)                                                                    \
+    ghook **h = (c)->grp ? &(c)->grp->hooks : &(c)->hooks;                                        \
+    int *n = (c)->grp ? &(c)->grp->nhooks : &(c)->nhooks;                                         \
+    int *cap = (c)->grp ? &(c)->grp->caphooks : &(c)->caphooks
+
 void nt__capture_on_replay(void (*fn)(void *ctx, int64_t arg), void *ctx, int64_t arg,
                            void (*retain)(void *ctx), void (*release)(void *ctx))
 {
     nt__capture *c = tl_cap;
     if (!c || c->paused)
         return;
-    for (int i = 0; i < c->nhooks; i++)
-        if (c->hooks[i].fn == fn && fn && c->hooks[i].ctx == ctx) {
-            c->hooks[i].arg = arg;
+    HOOKS_OF(c, hooks, nhooks, caphooks);
+    for (int i = 0; i < *nhooks; i++)
+        if ((*hooks)[i].fn == fn && fn && (*hooks)[i].ctx == ctx) {
+            (*hooks)[i].arg = arg;
             return;
         }
-    if (!grow((void **)&c->hooks, &c->caphooks, c->nhooks + 1, sizeof *c->hooks)) {
+    if (!grow((void **)hooks, caphooks, *nhooks + 1, sizeof **hooks)) {
         cap_fail(c, NT_EHOSTMEM, "out of host memory for the capture's hooks");
         return;
     }
     if (retain)
         retain(ctx);
-    c->hooks[c->nhooks++] = (ghook){fn, ctx, arg, release, NULL};
+    (*hooks)[(*nhooks)++] = (ghook){fn, ctx, arg, release, NULL};
 }
 
 void nt__capture_on_check(int (*check)(void *ctx, const nt_site *site), void *ctx,
@@ -627,19 +681,20 @@ void nt__capture_on_check(int (*check)(void *ctx, const nt_site *site), void *ct
     nt__capture *c = tl_cap;
     if (!c || c->paused)
         return;
-    for (int i = 0; i < c->nhooks; i++)
-        if (c->hooks[i].check == check && c->hooks[i].ctx == ctx)
+    HOOKS_OF(c, hooks, nhooks, caphooks);
+    for (int i = 0; i < *nhooks; i++)
+        if ((*hooks)[i].check == check && (*hooks)[i].ctx == ctx)
             return;
-    if (!grow((void **)&c->hooks, &c->caphooks, c->nhooks + 1, sizeof *c->hooks)) {
+    if (!grow((void **)hooks, caphooks, *nhooks + 1, sizeof **hooks)) {
         cap_fail(c, NT_EHOSTMEM, "out of host memory for the capture's hooks");
         return;
     }
     if (retain)
         retain(ctx);
-    c->hooks[c->nhooks++] = (ghook){NULL, ctx, 0, release, check};
+    (*hooks)[(*nhooks)++] = (ghook){NULL, ctx, 0, release, check};
 }
 
-uint64_t nt__capture_serial(void) { return tl_cap ? tl_cap->serial : 0; }
+uint64_t nt__capture_serial(void) { return tl_cap ? tl_cap->serial : 0; } /* a group's: one */
 
 static void hooks_release(ghook *h, int n)
 {
@@ -653,10 +708,15 @@ void nt__capture_note_leaf(nt_tensor *leaf, const nt__leaf_access *acc)
     nt__capture *c = tl_cap;
     if (!c || c->paused)
         return;
-    for (int i = 0; i < c->nleaves; i++)
-        if (c->leaves[i].leaf == leaf)
+    /* a capture of several streams checks and restores its leaves once a
+     * replay, as the whole step leaves them */
+    gleaf **leaves = c->grp ? &c->grp->leaves : &c->leaves;
+    int *nleaves = c->grp ? &c->grp->nleaves : &c->nleaves;
+    int *capleaves = c->grp ? &c->grp->capleaves : &c->capleaves;
+    for (int i = 0; i < *nleaves; i++)
+        if ((*leaves)[i].leaf == leaf)
             return;
-    if (!grow((void **)&c->leaves, &c->capleaves, c->nleaves + 1, sizeof *c->leaves)) {
+    if (!grow((void **)leaves, capleaves, *nleaves + 1, sizeof **leaves)) {
         cap_fail(c, NT_EHOSTMEM, "out of host memory for the capture's leaves");
         return;
     }
@@ -664,7 +724,7 @@ void nt__capture_note_leaf(nt_tensor *leaf, const nt__leaf_access *acc)
     nt_tensor *gr = acc->grad_of(leaf);
     if (gr)
         nt__storage_ref(gr->st);
-    c->leaves[c->nleaves++] = (gleaf){leaf, acc, gr ? gr->st : NULL, NULL};
+    (*leaves)[(*nleaves)++] = (gleaf){leaf, acc, gr ? gr->st : NULL, NULL};
 }
 
 void nt__graph_storage_dead(const nt__storage *st)
@@ -738,26 +798,20 @@ static bool graph_ok(const nt_site *site, const char *fn, nt_graph *g)
     return nt__hobj_check(g, GRAPH_MAGIC, site, fn, "g", "graph") == 0;
 }
 
-NT_API int nt_graph_capture_begin_at(const nt_site *site)
+/* A capture of stream s for the calling thread (which captures none now):
+ * the capture, or NULL with the error set (naming fn). */
+static nt__capture *capture_open(const nt_site *site, const char *fn, nt_stream *s)
 {
-    const char *fn = "nt_graph_capture_begin";
-    if (!nt__ensure_init())
-        return nt_last_error();
-    if (tl_cap) {
-        char where[256];
-        nt__site_format(&tl_cap->site, where, sizeof where);
-        return nt__err(site, NT_ESTATE, fn,
-                       "the thread is capturing a program already (since %s); captures do "
-                       "not nest",
-                       where);
+    if (AO_load_acquire(&s->capture)) {
+        nt__err(site, NT_ESTATE, fn, "stream '%s' is being captured by another thread",
+                s->name);
+        return NULL;
     }
-    nt_stream *s = nt__stream_current();
-    if (AO_load_acquire(&s->capture))
-        return nt__err(site, NT_ESTATE, fn, "stream '%s' is being captured by another thread",
-                       s->name);
     nt__capture *c = calloc(1, sizeof *c);
-    if (!c)
-        return nt__err_hostmem(site, fn, "a capture");
+    if (!c) {
+        nt__err_hostmem(site, fn, "a capture");
+        return NULL;
+    }
     g_mutex_init(&c->lock);
     g_mutex_lock(&caps_lock);
     for (int i = 1; i < CAP_SLOTS && !c->slot; i++)
@@ -768,7 +822,8 @@ NT_API int nt_graph_capture_begin_at(const nt_site *site)
     g_mutex_unlock(&caps_lock);
     if (!c->slot) {
         capture_free(c);
-        return nt__err(site, NT_ESTATE, fn, "%d captures are in progress already", CAP_SLOTS - 1);
+        nt__err(site, NT_ESTATE, fn, "%d captures are in progress already", CAP_SLOTS - 1);
+        return NULL;
     }
     /* Everything queued before is not the program's: run it first. */
     nt__stream_drain(s);
@@ -781,7 +836,38 @@ NT_API int nt_graph_capture_begin_at(const nt_site *site)
     AO_store_release(&s->capture, (AO_t)c);
     tl_cap = c;
     nt__tl_cap = (uint8_t)c->slot;
-    return 0;
+    return c;
+}
+
+/* Ends the calling thread's capture: its step has run, its stream is free. */
+static nt__capture *capture_close(void)
+{
+    nt__capture *c = tl_cap;
+    /* The step runs now, planned whole; then the stream is ours again. */
+    nt__stream_drain(c->stream);
+    AO_store_release(&c->stream->capture, 0);
+    tl_cap = NULL;
+    nt__tl_cap = 0;
+    g_mutex_lock(&caps_lock);
+    caps[c->slot] = NULL;
+    g_mutex_unlock(&caps_lock);
+    return c;
+}
+
+NT_API int nt_graph_capture_begin_at(const nt_site *site)
+{
+    const char *fn = "nt_graph_capture_begin";
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (tl_cap || tl_grp) {
+        char where[256];
+        nt__site_format(tl_grp ? &tl_grp->site : &tl_cap->site, where, sizeof where);
+        return nt__err(site, NT_ESTATE, fn,
+                       "the thread is capturing a program already (since %s); captures do "
+                       "not nest",
+                       where);
+    }
+    return capture_open(site, fn, nt__stream_current()) ? 0 : nt_last_error();
 }
 NT_API int nt_graph_capture_begin(void) { return nt_graph_capture_begin_at(NT_RA_SITE); }
 
@@ -794,6 +880,8 @@ NT_API int nt_graph_input_at(const nt_site *site, nt_tensor *t, const char *name
     if (!c)
         return nt__err(site, NT_ESTATE, fn, "the thread is not capturing a program "
                                            "(nt_graph_capture_begin)");
+    if (c->grp) /* the group's: a segment that reads it takes it at its end */
+        return grp_input(site, c->grp, t, name);
     size_t len = name ? strlen(name) : 0;
     if (!name || len == 0 || len > NAME_MAX_LEN)
         return nt__err(site, NT_EINVAL, fn, "argument 'name' is %s; expected 1 to %d characters",
@@ -997,9 +1085,11 @@ static int classify(const nt_site *site, nt_graph *g, nt__capture *c)
         g->stores[s].input = k;
         g->stores[s].planned = false; /* an input the program made and freed: kept */
     }
+    for (int i = 0; i < g->nstores && c->grp; i++)
+        g->stores[i].grouped = idmap_get(&c->grp->made, g->stores[i].id) >= 0;
     for (int i = 0; i < g->nstores; i++) {
         gstore *s = &g->stores[i];
-        if (s->madehere && !s->fresh && s->read_first && s->input < 0)
+        if (s->madehere && !s->grouped && !s->fresh && s->read_first && s->input < 0)
             return baked_error(site, s), -1;
     }
     return 0;
@@ -1229,20 +1319,15 @@ NT_API nt_graph *nt_graph_capture_end_at(const nt_site *site)
     const char *fn = "nt_graph_capture_end";
     if (!nt__ensure_init())
         return NULL;
+    if (tl_grp)
+        return grp_end(site);
     nt__capture *c = tl_cap;
     if (!c) {
         nt__err(site, NT_ESTATE, fn, "the thread is not capturing a program "
                                      "(nt_graph_capture_begin)");
         return NULL;
     }
-    /* The step runs now, planned whole; then the stream is ours again. */
-    nt__stream_drain(c->stream);
-    AO_store_release(&c->stream->capture, 0);
-    tl_cap = NULL;
-    nt__tl_cap = 0;
-    g_mutex_lock(&caps_lock);
-    caps[c->slot] = NULL;
-    g_mutex_unlock(&caps_lock);
+    capture_close();
     if (!c->err && c->nrecs == 0)
         cap_fail(c, NT_ESTATE, "it recorded no op");
     if (c->err) {
@@ -1255,6 +1340,314 @@ NT_API nt_graph *nt_graph_capture_end_at(const nt_site *site)
     return compile(site, c);
 }
 NT_API nt_graph *nt_graph_capture_end(void) { return nt_graph_capture_end_at(NT_RA_SITE); }
+
+/* ---------------- captures of several streams ---------------- */
+
+static void grp_fail(ggroup *G, int code, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
+static void grp_fail(ggroup *G, int code, const char *fmt, ...)
+{
+    if (G->err)
+        return;
+    G->err = code ? code : NT_ESTATE;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(G->msg, sizeof G->msg, fmt, ap);
+    va_end(ap);
+}
+
+/* The parts' references: each segment graph, each collective's record. */
+static void items_free(gitem *it, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (it[i].seg)
+            nt_graph_destroy(it[i].seg);
+        if (it[i].coll)
+            it[i].ops->release(it[i].coll);
+        for (int k = 0; k < it[i].nuin; k++)
+            nt__tensor_iunref(it[i].uin[k]);
+        free(it[i].uin);
+    }
+    free(it);
+}
+
+static void grp_free(ggroup *G)
+{
+    items_free(G->items, G->nitems);
+    for (int i = 0; i < G->ninputs; i++) {
+        nt_release(G->inputs[i].t);
+        nt_release(G->inputs[i].cap);
+    }
+    for (int i = 0; i < G->nleaves; i++)
+        leaf_drop(&G->leaves[i]);
+    hooks_release(G->hooks, G->nhooks);
+    free(G->inputs);
+    free(G->leaves);
+    free(G->hooks);
+    idmap_free(&G->made);
+    free(G);
+}
+
+static int grp_input(const nt_site *site, ggroup *G, nt_tensor *t, const char *name)
+{
+    const char *fn = "nt_graph_input";
+    size_t len = name ? strlen(name) : 0;
+    if (!name || len == 0 || len > NAME_MAX_LEN)
+        return nt__err(site, NT_EINVAL, fn, "argument 'name' is %s; expected 1 to %d characters",
+                       name ? "too long or empty" : "NULL", NAME_MAX_LEN);
+    for (int i = 0; i < G->ninputs; i++) {
+        if (!strcmp(G->inputs[i].name, name))
+            return nt__err(site, NT_EINVAL, fn, "argument 'name' (\"%s\") names an input already",
+                           name);
+        if (G->inputs[i].sid == t->st->id)
+            return nt__err(site, NT_EINVAL, fn, "argument 't' is (a view of) input \"%s\" already",
+                           G->inputs[i].name);
+    }
+    if (!grow((void **)&G->inputs, &G->capinputs, G->ninputs + 1, sizeof *G->inputs))
+        return nt__err_hostmem(site, fn, "an input");
+    ginput *in = &G->inputs[G->ninputs++];
+    memset(in, 0, sizeof *in);
+    memcpy(in->name, name, len + 1);
+    in->sid = t->st->id;
+    in->cap = nt_retain(t);
+    in->t = nt_retain(t);
+    in->s = -1;
+    return 0;
+}
+
+/* Ends the segment in progress (if any) and appends its program to the
+ * group; an empty segment is dropped.  Errors go to the group. */
+static void seg_finish(const nt_site *site, ggroup *G)
+{
+    nt__capture *c = tl_cap;
+    if (!c)
+        return;
+    capture_close();
+    if (c->err || G->err || c->nrecs == 0) {
+        if (c->err)
+            grp_fail(G, c->err, "%s", c->msg);
+        capture_free(c);
+        return;
+    }
+    /* the group's inputs this segment reads first are its inputs */
+    for (int k = 0; k < G->ninputs; k++) {
+        ginput *gi = &G->inputs[k];
+        if (gi->s >= 0 || idmap_get(&c->smap, gi->sid) < 0)
+            continue;
+        if (!grow((void **)&c->inputs, &c->capinputs, c->ninputs + 1, sizeof *c->inputs)) {
+            grp_fail(G, NT_EHOSTMEM, "out of host memory for a segment's inputs");
+            capture_free(c);
+            return;
+        }
+        ginput *in = &c->inputs[c->ninputs++];
+        *in = *gi;
+        in->cap = nt_retain(gi->cap);
+        in->t = nt_retain(gi->cap);
+        in->s = -1;
+        gi->s = G->nitems;
+    }
+    if (!grow((void **)&G->items, &G->capitems, G->nitems + 1, sizeof *G->items)) {
+        grp_fail(G, NT_EHOSTMEM, "out of host memory for the capture's parts");
+        capture_free(c);
+        return;
+    }
+    nt_graph *g = compile(site, c); /* consumes c */
+    if (!g) {
+        grp_fail(G, nt_last_error(), "%s", nt_last_error_message());
+        return;
+    }
+    G->items[G->nitems++] = (gitem){g, NULL, NULL};
+    for (int i = 0; i < g->nstores; i++)
+        if (g->stores[i].written && !g->stores[i].planned &&
+            !idmap_put(&G->made, g->stores[i].id, 1))
+            grp_fail(G, NT_EHOSTMEM, "out of host memory for the capture's storages");
+}
+
+/* Opens a segment on s for the group (what the last one had pending
+ * carried over by the caller). */
+static nt__capture *seg_open(const nt_site *site, const char *fn, ggroup *G, nt_stream *s)
+{
+    nt__capture *c = capture_open(site, fn, s);
+    if (!c) {
+        grp_fail(G, nt_last_error(), "%s", nt_last_error_message());
+        return NULL;
+    }
+    c->grp = G;
+    c->serial = G->serial;
+    c->site = G->site;
+    return c;
+}
+
+static int grp_switch(const nt_site *site, const char *fn, nt_stream *s)
+{
+    ggroup *G = tl_grp;
+    nt__capture *old = tl_cap;
+    int paused = old->paused;
+    bool pp = old->patch_pending;
+    gpatch pend = old->pend;
+    seg_finish(site, G);
+    nt__capture *c = seg_open(site, fn, G, s);
+    if (!c)
+        return nt_last_error();
+    c->paused = paused; /* state made on first use stays out of the program */
+    if (paused)
+        nt__tl_cap = 0;
+    c->patch_pending = pp;
+    c->pend = pend;
+    return 0;
+}
+
+int nt__capture_coll_begin(const nt_site *site, const char *fn, int processes, bool *grouped)
+{
+    *grouped = false;
+    ggroup *G = tl_grp;
+    if (!G || !tl_cap || tl_cap->paused)
+        return 0; /* a single-stream capture refuses it when it runs */
+    if (processes > 1) {
+        char where[256];
+        nt__site_format(&G->site, where, sizeof where);
+        int rc = nt__err(site, NT_ESTATE, fn,
+                         "its communicator spans %d processes, and a capture of several streams "
+                         "(nt_graph_capture_begin_multi at %s) replays this process's devices "
+                         "only: run this step op by op",
+                         processes, where);
+        grp_fail(G, NT_ESTATE, "%s", nt_last_error_message());
+        return rc;
+    }
+    seg_finish(site, G);
+    *grouped = true;
+    return 0;
+}
+
+void nt__capture_coll_end(void *rec, const nt__capture_coll_ops *ops, nt_tensor *const *in,
+                          nt_tensor *const *out, int n)
+{
+    ggroup *G = tl_grp;
+    if (!G) {
+        if (rec)
+            ops->release(rec);
+        return;
+    }
+    if (rec && !grow((void **)&G->items, &G->capitems, G->nitems + 1, sizeof *G->items)) {
+        grp_fail(G, NT_EHOSTMEM, "out of host memory for the capture's parts");
+        ops->release(rec);
+        rec = NULL;
+    }
+    if (!rec && n < 0)
+        grp_fail(G, NT_EHOSTMEM, "out of host memory for a captured collective");
+    if (rec) {
+        gitem *it = &G->items[G->nitems++];
+        *it = (gitem){NULL, rec, ops, calloc((size_t)n + 1, sizeof *it->uin), 0};
+        if (!it->uin)
+            grp_fail(G, NT_EHOSTMEM, "out of host memory for the capture's parts");
+        for (int i = 0; i < n && it->uin; i++)
+            if (in[i] && idmap_get(&G->made, in[i]->st->id) < 0) {
+                nt__tensor_iref(in[i]);
+                it->uin[it->nuin++] = in[i];
+            }
+        for (int i = 0; i < n; i++)
+            if (out[i] && !idmap_put(&G->made, out[i]->st->id, 1))
+                grp_fail(G, NT_EHOSTMEM, "out of host memory for the capture's storages");
+    }
+    seg_open(&G->site, "nt_graph_capture_begin_multi", G, nt__stream_current());
+}
+
+NT_API int nt_graph_capture_begin_multi_at(const nt_site *site)
+{
+    const char *fn = "nt_graph_capture_begin_multi";
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (tl_cap || tl_grp) {
+        char where[256];
+        nt__site_format(tl_grp ? &tl_grp->site : &tl_cap->site, where, sizeof where);
+        return nt__err(site, NT_ESTATE, fn,
+                       "the thread is capturing a program already (since %s); captures do "
+                       "not nest",
+                       where);
+    }
+    ggroup *G = calloc(1, sizeof *G);
+    if (!G)
+        return nt__err_hostmem(site, fn, "a capture");
+    G->site = site ? *site : (nt_site){0};
+    nt__capture *c = capture_open(site, fn, nt__stream_current());
+    if (!c) {
+        free(G);
+        return nt_last_error();
+    }
+    c->grp = G;
+    G->serial = c->serial;
+    tl_grp = G;
+    return 0;
+}
+NT_API int nt_graph_capture_begin_multi(void)
+{
+    return nt_graph_capture_begin_multi_at(NT_RA_SITE);
+}
+
+static nt_graph *grp_end(const nt_site *site)
+{
+    const char *fn = "nt_graph_capture_end";
+    ggroup *G = tl_grp;
+    seg_finish(site, G);
+    tl_grp = NULL;
+    if (!G->err && G->nitems == 0)
+        grp_fail(G, NT_ESTATE, "it recorded no op");
+    nt_graph *g = G->err ? NULL : nt__hobj_new(sizeof *g, GRAPH_MAGIC);
+    if (!g) {
+        char where[256];
+        nt__site_format(&G->site, where, sizeof where);
+        if (G->err)
+            nt__err(site, G->err, fn, "the capture begun at %s cannot be replayed: %s", where,
+                    G->msg);
+        else
+            nt__err_hostmem(site, fn, "a graph");
+        grp_free(G);
+        return NULL;
+    }
+    g_mutex_init(&g->lock);
+    g->multi = true;
+    g->dev = -1;
+#define TAKE(f) (g->f = G->f, G->f = NULL, g->n##f = G->n##f, G->n##f = 0)
+    TAKE(items);
+    TAKE(inputs);
+    TAKE(leaves);
+    TAKE(hooks);
+#undef TAKE
+    /* what the whole step left in each leaf's .grad */
+    int nl = 0;
+    for (int i = 0; i < g->nleaves; i++) {
+        gleaf *lf = &g->leaves[i];
+        if (!AO_load_full(&lf->leaf->refs)) {
+            leaf_drop(lf);
+            continue;
+        }
+        nt_tensor *e = lf->acc->grad_of(lf->leaf);
+        lf->end = e ? nt_retain(e) : NULL;
+        g->leaves[nl++] = *lf;
+    }
+    g->nleaves = nl;
+    for (int i = 0; i < g->nitems; i++) {
+        nt_graph *sg = g->items[i].seg;
+        if (!sg)
+            continue;
+        g->info.ops += sg->info.ops;
+        g->info.kernels += sg->info.kernels;
+        g->info.fused_ops += sg->info.fused_ops;
+        g->info.plan_bytes += sg->info.plan_bytes;
+        g->info.naive_bytes += sg->info.naive_bytes;
+        g->info.planned += sg->info.planned;
+        g->info.external += sg->info.external;
+        g->info.patches += sg->info.patches;
+    }
+    g->info.inputs = g->ninputs;
+    grp_free(G);
+    g_mutex_lock(&caps_lock);
+    g->live_next = live_graphs;
+    if (live_graphs)
+        live_graphs->live_prev = g;
+    live_graphs = g;
+    g_mutex_unlock(&caps_lock);
+    return g;
+}
 
 /* ---------------- replay ---------------- */
 
@@ -1282,6 +1675,11 @@ static void graph_release_runtime(nt_graph *g)
     }
     if (g->block)
         nt_release(g->block);
+    for (int i = 0; i < g->nitems; i++)
+        if (g->items[i].coll) {
+            g->items[i].ops->release(g->items[i].coll);
+            g->items[i].coll = NULL;
+        }
     hooks_release(g->hooks, g->nhooks);
     g->ntens = g->nstores = g->nleaves = g->ninputs = g->nhooks = 0;
     g->block = NULL;
@@ -1302,6 +1700,7 @@ static void graph_free(nt_graph *g)
     }
     g_mutex_unlock(&caps_lock);
     graph_release_runtime(g);
+    items_free(g->items, g->nitems); /* a capture of several streams: its segments */
     for (int k = 0; k < g->nsteps; k++) {
         free(g->steps[k].prog);
         free(g->steps[k].grp.recs);
@@ -1509,6 +1908,12 @@ NT_API int nt_graph_bind_at(const nt_site *site, nt_graph *g, const char *name, 
     if (k == g->ninputs)
         return nt__err(site, NT_EINVAL, fn, "argument 'name' (\"%s\") is not an input of the graph",
                        name);
+    if (g->multi && g->inputs[k].s >= 0) { /* the segment that reads it first copies it in */
+        g_mutex_lock(&g->lock); /* not while a replay of the group reads the binding */
+        int rc = nt_graph_bind_at(site, g->items[g->inputs[k].s].seg, name, t);
+        g_mutex_unlock(&g->lock);
+        return rc;
+    }
     const gten *e = NULL;
     for (int i = 0; i < g->ntens && !e; i++)
         if (g->tens[i].s == g->inputs[k].s)
@@ -1527,9 +1932,9 @@ NT_API int nt_graph_bind_at(const nt_site *site, nt_graph *g, const char *name, 
                        "or other strides",
                        name, nt__shape_str(c->ndim, c->shape, s1, sizeof s1),
                        nt__shape_str(t->ndim, t->shape, s2, sizeof s2));
-    if (t->dev != g->dev)
-        return nt__err(site, NT_EINVAL, fn, "argument 't' is on device %d; the graph runs on %d",
-                       t->dev, g->dev);
+    if (t->dev != c->dev)
+        return nt__err(site, NT_EINVAL, fn, "argument 't' is on device %d; input \"%s\" on %d",
+                       t->dev, name, c->dev);
     if (t->st->nbytes < c->st->nbytes && e)
         return nt__err(site, NT_ESHAPE, fn, "argument 't' views a smaller storage than input "
                                             "\"%s\"", name);
@@ -1567,7 +1972,7 @@ static int replay_checks(const nt_site *site, nt_graph *g)
     char where[256];
     for (int i = 0; i < g->nstores; i++) {
         gstore *s = &g->stores[i];
-        if (s->planned || !s->read_first || s->input >= 0)
+        if (s->planned || !s->read_first || s->input >= 0 || s->grouped)
             continue;
         /* something the program reads and the user's program owns */
         if (!AO_load(&s->st->hrefs) && !s->fresh) {
@@ -1610,59 +2015,78 @@ static int replay_checks(const nt_site *site, nt_graph *g)
     return 0;
 }
 
-NT_API int nt_graph_replay_at(const nt_site *site, nt_graph *g)
+/* A replay's allocations (nothing queued yet): 0, or the error (set). */
+static int replay_prep(const nt_site *site, nt_graph *g, greplay **rpo, nt__rec **ro)
 {
-    const char *fn = "nt_graph_replay";
-    if (!nt__ensure_init() || !graph_ok(site, fn, g))
-        return nt_last_error();
-    if (tl_cap)
-        return nt__err(site, NT_ESTATE, fn, "the thread is capturing a program; a replay cannot "
-                                           "be part of another capture");
-    nt_stream *s = nt__stream_current();
-    if (s != g->stream)
-        return nt__err(site, NT_EINVAL, fn,
-                       "the graph was captured on stream '%s'; the thread's current stream is "
-                       "'%s' (nt_stream_set_current)",
-                       g->stream->name, s->name);
-    if (g->nseq == 0 || g->nseq > UINT32_MAX)
-        return nt__err(site, NT_ESTATE, fn, "the graph holds %llu ops; a replay holds 1 to %u",
-                       (unsigned long long)g->nseq, UINT32_MAX);
-    g_mutex_lock(&g->lock);
-    int rc = replay_checks(site, g);
-    greplay *rp = NULL;
-    nt__rec *r = NULL;
-    if (rc)
-        goto out;
-    rp = calloc(1, sizeof *rp);
+    greplay *rp = calloc(1, sizeof *rp);
     if (rp) {
         rp->pv = calloc((size_t)g->npatches + 1, sizeof *rp->pv);
         rp->bound = calloc((size_t)g->ninputs + 1, sizeof *rp->bound);
     }
-    r = nt__rec_alloc(s);
+    nt__rec *r = nt__rec_alloc(g->stream);
     if (!rp || !rp->pv || !rp->bound || !r) {
-        rc = nt__err_hostmem(site, fn, "a replay");
-        goto out;
+        if (r)
+            nt__rec_unalloc(r);
+        if (rp) {
+            free(rp->pv);
+            free(rp->bound);
+            free(rp);
+        }
+        return nt__err_hostmem(site, "nt_graph_replay", "a replay");
     }
     rp->g = g;
-    /* the scalars this step would have (all computed before any hook
-     * moves a counter), then the counters */
+    *rpo = rp;
+    *ro = r;
+    return 0;
+}
+
+/* A prepared replay that is not queued. */
+static void replay_unprep(greplay *rp, nt__rec *r)
+{
+    if (r)
+        nt__rec_unalloc(r);
+    if (!rp)
+        return;
+    for (int k = 0; k < rp->g->ninputs; k++)
+        if (rp->bound && rp->bound[k])
+            nt__tensor_iunref(rp->bound[k]);
+    free(rp->pv);
+    free(rp->bound);
+    free(rp);
+}
+
+/* The scalars this step would have (all computed before any hook moves a
+ * counter). */
+static void replay_scalars(nt_graph *g, greplay *rp)
+{
     for (int i = 0; i < g->npatches; i++)
         rp->pv[i] = g->patches[i].fn(g->patches[i].ctx, g->patches[i].role);
+}
+
+/* Then the counters, and the leaves' .grads as the step leaves them (the
+ * program rewrites them; reading one waits for the replay like any op's
+ * result). */
+static void replay_hooks(nt_graph *g)
+{
     for (int i = 0; i < g->nhooks; i++)
         if (g->hooks[i].fn)
             g->hooks[i].fn(g->hooks[i].ctx, g->hooks[i].arg);
-    /* the leaves' .grads as the step leaves them (the program rewrites
-     * them; reading one waits for the replay like any op's result) */
     for (int i = 0; i < g->nleaves; i++) {
         gleaf *lf = &g->leaves[i];
         if (lf->acc->grad_of(lf->leaf) != lf->end)
             lf->acc->set_grad(lf->leaf, lf->end);
     }
+}
+
+/* Queues the prepared replay on stream s (consumes rp and r). */
+static void replay_enqueue(const nt_site *site, nt_graph *g, nt_stream *s, greplay *rp,
+                           nt__rec *r)
+{
     r->type = NT_REC_HOST;
     r->host_fn = graph_run;
     r->host_arg = rp;
     r->site = site ? *site : (nt_site){0};
-    r->fn = fn;
+    r->fn = "nt_graph_replay";
     rp->site = r->site;
     bool overflow = false;
     for (int k = 0; k < g->ninputs; k++) {
@@ -1721,20 +2145,115 @@ NT_API int nt_graph_replay_at(const nt_site *site, nt_graph *g)
     } else {
         nt__stream_enqueue(s, r);
     }
-    r = NULL;
-    rp = NULL;
-out:
-    g_mutex_unlock(&g->lock);
-    if (r)
-        nt__rec_unalloc(r);
-    if (rp) {
-        for (int k = 0; k < g->ninputs; k++)
-            if (rp->bound && rp->bound[k])
-                nt__tensor_iunref(rp->bound[k]);
-        free(rp->pv);
-        free(rp->bound);
-        free(rp);
+}
+
+static int seq_check(const nt_site *site, const nt_graph *g)
+{
+    if (g->nseq == 0 || g->nseq > UINT32_MAX)
+        return nt__err(site, NT_ESTATE, "nt_graph_replay",
+                       "the graph holds %llu ops; a replay holds 1 to %u",
+                       (unsigned long long)g->nseq, UINT32_MAX);
+    return 0;
+}
+
+/* A capture of several streams: every part's checks, then every part's
+ * allocations, then every segment's scalars, then the hooks, then the parts
+ * queued in the recorded order -- each segment on its stream, each
+ * collective on its members' streams, as the step op by op queues them. */
+static int grp_replay(const nt_site *site, nt_graph *g)
+{
+    g_mutex_lock(&g->lock);
+    int n = g->nitems, rc = replay_checks(site, g);
+    for (int i = 0; i < n && !rc; i++) {
+        gitem *it = &g->items[i];
+        if (it->seg) {
+            rc = seq_check(site, it->seg);
+            if (!rc)
+                rc = replay_checks(site, it->seg);
+        }
+        for (int k = 0; k < it->nuin && !rc; k++)
+            if (!AO_load(&it->uin[k]->st->hrefs)) {
+                char where[256];
+                nt__site_format(&it->uin[k]->site, where, sizeof where);
+                rc = nt__err(site, NT_ERELEASED, "nt_graph_replay",
+                             "tensor #%llu (made at %s), which a captured collective reads, was "
+                             "released",
+                             (unsigned long long)it->uin[k]->id, where);
+            }
     }
+    greplay **rps = rc ? NULL : calloc((size_t)n, sizeof *rps);
+    nt__rec **rs = rc ? NULL : calloc((size_t)n, sizeof *rs);
+    void **preps = rc ? NULL : calloc((size_t)n, sizeof *preps);
+    if (!rc && (!rps || !rs || !preps))
+        rc = nt__err_hostmem(site, "nt_graph_replay", "a replay");
+    for (int i = 0; i < n && !rc; i++) {
+        gitem *it = &g->items[i];
+        if (it->seg)
+            rc = replay_prep(site, it->seg, &rps[i], &rs[i]);
+        else if (!(preps[i] = it->ops->prepare(it->coll, site)))
+            rc = nt_last_error() ? nt_last_error() : NT_EHOSTMEM;
+    }
+    if (rc) {
+        for (int i = 0; i < n && rps && rs && preps; i++) {
+            if (rps[i])
+                replay_unprep(rps[i], rs[i]);
+            if (preps[i])
+                g->items[i].ops->discard(preps[i]);
+        }
+    } else {
+        for (int i = 0; i < n; i++)
+            if (g->items[i].seg)
+                replay_scalars(g->items[i].seg, rps[i]);
+        replay_hooks(g);
+        for (int i = 0; i < n; i++) {
+            gitem *it = &g->items[i];
+            if (it->seg)
+                replay_enqueue(site, it->seg, it->seg->stream, rps[i], rs[i]);
+            else
+                it->ops->issue(it->coll, preps[i]);
+        }
+        AO_fetch_and_add1(&g->replays);
+    }
+    g_mutex_unlock(&g->lock);
+    free(rps);
+    free(rs);
+    free(preps);
+    if (!rc)
+        nt__htrace_step();
+    return rc;
+}
+
+NT_API int nt_graph_replay_at(const nt_site *site, nt_graph *g)
+{
+    const char *fn = "nt_graph_replay";
+    if (!nt__ensure_init() || !graph_ok(site, fn, g))
+        return nt_last_error();
+    if (tl_cap || tl_grp)
+        return nt__err(site, NT_ESTATE, fn, "the thread is capturing a program; a replay cannot "
+                                           "be part of another capture");
+    if (g->multi)
+        return grp_replay(site, g);
+    nt_stream *s = nt__stream_current();
+    if (s != g->stream)
+        return nt__err(site, NT_EINVAL, fn,
+                       "the graph was captured on stream '%s'; the thread's current stream is "
+                       "'%s' (nt_stream_set_current)",
+                       g->stream->name, s->name);
+    int rc = seq_check(site, g);
+    if (rc)
+        return rc;
+    g_mutex_lock(&g->lock);
+    rc = replay_checks(site, g);
+    greplay *rp = NULL;
+    nt__rec *r = NULL;
+    if (!rc)
+        rc = replay_prep(site, g, &rp, &r);
+    if (!rc) {
+        replay_scalars(g, rp);
+        replay_hooks(g);
+        replay_enqueue(site, g, s, rp, r);
+    }
+    g_mutex_unlock(&g->lock);
     if (!rc)
         nt__htrace_step(); /* a replay is a step of NT_TRACE_STEPS */
     return rc;
@@ -1761,13 +2280,19 @@ NT_API void nt_graph_destroy(nt_graph *g)
         nt__hobj_check(g, GRAPH_MAGIC, NULL, "nt_graph_destroy", "g", "graph");
         return;
     }
-    if (nt__hobj_current(g))
-        nt__stream_drain(g->stream); /* queued replays read it */
+    if (nt__hobj_current(g) && g->stream)
+        nt__stream_drain(g->stream); /* queued replays read it (a capture of several
+                                        streams: each segment drains its own) */
     graph_free(g);
 }
 
 int nt__graph_check_plan(const nt_graph *g, char *why, size_t n)
 {
+    for (int i = 0; i < g->nitems; i++)
+        if (g->items[i].seg && nt__graph_check_plan(g->items[i].seg, why, n))
+            return -1;
+    if (g->multi)
+        return 0; /* its segments hold the plans */
     size_t sum = 0;
     for (int i = 0; i < g->nstores; i++) {
         const gstore *a = &g->stores[i];
@@ -2080,4 +2605,14 @@ void nt__graph_shutdown(void)
     }
     if (c) /* its stream went with the others: only the recording is left */
         capture_free(c);
+    ggroup *G = tl_grp;
+    tl_grp = NULL;
+    if (G) { /* a capture of several streams in progress: its segments are dead graphs */
+        for (int i = 0; i < G->nitems; i++)
+            if (G->items[i].seg) {
+                graph_free(G->items[i].seg);
+                G->items[i].seg = NULL;
+            }
+        grp_free(G);
+    }
 }

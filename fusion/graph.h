@@ -115,6 +115,42 @@ static inline uint64_t nt__patch_f64(double v)
     return b;
 }
 
+/* ---- collectives in a capture of several streams (dist/comm.c) ----
+ *
+ * nt_graph_capture_begin_multi records every stream the thread issues to:
+ * a program per stretch of one stream's ops (a *segment*), and the
+ * collectives between them as steps of their own, replayed in the recorded
+ * order.  A collective's issuing call asks nt__capture_coll_begin first:
+ * inside such a capture it ends the segment in progress (so the collective
+ * is not recorded by a stream's worker) and the call issues the collective
+ * as usual; then nt__capture_coll_end hands the capture what a replay needs
+ * to issue it again (rec, with ops) and opens the next segment.  Outside
+ * one (a single-stream capture, or none) nothing changes. */
+typedef struct nt__capture_coll_ops {
+    /* Everything one replay of rec needs that can fail (host memory),
+     * taken before anything of the replay is queued: the prepared replay,
+     * or NULL with the error set. */
+    void *(*prepare)(void *rec, const nt_site *site);
+    /* Queues the prepared replay on the captured members' streams (cannot
+     * fail; consumes prep). */
+    void (*issue)(void *rec, void *prep);
+    /* A prepared replay that will not be issued. */
+    void (*discard)(void *prep);
+    /* The graph drops rec. */
+    void (*release)(void *rec);
+} nt__capture_coll_ops;
+/* Before issuing collective fn: 0 to go on (*grouped: a capture of several
+ * streams records it; call nt__capture_coll_end after), or the error (set:
+ * a communicator spanning processes cannot be captured; the capture fails
+ * too). */
+int nt__capture_coll_begin(const nt_site *site, const char *fn, int processes, bool *grouped);
+/* After a *grouped collective: rec (NULL when the call failed: nothing is
+ * recorded; n < 0: it was issued but could not be recorded, which fails the
+ * capture), its inputs (in[0..n), NULL for a member without one) and the
+ * outputs the replays rewrite (out[0..n)). */
+void nt__capture_coll_end(void *rec, const nt__capture_coll_ops *ops, nt_tensor *const *in,
+                          nt_tensor *const *out, int n);
+
 /* ---- the planner (fusion/plan.c) ---- */
 
 /* > 0 while the executor runs the second and later programs of a shared

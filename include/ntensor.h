@@ -2240,12 +2240,34 @@ NT_API int nt_ddp_save(nt_ddp *d, const char *path, nt_optim *const *opts, int n
  *  or its replicas at stage 0.  A checkpoint saved under another stage or
  *  rank count (a stage-0 save loads into any stage-0 nt_ddp) is NT_EINVAL
  *  naming both layouts unless reshard is true: then the parameters and the
- *  optimizer state (SGD, Adam, AdamW with one group; else NT_ENOTSUP) are
+ *  optimizer state (SGD, Adam, AdamW, any parameter groups; else NT_ENOTSUP) are
  *  put together from every saved rank's file and cut again.  No file:
  *  NT_EIO; another parameter count or size: NT_ESHAPE naming it; errors of
  *  nt_checkpoint_read otherwise. */
 NT_API int nt_ddp_load(nt_ddp *d, const char *path, nt_optim *const *opts, int nopts,
                        bool reshard);
+/** Tensor-parallel sharded checkpoint: d holds tensor rank `rank` of
+ *  `ranks`' parts of a model's parameters (e.g. one nt_ddp per member of a
+ *  mesh's "tensor" group); writes nt_ddp_save's files at
+ *  "<path>.tp<rank>of<ranks>".  Every member of every process calls it.
+ *  NT_EINVAL for a NULL path or rank outside 0..ranks-1; else as
+ *  nt_ddp_save. */
+NT_API int nt_ddp_save_split(nt_ddp *d, const char *path, int rank, int ranks,
+                             nt_optim *const *opts, int nopts);
+/** Loads what nt_ddp_save_split wrote at path (the newest tensor rank count
+ *  there) into d, tensor rank `rank` of `ranks`, whose parameter j is split
+ *  evenly along dims[j] over the tensor ranks (-1: replicated, the same on
+ *  every rank).  Saved over `ranks` tensor ranks: nt_ddp_load of rank's
+ *  files (reshard as there).  Saved over another count: NT_EINVAL naming
+ *  both counts unless reshard is true; then every saved tensor rank's
+ *  files are read (each put together over its ZeRO ranks), each split
+ *  parameter and its optimizer state (as nt_ddp_load's reshard: SGD, Adam,
+ *  AdamW, any parameter groups) joined along dims[j] and this rank's part
+ *  cut again; a replicated one is saved rank 0's.  No file: NT_EIO; dims
+ *  NULL or out of range, rank outside 0..ranks-1: NT_EINVAL; a split dim
+ *  the saved count does not divide: NT_ESHAPE. */
+NT_API int nt_ddp_load_split(nt_ddp *d, const char *path, int rank, int ranks, const int *dims,
+                             nt_optim *const *opts, int nopts, bool reshard);
 
 /* ------------------------------------------------------------------------ */
 /* Device mesh (docs/sharding.md)                                           */
@@ -2344,6 +2366,32 @@ NT_API int nt_tp_column_linear(nt_comm *c, nt_tensor *const *x, nt_tensor *const
  *  dividing K. */
 NT_API int nt_tp_row_linear(nt_comm *c, nt_tensor *const *x, nt_tensor *const *w,
                             nt_tensor *const *b, int blocks, nt_tensor **y);
+/** Sequence parallelism (Korthikanti et al. 2022): the column-parallel
+ *  linear of nt_tp_column_linear whose input x[i] is member i's slice of
+ *  the sequence dim `dim` (not the last): x is all-gathered along dim
+ *  first (y[i] as nt_tp_column_linear's of the whole x); backward: x's
+ *  gradient, the same blocked tree over N, is reduce-scattered along dim
+ *  (nt_reduce_scatter sums in nt_all_reduce's rank tree, so each element
+ *  is nt_tp_column_linear's bits) and w's from x gathered again (only the
+ *  slice is kept for the backward). */
+NT_API int nt_tp_column_linear_sp(nt_comm *c, nt_tensor *const *x, nt_tensor *const *w,
+                                  nt_tensor *const *b, int blocks, int dim, nt_tensor **y);
+/** Sequence parallelism: nt_tp_row_linear whose output is reduce-scattered
+ *  along the sequence dim `dim` (not the last; size must divide it)
+ *  instead of all-reduced: y[i] is member i's slice of nt_tp_row_linear's
+ *  result, the same bits.  Backward: y's gradient all-gathered along dim.
+ *  b (NULL or [N] replicated) is added to the slice; its gradient sums
+ *  the member's rows only (pass b through nt_tp_copy, or nt_tp_copy_blocks,
+ *  to sum it over the group). */
+NT_API int nt_tp_row_linear_sp(nt_comm *c, nt_tensor *const *x, nt_tensor *const *w,
+                               nt_tensor *const *b, int blocks, int dim, nt_tensor **y);
+/** A replicated parameter used by nb token blocks on each member (a layer
+ *  norm or bias in a sequence-parallel region): out[i] [nb, ...] is nb
+ *  copies of in[i]; backward: member i's nb gradient rows (each + 0, so -0
+ *  is +0 at every split) added pairwise in the rank tree's order in f32,
+ *  then all-reduced (sum): the tree over nb x size blocks, the same bits
+ *  for every size when nb x size is fixed.  nb a power of two. */
+NT_API int nt_tp_copy_blocks(nt_comm *c, nt_tensor *const *in, int nb, nt_tensor **out);
 /** Vocabulary-parallel embedding: w[i] [V / size, D] (rows rank * V/size
  *  ...), idx[i] integer [...] replicated; out[i] [..., D] replicated: each
  *  member's rows for the indices in its block, zeros elsewhere, summed
@@ -2484,6 +2532,20 @@ typedef struct nt_graph nt_graph;
  *  nesting).  What a replay refreshes and what it bakes in: docs/graphs.md.
  *  Thread-safe; the capture belongs to the calling thread. */
 NT_API int nt_graph_capture_begin(void);
+/** Like nt_graph_capture_begin, but records every stream the calling thread
+ *  issues to, and the collectives between them: a data-parallel step over
+ *  this process's devices (nt_ddp's shards, nt_ddp_reduce's collectives,
+ *  clipping, the optimizers).  Each stretch of one stream's ops becomes a
+ *  program of its own, each collective a step between them; nt_graph_replay
+ *  (from any thread; the current stream does not matter) queues them again
+ *  in the recorded order, each on the stream it was captured on, with the
+ *  same bits as the step run op by op.  nt_graph_input, nt_graph_bind,
+ *  nt_graph_capture_end, nt_graph_info_get (summed over the programs) and
+ *  nt_graph_destroy work as for one stream.  A collective whose communicator
+ *  spans processes is refused at its call (NT_ESTATE, naming it), and so are
+ *  event waits; every refusal of nt_graph_capture_begin holds too.  See
+ *  docs/graphs.md, "Several devices". */
+NT_API int nt_graph_capture_begin_multi(void);
 /** Names t an input of the capture in progress: a replay reads the tensor
  *  bound to `name` (nt_graph_bind; t itself until then), of t's dtype, shape
  *  and strides (an input the step never reads is allowed: binding it

@@ -431,6 +431,118 @@ static void test_fewer_kernels(void **state)
     nt_shutdown();
 }
 
+/* Kernels of one training forward (with `bwd`, also its backward) of
+ * nt_linear(a, w, bias) under fp8 autocast (bias NULL: none), after a step
+ * that made the slot and compiled the kernels; y's bits in *yb. */
+static uint64_t linear_kernels(nt_fp8_recipe *r, nt_tensor *a, nt_tensor *w, nt_tensor *bias,
+                               nt_tensor *c, bool bwd, uint32_t *yb)
+{
+    nt_stats s0, s1;
+    for (int it = 0; it < 2; it++) {
+        nt_zero_grad(a);
+        nt_zero_grad(w);
+        assert_int_equal(nt_sync(), 0);
+        assert_int_equal(nt_stats_get(&s0), 0);
+        assert_int_equal(nt_fp8_autocast_begin(r), 0);
+        nt_tensor *y = nt_linear(a, w, bias);
+        assert_non_null(y);
+        assert_int_equal(nt_autocast_end(), 0);
+        if (bwd)
+            assert_int_equal(nt_backward(nt_sum(nt_mul(nt_cast(y, NT_F32), c), NT_DIM_ALL,
+                                                false)), 0);
+        assert_int_equal(nt_sync(), 0);
+        assert_int_equal(nt_stats_get(&s1), 0);
+        if (yb)
+            bits_of(y, yb, M * N);
+    }
+    return s1.sim_kernels - s0.sim_kernels;
+}
+
+/* nt_linear under fp8 autocast on the simulator (adaptive mode): the
+ * product keeps a's leading dims, so the bias add joins the matmul's
+ * epilogue (the forward runs no more kernels than without a bias) with the
+ * bits of the unfused sequence (the fp8 product, then the bf16 add); the
+ * weight's gradient is made in w's own layout (the backward of x . w^T runs
+ * as many kernels as that of x . b with b a [K, N] leaf: no transposing
+ * copy), with the reference's bits (test_weight_transposed checks those in
+ * every configuration). */
+static void test_linear_epilogue(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_init(), 0);
+    nt_test_cfg(3); /* sim, adaptive, fusion on */
+    float av[M * K], bv[K * N], cv[M * N], wv[N * K], biasv[N];
+    make_inputs(av, bv, cv, 0, 13);
+    for (int i = 0; i < K; i++)
+        for (int j = 0; j < N; j++)
+            wv[j * K + i] = bv[i * N + j];
+    for (int j = 0; j < N; j++)
+        biasv[j] = (float)(j - 3) * 0.375f;
+    nt_fp8_recipe_opts o = {NT_FP8_DELAYED, NT_FP8_HYBRID, 4, 0};
+    nt_fp8_recipe *r = nt_fp8_recipe_create(&o);
+    nt_tensor *a = nt_test_leaf(av, 3, (int64_t[]){2, 3, K});
+    nt_tensor *w = nt_test_leaf(wv, 2, (int64_t[]){N, K});
+    nt_tensor *b = nt_test_leaf(bv, 2, (int64_t[]){K, N});
+    /* in bf16 already: autocast casts an f32 bias first, one more kernel */
+    nt_tensor *bias = nt_cast(nt_from_host(biasv, NT_F32, 1, (int64_t[]){N}), NT_BF16);
+    nt_tensor *c = nt_from_host(cv, NT_F32, 3, (int64_t[]){2, 3, N});
+    /* scales past 1 first (the same every step after: no update below) */
+    nt_tensor *y0 = fp8_step(r, a, nt_transpose(w, 0, 1), c, false);
+    assert_non_null(y0);
+    assert_int_equal(nt_fp8_recipe_update(r, NULL), 0);
+    float s3[3];
+    state_row3(r, 0, s3);
+    uint32_t yb[M * N], yn[M * N];
+    uint64_t kb = linear_kernels(r, a, w, bias, c, false, yb);
+    uint64_t kn = linear_kernels(r, a, w, NULL, c, false, yn);
+    print_message("# fp8 nt_linear forward: %llu kernels with a bias, %llu without\n",
+                  (unsigned long long)kb, (unsigned long long)kn);
+    /* the scale products of the region, the two rounding passes (one
+     * foreach kernel), their amaxes joined to the step's (one), the product
+     * with its epilogue (and the bias add) */
+    assert_int_equal(kn, 4);
+    assert_int_equal(kb, kn);
+    /* the bits: the unfused product (ref_step), then the bias added in bf16 */
+    run want;
+    ref_step(s3, a, b, c, NT_E5M2, &want);
+    assert_memory_equal(yn, want.y, sizeof yn);
+    nt_no_grad_begin();
+    nt_tensor *yr = nt_add(nt_cast(nt_from_host(want.y, NT_F32, 2, (int64_t[]){M, N}), NT_BF16),
+                           bias);
+    nt_no_grad_end();
+    uint32_t ywant[M * N];
+    bits_of(yr, ywant, M * N);
+    assert_memory_equal(yb, ywant, sizeof yb);
+    /* the backward: x . w^T against x . b, b a [K, N] leaf (each with its
+     * forward, run the same way) */
+    uint64_t kt = linear_kernels(r, a, w, NULL, c, true, NULL);
+    nt_stats s0, s1;
+    uint64_t kl = 0;
+    for (int it = 0; it < 2; it++) {
+        nt_zero_grad(a);
+        nt_zero_grad(b);
+        assert_int_equal(nt_sync(), 0);
+        assert_int_equal(nt_stats_get(&s0), 0);
+        assert_int_equal(nt_fp8_autocast_begin(r), 0);
+        nt_tensor *y = nt_matmul(a, b);
+        assert_int_equal(nt_autocast_end(), 0);
+        assert_int_equal(nt_backward(nt_sum(nt_mul(nt_cast(y, NT_F32), c), NT_DIM_ALL, false)),
+                         0);
+        assert_int_equal(nt_sync(), 0);
+        assert_int_equal(nt_stats_get(&s1), 0);
+        kl = s1.sim_kernels - s0.sim_kernels;
+    }
+    print_message("# fp8 step of x . w^T: %llu kernels; of x . b (a [K, N] leaf): %llu\n",
+                  (unsigned long long)kt, (unsigned long long)kl);
+    assert_true(kt > 0);
+    assert_true(kt <= kl);
+    uint32_t db[K * N];
+    bits_of(nt_transpose(nt_grad(w), 0, 1), db, K * N);
+    assert_memory_equal(db, want.db, sizeof db);
+    nt_fp8_recipe_destroy(r);
+    nt_shutdown();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -439,6 +551,7 @@ int main(void)
         cmocka_unit_test(test_captured),       cmocka_unit_test(test_weight_transposed),
         cmocka_unit_test(test_update_between),
         cmocka_unit_test(test_interleaved),    cmocka_unit_test(test_fewer_kernels),
+        cmocka_unit_test(test_linear_epilogue),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -350,6 +350,14 @@ NT_API int nt_tp_cross_entropy_at(const nt_site *site, nt_comm *c, nt_tensor *co
 NT_API int nt_tp_attention_at(const nt_site *site, nt_comm *c, nt_tensor *const *x,
                               nt_tensor *const *wq, nt_tensor *const *wk, nt_tensor *const *wv,
                               nt_tensor *const *wo, int heads, int blocks, nt_tensor **y);
+NT_API int nt_tp_column_linear_sp_at(const nt_site *site, nt_comm *c, nt_tensor *const *x,
+                                     nt_tensor *const *w, nt_tensor *const *b, int blocks,
+                                     int dim, nt_tensor **y);
+NT_API int nt_tp_row_linear_sp_at(const nt_site *site, nt_comm *c, nt_tensor *const *x,
+                                  nt_tensor *const *w, nt_tensor *const *b, int blocks, int dim,
+                                  nt_tensor **y);
+NT_API int nt_tp_copy_blocks_at(const nt_site *site, nt_comm *c, nt_tensor *const *in, int nb,
+                                nt_tensor **out);
 NT_API nt_tensor *nt_grouped_mm_at(const nt_site *site, nt_tensor *x, nt_tensor *w,
                                    nt_tensor *counts);
 NT_API int nt_all_to_all_at(const nt_site *site, nt_comm *c, nt_tensor *const *in,
@@ -363,6 +371,7 @@ NT_API int nt_moe_mlp_at(const nt_site *site, nt_comm *c, nt_tensor *const *x,
                          const nt_moe_opts *opts, nt_tensor **y, nt_tensor **aux,
                          nt_tensor **counts);
 NT_API int nt_graph_capture_begin_at(const nt_site *site);
+NT_API int nt_graph_capture_begin_multi_at(const nt_site *site);
 NT_API int nt_graph_input_at(const nt_site *site, nt_tensor *t, const char *name);
 NT_API nt_graph *nt_graph_capture_end_at(const nt_site *site);
 NT_API int nt_graph_bind_at(const nt_site *site, nt_graph *g, const char *name, nt_tensor *t);
@@ -586,11 +595,15 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(int, nt_tp_embedding, (nt_comm *c, nt_tensor *const *w, nt_tensor *const *idx, nt_tensor **out), (const nt_site *site, nt_comm *c, nt_tensor *const *w, nt_tensor *const *idx, nt_tensor **out), 4) \
     X(int, nt_tp_cross_entropy, (nt_comm *c, nt_tensor *const *logits, nt_tensor *const *target, int blocks, nt_tensor **loss), (const nt_site *site, nt_comm *c, nt_tensor *const *logits, nt_tensor *const *target, int blocks, nt_tensor **loss), 5) \
     X(int, nt_tp_attention, (nt_comm *c, nt_tensor *const *x, nt_tensor *const *wq, nt_tensor *const *wk, nt_tensor *const *wv, nt_tensor *const *wo, int heads, int blocks, nt_tensor **y), (const nt_site *site, nt_comm *c, nt_tensor *const *x, nt_tensor *const *wq, nt_tensor *const *wk, nt_tensor *const *wv, nt_tensor *const *wo, int heads, int blocks, nt_tensor **y), 9) \
+    X(int, nt_tp_column_linear_sp, (nt_comm *c, nt_tensor *const *x, nt_tensor *const *w, nt_tensor *const *b, int blocks, int dim, nt_tensor **y), (const nt_site *site, nt_comm *c, nt_tensor *const *x, nt_tensor *const *w, nt_tensor *const *b, int blocks, int dim, nt_tensor **y), 7) \
+    X(int, nt_tp_row_linear_sp, (nt_comm *c, nt_tensor *const *x, nt_tensor *const *w, nt_tensor *const *b, int blocks, int dim, nt_tensor **y), (const nt_site *site, nt_comm *c, nt_tensor *const *x, nt_tensor *const *w, nt_tensor *const *b, int blocks, int dim, nt_tensor **y), 7) \
+    X(int, nt_tp_copy_blocks, (nt_comm *c, nt_tensor *const *in, int nb, nt_tensor **out), (const nt_site *site, nt_comm *c, nt_tensor *const *in, int nb, nt_tensor **out), 4) \
     X(nt_tensor *, nt_grouped_mm, (nt_tensor *x, nt_tensor *w, nt_tensor *counts), (const nt_site *site, nt_tensor *x, nt_tensor *w, nt_tensor *counts), 3) \
     X(int, nt_all_to_all, (nt_comm *c, nt_tensor *const *in, nt_tensor *const *send_counts, int64_t capacity, nt_tensor **out, nt_tensor **recv_counts), (const nt_site *site, nt_comm *c, nt_tensor *const *in, nt_tensor *const *send_counts, int64_t capacity, nt_tensor **out, nt_tensor **recv_counts), 6) \
     X(int, nt_moe_route, (nt_tensor *logits, int k, nt_moe_score score, nt_tensor **weights, nt_tensor **experts, nt_tensor **counts, nt_tensor **perm), (const nt_site *site, nt_tensor *logits, int k, nt_moe_score score, nt_tensor **weights, nt_tensor **experts, nt_tensor **counts, nt_tensor **perm), 7) \
     X(int, nt_moe_mlp, (nt_comm *c, nt_tensor *const *x, nt_tensor *const *wg, nt_tensor *const *w1, nt_tensor *const *w2, const nt_moe_opts *opts, nt_tensor **y, nt_tensor **aux, nt_tensor **counts), (const nt_site *site, nt_comm *c, nt_tensor *const *x, nt_tensor *const *wg, nt_tensor *const *w1, nt_tensor *const *w2, const nt_moe_opts *opts, nt_tensor **y, nt_tensor **aux, nt_tensor **counts), 9) \
     X(int, nt_graph_capture_begin, (void), (const nt_site *site), 0) \
+    X(int, nt_graph_capture_begin_multi, (void), (const nt_site *site), 0) \
     X(int, nt_graph_input, (nt_tensor *t, const char *name), (const nt_site *site, nt_tensor *t, const char *name), 2) \
     X(nt_graph *, nt_graph_capture_end, (void), (const nt_site *site), 0) \
     X(int, nt_graph_bind, (nt_graph *g, const char *name, nt_tensor *t), (const nt_site *site, nt_graph *g, const char *name, nt_tensor *t), 3) \
@@ -810,11 +823,15 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_tp_embedding(...) nt_tp_embedding_at(NT_HERE, __VA_ARGS__)
 #define nt_tp_cross_entropy(...) nt_tp_cross_entropy_at(NT_HERE, __VA_ARGS__)
 #define nt_tp_attention(...) nt_tp_attention_at(NT_HERE, __VA_ARGS__)
+#define nt_tp_column_linear_sp(...) nt_tp_column_linear_sp_at(NT_HERE, __VA_ARGS__)
+#define nt_tp_row_linear_sp(...) nt_tp_row_linear_sp_at(NT_HERE, __VA_ARGS__)
+#define nt_tp_copy_blocks(...) nt_tp_copy_blocks_at(NT_HERE, __VA_ARGS__)
 #define nt_grouped_mm(...) nt_grouped_mm_at(NT_HERE, __VA_ARGS__)
 #define nt_all_to_all(...) nt_all_to_all_at(NT_HERE, __VA_ARGS__)
 #define nt_moe_route(...) nt_moe_route_at(NT_HERE, __VA_ARGS__)
 #define nt_moe_mlp(...) nt_moe_mlp_at(NT_HERE, __VA_ARGS__)
 #define nt_graph_capture_begin() nt_graph_capture_begin_at(NT_HERE)
+#define nt_graph_capture_begin_multi() nt_graph_capture_begin_multi_at(NT_HERE)
 #define nt_graph_input(...) nt_graph_input_at(NT_HERE, __VA_ARGS__)
 #define nt_graph_capture_end() nt_graph_capture_end_at(NT_HERE)
 #define nt_graph_bind(...) nt_graph_bind_at(NT_HERE, __VA_ARGS__)
