@@ -845,6 +845,59 @@ static int add_grad(gradmap *gm, nt__edge e, nt_tensor *g, const nt_site *site)
     return 0;
 }
 
+/* True if accumulator n has a gradient hook with a function (not removed). */
+static bool acc_hooked(const nt__node *n)
+{
+    for (const nt__ghook *h = n->hooks; h; h = h->next)
+        if (h->fn && !h->removed)
+            return true;
+    return false;
+}
+
+/* An accumulator with a gradient hook (nt_register_hook on a leaf) runs
+ * right after the last node that sends it a gradient, not at the end of
+ * the pass: its hook sees the gradient as soon as it is complete, as
+ * torch's does (nt_ddp_set_overlap issues a bucket's collective there).
+ * The gradient is the same sum either way (its contributions arrive in
+ * the same order); only when the hook and the .grad write are queued
+ * moves.  order[0..k) are the other nodes, newest first, then the
+ * accumulators.  false: out of host memory. */
+static bool early_hooked_leaves(gradmap *gm, size_t k)
+{
+    size_t nh = 0;
+    for (size_t i = k; i < gm->n; i++)
+        nh += acc_hooked(gm->order[i]);
+    if (!nh)
+        return true;
+    /* last[i - k]: the position of accumulator i's last sender (0: none) */
+    size_t *last = calloc(gm->n - k, sizeof *last);
+    nt__node **out = malloc(gm->n * sizeof *out);
+    if (!last || !out) {
+        free(last), free(out);
+        return false;
+    }
+    for (size_t i = 0; i < k; i++) {
+        const nt__node *n = gm->order[i];
+        for (int e = 0; e < n->nin; e++)
+            for (size_t a = k; a < gm->n; a++)
+                if (n->next[e].node == gm->order[a] && acc_hooked(gm->order[a]))
+                    last[a - k] = i + 1;
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < k; i++) {
+        out[o++] = gm->order[i];
+        for (size_t a = k; a < gm->n; a++)
+            if (last[a - k] == i + 1)
+                out[o++] = gm->order[a];
+    }
+    for (size_t a = k; a < gm->n; a++)
+        if (!last[a - k])
+            out[o++] = gm->order[a];
+    memcpy(gm->order, out, gm->n * sizeof *out);
+    free(last), free(out);
+    return true;
+}
+
 /* Collects every node reachable from the roots, once, newest first (depth
  * first; leaf accumulators, all of seq 0, last in the order found); false:
  * out of host memory. */
@@ -892,6 +945,8 @@ static bool reachable(gradmap *gm, const nt__edge *roots, int nroots)
     qsort(gm->order, k, sizeof *gm->order, cmp_seq_desc);
     memcpy(gm->order + k, acc, nacc * sizeof *acc);
     free(acc);
+    if (!early_hooked_leaves(gm, k))
+        return false;
     for (size_t i = 0; i < gm->n; i++)
         gm->pos[map_find(gm, gm->order[i])] = i;
     gm->slots = calloc(gm->n * NT__MAX_OUT, sizeof *gm->slots);

@@ -20,8 +20,14 @@
  *    ratio; with NT_TRACE set, each child writes the trace (the last run,
  *    ZeRO-3, is the one left in the file).
  *
+ * 5. --peak CORES: the per-core peak of live bytes at stage 3 with and
+ *    without nt_ddp_set_overlap.
+ *
+ * --vs-ddp and --peak run stage 3 with and without nt_ddp_set_overlap (the
+ * reduce-scatter of each bucket issued during the backward).
+ *
  * Usage: zero [--in N] [--hid N] [--batch N (per core)] [--steps N] [--hbm MiB]
- *             [--shards N] [--vs-ddp CORES] */
+ *             [--shards N] [--vs-ddp CORES] [--peak CORES] [--overlap 0|1] */
 #include <math.h>
 #include <ntensor.h>
 #include <stdint.h>
@@ -39,6 +45,7 @@
 
 static int64_t in_f = 512, hid = 1024, batch = 64, steps = 3;
 static int SHARDS = 8; /* --shards: the global batch is SHARDS x batch */
+static int overlap;     /* --overlap 1: nt_ddp_set_overlap at stages 2, 3 */
 
 static nt_tensor *forward_loss(nt_tensor **p, nt_tensor *x, nt_tensor *y)
 {
@@ -109,7 +116,8 @@ static uint32_t params_crc(nt_tensor **p)
     return c;
 }
 
-/* The child: prints "z STAGE CORES PSI LO HI SIM_MS CRC", or "enomem MSG". */
+/* The child: prints "z STAGE CORES PSI LO HI SIM_MS CRC PEAK" (PEAK: the
+ * largest per-core peak of live bytes over the run), or "enomem MSG". */
 static int child(int stage)
 {
     bench_check(nt_init(), "nt_init");
@@ -128,8 +136,8 @@ static int child(int stage)
         psi += (double)nt_numel(p[j]);
     int64_t B = batch * SHARDS; /* the global batch: the same for every core count */
     nt_ddp *d = nt_ddp_create(p, NP, SHARDS, devs, ndev);
-    if (!d || nt_ddp_set_zero(d, stage))
-        bench_fail("nt_ddp_create / nt_ddp_set_zero");
+    if (!d || nt_ddp_set_zero(d, stage) || (overlap && stage >= 2 && nt_ddp_set_overlap(d, true)))
+        bench_fail("nt_ddp_create / nt_ddp_set_zero / nt_ddp_set_overlap");
     for (int j = 0; j < NP; j++)
         nt_release(p[j]);
     nt_optim *opts[64];
@@ -166,8 +174,11 @@ static int child(int stage)
     } else {
         bench_check(rc, "training");
         double ms = (max_clock(ndev) - t0) / 1e6 / (double)(steps - 1);
-        printf("z %d %d %.0f %lld %lld %.4f %08x\n", stage, ndev, psi, (long long)lo,
-               (long long)hi, ms, params_crc(nt_ddp_params(d, 0)));
+        int64_t peak = 0;
+        for (int i = 0; i < ndev; i++)
+            peak = nt_device_bytes_live_peak(i) > peak ? nt_device_bytes_live_peak(i) : peak;
+        printf("z %d %d %.0f %lld %lld %.4f %08x %lld\n", stage, ndev, psi, (long long)lo,
+               (long long)hi, ms, params_crc(nt_ddp_params(d, 0)), (long long)peak);
     }
     free(xb), free(yb);
     for (int i = 0; i < ndev; i++)
@@ -190,10 +201,11 @@ static void run(char *self, int stage, const char *cores, const char *hbm, char 
     snprintf(st, sizeof st, "%d", stage);
     snprintf(a, sizeof a, "%lld", (long long)in_f), snprintf(b, sizeof b, "%lld", (long long)hid);
     snprintf(c, sizeof c, "%lld", (long long)batch), snprintf(e, sizeof e, "%lld", (long long)steps);
-    char sh[16];
+    char sh[16], ov[4];
     snprintf(sh, sizeof sh, "%d", SHARDS);
+    snprintf(ov, sizeof ov, "%d", overlap);
     char *argv[] = {self, "--in",  a,  "--hid",    b,  "--batch", c, "--steps",
-                    e,    "--shards", sh, "--child", st, NULL};
+                    e,    "--shards", sh, "--overlap", ov, "--child", st, NULL};
     const char *env[] = {"NT_BACKEND=sim", "NT_SIM_TOPOLOGY=trn1.32xlarge", cores, hbm, NULL};
     int status = bench_run_child(argv, env, line, cap);
     if (status < 0 || !WIFEXITED(status) || WEXITSTATUS(status))
@@ -208,30 +220,70 @@ static int vs_ddp(char *self, int cores)
     char nc[32], line[1024];
     snprintf(nc, sizeof nc, "NT_SIM_CORES=%d", cores);
     SHARDS = cores;
-    double ms[2] = {0, 0}, psi = 0;
-    unsigned crc[2] = {0, 0};
-    for (int j = 0; j < 2; j++) {
-        run(self, 3 * j, nc, "NT_HBM_BYTES=16G", line, sizeof line);
+    double ms[3] = {0, 0, 0}, psi = 0;
+    unsigned crc[3] = {0, 0, 0};
+    long long peak[3] = {0, 0, 0};
+    for (int j = 0; j < 3; j++) { /* DDP, ZeRO-3, ZeRO-3 with the overlapped reduce-scatter */
+        overlap = j == 2;
+        run(self, j ? 3 : 0, nc, "NT_HBM_BYTES=16G", line, sizeof line);
         int s2, n2;
         long long lo, hi;
-        if (sscanf(line, "z %d %d %lf %lld %lld %lf %x", &s2, &n2, &psi, &lo, &hi, &ms[j],
-                   &crc[j]) != 7)
+        if (sscanf(line, "z %d %d %lf %lld %lld %lf %x %lld", &s2, &n2, &psi, &lo, &hi, &ms[j],
+                   &crc[j], &peak[j]) != 8)
             return fprintf(stderr, "%s: child printed '%s'\n", BENCH_NAME, line), 1;
     }
+    overlap = 0;
     printf("MLP %lld-%lld-%lld-%d, P = %.0f, AdamW, %d cores (trn1.32xlarge), global batch "
            "%lld (%lld per core)\n", (long long)in_f, (long long)hid, (long long)hid, OUT, psi,
            cores, (long long)(batch * cores), (long long)batch);
-    printf("| | sim ms/step | throughput vs DDP |\n| --- | ---: | ---: |\n");
-    printf("| DDP (stage 0) | %.3f | 1.00 |\n", ms[0]);
-    printf("| ZeRO-3 | %.3f | %.2f (target >= 0.85) |\n", ms[1], ms[0] / ms[1]);
-    printf("parameters: %s (%08x, %08x)\n", crc[0] == crc[1] ? "the same bits" : "DIFFERENT",
-           crc[0], crc[1]);
-    return crc[0] == crc[1] ? 0 : 1;
+    printf("| | sim ms/step | throughput vs DDP | per-core peak MiB |\n"
+           "| --- | ---: | ---: | ---: |\n");
+    printf("| DDP (stage 0) | %.3f | 1.00 | %.2f |\n", ms[0], peak[0] / 1048576.0);
+    printf("| ZeRO-3 | %.3f | %.2f | %.2f |\n", ms[1], ms[0] / ms[1], peak[1] / 1048576.0);
+    printf("| ZeRO-3, nt_ddp_set_overlap | %.3f | %.2f (target >= 0.85) | %.2f |\n", ms[2],
+           ms[0] / ms[2], peak[2] / 1048576.0);
+    bool same = crc[0] == crc[1] && crc[1] == crc[2];
+    printf("parameters: %s (%08x, %08x, %08x)\n", same ? "the same bits" : "DIFFERENT", crc[0],
+           crc[1], crc[2]);
+    return same ? 0 : 1;
+}
+
+/* --peak CORES: the per-core peak of live bytes of stage 3 with and without
+ * nt_ddp_set_overlap (the whole run: the gathered parameters, the
+ * gradients, the activations and the sharded state), beside 16P/N. */
+static int peak_cmp(char *self, int cores)
+{
+    char nc[32], line[1024];
+    snprintf(nc, sizeof nc, "NT_SIM_CORES=%d", cores);
+    long long peak[2] = {0, 0};
+    double psi = 0;
+    for (int j = 0; j < 2; j++) {
+        overlap = j;
+        run(self, 3, nc, "NT_HBM_BYTES=16G", line, sizeof line);
+        int s2, n2;
+        long long lo, hi;
+        double ms;
+        unsigned crc;
+        if (sscanf(line, "z %d %d %lf %lld %lld %lf %x %lld", &s2, &n2, &psi, &lo, &hi, &ms,
+                   &crc, &peak[j]) != 8)
+            return fprintf(stderr, "%s: child printed '%s'\n", BENCH_NAME, line), 1;
+    }
+    double f = 16 * psi / cores, mib = 1048576.0;
+    printf("MLP %lld-%lld-%lld-%d, P = %.0f (4P = %.2f MiB), AdamW, ZeRO-3 on %d cores, %d "
+           "shards of %lld rows\n", (long long)in_f, (long long)hid, (long long)hid, OUT, psi,
+           4 * psi / mib, cores, SHARDS, (long long)batch);
+    printf("| | per-core peak MiB | peak - 16P/N, in units of 4P |\n| --- | ---: | ---: |\n");
+    printf("| 16P/N | %.2f | |\n", f / mib);
+    printf("| ZeRO-3 | %.2f | %.2f |\n", peak[0] / mib, (peak[0] - f) / (4 * psi));
+    printf("| ZeRO-3, nt_ddp_set_overlap | %.2f | %.2f |\n", peak[1] / mib,
+           (peak[1] - f) / (4 * psi));
+    overlap = 0;
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
-    int child_stage = -1, vs_cores = 0;
+    int child_stage = -1, vs_cores = 0, peak_cores = 0;
     double hbm_mib = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
@@ -242,9 +294,12 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--hbm")) hbm_mib = atof(v);
         else if (!strcmp(k, "--shards")) SHARDS = atoi(v);
         else if (!strcmp(k, "--vs-ddp")) vs_cores = atoi(v);
+        else if (!strcmp(k, "--peak")) peak_cores = atoi(v);
+        else if (!strcmp(k, "--overlap")) overlap = atoi(v);
         else if (!strcmp(k, "--child")) child_stage = atoi(v);
         else return fprintf(stderr, "usage: zero [--in N] [--hid N] [--batch N] [--steps N] "
-                            "[--hbm MiB] [--shards N] [--vs-ddp CORES]\n"), 2;
+                            "[--hbm MiB] [--shards N] [--vs-ddp CORES] [--peak CORES] "
+                            "[--overlap 0|1]\n"), 2;
     }
     if (child_stage >= 0)
         return child(child_stage);
@@ -255,6 +310,8 @@ int main(int argc, char **argv)
     self[n] = 0;
     if (vs_cores)
         return vs_ddp(self, vs_cores);
+    if (peak_cores)
+        return peak_cmp(self, peak_cores);
     static const char *const cores[] = {"NT_SIM_CORES=1", "NT_SIM_CORES=2", "NT_SIM_CORES=4",
                                         "NT_SIM_CORES=8"};
     static const char *const fml[] = {"16P", "8P+8P/N", "4P+12P/N", "16P/N"};

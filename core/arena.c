@@ -709,6 +709,7 @@ uint64_t nt__arena_alloc_waits(void) { return AO_load(&A.alloc_waits); }
 uint64_t nt__arena_alloc_wait_ns(void) { return AO_load(&A.alloc_wait_ns); }
 uint64_t nt__arena_in_use_on(int dev) { return AO_load(&dev_of(dev)->in_use); }
 uint64_t nt__arena_live_on(int dev) { return live_of(dev_of(dev)); }
+uint64_t nt__arena_live_peak_on(int dev) { return AO_load(&dev_of(dev)->live_peak); }
 uint64_t nt__arena_waiting_on(int dev)
 {
     return AO_load(&dev_of(dev)->waiting_c) + AO_load(&dev_of(dev)->waiting_nc);

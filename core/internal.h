@@ -497,6 +497,7 @@ void *nt__arena_alloc_reserved(size_t nbytes, int dev); /* the block of a reserv
 uint64_t nt__arena_in_use(void);
 uint64_t nt__arena_in_use_on(int dev);
 uint64_t nt__arena_live_on(int dev);
+uint64_t nt__arena_live_peak_on(int dev); /* its live bytes' peak */
 uint64_t nt__arena_waiting_on(int dev);
 uint64_t nt__arena_backed(void); /* of in_use: bytes that hold a block */
 uint64_t nt__arena_backed_peak(void);

@@ -672,3 +672,14 @@ NT_API int64_t nt_device_bytes_live(int dev)
                        nt_device_count() - 1);
     return (int64_t)nt__arena_live_on(dev);
 }
+
+NT_API int64_t nt_device_bytes_live_peak(int dev)
+{
+    if (!nt__ensure_init())
+        return nt_last_error();
+    if (dev < 0 || dev >= nt_device_count())
+        return nt__err(NULL, NT_EINVAL, "nt_device_bytes_live_peak",
+                       "argument 'dev' is %d; expected a device 0..%d", dev,
+                       nt_device_count() - 1);
+    return (int64_t)nt__arena_live_peak_on(dev);
+}

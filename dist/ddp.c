@@ -89,13 +89,42 @@ struct nt_ddp {
     nt_dtype *pdt;
     nt_tensor **shard;        /* [nmem * n] member k's shard of parameter j (a leaf) */
     uint8_t *view;            /* [nmem * n] that shard is a view of the replica */
+    /* nt_ddp_set_overlap: the reduce-scatter of each bucket issued from the
+     * backward (gradient hooks on the replicas of each member's last shard). */
+    bool overlap;
+    int nov;                  /* buckets, in nt_ddp_reduce's order (last first) */
+    struct ov_bucket *ov;
+    int *ov_of;               /* [n] the bucket of parameter j */
+    uint8_t *ov_ready;        /* [nmem * n] member k's block sum of j is in its bucket */
+    struct ov_hook *ovh;      /* [nmem * n] the hooks' contexts */
+    int ov_err;               /* the first error of a hook this step */
 };
+
+/* One bucket of the overlapped reduce-scatter: parameters [lo, hi]; each
+ * member's packed input once all its block sums are made, the collective's
+ * outputs once every member's is. */
+typedef struct ov_bucket {
+    int lo, hi, packed;
+    bool issued;
+    nt_tensor *in[DDP_MAX_DEV], *out[DDP_MAX_DEV];
+} ov_bucket;
+
+typedef struct ov_hook {
+    nt_ddp *d;
+    int k, j, idx; /* member, parameter, the shard's slot in the member's block */
+    nt_hook_handle h;
+} ov_hook;
 
 static void zero_free(nt_ddp *d);
 static int zero_reduce(const nt_site *site, nt_ddp *d, nt_tensor **sum);
 static int zero_step(const nt_site *site, nt_ddp *d, nt_optim *const *opts);
 static int zero_backward_check(const nt_site *site, nt_ddp *d, const member *m);
 static void zero_backward_done(nt_ddp *d, int k);
+static void ov_clear(nt_ddp *d);
+static void ov_free(nt_ddp *d);
+static bool ov_last_shard(const nt_ddp *d, const member *m, int shard);
+static int ov_hooks(const nt_site *site, nt_ddp *d, member *m, int shard, bool on);
+static int ov_take(const nt_site *site, nt_ddp *d, int k, int j, int idx, nt_tensor *g);
 
 /* ---------------- devices ---------------- */
 
@@ -245,6 +274,7 @@ static void tree_clear(nt_ddp *d)
     }
     memset(d->done, 0, (size_t)d->shards);
     bn_clear(d, false);
+    ov_clear(d);
 }
 
 static void ddp_free(nt_ddp *d)
@@ -603,7 +633,7 @@ static int tree_insert(const nt_site *site, nt_ddp *d, member *m, int idx, nt_te
  * where the loss did not reach) into member m's tree of d: f32, zeros for
  * a missing one, then tree_insert.  Consumes g.  0 or an error. */
 static int shard_collect(const nt_site *site, const char *fn, nt_ddp *d, member *m, int shard,
-                         nt_tensor **g)
+                         nt_tensor **g, bool ov)
 {
     int n = d->n, rc = 0;
     nt_stream *old = enter(m->dev);
@@ -611,6 +641,24 @@ static int shard_collect(const nt_site *site, const char *fn, nt_ddp *d, member 
     if (!sc)
         rc = nt__err_hostmem(site, fn, "a scope");
     nt_no_grad_begin();
+    if (ov) { /* the hooks put the gradients in already; the rest (none reached) now */
+        rc = rc ? rc : d->ov_err;
+        for (int j = n - 1; j >= 0 && !rc; j--)
+            if (!d->ov_ready[(m - d->m) * n + j])
+                rc = ov_take(site, d, (int)(m - d->m), j, shard % d->block, nt_retain(g[j]));
+        for (int j = 0; j < n; j++)
+            nt_release(g[j]);
+        nt_no_grad_end();
+        if (sc)
+            nt_scope_end(sc);
+        leave(old);
+        if (!rc) {
+            d->done[shard] = 1;
+            zero_backward_done(d, (int)(m - d->m));
+        } else
+            tree_clear(d);
+        return rc;
+    }
     /* f32 for the sum whatever the parameters' dtype; a parameter the loss
      * does not reach gets zeros, so every shard has the same terms. */
     for (int j = 0; j < n && !rc; j++) {
@@ -697,9 +745,19 @@ static int backward_many(const nt_site *site, const char *fn, nt_ddp *const *ds,
                 keep[o + j] = ag->grad;
                 ag->grad = NULL;
             }
+        /* nt_ddp_set_overlap: the last shard of a member takes its
+         * gradients in hooks, as the backward makes them */
+        bool ov[DDP_MAX_DEV] = {0};
+        for (int i = 0; i < nd && !rc; i++)
+            if ((ov[i] = ov_last_shard(ds[i], m[i], shard)))
+                rc = ov_hooks(site, ds[i], m[i], shard, true);
         nt_stream *old = enter(m[0]->dev);
-        rc = nt_backward_at(site, loss);
+        if (!rc)
+            rc = nt_backward_at(site, loss);
         leave(old);
+        for (int i = 0; i < nd; i++)
+            if (ov[i])
+                ov_hooks(site, ds[i], m[i], shard, false);
         for (int i = 0, o = 0; i < nd; o += ds[i++]->n)
             for (int j = 0; j < ds[i]->n; j++) {
                 struct nt__ag *ag = m[i]->rep[j]->ag;
@@ -710,9 +768,11 @@ static int backward_many(const nt_site *site, const char *fn, nt_ddp *const *ds,
             if (rc) {
                 for (int j = 0; j < ds[i]->n; j++)
                     nt_release(g[o + j]);
+                if (ov[i])
+                    tree_clear(ds[i]); /* buckets half made: the step starts again */
                 continue;
             }
-            rc = shard_collect(site, fn, ds[i], m[i], shard, g + o);
+            rc = shard_collect(site, fn, ds[i], m[i], shard, g + o, ov[i]);
         }
     }
     free(keep);
@@ -1278,6 +1338,7 @@ static nt_tensor *zero_cut(const nt_site *site, const nt_ddp *d, int j, int r, n
 
 static void zero_free(nt_ddp *d)
 {
+    ov_free(d);
     if (d->shard && nt__hobj_current(d))
         for (int i = 0; i < d->nmem * d->n; i++)
             nt_release(d->shard[i]);
@@ -1498,19 +1559,278 @@ static int zero_bucket(const nt_site *site, nt_ddp *d, nt_tensor **sum, int lo, 
     return rc;
 }
 
+static int ov_take_mean(const nt_site *site, nt_ddp *d, const ov_bucket *b);
+
 static int zero_reduce(const nt_site *site, nt_ddp *d, nt_tensor **sum)
 {
     nt_collective kind = d->zero == 1 ? NT_COLL_ALL_REDUCE : NT_COLL_REDUCE_SCATTER;
     int rc = 0;
     nt_no_grad_begin();
-    for (int hi = d->n - 1; hi >= 0 && !rc;) {
+    for (int hi = d->n - 1, b = 0; hi >= 0 && !rc; b++) {
         int lo = zero_bucket_lo(d, kind, hi);
         if (hi - lo >= 64)
             lo = hi - 63;
-        rc = zero_bucket(site, d, sum, lo, hi);
+        if (d->overlap && d->ov && d->ov[b].issued) /* reduce-scattered in the backward */
+            rc = ov_take_mean(site, d, &d->ov[b]);
+        else
+            rc = zero_bucket(site, d, sum, lo, hi);
         hi = lo - 1;
     }
     nt_no_grad_end();
+    return rc;
+}
+
+/* ---------------- ZeRO: the reduce-scatter overlapped with the backward ----------------
+ *
+ * nt_ddp_set_overlap (stages 2, 3): the backward of each member's last
+ * shard of the step runs with a gradient hook on each of the member's
+ * replicas.  The hook of parameter j puts the gradient in the member's
+ * tree at once (the same adds as after the backward, in the same order),
+ * so its block sum is complete there and then; when every block sum of a
+ * bucket is (nt_ddp_reduce's buckets, the last parameters first), the
+ * member packs the bucket's [R, sum L] input and drops its block sums; when
+ * every local member has packed it, the reduce-scatter is issued, while the
+ * last member's backward still has the earlier layers to do.  nt_ddp_reduce
+ * then only takes the means out of the results.  The collective's inputs
+ * are the same tensors as without overlap, so the bits are the same; the
+ * means are not taken in the hook, since a core runs its kernels in order
+ * and a kernel reading the collective's result would hold the rest of that
+ * core's backward back. */
+
+static void ov_clear(nt_ddp *d)
+{
+    for (int b = 0; b < d->nov && d->ov; b++) {
+        ov_bucket *B = &d->ov[b];
+        for (int k = 0; k < d->nmem; k++) {
+            nt_release(B->in[k]), nt_release(B->out[k]);
+            B->in[k] = B->out[k] = NULL;
+        }
+        B->packed = 0, B->issued = false;
+    }
+    if (d->ov_ready)
+        memset(d->ov_ready, 0, (size_t)d->nmem * d->n);
+    d->ov_err = 0;
+}
+
+static void ov_free(nt_ddp *d)
+{
+    if (d->ov && nt__hobj_current(d))
+        ov_clear(d);
+    free(d->ov), free(d->ov_of), free(d->ov_ready), free(d->ovh);
+    d->ov = NULL, d->ov_of = NULL, d->ov_ready = NULL, d->ovh = NULL;
+    d->nov = 0, d->overlap = false;
+}
+
+/* The buckets of zero_reduce (stages 2, 3), made once.  0 or NT_ENOMEM. */
+static int ov_layout(nt_ddp *d)
+{
+    int nb = 0, n = d->n;
+    for (int pass = 0; pass < 2; pass++) {
+        nb = 0;
+        for (int hi = n - 1; hi >= 0; nb++) {
+            int lo = zero_bucket_lo(d, NT_COLL_REDUCE_SCATTER, hi);
+            if (hi - lo >= 64)
+                lo = hi - 63;
+            if (pass) {
+                d->ov[nb].lo = lo, d->ov[nb].hi = hi;
+                for (int j = lo; j <= hi; j++)
+                    d->ov_of[j] = nb;
+            }
+            hi = lo - 1;
+        }
+        if (!pass) {
+            d->ov = calloc((size_t)nb, sizeof *d->ov);
+            d->ov_of = calloc((size_t)n, sizeof *d->ov_of);
+            d->ov_ready = calloc((size_t)n * d->nmem, 1);
+            d->ovh = calloc((size_t)n * d->nmem, sizeof *d->ovh);
+            if (!d->ov || !d->ov_of || !d->ov_ready || !d->ovh) {
+                ov_free(d);
+                return NT_ENOMEM;
+            }
+        }
+    }
+    d->nov = nb;
+    return 0;
+}
+
+/* Is `shard` (not done) the last of its member's block this step? */
+static bool ov_last_shard(const nt_ddp *d, const member *m, int shard)
+{
+    (void)shard;
+    if (!d->overlap || !d->ov)
+        return false;
+    int s0 = (d->first_rank + (int)(m - d->m)) * d->block, left = 0;
+    for (int s = s0; s < s0 + d->block; s++)
+        left += !d->done[s];
+    return left == 1;
+}
+
+/* Bucket b of member k once all its block sums are made: the packed input;
+ * once every member's is: the reduce-scatter. */
+static int ov_pack(const nt_site *site, nt_ddp *d, int k, int b)
+{
+    ov_bucket *B = &d->ov[b];
+    int n = d->n, rc = 0;
+    member *m = &d->m[k];
+    for (int j = B->lo; j <= B->hi; j++)
+        if (!d->ov_ready[k * n + j])
+            return 0;
+    nt_tensor *parts[64];
+    for (int j = B->lo; j <= B->hi; j++)
+        parts[j - B->lo] = zero_rows(site, d, j, m->tree[d->levels][j]);
+    nt_tensor *in = B->lo == B->hi ? parts[0] : nt_cat_at(site, parts, B->hi - B->lo + 1, 1);
+    if (!in)
+        return errc();
+    B->in[k] = nt_retain(in);
+    for (int j = B->lo; j <= B->hi; j++) { /* the bucket holds them now */
+        nt_release(m->tree[d->levels][j]);
+        m->tree[d->levels][j] = NULL;
+    }
+    if (++B->packed < d->nmem)
+        return 0;
+    nt_tensor *out[DDP_MAX_DEV] = {0};
+    if (d->comm)
+        rc = nt_reduce_scatter_at(site, d->comm, B->in, out, NT_REDUCE_SUM);
+    else
+        out[0] = B->in[0];
+    for (int i = 0; i < d->nmem && !rc; i++)
+        B->out[i] = nt_retain(out[i]);
+    for (int i = 0; i < d->nmem && !rc; i++) {
+        nt_release(B->in[i]);
+        B->in[i] = NULL;
+    }
+    B->issued = !rc;
+    return rc;
+}
+
+/* Member k's gradient g of parameter j (one reference, consumed; NULL: the
+ * loss did not reach it) from its block's shard slot idx: f32 into the
+ * tree, up to the block sum, then the bucket.  The caller has a scope. */
+static int ov_take(const nt_site *site, nt_ddp *d, int k, int j, int idx, nt_tensor *g)
+{
+    member *m = &d->m[k];
+    int n = d->n, rc = 0;
+    nt_stream *old = enter(m->dev);
+    nt_tensor *x = g;
+    if (!x)
+        x = nt_zeros_at(site, NT_F32, d->pnd[j], d->pshape[j]);
+    else if (x->dtype != NT_F32)
+        x = nt_cast_at(site, x, NT_F32);
+    if (x && x != g) {
+        nt_keep(x);
+        nt_release(g);
+    }
+    if (!x) {
+        nt_release(g);
+        rc = errc();
+    } else {
+        m->tree[0][idx * n + j] = x;
+    }
+    for (int l = 0; l < d->levels && !rc; l++, idx >>= 1) {
+        nt_tensor **a = &m->tree[l][(idx & ~1) * n + j], **b = &m->tree[l][(idx | 1) * n + j];
+        if (!*a || !*b)
+            break;
+        nt_tensor *sum = nt_add_at(site, *a, *b);
+        if (!sum) {
+            rc = errc();
+            break;
+        }
+        m->tree[l + 1][(idx >> 1) * n + j] = nt_keep(sum);
+        nt_release(*a), nt_release(*b);
+        *a = *b = NULL;
+    }
+    if (!rc && !m->tree[d->levels][j])
+        rc = nt__err(site, NT_ESTATE, "nt_ddp_backward", "parameter %d of device %d: the "
+                     "block sum is not complete after the member's last shard", j, m->dev);
+    if (!rc) {
+        d->ov_ready[k * n + j] = 1;
+        rc = ov_pack(site, d, k, d->ov_of[j]);
+    }
+    if (rc == NT_ENOMEM) {
+        const ov_bucket *B = &d->ov[d->ov_of[j]];
+        char why[512];
+        snprintf(why, sizeof why, "%s", nt_last_error_message());
+        rc = nt__err(site, NT_ENOMEM, "nt_ddp_backward", "out of device memory on device %d "
+                     "taking the gradient of parameter %d into the reduce-scatter bucket of "
+                     "parameters [%d, %d] (nt_ddp_set_overlap); the step's gradients are "
+                     "dropped, the shards unchanged: %s", m->dev, j, B->lo, B->hi, why);
+    }
+    leave(old);
+    return rc;
+}
+
+static nt_tensor *ov_hook_fn(nt_tensor *g, void *ctx)
+{
+    ov_hook *h = ctx;
+    nt_ddp *d = h->d;
+    if (d->ov_err)
+        return NULL;
+    nt_scope *sc = nt_scope_begin();
+    int rc = sc ? ov_take(NULL, d, h->k, h->j, h->idx, nt_retain(g))
+                : nt__err_hostmem(NULL, "nt_ddp_backward", "a scope");
+    if (sc)
+        nt_scope_end(sc);
+    d->ov_err = rc;
+    return NULL;
+}
+
+/* Registers (on) or removes (off) the hooks on member m's replicas for the
+ * backward of `shard`. */
+static int ov_hooks(const nt_site *site, nt_ddp *d, member *m, int shard, bool on)
+{
+    int k = (int)(m - d->m), n = d->n, rc = 0;
+    for (int j = 0; j < n; j++) {
+        ov_hook *h = &d->ovh[k * n + j];
+        if (on && !rc) {
+            h->d = d, h->k = k, h->j = j, h->idx = shard % d->block, h->h = 0;
+            if (nt_register_hook_handle(m->rep[j], ov_hook_fn, h, &h->h))
+                rc = errc();
+        } else if (h->h) {
+            nt_remove_hook(h->h);
+            h->h = 0;
+        }
+    }
+    if (rc)
+        ov_hooks(site, d, m, shard, false);
+    return rc;
+}
+
+/* nt_ddp_reduce of a bucket reduce-scattered in the backward: the means. */
+static int ov_take_mean(const nt_site *site, nt_ddp *d, const ov_bucket *b)
+{
+    int rc = 0;
+    nt_scope *sc = nt_scope_begin();
+    if (!sc)
+        return nt__err_hostmem(site, "nt_ddp_reduce", "a scope");
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        nt_stream *old = enter(d->m[k].dev);
+        rc = zero_take_mean(site, d, k, b->out[k], b->lo, b->hi);
+        leave(old);
+    }
+    nt_scope_end(sc);
+    return rc;
+}
+
+NT_API int nt_ddp_set_overlap(nt_ddp *d, bool on)
+{
+    const char *fn = "nt_ddp_set_overlap";
+    if (!ddp_ok(NULL, d, fn))
+        return nt_last_error();
+    g_mutex_lock(&d->lock);
+    int rc = 0;
+    if (d->zero < 2)
+        rc = nt__err(NULL, NT_ESTATE, fn, "the nt_ddp is at ZeRO stage %d; the reduce-scatter "
+                     "overlapped with the backward is for stages 2 and 3 (nt_ddp_set_zero "
+                     "first)", d->zero);
+    for (int s = 0; s < d->shards && !rc; s++)
+        if (d->done[s])
+            rc = nt__err(NULL, NT_ESTATE, fn, "shard %d already has its gradients for this "
+                         "step; change the overlap between steps (after nt_ddp_reduce)", s);
+    if (!rc && on && !d->ov && ov_layout(d))
+        rc = nt__err_hostmem(NULL, fn, "the buckets' tables");
+    if (!rc)
+        d->overlap = on;
+    g_mutex_unlock(&d->lock);
     return rc;
 }
 
@@ -1593,6 +1913,12 @@ static int zero_gather_bucket(const nt_site *site, nt_ddp *d, int lo, int hi)
 static int zero_gather(const nt_site *site, nt_ddp *d, int lo, int hi)
 {
     int rc = 0, nb = 0, blo[64], bhi[64];
+    /* stage 3: which parameters this call gathers (undone on an error) */
+    uint8_t *had = d->zero == 3 ? calloc((size_t)d->n, 1) : NULL;
+    if (d->zero == 3 && !had)
+        return nt__err_hostmem(site, "nt_ddp_gather", "a table");
+    for (int j = 0; j < d->n && had; j++)
+        had[j] = d->m[0].rep[j] != NULL;
     nt_no_grad_begin();
     for (int j = hi - 1; j >= lo && !rc;) {
         if (d->zero == 3 && d->m[0].rep[j]) {
@@ -1621,6 +1947,26 @@ static int zero_gather(const nt_site *site, nt_ddp *d, int lo, int hi)
     if (sc)
         nt_scope_end(sc);
     nt_no_grad_end();
+    if (rc && had) { /* nothing half-gathered: this call's leaves go again */
+        for (int k = 0; k < d->nmem; k++)
+            for (int j = lo; j < hi; j++)
+                if (!had[j] && d->m[k].rep[j]) {
+                    nt_release(d->m[k].rep[j]);
+                    d->m[k].rep[j] = NULL;
+                }
+        if (rc == NT_ENOMEM) {
+            int64_t el = 0;
+            for (int j = lo; j < hi; j++)
+                el += had[j] ? 0 : d->len[j] * d->ranks * (int64_t)nt_dtype_size(d->pdt[j]);
+            char why[512];
+            snprintf(why, sizeof why, "%s", nt_last_error_message());
+            rc = nt__err(site, NT_ENOMEM, "nt_ddp_gather", "out of device memory gathering "
+                         "parameters [%d, %d) (%lld bytes on each of %d devices, and as much "
+                         "again for the collective's buffers); nothing was gathered: %s", lo,
+                         hi, (long long)el, d->nmem, why);
+        }
+    }
+    free(had);
     return rc;
 }
 

@@ -1192,7 +1192,9 @@ NT_API int nt_retain_grad(nt_tensor *t);
 typedef nt_tensor *(*nt_grad_hook)(nt_tensor *g, void *ctx);
 /** torch.Tensor.register_hook: fn(g, ctx) runs during every later
  *  nt_backward that reaches t, when the pass gets to t (after every use of t
- *  has sent its gradient; for a leaf, before the gradient goes into .grad);
+ *  has sent its gradient; for a leaf, before the gradient goes into .grad,
+ *  and a leaf with a hook is reached as soon as its last use has sent its
+ *  gradient, not at the end of the pass with the other leaves);
  *  t's hooks run in the order they were registered, each on the previous
  *  one's result, then nt_retain_grad's copy is taken.  A hook runs inside
  *  the pass, with grad off (on in a create_graph pass, nt_backward_full), on
@@ -2209,6 +2211,15 @@ NT_API nt_tensor **nt_ddp_zero_shards(nt_ddp *d, int dev);
  *  call for the next layer issued before this layer's compute overlaps it
  *  (a prefetch).  NT_EINVAL for a bad range, NT_ESTATE at another stage. */
 NT_API int nt_ddp_gather(nt_ddp *d, int lo, int hi);
+/** Stages 2, 3: on (true), each bucket of nt_ddp_reduce's reduce-scatter
+ *  is issued during the backward, as soon as every local device's
+ *  gradients of its parameters are made (gradient hooks on the replicas
+ *  during each device's last shard's nt_ddp_backward of the step), so the
+ *  collective overlaps the rest of the backward and each block sum is
+ *  freed once packed; nt_ddp_reduce then takes the means.  The same bits
+ *  as without.  Off by default; set between steps.  NT_ESTATE at stage 0
+ *  or 1 or after a shard's backward of this step. */
+NT_API int nt_ddp_set_overlap(nt_ddp *d, bool on);
 /** nt_clip_grad_norm over the parameters' whole mean gradients, after
  *  nt_ddp_reduce: the same bits as nt_clip_grad_norm on a stage-0 replica.
  *  Stages 2, 3 all-gather the gradient shards first (the norms need the
@@ -2297,6 +2308,10 @@ NT_API int nt_mesh_rank(const nt_mesh *m, int dev);
  *  count, nt_stats' device_bytes_live for one device), or a negative error
  *  (NT_EINVAL for a bad device). */
 NT_API int64_t nt_device_bytes_live(int dev);
+/** The highest nt_device_bytes_live(dev) reached since nt_init or the last
+ *  nt_stats_reset (nt_stats' device_bytes_live_peak for one device), or a
+ *  negative error (NT_EINVAL for a bad device). */
+NT_API int64_t nt_device_bytes_live_peak(int dev);
 
 /* ------------------------------------------------------------------------ */
 /* Tensor parallelism (docs/parallel.md): differentiable collectives and    */

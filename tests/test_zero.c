@@ -53,6 +53,7 @@ static nt_tensor *model_loss(nt_tensor **p, nt_tensor *x, nt_tensor *y)
 typedef struct run {
     int stage;
     bool sgd, clip, bf16; /* bf16: the forward under bf16 autocast */
+    bool overlap;         /* nt_ddp_set_overlap (stages 2, 3) */
     int h, f, steps;
     const char *save, *load; /* checkpoint paths (NULL: none) */
     int save_at;             /* the step after which to save */
@@ -118,7 +119,7 @@ static int child_train(const run *r)
     if (make_params(p, r->h, r->f, 11))
         return 4;
     nt_ddp *d = nt_ddp_create(p, NP, SHARDS, devs, ndev);
-    if (!d || nt_ddp_set_zero(d, r->stage)) {
+    if (!d || nt_ddp_set_zero(d, r->stage) || (r->overlap && nt_ddp_set_overlap(d, true))) {
         fprintf(stderr, "child: %s\n", nt_last_error_message());
         return 4;
     }
@@ -167,7 +168,8 @@ static unsigned train_crc(const char *const *env, const char *spec, int cores)
     return ddp_h_child_crc(env, spec, NULL, cores);
 }
 
-/* spec: "<stage><a|s><c|->", e.g. "2ac" = stage 2, AdamW, clipping. */
+/* spec: "<stage><a|s><c|->[b][o]", e.g. "2ac" = stage 2, AdamW, clipping;
+ * b: bf16 autocast; o: nt_ddp_set_overlap. */
 static void parse_spec(const char *spec, run *r)
 {
     memset(r, 0, sizeof *r);
@@ -175,6 +177,7 @@ static void parse_spec(const char *spec, run *r)
     r->sgd = spec[1] == 's';
     r->clip = spec[2] == 'c';
     r->bf16 = spec[2] && spec[3] == 'b';
+    r->overlap = spec[2] && strchr(spec + 3, 'o');
     r->h = H, r->f = F, r->steps = STEPS;
 }
 
@@ -227,6 +230,26 @@ static void test_bitwise_stages_sizes(void **state)
             }
     printf("# cpu adaptive, cpu and sim deterministic: stages 0-3 on 1 and 8 cores give "
            "%08x too\n", ref[0]);
+    /* the reduce-scatter overlapped with the backward: the same bits */
+    for (int o = 0; o < 2; o++)
+        for (int st = 2; st < 4; st++)
+            for (int c = 0; c < 4; c++) {
+                const char *env[] = {"NT_BACKEND=sim", "NT_MODE=adaptive", CORES[c], NULL};
+                char spec[5] = {(char)('0' + st), o ? 's' : 'a', o ? '-' : 'c', 'o', 0};
+                unsigned crc = train_crc(env, spec, 1 << c);
+                if (crc != ref[o])
+                    fail_msg("stage %d with nt_ddp_set_overlap on %d cores (%s): %08x, plain "
+                             "1-core DDP %08x", st, 1 << c, spec, crc, ref[o]);
+            }
+    for (int c = 0; c < 4; c += 3) {
+        const char *env[] = {"NT_BACKEND=cpu", "NT_DETERMINISTIC=1", CORES[c], NULL};
+        unsigned crc = train_crc(env, "3aco", 1 << c);
+        if (crc != ref[0])
+            fail_msg("cpu deterministic, stage 3 with overlap, %d cores: %08x, %08x", 1 << c,
+                     crc, ref[0]);
+    }
+    printf("# stages 2, 3 with nt_ddp_set_overlap: %08x (AdamW + clip) and %08x (SGD) on 1, "
+           "2, 4, 8 cores; cpu deterministic on 1 and 8 too\n", ref[0], ref[1]);
     /* under bf16 autocast (f32 parameters): one CRC for every stage, 1 and 8 cores */
     unsigned bref = 0;
     for (int st = 0; st < 4; st++)
@@ -411,6 +434,187 @@ static void test_stage3_beyond_one_core(void **state)
     assert_string_equal(line, "trained 8 cores stage 3\n");
 }
 
+/* ---------------- the reduce-scatter overlapped with the backward ---------------- */
+
+/* The child: 2 steps of a 512-wide MLP at stage 3 (with nt_ddp_set_overlap
+ * if `ov`); prints "peak OV BYTES PSI" (the largest per-core peak of live
+ * bytes) or "failed RC MSG". */
+static int child_peak(int ov)
+{
+    if (nt_init() != 0)
+        return 3;
+    int devs[DDP_H_MAXDEV], ndev = ddp_h_devices(devs);
+    run r = {.stage = 3, .h = 512, .f = 512, .steps = 2};
+    nt_tensor *p[NP];
+    nt_device_set(0);
+    int rc = make_params(p, r.h, r.f, 5) ? nt_last_error() : 0;
+    double psi = 0;
+    for (int j = 0; j < NP && !rc; j++)
+        psi += (double)nt_numel(p[j]);
+    nt_ddp *d = rc ? NULL : nt_ddp_create(p, NP, SHARDS, devs, ndev);
+    if (d && (nt_ddp_set_zero(d, 3) || (ov && nt_ddp_set_overlap(d, true))))
+        rc = nt_last_error();
+    for (int j = 0; j < NP && !rc; j++)
+        nt_release(p[j]);
+    nt_optim *opts[64] = {0};
+    for (int i = 0; i < ndev && d && !rc; i++) {
+        nt_device_set(i);
+        opts[i] = make_opt(&r, nt_ddp_zero_shards(d, i));
+    }
+    for (int step = 0; step < r.steps && d && !rc; step++)
+        if (train_step(d, &r, opts, ndev, step))
+            rc = nt_last_error();
+    if (!rc)
+        rc = nt_sync();
+    int64_t peak = 0;
+    for (int i = 0; i < ndev && !rc; i++)
+        peak = nt_device_bytes_live_peak(i) > peak ? nt_device_bytes_live_peak(i) : peak;
+    if (!rc)
+        printf("peak %d %lld %.0f\n", ov, (long long)peak, psi);
+    else
+        printf("failed %d %s\n", rc, nt_last_error_message());
+    for (int i = 0; i < ndev; i++)
+        nt_optim_destroy(opts[i]);
+    nt_ddp_destroy(d);
+    nt_shutdown();
+    return 0;
+}
+
+/* Stage 3 on 8 cores, the per-core peak with and without the overlapped
+ * reduce-scatter: in one process a core's packed buckets wait for the last
+ * core's backward (one collective takes every local member's input), while
+ * the replica's .grad still holds the gradient until nt_backward returns,
+ * so the overlap costs at most one more copy of the gradients (4P) per core
+ * at the peak; both peaks hold the gathered parameters (16P/N + 4P). */
+static void test_overlap_memory(void **state)
+{
+    (void)state;
+    char line[1024];
+    long long peak[2];
+    double psi = 0;
+    for (int ov = 0; ov < 2; ov++) {
+        const char *env[] = {"NT_BACKEND=sim", "NT_HBM_BYTES=16G", "NT_SIM_CORES=8", NULL};
+        char arg[4] = {(char)('0' + ov), 0};
+        char *argv[] = {ddp_h_exe, "--peak", arg, NULL};
+        ddp_h_run(env, argv, line, sizeof line);
+        int o2 = -1;
+        if (sscanf(line, "peak %d %lld %lf", &o2, &peak[ov], &psi) != 3 || o2 != ov)
+            fail_msg("child printed '%s'", line);
+    }
+    double f = 16 * psi / 8;
+    printf("# ZeRO-3, 8 cores, 512-wide MLP (4P = %.3f MiB): per-core peak %.3f MiB, with "
+           "nt_ddp_set_overlap %.3f MiB (16P/N = %.3f MiB)\n", 4 * psi / 1048576.0,
+           peak[0] / 1048576.0, peak[1] / 1048576.0, f / 1048576.0);
+    assert_true((double)peak[0] > f + 4 * psi && (double)peak[1] > f + 4 * psi);
+    if ((double)peak[1] > (double)peak[0] + 4 * psi * 1.02)
+        fail_msg("the overlapped peak %lld is more than 4P above %lld (P = %.0f)", peak[1],
+                 peak[0], psi);
+}
+
+/* Fills every device up to within 4 KiB with ballast tensors (kept in bal). */
+static int fill_devices(nt_tensor **bal, int cap)
+{
+    int nb = 0;
+    for (int dev = 0; dev < nt_device_count(); dev++) {
+        nt_device_set(dev);
+        for (int64_t sz = (int64_t)1 << 26; sz >= 1024 && nb < cap; sz /= 2)
+            while (nb < cap) {
+                nt_tensor *t = nt_zeros(NT_U8, 1, (int64_t[]){sz});
+                if (!t)
+                    break;
+                bal[nb++] = nt_keep(t);
+            }
+    }
+    nt_clear_error();
+    return nb;
+}
+
+/* The child: stage 3 on the cores of NT_SIM_CORES, every device filled up;
+ * nt_ddp_gather must fail with NT_ENOMEM naming itself, the range and the
+ * bytes, with no parameter gathered and the shards unchanged; then the
+ * ballast goes and AdamW with clipping trains 8 steps ("crc ..."). */
+static int child_gather_oom(void)
+{
+    if (nt_init() != 0)
+        return 3;
+    int devs[DDP_H_MAXDEV], ndev = ddp_h_devices(devs), rc = 0;
+    run r;
+    parse_spec("3ac", &r);
+    nt_tensor *p[NP];
+    nt_device_set(0);
+    if (make_params(p, r.h, r.f, 11))
+        return 4;
+    nt_ddp *d = nt_ddp_create(p, NP, SHARDS, devs, ndev);
+    if (!d || nt_ddp_set_zero(d, 3) || nt_ddp_set_overlap(d, true))
+        return 4;
+    for (int j = 0; j < NP; j++)
+        nt_release(p[j]);
+    nt_optim *opts[64];
+    for (int i = 0; i < ndev; i++) {
+        nt_device_set(devs[i]);
+        opts[i] = make_opt(&r, nt_ddp_zero_shards(d, devs[i]));
+    }
+    uint32_t before = 0;
+    for (int i = 0; i < ndev; i++)
+        before = before * 31u + ddp_h_crc(nt_ddp_zero_shards(d, devs[i]), NP);
+    static nt_tensor *bal[4096];
+    int nb = fill_devices(bal, 4096);
+    int g = nt_ddp_gather(d, 0, NP);
+    const char *msg = nt_last_error_message();
+    if (g != NT_ENOMEM || !strstr(msg, "nt_ddp_gather") || !strstr(msg, "[0, 4)") ||
+        !strstr(msg, "bytes on each of") || !strstr(msg, "nothing was gathered")) {
+        fprintf(stderr, "child: gather gave %d '%s'\n", g, msg);
+        rc = 5;
+    } else {
+        fprintf(stderr, "# %s\n", msg);
+    }
+    for (int i = 0; i < ndev && !rc; i++)
+        for (int j = 0; j < NP; j++)
+            if (nt_ddp_params(d, devs[i])[j]) {
+                fprintf(stderr, "child: parameter %d of device %d gathered\n", j, devs[i]);
+                rc = 6;
+            }
+    for (int i = 0; i < nb; i++)
+        nt_release(bal[i]);
+    uint32_t after = 0;
+    for (int i = 0; i < ndev && !rc; i++)
+        after = after * 31u + ddp_h_crc(nt_ddp_zero_shards(d, devs[i]), NP);
+    if (!rc && after != before) {
+        fprintf(stderr, "child: the shards changed\n");
+        rc = 7;
+    }
+    for (int step = 0; step < r.steps && !rc; step++)
+        if (train_step(d, &r, opts, ndev, step)) {
+            fprintf(stderr, "child: step %d: %s\n", step, nt_last_error_message());
+            rc = 8;
+        }
+    if (!rc && (nt_ddp_gather(d, 0, NP) || ddp_h_report(d, devs, ndev, NP)))
+        rc = 9;
+    for (int i = 0; i < ndev; i++)
+        nt_optim_destroy(opts[i]);
+    nt_ddp_destroy(d);
+    nt_shutdown();
+    return rc;
+}
+
+static void test_gather_oom(void **state)
+{
+    (void)state;
+    const char *env1[] = {"NT_BACKEND=sim", "NT_SIM_CORES=1", NULL};
+    unsigned ref = train_crc(env1, "0ac", 1);
+    for (int c = 1; c < 4; c += 2) {
+        const char *env[] = {"NT_BACKEND=sim", "NT_HBM_BYTES=8M", CORES[c], NULL};
+        char line[1024];
+        char *argv[] = {ddp_h_exe, "--gatheroom", NULL};
+        ddp_h_run(env, argv, line, sizeof line);
+        unsigned crc = ddp_h_parse(line, "--gatheroom", 1 << c, 1);
+        printf("# %d cores, every device full: nt_ddp_gather fails with NT_ENOMEM, nothing "
+               "gathered, the shards unchanged; then 8 steps: %08x (1-core DDP %08x)\n",
+               1 << c, crc, ref);
+        assert_int_equal(crc, ref);
+    }
+}
+
 /* ---------------- the mesh ---------------- */
 
 static int setup_8dev(void **state)
@@ -561,6 +765,35 @@ static void test_zero_errors(void **state)
     assert_int_equal(nt_ddp_backward(d, 0, shard_loss(d, 0)), 0);
     nt_scope_end(sc);
     nt_test_expect_err(nt_ddp_set_zero(d, 2), NT_ESTATE, "nt_ddp_set_zero", "begun training");
+    nt_test_expect_err(nt_ddp_set_overlap(d, true), NT_ESTATE, "nt_ddp_set_overlap",
+                       "stage 0", "stages 2 and 3");
+    nt_test_expect_err(nt_ddp_set_overlap(NULL, true), NT_EINVAL, "nt_ddp_set_overlap", "'d'");
+    /* the per-device peak: at least what is live now; a bad device */
+    assert_true(nt_device_bytes_live_peak(0) >= nt_device_bytes_live(0));
+    assert_true(nt_device_bytes_live(0) > 0);
+    nt_test_expect_err((int)nt_device_bytes_live_peak(8), NT_EINVAL, "nt_device_bytes_live_peak",
+                       "'dev' is 8", "0..7");
+    nt_ddp_destroy(d);
+    /* the overlap at stage 1, and after a shard's backward of the step */
+    d = nt_ddp_create(p, NP, SHARDS, devs, 2);
+    assert_int_equal(nt_ddp_set_zero(d, 1), 0);
+    nt_test_expect_err(nt_ddp_set_overlap(d, true), NT_ESTATE, "nt_ddp_set_overlap", "stage 1");
+    nt_ddp_destroy(d);
+    d = nt_ddp_create(p, NP, SHARDS, devs, 2);
+    assert_int_equal(nt_ddp_set_zero(d, 2), 0);
+    assert_int_equal(nt_ddp_set_overlap(d, true), 0);
+    sc = nt_scope_begin();
+    assert_int_equal(nt_ddp_backward(d, 0, shard_loss(d, 0)), 0);
+    nt_scope_end(sc);
+    nt_test_expect_err(nt_ddp_set_overlap(d, false), NT_ESTATE, "nt_ddp_set_overlap",
+                       "shard 0 already has its gradients", "after nt_ddp_reduce");
+    for (int s = 1; s < SHARDS; s++) {
+        sc = nt_scope_begin();
+        assert_int_equal(nt_ddp_backward(d, s, shard_loss(d, s)), 0);
+        nt_scope_end(sc);
+    }
+    assert_int_equal(nt_ddp_reduce(d), 0);
+    assert_int_equal(nt_ddp_set_overlap(d, false), 0); /* between steps */
     nt_ddp_destroy(d);
     /* stage 3 */
     d = nt_ddp_create(p, NP, SHARDS, devs, 2);
@@ -813,6 +1046,10 @@ int main(int argc, char **argv)
         return child_mem(atoi(argv[2]));
     if (argc == 3 && !strcmp(argv[1], "--hbm"))
         return child_hbm(atoi(argv[2]));
+    if (argc == 3 && !strcmp(argv[1], "--peak"))
+        return child_peak(atoi(argv[2]));
+    if (argc == 2 && !strcmp(argv[1], "--gatheroom"))
+        return child_gather_oom();
     if (argc == 2 && !strcmp(argv[1], "--meshmpi"))
         return child_meshmpi();
     if (argc == 6 && !strcmp(argv[1], "--ckpt")) {
@@ -841,6 +1078,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bitwise_stages_sizes),
         cmocka_unit_test(test_memory_formula),
         cmocka_unit_test(test_stage3_beyond_one_core),
+        cmocka_unit_test(test_overlap_memory),
+        cmocka_unit_test(test_gather_oom),
         cmocka_unit_test(test_checkpoints),
     };
     if (only) {
