@@ -63,7 +63,13 @@
  * adds auxw times the layers' load-balancing losses.
  *
  * Checkpoints (gptm_save, gptm_load at the end): one nt_ddp_save_split per
- * member plus a layout record; a load under another layout reshards. */
+ * member plus a layout record; a load under another layout reshards.
+ *
+ * Capture (gptm_captured_step, char_gpt --capture): the device's part of a
+ * step (gptm_step_body) recorded once over every core with
+ * nt_graph_capture_begin_multi and replayed, each shard's batch bound per
+ * replay; the same bits as op by op.  Not with dropout, sp, the MoE MLP or
+ * several processes (gptm_capture_refusal says why). */
 #ifndef NT_EXAMPLES_GPT_MESH_H
 #define NT_EXAMPLES_GPT_MESH_H
 
@@ -1071,10 +1077,7 @@ static inline int gptm_step_prepare(gpt_mesh *g)
     return 0;
 }
 
-/* Every local shard's batch (xb [B, T], yb [B * T], host ints) on its
- * members' devices: idx[s * nm + r], tgt[s * nm + r] (NULL for another
- * process's shard; the caller releases them, gptm_inputs_free).  0 or -1
- * with the runtime's error (what was made released). */
+/* Releases gptm_inputs' tensors (NULL entries skipped) and clears them. */
 static inline void gptm_inputs_free(const gpt_mesh *g, nt_tensor **idx, nt_tensor **tgt)
 {
     for (int i = 0; i < g->shards * g->nm; i++) {
@@ -1084,6 +1087,10 @@ static inline void gptm_inputs_free(const gpt_mesh *g, nt_tensor **idx, nt_tenso
     }
 }
 
+/* Every local shard's batch (xb [B, T], yb [B * T], host ints) on its
+ * members' devices: idx[s * nm + r], tgt[s * nm + r] (NULL for another
+ * process's shard; the caller releases them, gptm_inputs_free).  0 or -1
+ * with the runtime's error (what was made released). */
 static inline int gptm_inputs(gpt_mesh *g, const gpt_train_opts *o, const int32_t *xb,
                               const int32_t *yb, nt_tensor **idx, nt_tensor **tgt)
 {

@@ -2,7 +2,8 @@
  * docs/parallel.md "char GPT under a mesh"): a small model of the same
  * code trained at several (dp, tp) splits and ZeRO stages, on both
  * backends and in every mode, gives one CRC-32 of its parameters (with
- * gradient clipping, whose norm is defined over the blocks too); and the
+ * gradient clipping, whose norm is defined over the blocks too), captured
+ * and replayed (gptm_captured_step) as op by op; and the
  * errors: mesh sizes that are not the core count, heads, width, vocabulary
  * or blocks that tp does not divide, a ZeRO stage out of range,
  * nt_ddp_backward_group's arguments.  Each run has its own runtime with
