@@ -148,7 +148,7 @@ static void usage(FILE *f)
             "  Under a mesh: --amp bf16, --dropout (masks keyed on the global token position:\n"
             "  the same bits for every split), --save and --resume (a sharded checkpoint: PATH\n"
             "  and PATH.tp<m>of<n>.zero<r>of<R>) work; --capture records the second step over\n"
-            "  every core and replays it (not with --dropout, --sp, --ep/--experts or MPI);\n"
+            "  every core and replays it (not with --dropout, --ep/--experts or MPI);\n"
             "  refused with an error: --amp fp8, --checkpoint-activations, --untied, --sinpos,\n"
             "  --rope, --no-sdpa; no sample at the end.\n");
 }

@@ -68,7 +68,7 @@
  * Capture (gptm_captured_step, char_gpt --capture): the device's part of a
  * step (gptm_step_body) recorded once over every core with
  * nt_graph_capture_begin_multi and replayed, each shard's batch bound per
- * replay; the same bits as op by op.  Not with dropout, sp, the MoE MLP or
+ * replay; the same bits as op by op (sp too).  Not with dropout, the MoE MLP or
  * several processes (gptm_capture_refusal says why). */
 #ifndef NT_EXAMPLES_GPT_MESH_H
 #define NT_EXAMPLES_GPT_MESH_H
@@ -1223,8 +1223,8 @@ static inline int gptm_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t 
 
 /* Why a mesh step cannot be captured (a sentence naming the option), or
  * NULL: dropout's masks are keyed on the step and shard by host seeds a
- * replay would not redraw; the MoE MLP (--ep/--experts) and sequence
- * parallelism are not checked against a capture; several processes' steps
+ * replay would not redraw; the MoE MLP (--ep/--experts) is not checked
+ * against a capture; several processes' steps
  * exchange through MPI, which a capture does not record. */
 static inline const char *gptm_capture_refusal(const gpt_mesh *g)
 {
@@ -1234,8 +1234,6 @@ static inline const char *gptm_capture_refusal(const gpt_mesh *g)
     if (g->experts)
         return "--ep/--experts: the MoE step is not captured (its load statistics and "
                "routing are not checked under a capture)";
-    if (g->sp)
-        return "--sp: the sequence-parallel step is not checked under a capture";
     if (nt_process_count() > 1)
         return "several processes (MPI): a capture records this process's streams only";
     return NULL;
