@@ -63,7 +63,13 @@
  * adds auxw times the layers' load-balancing losses.
  *
  * Checkpoints (gptm_save, gptm_load at the end): one nt_ddp_save_split per
- * member plus a layout record; a load under another layout reshards. */
+ * member plus a layout record; a load under another layout reshards.
+ *
+ * Capture (gptm_captured_step, char_gpt --capture): the device's part of a
+ * step (gptm_step_body) recorded once over every core with
+ * nt_graph_capture_begin_multi and replayed, each shard's batch bound per
+ * replay; the same bits as op by op (sp too).  Not with dropout, the MoE MLP or
+ * several processes (gptm_capture_refusal says why). */
 #ifndef NT_EXAMPLES_GPT_MESH_H
 #define NT_EXAMPLES_GPT_MESH_H
 
@@ -1059,19 +1065,68 @@ static inline int gptm_shard_devs(gpt_mesh *g, int s, int *devs)
     return 0;
 }
 
-/* One training step on batch xb [B, T], yb [B * T] (host ints): every
- * local shard's forward and backward, the reduce and the step of each
- * tensor rank's nt_ddp.  *loss_sum (f32 0-d on device 0) gets this
- * process's shards' losses added.  0 or -1 with the runtime's error. */
-static inline int gptm_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t *xb,
-                            const int32_t *yb, nt_tensor *loss_sum)
+/* The host's part of a step: the step count (dropout's key) and every
+ * optimizer's learning rate schedule.  0 or -1 with the runtime's error. */
+static inline int gptm_step_prepare(gpt_mesh *g)
 {
-    int B = o->batch, T = g->c.context, tp = g->nm;
     g->step++;
-    for (int r = 0; r < tp; r++)
+    for (int r = 0; r < g->nm; r++)
         for (int k = 0; k < g->ndd[r]; k++)
             if (nt_scheduler_step(g->sched[r][k]))
                 return -1;
+    return 0;
+}
+
+/* Releases gptm_inputs' tensors (NULL entries skipped) and clears them. */
+static inline void gptm_inputs_free(const gpt_mesh *g, nt_tensor **idx, nt_tensor **tgt)
+{
+    for (int i = 0; i < g->shards * g->nm; i++) {
+        nt_release(idx[i]);
+        nt_release(tgt[i]);
+        idx[i] = tgt[i] = NULL;
+    }
+}
+
+/* Every local shard's batch (xb [B, T], yb [B * T], host ints) on its
+ * members' devices: idx[s * nm + r], tgt[s * nm + r] (NULL for another
+ * process's shard; the caller releases them, gptm_inputs_free).  0 or -1
+ * with the runtime's error (what was made released). */
+static inline int gptm_inputs(gpt_mesh *g, const gpt_train_opts *o, const int32_t *xb,
+                              const int32_t *yb, nt_tensor **idx, nt_tensor **tgt)
+{
+    int B = o->batch, T = g->c.context, tp = g->nm;
+    for (int i = 0; i < g->shards * tp; i++)
+        idx[i] = tgt[i] = NULL;
+    for (int s = 0; s < g->shards; s++) {
+        int devs[GPTM_MAXD];
+        if (gptm_shard_devs(g, s, devs))
+            continue; /* another process's */
+        for (int r = 0; r < tp; r++) {
+            nt_device_set(devs[r]);
+            nt_tensor **x = &idx[s * tp + r], **y = &tgt[s * tp + r];
+            *x = nt_ddp_shard_from_host(g->ddp[r], s, xb, NT_I32, 2, (int64_t[]){B, T});
+            *y = nt_ddp_shard_from_host(g->ddp[r], s, yb, NT_I32, 1,
+                                        (int64_t[]){(int64_t)B * T});
+            if (!*x || !*y) {
+                gptm_inputs_free(g, idx, tgt);
+                nt_device_set(0);
+                return -1;
+            }
+        }
+    }
+    nt_device_set(0);
+    return 0;
+}
+
+/* The device's part of a step on the shards' inputs of gptm_inputs: every
+ * local shard's forward and backward, the reduce, clipping and the step of
+ * each tensor rank's nt_ddp -- what `char_gpt --capture` records once under
+ * a mesh (gptm_captured_step).  *loss_sum (f32 0-d on device 0) gets this
+ * process's shards' losses added.  0 or -1 with the runtime's error. */
+static inline int gptm_step_body(gpt_mesh *g, const gpt_train_opts *o, nt_tensor **idx_all,
+                                 nt_tensor **tgt_all, nt_tensor *loss_sum)
+{
+    int tp = g->nm;
     if (g->zero == 3)
         for (int r = 0; r < tp; r++)
             if (nt_ddp_gather(g->ddp[r], 0, g->n))
@@ -1081,13 +1136,11 @@ static inline int gptm_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t 
         if (gptm_shard_devs(g, s, devs))
             continue; /* another process's */
         nt_scope *sc = nt_scope_begin();
-        nt_tensor *idx[GPTM_MAXD], *tgt[GPTM_MAXD], **P[GPTM_MAXD];
+        nt_tensor **idx = idx_all + (size_t)s * tp, **tgt = tgt_all + (size_t)s * tp,
+                  **P[GPTM_MAXD];
         for (int r = 0; r < tp; r++) {
             nt_device_set(devs[r]);
             P[r] = nt_ddp_params(g->ddp[r], devs[r]);
-            idx[r] = nt_ddp_shard_from_host(g->ddp[r], s, xb, NT_I32, 2, (int64_t[]){B, T});
-            tgt[r] = nt_ddp_shard_from_host(g->ddp[r], s, yb, NT_I32, 1,
-                                            (int64_t[]){(int64_t)B * T});
             if (!P[r] || !idx[r] || !tgt[r]) {
                 nt_scope_end(sc);
                 return -1;
@@ -1148,6 +1201,103 @@ static inline int gptm_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t 
             return -1;
     nt_device_set(0);
     return 0;
+}
+
+/* One training step on batch xb [B, T], yb [B * T] (host ints), op by op:
+ * gptm_step_prepare, gptm_inputs, gptm_step_body.  0 or -1 with the
+ * runtime's error. */
+static inline int gptm_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t *xb,
+                            const int32_t *yb, nt_tensor *loss_sum)
+{
+    size_t n = (size_t)g->shards * (size_t)g->nm;
+    nt_tensor **idx = calloc(n, sizeof *idx), **tgt = calloc(n, sizeof *tgt);
+    int rc = !idx || !tgt || gptm_step_prepare(g) || gptm_inputs(g, o, xb, yb, idx, tgt);
+    if (!rc) {
+        rc = gptm_step_body(g, o, idx, tgt, loss_sum);
+        gptm_inputs_free(g, idx, tgt);
+    }
+    free(idx);
+    free(tgt);
+    return rc ? -1 : 0;
+}
+
+/* Why a mesh step cannot be captured (a sentence naming the option), or
+ * NULL: dropout's masks are keyed on the step and shard by host seeds a
+ * replay would not redraw; the MoE MLP (--ep/--experts) is not checked
+ * against a capture; several processes' steps
+ * exchange through MPI, which a capture does not record. */
+static inline const char *gptm_capture_refusal(const gpt_mesh *g)
+{
+    if (g->dropout > 0)
+        return "--dropout: the masks' seeds are a hash of the step computed on the host, "
+               "which a replay would not recompute";
+    if (g->experts)
+        return "--ep/--experts: the MoE step is not captured (its load statistics and "
+               "routing are not checked under a capture)";
+    if (nt_process_count() > 1)
+        return "several processes (MPI): a capture records this process's streams only";
+    return NULL;
+}
+
+/* A mesh step recorded once and replayed (docs/graphs.md, "Several
+ * devices").  Zero it before the first step; gptm_capture_free at the end. */
+typedef struct {
+    nt_graph *graph;
+} gptm_capture;
+
+/* gptm_step through a capture of every device's stream
+ * (nt_graph_capture_begin_multi): the host's part (the step count, the
+ * schedules, the batch) every step; the device's part recorded at the
+ * first call and replayed after, each shard's batch bound to the inputs
+ * "x<s>.<r>" and "y<s>.<r>" (shard s, member r).  The caller checks
+ * gptm_capture_refusal first.  0 or -1 with the runtime's error. */
+static inline int gptm_captured_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t *xb,
+                                     const int32_t *yb, nt_tensor *loss_sum, gptm_capture *cap)
+{
+    size_t n = (size_t)g->shards * (size_t)g->nm;
+    nt_tensor **idx = calloc(n, sizeof *idx), **tgt = calloc(n, sizeof *tgt);
+    int rc = !idx || !tgt || gptm_step_prepare(g) || gptm_inputs(g, o, xb, yb, idx, tgt);
+    if (rc) {
+        free(idx);
+        free(tgt);
+        return -1;
+    }
+    char xn[32], yn[32];
+    if (!cap->graph) {
+        rc = nt_graph_capture_begin_multi();
+        if (!rc) {
+            for (size_t i = 0; i < n && !rc; i++) {
+                if (!idx[i])
+                    continue;
+                snprintf(xn, sizeof xn, "x%d.%d", (int)(i / g->nm), (int)(i % g->nm));
+                snprintf(yn, sizeof yn, "y%d.%d", (int)(i / g->nm), (int)(i % g->nm));
+                rc = nt_graph_input(idx[i], xn) || nt_graph_input(tgt[i], yn);
+            }
+            rc = rc || gptm_step_body(g, o, idx, tgt, loss_sum);
+            cap->graph = nt_graph_capture_end(); /* ends the capture either way */
+            rc = rc || !cap->graph;
+        }
+    } else {
+        for (size_t i = 0; i < n && !rc; i++) {
+            if (!idx[i])
+                continue;
+            snprintf(xn, sizeof xn, "x%d.%d", (int)(i / g->nm), (int)(i % g->nm));
+            snprintf(yn, sizeof yn, "y%d.%d", (int)(i / g->nm), (int)(i % g->nm));
+            rc = nt_graph_bind(cap->graph, xn, idx[i]) || nt_graph_bind(cap->graph, yn, tgt[i]);
+        }
+        rc = rc || nt_graph_replay(cap->graph);
+    }
+    gptm_inputs_free(g, idx, tgt);
+    free(idx);
+    free(tgt);
+    nt_device_set(0);
+    return rc ? -1 : 0;
+}
+
+static inline void gptm_capture_free(gptm_capture *cap)
+{
+    nt_graph_destroy(cap->graph);
+    cap->graph = NULL;
 }
 
 /* Mean loss of nb fixed validation batches, on this process's first tensor

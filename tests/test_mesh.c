@@ -2,7 +2,8 @@
  * docs/parallel.md "char GPT under a mesh"): a small model of the same
  * code trained at several (dp, tp) splits and ZeRO stages, on both
  * backends and in every mode, gives one CRC-32 of its parameters (with
- * gradient clipping, whose norm is defined over the blocks too); and the
+ * gradient clipping, whose norm is defined over the blocks too), captured
+ * and replayed (gptm_captured_step) as op by op; and the
  * errors: mesh sizes that are not the core count, heads, width, vocabulary
  * or blocks that tp does not divide, a ZeRO stage out of range,
  * nt_ddp_backward_group's arguments.  Each run has its own runtime with
@@ -20,6 +21,8 @@
 
 enum { STEPS = 3, SHARDS = 8, BATCH = 8, BLOCKS = 4 };
 static double CLIP = 0.05; /* small enough that every step clips */
+static bool CAPTURE;        /* steps 1.. through gptm_captured_step (recorded, replayed) */
+static bool SP;             /* sequence parallelism (gptm_set_sp) */
 
 /* A text of 10 distinct characters (vocabulary padded to 12). */
 static void make_data(gpt_data *d)
@@ -61,12 +64,23 @@ static int train(int dp, int tp, int zero, nt_dtype amp, uint32_t *crc, char *er
     o.clip = CLIP;
     static gpt_mesh g;
     int rc = gptm_init(&g, &c, dp, tp, zero, BLOCKS, SHARDS, &o, err, en);
+    if (!rc && SP)
+        rc = gptm_set_sp(&g, true, err, en);
     int32_t xb[BATCH * 8], yb[BATCH * 8];
+    gptm_capture cap = {0};
+    /* the loss sum rewritten in place by every replay */
+    nt_tensor *loss_sum = CAPTURE && !rc ? nt_zeros(NT_F32, 0, NULL) : NULL;
     for (int st = 0; st < STEPS && !rc; st++) {
         gpt_batch(&d, false, o.seed, st, BATCH, c.context, xb, yb);
-        if (gptm_step(&g, &o, xb, yb, NULL))
+        if (CAPTURE && st > 0 ? gptm_captured_step(&g, &o, xb, yb, loss_sum, &cap)
+                              : gptm_step(&g, &o, xb, yb, loss_sum))
             rc = gptm_fail(err, en, "step %d: %s", st, nt_last_error_message());
     }
+    nt_graph_info gi;
+    if (!rc && CAPTURE && (nt_graph_info_get(cap.graph, &gi) || gi.replays != STEPS - 2))
+        rc = gptm_fail(err, en, "the captured step was not replayed %d times", STEPS - 2);
+    nt_release(loss_sum);
+    gptm_capture_free(&cap);
     if (!rc && isnan(gptm_eval(&g, &d, &o, 1)))
         rc = gptm_fail(err, en, "eval: %s", nt_last_error_message());
     if (!rc)
@@ -147,6 +161,61 @@ static void test_clip(void **state)
     printf("# clip none %08x, 1e9 %08x, 0.05 %08x\n", none, big, small);
     assert_true(none == big);
     assert_true(small != none);
+}
+
+/* --capture (gptm_captured_step: the second step recorded over every
+ * core with nt_graph_capture_begin_multi, the later ones replayed): the
+ * CRC of the steps op by op, at three splits, four stages and both
+ * backends, with and without sequence parallelism; and what it refuses
+ * (gptm_capture_refusal) names the option. */
+static void test_capture(void **state)
+{
+    (void)state;
+    static const int runs[][4] = {
+        {1, 1, 0, 3}, {2, 2, 1, 3}, {2, 4, 2, 3}, {2, 2, 3, 3}, {2, 2, 0, 2}, {2, 4, 3, 0},
+        {2, 2, 2, 3}, /* with sequence parallelism */
+    };
+    enum { NR = sizeof runs / sizeof runs[0] };
+    for (int i = 0; i < NR; i++) {
+        const int *r = runs[i];
+        SP = i == NR - 1;
+        uint32_t plain = run(r[0], r[1], r[2], r[3], NT_DTYPE_COUNT);
+        CAPTURE = true;
+        uint32_t cap = run(r[0], r[1], r[2], r[3], NT_DTYPE_COUNT);
+        CAPTURE = false;
+        printf("# (dp %d, tp %d) zero %d %-4s %-14s%s op by op %08x captured %08x\n", r[0],
+               r[1], r[2], NT_TEST_CFGS[r[3]][0], NT_TEST_CFGS[r[3]][1], SP ? " sp" : "", plain,
+               cap);
+        fflush(stdout);
+        if (cap != plain)
+            fail_msg("(dp %d, tp %d) zero %d on %s %s: captured %08x, op by op %08x", r[0],
+                     r[1], r[2], NT_TEST_CFGS[r[3]][0], NT_TEST_CFGS[r[3]][1], cap, plain);
+    }
+    SP = false;
+    /* the refusals */
+    setenv("NT_SIM_CORES", "2", 1);
+    assert_int_equal(nt_init(), 0);
+    char err[512];
+    gpt_config c = small_cfg();
+    gpt_train_opts o = small_opts();
+    static gpt_mesh g;
+    assert_int_equal(gptm_init(&g, &c, 1, 2, 0, BLOCKS, SHARDS, &o, err, sizeof err), 0);
+    assert_null(gptm_capture_refusal(&g));
+    assert_int_equal(gptm_set_dropout(&g, 0.1, err, sizeof err), 0);
+    const char *why = gptm_capture_refusal(&g);
+    assert_non_null(why);
+    assert_non_null(strstr(why, "--dropout"));
+    assert_int_equal(gptm_set_dropout(&g, 0, err, sizeof err), 0);
+    assert_int_equal(gptm_set_sp(&g, true, err, sizeof err), 0);
+    assert_null(gptm_capture_refusal(&g)); /* sp is captured */
+    gptm_free(&g);
+    assert_int_equal(gptm_init_moe(&g, &c, 1, 1, 2, 4, 2, 0, BLOCKS, SHARDS, &o, err, sizeof err),
+                     0);
+    assert_non_null((why = gptm_capture_refusal(&g)));
+    assert_non_null(strstr(why, "--ep"));
+    gptm_free(&g);
+    nt_shutdown();
+    unsetenv("NT_SIM_CORES");
 }
 
 /* gptm_init's errors, with the runtime of `cores` cores. */
@@ -317,6 +386,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bitwise),
         cmocka_unit_test(test_bitwise_bf16),
         cmocka_unit_test(test_clip),
+        cmocka_unit_test(test_capture),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
