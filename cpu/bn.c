@@ -124,26 +124,32 @@ static inline float lane_fold(float *a)
     return a[0];
 }
 
-/* One run's terms of the forward's sums: x (sq false) or (x - mean)^2. */
-static inline void run_fwd(float *restrict acc, const float *restrict X, int64_t len, int o,
-                           bool sq, float mean)
+/* One run's terms of the forward's sums: x, or (x - mean)^2 (run_sq). */
+static inline void run_sum(float *restrict acc, const float *restrict X, int64_t len, int o)
 {
     float a[NT_RED_LANES];
     for (int l = 0; l < NT_RED_LANES; l++)
         a[l] = acc[l];
-    if (sq) {
-#define SQ_STEP(l, i)               \
-    do {                            \
-        float d_ = X[i] - mean;     \
-        a[l] += d_ * d_;            \
-    } while (0)
-        LANES(len, o, SQ_STEP);
-#undef SQ_STEP
-    } else {
 #define SUM_STEP(l, i) (a[l] += X[i])
-        LANES(len, o, SUM_STEP);
+    LANES(len, o, SUM_STEP);
 #undef SUM_STEP
-    }
+    for (int l = 0; l < NT_RED_LANES; l++)
+        acc[l] = a[l];
+}
+
+static inline void run_sq(float *restrict acc, const float *restrict X, int64_t len, int o,
+                          float mean)
+{
+    float a[NT_RED_LANES];
+    for (int l = 0; l < NT_RED_LANES; l++)
+        a[l] = acc[l];
+#define SQ_STEP(l, i)           \
+    do {                        \
+        float d_ = X[i] - mean; \
+        a[l] += d_ * d_;        \
+    } while (0)
+    LANES(len, o, SQ_STEP);
+#undef SQ_STEP
     for (int l = 0; l < NT_RED_LANES; l++)
         acc[l] = a[l];
 }
@@ -185,7 +191,10 @@ static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk)
             a[l] = 0.0f;
         for (int64_t j = j0; j < end; j += len) {
             len = run_at(k, c, j, end, &off);
-            run_fwd(a, k->x + off, len, (int)((j - j0) % NT_RED_LANES), ph == P_FWD_SQ, mean);
+            if (ph == P_FWD_SQ)
+                run_sq(a, k->x + off, len, (int)((j - j0) % NT_RED_LANES), mean);
+            else
+                run_sum(a, k->x + off, len, (int)((j - j0) % NT_RED_LANES));
         }
         p[0] = lane_fold(a);
         return;
