@@ -88,6 +88,10 @@ static void scatter(float *y, const float *T, const bnk *k, int64_t c, int64_t j
 static void fwd_y(const float *restrict X, int64_t m, float mean, float r, float wc, bool hw,
                   float bc, bool hb, float *restrict Y);
 
+static float sq_sum(const float *restrict X, int64_t m, float mean);
+static void bwd_sums(const float *restrict X, const float *restrict G, int64_t m, float mean,
+                     float r, const float *w, float wc, float *p);
+
 /* The run of channel c's row that starts at row element j (j < end):
  * its length (at most S, and up to end) and its offset in the [N, C, S]
  * layout. */
@@ -179,12 +183,26 @@ static inline void run_bwd(float (*restrict acc)[NT_RED_LANES], const float *res
  * P_FWD_SQ) or y (P_FWD_Y); the backward's four partials (P_BWD_SUMS) or
  * dx (P_BWD_DX).  The same terms, lanes and rounded steps as the gathered
  * passes, so the same bits. */
-static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk)
+static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *restrict T,
+                          float *restrict U)
 {
     int64_t j0 = bk * NT_RED_BLOCK, m = k->M - j0 < NT_RED_BLOCK ? k->M - j0 : NT_RED_BLOCK;
     int64_t end = j0 + m, off, len;
     float *p = k->part + (c * k->nbk + bk) * 4, mean = k->mean[c], r = k->r[c];
     float wc = k->w ? k->w[c] : 1.0f;
+    if (k->S % NT_RED_LANES && ph != P_FWD_Y && ph != P_BWD_DX) {
+        /* runs that start mid-lane-group (S = 196, 49): most of a run
+         * would go lane by lane; the sums over the block gathered into L1
+         * instead (the outputs are written in place either way) */
+        gather(T, k->x, k, c, j0, m);
+        if (ph == P_FWD_SUM)
+            p[0] = nt__red_block_sum_f32(T, m, 1);
+        else if (ph == P_FWD_SQ)
+            p[0] = sq_sum(T, m, mean);
+        else
+            gather(U, k->g, k, c, j0, m), bwd_sums(T, U, m, mean, r, k->w, k->w ? wc : 0.0f, p);
+        return;
+    }
     if (ph == P_FWD_SUM || ph == P_FWD_SQ) {
         float a[NT_RED_LANES];
         for (int l = 0; l < NT_RED_LANES; l++)
@@ -242,6 +260,59 @@ static float block_dot(const float *restrict t, const float *restrict u, int64_t
     return nt__red_block_sum_f32(B, m, 1);
 }
 
+/* The backward's four block partials in one pass over the block (x and g
+ * as gathered): lane l of each takes the same terms in the same order as
+ * nt__red_block_sum_f32's (elements i = l mod NT_RED_LANES, ascending;
+ * each product rounded before it is added), then the same halving fold,
+ * so the same bits as the sums and block_dot over xh, g and g * w. */
+static void bwd_sums(const float *restrict X, const float *restrict G, int64_t m, float mean,
+                     float r, const float *w, float wc, float *p)
+{
+    float a0[NT_RED_LANES], a1[NT_RED_LANES], a2[NT_RED_LANES], a3[NT_RED_LANES];
+    for (int l = 0; l < NT_RED_LANES; l++)
+        a0[l] = a1[l] = a2[l] = a3[l] = 0.0f;
+    int64_t i = 0;
+    for (; i + NT_RED_LANES <= m; i += NT_RED_LANES)
+        for (int l = 0; l < NT_RED_LANES; l++) {
+            float t = (X[i + l] - mean) * r, u = G[i + l], uw = u * wc;
+            a0[l] += u, a1[l] += u * t, a2[l] += uw, a3[l] += uw * t;
+        }
+    for (int l = 0; i < m; i++, l++) {
+        float t = (X[i] - mean) * r, u = G[i], uw = u * wc;
+        a0[l] += u, a1[l] += u * t, a2[l] += uw, a3[l] += uw * t;
+    }
+    for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)
+        for (int l = 0; l < h; l++)
+            a0[l] += a0[l + h], a1[l] += a1[l + h], a2[l] += a2[l + h], a3[l] += a3[l + h];
+    p[0] = a0[0], p[1] = a1[0];
+    if (w)
+        p[2] = a2[0], p[3] = a3[0];
+}
+
+/* The forward's sum of (x - mean)^2 over a block in one pass, in
+ * nt__red_block_sum_f32's lane order (as block_dot of x - mean with
+ * itself: the same bits). */
+static float sq_sum(const float *restrict X, int64_t m, float mean)
+{
+    float a[NT_RED_LANES];
+    for (int l = 0; l < NT_RED_LANES; l++)
+        a[l] = 0.0f;
+    int64_t i = 0;
+    for (; i + NT_RED_LANES <= m; i += NT_RED_LANES)
+        for (int l = 0; l < NT_RED_LANES; l++) {
+            float d = X[i + l] - mean;
+            a[l] += d * d;
+        }
+    for (int l = 0; i < m; i++, l++) {
+        float d = X[i] - mean;
+        a[l] += d * d;
+    }
+    for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)
+        for (int l = 0; l < h; l++)
+            a[l] += a[l + h];
+    return a[0];
+}
+
 /* y = ((x - mean) * r) * w, + b, NaNs canonical, each step rounded as the
  * passes below take them, in one pass. */
 static void fwd_y(const float *restrict X, int64_t m, float mean, float r, float wc, bool hw,
@@ -264,7 +335,7 @@ static void fwd_block(const bnk *k, int ph, int64_t c, int64_t bk, float *restri
     int64_t j0 = bk * NT_RED_BLOCK, m = k->M - j0 < NT_RED_BLOCK ? k->M - j0 : NT_RED_BLOCK;
     float *p = k->part + (c * k->nbk + bk) * 4;
     if (!atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed)) {
-        block_inplace(k, ph, c, bk);
+        block_inplace(k, ph, c, bk, T, NULL);
         return;
     }
     gather(T, k->x, k, c, j0, m);
@@ -303,7 +374,7 @@ static void bwd_block(const bnk *k, int ph, int64_t c, int64_t bk, float *restri
     float *p = k->part + (c * k->nbk + bk) * 4, mean = k->mean[c], r = k->r[c];
     float wc = k->w ? k->w[c] : 0.0f;
     if (!atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed)) {
-        block_inplace(k, ph, c, bk);
+        block_inplace(k, ph, c, bk, T, U);
         return;
     }
     gather(T, k->x, k, c, j0, m);
