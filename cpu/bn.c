@@ -26,7 +26,9 @@
  * [N, C, S] layout, run by run (a block is at most ceil(2048 / S) + 1 runs
  * of at most S contiguous values), element i of a block into lane
  * i mod NT_RED_LANES as nt__red_block_sum_f32 takes it, and writes y or
- * dx in place; each block's partial goes to its slot.  (The reference
+ * dx in place (when S is not a multiple of NT_RED_LANES, runs start
+ * mid-lane-group, and the sums gather the block into L1 instead); each
+ * block's partial goes to its slot.  (The reference
  * paths, nt__cpu_ref_paths, gather each block into L1 and take the
  * separate passes: tests/test_cnnperf.c checks the bits are the same.)
  * Between phases the calling thread adds each channel's partials in block
