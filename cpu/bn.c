@@ -22,8 +22,15 @@
  * y; backward: the four sums' partials, then dx), each over units of at
  * most UNIT row elements -- a channel's row cut at block boundaries --
  * that the calling thread and the pool's helper take as they come
- * (nt__par_blocks); a unit gathers its blocks from the [N, C, S] layout
- * one at a time into L1 and writes each block's partial to its slot.
+ * (nt__par_blocks); a unit reads its blocks where they lie in the
+ * [N, C, S] layout, run by run (a block is at most ceil(2048 / S) + 1 runs
+ * of at most S contiguous values), element i of a block into lane
+ * i mod NT_RED_LANES as nt__red_block_sum_f32 takes it, and writes y or
+ * dx in place (when S is not a multiple of NT_RED_LANES, runs start
+ * mid-lane-group, and the sums gather the block into L1 instead); each
+ * block's partial goes to its slot.  (The reference
+ * paths, nt__cpu_ref_paths, gather each block into L1 and take the
+ * separate passes: tests/test_cnnperf.c checks the bits are the same.)
  * Between phases the calling thread adds each channel's partials in block
  * order.  So the sums are the canonical ones whatever thread ran a block,
  * and units are short (tens of microseconds): a thread that finishes
@@ -44,7 +51,7 @@
 
 atomic_int nt__cpu_ref_paths;
 
-_Static_assert(NT_RED_BLOCK % NT_RED_LANES == 0, "bwd_sums' lanes");
+_Static_assert(NT_RED_BLOCK % NT_RED_LANES == 0, "block_inplace's lanes");
 
 enum { P_FWD_SUM, P_FWD_SQ, P_FWD_Y, P_BWD_SUMS, P_BWD_DX };
 
@@ -77,6 +84,172 @@ static void scatter(float *y, const float *T, const bnk *k, int64_t c, int64_t j
         int64_t n = j0 / S, s = j0 % S, len = S - s < m ? S - s : m;
         memcpy(y + (n * k->C + c) * S + s, T, (size_t)len * sizeof(float));
         T += len, j0 += len, m -= len;
+    }
+}
+
+static void fwd_y(const float *restrict X, int64_t m, float mean, float r, float wc, bool hw,
+                  float bc, bool hb, float *restrict Y);
+
+static float sq_sum(const float *restrict X, int64_t m, float mean);
+static void bwd_sums(const float *restrict X, const float *restrict G, int64_t m, float mean,
+                     float r, const float *w, float wc, float *p);
+
+/* The run of channel c's row that starts at row element j (j < end):
+ * its length (at most S, and up to end) and its offset in the [N, C, S]
+ * layout. */
+static inline int64_t run_at(const bnk *k, int64_t c, int64_t j, int64_t end, int64_t *off)
+{
+    int64_t S = k->S, n = j / S, s = j % S;
+    *off = (n * k->C + c) * S + s;
+    return S - s < end - j ? S - s : end - j;
+}
+
+/* STEP(l, i) for elements i = 0 .. len of a run whose element 0 is lane o
+ * of its block (o = its index in the block mod NT_RED_LANES): lanes o ..
+ * NT_RED_LANES - 1 first, then whole groups from lane 0, then the rest
+ * from lane 0; so each lane takes its elements in ascending order, as
+ * nt__red_block_sum_f32 does over the gathered block. */
+#define LANES(len, o, STEP)                                                        \
+    do {                                                                          \
+        int64_t i_ = 0;                                                           \
+        for (int l_ = (o); l_ > 0 && l_ < NT_RED_LANES && i_ < (len); l_++, i_++) \
+            STEP(l_, i_);                                                         \
+        for (; i_ + NT_RED_LANES <= (len); i_ += NT_RED_LANES)                    \
+            for (int l_ = 0; l_ < NT_RED_LANES; l_++)                             \
+                STEP(l_, i_ + l_);                                                \
+        for (int l_ = 0; i_ < (len); i_++, l_++)                                  \
+            STEP(l_, i_);                                                         \
+    } while (0)
+
+/* nt__red_block_sum_f32's halving fold of the lanes */
+static inline float lane_fold(float *a)
+{
+    for (int h = NT_RED_LANES / 2; h >= 1; h /= 2)
+        for (int l = 0; l < h; l++)
+            a[l] += a[l + h];
+    return a[0];
+}
+
+/* One run's terms of the forward's sums: x, or (x - mean)^2 (run_sq). */
+static inline void run_sum(float *restrict acc, const float *restrict X, int64_t len, int o)
+{
+    float a[NT_RED_LANES];
+    for (int l = 0; l < NT_RED_LANES; l++)
+        a[l] = acc[l];
+#define SUM_STEP(l, i) (a[l] += X[i])
+    LANES(len, o, SUM_STEP);
+#undef SUM_STEP
+    for (int l = 0; l < NT_RED_LANES; l++)
+        acc[l] = a[l];
+}
+
+static inline void run_sq(float *restrict acc, const float *restrict X, int64_t len, int o,
+                          float mean)
+{
+    float a[NT_RED_LANES];
+    for (int l = 0; l < NT_RED_LANES; l++)
+        a[l] = acc[l];
+#define SQ_STEP(l, i)           \
+    do {                        \
+        float d_ = X[i] - mean; \
+        a[l] += d_ * d_;        \
+    } while (0)
+    LANES(len, o, SQ_STEP);
+#undef SQ_STEP
+    for (int l = 0; l < NT_RED_LANES; l++)
+        acc[l] = a[l];
+}
+
+/* One run's terms of the backward's four sums: db, dw, sum(gx) and
+ * sum(gx * xh), each product rounded before it is added, so lane by lane
+ * the terms of nt__red_block_sum_f32 and block_dot over xh, g and g * w. */
+static inline void run_bwd(float (*restrict acc)[NT_RED_LANES], const float *restrict X,
+                           const float *restrict G, int64_t len, int o, float mean, float r,
+                           float wc)
+{
+    float a0[NT_RED_LANES], a1[NT_RED_LANES], a2[NT_RED_LANES], a3[NT_RED_LANES];
+    for (int l = 0; l < NT_RED_LANES; l++)
+        a0[l] = acc[0][l], a1[l] = acc[1][l], a2[l] = acc[2][l], a3[l] = acc[3][l];
+#define BWD_STEP(l, i)                                                   \
+    do {                                                                 \
+        float t_ = (X[i] - mean) * r, u_ = G[i], uw_ = u_ * wc;          \
+        a0[l] += u_, a1[l] += u_ * t_, a2[l] += uw_, a3[l] += uw_ * t_;  \
+    } while (0)
+    LANES(len, o, BWD_STEP);
+#undef BWD_STEP
+    for (int l = 0; l < NT_RED_LANES; l++)
+        acc[0][l] = a0[l], acc[1][l] = a1[l], acc[2][l] = a2[l], acc[3][l] = a3[l];
+}
+
+/* Block bk of channel c in place: its forward partial (ph P_FWD_SUM or
+ * P_FWD_SQ) or y (P_FWD_Y); the backward's four partials (P_BWD_SUMS) or
+ * dx (P_BWD_DX).  The same terms, lanes and rounded steps as the gathered
+ * passes, so the same bits. */
+static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *restrict T,
+                          float *restrict U)
+{
+    int64_t j0 = bk * NT_RED_BLOCK, m = k->M - j0 < NT_RED_BLOCK ? k->M - j0 : NT_RED_BLOCK;
+    int64_t end = j0 + m, off, len;
+    float *p = k->part + (c * k->nbk + bk) * 4, mean = k->mean[c], r = k->r[c];
+    float wc = k->w ? k->w[c] : 1.0f;
+    if (k->S % NT_RED_LANES && ph != P_FWD_Y && ph != P_BWD_DX) {
+        /* runs that start mid-lane-group (S = 196, 49): most of a run
+         * would go lane by lane; the sums over the block gathered into L1
+         * instead (the outputs are written in place either way) */
+        gather(T, k->x, k, c, j0, m);
+        if (ph == P_FWD_SUM)
+            p[0] = nt__red_block_sum_f32(T, m, 1);
+        else if (ph == P_FWD_SQ)
+            p[0] = sq_sum(T, m, mean);
+        else
+            gather(U, k->g, k, c, j0, m), bwd_sums(T, U, m, mean, r, k->w, k->w ? wc : 0.0f, p);
+        return;
+    }
+    if (ph == P_FWD_SUM || ph == P_FWD_SQ) {
+        float a[NT_RED_LANES];
+        for (int l = 0; l < NT_RED_LANES; l++)
+            a[l] = 0.0f;
+        for (int64_t j = j0; j < end; j += len) {
+            len = run_at(k, c, j, end, &off);
+            if (ph == P_FWD_SQ)
+                run_sq(a, k->x + off, len, (int)((j - j0) % NT_RED_LANES), mean);
+            else
+                run_sum(a, k->x + off, len, (int)((j - j0) % NT_RED_LANES));
+        }
+        p[0] = lane_fold(a);
+        return;
+    }
+    if (ph == P_BWD_SUMS) {
+        float a[4][NT_RED_LANES];
+        for (int q = 0; q < 4; q++)
+            for (int l = 0; l < NT_RED_LANES; l++)
+                a[q][l] = 0.0f;
+        for (int64_t j = j0; j < end; j += len) {
+            len = run_at(k, c, j, end, &off);
+            run_bwd(a, k->x + off, k->g + off, len, (int)((j - j0) % NT_RED_LANES), mean, r,
+                    k->w ? wc : 0.0f);
+        }
+        p[0] = lane_fold(a[0]), p[1] = lane_fold(a[1]);
+        if (k->w)
+            p[2] = lane_fold(a[2]), p[3] = lane_fold(a[3]);
+        return;
+    }
+    for (int64_t j = j0; j < end; j += len) {
+        len = run_at(k, c, j, end, &off);
+        const float *restrict X = k->x + off;
+        float *restrict Y = k->y + off;
+        if (ph == P_FWD_Y) {
+            fwd_y(X, len, mean, r, wc, k->w != NULL, k->b ? k->b[c] : 0.0f, k->b != NULL, Y);
+            continue;
+        }
+        const float *restrict G = k->g + off;
+        float m1 = k->m1[c], m2 = k->m2[c];
+        if (k->w)
+            for (int64_t i = 0; i < len; i++)
+                Y[i] = nt__canon(r * ((G[i] * wc - m1) - ((X[i] - mean) * r) * m2));
+        else
+            for (int64_t i = 0; i < len; i++)
+                Y[i] = nt__canon(r * ((G[i] - m1) - ((X[i] - mean) * r) * m2));
     }
 }
 
@@ -155,28 +328,24 @@ static void fwd_y(const float *restrict X, int64_t m, float mean, float r, float
     }
 }
 
-/* One forward block: bk the block's number in channel c's row. */
+/* One forward block: bk the block's number in channel c's row.  In
+ * place (block_inplace), or on the reference paths gathered into T and
+ * the separate passes. */
 static void fwd_block(const bnk *k, int ph, int64_t c, int64_t bk, float *restrict T,
                       float *restrict B)
 {
     int64_t j0 = bk * NT_RED_BLOCK, m = k->M - j0 < NT_RED_BLOCK ? k->M - j0 : NT_RED_BLOCK;
     float *p = k->part + (c * k->nbk + bk) * 4;
+    if (!atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed)) {
+        block_inplace(k, ph, c, bk, T, NULL);
+        return;
+    }
     gather(T, k->x, k, c, j0, m);
     if (ph == P_FWD_SUM) {
         p[0] = nt__red_block_sum_f32(T, m, 1);
         return;
     }
     float mean = k->mean[c];
-    if (ph == P_FWD_SQ && !atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed)) {
-        p[0] = sq_sum(T, m, mean);
-        return;
-    }
-    if (ph == P_FWD_Y && !atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed)) {
-        fwd_y(T, m, mean, k->r[c], k->w ? k->w[c] : 1.0f, k->w != NULL,
-              k->b ? k->b[c] : 0.0f, k->b != NULL, B);
-        scatter(k->y, B, k, c, j0, m);
-        return;
-    }
     for (int64_t i = 0; i < m; i++)
         T[i] = T[i] - mean;
     if (ph == P_FWD_SQ) {
@@ -197,7 +366,8 @@ static void fwd_block(const bnk *k, int ph, int64_t c, int64_t bk, float *restri
     scatter(k->y, B, k, c, j0, m);
 }
 
-/* One backward block: xh into T, g (gx with w) into U; the partials of
+/* One backward block in place, or on the reference paths: xh into T, g
+ * (gx with w) into U; the partials of
  * db, dw, sum(gx), sum(gx * xh), or dx. */
 static void bwd_block(const bnk *k, int ph, int64_t c, int64_t bk, float *restrict T,
                       float *restrict U, float *restrict B)
@@ -205,12 +375,12 @@ static void bwd_block(const bnk *k, int ph, int64_t c, int64_t bk, float *restri
     int64_t j0 = bk * NT_RED_BLOCK, m = k->M - j0 < NT_RED_BLOCK ? k->M - j0 : NT_RED_BLOCK;
     float *p = k->part + (c * k->nbk + bk) * 4, mean = k->mean[c], r = k->r[c];
     float wc = k->w ? k->w[c] : 0.0f;
-    gather(T, k->x, k, c, j0, m);
-    gather(U, k->g, k, c, j0, m);
-    if (ph == P_BWD_SUMS && !atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed)) {
-        bwd_sums(T, U, m, mean, r, k->w, wc, p);
+    if (!atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed)) {
+        block_inplace(k, ph, c, bk, T, U);
         return;
     }
+    gather(T, k->x, k, c, j0, m);
+    gather(U, k->g, k, c, j0, m);
     for (int64_t i = 0; i < m; i++)
         T[i] = (T[i] - mean) * r;
     if (ph == P_BWD_SUMS) {

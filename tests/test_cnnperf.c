@@ -122,6 +122,9 @@ static void test_bn_by_channel(void **state)
     (void)state;
     static const int64_t shapes[][4] = {
         {2, 5, 3, 7}, {1, 4, 33, 65}, {3, 6, 1, 1}, {5, 9, 13, 11}, {2, 3, 7, 5}, {128, 4, 3, 3},
+        /* runs of 63 (gathered sums) and of 32 (read in place) across a
+         * block's end; two channels over units of blocks */
+        {40, 4, 7, 9}, {300, 2, 7, 9}, {80, 4, 4, 8}, {300, 2, 4, 8}, {2, 3, 1, 2080},
     };
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int affine = 0; affine < 2; affine++) {
