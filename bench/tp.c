@@ -2,7 +2,7 @@
  * one MLP block D -> 4D -> D (column-parallel, GELU, row-parallel) over
  * `tokens` tokens, forward and backward, at tp = 1, 2 and 4 on the
  * NeuronCores of one trn1 instance (NT_SIM_TOPOLOGY=trn1.32xlarge, the
- * default).  A step's simulated time is how far the latest clock of the
+ * default; NT_SIM_TOPOLOGY=trn2.48xlarge NT_SIM_TARGET=trn2 for Trainium2's).  A step's simulated time is how far the latest clock of the
  * group's cores moved; the communication is the cost model's time of the
  * step's two all-reduces (f32 [tokens, D]: the row-parallel output, the
  * column-parallel input gradient).  Also the plain block (nt_linear, no
@@ -158,10 +158,11 @@ int main(int argc, char **argv)
     setenv("NT_SIM_CORES", "4", 0);
     setenv("NT_BACKEND", "sim", 0);
     bench_check(nt_init(), "nt_init");
-    printf("MLP block %lld -> %lld -> %lld, %lld tokens, %s, %d K-blocks, topology %s\n",
+    printf("MLP block %lld -> %lld -> %lld, %lld tokens, %s, %d K-blocks, topology %s, core %s\n",
            (long long)DM, (long long)(4 * DM), (long long)DM, (long long)TOK,
            nt_dtype_name(DT), BLOCKS, getenv("NT_SIM_TOPOLOGY") ? getenv("NT_SIM_TOPOLOGY")
-                                                               : "trn1.32xlarge");
+                                                               : "trn1.32xlarge",
+           getenv("NT_SIM_TARGET") ? getenv("NT_SIM_TARGET") : "trn1");
     double plain_sim = 0, plain_host = 0;
     if (ONLY <= 0)
         measure(0, &plain_sim, &plain_host);

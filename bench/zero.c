@@ -27,7 +27,12 @@
  * reduce-scatter of each bucket issued during the backward).
  *
  * Usage: zero [--in N] [--hid N] [--batch N (per core)] [--steps N] [--hbm MiB]
- *             [--shards N] [--vs-ddp CORES] [--peak CORES] [--overlap 0|1] */
+ *             [--shards N] [--vs-ddp CORES] [--peak CORES] [--overlap 0|1]
+ *             [--topology trn1.32xlarge|trn2.48xlarge]
+ *
+ * --topology: the instance the collectives' cost model describes
+ * (NT_SIM_TOPOLOGY) and the core it holds (NT_SIM_TARGET: trn1's
+ * NeuronCore-v2, trn2's v3); trn1.32xlarge by default. */
 #include <math.h>
 #include <ntensor.h>
 #include <stdint.h>
@@ -45,6 +50,7 @@
 
 static int64_t in_f = 512, hid = 1024, batch = 64, steps = 3;
 static int SHARDS = 8; /* --shards: the global batch is SHARDS x batch */
+static const char *TOPO = "trn1.32xlarge"; /* --topology */
 static int overlap;     /* --overlap 1: nt_ddp_set_overlap at stages 2, 3 */
 
 static nt_tensor *forward_loss(nt_tensor **p, nt_tensor *x, nt_tensor *y)
@@ -206,7 +212,10 @@ static void run(char *self, int stage, const char *cores, const char *hbm, char 
     snprintf(ov, sizeof ov, "%d", overlap);
     char *argv[] = {self, "--in",  a,  "--hid",    b,  "--batch", c, "--steps",
                     e,    "--shards", sh, "--overlap", ov, "--child", st, NULL};
-    const char *env[] = {"NT_BACKEND=sim", "NT_SIM_TOPOLOGY=trn1.32xlarge", cores, hbm, NULL};
+    char topo[64];
+    snprintf(topo, sizeof topo, "NT_SIM_TOPOLOGY=%s", TOPO);
+    const char *target = strncmp(TOPO, "trn2", 4) ? "NT_SIM_TARGET=trn1" : "NT_SIM_TARGET=trn2";
+    const char *env[] = {"NT_BACKEND=sim", topo, target, cores, hbm, NULL};
     int status = bench_run_child(argv, env, line, cap);
     if (status < 0 || !WIFEXITED(status) || WEXITSTATUS(status))
         fprintf(stderr, "%s: child %s stage %d failed (status %d): %s\n", BENCH_NAME, cores,
@@ -233,9 +242,9 @@ static int vs_ddp(char *self, int cores)
             return fprintf(stderr, "%s: child printed '%s'\n", BENCH_NAME, line), 1;
     }
     overlap = 0;
-    printf("MLP %lld-%lld-%lld-%d, P = %.0f, AdamW, %d cores (trn1.32xlarge), global batch "
+    printf("MLP %lld-%lld-%lld-%d, P = %.0f, AdamW, %d cores (%s), global batch "
            "%lld (%lld per core)\n", (long long)in_f, (long long)hid, (long long)hid, OUT, psi,
-           cores, (long long)(batch * cores), (long long)batch);
+           cores, TOPO, (long long)(batch * cores), (long long)batch);
     printf("| | sim ms/step | throughput vs DDP | per-core peak MiB |\n"
            "| --- | ---: | ---: | ---: |\n");
     printf("| DDP (stage 0) | %.3f | 1.00 | %.2f |\n", ms[0], peak[0] / 1048576.0);
@@ -296,10 +305,11 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--vs-ddp")) vs_cores = atoi(v);
         else if (!strcmp(k, "--peak")) peak_cores = atoi(v);
         else if (!strcmp(k, "--overlap")) overlap = atoi(v);
+        else if (!strcmp(k, "--topology")) TOPO = v;
         else if (!strcmp(k, "--child")) child_stage = atoi(v);
         else return fprintf(stderr, "usage: zero [--in N] [--hid N] [--batch N] [--steps N] "
                             "[--hbm MiB] [--shards N] [--vs-ddp CORES] [--peak CORES] "
-                            "[--overlap 0|1]\n"), 2;
+                            "[--overlap 0|1] [--topology NAME]\n"), 2;
     }
     if (child_stage >= 0)
         return child(child_stage);
@@ -349,8 +359,8 @@ int main(int argc, char **argv)
     for (int st = 0; st < 4; st++)
         printf("%s\n", mem[st]);
     printf("\nworst deviation from the formula: %.2f%% (target <= 2%%)\n", 100 * worst);
-    printf("\nsimulated ms per step (global batch %lld in %d shards, trn1.32xlarge)\n\n",
-           (long long)(batch * SHARDS), SHARDS);
+    printf("\nsimulated ms per step (global batch %lld in %d shards, %s)\n\n",
+           (long long)(batch * SHARDS), SHARDS, TOPO);
     printf("| stage | 1 core | 2 cores | 4 cores | 8 cores |\n| ---: | ---: | ---: | ---: | ---: |\n");
     for (int st = 0; st < 4; st++)
         printf("%s\n", tim[st]);
