@@ -375,6 +375,26 @@ typedef struct lin_ctx {
     bool has_b;
 } lin_ctx;
 
+/* The tape node of a group linear: inputs (x, w, b) of each member, its
+ * backward and context; on an earlier error (rc) the context is freed. */
+static int linear_record(const nt_site *site, const char *fn, int rc, int n,
+                         nt_tensor *const *xs, nt_tensor *const *w, nt_tensor *const *b,
+                         nt_tensor **y, nt__grp_bwd_fn bwd,
+                         void (*fr)(void *), void *x)
+{
+    nt_tensor *ins[TP_MAXM * 3];
+    for (int i = 0; i < n; i++) {
+        ins[3 * i] = xs[i];
+        ins[3 * i + 1] = w[i];
+        ins[3 * i + 2] = b ? b[i] : NULL;
+    }
+    if (rc) {
+        fr(x);
+        return rc;
+    }
+    return nt__grp_record(site, fn, n, 3, ins, y, bwd, fr, x);
+}
+
 static void lin_free(void *p)
 {
     lin_ctx *x = p;
@@ -592,16 +612,7 @@ static int tp_linear(const nt_site *site, const char *fn, bool row, nt_comm *c,
         rc = y[i] ? 0 : nt_last_error();
     }
     nt_no_grad_end();
-    nt_tensor *ins[TP_MAXM * 3];
-    for (int i = 0; i < n; i++) {
-        ins[3 * i] = xs[i];
-        ins[3 * i + 1] = w[i];
-        ins[3 * i + 2] = b ? b[i] : NULL;
-    }
-    if (!rc)
-        rc = nt__grp_record(site, fn, n, 3, ins, y, lin_bwd, lin_free, x);
-    else
-        lin_free(x);
+    rc = linear_record(site, fn, rc, n, xs, w, b, y, lin_bwd, lin_free, x);
     return nt__group_end(s, fn, rc, y, n);
 }
 
@@ -923,16 +934,7 @@ static int tp_linear_sp(const nt_site *site, const char *fn, bool row, nt_comm *
         rc = y[i] ? 0 : nt_last_error();
     }
     nt_no_grad_end();
-    nt_tensor *ins[TP_MAXM * 3];
-    for (int i = 0; i < n; i++) {
-        ins[3 * i] = xs[i];
-        ins[3 * i + 1] = w[i];
-        ins[3 * i + 2] = b ? b[i] : NULL;
-    }
-    if (!rc)
-        rc = nt__grp_record(site, fn, n, 3, ins, y, sp_bwd, sp_free, x);
-    else
-        sp_free(x);
+    rc = linear_record(site, fn, rc, n, xs, w, b, y, sp_bwd, sp_free, x);
     return nt__group_end(s, fn, rc, y, n);
 }
 

@@ -871,6 +871,36 @@ NT_API int nt_graph_capture_begin_at(const nt_site *site)
 }
 NT_API int nt_graph_capture_begin(void) { return nt_graph_capture_begin_at(NT_RA_SITE); }
 
+/* Names t as an input in a list of inputs (a capture's or a group's):
+ * nt_graph_input's checks, then the entry (its item `s` -1: not read yet). */
+static int input_add(const nt_site *site, ginput **inputs, int *n, int *cap, nt_tensor *t,
+                     const char *name)
+{
+    const char *fn = "nt_graph_input";
+    size_t len = name ? strlen(name) : 0;
+    if (!name || len == 0 || len > NAME_MAX_LEN)
+        return nt__err(site, NT_EINVAL, fn, "argument 'name' is %s; expected 1 to %d characters",
+                       name ? "too long or empty" : "NULL", NAME_MAX_LEN);
+    for (int i = 0; i < *n; i++) {
+        if (!strcmp((*inputs)[i].name, name))
+            return nt__err(site, NT_EINVAL, fn, "argument 'name' (\"%s\") names an input already",
+                           name);
+        if ((*inputs)[i].sid == t->st->id)
+            return nt__err(site, NT_EINVAL, fn, "argument 't' is (a view of) input \"%s\" already",
+                           (*inputs)[i].name);
+    }
+    if (!grow((void **)inputs, cap, *n + 1, sizeof **inputs))
+        return nt__err_hostmem(site, fn, "an input");
+    ginput *in = &(*inputs)[(*n)++];
+    memset(in, 0, sizeof *in);
+    memcpy(in->name, name, len + 1);
+    in->sid = t->st->id;
+    in->cap = nt_retain(t);
+    in->t = nt_retain(t);
+    in->s = -1;
+    return 0;
+}
+
 NT_API int nt_graph_input_at(const nt_site *site, nt_tensor *t, const char *name)
 {
     const char *fn = "nt_graph_input";
@@ -882,28 +912,7 @@ NT_API int nt_graph_input_at(const nt_site *site, nt_tensor *t, const char *name
                                            "(nt_graph_capture_begin)");
     if (c->grp) /* the group's: a segment that reads it takes it at its end */
         return grp_input(site, c->grp, t, name);
-    size_t len = name ? strlen(name) : 0;
-    if (!name || len == 0 || len > NAME_MAX_LEN)
-        return nt__err(site, NT_EINVAL, fn, "argument 'name' is %s; expected 1 to %d characters",
-                       name ? "too long or empty" : "NULL", NAME_MAX_LEN);
-    for (int i = 0; i < c->ninputs; i++) {
-        if (!strcmp(c->inputs[i].name, name))
-            return nt__err(site, NT_EINVAL, fn, "argument 'name' (\"%s\") names an input already",
-                           name);
-        if (c->inputs[i].sid == t->st->id)
-            return nt__err(site, NT_EINVAL, fn, "argument 't' is (a view of) input \"%s\" already",
-                           c->inputs[i].name);
-    }
-    if (!grow((void **)&c->inputs, &c->capinputs, c->ninputs + 1, sizeof *c->inputs))
-        return nt__err_hostmem(site, fn, "an input");
-    ginput *in = &c->inputs[c->ninputs++];
-    memset(in, 0, sizeof *in);
-    memcpy(in->name, name, len + 1);
-    in->sid = t->st->id;
-    in->cap = nt_retain(t);
-    in->t = nt_retain(t);
-    in->s = -1;
-    return 0;
+    return input_add(site, &c->inputs, &c->ninputs, &c->capinputs, t, name);
 }
 NT_API int nt_graph_input(nt_tensor *t, const char *name)
 {
@@ -1389,29 +1398,7 @@ static void grp_free(ggroup *G)
 
 static int grp_input(const nt_site *site, ggroup *G, nt_tensor *t, const char *name)
 {
-    const char *fn = "nt_graph_input";
-    size_t len = name ? strlen(name) : 0;
-    if (!name || len == 0 || len > NAME_MAX_LEN)
-        return nt__err(site, NT_EINVAL, fn, "argument 'name' is %s; expected 1 to %d characters",
-                       name ? "too long or empty" : "NULL", NAME_MAX_LEN);
-    for (int i = 0; i < G->ninputs; i++) {
-        if (!strcmp(G->inputs[i].name, name))
-            return nt__err(site, NT_EINVAL, fn, "argument 'name' (\"%s\") names an input already",
-                           name);
-        if (G->inputs[i].sid == t->st->id)
-            return nt__err(site, NT_EINVAL, fn, "argument 't' is (a view of) input \"%s\" already",
-                           G->inputs[i].name);
-    }
-    if (!grow((void **)&G->inputs, &G->capinputs, G->ninputs + 1, sizeof *G->inputs))
-        return nt__err_hostmem(site, fn, "an input");
-    ginput *in = &G->inputs[G->ninputs++];
-    memset(in, 0, sizeof *in);
-    memcpy(in->name, name, len + 1);
-    in->sid = t->st->id;
-    in->cap = nt_retain(t);
-    in->t = nt_retain(t);
-    in->s = -1;
-    return 0;
+    return input_add(site, &G->inputs, &G->ninputs, &G->capinputs, t, name);
 }
 
 /* Ends the segment in progress (if any) and appends its program to the
