@@ -88,6 +88,11 @@ struct nt_ddp {
     int64_t (*pshape)[NT_MAX_DIMS];
     nt_dtype *pdt;
     nt_tensor **shard;        /* [nmem * n] member k's shard of parameter j (a leaf) */
+    /* [n] stage 3: the version of member 0's shard j when its gathered
+     * replica was made.  A replay of a captured step updates the shards
+     * without the host's backward releasing the replicas, so a replica
+     * gathered before it (an evaluation's) is stale once the version moved. */
+    uint64_t *gver;
     uint8_t *view;            /* [nmem * n] that shard is a view of the replica */
     /* nt_ddp_set_overlap: the reduce-scatter of each bucket issued from the
      * backward (gradient hooks on the replicas of each member's last shard). */
@@ -1343,9 +1348,9 @@ static void zero_free(nt_ddp *d)
         for (int i = 0; i < d->nmem * d->n; i++)
             nt_release(d->shard[i]);
     free(d->shard), free(d->view), free(d->numel), free(d->len), free(d->pnd);
-    free(d->pshape), free(d->pdt);
+    free(d->pshape), free(d->pdt), free(d->gver);
     d->shard = NULL, d->view = NULL, d->numel = d->len = NULL, d->pnd = NULL;
-    d->pshape = NULL, d->pdt = NULL;
+    d->pshape = NULL, d->pdt = NULL, d->gver = NULL;
 }
 
 /* Member k's shard of parameter j from its replica: a view of the replica
@@ -1393,7 +1398,9 @@ NT_API int nt_ddp_set_zero(nt_ddp *d, int stage)
     d->pdt = calloc((size_t)n, sizeof *d->pdt);
     d->shard = calloc((size_t)n * d->nmem, sizeof *d->shard);
     d->view = calloc((size_t)n * d->nmem, 1);
-    if (!d->numel || !d->len || !d->pnd || !d->pshape || !d->pdt || !d->shard || !d->view) {
+    d->gver = calloc((size_t)n, sizeof *d->gver);
+    if (!d->numel || !d->len || !d->pnd || !d->pshape || !d->pdt || !d->shard || !d->view ||
+        !d->gver) {
         zero_free(d);
         rc = nt__err_hostmem(NULL, fn, "the shards' tables");
         goto out;
@@ -1886,6 +1893,8 @@ static int zero_gather_finish(const nt_site *site, nt_ddp *d, int lo, int hi, nt
     for (int k = 0; k < d->nmem && !rc && d->zero == 3; k++)
         for (int j = lo; j <= hi; j++)
             d->m[k].rep[j] = nt_keep(made[k * (hi - lo + 1) + j - lo]);
+    for (int j = lo; j <= hi && !rc && d->zero == 3; j++)
+        d->gver[j] = AO_load(&d->shard[j]->st->version);
     return rc;
 }
 
@@ -1917,6 +1926,14 @@ static int zero_gather(const nt_site *site, nt_ddp *d, int lo, int hi)
     uint8_t *had = d->zero == 3 ? calloc((size_t)d->n, 1) : NULL;
     if (d->zero == 3 && !had)
         return nt__err_hostmem(site, "nt_ddp_gather", "a table");
+    /* a replica gathered before the shards were written since (a replay
+     * between them) goes, and is gathered again */
+    for (int j = lo; j < hi && had; j++)
+        if (d->m[0].rep[j] && AO_load(&d->shard[j]->st->version) != d->gver[j])
+            for (int k = 0; k < d->nmem; k++) {
+                nt_release(d->m[k].rep[j]);
+                d->m[k].rep[j] = NULL;
+            }
     for (int j = 0; j < d->n && had; j++)
         had[j] = d->m[0].rep[j] != NULL;
     nt_no_grad_begin();

@@ -23,6 +23,7 @@ enum { STEPS = 3, SHARDS = 8, BATCH = 8, BLOCKS = 4 };
 static double CLIP = 0.05; /* small enough that every step clips */
 static bool CAPTURE;        /* steps 1.. through gptm_captured_step (recorded, replayed) */
 static bool SP;             /* sequence parallelism (gptm_set_sp) */
+static bool EVAL_MID;       /* an evaluation before the last step (between replays) */
 
 /* A text of 10 distinct characters (vocabulary padded to 12). */
 static void make_data(gpt_data *d)
@@ -71,6 +72,10 @@ static int train(int dp, int tp, int zero, nt_dtype amp, uint32_t *crc, char *er
     /* the loss sum rewritten in place by every replay */
     nt_tensor *loss_sum = CAPTURE && !rc ? nt_zeros(NT_F32, 0, NULL) : NULL;
     for (int st = 0; st < STEPS && !rc; st++) {
+        if (EVAL_MID && st == STEPS - 1 && isnan(gptm_eval(&g, &d, &o, 1))) {
+            rc = gptm_fail(err, en, "eval before step %d: %s", st, nt_last_error_message());
+            break;
+        }
         gpt_batch(&d, false, o.seed, st, BATCH, c.context, xb, yb);
         if (CAPTURE && st > 0 ? gptm_captured_step(&g, &o, xb, yb, loss_sum, &cap)
                               : gptm_step(&g, &o, xb, yb, loss_sum))
@@ -192,6 +197,18 @@ static void test_capture(void **state)
                      r[1], r[2], NT_TEST_CFGS[r[3]][0], NT_TEST_CFGS[r[3]][1], cap, plain);
     }
     SP = false;
+    /* ZeRO stage 3 with an evaluation between the capture and the replay: the
+     * evaluation's gathered parameters are stale once the replay updated the
+     * shards, and the next gather must make them again (dist/ddp.c, gver) */
+    EVAL_MID = true;
+    uint32_t plain3 = run(2, 2, 3, 3, NT_DTYPE_COUNT);
+    CAPTURE = true;
+    uint32_t cap3 = run(2, 2, 3, 3, NT_DTYPE_COUNT);
+    CAPTURE = EVAL_MID = false;
+    uint32_t none3 = run(2, 2, 3, 3, NT_DTYPE_COUNT);
+    printf("# (dp 2, tp 2) zero 3, an evaluation between replays: op by op %08x captured %08x "
+           "(no evaluation %08x)\n", plain3, cap3, none3);
+    assert_true(cap3 == plain3 && plain3 == none3);
     /* the refusals */
     setenv("NT_SIM_CORES", "2", 1);
     assert_int_equal(nt_init(), 0);
