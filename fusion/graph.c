@@ -16,6 +16,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -525,12 +526,14 @@ void nt__capture_group(nt__capture *c, const nt__fgroup *g)
         cap_fail(c, NT_EHOSTMEM, "out of host memory for the recording");
         return;
     }
-    *s->prog = *p;
-    s->prog->key = NULL; /* the cache's; a replay never looks it up */
-    s->prog->keylen = 0;
+    /* The program only: its fields up to the key never change once compiled;
+     * the cache's fields after it (key, counts, recency list, hash chain) are
+     * the cache's, changed by other workers under its lock -- not read here.
+     * A replay never looks the copy up. */
+    memset(s->prog, 0, sizeof *s->prog);
+    memcpy(s->prog, p, offsetof(nt__fprog, key));
+    s->prog->hash = p->hash;
     s->prog->refs = 1;
-    s->prog->runs = 0;
-    s->prog->lru_prev = s->prog->lru_next = s->prog->hnext = NULL;
     for (int k = 0; k < p->next; k++)
         c->tix[s->t0 + k] = ten_of(c, g->ext[k], false, false);
     for (int o = 0; o < p->nout; o++) {
