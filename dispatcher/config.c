@@ -662,24 +662,25 @@ NT_API void nt_stats_reset(void)
     nt__arena_reset_peak();
 }
 
-NT_API int64_t nt_device_bytes_live(int dev)
+/* A device index's check for the byte counts below: 0, or the error. */
+static int live_dev_ok(const char *fn, int dev)
 {
     if (!nt__ensure_init())
         return nt_last_error();
     if (dev < 0 || dev >= nt_device_count())
-        return nt__err(NULL, NT_EINVAL, "nt_device_bytes_live",
-                       "argument 'dev' is %d; expected a device 0..%d", dev,
-                       nt_device_count() - 1);
-    return (int64_t)nt__arena_live_on(dev);
+        return nt__err(NULL, NT_EINVAL, fn, "argument 'dev' is %d; expected a device 0..%d",
+                       dev, nt_device_count() - 1);
+    return 0;
+}
+
+NT_API int64_t nt_device_bytes_live(int dev)
+{
+    int rc = live_dev_ok("nt_device_bytes_live", dev);
+    return rc ? rc : (int64_t)nt__arena_live_on(dev);
 }
 
 NT_API int64_t nt_device_bytes_live_peak(int dev)
 {
-    if (!nt__ensure_init())
-        return nt_last_error();
-    if (dev < 0 || dev >= nt_device_count())
-        return nt__err(NULL, NT_EINVAL, "nt_device_bytes_live_peak",
-                       "argument 'dev' is %d; expected a device 0..%d", dev,
-                       nt_device_count() - 1);
-    return (int64_t)nt__arena_live_peak_on(dev);
+    int rc = live_dev_ok("nt_device_bytes_live_peak", dev);
+    return rc ? rc : (int64_t)nt__arena_live_peak_on(dev);
 }
