@@ -1056,13 +1056,9 @@ static void take_recording(nt_graph *g, nt__capture *c)
     g->cappatches = c->cappatches;
 }
 
-/* Which storages the plan holds (the intermediates: made by a recorded op,
- * freed before the end), the rest being shared; the inputs; what the step
- * left in each leaf's .grad.  Refuses host data baked in. */
-static int classify(const nt_site *site, nt_graph *g, nt__capture *c)
+/* What the step left in each of g's leaves' .grad (a replay restores it). */
+static void leaves_settle(nt_graph *g)
 {
-    if (c->ndead)
-        qsort(c->dead, c->ndead, sizeof *c->dead, cmp_u64);
     int nl = 0;
     for (int i = 0; i < g->nleaves; i++) {
         gleaf *lf = &g->leaves[i];
@@ -1077,6 +1073,16 @@ static int classify(const nt_site *site, nt_graph *g, nt__capture *c)
         g->leaves[nl++] = *lf;
     }
     g->nleaves = nl;
+}
+
+/* Which storages the plan holds (the intermediates: made by a recorded op,
+ * freed before the end), the rest being shared; the inputs; what the step
+ * left in each leaf's .grad.  Refuses host data baked in. */
+static int classify(const nt_site *site, nt_graph *g, nt__capture *c)
+{
+    if (c->ndead)
+        qsort(c->dead, c->ndead, sizeof *c->dead, cmp_u64);
+    leaves_settle(g);
     for (int i = 0; i < g->nstores; i++) {
         gstore *s = &g->stores[i];
         if (s->fresh && is_dead(c, s->id)) {
@@ -1602,19 +1608,7 @@ static nt_graph *grp_end(const nt_site *site)
     TAKE(leaves);
     TAKE(hooks);
 #undef TAKE
-    /* what the whole step left in each leaf's .grad */
-    int nl = 0;
-    for (int i = 0; i < g->nleaves; i++) {
-        gleaf *lf = &g->leaves[i];
-        if (!AO_load_full(&lf->leaf->refs)) {
-            leaf_drop(lf);
-            continue;
-        }
-        nt_tensor *e = lf->acc->grad_of(lf->leaf);
-        lf->end = e ? nt_retain(e) : NULL;
-        g->leaves[nl++] = *lf;
-    }
-    g->nleaves = nl;
+    leaves_settle(g); /* what the whole step left in each leaf's .grad */
     for (int i = 0; i < g->nitems; i++) {
         nt_graph *sg = g->items[i].seg;
         if (!sg)
