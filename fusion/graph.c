@@ -1272,6 +1272,18 @@ static int renumber(const nt_site *site, nt_graph *g)
     return 0;
 }
 
+/* Puts g on the runtime's list of live graphs (nt__graph_shutdown drops the
+ * runtime of those left on it; graph_free takes g off). */
+static void live_link(nt_graph *g)
+{
+    g_mutex_lock(&caps_lock);
+    g->live_next = live_graphs;
+    if (live_graphs)
+        live_graphs->live_prev = g;
+    live_graphs = g;
+    g_mutex_unlock(&caps_lock);
+}
+
 /* The graph is whole: its counts, the statistics, the runtime's list. */
 static void publish(nt_graph *g)
 {
@@ -1284,12 +1296,7 @@ static void publish(nt_graph *g)
     if (g->info.plan_bytes > gst.plan)
         gst.plan = g->info.plan_bytes;
     g_mutex_unlock(&gst.lock);
-    g_mutex_lock(&caps_lock);
-    g->live_next = live_graphs;
-    if (live_graphs)
-        live_graphs->live_prev = g;
-    live_graphs = g;
-    g_mutex_unlock(&caps_lock);
+    live_link(g);
     if (NT__CFG(stats_at_exit) || NT__CFG(fusion_log))
         fprintf(stderr,
                 "ntensor: graph captured: %lld ops in %lld kernels (%lld fused); memory plan "
@@ -1624,12 +1631,7 @@ static nt_graph *grp_end(const nt_site *site)
     }
     g->info.inputs = g->ninputs;
     grp_free(G);
-    g_mutex_lock(&caps_lock);
-    g->live_next = live_graphs;
-    if (live_graphs)
-        live_graphs->live_prev = g;
-    live_graphs = g;
-    g_mutex_unlock(&caps_lock);
+    live_link(g);
     return g;
 }
 
