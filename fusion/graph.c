@@ -857,19 +857,23 @@ static nt__capture *capture_close(void)
     return c;
 }
 
+/* The error of fn called while the thread captures (captures do not nest). */
+static int nested_error(const nt_site *site, const char *fn)
+{
+    char where[256];
+    nt__site_format(tl_grp ? &tl_grp->site : &tl_cap->site, where, sizeof where);
+    return nt__err(site, NT_ESTATE, fn,
+                   "the thread is capturing a program already (since %s); captures do not nest",
+                   where);
+}
+
 NT_API int nt_graph_capture_begin_at(const nt_site *site)
 {
     const char *fn = "nt_graph_capture_begin";
     if (!nt__ensure_init())
         return nt_last_error();
-    if (tl_cap || tl_grp) {
-        char where[256];
-        nt__site_format(tl_grp ? &tl_grp->site : &tl_cap->site, where, sizeof where);
-        return nt__err(site, NT_ESTATE, fn,
-                       "the thread is capturing a program already (since %s); captures do "
-                       "not nest",
-                       where);
-    }
+    if (tl_cap || tl_grp)
+        return nested_error(site, fn);
     return capture_open(site, fn, nt__stream_current()) ? 0 : nt_last_error();
 }
 NT_API int nt_graph_capture_begin(void) { return nt_graph_capture_begin_at(NT_RA_SITE); }
@@ -1559,14 +1563,8 @@ NT_API int nt_graph_capture_begin_multi_at(const nt_site *site)
     const char *fn = "nt_graph_capture_begin_multi";
     if (!nt__ensure_init())
         return nt_last_error();
-    if (tl_cap || tl_grp) {
-        char where[256];
-        nt__site_format(tl_grp ? &tl_grp->site : &tl_cap->site, where, sizeof where);
-        return nt__err(site, NT_ESTATE, fn,
-                       "the thread is capturing a program already (since %s); captures do "
-                       "not nest",
-                       where);
-    }
+    if (tl_cap || tl_grp)
+        return nested_error(site, fn);
     ggroup *G = calloc(1, sizeof *G);
     if (!G)
         return nt__err_hostmem(site, fn, "a capture");
