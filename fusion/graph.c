@@ -556,7 +556,6 @@ void nt__capture_group(nt__capture *c, const nt__fgroup *g)
 /* ---------------- the host side of a capture ---------------- */
 
 static int grp_switch(const nt_site *site, const char *fn, nt_stream *s);
-static int grp_input(const nt_site *site, ggroup *G, nt_tensor *t, const char *name);
 static nt_graph *grp_end(const nt_site *site);
 
 int nt__capture_check_stream(const nt_site *site, const char *fn, const nt__stream *s)
@@ -918,7 +917,7 @@ NT_API int nt_graph_input_at(const nt_site *site, nt_tensor *t, const char *name
         return nt__err(site, NT_ESTATE, fn, "the thread is not capturing a program "
                                            "(nt_graph_capture_begin)");
     if (c->grp) /* the group's: a segment that reads it takes it at its end */
-        return grp_input(site, c->grp, t, name);
+        return input_add(site, &c->grp->inputs, &c->grp->ninputs, &c->grp->capinputs, t, name);
     return input_add(site, &c->inputs, &c->ninputs, &c->capinputs, t, name);
 }
 NT_API int nt_graph_input(nt_tensor *t, const char *name)
@@ -1414,11 +1413,6 @@ static void grp_free(ggroup *G)
     free(G->hooks);
     idmap_free(&G->made);
     free(G);
-}
-
-static int grp_input(const nt_site *site, ggroup *G, nt_tensor *t, const char *name)
-{
-    return input_add(site, &G->inputs, &G->ninputs, &G->capinputs, t, name);
 }
 
 /* Ends the segment in progress (if any) and appends its program to the
