@@ -1106,10 +1106,9 @@ static int classify(const nt_site *site, nt_graph *g, nt__capture *c)
         g->stores[s].input = k;
         g->stores[s].planned = false; /* an input the program made and freed: kept */
     }
-    for (int i = 0; i < g->nstores && c->grp; i++)
-        g->stores[i].grouped = idmap_get(&c->grp->made, g->stores[i].id) >= 0;
     for (int i = 0; i < g->nstores; i++) {
         gstore *s = &g->stores[i];
+        s->grouped = c->grp && idmap_get(&c->grp->made, s->id) >= 0;
         if (s->madehere && !s->grouped && !s->fresh && s->read_first && s->input < 0)
             return baked_error(site, s), -1;
     }
