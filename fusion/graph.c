@@ -1942,6 +1942,18 @@ static void add_dep(nt__rec *r, const nt_stream *s, uint64_t packed, bool *overf
         *overflow = true;
 }
 
+/* A replay's error: tensor #id (made at made), which `reader` reads, was
+ * released. */
+static int released_error(const nt_site *site, uint64_t id, const nt_site *made,
+                          const char *reader)
+{
+    char where[256];
+    nt__site_format(made, where, sizeof where);
+    return nt__err(site, NT_ERELEASED, "nt_graph_replay",
+                   "tensor #%llu (made at %s), which %s reads, was released",
+                   (unsigned long long)id, where, reader);
+}
+
 /* Checks what the capture assumed, under g->lock; 0 or the error (set). */
 static int replay_checks(const nt_site *site, nt_graph *g)
 {
@@ -1952,13 +1964,8 @@ static int replay_checks(const nt_site *site, nt_graph *g)
         if (s->planned || !s->read_first || s->input >= 0 || s->grouped)
             continue;
         /* something the program reads and the user's program owns */
-        if (!AO_load(&s->st->hrefs) && !s->fresh) {
-            nt__site_format(&s->site, where, sizeof where);
-            return nt__err(site, NT_ERELEASED, fn,
-                           "tensor #%llu (made at %s), which the captured program reads, was "
-                           "released",
-                           (unsigned long long)s->tid, where);
-        }
+        if (!AO_load(&s->st->hrefs) && !s->fresh)
+            return released_error(site, s->tid, &s->site, "the captured program");
     }
     for (int k = 0; k < g->ninputs; k++) {
         nt_tensor *t = g->inputs[k].t;
@@ -2149,14 +2156,9 @@ static int grp_replay(const nt_site *site, nt_graph *g)
                 rc = replay_checks(site, it->seg);
         }
         for (int k = 0; k < it->nuin && !rc; k++)
-            if (!AO_load(&it->uin[k]->st->hrefs)) {
-                char where[256];
-                nt__site_format(&it->uin[k]->site, where, sizeof where);
-                rc = nt__err(site, NT_ERELEASED, "nt_graph_replay",
-                             "tensor #%llu (made at %s), which a captured collective reads, was "
-                             "released",
-                             (unsigned long long)it->uin[k]->id, where);
-            }
+            if (!AO_load(&it->uin[k]->st->hrefs))
+                rc = released_error(site, it->uin[k]->id, &it->uin[k]->site,
+                                    "a captured collective");
     }
     greplay **rps = rc ? NULL : calloc((size_t)n, sizeof *rps);
     nt__rec **rs = rc ? NULL : calloc((size_t)n, sizeof *rs);
