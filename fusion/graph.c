@@ -2000,6 +2000,19 @@ static int replay_checks(const nt_site *site, nt_graph *g)
     return 0;
 }
 
+/* A prepared replay (or the part of one replay_prep made) that is not
+ * queued: nothing is bound to it yet (replay_enqueue binds). */
+static void replay_unprep(greplay *rp, nt__rec *r)
+{
+    if (r)
+        nt__rec_unalloc(r);
+    if (!rp)
+        return;
+    free(rp->pv);
+    free(rp->bound);
+    free(rp);
+}
+
 /* A replay's allocations (nothing queued yet): 0, or the error (set). */
 static int replay_prep(const nt_site *site, nt_graph *g, greplay **rpo, nt__rec **ro)
 {
@@ -2010,34 +2023,13 @@ static int replay_prep(const nt_site *site, nt_graph *g, greplay **rpo, nt__rec 
     }
     nt__rec *r = nt__rec_alloc(g->stream);
     if (!rp || !rp->pv || !rp->bound || !r) {
-        if (r)
-            nt__rec_unalloc(r);
-        if (rp) {
-            free(rp->pv);
-            free(rp->bound);
-            free(rp);
-        }
+        replay_unprep(rp, r);
         return nt__err_hostmem(site, "nt_graph_replay", "a replay");
     }
     rp->g = g;
     *rpo = rp;
     *ro = r;
     return 0;
-}
-
-/* A prepared replay that is not queued. */
-static void replay_unprep(greplay *rp, nt__rec *r)
-{
-    if (r)
-        nt__rec_unalloc(r);
-    if (!rp)
-        return;
-    for (int k = 0; k < rp->g->ninputs; k++)
-        if (rp->bound && rp->bound[k])
-            nt__tensor_iunref(rp->bound[k]);
-    free(rp->pv);
-    free(rp->bound);
-    free(rp);
 }
 
 /* The scalars this step would have (all computed before any hook moves a
