@@ -494,15 +494,18 @@ static int blocked_reduce(const nt_site *site, lin_ctx *x, nt_tensor **a, nt_ten
 }
 
 /* Member i's weight and bias gradients (and, row-parallel, the input's):
- * plain products, their reduced dim (tokens, or N) is never split. */
+ * plain products, their reduced dim (tokens, or N) is never split.  xin:
+ * the input the weight's gradient multiplies (NULL: the saved x); gb: the
+ * output gradient the bias's sums (NULL: g2; sequence-parallel row, the
+ * member's slice of it). */
 static int lin_local_grads(const nt_site *site, lin_ctx *x, int i, nt_tensor *g2,
-                           nt_tensor **gin)
+                           nt_tensor *xin, nt_tensor *gb, nt_tensor **gin)
 {
-    nt_tensor *x2 = as_2d(site, x->x[i]);
+    nt_tensor *x2 = as_2d(site, xin ? xin : x->x[i]);
     nt_tensor *gw = nt_matmul_at(site, nt_transpose_at(site, g2, 0, 1), x2);
     gin[1] = gw;
     if (x->has_b)
-        gin[2] = nt_sum_at(site, g2, 0, false);
+        gin[2] = nt_sum_at(site, gb ? as_2d(site, gb) : g2, 0, false);
     if (x->row) {
         nt_tensor *gx = nt_matmul_at(site, g2, x->w[i]);
         gin[0] = gx ? nt_reshape_at(site, gx, x->x[i]->ndim, x->x[i]->shape) : NULL;
@@ -539,7 +542,7 @@ static int lin_bwd(void *ctxp, nt_tensor *const *gout, nt_tensor **gin)
     for (int i = 0; i < n && !rc; i++) {
         nt__devsw d;
         nt__dev_enter(&d, x->devs[i]);
-        rc = lin_local_grads(site, x, i, g2[i], gin + 3 * i);
+        rc = lin_local_grads(site, x, i, g2[i], NULL, NULL, gin + 3 * i);
         nt__dev_leave(&d);
     }
     if (rc || x->row)
@@ -814,25 +817,15 @@ static int sp_bwd(void *ctxp, nt_tensor *const *gout, nt_tensor **gin)
         for (int i = 0; i < n && !rc; i++) {
             nt__devsw d;
             nt__dev_enter(&d, x->devs[i]);
-            nt_tensor *g2 = as_2d(site, gf[i]);
-            nt_tensor *x2 = as_2d(site, x->x[i]);
-            gin[3 * i + 1] = nt_matmul_at(site, nt_transpose_at(site, g2, 0, 1), x2);
-            if (x->has_b)
-                gin[3 * i + 2] = nt_sum_at(site, as_2d(site, g[i]), 0, false);
-            nt_tensor *gx = nt_matmul_at(site, g2, x->w[i]);
-            gin[3 * i] = gx ? nt_reshape_at(site, gx, x->x[i]->ndim, x->x[i]->shape) : NULL;
+            rc = lin_local_grads(site, x, i, as_2d(site, gf[i]), NULL, g[i], gin + 3 * i);
             nt__dev_leave(&d);
-            rc = gin[3 * i] && gin[3 * i + 1] && (!x->has_b || gin[3 * i + 2]) ? 0
-                                                                               : nt_last_error();
         }
         return rc;
     }
     /* column: x re-gathered (the slice was saved, not the whole); the
      * input gradient's member partial (f32) reduce-scattered, then cast */
-    nt_tensor *xs[TP_MAXM], *p[TP_MAXM] = {0}, *ps[TP_MAXM] = {0};
-    for (int i = 0; i < n; i++)
-        xs[i] = x->x[i];
-    rc = sp_coll(site, x->c, n, x->devs, xs, x->dim, true, xf);
+    nt_tensor *p[TP_MAXM] = {0}, *ps[TP_MAXM] = {0}, *dx[TP_MAXM];
+    rc = sp_coll(site, x->c, n, x->devs, x->x, x->dim, true, xf);
     if (!rc)
         rc = sp_gout(site, x, gout, xf[0], x->w[0]->shape[0], g);
     for (int i = 0; i < n && !rc; i++) {
@@ -849,22 +842,13 @@ static int sp_bwd(void *ctxp, nt_tensor *const *gout, nt_tensor **gin)
     for (int i = 0; i < n && !rc; i++) {
         nt__devsw d;
         nt__dev_enter(&d, x->devs[i]);
-        nt_tensor *g2 = as_2d(site, g[i]);
-        gin[3 * i + 1] = nt_matmul_at(site, nt_transpose_at(site, g2, 0, 1),
-                                      as_2d(site, xf[i]));
-        if (x->has_b)
-            gin[3 * i + 2] = nt_sum_at(site, g2, 0, false);
+        rc = lin_local_grads(site, x, i, as_2d(site, g[i]), xf[i], NULL, gin + 3 * i);
         nt__dev_leave(&d);
-        rc = gin[3 * i + 1] && (!x->has_b || gin[3 * i + 2]) ? 0 : nt_last_error();
     }
-    for (int i = 0; i < n && !rc; i++) {
-        nt__devsw d;
-        nt__dev_enter(&d, x->devs[i]);
-        nt_dtype dt = (nt_dtype)x->x[i]->dtype;
-        gin[3 * i] = dt == NT_F32 ? ps[i] : nt_cast_at(site, ps[i], dt);
-        nt__dev_leave(&d);
-        rc = gin[3 * i] ? 0 : nt_last_error();
-    }
+    if (!rc)
+        rc = cast_members(site, x, ps, (nt_dtype)x->x[0]->dtype, dx);
+    for (int i = 0; i < n && !rc; i++)
+        gin[3 * i] = dx[i];
     return rc;
 }
 
