@@ -1470,7 +1470,8 @@ NT_API nt_tensor **nt_ddp_zero_shards(nt_ddp *d, int dev)
 
 /* Parameters [lo, hi] in one collective: the cost model's rule of
  * nt_ddp_reduce (a bucket grows while the call stays under twice the cost
- * of one of no bytes, never past 25 MiB), going down from hi. */
+ * of one of no bytes, never past 25 MiB, nor past 64 parameters), going
+ * down from hi. */
 static int zero_bucket_lo(const nt_ddp *d, nt_collective kind, int hi)
 {
     double fixed = 0, bytes = 4.0 * (double)(d->len[hi] * d->ranks);
@@ -1484,7 +1485,7 @@ static int zero_bucket_lo(const nt_ddp *d, nt_collective kind, int hi)
         bytes = more;
         lo--;
     }
-    return lo;
+    return hi - lo >= 64 ? hi - 63 : lo;
 }
 
 /* Sets t's .grad to g (a new reference is kept). */
@@ -1575,8 +1576,6 @@ static int zero_reduce(const nt_site *site, nt_ddp *d, nt_tensor **sum)
     nt_no_grad_begin();
     for (int hi = d->n - 1, b = 0; hi >= 0 && !rc; b++) {
         int lo = zero_bucket_lo(d, kind, hi);
-        if (hi - lo >= 64)
-            lo = hi - 63;
         if (d->overlap && d->ov && d->ov[b].issued) /* reduce-scattered in the backward */
             rc = ov_take_mean(site, d, &d->ov[b]);
         else
@@ -1628,33 +1627,25 @@ static void ov_free(nt_ddp *d)
     d->nov = 0, d->overlap = false;
 }
 
-/* The buckets of zero_reduce (stages 2, 3), made once.  0 or NT_ENOMEM. */
+/* The buckets of zero_reduce (stages 2, 3), made once (at most one a
+ * parameter).  0 or NT_ENOMEM. */
 static int ov_layout(nt_ddp *d)
 {
     int nb = 0, n = d->n;
-    for (int pass = 0; pass < 2; pass++) {
-        nb = 0;
-        for (int hi = n - 1; hi >= 0; nb++) {
-            int lo = zero_bucket_lo(d, NT_COLL_REDUCE_SCATTER, hi);
-            if (hi - lo >= 64)
-                lo = hi - 63;
-            if (pass) {
-                d->ov[nb].lo = lo, d->ov[nb].hi = hi;
-                for (int j = lo; j <= hi; j++)
-                    d->ov_of[j] = nb;
-            }
-            hi = lo - 1;
-        }
-        if (!pass) {
-            d->ov = calloc((size_t)nb, sizeof *d->ov);
-            d->ov_of = calloc((size_t)n, sizeof *d->ov_of);
-            d->ov_ready = calloc((size_t)n * d->nmem, 1);
-            d->ovh = calloc((size_t)n * d->nmem, sizeof *d->ovh);
-            if (!d->ov || !d->ov_of || !d->ov_ready || !d->ovh) {
-                ov_free(d);
-                return NT_ENOMEM;
-            }
-        }
+    d->ov = calloc((size_t)n, sizeof *d->ov);
+    d->ov_of = calloc((size_t)n, sizeof *d->ov_of);
+    d->ov_ready = calloc((size_t)n * d->nmem, 1);
+    d->ovh = calloc((size_t)n * d->nmem, sizeof *d->ovh);
+    if (!d->ov || !d->ov_of || !d->ov_ready || !d->ovh) {
+        ov_free(d);
+        return NT_ENOMEM;
+    }
+    for (int hi = n - 1; hi >= 0; nb++) {
+        int lo = zero_bucket_lo(d, NT_COLL_REDUCE_SCATTER, hi);
+        d->ov[nb].lo = lo, d->ov[nb].hi = hi;
+        for (int j = lo; j <= hi; j++)
+            d->ov_of[j] = nb;
+        hi = lo - 1;
     }
     d->nov = nb;
     return 0;
@@ -1944,8 +1935,6 @@ static int zero_gather(const nt_site *site, nt_ddp *d, int lo, int hi)
         }
         int b = zero_bucket_lo(d, NT_COLL_ALL_GATHER, j);
         b = b < lo ? lo : b;
-        if (j - b >= 64)
-            b = j - 63;
         for (int i = b; i < j && d->zero == 3; i++)
             if (d->m[0].rep[i])
                 b = i + 1;
