@@ -602,6 +602,54 @@ NT_API nt_tensor *nt_ddp_shard_from_host(nt_ddp *d, int shard, const void *src, 
 
 /* ---------------- backward of one shard ---------------- */
 
+/* The error of a call that returned NULL. */
+static int errc(void) { return nt_last_error() ? nt_last_error() : NT_EINVAL; }
+
+/* Adds up, from slot idx at level 0 of member m's tree, every node of
+ * parameters [lo, hi) whose two children now exist (parameter lo's
+ * children stand for all of them).  0 or an error. */
+static int tree_sum(const nt_site *site, nt_ddp *d, member *m, int idx, int lo, int hi)
+{
+    int n = d->n, rc = 0;
+    for (int l = 0; l < d->levels && !rc; l++, idx >>= 1) {
+        nt_tensor **a = &m->tree[l][(idx & ~1) * n], **b = &m->tree[l][(idx | 1) * n];
+        if (!a[lo] || !b[lo])
+            break;
+        for (int j = lo; j < hi && !rc; j++) {
+            nt_tensor *s = nt_add_at(site, a[j], b[j]);
+            if (!s)
+                rc = errc();
+            else
+                m->tree[l + 1][(idx >> 1) * n + j] = nt_keep(s);
+        }
+        for (int j = lo; j < hi && !rc; j++) {
+            nt_release(a[j]);
+            nt_release(b[j]);
+            a[j] = b[j] = NULL;
+        }
+    }
+    return rc;
+}
+
+/* A gradient g (one reference, consumed; NULL where the loss did not
+ * reach) as f32 for the sum whatever the parameter's dtype, zeros of shape
+ * nd/shape for a missing one, so every shard has the same terms.  NULL
+ * with the error set. */
+static nt_tensor *grad_f32(const nt_site *site, nt_tensor *g, int nd, const int64_t *shape)
+{
+    nt_tensor *x = g;
+    if (!x)
+        x = nt_zeros_at(site, NT_F32, nd, shape);
+    else if (x->dtype != NT_F32)
+        x = nt_cast_at(site, x, NT_F32);
+    else
+        return g;
+    if (x)
+        nt_keep(x);
+    nt_release(g);
+    return x;
+}
+
 /* Places a shard's gradients (f32, owned) at level 0 of its member's tree
  * and adds up every node whose two children now exist.  Ops go on the
  * member's device (the caller has entered it).  0 or an error. */
@@ -610,28 +658,7 @@ static int tree_insert(const nt_site *site, nt_ddp *d, member *m, int idx, nt_te
     int n = d->n;
     for (int j = 0; j < n; j++)
         m->tree[0][idx * n + j] = g[j];
-    int rc = 0;
-    for (int l = 0; l < d->levels && !rc; l++, idx >>= 1) {
-        nt_tensor **a = &m->tree[l][(idx & ~1) * n], **b = &m->tree[l][(idx | 1) * n];
-        if (!a[0] || !b[0])
-            break;
-        for (int j = 0; j < n && !rc; j++) {
-            nt_tensor *s = nt_add_at(site, a[j], b[j]);
-            if (!s) {
-                rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
-                break;
-            }
-            m->tree[l + 1][(idx >> 1) * n + j] = nt_keep(s);
-        }
-        if (rc)
-            break;
-        for (int j = 0; j < n; j++) {
-            nt_release(a[j]);
-            nt_release(b[j]);
-            a[j] = b[j] = NULL;
-        }
-    }
-    return rc;
+    return tree_sum(site, d, m, idx, 0, n);
 }
 
 /* Shard `shard`'s gradients g[0..n) (the replica's, taken out of .grad; NULL
@@ -646,6 +673,7 @@ static int shard_collect(const nt_site *site, const char *fn, nt_ddp *d, member 
     if (!sc)
         rc = nt__err_hostmem(site, fn, "a scope");
     nt_no_grad_begin();
+    bool inserted = false;
     if (ov) { /* the hooks put the gradients in already; the rest (none reached) now */
         rc = rc ? rc : d->ov_err;
         for (int j = n - 1; j >= 0 && !rc; j--)
@@ -653,42 +681,18 @@ static int shard_collect(const nt_site *site, const char *fn, nt_ddp *d, member 
                 rc = ov_take(site, d, (int)(m - d->m), j, shard % d->block, nt_retain(g[j]));
         for (int j = 0; j < n; j++)
             nt_release(g[j]);
-        nt_no_grad_end();
-        if (sc)
-            nt_scope_end(sc);
-        leave(old);
-        if (!rc) {
-            d->done[shard] = 1;
-            zero_backward_done(d, (int)(m - d->m));
-        } else
-            tree_clear(d);
-        return rc;
-    }
-    /* f32 for the sum whatever the parameters' dtype; a parameter the loss
-     * does not reach gets zeros, so every shard has the same terms. */
-    for (int j = 0; j < n && !rc; j++) {
-        nt_tensor *x = g[j];
-        if (!x)
-            x = nt_zeros_at(site, NT_F32, m->rep[j]->ndim, m->rep[j]->shape);
-        else if (x->dtype != NT_F32)
-            x = nt_cast_at(site, x, NT_F32);
-        else
-            continue;
-        if (!x) {
-            rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
-            break;
-        }
-        nt_keep(x);
-        nt_release(g[j]);
-        g[j] = x;
-    }
-    bool inserted = false;
-    if (!rc) {
-        inserted = true;
-        rc = tree_insert(site, d, m, shard % d->block, g);
+        inserted = true; /* the buckets may be half made */
     } else {
-        for (int j = 0; j < n; j++)
-            nt_release(g[j]);
+        for (int j = 0; j < n && !rc; j++)
+            if (!(g[j] = grad_f32(site, g[j], m->rep[j]->ndim, m->rep[j]->shape)))
+                rc = errc();
+        if (!rc) {
+            inserted = true;
+            rc = tree_insert(site, d, m, shard % d->block, g);
+        } else {
+            for (int j = 0; j < n; j++)
+                nt_release(g[j]);
+        }
     }
     nt_no_grad_end();
     if (sc)
@@ -1293,8 +1297,6 @@ NT_API int nt_ddp_step(nt_ddp *d, nt_optim *const *opts, int nopts)
  * the mean is the same multiply, and every optimizer is elementwise, so a
  * shard's update is the full update's restricted to its elements. */
 
-static int errc(void) { return nt_last_error() ? nt_last_error() : NT_EINVAL; }
-
 /* Elements of parameter j's shard of global rank r that are not padding. */
 static int64_t zero_valid(const nt_ddp *d, int j, int r)
 {
@@ -1709,34 +1711,13 @@ static int ov_take(const nt_site *site, nt_ddp *d, int k, int j, int idx, nt_ten
     member *m = &d->m[k];
     int n = d->n, rc = 0;
     nt_stream *old = enter(m->dev);
-    nt_tensor *x = g;
+    nt_tensor *x = grad_f32(site, g, d->pnd[j], d->pshape[j]);
     if (!x)
-        x = nt_zeros_at(site, NT_F32, d->pnd[j], d->pshape[j]);
-    else if (x->dtype != NT_F32)
-        x = nt_cast_at(site, x, NT_F32);
-    if (x && x != g) {
-        nt_keep(x);
-        nt_release(g);
-    }
-    if (!x) {
-        nt_release(g);
         rc = errc();
-    } else {
+    else
         m->tree[0][idx * n + j] = x;
-    }
-    for (int l = 0; l < d->levels && !rc; l++, idx >>= 1) {
-        nt_tensor **a = &m->tree[l][(idx & ~1) * n + j], **b = &m->tree[l][(idx | 1) * n + j];
-        if (!*a || !*b)
-            break;
-        nt_tensor *sum = nt_add_at(site, *a, *b);
-        if (!sum) {
-            rc = errc();
-            break;
-        }
-        m->tree[l + 1][(idx >> 1) * n + j] = nt_keep(sum);
-        nt_release(*a), nt_release(*b);
-        *a = *b = NULL;
-    }
+    if (!rc)
+        rc = tree_sum(site, d, m, idx, j, j + 1);
     if (!rc && !m->tree[d->levels][j])
         rc = nt__err(site, NT_ESTATE, "nt_ddp_backward", "parameter %d of device %d: the "
                      "block sum is not complete after the member's last shard", j, m->dev);
