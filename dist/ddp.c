@@ -1538,20 +1538,30 @@ static int zero_take_mean(const nt_site *site, nt_ddp *d, int k, nt_tensor *out,
     return mean ? 0 : errc();
 }
 
+/* A member's block sums sum[lo .. hi] of a bucket as its collective's
+ * input, [R, sum L] (on the device the caller entered).  NULL with the
+ * error set. */
+static nt_tensor *zero_pack(const nt_site *site, const nt_ddp *d, nt_tensor *const *sum, int lo,
+                            int hi)
+{
+    nt_tensor *parts[64];
+    for (int j = lo; j <= hi; j++)
+        parts[j - lo] = zero_rows(site, d, j, sum[j]);
+    return lo == hi ? parts[0] : nt_cat_at(site, parts, hi - lo + 1, 1);
+}
+
 /* One bucket: every member's block sums of parameters [lo, hi] as [R, sum
  * L], all-reduced (stage 1) or reduce-scattered (2, 3) in the rank tree. */
 static int zero_bucket(const nt_site *site, nt_ddp *d, nt_tensor **sum, int lo, int hi)
 {
     int n = d->n, rc = 0;
-    nt_tensor *in[DDP_MAX_DEV] = {0}, *out[DDP_MAX_DEV] = {0}, *parts[64];
+    nt_tensor *in[DDP_MAX_DEV] = {0}, *out[DDP_MAX_DEV] = {0};
     nt_scope *sc = nt_scope_begin();
     if (!sc)
         return nt__err_hostmem(site, "nt_ddp_reduce", "a scope");
     for (int k = 0; k < d->nmem && !rc; k++) {
         nt_stream *old = enter(d->m[k].dev);
-        for (int j = lo; j <= hi; j++)
-            parts[j - lo] = zero_rows(site, d, j, sum[k * n + j]);
-        in[k] = lo == hi ? parts[0] : nt_cat_at(site, parts, hi - lo + 1, 1);
+        in[k] = zero_pack(site, d, sum + k * n, lo, hi);
         leave(old);
         rc = in[k] ? 0 : errc();
     }
@@ -1675,10 +1685,7 @@ static int ov_pack(const nt_site *site, nt_ddp *d, int k, int b)
     for (int j = B->lo; j <= B->hi; j++)
         if (!d->ov_ready[k * n + j])
             return 0;
-    nt_tensor *parts[64];
-    for (int j = B->lo; j <= B->hi; j++)
-        parts[j - B->lo] = zero_rows(site, d, j, m->tree[d->levels][j]);
-    nt_tensor *in = B->lo == B->hi ? parts[0] : nt_cat_at(site, parts, B->hi - B->lo + 1, 1);
+    nt_tensor *in = zero_pack(site, d, m->tree[d->levels], B->lo, B->hi);
     if (!in)
         return errc();
     B->in[k] = nt_retain(in);
