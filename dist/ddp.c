@@ -127,7 +127,7 @@ static int zero_backward_check(const nt_site *site, nt_ddp *d, const member *m);
 static void zero_backward_done(nt_ddp *d, int k);
 static void ov_clear(nt_ddp *d);
 static void ov_free(nt_ddp *d);
-static bool ov_last_shard(const nt_ddp *d, const member *m, int shard);
+static bool ov_last_shard(const nt_ddp *d, const member *m);
 static int ov_hooks(const nt_site *site, nt_ddp *d, member *m, int shard, bool on);
 static int ov_take(const nt_site *site, nt_ddp *d, int k, int j, int idx, nt_tensor *g);
 
@@ -758,7 +758,7 @@ static int backward_many(const nt_site *site, const char *fn, nt_ddp *const *ds,
          * gradients in hooks, as the backward makes them */
         bool ov[DDP_MAX_DEV] = {0};
         for (int i = 0; i < nd && !rc; i++)
-            if ((ov[i] = ov_last_shard(ds[i], m[i], shard)))
+            if ((ov[i] = ov_last_shard(ds[i], m[i])))
                 rc = ov_hooks(site, ds[i], m[i], shard, true);
         nt_stream *old = enter(m[0]->dev);
         if (!rc)
@@ -1663,10 +1663,10 @@ static int ov_layout(nt_ddp *d)
     return 0;
 }
 
-/* Is `shard` (not done) the last of its member's block this step? */
-static bool ov_last_shard(const nt_ddp *d, const member *m, int shard)
+/* Is the shard about to run (not done) the last of member m's block this
+ * step? */
+static bool ov_last_shard(const nt_ddp *d, const member *m)
 {
-    (void)shard;
     if (!d->overlap || !d->ov)
         return false;
     int s0 = (d->first_rank + (int)(m - d->m)) * d->block, left = 0;
