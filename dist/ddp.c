@@ -1343,6 +1343,29 @@ static nt_tensor *zero_cut(const nt_site *site, const nt_ddp *d, int j, int r, n
     return s;
 }
 
+/* The parameters' shape tables (numel, len over `ranks` shards, pnd,
+ * pshape, pdt) from member 0's replicas.  false: no host memory (the
+ * caller frees what was made with zero_free). */
+static bool zero_shape_tables(nt_ddp *d, int ranks)
+{
+    int n = d->n;
+    d->numel = calloc((size_t)n, sizeof *d->numel);
+    d->len = calloc((size_t)n, sizeof *d->len);
+    d->pnd = calloc((size_t)n, sizeof *d->pnd);
+    d->pshape = calloc((size_t)n, sizeof *d->pshape);
+    d->pdt = calloc((size_t)n, sizeof *d->pdt);
+    if (!d->numel || !d->len || !d->pnd || !d->pshape || !d->pdt)
+        return false;
+    for (int j = 0; j < n; j++) {
+        nt_tensor *p = d->m[0].rep[j];
+        d->numel[j] = nt_numel(p);
+        d->len[j] = (d->numel[j] + ranks - 1) / ranks;
+        d->pnd[j] = p->ndim, d->pdt[j] = (nt_dtype)p->dtype;
+        memcpy(d->pshape[j], p->shape, sizeof(int64_t) * (size_t)p->ndim);
+    }
+    return true;
+}
+
 static void zero_free(nt_ddp *d)
 {
     ov_free(d);
@@ -1393,26 +1416,13 @@ NT_API int nt_ddp_set_zero(nt_ddp *d, int stage)
     if (rc || !stage)
         goto out;
     zero_free(d); /* shapes an nt_ddp_load at stage 0 noted */
-    d->numel = calloc((size_t)n, sizeof *d->numel);
-    d->len = calloc((size_t)n, sizeof *d->len);
-    d->pnd = calloc((size_t)n, sizeof *d->pnd);
-    d->pshape = calloc((size_t)n, sizeof *d->pshape);
-    d->pdt = calloc((size_t)n, sizeof *d->pdt);
     d->shard = calloc((size_t)n * d->nmem, sizeof *d->shard);
     d->view = calloc((size_t)n * d->nmem, 1);
     d->gver = calloc((size_t)n, sizeof *d->gver);
-    if (!d->numel || !d->len || !d->pnd || !d->pshape || !d->pdt || !d->shard || !d->view ||
-        !d->gver) {
+    if (!zero_shape_tables(d, d->ranks) || !d->shard || !d->view || !d->gver) {
         zero_free(d);
         rc = nt__err_hostmem(NULL, fn, "the shards' tables");
         goto out;
-    }
-    for (int j = 0; j < n; j++) {
-        nt_tensor *p = d->m[0].rep[j];
-        d->numel[j] = nt_numel(p);
-        d->len[j] = (d->numel[j] + d->ranks - 1) / d->ranks;
-        d->pnd[j] = p->ndim, d->pdt[j] = (nt_dtype)p->dtype;
-        memcpy(d->pshape[j], p->shape, sizeof(int64_t) * (size_t)p->ndim);
     }
     nt_no_grad_begin();
     for (int k = 0; k < d->nmem && !rc; k++) {
@@ -2505,20 +2515,10 @@ static int zero_shapes(nt_ddp *d, const char *fn)
 {
     if (d->zero || d->numel)
         return 0;
-    d->numel = calloc((size_t)d->n, sizeof *d->numel);
-    d->len = calloc((size_t)d->n, sizeof *d->len);
-    d->pnd = calloc((size_t)d->n, sizeof *d->pnd);
-    d->pshape = calloc((size_t)d->n, sizeof *d->pshape);
-    d->pdt = calloc((size_t)d->n, sizeof *d->pdt);
-    if (!d->numel || !d->len || !d->pnd || !d->pshape || !d->pdt)
-        return nt__err_hostmem(NULL, fn, "the shapes");
-    for (int j = 0; j < d->n; j++) {
-        nt_tensor *p = d->m[0].rep[j];
-        d->numel[j] = d->len[j] = nt_numel(p);
-        d->pnd[j] = p->ndim, d->pdt[j] = (nt_dtype)p->dtype;
-        memcpy(d->pshape[j], p->shape, sizeof(int64_t) * (size_t)p->ndim);
-    }
-    return 0;
+    if (zero_shape_tables(d, 1))
+        return 0;
+    zero_free(d); /* none half made */
+    return nt__err_hostmem(NULL, fn, "the shapes");
 }
 
 NT_API int nt_ddp_load(nt_ddp *d, const char *path, nt_optim *const *opts, int nopts,
