@@ -2581,10 +2581,9 @@ static void split_path(char *buf, size_t cap, const char *path, int t, int T)
     snprintf(buf, cap, "%s.tp%dof%d", path, t, T);
 }
 
-NT_API int nt_ddp_save_split(nt_ddp *d, const char *path, int rank, int ranks,
-                             nt_optim *const *opts, int nopts)
+/* The arguments both split calls take.  0 or the error. */
+static int split_args(const char *fn, nt_ddp *d, const char *path, int rank, int ranks)
 {
-    const char *fn = "nt_ddp_save_split";
     if (!ddp_ok(NULL, d, fn))
         return nt_last_error();
     if (!path)
@@ -2592,6 +2591,15 @@ NT_API int nt_ddp_save_split(nt_ddp *d, const char *path, int rank, int ranks,
     if (ranks < 1 || rank < 0 || rank >= ranks)
         return nt__err(NULL, NT_EINVAL, fn, "argument 'rank' is %d of 'ranks' %d; expected "
                        "0 <= rank < ranks", rank, ranks);
+    return 0;
+}
+
+NT_API int nt_ddp_save_split(nt_ddp *d, const char *path, int rank, int ranks,
+                             nt_optim *const *opts, int nopts)
+{
+    int rc = split_args("nt_ddp_save_split", d, path, rank, ranks);
+    if (rc)
+        return rc;
     char file[4096];
     split_path(file, sizeof file, path, rank, ranks);
     return nt_ddp_save(d, file, opts, nopts);
@@ -2657,13 +2665,9 @@ NT_API int nt_ddp_load_split(nt_ddp *d, const char *path, int rank, int ranks, c
                              nt_optim *const *opts, int nopts, bool reshard)
 {
     const char *fn = "nt_ddp_load_split";
-    if (!ddp_ok(NULL, d, fn))
-        return nt_last_error();
-    if (!path)
-        return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is NULL");
-    if (ranks < 1 || rank < 0 || rank >= ranks)
-        return nt__err(NULL, NT_EINVAL, fn, "argument 'rank' is %d of 'ranks' %d; expected "
-                       "0 <= rank < ranks", rank, ranks);
+    int rc0 = split_args(fn, d, path, rank, ranks);
+    if (rc0)
+        return rc0;
     if (!dims)
         return nt__err(NULL, NT_EINVAL, fn, "argument 'dims' is NULL");
     int T = split_saved_ranks(path);
