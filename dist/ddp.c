@@ -2692,7 +2692,7 @@ NT_API int nt_ddp_load_split(nt_ddp *d, const char *path, int rank, int ranks, c
         rc = zero_shapes(d, fn);
     int64_t(*sh)[NT_MAX_DIMS] = calloc((size_t)n, sizeof *sh);
     int64_t *snumel = calloc((size_t)n, sizeof *snumel);
-    zfull zt[SPLIT_MAX] = {0}, z = {0};
+    zfull zt[SPLIT_MAX] = {0};
     if (!rc && (!sh || !snumel))
         rc = nt__err_hostmem(NULL, fn, "the shapes");
     for (int j = 0; j < n && !rc; j++) {
@@ -2721,38 +2721,28 @@ NT_API int nt_ddp_load_split(nt_ddp *d, const char *path, int rank, int ranks, c
         if (!rc)
             rc = split_read(d, &zs, path, t, T, opts ? opts[0] : NULL, &zt[t]);
     }
-    if (!rc)
-        rc = zfull_alloc(d, opts, &z);
+    /* this rank's parts go in tensor rank 0's place: a replicated one is
+     * its whole, the counts and rates are its own */
     nt_stream *old = enter(d->m[0].dev);
     for (int i = 0; i < n * 4 && !rc; i++) {
         int j = i / 4;
-        if (!zt[0].v[i])
+        if (!zt[0].v[i] || dims[j] < 0)
             continue;
-        if (dims[j] < 0) {
-            z.v[i] = zt[0].v[i];
-            continue;
-        }
         nt_tensor *v[SPLIT_MAX];
         for (int t = 0; t < T; t++)
             v[t] = zt[t].v[i];
-        z.v[i] = split_recut(d, j, dims[j], rank, v, T, sh[j]);
-        rc = z.v[i] ? 0 : errc();
+        zt[0].v[i] = split_recut(d, j, dims[j], rank, v, T, sh[j]);
+        rc = zt[0].v[i] ? 0 : errc();
     }
     leave(old);
-    if (!rc) {
-        memcpy(z.steps, zt[0].steps, sizeof *z.steps * (size_t)n);
-        z.osteps = zt[0].osteps;
-        memcpy(z.lr, zt[0].lr, sizeof *z.lr * (size_t)z.ngroups);
-        memcpy(z.initial_lr, zt[0].initial_lr, sizeof *z.lr * (size_t)z.ngroups);
-        rc = zero_put(d, opts, &z);
-    }
+    if (!rc)
+        rc = zero_put(d, opts, &zt[0]);
     if (!rc && (d->zero == 1 || d->zero == 2))
         rc = zero_gather(NULL, d, 0, d->n);
     nt_no_grad_end();
     nt_scope_end(sc);
     for (int t = 0; t < T; t++)
         zfull_free(&zt[t]);
-    zfull_free(&z);
     free(sh), free(snumel);
     g_mutex_unlock(&d->lock);
     return rc;
