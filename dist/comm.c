@@ -850,13 +850,10 @@ static int out_shape(const nt_site *site, const char *fn, nt__coll_kind kind,
     return 0;
 }
 
-/* A collective with its outputs (dtype dt, shape ondim/oshape, one on each
- * member's device) and recs[i], member i's record: everything that can
- * fail, taken before anything is queued.  NULL with the error set. */
-static coll *coll_new(const nt_site *site, const char *fn, const nt_comm *cm, nt_dtype dt,
-                      int ondim, const int64_t *oshape, nt__rec **recs)
+/* A zeroed collective of n members with its arrays (one block, at c->in),
+ * or NULL (host memory). */
+static coll *coll_alloc(int n)
 {
-    int n = cm->n;
     coll *c = calloc(1, sizeof *c);
     void *block = c ? calloc((size_t)n, sizeof(nt_tensor *) * 2 + sizeof(nt_stream *) +
                                             sizeof(double) + sizeof(member) + 1)
@@ -864,7 +861,6 @@ static coll *coll_new(const nt_site *site, const char *fn, const nt_comm *cm, nt
     if (!c || !block) {
         free(c);
         free(block);
-        nt__err_hostmem(site, fn, "a collective");
         return NULL;
     }
     c->in = block;
@@ -873,6 +869,22 @@ static coll *coll_new(const nt_site *site, const char *fn, const nt_comm *cm, nt
     c->ready = (double *)(c->stream + n);
     c->mem = (member *)(c->ready + n);
     c->here = (uint8_t *)(c->mem + n);
+    c->n = n;
+    return c;
+}
+
+/* A collective with its outputs (dtype dt, shape ondim/oshape, one on each
+ * member's device) and recs[i], member i's record: everything that can
+ * fail, taken before anything is queued.  NULL with the error set. */
+static coll *coll_new(const nt_site *site, const char *fn, const nt_comm *cm, nt_dtype dt,
+                      int ondim, const int64_t *oshape, nt__rec **recs)
+{
+    int n = cm->n;
+    coll *c = coll_alloc(n);
+    if (!c) {
+        nt__err_hostmem(site, fn, "a collective");
+        return NULL;
+    }
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         nt_stream *s = member_stream(cm->dev[i]);
@@ -895,7 +907,7 @@ static coll *coll_new(const nt_site *site, const char *fn, const nt_comm *cm, nt
         if (recs[i])
             nt__rec_unalloc(recs[i]);
     }
-    free(block);
+    free(c->in);
     free(c);
     return NULL;
 }
@@ -958,6 +970,22 @@ static uint64_t enqueue_member(coll *c, int i, nt__rec *r)
     return nt__rec_enqueue(r, &c->stream[i], c->inline_run);
 }
 
+/* Queues every member of c (started) with its record recs[i] (recs has
+ * room for c->n sequence numbers after its c->n records) and drops the
+ * caller's reference to c. */
+static void coll_enqueue(coll *c, nt__rec **recs)
+{
+    int n = c->n;
+    bool lazy = !c->inline_run && NT__CFG(mode) == NT_MODE_LAZY;
+    uint64_t *seqs = (uint64_t *)(recs + n);
+    for (int i = 0; i < n; i++)
+        seqs[i] = enqueue_member(c, i, recs[i]);
+    if (lazy) /* a held window must not keep a member from its collective */
+        for (int i = 0; i < n; i++)
+            nt__stream_request_flush(c->stream[i], seqs[i]);
+    coll_unref(c); /* this call's */
+}
+
 /* Checks and issues one collective; every out[i] is NULL on failure. */
 static int issue_now(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_tensor *const *in,
                      nt_tensor **out, int op, int root)
@@ -989,16 +1017,9 @@ static int issue_now(const nt_site *site, nt__coll_kind kind, nt_comm *cm, nt_te
     }
     /* Nothing fails from here on. */
     coll_start(c, site, fn, kind, cm, in, op, root);
-    bool lazy = !c->inline_run && NT__CFG(mode) == NT_MODE_LAZY;
-    uint64_t *seqs = (uint64_t *)(recs + n);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         out[i] = c->out[i];
-        seqs[i] = enqueue_member(c, i, recs[i]);
-    }
-    if (lazy) /* a held window must not keep a member from its collective */
-        for (int i = 0; i < n; i++)
-            nt__stream_request_flush(c->stream[i], seqs[i]);
-    coll_unref(c); /* this call's */
+    coll_enqueue(c, recs);
     free(recs);
     bool adopted = true;
     for (int i = 0; i < n; i++)
@@ -1064,25 +1085,17 @@ static void *ccap_prepare(void *rec, const nt_site *site)
     const char *fn = kind_api(k->kind);
     int n = k->n;
     cprep *p = calloc(1, sizeof *p);
-    coll *c = calloc(1, sizeof *c);
-    void *block = calloc((size_t)n, sizeof(nt_tensor *) * 2 + sizeof(nt_stream *) +
-                                        sizeof(double) + sizeof(member) + 1);
-    nt__rec **recs = calloc((size_t)n, sizeof *recs);
-    if (!p || !c || !block || !recs) {
+    coll *c = coll_alloc(n);
+    nt__rec **recs = calloc((size_t)n, sizeof *recs + sizeof(uint64_t)); /* then the seqs */
+    if (!p || !c || !recs) {
         free(p);
+        if (c)
+            free(c->in);
         free(c);
-        free(block);
         free(recs);
         nt__err_hostmem(site, fn, "a captured collective's replay");
         return NULL;
     }
-    c->in = block;
-    c->out = c->in + n;
-    c->stream = (nt_stream **)(c->out + n);
-    c->ready = (double *)(c->stream + n);
-    c->mem = (member *)(c->ready + n);
-    c->here = (uint8_t *)(c->mem + n);
-    c->n = n;
     p->c = c;
     p->recs = recs;
     for (int i = 0; i < n; i++) {
@@ -1106,19 +1119,7 @@ static void ccap_issue(void *rec, void *prep)
     c->fixed_out = true;
     /* the call site is the captured call's: an error of the replay names it */
     coll_start(c, &k->site, fn, k->kind, k->comm, k->in, k->op, k->root);
-    bool lazy = !c->inline_run && NT__CFG(mode) == NT_MODE_LAZY;
-    uint64_t seqs[64], *sq = k->n <= 64 ? seqs : malloc(sizeof *sq * (size_t)k->n);
-    for (int i = 0; i < k->n; i++) {
-        uint64_t q = enqueue_member(c, i, p->recs[i]);
-        if (sq)
-            sq[i] = q;
-    }
-    if (lazy) /* a held window must not keep a member from its collective */
-        for (int i = 0; i < k->n; i++)
-            nt__stream_request_flush(c->stream[i], sq ? sq[i] : UINT64_MAX);
-    if (sq != seqs)
-        free(sq);
-    coll_unref(c); /* this call's */
+    coll_enqueue(c, p->recs);
     free(p->recs);
     free(p);
 }

@@ -127,7 +127,7 @@ static int zero_backward_check(const nt_site *site, nt_ddp *d, const member *m);
 static void zero_backward_done(nt_ddp *d, int k);
 static void ov_clear(nt_ddp *d);
 static void ov_free(nt_ddp *d);
-static bool ov_last_shard(const nt_ddp *d, const member *m, int shard);
+static bool ov_last_shard(const nt_ddp *d, const member *m);
 static int ov_hooks(const nt_site *site, nt_ddp *d, member *m, int shard, bool on);
 static int ov_take(const nt_site *site, nt_ddp *d, int k, int j, int idx, nt_tensor *g);
 
@@ -602,6 +602,54 @@ NT_API nt_tensor *nt_ddp_shard_from_host(nt_ddp *d, int shard, const void *src, 
 
 /* ---------------- backward of one shard ---------------- */
 
+/* The error of a call that returned NULL. */
+static int errc(void) { return nt_last_error() ? nt_last_error() : NT_EINVAL; }
+
+/* Adds up, from slot idx at level 0 of member m's tree, every node of
+ * parameters [lo, hi) whose two children now exist (parameter lo's
+ * children stand for all of them).  0 or an error. */
+static int tree_sum(const nt_site *site, nt_ddp *d, member *m, int idx, int lo, int hi)
+{
+    int n = d->n, rc = 0;
+    for (int l = 0; l < d->levels && !rc; l++, idx >>= 1) {
+        nt_tensor **a = &m->tree[l][(idx & ~1) * n], **b = &m->tree[l][(idx | 1) * n];
+        if (!a[lo] || !b[lo])
+            break;
+        for (int j = lo; j < hi && !rc; j++) {
+            nt_tensor *s = nt_add_at(site, a[j], b[j]);
+            if (!s)
+                rc = errc();
+            else
+                m->tree[l + 1][(idx >> 1) * n + j] = nt_keep(s);
+        }
+        for (int j = lo; j < hi && !rc; j++) {
+            nt_release(a[j]);
+            nt_release(b[j]);
+            a[j] = b[j] = NULL;
+        }
+    }
+    return rc;
+}
+
+/* A gradient g (one reference, consumed; NULL where the loss did not
+ * reach) as f32 for the sum whatever the parameter's dtype, zeros of shape
+ * nd/shape for a missing one, so every shard has the same terms.  NULL
+ * with the error set. */
+static nt_tensor *grad_f32(const nt_site *site, nt_tensor *g, int nd, const int64_t *shape)
+{
+    nt_tensor *x = g;
+    if (!x)
+        x = nt_zeros_at(site, NT_F32, nd, shape);
+    else if (x->dtype != NT_F32)
+        x = nt_cast_at(site, x, NT_F32);
+    else
+        return g;
+    if (x)
+        nt_keep(x);
+    nt_release(g);
+    return x;
+}
+
 /* Places a shard's gradients (f32, owned) at level 0 of its member's tree
  * and adds up every node whose two children now exist.  Ops go on the
  * member's device (the caller has entered it).  0 or an error. */
@@ -610,28 +658,7 @@ static int tree_insert(const nt_site *site, nt_ddp *d, member *m, int idx, nt_te
     int n = d->n;
     for (int j = 0; j < n; j++)
         m->tree[0][idx * n + j] = g[j];
-    int rc = 0;
-    for (int l = 0; l < d->levels && !rc; l++, idx >>= 1) {
-        nt_tensor **a = &m->tree[l][(idx & ~1) * n], **b = &m->tree[l][(idx | 1) * n];
-        if (!a[0] || !b[0])
-            break;
-        for (int j = 0; j < n && !rc; j++) {
-            nt_tensor *s = nt_add_at(site, a[j], b[j]);
-            if (!s) {
-                rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
-                break;
-            }
-            m->tree[l + 1][(idx >> 1) * n + j] = nt_keep(s);
-        }
-        if (rc)
-            break;
-        for (int j = 0; j < n; j++) {
-            nt_release(a[j]);
-            nt_release(b[j]);
-            a[j] = b[j] = NULL;
-        }
-    }
-    return rc;
+    return tree_sum(site, d, m, idx, 0, n);
 }
 
 /* Shard `shard`'s gradients g[0..n) (the replica's, taken out of .grad; NULL
@@ -646,6 +673,7 @@ static int shard_collect(const nt_site *site, const char *fn, nt_ddp *d, member 
     if (!sc)
         rc = nt__err_hostmem(site, fn, "a scope");
     nt_no_grad_begin();
+    bool inserted = false;
     if (ov) { /* the hooks put the gradients in already; the rest (none reached) now */
         rc = rc ? rc : d->ov_err;
         for (int j = n - 1; j >= 0 && !rc; j--)
@@ -653,42 +681,18 @@ static int shard_collect(const nt_site *site, const char *fn, nt_ddp *d, member 
                 rc = ov_take(site, d, (int)(m - d->m), j, shard % d->block, nt_retain(g[j]));
         for (int j = 0; j < n; j++)
             nt_release(g[j]);
-        nt_no_grad_end();
-        if (sc)
-            nt_scope_end(sc);
-        leave(old);
-        if (!rc) {
-            d->done[shard] = 1;
-            zero_backward_done(d, (int)(m - d->m));
-        } else
-            tree_clear(d);
-        return rc;
-    }
-    /* f32 for the sum whatever the parameters' dtype; a parameter the loss
-     * does not reach gets zeros, so every shard has the same terms. */
-    for (int j = 0; j < n && !rc; j++) {
-        nt_tensor *x = g[j];
-        if (!x)
-            x = nt_zeros_at(site, NT_F32, m->rep[j]->ndim, m->rep[j]->shape);
-        else if (x->dtype != NT_F32)
-            x = nt_cast_at(site, x, NT_F32);
-        else
-            continue;
-        if (!x) {
-            rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
-            break;
-        }
-        nt_keep(x);
-        nt_release(g[j]);
-        g[j] = x;
-    }
-    bool inserted = false;
-    if (!rc) {
-        inserted = true;
-        rc = tree_insert(site, d, m, shard % d->block, g);
+        inserted = true; /* the buckets may be half made */
     } else {
-        for (int j = 0; j < n; j++)
-            nt_release(g[j]);
+        for (int j = 0; j < n && !rc; j++)
+            if (!(g[j] = grad_f32(site, g[j], m->rep[j]->ndim, m->rep[j]->shape)))
+                rc = errc();
+        if (!rc) {
+            inserted = true;
+            rc = tree_insert(site, d, m, shard % d->block, g);
+        } else {
+            for (int j = 0; j < n; j++)
+                nt_release(g[j]);
+        }
     }
     nt_no_grad_end();
     if (sc)
@@ -754,7 +758,7 @@ static int backward_many(const nt_site *site, const char *fn, nt_ddp *const *ds,
          * gradients in hooks, as the backward makes them */
         bool ov[DDP_MAX_DEV] = {0};
         for (int i = 0; i < nd && !rc; i++)
-            if ((ov[i] = ov_last_shard(ds[i], m[i], shard)))
+            if ((ov[i] = ov_last_shard(ds[i], m[i])))
                 rc = ov_hooks(site, ds[i], m[i], shard, true);
         nt_stream *old = enter(m[0]->dev);
         if (!rc)
@@ -1293,8 +1297,6 @@ NT_API int nt_ddp_step(nt_ddp *d, nt_optim *const *opts, int nopts)
  * the mean is the same multiply, and every optimizer is elementwise, so a
  * shard's update is the full update's restricted to its elements. */
 
-static int errc(void) { return nt_last_error() ? nt_last_error() : NT_EINVAL; }
-
 /* Elements of parameter j's shard of global rank r that are not padding. */
 static int64_t zero_valid(const nt_ddp *d, int j, int r)
 {
@@ -1339,6 +1341,29 @@ static nt_tensor *zero_cut(const nt_site *site, const nt_ddp *d, int j, int r, n
             return NULL;
     }
     return s;
+}
+
+/* The parameters' shape tables (numel, len over `ranks` shards, pnd,
+ * pshape, pdt) from member 0's replicas.  false: no host memory (the
+ * caller frees what was made with zero_free). */
+static bool zero_shape_tables(nt_ddp *d, int ranks)
+{
+    int n = d->n;
+    d->numel = calloc((size_t)n, sizeof *d->numel);
+    d->len = calloc((size_t)n, sizeof *d->len);
+    d->pnd = calloc((size_t)n, sizeof *d->pnd);
+    d->pshape = calloc((size_t)n, sizeof *d->pshape);
+    d->pdt = calloc((size_t)n, sizeof *d->pdt);
+    if (!d->numel || !d->len || !d->pnd || !d->pshape || !d->pdt)
+        return false;
+    for (int j = 0; j < n; j++) {
+        nt_tensor *p = d->m[0].rep[j];
+        d->numel[j] = nt_numel(p);
+        d->len[j] = (d->numel[j] + ranks - 1) / ranks;
+        d->pnd[j] = p->ndim, d->pdt[j] = (nt_dtype)p->dtype;
+        memcpy(d->pshape[j], p->shape, sizeof(int64_t) * (size_t)p->ndim);
+    }
+    return true;
 }
 
 static void zero_free(nt_ddp *d)
@@ -1391,26 +1416,13 @@ NT_API int nt_ddp_set_zero(nt_ddp *d, int stage)
     if (rc || !stage)
         goto out;
     zero_free(d); /* shapes an nt_ddp_load at stage 0 noted */
-    d->numel = calloc((size_t)n, sizeof *d->numel);
-    d->len = calloc((size_t)n, sizeof *d->len);
-    d->pnd = calloc((size_t)n, sizeof *d->pnd);
-    d->pshape = calloc((size_t)n, sizeof *d->pshape);
-    d->pdt = calloc((size_t)n, sizeof *d->pdt);
     d->shard = calloc((size_t)n * d->nmem, sizeof *d->shard);
     d->view = calloc((size_t)n * d->nmem, 1);
     d->gver = calloc((size_t)n, sizeof *d->gver);
-    if (!d->numel || !d->len || !d->pnd || !d->pshape || !d->pdt || !d->shard || !d->view ||
-        !d->gver) {
+    if (!zero_shape_tables(d, d->ranks) || !d->shard || !d->view || !d->gver) {
         zero_free(d);
         rc = nt__err_hostmem(NULL, fn, "the shards' tables");
         goto out;
-    }
-    for (int j = 0; j < n; j++) {
-        nt_tensor *p = d->m[0].rep[j];
-        d->numel[j] = nt_numel(p);
-        d->len[j] = (d->numel[j] + d->ranks - 1) / d->ranks;
-        d->pnd[j] = p->ndim, d->pdt[j] = (nt_dtype)p->dtype;
-        memcpy(d->pshape[j], p->shape, sizeof(int64_t) * (size_t)p->ndim);
     }
     nt_no_grad_begin();
     for (int k = 0; k < d->nmem && !rc; k++) {
@@ -1470,7 +1482,8 @@ NT_API nt_tensor **nt_ddp_zero_shards(nt_ddp *d, int dev)
 
 /* Parameters [lo, hi] in one collective: the cost model's rule of
  * nt_ddp_reduce (a bucket grows while the call stays under twice the cost
- * of one of no bytes, never past 25 MiB), going down from hi. */
+ * of one of no bytes, never past 25 MiB, nor past 64 parameters), going
+ * down from hi. */
 static int zero_bucket_lo(const nt_ddp *d, nt_collective kind, int hi)
 {
     double fixed = 0, bytes = 4.0 * (double)(d->len[hi] * d->ranks);
@@ -1484,7 +1497,7 @@ static int zero_bucket_lo(const nt_ddp *d, nt_collective kind, int hi)
         bytes = more;
         lo--;
     }
-    return lo;
+    return hi - lo >= 64 ? hi - 63 : lo;
 }
 
 /* Sets t's .grad to g (a new reference is kept). */
@@ -1535,20 +1548,30 @@ static int zero_take_mean(const nt_site *site, nt_ddp *d, int k, nt_tensor *out,
     return mean ? 0 : errc();
 }
 
+/* A member's block sums sum[lo .. hi] of a bucket as its collective's
+ * input, [R, sum L] (on the device the caller entered).  NULL with the
+ * error set. */
+static nt_tensor *zero_pack(const nt_site *site, const nt_ddp *d, nt_tensor *const *sum, int lo,
+                            int hi)
+{
+    nt_tensor *parts[64];
+    for (int j = lo; j <= hi; j++)
+        parts[j - lo] = zero_rows(site, d, j, sum[j]);
+    return lo == hi ? parts[0] : nt_cat_at(site, parts, hi - lo + 1, 1);
+}
+
 /* One bucket: every member's block sums of parameters [lo, hi] as [R, sum
  * L], all-reduced (stage 1) or reduce-scattered (2, 3) in the rank tree. */
 static int zero_bucket(const nt_site *site, nt_ddp *d, nt_tensor **sum, int lo, int hi)
 {
     int n = d->n, rc = 0;
-    nt_tensor *in[DDP_MAX_DEV] = {0}, *out[DDP_MAX_DEV] = {0}, *parts[64];
+    nt_tensor *in[DDP_MAX_DEV] = {0}, *out[DDP_MAX_DEV] = {0};
     nt_scope *sc = nt_scope_begin();
     if (!sc)
         return nt__err_hostmem(site, "nt_ddp_reduce", "a scope");
     for (int k = 0; k < d->nmem && !rc; k++) {
         nt_stream *old = enter(d->m[k].dev);
-        for (int j = lo; j <= hi; j++)
-            parts[j - lo] = zero_rows(site, d, j, sum[k * n + j]);
-        in[k] = lo == hi ? parts[0] : nt_cat_at(site, parts, hi - lo + 1, 1);
+        in[k] = zero_pack(site, d, sum + k * n, lo, hi);
         leave(old);
         rc = in[k] ? 0 : errc();
     }
@@ -1575,8 +1598,6 @@ static int zero_reduce(const nt_site *site, nt_ddp *d, nt_tensor **sum)
     nt_no_grad_begin();
     for (int hi = d->n - 1, b = 0; hi >= 0 && !rc; b++) {
         int lo = zero_bucket_lo(d, kind, hi);
-        if (hi - lo >= 64)
-            lo = hi - 63;
         if (d->overlap && d->ov && d->ov[b].issued) /* reduce-scattered in the backward */
             rc = ov_take_mean(site, d, &d->ov[b]);
         else
@@ -1628,42 +1649,34 @@ static void ov_free(nt_ddp *d)
     d->nov = 0, d->overlap = false;
 }
 
-/* The buckets of zero_reduce (stages 2, 3), made once.  0 or NT_ENOMEM. */
+/* The buckets of zero_reduce (stages 2, 3), made once (at most one a
+ * parameter).  0 or NT_ENOMEM. */
 static int ov_layout(nt_ddp *d)
 {
     int nb = 0, n = d->n;
-    for (int pass = 0; pass < 2; pass++) {
-        nb = 0;
-        for (int hi = n - 1; hi >= 0; nb++) {
-            int lo = zero_bucket_lo(d, NT_COLL_REDUCE_SCATTER, hi);
-            if (hi - lo >= 64)
-                lo = hi - 63;
-            if (pass) {
-                d->ov[nb].lo = lo, d->ov[nb].hi = hi;
-                for (int j = lo; j <= hi; j++)
-                    d->ov_of[j] = nb;
-            }
-            hi = lo - 1;
-        }
-        if (!pass) {
-            d->ov = calloc((size_t)nb, sizeof *d->ov);
-            d->ov_of = calloc((size_t)n, sizeof *d->ov_of);
-            d->ov_ready = calloc((size_t)n * d->nmem, 1);
-            d->ovh = calloc((size_t)n * d->nmem, sizeof *d->ovh);
-            if (!d->ov || !d->ov_of || !d->ov_ready || !d->ovh) {
-                ov_free(d);
-                return NT_ENOMEM;
-            }
-        }
+    d->ov = calloc((size_t)n, sizeof *d->ov);
+    d->ov_of = calloc((size_t)n, sizeof *d->ov_of);
+    d->ov_ready = calloc((size_t)n * d->nmem, 1);
+    d->ovh = calloc((size_t)n * d->nmem, sizeof *d->ovh);
+    if (!d->ov || !d->ov_of || !d->ov_ready || !d->ovh) {
+        ov_free(d);
+        return NT_ENOMEM;
+    }
+    for (int hi = n - 1; hi >= 0; nb++) {
+        int lo = zero_bucket_lo(d, NT_COLL_REDUCE_SCATTER, hi);
+        d->ov[nb].lo = lo, d->ov[nb].hi = hi;
+        for (int j = lo; j <= hi; j++)
+            d->ov_of[j] = nb;
+        hi = lo - 1;
     }
     d->nov = nb;
     return 0;
 }
 
-/* Is `shard` (not done) the last of its member's block this step? */
-static bool ov_last_shard(const nt_ddp *d, const member *m, int shard)
+/* Is the shard about to run (not done) the last of member m's block this
+ * step? */
+static bool ov_last_shard(const nt_ddp *d, const member *m)
 {
-    (void)shard;
     if (!d->overlap || !d->ov)
         return false;
     int s0 = (d->first_rank + (int)(m - d->m)) * d->block, left = 0;
@@ -1682,10 +1695,7 @@ static int ov_pack(const nt_site *site, nt_ddp *d, int k, int b)
     for (int j = B->lo; j <= B->hi; j++)
         if (!d->ov_ready[k * n + j])
             return 0;
-    nt_tensor *parts[64];
-    for (int j = B->lo; j <= B->hi; j++)
-        parts[j - B->lo] = zero_rows(site, d, j, m->tree[d->levels][j]);
-    nt_tensor *in = B->lo == B->hi ? parts[0] : nt_cat_at(site, parts, B->hi - B->lo + 1, 1);
+    nt_tensor *in = zero_pack(site, d, m->tree[d->levels], B->lo, B->hi);
     if (!in)
         return errc();
     B->in[k] = nt_retain(in);
@@ -1718,34 +1728,13 @@ static int ov_take(const nt_site *site, nt_ddp *d, int k, int j, int idx, nt_ten
     member *m = &d->m[k];
     int n = d->n, rc = 0;
     nt_stream *old = enter(m->dev);
-    nt_tensor *x = g;
+    nt_tensor *x = grad_f32(site, g, d->pnd[j], d->pshape[j]);
     if (!x)
-        x = nt_zeros_at(site, NT_F32, d->pnd[j], d->pshape[j]);
-    else if (x->dtype != NT_F32)
-        x = nt_cast_at(site, x, NT_F32);
-    if (x && x != g) {
-        nt_keep(x);
-        nt_release(g);
-    }
-    if (!x) {
-        nt_release(g);
         rc = errc();
-    } else {
+    else
         m->tree[0][idx * n + j] = x;
-    }
-    for (int l = 0; l < d->levels && !rc; l++, idx >>= 1) {
-        nt_tensor **a = &m->tree[l][(idx & ~1) * n + j], **b = &m->tree[l][(idx | 1) * n + j];
-        if (!*a || !*b)
-            break;
-        nt_tensor *sum = nt_add_at(site, *a, *b);
-        if (!sum) {
-            rc = errc();
-            break;
-        }
-        m->tree[l + 1][(idx >> 1) * n + j] = nt_keep(sum);
-        nt_release(*a), nt_release(*b);
-        *a = *b = NULL;
-    }
+    if (!rc)
+        rc = tree_sum(site, d, m, idx, j, j + 1);
     if (!rc && !m->tree[d->levels][j])
         rc = nt__err(site, NT_ESTATE, "nt_ddp_backward", "parameter %d of device %d: the "
                      "block sum is not complete after the member's last shard", j, m->dev);
@@ -1944,8 +1933,6 @@ static int zero_gather(const nt_site *site, nt_ddp *d, int lo, int hi)
         }
         int b = zero_bucket_lo(d, NT_COLL_ALL_GATHER, j);
         b = b < lo ? lo : b;
-        if (j - b >= 64)
-            b = j - 63;
         for (int i = b; i < j && d->zero == 3; i++)
             if (d->m[0].rep[i])
                 b = i + 1;
@@ -2528,20 +2515,10 @@ static int zero_shapes(nt_ddp *d, const char *fn)
 {
     if (d->zero || d->numel)
         return 0;
-    d->numel = calloc((size_t)d->n, sizeof *d->numel);
-    d->len = calloc((size_t)d->n, sizeof *d->len);
-    d->pnd = calloc((size_t)d->n, sizeof *d->pnd);
-    d->pshape = calloc((size_t)d->n, sizeof *d->pshape);
-    d->pdt = calloc((size_t)d->n, sizeof *d->pdt);
-    if (!d->numel || !d->len || !d->pnd || !d->pshape || !d->pdt)
-        return nt__err_hostmem(NULL, fn, "the shapes");
-    for (int j = 0; j < d->n; j++) {
-        nt_tensor *p = d->m[0].rep[j];
-        d->numel[j] = d->len[j] = nt_numel(p);
-        d->pnd[j] = p->ndim, d->pdt[j] = (nt_dtype)p->dtype;
-        memcpy(d->pshape[j], p->shape, sizeof(int64_t) * (size_t)p->ndim);
-    }
-    return 0;
+    if (zero_shape_tables(d, 1))
+        return 0;
+    zero_free(d); /* none half made */
+    return nt__err_hostmem(NULL, fn, "the shapes");
 }
 
 NT_API int nt_ddp_load(nt_ddp *d, const char *path, nt_optim *const *opts, int nopts,
@@ -2604,10 +2581,9 @@ static void split_path(char *buf, size_t cap, const char *path, int t, int T)
     snprintf(buf, cap, "%s.tp%dof%d", path, t, T);
 }
 
-NT_API int nt_ddp_save_split(nt_ddp *d, const char *path, int rank, int ranks,
-                             nt_optim *const *opts, int nopts)
+/* The arguments both split calls take.  0 or the error. */
+static int split_args(const char *fn, nt_ddp *d, const char *path, int rank, int ranks)
 {
-    const char *fn = "nt_ddp_save_split";
     if (!ddp_ok(NULL, d, fn))
         return nt_last_error();
     if (!path)
@@ -2615,6 +2591,15 @@ NT_API int nt_ddp_save_split(nt_ddp *d, const char *path, int rank, int ranks,
     if (ranks < 1 || rank < 0 || rank >= ranks)
         return nt__err(NULL, NT_EINVAL, fn, "argument 'rank' is %d of 'ranks' %d; expected "
                        "0 <= rank < ranks", rank, ranks);
+    return 0;
+}
+
+NT_API int nt_ddp_save_split(nt_ddp *d, const char *path, int rank, int ranks,
+                             nt_optim *const *opts, int nopts)
+{
+    int rc = split_args("nt_ddp_save_split", d, path, rank, ranks);
+    if (rc)
+        return rc;
     char file[4096];
     split_path(file, sizeof file, path, rank, ranks);
     return nt_ddp_save(d, file, opts, nopts);
@@ -2680,13 +2665,9 @@ NT_API int nt_ddp_load_split(nt_ddp *d, const char *path, int rank, int ranks, c
                              nt_optim *const *opts, int nopts, bool reshard)
 {
     const char *fn = "nt_ddp_load_split";
-    if (!ddp_ok(NULL, d, fn))
-        return nt_last_error();
-    if (!path)
-        return nt__err(NULL, NT_EINVAL, fn, "argument 'path' is NULL");
-    if (ranks < 1 || rank < 0 || rank >= ranks)
-        return nt__err(NULL, NT_EINVAL, fn, "argument 'rank' is %d of 'ranks' %d; expected "
-                       "0 <= rank < ranks", rank, ranks);
+    int rc0 = split_args(fn, d, path, rank, ranks);
+    if (rc0)
+        return rc0;
     if (!dims)
         return nt__err(NULL, NT_EINVAL, fn, "argument 'dims' is NULL");
     int T = split_saved_ranks(path);
@@ -2711,7 +2692,7 @@ NT_API int nt_ddp_load_split(nt_ddp *d, const char *path, int rank, int ranks, c
         rc = zero_shapes(d, fn);
     int64_t(*sh)[NT_MAX_DIMS] = calloc((size_t)n, sizeof *sh);
     int64_t *snumel = calloc((size_t)n, sizeof *snumel);
-    zfull zt[SPLIT_MAX] = {0}, z = {0};
+    zfull zt[SPLIT_MAX] = {0};
     if (!rc && (!sh || !snumel))
         rc = nt__err_hostmem(NULL, fn, "the shapes");
     for (int j = 0; j < n && !rc; j++) {
@@ -2740,38 +2721,28 @@ NT_API int nt_ddp_load_split(nt_ddp *d, const char *path, int rank, int ranks, c
         if (!rc)
             rc = split_read(d, &zs, path, t, T, opts ? opts[0] : NULL, &zt[t]);
     }
-    if (!rc)
-        rc = zfull_alloc(d, opts, &z);
+    /* this rank's parts go in tensor rank 0's place: a replicated one is
+     * its whole, the counts and rates are its own */
     nt_stream *old = enter(d->m[0].dev);
     for (int i = 0; i < n * 4 && !rc; i++) {
         int j = i / 4;
-        if (!zt[0].v[i])
+        if (!zt[0].v[i] || dims[j] < 0)
             continue;
-        if (dims[j] < 0) {
-            z.v[i] = zt[0].v[i];
-            continue;
-        }
         nt_tensor *v[SPLIT_MAX];
         for (int t = 0; t < T; t++)
             v[t] = zt[t].v[i];
-        z.v[i] = split_recut(d, j, dims[j], rank, v, T, sh[j]);
-        rc = z.v[i] ? 0 : errc();
+        zt[0].v[i] = split_recut(d, j, dims[j], rank, v, T, sh[j]);
+        rc = zt[0].v[i] ? 0 : errc();
     }
     leave(old);
-    if (!rc) {
-        memcpy(z.steps, zt[0].steps, sizeof *z.steps * (size_t)n);
-        z.osteps = zt[0].osteps;
-        memcpy(z.lr, zt[0].lr, sizeof *z.lr * (size_t)z.ngroups);
-        memcpy(z.initial_lr, zt[0].initial_lr, sizeof *z.lr * (size_t)z.ngroups);
-        rc = zero_put(d, opts, &z);
-    }
+    if (!rc)
+        rc = zero_put(d, opts, &zt[0]);
     if (!rc && (d->zero == 1 || d->zero == 2))
         rc = zero_gather(NULL, d, 0, d->n);
     nt_no_grad_end();
     nt_scope_end(sc);
     for (int t = 0; t < T; t++)
         zfull_free(&zt[t]);
-    zfull_free(&z);
     free(sh), free(snumel);
     g_mutex_unlock(&d->lock);
     return rc;

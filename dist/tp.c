@@ -369,9 +369,11 @@ typedef struct lin_ctx {
     nt_comm *c;
     bool row;
     int n, blocks;
+    int dim; /* sequence-parallel: the split dim of x */
     const int *devs;
     nt_site site;
-    nt_tensor *x[TP_MAXM], *w[TP_MAXM]; /* saved (nt__save handles) */
+    /* saved (nt__save handles); sequence-parallel column: x the member's slice */
+    nt_tensor *x[TP_MAXM], *w[TP_MAXM];
     bool has_b;
 } lin_ctx;
 
@@ -405,6 +407,30 @@ static void lin_free(void *p)
             nt_release(x->w[i]);
     }
     free(x);
+}
+
+/* The context of a group linear (plain, or sequence-parallel along dim),
+ * each member's x and w saved.  NULL with the error set when there is no
+ * host memory for it; a save that fails sets *rc, the context kept for
+ * linear_record to free. */
+static lin_ctx *lin_ctx_new(const nt_site *site, const char *fn, nt_comm *c, bool row, int n,
+                            int blocks, int dim, const int *devs, nt_tensor *const *xs,
+                            nt_tensor *const *w, bool has_b, int *rc)
+{
+    lin_ctx *x = calloc(1, sizeof *x);
+    if (!x) {
+        *rc = nt__err_hostmem(site, fn, "the op's record");
+        return NULL;
+    }
+    *x = (lin_ctx){.c = c, .row = row, .n = n, .blocks = blocks, .dim = dim, .devs = devs,
+                   .site = *site, .has_b = has_b};
+    for (int i = 0; i < n && !*rc; i++) {
+        x->x[i] = nt__save(xs[i]);
+        x->w[i] = nt__save(w[i]);
+        if (!x->x[i] || !x->w[i])
+            *rc = nt__err_hostmem(site, fn, "the op's saved tensors");
+    }
+    return x;
 }
 
 /* The blocked product of member i: sum over its `lb` blocks of the
@@ -468,15 +494,18 @@ static int blocked_reduce(const nt_site *site, lin_ctx *x, nt_tensor **a, nt_ten
 }
 
 /* Member i's weight and bias gradients (and, row-parallel, the input's):
- * plain products, their reduced dim (tokens, or N) is never split. */
+ * plain products, their reduced dim (tokens, or N) is never split.  xin:
+ * the input the weight's gradient multiplies (NULL: the saved x); gb: the
+ * output gradient the bias's sums (NULL: g2; sequence-parallel row, the
+ * member's slice of it). */
 static int lin_local_grads(const nt_site *site, lin_ctx *x, int i, nt_tensor *g2,
-                           nt_tensor **gin)
+                           nt_tensor *xin, nt_tensor *gb, nt_tensor **gin)
 {
-    nt_tensor *x2 = as_2d(site, x->x[i]);
+    nt_tensor *x2 = as_2d(site, xin ? xin : x->x[i]);
     nt_tensor *gw = nt_matmul_at(site, nt_transpose_at(site, g2, 0, 1), x2);
     gin[1] = gw;
     if (x->has_b)
-        gin[2] = nt_sum_at(site, g2, 0, false);
+        gin[2] = nt_sum_at(site, gb ? as_2d(site, gb) : g2, 0, false);
     if (x->row) {
         nt_tensor *gx = nt_matmul_at(site, g2, x->w[i]);
         gin[0] = gx ? nt_reshape_at(site, gx, x->x[i]->ndim, x->x[i]->shape) : NULL;
@@ -513,7 +542,7 @@ static int lin_bwd(void *ctxp, nt_tensor *const *gout, nt_tensor **gin)
     for (int i = 0; i < n && !rc; i++) {
         nt__devsw d;
         nt__dev_enter(&d, x->devs[i]);
-        rc = lin_local_grads(site, x, i, g2[i], gin + 3 * i);
+        rc = lin_local_grads(site, x, i, g2[i], NULL, NULL, gin + 3 * i);
         nt__dev_leave(&d);
     }
     if (rc || x->row)
@@ -574,17 +603,9 @@ static int tp_linear(const nt_site *site, const char *fn, bool row, nt_comm *c,
     int n = nt__comm_local(c, &devs);
     if ((rc = lin_check(site, fn, row, c, xs, w, b, blocks, n, devs)) != 0)
         return rc;
-    lin_ctx *x = calloc(1, sizeof *x);
+    lin_ctx *x = lin_ctx_new(site, fn, c, row, n, blocks, 0, devs, xs, w, b != NULL, &rc);
     if (!x)
-        return nt__err_hostmem(site, fn, "the op's record");
-    *x = (lin_ctx){.c = c, .row = row, .n = n, .blocks = blocks, .devs = devs, .site = *site,
-                   .has_b = b != NULL};
-    for (int i = 0; i < n && !rc; i++) {
-        x->x[i] = nt__save(xs[i]);
-        x->w[i] = nt__save(w[i]);
-        if (!x->x[i] || !x->w[i])
-            rc = nt__err_hostmem(site, fn, "the op's saved tensors");
-    }
+        return rc;
     nt_scope *s = nt_scope_begin();
     nt_no_grad_begin();
     nt_tensor *a[TP_MAXM], *wt[TP_MAXM], *r[TP_MAXM];
@@ -765,31 +786,9 @@ static int sp_coll(const nt_site *site, nt_comm *c, int n, const int *devs, nt_t
     return rc;
 }
 
-typedef struct sp_ctx {
-    nt_comm *c;
-    bool row;
-    int n, blocks, dim;
-    const int *devs;
-    nt_site site;
-    nt_tensor *x[TP_MAXM], *w[TP_MAXM]; /* saved: column, the member's slice */
-    bool has_b;
-} sp_ctx;
-
-static void sp_free(void *p)
-{
-    sp_ctx *x = p;
-    for (int i = 0; i < x->n; i++) {
-        if (x->x[i])
-            nt_release(x->x[i]);
-        if (x->w[i])
-            nt_release(x->w[i]);
-    }
-    free(x);
-}
-
 /* Every member's output gradient (zeros where none came), shaped `like`
  * with the last dim `last`. */
-static int sp_gout(const nt_site *site, sp_ctx *x, nt_tensor *const *gout, const nt_tensor *like,
+static int sp_gout(const nt_site *site, lin_ctx *x, nt_tensor *const *gout, const nt_tensor *like,
                    int64_t last, nt_tensor **g)
 {
     nt__tmeta m = {.dtype = like->dtype, .ndim = (int8_t)like->ndim};
@@ -800,7 +799,7 @@ static int sp_gout(const nt_site *site, sp_ctx *x, nt_tensor *const *gout, const
 
 static int sp_bwd(void *ctxp, nt_tensor *const *gout, nt_tensor **gin)
 {
-    sp_ctx *x = ctxp;
+    lin_ctx *x = ctxp;
     const nt_site *site = &x->site;
     int n = x->n, size = nt_comm_size(x->c), lb = x->blocks / size, rc = 0;
     nt_tensor *g[TP_MAXM] = {0}, *xf[TP_MAXM] = {0}, *gf[TP_MAXM] = {0};
@@ -818,25 +817,15 @@ static int sp_bwd(void *ctxp, nt_tensor *const *gout, nt_tensor **gin)
         for (int i = 0; i < n && !rc; i++) {
             nt__devsw d;
             nt__dev_enter(&d, x->devs[i]);
-            nt_tensor *g2 = as_2d(site, gf[i]);
-            nt_tensor *x2 = as_2d(site, x->x[i]);
-            gin[3 * i + 1] = nt_matmul_at(site, nt_transpose_at(site, g2, 0, 1), x2);
-            if (x->has_b)
-                gin[3 * i + 2] = nt_sum_at(site, as_2d(site, g[i]), 0, false);
-            nt_tensor *gx = nt_matmul_at(site, g2, x->w[i]);
-            gin[3 * i] = gx ? nt_reshape_at(site, gx, x->x[i]->ndim, x->x[i]->shape) : NULL;
+            rc = lin_local_grads(site, x, i, as_2d(site, gf[i]), NULL, g[i], gin + 3 * i);
             nt__dev_leave(&d);
-            rc = gin[3 * i] && gin[3 * i + 1] && (!x->has_b || gin[3 * i + 2]) ? 0
-                                                                               : nt_last_error();
         }
         return rc;
     }
     /* column: x re-gathered (the slice was saved, not the whole); the
      * input gradient's member partial (f32) reduce-scattered, then cast */
-    nt_tensor *xs[TP_MAXM], *p[TP_MAXM] = {0}, *ps[TP_MAXM] = {0};
-    for (int i = 0; i < n; i++)
-        xs[i] = x->x[i];
-    rc = sp_coll(site, x->c, n, x->devs, xs, x->dim, true, xf);
+    nt_tensor *p[TP_MAXM] = {0}, *ps[TP_MAXM] = {0}, *dx[TP_MAXM];
+    rc = sp_coll(site, x->c, n, x->devs, x->x, x->dim, true, xf);
     if (!rc)
         rc = sp_gout(site, x, gout, xf[0], x->w[0]->shape[0], g);
     for (int i = 0; i < n && !rc; i++) {
@@ -853,22 +842,13 @@ static int sp_bwd(void *ctxp, nt_tensor *const *gout, nt_tensor **gin)
     for (int i = 0; i < n && !rc; i++) {
         nt__devsw d;
         nt__dev_enter(&d, x->devs[i]);
-        nt_tensor *g2 = as_2d(site, g[i]);
-        gin[3 * i + 1] = nt_matmul_at(site, nt_transpose_at(site, g2, 0, 1),
-                                      as_2d(site, xf[i]));
-        if (x->has_b)
-            gin[3 * i + 2] = nt_sum_at(site, g2, 0, false);
+        rc = lin_local_grads(site, x, i, as_2d(site, g[i]), xf[i], NULL, gin + 3 * i);
         nt__dev_leave(&d);
-        rc = gin[3 * i + 1] && (!x->has_b || gin[3 * i + 2]) ? 0 : nt_last_error();
     }
-    for (int i = 0; i < n && !rc; i++) {
-        nt__devsw d;
-        nt__dev_enter(&d, x->devs[i]);
-        nt_dtype dt = (nt_dtype)x->x[i]->dtype;
-        gin[3 * i] = dt == NT_F32 ? ps[i] : nt_cast_at(site, ps[i], dt);
-        nt__dev_leave(&d);
-        rc = gin[3 * i] ? 0 : nt_last_error();
-    }
+    if (!rc)
+        rc = cast_members(site, x, ps, (nt_dtype)x->x[0]->dtype, dx);
+    for (int i = 0; i < n && !rc; i++)
+        gin[3 * i] = dx[i];
     return rc;
 }
 
@@ -892,17 +872,9 @@ static int tp_linear_sp(const nt_site *site, const char *fn, bool row, nt_comm *
         return nt__err(site, NT_ESHAPE, fn, "x[0]'s dim %d (the sequence) is %lld, which the "
                        "group's size %d does not divide", dim, (long long)xs[0]->shape[dim],
                        size);
-    sp_ctx *x = calloc(1, sizeof *x);
+    lin_ctx *x = lin_ctx_new(site, fn, c, row, n, blocks, dim, devs, xs, w, b != NULL, &rc);
     if (!x)
-        return nt__err_hostmem(site, fn, "the op's record");
-    *x = (sp_ctx){.c = c, .row = row, .n = n, .blocks = blocks, .dim = dim, .devs = devs,
-                  .site = *site, .has_b = b != NULL};
-    for (int i = 0; i < n && !rc; i++) {
-        x->x[i] = nt__save(xs[i]);
-        x->w[i] = nt__save(w[i]);
-        if (!x->x[i] || !x->w[i])
-            rc = nt__err_hostmem(site, fn, "the op's saved tensors");
-    }
+        return rc;
     nt_scope *s = nt_scope_begin();
     nt_no_grad_begin();
     nt_tensor *xf[TP_MAXM], *r[TP_MAXM], *q[TP_MAXM];
@@ -934,7 +906,7 @@ static int tp_linear_sp(const nt_site *site, const char *fn, bool row, nt_comm *
         rc = y[i] ? 0 : nt_last_error();
     }
     nt_no_grad_end();
-    rc = linear_record(site, fn, rc, n, xs, w, b, y, sp_bwd, sp_free, x);
+    rc = linear_record(site, fn, rc, n, xs, w, b, y, sp_bwd, lin_free, x);
     return nt__group_end(s, fn, rc, y, n);
 }
 
