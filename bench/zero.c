@@ -222,11 +222,31 @@ static void run(char *self, int stage, const char *cores, const char *hbm, char 
                 stage, status, line), exit(1);
 }
 
+/* A child's "z" line (see child). */
+typedef struct {
+    int stage, cores;
+    double psi, ms;
+    long long lo, hi, peak;
+    unsigned crc;
+} zline;
+
+/* Runs a child at `stage` with NT_HBM_BYTES=16G and reads its line into
+ * *z: 0, or 1 with the line on stderr. */
+static int run_z(char *self, int stage, const char *cores, zline *z)
+{
+    char line[1024];
+    run(self, stage, cores, "NT_HBM_BYTES=16G", line, sizeof line);
+    if (sscanf(line, "z %d %d %lf %lld %lld %lf %x %lld", &z->stage, &z->cores, &z->psi, &z->lo,
+               &z->hi, &z->ms, &z->crc, &z->peak) != 8)
+        return fprintf(stderr, "%s: child printed '%s'\n", BENCH_NAME, line), 1;
+    return 0;
+}
+
 /* ZeRO-3 against DDP (stage 0) on `cores` cores at one global batch (one
  * shard per core): simulated ms per step and the throughput ratio. */
 static int vs_ddp(char *self, int cores)
 {
-    char nc[32], line[1024];
+    char nc[32];
     snprintf(nc, sizeof nc, "NT_SIM_CORES=%d", cores);
     SHARDS = cores;
     double ms[3] = {0, 0, 0}, psi = 0;
@@ -234,12 +254,10 @@ static int vs_ddp(char *self, int cores)
     long long peak[3] = {0, 0, 0};
     for (int j = 0; j < 3; j++) { /* DDP, ZeRO-3, ZeRO-3 with the overlapped reduce-scatter */
         overlap = j == 2;
-        run(self, j ? 3 : 0, nc, "NT_HBM_BYTES=16G", line, sizeof line);
-        int s2, n2;
-        long long lo, hi;
-        if (sscanf(line, "z %d %d %lf %lld %lld %lf %x %lld", &s2, &n2, &psi, &lo, &hi, &ms[j],
-                   &crc[j], &peak[j]) != 8)
-            return fprintf(stderr, "%s: child printed '%s'\n", BENCH_NAME, line), 1;
+        zline z;
+        if (run_z(self, j ? 3 : 0, nc, &z))
+            return 1;
+        psi = z.psi, ms[j] = z.ms, crc[j] = z.crc, peak[j] = z.peak;
     }
     overlap = 0;
     printf("MLP %lld-%lld-%lld-%d, P = %.0f, AdamW, %d cores (%s), global batch "
@@ -262,20 +280,16 @@ static int vs_ddp(char *self, int cores)
  * gradients, the activations and the sharded state), beside 16P/N. */
 static int peak_cmp(char *self, int cores)
 {
-    char nc[32], line[1024];
+    char nc[32];
     snprintf(nc, sizeof nc, "NT_SIM_CORES=%d", cores);
     long long peak[2] = {0, 0};
     double psi = 0;
     for (int j = 0; j < 2; j++) {
         overlap = j;
-        run(self, 3, nc, "NT_HBM_BYTES=16G", line, sizeof line);
-        int s2, n2;
-        long long lo, hi;
-        double ms;
-        unsigned crc;
-        if (sscanf(line, "z %d %d %lf %lld %lld %lf %x %lld", &s2, &n2, &psi, &lo, &hi, &ms,
-                   &crc, &peak[j]) != 8)
-            return fprintf(stderr, "%s: child printed '%s'\n", BENCH_NAME, line), 1;
+        zline z;
+        if (run_z(self, 3, nc, &z))
+            return 1;
+        psi = z.psi, peak[j] = z.peak;
     }
     double f = 16 * psi / cores, mib = 1048576.0;
     printf("MLP %lld-%lld-%lld-%d, P = %.0f (4P = %.2f MiB), AdamW, ZeRO-3 on %d cores, %d "
@@ -333,22 +347,19 @@ int main(int argc, char **argv)
         int km = snprintf(mem[st], 256, "| %d | %s |", st, fml[st]);
         int kt = snprintf(tim[st], 256, "| %d |", st);
         for (int c = 0; c < 4; c++) {
-            run(self, st, cores[c], "NT_HBM_BYTES=16G", line, sizeof line);
-            int s2, nc;
-            long long lo, hi;
-            double ms;
-            unsigned crc;
-            if (sscanf(line, "z %d %d %lf %lld %lld %lf %x", &s2, &nc, &psi, &lo, &hi, &ms,
-                       &crc) != 7)
-                return fprintf(stderr, "%s: child printed '%s'\n", BENCH_NAME, line), 1;
-            double f = formula(st, psi, nc), e = fmax(fabs(lo - f), fabs(hi - f)) / f;
+            zline z;
+            if (run_z(self, st, cores[c], &z))
+                return 1;
+            psi = z.psi;
+            double f = formula(st, psi, z.cores);
+            double e = fmax(fabs(z.lo - f), fabs(z.hi - f)) / f;
             worst = fmax(worst, e);
             km += snprintf(mem[st] + km, 256 - (size_t)km, " %.2f / %.2f (%+.2f%%) |",
-                           hi / 1048576.0, f / 1048576.0, 100 * (hi - f) / f);
-            kt += snprintf(tim[st] + kt, 256 - (size_t)kt, " %.3f |", ms);
+                           z.hi / 1048576.0, f / 1048576.0, 100 * (z.hi - f) / f);
+            kt += snprintf(tim[st] + kt, 256 - (size_t)kt, " %.3f |", z.ms);
             if (st == 0 && c == 0)
-                crc0 = crc;
-            same &= crc == crc0;
+                crc0 = z.crc;
+            same &= z.crc == crc0;
         }
     }
     printf("MLP %lld-%lld-%lld-%d, P = %.0f parameters (f32), AdamW, %d shards\n",

@@ -786,8 +786,9 @@ static void gen_move(nt_generator *g, uint64_t n)
 {
     AO_fetch_and_add(&g->offset, (AO_t)n);
     if (nt__capturing()) {
-        if (g->cap != nt__capture_serial()) {
-            g->cap = nt__capture_serial();
+        uint64_t cap = nt__capture_serial();
+        if (g->cap != cap) {
+            g->cap = cap;
             g->cap_adv = 0;
         }
         g->cap_adv += n;
@@ -842,9 +843,8 @@ NT_API nt_tensor *nt_dropout_gen_at(const nt_site *site, nt_tensor *x, double p,
          * seed) is patched with it (fusion/graph.c) */
         nt__capture_patch_next(gen_patch, g, (int)(index + gen_cap_adv(g)), NT__PATCH_SEED,
                                NT_OP_DROPOUT);
-        nt__capture_on_replay(gen_advance_hook, g,
-                              g->cap == nt__capture_serial() ? (int64_t)g->cap_adv : 0,
-                              gen_retain, gen_release);
+        nt__capture_on_replay(gen_advance_hook, g, (int64_t)gen_cap_adv(g), gen_retain,
+                              gen_release);
     }
     return nt__dropout(site, fn, x, p, gen_draw(g, index));
 }

@@ -406,6 +406,16 @@ static void mesh_load(gpt_mesh *g, bool print, int64_t ns)
     printf("  (max/mean %.2f)\n", total ? (double)mx * E / (double)total : 0.0);
 }
 
+/* A mesh run's error before its steps: "char_gpt: <what><msg>" on stderr,
+ * the mesh freed and the runtime shut down; returns mesh_main's 1. */
+static int mesh_quit(gpt_mesh *g, const char *what, const char *msg)
+{
+    fprintf(stderr, "char_gpt: %s%s\n", what, msg);
+    gptm_free(g);
+    nt_shutdown();
+    return 1;
+}
+
 /* Training under a dp x tp mesh (examples/gpt_mesh.h): prints the loss
  * and eval lines as the plain run does, the simulated and host time per
  * step (from step 2 on, evaluations left out) and the parameters' CRC-32. */
@@ -436,26 +446,14 @@ static int mesh_main(options *o, gpt_data *d)
     check(nt_init(), "nt_init");
     gpt_mesh g;
     if (gptm_init_moe(&g, &o->c, o->dp, o->tp, o->ep, o->experts, o->topk, o->zero, o->blocks,
-                      o->shards, &o->t, err, sizeof err)) {
-        fprintf(stderr, "char_gpt: %s\n", err);
-        gptm_free(&g);
-        nt_shutdown();
-        return 1;
-    }
+                      o->shards, &o->t, err, sizeof err))
+        return mesh_quit(&g, "", err);
     if (gptm_set_sp(&g, o->sp, err, sizeof err) ||
-        gptm_set_dropout(&g, o->c.dropout, err, sizeof err)) {
-        fprintf(stderr, "char_gpt: %s\n", err);
-        gptm_free(&g);
-        nt_shutdown();
-        return 1;
-    }
+        gptm_set_dropout(&g, o->c.dropout, err, sizeof err))
+        return mesh_quit(&g, "", err);
     const char *nocap = o->capture ? gptm_capture_refusal(&g) : NULL;
-    if (nocap) {
-        fprintf(stderr, "char_gpt: --capture is not supported under a mesh with %s\n", nocap);
-        gptm_free(&g);
-        nt_shutdown();
-        return 1;
-    }
+    if (nocap)
+        return mesh_quit(&g, "--capture is not supported under a mesh with ", nocap);
     int64_t end = o->limit_steps && o->limit_steps < o->t.steps ? o->limit_steps : o->t.steps;
     bool main_proc = nt_process_rank() == 0;
     if (main_proc && (o->sp || o->c.dropout > 0))
@@ -481,12 +479,8 @@ static int mesh_main(options *o, gpt_data *d)
     int64_t start = 0;
     if (o->resume) {
         /* the same layout, or any other with --reshard (examples/gpt_mesh.h) */
-        if (gptm_load(&g, o->resume, o->reshard, err, sizeof err)) {
-            fprintf(stderr, "char_gpt: --resume: %s\n", err);
-            gptm_free(&g);
-            nt_shutdown();
-            return 1;
-        }
+        if (gptm_load(&g, o->resume, o->reshard, err, sizeof err))
+            return mesh_quit(&g, "--resume: ", err);
         start = nt_optim_steps(g.opt[0][0]);
         g.step = (uint64_t)start; /* dropout's masks are keyed on the step */
         if (main_proc)

@@ -1203,21 +1203,41 @@ static inline int gptm_step_body(gpt_mesh *g, const gpt_train_opts *o, nt_tensor
     return 0;
 }
 
+/* The host's part of a step (gptm_step_prepare) and its inputs
+ * (gptm_inputs) in *idx, *tgt, shards x nm entries each, allocated here:
+ * 0 (gptm_step_finish frees them) or -1 with the runtime's error (nothing
+ * left to free). */
+static inline int gptm_step_start(gpt_mesh *g, const gpt_train_opts *o, const int32_t *xb,
+                                  const int32_t *yb, nt_tensor ***idx, nt_tensor ***tgt)
+{
+    size_t n = (size_t)g->shards * (size_t)g->nm;
+    *idx = calloc(n, sizeof **idx), *tgt = calloc(n, sizeof **tgt);
+    if (!*idx || !*tgt || gptm_step_prepare(g) || gptm_inputs(g, o, xb, yb, *idx, *tgt)) {
+        free(*idx);
+        free(*tgt);
+        return -1;
+    }
+    return 0;
+}
+
+static inline void gptm_step_finish(const gpt_mesh *g, nt_tensor **idx, nt_tensor **tgt)
+{
+    gptm_inputs_free(g, idx, tgt);
+    free(idx);
+    free(tgt);
+}
+
 /* One training step on batch xb [B, T], yb [B * T] (host ints), op by op:
  * gptm_step_prepare, gptm_inputs, gptm_step_body.  0 or -1 with the
  * runtime's error. */
 static inline int gptm_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t *xb,
                             const int32_t *yb, nt_tensor *loss_sum)
 {
-    size_t n = (size_t)g->shards * (size_t)g->nm;
-    nt_tensor **idx = calloc(n, sizeof *idx), **tgt = calloc(n, sizeof *tgt);
-    int rc = !idx || !tgt || gptm_step_prepare(g) || gptm_inputs(g, o, xb, yb, idx, tgt);
-    if (!rc) {
-        rc = gptm_step_body(g, o, idx, tgt, loss_sum);
-        gptm_inputs_free(g, idx, tgt);
-    }
-    free(idx);
-    free(tgt);
+    nt_tensor **idx, **tgt;
+    if (gptm_step_start(g, o, xb, yb, &idx, &tgt))
+        return -1;
+    int rc = gptm_step_body(g, o, idx, tgt, loss_sum);
+    gptm_step_finish(g, idx, tgt);
     return rc ? -1 : 0;
 }
 
@@ -1254,42 +1274,32 @@ typedef struct {
 static inline int gptm_captured_step(gpt_mesh *g, const gpt_train_opts *o, const int32_t *xb,
                                      const int32_t *yb, nt_tensor *loss_sum, gptm_capture *cap)
 {
-    size_t n = (size_t)g->shards * (size_t)g->nm;
-    nt_tensor **idx = calloc(n, sizeof *idx), **tgt = calloc(n, sizeof *tgt);
-    int rc = !idx || !tgt || gptm_step_prepare(g) || gptm_inputs(g, o, xb, yb, idx, tgt);
-    if (rc) {
-        free(idx);
-        free(tgt);
+    nt_tensor **idx, **tgt;
+    if (gptm_step_start(g, o, xb, yb, &idx, &tgt))
         return -1;
-    }
-    char xn[32], yn[32];
-    if (!cap->graph) {
-        rc = nt_graph_capture_begin_multi();
-        if (!rc) {
-            for (size_t i = 0; i < n && !rc; i++) {
-                if (!idx[i])
-                    continue;
-                snprintf(xn, sizeof xn, "x%d.%d", (int)(i / g->nm), (int)(i % g->nm));
-                snprintf(yn, sizeof yn, "y%d.%d", (int)(i / g->nm), (int)(i % g->nm));
-                rc = nt_graph_input(idx[i], xn) || nt_graph_input(tgt[i], yn);
-            }
+    bool record = !cap->graph;
+    int rc = record ? nt_graph_capture_begin_multi() : 0;
+    if (!rc) {
+        /* the inputs: declared when recording, bound when replaying */
+        for (int i = 0; i < g->shards * g->nm && !rc; i++) {
+            if (!idx[i])
+                continue; /* another process's shard */
+            char xn[32], yn[32];
+            snprintf(xn, sizeof xn, "x%d.%d", i / g->nm, i % g->nm);
+            snprintf(yn, sizeof yn, "y%d.%d", i / g->nm, i % g->nm);
+            rc = record ? nt_graph_input(idx[i], xn) || nt_graph_input(tgt[i], yn)
+                        : nt_graph_bind(cap->graph, xn, idx[i]) ||
+                              nt_graph_bind(cap->graph, yn, tgt[i]);
+        }
+        if (record) {
             rc = rc || gptm_step_body(g, o, idx, tgt, loss_sum);
             cap->graph = nt_graph_capture_end(); /* ends the capture either way */
             rc = rc || !cap->graph;
+        } else {
+            rc = rc || nt_graph_replay(cap->graph);
         }
-    } else {
-        for (size_t i = 0; i < n && !rc; i++) {
-            if (!idx[i])
-                continue;
-            snprintf(xn, sizeof xn, "x%d.%d", (int)(i / g->nm), (int)(i % g->nm));
-            snprintf(yn, sizeof yn, "y%d.%d", (int)(i / g->nm), (int)(i % g->nm));
-            rc = nt_graph_bind(cap->graph, xn, idx[i]) || nt_graph_bind(cap->graph, yn, tgt[i]);
-        }
-        rc = rc || nt_graph_replay(cap->graph);
     }
-    gptm_inputs_free(g, idx, tgt);
-    free(idx);
-    free(tgt);
+    gptm_step_finish(g, idx, tgt);
     nt_device_set(0);
     return rc ? -1 : 0;
 }

@@ -114,6 +114,18 @@ typedef struct ginput {
     int s;               /* gstore, or -1: the program does not read it */
 } ginput;
 
+/* What the host side notes of a step: the inputs the user names, the
+ * leaves whose .grad a replay checks and restores, the hooks a replay runs.
+ * A capture's, or a capture of several streams' for all its segments. */
+typedef struct gnotes {
+    ginput *inputs;
+    int ninputs, capinputs;
+    gleaf *leaves;
+    int nleaves, capleaves;
+    ghook *hooks;
+    int nhooks, caphooks;
+} gnotes;
+
 /* An open-addressing map from 64-bit ids to small indices. */
 typedef struct idmap {
     uint64_t *key;
@@ -150,12 +162,7 @@ struct nt__capture {
     /* what the host records */
     gpatch *patches;
     int npatches, cappatches;
-    ghook *hooks;
-    int nhooks, caphooks;
-    gleaf *leaves;
-    int nleaves, capleaves;
-    ginput *inputs;
-    int ninputs, capinputs;
+    gnotes notes;            /* (a segment's: its inputs only; its group keeps the rest) */
     /* the first reason the capture cannot become a program (host memory, a
      * refused call, an unsupported record): reported by capture_end */
     int err;
@@ -224,12 +231,8 @@ struct ggroup {
     uint64_t serial;         /* nt__capture_serial of every segment */
     gitem *items;
     int nitems, capitems;
-    ginput *inputs;          /* s: the item of the segment that reads it first, or -1 */
-    int ninputs, capinputs;
-    gleaf *leaves;
-    int nleaves, capleaves;
-    ghook *hooks;
-    int nhooks, caphooks;
+    gnotes notes;            /* all its segments' (an input's s: the item of the segment
+                                that reads it first, or -1) */
     idmap made;              /* storages written by the parts so far */
     int err;
     char msg[512];
@@ -556,7 +559,6 @@ void nt__capture_group(nt__capture *c, const nt__fgroup *g)
 /* ---------------- the host side of a capture ---------------- */
 
 static int grp_switch(const nt_site *site, const char *fn, nt_stream *s);
-static int grp_input(const nt_site *site, ggroup *G, nt_tensor *t, const char *name);
 static nt_graph *grp_end(const nt_site *site);
 
 int nt__capture_check_stream(const nt_site *site, const char *fn, const nt__stream *s)
@@ -650,12 +652,10 @@ void nt__capture_fail(int code, const char *fmt, ...)
     cap_fail(c, code, "%s", m);
 }
 
-/* Where the calling thread's capture keeps its hooks: a capture of several
- * streams keeps them for all its segments (a hook runs once a replay). */
-#define HOOKS_OF(c, h, n, cap)                                                                    \
-    ghook **h = (c)->grp ? &(c)->grp->hooks : &(c)->hooks;                                        \
-    int *n = (c)->grp ? &(c)->grp->nhooks : &(c)->nhooks;                                         \
-    int *cap = (c)->grp ? &(c)->grp->caphooks : &(c)->caphooks
+/* Where capture c keeps its notes: a capture of several streams keeps them
+ * for all its segments (a hook runs once a replay; the leaves are checked
+ * and restored once a replay, as the whole step leaves them). */
+static gnotes *notes_of(nt__capture *c) { return c->grp ? &c->grp->notes : &c->notes; }
 
 void nt__capture_on_replay(void (*fn)(void *ctx, int64_t arg), void *ctx, int64_t arg,
                            void (*retain)(void *ctx), void (*release)(void *ctx))
@@ -663,19 +663,19 @@ void nt__capture_on_replay(void (*fn)(void *ctx, int64_t arg), void *ctx, int64_
     nt__capture *c = tl_cap;
     if (!c || c->paused)
         return;
-    HOOKS_OF(c, hooks, nhooks, caphooks);
-    for (int i = 0; i < *nhooks; i++)
-        if ((*hooks)[i].fn == fn && fn && (*hooks)[i].ctx == ctx) {
-            (*hooks)[i].arg = arg;
+    gnotes *n = notes_of(c);
+    for (int i = 0; i < n->nhooks; i++)
+        if (n->hooks[i].fn == fn && fn && n->hooks[i].ctx == ctx) {
+            n->hooks[i].arg = arg;
             return;
         }
-    if (!grow((void **)hooks, caphooks, *nhooks + 1, sizeof **hooks)) {
+    if (!grow((void **)&n->hooks, &n->caphooks, n->nhooks + 1, sizeof *n->hooks)) {
         cap_fail(c, NT_EHOSTMEM, "out of host memory for the capture's hooks");
         return;
     }
     if (retain)
         retain(ctx);
-    (*hooks)[(*nhooks)++] = (ghook){fn, ctx, arg, release, NULL};
+    n->hooks[n->nhooks++] = (ghook){fn, ctx, arg, release, NULL};
 }
 
 void nt__capture_on_check(int (*check)(void *ctx, const nt_site *site), void *ctx,
@@ -684,17 +684,17 @@ void nt__capture_on_check(int (*check)(void *ctx, const nt_site *site), void *ct
     nt__capture *c = tl_cap;
     if (!c || c->paused)
         return;
-    HOOKS_OF(c, hooks, nhooks, caphooks);
-    for (int i = 0; i < *nhooks; i++)
-        if ((*hooks)[i].check == check && (*hooks)[i].ctx == ctx)
+    gnotes *n = notes_of(c);
+    for (int i = 0; i < n->nhooks; i++)
+        if (n->hooks[i].check == check && n->hooks[i].ctx == ctx)
             return;
-    if (!grow((void **)hooks, caphooks, *nhooks + 1, sizeof **hooks)) {
+    if (!grow((void **)&n->hooks, &n->caphooks, n->nhooks + 1, sizeof *n->hooks)) {
         cap_fail(c, NT_EHOSTMEM, "out of host memory for the capture's hooks");
         return;
     }
     if (retain)
         retain(ctx);
-    (*hooks)[(*nhooks)++] = (ghook){NULL, ctx, 0, release, check};
+    n->hooks[n->nhooks++] = (ghook){NULL, ctx, 0, release, check};
 }
 
 uint64_t nt__capture_serial(void) { return tl_cap ? tl_cap->serial : 0; } /* a group's: one */
@@ -711,15 +711,11 @@ void nt__capture_note_leaf(nt_tensor *leaf, const nt__leaf_access *acc)
     nt__capture *c = tl_cap;
     if (!c || c->paused)
         return;
-    /* a capture of several streams checks and restores its leaves once a
-     * replay, as the whole step leaves them */
-    gleaf **leaves = c->grp ? &c->grp->leaves : &c->leaves;
-    int *nleaves = c->grp ? &c->grp->nleaves : &c->nleaves;
-    int *capleaves = c->grp ? &c->grp->capleaves : &c->capleaves;
-    for (int i = 0; i < *nleaves; i++)
-        if ((*leaves)[i].leaf == leaf)
+    gnotes *n = notes_of(c);
+    for (int i = 0; i < n->nleaves; i++)
+        if (n->leaves[i].leaf == leaf)
             return;
-    if (!grow((void **)leaves, capleaves, *nleaves + 1, sizeof **leaves)) {
+    if (!grow((void **)&n->leaves, &n->capleaves, n->nleaves + 1, sizeof *n->leaves)) {
         cap_fail(c, NT_EHOSTMEM, "out of host memory for the capture's leaves");
         return;
     }
@@ -727,7 +723,7 @@ void nt__capture_note_leaf(nt_tensor *leaf, const nt__leaf_access *acc)
     nt_tensor *gr = acc->grad_of(leaf);
     if (gr)
         nt__storage_ref(gr->st);
-    (*leaves)[(*nleaves)++] = (gleaf){leaf, acc, gr ? gr->st : NULL, NULL};
+    n->leaves[n->nleaves++] = (gleaf){leaf, acc, gr ? gr->st : NULL, NULL};
 }
 
 void nt__graph_storage_dead(const nt__storage *st)
@@ -763,6 +759,21 @@ static void leaf_drop(gleaf *l)
     nt__tensor_iunref(l->leaf);
 }
 
+/* Drops what notes n hold (the references, the lists). */
+static void notes_free(gnotes *n)
+{
+    for (int i = 0; i < n->nleaves; i++)
+        leaf_drop(&n->leaves[i]);
+    for (int i = 0; i < n->ninputs; i++) {
+        nt_release(n->inputs[i].t);
+        nt_release(n->inputs[i].cap);
+    }
+    hooks_release(n->hooks, n->nhooks);
+    free(n->hooks);
+    free(n->leaves);
+    free(n->inputs);
+}
+
 static void capture_free(nt__capture *c)
 {
     if (!c)
@@ -772,22 +783,13 @@ static void capture_free(nt__capture *c)
             nt__storage_unref(c->stores[i].st);
     for (int i = 0; i < c->nsteps; i++)
         free(c->steps[i].prog);
-    for (int i = 0; i < c->nleaves; i++)
-        leaf_drop(&c->leaves[i]);
-    for (int i = 0; i < c->ninputs; i++) {
-        nt_release(c->inputs[i].t);
-        nt_release(c->inputs[i].cap);
-    }
-    hooks_release(c->hooks, c->nhooks);
+    notes_free(&c->notes);
     free(c->steps);
     free(c->recs);
     free(c->tix);
     free(c->tens);
     free(c->stores);
     free(c->patches);
-    free(c->hooks);
-    free(c->leaves);
-    free(c->inputs);
     free(c->dead);
     idmap_free(&c->tmap);
     idmap_free(&c->smap);
@@ -857,44 +859,47 @@ static nt__capture *capture_close(void)
     return c;
 }
 
+/* The error of fn called while the thread captures (captures do not nest). */
+static int nested_error(const nt_site *site, const char *fn)
+{
+    char where[256];
+    nt__site_format(tl_grp ? &tl_grp->site : &tl_cap->site, where, sizeof where);
+    return nt__err(site, NT_ESTATE, fn,
+                   "the thread is capturing a program already (since %s); captures do not nest",
+                   where);
+}
+
 NT_API int nt_graph_capture_begin_at(const nt_site *site)
 {
     const char *fn = "nt_graph_capture_begin";
     if (!nt__ensure_init())
         return nt_last_error();
-    if (tl_cap || tl_grp) {
-        char where[256];
-        nt__site_format(tl_grp ? &tl_grp->site : &tl_cap->site, where, sizeof where);
-        return nt__err(site, NT_ESTATE, fn,
-                       "the thread is capturing a program already (since %s); captures do "
-                       "not nest",
-                       where);
-    }
+    if (tl_cap || tl_grp)
+        return nested_error(site, fn);
     return capture_open(site, fn, nt__stream_current()) ? 0 : nt_last_error();
 }
 NT_API int nt_graph_capture_begin(void) { return nt_graph_capture_begin_at(NT_RA_SITE); }
 
 /* Names t as an input in a list of inputs (a capture's or a group's):
  * nt_graph_input's checks, then the entry (its item `s` -1: not read yet). */
-static int input_add(const nt_site *site, ginput **inputs, int *n, int *cap, nt_tensor *t,
-                     const char *name)
+static int input_add(const nt_site *site, gnotes *n, nt_tensor *t, const char *name)
 {
     const char *fn = "nt_graph_input";
     size_t len = name ? strlen(name) : 0;
     if (!name || len == 0 || len > NAME_MAX_LEN)
         return nt__err(site, NT_EINVAL, fn, "argument 'name' is %s; expected 1 to %d characters",
                        name ? "too long or empty" : "NULL", NAME_MAX_LEN);
-    for (int i = 0; i < *n; i++) {
-        if (!strcmp((*inputs)[i].name, name))
+    for (int i = 0; i < n->ninputs; i++) {
+        if (!strcmp(n->inputs[i].name, name))
             return nt__err(site, NT_EINVAL, fn, "argument 'name' (\"%s\") names an input already",
                            name);
-        if ((*inputs)[i].sid == t->st->id)
+        if (n->inputs[i].sid == t->st->id)
             return nt__err(site, NT_EINVAL, fn, "argument 't' is (a view of) input \"%s\" already",
-                           (*inputs)[i].name);
+                           n->inputs[i].name);
     }
-    if (!grow((void **)inputs, cap, *n + 1, sizeof **inputs))
+    if (!grow((void **)&n->inputs, &n->capinputs, n->ninputs + 1, sizeof *n->inputs))
         return nt__err_hostmem(site, fn, "an input");
-    ginput *in = &(*inputs)[(*n)++];
+    ginput *in = &n->inputs[n->ninputs++];
     memset(in, 0, sizeof *in);
     memcpy(in->name, name, len + 1);
     in->sid = t->st->id;
@@ -913,9 +918,8 @@ NT_API int nt_graph_input_at(const nt_site *site, nt_tensor *t, const char *name
     if (!c)
         return nt__err(site, NT_ESTATE, fn, "the thread is not capturing a program "
                                            "(nt_graph_capture_begin)");
-    if (c->grp) /* the group's: a segment that reads it takes it at its end */
-        return grp_input(site, c->grp, t, name);
-    return input_add(site, &c->inputs, &c->ninputs, &c->capinputs, t, name);
+    /* a group's: a segment that reads it takes it at its end */
+    return input_add(site, notes_of(c), t, name);
 }
 NT_API int nt_graph_input(nt_tensor *t, const char *name)
 {
@@ -1033,6 +1037,18 @@ static int cmp_u64(const void *a, const void *b)
 /* compile's steps.  Each returns 0, or -1 with the error set (naming
  * nt_graph_capture_end). */
 
+/* Graph g takes notes n over (n is left empty). */
+static void notes_take(nt_graph *g, gnotes *n)
+{
+    g->inputs = n->inputs;
+    g->ninputs = n->ninputs;
+    g->leaves = n->leaves;
+    g->nleaves = n->nleaves;
+    g->hooks = n->hooks;
+    g->nhooks = n->nhooks;
+    *n = (gnotes){0};
+}
+
 /* The graph takes the recording over. */
 static void take_recording(nt_graph *g, nt__capture *c)
 {
@@ -1047,22 +1063,16 @@ static void take_recording(nt_graph *g, nt__capture *c)
     TAKE(tens);
     TAKE(stores);
     TAKE(patches);
-    TAKE(hooks);
-    TAKE(leaves);
-    TAKE(inputs);
 #undef TAKE
+    notes_take(g, &c->notes);
     g->tix = c->tix;
     c->tix = NULL;
     g->cappatches = c->cappatches;
 }
 
-/* Which storages the plan holds (the intermediates: made by a recorded op,
- * freed before the end), the rest being shared; the inputs; what the step
- * left in each leaf's .grad.  Refuses host data baked in. */
-static int classify(const nt_site *site, nt_graph *g, nt__capture *c)
+/* What the step left in each of g's leaves' .grad (a replay restores it). */
+static void leaves_settle(nt_graph *g)
 {
-    if (c->ndead)
-        qsort(c->dead, c->ndead, sizeof *c->dead, cmp_u64);
     int nl = 0;
     for (int i = 0; i < g->nleaves; i++) {
         gleaf *lf = &g->leaves[i];
@@ -1077,6 +1087,16 @@ static int classify(const nt_site *site, nt_graph *g, nt__capture *c)
         g->leaves[nl++] = *lf;
     }
     g->nleaves = nl;
+}
+
+/* Which storages the plan holds (the intermediates: made by a recorded op,
+ * freed before the end), the rest being shared; the inputs; what the step
+ * left in each leaf's .grad.  Refuses host data baked in. */
+static int classify(const nt_site *site, nt_graph *g, nt__capture *c)
+{
+    if (c->ndead)
+        qsort(c->dead, c->ndead, sizeof *c->dead, cmp_u64);
+    leaves_settle(g);
     for (int i = 0; i < g->nstores; i++) {
         gstore *s = &g->stores[i];
         if (s->fresh && is_dead(c, s->id)) {
@@ -1097,10 +1117,9 @@ static int classify(const nt_site *site, nt_graph *g, nt__capture *c)
         g->stores[s].input = k;
         g->stores[s].planned = false; /* an input the program made and freed: kept */
     }
-    for (int i = 0; i < g->nstores && c->grp; i++)
-        g->stores[i].grouped = idmap_get(&c->grp->made, g->stores[i].id) >= 0;
     for (int i = 0; i < g->nstores; i++) {
         gstore *s = &g->stores[i];
+        s->grouped = c->grp && idmap_get(&c->grp->made, s->id) >= 0;
         if (s->madehere && !s->grouped && !s->fresh && s->read_first && s->input < 0)
             return baked_error(site, s), -1;
     }
@@ -1266,6 +1285,18 @@ static int renumber(const nt_site *site, nt_graph *g)
     return 0;
 }
 
+/* Puts g on the runtime's list of live graphs (nt__graph_shutdown drops the
+ * runtime of those left on it; graph_free takes g off). */
+static void live_link(nt_graph *g)
+{
+    g_mutex_lock(&caps_lock);
+    g->live_next = live_graphs;
+    if (live_graphs)
+        live_graphs->live_prev = g;
+    live_graphs = g;
+    g_mutex_unlock(&caps_lock);
+}
+
 /* The graph is whole: its counts, the statistics, the runtime's list. */
 static void publish(nt_graph *g)
 {
@@ -1278,12 +1309,7 @@ static void publish(nt_graph *g)
     if (g->info.plan_bytes > gst.plan)
         gst.plan = g->info.plan_bytes;
     g_mutex_unlock(&gst.lock);
-    g_mutex_lock(&caps_lock);
-    g->live_next = live_graphs;
-    if (live_graphs)
-        live_graphs->live_prev = g;
-    live_graphs = g;
-    g_mutex_unlock(&caps_lock);
+    live_link(g);
     if (NT__CFG(stats_at_exit) || NT__CFG(fusion_log))
         fprintf(stderr,
                 "ntensor: graph captured: %lld ops in %lld kernels (%lld fused); memory plan "
@@ -1385,23 +1411,9 @@ static void items_free(gitem *it, int n)
 static void grp_free(ggroup *G)
 {
     items_free(G->items, G->nitems);
-    for (int i = 0; i < G->ninputs; i++) {
-        nt_release(G->inputs[i].t);
-        nt_release(G->inputs[i].cap);
-    }
-    for (int i = 0; i < G->nleaves; i++)
-        leaf_drop(&G->leaves[i]);
-    hooks_release(G->hooks, G->nhooks);
-    free(G->inputs);
-    free(G->leaves);
-    free(G->hooks);
+    notes_free(&G->notes);
     idmap_free(&G->made);
     free(G);
-}
-
-static int grp_input(const nt_site *site, ggroup *G, nt_tensor *t, const char *name)
-{
-    return input_add(site, &G->inputs, &G->ninputs, &G->capinputs, t, name);
 }
 
 /* Ends the segment in progress (if any) and appends its program to the
@@ -1419,16 +1431,17 @@ static void seg_finish(const nt_site *site, ggroup *G)
         return;
     }
     /* the group's inputs this segment reads first are its inputs */
-    for (int k = 0; k < G->ninputs; k++) {
-        ginput *gi = &G->inputs[k];
+    for (int k = 0; k < G->notes.ninputs; k++) {
+        ginput *gi = &G->notes.inputs[k];
         if (gi->s >= 0 || idmap_get(&c->smap, gi->sid) < 0)
             continue;
-        if (!grow((void **)&c->inputs, &c->capinputs, c->ninputs + 1, sizeof *c->inputs)) {
+        gnotes *n = &c->notes;
+        if (!grow((void **)&n->inputs, &n->capinputs, n->ninputs + 1, sizeof *n->inputs)) {
             grp_fail(G, NT_EHOSTMEM, "out of host memory for a segment's inputs");
             capture_free(c);
             return;
         }
-        ginput *in = &c->inputs[c->ninputs++];
+        ginput *in = &n->inputs[n->ninputs++];
         *in = *gi;
         in->cap = nt_retain(gi->cap);
         in->t = nt_retain(gi->cap);
@@ -1546,14 +1559,8 @@ NT_API int nt_graph_capture_begin_multi_at(const nt_site *site)
     const char *fn = "nt_graph_capture_begin_multi";
     if (!nt__ensure_init())
         return nt_last_error();
-    if (tl_cap || tl_grp) {
-        char where[256];
-        nt__site_format(tl_grp ? &tl_grp->site : &tl_cap->site, where, sizeof where);
-        return nt__err(site, NT_ESTATE, fn,
-                       "the thread is capturing a program already (since %s); captures do "
-                       "not nest",
-                       where);
-    }
+    if (tl_cap || tl_grp)
+        return nested_error(site, fn);
     ggroup *G = calloc(1, sizeof *G);
     if (!G)
         return nt__err_hostmem(site, fn, "a capture");
@@ -1598,23 +1605,9 @@ static nt_graph *grp_end(const nt_site *site)
     g->dev = -1;
 #define TAKE(f) (g->f = G->f, G->f = NULL, g->n##f = G->n##f, G->n##f = 0)
     TAKE(items);
-    TAKE(inputs);
-    TAKE(leaves);
-    TAKE(hooks);
 #undef TAKE
-    /* what the whole step left in each leaf's .grad */
-    int nl = 0;
-    for (int i = 0; i < g->nleaves; i++) {
-        gleaf *lf = &g->leaves[i];
-        if (!AO_load_full(&lf->leaf->refs)) {
-            leaf_drop(lf);
-            continue;
-        }
-        nt_tensor *e = lf->acc->grad_of(lf->leaf);
-        lf->end = e ? nt_retain(e) : NULL;
-        g->leaves[nl++] = *lf;
-    }
-    g->nleaves = nl;
+    notes_take(g, &G->notes);
+    leaves_settle(g); /* what the whole step left in each leaf's .grad */
     for (int i = 0; i < g->nitems; i++) {
         nt_graph *sg = g->items[i].seg;
         if (!sg)
@@ -1630,12 +1623,7 @@ static nt_graph *grp_end(const nt_site *site)
     }
     g->info.inputs = g->ninputs;
     grp_free(G);
-    g_mutex_lock(&caps_lock);
-    g->live_next = live_graphs;
-    if (live_graphs)
-        live_graphs->live_prev = g;
-    live_graphs = g;
-    g_mutex_unlock(&caps_lock);
+    live_link(g);
     return g;
 }
 
@@ -1955,6 +1943,18 @@ static void add_dep(nt__rec *r, const nt_stream *s, uint64_t packed, bool *overf
         *overflow = true;
 }
 
+/* A replay's error: tensor #id (made at made), which `reader` reads, was
+ * released. */
+static int released_error(const nt_site *site, uint64_t id, const nt_site *made,
+                          const char *reader)
+{
+    char where[256];
+    nt__site_format(made, where, sizeof where);
+    return nt__err(site, NT_ERELEASED, "nt_graph_replay",
+                   "tensor #%llu (made at %s), which %s reads, was released",
+                   (unsigned long long)id, where, reader);
+}
+
 /* Checks what the capture assumed, under g->lock; 0 or the error (set). */
 static int replay_checks(const nt_site *site, nt_graph *g)
 {
@@ -1965,13 +1965,8 @@ static int replay_checks(const nt_site *site, nt_graph *g)
         if (s->planned || !s->read_first || s->input >= 0 || s->grouped)
             continue;
         /* something the program reads and the user's program owns */
-        if (!AO_load(&s->st->hrefs) && !s->fresh) {
-            nt__site_format(&s->site, where, sizeof where);
-            return nt__err(site, NT_ERELEASED, fn,
-                           "tensor #%llu (made at %s), which the captured program reads, was "
-                           "released",
-                           (unsigned long long)s->tid, where);
-        }
+        if (!AO_load(&s->st->hrefs) && !s->fresh)
+            return released_error(site, s->tid, &s->site, "the captured program");
     }
     for (int k = 0; k < g->ninputs; k++) {
         nt_tensor *t = g->inputs[k].t;
@@ -2005,6 +2000,19 @@ static int replay_checks(const nt_site *site, nt_graph *g)
     return 0;
 }
 
+/* A prepared replay (or the part of one replay_prep made) that is not
+ * queued: nothing is bound to it yet (replay_enqueue binds). */
+static void replay_unprep(greplay *rp, nt__rec *r)
+{
+    if (r)
+        nt__rec_unalloc(r);
+    if (!rp)
+        return;
+    free(rp->pv);
+    free(rp->bound);
+    free(rp);
+}
+
 /* A replay's allocations (nothing queued yet): 0, or the error (set). */
 static int replay_prep(const nt_site *site, nt_graph *g, greplay **rpo, nt__rec **ro)
 {
@@ -2015,34 +2023,13 @@ static int replay_prep(const nt_site *site, nt_graph *g, greplay **rpo, nt__rec 
     }
     nt__rec *r = nt__rec_alloc(g->stream);
     if (!rp || !rp->pv || !rp->bound || !r) {
-        if (r)
-            nt__rec_unalloc(r);
-        if (rp) {
-            free(rp->pv);
-            free(rp->bound);
-            free(rp);
-        }
+        replay_unprep(rp, r);
         return nt__err_hostmem(site, "nt_graph_replay", "a replay");
     }
     rp->g = g;
     *rpo = rp;
     *ro = r;
     return 0;
-}
-
-/* A prepared replay that is not queued. */
-static void replay_unprep(greplay *rp, nt__rec *r)
-{
-    if (r)
-        nt__rec_unalloc(r);
-    if (!rp)
-        return;
-    for (int k = 0; k < rp->g->ninputs; k++)
-        if (rp->bound && rp->bound[k])
-            nt__tensor_iunref(rp->bound[k]);
-    free(rp->pv);
-    free(rp->bound);
-    free(rp);
 }
 
 /* The scalars this step would have (all computed before any hook moves a
@@ -2162,14 +2149,9 @@ static int grp_replay(const nt_site *site, nt_graph *g)
                 rc = replay_checks(site, it->seg);
         }
         for (int k = 0; k < it->nuin && !rc; k++)
-            if (!AO_load(&it->uin[k]->st->hrefs)) {
-                char where[256];
-                nt__site_format(&it->uin[k]->site, where, sizeof where);
-                rc = nt__err(site, NT_ERELEASED, "nt_graph_replay",
-                             "tensor #%llu (made at %s), which a captured collective reads, was "
-                             "released",
-                             (unsigned long long)it->uin[k]->id, where);
-            }
+            if (!AO_load(&it->uin[k]->st->hrefs))
+                rc = released_error(site, it->uin[k]->id, &it->uin[k]->site,
+                                    "a captured collective");
     }
     greplay **rps = rc ? NULL : calloc((size_t)n, sizeof *rps);
     nt__rec **rs = rc ? NULL : calloc((size_t)n, sizeof *rs);

@@ -1,5 +1,6 @@
 /* tests/nt_test.h - what the test programs of ntensor share: set-up, error
- * checks, seeded values, a JSON syntax check, a scratch directory.
+ * checks, seeded values, a JSON syntax check, a scratch directory, the
+ * fusion log of a call.
  * Include after "ntensor.h" (and <cmocka.h> for the parts that assert:
  * they are compiled only where cmocka is, so tests/mpi_collectives.c can
  * share the values). */
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/dtype.h" /* nt__store_*: the same rounding as the library's */
 
@@ -285,6 +287,45 @@ static inline nt_tensor *nt_test_grad1(nt_tensor *y, nt_tensor *x, bool create)
     if (rc)
         fail_msg("nt_autograd_grad: %s", nt_last_error_message());
     return g;
+}
+
+
+/* ---------------- the fusion log ---------------- */
+
+/* fn(arg) with the fusion log (NT_FUSION_LOG, on stderr) on: the log's
+ * text, malloc'd (free it). */
+static inline char *nt_test_fusion_log(void (*fn)(void *), void *arg)
+{
+    fflush(stderr);
+    char path[] = "/tmp/nt_test_fusion_logXXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    int saved = dup(2);
+    dup2(fd, 2);
+    nt_config_set("NT_FUSION_LOG", "1");
+    fn(arg);
+    nt_sync();
+    nt_config_set("NT_FUSION_LOG", "0");
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    off_t n = lseek(fd, 0, SEEK_END);
+    char *text = malloc(n > 0 ? (size_t)n + 1 : 1);
+    assert_non_null(text);
+    ssize_t got = n > 0 ? pread(fd, text, (size_t)n, 0) : 0;
+    text[got > 0 ? got : 0] = '\0';
+    close(fd);
+    unlink(path);
+    return text;
+}
+
+/* How many times needle occurs in hay (overlapping occurrences too). */
+static inline int nt_test_count(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++)
+        n++;
+    return n;
 }
 
 #endif /* cmocka_unit_test */

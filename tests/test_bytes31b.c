@@ -27,7 +27,6 @@
 #include <unistd.h>
 
 #include <cmocka.h>
-#include <glib.h>
 
 #include "ntensor.h"
 #include "nt_test.h"
@@ -40,37 +39,6 @@ static void config(const char *backend, const char *mode, const char *fusion)
     assert_int_equal(nt_config_set("NT_REQUIRE_SIM", strcmp(backend, "sim") ? "0" : "1"), 0);
     assert_int_equal(nt_config_set("NT_MODE", mode), 0);
     assert_int_equal(nt_config_set("NT_FUSION", fusion), 0);
-}
-
-/* fn(arg) with the fusion log on; the log's text (g_free it). */
-static char *capture(void (*fn)(void *), void *arg)
-{
-    fflush(stderr);
-    char path[] = "/tmp/nt_bytes31b_logXXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    int saved = dup(2);
-    dup2(fd, 2);
-    nt_config_set("NT_FUSION_LOG", "1");
-    fn(arg);
-    nt_sync();
-    nt_config_set("NT_FUSION_LOG", "0");
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    char *text = NULL;
-    g_file_get_contents(path, &text, NULL, NULL);
-    close(fd);
-    unlink(path);
-    return text ? text : g_strdup("");
-}
-
-static int count(const char *hay, const char *needle)
-{
-    int n = 0;
-    for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++)
-        n++;
-    return n;
 }
 
 /* ---------------- in-place writes into views of one buffer ---------------- */
@@ -178,15 +146,15 @@ static void test_disjoint_views_share_a_kernel(void **state)
             wrun lazy = {.c = c, .init = init, .src = {src[0], src[1], src[2]}};
             wrun eager = lazy;
             config(backends[be], "lazy", "1");
-            char *log = capture(write_body, &lazy);
-            int fused = count(log, "elementwise, ");
+            char *log = nt_test_fusion_log(write_body, &lazy);
+            int fused = nt_test_count(log, "elementwise, ");
             bool broke = strstr(log, "in-place write to another view") != NULL;
             if (c->fuse ? fused != 1 || broke : !broke)
                 fail_msg("%s (%s): expected %s; the log:\n%s", c->name, backends[be],
                          c->fuse ? "one kernel" : "a break", log);
             if (c->fuse)
                 assert_non_null(strstr(log, c->k == 3 ? "3 ops [copy" : "2 ops [copy"));
-            g_free(log);
+            free(log);
             config(backends[be], "eager", "0");
             write_body(&eager);
             for (int e = 0; e < R * P; e++)
@@ -260,10 +228,10 @@ static void test_qkv_gradient_writes_one_kernel(void **state)
         config(backends[be], "deterministic", "1");
         grad_body(&det);
         config(backends[be], "lazy", "1");
-        char *log = capture(grad_body, &lazy);
-        assert_int_equal(count(log, "in-place write to another view"), 0);
+        char *log = nt_test_fusion_log(grad_body, &lazy);
+        assert_int_equal(nt_test_count(log, "in-place write to another view"), 0);
         assert_non_null(strstr(log, "3 ops [backward:add_scalar"));
-        g_free(log);
+        free(log);
         config(backends[be], "lazy", "0");
         grad_body(&unfused);
         assert_memory_equal(lazy.g, det.g, sizeof det.g);

@@ -1096,37 +1096,6 @@ static void test_transformer_block_every_mode(void **state)
 
 /* ---------------- grouping rules, via the log ---------------- */
 
-/* Captures the fusion log (stderr) while fn runs. */
-static char *capture(void (*fn)(void *), void *arg)
-{
-    fflush(stderr);
-    char path[] = "/tmp/nt_fusion_logXXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    int saved = dup(2);
-    dup2(fd, 2);
-    nt_config_set("NT_FUSION_LOG", "1");
-    fn(arg);
-    nt_sync();
-    nt_config_set("NT_FUSION_LOG", "0");
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    char *text = NULL;
-    g_file_get_contents(path, &text, NULL, NULL);
-    close(fd);
-    unlink(path);
-    return text ? text : g_strdup("");
-}
-
-static int count(const char *hay, const char *needle)
-{
-    int n = 0;
-    for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++)
-        n++;
-    return n;
-}
-
 /* y = relu((x*1.5+0.25)*x - x)*0.5 + 1: 7 ops, intermediates released */
 static nt_tensor *chain(nt_tensor *x)
 {
@@ -1157,8 +1126,8 @@ static void test_ew_chain_one_kernel(void **state)
     (void)state;
     nt_tensor *y[1];
     nt_stats_reset();
-    char *log = capture(ew_chain_body, y);
-    assert_int_equal(count(log, "kernel #"), 1);
+    char *log = nt_test_fusion_log(ew_chain_body, y);
+    assert_int_equal(nt_test_count(log, "kernel #"), 1);
     assert_non_null(strstr(log, "elementwise, 7 ops"));
     assert_non_null(strstr(log, "writes 1, elides 6"));
     assert_non_null(strstr(log, "test_fusion.c:")); /* each op names its line */
@@ -1167,7 +1136,7 @@ static void test_ew_chain_one_kernel(void **state)
     assert_int_equal(st.fusion_groups, 1);
     assert_int_equal(st.fused_ops, 7);
     assert_int_equal(st.fused_values_elided, 6);
-    g_free(log);
+    free(log);
     nt_release(y[0]);
 }
 
@@ -2130,7 +2099,7 @@ static void test_softmax_primitives_one_row_kernel(void **state)
     nt_tensor *io[2];
     io[0] = nt_randn(NT_F32, 2, (int64_t[]){32, 300}, 2);
     nt_sync();
-    char *log = capture(softmax_body, io);
+    char *log = nt_test_fusion_log(softmax_body, io);
     assert_non_null(strstr(log, "row, 5 ops"));
     assert_non_null(strstr(log, "writes 1, elides 4"));
     /* and it equals the built-in softmax bit for bit (same arithmetic) */
@@ -2139,7 +2108,7 @@ static void test_softmax_primitives_one_row_kernel(void **state)
     nt_tensor *ref = nt_softmax(io[0], -1);
     nt_to_host(ref, b, sizeof b);
     assert_memory_equal(a, b, sizeof a);
-    g_free(log);
+    free(log);
     nt_release(io[0]), nt_release(io[1]), nt_release(ref);
 }
 
@@ -2162,10 +2131,10 @@ static void test_matmul_epilogue(void **state)
     io[1] = nt_randn(NT_F32, 2, (int64_t[]){24, 40}, 4);
     io[2] = nt_randn(NT_F32, 1, (int64_t[]){24}, 5);
     nt_sync();
-    char *log = capture(linear_body, io);
+    char *log = nt_test_fusion_log(linear_body, io);
     assert_non_null(strstr(log, "matmul+epilogue, 3 ops"));
     assert_non_null(strstr(log, "writes 1, elides 2"));
-    g_free(log);
+    free(log);
     for (int i = 0; i < 4; i++)
         nt_release(io[i]);
 }
@@ -2192,12 +2161,12 @@ static void test_liveness_reasons(void **state)
     nt_tensor *io[4];
     io[0] = nt_randn(NT_F32, 1, (int64_t[]){100}, 6);
     nt_sync();
-    char *log = capture(live_body, io);
+    char *log = nt_test_fusion_log(live_body, io);
     assert_non_null(strstr(log, "elementwise, 3 ops"));
     assert_non_null(strstr(log, "written out (live user handle)"));
     assert_non_null(strstr(log, "another handle on its storage"));
     assert_non_null(strstr(log, "writes 3, elides 0"));
-    g_free(log);
+    free(log);
     for (int i = 0; i < 4; i++)
         nt_release(io[i]);
 }
@@ -2238,7 +2207,7 @@ static void test_view_read_only_in_kernel_elided(void **state)
             nt_tensor *io[4] = {nt_randn(NT_F32, 2, (int64_t[]){6, 8}, 11), NULL, NULL,
                                 (nt_tensor *)"lazy"};
             nt_sync();
-            char *log = capture(view_only_body, io);
+            char *log = nt_test_fusion_log(view_only_body, io);
             assert_non_null(strstr(log, "elementwise, 2 ops"));
             if (keep) {
                 assert_non_null(strstr(log, "writes 2, elides 0"));
@@ -2246,7 +2215,7 @@ static void test_view_read_only_in_kernel_elided(void **state)
             } else {
                 assert_non_null(strstr(log, "writes 1, elides 1"));
             }
-            g_free(log);
+            free(log);
             /* the unfused reference */
             nt_tensor *ref[4] = {io[0], NULL, NULL, (nt_tensor *)"deterministic"};
             view_only_body(ref);
@@ -2303,7 +2272,7 @@ static void test_amp_weight_grad_not_written(void **state)
                                 (nt_tensor *)(run ? "deterministic" : "lazy")};
             assert_int_equal(nt_set_requires_grad(io[1], true), 0);
             nt_sync();
-            char *log = capture(amp_grad_body, io);
+            char *log = nt_test_fusion_log(amp_grad_body, io);
             if (!run) {
                 const char *k = strstr(log, "matmul+epilogue, 2 ops [backward:matmul");
                 if (!k)
@@ -2314,7 +2283,7 @@ static void test_amp_weight_grad_not_written(void **state)
                 if (!strstr(line, "writes 1, elides 1"))
                     fail_msg("the bf16 weight gradient was written out: %s", line);
             }
-            g_free(log);
+            free(log);
             assert_non_null(io[2]);
             assert_int_equal(nt_to_host(io[2], run ? want : got, sizeof got), 0);
             for (int i = 0; i < 3; i++)
@@ -2431,13 +2400,13 @@ static void test_break_reasons(void **state)
     nt_tensor *io[2];
     io[0] = nt_randn(NT_F32, 2, (int64_t[]){8, 16}, 7);
     nt_sync();
-    char *log = capture(breaks_body, io);
+    char *log = nt_test_fusion_log(breaks_body, io);
     assert_non_null(strstr(log, "break before sum"));
     assert_non_null(strstr(log, "sum is not fusable"));
     assert_non_null(strstr(log, "embedding is not fusable"));
     assert_non_null(strstr(log, "batch of"));
     assert_non_null(strstr(log, "ends: sync point"));
-    g_free(log);
+    free(log);
     nt_release(io[0]);
     nt_release(io[1]);
 }
@@ -2463,9 +2432,9 @@ static void test_break_sbuf_capacity(void **state)
     nt_tensor *io[2];
     io[0] = nt_randn(NT_F32, 2, (int64_t[]){4, 16384}, 8);
     nt_sync();
-    char *log = capture(capacity_body, io);
+    char *log = nt_test_fusion_log(capacity_body, io);
     assert_non_null(strstr(log, "SBUF capacity"));
-    g_free(log);
+    free(log);
     /* still the same values as unfused */
     float a[4], b[4];
     nt_to_host(io[1], a, sizeof a);
@@ -2499,9 +2468,9 @@ static void test_break_view_hazards(void **state)
     nt_tensor *io[3];
     io[0] = nt_randn(NT_F32, 2, (int64_t[]){6, 6}, 9);
     nt_sync();
-    char *log = capture(hazard_body, io);
+    char *log = nt_test_fusion_log(hazard_body, io);
     assert_true(strstr(log, "another view") != NULL);
-    g_free(log);
+    free(log);
     float a[36], b[36];
     nt_to_host(io[1], a, sizeof a);
     nt_config_set("NT_DETERMINISTIC", "1");

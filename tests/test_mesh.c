@@ -17,39 +17,18 @@
 
 #include "ntensor.h"
 #include "nt_test.h"
-#include "../examples/gpt_mesh.h"
+#include "mesh_harness.h"
 
-enum { STEPS = 3, SHARDS = 8, BATCH = 8, BLOCKS = 4 };
+enum { STEPS = 3, SHARDS = MESH_H_SHARDS, BATCH = MESH_H_BATCH, BLOCKS = MESH_H_BLOCKS };
 static double CLIP = 0.05; /* small enough that every step clips */
 static bool CAPTURE;        /* steps 1.. through gptm_captured_step (recorded, replayed) */
 static bool SP;             /* sequence parallelism (gptm_set_sp) */
 static bool EVAL_MID;       /* an evaluation before the last step (between replays) */
 
-/* A text of 10 distinct characters (vocabulary padded to 12). */
 static void make_data(gpt_data *d)
 {
-    enum { N = 4096 };
-    uint8_t *text = malloc(N);
-    assert_non_null(text);
-    uint64_t s = 12345;
-    for (int i = 0; i < N; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        text[i] = (uint8_t)('a' + (i % 7 == 0 ? 9 : (int)((s >> 33) % 9)));
-    }
-    gpt_data_from_text(d, text, N);
-    assert_non_null(d->ids);
+    mesh_h_data(d);
     assert_int_equal(d->vocab, 10);
-}
-
-static gpt_config small_cfg(void)
-{
-    return (gpt_config){.n_layer = 1, .n_head = 4, .width = 16, .context = 8, .vocab = 12};
-}
-
-static gpt_train_opts small_opts(void)
-{
-    return (gpt_train_opts){.batch = BATCH, .lr = 1e-2, .clip = 0.05, .steps = STEPS, .warmup = 1,
-                            .seed = 3, .amp = NT_DTYPE_COUNT};
 }
 
 /* Trains STEPS steps at (dp, tp, zero) in the runtime nt_init made (the
@@ -59,8 +38,8 @@ static int train(int dp, int tp, int zero, nt_dtype amp, uint32_t *crc, char *er
 {
     gpt_data d;
     make_data(&d);
-    gpt_config c = small_cfg();
-    gpt_train_opts o = small_opts();
+    gpt_config c = mesh_h_cfg();
+    gpt_train_opts o = mesh_h_opts(STEPS, 1);
     o.amp = amp;
     o.clip = CLIP;
     static gpt_mesh g;
@@ -213,8 +192,8 @@ static void test_capture(void **state)
     setenv("NT_SIM_CORES", "2", 1);
     assert_int_equal(nt_init(), 0);
     char err[512];
-    gpt_config c = small_cfg();
-    gpt_train_opts o = small_opts();
+    gpt_config c = mesh_h_cfg();
+    gpt_train_opts o = mesh_h_opts(STEPS, 1);
     static gpt_mesh g;
     assert_int_equal(gptm_init(&g, &c, 1, 2, 0, BLOCKS, SHARDS, &o, err, sizeof err), 0);
     assert_null(gptm_capture_refusal(&g));
@@ -243,7 +222,7 @@ static void expect_init_err(int cores, gpt_config c, int dp, int tp, int zero, i
     snprintf(buf, sizeof buf, "%d", cores);
     setenv("NT_SIM_CORES", buf, 1);
     assert_int_equal(nt_init(), 0);
-    gpt_train_opts o = small_opts();
+    gpt_train_opts o = mesh_h_opts(STEPS, 1);
     static gpt_mesh g;
     assert_int_equal(gptm_init(&g, &c, dp, tp, zero, blocks, SHARDS, &o, err, sizeof err), -1);
     gptm_free(&g);
@@ -256,7 +235,7 @@ static void expect_init_err(int cores, gpt_config c, int dp, int tp, int zero, i
 static void test_errors(void **state)
 {
     (void)state;
-    gpt_config c = small_cfg();
+    gpt_config c = mesh_h_cfg();
     /* a mesh whose size is not the core count */
     expect_init_err(4, c, 2, 1, 0, BLOCKS, "nt_mesh_create", "has 2 ranks but there are 4");
     expect_init_err(4, c, 4, 2, 0, BLOCKS, "nt_mesh_create", "has 8 ranks but there are 4");
@@ -319,33 +298,15 @@ static void test_backward_group_errors(void **state)
 
 /* ---------------- over 2 processes (mpirun) ---------------- */
 
-static const char *mpirun_path;
-static char self_exe[4096];
-
 /* mpirun -np 2 of this program at (dp, tp, zero) with `cores` cores a
  * process: the CRC process 0 printed. */
 static uint32_t mpi_crc(int cores, int dp, int tp, int zero)
 {
-    char cmd[8192], line[1024];
-    const char *asan = getenv("ASAN_OPTIONS");
-    /* Open MPI's plugins leave allocations at exit (tests/mpi_test.sh) */
-    snprintf(cmd, sizeof cmd, "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-             "OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none "
-             "OMPI_MCA_rmaps_base_oversubscribe=1 ASAN_OPTIONS=%s%sdetect_leaks=0 "
-             "NT_SIM_CORES=%d timeout 600 %s -np 2 --oversubscribe %s --child %d %d %d 2>&1",
-             asan ? asan : "", asan ? ":" : "", cores, mpirun_path, self_exe, dp, tp, zero);
-    FILE *f = popen(cmd, "r");
-    assert_non_null(f);
+    char args[64];
+    snprintf(args, sizeof args, "%d %d %d", dp, tp, zero);
     uint32_t crc = 0;
-    bool got = false;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "crc %x", &crc) == 1)
-            got = true;
-        else
-            printf("# child: %s", line);
-    int st = pclose(f);
-    if (!got || st != 0)
-        fail_msg("mpirun at (dp %d, tp %d, zero %d) gave no CRC (status %d)", dp, tp, zero, st);
+    if (mesh_h_mpi_run(cores, args, &crc, NULL, 0))
+        fail_msg("mpirun at (dp %d, tp %d, zero %d) gave no CRC", dp, tp, zero);
     return crc;
 }
 
@@ -385,17 +346,8 @@ int main(int argc, char **argv)
     if (argc == 5 && !strcmp(argv[1], "--child"))
         return child(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
     if (argc == 3 && !strcmp(argv[1], "--mpi")) {
-        if (!strcmp(argv[2], "none")) {
-            printf("1..0 # SKIP ntensor was built without MPI or mpirun is missing\n");
-            return 0;
-        }
-        ssize_t k = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
-        if (k <= 0)
-            return 1;
-        self_exe[k] = '\0';
-        mpirun_path = argv[2];
         const struct CMUnitTest mpi_tests[] = {cmocka_unit_test(test_across_processes)};
-        return cmocka_run_group_tests(mpi_tests, NULL, NULL);
+        return mesh_h_mpi_main(argv[2], mpi_tests, 1, NULL, NULL);
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),

@@ -23,9 +23,9 @@
 
 #include "ntensor.h"
 #include "nt_test.h"
-#include "../examples/gpt_mesh.h"
+#include "mesh_harness.h"
 
-enum { STEPS = 6, HALF = 3, SHARDS = 8, BATCH = 8, BLOCKS = 4 };
+enum { STEPS = 6, HALF = 3, SHARDS = MESH_H_SHARDS, BATCH = MESH_H_BATCH, BLOCKS = MESH_H_BLOCKS };
 
 static char dir[256];
 static bool in_child; /* an mpirun child: NT_SIM_CORES and the backend from the caller */
@@ -34,27 +34,6 @@ static bool in_child; /* an mpirun child: NT_SIM_CORES and the backend from the 
 static size_t rows(size_t n)
 {
     return getenv("NT_TEST_QUICK") && n > 2 ? 2 : n;
-}
-
-/* A text of 10 distinct characters (vocabulary padded to 12), as
- * tests/test_mesh.c's. */
-static void make_data(gpt_data *d)
-{
-    enum { N = 4096 };
-    uint8_t *text = malloc(N);
-    assert_non_null(text);
-    uint64_t s = 12345;
-    for (int i = 0; i < N; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        text[i] = (uint8_t)('a' + (i % 7 == 0 ? 9 : (int)((s >> 33) % 9)));
-    }
-    gpt_data_from_text(d, text, N);
-    assert_non_null(d->ids);
-}
-
-static gpt_config small_cfg(void)
-{
-    return (gpt_config){.n_layer = 1, .n_head = 4, .width = 16, .context = 8, .vocab = 12};
 }
 
 /* A run: layout, backend config (nt_test.h), what to load first (NULL:
@@ -84,10 +63,9 @@ static int run_ck(const run_spec *r, uint32_t *crc, char *err, size_t en)
         return gptm_fail(err, en, "nt_init: %s", nt_last_error_message());
     }
     gpt_data d;
-    make_data(&d);
-    gpt_config c = small_cfg();
-    gpt_train_opts o = {.batch = BATCH, .lr = 1e-2, .clip = 0.05, .steps = STEPS,
-                        .warmup = 2, .seed = 3, .amp = NT_DTYPE_COUNT};
+    mesh_h_data(&d);
+    gpt_config c = mesh_h_cfg();
+    gpt_train_opts o = mesh_h_opts(STEPS, 2);
     static gpt_mesh g;
     int rc = gptm_init_moe(&g, &c, r->dp, r->tp, ep, r->ep ? 8 : 0, 2, r->zero, BLOCKS, SHARDS,
                            &o, err, en);
@@ -389,36 +367,6 @@ static int teardown(void **state)
 
 /* ---------------- over 2 processes (mpirun) ---------------- */
 
-static const char *mpirun_path;
-static char self_exe[4096];
-
-/* mpirun -np 2 of this program as a child (`cores` cores a process):
- * 0 and the CRC process 0 printed, or -1 with everything the children
- * printed in out[n]. */
-static int mpi_run(int cores, const char *args, uint32_t *crc, char *out, size_t n)
-{
-    char cmd[8192], line[1024];
-    const char *asan = getenv("ASAN_OPTIONS");
-    /* Open MPI's plugins leave allocations at exit (tests/mpi_test.sh) */
-    snprintf(cmd, sizeof cmd, "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-             "OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none "
-             "OMPI_MCA_rmaps_base_oversubscribe=1 ASAN_OPTIONS=%s%sdetect_leaks=0 "
-             "NT_SIM_CORES=%d timeout 600 %s -np 2 --oversubscribe %s --child %s 2>&1",
-             asan ? asan : "", asan ? ":" : "", cores, mpirun_path, self_exe, args);
-    FILE *f = popen(cmd, "r");
-    assert_non_null(f);
-    bool got = false;
-    out[0] = '\0';
-    while (fgets(line, sizeof line, f)) {
-        if (sscanf(line, "crc %x", crc) == 1)
-            got = true;
-        printf("# child: %s", line);
-        strncat(out, line, n - strlen(out) - 1);
-    }
-    int st = pclose(f);
-    return got && st == 0 ? 0 : -1;
-}
-
 /* A (2, 2, 2) save over 2 processes x 2 cores resumes under (1, 1, 0) in
  * one process, and a one-process (1, 1, 0) save under (2, 2, 3) over 2
  * processes: the one-process uninterrupted CRC.  Processes that read
@@ -431,12 +379,12 @@ static void test_across_processes(void **state)
     path(b, sizeof b, "mpi110");
     uint32_t ref = run_ok((run_spec){1, 1, 0, 0, 3, NULL, false, STEPS, NULL}), crc = 0;
     snprintf(args, sizeof args, "2 2 2 - %d %s", HALF, a);
-    if (mpi_run(2, args, &crc, out, sizeof out))
+    if (mesh_h_mpi_run(2, args, &crc, out, sizeof out))
         fail_msg("the save over 2 processes failed");
     uint32_t one = run_ok((run_spec){1, 1, 0, 0, 3, a, true, HALF, NULL});
     run_ok((run_spec){1, 1, 0, 0, 3, NULL, false, HALF, b});
     snprintf(args, sizeof args, "2 2 3 %s %d -", b, HALF);
-    if (mpi_run(2, args, &crc, out, sizeof out))
+    if (mesh_h_mpi_run(2, args, &crc, out, sizeof out))
         fail_msg("the load over 2 processes failed");
     printf("# 2 processes (2, 2, 2) -> 1 process (1, 1, 0): %08x; 1 process (1, 1, 0) -> 2 "
            "processes (2, 2, 3): %08x; uninterrupted %08x\n", one, crc, ref);
@@ -449,7 +397,7 @@ static void test_across_processes(void **state)
     assert_int_equal(symlink(a, p0), 0);
     assert_int_equal(symlink(b, p1), 0);
     snprintf(args, sizeof args, "2 2 2 %s/mpiR 1 -", dir);
-    assert_int_equal(mpi_run(2, args, &crc, out, sizeof out), -1);
+    assert_int_equal(mesh_h_mpi_run(2, args, &crc, out, sizeof out), -1);
     if (!strstr(out, "the processes read different checkpoints") ||
         !strstr(out, "(dp 2, tp 2, zero 2)") || !strstr(out, "(dp 1, tp 1, zero 0)"))
         fail_msg("expected the processes' layouts named; got: %s", out);
@@ -483,17 +431,8 @@ int main(int argc, char **argv)
     if (argc == 8 && !strcmp(argv[1], "--child"))
         return child(argv + 2);
     if (argc == 3 && !strcmp(argv[1], "--mpi")) {
-        if (!strcmp(argv[2], "none")) {
-            printf("1..0 # SKIP ntensor was built without MPI or mpirun is missing\n");
-            return 0;
-        }
-        ssize_t k = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
-        if (k <= 0)
-            return 1;
-        self_exe[k] = '\0';
-        mpirun_path = argv[2];
         const struct CMUnitTest mpi_tests[] = {cmocka_unit_test(test_across_processes)};
-        return cmocka_run_group_tests(mpi_tests, setup, teardown);
+        return mesh_h_mpi_main(argv[2], mpi_tests, 1, setup, teardown);
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_api),

@@ -16,7 +16,7 @@
 
 #include "ntensor.h"
 #include "nt_test.h"
-#include "../examples/gpt_mesh.h"
+#include "mesh_harness.h"
 
 /* ---------------- the layers ---------------- */
 
@@ -324,32 +324,7 @@ static void test_layer_errors(void **state)
 
 /* ---------------- the char GPT ---------------- */
 
-enum { STEPS = 3, SHARDS = 8, BATCH = 8, BLOCKS = 4 };
-
-static void make_data(gpt_data *d)
-{
-    enum { N = 4096 };
-    uint8_t *text = malloc(N);
-    assert_non_null(text);
-    uint64_t s = 12345;
-    for (int i = 0; i < N; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        text[i] = (uint8_t)('a' + (i % 7 == 0 ? 9 : (int)((s >> 33) % 9)));
-    }
-    gpt_data_from_text(d, text, N);
-    assert_non_null(d->ids);
-}
-
-static gpt_config small_cfg(void)
-{
-    return (gpt_config){.n_layer = 1, .n_head = 4, .width = 16, .context = 8, .vocab = 12};
-}
-
-static gpt_train_opts small_opts(void)
-{
-    return (gpt_train_opts){.batch = BATCH, .lr = 1e-2, .clip = 0.05, .steps = STEPS, .warmup = 1,
-                            .seed = 3, .amp = NT_DTYPE_COUNT};
-}
+enum { STEPS = 3, SHARDS = MESH_H_SHARDS, BATCH = MESH_H_BATCH, BLOCKS = MESH_H_BLOCKS };
 
 typedef struct {
     int dp, tp, zero, cfg;
@@ -368,9 +343,9 @@ static uint32_t run(const run_spec *r, double *eval)
     assert_int_equal(nt_init(), 0);
     nt_test_cfg(r->cfg);
     gpt_data d;
-    make_data(&d);
-    gpt_config c = small_cfg();
-    gpt_train_opts o = small_opts();
+    mesh_h_data(&d);
+    gpt_config c = mesh_h_cfg();
+    gpt_train_opts o = mesh_h_opts(STEPS, 1);
     static gpt_mesh g;
     int rc = gptm_init(&g, &c, r->dp, r->tp, r->zero, BLOCKS, SHARDS, &o, err, sizeof err);
     if (!rc)
@@ -476,8 +451,8 @@ static void test_model_errors(void **state)
     setenv("NT_SIM_CORES", "2", 1);
     assert_int_equal(nt_init(), 0);
     char err[512] = "";
-    gpt_config c = small_cfg();
-    gpt_train_opts o = small_opts();
+    gpt_config c = mesh_h_cfg();
+    gpt_train_opts o = mesh_h_opts(STEPS, 1);
     static gpt_mesh g;
     c.context = 6; /* not a multiple of the 4 token blocks */
     assert_int_equal(gptm_init(&g, &c, 1, 2, 0, BLOCKS, SHARDS, &o, err, sizeof err), 0);

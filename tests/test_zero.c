@@ -379,42 +379,64 @@ static void test_memory_formula(void **state)
 
 /* ---------------- a model one core cannot hold ---------------- */
 
+/* A child's r->steps steps of the MLP (parameters from seed 5) over every
+ * core at r->stage, overlapped with r->overlap, after nt_init: 0 or the
+ * first error (nt_last_error), the nt_ddp (NULL if it could not be made)
+ * and the optimizers in z for the caller to read, then child_end. */
+typedef struct {
+    nt_ddp *d;
+    nt_optim *opts[64];
+    int ndev;
+    double psi; /* the parameter count */
+} child_run;
+
+static int child_steps(child_run *z, const run *r)
+{
+    int devs[DDP_H_MAXDEV];
+    *z = (child_run){.ndev = ddp_h_devices(devs)};
+    nt_tensor *p[NP] = {0};
+    nt_device_set(0);
+    int rc = make_params(p, r->h, r->f, 5) ? nt_last_error() : 0;
+    for (int j = 0; j < NP && !rc; j++)
+        z->psi += (double)nt_numel(p[j]);
+    z->d = rc ? NULL : nt_ddp_create(p, NP, SHARDS, devs, z->ndev);
+    if (z->d && (nt_ddp_set_zero(z->d, r->stage) ||
+                 (r->overlap && nt_ddp_set_overlap(z->d, true))))
+        rc = nt_last_error();
+    for (int j = 0; j < NP; j++)
+        nt_release(p[j]); /* the nt_ddp holds what it needs */
+    for (int i = 0; i < z->ndev && z->d && !rc; i++) {
+        nt_device_set(i);
+        z->opts[i] = make_opt(r, r->stage ? nt_ddp_zero_shards(z->d, i) : nt_ddp_params(z->d, i));
+    }
+    for (int step = 0; step < r->steps && z->d && !rc; step++)
+        if (train_step(z->d, r, z->opts, z->ndev, step))
+            rc = nt_last_error();
+    return rc ? rc : nt_sync();
+}
+
+static void child_end(child_run *z)
+{
+    for (int i = 0; i < z->ndev; i++)
+        nt_optim_destroy(z->opts[i]);
+    nt_ddp_destroy(z->d);
+    nt_shutdown();
+}
+
 /* The child: 2 steps of a 1024-wide MLP at `stage`; prints "trained" or
  * the error (NT_ENOMEM expected on one core). */
 static int child_hbm(int stage)
 {
     if (nt_init() != 0)
         return 3;
-    int ndev = nt_device_count(), devs[64];
-    for (int i = 0; i < ndev; i++)
-        devs[i] = i;
     run r = {.stage = stage, .h = 1024, .f = 1024, .steps = 2};
-    nt_tensor *p[NP];
-    nt_device_set(0);
-    int rc = make_params(p, r.h, r.f, 5) ? nt_last_error() : 0;
-    nt_ddp *d = rc ? NULL : nt_ddp_create(p, NP, SHARDS, devs, ndev);
-    if (d && nt_ddp_set_zero(d, stage))
-        rc = nt_last_error();
-    for (int j = 0; j < NP; j++)
-        nt_release(p[j]);
-    nt_optim *opts[64] = {0};
-    for (int i = 0; i < ndev && d && !rc; i++) {
-        nt_device_set(i);
-        opts[i] = make_opt(&r, stage ? nt_ddp_zero_shards(d, i) : nt_ddp_params(d, i));
-    }
-    for (int step = 0; step < r.steps && d && !rc; step++)
-        if (train_step(d, &r, opts, ndev, step))
-            rc = nt_last_error();
-    if (!rc)
-        rc = nt_sync();
+    child_run z;
+    int rc = child_steps(&z, &r);
     if (!rc && nt_device_count() > 0)
-        printf("trained %d cores stage %d\n", ndev, stage);
+        printf("trained %d cores stage %d\n", z.ndev, stage);
     else
         printf("failed %d %s\n", rc, nt_last_error_message());
-    for (int i = 0; i < ndev; i++)
-        nt_optim_destroy(opts[i]);
-    nt_ddp_destroy(d);
-    nt_shutdown();
+    child_end(&z);
     return 0;
 }
 
@@ -443,40 +465,17 @@ static int child_peak(int ov)
 {
     if (nt_init() != 0)
         return 3;
-    int devs[DDP_H_MAXDEV], ndev = ddp_h_devices(devs);
-    run r = {.stage = 3, .h = 512, .f = 512, .steps = 2};
-    nt_tensor *p[NP];
-    nt_device_set(0);
-    int rc = make_params(p, r.h, r.f, 5) ? nt_last_error() : 0;
-    double psi = 0;
-    for (int j = 0; j < NP && !rc; j++)
-        psi += (double)nt_numel(p[j]);
-    nt_ddp *d = rc ? NULL : nt_ddp_create(p, NP, SHARDS, devs, ndev);
-    if (d && (nt_ddp_set_zero(d, 3) || (ov && nt_ddp_set_overlap(d, true))))
-        rc = nt_last_error();
-    for (int j = 0; j < NP && !rc; j++)
-        nt_release(p[j]);
-    nt_optim *opts[64] = {0};
-    for (int i = 0; i < ndev && d && !rc; i++) {
-        nt_device_set(i);
-        opts[i] = make_opt(&r, nt_ddp_zero_shards(d, i));
-    }
-    for (int step = 0; step < r.steps && d && !rc; step++)
-        if (train_step(d, &r, opts, ndev, step))
-            rc = nt_last_error();
-    if (!rc)
-        rc = nt_sync();
+    run r = {.stage = 3, .overlap = ov, .h = 512, .f = 512, .steps = 2};
+    child_run z;
+    int rc = child_steps(&z, &r);
     int64_t peak = 0;
-    for (int i = 0; i < ndev && !rc; i++)
+    for (int i = 0; i < z.ndev && !rc; i++)
         peak = nt_device_bytes_live_peak(i) > peak ? nt_device_bytes_live_peak(i) : peak;
     if (!rc)
-        printf("peak %d %lld %.0f\n", ov, (long long)peak, psi);
+        printf("peak %d %lld %.0f\n", ov, (long long)peak, z.psi);
     else
         printf("failed %d %s\n", rc, nt_last_error_message());
-    for (int i = 0; i < ndev; i++)
-        nt_optim_destroy(opts[i]);
-    nt_ddp_destroy(d);
-    nt_shutdown();
+    child_end(&z);
     return 0;
 }
 
