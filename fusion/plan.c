@@ -1716,6 +1716,28 @@ static nt__rec **reference_order(nt__rec *const *recs, int n, const wset *w)
     return ref;
 }
 
+/* Runs recs[k], a record that starts no group (not fusable), or queues it
+ * to share a kernel: gradient clipping's grad_norms records, one for every
+ * four gradients, wait in the queue as a group's program does (join_kind),
+ * so a step's are one kernel, not one each.  Anything else runs now, after
+ * the queue. */
+static void run_lone(gstate *s, nt__rec **recs, int k)
+{
+    nt__rec *r = recs[k];
+    nt__fgroup g;
+    memset(&g, 0, sizeof g);
+    g.recs = recs + k;
+    g.nrecs = 1;
+    g.backend = r->backend;
+    if (join_offer(&s->jq, &g, 0, 0, false))
+        return;
+    join_flush(&s->jq);
+    plan_pause();
+    nt__exec_rec(r);
+    nt__rec_drop_dead(r);
+    plan_resume();
+}
+
 void nt__fusion_run(nt__rec **recs, int n)
 {
     bool moved = false;
@@ -1789,11 +1811,7 @@ void nt__fusion_run(nt__rec **recs, int n)
         group_reset(&s, recs, k, r->backend);
         if (try_add(&s, r, why, sizeof why)) { /* cannot even start a group */
             s.open = false;
-            join_flush(&s.jq);
-            plan_pause();
-            nt__exec_rec(r);
-            nt__rec_drop_dead(r);
-            plan_resume();
+            run_lone(&s, recs, k);
         }
     }
     run_group(&s);
