@@ -1083,7 +1083,7 @@ static void launch(nt__fgroup *g, int stored, int elided, bool hit, bool poisone
  * (PyTorch's answer is the _foreach_* ops and fused AdamW).  So a small EW
  * or ROW program (or a single elementwise record) that neither reads what
  * the queued ones write nor writes what they read or write waits in the
- * queue (so do gradient clipping's grad_norms records); the queue runs as
+ * queue (so do gradient clipping's grad_norms records and sums); the queue runs as
  * one kernel when something else must run, when it is full, or at the end
  * of the batch.  The backend runs every program
  * exactly as alone (core/backend.h kernel_open / kernel_close; the
@@ -1114,13 +1114,13 @@ static bool join_kind(const nt__fgroup *g, nt_tensor *const **in, int *nin,
         numel = nt__numel(g->prog->ndim, g->prog->shape);
     } else {
         int k = r->type == NT_REC_OP && r->op < NT_OP_COUNT ? (int)nt__ops[r->op].kind : -1;
-        if ((k != NT_KIND_UNARY && k != NT_KIND_SCALAR && k != NT_KIND_BINARY &&
-             r->op != NT_OP_GRAD_NORMS) ||
+        bool big_in = r->op == NT_OP_GRAD_NORMS || r->op == NT_OP_SUM; /* reads more than it writes */
+        if ((k != NT_KIND_UNARY && k != NT_KIND_SCALAR && k != NT_KIND_BINARY && !big_in) ||
             r->nout != 1 || !r->out[0])
             return false;
         *in = r->in, *nin = r->nin, *out = r->out, *nout = 1;
         numel = nt__numel(r->out[0]->ndim, r->out[0]->shape);
-        for (int i = 0; r->op == NT_OP_GRAD_NORMS && i < r->nin; i++)
+        for (int i = 0; big_in && i < r->nin; i++)
             if (r->in[i])
                 numel += nt__numel(r->in[i]->ndim, r->in[i]->shape);
     }
@@ -1718,9 +1718,11 @@ static nt__rec **reference_order(nt__rec *const *recs, int n, const wset *w)
 
 /* Runs recs[k], a record that starts no group (not fusable), or queues it
  * to share a kernel: gradient clipping's grad_norms records, one for every
- * four gradients, wait in the queue as a group's program does (join_kind),
- * so a step's are one kernel, not one each.  Anything else runs now, after
- * the queue. */
+ * four gradients, and sums (a layer norm's bias gradient, a sum over the
+ * rows) wait in the queue as a group's program does (join_kind), so a
+ * step's norms are one kernel, not one each, and a layer norm's bias sum
+ * shares its backward's row kernel.  Anything else runs now, after the
+ * queue. */
 static void run_lone(gstate *s, nt__rec **recs, int k)
 {
     nt__rec *r = recs[k];

@@ -261,6 +261,7 @@ enum { LR = 256, LC = 64 };
 typedef struct lnrun {
     const float *x, *w, *c;
     float gx[LR * LC], gw[LC], gb[LC];
+    uint64_t kernels, fp; /* kernels run; programs run in shared kernels */
 } lnrun;
 
 static void ln_body(void *arg)
@@ -274,12 +275,17 @@ static void ln_body(void *arg)
     assert_int_equal(nt_set_requires_grad(x, true), 0);
     assert_int_equal(nt_set_requires_grad(w, true), 0);
     assert_int_equal(nt_set_requires_grad(b, true), 0);
+    assert_int_equal(nt_sync(), 0);
+    nt_stats_reset();
     nt_tensor *l = nt_sum(nt_mul(nt_layer_norm(x, w, b, 1e-5), c), NT_DIM_ALL, false);
     assert_non_null(l);
     assert_int_equal(nt_backward(l), 0);
     assert_int_equal(nt_to_host(nt_grad(x), r->gx, sizeof r->gx), 0);
     assert_int_equal(nt_to_host(nt_grad(w), r->gw, sizeof r->gw), 0);
     assert_int_equal(nt_to_host(nt_grad(b), r->gb, sizeof r->gb), 0);
+    nt_stats st;
+    assert_int_equal(nt_stats_get(&st), 0);
+    r->kernels = st.kernels_launched, r->fp = st.foreach_programs;
     nt_scope_end(sc);
 }
 
@@ -287,9 +293,11 @@ static void ln_body(void *arg)
  * statistics, gx and g xhat are one row kernel (the sums over the rows for
  * the weight's and bias's gradients, which end a group, before and after
  * it; between the statistics and gx they split it in two, r and xhat
- * written out and read back).  Lazy mode: one row kernel; the gradients
- * are the deterministic run's bits on both backends (which agree) and the
- * host's formula's values. */
+ * written out and read back).  Lazy mode: one row kernel, which the bias
+ * gradient's sum shares (a sum waits in the foreach queue, fusion/plan.c:
+ * one kernel fewer than with NT_FOREACH=0); the gradients are the
+ * deterministic run's bits on both backends (which agree) and the host's
+ * formula's values. */
 static void test_layer_norm_backward_one_row_kernel(void **state)
 {
     (void)state;
@@ -298,17 +306,27 @@ static void test_layer_norm_backward_one_row_kernel(void **state)
     nt_test_fill(x, LR * LC, &st);
     nt_test_fill(w, LC, &st);
     nt_test_fill(c, LR * LC, &st);
-    static lnrun det, lazy, first;
+    static lnrun det, lazy, alone, first;
     for (int be = 0; be < 2; be++) {
         det = (lnrun){.x = x, .w = w, .c = c};
-        lazy = det;
+        lazy = det, alone = det;
         config(backends[be], "deterministic", "1");
         ln_body(&det);
         config(backends[be], "lazy", "1");
         char *log = nt_test_fusion_log(ln_body, &lazy);
         assert_int_equal(nt_test_count(log, " row, "), 1);
         assert_non_null(strstr(log, "backward:rsqrt"));
+        assert_non_null(strstr(log, "foreach kernel of 2 programs"));
         free(log);
+        assert_int_equal(nt_config_set("NT_FOREACH", "0"), 0);
+        ln_body(&alone);
+        assert_int_equal(nt_config_set("NT_FOREACH", "1"), 0);
+        assert_true(lazy.fp >= 2);
+        assert_int_equal(alone.fp, 0);
+        assert_true(lazy.kernels + 1 <= alone.kernels);
+        assert_memory_equal(alone.gx, det.gx, sizeof det.gx);
+        assert_memory_equal(alone.gw, det.gw, sizeof det.gw);
+        assert_memory_equal(alone.gb, det.gb, sizeof det.gb);
         assert_memory_equal(lazy.gx, det.gx, sizeof det.gx);
         assert_memory_equal(lazy.gw, det.gw, sizeof det.gw);
         assert_memory_equal(lazy.gb, det.gb, sizeof det.gb);
