@@ -1083,9 +1083,9 @@ static void launch(nt__fgroup *g, int stored, int elided, bool hit, bool poisone
  * (PyTorch's answer is the _foreach_* ops and fused AdamW).  So a small EW
  * or ROW program (or a single elementwise record) that neither reads what
  * the queued ones write nor writes what they read or write waits in the
- * queue (so do gradient clipping's grad_norms records and sums); the queue runs as
- * one kernel when something else must run, when it is full, or at the end
- * of the batch.  The backend runs every program
+ * queue (so do gradient clipping's grad_norms records and sums); the queue
+ * runs as one kernel when something else must run, when it is full, or at
+ * the end of the batch.  The backend runs every program
  * exactly as alone (core/backend.h kernel_open / kernel_close; the
  * simulator's neuron/foreach.c), so the bits are the same; the kernel is
  * counted once, and a captured program replays it as one (fusion/graph.c,
@@ -1114,7 +1114,8 @@ static bool join_kind(const nt__fgroup *g, nt_tensor *const **in, int *nin,
         numel = nt__numel(g->prog->ndim, g->prog->shape);
     } else {
         int k = r->type == NT_REC_OP && r->op < NT_OP_COUNT ? (int)nt__ops[r->op].kind : -1;
-        bool big_in = r->op == NT_OP_GRAD_NORMS || r->op == NT_OP_SUM; /* reads more than it writes */
+        /* these read more than they write: their inputs count too */
+        bool big_in = r->op == NT_OP_GRAD_NORMS || r->op == NT_OP_SUM;
         if ((k != NT_KIND_UNARY && k != NT_KIND_SCALAR && k != NT_KIND_BINARY && !big_in) ||
             r->nout != 1 || !r->out[0])
             return false;
