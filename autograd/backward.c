@@ -878,22 +878,27 @@ static nt_tensor *as_f32(nt__bctx *b, nt_tensor *t)
 
 /* layer_norm: with xhat = (x - mu) r, r = rsqrt(var + eps), gxhat = g w:
  * gx = r (gxhat - mean(gxhat) - xhat mean(gxhat xhat)), gw = sum(g xhat),
- * gb = sum(g).  Statistics are recomputed in f32. */
+ * gb = sum(g).  Statistics are recomputed in f32.  gb comes first, gw's
+ * sum last, so that the statistics, gx and g xhat are one row kernel
+ * (docs/fusion.md): a sum over dim 0 ends a group, and between the
+ * statistics and gx it split them into two kernels, r and xhat written out
+ * by one and read back by the other.  (With gb's sum there too, g's first
+ * reader would be an elementwise op, and the matmul that made g would move
+ * up to it and take the row ops' products as its epilogue.)  Each op reads
+ * what it read before, so the bits are the same. */
 static int bwd_layer_norm(nt__bctx *b)
 {
     nt_tensor *x, *g, *w = IN(1), *mu, *d, *var, *r, *xhat, *gxhat;
     double eps = b->n->p.f[0];
     TRY(x = as_f32(b, IN(0)));
     TRY(g = as_f32(b, G));
+    if (LIVE(2))
+        TRY(b->gin[2] = reduce_to(b, g, META(2)));
     TRY(mu = nt_mean_at(S, x, -1, true));
     TRY(d = nt_sub_at(S, x, mu));
     TRY(var = nt_mean_at(S, nt_mul_at(S, d, d), -1, true));
     TRY(r = nt_rsqrt_at(S, nt_add_scalar_at(S, var, eps)));
     TRY(xhat = nt_mul_at(S, d, r));
-    if (LIVE(2))
-        TRY(b->gin[2] = reduce_to(b, g, META(2)));
-    if (LIVE(1))
-        TRY(b->gin[1] = reduce_to(b, nt_mul_at(S, g, xhat), META(1)));
     if (LIVE(0)) {
         TRY(gxhat = w ? nt_mul_at(S, g, as_f32(b, w)) : g);
         nt_tensor *m1, *m2;
@@ -901,6 +906,8 @@ static int bwd_layer_norm(nt__bctx *b)
         TRY(m2 = nt_mean_at(S, nt_mul_at(S, gxhat, xhat), -1, true));
         TRY(b->gin[0] = nt_mul_at(S, r, nt_sub_at(S, nt_sub_at(S, gxhat, m1), nt_mul_at(S, xhat, m2))));
     }
+    if (LIVE(1))
+        TRY(b->gin[1] = reduce_to(b, nt_mul_at(S, g, xhat), META(1)));
     return 0;
 }
 

@@ -1083,9 +1083,9 @@ static void launch(nt__fgroup *g, int stored, int elided, bool hit, bool poisone
  * (PyTorch's answer is the _foreach_* ops and fused AdamW).  So a small EW
  * or ROW program (or a single elementwise record) that neither reads what
  * the queued ones write nor writes what they read or write waits in the
- * queue (so do gradient clipping's grad_norms records); the queue runs as
- * one kernel when something else must run, when it is full, or at the end
- * of the batch.  The backend runs every program
+ * queue (so do gradient clipping's grad_norms records and sums); the queue
+ * runs as one kernel when something else must run, when it is full, or at
+ * the end of the batch.  The backend runs every program
  * exactly as alone (core/backend.h kernel_open / kernel_close; the
  * simulator's neuron/foreach.c), so the bits are the same; the kernel is
  * counted once, and a captured program replays it as one (fusion/graph.c,
@@ -1114,13 +1114,14 @@ static bool join_kind(const nt__fgroup *g, nt_tensor *const **in, int *nin,
         numel = nt__numel(g->prog->ndim, g->prog->shape);
     } else {
         int k = r->type == NT_REC_OP && r->op < NT_OP_COUNT ? (int)nt__ops[r->op].kind : -1;
-        if ((k != NT_KIND_UNARY && k != NT_KIND_SCALAR && k != NT_KIND_BINARY &&
-             r->op != NT_OP_GRAD_NORMS) ||
+        /* these read more than they write: their inputs count too */
+        bool big_in = r->op == NT_OP_GRAD_NORMS || r->op == NT_OP_SUM;
+        if ((k != NT_KIND_UNARY && k != NT_KIND_SCALAR && k != NT_KIND_BINARY && !big_in) ||
             r->nout != 1 || !r->out[0])
             return false;
         *in = r->in, *nin = r->nin, *out = r->out, *nout = 1;
         numel = nt__numel(r->out[0]->ndim, r->out[0]->shape);
-        for (int i = 0; r->op == NT_OP_GRAD_NORMS && i < r->nin; i++)
+        for (int i = 0; big_in && i < r->nin; i++)
             if (r->in[i])
                 numel += nt__numel(r->in[i]->ndim, r->in[i]->shape);
     }
@@ -1716,6 +1717,30 @@ static nt__rec **reference_order(nt__rec *const *recs, int n, const wset *w)
     return ref;
 }
 
+/* Runs recs[k], a record that starts no group (not fusable), or queues it
+ * to share a kernel: gradient clipping's grad_norms records, one for every
+ * four gradients, and sums (a layer norm's bias gradient, a sum over the
+ * rows) wait in the queue as a group's program does (join_kind), so a
+ * step's norms are one kernel, not one each, and a layer norm's bias sum
+ * shares its backward's row kernel.  Anything else runs now, after the
+ * queue. */
+static void run_lone(gstate *s, nt__rec **recs, int k)
+{
+    nt__rec *r = recs[k];
+    nt__fgroup g;
+    memset(&g, 0, sizeof g);
+    g.recs = recs + k;
+    g.nrecs = 1;
+    g.backend = r->backend;
+    if (join_offer(&s->jq, &g, 0, 0, false))
+        return;
+    join_flush(&s->jq);
+    plan_pause();
+    nt__exec_rec(r);
+    nt__rec_drop_dead(r);
+    plan_resume();
+}
+
 void nt__fusion_run(nt__rec **recs, int n)
 {
     bool moved = false;
@@ -1789,11 +1814,7 @@ void nt__fusion_run(nt__rec **recs, int n)
         group_reset(&s, recs, k, r->backend);
         if (try_add(&s, r, why, sizeof why)) { /* cannot even start a group */
             s.open = false;
-            join_flush(&s.jq);
-            plan_pause();
-            nt__exec_rec(r);
-            nt__rec_drop_dead(r);
-            plan_resume();
+            run_lone(&s, recs, k);
         }
     }
     run_group(&s);

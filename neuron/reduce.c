@@ -628,24 +628,13 @@ static int red_blocks(red *c, int64_t O, int64_t I)
     return rc;
 }
 
-int nt__sk_reduce(const nt__rec *r)
+/* The reduction's instructions into kernel s (rop, pre, fin: its plan). */
+static void red_issue(sk_k *s, const nt__rec *r, int rop, int pre, int fin)
 {
     const nt_tensor *x = r->in[0], *o = r->out[0];
-    if (nt__numel(o->ndim, o->shape) == 0)
-        return 0;
-    int rop, pre, fin;
-    if (nt__red_plan(r->op, r->p.f[0], &rop, &pre, &fin))
-        return nt__kerr(NT_EINVAL, "op %s is not a reduction", nt__op_name(r->op));
-    sk_k s;
-    int rc = sk_begin(&s, nt__op_name(r->op));
-    if (rc)
-        return rc;
-    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
-    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
-        return sk_end_values(&s, values, 0, r);
     red c;
     memset(&c, 0, sizeof c);
-    c.s = &s;
+    c.s = s;
     c.op = r->op;
     c.rop = rop, c.pre = pre, c.fin = fin;
     c.alu = c.rop == NT_RED_SUM                               ? NT_ALU_ADD
@@ -658,34 +647,34 @@ int nt__sk_reduce(const nt__rec *r)
     c.ob = nt__tensor_data(o);
     nt_dtype adt = c.ints ? NT_I32 : NT_F32;
     for (int b = 0; b < 2; b++)
-        c.x[b] = sk_tile(&s, "red.x", c.xdt, 128, CH);
-    c.part = sk_tile(&s, "red.part", NT_F32, 128, TX_G * NPB);
-    c.parti = sk_tile(&s, "red.parti", NT_I32, 128, 1);
-    c.scan = sk_tile(&s, "red.scan", NT_F32, 128, TX_G * NPB);
-    c.one = sk_tile(&s, "red.one", NT_F32, 128, 1);
-    c.acc = sk_tile(&s, "red.acc", NT_F32, 128, TX_G);
-    c.acci = sk_tile(&s, "red.acci", NT_I32, 128, 1);
-    c.res = sk_tile(&s, "red.best", NT_I32, 128, 1);
-    c.mi = sk_tile(&s, "red.min", NT_I32, 128, 1);
-    c.y = sk_tile(&s, "red.y", c.odt, 128, Y_RING * 64 / (int64_t)nt__dtype_size(c.odt));
+        c.x[b] = sk_tile(s, "red.x", c.xdt, 128, CH);
+    c.part = sk_tile(s, "red.part", NT_F32, 128, TX_G * NPB);
+    c.parti = sk_tile(s, "red.parti", NT_I32, 128, 1);
+    c.scan = sk_tile(s, "red.scan", NT_F32, 128, TX_G * NPB);
+    c.one = sk_tile(s, "red.one", NT_F32, 128, 1);
+    c.acc = sk_tile(s, "red.acc", NT_F32, 128, TX_G);
+    c.acci = sk_tile(s, "red.acci", NT_I32, 128, 1);
+    c.res = sk_tile(s, "red.best", NT_I32, 128, 1);
+    c.mi = sk_tile(s, "red.min", NT_I32, 128, 1);
+    c.y = sk_tile(s, "red.y", c.odt, 128, Y_RING * 64 / (int64_t)nt__dtype_size(c.odt));
     if (c.pre != NT_RED_PRE_NONE)
-        c.pre_t = sk_tile(&s, "red.pre", adt, 128, CH);
+        c.pre_t = sk_tile(s, "red.pre", adt, 128, CH);
     if (c.rop == NT_RED_ARGMAX || c.rop == NT_RED_ARGMIN) {
-        c.mask = sk_tile(&s, "am.mask", adt, 128, CH);
-        c.mask2 = sk_tile(&s, "am.nan", NT_F32, 128, CH);
-        c.neg = sk_tile(&s, "am.negidx", NT_I32, 128, CH);
-        c.cand = sk_tile(&s, "am.cand", NT_I32, 128, CH);
+        c.mask = sk_tile(s, "am.mask", adt, 128, CH);
+        c.mask2 = sk_tile(s, "am.nan", NT_F32, 128, CH);
+        c.neg = sk_tile(s, "am.negidx", NT_I32, 128, CH);
+        c.cand = sk_tile(s, "am.cand", NT_I32, 128, CH);
     }
     nt_ap one = nt_tile_ap(c.one), mi = nt_tile_ap(c.mi);
     /* a norm's sqrt table loads while the first tile does */
     if (c.fin == NT_RED_FIN_SQRT)
-        sk_warm_act(&s, NT_ACT_SQRT);
-    nt_isa_memset(s.k, &one, 1.0, NT_ENGINE_GPSIMD);
-    nt_isa_memset(s.k, &mi, (double)INT32_MIN, NT_ENGINE_GPSIMD);
-    if (!nt_sim_kernel_error(s.k)) {
+        sk_warm_act(s, NT_ACT_SQRT);
+    nt_isa_memset(s->k, &one, 1.0, NT_ENGINE_GPSIMD);
+    nt_isa_memset(s->k, &mi, (double)INT32_MIN, NT_ENGINE_GPSIMD);
+    if (!nt_sim_kernel_error(s->k)) {
         if (r->p.dim == NT_DIM_ALL) {
             c.n = nt__numel(x->ndim, x->shape);
-            c.xb = (char *)sk_contig_of(&s, x);
+            c.xb = (char *)sk_contig_of(s, x);
             c.sn = 1;
             if (!c.xb)
                 ;
@@ -703,32 +692,60 @@ int nt__sk_reduce(const nt__rec *r)
             c.xb = nt__tensor_data(x);
             int64_t O, I;
             if (red_one_row(&c, x, o)) {
-                c.xb = (char *)sk_contig_of(&s, x);
+                c.xb = (char *)sk_contig_of(s, x);
                 if (c.xb)
                     red_all(&c);
             } else if (red_short(&c, x, o, r->p.dim, &O, &I)) {
                 for (int b = 0; b < 2; b++)
-                    c.ys[b] = sk_tile(&s, "red.ys", c.odt, 128, CH);
+                    c.ys[b] = sk_tile(s, "red.ys", c.odt, 128, CH);
                 if (c.op == NT_OP_MEAN)
-                    c.pre_t = sk_tile(&s, "red.pre", NT_F32, 128, CH);
+                    c.pre_t = sk_tile(s, "red.pre", NT_F32, 128, CH);
                 red_blocks(&c, O, I);
             } else if (red_transposed(&c)) {
                 int64_t esz = (int64_t)nt__dtype_size(c.xdt);
                 for (int b = 0; b < TX_RING; b++)
-                    c.tx[b] = sk_tile(&s, "red.xt", c.xdt, 128, TX_SLOT / esz);
+                    c.tx[b] = sk_tile(s, "red.xt", c.xdt, 128, TX_SLOT / esz);
                 c.nbanks = NT_SIM_PSUM_BANKS;
                 for (int b = 0; b < c.nbanks; b++)
-                    c.tb[b] = nt_tile_alloc(s.k, "red.T", NT_MEM_PSUM, c.xdt, 128, TX_STRIPE);
+                    c.tb[b] = nt_tile_alloc(s->k, "red.T", NT_MEM_PSUM, c.xdt, 128, TX_STRIPE);
                 if (c.n > TX_STRIPE)
                     for (int b = 0; b < 2 * TX_G; b++)
-                        c.rt[b / TX_G][b % TX_G] = sk_tile(&s, "red.row", c.xdt, 128, NT_RED_BLOCK);
-                c.yq = sk_tile(&s, "red.yq", c.odt, 128, TX_MAXG);
+                        c.rt[b / TX_G][b % TX_G] = sk_tile(s, "red.row", c.xdt, 128, NT_RED_BLOCK);
+                c.yq = sk_tile(s, "red.yq", c.odt, 128, TX_MAXG);
             }
-            if (!c.ys[0] && !c.xb_all && !nt_sim_kernel_error(s.k) &&
+            if (!c.ys[0] && !c.xb_all && !nt_sim_kernel_error(s->k) &&
                 !sk_rows_run(&R, red_group, &c) && !red_cols(&c))
                 flush_q(&c);
         }
     }
+}
+
+int nt__sk_reduce(const nt__rec *r)
+{
+    const nt_tensor *o = r->out[0];
+    if (nt__numel(o->ndim, o->shape) == 0)
+        return 0;
+    int rop, pre, fin;
+    if (nt__red_plan(r->op, r->p.f[0], &rop, &pre, &fin))
+        return nt__kerr(NT_EINVAL, "op %s is not a reduction", nt__op_name(r->op));
+    nt_tile *mark;
+    bool issue;
+    /* a sum may be one program of a shared kernel (neuron/foreach.c; the
+     * planner queues sums with foreach programs, fusion/plan.c) */
+    sk_k *js = r->op == NT_OP_SUM ? sk_join_enter("foreach", &issue, &mark) : NULL;
+    if (js) {
+        if (issue)
+            red_issue(js, r, rop, pre, fin);
+        return sk_join_leave(js, mark, 0, sk_ref_rec, r);
+    }
+    sk_k s;
+    int rc = sk_begin(&s, nt__op_name(r->op));
+    if (rc)
+        return rc;
+    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
+    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
+        return sk_end_values(&s, values, 0, r);
+    red_issue(&s, r, rop, pre, fin);
     return sk_end_values(&s, values, 0, r);
 }
 

@@ -15,7 +15,10 @@
  *   - the qkv projection's gradient through attention: the three writes in
  *     one kernel in lazy mode, the same bits as the deterministic run on
  *     both backends, and fewer simulated kernels than op by op without the
- *     rule (NT_FUSION=0 is the old path for each write). */
+ *     rule (NT_FUSION=0 is the old path for each write);
+ *   - layer norm's backward (autograd/backward.c): the recomputed
+ *     statistics, gx and g xhat are one row kernel, with the deterministic
+ *     run's bits and the host's values. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -251,12 +254,126 @@ static void test_qkv_gradient_writes_one_kernel(void **state)
     config("cpu", "adaptive", "1");
 }
 
+/* ---------------- layer norm's backward as one row kernel ---------------- */
+
+enum { LR = 256, LC = 64 };
+
+typedef struct lnrun {
+    const float *x, *w, *c;
+    float gx[LR * LC], gw[LC], gb[LC];
+    uint64_t kernels, fp; /* kernels run; programs run in shared kernels */
+} lnrun;
+
+static void ln_body(void *arg)
+{
+    lnrun *r = arg;
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *x = nt_from_host(r->x, NT_F32, 2, (int64_t[]){LR, LC});
+    nt_tensor *w = nt_from_host(r->w, NT_F32, 1, (int64_t[]){LC});
+    nt_tensor *b = nt_full(NT_F32, 1, (int64_t[]){LC}, 0.25);
+    nt_tensor *c = nt_from_host(r->c, NT_F32, 2, (int64_t[]){LR, LC});
+    assert_int_equal(nt_set_requires_grad(x, true), 0);
+    assert_int_equal(nt_set_requires_grad(w, true), 0);
+    assert_int_equal(nt_set_requires_grad(b, true), 0);
+    assert_int_equal(nt_sync(), 0);
+    nt_stats_reset();
+    nt_tensor *l = nt_sum(nt_mul(nt_layer_norm(x, w, b, 1e-5), c), NT_DIM_ALL, false);
+    assert_non_null(l);
+    assert_int_equal(nt_backward(l), 0);
+    assert_int_equal(nt_to_host(nt_grad(x), r->gx, sizeof r->gx), 0);
+    assert_int_equal(nt_to_host(nt_grad(w), r->gw, sizeof r->gw), 0);
+    assert_int_equal(nt_to_host(nt_grad(b), r->gb, sizeof r->gb), 0);
+    nt_stats st;
+    assert_int_equal(nt_stats_get(&st), 0);
+    r->kernels = st.kernels_launched, r->fp = st.foreach_programs;
+    nt_scope_end(sc);
+}
+
+/* autograd/backward.c orders layer norm's backward so that the recomputed
+ * statistics, gx and g xhat are one row kernel (the sums over the rows for
+ * the weight's and bias's gradients, which end a group, before and after
+ * it; between the statistics and gx they split it in two, r and xhat
+ * written out and read back).  Lazy mode: one row kernel, which the bias
+ * gradient's sum shares (a sum waits in the foreach queue, fusion/plan.c:
+ * one kernel fewer than with NT_FOREACH=0); the gradients are the
+ * deterministic run's bits on both backends (which agree) and the host's
+ * formula's values. */
+static void test_layer_norm_backward_one_row_kernel(void **state)
+{
+    (void)state;
+    static float x[LR * LC], w[LC], c[LR * LC];
+    uint64_t st = 0x1a4;
+    nt_test_fill(x, LR * LC, &st);
+    nt_test_fill(w, LC, &st);
+    nt_test_fill(c, LR * LC, &st);
+    static lnrun det, lazy, alone, first;
+    for (int be = 0; be < 2; be++) {
+        det = (lnrun){.x = x, .w = w, .c = c};
+        lazy = det, alone = det;
+        config(backends[be], "deterministic", "1");
+        ln_body(&det);
+        config(backends[be], "lazy", "1");
+        char *log = nt_test_fusion_log(ln_body, &lazy);
+        assert_int_equal(nt_test_count(log, " row, "), 1);
+        assert_non_null(strstr(log, "backward:rsqrt"));
+        assert_non_null(strstr(log, "foreach kernel of 2 programs"));
+        free(log);
+        assert_int_equal(nt_config_set("NT_FOREACH", "0"), 0);
+        ln_body(&alone);
+        assert_int_equal(nt_config_set("NT_FOREACH", "1"), 0);
+        assert_true(lazy.fp >= 2);
+        assert_int_equal(alone.fp, 0);
+        assert_true(lazy.kernels + 1 <= alone.kernels);
+        assert_memory_equal(alone.gx, det.gx, sizeof det.gx);
+        assert_memory_equal(alone.gw, det.gw, sizeof det.gw);
+        assert_memory_equal(alone.gb, det.gb, sizeof det.gb);
+        assert_memory_equal(lazy.gx, det.gx, sizeof det.gx);
+        assert_memory_equal(lazy.gw, det.gw, sizeof det.gw);
+        assert_memory_equal(lazy.gb, det.gb, sizeof det.gb);
+        if (be == 0)
+            first = det;
+        else
+            assert_memory_equal(det.gx, first.gx, sizeof first.gx);
+    }
+    /* the host's layer norm backward in double */
+    double gw[LC] = {0}, gb[LC] = {0};
+    for (int i = 0; i < LR; i++) {
+        const float *xi = x + i * LC, *ci = c + i * LC;
+        double mu = 0, var = 0, m1 = 0, m2 = 0, xh[LC];
+        for (int j = 0; j < LC; j++)
+            mu += xi[j];
+        mu /= LC;
+        for (int j = 0; j < LC; j++)
+            var += (xi[j] - mu) * (xi[j] - mu);
+        double r = 1.0 / sqrt(var / LC + 1e-5);
+        for (int j = 0; j < LC; j++) {
+            xh[j] = (xi[j] - mu) * r;
+            m1 += ci[j] * w[j] / LC;
+            m2 += ci[j] * w[j] * xh[j] / LC;
+            gw[j] += ci[j] * xh[j];
+            gb[j] += ci[j];
+        }
+        for (int j = 0; j < LC; j++) {
+            double want = r * (ci[j] * w[j] - m1 - xh[j] * m2);
+            if (fabs(first.gx[i * LC + j] - want) > 1e-4 * (1 + fabs(want)))
+                fail_msg("gx[%d, %d] = %g, the host's %g", i, j, first.gx[i * LC + j], want);
+        }
+    }
+    for (int j = 0; j < LC; j++) {
+        assert_true(fabs(first.gw[j] - gw[j]) <= 1e-4 * (1 + fabs(gw[j])));
+        assert_true(fabs(first.gb[j] - gb[j]) <= 1e-4 * (1 + fabs(gb[j])));
+    }
+    config("cpu", "adaptive", "1");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_disjoint_views_share_a_kernel, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_qkv_gradient_writes_one_kernel, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_layer_norm_backward_one_row_kernel, nt_test_setup,
                                         nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -288,6 +288,131 @@ static void test_kernel_counts(void **state)
     }
 }
 
+/* Gradient clipping alone on 12 f32 gradients [8, 16]: its 3 grad_norms
+ * records (four gradients each) share one kernel, op by op (lazy) and in
+ * a captured replay, on both backends; the clipped
+ * gradients are the bits of the per-parameter kernels and the norm a host
+ * computation's to f32 rounding. */
+#define CN 12
+typedef struct clipres {
+    float g[CN][128];
+    float total;
+    uint64_t kernels, fk, fp; /* the clip's kernels; foreach kernels, programs */
+    int64_t graph_kernels;
+} clipres;
+
+static void clip_run(const char *be, bool capture, bool foreach, clipres *r)
+{
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+    assert_int_equal(nt_config_set("NT_BACKEND", be), 0);
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", strcmp(be, "sim") ? "0" : "1"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+    assert_int_equal(nt_config_set("NT_FOREACH", foreach ? "1" : "0"), 0);
+    nt_tensor *p[CN];
+    float v[128];
+    for (int i = 0; i < CN; i++) {
+        uint64_t st = 77 + (uint64_t)i;
+        nt_test_fill(v, 128, &st);
+        p[i] = nt_keep(nt_from_host(v, NT_F32, 2, (int64_t[]){8, 16}));
+        assert_int_equal(nt_set_requires_grad(p[i], true), 0);
+    }
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *loss = NULL;
+    for (int i = 0; i < CN; i++) { /* d loss / d p_i = (i + 1) p_i */
+        nt_tensor *li = nt_sum(nt_mul_scalar(nt_mul(p[i], p[i]), 0.5 * (i + 1)), NT_DIM_ALL, false);
+        loss = loss ? nt_add(loss, li) : li;
+    }
+    assert_int_equal(nt_backward(loss), 0);
+    nt_scope_end(sc);
+    assert_int_equal(nt_sync(), 0);
+    nt_stats_reset();
+    nt_graph *g = NULL;
+    if (capture)
+        assert_int_equal(nt_graph_capture_begin(), 0);
+    nt_tensor *total = nt_clip_grad_norm(p, CN, 0.5);
+    assert_non_null(total);
+    if (capture) {
+        g = nt_graph_capture_end();
+        assert_non_null(g);
+    }
+    assert_int_equal(nt_sync(), 0);
+    nt_stats st;
+    assert_int_equal(nt_stats_get(&st), 0);
+    r->kernels = st.kernels_launched;
+    r->fk = st.foreach_kernels, r->fp = st.foreach_programs;
+    r->graph_kernels = -1;
+    if (g) {
+        nt_graph_info gi;
+        assert_int_equal(nt_graph_info_get(g, &gi), 0);
+        r->graph_kernels = gi.kernels;
+        nt_graph_destroy(g);
+    }
+    assert_int_equal(nt_to_host(total, &r->total, sizeof r->total), 0);
+    for (int i = 0; i < CN; i++) {
+        nt_tensor *gi = nt_grad(p[i]);
+        assert_non_null(gi);
+        assert_int_equal(nt_to_host(gi, r->g[i], sizeof r->g[i]), 0);
+        nt_release(gi), nt_release(p[i]);
+    }
+    nt_release(total);
+}
+
+static void test_clip_norms_share(void **state)
+{
+    (void)state;
+    /* the host's reference: grad_i = (i + 1) p_i, total its 2-norm */
+    double ss = 0;
+    for (int i = 0; i < CN; i++) {
+        float v[128];
+        uint64_t st = 77 + (uint64_t)i;
+        nt_test_fill(v, 128, &st);
+        for (int j = 0; j < 128; j++)
+            ss += (double)v[j] * (i + 1) * v[j] * (i + 1);
+    }
+    double total = sqrt(ss);
+    static const char *const bes[] = {"cpu", "sim"};
+    for (int b = 0; b < 2; b++)
+        for (int cap = 0; cap < 2; cap++) {
+            clipres off, on;
+            clip_run(bes[b], cap, false, &off);
+            clip_run(bes[b], cap, true, &on);
+            print_message("# clip on %s%s: kernels %llu -> %llu, a replay %lld -> %lld\n",
+                          bes[b], cap ? ", captured" : "", (unsigned long long)off.kernels,
+                          (unsigned long long)on.kernels, (long long)off.graph_kernels,
+                          (long long)on.graph_kernels);
+            assert_true(fabs(on.total - total) <= 1e-5 * total);
+            assert_true(nt_test_ubits(on.total) == nt_test_ubits(off.total));
+            for (int i = 0; i < CN; i++)
+                for (int j = 0; j < 128; j++)
+                    if (nt_test_ubits(on.g[i][j]) != nt_test_ubits(off.g[i][j]))
+                        fail_msg("%s: gradient %d element %d is %08x, unshared %08x", bes[b], i,
+                                 j, nt_test_ubits(on.g[i][j]), nt_test_ubits(off.g[i][j]));
+            /* the 3 grad_norms in one kernel: 2 fewer (the 12 scalings, of
+             * one shape, are one elementwise kernel either way) */
+            assert_true(off.kernels >= on.kernels + 2);
+            assert_true(on.fp >= 3);
+            assert_true(on.fk >= 1);
+            if (cap) {
+                assert_true(off.graph_kernels >= on.graph_kernels + 2);
+                assert_int_equal((int64_t)on.kernels, on.graph_kernels);
+            }
+        }
+    /* the clipped gradients against the host: g_i * min(1, 0.5 / total) */
+    clipres r;
+    clip_run("sim", true, true, &r);
+    double coef = fmin(1.0, 0.5 / (total + 1e-6));
+    for (int i = 0; i < CN; i++) {
+        float v[128];
+        uint64_t st = 77 + (uint64_t)i;
+        nt_test_fill(v, 128, &st);
+        for (int j = 0; j < 128; j++) {
+            double want = (double)v[j] * (i + 1) * coef;
+            assert_true(fabs(r.g[i][j] - want) <= 1e-5 * fabs(want) + 1e-7);
+        }
+    }
+}
+
 /* A parameter whose gradient failed: its update fails with the first
  * error, the others update with their usual bits, whether or not the
  * updates share kernels. */
@@ -364,6 +489,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_clip_same_bits, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_scaler_same_bits, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_kernel_counts, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_clip_norms_share, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_poisoned_gradient, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_errors, nt_test_setup, nt_test_teardown),
     };
