@@ -308,6 +308,34 @@ static void test_split_api(void **state)
         nt_ddp_destroy(odd);
         nt_release(x), nt_release(y);
     }
+    {   /* a tensor rank whose optimizer never updated the split w (no state
+         * for it) beside one that did, either way round: an error naming
+         * the call, the file without it and the entry; nothing loaded */
+        for (int lack = 1; lack >= 0; lack--) {
+            char s[300], m1[400], m2[400];
+            path(s, sizeof s, lack ? "nostate1" : "nostate0");
+            nt_tensor **rp = nt_ddp_params(d[lack], lack);
+            nt_device_set(lack);
+            nt_optim *fresh = nt_optim_adamw(rp, 1, 0.1, 0.9, 0.95, 1e-8, 0.1);
+            assert_non_null(fresh);
+            assert_int_equal(nt_optim_add_group(fresh, rp + 1, 1, 0.1, 0), 1);
+            nt_device_set(0);
+            for (int r = 0; r < 2; r++)
+                assert_int_equal(nt_ddp_save_split(d[r], s, r, 2, r == lack ? &fresh : &o[r], 1),
+                                 0);
+            nt_optim_destroy(fresh);
+            snprintf(m1, sizeof m1, "'%s.tp%dof2.zero0of1' holds no optimizer state slot 0", s,
+                     lack);
+            snprintf(m2, sizeof m2, "'%s.tp%dof2.zero0of1' does", s, 1 - lack);
+            float before[8];
+            assert_int_equal(nt_to_host(op[0], before, sizeof before), 0);
+            nt_test_expect_err(nt_ddp_load_split(one, s, 0, 1, dims, &oo, 1, true), NT_EINVAL,
+                               "nt_ddp_load_split", m1, "of parameter 0 (\"p0\")", m2);
+            float after[8];
+            assert_int_equal(nt_to_host(op[0], after, sizeof after), 0);
+            assert_memory_equal(before, after, sizeof after);
+        }
+    }
     assert_int_equal(nt_ddp_load_split(one, p, 0, 1, dims, &oo, 1, true), 0);
     assert_int_equal(nt_optim_steps(oo), 1);
     /* the values: one more step on every side gives the same bits */
