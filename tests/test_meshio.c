@@ -80,6 +80,13 @@ static int run_ck(const run_spec *r, uint32_t *crc, char *err, size_t en)
     }
     if (!rc && r->save)
         rc = gptm_save(&g, r->save, err, en);
+    if (!rc && r->save) { /* once gptm_save returns, on every process: the whole checkpoint */
+        int32_t v[GPTM_CK_N], w[GPTM_CK_N];
+        rc = gptm_ck_read(r->save, v, err, en);
+        gptm_ck_layout(&g, w);
+        if (!rc && memcmp(v, w, sizeof v))
+            rc = gptm_fail(err, en, "'%s' holds another layout when gptm_save returns", r->save);
+    }
     if (!rc)
         rc = gptm_crc(&g, crc, err, en);
     gptm_free(&g);
