@@ -32,7 +32,7 @@
 #include "dispatcher/dispatch.h"
 
 #include <glib.h>
-#include <glob.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <math.h>
@@ -2631,30 +2631,37 @@ NT_API int nt_ddp_save_split(nt_ddp *d, const char *path, int rank, int ranks,
     return nt_ddp_save(d, file, opts, nopts);
 }
 
-/* The tensor rank count of the newest split checkpoint at path, or 0. */
+/* The tensor rank count of the newest split checkpoint at path, or 0:
+ * the names "<path>.tp0of<T>.zero0of<R>" among the entries of path's
+ * folder, path's characters taken as they are (glob() would read '[', '*'
+ * and '?' in it as a pattern and miss the files). */
 static int split_saved_ranks(const char *path)
 {
-    char pat[4200];
-    snprintf(pat, sizeof pat, "%s.tp0of*.zero0of*", path);
-    glob_t gl;
-    int T = 0;
-    if (glob(pat, 0, NULL, &gl) != 0)
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    char folder[4096];
+    snprintf(folder, sizeof folder, "%.*s", !slash ? 1 : slash == path ? 1 : (int)(slash - path),
+             !slash ? "." : path);
+    DIR *dir = opendir(folder);
+    if (!dir)
         return 0;
+    size_t blen = strlen(base);
     double newest = -1;
-    size_t plen = strlen(path);
-    for (size_t i = 0; i < gl.gl_pathc; i++) {
-        const char *f = gl.gl_pathv[i];
+    int T = 0;
+    for (struct dirent *e; (e = readdir(dir));) {
         int t, R;
-        char end;
+        char end, file[4200];
         struct stat sb;
-        if (strlen(f) <= plen || sscanf(f + plen, ".tp0of%d.zero0of%d%c", &t, &R, &end) != 2 ||
-            t < 1 || stat(f, &sb))
+        if (strncmp(e->d_name, base, blen) ||
+            sscanf(e->d_name + blen, ".tp0of%d.zero0of%d%c", &t, &R, &end) != 2 || t < 1)
+            continue;
+        snprintf(file, sizeof file, "%s%s", path, e->d_name + blen);
+        if (stat(file, &sb))
             continue;
         double m = (double)sb.st_mtim.tv_sec + 1e-9 * (double)sb.st_mtim.tv_nsec;
         if (m > newest)
             newest = m, T = t;
     }
-    globfree(&gl);
+    closedir(dir);
     return T;
 }
 
