@@ -238,6 +238,13 @@ static bool check_shard(const nt_site *site, const nt_ddp *d, const char *fn, in
     return true;
 }
 
+/* The code of the error a failed call left, or dflt when it left none
+ * (a NULL from a call that sets no error). */
+static int err_or(int dflt) { return nt_last_error() ? nt_last_error() : dflt; }
+
+/* The error of a call that returned NULL. */
+static int errc(void) { return err_or(NT_EINVAL); }
+
 /* ---------------- create, destroy ---------------- */
 
 /* Drops the shards' batch-norm statistics of this step (all: the layers
@@ -343,7 +350,7 @@ static int replicate(const nt_site *site, nt_ddp *d, nt_tensor *const *params, i
             if (c)
                 c = nt_keep(c);
             if (!c || nt_set_requires_grad(c, true) != 0) {
-                rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+                rc = errc();
                 nt_release(c);
                 break;
             }
@@ -351,7 +358,7 @@ static int replicate(const nt_site *site, nt_ddp *d, nt_tensor *const *params, i
         }
         nt_no_grad_end();
         if (!rc && m->dev != home && !prev && !(prev = nt_event_create()))
-            rc = nt_last_error() ? nt_last_error() : NT_EHOSTMEM;
+            rc = err_or(NT_EHOSTMEM);
         if (!rc && m->dev != home)
             rc = nt_event_record(prev, NULL);
         leave(old);
@@ -602,9 +609,6 @@ NT_API nt_tensor *nt_ddp_shard_from_host(nt_ddp *d, int shard, const void *src, 
 
 /* ---------------- backward of one shard ---------------- */
 
-/* The error of a call that returned NULL. */
-static int errc(void) { return nt_last_error() ? nt_last_error() : NT_EINVAL; }
-
 /* Adds up, from slot idx at level 0 of member m's tree, every node of
  * parameters [lo, hi) whose two children now exist (parameter lo's
  * children stand for all of them).  0 or an error. */
@@ -796,7 +800,7 @@ NT_API int nt_ddp_backward_at(const nt_site *site, nt_ddp *d, int shard, nt_tens
     if (!ddp_ok(site, d, fn))
         return nt_last_error();
     if (!nt__check_arg(site, fn, "loss", loss))
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+        return errc();
     return backward_many(site, fn, &d, 1, shard, loss);
 }
 
@@ -825,7 +829,7 @@ NT_API int nt_ddp_backward_group_at(const nt_site *site, nt_ddp *const *ds, int 
                                "%d and %d", k, i);
     }
     if (!nt__check_arg(site, fn, "loss", loss))
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+        return errc();
     return backward_many(site, fn, ds, nd, shard, loss);
 }
 
@@ -1004,7 +1008,7 @@ static int bn_round(const nt_site *site, nt_ddp *d, nt_tensor *const *mg, nt_ten
         in[k] = bn_block(site, d, k, mg ? mg[k] : NULL);
         leave(old);
         if (!in[k])
-            return nt_last_error() ? nt_last_error() : NT_EINVAL;
+            return errc();
     }
     if (!d->comm) {
         out[0] = in[0];
@@ -1033,7 +1037,7 @@ static int bn_reduce(const nt_site *site, nt_ddp *d)
     for (int k = 0; k < d->nmem && !rc; k++) {
         nt_stream *old = enter(d->m[k].dev);
         if (!(mg[k] = nt_mul_scalar_at(site, mg[k], 1.0 / d->shards)))
-            rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+            rc = errc();
         leave(old);
     }
     if (!rc)
@@ -1047,7 +1051,7 @@ static int bn_reduce(const nt_site *site, nt_ddp *d)
             nt_tensor *ssd = nt_slice_at(site, tot[k], 0, off, off + L->C, 1);
             nt_tensor *var = ssd ? nt_div_scalar_at(site, ssd, (double)(d->shards * L->M - 1))
                                  : NULL;
-            rc = !mean || !var ? (nt_last_error() ? nt_last_error() : NT_EINVAL)
+            rc = !mean || !var ? errc()
                                : nt__bn_update(site, "nt_ddp_reduce", L->rm[k], mean, L->momentum);
             if (!rc)
                 rc = nt__bn_update(site, "nt_ddp_reduce", L->rv[k], var, L->momentum);
@@ -1093,7 +1097,7 @@ static int bucket_all_reduce(const nt_site *site, nt_ddp *d, nt_tensor **sum, in
         if (parts != flat)
             free(parts);
         if (!in[k])
-            rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+            rc = errc();
     }
     if (!rc)
         rc = nt_all_reduce_at(site, d->comm, in, out, NT_REDUCE_SUM);
@@ -1108,7 +1112,7 @@ static int bucket_all_reduce(const nt_site *site, nt_ddp *d, nt_tensor **sum, in
                                   t->shape);
             off += len;
             if (!r) {
-                rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+                rc = errc();
                 break;
             }
             if (r == out[k])
@@ -1203,7 +1207,7 @@ NT_API int nt_ddp_reduce_at(const nt_site *site, nt_ddp *d)
             if (g && p->dtype != NT_F32)
                 g = nt_cast_at(site, g, (nt_dtype)p->dtype);
             if (!g) {
-                rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+                rc = errc();
                 break;
             }
             nt_keep(g);
