@@ -32,7 +32,7 @@
 #include "dispatcher/dispatch.h"
 
 #include <glib.h>
-#include <glob.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <math.h>
@@ -238,6 +238,13 @@ static bool check_shard(const nt_site *site, const nt_ddp *d, const char *fn, in
     return true;
 }
 
+/* The code of the error a failed call left, or dflt when it left none
+ * (a NULL from a call that sets no error). */
+static int err_or(int dflt) { return nt_last_error() ? nt_last_error() : dflt; }
+
+/* The error of a call that returned NULL. */
+static int errc(void) { return err_or(NT_EINVAL); }
+
 /* ---------------- create, destroy ---------------- */
 
 /* Drops the shards' batch-norm statistics of this step (all: the layers
@@ -343,7 +350,7 @@ static int replicate(const nt_site *site, nt_ddp *d, nt_tensor *const *params, i
             if (c)
                 c = nt_keep(c);
             if (!c || nt_set_requires_grad(c, true) != 0) {
-                rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+                rc = errc();
                 nt_release(c);
                 break;
             }
@@ -351,7 +358,7 @@ static int replicate(const nt_site *site, nt_ddp *d, nt_tensor *const *params, i
         }
         nt_no_grad_end();
         if (!rc && m->dev != home && !prev && !(prev = nt_event_create()))
-            rc = nt_last_error() ? nt_last_error() : NT_EHOSTMEM;
+            rc = err_or(NT_EHOSTMEM);
         if (!rc && m->dev != home)
             rc = nt_event_record(prev, NULL);
         leave(old);
@@ -602,9 +609,6 @@ NT_API nt_tensor *nt_ddp_shard_from_host(nt_ddp *d, int shard, const void *src, 
 
 /* ---------------- backward of one shard ---------------- */
 
-/* The error of a call that returned NULL. */
-static int errc(void) { return nt_last_error() ? nt_last_error() : NT_EINVAL; }
-
 /* Adds up, from slot idx at level 0 of member m's tree, every node of
  * parameters [lo, hi) whose two children now exist (parameter lo's
  * children stand for all of them).  0 or an error. */
@@ -796,7 +800,7 @@ NT_API int nt_ddp_backward_at(const nt_site *site, nt_ddp *d, int shard, nt_tens
     if (!ddp_ok(site, d, fn))
         return nt_last_error();
     if (!nt__check_arg(site, fn, "loss", loss))
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+        return errc();
     return backward_many(site, fn, &d, 1, shard, loss);
 }
 
@@ -825,7 +829,7 @@ NT_API int nt_ddp_backward_group_at(const nt_site *site, nt_ddp *const *ds, int 
                                "%d and %d", k, i);
     }
     if (!nt__check_arg(site, fn, "loss", loss))
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+        return errc();
     return backward_many(site, fn, ds, nd, shard, loss);
 }
 
@@ -1004,7 +1008,7 @@ static int bn_round(const nt_site *site, nt_ddp *d, nt_tensor *const *mg, nt_ten
         in[k] = bn_block(site, d, k, mg ? mg[k] : NULL);
         leave(old);
         if (!in[k])
-            return nt_last_error() ? nt_last_error() : NT_EINVAL;
+            return errc();
     }
     if (!d->comm) {
         out[0] = in[0];
@@ -1033,7 +1037,7 @@ static int bn_reduce(const nt_site *site, nt_ddp *d)
     for (int k = 0; k < d->nmem && !rc; k++) {
         nt_stream *old = enter(d->m[k].dev);
         if (!(mg[k] = nt_mul_scalar_at(site, mg[k], 1.0 / d->shards)))
-            rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+            rc = errc();
         leave(old);
     }
     if (!rc)
@@ -1047,7 +1051,7 @@ static int bn_reduce(const nt_site *site, nt_ddp *d)
             nt_tensor *ssd = nt_slice_at(site, tot[k], 0, off, off + L->C, 1);
             nt_tensor *var = ssd ? nt_div_scalar_at(site, ssd, (double)(d->shards * L->M - 1))
                                  : NULL;
-            rc = !mean || !var ? (nt_last_error() ? nt_last_error() : NT_EINVAL)
+            rc = !mean || !var ? errc()
                                : nt__bn_update(site, "nt_ddp_reduce", L->rm[k], mean, L->momentum);
             if (!rc)
                 rc = nt__bn_update(site, "nt_ddp_reduce", L->rv[k], var, L->momentum);
@@ -1093,7 +1097,7 @@ static int bucket_all_reduce(const nt_site *site, nt_ddp *d, nt_tensor **sum, in
         if (parts != flat)
             free(parts);
         if (!in[k])
-            rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+            rc = errc();
     }
     if (!rc)
         rc = nt_all_reduce_at(site, d->comm, in, out, NT_REDUCE_SUM);
@@ -1108,7 +1112,7 @@ static int bucket_all_reduce(const nt_site *site, nt_ddp *d, nt_tensor **sum, in
                                   t->shape);
             off += len;
             if (!r) {
-                rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+                rc = errc();
                 break;
             }
             if (r == out[k])
@@ -1203,7 +1207,7 @@ NT_API int nt_ddp_reduce_at(const nt_site *site, nt_ddp *d)
             if (g && p->dtype != NT_F32)
                 g = nt_cast_at(site, g, (nt_dtype)p->dtype);
             if (!g) {
-                rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+                rc = errc();
                 break;
             }
             nt_keep(g);
@@ -2248,10 +2252,12 @@ NT_API int nt_ddp_save(nt_ddp *d, const char *path, nt_optim *const *opts, int n
 }
 
 /* The saved parameters' shapes (d's own, or those of another tensor
- * rank's parts: nt_ddp_load_split). */
+ * rank's parts: nt_ddp_load_split) and the call that reads them (its
+ * errors name it). */
 typedef struct zshape {
     const int64_t *numel;
     const int64_t (*shape)[NT_MAX_DIMS];
+    const char *fn;
 } zshape;
 
 /* The layout a checkpoint was saved under: *R (files), *stage, and the
@@ -2259,7 +2265,7 @@ typedef struct zshape {
 static int zero_saved_layout(nt_ddp *d, const zshape *zs, const char *path, int *R,
                              int *stage, int32_t **lay)
 {
-    const char *fn = "nt_ddp_load";
+    const char *fn = zs->fn;
     char file[4096];
     *R = 0;
     /* the newest layout saved at path, if several were */
@@ -2311,9 +2317,8 @@ static int zero_saved_layout(nt_ddp *d, const zshape *zs, const char *path, int 
 
 /* An optimizer of o's kind, flags and groups (each over the same slots
  * as o's) over ps. */
-static nt_optim *zero_opt_like(nt_optim *o, nt_tensor **ps, int n)
+static nt_optim *zero_opt_like(const char *fn, nt_optim *o, nt_tensor **ps, int n)
 {
-    const char *fn = "nt_ddp_load";
     if (o->master || o->groups[0].first != 0 || o->n != n)
         return nt__err(NULL, NT_ENOTSUP, fn, "resharding an optimizer with master weights "
                        "or over other parameters than the nt_ddp's; one without master "
@@ -2369,7 +2374,7 @@ static int zero_read_rank(nt_ddp *d, const zshape *zs, const char *path, int r, 
     const char **np = calloc((size_t)n + 1, sizeof *np);
     nt_tensor **ts = calloc((size_t)n + 1, sizeof *ts);
     if (!names || !np || !ts)
-        rc = nt__err_hostmem(NULL, "nt_ddp_load", "the names");
+        rc = nt__err_hostmem(NULL, zs->fn, "the names");
     for (int j = 0; j < n && !rc; j++) {
         int64_t L = (zs->numel[j] + R - 1) / R;
         ts[j] = stage ? nt_zeros(d->pdt[j], 1, (int64_t[]){L})
@@ -2380,7 +2385,7 @@ static int zero_read_rank(nt_ddp *d, const zshape *zs, const char *path, int r, 
     }
     ts[n] = rc ? NULL : nt_zeros(NT_I32, 1, (int64_t[]){n + 3});
     np[n] = "zero.layout";
-    nt_optim *tmp = !ts[n] || !opt ? NULL : zero_opt_like(opt, ts, n);
+    nt_optim *tmp = !ts[n] || !opt ? NULL : zero_opt_like(zs->fn, opt, ts, n);
     if (!rc && (!ts[n] || (opt && !tmp)))
         rc = errc();
     zero_path(file, sizeof file, path, r, R);
@@ -2455,6 +2460,23 @@ static int zero_put(nt_ddp *d, nt_optim *const *opts, const zfull *z)
     return rc;
 }
 
+/* Entry x of a saved parameter (zfull's v: the parameter, then its
+ * optimizer state slots 0, 1 and 3 of docs/checkpoint-format.md). */
+static const char *const zentry[4] = {
+    "value", "optimizer state slot 0 (momentum or first moment)",
+    "optimizer state slot 1 (second moment)",
+    "optimizer state slot 3 (AMSGrad's largest second moment)"};
+
+/* fn's error for saved file `lacks` holding no entry x of parameter j
+ * that file `has` holds (an optimizer that never updated the parameter on
+ * one rank has no state for it): nothing is put together from them. */
+static int zero_missing(const char *fn, const char *lacks, const char *has, int j, int x)
+{
+    return nt__err(NULL, NT_EINVAL, fn, "'%s' holds no %s of parameter %d (\"p%d\"); '%s' "
+                   "does: the ranks' optimizers were saved in different states, so the "
+                   "parameter's state cannot be put together", lacks, zentry[x], j, j, has);
+}
+
 /* Every saved rank's file put together into z (flat whole tensors of zs's
  * sizes, on member 0's device, in the open scope). */
 static int zero_read_all(nt_ddp *d, const zshape *zs, const char *path, nt_optim *opt, int R,
@@ -2463,10 +2485,18 @@ static int zero_read_all(nt_ddp *d, const zshape *zs, const char *path, nt_optim
     int n = d->n, rc = 0;
     nt_tensor **parts = calloc((size_t)n * 4 * R, sizeof *parts);
     if (!parts)
-        return nt__err_hostmem(NULL, "nt_ddp_load", "the pieces");
+        return nt__err_hostmem(NULL, zs->fn, "the pieces");
     nt_stream *old = enter(d->m[0].dev);
     for (int r = 0; r < R && !rc; r++)
         rc = zero_read_rank(d, zs, path, r, R, stage, opt, parts, z);
+    for (int i = 0; i < n * 4 && !rc; i++) /* every rank has each entry, or none */
+        for (int r = 1; r < R && !rc; r++)
+            if (!parts[i * R] != !parts[i * R + r]) {
+                char lacks[4096], has[4096];
+                zero_path(lacks, sizeof lacks, path, parts[i * R] ? r : 0, R);
+                zero_path(has, sizeof has, path, parts[i * R] ? 0 : r, R);
+                rc = zero_missing(zs->fn, lacks, has, i / 4, i % 4);
+            }
     for (int i = 0; i < n * 4 && !rc; i++) {
         if (!parts[i * R])
             continue;
@@ -2480,7 +2510,7 @@ static int zero_read_all(nt_ddp *d, const zshape *zs, const char *path, nt_optim
     return rc;
 }
 
-static int zfull_alloc(const nt_ddp *d, nt_optim *const *opts, zfull *z)
+static int zfull_alloc(const char *fn, const nt_ddp *d, nt_optim *const *opts, zfull *z)
 {
     int ng = opts ? opts[0]->ngroups : 1;
     *z = (zfull){.v = calloc((size_t)d->n * 4, sizeof *z->v),
@@ -2488,7 +2518,7 @@ static int zfull_alloc(const nt_ddp *d, nt_optim *const *opts, zfull *z)
                  .lr = calloc((size_t)ng, sizeof *z->lr),
                  .initial_lr = calloc((size_t)ng, sizeof *z->initial_lr)};
     if (!z->v || !z->steps || !z->lr || !z->initial_lr)
-        return nt__err_hostmem(NULL, "nt_ddp_load", "the pieces");
+        return nt__err_hostmem(NULL, fn, "the pieces");
     return 0;
 }
 
@@ -2500,8 +2530,8 @@ static void zfull_free(zfull *z)
 static int zero_reshard(nt_ddp *d, const char *path, nt_optim *const *opts, int R, int stage)
 {
     zfull z;
-    zshape zs = {d->numel, (const int64_t(*)[NT_MAX_DIMS])d->pshape};
-    int rc = zfull_alloc(d, opts, &z);
+    zshape zs = {d->numel, (const int64_t(*)[NT_MAX_DIMS])d->pshape, "nt_ddp_load"};
+    int rc = zfull_alloc(zs.fn, d, opts, &z);
     if (!rc)
         rc = zero_read_all(d, &zs, path, opts ? opts[0] : NULL, R, stage, &z);
     if (!rc)
@@ -2534,7 +2564,7 @@ NT_API int nt_ddp_load(nt_ddp *d, const char *path, nt_optim *const *opts, int n
     int32_t *lay = NULL;
     if (!rc)
         rc = zero_shapes(d, fn);
-    zshape zs = {d->numel, (const int64_t(*)[NT_MAX_DIMS])d->pshape};
+    zshape zs = {d->numel, (const int64_t(*)[NT_MAX_DIMS])d->pshape, fn};
     if (!rc)
         rc = zero_saved_layout(d, &zs, path, &R, &stage, &lay);
     bool same = !rc && ((stage == 0 && d->zero == 0) || (stage == d->zero && R == d->ranks));
@@ -2605,44 +2635,65 @@ NT_API int nt_ddp_save_split(nt_ddp *d, const char *path, int rank, int ranks,
     return nt_ddp_save(d, file, opts, nopts);
 }
 
-/* The tensor rank count of the newest split checkpoint at path, or 0. */
+/* The tensor rank count of the newest split checkpoint at path, or 0:
+ * the names "<path>.tp0of<T>.zero0of<R>" among the entries of path's
+ * folder, path's characters taken as they are (glob() would read '[', '*'
+ * and '?' in it as a pattern and miss the files). */
 static int split_saved_ranks(const char *path)
 {
-    char pat[4200];
-    snprintf(pat, sizeof pat, "%s.tp0of*.zero0of*", path);
-    glob_t gl;
-    int T = 0;
-    if (glob(pat, 0, NULL, &gl) != 0)
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    char folder[4096];
+    snprintf(folder, sizeof folder, "%.*s", !slash ? 1 : slash == path ? 1 : (int)(slash - path),
+             !slash ? "." : path);
+    DIR *dir = opendir(folder);
+    if (!dir)
         return 0;
+    size_t blen = strlen(base);
     double newest = -1;
-    size_t plen = strlen(path);
-    for (size_t i = 0; i < gl.gl_pathc; i++) {
-        const char *f = gl.gl_pathv[i];
+    int T = 0;
+    for (struct dirent *e; (e = readdir(dir));) {
         int t, R;
-        char end;
+        char end, file[4200];
         struct stat sb;
-        if (strlen(f) <= plen || sscanf(f + plen, ".tp0of%d.zero0of%d%c", &t, &R, &end) != 2 ||
-            t < 1 || stat(f, &sb))
+        if (strncmp(e->d_name, base, blen) ||
+            sscanf(e->d_name + blen, ".tp0of%d.zero0of%d%c", &t, &R, &end) != 2 || t < 1)
+            continue;
+        snprintf(file, sizeof file, "%s%s", path, e->d_name + blen);
+        if (stat(file, &sb))
             continue;
         double m = (double)sb.st_mtim.tv_sec + 1e-9 * (double)sb.st_mtim.tv_nsec;
         if (m > newest)
             newest = m, T = t;
     }
-    globfree(&gl);
+    closedir(dir);
     return T;
 }
 
-/* Saved tensor rank t's whole parts (flat, zs's sizes) into z. */
+/* Saved tensor rank t's whole parts (flat, zs's sizes) into z; *R its
+ * ZeRO rank count. */
 static int split_read(nt_ddp *d, const zshape *zs, const char *path, int t, int T,
-                      nt_optim *opt, zfull *z)
+                      nt_optim *opt, zfull *z, int *R)
 {
     char file[4096];
     split_path(file, sizeof file, path, t, T);
-    int R = 0, stage = 0;
+    int stage = 0;
     int32_t *lay = NULL;
-    int rc = zero_saved_layout(d, zs, file, &R, &stage, &lay);
+    int rc = zero_saved_layout(d, zs, file, R, &stage, &lay);
     free(lay);
-    return rc ? rc : zero_read_all(d, zs, file, opt, R, stage, z);
+    return rc ? rc : zero_read_all(d, zs, file, opt, *R, stage, z);
+}
+
+/* zero_missing for tensor rank `lacks`'s first file against rank `has`'s
+ * (Rs: each tensor rank's ZeRO rank count). */
+static int split_missing(const char *fn, const char *path, int lacks, int has, int T,
+                         const int *Rs, int j, int x)
+{
+    char a[4096], b[4096], fa[4200], fb[4200];
+    split_path(a, sizeof a, path, lacks, T);
+    split_path(b, sizeof b, path, has, T);
+    zero_path(fa, sizeof fa, a, 0, Rs[lacks]);
+    zero_path(fb, sizeof fb, b, 0, Rs[has]);
+    return zero_missing(fn, fa, fb, j, x);
 }
 
 /* Joins saved parts v[0..T) of parameter j (flat, saved shape sh) along
@@ -2693,6 +2744,7 @@ NT_API int nt_ddp_load_split(nt_ddp *d, const char *path, int rank, int ranks, c
     int64_t(*sh)[NT_MAX_DIMS] = calloc((size_t)n, sizeof *sh);
     int64_t *snumel = calloc((size_t)n, sizeof *snumel);
     zfull zt[SPLIT_MAX] = {0};
+    int Rs[SPLIT_MAX] = {0};
     if (!rc && (!sh || !snumel))
         rc = nt__err_hostmem(NULL, fn, "the shapes");
     for (int j = 0; j < n && !rc; j++) {
@@ -2713,20 +2765,24 @@ NT_API int nt_ddp_load_split(nt_ddp *d, const char *path, int rank, int ranks, c
         for (int a = 0; a < d->pnd[j]; a++)
             snumel[j] *= sh[j][a];
     }
-    zshape zs = {snumel, (const int64_t(*)[NT_MAX_DIMS])sh};
+    zshape zs = {snumel, (const int64_t(*)[NT_MAX_DIMS])sh, fn};
     nt_scope *sc = nt_scope_begin();
     nt_no_grad_begin();
     for (int t = 0; t < T && !rc; t++) {
-        rc = zfull_alloc(d, opts, &zt[t]);
+        rc = zfull_alloc(fn, d, opts, &zt[t]);
         if (!rc)
-            rc = split_read(d, &zs, path, t, T, opts ? opts[0] : NULL, &zt[t]);
+            rc = split_read(d, &zs, path, t, T, opts ? opts[0] : NULL, &zt[t], &Rs[t]);
     }
     /* this rank's parts go in tensor rank 0's place: a replicated one is
      * its whole, the counts and rates are its own */
     nt_stream *old = enter(d->m[0].dev);
     for (int i = 0; i < n * 4 && !rc; i++) {
         int j = i / 4;
-        if (!zt[0].v[i] || dims[j] < 0)
+        for (int t = 1; t < T && dims[j] >= 0 && !rc; t++) /* a split one's parts: all or none */
+            if (!zt[0].v[i] != !zt[t].v[i])
+                rc = split_missing(fn, path, zt[0].v[i] ? t : 0, zt[0].v[i] ? 0 : t, T, Rs, j,
+                                   i % 4);
+        if (rc || !zt[0].v[i] || dims[j] < 0)
             continue;
         nt_tensor *v[SPLIT_MAX];
         for (int t = 0; t < T; t++)

@@ -151,5 +151,12 @@ int nt__comm_local(const nt_comm *cm, const int **devs);
  * carried; dist/tree.c), overwriting v. */
 int nt__group_end(nt_scope *s, const char *fn, int rc, nt_tensor **out, int n);
 nt_tensor *nt__group_tree_sum(const nt_site *site, nt_tensor **v, int n);
+/* A group op's saved inputs, each member's x and w (a linear's, the MoE
+ * gate's): nt__group_save_pairs saves xs[i] and ws[i] (nt__save) into x[i]
+ * and w[i] for i < n, 0 or NT_EHOSTMEM naming fn (what it saved stays for
+ * the release); nt__group_release_pairs releases those that are set. */
+int nt__group_save_pairs(const nt_site *site, const char *fn, int n, nt_tensor *const *xs,
+                         nt_tensor *const *ws, nt_tensor **x, nt_tensor **w);
+void nt__group_release_pairs(int n, nt_tensor **x, nt_tensor **w);
 
 #endif

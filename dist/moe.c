@@ -403,12 +403,7 @@ typedef struct gate_ctx {
 static void gate_free(void *p)
 {
     gate_ctx *x = p;
-    for (int i = 0; i < x->n; i++) {
-        if (x->x[i])
-            nt_release(x->x[i]);
-        if (x->wg[i])
-            nt_release(x->wg[i]);
-    }
+    nt__group_release_pairs(x->n, x->x, x->wg);
     free(x);
 }
 
@@ -464,10 +459,7 @@ static int gate(const nt_site *site, const char *fn, nt_comm *c, int n, const in
     if (!x)
         return nt__err_hostmem(site, fn, "the op's record");
     *x = (gate_ctx){.c = c, .n = n, .lb = lb, .devs = devs, .site = *site};
-    int rc = 0;
-    for (int i = 0; i < n && !rc; i++)
-        if (!(x->x[i] = nt__save(xs[i])) || !(x->wg[i] = nt__save(wg[i])))
-            rc = nt__err_hostmem(site, fn, "the op's saved tensors");
+    int rc = nt__group_save_pairs(site, fn, n, xs, wg, x->x, x->wg);
     nt_no_grad_begin();
     for (int i = 0; i < n && !rc; i++) {
         nt__devsw d;

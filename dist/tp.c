@@ -133,6 +133,29 @@ nt_tensor *nt__group_tree_sum(const nt_site *site, nt_tensor **v, int n)
     return v[0];
 }
 
+/* dist/dist.h */
+int nt__group_save_pairs(const nt_site *site, const char *fn, int n, nt_tensor *const *xs,
+                         nt_tensor *const *ws, nt_tensor **x, nt_tensor **w)
+{
+    for (int i = 0; i < n; i++) {
+        x[i] = nt__save(xs[i]);
+        w[i] = nt__save(ws[i]);
+        if (!x[i] || !w[i])
+            return nt__err_hostmem(site, fn, "the op's saved tensors");
+    }
+    return 0;
+}
+
+void nt__group_release_pairs(int n, nt_tensor **x, nt_tensor **w)
+{
+    for (int i = 0; i < n; i++) {
+        if (x[i])
+            nt_release(x[i]);
+        if (w[i])
+            nt_release(w[i]);
+    }
+}
+
 /* The tensor as [rows, last] (a view when it can be). */
 static nt_tensor *as_2d(const nt_site *site, nt_tensor *t)
 {
@@ -400,12 +423,7 @@ static int linear_record(const nt_site *site, const char *fn, int rc, int n,
 static void lin_free(void *p)
 {
     lin_ctx *x = p;
-    for (int i = 0; i < x->n; i++) {
-        if (x->x[i])
-            nt_release(x->x[i]);
-        if (x->w[i])
-            nt_release(x->w[i]);
-    }
+    nt__group_release_pairs(x->n, x->x, x->w);
     free(x);
 }
 
@@ -424,12 +442,8 @@ static lin_ctx *lin_ctx_new(const nt_site *site, const char *fn, nt_comm *c, boo
     }
     *x = (lin_ctx){.c = c, .row = row, .n = n, .blocks = blocks, .dim = dim, .devs = devs,
                    .site = *site, .has_b = has_b};
-    for (int i = 0; i < n && !*rc; i++) {
-        x->x[i] = nt__save(xs[i]);
-        x->w[i] = nt__save(w[i]);
-        if (!x->x[i] || !x->w[i])
-            *rc = nt__err_hostmem(site, fn, "the op's saved tensors");
-    }
+    if (!*rc)
+        *rc = nt__group_save_pairs(site, fn, n, xs, w, x->x, x->w);
     return x;
 }
 

@@ -1433,7 +1433,10 @@ static inline int gptm_crc(gpt_mesh *g, uint32_t *crc, char *err, size_t en)
  * tp, or expert rank e of ep: "<path>.tp<m>of<nm>.zero<r>of<R>", its
  * shards or replica and its AdamW state, step counts and lrs) and, written
  * last by process 0, "<path>" itself: the tensor "mesh.layout" (the model,
- * which must match to load, and the layout it was split by).  A load under
+ * which must match to load, and the layout it was split by).  Under mpirun
+ * the processes wait for each other after their parts (process 0 writes
+ * "<path>" only once every part is on disk) and after "<path>" (no process
+ * returns before the checkpoint is whole).  A load under
  * the same layout reads each member's own files; under another (dp, tp,
  * ep, zero) it is an error unless asked to reshard: then
  * nt_ddp_load_split puts each parameter and its AdamW moments together
@@ -1479,24 +1482,91 @@ static inline int gptm_split_dim(const gpt_mesh *g, int j)
     return split == GPTM_COLS ? 1 : 0;
 }
 
+/* Every process's k i32 values v, gathered over the processes' devices
+ * (global rank order) into a malloc'd *every of *total x k; 0, or -1 with
+ * err set.  Every process must call it (a barrier). */
+static inline int gptm_ck_gather(gpt_mesh *g, const int32_t *v, int k, int32_t **every,
+                                 int *total, char *err, size_t en)
+{
+    int devs[GPTM_MAXD];
+    for (int i = 0; i < g->ndev; i++)
+        devs[i] = i;
+    *every = NULL;
+    nt_comm *w = nt_comm_create(devs, g->ndev);
+    if (!w)
+        return gptm_fail(err, en, "%s", nt_last_error_message());
+    int rc = 0;
+    *total = nt_comm_size(w);
+    *every = malloc(sizeof **every * (size_t)k * (size_t)*total);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *in[GPTM_MAXD], *out[GPTM_MAXD];
+    for (int i = 0; i < g->ndev && !rc; i++) {
+        nt_device_set(i);
+        rc = !(in[i] = nt_from_host(v, NT_I32, 1, (int64_t[]){k}));
+    }
+    if (rc || !*every || nt_all_gather(w, in, out) ||
+        nt_to_host(out[0], *every, sizeof **every * (size_t)k * (size_t)*total))
+        rc = gptm_fail(err, en, "%s", nt_last_error_message());
+    nt_scope_end(sc);
+    nt_comm_destroy(w);
+    nt_device_set(0);
+    if (rc) {
+        free(*every);
+        *every = NULL;
+    }
+    return rc ? -1 : 0;
+}
+
+/* A save's barrier under mpirun: every process says whether its part of
+ * `what` failed (its err is set then).  0 when none did, else -1 with err
+ * set (its own error, or the first global rank that failed). */
+static inline int gptm_ck_sync(gpt_mesh *g, const char *path, bool failed, const char *what,
+                               char *err, size_t en)
+{
+    if (nt_process_count() == 1)
+        return failed ? -1 : 0;
+    int32_t f = failed, *every;
+    int total = 0;
+    char gerr[512];
+    if (gptm_ck_gather(g, &f, 1, &every, &total, gerr, sizeof gerr))
+        return failed ? -1 : gptm_fail(err, en, "saving '%s': waiting for the other processes "
+                                       "after %s: %s", path, what, gerr);
+    int who = -1;
+    for (int r = total - 1; r >= 0; r--)
+        if (every[r])
+            who = r;
+    free(every);
+    if (who < 0 || failed)
+        return who < 0 ? 0 : -1;
+    return gptm_fail(err, en, "saving '%s': global rank %d failed writing %s (its process "
+                     "prints why)", path, who, what);
+}
+
 /* Saves g at path (see above); every process calls it.  0 or -1 with err. */
 static inline int gptm_save(gpt_mesh *g, const char *path, char *err, size_t en)
 {
-    for (int m = 0; m < g->nm; m++)
+    int rc = 0;
+    for (int m = 0; m < g->nm && !rc; m++)
         if (nt_ddp_save_split(g->ddp[m], path, m, g->nm, g->opt[m], g->ndd[m]))
-            return gptm_fail(err, en, "%s", nt_last_error_message());
-    if (nt_process_rank() != 0)
-        return 0;
-    int32_t v[GPTM_CK_N];
-    gptm_ck_layout(g, v);
-    nt_device_set(0);
-    nt_scope *sc = nt_scope_begin();
-    nt_tensor *t = nt_from_host(v, NT_I32, 1, (int64_t[]){GPTM_CK_N});
-    const char *name = "mesh.layout";
-    int rc = !t || nt_checkpoint_write(path, &(nt_checkpoint_spec){.tensors = &t,
+            rc = gptm_fail(err, en, "%s", nt_last_error_message());
+    /* every process's parts are on disk before "<path>" names them */
+    if (gptm_ck_sync(g, path, rc != 0, "its parts", err, en))
+        return -1;
+    if (nt_process_rank() == 0) {
+        int32_t v[GPTM_CK_N];
+        gptm_ck_layout(g, v);
+        nt_device_set(0);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *t = nt_from_host(v, NT_I32, 1, (int64_t[]){GPTM_CK_N});
+        const char *name = "mesh.layout";
+        rc = !t || nt_checkpoint_write(path, &(nt_checkpoint_spec){.tensors = &t,
                                                                   .names = &name, .n = 1});
-    nt_scope_end(sc);
-    return rc ? gptm_fail(err, en, "%s", nt_last_error_message()) : 0;
+        nt_scope_end(sc);
+        if (rc)
+            gptm_fail(err, en, "%s", nt_last_error_message());
+    }
+    /* and "<path>" before any process returns */
+    return gptm_ck_sync(g, path, rc != 0, "the header", err, en);
 }
 
 /* Reads path's layout record into v.  0 or -1 with err set. */
@@ -1529,24 +1599,11 @@ static inline int gptm_ck_agree(gpt_mesh *g, const char *path, const int32_t *v,
 {
     if (nt_process_count() == 1)
         return 0;
-    int devs[GPTM_MAXD];
-    for (int i = 0; i < g->ndev; i++)
-        devs[i] = i;
-    nt_comm *w = nt_comm_create(devs, g->ndev);
-    if (!w)
-        return gptm_fail(err, en, "%s", nt_last_error_message());
-    int total = nt_comm_size(w), rc = 0;
-    int32_t *every = malloc(sizeof *every * GPTM_CK_N * (size_t)total);
-    nt_scope *sc = nt_scope_begin();
-    nt_tensor *in[GPTM_MAXD], *out[GPTM_MAXD];
-    for (int i = 0; i < g->ndev && !rc; i++) {
-        nt_device_set(i);
-        rc = !(in[i] = nt_from_host(v, NT_I32, 1, (int64_t[]){GPTM_CK_N}));
-    }
-    if (rc || !every || nt_all_gather(w, in, out) ||
-        nt_to_host(out[0], every, sizeof *every * GPTM_CK_N * (size_t)total))
-        rc = gptm_fail(err, en, "comparing the layouts of the processes: %s",
-                       nt_last_error_message());
+    int total = 0, rc = 0;
+    int32_t *every;
+    char gerr[512];
+    if (gptm_ck_gather(g, v, GPTM_CK_N, &every, &total, gerr, sizeof gerr))
+        return gptm_fail(err, en, "comparing the layouts of the processes: %s", gerr);
     for (int r = 0; r < total && !rc; r++)
         if (memcmp(every + (size_t)r * GPTM_CK_N, every, sizeof *every * GPTM_CK_N)) {
             char a[64], b[64];
@@ -1556,10 +1613,7 @@ static inline int gptm_ck_agree(gpt_mesh *g, const char *path, const int32_t *v,
                            "rank 0's was saved under (%s), global rank %d's under (%s)%s", path,
                            a, r, b, strcmp(a, b) ? "" : " (another model)");
         }
-    nt_scope_end(sc);
-    nt_comm_destroy(w);
     free(every);
-    nt_device_set(0);
     return rc ? -1 : 0;
 }
 
