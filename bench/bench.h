@@ -61,6 +61,14 @@ static inline double bench_now_ns(void)
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
+/* CPU time of the whole process (every thread, the runtime's workers too). */
+static inline double bench_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
 static inline int bench_cmp(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -71,7 +79,9 @@ static inline int bench_cmp(const void *a, const void *b)
 static inline double bench_median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, bench_cmp);
-    return v[n / 2];
+    /* an even count: the mean of the middle two (the upper one alone made
+     * the median of two rounds their maximum) */
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* Exits with the runtime's last error: `what` failed. */

@@ -69,6 +69,7 @@ typedef struct {
     char name[16]; /* also its --curves log's name */
     bool ran;
     double ms, sim_ms, mfu, val;
+    double cpu_ms; /* CPU time a step, every thread of the process (ours only) */
 } result;
 
 static const char *curves_dir; /* --curves DIR: each run's eval lines in DIR/NAME.log */
@@ -113,6 +114,7 @@ static void run_ours(const char *backend, nt_dtype amp, bool fp8, bool captured,
     nt_sim_stats s0, s1, e0, e1;
     nt_sim_stats_get(&s0);
     double t0 = bench_now_ns(), train_ns = 0, eval_sim_ns = 0, eval_ideal_ns = 0, total = 0;
+    double c0 = bench_cpu_ns(), cpu_ns = 0;
     int since = 0;
     gpt_capture cap = {0}; /* captured: step 1 recorded, replayed after */
     for (int s = 0; s < steps; s++) {
@@ -132,6 +134,7 @@ static void run_ours(const char *backend, nt_dtype amp, bool fp8, bool captured,
             bench_check(nt_fill_inplace(sum, 0), "resetting the loss sum");
             double t1 = bench_now_ns();
             train_ns += t1 - t0;
+            cpu_ns += bench_cpu_ns() - c0;
             total += l;
             nt_sim_stats_get(&e0);
             r->val = gpt_eval_fp8(&m, d, 16, eval_batches, amp, recipe);
@@ -147,17 +150,19 @@ static void run_ours(const char *backend, nt_dtype amp, bool fp8, bool captured,
                 fputs(line, log);
             since = 0;
             t0 = bench_now_ns();
+            c0 = bench_cpu_ns();
         }
     }
     if (log)
         fclose(log);
     r->ms = train_ns * 1e-6 / steps;
+    r->cpu_ms = cpu_ns * 1e-6 / steps;
     nt_sim_stats_get(&s1);
     double sim_ns = s1.sim_ns - s0.sim_ns - eval_sim_ns;
     r->sim_ms = sim_ns * 1e-6 / steps;
     r->mfu = sim_ns > 0 ? (s1.tensor_ideal_ns - s0.tensor_ideal_ns - eval_ideal_ns) / sim_ns : 0;
     r->ran = true;
-    printf("  %-5s %8.1f ms/step", r->name, r->ms);
+    printf("  %-5s %8.1f ms/step (CPU time %.1f ms)", r->name, r->ms, r->cpu_ms);
     if (sim_ns > 0)
         printf("  NeuronCore (simulated) %.2f ms/step, MFU %.1f%%", r->sim_ms, 100 * r->mfu);
     printf("  train loss (mean) %.4f  val loss %.4f\n", total / steps, r->val);
@@ -392,7 +397,7 @@ int main(int argc, char **argv)
     result r[NCFG] = {{.name = "peer-1t"}, {.name = "peer-2t"}, {.name = "sim"},
                       {.name = "cpu"},     {.name = "bf16"},    {.name = "sim-cap"},
                       {.name = "cpu-cap"}, {.name = "fp8"}};
-    double ms[NCFG + 1][MAX_ROUNDS];
+    double ms[NCFG + 1][MAX_ROUNDS], cpu[NCFG + 1][MAX_ROUNDS];
     bool ran[NCFG] = {false}, all[NCFG]; /* ran in some round; in every round */
     for (int i = 0; i < NCFG; i++)
         all[i] = true;
@@ -443,6 +448,7 @@ int main(int argc, char **argv)
         }
         for (int i = 0; i < NCFG; i++) {
             ms[i][k] = r[i].ran ? r[i].ms : 0;
+            cpu[i][k] = r[i].ran ? r[i].cpu_ms : 0;
             ran[i] = ran[i] || r[i].ran;
             all[i] = all[i] && r[i].ran;
             r[i].ran = false; /* each round's own */
@@ -510,11 +516,17 @@ int main(int argc, char **argv)
         int e = i == SIMCAP ? SIM : CPU;
         if (!all[i] || !all[e])
             continue;
-        double q[MAX_ROUNDS];
-        for (int k = 0; k < rounds; k++)
+        double q[MAX_ROUNDS], qc[MAX_ROUNDS];
+        for (int k = 0; k < rounds; k++) {
             q[k] = ms[i][k] / ms[e][k];
-        printf("%s: captured / op by op, wall time per step %.2fx (median of %d round(s))%s\n",
-               r[e].name, bench_median(q, rounds), rounds,
+            qc[k] = cpu[e][k] > 0 ? cpu[i][k] / cpu[e][k] : 0;
+        }
+        /* CPU time (every thread's) varies far less than wall time when
+         * other programs share the machine */
+        double wq = bench_median(q, rounds), cq = bench_median(qc, rounds);
+        printf("%s: captured / op by op, wall time per step %.2fx, CPU time %.2fx (medians of %d "
+               "round(s))%s\n",
+               r[e].name, wq, cq, rounds,
                r[i].val == r[e].val ? "; the same val loss, bit for bit" : "; val loss DIFFERS");
     }
     if (all[FP8] && all[BF16] && r[BF16].sim_ms > 0)

@@ -41,6 +41,7 @@
  * The statistics (nt__arena_in_use ...) add up every device. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/internal.h"
 
@@ -494,6 +495,30 @@ static void backed_add(dev_acct *a, size_t cls)
     raise_peak(&a->backed_peak, now);
 }
 
+/* Blocks of this many bytes or more start on a 2 MiB boundary and are
+ * advised onto huge pages. */
+#define NT_ARENA_HUGE_MIN ((size_t)2 << 20)
+
+/* A new block from the system.  A big one is advised onto huge pages: its
+ * first writes then take one page fault per 2 MiB instead of one per 4 KiB.
+ * On this project's VM a fault costs several microseconds, and a captured
+ * program's memory plan (one block of 73 MiB for the character GPT) took
+ * 18,700 of them in its first replay.  The advice may be refused (then the
+ * block is on 4 KiB pages, as before); the bytes are the same either way. */
+static void *sys_block(size_t cls)
+{
+#ifdef MADV_HUGEPAGE
+    if (cls >= NT_ARENA_HUGE_MIN) {
+        void *p = NULL;
+        if (posix_memalign(&p, NT_ARENA_HUGE_MIN, cls) != 0)
+            return NULL;
+        (void)madvise(p, cls, MADV_HUGEPAGE);
+        return p;
+    }
+#endif
+    return aligned_alloc(NT_ARENA_ALIGN, cls);
+}
+
 /* A block of class ci (cls bytes) from the caches or the system; the
  * capacity was reserved by the caller.  NULL: the host is out of memory. */
 static void *take_block(int ci, size_t cls)
@@ -535,11 +560,11 @@ static void *take_block(int ci, size_t cls)
         A.cached -= cls;
         NT_UNPOISON(p, cls);
     } else {
-        p = aligned_alloc(NT_ARENA_ALIGN, cls);
+        p = sys_block(cls);
         A.sys_allocs++;
         if (!p && A.cached) { /* the host is short: give the cache back, retry */
             drop_cache_locked();
-            p = aligned_alloc(NT_ARENA_ALIGN, cls);
+            p = sys_block(cls);
         }
     }
     g_mutex_unlock(&A.lock);

@@ -607,6 +607,39 @@ static void test_two_streams_tight(void **state)
     }
 }
 
+/* Blocks of 2 MiB or more start on a 2 MiB boundary (core/arena.c advises
+ * them onto huge pages, so their first writes fault once per 2 MiB), from
+ * the system and from the cache alike; smaller ones on 64 bytes.  Every
+ * byte is the caller's. */
+static void test_big_blocks_on_2m(void **state)
+{
+    (void)state;
+    start(NULL, "deterministic");
+    const size_t sizes[] = {(size_t)2 << 20, ((size_t)3 << 20) + 5, (size_t)73 << 20, 4096 + 1,
+                            (size_t)1 << 20};
+    for (int round = 0; round < 2; round++) /* the second from the cache */
+        for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+            size_t n = sizes[i];
+            unsigned char *p = nt__arena_alloc(n);
+            assert_non_null(p);
+            uintptr_t align = n >= ((size_t)2 << 20) ? (uintptr_t)2 << 20 : 64;
+            assert_int_equal((uintptr_t)p % align, 0);
+            memset(p, 0xa5, n);
+            assert_int_equal(p[0], 0xa5);
+            assert_int_equal(p[n / 2], 0xa5);
+            assert_int_equal(p[n - 1], 0xa5);
+            nt__arena_free(p, n, 0);
+        }
+    /* a tensor on such a block: its values */
+    int64_t n = (int64_t)3 << 20; /* 12 MiB of f32 */
+    nt_tensor *t = nt_full(NT_F32, 1, &n, 0.5);
+    assert_non_null(t);
+    assert_true(sum_of(t) == 0.5 * (double)n);
+    assert_int_equal((uintptr_t)nt__storage_data(t->st) % ((uintptr_t)2 << 20), 0);
+    nt_release(t);
+    stop();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -622,6 +655,7 @@ int main(void)
         cmocka_unit_test(test_transformer_tight_lazy),
         cmocka_unit_test(test_lent_bytes_counted_until_freed),
         cmocka_unit_test(test_two_streams_tight),
+        cmocka_unit_test(test_big_blocks_on_2m),
     };
     return cmocka_run_group_tests_name("memory", tests, NULL, NULL);
 }
