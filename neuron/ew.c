@@ -1475,7 +1475,6 @@ static int ew_tile(void *ctx, const sk_tile_iter *it)
     return run_ops2(&w->tr[0].t, &w->tr[0], &w->tr[1].t, &w->tr[1], ew_store);
 }
 
-/* Runs an EW program over its iteration shape. */
 static int tile_widest(void *ctx, const sk_tile_iter *t)
 {
     int64_t *m = ctx;
@@ -1497,10 +1496,11 @@ static int64_t ew_regs_free(const sk_tiler *T, int64_t F, int64_t per)
         return F;
     int64_t m = 1;
     sk_tiler_run(T, tile_widest, &m);
-    m = (m + 15) / 16 * 16; /* whole 64-byte chunks of f32 */
+    m = (m + 15) / 16 * 16; /* a multiple of 16 elements (64 bytes of f32) */
     return m < F ? m : F;
 }
 
+/* Runs an EW program over its iteration shape. */
 static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out,
                   const uint64_t *keys)
 {
