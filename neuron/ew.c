@@ -1475,6 +1475,31 @@ static int ew_tile(void *ctx, const sk_tile_iter *it)
     return run_ops2(&w->tr[0].t, &w->tr[0], &w->tr[1].t, &w->tr[1], ew_store);
 }
 
+static int tile_widest(void *ctx, const sk_tile_iter *t)
+{
+    int64_t *m = ctx;
+    if (t->nf > *m)
+        *m = t->nf;
+    return 0;
+}
+
+/* The free size of a program's registers: F, or for a program smaller than
+ * one tile of F a partition (a bias's update: [128, 8]) the widest tile the
+ * tiler makes of it, so that the registers take what the program uses.
+ * Registers of F (2 KiB a partition each) put a small program's six sets
+ * on 60 KiB of SBUF, over the bytes of the kernels around it in a
+ * captured program or the programs of a shared kernel, whose reads its
+ * loads then wait for; the tiles, and so the instructions, stay the same. */
+static int64_t ew_regs_free(const sk_tiler *T, int64_t F, int64_t per)
+{
+    if (per >= F)
+        return F;
+    int64_t m = 1;
+    sk_tiler_run(T, tile_widest, &m);
+    m = (m + 15) / 16 * 16; /* a multiple of 16 elements (64 bytes of f32) */
+    return m < F ? m : F;
+}
+
 /* Runs an EW program over its iteration shape. */
 static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out,
                   const uint64_t *keys)
@@ -1525,19 +1550,19 @@ static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     w.next = P->next;
     w.has_sr = prog_has_sr(P);
     w.nbuf = nbuf;
-    rc = plan_alloc(s, L, &w.t.E, F, nbuf);
+    sk_hv v[SK_MAXOPND];
+    for (int e = 0; e < P->next; e++)
+        sk_hv_of(&v[e], ext[e], P->ndim, P->shape);
+    for (int o = 0; o < P->nout; o++)
+        sk_hv_of(&v[P->next + o], out[o], P->ndim, P->shape);
+    int nv = P->next + P->nout;
+    if (w.has_sr)
+        index_view(&v[nv++], P->ndim, P->shape);
+    sk_tiler T;
+    sk_tiler_init(&T, P->ndim, P->shape, nv, v, F);
+    rc = plan_alloc(s, L, &w.t.E, ew_regs_free(&T, F, per), nbuf);
     w.t.E.keys = keys;
     if (!rc) {
-        sk_hv v[SK_MAXOPND];
-        for (int e = 0; e < P->next; e++)
-            sk_hv_of(&v[e], ext[e], P->ndim, P->shape);
-        for (int o = 0; o < P->nout; o++)
-            sk_hv_of(&v[P->next + o], out[o], P->ndim, P->shape);
-        int nv = P->next + P->nout;
-        if (w.has_sr)
-            index_view(&v[nv++], P->ndim, P->shape);
-        sk_tiler T;
-        sk_tiler_init(&T, P->ndim, P->shape, nv, v, F);
         rc = sk_tiler_run(&T, ew_tile, &w);
         if (!rc && w.npend)
             rc = run_ops(&w.tr[0].t, ew_store, &w.tr[0]);
