@@ -119,6 +119,26 @@ sk_k *sk_join_enter(const char *name, bool *issue, nt_tile **mark)
     return &J.s;
 }
 
+int sk_run_rec(const nt__rec *r, bool join, void (*issue)(sk_k *s, const nt__rec *r))
+{
+    nt_tile *mark;
+    bool now;
+    sk_k *js = join ? sk_join_enter("foreach", &now, &mark) : NULL;
+    if (js) {
+        if (now)
+            issue(js, r);
+        return sk_join_leave(js, mark, 0, sk_ref_rec, r);
+    }
+    sk_k s;
+    int rc = sk_begin(&s, nt__op_name(r->op));
+    if (rc)
+        return rc;
+    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
+    if (!(values && sk_memo_rec(&s, r, false))) /* the same program ran before */
+        issue(&s, r);
+    return sk_end_values(&s, values, 0, r);
+}
+
 int sk_join_leave(sk_k *s, nt_tile *mark, int rc, int (*ref)(const void *arg), const void *arg)
 {
     for (nt_tile *t = s->k->tiles; t && t != mark; t = t->next)

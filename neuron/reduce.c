@@ -628,15 +628,15 @@ static int red_blocks(red *c, int64_t O, int64_t I)
     return rc;
 }
 
-/* The reduction's instructions into kernel s (rop, pre, fin: its plan). */
-static void red_issue(sk_k *s, const nt__rec *r, int rop, int pre, int fin)
+/* The reduction's instructions into kernel s, by its plan (nt__red_plan). */
+static void red_issue(sk_k *s, const nt__rec *r)
 {
     const nt_tensor *x = r->in[0], *o = r->out[0];
     red c;
     memset(&c, 0, sizeof c);
     c.s = s;
     c.op = r->op;
-    c.rop = rop, c.pre = pre, c.fin = fin;
+    nt__red_plan(r->op, r->p.f[0], &c.rop, &c.pre, &c.fin); /* checked by nt__sk_reduce */
     c.alu = c.rop == NT_RED_SUM                               ? NT_ALU_ADD
             : c.rop == NT_RED_MAX || c.rop == NT_RED_ARGMAX ? NT_ALU_MAX
                                                              : NT_ALU_MIN;
@@ -728,25 +728,9 @@ int nt__sk_reduce(const nt__rec *r)
     int rop, pre, fin;
     if (nt__red_plan(r->op, r->p.f[0], &rop, &pre, &fin))
         return nt__kerr(NT_EINVAL, "op %s is not a reduction", nt__op_name(r->op));
-    nt_tile *mark;
-    bool issue;
     /* a sum may be one program of a shared kernel (neuron/foreach.c; the
      * planner queues sums with foreach programs, fusion/plan.c) */
-    sk_k *js = r->op == NT_OP_SUM ? sk_join_enter("foreach", &issue, &mark) : NULL;
-    if (js) {
-        if (issue)
-            red_issue(js, r, rop, pre, fin);
-        return sk_join_leave(js, mark, 0, sk_ref_rec, r);
-    }
-    sk_k s;
-    int rc = sk_begin(&s, nt__op_name(r->op));
-    if (rc)
-        return rc;
-    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
-    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
-        return sk_end_values(&s, values, 0, r);
-    red_issue(&s, r, rop, pre, fin);
-    return sk_end_values(&s, values, 0, r);
+    return sk_run_rec(r, r->op == NT_OP_SUM, red_issue);
 }
 
 /* ---------------- grad_norms ---------------- */
@@ -851,21 +835,5 @@ static void norms_issue(sk_k *s, const nt__rec *r)
 
 int nt__sk_grad_norms(const nt__rec *r)
 {
-    nt_tile *mark;
-    bool issue;
-    sk_k *js = sk_join_enter("foreach", &issue, &mark);
-    if (js) { /* one program of a shared kernel (neuron/foreach.c) */
-        if (issue)
-            norms_issue(js, r);
-        return sk_join_leave(js, mark, 0, sk_ref_rec, r);
-    }
-    sk_k s;
-    int rc = sk_begin(&s, nt__op_name(r->op));
-    if (rc)
-        return rc;
-    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
-    if (values && sk_memo_rec(&s, r, false))
-        return sk_end_values(&s, values, 0, r);
-    norms_issue(&s, r);
-    return sk_end_values(&s, values, 0, r);
+    return sk_run_rec(r, true, norms_issue);
 }

@@ -282,6 +282,10 @@ int nt__sk_join_open(const nt__fgroup *const *g, int n);
 int nt__sk_join_close(void);
 sk_k *sk_join_enter(const char *name, bool *issue, nt_tile **mark);
 int sk_join_leave(sk_k *s, nt_tile *mark, int rc, int (*ref)(const void *arg), const void *arg);
+/* A record's program: with join and a shared kernel open, one program of it
+ * (sk_join_enter/leave); else a kernel of its own, skipped for the timing
+ * memo of the same record (sk_memo_rec).  issue(s, r) writes the program. */
+int sk_run_rec(const nt__rec *r, bool join, void (*issue)(sk_k *s, const nt__rec *r));
 int nt__sk_sdpa(const nt__rec *r);         /* attention.c */
 int nt__sk_sdpa_bwd(const nt__rec *r);
 /* Whether a head of SDPA / SDPA_BWD with p's sizes fits SBUF (else the op
