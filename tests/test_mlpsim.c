@@ -46,6 +46,17 @@ static nt_tensor *step(nt_tensor **p, nt_optim *opt, nt_tensor *x, nt_tensor *y)
 
 /* STEPS AdamW steps; capture_at >= 0: that step captured, the later ones
  * replayed. */
+/* One replay of g with the runtime's statistics read before (*s0) and
+ * after (*s1) it, nothing else queued. */
+static void replay_between(nt_graph *g, nt_stats *s0, nt_stats *s1)
+{
+    assert_int_equal(nt_sync(), 0);
+    nt_stats_get(s0);
+    assert_int_equal(nt_graph_replay(g), 0);
+    assert_int_equal(nt_sync(), 0);
+    nt_stats_get(s1);
+}
+
 static void train(const char *backend, const char *mode, int capture_at, result *r)
 {
     nt_shutdown();
@@ -90,12 +101,8 @@ static void train(const char *backend, const char *mode, int capture_at, result 
         } else {
             assert_int_equal(nt_graph_bind(g, "x", x), 0);
             assert_int_equal(nt_graph_bind(g, "y", y), 0);
-            assert_int_equal(nt_sync(), 0);
             nt_stats s0, s1;
-            nt_stats_get(&s0);
-            assert_int_equal(nt_graph_replay(g), 0);
-            assert_int_equal(nt_sync(), 0);
-            nt_stats_get(&s1);
+            replay_between(g, &s0, &s1);
             r->hbm = s1.sim_hbm_bytes - s0.sim_hbm_bytes;
             loss = nt_retain(gloss);
         }
@@ -213,12 +220,8 @@ static void test_main_mlp_near_its_dma_floor(void **state)
             assert_non_null(g);
         }
     }
-    assert_int_equal(nt_sync(), 0);
     nt_stats s0, s1;
-    nt_stats_get(&s0);
-    assert_int_equal(nt_graph_replay(g), 0);
-    assert_int_equal(nt_sync(), 0);
-    nt_stats_get(&s1);
+    replay_between(g, &s0, &s1);
     double ns = (double)(s1.sim_time_ns - s0.sim_time_ns);
     double bytes = (double)(s1.sim_hbm_bytes - s0.sim_hbm_bytes);
     nt_sim_config c;
