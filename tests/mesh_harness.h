@@ -1,5 +1,6 @@
 /* tests/mesh_harness.h - the small char GPT that the mesh tests train
- * (tests/test_mesh.c, tests/test_meshio.c, tests/test_seqpar.c): its text,
+ * (tests/test_mesh.c, tests/test_meshio.c, tests/test_seqpar.c; tests/test_ep.c
+ * takes its text generator): its text,
  * its configuration and training options, and the mpirun plumbing of the
  * ones that also run over 2 processes (meson test mesh_mpi, meshio_mpi):
  * the parent re-executes itself under `mpirun -np 2 <self> --child ...`
@@ -19,19 +20,27 @@
 
 enum { MESH_H_BATCH = 8, MESH_H_SHARDS = 8, MESH_H_BLOCKS = 4 };
 
-/* A text of 10 distinct characters (vocabulary padded to 12). */
-static inline void mesh_h_data(gpt_data *d)
+/* A text of 10 distinct characters (vocabulary padded to 12): every
+ * `every`-th one the tenth, the others drawn from nine by a generator
+ * seeded with `seed`. */
+static inline void mesh_h_text(gpt_data *d, uint64_t seed, int every)
 {
     enum { N = 4096 };
     uint8_t *text = malloc(N);
     assert_non_null(text);
-    uint64_t s = 12345;
+    uint64_t s = seed;
     for (int i = 0; i < N; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
-        text[i] = (uint8_t)('a' + (i % 7 == 0 ? 9 : (int)((s >> 33) % 9)));
+        text[i] = (uint8_t)('a' + (i % every == 0 ? 9 : (int)((s >> 33) % 9)));
     }
     gpt_data_from_text(d, text, N);
     assert_non_null(d->ids);
+}
+
+/* The mesh tests' text. */
+static inline void mesh_h_data(gpt_data *d)
+{
+    mesh_h_text(d, 12345, 7);
 }
 
 static inline gpt_config mesh_h_cfg(void)

@@ -18,22 +18,15 @@
 #include "ntensor.h"
 #include "nt_test.h"
 #include "../examples/gpt_mesh.h"
+#include "mesh_harness.h"
 
 enum { STEPS = 3, SHARDS = 8, BATCH = 8, BLOCKS = 4, EXPERTS = 8 };
 
-/* A text of 10 distinct characters (vocabulary padded to 12). */
+/* A text of 10 distinct characters (vocabulary padded to 12), another
+ * draw than the mesh tests'. */
 static void make_data(gpt_data *d)
 {
-    enum { N = 4096 };
-    uint8_t *text = malloc(N);
-    assert_non_null(text);
-    uint64_t s = 777;
-    for (int i = 0; i < N; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        text[i] = (uint8_t)('a' + (i % 5 == 0 ? 9 : (int)((s >> 33) % 9)));
-    }
-    gpt_data_from_text(d, text, N);
-    assert_non_null(d->ids);
+    mesh_h_text(d, 777, 5);
 }
 
 static gpt_config small_cfg(void)
