@@ -139,7 +139,7 @@ static bool shape_is(const nt_tensor *t, int ndim, const int64_t *shape)
 
 /* Foreach kernels (see "sharing a kernel" below): independent small EW and
  * ROW programs and single elementwise records, queued to run as one. */
-enum { JOIN_MAX = 32, JOIN_SET = 256, JOIN_NUMEL = 1 << 20 };
+enum { JOIN_MAX = 64, JOIN_SET = 512, JOIN_NUMEL = 1 << 20 };
 typedef struct jentry {
     nt__fgroup g;   /* g.prog NULL: the single record g.recs[0] */
     int stored, elided;
@@ -1184,18 +1184,34 @@ static bool join_offer(joinq *q, const nt__fgroup *g, int stored, int elided, bo
     return true;
 }
 
-/* Whether g, which runs alone, may run before the queued programs: it is
- * state made on first use while capturing (an optimizer's moments:
- * NT_RECF_NOCAPTURE, never part of the program) and reads nothing they
- * write, writes nothing they read or write -- so the order does not
- * matter, and the updates of a step captured with its optimizer's first
- * update still share their kernels. */
+/* Whether g, which runs alone, may run before the queued programs: it
+ * reads nothing they write and writes nothing they read or write, so the
+ * order does not matter, and the queue keeps waiting for programs that may
+ * share its kernel.  Two kinds pass: state made on first use while
+ * capturing (an optimizer's moments: NT_RECF_NOCAPTURE, never part of the
+ * program), so the updates of a step captured with its optimizer's first
+ * update still share their kernels; and a fused program, a matmul,
+ * attention's backward or an embedding's backward (what each reads and
+ * writes in memory is exactly its operands), so a sum that reads the row
+ * kernel just before it (a layer norm's weight gradient, sum(g * xhat))
+ * waits past the next layer's matmuls and attention and shares a later
+ * kernel instead of running as a kernel of its own. */
+static bool passes_kind(const nt__rec *r)
+{
+    if (r->type != NT_REC_OP || r->op >= NT_OP_COUNT)
+        return false;
+    return nt__ops[r->op].kind == NT_KIND_MATMUL || r->op == NT_OP_SDPA_BWD ||
+           r->op == NT_OP_EMBEDDING_BWD;
+}
+
 static bool join_passes(const joinq *q, const nt__fgroup *g)
 {
     if (q->n == 0)
         return true;
     const nt__rec *r = g->recs[0];
-    if (q->nocap || !(r->flags & NT_RECF_NOCAPTURE))
+    if (q->nocap)
+        return false;
+    if (!(r->flags & NT_RECF_NOCAPTURE) && !g->prog && !passes_kind(r))
         return false;
     nt_tensor *const *in = g->prog ? g->ext : r->in, *const *out = g->prog ? g->out : r->out;
     int nin = g->prog ? g->prog->next : r->nin, nout = g->prog ? g->prog->nout : r->nout;
@@ -1734,7 +1750,8 @@ static void run_lone(gstate *s, nt__rec **recs, int k)
     g.backend = r->backend;
     if (join_offer(&s->jq, &g, 0, 0, false))
         return;
-    join_flush(&s->jq);
+    if (!join_passes(&s->jq, &g))
+        join_flush(&s->jq);
     plan_pause();
     nt__exec_rec(r);
     nt__rec_drop_dead(r);

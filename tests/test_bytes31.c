@@ -226,6 +226,9 @@ static void mlp_step(nt_tensor *const *p, nt_tensor *c)
 /* mode: an NT_MODE, or "captured" (a lazy step captured, then replayed
  * twice with the gradients zeroed between); vals: the simulator's value
  * modes, 0 default, 1 NT_SIM_PROGRAM_VALUES=0, 2 also NT_SIM_PROGRAM_GEMM=0. */
+/* NT_FOREACH=0 in run_mlp: each program a kernel of its own */
+static bool unshared;
+
 static void run_mlp(const mlp *m, const char *be, const char *mode, int vals, bool side,
                     grads *r)
 {
@@ -236,6 +239,7 @@ static void run_mlp(const mlp *m, const char *be, const char *mode, int vals, bo
     assert_int_equal(nt_config_set("NT_BACKEND", be), 0);
     assert_int_equal(nt_config_set("NT_REQUIRE_SIM", strcmp(be, "sim") ? "0" : "1"), 0);
     assert_int_equal(nt_config_set("NT_MODE", cap ? "lazy" : mode), 0);
+    assert_int_equal(nt_config_set("NT_FOREACH", unshared ? "0" : "1"), 0);
     nt__sim_set_program_values(!vals);
     nt__sim_set_program_gemm(vals != 2);
     int64_t sx[3] = {m->B, m->T, m->D}, s1[2] = {m->H, m->D}, sb1[1] = {m->H},
@@ -342,10 +346,12 @@ static void test_mlp_same_bits(void **state)
 /* Lazy and captured on the simulator: each of the two linear layers' bias
  * sums runs inside its dX matmul's kernel, one kernel fewer each, and dY
  * [rows, out] is read once less (less the sums' own loads of nothing: the
- * sums leave as before). */
+ * sums leave as before).  Every program a kernel of its own (NT_FOREACH=0):
+ * else the two sums alone wait past the matmuls and share one kernel. */
 static void test_mlp_kernels_bytes(void **state)
 {
     (void)state;
+    unshared = true;
     const mlp *m = &shapes[1];
     int64_t rows = m->B * m->T;
     uint64_t dy = (uint64_t)(rows * (m->H + m->O)) * 4;
@@ -366,6 +372,7 @@ static void test_mlp_kernels_bytes(void **state)
         expect_same(&on, &off, cap ? "captured" : "lazy");
         grads_free(&on), grads_free(&off);
     }
+    unshared = false;
 }
 
 /* ---------------- the planner's rules ---------------- */
