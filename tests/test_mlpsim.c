@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "ntensor.h"
+#include "sim/sim.h"
 #include "nt_test.h"
 
 #define STEPS 4
@@ -291,19 +292,25 @@ static void test_square_in_a_vector_bound_program(void **state)
  * (neuron/ew.c, psum_ok; neuron/tp_matmul.c, acc_kept): every block but the
  * last of each row block in the block program (N over 512 columns), every
  * block but the last in the streaming one.  Three steps give the CPU's
- * bits, for both programs, with weight decay. */
+ * bits, for both programs, with weight decay, the simulator's instructions
+ * computing the values (NT_SIM_PROGRAM_VALUES=0: a bank written before its
+ * lagged reads gives other bits), its product the matmul instructions' or
+ * the program-level one delivered into the banks. */
 static void test_update_reads_the_gradient_in_psum(void **state)
 {
     (void)state;
     enum { NB = 64, M = 384 };
     static const int64_t ks[2] = {600, 300};
-    static float w[2][2][M * 600];
-    static const char *const backends[] = {"sim", "cpu"};
+    static float w[2][3][M * 600];
+    static const char *const backends[] = {"sim", "sim", "cpu"};
+    bool pv = nt__sim_program_values(), pg = nt__sim_program_gemm();
     for (int s = 0; s < 2; s++) {
         int64_t K = ks[s];
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 3; k++) {
             nt_shutdown();
             assert_int_equal(nt_init(), 0);
+            nt__sim_set_program_values(false);
+            nt__sim_set_program_gemm(k == 1);
             assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
             assert_int_equal(nt_config_set("NT_BACKEND", backends[k]), 0);
             nt_tensor *p = nt_keep(
@@ -330,13 +337,16 @@ static void test_update_reads_the_gradient_in_psum(void **state)
             nt_release(x);
             assert_int_equal(nt_sync(), 0);
         }
-        assert_memory_equal(w[s][0], w[s][1], (size_t)(M * K) * sizeof(float));
+        assert_memory_equal(w[s][0], w[s][2], (size_t)(M * K) * sizeof(float));
+        assert_memory_equal(w[s][1], w[s][2], (size_t)(M * K) * sizeof(float));
         /* the parameters moved */
         int moved = 0;
         for (int64_t i = 0; i < M * K; i++)
             moved += w[s][0][i] != 0.0f;
         assert_true(moved > M * K / 2);
     }
+    nt__sim_set_program_values(pv);
+    nt__sim_set_program_gemm(pg);
     nt_shutdown();
     assert_int_equal(nt_init(), 0);
 }
