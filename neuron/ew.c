@@ -1082,6 +1082,7 @@ typedef struct tile_state {
     int64_t nf;
     int64_t n0; /* MM: the block's first column (L->pre's slice) */
     unsigned ecol; /* EW: inputs loaded as one column this tile (ew_tile) */
+    const nt_ap *acc; /* MM: value 0 read in PSUM, not evacuated (mm_epi), or NULL */
 } tile_state;
 
 static sk_arg arg_of(tile_state *t, int a)
@@ -1103,6 +1104,10 @@ static sk_arg arg_of(tile_state *t, int a)
         reg = t->L->vreg[a];
         r.dt = (nt_dtype)P->vals[a].dtype;
         r.red = P->vals[a].red;
+        if (a == 0 && t->acc) {
+            r.ap = *t->acc;
+            return r;
+        }
     }
     nt_tile *tl = t->L->R.tile[t->buf][reg];
     if (r.red) {
@@ -1696,6 +1701,7 @@ typedef struct mm_blk {
     struct mm_run *w;
     tile_state t;
     int k0; /* the first op mm_finish runs (the evacuation may have run one) */
+    nt_ap acc; /* the accumulator its ops read value 0 from (t.acc) */
     nt_ap pats[SK_MAXOPND];
 } mm_blk;
 
@@ -1714,6 +1720,8 @@ typedef struct mm_run {
     int pend;            /* the block whose ops wait for the next one's loads, -1 none */
     bool lag;            /* an output is an input too (in place): lag one block */
     int evk;             /* the op the evacuation runs from PSUM (evac_op), 0 none */
+    bool in_psum;        /* value 0 may be read in PSUM (psum_ok) */
+    bool kept;           /* nt_tile_matmul_args.acc_kept of the block evacuated */
     mm_blk blk[MM_NBUF];
     sk_hv iv;            /* element indices (stochastic rounding) */
 } mm_run;
@@ -1729,9 +1737,10 @@ static int mm_finish(mm_blk *b)
 {
     const nt__fprog *P = b->w->P;
     int rc = 0;
-    /* the value the evacuation made: the matmul's, or its op's */
+    /* the value the evacuation made: the matmul's, or its op's (none when
+     * the ops read the accumulator) */
     int v = b->k0 > b->t.L->first ? P->ops[b->k0 - 1].out : 0;
-    if (P->vals[v].store >= 0) {
+    if (!b->t.acc && P->vals[v].store >= 0) {
         nt_ap va = val_ap(&b->t, v);
         rc = mm_store(b, P->vals[v].store, &va);
     }
@@ -1763,6 +1772,39 @@ static int evac_op(const plan *L)
         return 0;
     int other = o->a[0] == 0 ? o->a[1] : o->a[1] == 0 ? o->a[0] : 0;
     return NT_F_IS_EXT(other) && L->pre[NT_F_EXT_IDX(other)] ? k : 0;
+}
+
+/* Whether the ops may read the f32 matmul result (value 0) in PSUM instead
+ * of its copy: stored nowhere, and read only by ALU steps that VectorE or
+ * ScalarE run (GpSimd cannot read PSUM), which read from the accumulator
+ * what they read from the f32 copy -- the copy changed no bit (f32 to f32;
+ * a NaN's payload never matters).  An input in PSUM costs VectorE N cycles
+ * instead of 2N, and ScalarE's N of the copy go: AdamW's g - m and g * g.
+ * Asked only of a lagged program (mm_epi), whose ops would otherwise wait
+ * for the copy on ScalarE; the tile program says per block whether the
+ * bank stays for the lag (nt_tile_matmul_args.acc_kept). */
+static bool psum_ok(const plan *L)
+{
+    const nt__fprog *P = L->P;
+    if (P->vals[0].dtype != NT_F32 || P->vals[0].red || P->vals[0].store >= 0 || L->vuses[0] < 1)
+        return false;
+    for (int k = L->first; k < P->nops; k++) {
+        const nt__fop *o = &P->ops[k];
+        bool reads = false;
+        for (int q = 0; q < o->nin; q++)
+            reads |= o->a[q] == 0;
+        if (!L->live[k] || !reads)
+            continue;
+        int kind = nt__ops[o->op].kind, alu = -1;
+        if (kind == NT_KIND_BINARY || kind == NT_KIND_CMP)
+            alu = sim_of[o->op];
+        else if (kind == NT_KIND_SCALAR)
+            alu = scalar_alu(o->op);
+        if (alu < 0 || alu >= NT_ALU_COUNT || alu == NT_ALU_POW || P->vals[o->out].red ||
+            is_sr(o))
+            return false;
+    }
+    return true;
 }
 
 /* Inputs the same for every row block of the product -- broadcast along m
@@ -1861,9 +1903,15 @@ static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, 
             k->pats[q] = a;
     }
     /* evacuate: PSUM -> the matmul's dtype (its one rounding), or the
-     * first op straight from PSUM */
-    int rc;
-    if (w->evk) {
+     * first op straight from PSUM, or nothing: the ops read the bank, which
+     * the tile program keeps until this block's ops are issued (w->lag:
+     * the next block's mm_epi) */
+    int rc = 0;
+    k->t.acc = NULL;
+    if (w->in_psum && w->kept) {
+        k->acc = *acc;
+        k->t.acc = &k->acc;
+    } else if (w->evk) {
         const nt__fop *o = &P->ops[w->evk];
         int e = NT_F_EXT_IDX(o->a[0] == 0 ? o->a[1] : o->a[0]);
         nt_ap pre = nt_tile_slice(L->pre[e], 0, np, n0, nf), dst = val_ap(&k->t, o->out);
@@ -1962,9 +2010,12 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
         for (int o = 0; o < P->nout; o++)
             apart &= ext[e]->st != out[o]->st;
     s->mm_apart = apart;
+    w->in_psum = w->lag && !w->evk && psum_ok(L);
+    s->mm_kept = w->in_psum ? &w->kept : NULL;
     if (!rc)
         rc = sk_matmul_run_cs(s, a, b, NULL, mm_epi, w, colsum);
     s->mm_apart = false;
+    s->mm_kept = NULL;
     if (!rc && w->pend >= 0)
         rc = mm_finish(&w->blk[w->pend]);
     g_free(w);

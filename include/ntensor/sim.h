@@ -563,6 +563,10 @@ typedef struct nt_tile_matmul_args {
     bool epilogue_apart;  /* the epilogue writes nothing that it, A or B reads: the
                              program may hand it the N-chunks of one row block in
                              turn (B kept in SBUF); false: as an in-place epilogue */
+    bool *acc_kept;       /* non-NULL: set before each epilogue call -- true when the
+                             program writes and frees that accumulator no earlier
+                             than the epilogue's next call has returned, so the
+                             epilogue may leave reads of acc to that call */
 } nt_tile_matmul_args;
 
 /** Issues into k a matmul program: PSUM accumulation over K-tiles of 128 in
