@@ -250,17 +250,11 @@ static int bwd_group(bnc *c)
     return rc ? rc : vec_dma(c, NULL, c->C, K_DB, true, c->o2);
 }
 
-static int bn_run(const nt__rec *r, bool bwd)
+static int bn_prog(sk_k *s, const nt__rec *r, void *ctx)
 {
+    bool bwd = *(const bool *)ctx;
     const nt_tensor *x = r->in[bwd ? 1 : 0];
-    sk_k s;
-    int rc = sk_begin(&s, nt__op_name(r->op));
-    if (rc)
-        return rc;
-    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
-    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
-        return sk_end_values(&s, values, 0, r);
-    bnc c = {.s = &s, .N = x->shape[0], .C = x->shape[1], .eps = (float)r->p.f[0]};
+    bnc c = {.s = s, .N = x->shape[0], .C = x->shape[1], .eps = (float)r->p.f[0]};
     c.S = nt__numel(x->ndim - 2, x->shape + 2);
     c.M = c.N * c.S;
     c.x = nt__tensor_data(x);
@@ -270,23 +264,30 @@ static int bn_run(const nt__rec *r, bool bwd)
     else
         c.w = r->in[1], c.b = r->in[2];
     int64_t cw = c.M < RCH ? (c.M > 0 ? c.M : 1) : RCH;
-    c.X = sk_tile(&s, "bn.x", NT_F32, 128, cw);
-    c.T = sk_tile(&s, "bn.t", NT_F32, 128, cw);
-    c.U = sk_tile(&s, "bn.u", NT_F32, 128, cw);
+    c.X = sk_tile(s, "bn.x", NT_F32, 128, cw);
+    c.T = sk_tile(s, "bn.t", NT_F32, 128, cw);
+    c.U = sk_tile(s, "bn.u", NT_F32, 128, cw);
     if (bwd) {
-        c.G = sk_tile(&s, "bn.g", NT_F32, 128, cw);
-        c.V = sk_tile(&s, "bn.v", NT_F32, 128, cw);
+        c.G = sk_tile(s, "bn.g", NT_F32, 128, cw);
+        c.V = sk_tile(s, "bn.v", NT_F32, 128, cw);
     }
-    c.col = sk_tile(&s, "bn.cols", NT_F32, 128, K_N);
-    rc = nt_sim_kernel_error(s.k);
+    c.col = sk_tile(s, "bn.cols", NT_F32, 128, K_N);
+    int rc = nt_sim_kernel_error(s->k);
     if (!rc)
-        rc = sk_warm_act(&s, NT_ACT_RSQRT);
+        rc = sk_warm_act(s, NT_ACT_RSQRT);
     for (c.c0 = 0; c.c0 < c.C && !rc; c.c0 += 128) {
         c.np = c.C - c.c0 < 128 ? (int)(c.C - c.c0) : 128;
         rc = bwd ? bwd_group(&c) : fwd_group(&c);
     }
-    return sk_end_values(&s, values, rc, r);
+    return rc;
 }
 
-int nt__sk_batch_norm_fwd(const nt__rec *r) { return bn_run(r, false); }
-int nt__sk_batch_norm_bwd(const nt__rec *r) { return bn_run(r, true); }
+int nt__sk_batch_norm_fwd(const nt__rec *r)
+{
+    return sk_run_prog(r, NULL, bn_prog, &(bool){false});
+}
+
+int nt__sk_batch_norm_bwd(const nt__rec *r)
+{
+    return sk_run_prog(r, NULL, bn_prog, &(bool){true});
+}

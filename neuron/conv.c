@@ -625,8 +625,9 @@ static int fast_run(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, const ch
     return rc;
 }
 
-static int conv_gemm_run(sk_k *s, const nt__rec *r)
+static int conv_gemm_run(sk_k *s, const nt__rec *r, void *ctx)
 {
+    (void)ctx;
     nt__conv_geo g;
     nt__conv_geo_of(r, false, &g);
     const nt_tensor *x = r->in[0], *w = r->in[1], *y = r->out[0];
@@ -985,8 +986,9 @@ static int wg_run(sk_k *s, const nt__conv_geo *g, const nt_tensor *x, const nt_t
     return rc ? rc : wg_finish(&w, nt__tensor_data(dw));
 }
 
-static int conv_wgrad_run(sk_k *s, const nt__rec *r)
+static int conv_wgrad_run(sk_k *s, const nt__rec *r, void *ctx)
 {
+    (void)ctx;
     nt__conv_geo g;
     nt__conv_geo_of(r, true, &g);
     const nt_tensor *x = r->in[0], *gy = r->in[1], *dw = r->out[0];
@@ -1037,26 +1039,9 @@ static int conv_wgrad_run(sk_k *s, const nt__rec *r)
     return rc;
 }
 
-int nt__sk_conv_gemm(const nt__rec *r)
-{
-    sk_k s;
-    int rc = sk_begin(&s, "conv_gemm");
-    if (rc)
-        return rc;
-    bool values = sk_values_begin(&s);
-    if (values && sk_memo_rec(&s, r, false))
-        return sk_end_values(&s, values, 0, r);
-    return sk_end_values(&s, values, conv_gemm_run(&s, r), r);
-}
+int nt__sk_conv_gemm(const nt__rec *r) { return sk_run_prog(r, "conv_gemm", conv_gemm_run, NULL); }
 
 int nt__sk_conv_wgrad(const nt__rec *r)
 {
-    sk_k s;
-    int rc = sk_begin(&s, "conv_wgrad");
-    if (rc)
-        return rc;
-    bool values = sk_values_begin(&s);
-    if (values && sk_memo_rec(&s, r, false))
-        return sk_end_values(&s, values, 0, r);
-    return sk_end_values(&s, values, conv_wgrad_run(&s, r), r);
+    return sk_run_prog(r, "conv_wgrad", conv_wgrad_run, NULL);
 }

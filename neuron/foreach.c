@@ -119,6 +119,17 @@ sk_k *sk_join_enter(const char *name, bool *issue, nt_tile **mark)
     return &J.s;
 }
 
+/* sk_run_rec's issue as sk_run_prog's prog */
+typedef struct issue_fn {
+    void (*issue)(sk_k *s, const nt__rec *r);
+} issue_fn;
+
+static int issue_prog(sk_k *s, const nt__rec *r, void *ctx)
+{
+    ((issue_fn *)ctx)->issue(s, r);
+    return 0;
+}
+
 int sk_run_rec(const nt__rec *r, bool join, void (*issue)(sk_k *s, const nt__rec *r))
 {
     nt_tile *mark;
@@ -129,14 +140,20 @@ int sk_run_rec(const nt__rec *r, bool join, void (*issue)(sk_k *s, const nt__rec
             issue(js, r);
         return sk_join_leave(js, mark, 0, sk_ref_rec, r);
     }
+    return sk_run_prog(r, NULL, issue_prog, &(issue_fn){issue});
+}
+
+int sk_run_prog(const nt__rec *r, const char *name,
+                int (*prog)(sk_k *s, const nt__rec *r, void *ctx), void *ctx)
+{
     sk_k s;
-    int rc = sk_begin(&s, nt__op_name(r->op));
+    int rc = sk_begin(&s, name ? name : nt__op_name(r->op));
     if (rc)
         return rc;
     bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
-    if (!(values && sk_memo_rec(&s, r, false))) /* the same program ran before */
-        issue(&s, r);
-    return sk_end_values(&s, values, 0, r);
+    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
+        return sk_end_values(&s, values, 0, r);
+    return sk_end_values(&s, values, prog(&s, r, ctx), r);
 }
 
 int sk_join_leave(sk_k *s, nt_tile *mark, int rc, int (*ref)(const void *arg), const void *arg)

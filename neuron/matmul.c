@@ -191,15 +191,10 @@ int sk_matmul_run_cs(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_t
     return rc;
 }
 
-int nt__sk_matmul(const nt__rec *r)
+static int matmul_prog(sk_k *s, const nt__rec *r, void *ctx)
 {
-    sk_k s;
-    int rc = sk_begin(&s, "matmul");
-    if (rc)
-        return rc;
-    bool values = sk_values_begin(&s);
-    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
-        return sk_end_values(&s, values, 0, r);
-    return sk_end_values(&s, values, sk_matmul_run(&s, r->in[0], r->in[1], r->out[0], NULL, NULL),
-                         r);
+    (void)ctx;
+    return sk_matmul_run(s, r->in[0], r->in[1], r->out[0], NULL, NULL);
 }
+
+int nt__sk_matmul(const nt__rec *r) { return sk_run_prog(r, "matmul", matmul_prog, NULL); }

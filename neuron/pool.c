@@ -153,31 +153,25 @@ static int64_t planes_per_part(const nt__pool2d *g)
     return q;
 }
 
-int nt__sk_max_pool2d_fwd(const nt__rec *r)
+static int max_pool2d_fwd_prog(sk_k *s, const nt__rec *r, void *ctx)
 {
-    sk_k s;
-    int rc = sk_begin(&s, nt__op_name(r->op));
-    if (rc)
-        return rc;
-    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
-    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
-        return sk_end_values(&s, values, 0, r);
-    poolc c = {.s = &s, .x = nt__tensor_data(r->in[0]), .y = nt__tensor_data(r->out[0]),
+    (void)ctx;
+    poolc c = {.s = s, .x = nt__tensor_data(r->in[0]), .y = nt__tensor_data(r->out[0]),
                .idx = nt__tensor_data(r->out[1])};
     nt__pool2d_geo(&c.g, r);
     const nt__pool2d *g = &c.g;
     c.Hp = nt__pool2d_ext(g, 0), c.Wp = nt__pool2d_ext(g, 1), c.L = g->OH * g->OW;
     c.mask = g->p[0] || g->p[1] || c.Hp > g->H || c.Wp > g->W;
     int64_t q = planes_per_part(g), pp = c.Hp * c.Wp;
-    c.X = sk_tile(&s, "pool.x", NT_F32, 128, q * pp);
-    c.MSK = c.mask ? sk_tile(&s, "pool.mask", NT_F32, 128, pp) : NULL;
-    c.M = sk_tile(&s, "pool.m", NT_F32, 128, q * c.L);
-    c.I = sk_tile(&s, "pool.i", NT_F32, 128, q * c.L);
-    c.B = sk_tile(&s, "pool.pos", NT_F32, 128, q * c.L);
-    c.Pr = sk_tile(&s, "pool.pred", NT_F32, 128, q * c.L);
-    c.T = sk_tile(&s, "pool.t", NT_F32, 128, q * c.L);
-    c.I32 = sk_tile(&s, "pool.i32", NT_I32, 128, q * c.L);
-    rc = nt_sim_kernel_error(s.k);
+    c.X = sk_tile(s, "pool.x", NT_F32, 128, q * pp);
+    c.MSK = c.mask ? sk_tile(s, "pool.mask", NT_F32, 128, pp) : NULL;
+    c.M = sk_tile(s, "pool.m", NT_F32, 128, q * c.L);
+    c.I = sk_tile(s, "pool.i", NT_F32, 128, q * c.L);
+    c.B = sk_tile(s, "pool.pos", NT_F32, 128, q * c.L);
+    c.Pr = sk_tile(s, "pool.pred", NT_F32, 128, q * c.L);
+    c.T = sk_tile(s, "pool.t", NT_F32, 128, q * c.L);
+    c.I32 = sk_tile(s, "pool.i32", NT_I32, 128, q * c.L);
+    int rc = nt_sim_kernel_error(s->k);
     if (!rc && c.mask)
         rc = mask_plane(&c);
     for (int64_t pl0 = 0; pl0 < g->P && !rc;) {
@@ -186,7 +180,12 @@ int nt__sk_max_pool2d_fwd(const nt__rec *r)
         rc = pool_group(&c, pl0, np, qc);
         pl0 += np * qc;
     }
-    return sk_end_values(&s, values, rc, r);
+    return rc;
+}
+
+int nt__sk_max_pool2d_fwd(const nt__rec *r)
+{
+    return sk_run_prog(r, NULL, max_pool2d_fwd_prog, NULL);
 }
 
 /* max_pool2d_bwd's planes pl0 .. pl0 + np q (X holds the padded dx, M g,
@@ -234,33 +233,27 @@ static int bwd_group(poolc *c, int64_t pl0, int np, int64_t q)
     return rc ? rc : nt_isa_dma_copy(k, &hx, &dx, sk_qout(c->s));
 }
 
-int nt__sk_max_pool2d_bwd(const nt__rec *r)
+static int max_pool2d_bwd_prog(sk_k *s, const nt__rec *r, void *ctx)
 {
-    sk_k s;
-    int rc = sk_begin(&s, nt__op_name(r->op));
-    if (rc)
-        return rc;
-    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
-    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
-        return sk_end_values(&s, values, 0, r);
-    poolc c = {.s = &s, .g_in = nt__tensor_data(r->in[0]), .idx = nt__tensor_data(r->in[1]),
+    (void)ctx;
+    poolc c = {.s = s, .g_in = nt__tensor_data(r->in[0]), .idx = nt__tensor_data(r->in[1]),
                .y = nt__tensor_data(r->out[0])};
     nt__pool2d_geo(&c.g, r);
     const nt__pool2d *g = &c.g;
     c.Hp = nt__pool2d_ext(g, 0), c.Wp = nt__pool2d_ext(g, 1), c.L = g->OH * g->OW;
     int64_t q = planes_per_part(g), pp = c.Hp * c.Wp;
-    c.X = sk_tile(&s, "pool.dx", NT_F32, 128, q * pp);
-    c.M = sk_tile(&s, "pool.g", NT_F32, 128, q * c.L);
-    c.I = sk_tile(&s, "pool.i", NT_F32, 128, q * c.L);
-    c.B = sk_tile(&s, "pool.pos", NT_F32, 128, q * c.L);
-    c.Pr = sk_tile(&s, "pool.pred", NT_F32, 128, q * c.L);
-    c.T = sk_tile(&s, "pool.t", NT_F32, 128, q * c.L);
-    c.I32 = sk_tile(&s, "pool.i32", NT_I32, 128, q * c.L);
-    c.Z = sk_tile(&s, "pool.zero", NT_F32, 128, 1);
-    rc = nt_sim_kernel_error(s.k);
+    c.X = sk_tile(s, "pool.dx", NT_F32, 128, q * pp);
+    c.M = sk_tile(s, "pool.g", NT_F32, 128, q * c.L);
+    c.I = sk_tile(s, "pool.i", NT_F32, 128, q * c.L);
+    c.B = sk_tile(s, "pool.pos", NT_F32, 128, q * c.L);
+    c.Pr = sk_tile(s, "pool.pred", NT_F32, 128, q * c.L);
+    c.T = sk_tile(s, "pool.t", NT_F32, 128, q * c.L);
+    c.I32 = sk_tile(s, "pool.i32", NT_I32, 128, q * c.L);
+    c.Z = sk_tile(s, "pool.zero", NT_F32, 128, 1);
+    int rc = nt_sim_kernel_error(s->k);
     if (!rc) {
         nt_ap z = nt_tile_ap(c.Z);
-        rc = nt_isa_memset(s.k, &z, 0.0, NT_ENGINE_VECTOR);
+        rc = nt_isa_memset(s->k, &z, 0.0, NT_ENGINE_VECTOR);
     }
     for (int64_t pl0 = 0; pl0 < g->P && !rc;) {
         int64_t rem = g->P - pl0, qc = rem >= 128 ? (rem / 128 < q ? rem / 128 : q) : 1;
@@ -268,5 +261,10 @@ int nt__sk_max_pool2d_bwd(const nt__rec *r)
         rc = bwd_group(&c, pl0, np, qc);
         pl0 += np * qc;
     }
-    return sk_end_values(&s, values, rc, r);
+    return rc;
+}
+
+int nt__sk_max_pool2d_bwd(const nt__rec *r)
+{
+    return sk_run_prog(r, NULL, max_pool2d_bwd_prog, NULL);
 }

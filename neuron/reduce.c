@@ -406,9 +406,12 @@ static int red_cols(red *c)
  * when it continues them in memory, else they run first. */
 static int red_group_t(red *c, int64_t ioff, int64_t ooff, int np)
 {
-    int rc = 0;
-    if (c->ngp && (c->ngp == TX_G || c->gn[c->ngp - 1] != 128 ||
-                   ioff != c->gi[0] + (int64_t)c->ngp * 128))
+    /* pend is in [0, TX_G] (red_cols empties the groups); "> 0" and ">=",
+     * not "!= 0" and "==", let GCC see that gn[pend - 1] is read in bounds
+     * (with TX_G 1 it is never read; ASan builds warned -Warray-bounds) */
+    int rc = 0, pend = c->ngp;
+    if (pend > 0 && (pend >= TX_G || c->gn[pend - 1] != 128 ||
+                     ioff != c->gi[0] + (int64_t)pend * 128))
         rc = red_cols(c);
     c->gi[c->ngp] = ioff;
     c->go[c->ngp] = ooff;

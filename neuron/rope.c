@@ -278,9 +278,34 @@ static int rope_chunked(rope_k *c, int64_t k)
 /* The widest D the kernel's tiles take (wider: the CPU runs it). */
 bool nt__sk_rope_fits(const nt__params *p) { return p->i[2] <= RF; }
 
+static int rope_prog(sk_k *s, const nt__rec *r, void *ctx)
+{
+    rope_k *c = ctx;
+    const nt_tensor *x = r->in[0], *o = r->out[0];
+    c->s = s, c->r = r;
+    c->dt = (nt_dtype)x->dtype;
+    c->xb = nt__tensor_data(x), c->yb = nt__tensor_data(o);
+    c->dims = r->p.i[0], c->h = c->dims / 2, c->il = (r->p.flag & NT__ROPE_INTERLEAVED) != 0;
+    c->nn = RF / c->D;
+    if (c->nn > c->N)
+        c->nn = c->N;
+    int64_t k = rope_chunk_k(c->N, c->T, c->D, c->dims);
+    c->off = sk_tile(s, "rope.offset", NT_I32, 128, 1);
+    c->cs = sk_tile(s, "rope.cossin", NT_F32, 128, k ? k * c->dims : c->dims);
+    for (int b = 0; b < 2; b++) {
+        c->xt[b] = sk_tile(s, "rope.x", c->dt, 128, RF);
+        c->yt[b] = sk_tile(s, "rope.y", c->dt, 128, RF);
+    }
+    for (int i = 0; i < 4; i++)
+        c->tf[i] = sk_tile(s, "rope.t", NT_F32, 128, RF / 2);
+    if (!nt_sim_kernel_error(s->k) && !rope_offset(c))
+        k ? rope_chunked(c, k) : rope_all(c);
+    return 0;
+}
+
 int nt__sk_rope(const nt__rec *r)
 {
-    const nt_tensor *x = r->in[0], *o = r->out[0];
+    const nt_tensor *x = r->in[0];
     rope_k c;
     memset(&c, 0, sizeof c);
     int nd = x->ndim;
@@ -290,30 +315,5 @@ int nt__sk_rope(const nt__rec *r)
     if (c.D > RF)
         return nt__kerr(NT_ENOTSUP, "nt_rope on the simulator: D = %lld is over %d",
                         (long long)c.D, RF);
-    sk_k s;
-    int rc = sk_begin(&s, nt__op_name(r->op));
-    if (rc)
-        return rc;
-    bool values = sk_values_begin(&s);
-    if (values && sk_memo_rec(&s, r, false))
-        return sk_end_values(&s, values, 0, r);
-    c.s = &s, c.r = r;
-    c.dt = (nt_dtype)x->dtype;
-    c.xb = nt__tensor_data(x), c.yb = nt__tensor_data(o);
-    c.dims = r->p.i[0], c.h = c.dims / 2, c.il = (r->p.flag & NT__ROPE_INTERLEAVED) != 0;
-    c.nn = RF / c.D;
-    if (c.nn > c.N)
-        c.nn = c.N;
-    int64_t k = rope_chunk_k(c.N, c.T, c.D, c.dims);
-    c.off = sk_tile(&s, "rope.offset", NT_I32, 128, 1);
-    c.cs = sk_tile(&s, "rope.cossin", NT_F32, 128, k ? k * c.dims : c.dims);
-    for (int b = 0; b < 2; b++) {
-        c.xt[b] = sk_tile(&s, "rope.x", c.dt, 128, RF);
-        c.yt[b] = sk_tile(&s, "rope.y", c.dt, 128, RF);
-    }
-    for (int i = 0; i < 4; i++)
-        c.tf[i] = sk_tile(&s, "rope.t", NT_F32, 128, RF / 2);
-    if (!nt_sim_kernel_error(s.k) && !rope_offset(&c))
-        k ? rope_chunked(&c, k) : rope_all(&c);
-    return sk_end_values(&s, values, 0, r);
+    return sk_run_prog(r, NULL, rope_prog, &c);
 }

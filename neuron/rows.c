@@ -220,24 +220,24 @@ static void rk_begin(rk *c, sk_k *s, const nt__rec *r, sk_rows *R, int dim, bool
     }
 }
 
+static int softmax_prog(sk_k *s, const nt__rec *r, void *ctx)
+{
+    (void)ctx;
+    const nt_tensor *x = r->in[0];
+    rk c;
+    sk_rows R;
+    rk_begin(&c, s, r, &R, x->ndim ? r->p.dim : 0, true);
+    if (!rk_tiles(&c, false) && !sk_warm_act(s, NT_ACT_EXP))
+        sk_rows_run(&R, softmax_group, &c);
+    return 0;
+}
+
 int nt__sk_softmax(const nt__rec *r)
 {
     const nt_tensor *x = r->in[0];
     if (nt__numel(x->ndim, x->shape) == 0)
         return 0;
-    sk_k s;
-    int rc = sk_begin(&s, nt__op_name(r->op));
-    if (rc)
-        return rc;
-    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
-    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
-        return sk_end_values(&s, values, 0, r);
-    rk c;
-    sk_rows R;
-    rk_begin(&c, &s, r, &R, x->ndim ? r->p.dim : 0, true);
-    if (!rk_tiles(&c, false) && !sk_warm_act(&s, NT_ACT_EXP))
-        sk_rows_run(&R, softmax_group, &c);
-    return sk_end_values(&s, values, 0, r);
+    return sk_run_prog(r, NULL, softmax_prog, NULL);
 }
 
 typedef struct lab_check {
@@ -279,46 +279,45 @@ static int xent_group(void *ctx, int64_t ioff, int64_t ooff, int np)
     return rc ? rc : softmax_group(ctx, ioff, 0, np);
 }
 
-int nt__sk_cross_entropy(const nt__rec *r)
+static int cross_entropy_prog(sk_k *s, const nt__rec *r, void *ctx)
 {
+    (void)ctx;
     const nt_tensor *x = r->in[0], *lab = r->in[1], *o = r->out[0];
-    sk_k s;
-    int rc = sk_begin(&s, "cross_entropy");
-    if (rc)
-        return rc;
-    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
-    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
-        return sk_end_values(&s, values, 0, r);
     rk c;
     sk_rows R;
-    rk_begin(&c, &s, r, &R, 1, false);
+    rk_begin(&c, s, r, &R, 1, false);
     c.labels = lab;
     rk_tiles(&c, true);
-    c.ii = sk_tile(&s, "xent.iota", NT_I32, 128, RCH);
-    c.mk = sk_tile(&s, "xent.mask", NT_I32, 128, RCH);
-    c.cnd = sk_tile(&s, "xent.cand", NT_F32, 128, RCH);
-    c.ninf = sk_tile(&s, "xent.ninf", NT_F32, 128, 1);
-    c.lab = sk_tile(&s, "xent.labels", (nt_dtype)lab->dtype, 128, 1);
-    c.nll_row = sk_tile(&s, "xent.nll", NT_F32, 1, NT_RED_BLOCK);
-    c.acc = sk_tile(&s, "xent.acc", NT_F32, 1, 1);
-    c.trp = nt_tile_alloc(s.k, "xent.T", NT_MEM_PSUM, NT_F32, 1, 128);
+    c.ii = sk_tile(s, "xent.iota", NT_I32, 128, RCH);
+    c.mk = sk_tile(s, "xent.mask", NT_I32, 128, RCH);
+    c.cnd = sk_tile(s, "xent.cand", NT_F32, 128, RCH);
+    c.ninf = sk_tile(s, "xent.ninf", NT_F32, 128, 1);
+    c.lab = sk_tile(s, "xent.labels", (nt_dtype)lab->dtype, 128, 1);
+    c.nll_row = sk_tile(s, "xent.nll", NT_F32, 1, NT_RED_BLOCK);
+    c.acc = sk_tile(s, "xent.acc", NT_F32, 1, 1);
+    c.trp = nt_tile_alloc(s->k, "xent.T", NT_MEM_PSUM, NT_F32, 1, 128);
     nt_ap ni = nt_tile_ap(c.ninf), acc = nt_tile_ap(c.acc);
-    nt_isa_memset(s.k, &ni, -INFINITY, NT_ENGINE_GPSIMD);
-    nt_isa_memset(s.k, &acc, 0.0, NT_ENGINE_GPSIMD);
-    sk_warm_act(&s, NT_ACT_EXP);
-    if (!nt_sim_kernel_error(s.k) && !sk_rows_run(&R, xent_group, &c)) {
+    nt_isa_memset(s->k, &ni, -INFINITY, NT_ENGINE_GPSIMD);
+    nt_isa_memset(s->k, &acc, 0.0, NT_ENGINE_GPSIMD);
+    sk_warm_act(s, NT_ACT_EXP);
+    if (!nt_sim_kernel_error(s->k) && !sk_rows_run(&R, xent_group, &c)) {
         /* loss = sum(nll) / N, rounded once */
-        nt_tile *yt = sk_tile(&s, "xent.y", c.odt, 1, 1);
+        nt_tile *yt = sk_tile(s, "xent.y", c.odt, 1, 1);
         if (yt) {
             nt_ap y = nt_tile_ap(yt);
             int64_t N = x->shape[0];
-            if (!ts(&s, &y, &acc, NT_ALU_DIV, NULL, (float)N)) {
+            if (!ts(s, &y, &acc, NT_ALU_DIV, NULL, (float)N)) {
                 nt_ap out = nt_hbm_ap(nt__tensor_data(o), c.odt, 0, 1, 1, 1);
-                nt_isa_dma_copy(s.k, &out, &y, sk_qout(&s));
+                nt_isa_dma_copy(s->k, &out, &y, sk_qout(s));
             }
         }
     }
-    return sk_end_values(&s, values, 0, r);
+    return 0;
+}
+
+int nt__sk_cross_entropy(const nt__rec *r)
+{
+    return sk_run_prog(r, "cross_entropy", cross_entropy_prog, NULL);
 }
 
 /* ---------------- layer_norm, rms_norm ---------------- */
@@ -525,21 +524,13 @@ static int norm_group_short(void *ctx, int64_t ioff, int64_t ooff, int np)
     return rc;
 }
 
-int nt__sk_norm(const nt__rec *r)
+static int norm_prog(sk_k *s, const nt__rec *r, void *ctx)
 {
+    (void)ctx;
     const nt_tensor *x = r->in[0];
-    if (nt__numel(x->ndim, x->shape) == 0)
-        return 0;
-    sk_k s;
-    int rc = sk_begin(&s, nt__op_name(r->op));
-    if (rc)
-        return rc;
-    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
-    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
-        return sk_end_values(&s, values, 0, r);
     rk c;
     sk_rows R;
-    rk_begin(&c, &s, r, &R, x->ndim - 1, true);
+    rk_begin(&c, s, r, &R, x->ndim - 1, true);
     c.eps = (float)r->p.f[0];
     c.w = r->in[1];
     c.b = r->op == NT_OP_LAYER_NORM ? r->in[2] : NULL;
@@ -551,49 +542,51 @@ int nt__sk_norm(const nt__rec *r)
         c.nring = (int)(96 * 1024 / slot);
         c.nring = c.nring < NR_LAG + 2 ? NR_LAG + 2 : c.nring > NR_RING ? NR_RING : c.nring;
         for (int b = 0; b < c.nring; b++) {
-            c.fx[b] = sk_tile(&s, "norm.x", c.xdt, 128, c.n);
-            c.fT[b] = sk_tile(&s, "norm.d", NT_F32, 128, c.n);
-            c.fy[b] = sk_tile(&s, "norm.y", c.odt, 128, c.n);
+            c.fx[b] = sk_tile(s, "norm.x", c.xdt, 128, c.n);
+            c.fT[b] = sk_tile(s, "norm.d", NT_F32, 128, c.n);
+            c.fy[b] = sk_tile(s, "norm.y", c.odt, 128, c.n);
         }
-        c.fst = sk_tile(&s, "norm.stats", NT_F32, 128, 4 * NR_RING);
+        c.fst = sk_tile(s, "norm.stats", NT_F32, 128, 4 * NR_RING);
     } else {
         rk_tiles(&c, false);
     }
     if (c.w)
-        c.wt = sk_tile(&s, "norm.w", (nt_dtype)c.w->dtype, 128, c.fast ? c.n : RCH);
+        c.wt = sk_tile(s, "norm.w", (nt_dtype)c.w->dtype, 128, c.fast ? c.n : RCH);
     if (c.b)
-        c.bt = sk_tile(&s, "norm.b", (nt_dtype)c.b->dtype, 128, c.fast ? c.n : RCH);
-    if (!nt_sim_kernel_error(s.k) && !sk_warm_act(&s, NT_ACT_RSQRT))
+        c.bt = sk_tile(s, "norm.b", (nt_dtype)c.b->dtype, 128, c.fast ? c.n : RCH);
+    if (!nt_sim_kernel_error(s->k) && !sk_warm_act(s, NT_ACT_RSQRT))
         if (!sk_rows_run(&R, c.fast ? norm_group_short : norm_group, &c) && c.fast)
             norm_short_flush(&c);
-    return sk_end_values(&s, values, 0, r);
+    return 0;
+}
+
+int nt__sk_norm(const nt__rec *r)
+{
+    const nt_tensor *x = r->in[0];
+    if (nt__numel(x->ndim, x->shape) == 0)
+        return 0;
+    return sk_run_prog(r, NULL, norm_prog, NULL);
 }
 
 /* ---------------- mse_loss ---------------- */
 
-int nt__sk_mse_loss(const nt__rec *r)
+static int mse_loss_prog(sk_k *s, const nt__rec *r, void *ctx)
 {
+    (void)ctx;
     const nt_tensor *a = r->in[0], *b = r->in[1], *o = r->out[0];
-    sk_k s;
-    int rc = sk_begin(&s, "mse_loss");
-    if (rc)
-        return rc;
-    bool values = sk_values_begin(&s); /* NT_SIM_PROGRAM_VALUES */
-    if (values && sk_memo_rec(&s, r, false)) /* the same program ran before */
-        return sk_end_values(&s, values, 0, r);
-    nt_sim_kernel *k = s.k;
+    nt_sim_kernel *k = s->k;
     int64_t n = nt__numel(a->ndim, a->shape);
-    const char *ab = sk_contig_of(&s, a), *bb = sk_contig_of(&s, b);
+    const char *ab = sk_contig_of(s, a), *bb = sk_contig_of(s, b);
     nt_dtype adt = (nt_dtype)a->dtype, bdt = (nt_dtype)b->dtype, odt = (nt_dtype)o->dtype;
-    nt_tile *ta[2], *tb[2], *T = sk_tile(&s, "mse.d", NT_F32, 128, NT_RED_BLOCK);
+    nt_tile *ta[2], *tb[2], *T = sk_tile(s, "mse.d", NT_F32, 128, NT_RED_BLOCK);
     for (int i = 0; i < 2; i++) {
-        ta[i] = sk_tile(&s, "mse.a", adt, 128, NT_RED_BLOCK);
-        tb[i] = sk_tile(&s, "mse.b", bdt, 128, NT_RED_BLOCK);
+        ta[i] = sk_tile(s, "mse.a", adt, 128, NT_RED_BLOCK);
+        tb[i] = sk_tile(s, "mse.b", bdt, 128, NT_RED_BLOCK);
     }
-    nt_tile *part = sk_tile(&s, "mse.part", NT_F32, 128, 1), *acct = sk_tile(&s, "mse.acc", NT_F32, 1, 1);
-    nt_tile *yt = sk_tile(&s, "mse.y", odt, 1, 1);
+    nt_tile *part = sk_tile(s, "mse.part", NT_F32, 128, 1), *acct = sk_tile(s, "mse.acc", NT_F32, 1, 1);
+    nt_tile *yt = sk_tile(s, "mse.y", odt, 1, 1);
     nt_ap acc = nt_tile_ap(acct);
-    rc = nt_isa_memset(k, &acc, 0.0, NT_ENGINE_VECTOR);
+    int rc = nt_isa_memset(k, &acc, 0.0, NT_ENGINE_VECTOR);
     if (!ab || !bb)
         rc = -1;
     /* blocks of 2048 on partitions, their partials folded in order; the
@@ -608,21 +601,23 @@ int nt__sk_mse_loss(const nt__rec *r)
         nt_ap D = nt_tile_slice(T, 0, np, 0, w), P = nt_tile_slice(part, 0, np, 0, 1);
         nt_ap ha = nt_hbm_ap(ab, adt, b0 * NT_RED_BLOCK, np, NT_RED_BLOCK, w);
         nt_ap hb = nt_hbm_ap(bb, bdt, b0 * NT_RED_BLOCK, np, NT_RED_BLOCK, w);
-        if ((rc = nt_isa_dma_copy(k, &A, &ha, sk_qin(&s))) ||
-            (rc = nt_isa_dma_copy(k, &B, &hb, sk_qin(&s))) ||
+        if ((rc = nt_isa_dma_copy(k, &A, &ha, sk_qin(s))) ||
+            (rc = nt_isa_dma_copy(k, &B, &hb, sk_qin(s))) ||
             (rc = nt_isa_tensor_tensor(k, &D, &A, &B, NT_ALU_SUB, NT_ENGINE_VECTOR)) ||
             (rc = nt_isa_tensor_tensor(k, &D, &D, &D, NT_ALU_MUL, NT_ENGINE_VECTOR)) ||
             (rc = nt_isa_tensor_reduce(k, &P, &D, NT_ALU_ADD, 0)) ||
-            (rc = sk_seq_combine(&s, &acc, &P, NT_ALU_ADD)))
+            (rc = sk_seq_combine(s, &acc, &P, NT_ALU_ADD)))
             break;
         b0 += np;
     }
     if (!rc) {
         nt_ap y = nt_tile_ap(yt);
-        rc = ts(&s, &y, &acc, NT_ALU_DIV, NULL, (float)n);
+        rc = ts(s, &y, &acc, NT_ALU_DIV, NULL, (float)n);
         nt_ap out = nt_hbm_ap(nt__tensor_data(o), odt, 0, 1, 1, 1);
         if (!rc)
-            nt_isa_dma_copy(k, &out, &y, sk_qout(&s));
+            nt_isa_dma_copy(k, &out, &y, sk_qout(s));
     }
-    return sk_end_values(&s, values, 0, r);
+    return 0;
 }
+
+int nt__sk_mse_loss(const nt__rec *r) { return sk_run_prog(r, "mse_loss", mse_loss_prog, NULL); }

@@ -289,6 +289,11 @@ int sk_join_leave(sk_k *s, nt_tile *mark, int rc, int (*ref)(const void *arg), c
  * (sk_join_enter/leave); else a kernel of its own, skipped for the timing
  * memo of the same record (sk_memo_rec).  issue(s, r) writes the program. */
 int sk_run_rec(const nt__rec *r, bool join, void (*issue)(sk_k *s, const nt__rec *r));
+/* A record's program in a kernel of its own, named name (the op's when
+ * NULL), skipped for the timing memo of the same record (sk_memo_rec):
+ * prog(s, r, ctx) writes it and returns its code, the kernel's. */
+int sk_run_prog(const nt__rec *r, const char *name,
+                int (*prog)(sk_k *s, const nt__rec *r, void *ctx), void *ctx);
 int nt__sk_sdpa(const nt__rec *r);         /* attention.c */
 int nt__sk_sdpa_bwd(const nt__rec *r);
 /* Whether a head of SDPA / SDPA_BWD with p's sizes fits SBUF (else the op
