@@ -563,18 +563,19 @@ typedef struct wg_job {
 } wg_job;
 
 #if CONV_X86
-/* ---- 16 -> 16 channels, channel-last (wgc_*) ----
+/* ---- channel-last weight gradient (wgc_*) ----
  *
- * With 16 input and 16 output channels (one group) a row k = (t, ci) of the
- * columns meets 16 output channels only, so the kernel above broadcasts one
- * x value per FMA.  Here xp is channel-last, [N][Hp][Wp][16], so for one
- * tap the 16 rows (t, 0 .. 15) at a position are one vector: a block of 3
- * taps x 8 output channels keeps 24 vectors of sums (ci across the lanes)
- * and loads 3 vectors and broadcasts 8 values of gy^T per position -- the
- * forward kernel's ratio.  Each sum is still fma(x, gy, s) over the tile's
- * positions in order from +0, and a tile's sums are added to the running
- * C (kept [tap][co][ci], transposed into CT at the end) as C = s or C + s:
- * the same recurrence, the same bits. */
+ * With 16 output channels a row k = (t, ci) of the columns meets one vector
+ * of gy^T only, so the kernel above broadcasts one x value per FMA (with 32,
+ * one per two).  When C and C_out are multiples of 16 (one group) xp is
+ * channel-last instead, [N][Hp][Wp][C], so at a position the rows (t, ci ..
+ * ci + 15) of one tap are one vector: a block of 3 such vectors x 8 output
+ * channels keeps 24 vectors of sums (ci across the lanes) and loads 3
+ * vectors and broadcasts 8 values of gy^T per position -- the forward
+ * kernel's ratio.  Each sum is still fma(x, gy, s) over the tile's
+ * positions in order from +0, and a tile's sums are added to the running C
+ * (kept [vector][co][16], transposed into CT at the end) as C = s or
+ * C + s: the same recurrence, the same bits. */
 #define WGC_R8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
 #define WGC_Z(c) __m512 a##c = _mm512_setzero_ps(), b##c = a##c, e##c = a##c;
 #define WGC_F(c)                                                                             \
@@ -583,8 +584,9 @@ typedef struct wg_job {
         a##c = _mm512_fmadd_ps(x0, v, a##c), b##c = _mm512_fmadd_ps(x1, v, b##c);            \
         e##c = _mm512_fmadd_ps(x2, v, e##c);                                                 \
     }
-#define WGC_S(c) wgc_put(C + (c) * 16, a##c, acc), wgc_put(C + 256 + (c) * 16, b##c, acc),   \
-                 wgc_put(C + 512 + (c) * 16, e##c, acc);
+#define WGC_S(c) wgc_put(C + (c) * 16, a##c, acc), wgc_put(C + cs + (c) * 16, b##c, acc),    \
+                 wgc_put(C + 2 * cs + (c) * 16, e##c, acc);
+#define WGC_MAXV 48 /* vectors (taps x C / 16) */
 
 __attribute__((target(NT_TARGET_AVX512), always_inline)) static inline void
 wgc_put(float *c, __m512 s, bool acc)
@@ -592,16 +594,17 @@ wgc_put(float *c, __m512 s, bool acc)
     _mm512_storeu_ps(c, acc ? _mm512_add_ps(_mm512_loadu_ps(c), s) : s);
 }
 
-/* Taps to[0 .. 3) (xp offsets) x output channels gt[0 .. 8) (gy^T rows of
- * 16) over one tile of kt positions (xp offsets po): C [3 taps][16 co][16
- * ci] (the block's 8 channels at C[.][0 .. 8)) = s, or C + s when acc. */
+/* Vectors at xp offsets to[0 .. 3) x output channels gt[0 .. 8) (gy^T rows
+ * gs apart) over one tile of kt positions (xp offsets po): the sums into C
+ * (vector v's 8 channels at C + v cs), = s, or C + s when acc. */
 __attribute__((target(NT_TARGET_AVX512))) static void wgc_tile(const float *xp, const int64_t *po,
                                                              int kt, const int64_t *to,
-                                                             const float *gt, float *C, bool acc)
+                                                             const float *gt, int gs, float *C,
+                                                             int cs, bool acc)
 {
     WGC_R8(WGC_Z)
     for (int p = 0; p < kt; p++) {
-        const float *b = xp + po[p], *g = gt + p * 16;
+        const float *b = xp + po[p], *g = gt + p * gs;
         __m512 x0 = _mm512_loadu_ps(b + to[0]), x1 = _mm512_loadu_ps(b + to[1]);
         __m512 x2 = _mm512_loadu_ps(b + to[2]);
         WGC_R8(WGC_F)
@@ -609,71 +612,75 @@ __attribute__((target(NT_TARGET_AVX512))) static void wgc_tile(const float *xp, 
     WGC_R8(WGC_S)
 }
 
-/* Output channels [8 h, 8 h + 8) of every row (h = half), or all 16 when
- * half < 0. */
-static void wgc_rows(wg_job *j, int half)
+/* Output channel blocks of 8 [b nb / nblk, (b + 1) nb / nblk) of every row. */
+static void wgc_rows(wg_job *j, int b)
 {
     const nt__conv_geo *g = j->g;
     const wgd *d = j->d;
-    int64_t L = g->OH * g->OW, P = g->N * L, T = g->kh * g->kw;
-    int64_t po[NT_GEMM_KTILE], to[12];
-    float *C = g_try_malloc((size_t)((T + 2) / 3 * 3) * 256 * sizeof(float) + 64);
+    int64_t L = g->OH * g->OW, P = g->N * L, T = g->kh * g->kw, CO = g->CO, C16 = g->C / 16;
+    int64_t V = T * C16, V3 = (V + 2) / 3 * 3, nb = CO / 8, gs = 16 * d->nv;
+    int64_t po[NT_GEMM_KTILE], to[WGC_MAXV + 2];
+    float *C = g_try_malloc((size_t)(V3 * CO * 16) * sizeof(float) + 64);
     if (!C) {
         atomic_store_explicit(&j->failed, 1, memory_order_relaxed);
         return;
     }
-    for (int64_t t = 0; t < (T + 2) / 3 * 3; t++) /* a missing third tap: tap 0 again */
-        to[t] = ((t < T ? t : 0) / g->kw * g->d[0] * d->Wp + (t < T ? t : 0) % g->kw * g->d[1]) * 16;
-    int h0 = half < 0 ? 0 : half, h1 = half < 0 ? 2 : half + 1;
+    for (int64_t v = 0; v < V3; v++) { /* v = (t, ci / 16); past V: vector 0 again */
+        int64_t u = v < V ? v : 0, t = u / C16;
+        to[v] = (t / g->kw * g->d[0] * d->Wp + t % g->kw * g->d[1]) * g->C + u % C16 * 16;
+    }
+    int64_t c0 = nb * b / j->nblk, c1 = nb * (b + 1) / j->nblk;
     for (int64_t t0 = 0; t0 < P; t0 += NT_GEMM_KTILE) {
         int kt = (int)(P - t0 < NT_GEMM_KTILE ? P - t0 : NT_GEMM_KTILE);
         int64_t n = t0 / L, oh = t0 % L / g->OW, ow = t0 % g->OW;
         for (int p = 0; p < kt; p++) {
-            po[p] = ((n * d->Hp + oh * g->s[0]) * d->Wp + ow * g->s[1]) * 16;
+            po[p] = ((n * d->Hp + oh * g->s[0]) * d->Wp + ow * g->s[1]) * g->C;
             if (++ow == g->OW && (ow = 0, ++oh == g->OH))
                 oh = 0, n++;
         }
-        for (int h = h0; h < h1; h++)
-            for (int64_t t = 0; t < T; t += 3)
-                wgc_tile(d->xp, po, kt, to + t, d->gT + t0 * 16 + h * 8, C + t * 256 + h * 128,
-                         t0 > 0);
+        for (int64_t cb = c0; cb < c1; cb++)
+            for (int64_t v = 0; v < V; v += 3)
+                wgc_tile(d->xp, po, kt, to + v, d->gT + t0 * gs + cb * 8, (int)gs,
+                         C + (v * CO + cb * 8) * 16, (int)(CO * 16), t0 > 0);
     }
-    /* CT[k = t 16 + ci][co] = C[t][co][ci] */
-    for (int64_t t = 0; t < T; t++)
-        for (int h = h0; h < h1; h++)
-            for (int co = h * 8; co < h * 8 + 8; co++)
-                for (int ci = 0; ci < 16; ci++)
-                    j->CT[(t * 16 + ci) * 16 + co] = C[t * 256 + co * 16 + ci];
+    /* CT[k = t C + ci][co] = C[v = t C / 16 + ci / 16][co][ci % 16] */
+    for (int64_t v = 0; v < V; v++)
+        for (int64_t co = c0 * 8; co < c1 * 8; co++)
+            for (int ci = 0; ci < 16; ci++)
+                j->CT[(v * 16 + ci) * CO + co] = C[(v * CO + co) * 16 + ci];
     g_free(C);
 }
 
-/* Image b of the channel-last xp, padded with +0: 16 positions of a row at
- * a time, the 16 channels' values transposed in registers. */
+/* Image b of the channel-last xp, padded with +0: 16 positions of a row x
+ * 16 channels at a time, transposed in registers. */
 __attribute__((target(NT_TARGET_AVX512))) static void wgc_pad_image(void *arg, int b)
 {
     const wgd *d = arg;
     const nt__conv_geo *g = d->g;
-    const float *xd = d->xd + (int64_t)b * 16 * g->H * g->W;
+    int64_t Cn = g->C;
+    const float *xd = d->xd + (int64_t)b * Cn * g->H * g->W;
     for (int64_t r = 0; r < d->Hp; r++) {
-        float *dst = d->xp + (((int64_t)b * d->Hp + r) * d->Wp) * 16;
+        float *dst = d->xp + (((int64_t)b * d->Hp + r) * d->Wp) * Cn;
         int64_t ih = r - g->lo[0], a = g->lo[1] < d->Wp ? g->lo[1] : d->Wp;
         int64_t e = g->lo[1] + g->W < d->Wp ? g->lo[1] + g->W : d->Wp;
         if (ih < 0 || ih >= g->H || e <= a) {
-            memset(dst, 0, (size_t)d->Wp * 16 * sizeof(float));
+            memset(dst, 0, (size_t)(d->Wp * Cn) * sizeof(float));
             continue;
         }
-        memset(dst, 0, (size_t)a * 16 * sizeof(float));
-        for (int64_t w = a; w < e; w += 16) {
-            int m = e - w < 16 ? (int)(e - w) : 16;
-            __mmask16 k = (__mmask16)((1u << m) - 1u);
-            __m512i v[16];
-            for (int c = 0; c < 16; c++)
-                v[c] = _mm512_maskz_loadu_epi32(k, xd + (c * g->H + ih) * g->W + (w - g->lo[1]));
-            nt__tr16(v);
-            for (int i = 0; i < m; i++)
-                _mm512_storeu_si512(dst + (w + i) * 16, v[i]);
-        }
-        memset(dst + e * 16, 0, (size_t)(d->Wp - e) * 16 * sizeof(float));
+        memset(dst, 0, (size_t)(a * Cn) * sizeof(float));
+        for (int64_t c0 = 0; c0 < Cn; c0 += 16)
+            for (int64_t w = a; w < e; w += 16) {
+                int m = e - w < 16 ? (int)(e - w) : 16;
+                __mmask16 k = (__mmask16)((1u << m) - 1u);
+                __m512i v[16];
+                for (int c = 0; c < 16; c++)
+                    v[c] = _mm512_maskz_loadu_epi32(
+                        k, xd + ((c0 + c) * g->H + ih) * g->W + (w - g->lo[1]));
+                nt__tr16(v);
+                for (int i = 0; i < m; i++)
+                    _mm512_storeu_si512(dst + (w + i) * Cn + c0, v[i]);
+            }
+        memset(dst + e * Cn, 0, (size_t)((d->Wp - e) * Cn) * sizeof(float));
     }
 }
 
@@ -792,7 +799,7 @@ static void wg_rows(void *arg, int b)
         return;
 #if CONV_X86
     if (j->d && j->d->cl) { /* the halves: output channels, not rows */
-        wgc_rows(j, j->nblk > 1 ? b : -1);
+        wgc_rows(j, b);
         return;
     }
     if (j->d) {
@@ -862,7 +869,8 @@ static float *wgd_pad(const nt__conv_geo *g, const nt_tensor *x, const nt_tensor
     memset(xp + np, 0, (npa - np) * sizeof(float));
     d->xp = xp, d->gT = xp + npa, d->ko = (int64_t *)(xp + npa + ng);
     d->xd = nt__tensor_data(x), d->gd = nt__tensor_data(gy);
-    d->cl = g->G == 1 && g->C == 16 && g->CO == 16 && g->kh * g->kw <= 12;
+    d->cl = g->G == 1 && g->C % 16 == 0 && g->CO % 16 == 0 &&
+            g->kh * g->kw * (g->C / 16) <= WGC_MAXV;
     nt__par_blocks((int)g->N, d->cl ? wgc_pad_image : wgd_pad_image, d, g->N > 1);
     return xp;
 #else

@@ -181,8 +181,12 @@ static void test_conv_paths(void **state)
         {{3, 32, 7, 7}, {32, 32, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
         {{2, 3, 5, 5}, {70, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},     /* > 64 channels */
         {{2, 2, 1, 9}, {3, 2, 1, 4}, {1, 2}, {0, 3}, {1, 1}, 1},      /* H = 1 */
-        /* 16 -> 16 channels: the channel-last weight gradient (taps in
-         * threes, a last block of one or two; both halves or one) */
+        /* channels in sixteens: the channel-last weight gradient (its
+         * vectors in threes, a last block of one or two; the output
+         * channels' blocks on one thread or split) */
+        {{2, 48, 5, 7}, {16, 48, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+        {{3, 32, 6, 9}, {48, 32, 2, 3}, {2, 1}, {0, 1}, {1, 1}, 1},
+        {{2, 64, 5, 5}, {16, 64, 3, 4}, {1, 1}, {1, 1}, {1, 1}, 1},
         {{3, 16, 9, 11}, {16, 16, 3, 3}, {2, 1}, {0, 1}, {1, 2}, 1},
         {{2, 16, 5, 6}, {16, 16, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 1},
         {{2, 16, 7, 8}, {16, 16, 3, 4}, {1, 1}, {1, 2}, {1, 1}, 1},
