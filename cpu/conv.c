@@ -571,7 +571,7 @@ typedef struct wg_job {
  * channel-last instead, [N][Hp][Wp][C], so at a position the rows (t, ci ..
  * ci + 15) of one tap are one vector: a block of 3 such vectors x 8 output
  * channels keeps 24 vectors of sums (ci across the lanes) and loads 3
- * vectors and broadcasts 8 values of gy^T per position -- the forward
+ * vectors and broadcasts 8 values of gy (where it lies) per position -- the forward
  * kernel's ratio.  Each sum is still fma(x, gy, s) over the tile's
  * positions in order from +0, and a tile's sums are added to the running C
  * (kept [vector][co][16], transposed into CT at the end) as C = s or
@@ -580,7 +580,7 @@ typedef struct wg_job {
 #define WGC_Z(c) __m512 a##c = _mm512_setzero_ps(), b##c = a##c, e##c = a##c;
 #define WGC_F(c)                                                                             \
     {                                                                                        \
-        __m512 v = _mm512_set1_ps(g[c]);                                                     \
+        __m512 v = _mm512_set1_ps(g[(c) * L]);                                               \
         a##c = _mm512_fmadd_ps(x0, v, a##c), b##c = _mm512_fmadd_ps(x1, v, b##c);            \
         e##c = _mm512_fmadd_ps(x2, v, e##c);                                                 \
     }
@@ -594,17 +594,18 @@ wgc_put(float *c, __m512 s, bool acc)
     _mm512_storeu_ps(c, acc ? _mm512_add_ps(_mm512_loadu_ps(c), s) : s);
 }
 
-/* Vectors at xp offsets to[0 .. 3) x output channels gt[0 .. 8) (gy^T rows
- * gs apart) over one tile of kt positions (xp offsets po): the sums into C
- * (vector v's 8 channels at C + v cs), = s, or C + s when acc. */
+/* Vectors at xp offsets to[0 .. 3) x 8 output channels (gy's rows from gd,
+ * L apart) over one tile of kt positions (xp offsets po, gy offsets gq):
+ * the sums into C (vector v's 8 channels at C + v cs), = s, or C + s when
+ * acc.  gy is read where it lies: no transposed copy. */
 __attribute__((target(NT_TARGET_AVX512))) static void wgc_tile(const float *xp, const int64_t *po,
                                                              int kt, const int64_t *to,
-                                                             const float *gt, int gs, float *C,
-                                                             int cs, bool acc)
+                                                             const float *gd, const int64_t *gq,
+                                                             int64_t L, float *C, int cs, bool acc)
 {
     WGC_R8(WGC_Z)
     for (int p = 0; p < kt; p++) {
-        const float *b = xp + po[p], *g = gt + p * gs;
+        const float *b = xp + po[p], *g = gd + gq[p];
         __m512 x0 = _mm512_loadu_ps(b + to[0]), x1 = _mm512_loadu_ps(b + to[1]);
         __m512 x2 = _mm512_loadu_ps(b + to[2]);
         WGC_R8(WGC_F)
@@ -618,8 +619,8 @@ static void wgc_rows(wg_job *j, int b)
     const nt__conv_geo *g = j->g;
     const wgd *d = j->d;
     int64_t L = g->OH * g->OW, P = g->N * L, T = g->kh * g->kw, CO = g->CO, C16 = g->C / 16;
-    int64_t V = T * C16, V3 = (V + 2) / 3 * 3, nb = CO / 8, gs = 16 * d->nv;
-    int64_t po[NT_GEMM_KTILE], to[WGC_MAXV + 2];
+    int64_t V = T * C16, V3 = (V + 2) / 3 * 3, nb = CO / 8;
+    int64_t po[NT_GEMM_KTILE], gq[NT_GEMM_KTILE], to[WGC_MAXV + 2];
     float *C = g_try_malloc((size_t)(V3 * CO * 16) * sizeof(float) + 64);
     if (!C) {
         atomic_store_explicit(&j->failed, 1, memory_order_relaxed);
@@ -635,12 +636,13 @@ static void wgc_rows(wg_job *j, int b)
         int64_t n = t0 / L, oh = t0 % L / g->OW, ow = t0 % g->OW;
         for (int p = 0; p < kt; p++) {
             po[p] = ((n * d->Hp + oh * g->s[0]) * d->Wp + ow * g->s[1]) * g->C;
+            gq[p] = n * CO * L + oh * g->OW + ow;
             if (++ow == g->OW && (ow = 0, ++oh == g->OH))
                 oh = 0, n++;
         }
         for (int64_t cb = c0; cb < c1; cb++)
             for (int64_t v = 0; v < V; v += 3)
-                wgc_tile(d->xp, po, kt, to + v, d->gT + t0 * gs + cb * 8, (int)gs,
+                wgc_tile(d->xp, po, kt, to + v, d->gd + cb * 8 * L, gq, L,
                          C + (v * CO + cb * 8) * 16, (int)(CO * 16), t0 > 0);
     }
     /* CT[k = t C + ci][co] = C[v = t C / 16 + ci / 16][co][ci % 16] */
@@ -907,7 +909,7 @@ int nt__cpu_conv_wgrad(const nt__rec *r)
             d.ko[k] = ((grp * Cg + ci) * d.Hp + t / g.kw * g.d[0]) * d.Wp + t % g.kw * g.d[1];
         }
 #if CONV_X86
-        if (xp) {
+        if (xp && !d.cl) { /* (the channel-last kernel reads gy in place) */
             d.grp = grp;
             nt__par_blocks((int)((P + WGD_TB - 1) / WGD_TB), wgd_transpose, &d, P > WGD_TB);
         }
