@@ -7,7 +7,8 @@
  * simulated NeuronCore, each step's host wall time (the step and reading
  * its loss: the one sync a training loop needs, as the peer's loss.item()),
  * and in PyTorch 1.13 eager fp32 at 1 and at 2 threads (the faster counts);
- * prints the medians, each one's ratio to PyTorch's, and for the simulator
+ * prints the medians, each one's ratio to PyTorch's, the process CPU time a
+ * step of each (every thread; the peer reports its own), and for the simulator
  * the simulated time per step, MFU, TensorE utilisation, HBM bytes and
  * kernels per step.  With --rounds N every configuration runs N times in
  * turn and each ratio is the median of its rounds'.
@@ -29,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define BENCH_NAME "bench/cnn_step"
@@ -48,6 +50,7 @@
 
 typedef struct {
     double ms;                  /* median host wall time per step */
+    double cpu_ms;              /* the process's CPU time per step (every thread) */
     double sim_ms, mfu, tensor; /* simulated: per step, MFU, TensorE busy share */
     double hbm_mb, kernels;     /* per step */
     bool ran;
@@ -87,6 +90,14 @@ static void make_model(const bench_opts *b, const cnn_data *train, cnn_model *m,
         bench_fail("cnn_optimizer");
 }
 
+/* The process's CPU time (every thread), ms. */
+static double process_cpu_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
 /* Times b->steps steps on `backend`. */
 static void run_ours(const char *backend, const bench_opts *b, const cnn_data *train,
                      const int *order, result *r)
@@ -102,11 +113,13 @@ static void run_ours(const char *backend, const bench_opts *b, const cnn_data *t
     nt_stats st0, st1;
     nt_sim_stats s0, s1;
     int per_epoch = train->n / b->batch;
+    double c0 = 0;
     for (int k = 0; k < b->warmup + b->steps; k++) {
         if (k == b->warmup) {
             bench_check(nt_sync(), "nt_sync");
             nt_stats_get(&st0);
             nt_sim_stats_get(&s0);
+            c0 = process_cpu_ms();
         }
         double t0 = bench_now_ns(), l;
         nt_tensor *loss = cnn_train_step(&m, opt, sched, train,
@@ -118,6 +131,8 @@ static void run_ours(const char *backend, const bench_opts *b, const cnn_data *t
         if (k >= b->warmup)
             ms[k - b->warmup] = (bench_now_ns() - t0) * 1e-6;
     }
+    bench_check(nt_sync(), "nt_sync");
+    r->cpu_ms = (process_cpu_ms() - c0) / b->steps;
     nt_stats_get(&st1);
     nt_sim_stats_get(&s1);
     double n = b->steps, sim_ns = s1.sim_ns - s0.sim_ns;
@@ -130,7 +145,8 @@ static void run_ours(const char *backend, const bench_opts *b, const cnn_data *t
                          s0.hbm_write_bytes) * 1e-6 / n;
     r->kernels = (double)(st1.kernels_launched - st0.kernels_launched) / n;
     r->ran = true;
-    printf("  %-4s %8.1f ms/step (median of %d)", backend, r->ms, b->steps);
+    printf("  %-4s %8.1f ms/step (median of %d), CPU time %.1f ms/step", backend, r->ms, b->steps,
+           r->cpu_ms);
     if (sim_ns > 0)
         printf("; simulated %.2f ms/step, MFU %.1f%%, TensorE %.0f%%, HBM %.1f MB/step",
                r->sim_ms, 100 * r->mfu, 100 * r->tensor, r->hbm_mb);
@@ -155,7 +171,9 @@ static void peer_line(const char *line, void *arg)
     peer_out *o = arg;
     double med, best, acc, ms;
     if (sscanf(line, "timed median_ms=%lf min_ms=%lf", &med, &best) == 2) {
+        const char *c = strstr(line, "cpu_ms=");
         o->r->ms = med;
+        o->r->cpu_ms = c ? atof(c + 7) : NAN;
         o->r->ran = true;
     }
     if (sscanf(line, "final test_acc=%lf ms_per_step=%lf", &acc, &ms) == 2) {
@@ -405,6 +423,31 @@ int main(int argc, char **argv)
             printf(" - | - | - | - | %.0f |\n", l->kernels);
         else
             printf(" - | - | - | - | - |\n");
+    }
+    /* CPU time (every thread of each process): steadier than wall time on
+       a shared host; against PyTorch at 2 threads, median of the rounds */
+    bool cpu_ok = rounds > 0;
+    double cq[NCFG][MAX_ROUNDS];
+    for (int i = 0; i < NCFG; i++)
+        for (int k = 0; k < rounds; k++) {
+            cpu_ok = cpu_ok && (!r[i][k].ran || isfinite(r[i][k].cpu_ms));
+            cq[i][k] = r[i][k].ran ? r[i][k].cpu_ms : NAN;
+        }
+    if (cpu_ok && r[PEER2][0].ran) {
+        static const char *const name[NCFG] = {"PyTorch-1t", "PyTorch-2t", "cpu", "sim"};
+        double q[NCFG][MAX_ROUNDS], med[NCFG]; /* the ratios before any sorting */
+        for (int i = 0; i < NCFG; i++)
+            for (int k = 0; k < rounds; k++)
+                q[i][k] = cq[i][k] / cq[PEER2][k];
+        printf("CPU time a step (median of rounds):");
+        for (int i = 0; i < NCFG; i++) {
+            if (!r[i][0].ran)
+                continue;
+            med[i] = bench_median(cq[i], rounds);
+            printf(" %s %.1f ms (%.2fx PyTorch-2t)%s", name[i], med[i], bench_median(q[i], rounds),
+                   i + 1 < NCFG ? "," : "");
+        }
+        printf("\n");
     }
     if (peer_ok) {
         if (ratio[CPU] > 0)

@@ -473,6 +473,7 @@ typedef struct wgd {
     int64_t Hp, Wp, *ko;   /* ko [Kc]: the column row's offset in xp */
     int64_t grp;
     int nv;
+    bool cl;               /* xp channel-last [N][Hp][Wp][16] (wgc_* below) */
 } wgd;
 
 #if CONV_X86
@@ -562,6 +563,129 @@ typedef struct wg_job {
 } wg_job;
 
 #if CONV_X86
+/* ---- channel-last weight gradient (wgc_*) ----
+ *
+ * With 16 output channels a row k = (t, ci) of the columns meets one vector
+ * of gy^T only, so the kernel above broadcasts one x value per FMA (with 32,
+ * one per two).  When C and C_out are multiples of 16 (one group) xp is
+ * channel-last instead, [N][Hp][Wp][C], so at a position the rows (t, ci ..
+ * ci + 15) of one tap are one vector: a block of 3 such vectors x 8 output
+ * channels keeps 24 vectors of sums (ci across the lanes) and loads 3
+ * vectors and broadcasts 8 values of gy (where it lies) per position -- the forward
+ * kernel's ratio.  Each sum is still fma(x, gy, s) over the tile's
+ * positions in order from +0, and a tile's sums are added to the running C
+ * (kept [vector][co][16], transposed into CT at the end) as C = s or
+ * C + s: the same recurrence, the same bits. */
+#define WGC_R8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+#define WGC_Z(c) __m512 a##c = _mm512_setzero_ps(), b##c = a##c, e##c = a##c;
+#define WGC_F(c)                                                                             \
+    {                                                                                        \
+        __m512 v = _mm512_set1_ps(g[(c) * L]);                                               \
+        a##c = _mm512_fmadd_ps(x0, v, a##c), b##c = _mm512_fmadd_ps(x1, v, b##c);            \
+        e##c = _mm512_fmadd_ps(x2, v, e##c);                                                 \
+    }
+#define WGC_S(c) wgc_put(C + (c) * 16, a##c, acc), wgc_put(C + cs + (c) * 16, b##c, acc),    \
+                 wgc_put(C + 2 * cs + (c) * 16, e##c, acc);
+#define WGC_MAXV 48 /* vectors (taps x C / 16) */
+
+__attribute__((target(NT_TARGET_AVX512), always_inline)) static inline void
+wgc_put(float *c, __m512 s, bool acc)
+{
+    _mm512_storeu_ps(c, acc ? _mm512_add_ps(_mm512_loadu_ps(c), s) : s);
+}
+
+/* Vectors at xp offsets to[0 .. 3) x 8 output channels (gy's rows from gd,
+ * L apart) over one tile of kt positions (xp offsets po, gy offsets gq):
+ * the sums into C (vector v's 8 channels at C + v cs), = s, or C + s when
+ * acc.  gy is read where it lies: no transposed copy. */
+__attribute__((target(NT_TARGET_AVX512))) static void wgc_tile(const float *xp, const int64_t *po,
+                                                             int kt, const int64_t *to,
+                                                             const float *gd, const int64_t *gq,
+                                                             int64_t L, float *C, int cs, bool acc)
+{
+    WGC_R8(WGC_Z)
+    for (int p = 0; p < kt; p++) {
+        const float *b = xp + po[p], *g = gd + gq[p];
+        __m512 x0 = _mm512_loadu_ps(b + to[0]), x1 = _mm512_loadu_ps(b + to[1]);
+        __m512 x2 = _mm512_loadu_ps(b + to[2]);
+        WGC_R8(WGC_F)
+    }
+    WGC_R8(WGC_S)
+}
+
+/* Output channel blocks of 8 [b nb / nblk, (b + 1) nb / nblk) of every row. */
+static void wgc_rows(wg_job *j, int b)
+{
+    const nt__conv_geo *g = j->g;
+    const wgd *d = j->d;
+    int64_t L = g->OH * g->OW, P = g->N * L, T = g->kh * g->kw, CO = g->CO, C16 = g->C / 16;
+    int64_t V = T * C16, V3 = (V + 2) / 3 * 3, nb = CO / 8;
+    int64_t po[NT_GEMM_KTILE], gq[NT_GEMM_KTILE], to[WGC_MAXV + 2];
+    float *C = g_try_malloc((size_t)(V3 * CO * 16) * sizeof(float) + 64);
+    if (!C) {
+        atomic_store_explicit(&j->failed, 1, memory_order_relaxed);
+        return;
+    }
+    for (int64_t v = 0; v < V3; v++) { /* v = (t, ci / 16); past V: vector 0 again */
+        int64_t u = v < V ? v : 0, t = u / C16;
+        to[v] = (t / g->kw * g->d[0] * d->Wp + t % g->kw * g->d[1]) * g->C + u % C16 * 16;
+    }
+    int64_t c0 = nb * b / j->nblk, c1 = nb * (b + 1) / j->nblk;
+    for (int64_t t0 = 0; t0 < P; t0 += NT_GEMM_KTILE) {
+        int kt = (int)(P - t0 < NT_GEMM_KTILE ? P - t0 : NT_GEMM_KTILE);
+        int64_t n = t0 / L, oh = t0 % L / g->OW, ow = t0 % g->OW;
+        for (int p = 0; p < kt; p++) {
+            po[p] = ((n * d->Hp + oh * g->s[0]) * d->Wp + ow * g->s[1]) * g->C;
+            gq[p] = n * CO * L + oh * g->OW + ow;
+            if (++ow == g->OW && (ow = 0, ++oh == g->OH))
+                oh = 0, n++;
+        }
+        for (int64_t cb = c0; cb < c1; cb++)
+            for (int64_t v = 0; v < V; v += 3)
+                wgc_tile(d->xp, po, kt, to + v, d->gd + cb * 8 * L, gq, L,
+                         C + (v * CO + cb * 8) * 16, (int)(CO * 16), t0 > 0);
+    }
+    /* CT[k = t C + ci][co] = C[v = t C / 16 + ci / 16][co][ci % 16] */
+    for (int64_t v = 0; v < V; v++)
+        for (int64_t co = c0 * 8; co < c1 * 8; co++)
+            for (int ci = 0; ci < 16; ci++)
+                j->CT[(v * 16 + ci) * CO + co] = C[(v * CO + co) * 16 + ci];
+    g_free(C);
+}
+
+/* Image b of the channel-last xp, padded with +0: 16 positions of a row x
+ * 16 channels at a time, transposed in registers. */
+__attribute__((target(NT_TARGET_AVX512))) static void wgc_pad_image(void *arg, int b)
+{
+    const wgd *d = arg;
+    const nt__conv_geo *g = d->g;
+    int64_t Cn = g->C;
+    const float *xd = d->xd + (int64_t)b * Cn * g->H * g->W;
+    for (int64_t r = 0; r < d->Hp; r++) {
+        float *dst = d->xp + (((int64_t)b * d->Hp + r) * d->Wp) * Cn;
+        int64_t ih = r - g->lo[0], a = g->lo[1] < d->Wp ? g->lo[1] : d->Wp;
+        int64_t e = g->lo[1] + g->W < d->Wp ? g->lo[1] + g->W : d->Wp;
+        if (ih < 0 || ih >= g->H || e <= a) {
+            memset(dst, 0, (size_t)(d->Wp * Cn) * sizeof(float));
+            continue;
+        }
+        memset(dst, 0, (size_t)(a * Cn) * sizeof(float));
+        for (int64_t c0 = 0; c0 < Cn; c0 += 16)
+            for (int64_t w = a; w < e; w += 16) {
+                int m = e - w < 16 ? (int)(e - w) : 16;
+                __mmask16 k = (__mmask16)((1u << m) - 1u);
+                __m512i v[16];
+                for (int c = 0; c < 16; c++)
+                    v[c] = _mm512_maskz_loadu_epi32(
+                        k, xd + ((c0 + c) * g->H + ih) * g->W + (w - g->lo[1]));
+                nt__tr16(v);
+                for (int i = 0; i < m; i++)
+                    _mm512_storeu_si512(dst + (w + i) * Cn + c0, v[i]);
+            }
+        memset(dst + e * Cn, 0, (size_t)((d->Wp - e) * Cn) * sizeof(float));
+    }
+}
+
 /* wg_rows without columns: rows [k0, k1) of group grp (see wgd). */
 static void wgd_rows(wg_job *j, int64_t k0, int64_t k1)
 {
@@ -676,6 +800,10 @@ static void wg_rows(void *arg, int b)
     if (k1 <= k0)
         return;
 #if CONV_X86
+    if (j->d && j->d->cl) { /* the halves: output channels, not rows */
+        wgc_rows(j, b);
+        return;
+    }
     if (j->d) {
         wgd_rows(j, k0, k1);
         return;
@@ -743,7 +871,9 @@ static float *wgd_pad(const nt__conv_geo *g, const nt_tensor *x, const nt_tensor
     memset(xp + np, 0, (npa - np) * sizeof(float));
     d->xp = xp, d->gT = xp + npa, d->ko = (int64_t *)(xp + npa + ng);
     d->xd = nt__tensor_data(x), d->gd = nt__tensor_data(gy);
-    nt__par_blocks((int)g->N, wgd_pad_image, d, g->N > 1);
+    d->cl = g->G == 1 && g->C % 16 == 0 && g->CO % 16 == 0 &&
+            g->kh * g->kw * (g->C / 16) <= WGC_MAXV;
+    nt__par_blocks((int)g->N, d->cl ? wgc_pad_image : wgd_pad_image, d, g->N > 1);
     return xp;
 #else
     (void)g, (void)x, (void)gy, (void)d;
@@ -779,7 +909,7 @@ int nt__cpu_conv_wgrad(const nt__rec *r)
             d.ko[k] = ((grp * Cg + ci) * d.Hp + t / g.kw * g.d[0]) * d.Wp + t % g.kw * g.d[1];
         }
 #if CONV_X86
-        if (xp) {
+        if (xp && !d.cl) { /* (the channel-last kernel reads gy in place) */
             d.grp = grp;
             nt__par_blocks((int)((P + WGD_TB - 1) / WGD_TB), wgd_transpose, &d, P > WGD_TB);
         }

@@ -41,7 +41,8 @@ and at the end
 (the step time is the training loop's wall time over its steps; the
 evaluation is excluded).  --time-steps N instead times N steps after
 --warmup untimed ones on the first batches and prints
-  timed median_ms=M min_ms=L steps=N threads=K
+  timed median_ms=M min_ms=L steps=N threads=K cpu_ms=C
+(C: the process's CPU time over the timed steps, every thread, per step)
 (bench/cnn_step reads these lines).
 
 The environment is the peer's best (bench/peer/peer_env.py: OpenBLAS picks
@@ -239,15 +240,19 @@ def main():
     if a.time_steps:
         order = torch.tensor(shuffle(n, a.seed * 1000003))
         times = []
+        c0 = time.process_time()
         for k in range(a.time_warmup + a.time_steps):
             s0 = (k * a.batch) % (n - a.batch + 1)
             idx = order[s0:s0 + a.batch]
+            if k == a.time_warmup:
+                c0 = time.process_time()
             t0 = time.perf_counter()
             step(k, idx)
             if k >= a.time_warmup:
                 times.append((time.perf_counter() - t0) * 1e3)
         print(f"timed median_ms={statistics.median(times):.3f} min_ms={min(times):.3f} "
-              f"steps={a.time_steps} threads={torch.get_num_threads()}", flush=True)
+              f"steps={a.time_steps} threads={torch.get_num_threads()} "
+              f"cpu_ms={(time.process_time() - c0) * 1e3 / a.time_steps:.3f}", flush=True)
         return 0
 
     def evaluate():
