@@ -863,16 +863,17 @@ static float *wgd_pad(const nt__conv_geo *g, const nt_tensor *x, const nt_tensor
     d->g = g, d->nv = COg <= 16 ? 1 : COg <= 32 ? 2 : 4;
     d->Hp = (g->OH - 1) * g->s[0] + (g->kh - 1) * g->d[0] + 1;
     d->Wp = (g->OW - 1) * g->s[1] + (g->kw - 1) * g->d[1] + 1;
-    size_t np = (size_t)(g->N * g->C * d->Hp * d->Wp), ng = (size_t)(P * 16 * d->nv);
+    d->cl = g->G == 1 && g->C % 16 == 0 && g->CO % 16 == 0 &&
+            g->kh * g->kw * (g->C / 16) <= WGC_MAXV;
+    /* gT only for the column-major kernel: the channel-last one reads gy in place */
+    size_t np = (size_t)(g->N * g->C * d->Hp * d->Wp), ng = d->cl ? 0 : (size_t)(P * 16 * d->nv);
     size_t npa = (np + 15) & ~(size_t)15; /* gT and ko 64-byte aligned */
     float *xp = g_try_malloc((npa + ng + (size_t)Kc * 2) * sizeof(float) + 64);
     if (!xp)
         return NULL;
     memset(xp + np, 0, (npa - np) * sizeof(float));
-    d->xp = xp, d->gT = xp + npa, d->ko = (int64_t *)(xp + npa + ng);
+    d->xp = xp, d->gT = d->cl ? NULL : xp + npa, d->ko = (int64_t *)(xp + npa + ng);
     d->xd = nt__tensor_data(x), d->gd = nt__tensor_data(gy);
-    d->cl = g->G == 1 && g->C % 16 == 0 && g->CO % 16 == 0 &&
-            g->kh * g->kw * (g->C / 16) <= WGC_MAXV;
     nt__par_blocks((int)g->N, d->cl ? wgc_pad_image : wgd_pad_image, d, g->N > 1);
     return xp;
 #else
