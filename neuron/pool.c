@@ -153,6 +153,21 @@ static int64_t planes_per_part(const nt__pool2d *g)
     return q;
 }
 
+/* The tiles of q planes' L window positions a partition, both passes
+ * alike (in this order: SBUF places them as they come): the values (named
+ * m), the indices, the positions, the predicate, a temporary and the
+ * indices as i32. */
+static void pool_window_tiles(poolc *c, const char *m, int64_t q)
+{
+    sk_k *s = c->s;
+    c->M = sk_tile(s, m, NT_F32, 128, q * c->L);
+    c->I = sk_tile(s, "pool.i", NT_F32, 128, q * c->L);
+    c->B = sk_tile(s, "pool.pos", NT_F32, 128, q * c->L);
+    c->Pr = sk_tile(s, "pool.pred", NT_F32, 128, q * c->L);
+    c->T = sk_tile(s, "pool.t", NT_F32, 128, q * c->L);
+    c->I32 = sk_tile(s, "pool.i32", NT_I32, 128, q * c->L);
+}
+
 static int max_pool2d_fwd_prog(sk_k *s, const nt__rec *r, void *ctx)
 {
     (void)ctx;
@@ -165,12 +180,7 @@ static int max_pool2d_fwd_prog(sk_k *s, const nt__rec *r, void *ctx)
     int64_t q = planes_per_part(g), pp = c.Hp * c.Wp;
     c.X = sk_tile(s, "pool.x", NT_F32, 128, q * pp);
     c.MSK = c.mask ? sk_tile(s, "pool.mask", NT_F32, 128, pp) : NULL;
-    c.M = sk_tile(s, "pool.m", NT_F32, 128, q * c.L);
-    c.I = sk_tile(s, "pool.i", NT_F32, 128, q * c.L);
-    c.B = sk_tile(s, "pool.pos", NT_F32, 128, q * c.L);
-    c.Pr = sk_tile(s, "pool.pred", NT_F32, 128, q * c.L);
-    c.T = sk_tile(s, "pool.t", NT_F32, 128, q * c.L);
-    c.I32 = sk_tile(s, "pool.i32", NT_I32, 128, q * c.L);
+    pool_window_tiles(&c, "pool.m", q);
     int rc = nt_sim_kernel_error(s->k);
     if (!rc && c.mask)
         rc = mask_plane(&c);
@@ -243,12 +253,7 @@ static int max_pool2d_bwd_prog(sk_k *s, const nt__rec *r, void *ctx)
     c.Hp = nt__pool2d_ext(g, 0), c.Wp = nt__pool2d_ext(g, 1), c.L = g->OH * g->OW;
     int64_t q = planes_per_part(g), pp = c.Hp * c.Wp;
     c.X = sk_tile(s, "pool.dx", NT_F32, 128, q * pp);
-    c.M = sk_tile(s, "pool.g", NT_F32, 128, q * c.L);
-    c.I = sk_tile(s, "pool.i", NT_F32, 128, q * c.L);
-    c.B = sk_tile(s, "pool.pos", NT_F32, 128, q * c.L);
-    c.Pr = sk_tile(s, "pool.pred", NT_F32, 128, q * c.L);
-    c.T = sk_tile(s, "pool.t", NT_F32, 128, q * c.L);
-    c.I32 = sk_tile(s, "pool.i32", NT_I32, 128, q * c.L);
+    pool_window_tiles(&c, "pool.g", q);
     c.Z = sk_tile(s, "pool.zero", NT_F32, 128, 1);
     int rc = nt_sim_kernel_error(s->k);
     if (!rc) {
