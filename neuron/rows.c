@@ -232,13 +232,16 @@ static int softmax_prog(sk_k *s, const nt__rec *r, void *ctx)
     return 0;
 }
 
-int nt__sk_softmax(const nt__rec *r)
+/* A row op's program, none for an empty input (no rows: no kernel). */
+static int rows_run_prog(const nt__rec *r, int (*prog)(sk_k *s, const nt__rec *r, void *ctx))
 {
     const nt_tensor *x = r->in[0];
     if (nt__numel(x->ndim, x->shape) == 0)
         return 0;
-    return sk_run_prog(r, NULL, softmax_prog, NULL);
+    return sk_run_prog(r, NULL, prog, NULL);
 }
+
+int nt__sk_softmax(const nt__rec *r) { return rows_run_prog(r, softmax_prog); }
 
 typedef struct lab_check {
     sk_k *s;
@@ -560,13 +563,7 @@ static int norm_prog(sk_k *s, const nt__rec *r, void *ctx)
     return 0;
 }
 
-int nt__sk_norm(const nt__rec *r)
-{
-    const nt_tensor *x = r->in[0];
-    if (nt__numel(x->ndim, x->shape) == 0)
-        return 0;
-    return sk_run_prog(r, NULL, norm_prog, NULL);
-}
+int nt__sk_norm(const nt__rec *r) { return rows_run_prog(r, norm_prog); }
 
 /* ---------------- mse_loss ---------------- */
 
