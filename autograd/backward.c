@@ -1203,6 +1203,16 @@ static nt_tensor *sdpa_scores(nt__bctx *b, nt_tensor *q, nt_tensor *k, nt_tensor
     return *empty ? sc : NULL;
 }
 
+/* t of the shape of sdpa's output o: with heads inside rows (p.i[4], o
+ * [..., T, H, Dv]: dispatcher/api_attention.c) its view [..., H, T, Dv],
+ * else t. */
+static nt_tensor *sdpa_heads_back(nt__bctx *b, nt_tensor *t)
+{
+    if (!t || !b->n->p.i[4])
+        return t;
+    return nt_transpose_at(S, t, t->ndim - 3, t->ndim - 2);
+}
+
 /* sdpa's backward in a create_graph pass: the same function as SDPA_BWD
  * from recorded ops (P = softmax(s); dv = P^T g, dP = g v^T, ds = P (dP -
  * rowsum(dP P)), dq = ds k scale, dk = ds^T q scale), in f32, cast back to
@@ -1217,7 +1227,7 @@ static int bwd_sdpa_graph(nt__bctx *b)
     TRY(q = nt_cast_at(S, q, NT_F32));
     TRY(k = nt_cast_at(S, k, NT_F32));
     TRY(v = nt_cast_at(S, v, NT_F32));
-    TRY(g = nt_cast_at(S, g, NT_F32));
+    TRY(g = nt_cast_at(S, sdpa_heads_back(b, g), NT_F32));
     TRY(sc = sdpa_scores(b, q, k, &empty));
     TRY(z = nt_zeros_at(S, NT_F32, 0, NULL));
     /* empty rows: scores 0 there (softmax finite), P 0 there: no NaN
@@ -1274,6 +1284,8 @@ static int bwd_sdpa(nt__bctx *b)
         return 0;
     TRY(q && k && v && o && lse); /* (a create_graph pass's handles: out of memory) */
     int nd = q->ndim;
+    TRY(o = sdpa_heads_back(b, o));
+    TRY(g = sdpa_heads_back(b, g));
     int64_t D = q->shape[nd - 1], Dv = v->shape[nd - 1];
     if (g->dtype != o->dtype)
         TRY(g = nt_cast_at(S, g, (nt_dtype)o->dtype));

@@ -487,8 +487,14 @@ static void fwd_unit(par_run *p, float *buf, int64_t u)
             acc[i * Dv + d] = nt__ew_div(acc[i * Dv + d], ls);
         p->lse[b * a.Tq + q0 + i] = nt__canon(nt__ew_add(m[i], nt__ew_log(ls)));
     }
-    /* out is fresh and contiguous: [nbatch, Tq, Dv] */
-    nt__st_f32(p->o + ((b * a.Tq + q0) * Dv) * p->es, p->dt, 1, acc, Mq * Dv);
+    /* out is fresh: [nbatch, Tq, Dv], or [.., Tq, H, Dv] (heads inside rows:
+     * the rows Dv apart no more) */
+    char *ob = p->o + (nt__attn_boff(&a.o, &a.g, b) + q0 * a.o.rs) * p->es;
+    if (a.o.rs == Dv)
+        nt__st_f32(ob, p->dt, 1, acc, Mq * Dv);
+    else
+        for (int i = 0; i < Mq; i++)
+            nt__st_f32(ob + i * a.o.rs * p->es, p->dt, 1, acc + i * Dv, Dv);
 }
 
 int nt__cpu_scaled_dot_product_attention(const nt__rec *r)
@@ -506,6 +512,7 @@ int nt__cpu_scaled_dot_product_attention(const nt__rec *r)
     if (a.has_mask)
         nt__attn_opnd_of(&a.m, r->in[3], &a.g, 0);
     const nt_tensor *o = r->out[0], *lse = r->out[1];
+    nt__attn_opnd_out(&a.o, o, &a.g, r->p.i[4]);
     int64_t D = a.D, Dv = a.Dv;
     size_t nf = (size_t)(D * BLK * 2 + BLK * BLK * 2 + BLK * Dv * 3 + BLK * 2);
     par_run p;

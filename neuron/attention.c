@@ -354,6 +354,24 @@ static int store_heads(ak *a, char *base, nt_dtype dt, int64_t off, int64_t hs, 
     return rc;
 }
 
+/* store_heads to operand x (cs 1: a fresh output, x's rows and heads at
+ * their strides; nt__attn_opnd_out): the nh heads from b0 in one DMA when
+ * they lie at one stride apart, else head by head. */
+static int store_heads_x(ak *a, const nt__attn_opnd *x, int64_t b0, tv t0, int64_t w, int nh,
+                         int64_t T, int64_t nc)
+{
+    char *base = (char *)x->base;
+    int64_t hs = 0;
+    if (nh == 1 || heads_uniform(&a->g, x, b0, nh, &hs))
+        return store_heads(a, base, x->dt, nt__attn_boff(x, &a->g, b0), hs, x->rs, t0, w, nh, T,
+                           nc);
+    int rc = 0;
+    for (int h = 0; h < nh && !rc; h++)
+        rc = store_head(a, base, x->dt, nt__attn_boff(x, &a->g, b0 + h), x->rs,
+                        tv_at(t0, h * w), T, nc);
+    return rc;
+}
+
 /* ---------------- forward ---------------- */
 
 enum { C_M, C_MNEW, C_BMAX, C_ALPHA, C_NEGM, C_RS, C_L, C_LS, C_T, C_NCOL };
@@ -673,7 +691,9 @@ int nt__sk_sdpa(const nt__rec *r)
     nt__attn_opnd_of(&a.v, vt, &a.g, 0);
     const nt_tensor *o = r->out[0], *lse = r->out[1];
     nt_dtype odt = (nt_dtype)o->dtype;
-    char *od = nt__tensor_data(o), *ld = nt__tensor_data(lse);
+    char *ld = nt__tensor_data(lse);
+    nt__attn_opnd ox; /* o's rows and heads (heads inside rows: Dv apart) */
+    nt__attn_opnd_out(&ox, o, &a.g, r->p.i[4]);
     ft T;
     rc = fwd_tiles(&a, &T, odt, rc);
     if (!rc)
@@ -686,8 +706,7 @@ int nt__sk_sdpa(const nt__rec *r)
             rc = fwd_query_blocks(&a, &T, b0, set0, p0,
                                   (int)(nh * nqb - p0 < G ? nh * nqb - p0 : G));
         if (!rc)
-            rc = store_heads(&a, od, odt, b0 * Tq * Dv, Tq * Dv, Dv, T.h[set0].OT, nqb * Dv, nh,
-                             Tq, Dv);
+            rc = store_heads_x(&a, &ox, b0, T.h[set0].OT, nqb * Dv, nh, Tq, Dv);
         for (int64_t b = b0; b < b0 + nh && !rc; b++)
             if (nqb > 0 && (b % T.HG == T.HG - 1 || b + 1 == a.g.nbatch))
                 rc = fwd_lse(&a, &T, b, ld);
