@@ -1273,6 +1273,27 @@ static nt_tensor *sdpa_qkv_view(nt__bctx *b, nt_tensor *q, nt_tensor *k, nt_tens
     return t ? nt__scope_adopt(t, "nt_backward") : NULL;
 }
 
+/* Whether view t (strides > 0) covers a dense block of elements from its
+ * offset: its dims, taken by stride, nest with no gap or overlap. */
+static bool sdpa_dense(const nt_tensor *t)
+{
+    bool used[NT_MAX_DIMS] = {false};
+    int64_t want = 1;
+    for (int k = 0; k < t->ndim; k++) {
+        int best = -1;
+        for (int i = 0; i < t->ndim; i++)
+            if (!used[i] && t->shape[i] > 1 && (best < 0 || t->stride[i] < t->stride[best]))
+                best = i;
+        if (best < 0)
+            break;
+        used[best] = true;
+        if (t->stride[best] != want)
+            return false;
+        want *= t->shape[best];
+    }
+    return true;
+}
+
 static int bwd_sdpa(nt__bctx *b)
 {
     if (b->create && G && nt_requires_grad(G) | nt_requires_grad(IN(0)) | nt_requires_grad(IN(1)) |
@@ -1333,6 +1354,14 @@ static int bwd_sdpa(nt__bctx *b)
     c.p.i[2] = Tq;
     c.p.i[3] = Tk;
     c.p.i[4] = qkv != NULL;
+    /* f32 q, k, v of one dense block (the heads of one projection):
+     * dq, dk, dv written where q, k, v lie, into one buffer that becomes
+     * the projection's gradient (nt__bctx.placed) -- no copies into it.
+     * f32 only: the kernels' sums start from +0 and so are never -0, the
+     * + 0 of a slice-gradient buffer's definition (autograd/tape.c, struct
+     * scat) changes nothing; a bf16 or f16 rounding can give -0. */
+    bool placed = qkv && q->dtype == NT_F32 && q->stride[nd - 1] == 1 && sdpa_dense(qkv);
+    c.p.i[5] = placed;
     c.nout = 2;
     c.odt[0] = c.odt[1] = (nt_dtype)q->dtype;
     c.ondim[0] = nd;
@@ -1344,8 +1373,25 @@ static int bwd_sdpa(nt__bctx *b)
     c.oshape[1][nd - 2] = Tk * (D + Dv);
     c.flops = 4.0 * (double)nt__numel(nd - 2, q->shape) * (double)q->shape[nd - 2] *
               (double)k->shape[nd - 2] * (double)(D + Dv);
+    if (placed) {
+        c.nout = 1;
+        c.ondim[0] = 1;
+        c.oshape[0][0] = 3 * nt__numel(nd, q->shape);
+    }
     nt_tensor *dq;
     TRY(dq = nt__dispatch(&c));
+    if (placed) {
+        nt_tensor *t[3] = {q, k, v};
+        for (int i = 0; i < 3; i++) {
+            if (!LIVE(i))
+                continue;
+            nt_tensor *w = nt__make_view(dq, nd, t[i]->shape, t[i]->stride,
+                                         dq->offset + t[i]->offset - q->offset, S);
+            TRY(w && (b->gin[i] = nt__scope_adopt(w, "nt_backward")));
+        }
+        b->placed = dq;
+        return 0;
+    }
     nt_tensor *dkv = c.out[1];
     if (LIVE(0))
         b->gin[0] = dq;

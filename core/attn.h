@@ -112,6 +112,19 @@ static inline void nt__attn_opnd_stack(nt__attn_opnd *o, const nt_tensor *t,
     o->base += (int64_t)i * t->stride[0] * (int64_t)nt__dtype_size(o->dt);
 }
 
+/* The backward's gradient i of q, k, v written in place (p.i[5] = 1): out
+ * holds the elements of t [3, ..lead, T, D] (the q, k, v view,
+ * nt__attn_opnd_stack) at the same places relative to t's first element,
+ * so dq, dk, dv lie as q, k, v lie in their projection. */
+static inline void nt__attn_opnd_placed(nt__attn_opnd *o, const nt_tensor *t,
+                                        const nt__attn_geom *g, int i, const nt_tensor *out)
+{
+    nt__attn_opnd_stack(o, t, g, i);
+    o->dt = (nt_dtype)out->dtype;
+    o->base = (const char *)nt__tensor_data(out) +
+              (int64_t)i * t->stride[0] * (int64_t)nt__dtype_size(o->dt);
+}
+
 /* The batch geometry of the packed t [..lead, N]. */
 static inline void nt__attn_geom_flat(nt__attn_geom *g, const nt_tensor *t)
 {

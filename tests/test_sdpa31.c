@@ -13,7 +13,10 @@
  * output is [B, T, H, D] row-major, handed out as its [B, H, T, D] view,
  * so the permute and reshape back to [B, T, C] are views, no copy: the
  * same bits as the output of contiguous q, k, v copied into that layout,
- * op by op and captured, on both backends. */
+ * op by op and captured, on both backends.  And (f32) the backward
+ * writing dq, dk, dv where q, k, v lie, into one buffer that becomes the
+ * projection's gradient with no copies into it (autograd/tape.c,
+ * placed_into): the same bits however the slices' gradients meet. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -314,6 +317,77 @@ static void test_out_one_kernel(void **state)
     free(w);
 }
 
+/* The gradient of a leaf through sdpa of heads of qkv in f32 (contig:
+ * through contiguous copies of the heads), in variants of how the slices'
+ * gradients meet: 0 plain, 1 v's heads from a detached qkv (no gradient
+ * for v's third: +0 there), 2 qkv also used outside attention (its
+ * gradient a sum), 3 qkv a slice of a [B, T, 4C] leaf (q, k, v not one
+ * dense block: written as before). */
+static float *variant_grad(const shp *s, const float *x, const float *w, int variant,
+                           bool contig, int64_t *nout)
+{
+    int64_t C = s->H * s->D, W4 = variant == 3 ? 4 * C : 3 * C, n = s->B * s->T * W4;
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *leaf = nt_from_host(x, NT_F32, 3, (int64_t[]){s->B, s->T, W4});
+    nt_tensor *W = nt_from_host(w, NT_F32, 4, (int64_t[]){s->B, s->H, s->T, s->D});
+    assert_non_null(leaf);
+    assert_non_null(W);
+    assert_int_equal(nt_set_requires_grad(leaf, true), 0);
+    nt_tensor *qkv = variant == 3 ? nt_slice(leaf, 2, C, 4 * C, 1) : nt_mul_scalar(leaf, 1.0);
+    nt_tensor *vsrc = variant == 1 ? nt_detach(qkv) : qkv;
+    nt_tensor *y = nt_scaled_dot_product_attention(heads(qkv, s, 0, contig),
+                                                   heads(qkv, s, 1, contig),
+                                                   heads(vsrc, s, 2, contig), NULL, s->causal,
+                                                   0.0);
+    assert_non_null(y);
+    nt_tensor *l = nt_sum(nt_mul(y, W), NT_DIM_ALL, false);
+    if (variant == 2)
+        l = nt_add(l, nt_sum(nt_mul(qkv, qkv), NT_DIM_ALL, false));
+    assert_non_null(l);
+    assert_int_equal(nt_backward(l), 0);
+    float *g = malloc((size_t)n * sizeof(float));
+    assert_int_equal(nt_to_host(nt_contiguous(nt_grad(leaf)), g, (size_t)n * sizeof(float)), 0);
+    nt_scope_end(sc);
+    *nout = n;
+    return g;
+}
+
+/* dq, dk, dv written where q, k, v lie (f32) give the bits of the packed
+ * path in every way the slices' gradients meet, on both backends, lazy
+ * and deterministic; with a -0 in q and -0 rows of dO (P^T dO and dS
+ * products of -0: the sums from +0 stay +0, never -0, so + 0 changes
+ * nothing). */
+static void test_placed_variants(void **state)
+{
+    (void)state;
+    static const char *be[2] = {"cpu", "sim"};
+    static const char *modes[2] = {"deterministic", "lazy"};
+    for (size_t i = 0; i < 2; i++) {
+        const shp *s = &shapes[i];
+        int64_t C = s->H * s->D, n = s->B * s->T * 4 * C, nw = s->B * s->T * C;
+        float *x = malloc((size_t)n * sizeof(float)), *w = malloc((size_t)nw * sizeof(float));
+        for (int64_t j = 0; j < n; j++)
+            x[j] = urand();
+        for (int64_t j = 0; j < nw; j++)
+            w[j] = j < nw / 4 ? -0.0f : urand(); /* a quarter of -0: -0 rows of dO */
+        x[0] = -0.0f;
+        for (int v = 0; v < 4; v++)
+            for (int b = 0; b < 2; b++)
+                for (int m = 0; m < 2; m++) {
+                    int64_t n1, n2;
+                    config(be[b], modes[m]);
+                    float *gv = variant_grad(s, x, w, v, false, &n1);
+                    float *gc = variant_grad(s, x, w, v, true, &n2);
+                    assert_int_equal(n1, n2);
+                    assert_memory_equal(gv, gc, (size_t)n1 * sizeof(float));
+                    free(gv);
+                    free(gc);
+                }
+        free(x);
+        free(w);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -324,6 +398,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_out_heads_inside, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_out_one_kernel, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_placed_variants, nt_test_setup,
                                         nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
