@@ -92,6 +92,19 @@ static float *qkv_grad(const shp *s, const float *x, const float *w, const int o
     return g;
 }
 
+/* x of n and w of nw values in [-1, 1) (malloc'd). */
+static void rand_inputs(int64_t n, int64_t nw, float **x, float **w)
+{
+    *x = malloc((size_t)n * sizeof(float));
+    *w = malloc((size_t)nw * sizeof(float));
+    assert_non_null(*x);
+    assert_non_null(*w);
+    for (int64_t j = 0; j < n; j++)
+        (*x)[j] = urand();
+    for (int64_t j = 0; j < nw; j++)
+        (*w)[j] = urand();
+}
+
 static const shp shapes[] = {
     {2, 130, 2, 8, true},
     {1, 5, 3, 4, false},
@@ -111,11 +124,8 @@ static void test_views_equal_packed(void **state)
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const shp *s = &shapes[i];
         int64_t C = s->H * s->D, n = s->B * s->T * 3 * C, nw = s->B * s->T * C;
-        float *x = malloc((size_t)n * sizeof(float)), *w = malloc((size_t)nw * sizeof(float));
-        for (int64_t j = 0; j < n; j++)
-            x[j] = urand();
-        for (int64_t j = 0; j < nw; j++)
-            w[j] = urand();
+        float *x, *w;
+        rand_inputs(n, nw, &x, &w);
         x[0] = -0.0f; /* a -0 in q: +0 in the gradient's sum either way */
         for (int o = 0; o < 4; o++) {
             nt_dtype dt = o < 2 ? NT_F32 : NT_BF16;
@@ -150,11 +160,8 @@ static void test_views_fewer_kernels(void **state)
     (void)state;
     const shp s = {2, 130, 2, 8, true};
     int64_t C = s.H * s.D, n = s.B * s.T * 3 * C, nw = s.B * s.T * C;
-    float *x = malloc((size_t)n * sizeof(float)), *w = malloc((size_t)nw * sizeof(float));
-    for (int64_t j = 0; j < n; j++)
-        x[j] = urand();
-    for (int64_t j = 0; j < nw; j++)
-        w[j] = urand();
+    float *x, *w;
+    rand_inputs(n, nw, &x, &w);
     config("sim", "deterministic");
     uint64_t kin, kswap;
     free(qkv_grad(&s, x, w, (const int[]){0, 1, 2}, false, NT_F32, &kin));
@@ -239,11 +246,8 @@ static void test_out_heads_inside(void **state)
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const shp *s = &shapes[i];
         int64_t C = s->H * s->D, n = s->B * s->T * 3 * C, no = s->B * s->T * C;
-        float *x = malloc((size_t)n * sizeof(float)), *w = malloc((size_t)no * sizeof(float));
-        for (int64_t j = 0; j < n; j++)
-            x[j] = urand();
-        for (int64_t j = 0; j < no; j++)
-            w[j] = urand();
+        float *x, *w;
+        rand_inputs(n, no, &x, &w);
         for (int d = 0; d < 2; d++) {
             nt_dtype dt = d ? NT_BF16 : NT_F32;
             float *ref = NULL, *gref = NULL;
@@ -283,11 +287,8 @@ static void test_out_one_kernel(void **state)
     (void)state;
     const shp s = {2, 130, 2, 8, true};
     int64_t C = s.H * s.D, n = s.B * s.T * 3 * C, no = s.B * s.T * C;
-    float *x = malloc((size_t)n * sizeof(float)), *w = malloc((size_t)no * sizeof(float));
-    for (int64_t j = 0; j < n; j++)
-        x[j] = urand();
-    for (int64_t j = 0; j < no; j++)
-        w[j] = urand();
+    float *x, *w;
+    rand_inputs(n, no, &x, &w);
     config("sim", "deterministic");
     uint64_t kv, kc;
     float *gv, *gc;
@@ -365,11 +366,10 @@ static void test_placed_variants(void **state)
     for (size_t i = 0; i < 2; i++) {
         const shp *s = &shapes[i];
         int64_t C = s->H * s->D, n = s->B * s->T * 4 * C, nw = s->B * s->T * C;
-        float *x = malloc((size_t)n * sizeof(float)), *w = malloc((size_t)nw * sizeof(float));
-        for (int64_t j = 0; j < n; j++)
-            x[j] = urand();
-        for (int64_t j = 0; j < nw; j++)
-            w[j] = j < nw / 4 ? -0.0f : urand(); /* a quarter of -0: -0 rows of dO */
+        float *x, *w;
+        rand_inputs(n, nw, &x, &w);
+        for (int64_t j = 0; j < nw / 4; j++)
+            w[j] = -0.0f; /* a quarter of -0: -0 rows of dO */
         x[0] = -0.0f;
         for (int v = 0; v < 4; v++)
             for (int b = 0; b < 2; b++)
