@@ -281,7 +281,8 @@ static void test_out_heads_inside(void **state)
 
 /* Deterministic, f32, sim: the forward of the heads' views back to [B, T,
  * C] is the one attention kernel (before: and a copy of its output); a
- * mixed layout (k a contiguous copy) keeps q's layout for the output. */
+ * mixed layout (k a contiguous copy, or k and v broadcast over the heads)
+ * keeps q's layout for the output, with the same bits. */
 static void test_out_one_kernel(void **state)
 {
     (void)state;
@@ -308,6 +309,26 @@ static void test_out_one_kernel(void **state)
     nt_tensor *y = nt_reshape(nt_permute(a, (int[]){0, 2, 1, 3}), 3, (int64_t[]){s.B, s.T, C});
     assert_int_equal(nt_to_host(y, om, (size_t)no * sizeof(float)), 0);
     assert_memory_equal(om, ov, (size_t)no * sizeof(float));
+    /* k and v one head broadcast to all (stride 0 over the heads), q's
+     * heads inside rows: the output as with contiguous copies of all */
+    float *oe[2];
+    for (int c = 0; c < 2; c++) {
+        int64_t sh[4] = {s.B, s.H, s.T, s.D};
+        nt_tensor *k1 = nt_slice(heads(qkv, &s, 1, false), 1, 0, 1, 1);
+        nt_tensor *v1 = nt_slice(heads(qkv, &s, 2, false), 1, 0, 1, 1);
+        nt_tensor *ke = nt_expand(k1, 4, sh), *ve = nt_expand(v1, 4, sh);
+        nt_tensor *q = heads(qkv, &s, 0, c);
+        if (c)
+            ke = nt_contiguous(ke), ve = nt_contiguous(ve);
+        nt_tensor *e = nt_scaled_dot_product_attention(q, ke, ve, NULL, true, 0.0);
+        assert_non_null(e);
+        assert_true(nt_is_contiguous(e) == (c == 1));
+        oe[c] = malloc((size_t)no * sizeof(float));
+        assert_int_equal(nt_to_host(nt_contiguous(e), oe[c], (size_t)no * sizeof(float)), 0);
+    }
+    assert_memory_equal(oe[0], oe[1], (size_t)no * sizeof(float));
+    free(oe[0]);
+    free(oe[1]);
     nt_scope_end(sc);
     free(om);
     free(ov);
