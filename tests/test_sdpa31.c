@@ -112,6 +112,16 @@ static const shp shapes[] = {
     {1, 1, 2, 8, false},
 };
 
+/* The kernel-count tests' shape and inputs (qkv and the loss's weights
+ * [B, H, T, D]), on the simulator in deterministic mode. */
+static const shp kshape = {2, 130, 2, 8, true};
+static void kernel_case(float **x, float **w)
+{
+    int64_t C = kshape.H * kshape.D, nw = kshape.B * kshape.T * C;
+    rand_inputs(3 * nw, nw, x, w);
+    config("sim", "deterministic");
+}
+
 /* The gradient through the views equals the one through contiguous copies
  * (the packed path) bit for bit, on both backends and in every mode, and
  * the two backends agree; in f32 and with q, k, v in bf16. */
@@ -158,11 +168,9 @@ static void test_views_equal_packed(void **state)
 static void test_views_fewer_kernels(void **state)
 {
     (void)state;
-    const shp s = {2, 130, 2, 8, true};
-    int64_t C = s.H * s.D, n = s.B * s.T * 3 * C, nw = s.B * s.T * C;
+    const shp s = kshape;
     float *x, *w;
-    rand_inputs(n, nw, &x, &w);
-    config("sim", "deterministic");
+    kernel_case(&x, &w);
     uint64_t kin, kswap;
     free(qkv_grad(&s, x, w, (const int[]){0, 1, 2}, false, NT_F32, &kin));
     free(qkv_grad(&s, x, w, (const int[]){0, 2, 1}, false, NT_F32, &kswap));
@@ -286,11 +294,10 @@ static void test_out_heads_inside(void **state)
 static void test_out_one_kernel(void **state)
 {
     (void)state;
-    const shp s = {2, 130, 2, 8, true};
-    int64_t C = s.H * s.D, n = s.B * s.T * 3 * C, no = s.B * s.T * C;
+    const shp s = kshape;
+    int64_t C = s.H * s.D, no = s.B * s.T * C;
     float *x, *w;
-    rand_inputs(n, no, &x, &w);
-    config("sim", "deterministic");
+    kernel_case(&x, &w);
     uint64_t kv, kc;
     float *gv, *gc;
     float *ov = fwd_out(&s, x, w, false, false, NT_F32, &gv, &kv);
