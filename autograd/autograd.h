@@ -115,6 +115,13 @@ typedef struct nt__bctx {
     bool create;
     nt_tensor *uin[NT__MAX_IN];
     nt_tensor *uout[NT__MAX_OUT];
+    /* set by a backward whose input gradients are views of this one buffer,
+     * laid out as its inputs lie in their own input (attention's dq, dk, dv
+     * as q, k, v lie in the qkv projection) and holding no -0: the
+     * backwards of the slices that made those inputs take the buffer as
+     * their input's gradient instead of writing into one (autograd/tape.c,
+     * slice_into) */
+    nt_tensor *placed;
 } nt__bctx;
 
 typedef int (*nt__bwd_fn)(nt__bctx *b);

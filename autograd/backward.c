@@ -1203,6 +1203,16 @@ static nt_tensor *sdpa_scores(nt__bctx *b, nt_tensor *q, nt_tensor *k, nt_tensor
     return *empty ? sc : NULL;
 }
 
+/* t of the shape of sdpa's output o: with heads inside rows (p.i[4], o
+ * [..., T, H, Dv]: dispatcher/api_attention.c) its view [..., H, T, Dv],
+ * else t. */
+static nt_tensor *sdpa_heads_back(nt__bctx *b, nt_tensor *t)
+{
+    if (!t || !b->n->p.i[4])
+        return t;
+    return nt_transpose_at(S, t, t->ndim - 3, t->ndim - 2);
+}
+
 /* sdpa's backward in a create_graph pass: the same function as SDPA_BWD
  * from recorded ops (P = softmax(s); dv = P^T g, dP = g v^T, ds = P (dP -
  * rowsum(dP P)), dq = ds k scale, dk = ds^T q scale), in f32, cast back to
@@ -1217,7 +1227,7 @@ static int bwd_sdpa_graph(nt__bctx *b)
     TRY(q = nt_cast_at(S, q, NT_F32));
     TRY(k = nt_cast_at(S, k, NT_F32));
     TRY(v = nt_cast_at(S, v, NT_F32));
-    TRY(g = nt_cast_at(S, g, NT_F32));
+    TRY(g = nt_cast_at(S, sdpa_heads_back(b, g), NT_F32));
     TRY(sc = sdpa_scores(b, q, k, &empty));
     TRY(z = nt_zeros_at(S, NT_F32, 0, NULL));
     /* empty rows: scores 0 there (softmax finite), P 0 there: no NaN
@@ -1263,6 +1273,27 @@ static nt_tensor *sdpa_qkv_view(nt__bctx *b, nt_tensor *q, nt_tensor *k, nt_tens
     return t ? nt__scope_adopt(t, "nt_backward") : NULL;
 }
 
+/* Whether view t (strides > 0) covers a dense block of elements from its
+ * offset: its dims, taken by stride, nest with no gap or overlap. */
+static bool sdpa_dense(const nt_tensor *t)
+{
+    bool used[NT_MAX_DIMS] = {false};
+    int64_t want = 1;
+    for (int k = 0; k < t->ndim; k++) {
+        int best = -1;
+        for (int i = 0; i < t->ndim; i++)
+            if (!used[i] && t->shape[i] > 1 && (best < 0 || t->stride[i] < t->stride[best]))
+                best = i;
+        if (best < 0)
+            break;
+        used[best] = true;
+        if (t->stride[best] != want)
+            return false;
+        want *= t->shape[best];
+    }
+    return true;
+}
+
 static int bwd_sdpa(nt__bctx *b)
 {
     if (b->create && G && nt_requires_grad(G) | nt_requires_grad(IN(0)) | nt_requires_grad(IN(1)) |
@@ -1274,6 +1305,8 @@ static int bwd_sdpa(nt__bctx *b)
         return 0;
     TRY(q && k && v && o && lse); /* (a create_graph pass's handles: out of memory) */
     int nd = q->ndim;
+    TRY(o = sdpa_heads_back(b, o));
+    TRY(g = sdpa_heads_back(b, g));
     int64_t D = q->shape[nd - 1], Dv = v->shape[nd - 1];
     if (g->dtype != o->dtype)
         TRY(g = nt_cast_at(S, g, (nt_dtype)o->dtype));
@@ -1321,6 +1354,14 @@ static int bwd_sdpa(nt__bctx *b)
     c.p.i[2] = Tq;
     c.p.i[3] = Tk;
     c.p.i[4] = qkv != NULL;
+    /* f32 q, k, v of one dense block (the heads of one projection):
+     * dq, dk, dv written where q, k, v lie, into one buffer that becomes
+     * the projection's gradient (nt__bctx.placed) -- no copies into it.
+     * f32 only: the kernels' sums start from +0 and so are never -0, the
+     * + 0 of a slice-gradient buffer's definition (autograd/tape.c, struct
+     * scat) changes nothing; a bf16 or f16 rounding can give -0. */
+    bool placed = qkv && q->dtype == NT_F32 && q->stride[nd - 1] == 1 && sdpa_dense(qkv);
+    c.p.i[5] = placed;
     c.nout = 2;
     c.odt[0] = c.odt[1] = (nt_dtype)q->dtype;
     c.ondim[0] = nd;
@@ -1332,8 +1373,25 @@ static int bwd_sdpa(nt__bctx *b)
     c.oshape[1][nd - 2] = Tk * (D + Dv);
     c.flops = 4.0 * (double)nt__numel(nd - 2, q->shape) * (double)q->shape[nd - 2] *
               (double)k->shape[nd - 2] * (double)(D + Dv);
+    if (placed) {
+        c.nout = 1;
+        c.ondim[0] = 1;
+        c.oshape[0][0] = 3 * nt__numel(nd, q->shape);
+    }
     nt_tensor *dq;
     TRY(dq = nt__dispatch(&c));
+    if (placed) {
+        nt_tensor *t[3] = {q, k, v};
+        for (int i = 0; i < 3; i++) {
+            if (!LIVE(i))
+                continue;
+            nt_tensor *w = nt__make_view(dq, nd, t[i]->shape, t[i]->stride,
+                                         dq->offset + t[i]->offset - q->offset, S);
+            TRY(w && (b->gin[i] = nt__scope_adopt(w, "nt_backward")));
+        }
+        b->placed = dq;
+        return 0;
+    }
     nt_tensor *dkv = c.out[1];
     if (LIVE(0))
         b->gin[0] = dq;

@@ -540,6 +540,9 @@ typedef struct {
     nt__node **held;   /* references on the nodes recomputed by checkpoints */
     size_t nheld, heldcap;
     struct scat *scat; /* slots being filled by slice gradients (see slice_into) */
+    nt_tensor *placed[8]; /* the latest buffers backwards wrote in place
+                             (nt__bctx.placed; references), oldest first */
+    int nplaced;
     size_t nscat, scatcap;
     uint32_t *uses;    /* [n][NT__MAX_OUT]: edges into each output from the pass's nodes */
     bool ckpt;         /* a checkpoint in the pass: its splice adds edges (uses is stale) */
@@ -569,6 +572,7 @@ struct scat {
     nt_tensor *buf; /* the slot's tensor (the slot holds the reference) */
     int dim, n;
     int64_t lo[SCAT_MAX], hi[SCAT_MAX]; /* the slices' [start, end) along dim */
+    bool inplace; /* buf is a buffer a backward wrote in place (placed_into) */
     nt_tensor *pend_v, *pend_g; /* the first slice's place and gradient, not yet
                                    written (references), or NULL */
     nt_site pend_site;
@@ -641,6 +645,8 @@ static void gm_free(gradmap *gm)
     free(gm->key);
     free(gm->pos);
     free(gm->slots);
+    for (int i = 0; i < gm->nplaced; i++)
+        nt_release(gm->placed[i]);
     for (size_t i = 0; i < gm->nscat; i++) {
         nt_release(gm->scat[i].pend_v);
         nt_release(gm->scat[i].pend_g);
@@ -715,6 +721,82 @@ static int scat_finish(gradmap *gm, nt_tensor *t, const nt_site *site)
     return rc;
 }
 
+/* Keeps the buffer a backward wrote in place (nt__bctx.placed), the
+ * latest 8 (a buffer's slices come soon after its backward). */
+static void placed_keep(gradmap *gm, nt_tensor *t)
+{
+    if (gm->nplaced == 8) {
+        nt_release(gm->placed[0]);
+        memmove(gm->placed, gm->placed + 1, 7 * sizeof *gm->placed);
+        gm->nplaced--;
+    }
+    gm->placed[gm->nplaced++] = nt_retain(t);
+}
+
+/* Whether views a and b are the same elements in the same order. */
+static bool same_place(const nt_tensor *a, const nt_tensor *b)
+{
+    if (a->st != b->st || a->offset != b->offset || a->ndim != b->ndim)
+        return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i] || (a->shape[i] > 1 && a->stride[i] != b->stride[i]))
+            return false;
+    return true;
+}
+
+/* The slice [lo, hi) of n's input when g, its gradient (reshaped: in the
+ * shape of the reshape of the slice), already lies in its place in a
+ * buffer a backward wrote in place (nt__bctx.placed: attention's dq, dk, dv
+ * as q, k, v lie in their projection): the buffer becomes the input's
+ * gradient slot, or is it already, and nothing is written.  Its values
+ * hold no -0, so g == g + 0 bit for bit: a slice-gradient buffer's
+ * definition (struct scat) whether one slice comes or several; the places
+ * no slice claims get +0 at scat_finish as ever.  1: not taken. */
+static int placed_into(gradmap *gm, nt__node *n, nt_tensor *g, bool reshaped, nt_tensor **slot,
+                       int64_t lo, int64_t hi)
+{
+    const nt__tmeta *m = &n->in_meta[0];
+    nt_tensor *P = NULL;
+    for (int i = 0; i < gm->nplaced && !P; i++)
+        if (gm->placed[i]->st == g->st)
+            P = gm->placed[i];
+    if (!P || P->dtype != m->dtype || P->dev != g->dev || !nt__is_contig(P) ||
+        nt__numel(P->ndim, P->shape) != nt__numel(m->ndim, m->shape))
+        return 1;
+    struct scat *e = NULL;
+    if (*slot) {
+        e = scat_find(gm, *slot);
+        if (!e || !e->inplace || e->buf->st != P->st || e->dim != n->p.dim || e->n == SCAT_MAX)
+            return 1;
+        for (int i = 0; i < e->n; i++)
+            if (lo < e->hi[i] && e->lo[i] < hi)
+                return 1;
+    } else if (gm->nscat == gm->scatcap) {
+        size_t cap = gm->scatcap ? 2 * gm->scatcap : 8;
+        struct scat *p = realloc(gm->scat, cap * sizeof *p);
+        if (!p)
+            return 1;
+        gm->scat = p;
+        gm->scatcap = cap;
+    }
+    nt_tensor *buf = *slot ? *slot : nt_reshape_at(&n->site, P, m->ndim, m->shape);
+    nt_tensor *v = buf ? nt_slice_at(&n->site, buf, n->p.dim, lo, hi, 1) : NULL;
+    if (v && reshaped)
+        v = nt_reshape_at(&n->site, v, g->ndim, g->shape);
+    if (!v)
+        return nt_last_error();
+    if (!same_place(v, g) || buf->st != P->st)
+        return 1;
+    if (!*slot) {
+        *slot = nt_retain(buf); /* the slot's reference */
+        e = &gm->scat[gm->nscat++];
+        *e = (struct scat){.buf = buf, .dim = n->p.dim, .inplace = true};
+    }
+    e->lo[e->n] = lo;
+    e->hi[e->n++] = hi;
+    return 0;
+}
+
 /* The backward of slice node n with output gradient g, written straight
  * into its input's slot (see struct scat): into a new buffer when the slot
  * is empty, into the slot's buffer when that is a slice-gradient buffer of
@@ -752,6 +834,9 @@ static int slice_into_as(gradmap *gm, nt__node *n, nt_tensor *g, bool reshaped)
         if (nt__is_contig(&v) || !nt__view_strides(&v, g->ndim, g->shape, st))
             return 1;
     }
+    int prc = placed_into(gm, n, g, reshaped, slot, lo, hi);
+    if (prc <= 0)
+        return prc;
     struct scat *e = NULL;
     if (*slot) {
         e = scat_find(gm, *slot);
@@ -1573,6 +1658,8 @@ static int run_node(gradmap *gm, size_t k, const pass_t *P, const nt_site *site)
         else
             rc = n->op < NT_OP_COUNT && nt__bwd_table[n->op].fn ? nt__bwd_table[n->op].fn(&b)
                                                                : NT_ENOTSUP;
+        if (!rc && b.placed)
+            placed_keep(gm, b.placed);
         nt__tls_bwd_of = NULL;
         nt__dbl_of = dbl_prev;
         for (int i = 0; i < n->nin && !rc; i++) {

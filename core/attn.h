@@ -60,6 +60,32 @@ static inline void nt__attn_opnd_of(nt__attn_opnd *o, const nt_tensor *t,
               col0 * (nd >= 1 ? t->stride[nd - 1] : 0) * (int64_t)nt__dtype_size(o->dt);
 }
 
+/* Whether attention's output takes q's layout of heads inside rows: q
+ * [..., H, T, D] a view whose heads lie closer together than its rows (the
+ * heads of a [B, T, H * D] projection, permuted).  Then the op's output is
+ * [..., T, H, Dv] row-major (p.i[4] = 1) and the caller gets its view
+ * [..., H, T, Dv], which permutes back to [B, T, H * Dv] for free
+ * (dispatcher/api_attention.c; docs/ops.md §7a). */
+static inline bool nt__attn_heads_inside(const nt_tensor *q)
+{
+    int nd = q->ndim;
+    return nd >= 3 && q->shape[nd - 3] > 1 && q->shape[nd - 2] > 1 &&
+           q->stride[nd - 3] < q->stride[nd - 2];
+}
+
+/* The output o as the kernels write it: o itself, or with heads_inside
+ * (o [..., T, H, Dv] row-major) its view [..., H, T, Dv]. */
+static inline void nt__attn_opnd_out(nt__attn_opnd *o, const nt_tensor *t,
+                                     const nt__attn_geom *g, bool heads_inside)
+{
+    nt__attn_opnd_of(o, t, g, 0);
+    if (heads_inside) {
+        int nd = t->ndim;
+        o->rs = t->stride[nd - 3];
+        o->bst[g->nb - 1] = t->shape[nd - 2] != 1 ? t->stride[nd - 2] : 0;
+    }
+}
+
 /* The backward's packed inputs (autograd/backward.c): t [..lead, N] holds,
  * per batch, several row-major blocks one after the other; the operand is
  * the block at element off, rows of stride rs, columns contiguous. */
@@ -84,6 +110,19 @@ static inline void nt__attn_opnd_stack(nt__attn_opnd *o, const nt_tensor *t,
 {
     nt__attn_opnd_of(o, t, g, 0);
     o->base += (int64_t)i * t->stride[0] * (int64_t)nt__dtype_size(o->dt);
+}
+
+/* The backward's gradient i of q, k, v written in place (p.i[5] = 1): out
+ * holds the elements of t [3, ..lead, T, D] (the q, k, v view,
+ * nt__attn_opnd_stack) at the same places relative to t's first element,
+ * so dq, dk, dv lie as q, k, v lie in their projection. */
+static inline void nt__attn_opnd_placed(nt__attn_opnd *o, const nt_tensor *t,
+                                        const nt__attn_geom *g, int i, const nt_tensor *out)
+{
+    nt__attn_opnd_stack(o, t, g, i);
+    o->dt = (nt_dtype)out->dtype;
+    o->base = (const char *)nt__tensor_data(out) +
+              (int64_t)i * t->stride[0] * (int64_t)nt__dtype_size(o->dt);
 }
 
 /* The batch geometry of the packed t [..lead, N]. */

@@ -39,6 +39,7 @@ typedef struct attn_ctx {
     nt__attn_geom g;
     nt__attn_opnd q, k, v, m, o, dO, O, lse, dq, dk, dv;
     bool has_mask, causal;
+    bool placed; /* the backward's dq, dk, dv where q, k, v lie (p.i[5]) */
     float scale;
     float exp_lo; /* exp(-104): nt__expf's value for every x < -104 */
     int64_t Tq, Tk, D, Dv;
@@ -487,8 +488,14 @@ static void fwd_unit(par_run *p, float *buf, int64_t u)
             acc[i * Dv + d] = nt__ew_div(acc[i * Dv + d], ls);
         p->lse[b * a.Tq + q0 + i] = nt__canon(nt__ew_add(m[i], nt__ew_log(ls)));
     }
-    /* out is fresh and contiguous: [nbatch, Tq, Dv] */
-    nt__st_f32(p->o + ((b * a.Tq + q0) * Dv) * p->es, p->dt, 1, acc, Mq * Dv);
+    /* out is fresh: [nbatch, Tq, Dv], or [.., Tq, H, Dv] (heads inside rows:
+     * the rows Dv apart no more) */
+    char *ob = p->o + (nt__attn_boff(&a.o, &a.g, b) + q0 * a.o.rs) * p->es;
+    if (a.o.rs == Dv)
+        nt__st_f32(ob, p->dt, 1, acc, Mq * Dv);
+    else
+        for (int i = 0; i < Mq; i++)
+            nt__st_f32(ob + i * a.o.rs * p->es, p->dt, 1, acc + i * Dv, Dv);
 }
 
 int nt__cpu_scaled_dot_product_attention(const nt__rec *r)
@@ -506,6 +513,7 @@ int nt__cpu_scaled_dot_product_attention(const nt__rec *r)
     if (a.has_mask)
         nt__attn_opnd_of(&a.m, r->in[3], &a.g, 0);
     const nt_tensor *o = r->out[0], *lse = r->out[1];
+    nt__attn_opnd_out(&a.o, o, &a.g, r->p.i[4]);
     int64_t D = a.D, Dv = a.Dv;
     size_t nf = (size_t)(D * BLK * 2 + BLK * BLK * 2 + BLK * Dv * 3 + BLK * 2);
     par_run p;
@@ -552,6 +560,16 @@ static void dO_times_O(const attn_ctx *a, float *tmp, int64_t gb, int64_t ob, in
     }
     for (int64_t d = 0; d < a->Dv; d++)
         tmp[d] = nt__ew_mul(ld(&a->dO, gb, i, d), ld(&a->O, ob, i, d));
+}
+
+/* Rows [0, n) x [0, nc) of src (rows nc apart) to operand x (cs 1) from
+ * element off, rounded to dt. */
+static void store_rows(const nt__attn_opnd *x, int64_t off, nt_dtype dt, const float *src,
+                       int64_t n, int64_t nc)
+{
+    int64_t es = (int64_t)nt__dtype_size(dt);
+    for (int64_t r = 0; r < n; r++)
+        nt__st_f32((char *)x->base + (off + r * x->rs) * es, dt, 1, src + r * nc, nc);
 }
 
 /* The backward of batch b (unit b): dq, dk and dv of that batch. */
@@ -649,12 +667,20 @@ static void bwd_unit(par_run *pr, float *buf, int64_t b)
             memset(dK, 0, (size_t)(nk * D) * sizeof(float));
             memset(dV, 0, (size_t)(nk * Dv) * sizeof(float));
         }
+        if (a.placed) { /* rows where k's and v's lie */
+            store_rows(&a.dk, nt__attn_boff(&a.dk, &a.g, b) + k0 * a.dk.rs, dt, dK, nk, D);
+            store_rows(&a.dv, nt__attn_boff(&a.dv, &a.g, b) + k0 * a.dv.rs, dt, dV, nk, Dv);
+            continue;
+        }
         /* dkv is fresh and contiguous: per batch Tk x D, then Tk x Dv */
         char *dkb = pr->dkv + b * Tk * (D + Dv) * es;
         nt__st_f32(dkb + k0 * D * es, dt, 1, dK, nk * D);
         nt__st_f32(dkb + (Tk * D + k0 * Dv) * es, dt, 1, dV, nk * Dv);
     }
-    nt__st_f32(pr->dq + (b * Tq * D) * es, dt, 1, dqa, Tq * D);
+    if (a.placed)
+        store_rows(&a.dq, nt__attn_boff(&a.dq, &a.g, b), dt, dqa, Tq, D);
+    else
+        nt__st_f32(pr->dq + (b * Tq * D) * es, dt, 1, dqa, Tq * D);
 }
 
 int nt__cpu_sdpa_bwd(const nt__rec *r)
@@ -684,7 +710,13 @@ int nt__cpu_sdpa_bwd(const nt__rec *r)
     }
     if (a.has_mask)
         nt__attn_opnd_of(&a.m, r->in[3], &a.g, 0);
-    const nt_tensor *dq = r->out[0], *dkv = r->out[1];
+    const nt_tensor *dq = r->out[0], *dkv = r->p.i[5] ? NULL : r->out[1];
+    if (r->p.i[5]) { /* dq, dk, dv into one buffer laid out as q, k, v */
+        a.placed = true;
+        nt__attn_opnd_placed(&a.dq, qx, &a.g, 0, dq);
+        nt__attn_opnd_placed(&a.dk, qx, &a.g, 1, dq);
+        nt__attn_opnd_placed(&a.dv, qx, &a.g, 2, dq);
+    }
     /* f32 scratch per lane: dQ's accumulator and the per-row terms for a
      * whole batch, the rest per block */
     int64_t sizes[BWD_NBUF];
@@ -701,7 +733,7 @@ int nt__cpu_sdpa_bwd(const nt__rec *r)
     p.dt = (nt_dtype)dq->dtype;
     p.es = (int64_t)nt__dtype_size(p.dt);
     p.dq = nt__tensor_data(dq);
-    p.dkv = nt__tensor_data(dkv);
+    p.dkv = dkv ? nt__tensor_data(dkv) : NULL;
     nt__par_blocks(NLANE, bwd_lane, &p, p.nunits >= 2);
     g_free(buf);
     return 0;

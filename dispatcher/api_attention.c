@@ -4,6 +4,7 @@
  * One op, SDPA, with two outputs: the attention o and the per-row
  * log-sum-exp (f32 [..., Tq]) that only its backward reads; the caller
  * gets o.  Nothing of size Tq x Tk is ever allocated. */
+#include "core/attn.h"
 #include "dispatcher/dispatch.h"
 
 #include <float.h>
@@ -138,6 +139,11 @@ NT_API nt_tensor *nt_scaled_dot_product_attention_at(const nt_site *site, nt_ten
     /* the sizes, for the simulator's question whether a head fits SBUF
      * (neuron/attention.c; else the op runs on the CPU) */
     c.p.i[0] = D, c.p.i[1] = Dv, c.p.i[2] = Tq, c.p.i[3] = Tk;
+    /* heads inside rows, as in q: o is [..., Tq, H, Dv] row-major, handed
+     * out as its view [..., H, Tq, Dv] (whose permute back to [B, Tq, H *
+     * Dv] is a view, no copy) */
+    bool inside = nt__attn_heads_inside(q);
+    c.p.i[4] = inside;
     c.nout = 2;
     c.odt[0] = (nt_dtype)q->dtype;
     c.odt[1] = NT_F32;
@@ -147,14 +153,23 @@ NT_API nt_tensor *nt_scaled_dot_product_attention_at(const nt_site *site, nt_ten
         c.oshape[0][i] = c.oshape[1][i] = q->shape[i];
     c.oshape[0][nd - 2] = c.oshape[1][nd - 2] = Tq;
     c.oshape[0][nd - 1] = Dv;
+    if (inside) {
+        c.oshape[0][nd - 3] = Tq;
+        c.oshape[0][nd - 2] = q->shape[nd - 3];
+    }
     double nb = (double)nt__numel(nd - 2, q->shape);
     c.flops = 2.0 * nb * (double)Tq * (double)Tk * (double)(D + Dv);
     nt_tensor *o = nt__dispatch(&c);
     /* the log-sum-exp is the backward's (autograd saved it): the caller
      * never sees it */
-    if (o)
-        nt_release(c.out[1]);
-    return o;
+    if (!o)
+        return NULL;
+    nt_release(c.out[1]);
+    if (!inside)
+        return o;
+    nt_tensor *t = nt_transpose_at(site, o, nd - 3, nd - 2);
+    nt_release(o);
+    return t;
 }
 
 NT_API nt_tensor *nt_scaled_dot_product_attention(nt_tensor *q, nt_tensor *k, nt_tensor *v,

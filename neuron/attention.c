@@ -354,6 +354,24 @@ static int store_heads(ak *a, char *base, nt_dtype dt, int64_t off, int64_t hs, 
     return rc;
 }
 
+/* store_heads to operand x (cs 1: a fresh output, x's rows and heads at
+ * their strides; nt__attn_opnd_out): the nh heads from b0 in one DMA when
+ * they lie at one stride apart, else head by head. */
+static int store_heads_x(ak *a, const nt__attn_opnd *x, int64_t b0, tv t0, int64_t w, int nh,
+                         int64_t T, int64_t nc)
+{
+    char *base = (char *)x->base;
+    int64_t hs = 0;
+    if (nh == 1 || heads_uniform(&a->g, x, b0, nh, &hs))
+        return store_heads(a, base, x->dt, nt__attn_boff(x, &a->g, b0), hs, x->rs, t0, w, nh, T,
+                           nc);
+    int rc = 0;
+    for (int h = 0; h < nh && !rc; h++)
+        rc = store_head(a, base, x->dt, nt__attn_boff(x, &a->g, b0 + h), x->rs,
+                        tv_at(t0, h * w), T, nc);
+    return rc;
+}
+
 /* ---------------- forward ---------------- */
 
 enum { C_M, C_MNEW, C_BMAX, C_ALPHA, C_NEGM, C_RS, C_L, C_LS, C_T, C_NCOL };
@@ -673,7 +691,9 @@ int nt__sk_sdpa(const nt__rec *r)
     nt__attn_opnd_of(&a.v, vt, &a.g, 0);
     const nt_tensor *o = r->out[0], *lse = r->out[1];
     nt_dtype odt = (nt_dtype)o->dtype;
-    char *od = nt__tensor_data(o), *ld = nt__tensor_data(lse);
+    char *ld = nt__tensor_data(lse);
+    nt__attn_opnd ox; /* o's rows and heads (heads inside rows: Dv apart) */
+    nt__attn_opnd_out(&ox, o, &a.g, r->p.i[4]);
     ft T;
     rc = fwd_tiles(&a, &T, odt, rc);
     if (!rc)
@@ -686,8 +706,7 @@ int nt__sk_sdpa(const nt__rec *r)
             rc = fwd_query_blocks(&a, &T, b0, set0, p0,
                                   (int)(nh * nqb - p0 < G ? nh * nqb - p0 : G));
         if (!rc)
-            rc = store_heads(&a, od, odt, b0 * Tq * Dv, Tq * Dv, Dv, T.h[set0].OT, nqb * Dv, nh,
-                             Tq, Dv);
+            rc = store_heads_x(&a, &ox, b0, T.h[set0].OT, nqb * Dv, nh, Tq, Dv);
         for (int64_t b = b0; b < b0 + nh && !rc; b++)
             if (nqb > 0 && (b % T.HG == T.HG - 1 || b + 1 == a.g.nbatch))
                 rc = fwd_lse(&a, &T, b, ld);
@@ -947,7 +966,8 @@ static int bwd_key_block(ak *a, const bt *T, int j, int64_t b0, int nh, int set0
 
 /* Heads b0 .. b0+nh: dq (the accumulators in the output dtype), dk and dv
  * to HBM. */
-static int bwd_store(ak *a, const bh *T, int64_t b0, int nh, char *dqd, char *dkvd, nt_dtype dt)
+static int bwd_store(ak *a, const bh *T, int64_t b0, int nh, char *dqd, char *dkvd, nt_dtype dt,
+                     const nt__attn_opnd *placed)
 {
     int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv, nqb = a->nqb, nkb = a->nkb;
     int rc = 0;
@@ -957,6 +977,13 @@ static int bwd_store(ak *a, const bh *T, int64_t b0, int nh, char *dqd, char *dk
             nt_ap dqa = nt_tile_slice(T[h].dQ, 0, Mq, i * D, D), o1 = tvs(T[h].dQo, Mq, i * D, D);
             rc = nt_isa_tensor_copy(a->k, &o1, &dqa, NT_ENGINE_VECTOR);
         }
+    if (placed) { /* where q, k, v lie (p.i[5]) */
+        if (!rc)
+            rc = store_heads_x(a, &placed[0], b0, T[0].dQo, nqb * D, nh, Tq, D);
+        if (!rc)
+            rc = store_heads_x(a, &placed[1], b0, T[0].dKo, nkb * D, nh, Tk, D);
+        return rc ? rc : store_heads_x(a, &placed[2], b0, T[0].dVo, nkb * Dv, nh, Tk, Dv);
+    }
     int64_t kvs = Tk * (D + Dv);
     if (!rc)
         rc = store_heads(a, dqd, dt, b0 * Tq * D, Tq * D, D, T[0].dQo, nqb * D, nh, Tq, D);
@@ -999,9 +1026,12 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
         nt__attn_opnd_flat(&a.kk, kv, &a.g, 0, D);
         nt__attn_opnd_flat(&a.v, kv, &a.g, Tk * D, Dv);
     }
-    const nt_tensor *dq = r->out[0], *dkv = r->out[1];
+    const nt_tensor *dq = r->out[0], *dkv = r->p.i[5] ? NULL : r->out[1];
     nt_dtype dt = (nt_dtype)dq->dtype;
-    char *dqd = nt__tensor_data(dq), *dkvd = nt__tensor_data(dkv);
+    char *dqd = nt__tensor_data(dq), *dkvd = dkv ? nt__tensor_data(dkv) : NULL;
+    nt__attn_opnd placed[3]; /* dq, dk, dv into one buffer laid out as q, k, v */
+    for (int i = 0; i < 3 && r->p.i[5]; i++)
+        nt__attn_opnd_placed(&placed[i], qx, &a.g, i, dq);
     const char *lsed = nt__tensor_data(lse);
     bt T;
     bwd_tiles(&a, &T, dt);
@@ -1016,7 +1046,7 @@ int nt__sk_sdpa_bwd(const nt__rec *r)
         for (int j = 0; j < nkb && !rc; j++)
             rc = bwd_key_block(&a, &T, j, b0, nh, set0);
         if (!rc)
-            rc = bwd_store(&a, &T.h[set0], b0, nh, dqd, dkvd, dt);
+            rc = bwd_store(&a, &T.h[set0], b0, nh, dqd, dkvd, dt, r->p.i[5] ? placed : NULL);
     }
     return sk_end_values(&s, values, rc, r);
 }

@@ -208,11 +208,12 @@ static void grad_body(void *arg)
     nt_scope_end(sc);
 }
 
-/* Lazy mode writes dq, dk, dv + 0 in one kernel; the gradient's bits are
+/* dq, dk, dv (f32) are written where q, k, v lie, into the buffer that
+ * becomes qkv's gradient (autograd/tape.c, placed_into): no + 0 writes
+ * into it at all (they were one fused kernel); the gradient's bits are
  * the deterministic run's on both backends (which agree), with a -0 in
- * the gradient's places; on the simulator the lazy step runs fewer
- * kernels than with each write a kernel of its own (NT_FUSION=0). */
-static void test_qkv_gradient_writes_one_kernel(void **state)
+ * the gradient's places, fused or not (NT_FUSION=0). */
+static void test_qkv_gradient_written_in_place(void **state)
 {
     (void)state;
     static float x[B * T * 3 * C], w[B * H * T * D];
@@ -233,7 +234,7 @@ static void test_qkv_gradient_writes_one_kernel(void **state)
         config(backends[be], "lazy", "1");
         char *log = nt_test_fusion_log(grad_body, &lazy);
         assert_int_equal(nt_test_count(log, "in-place write to another view"), 0);
-        assert_non_null(strstr(log, "3 ops [backward:add_scalar"));
+        assert_null(strstr(log, "add_scalar"));
         free(log);
         config(backends[be], "lazy", "0");
         grad_body(&unfused);
@@ -244,7 +245,7 @@ static void test_qkv_gradient_writes_one_kernel(void **state)
         else
             assert_memory_equal(det.g, first, sizeof first);
         if (be == 1)
-            assert_true(lazy.kernels + 2 <= unfused.kernels);
+            assert_true(lazy.kernels <= unfused.kernels);
     }
     /* a +0 was made from a -0 somewhere (else the test shows nothing) */
     bool pz = false;
@@ -371,7 +372,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_disjoint_views_share_a_kernel, nt_test_setup,
                                         nt_test_teardown),
-        cmocka_unit_test_setup_teardown(test_qkv_gradient_writes_one_kernel, nt_test_setup,
+        cmocka_unit_test_setup_teardown(test_qkv_gradient_written_in_place, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_layer_norm_backward_one_row_kernel, nt_test_setup,
                                         nt_test_teardown),
