@@ -1683,9 +1683,13 @@ static bool pull_one(nt__rec **recs, int n, int j, const wset *w)
         if (writes_in)
             break;
     }
+    /* r joins its producer's kernel only in its shape (check_join): a
+     * reader of the producer's output reshaped (|x| of an attention output
+     * [B, T, H, hd] read as [B, T, D] for an fp8 rounding pass's amax) would
+     * meet a "shape change" and run as a kernel of its own, where left in
+     * place it joins its own readers */
     if (i < stop || i == j - 1 || !ew_joinable(recs[i], r->out[0]) ||
-        nt__numel(recs[i]->out[0]->ndim, recs[i]->out[0]->shape) !=
-            nt__numel(r->out[0]->ndim, r->out[0]->shape) ||
+        !shape_is(r->out[0], recs[i]->out[0]->ndim, recs[i]->out[0]->shape) ||
         joins_its_reader(recs, n, j))
         return false;
     memmove(&recs[i + 2], &recs[i + 1], sizeof *recs * (size_t)(j - i - 1));

@@ -3316,6 +3316,72 @@ static void fp8_run(uint64_t seed, const char *backend, const config *cfg, GByte
     fp8_chain(seed, out);
 }
 
+/* The move back of an elementwise record to its producer (fusion/plan.c
+ * pull_one) leaves a record where it is when it could not join the
+ * producer's group in its own shape: |v| of a copy's output v read
+ * reshaped (the copy that makes a permuted attention output [B, T, H, hd]
+ * contiguous, read as [B, T, D] by an fp8 rounding pass for its amax).
+ * Moved next to the copy it met a "shape change" and ran as a kernel of
+ * its own; left in place it joins its row reduction.  io[0] t [2, 4, 3, 5],
+ * io[1] o [5]; results io[2], io[3]; io[4] names the mode ("capture": lazy,
+ * recorded with nt_graph_capture_begin). */
+static void pull_body(void *arg)
+{
+    nt_tensor **io = arg;
+    const char *mode = (const char *)io[4];
+    bool cap = !strcmp(mode, "capture");
+    nt_config_set("NT_MODE", cap ? "lazy" : mode);
+    if (cap)
+        assert_int_equal(nt_graph_capture_begin(), 0);
+    nt_scope *s = nt_scope_begin();
+    nt_tensor *v = nt_reshape(nt_permute(io[0], (int[]){0, 2, 1, 3}), 3, (int64_t[]){2, 3, 20});
+    io[2] = nt_keep(nt_add_scalar(io[1], 2.0)); /* another shape: ends the copy's kernel */
+    io[3] = nt_keep(nt_max(nt_abs(v), 2, true));
+    nt_scope_end(s);
+    if (cap) {
+        nt_graph *gr = nt_graph_capture_end();
+        assert_non_null(gr);
+        nt_graph_destroy(gr);
+    }
+    nt_sync();
+    nt_config_set("NT_MODE", "adaptive");
+}
+
+static void test_pull_keeps_shape(void **state)
+{
+    (void)state;
+    static const char *be[2] = {"cpu", "sim"};
+    static const char *modes[4] = {"deterministic", "eager", "lazy", "capture"};
+    static const size_t nel[2] = {5, 6};
+    float want[2][6], got[6];
+    for (int b = 0; b < 2; b++)
+        for (int m = 0; m < 4; m++) {
+            assert_int_equal(nt_config_set("NT_BACKEND", be[b]), 0);
+            nt_tensor *io[5] = {nt_randn(NT_F32, 4, (int64_t[]){2, 4, 3, 5}, 33),
+                                nt_randn(NT_F32, 1, (int64_t[]){5}, 34)};
+            io[4] = (nt_tensor *)modes[m];
+            nt_sync();
+            char *log = nt_test_fusion_log(pull_body, io);
+            if (m >= 2 && !strstr(log, "row, 2 ops [abs")) { /* planned whole */
+                fputs(log, stdout);
+                fail_msg("%s %s: |v| left its row reduction (the log above)", be[b], modes[m]);
+            }
+            free(log);
+            for (int k = 0; k < 2; k++) {
+                nt_tensor *t = io[2 + k];
+                assert_non_null(t);
+                float *dst = b == 0 && m == 0 ? want[k] : got;
+                assert_int_equal(nt_to_host(t, dst, nel[k] * sizeof(float)), 0);
+                if (dst == got && memcmp(got, want[k], nel[k] * sizeof(float)))
+                    fail_msg("%s %s: result %d differs from cpu deterministic", be[b], modes[m], k);
+                nt_release(t);
+            }
+            nt_release(io[0]);
+            nt_release(io[1]);
+        }
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0); /* setup's */
+}
+
 static void test_fp8_chains_bitwise(void **state)
 {
     (void)state;
@@ -3395,6 +3461,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_op_limit, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_coalesced_dims_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fp8_chains_bitwise, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_pull_keeps_shape, setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
