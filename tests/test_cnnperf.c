@@ -128,19 +128,28 @@ static void test_bn_by_channel(void **state)
          * block's end; two channels over units of blocks */
         {40, 4, 7, 9}, {300, 2, 7, 9}, {80, 4, 4, 8}, {300, 2, 4, 8}, {2, 3, 1, 2080},
     };
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-        for (int affine = 0; affine < 2; affine++) {
-            outs fast = {0}, ref = {0};
-            assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
-            atomic_store(&nt__cpu_ref_paths, 0);
-            bn_run(shapes[s], affine, &fast);
-            atomic_store(&nt__cpu_ref_paths, 1);
-            bn_run(shapes[s], affine, &ref);
-            atomic_store(&nt__cpu_ref_paths, 0);
-            char what[64];
-            snprintf(what, sizeof what, "batch_norm shape %zu affine %d", s, affine);
-            compare(what, &fast, &ref);
-        }
+    /* the in-place sums' lanes in C (scalar level) and in AVX2 vectors */
+    int isas[] = {NT_ISA_SCALAR, NT_ISA_AVX2};
+    for (size_t q = 0; q < sizeof isas / sizeof isas[0]; q++) {
+        if (!nt__gemm_isa_runs(isas[q]))
+            continue;
+        assert_int_equal(nt__gemm_set_isa(isas[q]), 0);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int affine = 0; affine < 2; affine++) {
+                outs fast = {0}, ref = {0};
+                assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+                atomic_store(&nt__cpu_ref_paths, 0);
+                bn_run(shapes[s], affine, &fast);
+                atomic_store(&nt__cpu_ref_paths, 1);
+                bn_run(shapes[s], affine, &ref);
+                atomic_store(&nt__cpu_ref_paths, 0);
+                char what[80];
+                snprintf(what, sizeof what, "batch_norm %s shape %zu affine %d",
+                         nt__gemm_isa_label(isas[q]), s, affine);
+                compare(what, &fast, &ref);
+            }
+    }
+    nt__gemm_set_isa(-1);
 }
 
 /* ---------------- convolutions ---------------- */
