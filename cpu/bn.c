@@ -262,6 +262,7 @@ static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *re
 #ifdef BN_X86
     avx2 = nt__gemm_isa() >= NT_ISA_AVX2;
 #endif
+    (void)avx2; /* (no vector runs off x86) */
     if (k->S % NT_RED_LANES && ph != P_FWD_Y && ph != P_BWD_DX) {
         /* runs that start mid-lane-group (S = 196, 49): most of a run
          * would go lane by lane; the sums over the block gathered into L1
