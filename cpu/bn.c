@@ -28,7 +28,9 @@
  * i mod NT_RED_LANES as nt__red_block_sum_f32 takes it, and writes y or
  * dx in place (when S is not a multiple of NT_RED_LANES, runs start
  * mid-lane-group, and the sums gather the block into L1 instead); each
- * block's partial goes to its slot.  (The reference
+ * block's partial goes to its slot; with AVX2 the sums of a run that
+ * starts at lane 0 keep the 16 lanes in two vectors (the same terms, steps
+ * and lanes).  (The reference
  * paths, nt__cpu_ref_paths, gather each block into L1 and take the
  * separate passes: tests/test_cnnperf.c checks the bits are the same.)
  * Between phases the calling thread adds each channel's partials in block
@@ -181,6 +183,70 @@ static inline void run_bwd(float (*restrict acc)[NT_RED_LANES], const float *res
         acc[0][l] = a0[l], acc[1][l] = a1[l], acc[2][l] = a2[l], acc[3][l] = a3[l];
 }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define BN_X86 1
+_Static_assert(NT_RED_LANES == 16, "the AVX2 runs keep the lanes in two vectors");
+
+/* run_sum, run_sq and run_bwd with AVX2 for a run whose element 0 is lane
+ * 0 (o == 0): lanes 0-7 and 8-15 of each accumulator in two vectors, each
+ * lane taking its terms in the same order with the same rounded steps
+ * (no FMA: a product is rounded, then added), so the same bits as the
+ * scalar lanes, which compilers vectorise only in part here; the run's
+ * last partial group goes through them. */
+__attribute__((target("avx2,fma"))) static void run_sum_avx2(float *restrict acc,
+                                                             const float *restrict X,
+                                                             int64_t len, int kind, float mean)
+{
+    __m256 lo = _mm256_loadu_ps(acc), hi = _mm256_loadu_ps(acc + 8), mv = _mm256_set1_ps(mean);
+    int64_t i = 0;
+    if (kind == 0)
+        for (; i + NT_RED_LANES <= len; i += NT_RED_LANES) {
+            lo = _mm256_add_ps(lo, _mm256_loadu_ps(X + i));
+            hi = _mm256_add_ps(hi, _mm256_loadu_ps(X + i + 8));
+        }
+    else
+        for (; i + NT_RED_LANES <= len; i += NT_RED_LANES) {
+            __m256 d0 = _mm256_sub_ps(_mm256_loadu_ps(X + i), mv);
+            __m256 d1 = _mm256_sub_ps(_mm256_loadu_ps(X + i + 8), mv);
+            lo = _mm256_add_ps(lo, _mm256_mul_ps(d0, d0));
+            hi = _mm256_add_ps(hi, _mm256_mul_ps(d1, d1));
+        }
+    _mm256_storeu_ps(acc, lo), _mm256_storeu_ps(acc + 8, hi);
+    for (int l = 0; i < len; i++, l++) {
+        float d = X[i] - mean;
+        acc[l] += kind == 0 ? X[i] : d * d;
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void run_bwd_avx2(float (*restrict acc)[NT_RED_LANES],
+                                                             const float *restrict X,
+                                                             const float *restrict G, int64_t len,
+                                                             float mean, float r, float wc)
+{
+    __m256 a[4][2];
+    for (int q = 0; q < 4; q++)
+        a[q][0] = _mm256_loadu_ps(acc[q]), a[q][1] = _mm256_loadu_ps(acc[q] + 8);
+    const __m256 mv = _mm256_set1_ps(mean), rv = _mm256_set1_ps(r), wv = _mm256_set1_ps(wc);
+    int64_t i = 0;
+    for (; i + NT_RED_LANES <= len; i += NT_RED_LANES)
+        for (int h = 0; h < 2; h++) {
+            __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(X + i + 8 * h), mv), rv);
+            __m256 u = _mm256_loadu_ps(G + i + 8 * h), uw = _mm256_mul_ps(u, wv);
+            a[0][h] = _mm256_add_ps(a[0][h], u);
+            a[1][h] = _mm256_add_ps(a[1][h], _mm256_mul_ps(u, t));
+            a[2][h] = _mm256_add_ps(a[2][h], uw);
+            a[3][h] = _mm256_add_ps(a[3][h], _mm256_mul_ps(uw, t));
+        }
+    for (int q = 0; q < 4; q++)
+        _mm256_storeu_ps(acc[q], a[q][0]), _mm256_storeu_ps(acc[q] + 8, a[q][1]);
+    for (int l = 0; i < len; i++, l++) {
+        float t = (X[i] - mean) * r, u = G[i], uw = u * wc;
+        acc[0][l] += u, acc[1][l] += u * t, acc[2][l] += uw, acc[3][l] += uw * t;
+    }
+}
+#endif
+
 /* Block bk of channel c in place: its forward partial (ph P_FWD_SUM or
  * P_FWD_SQ) or y (P_FWD_Y); the backward's four partials (P_BWD_SUMS) or
  * dx (P_BWD_DX).  The same terms, lanes and rounded steps as the gathered
@@ -192,11 +258,33 @@ static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *re
     int64_t end = j0 + m, off, len;
     float *p = k->part + (c * k->nbk + bk) * 4, mean = k->mean[c], r = k->r[c];
     float wc = k->w ? k->w[c] : 1.0f;
+    bool avx2 = false;
+#ifdef BN_X86
+    avx2 = nt__gemm_isa() >= NT_ISA_AVX2;
+#endif
+    (void)avx2; /* (no vector runs off x86) */
     if (k->S % NT_RED_LANES && ph != P_FWD_Y && ph != P_BWD_DX) {
         /* runs that start mid-lane-group (S = 196, 49): most of a run
          * would go lane by lane; the sums over the block gathered into L1
          * instead (the outputs are written in place either way) */
         gather(T, k->x, k, c, j0, m);
+#ifdef BN_X86
+        if (avx2 && ph == P_FWD_SQ) { /* sq_sum's terms and fold */
+            float a[NT_RED_LANES] = {0};
+            run_sum_avx2(a, T, m, 1, mean);
+            p[0] = lane_fold(a);
+            return;
+        }
+        if (avx2 && ph == P_BWD_SUMS) { /* bwd_sums' */
+            float a[4][NT_RED_LANES] = {{0}};
+            gather(U, k->g, k, c, j0, m);
+            run_bwd_avx2(a, T, U, m, mean, r, k->w ? wc : 0.0f);
+            p[0] = lane_fold(a[0]), p[1] = lane_fold(a[1]);
+            if (k->w)
+                p[2] = lane_fold(a[2]), p[3] = lane_fold(a[3]);
+            return;
+        }
+#endif
         if (ph == P_FWD_SUM)
             p[0] = nt__red_block_sum_f32(T, m, 1);
         else if (ph == P_FWD_SQ)
@@ -211,6 +299,12 @@ static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *re
             a[l] = 0.0f;
         for (int64_t j = j0; j < end; j += len) {
             len = run_at(k, c, j, end, &off);
+#ifdef BN_X86
+            if (avx2 && (j - j0) % NT_RED_LANES == 0) {
+                run_sum_avx2(a, k->x + off, len, ph == P_FWD_SQ, mean);
+                continue;
+            }
+#endif
             if (ph == P_FWD_SQ)
                 run_sq(a, k->x + off, len, (int)((j - j0) % NT_RED_LANES), mean);
             else
@@ -226,6 +320,12 @@ static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *re
                 a[q][l] = 0.0f;
         for (int64_t j = j0; j < end; j += len) {
             len = run_at(k, c, j, end, &off);
+#ifdef BN_X86
+            if (avx2 && (j - j0) % NT_RED_LANES == 0) {
+                run_bwd_avx2(a, k->x + off, k->g + off, len, mean, r, k->w ? wc : 0.0f);
+                continue;
+            }
+#endif
             run_bwd(a, k->x + off, k->g + off, len, (int)((j - j0) % NT_RED_LANES), mean, r,
                     k->w ? wc : 0.0f);
         }

@@ -52,7 +52,7 @@ static void pool_plane(const nt__pool2d *g, const float *xp, float *yp, int32_t 
 }
 
 /* The 2 x 2 windows with stride 2, no padding, no dilation (the usual
- * downsampling): the same scan, unrolled (with AVX-512: below). */
+ * downsampling): the same scan, unrolled (with AVX-512 or AVX2: below). */
 static void pool_plane_2x2(const nt__pool2d *g, const float *xp, float *yp, int32_t *ip)
 {
     int64_t W = g->W;
@@ -122,6 +122,69 @@ __attribute__((target(NT_TARGET_AVX512))) static void pool_plane_2x2_avx512(
         }
     }
 }
+
+/* The same scan with AVX2 (CPUs without AVX-512), 8 windows of a row pair
+ * at a time: the even and odd columns of 16 values of each row (two loads,
+ * masked for the row's last windows; shuffled back into column order),
+ * the same tests and blends, so the same pick and bits as pool_plane_2x2.
+ * (The last windows' outputs through a buffer: AMD's masked stores are
+ * slow.) */
+__attribute__((target("avx2,fma"))) static void pool_plane_2x2_avx2(const nt__pool2d *g,
+                                                                   const float *xp, float *yp,
+                                                                   int32_t *ip)
+{
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i lane2 = _mm256_add_epi32(lane, lane);
+    const __m256 qnan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
+    const int64_t W = g->W, OH = g->OH, OW = g->OW;
+    const __m256i o1 = _mm256_set1_epi32(1), oW = _mm256_set1_epi32((int32_t)W),
+                  oW1 = _mm256_set1_epi32((int32_t)W + 1);
+    for (int64_t oh = 0; oh < OH; oh++) {
+        const float *r0 = xp + 2 * oh * W, *r1 = r0 + W;
+        float *yo = yp + oh * OW;
+        int32_t *io = ip + oh * OW;
+        for (int64_t ow = 0; ow < OW; ow += 8) {
+            bool full = OW - ow >= 8;
+            int cnt = full ? 8 : (int)(OW - ow), span = 2 * cnt;
+            __m256i mlo = _mm256_cmpgt_epi32(_mm256_set1_epi32(span), lane);
+            __m256i mhi = _mm256_cmpgt_epi32(_mm256_set1_epi32(span - 8), lane);
+            __m256 a, b, c, d;
+            if (full) {
+                a = _mm256_loadu_ps(r0 + 2 * ow), b = _mm256_loadu_ps(r0 + 2 * ow + 8);
+                c = _mm256_loadu_ps(r1 + 2 * ow), d = _mm256_loadu_ps(r1 + 2 * ow + 8);
+            } else {
+                a = _mm256_maskload_ps(r0 + 2 * ow, mlo), b = _mm256_maskload_ps(r0 + 2 * ow + 8, mhi);
+                c = _mm256_maskload_ps(r1 + 2 * ow, mlo), d = _mm256_maskload_ps(r1 + 2 * ow + 8, mhi);
+            }
+            /* shuffle: [x0 x2 y0 y2 | x4 x6 y4 y6]; permute 0xd8: x0 x2 x4 x6 y0 y2 y4 y6 */
+#define POOL_AVX2_COLS(p, q, imm) \
+    _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(p, q, imm)), 0xd8))
+            __m256 v0 = POOL_AVX2_COLS(a, b, 0x88), v1 = POOL_AVX2_COLS(a, b, 0xdd);
+            __m256 v2 = POOL_AVX2_COLS(c, d, 0x88), v3 = POOL_AVX2_COLS(c, d, 0xdd);
+#undef POOL_AVX2_COLS
+            __m256i base = _mm256_add_epi32(_mm256_set1_epi32((int32_t)(2 * oh * W + 2 * ow)), lane2);
+            __m256 pos = _mm256_castsi256_ps(base), m = v0, p;
+#define POOL_AVX2_SLOT(v, off)                                                                  \
+    p = _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));       \
+    m = _mm256_blendv_ps(m, v, p);                                                              \
+    pos = _mm256_blendv_ps(pos, _mm256_castsi256_ps(_mm256_add_epi32(base, off)), p)
+            POOL_AVX2_SLOT(v1, o1);
+            POOL_AVX2_SLOT(v2, oW);
+            POOL_AVX2_SLOT(v3, oW1);
+#undef POOL_AVX2_SLOT
+            m = _mm256_blendv_ps(m, qnan, _mm256_cmp_ps(m, m, _CMP_UNORD_Q));
+            if (full) {
+                _mm256_storeu_ps(yo + ow, m);
+                _mm256_storeu_si256((__m256i *)(io + ow), _mm256_castps_si256(pos));
+            } else {
+                float tm[8], tp[8];
+                _mm256_storeu_ps(tm, m), _mm256_storeu_ps(tp, pos);
+                memcpy(yo + ow, tm, (size_t)cnt * sizeof(float));
+                memcpy(io + ow, tp, (size_t)cnt * sizeof(int32_t));
+            }
+        }
+    }
+}
 #endif
 
 static void pool_block(void *arg, int blk)
@@ -135,8 +198,14 @@ static void pool_block(void *arg, int blk)
     void (*fn)(const nt__pool2d *, const float *, float *, int32_t *) =
         two ? pool_plane_2x2 : pool_plane;
 #ifdef POOL_X86
-    if (two && g->H * g->W < (1 << 30) && nt__gemm_isa() == NT_ISA_AVX512)
+    /* (the reference paths, nt__cpu_ref_paths: the scalar scan, which
+     * tests/test_cnnperf.c checks the vector ones against) */
+    int isa = atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed) ? NT_ISA_SCALAR
+                                                                             : nt__gemm_isa();
+    if (two && g->H * g->W < (1 << 30) && isa == NT_ISA_AVX512)
         fn = pool_plane_2x2_avx512;
+    else if (two && g->H * g->W < (1 << 30) && isa == NT_ISA_AVX2)
+        fn = pool_plane_2x2_avx2;
 #endif
     for (int64_t pl = p0; pl < p1 && pl < g->P; pl++)
         fn(g, k->x + pl * HW, k->y + pl * L, k->idx + pl * L);

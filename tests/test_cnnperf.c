@@ -3,7 +3,8 @@
  *
  * cpu/cpu.h's nt__cpu_ref_paths makes the CPU kernels take their reference
  * paths (batch norm: each phase over all channels in units of blocks; the
- * convolutions: the general paths); each case runs an op and its backward
+ * convolutions: the general paths; 2 x 2 max pooling: the scalar scan,
+ * against its AVX2 and AVX-512 forms on each level this CPU runs); each case runs an op and its backward
  * once each way, on odd shapes (odd H and W, batch 1, a size-1 dim, more
  * than one 2048-element block per channel, no affine weight), with edge
  * values among the random ones, and compares every output and gradient bit
@@ -21,6 +22,7 @@
 
 #include "ntensor.h"
 #include "nt_test.h"
+#include "core/gemm.h"
 #include "cpu/cpu.h"
 
 #define SH(...) ((const int64_t[]){__VA_ARGS__})
@@ -126,19 +128,28 @@ static void test_bn_by_channel(void **state)
          * block's end; two channels over units of blocks */
         {40, 4, 7, 9}, {300, 2, 7, 9}, {80, 4, 4, 8}, {300, 2, 4, 8}, {2, 3, 1, 2080},
     };
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-        for (int affine = 0; affine < 2; affine++) {
-            outs fast = {0}, ref = {0};
-            assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
-            atomic_store(&nt__cpu_ref_paths, 0);
-            bn_run(shapes[s], affine, &fast);
-            atomic_store(&nt__cpu_ref_paths, 1);
-            bn_run(shapes[s], affine, &ref);
-            atomic_store(&nt__cpu_ref_paths, 0);
-            char what[64];
-            snprintf(what, sizeof what, "batch_norm shape %zu affine %d", s, affine);
-            compare(what, &fast, &ref);
-        }
+    /* the in-place sums' lanes in C (scalar level) and in AVX2 vectors */
+    int isas[] = {NT_ISA_SCALAR, NT_ISA_AVX2};
+    for (size_t q = 0; q < sizeof isas / sizeof isas[0]; q++) {
+        if (!nt__gemm_isa_runs(isas[q]))
+            continue;
+        assert_int_equal(nt__gemm_set_isa(isas[q]), 0);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int affine = 0; affine < 2; affine++) {
+                outs fast = {0}, ref = {0};
+                assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+                atomic_store(&nt__cpu_ref_paths, 0);
+                bn_run(shapes[s], affine, &fast);
+                atomic_store(&nt__cpu_ref_paths, 1);
+                bn_run(shapes[s], affine, &ref);
+                atomic_store(&nt__cpu_ref_paths, 0);
+                char what[80];
+                snprintf(what, sizeof what, "batch_norm %s shape %zu affine %d",
+                         nt__gemm_isa_label(isas[q]), s, affine);
+                compare(what, &fast, &ref);
+            }
+    }
+    nt__gemm_set_isa(-1);
 }
 
 /* ---------------- convolutions ---------------- */
@@ -206,11 +217,84 @@ static void test_conv_paths(void **state)
     }
 }
 
+/* ---------------- 2 x 2 max pooling ---------------- */
+
+/* max_pool2d 2 x 2 of x [sh] (values from a few levels, so windows tie;
+ * NaNs, infinities and signed zeros at fixed places), then the backward of
+ * sum(y * g): y, the positions, dx. */
+static void pool_run(const int64_t *sh, outs *o)
+{
+    nt_scope *sc = nt_scope_begin();
+    int64_t n = nt_test_numel(4, sh);
+    float *v = malloc(sizeof(float) * (size_t)n);
+    assert_non_null(v);
+    uint64_t st = 31;
+    for (int64_t i = 0; i < n; i++)
+        v[i] = (float)(int)(7.0 * nt_test_uniform(&st)) - 3.0f;
+    static const float ev[] = {NAN, -INFINITY, -0.0f, INFINITY, 0.0f, -NAN};
+    for (int64_t i = 0; i * 13 < n; i++)
+        if (i % 3 == 0)
+            v[i * 13] = ev[(i / 3) % 6];
+    nt_tensor *x = nt_from_host(v, NT_F32, 4, sh), *idx = NULL;
+    free(v);
+    assert_int_equal(nt_set_requires_grad(x, true), 0);
+    nt_tensor *y = nt_max_pool2d(x, SH(2, 2), NULL, NULL, NULL, false, &idx);
+    if (!y)
+        fail_msg("max_pool2d: %s", nt_last_error_message());
+    int64_t gs[4];
+    for (int d = 0; d < 4; d++)
+        gs[d] = nt_shape(y, d);
+    /* the gradient with the edge values, a NaN of another payload and -0
+     * (+0 + -0 is +0) */
+    int64_t ng = nt_test_numel(4, gs);
+    float *gv = host(input(4, gs, 33, true), &ng);
+    uint32_t nanbits = 0x7fa00001u;
+    for (int64_t i = 5; i < ng; i += 29)
+        memcpy(&gv[i], &nanbits, sizeof nanbits), gv[i - 1] = -0.0f;
+    nt_tensor *g = nt_from_host(gv, NT_F32, 4, gs);
+    free(gv);
+    assert_int_equal(nt_backward_full(y, g, false, false), 0);
+    keep(o, y), keep(o, idx), keep(o, nt_grad(x));
+    nt_scope_end(sc);
+}
+
+static void test_pool_2x2_paths(void **state)
+{
+    (void)state;
+    /* output widths of 1 to 17 (vectors of 8 and 16 windows with and
+     * without a tail), odd H and W (a last row and column no window
+     * reads), the CNN's 28 x 28 and 14 x 14 planes */
+    static const int64_t shapes[][4] = {
+        {2, 3, 4, 2},  {1, 2, 5, 7},   {3, 2, 6, 16},  {2, 1, 3, 17}, {2, 3, 8, 18},
+        {1, 4, 9, 33}, {2, 2, 4, 35},  {3, 5, 28, 28}, {2, 7, 14, 14}, {1, 1, 2, 34},
+    };
+    int isas[] = {NT_ISA_AVX2, NT_ISA_AVX512};
+    assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+    for (size_t q = 0; q < sizeof isas / sizeof isas[0]; q++) {
+        if (!nt__gemm_isa_runs(isas[q]))
+            continue;
+        assert_int_equal(nt__gemm_set_isa(isas[q]), 0);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            outs fast = {0}, ref = {0};
+            atomic_store(&nt__cpu_ref_paths, 0);
+            pool_run(shapes[s], &fast);
+            atomic_store(&nt__cpu_ref_paths, 1);
+            pool_run(shapes[s], &ref);
+            atomic_store(&nt__cpu_ref_paths, 0);
+            char what[64];
+            snprintf(what, sizeof what, "max_pool2d %s shape %zu", nt__gemm_isa_label(isas[q]), s);
+            compare(what, &fast, &ref);
+        }
+    }
+    nt__gemm_set_isa(-1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_bn_by_channel, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_conv_paths, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_pool_2x2_paths, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
