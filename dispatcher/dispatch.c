@@ -72,7 +72,7 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
     for (int i = 0; i < nin; i++) {
         nt_tensor *t = in[i];
         c->in[i] = t;
-        bad |= !t || t->magic != NT__MAGIC_LIVE;
+        bad |= !t || t->magic != NT__MAGIC_LIVE || nt__storage_released(t->st);
         other |= t && t->dev != dev;
     }
     if (bad) {
@@ -91,7 +91,8 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
                 p++;
             if (optional && !in[i])
                 continue;
-            if (!nt__check_arg(site, fn, name, in[i]))
+            if (!nt__check_arg(site, fn, name, in[i]) ||
+                !nt__check_resident(site, fn, name, in[i]))
                 return false;
         }
     }
