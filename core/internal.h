@@ -481,6 +481,17 @@ static inline bool nt__storage_released(const nt__storage *st)
 {
     return __atomic_load_n(&st->released, __ATOMIC_ACQUIRE);
 }
+/* Storages released and neither refilled nor freed, in the process
+ * (core/tensor.c). The dispatcher reads it before each input's flag, so a
+ * program that never releases pays one load an op, not one storage line an
+ * input. Relaxed: a release on one host thread and an op on another that
+ * reads the same storage with nothing ordering them is the caller's race;
+ * the worker side checks `gone`, not this. */
+extern uint64_t nt__n_released;
+static inline bool nt__any_released(void)
+{
+    return __atomic_load_n(&nt__n_released, __ATOMIC_RELAXED) != 0;
+}
 
 static inline void *nt__storage_data(nt__storage *st)
 {

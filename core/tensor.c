@@ -479,6 +479,8 @@ void nt__storage_unref(nt__storage *st)
         /* released: its data's bytes went back at the release (the record
          * that gave the block back held a reference, so it has run) */
         bool rel = __atomic_load_n(&st->released, __ATOMIC_ACQUIRE);
+        if (rel) /* dies released: no longer counted */
+            __atomic_fetch_sub(&nt__n_released, 1, __ATOMIC_RELAXED);
         if (!st->deferred) {
             if (st->hostdead)
                 nt__arena_free_pended(st, NT_ST_HDR + st->nbytes, 0, dev);
@@ -771,8 +773,12 @@ static const char *tensor_desc(const nt_tensor *t, char *buf, size_t n)
     return buf;
 }
 
+uint64_t nt__n_released;
+
 bool nt__check_resident(const nt_site *site, const char *fn, const char *arg, const nt_tensor *t)
 {
+    if (!nt__any_released())
+        return true;
     if (!nt__storage_released(t->st))
         return true;
     char d[256];
@@ -803,6 +809,7 @@ int nt__storage_release_begin(const nt_site *site, const char *fn, nt_tensor *t,
     st->rel_version = AO_load(&st->version);
     st->rel_sid = nt__arena_pend(sid, st->nbytes, st->dev);
     __atomic_store_n(&st->released, 1, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&nt__n_released, 1, __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -840,6 +847,7 @@ int nt__storage_refill_begin(const nt_site *site, const char *fn, nt_tensor *t, 
                        (unsigned long long)nt__arena_live_on(st->dev),
                        (unsigned long long)nt__arena_capacity());
     __atomic_store_n(&st->released, 0, __ATOMIC_RELEASE);
+    __atomic_fetch_sub(&nt__n_released, 1, __ATOMIC_RELAXED);
     return 0;
 }
 

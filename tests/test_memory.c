@@ -36,6 +36,9 @@ static void start(const char *hbm, const char *mode)
 static void stop(void)
 {
     nt_shutdown();
+    /* every storage released was refilled or has died: ops check no
+     * storage's flag again (nt__any_released) */
+    assert_false(nt__any_released());
     unsetenv("NT_HBM_BYTES");
     unsetenv("NT_MAX_INFLIGHT_BYTES");
 }
