@@ -296,6 +296,20 @@ typedef struct nt__storage {
     volatile AO_t version;    /* bumped at enqueue of every in-place write */
     volatile AO_t hrefs;      /* handles on it with user references (refs > 0) */
     volatile uint8_t xstream; /* used by ops of more than one stream */
+    /* Its memory given back while its handles stay (nt__storage_release_
+     * begin .. nt__storage_refill_begin, dispatcher/resident.c): released is
+     * the host's view, set and cleared at those calls and read by every op
+     * that takes the storage as an argument; gone is the workers' view, set
+     * where the release runs in stream order (data is NULL from then on)
+     * and cleared where the refill runs.  Both atomic: one is read by other
+     * host threads and by the thread that frees the storage, the other by
+     * the worker of another stream. */
+    volatile uint8_t released;
+    volatile uint8_t gone;
+    uint32_t rel_sid;      /* released: the stream pool its bytes were credited
+                              to (nt__arena_pend), 0 = none */
+    uint64_t rel_version;  /* released: its version before the release, which
+                              the refill puts back */
 } nt__storage;
 
 /* Packed (stream id, seq): the seq of an op on a stream, 0 = none. */
@@ -432,6 +446,52 @@ void *nt__storage_materialize(nt__storage *st);
  * when the host is out of memory (kernels are materialized beforehand by
  * nt__rec_materialize, which reports it). */
 void *nt__storage_data_slow(nt__storage *st);
+
+/* Releasing a big storage's memory while its handles (and the views
+ * autograd saved) stay, then filling it again with the same bits: the
+ * storage half of ZeRO-3's free-after-forward (docs/sharding.md); the
+ * calls that queue the work are nt__mem_release / nt__mem_refill
+ * (dispatcher/dispatch.h).
+ * - nt__storage_release_begin (host): checks t (a live handle on a big,
+ *   resident storage that no captured program owns: else an error naming
+ *   fn, nothing changed), remembers the version, and gives the data's
+ *   bytes back to the arena's accounting now -- waiting, credited to stream
+ *   sid's pool (0: none), so nt_device_bytes_live falls at this call -- and
+ *   marks the storage released.  The block itself goes in
+ * - nt__storage_release_run (a stream worker, or the host in deterministic
+ *   mode), queued after the storage's last reader: the block back, data
+ *   NULL, gone set.
+ * - nt__storage_refill_begin (host): the capacity reserved again on the
+ *   storage's device (for an op of stream sid); NT_ENOMEM naming fn and
+ *   the bytes leaves it released.  Then released is clear, and
+ * - nt__storage_refill_run, queued before the write that fills it, clears
+ *   gone: the writer's kernel takes a block at first use as for a new
+ *   storage.  The caller puts rel_version back after queueing that write.
+ * A small storage (data in the header's block, nbytes <= 3968) is refused
+ * (NT_ENOTSUP): its bytes are a fraction of a header's cost to track, and
+ * its block cannot be given back without the header. */
+int nt__storage_release_begin(const nt_site *site, const char *fn, nt_tensor *t, uint32_t sid);
+void nt__storage_release_run(void *st);
+int nt__storage_refill_begin(const nt_site *site, const char *fn, nt_tensor *t, uint32_t sid);
+void nt__storage_refill_run(void *st);
+/* False, with NT_ESTATE naming fn, arg and the tensor, if t's storage is
+ * released (t must be a live handle). */
+bool nt__check_resident(const nt_site *site, const char *fn, const char *arg, const nt_tensor *t);
+static inline bool nt__storage_released(const nt__storage *st)
+{
+    return __atomic_load_n(&st->released, __ATOMIC_ACQUIRE);
+}
+/* Storages released and neither refilled nor freed, in the process
+ * (core/tensor.c). The dispatcher reads it before each input's flag, so a
+ * program that never releases pays one load an op, not one storage line an
+ * input. Relaxed: a release on one host thread and an op on another that
+ * reads the same storage with nothing ordering them is the caller's race;
+ * the worker side checks `gone`, not this. */
+extern uint64_t nt__n_released;
+static inline bool nt__any_released(void)
+{
+    return __atomic_load_n(&nt__n_released, __ATOMIC_RELAXED) != 0;
+}
 
 static inline void *nt__storage_data(nt__storage *st)
 {

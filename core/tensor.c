@@ -433,7 +433,8 @@ void *nt__storage_materialize(nt__storage *st)
         return d;
     g_mutex_lock(&materialize_lock);
     d = st->data;
-    if (!d && st->deferred) {
+    /* gone: released, and its refill not reached yet -- no block to give */
+    if (!d && st->deferred && !__atomic_load_n(&st->gone, __ATOMIC_ACQUIRE)) {
         d = nt__arena_alloc_reserved(st->nbytes, st->dev);
         if (d)
             __atomic_store_n(&st->data, d, __ATOMIC_RELEASE);
@@ -445,6 +446,15 @@ void *nt__storage_materialize(nt__storage *st)
 void *nt__storage_data_slow(nt__storage *st)
 {
     void *d = nt__storage_materialize(st);
+    if (!d && __atomic_load_n(&st->gone, __ATOMIC_ACQUIRE)) {
+        /* the host refuses every read of a released storage
+         * (nt__check_resident): reaching here is the runtime's own bug */
+        fprintf(stderr,
+                "ntensor: fatal: read of storage #%llu (%zu bytes) whose memory was released "
+                "(nt__mem_release) and not refilled\n",
+                (unsigned long long)st->id, st->nbytes);
+        abort();
+    }
     if (!d) {
         fprintf(stderr, "ntensor: fatal: out of host memory for a %zu-byte tensor\n",
                 st->nbytes);
@@ -466,6 +476,11 @@ void nt__storage_unref(nt__storage *st)
             return;
         }
         int dev = st->dev; /* the header goes back last: read nothing of it after */
+        /* released: its data's bytes went back at the release (the record
+         * that gave the block back held a reference, so it has run) */
+        bool rel = __atomic_load_n(&st->released, __ATOMIC_ACQUIRE);
+        if (rel) /* dies released: no longer counted */
+            __atomic_fetch_sub(&nt__n_released, 1, __ATOMIC_RELAXED);
         if (!st->deferred) {
             if (st->hostdead)
                 nt__arena_free_pended(st, NT_ST_HDR + st->nbytes, 0, dev);
@@ -474,11 +489,14 @@ void nt__storage_unref(nt__storage *st)
             return;
         }
         if (st->hostdead) {
-            nt__arena_free_pended(st->data, st->nbytes, st->pend_sid, dev);
+            if (!rel)
+                nt__arena_free_pended(st->data, st->nbytes, st->pend_sid, dev);
             nt__arena_free_pended(st, NT_ST_HDR, 0, dev);
             return;
         }
-        if (st->data)
+        if (rel)
+            ; /* nothing of its data left to give back */
+        else if (st->data)
             nt__arena_free(st->data, st->nbytes, dev);
         else
             nt__arena_unreserve(st->nbytes, dev); /* never touched: never took a block */
@@ -727,6 +745,13 @@ static void host_release(nt_tensor *t)
         __atomic_store_n(&st->hostdead, 1, __ATOMIC_RELEASE);
         return;
     }
+    if (nt__storage_released(st)) {
+        /* its data's bytes went back at the release: the header waits */
+        st->pend_sid = 0;
+        nt__arena_pend(0, NT_ST_HDR, st->dev);
+        __atomic_store_n(&st->hostdead, 1, __ATOMIC_RELEASE);
+        return;
+    }
     uint64_t lw = AO_load(&st->last_write), lr = AO_load(&st->last_read);
     uint32_t sw = NT__PACK_SID(lw), sr = NT__PACK_SID(lr);
     uint32_t sid = sr ? sr : sw;
@@ -735,6 +760,103 @@ static void host_release(nt_tensor *t)
     st->pend_sid = nt__arena_pend(sid, st->nbytes, st->dev);
     nt__arena_pend(0, NT_ST_HDR, st->dev); /* its header waits too, not lent */
     __atomic_store_n(&st->hostdead, 1, __ATOMIC_RELEASE);
+}
+
+/* ---------------- releasing a storage's memory (internal.h) ---------------- */
+
+static const char *tensor_desc(const nt_tensor *t, char *buf, size_t n)
+{
+    char sh[128];
+    snprintf(buf, n, "tensor #%llu (%s %s, made at %s:%d)", (unsigned long long)t->id,
+             nt_dtype_name((nt_dtype)t->dtype), nt__shape_str(t->ndim, t->shape, sh, sizeof sh),
+             t->site.file ? t->site.file : "?", t->site.line);
+    return buf;
+}
+
+uint64_t nt__n_released;
+
+bool nt__check_resident(const nt_site *site, const char *fn, const char *arg, const nt_tensor *t)
+{
+    if (!nt__any_released())
+        return true;
+    if (!nt__storage_released(t->st))
+        return true;
+    char d[256];
+    nt__err(site, NT_ESTATE, fn,
+            "argument '%s' is %s, whose storage's memory was released (nt__mem_release) and "
+            "not refilled: refill it (nt__mem_refill) before reading it",
+            arg, tensor_desc(t, d, sizeof d));
+    return false;
+}
+
+int nt__storage_release_begin(const nt_site *site, const char *fn, nt_tensor *t, uint32_t sid)
+{
+    nt__storage *st = t->st;
+    char d[256];
+    if (nt__storage_released(st))
+        return nt__err(site, NT_ESTATE, fn, "argument 't' is %s, whose storage is released already",
+                       tensor_desc(t, d, sizeof d));
+    if (st->borrowed || st->cap)
+        return nt__err(site, NT_ENOTSUP, fn,
+                       "argument 't' is %s, whose storage belongs to a captured program's memory "
+                       "plan; its memory cannot be released", tensor_desc(t, d, sizeof d));
+    if (!st->deferred)
+        return nt__err(site, NT_ENOTSUP, fn,
+                       "argument 't' is %s, whose storage is small (%zu bytes, kept in its "
+                       "header's block, at most %d); only a bigger storage's memory can be "
+                       "released, a small one stays", tensor_desc(t, d, sizeof d), st->nbytes,
+                       (int)NT_ST_INLINE_MAX);
+    st->rel_version = AO_load(&st->version);
+    st->rel_sid = nt__arena_pend(sid, st->nbytes, st->dev);
+    __atomic_store_n(&st->released, 1, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&nt__n_released, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+void nt__storage_release_run(void *arg)
+{
+    nt__storage *st = arg;
+    /* every earlier reader and writer has run (the record's place in its
+     * stream, and its waits on the others); the lock orders this against a
+     * materialize of another thread all the same */
+    g_mutex_lock(&materialize_lock);
+    void *d = st->data;
+    __atomic_store_n(&st->data, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&st->gone, 1, __ATOMIC_RELEASE);
+    g_mutex_unlock(&materialize_lock);
+    nt__arena_free_pended(d, st->nbytes, st->rel_sid, st->dev);
+}
+
+int nt__storage_refill_begin(const nt_site *site, const char *fn, nt_tensor *t, uint32_t sid)
+{
+    nt__storage *st = t->st;
+    char d[256];
+    if (!nt__storage_released(st))
+        return nt__err(site, NT_ESTATE, fn, "argument 't' is %s, whose storage is not released",
+                       tensor_desc(t, d, sizeof d));
+    nt__alloc_dev = st->dev;
+    nt__alloc_sid = sid;
+    bool ok = nt__arena_reserve(st->nbytes);
+    nt__alloc_sid = 0;
+    nt__alloc_dev = 0;
+    if (!ok)
+        return nt__err(site, NT_ENOMEM, fn,
+                       "no room on device %d for the %zu bytes of %s (%llu of %llu bytes live); "
+                       "its storage stays released",
+                       (int)st->dev, st->nbytes, tensor_desc(t, d, sizeof d),
+                       (unsigned long long)nt__arena_live_on(st->dev),
+                       (unsigned long long)nt__arena_capacity());
+    __atomic_store_n(&st->released, 0, __ATOMIC_RELEASE);
+    __atomic_fetch_sub(&nt__n_released, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+void nt__storage_refill_run(void *arg)
+{
+    nt__storage *st = arg;
+    g_mutex_lock(&materialize_lock);
+    __atomic_store_n(&st->gone, 0, __ATOMIC_RELEASE);
+    g_mutex_unlock(&materialize_lock);
 }
 
 NT_API int nt_release(nt_tensor *t)

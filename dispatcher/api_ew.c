@@ -545,10 +545,12 @@ static int inplace_binary(const nt_site *site, const char *fn, int op, nt_tensor
     return inplace_end(&c);
 }
 
-NT_API int nt_copy_into_at(const nt_site *site, nt_tensor *dst, nt_tensor *src)
+/* nt_copy_into, recording an autograd node unless no_grad */
+static int copy_into(const nt_site *site, const char *fn, nt_tensor *dst, nt_tensor *src,
+                     bool no_grad)
 {
     nt__call c;
-    if (!inplace_begin(&c, site, "nt_copy_into", NT_OP_COPY, dst, src, true)) {
+    if (!inplace_begin(&c, site, fn, NT_OP_COPY, dst, src, true)) {
         nt__call_fail(&c);
         return nt_last_error();
     }
@@ -558,7 +560,18 @@ NT_API int nt_copy_into_at(const nt_site *site, nt_tensor *dst, nt_tensor *src)
     c.tmp[0] = c.tmp[1];
     c.tmp[1] = NULL;
     c.nin = 1;
+    c.no_grad = no_grad;
     return inplace_end(&c);
+}
+
+NT_API int nt_copy_into_at(const nt_site *site, nt_tensor *dst, nt_tensor *src)
+{
+    return copy_into(site, "nt_copy_into", dst, src, false);
+}
+
+int nt__copy_into_nograd(const nt_site *site, const char *fn, nt_tensor *dst, nt_tensor *src)
+{
+    return copy_into(site, fn, dst, src, true);
 }
 
 int nt__add_scalar_into(const nt_site *site, const char *fn, nt_tensor *dst, nt_tensor *src,

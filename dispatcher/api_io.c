@@ -203,6 +203,8 @@ int nt__wait_tensor(const nt_site *site, const char *fn, nt_tensor *t)
 {
     if (nt__capturing())
         return nt__capture_refuse(site, fn);
+    if (!nt__check_resident(site, fn, "t", t))
+        return nt_last_error();
     NT__COUNT(syncs, 1);
     uint64_t lw = AO_load_acquire(&t->st->last_write);
     bool traced = nt__trace_enabled();

@@ -66,13 +66,15 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
         return false;
     /* Every input live (a handle of an ended runtime reads NT__MAGIC_OLD:
      * this compare is its epoch check too) and on the device of the
-     * stream the op goes to: both on the handle's first line. */
+     * stream the op goes to: both on the handle's first line. A released
+     * storage (nt__mem_release) fails it too, looked at only while some
+     * storage is released. */
     uint8_t dev = nt__stream_current()->dev;
-    bool bad = false, other = false;
+    bool bad = false, other = false, any_rel = nt__any_released();
     for (int i = 0; i < nin; i++) {
         nt_tensor *t = in[i];
         c->in[i] = t;
-        bad |= !t || t->magic != NT__MAGIC_LIVE;
+        bad |= !t || t->magic != NT__MAGIC_LIVE || (any_rel && nt__storage_released(t->st));
         other |= t && t->dev != dev;
     }
     if (bad) {
@@ -91,7 +93,8 @@ bool nt__call_begin(nt__call *c, const nt_site *site, const char *fn, int op, in
                 p++;
             if (optional && !in[i])
                 continue;
-            if (!nt__check_arg(site, fn, name, in[i]))
+            if (!nt__check_arg(site, fn, name, in[i]) ||
+                !nt__check_resident(site, fn, name, in[i]))
                 return false;
         }
     }

@@ -167,6 +167,33 @@ nt_tensor *nt__linrec(const nt_site *site, nt_tensor *a, nt_tensor *b, int dim);
  * op: autograd's slice gradients, tape.c); 0 or the error code. */
 int nt__add_scalar_into(const nt_site *site, const char *fn, nt_tensor *dst, nt_tensor *src,
                         double s);
+/* nt_copy_into that records no autograd node, whatever dst and src carry
+ * (nt__mem_refill: a refill restores the bits a node saved, it is not a
+ * write the graph should see); 0 or the error code. */
+int nt__copy_into_nograd(const nt_site *site, const char *fn, nt_tensor *dst, nt_tensor *src);
+/* A big storage's device memory given back while its handles stay, and
+ * filled again with the same bits (dispatcher/resident.c; the storage's
+ * side is core/internal.h, nt__storage_release_begin).  Errors name fn.
+ * nt__mem_release(t): queues the release of t's storage's block on the
+ * current stream after every op queued so far that reads or writes it
+ * (on any stream); t's bytes leave nt_device_bytes_live at this call.
+ * From then on any op, sync or collective that reads a view of that
+ * storage is refused (NT_ESTATE naming the call, the argument and the
+ * tensor) until the refill.  A small storage (<= 3968 bytes) is refused
+ * (NT_ENOTSUP) and stays; so is one made during a capture, and the call is
+ * refused while the thread or stream captures.
+ * nt__mem_refill(t, src): t, the whole storage as one contiguous view
+ * (offset 0, its bytes), is filled from src (same dtype and shape, any
+ * storage): the capacity is reserved again here -- NT_ENOMEM naming the
+ * bytes leaves t released and nothing queued -- and a copy queued on the
+ * current stream writes it, taking a block when it runs.  The storage's
+ * version is put back to what it was before the release, so the views
+ * autograd saved of it pass their version check.  Neither call records an
+ * autograd node.  Thread-safety: as any op on t; the release and the
+ * refill of one storage are the caller's to order (one thread, or its own
+ * lock). */
+int nt__mem_release(const nt_site *site, const char *fn, nt_tensor *t);
+int nt__mem_refill(const nt_site *site, const char *fn, nt_tensor *t, nt_tensor *src);
 /* The losses' shared pieces (dispatcher/api_nn.c): labels y [M] checked
  * against [0, C) when they run (the returned labels carry the check's
  * error), and [N, C, d1, ...] viewed as [N * d1 * ..., C] rows. */

@@ -782,7 +782,7 @@ static int check_inputs(const nt_site *site, const char *fn, nt__coll_kind kind,
                                i, root);
             continue;
         }
-        if (!nt__check_arg(site, fn, name, in[i]))
+        if (!nt__check_arg(site, fn, name, in[i]) || !nt__check_resident(site, fn, name, in[i]))
             return nt_last_error();
         int d = tensor_dev(in[i]);
         if (d != cm->dev[i])

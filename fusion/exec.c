@@ -63,11 +63,16 @@ nt__errobj *nt__rec_error(const nt__rec *r, int code, const char *msg)
 }
 
 /* A tensor's block, taken now if deferred; false (kernel error set) if the
- * host is out of memory. */
+ * host is out of memory, or if its storage was released (the callers'
+ * code stays NT_EHOSTMEM: the host refuses such a read before it is
+ * queued, nt__check_resident, so this is only a guard). */
 static bool ready(const nt_tensor *t)
 {
     if (!t || __atomic_load_n(&t->st->data, __ATOMIC_ACQUIRE) || nt__storage_materialize(t->st))
         return true;
+    if (__atomic_load_n(&t->st->gone, __ATOMIC_ACQUIRE)) /* the host refuses this first */
+        return nt__kerr(NT_ESTATE, "the storage of a %s tensor was released (nt__mem_release) "
+                        "and not refilled", nt_dtype_name((nt_dtype)t->dtype)), false;
     nt__kerr(NT_EHOSTMEM, "out of host memory for the %zu-byte storage of a %s tensor",
              t->st->nbytes, nt_dtype_name((nt_dtype)t->dtype));
     return false;

@@ -16,6 +16,7 @@
 #include "core/internal.h"
 #include "nt_test.h"
 #include "bench/models.h"
+#include "dispatcher/dispatch.h"
 
 static const char *const modes[] = {"deterministic", "eager", "adaptive", "lazy"};
 #define NMODES 4
@@ -35,6 +36,9 @@ static void start(const char *hbm, const char *mode)
 static void stop(void)
 {
     nt_shutdown();
+    /* every storage released was refilled or has died: ops check no
+     * storage's flag again (nt__any_released) */
+    assert_false(nt__any_released());
     unsetenv("NT_HBM_BYTES");
     unsetenv("NT_MAX_INFLIGHT_BYTES");
 }
@@ -640,6 +644,293 @@ static void test_big_blocks_on_2m(void **state)
     stop();
 }
 
+/* ---- a storage's memory released and refilled (dispatcher/resident.c) ---- */
+
+#define RK 128
+#define RN 256 /* the "gathered" parameter: [RK, RN] f32 = 131072 bytes, one class */
+
+static const char *const backends2[] = {"cpu", "sim"};
+
+static nt_tensor *ramp(int64_t r, int64_t c, double scale)
+{
+    float *v = malloc(sizeof(float) * (size_t)(r * c));
+    assert_non_null(v);
+    for (int64_t i = 0; i < r * c; i++)
+        v[i] = (float)(scale * (double)((i * 37 + 11) % 101 - 50) / 64.0);
+    nt_tensor *t = nt_from_host(v, NT_F32, 2, (int64_t[]){r, c});
+    free(v);
+    assert_non_null(t);
+    return t;
+}
+
+/* One step of the ZeRO-3 pattern on one device: g, gathered from the
+ * leaf p (here p * 1, which keeps the bits), is read by a matmul that
+ * saves it; with `release`, g's memory goes after the forward, the live
+ * bytes fall by its size at that call, and before the backward it is
+ * refilled from a second gather.  Writes the loss and p's gradient. */
+static void zero3_step(bool release, float *loss_out, float *grad_out)
+{
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *x = ramp(32, RK, 1.0);
+    nt_tensor *p = ramp(RK, RN, 0.5);
+    nt_set_requires_grad(p, true);
+    nt_tensor *g = nt_mul_scalar(p, 1.0);
+    nt_tensor *h = nt_tanh(nt_matmul(x, g));
+    nt_tensor *loss = nt_mean(nt_mul(h, h), NT_DIM_ALL, false);
+    assert_non_null(loss);
+    if (release) {
+        assert_int_equal(nt_sync(), 0);
+        int64_t live0 = nt_device_bytes_live(0);
+        assert_int_equal(nt__mem_release(NULL, "zero3_step", g), 0);
+        int64_t live1 = nt_device_bytes_live(0);
+        assert_int_equal(live0 - live1, RK * RN * 4); /* at the call */
+        assert_int_equal(nt_sync(), 0);
+        assert_null(__atomic_load_n(&g->st->data, __ATOMIC_ACQUIRE)); /* the block went */
+        assert_int_equal(nt_device_bytes_live(0), live1);
+        nt_no_grad_begin();
+        nt_tensor *again = nt_mul_scalar(p, 1.0); /* the backward's gather */
+        nt_no_grad_end();
+        assert_int_equal(nt__mem_refill(NULL, "zero3_step", g, again), 0);
+        nt_release(again);
+    }
+    assert_int_equal(nt_backward(loss), 0);
+    nt_tensor *gp = nt_grad(p);
+    assert_non_null(gp);
+    assert_int_equal(nt_to_host(loss, loss_out, sizeof *loss_out), 0);
+    assert_int_equal(nt_to_host(gp, grad_out, sizeof(float) * RK * RN), 0);
+    nt_scope_end(sc);
+}
+
+/* Released after a forward that saved it, refilled before the backward:
+ * the same bits as without the release, on both backends in every mode;
+ * nothing leaks (the device's bytes all come back). */
+static void test_release_refill_same_bits(void **state)
+{
+    (void)state;
+    static float ref_g[RK * RN], got_g[RK * RN], first_g[RK * RN];
+    float ref_l = 0, got_l = 0, first_l = 0;
+    for (int be = 0; be < 2; be++)
+        for (int m = 0; m < NMODES; m++) {
+            setenv("NT_BACKEND", backends2[be], 1);
+            start(NULL, modes[m]);
+            zero3_step(false, &ref_l, ref_g);
+            zero3_step(true, &got_l, got_g);
+            if (memcmp(&ref_l, &got_l, sizeof ref_l) || memcmp(ref_g, got_g, sizeof ref_g))
+                fail_msg("%s %s: release + refill changed the bits", backends2[be], modes[m]);
+            if (be == 0 && m == 0) {
+                first_l = ref_l;
+                memcpy(first_g, ref_g, sizeof ref_g);
+            } else if (memcmp(&ref_l, &first_l, sizeof ref_l) ||
+                       memcmp(ref_g, first_g, sizeof ref_g)) { /* sim == cpu, every mode */
+                fail_msg("%s %s: not the bits of cpu deterministic", backends2[be], modes[m]);
+            }
+            assert_int_equal(nt_sync(), 0);
+            nt_stats st;
+            nt_stats_get(&st);
+            assert_int_equal(st.device_bytes_in_use, 0);
+            assert_int_equal(st.device_bytes_waiting, 0);
+            stop();
+        }
+    unsetenv("NT_BACKEND");
+}
+
+/* While released, every read of any view of the storage is refused at the
+ * call, naming it and the tensor: an op, a view, a sync, a backward that
+ * needs the saved value; nothing stale is ever read.  The handles can
+ * still be released, before or after the release has run, and the bytes
+ * all come back. */
+static void test_read_while_released(void **state)
+{
+    (void)state;
+    for (int m = 0; m < NMODES; m++) {
+        start(NULL, modes[m]);
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *p = ramp(RK, RN, 1.0);
+        nt_set_requires_grad(p, true);
+        nt_tensor *g = nt_mul_scalar(p, 1.0);
+        nt_tensor *gt = nt_transpose(g, 0, 1); /* a view kept from before */
+        nt_tensor *loss = nt_sum(nt_mul(g, g), NT_DIM_ALL, false);
+        assert_non_null(loss);
+        assert_int_equal(nt__mem_release(NULL, "test_release", g), 0);
+        static float v[RK * RN];
+        assert_int_equal(nt_to_host(g, v, sizeof v), NT_ESTATE);
+        assert_non_null(strstr(nt_last_error_message(), "nt_to_host"));
+        assert_non_null(strstr(nt_last_error_message(), "released"));
+        nt_clear_error();
+        assert_null(nt_add(gt, gt));
+        assert_int_equal(nt_last_error(), NT_ESTATE);
+        assert_non_null(strstr(nt_last_error_message(), "nt_add"));
+        assert_non_null(strstr(nt_last_error_message(), "nt__mem_refill"));
+        if (m == 0)
+            print_message("# %s\n", nt_last_error_message());
+        nt_clear_error();
+        assert_null(nt_reshape(g, 1, (int64_t[]){RK * RN}));
+        assert_int_equal(nt_last_error(), NT_ESTATE);
+        nt_clear_error();
+        /* the backward reads the saved g: refused, naming the release */
+        assert_int_not_equal(nt_backward(loss), 0);
+        assert_non_null(strstr(nt_last_error_message(), "released"));
+        if (m == 0)
+            print_message("# %s\n", nt_last_error_message());
+        nt_clear_error();
+        /* a second release, and a refill of what is not released */
+        assert_int_equal(nt__mem_release(NULL, "test_release", gt), NT_ESTATE);
+        assert_non_null(strstr(nt_last_error_message(), "released already"));
+        nt_clear_error();
+        assert_int_equal(nt__mem_refill(NULL, "test_refill", p, p), NT_ESTATE);
+        assert_non_null(strstr(nt_last_error_message(), "not released"));
+        nt_clear_error();
+        /* a released source */
+        nt_tensor *h = nt_zeros(NT_F32, 2, (int64_t[]){RK, RN});
+        assert_int_equal(nt__mem_release(NULL, "test_release", h), 0);
+        assert_int_equal(nt__mem_refill(NULL, "test_refill", h, g), NT_ESTATE);
+        assert_non_null(strstr(nt_last_error_message(), "'src'"));
+        nt_clear_error();
+        if (m & 1)
+            assert_int_equal(nt_sync(), 0); /* the release ran before the handles go */
+        nt_scope_end(sc);
+        assert_int_equal(nt_sync(), 0);
+        nt_stats st;
+        nt_stats_get(&st);
+        assert_int_equal(st.device_bytes_in_use, 0);
+        assert_int_equal(st.device_bytes_live, 0);
+        stop();
+    }
+}
+
+/* The refill's arguments and the storages that cannot be released: each a
+ * clear error naming the call, nothing changed. */
+static void test_release_refused(void **state)
+{
+    (void)state;
+    start(NULL, "eager");
+    nt_tensor *small = nt_full(NT_F32, 1, (int64_t[]){16}, 2.0);
+    assert_int_equal(nt__mem_release(NULL, "test_release", small), NT_ENOTSUP);
+    assert_non_null(strstr(nt_last_error_message(), "test_release"));
+    assert_non_null(strstr(nt_last_error_message(), "small (64 bytes"));
+    nt_clear_error();
+    assert_true(sum_of(small) == 32.0); /* it stays */
+    assert_int_equal(nt__mem_release(NULL, "test_release", NULL), NT_EINVAL);
+    nt_clear_error();
+
+    nt_tensor *g = nt_full(NT_F32, 2, (int64_t[]){RK, RN}, 3.0);
+    nt_tensor *row = nt_slice(g, 0, 1, RK, 1);
+    assert_int_equal(nt__mem_release(NULL, "test_release", row), 0); /* any view: its storage */
+    nt_tensor *src = nt_full(NT_F32, 2, (int64_t[]){RK, RN}, 3.0);
+    assert_int_equal(nt__mem_refill(NULL, "test_refill", row, src), NT_EINVAL);
+    assert_non_null(strstr(nt_last_error_message(), "whole storage"));
+    nt_clear_error();
+    nt_tensor *wrong = nt_full(NT_F32, 2, (int64_t[]){RN, RK}, 3.0);
+    assert_int_equal(nt__mem_refill(NULL, "test_refill", g, wrong), NT_ESHAPE);
+    nt_clear_error();
+    nt_tensor *bf = nt_full(NT_BF16, 2, (int64_t[]){RK, RN}, 3.0);
+    assert_int_equal(nt__mem_refill(NULL, "test_refill", g, bf), NT_EDTYPE);
+    nt_clear_error();
+    assert_int_equal(nt__mem_refill(NULL, "test_refill", g, NULL), NT_EINVAL);
+    nt_clear_error();
+    /* still released after each refusal; then a good refill */
+    assert_null(nt_sum(row, NT_DIM_ALL, false));
+    assert_int_equal(nt_last_error(), NT_ESTATE);
+    nt_clear_error();
+    assert_int_equal(nt__mem_refill(NULL, "test_refill", g, src), 0);
+    assert_true(sum_of(g) == 3.0 * RK * RN);
+    assert_true(sum_of(row) == 3.0 * (RK - 1) * RN);
+
+    /* not while capturing */
+    assert_int_equal(nt_graph_capture_begin(), 0);
+    assert_int_equal(nt__mem_release(NULL, "test_release", g), NT_ESTATE);
+    assert_non_null(strstr(nt_last_error_message(), "capturing"));
+    nt_clear_error();
+    nt_graph *cg = nt_graph_capture_end();
+    nt_graph_destroy(cg);
+    nt_clear_error();
+    nt_release(bf);
+    nt_release(wrong);
+    nt_release(src);
+    nt_release(row);
+    nt_release(g);
+    nt_release(small);
+    stop();
+}
+
+/* Refill under pressure: with the device full of other live tensors the
+ * refill is NT_ENOMEM naming the call and the bytes, the storage stays
+ * released (and refused), and once room is made the refill gives the same
+ * values.  Every mode. */
+static void test_refill_enomem(void **state)
+{
+    (void)state;
+    for (int m = 0; m < NMODES; m++) {
+        start("1M", modes[m]);
+        nt_tensor *a = nt_full(NT_F32, 1, (int64_t[]){K400}, 1.5);
+        assert_non_null(a);
+        assert_int_equal(nt__mem_release(NULL, "test_release", a), 0);
+        nt_tensor *b = nt_full(NT_F32, 1, (int64_t[]){K400}, 2.0);
+        nt_tensor *c = nt_full(NT_F32, 1, (int64_t[]){K400}, 3.0);
+        if (!b || !c) /* a's bytes came back at the release */
+            fail_msg("%s: %s", modes[m], nt_last_error_message());
+        /* the source: one element seen K400 times (no room for a copy) */
+        nt_tensor *src = nt_from_host((float[]){1.5f}, NT_F32, 1, (int64_t[]){1});
+        nt_tensor *srcx = nt_expand(src, 1, (int64_t[]){K400});
+        assert_int_equal(nt__mem_refill(NULL, "test_refill", a, srcx), NT_ENOMEM);
+        const char *msg = nt_last_error_message();
+        assert_non_null(strstr(msg, "test_refill"));
+        assert_non_null(strstr(msg, "400000 bytes"));
+        assert_non_null(strstr(msg, "stays released"));
+        if (m == 0)
+            print_message("# %s\n", msg);
+        nt_clear_error();
+        assert_null(nt_sum(a, NT_DIM_ALL, false)); /* still released */
+        assert_int_equal(nt_last_error(), NT_ESTATE);
+        nt_clear_error();
+        assert_true(sum_of(b) == 2.0 * K400);
+        nt_release(c);
+        assert_int_equal(nt__mem_refill(NULL, "test_refill", a, srcx), 0);
+        assert_true(sum_of(a) == 1.5 * K400);
+        nt_release(srcx);
+        nt_release(src);
+        nt_release(b);
+        nt_release(a);
+        assert_int_equal(nt_sync(), 0);
+        nt_stats st;
+        nt_stats_get(&st);
+        assert_int_equal(st.device_bytes_in_use, 0);
+        stop();
+    }
+}
+
+/* A storage read on another stream: the release waits for that reader
+ * too (its block must not go while the other stream still reads it). */
+static void test_release_cross_stream(void **state)
+{
+    (void)state;
+    for (int m = 1; m < NMODES; m++) {
+        start(NULL, modes[m]);
+        nt_tensor *g = nt_full(NT_F32, 2, (int64_t[]){RK, RN}, 0.25);
+        nt_stream *s2 = nt_stream_create();
+        assert_non_null(s2);
+        assert_int_equal(nt_stream_set_current(s2), 0);
+        nt_tensor *s_a = nt_sum(g, NT_DIM_ALL, false);
+        assert_int_equal(nt_stream_set_current(NULL), 0);
+        nt_tensor *s_b = nt_sum(nt_mul_scalar(g, 2.0), NT_DIM_ALL, false);
+        assert_int_equal(nt__mem_release(NULL, "test_release", g), 0);
+        double v;
+        assert_int_equal(nt_item(s_a, &v), 0);
+        assert_true(v == 0.25 * RK * RN);
+        assert_int_equal(nt_item(s_b, &v), 0);
+        assert_true(v == 0.5 * RK * RN);
+        nt_tensor *src = nt_full(NT_F32, 2, (int64_t[]){RK, RN}, 0.75);
+        assert_int_equal(nt__mem_refill(NULL, "test_refill", g, src), 0);
+        assert_true(sum_of(g) == 0.75 * RK * RN);
+        nt_release(src);
+        nt_release(s_a);
+        nt_release(s_b);
+        nt_release(g);
+        assert_int_equal(nt_stream_destroy(s2), 0);
+        stop();
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -656,6 +947,11 @@ int main(void)
         cmocka_unit_test(test_lent_bytes_counted_until_freed),
         cmocka_unit_test(test_two_streams_tight),
         cmocka_unit_test(test_big_blocks_on_2m),
+        cmocka_unit_test(test_release_refill_same_bits),
+        cmocka_unit_test(test_read_while_released),
+        cmocka_unit_test(test_release_refused),
+        cmocka_unit_test(test_refill_enomem),
+        cmocka_unit_test(test_release_cross_stream),
     };
     return cmocka_run_group_tests_name("memory", tests, NULL, NULL);
 }
