@@ -476,18 +476,18 @@ void nt__storage_unref(nt__storage *st)
             return;
         }
         int dev = st->dev; /* the header goes back last: read nothing of it after */
-        /* released: its data's bytes went back at the release (the record
-         * that gave the block back held a reference, so it has run) */
-        bool rel = __atomic_load_n(&st->released, __ATOMIC_ACQUIRE);
-        if (rel) /* dies released: no longer counted */
-            __atomic_fetch_sub(&nt__n_released, 1, __ATOMIC_RELAXED);
-        if (!st->deferred) {
+        if (!st->deferred) { /* small: never released (refused) */
             if (st->hostdead)
                 nt__arena_free_pended(st, NT_ST_HDR + st->nbytes, 0, dev);
             else
                 nt__arena_free(st, NT_ST_HDR + st->nbytes, dev);
             return;
         }
+        /* released: its data's bytes went back at the release (the record
+         * that gave the block back held a reference, so it has run) */
+        bool rel = __atomic_load_n(&st->released, __ATOMIC_ACQUIRE);
+        if (rel) /* dies released: no longer counted */
+            __atomic_fetch_sub(&nt__n_released, 1, __ATOMIC_RELAXED);
         if (st->hostdead) {
             if (!rel)
                 nt__arena_free_pended(st->data, st->nbytes, st->pend_sid, dev);
