@@ -36,6 +36,14 @@
  * run_stream replaces the loop nest: B loaded (B^T turned) once into bres,
  * the M-tiles streaming past it (see there).
  *
+ * With args x (a linear layer's weight gradient W = A^T . X beside dX =
+ * A . B, A = dY), the streaming program also loads X's rows beside each
+ * unit of A's rows and, after an M-tile's own matmuls, turns its A tile as
+ * loaded (rows on partitions: W's stationary operand as it stands) against
+ * X's rows into W's accumulators, one PSUM bank for the whole program
+ * (side_mtile); W leaves at the end (side_finish).  W's K-tiles are the
+ * M-tiles, in ascending order: the bits of A^T . X's own program.
+ *
  * Functional step (NT_SIM_PROGRAM_GEMM=1, the default).  Every instruction
  * above is issued, checked and timed as written.  The values, though, are
  * computed once for the whole program: C32 = A.B through core/gemm.h over
@@ -73,6 +81,7 @@ enum {
     QS_B0 = 0, QS_BN = 4, QS_A0 = 4, QS_AN = 4,
     S_SLOT = 2048,  /* bytes per partition a streaming load aims for */
     S_NS = 3,       /* A load slots: two loads ahead of the one in use */
+    SIDE_NS = 1,    /* more of them with W beside (args x) */
     S_BRES = 64 * 1024, /* the most of B per partition it keeps */
 };
 
@@ -113,6 +122,11 @@ typedef struct mm {
      * the block program loads the panel for its first N-chunk */
     nt_tile *cs_lane, *cs_acc;
     bool cs, cs_on;
+    /* the weight gradient beside it (args x, run_stream): X's row tiles
+     * [128 m, G * NX] x NS beside abuf's, W's accumulators (one PSUM bank,
+     * K-tile kt at columns kt * NX), W's output slots [128 k, NX] x 2 */
+    nt_tile *xbuf, *accw, *wout;
+    bool side;
 } mm;
 
 static int64_t min64(int64_t a, int64_t b)
@@ -410,7 +424,7 @@ static bool overlaps(const nt_tile_matmul_args *a)
 /* C32 = A.B as the program's nc_matmuls accumulate it (see the top).  The
  * operands are widened exactly to f32, as nc_matmul widens its SBUF tiles
  * (the loads, transposes and copies that bring them there are exact). */
-static int program_product(mm *p)
+static int program_product_in(mm *p, float *own)
 {
     const nt_tile_matmul_args *a = p->a;
     int64_t M = a->M, N = a->N, K = a->K;
@@ -420,7 +434,7 @@ static int program_product(mm *p)
     bool a_rows = !a->a_trans && dt == NT_F32;
     size_t n = (size_t)(M * N) + (at_direct || a_rows ? 0 : (size_t)(K * M)) +
                (b_direct ? 0 : (size_t)(K * N));
-    float *buf = pg_scratch(p->k->core, n);
+    float *buf = own ? own : pg_scratch(p->k->core, n);
     if (!buf)
         return nt__sim_fail(p->k, "nt_tile_matmul", "out of host memory for the product");
     /* HBM holds the operands' final values once queued work has landed */
@@ -463,6 +477,57 @@ static int program_product(mm *p)
     p->k->gemm_ns += nt__sim_now_ns() - t0;
     p->c32 = c;
     return 0;
+}
+
+static int program_product(mm *p) { return program_product_in(p, NULL); }
+
+/* W = A^T . X (args x) as the program for it alone computes its values:
+ * *w32 [K, NX] f32, malloc'd (the core's scratch holds C's). */
+static int side_product(mm *p, float **w32)
+{
+    const nt_tile_matmul_args *a = p->a;
+    nt_tile_matmul_args wa;
+    memset(&wa, 0, sizeof wa);
+    wa.M = a->K, wa.N = a->NX, wa.K = a->M;
+    wa.a = a->a, wa.lda = a->lda, wa.a_trans = true;
+    wa.b = a->x, wa.ldb = a->ldx;
+    wa.in_dtype = a->in_dtype;
+    mm q;
+    memset(&q, 0, sizeof q);
+    q.k = p->k;
+    q.a = &wa;
+    float *buf = malloc(sizeof(float) * (size_t)(wa.M * wa.N + wa.K * wa.M + wa.K * wa.N));
+    if (!buf)
+        return nt__sim_fail(p->k, "nt_tile_matmul", "out of host memory for the product");
+    int rc = program_product_in(&q, buf);
+    if (rc)
+        free(buf);
+    else
+        *w32 = buf;
+    return rc;
+}
+
+/* Whether W (args x) shares a byte with A, B, C or X, or C with X. */
+static bool side_overlaps(const nt_tile_matmul_args *a)
+{
+    int64_t esz = (int64_t)nt__dtype_size(a->in_dtype);
+    uintptr_t r[5][2];
+    span(a->w, a->K, a->NX, a->ldw, (int64_t)nt__dtype_size(a->w_dtype), &r[0][0], &r[0][1]);
+    span(a->x, a->M, a->NX, a->ldx, esz, &r[1][0], &r[1][1]);
+    span(a->a, a->M, a->K, a->lda, esz, &r[2][0], &r[2][1]);
+    if (a->b_trans)
+        span(a->b, a->N, a->K, a->ldb, esz, &r[3][0], &r[3][1]);
+    else
+        span(a->b, a->K, a->N, a->ldb, esz, &r[3][0], &r[3][1]);
+    int n = 4;
+    if (a->c) {
+        span(a->c, a->M, a->N, a->ldc, (int64_t)nt__dtype_size(a->out_dtype), &r[4][0], &r[4][1]);
+        n = 5;
+    }
+    for (int i = 1; i < n; i++)
+        if (r[i][0] < r[0][1] && r[0][0] < r[i][1])
+            return true;
+    return n == 5 && r[1][0] < r[4][1] && r[4][0] < r[1][1];
 }
 
 /* Accumulator acc gets its block of the product: rows r0 .. r0+mw,
@@ -665,8 +730,15 @@ static int load_a_unit(mm *p, int64_t u)
     int rc = 0;
     if (!a->a_trans) {
         int64_t r0 = u * p->G * TM, rows = min64((int64_t)p->G * TM, a->M - r0);
-        return load_tiles(p, a->a, a->lda, r0, rows, 0, a->K, p->abuf,
-                          (u % p->NS) * p->G * a->K, a->K, next_q(&p->qa, QS_A0, QS_AN));
+        rc = load_tiles(p, a->a, a->lda, r0, rows, 0, a->K, p->abuf, (u % p->NS) * p->G * a->K,
+                        a->K, next_q(&p->qa, QS_A0, QS_AN));
+        /* the same rows of X, for W: a DMA per M-tile, on B's queues (idle
+         * once B is in) */
+        for (int64_t t = 0; p->side && t * TM < rows && !rc; t++)
+            rc = load_tiles(p, a->x, a->ldx, r0 + t * TM, min64(TM, rows - t * TM), 0, a->NX,
+                            p->xbuf, ((u % p->NS) * p->G + t) * a->NX, a->NX,
+                            next_q(&p->qb, QS_B0, QS_BN));
+        return rc;
     }
     /* A^T [K, M]: partition = k, K-tiles of this M-tile's columns */
     int64_t m0 = u * TM, mw = min64(TM, a->M - m0), so = (u % p->NS) * p->nk * TM;
@@ -731,6 +803,55 @@ static int prep_a_spread(mm *p, int64_t next, int64_t *turned, int64_t done, int
         return 0;
     int rc = prep_a_range(p, next, *turned, want);
     *turned = want;
+    return rc;
+}
+
+/* W (args x) gets M-tile i's part: for each K-tile kt of A, W's rows kt*128..
+ * (+)= A[rows of i, kt cols]^T . X[rows of i, :] -- A's row tile as loaded
+ * (rows on partitions) is the stationary operand as it stands.  The M-tiles
+ * come in ascending order: each element of W sums them in the order of
+ * A^T . X's K-tiles run alone. */
+static int side_mtile(mm *p, int64_t i, int64_t mw)
+{
+    const nt_tile_matmul_args *a = p->a;
+    int64_t slot = i / p->G % p->NS, g = i % p->G;
+    nt_ap mv = sl(p->xbuf, (int)mw, (slot * p->G + g) * a->NX, a->NX);
+    for (int64_t kt = 0; kt < p->nk; kt++) {
+        int64_t k0 = kt * TK, kw = min64(TK, a->K - k0);
+        nt_ap st = sl(p->abuf, (int)mw, (slot * p->G + g) * a->K + k0, kw);
+        nt_ap d = sl(p->accw, (int)kw, kt * a->NX, a->NX);
+        int rc = nt_isa_nc_matmul(p->k, &d, &st, &mv, i > 0);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* W's accumulators out: with the program-level product, their values first
+ * (the product A^T . X alone computes, w32 [K, NX]); then each K-tile's
+ * rows rounded into an output slot by ScalarE and stored. */
+static int side_finish(mm *p, const float *w32)
+{
+    const nt_tile_matmul_args *a = p->a;
+    if (w32) {
+        nt__sim_fx_flush(p->k);
+        for (int64_t kt = 0; kt < p->nk; kt++) {
+            int64_t k0 = kt * TK, kw = min64(TK, a->K - k0);
+            nt_ap d = sl(p->accw, (int)kw, kt * a->NX, a->NX);
+            for (int r = 0; r < (int)kw; r++)
+                memcpy(nt__sim_row(&d, r), w32 + (k0 + r) * a->NX, (size_t)a->NX * sizeof(float));
+        }
+    }
+    int rc = 0;
+    for (int64_t kt = 0; kt < p->nk && !rc; kt++) {
+        int64_t k0 = kt * TK, kw = min64(TK, a->K - k0);
+        nt_ap src = sl(p->accw, (int)kw, kt * a->NX, a->NX);
+        nt_ap o = sl(p->wout, (int)kw, (kt % 2) * a->NX, a->NX);
+        rc = nt_isa_tensor_copy(p->k, &o, &src, NT_ENGINE_SCALAR);
+        nt_ap c = nt_hbm_ap(a->w, a->w_dtype, k0 * a->ldw, (int)kw, a->ldw, a->NX);
+        if (!rc)
+            rc = nt_isa_dma_copy(p->k, &c, &o, next_q(&p->qc, Q_C0, Q_CN));
+    }
     return rc;
 }
 
@@ -800,6 +921,8 @@ static int run_stream(mm *p)
             if (p->c32)
                 p->k->functional = false;
         }
+        if (!rc && p->side)
+            rc = side_mtile(p, i, mw);
     }
     p->k->functional = fx;
     return rc;
@@ -938,14 +1061,20 @@ static int plan(mm *p, bool tbank)
     if (a->K > 0 && p->nm >= 2 && banks >= 2 && (!a->epilogue || p->nn == 1 || a->epilogue_apart)) {
         int64_t bres = p->nk * a->N * p->esz;
         int64_t G = a->a_trans ? 1 : min64(min64(per_load(p, a->K), 8), p->nm);
+        /* with W beside it, A's slots stay until W's matmuls read them, a
+         * tile after the transposes: one slot more keeps the loads ahead */
+        int NS = S_NS + (p->side ? SIDE_NS : 0);
         int NP = a->a_trans ? S_NS : 2;
-        int64_t need = bres + (a->a_trans ? 0 : S_NS * G * a->K * p->esz) +
+        int64_t need = bres + (a->a_trans ? 0 : NS * G * a->K * p->esz) +
                        (int64_t)NP * p->nk * TM * p->esz + (a->epilogue ? 0 : 8 * TN * p->csz) +
-                       (a->b_trans ? BT_SETS * a->K * p->esz : 0) + NT__SIM_ALIGN * 8;
+                       (a->b_trans ? BT_SETS * a->K * p->esz : 0) + NT__SIM_ALIGN * 8 +
+                       (p->side ? NS * G * a->NX * p->esz +
+                                      2 * a->NX * (int64_t)nt__dtype_size(a->w_dtype)
+                                : 0);
         if (bres <= S_BRES && !wide_at && (!a->b_trans || a->K * p->esz <= 16 * 1024) && need <= avail) {
             p->stream = true;
             p->G = (int)G;
-            p->NS = S_NS;
+            p->NS = NS;
             p->NP = NP;
             p->NO = 8;
             p->nacc = banks < 6 ? banks : 6;
@@ -997,6 +1126,11 @@ static void alloc_tiles(mm *p, bool tbank)
         if (!a->a_trans)
             p->abuf = nt_tile_alloc(k, "mm.A", NT_MEM_SBUF, a->in_dtype, TM,
                                    (int64_t)p->NS * p->G * a->K);
+        if (p->side) {
+            p->xbuf = nt_tile_alloc(k, "mm.X", NT_MEM_SBUF, a->in_dtype, TM,
+                                   (int64_t)p->NS * p->G * a->NX);
+            p->wout = nt_tile_alloc(k, "mm.Wout", NT_MEM_SBUF, a->w_dtype, TK, 2 * a->NX);
+        }
         if (a->b_trans)
             p->bstage = nt_tile_alloc(k, "mm.Bt", NT_MEM_SBUF, a->in_dtype, TM,
                                      (int64_t)BT_SETS * a->K);
@@ -1053,8 +1187,24 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
                             "row-major, M and N >= 1)",
                             a->a_trans ? "a transposed" : nt_dtype_name(a->in_dtype),
                             (long long)a->M, (long long)a->N);
+    if (a->x && (a->a_trans || !a->w || a->M < 1 || a->N < 1 || a->K < 1 || a->NX < 1 ||
+                 a->NX > TN || (a->K + TK - 1) / TK * a->NX > TN || a->ldx < a->NX ||
+                 a->ldw < a->NX ||
+                 (a->in_dtype != NT_F32 && a->in_dtype != NT_BF16 && a->in_dtype != NT_F16) ||
+                 !nt__dtype_is_float(a->w_dtype) || nt__dtype_is_fp8(a->w_dtype)))
+        return nt__sim_fail(k, I, "x with %s A, M=%lld, N=%lld, K=%lld, NX=%lld, ldx=%lld, "
+                            "ldw=%lld, w %s (rule: A row-major f32, bf16 or f16, W given, "
+                            "M, N, K >= 1, NX in 1..512, "
+                            "ceil(K / 128) * NX <= 512, ldx and ldw >= NX, W f32, bf16 or f16)",
+                            a->a_trans ? "a transposed" : nt_dtype_name(a->in_dtype),
+                            (long long)a->M, (long long)a->N, (long long)a->K, (long long)a->NX,
+                            (long long)a->ldx, (long long)a->ldw,
+                            a->w ? nt_dtype_name(a->w_dtype) : "NULL");
     if (a->M == 0 || a->N == 0)
         return 0;
+    if (a->x && a->a && a->b && side_overlaps(a))
+        return nt__sim_fail(k, I, "W shares memory with A, B, C or X, or C with X (rule: W and "
+                            "C apart from every operand)");
     if ((!a->c && !a->epilogue) || (a->K > 0 && (!a->a || !a->b)))
         return nt__sim_fail(k, I, "NULL matrix pointer");
     if ((!a->epilogue && a->ldc < a->N) ||
@@ -1080,39 +1230,50 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
 
     /* PSUM: one bank per M-tile of a block, plus one for transposes */
     bool tbank = a->K > 0 && (!a->a_trans || a->b_trans); /* transposes on TensorE */
-    /* the column sums' tiles first: the program's plan fits around them */
+    /* the column sums' tiles and W's accumulators first: the program's
+     * plan fits around them */
     p.cs = a->a_colsum && a->K > 0;
+    p.side = a->x != NULL;
+    if (p.side)
+        p.accw = nt_tile_alloc(k, "mm.W", NT_MEM_PSUM, NT_F32, TK, TN);
     if (p.cs) {
         p.cs_lane = nt_tile_alloc(k, "mm.colsum.lanes", NT_MEM_SBUF, NT_F32, TK,
                                   p.nk * NT_RED_LANES);
         p.cs_acc = nt_tile_alloc(k, "mm.colsum", NT_MEM_SBUF, NT_F32, TK, p.nk);
-        nt_ap z = nt_tile_ap(p.cs_acc);
-        if (!k->err)
-            nt_isa_memset(k, &z, 0.0, NT_ENGINE_GPSIMD);
-        if (k->err)
-            return k->err;
     }
-    int rc = plan(&p, tbank);
-    if (rc)
-        return rc;
-    alloc_tiles(&p, tbank);
+    int rc = k->err ? k->err : plan(&p, tbank);
+    if (!rc && p.side && !p.stream)
+        rc = NT_ENOTSUP; /* nothing issued: the caller runs the products apart */
+    if (!rc && p.cs) {
+        nt_ap z = nt_tile_ap(p.cs_acc);
+        rc = nt_isa_memset(k, &z, 0.0, NT_ENGINE_GPSIMD);
+    }
+    if (!rc)
+        alloc_tiles(&p, tbank);
     bool fx = k->functional;
-    if (k->err)
-        rc = k->err;
-    else if (fx && a->K > 0 && nt__sim_program_gemm() && !overlaps(a))
+    float *w32 = NULL;
+    if (rc || k->err)
+        rc = rc ? rc : k->err;
+    else if (fx && a->K > 0 && nt__sim_program_gemm() && !overlaps(a)) {
         rc = program_product(&p);
+        if (!rc && p.side)
+            rc = side_product(&p, &w32);
+    }
     if (!rc)
         rc = p.stream ? run_stream(&p) : run(&p);
     if (!rc)
         rc = flush_store(&p);
     k->functional = fx; /* also after an error inside a timed-only stretch */
+    if (!rc && p.side)
+        rc = side_finish(&p, w32);
+    free(w32);
     if (!rc && p.cs)
         rc = cs_store(&p);
 
     /* give the space back to the kernel (dependencies keep later users of
      * these bytes behind this program's accesses) */
     nt_tile *all[] = {p.oring, p.bring, p.panel, p.strip[0], p.strip[1], p.tpsum, p.bstage,
-                      p.bres, p.abuf, p.cs_lane, p.cs_acc};
+                      p.bres, p.abuf, p.cs_lane, p.cs_acc, p.xbuf, p.accw, p.wout};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (all[i] && all[i]->live)
             nt_tile_release(k, all[i]);

@@ -18,6 +18,7 @@
 #include "core/ewise.h"
 #include "core/gemm.h"
 #include "sim/isa.h"
+#include "sim/sim.h"
 #include "core/reduce.h"
 #include "sim/trace.h"
 #include "nt_test.h"
@@ -318,6 +319,57 @@ static void test_matmul_accumulate(void **state)
     nt__gemm_ktile(M, N, K, st, M, mv, N, ref, N, false);
     nt__gemm_ktile(M, N, K, st2, M, mv2, N, ref, N, true);
     assert_memory_equal(c, ref, sizeof c);
+}
+
+/* A K-tile's product from +0 in PSUM (acc false), then added by VectorE
+ * into an f32 SBUF accumulator, gives the bits of the same K-tiles
+ * accumulated in PSUM: core/gemm.h's C = C + s across K-tiles is one f32
+ * add either way.  A program that pairs a linear layer's weight gradient
+ * with its input gradient (one load of dY for both) can keep a weight
+ * gradient larger than PSUM in SBUF this way (docs/graphs.md, "The weight
+ * gradient beside the input gradient"). */
+static void sbuf_acc_case(nt_dtype dt)
+{
+    enum { K = 128, M = 64, N = 96, T = 3 };
+    static float st[T][K * M], mv[T][K * N], c[M * N], ref[M * N];
+    for (int t = 0; t < T; t++) {
+        nt_test_fill(st[t], K * M, &rng_state);
+        nt_test_fill(mv[t], K * N, &rng_state);
+        for (int i = 0; dt == NT_BF16 && i < K * M; i++)
+            st[t][i] = nt__bf16_to_f32(nt__f32_to_bf16(st[t][i]));
+        for (int i = 0; dt == NT_BF16 && i < K * N; i++)
+            mv[t][i] = nt__bf16_to_f32(nt__f32_to_bf16(mv[t][i]));
+    }
+    nt_sim_kernel *k = begin("matmul_sbuf_acc");
+    nt_tile *o = nt_tile_alloc(k, "o", NT_MEM_SBUF, NT_F32, M, N);
+    nt_tile *ps = nt_tile_alloc(k, "ps", NT_MEM_PSUM, NT_F32, M, N);
+    nt_ap od = nt_tile_ap(o), pd = nt_tile_ap(ps);
+    for (int t = 0; t < T; t++) {
+        nt_tile *a = load(k, "a", st[t], K, M), *b = load(k, "b", mv[t], K, N);
+        nt_tile *ca = nt_tile_alloc(k, "ca", NT_MEM_SBUF, dt, K, M);
+        nt_tile *cb = nt_tile_alloc(k, "cb", NT_MEM_SBUF, dt, K, N);
+        nt_ap A = nt_tile_ap(a), B = nt_tile_ap(b), CA = nt_tile_ap(ca), CB = nt_tile_ap(cb);
+        assert_int_equal(nt_isa_tensor_copy(k, &CA, &A, NT_ENGINE_VECTOR), 0);
+        assert_int_equal(nt_isa_tensor_copy(k, &CB, &B, NT_ENGINE_VECTOR), 0);
+        assert_int_equal(nt_isa_nc_matmul(k, &pd, &CA, &CB, false), 0);
+        if (t == 0)
+            assert_int_equal(nt_isa_tensor_copy(k, &od, &pd, NT_ENGINE_VECTOR), 0);
+        else
+            assert_int_equal(nt_isa_tensor_tensor(k, &od, &od, &pd, NT_ALU_ADD, NT_ENGINE_VECTOR),
+                             0);
+    }
+    store(k, c, &od);
+    end_ok(k);
+    for (int t = 0; t < T; t++)
+        ktile_ref(dt, M, N, K, st[t], M, mv[t], N, ref, N, t > 0);
+    assert_memory_equal(c, ref, sizeof c);
+}
+
+static void test_matmul_accumulate_sbuf(void **state)
+{
+    (void)state;
+    sbuf_acc_case(NT_F32);
+    sbuf_acc_case(NT_BF16);
 }
 
 static void test_transpose(void **state)
@@ -1546,6 +1598,128 @@ static void tile_matmul_case(int64_t M, int64_t N, int64_t K, nt_dtype in, nt_dt
     free(ref);
 }
 
+/* nt_tile_matmul with x: C = A . B and W = A^T . X (a linear layer's dX =
+ * dY . W and dW = dY^T . X) in one program give the bits of the two
+ * programs apart -- C of the program without x, W of the program for A^T . X
+ * (A given transposed) -- and of nt__gemm_ktile over K-tiles of 128
+ * ascending, with the values computed once per program and per
+ * instruction; the program reads A once: fewer HBM bytes than the two. */
+static void side_case(int64_t M, int64_t K, int64_t N, int64_t NX, nt_dtype in, bool pg)
+{
+    size_t esz = nt__dtype_size(in);
+    int64_t lda = K + 3, ldb = N + 1, ldx = NX + 2, ldc = N, ldw = NX + 1;
+    void *A = calloc((size_t)(M * lda), esz), *B = calloc((size_t)(K * ldb), esz);
+    void *X = calloc((size_t)(M * ldx), esz);
+    float *Af = malloc((size_t)(M * K) * 4), *Xf = malloc((size_t)(M * NX) * 4);
+    float *C1 = calloc((size_t)(M * ldc), 4), *C2 = calloc((size_t)(M * ldc), 4);
+    float *W1 = calloc((size_t)(K * ldw), 4), *W2 = calloc((size_t)(K * ldw), 4);
+    float *ref = malloc((size_t)(K * NX) * 4);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t kk = 0; kk < K; kk++) {
+            Af[m * K + kk] = round_to(in, nt_test_uniform(&rng_state));
+            put(A, in, (size_t)(m * lda + kk), Af[m * K + kk]);
+        }
+    for (int64_t kk = 0; kk < K; kk++)
+        for (int64_t n = 0; n < N; n++)
+            put(B, in, (size_t)(kk * ldb + n), round_to(in, nt_test_uniform(&rng_state)));
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t j = 0; j < NX; j++) {
+            Xf[m * NX + j] = round_to(in, nt_test_uniform(&rng_state));
+            put(X, in, (size_t)(m * ldx + j), Xf[m * NX + j]);
+        }
+    nt__sim_set_program_gemm(pg);
+    nt_sim_report r1, r2, r3;
+    nt_sim_kernel *k = begin("tile_matmul_side");
+    nt_tile_matmul_args g = {M, N, K, A, lda, false, B, ldb, in, C1, ldc, NT_F32};
+    g.x = X, g.ldx = ldx, g.NX = NX, g.w = W1, g.ldw = ldw, g.w_dtype = NT_F32;
+    if (nt_tile_matmul(k, &g))
+        fail_msg("%s", nt_sim_kernel_message(k));
+    assert_int_equal(end_kernel(k, &r1), 0);
+    k = begin("tile_matmul_dx");
+    nt_tile_matmul_args gx = {M, N, K, A, lda, false, B, ldb, in, C2, ldc, NT_F32};
+    assert_int_equal(nt_tile_matmul(k, &gx), 0);
+    assert_int_equal(end_kernel(k, &r2), 0);
+    k = begin("tile_matmul_dw");
+    nt_tile_matmul_args gw = {K, NX, M, A, lda, true, X, ldx, in, W2, ldw, NT_F32};
+    assert_int_equal(nt_tile_matmul(k, &gw), 0);
+    assert_int_equal(end_kernel(k, &r3), 0);
+    nt__sim_set_program_gemm(true);
+    assert_memory_equal(C1, C2, (size_t)(M * ldc) * 4);
+    assert_memory_equal(W1, W2, (size_t)(K * ldw) * 4);
+    for (int64_t r0 = 0; r0 < M; r0 += 128)
+        ktile_ref(in, (int)K, (int)NX, (int)(M - r0 < 128 ? M - r0 : 128), Af + r0 * K, (int)K,
+                  Xf + r0 * NX, (int)NX, ref, (int)NX, r0 > 0);
+    for (int64_t kk = 0; kk < K; kk++)
+        for (int64_t j = 0; j < NX; j++)
+            if (bits(W1[kk * ldw + j]) != bits(ref[kk * NX + j]))
+                fail_msg("W[%lld,%lld] = %a, want %a", (long long)kk, (long long)j,
+                         W1[kk * ldw + j], ref[kk * NX + j]);
+    /* A read once: the pair reads what the two read, less one A */
+    assert_true(r1.hbm_read_bytes + (uint64_t)(M * K) * esz <=
+                r2.hbm_read_bytes + r3.hbm_read_bytes);
+    assert_true(r1.hbm_write_bytes == r2.hbm_write_bytes + r3.hbm_write_bytes);
+    assert_true(fabs(r1.flops - r2.flops - r3.flops) < 0.5);
+    free(A);
+    free(B);
+    free(X);
+    free(Af);
+    free(Xf);
+    free(C1);
+    free(C2);
+    free(W1);
+    free(W2);
+    free(ref);
+}
+
+static void test_tile_matmul_side(void **state)
+{
+    (void)state;
+    for (int pg = 0; pg < 2; pg++) {
+        side_case(2048, 512, 128, 128, NT_F32, pg); /* the MLP's first layer: dW [512, 128] */
+        side_case(1024, 128, 512, 512, NT_F32, pg); /* its second: dW [128, 512] */
+        side_case(300, 384, 128, 128, NT_F32, pg);  /* a last M-tile of 44 rows */
+        side_case(512, 200, 96, 64, NT_BF16, pg);
+    }
+}
+
+/* nt_tile_matmul's x: what it refuses, and NT_ENOTSUP (nothing issued, the
+ * kernel still usable) where A cannot stream past all of B. */
+static void test_tile_matmul_side_errors(void **state)
+{
+    (void)state;
+    static float A[512 * 128], B[256 * 64], X[512 * 600], C[512 * 64], W[128 * 600];
+    nt_tile_matmul_args g = {512, 64, 128, A, 128, false, B, 64, NT_F32, C, 64, NT_F32};
+    g.x = X, g.ldx = 64, g.NX = 64, g.w = W, g.ldw = 64, g.w_dtype = NT_F32;
+    const char *want[] = {"x with a transposed A", "NX=600", "K=256, NX=300",
+                          "W shares memory"};
+    for (int i = 0; i < 4; i++) {
+        nt_tile_matmul_args b = g;
+        if (i == 0)
+            b.a_trans = true, b.lda = 512;
+        if (i == 1)
+            b.NX = 600, b.ldx = 600, b.ldw = 600;
+        if (i == 2) /* K 256: 2 K-tiles of 300 columns */
+            b.K = 256, b.M = 256, b.NX = 300, b.ldx = 300, b.ldw = 300, b.lda = 256;
+        if (i == 3)
+            b.w = X;
+        nt_sim_kernel *k = begin("tile_matmul_side_bad");
+        assert_int_equal(nt_tile_matmul(k, &b), NT_ESIM);
+        const char *m = nt_sim_kernel_message(k);
+        if (!strstr(m, want[i]))
+            fail_msg("case %d: message \"%s\" lacks \"%s\"", i, m, want[i]);
+        nt_sim_report r;
+        assert_int_equal(end_kernel(k, &r), NT_ESIM);
+    }
+    /* one M-tile: no stream, NT_ENOTSUP and nothing issued */
+    nt_tile_matmul_args one = g;
+    one.M = 100;
+    nt_sim_kernel *k = begin("tile_matmul_side_one");
+    assert_int_equal(nt_tile_matmul(k, &one), NT_ENOTSUP);
+    one.x = NULL;
+    assert_int_equal(nt_tile_matmul(k, &one), 0);
+    end_ok(k);
+}
+
 static void test_tile_matmul_small(void **state)
 {
     (void)state;
@@ -1834,6 +2008,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_matmul_f32, reset, teardown),
         cmocka_unit_test_setup_teardown(test_matmul_half, reset, teardown),
         cmocka_unit_test_setup_teardown(test_matmul_accumulate, reset, teardown),
+        cmocka_unit_test_setup_teardown(test_matmul_accumulate_sbuf, reset, teardown),
+        cmocka_unit_test_setup_teardown(test_tile_matmul_side, reset, teardown),
+        cmocka_unit_test_setup_teardown(test_tile_matmul_side_errors, reset, teardown),
         cmocka_unit_test_setup_teardown(test_transpose, reset, teardown),
         cmocka_unit_test_setup_teardown(test_transpose_paths, reset, teardown),
         cmocka_unit_test_setup_teardown(test_tensor_tensor, reset, teardown),

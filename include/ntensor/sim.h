@@ -567,13 +567,30 @@ typedef struct nt_tile_matmul_args {
                              program writes and frees that accumulator no earlier
                              than the epilogue's next call has returned, so the
                              epilogue may leave reads of acc to that call */
+    /* Non-NULL x: also W[K, NX] = A^T . X (X [M, NX] row-major, row stride
+     * ldx, in_dtype; W in w_dtype, row stride ldw), from the tiles of A the
+     * program loads for its own product, so A is read once for both: a
+     * linear layer's weight gradient dY^T . X beside dX = dY . W.  Each
+     * element of W sums A's M-tiles of 128 in ascending order, as the
+     * program for A^T . X alone does (same bits).  Rule: A row-major (not
+     * a_trans): see nt_tile_matmul. */
+    const void *x;
+    int64_t ldx, NX;
+    void *w;
+    int64_t ldw;
+    nt_dtype w_dtype;
 } nt_tile_matmul_args;
 
 /** Issues into k a matmul program: PSUM accumulation over K-tiles of 128 in
  *  ascending order (bitwise equal to the CPU backend's matmul), one
  *  rounding to out_dtype, stationary panels reused across N, DMA spread over
  *  queues with multi-buffering.  Uses (and frees again) SBUF and PSUM left
- *  free in k.  Any M, N, K >= 0 and row strides. */
+ *  free in k.  Any M, N, K >= 0 and row strides.  With x (the weight
+ *  gradient beside it): A row-major and f32, bf16 or f16, M, N, K >= 1, NX in
+ *  1..512 and ceil(K / 128) * NX <= 512 (W's accumulators share one PSUM
+ *  bank for the whole program); a program that cannot keep all of B in
+ *  SBUF and stream A's row tiles past it returns NT_ENOTSUP with nothing
+ *  issued and k still usable (run the two products apart). */
 NT_API int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *args);
 
 /** Totals over all kernels since the start or the last reset (plain data). */
