@@ -933,6 +933,33 @@ __attribute__((target(NT_TARGET_AVX512))) static int64_t wgd_tr16(const float *s
     return e;
 }
 
+/* wgd_tr16 at the AVX2 level: 8 x 8 blocks (w a multiple of 16). */
+__attribute__((target("avx2,fma"))) static int64_t wgd_tr8(const float *src, int64_t ld,
+                                                         int64_t n, int64_t l, float *dst, int w)
+{
+    int64_t e = 0;
+    for (; e + 8 <= l; e += 8)
+        for (int c0 = 0; c0 < w; c0 += 8) {
+            __m256 r[8], t[8], u[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = c0 + i < n ? _mm256_loadu_ps(src + (c0 + i) * ld + e) : _mm256_setzero_ps();
+            for (int i = 0; i < 8; i += 2)
+                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            for (int i = 0; i < 8; i += 4) {
+                u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+                u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+                u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+                u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+            }
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_ps(dst + (e + i) * w + c0, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+                _mm256_storeu_ps(dst + (e + i + 4) * w + c0,
+                                 _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+            }
+        }
+    return e;
+}
+
 /* Block b of the group's gy^T: positions [b 8192, ..), along each image's
  * run: 16 x 16 blocks in registers, the run's last positions channel by
  * channel. */
@@ -945,7 +972,7 @@ static void wgd_transpose(void *arg, int b)
     int64_t p0 = (int64_t)b * WGD_TB, p1 = P - p0 < WGD_TB ? P : p0 + WGD_TB;
     for (int64_t p = p0; p < p1;) {
         int64_t im = p / L, q = p % L, l = L - q < p1 - p ? L - q : p1 - p;
-        int64_t e0 = !d->v512 ? 0 : wgd_tr16(d->gd + (im * g->CO + d->grp * COg) * L + q, L, COg, l,
+        int64_t e0 = (d->v512 ? wgd_tr16 : wgd_tr8)(d->gd + (im * g->CO + d->grp * COg) * L + q, L, COg, l,
                               d->gT + p * w, (int)w);
         for (int64_t c = 0; e0 < l && c < w; c++) {
             float *gp = d->gT + p * w + c;
