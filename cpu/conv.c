@@ -1119,10 +1119,12 @@ int nt__cpu_conv_wgrad(const nt__rec *r)
         return nt__kerr(NT_EHOSTMEM, "out of host memory for the convolution's weight gradient");
     char *od = nt__tensor_data(dw);
     size_t oes = nt__dtype_size(odt);
-    /* two halves where the product is worth a second thread */
-    int64_t nblk = Kc >= 32 && (double)P * (double)Kc * (double)COg >= (double)(1 << 20) ? 2 : 1;
     wgd d = {0};
     float *xp = wgd_pad(&g, x, gy, &d);
+    /* two halves where the product is worth a second thread (without
+     * columns a half costs no columns of its own: the stem's 9 rows too) */
+    int64_t nblk = (Kc >= 32 || xp) && (double)P * (double)Kc * (double)COg >= (double)(1 << 20)
+                       ? 2 : 1;
     for (int64_t grp = 0; grp < g.G; grp++) {
         wg_job j = {&g, nt__tensor_data(x), nt__tensor_data(gy), dt, (nt_dtype)gy->dtype,
                     grp, nblk, CT, 0, xp ? &d : NULL};

@@ -205,12 +205,13 @@ static void test_conv_paths(void **state)
         /* the column-free kernels' edges at either vector level: padded
          * rows sharing their zeros (padding 2; 0 and 2; 3, more than the
          * kernel, rows then OW apart), 5 output channels (a half block of
-         * one), the stem's one input channel (rows 6 + 3), 40 channels
+         * one), the stem's one input channel (rows 6 + 3, its weight
+         * gradient's 9 rows split between the threads), 40 channels
          * (the AVX2 weight gradient's two passes of 32), dilation */
         {{3, 5, 7, 13}, {5, 5, 3, 3}, {1, 1}, {2, 2}, {1, 1}, 1},
         {{2, 7, 4, 10}, {9, 7, 2, 3}, {1, 1}, {0, 2}, {1, 1}, 1},
         {{2, 2, 9, 4}, {3, 2, 3, 3}, {1, 1}, {3, 3}, {1, 1}, 1},
-        {{4, 1, 28, 28}, {16, 1, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+        {{10, 1, 28, 28}, {16, 1, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
         {{2, 3, 6, 5}, {40, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
         {{2, 3, 11, 9}, {4, 3, 3, 3}, {1, 1}, {2, 1}, {2, 2}, 1},
         {{3, 4, 5, 3}, {12, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 2},
