@@ -425,8 +425,10 @@ static void cgd_image(cg_job *j, int n)
         }
         float *y = (float *)j->yd + (n * g->CO + grp * COg) * L;
         for (int64_t q0 = 0, bw; q0 < Q; q0 += bw) {
-            /* blocks of 48, a tail of one 32 or 16 */
+            /* blocks of 48, a tail of one 32 or 16 (AVX2: of 8 to 40 in eights) */
             bw = Q - q0 > 32 ? CGD_Q : Q - q0 > 16 ? 32 : 16;
+            if (!j->v512 && Q - q0 < CGD_Q)
+                bw = (Q - q0 + 7) / 8 * 8;
             int nrun = 0; /* the block's runs of positions with ow < OW */
             for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < bw && oh < g->OH;) {
                 int64_t l = Wp - ow < bw - q ? Wp - ow : bw - q;
