@@ -294,7 +294,8 @@ __attribute__((target(NT_TARGET_AVX512))) static void cgd_store(float *y, int64_
         s##r##c = _mm256_fmadd_ps(v, b2, s##r##c);                                           \
     }
 #define CGD2_S3(r)                                                                           \
-    cgd2_put(c + (r) * CGD_Q, s##r##a, acc, last), cgd2_put(c + (r) * CGD_Q + 8, s##r##b, acc, last), \
+    cgd2_put(c + (r) * CGD_Q, s##r##a, acc, last),                                           \
+        cgd2_put(c + (r) * CGD_Q + 8, s##r##b, acc, last),                                   \
         cgd2_put(c + (r) * CGD_Q + 16, s##r##c, acc, last);
 #define CGD2_Z2(r) __m256 s##r##a = _mm256_setzero_ps(), s##r##b = s##r##a;
 #define CGD2_F2(r)                                                                           \
@@ -303,7 +304,8 @@ __attribute__((target(NT_TARGET_AVX512))) static void cgd_store(float *y, int64_
         s##r##a = _mm256_fmadd_ps(v, b0, s##r##a), s##r##b = _mm256_fmadd_ps(v, b1, s##r##b); \
     }
 #define CGD2_S2(r)                                                                           \
-    cgd2_put(c + (r) * CGD_Q, s##r##a, acc, last), cgd2_put(c + (r) * CGD_Q + 8, s##r##b, acc, last);
+    cgd2_put(c + (r) * CGD_Q, s##r##a, acc, last),                                           \
+        cgd2_put(c + (r) * CGD_Q + 8, s##r##b, acc, last);
 #define CGD2_Z1(r) __m256 s##r##a = _mm256_setzero_ps();
 #define CGD2_F1(r) s##r##a = _mm256_fmadd_ps(_mm256_broadcast_ss(wk + (r)), b0, s##r##a);
 #define CGD2_S1(r) cgd2_put(c + (r) * CGD_Q, s##r##a, acc, last);
@@ -839,39 +841,30 @@ __attribute__((target(NT_TARGET_AVX512))) static void wgc_pad_image(void *arg, i
     _mm256_storeu_ps(s + (r) * sw, a##r), _mm256_storeu_ps(s + (r) * sw + 8, b##r),          \
         _mm256_storeu_ps(s + (r) * sw + 16, c##r), _mm256_storeu_ps(s + (r) * sw + 24, d##r);
 
-/* Rows ko[0 .. rows) (rows <= 6) x 16 channels (gy^T rows gt, gw floats
- * apart) over a tile of kt positions: the sums into s (rows sw apart). */
-__attribute__((target("avx2,fma"))) static void wgd2_tile6(const float *xp, const int64_t *po,
-                                                         int kt, const int64_t *ko, int rows,
-                                                         const float *gt, int gw, float *s,
-                                                         int sw)
-{
-    WGD2_R6(WGD_LOAD)
-    WGD2_R6(WGD2_Z2)
-    for (int p = 0; p < kt; p++) {
-        const float *b = xp + po[p], *gp = gt + (int64_t)p * gw;
-        __m256 g0 = _mm256_loadu_ps(gp), g1 = _mm256_loadu_ps(gp + 8);
-        WGD2_R6(WGD2_F2)
+/* NAME: rows ko[0 .. rows) (rows <= 6, or 3) x 16 channels (or 32) (gy^T
+ * rows gt, gw floats apart) over a tile of kt positions: the sums into s
+ * (rows sw apart). */
+#define WGD2_TILE(NAME, RN, Z, F, S, LOADS)                                                  \
+    __attribute__((target("avx2,fma"))) static void NAME(const float *xp, const int64_t *po, \
+                                                         int kt, const int64_t *ko, int rows, \
+                                                         const float *gt, int gw, float *s, \
+                                                         int sw)                            \
+    {                                                                                        \
+        RN(WGD_LOAD)                                                                         \
+        RN(Z)                                                                                \
+        for (int p = 0; p < kt; p++) {                                                       \
+            const float *b = xp + po[p], *gp = gt + (int64_t)p * gw;                         \
+            LOADS                                                                            \
+            RN(F)                                                                            \
+        }                                                                                    \
+        RN(S)                                                                                \
     }
-    WGD2_R6(WGD2_S2)
-}
-
-/* Rows ko[0 .. rows) (rows <= 3) x 32 channels, as wgd2_tile6. */
-__attribute__((target("avx2,fma"))) static void wgd2_tile3(const float *xp, const int64_t *po,
-                                                         int kt, const int64_t *ko, int rows,
-                                                         const float *gt, int gw, float *s,
-                                                         int sw)
-{
-    WGD2_R3(WGD_LOAD)
-    WGD2_R3(WGD2_Z4)
-    for (int p = 0; p < kt; p++) {
-        const float *b = xp + po[p], *gp = gt + (int64_t)p * gw;
-        __m256 g0 = _mm256_loadu_ps(gp), g1 = _mm256_loadu_ps(gp + 8);
-        __m256 g2 = _mm256_loadu_ps(gp + 16), g3 = _mm256_loadu_ps(gp + 24);
-        WGD2_R3(WGD2_F4)
-    }
-    WGD2_R3(WGD2_S4)
-}
+#define WGD2_G2 __m256 g0 = _mm256_loadu_ps(gp), g1 = _mm256_loadu_ps(gp + 8);
+#define WGD2_G4                                                                              \
+    __m256 g0 = _mm256_loadu_ps(gp), g1 = _mm256_loadu_ps(gp + 8);                           \
+    __m256 g2 = _mm256_loadu_ps(gp + 16), g3 = _mm256_loadu_ps(gp + 24);
+WGD2_TILE(wgd2_tile6, WGD2_R6, WGD2_Z2, WGD2_F2, WGD2_S2, WGD2_G2)
+WGD2_TILE(wgd2_tile3, WGD2_R3, WGD2_Z4, WGD2_F4, WGD2_S4, WGD2_G4)
 
 /* wg_rows without columns: rows [k0, k1) of group grp (see wgd). */
 static void wgd_rows(wg_job *j, int64_t k0, int64_t k1)
@@ -946,7 +939,8 @@ __attribute__((target("avx2,fma"))) static int64_t wgd_tr8(const float *src, int
             for (int i = 0; i < 8; i++)
                 r[i] = c0 + i < n ? _mm256_loadu_ps(src + (c0 + i) * ld + e) : _mm256_setzero_ps();
             for (int i = 0; i < 8; i += 2)
-                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]),
+                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
             for (int i = 0; i < 8; i += 4) {
                 u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
                 u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
@@ -954,7 +948,8 @@ __attribute__((target("avx2,fma"))) static int64_t wgd_tr8(const float *src, int
                 u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
             }
             for (int i = 0; i < 4; i++) {
-                _mm256_storeu_ps(dst + (e + i) * w + c0, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+                _mm256_storeu_ps(dst + (e + i) * w + c0,
+                                 _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
                 _mm256_storeu_ps(dst + (e + i + 4) * w + c0,
                                  _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
             }
@@ -974,8 +969,8 @@ static void wgd_transpose(void *arg, int b)
     int64_t p0 = (int64_t)b * WGD_TB, p1 = P - p0 < WGD_TB ? P : p0 + WGD_TB;
     for (int64_t p = p0; p < p1;) {
         int64_t im = p / L, q = p % L, l = L - q < p1 - p ? L - q : p1 - p;
-        int64_t e0 = (d->v512 ? wgd_tr16 : wgd_tr8)(d->gd + (im * g->CO + d->grp * COg) * L + q, L, COg, l,
-                              d->gT + p * w, (int)w);
+        int64_t e0 = (d->v512 ? wgd_tr16 : wgd_tr8)(d->gd + (im * g->CO + d->grp * COg) * L + q,
+                                                    L, COg, l, d->gT + p * w, (int)w);
         for (int64_t c = 0; e0 < l && c < w; c++) {
             float *gp = d->gT + p * w + c;
             if (c >= COg) {
