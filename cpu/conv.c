@@ -6,10 +6,10 @@
  * order of nt__gemm_bf16.  The GEMM picks AVX-512/AVX2 at run time and
  * shares big products with the helper thread; the per-element order does
  * not depend on the blocking, so these kernels equal the simulator's.  At
- * the AVX-512 level f32 convolutions with stride 1 (conv_gemm) and with at
- * most 64 output channels per group (conv_wgrad) build no columns: they
- * read each column entry where it lies in a zero-padded copy of x, in the
- * same order (cgd_*, wgd_* below). */
+ * the AVX-512 level f32 convolutions with stride 1 (conv_gemm; at the AVX2
+ * level too) and with at most 64 output channels per group (conv_wgrad)
+ * build no columns: they read each column entry where it lies in a
+ * zero-padded copy of x, in the same order (cgd_*, cgd2_*, wgd_* below). */
 #include "cpu/cpu.h"
 
 #include <glib.h>
@@ -134,6 +134,7 @@ typedef struct cg_job {
     nt_dtype dt, odt;
     atomic_int failed;
     const float *wt; /* non-NULL: the kernel without columns, w'^T [G][Kc][COg] */
+    bool v512;       /* its AVX-512 blocks (else its AVX2 ones) */
 } cg_job;
 
 /* ---------------- conv_gemm without columns (f32, stride 1, AVX-512) ----------------
@@ -145,7 +146,12 @@ typedef struct cg_job {
  * 8 output channels x 48 positions runs nt_matmul's recurrence straight from
  * xp -- per K-tile of 128, s = +0, s = fma(w'[co, k], col[k, q], s) in
  * ascending k, then C = s or C + s, NaNs canonical at the end -- and the
- * positions ow >= OW (the padded width's extra columns) are dropped. */
+ * positions ow >= OW (the padded width's extra columns) are dropped.  The
+ * rows of xp are Wp = W + max(lo, hi) apart (at least OW, at most the full
+ * padded width Wf = W + lo + hi), not Wf: a row's zeros on the right are
+ * also the next row's on the left, so a read at padded column c >= Wp,
+ * which lands at column c - Wp < min(lo, hi) of the next row, still reads
+ * +0 -- the same values, fewer dropped positions (28 -> 29, not 30). */
 #define CGD_Q 48
 
 #if CONV_X86
@@ -272,12 +278,120 @@ __attribute__((target(NT_TARGET_AVX512))) static void cgd_store(float *y, int64_
         }
 }
 
+/* ---- the same blocks at the AVX2 level (cgd2_*) ----
+ *
+ * Sixteen 256-bit registers hold 4 output channels x 24 positions of sums
+ * (3 vectors of 8 each), so a block of 8 x 48 is four such sub-blocks (two
+ * halves of the channels, two of the positions), each over every K-tile:
+ * an element's recurrence does not depend on the others, so the same bits
+ * as the AVX-512 blocks and as the columns' product. */
+#define CGD2_R4(M) M(0) M(1) M(2) M(3)
+#define CGD2_Z3(r) __m256 s##r##a = _mm256_setzero_ps(), s##r##b = s##r##a, s##r##c = s##r##a;
+#define CGD2_F3(r)                                                                           \
+    {                                                                                        \
+        __m256 v = _mm256_broadcast_ss(wk + (r));                                            \
+        s##r##a = _mm256_fmadd_ps(v, b0, s##r##a), s##r##b = _mm256_fmadd_ps(v, b1, s##r##b); \
+        s##r##c = _mm256_fmadd_ps(v, b2, s##r##c);                                           \
+    }
+#define CGD2_S3(r)                                                                           \
+    cgd2_put(c + (r) * CGD_Q, s##r##a, acc, last),                                           \
+        cgd2_put(c + (r) * CGD_Q + 8, s##r##b, acc, last),                                   \
+        cgd2_put(c + (r) * CGD_Q + 16, s##r##c, acc, last);
+#define CGD2_Z2(r) __m256 s##r##a = _mm256_setzero_ps(), s##r##b = s##r##a;
+#define CGD2_F2(r)                                                                           \
+    {                                                                                        \
+        __m256 v = _mm256_broadcast_ss(wk + (r));                                            \
+        s##r##a = _mm256_fmadd_ps(v, b0, s##r##a), s##r##b = _mm256_fmadd_ps(v, b1, s##r##b); \
+    }
+#define CGD2_S2(r)                                                                           \
+    cgd2_put(c + (r) * CGD_Q, s##r##a, acc, last),                                           \
+        cgd2_put(c + (r) * CGD_Q + 8, s##r##b, acc, last);
+#define CGD2_Z1(r) __m256 s##r##a = _mm256_setzero_ps();
+#define CGD2_F1(r) s##r##a = _mm256_fmadd_ps(_mm256_broadcast_ss(wk + (r)), b0, s##r##a);
+#define CGD2_S1(r) cgd2_put(c + (r) * CGD_Q, s##r##a, acc, last);
+
+/* cgd_put at the AVX2 level: C = s or C + s; the last K-tile's NaNs canonical. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void cgd2_put(float *c, __m256 s,
+                                                                             bool acc, bool last)
+{
+    __m256 v = acc ? _mm256_add_ps(_mm256_loadu_ps(c), s) : s;
+    if (last) {
+        __m256i u = _mm256_castps_si256(v);
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+        v = _mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32((int)NT__QNAN_F32)),
+                             _mm256_castsi256_ps(nan));
+    }
+    _mm256_storeu_ps(c, v);
+}
+
+/* c [4][8 nv] (rows CGD_Q apart) = 4 channels (w'^T from wt[k * ldw]) x
+ * 8 nv positions (the column rows xq + ko[k]), K-tile by K-tile. */
+#define CGD2_SUB(NAME, Z, F, S, LOADS)                                                       \
+    __attribute__((target("avx2,fma"))) static void NAME(const float *xq, const int64_t *ko,  \
+                                                         int Kc, const float *wt, int ldw,  \
+                                                         float *c)                          \
+    {                                                                                        \
+        for (int k0 = 0; k0 < Kc; k0 += NT_GEMM_KTILE) {                                     \
+            int k1 = Kc - k0 < NT_GEMM_KTILE ? Kc : k0 + NT_GEMM_KTILE;                      \
+            bool acc = k0 > 0, last = k1 == Kc;                                              \
+            CGD2_R4(Z)                                                                       \
+            for (int k = k0; k < k1; k++) {                                                  \
+                const float *b = xq + ko[k], *wk = wt + (int64_t)k * ldw;                    \
+                LOADS                                                                        \
+                CGD2_R4(F)                                                                   \
+            }                                                                                \
+            CGD2_R4(S)                                                                       \
+        }                                                                                    \
+    }
+#define CGD2_L3                                                                              \
+    __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), b2 = _mm256_loadu_ps(b + 16);
+#define CGD2_L2 __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#define CGD2_L1 __m256 b0 = _mm256_loadu_ps(b);
+CGD2_SUB(cgd2_sub24, CGD2_Z3, CGD2_F3, CGD2_S3, CGD2_L3)
+CGD2_SUB(cgd2_sub16, CGD2_Z2, CGD2_F2, CGD2_S2, CGD2_L2)
+CGD2_SUB(cgd2_sub8, CGD2_Z1, CGD2_F1, CGD2_S1, CGD2_L1)
+
+/* The block of rows channels (<= 8) x bw positions (48, 32 or 16) into c
+ * [8][CGD_Q], as cgd_block and its tails do: halves of 4 channels, the
+ * positions in pieces of 24, then 16 or 8. */
+static void cgd2_block(const float *xq, const int64_t *ko, int Kc, const float *wt, int ldw,
+                       int rows, int bw, float *c)
+{
+    for (int h = 0; h < rows; h += 4)
+        for (int q = 0; q < bw;) {
+            int m = bw - q >= 24 ? 24 : bw - q >= 16 ? 16 : 8;
+            float *ch = c + h * CGD_Q + q;
+            if (m == 24)
+                cgd2_sub24(xq + q, ko, Kc, wt + h, ldw, ch);
+            else if (m == 16)
+                cgd2_sub16(xq + q, ko, Kc, wt + h, ldw, ch);
+            else
+                cgd2_sub8(xq + q, ko, Kc, wt + h, ldw, ch);
+            q += m;
+        }
+}
+
+/* cgd_store without AVX-512: the runs copied as they are. */
+static void cgd2_store(float *y, int64_t L, int rows, const float *c, const cgd_run *run,
+                       int nrun)
+{
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < nrun; i++)
+            memcpy(y + r * L + run[i].dst, c + r * CGD_Q + run[i].q,
+                   (size_t)run[i].n * sizeof(float));
+}
+
 /* Image n without columns (see above). */
 static void cgd_image(cg_job *j, int n)
 {
     const nt__conv_geo *g = j->g;
     int64_t Cg = g->C / g->G, COg = g->CO / g->G, Kc = Cg * g->kh * g->kw, L = g->OH * g->OW;
-    int64_t Wp = g->OW + (g->kw - 1) * g->d[1], Hp = g->OH + (g->kh - 1) * g->d[0];
+    int64_t Wf = g->OW + (g->kw - 1) * g->d[1], Hp = g->OH + (g->kh - 1) * g->d[0];
+    /* the row stride: the right padding of a row and the left one of the
+     * next share their zeros (see above) */
+    int64_t hi1 = Wf - g->lo[1] - g->W, Wp = g->W + (g->lo[1] > hi1 ? g->lo[1] : hi1);
+    Wp = Wp < g->OW ? g->OW : Wp > Wf ? Wf : Wp;
     int64_t Q = g->OH * Wp, ldw = (COg + 7) / 8 * 8, slack = (g->kw - 1) * g->d[1] + CGD_Q;
     size_t np = (size_t)(g->C * Hp * Wp + slack), npa = (np + 15) & ~(size_t)15;
     /* (ko after the planes at a multiple of 64 bytes: int64_t's alignment) */
@@ -293,8 +407,8 @@ static void cgd_image(cg_job *j, int n)
     for (int64_t pl = 0; pl < g->C; pl++)
         for (int64_t r = 0; r < Hp; r++) {
             float *dst = xp + (pl * Hp + r) * Wp;
-            int64_t ih = r - g->lo[0], a = g->lo[1] < Wp ? g->lo[1] : Wp;
-            int64_t b = g->lo[1] + g->W < Wp ? g->lo[1] + g->W : Wp;
+            int64_t ih = r - g->lo[0], a = g->lo[1] < Wf ? g->lo[1] : Wf;
+            int64_t b = g->lo[1] + g->W < Wf ? g->lo[1] + g->W : Wf;
             if (ih < 0 || ih >= g->H || b <= a) {
                 memset(dst, 0, (size_t)Wp * sizeof(float));
                 continue;
@@ -313,8 +427,10 @@ static void cgd_image(cg_job *j, int n)
         }
         float *y = (float *)j->yd + (n * g->CO + grp * COg) * L;
         for (int64_t q0 = 0, bw; q0 < Q; q0 += bw) {
-            /* blocks of 48, a tail of one 32 or 16 */
+            /* blocks of 48, a tail of one 32 or 16 (AVX2: of 8 to 40 in eights) */
             bw = Q - q0 > 32 ? CGD_Q : Q - q0 > 16 ? 32 : 16;
+            if (!j->v512 && Q - q0 < CGD_Q)
+                bw = (Q - q0 + 7) / 8 * 8;
             int nrun = 0; /* the block's runs of positions with ow < OW */
             for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < bw && oh < g->OH;) {
                 int64_t l = Wp - ow < bw - q ? Wp - ow : bw - q;
@@ -328,13 +444,19 @@ static void cgd_image(cg_job *j, int n)
             }
             for (int64_t co = 0; co < COg; co += 8) {
                 const float *wg = j->wt + grp * Kc * ldw + co;
+                int rows = COg - co < 8 ? (int)(COg - co) : 8;
+                if (!j->v512) {
+                    cgd2_block(xp + q0, ko, (int)Kc, wg, (int)ldw, rows, (int)bw, c);
+                    cgd2_store(y + co * L, L, rows, c, run, nrun);
+                    continue;
+                }
                 if (bw == CGD_Q)
                     cgd_block(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
                 else if (bw == 32)
                     cgd_block32(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
                 else
                     cgd_block16(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
-                cgd_store(y + co * L, L, COg - co < 8 ? (int)(COg - co) : 8, c, run, nrun);
+                cgd_store(y + co * L, L, rows, c, run, nrun);
             }
         }
     }
@@ -385,12 +507,16 @@ static void cg_image(void *arg, int n)
 /* w'^T [G][Kc][COg rounded up to 8] (zeros past COg) from w' [CO][Kc] for
  * the kernel without columns when it applies: f32 in and out, stride 1, no
  * input dilation or crop, two images or more (one image shares its product
- * between the threads instead), the AVX-512 level; else NULL. */
-static float *cgd_weights(const nt__conv_geo *g, nt_dtype dt, nt_dtype odt, const float *w)
+ * between the threads instead), the AVX-512 or AVX2 level (*v512 says
+ * which blocks); else NULL. */
+static float *cgd_weights(const nt__conv_geo *g, nt_dtype dt, nt_dtype odt, const float *w,
+                          bool *v512)
 {
 #if CONV_X86
     int64_t COg = g->CO / g->G, Kc = g->C / g->G * g->kh * g->kw, ldw = (COg + 7) / 8 * 8;
-    if (dt != NT_F32 || odt != NT_F32 || nt__gemm_isa() != NT_ISA_AVX512 || g->N < 2 ||
+    int isa = nt__gemm_isa();
+    *v512 = isa == NT_ISA_AVX512;
+    if (dt != NT_F32 || odt != NT_F32 || isa < NT_ISA_AVX2 || g->N < 2 ||
         atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed) ||
         g->s[0] != 1 || g->s[1] != 1 || g->u[0] != 1 || g->u[1] != 1 || g->lo[0] < 0 ||
         g->lo[1] < 0)
@@ -403,6 +529,7 @@ static float *cgd_weights(const nt__conv_geo *g, nt_dtype dt, nt_dtype odt, cons
     return wt;
 #else
     (void)g, (void)dt, (void)odt, (void)w;
+    *v512 = false;
     return NULL;
 #endif
 }
@@ -438,8 +565,9 @@ int nt__cpu_conv_gemm(const nt__rec *r)
                             else
                                 wf[j] = nt__load_f32(wd, dt, at);
                         }
-    float *wt = cgd_weights(&g, dt, odt, wf ? wf : (const float *)wd);
-    cg_job j = {&g, nt__tensor_data(x), wd, wf, nt__tensor_data(y), dt, odt, 0, wt};
+    bool v512;
+    float *wt = cgd_weights(&g, dt, odt, wf ? wf : (const float *)wd, &v512);
+    cg_job j = {&g, nt__tensor_data(x), wd, wf, nt__tensor_data(y), dt, odt, 0, wt, v512};
     if (g.N > 1)
         nt__par_blocks((int)g.N, cg_image, &j, true);
     else
@@ -474,6 +602,7 @@ typedef struct wgd {
     int64_t grp;
     int nv;
     bool cl;               /* xp channel-last [N][Hp][Wp][16] (wgc_* below) */
+    bool v512;             /* the AVX-512 tiles (else the AVX2 ones, wgd2_*) */
 } wgd;
 
 #if CONV_X86
@@ -686,6 +815,57 @@ __attribute__((target(NT_TARGET_AVX512))) static void wgc_pad_image(void *arg, i
     }
 }
 
+/* ---- the same tiles at the AVX2 level (wgd2_*) ----
+ *
+ * Output channels across the lanes of 256-bit vectors: 6 rows k x 16
+ * channels (2 vectors) of sums, or 3 rows x 32 channels (4 vectors), 12
+ * registers, over a tile's positions; 64 channels are two such passes of
+ * 32.  Each sum's recurrence is the AVX-512 tiles', so the same bits. */
+#define WGD2_R6(M) M(0) M(1) M(2) M(3) M(4) M(5)
+#define WGD2_R3(M) M(0) M(1) M(2)
+#define WGD2_Z2(r) __m256 a##r = _mm256_setzero_ps(), b##r = a##r;
+#define WGD2_F2(r)                                                                           \
+    {                                                                                        \
+        __m256 v = _mm256_broadcast_ss(b + o##r);                                            \
+        a##r = _mm256_fmadd_ps(v, g0, a##r), b##r = _mm256_fmadd_ps(v, g1, b##r);            \
+    }
+#define WGD2_S2(r) _mm256_storeu_ps(s + (r) * sw, a##r), _mm256_storeu_ps(s + (r) * sw + 8, b##r);
+#define WGD2_Z4(r) __m256 a##r = _mm256_setzero_ps(), b##r = a##r, c##r = a##r, d##r = a##r;
+#define WGD2_F4(r)                                                                           \
+    {                                                                                        \
+        __m256 v = _mm256_broadcast_ss(b + o##r);                                            \
+        a##r = _mm256_fmadd_ps(v, g0, a##r), b##r = _mm256_fmadd_ps(v, g1, b##r);            \
+        c##r = _mm256_fmadd_ps(v, g2, c##r), d##r = _mm256_fmadd_ps(v, g3, d##r);            \
+    }
+#define WGD2_S4(r)                                                                           \
+    _mm256_storeu_ps(s + (r) * sw, a##r), _mm256_storeu_ps(s + (r) * sw + 8, b##r),          \
+        _mm256_storeu_ps(s + (r) * sw + 16, c##r), _mm256_storeu_ps(s + (r) * sw + 24, d##r);
+
+/* NAME: rows ko[0 .. rows) (rows <= 6, or 3) x 16 channels (or 32) (gy^T
+ * rows gt, gw floats apart) over a tile of kt positions: the sums into s
+ * (rows sw apart). */
+#define WGD2_TILE(NAME, RN, Z, F, S, LOADS)                                                  \
+    __attribute__((target("avx2,fma"))) static void NAME(const float *xp, const int64_t *po, \
+                                                         int kt, const int64_t *ko, int rows, \
+                                                         const float *gt, int gw, float *s, \
+                                                         int sw)                            \
+    {                                                                                        \
+        RN(WGD_LOAD)                                                                         \
+        RN(Z)                                                                                \
+        for (int p = 0; p < kt; p++) {                                                       \
+            const float *b = xp + po[p], *gp = gt + (int64_t)p * gw;                         \
+            LOADS                                                                            \
+            RN(F)                                                                            \
+        }                                                                                    \
+        RN(S)                                                                                \
+    }
+#define WGD2_G2 __m256 g0 = _mm256_loadu_ps(gp), g1 = _mm256_loadu_ps(gp + 8);
+#define WGD2_G4                                                                              \
+    __m256 g0 = _mm256_loadu_ps(gp), g1 = _mm256_loadu_ps(gp + 8);                           \
+    __m256 g2 = _mm256_loadu_ps(gp + 16), g3 = _mm256_loadu_ps(gp + 24);
+WGD2_TILE(wgd2_tile6, WGD2_R6, WGD2_Z2, WGD2_F2, WGD2_S2, WGD2_G2)
+WGD2_TILE(wgd2_tile3, WGD2_R3, WGD2_Z4, WGD2_F4, WGD2_S4, WGD2_G4)
+
 /* wg_rows without columns: rows [k0, k1) of group grp (see wgd). */
 static void wgd_rows(wg_job *j, int64_t k0, int64_t k1)
 {
@@ -704,10 +884,17 @@ static void wgd_rows(wg_job *j, int64_t k0, int64_t k1)
                 oh = 0, n++;
         }
         const float *gt = d->gT + t0 * 16 * nv;
-        int R = nv == 4 ? 4 : WGD_R, sw = nv == 4 ? 64 : 32;
+        int R = nv == 4 ? 4 : WGD_R, sw = nv == 4 ? 64 : 32, w = 16 * nv;
+        if (!d->v512)
+            R = nv == 1 ? 6 : 3, sw = w;
         for (int64_t k = k0; k < k1; k += R) {
             int rows = (int)(k1 - k < R ? k1 - k : R);
-            if (nv == 4)
+            if (!d->v512 && nv == 1)
+                wgd2_tile6(d->xp, po, kt, d->ko + k, rows, gt, w, s, sw);
+            else if (!d->v512) /* 32 channels at a time */
+                for (int c0 = 0; c0 < w; c0 += 32)
+                    wgd2_tile3(d->xp, po, kt, d->ko + k, rows, gt + c0, w, s + c0, sw);
+            else if (nv == 4)
                 wgd_tile4(d->xp, po, kt, d->ko + k, rows, gt, s);
             else
                 wgd_tile(d->xp, po, kt, d->ko + k, rows, gt, nv, s);
@@ -741,6 +928,35 @@ __attribute__((target(NT_TARGET_AVX512))) static int64_t wgd_tr16(const float *s
     return e;
 }
 
+/* wgd_tr16 at the AVX2 level: 8 x 8 blocks (w a multiple of 16). */
+__attribute__((target("avx2,fma"))) static int64_t wgd_tr8(const float *src, int64_t ld,
+                                                         int64_t n, int64_t l, float *dst, int w)
+{
+    int64_t e = 0;
+    for (; e + 8 <= l; e += 8)
+        for (int c0 = 0; c0 < w; c0 += 8) {
+            __m256 r[8], t[8], u[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = c0 + i < n ? _mm256_loadu_ps(src + (c0 + i) * ld + e) : _mm256_setzero_ps();
+            for (int i = 0; i < 8; i += 2)
+                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]),
+                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            for (int i = 0; i < 8; i += 4) {
+                u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+                u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+                u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+                u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+            }
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_ps(dst + (e + i) * w + c0,
+                                 _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+                _mm256_storeu_ps(dst + (e + i + 4) * w + c0,
+                                 _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+            }
+        }
+    return e;
+}
+
 /* Block b of the group's gy^T: positions [b 8192, ..), along each image's
  * run: 16 x 16 blocks in registers, the run's last positions channel by
  * channel. */
@@ -753,8 +969,8 @@ static void wgd_transpose(void *arg, int b)
     int64_t p0 = (int64_t)b * WGD_TB, p1 = P - p0 < WGD_TB ? P : p0 + WGD_TB;
     for (int64_t p = p0; p < p1;) {
         int64_t im = p / L, q = p % L, l = L - q < p1 - p ? L - q : p1 - p;
-        int64_t e0 = wgd_tr16(d->gd + (im * g->CO + d->grp * COg) * L + q, L, COg, l,
-                              d->gT + p * w, (int)w);
+        int64_t e0 = (d->v512 ? wgd_tr16 : wgd_tr8)(d->gd + (im * g->CO + d->grp * COg) * L + q,
+                                                    L, COg, l, d->gT + p * w, (int)w);
         for (int64_t c = 0; e0 < l && c < w; c++) {
             float *gp = d->gT + p * w + c;
             if (c >= COg) {
@@ -848,14 +1064,15 @@ static void wg_rows(void *arg, int b)
 }
 
 /* xp (and d's geometry, its ko [Kc]) for the kernel without columns when it
- * applies: f32 x and gy, the AVX-512 level, at most 64 output channels per
+ * applies: f32 x and gy, the AVX-512 or AVX2 level, at most 64 output channels per
  * group, no input dilation or crop; else NULL (or no memory: the columns'
  * path, the same bits). */
 static float *wgd_pad(const nt__conv_geo *g, const nt_tensor *x, const nt_tensor *gy, wgd *d)
 {
 #if CONV_X86
     int64_t COg = g->CO / g->G, Kc = g->C / g->G * g->kh * g->kw, P = g->N * g->OH * g->OW;
-    if (x->dtype != NT_F32 || gy->dtype != NT_F32 || nt__gemm_isa() != NT_ISA_AVX512 ||
+    int isa = nt__gemm_isa();
+    if (x->dtype != NT_F32 || gy->dtype != NT_F32 || isa < NT_ISA_AVX2 ||
         atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed) ||
         COg > 64 || g->u[0] != 1 || g->u[1] != 1 || g->lo[0] < 0 || g->lo[1] < 0 ||
         P == 0 || P / WGD_TB >= INT32_MAX)
@@ -863,7 +1080,8 @@ static float *wgd_pad(const nt__conv_geo *g, const nt_tensor *x, const nt_tensor
     d->g = g, d->nv = COg <= 16 ? 1 : COg <= 32 ? 2 : 4;
     d->Hp = (g->OH - 1) * g->s[0] + (g->kh - 1) * g->d[0] + 1;
     d->Wp = (g->OW - 1) * g->s[1] + (g->kw - 1) * g->d[1] + 1;
-    d->cl = g->G == 1 && g->C % 16 == 0 && g->CO % 16 == 0 &&
+    d->v512 = isa == NT_ISA_AVX512;
+    d->cl = d->v512 && g->G == 1 && g->C % 16 == 0 && g->CO % 16 == 0 &&
             g->kh * g->kw * (g->C / 16) <= WGC_MAXV;
     /* gT only for the column-major kernel: the channel-last one reads gy in place */
     size_t np = (size_t)(g->N * g->C * d->Hp * d->Wp), ng = d->cl ? 0 : (size_t)(P * 16 * d->nv);
@@ -898,10 +1116,12 @@ int nt__cpu_conv_wgrad(const nt__rec *r)
         return nt__kerr(NT_EHOSTMEM, "out of host memory for the convolution's weight gradient");
     char *od = nt__tensor_data(dw);
     size_t oes = nt__dtype_size(odt);
-    /* two halves where the product is worth a second thread */
-    int64_t nblk = Kc >= 32 && (double)P * (double)Kc * (double)COg >= (double)(1 << 20) ? 2 : 1;
     wgd d = {0};
     float *xp = wgd_pad(&g, x, gy, &d);
+    /* two halves where the product is worth a second thread (without
+     * columns a half costs no columns of its own: the stem's 9 rows too) */
+    int64_t nblk = (Kc >= 32 || xp) && (double)P * (double)Kc * (double)COg >= (double)(1 << 20)
+                       ? 2 : 1;
     for (int64_t grp = 0; grp < g.G; grp++) {
         wg_job j = {&g, nt__tensor_data(x), nt__tensor_data(gy), dt, (nt_dtype)gy->dtype,
                     grp, nblk, CT, 0, xp ? &d : NULL};

@@ -202,19 +202,38 @@ static void test_conv_paths(void **state)
         {{2, 16, 5, 6}, {16, 16, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 1},
         {{2, 16, 7, 8}, {16, 16, 3, 4}, {1, 1}, {1, 2}, {1, 1}, 1},
         {{5, 16, 6, 19}, {16, 16, 2, 2}, {1, 1}, {1, 0}, {1, 1}, 1},
+        /* the column-free kernels' edges at either vector level: padded
+         * rows sharing their zeros (padding 2; 0 and 2; 3, more than the
+         * kernel, rows then OW apart), 5 output channels (a half block of
+         * one), the stem's one input channel (rows 6 + 3, its weight
+         * gradient's 9 rows split between the threads), 40 channels
+         * (the AVX2 weight gradient's two passes of 32), dilation */
+        {{3, 5, 7, 13}, {5, 5, 3, 3}, {1, 1}, {2, 2}, {1, 1}, 1},
+        {{2, 7, 4, 10}, {9, 7, 2, 3}, {1, 1}, {0, 2}, {1, 1}, 1},
+        {{2, 2, 9, 4}, {3, 2, 3, 3}, {1, 1}, {3, 3}, {1, 1}, 1},
+        {{10, 1, 28, 28}, {16, 1, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+        {{2, 3, 6, 5}, {40, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+        {{2, 3, 11, 9}, {4, 3, 3, 3}, {1, 1}, {2, 1}, {2, 2}, 1},
+        {{3, 4, 5, 3}, {12, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 2},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        outs fast = {0}, ref = {0};
-        assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
-        atomic_store(&nt__cpu_ref_paths, 0);
-        conv_run(&cases[i], &fast);
-        atomic_store(&nt__cpu_ref_paths, 1);
-        conv_run(&cases[i], &ref);
-        atomic_store(&nt__cpu_ref_paths, 0);
-        char what[64];
-        snprintf(what, sizeof what, "conv2d case %zu", i);
-        compare(what, &fast, &ref);
-    }
+    /* every vector level this CPU runs against the reference path */
+    static const int isas[] = {NT_ISA_AVX2, NT_ISA_AVX512};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int l = 0; l < 2; l++) {
+            if (!nt__gemm_isa_runs(isas[l]))
+                continue;
+            outs fast = {0}, ref = {0};
+            assert_int_equal(nt_config_set("NT_BACKEND", "cpu"), 0);
+            atomic_store(&nt__cpu_ref_paths, 1);
+            conv_run(&cases[i], &ref);
+            atomic_store(&nt__cpu_ref_paths, 0);
+            assert_int_equal(nt__gemm_set_isa(isas[l]), 0);
+            conv_run(&cases[i], &fast);
+            assert_int_equal(nt__gemm_set_isa(-1), 0);
+            char what[64];
+            snprintf(what, sizeof what, "conv2d case %zu (%s)", i, nt__gemm_isa_label(isas[l]));
+            compare(what, &fast, &ref);
+        }
 }
 
 /* ---------------- 2 x 2 max pooling ---------------- */
