@@ -491,7 +491,7 @@ static int quant_pass(nt_tensor *x, nt_tensor *scale, const nt_dtype dt[2], nt_t
         *am = m;
     }
     bool ok = q[0] && (q[1] || !nt__dtype_is_fp8(dt[1])) && (!am || *am);
-    return ok ? 0 : (nt_last_error() ? nt_last_error() : NT_EEXEC);
+    return ok ? 0 : (nt__err_or(NT_EEXEC));
 }
 
 /* Joins amax am (f32 [1, 1], from quant_pass) to the step's amax of row
@@ -505,7 +505,7 @@ static int pend_max(fp8_slot *s, int row, nt_tensor *am)
     fp8_dev *d = s->d;
     nt_tensor *pv = nt_reshape(nt_narrow(d->pending, 0, row, 1), 2, (int64_t[]){1, 1});
     if (!pv || nt_copy_into(pv, nt_maximum(pv, am)))
-        return nt_last_error() ? nt_last_error() : NT_EEXEC;
+        return nt__err_or(NT_EEXEC);
     g_mutex_lock(&s->r->lock);
     d->folded = true; /* pending holds amaxes of this step: collect joins them */
     g_mutex_unlock(&s->r->lock);
@@ -561,7 +561,7 @@ static int dev_prods(fp8_dev *d, GMutex *lock)
     p[1] = nt_mul(c[2], c[1]);
     p[2] = nt_mul(c[0], c[2]);
     if (!p[0] || !p[1] || !p[2])
-        return nt_last_error() ? nt_last_error() : NT_EEXEC;
+        return nt__err_or(NT_EEXEC);
     g_mutex_lock(lock);
     for (int i = 0; i < 3; i++) {
         if (d->prod[i])
@@ -699,7 +699,7 @@ static int bwd_saved(fp8_slot *s, fp8_saved *e, nt_tensor *a, nt_tensor *b, nt_t
     nt_dtype dts[2] = {row_dtype(s, 2), NT_DTYPE_COUNT};
     nt_tensor *qg[2], *am, *sg = nt_narrow(s->d->scale, 0, 3 * s->k + 2, 1);
     if (!sg || quant_pass(g, sg, dts, qg, &am) || pend_max(s, 3 * s->k + 2, am))
-        return nt_last_error() ? nt_last_error() : NT_EEXEC;
+        return nt__err_or(NT_EEXEC);
     /* da in g's shape (a's leading dims), db from g viewed as [rows, N] */
     int64_t N = b->shape[1];
     nt_tensor *da = mmp(qg[0], nt_transpose(e->qb, 0, 1), e->pda, (nt_dtype)a->dtype);
@@ -837,7 +837,7 @@ static int dev_collect(fp8_dev *d)
     nt_tensor *p = nt_narrow(d->pending, 0, 0, n);
     if (v && d->folded)
         v = nt_maximum(v, p);
-    int rc = v && p && !nt_copy_into(p, v) ? 0 : (nt_last_error() ? nt_last_error() : NT_EINVAL);
+    int rc = v && p && !nt_copy_into(p, v) ? 0 : (nt__err_or(NT_EINVAL));
     nt_scope_end(sc);
     nt_stream_set_current(old);
     g_free(cnt);
@@ -1013,7 +1013,7 @@ static int dev_write(nt_fp8_recipe *r, fp8_dev *d, const nt__fp8_state *st)
     int rc = 0;
     for (int k = 0; k < 4 && !rc; k++) {
         nt_tensor *t = nt_from_host(src[k], NT_F32, dst[k]->ndim, dst[k]->shape);
-        rc = t && !nt_copy_into(dst[k], t) ? 0 : (nt_last_error() ? nt_last_error() : NT_EINVAL);
+        rc = t && !nt_copy_into(dst[k], t) ? 0 : (nt__err_or(NT_EINVAL));
     }
     nt_scope_end(sc);
     nt_stream_set_current(old);

@@ -46,7 +46,7 @@ nt_tensor *nt__saved_out(nt__bctx *b, int i)
 #define TRY(x)                                                                              \
     do {                                                                                    \
         if (!(x))                                                                           \
-            return nt_last_error() ? nt_last_error() : NT_EEXEC;                            \
+            return nt__err_or(NT_EEXEC);                            \
     } while (0)
 
 /* Sums g over the dims that broadcasting added or stretched, so it has the

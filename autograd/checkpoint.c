@@ -172,7 +172,7 @@ static int take_outputs(const nt_site *site, const char *api, nt_tensor **output
 {
     for (int j = 0; j < n_out; j++)
         if (!outputs[j] || outputs[j]->magic != NT__MAGIC_LIVE) {
-            int code = nt_last_error() ? nt_last_error() : NT_EINVAL;
+            int code = nt__err_or(NT_EINVAL);
             if (!nt_last_error())
                 nt__err(site, code, api,
                         "the block returned 0 but outputs[%d] is %s; fn must set each of its "
@@ -366,7 +366,7 @@ NT_API int nt_checkpoint_at(const nt_site *site, nt_checkpoint_fn fn, void *ctx,
         char arg[32];
         snprintf(arg, sizeof arg, "inputs[%d]", i);
         if (!nt__check_arg(site, api, arg, inputs[i]))
-            return nt_last_error() ? nt_last_error() : NT_EINVAL;
+            return nt__err_or(NT_EINVAL);
     }
 
     bool graph = nt__ag_enabled();
@@ -526,7 +526,7 @@ int nt__ckpt_recompute(nt__node *n, nt_tensor **outs)
         if (rc) {
             char code[48];
             snprintf(code, sizeof code, "the block returned %d", frc);
-            rc = recompute_err(n, nt_last_error() ? nt_last_error() : NT_EINVAL,
+            rc = recompute_err(n, nt__err_or(NT_EINVAL),
                                "recomputing the block of nt_checkpoint failed: %s",
                                nt_last_error() ? nt_last_error_message() : code);
             drop_outputs(outs, n->nout, s);

@@ -110,13 +110,13 @@ NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *pa
         norms[k] = ni && dev != here ? nt_to_device_at(site, ni, here) : ni;
         nt__dev_leave(&dv);
         if (!norms[k++])
-            rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+            rc = nt__err_or(NT_EINVAL);
     }
     nt_tensor *total = NULL;
     if (!rc && any64) {
         for (int j = 0; j < k && !rc; j++)
             if (norms[j]->dtype != NT_F64 && !(norms[j] = nt__copy_to(site, fn, norms[j], NT_F64)))
-                rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+                rc = nt__err_or(NT_EINVAL);
         total = rc ? NULL : norm64(site, fn, k == 1 ? norms[0] : nt_cat_at(site, norms, k, 0));
         total = total ? nt_reshape_at(site, total, 0, NULL) : NULL;
     } else if (!rc) {
@@ -146,7 +146,7 @@ NT_API nt_tensor *nt_clip_grad_norm_at(const nt_site *site, nt_tensor *const *pa
             nt_tensor *c = on[g->dev];
             if (c && g->dtype != c->dtype)
                 c = nt__copy_to(site, fn, c, (nt_dtype)g->dtype);
-            rc = c ? nt_mul_inplace_at(site, g, c) : (nt_last_error() ? nt_last_error() : NT_EINVAL);
+            rc = c ? nt_mul_inplace_at(site, g, c) : (nt__err_or(NT_EINVAL));
             nt__dev_leave(&dv);
         }
     }

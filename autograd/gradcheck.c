@@ -18,7 +18,7 @@ static int eval_loss(nt_tensor *(*f)(nt_tensor *const *, void *), nt_tensor *con
     nt_tensor *y = f(in, ctx);
     nt__user_code_end();
     nt_tensor *l = y ? nt_sum(nt_mul(nt_cast(y, nt_dtype_of(w)), w), NT_DIM_ALL, false) : NULL;
-    int rc = l ? nt_item(l, out) : (nt_last_error() ? nt_last_error() : NT_EEXEC);
+    int rc = l ? nt_item(l, out) : (nt__err_or(NT_EEXEC));
     nt_no_grad_end();
     nt_scope_end(s);
     return rc;
@@ -56,7 +56,7 @@ NT_API int nt_gradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx), nt_ten
     nt_tensor *y = f(in, ctx);
     nt__user_code_end();
     if (!y) {
-        rc = nt_last_error() ? nt_last_error() : NT_EEXEC;
+        rc = nt__err_or(NT_EEXEC);
         goto out;
     }
     /* each tensor is worked on on its own device (inputs may be on several) */

@@ -66,7 +66,7 @@ static int gg_eval(gg_t *c, nt_tensor *const *in, nt_tensor *v, int i, nt_tensor
     int rc = nt_set_requires_grad(p, true);
     nt_tensor *L = rc ? NULL : gg_loss(c, xs, i == c->n ? p : v, false);
     if (!rc)
-        rc = L ? nt_item(L, out) : (nt_last_error() ? nt_last_error() : NT_EEXEC);
+        rc = L ? nt_item(L, out) : (nt__err_or(NT_EEXEC));
     nt_scope_end(s);
     return rc;
 }
@@ -219,7 +219,7 @@ NT_API int nt_gradgradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx),
         goto out;
     }
     if (!y || !(v = gg_grad_output(y, grad_output))) {
-        rc = nt_last_error() ? nt_last_error() : NT_EEXEC;
+        rc = nt__err_or(NT_EEXEC);
         goto out;
     }
     for (int i = 0; i < n && !rc; i++) {
@@ -232,7 +232,7 @@ NT_API int nt_gradgradcheck(nt_tensor *(*f)(nt_tensor *const *in, void *ctx),
     wrt[n] = v;
     /* analytic: the double backward of L */
     if (!rc && !(L = gg_loss(&c, in, v, true)))
-        rc = nt_last_error() ? nt_last_error() : NT_EEXEC;
+        rc = nt__err_or(NT_EEXEC);
     if (!rc && nt_requires_grad(L))
         rc = nt_autograd_grad(&L, 1, wrt, n + 1, NULL, false, false, true, ga);
     /* (L without a graph: every second derivative is 0, ga stays NULL) */

@@ -539,7 +539,7 @@ static int make_state(nt_tensor **st, nt_tensor *like, double v, const nt_site *
     *st = own(v == 0 ? nt_zeros_like_at(site, like) : nt_full_at(site, (nt_dtype)like->dtype,
                                                                   like->ndim, like->shape, v));
     nt__capture_resume();
-    return *st ? 0 : (nt_last_error() ? nt_last_error() : NT_EINVAL);
+    return *st ? 0 : (nt__err_or(NT_EINVAL));
 }
 
 /* Makes the state tensors want (bits 0..2: s0..s2) at a parameter's first
@@ -1040,7 +1040,7 @@ static int step_locked(nt_optim *o, const nt_site *site, const char *fn)
             g = nt__copy_to(site, fn, g, (nt_dtype)w->dtype);
         nt_tensor *w_new = !g ? NULL : update(o, s, g, site, fn);
         if (!w_new)
-            rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+            rc = nt__err_or(NT_EINVAL);
         else
             rc = nt_copy_into_at(site, w, w_new);
         /* masters: the parameter gets the new master value, rounded (from

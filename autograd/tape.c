@@ -1375,7 +1375,7 @@ static int backward_impl(const nt_site *site, const char *fn, nt_tensor *loss,
                          nt_tensor *gradient, bool retain, bool create)
 {
     if (!nt__ensure_init() || !nt__check_arg(site, fn, "loss", loss))
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+        return nt__err_or(NT_EINVAL);
     if (!gradient && nt__numel(loss->ndim, loss->shape) != 1) {
         char s1[128];
         return nt__err(site, NT_ESHAPE, fn,

@@ -90,6 +90,13 @@ int nt__err(const nt_site *site, int code, const char *fn, const char *fmt, ...)
     nt__err((site), NT_EHOSTMEM, (fn), "out of host memory for %s", (what))
 /* Sets the thread's error to a preformatted message. */
 void nt__err_set(int code, const char *msg);
+/* The thread's error code if a call set one, else dflt: what a caller
+ * returns after a callee failed without always saying why. */
+static inline int nt__err_or(int dflt)
+{
+    int rc = nt_last_error();
+    return rc ? rc : dflt;
+}
 /* Writes "file:line in func" (or a symbolised return address) to buf; a
  * file too long for n loses its start ("...dir/f.c:12 in main"). */
 void nt__site_format(const nt_site *site, char *buf, size_t n);

@@ -183,7 +183,7 @@ NT_API int nt_split_at(const nt_site *site, nt_tensor *t, int64_t split_size, in
 {
     const char *fn = "nt_split";
     if (!nt__ensure_init())
-        return nt_last_error() ? nt_last_error() : NT_ESTATE;
+        return nt__err_or(NT_ESTATE);
     if (!nt__check_arg(site, fn, "t", t))
         return nt_last_error();
     int d = nt__norm_dim(dim, t->ndim);
@@ -271,7 +271,7 @@ NT_API int nt_topk_at(const nt_site *site, nt_tensor *x, int64_t k, int dim, boo
     if (indices)
         *indices = NULL;
     if (!nt__ensure_init())
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+        return nt__err_or(NT_EINVAL);
     if (!values || !indices)
         return nt__err(site, NT_EINVAL, fn, "argument '%s' is NULL; expected where to put the %s",
                        values ? "indices" : "values", values ? "indices" : "values");

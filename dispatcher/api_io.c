@@ -256,7 +256,7 @@ NT_API int nt_to_host_at(const nt_site *site, nt_tensor *t, void *dst, size_t nb
     if (!nt__ensure_init())
         return nt_last_error();
     if (!nt__check_arg(site, fn, "t", t))
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+        return nt__err_or(NT_EINVAL);
     size_t need = (size_t)nt__numel(t->ndim, t->shape) * nt__dtype_size((nt_dtype)t->dtype);
     if (!dst && need)
         return nt__err(site, NT_EINVAL, fn, "argument 'dst' is NULL");
@@ -278,7 +278,7 @@ NT_API int nt_item_at(const nt_site *site, nt_tensor *t, double *out)
     if (!nt__ensure_init())
         return nt_last_error();
     if (!nt__check_arg(site, fn, "t", t))
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+        return nt__err_or(NT_EINVAL);
     if (!out)
         return nt__err(site, NT_EINVAL, fn, "argument 'out' is NULL");
     int64_t n = nt__numel(t->ndim, t->shape);
@@ -315,7 +315,7 @@ NT_API int nt_print_at(const nt_site *site, nt_tensor *t)
     if (!nt__ensure_init())
         return nt_last_error();
     if (!nt__check_arg(site, "nt_print", "t", t))
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+        return nt__err_or(NT_EINVAL);
     if (nt__wait_tensor(site, "nt_print", t))
         return nt_last_error();
     NT__COUNT(bytes_to_host, (size_t)nt__numel(t->ndim, t->shape) *

@@ -221,7 +221,7 @@ int nt__bn_update(const nt_site *site, const char *fn, nt_tensor *r, nt_tensor *
     nt_tensor *c = a ? nt__scalar(site, fn, NT_OP_MUL_SCALAR, stat, momentum, 0) : NULL;
     nt_tensor *n = c ? nt__binary(site, fn, NT_OP_ADD, a, c) : NULL;
     if (!n)
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+        return nt__err_or(NT_EINVAL);
     return nt_copy_into_at(site, r, n);
 }
 
@@ -265,7 +265,7 @@ int nt__bn_grads(const nt_site *site, double eps, nt_tensor *g, nt_tensor *x, nt
         g = nt_cast_at(site, g, NT_F32);
     nt_tensor *in[4] = {g ? nt_contiguous_at(site, g) : NULL, x, stats, w};
     if (!in[0])
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+        return nt__err_or(NT_EINVAL);
     if (!nt__call_begin(&c, site, fn, NT_OP_BN_BWD, 4, in, "grad,x,stats,?w")) {
         nt__call_fail(&c);
         return nt_last_error();
@@ -281,7 +281,7 @@ int nt__bn_grads(const nt_site *site, double eps, nt_tensor *g, nt_tensor *x, nt
     c.flops = 14.0 * (double)nt__numel(x->ndim, x->shape);
     nt_tensor *dx = nt__dispatch(&c);
     if (!dx)
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+        return nt__err_or(NT_EINVAL);
     nt_tensor *dwb = c.out[1];
     if (live[0])
         gin[0] = dx;

@@ -288,7 +288,7 @@ NT_API int nt_sort_at(const nt_site *site, nt_tensor *x, int dim, bool descendin
     if (indices)
         *indices = NULL;
     if (!nt__ensure_init())
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+        return nt__err_or(NT_EINVAL);
     if (!values || !indices)
         return nt__err(site, NT_EINVAL, fn, "argument '%s' is NULL; expected where to put the %s",
                        values ? "indices" : "values", values ? "indices" : "values");

@@ -367,7 +367,7 @@ static int pool_end(pctx *P, nt_tensor **a, nt_tensor **b)
         *a = NULL;
         if (b)
             *b = NULL;
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+        return nt__err_or(NT_EINVAL);
     }
     *a = nt__scope_adopt(*a, P->fn);
     if (b)

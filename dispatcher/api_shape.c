@@ -206,7 +206,7 @@ NT_API int nt_chunk_at(const nt_site *site, nt_tensor *t, int64_t chunks, int di
 {
     const char *fn = "nt_chunk";
     if (!arg_ok(site, fn, t))
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+        return nt__err_or(NT_EINVAL);
     if (chunks <= 0)
         return nt__err(site, NT_EINVAL, fn, "argument 'chunks' is %lld; expected >= 1",
                        (long long)chunks);

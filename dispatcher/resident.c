@@ -63,7 +63,7 @@ int nt__mem_release(const nt_site *site, const char *fn, nt_tensor *t)
     if (!nt__ensure_init())
         return nt_last_error();
     if (!nt__check_arg(site, fn, "t", t))
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+        return nt__err_or(NT_EINVAL);
     nt_stream *s = nt__stream_current();
     int rc = capture_check(site, fn, s);
     if (rc)
@@ -91,7 +91,7 @@ int nt__mem_refill(const nt_site *site, const char *fn, nt_tensor *t, nt_tensor 
         return nt_last_error();
     if (!nt__check_arg(site, fn, "t", t) || !nt__check_arg(site, fn, "src", src) ||
         !nt__check_resident(site, fn, "src", src))
-        return nt_last_error() ? nt_last_error() : NT_EINVAL;
+        return nt__err_or(NT_EINVAL);
     nt__storage *st = t->st;
     size_t es = nt__dtype_size((nt_dtype)t->dtype);
     if (t->offset != 0 || !nt__is_contig(t) ||

@@ -240,10 +240,9 @@ static bool check_shard(const nt_site *site, const nt_ddp *d, const char *fn, in
 
 /* The code of the error a failed call left, or dflt when it left none
  * (a NULL from a call that sets no error). */
-static int err_or(int dflt) { return nt_last_error() ? nt_last_error() : dflt; }
 
 /* The error of a call that returned NULL. */
-static int errc(void) { return err_or(NT_EINVAL); }
+static int errc(void) { return nt__err_or(NT_EINVAL); }
 
 /* ---------------- create, destroy ---------------- */
 
@@ -358,7 +357,7 @@ static int replicate(const nt_site *site, nt_ddp *d, nt_tensor *const *params, i
         }
         nt_no_grad_end();
         if (!rc && m->dev != home && !prev && !(prev = nt_event_create()))
-            rc = err_or(NT_EHOSTMEM);
+            rc = nt__err_or(NT_EHOSTMEM);
         if (!rc && m->dev != home)
             rc = nt_event_record(prev, NULL);
         leave(old);

@@ -187,7 +187,7 @@ static int make_groups(nt_mesh *m, int a, const int *pcount, const int *pfirst, 
                            base, me);
         nt_comm *c = one && nproc > 1 ? nt__comm_create_local(devs, nd) : nt_comm_create(devs, nd);
         if (!c)
-            return nt_last_error() ? nt_last_error() : NT_EINVAL;
+            return nt__err_or(NT_EINVAL);
         m->owned[m->nowned++] = c;
         for (int i = 0; i < nd; i++)
             m->comm[a * m->ndev + devs[i]] = c;

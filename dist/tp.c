@@ -107,7 +107,7 @@ int nt__group_end(nt_scope *s, const char *fn, int rc, nt_tensor **out, int n)
 {
     for (int i = 0; i < n && !rc; i++)
         if (!out[i])
-            rc = nt_last_error() ? nt_last_error() : NT_EINVAL;
+            rc = nt__err_or(NT_EINVAL);
     if (!rc)
         for (int i = 0; i < n; i++)
             nt_keep(out[i]);

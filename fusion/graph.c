@@ -2163,7 +2163,7 @@ static int grp_replay(const nt_site *site, nt_graph *g)
         if (it->seg)
             rc = replay_prep(site, it->seg, &rps[i], &rs[i]);
         else if (!(preps[i] = it->ops->prepare(it->coll, site)))
-            rc = nt_last_error() ? nt_last_error() : NT_EHOSTMEM;
+            rc = nt__err_or(NT_EHOSTMEM);
     }
     if (rc) {
         for (int i = 0; i < n && rps && rs && preps; i++) {
@@ -2428,7 +2428,7 @@ static int cache_capture(const nt_site *site, nt_graph_cache *c, nt_tensor *cons
         rc = nt_graph_input_at(site, in[i], input_name(i, nm));
     if (!rc)
         rc = c->fn(c->ctx, in, c->nin, ne.outs, c->nout);
-    int code = rc ? (nt_last_error() ? nt_last_error() : rc) : 0;
+    int code = rc ? nt__err_or(rc) : 0;
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", nt_last_error_message());
     if (tl_cap || !rc) { /* end the capture whatever happened */

@@ -1218,7 +1218,7 @@ static nt_tensor *rec_to_tensor(ck_rec *r, int dev)
  * user's call's: "nt_load: loading '<path>': <the inner message>". */
 static int load_failed(const char *fn, const char *path)
 {
-    int code = nt_last_error() ? nt_last_error() : NT_EINVAL;
+    int code = nt__err_or(NT_EINVAL);
     char head[NT__SITE_MAX], msg[NT__ERRMSG_MAX];
     snprintf(head, sizeof head, "%s: loading '%s': ", fn, path);
     nt__msg_join(msg, sizeof msg, head, nt_last_error_message(), "");
