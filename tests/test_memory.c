@@ -734,6 +734,42 @@ static void test_release_refill_same_bits(void **state)
     unsetenv("NT_BACKEND");
 }
 
+/* A refill called inside an autocast region copies the source's f32 bits
+ * as they are: the copy is not an op autocast rounds (x / 3 has no bf16
+ * form), on both backends in every mode. */
+static void test_refill_under_autocast(void **state)
+{
+    (void)state;
+    static float want[RK * RN], got[RK * RN];
+    for (int be = 0; be < 2; be++)
+        for (int m = 0; m < NMODES; m++) {
+            setenv("NT_BACKEND", backends2[be], 1);
+            start(NULL, modes[m]);
+            nt_scope *sc = nt_scope_begin();
+            nt_tensor *p = ramp(RK, RN, 1.0);
+            nt_tensor *g = nt_mul_scalar(p, 1.0 / 3.0);
+            nt_tensor *src = nt_mul_scalar(p, 1.0 / 3.0);
+            assert_int_equal(nt_to_host(src, want, sizeof want), 0);
+            assert_int_equal(nt__mem_release(NULL, "test_release", g), 0);
+            assert_int_equal(nt_autocast_begin(NT_BF16), 0);
+            int rc = nt__mem_refill(NULL, "test_refill", g, src);
+            assert_int_equal(nt_autocast_end(), 0);
+            assert_int_equal(rc, 0);
+            assert_int_equal(nt_dtype_of(g), NT_F32);
+            assert_int_equal(nt_to_host(g, got, sizeof got), 0);
+            if (memcmp(want, got, sizeof want))
+                fail_msg("%s %s: the refill under autocast changed the bits", backends2[be],
+                         modes[m]);
+            nt_scope_end(sc);
+            assert_int_equal(nt_sync(), 0);
+            nt_stats st;
+            nt_stats_get(&st);
+            assert_int_equal(st.device_bytes_in_use, 0);
+            stop();
+        }
+    unsetenv("NT_BACKEND");
+}
+
 /* While released, every read of any view of the storage is refused at the
  * call, naming it and the tensor: an op, a view, a sync, a backward that
  * needs the saved value; nothing stale is ever read.  The handles can
@@ -952,6 +988,7 @@ int main(void)
         cmocka_unit_test(test_release_refused),
         cmocka_unit_test(test_refill_enomem),
         cmocka_unit_test(test_release_cross_stream),
+        cmocka_unit_test(test_refill_under_autocast),
     };
     return cmocka_run_group_tests_name("memory", tests, NULL, NULL);
 }
