@@ -721,6 +721,30 @@ static int scat_finish(gradmap *gm, nt_tensor *t, const nt_site *site)
     return rc;
 }
 
+/* Room for one more slice-gradient slot (false: out of host memory, the
+ * caller takes the ordinary backward). */
+static bool scat_room(gradmap *gm)
+{
+    if (gm->nscat < gm->scatcap)
+        return true;
+    size_t cap = gm->scatcap ? 2 * gm->scatcap : 8;
+    struct scat *p = realloc(gm->scat, cap * sizeof *p);
+    if (!p)
+        return false;
+    gm->scat = p;
+    gm->scatcap = cap;
+    return true;
+}
+
+/* Whether [lo, hi) meets a slice e holds already. */
+static bool scat_overlaps(const struct scat *e, int64_t lo, int64_t hi)
+{
+    for (int i = 0; i < e->n; i++)
+        if (lo < e->hi[i] && e->lo[i] < hi)
+            return true;
+    return false;
+}
+
 /* Keeps the buffer a backward wrote in place (nt__bctx.placed), the
  * latest 8 (a buffer's slices come soon after its backward). */
 static void placed_keep(gradmap *gm, nt_tensor *t)
@@ -766,18 +790,11 @@ static int placed_into(gradmap *gm, nt__node *n, nt_tensor *g, bool reshaped, nt
     struct scat *e = NULL;
     if (*slot) {
         e = scat_find(gm, *slot);
-        if (!e || !e->inplace || e->buf->st != P->st || e->dim != n->p.dim || e->n == SCAT_MAX)
+        if (!e || !e->inplace || e->buf->st != P->st || e->dim != n->p.dim ||
+            e->n == SCAT_MAX || scat_overlaps(e, lo, hi))
             return 1;
-        for (int i = 0; i < e->n; i++)
-            if (lo < e->hi[i] && e->lo[i] < hi)
-                return 1;
-    } else if (gm->nscat == gm->scatcap) {
-        size_t cap = gm->scatcap ? 2 * gm->scatcap : 8;
-        struct scat *p = realloc(gm->scat, cap * sizeof *p);
-        if (!p)
-            return 1;
-        gm->scat = p;
-        gm->scatcap = cap;
+    } else if (!scat_room(gm)) {
+        return 1;
     }
     nt_tensor *buf = *slot ? *slot : nt_reshape_at(&n->site, P, m->ndim, m->shape);
     nt_tensor *v = buf ? nt_slice_at(&n->site, buf, n->p.dim, lo, hi, 1) : NULL;
@@ -840,20 +857,12 @@ static int slice_into_as(gradmap *gm, nt__node *n, nt_tensor *g, bool reshaped)
     struct scat *e = NULL;
     if (*slot) {
         e = scat_find(gm, *slot);
-        if (!e || e->dim != n->p.dim || e->n == SCAT_MAX || g->dev != (*slot)->dev)
+        if (!e || e->dim != n->p.dim || e->n == SCAT_MAX || g->dev != (*slot)->dev ||
+            scat_overlaps(e, lo, hi))
             return 1;
-        for (int i = 0; i < e->n; i++)
-            if (lo < e->hi[i] && e->lo[i] < hi)
-                return 1;
     } else {
-        if (gm->nscat == gm->scatcap) {
-            size_t cap = gm->scatcap ? 2 * gm->scatcap : 8;
-            struct scat *p = realloc(gm->scat, cap * sizeof *p);
-            if (!p)
-                return 1; /* the ordinary backward then */
-            gm->scat = p;
-            gm->scatcap = cap;
-        }
+        if (!scat_room(gm))
+            return 1; /* the ordinary backward then */
         /* written only by the copies queued below */
         nt_tensor *buf = nt__empty_for_stream(&n->site, "nt_backward", (nt_dtype)m->dtype,
                                               m->ndim, m->shape, g->dev);
