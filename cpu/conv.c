@@ -164,29 +164,53 @@ typedef struct cg_job {
         s##r##c = _mm512_fmadd_ps(v, b2, s##r##c);                                           \
     }
 #define CGD_ST(r)                                                                            \
-    cgd_put(c + (r) * CGD_Q, s##r##a, acc, last),                                            \
-        cgd_put(c + (r) * CGD_Q + 16, s##r##b, acc, last),                                   \
-        cgd_put(c + (r) * CGD_Q + 32, s##r##c, acc, last);
+    if (last)                                                                                \
+        cgd_fin(c + (r) * CGD_Q, s##r##a, acc, o, r, 0),                                     \
+            cgd_fin(c + (r) * CGD_Q + 16, s##r##b, acc, o, r, 1),                            \
+            cgd_fin(c + (r) * CGD_Q + 32, s##r##c, acc, o, r, 2);                            \
+    else                                                                                     \
+        cgd_put(c + (r) * CGD_Q, s##r##a, acc), cgd_put(c + (r) * CGD_Q + 16, s##r##b, acc), \
+            cgd_put(c + (r) * CGD_Q + 32, s##r##c, acc);
 
-/* C = s or C + s; the last K-tile's NaNs canonical (nt__canon). */
+/* Where a block's last K-tile goes in y: vector v of its positions (16
+ * lanes) keeps the lanes m[v] (ow < OW, oh < OH), which land at y's
+ * positions d[v] on, in order (a row's last kept position and the next
+ * row's first are neighbours in y too); rows output channels, L apart. */
+typedef struct cgd_out {
+    float *y;
+    int64_t L, d[3];
+    int rows;
+    __mmask16 m[3], n[3]; /* n: the low popcount(m) lanes */
+} cgd_out;
+
+/* C = s or C + s, an earlier K-tile's sums. */
 __attribute__((target(NT_TARGET_AVX512), always_inline)) static inline void
-cgd_put(float *c, __m512 s, bool acc, bool last)
+cgd_put(float *c, __m512 s, bool acc)
 {
-    __m512 v = acc ? _mm512_add_ps(_mm512_loadu_ps(c), s) : s;
-    if (last) {
-        __m512i u = _mm512_castps_si512(v);
-        __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                _mm512_set1_epi32(0x7f800000));
-        v = _mm512_castsi512_ps(_mm512_mask_mov_epi32(u, nan, _mm512_set1_epi32((int)NT__QNAN_F32)));
-    }
-    _mm512_storeu_ps(c, v);
+    _mm512_storeu_ps(c, acc ? _mm512_add_ps(_mm512_loadu_ps(c), s) : s);
 }
 
-/* c [8][48] = the product of one block: w'^T rows wt (ldw apart, 8 channels
- * from wt[k * ldw]) and the column rows xq + ko[k], K-tile by K-tile. */
+/* The last K-tile of row r, vector v: C = s or C + s, NaNs canonical
+ * (nt__canon), its kept lanes packed and stored straight into y. */
+__attribute__((target(NT_TARGET_AVX512), always_inline)) static inline void
+cgd_fin(const float *c, __m512 s, bool acc, const cgd_out *o, int r, int v)
+{
+    if (r >= o->rows)
+        return;
+    __m512 t = acc ? _mm512_add_ps(_mm512_loadu_ps(c), s) : s;
+    __m512i u = _mm512_castps_si512(t);
+    __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    t = _mm512_castsi512_ps(_mm512_mask_mov_epi32(u, nan, _mm512_set1_epi32((int)NT__QNAN_F32)));
+    _mm512_mask_storeu_ps(o->y + r * o->L + o->d[v], o->n[v], _mm512_maskz_compress_ps(o->m[v], t));
+}
+
+/* The product of one block: w'^T rows wt (ldw apart, 8 channels from
+ * wt[k * ldw]) and the column rows xq + ko[k], K-tile by K-tile, the
+ * earlier tiles' sums in c [8][48], the last tile's into y as o says. */
 __attribute__((target(NT_TARGET_AVX512))) static void cgd_block(const float *xq, const int64_t *ko,
                                                               int Kc, const float *wt, int ldw,
-                                                              float *c)
+                                                              float *c, const cgd_out *o)
 {
     for (int k0 = 0; k0 < Kc; k0 += NT_GEMM_KTILE) {
         int k1 = Kc - k0 < NT_GEMM_KTILE ? Kc : k0 + NT_GEMM_KTILE;
@@ -206,11 +230,15 @@ __attribute__((target(NT_TARGET_AVX512))) static void cgd_block(const float *xq,
  * small plane, where a block of 48 would mostly compute past its end. */
 #define CGD_ZERO1(r) __m512 s##r##a = _mm512_setzero_ps();
 #define CGD_FMA1(r) s##r##a = _mm512_fmadd_ps(_mm512_set1_ps(wk[r]), b0, s##r##a);
-#define CGD_ST1(r) cgd_put(c + (r) * CGD_Q, s##r##a, acc, last);
+#define CGD_ST1(r)                                                                           \
+    if (last)                                                                                \
+        cgd_fin(c + (r) * CGD_Q, s##r##a, acc, o, r, 0);                                     \
+    else                                                                                     \
+        cgd_put(c + (r) * CGD_Q, s##r##a, acc);
 __attribute__((target(NT_TARGET_AVX512))) static void cgd_block16(const float *xq,
                                                                 const int64_t *ko, int Kc,
                                                                 const float *wt, int ldw,
-                                                                float *c)
+                                                                float *c, const cgd_out *o)
 {
     for (int k0 = 0; k0 < Kc; k0 += NT_GEMM_KTILE) {
         int k1 = Kc - k0 < NT_GEMM_KTILE ? Kc : k0 + NT_GEMM_KTILE;
@@ -234,11 +262,15 @@ __attribute__((target(NT_TARGET_AVX512))) static void cgd_block16(const float *x
         s##r##a = _mm512_fmadd_ps(v, b0, s##r##a), s##r##b = _mm512_fmadd_ps(v, b1, s##r##b); \
     }
 #define CGD_ST2(r)                                                                           \
-    cgd_put(c + (r) * CGD_Q, s##r##a, acc, last), cgd_put(c + (r) * CGD_Q + 16, s##r##b, acc, last);
+    if (last)                                                                                \
+        cgd_fin(c + (r) * CGD_Q, s##r##a, acc, o, r, 0),                                     \
+            cgd_fin(c + (r) * CGD_Q + 16, s##r##b, acc, o, r, 1);                            \
+    else                                                                                     \
+        cgd_put(c + (r) * CGD_Q, s##r##a, acc), cgd_put(c + (r) * CGD_Q + 16, s##r##b, acc);
 __attribute__((target(NT_TARGET_AVX512))) static void cgd_block32(const float *xq,
                                                                 const int64_t *ko, int Kc,
                                                                 const float *wt, int ldw,
-                                                                float *c)
+                                                                float *c, const cgd_out *o)
 {
     for (int k0 = 0; k0 < Kc; k0 += NT_GEMM_KTILE) {
         int k1 = Kc - k0 < NT_GEMM_KTILE ? Kc : k0 + NT_GEMM_KTILE;
@@ -259,24 +291,6 @@ typedef struct cgd_run {
     int q, n;
     int64_t dst;
 } cgd_run;
-
-/* The block's rows (c, CGD_Q apart) into y's rows (L apart), run by run,
- * 16 values at a time under a mask: the values as they are. */
-__attribute__((target(NT_TARGET_AVX512))) static void cgd_store(float *y, int64_t L, int rows,
-                                                               const float *c,
-                                                               const cgd_run *run, int nrun)
-{
-    for (int r = 0; r < rows; r++)
-        for (int i = 0; i < nrun; i++) {
-            const float *src = c + r * CGD_Q + run[i].q;
-            float *dst = y + r * L + run[i].dst;
-            for (int e = 0; e < run[i].n; e += 16) {
-                int m = run[i].n - e < 16 ? run[i].n - e : 16;
-                __mmask16 k = (__mmask16)((1u << m) - 1u);
-                _mm512_mask_storeu_ps(dst + e, k, _mm512_maskz_loadu_ps(k, src + e));
-            }
-        }
-}
 
 /* ---- the same blocks at the AVX2 level (cgd2_*) ----
  *
@@ -372,7 +386,9 @@ static void cgd2_block(const float *xq, const int64_t *ko, int Kc, const float *
         }
 }
 
-/* cgd_store without AVX-512: the runs copied as they are. */
+/* The AVX2 block's rows (c, CGD_Q apart) into y's rows (L apart), run by
+ * run: the values as they are (the AVX-512 blocks store theirs into y
+ * themselves, cgd_fin). */
 static void cgd2_store(float *y, int64_t L, int rows, const float *c, const cgd_run *run,
                        int nrun)
 {
@@ -404,11 +420,11 @@ static void cgd_image(cg_job *j, int n)
     const float *xd = (const float *)j->xd + n * g->C * g->H * g->W;
     /* the planes, padded with +0: each row's copy and its zeros written
      * once (not the whole buffer zeroed first), then the slack after them */
+    int64_t a = g->lo[1] < Wf ? g->lo[1] : Wf, b = g->lo[1] + g->W < Wf ? g->lo[1] + g->W : Wf;
     for (int64_t pl = 0; pl < g->C; pl++)
         for (int64_t r = 0; r < Hp; r++) {
             float *dst = xp + (pl * Hp + r) * Wp;
-            int64_t ih = r - g->lo[0], a = g->lo[1] < Wf ? g->lo[1] : Wf;
-            int64_t b = g->lo[1] + g->W < Wf ? g->lo[1] + g->W : Wf;
+            int64_t ih = r - g->lo[0];
             if (ih < 0 || ih >= g->H || b <= a) {
                 memset(dst, 0, (size_t)Wp * sizeof(float));
                 continue;
@@ -420,11 +436,13 @@ static void cgd_image(cg_job *j, int n)
     memset(xp + g->C * Hp * Wp, 0, (npa - (size_t)(g->C * Hp * Wp)) * sizeof(float));
     float c[8 * CGD_Q];
     cgd_run run[CGD_Q];
+    cgd_out o = {.L = L};
     for (int64_t grp = 0; grp < g->G; grp++) {
-        for (int64_t k = 0; k < Kc; k++) { /* K = (ki, kj, ci) */
-            int64_t ci = k % Cg, t = k / Cg;
-            ko[k] = ((grp * Cg + ci) * Hp + t / g->kw * g->d[0]) * Wp + t % g->kw * g->d[1];
-        }
+        /* K = (ki, kj, ci) */
+        for (int64_t ki = 0, k = 0; ki < g->kh; ki++)
+            for (int64_t kj = 0; kj < g->kw; kj++)
+                for (int64_t ci = 0; ci < Cg; ci++, k++)
+                    ko[k] = ((grp * Cg + ci) * Hp + ki * g->d[0]) * Wp + kj * g->d[1];
         float *y = (float *)j->yd + (n * g->CO + grp * COg) * L;
         for (int64_t q0 = 0, bw; q0 < Q; q0 += bw) {
             /* blocks of 48, a tail of one 32 or 16 (AVX2: of 8 to 40 in eights) */
@@ -432,16 +450,32 @@ static void cgd_image(cg_job *j, int n)
             if (!j->v512 && Q - q0 < CGD_Q)
                 bw = (Q - q0 + 7) / 8 * 8;
             int nrun = 0; /* the block's runs of positions with ow < OW */
-            for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < bw && oh < g->OH;) {
-                int64_t l = Wp - ow < bw - q ? Wp - ow : bw - q;
-                if (ow < g->OW) {
-                    run[nrun].q = (int)q, run[nrun].dst = oh * g->OW + ow;
-                    run[nrun++].n = (int)(ow + l < g->OW ? l : g->OW - ow);
+            if (j->v512) /* its vectors' kept lanes and where they land */
+                for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < bw; q++) {
+                    int v = (int)(q / 16);
+                    if (q % 16 == 0)
+                        o.m[v] = 0, o.d[v] = 0;
+                    if (oh < g->OH && ow < g->OW) {
+                        if (!o.m[v])
+                            o.d[v] = oh * g->OW + ow;
+                        o.m[v] |= (__mmask16)(1u << (q % 16));
+                    }
+                    if (++ow == Wp)
+                        ow = 0, oh++;
                 }
-                q += l, ow += l;
-                if (ow == Wp)
-                    ow = 0, oh++;
-            }
+            else
+                for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < bw && oh < g->OH;) {
+                    int64_t l = Wp - ow < bw - q ? Wp - ow : bw - q;
+                    if (ow < g->OW) {
+                        run[nrun].q = (int)q, run[nrun].dst = oh * g->OW + ow;
+                        run[nrun++].n = (int)(ow + l < g->OW ? l : g->OW - ow);
+                    }
+                    q += l, ow += l;
+                    if (ow == Wp)
+                        ow = 0, oh++;
+                }
+            for (int v = 0; j->v512 && v < bw / 16; v++)
+                o.n[v] = (__mmask16)((1u << __builtin_popcount(o.m[v])) - 1u);
             for (int64_t co = 0; co < COg; co += 8) {
                 const float *wg = j->wt + grp * Kc * ldw + co;
                 int rows = COg - co < 8 ? (int)(COg - co) : 8;
@@ -450,13 +484,13 @@ static void cgd_image(cg_job *j, int n)
                     cgd2_store(y + co * L, L, rows, c, run, nrun);
                     continue;
                 }
+                o.y = y + co * L, o.rows = rows;
                 if (bw == CGD_Q)
-                    cgd_block(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
+                    cgd_block(xp + q0, ko, (int)Kc, wg, (int)ldw, c, &o);
                 else if (bw == 32)
-                    cgd_block32(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
+                    cgd_block32(xp + q0, ko, (int)Kc, wg, (int)ldw, c, &o);
                 else
-                    cgd_block16(xp + q0, ko, (int)Kc, wg, (int)ldw, c);
-                cgd_store(y + co * L, L, rows, c, run, nrun);
+                    cgd_block16(xp + q0, ko, (int)Kc, wg, (int)ldw, c, &o);
             }
         }
     }

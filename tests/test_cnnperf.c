@@ -215,6 +215,15 @@ static void test_conv_paths(void **state)
         {{2, 3, 6, 5}, {40, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
         {{2, 3, 11, 9}, {4, 3, 3, 3}, {1, 1}, {2, 1}, {2, 2}, 1},
         {{3, 4, 5, 3}, {12, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 2},
+        /* conv_gemm's last K-tile stored straight into y, its kept lanes
+         * packed: three K-tiles and 13 channels (a last block of 5 rows),
+         * rows of 3 in vectors of 16 (four output rows a vector, each
+         * with its dropped lane); two K-tiles, one block past the plane's
+         * end; one output column (the padded copy's rows of one) */
+        {{2, 40, 5, 3}, {13, 40, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+        {{3, 20, 6, 6}, {11, 20, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+        {{2, 3, 7, 1}, {5, 3, 3, 1}, {1, 1}, {1, 0}, {1, 1}, 1},
+        {{2, 17, 30, 2}, {9, 17, 3, 3}, {1, 1}, {2, 1}, {1, 1}, 1},
     };
     /* every vector level this CPU runs against the reference path */
     static const int isas[] = {NT_ISA_AVX2, NT_ISA_AVX512};
