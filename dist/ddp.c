@@ -786,8 +786,11 @@ static nt_tensor *pass_loss(const nt_site *site, const char *fn, const pass *p)
         for (int k = 0; k < d->nmem; k++)
             devs[k] = d->m[k].dev;
         if (!(d->join = nt__comm_create_local(devs, d->nmem))) {
-            nt__err(site, errc(), fn, "could not make the communicator of the %d local "
-                    "devices the losses are joined over: %s", d->nmem, nt_last_error_message());
+            char why[512];
+            int code = errc();
+            snprintf(why, sizeof why, "%s", nt_last_error_message());
+            nt__err(site, code, fn, "could not make the communicator of the %d local devices "
+                    "the losses are joined over: %s", d->nmem, why);
             return NULL;
         }
     }
