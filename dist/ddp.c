@@ -30,6 +30,9 @@
 #include "autograd/optim.h"
 #include "core/handle.h"
 #include "dispatcher/dispatch.h"
+#include "dist/dist.h"
+#include "fusion/graph.h"
+#include "streams/stream.h"
 
 #include <glib.h>
 #include <dirent.h>
@@ -43,6 +46,8 @@
 #define DDP_MAGIC 0x44445031u /* "DDP1" */
 #define DDP_MAX_DEV 64     /* local devices (NT_SIM_CORES at most 64) */
 #define DDP_BUCKET_BYTES (25.0 * 1024 * 1024) /* PyTorch DDP's default bucket */
+#define DDP_MAX_LAYERS 256 /* nt_ddp_layer_done's marks in one round */
+#define DDP_LAYER_PARAMS 64 /* parameters of one marked layer (one all-gather) */
 
 typedef struct member {
     int dev;          /* the local device */
@@ -76,6 +81,7 @@ struct nt_ddp {
     member *m;
     uint8_t *done;  /* [S] the shard's backward was taken this step */
     nt_comm *comm;  /* the ranks' rank tree; NULL with one rank */
+    nt_comm *join;  /* the local devices alone (nt_ddp_backward_shards' join) */
     bn_layer *bn;   /* nt_ddp_batch_norm's layers (docs/ddp.md) */
     int nbn, bn_cap;
     int *bn_calls;  /* [S] this step's nt_ddp_batch_norm calls of each shard */
@@ -103,6 +109,20 @@ struct nt_ddp {
     uint8_t *ov_ready;        /* [nmem * n] member k's block sum of j is in its bucket */
     struct ov_hook *ovh;      /* [nmem * n] the hooks' contexts */
     int ov_err;               /* the first error of a hook this step */
+    /* nt_ddp_layer_done (stage 3): the layers marked in the forward of the
+     * round whose backward has not run yet, in the forward's order (their
+     * marks' generation lay_gen); the all-gather queued for the next layer
+     * the backward refills (the prefetch: [pre_lo, pre_hi), none when
+     * pre_hi is 0), its outputs a reference each. */
+    int nlay;
+    int lay_lo[DDP_MAX_LAYERS], lay_hi[DDP_MAX_LAYERS];
+    uint64_t lay_gen;
+    int pre_lo, pre_hi;
+    nt_tensor *pre[DDP_MAX_DEV];
+    /* the thread running a backward pass of this nt_ddp (backward_pass,
+     * holding the lock): a layer's mark, run inside that pass on that
+     * thread, goes on without taking the lock */
+    GThread *pass_thread;
 };
 
 /* One bucket of the overlapped reduce-scatter: parameters [lo, hi]; each
@@ -123,13 +143,15 @@ typedef struct ov_hook {
 static void zero_free(nt_ddp *d);
 static int zero_reduce(const nt_site *site, nt_ddp *d, nt_tensor **sum);
 static int zero_step(const nt_site *site, nt_ddp *d, nt_optim *const *opts);
-static int zero_backward_check(const nt_site *site, nt_ddp *d, const member *m);
+static int zero_backward_check(const nt_site *site, const char *fn, nt_ddp *d,
+                               const member *m);
 static void zero_backward_done(nt_ddp *d, int k);
 static void ov_clear(nt_ddp *d);
 static void ov_free(nt_ddp *d);
 static bool ov_last_shard(const nt_ddp *d, const member *m);
 static int ov_hooks(const nt_site *site, nt_ddp *d, member *m, int shard, bool on);
 static int ov_take(const nt_site *site, nt_ddp *d, int k, int j, int idx, nt_tensor *g);
+static void layer_reset(nt_ddp *d);
 
 /* ---------------- devices ---------------- */
 
@@ -297,6 +319,7 @@ static void ddp_free(nt_ddp *d)
         if (d->done)
             tree_clear(d);
         bn_clear(d, true);
+        layer_reset(d);
         for (int k = 0; k < d->nmem; k++)
             if (d->m[k].rep)
                 for (int j = 0; j < d->n; j++)
@@ -319,6 +342,7 @@ static void ddp_free(nt_ddp *d)
             free(d->bn[l].mean), free(d->bn[l].ssd);
     free(d->bn);
     nt_comm_destroy(d->comm);
+    nt_comm_destroy(d->join);
     g_mutex_clear(&d->lock);
     nt__hobj_free(d);
 }
@@ -710,38 +734,92 @@ static int shard_collect(const nt_site *site, const char *fn, nt_ddp *d, member 
 }
 
 /* The checks of shard `shard` of ds[i] before its backward: the shard is
- * this process's, not done yet, and (stage 3) gathered.  *m its member. */
-static int shard_check(const nt_site *site, const char *fn, nt_ddp *d, int i, int shard,
-                       member **m)
+ * this process's, not done yet, and (stage 3) gathered.  *m its member.
+ * `which`: how a message names d ("" when it is the call's only one). */
+static int shard_check(const nt_site *site, const char *fn, nt_ddp *d, const char *which,
+                       int shard, member **m)
 {
     if (!check_shard(site, d, fn, shard))
         return nt_last_error();
     *m = &d->m[member_of(d, shard)];
     if (d->done[shard])
         return nt__err(site, NT_ESTATE, fn,
-                       "shard %d already has its gradients for this step (nt_ddp %d); call "
-                       "nt_ddp_reduce before the next backward of a shard", shard, i);
-    return zero_backward_check(site, d, *m);
+                       "shard %d already has its gradients for this step%s; call "
+                       "nt_ddp_reduce before the next backward of a shard", shard, which);
+    return zero_backward_check(site, fn, d, *m);
 }
 
-/* nt_ddp_backward of one loss for nd nt_ddps (distinct; the loss on the
- * first one's device of the shard). */
-static int backward_many(const nt_site *site, const char *fn, nt_ddp *const *ds, int nd,
-                         int shard, nt_tensor *loss)
+/* One pass's entries: the backward of ds[i]'s shard shards[i] (member m[i])
+ * for i < ne.  Either one loss that reaches every entry's replica (loss,
+ * on m[0]'s device: nt_ddp_backward, nt_ddp_backward_group) or one loss
+ * per entry (losses[i] on m[i]'s device), joined (nt_tp_join over
+ * `join`'s members, the entries' devices in the communicator's order) into
+ * the one the pass starts from: nt_ddp_backward_shards. */
+typedef struct pass {
+    nt_ddp *const *ds;
+    const int *shards;
+    int ne;
+    nt_tensor *loss;
+    nt_tensor *const *losses;
+} pass;
+
+/* The index of the first entry before i with ds[i]'s nt_ddp, or i. */
+static int pass_first(const pass *p, int i)
 {
+    int k = 0;
+    while (p->ds[k] != p->ds[i])
+        k++;
+    return k;
+}
+
+/* The loss the pass starts from, on m[0]'s device: p->loss, or the join of
+ * p->losses (a new tensor of the open scope).  NULL with the error set. */
+static nt_tensor *pass_loss(const nt_site *site, const char *fn, const pass *p)
+{
+    if (p->loss)
+        return p->loss;
+    if (p->ne == 1)
+        return p->losses[0];
+    nt_ddp *d = p->ds[0];
+    if (!d->join) { /* the local devices' communicator, made on first use */
+        int devs[DDP_MAX_DEV];
+        for (int k = 0; k < d->nmem; k++)
+            devs[k] = d->m[k].dev;
+        if (!(d->join = nt__comm_create_local(devs, d->nmem))) {
+            char why[512];
+            int code = errc();
+            snprintf(why, sizeof why, "%s", nt_last_error_message());
+            nt__err(site, code, fn, "could not make the communicator of the %d local devices "
+                    "the losses are joined over: %s", d->nmem, why);
+            return NULL;
+        }
+    }
+    return nt_tp_join_at(site, d->join, p->losses);
+}
+
+/* nt_ddp_backward of the entries of p: the checks, one nt_backward, and
+ * each entry's gradients into its own member's tree. */
+static int backward_pass(const nt_site *site, const char *fn, const pass *p)
+{
+    nt_ddp *const *ds = p->ds;
+    int ne = p->ne;
     member *m[DDP_MAX_DEV] = {0};
     int rc = 0, locked = 0;
-    for (; locked < nd && !rc; locked++) {
-        g_mutex_lock(&ds[locked]->lock);
-        rc = shard_check(site, fn, ds[locked], locked, shard, &m[locked]);
+    for (; locked < ne && !rc; locked++) {
+        char which[40] = "";
+        if (pass_first(p, locked) == locked)
+            g_mutex_lock(&ds[locked]->lock);
+        if (!p->losses)
+            snprintf(which, sizeof which, " (nt_ddp %d)", locked);
+        rc = shard_check(site, fn, ds[locked], which, p->shards[locked], &m[locked]);
     }
-    if (!rc && loss->dev != m[0]->dev)
+    if (!rc && p->loss && p->loss->dev != m[0]->dev)
         rc = nt__err(site, NT_EINVAL, fn,
                      "argument 'loss' is on device %d, but shard %d belongs to device %d "
                      "(compute it with nt_ddp_params(d, %d) after nt_device_set(%d))",
-                     (int)loss->dev, shard, m[0]->dev, m[0]->dev, m[0]->dev);
+                     (int)p->loss->dev, p->shards[0], m[0]->dev, m[0]->dev, m[0]->dev);
     int tot = 0;
-    for (int i = 0; i < nd; i++)
+    for (int i = 0; i < ne; i++)
         tot += ds[i]->n;
     nt_tensor **keep = rc ? NULL : calloc((size_t)tot * 2, sizeof *keep);
     if (!rc && !keep)
@@ -751,7 +829,7 @@ static int backward_many(const nt_site *site, const char *fn, nt_ddp *const *ds,
         /* The replicas' own .grads (e.g. of the last nt_ddp_reduce) step
          * aside, so this backward starts from none and its gradients are
          * this shard's alone. */
-        for (int i = 0, o = 0; i < nd; o += ds[i++]->n)
+        for (int i = 0, o = 0; i < ne; o += ds[i++]->n)
             for (int j = 0; j < ds[i]->n; j++) {
                 struct nt__ag *ag = m[i]->rep[j]->ag;
                 keep[o + j] = ag->grad;
@@ -760,23 +838,37 @@ static int backward_many(const nt_site *site, const char *fn, nt_ddp *const *ds,
         /* nt_ddp_set_overlap: the last shard of a member takes its
          * gradients in hooks, as the backward makes them */
         bool ov[DDP_MAX_DEV] = {0};
-        for (int i = 0; i < nd && !rc; i++)
+        for (int i = 0; i < ne && !rc; i++)
             if ((ov[i] = ov_last_shard(ds[i], m[i])))
-                rc = ov_hooks(site, ds[i], m[i], shard, true);
+                rc = ov_hooks(site, ds[i], m[i], p->shards[i], true);
+        for (int i = 0; i < ne; i++)
+            g_atomic_pointer_set(&ds[i]->pass_thread, g_thread_self());
         nt_stream *old = enter(m[0]->dev);
+        nt_scope *sc = rc ? NULL : nt_scope_begin();
+        if (!rc && !sc)
+            rc = nt__err_hostmem(site, fn, "a scope");
+        nt_tensor *loss = rc ? NULL : pass_loss(site, fn, p);
+        if (!rc && !loss)
+            rc = errc();
         if (!rc)
             rc = nt_backward_at(site, loss);
+        if (sc)
+            nt_scope_end(sc);
         leave(old);
-        for (int i = 0; i < nd; i++)
+        for (int i = 0; i < ne; i++) {
+            g_atomic_pointer_set(&ds[i]->pass_thread, NULL);
+            layer_reset(ds[i]); /* the round's marks are spent (or their graph failed) */
+        }
+        for (int i = 0; i < ne; i++)
             if (ov[i])
-                ov_hooks(site, ds[i], m[i], shard, false);
-        for (int i = 0, o = 0; i < nd; o += ds[i++]->n)
+                ov_hooks(site, ds[i], m[i], p->shards[i], false);
+        for (int i = 0, o = 0; i < ne; o += ds[i++]->n)
             for (int j = 0; j < ds[i]->n; j++) {
                 struct nt__ag *ag = m[i]->rep[j]->ag;
                 g[o + j] = ag->grad;
                 ag->grad = keep[o + j];
             }
-        for (int i = 0, o = 0; i < nd; o += ds[i++]->n) {
+        for (int i = 0, o = 0; i < ne; o += ds[i++]->n) {
             if (rc) {
                 for (int j = 0; j < ds[i]->n; j++)
                     nt_release(g[o + j]);
@@ -784,12 +876,15 @@ static int backward_many(const nt_site *site, const char *fn, nt_ddp *const *ds,
                     tree_clear(ds[i]); /* buckets half made: the step starts again */
                 continue;
             }
-            rc = shard_collect(site, fn, ds[i], m[i], shard, g + o, ov[i]);
+            rc = shard_collect(site, fn, ds[i], m[i], p->shards[i], g + o, ov[i]);
         }
     }
     free(keep);
-    while (locked > 0)
-        g_mutex_unlock(&ds[--locked]->lock);
+    while (locked > 0) {
+        locked--;
+        if (pass_first(p, locked) == locked)
+            g_mutex_unlock(&ds[locked]->lock);
+    }
     return rc;
 }
 
@@ -800,7 +895,7 @@ NT_API int nt_ddp_backward_at(const nt_site *site, nt_ddp *d, int shard, nt_tens
         return nt_last_error();
     if (!nt__check_arg(site, fn, "loss", loss))
         return errc();
-    return backward_many(site, fn, &d, 1, shard, loss);
+    return backward_pass(site, fn, &(pass){.ds = &d, .shards = &shard, .ne = 1, .loss = loss});
 }
 
 NT_API int nt_ddp_backward(nt_ddp *d, int shard, nt_tensor *loss)
@@ -829,12 +924,91 @@ NT_API int nt_ddp_backward_group_at(const nt_site *site, nt_ddp *const *ds, int 
     }
     if (!nt__check_arg(site, fn, "loss", loss))
         return errc();
-    return backward_many(site, fn, ds, nd, shard, loss);
+    int sh[DDP_MAX_DEV];
+    for (int i = 0; i < nd; i++)
+        sh[i] = shard;
+    return backward_pass(site, fn, &(pass){.ds = ds, .shards = sh, .ne = nd, .loss = loss});
 }
 
 NT_API int nt_ddp_backward_group(nt_ddp *const *ds, int nd, int shard, nt_tensor *loss)
 {
     return nt_ddp_backward_group_at(NT_RA_SITE, ds, nd, shard, loss);
+}
+
+/* The arguments of nt_ddp_backward_shards that need no lock: one loss (a
+ * floating scalar) and one shard of this process per local device, shard
+ * i of local device i, not while capturing. */
+static int shards_args(const nt_site *site, const char *fn, nt_ddp *d, const int *shards,
+                       nt_tensor *const *losses, int n)
+{
+    if (!shards || !losses)
+        return nt__err(site, NT_EINVAL, fn, "argument '%s' is NULL; expected one %s per local "
+                       "device of d (%d)", shards ? "losses" : "shards",
+                       shards ? "loss" : "shard", d->nmem);
+    if (n != d->nmem)
+        return nt__err(site, NT_EINVAL, fn, "argument 'n' is %d; expected %d: one loss and one "
+                       "shard for each local device of d, in nt_ddp_create's order", n,
+                       d->nmem);
+    nt_stream *cur = nt_stream_current();
+    if (nt__capturing() || (cur && AO_load(&cur->capture)))
+        return nt__err(site, NT_ESTATE, fn, "called while capturing a program "
+                       "(nt_graph_capture_begin); a captured step takes each shard's "
+                       "nt_ddp_backward instead");
+    for (int i = 0; i < n; i++) {
+        char arg[32];
+        snprintf(arg, sizeof arg, "losses[%d]", i);
+        if (!nt__check_arg(site, fn, arg, losses[i]))
+            return errc();
+        if (!nt__dtype_is_float((nt_dtype)losses[i]->dtype) || nt_numel(losses[i]) != 1)
+            return nt__err(site, NT_EINVAL, fn, "argument '%s' is %s with %lld elements; "
+                           "expected a floating loss of one element", arg,
+                           nt_dtype_name((nt_dtype)losses[i]->dtype),
+                           (long long)nt_numel(losses[i]));
+        if (i > 0 && (losses[i]->dtype != losses[0]->dtype || losses[i]->ndim != losses[0]->ndim))
+            return nt__err(site, NT_EINVAL, fn, "argument '%s' is %s of %d dims but losses[0] "
+                           "%s of %d: the losses are joined, so they must match", arg,
+                           nt_dtype_name((nt_dtype)losses[i]->dtype), losses[i]->ndim,
+                           nt_dtype_name((nt_dtype)losses[0]->dtype), losses[0]->ndim);
+        snprintf(arg, sizeof arg, "shards[%d]", i);
+        if (shards[i] < 0 || shards[i] >= d->shards)
+            return nt__err(site, NT_EINVAL, fn, "argument '%s' is %d; expected 0 <= shard < %d",
+                           arg, shards[i], d->shards);
+        int k = member_of(d, shards[i]);
+        if (k != i)
+            return nt__err(site, NT_EINVAL, fn, "argument '%s' is %d, %s; expected a shard of "
+                           "local device %d (nt_ddp_create's devices[%d]): shards[i] and "
+                           "losses[i] are the i-th local device's", arg, shards[i],
+                           k < 0 ? "a shard of another process" : "a shard of another device",
+                           d->m[i].dev, i);
+        if (losses[i]->dev != d->m[i].dev)
+            return nt__err(site, NT_EINVAL, fn,
+                           "argument 'losses[%d]' is on device %d, but its shard %d belongs to "
+                           "device %d (compute it with nt_ddp_params(d, %d) after "
+                           "nt_device_set(%d))", i, (int)losses[i]->dev, shards[i], d->m[i].dev,
+                           d->m[i].dev, d->m[i].dev);
+    }
+    return 0;
+}
+
+NT_API int nt_ddp_backward_shards_at(const nt_site *site, nt_ddp *d, const int *shards,
+                                     nt_tensor *const *losses, int n)
+{
+    const char *fn = "nt_ddp_backward_shards";
+    if (!ddp_ok(site, d, fn))
+        return nt_last_error();
+    int rc = shards_args(site, fn, d, shards, losses, n);
+    if (rc)
+        return rc;
+    nt_ddp *ds[DDP_MAX_DEV];
+    for (int i = 0; i < n; i++)
+        ds[i] = d;
+    return backward_pass(site, fn, &(pass){.ds = ds, .shards = shards, .ne = n,
+                                           .losses = losses});
+}
+
+NT_API int nt_ddp_backward_shards(nt_ddp *d, const int *shards, nt_tensor *const *losses, int n)
+{
+    return nt_ddp_backward_shards_at(NT_RA_SITE, d, shards, losses, n);
 }
 
 /* ---------------- batch norm over shards ---------------- */
@@ -1905,6 +2079,118 @@ static int zero_gather_bucket(const nt_site *site, nt_ddp *d, int lo, int hi)
     return rc;
 }
 
+/* ---------------- stage 3: a layer's memory released and refilled ---------------- */
+
+/* Whether member k's gathered parameter j can give its memory back: a big
+ * storage of its own (nt__mem_release keeps small ones), not released. */
+static bool layer_releasable(const nt_ddp *d, int k, int j)
+{
+    const nt_tensor *t = d->m[k].rep[j];
+    return t && t->st->deferred && !t->st->borrowed && !t->st->cap &&
+           !nt__storage_released(t->st);
+}
+
+static bool layer_released(const nt_ddp *d, int k, int j)
+{
+    const nt_tensor *t = d->m[k].rep[j];
+    return t && nt__storage_released(t->st);
+}
+
+/* Every member's gathered parameters [lo, hi) give their memory back, each
+ * after the ops queued so far that read it (nt__mem_release). */
+static int layer_release(const nt_site *site, const char *fn, nt_ddp *d, int lo, int hi)
+{
+    int rc = 0;
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        nt_stream *old = enter(d->m[k].dev);
+        for (int j = lo; j < hi && !rc; j++)
+            if (layer_releasable(d, k, j))
+                rc = nt__mem_release(site, fn, d->m[k].rep[j]);
+        leave(old);
+    }
+    return rc;
+}
+
+/* Drops the prefetched all-gather. */
+static void layer_drop_pre(nt_ddp *d)
+{
+    for (int k = 0; k < d->nmem; k++) {
+        nt_release(d->pre[k]);
+        d->pre[k] = NULL;
+    }
+    d->pre_lo = d->pre_hi = 0;
+}
+
+/* The round's marks are spent: a graph still holding one refuses it. */
+static void layer_reset(nt_ddp *d)
+{
+    layer_drop_pre(d);
+    d->nlay = 0;
+    d->lay_gen++;
+}
+
+/* Queues the all-gather of parameters [lo, hi) (at most DDP_LAYER_PARAMS)
+ * into d->pre: the prefetch of the layer the backward refills next. */
+static int layer_prefetch(const nt_site *site, nt_ddp *d, int lo, int hi)
+{
+    layer_drop_pre(d);
+    nt_tensor *out[DDP_MAX_DEV] = {0};
+    nt_scope *sc = nt_scope_begin();
+    if (!sc)
+        return nt__err_hostmem(site, "nt_ddp_layer_done", "a scope");
+    nt_no_grad_begin();
+    int rc = zero_gather_issue(site, d, lo, hi - 1, out);
+    nt_no_grad_end();
+    for (int k = 0; k < d->nmem && !rc; k++)
+        d->pre[k] = nt_retain(out[k]);
+    if (!rc)
+        d->pre_lo = lo, d->pre_hi = hi;
+    nt_scope_end(sc);
+    return rc;
+}
+
+/* Fills every member's released parameters of [lo, hi) (at most
+ * DDP_LAYER_PARAMS) again with their gathered bits, in the same storages
+ * (so the graph's saved views read them): from the prefetched all-gather
+ * when it is of [lo, hi), else from one queued now. */
+static int layer_refill(const nt_site *site, const char *fn, nt_ddp *d, int lo, int hi)
+{
+    bool any = false;
+    for (int k = 0; k < d->nmem && !any; k++)
+        for (int j = lo; j < hi && !any; j++)
+            any = layer_released(d, k, j);
+    if (!any)
+        return 0;
+    nt_tensor *out[DDP_MAX_DEV] = {0};
+    nt_scope *sc = nt_scope_begin();
+    if (!sc)
+        return nt__err_hostmem(site, fn, "a scope");
+    nt_no_grad_begin();
+    int rc = 0;
+    if (d->pre_hi == hi && d->pre_lo == lo) {
+        for (int k = 0; k < d->nmem; k++)
+            out[k] = nt__scope_adopt(d->pre[k], fn), d->pre[k] = NULL;
+        d->pre_lo = d->pre_hi = 0;
+    } else {
+        rc = zero_gather_issue(site, d, lo, hi - 1, out);
+    }
+    for (int k = 0; k < d->nmem && !rc; k++) {
+        nt_stream *old = enter(d->m[k].dev);
+        int64_t off = 0;
+        for (int j = lo; j < hi && !rc; off += d->len[j], j++) {
+            if (!layer_released(d, k, j))
+                continue;
+            nt_tensor *full = zero_unrows(site, d, j, nt_slice_at(site, out[k], 1, off,
+                                                                  off + d->len[j], 1));
+            rc = full ? nt__mem_refill(site, fn, d->m[k].rep[j], full) : errc();
+        }
+        leave(old);
+    }
+    nt_no_grad_end();
+    nt_scope_end(sc);
+    return rc;
+}
+
 /* Gathers parameters [lo, hi) in buckets (stage 3: those not gathered).
  * Stage 3 issues every bucket's all-gather, first parameters first, before
  * any bucket's copies into the leaves: a core runs its kernels in order,
@@ -1926,6 +2212,19 @@ static int zero_gather(const nt_site *site, nt_ddp *d, int lo, int hi)
                 nt_release(d->m[k].rep[j]);
                 d->m[k].rep[j] = NULL;
             }
+    /* released by nt_ddp_layer_done (an earlier round's forward): filled
+     * again, run by run of released parameters */
+    for (int j = lo; j < hi && had && !rc;) {
+        int e = j;
+        while (e < hi && e - j < DDP_LAYER_PARAMS && layer_released(d, 0, e))
+            e++;
+        rc = e > j ? layer_refill(site, "nt_ddp_gather", d, j, e) : 0;
+        j = e > j ? e : j + 1;
+    }
+    if (rc) {
+        free(had);
+        return rc;
+    }
     for (int j = 0; j < d->n && had; j++)
         had[j] = d->m[0].rep[j] != NULL;
     nt_no_grad_begin();
@@ -1994,13 +2293,135 @@ NT_API int nt_ddp_gather(nt_ddp *d, int lo, int hi)
     return rc;
 }
 
-static int zero_backward_check(const nt_site *site, nt_ddp *d, const member *m)
+/* One mark of nt_ddp_layer_done: the layer's index in the round's list. */
+typedef struct layer_mark {
+    nt_ddp *d;
+    int idx;
+    uint64_t gen;
+} layer_mark;
+
+/* The mark's backward: each member's gradient passes unchanged; the layer
+ * after this one (its backward done) gives its memory back, this one is
+ * filled again, the one before is prefetched.  Runs inside
+ * nt_ddp_backward_shards' pass, on its thread, which holds d's lock. */
+static int layer_bwd(void *ctxp, nt_tensor *const *gout, nt_tensor **gin)
+{
+    layer_mark *x = ctxp;
+    nt_ddp *d = x->d;
+    const char *fn = "nt_ddp_layer_done";
+    if (nt__hobj_check(d, DDP_MAGIC, NULL, fn, "d", "nt_ddp"))
+        return nt_last_error();
+    if (g_atomic_pointer_get(&d->pass_thread) != g_thread_self() || x->gen != d->lay_gen ||
+        x->idx >= d->nlay)
+        return nt__err(NULL, NT_ESTATE, fn, "a layer it marked is differentiated outside "
+                       "the backward of its round: run that backward with "
+                       "nt_ddp_backward_shards (once)");
+    for (int k = 0; k < d->nmem; k++)
+        gin[k] = gout[k];
+    int i = x->idx, rc = 0;
+    if (i + 1 < d->nlay)
+        rc = layer_release(NULL, fn, d, d->lay_lo[i + 1], d->lay_hi[i + 1]);
+    if (!rc)
+        rc = layer_refill(NULL, fn, d, d->lay_lo[i], d->lay_hi[i]);
+    if (!rc && i > 0)
+        rc = layer_prefetch(NULL, d, d->lay_lo[i - 1], d->lay_hi[i - 1]);
+    return rc;
+}
+
+/* The checks of nt_ddp_layer_done that need d's lock: stage 3, room for
+ * the mark, the layer gathered (and not released) on every member. */
+static int layer_done_check(const nt_site *site, const char *fn, nt_ddp *d, int lo, int hi)
+{
+    if (d->zero != 3)
+        return nt__err(site, NT_ESTATE, fn, "the nt_ddp is at ZeRO stage %d; only stage 3 "
+                       "releases its gathered parameters", d->zero);
+    if (d->nlay == DDP_MAX_LAYERS)
+        return nt__err(site, NT_ESTATE, fn, "%d layers are marked in this round already; at "
+                       "most %d", d->nlay, DDP_MAX_LAYERS);
+    for (int k = 0; k < d->nmem; k++)
+        for (int j = lo; j < hi; j++)
+            if (!d->m[k].rep[j] || layer_released(d, k, j))
+                return nt__err(site, NT_ESTATE, fn, "parameter %d of device %d is not "
+                               "gathered%s: call nt_ddp_gather(d, %d, %d) before the layer's "
+                               "forward", j, d->m[k].dev,
+                               d->m[k].rep[j] ? " (its memory was released)" : "", lo, hi);
+    return 0;
+}
+
+NT_API int nt_ddp_layer_done(nt_ddp *d, int lo, int hi, nt_tensor *const *in, nt_tensor **out)
+{
+    const char *fn = "nt_ddp_layer_done";
+    const nt_site *site = NULL;
+    if (!ddp_ok(site, d, fn))
+        return nt_last_error();
+    if (!in || !out)
+        return nt__err(site, NT_EINVAL, fn, "argument '%s' is NULL; expected one tensor per "
+                       "local device of d (%d)", in ? "out" : "in", d->nmem);
+    nt_tensor *xin[DDP_MAX_DEV]; /* out may be in */
+    memcpy(xin, in, sizeof *xin * (size_t)d->nmem);
+    in = xin;
+    for (int k = 0; k < d->nmem; k++)
+        out[k] = NULL;
+    if (lo < 0 || hi > d->n || lo >= hi || hi - lo > DDP_LAYER_PARAMS)
+        return nt__err(site, NT_EINVAL, fn, "arguments 'lo', 'hi' are %d, %d; expected 0 <= lo "
+                       "< hi <= %d (the parameters), at most %d in a layer", lo, hi, d->n,
+                       DDP_LAYER_PARAMS);
+    nt_stream *cur = nt_stream_current();
+    if (nt__capturing() || (cur && AO_load(&cur->capture)))
+        return nt__err(site, NT_ESTATE, fn, "called while capturing a program "
+                       "(nt_graph_capture_begin): a replay would not release the memory");
+    for (int k = 0; k < d->nmem; k++) {
+        char arg[32];
+        snprintf(arg, sizeof arg, "in[%d]", k);
+        if (!nt__check_arg(site, fn, arg, in[k]))
+            return errc();
+        if (in[k]->dev != d->m[k].dev)
+            return nt__err(site, NT_EINVAL, fn, "argument '%s' is on device %d; expected local "
+                           "device %d's (nt_ddp_create's devices[%d])", arg, (int)in[k]->dev,
+                           d->m[k].dev, k);
+        if (!nt__dtype_is_float((nt_dtype)in[k]->dtype))
+            return nt__err(site, NT_EDTYPE, fn, "argument '%s' is %s; expected a floating "
+                           "dtype", arg, nt_dtype_name((nt_dtype)in[k]->dtype));
+    }
+    g_mutex_lock(&d->lock);
+    int rc = layer_done_check(site, fn, d, lo, hi);
+    layer_mark *x = rc ? NULL : calloc(1, sizeof *x);
+    if (!rc && !x)
+        rc = nt__err_hostmem(site, fn, "the layer's mark");
+    if (!rc) {
+        *x = (layer_mark){.d = d, .idx = d->nlay, .gen = d->lay_gen};
+        nt_scope *sc = nt_scope_begin();
+        nt_no_grad_begin();
+        for (int k = 0; k < d->nmem && !rc; k++) {
+            nt_stream *old = enter(d->m[k].dev);
+            out[k] = nt_reshape_at(site, in[k], in[k]->ndim, in[k]->shape);
+            leave(old);
+            rc = out[k] ? 0 : errc();
+        }
+        nt_no_grad_end();
+        if (!rc)
+            rc = nt__grp_record(site, fn, d->nmem, 1, in, out, layer_bwd, free, x);
+        else
+            free(x);
+        rc = nt__group_end(sc, fn, rc, out, d->nmem);
+    }
+    if (!rc) {
+        d->lay_lo[d->nlay] = lo;
+        d->lay_hi[d->nlay++] = hi;
+        rc = layer_release(site, fn, d, lo, hi);
+    }
+    g_mutex_unlock(&d->lock);
+    return rc;
+}
+
+static int zero_backward_check(const nt_site *site, const char *fn, nt_ddp *d,
+                               const member *m)
 {
     if (d->zero != 3)
         return 0;
     for (int j = 0; j < d->n; j++)
         if (!m->rep[j])
-            return nt__err(site, NT_ESTATE, "nt_ddp_backward", "parameter %d of device %d is "
+            return nt__err(site, NT_ESTATE, fn, "parameter %d of device %d is "
                            "not gathered (ZeRO stage 3): call nt_ddp_gather before the "
                            "forward", j, m->dev);
     return 0;

@@ -2145,6 +2145,21 @@ NT_API int nt_ddp_backward(nt_ddp *d, int shard, nt_tensor *loss);
  *  Errors as nt_ddp_backward's (naming ds[i]), and NT_EINVAL for NULL ds,
  *  nd < 1 or the same nt_ddp twice. */
 NT_API int nt_ddp_backward_group(nt_ddp *const *ds, int nd, int shard, nt_tensor *loss);
+/** nt_ddp_backward of one shard of each local device from one backward
+ *  pass: losses[i] is shard shards[i]'s loss, computed on local device i
+ *  (nt_ddp_create's devices[i], this process's; shards[i] one of its
+ *  shards), n the local device count.  The shards' forwards may run layer
+ *  by layer together (every device's layer l, then l + 1); the losses are
+ *  joined (as nt_tp_join) and one nt_backward runs every device's backward,
+ *  layer by layer.  Each shard gets its own gradients in its device's
+ *  shard tree: the same bits as n nt_ddp_backward calls, and their rules
+ *  (once a shard a step; stage 3: gathered).  With more shards than
+ *  devices, one call per round.  NT_EINVAL naming the argument for NULL
+ *  arrays, another n, a shard out of range, of another process or of
+ *  another device than i, a loss on another device or not a floating
+ *  scalar; NT_ESTATE while capturing (a captured step takes
+ *  nt_ddp_backward per shard); nothing changed then. */
+NT_API int nt_ddp_backward_shards(nt_ddp *d, const int *shards, nt_tensor *const *losses, int n);
 /** Combines the step's shard gradients (every shard of this process must
  *  have had its nt_ddp_backward, else NT_ESTATE naming the first missing
  *  one): the shard tree, the collective over processes and devices, times
@@ -2211,6 +2226,23 @@ NT_API nt_tensor **nt_ddp_zero_shards(nt_ddp *d, int dev);
  *  call for the next layer issued before this layer's compute overlaps it
  *  (a prefetch).  NT_EINVAL for a bad range, NT_ESTATE at another stage. */
 NT_API int nt_ddp_gather(nt_ddp *d, int lo, int hi);
+/** Stage 3, within a round of nt_ddp_backward_shards: marks the end of a
+ *  layer whose parameters are [lo, hi) (at most 64), after every local
+ *  device's forward of it (in[i] local device i's output of the layer;
+ *  out[i] = in[i], a view to go on with), one call a layer, in the
+ *  forward's order.  The layer's gathered parameters then give their
+ *  device memory back (nt_ddp_params' handles and the views the graph
+ *  saved stay; parameters of at most 3968 bytes are kept).  In the round's
+ *  backward, just before the layer's own backward, its parameters are
+ *  gathered again into the same storages (the same bits), the next layer's
+ *  (whose backward is done) give their memory back, and the previous
+ *  layer's all-gather is queued (the prefetch).  nt_ddp_gather fills a
+ *  layer released by an earlier round again.  NT_EINVAL naming the
+ *  argument (NULL arrays, a bad range, an input not on local device i or
+ *  not floating); NT_ESTATE at another stage, for a layer not gathered,
+ *  while capturing, or when a marked layer is differentiated outside its
+ *  round's nt_ddp_backward_shards. */
+NT_API int nt_ddp_layer_done(nt_ddp *d, int lo, int hi, nt_tensor *const *in, nt_tensor **out);
 /** Stages 2, 3: on (true), each bucket of nt_ddp_reduce's reduce-scatter
  *  is issued during the backward, as soon as every local device's
  *  gradients of its parameters are made (gradient hooks on the replicas

@@ -108,6 +108,9 @@ typedef struct ddp_h_cfg {
      * of the shard (nt_ddp_shard_from_host) */
     int (*batch)(void *ctx, nt_ddp *d, int s, int step, nt_tensor **x, nt_tensor **y);
     int (*before)(void *ctx, nt_ddp *d);       /* before the shards (ZeRO-3's gathers) */
+    /* every local shard's forward and backward in place of ddp_h_shards
+     * (xb, yb: the MLP data of the step, NULL with `batch`) */
+    int (*shards_fn)(void *ctx, nt_ddp *d, int step, const float *xb, const int32_t *yb);
     int (*after_reduce)(void *ctx, nt_ddp *d); /* clipping, the fp8 amax reduction */
     void *ctx;
 } ddp_h_cfg;
@@ -160,7 +163,8 @@ static inline int ddp_h_step(nt_ddp *d, const ddp_h_cfg *c, nt_optim **opts, int
     }
     int rc = c->before ? c->before(c->ctx, d) : 0;
     if (!rc)
-        rc = ddp_h_shards(d, c, step, xb, yb);
+        rc = c->shards_fn ? c->shards_fn(c->ctx, d, step, xb, yb)
+                          : ddp_h_shards(d, c, step, xb, yb);
     free(xb);
     free(yb);
     if (!rc)

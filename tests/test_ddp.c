@@ -486,6 +486,116 @@ static void test_two_devices(void **state)
         nt_release(p[j]);
 }
 
+/* ---------------- one backward for a shard of each device ---------------- */
+
+/* The shards' bad arguments to nt_ddp_backward_shards at one round: each a
+ * clear error naming the call and the argument, nothing changed. */
+static void shards_bad_input(nt_ddp *d, int *sh, nt_tensor **l, nt_tensor *wide)
+{
+    const char *fn = "nt_ddp_backward_shards";
+    nt_test_expect_err(nt_ddp_backward_shards(d, NULL, l, 2), NT_EINVAL, fn,
+                       "'shards' is NULL");
+    nt_test_expect_err(nt_ddp_backward_shards(d, sh, NULL, 2), NT_EINVAL, fn,
+                       "'losses' is NULL");
+    nt_test_expect_err(nt_ddp_backward_shards(d, sh, l, 1), NT_EINVAL, fn, "'n' is 1",
+                       "expected 2");
+    nt_test_expect_err(nt_ddp_backward_shards(d, sh, l, 3), NT_EINVAL, fn, "'n' is 3");
+    int swapped[2] = {sh[1], sh[0]}, far[2] = {sh[0], 9};
+    nt_test_expect_err(nt_ddp_backward_shards(d, swapped, l, 2), NT_EINVAL, fn,
+                       "'shards[0]' is 2", "another device", "local device 0");
+    nt_test_expect_err(nt_ddp_backward_shards(d, far, l, 2), NT_EINVAL, fn, "'shards[1]' is 9",
+                       "< 4");
+    nt_tensor *lswap[2] = {l[1], l[0]}, *lwide[2] = {wide, l[1]};
+    nt_test_expect_err(nt_ddp_backward_shards(d, sh, lswap, 2), NT_EINVAL, fn,
+                       "'losses[0]' is on device 1", "shard 0 belongs to device 0");
+    nt_test_expect_err(nt_ddp_backward_shards(d, sh, lwide, 2), NT_EINVAL, fn, "'losses[0]'",
+                       "one element");
+    assert_int_equal(nt_graph_capture_begin(), 0);
+    nt_test_expect_err(nt_ddp_backward_shards(d, sh, l, 2), NT_ESTATE, fn, "capturing");
+    nt_graph_destroy(nt_graph_capture_end());
+    nt_clear_error();
+}
+
+/* 2 devices, 4 shards, 3 steps: two rounds a step, each device's hidden
+ * layer, then each device's loss, and one nt_ddp_backward_shards a round;
+ * the replicas after the steps are the bits of a second nt_ddp trained by
+ * the per-shard nt_ddp_backward loop from the same parameters.  Before the
+ * first round's call the bad arguments (shards_bad_input), after it the
+ * same round again (NT_ESTATE): the training then goes on to the same
+ * bits. */
+static void test_backward_shards(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_device_count(), 2);
+    enum { B = 8, S = 4, STEPS = 3 };
+    float xb[B * F];
+    int32_t yb[B];
+    nt_tensor *p[NP], *q[NP];
+    make_params(p, NT_F32, 21);
+    make_params(q, NT_F32, 21);
+    int devs[2] = {0, 1};
+    nt_ddp *d = nt_ddp_create(p, NP, S, devs, 2), *e = nt_ddp_create(q, NP, S, devs, 2);
+    assert_non_null(d);
+    assert_non_null(e);
+    nt_optim *od[2], *oe[2];
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(nt_device_set(k), 0);
+        od[k] = nt_optim_adamw(nt_ddp_params(d, k), NP, 1e-2, 0.9, 0.999, 1e-8, 0.01);
+        oe[k] = nt_optim_adamw(nt_ddp_params(e, k), NP, 1e-2, 0.9, 0.999, 1e-8, 0.01);
+    }
+    for (int step = 0; step < STEPS; step++) {
+        make_data(xb, yb, B, 40 + (uint32_t)step);
+        for (int s = 0; s < S; s++) { /* e: the loop */
+            int dev = nt_ddp_shard_device(e, s);
+            assert_int_equal(nt_device_set(dev), 0);
+            nt_scope *sc = nt_scope_begin();
+            nt_tensor *x = nt_ddp_shard_from_host(e, s, xb, NT_F32, 2, (int64_t[]){B, F});
+            nt_tensor *y = nt_ddp_shard_from_host(e, s, yb, NT_I32, 1, (int64_t[]){B});
+            assert_int_equal(nt_ddp_backward(e, s, model_loss(nt_ddp_params(e, dev), x, y)), 0);
+            nt_scope_end(sc);
+        }
+        for (int r = 0; r < 2; r++) { /* d: round r is shard r of each device */
+            nt_scope *sc = nt_scope_begin();
+            int sh[2] = {r, 2 + r};
+            nt_tensor *h[2], *y[2], *l[2];
+            for (int k = 0; k < 2; k++) {
+                assert_int_equal(nt_device_set(k), 0);
+                nt_tensor **w = nt_ddp_params(d, k);
+                nt_tensor *x = nt_ddp_shard_from_host(d, sh[k], xb, NT_F32, 2, (int64_t[]){B, F});
+                y[k] = nt_ddp_shard_from_host(d, sh[k], yb, NT_I32, 1, (int64_t[]){B});
+                h[k] = nt_relu(nt_linear(x, w[0], w[1]));
+            }
+            for (int k = 0; k < 2; k++) {
+                assert_int_equal(nt_device_set(k), 0);
+                nt_tensor **w = nt_ddp_params(d, k);
+                l[k] = nt_cross_entropy(nt_linear(h[k], w[2], w[3]), y[k]);
+            }
+            assert_int_equal(nt_device_set(0), 0);
+            if (step == 0 && r == 0)
+                shards_bad_input(d, sh, l, h[0]);
+            assert_int_equal(nt_ddp_backward_shards(d, sh, l, 2), 0);
+            if (step == 0 && r == 0)
+                nt_test_expect_err(nt_ddp_backward_shards(d, sh, l, 2), NT_ESTATE,
+                                   "nt_ddp_backward_shards", "shard 0 already has its gradients");
+            nt_scope_end(sc);
+        }
+        assert_int_equal(nt_ddp_reduce(e), 0);
+        assert_int_equal(nt_ddp_step(e, oe, 2), 0);
+        assert_int_equal(nt_ddp_reduce(d), 0);
+        assert_int_equal(nt_ddp_step(d, od, 2), 0);
+    }
+    assert_int_equal(nt_device_set(0), 0);
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(replica_crc(nt_ddp_params(d, k)), replica_crc(nt_ddp_params(e, k)));
+    assert_int_equal(nt_sync(), 0);
+    for (int k = 0; k < 2; k++)
+        nt_optim_destroy(od[k]), nt_optim_destroy(oe[k]);
+    nt_ddp_destroy(d);
+    nt_ddp_destroy(e);
+    for (int j = 0; j < NP; j++)
+        nt_release(p[j]), nt_release(q[j]);
+}
+
 /* ---------------- and over 2 processes (mpirun) ---------------- */
 
 static const char *mpirun_path;
@@ -522,6 +632,8 @@ int main(int argc, char **argv)
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_two_devices, ddp_h_setup_2dev, ddp_h_teardown_2dev),
+        cmocka_unit_test_setup_teardown(test_backward_shards, ddp_h_setup_2dev,
+                                        ddp_h_teardown_2dev),
         cmocka_unit_test(test_bitwise_across_cores),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -42,10 +42,16 @@ static int make_params(nt_tensor **p, int h, int f, uint64_t seed)
     return ddp_h_params(p, NT_F32, h, f, seed);
 }
 
+/* Layer l (0, 1) of the MLP on h: the hidden layer, then the loss. */
+static nt_tensor *model_layer(nt_tensor **p, int l, nt_tensor *h, nt_tensor *y)
+{
+    return l == 0 ? nt_relu(nt_linear(h, p[0], p[1]))
+                  : nt_cross_entropy(nt_linear(h, p[2], p[3]), y);
+}
+
 static nt_tensor *model_loss(nt_tensor **p, nt_tensor *x, nt_tensor *y)
 {
-    nt_tensor *h = nt_relu(nt_linear(x, p[0], p[1]));
-    return nt_cross_entropy(nt_linear(h, p[2], p[3]), y);
+    return model_layer(p, 1, model_layer(p, 0, x, y), y);
 }
 
 /* ---------------- the training a child runs ---------------- */
@@ -54,6 +60,7 @@ typedef struct run {
     int stage;
     bool sgd, clip, bf16; /* bf16: the forward under bf16 autocast */
     bool overlap;         /* nt_ddp_set_overlap (stages 2, 3) */
+    bool joined;          /* rounds of one shard a device, one nt_ddp_backward_shards each */
     int h, f, steps;
     const char *save, *load; /* checkpoint paths (NULL: none) */
     int save_at;             /* the step after which to save */
@@ -99,13 +106,55 @@ static int run_clip(void *ctx, nt_ddp *d)
     return 0;
 }
 
+/* The shards of a step in rounds of one shard a local device (devices[i]
+ * = i): round q takes each device's q-th shard, runs layer 0 of every
+ * device's shard, then layer 1 (the loss), and one nt_ddp_backward_shards
+ * of the round's losses (docs/sharding.md, "The order"). */
+static int run_joined(void *ctx, nt_ddp *d, int step, const float *xb, const int32_t *yb)
+{
+    const run *r = ctx;
+    (void)step;
+    enum { MAXD = DDP_H_MAXDEV };
+    static int sh[MAXD][SHARDS];
+    int cnt[MAXD] = {0}, ndev = nt_device_count(), rc = 0;
+    for (int s = 0; s < SHARDS; s++) {
+        int dev = nt_ddp_shard_device(d, s);
+        if (dev >= 0)
+            sh[dev][cnt[dev]++] = s;
+    }
+    for (int q = 0; q < cnt[0] && !rc; q++) {
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *h[MAXD], *y[MAXD];
+        int shards[MAXD];
+        for (int i = 0; i < ndev; i++) {
+            shards[i] = sh[i][q];
+            nt_device_set(i);
+            h[i] = nt_ddp_shard_from_host(d, shards[i], xb, NT_F32, 2, (int64_t[]){B, r->f});
+            y[i] = nt_ddp_shard_from_host(d, shards[i], yb, NT_I32, 1, (int64_t[]){B});
+        }
+        if (r->bf16)
+            nt_autocast_begin(NT_BF16);
+        for (int l = 0; l < 2; l++)
+            for (int i = 0; i < ndev; i++) {
+                nt_device_set(i);
+                h[i] = model_layer(nt_ddp_params(d, i), l, h[i], y[i]);
+            }
+        if (r->bf16)
+            nt_autocast_end();
+        nt_device_set(0);
+        rc = nt_ddp_backward_shards(d, shards, h, ndev);
+        nt_scope_end(sc);
+    }
+    return rc;
+}
+
 /* One step: every shard's forward and backward, the reduce, clipping, the
  * optimizers (ddp_h_step). */
 static int train_step(nt_ddp *d, const run *r, nt_optim **opts, int ndev, int step)
 {
     ddp_h_cfg cfg = {.shards = SHARDS, .rows = B, .cols = r->f, .range = 1.0f,
                      .loss = run_loss, .before = run_gather, .after_reduce = run_clip,
-                     .ctx = (void *)r};
+                     .shards_fn = r->joined ? run_joined : NULL, .ctx = (void *)r};
     return ddp_h_step(d, &cfg, opts, ndev, step);
 }
 
@@ -168,8 +217,8 @@ static unsigned train_crc(const char *const *env, const char *spec, int cores)
     return ddp_h_child_crc(env, spec, NULL, cores);
 }
 
-/* spec: "<stage><a|s><c|->[b][o]", e.g. "2ac" = stage 2, AdamW, clipping;
- * b: bf16 autocast; o: nt_ddp_set_overlap. */
+/* spec: "<stage><a|s><c|->[b][o][j]", e.g. "2ac" = stage 2, AdamW, clipping;
+ * b: bf16 autocast; o: nt_ddp_set_overlap; j: joined rounds (run_joined). */
 static void parse_spec(const char *spec, run *r)
 {
     memset(r, 0, sizeof *r);
@@ -178,6 +227,7 @@ static void parse_spec(const char *spec, run *r)
     r->clip = spec[2] == 'c';
     r->bf16 = spec[2] && spec[3] == 'b';
     r->overlap = spec[2] && strchr(spec + 3, 'o');
+    r->joined = spec[2] && strchr(spec + 3, 'j');
     r->h = H, r->f = F, r->steps = STEPS;
 }
 
@@ -264,6 +314,302 @@ static void test_bitwise_stages_sizes(void **state)
                          1 << c, crc, bref);
         }
     printf("# under bf16 autocast: stages 0-3 on 1 and 8 cores give %08x\n", bref);
+}
+
+/* ---------------- joined rounds (nt_ddp_backward_shards) ---------------- */
+
+/* Every local shard's backward in joined rounds (run_joined: layer by layer
+ * over the devices, one nt_ddp_backward_shards a round) against the
+ * per-shard nt_ddp_backward loop: on 4 cores (2 rounds of 4 devices) the
+ * same CRC at stages 0-3 on both backends in every mode, each against the
+ * loop in the same configuration; on the simulator (adaptive) also 2 cores
+ * (4 rounds) and 8 (1 round), with nt_ddp_set_overlap at stages 2 and 3,
+ * and SGD with momentum. */
+static void test_joined_rounds(void **state)
+{
+    (void)state;
+    const char *env1[] = {"NT_BACKEND=sim", "NT_MODE=adaptive", CORES[0], NULL};
+    unsigned ref = train_crc(env1, "0ac", 1), sref = train_crc(env1, "0s-", 1);
+    static const char *const be[] = {"NT_BACKEND=sim", "NT_BACKEND=cpu"};
+    static const char *const mode[] = {"NT_MODE=deterministic", "NT_MODE=eager",
+                                       "NT_MODE=adaptive", "NT_MODE=lazy"};
+    printf("# joined rounds, 4 cores, AdamW + clip: crc32 for stages 0-3 (the per-shard "
+           "loop: %08x)\n", ref);
+    for (int b = 0; b < 2; b++)
+        for (int md = 0; md < 4; md++) {
+            const char *env[] = {be[b], mode[md], CORES[2], NULL};
+            unsigned loop = train_crc(env, "0ac", 4);
+            if (loop != ref)
+                fail_msg("%s %s: the per-shard loop gives %08x, 1 core %08x", be[b], mode[md],
+                         loop, ref);
+            char row[128];
+            int k = snprintf(row, sizeof row, "# %s %-21s", be[b] + 11, mode[md]);
+            for (int st = 0; st < 4; st++) {
+                char spec[5] = {(char)('0' + st), 'a', 'c', 'j', 0};
+                unsigned crc = train_crc(env, spec, 4);
+                k += snprintf(row + k, sizeof row - (size_t)k, "  %08x", crc);
+                if (crc != loop)
+                    fail_msg("%s %s stage %d, joined rounds on 4 cores: %08x, the per-shard "
+                             "loop %08x", be[b], mode[md], st, crc, loop);
+            }
+            printf("%s\n", row);
+        }
+    for (int c = 1; c < 4; c += 2)
+        for (int st = 0; st < 4; st++) {
+            const char *env[] = {"NT_BACKEND=sim", "NT_MODE=adaptive", CORES[c], NULL};
+            char spec[6] = {(char)('0' + st), 'a', 'c', 'j', 0, 0};
+            unsigned crc = train_crc(env, spec, 1 << c);
+            if (crc != ref)
+                fail_msg("stage %d, joined rounds on %d cores: %08x, the loop %08x", st,
+                         1 << c, crc, ref);
+            spec[1] = 's', spec[2] = '-';
+            if ((crc = train_crc(env, spec, 1 << c)) != sref)
+                fail_msg("SGD stage %d, joined rounds on %d cores: %08x, the loop %08x", st,
+                         1 << c, crc, sref);
+            if (st < 2)
+                continue;
+            spec[1] = 'a', spec[2] = 'c', spec[4] = 'o';
+            if ((crc = train_crc(env, spec, 1 << c)) != ref)
+                fail_msg("stage %d with nt_ddp_set_overlap, joined rounds on %d cores: %08x, "
+                         "the loop %08x", st, 1 << c, crc, ref);
+        }
+    printf("# sim adaptive, 2 and 8 cores, stages 0-3: %08x (AdamW + clip, with overlap at "
+           "2, 3) and %08x (SGD)\n", ref, sref);
+}
+
+/* ---------------- a layer's memory released after its forward ---------------- */
+
+/* A 4-layer MLP of width LD (three tanh layers and a linear one into
+ * cross-entropy; weights [LD, LD] of 256 KiB, biases [LD]), layer l's
+ * parameters [2l, 2l + 2). */
+enum { LL = 4, LD = 256, LNP = 2 * LL, LROWS = 8 };
+
+static nt_tensor *lay_forward(nt_tensor **p, int l, nt_tensor *h)
+{
+    nt_tensor *z = nt_linear(h, p[2 * l], p[2 * l + 1]);
+    return l + 1 < LL ? nt_tanh(z) : z;
+}
+
+/* The child: 3 AdamW steps at stage 3 over every core in 2 * cores
+ * shards (2 rounds a step), in `mode`: 0 the per-shard nt_ddp_backward
+ * loop, 1 joined rounds (nt_ddp_backward_shards) with every layer gathered
+ * first, 2 joined rounds with each layer gathered just before its forward
+ * and marked by nt_ddp_layer_done after it.  Prints the CRC of the
+ * gathered parameters after the steps, the largest per-core peak of live
+ * bytes over the steps (from after the setup) and Psi. */
+static int child_layers(int mode)
+{
+    if (nt_init() != 0)
+        return 3;
+    int devs[DDP_H_MAXDEV], ndev = ddp_h_devices(devs), S = 2 * ndev, rc = 0;
+    nt_tensor *p[LNP];
+    double psi = 0;
+    nt_device_set(0);
+    for (int j = 0; j < LNP && !rc; j++) {
+        nt_tensor *r = j % 2 ? nt_randn(NT_F32, 1, (int64_t[]){LD}, 900 + (uint64_t)j)
+                             : nt_randn(NT_F32, 2, (int64_t[]){LD, LD}, 900 + (uint64_t)j);
+        p[j] = nt_mul_scalar(r, j % 2 ? 0.1 : 1.0 / 16);
+        nt_release(r);
+        rc = !p[j] || nt_set_requires_grad(p[j], true);
+        psi += p[j] ? (double)nt_numel(p[j]) : 0;
+    }
+    nt_ddp *d = rc ? NULL : nt_ddp_create(p, LNP, S, devs, ndev);
+    if (!d || nt_ddp_set_zero(d, 3)) {
+        fprintf(stderr, "child: %s\n", nt_last_error_message());
+        return 4;
+    }
+    for (int j = 0; j < LNP; j++)
+        nt_release(p[j]);
+    nt_optim *opts[DDP_H_MAXDEV];
+    for (int i = 0; i < ndev; i++) {
+        nt_device_set(i);
+        opts[i] = nt_optim_adamw(nt_ddp_zero_shards(d, i), LNP, 1e-3, 0.9, 0.999, 1e-8, 0.01);
+    }
+    nt_device_set(0);
+    if (nt_sync())
+        return 4;
+    nt_stats_reset();
+    static float xb[64 * LROWS * LD];
+    static int32_t yb[64 * LROWS];
+    for (int step = 0; step < 3 && !rc; step++) {
+        ddp_h_data(xb, yb, S * LROWS, LD, 1.0f, 300 + (uint32_t)step);
+        if (mode < 2)
+            rc = nt_ddp_gather(d, 0, LNP);
+        for (int q = 0; q < 2 && !rc; q++) { /* round q: shard q of each device's block */
+            nt_scope *sc = nt_scope_begin();
+            nt_tensor *h[DDP_H_MAXDEV], *y[DDP_H_MAXDEV];
+            int sh[DDP_H_MAXDEV];
+            for (int i = 0; i < ndev; i++) {
+                sh[i] = 2 * i + q;
+                nt_device_set(i);
+                h[i] = nt_ddp_shard_from_host(d, sh[i], xb, NT_F32, 2,
+                                              (int64_t[]){S * LROWS, LD});
+                y[i] = nt_ddp_shard_from_host(d, sh[i], yb, NT_I32, 1, (int64_t[]){S * LROWS});
+            }
+            if (mode == 0) { /* each shard alone, whole */
+                for (int i = 0; i < ndev && !rc; i++) {
+                    nt_device_set(i);
+                    for (int l = 0; l < LL; l++)
+                        h[i] = lay_forward(nt_ddp_params(d, i), l, h[i]);
+                    rc = nt_ddp_backward(d, sh[i], nt_cross_entropy(h[i], y[i]));
+                }
+            } else {
+                for (int l = 0; l < LL && !rc; l++) {
+                    if (mode == 2)
+                        rc = nt_ddp_gather(d, 2 * l, 2 * l + 2);
+                    for (int i = 0; i < ndev && !rc; i++) {
+                        nt_device_set(i);
+                        h[i] = lay_forward(nt_ddp_params(d, i), l, h[i]);
+                    }
+                    nt_device_set(0);
+                    if (!rc && mode == 2)
+                        rc = nt_ddp_layer_done(d, 2 * l, 2 * l + 2, h, h);
+                }
+                for (int i = 0; i < ndev && !rc; i++) {
+                    nt_device_set(i);
+                    h[i] = nt_cross_entropy(h[i], y[i]);
+                }
+                nt_device_set(0);
+                if (!rc)
+                    rc = nt_ddp_backward_shards(d, sh, h, ndev);
+            }
+            nt_scope_end(sc);
+        }
+        nt_device_set(0);
+        if (!rc)
+            rc = nt_ddp_reduce(d);
+        if (!rc)
+            rc = nt_ddp_step(d, opts, ndev);
+    }
+    if (!rc)
+        rc = nt_ddp_gather(d, 0, LNP) || nt_sync();
+    if (rc) {
+        fprintf(stderr, "child: %s\n", nt_last_error_message());
+        return 5;
+    }
+    int64_t peak = 0;
+    for (int i = 0; i < ndev; i++)
+        peak = nt_device_bytes_live_peak(i) > peak ? nt_device_bytes_live_peak(i) : peak;
+    printf("layers %d %08x %lld %.0f\n", mode, ddp_h_crc(nt_ddp_params(d, 0), LNP),
+           (long long)peak, psi);
+    for (int i = 0; i < ndev; i++)
+        nt_optim_destroy(opts[i]);
+    nt_ddp_destroy(d);
+    nt_shutdown();
+    return 0;
+}
+
+/* nt_ddp_layer_done's errors on 2 of the 8 devices: each names the call
+ * and the argument and changes nothing (the layer stays gathered, then is
+ * released by a good call); a marked layer differentiated by a plain
+ * nt_backward is refused in that backward; nt_ddp_gather fills the
+ * released layer again with the same bits. */
+static void test_layer_done_errors(void **state)
+{
+    (void)state;
+    const char *fn = "nt_ddp_layer_done";
+    int devs[2] = {0, 1};
+    nt_tensor *p[NP], *z[NP];
+    nt_device_set(0);
+    assert_int_equal(make_params(p, 128, F, 2), 0);
+    assert_int_equal(make_params(z, 128, F, 2), 0);
+    nt_ddp *d = nt_ddp_create(p, NP, 2, devs, 2), *d0 = nt_ddp_create(z, NP, 2, devs, 2);
+    assert_non_null(d);
+    assert_non_null(d0);
+    assert_int_equal(nt_ddp_set_zero(d, 3), 0);
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *in[2], *out[2];
+    for (int k = 0; k < 2; k++) {
+        nt_device_set(k);
+        in[k] = nt_ones(NT_F32, 2, (int64_t[]){2, F});
+        assert_int_equal(nt_set_requires_grad(in[k], true), 0);
+    }
+    nt_device_set(0);
+    nt_test_expect_err(nt_ddp_layer_done(d, 0, 2, in, out), NT_ESTATE, fn,
+                       "parameter 0 of device 0 is not gathered", "nt_ddp_gather(d, 0, 2)");
+    nt_test_expect_err(nt_ddp_layer_done(d0, 0, 2, in, out), NT_ESTATE, fn, "stage 0");
+    assert_int_equal(nt_ddp_gather(d, 0, NP), 0);
+    uint32_t before = ddp_h_crc(nt_ddp_params(d, 1), NP);
+    nt_test_expect_err(nt_ddp_layer_done(NULL, 0, 2, in, out), NT_EINVAL, fn, "'d'");
+    nt_test_expect_err(nt_ddp_layer_done(d, 0, 2, NULL, out), NT_EINVAL, fn, "'in' is NULL");
+    nt_test_expect_err(nt_ddp_layer_done(d, 0, 2, in, NULL), NT_EINVAL, fn, "'out' is NULL");
+    nt_test_expect_err(nt_ddp_layer_done(d, 2, 5, in, out), NT_EINVAL, fn, "'lo', 'hi' are 2, 5");
+    nt_test_expect_err(nt_ddp_layer_done(d, 1, 1, in, out), NT_EINVAL, fn, "'lo', 'hi' are 1, 1");
+    nt_tensor *swapped[2] = {in[1], in[0]};
+    nt_test_expect_err(nt_ddp_layer_done(d, 0, 2, swapped, out), NT_EINVAL, fn,
+                       "'in[0]' is on device 1", "local device 0");
+    assert_int_equal(nt_graph_capture_begin(), 0);
+    nt_test_expect_err(nt_ddp_layer_done(d, 0, 2, in, out), NT_ESTATE, fn, "capturing");
+    nt_graph_destroy(nt_graph_capture_end());
+    nt_clear_error();
+    /* nothing released by the refusals */
+    int64_t live = nt_device_bytes_live(1);
+    assert_int_equal(ddp_h_crc(nt_ddp_params(d, 1), NP), before);
+    /* a good mark: w1 (128 x 12 f32, 6 KiB) gives its memory back, b1 stays */
+    nt_tensor *h[2];
+    for (int k = 0; k < 2; k++) {
+        nt_device_set(k);
+        h[k] = nt_linear(in[k], nt_ddp_params(d, k)[0], nt_ddp_params(d, k)[1]);
+    }
+    nt_device_set(0);
+    assert_int_equal(nt_ddp_layer_done(d, 0, 2, h, out), 0);
+    assert_true(nt_device_bytes_live(1) <= live - 2048); /* h[1] is 1 KiB */
+    /* differentiated outside nt_ddp_backward_shards */
+    nt_test_expect_err(nt_backward(nt_sum(out[0], NT_DIM_ALL, false)), NT_ESTATE,
+                       "outside the backward of its round", "nt_ddp_backward_shards");
+    /* gathered again: the same bits */
+    assert_int_equal(nt_ddp_gather(d, 0, NP), 0);
+    assert_int_equal(ddp_h_crc(nt_ddp_params(d, 1), NP), before);
+    nt_scope_end(sc);
+    assert_int_equal(nt_sync(), 0);
+    nt_ddp_destroy(d);
+    nt_ddp_destroy(d0);
+    for (int j = 0; j < NP; j++)
+        nt_release(p[j]), nt_release(z[j]);
+}
+
+/* Stage 3 on 4 cores, a 4-layer MLP (tests/test_zero.c child_layers), in
+ * joined rounds: with each layer released after its forward and filled
+ * again (with the next prefetched) for its backward (nt_ddp_layer_done),
+ * the parameters after 3 steps are the bits of the per-shard loop's and
+ * of joined rounds without the release, on both backends and in the modes,
+ * and the per-core peak falls by at least a layer's 4 * LD * LD bytes
+ * (the released layers), staying above the model state's 16P/N. */
+static void test_layer_release(void **state)
+{
+    (void)state;
+    static const char *const cfg[][2] = {{"NT_BACKEND=sim", "NT_MODE=deterministic"},
+                                         {"NT_BACKEND=sim", "NT_MODE=adaptive"},
+                                         {"NT_BACKEND=sim", "NT_MODE=lazy"},
+                                         {"NT_BACKEND=cpu", "NT_MODE=eager"},
+                                         {"NT_BACKEND=cpu", "NT_MODE=deterministic"}};
+    printf("# stage 3, 4 cores, 4 layers of %dx%d: per-core peak MiB (16P/N, per-shard loop, "
+           "joined rounds, joined + nt_ddp_layer_done)\n", LD, LD);
+    for (int g = 0; g < 5; g++) {
+        unsigned crc[3];
+        long long peak[3];
+        double psi = 0;
+        for (int mode = 0; mode < 3; mode++) {
+            const char *env[] = {cfg[g][0], cfg[g][1], "NT_SIM_CORES=4", NULL};
+            char arg[4] = {(char)('0' + mode), 0}, line[256];
+            char *argv[] = {ddp_h_exe, "--layers", arg, NULL};
+            ddp_h_run(env, argv, line, sizeof line);
+            int m2 = -1;
+            if (sscanf(line, "layers %d %x %lld %lf", &m2, &crc[mode], &peak[mode], &psi) != 4 ||
+                m2 != mode)
+                fail_msg("child printed '%s'", line);
+        }
+        double state16 = 16 * psi / 4, layer = 4.0 * LD * LD;
+        printf("# %s %-21s 16P/N %.3f  loop %.3f  joined %.3f  released %.3f  (crc %08x)\n",
+               cfg[g][0] + 11, cfg[g][1], state16 / 1048576, peak[0] / 1048576.0,
+               peak[1] / 1048576.0, peak[2] / 1048576.0, crc[0]);
+        if (crc[1] != crc[0] || crc[2] != crc[0])
+            fail_msg("%s %s: loop %08x, joined %08x, released %08x", cfg[g][0], cfg[g][1],
+                     crc[0], crc[1], crc[2]);
+        if ((double)peak[2] > (double)peak[1] - layer || (double)peak[2] < state16)
+            fail_msg("%s %s: peak %lld with the release, %lld without (a layer is %.0f bytes, "
+                     "16P/N %.0f)", cfg[g][0], cfg[g][1], peak[2], peak[1], layer, state16);
+    }
 }
 
 /* ---------------- memory against the formula ---------------- */
@@ -960,12 +1306,13 @@ static void test_across_processes(void **state)
     const char *env1[] = {"NT_SIM_CORES=1", NULL};
     unsigned ref = train_crc(env1, "0ac", 1);
     printf("# 1 process x 1 core, plain DDP: %08x\n", ref);
-    static const char *const specs[] = {"2ac", "3ac"};
+    static const char *const specs[] = {"2ac", "3ac", "3acj"};
     for (int c = 0; c < 2; c++)
-        for (int s = 0; s < 2; s++) {
+        for (int s = 0; s < 3; s++) {
             const char *env[] = {CORES[c], NULL};
             unsigned crc = ddp_h_mpi_crc(mpirun_path, env, specs[s], 1 << c);
-            printf("# 2 processes x %d cores, ZeRO stage %c: %08x\n", 1 << c, specs[s][0], crc);
+            printf("# 2 processes x %d cores, ZeRO stage %c%s: %08x\n", 1 << c, specs[s][0],
+                   specs[s][3] ? ", joined rounds" : "", crc);
             if (crc != ref)
                 fail_msg("2 processes x %d cores stage %c: %08x, 1 core %08x", 1 << c,
                          specs[s][0], crc, ref);
@@ -1041,6 +1388,8 @@ int main(int argc, char **argv)
         parse_spec(argv[2], &r);
         return child_train(&r);
     }
+    if (argc == 3 && !strcmp(argv[1], "--layers"))
+        return child_layers(atoi(argv[2]));
     if (argc == 3 && !strcmp(argv[1], "--mem"))
         return child_mem(atoi(argv[2]));
     if (argc == 3 && !strcmp(argv[1], "--hbm"))
@@ -1075,6 +1424,9 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_zero_errors, setup_8dev, teardown_8dev),
         cmocka_unit_test_setup_teardown(test_checkpoint_errors, setup_8dev, teardown_8dev),
         cmocka_unit_test(test_bitwise_stages_sizes),
+        cmocka_unit_test(test_joined_rounds),
+        cmocka_unit_test(test_layer_release),
+        cmocka_unit_test_setup_teardown(test_layer_done_errors, setup_8dev, teardown_8dev),
         cmocka_unit_test(test_memory_formula),
         cmocka_unit_test(test_stage3_beyond_one_core),
         cmocka_unit_test(test_overlap_memory),
