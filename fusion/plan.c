@@ -1116,7 +1116,12 @@ static bool join_kind(const nt__fgroup *g, nt_tensor *const **in, int *nin,
         int k = r->type == NT_REC_OP && r->op < NT_OP_COUNT ? (int)nt__ops[r->op].kind : -1;
         /* these read more than they write: their inputs count too */
         bool big_in = r->op == NT_OP_GRAD_NORMS || r->op == NT_OP_SUM;
-        if ((k != NT_KIND_UNARY && k != NT_KIND_SCALAR && k != NT_KIND_BINARY && !big_in) ||
+        /* a cast alone (under autocast, a bias gradient's cast back to its
+         * f32 leaf, which reads the sum just before it) runs through the
+         * same elementwise kernel as a unary op (neuron/ew.c nt__sk_ew) */
+        bool cast = r->op == NT_OP_CAST;
+        if ((k != NT_KIND_UNARY && k != NT_KIND_SCALAR && k != NT_KIND_BINARY && !big_in &&
+             !cast) ||
             r->nout != 1 || !r->out[0])
             return false;
         *in = r->in, *nin = r->nin, *out = r->out, *nout = 1;
