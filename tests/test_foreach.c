@@ -635,6 +635,18 @@ static void test_bias_casts_share(void **state)
     bias_case(BR, 2);
 }
 
+/* The same with sums too big to wait in the queue (BR_BIG * BC elements
+ * read: past the 1M a program may have to share a kernel).  Such a sum,
+ * touching nothing the queue holds, runs before it (fusion/plan.c,
+ * passes_kind) where it flushed it and left a waiting cast to run alone:
+ * three kernels fewer than NT_FOREACH=0 (two when the sums flushed). */
+static void test_bias_casts_pass_big_sums(void **state)
+{
+    (void)state;
+    assert_true((int64_t)BR_BIG * BC > 1 << 20);
+    bias_case(BR_BIG, 3);
+}
+
 /* A parameter whose gradient failed: its update fails with the first
  * error, the others update with their usual bits, whether or not the
  * updates share kernels. */
@@ -715,6 +727,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sum_waits_past_matmuls, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bias_casts_share, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bias_casts_pass_big_sums, nt_test_setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_poisoned_gradient, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_errors, nt_test_setup, nt_test_teardown),
     };
