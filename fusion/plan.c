@@ -1116,7 +1116,12 @@ static bool join_kind(const nt__fgroup *g, nt_tensor *const **in, int *nin,
         int k = r->type == NT_REC_OP && r->op < NT_OP_COUNT ? (int)nt__ops[r->op].kind : -1;
         /* these read more than they write: their inputs count too */
         bool big_in = r->op == NT_OP_GRAD_NORMS || r->op == NT_OP_SUM;
-        if ((k != NT_KIND_UNARY && k != NT_KIND_SCALAR && k != NT_KIND_BINARY && !big_in) ||
+        /* a cast alone (under autocast, a bias gradient's cast back to its
+         * f32 leaf, which reads the sum just before it) runs through the
+         * same elementwise kernel as a unary op (neuron/ew.c nt__sk_ew) */
+        bool cast = r->op == NT_OP_CAST;
+        if ((k != NT_KIND_UNARY && k != NT_KIND_SCALAR && k != NT_KIND_BINARY && !big_in &&
+             !cast) ||
             r->nout != 1 || !r->out[0])
             return false;
         *in = r->in, *nin = r->nin, *out = r->out, *nout = 1;
@@ -1195,13 +1200,15 @@ static bool join_offer(joinq *q, const nt__fgroup *g, int stored, int elided, bo
  * writes in memory is exactly its operands), so a sum that reads the row
  * kernel just before it (a layer norm's weight gradient, sum(g * xhat))
  * waits past the next layer's matmuls and attention and shares a later
- * kernel instead of running as a kernel of its own. */
+ * kernel instead of running as a kernel of its own.  A sum too big to wait
+ * itself passes too (a bf16 bias gradient over [2048, 512]): a cast waiting
+ * in the queue then shares a later kernel rather than running alone. */
 static bool passes_kind(const nt__rec *r)
 {
     if (r->type != NT_REC_OP || r->op >= NT_OP_COUNT)
         return false;
     return nt__ops[r->op].kind == NT_KIND_MATMUL || r->op == NT_OP_SDPA_BWD ||
-           r->op == NT_OP_EMBEDDING_BWD;
+           r->op == NT_OP_EMBEDDING_BWD || r->op == NT_OP_SUM;
 }
 
 static bool join_passes(const joinq *q, const nt__fgroup *g)

@@ -515,6 +515,138 @@ static void test_sum_waits_past_matmuls(void **state)
     }
 }
 
+/* Under bf16 autocast each linear layer's f32 bias gets its gradient as a
+ * bf16 sum over dY's rows, which the autograd engine casts back to f32 for
+ * the leaf.  The cast reads the sum just before it, so it cannot share the
+ * sum's kernel, and alone it was a kernel of its own.  A lone cast now waits
+ * in the queue as a unary op does (fusion/plan.c, join_kind): the matmuls
+ * pass it, and it shares a kernel with the next layer's bias sum.  Three
+ * layers, l = sum(lin3(gelu(lin2(gelu(lin1(x))))) * c), lazy mode on both
+ * backends: at least two kernels fewer than with NT_FOREACH=0, and the
+ * gradients are the bits of NT_FOREACH=0, NT_FUSION=0 and deterministic
+ * mode; the last bias's gradient is the column sums of c (rounded to bf16
+ * on the way, as the sum's result is bf16) within the roundings' bound. */
+enum { BR = 256, BR_BIG = 16448, BC = 64, BL = 3 };
+typedef struct biasrun {
+    const float *x, *w, *c;
+    int64_t rows;
+    float gw[BL][BC * BC], gb[BL][BC];
+    uint64_t kernels, fp;
+} biasrun;
+
+static void bias_body(void *arg)
+{
+    biasrun *r = arg;
+    nt_scope *sc = nt_scope_begin();
+    nt_tensor *h = nt_from_host(r->x, NT_F32, 2, (int64_t[]){r->rows, BC});
+    nt_tensor *c = nt_from_host(r->c, NT_F32, 2, (int64_t[]){r->rows, BC});
+    nt_tensor *w[BL], *b[BL];
+    for (int i = 0; i < BL; i++) {
+        w[i] = nt_from_host(r->w + i * BC * BC, NT_F32, 2, (int64_t[]){BC, BC});
+        b[i] = nt_full(NT_F32, 1, (int64_t[]){BC}, 0.125 * (i + 1));
+        assert_int_equal(nt_set_requires_grad(w[i], true), 0);
+        assert_int_equal(nt_set_requires_grad(b[i], true), 0);
+    }
+    assert_int_equal(nt_sync(), 0);
+    nt_stats_reset();
+    assert_int_equal(nt_autocast_begin(NT_BF16), 0);
+    for (int i = 0; i < BL; i++) {
+        h = nt_linear(h, w[i], b[i]);
+        if (i + 1 < BL)
+            h = nt_gelu(h);
+    }
+    assert_int_equal(nt_autocast_end(), 0);
+    assert_int_equal(nt_dtype_of(h), NT_BF16);
+    nt_tensor *l = nt_sum(nt_mul(h, c), NT_DIM_ALL, false);
+    assert_non_null(l);
+    assert_int_equal(nt_backward(l), 0);
+    for (int i = 0; i < BL; i++) {
+        assert_int_equal(nt_dtype_of(nt_grad(b[i])), NT_F32);
+        assert_int_equal(nt_to_host(nt_grad(w[i]), r->gw[i], sizeof r->gw[i]), 0);
+        assert_int_equal(nt_to_host(nt_grad(b[i]), r->gb[i], sizeof r->gb[i]), 0);
+    }
+    nt_stats st;
+    assert_int_equal(nt_stats_get(&st), 0);
+    r->kernels = st.kernels_launched, r->fp = st.foreach_programs;
+    nt_scope_end(sc);
+}
+
+static void expect_bias_bits(const biasrun *a, const biasrun *b)
+{
+    assert_memory_equal(a->gw, b->gw, sizeof a->gw);
+    assert_memory_equal(a->gb, b->gb, sizeof a->gb);
+}
+
+static void bias_case(int64_t rows, uint64_t fewer)
+{
+    static float x[BR_BIG * BC], w[BL * BC * BC], c[BR_BIG * BC];
+    uint64_t st = 0xb16;
+    nt_test_fill(x, (size_t)(rows * BC), &st);
+    nt_test_fill(w, BL * BC * BC, &st);
+    nt_test_fill(c, (size_t)(rows * BC), &st);
+    for (int i = 0; i < BL * BC * BC; i++)
+        w[i] *= 0.125f;
+    static biasrun det, lazy, alone, unfused, first;
+    static const char *const bes[] = {"cpu", "sim"};
+    for (int be = 0; be < 2; be++) {
+        det = (biasrun){.x = x, .w = w, .c = c, .rows = rows};
+        lazy = det, alone = det, unfused = det;
+        assert_int_equal(nt_config_set("NT_BACKEND", bes[be]), 0);
+        assert_int_equal(nt_config_set("NT_REQUIRE_SIM", be ? "1" : "0"), 0);
+        assert_int_equal(nt_config_set("NT_MODE", "deterministic"), 0);
+        bias_body(&det);
+        assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
+        bias_body(&lazy);
+        assert_int_equal(nt_config_set("NT_FOREACH", "0"), 0);
+        bias_body(&alone);
+        assert_int_equal(nt_config_set("NT_FOREACH", "1"), 0);
+        assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
+        bias_body(&unfused);
+        assert_int_equal(nt_config_set("NT_FUSION", "1"), 0);
+        print_message("# %s: kernels %llu unshared, %llu shared (%llu programs)\n", bes[be],
+                      (unsigned long long)alone.kernels, (unsigned long long)lazy.kernels,
+                      (unsigned long long)lazy.fp);
+        assert_int_equal(alone.fp, 0);
+        assert_true(lazy.kernels + fewer <= alone.kernels);
+        expect_bias_bits(&lazy, &det);
+        expect_bias_bits(&alone, &det);
+        expect_bias_bits(&unfused, &det);
+        if (be == 0)
+            first = det;
+        else
+            expect_bias_bits(&det, &first);
+    }
+    /* d l / d b3: the column sums of bf16(c) (the gradient reaching the
+     * bf16 output), summed in f32 and rounded to bf16 (2^-9 relative) */
+    for (int j = 0; j < BC; j++) {
+        double s = 0, sa = 0;
+        for (int64_t i = 0; i < rows; i++) {
+            uint32_t u = nt_test_ubits(c[i * BC + j]);
+            float v = nt_test_fbits((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+            s += v, sa += fabs(v);
+        }
+        assert_true(fabs(first.gb[BL - 1][j] - s) <= 0x1p-8 * fabs(s) + 0x1p-16 * sa);
+    }
+}
+
+static void test_bias_casts_share(void **state)
+{
+    (void)state;
+    bias_case(BR, 2);
+}
+
+/* The same with sums too big to wait in the queue (BR_BIG * BC elements
+ * read: past the 1M a program may have to share a kernel).  Such a sum,
+ * touching nothing the queue holds, runs before it (fusion/plan.c,
+ * passes_kind) where it flushed it and left a waiting cast to run alone:
+ * three kernels fewer than NT_FOREACH=0 (two when the sums flushed). */
+static void test_bias_casts_pass_big_sums(void **state)
+{
+    (void)state;
+    assert_true((int64_t)BR_BIG * BC > 1 << 20);
+    bias_case(BR_BIG, 3);
+}
+
 /* A parameter whose gradient failed: its update fails with the first
  * error, the others update with their usual bits, whether or not the
  * updates share kernels. */
@@ -593,6 +725,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_kernel_counts, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_clip_norms_share, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_sum_waits_past_matmuls, nt_test_setup,
+                                        nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bias_casts_share, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bias_casts_pass_big_sums, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_poisoned_gradient, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_errors, nt_test_setup, nt_test_teardown),
