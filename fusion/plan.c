@@ -164,6 +164,7 @@ typedef struct {
     int val_slots[NT_F_MAXVALS];      /* record slots in the group holding val_h */
     bool val_inplace[NT_F_MAXVALS];
     int first;                        /* index of the first record in the batch */
+    int nbatch;                       /* the batch's records */
     int64_t red_shape[NT_MAX_DIMS];   /* ROW: [..., 1] */
     int nfull;                        /* ROW: values with a whole row each */
     /* storages the group writes: open addressing, storage -> latest value;
@@ -637,13 +638,17 @@ static bool side_mm_of(const nt__rec *m, const nt__rec *r)
            m->out[0]->st != r->in[1]->st;
 }
 
+static bool joins_its_reader(nt__rec *const *recs, int n, int j);
+
 /* r joins the open MM group as its side sum or side product: 0, 1
  * (refused, *why), or -1 (r is neither for this group: the usual rules
- * decide). */
+ * decide).  A side product whose first reader could join it as its
+ * epilogue starts its own kernel (side_mm_move). */
 static int side_join(gstate *s, nt__rec *r, const char **why)
 {
     bool mm = r->op == NT_OP_MATMUL;
-    if (mm ? AO_load(&nt__fplan_nopair) || !side_mm_rec(r) || !side_mm_of(s->g.recs[0], r)
+    if (mm ? AO_load(&nt__fplan_nopair) || !side_mm_rec(r) || !side_mm_of(s->g.recs[0], r) ||
+                 joins_its_reader(s->g.recs - s->first, s->nbatch, s->first + s->g.nrecs)
            : !side_sum_rec(r) || !side_sum_of(s->g.recs[0], r->in[0]))
         return -1;
     *why = r->backend != s->g.backend                                    ? "backend change"
@@ -1567,10 +1572,6 @@ static bool side_sum_move(nt__rec **recs, int n, int j)
     return false;
 }
 
-/* Whether the first later record that reads recs[j]'s output could join
- * recs[j]'s group (below). */
-static bool joins_its_reader(nt__rec *const *recs, int n, int j);
-
 /* A side product's record at j (side_mm_rec) moves forward to just after
  * the first later matmul it rides on (side_mm_of: dX = dY . W of the same
  * layer; hoist_matmuls has moved dX down to its epilogue's first reader,
@@ -1876,6 +1877,7 @@ void nt__fusion_run(nt__rec **recs, int n)
     }
     gstate s;
     s.open = false;
+    s.nbatch = n;
     s.jq.n = s.jq.nr = s.jq.nw = 0;
     char why[128];
     for (int k = 0; k < n; k++) {
