@@ -638,17 +638,27 @@ static bool side_mm_of(const nt__rec *m, const nt__rec *r)
            m->out[0]->st != r->in[1]->st;
 }
 
-static bool joins_its_reader(nt__rec *const *recs, int n, int j);
+static bool ew_joinable(const nt__rec *x, const nt_tensor *o);
+static bool rec_touches(const nt__rec *x, const nt__storage *st, bool writes_only);
+
+/* Whether the matmul at j has its epilogue next to it: recs[j + 1] reads
+ * its output and could join its group (hoist_matmuls brings such a reader
+ * there when it can). */
+static bool takes_its_reader(nt__rec *const *recs, int n, int j)
+{
+    const nt_tensor *o = recs[j]->out[0];
+    return j + 1 < n && rec_touches(recs[j + 1], o->st, false) && ew_joinable(recs[j + 1], o);
+}
 
 /* r joins the open MM group as its side sum or side product: 0, 1
  * (refused, *why), or -1 (r is neither for this group: the usual rules
- * decide).  A side product whose first reader could join it as its
- * epilogue starts its own kernel (side_mm_move). */
+ * decide).  A side product with its epilogue next to it starts its own
+ * kernel (side_mm_move). */
 static int side_join(gstate *s, nt__rec *r, const char **why)
 {
     bool mm = r->op == NT_OP_MATMUL;
     if (mm ? AO_load(&nt__fplan_nopair) || !side_mm_rec(r) || !side_mm_of(s->g.recs[0], r) ||
-                 joins_its_reader(s->g.recs - s->first, s->nbatch, s->first + s->g.nrecs)
+                 takes_its_reader(s->g.recs - s->first, s->nbatch, s->first + s->g.nrecs)
            : !side_sum_rec(r) || !side_sum_of(s->g.recs[0], r->in[0]))
         return -1;
     *why = r->backend != s->g.backend                                    ? "backend change"
@@ -1577,15 +1587,15 @@ static bool side_sum_move(nt__rec **recs, int n, int j)
  * layer; hoist_matmuls has moved dX down to its epilogue's first reader,
  * past dW), on side_sum_move's conditions (nothing in between reads or
  * writes W, writes dY or X, or is anything but an op of the same capture).
- * It stays where its own first reader could join it as its epilogue (the
- * MLP's AdamW update fused into the weight gradient, a bf16 gradient's cast
- * to f32): that reader reads W in PSUM, or at least not from HBM. */
+ * It stays where its epilogue is next to it (takes_its_reader: the MLP's
+ * AdamW update fused into the weight gradient, a bf16 gradient's cast to
+ * f32): that reader reads W in PSUM, or at least not from HBM. */
 static bool side_mm_move(nt__rec **recs, int n, int j)
 {
     nt__rec *r = recs[j];
     if (AO_load(&nt__fplan_nopair) || !side_mm_rec(r) || (j > 0 && side_mm_of(recs[j - 1], r)) ||
         (j > 1 && side_sum_rec(recs[j - 1]) && side_mm_of(recs[j - 2], r)) ||
-        joins_its_reader(recs, n, j))
+        takes_its_reader(recs, n, j))
         return false; /* none, in place already, or taken by its reader */
     const nt__storage *ost = r->out[0]->st, *yst = r->in[0]->st, *xst = r->in[1]->st;
     int end = j + HOIST_WINDOW < n ? j + HOIST_WINDOW : n;
