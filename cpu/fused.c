@@ -2824,9 +2824,11 @@ static int run_mm(const nt__fgroup *g)
     return rc;
 }
 
-/* A product with a side sum (fusion/ir.h): A's rows summed by the sum
- * kernel itself, over A seen as [rows, K] (the record the planner fused;
- * the bits of running it alone), then the product and its epilogue. */
+/* A product with side ops (fusion/ir.h), each by its own record's kernel
+ * on the operands that record read, in the group's record order (before
+ * the product and its epilogue, which write nothing they read): the side
+ * sum over A seen as [rows, K], the side product A^T . X through A's
+ * transposed view (nt__fside_at) -- the bits of running each alone. */
 static int run_mm_side(const nt__fgroup *g)
 {
     const nt__fprog *P = g->prog;
@@ -2839,27 +2841,32 @@ static int run_mm_side(const nt__fgroup *g)
     if (!rp)
         return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's program");
     nt__fgroup rest;
-    nt_tensor *so = NULL;
+    nt_tensor *so[2];
+    int sk[2];
     const nt_tensor *A = g->ext[NT_F_EXT_IDX(P->ops[0].a[0])];
-    int rc = nt__fgroup_split(g, &rest, rp, &so, 1) == 1 && so && A->ndim >= 1 &&
-                     nt__is_contig(A)
-                 ? 0
-                 : NT_ENOTSUP;
-    if (!rc) {
-        nt_tensor x = *A;
-        int64_t K = A->shape[A->ndim - 1];
-        x.ndim = 2;
-        x.shape[0] = K ? nt__numel(A->ndim, A->shape) / K : 0;
-        x.shape[1] = K;
-        x.stride[0] = K, x.stride[1] = 1;
+    int ns = nt__fgroup_split(g, &rest, rp, so, sk, 2);
+    int rc = ns >= 1 && A->ndim >= 1 && nt__is_contig(A) ? 0 : NT_ENOTSUP;
+    for (int i = 0; i < ns && !rc; i++) {
+        const nt__fop *o = &P->ops[sk[i]];
+        if (!so[i])
+            continue; /* not stored: nothing reads it */
+        nt_tensor x;
+        nt__fside_at(A, &x); /* [K, rows] */
         nt__rec r;
         memset(&r, 0, sizeof r);
-        r.op = NT_OP_SUM;
-        r.nin = r.nout = 1;
+        r.op = o->op;
+        r.nin = o->nin;
+        r.nout = 1;
+        r.out[0] = so[i];
+        r.p = o->p;
         r.in[0] = &x;
-        r.out[0] = so;
-        r.p = P->ops[ks].p;
-        rc = nt__cpu_kernels[NT_OP_SUM](&r);
+        if (o->op == NT_OP_MATMUL) {
+            r.in[1] = g->ext[NT_F_EXT_IDX(o->a[1])];
+        } else { /* the sum's [rows, K] */
+            x.shape[0] = x.shape[1], x.shape[1] = A->ndim ? A->shape[A->ndim - 1] : 1;
+            x.stride[0] = x.shape[1], x.stride[1] = 1;
+        }
+        rc = nt__cpu_kernels[o->op](&r);
     }
     if (!rc)
         rc = run_mm(&rest);

@@ -82,6 +82,9 @@ extern volatile AO_t nt__fplan_mismatch, nt__fplan_moved;
  * (side sums, fusion/ir.h), to compare the kernels and bytes with and
  * without them; read by the workers, set while none plans. */
 extern volatile AO_t nt__fplan_noside;
+/* Tests: nonzero keeps every weight-gradient matmul out of its input
+ * gradient's matmul kernel (side products, fusion/ir.h); as above. */
+extern volatile AO_t nt__fplan_nopair;
 
 /* Counters (also in nt_stats). */
 typedef struct nt__fstats {

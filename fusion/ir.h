@@ -69,26 +69,50 @@ typedef struct nt__fgroup {
     uint8_t backend;
 } nt__fgroup;
 
-/* Column sums riding on a matmul.  In an NT_FK_MM program an op NT_OP_SUM
- * (ops[k], k >= 1: a "side sum") reads the matmul's first operand A (its
- * a[0] is ops[0].a[0]) and sums it over all its rows -- every dim but the
- * last, as one sum over the flattened rows in the order of core/reduce.h,
- * the sum its record computes over dim 0 of A seen as [rows, K] -- into a
- * value of K elements (f32) that no other op of the program reads.  A
- * backend can sum A's rows as it loads them for the product: the linear
- * layer's bias gradient beside dX = dY . W, reading dY once.  The planner
- * puts at most one in a program, only for an f32 A laid out row-major. */
+/* Side ops riding on a matmul.  In an NT_FK_MM program an op ops[k], k >= 1,
+ * that reads the matmul's first operand A (its a[0] is ops[0].a[0]) and
+ * whose value leaves the kernel, never read by another op of the program,
+ * is a "side op"; the planner puts at most one of each kind in a program:
+ *   - NT_OP_SUM, a "side sum": A summed over all its rows -- every dim but
+ *     the last, as one sum over the flattened rows in the order of
+ *     core/reduce.h, the sum its record computes over dim 0 of A seen as
+ *     [rows, K] -- into a value of K elements (f32).  The linear layer's
+ *     bias gradient beside dX = dY . W; only for an f32 A laid out
+ *     row-major.
+ *   - NT_OP_MATMUL, a "side product": W [K, NX] = A^T . X, A seen as
+ *     [rows, K] (its record's first operand is that view transposed,
+ *     nt__fside_at), X (a[1], an external input) [rows, NX] row-major, in
+ *     A's dtype, W in its record's output dtype: the linear layer's weight
+ *     gradient beside dX = dY . W.
+ * A backend can take both from the tiles of A it loads for the product,
+ * reading dY once; run alone, each is its record's kernel. */
 static inline bool nt__fop_is_side(const nt__fprog *p, int k)
 {
-    return p->kind == NT_FK_MM && k > 0 && p->ops[k].op == NT_OP_SUM;
+    return p->kind == NT_FK_MM && k > 0 &&
+           (p->ops[k].op == NT_OP_SUM || p->ops[k].op == NT_OP_MATMUL);
+}
+
+/* A side product's first operand as its record saw it: A (contiguous) seen
+ * as [rows, K] and transposed, [K, rows] with strides (1, K), into *at (a
+ * copy of A's handle: same storage and offset). */
+static inline void nt__fside_at(const nt_tensor *A, nt_tensor *at)
+{
+    int64_t K = A->ndim ? A->shape[A->ndim - 1] : 1;
+    *at = *A;
+    at->ndim = 2;
+    at->shape[0] = K;
+    at->shape[1] = K ? nt__numel(A->ndim, A->shape) / K : 0;
+    at->stride[0] = 1, at->stride[1] = K;
 }
 
 /* Splits g into its product and epilogue (*rest, its program *rp: g's
- * without the side sums, values and output slots renumbered; rest->prog is
- * rp) and the side sums' output tensors (side[0..n), n returned, at most
- * `max`; -1 if there are more).  rest shares g's inputs and records. */
+ * without the side ops, values and output slots renumbered; rest->prog is
+ * rp) and the side ops' output tensors (side[0..n), NULL where the value is
+ * not stored, and their op indices in g's program, sidek[0..n); n
+ * returned, at most `max`; -1 if there are more).  rest shares g's inputs
+ * and records. */
 static inline int nt__fgroup_split(const nt__fgroup *g, nt__fgroup *rest, nt__fprog *rp,
-                                   nt_tensor **side, int max)
+                                   nt_tensor **side, int *sidek, int max)
 {
     const nt__fprog *p = g->prog;
     int8_t vmap[NT_F_MAXVALS];
@@ -104,6 +128,7 @@ static inline int nt__fgroup_split(const nt__fgroup *g, nt__fgroup *rest, nt__fp
             if (n == max)
                 return -1;
             int sv = p->vals[o->out].store;
+            sidek[n] = k;
             side[n++] = sv >= 0 ? g->out[sv] : NULL;
             continue;
         }

@@ -164,6 +164,7 @@ typedef struct {
     int val_slots[NT_F_MAXVALS];      /* record slots in the group holding val_h */
     bool val_inplace[NT_F_MAXVALS];
     int first;                        /* index of the first record in the batch */
+    int nbatch;                       /* the batch's records */
     int64_t red_shape[NT_MAX_DIMS];   /* ROW: [..., 1] */
     int nfull;                        /* ROW: values with a whole row each */
     /* storages the group writes: open addressing, storage -> latest value;
@@ -448,11 +449,12 @@ static const char *check_operands(const gstate *s, const nt__rec *r, const nt__f
 {
     const nt_tensor *o = r->out[0];
     *out_red = false;
-    /* a side sum's value (fusion/ir.h) leaves the kernel, never read in it;
+    /* a side op's value (fusion/ir.h) leaves the kernel, never read in it;
      * value v is op v's */
     for (int i = 0; i < r->nin; i++)
         if (r->in[i] && !NT_F_IS_EXT(op->a[i]) && nt__fop_is_side(&s->p, op->a[i]))
-            return "reads a column sum the kernel makes";
+            return s->p.ops[op->a[i]].op == NT_OP_SUM ? "reads a column sum the kernel makes"
+                                                       : "reads a weight gradient the kernel makes";
     if (s->p.kind == NT_FK_ROW) {
         *out_red = red || shape_is(o, s->p.ndim, s->red_shape);
         if (*out_red && !red)
@@ -589,27 +591,97 @@ static bool side_sum_of(const nt__rec *m, const nt_tensor *x)
            (nt__numel(a->ndim - 2, a->shape) == 1 || a->shape[a->ndim - 2] % 128 == 0);
 }
 
-/* r joins the open MM group as its side sum: 0, 1 (refused, *why), or -1
- * (r is no side sum of this group: the usual rules decide). */
+/* ---------------- side products (fusion/ir.h) ----------------
+ *
+ * The same layer's weight gradient dW = dY^T . X reads dY a third time.
+ * The simulator's streaming matmul program can turn each row tile of dY it
+ * loads for dX against X's rows as well (include/ntensor/sim.h,
+ * nt_tile_matmul_args.x), W's K-tiles being dX's M-tiles in ascending
+ * order: the bits of dW's own program.  So the dW record joins dX's kernel
+ * as a side product; the CPU runs the matmul kernel itself on the same
+ * operands. */
+volatile AO_t nt__fplan_nopair;
+
+/* dW as autograd/backward.c issues a linear layer's (in w's layout, (g^T
+ * a)^T): a matmul of dY^T -- the transposed view [K, rows], strides (1, K),
+ * of a contiguous [rows, K] -- and X, a contiguous [rows, NX] of dY's
+ * dtype (f32, bf16 or f16), into a contiguous [K, NX], at least 128 rows,
+ * with W's accumulators in one PSUM bank as the paired program wants them
+ * (NX <= 512, ceil(K / 128) * NX <= 512): a wider layer (GPT-2's 768)
+ * keeps its own kernel. */
+static bool side_mm_rec(const nt__rec *r)
+{
+    const nt_tensor *at = r->in[0], *x = r->in[1], *o = r->out[0];
+    if (r->type != NT_REC_OP || r->op != NT_OP_MATMUL || r->nin != 2 || r->nout != 1 || !at ||
+        !x || !o || (r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)) || at->ndim != 2 ||
+        x->ndim != 2 || o->ndim != 2)
+        return false;
+    int64_t K = at->shape[0], rows = at->shape[1], NX = x->shape[1];
+    nt_dtype dt = (nt_dtype)at->dtype, ot = (nt_dtype)o->dtype;
+    return (dt == NT_F32 || dt == NT_BF16 || dt == NT_F16) && x->dtype == dt &&
+           (ot == NT_F32 || ot == NT_BF16 || ot == NT_F16) && K >= 1 && rows >= 128 &&
+           NX >= 1 && NX <= 512 && (K + 127) / 128 * NX <= 512 && at->stride[0] == 1 &&
+           at->stride[1] == K && !at->expanded && x->shape[0] == rows && nt__is_contig(x) &&
+           o->shape[0] == K && o->shape[1] == NX && nt__is_contig(o) && o->st != at->st &&
+           o->st != x->st;
+}
+
+/* Whether matmul m is the dX whose A is dW record r's dY (side_sum_of with
+ * dY seen as [rows, K]), its output and operands apart from W's. */
+static bool side_mm_of(const nt__rec *m, const nt__rec *r)
+{
+    nt_tensor y = *r->in[0];
+    y.shape[0] = r->in[0]->shape[1], y.shape[1] = r->in[0]->shape[0];
+    y.stride[0] = y.shape[1], y.stride[1] = 1;
+    const nt__storage *w = r->out[0]->st;
+    return m != r && side_sum_of(m, &y) && m->out[0]->st != w && m->in[1]->st != w &&
+           m->out[0]->st != r->in[1]->st;
+}
+
+static bool ew_joinable(const nt__rec *x, const nt_tensor *o);
+static bool rec_touches(const nt__rec *x, const nt__storage *st, bool writes_only);
+
+/* Whether the matmul at j has its epilogue next to it: recs[j + 1] reads
+ * its output and could join its group (hoist_matmuls brings such a reader
+ * there when it can). */
+static bool takes_its_reader(nt__rec *const *recs, int n, int j)
+{
+    const nt_tensor *o = recs[j]->out[0];
+    return j + 1 < n && rec_touches(recs[j + 1], o->st, false) && ew_joinable(recs[j + 1], o);
+}
+
+/* r joins the open MM group as its side sum or side product: 0, 1
+ * (refused, *why), or -1 (r is neither for this group: the usual rules
+ * decide).  A side product with its epilogue next to it starts its own
+ * kernel (side_mm_move). */
 static int side_join(gstate *s, nt__rec *r, const char **why)
 {
-    if (!side_sum_rec(r) || !side_sum_of(s->g.recs[0], r->in[0]))
+    bool mm = r->op == NT_OP_MATMUL;
+    if (mm ? AO_load(&nt__fplan_nopair) || !side_mm_rec(r) || !side_mm_of(s->g.recs[0], r) ||
+                 takes_its_reader(s->g.recs - s->first, s->nbatch, s->first + s->g.nrecs)
+           : !side_sum_rec(r) || !side_sum_of(s->g.recs[0], r->in[0]))
         return -1;
     *why = r->backend != s->g.backend                                    ? "backend change"
            : (r->flags ^ s->g.recs[0]->flags) & NT_RECF_NOCAPTURE       ? "the edge of a captured program"
            : s->g.nrecs >= NT_F_MAXOPS || s->p.nvals >= NT_F_MAXVALS ? "kernel op limit"
-           : s->st_key[st_slot(s, r->in[0]->st)] ? "reads another view of a value the kernel writes"
-                                                  : NULL;
+           : s->st_key[st_slot(s, r->in[0]->st)] ||
+                   (mm && s->st_key[st_slot(s, r->in[1]->st)])
+               ? "reads another view of a value the kernel writes"
+               : NULL;
     for (int k = 1; k < s->p.nops && !*why; k++)
-        if (nt__fop_is_side(&s->p, k))
-            *why = "a second column sum";
+        if (nt__fop_is_side(&s->p, k) && s->p.ops[k].op == r->op)
+            *why = mm ? "a second weight gradient" : "a second column sum";
+    int x = 0;
+    if (!*why && mm && (x = operand(s, r->in[1])) <= NT_F_HAZARD)
+        *why = "kernel input limit"; /* the group writes no view of X: checked above */
     if (*why)
         return 1;
     nt__fop op;
     memset(&op, 0, sizeof op);
     op.op = r->op;
-    op.nin = 1;
+    op.nin = mm ? 2 : 1;
     op.a[0] = s->p.ops[0].a[0];
+    op.a[1] = (int8_t)x;
     op.p = r->p;
     append_op(s, r, &op, false, false);
     return 0;
@@ -620,7 +692,7 @@ static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
 {
     if (rec_wide(r))
         return "an f64, i64 or bool op runs alone";
-    if (s->g.nrecs > 0 && s->p.kind == NT_FK_MM && r->op == NT_OP_SUM) {
+    if (s->g.nrecs > 0 && s->p.kind == NT_FK_MM && (r->op == NT_OP_SUM || r->op == NT_OP_MATMUL)) {
         const char *no = NULL;
         if (side_join(s, r, &no) >= 0)
             return no;
@@ -1517,6 +1589,37 @@ static bool side_sum_move(nt__rec **recs, int n, int j)
     return false;
 }
 
+/* A side product's record at j (side_mm_rec) moves forward to just after
+ * the first later matmul it rides on (side_mm_of: dX = dY . W of the same
+ * layer; hoist_matmuls has moved dX down to its epilogue's first reader,
+ * past dW), on side_sum_move's conditions (nothing in between reads or
+ * writes W, writes dY or X, or is anything but an op of the same capture).
+ * It stays where its epilogue is next to it (takes_its_reader: the MLP's
+ * AdamW update fused into the weight gradient, a bf16 gradient's cast to
+ * f32): that reader reads W in PSUM, or at least not from HBM. */
+static bool side_mm_move(nt__rec **recs, int n, int j)
+{
+    nt__rec *r = recs[j];
+    if (AO_load(&nt__fplan_nopair) || !side_mm_rec(r) || (j > 0 && side_mm_of(recs[j - 1], r)) ||
+        (j > 1 && side_sum_rec(recs[j - 1]) && side_mm_of(recs[j - 2], r)) ||
+        takes_its_reader(recs, n, j))
+        return false; /* none, in place already, or taken by its reader */
+    const nt__storage *ost = r->out[0]->st, *yst = r->in[0]->st, *xst = r->in[1]->st;
+    int end = j + HOIST_WINDOW < n ? j + HOIST_WINDOW : n;
+    for (int q = j + 1; q < end; q++) {
+        const nt__rec *m = recs[q];
+        if (m->type != NT_REC_OP || (m->flags & NT_RECF_ALONE) || !same_capture(m, r) ||
+            rec_touches(m, ost, false) || rec_touches(m, yst, true) || rec_touches(m, xst, true))
+            return false;
+        if (side_mm_of(m, r)) {
+            memmove(&recs[j], &recs[j + 1], sizeof *recs * (size_t)(q - j));
+            recs[q] = r;
+            return true;
+        }
+    }
+    return false;
+}
+
 /* mm[0..nmm): the positions of the batch's matmul records, ascending (the
  * worker's note, nt__batch_mm), or nmm < 0: walk the whole batch.  A move
  * at k reorders only recs[k..], so the positions below k stay right. */
@@ -1732,8 +1835,10 @@ static nt__rec **reference_order(nt__rec *const *recs, int n, const wset *w)
         return NULL;
     memcpy(ref, recs, sizeof *ref * (size_t)n);
     hoist_matmuls(ref, n, NULL, -1);
+    while (n > 1 && (side_sum_move(ref, n, 0) || side_mm_move(ref, n, 0)))
+        ;
     for (int j = 1; j < n; j++) {
-        while (side_sum_move(ref, n, j))
+        while (side_sum_move(ref, n, j) || side_mm_move(ref, n, j))
             ;
         pull_one(ref, n, j, w);
     }
@@ -1781,11 +1886,15 @@ void nt__fusion_run(nt__rec **recs, int n)
     int j = 1;
     if (!NT__CFG(check_nan)) { /* NT_CHECK_NAN names the first op in queue order */
         moved = hoist_matmuls(recs, n, nt__batch_mm, nt__batch_nmm);
+        /* the side moves at 0 (the look-ahead below starts at 1) */
+        while (n > 1 && (side_sum_move(recs, n, 0) || side_mm_move(recs, n, 0)))
+            moved = true;
     } else {
         j = n;
     }
     gstate s;
     s.open = false;
+    s.nbatch = n;
     s.jq.n = s.jq.nr = s.jq.nw = 0;
     char why[128];
     for (int k = 0; k < n; k++) {
@@ -1803,7 +1912,7 @@ void nt__fusion_run(nt__rec **recs, int n)
                     if (q->in[i])
                         __builtin_prefetch(q->in[i]);
             }
-            while (side_sum_move(recs, n, j))
+            while (side_sum_move(recs, n, j) || side_mm_move(recs, n, j))
                 moved = true;
             moved |= pull_one(recs, n, j, &w);
             /* what grouping reads of recs[j] beyond what pull_one did,

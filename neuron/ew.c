@@ -1938,10 +1938,10 @@ static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, 
     return rc;
 }
 
-/* colsum: the side sum's output (fusion/ir.h), taken by the matmul program
- * from A's tiles (nt_tile_matmul_args.a_colsum), or NULL. */
+/* side: the side ops (fusion/ir.h) the matmul program takes from A's tiles
+ * (sk_mm_side), or NULL. */
 static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out,
-                  const uint64_t *keys, void *colsum)
+                  const uint64_t *keys, const sk_mm_side *side)
 {
     const nt__fop *m = &P->ops[0];
     const nt_tensor *a = ext[NT_F_EXT_IDX(m->a[0])], *b = ext[NT_F_EXT_IDX(m->a[1])];
@@ -1949,13 +1949,13 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     char why[160];
     if (!nt__matmul_info(a, b, &mi, why, sizeof why))
         return NT_ENOTSUP;
-    if (colsum && !sk_matmul_cs_ok(a, b, P->nops > 1))
+    if (side && !sk_matmul_side_ok(a, b, P->nops > 1, side->colsum != NULL))
         return NT_ENOTSUP;
     if (P->nops == 1) { /* the product and its side sum: stored as nt_matmul stores it */
         int sv = P->vals[0].store;
         return sv < 0 || !nt__is_contig(out[sv])
                    ? NT_ENOTSUP
-                   : sk_matmul_run_cs(s, a, b, out[sv], NULL, NULL, colsum);
+                   : sk_matmul_run_cs(s, a, b, out[sv], NULL, NULL, side);
     }
     plan *L = malloc(sizeof *L);
     if (!L)
@@ -2013,7 +2013,7 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     w->in_psum = w->lag && !w->evk && psum_ok(L);
     s->mm_kept = w->in_psum ? &w->kept : NULL;
     if (!rc)
-        rc = sk_matmul_run_cs(s, a, b, NULL, mm_epi, w, colsum);
+        rc = sk_matmul_run_cs(s, a, b, NULL, mm_epi, w, side);
     s->mm_apart = false;
     s->mm_kept = NULL;
     if (!rc && w->pend >= 0)
@@ -2023,10 +2023,13 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     return rc;
 }
 
-/* An MM program with a side sum (fusion/ir.h): the product and epilogue
- * without it, the sums of A's rows riding on the matmul program (f32 A and
- * sums, contiguous, one program over A's rows; else NT_ENOTSUP, nothing
- * issued, and the planner runs the records one by one). */
+/* An MM program with side ops (fusion/ir.h): the product and epilogue
+ * without them, the side sum and the side product riding on the matmul
+ * program (sk_mm_side: one program over A's rows, A contiguous; the sum f32;
+ * else NT_ENOTSUP, nothing issued, and the planner runs the records one by
+ * one).  A side product whose X shares a storage with one of the kernel's
+ * outputs runs apart first, as its record did before the epilogue's writes
+ * (the program would read X's tiles as the epilogue writes). */
 static int run_mm_group(sk_k *s, const nt__fgroup *g, const uint64_t *keys)
 {
     const nt__fprog *P = g->prog;
@@ -2039,17 +2042,42 @@ static int run_mm_group(sk_k *s, const nt__fgroup *g, const uint64_t *keys)
     if (!rp)
         return sk_data_error(s, NT_EHOSTMEM, "out of host memory for a kernel plan");
     nt__fgroup rest;
-    nt_tensor *so = NULL;
+    nt_tensor *so[2];
+    int sk[2];
     const nt_tensor *a = g->ext[NT_F_EXT_IDX(P->ops[0].a[0])];
-    int rc = NT_ENOTSUP;
-    if (nt__fgroup_split(g, &rest, rp, &so, 1) == 1 && so && so->dtype == NT_F32 &&
-        nt__is_contig(so) && a->ndim >= 1 && nt__is_contig(a) &&
-        nt__numel(so->ndim, so->shape) == a->shape[a->ndim - 1]) {
+    int ns = nt__fgroup_split(g, &rest, rp, so, sk, 2);
+    int rc = ns >= 1 && a->ndim >= 1 && nt__is_contig(a) ? 0 : NT_ENOTSUP;
+    int64_t K = a->ndim >= 1 ? a->shape[a->ndim - 1] : 0;
+    sk_mm_side side = {0};
+    for (int i = 0; i < ns && !rc; i++) {
+        if (!so[i] || !nt__is_contig(so[i])) {
+            rc = NT_ENOTSUP;
+        } else if (P->ops[sk[i]].op == NT_OP_SUM) {
+            if (so[i]->dtype != NT_F32 || nt__numel(so[i]->ndim, so[i]->shape) != K)
+                rc = NT_ENOTSUP;
+            side.colsum = nt__tensor_data(so[i]);
+        } else {
+            side.x = g->ext[NT_F_EXT_IDX(P->ops[sk[i]].a[1])];
+            side.w = so[i];
+        }
+    }
+    if (!rc && side.x) {
+        bool shared = false;
+        for (int o = 0; o < rp->nout; o++)
+            shared |= rest.out[o]->st == side.x->st;
+        if (shared) { /* its record's own program, before the epilogue */
+            nt_tensor at;
+            nt__fside_at(a, &at);
+            rc = sk_matmul_run(s, &at, side.x, side.w, NULL, NULL);
+            side.x = NULL;
+        }
+    }
+    if (!rc) {
         uint64_t k2[NT_F_MAXOPS] = {0};
         for (int k = 0, j = 0; k < P->nops; k++)
-            if (k != ks)
+            if (!nt__fop_is_side(P, k))
                 k2[j++] = keys[k];
-        rc = run_mm(s, rp, rest.ext, rest.out, k2, nt__tensor_data(so));
+        rc = run_mm(s, rp, rest.ext, rest.out, k2, side.colsum || side.x ? &side : NULL);
     }
     g_free(rp);
     return rc;
@@ -2065,6 +2093,8 @@ static bool prog_supported(const nt__fprog *P)
         const nt__fop *o = &P->ops[k];
         if (o->op >= NT_OP_COUNT)
             return false;
+        if (nt__fop_is_side(P, k)) /* run_mm_group */
+            continue;
         switch (nt__ops[o->op].kind) {
         case NT_KIND_FILL:
             if (o->op != NT_OP_FILL)
@@ -2077,8 +2107,6 @@ static bool prog_supported(const nt__fprog *P)
         case NT_KIND_CMP:
         case NT_KIND_WHERE: break;
         case NT_KIND_REDUCE:
-            if (nt__fop_is_side(P, k)) /* run_mm_group */
-                break;
             if (P->kind != NT_FK_ROW || (o->op != NT_OP_SUM && o->op != NT_OP_MEAN &&
                                          o->op != NT_OP_MAX && o->op != NT_OP_MIN))
                 return false;

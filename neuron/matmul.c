@@ -81,11 +81,11 @@ static bool fold_batches(const nt__mminfo *mi, bool a_row, bool has_epi)
     return n > 1;
 }
 
-bool sk_matmul_cs_ok(const nt_tensor *a, const nt_tensor *b, bool epi)
+bool sk_matmul_side_ok(const nt_tensor *a, const nt_tensor *b, bool epi, bool cs)
 {
     nt__mminfo mi;
     char why[160];
-    if (a->dtype != NT_F32 || !nt__matmul_info(a, b, &mi, why, sizeof why) || mi.K == 0)
+    if ((cs && a->dtype != NT_F32) || !nt__matmul_info(a, b, &mi, why, sizeof why) || mi.K == 0)
         return false;
     bool a_row = (mi.a_cs == 1 || mi.K == 1) && (mi.M == 1 || mi.a_rs >= mi.K);
     return a_row && (nt__numel(mi.nbatch, mi.batch) == 1 || fold_batches(&mi, a_row, epi));
@@ -97,9 +97,35 @@ int sk_matmul_run(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tens
     return sk_matmul_run_cs(s, a, b, c, epi, ctx, NULL);
 }
 
-int sk_matmul_run_cs(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tensor *c,
-                     sk_mm_epi epi, void *ctx, void *colsum)
+/* The side product w = a^T . x (sk_mm_side) by its own program: the one
+ * its record runs alone (nt__sk_matmul), on the view that record read. */
+static int side_apart(sk_k *s, const nt_tensor *a, const sk_mm_side *side)
 {
+    nt_tensor at;
+    nt__fside_at(a, &at);
+    return sk_matmul_run(s, &at, side->x, side->w, NULL, NULL);
+}
+
+/* Whether the tile program may take w = a^T . x beside a's product of M
+ * rows and K columns (nt_tile_matmul's rule for args x), w apart from
+ * every operand. */
+static bool side_pairs(const nt_tensor *a, const nt_tensor *b, const nt_tensor *c,
+                       const sk_mm_side *side, int64_t M, int64_t K)
+{
+    const nt_tensor *x = side->x, *w = side->w;
+    int64_t NX = x->ndim == 2 ? x->shape[1] : 0;
+    nt_dtype wt = (nt_dtype)w->dtype;
+    return x->dtype == a->dtype && NX >= 1 && NX <= 512 && (K + 127) / 128 * NX <= 512 &&
+           x->shape[0] == M && nt__is_contig(x) && w->ndim == 2 && w->shape[0] == K &&
+           w->shape[1] == NX && nt__is_contig(w) && (wt == NT_F32 || wt == NT_BF16 || wt == NT_F16) &&
+           w->st != a->st && w->st != b->st && w->st != x->st && (!c || (c->st != w->st && c->st != x->st));
+}
+
+int sk_matmul_run_cs(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tensor *c,
+                     sk_mm_epi epi, void *ctx, const sk_mm_side *side)
+{
+    void *colsum = side ? side->colsum : NULL;
+    bool pair = side && side->x;
     nt__mminfo mi;
     char why[160];
     if (!nt__matmul_info(a, b, &mi, why, sizeof why))
@@ -118,7 +144,7 @@ int sk_matmul_run_cs(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_t
     bool a_col = !a_row && (mi.a_rs == 1 || M == 1) && (K == 1 || mi.a_cs >= M);
     bool b_row = (mi.b_cs == 1 || N == 1) && (K == 1 || mi.b_rs >= N);
     bool b_col = !b_row && (mi.b_rs == 1 || K == 1) && (N == 1 || mi.b_cs >= K);
-    if (colsum && !sk_matmul_cs_ok(a, b, epi != NULL))
+    if ((colsum || pair) && !sk_matmul_side_ok(a, b, epi != NULL, colsum != NULL))
         return NT_ENOTSUP; /* nothing issued yet */
     char *ascr = NULL, *bscr = NULL;
     if (K > 0 && !a_row && !a_col && !(ascr = sk_scratch(s, (size_t)(M * K * esz))))
@@ -133,6 +159,11 @@ int sk_matmul_run_cs(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_t
         mi.nbatch = 0;
     }
     int rc = 0;
+    if (pair && !side_pairs(a, b, c, side, M, K)) {
+        if ((rc = side_apart(s, a, side)))
+            return rc;
+        pair = false;
+    }
     do {
         int64_t aoff = 0, boff = 0;
         for (int i = 0; i < mi.nbatch; i++)
@@ -172,6 +203,13 @@ int sk_matmul_run_cs(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_t
         }
         a_prev = aoff, b_prev = boff;
         g.a_colsum = colsum;
+        if (pair) { /* one program (sk_matmul_side_ok): w over all of a's rows */
+            g.x = nt__tensor_data(side->x);
+            g.ldx = g.NX = side->x->shape[1];
+            g.w = nt__tensor_data(side->w);
+            g.ldw = g.NX;
+            g.w_dtype = (nt_dtype)side->w->dtype;
+        }
         epi_tramp t = {s, epi, ctx, bi, fold_m};
         if (epi) {
             g.epilogue = tramp;
@@ -184,7 +222,16 @@ int sk_matmul_run_cs(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_t
             g.ldc = N;
             g.out_dtype = (nt_dtype)c->dtype;
         }
-        if ((rc = nt_tile_matmul(s->k, &g)))
+        rc = nt_tile_matmul(s->k, &g);
+        if (rc == NT_ENOTSUP && g.x) {
+            /* it cannot stream, nothing issued: w's program, then the
+             * product's (w's first, as its record ran before the epilogue) */
+            g.x = g.w = NULL;
+            rc = side_apart(s, a, side);
+            if (!rc)
+                rc = nt_tile_matmul(s->k, &g);
+        }
+        if (rc)
             break;
         bi++;
     } while (nt__idx_next(idx, mi.nbatch, mi.batch));

@@ -15,7 +15,14 @@
  *     linear layer;
  *   - the planner's rules: a sum does not move past a write of its input or
  *     a reader of its result, and an op that reads the sum leaves the
- *     matmul's kernel. */
+ *     matmul's kernel;
+ *   - the weight gradient dW = dY^T . X in the same kernel (side products:
+ *     fusion/plan.c side_mm_move, neuron/tp_matmul.c args x): the MLP's
+ *     gradients with and without it the same bits, one kernel and one read
+ *     of dY fewer per linear layer; where the planner keeps dW apart (W's
+ *     accumulators past one PSUM bank) and where the tile program cannot
+ *     stream (one M-tile: the two programs apart in one kernel); the
+ *     planner's rules for the move. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -175,7 +182,7 @@ static const mlp shapes[] = {{1, 148, 24, 40, 16}, {2, 1152, 64, 130, 200}};
 typedef struct grads {
     float *g[NPAR]; /* x, w1, b1, w2, b2 */
     int64_t n[NPAR];
-    uint64_t sim_kernels, sim_hbm;
+    uint64_t sim_kernels, sim_hbm, kernels;
     int64_t graph_kernels;
 } grads;
 
@@ -228,12 +235,15 @@ static void mlp_step(nt_tensor *const *p, nt_tensor *c)
  * modes, 0 default, 1 NT_SIM_PROGRAM_VALUES=0, 2 also NT_SIM_PROGRAM_GEMM=0. */
 /* NT_FOREACH=0 in run_mlp: each program a kernel of its own */
 static bool unshared;
+/* nt__fplan_nopair in run_mlp: each weight gradient a kernel of its own */
+static bool nopair;
 
 static void run_mlp(const mlp *m, const char *be, const char *mode, int vals, bool side,
                     grads *r)
 {
     nt_shutdown();
     AO_store(&nt__fplan_noside, side ? 0 : 1);
+    AO_store(&nt__fplan_nopair, nopair ? 1 : 0);
     assert_int_equal(nt_init(), 0);
     bool cap = !strcmp(mode, "captured");
     assert_int_equal(nt_config_set("NT_BACKEND", be), 0);
@@ -275,6 +285,7 @@ static void run_mlp(const mlp *m, const char *be, const char *mode, int vals, bo
     assert_int_equal(nt_stats_get(&st), 0);
     r->sim_kernels = cap ? st.graph_kernels_replayed / 2 : st.sim_kernels;
     r->sim_hbm = cap ? st.graph_sim_hbm_bytes / 2 : st.sim_hbm_bytes;
+    r->kernels = st.kernels_launched;
     if (g) {
         nt_graph_info gi;
         assert_int_equal(nt_graph_info_get(g, &gi), 0);
@@ -292,6 +303,7 @@ static void run_mlp(const mlp *m, const char *be, const char *mode, int vals, bo
     nt_release(c);
     assert_int_equal(nt_sync(), 0);
     AO_store(&nt__fplan_noside, 0);
+    AO_store(&nt__fplan_nopair, 0);
     nt__sim_set_program_values(true);
     nt__sim_set_program_gemm(true);
 }
@@ -426,6 +438,150 @@ static void test_planner_rules(void **state)
     assert_memory_equal(s0, s1, sizeof s0);
 }
 
+/* ---------------- the weight gradient beside the input gradient ---------------- */
+
+/* The shapes: the big MLP (both layers pair); one M-tile of 128 rows (the
+ * planner pairs both, the tile program cannot stream: the two programs
+ * apart in one kernel, dY read twice); the first layer's X 600 wide (W's
+ * accumulators past one PSUM bank: the planner keeps its dW apart). */
+static const mlp pair_shapes[] = {{2, 1152, 64, 130, 200}, {1, 128, 24, 40, 16}, {1, 160, 600, 40, 16}};
+static const int pair_kernels[] = {2, 2, 1};
+
+/* Lazy and captured on both backends, with and without the pairs (every
+ * program a kernel of its own): the bits of the CPU's deterministic run;
+ * the simulator's kernels and HBM bytes. */
+static void test_pair_kernels_bytes(void **state)
+{
+    (void)state;
+    unshared = true;
+    for (int s = 0; s < 3; s++) {
+        const mlp *m = &pair_shapes[s];
+        int64_t rows = m->B * m->T;
+        uint64_t dy2 = (uint64_t)(rows * m->O) * 4, dy = (uint64_t)(rows * (m->H + m->O)) * 4;
+        grads ref;
+        run_mlp(m, "cpu", "deterministic", 0, true, &ref);
+        for (int be = 0; be < 2; be++)
+            for (int cap = 0; cap < 2; cap++) {
+                grads on, off;
+                const char *mode = cap ? "captured" : "lazy";
+                nopair = false;
+                run_mlp(m, be ? "sim" : "cpu", mode, 0, true, &on);
+                nopair = true;
+                run_mlp(m, be ? "sim" : "cpu", mode, 0, true, &off);
+                nopair = false;
+                char what[96];
+                snprintf(what, sizeof what, "pair shape %d, %s, %s", s, be ? "sim" : "cpu", mode);
+                expect_same(&on, &ref, what);
+                expect_same(&off, &ref, what);
+                if (cap) {
+                    assert_int_equal(off.graph_kernels - on.graph_kernels, pair_kernels[s]);
+                } else {
+                    assert_int_equal(off.kernels - on.kernels, pair_kernels[s]);
+                }
+                if (be) {
+                    print_message("# %s: kernels %llu -> %llu, HBM %llu -> %llu bytes (dY %llu)\n",
+                                  what, (unsigned long long)off.sim_kernels,
+                                  (unsigned long long)on.sim_kernels,
+                                  (unsigned long long)off.sim_hbm, (unsigned long long)on.sim_hbm,
+                                  (unsigned long long)dy);
+                    assert_int_equal(off.sim_kernels - on.sim_kernels, pair_kernels[s]);
+                    if (s == 0) /* dY of both layers read once less */
+                        assert_true(off.sim_hbm >= on.sim_hbm + dy * 99 / 100);
+                    else if (s == 1) /* apart: dY still read twice */
+                        assert_true(on.sim_hbm + dy2 / 2 > off.sim_hbm);
+                    else /* the second layer's dY alone */
+                        assert_true(off.sim_hbm >= on.sim_hbm + dy2 * 99 / 100 &&
+                                    off.sim_hbm < on.sim_hbm + dy);
+                }
+                grads_free(&on), grads_free(&off);
+            }
+        grads_free(&ref);
+    }
+    unshared = false;
+}
+
+/* w = dy^T . x (autograd's weight gradient in w's layout), `between`, then
+ * dx = dy . b: values against deterministic mode (no reordering) on both
+ * backends, and the kernels lazy mode runs with the pair allowed, less
+ * those with it forbidden (nt__fplan_nopair): -1 where w joins dx's
+ * kernel, else 0. */
+enum { P_NONE, P_WRITE_X, P_WRITE_DY, P_READ_W, P_WIDE, P_COUNT };
+static uint64_t pair_case(int between, const char *be, const char *mode, bool pair, float *out_w,
+                          float *out_dx)
+{
+    nt_shutdown();
+    AO_store(&nt__fplan_nopair, pair ? 0 : 1);
+    assert_int_equal(nt_init(), 0);
+    assert_int_equal(nt_config_set("NT_BACKEND", be), 0);
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", strcmp(be, "sim") ? "0" : "1"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+    assert_int_equal(nt_config_set("NT_FOREACH", "0"), 0);
+    int64_t NX = between == P_WIDE ? 520 : 40;
+    int64_t sy[2] = {256, 48}, sx[2] = {256, NX}, sb[2] = {48, 64};
+    nt_tensor *dy = rand_t(2, sy, 21, 1.0f), *x = rand_t(2, sx, 22, 1.0f), *b = rand_t(2, sb, 23, 0.5f);
+    assert_int_equal(nt_sync(), 0);
+    nt_stats_reset();
+    nt_tensor *w = nt_matmul(nt_transpose(dy, 0, 1), x);
+    nt_tensor *t = NULL;
+    if (between == P_WRITE_X)
+        assert_int_equal(nt_mul_scalar_inplace(x, 2.0), 0);
+    if (between == P_WRITE_DY)
+        assert_int_equal(nt_mul_scalar_inplace(dy, 2.0), 0);
+    if (between == P_READ_W)
+        t = nt_mul_scalar(w, 3.0); /* w's own epilogue: w stays with it */
+    nt_tensor *dx = nt_matmul(dy, b);
+    assert_int_equal(nt_sync(), 0);
+    nt_stats st;
+    assert_int_equal(nt_stats_get(&st), 0);
+    assert_int_equal(nt_to_host(w, out_w, (size_t)(48 * NX) * 4), 0);
+    assert_int_equal(nt_to_host(dx, out_dx, 256 * 64 * 4), 0);
+    if (t) {
+        float *tv = malloc((size_t)(48 * NX) * 4);
+        assert_non_null(tv);
+        assert_int_equal(nt_to_host(t, tv, (size_t)(48 * NX) * 4), 0);
+        for (int64_t i = 0; i < 48 * NX; i++)
+            assert_true(nt_test_ubits(tv[i]) == nt_test_ubits(out_w[i] * 3.0f));
+        free(tv);
+    }
+    nt_release(t), nt_release(dx), nt_release(w), nt_release(b), nt_release(x), nt_release(dy);
+    AO_store(&nt__fplan_nopair, 0);
+    return st.kernels_launched;
+}
+
+static void test_pair_rules(void **state)
+{
+    (void)state;
+    enum { NW = 48 * 520, NDX = 256 * 64 };
+    float *w0 = malloc(NW * 4), *w1 = malloc(NW * 4), *d0 = malloc(NDX * 4), *d1 = malloc(NDX * 4);
+    assert_true(w0 && w1 && d0 && d1);
+    nt__fplan_check = true;
+    AO_store(&nt__fplan_mismatch, 0);
+    for (int be = 0; be < 2; be++)
+        for (int c = P_NONE; c < P_COUNT; c++) {
+            const char *bn = be ? "sim" : "cpu";
+            size_t nw = (size_t)(48 * (c == P_WIDE ? 520 : 40)) * 4;
+            pair_case(c, bn, "deterministic", true, w0, d0);
+            uint64_t kon = pair_case(c, bn, "lazy", true, w1, d1);
+            if (memcmp(w0, w1, nw) || memcmp(d0, d1, NDX * 4))
+                fail_msg("%s, case %d: lazy's values are not deterministic mode's", bn, c);
+            uint64_t koff = pair_case(c, bn, "lazy", false, w1, d1);
+            assert_memory_equal(w0, w1, nw);
+            assert_memory_equal(d0, d1, NDX * 4);
+            print_message("# %s, case %d: kernels %llu paired, %llu apart\n", bn, c,
+                          (unsigned long long)kon, (unsigned long long)koff);
+            assert_int_equal((int64_t)koff - (int64_t)kon, c == P_NONE ? 1 : 0);
+        }
+    nt__fplan_check = false;
+    /* the passes as the planner runs them give the reference order */
+    assert_int_equal(AO_load(&nt__fplan_mismatch), 0);
+    /* the write of x after dW: dW saw x before it (deterministic mode's w
+     * with the write, against lazy's without: the same) */
+    pair_case(P_NONE, "sim", "deterministic", true, w0, d0);
+    pair_case(P_WRITE_X, "sim", "lazy", true, w1, d1);
+    assert_memory_equal(w0, w1, 48 * 40 * 4);
+    free(w0), free(w1), free(d0), free(d1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -434,6 +590,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_mlp_same_bits, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_mlp_kernels_bytes, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_planner_rules, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_pair_kernels_bytes, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_pair_rules, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
