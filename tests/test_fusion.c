@@ -3160,8 +3160,9 @@ static void test_fused_adamw_route_bitwise(void **state)
  * captured forward reads (autograd/optim.c, ampcap_write), not a cast op.
  * One step op by op, one captured, three replays, on a linear layer's
  * weight (its gradient the matmul's value; 37 x 1031, a masked tail) with
- * weight decay: the replays take the route (with subnormal assists costly
- * and cheap, 1 and 2 threads) and give eager mode's bits, route on or off;
+ * weight decay: at every ISA level, 1 and 2 threads, subnormal assists
+ * costly and cheap, route on or off, they give eager mode's bits, and at
+ * the AVX-512 level with the route on every replay takes it;
  * the bf16 cast the forward reads included (the loss after each replay
  * depends on it). */
 static void adam_cap_run(float *wv, nt_tensor *x, nt_tensor *t, int64_t R, int64_t C,
@@ -3227,8 +3228,6 @@ static void test_fused_adamw_route_captured_amp(void **state)
         xv[i] = adam_special(&r, i, 1, true);
     for (size_t i = 0; i < (size_t)(B * R); i++)
         tv[i] = (float)((runi(&r) - 0.5) * 2.0);
-    bool avx512 = nt_config_set("NT_CPU_ISA", "avx512") == 0;
-    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
     nt_tensor *x = nt_from_host(xv, NT_F32, 2, (int64_t[]){B, C});
     nt_tensor *t = nt_from_host(tv, NT_F32, 2, (int64_t[]){B, R});
     char *pref = g_strdup_printf("%s/nt_adamcap_%d_ref.ckpt", g_get_tmp_dir(), (int)getpid());
@@ -3241,39 +3240,44 @@ static void test_fused_adamw_route_captured_amp(void **state)
     gchar *cref, *cgot;
     gsize nref, ngot;
     assert_true(g_file_get_contents(pref, &cref, &nref, NULL));
-    const char *threads[] = {"1", "2"};
-    for (int th = 0; th < 2; th++)
-        for (int route = 0; route < 4; route++) {
-            assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[th]), 0);
-            assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
-            nt__fused_cpu_set_optim_route(route % 2 == 0);
-            nt__sn_set_assists(route / 2);
-            nt__fused_cpu_set_routes(true, -1);
-            uint64_t runs = 0;
-            memcpy(got, w0, n * 4);
-            adam_cap_run(got, x, t, R, C, true, lgot, pgot, &runs);
-            if (memcmp(lgot, lref, sizeof lref))
-                fail_msg("captured adamw under bf16: the losses differ from eager's, %s "
-                         "thread(s), route %d", threads[th], route);
-            if (memcmp(got, ref, n * 4))
-                fail_msg("captured adamw under bf16: w differs from eager's, %s thread(s), "
-                         "route %d", threads[th], route);
-            assert_true(g_file_get_contents(pgot, &cgot, &ngot, NULL));
-            if (ngot != nref || memcmp(cgot, cref, nref))
-                fail_msg("captured adamw under bf16: m or v differ from eager's, %s thread(s), "
-                         "route %d", threads[th], route);
-            g_free(cgot);
-            /* each of the three replays' updates took the route where it is on */
-            if (route % 2 || !avx512)
-                assert_true(runs == 0);
-            else if (runs < 3)
-                fail_msg("captured adamw under bf16: %d of 3 replays took the route (%s "
-                         "thread(s), assists %s)",
-                         (int)runs, threads[th], route / 2 ? "cheap" : "costly");
-        }
+    const char *levels[] = {"scalar", "avx2", "avx512"}, *threads[] = {"1", "2"};
+    for (int lv = 0; lv < 3; lv++)
+        for (int th = 0; th < 2; th++)
+            for (int route = 0; route < 4; route++) {
+                if (nt_config_set("NT_CPU_ISA", levels[lv]) != 0)
+                    continue; /* this CPU does not run it */
+                assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[th]), 0);
+                assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+                nt__fused_cpu_set_optim_route(route % 2 == 0);
+                nt__sn_set_assists(route / 2);
+                nt__fused_cpu_set_routes(true, -1);
+                uint64_t runs = 0;
+                memcpy(got, w0, n * 4);
+                adam_cap_run(got, x, t, R, C, true, lgot, pgot, &runs);
+                if (memcmp(lgot, lref, sizeof lref))
+                    fail_msg("captured adamw under bf16: the losses differ from eager's, %s, %s "
+                             "thread(s), route %d", levels[lv], threads[th], route);
+                if (memcmp(got, ref, n * 4))
+                    fail_msg("captured adamw under bf16: w differs from eager's, %s, %s "
+                             "thread(s), route %d", levels[lv], threads[th], route);
+                assert_true(g_file_get_contents(pgot, &cgot, &ngot, NULL));
+                if (ngot != nref || memcmp(cgot, cref, nref))
+                    fail_msg("captured adamw under bf16: m or v differ from eager's, %s, %s "
+                             "thread(s), route %d", levels[lv], threads[th], route);
+                g_free(cgot);
+                /* each of the three replays' updates took the route where it is
+                 * on (the AVX-512 level only) */
+                if (route % 2 || lv != 2)
+                    assert_true(runs == 0);
+                else if (runs < 3)
+                    fail_msg("captured adamw under bf16: %d of 3 replays took the route (%s "
+                             "thread(s), assists %s)",
+                             (int)runs, threads[th], route / 2 ? "cheap" : "costly");
+            }
     nt__fused_cpu_set_optim_route(true);
     nt__fused_cpu_set_routes(true, 0);
     nt__sn_set_assists(-1);
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
     assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
     assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
     g_free(cref);
