@@ -553,10 +553,12 @@ int nt__gemm_dpbf16(int M, int N, int K, const void *A, int lda, bool arow, cons
      * panel's range (pack_panel) */
     size_t na = ((size_t)npa * MR * (size_t)Kp + 15) / 16 * 16, nb = (size_t)npb * NR * (size_t)Kp;
     size_t nr = 2 * (size_t)(npa + npb);
-    if (buf_n < na + nb + nr) {
+    /* aligned_alloc: a size that is a multiple of the alignment */
+    size_t nall = (na + nb + nr + 15) / 16 * 16;
+    if (buf_n < nall) {
         free(buf);
-        buf = aligned_alloc(64, (na + nb + nr) * sizeof(uint32_t));
-        buf_n = buf ? na + nb + nr : 0;
+        buf = aligned_alloc(64, nall * sizeof(uint32_t));
+        buf_n = buf ? nall : 0;
     }
     if (!buf) {
         g_mutex_unlock(&buf_lock);
