@@ -40,8 +40,9 @@
  * Usage: train_step [--steps N] [--warmup N]
  *                   [--modes deterministic,eager,adaptive,lazy,captured,captured_lazy]
  *                   [--model mlp|tf|both]
- *                   [--peer] [--peer-script PATH] [--rounds N]
- * (--rounds: the peer comparison N times over, each ratio the median of
+ *                   [--peer] [--peer-script PATH] [--rounds N] [--amp f32|bf16]
+ * (--amp bf16: the modes' steps under bf16 autocast, their FLOP floor still
+ * f32's FMA peak; --rounds: the peer comparison N times over, each ratio the median of
  * its rounds'.) */
 #include <ntensor.h>
 #include <math.h>
@@ -220,9 +221,12 @@ static result run_amp(const char *mode, bool tf, int warmup, int steps, nt_dtype
     return r;
 }
 
+/* --amp bf16: the modes' steps under bf16 autocast (NT_F32: without) */
+static nt_dtype modes_amp = NT_F32;
+
 static result run(const char *mode, bool tf, int warmup, int steps)
 {
-    return run_amp(mode, tf, warmup, steps, NT_F32);
+    return run_amp(mode, tf, warmup, steps, modes_amp);
 }
 
 /* The DMA-limited floor of a step that moves `bytes` of HBM traffic, in ms:
@@ -558,11 +562,15 @@ int main(int argc, char **argv)
             model = argv[i + 1];
         else if (!strcmp(argv[i], "--rounds"))
             rounds = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--amp") && !strcmp(argv[i + 1], "bf16"))
+            modes_amp = NT_BF16;
+        else if (!strcmp(argv[i], "--amp") && !strcmp(argv[i + 1], "f32"))
+            modes_amp = NT_F32;
         else {
         usage:
             fprintf(stderr, "usage: train_step [--steps N] [--warmup N] [--modes a,b,c] "
                             "[--model mlp|tf|both] [--peer] [--peer-script PATH] "
-                            "[--rounds N]\n");
+                            "[--rounds N] [--amp f32|bf16]\n");
             return 1;
         }
     }

@@ -17,7 +17,8 @@
  * rounding to nearest), so the pad changes nothing.
  *
  * When the bits are provably the same (decided per call, from one scan of
- * both operands):
+ * both operands, panel by panel as they are packed; C is written only
+ * after the verdict):
  *  - every input finite (no Inf, no NaN: nothing to say about payloads);
  *  - no input subnormal (the instruction would read it as 0);
  *  - no product and no partial sum subnormal (it would flush them): a
@@ -144,12 +145,6 @@ bool nt__gemm_bf16_range_verdict(int K, unsigned alo, unsigned ahi, unsigned blo
 }
 #if NT_DP
 
-static bool safe(int M, int N, int K, const uint16_t *A, int lda, bool arow, const uint16_t *B,
-                 int ldb, bool bcol)
-{
-    return verdict(K, A, arow ? M : K, arow ? K : M, lda, B, bcol ? N : K, bcol ? K : N, ldb);
-}
-
 /* ---------------- packing ---------------- */
 
 /* Panels of pairs: A panel P is [Kp][MR] dwords, B panel Q [Kp][NR], for
@@ -166,6 +161,7 @@ typedef struct dp {
     nt_dtype odt;
     int npa, npb; /* panels */
     int nbm, nbn; /* blocks of C */
+    unsigned *rng; /* per panel: its elements' least nonzero |x| and greatest (scan) */
 } dp;
 
 /* Along a row (element k at s[k]): dst[p * R] for p < Kp. */
@@ -228,7 +224,11 @@ __attribute__((target(DP_TARGET))) static void pair_across(uint32_t *dst, int R,
     }
 }
 
-/* One panel: b < npa packs A panel b, else B panel b - npa. */
+/* One panel: b < npa packs A panel b, else B panel b - npa; first it
+ * scans the elements it packs (d->rng[2 b], [2 b + 1]): the panels cover
+ * A and B exactly, so their ranges together are the operands' (safe's
+ * verdict, from one pass on both threads, the data then in cache for the
+ * packing, instead of a pass over both operands on one thread first). */
 static void pack_panel(void *arg, int b)
 {
     const dp *d = arg;
@@ -239,6 +239,10 @@ static void pack_panel(void *arg, int b)
     const uint16_t *s = isa ? d->A : d->B;
     long ld = isa ? d->lda : d->ldb;
     uint16_t pad = isa ? 0x0000 : 0x8000;
+    if (isa ? d->arow : d->bcol) /* rows r0 .. r0 + n of K elements */
+        scan(s + (long)r0 * ld, n, d->K, ld, &d->rng[2 * b], &d->rng[2 * b + 1]);
+    else /* K rows, columns r0 .. r0 + n */
+        scan(s + r0, d->K, n, ld, &d->rng[2 * b], &d->rng[2 * b + 1]);
     if (isa ? d->arow : d->bcol) {
         /* B's panels (x @ w^T's w, R = NR): whole blocks of pairs in registers */
         int p1 = isa ? 0 : pair_rows(dst, R, n, s + (long)r0 * ld, ld, d->K);
@@ -540,26 +544,42 @@ int nt__gemm_dpbf16(int M, int N, int K, const void *A, int lda, bool arow, cons
     int st = state_now();
     if (st == DP_NONE || (st == DP_SLOW && mode != DP_ON))
         return 1;
-    if (!safe(M, N, K, A, lda, arow, B, ldb, bcol))
-        return 1;
+    if (!nt__gemm_isa_runs(NT_ISA_AVX512) || !__builtin_cpu_supports("avx512bw"))
+        return 1; /* scan's instructions */
     if (!g_mutex_trylock(&buf_lock))
         return 1;
     int Kp = (K + 1) / 2, npa = (M + MR - 1) / MR, npb = (N + NR - 1) / NR;
-    /* B's panels start 64-byte aligned, for their aligned loads */
+    /* B's panels start 64-byte aligned, for their aligned loads; then each
+     * panel's range (pack_panel) */
     size_t na = ((size_t)npa * MR * (size_t)Kp + 15) / 16 * 16, nb = (size_t)npb * NR * (size_t)Kp;
-    if (buf_n < na + nb) {
+    size_t nr = 2 * (size_t)(npa + npb);
+    /* aligned_alloc: a size that is a multiple of the alignment */
+    size_t nall = (na + nb + nr + 15) / 16 * 16;
+    if (buf_n < nall) {
         free(buf);
-        buf = aligned_alloc(64, (na + nb) * sizeof(uint32_t));
-        buf_n = buf ? na + nb : 0;
+        buf = aligned_alloc(64, nall * sizeof(uint32_t));
+        buf_n = buf ? nall : 0;
     }
     if (!buf) {
         g_mutex_unlock(&buf_lock);
         return 1;
     }
     dp d = {M, N, K, Kp, lda, ldb, ldc, arow, bcol, A, B, buf, buf + na, C,
-            out, odt, npa, npb, (M + MC - 1) / MC, (N + NC - 1) / NC};
+            out, odt, npa, npb, (M + MC - 1) / MC, (N + NC - 1) / NC, buf + na + nb};
     bool split = (long)M * N * K >= (1L << 20);
     nt__par_blocks(npa + npb, pack_panel, &d, split);
+    /* safe's verdict from the panels' ranges: not safe, nothing written
+     * but the panels (the f32 path then computes C) */
+    unsigned lo[2] = {0x10000, 0x10000}, hi[2] = {0, 0};
+    for (int b = 0; b < npa + npb; b++) {
+        int o = b >= npa;
+        lo[o] = d.rng[2 * b] < lo[o] ? d.rng[2 * b] : lo[o];
+        hi[o] = d.rng[2 * b + 1] > hi[o] ? d.rng[2 * b + 1] : hi[o];
+    }
+    if (!nt__gemm_bf16_range_verdict(K, lo[0], hi[0], lo[1], hi[1])) {
+        g_mutex_unlock(&buf_lock);
+        return 1;
+    }
     nt__par_blocks(d.nbm * d.nbn, block, &d, split);
     g_mutex_unlock(&buf_lock);
     AO_fetch_and_add1(&dp_calls);

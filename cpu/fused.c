@@ -1590,7 +1590,8 @@ static void ew_block(void *arg, int b)
  * adamw_update records, with or without weight decay, the gradient as the
  * matmul's value or an input, f32 or widened from bf16/f16 by a cast, the
  * new m, v and parameter stored (copies) and the parameter also cast for
- * the next forward's autocast -- and runs it as one AVX-512 loop, 16
+ * the next forward's autocast (a cast, or in a captured step a copy into
+ * the cast's storage: the same rounding) -- and runs it as one AVX-512 loop, 16
  * elements at a time, every value in a vector register.
  *
  * Each op is the IEEE f32 operation of its core/ewise.h definition, its
@@ -1809,7 +1810,11 @@ static bool opt_match_outputs(const nt__fprog *P, int k, const mview *ov, opt_pr
             const int kind = a == vm ? OUT_M : a == vv ? OUT_V : OUT_W;
             O->out_kind[sv] = (uint8_t)kind;
             nkind[kind]++, O->out_of[kind] = (int8_t)sv;
-        } else if (o->op == NT_OP_CAST && !is_sr(o) && a == vw && isf(odt)) {
+        } else if ((o->op == NT_OP_CAST || o->op == NT_OP_COPY) && !is_sr(o) && a == vw &&
+                   isf(odt)) {
+            /* a copy of w' into another float dtype (a captured step's cast
+             * made ahead, autograd/optim.c ampcap_write) rounds as the cast
+             * does (eval_copy for both): the same output */
             O->out_kind[sv] = odt == NT_BF16 ? OUT_BF16 : OUT_CAST;
             O->direct &= odt == NT_BF16; /* an eval'd cast reads w' from the buffer */
         } else {

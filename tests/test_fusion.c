@@ -3155,6 +3155,138 @@ static void test_fused_adamw_route_bitwise(void **state)
         assert_true(redone > 0 && direct > 0);
 }
 
+/* The same update in a captured step under bf16 autocast: there the
+ * parameter's cast for the next forward is a copy into the storage the
+ * captured forward reads (autograd/optim.c, ampcap_write), not a cast op.
+ * One step op by op, one captured, three replays, on a linear layer's
+ * weight (its gradient the matmul's value; 37 x 1031, a masked tail) with
+ * weight decay: at every ISA level, 1 and 2 threads, subnormal assists
+ * costly and cheap, route on or off, they give eager mode's bits, and at
+ * the AVX-512 level with the route on every replay takes it;
+ * the bf16 cast the forward reads included (the loss after each replay
+ * depends on it). */
+static void adam_cap_run(float *wv, nt_tensor *x, nt_tensor *t, int64_t R, int64_t C,
+                         bool capture, float losses[5], const char *ckpt, uint64_t *replay_runs)
+{
+    nt_tensor *w = nt_from_host(wv, NT_F32, 2, (int64_t[]){R, C});
+    assert_non_null(w);
+    assert_int_equal(nt_set_requires_grad(w, true), 0);
+    nt_optim *o = nt_optim_adamw(&w, 1, 1e-2, 0.9, 0.999, 1e-8, 0.05);
+    assert_non_null(o);
+    nt_graph *g = NULL;
+    nt_tensor *kept = NULL;
+    for (int s = 0; s < 5; s++) {
+        uint64_t c0 = 0, c1 = 0, r, d;
+        if (capture && s >= 2) {
+            nt__fused_cpu_optim_counts(&c0, &r, &d);
+            assert_int_equal(nt_graph_replay(g), 0);
+        } else {
+            if (capture && s == 1)
+                assert_int_equal(nt_graph_capture_begin(), 0);
+            nt_scope *sc = nt_scope_begin();
+            assert_int_equal(nt_autocast_begin(NT_BF16), 0);
+            nt_tensor *z = nt_matmul(x, nt_transpose(w, 0, 1));
+            nt_tensor *y = nt_mul(nt_mul(z, z), t);
+            assert_int_equal(nt_autocast_end(), 0);
+            nt_tensor *loss = nt_sum(y, NT_DIM_ALL, false);
+            assert_int_equal(nt_backward(loss), 0);
+            assert_int_equal(nt_optim_step(o), 0);
+            assert_int_equal(nt_optim_zero_grad(o), 0);
+            nt_release(kept);
+            kept = nt_keep(loss);
+            nt_scope_end(sc);
+            if (capture && s == 1)
+                assert_non_null(g = nt_graph_capture_end());
+        }
+        double l;
+        assert_int_equal(nt_item(kept, &l), 0); /* waits for the step or the replay */
+        losses[s] = (float)l;
+        if (capture && s >= 2) {
+            nt__fused_cpu_optim_counts(&c1, &r, &d);
+            *replay_runs += c1 - c0;
+        }
+    }
+    assert_int_equal(nt_to_host(w, wv, sizeof(float) * (size_t)(R * C)), 0);
+    assert_int_equal(nt_save(ckpt, &w, 1, o), 0);
+    nt_graph_destroy(g);
+    nt_release(kept);
+    nt_optim_destroy(o);
+    nt_release(w);
+}
+
+static void test_fused_adamw_route_captured_amp(void **state)
+{
+    (void)state;
+    const int64_t R = 37, C = 1031, B = 8;
+    const size_t n = (size_t)(R * C);
+    float *w0 = malloc(n * 4), *ref = malloc(n * 4), *got = malloc(n * 4);
+    float *xv = malloc((size_t)(B * C) * 4), *tv = malloc((size_t)(B * R) * 4);
+    rng r = {4242};
+    for (size_t i = 0; i < n; i++)
+        w0[i] = adam_special(&r, i, 3, true);
+    for (size_t i = 0; i < (size_t)(B * C); i++)
+        xv[i] = adam_special(&r, i, 1, true);
+    for (size_t i = 0; i < (size_t)(B * R); i++)
+        tv[i] = (float)((runi(&r) - 0.5) * 2.0);
+    nt_tensor *x = nt_from_host(xv, NT_F32, 2, (int64_t[]){B, C});
+    nt_tensor *t = nt_from_host(tv, NT_F32, 2, (int64_t[]){B, R});
+    char *pref = g_strdup_printf("%s/nt_adamcap_%d_ref.ckpt", g_get_tmp_dir(), (int)getpid());
+    char *pgot = g_strdup_printf("%s/nt_adamcap_%d_got.ckpt", g_get_tmp_dir(), (int)getpid());
+    float lref[5], lgot[5];
+    uint64_t unused = 0;
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    memcpy(ref, w0, n * 4);
+    adam_cap_run(ref, x, t, R, C, false, lref, pref, &unused);
+    gchar *cref, *cgot;
+    gsize nref, ngot;
+    assert_true(g_file_get_contents(pref, &cref, &nref, NULL));
+    const char *levels[] = {"scalar", "avx2", "avx512"}, *threads[] = {"1", "2"};
+    for (int lv = 0; lv < 3; lv++)
+        for (int th = 0; th < 2; th++)
+            for (int route = 0; route < 4; route++) {
+                if (nt_config_set("NT_CPU_ISA", levels[lv]) != 0)
+                    continue; /* this CPU does not run it */
+                assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[th]), 0);
+                assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+                nt__fused_cpu_set_optim_route(route % 2 == 0);
+                nt__sn_set_assists(route / 2);
+                nt__fused_cpu_set_routes(true, -1);
+                uint64_t runs = 0;
+                memcpy(got, w0, n * 4);
+                adam_cap_run(got, x, t, R, C, true, lgot, pgot, &runs);
+                if (memcmp(lgot, lref, sizeof lref))
+                    fail_msg("captured adamw under bf16: the losses differ from eager's, %s, %s "
+                             "thread(s), route %d", levels[lv], threads[th], route);
+                if (memcmp(got, ref, n * 4))
+                    fail_msg("captured adamw under bf16: w differs from eager's, %s, %s "
+                             "thread(s), route %d", levels[lv], threads[th], route);
+                assert_true(g_file_get_contents(pgot, &cgot, &ngot, NULL));
+                if (ngot != nref || memcmp(cgot, cref, nref))
+                    fail_msg("captured adamw under bf16: m or v differ from eager's, %s, %s "
+                             "thread(s), route %d", levels[lv], threads[th], route);
+                g_free(cgot);
+                /* each of the three replays' updates took the route where it is
+                 * on (the AVX-512 level only) */
+                if (route % 2 || lv != 2)
+                    assert_true(runs == 0);
+                else if (runs < 3)
+                    fail_msg("captured adamw under bf16: %d of 3 replays took the route (%s "
+                             "thread(s), assists %s)",
+                             (int)runs, threads[th], route / 2 ? "cheap" : "costly");
+            }
+    nt__fused_cpu_set_optim_route(true);
+    nt__fused_cpu_set_routes(true, 0);
+    nt__sn_set_assists(-1);
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+    g_free(cref);
+    remove(pref), remove(pgot);
+    g_free(pref), g_free(pgot);
+    nt_release(x), nt_release(t);
+    free(w0), free(ref), free(got), free(xv), free(tv);
+}
+
 /* The measurement of cpu/subnormal.c: a ratio where AVX-512 runs (a
  * subnormal case is never much faster than its normal twin), the verdict
  * the ratio's, and a forced verdict obeyed and undone. */
@@ -3447,6 +3579,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_plan_order_unchanged, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_chain_registers_bitwise, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_fused_adamw_route_bitwise, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_fused_adamw_route_captured_amp, setup,
+                                        nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_subnormal_assist_probe, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_capacity_cut_keeps_read_values, setup,
                                         nt_test_teardown),

@@ -1102,7 +1102,7 @@ static void fallback_cases(const char *path)
         {"the greatest sums allowed", 0x3f80, 0xbf80, 0x3f80, 0x3f80, 39, true, false},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-        for (int rep = 0; rep < 2; rep++) {
+        for (int rep = 0; rep < 3; rep++) {
             /* values with exponents [127 - 20, 127 + 19] shifted by scale
              * (rbf's range), A and B alike */
             for (size_t i = 0; i < (size_t)K * lda; i++) {
@@ -1114,14 +1114,16 @@ static void fallback_cases(const char *path)
                 Bh[i] = (v & 0x7fff) ? (uint16_t)(v + cases[c].scale * 128) : v;
             }
             /* the case's elements at k = 0 and 1 of row 0 and column 0 (or,
-             * rep 1, at the odd K's last k: the pair with the pad) */
-            int k0 = rep ? K - 1 : 0;
-            Ah[(long)k0 * lda] = cases[c].a0, Bh[(long)k0 * ldb] = cases[c].b0;
-            if (!rep)
-                Ah[lda] = cases[c].a1, Bh[ldb] = cases[c].b1;
-            if (cases[c].alone && !rep)
+             * rep 1, at the odd K's last k: the pair with the pad; rep 2, at
+             * k = 0 and 1 of A's last row and B's last column: the last
+             * panel of each, whose range the verdict must see too) */
+            int k0 = rep == 1 ? K - 1 : 0, i0 = rep == 2 ? M - 1 : 0, j0 = rep == 2 ? N - 1 : 0;
+            Ah[(long)k0 * lda + i0] = cases[c].a0, Bh[(long)k0 * ldb + j0] = cases[c].b0;
+            if (rep != 1)
+                Ah[lda + i0] = cases[c].a1, Bh[ldb + j0] = cases[c].b1;
+            if (cases[c].alone && rep != 1)
                 for (int k = 2; k < K; k++)
-                    Ah[(long)k * lda] = 0;
+                    Ah[(long)k * lda + i0] = 0;
             for (int lay = 0; lay < 8; lay++) {
                 bool took;
                 assert_int_equal(dp_check(M, N, K, Ah, lda, Bh, ldb, lay & 1, lay & 2, lay & 4,
