@@ -3008,6 +3008,25 @@ static float adam_special(rng *r, size_t i, int salt, bool finite)
 
 /* Four steps of AdamW on w [R, C] (wv, updated in place); B rows of x for
  * the matmul. */
+/* The AdamW route tests' configuration: ISA level lv (scalar, avx2,
+ * avx512), th + 1 threads, mode; route % 2 == 1 turns the one-loop route off
+ * (the per-op passes), route / 2 makes subnormal assists cheap; no switch to
+ * the per-op passes after a subnormal operand.  False: this CPU does not run
+ * that level. */
+static const char *const adam_levels[] = {"scalar", "avx2", "avx512"};
+static const char *const adam_threads[] = {"1", "2"};
+static bool adam_route_setup(int lv, int th, int route, const char *mode)
+{
+    if (nt_config_set("NT_CPU_ISA", adam_levels[lv]) != 0)
+        return false;
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", adam_threads[th]), 0);
+    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+    nt__fused_cpu_set_optim_route(route % 2 == 0);
+    nt__sn_set_assists(route / 2);
+    nt__fused_cpu_set_routes(true, -1);
+    return true;
+}
+
 static void adam_train(float *wv, int64_t R, int64_t C, bool mm, bool amp, bool wd,
                        const float *xv, const float *tv, const float *gv, int64_t B,
                        const char *ckpt)
@@ -3072,21 +3091,12 @@ static void adam_case(int64_t R, int64_t C, int64_t B, bool mm, bool amp, bool w
     gchar *cref, *cgot;
     gsize lref, lgot;
     assert_true(g_file_get_contents(pref, &cref, &lref, NULL));
-    const char *levels[] = {"scalar", "avx2", "avx512"}, *threads[] = {"1", "2"};
     for (int l = 0; l < 3; l++)
         for (int th = 0; th < 2; th++)
             for (int route = 0; route < 4; route++) {
-                if (nt_config_set("NT_CPU_ISA", levels[l]) != 0)
+                if (!adam_route_setup(l, th, route, "lazy"))
                     continue; /* this CPU does not run it */
-                assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[th]), 0);
-                assert_int_equal(nt_config_set("NT_MODE", "lazy"), 0);
-                /* route % 2: the route off (the per-op passes); route / 2:
-                 * subnormal assists cheap */
                 const int as = route / 2;
-                nt__fused_cpu_set_optim_route(route % 2 == 0);
-                nt__sn_set_assists(as);
-                /* no switch to the per-op passes after a subnormal operand */
-                nt__fused_cpu_set_routes(true, -1);
                 uint64_t c0, c1, r0, r1, d0, d1;
                 nt__fused_cpu_optim_counts(&c0, &r0, &d0);
                 memcpy(got, w0, n * 4);
@@ -3094,7 +3104,7 @@ static void adam_case(int64_t R, int64_t C, int64_t B, bool mm, bool amp, bool w
                 assert_true(g_file_get_contents(pgot, &cgot, &lgot, NULL));
                 if (lgot != lref || memcmp(cgot, cref, lref))
                     fail_msg("adamw (mm %d, amp %d, wd %d): m or v differ at %s, %s thread(s), "
-                             "route %d", mm, amp, wd, levels[l], threads[th], route);
+                             "route %d", mm, amp, wd, adam_levels[l], adam_threads[th], route);
                 g_free(cgot);
                 nt__fused_cpu_optim_counts(&c1, &r1, &d1);
                 if (route % 2)
@@ -3111,7 +3121,8 @@ static void adam_case(int64_t R, int64_t C, int64_t B, bool mm, bool amp, bool w
                         i++;
                     fail_msg("adamw (mm %d, amp %d, wd %d) differs at %s, %s thread(s), route %d: "
                              "element %zu %a, eager %a",
-                             mm, amp, wd, levels[l], threads[th], route, i, got[i], ref[i]);
+                             mm, amp, wd, adam_levels[l], adam_threads[th], route, i, got[i],
+                             ref[i]);
                 }
             }
     nt__fused_cpu_set_optim_route(true);
@@ -3240,30 +3251,24 @@ static void test_fused_adamw_route_captured_amp(void **state)
     gchar *cref, *cgot;
     gsize nref, ngot;
     assert_true(g_file_get_contents(pref, &cref, &nref, NULL));
-    const char *levels[] = {"scalar", "avx2", "avx512"}, *threads[] = {"1", "2"};
     for (int lv = 0; lv < 3; lv++)
         for (int th = 0; th < 2; th++)
             for (int route = 0; route < 4; route++) {
-                if (nt_config_set("NT_CPU_ISA", levels[lv]) != 0)
+                if (!adam_route_setup(lv, th, route, "adaptive"))
                     continue; /* this CPU does not run it */
-                assert_int_equal(nt_config_set("NT_CPU_THREADS", threads[th]), 0);
-                assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
-                nt__fused_cpu_set_optim_route(route % 2 == 0);
-                nt__sn_set_assists(route / 2);
-                nt__fused_cpu_set_routes(true, -1);
                 uint64_t runs = 0;
                 memcpy(got, w0, n * 4);
                 adam_cap_run(got, x, t, R, C, true, lgot, pgot, &runs);
                 if (memcmp(lgot, lref, sizeof lref))
                     fail_msg("captured adamw under bf16: the losses differ from eager's, %s, %s "
-                             "thread(s), route %d", levels[lv], threads[th], route);
+                             "thread(s), route %d", adam_levels[lv], adam_threads[th], route);
                 if (memcmp(got, ref, n * 4))
                     fail_msg("captured adamw under bf16: w differs from eager's, %s, %s "
-                             "thread(s), route %d", levels[lv], threads[th], route);
+                             "thread(s), route %d", adam_levels[lv], adam_threads[th], route);
                 assert_true(g_file_get_contents(pgot, &cgot, &ngot, NULL));
                 if (ngot != nref || memcmp(cgot, cref, nref))
                     fail_msg("captured adamw under bf16: m or v differ from eager's, %s, %s "
-                             "thread(s), route %d", levels[lv], threads[th], route);
+                             "thread(s), route %d", adam_levels[lv], adam_threads[th], route);
                 g_free(cgot);
                 /* each of the three replays' updates took the route where it is
                  * on (the AVX-512 level only) */
@@ -3272,7 +3277,7 @@ static void test_fused_adamw_route_captured_amp(void **state)
                 else if (runs < 3)
                     fail_msg("captured adamw under bf16: %d of 3 replays took the route (%s "
                              "thread(s), assists %s)",
-                             (int)runs, threads[th], route / 2 ? "cheap" : "costly");
+                             (int)runs, adam_threads[th], route / 2 ? "cheap" : "costly");
             }
     nt__fused_cpu_set_optim_route(true);
     nt__fused_cpu_set_routes(true, 0);
