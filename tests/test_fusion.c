@@ -3027,6 +3027,17 @@ static bool adam_route_setup(int lv, int th, int route, const char *mode)
     return true;
 }
 
+/* Back to the defaults adam_route_setup moved away from. */
+static void adam_route_reset(void)
+{
+    nt__fused_cpu_set_optim_route(true);
+    nt__fused_cpu_set_routes(true, 0);
+    nt__sn_set_assists(-1);
+    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+}
+
 static void adam_train(float *wv, int64_t R, int64_t C, bool mm, bool amp, bool wd,
                        const float *xv, const float *tv, const float *gv, int64_t B,
                        const char *ckpt)
@@ -3125,12 +3136,7 @@ static void adam_case(int64_t R, int64_t C, int64_t B, bool mm, bool amp, bool w
                              ref[i]);
                 }
             }
-    nt__fused_cpu_set_optim_route(true);
-    nt__fused_cpu_set_routes(true, 0);
-    nt__sn_set_assists(-1);
-    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
-    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
-    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+    adam_route_reset();
     g_free(cref);
     remove(pref), remove(pgot);
     g_free(pref), g_free(pgot);
@@ -3279,12 +3285,7 @@ static void test_fused_adamw_route_captured_amp(void **state)
                              "thread(s), assists %s)",
                              (int)runs, adam_threads[th], route / 2 ? "cheap" : "costly");
             }
-    nt__fused_cpu_set_optim_route(true);
-    nt__fused_cpu_set_routes(true, 0);
-    nt__sn_set_assists(-1);
-    assert_int_equal(nt_config_set("NT_CPU_ISA", "auto"), 0);
-    assert_int_equal(nt_config_set("NT_CPU_THREADS", "auto"), 0);
-    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+    adam_route_reset();
     g_free(cref);
     remove(pref), remove(pgot);
     g_free(pref), g_free(pgot);
