@@ -1620,6 +1620,13 @@ static bool side_mm_move(nt__rec **recs, int n, int j)
     return false;
 }
 
+/* One move of the side op at j, a column sum or a weight gradient, to its
+ * matmul; the planner and reference_order repeat it until none moves. */
+static bool side_move(nt__rec **recs, int n, int j)
+{
+    return side_sum_move(recs, n, j) || side_mm_move(recs, n, j);
+}
+
 /* mm[0..nmm): the positions of the batch's matmul records, ascending (the
  * worker's note, nt__batch_mm), or nmm < 0: walk the whole batch.  A move
  * at k reorders only recs[k..], so the positions below k stay right. */
@@ -1835,10 +1842,10 @@ static nt__rec **reference_order(nt__rec *const *recs, int n, const wset *w)
         return NULL;
     memcpy(ref, recs, sizeof *ref * (size_t)n);
     hoist_matmuls(ref, n, NULL, -1);
-    while (n > 1 && (side_sum_move(ref, n, 0) || side_mm_move(ref, n, 0)))
+    while (n > 1 && side_move(ref, n, 0))
         ;
     for (int j = 1; j < n; j++) {
-        while (side_sum_move(ref, n, j) || side_mm_move(ref, n, j))
+        while (side_move(ref, n, j))
             ;
         pull_one(ref, n, j, w);
     }
@@ -1887,7 +1894,7 @@ void nt__fusion_run(nt__rec **recs, int n)
     if (!NT__CFG(check_nan)) { /* NT_CHECK_NAN names the first op in queue order */
         moved = hoist_matmuls(recs, n, nt__batch_mm, nt__batch_nmm);
         /* the side moves at 0 (the look-ahead below starts at 1) */
-        while (n > 1 && (side_sum_move(recs, n, 0) || side_mm_move(recs, n, 0)))
+        while (n > 1 && side_move(recs, n, 0))
             moved = true;
     } else {
         j = n;
@@ -1912,7 +1919,7 @@ void nt__fusion_run(nt__rec **recs, int n)
                     if (q->in[i])
                         __builtin_prefetch(q->in[i]);
             }
-            while (side_sum_move(recs, n, j) || side_mm_move(recs, n, j))
+            while (side_move(recs, n, j))
                 moved = true;
             moved |= pull_one(recs, n, j, &w);
             /* what grouping reads of recs[j] beyond what pull_one did,
