@@ -4,13 +4,15 @@
  * parameter and running-statistics CRC bit for bit in every mode
  * (deterministic, eager, adaptive, lazy) and on both backends, with SGD
  * and with AdamW; evaluation leaves the model as it was; the batch order
- * is the one bench/peer/cnn.py draws.  No timing. */
+ * is the one bench/peer/cnn.py draws; examples/fmnist.h reads .gz IDX
+ * files whole, in place, and from several gzip members.  No timing. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -196,12 +198,108 @@ static void test_shapes(void **state)
     cnn_free(&m);
 }
 
+/* Writes bytes [0, n) of p to path as gzip, in one member or (split > 0)
+ * two: [0, split) and [split, n), so the trailer's size is the second's. */
+static void write_gz(const char *path, const uint8_t *p, size_t n, size_t split)
+{
+    size_t cut = split ? split : n;
+    gzFile f = gzopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(gzwrite(f, p, (unsigned)cut), (int)cut);
+    assert_int_equal(gzclose(f), Z_OK);
+    if (split) {
+        f = gzopen(path, "ab");
+        assert_non_null(f);
+        assert_int_equal(gzwrite(f, p + cut, (unsigned)(n - cut)), (int)(n - cut));
+        assert_int_equal(gzclose(f), Z_OK);
+    }
+}
+
+/* An IDX pair of n images (pixel (i * 31 + p * 7) mod 256, label i mod 10)
+ * written under prefix `pre` of nt_test_dir, the images in two gzip members
+ * when split; into *img and *lab (malloc'ed) as written. */
+static void write_split(const char *pre, int n, bool split, uint8_t **img, uint8_t **lab)
+{
+    size_t ni = 16 + (size_t)n * FMNIST_PIXELS, nl = 8 + (size_t)n;
+    uint8_t *im = malloc(ni), *lb = malloc(nl);
+    assert_non_null(im);
+    assert_non_null(lb);
+    const uint32_t ih[4] = {0x803, (uint32_t)n, 28, 28}, lh[2] = {0x801, (uint32_t)n};
+    for (int k = 0; k < 4; k++)
+        for (int b = 0; b < 4; b++)
+            im[4 * k + b] = (uint8_t)(ih[k] >> (24 - 8 * b));
+    for (int k = 0; k < 2; k++)
+        for (int b = 0; b < 4; b++)
+            lb[4 * k + b] = (uint8_t)(lh[k] >> (24 - 8 * b));
+    for (int i = 0; i < n; i++) {
+        for (int p = 0; p < FMNIST_PIXELS; p++)
+            im[16 + (size_t)i * FMNIST_PIXELS + (size_t)p] = (uint8_t)((i * 31 + p * 7) % 256);
+        lb[8 + i] = (uint8_t)(i % FMNIST_CLASSES);
+    }
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte.gz", nt_test_dir, pre);
+    /* split: the second member holds the last 10 images only, so the
+     * trailer says 7,840 bytes and the buffer must grow */
+    write_gz(path, im, ni, split ? ni - 10 * FMNIST_PIXELS : 0);
+    snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte.gz", nt_test_dir, pre);
+    write_gz(path, lb, nl, 0);
+    *img = im;
+    *lab = lb;
+}
+
+/* fmnist_load gives the written bytes, pointing into the decompressed file
+ * (no copy), for one gzip member (the buffer sized from the trailer) and
+ * for two (the trailer names only the last: the buffer grows past 1 MiB);
+ * a truncated file is a clear error. */
+static void test_fmnist_load(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_test_dir_make("cnn"), 0);
+    const int n = 1400; /* 1.1 MB of images: past the smallest buffer */
+    for (int split = 0; split < 2; split++) {
+        uint8_t *img, *lab;
+        const char *pre = split ? "two" : "one";
+        write_split(pre, n, split, &img, &lab);
+        fmnist_data d = {0};
+        assert_int_equal(fmnist_load("test_cnn", nt_test_dir, pre, &d), 0);
+        assert_int_equal(d.n, n);
+        assert_memory_equal(d.images, img + 16, (size_t)n * FMNIST_PIXELS);
+        assert_memory_equal(d.labels, lab + 8, (size_t)n);
+        assert_ptr_equal(d.images, d.image_file + 16);
+        assert_ptr_equal(d.labels, d.label_file + 8);
+        fmnist_free(&d);
+        assert_null(d.images);
+        assert_null(d.image_file);
+        assert_int_equal(d.n, 0);
+        free(img);
+        free(lab);
+    }
+    /* the one-member images cut short: the reader names the file */
+    char path[400];
+    snprintf(path, sizeof path, "%s/one-images-idx3-ubyte.gz", nt_test_dir);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    uint8_t buf[1 << 16];
+    size_t got = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    assert_true(got > 100 && got < sizeof buf);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(buf, 1, got / 2, f), got / 2);
+    fclose(f);
+    fmnist_data d = {0};
+    assert_int_equal(fmnist_load("test_cnn", nt_test_dir, "one", &d), -1);
+    assert_null(d.images);
+    assert_int_equal(nt_test_dir_remove(), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_bitwise_sgd, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_bitwise_adamw, nt_test_setup, nt_test_teardown),
         cmocka_unit_test(test_order),
+        cmocka_unit_test(test_fmnist_load),
         cmocka_unit_test_setup_teardown(test_shapes, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
