@@ -1900,15 +1900,29 @@ static bool opt_plan(const nt__fgroup *g, int from, int prev, const mview *pre, 
     return opt_memory_ok(P, ev, f32in, gv, ov);
 }
 
-#define OPT_C(p, x) (cn[p] ? lin_canon(x) : (x))
-
 /* Elements [i0, i0 + n) (n <= OPT_B): m', v', w' to dst[OUT_M], dst[OUT_V],
  * dst[OUT_W] (element i0 first: an L1 buffer, or the outputs themselves);
  * the bf16 casts of w' straight to their outputs (which no input shares).
  * The gradient: f32 read in place, bf16 widened here (the bits
- * nt__bf16_to_f32 gives, then the cast op's canonicalisation), or widened
- * into gb by eval (f16).  Each vector's loads come before its stores, so
- * an output may be the very memory of an input. */
+ * nt__bf16_to_f32 gives), or widened into gb by eval (f16).  Each vector's
+ * loads come before its stores, so an output may be the very memory of an
+ * input.
+ *
+ * NaNs are made canonical in m', v' and w' only (opt_plan takes the route
+ * only where plan_canon canonicalises those three), not after every op as
+ * the per-op passes do where plan_canon says: the same bits.  Every op
+ * here is an IEEE add, subtract, multiply, divide or square root, whose
+ * result is a NaN exactly when an operand is one (or it makes one of
+ * non-NaN operands), whatever that NaN's sign and payload; and its result
+ * for non-NaN operands does not depend on any canonicalisation.  So an
+ * intermediate value is a NaN, or a given number, in both ways alike, and
+ * the three stored values, each canonical, are the same bits (the bf16
+ * cast is rounded from w', canonical too).  A NaN operand raises neither
+ * MXCSR's UE nor its DE flag more in one way than in the other (its sign
+ * and payload change neither), so the blocks redone and the subnormals
+ * met are the same.  The canonicalisation after each of the dozen ops was
+ * three instructions and a test each, and made this loop twice as slow on
+ * a Zen 5 (0.9 against 0.5 ns an element, its operands from memory). */
 __attribute__((target(NT_TARGET_AVX512))) static void opt_run512(const opt_ctx *c, int64_t i0,
                                                                  int64_t n, const float *gb,
                                                                  float *const dst[3])
@@ -1926,9 +1940,6 @@ __attribute__((target(NT_TARGET_AVX512))) static void opt_run512(const opt_ctx *
     const __m512i qnan = _mm512_set1_epi32((int)NT__QNAN_BF16);
     const float *wp = c->w + i0, *mp = c->m + i0, *vp = c->v + i0;
     const bool wd = O->k[OP_WD] >= 0;
-    bool cn[OP_N];
-    for (int p = 0; p < OP_N; p++)
-        cn[p] = O->canon[p];
     const __m512 swd = _mm512_set1_ps(O->s[OP_WD]), sb1 = _mm512_set1_ps(O->s[OP_B1]),
                  sb2g = _mm512_set1_ps(O->s[OP_B2G]), sb2v = _mm512_set1_ps(O->s[OP_B2V]),
                  sbc2 = _mm512_set1_ps(O->s[OP_BC2]), seps = _mm512_set1_ps(O->s[OP_EPS]),
@@ -1936,27 +1947,27 @@ __attribute__((target(NT_TARGET_AVX512))) static void opt_run512(const opt_ctx *
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
         const __m512 g =
-            gh ? OPT_C(OP_GCAST, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                     _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, gh + i)), 16)))
+            gh ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                     _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, gh + i)), 16))
                : _mm512_maskz_loadu_ps(m, gp + i);
         const __m512 w = _mm512_maskz_loadu_ps(m, wp + i), mo = _mm512_maskz_loadu_ps(m, mp + i),
                      vo = _mm512_maskz_loadu_ps(m, vp + i);
-        const __m512 w1 = wd ? OPT_C(OP_WD, _mm512_mul_ps(w, swd)) : w;
-        const __m512 b = OPT_C(OP_GM, _mm512_sub_ps(g, mo));
-        const __m512 cc = OPT_C(OP_B1, _mm512_mul_ps(b, sb1));
-        const __m512 mn = OPT_C(OP_M, _mm512_add_ps(mo, cc));
-        const __m512 dd = OPT_C(OP_GG, _mm512_mul_ps(g, g));
-        const __m512 e = OPT_C(OP_B2G, _mm512_mul_ps(dd, sb2g));
-        const __m512 f = OPT_C(OP_B2V, _mm512_mul_ps(vo, sb2v));
-        const __m512 vn = OPT_C(OP_V, _mm512_add_ps(f, e));
-        const __m512 s = OPT_C(OP_SQ, _mm512_sqrt_ps(vn));
-        const __m512 t = OPT_C(OP_BC2, _mm512_div_ps(s, sbc2));
-        const __m512 u = OPT_C(OP_EPS, _mm512_add_ps(t, seps));
-        const __m512 q = OPT_C(OP_Q, _mm512_div_ps(mn, u));
-        const __m512 r = OPT_C(OP_STEP, _mm512_mul_ps(q, sstep));
-        const __m512 wn = OPT_C(OP_W, _mm512_sub_ps(w1, r));
-        /* the copies' results: canonical already (plan_canon canonicalises a
-         * value a copy reads, as a copy is not NaN-through) */
+        const __m512 w1 = wd ? _mm512_mul_ps(w, swd) : w;
+        const __m512 b = _mm512_sub_ps(g, mo);
+        const __m512 cc = _mm512_mul_ps(b, sb1);
+        const __m512 mn = lin_canon(_mm512_add_ps(mo, cc));
+        const __m512 dd = _mm512_mul_ps(g, g);
+        const __m512 e = _mm512_mul_ps(dd, sb2g);
+        const __m512 f = _mm512_mul_ps(vo, sb2v);
+        const __m512 vn = lin_canon(_mm512_add_ps(f, e));
+        const __m512 s = _mm512_sqrt_ps(vn);
+        const __m512 t = _mm512_div_ps(s, sbc2);
+        const __m512 u = _mm512_add_ps(t, seps);
+        const __m512 q = _mm512_div_ps(mn, u);
+        const __m512 r = _mm512_mul_ps(q, sstep);
+        const __m512 wn = lin_canon(_mm512_sub_ps(w1, r));
+        /* the copies' results: canonical (plan_canon canonicalises a value
+         * a copy reads, as a copy is not NaN-through; see above) */
         if (m == 0xffff) {
             _mm512_storeu_ps(dst[OUT_M] + i, mn);
             _mm512_storeu_ps(dst[OUT_V] + i, vn);
