@@ -127,8 +127,8 @@ typedef struct {
     int64_t live_bytes;    /* the largest nt_device_bytes_live there before a backward */
     /* Stage 3 with one member (tp 1, no expert split; gptm_set_release):
      * the local devices' shards run in rounds, one shard a device, layer by
-     * layer (gptm_rounds): each block's weights gathered just before its
-     * forward and given back after it (nt_ddp_layer_done), gathered again
+     * layer (gptm_rounds): each block's weights gathered a block ahead of
+     * its forward and given back after it (nt_ddp_layer_done), gathered again
      * in the round's backward (nt_ddp_backward_shards).  On by default at
      * stage 3 with one member; not while recording a capture (both calls
      * refuse one: the captured step runs shard by shard). */
