@@ -26,9 +26,17 @@
  * --vs-ddp and --peak run stage 3 with and without nt_ddp_set_overlap (the
  * reduce-scatter of each bucket issued during the backward).
  *
+ * 6. --gpt CORES: the char GPT of examples/char_gpt.c under a mesh
+ *    (examples/gpt_mesh.h: its default model, 4 blocks of width 128, 8
+ *    shards of 2 sequences of 128 characters of a generated text, 3 AdamW
+ *    steps) at data parallel CORES, stage 0 and stage 3 with and without
+ *    each block's weights released after its forward (gptm_set_release):
+ *    the per-core peak of live bytes beside 16P/N and the parameters' CRC
+ *    (the same bits for the three).
+ *
  * Usage: zero [--in N] [--hid N] [--batch N (per core)] [--steps N] [--hbm MiB]
  *             [--shards N] [--vs-ddp CORES] [--peak CORES] [--overlap 0|1]
- *             [--topology trn1.32xlarge|trn2.48xlarge]
+ *             [--topology trn1.32xlarge|trn2.48xlarge] [--gpt CORES]
  *
  * --topology: the instance the collectives' cost model describes
  * (NT_SIM_TOPOLOGY) and the core it holds (NT_SIM_TARGET: trn1's
@@ -44,6 +52,7 @@
 
 #define BENCH_NAME "bench/zero"
 #include "bench.h"
+#include "../examples/gpt_mesh.h"
 
 #define OUT 10
 #define NP 6
@@ -194,6 +203,59 @@ static int child(int stage)
     return 0;
 }
 
+/* --gpt's child: mode 0 stage 0, 1 stage 3 keeping every block gathered,
+ * 2 stage 3 releasing each block after its forward; prints "g MODE CORES
+ * PSI PEAK CRC" (PEAK: the largest per-core peak of live bytes over the
+ * run, from nt_init). */
+static int gpt_child(int mode)
+{
+    bench_check(nt_init(), "nt_init");
+    enum { N = 1 << 16 };
+    uint8_t *text = malloc(N); /* 64 letters, a fixed generator */
+    uint64_t s = 7;
+    for (int i = 0; text && i < N; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        text[i] = (uint8_t)(' ' + (int)((s >> 33) % 64));
+    }
+    gpt_data d;
+    gpt_data_from_text(&d, text, N); /* takes text */
+    if (!d.ids)
+        bench_fail("the text");
+    gpt_config c = {.n_layer = 4, .n_head = 4, .width = 128, .context = 128};
+    c.vocab = (d.vocab + 3) / 4 * 4; /* padded to the blocks */
+    gpt_train_opts o = {.batch = 16, .lr = 2e-3, .clip = 1.0, .steps = (int)steps,
+                        .warmup = 1, .seed = 1, .amp = NT_DTYPE_COUNT};
+    char err[512];
+    static gpt_mesh g;
+    int ndev = nt_device_count();
+    if (gptm_init(&g, &c, ndev, 1, mode ? 3 : 0, 4, 8, &o, err, sizeof err) ||
+        (mode && gptm_set_release(&g, mode == 2, err, sizeof err)))
+        bench_fail(err);
+    double psi = 0;
+    for (int j = 0; j < g.n; j++)
+        psi += (double)g.spec[j].r * (g.spec[j].nd == 2 ? (double)g.spec[j].c : 1);
+    int32_t *xb = malloc(sizeof *xb * 16 * 128), *yb = malloc(sizeof *yb * 16 * 128);
+    if (!xb || !yb)
+        bench_fail("the batch");
+    for (int64_t st = 0; st < steps; st++) {
+        gpt_batch(&d, false, o.seed, st, o.batch, c.context, xb, yb);
+        bench_check(gptm_step(&g, &o, xb, yb, NULL), "gptm_step");
+    }
+    bench_check(nt_sync(), "nt_sync");
+    int64_t peak = 0;
+    for (int i = 0; i < ndev; i++)
+        peak = nt_device_bytes_live_peak(i) > peak ? nt_device_bytes_live_peak(i) : peak;
+    uint32_t crc = 0;
+    if (gptm_crc(&g, &crc, err, sizeof err))
+        bench_fail(err);
+    printf("g %d %d %.0f %lld %08x\n", mode, ndev, psi, (long long)peak, crc);
+    free(xb), free(yb);
+    gptm_free(&g);
+    gpt_data_free(&d);
+    nt_shutdown();
+    return 0;
+}
+
 static double formula(int stage, double psi, int n)
 {
     static const double full[4] = {16, 8, 4, 0}, part[4] = {0, 8, 12, 16};
@@ -304,8 +366,47 @@ static int peak_cmp(char *self, int cores)
     return 0;
 }
 
+/* --gpt CORES: the char GPT's per-core peak at stage 0, and at stage 3
+ * before and after the per-block release, beside 16P/N. */
+static int gpt_peak(char *self, int cores)
+{
+    char nc[32], e[32], line[1024];
+    snprintf(nc, sizeof nc, "NT_SIM_CORES=%d", cores);
+    snprintf(e, sizeof e, "%lld", (long long)steps);
+    long long peak[3];
+    unsigned crc[3];
+    double psi = 0, mib = 1048576.0;
+    for (int m = 0; m < 3; m++) {
+        char mode[4] = {(char)('0' + m), 0};
+        char *argv[] = {self, "--steps", e, "--gpt-child", mode, NULL};
+        const char *env[] = {"NT_BACKEND=sim", "NT_MODE=deterministic", nc, "NT_HBM_BYTES=16G",
+                             NULL};
+        int status = bench_run_child(argv, env, line, sizeof line), m2 = -1, nd = 0;
+        if (status < 0 || !WIFEXITED(status) || WEXITSTATUS(status) ||
+            sscanf(line, "g %d %d %lf %lld %x", &m2, &nd, &psi, &peak[m], &crc[m]) != 5)
+            return fprintf(stderr, "%s: --gpt child %d printed '%s'\n", BENCH_NAME, m, line), 1;
+    }
+    double f = 16 * psi / cores;
+    printf("char GPT (4 blocks, width 128, context 128), P = %.0f (4P = %.2f MiB, one block's "
+           "weights %.2f MiB), AdamW, data parallel over %d cores, 8 shards of 2 sequences, "
+           "%lld steps\n", psi, 4 * psi / mib, 4.0 * 12 * 128 * 128 / mib, cores,
+           (long long)steps);
+    printf("| | per-core peak MiB | peak - 16P/N, in units of 4P |\n| --- | ---: | ---: |\n");
+    printf("| 16P/N (stage 3's formula) | %.3f | |\n", f / mib);
+    printf("| stage 0 | %.3f | %.2f |\n", peak[0] / mib, (peak[0] - f) / (4 * psi));
+    printf("| stage 3, every block gathered for the step | %.3f | %.2f |\n", peak[1] / mib,
+           (peak[1] - f) / (4 * psi));
+    printf("| stage 3, each block released after its forward | %.3f | %.2f |\n", peak[2] / mib,
+           (peak[2] - f) / (4 * psi));
+    bool same = crc[0] == crc[1] && crc[1] == crc[2];
+    printf("parameters: %s (%08x, %08x, %08x)\n", same ? "the same bits" : "DIFFERENT", crc[0],
+           crc[1], crc[2]);
+    return same ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
+    int gpt_cores = 0, gpt_mode = -1;
     int child_stage = -1, vs_cores = 0, peak_cores = 0;
     double hbm_mib = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -321,10 +422,14 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--overlap")) overlap = atoi(v);
         else if (!strcmp(k, "--topology")) TOPO = v;
         else if (!strcmp(k, "--child")) child_stage = atoi(v);
+        else if (!strcmp(k, "--gpt")) gpt_cores = atoi(v);
+        else if (!strcmp(k, "--gpt-child")) gpt_mode = atoi(v);
         else return fprintf(stderr, "usage: zero [--in N] [--hid N] [--batch N] [--steps N] "
                             "[--hbm MiB] [--shards N] [--vs-ddp CORES] [--peak CORES] "
-                            "[--overlap 0|1] [--topology NAME]\n"), 2;
+                            "[--overlap 0|1] [--topology NAME] [--gpt CORES]\n"), 2;
     }
+    if (gpt_mode >= 0)
+        return gpt_child(gpt_mode);
     if (child_stage >= 0)
         return child(child_stage);
     static char self[4096];
@@ -336,6 +441,8 @@ int main(int argc, char **argv)
         return vs_ddp(self, vs_cores);
     if (peak_cores)
         return peak_cmp(self, peak_cores);
+    if (gpt_cores)
+        return gpt_peak(self, gpt_cores);
     static const char *const cores[] = {"NT_SIM_CORES=1", "NT_SIM_CORES=2", "NT_SIM_CORES=4",
                                         "NT_SIM_CORES=8"};
     static const char *const fml[] = {"16P", "8P+8P/N", "4P+12P/N", "16P/N"};

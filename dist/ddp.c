@@ -2082,12 +2082,14 @@ static int zero_gather_bucket(const nt_site *site, nt_ddp *d, int lo, int hi)
 /* ---------------- stage 3: a layer's memory released and refilled ---------------- */
 
 /* Whether member k's gathered parameter j can give its memory back: a big
- * storage of its own (nt__mem_release keeps small ones), not released. */
+ * storage of its own (nt__mem_release keeps small ones), not released, and
+ * not its shard's: with one rank, a bucket of one parameter gathers into a
+ * view of the shard itself (no copy), whose memory must stay. */
 static bool layer_releasable(const nt_ddp *d, int k, int j)
 {
     const nt_tensor *t = d->m[k].rep[j];
     return t && t->st->deferred && !t->st->borrowed && !t->st->cap &&
-           !nt__storage_released(t->st);
+           t->st != d->shard[k * d->n + j]->st && !nt__storage_released(t->st);
 }
 
 static bool layer_released(const nt_ddp *d, int k, int j)

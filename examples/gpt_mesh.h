@@ -30,7 +30,10 @@
  * tensor coordinate r (its "data" group), S fixed shards of the batch
  * (--shards, 8); shard s's loss is the tensor group's joined loss and
  * nt_ddp_backward_group hands each nt_ddp its replica's gradients.  ZeRO
- * stages come from nt_ddp_set_zero on every one of them.  Gradient
+ * stages come from nt_ddp_set_zero on every one of them; at stage 3 with
+ * one member (tp 1, no expert split) a step runs in rounds of one shard a
+ * device, each block's weights released after its forward
+ * (nt_ddp_layer_done, gptm_rounds; docs/sharding.md, "The model").  Gradient
  * clipping (gptm_clip) defines its norm's order over the same blocks.  Not
  * done under a mesh: --untied, --sinpos, --rope.
  *
@@ -122,6 +125,15 @@ typedef struct {
                               forward's scope ended (what the backward keeps, and
                               the loss) minus before the forward */
     int64_t live_bytes;    /* the largest nt_device_bytes_live there before a backward */
+    /* Stage 3 with one member (tp 1, no expert split; gptm_set_release):
+     * the local devices' shards run in rounds, one shard a device, layer by
+     * layer (gptm_rounds): each block's weights gathered a block ahead of
+     * its forward and given back after it (nt_ddp_layer_done), gathered again
+     * in the round's backward (nt_ddp_backward_shards).  On by default at
+     * stage 3 with one member; not while recording a capture (both calls
+     * refuse one: the captured step runs shard by shard). */
+    bool release;
+    bool recording;        /* gptm_captured_step is recording gptm_step_body */
 } gpt_mesh;
 
 /* Parameter index: wte, wpe, per block wqkv wo w1 w2 (the 2-D, decayed),
@@ -462,7 +474,29 @@ static inline int gptm_init_moe(gpt_mesh *g, const gpt_config *c, int dp, int tp
             return -1;
         }
     }
+    g->release = zero == 3 && g->nm == 1;
     nt_device_set(0);
+    return 0;
+}
+
+/* Turns the per-layer release of stage 3 (gpt_mesh.release) on or off
+ * (before a step): 0, or -1 with err set when asked for at another stage
+ * or with more than one member (tp or ep > 1: a round's backward would
+ * join shards of several nt_ddps, one a device, which neither
+ * nt_ddp_backward_shards nor nt_ddp_backward_group does). */
+static inline int gptm_set_release(gpt_mesh *g, bool on, char *err, size_t n)
+{
+    if (on && g->zero != 3)
+        return gptm_fail(err, n, "releasing each block's gathered weights after its forward "
+                         "needs --zero 3 (got --zero %d): the other stages keep the "
+                         "parameters whole", g->zero);
+    if (on && g->nm != 1)
+        return gptm_fail(err, n, "releasing each block's gathered weights after its forward "
+                         "needs --tp 1 and --ep 1 (got --tp %d, --ep %d): a round of one "
+                         "shard a device over several nt_ddps (one per tensor or expert "
+                         "rank) has no joined backward; --zero 3 there keeps every block "
+                         "gathered for the step", g->tp, g->ep);
+    g->release = on;
     return 0;
 }
 
@@ -841,56 +875,70 @@ static inline int gptm_block(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const in
     return 0;
 }
 
-/* The members' mean cross-entropy of idx [b, T] against tgt [b * T] (one
- * per member, replicated), joined into one loss on devs[0]. */
-static inline nt_tensor *gptm_loss(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const int *devs,
-                                   nt_tensor *const *idx, nt_tensor *const *tgt)
+/* The members' embedding of idx [b, T] (one per member, replicated) plus
+ * the positions (dropout site 0): x [b, T, D], or under sp each member's
+ * slice [b, T / tp, D]. */
+static inline int gptm_embed(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const int *devs,
+                             nt_tensor *const *idx, nt_tensor **x)
+{
+    int t = g->tp;
+    int64_t T = nt_shape(idx[0], 1);
+    nt_tensor *w[GPTM_MAXD], *e[GPTM_MAXD];
+    for (int r = 0; r < g->nm; r++)
+        w[r] = P[r][GPTM_WTE];
+    for (int k = 0; k < g->ep; k++)
+        if (nt_tp_embedding(c[k], w + k * t, idx + k * t, e + k * t))
+            return -1;
+    if (g->sp)
+        return gptm_sp_embed(g, c[0], P, devs, e, x);
+    for (int r = 0; r < g->nm; r++) {
+        nt_device_set(devs[r]);
+        nt_tensor *pos = nt_arange(NT_I32, 0, (double)T, 1);
+        x[r] = nt_add(e[r], nt_embedding(P[r][GPTM_WPE], pos));
+    }
+    gptm_drop_full(g, devs, x, 0);
+    return 0;
+}
+
+/* Block l on the members' x (sp: their slices). */
+static inline int gptm_fwd_block(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const int *devs,
+                                 int l, nt_tensor **x, nt_tensor **aux)
+{
+    return g->sp ? gptm_block_sp(g, c[0], P, devs, l, x) : gptm_block(g, c, P, devs, l, x, aux);
+}
+
+/* The final layer norm, the tied head and the members' mean cross-entropy
+ * against tgt [b * T] of the members' x after the blocks (sp: their
+ * slices; idx gives b and T), joined into one loss on devs[0]. */
+static inline nt_tensor *gptm_out(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const int *devs,
+                                   nt_tensor *const *idx, nt_tensor *const *tgt, nt_tensor **x,
+                                   nt_tensor **aux)
 {
     int tp = g->nm, t = g->tp;
     int64_t Bt = nt_shape(idx[0], 0), T = nt_shape(idx[0], 1), D = g->c.width;
-    nt_tensor *x[GPTM_MAXD], *w[GPTM_MAXD], *lg[GPTM_MAXD], *loss[GPTM_MAXD],
-              *aux[GPTM_MAXD] = {0};
+    nt_tensor *w[GPTM_MAXD], *lg[GPTM_MAXD], *loss[GPTM_MAXD];
     for (int r = 0; r < tp; r++)
         w[r] = P[r][GPTM_WTE];
-    for (int e = 0; e < g->ep; e++)
-        if (nt_tp_embedding(c[e], w + e * t, idx + e * t, x + e * t))
-            return NULL;
     if (g->sp) {
-        nt_tensor *xs[GPTM_MAXD];
-        if (gptm_sp_embed(g, c[0], P, devs, x, xs))
+        if (gptm_sp_ln(g, c[0], P, devs, x, GPTM_LNF(g), x))
             return NULL;
-        for (int l = 0; l < g->c.n_layer; l++)
-            if (gptm_block_sp(g, c[0], P, devs, l, xs))
-                return NULL;
-        if (gptm_sp_ln(g, c[0], P, devs, xs, GPTM_LNF(g), xs))
-            return NULL;
-        gptm_lowp(g, devs, xs, w, NULL);
-        if (nt_tp_column_linear_sp(c[0], xs, w, NULL, g->blocks, 1, lg))
+        gptm_lowp(g, devs, x, w, NULL);
+        if (nt_tp_column_linear_sp(c[0], x, w, NULL, g->blocks, 1, lg))
             return NULL;
         for (int r = 0; r < tp; r++) {
             nt_device_set(devs[r]);
             lg[r] = nt_reshape(lg[r], 2, (int64_t[]){Bt * T, nt_shape(lg[r], 2)});
         }
-        goto head_done;
-    }
-    for (int r = 0; r < tp; r++) {
-        nt_device_set(devs[r]);
-        nt_tensor *pos = nt_arange(NT_I32, 0, (double)T, 1);
-        x[r] = nt_add(x[r], nt_embedding(P[r][GPTM_WPE], pos));
-    }
-    gptm_drop_full(g, devs, x, 0);
-    for (int l = 0; l < g->c.n_layer; l++)
-        if (gptm_block(g, c, P, devs, l, x, aux))
+    } else {
+        gptm_ln(g, P, devs, x, GPTM_LNF(g), x);
+        for (int r = 0; r < tp; r++) {
+            nt_device_set(devs[r]);
+            x[r] = nt_reshape(x[r], 2, (int64_t[]){Bt * T, D});
+        }
+        gptm_lowp(g, devs, x, w, NULL);
+        if (gptm_linear(g, false, c, x, w, NULL, g->blocks, lg))
             return NULL;
-    gptm_ln(g, P, devs, x, GPTM_LNF(g), x);
-    for (int r = 0; r < tp; r++) {
-        nt_device_set(devs[r]);
-        x[r] = nt_reshape(x[r], 2, (int64_t[]){Bt * T, D});
     }
-    gptm_lowp(g, devs, x, w, NULL);
-    if (gptm_linear(g, false, c, x, w, NULL, g->blocks, lg))
-        return NULL;
-head_done:
     for (int e = 0; e < g->ep; e++)
         if (nt_tp_cross_entropy(c[e], lg + e * t, tgt + e * t, g->blocks, loss + e * t))
             return NULL;
@@ -906,6 +954,21 @@ head_done:
     }
     nt_device_set(devs[0]);
     return nt_tp_join(nt_mesh_comm(g->mesh, "expert", devs[0]), loss);
+}
+
+/* The members' mean cross-entropy of idx [b, T] against tgt [b * T] (one
+ * per member, replicated), joined into one loss on devs[0]: the
+ * embedding, the blocks and the head of one shard. */
+static inline nt_tensor *gptm_loss(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const int *devs,
+                                   nt_tensor *const *idx, nt_tensor *const *tgt)
+{
+    nt_tensor *x[GPTM_MAXD], *aux[GPTM_MAXD] = {0};
+    if (gptm_embed(g, c, P, devs, idx, x))
+        return NULL;
+    for (int l = 0; l < g->c.n_layer; l++)
+        if (gptm_fwd_block(g, c, P, devs, l, x, aux))
+            return NULL;
+    return gptm_out(g, c, P, devs, idx, tgt, x, aux);
 }
 
 /* ---------------- gradient clipping, the same at every split ----------------
@@ -1118,6 +1181,146 @@ static inline int gptm_inputs(gpt_mesh *g, const gpt_train_opts *o, const int32_
     return 0;
 }
 
+/* The end of a step's device part: each tensor rank's nt_ddp_reduce, the
+ * clipping, the optimizers' step.  0 or -1 with the runtime's error. */
+static inline int gptm_step_end(gpt_mesh *g, const gpt_train_opts *o)
+{
+    for (int r = 0; r < g->nm; r++)
+        if (nt_ddp_reduce(g->ddp[r]))
+            return -1;
+    if (o->clip > 0 && gptm_clip(g, o->clip))
+        return -1;
+    for (int r = 0; r < g->nm; r++)
+        if (nt_ddp_step(g->ddp[r], g->opt[r], g->ndd[r]))
+            return -1;
+    nt_device_set(0);
+    return 0;
+}
+
+/* The forward and backward of one round (g->release): local device k
+ * computes shard sh[k], block by block over the devices.  The embeddings,
+ * the position table, the layer norms, the biases and the final layer
+ * norm are gathered for the whole step (wte also feeds the tied head);
+ * block l's four weights [GPTM_M2(g, l, 0), GPTM_M2(g, l + 1, 0)) are
+ * gathered (refilled after an earlier round) one block ahead of its
+ * forward and released after it by nt_ddp_layer_done, whose marks refill
+ * them in nt_ddp_backward_shards' pass.  *loss[k] gets shard sh[k]'s
+ * loss (a reference each).  0 or -1 with the runtime's error. */
+static inline int gptm_round(gpt_mesh *g, const gpt_train_opts *o, nt_tensor **idx_all,
+                             nt_tensor **tgt_all, const int *sh, nt_tensor **loss)
+{
+    nt_ddp *d = g->ddp[0];
+    int nk = g->ndd[0], L = g->c.n_layer, wlo = GPTM_M2(g, 0, 0), whi = GPTM_M2(g, L, 0);
+    if (nt_ddp_gather(d, 0, wlo) || nt_ddp_gather(d, whi, g->n) ||
+        (L > 0 && nt_ddp_gather(d, wlo, GPTM_M2(g, 1, 0))))
+        return -1;
+    nt_comm *c[GPTM_MAXD];
+    nt_tensor **P[GPTM_MAXD], *x[GPTM_MAXD], *aux[GPTM_MAXD] = {0};
+    for (int k = 0; k < nk; k++) {
+        loss[k] = NULL;
+        if (!(P[k] = nt_ddp_params(d, g->dd[0][k])) ||
+            !(c[k] = nt_mesh_comm(g->mesh, "tensor", g->dd[0][k])))
+            return -1;
+    }
+    bool amp = o->amp != NT_DTYPE_COUNT;
+    if (amp && nt_autocast_begin(o->amp))
+        return -1;
+    g->tally = g->training = true;
+    int64_t live0 = nt_device_bytes_live(g->dd[0][0]);
+    nt_scope *fs = nt_scope_begin();
+    int rc = !fs;
+    for (int k = 0; k < nk && !rc; k++) {
+        g->shard = sh[k];
+        rc = gptm_embed(g, &c[k], &P[k], &g->dd[0][k], idx_all + sh[k], &x[k]);
+    }
+    for (int l = 0; l < L && !rc; l++) {
+        int lo = GPTM_M2(g, l, 0), hi = GPTM_M2(g, l + 1, 0);
+        if (l + 1 < L && nt_ddp_gather(d, hi, GPTM_M2(g, l + 2, 0))) /* the next block's */
+            rc = -1;
+        for (int k = 0; k < nk && !rc; k++) {
+            g->shard = sh[k];
+            rc = gptm_fwd_block(g, &c[k], &P[k], &g->dd[0][k], l, &x[k], &aux[k]);
+        }
+        if (!rc && nt_ddp_layer_done(d, lo, hi, x, x))
+            rc = -1;
+    }
+    for (int k = 0; k < nk && !rc; k++) {
+        g->shard = sh[k];
+        loss[k] = gptm_out(g, &c[k], &P[k], &g->dd[0][k], idx_all + sh[k], tgt_all + sh[k],
+                            &x[k], &aux[k]);
+        rc = !loss[k] || !nt_keep(loss[k]);
+    }
+    if (fs)
+        nt_scope_end(fs);
+    int64_t live1 = nt_device_bytes_live(g->dd[0][0]);
+    if (!rc && live1 - live0 > g->act_bytes)
+        g->act_bytes = live1 - live0;
+    if (!rc && live1 > g->live_bytes)
+        g->live_bytes = live1;
+    g->tally = g->training = false;
+    if (amp)
+        nt_autocast_end();
+    if (!rc && nt_ddp_backward_shards(d, sh, loss, nk))
+        rc = -1;
+    return rc ? -1 : 0;
+}
+
+/* Every local shard's forward and backward in rounds (g->release; one
+ * member): round q takes each local device's q-th shard (gptm_round).  The
+ * shards' losses go into *loss_sum in shard order, as the loop of
+ * gptm_step_body adds them.  0 or -1 with the runtime's error. */
+static inline int gptm_rounds(gpt_mesh *g, const gpt_train_opts *o, nt_tensor **idx_all,
+                              nt_tensor **tgt_all, nt_tensor *loss_sum)
+{
+    int nk = g->ndd[0], S = g->shards, rounds = 0, rc = 0;
+    int *of = malloc(sizeof *of * (size_t)S); /* local device of shard s, or -1 */
+    nt_tensor **lv = calloc((size_t)S, sizeof *lv); /* the shards' detached losses */
+    rc = !of || !lv;
+    for (int s = 0; s < S && !rc; s++) {
+        int dev = nt_ddp_shard_device(g->ddp[0], s);
+        of[s] = -1;
+        for (int k = 0; k < nk; k++)
+            of[s] = g->dd[0][k] == dev ? k : of[s];
+        rounds += of[s] == 0;
+    }
+    for (int q = 0; q < rounds && !rc; q++) {
+        int sh[GPTM_MAXD], seen[GPTM_MAXD] = {0};
+        for (int s = 0; s < S; s++) /* device k's q-th shard */
+            if (of[s] >= 0 && seen[of[s]]++ == q)
+                sh[of[s]] = s;
+        nt_scope *sc = nt_scope_begin();
+        nt_tensor *loss[GPTM_MAXD] = {0};
+        rc = !sc || gptm_round(g, o, idx_all, tgt_all, sh, loss);
+        for (int k = 0; k < nk; k++) {
+            if (!rc && loss_sum) {
+                nt_no_grad_begin();
+                nt_device_set(g->dd[0][k]);
+                lv[sh[k]] = nt_keep(nt_to_device(nt_detach(loss[k]),
+                                                 nt_tensor_device(loss_sum)));
+                nt_no_grad_end();
+                rc = !lv[sh[k]];
+            }
+            nt_release(loss[k]);
+        }
+        if (sc)
+            nt_scope_end(sc);
+    }
+    if (!rc && loss_sum) {
+        nt_device_set(nt_tensor_device(loss_sum));
+        nt_no_grad_begin();
+        for (int s = 0; s < S && !rc; s++)
+            if (of[s] >= 0)
+                rc = nt_add_inplace(loss_sum, lv[s]) != 0;
+        nt_no_grad_end();
+    }
+    for (int s = 0; lv && s < S; s++)
+        nt_release(lv[s]);
+    free(of);
+    free(lv);
+    nt_device_set(0);
+    return rc ? -1 : 0;
+}
+
 /* The device's part of a step on the shards' inputs of gptm_inputs: every
  * local shard's forward and backward, the reduce, clipping and the step of
  * each tensor rank's nt_ddp -- what `char_gpt --capture` records once under
@@ -1127,6 +1330,8 @@ static inline int gptm_step_body(gpt_mesh *g, const gpt_train_opts *o, nt_tensor
                                  nt_tensor **tgt_all, nt_tensor *loss_sum)
 {
     int tp = g->nm;
+    if (g->release && !g->recording)
+        return gptm_rounds(g, o, idx_all, tgt_all, loss_sum) ? -1 : gptm_step_end(g, o);
     if (g->zero == 3)
         for (int r = 0; r < tp; r++)
             if (nt_ddp_gather(g->ddp[r], 0, g->n))
@@ -1191,16 +1396,7 @@ static inline int gptm_step_body(gpt_mesh *g, const gpt_train_opts *o, nt_tensor
         if (rc)
             return -1;
     }
-    for (int r = 0; r < tp; r++)
-        if (nt_ddp_reduce(g->ddp[r]))
-            return -1;
-    if (o->clip > 0 && gptm_clip(g, o->clip))
-        return -1;
-    for (int r = 0; r < tp; r++)
-        if (nt_ddp_step(g->ddp[r], g->opt[r], g->ndd[r]))
-            return -1;
-    nt_device_set(0);
-    return 0;
+    return gptm_step_end(g, o);
 }
 
 /* The host's part of a step (gptm_step_prepare) and its inputs
@@ -1292,7 +1488,9 @@ static inline int gptm_captured_step(gpt_mesh *g, const gpt_train_opts *o, const
                               nt_graph_bind(cap->graph, yn, tgt[i]);
         }
         if (record) {
+            g->recording = true; /* shard by shard: the release refuses a capture */
             rc = rc || gptm_step_body(g, o, idx, tgt, loss_sum);
+            g->recording = false;
             cap->graph = nt_graph_capture_end(); /* ends the capture either way */
             rc = rc || !cap->graph;
         } else {

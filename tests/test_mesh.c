@@ -24,6 +24,9 @@ static double CLIP = 0.05; /* small enough that every step clips */
 static bool CAPTURE;        /* steps 1.. through gptm_captured_step (recorded, replayed) */
 static bool SP;             /* sequence parallelism (gptm_set_sp) */
 static bool EVAL_MID;       /* an evaluation before the last step (between replays) */
+static int LAYERS;          /* > 0: this many blocks of width 32 (test_release) */
+static int RELEASE = -1;    /* 0, 1: gptm_set_release (-1: gptm_init's default) */
+static int64_t PEAK;        /* the run's largest per-core peak of live bytes (from nt_init) */
 
 static void make_data(gpt_data *d)
 {
@@ -39,6 +42,8 @@ static int train(int dp, int tp, int zero, nt_dtype amp, uint32_t *crc, char *er
     gpt_data d;
     make_data(&d);
     gpt_config c = mesh_h_cfg();
+    if (LAYERS)
+        c.n_layer = LAYERS, c.width = 32;
     gpt_train_opts o = mesh_h_opts(STEPS, 1);
     o.amp = amp;
     o.clip = CLIP;
@@ -46,6 +51,8 @@ static int train(int dp, int tp, int zero, nt_dtype amp, uint32_t *crc, char *er
     int rc = gptm_init(&g, &c, dp, tp, zero, BLOCKS, SHARDS, &o, err, en);
     if (!rc && SP)
         rc = gptm_set_sp(&g, true, err, en);
+    if (!rc && RELEASE >= 0)
+        rc = gptm_set_release(&g, RELEASE, err, en);
     int32_t xb[BATCH * 8], yb[BATCH * 8];
     gptm_capture cap = {0};
     /* the loss sum rewritten in place by every replay */
@@ -60,6 +67,9 @@ static int train(int dp, int tp, int zero, nt_dtype amp, uint32_t *crc, char *er
                               : gptm_step(&g, &o, xb, yb, loss_sum))
             rc = gptm_fail(err, en, "step %d: %s", st, nt_last_error_message());
     }
+    PEAK = 0;
+    for (int i = 0; i < nt_device_count() && !rc; i++)
+        PEAK = nt_device_bytes_live_peak(i) > PEAK ? nt_device_bytes_live_peak(i) : PEAK;
     nt_graph_info gi;
     if (!rc && CAPTURE && (nt_graph_info_get(cap.graph, &gi) || gi.replays != STEPS - 2))
         rc = gptm_fail(err, en, "the captured step was not replayed %d times", STEPS - 2);
@@ -214,6 +224,82 @@ static void test_capture(void **state)
     unsetenv("NT_SIM_CORES");
 }
 
+/* ZeRO stage 3 at tp 1 (gptm_set_release, on by default there): each
+ * block's four weights gathered one block ahead of its forward and released
+ * after it (nt_ddp_layer_done), the shards in rounds of one a device
+ * (nt_ddp_backward_shards).  A 4-block model of width 32 (a block's
+ * weights 48 KiB, most of P): at dp 1, 2, 4 and 8, on both backends in
+ * several modes, with sequence parallelism and bf16 autocast, the CRC of
+ * stage 0 at (1, 1) (its own for sp and bf16); and at dp 4 the per-core
+ * peak of live bytes falls by at least two blocks' weights against the
+ * run keeping every block gathered (gptm_set_release off, the shard by
+ * shard loop).  Then gptm_set_release's refusals. */
+static void test_release(void **state)
+{
+    (void)state;
+    LAYERS = 4;
+    const double block = 4.0 * 12 * 32 * 32;
+    uint32_t ref = run(1, 1, 0, 3, NT_DTYPE_COUNT);
+    static const int runs[][3] = {/* dp, cfg (nt_test.h), 1: also without the release */
+                                  {4, 1, 1}, {4, 0, 1}, {1, 3, 0}, {2, 3, 0}, {8, 3, 0},
+                                  {4, 3, 0}, {4, 2, 0}, {2, 5, 0}, {8, 7, 0}, {4, 6, 0}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        const int *r = runs[i];
+        uint32_t on = run(r[0], 1, 3, r[1], NT_DTYPE_COUNT);
+        int64_t peak_on = PEAK;
+        printf("# 4 blocks, (dp %d, tp 1) zero 3 %-4s %-14s released %08x (stage 0 %08x), "
+               "per-core peak %.3f MiB", r[0], NT_TEST_CFGS[r[1]][0], NT_TEST_CFGS[r[1]][1], on,
+               ref, peak_on / 1048576.0);
+        if (r[2]) {
+            RELEASE = 0;
+            uint32_t off = run(r[0], 1, 3, r[1], NT_DTYPE_COUNT);
+            RELEASE = -1;
+            printf(", kept %08x %.3f MiB (a block's weights %.3f MiB)", off, PEAK / 1048576.0,
+                   block / 1048576.0);
+            if (off != ref || (double)peak_on > (double)PEAK - 2 * block)
+                fail_msg("dp %d: kept %08x peak %lld; released peak %lld", r[0], off,
+                         (long long)PEAK, (long long)peak_on);
+        }
+        printf("\n");
+        fflush(stdout);
+        if (on != ref)
+            fail_msg("(dp %d, tp 1) zero 3 on %s %s with the release: %08x; stage 0 %08x", r[0],
+                     NT_TEST_CFGS[r[1]][0], NT_TEST_CFGS[r[1]][1], on, ref);
+    }
+    SP = true;
+    uint32_t sp0 = run(1, 1, 0, 3, NT_DTYPE_COUNT), sp3 = run(4, 1, 3, 3, NT_DTYPE_COUNT);
+    SP = false;
+    uint32_t bf0 = run(1, 1, 0, 3, NT_BF16), bf3 = run(4, 1, 3, 3, NT_BF16);
+    printf("# sp: stage 0 %08x, released %08x; bf16: stage 0 %08x, released %08x\n", sp0, sp3,
+           bf0, bf3);
+    assert_true(sp0 == sp3 && bf0 == bf3);
+    LAYERS = 0;
+    /* the refusals: another stage, more than one member */
+    setenv("NT_SIM_CORES", "2", 1);
+    assert_int_equal(nt_init(), 0);
+    char err[512];
+    gpt_config c = mesh_h_cfg();
+    gpt_train_opts o = mesh_h_opts(STEPS, 1);
+    static gpt_mesh g;
+    assert_int_equal(gptm_init(&g, &c, 1, 2, 3, BLOCKS, SHARDS, &o, err, sizeof err), 0);
+    assert_false(g.release); /* two tensor ranks: kept gathered */
+    assert_int_equal(gptm_set_release(&g, true, err, sizeof err), -1);
+    assert_non_null(strstr(err, "needs --tp 1 and --ep 1 (got --tp 2, --ep 1)"));
+    assert_false(g.release);
+    assert_int_equal(gptm_set_release(&g, false, err, sizeof err), 0);
+    gptm_free(&g);
+    assert_int_equal(gptm_init(&g, &c, 2, 1, 2, BLOCKS, SHARDS, &o, err, sizeof err), 0);
+    assert_false(g.release);
+    assert_int_equal(gptm_set_release(&g, true, err, sizeof err), -1);
+    assert_non_null(strstr(err, "needs --zero 3 (got --zero 2)"));
+    gptm_free(&g);
+    assert_int_equal(gptm_init(&g, &c, 2, 1, 3, BLOCKS, SHARDS, &o, err, sizeof err), 0);
+    assert_true(g.release);
+    gptm_free(&g);
+    nt_shutdown();
+    unsetenv("NT_SIM_CORES");
+}
+
 /* gptm_init's errors, with the runtime of `cores` cores. */
 static void expect_init_err(int cores, gpt_config c, int dp, int tp, int zero, int blocks,
                             const char *want1, const char *want2)
@@ -356,6 +442,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bitwise_bf16),
         cmocka_unit_test(test_clip),
         cmocka_unit_test(test_capture),
+        cmocka_unit_test(test_release),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

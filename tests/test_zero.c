@@ -610,6 +610,24 @@ static void test_layer_release(void **state)
             fail_msg("%s %s: peak %lld with the release, %lld without (a layer is %.0f bytes, "
                      "16P/N %.0f)", cfg[g][0], cfg[g][1], peak[2], peak[1], layer, state16);
     }
+    /* One core (one rank, 2 rounds of one shard): a bucket of one parameter
+     * gathers into a view of its shard, which the release must leave alone
+     * (it released the shard, and the next read failed); the same bits as
+     * the per-shard loop. */
+    unsigned crc1[3];
+    for (int mode = 0; mode < 3; mode += 2) {
+        const char *env[] = {"NT_BACKEND=sim", "NT_MODE=adaptive", "NT_SIM_CORES=1", NULL};
+        char arg[4] = {(char)('0' + mode), 0}, line[256];
+        char *argv[] = {ddp_h_exe, "--layers", arg, NULL};
+        ddp_h_run(env, argv, line, sizeof line);
+        long long pk;
+        double ps;
+        int m2 = -1;
+        if (sscanf(line, "layers %d %x %lld %lf", &m2, &crc1[mode], &pk, &ps) != 4 || m2 != mode)
+            fail_msg("one core, mode %d: child printed '%s'", mode, line);
+    }
+    printf("# one core: loop %08x, joined + nt_ddp_layer_done %08x\n", crc1[0], crc1[2]);
+    assert_true(crc1[0] == crc1[2]);
 }
 
 /* ---------------- memory against the formula ---------------- */
