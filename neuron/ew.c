@@ -2137,7 +2137,8 @@ int nt__sk_fused(const nt__fgroup *g)
             keys[k] = nt__rec_sr_key(g->recs[k]);
     nt_tile *mark;
     bool issue;
-    sk_k *js = P->kind != NT_FK_MM && P->kind != NT_FK_NORM ? sk_join_enter("foreach", &issue, &mark) : NULL;
+    bool alone = P->kind == NT_FK_MM || P->kind == NT_FK_NORM;
+    sk_k *js = !alone ? sk_join_enter("foreach", &issue, &mark) : NULL;
     if (js) { /* a program of a shared kernel (neuron/foreach.c) */
         int jr = !issue                   ? 0
                  : P->kind == NT_FK_EW ? run_ew(js, P, g->ext, g->out, keys)
