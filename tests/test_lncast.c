@@ -34,14 +34,6 @@
 #include "ntensor.h"
 #include "nt_test.h"
 
-static void config(const char *backend, const char *mode, const char *fusion)
-{
-    assert_int_equal(nt_config_set("NT_BACKEND", backend), 0);
-    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", strcmp(backend, "sim") ? "0" : "1"), 0);
-    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
-    assert_int_equal(nt_config_set("NT_FUSION", fusion), 0);
-}
-
 enum { MAXN = 96 * 1024 };
 
 /* One case's inputs and what a run read back. */
@@ -240,14 +232,14 @@ static void run_case(const lcase *k)
                                     {"lazy", "0"}};
     for (int be = 0; be < 2; be++) {
         det = (lrun){.x0 = x0, .x1 = x1, .w = w, .b = b};
-        config(bes[be], "deterministic", "1");
+        nt_test_config(bes[be], "deterministic", "1");
         run_plain(k, &det);
         expect_host(k, &det, x0, 0);
         expect_host(k, &det, x1, 1);
         uint64_t lazy = 0, unfused = 0;
         for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
             other = (lrun){.x0 = x0, .x1 = x1, .w = w, .b = b};
-            config(bes[be], modes[m][0], modes[m][1]);
+            nt_test_config(bes[be], modes[m][0], modes[m][1]);
             run_plain(k, &other);
             char what[64];
             snprintf(what, sizeof what, "%s, %s, fusion %s", bes[be], modes[m][0], modes[m][1]);
@@ -262,7 +254,7 @@ static void run_case(const lcase *k)
                       (unsigned long long)unfused);
         assert_true(2 * lazy <= unfused);
         other = (lrun){.x0 = x0, .x1 = x1, .w = w, .b = b};
-        config(bes[be], "adaptive", "1");
+        nt_test_config(bes[be], "adaptive", "1");
         run_captured(k, &other);
         expect_same(&other, &det, k, "captured");
         assert_true(other.graph_kernels <= 1 + k->between);
