@@ -2797,7 +2797,13 @@ static int run_row(const nt__fgroup *g)
  * stored, else into a scratch buffer; the epilogue then reads it like an
  * input.  (On the CPU there is no accumulator to evacuate; what matters here
  * is the same bits.) */
-static int run_mm(const nt__fgroup *g)
+/* A program whose ops[0] is a kernel of its own -- the matmul of NT_FK_MM,
+ * the layer norm of NT_FK_NORM, its operands external inputs -- and the
+ * rest an elementwise epilogue over its output: the op's own kernel into
+ * its output (or a scratch buffer when the value is not stored), then the
+ * epilogue over it as an elementwise program, so the bits of the records
+ * one by one. */
+static int run_head(const nt__fgroup *g)
 {
     const nt__fprog *P = g->prog;
     const nt__fop *mm = &P->ops[0];
@@ -2824,13 +2830,14 @@ static int run_mm(const nt__fgroup *g)
     }
     nt__rec r;
     memset(&r, 0, sizeof r);
-    r.op = NT_OP_MATMUL;
-    r.nin = 2;
+    r.op = mm->op;
+    r.nin = mm->nin;
     r.nout = 1;
-    r.in[0] = g->ext[NT_F_EXT_IDX(mm->a[0])];
-    r.in[1] = g->ext[NT_F_EXT_IDX(mm->a[1])];
+    r.p = mm->p;
+    for (int i = 0; i < mm->nin; i++)
+        r.in[i] = g->ext[NT_F_EXT_IDX(mm->a[i])];
     r.out[0] = dst;
-    int rc = nt__cpu_matmul(&r);
+    int rc = nt__cpu_kernels[mm->op](&r);
     if (!rc && P->nops > 1) {
         mview pre;
         mview_of(&pre, dst, P->ndim, P->shape);
@@ -2852,7 +2859,7 @@ static int run_mm_side(const nt__fgroup *g)
     for (int k = 1; k < P->nops && !ks; k++)
         ks = nt__fop_is_side(P, k) ? k : 0;
     if (!ks)
-        return run_mm(g);
+        return run_head(g);
     nt__fprog *rp = malloc(sizeof *rp);
     if (!rp)
         return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's program");
@@ -2885,7 +2892,7 @@ static int run_mm_side(const nt__fgroup *g)
         rc = nt__cpu_kernels[o->op](&r);
     }
     if (!rc)
-        rc = run_mm(&rest);
+        rc = run_head(&rest);
     free(rp);
     return rc;
 }
@@ -2896,6 +2903,7 @@ int nt__fused_cpu(const nt__fgroup *g)
     case NT_FK_EW: return run_ew(g, 0, -1, NULL);
     case NT_FK_ROW: return run_row(g);
     case NT_FK_MM: return run_mm_side(g);
+    case NT_FK_NORM: return run_head(g);
     }
     return NT_ENOTSUP;
 }

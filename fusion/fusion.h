@@ -10,6 +10,8 @@
  *        as primitive ops become one row kernel;
  *   MM   a matmul followed by elementwise ops over its output (bias,
  *        activation, cast), applied as the accumulator is evacuated.
+ *   NORM a layer norm followed by one cast of its output to bf16 or f16,
+ *        rounded and stored by the norm's row kernel (fusion/ir.h).
  *
  * A group compiles once into a program (nt__fprog), cached by a signature
  * of its ops, shapes, dtypes, broadcast pattern and which values it stores.

@@ -9,7 +9,14 @@
 
 #include "core/internal.h"
 
-typedef enum nt__fkind { NT_FK_EW = 0, NT_FK_ROW, NT_FK_MM } nt__fkind;
+/* NT_FK_NORM: ops[0] is a layer_norm whose operands x, w, b are external
+ * inputs and whose value (f32, x's shape, the iteration shape) is the row
+ * kernel's output; ops[1] is a cast of that value (NT_OP_CAST, not
+ * stochastic) to bf16 or f16 over the same shape, the norm's output
+ * rounded element for element as the cast record would: autocast's cast of
+ * a layer norm's output for the next matmul, written by the norm's kernel.
+ * The norm's value is stored only when something else reads it. */
+typedef enum nt__fkind { NT_FK_EW = 0, NT_FK_ROW, NT_FK_MM, NT_FK_NORM } nt__fkind;
 
 #define NT_F_MAXOPS 64
 #define NT_F_MAXVALS 64

@@ -293,12 +293,36 @@ static void group_reset(gstate *s, nt__rec **recs, int first, uint8_t backend)
     s->g.backend = backend;
 }
 
+/* A layer norm whose output a cast may ride on (NT_FK_NORM, fusion/ir.h):
+ * x, w and b all given, an f32 contiguous output of x's shape. */
+static bool norm_head(const nt__rec *r)
+{
+    const nt_tensor *o = r->out[0];
+    return r->type == NT_REC_OP && r->op == NT_OP_LAYER_NORM && r->nin == 3 && r->nout == 1 &&
+           r->in[0] && r->in[1] && r->in[2] && o && o->dtype == NT_F32 && nt__is_contig(o) &&
+           !(r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE));
+}
+
+/* Whether r is a cast that rides on layer norm x (norm_head) in its
+ * kernel: x's output, the same view, rounded to bf16 or f16 into a
+ * contiguous tensor of its shape, not stochastically. */
+static bool norm_cast_of(const nt__rec *x, const nt__rec *r)
+{
+    const nt_tensor *o = r->out[0], *y = x->out[0];
+    return r->type == NT_REC_OP && r->op == NT_OP_CAST && r->nin == 1 && r->nout == 1 && o &&
+           r->in[0] && !(r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)) &&
+           !(r->p.flag & NT__CAST_SR) && (o->dtype == NT_BF16 || o->dtype == NT_F16) &&
+           nt__is_contig(o) && nt__same_view(r->in[0], y) && shape_is(o, y->ndim, y->shape);
+}
+
 /* try_add's steps.  The group's first record decides the kind and the
  * iteration shape. */
-static void start_kind(gstate *s, const nt__rec *r, bool red, bool mm)
+static void start_kind(gstate *s, const nt__rec *r, bool red, bool mm, bool norm)
 {
     if (mm) {
         s->p.kind = NT_FK_MM;
+    } else if (norm) {
+        s->p.kind = NT_FK_NORM;
     } else if (red) {
         s->p.kind = NT_FK_ROW;
     } else {
@@ -340,7 +364,7 @@ static const char *ew_to_row(gstate *s)
 /* Whether r may join the open group: backend, kind, op limit, shape.  NULL,
  * or why not. */
 static const char *check_join(gstate *s, const nt__rec *r, bool ew, bool red, bool mm,
-                              char *why, size_t whylen)
+                              bool norm, char *why, size_t whylen)
 {
     const nt_tensor *o = r->out[0];
     if (r->backend != s->g.backend)
@@ -349,6 +373,12 @@ static const char *check_join(gstate *s, const nt__rec *r, bool ew, bool red, bo
         return "the edge of a captured program";
     if (mm)
         return "a matmul starts its own kernel";
+    if (norm)
+        return "a layer norm starts its own kernel";
+    if (s->p.kind == NT_FK_NORM) /* one cast, fusion/ir.h */
+        return s->g.nrecs == 1 && norm_cast_of(s->g.recs[0], r)
+                   ? NULL
+                   : "a layer norm's epilogue is one cast of its output to bf16 or f16";
     if (!ew && !red)
         return reason_buf(why, whylen, "%s is not fusable", nt__op_name(r->op));
     if (s->g.nrecs >= NT_F_MAXOPS)
@@ -701,14 +731,15 @@ static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
     bool ew = nt__fusable_ew(r->op);
     bool red = is_row_reduce(r);
     bool mm = r->op == NT_OP_MATMUL && !inplace;
+    bool norm = norm_head(r);
     if (s->g.nrecs == 0) {
-        start_kind(s, r, red, mm);
+        start_kind(s, r, red, mm, norm);
     } else {
-        const char *no = check_join(s, r, ew, red, mm, why, whylen);
+        const char *no = check_join(s, r, ew, red, mm, norm, why, whylen);
         if (no)
             return no;
     }
-    if (!ew && !red && !mm)
+    if (!ew && !red && !mm && !norm)
         return reason_buf(why, whylen, "%s is not fusable", nt__op_name(r->op));
     if (s->p.nvals >= NT_F_MAXVALS)
         return "kernel value limit";
@@ -935,7 +966,10 @@ static void log_break(const nt__rec *r, const char *reason)
 
 static const char *kind_name(nt__fkind k)
 {
-    return k == NT_FK_EW ? "elementwise" : k == NT_FK_ROW ? "row" : "matmul+epilogue";
+    return k == NT_FK_EW    ? "elementwise"
+           : k == NT_FK_ROW ? "row"
+           : k == NT_FK_MM  ? "matmul+epilogue"
+                            : "norm+cast";
 }
 
 static void log_group(const gstate *s, const nt__fprog *c, bool hit, int stored, int elided,
@@ -1180,7 +1214,7 @@ static bool join_kind(const nt__fgroup *g, nt_tensor *const **in, int *nin,
     const nt__rec *r = g->recs[0];
     int64_t numel;
     if (g->prog) {
-        if (g->prog->kind == NT_FK_MM)
+        if (g->prog->kind == NT_FK_MM || g->prog->kind == NT_FK_NORM)
             return false;
         *in = g->ext, *nin = g->prog->next, *out = g->out, *nout = g->prog->nout;
         numel = nt__numel(g->prog->ndim, g->prog->shape);
@@ -1771,6 +1805,16 @@ static bool wset_may_have(const wset *w, const nt__storage *st)
     }
 }
 
+/* Whether cast r moves back to just after layer norm x, whose output it
+ * rounds, to share its kernel (NT_FK_NORM, norm_cast's rule): while a step
+ * is captured, autocast's casts of the next matmul's weights, made ahead
+ * and not part of the program, sit between the two and end the norm's
+ * group at the edge of the program. */
+static bool norm_pulls(const nt__rec *x, const nt__rec *r)
+{
+    return norm_head(x) && same_capture(x, r) && norm_cast_of(x, r);
+}
+
 /* Considers recs[j] (j >= 1) for the move back; true if it moved.  Reads
  * recs[j - HOIST_WINDOW .. j + HOIST_WINDOW) and moves a record only within
  * recs[j - HOIST_WINDOW + 1 .. j]. */
@@ -1805,8 +1849,10 @@ static bool pull_one(nt__rec **recs, int n, int j, const wset *w)
      * [B, T, H, hd] read as [B, T, D] for an fp8 rounding pass's amax) would
      * meet a "shape change" and run as a kernel of its own, where left in
      * place it joins its own readers */
-    if (i < stop || i == j - 1 || !ew_joinable(recs[i], r->out[0]) ||
-        !shape_is(r->out[0], recs[i]->out[0]->ndim, recs[i]->out[0]->shape) ||
+    if (i < stop || i == j - 1 ||
+        (!norm_pulls(recs[i], r) &&
+         (!ew_joinable(recs[i], r->out[0]) ||
+          !shape_is(r->out[0], recs[i]->out[0]->ndim, recs[i]->out[0]->shape))) ||
         joins_its_reader(recs, n, j))
         return false;
     memmove(&recs[i + 2], &recs[i + 1], sizeof *recs * (size_t)(j - i - 1));

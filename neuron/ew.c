@@ -2089,6 +2089,12 @@ static int run_mm_group(sk_k *s, const nt__fgroup *g, const uint64_t *keys)
  * checked before anything runs, so a refusal writes nothing. */
 static bool prog_supported(const nt__fprog *P)
 {
+    if (P->kind == NT_FK_NORM) /* nt__sk_norm_fused */
+        return P->nops == 2 && P->ops[0].op == NT_OP_LAYER_NORM && P->ops[0].nin == 3 &&
+               NT_F_IS_EXT(P->ops[0].a[0]) && NT_F_IS_EXT(P->ops[0].a[1]) &&
+               NT_F_IS_EXT(P->ops[0].a[2]) && P->vals[0].dtype == NT_F32 &&
+               P->ops[1].op == NT_OP_CAST && P->ops[1].nin == 1 && P->ops[1].a[0] == 0 &&
+               !is_sr(&P->ops[1]);
     for (int k = P->kind == NT_FK_MM ? 1 : 0; k < P->nops; k++) {
         const nt__fop *o = &P->ops[k];
         if (o->op >= NT_OP_COUNT)
@@ -2121,7 +2127,7 @@ static bool prog_supported(const nt__fprog *P)
 int nt__sk_fused(const nt__fgroup *g)
 {
     const nt__fprog *P = g->prog;
-    static const char *names[] = {"fused.ew", "fused.row", "fused.mm"};
+    static const char *names[] = {"fused.ew", "fused.row", "fused.mm", "fused.norm"};
     if (!prog_supported(P))
         return NT_ENOTSUP;
     /* stochastic-rounding casts draw their bits from their own records */
@@ -2131,7 +2137,8 @@ int nt__sk_fused(const nt__fgroup *g)
             keys[k] = nt__rec_sr_key(g->recs[k]);
     nt_tile *mark;
     bool issue;
-    sk_k *js = P->kind != NT_FK_MM ? sk_join_enter("foreach", &issue, &mark) : NULL;
+    bool alone = P->kind == NT_FK_MM || P->kind == NT_FK_NORM;
+    sk_k *js = !alone ? sk_join_enter("foreach", &issue, &mark) : NULL;
     if (js) { /* a program of a shared kernel (neuron/foreach.c) */
         int jr = !issue                   ? 0
                  : P->kind == NT_FK_EW ? run_ew(js, P, g->ext, g->out, keys)
@@ -2152,6 +2159,7 @@ int nt__sk_fused(const nt__fgroup *g)
         case NT_FK_EW: rc = run_ew(&s, P, g->ext, g->out, keys); break;
         case NT_FK_ROW: rc = run_row(&s, P, g->ext, g->out, keys); break;
         case NT_FK_MM: rc = run_mm_group(&s, g, keys); break;
+        case NT_FK_NORM: rc = nt__sk_norm_fused(&s, g); break;
         default: rc = NT_ENOTSUP; break;
         }
     /* a refused program issued nothing and computed nothing: the planner

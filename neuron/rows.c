@@ -42,6 +42,11 @@ typedef struct rk {
     bool wb_loaded;
     /* norm_group_short: rings of tiles, so consecutive groups overlap */
     nt_tile *fx[NR_RING], *fT[NR_RING], *fy[NR_RING], *fst;
+    /* a norm with its cast (nt__sk_norm_fused): the cast's output, its
+     * dtype and tiles (ob NULL: the f32 output is not stored) */
+    char *cb;
+    nt_dtype cdt;
+    nt_tile *fc[NR_RING], *yc;
     int nring, npend, pb[NR_LAG], pn[NR_LAG];
     int64_t po[NR_LAG];
     bool fast;
@@ -335,6 +340,28 @@ static int load_affine(rk *c, const nt_tensor *v, nt_tile *t, int np, int64_t c0
     return nt_isa_dma_copy(c->s->k, &d, &h, sk_qin(c->s));
 }
 
+/* Stores a group's output rows Y (f32 unless the op's output is not),
+ * elements off.. of the output's layout: to the output and, for a norm with
+ * its cast, rounded by a copy into tile ct (the cast's instruction,
+ * neuron/ew.c) and stored to the cast's output. */
+static int norm_store(rk *c, const nt_ap *Y, nt_tile *ct, int64_t off, int np, int64_t w)
+{
+    sk_k *s = c->s;
+    int rc = 0;
+    if (c->ob) {
+        nt_ap o = sk_hbm_rows(c->ob, c->odt, off, np, c->oc, w, c->on);
+        rc = nt_isa_dma_copy(s->k, &o, Y, sk_qout(s));
+    }
+    if (!rc && c->cb) {
+        nt_ap C = nt_tile_slice(ct, 0, np, 0, w);
+        nt_ap o = sk_hbm_rows(c->cb, c->cdt, off, np, c->oc, w, c->on);
+        rc = nt_isa_tensor_copy(s->k, &C, Y, sk_eng_ap(s, &C));
+        if (!rc)
+            rc = nt_isa_dma_copy(s->k, &o, &C, sk_qout(s));
+    }
+    return rc;
+}
+
 static int norm_group(void *ctx, int64_t ioff, int64_t ooff, int np)
 {
     rk *c = ctx;
@@ -410,9 +437,8 @@ static int norm_group(void *ctx, int64_t ioff, int64_t ooff, int np)
                 rc = nt_isa_tensor_tensor(k, &Y, &T, &B, NT_ALU_ADD, NT_ENGINE_VECTOR);
         }
         c->wb_loaded = res;
-        nt_ap o = sk_hbm_rows(c->ob, c->odt, ooff + c0 * c->on, np, c->oc, w, c->on);
         if (!rc)
-            rc = nt_isa_dma_copy(k, &o, &Y, sk_qout(s));
+            rc = norm_store(c, &Y, c->yc, ooff + c0 * c->on, np, w);
     }
     return rc;
 }
@@ -457,8 +483,7 @@ static int norm_short_b(rk *c, int b, int64_t ooff, int np)
         nt_ap B = nt_tile_slice(c->bt, 0, np, 0, n);
         rc = nt_isa_tensor_tensor(k, &Y, &T, &B, NT_ALU_ADD, NT_ENGINE_VECTOR);
     }
-    nt_ap o = sk_hbm_rows(c->ob, c->odt, ooff, np, c->oc, n, c->on);
-    return rc ? rc : nt_isa_dma_copy(k, &o, &Y, sk_qout(s));
+    return rc ? rc : norm_store(c, &Y, c->fc[b], ooff, np, n);
 }
 
 /* Runs the second halves still pending (the last groups). */
@@ -527,13 +552,27 @@ static int norm_group_short(void *ctx, int64_t ioff, int64_t ooff, int np)
     return rc;
 }
 
+/* ctx: NULL, or the cast's output of a norm with its cast (r->out[0] the
+ * f32 output, or NULL when it is not stored) */
 static int norm_prog(sk_k *s, const nt__rec *r, void *ctx)
 {
-    (void)ctx;
-    const nt_tensor *x = r->in[0];
+    const nt_tensor *x = r->in[0], *cast = ctx;
+    nt__rec rr;
+    if (cast && !r->out[0]) { /* the cast's output has the f32 output's layout */
+        rr = *r;
+        rr.out[0] = (nt_tensor *)cast;
+        r = &rr;
+    }
     rk c;
     sk_rows R;
     rk_begin(&c, s, r, &R, x->ndim - 1, true);
+    if (cast) {
+        if (r->out[0] == cast)
+            c.ob = NULL;
+        c.odt = NT_F32;
+        c.cb = nt__tensor_data(cast);
+        c.cdt = (nt_dtype)cast->dtype;
+    }
     c.eps = (float)r->p.f[0];
     c.w = r->in[1];
     c.b = r->op == NT_OP_LAYER_NORM ? r->in[2] : NULL;
@@ -541,17 +580,22 @@ static int norm_prog(sk_k *s, const nt__rec *r, void *ctx)
     if (c.fast) {
         /* as many groups in flight as 96 KiB per partition holds (a load's
          * fixed cost is 2 us; a group's chain much less) */
-        int64_t slot = c.n * (int64_t)(nt__dtype_size(c.xdt) + 4 + nt__dtype_size(c.odt));
+        int64_t slot = c.n * (int64_t)(nt__dtype_size(c.xdt) + 4 + nt__dtype_size(c.odt) +
+                                       (c.cb ? nt__dtype_size(c.cdt) : 0));
         c.nring = (int)(96 * 1024 / slot);
         c.nring = c.nring < NR_LAG + 2 ? NR_LAG + 2 : c.nring > NR_RING ? NR_RING : c.nring;
         for (int b = 0; b < c.nring; b++) {
             c.fx[b] = sk_tile(s, "norm.x", c.xdt, 128, c.n);
             c.fT[b] = sk_tile(s, "norm.d", NT_F32, 128, c.n);
             c.fy[b] = sk_tile(s, "norm.y", c.odt, 128, c.n);
+            if (c.cb)
+                c.fc[b] = sk_tile(s, "norm.cast", c.cdt, 128, c.n);
         }
         c.fst = sk_tile(s, "norm.stats", NT_F32, 128, 4 * NR_RING);
     } else {
         rk_tiles(&c, false);
+        if (c.cb)
+            c.yc = sk_tile(s, "norm.cast", c.cdt, 128, RCH);
     }
     if (c.w)
         c.wt = sk_tile(s, "norm.w", (nt_dtype)c.w->dtype, 128, c.fast ? c.n : RCH);
@@ -564,6 +608,30 @@ static int norm_prog(sk_k *s, const nt__rec *r, void *ctx)
 }
 
 int nt__sk_norm(const nt__rec *r) { return rows_run_prog(r, norm_prog); }
+
+int nt__sk_norm_fused(sk_k *s, const nt__fgroup *g)
+{
+    const nt__fprog *P = g->prog;
+    const nt__fop *o = &P->ops[0];
+    int sy = P->vals[0].store, sc = P->vals[1].store;
+    nt__rec r;
+    memset(&r, 0, sizeof r);
+    r.op = o->op;
+    r.nin = o->nin;
+    r.nout = 1;
+    r.p = o->p;
+    for (int i = 0; i < o->nin; i++)
+        r.in[i] = g->ext[NT_F_EXT_IDX(o->a[i])];
+    r.out[0] = sy >= 0 ? g->out[sy] : NULL;
+    const nt_tensor *x = r.in[0];
+    if (sc < 0 && sy < 0)
+        return 0; /* nothing is stored (the planner stores the cast's output) */
+    if (sc < 0)
+        return norm_prog(s, &r, NULL);
+    if (nt__numel(x->ndim, x->shape) == 0)
+        return 0;
+    return norm_prog(s, &r, g->out[sc]);
+}
 
 /* ---------------- mse_loss ---------------- */
 

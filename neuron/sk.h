@@ -255,6 +255,10 @@ int nt__sk_reduce(const nt__rec *r);      /* sum, mean, max, argmax, min, argmin
 int nt__sk_scan(const nt__rec *r);        /* cumsum, cumprod, linrec (neuron/scan.c) */
 int nt__sk_softmax(const nt__rec *r);     /* softmax, log_softmax */
 int nt__sk_norm(const nt__rec *r);        /* layer_norm, rms_norm */
+/* An NT_FK_NORM program (fusion/ir.h) in kernel s: the layer norm's row
+ * program, each group's f32 rows rounded to the cast's dtype as a cast
+ * kernel rounds them and stored beside (or instead of) the f32 output. */
+int nt__sk_norm_fused(sk_k *s, const nt__fgroup *g);
 int nt__sk_cross_entropy(const nt__rec *r);
 int nt__sk_mse_loss(const nt__rec *r);
 int nt__sk_matmul(const nt__rec *r);

@@ -197,13 +197,18 @@ static const char *const NT_TEST_CFGS[][3] = {
 };
 enum { NT_TEST_NCFG = sizeof NT_TEST_CFGS / sizeof NT_TEST_CFGS[0] };
 
+/* Backend, mode and fusion (NT_FUSION "0" or "1") made current. */
+static inline void nt_test_config(const char *backend, const char *mode, const char *fusion)
+{
+    assert_int_equal(nt_config_set("NT_BACKEND", backend), 0);
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", strcmp(backend, "sim") ? "0" : "1"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+    assert_int_equal(nt_config_set("NT_FUSION", fusion), 0);
+}
+
 static inline void nt_test_cfg(int k)
 {
-    assert_int_equal(nt_config_set("NT_BACKEND", NT_TEST_CFGS[k][0]), 0);
-    assert_int_equal(
-        nt_config_set("NT_REQUIRE_SIM", strcmp(NT_TEST_CFGS[k][0], "sim") ? "0" : "1"), 0);
-    assert_int_equal(nt_config_set("NT_MODE", NT_TEST_CFGS[k][1]), 0);
-    assert_int_equal(nt_config_set("NT_FUSION", NT_TEST_CFGS[k][2]), 0);
+    nt_test_config(NT_TEST_CFGS[k][0], NT_TEST_CFGS[k][1], NT_TEST_CFGS[k][2]);
 }
 
 /* A fresh runtime per test, with no error left over. */

@@ -36,14 +36,6 @@
 
 static const char *const backends[2] = {"cpu", "sim"};
 
-static void config(const char *backend, const char *mode, const char *fusion)
-{
-    assert_int_equal(nt_config_set("NT_BACKEND", backend), 0);
-    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", strcmp(backend, "sim") ? "0" : "1"), 0);
-    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
-    assert_int_equal(nt_config_set("NT_FUSION", fusion), 0);
-}
-
 /* ---------------- in-place writes into views of one buffer ---------------- */
 
 enum { R = 6, P = 12 }; /* the buffer: [R, P] f32 */
@@ -148,7 +140,7 @@ static void test_disjoint_views_share_a_kernel(void **state)
         for (int be = 0; be < 2; be++) {
             wrun lazy = {.c = c, .init = init, .src = {src[0], src[1], src[2]}};
             wrun eager = lazy;
-            config(backends[be], "lazy", "1");
+            nt_test_config(backends[be], "lazy", "1");
             char *log = nt_test_fusion_log(write_body, &lazy);
             int fused = nt_test_count(log, "elementwise, ");
             bool broke = strstr(log, "in-place write to another view") != NULL;
@@ -158,7 +150,7 @@ static void test_disjoint_views_share_a_kernel(void **state)
             if (c->fuse)
                 assert_non_null(strstr(log, c->k == 3 ? "3 ops [copy" : "2 ops [copy"));
             free(log);
-            config(backends[be], "eager", "0");
+            nt_test_config(backends[be], "eager", "0");
             write_body(&eager);
             for (int e = 0; e < R * P; e++)
                 if (memcmp(&lazy.out[e], &ref[e], 4) || memcmp(&eager.out[e], &ref[e], 4))
@@ -167,7 +159,7 @@ static void test_disjoint_views_share_a_kernel(void **state)
                              nt_test_ubits(eager.out[e]), nt_test_ubits(ref[e]));
         }
     }
-    config("cpu", "adaptive", "1");
+    nt_test_config("cpu", "adaptive", "1");
 }
 
 /* ---------------- the qkv projection's gradient through attention ---------------- */
@@ -229,14 +221,14 @@ static void test_qkv_gradient_written_in_place(void **state)
     float first[B * T * 3 * C];
     for (int be = 0; be < 2; be++) {
         grun det = {.x = x, .w = w}, lazy = det, unfused = det;
-        config(backends[be], "deterministic", "1");
+        nt_test_config(backends[be], "deterministic", "1");
         grad_body(&det);
-        config(backends[be], "lazy", "1");
+        nt_test_config(backends[be], "lazy", "1");
         char *log = nt_test_fusion_log(grad_body, &lazy);
         assert_int_equal(nt_test_count(log, "in-place write to another view"), 0);
         assert_null(strstr(log, "add_scalar"));
         free(log);
-        config(backends[be], "lazy", "0");
+        nt_test_config(backends[be], "lazy", "0");
         grad_body(&unfused);
         assert_memory_equal(lazy.g, det.g, sizeof det.g);
         assert_memory_equal(unfused.g, det.g, sizeof det.g);
@@ -252,7 +244,7 @@ static void test_qkv_gradient_written_in_place(void **state)
     for (size_t i = 0; i < sizeof first / sizeof first[0]; i++)
         pz |= first[i] == 0.0f && !signbit(first[i]);
     assert_true(pz);
-    config("cpu", "adaptive", "1");
+    nt_test_config("cpu", "adaptive", "1");
 }
 
 /* ---------------- layer norm's backward as one row kernel ---------------- */
@@ -311,9 +303,9 @@ static void test_layer_norm_backward_one_row_kernel(void **state)
     for (int be = 0; be < 2; be++) {
         det = (lnrun){.x = x, .w = w, .c = c};
         lazy = det, alone = det;
-        config(backends[be], "deterministic", "1");
+        nt_test_config(backends[be], "deterministic", "1");
         ln_body(&det);
-        config(backends[be], "lazy", "1");
+        nt_test_config(backends[be], "lazy", "1");
         char *log = nt_test_fusion_log(ln_body, &lazy);
         assert_int_equal(nt_test_count(log, " row, "), 1);
         assert_non_null(strstr(log, "backward:rsqrt"));
@@ -364,7 +356,7 @@ static void test_layer_norm_backward_one_row_kernel(void **state)
         assert_true(fabs(first.gw[j] - gw[j]) <= 1e-4 * (1 + fabs(gw[j])));
         assert_true(fabs(first.gb[j] - gb[j]) <= 1e-4 * (1 + fabs(gb[j])));
     }
-    config("cpu", "adaptive", "1");
+    nt_test_config("cpu", "adaptive", "1");
 }
 
 int main(void)
