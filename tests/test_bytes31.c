@@ -298,13 +298,21 @@ static nt_tensor *weight_c(const mlp *m)
     return t;
 }
 
+/* mlp_step: the forward under bf16 autocast (dY and the bias gradients'
+ * sums bf16, cast back to the f32 leaves) */
+static bool amp;
+
 /* The step's forward and backward (grads accumulate into the leaves). */
 static void mlp_step(nt_tensor *const *p, nt_tensor *c)
 {
     nt_scope *s = nt_scope_begin();
+    if (amp)
+        assert_int_equal(nt_autocast_begin(NT_BF16), 0);
     nt_tensor *h = nt_gelu(nt_linear(p[0], p[1], p[2]));
     nt_tensor *z = nt_linear(h, p[3], p[4]);
     nt_tensor *loss = nt_sum(nt_mul(z, c), NT_DIM_ALL, false);
+    if (amp)
+        assert_int_equal(nt_autocast_end(), 0);
     assert_int_equal(nt_backward(loss), 0);
     nt_scope_end(s);
 }
@@ -464,6 +472,68 @@ static void test_mlp_kernels_bytes(void **state)
         grads_free(&on), grads_free(&off);
     }
     unshared = false;
+}
+
+/* Under bf16 autocast dY is bf16 and so is its bias gradient's sum (cast
+ * back to the f32 leaf): the side sum widens dY's elements to f32, sums
+ * them in the one order and rounds once to bf16, as the sum run alone.
+ * Every backend, mode and value mode, captured too: the bits of the CPU's
+ * deterministic run (each sum its own kernel, no fusion).  Lazy and
+ * captured, every program a kernel of its own: with the side sums each
+ * linear layer's sum joins its dX matmul, one kernel fewer each on both
+ * backends (and dY read once less on the simulator); with them disabled
+ * (nt__fplan_noside) the same bits. */
+static void test_mlp_bf16_side(void **state)
+{
+    (void)state;
+    static const char *const modes[] = {"deterministic", "eager", "adaptive", "lazy",
+                                        "captured"};
+    amp = true;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        grads ref;
+        run_mlp(&shapes[s], "cpu", "deterministic", 0, true, &ref);
+        assert_true(nt_test_ubits(ref.g[4][1]) == 0); /* the -0 column sums to +0 */
+        assert_true(ref.g[4][2] == INFINITY);
+        for (int be = 0; be < 2; be++)
+            for (int md = 0; md < 5; md++)
+                for (int vals = 0; vals < (be ? 3 : 1); vals++) {
+                    if (vals == 2 && (s > 0 || md == 0 || md == 4))
+                        continue; /* per instruction: slow; the small shape shows it */
+                    char what[128];
+                    snprintf(what, sizeof what, "bf16 shape %zu, %s, %s, values %d", s,
+                             be ? "sim" : "cpu", modes[md], vals);
+                    grads r;
+                    run_mlp(&shapes[s], be ? "sim" : "cpu", modes[md], vals, true, &r);
+                    expect_same(&r, &ref, what);
+                    grads_free(&r);
+                    if (md < 3 || vals)
+                        continue;
+                    grads on, off;
+                    unshared = true;
+                    run_mlp(&shapes[s], be ? "sim" : "cpu", modes[md], 0, true, &on);
+                    run_mlp(&shapes[s], be ? "sim" : "cpu", modes[md], 0, false, &off);
+                    unshared = false;
+                    expect_same(&on, &ref, what);
+                    expect_same(&off, &ref, what);
+                    print_message("# %s: kernels %llu -> %llu (graph %lld -> %lld), sim HBM "
+                                  "%llu -> %llu bytes\n",
+                                  what, (unsigned long long)off.kernels,
+                                  (unsigned long long)on.kernels, (long long)off.graph_kernels,
+                                  (long long)on.graph_kernels, (unsigned long long)off.sim_hbm,
+                                  (unsigned long long)on.sim_hbm);
+                    if (md == 4)
+                        assert_int_equal(off.graph_kernels - on.graph_kernels, 2);
+                    else
+                        assert_int_equal(off.kernels - on.kernels, 2);
+                    if (be) {
+                        assert_int_equal(off.sim_kernels - on.sim_kernels, 2);
+                        assert_true(off.sim_hbm > on.sim_hbm);
+                    }
+                    grads_free(&on), grads_free(&off);
+                }
+        grads_free(&ref);
+    }
+    amp = false;
 }
 
 /* ---------------- the planner's rules ---------------- */
@@ -669,6 +739,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tile_colsum_rules, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_mlp_same_bits, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_mlp_kernels_bytes, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_mlp_bf16_side, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_planner_rules, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_pair_kernels_bytes, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_pair_rules, nt_test_setup, nt_test_teardown),
