@@ -9,10 +9,14 @@
  *     edge columns (-0, Inf, Inf - Inf, NaN, overflow, subnormals), on the
  *     streaming and the block program, with the program-level product and
  *     per instruction; the product's bits unchanged; its rule errors;
+ *   - the same for a bf16 or f16 A with its sums in f32, bf16 or f16
+ *     (a_colsum_dtype): each sum the lone sum's (the elements widened, the
+ *     one order, rounded once);
  *   - a two-layer MLP's gradients with side sums on both backends, in every
  *     mode and captured, in the simulator's three value modes: the bits of
  *     the CPU's deterministic run; one kernel and one read of dY fewer per
- *     linear layer;
+ *     linear layer; the same under bf16 autocast (bf16 dY, bf16 sums cast
+ *     to the f32 leaves), with the join and with it disabled;
  *   - the planner's rules: a sum does not move past a write of its input or
  *     a reader of its result, and an op that reads the sum leaves the
  *     matmul's kernel;
