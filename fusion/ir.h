@@ -83,9 +83,11 @@ typedef struct nt__fgroup {
  *   - NT_OP_SUM, a "side sum": A summed over all its rows -- every dim but
  *     the last, as one sum over the flattened rows in the order of
  *     core/reduce.h, the sum its record computes over dim 0 of A seen as
- *     [rows, K] -- into a value of K elements (f32).  The linear layer's
- *     bias gradient beside dX = dY . W; only for an f32 A laid out
- *     row-major.
+ *     [rows, K] -- into a value of K elements, each element of A widened
+ *     to f32, the f32 sums rounded once to the value's dtype (the sum op's
+ *     arithmetic).  The linear layer's bias gradient beside dX = dY . W;
+ *     only for an f32, bf16 or f16 A laid out row-major, into f32, bf16 or
+ *     f16 (under bf16 autocast dY and its sum are bf16).
  *   - NT_OP_MATMUL, a "side product": W [K, NX] = A^T . X, A seen as
  *     [rows, K] (its record's first operand is that view transposed,
  *     nt__fside_at), X (a[1], an external input) [rows, NX] row-major, in

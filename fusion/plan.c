@@ -594,15 +594,24 @@ static bool rec_wide(const nt__rec *r)
  * order (neuron/tp_matmul.c), so dY is read once for both, and the CPU runs
  * the sum kernel itself: the bits of the sum run alone. */
 
-/* A sum over dim 0 of a contiguous f32 [rows, K] into f32 (reduce_to in
- * autograd/backward.c: dY seen as [B*T, C]). */
+/* The dtypes of a side sum's input and output: those whose sum both
+ * backends take from the matmul's tiles with the lone sum's arithmetic
+ * (widened to f32, summed in the one order, rounded once). */
+static bool side_sum_dtype(uint8_t dt)
+{
+    return dt == NT_F32 || dt == NT_BF16 || dt == NT_F16;
+}
+
+/* A sum over dim 0 of a contiguous f32, bf16 or f16 [rows, K] into f32,
+ * bf16 or f16 (reduce_to in autograd/backward.c: dY seen as [B*T, C]; under
+ * bf16 autocast dY and its sum are bf16). */
 static bool side_sum_rec(const nt__rec *r)
 {
     const nt_tensor *x = r->in[0], *o = r->out[0];
     return r->type == NT_REC_OP && r->op == NT_OP_SUM && r->nin == 1 && r->nout == 1 && x && o &&
            !(r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)) && r->p.dim == 0 && x->ndim == 2 &&
-           x->dtype == NT_F32 && o->dtype == NT_F32 && x->shape[0] >= 128 && x->shape[1] >= 1 &&
-           nt__is_contig(x);
+           side_sum_dtype(x->dtype) && side_sum_dtype(o->dtype) && x->shape[0] >= 128 &&
+           x->shape[1] >= 1 && nt__is_contig(x);
 }
 
 /* Whether matmul m reads x's rows as its first operand A: contiguous, the
@@ -1594,13 +1603,33 @@ static bool hoist_with_cast(nt__rec **recs, int n, int k)
     return true;
 }
 
+/* Whether b, queued after a, may run before it: b touches nothing a
+ * writes and writes nothing a reads. */
+static bool runs_before(const nt__rec *a, const nt__rec *b)
+{
+    for (int i = 0; i < NT__MAX_OUT; i++)
+        if (a->out[i] && rec_touches(b, a->out[i]->st, false))
+            return false;
+    for (int i = 0; i < NT__MAX_IN; i++)
+        if (a->in[i] && rec_touches(b, a->in[i]->st, true))
+            return false;
+    return true;
+}
+
 /* A side sum at j (side_sum_rec) moves forward to just after the first
  * later matmul that reads its rows as A (dX = dY . W of the same layer),
- * when nothing in between reads or writes its output, writes its input,
- * or is anything but an op of the same capture: the same records in an
- * order in which every op reads what it read.  The matmul's kernel then
- * takes it (side_join).  Reads recs[j .. j + HOIST_WINDOW), moves within. */
+ * when nothing in between writes its input or is anything but an op of
+ * the same capture: the same records in an order in which every op reads
+ * what it read.  The matmul's kernel then takes it (side_join).  Records
+ * in between that read its output, or that must stay after such a reader
+ * (under autocast the bias gradient's cast of its bf16 sum to the f32
+ * leaf, issued right after it; at most SIDE_FOLLOW), move with it: after
+ * the matmul and the elementwise run that reads the matmul's output
+ * (takes_its_reader: its epilogue, which the reader would otherwise cut
+ * off), when that run may pass them.  Reads recs[j .. j + HOIST_WINDOW),
+ * moves within. */
 volatile AO_t nt__fplan_noside;
+enum { SIDE_FOLLOW = 4 };
 
 static bool side_sum_move(nt__rec **recs, int n, int j)
 {
@@ -1608,17 +1637,50 @@ static bool side_sum_move(nt__rec **recs, int n, int j)
     if (AO_load(&nt__fplan_noside) || !side_sum_rec(r) || (j > 0 && side_sum_of(recs[j - 1], r->in[0])))
         return false; /* none, or in place already */
     const nt_tensor *x = r->in[0];
-    int end = j + HOIST_WINDOW < n ? j + HOIST_WINDOW : n;
+    int end = j + HOIST_WINDOW < n ? j + HOIST_WINDOW : n, fol[SIDE_FOLLOW], nf = 0;
     for (int q = j + 1; q < end; q++) {
         const nt__rec *m = recs[q];
         if (m->type != NT_REC_OP || (m->flags & NT_RECF_ALONE) || !same_capture(m, r) ||
-            rec_touches(m, r->out[0]->st, false) || rec_touches(m, x->st, true))
+            rec_touches(m, x->st, true))
             return false;
-        if (side_sum_of(m, x)) {
+        bool follows = rec_touches(m, r->out[0]->st, false);
+        for (int f = 0; f < nf && !follows; f++)
+            follows = !runs_before(recs[fol[f]], m);
+        if (follows) {
+            if (nf == SIDE_FOLLOW)
+                return false;
+            fol[nf++] = q;
+            continue;
+        }
+        if (!side_sum_of(m, x))
+            continue;
+        if (!nf) {
             memmove(&recs[j], &recs[j + 1], sizeof *recs * (size_t)(q - j));
             recs[q] = r;
             return true;
         }
+        int p = q; /* the matmul's epilogue run: recs (q, p] */
+        bool passes = true;
+        while (p + 1 < end && takes_its_reader(recs, end, p) && passes) {
+            for (int f = 0; f < nf && passes; f++)
+                passes = runs_before(recs[fol[f]], recs[p + 1]);
+            p += passes;
+        }
+        nt__rec *o[HOIST_WINDOW];
+        int k = 0;
+        for (int i = j + 1, f = 0; i <= q; i++) {
+            if (f < nf && fol[f] == i)
+                f++;
+            else
+                o[k++] = recs[i];
+        }
+        o[k++] = r;
+        for (int i = q + 1; i <= p; i++)
+            o[k++] = recs[i];
+        for (int f = 0; f < nf; f++)
+            o[k++] = recs[fol[f]];
+        memcpy(&recs[j], o, sizeof *recs * (size_t)k);
+        return true;
     }
     return false;
 }

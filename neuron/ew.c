@@ -2053,9 +2053,12 @@ static int run_mm_group(sk_k *s, const nt__fgroup *g, const uint64_t *keys)
         if (!so[i] || !nt__is_contig(so[i])) {
             rc = NT_ENOTSUP;
         } else if (P->ops[sk[i]].op == NT_OP_SUM) {
-            if (so[i]->dtype != NT_F32 || nt__numel(so[i]->ndim, so[i]->shape) != K)
+            nt_dtype cd = (nt_dtype)so[i]->dtype;
+            if ((cd != NT_F32 && cd != NT_BF16 && cd != NT_F16) ||
+                nt__numel(so[i]->ndim, so[i]->shape) != K)
                 rc = NT_ENOTSUP;
             side.colsum = nt__tensor_data(so[i]);
+            side.colsum_dtype = cd;
         } else {
             side.x = g->ext[NT_F_EXT_IDX(P->ops[sk[i]].a[1])];
             side.w = so[i];

@@ -85,7 +85,8 @@ bool sk_matmul_side_ok(const nt_tensor *a, const nt_tensor *b, bool epi, bool cs
 {
     nt__mminfo mi;
     char why[160];
-    if ((cs && a->dtype != NT_F32) || !nt__matmul_info(a, b, &mi, why, sizeof why) || mi.K == 0)
+    nt_dtype dt = (nt_dtype)a->dtype;
+    if ((cs && dt != NT_F32 && dt != NT_BF16 && dt != NT_F16) || !nt__matmul_info(a, b, &mi, why, sizeof why) || mi.K == 0)
         return false;
     bool a_row = (mi.a_cs == 1 || mi.K == 1) && (mi.M == 1 || mi.a_rs >= mi.K);
     return a_row && (nt__numel(mi.nbatch, mi.batch) == 1 || fold_batches(&mi, a_row, epi));
@@ -203,6 +204,7 @@ int sk_matmul_run_cs(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_t
         }
         a_prev = aoff, b_prev = boff;
         g.a_colsum = colsum;
+        g.a_colsum_dtype = colsum ? side->colsum_dtype : NT_F32;
         if (pair) { /* one program (sk_matmul_side_ok): w over all of a's rows */
             g.x = nt__tensor_data(side->x);
             g.ldx = g.NX = side->x->shape[1];

@@ -333,14 +333,15 @@ typedef int (*sk_mm_epi)(sk_k *s, const nt_ap *acc, int64_t batch, int64_t m0, i
 int sk_matmul_run(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tensor *c,
                   sk_mm_epi epi, void *ctx);
 /* What rides on the product of a's rows (fusion/ir.h's side ops): colsum
- * (f32 [K], or NULL) gets the sums of a's columns over all its rows
- * (nt_tile_matmul_args.a_colsum); x (or NULL), contiguous [rows, NX] in a's
+ * ([K] in colsum_dtype, f32, bf16 or f16, or NULL) gets the sums of a's
+ * columns over all its rows (nt_tile_matmul_args.a_colsum); x (or NULL), contiguous [rows, NX] in a's
  * dtype, makes w (contiguous [K, NX]) = a^T . x over a seen as [rows, K]
  * (nt_tile_matmul_args.x). */
 typedef struct sk_mm_side {
     void *colsum;
     const nt_tensor *x;
     const nt_tensor *w;
+    nt_dtype colsum_dtype;
 } sk_mm_side;
 /* The same, with the side ops (side may be NULL).  NT_ENOTSUP, nothing
  * issued, unless a is row-major and its rows one program (sk_matmul_side_ok);
@@ -350,7 +351,7 @@ typedef struct sk_mm_side {
 int sk_matmul_run_cs(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_tensor *c,
                      sk_mm_epi epi, void *ctx, const sk_mm_side *side);
 /* Whether a, b (and the epilogue, epi) take the side ops: a row-major and
- * its rows one program; f32 for a column sum (cs). */
+ * its rows one program; f32, bf16 or f16 for a column sum (cs). */
 bool sk_matmul_side_ok(const nt_tensor *a, const nt_tensor *b, bool epi, bool cs);
 
 #endif

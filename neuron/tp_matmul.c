@@ -121,6 +121,7 @@ typedef struct mm {
     /* a_colsum (cs_tile): lanes [128 k, nk * 16], sums [128 k, nk]; cs_on:
      * the block program loads the panel for its first N-chunk */
     nt_tile *cs_lane, *cs_acc;
+    nt_tile *cs_out; /* the sums in a_colsum_dtype (not f32), or NULL */
     bool cs, cs_on;
     /* the weight gradient beside it (args x, run_stream): X's row tiles
      * [128 m, G * NX] x NS beside abuf's, W's accumulators (one PSUM bank,
@@ -193,7 +194,17 @@ static int64_t slot_off(const mm *p, int64_t kt)
  * the lanes fold in halves (8, 4, 2, 1) and acc[k] += lane 0 (acc from +0):
  * nt__red_sum_f32's additions in its order, so its bits.  One GpSimd add per
  * 16 rows covers every lane of the K-tiles of the call; GpSimd, idle in a
- * matmul, keeps them off VectorE's PSUM copies. */
+ * matmul, keeps them off VectorE's PSUM copies.  A bf16 or f16 A is added
+ * from its panel as it is, each element widened exactly into the f32 lanes,
+ * and the f32 sums are rounded once to a_colsum_dtype at the end: the
+ * arithmetic of the sum op run alone on the same A (cpu/reduce.c: widened
+ * to f32, summed in the one order, rounded once to the output). */
+
+/* The dtypes a_colsum takes A in and gives its sums in. */
+static bool cs_dtype(nt_dtype dt)
+{
+    return dt == NT_F32 || dt == NT_BF16 || dt == NT_F16;
+}
 
 /* M-tile rows m0 .. m0+mw of K-tiles kt0 .. kt0+nkt (all of one width),
  * K-tile kt's rows at panel column off + (kt - kt0) * kstep. */
@@ -243,34 +254,58 @@ static int cs_mtile(mm *p, int64_t m0, int64_t mw, int64_t so)
     return rc;
 }
 
-/* The sums to HBM (a_colsum[kt * 128 + k] from partition k, column kt).
- * With the program-level product the panel was never filled (the loads
- * and adds were timed only): the sums are computed here, as the accumulators
- * get theirs (deliver), by nt__red_sum_f32 itself. */
+/* Column c of A (rows M, row stride lda, in_dtype) summed as
+ * nt__red_sum_f32 sums f32 values: each element widened to f32 first (exact
+ * for bf16 and f16), the widened column staged in col (M floats) when A is
+ * not f32. */
+static float cs_column(const nt_tile_matmul_args *a, int64_t c, float *col)
+{
+    if (a->in_dtype == NT_F32)
+        return nt__red_sum_f32((const float *)a->a + c, a->M, a->lda);
+    for (int64_t m = 0; m < a->M; m++)
+        col[m] = nt__load_f32(a->a, a->in_dtype, m * a->lda + c);
+    return nt__red_sum_f32(col, a->M, 1);
+}
+
+/* The sums to HBM (a_colsum[kt * 128 + k] from partition k, column kt),
+ * rounded once to a_colsum_dtype on the way (a tensor_copy from the f32
+ * sums, the rounding every op's store makes: the lone sum's bits).  With
+ * the program-level product the panel was never filled (the loads and adds
+ * were timed only): the sums are computed here, as the accumulators get
+ * theirs (deliver), by nt__red_sum_f32 itself. */
 static int cs_store(mm *p)
 {
     nt_sim_kernel *k = p->k;
     const nt_tile_matmul_args *a = p->a;
     int rc = 0;
     if (p->c32) {
+        float *col = a->in_dtype == NT_F32 ? NULL : malloc((size_t)a->M * sizeof(float));
+        if (a->in_dtype != NT_F32 && !col)
+            return nt__sim_fail(k, "nt_tile_matmul", "out of host memory for the column sums");
         nt__sim_fx_flush(k);
         for (int64_t kt = 0; kt < p->nk; kt++) {
             int kw = (int)min64(TK, a->K - kt * TK);
             nt_ap d = sl(p->cs_acc, kw, kt, 1);
             for (int r = 0; r < kw; r++) {
-                float v = nt__canon( /* the NaN every store makes */
-                    nt__red_sum_f32((const float *)a->a + kt * TK + r, a->M, a->lda));
+                float v = nt__canon(cs_column(a, kt * TK + r, col)); /* the NaN every store makes */
                 memcpy(nt__sim_row(&d, r), &v, sizeof v);
             }
         }
+        free(col);
+    }
+    nt_tile *out = p->cs_acc;
+    if (p->cs_out) {
+        nt_ap d = nt_tile_ap(p->cs_out), s = nt_tile_ap(p->cs_acc);
+        rc = nt_isa_tensor_copy(k, &d, &s, NT_ENGINE_GPSIMD);
+        out = p->cs_out;
     }
     for (int64_t kt0 = 0; kt0 < p->nk && !rc;) {
         int kw = (int)min64(TK, a->K - kt0 * TK);
         int64_t nkt = kw == TK ? a->K / TK - kt0 : 1;
-        nt_ap src = sl(p->cs_acc, kw, kt0, nkt), dst;
+        nt_ap src = sl(out, kw, kt0, nkt), dst;
         memset(&dst, 0, sizeof dst);
         dst.hbm = a->a_colsum;
-        dst.dtype = NT_F32;
+        dst.dtype = a->a_colsum_dtype;
         dst.np = kw;
         dst.pstep = 1;
         dst.offset = kt0 * TK;
@@ -1182,11 +1217,13 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
         return nt__sim_fail(k, I, "dtypes in=%d out=%d (rule: f32, bf16, f16, e4m3 or e5m2 in, "
                             "f32, bf16 or f16 out)",
                             (int)a->in_dtype, (int)a->out_dtype);
-    if (a->a_colsum && (a->a_trans || a->in_dtype != NT_F32 || a->M < 1 || a->N < 1))
-        return nt__sim_fail(k, I, "a_colsum with %s A of M=%lld, N=%lld (rule: f32 A given "
-                            "row-major, M and N >= 1)",
+    if (a->a_colsum && (a->a_trans || !cs_dtype(a->in_dtype) || !cs_dtype(a->a_colsum_dtype) ||
+                        a->M < 1 || a->N < 1))
+        return nt__sim_fail(k, I, "a_colsum with %s A of M=%lld, N=%lld, sums %s (rule: f32, "
+                            "bf16 or f16 A given row-major, M and N >= 1, sums f32, bf16 or "
+                            "f16)",
                             a->a_trans ? "a transposed" : nt_dtype_name(a->in_dtype),
-                            (long long)a->M, (long long)a->N);
+                            (long long)a->M, (long long)a->N, nt_dtype_name(a->a_colsum_dtype));
     if (a->x && (a->a_trans || !a->w || a->M < 1 || a->N < 1 || a->K < 1 || a->NX < 1 ||
                  a->NX > TN || (a->K + TK - 1) / TK * a->NX > TN || a->ldx < a->NX ||
                  a->ldw < a->NX ||
@@ -1240,6 +1277,8 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
         p.cs_lane = nt_tile_alloc(k, "mm.colsum.lanes", NT_MEM_SBUF, NT_F32, TK,
                                   p.nk * NT_RED_LANES);
         p.cs_acc = nt_tile_alloc(k, "mm.colsum", NT_MEM_SBUF, NT_F32, TK, p.nk);
+        if (a->a_colsum_dtype != NT_F32)
+            p.cs_out = nt_tile_alloc(k, "mm.colsum.out", NT_MEM_SBUF, a->a_colsum_dtype, TK, p.nk);
     }
     int rc = k->err ? k->err : plan(&p, tbank);
     if (!rc && p.side && !p.stream)
@@ -1273,7 +1312,7 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
     /* give the space back to the kernel (dependencies keep later users of
      * these bytes behind this program's accesses) */
     nt_tile *all[] = {p.oring, p.bring, p.panel, p.strip[0], p.strip[1], p.tpsum, p.bstage,
-                      p.bres, p.abuf, p.cs_lane, p.cs_acc, p.xbuf, p.accw, p.wout};
+                      p.bres, p.abuf, p.cs_lane, p.cs_acc, p.cs_out, p.xbuf, p.accw, p.wout};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (all[i] && all[i]->live)
             nt_tile_release(k, all[i]);

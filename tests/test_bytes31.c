@@ -9,10 +9,14 @@
  *     edge columns (-0, Inf, Inf - Inf, NaN, overflow, subnormals), on the
  *     streaming and the block program, with the program-level product and
  *     per instruction; the product's bits unchanged; its rule errors;
+ *   - the same for a bf16 or f16 A with its sums in f32, bf16 or f16
+ *     (a_colsum_dtype): each sum the lone sum's (the elements widened, the
+ *     one order, rounded once);
  *   - a two-layer MLP's gradients with side sums on both backends, in every
  *     mode and captured, in the simulator's three value modes: the bits of
  *     the CPU's deterministic run; one kernel and one read of dY fewer per
- *     linear layer;
+ *     linear layer; the same under bf16 autocast (bf16 dY, bf16 sums cast
+ *     to the f32 leaves), with the join and with it disabled;
  *   - the planner's rules: a sum does not move past a write of its input or
  *     a reader of its result, and an op that reads the sum leaves the
  *     matmul's kernel;
@@ -34,6 +38,7 @@
 #include <cmocka.h>
 
 #include "ntensor.h"
+#include "core/dtype.h"
 #include "core/reduce.h"
 #include "fusion/fusion.h"
 #include "sim/sim.h"
@@ -145,24 +150,102 @@ static void test_tile_colsum(void **state)
             check_colsum(s, pg);
 }
 
-/* The rule: f32 A given row-major; M, N >= 1.  The kernel fails, saying so. */
+/* A bf16 or f16 A (fill_a's values rounded to it) with its sums in f32,
+ * bf16 or f16: each column the lone sum's arithmetic (cpu/reduce.c: the
+ * elements widened to f32, nt__red_sum_f32's order, rounded once by the
+ * store every op makes), the product's bits unchanged. */
+static void check_colsum_half(int s, nt_dtype in, nt_dtype sd, bool program_gemm)
+{
+    int64_t M = cs_shapes[s][0], N = cs_shapes[s][1], K = cs_shapes[s][2];
+    bool bt = cs_shapes[s][3];
+    size_t es = nt_dtype_size(in), ss = nt_dtype_size(sd);
+    float *A32 = malloc((size_t)(M * K) * 4), *B32 = malloc((size_t)(K * N) * 4);
+    float *col = malloc((size_t)M * 4);
+    char *A = malloc((size_t)(M * K) * es), *B = malloc((size_t)(K * N) * es);
+    float *C0 = malloc((size_t)(M * N) * 4), *C1 = malloc((size_t)(M * N) * 4);
+    char *cs = malloc((size_t)K * ss), *want = malloc(ss);
+    assert_true(A32 && B32 && col && A && B && C0 && C1 && cs && want);
+    fill_a(A32, M, K, 31 + (uint64_t)s);
+    uint64_t st = 98;
+    nt_test_fill(B32, (size_t)(K * N), &st);
+    for (int64_t i = 0; i < M * K; i++)
+        nt__store_f32(A, in, i, A32[i]);
+    for (int64_t i = 0; i < K * N; i++)
+        nt__store_f32(B, in, i, B32[i]);
+    memset(cs, 0x5a, (size_t)K * ss);
+    nt__sim_set_program_gemm(program_gemm);
+    for (int with = 0; with < 2; with++) {
+        nt_sim_kernel *k = nt_sim_kernel_begin("bytes31.colsum.half");
+        assert_non_null(k);
+        nt_tile_matmul_args g;
+        memset(&g, 0, sizeof g);
+        g.M = M, g.N = N, g.K = K;
+        g.a = A, g.lda = K;
+        g.b = B, g.ldb = bt ? K : N, g.b_trans = bt;
+        g.in_dtype = in, g.out_dtype = NT_F32;
+        g.c = with ? C1 : C0, g.ldc = N;
+        g.a_colsum = with ? cs : NULL;
+        g.a_colsum_dtype = sd;
+        if (nt_tile_matmul(k, &g))
+            fail_msg("nt_tile_matmul: %s", nt_sim_kernel_message(k));
+        assert_int_equal(nt_sim_kernel_end(k, NULL), 0);
+    }
+    nt__sim_set_program_gemm(true);
+    assert_memory_equal(C0, C1, (size_t)(M * N) * 4);
+    for (int64_t c = 0; c < K; c++) {
+        for (int64_t m = 0; m < M; m++)
+            col[m] = nt__load_f32(A, in, m * K + c);
+        float f = nt__red_sum_f32(col, M, 1);
+        nt__store_f32(want, sd, 0, f);
+        if (memcmp(cs + c * (int64_t)ss, want, ss))
+            fail_msg("shape %d, %s A, %s sums (%s): column %lld is not the lone sum's", s,
+                     nt_dtype_name(in), nt_dtype_name(sd),
+                     program_gemm ? "program product" : "per instruction", (long long)c);
+        /* independently: a double sum of the widened column, within M ulps
+         * of the magnitudes and the final rounding */
+        double d = 0, mag = 0;
+        for (int64_t m = 0; m < M; m++)
+            d += col[m], mag += fabs(col[m]);
+        float got = nt__load_f32(cs, sd, c);
+        if (isfinite(d) && isfinite(got) && c != 6)
+            assert_true(fabs(got - d) <= (double)M * 0x1p-24 * mag + fabs(d) * 0x1p-8 + 1e-44);
+    }
+    free(A32), free(B32), free(col), free(A), free(B), free(C0), free(C1), free(cs), free(want);
+}
+
+static void test_tile_colsum_half(void **state)
+{
+    (void)state;
+    static const nt_dtype ins[] = {NT_BF16, NT_F16}, sds[] = {NT_F32, NT_BF16, NT_F16};
+    for (int s = 0; s < 4; s++)
+        for (int i = 0; i < 2; i++)
+            for (int d = 0; d < 3; d++)
+                for (int pg = 1; pg >= 0; pg--)
+                    if (pg || s < 3) /* per instruction: the long B^T shape once, in f32 */
+                        check_colsum_half(s, ins[i], sds[d], pg);
+}
+
+/* The rule: f32, bf16 or f16 A given row-major; M, N >= 1; sums f32, bf16
+ * or f16.  The kernel fails, saying so. */
 static void test_tile_colsum_rules(void **state)
 {
     (void)state;
     static float A[128 * 8], B[8 * 8], C[128 * 8], cs[8];
-    for (int c = 0; c < 3; c++) {
+    static const char *const says[] = {"transposed", "e4m3", "M=0", "sums i32"};
+    for (int c = 0; c < 4; c++) {
         nt_sim_kernel *k = nt_sim_kernel_begin("bytes31.rule");
         assert_non_null(k);
         nt_tile_matmul_args g = {128, 8, 8, A, c == 0 ? 128 : 8, c == 0, B, 8,
-                                 c == 1 ? NT_BF16 : NT_F32, C, 8, NT_F32};
+                                 c == 1 ? NT_E4M3 : NT_F32, C, 8, NT_F32};
         g.M = c == 2 ? 0 : 128;
         g.a_colsum = cs;
+        g.a_colsum_dtype = c == 3 ? NT_I32 : NT_F32;
         assert_int_not_equal(nt_tile_matmul(k, &g), 0);
         const char *m = nt_sim_kernel_message(k);
         assert_non_null(m);
         assert_non_null(strstr(m, "nt_tile_matmul"));
         assert_non_null(strstr(m, "a_colsum"));
-        assert_non_null(strstr(m, c == 0 ? "transposed" : c == 1 ? "bf16" : "M=0"));
+        assert_non_null(strstr(m, says[c]));
         assert_int_not_equal(nt_sim_kernel_end(k, NULL), 0);
         nt_clear_error();
     }
@@ -219,13 +302,21 @@ static nt_tensor *weight_c(const mlp *m)
     return t;
 }
 
+/* mlp_step: the forward under bf16 autocast (dY and the bias gradients'
+ * sums bf16, cast back to the f32 leaves) */
+static bool amp;
+
 /* The step's forward and backward (grads accumulate into the leaves). */
 static void mlp_step(nt_tensor *const *p, nt_tensor *c)
 {
     nt_scope *s = nt_scope_begin();
+    if (amp)
+        assert_int_equal(nt_autocast_begin(NT_BF16), 0);
     nt_tensor *h = nt_gelu(nt_linear(p[0], p[1], p[2]));
     nt_tensor *z = nt_linear(h, p[3], p[4]);
     nt_tensor *loss = nt_sum(nt_mul(z, c), NT_DIM_ALL, false);
+    if (amp)
+        assert_int_equal(nt_autocast_end(), 0);
     assert_int_equal(nt_backward(loss), 0);
     nt_scope_end(s);
 }
@@ -385,6 +476,68 @@ static void test_mlp_kernels_bytes(void **state)
         grads_free(&on), grads_free(&off);
     }
     unshared = false;
+}
+
+/* Under bf16 autocast dY is bf16 and so is its bias gradient's sum (cast
+ * back to the f32 leaf): the side sum widens dY's elements to f32, sums
+ * them in the one order and rounds once to bf16, as the sum run alone.
+ * Every backend, mode and value mode, captured too: the bits of the CPU's
+ * deterministic run (each sum its own kernel, no fusion).  Lazy and
+ * captured, every program a kernel of its own: with the side sums each
+ * linear layer's sum joins its dX matmul, one kernel fewer each on both
+ * backends (and dY read once less on the simulator); with them disabled
+ * (nt__fplan_noside) the same bits. */
+static void test_mlp_bf16_side(void **state)
+{
+    (void)state;
+    static const char *const modes[] = {"deterministic", "eager", "adaptive", "lazy",
+                                        "captured"};
+    amp = true;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        grads ref;
+        run_mlp(&shapes[s], "cpu", "deterministic", 0, true, &ref);
+        assert_true(nt_test_ubits(ref.g[4][1]) == 0); /* the -0 column sums to +0 */
+        assert_true(ref.g[4][2] == INFINITY);
+        for (int be = 0; be < 2; be++)
+            for (int md = 0; md < 5; md++)
+                for (int vals = 0; vals < (be ? 3 : 1); vals++) {
+                    if (vals == 2 && (s > 0 || md == 0 || md == 4))
+                        continue; /* per instruction: slow; the small shape shows it */
+                    char what[128];
+                    snprintf(what, sizeof what, "bf16 shape %zu, %s, %s, values %d", s,
+                             be ? "sim" : "cpu", modes[md], vals);
+                    grads r;
+                    run_mlp(&shapes[s], be ? "sim" : "cpu", modes[md], vals, true, &r);
+                    expect_same(&r, &ref, what);
+                    grads_free(&r);
+                    if (md < 3 || vals)
+                        continue;
+                    grads on, off;
+                    unshared = true;
+                    run_mlp(&shapes[s], be ? "sim" : "cpu", modes[md], 0, true, &on);
+                    run_mlp(&shapes[s], be ? "sim" : "cpu", modes[md], 0, false, &off);
+                    unshared = false;
+                    expect_same(&on, &ref, what);
+                    expect_same(&off, &ref, what);
+                    print_message("# %s: kernels %llu -> %llu (graph %lld -> %lld), sim HBM "
+                                  "%llu -> %llu bytes\n",
+                                  what, (unsigned long long)off.kernels,
+                                  (unsigned long long)on.kernels, (long long)off.graph_kernels,
+                                  (long long)on.graph_kernels, (unsigned long long)off.sim_hbm,
+                                  (unsigned long long)on.sim_hbm);
+                    if (md == 4)
+                        assert_int_equal(off.graph_kernels - on.graph_kernels, 2);
+                    else
+                        assert_int_equal(off.kernels - on.kernels, 2);
+                    if (be) {
+                        assert_int_equal(off.sim_kernels - on.sim_kernels, 2);
+                        assert_true(off.sim_hbm > on.sim_hbm);
+                    }
+                    grads_free(&on), grads_free(&off);
+                }
+        grads_free(&ref);
+    }
+    amp = false;
 }
 
 /* ---------------- the planner's rules ---------------- */
@@ -586,9 +739,11 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_tile_colsum, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_tile_colsum_half, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_tile_colsum_rules, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_mlp_same_bits, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_mlp_kernels_bytes, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_mlp_bf16_side, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_planner_rules, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_pair_kernels_bytes, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_pair_rules, nt_test_setup, nt_test_teardown),

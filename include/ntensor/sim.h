@@ -554,11 +554,14 @@ typedef struct nt_tile_matmul_args {
     void *epilogue_ctx;
     bool b_trans;         /* b is B^T [N, K], row stride ldb */
     /* Non-NULL: also the sums of A's K columns over its M rows (M >= 1),
-     * f32 [K] contiguous, each in the one reduction order (core/reduce.h:
-     * blocks of 2048 rows ascending, 16 lanes in a block folded in halves),
+     * [K] contiguous in a_colsum_dtype (the last field: f32 when left 0),
+     * each of A's elements widened to f32 and summed in f32 in the one
+     * reduction order (core/reduce.h: blocks of 2048 rows ascending, 16
+     * lanes in a block folded in halves), rounded once to a_colsum_dtype,
      * taken from A's tiles as the program turns them for TensorE (GpSimd
      * adds), so A is read once for both: a linear layer's bias gradient
-     * beside dX = dY . W.  Rule: A f32 and row-major (not a_trans). */
+     * beside dX = dY . W.  Rule: A f32, bf16 or f16 and row-major (not
+     * a_trans); a_colsum_dtype f32, bf16 or f16. */
     void *a_colsum;
     bool epilogue_apart;  /* the epilogue writes nothing that it, A or B reads: the
                              program may hand it the N-chunks of one row block in
@@ -579,6 +582,7 @@ typedef struct nt_tile_matmul_args {
     void *w;
     int64_t ldw;
     nt_dtype w_dtype;
+    nt_dtype a_colsum_dtype; /* of a_colsum's sums: f32 (0), bf16 or f16 */
 } nt_tile_matmul_args;
 
 /** Issues into k a matmul program: PSUM accumulation over K-tiles of 128 in
