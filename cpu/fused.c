@@ -2829,14 +2829,7 @@ static int run_head(const nt__fgroup *g)
         dst = &tmp;
     }
     nt__rec r;
-    memset(&r, 0, sizeof r);
-    r.op = mm->op;
-    r.nin = mm->nin;
-    r.nout = 1;
-    r.p = mm->p;
-    for (int i = 0; i < mm->nin; i++)
-        r.in[i] = g->ext[NT_F_EXT_IDX(mm->a[i])];
-    r.out[0] = dst;
+    nt__fop_rec(&r, g, mm, dst);
     int rc = nt__cpu_kernels[mm->op](&r);
     if (!rc && P->nops > 1) {
         mview pre;

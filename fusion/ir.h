@@ -101,6 +101,22 @@ static inline bool nt__fop_is_side(const nt__fprog *p, int k)
            (p->ops[k].op == NT_OP_SUM || p->ops[k].op == NT_OP_MATMUL);
 }
 
+/* The record op o of group g stands for, as its own kernel would see it:
+ * o's inputs from the group's external tensors and one output, out (NULL
+ * for none).  The head of a matmul or a norm group runs its own kernel on
+ * it (cpu/fused.c, neuron/rows.c). */
+static inline void nt__fop_rec(nt__rec *r, const nt__fgroup *g, const nt__fop *o, nt_tensor *out)
+{
+    memset(r, 0, sizeof *r);
+    r->op = o->op;
+    r->nin = o->nin;
+    r->nout = 1;
+    r->p = o->p;
+    for (int i = 0; i < o->nin; i++)
+        r->in[i] = g->ext[NT_F_EXT_IDX(o->a[i])];
+    r->out[0] = out;
+}
+
 /* A side product's first operand as its record saw it: A (contiguous) seen
  * as [rows, K] and transposed, [K, rows] with strides (1, K), into *at (a
  * copy of A's handle: same storage and offset). */

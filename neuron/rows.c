@@ -615,14 +615,7 @@ int nt__sk_norm_fused(sk_k *s, const nt__fgroup *g)
     const nt__fop *o = &P->ops[0];
     int sy = P->vals[0].store, sc = P->vals[1].store;
     nt__rec r;
-    memset(&r, 0, sizeof r);
-    r.op = o->op;
-    r.nin = o->nin;
-    r.nout = 1;
-    r.p = o->p;
-    for (int i = 0; i < o->nin; i++)
-        r.in[i] = g->ext[NT_F_EXT_IDX(o->a[i])];
-    r.out[0] = sy >= 0 ? g->out[sy] : NULL;
+    nt__fop_rec(&r, g, o, sy >= 0 ? g->out[sy] : NULL);
     const nt_tensor *x = r.in[0];
     if (sc < 0 && sy < 0)
         return 0; /* nothing is stored (the planner stores the cast's output) */
