@@ -72,9 +72,10 @@ static void fill_a(float *A, int64_t M, int64_t K, uint64_t seed)
     }
 }
 
-/* One matmul program on a fresh kernel; colsum may be NULL. */
-static void tile_mm(int64_t M, int64_t N, int64_t K, bool b_trans, const float *A, const float *B,
-                    float *C, float *colsum)
+/* One matmul program on a fresh kernel: A and B of dtype in, C f32, the
+ * column sums (colsum, may be NULL) of dtype sd. */
+static void tile_mm_dt(int64_t M, int64_t N, int64_t K, bool b_trans, const void *A, const void *B,
+                       float *C, void *colsum, nt_dtype in, nt_dtype sd)
 {
     nt_sim_kernel *k = nt_sim_kernel_begin("bytes31.colsum");
     assert_non_null(k);
@@ -83,13 +84,21 @@ static void tile_mm(int64_t M, int64_t N, int64_t K, bool b_trans, const float *
     g.M = M, g.N = N, g.K = K;
     g.a = A, g.lda = K;
     g.b = B, g.ldb = b_trans ? K : N, g.b_trans = b_trans;
-    g.in_dtype = g.out_dtype = NT_F32;
+    g.in_dtype = in, g.out_dtype = NT_F32;
     g.c = C, g.ldc = N;
     g.a_colsum = colsum;
+    g.a_colsum_dtype = sd;
     int rc = nt_tile_matmul(k, &g);
     if (rc)
         fail_msg("nt_tile_matmul: %s", nt_sim_kernel_message(k));
     assert_int_equal(nt_sim_kernel_end(k, NULL), 0);
+}
+
+/* The same, all f32. */
+static void tile_mm(int64_t M, int64_t N, int64_t K, bool b_trans, const float *A, const float *B,
+                    float *C, float *colsum)
+{
+    tile_mm_dt(M, N, K, b_trans, A, B, C, colsum, NT_F32, NT_F32);
 }
 
 /* The shapes: one M-tile (block program), a partial M-tile and K-tile past
@@ -174,22 +183,8 @@ static void check_colsum_half(int s, nt_dtype in, nt_dtype sd, bool program_gemm
         nt__store_f32(B, in, i, B32[i]);
     memset(cs, 0x5a, (size_t)K * ss);
     nt__sim_set_program_gemm(program_gemm);
-    for (int with = 0; with < 2; with++) {
-        nt_sim_kernel *k = nt_sim_kernel_begin("bytes31.colsum.half");
-        assert_non_null(k);
-        nt_tile_matmul_args g;
-        memset(&g, 0, sizeof g);
-        g.M = M, g.N = N, g.K = K;
-        g.a = A, g.lda = K;
-        g.b = B, g.ldb = bt ? K : N, g.b_trans = bt;
-        g.in_dtype = in, g.out_dtype = NT_F32;
-        g.c = with ? C1 : C0, g.ldc = N;
-        g.a_colsum = with ? cs : NULL;
-        g.a_colsum_dtype = sd;
-        if (nt_tile_matmul(k, &g))
-            fail_msg("nt_tile_matmul: %s", nt_sim_kernel_message(k));
-        assert_int_equal(nt_sim_kernel_end(k, NULL), 0);
-    }
+    for (int with = 0; with < 2; with++)
+        tile_mm_dt(M, N, K, bt, A, B, with ? C1 : C0, with ? cs : NULL, in, sd);
     nt__sim_set_program_gemm(true);
     assert_memory_equal(C0, C1, (size_t)(M * N) * 4);
     for (int64_t c = 0; c < K; c++) {
