@@ -34,6 +34,17 @@ static void make_data(gpt_data *d)
     assert_int_equal(d->vocab, 10);
 }
 
+/* A runtime of 2 cores and the mesh (dp 1, tp 2) at ZeRO stage `zero` in *g,
+ * for the tests of what it refuses. */
+static void two_core_mesh(gpt_mesh *g, int zero, char *err, size_t en)
+{
+    setenv("NT_SIM_CORES", "2", 1);
+    assert_int_equal(nt_init(), 0);
+    gpt_config c = mesh_h_cfg();
+    gpt_train_opts o = mesh_h_opts(STEPS, 1);
+    assert_int_equal(gptm_init(g, &c, 1, 2, zero, BLOCKS, SHARDS, &o, err, en), 0);
+}
+
 /* Trains STEPS steps at (dp, tp, zero) in the runtime nt_init made (the
  * caller's); 0 and *crc, or -1 with err set.  No cmocka here: an mpirun
  * child runs it too. */
@@ -199,13 +210,11 @@ static void test_capture(void **state)
            "(no evaluation %08x)\n", plain3, cap3, none3);
     assert_true(cap3 == plain3 && plain3 == none3);
     /* the refusals */
-    setenv("NT_SIM_CORES", "2", 1);
-    assert_int_equal(nt_init(), 0);
     char err[512];
+    static gpt_mesh g;
+    two_core_mesh(&g, 0, err, sizeof err);
     gpt_config c = mesh_h_cfg();
     gpt_train_opts o = mesh_h_opts(STEPS, 1);
-    static gpt_mesh g;
-    assert_int_equal(gptm_init(&g, &c, 1, 2, 0, BLOCKS, SHARDS, &o, err, sizeof err), 0);
     assert_null(gptm_capture_refusal(&g));
     assert_int_equal(gptm_set_dropout(&g, 0.1, err, sizeof err), 0);
     const char *why = gptm_capture_refusal(&g);
@@ -275,13 +284,11 @@ static void test_release(void **state)
     assert_true(sp0 == sp3 && bf0 == bf3);
     LAYERS = 0;
     /* the refusals: another stage, more than one member */
-    setenv("NT_SIM_CORES", "2", 1);
-    assert_int_equal(nt_init(), 0);
     char err[512];
+    static gpt_mesh g;
+    two_core_mesh(&g, 3, err, sizeof err);
     gpt_config c = mesh_h_cfg();
     gpt_train_opts o = mesh_h_opts(STEPS, 1);
-    static gpt_mesh g;
-    assert_int_equal(gptm_init(&g, &c, 1, 2, 3, BLOCKS, SHARDS, &o, err, sizeof err), 0);
     assert_false(g.release); /* two tensor ranks: kept gathered */
     assert_int_equal(gptm_set_release(&g, true, err, sizeof err), -1);
     assert_non_null(strstr(err, "needs --tp 1 and --ep 1 (got --tp 2, --ep 1)"));
