@@ -687,11 +687,26 @@ static int scat_flush(struct scat *e, bool plus0)
     return rc;
 }
 
-/* Ends the slice-gradient buffer t (if it is one) before anything reads
- * it: a first slice that stayed the only one written as it is, +0 where
- * no slice wrote. */
-static int scat_finish(gradmap *gm, nt_tensor *t, const nt_site *site)
+/* Whether e's slices leave a gap in [0, len) along its dim. */
+static bool scat_has_gap(const struct scat *e, int64_t len)
 {
+    int64_t covered = 0; /* the slices never overlap (scat_overlaps) */
+    for (int i = 0; i < e->n; i++)
+        covered += e->hi[i] - e->lo[i];
+    return covered < len;
+}
+
+/* Ends the slice-gradient buffer *tp (if it is one; the slot's tensor)
+ * before anything reads it: a first slice that stayed the only one written
+ * as it is, +0 where no slice wrote.  A buffer a backward wrote in place
+ * (placed_into) with gaps is not written: its gaps may be other slots'
+ * slices (q, k and v each through a reshape of its own of the projection,
+ * as examples/gpt_mesh.h's heads: three slots, each a third of one
+ * buffer), so the slices go to a new buffer, the slot's now, and the +0
+ * there. */
+static int scat_finish(gradmap *gm, nt_tensor **tp, const nt_site *site)
+{
+    nt_tensor *t = *tp;
     struct scat *e = scat_find(gm, t);
     if (!e)
         return 0;
@@ -700,6 +715,22 @@ static int scat_finish(gradmap *gm, nt_tensor *t, const nt_site *site)
     int rc = scat_flush(&x, false);
     nt__devsw d;
     nt__dev_enter(&d, t->dev);
+    if (!rc && x.inplace && scat_has_gap(&x, t->shape[x.dim])) {
+        nt_tensor *nb = nt__empty_for_stream(site, "nt_backward", (nt_dtype)t->dtype, t->ndim,
+                                             t->shape, t->dev);
+        rc = nb ? 0 : nt_last_error();
+        for (int i = 0; i < x.n && !rc; i++) {
+            nt_tensor *dst = nt_slice_at(site, nb, x.dim, x.lo[i], x.hi[i], 1);
+            nt_tensor *src = dst ? nt_slice_at(site, t, x.dim, x.lo[i], x.hi[i], 1) : NULL;
+            rc = src ? nt_copy_into_at(site, dst, src) : nt_last_error();
+        }
+        if (rc) {
+            nt_release(nb);
+        } else {
+            nt_release(t); /* the slot's reference moves to the new buffer */
+            *tp = t = nb;
+        }
+    }
     /* the gaps between the slices' ranges, in ascending order */
     for (int64_t at = 0; at < t->shape[x.dim] && !rc;) {
         int64_t next = t->shape[x.dim], skip = -1;
@@ -775,7 +806,8 @@ static bool same_place(const nt_tensor *a, const nt_tensor *b)
  * gradient slot, or is it already, and nothing is written.  Its values
  * hold no -0, so g == g + 0 bit for bit: a slice-gradient buffer's
  * definition (struct scat) whether one slice comes or several; the places
- * no slice claims get +0 at scat_finish as ever.  1: not taken. */
+ * no slice claims get +0 at scat_finish, in a new buffer (scat_finish: the
+ * buffer itself is never written).  1: not taken. */
 static int placed_into(gradmap *gm, nt__node *n, nt_tensor *g, bool reshaped, nt_tensor **slot,
                        int64_t lo, int64_t hi)
 {
@@ -921,7 +953,7 @@ static int reshape_into_slice(gradmap *gm, nt__node *n, nt_tensor *g)
 static int add_grad(gradmap *gm, nt__edge e, nt_tensor *g, const nt_site *site)
 {
     nt_tensor **s = slots_of(gm, e.node);
-    int rc = scat_finish(gm, s[e.idx], site);
+    int rc = scat_finish(gm, &s[e.idx], site);
     if (rc)
         return rc;
     if (!s[e.idx]) {
@@ -1554,7 +1586,7 @@ static int grp_backward(gradmap *gm, nt__node *n, const pass_t *P, nt_tensor **g
             if (!mm || !gm_has(gm, mm))
                 continue;
             nt_tensor **slot = gm->slots + gm->pos[map_find(gm, mm)] * NT__MAX_OUT;
-            rc = scat_finish(gm, slot[0], &mm->site);
+            rc = scat_finish(gm, &slot[0], &mm->site);
             go[m] = slot[0];
             count++;
         }
@@ -1595,7 +1627,7 @@ static int run_node(gradmap *gm, size_t k, const pass_t *P, const nt_site *site)
     nt_tensor **gout = gm->slots + k * NT__MAX_OUT;
     int rc = 0;
     for (int i = 0; i < NT__MAX_OUT; i++)
-        if ((rc = scat_finish(gm, gout[i], &n->site)) != 0)
+        if ((rc = scat_finish(gm, &gout[i], &n->site)) != 0)
             return rc;
     if (n->hooks && (rc = nt__run_hooks(n, gout, site)) != 0)
         return rc;

@@ -346,12 +346,26 @@ static void test_out_one_kernel(void **state)
     free(w);
 }
 
+/* Head `which` of qkv [B, T, 3C] laid out per head as [B, T, H, 3, D]
+ * (examples/gpt_mesh.h's gptm_head): each of q, k, v through a reshape of
+ * its own, then a size-1 slice, so each has its own gradient slot, and
+ * the three slots are thirds of the one buffer the backward writes. */
+static nt_tensor *mesh_head(nt_tensor *qkv, const shp *s, int which, bool contig)
+{
+    nt_tensor *t = nt_reshape(qkv, 5, (int64_t[]){s->B, s->T, s->H, 3, s->D});
+    t = nt_reshape(nt_slice(t, 3, which, which + 1, 1), 4, (int64_t[]){s->B, s->T, s->H, s->D});
+    t = nt_permute(t, (int[]){0, 2, 1, 3});
+    return contig ? nt_contiguous(t) : t;
+}
+
 /* The gradient of a leaf through sdpa of heads of qkv in f32 (contig:
  * through contiguous copies of the heads), in variants of how the slices'
  * gradients meet: 0 plain, 1 v's heads from a detached qkv (no gradient
  * for v's third: +0 there), 2 qkv also used outside attention (its
  * gradient a sum), 3 qkv a slice of a [B, T, 4C] leaf (q, k, v not one
- * dense block: written as before). */
+ * dense block: written as before), 4 a reshape of qkv per head (mesh_head:
+ * three slots in one buffer; each slot's +0 once zeroed the other two's
+ * gradients, the whole of qkv's gradient +0). */
 static float *variant_grad(const shp *s, const float *x, const float *w, int variant,
                            bool contig, int64_t *nout)
 {
@@ -364,10 +378,12 @@ static float *variant_grad(const shp *s, const float *x, const float *w, int var
     assert_int_equal(nt_set_requires_grad(leaf, true), 0);
     nt_tensor *qkv = variant == 3 ? nt_slice(leaf, 2, C, 4 * C, 1) : nt_mul_scalar(leaf, 1.0);
     nt_tensor *vsrc = variant == 1 ? nt_detach(qkv) : qkv;
-    nt_tensor *y = nt_scaled_dot_product_attention(heads(qkv, s, 0, contig),
-                                                   heads(qkv, s, 1, contig),
-                                                   heads(vsrc, s, 2, contig), NULL, s->causal,
-                                                   0.0);
+    nt_tensor *y = variant == 4 ? nt_scaled_dot_product_attention(
+                                      mesh_head(qkv, s, 0, contig), mesh_head(qkv, s, 1, contig),
+                                      mesh_head(qkv, s, 2, contig), NULL, s->causal, 0.0)
+                                : nt_scaled_dot_product_attention(
+                                      heads(qkv, s, 0, contig), heads(qkv, s, 1, contig),
+                                      heads(vsrc, s, 2, contig), NULL, s->causal, 0.0);
     assert_non_null(y);
     nt_tensor *l = nt_sum(nt_mul(y, W), NT_DIM_ALL, false);
     if (variant == 2)
@@ -399,7 +415,7 @@ static void test_placed_variants(void **state)
         for (int64_t j = 0; j < nw / 4; j++)
             w[j] = -0.0f; /* a quarter of -0: -0 rows of dO */
         x[0] = -0.0f;
-        for (int v = 0; v < 4; v++)
+        for (int v = 0; v < 5; v++)
             for (int b = 0; b < 2; b++)
                 for (int m = 0; m < 2; m++) {
                     int64_t n1, n2;
@@ -408,6 +424,12 @@ static void test_placed_variants(void **state)
                     float *gc = variant_grad(s, x, w, v, true, &n2);
                     assert_int_equal(n1, n2);
                     assert_memory_equal(gv, gc, (size_t)n1 * sizeof(float));
+                    int64_t nz = 0;
+                    for (int64_t j = 0; j < n1; j++)
+                        nz += gv[j] != 0.0f;
+                    if (nz <= n1 / 4) /* gradients, not the +0 of a lost slice */
+                        fail_msg("shape %zu variant %d %s %s: %lld of %lld nonzero", i, v, be[b],
+                                 modes[m], (long long)nz, (long long)n1);
                     free(gv);
                     free(gc);
                 }
