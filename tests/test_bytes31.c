@@ -411,11 +411,41 @@ static void expect_same(const grads *a, const grads *ref, const char *what)
                          nt_test_ubits(ref->g[i][j]));
 }
 
-/* Every backend, mode and value mode, captured too: the deterministic CPU
- * run's bits (one step op by op, no fusion at all). */
-static void test_mlp_same_bits(void **state)
+/* Lazy and captured with the side sums on and off (NT_FOREACH=0): the
+ * bits of ref, and two kernels fewer with them (one a linear layer), on
+ * both backends, dY read once less on the simulator. */
+static void side_on_off(const mlp *m, int be, const char *mode, const grads *ref,
+                        const char *what)
 {
-    (void)state;
+    grads on, off;
+    unshared = true;
+    run_mlp(m, be ? "sim" : "cpu", mode, 0, true, &on);
+    run_mlp(m, be ? "sim" : "cpu", mode, 0, false, &off);
+    unshared = false;
+    expect_same(&on, ref, what);
+    expect_same(&off, ref, what);
+    print_message("# %s: kernels %llu -> %llu (graph %lld -> %lld), sim HBM "
+                  "%llu -> %llu bytes\n",
+                  what, (unsigned long long)off.kernels, (unsigned long long)on.kernels,
+                  (long long)off.graph_kernels, (long long)on.graph_kernels,
+                  (unsigned long long)off.sim_hbm, (unsigned long long)on.sim_hbm);
+    if (!strcmp(mode, "captured"))
+        assert_int_equal(off.graph_kernels - on.graph_kernels, 2);
+    else
+        assert_int_equal(off.kernels - on.kernels, 2);
+    if (be) {
+        assert_int_equal(off.sim_kernels - on.sim_kernels, 2);
+        assert_true(off.sim_hbm > on.sim_hbm);
+    }
+    grads_free(&on), grads_free(&off);
+}
+
+/* Every shape, backend, mode and value mode, captured too: the bits of the
+ * CPU's deterministic run (one step op by op, no fusion at all), `tag`
+ * before each case's name; side: lazy and captured also with the side sums
+ * on and off (side_on_off). */
+static void mlp_every_mode(const char *tag, bool side)
+{
     static const char *const modes[] = {"deterministic", "eager", "adaptive", "lazy",
                                         "captured"};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -429,16 +459,26 @@ static void test_mlp_same_bits(void **state)
                 for (int vals = 0; vals < (be ? 3 : 1); vals++) {
                     if (vals == 2 && (s > 0 || md == 0 || md == 4))
                         continue; /* per instruction: slow; the small shape shows it */
+                    char what[128];
+                    snprintf(what, sizeof what, "%sshape %zu, %s, %s, values %d", tag, s,
+                             be ? "sim" : "cpu", modes[md], vals);
                     grads r;
                     run_mlp(&shapes[s], be ? "sim" : "cpu", modes[md], vals, true, &r);
-                    char what[128];
-                    snprintf(what, sizeof what, "shape %zu, %s, %s, values %d", s,
-                             be ? "sim" : "cpu", modes[md], vals);
                     expect_same(&r, &ref, what);
                     grads_free(&r);
+                    if (side && md >= 3 && !vals)
+                        side_on_off(&shapes[s], be, modes[md], &ref, what);
                 }
         grads_free(&ref);
     }
+}
+
+/* Every backend, mode and value mode, captured too: the deterministic CPU
+ * run's bits (one step op by op, no fusion at all). */
+static void test_mlp_same_bits(void **state)
+{
+    (void)state;
+    mlp_every_mode("", false);
 }
 
 /* Lazy and captured on the simulator: each of the two linear layers' bias
@@ -485,53 +525,8 @@ static void test_mlp_kernels_bytes(void **state)
 static void test_mlp_bf16_side(void **state)
 {
     (void)state;
-    static const char *const modes[] = {"deterministic", "eager", "adaptive", "lazy",
-                                        "captured"};
     amp = true;
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        grads ref;
-        run_mlp(&shapes[s], "cpu", "deterministic", 0, true, &ref);
-        assert_true(nt_test_ubits(ref.g[4][1]) == 0); /* the -0 column sums to +0 */
-        assert_true(ref.g[4][2] == INFINITY);
-        for (int be = 0; be < 2; be++)
-            for (int md = 0; md < 5; md++)
-                for (int vals = 0; vals < (be ? 3 : 1); vals++) {
-                    if (vals == 2 && (s > 0 || md == 0 || md == 4))
-                        continue; /* per instruction: slow; the small shape shows it */
-                    char what[128];
-                    snprintf(what, sizeof what, "bf16 shape %zu, %s, %s, values %d", s,
-                             be ? "sim" : "cpu", modes[md], vals);
-                    grads r;
-                    run_mlp(&shapes[s], be ? "sim" : "cpu", modes[md], vals, true, &r);
-                    expect_same(&r, &ref, what);
-                    grads_free(&r);
-                    if (md < 3 || vals)
-                        continue;
-                    grads on, off;
-                    unshared = true;
-                    run_mlp(&shapes[s], be ? "sim" : "cpu", modes[md], 0, true, &on);
-                    run_mlp(&shapes[s], be ? "sim" : "cpu", modes[md], 0, false, &off);
-                    unshared = false;
-                    expect_same(&on, &ref, what);
-                    expect_same(&off, &ref, what);
-                    print_message("# %s: kernels %llu -> %llu (graph %lld -> %lld), sim HBM "
-                                  "%llu -> %llu bytes\n",
-                                  what, (unsigned long long)off.kernels,
-                                  (unsigned long long)on.kernels, (long long)off.graph_kernels,
-                                  (long long)on.graph_kernels, (unsigned long long)off.sim_hbm,
-                                  (unsigned long long)on.sim_hbm);
-                    if (md == 4)
-                        assert_int_equal(off.graph_kernels - on.graph_kernels, 2);
-                    else
-                        assert_int_equal(off.kernels - on.kernels, 2);
-                    if (be) {
-                        assert_int_equal(off.sim_kernels - on.sim_kernels, 2);
-                        assert_true(off.sim_hbm > on.sim_hbm);
-                    }
-                    grads_free(&on), grads_free(&off);
-                }
-        grads_free(&ref);
-    }
+    mlp_every_mode("bf16 ", true);
     amp = false;
 }
 
