@@ -130,6 +130,14 @@ static inline uint16_t nt__f32_to_f16(float f)
 
 static inline bool nt__dtype_is_fp8(nt_dtype dt) { return dt == NT_E4M3 || dt == NT_E5M2; }
 
+/* f32, bf16 or f16: widened to f32 exactly, so summed in f32 by the lone
+ * sum op and by a matmul's column sums alike (a side sum, fusion/plan.c;
+ * nt_tile_matmul's a_colsum, neuron/tp_matmul.c). */
+static inline bool nt__dtype_is_f32_or_half(nt_dtype dt)
+{
+    return dt == NT_F32 || dt == NT_BF16 || dt == NT_F16;
+}
+
 static inline float nt__e4m3_to_f32(uint8_t c)
 {
     uint32_t sign = (uint32_t)(c & 0x80u) << 24;

@@ -594,14 +594,6 @@ static bool rec_wide(const nt__rec *r)
  * order (neuron/tp_matmul.c), so dY is read once for both, and the CPU runs
  * the sum kernel itself: the bits of the sum run alone. */
 
-/* The dtypes of a side sum's input and output: those whose sum both
- * backends take from the matmul's tiles with the lone sum's arithmetic
- * (widened to f32, summed in the one order, rounded once). */
-static bool side_sum_dtype(uint8_t dt)
-{
-    return dt == NT_F32 || dt == NT_BF16 || dt == NT_F16;
-}
-
 /* A sum over dim 0 of a contiguous f32, bf16 or f16 [rows, K] into f32,
  * bf16 or f16 (reduce_to in autograd/backward.c: dY seen as [B*T, C]; under
  * bf16 autocast dY and its sum are bf16). */
@@ -610,7 +602,8 @@ static bool side_sum_rec(const nt__rec *r)
     const nt_tensor *x = r->in[0], *o = r->out[0];
     return r->type == NT_REC_OP && r->op == NT_OP_SUM && r->nin == 1 && r->nout == 1 && x && o &&
            !(r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)) && r->p.dim == 0 && x->ndim == 2 &&
-           side_sum_dtype(x->dtype) && side_sum_dtype(o->dtype) && x->shape[0] >= 128 &&
+           nt__dtype_is_f32_or_half((nt_dtype)x->dtype) &&
+           nt__dtype_is_f32_or_half((nt_dtype)o->dtype) && x->shape[0] >= 128 &&
            x->shape[1] >= 1 && nt__is_contig(x);
 }
 

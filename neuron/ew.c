@@ -2054,8 +2054,7 @@ static int run_mm_group(sk_k *s, const nt__fgroup *g, const uint64_t *keys)
             rc = NT_ENOTSUP;
         } else if (P->ops[sk[i]].op == NT_OP_SUM) {
             nt_dtype cd = (nt_dtype)so[i]->dtype;
-            if ((cd != NT_F32 && cd != NT_BF16 && cd != NT_F16) ||
-                nt__numel(so[i]->ndim, so[i]->shape) != K)
+            if (!nt__dtype_is_f32_or_half(cd) || nt__numel(so[i]->ndim, so[i]->shape) != K)
                 rc = NT_ENOTSUP;
             side.colsum = nt__tensor_data(so[i]);
             side.colsum_dtype = cd;

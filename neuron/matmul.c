@@ -85,8 +85,8 @@ bool sk_matmul_side_ok(const nt_tensor *a, const nt_tensor *b, bool epi, bool cs
 {
     nt__mminfo mi;
     char why[160];
-    nt_dtype dt = (nt_dtype)a->dtype;
-    if ((cs && dt != NT_F32 && dt != NT_BF16 && dt != NT_F16) || !nt__matmul_info(a, b, &mi, why, sizeof why) || mi.K == 0)
+    if ((cs && !nt__dtype_is_f32_or_half((nt_dtype)a->dtype)) ||
+        !nt__matmul_info(a, b, &mi, why, sizeof why) || mi.K == 0)
         return false;
     bool a_row = (mi.a_cs == 1 || mi.K == 1) && (mi.M == 1 || mi.a_rs >= mi.K);
     return a_row && (nt__numel(mi.nbatch, mi.batch) == 1 || fold_batches(&mi, a_row, epi));

@@ -200,12 +200,6 @@ static int64_t slot_off(const mm *p, int64_t kt)
  * arithmetic of the sum op run alone on the same A (cpu/reduce.c: widened
  * to f32, summed in the one order, rounded once to the output). */
 
-/* The dtypes a_colsum takes A in and gives its sums in. */
-static bool cs_dtype(nt_dtype dt)
-{
-    return dt == NT_F32 || dt == NT_BF16 || dt == NT_F16;
-}
-
 /* M-tile rows m0 .. m0+mw of K-tiles kt0 .. kt0+nkt (all of one width),
  * K-tile kt's rows at panel column off + (kt - kt0) * kstep. */
 static int cs_tile(mm *p, int64_t m0, int64_t mw, int64_t kt0, int64_t nkt, int64_t off,
@@ -1217,7 +1211,8 @@ int nt_tile_matmul(nt_sim_kernel *k, const nt_tile_matmul_args *a)
         return nt__sim_fail(k, I, "dtypes in=%d out=%d (rule: f32, bf16, f16, e4m3 or e5m2 in, "
                             "f32, bf16 or f16 out)",
                             (int)a->in_dtype, (int)a->out_dtype);
-    if (a->a_colsum && (a->a_trans || !cs_dtype(a->in_dtype) || !cs_dtype(a->a_colsum_dtype) ||
+    if (a->a_colsum && (a->a_trans || !nt__dtype_is_f32_or_half(a->in_dtype) ||
+                        !nt__dtype_is_f32_or_half(a->a_colsum_dtype) ||
                         a->M < 1 || a->N < 1))
         return nt__sim_fail(k, I, "a_colsum with %s A of M=%lld, N=%lld, sums %s (rule: f32, "
                             "bf16 or f16 A given row-major, M and N >= 1, sums f32, bf16 or "
