@@ -1522,6 +1522,15 @@ static bool rec_touches(const nt__rec *x, const nt__storage *st, bool writes_onl
     return false;
 }
 
+/* Whether x writes a storage r reads. */
+static bool writes_an_input(const nt__rec *x, const nt__rec *r)
+{
+    for (int i = 0; i < NT__MAX_IN; i++)
+        if (r->in[i] && rec_touches(x, r->in[i]->st, true))
+            return true;
+    return false;
+}
+
 static bool ew_joinable(const nt__rec *x, const nt_tensor *o)
 {
     if (x->type != NT_REC_OP || !nt__fusable_ew(x->op) || !x->out[0] || (x->flags & NT_RECF_ALONE))
@@ -1570,9 +1579,8 @@ static bool hoist_with_cast(nt__rec **recs, int n, int k)
             break;
         if (rec_touches(x, ost, false))
             return false; /* the matmul's output has another reader */
-        for (int i = 0; i < NT__MAX_IN; i++)
-            if (r->in[i] && rec_touches(x, r->in[i]->st, true))
-                return false;
+        if (writes_an_input(x, r))
+            return false;
     }
     if (j == end || !ew_joinable(recs[j], e->out[0]))
         return false;
@@ -1603,10 +1611,7 @@ static bool runs_before(const nt__rec *a, const nt__rec *b)
     for (int i = 0; i < NT__MAX_OUT; i++)
         if (a->out[i] && rec_touches(b, a->out[i]->st, false))
             return false;
-    for (int i = 0; i < NT__MAX_IN; i++)
-        if (a->in[i] && rec_touches(b, a->in[i]->st, true))
-            return false;
-    return true;
+    return !writes_an_input(b, a);
 }
 
 /* A side sum at j (side_sum_rec) moves forward to just after the first
@@ -1751,11 +1756,10 @@ static bool hoist_matmuls(nt__rec **recs, int n, const uint32_t *mm, int nmm)
             }
             if (rec_touches(x, ost, false))
                 break;
-            for (int i = 0; i < NT__MAX_IN && ok; i++)
-                if (r->in[i] && rec_touches(x, r->in[i]->st, true))
-                    ok = false;
-            if (!ok)
+            if (writes_an_input(x, r)) {
+                ok = false;
                 break;
+            }
         }
         if (!ok || j == end || !ew_joinable(recs[j], r->out[0]))
             continue;
@@ -1892,11 +1896,7 @@ static bool pull_one(nt__rec **recs, int n, int j, const wset *w)
         if (x->type != NT_REC_OP || (x->flags & NT_RECF_ALONE) ||
             rec_touches(x, r->out[0]->st, false))
             return false;
-        bool writes_in = false;
-        for (int q = 0; q < NT__MAX_IN; q++)
-            if (r->in[q] && rec_touches(x, r->in[q]->st, true))
-                writes_in = true;
-        if (writes_in)
+        if (writes_an_input(x, r))
             break;
     }
     /* r joins its producer's kernel only in its shape (check_join): a
