@@ -1578,6 +1578,14 @@ static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
 
 /* ---------------- ROW programs ---------------- */
 
+/* A tile of a ROW program waiting for its pair (as ew_tile_rec): its row
+ * patterns and its state. */
+typedef struct row_tile_rec {
+    struct row_run *w;
+    nt_ap rows[SK_MAXOPND]; /* this tile's patterns */
+    tile_state t;
+} row_tile_rec;
+
 typedef struct row_run {
     sk_k *s;
     tile_state t;
@@ -1587,27 +1595,44 @@ typedef struct row_run {
     bool has_sr;
     int64_t C;
     int64_t cst[SK_MAXOPND]; /* strides along the row */
-    nt_ap rows[SK_MAXOPND];  /* this tile's patterns */
+    int npend;               /* tiles loaded whose ops wait for a partner (0 or 1) */
+    bool pairs;              /* tiles run in pairs (run_ops2) */
+    emit_ctx E1;             /* the temporaries of a pair's second tile */
+    row_tile_rec tr[2];
 } row_run;
 
 static int row_store(void *ctx, int slot, const nt_ap *src)
 {
-    row_run *w = ctx;
-    return nt_isa_dma_copy(w->s->k, &w->rows[w->P->next + slot], src, sk_qout(w->s));
+    row_tile_rec *r = ctx;
+    return nt_isa_dma_copy(r->w->s->k, &r->rows[r->w->P->next + slot], src, sk_qout(r->w->s));
 }
 
+/* Loads a tile; with pairs, runs the ops of two tiles interleaved op by op
+ * (run_ops2, as EW programs do), each with temporaries of its own, so that
+ * VectorE and ScalarE each have two independent chains to work on: one
+ * tile's chain (a layer norm's backward: reductions and row scalars on
+ * VectorE and ScalarE in turn, each step waiting for the other's) left
+ * both engines idle half of the time.  run_row runs a last odd tile
+ * alone. */
 static int row_tile(void *ctx, const sk_tile_iter *it)
 {
     row_run *w = ctx;
     plan *L = w->t.L;
     const nt__fprog *P = w->P;
-    w->t.buf = w->ntile++ % w->nbuf;
-    w->t.np = it->np;
-    w->t.nf = w->C;
+    row_tile_rec *r = &w->tr[w->npend];
+    r->w = w;
+    r->t = w->t;
+    if (w->npend == 1) { /* the pair's second tile: its own temporaries */
+        memcpy(r->t.E.tf, w->E1.tf, sizeof r->t.E.tf);
+        r->t.E.ti = w->E1.ti;
+    }
+    r->t.buf = w->ntile++ % w->nbuf;
+    r->t.np = it->np;
+    r->t.nf = w->C;
     if (w->has_sr) {
         /* row r's elements are r * C + j; a per-row value's index is r */
         const nt_ap *ix = &it->ap[P->next + P->nout];
-        emit_ctx *E = &w->t.E;
+        emit_ctx *E = &r->t.E;
         E->idx = (nt_isa_index){ix->offset * w->C, ix->pstep * w->C, {1, 0, 0, 0}};
         E->idx_ndim = 1;
         E->idx_num[0] = w->C;
@@ -1619,18 +1644,37 @@ static int row_tile(void *ctx, const sk_tile_iter *it)
         a.ndim = 1;
         a.num[0] = red ? 1 : w->C;
         a.step[0] = red ? 1 : w->cst[q];
-        w->rows[q] = a;
+        r->rows[q] = a;
     }
     for (int e = 0; e < P->next; e++) {
         if (!L->eused[e])
             continue;
-        nt_ap d = nt_tile_slice(L->R.tile[w->t.buf][L->ereg[e]], 0, it->np, 0,
+        nt_ap d = nt_tile_slice(L->R.tile[r->t.buf][L->ereg[e]], 0, it->np, 0,
                                 P->ext[e].red ? 1 : w->C);
-        int rc = nt_isa_dma_copy(w->s->k, &d, &w->rows[e], sk_qin(w->s));
+        int rc = nt_isa_dma_copy(w->s->k, &d, &r->rows[e], sk_qin(w->s));
         if (rc)
             return rc;
     }
-    return run_ops(&w->t, row_store, w);
+    if (!w->pairs)
+        return run_ops(&r->t, row_store, r);
+    if (w->npend == 0) {
+        w->npend = 1;
+        return 0;
+    }
+    w->npend = 0;
+    return run_ops2(&w->tr[0].t, &w->tr[0], &w->tr[1].t, &w->tr[1], row_store);
+}
+
+/* Bytes per partition of the temporaries plan_alloc gives a tile of free
+ * size F (a pair's second tile takes as many again). */
+static int64_t temp_bytes(const plan *L, int64_t F)
+{
+    int64_t f = (F * 4 + 63) / 64 * 64, b = 0;
+    if (L->needs & NEED_TF)
+        b += ((L->needs & NEED_TF4) ? 4 : 2) * f;
+    if (L->needs & NEED_TI)
+        b += f;
+    return b;
 }
 
 static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out,
@@ -1670,8 +1714,19 @@ static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor
     w.nbuf = nbuf;
     w.t.L = L;
     w.has_sr = prog_has_sr(P);
+    /* tiles in pairs when two register sets rotate and a second set of
+     * temporaries fits beside them */
+    w.pairs = nbuf >= 2 && plan_bytes(L, C, nbuf) + temp_bytes(L, C) <= SK_SBUF_BUDGET;
     rc = plan_alloc(s, L, &w.t.E, C, nbuf);
     w.t.E.keys = keys;
+    if (!rc && w.pairs) {
+        static const char *const tn[4] = {"tmp0.b", "tmp1.b", "tmp2.b", "tmp3.b"};
+        for (int i = 0; i < ((L->needs & NEED_TF4) ? 4 : 2) && (L->needs & NEED_TF); i++)
+            w.E1.tf[i] = sk_tile(s, tn[i], NT_F32, 128, C);
+        if (L->needs & NEED_TI)
+            w.E1.ti = sk_tile(s, "tmpi.b", NT_I32, 128, C);
+        rc = nt_sim_kernel_error(s->k);
+    }
     if (!rc) {
         /* tiles over the row index (all dims but the last), one row per
          * partition; operands per-row or full along the last dim */
@@ -1688,6 +1743,8 @@ static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor
         sk_tiler T;
         sk_tiler_init(&T, nd - 1, P->shape, nv, v, 1);
         rc = sk_tiler_run(&T, row_tile, &w);
+        if (!rc && w.npend)
+            rc = run_ops(&w.tr[0].t, row_store, &w.tr[0]);
     }
     g_free(L);
     return rc;
