@@ -29,6 +29,7 @@
 #define RCH 4096
 #define NR_RING 8 /* groups in flight in norm_group_short, at most */
 #define NR_LAG 2  /* groups whose second half waits (norm_group_short) */
+#define XG (NT_RED_BLOCK / 128) /* cross_entropy: groups whose nll waits for one log */
 
 typedef struct rk {
     sk_k *s;
@@ -38,7 +39,7 @@ typedef struct rk {
     char *xb, *ob;
     float eps;
     const nt_tensor *w, *b;
-    nt_tile *x[2], *T, *U, *y, *wt, *bt, *st, *ii, *mk, *cnd, *ninf, *lab;
+    nt_tile *x[2], *T, *U, *y, *wt, *bt, *st, *ii, *mk, *cnd, *ninf;
     bool wb_loaded;
     /* norm_group_short: rings of tiles, so consecutive groups overlap */
     nt_tile *fx[NR_RING], *fT[NR_RING], *fy[NR_RING], *fst;
@@ -56,9 +57,23 @@ typedef struct rk {
     int64_t row0;       /* first row of the group */
     nt_tile *nll_row, *acc;
     nt_tile *trp;
+    /* groups whose log and nll wait (xent_flush): per group a column of
+     * its labels, row sums, label logits, logs and nll */
+    nt_tile *glab, *gsum, *gdl, *gls, *gnll;
+    int gi, gnp[XG];
+    int64_t grow0[XG];
+    bool flush; /* the group is the last before xent_flush */
 } rk;
 
 static nt_ap colk(nt_tile *t, int np, int j) { return nt_tile_slice(t, 0, np, j, 1); }
+
+/* The group's label column: 64 bytes apart, so that a group's label load
+ * shares no 64-byte chunk (the unit of on-chip dependencies) with the
+ * groups before it and need not wait for their reads. */
+static nt_ap lab_col(const rk *c, int np)
+{
+    return colk(c->glab, np, (int)(c->gi * (64 / nt__dtype_size((nt_dtype)c->labels->dtype))));
+}
 
 static int ts(sk_k *s, const nt_ap *d, const nt_ap *x, nt_alu_op op, const nt_ap *sap, float imm)
 {
@@ -104,8 +119,11 @@ static int softmax_group(void *ctx, int64_t ioff, int64_t ooff, int np)
     int64_t nch = (c->n + RCH - 1) / RCH;
     bool res = nch == 1;
     int rc = pass_max(c, ioff, np, &x);
+    bool xent = c->op == NT_OP_CROSS_ENTROPY;
     nt_ap m = colk(c->st, np, S_M), sum = colk(c->st, np, S_S), ls = colk(c->st, np, S_L);
     nt_ap dl = colk(c->st, np, S_DL);
+    if (xent) /* the group's columns: its log and nll wait (xent_flush) */
+        sum = colk(c->gsum, np, c->gi), dl = colk(c->gdl, np, c->gi);
     if (!rc)
         rc = nt_isa_memset(k, &sum, 0.0, NT_ENGINE_VECTOR);
     if (!rc && c->op == NT_OP_CROSS_ENTROPY)
@@ -122,14 +140,14 @@ static int softmax_group(void *ctx, int64_t ioff, int64_t ooff, int np)
             rc = nt_isa_activation(k, &U, NT_ACT_EXP, &T, NULL, NULL, NULL);
         /* log's table loads right after the last exp, while the sum and
          * the label's logit are reduced (sk_warm_act) */
-        if (!rc && ch == nch - 1 && c->op != NT_OP_SOFTMAX)
+        if (!rc && ch == nch - 1 && c->op != NT_OP_SOFTMAX && (!xent || c->flush))
             rc = sk_warm_act(s, NT_ACT_LOG);
         if (!rc)
             rc = sk_fold(s, &sum, &U, NT_ALU_ADD);
         if (!rc && c->op == NT_OP_CROSS_ENTROPY) {
             /* d[label]: max of (j == label ? d : -Inf) */
             nt_ap I = nt_tile_slice(c->ii, 0, np, 0, w), M = nt_tile_slice(c->mk, 0, np, 0, w);
-            nt_ap C = nt_tile_slice(c->cnd, 0, np, 0, w), lab = colk(c->lab, np, 0);
+            nt_ap C = nt_tile_slice(c->cnd, 0, np, 0, w), lab = lab_col(c, np);
             nt_ap ni = colk(c->ninf, np, 0), t1 = colk(c->st, np, S_TMP);
             ni.num[0] = w;
             ni.step[0] = 0;
@@ -147,31 +165,10 @@ static int softmax_group(void *ctx, int64_t ioff, int64_t ooff, int np)
     if (rc)
         return rc;
     c->ng++;
+    if (xent)
+        return 0;
     if (c->op != NT_OP_SOFTMAX && (rc = nt_isa_activation(k, &ls, NT_ACT_LOG, &sum, NULL, NULL, NULL)))
         return rc;
-    if (c->op == NT_OP_CROSS_ENTROPY) {
-        nt_ap nll = colk(c->st, np, S_NLL);
-        rc = nt_isa_tensor_tensor(k, &nll, &dl, &ls, NT_ALU_SUB, NT_ENGINE_VECTOR);
-        if (!rc)
-            rc = nt_isa_activation(k, &nll, NT_ACT_IDENTITY, &nll, &(nt_isa_scalar){NULL, -1.0f},
-                                   NULL, NULL); /* -x */
-        /* into the row of nll values at its canonical position */
-        int64_t pos = c->row0 % NT_RED_BLOCK;
-        nt_ap tp = nt_tile_slice(c->trp, 0, 1, 0, np);
-        nt_ap dst = nt_tile_slice(c->nll_row, 0, 1, pos, np);
-        if (!rc)
-            rc = nt_isa_nc_transpose(k, &tp, &nll);
-        if (!rc)
-            rc = nt_isa_tensor_copy(k, &dst, &tp, NT_ENGINE_VECTOR);
-        c->row0 += np;
-        int64_t N = c->labels->shape[0];
-        if (!rc && (c->row0 % NT_RED_BLOCK == 0 || c->row0 == N)) {
-            int64_t len = c->row0 % NT_RED_BLOCK ? c->row0 % NT_RED_BLOCK : NT_RED_BLOCK;
-            nt_ap blk = nt_tile_slice(c->nll_row, 0, 1, 0, len), acc = nt_tile_ap(c->acc);
-            rc = sk_fold(s, &acc, &blk, NT_ALU_ADD);
-        }
-        return rc;
-    }
     /* pass 3: the output */
     for (int64_t ch = 0; ch < nch && !rc; ch++) {
         int64_t c0 = ch * RCH, w = c->n - c0 < RCH ? c->n - c0 : RCH;
@@ -270,13 +267,65 @@ static int check_labels(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *s
     return 0;
 }
 
+/* The nll of the groups since the last flush: ls = log(sum), nll = -(dl -
+ * ls) over every group's column at once (a run of groups of the same row
+ * count per instruction), then each group's column into the row of nll
+ * values at its canonical position, a full block folded into the sum.  Per
+ * row these are the instructions, and so the values, of a group's own
+ * steps; issued per group, ScalarE switched from exp's table to log's and
+ * back in every group (2 us of table loads a group) and each group's
+ * label load waited for the group before it to have read the one label
+ * tile. */
+static int xent_flush(rk *c)
+{
+    sk_k *s = c->s;
+    nt_sim_kernel *k = s->k;
+    int rc = 0;
+    for (int g0 = 0, g1; g0 < c->gi && !rc; g0 = g1) {
+        for (g1 = g0 + 1; g1 < c->gi && c->gnp[g1] == c->gnp[g0];)
+            g1++;
+        int np = c->gnp[g0];
+        nt_ap sum = nt_tile_slice(c->gsum, 0, np, g0, g1 - g0);
+        nt_ap dl = nt_tile_slice(c->gdl, 0, np, g0, g1 - g0);
+        nt_ap ls = nt_tile_slice(c->gls, 0, np, g0, g1 - g0);
+        nt_ap nll = nt_tile_slice(c->gnll, 0, np, g0, g1 - g0);
+        rc = nt_isa_activation(k, &ls, NT_ACT_LOG, &sum, NULL, NULL, NULL);
+        if (!rc)
+            rc = nt_isa_tensor_tensor(k, &nll, &dl, &ls, NT_ALU_SUB, NT_ENGINE_VECTOR);
+        if (!rc)
+            rc = nt_isa_activation(k, &nll, NT_ACT_IDENTITY, &nll, &(nt_isa_scalar){NULL, -1.0f},
+                                   NULL, NULL); /* -x */
+    }
+    int64_t N = c->labels->shape[0];
+    for (int g = 0; g < c->gi && !rc; g++) {
+        /* into the row of nll values at its canonical position */
+        int np = c->gnp[g];
+        int64_t row0 = c->grow0[g], pos = row0 % NT_RED_BLOCK;
+        nt_ap nll = colk(c->gnll, np, g);
+        nt_ap tp = nt_tile_slice(c->trp, 0, 1, 0, np);
+        nt_ap dst = nt_tile_slice(c->nll_row, 0, 1, pos, np);
+        rc = nt_isa_nc_transpose(k, &tp, &nll);
+        if (!rc)
+            rc = nt_isa_tensor_copy(k, &dst, &tp, NT_ENGINE_VECTOR);
+        int64_t end = row0 + np;
+        if (!rc && (end % NT_RED_BLOCK == 0 || end == N)) {
+            int64_t len = end % NT_RED_BLOCK ? end % NT_RED_BLOCK : NT_RED_BLOCK;
+            nt_ap blk = nt_tile_slice(c->nll_row, 0, 1, 0, len), acc = nt_tile_ap(c->acc);
+            rc = sk_fold(s, &acc, &blk, NT_ALU_ADD);
+        }
+    }
+    c->gi = 0;
+    return rc;
+}
+
 static int xent_group(void *ctx, int64_t ioff, int64_t ooff, int np)
 {
     rk *c = ctx;
     (void)ooff;
-    /* labels of these rows, checked before anything uses them */
+    /* labels of these rows, checked before anything uses them, in the
+     * group's own column (loads need not wait for the groups before) */
     const nt_tensor *L = c->labels;
-    nt_ap lab = colk(c->lab, np, 0);
+    nt_ap lab = lab_col(c, np);
     nt_ap h = sk_hbm_rows(nt__tensor_data(L), (nt_dtype)L->dtype, c->row0 * L->stride[0], np,
                      L->stride[0], 1, 1);
     int rc = nt_isa_dma_copy(c->s->k, &lab, &h, sk_qin(c->s));
@@ -284,7 +333,19 @@ static int xent_group(void *ctx, int64_t ioff, int64_t ooff, int np)
     const nt_ap *srcs[1] = {&lab};
     if (!rc)
         rc = nt_isa_gpsimd_custom(c->s->k, "check_labels", NULL, srcs, 1, 1.0, check_labels, &lc);
-    return rc ? rc : softmax_group(ctx, ioff, 0, np);
+    int64_t N = L->shape[0];
+    /* a flush when the columns run out (XG groups of 128 rows: a block of
+     * the nll row) and at the end */
+    c->flush = c->gi + 1 == XG || c->row0 + np == N;
+    if (!rc)
+        rc = softmax_group(ctx, ioff, 0, np);
+    if (rc)
+        return rc;
+    c->gnp[c->gi] = np;
+    c->grow0[c->gi] = c->row0;
+    c->gi++;
+    c->row0 += np;
+    return c->flush ? xent_flush(c) : 0;
 }
 
 static int cross_entropy_prog(sk_k *s, const nt__rec *r, void *ctx)
@@ -300,7 +361,12 @@ static int cross_entropy_prog(sk_k *s, const nt__rec *r, void *ctx)
     c.mk = sk_tile(s, "xent.mask", NT_I32, 128, RCH);
     c.cnd = sk_tile(s, "xent.cand", NT_F32, 128, RCH);
     c.ninf = sk_tile(s, "xent.ninf", NT_F32, 128, 1);
-    c.lab = sk_tile(s, "xent.labels", (nt_dtype)lab->dtype, 128, 1);
+    c.glab = sk_tile(s, "xent.labels", (nt_dtype)lab->dtype, 128,
+                     XG * (int64_t)(64 / nt__dtype_size((nt_dtype)lab->dtype)));
+    c.gsum = sk_tile(s, "xent.sum", NT_F32, 128, XG);
+    c.gdl = sk_tile(s, "xent.dl", NT_F32, 128, XG);
+    c.gls = sk_tile(s, "xent.ls", NT_F32, 128, XG);
+    c.gnll = sk_tile(s, "xent.nll.col", NT_F32, 128, XG);
     c.nll_row = sk_tile(s, "xent.nll", NT_F32, 1, NT_RED_BLOCK);
     c.acc = sk_tile(s, "xent.acc", NT_F32, 1, 1);
     c.trp = nt_tile_alloc(s->k, "xent.T", NT_MEM_PSUM, NT_F32, 1, 128);
