@@ -50,6 +50,10 @@
 
 static bool isf(nt_dtype dt) { return nt__dtype_is_float(dt); }
 
+/* Integer dtypes whose same-dtype tensor_copy moves the bits (the exact
+ * int32 forms; no NaN to make canonical). */
+static bool bc_int(nt_dtype dt) { return dt == NT_I32 || dt == NT_U8; }
+
 static int64_t ap_count(const nt_ap *a)
 {
     int64_t n = 1;
@@ -869,9 +873,9 @@ typedef struct plan {
      * one column when it is constant along the tile's free axis (ew_tile) */
     bool colok[NT_F_MAXEXT];
     /* EW: a float input read only by computing ops (no copy, cast or
-     * select, which would pass a NaN's payload through), which a tile
-     * constant along its free axis loads as one column and spreads over the
-     * free axis on VectorE (ew_tile) */
+     * select, which would pass a NaN's payload through), or an integer
+     * input, which a tile constant along its free axis loads as one column
+     * and spreads over the free axis on VectorE (ew_tile) */
     bool bcok[NT_F_MAXEXT];
 } plan;
 
@@ -1394,13 +1398,19 @@ static int ew_store(void *ctx, int slot, const nt_ap *src)
  * the same values as the full tile, so the same bits.  plan.bcok: float
  * inputs read by computing ops only, spread from one column on chip (a
  * scalar's gradient expanded over a mean's input: 512 us of DMA
- * descriptors for [2M] bf16, one per element, before). */
+ * descriptors for [2M] bf16, one per element, before); and integer inputs
+ * whatever reads them: an integer tensor_copy moves the bits (there is no
+ * NaN payload to make canonical), so the spread tile is the tile the DMA
+ * would have loaded (cross_entropy's backward compares each row's label,
+ * expanded over the row, with the class index: i32 labels of [2048, 114]
+ * were one 4-byte descriptor per element, 0.9 MB of DMA time a tile). */
 static void plan_colok(plan *L)
 {
     const nt__fprog *P = L->P;
     for (int e = 0; e < P->next; e++) {
         L->colok[e] = L->eused[e] && !P->ext[e].red && P->ext[e].dtype == NT_F32;
-        L->bcok[e] = L->eused[e] && !P->ext[e].red && isf((nt_dtype)P->ext[e].dtype);
+        L->bcok[e] = L->eused[e] && !P->ext[e].red &&
+                     (isf((nt_dtype)P->ext[e].dtype) || bc_int((nt_dtype)P->ext[e].dtype));
     }
     for (int k = L->first; k < P->nops; k++) {
         const nt__fop *o = &P->ops[k];
@@ -1414,7 +1424,8 @@ static void plan_colok(plan *L)
         for (int q = 0; q < o->nin; q++) {
             if (NT_F_IS_EXT(o->a[q]) && !alu)
                 L->colok[NT_F_EXT_IDX(o->a[q])] = false;
-            if (NT_F_IS_EXT(o->a[q]) && !calc)
+            if (NT_F_IS_EXT(o->a[q]) && !calc &&
+                !bc_int((nt_dtype)P->ext[NT_F_EXT_IDX(o->a[q])].dtype))
                 L->bcok[NT_F_EXT_IDX(o->a[q])] = false;
         }
     }
