@@ -40,6 +40,11 @@ typedef struct rk {
     float eps;
     const nt_tensor *w, *b;
     nt_tile *x[2], *T, *U, *y, *wt, *bt, *st, *ii, *mk, *cnd, *ninf;
+    /* softmax, log_softmax: a second output tile, taken by every other
+     * store (ny counts them), so that a group's output need not wait for
+     * the group before it to have stored (2 us a group) */
+    nt_tile *y2;
+    int64_t ny;
     bool wb_loaded;
     /* norm_group_short: rings of tiles, so consecutive groups overlap */
     nt_tile *fx[NR_RING], *fT[NR_RING], *fy[NR_RING], *fst;
@@ -173,7 +178,7 @@ static int softmax_group(void *ctx, int64_t ioff, int64_t ooff, int np)
     for (int64_t ch = 0; ch < nch && !rc; ch++) {
         int64_t c0 = ch * RCH, w = c->n - c0 < RCH ? c->n - c0 : RCH;
         nt_ap T = nt_tile_slice(c->T, 0, np, 0, w), U = nt_tile_slice(c->U, 0, np, 0, w);
-        nt_ap Y = nt_tile_slice(c->y, 0, np, 0, w);
+        nt_ap Y = nt_tile_slice(c->y2 && (c->ny++ & 1) ? c->y2 : c->y, 0, np, 0, w);
         if (!res) {
             rc = load_chunk(c, ioff, np, c0, w, &x);
             if (!rc)
@@ -229,7 +234,8 @@ static int softmax_prog(sk_k *s, const nt__rec *r, void *ctx)
     rk c;
     sk_rows R;
     rk_begin(&c, s, r, &R, x->ndim ? r->p.dim : 0, true);
-    if (!rk_tiles(&c, false) && !sk_warm_act(s, NT_ACT_EXP))
+    if (!rk_tiles(&c, false) && (c.y2 = sk_tile(s, "row.y", c.odt, 128, RCH)) &&
+        !sk_warm_act(s, NT_ACT_EXP))
         sk_rows_run(&R, softmax_group, &c);
     return 0;
 }
