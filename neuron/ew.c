@@ -1389,7 +1389,7 @@ typedef struct ew_run {
 static int ew_store(void *ctx, int slot, const nt_ap *src)
 {
     ew_tile_rec *r = ctx;
-    return nt_isa_dma_copy(r->w->s->k, &r->it.ap[r->w->next + slot], src, sk_qout(r->w->s));
+    return nt_isa_dma_copy(r->w->s->k, &r->it.ap[r->w->next + slot], src, sk_qfree(r->w->s));
 }
 
 /* Inputs that may be loaded as a column (plan.colok): f32, and every live
@@ -1474,7 +1474,7 @@ static int ew_tile(void *ctx, const sk_tile_iter *it)
             r->t.ecol |= 1u << e;
         nt_tile *rt = L->R.tile[r->t.buf][L->ereg[e]];
         nt_ap d = nt_tile_slice(rt, 0, it->np, 0, col || spread ? 1 : it->nf);
-        int rc = nt_isa_dma_copy(w->s->k, &d, &src, sk_qin(w->s));
+        int rc = nt_isa_dma_copy(w->s->k, &d, &src, sk_qfree(w->s));
         if (!rc && spread) { /* columns 1.. from column 0 (an exact copy) */
             nt_ap rest = nt_tile_slice(rt, 0, it->np, 1, it->nf - 1);
             d.num[0] = it->nf - 1, d.step[0] = 0;
@@ -1662,7 +1662,7 @@ static int row_tile(void *ctx, const sk_tile_iter *it)
             continue;
         nt_ap d = nt_tile_slice(L->R.tile[r->t.buf][L->ereg[e]], 0, it->np, 0,
                                 P->ext[e].red ? 1 : w->C);
-        int rc = nt_isa_dma_copy(w->s->k, &d, &r->rows[e], sk_qin(w->s));
+        int rc = nt_isa_dma_copy(w->s->k, &d, &r->rows[e], sk_qfree(w->s));
         if (rc)
             return rc;
     }
