@@ -29,6 +29,11 @@
 #define RCH 4096
 #define NR_RING 8 /* groups in flight in norm_group_short, at most */
 #define NR_LAG 2  /* groups whose second half waits (norm_group_short) */
+/* norm_group_short: a ring slot's four statistics columns, 64 bytes apart
+ * from the next slot's (the unit of on-chip dependencies): four slots in
+ * one 64-byte chunk made each group's statistics wait for the groups
+ * before it to have read theirs */
+#define NR_ST 16
 #define XG (NT_RED_BLOCK / 128) /* cross_entropy: groups whose nll waits for one log */
 
 typedef struct rk {
@@ -45,6 +50,7 @@ typedef struct rk {
      * the group before it to have stored (2 us a group) */
     nt_tile *y2;
     int64_t ny;
+    int sb; /* the first column of the group's statistics in st */
     bool wb_loaded;
     /* norm_group_short: rings of tiles, so consecutive groups overlap */
     nt_tile *fx[NR_RING], *fT[NR_RING], *fy[NR_RING], *fst;
@@ -96,11 +102,15 @@ static int load_chunk(rk *c, int64_t ioff, int np, int64_t c0, int64_t m, nt_ap 
 
 /* stats columns: 0 m, 1 -m (unused), 2 s / sum, 3 ls / r, 4 mean, 5 tmp, 6 dl, 7 nll */
 enum { S_M, S_X, S_S, S_L, S_MEAN, S_TMP, S_DL, S_NLL, S_COLS };
+/* softmax_group's statistics alternate between two slots of 64 bytes (the
+ * unit of on-chip dependencies; rk.sb): in one, each group's first memset
+ * waited for the group before it to have read its statistics */
+#define ST_SLOT 16
 
 /* m = max over the row (pass 1). */
 static int pass_max(rk *c, int64_t ioff, int np, nt_ap *xres)
 {
-    nt_ap m = colk(c->st, np, S_M);
+    nt_ap m = colk(c->st, np, c->sb + S_M);
     int rc = nt_isa_memset(c->s->k, &m, -INFINITY, NT_ENGINE_VECTOR);
     int64_t nch = (c->n + RCH - 1) / RCH;
     for (int64_t ch = 0; ch < nch && !rc; ch++) {
@@ -123,10 +133,11 @@ static int softmax_group(void *ctx, int64_t ioff, int64_t ooff, int np)
     nt_ap x;
     int64_t nch = (c->n + RCH - 1) / RCH;
     bool res = nch == 1;
+    c->sb = ST_SLOT * (c->ng & 1);
     int rc = pass_max(c, ioff, np, &x);
     bool xent = c->op == NT_OP_CROSS_ENTROPY;
-    nt_ap m = colk(c->st, np, S_M), sum = colk(c->st, np, S_S), ls = colk(c->st, np, S_L);
-    nt_ap dl = colk(c->st, np, S_DL);
+    nt_ap m = colk(c->st, np, c->sb + S_M), sum = colk(c->st, np, c->sb + S_S);
+    nt_ap ls = colk(c->st, np, c->sb + S_L), dl = colk(c->st, np, c->sb + S_DL);
     if (xent) /* the group's columns: its log and nll wait (xent_flush) */
         sum = colk(c->gsum, np, c->gi), dl = colk(c->gdl, np, c->gi);
     if (!rc)
@@ -153,7 +164,7 @@ static int softmax_group(void *ctx, int64_t ioff, int64_t ooff, int np)
             /* d[label]: max of (j == label ? d : -Inf) */
             nt_ap I = nt_tile_slice(c->ii, 0, np, 0, w), M = nt_tile_slice(c->mk, 0, np, 0, w);
             nt_ap C = nt_tile_slice(c->cnd, 0, np, 0, w), lab = lab_col(c, np);
-            nt_ap ni = colk(c->ninf, np, 0), t1 = colk(c->st, np, S_TMP);
+            nt_ap ni = colk(c->ninf, np, 0), t1 = colk(c->st, np, c->sb + S_TMP);
             ni.num[0] = w;
             ni.step[0] = 0;
             rc = nt_isa_iota(k, &I, &(nt_isa_affine){(int32_t)c0, 0, {1, 0, 0, 0}});
@@ -203,7 +214,7 @@ static int rk_tiles(rk *c, bool xent)
         c->x[b] = sk_tile(s, "row.x", c->xdt, 128, RCH);
     c->T = sk_tile(s, "row.T", NT_F32, 128, RCH);
     c->U = sk_tile(s, "row.U", NT_F32, 128, RCH);
-    c->st = sk_tile(s, "row.stats", NT_F32, 128, S_COLS);
+    c->st = sk_tile(s, "row.stats", NT_F32, 128, 2 * ST_SLOT);
     if (!xent)
         c->y = sk_tile(s, "row.y", c->odt, 128, RCH);
     return nt_sim_kernel_error(s->k);
@@ -539,7 +550,7 @@ static int norm_short_b(rk *c, int b, int64_t ooff, int np)
     int64_t n = c->n;
     nt_ap T = nt_tile_slice(c->fT[b], 0, np, 0, n), Y = nt_tile_slice(c->fy[b], 0, np, 0, n);
     nt_ap x = nt_tile_slice(c->fx[b], 0, np, 0, n);
-    nt_ap r = nt_tile_slice(c->fst, 0, np, 4 * b + 3, 1);
+    nt_ap r = nt_tile_slice(c->fst, 0, np, NR_ST * b + 3, 1);
     const nt_ap *d = c->op == NT_OP_LAYER_NORM ? &T : &x;
     nt_ap *last = c->b ? &T : &Y;
     int rc;
@@ -579,8 +590,10 @@ static int norm_group_short(void *ctx, int64_t ioff, int64_t ooff, int np)
     int b = c->ng++ % c->nring;
     nt_ap x = nt_tile_slice(c->fx[b], 0, np, 0, n), T = nt_tile_slice(c->fT[b], 0, np, 0, n);
     nt_ap Y = nt_tile_slice(c->fy[b], 0, np, 0, n);
-    nt_ap sum = nt_tile_slice(c->fst, 0, np, 4 * b, 1), negm = nt_tile_slice(c->fst, 0, np, 4 * b + 1, 1);
-    nt_ap ss = nt_tile_slice(c->fst, 0, np, 4 * b + 2, 1), r = nt_tile_slice(c->fst, 0, np, 4 * b + 3, 1);
+    nt_ap sum = nt_tile_slice(c->fst, 0, np, NR_ST * b, 1);
+    nt_ap negm = nt_tile_slice(c->fst, 0, np, NR_ST * b + 1, 1);
+    nt_ap ss = nt_tile_slice(c->fst, 0, np, NR_ST * b + 2, 1);
+    nt_ap r = nt_tile_slice(c->fst, 0, np, NR_ST * b + 3, 1);
     nt_ap h = sk_hbm_rows(c->xb, c->xdt, ioff, np, c->sc, n, c->sn);
     int rc = nt_isa_dma_copy(k, &x, &h, sk_qin(s));
     const nt_ap *d = &x;
@@ -663,7 +676,7 @@ static int norm_prog(sk_k *s, const nt__rec *r, void *ctx)
             if (c.cb)
                 c.fc[b] = sk_tile(s, "norm.cast", c.cdt, 128, c.n);
         }
-        c.fst = sk_tile(s, "norm.stats", NT_F32, 128, 4 * NR_RING);
+        c.fst = sk_tile(s, "norm.stats", NT_F32, 128, NR_ST * NR_RING);
     } else {
         rk_tiles(&c, false);
         if (c.cb)
