@@ -16,7 +16,7 @@
 
 #include <string.h>
 
-#define EMB_RING 4 /* embedding: groups of positions in flight */
+#define EMB_RING 8 /* embedding: groups of positions in flight */
 
 typedef struct idx_check {
     sk_k *s;
@@ -72,10 +72,12 @@ int nt__sk_embedding(const nt__rec *r)
     const void *ib = sk_contig_of(&s, ix);
     int64_t Dc = D < 8192 ? D : 8192;
     /* EMB_RING index columns 64 bytes apart (the unit of on-chip
-     * dependencies) and up to EMB_RING row tiles: a group's index load
-     * waited for the group before it to have gathered with the one index
-     * tile (an index load, its check, the gather and the store, ~6.5 us, a
-     * chain per group: 72 us for the char GPT's 2048 positions) */
+     * dependencies) and EMB_RING row tiles when they take 64 KiB a
+     * partition or less (else two): a group's index load waited for the
+     * group before it to have gathered with the one index tile (an index
+     * load, its check, the gather and the store, ~6.5 us, a chain per
+     * group: 72 us for the char GPT's 2048 positions; 4 in flight 27 us,
+     * 8 about 20) */
     int64_t icol = 64 / (int64_t)nt__dtype_size(idt);
     int nrow = Dc * (int64_t)nt__dtype_size(wdt) * EMB_RING <= 64 * 1024 ? EMB_RING : 2;
     nt_tile *it = sk_tile(&s, "emb.idx", idt, 128, EMB_RING * icol), *rows[EMB_RING];

@@ -1879,7 +1879,7 @@ static nt_tensor *sched_cast_chain(nt_tensor **in)
  * one-hot of cross_entropy's backward over 2048 rows of 114 classes, and
  * layer norm's backward as a ROW program, each against the CPU bit for bit
  * and within a simulated time the chained programs missed (before: 78.9,
- * 40.8, 71.7, 71.6 and 27.8 us; after: 41.7, 26.3, 21.3, 19.1 and 24.0). */
+ * 40.8, 71.7, 71.6 and 27.8 us; after: 41.7, 26.2, 16.8, 19.1 and 24.0). */
 static nt_tensor *sched_xent(nt_tensor **in) { return nt_cross_entropy(in[0], in[1]); }
 static nt_tensor *sched_softmax(nt_tensor **in) { return nt_softmax(in[0], 1); }
 static nt_tensor *sched_emb(nt_tensor **in) { return nt_embedding(in[0], in[1]); }
@@ -1925,7 +1925,7 @@ static void test_step_chains(void **state)
     print_message("# softmax [2048, 114]: %.0f ns\n", st.sim_ns);
     sched_cpu(sched_softmax, in, b, (size_t)(N * C) * 4);
     assert_memory_equal(a, b, (size_t)(N * C) * 4);
-    /* 3. embedding: four groups of positions in flight (a chain of index
+    /* 3. embedding: eight groups of positions in flight (a chain of index
      * load, gather and store per group: 72 us) */
     nt_tensor *ein[2] = {w, in[1]};
     sched_run("eager", sched_emb, ein, &st, a, (size_t)(N * D) * 4);
