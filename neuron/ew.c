@@ -50,6 +50,10 @@
 
 static bool isf(nt_dtype dt) { return nt__dtype_is_float(dt); }
 
+/* Integer dtypes whose same-dtype tensor_copy moves the bits (the exact
+ * int32 forms; no NaN to make canonical). */
+static bool bc_int(nt_dtype dt) { return dt == NT_I32 || dt == NT_U8; }
+
 static int64_t ap_count(const nt_ap *a)
 {
     int64_t n = 1;
@@ -869,9 +873,9 @@ typedef struct plan {
      * one column when it is constant along the tile's free axis (ew_tile) */
     bool colok[NT_F_MAXEXT];
     /* EW: a float input read only by computing ops (no copy, cast or
-     * select, which would pass a NaN's payload through), which a tile
-     * constant along its free axis loads as one column and spreads over the
-     * free axis on VectorE (ew_tile) */
+     * select, which would pass a NaN's payload through), or an integer
+     * input, which a tile constant along its free axis loads as one column
+     * and spreads over the free axis on VectorE (ew_tile) */
     bool bcok[NT_F_MAXEXT];
 } plan;
 
@@ -1385,7 +1389,7 @@ typedef struct ew_run {
 static int ew_store(void *ctx, int slot, const nt_ap *src)
 {
     ew_tile_rec *r = ctx;
-    return nt_isa_dma_copy(r->w->s->k, &r->it.ap[r->w->next + slot], src, sk_qout(r->w->s));
+    return nt_isa_dma_copy(r->w->s->k, &r->it.ap[r->w->next + slot], src, sk_qfree(r->w->s));
 }
 
 /* Inputs that may be loaded as a column (plan.colok): f32, and every live
@@ -1394,13 +1398,19 @@ static int ew_store(void *ctx, int slot, const nt_ap *src)
  * the same values as the full tile, so the same bits.  plan.bcok: float
  * inputs read by computing ops only, spread from one column on chip (a
  * scalar's gradient expanded over a mean's input: 512 us of DMA
- * descriptors for [2M] bf16, one per element, before). */
+ * descriptors for [2M] bf16, one per element, before); and integer inputs
+ * whatever reads them: an integer tensor_copy moves the bits (there is no
+ * NaN payload to make canonical), so the spread tile is the tile the DMA
+ * would have loaded (cross_entropy's backward compares each row's label,
+ * expanded over the row, with the class index: i32 labels of [2048, 114]
+ * were one 4-byte descriptor per element, 0.9 MB of DMA time a tile). */
 static void plan_colok(plan *L)
 {
     const nt__fprog *P = L->P;
     for (int e = 0; e < P->next; e++) {
         L->colok[e] = L->eused[e] && !P->ext[e].red && P->ext[e].dtype == NT_F32;
-        L->bcok[e] = L->eused[e] && !P->ext[e].red && isf((nt_dtype)P->ext[e].dtype);
+        L->bcok[e] = L->eused[e] && !P->ext[e].red &&
+                     (isf((nt_dtype)P->ext[e].dtype) || bc_int((nt_dtype)P->ext[e].dtype));
     }
     for (int k = L->first; k < P->nops; k++) {
         const nt__fop *o = &P->ops[k];
@@ -1414,7 +1424,8 @@ static void plan_colok(plan *L)
         for (int q = 0; q < o->nin; q++) {
             if (NT_F_IS_EXT(o->a[q]) && !alu)
                 L->colok[NT_F_EXT_IDX(o->a[q])] = false;
-            if (NT_F_IS_EXT(o->a[q]) && !calc)
+            if (NT_F_IS_EXT(o->a[q]) && !calc &&
+                !bc_int((nt_dtype)P->ext[NT_F_EXT_IDX(o->a[q])].dtype))
                 L->bcok[NT_F_EXT_IDX(o->a[q])] = false;
         }
     }
@@ -1463,7 +1474,7 @@ static int ew_tile(void *ctx, const sk_tile_iter *it)
             r->t.ecol |= 1u << e;
         nt_tile *rt = L->R.tile[r->t.buf][L->ereg[e]];
         nt_ap d = nt_tile_slice(rt, 0, it->np, 0, col || spread ? 1 : it->nf);
-        int rc = nt_isa_dma_copy(w->s->k, &d, &src, sk_qin(w->s));
+        int rc = nt_isa_dma_copy(w->s->k, &d, &src, sk_qfree(w->s));
         if (!rc && spread) { /* columns 1.. from column 0 (an exact copy) */
             nt_ap rest = nt_tile_slice(rt, 0, it->np, 1, it->nf - 1);
             d.num[0] = it->nf - 1, d.step[0] = 0;
@@ -1578,6 +1589,14 @@ static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
 
 /* ---------------- ROW programs ---------------- */
 
+/* A tile of a ROW program waiting for its pair (as ew_tile_rec): its row
+ * patterns and its state. */
+typedef struct row_tile_rec {
+    struct row_run *w;
+    nt_ap rows[SK_MAXOPND]; /* this tile's patterns */
+    tile_state t;
+} row_tile_rec;
+
 typedef struct row_run {
     sk_k *s;
     tile_state t;
@@ -1587,27 +1606,44 @@ typedef struct row_run {
     bool has_sr;
     int64_t C;
     int64_t cst[SK_MAXOPND]; /* strides along the row */
-    nt_ap rows[SK_MAXOPND];  /* this tile's patterns */
+    int npend;               /* tiles loaded whose ops wait for a partner (0 or 1) */
+    bool pairs;              /* tiles run in pairs (run_ops2) */
+    emit_ctx E1;             /* the temporaries of a pair's second tile */
+    row_tile_rec tr[2];
 } row_run;
 
 static int row_store(void *ctx, int slot, const nt_ap *src)
 {
-    row_run *w = ctx;
-    return nt_isa_dma_copy(w->s->k, &w->rows[w->P->next + slot], src, sk_qout(w->s));
+    row_tile_rec *r = ctx;
+    return nt_isa_dma_copy(r->w->s->k, &r->rows[r->w->P->next + slot], src, sk_qout(r->w->s));
 }
 
+/* Loads a tile; with pairs, runs the ops of two tiles interleaved op by op
+ * (run_ops2, as EW programs do), each with temporaries of its own, so that
+ * VectorE and ScalarE each have two independent chains to work on: one
+ * tile's chain (a layer norm's backward: reductions and row scalars on
+ * VectorE and ScalarE in turn, each step waiting for the other's) left
+ * both engines idle half of the time.  run_row runs a last odd tile
+ * alone. */
 static int row_tile(void *ctx, const sk_tile_iter *it)
 {
     row_run *w = ctx;
     plan *L = w->t.L;
     const nt__fprog *P = w->P;
-    w->t.buf = w->ntile++ % w->nbuf;
-    w->t.np = it->np;
-    w->t.nf = w->C;
+    row_tile_rec *r = &w->tr[w->npend];
+    r->w = w;
+    r->t = w->t;
+    if (w->npend == 1) { /* the pair's second tile: its own temporaries */
+        memcpy(r->t.E.tf, w->E1.tf, sizeof r->t.E.tf);
+        r->t.E.ti = w->E1.ti;
+    }
+    r->t.buf = w->ntile++ % w->nbuf;
+    r->t.np = it->np;
+    r->t.nf = w->C;
     if (w->has_sr) {
         /* row r's elements are r * C + j; a per-row value's index is r */
         const nt_ap *ix = &it->ap[P->next + P->nout];
-        emit_ctx *E = &w->t.E;
+        emit_ctx *E = &r->t.E;
         E->idx = (nt_isa_index){ix->offset * w->C, ix->pstep * w->C, {1, 0, 0, 0}};
         E->idx_ndim = 1;
         E->idx_num[0] = w->C;
@@ -1619,18 +1655,37 @@ static int row_tile(void *ctx, const sk_tile_iter *it)
         a.ndim = 1;
         a.num[0] = red ? 1 : w->C;
         a.step[0] = red ? 1 : w->cst[q];
-        w->rows[q] = a;
+        r->rows[q] = a;
     }
     for (int e = 0; e < P->next; e++) {
         if (!L->eused[e])
             continue;
-        nt_ap d = nt_tile_slice(L->R.tile[w->t.buf][L->ereg[e]], 0, it->np, 0,
+        nt_ap d = nt_tile_slice(L->R.tile[r->t.buf][L->ereg[e]], 0, it->np, 0,
                                 P->ext[e].red ? 1 : w->C);
-        int rc = nt_isa_dma_copy(w->s->k, &d, &w->rows[e], sk_qin(w->s));
+        int rc = nt_isa_dma_copy(w->s->k, &d, &r->rows[e], sk_qfree(w->s));
         if (rc)
             return rc;
     }
-    return run_ops(&w->t, row_store, w);
+    if (!w->pairs)
+        return run_ops(&r->t, row_store, r);
+    if (w->npend == 0) {
+        w->npend = 1;
+        return 0;
+    }
+    w->npend = 0;
+    return run_ops2(&w->tr[0].t, &w->tr[0], &w->tr[1].t, &w->tr[1], row_store);
+}
+
+/* Bytes per partition of the temporaries plan_alloc gives a tile of free
+ * size F (a pair's second tile takes as many again). */
+static int64_t temp_bytes(const plan *L, int64_t F)
+{
+    int64_t f = (F * 4 + 63) / 64 * 64, b = 0;
+    if (L->needs & NEED_TF)
+        b += ((L->needs & NEED_TF4) ? 4 : 2) * f;
+    if (L->needs & NEED_TI)
+        b += f;
+    return b;
 }
 
 static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out,
@@ -1670,8 +1725,19 @@ static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor
     w.nbuf = nbuf;
     w.t.L = L;
     w.has_sr = prog_has_sr(P);
+    /* tiles in pairs when two register sets rotate and a second set of
+     * temporaries fits beside them */
+    w.pairs = nbuf >= 2 && plan_bytes(L, C, nbuf) + temp_bytes(L, C) <= SK_SBUF_BUDGET;
     rc = plan_alloc(s, L, &w.t.E, C, nbuf);
     w.t.E.keys = keys;
+    if (!rc && w.pairs) {
+        static const char *const tn[4] = {"tmp0.b", "tmp1.b", "tmp2.b", "tmp3.b"};
+        for (int i = 0; i < ((L->needs & NEED_TF4) ? 4 : 2) && (L->needs & NEED_TF); i++)
+            w.E1.tf[i] = sk_tile(s, tn[i], NT_F32, 128, C);
+        if (L->needs & NEED_TI)
+            w.E1.ti = sk_tile(s, "tmpi.b", NT_I32, 128, C);
+        rc = nt_sim_kernel_error(s->k);
+    }
     if (!rc) {
         /* tiles over the row index (all dims but the last), one row per
          * partition; operands per-row or full along the last dim */
@@ -1688,6 +1754,8 @@ static int run_row(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor
         sk_tiler T;
         sk_tiler_init(&T, nd - 1, P->shape, nv, v, 1);
         rc = sk_tiler_run(&T, row_tile, &w);
+        if (!rc && w.npend)
+            rc = run_ops(&w.tr[0].t, row_store, &w.tr[0]);
     }
     g_free(L);
     return rc;

@@ -29,6 +29,12 @@
 #define RCH 4096
 #define NR_RING 8 /* groups in flight in norm_group_short, at most */
 #define NR_LAG 2  /* groups whose second half waits (norm_group_short) */
+/* norm_group_short: a ring slot's four statistics columns, 64 bytes apart
+ * from the next slot's (the unit of on-chip dependencies): four slots in
+ * one 64-byte chunk made each group's statistics wait for the groups
+ * before it to have read theirs */
+#define NR_ST 16
+#define XG (NT_RED_BLOCK / 128) /* cross_entropy: groups whose nll waits for one log */
 
 typedef struct rk {
     sk_k *s;
@@ -38,7 +44,13 @@ typedef struct rk {
     char *xb, *ob;
     float eps;
     const nt_tensor *w, *b;
-    nt_tile *x[2], *T, *U, *y, *wt, *bt, *st, *ii, *mk, *cnd, *ninf, *lab;
+    nt_tile *x[2], *T, *U, *y, *wt, *bt, *st, *ii, *mk, *cnd, *ninf;
+    /* softmax, log_softmax: a second output tile, taken by every other
+     * store (ny counts them), so that a group's output need not wait for
+     * the group before it to have stored (2 us a group) */
+    nt_tile *y2;
+    int64_t ny;
+    int sb; /* the first column of the group's statistics in st */
     bool wb_loaded;
     /* norm_group_short: rings of tiles, so consecutive groups overlap */
     nt_tile *fx[NR_RING], *fT[NR_RING], *fy[NR_RING], *fst;
@@ -56,9 +68,23 @@ typedef struct rk {
     int64_t row0;       /* first row of the group */
     nt_tile *nll_row, *acc;
     nt_tile *trp;
+    /* groups whose log and nll wait (xent_flush): per group a column of
+     * its labels, row sums, label logits, logs and nll */
+    nt_tile *glab, *gsum, *gdl, *gls, *gnll;
+    int gi, gnp[XG];
+    int64_t grow0[XG];
+    bool flush; /* the group is the last before xent_flush */
 } rk;
 
 static nt_ap colk(nt_tile *t, int np, int j) { return nt_tile_slice(t, 0, np, j, 1); }
+
+/* The group's label column: 64 bytes apart, so that a group's label load
+ * shares no 64-byte chunk (the unit of on-chip dependencies) with the
+ * groups before it and need not wait for their reads. */
+static nt_ap lab_col(const rk *c, int np)
+{
+    return colk(c->glab, np, (int)(c->gi * (64 / nt__dtype_size((nt_dtype)c->labels->dtype))));
+}
 
 static int ts(sk_k *s, const nt_ap *d, const nt_ap *x, nt_alu_op op, const nt_ap *sap, float imm)
 {
@@ -76,11 +102,15 @@ static int load_chunk(rk *c, int64_t ioff, int np, int64_t c0, int64_t m, nt_ap 
 
 /* stats columns: 0 m, 1 -m (unused), 2 s / sum, 3 ls / r, 4 mean, 5 tmp, 6 dl, 7 nll */
 enum { S_M, S_X, S_S, S_L, S_MEAN, S_TMP, S_DL, S_NLL, S_COLS };
+/* softmax_group's statistics alternate between two slots of 64 bytes (the
+ * unit of on-chip dependencies; rk.sb): in one, each group's first memset
+ * waited for the group before it to have read its statistics */
+#define ST_SLOT 16
 
 /* m = max over the row (pass 1). */
 static int pass_max(rk *c, int64_t ioff, int np, nt_ap *xres)
 {
-    nt_ap m = colk(c->st, np, S_M);
+    nt_ap m = colk(c->st, np, c->sb + S_M);
     int rc = nt_isa_memset(c->s->k, &m, -INFINITY, NT_ENGINE_VECTOR);
     int64_t nch = (c->n + RCH - 1) / RCH;
     for (int64_t ch = 0; ch < nch && !rc; ch++) {
@@ -103,9 +133,13 @@ static int softmax_group(void *ctx, int64_t ioff, int64_t ooff, int np)
     nt_ap x;
     int64_t nch = (c->n + RCH - 1) / RCH;
     bool res = nch == 1;
+    c->sb = ST_SLOT * (c->ng & 1);
     int rc = pass_max(c, ioff, np, &x);
-    nt_ap m = colk(c->st, np, S_M), sum = colk(c->st, np, S_S), ls = colk(c->st, np, S_L);
-    nt_ap dl = colk(c->st, np, S_DL);
+    bool xent = c->op == NT_OP_CROSS_ENTROPY;
+    nt_ap m = colk(c->st, np, c->sb + S_M), sum = colk(c->st, np, c->sb + S_S);
+    nt_ap ls = colk(c->st, np, c->sb + S_L), dl = colk(c->st, np, c->sb + S_DL);
+    if (xent) /* the group's columns: its log and nll wait (xent_flush) */
+        sum = colk(c->gsum, np, c->gi), dl = colk(c->gdl, np, c->gi);
     if (!rc)
         rc = nt_isa_memset(k, &sum, 0.0, NT_ENGINE_VECTOR);
     if (!rc && c->op == NT_OP_CROSS_ENTROPY)
@@ -122,15 +156,15 @@ static int softmax_group(void *ctx, int64_t ioff, int64_t ooff, int np)
             rc = nt_isa_activation(k, &U, NT_ACT_EXP, &T, NULL, NULL, NULL);
         /* log's table loads right after the last exp, while the sum and
          * the label's logit are reduced (sk_warm_act) */
-        if (!rc && ch == nch - 1 && c->op != NT_OP_SOFTMAX)
+        if (!rc && ch == nch - 1 && c->op != NT_OP_SOFTMAX && (!xent || c->flush))
             rc = sk_warm_act(s, NT_ACT_LOG);
         if (!rc)
             rc = sk_fold(s, &sum, &U, NT_ALU_ADD);
         if (!rc && c->op == NT_OP_CROSS_ENTROPY) {
             /* d[label]: max of (j == label ? d : -Inf) */
             nt_ap I = nt_tile_slice(c->ii, 0, np, 0, w), M = nt_tile_slice(c->mk, 0, np, 0, w);
-            nt_ap C = nt_tile_slice(c->cnd, 0, np, 0, w), lab = colk(c->lab, np, 0);
-            nt_ap ni = colk(c->ninf, np, 0), t1 = colk(c->st, np, S_TMP);
+            nt_ap C = nt_tile_slice(c->cnd, 0, np, 0, w), lab = lab_col(c, np);
+            nt_ap ni = colk(c->ninf, np, 0), t1 = colk(c->st, np, c->sb + S_TMP);
             ni.num[0] = w;
             ni.step[0] = 0;
             rc = nt_isa_iota(k, &I, &(nt_isa_affine){(int32_t)c0, 0, {1, 0, 0, 0}});
@@ -147,36 +181,15 @@ static int softmax_group(void *ctx, int64_t ioff, int64_t ooff, int np)
     if (rc)
         return rc;
     c->ng++;
+    if (xent)
+        return 0;
     if (c->op != NT_OP_SOFTMAX && (rc = nt_isa_activation(k, &ls, NT_ACT_LOG, &sum, NULL, NULL, NULL)))
         return rc;
-    if (c->op == NT_OP_CROSS_ENTROPY) {
-        nt_ap nll = colk(c->st, np, S_NLL);
-        rc = nt_isa_tensor_tensor(k, &nll, &dl, &ls, NT_ALU_SUB, NT_ENGINE_VECTOR);
-        if (!rc)
-            rc = nt_isa_activation(k, &nll, NT_ACT_IDENTITY, &nll, &(nt_isa_scalar){NULL, -1.0f},
-                                   NULL, NULL); /* -x */
-        /* into the row of nll values at its canonical position */
-        int64_t pos = c->row0 % NT_RED_BLOCK;
-        nt_ap tp = nt_tile_slice(c->trp, 0, 1, 0, np);
-        nt_ap dst = nt_tile_slice(c->nll_row, 0, 1, pos, np);
-        if (!rc)
-            rc = nt_isa_nc_transpose(k, &tp, &nll);
-        if (!rc)
-            rc = nt_isa_tensor_copy(k, &dst, &tp, NT_ENGINE_VECTOR);
-        c->row0 += np;
-        int64_t N = c->labels->shape[0];
-        if (!rc && (c->row0 % NT_RED_BLOCK == 0 || c->row0 == N)) {
-            int64_t len = c->row0 % NT_RED_BLOCK ? c->row0 % NT_RED_BLOCK : NT_RED_BLOCK;
-            nt_ap blk = nt_tile_slice(c->nll_row, 0, 1, 0, len), acc = nt_tile_ap(c->acc);
-            rc = sk_fold(s, &acc, &blk, NT_ALU_ADD);
-        }
-        return rc;
-    }
     /* pass 3: the output */
     for (int64_t ch = 0; ch < nch && !rc; ch++) {
         int64_t c0 = ch * RCH, w = c->n - c0 < RCH ? c->n - c0 : RCH;
         nt_ap T = nt_tile_slice(c->T, 0, np, 0, w), U = nt_tile_slice(c->U, 0, np, 0, w);
-        nt_ap Y = nt_tile_slice(c->y, 0, np, 0, w);
+        nt_ap Y = nt_tile_slice(c->y2 && (c->ny++ & 1) ? c->y2 : c->y, 0, np, 0, w);
         if (!res) {
             rc = load_chunk(c, ioff, np, c0, w, &x);
             if (!rc)
@@ -201,7 +214,7 @@ static int rk_tiles(rk *c, bool xent)
         c->x[b] = sk_tile(s, "row.x", c->xdt, 128, RCH);
     c->T = sk_tile(s, "row.T", NT_F32, 128, RCH);
     c->U = sk_tile(s, "row.U", NT_F32, 128, RCH);
-    c->st = sk_tile(s, "row.stats", NT_F32, 128, S_COLS);
+    c->st = sk_tile(s, "row.stats", NT_F32, 128, 2 * ST_SLOT);
     if (!xent)
         c->y = sk_tile(s, "row.y", c->odt, 128, RCH);
     return nt_sim_kernel_error(s->k);
@@ -232,7 +245,8 @@ static int softmax_prog(sk_k *s, const nt__rec *r, void *ctx)
     rk c;
     sk_rows R;
     rk_begin(&c, s, r, &R, x->ndim ? r->p.dim : 0, true);
-    if (!rk_tiles(&c, false) && !sk_warm_act(s, NT_ACT_EXP))
+    if (!rk_tiles(&c, false) && (c.y2 = sk_tile(s, "row.y", c.odt, 128, RCH)) &&
+        !sk_warm_act(s, NT_ACT_EXP))
         sk_rows_run(&R, softmax_group, &c);
     return 0;
 }
@@ -270,13 +284,65 @@ static int check_labels(const nt_gpsimd_operand *dst, const nt_gpsimd_operand *s
     return 0;
 }
 
+/* The nll of the groups since the last flush: ls = log(sum), nll = -(dl -
+ * ls) over every group's column at once (a run of groups of the same row
+ * count per instruction), then each group's column into the row of nll
+ * values at its canonical position, a full block folded into the sum.  Per
+ * row these are the instructions, and so the values, of a group's own
+ * steps; issued per group, ScalarE switched from exp's table to log's and
+ * back in every group (2 us of table loads a group) and each group's
+ * label load waited for the group before it to have read the one label
+ * tile. */
+static int xent_flush(rk *c)
+{
+    sk_k *s = c->s;
+    nt_sim_kernel *k = s->k;
+    int rc = 0;
+    for (int g0 = 0, g1; g0 < c->gi && !rc; g0 = g1) {
+        for (g1 = g0 + 1; g1 < c->gi && c->gnp[g1] == c->gnp[g0];)
+            g1++;
+        int np = c->gnp[g0];
+        nt_ap sum = nt_tile_slice(c->gsum, 0, np, g0, g1 - g0);
+        nt_ap dl = nt_tile_slice(c->gdl, 0, np, g0, g1 - g0);
+        nt_ap ls = nt_tile_slice(c->gls, 0, np, g0, g1 - g0);
+        nt_ap nll = nt_tile_slice(c->gnll, 0, np, g0, g1 - g0);
+        rc = nt_isa_activation(k, &ls, NT_ACT_LOG, &sum, NULL, NULL, NULL);
+        if (!rc)
+            rc = nt_isa_tensor_tensor(k, &nll, &dl, &ls, NT_ALU_SUB, NT_ENGINE_VECTOR);
+        if (!rc)
+            rc = nt_isa_activation(k, &nll, NT_ACT_IDENTITY, &nll, &(nt_isa_scalar){NULL, -1.0f},
+                                   NULL, NULL); /* -x */
+    }
+    int64_t N = c->labels->shape[0];
+    for (int g = 0; g < c->gi && !rc; g++) {
+        /* into the row of nll values at its canonical position */
+        int np = c->gnp[g];
+        int64_t row0 = c->grow0[g], pos = row0 % NT_RED_BLOCK;
+        nt_ap nll = colk(c->gnll, np, g);
+        nt_ap tp = nt_tile_slice(c->trp, 0, 1, 0, np);
+        nt_ap dst = nt_tile_slice(c->nll_row, 0, 1, pos, np);
+        rc = nt_isa_nc_transpose(k, &tp, &nll);
+        if (!rc)
+            rc = nt_isa_tensor_copy(k, &dst, &tp, NT_ENGINE_VECTOR);
+        int64_t end = row0 + np;
+        if (!rc && (end % NT_RED_BLOCK == 0 || end == N)) {
+            int64_t len = end % NT_RED_BLOCK ? end % NT_RED_BLOCK : NT_RED_BLOCK;
+            nt_ap blk = nt_tile_slice(c->nll_row, 0, 1, 0, len), acc = nt_tile_ap(c->acc);
+            rc = sk_fold(s, &acc, &blk, NT_ALU_ADD);
+        }
+    }
+    c->gi = 0;
+    return rc;
+}
+
 static int xent_group(void *ctx, int64_t ioff, int64_t ooff, int np)
 {
     rk *c = ctx;
     (void)ooff;
-    /* labels of these rows, checked before anything uses them */
+    /* labels of these rows, checked before anything uses them, in the
+     * group's own column (loads need not wait for the groups before) */
     const nt_tensor *L = c->labels;
-    nt_ap lab = colk(c->lab, np, 0);
+    nt_ap lab = lab_col(c, np);
     nt_ap h = sk_hbm_rows(nt__tensor_data(L), (nt_dtype)L->dtype, c->row0 * L->stride[0], np,
                      L->stride[0], 1, 1);
     int rc = nt_isa_dma_copy(c->s->k, &lab, &h, sk_qin(c->s));
@@ -284,7 +350,19 @@ static int xent_group(void *ctx, int64_t ioff, int64_t ooff, int np)
     const nt_ap *srcs[1] = {&lab};
     if (!rc)
         rc = nt_isa_gpsimd_custom(c->s->k, "check_labels", NULL, srcs, 1, 1.0, check_labels, &lc);
-    return rc ? rc : softmax_group(ctx, ioff, 0, np);
+    int64_t N = L->shape[0];
+    /* a flush when the columns run out (XG groups of 128 rows: a block of
+     * the nll row) and at the end */
+    c->flush = c->gi + 1 == XG || c->row0 + np == N;
+    if (!rc)
+        rc = softmax_group(ctx, ioff, 0, np);
+    if (rc)
+        return rc;
+    c->gnp[c->gi] = np;
+    c->grow0[c->gi] = c->row0;
+    c->gi++;
+    c->row0 += np;
+    return c->flush ? xent_flush(c) : 0;
 }
 
 static int cross_entropy_prog(sk_k *s, const nt__rec *r, void *ctx)
@@ -300,7 +378,12 @@ static int cross_entropy_prog(sk_k *s, const nt__rec *r, void *ctx)
     c.mk = sk_tile(s, "xent.mask", NT_I32, 128, RCH);
     c.cnd = sk_tile(s, "xent.cand", NT_F32, 128, RCH);
     c.ninf = sk_tile(s, "xent.ninf", NT_F32, 128, 1);
-    c.lab = sk_tile(s, "xent.labels", (nt_dtype)lab->dtype, 128, 1);
+    c.glab = sk_tile(s, "xent.labels", (nt_dtype)lab->dtype, 128,
+                     XG * (int64_t)(64 / nt__dtype_size((nt_dtype)lab->dtype)));
+    c.gsum = sk_tile(s, "xent.sum", NT_F32, 128, XG);
+    c.gdl = sk_tile(s, "xent.dl", NT_F32, 128, XG);
+    c.gls = sk_tile(s, "xent.ls", NT_F32, 128, XG);
+    c.gnll = sk_tile(s, "xent.nll.col", NT_F32, 128, XG);
     c.nll_row = sk_tile(s, "xent.nll", NT_F32, 1, NT_RED_BLOCK);
     c.acc = sk_tile(s, "xent.acc", NT_F32, 1, 1);
     c.trp = nt_tile_alloc(s->k, "xent.T", NT_MEM_PSUM, NT_F32, 1, 128);
@@ -467,7 +550,7 @@ static int norm_short_b(rk *c, int b, int64_t ooff, int np)
     int64_t n = c->n;
     nt_ap T = nt_tile_slice(c->fT[b], 0, np, 0, n), Y = nt_tile_slice(c->fy[b], 0, np, 0, n);
     nt_ap x = nt_tile_slice(c->fx[b], 0, np, 0, n);
-    nt_ap r = nt_tile_slice(c->fst, 0, np, 4 * b + 3, 1);
+    nt_ap r = nt_tile_slice(c->fst, 0, np, NR_ST * b + 3, 1);
     const nt_ap *d = c->op == NT_OP_LAYER_NORM ? &T : &x;
     nt_ap *last = c->b ? &T : &Y;
     int rc;
@@ -507,8 +590,10 @@ static int norm_group_short(void *ctx, int64_t ioff, int64_t ooff, int np)
     int b = c->ng++ % c->nring;
     nt_ap x = nt_tile_slice(c->fx[b], 0, np, 0, n), T = nt_tile_slice(c->fT[b], 0, np, 0, n);
     nt_ap Y = nt_tile_slice(c->fy[b], 0, np, 0, n);
-    nt_ap sum = nt_tile_slice(c->fst, 0, np, 4 * b, 1), negm = nt_tile_slice(c->fst, 0, np, 4 * b + 1, 1);
-    nt_ap ss = nt_tile_slice(c->fst, 0, np, 4 * b + 2, 1), r = nt_tile_slice(c->fst, 0, np, 4 * b + 3, 1);
+    nt_ap sum = nt_tile_slice(c->fst, 0, np, NR_ST * b, 1);
+    nt_ap negm = nt_tile_slice(c->fst, 0, np, NR_ST * b + 1, 1);
+    nt_ap ss = nt_tile_slice(c->fst, 0, np, NR_ST * b + 2, 1);
+    nt_ap r = nt_tile_slice(c->fst, 0, np, NR_ST * b + 3, 1);
     nt_ap h = sk_hbm_rows(c->xb, c->xdt, ioff, np, c->sc, n, c->sn);
     int rc = nt_isa_dma_copy(k, &x, &h, sk_qin(s));
     const nt_ap *d = &x;
@@ -591,7 +676,7 @@ static int norm_prog(sk_k *s, const nt__rec *r, void *ctx)
             if (c.cb)
                 c.fc[b] = sk_tile(s, "norm.cast", c.cdt, 128, c.n);
         }
-        c.fst = sk_tile(s, "norm.stats", NT_F32, 128, 4 * NR_RING);
+        c.fst = sk_tile(s, "norm.stats", NT_F32, 128, NR_ST * NR_RING);
     } else {
         rk_tiles(&c, false);
         if (c.cb)

@@ -1874,6 +1874,106 @@ static nt_tensor *sched_cast_chain(nt_tensor **in)
     return nt_div(m2, nt_add_scalar(nt_sqrt(v2), 1e-8));
 }
 
+/* The char GPT's step kernels whose groups of rows were one dependent
+ * chain after another (issue 31): cross_entropy, softmax, embedding, the
+ * one-hot of cross_entropy's backward over 2048 rows of 114 classes, and
+ * layer norm's backward as a ROW program, each against the CPU bit for bit
+ * and within a simulated time the chained programs missed (before: 78.9,
+ * 40.8, 71.7, 71.6 and 27.8 us; after: 41.7, 26.2, 16.8, 19.1 and 24.0). */
+static nt_tensor *sched_xent(nt_tensor **in) { return nt_cross_entropy(in[0], in[1]); }
+static nt_tensor *sched_softmax(nt_tensor **in) { return nt_softmax(in[0], 1); }
+static nt_tensor *sched_emb(nt_tensor **in) { return nt_embedding(in[0], in[1]); }
+static nt_tensor *sched_onehot(nt_tensor **in)
+{
+    int64_t N = in[1]->shape[0], C = in[0]->shape[1];
+    nt_tensor *lab = nt_expand(nt_unsqueeze(in[1], 1), 2, (int64_t[]){N, C});
+    nt_tensor *hot = nt_cast(nt_eq(lab, nt_arange(NT_I32, 0, (double)C, 1)), NT_F32);
+    return nt_mul_scalar(nt_sub(in[0], hot), 0.5);
+}
+
+/* layer norm's backward as primitives (one ROW program): dx = (g w -
+ * mean(g w) - xh mean(g w xh)) r; in: g, w, xh, r */
+static nt_tensor *sched_ln_bwd(nt_tensor **in)
+{
+    nt_tensor *gw = nt_mul(in[0], in[1]);
+    nt_tensor *m1 = nt_mean(gw, 1, true), *m2 = nt_mean(nt_mul(gw, in[2]), 1, true);
+    return nt_mul(nt_sub(nt_sub(gw, m1), nt_mul(in[2], m2)), in[3]);
+}
+
+static void test_step_chains(void **state)
+{
+    (void)state;
+    const int64_t N = 2048, C = 114, D = 128;
+    nt_sim_stats st;
+    nt_tensor *in[2];
+    in[0] = nt_randn(NT_F32, 2, (int64_t[]){N, C}, 31);
+    in[1] = nt_randint(0, C, 1, (int64_t[]){N}, NULL);
+    nt_tensor *w = nt_randn(NT_F32, 2, (int64_t[]){C, D}, 32);
+    float *a = malloc((size_t)(N * D) * 4), *b = malloc((size_t)(N * D) * 4);
+    /* 1. cross_entropy: the log and the nll of 16 groups at once, each
+     * group's labels in a column of their own (2 us of table loads and a
+     * label load's wait a group: 94 us before) */
+    sched_run("eager", sched_xent, in, &st, a, 4);
+    double t_xent = st.sim_ns;
+    print_message("# cross_entropy [2048, 114]: %.0f ns\n", st.sim_ns);
+    sched_cpu(sched_xent, in, b, 4);
+    assert_memory_equal(a, b, 4);
+    /* 2. softmax: every other group's output from a second tile (each
+     * group's output waited for the one before to have stored: 65 us) */
+    sched_run("eager", sched_softmax, in, &st, a, (size_t)(N * C) * 4);
+    double t_soft = st.sim_ns;
+    print_message("# softmax [2048, 114]: %.0f ns\n", st.sim_ns);
+    sched_cpu(sched_softmax, in, b, (size_t)(N * C) * 4);
+    assert_memory_equal(a, b, (size_t)(N * C) * 4);
+    /* 3. embedding: eight groups of positions in flight (a chain of index
+     * load, gather and store per group: 72 us) */
+    nt_tensor *ein[2] = {w, in[1]};
+    sched_run("eager", sched_emb, ein, &st, a, (size_t)(N * D) * 4);
+    double t_emb = st.sim_ns;
+    print_message("# embedding of 2048 positions, width 128: %.0f ns\n", st.sim_ns);
+    sched_cpu(sched_emb, ein, b, (size_t)(N * D) * 4);
+    assert_memory_equal(a, b, (size_t)(N * D) * 4);
+    /* 4. the one-hot: the labels expanded over the classes load as one
+     * column a tile and spread on chip (one 4-byte descriptor per element
+     * before: the kernel read the labels C times) */
+    assert_int_equal(nt_config_set("NT_FUSION", "1"), 0);
+    sched_run("lazy", sched_onehot, in, &st, a, (size_t)(N * C) * 4);
+    print_message("# one-hot of [2048] labels over 114 classes: %.0f ns, %llu B read\n",
+                  st.sim_ns, (unsigned long long)st.hbm_read_bytes);
+    uint64_t rd = st.hbm_read_bytes;
+    double t_hot = st.sim_ns;
+    sched_cpu(sched_onehot, in, b, (size_t)(N * C) * 4);
+    assert_memory_equal(a, b, (size_t)(N * C) * 4);
+    /* 5. layer norm's backward over [2048, 128] rows: one ROW program, its
+     * tiles in pairs, their ops interleaved (one tile's chain left VectorE
+     * and ScalarE waiting for each other) */
+    nt_tensor *lin[4] = {nt_randn(NT_F32, 2, (int64_t[]){N, D}, 33),
+                         nt_randn(NT_F32, 1, (int64_t[]){D}, 34),
+                         nt_randn(NT_F32, 2, (int64_t[]){N, D}, 35),
+                         nt_abs(nt_randn(NT_F32, 2, (int64_t[]){N, 1}, 36))};
+    sched_run("lazy", sched_ln_bwd, lin, &st, a, (size_t)(N * D) * 4);
+    double t_ln = st.sim_ns;
+    print_message("# layer norm's backward over [2048, 128]: %.0f ns, %llu kernels\n", st.sim_ns,
+                  (unsigned long long)st.kernels);
+    assert_int_equal(st.kernels, 1);
+    sched_cpu(sched_ln_bwd, lin, b, (size_t)(N * D) * 4);
+    assert_memory_equal(a, b, (size_t)(N * D) * 4);
+    for (int i = 0; i < 4; i++)
+        nt_release(lin[i]);
+    assert_int_equal(nt_config_set("NT_FUSION", "0"), 0);
+    /* the times (and bytes) the chained programs missed */
+    assert_true(t_ln < 26000);
+    assert_true(t_xent < 60000);
+    assert_true(t_soft < 33000);
+    assert_true(t_emb < 40000);
+    assert_true(t_hot < 40000);
+    /* x once, the class indices' row once per row (a partition-step-0
+     * pattern), each label once */
+    assert_int_equal(rd, (uint64_t)(N * C) * 4 * 2 + (uint64_t)N * 4);
+    free(a), free(b);
+    nt_release(in[0]), nt_release(in[1]), nt_release(w);
+}
+
 static void test_kernel_schedules(void **state)
 {
     (void)state;
@@ -2513,6 +2613,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sdpa_bf16_not_slower, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_sim_stats_and_trace_hook, setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_sim_time_is_the_programs, setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_step_chains, setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
