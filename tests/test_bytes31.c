@@ -73,9 +73,9 @@ static void fill_a(float *A, int64_t M, int64_t K, uint64_t seed)
 }
 
 /* One matmul program on a fresh kernel: A and B of dtype in, C f32, the
- * column sums (colsum, may be NULL) of dtype sd. */
-static void tile_mm_dt(int64_t M, int64_t N, int64_t K, bool b_trans, const void *A, const void *B,
-                       float *C, void *colsum, nt_dtype in, nt_dtype sd)
+ * column sums (colsum, may be NULL) of dtype sd; its simulated ns. */
+static double tile_mm_dt(int64_t M, int64_t N, int64_t K, bool b_trans, const void *A,
+                         const void *B, float *C, void *colsum, nt_dtype in, nt_dtype sd)
 {
     nt_sim_kernel *k = nt_sim_kernel_begin("bytes31.colsum");
     assert_non_null(k);
@@ -91,21 +91,29 @@ static void tile_mm_dt(int64_t M, int64_t N, int64_t K, bool b_trans, const void
     int rc = nt_tile_matmul(k, &g);
     if (rc)
         fail_msg("nt_tile_matmul: %s", nt_sim_kernel_message(k));
-    assert_int_equal(nt_sim_kernel_end(k, NULL), 0);
+    nt_sim_report rep;
+    assert_int_equal(nt_sim_kernel_end(k, &rep), 0);
+    return rep.duration_ns;
 }
 
 /* The same, all f32. */
-static void tile_mm(int64_t M, int64_t N, int64_t K, bool b_trans, const float *A, const float *B,
-                    float *C, float *colsum)
+static double tile_mm(int64_t M, int64_t N, int64_t K, bool b_trans, const float *A,
+                      const float *B, float *C, float *colsum)
 {
-    tile_mm_dt(M, N, K, b_trans, A, B, C, colsum, NT_F32, NT_F32);
+    return tile_mm_dt(M, N, K, b_trans, A, B, C, colsum, NT_F32, NT_F32);
 }
 
 /* The shapes: one M-tile (block program), a partial M-tile and K-tile past
- * one 2048-row block (streaming), three blocks, and B^T too long for the
- * streaming program (block program, 33 K-tiles). */
-static const int64_t cs_shapes[][4] = {
-    {128, 64, 128, 0}, {2248, 100, 300, 0}, {4226, 40, 256, 0}, {2100, 40, 4200, 1}};
+ * one 2048-row block (streaming), three blocks, B^T too long for the
+ * streaming program (block program, 33 K-tiles), and B past the
+ * streaming program's 64 KiB a partition in f32 with A one block of two
+ * M-tiles, every K-tile resident (the block program's sums in one pass per
+ * M-tile after the first chunk's K-tiles; B's 40 tiles through a ring of
+ * 16). */
+static const int64_t cs_shapes[][4] = {{128, 64, 128, 0},  {2248, 100, 300, 0},
+                                       {4226, 40, 256, 0}, {2100, 40, 4200, 1},
+                                       {130, 2100, 1024, 0}};
+#define NSHAPES ((int)(sizeof cs_shapes / sizeof cs_shapes[0]))
 
 static void check_colsum(int s, bool program_gemm)
 {
@@ -154,7 +162,7 @@ static void check_colsum(int s, bool program_gemm)
 static void test_tile_colsum(void **state)
 {
     (void)state;
-    for (int s = 0; s < 4; s++)
+    for (int s = 0; s < NSHAPES; s++)
         for (int pg = 1; pg >= 0; pg--)
             check_colsum(s, pg);
 }
@@ -212,7 +220,7 @@ static void test_tile_colsum_half(void **state)
 {
     (void)state;
     static const nt_dtype ins[] = {NT_BF16, NT_F16}, sds[] = {NT_F32, NT_BF16, NT_F16};
-    for (int s = 0; s < 4; s++)
+    for (int s = 0; s < NSHAPES; s++)
         for (int i = 0; i < 2; i++)
             for (int d = 0; d < 3; d++)
                 for (int pg = 1; pg >= 0; pg--)
