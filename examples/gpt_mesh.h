@@ -1189,6 +1189,17 @@ static inline int gptm_step_end(gpt_mesh *g, const gpt_train_opts *o)
     return 0;
 }
 
+/* The tensor communicators of one group's expert ranks: c[e] the one of
+ * member e tp (devs: the group's members' devices).  0 or -1 with the
+ * runtime's error. */
+static inline int gptm_comms(gpt_mesh *g, const int *devs, nt_comm **c)
+{
+    for (int e = 0; e < g->ep; e++)
+        if (!(c[e] = nt_mesh_comm(g->mesh, "tensor", devs[e * g->tp])))
+            return -1;
+    return 0;
+}
+
 /* The forward and backward of one round (g->release): the group of local
  * index k (member r on its k-th device, g->dd[r][k]) computes shard sh[k],
  * block by block over the groups.  The embeddings, the position table, the
@@ -1222,9 +1233,8 @@ static inline int gptm_round(gpt_mesh *g, const gpt_train_opts *o, nt_tensor **i
         for (int r = 0; r < nm; r++)
             if (!(P[k * nm + r] = nt_ddp_params(g->ddp[r], devs[k * nm + r])))
                 return -1;
-        for (int e = 0; e < g->ep; e++)
-            if (!(c[k * g->ep + e] = nt_mesh_comm(g->mesh, "tensor", devs[k * nm + e * g->tp])))
-                return -1;
+        if (gptm_comms(g, devs + k * nm, c + k * g->ep))
+            return -1;
     }
     bool amp = o->amp != NT_DTYPE_COUNT;
     if (amp && nt_autocast_begin(o->amp))
@@ -1365,9 +1375,7 @@ static inline int gptm_step_body(gpt_mesh *g, const gpt_train_opts *o, nt_tensor
             }
         }
         nt_comm *c[GPTM_MAXD];
-        bool ok = true;
-        for (int e = 0; e < g->ep; e++)
-            ok = (c[e] = nt_mesh_comm(g->mesh, "tensor", devs[e * g->tp])) && ok;
+        bool ok = !gptm_comms(g, devs, c);
         bool amp = o->amp != NT_DTYPE_COUNT;
         if (amp && nt_autocast_begin(o->amp)) {
             nt_scope_end(sc);
@@ -1538,9 +1546,7 @@ static inline double gptm_eval(gpt_mesh *g, const gpt_data *d, const gpt_train_o
         return NAN;
     int32_t *xb = malloc(sizeof *xb * (size_t)B * T), *yb = malloc(sizeof *yb * (size_t)B * T);
     nt_comm *c[GPTM_MAXD];
-    int rc = !xb || !yb;
-    for (int e = 0; e < g->ep; e++)
-        rc |= !(c[e] = nt_mesh_comm(g->mesh, "tensor", devs[e * g->tp]));
+    int rc = !xb || !yb || gptm_comms(g, devs, c);
     double sum = 0;
     nt_no_grad_begin();
     for (int k = 0; k < nb && !rc; k++) {
