@@ -32,11 +32,14 @@
  *    steps) at data parallel CORES, stage 0 and stage 3 with and without
  *    each block's weights released after its forward (gptm_set_release):
  *    the per-core peak of live bytes beside 16P/N and the parameters' CRC
- *    (the same bits for the three).
+ *    (the same bits for the three).  --gpt-tp T: the mesh is data CORES x
+ *    tensor T (CORES x T cores; T divides the 4 heads), 16P/N with N = CORES
+ *    x T.
  *
  * Usage: zero [--in N] [--hid N] [--batch N (per core)] [--steps N] [--hbm MiB]
  *             [--shards N] [--vs-ddp CORES] [--peak CORES] [--overlap 0|1]
  *             [--topology trn1.32xlarge|trn2.48xlarge] [--gpt CORES]
+ *             [--gpt-tp T]
  *
  * --topology: the instance the collectives' cost model describes
  * (NT_SIM_TOPOLOGY) and the core it holds (NT_SIM_TARGET: trn1's
@@ -61,6 +64,7 @@ static int64_t in_f = 512, hid = 1024, batch = 64, steps = 3;
 static int SHARDS = 8; /* --shards: the global batch is SHARDS x batch */
 static const char *TOPO = "trn1.32xlarge"; /* --topology */
 static int overlap;     /* --overlap 1: nt_ddp_set_overlap at stages 2, 3 */
+static int gpt_tp = 1;  /* --gpt-tp: the char GPT's tensor-parallel size */
 
 static nt_tensor *forward_loss(nt_tensor **p, nt_tensor *x, nt_tensor *y)
 {
@@ -228,7 +232,7 @@ static int gpt_child(int mode)
     char err[512];
     static gpt_mesh g;
     int ndev = nt_device_count();
-    if (gptm_init(&g, &c, ndev, 1, mode ? 3 : 0, 4, 8, &o, err, sizeof err) ||
+    if (gptm_init(&g, &c, ndev / gpt_tp, gpt_tp, mode ? 3 : 0, 4, 8, &o, err, sizeof err) ||
         (mode && gptm_set_release(&g, mode == 2, err, sizeof err)))
         bench_fail(err);
     double psi = 0;
@@ -370,15 +374,16 @@ static int peak_cmp(char *self, int cores)
  * before and after the per-block release, beside 16P/N. */
 static int gpt_peak(char *self, int cores)
 {
-    char nc[32], e[32], line[1024];
-    snprintf(nc, sizeof nc, "NT_SIM_CORES=%d", cores);
+    char nc[32], e[32], tp[16], line[1024];
+    snprintf(nc, sizeof nc, "NT_SIM_CORES=%d", cores * gpt_tp);
     snprintf(e, sizeof e, "%lld", (long long)steps);
+    snprintf(tp, sizeof tp, "%d", gpt_tp);
     long long peak[3];
     unsigned crc[3];
     double psi = 0, mib = 1048576.0;
     for (int m = 0; m < 3; m++) {
         char mode[4] = {(char)('0' + m), 0};
-        char *argv[] = {self, "--steps", e, "--gpt-child", mode, NULL};
+        char *argv[] = {self, "--steps", e, "--gpt-tp", tp, "--gpt-child", mode, NULL};
         const char *env[] = {"NT_BACKEND=sim", "NT_MODE=deterministic", nc, "NT_HBM_BYTES=16G",
                              NULL};
         int status = bench_run_child(argv, env, line, sizeof line), m2 = -1, nd = 0;
@@ -386,11 +391,12 @@ static int gpt_peak(char *self, int cores)
             sscanf(line, "g %d %d %lf %lld %x", &m2, &nd, &psi, &peak[m], &crc[m]) != 5)
             return fprintf(stderr, "%s: --gpt child %d printed '%s'\n", BENCH_NAME, m, line), 1;
     }
-    double f = 16 * psi / cores;
+    double f = 16 * psi / (cores * gpt_tp);
     printf("char GPT (4 blocks, width 128, context 128), P = %.0f (4P = %.2f MiB, one block's "
-           "weights %.2f MiB), AdamW, data parallel over %d cores, 8 shards of 2 sequences, "
-           "%lld steps\n", psi, 4 * psi / mib, 4.0 * 12 * 128 * 128 / mib, cores,
-           (long long)steps);
+           "weights %.2f MiB, a tensor rank's %.2f MiB), AdamW, data parallel %d x tensor "
+           "parallel %d (%d cores), 8 shards of 2 sequences, %lld steps\n", psi, 4 * psi / mib,
+           4.0 * 12 * 128 * 128 / mib, 4.0 * 12 * 128 * 128 / gpt_tp / mib, cores, gpt_tp,
+           cores * gpt_tp, (long long)steps);
     printf("| | per-core peak MiB | peak - 16P/N, in units of 4P |\n| --- | ---: | ---: |\n");
     printf("| 16P/N (stage 3's formula) | %.3f | |\n", f / mib);
     printf("| stage 0 | %.3f | %.2f |\n", peak[0] / mib, (peak[0] - f) / (4 * psi));
@@ -424,9 +430,10 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--child")) child_stage = atoi(v);
         else if (!strcmp(k, "--gpt")) gpt_cores = atoi(v);
         else if (!strcmp(k, "--gpt-child")) gpt_mode = atoi(v);
+        else if (!strcmp(k, "--gpt-tp")) gpt_tp = atoi(v) < 1 ? 1 : atoi(v);
         else return fprintf(stderr, "usage: zero [--in N] [--hid N] [--batch N] [--steps N] "
                             "[--hbm MiB] [--shards N] [--vs-ddp CORES] [--peak CORES] "
-                            "[--overlap 0|1] [--topology NAME] [--gpt CORES]\n"), 2;
+                            "[--overlap 0|1] [--topology NAME] [--gpt CORES] [--gpt-tp T]\n"), 2;
     }
     if (gpt_mode >= 0)
         return gpt_child(gpt_mode);

@@ -752,9 +752,11 @@ static int shard_check(const nt_site *site, const char *fn, nt_ddp *d, const cha
 /* One pass's entries: the backward of ds[i]'s shard shards[i] (member m[i])
  * for i < ne.  Either one loss that reaches every entry's replica (loss,
  * on m[0]'s device: nt_ddp_backward, nt_ddp_backward_group) or one loss
- * per entry (losses[i] on m[i]'s device), joined (nt_tp_join over
- * `join`'s members, the entries' devices in the communicator's order) into
- * the one the pass starts from: nt_ddp_backward_shards. */
+ * per local device of ds[0] (losses[i] on its member i's device), joined
+ * (nt_tp_join over `join`'s members, those devices in the communicator's
+ * order) into the one the pass starts from: nt_ddp_backward_shards (entry
+ * i is device i's), nt_ddp_backward_group_shards (entries i nd .. i nd +
+ * nd - 1 are device i's shard in each of the group's nd nt_ddps). */
 typedef struct pass {
     nt_ddp *const *ds;
     const int *shards;
@@ -778,9 +780,9 @@ static nt_tensor *pass_loss(const nt_site *site, const char *fn, const pass *p)
 {
     if (p->loss)
         return p->loss;
-    if (p->ne == 1)
-        return p->losses[0];
     nt_ddp *d = p->ds[0];
+    if (d->nmem == 1) /* one loss a local device of ds[0] */
+        return p->losses[0];
     if (!d->join) { /* the local devices' communicator, made on first use */
         int devs[DDP_MAX_DEV];
         for (int k = 0; k < d->nmem; k++)
@@ -903,12 +905,10 @@ NT_API int nt_ddp_backward(nt_ddp *d, int shard, nt_tensor *loss)
     return nt_ddp_backward_at(NT_RA_SITE, d, shard, loss);
 }
 
-NT_API int nt_ddp_backward_group_at(const nt_site *site, nt_ddp *const *ds, int nd, int shard,
-                                    nt_tensor *loss)
+/* The nt_ddps of a tensor-parallel group (nt_ddp_backward_group,
+ * nt_ddp_backward_group_shards): 1..DDP_MAX_DEV live ones, none twice. */
+static int group_args(const nt_site *site, const char *fn, nt_ddp *const *ds, int nd)
 {
-    const char *fn = "nt_ddp_backward_group";
-    if (!nt__ensure_init())
-        return NT_ESTATE;
     if (!ds || nd < 1 || nd > DDP_MAX_DEV)
         return nt__err(site, NT_EINVAL, fn, "argument '%s' is %s; expected 1..%d nt_ddps",
                        ds ? "nd" : "ds", ds ? "out of range" : "NULL", DDP_MAX_DEV);
@@ -922,6 +922,18 @@ NT_API int nt_ddp_backward_group_at(const nt_site *site, nt_ddp *const *ds, int 
                 return nt__err(site, NT_EINVAL, fn, "argument 'ds' lists the same nt_ddp at "
                                "%d and %d", k, i);
     }
+    return 0;
+}
+
+NT_API int nt_ddp_backward_group_at(const nt_site *site, nt_ddp *const *ds, int nd, int shard,
+                                    nt_tensor *loss)
+{
+    const char *fn = "nt_ddp_backward_group";
+    if (!nt__ensure_init())
+        return NT_ESTATE;
+    int rc = group_args(site, fn, ds, nd);
+    if (rc)
+        return rc;
     if (!nt__check_arg(site, fn, "loss", loss))
         return errc();
     int sh[DDP_MAX_DEV];
@@ -933,6 +945,24 @@ NT_API int nt_ddp_backward_group_at(const nt_site *site, nt_ddp *const *ds, int 
 NT_API int nt_ddp_backward_group(nt_ddp *const *ds, int nd, int shard, nt_tensor *loss)
 {
     return nt_ddp_backward_group_at(NT_RA_SITE, ds, nd, shard, loss);
+}
+
+/* Whether shards[i] is a shard of d's local device i (nt_ddp_create's
+ * devices[i]); `which` names d among several (or ""). */
+static int shard_of_device(const nt_site *site, const char *fn, const nt_ddp *d,
+                           const char *which, const int *shards, int i)
+{
+    if (shards[i] < 0 || shards[i] >= d->shards)
+        return nt__err(site, NT_EINVAL, fn, "argument 'shards[%d]' is %d; expected 0 <= shard "
+                       "< %d%s", i, shards[i], d->shards, which);
+    int k = member_of(d, shards[i]);
+    if (k != i)
+        return nt__err(site, NT_EINVAL, fn, "argument 'shards[%d]' is %d, %s%s; expected a "
+                       "shard of local device %d (nt_ddp_create's devices[%d]): shards[i] and "
+                       "losses[i] are the i-th local device's", i, shards[i],
+                       k < 0 ? "a shard of another process" : "a shard of another device",
+                       which, d->m[i].dev, i);
+    return 0;
 }
 
 /* The arguments of nt_ddp_backward_shards that need no lock: one loss (a
@@ -969,17 +999,9 @@ static int shards_args(const nt_site *site, const char *fn, nt_ddp *d, const int
                            "%s of %d: the losses are joined, so they must match", arg,
                            nt_dtype_name((nt_dtype)losses[i]->dtype), losses[i]->ndim,
                            nt_dtype_name((nt_dtype)losses[0]->dtype), losses[0]->ndim);
-        snprintf(arg, sizeof arg, "shards[%d]", i);
-        if (shards[i] < 0 || shards[i] >= d->shards)
-            return nt__err(site, NT_EINVAL, fn, "argument '%s' is %d; expected 0 <= shard < %d",
-                           arg, shards[i], d->shards);
-        int k = member_of(d, shards[i]);
-        if (k != i)
-            return nt__err(site, NT_EINVAL, fn, "argument '%s' is %d, %s; expected a shard of "
-                           "local device %d (nt_ddp_create's devices[%d]): shards[i] and "
-                           "losses[i] are the i-th local device's", arg, shards[i],
-                           k < 0 ? "a shard of another process" : "a shard of another device",
-                           d->m[i].dev, i);
+        int rc = shard_of_device(site, fn, d, "", shards, i);
+        if (rc)
+            return rc;
         if (losses[i]->dev != d->m[i].dev)
             return nt__err(site, NT_EINVAL, fn,
                            "argument 'losses[%d]' is on device %d, but its shard %d belongs to "
@@ -1009,6 +1031,47 @@ NT_API int nt_ddp_backward_shards_at(const nt_site *site, nt_ddp *d, const int *
 NT_API int nt_ddp_backward_shards(nt_ddp *d, const int *shards, nt_tensor *const *losses, int n)
 {
     return nt_ddp_backward_shards_at(NT_RA_SITE, d, shards, losses, n);
+}
+
+NT_API int nt_ddp_backward_group_shards_at(const nt_site *site, nt_ddp *const *ds, int nd,
+                                           const int *shards, nt_tensor *const *losses, int n)
+{
+    const char *fn = "nt_ddp_backward_group_shards";
+    if (!nt__ensure_init())
+        return NT_ESTATE;
+    int rc = group_args(site, fn, ds, nd);
+    if (!rc)
+        rc = shards_args(site, fn, ds[0], shards, losses, n);
+    /* the other tensor ranks' nt_ddps: as many local devices, device i of
+     * each computing shards[i] (its part of the group's forward) */
+    for (int r = 1; r < nd && !rc; r++) {
+        char which[40];
+        snprintf(which, sizeof which, " for ds[%d]", r);
+        if (ds[r]->nmem != n)
+            rc = nt__err(site, NT_EINVAL, fn, "argument 'ds[%d]' has %d local devices, ds[0] "
+                         "%d (n): a group's nt_ddps must have as many", r, ds[r]->nmem, n);
+        for (int i = 0; i < n && !rc; i++)
+            rc = shard_of_device(site, fn, ds[r], which, shards, i);
+    }
+    if (rc)
+        return rc;
+    if (n * nd > DDP_MAX_DEV)
+        return nt__err(site, NT_EINVAL, fn, "arguments 'nd', 'n' are %d, %d; at most %d "
+                       "devices in one pass (nd x n)", nd, n, DDP_MAX_DEV);
+    /* entry i r: ds[r]'s shard shards[i]; pass_loss joins the n losses */
+    nt_ddp *es[DDP_MAX_DEV];
+    int sh[DDP_MAX_DEV];
+    for (int i = 0; i < n; i++)
+        for (int r = 0; r < nd; r++)
+            es[i * nd + r] = ds[r], sh[i * nd + r] = shards[i];
+    return backward_pass(site, fn, &(pass){.ds = es, .shards = sh, .ne = n * nd,
+                                           .losses = losses});
+}
+
+NT_API int nt_ddp_backward_group_shards(nt_ddp *const *ds, int nd, const int *shards,
+                                        nt_tensor *const *losses, int n)
+{
+    return nt_ddp_backward_group_shards_at(NT_RA_SITE, ds, nd, shards, losses, n);
 }
 
 /* ---------------- batch norm over shards ---------------- */
@@ -2317,7 +2380,7 @@ static int layer_bwd(void *ctxp, nt_tensor *const *gout, nt_tensor **gin)
         x->idx >= d->nlay)
         return nt__err(NULL, NT_ESTATE, fn, "a layer it marked is differentiated outside "
                        "the backward of its round: run that backward with "
-                       "nt_ddp_backward_shards (once)");
+                       "nt_ddp_backward_shards or nt_ddp_backward_group_shards (once)");
     for (int k = 0; k < d->nmem; k++)
         gin[k] = gout[k];
     int i = x->idx, rc = 0;

@@ -58,6 +58,7 @@ typedef struct {
     const char *save, *resume, *prompt, *data, *backend, *amp;
     /* a device mesh (examples/gpt_mesh.h): any of --dp/--tp/--zero/--ep given */
     bool mesh, sp;
+    bool keep_gathered; /* --zero 3 without the per-block release (gptm_set_release off) */
     bool reshard; /* --resume a mesh checkpoint of another layout */
     int dp, tp, ep, zero, blocks, shards;
     int experts, topk; /* the MoE MLP: on with --experts or --ep > 1 */
@@ -139,6 +140,9 @@ static void usage(FILE *f)
             "                     multiple of --tp with a power-of-two quotient, dividing --width\n"
             "  --shards N         fixed shards of each batch (8): a multiple of --dp with a\n"
             "                     power-of-two quotient, dividing --batch\n"
+            "  --keep-gathered    at --zero 3, keep every block's weights gathered for the\n"
+            "                     step instead of releasing each after its forward and\n"
+            "                     gathering it again for its backward (the same bits)\n"
             "  --sp               sequence parallelism: the residual stream, layer norms and\n"
             "                     dropout hold --context / --tp positions per tensor rank\n"
             "                     (--context a multiple of --blocks); one CRC for every split\n"
@@ -275,6 +279,8 @@ static void parse_args(int argc, char **argv, options *o)
                 o->capture = true;
             else if (!strcmp(a, "--sp"))
                 o->sp = true, o->mesh = true;
+            else if (!strcmp(a, "--keep-gathered"))
+                o->keep_gathered = true, o->mesh = true;
             else if (!strcmp(a, "--sinpos"))
                 o->c.sinpos = true;
             else if (!strcmp(a, "--rope"))
@@ -448,7 +454,8 @@ static int mesh_main(options *o, gpt_data *d)
     if (gptm_init_moe(&g, &o->c, o->dp, o->tp, o->ep, o->experts, o->topk, o->zero, o->blocks,
                       o->shards, &o->t, err, sizeof err))
         return mesh_quit(&g, "", err);
-    if (gptm_set_sp(&g, o->sp, err, sizeof err) ||
+    if ((o->keep_gathered && gptm_set_release(&g, false, err, sizeof err)) ||
+        gptm_set_sp(&g, o->sp, err, sizeof err) ||
         gptm_set_dropout(&g, o->c.dropout, err, sizeof err))
         return mesh_quit(&g, "", err);
     const char *nocap = o->capture ? gptm_capture_refusal(&g) : NULL;

@@ -30,10 +30,10 @@
  * tensor coordinate r (its "data" group), S fixed shards of the batch
  * (--shards, 8); shard s's loss is the tensor group's joined loss and
  * nt_ddp_backward_group hands each nt_ddp its replica's gradients.  ZeRO
- * stages come from nt_ddp_set_zero on every one of them; at stage 3 with
- * one member (tp 1, no expert split) a step runs in rounds of one shard a
- * device, each block's weights released after its forward
- * (nt_ddp_layer_done, gptm_rounds; docs/sharding.md, "The model").  Gradient
+ * stages come from nt_ddp_set_zero on every one of them; at stage 3 a step
+ * runs in rounds of one shard a tensor (or expert) group, each block's
+ * weights released in every member after its forward (nt_ddp_layer_done,
+ * gptm_rounds; docs/sharding.md, "The model").  Gradient
  * clipping (gptm_clip) defines its norm's order over the same blocks.  Not
  * done under a mesh: --untied, --sinpos, --rope.
  *
@@ -125,13 +125,14 @@ typedef struct {
                               forward's scope ended (what the backward keeps, and
                               the loss) minus before the forward */
     int64_t live_bytes;    /* the largest nt_device_bytes_live there before a backward */
-    /* Stage 3 with one member (tp 1, no expert split; gptm_set_release):
-     * the local devices' shards run in rounds, one shard a device, layer by
-     * layer (gptm_rounds): each block's weights gathered a block ahead of
-     * its forward and given back after it (nt_ddp_layer_done), gathered again
-     * in the round's backward (nt_ddp_backward_shards).  On by default at
-     * stage 3 with one member; not while recording a capture (both calls
-     * refuse one: the captured step runs shard by shard). */
+    /* Stage 3 (gptm_set_release): the local groups' shards run in rounds,
+     * one shard a group (member r of group k on g->dd[r][k]), layer by
+     * layer (gptm_rounds): each block's weights gathered in every member's
+     * nt_ddp a block ahead of its forward and given back after it
+     * (nt_ddp_layer_done, a mark per member), gathered again in the round's
+     * backward (nt_ddp_backward_group_shards).  On by default at stage 3,
+     * at every (tp, ep); not while recording a capture (both calls refuse
+     * one: the captured step runs shard by shard). */
     bool release;
     bool recording;        /* gptm_captured_step is recording gptm_step_body */
 } gpt_mesh;
@@ -474,28 +475,19 @@ static inline int gptm_init_moe(gpt_mesh *g, const gpt_config *c, int dp, int tp
             return -1;
         }
     }
-    g->release = zero == 3 && g->nm == 1;
+    g->release = zero == 3;
     nt_device_set(0);
     return 0;
 }
 
 /* Turns the per-layer release of stage 3 (gpt_mesh.release) on or off
- * (before a step): 0, or -1 with err set when asked for at another stage
- * or with more than one member (tp or ep > 1: a round's backward would
- * join shards of several nt_ddps, one a device, which neither
- * nt_ddp_backward_shards nor nt_ddp_backward_group does). */
+ * (before a step): 0, or -1 with err set when asked for at another stage. */
 static inline int gptm_set_release(gpt_mesh *g, bool on, char *err, size_t n)
 {
     if (on && g->zero != 3)
-        return gptm_fail(err, n, "releasing each block's gathered weights after its forward "
-                         "needs --zero 3 (got --zero %d): the other stages keep the "
-                         "parameters whole", g->zero);
-    if (on && g->nm != 1)
-        return gptm_fail(err, n, "releasing each block's gathered weights after its forward "
-                         "needs --tp 1 and --ep 1 (got --tp %d, --ep %d): a round of one "
-                         "shard a device over several nt_ddps (one per tensor or expert "
-                         "rank) has no joined backward; --zero 3 there keeps every block "
-                         "gathered for the step", g->tp, g->ep);
+        return gptm_fail(err, n, "gptm_set_release: releasing each block's gathered weights "
+                         "after its forward needs --zero 3 (got --zero %d): the other stages "
+                         "keep the parameters whole", g->zero);
     g->release = on;
     return 0;
 }
@@ -1197,29 +1189,51 @@ static inline int gptm_step_end(gpt_mesh *g, const gpt_train_opts *o)
     return 0;
 }
 
-/* The forward and backward of one round (g->release): local device k
- * computes shard sh[k], block by block over the devices.  The embeddings,
- * the position table, the layer norms, the biases and the final layer
- * norm are gathered for the whole step (wte also feeds the tied head);
- * block l's four weights [GPTM_M2(g, l, 0), GPTM_M2(g, l + 1, 0)) are
- * gathered (refilled after an earlier round) one block ahead of its
- * forward and released after it by nt_ddp_layer_done, whose marks refill
- * them in nt_ddp_backward_shards' pass.  *loss[k] gets shard sh[k]'s
- * loss (a reference each).  0 or -1 with the runtime's error. */
+/* The tensor communicators of one group's expert ranks: c[e] the one of
+ * member e tp (devs: the group's members' devices).  0 or -1 with the
+ * runtime's error. */
+static inline int gptm_comms(gpt_mesh *g, const int *devs, nt_comm **c)
+{
+    for (int e = 0; e < g->ep; e++)
+        if (!(c[e] = nt_mesh_comm(g->mesh, "tensor", devs[e * g->tp])))
+            return -1;
+    return 0;
+}
+
+/* The forward and backward of one round (g->release): the group of local
+ * index k (member r on its k-th device, g->dd[r][k]) computes shard sh[k],
+ * block by block over the groups.  The embeddings, the position table, the
+ * layer norms, the biases and the final layer norm are gathered for the
+ * whole step (wte also feeds the tied head); block l's four weights
+ * [GPTM_M2(g, l, 0), GPTM_M2(g, l + 1, 0)) are gathered in every member's
+ * nt_ddp (refilled after an earlier round) one block ahead of its forward
+ * and released after every group's forward of it by nt_ddp_layer_done, one
+ * mark per member, whose marks refill them in the round's backward
+ * (nt_ddp_backward_group_shards: one pass over every group's joined loss).
+ * *loss[k] gets shard sh[k]'s loss (a reference each, on member 0's
+ * device).  0 or -1 with the runtime's error. */
 static inline int gptm_round(gpt_mesh *g, const gpt_train_opts *o, nt_tensor **idx_all,
                              nt_tensor **tgt_all, const int *sh, nt_tensor **loss)
 {
-    nt_ddp *d = g->ddp[0];
-    int nk = g->ndd[0], L = g->c.n_layer, wlo = GPTM_M2(g, 0, 0), whi = GPTM_M2(g, L, 0);
-    if (nt_ddp_gather(d, 0, wlo) || nt_ddp_gather(d, whi, g->n) ||
-        (L > 0 && nt_ddp_gather(d, wlo, GPTM_M2(g, 1, 0))))
-        return -1;
+    int nk = g->ndd[0], nm = g->nm, L = g->c.n_layer, wlo = GPTM_M2(g, 0, 0),
+        whi = GPTM_M2(g, L, 0);
+    for (int r = 0; r < nm; r++)
+        if (nt_ddp_gather(g->ddp[r], 0, wlo) || nt_ddp_gather(g->ddp[r], whi, g->n) ||
+            (L > 0 && nt_ddp_gather(g->ddp[r], wlo, GPTM_M2(g, 1, 0))))
+            return -1;
+    /* group k's members at [k nm, (k + 1) nm) (its expert ranks' tensor
+     * communicators at [k ep, (k + 1) ep)); nk x nm <= this process's devices */
     nt_comm *c[GPTM_MAXD];
-    nt_tensor **P[GPTM_MAXD], *x[GPTM_MAXD], *aux[GPTM_MAXD] = {0};
+    nt_tensor **P[GPTM_MAXD], *x[GPTM_MAXD], *aux[GPTM_MAXD] = {0}, *in[GPTM_MAXD];
+    int devs[GPTM_MAXD];
     for (int k = 0; k < nk; k++) {
         loss[k] = NULL;
-        if (!(P[k] = nt_ddp_params(d, g->dd[0][k])) ||
-            !(c[k] = nt_mesh_comm(g->mesh, "tensor", g->dd[0][k])))
+        if (gptm_shard_devs(g, sh[k], devs + k * nm))
+            return -1;
+        for (int r = 0; r < nm; r++)
+            if (!(P[k * nm + r] = nt_ddp_params(g->ddp[r], devs[k * nm + r])))
+                return -1;
+        if (gptm_comms(g, devs + k * nm, c + k * g->ep))
             return -1;
     }
     bool amp = o->amp != NT_DTYPE_COUNT;
@@ -1231,23 +1245,31 @@ static inline int gptm_round(gpt_mesh *g, const gpt_train_opts *o, nt_tensor **i
     int rc = !fs;
     for (int k = 0; k < nk && !rc; k++) {
         g->shard = sh[k];
-        rc = gptm_embed(g, &c[k], &P[k], &g->dd[0][k], idx_all + sh[k], &x[k]);
+        rc = gptm_embed(g, c + k * g->ep, P + k * nm, devs + k * nm,
+                        idx_all + (size_t)sh[k] * nm, x + k * nm);
     }
     for (int l = 0; l < L && !rc; l++) {
         int lo = GPTM_M2(g, l, 0), hi = GPTM_M2(g, l + 1, 0);
-        if (l + 1 < L && nt_ddp_gather(d, hi, GPTM_M2(g, l + 2, 0))) /* the next block's */
-            rc = -1;
+        for (int r = 0; r < nm && l + 1 < L && !rc; r++) /* the next block's */
+            rc = nt_ddp_gather(g->ddp[r], hi, GPTM_M2(g, l + 2, 0)) ? -1 : 0;
         for (int k = 0; k < nk && !rc; k++) {
             g->shard = sh[k];
-            rc = gptm_fwd_block(g, &c[k], &P[k], &g->dd[0][k], l, &x[k], &aux[k]);
+            rc = gptm_fwd_block(g, c + k * g->ep, P + k * nm, devs + k * nm, l, x + k * nm,
+                                aux + k * nm);
         }
-        if (!rc && nt_ddp_layer_done(d, lo, hi, x, x))
-            rc = -1;
+        for (int r = 0; r < nm && !rc; r++) { /* member r's x on its nk devices */
+            for (int k = 0; k < nk; k++)
+                in[k] = x[k * nm + r];
+            rc = nt_ddp_layer_done(g->ddp[r], lo, hi, in, in) ? -1 : 0;
+            for (int k = 0; k < nk && !rc; k++)
+                x[k * nm + r] = in[k];
+        }
     }
     for (int k = 0; k < nk && !rc; k++) {
         g->shard = sh[k];
-        loss[k] = gptm_out(g, &c[k], &P[k], &g->dd[0][k], idx_all + sh[k], tgt_all + sh[k],
-                            &x[k], &aux[k]);
+        loss[k] = gptm_out(g, c + k * g->ep, P + k * nm, devs + k * nm,
+                           idx_all + (size_t)sh[k] * nm, tgt_all + (size_t)sh[k] * nm,
+                           x + k * nm, aux + k * nm);
         rc = !loss[k] || !nt_keep(loss[k]);
     }
     if (fs)
@@ -1260,13 +1282,14 @@ static inline int gptm_round(gpt_mesh *g, const gpt_train_opts *o, nt_tensor **i
     g->tally = g->training = false;
     if (amp)
         nt_autocast_end();
-    if (!rc && nt_ddp_backward_shards(d, sh, loss, nk))
+    if (!rc && nt_ddp_backward_group_shards(g->ddp, nm, sh, loss, nk))
         rc = -1;
     return rc ? -1 : 0;
 }
 
-/* Every local shard's forward and backward in rounds (g->release; one
- * member): round q takes each local device's q-th shard (gptm_round).  The
+/* Every local shard's forward and backward in rounds (g->release): round
+ * q takes each local group's q-th shard (gptm_round; the groups are
+ * numbered by member 0's local devices).  The
  * shards' losses go into *loss_sum in shard order, as the loop of
  * gptm_step_body adds them.  0 or -1 with the runtime's error. */
 static inline int gptm_rounds(gpt_mesh *g, const gpt_train_opts *o, nt_tensor **idx_all,
@@ -1352,9 +1375,7 @@ static inline int gptm_step_body(gpt_mesh *g, const gpt_train_opts *o, nt_tensor
             }
         }
         nt_comm *c[GPTM_MAXD];
-        bool ok = true;
-        for (int e = 0; e < g->ep; e++)
-            ok = (c[e] = nt_mesh_comm(g->mesh, "tensor", devs[e * g->tp])) && ok;
+        bool ok = !gptm_comms(g, devs, c);
         bool amp = o->amp != NT_DTYPE_COUNT;
         if (amp && nt_autocast_begin(o->amp)) {
             nt_scope_end(sc);
@@ -1525,9 +1546,7 @@ static inline double gptm_eval(gpt_mesh *g, const gpt_data *d, const gpt_train_o
         return NAN;
     int32_t *xb = malloc(sizeof *xb * (size_t)B * T), *yb = malloc(sizeof *yb * (size_t)B * T);
     nt_comm *c[GPTM_MAXD];
-    int rc = !xb || !yb;
-    for (int e = 0; e < g->ep; e++)
-        rc |= !(c[e] = nt_mesh_comm(g->mesh, "tensor", devs[e * g->tp]));
+    int rc = !xb || !yb || gptm_comms(g, devs, c);
     double sum = 0;
     nt_no_grad_begin();
     for (int k = 0; k < nb && !rc; k++) {

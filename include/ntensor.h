@@ -2160,6 +2160,23 @@ NT_API int nt_ddp_backward_group(nt_ddp *const *ds, int nd, int shard, nt_tensor
  *  scalar; NT_ESTATE while capturing (a captured step takes
  *  nt_ddp_backward per shard); nothing changed then. */
 NT_API int nt_ddp_backward_shards(nt_ddp *d, const int *shards, nt_tensor *const *losses, int n);
+/** nt_ddp_backward_shards over a tensor-parallel group: the nt_ddps
+ *  ds[0..nd) (distinct; one per tensor or expert rank, each data-parallel
+ *  over its own devices, as for nt_ddp_backward_group), each with n local
+ *  devices, local device i of every one of them computing shard shards[i]
+ *  (its part of the group's forward of that shard).  losses[i] is the
+ *  group's loss of shard shards[i] (the members' losses joined, nt_tp_join),
+ *  on ds[0]'s local device i.  The group forwards of the n shards may run
+ *  layer by layer together, with nt_ddp_layer_done marks of every ds[r];
+ *  the n losses are joined and one nt_backward runs them all.  Each ds[r]
+ *  gets its own replica's gradients of each shard in its shard tree: the
+ *  same bits as n nt_ddp_backward_group calls, and their rules.  Errors as
+ *  nt_ddp_backward_group's and nt_ddp_backward_shards' (for ds[0]), and
+ *  NT_EINVAL naming the argument for a ds[r] with another local device
+ *  count than n or whose local device i does not compute shards[i];
+ *  nothing changed then. */
+NT_API int nt_ddp_backward_group_shards(nt_ddp *const *ds, int nd, const int *shards,
+                                        nt_tensor *const *losses, int n);
 /** Combines the step's shard gradients (every shard of this process must
  *  have had its nt_ddp_backward, else NT_ESTATE naming the first missing
  *  one): the shard tree, the collective over processes and devices, times
@@ -2241,7 +2258,9 @@ NT_API int nt_ddp_gather(nt_ddp *d, int lo, int hi);
  *  argument (NULL arrays, a bad range, an input not on local device i or
  *  not floating); NT_ESTATE at another stage, for a layer not gathered,
  *  while capturing, or when a marked layer is differentiated outside its
- *  round's nt_ddp_backward_shards. */
+ *  round's nt_ddp_backward_shards.  A tensor-parallel group marks each
+ *  layer in each of its nt_ddps (after every member's forward of it) and
+ *  runs the round's backward with nt_ddp_backward_group_shards. */
 NT_API int nt_ddp_layer_done(nt_ddp *d, int lo, int hi, nt_tensor *const *in, nt_tensor **out);
 /** Stages 2, 3: on (true), each bucket of nt_ddp_reduce's reduce-scatter
  *  is issued during the backward, as soon as every local device's

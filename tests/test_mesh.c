@@ -233,7 +233,7 @@ static void test_capture(void **state)
     unsetenv("NT_SIM_CORES");
 }
 
-/* ZeRO stage 3 at tp 1 (gptm_set_release, on by default there): each
+/* ZeRO stage 3 at tp 1 (gptm_set_release, on by default at stage 3): each
  * block's four weights gathered one block ahead of its forward and released
  * after it (nt_ddp_layer_done), the shards in rounds of one a device
  * (nt_ddp_backward_shards).  A 4-block model of width 32 (a block's
@@ -242,7 +242,7 @@ static void test_capture(void **state)
  * stage 0 at (1, 1) (its own for sp and bf16); and at dp 4 the per-core
  * peak of live bytes falls by at least two blocks' weights against the
  * run keeping every block gathered (gptm_set_release off, the shard by
- * shard loop).  Then gptm_set_release's refusals. */
+ * shard loop).  Then gptm_set_release's default and refusal. */
 static void test_release(void **state)
 {
     (void)state;
@@ -283,28 +283,85 @@ static void test_release(void **state)
            bf0, bf3);
     assert_true(sp0 == sp3 && bf0 == bf3);
     LAYERS = 0;
-    /* the refusals: another stage, more than one member */
+    /* the refusal: another stage; on by default at stage 3, tp 2 too */
     char err[512];
     static gpt_mesh g;
     two_core_mesh(&g, 3, err, sizeof err);
     gpt_config c = mesh_h_cfg();
     gpt_train_opts o = mesh_h_opts(STEPS, 1);
-    assert_false(g.release); /* two tensor ranks: kept gathered */
-    assert_int_equal(gptm_set_release(&g, true, err, sizeof err), -1);
-    assert_non_null(strstr(err, "needs --tp 1 and --ep 1 (got --tp 2, --ep 1)"));
-    assert_false(g.release);
+    assert_true(g.release); /* two tensor ranks: released too */
     assert_int_equal(gptm_set_release(&g, false, err, sizeof err), 0);
+    assert_false(g.release);
+    assert_int_equal(gptm_set_release(&g, true, err, sizeof err), 0);
+    assert_true(g.release);
     gptm_free(&g);
     assert_int_equal(gptm_init(&g, &c, 2, 1, 2, BLOCKS, SHARDS, &o, err, sizeof err), 0);
     assert_false(g.release);
     assert_int_equal(gptm_set_release(&g, true, err, sizeof err), -1);
+    assert_non_null(strstr(err, "gptm_set_release: "));
     assert_non_null(strstr(err, "needs --zero 3 (got --zero 2)"));
+    assert_false(g.release);
     gptm_free(&g);
     assert_int_equal(gptm_init(&g, &c, 2, 1, 3, BLOCKS, SHARDS, &o, err, sizeof err), 0);
     assert_true(g.release);
     gptm_free(&g);
     nt_shutdown();
     unsetenv("NT_SIM_CORES");
+}
+
+/* ZeRO stage 3 with tensor parallelism (gptm_set_release at tp > 1): the
+ * round of one shard a tensor group, each block's weights released in
+ * every tensor rank's nt_ddp after every group's forward of it, gathered
+ * again (prefetched) for its backward, one pass over the groups' joined
+ * losses (nt_ddp_backward_group_shards).  The 4-block model of
+ * test_release at (dp, tp) (1, 2), (2, 2), (4, 2), (2, 4) on both backends
+ * and several modes, with sp and bf16: the CRC of stage 0 at (1, 1); at
+ * (2, 2) and (4, 2), deterministic (the adaptive mode's peaks move from run
+ * to run), the release off gives it too, and the per-core peak of live
+ * bytes with the release is below the one without by at least two blocks'
+ * weights of a tensor rank.  (Before the release was built for
+ * tp > 1, gptm_set_release(true) refused these meshes.) */
+static void test_release_tp(void **state)
+{
+    (void)state;
+    LAYERS = 4;
+    const double block = 4.0 * 12 * 32 * 32;
+    uint32_t ref = run(1, 1, 0, 3, NT_DTYPE_COUNT);
+    static const int runs[][4] = {/* dp, tp, cfg (nt_test.h), 1: also without the release */
+                                  {2, 2, 1, 1}, {4, 2, 0, 1}, {1, 2, 3, 0}, {2, 2, 7, 0},
+                                  {2, 4, 5, 0}, {2, 2, 4, 0}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        const int *r = runs[i];
+        RELEASE = 1;
+        uint32_t on = run(r[0], r[1], 3, r[2], NT_DTYPE_COUNT);
+        int64_t peak_on = PEAK;
+        printf("# 4 blocks, (dp %d, tp %d) zero 3 %-4s %-14s released %08x (stage 0 %08x), "
+               "per-core peak %.3f MiB", r[0], r[1], NT_TEST_CFGS[r[2]][0],
+               NT_TEST_CFGS[r[2]][1], on, ref, peak_on / 1048576.0);
+        if (r[3]) {
+            RELEASE = 0;
+            uint32_t off = run(r[0], r[1], 3, r[2], NT_DTYPE_COUNT);
+            printf(", kept %08x %.3f MiB (a tensor rank's block %.3f MiB)", off,
+                   PEAK / 1048576.0, block / r[1] / 1048576.0);
+            if (off != ref || (double)peak_on > (double)PEAK - 2 * block / r[1])
+                fail_msg("(dp %d, tp %d): kept %08x peak %lld; released peak %lld", r[0], r[1],
+                         off, (long long)PEAK, (long long)peak_on);
+        }
+        RELEASE = -1;
+        printf("\n");
+        fflush(stdout);
+        if (on != ref)
+            fail_msg("(dp %d, tp %d) zero 3 on %s %s with the release: %08x; stage 0 %08x",
+                     r[0], r[1], NT_TEST_CFGS[r[2]][0], NT_TEST_CFGS[r[2]][1], on, ref);
+    }
+    SP = true;
+    uint32_t sp0 = run(1, 1, 0, 3, NT_DTYPE_COUNT), sp3 = run(2, 2, 3, 3, NT_DTYPE_COUNT);
+    SP = false;
+    uint32_t bf0 = run(1, 1, 0, 3, NT_BF16), bf3 = run(2, 2, 3, 3, NT_BF16);
+    printf("# sp: stage 0 %08x, (2, 2) released %08x; bf16: stage 0 %08x, (2, 2) released "
+           "%08x\n", sp0, sp3, bf0, bf3);
+    assert_true(sp0 == sp3 && bf0 == bf3);
+    LAYERS = 0;
 }
 
 /* gptm_init's errors, with the runtime of `cores` cores. */
@@ -389,6 +446,112 @@ static void test_backward_group_errors(void **state)
     unsetenv("NT_SIM_CORES");
 }
 
+/* nt_ddp_backward_group_shards: two nt_ddps (tensor ranks 0 and 1, one
+ * parameter p_r of 4 each) over devices {0, 1} and {2, 3}, 2 shards; group
+ * k (devices k and 2 + k) computes shard k's loss, the join of member r's
+ * sum(p_r * c_k).  After the one backward and the reduces each replica's
+ * .grad is the mean of c_0 and c_1 (every member's loss gets the gradient
+ * 1, nt_tp_join), written out by hand below.  Before it, the bad arguments:
+ * each a clear error naming the call and the argument, nothing changed
+ * (the call then works, once a shard). */
+static void test_backward_group_shards(void **state)
+{
+    (void)state;
+    setenv("NT_SIM_CORES", "5", 1);
+    assert_int_equal(nt_init(), 0);
+    const char *fn = "nt_ddp_backward_group_shards";
+    float v[4] = {1, 2, 3, 4}, cv[2][4] = {{0.5f, -1, 2, 3}, {1.5f, 4, -2, 0.25f}};
+    nt_tensor *p[2];
+    nt_ddp *d[2];
+    for (int r = 0; r < 2; r++) {
+        nt_device_set(2 * r);
+        p[r] = nt_from_host(v, NT_F32, 1, (int64_t[]){4});
+        assert_int_equal(nt_set_requires_grad(p[r], true), 0);
+        d[r] = nt_ddp_create(&p[r], 1, 2, (int[]){2 * r, 2 * r + 1}, 2);
+        assert_non_null(d[r]);
+    }
+    nt_tensor *loss[2], *part[2];
+    nt_comm *c[2];
+    for (int k = 0; k < 2; k++) {
+        assert_non_null(c[k] = nt_comm_create((int[]){k, 2 + k}, 2));
+        for (int r = 0; r < 2; r++) {
+            nt_device_set(2 * r + k);
+            nt_tensor *ck = nt_from_host(cv[k], NT_F32, 1, (int64_t[]){4});
+            part[r] = nt_sum(nt_mul(nt_ddp_params(d[r], 2 * r + k)[0], ck), NT_DIM_ALL, false);
+        }
+        nt_device_set(k);
+        assert_non_null(loss[k] = nt_tp_join(c[k], part));
+    }
+    int sh[2] = {0, 1}, swapped[2] = {1, 0}, far[2] = {0, 7};
+    nt_ddp *same[2] = {d[0], d[0]}, *rev[2] = {d[1], d[0]};
+    nt_tensor *lswap[2] = {loss[1], loss[0]};
+    nt_test_expect_err(nt_ddp_backward_group_shards(NULL, 2, sh, loss, 2), NT_EINVAL, fn,
+                       "'ds' is NULL");
+    nt_test_expect_err(nt_ddp_backward_group_shards(d, 0, sh, loss, 2), NT_EINVAL, fn, "'nd'");
+    nt_test_expect_err(nt_ddp_backward_group_shards(same, 2, sh, loss, 2), NT_EINVAL, fn,
+                       "same nt_ddp at 0 and 1");
+    nt_test_expect_err(nt_ddp_backward_group_shards(d, 2, NULL, loss, 2), NT_EINVAL, fn,
+                       "'shards' is NULL");
+    nt_test_expect_err(nt_ddp_backward_group_shards(d, 2, sh, NULL, 2), NT_EINVAL, fn,
+                       "'losses' is NULL");
+    nt_test_expect_err(nt_ddp_backward_group_shards(d, 2, sh, loss, 1), NT_EINVAL, fn,
+                       "'n' is 1", "expected 2");
+    nt_test_expect_err(nt_ddp_backward_group_shards(d, 2, swapped, loss, 2), NT_EINVAL, fn,
+                       "'shards[0]' is 1", "another device", "local device 0");
+    nt_test_expect_err(nt_ddp_backward_group_shards(d, 2, far, loss, 2), NT_EINVAL, fn,
+                       "'shards[1]' is 7", "< 2");
+    nt_test_expect_err(nt_ddp_backward_group_shards(d, 2, sh, lswap, 2), NT_EINVAL, fn,
+                       "'losses[0]' is on device 1", "shard 0 belongs to device 0");
+    /* ds[0]'s losses must be on ds[0]'s devices: d[1] first names them */
+    nt_test_expect_err(nt_ddp_backward_group_shards(rev, 2, sh, loss, 2), NT_EINVAL, fn,
+                       "'losses[0]' is on device 0", "device 2");
+    /* a group member with another local device count, or whose device i
+     * computes another shard */
+    nt_device_set(4);
+    nt_tensor *q = nt_from_host(v, NT_F32, 1, (int64_t[]){4});
+    assert_int_equal(nt_set_requires_grad(q, true), 0);
+    /* odd: 4 shards over its 2 devices, so its device 1 computes shards 2, 3 */
+    nt_ddp *one = nt_ddp_create(&q, 1, 2, (int[]){4}, 1), *odd = nt_ddp_create(&q, 1, 4,
+                                                                          (int[]){4, 3}, 2);
+    nt_ddp *g1[2] = {d[0], one}, *g4[2] = {d[0], odd};
+    assert_non_null(one);
+    assert_non_null(odd);
+    nt_test_expect_err(nt_ddp_backward_group_shards(g1, 2, sh, loss, 2), NT_EINVAL, fn,
+                       "'ds[1]' has 1 local devices", "ds[0] 2");
+    nt_test_expect_err(nt_ddp_backward_group_shards(g4, 2, sh, loss, 2), NT_EINVAL, fn,
+                       "'shards[1]' is 1", "another device", "for ds[1]");
+    nt_ddp_destroy(odd);
+    nt_ddp_destroy(one);
+    nt_release(q);
+    /* nothing changed: the call works, once a shard */
+    assert_int_equal(nt_ddp_backward_group_shards(d, 2, sh, loss, 2), 0);
+    nt_test_expect_err(nt_ddp_backward_group_shards(d, 2, sh, loss, 2), NT_ESTATE, fn,
+                       "shard 0 already");
+    float want[4], got[4];
+    for (int i = 0; i < 4; i++)
+        want[i] = (cv[0][i] + cv[1][i]) * 0.5f;
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(nt_ddp_reduce(d[r]), 0);
+        for (int k = 0; k < 2; k++) {
+            nt_tensor *gr = nt_grad(nt_ddp_params(d[r], 2 * r + k)[0]);
+            assert_non_null(gr);
+            assert_int_equal(nt_to_host(gr, got, sizeof got), 0);
+            assert_memory_equal(got, want, sizeof got);
+            nt_release(gr);
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        nt_release(loss[k]);
+        nt_comm_destroy(c[k]);
+    }
+    for (int r = 0; r < 2; r++) {
+        nt_ddp_destroy(d[r]);
+        nt_release(p[r]);
+    }
+    nt_shutdown();
+    unsetenv("NT_SIM_CORES");
+}
+
 /* ---------------- over 2 processes (mpirun) ---------------- */
 
 /* mpirun -np 2 of this program at (dp, tp, zero) with `cores` cores a
@@ -445,11 +608,13 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_backward_group_errors),
+        cmocka_unit_test(test_backward_group_shards),
         cmocka_unit_test(test_bitwise),
         cmocka_unit_test(test_bitwise_bf16),
         cmocka_unit_test(test_clip),
         cmocka_unit_test(test_capture),
         cmocka_unit_test(test_release),
+        cmocka_unit_test(test_release_tp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -325,6 +325,8 @@ NT_API int nt_ddp_backward_group_at(const nt_site *site, nt_ddp *const *ds, int 
                                     nt_tensor *loss);
 NT_API int nt_ddp_backward_shards_at(const nt_site *site, nt_ddp *d, const int *shards,
                                      nt_tensor *const *losses, int n);
+NT_API int nt_ddp_backward_group_shards_at(const nt_site *site, nt_ddp *const *ds, int nd,
+                                           const int *shards, nt_tensor *const *losses, int n);
 NT_API int nt_ddp_reduce_at(const nt_site *site, nt_ddp *d);
 NT_API int nt_ddp_step_at(const nt_site *site, nt_ddp *d, nt_optim *const *opts, int nopts);
 NT_API nt_tensor *nt_ddp_batch_norm_at(const nt_site *site, nt_ddp *d, int shard, nt_tensor *x,
@@ -585,6 +587,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
     X(int, nt_ddp_backward, (nt_ddp *d, int shard, nt_tensor *loss), (const nt_site *site, nt_ddp *d, int shard, nt_tensor *loss), 3) \
     X(int, nt_ddp_backward_group, (nt_ddp *const *ds, int nd, int shard, nt_tensor *loss), (const nt_site *site, nt_ddp *const *ds, int nd, int shard, nt_tensor *loss), 4) \
     X(int, nt_ddp_backward_shards, (nt_ddp *d, const int *shards, nt_tensor *const *losses, int n), (const nt_site *site, nt_ddp *d, const int *shards, nt_tensor *const *losses, int n), 4) \
+    X(int, nt_ddp_backward_group_shards, (nt_ddp *const *ds, int nd, const int *shards, nt_tensor *const *losses, int n), (const nt_site *site, nt_ddp *const *ds, int nd, const int *shards, nt_tensor *const *losses, int n), 5) \
     X(int, nt_ddp_reduce, (nt_ddp *d), (const nt_site *site, nt_ddp *d), 1) \
     X(int, nt_ddp_step, (nt_ddp *d, nt_optim *const *opts, int nopts), (const nt_site *site, nt_ddp *d, nt_optim *const *opts, int nopts), 3) \
     X(nt_tensor *, nt_ddp_batch_norm, (nt_ddp *d, int shard, nt_tensor *x, nt_tensor *running_mean, nt_tensor *running_var, nt_tensor *w, nt_tensor *b, double momentum, double eps), (const nt_site *site, nt_ddp *d, int shard, nt_tensor *x, nt_tensor *running_mean, nt_tensor *running_var, nt_tensor *w, nt_tensor *b, double momentum, double eps), 9) \
@@ -814,6 +817,7 @@ NT_API int nt_graph_cache_run_at(const nt_site *site, nt_graph_cache *c,
 #define nt_ddp_backward(...) nt_ddp_backward_at(NT_HERE, __VA_ARGS__)
 #define nt_ddp_backward_group(...) nt_ddp_backward_group_at(NT_HERE, __VA_ARGS__)
 #define nt_ddp_backward_shards(...) nt_ddp_backward_shards_at(NT_HERE, __VA_ARGS__)
+#define nt_ddp_backward_group_shards(...) nt_ddp_backward_group_shards_at(NT_HERE, __VA_ARGS__)
 #define nt_ddp_reduce(...) nt_ddp_reduce_at(NT_HERE, __VA_ARGS__)
 #define nt_ddp_step(...) nt_ddp_step_at(NT_HERE, __VA_ARGS__)
 #define nt_ddp_batch_norm(...) nt_ddp_batch_norm_at(NT_HERE, __VA_ARGS__)
