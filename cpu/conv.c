@@ -135,6 +135,7 @@ typedef struct cg_job {
     atomic_int failed;
     const float *wt; /* non-NULL: the kernel without columns, w'^T [G][Kc][COg] */
     bool v512;       /* its AVX-512 blocks (else its AVX2 ones) */
+    const struct cgd_vec *vt; /* the AVX-512 blocks' vectors (cgd_vecs) */
 } cg_job;
 
 /* ---------------- conv_gemm without columns (f32, stride 1, AVX-512) ----------------
@@ -171,6 +172,13 @@ typedef struct cg_job {
     else                                                                                     \
         cgd_put(c + (r) * CGD_Q, s##r##a, acc), cgd_put(c + (r) * CGD_Q + 16, s##r##b, acc), \
             cgd_put(c + (r) * CGD_Q + 32, s##r##c, acc);
+
+/* Vector u of the padded copy's flat positions: its kept lanes m, the
+ * low popcount(m) lanes n, and where the first kept lane lands in y. */
+typedef struct cgd_vec {
+    int64_t d;
+    __mmask16 m, n;
+} cgd_vec;
 
 /* Where a block's last K-tile goes in y: vector v of its positions (16
  * lanes) keeps the lanes m[v] (ow < OW, oh < OH), which land at y's
@@ -398,16 +406,51 @@ static void cgd2_store(float *y, int64_t L, int rows, const float *c, const cgd_
                    (size_t)run[i].n * sizeof(float));
 }
 
+/* The padded copy's row stride Wp (see above): the right padding of a row
+ * and the left one of the next share their zeros. */
+static int64_t cgd_wp(const nt__conv_geo *g)
+{
+    int64_t Wf = g->OW + (g->kw - 1) * g->d[1];
+    int64_t hi1 = Wf - g->lo[1] - g->W, Wp = g->W + (g->lo[1] > hi1 ? g->lo[1] : hi1);
+    return Wp < g->OW ? g->OW : Wp > Wf ? Wf : Wp;
+}
+
+/* Vectors of 16 flat positions of the padded copy (u: positions 16 u ..)
+ * that the AVX-512 blocks cover, past the plane's end too (a block of 48
+ * may start up to 32 positions before it). */
+static int64_t cgd_nvec(const nt__conv_geo *g)
+{
+    return (g->OH * cgd_wp(g) + 47) / 16;
+}
+
+/* Fills vt [cgd_nvec]: vector u's kept lanes (ow < OW, oh < OH), where
+ * the first lands in y, and the low popcount(m) lanes.  The same for every
+ * image and group, so made once a call, not per block. */
+static void cgd_vecs(const nt__conv_geo *g, cgd_vec *vt)
+{
+    int64_t Wp = cgd_wp(g), nv = cgd_nvec(g);
+    for (int64_t u = 0, oh = 0, ow = 0; u < nv; u++) {
+        vt[u].m = 0, vt[u].d = 0;
+        for (int l = 0; l < 16; l++) {
+            if (oh < g->OH && ow < g->OW) {
+                if (!vt[u].m)
+                    vt[u].d = oh * g->OW + ow;
+                vt[u].m |= (__mmask16)(1u << l);
+            }
+            if (++ow == Wp)
+                ow = 0, oh++;
+        }
+        vt[u].n = (__mmask16)((1u << __builtin_popcount(vt[u].m)) - 1u);
+    }
+}
+
 /* Image n without columns (see above). */
 static void cgd_image(cg_job *j, int n)
 {
     const nt__conv_geo *g = j->g;
     int64_t Cg = g->C / g->G, COg = g->CO / g->G, Kc = Cg * g->kh * g->kw, L = g->OH * g->OW;
     int64_t Wf = g->OW + (g->kw - 1) * g->d[1], Hp = g->OH + (g->kh - 1) * g->d[0];
-    /* the row stride: the right padding of a row and the left one of the
-     * next share their zeros (see above) */
-    int64_t hi1 = Wf - g->lo[1] - g->W, Wp = g->W + (g->lo[1] > hi1 ? g->lo[1] : hi1);
-    Wp = Wp < g->OW ? g->OW : Wp > Wf ? Wf : Wp;
+    int64_t Wp = cgd_wp(g);
     int64_t Q = g->OH * Wp, ldw = (COg + 7) / 8 * 8, slack = (g->kw - 1) * g->d[1] + CGD_Q;
     size_t np = (size_t)(g->C * Hp * Wp + slack), npa = (np + 15) & ~(size_t)15;
     /* (ko after the planes at a multiple of 64 bytes: int64_t's alignment) */
@@ -451,17 +494,9 @@ static void cgd_image(cg_job *j, int n)
                 bw = (Q - q0 + 7) / 8 * 8;
             int nrun = 0; /* the block's runs of positions with ow < OW */
             if (j->v512) /* its vectors' kept lanes and where they land */
-                for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < bw; q++) {
-                    int v = (int)(q / 16);
-                    if (q % 16 == 0)
-                        o.m[v] = 0, o.d[v] = 0;
-                    if (oh < g->OH && ow < g->OW) {
-                        if (!o.m[v])
-                            o.d[v] = oh * g->OW + ow;
-                        o.m[v] |= (__mmask16)(1u << (q % 16));
-                    }
-                    if (++ow == Wp)
-                        ow = 0, oh++;
+                for (int v = 0; v < bw / 16; v++) {
+                    const cgd_vec *e = &j->vt[q0 / 16 + v];
+                    o.m[v] = e->m, o.d[v] = e->d, o.n[v] = e->n;
                 }
             else
                 for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < bw && oh < g->OH;) {
@@ -474,8 +509,6 @@ static void cgd_image(cg_job *j, int n)
                     if (ow == Wp)
                         ow = 0, oh++;
                 }
-            for (int v = 0; j->v512 && v < bw / 16; v++)
-                o.n[v] = (__mmask16)((1u << __builtin_popcount(o.m[v])) - 1u);
             for (int64_t co = 0; co < COg; co += 8) {
                 const float *wg = j->wt + grp * Kc * ldw + co;
                 int rows = COg - co < 8 ? (int)(COg - co) : 8;
@@ -601,13 +634,24 @@ int nt__cpu_conv_gemm(const nt__rec *r)
                         }
     bool v512;
     float *wt = cgd_weights(&g, dt, odt, wf ? wf : (const float *)wd, &v512);
-    cg_job j = {&g, nt__tensor_data(x), wd, wf, nt__tensor_data(y), dt, odt, 0, wt, v512};
+    struct cgd_vec *vt = NULL;
+#if CONV_X86
+    if (wt && v512) { /* no memory for the table: the columns' path, the same bits */
+        vt = g_try_malloc((size_t)cgd_nvec(&g) * sizeof *vt);
+        if (vt)
+            cgd_vecs(&g, vt);
+        else
+            g_free(wt), wt = NULL;
+    }
+#endif
+    cg_job j = {&g, nt__tensor_data(x), wd, wf, nt__tensor_data(y), dt, odt, 0, wt, v512, vt};
     if (g.N > 1)
         nt__par_blocks((int)g.N, cg_image, &j, true);
     else
         cg_image(&j, 0);
     g_free(wf);
     g_free(wt);
+    g_free(vt);
     /* nt__par_blocks returns after every block, its ends published */
     if (atomic_load_explicit(&j.failed, memory_order_relaxed))
         return nt__kerr(NT_EHOSTMEM, "out of host memory for the convolution's columns "
