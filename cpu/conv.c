@@ -135,6 +135,7 @@ typedef struct cg_job {
     atomic_int failed;
     const float *wt; /* non-NULL: the kernel without columns, w'^T [G][Kc][COg] */
     bool v512;       /* its AVX-512 blocks (else its AVX2 ones) */
+    const struct cgd_vec *vt; /* the AVX-512 blocks' vectors (cgd_vecs) */
 } cg_job;
 
 /* ---------------- conv_gemm without columns (f32, stride 1, AVX-512) ----------------
@@ -171,6 +172,13 @@ typedef struct cg_job {
     else                                                                                     \
         cgd_put(c + (r) * CGD_Q, s##r##a, acc), cgd_put(c + (r) * CGD_Q + 16, s##r##b, acc), \
             cgd_put(c + (r) * CGD_Q + 32, s##r##c, acc);
+
+/* Vector u of the padded copy's flat positions: its kept lanes m, the
+ * low popcount(m) lanes n, and where the first kept lane lands in y. */
+typedef struct cgd_vec {
+    int64_t d;
+    __mmask16 m, n;
+} cgd_vec;
 
 /* Where a block's last K-tile goes in y: vector v of its positions (16
  * lanes) keeps the lanes m[v] (ow < OW, oh < OH), which land at y's
@@ -398,16 +406,51 @@ static void cgd2_store(float *y, int64_t L, int rows, const float *c, const cgd_
                    (size_t)run[i].n * sizeof(float));
 }
 
+/* The padded copy's row stride Wp (see above): the right padding of a row
+ * and the left one of the next share their zeros. */
+static int64_t cgd_wp(const nt__conv_geo *g)
+{
+    int64_t Wf = g->OW + (g->kw - 1) * g->d[1];
+    int64_t hi1 = Wf - g->lo[1] - g->W, Wp = g->W + (g->lo[1] > hi1 ? g->lo[1] : hi1);
+    return Wp < g->OW ? g->OW : Wp > Wf ? Wf : Wp;
+}
+
+/* Vectors of 16 flat positions of the padded copy (u: positions 16 u ..)
+ * that the AVX-512 blocks cover, past the plane's end too (a block of 48
+ * may start up to 32 positions before it). */
+static int64_t cgd_nvec(const nt__conv_geo *g)
+{
+    return (g->OH * cgd_wp(g) + 47) / 16;
+}
+
+/* Fills vt [cgd_nvec]: vector u's kept lanes (ow < OW, oh < OH), where
+ * the first lands in y, and the low popcount(m) lanes.  The same for every
+ * image and group, so made once a call, not per block. */
+static void cgd_vecs(const nt__conv_geo *g, cgd_vec *vt)
+{
+    int64_t Wp = cgd_wp(g), nv = cgd_nvec(g);
+    for (int64_t u = 0, oh = 0, ow = 0; u < nv; u++) {
+        vt[u].m = 0, vt[u].d = 0;
+        for (int l = 0; l < 16; l++) {
+            if (oh < g->OH && ow < g->OW) {
+                if (!vt[u].m)
+                    vt[u].d = oh * g->OW + ow;
+                vt[u].m |= (__mmask16)(1u << l);
+            }
+            if (++ow == Wp)
+                ow = 0, oh++;
+        }
+        vt[u].n = (__mmask16)((1u << __builtin_popcount(vt[u].m)) - 1u);
+    }
+}
+
 /* Image n without columns (see above). */
 static void cgd_image(cg_job *j, int n)
 {
     const nt__conv_geo *g = j->g;
     int64_t Cg = g->C / g->G, COg = g->CO / g->G, Kc = Cg * g->kh * g->kw, L = g->OH * g->OW;
     int64_t Wf = g->OW + (g->kw - 1) * g->d[1], Hp = g->OH + (g->kh - 1) * g->d[0];
-    /* the row stride: the right padding of a row and the left one of the
-     * next share their zeros (see above) */
-    int64_t hi1 = Wf - g->lo[1] - g->W, Wp = g->W + (g->lo[1] > hi1 ? g->lo[1] : hi1);
-    Wp = Wp < g->OW ? g->OW : Wp > Wf ? Wf : Wp;
+    int64_t Wp = cgd_wp(g);
     int64_t Q = g->OH * Wp, ldw = (COg + 7) / 8 * 8, slack = (g->kw - 1) * g->d[1] + CGD_Q;
     size_t np = (size_t)(g->C * Hp * Wp + slack), npa = (np + 15) & ~(size_t)15;
     /* (ko after the planes at a multiple of 64 bytes: int64_t's alignment) */
@@ -451,17 +494,9 @@ static void cgd_image(cg_job *j, int n)
                 bw = (Q - q0 + 7) / 8 * 8;
             int nrun = 0; /* the block's runs of positions with ow < OW */
             if (j->v512) /* its vectors' kept lanes and where they land */
-                for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < bw; q++) {
-                    int v = (int)(q / 16);
-                    if (q % 16 == 0)
-                        o.m[v] = 0, o.d[v] = 0;
-                    if (oh < g->OH && ow < g->OW) {
-                        if (!o.m[v])
-                            o.d[v] = oh * g->OW + ow;
-                        o.m[v] |= (__mmask16)(1u << (q % 16));
-                    }
-                    if (++ow == Wp)
-                        ow = 0, oh++;
+                for (int v = 0; v < bw / 16; v++) {
+                    const cgd_vec *e = &j->vt[q0 / 16 + v];
+                    o.m[v] = e->m, o.d[v] = e->d, o.n[v] = e->n;
                 }
             else
                 for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < bw && oh < g->OH;) {
@@ -474,8 +509,6 @@ static void cgd_image(cg_job *j, int n)
                     if (ow == Wp)
                         ow = 0, oh++;
                 }
-            for (int v = 0; j->v512 && v < bw / 16; v++)
-                o.n[v] = (__mmask16)((1u << __builtin_popcount(o.m[v])) - 1u);
             for (int64_t co = 0; co < COg; co += 8) {
                 const float *wg = j->wt + grp * Kc * ldw + co;
                 int rows = COg - co < 8 ? (int)(COg - co) : 8;
@@ -601,13 +634,24 @@ int nt__cpu_conv_gemm(const nt__rec *r)
                         }
     bool v512;
     float *wt = cgd_weights(&g, dt, odt, wf ? wf : (const float *)wd, &v512);
-    cg_job j = {&g, nt__tensor_data(x), wd, wf, nt__tensor_data(y), dt, odt, 0, wt, v512};
+    struct cgd_vec *vt = NULL;
+#if CONV_X86
+    if (wt && v512) { /* no memory for the table: the columns' path, the same bits */
+        vt = g_try_malloc((size_t)cgd_nvec(&g) * sizeof *vt);
+        if (vt)
+            cgd_vecs(&g, vt);
+        else
+            g_free(wt), wt = NULL;
+    }
+#endif
+    cg_job j = {&g, nt__tensor_data(x), wd, wf, nt__tensor_data(y), dt, odt, 0, wt, v512, vt};
     if (g.N > 1)
         nt__par_blocks((int)g.N, cg_image, &j, true);
     else
         cg_image(&j, 0);
     g_free(wf);
     g_free(wt);
+    g_free(vt);
     /* nt__par_blocks returns after every block, its ends published */
     if (atomic_load_explicit(&j.failed, memory_order_relaxed))
         return nt__kerr(NT_EHOSTMEM, "out of host memory for the convolution's columns "
@@ -636,6 +680,8 @@ typedef struct wgd {
     int64_t grp;
     int nv;
     bool cl;               /* xp channel-last [N][Hp][Wp][16] (wgc_* below) */
+    int64_t *po, *gq;      /* channel-last: position p's offsets in xp and gy [P] */
+    float *C;              /* channel-last: the sums [V3][CO][16] */
     bool v512;             /* the AVX-512 tiles (else the AVX2 ones, wgd2_*) */
 } wgd;
 
@@ -713,13 +759,15 @@ __attribute__((target(NT_TARGET_AVX512))) static void wgd_tile4(const float *xp,
  * recurrence as one product over all P: the chunks start K-tiles), then
  * transposed and rounded into dw.  The two blocks of nt__par_blocks take
  * the two halves of the rows K (their columns and their products, each in
- * its own scratch): a row's recurrence does not depend on the others, so
- * the bits do not depend on the split. */
+ * its own scratch; the channel-last kernel's units instead, wgc_rows): a
+ * row's recurrence does not depend on the others, so the bits do not
+ * depend on the split. */
 typedef struct wg_job {
     const nt__conv_geo *g;
     const char *xd, *gd;
     nt_dtype dt, gdt;
     int64_t grp, nblk;
+    int64_t nvt; /* channel-last: the groups of vector triples (see wgc_rows) */
     float *CT; /* [Kc, COg] */
     atomic_int failed;
     const wgd *d; /* non-NULL: the kernel without columns */
@@ -776,44 +824,48 @@ __attribute__((target(NT_TARGET_AVX512))) static void wgc_tile(const float *xp, 
     WGC_R8(WGC_S)
 }
 
-/* Output channel blocks of 8 [b nb / nblk, (b + 1) nb / nblk) of every row. */
+/* The vectors (taps x C / 16) of the channel-last kernel, and rounded up to
+ * whole triples (the last triple's spare vectors repeat vector 0). */
+static int64_t wgc_nvec(const nt__conv_geo *g, int64_t *V3)
+{
+    int64_t V = g->kh * g->kw * (g->C / 16);
+    *V3 = (V + 2) / 3 * 3;
+    return V;
+}
+
+/* Unit b of nblk: output channel blocks of 8 [cg nb / ncg, (cg + 1) nb /
+ * ncg) times vector triples [tg nt / nvt, (tg + 1) nt / nvt), with ncg =
+ * nblk / nvt, cg = b % ncg, tg = b / ncg: each unit its own sums in d->C
+ * (and its own entries of CT), over every tile in order, so the split
+ * changes no bit.  With 16 output channels (two blocks of 8) the triples
+ * are split too: six units or more, not two halves, so a helper thread
+ * that starts late still takes its share. */
 static void wgc_rows(wg_job *j, int b)
 {
     const nt__conv_geo *g = j->g;
     const wgd *d = j->d;
-    int64_t L = g->OH * g->OW, P = g->N * L, T = g->kh * g->kw, CO = g->CO, C16 = g->C / 16;
-    int64_t V = T * C16, V3 = (V + 2) / 3 * 3, nb = CO / 8;
-    int64_t po[NT_GEMM_KTILE], gq[NT_GEMM_KTILE], to[WGC_MAXV + 2];
-    float *C = g_try_malloc((size_t)(V3 * CO * 16) * sizeof(float) + 64);
-    if (!C) {
-        atomic_store_explicit(&j->failed, 1, memory_order_relaxed);
-        return;
-    }
+    int64_t L = g->OH * g->OW, P = g->N * L, C16 = g->C / 16, CO = g->CO, V3;
+    int64_t V = wgc_nvec(g, &V3), nb = CO / 8, nt = V3 / 3, to[WGC_MAXV + 2];
     for (int64_t v = 0; v < V3; v++) { /* v = (t, ci / 16); past V: vector 0 again */
         int64_t u = v < V ? v : 0, t = u / C16;
         to[v] = (t / g->kw * g->d[0] * d->Wp + t % g->kw * g->d[1]) * g->C + u % C16 * 16;
     }
-    int64_t c0 = nb * b / j->nblk, c1 = nb * (b + 1) / j->nblk;
+    int64_t ncg = j->nblk / j->nvt, cg = b % ncg, tg = b / ncg;
+    int64_t c0 = nb * cg / ncg, c1 = nb * (cg + 1) / ncg;
+    int64_t v0 = 3 * (nt * tg / j->nvt), v1 = 3 * (nt * (tg + 1) / j->nvt);
+    float *C = d->C;
     for (int64_t t0 = 0; t0 < P; t0 += NT_GEMM_KTILE) {
         int kt = (int)(P - t0 < NT_GEMM_KTILE ? P - t0 : NT_GEMM_KTILE);
-        int64_t n = t0 / L, oh = t0 % L / g->OW, ow = t0 % g->OW;
-        for (int p = 0; p < kt; p++) {
-            po[p] = ((n * d->Hp + oh * g->s[0]) * d->Wp + ow * g->s[1]) * g->C;
-            gq[p] = n * CO * L + oh * g->OW + ow;
-            if (++ow == g->OW && (ow = 0, ++oh == g->OH))
-                oh = 0, n++;
-        }
         for (int64_t cb = c0; cb < c1; cb++)
-            for (int64_t v = 0; v < V; v += 3)
-                wgc_tile(d->xp, po, kt, to + v, d->gd + cb * 8 * L, gq, L,
+            for (int64_t v = v0; v < v1; v += 3)
+                wgc_tile(d->xp, d->po + t0, kt, to + v, d->gd + cb * 8 * L, d->gq + t0, L,
                          C + (v * CO + cb * 8) * 16, (int)(CO * 16), t0 > 0);
     }
     /* CT[k = t C + ci][co] = C[v = t C / 16 + ci / 16][co][ci % 16] */
-    for (int64_t v = 0; v < V; v++)
+    for (int64_t v = v0; v < v1 && v < V; v++)
         for (int64_t co = c0 * 8; co < c1 * 8; co++)
             for (int ci = 0; ci < 16; ci++)
                 j->CT[(v * 16 + ci) * CO + co] = C[(v * CO + co) * 16 + ci];
-    g_free(C);
 }
 
 /* Image b of the channel-last xp, padded with +0: 16 positions of a row x
@@ -822,8 +874,14 @@ __attribute__((target(NT_TARGET_AVX512))) static void wgc_pad_image(void *arg, i
 {
     const wgd *d = arg;
     const nt__conv_geo *g = d->g;
-    int64_t Cn = g->C;
+    int64_t Cn = g->C, L = g->OH * g->OW;
     const float *xd = d->xd + (int64_t)b * Cn * g->H * g->W;
+    /* image b's positions: their offsets in xp and in gy */
+    for (int64_t oh = 0, p = b * L; oh < g->OH; oh++)
+        for (int64_t ow = 0; ow < g->OW; ow++, p++) {
+            d->po[p] = ((b * d->Hp + oh * g->s[0]) * d->Wp + ow * g->s[1]) * Cn;
+            d->gq[p] = b * g->CO * L + oh * g->OW + ow;
+        }
     for (int64_t r = 0; r < d->Hp; r++) {
         float *dst = d->xp + (((int64_t)b * d->Hp + r) * d->Wp) * Cn;
         int64_t ih = r - g->lo[0], a = g->lo[1] < d->Wp ? g->lo[1] : d->Wp;
@@ -1047,13 +1105,15 @@ static void wg_rows(void *arg, int b)
     const nt__conv_geo *g = j->g;
     int64_t Cg = g->C / g->G, COg = g->CO / g->G, Kc = Cg * g->kh * g->kw, L = g->OH * g->OW;
     int64_t P = g->N * L, k0 = Kc * b / j->nblk, k1 = Kc * (b + 1) / j->nblk, grp = j->grp;
-    if (k1 <= k0)
-        return;
 #if CONV_X86
-    if (j->d && j->d->cl) { /* the halves: output channels, not rows */
+    if (j->d && j->d->cl) { /* units of output channels and vectors, not rows */
         wgc_rows(j, b);
         return;
     }
+#endif
+    if (k1 <= k0)
+        return;
+#if CONV_X86
     if (j->d) {
         wgd_rows(j, k0, k1);
         return;
@@ -1117,14 +1177,21 @@ static float *wgd_pad(const nt__conv_geo *g, const nt_tensor *x, const nt_tensor
     d->v512 = isa == NT_ISA_AVX512;
     d->cl = d->v512 && g->G == 1 && g->C % 16 == 0 && g->CO % 16 == 0 &&
             g->kh * g->kw * (g->C / 16) <= WGC_MAXV;
-    /* gT only for the column-major kernel: the channel-last one reads gy in place */
+    /* gT only for the column-major kernel: the channel-last one reads gy in
+     * place, at offsets gq, and keeps its sums in C */
     size_t np = (size_t)(g->N * g->C * d->Hp * d->Wp), ng = d->cl ? 0 : (size_t)(P * 16 * d->nv);
     size_t npa = (np + 15) & ~(size_t)15; /* gT and ko 64-byte aligned */
-    float *xp = g_try_malloc((npa + ng + (size_t)Kc * 2) * sizeof(float) + 64);
+    int64_t V3 = 0;
+    if (d->cl)
+        wgc_nvec(g, &V3);
+    size_t nc = (size_t)(V3 * g->CO * 16), npo = d->cl ? (size_t)P * 4 : 0;
+    float *xp = g_try_malloc((npa + ng + (size_t)Kc * 2 + npo + nc) * sizeof(float) + 64);
     if (!xp)
         return NULL;
     memset(xp + np, 0, (npa - np) * sizeof(float));
     d->xp = xp, d->gT = d->cl ? NULL : xp + npa, d->ko = (int64_t *)(xp + npa + ng);
+    d->po = d->cl ? d->ko + Kc : NULL, d->gq = d->cl ? d->po + P : NULL;
+    d->C = d->cl ? (float *)(d->ko + Kc + 2 * P) : NULL;
     d->xd = nt__tensor_data(x), d->gd = nt__tensor_data(gy);
     nt__par_blocks((int)g->N, d->cl ? wgc_pad_image : wgd_pad_image, d, g->N > 1);
     return xp;
@@ -1156,9 +1223,18 @@ int nt__cpu_conv_wgrad(const nt__rec *r)
      * columns a half costs no columns of its own: the stem's 9 rows too) */
     int64_t nblk = (Kc >= 32 || xp) && (double)P * (double)Kc * (double)COg >= (double)(1 << 20)
                        ? 2 : 1;
+    int64_t nvt = 1;
+#if CONV_X86
+    if (xp && d.cl && nblk > 1) { /* units (wgc_rows): every block of 8 channels, */
+        int64_t V3;               /* and with two such blocks every triple too */
+        wgc_nvec(&g, &V3);
+        nvt = g.CO / 8 == 2 ? V3 / 3 : 1;
+        nblk = g.CO / 8 * nvt;
+    }
+#endif
     for (int64_t grp = 0; grp < g.G; grp++) {
         wg_job j = {&g, nt__tensor_data(x), nt__tensor_data(gy), dt, (nt_dtype)gy->dtype,
-                    grp, nblk, CT, 0, xp ? &d : NULL};
+                    grp, nblk, nvt, CT, 0, xp ? &d : NULL};
         for (int64_t k = 0; xp && k < Kc; k++) { /* K = (ki, kj, ci) */
             int64_t ci = k % Cg, t = k / Cg;
             d.ko[k] = ((grp * Cg + ci) * d.Hp + t / g.kw * g.d[0]) * d.Wp + t % g.kw * g.d[1];

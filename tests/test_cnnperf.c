@@ -224,6 +224,17 @@ static void test_conv_paths(void **state)
         {{3, 20, 6, 6}, {11, 20, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
         {{2, 3, 7, 1}, {5, 3, 3, 1}, {1, 1}, {1, 0}, {1, 1}, 1},
         {{2, 17, 30, 2}, {9, 17, 3, 3}, {1, 1}, {2, 1}, {1, 1}, 1},
+        /* conv_gemm's table of vectors (made once a call) to its end: 81
+         * positions, a last block of 48 from 48, its last vector past the
+         * plane */
+        {{2, 16, 9, 8}, {16, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+        /* the channel-last weight gradient's units, big enough to be
+         * shared: 16 output channels (two blocks of 8) with their three
+         * triples of vectors split (six units), eight vectors (the last
+         * triple's spare one), and 48 channels (six blocks, whole) */
+        {{4, 16, 14, 14}, {16, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+        {{5, 32, 12, 12}, {16, 32, 2, 2}, {1, 1}, {0, 0}, {1, 1}, 1},
+        {{4, 16, 14, 14}, {48, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
     };
     /* every vector level this CPU runs against the reference path */
     static const int isas[] = {NT_ISA_AVX2, NT_ISA_AVX512};
