@@ -16,7 +16,19 @@
  * rounded element for element as the cast record would: autocast's cast of
  * a layer norm's output for the next matmul, written by the norm's kernel.
  * The norm's value is stored only when something else reads it. */
-typedef enum nt__fkind { NT_FK_EW = 0, NT_FK_ROW, NT_FK_MM, NT_FK_NORM } nt__fkind;
+/* NT_FK_BN: training batch norm and the relu beside it, in one pass over
+ * the activations each way (cpu/bn.c); the iteration shape is x's, every
+ * operand f32 and contiguous, the norm's w and b given.  An op of kind
+ * batch_norm_fwd / _bwd defines two values: its first output (value
+ * ops[k].out) and its second (value ops[k].out + 1).
+ *   forward   ops[0] batch_norm_fwd(x, w, b) (external inputs): value 0 y,
+ *             value 1 the stats [2, C]; ops[1] relu(value 0): value 2.
+ *   backward  ops[0] relu_bwd(g, y) (external: the gradient and relu's
+ *             output): value 0; ops[1] batch_norm_bwd(value 0, x, stats,
+ *             w): value 1 dx, value 2 [dw; db].
+ * The forward's y and the backward's relu_bwd value are stored only when
+ * something else reads them (the CNN's conv-BN-ReLU: neither). */
+typedef enum nt__fkind { NT_FK_EW = 0, NT_FK_ROW, NT_FK_MM, NT_FK_NORM, NT_FK_BN } nt__fkind;
 
 #define NT_F_MAXOPS 64
 #define NT_F_MAXVALS 64
@@ -31,7 +43,7 @@ typedef enum nt__fkind { NT_FK_EW = 0, NT_FK_ROW, NT_FK_MM, NT_FK_NORM } nt__fki
 typedef struct nt__fop {
     uint16_t op;      /* op id from core/optable.h */
     uint8_t nin;
-    int8_t a[3];      /* operands */
+    int8_t a[NT__MAX_IN]; /* operands (batch_norm_bwd has four) */
     int8_t out;       /* the value it defines */
     nt__params p;     /* scalars, dim */
 } nt__fop;
