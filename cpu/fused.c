@@ -2793,16 +2793,6 @@ static int run_row(const nt__fgroup *g)
 
 /* ---------------- MM ---------------- */
 
-/* The matmul runs as the CPU kernel does, into its output if that is
- * stored, else into a scratch buffer; the epilogue then reads it like an
- * input.  (On the CPU there is no accumulator to evacuate; what matters here
- * is the same bits.) */
-/* A program whose ops[0] is a kernel of its own -- the matmul of NT_FK_MM,
- * the layer norm of NT_FK_NORM, its operands external inputs -- and the
- * rest an elementwise epilogue over its output: the op's own kernel into
- * its output (or a scratch buffer when the value is not stored), then the
- * epilogue over it as an elementwise program, so the bits of the records
- * one by one. */
 /* A scratch buffer for a value the kernel does not store: a contiguous
  * tensor of the shape and dtype in *t (storage *st, its bytes *buf, which
  * the caller frees).  0 or the error. */
@@ -2825,6 +2815,16 @@ static int scratch_val(nt_tensor *t, nt__storage *st, void **buf, nt_dtype dt, i
     return 0;
 }
 
+/* The matmul runs as the CPU kernel does, into its output if that is
+ * stored, else into a scratch buffer; the epilogue then reads it like an
+ * input.  (On the CPU there is no accumulator to evacuate; what matters here
+ * is the same bits.) */
+/* A program whose ops[0] is a kernel of its own -- the matmul of NT_FK_MM,
+ * the layer norm of NT_FK_NORM, its operands external inputs -- and the
+ * rest an elementwise epilogue over its output: the op's own kernel into
+ * its output (or a scratch buffer when the value is not stored), then the
+ * epilogue over it as an elementwise program, so the bits of the records
+ * one by one. */
 static int run_head(const nt__fgroup *g)
 {
     const nt__fprog *P = g->prog;
@@ -2910,8 +2910,8 @@ static int run_mm_side(const nt__fgroup *g)
 static int run_bn(const nt__fgroup *g)
 {
     const nt__fprog *P = g->prog;
-    bool fwd = P->ops[0].op == NT_OP_BN_FWD;
-    const nt__fop *bo = &P->ops[fwd ? 0 : 1], *ro = &P->ops[fwd ? 1 : 0];
+    const nt__fop *bo, *ro;
+    bool fwd = nt__fbn_ops(P, &bo, &ro);
     /* the norm's two outputs and the relu's value: a stored tensor or scratch */
     int vs[3] = {bo->out, bo->out + 1, ro->out};
     nt_tensor *t[3], tmp[3];
@@ -2928,18 +2928,10 @@ static int run_bn(const nt__fgroup *g)
             t[i] = &tmp[i];
     }
     nt__rec r, rr;
-    memset(&r, 0, sizeof r);
-    r.op = bo->op;
-    r.nin = bo->nin;
-    r.nout = 2;
-    r.p = bo->p;
-    for (int i = 0; i < bo->nin; i++)
-        r.in[i] = NT_F_IS_EXT(bo->a[i]) ? g->ext[NT_F_EXT_IDX(bo->a[i])] : NULL;
-    r.out[0] = t[0], r.out[1] = t[1];
+    nt__fbn_rec(&r, g, t[0], t[1]);
     if (!rc && fwd) {
         rc = nt__cpu_bn_relu_fwd(&r, t[2]);
     } else if (!rc && P->vals[ro->out].store < 0) { /* the relu_bwd value stays in the passes */
-        r.in[0] = g->ext[NT_F_EXT_IDX(ro->a[0])];
         rc = nt__cpu_bn_relu_bwd(&r, g->ext[NT_F_EXT_IDX(ro->a[1])]);
     } else if (!rc) {
         nt__fop_rec(&rr, g, ro, t[2]);

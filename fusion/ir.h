@@ -129,6 +129,34 @@ static inline void nt__fop_rec(nt__rec *r, const nt__fgroup *g, const nt__fop *o
     r->out[0] = out;
 }
 
+/* An NT_FK_BN program's batch norm op (*bo) and relu or relu_bwd (*ro);
+ * true for the forward form. */
+static inline bool nt__fbn_ops(const nt__fprog *p, const nt__fop **bo, const nt__fop **ro)
+{
+    bool fwd = p->ops[0].op == NT_OP_BN_FWD;
+    *bo = &p->ops[fwd ? 0 : 1], *ro = &p->ops[fwd ? 1 : 0];
+    return fwd;
+}
+
+/* The batch norm record an NT_FK_BN group g stands for, its outputs o0
+ * and o1 (NULL: not stored); in the backward form its gradient (in[0]) is
+ * the relu_bwd's g, the gradient before the mask. */
+static inline void nt__fbn_rec(nt__rec *r, const nt__fgroup *g, nt_tensor *o0, nt_tensor *o1)
+{
+    const nt__fop *bo, *ro;
+    bool fwd = nt__fbn_ops(g->prog, &bo, &ro);
+    memset(r, 0, sizeof *r);
+    r->op = bo->op;
+    r->nin = bo->nin;
+    r->nout = 2;
+    r->p = bo->p;
+    for (int i = 0; i < bo->nin; i++)
+        r->in[i] = NT_F_IS_EXT(bo->a[i]) ? g->ext[NT_F_EXT_IDX(bo->a[i])] : NULL;
+    if (!fwd)
+        r->in[0] = g->ext[NT_F_EXT_IDX(ro->a[0])];
+    r->out[0] = o0, r->out[1] = o1;
+}
+
 /* A side product's first operand as its record saw it: A (contiguous) seen
  * as [rows, K] and transposed, [K, rows] with strides (1, K), into *at (a
  * copy of A's handle: same storage and offset). */

@@ -346,24 +346,15 @@ int nt__sk_batch_norm_bwd(const nt__rec *r)
 int nt__sk_bn_fused(sk_k *s, const nt__fgroup *g)
 {
     const nt__fprog *P = g->prog;
-    bool fwd = P->ops[0].op == NT_OP_BN_FWD;
-    const nt__fop *bo = &P->ops[fwd ? 0 : 1], *ro = &P->ops[fwd ? 1 : 0];
+    const nt__fop *bo, *ro;
+    bool fwd = nt__fbn_ops(P, &bo, &ro);
     int sv[3] = {P->vals[bo->out].store, P->vals[bo->out + 1].store, P->vals[ro->out].store};
     nt__rec r;
-    memset(&r, 0, sizeof r);
-    r.op = bo->op;
-    r.nin = bo->nin;
-    r.nout = 2;
-    r.p = bo->p;
-    for (int i = 0; i < bo->nin; i++)
-        r.in[i] = NT_F_IS_EXT(bo->a[i]) ? g->ext[NT_F_EXT_IDX(bo->a[i])] : NULL;
-    for (int i = 0; i < 2; i++)
-        r.out[i] = sv[i] >= 0 ? g->out[sv[i]] : NULL;
+    nt__fbn_rec(&r, g, sv[0] >= 0 ? g->out[sv[0]] : NULL, sv[1] >= 0 ? g->out[sv[1]] : NULL);
     bnrelu f = {.bwd = !fwd};
     if (fwd) {
         f.relu = sv[2] >= 0 ? g->out[sv[2]] : NULL;
     } else {
-        r.in[0] = g->ext[NT_F_EXT_IDX(ro->a[0])];
         f.ym = g->ext[NT_F_EXT_IDX(ro->a[1])];
         f.gz = sv[2] >= 0 ? g->out[sv[2]] : NULL;
     }
