@@ -59,7 +59,9 @@ enum { P_FWD_SUM, P_FWD_SQ, P_FWD_Y, P_BWD_SUMS, P_BWD_DX };
 
 typedef struct bnk {
     const float *x, *g, *w, *b;
-    float *y, *out2;  /* y or dx; stats or dwb */
+    float *y, *out2;  /* y (NULL: not stored) or dx; stats or dwb */
+    float *relu;      /* forward: relu(y) as well, NULL none (nt__cpu_bn_relu_fwd) */
+    const float *ym;  /* backward: g is first masked by relu's output, NULL none */
     int64_t N, C, S, M, nbk, nun; /* blocks and units per row */
     float eps;
     int phase;
@@ -90,7 +92,7 @@ static void scatter(float *y, const float *T, const bnk *k, int64_t c, int64_t j
 }
 
 static void fwd_y(const float *restrict X, int64_t m, float mean, float r, float wc, bool hw,
-                  float bc, bool hb, float *restrict Y);
+                  float bc, bool hb, float *restrict Y, float *restrict R);
 
 static float sq_sum(const float *restrict X, int64_t m, float mean);
 static void bwd_sums(const float *restrict X, const float *restrict G, int64_t m, float mean,
@@ -162,19 +164,33 @@ static inline void run_sq(float *restrict acc, const float *restrict X, int64_t 
         acc[l] = a[l];
 }
 
+/* Element i of the gradient the sums take: g, or with relu's output y
+ * (Ym) relu_bwd's y > 0 ? g : +0, the fused relu backward (NaN y: 0). */
+static inline float relu_g(const float *restrict G, const float *restrict Ym, int64_t i)
+{
+    return Ym ? nt__ew_relu_bwd(G[i], Ym[i]) : G[i];
+}
+
+/* g masked in place by relu's output y as relu_g (gathered blocks) */
+static void relu_mask(float *restrict U, const float *restrict Yg, int64_t m)
+{
+    for (int64_t i = 0; i < m; i++)
+        U[i] = nt__ew_relu_bwd(U[i], Yg[i]);
+}
+
 /* One run's terms of the backward's four sums: db, dw, sum(gx) and
  * sum(gx * xh), each product rounded before it is added, so lane by lane
  * the terms of nt__red_block_sum_f32 and block_dot over xh, g and g * w. */
 static inline void run_bwd(float (*restrict acc)[NT_RED_LANES], const float *restrict X,
-                           const float *restrict G, int64_t len, int o, float mean, float r,
-                           float wc)
+                           const float *restrict G, const float *restrict Ym, int64_t len, int o,
+                           float mean, float r, float wc)
 {
     float a0[NT_RED_LANES], a1[NT_RED_LANES], a2[NT_RED_LANES], a3[NT_RED_LANES];
     for (int l = 0; l < NT_RED_LANES; l++)
         a0[l] = acc[0][l], a1[l] = acc[1][l], a2[l] = acc[2][l], a3[l] = acc[3][l];
 #define BWD_STEP(l, i)                                                   \
     do {                                                                 \
-        float t_ = (X[i] - mean) * r, u_ = G[i], uw_ = u_ * wc;          \
+        float t_ = (X[i] - mean) * r, u_ = relu_g(G, Ym, i), uw_ = u_ * wc; \
         a0[l] += u_, a1[l] += u_ * t_, a2[l] += uw_, a3[l] += uw_ * t_;  \
     } while (0)
     LANES(len, o, BWD_STEP);
@@ -221,7 +237,8 @@ __attribute__((target("avx2,fma"))) static void run_sum_avx2(float *restrict acc
 
 __attribute__((target("avx2,fma"))) static void run_bwd_avx2(float (*restrict acc)[NT_RED_LANES],
                                                              const float *restrict X,
-                                                             const float *restrict G, int64_t len,
+                                                             const float *restrict G,
+                                                             const float *restrict Ym, int64_t len,
                                                              float mean, float r, float wc)
 {
     __m256 a[4][2];
@@ -232,7 +249,11 @@ __attribute__((target("avx2,fma"))) static void run_bwd_avx2(float (*restrict ac
     for (; i + NT_RED_LANES <= len; i += NT_RED_LANES)
         for (int h = 0; h < 2; h++) {
             __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(X + i + 8 * h), mv), rv);
-            __m256 u = _mm256_loadu_ps(G + i + 8 * h), uw = _mm256_mul_ps(u, wv);
+            __m256 u = _mm256_loadu_ps(G + i + 8 * h);
+            if (Ym) /* relu_g: y > 0 ? g : +0 (a NaN y compares false) */
+                u = _mm256_and_ps(u, _mm256_cmp_ps(_mm256_loadu_ps(Ym + i + 8 * h),
+                                                   _mm256_setzero_ps(), _CMP_GT_OQ));
+            __m256 uw = _mm256_mul_ps(u, wv);
             a[0][h] = _mm256_add_ps(a[0][h], u);
             a[1][h] = _mm256_add_ps(a[1][h], _mm256_mul_ps(u, t));
             a[2][h] = _mm256_add_ps(a[2][h], uw);
@@ -241,7 +262,7 @@ __attribute__((target("avx2,fma"))) static void run_bwd_avx2(float (*restrict ac
     for (int q = 0; q < 4; q++)
         _mm256_storeu_ps(acc[q], a[q][0]), _mm256_storeu_ps(acc[q] + 8, a[q][1]);
     for (int l = 0; i < len; i++, l++) {
-        float t = (X[i] - mean) * r, u = G[i], uw = u * wc;
+        float t = (X[i] - mean) * r, u = relu_g(G, Ym, i), uw = u * wc;
         acc[0][l] += u, acc[1][l] += u * t, acc[2][l] += uw, acc[3][l] += uw * t;
     }
 }
@@ -252,7 +273,7 @@ __attribute__((target("avx2,fma"))) static void run_bwd_avx2(float (*restrict ac
  * dx (P_BWD_DX).  The same terms, lanes and rounded steps as the gathered
  * passes, so the same bits. */
 static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *restrict T,
-                          float *restrict U)
+                          float *restrict U, float *restrict B)
 {
     int64_t j0 = bk * NT_RED_BLOCK, m = k->M - j0 < NT_RED_BLOCK ? k->M - j0 : NT_RED_BLOCK;
     int64_t end = j0 + m, off, len;
@@ -268,6 +289,11 @@ static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *re
          * would go lane by lane; the sums over the block gathered into L1
          * instead (the outputs are written in place either way) */
         gather(T, k->x, k, c, j0, m);
+        if (ph == P_BWD_SUMS) {
+            gather(U, k->g, k, c, j0, m);
+            if (k->ym)
+                gather(B, k->ym, k, c, j0, m), relu_mask(U, B, m);
+        }
 #ifdef BN_X86
         if (avx2 && ph == P_FWD_SQ) { /* sq_sum's terms and fold */
             float a[NT_RED_LANES] = {0};
@@ -277,8 +303,7 @@ static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *re
         }
         if (avx2 && ph == P_BWD_SUMS) { /* bwd_sums' */
             float a[4][NT_RED_LANES] = {{0}};
-            gather(U, k->g, k, c, j0, m);
-            run_bwd_avx2(a, T, U, m, mean, r, k->w ? wc : 0.0f);
+            run_bwd_avx2(a, T, U, NULL, m, mean, r, k->w ? wc : 0.0f);
             p[0] = lane_fold(a[0]), p[1] = lane_fold(a[1]);
             if (k->w)
                 p[2] = lane_fold(a[2]), p[3] = lane_fold(a[3]);
@@ -290,7 +315,7 @@ static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *re
         else if (ph == P_FWD_SQ)
             p[0] = sq_sum(T, m, mean);
         else
-            gather(U, k->g, k, c, j0, m), bwd_sums(T, U, m, mean, r, k->w, k->w ? wc : 0.0f, p);
+            bwd_sums(T, U, m, mean, r, k->w, k->w ? wc : 0.0f, p);
         return;
     }
     if (ph == P_FWD_SUM || ph == P_FWD_SQ) {
@@ -322,12 +347,13 @@ static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *re
             len = run_at(k, c, j, end, &off);
 #ifdef BN_X86
             if (avx2 && (j - j0) % NT_RED_LANES == 0) {
-                run_bwd_avx2(a, k->x + off, k->g + off, len, mean, r, k->w ? wc : 0.0f);
+                run_bwd_avx2(a, k->x + off, k->g + off, k->ym ? k->ym + off : NULL, len, mean, r,
+                             k->w ? wc : 0.0f);
                 continue;
             }
 #endif
-            run_bwd(a, k->x + off, k->g + off, len, (int)((j - j0) % NT_RED_LANES), mean, r,
-                    k->w ? wc : 0.0f);
+            run_bwd(a, k->x + off, k->g + off, k->ym ? k->ym + off : NULL, len,
+                    (int)((j - j0) % NT_RED_LANES), mean, r, k->w ? wc : 0.0f);
         }
         p[0] = lane_fold(a[0]), p[1] = lane_fold(a[1]);
         if (k->w)
@@ -337,14 +363,21 @@ static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *re
     for (int64_t j = j0; j < end; j += len) {
         len = run_at(k, c, j, end, &off);
         const float *restrict X = k->x + off;
-        float *restrict Y = k->y + off;
         if (ph == P_FWD_Y) {
-            fwd_y(X, len, mean, r, wc, k->w != NULL, k->b ? k->b[c] : 0.0f, k->b != NULL, Y);
+            fwd_y(X, len, mean, r, wc, k->w != NULL, k->b ? k->b[c] : 0.0f, k->b != NULL,
+                  k->y ? k->y + off : NULL, k->relu ? k->relu + off : NULL);
             continue;
         }
-        const float *restrict G = k->g + off;
+        float *restrict Y = k->y + off;
+        const float *restrict G = k->g + off, *restrict Ym = k->ym ? k->ym + off : NULL;
         float m1 = k->m1[c], m2 = k->m2[c];
-        if (k->w)
+        if (Ym && k->w)
+            for (int64_t i = 0; i < len; i++)
+                Y[i] = nt__canon(r * ((relu_g(G, Ym, i) * wc - m1) - ((X[i] - mean) * r) * m2));
+        else if (Ym)
+            for (int64_t i = 0; i < len; i++)
+                Y[i] = nt__canon(r * ((relu_g(G, Ym, i) - m1) - ((X[i] - mean) * r) * m2));
+        else if (k->w)
             for (int64_t i = 0; i < len; i++)
                 Y[i] = nt__canon(r * ((G[i] * wc - m1) - ((X[i] - mean) * r) * m2));
         else
@@ -416,15 +449,20 @@ static float sq_sum(const float *restrict X, int64_t m, float mean)
 }
 
 /* y = ((x - mean) * r) * w, + b, NaNs canonical, each step rounded as the
- * passes below take them, in one pass. */
+ * passes below take them, in one pass: into Y (when given), and relu(y)
+ * into R (when given; the relu kernel's nt__ew_relu of the stored y). */
 static void fwd_y(const float *restrict X, int64_t m, float mean, float r, float wc, bool hw,
-                  float bc, bool hb, float *restrict Y)
+                  float bc, bool hb, float *restrict Y, float *restrict R)
 {
     for (int64_t i = 0; i < m; i++) {
         float v = (X[i] - mean) * r;
         v = hw ? v * wc : v;
         v = hb ? v + bc : v;
-        Y[i] = nt__canon(v);
+        v = nt__canon(v);
+        if (Y)
+            Y[i] = v;
+        if (R)
+            R[i] = nt__ew_relu(v);
     }
 }
 
@@ -437,7 +475,7 @@ static void fwd_block(const bnk *k, int ph, int64_t c, int64_t bk, float *restri
     int64_t j0 = bk * NT_RED_BLOCK, m = k->M - j0 < NT_RED_BLOCK ? k->M - j0 : NT_RED_BLOCK;
     float *p = k->part + (c * k->nbk + bk) * 4;
     if (!atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed)) {
-        block_inplace(k, ph, c, bk, T, NULL);
+        block_inplace(k, ph, c, bk, T, NULL, B);
         return;
     }
     gather(T, k->x, k, c, j0, m);
@@ -463,7 +501,13 @@ static void fwd_block(const bnk *k, int ph, int64_t c, int64_t bk, float *restri
             B[i] = B[i] + bc;
     for (int64_t i = 0; i < m; i++)
         B[i] = nt__canon(B[i]);
-    scatter(k->y, B, k, c, j0, m);
+    if (k->y)
+        scatter(k->y, B, k, c, j0, m);
+    if (k->relu) { /* the relu pass after */
+        for (int64_t i = 0; i < m; i++)
+            B[i] = nt__ew_relu(B[i]);
+        scatter(k->relu, B, k, c, j0, m);
+    }
 }
 
 /* One backward block in place, or on the reference paths: xh into T, g
@@ -476,11 +520,13 @@ static void bwd_block(const bnk *k, int ph, int64_t c, int64_t bk, float *restri
     float *p = k->part + (c * k->nbk + bk) * 4, mean = k->mean[c], r = k->r[c];
     float wc = k->w ? k->w[c] : 0.0f;
     if (!atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed)) {
-        block_inplace(k, ph, c, bk, T, U);
+        block_inplace(k, ph, c, bk, T, U, B);
         return;
     }
     gather(T, k->x, k, c, j0, m);
     gather(U, k->g, k, c, j0, m);
+    if (k->ym) /* the relu_bwd pass before */
+        gather(B, k->ym, k, c, j0, m), relu_mask(U, B, m);
     for (int64_t i = 0; i < m; i++)
         T[i] = (T[i] - mean) * r;
     if (ph == P_BWD_SUMS) {
@@ -625,11 +671,13 @@ static bool by_channel(const bnk *k)
            !atomic_load_explicit(&nt__cpu_ref_paths, memory_order_relaxed);
 }
 
-int nt__cpu_batch_norm_fwd(const nt__rec *r)
+/* The forward of r (r->out[0] NULL: y not stored), with relu(y) into relu
+ * when given (nt__cpu_bn_relu_fwd). */
+static int bn_fwd_run(const nt__rec *r, float *relu)
 {
     const nt_tensor *x = r->in[0];
-    bnk k = {.x = nt__tensor_data(x), .y = nt__tensor_data(r->out[0]),
-             .out2 = nt__tensor_data(r->out[1])};
+    bnk k = {.x = nt__tensor_data(x), .y = r->out[0] ? nt__tensor_data(r->out[0]) : NULL,
+             .out2 = nt__tensor_data(r->out[1]), .relu = relu};
     float *buf;
     int rc = bn_begin(&k, r, x, &buf);
     if (rc)
@@ -651,11 +699,13 @@ int nt__cpu_batch_norm_fwd(const nt__rec *r)
     return 0;
 }
 
-int nt__cpu_batch_norm_bwd(const nt__rec *r)
+/* The backward of r, its gradient first masked by relu's output ym when
+ * given (nt__cpu_bn_relu_bwd). */
+static int bn_bwd_run(const nt__rec *r, const float *ym)
 {
     const nt_tensor *x = r->in[1];
     const float *st = nt__tensor_data(r->in[2]);
-    bnk k = {.g = nt__tensor_data(r->in[0]), .x = nt__tensor_data(x),
+    bnk k = {.g = nt__tensor_data(r->in[0]), .x = nt__tensor_data(x), .ym = ym,
              .y = nt__tensor_data(r->out[0]), .out2 = nt__tensor_data(r->out[1])};
     float *buf;
     int rc = bn_begin(&k, r, x, &buf);
@@ -675,4 +725,24 @@ int nt__cpu_batch_norm_bwd(const nt__rec *r)
     phase(&k, P_BWD_DX);
     g_free(buf);
     return 0;
+}
+
+int nt__cpu_batch_norm_fwd(const nt__rec *r)
+{
+    return bn_fwd_run(r, NULL);
+}
+
+int nt__cpu_batch_norm_bwd(const nt__rec *r)
+{
+    return bn_bwd_run(r, NULL);
+}
+
+int nt__cpu_bn_relu_fwd(const nt__rec *r, nt_tensor *relu)
+{
+    return bn_fwd_run(r, nt__tensor_data(relu));
+}
+
+int nt__cpu_bn_relu_bwd(const nt__rec *r, const nt_tensor *y)
+{
+    return bn_bwd_run(r, nt__tensor_data(y));
 }

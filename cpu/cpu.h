@@ -108,6 +108,14 @@ int nt__cpu_conv_wgrad(const nt__rec *r);
 /* cpu/bn.c: training batch norm, forward and backward */
 int nt__cpu_batch_norm_fwd(const nt__rec *r);
 int nt__cpu_batch_norm_bwd(const nt__rec *r);
+/* The fused batch norm and relu (NT_FK_BN, fusion/ir.h; cpu/bn.c): r's
+ * forward with relu(y) also written into relu (contiguous f32 of x's
+ * shape; r->out[0] NULL: y itself not stored); r's backward with its
+ * gradient r->in[0] first taken through relu_bwd against relu's output y
+ * (contiguous f32 of x's shape) -- in the kernels' passes, the bits of the
+ * records one by one. */
+int nt__cpu_bn_relu_fwd(const nt__rec *r, nt_tensor *relu);
+int nt__cpu_bn_relu_bwd(const nt__rec *r, const nt_tensor *y);
 int nt__cpu_max_pool2d_fwd(const nt__rec *r); /* pool.c */
 int nt__cpu_max_pool2d_bwd(const nt__rec *r);
 /* Nonzero: the CPU kernels take their reference paths where a faster one

@@ -2793,6 +2793,28 @@ static int run_row(const nt__fgroup *g)
 
 /* ---------------- MM ---------------- */
 
+/* A scratch buffer for a value the kernel does not store: a contiguous
+ * tensor of the shape and dtype in *t (storage *st, its bytes *buf, which
+ * the caller frees).  0 or the error. */
+static int scratch_val(nt_tensor *t, nt__storage *st, void **buf, nt_dtype dt, int ndim,
+                       const int64_t *shape)
+{
+    size_t nb = (size_t)nt__numel(ndim, shape) * nt__dtype_size(dt);
+    *buf = malloc(nb ? nb : 1);
+    if (!*buf)
+        return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
+    memset(st, 0, sizeof *st);
+    st->data = *buf;
+    st->nbytes = nb;
+    memset(t, 0, sizeof *t);
+    t->st = st;
+    t->dtype = dt;
+    t->ndim = (int8_t)ndim;
+    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    nt__contig_strides(ndim, shape, t->stride);
+    return 0;
+}
+
 /* The matmul runs as the CPU kernel does, into its output if that is
  * stored, else into a scratch buffer; the epilogue then reads it like an
  * input.  (On the CPU there is no accumulator to evacuate; what matters here
@@ -2813,19 +2835,9 @@ static int run_head(const nt__fgroup *g)
     nt_tensor tmp;
     void *scratch = NULL;
     if (!dst) {
-        size_t nb = (size_t)nt__numel(P->ndim, P->shape) * nt__dtype_size((nt_dtype)v0->dtype);
-        scratch = malloc(nb ? nb : 1);
-        if (!scratch)
-            return nt__kerr(NT_EHOSTMEM, "out of host memory for a fused kernel's buffers");
-        memset(&tmp_st, 0, sizeof tmp_st);
-        tmp_st.data = scratch;
-        tmp_st.nbytes = nb;
-        memset(&tmp, 0, sizeof tmp);
-        tmp.st = &tmp_st;
-        tmp.dtype = v0->dtype;
-        tmp.ndim = (int8_t)P->ndim;
-        memcpy(tmp.shape, P->shape, sizeof tmp.shape);
-        nt__contig_strides(P->ndim, P->shape, tmp.stride);
+        int rc = scratch_val(&tmp, &tmp_st, &scratch, (nt_dtype)v0->dtype, P->ndim, P->shape);
+        if (rc)
+            return rc;
         dst = &tmp;
     }
     nt__rec r;
@@ -2890,6 +2902,49 @@ static int run_mm_side(const nt__fgroup *g)
     return rc;
 }
 
+/* NT_FK_BN (fusion/ir.h): the batch norm's kernel with the relu in its
+ * passes (nt__cpu_bn_relu_fwd / _bwd), a value not stored going to a
+ * scratch buffer; when the relu_bwd value is stored (something else reads
+ * it), its own kernel and then the norm's on it.  The bits of the records
+ * one by one either way. */
+static int run_bn(const nt__fgroup *g)
+{
+    const nt__fprog *P = g->prog;
+    const nt__fop *bo, *ro;
+    bool fwd = nt__fbn_ops(P, &bo, &ro);
+    /* the norm's two outputs and the relu's value: a stored tensor or scratch */
+    int vs[3] = {bo->out, bo->out + 1, ro->out};
+    nt_tensor *t[3], tmp[3];
+    nt__storage st[3];
+    void *buf[3] = {0};
+    int64_t C = P->ndim >= 2 ? P->shape[1] : 0, sh2[2] = {2, C};
+    int rc = 0;
+    for (int i = 0; i < 3; i++) {
+        const nt__fval *v = &P->vals[vs[i]];
+        t[i] = v->store >= 0 ? g->out[v->store] : NULL;
+        if (!t[i] && !rc && !(fwd && i == 0)) /* the forward's y may go unwritten */
+            rc = scratch_val(&tmp[i], &st[i], &buf[i], (nt_dtype)v->dtype, i == 1 ? 2 : P->ndim,
+                             i == 1 ? sh2 : P->shape),
+            t[i] = &tmp[i];
+    }
+    nt__rec r, rr;
+    nt__fbn_rec(&r, g, t[0], t[1]);
+    if (!rc && fwd) {
+        rc = nt__cpu_bn_relu_fwd(&r, t[2]);
+    } else if (!rc && P->vals[ro->out].store < 0) { /* the relu_bwd value stays in the passes */
+        rc = nt__cpu_bn_relu_bwd(&r, g->ext[NT_F_EXT_IDX(ro->a[1])]);
+    } else if (!rc) {
+        nt__fop_rec(&rr, g, ro, t[2]);
+        r.in[0] = t[2];
+        rc = nt__cpu_kernels[NT_OP_RELU_BWD](&rr);
+        if (!rc)
+            rc = nt__cpu_kernels[NT_OP_BN_BWD](&r);
+    }
+    for (int i = 0; i < 3; i++)
+        free(buf[i]);
+    return rc;
+}
+
 int nt__fused_cpu(const nt__fgroup *g)
 {
     switch (g->prog->kind) {
@@ -2897,6 +2952,7 @@ int nt__fused_cpu(const nt__fgroup *g)
     case NT_FK_ROW: return run_row(g);
     case NT_FK_MM: return run_mm_side(g);
     case NT_FK_NORM: return run_head(g);
+    case NT_FK_BN: return run_bn(g);
     }
     return NT_ENOTSUP;
 }

@@ -87,6 +87,9 @@ extern volatile AO_t nt__fplan_noside;
 /* Tests: nonzero keeps every weight-gradient matmul out of its input
  * gradient's matmul kernel (side products, fusion/ir.h); as above. */
 extern volatile AO_t nt__fplan_nopair;
+/* Tests: nonzero keeps every relu out of its batch norm's kernel, forward
+ * and backward (NT_FK_BN, fusion/ir.h); as above. */
+extern volatile AO_t nt__fplan_nobn;
 
 /* Counters (also in nt_stats). */
 typedef struct nt__fstats {

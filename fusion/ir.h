@@ -16,7 +16,19 @@
  * rounded element for element as the cast record would: autocast's cast of
  * a layer norm's output for the next matmul, written by the norm's kernel.
  * The norm's value is stored only when something else reads it. */
-typedef enum nt__fkind { NT_FK_EW = 0, NT_FK_ROW, NT_FK_MM, NT_FK_NORM } nt__fkind;
+/* NT_FK_BN: training batch norm and the relu beside it, in one pass over
+ * the activations each way (cpu/bn.c); the iteration shape is x's, every
+ * operand f32 and contiguous, the norm's w and b given.  An op of kind
+ * batch_norm_fwd / _bwd defines two values: its first output (value
+ * ops[k].out) and its second (value ops[k].out + 1).
+ *   forward   ops[0] batch_norm_fwd(x, w, b) (external inputs): value 0 y,
+ *             value 1 the stats [2, C]; ops[1] relu(value 0): value 2.
+ *   backward  ops[0] relu_bwd(g, y) (external: the gradient and relu's
+ *             output): value 0; ops[1] batch_norm_bwd(value 0, x, stats,
+ *             w): value 1 dx, value 2 [dw; db].
+ * The forward's y and the backward's relu_bwd value are stored only when
+ * something else reads them (the CNN's conv-BN-ReLU: neither). */
+typedef enum nt__fkind { NT_FK_EW = 0, NT_FK_ROW, NT_FK_MM, NT_FK_NORM, NT_FK_BN } nt__fkind;
 
 #define NT_F_MAXOPS 64
 #define NT_F_MAXVALS 64
@@ -31,7 +43,7 @@ typedef enum nt__fkind { NT_FK_EW = 0, NT_FK_ROW, NT_FK_MM, NT_FK_NORM } nt__fki
 typedef struct nt__fop {
     uint16_t op;      /* op id from core/optable.h */
     uint8_t nin;
-    int8_t a[3];      /* operands */
+    int8_t a[NT__MAX_IN]; /* operands (batch_norm_bwd has four) */
     int8_t out;       /* the value it defines */
     nt__params p;     /* scalars, dim */
 } nt__fop;
@@ -115,6 +127,34 @@ static inline void nt__fop_rec(nt__rec *r, const nt__fgroup *g, const nt__fop *o
     for (int i = 0; i < o->nin; i++)
         r->in[i] = g->ext[NT_F_EXT_IDX(o->a[i])];
     r->out[0] = out;
+}
+
+/* An NT_FK_BN program's batch norm op (*bo) and relu or relu_bwd (*ro);
+ * true for the forward form. */
+static inline bool nt__fbn_ops(const nt__fprog *p, const nt__fop **bo, const nt__fop **ro)
+{
+    bool fwd = p->ops[0].op == NT_OP_BN_FWD;
+    *bo = &p->ops[fwd ? 0 : 1], *ro = &p->ops[fwd ? 1 : 0];
+    return fwd;
+}
+
+/* The batch norm record an NT_FK_BN group g stands for, its outputs o0
+ * and o1 (NULL: not stored); in the backward form its gradient (in[0]) is
+ * the relu_bwd's g, the gradient before the mask. */
+static inline void nt__fbn_rec(nt__rec *r, const nt__fgroup *g, nt_tensor *o0, nt_tensor *o1)
+{
+    const nt__fop *bo, *ro;
+    bool fwd = nt__fbn_ops(g->prog, &bo, &ro);
+    memset(r, 0, sizeof *r);
+    r->op = bo->op;
+    r->nin = bo->nin;
+    r->nout = 2;
+    r->p = bo->p;
+    for (int i = 0; i < bo->nin; i++)
+        r->in[i] = NT_F_IS_EXT(bo->a[i]) ? g->ext[NT_F_EXT_IDX(bo->a[i])] : NULL;
+    if (!fwd)
+        r->in[0] = g->ext[NT_F_EXT_IDX(ro->a[0])];
+    r->out[0] = o0, r->out[1] = o1;
 }
 
 /* A side product's first operand as its record saw it: A (contiguous) seen

@@ -315,6 +315,48 @@ static bool norm_cast_of(const nt__rec *x, const nt__rec *r)
            nt__is_contig(o) && nt__same_view(r->in[0], y) && shape_is(o, y->ndim, y->shape);
 }
 
+/* A contiguous f32 tensor of t's shape. */
+static bool f32_contig_as(const nt_tensor *o, const nt_tensor *t)
+{
+    return o && o->dtype == NT_F32 && nt__is_contig(o) && shape_is(o, t->ndim, t->shape);
+}
+
+volatile AO_t nt__fplan_nobn;
+
+/* A training batch norm a relu may ride on (NT_FK_BN, fusion/ir.h): x, w
+ * and b all given, x and y contiguous f32 of one shape. */
+static bool bn_head(const nt__rec *r)
+{
+    return !AO_load(&nt__fplan_nobn) && r->type == NT_REC_OP && r->op == NT_OP_BN_FWD && r->nin == 3 && r->nout == 2 &&
+           r->in[0] && r->in[1] && r->in[2] && r->out[1] && f32_contig_as(r->in[0], r->in[0]) &&
+           f32_contig_as(r->out[0], r->in[0]) &&
+           !(r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE));
+}
+
+/* Whether r is a relu of batch norm x's (bn_head) output, the same view,
+ * into a contiguous f32 tensor of its shape. */
+static bool bn_relu_of(const nt__rec *x, const nt__rec *r)
+{
+    return r->type == NT_REC_OP && r->op == NT_OP_RELU && r->nin == 1 && r->nout == 1 &&
+           r->in[0] && !(r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)) &&
+           nt__same_view(r->in[0], x->out[0]) && f32_contig_as(r->out[0], x->out[0]);
+}
+
+/* Whether r is a batch norm backward whose gradient is relu_bwd record x's
+ * output (the backward form of NT_FK_BN): x's g and y and r's x, stats
+ * and w given, every tensor of the iteration contiguous f32 of one shape. */
+static bool bn_bwd_of_relu(const nt__rec *x, const nt__rec *r)
+{
+    const nt_tensor *o = x->out[0];
+    return !AO_load(&nt__fplan_nobn) && x->type == NT_REC_OP && x->op == NT_OP_RELU_BWD && x->nin == 2 && x->nout == 1 &&
+           o && !(x->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)) && x->in[0] && x->in[1] &&
+           f32_contig_as(o, o) && f32_contig_as(x->in[0], o) && f32_contig_as(x->in[1], o) &&
+           r->type == NT_REC_OP && r->op == NT_OP_BN_BWD && r->nin == 4 && r->nout == 2 &&
+           r->in[0] && r->in[1] && r->in[2] && r->in[3] && r->out[1] &&
+           !(r->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)) && nt__same_view(r->in[0], o) &&
+           f32_contig_as(r->in[1], o) && f32_contig_as(r->out[0], o);
+}
+
 /* try_add's steps.  The group's first record decides the kind and the
  * iteration shape. */
 static void start_kind(gstate *s, const nt__rec *r, bool red, bool mm, bool norm)
@@ -322,7 +364,7 @@ static void start_kind(gstate *s, const nt__rec *r, bool red, bool mm, bool norm
     if (mm) {
         s->p.kind = NT_FK_MM;
     } else if (norm) {
-        s->p.kind = NT_FK_NORM;
+        s->p.kind = bn_head(r) ? NT_FK_BN : NT_FK_NORM;
     } else if (red) {
         s->p.kind = NT_FK_ROW;
     } else {
@@ -374,11 +416,21 @@ static const char *check_join(gstate *s, const nt__rec *r, bool ew, bool red, bo
     if (mm)
         return "a matmul starts its own kernel";
     if (norm)
-        return "a layer norm starts its own kernel";
+        return bn_head(r) ? "a batch norm starts its own kernel"
+                          : "a layer norm starts its own kernel";
     if (s->p.kind == NT_FK_NORM) /* one cast, fusion/ir.h */
         return s->g.nrecs == 1 && norm_cast_of(s->g.recs[0], r)
                    ? NULL
                    : "a layer norm's epilogue is one cast of its output to bf16 or f16";
+    if (s->p.kind == NT_FK_BN) /* one relu, fusion/ir.h */
+        return s->g.nrecs == 1 && s->g.recs[0]->op == NT_OP_BN_FWD &&
+                       bn_relu_of(s->g.recs[0], r)
+                   ? NULL
+                   : "a batch norm's epilogue is one relu of its output";
+    if (s->p.kind == NT_FK_EW && s->g.nrecs == 1 && bn_bwd_of_relu(s->g.recs[0], r)) {
+        s->p.kind = NT_FK_BN; /* the relu's backward feeds the norm's */
+        return NULL;
+    }
     if (!ew && !red)
         return reason_buf(why, whylen, "%s is not fusable", nt__op_name(r->op));
     if (s->g.nrecs >= NT_F_MAXOPS)
@@ -570,6 +622,28 @@ static void append_op(gstate *s, const nt__rec *r, nt__fop *op, bool out_red, bo
     s->g.nrecs++;
 }
 
+/* A batch norm's second output (its stats, or [dw; db]) as the value after
+ * its first (NT_FK_BN, fusion/ir.h): a fresh tensor, as append_op takes
+ * an output. */
+static void append_second(gstate *s, const nt__rec *r)
+{
+    nt_tensor *o = r->out[1];
+    int v = s->p.nvals++;
+    s->p.vals[v].dtype = o->dtype;
+    s->p.vals[v].red = 0;
+    s->p.vals[v].store = -1;
+    int h = st_slot(s, o->st);
+    if (!s->st_key[h])
+        s->st_key[h] = o->st;
+    else
+        s->st_multi[h] = true;
+    s->st_val[h] = (int8_t)v;
+    s->val_t[v] = o;
+    s->val_h[v] = o;
+    s->val_slots[v] = 1;
+    s->val_inplace[v] = false;
+}
+
 /* An f64, i64 or bool operand (a dtype the device lacks): such ops run as
  * their own CPU kernels, never fused (the fused evaluators compute in f32
  * or i32; core/ewise64.h). */
@@ -733,7 +807,7 @@ static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
     bool ew = nt__fusable_ew(r->op);
     bool red = is_row_reduce(r);
     bool mm = r->op == NT_OP_MATMUL && !inplace;
-    bool norm = norm_head(r);
+    bool norm = norm_head(r) || bn_head(r); /* a kernel of its own with an epilogue */
     if (s->g.nrecs == 0) {
         start_kind(s, r, red, mm, norm);
     } else {
@@ -741,9 +815,11 @@ static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
         if (no)
             return no;
     }
-    if (!ew && !red && !mm && !norm)
+    bool bn = s->p.kind == NT_FK_BN && r->op == NT_OP_BN_BWD; /* check_join let it in */
+    if (!ew && !red && !mm && !norm && !bn)
         return reason_buf(why, whylen, "%s is not fusable", nt__op_name(r->op));
-    if (s->p.nvals >= NT_F_MAXVALS)
+    bool two = r->op == NT_OP_BN_FWD || r->op == NT_OP_BN_BWD; /* append_second */
+    if (s->p.nvals + two >= NT_F_MAXVALS)
         return "kernel value limit";
     nt__fop op;
     memset(&op, 0, sizeof op);
@@ -755,6 +831,8 @@ static const char *try_add(gstate *s, nt__rec *r, char *why, size_t whylen)
     if (no)
         return no;
     append_op(s, r, &op, out_red, inplace);
+    if (two)
+        append_second(s, r);
     return NULL;
 }
 
@@ -854,7 +932,7 @@ static void make_key(const nt__fprog *p, keybuf *k)
     kput(k, p->shape, sizeof(int64_t) * (size_t)p->ndim);
     for (int i = 0; i < p->nops; i++) {
         const nt__fop *o = &p->ops[i];
-        int8_t b[6] = {(int8_t)o->nin, o->a[0], o->a[1], o->a[2], o->out, 0};
+        int8_t b[6] = {(int8_t)o->nin, o->a[0], o->a[1], o->a[2], o->out, o->a[3]};
         kput(k, &o->op, sizeof o->op);
         kput(k, b, sizeof b);
         kput(k, o->p.f, sizeof(double) * 2);
@@ -971,6 +1049,7 @@ static const char *kind_name(nt__fkind k)
     return k == NT_FK_EW    ? "elementwise"
            : k == NT_FK_ROW ? "row"
            : k == NT_FK_MM  ? "matmul+epilogue"
+           : k == NT_FK_BN  ? "batchnorm+relu"
                             : "norm+cast";
 }
 
@@ -1216,7 +1295,7 @@ static bool join_kind(const nt__fgroup *g, nt_tensor *const **in, int *nin,
     const nt__rec *r = g->recs[0];
     int64_t numel;
     if (g->prog) {
-        if (g->prog->kind == NT_FK_MM || g->prog->kind == NT_FK_NORM)
+        if (g->prog->kind == NT_FK_MM || g->prog->kind == NT_FK_NORM || g->prog->kind == NT_FK_BN)
             return false;
         *in = g->ext, *nin = g->prog->next, *out = g->out, *nout = g->prog->nout;
         numel = nt__numel(g->prog->ndim, g->prog->shape);
@@ -1864,6 +1943,14 @@ static bool wset_may_have(const wset *w, const nt__storage *st)
     }
 }
 
+/* Whether relu r moves back to just after batch norm x, whose output it
+ * reads, to share its kernel (NT_FK_BN): in training the running
+ * statistics' updates (a few ops on [C] values) sit between the two. */
+static bool bn_pulls(const nt__rec *x, const nt__rec *r)
+{
+    return bn_head(x) && same_capture(x, r) && bn_relu_of(x, r);
+}
+
 /* Whether cast r moves back to just after layer norm x, whose output it
  * rounds, to share its kernel (NT_FK_NORM, norm_cast's rule): while a step
  * is captured, autocast's casts of the next matmul's weights, made ahead
@@ -1871,7 +1958,7 @@ static bool wset_may_have(const wset *w, const nt__storage *st)
  * group at the edge of the program. */
 static bool norm_pulls(const nt__rec *x, const nt__rec *r)
 {
-    return norm_head(x) && same_capture(x, r) && norm_cast_of(x, r);
+    return (norm_head(x) && same_capture(x, r) && norm_cast_of(x, r)) || bn_pulls(x, r);
 }
 
 /* Considers recs[j] (j >= 1) for the move back; true if it moved.  Reads
@@ -1908,7 +1995,11 @@ static bool pull_one(nt__rec **recs, int n, int j, const wset *w)
         (!norm_pulls(recs[i], r) &&
          (!ew_joinable(recs[i], r->out[0]) ||
           !shape_is(r->out[0], recs[i]->out[0]->ndim, recs[i]->out[0]->shape))) ||
-        joins_its_reader(recs, n, j))
+        /* a relu whose reader is its own backward (a loss right after it)
+         * still goes to its batch norm: both halves then ride on the norm's
+         * kernels, two kernels where the relu's pair and the norm's two
+         * made three */
+        (joins_its_reader(recs, n, j) && !bn_pulls(recs[i], r)))
         return false;
     memmove(&recs[i + 2], &recs[i + 1], sizeof *recs * (size_t)(j - i - 1));
     recs[i + 1] = r;

@@ -35,7 +35,12 @@ typedef struct bnc {
     const char *x, *g;
     char *y, *o2;
     const nt_tensor *w, *b, *st;
-    nt_tile *X, *G, *T, *U, *V, *col;
+    /* the fused relu (NT_FK_BN, nt__sk_bn_fused): forward, relu(y) also
+     * stored there (y, o2 NULL: not stored); backward, g first masked as
+     * relu_bwd against relu's output ym (stored to gz when given) */
+    char *relu, *gz;
+    const char *ym;
+    nt_tile *X, *G, *T, *U, *V, *col, *Ym, *Z;
     int np;
     int64_t c0;
 } bnc;
@@ -155,12 +160,33 @@ static int fwd_group(bnc *c)
             rc = c->w && c->b ? ts2(c, &T, &T, NT_ALU_MUL, &W, 0, NT_ALU_ADD, &B)
                  : c->w       ? ts2(c, &T, &T, NT_ALU_MUL, &W, 0, 0, NULL)
                               : ts2(c, &T, &T, NT_ALU_ADD, &B, 0, 0, NULL);
-        if (!rc)
+        if (!rc && c->y)
             rc = span(c, c->T, j0, w, c->y, true);
+        if (!rc && c->relu) { /* the relu kernel's activation on the y it read */
+            nt_ap U = nt_tile_slice(c->U, 0, c->np, 0, w);
+            rc = nt_isa_activation(k, &U, NT_ACT_RELU, &T, NULL, NULL, NULL);
+            if (!rc)
+                rc = span(c, c->U, j0, w, c->relu, true);
+        }
     }
-    if (!rc)
+    if (!rc && c->o2)
         rc = vec_dma(c, NULL, 0, K_MEAN, true, c->o2);
-    return rc ? rc : vec_dma(c, NULL, c->C, K_SS, true, c->o2);
+    return rc || !c->o2 ? rc : vec_dma(c, NULL, c->C, K_SS, true, c->o2);
+}
+
+/* With the fused relu: the chunk's g in G (w elements from row element j0)
+ * masked as relu_bwd's sequence does it, y > 0 ? g : 0 (a select against
+ * zeros), against relu's output y loaded into Ym. */
+static int relu_mask(bnc *c, int64_t j0, int64_t w)
+{
+    if (!c->ym)
+        return 0;
+    nt_ap g = nt_tile_slice(c->G, 0, c->np, 0, w), y = nt_tile_slice(c->Ym, 0, c->np, 0, w);
+    nt_ap z = nt_tile_slice(c->Z, 0, c->np, 0, w);
+    int rc = span(c, c->Ym, j0, w, c->ym, false);
+    if (!rc)
+        rc = ts2(c, &y, &y, NT_ALU_GT, NULL, 0.0f, 0, NULL);
+    return rc ? rc : nt_isa_select(c->s->k, &g, &y, &g, &z, NT_ENGINE_VECTOR);
 }
 
 /* Backward pass 1 over one chunk: xh to T, g in G; the four folds. */
@@ -215,6 +241,10 @@ static int bwd_group(bnc *c)
         if (!rc)
             rc = span(c, c->G, j0, w, c->g, false);
         if (!rc)
+            rc = relu_mask(c, j0, w);
+        if (!rc && c->gz)
+            rc = span(c, c->G, j0, w, c->gz, true);
+        if (!rc)
             rc = bwd_sums(c, w);
     }
     nt_ap s1 = col(c, c->w ? K_S1 : K_DB), s2 = col(c, c->w ? K_S2 : K_DW);
@@ -231,6 +261,8 @@ static int bwd_group(bnc *c)
             if (!rc)
                 rc = span(c, c->G, j0, w, c->g, false);
             if (!rc)
+                rc = relu_mask(c, j0, w);
+            if (!rc)
                 rc = ts2(c, &T, &x, NT_ALU_SUB, &mean, 0, NT_ALU_MUL, &r);
         }
         /* U = gx - m1; T = U - xh * m2; T = T * r */
@@ -242,23 +274,34 @@ static int bwd_group(bnc *c)
                                              NT_ALU_SUB, &U, true, NT_ENGINE_VECTOR);
         if (!rc)
             rc = ts2(c, &T, &T, NT_ALU_MUL, &r, 0, 0, NULL);
-        if (!rc)
+        if (!rc && c->y)
             rc = span(c, c->T, j0, w, c->y, true);
     }
-    if (!rc)
+    if (!rc && c->o2)
         rc = vec_dma(c, NULL, 0, K_DW, true, c->o2);
-    return rc ? rc : vec_dma(c, NULL, c->C, K_DB, true, c->o2);
+    return rc || !c->o2 ? rc : vec_dma(c, NULL, c->C, K_DB, true, c->o2);
 }
+
+/* What the fused relu adds to a program (bnc's relu, gz, ym). */
+typedef struct bnrelu {
+    bool bwd;
+    nt_tensor *relu, *gz;
+    const nt_tensor *ym;
+} bnrelu;
+
+static char *data_or_null(const nt_tensor *t) { return t ? nt__tensor_data(t) : NULL; }
 
 static int bn_prog(sk_k *s, const nt__rec *r, void *ctx)
 {
-    bool bwd = *(const bool *)ctx;
+    const bnrelu *f = ctx;
+    bool bwd = f->bwd;
     const nt_tensor *x = r->in[bwd ? 1 : 0];
     bnc c = {.s = s, .N = x->shape[0], .C = x->shape[1], .eps = (float)r->p.f[0]};
     c.S = nt__numel(x->ndim - 2, x->shape + 2);
     c.M = c.N * c.S;
     c.x = nt__tensor_data(x);
-    c.y = nt__tensor_data(r->out[0]), c.o2 = nt__tensor_data(r->out[1]);
+    c.y = data_or_null(r->out[0]), c.o2 = data_or_null(r->out[1]);
+    c.relu = data_or_null(f->relu), c.gz = data_or_null(f->gz), c.ym = data_or_null(f->ym);
     if (bwd)
         c.g = nt__tensor_data(r->in[0]), c.st = r->in[2], c.w = r->in[3];
     else
@@ -271,10 +314,18 @@ static int bn_prog(sk_k *s, const nt__rec *r, void *ctx)
         c.G = sk_tile(s, "bn.g", NT_F32, 128, cw);
         c.V = sk_tile(s, "bn.v", NT_F32, 128, cw);
     }
+    if (c.ym) {
+        c.Ym = sk_tile(s, "bn.ym", NT_F32, 128, cw);
+        c.Z = sk_tile(s, "bn.zero", NT_F32, 128, cw);
+    }
     c.col = sk_tile(s, "bn.cols", NT_F32, 128, K_N);
     int rc = nt_sim_kernel_error(s->k);
     if (!rc)
         rc = sk_warm_act(s, NT_ACT_RSQRT);
+    if (!rc && c.ym) {
+        nt_ap z = nt_tile_ap(c.Z);
+        rc = nt_isa_memset(s->k, &z, 0.0, NT_ENGINE_VECTOR);
+    }
     for (c.c0 = 0; c.c0 < c.C && !rc; c.c0 += 128) {
         c.np = c.C - c.c0 < 128 ? (int)(c.C - c.c0) : 128;
         rc = bwd ? bwd_group(&c) : fwd_group(&c);
@@ -284,10 +335,30 @@ static int bn_prog(sk_k *s, const nt__rec *r, void *ctx)
 
 int nt__sk_batch_norm_fwd(const nt__rec *r)
 {
-    return sk_run_prog(r, NULL, bn_prog, &(bool){false});
+    return sk_run_prog(r, NULL, bn_prog, &(bnrelu){.bwd = false});
 }
 
 int nt__sk_batch_norm_bwd(const nt__rec *r)
 {
-    return sk_run_prog(r, NULL, bn_prog, &(bool){true});
+    return sk_run_prog(r, NULL, bn_prog, &(bnrelu){.bwd = true});
+}
+
+int nt__sk_bn_fused(sk_k *s, const nt__fgroup *g)
+{
+    const nt__fprog *P = g->prog;
+    const nt__fop *bo, *ro;
+    bool fwd = nt__fbn_ops(P, &bo, &ro);
+    int sv[3] = {P->vals[bo->out].store, P->vals[bo->out + 1].store, P->vals[ro->out].store};
+    nt__rec r;
+    nt__fbn_rec(&r, g, sv[0] >= 0 ? g->out[sv[0]] : NULL, sv[1] >= 0 ? g->out[sv[1]] : NULL);
+    bnrelu f = {.bwd = !fwd};
+    if (fwd) {
+        f.relu = sv[2] >= 0 ? g->out[sv[2]] : NULL;
+    } else {
+        f.ym = g->ext[NT_F_EXT_IDX(ro->a[1])];
+        f.gz = sv[2] >= 0 ? g->out[sv[2]] : NULL;
+    }
+    if (nt__numel(r.in[fwd ? 0 : 1]->ndim, r.in[fwd ? 0 : 1]->shape) == 0)
+        return 0;
+    return bn_prog(s, &r, &f);
 }

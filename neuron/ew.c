@@ -2165,6 +2165,12 @@ static int run_mm_group(sk_k *s, const nt__fgroup *g, const uint64_t *keys)
  * checked before anything runs, so a refusal writes nothing. */
 static bool prog_supported(const nt__fprog *P)
 {
+    if (P->kind == NT_FK_BN) /* nt__sk_bn_fused: the planner's two forms */
+        return P->nops == 2 && P->ndim >= 2 &&
+               (P->ops[0].op == NT_OP_BN_FWD ? P->ops[1].op == NT_OP_RELU && P->ops[1].a[0] == 0
+                                              : P->ops[0].op == NT_OP_RELU_BWD &&
+                                                    P->ops[1].op == NT_OP_BN_BWD &&
+                                                    P->ops[1].a[0] == 0);
     if (P->kind == NT_FK_NORM) /* nt__sk_norm_fused */
         return P->nops == 2 && P->ops[0].op == NT_OP_LAYER_NORM && P->ops[0].nin == 3 &&
                NT_F_IS_EXT(P->ops[0].a[0]) && NT_F_IS_EXT(P->ops[0].a[1]) &&
@@ -2203,7 +2209,8 @@ static bool prog_supported(const nt__fprog *P)
 int nt__sk_fused(const nt__fgroup *g)
 {
     const nt__fprog *P = g->prog;
-    static const char *names[] = {"fused.ew", "fused.row", "fused.mm", "fused.norm"};
+    static const char *names[] = {"fused.ew", "fused.row", "fused.mm", "fused.norm",
+                                  "fused.bn"};
     if (!prog_supported(P))
         return NT_ENOTSUP;
     /* stochastic-rounding casts draw their bits from their own records */
@@ -2213,7 +2220,7 @@ int nt__sk_fused(const nt__fgroup *g)
             keys[k] = nt__rec_sr_key(g->recs[k]);
     nt_tile *mark;
     bool issue;
-    bool alone = P->kind == NT_FK_MM || P->kind == NT_FK_NORM;
+    bool alone = P->kind == NT_FK_MM || P->kind == NT_FK_NORM || P->kind == NT_FK_BN;
     sk_k *js = !alone ? sk_join_enter("foreach", &issue, &mark) : NULL;
     if (js) { /* a program of a shared kernel (neuron/foreach.c) */
         int jr = !issue                   ? 0
@@ -2236,6 +2243,7 @@ int nt__sk_fused(const nt__fgroup *g)
         case NT_FK_ROW: rc = run_row(&s, P, g->ext, g->out, keys); break;
         case NT_FK_MM: rc = run_mm_group(&s, g, keys); break;
         case NT_FK_NORM: rc = nt__sk_norm_fused(&s, g); break;
+        case NT_FK_BN: rc = nt__sk_bn_fused(&s, g); break;
         default: rc = NT_ENOTSUP; break;
         }
     /* a refused program issued nothing and computed nothing: the planner

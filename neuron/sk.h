@@ -271,6 +271,9 @@ int nt__sk_conv_gemm(const nt__rec *r);   /* conv_gemm (neuron/conv.c) */
 int nt__sk_conv_wgrad(const nt__rec *r);  /* conv_wgrad */
 int nt__sk_batch_norm_fwd(const nt__rec *r); /* bn.c */
 int nt__sk_batch_norm_bwd(const nt__rec *r);
+/* An NT_FK_BN program (fusion/ir.h) in kernel s: the batch norm's program
+ * with the relu in its passes (bn.c). */
+int nt__sk_bn_fused(sk_k *s, const nt__fgroup *g);
 int nt__sk_grad_norms(const nt__rec *r); /* reduce.c: clipping's norms */
 int nt__sk_grouped_mm(const nt__rec *r);       /* moe.c */
 int nt__sk_grouped_mm_wgrad(const nt__rec *r); /* moe.c */
