@@ -145,7 +145,7 @@ nt_tensor *nt__saved_out(nt__bctx *b, int i);
  * runs in a pass that records its ops, the name of its op (for the errors
  * of a backward that cannot be differentiated), else NULL.  nt__dbl_refuse
  * sets and returns that error (NT_ENOTSUP naming nt_backward and the op). */
-extern _Thread_local const char *nt__dbl_of;
+extern _Thread_local const char *nt__dbl_of NT_TLS_HOT; /* read by every op's dispatch */
 int nt__dbl_refuse(const nt_site *site, const char *why);
 /* A saved tensor handed to a create_graph backward: a handle on its
  * storage that carries edge e (its gradient flows there), owned by the

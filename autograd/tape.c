@@ -1218,7 +1218,7 @@ typedef struct {
 
 /* The pass's API name, for errors raised inside it (nt__dbl_refuse). */
 static _Thread_local const char *tls_pass_fn;
-_Thread_local const char *nt__dbl_of;
+_Thread_local const char *nt__dbl_of NT_TLS_HOT;
 
 int nt__dbl_refuse(const nt_site *site, const char *why)
 {

@@ -662,10 +662,19 @@ void nt__stream_enqueue(nt_stream *s, nt__rec *r)
      * uatomic_xchg is a full barrier (liburcu guarantees one before and
      * after it), so this load cannot pass the store that published r, and
      * the worker sets `sleeping` with a full barrier before it looks at
-     * the queue again. */
+     * the queue again (worker_sleep).  One ring per sleep: the producer
+     * that turns `sleeping` from 1 to 0 rings, the others see 0 and go on.
+     * Before, every enqueue rang (a mutex, a futex syscall and a contended
+     * line each) until the woken worker got a processor and cleared the
+     * flag itself; on a loaded 2-vCPU host that was most ops of a burst.
+     * The compare-and-swap needs no ordering of its own: it only elects
+     * the ringer, and the signal is ordered by the mutex, which the
+     * sleeping worker holds from setting the flag until it waits. */
     if (AO_load(&s->sleeping) && !AO_load(&s->capture) &&
         (NT__CFG(mode) != NT_MODE_LAZY ||
-         seq - AO_load(&s->done_upto) >= (uint64_t)NT__CFG(lazy_window))) {
+         seq - AO_load(&s->done_upto) >= (uint64_t)NT__CFG(lazy_window)) &&
+        AO_compare_and_swap(&s->sleeping, 1, 0)) {
+        AO_fetch_and_add1(&s->rings); /* once per sleep: off the hot path */
         g_mutex_lock(&s->lock);
         g_cond_signal(&s->work_cond);
         g_mutex_unlock(&s->lock);
@@ -894,6 +903,32 @@ static void gather_burst(nt_stream *s)
     }
 }
 
+/* The worker sleeps on work_cond until there is work: in lazy mode (or
+ * while captured, `holding`) until lazy_should_run, else until the queue
+ * has a record (or the mode became lazy).  `sleeping` is set again, with a
+ * full barrier, before each look at the condition: a producer that saw it
+ * set rang once and cleared it (nt__stream_enqueue), so a worker going back
+ * to sleep after any wake-up (a timeout, a flush request, a ring whose work
+ * it already took) must arm it again, or the next enqueue would not ring.
+ * The 100 ms bound makes a missed wake-up a delay, never a hang. */
+static void worker_sleep(nt_stream *s, bool holding)
+{
+    g_mutex_lock(&s->lock);
+    for (;;) {
+        AO_store(&s->arms, AO_load(&s->arms) + 1); /* only the worker, under lock */
+        AO_store_full(&s->sleeping, 1);
+        if (AO_load(&s->stop))
+            break;
+        if (holding ? lazy_should_run(s)
+                    : !cds_wfcq_empty(&s->head, &s->tail) || NT__CFG(mode) == NT_MODE_LAZY)
+            break;
+        gint64 until = g_get_monotonic_time() + 100000;
+        g_cond_wait_until(&s->work_cond, &s->lock, until);
+    }
+    AO_store_full(&s->sleeping, 0);
+    g_mutex_unlock(&s->lock);
+}
+
 static void *worker_main(void *arg)
 {
     nt_stream *s = arg;
@@ -976,14 +1011,7 @@ static void *worker_main(void *arg)
             /* Holding: sleep until the window fills, a sync asks for a held
              * op, or the stream stops.  No spinning: producers ring only
              * when the window is full. */
-            g_mutex_lock(&s->lock);
-            AO_store_full(&s->sleeping, 1);
-            while (!AO_load(&s->stop) && !lazy_should_run(s)) {
-                gint64 until = g_get_monotonic_time() + 100000;
-                g_cond_wait_until(&s->work_cond, &s->lock, until);
-            }
-            AO_store_full(&s->sleeping, 0);
-            g_mutex_unlock(&s->lock);
+            worker_sleep(s, true);
             continue;
         }
         idle = true;
@@ -1000,15 +1028,7 @@ static void *worker_main(void *arg)
         }
         if (more)
             continue;
-        g_mutex_lock(&s->lock);
-        AO_store_full(&s->sleeping, 1);
-        while (cds_wfcq_empty(&s->head, &s->tail) && !AO_load(&s->stop) &&
-               NT__CFG(mode) != NT_MODE_LAZY) {
-            gint64 until = g_get_monotonic_time() + 100000;
-            g_cond_wait_until(&s->work_cond, &s->lock, until);
-        }
-        AO_store_full(&s->sleeping, 0);
-        g_mutex_unlock(&s->lock);
+        worker_sleep(s, false);
     }
     return NULL;
 }

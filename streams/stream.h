@@ -67,8 +67,14 @@ struct nt_stream {
     volatile AO_t busy;       /* worker is running a batch (for nt-queue) */
     /* rarely written */
     _Alignas(64) volatile AO_t flush_upto; /* lazy mode: run at least up to here */
-    volatile AO_t sleeping;   /* worker is (about to be) asleep */
+    volatile AO_t sleeping;   /* worker is (about to be) asleep and no
+                                 producer has rung it since (one ring per
+                                 sleep: nt__stream_enqueue) */
     volatile AO_t waiters;    /* threads sleeping on done_cond */
+    /* Counts for tests (tests/test_streams.c): how often the worker set
+     * `sleeping` (under lock) and how often a producer rang it.  One ring
+     * per sleep means rings <= arms, whatever the timing. */
+    volatile AO_t arms, rings;
     volatile AO_t stop;
     /* the worker pushes, producers take all: both, but once per batch */
     _Alignas(64) volatile AO_t free_recs; /* lock-free stack of recycled records */

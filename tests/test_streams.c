@@ -252,6 +252,63 @@ static void test_threads_deterministic(void **state)
     nt_config_set("NT_DETERMINISTIC", "0");
 }
 
+/* One ring per sleep (nt__stream_enqueue): bursts of small ops from two
+ * threads at the default stream's worker, each burst starting while the
+ * worker sleeps.  A producer rings only a worker that armed `sleeping`
+ * since the last ring, so rings <= arms whatever the timing; before, every
+ * enqueue rang (a mutex and a futex call each) until the woken worker got a
+ * processor and cleared the flag itself.  Each burst's first op finds the
+ * worker asleep, so it rings at least once a round; the values check that
+ * no op was lost or reordered. */
+#define RING_ROUNDS 8
+#define RING_STEPS 200
+
+static gpointer ring_burst(gpointer p)
+{
+    worker_arg *w = p;
+    int32_t start = 1000 * (w->id + 1);
+    nt_tensor *x = ivec(64, start);
+    nt_tensor *y = chain(x, RING_STEPS);
+    int32_t out[64];
+    if (nt_to_host(y, out, sizeof out) != 0)
+        w->failures++;
+    else
+        for (int k = 0; k < 64; k++)
+            if ((uint32_t)out[k] != chain_expect((uint32_t)(start + k), RING_STEPS))
+                w->failures++;
+    nt_release(x);
+    nt_release(y);
+    return NULL;
+}
+
+static void test_one_ring_per_sleep(void **state)
+{
+    (void)state;
+    assert_int_equal(nt_config_set("NT_MODE", "eager"), 0);
+    nt_stream *s = nt_stream_default();
+    assert_int_equal(nt_sync(), 0);
+    AO_t arms0 = AO_load(&s->arms), rings0 = AO_load(&s->rings);
+    for (int round = 0; round < RING_ROUNDS; round++) {
+        while (!AO_load_full(&s->sleeping)) /* an observed state, not a time */
+            g_usleep(100);
+        worker_arg args[2];
+        GThread *th[2];
+        for (int i = 0; i < 2; i++) {
+            args[i] = (worker_arg){i + 2 * round, NULL, NULL, 0};
+            th[i] = g_thread_new("test-burst", ring_burst, &args[i]);
+        }
+        for (int i = 0; i < 2; i++) {
+            g_thread_join(th[i]);
+            assert_int_equal(args[i].failures, 0);
+        }
+        assert_int_equal(nt_sync(), 0);
+    }
+    AO_t arms = AO_load(&s->arms) - arms0, rings = AO_load(&s->rings) - rings0;
+    assert_true(rings >= RING_ROUNDS);
+    assert_true(rings <= arms);
+    assert_int_equal(nt_config_set("NT_MODE", "adaptive"), 0);
+}
+
 /* ---------------- events and cross-stream ordering ---------------- */
 
 static void test_events(void **state)
@@ -866,6 +923,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_threads_own_and_shared_streams, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_threads_lazy, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_threads_deterministic, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_one_ring_per_sleep, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_events, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_implicit_cross_stream, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_stream_api_errors, nt_test_setup, nt_test_teardown),
