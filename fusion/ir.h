@@ -114,9 +114,9 @@ static inline bool nt__fop_is_side(const nt__fprog *p, int k)
 }
 
 /* The record op o of group g stands for, as its own kernel would see it:
- * o's inputs from the group's external tensors and one output, out (NULL
- * for none).  The head of a matmul or a norm group runs its own kernel on
- * it (cpu/fused.c, neuron/rows.c). */
+ * o's inputs from the group's external tensors (NULL for a value made in
+ * the group) and one output, out (NULL for none).  The head of a matmul or
+ * a norm group runs its own kernel on it (cpu/fused.c, neuron/rows.c). */
 static inline void nt__fop_rec(nt__rec *r, const nt__fgroup *g, const nt__fop *o, nt_tensor *out)
 {
     memset(r, 0, sizeof *r);
@@ -125,7 +125,7 @@ static inline void nt__fop_rec(nt__rec *r, const nt__fgroup *g, const nt__fop *o
     r->nout = 1;
     r->p = o->p;
     for (int i = 0; i < o->nin; i++)
-        r->in[i] = g->ext[NT_F_EXT_IDX(o->a[i])];
+        r->in[i] = NT_F_IS_EXT(o->a[i]) ? g->ext[NT_F_EXT_IDX(o->a[i])] : NULL;
     r->out[0] = out;
 }
 
@@ -145,16 +145,11 @@ static inline void nt__fbn_rec(nt__rec *r, const nt__fgroup *g, nt_tensor *o0, n
 {
     const nt__fop *bo, *ro;
     bool fwd = nt__fbn_ops(g->prog, &bo, &ro);
-    memset(r, 0, sizeof *r);
-    r->op = bo->op;
-    r->nin = bo->nin;
-    r->nout = 2;
-    r->p = bo->p;
-    for (int i = 0; i < bo->nin; i++)
-        r->in[i] = NT_F_IS_EXT(bo->a[i]) ? g->ext[NT_F_EXT_IDX(bo->a[i])] : NULL;
+    nt__fop_rec(r, g, bo, o0);
     if (!fwd)
         r->in[0] = g->ext[NT_F_EXT_IDX(ro->a[0])];
-    r->out[0] = o0, r->out[1] = o1;
+    r->nout = 2;
+    r->out[1] = o1;
 }
 
 /* A side product's first operand as its record saw it: A (contiguous) seen
