@@ -1352,16 +1352,16 @@ static int run_ops(tile_state *t, int (*store)(void *ctx, int slot, const nt_ap 
  * ScalarE, each waiting for the other).  Temporaries live inside one op, so
  * sharing them between the tiles moves no value; each instruction computes
  * what it computed in run_ops. */
-static int run_ops2(tile_state *t0, void *c0, tile_state *t1, void *c1,
-                    int (*store)(void *ctx, int slot, const nt_ap *src))
+static int run_ops2_from(tile_state *t0, void *c0, int k00, tile_state *t1, void *c1, int k01,
+                         int (*store)(void *ctx, int slot, const nt_ap *src))
 {
     tile_state *t[2] = {t0, t1};
     void *c[2] = {c0, c1};
-    int k[2], n = t0->L->P->nops, rc = 0;
+    int k[2] = {k00, k01}, n = t0->L->P->nops, rc = 0;
     for (int i = 0; i < 2; i++) {
         t[i]->E.np = t[i]->np;
         t[i]->E.nf = t[i]->nf;
-        k[i] = next_live(t[i], t[i]->L->first);
+        k[i] = next_live(t[i], k[i]);
     }
     while (!rc && (k[0] < n || k[1] < n)) {
         int i = k[0] < n && (k[1] >= n || k[0] <= k[1]) ? 0 : 1;
@@ -1369,6 +1369,12 @@ static int run_ops2(tile_state *t0, void *c0, tile_state *t1, void *c1,
         k[i] = next_live(t[i], k[i]);
     }
     return rc;
+}
+
+static int run_ops2(tile_state *t0, void *c0, tile_state *t1, void *c1,
+                    int (*store)(void *ctx, int slot, const nt_ap *src))
+{
+    return run_ops2_from(t0, c0, t0->L->first, t1, c1, t1->L->first, store);
 }
 
 /* ---------------- EW programs ---------------- */
@@ -1775,6 +1781,8 @@ typedef struct mm_blk {
     struct mm_run *w;
     tile_state t;
     int k0; /* the first op mm_finish runs (the evacuation may have run one) */
+    int64_t due; /* the last epilogue call its ops may be issued in (its bank's
+                    life, nt_tile_matmul_args.acc_lives), INT64_MAX: any */
     nt_ap acc; /* the accumulator its ops read value 0 from (t.acc) */
     nt_ap pats[SK_MAXOPND];
 } mm_blk;
@@ -1791,8 +1799,13 @@ typedef struct mm_run {
     int64_t batch[NT_MAX_DIMS];
     int dm, dn;          /* iteration dims of m and n, -1 if dropped */
     int nbuf;            /* epilogue register sets in rotation (>= 2) */
-    int pend;            /* the block whose ops wait for the next one's loads, -1 none */
+    int pend[3];         /* the blocks whose ops wait for later blocks' loads, oldest
+                            first (npend of them) */
+    int npend;
     bool lag;            /* an output is an input too (in place): lag one block */
+    bool pairs;          /* ... and the lagged blocks' ops run in pairs (mm_drain) */
+    int lives;           /* nt_tile_matmul_args.acc_lives of the block evacuated */
+    int64_t ncall;       /* epilogue calls so far */
     int evk;             /* the op the evacuation runs from PSUM (evac_op), 0 none */
     bool in_psum;        /* value 0 may be read in PSUM (psum_ok) */
     bool kept;           /* nt_tile_matmul_args.acc_kept of the block evacuated */
@@ -1806,19 +1819,56 @@ static int mm_store(void *ctx, int slot, const nt_ap *src)
     return nt_isa_dma_copy(b->w->s->k, &b->pats[b->w->P->next + slot], src, sk_qout(b->w->s));
 }
 
+/* The store of the value a block's evacuation made: the matmul's, or its
+ * op's (none when the ops read the accumulator). */
+static int mm_evac_store(mm_blk *b)
+{
+    const nt__fprog *P = b->w->P;
+    int v = b->k0 > b->t.L->first ? P->ops[b->k0 - 1].out : 0;
+    if (b->t.acc || P->vals[v].store < 0)
+        return 0;
+    nt_ap va = val_ap(&b->t, v);
+    return mm_store(b, P->vals[v].store, &va);
+}
+
 /* The second half of a block's epilogue: its stores and ops. */
 static int mm_finish(mm_blk *b)
 {
-    const nt__fprog *P = b->w->P;
-    int rc = 0;
-    /* the value the evacuation made: the matmul's, or its op's (none when
-     * the ops read the accumulator) */
-    int v = b->k0 > b->t.L->first ? P->ops[b->k0 - 1].out : 0;
-    if (!b->t.acc && P->vals[v].store >= 0) {
-        nt_ap va = val_ap(&b->t, v);
-        rc = mm_store(b, P->vals[v].store, &va);
-    }
+    int rc = mm_evac_store(b);
     return rc ? rc : run_ops_from(&b->t, b->k0, mm_store, b);
+}
+
+/* The second halves of two blocks' epilogues, their ops interleaved op by
+ * op (run_ops2_from): AdamW's chain alternates VectorE and ScalarE, and
+ * VectorE waited for ScalarE's sqrt and scaling of each block (0.9 of its
+ * 5 us) with nothing else to do. */
+static int mm_finish2(mm_blk *b0, mm_blk *b1)
+{
+    int rc = mm_evac_store(b0);
+    if (!rc)
+        rc = mm_evac_store(b1);
+    return rc ? rc : run_ops2_from(&b0->t, b0, b0->k0, &b1->t, b1, b1->k0, mm_store);
+}
+
+/* Finishes the waiting blocks that may go: all of them (all), else every
+ * one but the block just loaded (the newest).  In pairs (w->pairs) a block
+ * waits for a partner unless its bank's life ends with this call (due). */
+static int mm_drain(mm_run *w, bool all)
+{
+    int rc = 0;
+    while (!rc) {
+        int ready = all ? w->npend : w->npend - 1;
+        if (ready <= 0)
+            break;
+        mm_blk *b0 = &w->blk[w->pend[0]];
+        int take = ready >= 2 && w->pairs ? 2 : 1;
+        if (take == 1 && w->pairs && !all && b0->due > w->ncall)
+            break;
+        rc = take == 2 ? mm_finish2(b0, &w->blk[w->pend[1]]) : mm_finish(b0);
+        w->npend -= take;
+        memmove(w->pend, w->pend + take, (size_t)w->npend * sizeof w->pend[0]);
+    }
+    return rc;
 }
 
 /* The op the evacuation can run reading PSUM itself, 0 if none: the first
@@ -2002,13 +2052,11 @@ static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, 
         nt_ap d = nt_tile_slice(L->R.tile[buf][L->ereg[e]], 0, np, 0, nf);
         rc = nt_isa_dma_copy(s->k, &d, &k->pats[e], sk_qfree(s));
     }
-    if (!rc && w->pend >= 0)
-        rc = mm_finish(&w->blk[w->pend]);
-    w->pend = buf;
-    if (!rc && !w->lag) {
-        rc = mm_finish(k);
-        w->pend = -1;
-    }
+    k->due = k->t.acc ? w->ncall + w->lives : INT64_MAX;
+    w->pend[w->npend++] = buf;
+    if (!rc)
+        rc = mm_drain(w, !w->lag);
+    w->ncall++;
     return rc;
 }
 
@@ -2071,9 +2119,10 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     w->nbuf = w->lag ? MM_NBUF_LAG : MM_NBUF;
     while (w->nbuf > 2 && plan_bytes(L, 512, w->nbuf) > SK_SBUF_BUDGET - 64 * 1024)
         w->nbuf--;
+    /* a pair and the block loaded after it take three register sets */
+    w->pairs = w->lag && w->nbuf >= 3;
     rc = plan_alloc(s, L, &w->t.E, 512, w->nbuf);
     w->t.E.keys = keys;
-    w->pend = -1;
     if (!rc)
         rc = mm_preload(s, w, ext, out);
     w->evk = evac_op(L);
@@ -2086,12 +2135,14 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
     s->mm_apart = apart;
     w->in_psum = w->lag && !w->evk && psum_ok(L);
     s->mm_kept = w->in_psum ? &w->kept : NULL;
+    s->mm_lives = w->in_psum ? &w->lives : NULL;
     if (!rc)
         rc = sk_matmul_run_cs(s, a, b, NULL, mm_epi, w, side);
     s->mm_apart = false;
     s->mm_kept = NULL;
-    if (!rc && w->pend >= 0)
-        rc = mm_finish(&w->blk[w->pend]);
+    s->mm_lives = NULL;
+    if (!rc)
+        rc = mm_drain(w, true);
     g_free(w);
     g_free(L);
     return rc;

@@ -63,6 +63,7 @@ typedef struct sk_k {
     /* sk_matmul_run: nt_tile_matmul_args.acc_kept (NULL: not asked); set by
      * the caller around the call, as mm_apart */
     bool *mm_kept;
+    int *mm_lives; /* nt_tile_matmul_args.acc_lives, as mm_kept */
 } sk_k;
 
 /* Opens kernel `name` (an op name, "fused.ew", ...). */

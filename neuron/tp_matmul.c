@@ -595,6 +595,8 @@ static int zero_fill(mm *p)
                 int rc = nt_isa_memset(p->k, &z, 0.0, NT_ENGINE_VECTOR);
                 if (a->acc_kept) /* the next block zeroes the same bank */
                     *a->acc_kept = false;
+                if (a->acc_lives)
+                    *a->acc_lives = 0;
                 if (!rc)
                     rc = a->epilogue(p->k, &z, m0, n0, a->epilogue_ctx);
                 if (rc)
@@ -636,13 +638,15 @@ static int flush_store(mm *p)
  * and its store.  next_other: the next block evacuated is another M-tile's,
  * so this one's store leaves now. */
 static int evac_block(mm *p, nt_tile *acc, int64_t r0, int64_t mw, int64_t n0, int64_t nw,
-                      bool next_other, bool kept)
+                      bool next_other, int lives)
 {
     const nt_tile_matmul_args *a = p->a;
     nt_ap src = sl(acc, (int)mw, 0, nw);
     if (a->epilogue) {
         if (a->acc_kept)
-            *a->acc_kept = kept;
+            *a->acc_kept = lives >= 1;
+        if (a->acc_lives)
+            *a->acc_lives = lives;
         return a->epilogue(p->k, &src, r0, n0, a->epilogue_ctx);
     }
     int64_t oo = (p->onext++ % p->NO) * TN;
@@ -944,10 +948,12 @@ static int run_stream(mm *p)
                 nt__sim_fx_flush(p->k); /* the bank's queued readers first */
                 deliver_to(p, acc, m0, mw, n0, nw);
             }
-            /* the bank comes round again p->nacc blocks on: with two or
-             * more, not before the next block's evacuation */
+            /* the bank comes round again p->nacc blocks on, once the
+             * evacuation nacc - 1 blocks on has returned (none after the
+             * last block) */
+            int64_t left = (nm - 1 - i) * p->nn + (p->nn - 1 - nc);
             rc = evac_block(p, acc, m0, mw, n0, nw, nc + 1 == p->nn,
-                            p->nacc >= 2 && (i + 1 < nm || nc + 1 < p->nn));
+                            (int)min64(p->nacc - 1, left));
             if (p->c32)
                 p->k->functional = false;
         }
@@ -1056,9 +1062,9 @@ static int run(mm *p)
             for (int bm = 0; bm < mt; bm++) {
                 int64_t r0 = m0 + (int64_t)bm * TM, mw = min64(TM, a->M - r0);
                 /* the next chunk's matmuls write every bank of the block
-                 * before its first evacuation: only a block's next bank
-                 * evacuates first */
-                int rc = evac_block(p, p->acc[bm], r0, mw, n0, nw, mt > 1, bm + 1 < mt);
+                 * before its first evacuation: only the block's later banks
+                 * evacuate first */
+                int rc = evac_block(p, p->acc[bm], r0, mw, n0, nw, mt > 1, mt - 1 - bm);
                 if (rc)
                     return rc;
             }

@@ -583,6 +583,10 @@ typedef struct nt_tile_matmul_args {
     int64_t ldw;
     nt_dtype w_dtype;
     nt_dtype a_colsum_dtype; /* of a_colsum's sums: f32 (0), bf16 or f16 */
+    int *acc_lives;       /* non-NULL: set before each epilogue call -- how many of the
+                             epilogue's next calls return before the program writes or
+                             frees that accumulator (0: none; acc_kept is this >= 1), so
+                             the epilogue may leave reads of acc to the last of them */
 } nt_tile_matmul_args;
 
 /** Issues into k a matmul program: PSUM accumulation over K-tiles of 128 in
