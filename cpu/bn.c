@@ -30,7 +30,9 @@
  * mid-lane-group, and the sums gather the block into L1 instead); each
  * block's partial goes to its slot; with AVX2 the sums of a run that
  * starts at lane 0 keep the 16 lanes in two vectors (the same terms, steps
- * and lanes).  (The reference
+ * and lanes), with AVX-512 in one, and the block's code is then built for
+ * that level (block_512: its y and dx loops 16 floats a step; chosen at
+ * run time, nt__gemm_isa, so NT_CPU_ISA=avx2 keeps the AVX2 code).  (The reference
  * paths, nt__cpu_ref_paths, gather each block into L1 and take the
  * separate passes: tests/test_cnnperf.c checks the bits are the same.)
  * Between phases the calling thread adds each channel's partials in block
@@ -91,8 +93,10 @@ static void scatter(float *y, const float *T, const bnk *k, int64_t c, int64_t j
     }
 }
 
-static void fwd_y(const float *restrict X, int64_t m, float mean, float r, float wc, bool hw,
-                  float bc, bool hb, float *restrict Y, float *restrict R);
+static inline __attribute__((always_inline)) void fwd_y(const float *restrict X, int64_t m,
+                                                      float mean, float r, float wc, bool hw,
+                                                      float bc, bool hb, float *restrict Y,
+                                                      float *restrict R);
 
 static float sq_sum(const float *restrict X, int64_t m, float mean);
 static void bwd_sums(const float *restrict X, const float *restrict G, int64_t m, float mean,
@@ -266,14 +270,64 @@ __attribute__((target("avx2,fma"))) static void run_bwd_avx2(float (*restrict ac
         acc[0][l] += u, acc[1][l] += u * t, acc[2][l] += uw, acc[3][l] += uw * t;
     }
 }
+
+/* run_sum_avx2 and run_bwd_avx2 at the AVX-512 level: the 16 lanes of
+ * each accumulator in one vector, the same terms, steps and lanes (no
+ * FMA), so the same bits, in half the instructions; the run's last
+ * partial group goes through the AVX2 ones. */
+__attribute__((target(NT_TARGET_AVX512))) static void run_sum_avx512(float *restrict acc,
+                                                                    const float *restrict X,
+                                                                    int64_t len, int kind,
+                                                                    float mean)
+{
+    __m512 a = _mm512_loadu_ps(acc), mv = _mm512_set1_ps(mean);
+    int64_t i = 0;
+    if (kind == 0)
+        for (; i + NT_RED_LANES <= len; i += NT_RED_LANES)
+            a = _mm512_add_ps(a, _mm512_loadu_ps(X + i));
+    else
+        for (; i + NT_RED_LANES <= len; i += NT_RED_LANES) {
+            __m512 d = _mm512_sub_ps(_mm512_loadu_ps(X + i), mv);
+            a = _mm512_add_ps(a, _mm512_mul_ps(d, d));
+        }
+    _mm512_storeu_ps(acc, a);
+    if (i < len)
+        run_sum_avx2(acc, X + i, len - i, kind, mean);
+}
+
+__attribute__((target(NT_TARGET_AVX512))) static void
+run_bwd_avx512(float (*restrict acc)[NT_RED_LANES], const float *restrict X,
+               const float *restrict G, const float *restrict Ym, int64_t len, float mean, float r,
+               float wc)
+{
+    __m512 a0 = _mm512_loadu_ps(acc[0]), a1 = _mm512_loadu_ps(acc[1]);
+    __m512 a2 = _mm512_loadu_ps(acc[2]), a3 = _mm512_loadu_ps(acc[3]);
+    const __m512 mv = _mm512_set1_ps(mean), rv = _mm512_set1_ps(r), wv = _mm512_set1_ps(wc);
+    int64_t i = 0;
+    for (; i + NT_RED_LANES <= len; i += NT_RED_LANES) {
+        __m512 t = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(X + i), mv), rv);
+        __m512 u = _mm512_loadu_ps(G + i);
+        if (Ym) /* relu_g: y > 0 ? g : +0 (a NaN y compares false) */
+            u = _mm512_maskz_mov_ps(
+                _mm512_cmp_ps_mask(_mm512_loadu_ps(Ym + i), _mm512_setzero_ps(), _CMP_GT_OQ), u);
+        __m512 uw = _mm512_mul_ps(u, wv);
+        a0 = _mm512_add_ps(a0, u), a1 = _mm512_add_ps(a1, _mm512_mul_ps(u, t));
+        a2 = _mm512_add_ps(a2, uw), a3 = _mm512_add_ps(a3, _mm512_mul_ps(uw, t));
+    }
+    _mm512_storeu_ps(acc[0], a0), _mm512_storeu_ps(acc[1], a1);
+    _mm512_storeu_ps(acc[2], a2), _mm512_storeu_ps(acc[3], a3);
+    if (i < len)
+        run_bwd_avx2(acc, X + i, G + i, Ym ? Ym + i : NULL, len - i, mean, r, wc);
+}
 #endif
 
 /* Block bk of channel c in place: its forward partial (ph P_FWD_SUM or
  * P_FWD_SQ) or y (P_FWD_Y); the backward's four partials (P_BWD_SUMS) or
  * dx (P_BWD_DX).  The same terms, lanes and rounded steps as the gathered
  * passes, so the same bits. */
-static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *restrict T,
-                          float *restrict U, float *restrict B)
+static inline __attribute__((always_inline)) void
+block_body(const bnk *k, int ph, int64_t c, int64_t bk, float *restrict T, float *restrict U,
+           float *restrict B, bool v512)
 {
     int64_t j0 = bk * NT_RED_BLOCK, m = k->M - j0 < NT_RED_BLOCK ? k->M - j0 : NT_RED_BLOCK;
     int64_t end = j0 + m, off, len;
@@ -283,7 +337,7 @@ static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *re
 #ifdef BN_X86
     avx2 = nt__gemm_isa() >= NT_ISA_AVX2;
 #endif
-    (void)avx2; /* (no vector runs off x86) */
+    (void)avx2, (void)v512; /* (no vector runs off x86) */
     if (k->S % NT_RED_LANES && ph != P_FWD_Y && ph != P_BWD_DX) {
         /* runs that start mid-lane-group (S = 196, 49): most of a run
          * would go lane by lane; the sums over the block gathered into L1
@@ -297,13 +351,13 @@ static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *re
 #ifdef BN_X86
         if (avx2 && ph == P_FWD_SQ) { /* sq_sum's terms and fold */
             float a[NT_RED_LANES] = {0};
-            run_sum_avx2(a, T, m, 1, mean);
+            (v512 ? run_sum_avx512 : run_sum_avx2)(a, T, m, 1, mean);
             p[0] = lane_fold(a);
             return;
         }
         if (avx2 && ph == P_BWD_SUMS) { /* bwd_sums' */
             float a[4][NT_RED_LANES] = {{0}};
-            run_bwd_avx2(a, T, U, NULL, m, mean, r, k->w ? wc : 0.0f);
+            (v512 ? run_bwd_avx512 : run_bwd_avx2)(a, T, U, NULL, m, mean, r, k->w ? wc : 0.0f);
             p[0] = lane_fold(a[0]), p[1] = lane_fold(a[1]);
             if (k->w)
                 p[2] = lane_fold(a[2]), p[3] = lane_fold(a[3]);
@@ -326,7 +380,7 @@ static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *re
             len = run_at(k, c, j, end, &off);
 #ifdef BN_X86
             if (avx2 && (j - j0) % NT_RED_LANES == 0) {
-                run_sum_avx2(a, k->x + off, len, ph == P_FWD_SQ, mean);
+                (v512 ? run_sum_avx512 : run_sum_avx2)(a, k->x + off, len, ph == P_FWD_SQ, mean);
                 continue;
             }
 #endif
@@ -347,8 +401,9 @@ static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *re
             len = run_at(k, c, j, end, &off);
 #ifdef BN_X86
             if (avx2 && (j - j0) % NT_RED_LANES == 0) {
-                run_bwd_avx2(a, k->x + off, k->g + off, k->ym ? k->ym + off : NULL, len, mean, r,
-                             k->w ? wc : 0.0f);
+                (v512 ? run_bwd_avx512 : run_bwd_avx2)(a, k->x + off, k->g + off,
+                                                       k->ym ? k->ym + off : NULL, len, mean, r,
+                                                       k->w ? wc : 0.0f);
                 continue;
             }
 #endif
@@ -384,6 +439,37 @@ static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *re
             for (int64_t i = 0; i < len; i++)
                 Y[i] = nt__canon(r * ((G[i] - m1) - ((X[i] - mean) * r) * m2));
     }
+}
+
+/* block_body at the baseline level and, with AVX-512 (nt__gemm_isa), built
+ * for it: its sums' runs in 512-bit vectors and its y and dx loops
+ * vectorised at that width, the same steps element by element. */
+static void block_base(const bnk *k, int ph, int64_t c, int64_t bk, float *restrict T,
+                       float *restrict U, float *restrict B)
+{
+    block_body(k, ph, c, bk, T, U, B, false);
+}
+
+#ifdef BN_X86
+__attribute__((target(NT_TARGET_AVX512))) static void block_512(const bnk *k, int ph, int64_t c,
+                                                               int64_t bk, float *restrict T,
+                                                               float *restrict U,
+                                                               float *restrict B)
+{
+    block_body(k, ph, c, bk, T, U, B, true);
+}
+#endif
+
+static void block_inplace(const bnk *k, int ph, int64_t c, int64_t bk, float *restrict T,
+                          float *restrict U, float *restrict B)
+{
+#ifdef BN_X86
+    if (nt__gemm_isa() == NT_ISA_AVX512) {
+        block_512(k, ph, c, bk, T, U, B);
+        return;
+    }
+#endif
+    block_base(k, ph, c, bk, T, U, B);
 }
 
 /* the canonical block partial of t[i] * u[i] (B: scratch) */
@@ -451,8 +537,10 @@ static float sq_sum(const float *restrict X, int64_t m, float mean)
 /* y = ((x - mean) * r) * w, + b, NaNs canonical, each step rounded as the
  * passes below take them, in one pass: into Y (when given), and relu(y)
  * into R (when given; the relu kernel's nt__ew_relu of the stored y). */
-static void fwd_y(const float *restrict X, int64_t m, float mean, float r, float wc, bool hw,
-                  float bc, bool hb, float *restrict Y, float *restrict R)
+static inline __attribute__((always_inline)) void fwd_y(const float *restrict X, int64_t m,
+                                                      float mean, float r, float wc, bool hw,
+                                                      float bc, bool hb, float *restrict Y,
+                                                      float *restrict R)
 {
     for (int64_t i = 0; i < m; i++) {
         float v = (X[i] - mean) * r;

@@ -486,7 +486,7 @@ static void kb_group(kbuf *k, const nt__fgroup *g, const nt_tensor **seen, int b
         kb_i64(k, P->shape[d]);
     for (int i = 0; i < P->nops; i++) {
         const nt__fop *o = &P->ops[i];
-        kb_i64(k, ((int64_t)(uint8_t)o->a[3] << 56) | ((int64_t)o->op << 40) |
+        kb_i64(k, (int64_t)((uint64_t)(uint8_t)o->a[3] << 56) | ((int64_t)o->op << 40) |
                        ((int64_t)o->nin << 32) |
                        ((int64_t)(uint8_t)o->a[0] << 24) | ((int64_t)(uint8_t)o->a[1] << 16) |
                        ((int64_t)(uint8_t)o->a[2] << 8) | (uint8_t)o->out);

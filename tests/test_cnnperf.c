@@ -128,8 +128,9 @@ static void test_bn_by_channel(void **state)
          * block's end; two channels over units of blocks */
         {40, 4, 7, 9}, {300, 2, 7, 9}, {80, 4, 4, 8}, {300, 2, 4, 8}, {2, 3, 1, 2080},
     };
-    /* the in-place sums' lanes in C (scalar level) and in AVX2 vectors */
-    int isas[] = {NT_ISA_SCALAR, NT_ISA_AVX2};
+    /* the in-place sums' lanes in C (scalar level), in AVX2 vectors and in
+     * AVX-512 ones (its y and dx loops built for that level too) */
+    int isas[] = {NT_ISA_SCALAR, NT_ISA_AVX2, NT_ISA_AVX512};
     for (size_t q = 0; q < sizeof isas / sizeof isas[0]; q++) {
         if (!nt__gemm_isa_runs(isas[q]))
             continue;
