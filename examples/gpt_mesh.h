@@ -466,8 +466,9 @@ static inline int gptm_init_moe(gpt_mesh *g, const gpt_config *c, int dp, int tp
         return -1;
     if (experts && gptm_check_moe(c, tp, ep, experts, topk, shards, o->batch, err, en))
         return -1;
-    if (experts && o->amp != NT_DTYPE_COUNT)
-        return gptm_fail(err, en, "the MoE MLP runs in f32: --amp is not supported with it");
+    if (experts && o->amp != NT_DTYPE_COUNT && o->amp != NT_BF16)
+        return gptm_fail(err, en, "the MoE MLP's experts run in f32 or bf16: --amp %s is not "
+                         "supported with it", nt_dtype_name(o->amp));
     g->ndev = nt_device_count();
     if (g->ndev > GPTM_MAXD)
         return gptm_fail(err, en, "%d devices; at most %d", g->ndev, GPTM_MAXD);
@@ -620,8 +621,10 @@ static inline int gptm_linear(gpt_mesh *g, bool row, nt_comm **c, nt_tensor **x,
  * each to [N, D] and nt_tp_reduce (a sum of one value and zeros: exact;
  * backward the identity, so each rank's rows get the gradient of its own
  * rows).  x += y + b2; aux[m] += the layer's load-balancing loss; the
- * counts (tokens per expert) go into g->load while g->tally.  The bits do
- * not depend on tp or ep. */
+ * counts (tokens per expert) go into g->load while g->tally.  Under --amp
+ * bf16 the experts' weights are cast to bf16 (the rows too, when
+ * dispatched) and the router, the combine and y stay f32.  The bits do not
+ * depend on tp or ep. */
 static inline int gptm_moe(gpt_mesh *g, nt_tensor **P[], const int *devs, int l,
                            nt_tensor **h, nt_tensor **x, nt_tensor **aux)
 {
@@ -639,6 +642,10 @@ static inline int gptm_moe(gpt_mesh *g, nt_tensor **P[], const int *devs, int l,
         wg[q] = P[m][GPTM_M1(g, l, GPTM_B1)];
         w1[q] = nt_reshape(P[m][GPTM_M2(g, l, GPTM_W1)], 3, (int64_t[]){E / nm, D, H});
         w2[q] = nt_reshape(P[m][GPTM_M2(g, l, GPTM_W2)], 3, (int64_t[]){E / nm, H, D});
+        if (g->amp != NT_DTYPE_COUNT) { /* --amp bf16: the experts in it, the router f32 */
+            w1[q] = nt_cast(w1[q], g->amp);
+            w2[q] = nt_cast(w2[q], g->amp);
+        }
     }
     if (!ce || nt_tp_split(ce, xf, xs, 0) ||
         nt_moe_mlp(ce, xs, wg, w1, w2, &(nt_moe_opts){g->topk, NT_MOE_SOFTMAX, GPTM_MOE_BLOCKS, 0},

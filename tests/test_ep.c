@@ -11,7 +11,8 @@
  * And the errors: experts not divisible by tp x ep, topk out of range, too
  * many experts, ep not dividing the cores, tp x ep not dividing the fixed
  * token blocks, the cores not dp x tp x ep.  Each run has its own runtime
- * with NT_SIM_CORES = dp x tp x ep. */
+ * with NT_SIM_CORES = dp x tp x ep.  Under --amp bf16 (bf16 experts, an
+ * f32 router) one CRC for every split too. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -46,6 +47,8 @@ static gpt_train_opts small_opts(void)
 /* Trains STEPS steps at (dp, tp, ep, zero) with experts / topk; 0 and
  * *crc and the load statistics' total (and, sq not NULL, the first step's
  * clipping sums of squares, [n] floats), or -1 with err set. */
+static nt_dtype train_amp = NT_DTYPE_COUNT; /* train's --amp (test_amp) */
+
 static int train(int dp, int tp, int ep, int zero, int experts, int topk, uint32_t *crc,
                  int64_t *assigned, float *sq, char *err, size_t en)
 {
@@ -53,6 +56,7 @@ static int train(int dp, int tp, int ep, int zero, int experts, int topk, uint32
     make_data(&d);
     gpt_config c = small_cfg();
     gpt_train_opts o = small_opts();
+    o.amp = train_amp;
     static gpt_mesh g;
     int rc = gptm_init_moe(&g, &c, dp, tp, ep, experts, topk, zero, BLOCKS, SHARDS, &o, err,
                            en);
@@ -209,6 +213,38 @@ static void test_clip_sums(void **state)
     }
 }
 
+/* --amp bf16 (the experts in bf16, the router and the rest of the MoE MLP
+ * in f32; the tensor-parallel linears as the dense mesh model's): one CRC
+ * at every (dp, tp, ep, zero) and mode run, another than f32's. */
+static void test_amp(void **state)
+{
+    (void)state;
+    static const int runs[][5] = {
+        /* dp, tp, ep, zero, cfg */
+        {1, 1, 1, 0, 3}, {1, 1, 2, 0, 3}, {1, 1, 8, 0, 3}, {1, 2, 2, 0, 3}, {2, 2, 2, 1, 3},
+        {2, 4, 1, 3, 3}, {1, 1, 1, 0, 0}, {1, 2, 4, 2, 0}, {1, 1, 4, 0, 6}, {1, 2, 2, 1, 4},
+    };
+    enum { NR = sizeof runs / sizeof runs[0] };
+    uint32_t first = 0, f32 = run(1, 1, 1, 0, 3);
+    train_amp = NT_BF16;
+    for (int i = 0; i < NR; i++) {
+        const int *r = runs[i];
+        uint32_t crc = run(r[0], r[1], r[2], r[3], r[4]);
+        printf("# --amp bf16 (dp %d, tp %d, ep %d) zero %d %-4s %-14s %08x\n", r[0], r[1], r[2],
+               r[3], NT_TEST_CFGS[r[4]][0], NT_TEST_CFGS[r[4]][1], crc);
+        fflush(stdout);
+        first = i ? first : crc;
+        if (crc != first) {
+            train_amp = NT_DTYPE_COUNT;
+            fail_msg("--amp bf16 (dp %d, tp %d, ep %d) zero %d on %s %s gives %08x; ep 1 gave "
+                     "%08x", r[0], r[1], r[2], r[3], NT_TEST_CFGS[r[4]][0],
+                     NT_TEST_CFGS[r[4]][1], crc, first);
+        }
+    }
+    train_amp = NT_DTYPE_COUNT;
+    assert_true(first != f32);
+}
+
 /* gptm_init_moe's errors with `cores` cores, naming want. */
 static void expect_err(int cores, int dp, int tp, int ep, int experts, int topk,
                        const char *want)
@@ -243,19 +279,19 @@ static void test_errors(void **state)
     expect_err(4, 1, 2, 2, 6, 2, "--experts (6) must be divisible by --tp x --ep (2 x 2 = 4");
     expect_err(4, 1, 2, 8, 16, 2, "--tp x --ep (2 x 8 = 16, the MoE group) must divide 8");
     expect_err(6, 1, 2, 2, 8, 2, "--dp 1 x --tp 2 x --ep 2 needs 4 cores; the runtime has 6");
-    /* bf16 autocast is refused with the MoE MLP */
+    /* autocast to another dtype than bf16 is refused with the MoE MLP */
     char err[512] = "";
     cores_env(2);
     assert_int_equal(nt_init(), 0);
     gpt_config c = small_cfg();
     gpt_train_opts o = small_opts();
-    o.amp = NT_BF16;
+    o.amp = NT_F16;
     static gpt_mesh g;
     assert_int_equal(gptm_init_moe(&g, &c, 1, 1, 2, 8, 2, 0, BLOCKS, SHARDS, &o, err,
                                    sizeof err),
                      -1);
     gptm_free(&g);
-    assert_non_null(strstr(err, "--amp is not supported"));
+    assert_non_null(strstr(err, "--amp f16 is not supported"));
     nt_shutdown();
     unsetenv("NT_SIM_CORES");
 }
@@ -267,6 +303,7 @@ int main(void)
         cmocka_unit_test(test_bitwise),
         cmocka_unit_test(test_variants),
         cmocka_unit_test(test_clip_sums),
+        cmocka_unit_test(test_amp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
