@@ -1094,6 +1094,16 @@ static inline int gptm_full_grads(gpt_mesh *g, int r, nt_tensor **G)
     return 0;
 }
 
+/* v[b] = the sum of squares (0-d) of x's b-th of nb equal blocks along dim. */
+static inline void gptm_block_sumsq(nt_tensor *x, int dim, int nb, nt_tensor **v)
+{
+    int64_t len = nt_shape(x, dim) / nb;
+    for (int b = 0; b < nb; b++) {
+        nt_tensor *blk = nt_contiguous(nt_slice(x, dim, b * len, (b + 1) * len, 1));
+        v[b] = nt_sum(nt_mul(blk, blk), NT_DIM_ALL, false);
+    }
+}
+
 /* Sum of squares of member r's part x of parameter j: its blocks' tree (a
  * tensor-split parameter: blocks / tp blocks along its split dim) or the
  * whole (replicated).  An expert-split one: gptm_expert_sumsq. */
@@ -1102,13 +1112,9 @@ static inline nt_tensor *gptm_sumsq(const gpt_mesh *g, int j, nt_tensor *x)
     const gptm_spec *p = &g->spec[j];
     if (p->split == GPTM_REP)
         return nt_sum(nt_mul(x, x), NT_DIM_ALL, false);
-    int dim = p->split == GPTM_COLS ? 1 : 0, lb = g->blocks / g->tp;
-    int64_t len = nt_shape(x, dim) / lb;
+    int lb = g->blocks / g->tp;
     nt_tensor *v[GPTM_MAXD * 8];
-    for (int b = 0; b < lb; b++) {
-        nt_tensor *blk = nt_contiguous(nt_slice(x, dim, b * len, (b + 1) * len, 1));
-        v[b] = nt_sum(nt_mul(blk, blk), NT_DIM_ALL, false);
-    }
+    gptm_block_sumsq(x, p->split == GPTM_COLS ? 1 : 0, lb, v);
     return gptm_tree(v, lb);
 }
 
@@ -1117,12 +1123,10 @@ static inline nt_tensor *gptm_sumsq(const gpt_mesh *g, int j, nt_tensor *x)
 static inline nt_tensor *gptm_expert_sumsq(const gpt_mesh *g, nt_tensor *x)
 {
     int le = g->experts / g->nm;
-    int64_t len = nt_shape(x, 0) / le;
     nt_tensor *v[GPTM_MAXE];
-    for (int b = 0; b < le; b++) {
-        nt_tensor *blk = nt_contiguous(nt_slice(x, 0, b * len, (b + 1) * len, 1));
-        v[b] = nt_reshape(nt_sum(nt_mul(blk, blk), NT_DIM_ALL, false), 1, (int64_t[]){1});
-    }
+    gptm_block_sumsq(x, 0, le, v);
+    for (int b = 0; b < le; b++)
+        v[b] = nt_reshape(v[b], 1, (int64_t[]){1});
     return le > 1 ? nt_cat(v, le, 0) : v[0];
 }
 
