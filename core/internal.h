@@ -313,8 +313,6 @@ typedef struct nt__storage {
      * the worker of another stream. */
     volatile uint8_t released;
     volatile uint8_t gone;
-    uint32_t rel_sid;      /* released: the stream pool its bytes were credited
-                              to (nt__arena_pend), 0 = none */
     uint64_t rel_version;  /* released: its version before the release, which
                               the refill puts back */
 } nt__storage;
@@ -464,9 +462,13 @@ void *nt__storage_data_slow(nt__storage *st);
  *   fn, nothing changed), remembers the version, and gives the data's
  *   bytes back to the arena's accounting now -- waiting, credited to stream
  *   sid's pool (0: none), so nt_device_bytes_live falls at this call -- and
- *   marks the storage released.  The block itself goes in
+ *   marks the storage released.  *pool is the pool the bytes went to
+ *   (nt__arena_pend): the release's record carries it, not the storage,
+ *   since the storage may be refilled and released again on the host
+ *   before that record has run.  The block itself goes in
  * - nt__storage_release_run (a stream worker, or the host in deterministic
- *   mode), queued after the storage's last reader: the block back, data
+ *   mode), queued after the storage's last reader: arg is that NT_REC_HOST
+ *   record (out[0] the tensor, p.i[0] the pool); the block back, data
  *   NULL, gone set.
  * - nt__storage_refill_begin (host): the capacity reserved again on the
  *   storage's device (for an op of stream sid); NT_ENOMEM naming fn and
@@ -477,10 +479,11 @@ void *nt__storage_data_slow(nt__storage *st);
  * A small storage (data in the header's block, nbytes <= 3968) is refused
  * (NT_ENOTSUP): its bytes are a fraction of a header's cost to track, and
  * its block cannot be given back without the header. */
-int nt__storage_release_begin(const nt_site *site, const char *fn, nt_tensor *t, uint32_t sid);
-void nt__storage_release_run(void *st);
+int nt__storage_release_begin(const nt_site *site, const char *fn, nt_tensor *t, uint32_t sid,
+                              uint32_t *pool);
+void nt__storage_release_run(void *rec);
 int nt__storage_refill_begin(const nt_site *site, const char *fn, nt_tensor *t, uint32_t sid);
-void nt__storage_refill_run(void *st);
+void nt__storage_refill_run(void *rec);
 /* False, with NT_ESTATE naming fn, arg and the tensor, if t's storage is
  * released (t must be a live handle). */
 bool nt__check_resident(const nt_site *site, const char *fn, const char *arg, const nt_tensor *t);

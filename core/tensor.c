@@ -789,7 +789,8 @@ bool nt__check_resident(const nt_site *site, const char *fn, const char *arg, co
     return false;
 }
 
-int nt__storage_release_begin(const nt_site *site, const char *fn, nt_tensor *t, uint32_t sid)
+int nt__storage_release_begin(const nt_site *site, const char *fn, nt_tensor *t, uint32_t sid,
+                              uint32_t *pool)
 {
     nt__storage *st = t->st;
     char d[256];
@@ -807,7 +808,7 @@ int nt__storage_release_begin(const nt_site *site, const char *fn, nt_tensor *t,
                        "released, a small one stays", tensor_desc(t, d, sizeof d), st->nbytes,
                        (int)NT_ST_INLINE_MAX);
     st->rel_version = AO_load(&st->version);
-    st->rel_sid = nt__arena_pend(sid, st->nbytes, st->dev);
+    *pool = nt__arena_pend(sid, st->nbytes, st->dev);
     __atomic_store_n(&st->released, 1, __ATOMIC_RELEASE);
     __atomic_fetch_add(&nt__n_released, 1, __ATOMIC_RELAXED);
     return 0;
@@ -815,7 +816,8 @@ int nt__storage_release_begin(const nt_site *site, const char *fn, nt_tensor *t,
 
 void nt__storage_release_run(void *arg)
 {
-    nt__storage *st = arg;
+    const nt__rec *r = arg;
+    nt__storage *st = r->out[0]->st;
     /* every earlier reader and writer has run (the record's place in its
      * stream, and its waits on the others); the lock orders this against a
      * materialize of another thread all the same */
@@ -824,7 +826,7 @@ void nt__storage_release_run(void *arg)
     __atomic_store_n(&st->data, NULL, __ATOMIC_RELEASE);
     __atomic_store_n(&st->gone, 1, __ATOMIC_RELEASE);
     g_mutex_unlock(&materialize_lock);
-    nt__arena_free_pended(d, st->nbytes, st->rel_sid, st->dev);
+    nt__arena_free_pended(d, st->nbytes, (uint32_t)r->p.i[0], st->dev);
 }
 
 int nt__storage_refill_begin(const nt_site *site, const char *fn, nt_tensor *t, uint32_t sid)
@@ -853,7 +855,8 @@ int nt__storage_refill_begin(const nt_site *site, const char *fn, nt_tensor *t, 
 
 void nt__storage_refill_run(void *arg)
 {
-    nt__storage *st = arg;
+    const nt__rec *r = arg;
+    nt__storage *st = r->out[0]->st;
     g_mutex_lock(&materialize_lock);
     __atomic_store_n(&st->gone, 0, __ATOMIC_RELEASE);
     g_mutex_unlock(&materialize_lock);

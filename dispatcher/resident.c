@@ -35,7 +35,7 @@ static void drain_one(nt_stream *s, void *arg)
     nt__stream_drain(s);
 }
 
-/* Queues fn(st) on s after everything queued so far that touches st. */
+/* Queues host_fn(r) on s after everything queued so far that touches t. */
 static void enqueue_host(const nt_site *site, const char *fn, nt_stream *s, nt__rec *r,
                          nt_tensor *t, void (*host_fn)(void *))
 {
@@ -43,7 +43,7 @@ static void enqueue_host(const nt_site *site, const char *fn, nt_stream *s, nt__
     r->type = NT_REC_HOST;
     r->flags = NT_RECF_ALONE | NT_RECF_INPLACE;
     r->host_fn = host_fn;
-    r->host_arg = st;
+    r->host_arg = r; /* host_fn reads its tensor and pool from the record */
     r->site = site ? *site : (nt_site){0};
     r->fn = fn;
     nt__tensor_iref(t); /* the record's: keeps st until it has run */
@@ -76,11 +76,13 @@ int nt__mem_release(const nt_site *site, const char *fn, nt_tensor *t)
      * gathered parameters are read on that stream). */
     if (__atomic_load_n(&t->st->xstream, __ATOMIC_RELAXED))
         nt__streams_foreach(drain_one, NULL);
-    rc = nt__storage_release_begin(site, fn, t, pool_of(s, t->st->dev));
+    uint32_t pool = 0;
+    rc = nt__storage_release_begin(site, fn, t, pool_of(s, t->st->dev), &pool);
     if (rc) {
         nt__rec_unalloc(r);
         return rc;
     }
+    r->p.i[0] = pool;
     enqueue_host(site, fn, s, r, t, nt__storage_release_run);
     return 0;
 }

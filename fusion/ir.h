@@ -159,11 +159,17 @@ static inline void nt__fbn_rec(nt__rec *r, const nt__fgroup *g, nt_tensor *o0, n
 
 /* A side product's first operand as its record saw it: A (contiguous) seen
  * as [rows, K] and transposed, [K, rows] with strides (1, K), into *at (a
- * copy of A's handle: same storage and offset). */
+ * view of A's storage: the same storage, offset and dtype). */
 static inline void nt__fside_at(const nt_tensor *A, nt_tensor *at)
 {
     int64_t K = A->ndim ? A->shape[A->ndim - 1] : 1;
-    *at = *A;
+    /* the view fields only: a worker never reads a handle's magic or
+     * counts, which the host writes meanwhile */
+    memset(at, 0, sizeof *at);
+    at->st = A->st;
+    at->offset = A->offset;
+    at->dtype = A->dtype;
+    at->dev = A->dev;
     at->ndim = 2;
     at->shape[0] = K;
     at->shape[1] = K ? nt__numel(A->ndim, A->shape) / K : 0;

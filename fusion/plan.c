@@ -685,16 +685,24 @@ static bool side_sum_rec(const nt__rec *r)
  * same elements in the same order, x [rows, K] with K A's last dim, and
  * the rows one product whatever the epilogue (A 2-D, one batch, or 128-row
  * batches: the simulator folds the batches of such an A into one program,
- * neuron/matmul.c fold_batches, and the sums ride on one program). */
-static bool side_sum_of(const nt__rec *m, const nt_tensor *x)
+ * neuron/matmul.c fold_batches, and the sums ride on one program).  x is
+ * given by its storage, offset, dtype and [rows, K]: side_mm_of asks it of
+ * dY's rows, which it describes without copying a handle (a handle's magic
+ * is the host's to write while a worker plans). */
+static bool side_sum_of_rows(const nt__rec *m, const nt__storage *st, int64_t offset, int dtype,
+                             int64_t rows, int64_t K)
 {
     const nt_tensor *a = m->in[0];
     return m->type == NT_REC_OP && m->op == NT_OP_MATMUL && m->nout == 1 && a && m->in[1] &&
-           m->out[0] && !(m->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)) && a->st == x->st &&
-           a->offset == x->offset && a->dtype == x->dtype && a->ndim >= 2 &&
-           a->shape[a->ndim - 1] == x->shape[1] &&
-           nt__numel(a->ndim, a->shape) == x->shape[0] * x->shape[1] && nt__is_contig(a) &&
+           m->out[0] && !(m->flags & (NT_RECF_ALONE | NT_RECF_INPLACE)) && a->st == st &&
+           a->offset == offset && a->dtype == dtype && a->ndim >= 2 && a->shape[a->ndim - 1] == K &&
+           nt__numel(a->ndim, a->shape) == rows * K && nt__is_contig(a) &&
            (nt__numel(a->ndim - 2, a->shape) == 1 || a->shape[a->ndim - 2] % 128 == 0);
+}
+
+static bool side_sum_of(const nt__rec *m, const nt_tensor *x)
+{
+    return side_sum_of_rows(m, x->st, x->offset, x->dtype, x->shape[0], x->shape[1]);
 }
 
 /* ---------------- side products (fusion/ir.h) ----------------
@@ -736,11 +744,11 @@ static bool side_mm_rec(const nt__rec *r)
  * dY seen as [rows, K]), its output and operands apart from W's. */
 static bool side_mm_of(const nt__rec *m, const nt__rec *r)
 {
-    nt_tensor y = *r->in[0];
-    y.shape[0] = r->in[0]->shape[1], y.shape[1] = r->in[0]->shape[0];
-    y.stride[0] = y.shape[1], y.stride[1] = 1;
+    const nt_tensor *yt = r->in[0]; /* dY^T [K, rows]: dY is [rows, K] */
     const nt__storage *w = r->out[0]->st;
-    return m != r && side_sum_of(m, &y) && m->out[0]->st != w && m->in[1]->st != w &&
+    return m != r &&
+           side_sum_of_rows(m, yt->st, yt->offset, yt->dtype, yt->shape[1], yt->shape[0]) &&
+           m->out[0]->st != w && m->in[1]->st != w &&
            m->out[0]->st != r->in[1]->st;
 }
 
