@@ -19,6 +19,7 @@
  * tiles them from the expert's first row; the router's weight gradient and
  * the load statistics sum over tokens in a fixed number of blocks combined
  * in the rank tree's order (as dist/tp.c's blocked sums). */
+#include "amp/amp.h"
 #include "autograd/autograd.h"
 #include "dispatcher/dispatch.h"
 #include "dist/dist.h"
@@ -490,9 +491,10 @@ typedef struct moe_m {
 } moe_m;
 
 /* Member-local dispatch: the route, the rows sorted by expert (so by
- * destination rank), their expert ids + 1, the rows for each rank. */
+ * destination rank) in the experts' dtype de, their expert ids + 1, the
+ * rows for each rank. */
 static int moe_sort(const nt_site *site, nt_tensor *x, nt_tensor *logits, const nt_moe_opts *o,
-                    int P, moe_m *m)
+                    int P, nt_dtype de, moe_m *m)
 {
     int64_t T = x->shape[0], k = o->k, E = logits->shape[1];
     int rc = route(site, logits, o->k, o->score, &m->r);
@@ -505,6 +507,8 @@ static int moe_sort(const nt_site *site, nt_tensor *x, nt_tensor *logits, const 
                         1, (int64_t[]){T * k});
     nt_tensor *ef = nt_reshape_at(site, m->r.experts, 1, (int64_t[]){T * k});
     m->xs = rows_of(site, x, nt_index_select_at(site, tok, 0, m->r.perm));
+    if (m->xs && m->xs->dtype != (uint8_t)de)
+        m->xs = nt_cast_at(site, m->xs, de);
     m->ids = add_i32(site, nt_index_select_at(site, ef, 0, m->r.perm), 1);
     m->sc = nt_sum_at(site, nt_reshape_at(site, m->r.counts, 2, (int64_t[]){P, E / P}), 1, false);
     if (m->sc && m->sc->dtype != NT_I32)
@@ -612,8 +616,12 @@ static int mlp_check(const nt_site *site, const char *fn, nt_comm *c, int n, con
     nt_dtype dt = (nt_dtype)x[0]->dtype;
     if (!mm_dtype(dt))
         return nt__err(site, NT_EDTYPE, fn, "x[0] is %s; expected f32 or bf16", nt_dtype_name(dt));
-    if ((rc = dt_check(site, fn, "wg[0]", wg[0], dt)) || (rc = dt_check(site, fn, "w1[0]", w1[0], dt)) ||
-        (rc = dt_check(site, fn, "w2[0]", w2[0], dt)))
+    /* the router in x's dtype, the experts in theirs (f32 or bf16 each) */
+    nt_dtype de = (nt_dtype)w1[0]->dtype;
+    if (!mm_dtype(de))
+        return nt__err(site, NT_EDTYPE, fn, "w1[0] is %s; expected f32 or bf16 (the experts' "
+                       "dtype)", nt_dtype_name(de));
+    if ((rc = dt_check(site, fn, "wg[0]", wg[0], dt)) || (rc = dt_check(site, fn, "w2[0]", w2[0], de)))
         return rc;
     char a[128], b[128], e[128];
     const nt_tensor *x0 = x[0], *g0 = wg[0], *a0 = w1[0], *b0 = w2[0];
@@ -669,7 +677,7 @@ static int mlp_run(const nt_site *site, const char *fn, nt_comm *c, int n, const
     for (int i = 0; i < n && !rc; i++) {
         nt__devsw d;
         nt__dev_enter(&d, devs[i]);
-        rc = moe_sort(site, x[i], lg[i], o, P, &m[i]);
+        rc = moe_sort(site, x[i], lg[i], o, P, (nt_dtype)w1[i]->dtype, &m[i]);
         nt__dev_leave(&d);
         a[0][i] = m[i].xs, a[1][i] = m[i].sc, a[2][i] = m[i].ids;
     }
@@ -721,8 +729,12 @@ int nt_moe_mlp_at(const nt_site *site, nt_comm *c, nt_tensor *const *x, nt_tenso
         return nt__err_hostmem(site, fn, "the members' state");
     nt_scope *s = nt_scope_begin();
     nt_tensor *all[MOE_MAXM * 3] = {0}, *ya[MOE_MAXM], *aa[MOE_MAXM], *ca[MOE_MAXM];
+    /* the dtypes are the caller's: autocast would cast the router's matmul
+     * (and the gate's backward would then see mixed dtypes) */
+    nt__amp_suspend();
     rc = mlp_run(site, fn, c, n, devs, x, wg, w1, w2, opts, m, ya, aux ? aa : NULL,
                  counts ? ca : NULL);
+    nt__amp_resume();
     free(m);
     int nk = 0;
     for (int i = 0; i < n && !rc; i++) {

@@ -28,11 +28,11 @@
  * read a sharded mesh checkpoint, --reshard loads one saved under another
  * layout (docs/parallel.md, "Mesh checkpoints").  --ep N (or --experts E)
  * makes every block's MLP a mixture of experts split over N cores of an
- * "expert" mesh dimension, with the same bits for every N (docs/parallel.md,
- * "MoE variant of the char GPT").  --sp holds the residual stream, layer
- * norms and dropout as each tensor rank's slice of the sequence, and
- * --dropout works under the mesh too (docs/parallel.md, "Sequence
- * parallelism and dropout").
+ * "expert" mesh dimension (with --tp, over the tp x N block), with the same
+ * bits for every N and --tp (docs/parallel.md, "MoE variant of the char
+ * GPT").  --sp holds the residual stream, layer norms and dropout as each
+ * tensor rank's slice of the sequence, and --dropout works under the mesh
+ * too (docs/parallel.md, "Sequence parallelism and dropout").
  *
  * The backend is NT_BACKEND (sim, the default, or cpu; --backend sets it),
  * the execution mode NT_MODE (docs/env.md).  Run with --help for the
@@ -129,11 +129,13 @@ static void usage(FILE *f)
             "  --zero S           ZeRO stage 0..3 over the data dimension (0)\n"
             "  --ep N             expert-parallel size (1): N > 1 (or --experts) turns on the\n"
             "                     MoE variant: every block's MLP is a mixture of experts,\n"
-            "                     split over N cores (each member keeps the shard's tokens\n"
-            "                     and runs the other layers alike); N must divide --experts\n"
-            "                     and 8; the cores are dp x ep. Needs --tp 1 and no --amp.\n"
+            "                     split over the tp x N cores of a tensor x expert block\n"
+            "                     (each member keeps the shard's tokens; the other layers\n"
+            "                     are tensor-parallel over --tp); tp x N must divide\n"
+            "                     --experts and 8; the cores are dp x tp x ep. --amp bf16:\n"
+            "                     the experts in bf16, the router in f32.\n"
             "                     Prints the tokens per expert at log lines; the same bits\n"
-            "                     for every N (and --dp, --zero)\n"
+            "                     for every N (and --dp, --tp, --zero)\n"
             "  --experts E        experts per MoE MLP (8 when --ep > 1), hidden 4 x width each\n"
             "  --topk K           experts per token, 1..E (2); router: top-K of a softmax\n"
             "  --blocks N         the fixed K/N/V blocks of the tensor-parallel sums (4): a\n"
@@ -568,7 +570,10 @@ static int mesh_main(options *o, gpt_data *d)
                "keeps for the backward: nt_device_bytes_live's growth, largest over the "
                "steps); live then %.3f MiB\n", (double)g.act_bytes / 1048576.0,
                (double)g.live_bytes / 1048576.0);
-        if (o->experts)
+        if (o->experts && o->tp > 1)
+            printf("params crc32 %08x (dp %d, tp %d, ep %d, zero %d; MoE %d experts, top-%d)\n",
+                   crc, o->dp, o->tp, g.ep, o->zero, o->experts, o->topk);
+        else if (o->experts)
             printf("params crc32 %08x (dp %d, ep %d, zero %d; MoE %d experts, top-%d)\n", crc,
                    o->dp, g.ep, o->zero, o->experts, o->topk);
         else

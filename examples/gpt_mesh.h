@@ -57,13 +57,17 @@
  *
  * The MoE variant (gptm_init_moe with experts > 0, char_gpt --ep/--experts):
  * every block's MLP is nt_moe_mlp over a third mesh dimension, "expert"
- * (data x tensor x expert with tensor 1): a group of ep members processes
- * one shard; each member runs the embedding, attention, layer norms and
- * loss of the whole shard alike, and only the MoE MLP is split (gptm_moe):
- * member e routes rows e N/ep .. of the shard's tokens and owns experts
- * e E/ep ... One nt_ddp per member (over the devices of its expert
- * coordinate), the experts' weights held as that member's rows.  The loss
- * adds auxw times the layers' load-balancing losses.
+ * (data x tensor x expert): a group of tp x ep members processes one shard;
+ * each expert coordinate's tensor group runs the embedding, attention,
+ * layer norms and loss of the whole shard as the dense model does (so
+ * every member holds the shard's residual stream), and the MoE MLP is
+ * split over the whole tp x ep block (gptm_moe): its communicator is the
+ * "expert" one of a second mesh, data x (tp ep), whose rank q = r ep + e
+ * is member m = e tp + r (tensor rank r, expert rank e; gptm_moe_q);
+ * member q routes rows q N/nm .. of the shard's tokens and owns experts
+ * q E/nm .., nm = tp ep.  One nt_ddp per member (over the devices of its
+ * (tensor, expert) coordinate), the experts' weights held as that member's
+ * rows.  The loss adds auxw times the layers' load-balancing losses.
  *
  * Checkpoints (gptm_save, gptm_load at the end): one nt_ddp_save_split per
  * member plus a layout record; a load under another layout reshards.
@@ -97,7 +101,7 @@ typedef struct {
     gpt_config c;          /* c.vocab: padded to a multiple of blocks */
     int vocab_data;        /* the data's vocabulary */
     int dp, tp, zero, blocks, shards, ep;
-    int nm;                /* members of a group: tp x ep (one of them is 1) */
+    int nm;                /* members of a group: tp x ep */
     int experts, topk;     /* the MoE MLP (experts > 0; see gptm_moe) */
     double auxw;           /* the load-balancing loss's coefficient */
     bool tally;            /* gptm_moe adds its counts to `load` */
@@ -105,6 +109,8 @@ typedef struct {
     nt_dtype amp;          /* --amp bf16: the tensor-parallel linears' operands cast to it */
     int ndev;              /* this process's devices */
     nt_mesh *mesh;
+    nt_mesh *moe_mesh;     /* with the MoE MLP: data x (tensor x expert), its "expert"
+                              communicator the MoE group in q order (gptm_moe_q) */
     int n;                 /* parameters (per member) */
     gptm_spec *spec;       /* [n]: decay ones first (the optimizer's groups) */
     nt_ddp *ddp[GPTM_MAXD];            /* [tp] one per tensor rank */
@@ -135,6 +141,8 @@ typedef struct {
      * one: the captured step runs shard by shard). */
     bool release;
     bool recording;        /* gptm_captured_step is recording gptm_step_body */
+    float *clip_sq;        /* NULL, or [n]: gptm_clip copies each parameter's sum of
+                              squares here (member 0, the first local group; tests) */
 } gpt_mesh;
 
 /* Parameter index: wte, wpe, per block wqkv wo w1 w2 (the 2-D, decayed),
@@ -281,12 +289,26 @@ static inline void gptm_specs_moe(const gpt_config *c, int experts, gptm_spec *p
     }
 }
 
+/* Member m = e tp + r (expert rank e, tensor rank r) is rank q = r ep + e
+ * of the MoE group (the "expert" communicator of g->moe_mesh, tensor-major):
+ * q owns experts q E/nm .. and routes rows q N/nm ...  gptm_moe_m is the
+ * inverse. */
+static inline int gptm_moe_q(const gpt_mesh *g, int m)
+{
+    return (m % g->tp) * g->ep + m / g->tp;
+}
+
+static inline int gptm_moe_m(const gpt_mesh *g, int q)
+{
+    return (q % g->ep) * g->tp + q / g->ep;
+}
+
 /* Member m's rank and part count for a parameter of kind split. */
 static inline void gptm_rank(const gpt_mesh *g, int split, int m, int *rank, int *parts)
 {
     bool exp = split == GPTM_EXP;
-    *rank = exp ? m / g->tp : m % g->tp;
-    *parts = split == GPTM_REP ? 1 : exp ? g->ep : g->tp;
+    *rank = exp ? gptm_moe_q(g, m) : m % g->tp;
+    *parts = split == GPTM_REP ? 1 : exp ? g->nm : g->tp;
 }
 
 /* Tensor rank r of tp's part of parameter j, made on the current device:
@@ -330,6 +352,15 @@ static inline int gptm_layout(gpt_mesh *g, char *err, size_t n)
                              "holds %d of its %d devices", k, g->ep);
         int m = e * g->tp + r;
         g->dd[m][g->ndd[m]++] = dev;
+        if (g->moe_mesh) { /* the MoE group: member m is its rank q */
+            k = nt_mesh_group(g->moe_mesh, "expert", dev, devs, GPTM_MAXD);
+            if (k != g->nm)
+                return gptm_fail(err, n, "an MoE group (--tp x --ep = %d) must lie in one "
+                                 "process: this process holds %d of its devices", g->nm, k);
+            if (devs[gptm_moe_q(g, m)] != dev)
+                return gptm_fail(err, n, "the MoE group's device %d is not member %d's",
+                                 gptm_moe_q(g, m), m);
+        }
     }
     return 0;
 }
@@ -347,6 +378,7 @@ static inline void gptm_free(gpt_mesh *g)
         if (g->ddp[r])
             nt_ddp_destroy(g->ddp[r]);
     nt_mesh_destroy(g->mesh);
+    nt_mesh_destroy(g->moe_mesh);
     if (g->load)
         nt_release(g->load);
     free(g->spec);
@@ -378,9 +410,10 @@ static inline int gptm_optim(gpt_mesh *g, int r, const gpt_train_opts *o, double
     return 0;
 }
 
-/* The MoE variant's fixed token blocks (nt_moe_opts.blocks): ep must
- * divide it, so the bits are those of every ep dividing 8. */
+/* The MoE variant's fixed token blocks (nt_moe_opts.blocks): the MoE group
+ * (tp x ep) must divide it, so the bits are those of every group dividing 8. */
 #define GPTM_MOE_BLOCKS 8
+#define GPTM_MAXE 512 /* experts of an MoE MLP (gptm_clip's per-expert sums) */
 
 /* Checks the MoE variant's sizes (experts > 0): 0 or -1 with err set. */
 static inline int gptm_check_moe(const gpt_config *c, int tp, int ep, int experts, int topk,
@@ -388,16 +421,24 @@ static inline int gptm_check_moe(const gpt_config *c, int tp, int ep, int expert
 {
     if (ep < 1 || experts < 1)
         return gptm_fail(err, n, "--ep (%d) and --experts (%d) must be >= 1", ep, experts);
-    if (tp != 1)
-        return gptm_fail(err, n, "the MoE MLP (--ep/--experts) needs --tp 1 (got --tp %d): "
-                         "tensor and expert parallelism together are not supported", tp);
-    if (experts % ep)
-        return gptm_fail(err, n, "--experts (%d) must be divisible by --ep (%d)", experts, ep);
+    if (tp < 1)
+        return gptm_fail(err, n, "--tp (%d) must be >= 1", tp);
+    int nm = tp * ep; /* the MoE group */
+    if (experts % nm)
+        return tp == 1 ? gptm_fail(err, n, "--experts (%d) must be divisible by --ep (%d)",
+                                   experts, ep)
+                       : gptm_fail(err, n, "--experts (%d) must be divisible by --tp x --ep "
+                                   "(%d x %d = %d, the MoE group)", experts, tp, ep, nm);
+    if (experts > GPTM_MAXE)
+        return gptm_fail(err, n, "--experts (%d) must be at most %d", experts, GPTM_MAXE);
     if (topk < 1 || topk > experts)
         return gptm_fail(err, n, "--topk (%d) must be in 1..--experts (%d)", topk, experts);
-    if (GPTM_MOE_BLOCKS % ep)
-        return gptm_fail(err, n, "--ep (%d) must divide %d (the MoE's fixed token blocks)", ep,
-                         GPTM_MOE_BLOCKS);
+    if (GPTM_MOE_BLOCKS % nm)
+        return tp == 1 ? gptm_fail(err, n, "--ep (%d) must divide %d (the MoE's fixed token "
+                                   "blocks)", ep, GPTM_MOE_BLOCKS)
+                       : gptm_fail(err, n, "--tp x --ep (%d x %d = %d, the MoE group) must "
+                                   "divide %d (the MoE's fixed token blocks)", tp, ep, nm,
+                                   GPTM_MOE_BLOCKS);
     int64_t rows = (int64_t)(batch / (shards > 0 ? shards : 1)) * c->context;
     if (rows % GPTM_MOE_BLOCKS)
         return gptm_fail(err, n, "a shard's tokens (%lld) must be a multiple of %d for the "
@@ -425,8 +466,9 @@ static inline int gptm_init_moe(gpt_mesh *g, const gpt_config *c, int dp, int tp
         return -1;
     if (experts && gptm_check_moe(c, tp, ep, experts, topk, shards, o->batch, err, en))
         return -1;
-    if (experts && o->amp != NT_DTYPE_COUNT)
-        return gptm_fail(err, en, "the MoE MLP runs in f32: --amp is not supported with it");
+    if (experts && o->amp != NT_DTYPE_COUNT && o->amp != NT_BF16)
+        return gptm_fail(err, en, "the MoE MLP's experts run in f32 or bf16: --amp %s is not "
+                         "supported with it", nt_dtype_name(o->amp));
     g->ndev = nt_device_count();
     if (g->ndev > GPTM_MAXD)
         return gptm_fail(err, en, "%d devices; at most %d", g->ndev, GPTM_MAXD);
@@ -435,11 +477,19 @@ static inline int gptm_init_moe(gpt_mesh *g, const gpt_config *c, int dp, int tp
         return gptm_fail(err, en, "--ep (%d) must divide the cores (%d, NT_SIM_CORES)", g->ep,
                          cores);
     if (experts && cores != dp * g->nm)
-        return gptm_fail(err, en, "--dp %d x --ep %d needs %d cores; the runtime has %d "
-                         "(NT_SIM_CORES)", dp, g->ep, dp * g->nm, cores);
+        return tp == 1 ? gptm_fail(err, en, "--dp %d x --ep %d needs %d cores; the runtime has "
+                                   "%d (NT_SIM_CORES)", dp, g->ep, dp * g->nm, cores)
+                       : gptm_fail(err, en, "--dp %d x --tp %d x --ep %d needs %d cores; the "
+                                   "runtime has %d (NT_SIM_CORES)", dp, tp, g->ep,
+                                   dp * g->nm, cores);
     static const char *const names[] = {"data", "tensor", "expert"};
     g->mesh = nt_mesh_create((int[]){dp, tp, g->ep}, names, experts ? 3 : 2);
     if (!g->mesh)
+        return gptm_fail(err, en, "%s", nt_last_error_message());
+    /* the MoE group, tp x ep ranks of one data coordinate, tensor-major */
+    if (experts &&
+        !(g->moe_mesh = nt_mesh_create((int[]){dp, g->nm},
+                                       (const char *const[]){"data", "expert"}, 2)))
         return gptm_fail(err, en, "%s", nt_last_error_message());
     if (gptm_layout(g, err, en))
         return -1;
@@ -561,56 +611,67 @@ static inline int gptm_linear(gpt_mesh *g, bool row, nt_comm **c, nt_tensor **x,
     return 0;
 }
 
-/* The MoE MLP of block l (tp is 1, member e = expert rank e): every member
- * holds the shard's whole h [b, T, D] (computed alike on each), flattened
- * to [N, D]; member e takes rows e N/ep .. (nt_tp_split: its gradient is
- * all-gathered back), nt_moe_mlp over "expert" (top-k softmax router,
- * GPTM_MOE_BLOCKS blocks), and the members' outputs are put together on
- * every member by zero-padding each to [N, D] and nt_tp_reduce (a sum of
- * one value and zeros: exact; backward the identity, so each member's
- * rows get the gradient of its own rows).  x += y + b2; aux[e] += the
- * layer's load-balancing loss; the counts (tokens per expert) go into
- * g->load while g->tally.  The bits do not depend on ep. */
-static inline int gptm_moe(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const int *devs, int l,
+/* The MoE MLP of block l over the MoE group (the tp x ep members, in q
+ * order: rank q is member gptm_moe_m(q)): every member holds the shard's
+ * whole h [b, T, D] (its tensor group computed it as the dense model
+ * does), flattened to [N, D]; rank q takes rows q N/nm .. (nt_tp_split:
+ * its gradient is all-gathered back), nt_moe_mlp over the group (top-k
+ * softmax router, GPTM_MOE_BLOCKS blocks; rank q owns experts q E/nm ..),
+ * and the ranks' outputs are put together on every member by zero-padding
+ * each to [N, D] and nt_tp_reduce (a sum of one value and zeros: exact;
+ * backward the identity, so each rank's rows get the gradient of its own
+ * rows).  x += y + b2; aux[m] += the layer's load-balancing loss; the
+ * counts (tokens per expert) go into g->load while g->tally.  Under --amp
+ * bf16 the experts' weights are cast to bf16 (the rows too, when
+ * dispatched) and the router, the combine and y stay f32.  The bits do not
+ * depend on tp or ep. */
+static inline int gptm_moe(gpt_mesh *g, nt_tensor **P[], const int *devs, int l,
                            nt_tensor **h, nt_tensor **x, nt_tensor **aux)
 {
-    int ep = g->ep;
+    int nm = g->nm;
     int64_t Bt = nt_shape(x[0], 0), T = nt_shape(x[0], 1), D = g->c.width, N = Bt * T,
-            n = N / ep, E = g->experts, H = 4 * D;
-    nt_comm *ce = nt_mesh_comm(g->mesh, "expert", devs[0]);
+            n = N / nm, E = g->experts, H = 4 * D;
+    nt_comm *ce = nt_mesh_comm(g->moe_mesh, "expert", devs[0]);
+    /* indexed by q */
     nt_tensor *xf[GPTM_MAXD], *xs[GPTM_MAXD], *wg[GPTM_MAXD], *w1[GPTM_MAXD], *w2[GPTM_MAXD],
               *y[GPTM_MAXD], *a[GPTM_MAXD], *cnt[GPTM_MAXD], *yp[GPTM_MAXD], *ys[GPTM_MAXD];
-    (void)c;
-    for (int e = 0; e < ep; e++) {
-        nt_device_set(devs[e]);
-        xf[e] = nt_reshape(h[e], 2, (int64_t[]){N, D});
-        wg[e] = P[e][GPTM_M1(g, l, GPTM_B1)];
-        w1[e] = nt_reshape(P[e][GPTM_M2(g, l, GPTM_W1)], 3, (int64_t[]){E / ep, D, H});
-        w2[e] = nt_reshape(P[e][GPTM_M2(g, l, GPTM_W2)], 3, (int64_t[]){E / ep, H, D});
+    for (int q = 0; q < nm; q++) {
+        int m = gptm_moe_m(g, q);
+        nt_device_set(devs[m]);
+        xf[q] = nt_reshape(h[m], 2, (int64_t[]){N, D});
+        wg[q] = P[m][GPTM_M1(g, l, GPTM_B1)];
+        w1[q] = nt_reshape(P[m][GPTM_M2(g, l, GPTM_W1)], 3, (int64_t[]){E / nm, D, H});
+        w2[q] = nt_reshape(P[m][GPTM_M2(g, l, GPTM_W2)], 3, (int64_t[]){E / nm, H, D});
+        if (g->amp != NT_DTYPE_COUNT) { /* --amp bf16: the experts in it, the router f32 */
+            w1[q] = nt_cast(w1[q], g->amp);
+            w2[q] = nt_cast(w2[q], g->amp);
+        }
     }
     if (!ce || nt_tp_split(ce, xf, xs, 0) ||
         nt_moe_mlp(ce, xs, wg, w1, w2, &(nt_moe_opts){g->topk, NT_MOE_SOFTMAX, GPTM_MOE_BLOCKS, 0},
                    y, a, cnt))
         return -1;
-    for (int e = 0; e < ep; e++) {
-        nt_device_set(devs[e]);
+    for (int q = 0; q < nm; q++) {
+        int m = gptm_moe_m(g, q);
+        nt_device_set(devs[m]);
         nt_tensor *parts[3];
         int np = 0;
-        if (e > 0)
-            parts[np++] = nt_zeros(NT_F32, 2, (int64_t[]){e * n, D});
-        parts[np++] = nt_add_scalar(y[e], 0.0); /* -0 to +0, as a sum with zeros gives */
-        if (e < ep - 1)
-            parts[np++] = nt_zeros(NT_F32, 2, (int64_t[]){(ep - 1 - e) * n, D});
-        yp[e] = np > 1 ? nt_cat(parts, np, 0) : parts[0];
-        aux[e] = aux[e] ? nt_add(aux[e], a[e]) : a[e];
+        if (q > 0)
+            parts[np++] = nt_zeros(NT_F32, 2, (int64_t[]){q * n, D});
+        parts[np++] = nt_add_scalar(y[q], 0.0); /* -0 to +0, as a sum with zeros gives */
+        if (q < nm - 1)
+            parts[np++] = nt_zeros(NT_F32, 2, (int64_t[]){(nm - 1 - q) * n, D});
+        yp[q] = np > 1 ? nt_cat(parts, np, 0) : parts[0];
+        aux[m] = aux[m] ? nt_add(aux[m], a[q]) : a[q];
     }
     if (nt_tp_reduce(ce, yp, ys))
         return -1;
-    for (int e = 0; e < ep; e++) {
-        nt_device_set(devs[e]);
-        nt_tensor *yy = nt_reshape(ys[e], 3, (int64_t[]){Bt, T, D});
-        x[e] = nt_add(x[e], nt_add(yy, P[e][GPTM_M1(g, l, GPTM_B2)]));
-        if (!x[e] || !aux[e])
+    for (int q = 0; q < nm; q++) {
+        int m = gptm_moe_m(g, q);
+        nt_device_set(devs[m]);
+        nt_tensor *yy = nt_reshape(ys[q], 3, (int64_t[]){Bt, T, D});
+        x[m] = nt_add(x[m], nt_add(yy, P[m][GPTM_M1(g, l, GPTM_B2)]));
+        if (!x[m] || !aux[m])
             return -1;
     }
     if (g->tally && g->load) {
@@ -843,7 +904,7 @@ static inline int gptm_block(gpt_mesh *g, nt_comm **c, nt_tensor **P[], const in
     }
     gptm_ln(g, P, devs, x, GPTM_M1(g, l, GPTM_LN2W), h);
     if (g->experts)
-        return gptm_moe(g, c, P, devs, l, h, x, aux);
+        return gptm_moe(g, P, devs, l, h, x, aux);
     for (int r = 0; r < tp; r++)
         w[r] = P[r][GPTM_M2(g, l, GPTM_W1)], b[r] = P[r][GPTM_M1(g, l, GPTM_B1)];
     gptm_lowp(g, devs, h, w, b);
@@ -938,14 +999,17 @@ static inline nt_tensor *gptm_out(gpt_mesh *g, nt_comm **c, nt_tensor **P[], con
         nt_device_set(devs[0]);
         return nt_tp_join(c[0], loss);
     }
-    /* tp is 1: member e's loss, plus the load-balancing losses, joined over
-     * "expert" (every member computed the same loss) */
-    for (int e = 0; e < g->ep; e++) {
-        nt_device_set(devs[e]);
-        loss[e] = nt_add(loss[e], nt_mul_scalar(aux[e], g->auxw));
+    /* each member's loss plus the load-balancing losses, joined over the
+     * MoE group in q order (every member computed the same loss; q 0 is
+     * member 0) */
+    nt_tensor *lq[GPTM_MAXD];
+    for (int q = 0; q < g->nm; q++) {
+        int m = gptm_moe_m(g, q);
+        nt_device_set(devs[m]);
+        lq[q] = nt_add(loss[m], nt_mul_scalar(aux[m], g->auxw));
     }
     nt_device_set(devs[0]);
-    return nt_tp_join(nt_mesh_comm(g->mesh, "expert", devs[0]), loss);
+    return nt_tp_join(nt_mesh_comm(g->moe_mesh, "expert", devs[0]), lq);
 }
 
 /* The members' mean cross-entropy of idx [b, T] against tgt [b * T] (one
@@ -992,7 +1056,7 @@ static inline nt_tensor *gptm_tree(nt_tensor **v, int n)
 static inline void gptm_part_shape(const gpt_mesh *g, int j, int64_t *shape)
 {
     const gptm_spec *p = &g->spec[j];
-    shape[0] = p->r / (p->split == GPTM_ROWS ? g->tp : p->split == GPTM_EXP ? g->ep : 1);
+    shape[0] = p->r / (p->split == GPTM_ROWS ? g->tp : p->split == GPTM_EXP ? g->nm : 1);
     shape[1] = p->c / (p->split == GPTM_COLS ? g->tp : 1);
 }
 
@@ -1030,62 +1094,105 @@ static inline int gptm_full_grads(gpt_mesh *g, int r, nt_tensor **G)
     return 0;
 }
 
+/* v[b] = the sum of squares (0-d) of x's b-th of nb equal blocks along dim. */
+static inline void gptm_block_sumsq(nt_tensor *x, int dim, int nb, nt_tensor **v)
+{
+    int64_t len = nt_shape(x, dim) / nb;
+    for (int b = 0; b < nb; b++) {
+        nt_tensor *blk = nt_contiguous(nt_slice(x, dim, b * len, (b + 1) * len, 1));
+        v[b] = nt_sum(nt_mul(blk, blk), NT_DIM_ALL, false);
+    }
+}
+
 /* Sum of squares of member r's part x of parameter j: its blocks' tree (a
- * split parameter) or the whole (replicated). */
+ * tensor-split parameter: blocks / tp blocks along its split dim) or the
+ * whole (replicated).  An expert-split one: gptm_expert_sumsq. */
 static inline nt_tensor *gptm_sumsq(const gpt_mesh *g, int j, nt_tensor *x)
 {
     const gptm_spec *p = &g->spec[j];
     if (p->split == GPTM_REP)
         return nt_sum(nt_mul(x, x), NT_DIM_ALL, false);
-    int dim = p->split == GPTM_COLS ? 1 : 0, lb = g->blocks / g->tp;
-    if (p->split == GPTM_EXP) /* one block per expert */
-        lb = g->experts / g->ep;
-    int64_t len = nt_shape(x, dim) / lb;
+    int lb = g->blocks / g->tp;
     nt_tensor *v[GPTM_MAXD * 8];
-    for (int b = 0; b < lb; b++) {
-        nt_tensor *blk = nt_contiguous(nt_slice(x, dim, b * len, (b + 1) * len, 1));
-        v[b] = nt_sum(nt_mul(blk, blk), NT_DIM_ALL, false);
-    }
+    gptm_block_sumsq(x, p->split == GPTM_COLS ? 1 : 0, lb, v);
     return gptm_tree(v, lb);
 }
 
-/* Clips the reduced gradients of every parameter to total norm max_norm
- * (after nt_ddp_reduce, before nt_ddp_step).  0 or -1 with the error. */
-static inline bool gptm_reduced(const gpt_mesh *g, int j)
+/* A member's part x of an expert-split parameter (its E / nm experts'
+ * rows): each expert's sum of squares, [E / nm]. */
+static inline nt_tensor *gptm_expert_sumsq(const gpt_mesh *g, nt_tensor *x)
 {
-    return g->experts ? g->spec[j].split == GPTM_EXP : g->spec[j].split != GPTM_REP;
+    int le = g->experts / g->nm;
+    nt_tensor *v[GPTM_MAXE];
+    gptm_block_sumsq(x, 0, le, v);
+    for (int b = 0; b < le; b++)
+        v[b] = nt_reshape(v[b], 1, (int64_t[]){1});
+    return le > 1 ? nt_cat(v, le, 0) : v[0];
 }
 
+/* Clips the reduced gradients of every parameter to total norm max_norm
+ * (after nt_ddp_reduce, before nt_ddp_step).  0 or -1 with the error.
+ * Three kinds of sum: a replicated parameter's on every member; a
+ * tensor-split one's blocks added in the rank tree over its tensor group
+ * (nt_all_reduce, one per expert coordinate); an expert-split one's
+ * per-expert sums all-gathered over the MoE group (q order: expert order)
+ * and added in the tree over the E experts, so that neither tp nor ep
+ * changes them (an E / nm that is not a power of two too). */
 static inline int gptm_clip(gpt_mesh *g, double max_norm)
 {
-    int n = g->n, tp = g->nm, nk = g->ndd[0], rc = 0;
+    int n = g->n, nm = g->nm, tp = g->tp, nk = g->ndd[0], E = g->experts, rc = 0;
+    int le = E ? E / nm : 0;
     nt_scope *sc = nt_scope_begin();
     nt_no_grad_begin();
-    nt_tensor **G = calloc((size_t)tp * n * nk, sizeof *G);
+    nt_tensor **G = calloc((size_t)nm * n * nk, sizeof *G);
     nt_tensor **sq = calloc((size_t)n, sizeof *sq);
     rc = !G || !sq;
-    for (int r = 0; r < tp && !rc; r++)
+    for (int r = 0; r < nm && !rc; r++)
         rc = gptm_full_grads(g, r, G + (size_t)r * n * nk);
-    for (int k = 0; k < nk && !rc; k++) { /* the tensor group of local data index k */
-        nt_tensor *part[GPTM_MAXD], *sum[GPTM_MAXD], *coef[GPTM_MAXD];
-        for (int r = 0; r < tp; r++) {
+    int nx = 0; /* expert-split parameters */
+    for (int j = 0; j < n; j++)
+        nx += g->spec[j].split == GPTM_EXP;
+    for (int k = 0; k < nk && !rc; k++) { /* the group of local data index k */
+        nt_tensor *part[GPTM_MAXD], *sum[GPTM_MAXD], *xq[GPTM_MAXD], *xg[GPTM_MAXD],
+                  *coef[GPTM_MAXD];
+        for (int r = 0; r < nm; r++) {
             nt_device_set(g->dd[r][k]);
-            nt_tensor *v[1024];
-            int ns = 0;
-            for (int j = 0; j < n; j++)
-                if (gptm_reduced(g, j))
-                    v[ns++] = nt_reshape(gptm_sumsq(g, j, G[((size_t)r * n + j) * nk + k]), 1,
-                                         (int64_t[]){1});
+            nt_tensor *v[1024], *xv[1024];
+            int ns = 0, ne = 0;
+            for (int j = 0; j < n; j++) {
+                nt_tensor *gr = G[((size_t)r * n + j) * nk + k];
+                int split = g->spec[j].split;
+                if (split == GPTM_ROWS || split == GPTM_COLS)
+                    v[ns++] = nt_reshape(gptm_sumsq(g, j, gr), 1, (int64_t[]){1});
+                else if (split == GPTM_EXP)
+                    xv[ne++] = gptm_expert_sumsq(g, gr);
+            }
             part[r] = nt_cat(v, ns, 0);
+            if (nx)
+                xq[gptm_moe_q(g, r)] = ne > 1 ? nt_cat(xv, ne, 0) : xv[0];
         }
-        rc = nt_all_reduce(nt_mesh_comm(g->mesh, g->experts ? "expert" : "tensor",
-                                        g->dd[0][k]), part, sum, NT_REDUCE_SUM);
-        for (int r = 0; r < tp && !rc; r++) {
+        for (int e = 0; e < g->ep && !rc; e++)
+            rc = nt_all_reduce(nt_mesh_comm(g->mesh, "tensor", g->dd[e * tp][k]), part + e * tp,
+                               sum + e * tp, NT_REDUCE_SUM);
+        /* xg[q]: [nm, nx, le], rank q's per-expert sums of each parameter */
+        if (!rc && nx)
+            rc = nt_all_gather(nt_mesh_comm(g->moe_mesh, "expert", g->dd[0][k]), xq, xg);
+        for (int r = 0; r < nm && !rc; r++) {
             nt_device_set(g->dd[r][k]);
-            for (int j = 0, s = 0; j < n; j++) {
-                if (gptm_reduced(g, j)) {
+            nt_tensor *xs = nx ? xg[gptm_moe_q(g, r)] : NULL;
+            for (int j = 0, s = 0, i = 0; j < n; j++) {
+                int split = g->spec[j].split;
+                if (split == GPTM_ROWS || split == GPTM_COLS) {
                     sq[j] = nt_slice(sum[r], 0, s, s + 1, 1);
                     s++;
+                } else if (split == GPTM_EXP) {
+                    nt_tensor *v[GPTM_MAXE];
+                    for (int x = 0; x < E; x++) { /* expert x: rank x / le's (x % le)-th */
+                        int64_t at = (int64_t)(x / le) * nx * le + (int64_t)i * le + x % le;
+                        v[x] = nt_slice(xs, 0, at, at + 1, 1);
+                    }
+                    sq[j] = gptm_tree(v, E);
+                    i++;
                 } else {
                     sq[j] = nt_reshape(gptm_sumsq(g, j, G[((size_t)r * n + j) * nk + k]), 1,
                                        (int64_t[]){1});
@@ -1094,6 +1201,8 @@ static inline int gptm_clip(gpt_mesh *g, double max_norm)
             nt_tensor *total = nt_sqrt(nt_sum(nt_cat(sq, n, 0), NT_DIM_ALL, false));
             nt_tensor *mx = nt_full(NT_F32, 0, NULL, max_norm);
             coef[r] = nt_clamp(nt_div(mx, nt_add_scalar(total, 1e-6)), 0.0, 1.0);
+            if (g->clip_sq && r == 0 && k == 0) /* the tests' view of the sums */
+                rc = nt_to_host(nt_cat(sq, n, 0), g->clip_sq, sizeof *g->clip_sq * (size_t)n);
             for (int j = 0; j < n && !rc; j++) {
                 int dev = g->dd[r][k];
                 nt_tensor *t = g->zero ? nt_ddp_zero_shards(g->ddp[r], dev)[j]
@@ -1647,7 +1756,8 @@ static inline int gptm_crc(gpt_mesh *g, uint32_t *crc, char *err, size_t en)
 /* ---------------- checkpoints (docs/parallel.md, "Mesh checkpoints") ----------------
  *
  * A save at `path` is one nt_ddp_save_split per member (tensor rank r of
- * tp, or expert rank e of ep: "<path>.tp<m>of<nm>.zero<r>of<R>", its
+ * tp; with the MoE MLP, rank q of the MoE group, gptm_moe_q, so that the
+ * files hold the experts in order: "<path>.tp<q>of<nm>.zero<r>of<R>", its
  * shards or replica and its AdamW state, step counts and lrs) and, written
  * last by process 0, "<path>" itself: the tensor "mesh.layout" (the model,
  * which must match to load, and the layout it was split by).  Under mpirun
@@ -1657,7 +1767,10 @@ static inline int gptm_crc(gpt_mesh *g, uint32_t *crc, char *err, size_t en)
  * the same layout reads each member's own files; under another (dp, tp,
  * ep, zero) it is an error unless asked to reshard: then
  * nt_ddp_load_split puts each parameter and its AdamW moments together
- * from every saved file and cuts them for this layout.  The mesh layouts
+ * from every saved file and cuts them for this layout (the MoE model only
+ * between layouts of --tp 1, or with the same --tp and --ep: its
+ * tensor-split parameters are not put together across the files of an MoE
+ * group).  The mesh layouts
  * share their arithmetic (fixed blocks and shards), so a resharded run
  * continues with the bits of an uninterrupted run.  The schedule's
  * position and the batches are the optimizer's step count (gpt_batch of
@@ -1682,10 +1795,19 @@ static inline void gptm_ck_name(const int32_t *v, char *buf, size_t n)
 {
     if (v[0] < 0)
         snprintf(buf, n, "no checkpoint it could read");
+    else if (v[7] && v[2] > 1)
+        snprintf(buf, n, "dp %d, tp %d, ep %d, zero %d", v[1], v[2], v[3], v[4]);
     else if (v[7])
         snprintf(buf, n, "dp %d, ep %d, zero %d", v[1], v[3], v[4]);
     else
         snprintf(buf, n, "dp %d, tp %d, zero %d", v[1], v[2], v[4]);
+}
+
+/* Member m's file index: its MoE rank q with the MoE MLP, else m (the
+ * tensor rank). */
+static inline int gptm_ck_index(const gpt_mesh *g, int m)
+{
+    return g->experts ? gptm_moe_q(g, m) : m;
 }
 
 /* Parameter j's split dim over the members (-1: the same on every one). */
@@ -1764,7 +1886,8 @@ static inline int gptm_save(gpt_mesh *g, const char *path, char *err, size_t en)
 {
     int rc = 0;
     for (int m = 0; m < g->nm && !rc; m++)
-        if (nt_ddp_save_split(g->ddp[m], path, m, g->nm, g->opt[m], g->ndd[m]))
+        if (nt_ddp_save_split(g->ddp[m], path, gptm_ck_index(g, m), g->nm, g->opt[m],
+                              g->ndd[m]))
             rc = gptm_fail(err, en, "%s", nt_last_error_message());
     /* every process's parts are on disk before "<path>" names them */
     if (gptm_ck_sync(g, path, rc != 0, "its parts", err, en))
@@ -1870,11 +1993,19 @@ static inline int gptm_load(gpt_mesh *g, const char *path, bool reshard, char *e
         return gptm_fail(err, en, "'%s' was saved under (%s); this run is (%s): pass --reshard "
                          "(gptm_load's reshard) to cut the parameters and the optimizer state "
                          "for this layout", path, saved, here);
+    /* the MoE model's files are the MoE group's ranks; its tensor-split
+     * parameters (wte, wqkv, wo, bqkv) are not put together across them */
+    if (!same && w[7] && (v[2] > 1 || w[2] > 1) && (v[2] != w[2] || v[3] != w[3]))
+        return gptm_fail(err, en, "'%s' was saved under (%s); this run is (%s): resharding the "
+                         "MoE model across --tp or --ep with --tp > 1 is not supported (load it "
+                         "with the same --tp and --ep, or save and load at --tp 1)", path,
+                         saved, here);
     int dims[1024];
     for (int j = 0; j < g->n && j < 1024; j++)
         dims[j] = gptm_split_dim(g, j);
     for (int m = 0; m < g->nm; m++)
-        if (nt_ddp_load_split(g->ddp[m], path, m, g->nm, dims, g->opt[m], g->ndd[m], !same))
+        if (nt_ddp_load_split(g->ddp[m], path, gptm_ck_index(g, m), g->nm, dims, g->opt[m],
+                              g->ndd[m], !same))
             return gptm_fail(err, en, "loading '%s' (%s) into (%s): %s", path, saved, here,
                              nt_last_error_message());
     nt_device_set(0);

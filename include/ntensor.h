@@ -2541,12 +2541,16 @@ typedef struct nt_moe_opts {
  *  dimension): member i holds its tokens x[i] [T, D], the router's weight
  *  wg[i] [E, D] (the same on every member), and its E / P experts' weights
  *  w1[i] [E/P, D, H] and w2[i] [E/P, H, D] (member of rank r owns experts r
- *  E/P ..); one dtype, f32 or bf16.  Per token: logits = x wg^T, the route
+ *  E/P ..).  x and wg one dtype (the router's), w1 and w2 one dtype (the
+ *  experts'), each f32 or bf16: the rows are cast to the experts' dtype
+ *  when dispatched, and y is x's dtype (bf16 experts under an f32 router:
+ *  mixed precision).  Autocast does not apply inside (the caller's dtypes
+ *  are kept).  Per token: logits = x wg^T, the route
  *  of nt_moe_route, its rows dispatched (sorted by expert, nt_all_to_all),
  *  each expert's gelu(x_e w1[e]) w2[e] by nt_grouped_mm over the rows it
  *  received sorted by expert (in global token order), sent back, and
  *  combined y = sum over j = 0 .. k-1, in that order, of weights[:, j] times
- *  the j-th expert's output (f32, rounded once to the dtype).  y[i] [T, D].
+ *  the j-th expert's output (f32, rounded once to x's dtype).  y[i] [T, D].
  *  aux[i] (may be NULL): f32 0-d, the load-balancing loss E sum_e f_e P_e
  *  (f_e the fraction of the group's T P k assignments to e, P_e the mean
  *  score of e), differentiable; counts[i] (may be NULL): i32 [E], tokens per

@@ -7,7 +7,8 @@
  * errors: mesh sizes that are not the core count, heads, width, vocabulary
  * or blocks that tp does not divide, a ZeRO stage out of range,
  * nt_ddp_backward_group's arguments.  Each run has its own runtime with
- * NT_SIM_CORES = dp x tp. */
+ * NT_SIM_CORES = dp x tp.  With --mpi (meson test mesh_mpi) the model over 2
+ * processes, the MoE variant at (dp 2, tp 2, ep 2) among them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,6 +27,8 @@ static bool SP;             /* sequence parallelism (gptm_set_sp) */
 static bool EVAL_MID;       /* an evaluation before the last step (between replays) */
 static int LAYERS;          /* > 0: this many blocks of width 32 (test_release) */
 static int RELEASE = -1;    /* 0, 1: gptm_set_release (-1: gptm_init's default) */
+static int EXPERTS;         /* > 0: the MoE variant, top-2 of this many experts (mesh_mpi) */
+static int EP = 1;          /* its expert parallelism (the cores are dp x tp x EP) */
 static int64_t PEAK;        /* the run's largest per-core peak of live bytes (from nt_init) */
 
 static void make_data(gpt_data *d)
@@ -59,7 +62,8 @@ static int train(int dp, int tp, int zero, nt_dtype amp, uint32_t *crc, char *er
     o.amp = amp;
     o.clip = CLIP;
     static gpt_mesh g;
-    int rc = gptm_init(&g, &c, dp, tp, zero, BLOCKS, SHARDS, &o, err, en);
+    int rc = gptm_init_moe(&g, &c, dp, tp, EXPERTS ? EP : 1, EXPERTS, EXPERTS ? 2 : 0, zero,
+                           BLOCKS, SHARDS, &o, err, en);
     if (!rc && SP)
         rc = gptm_set_sp(&g, true, err, en);
     if (!rc && RELEASE >= 0)
@@ -95,11 +99,12 @@ static int train(int dp, int tp, int zero, nt_dtype amp, uint32_t *crc, char *er
     return rc;
 }
 
-/* train() at (dp, tp, zero) in test setting cfg, with NT_SIM_CORES = dp x tp. */
+/* train() at (dp, tp, zero) in test setting cfg, with NT_SIM_CORES = dp x tp
+ * (x EP with EXPERTS). */
 static uint32_t run(int dp, int tp, int zero, int cfg, nt_dtype amp)
 {
     char cores[8], err[512];
-    snprintf(cores, sizeof cores, "%d", dp * tp);
+    snprintf(cores, sizeof cores, "%d", dp * tp * (EXPERTS ? EP : 1));
     setenv("NT_SIM_CORES", cores, 1);
     assert_int_equal(nt_init(), 0);
     nt_test_cfg(cfg);
@@ -554,37 +559,54 @@ static void test_backward_group_shards(void **state)
 
 /* ---------------- over 2 processes (mpirun) ---------------- */
 
-/* mpirun -np 2 of this program at (dp, tp, zero) with `cores` cores a
- * process: the CRC process 0 printed. */
-static uint32_t mpi_crc(int cores, int dp, int tp, int zero)
+/* mpirun -np 2 of this program at (dp, tp, ep, zero) with `experts` experts
+ * (0: the dense MLP, ep 1) and `cores` cores a process: the CRC process 0
+ * printed. */
+static uint32_t mpi_crc(int cores, int dp, int tp, int ep, int zero, int experts)
 {
     char args[64];
-    snprintf(args, sizeof args, "%d %d %d", dp, tp, zero);
+    snprintf(args, sizeof args, "%d %d %d %d %d", dp, tp, zero, ep, experts);
     uint32_t crc = 0;
     if (mesh_h_mpi_run(cores, args, &crc, NULL, 0))
-        fail_msg("mpirun at (dp %d, tp %d, zero %d) gave no CRC", dp, tp, zero);
+        fail_msg("mpirun at (dp %d, tp %d, ep %d, zero %d), %d experts, gave no CRC", dp, tp,
+                 ep, zero, experts);
     return crc;
 }
 
 /* (2, 1) over 2 processes of 1 core at stages 0 and 3, and (2, 2) over 2
- * processes of 2 cores at stage 2, give the one-process CRC. */
+ * processes of 2 cores at stage 2, give the one-process CRC; the MoE
+ * variant (top-2 of 8 experts) at (dp 2, tp 2, ep 2) stage 1 over 2
+ * processes of 4 cores (one MoE group, tp x ep, a process) gives the CRC of
+ * its dense loop over the experts on one core (ep 1), another than the
+ * dense MLP's. */
 static void test_across_processes(void **state)
 {
     (void)state;
     uint32_t ref = run(1, 1, 0, 3, NT_DTYPE_COUNT);
-    static const int runs[][4] = {{1, 2, 1, 0}, {1, 2, 1, 3}, {2, 2, 2, 2}};
-    for (int i = 0; i < 3; i++) {
+    EXPERTS = 8;
+    uint32_t moe = run(1, 1, 0, 3, NT_DTYPE_COUNT);
+    EXPERTS = 0;
+    assert_true(moe != ref);
+    static const int runs[][6] = {
+        /* cores a process, dp, tp, ep, zero, experts */
+        {1, 2, 1, 1, 0, 0}, {1, 2, 1, 1, 3, 0}, {2, 2, 2, 1, 2, 0}, {4, 2, 2, 2, 1, 8},
+    };
+    for (int i = 0; i < 4; i++) {
         const int *r = runs[i];
-        uint32_t crc = mpi_crc(r[0], r[1], r[2], r[3]);
-        printf("# 2 processes x %d cores, (dp %d, tp %d) zero %d: %08x (1 process %08x)\n",
-               r[0], r[1], r[2], r[3], crc, ref);
-        assert_true(crc == ref);
+        uint32_t crc = mpi_crc(r[0], r[1], r[2], r[3], r[4], r[5]);
+        uint32_t want = r[5] ? moe : ref;
+        printf("# 2 processes x %d cores, (dp %d, tp %d, ep %d) zero %d, %d experts: %08x "
+               "(1 process %08x)\n", r[0], r[1], r[2], r[3], r[4], r[5], crc, want);
+        assert_true(crc == want);
     }
 }
 
-/* An mpirun child: trains, process 0 prints "crc X". */
-static int child(int dp, int tp, int zero)
+/* An mpirun child: trains (with `experts` > 0 the MoE variant at ep), process
+ * 0 prints "crc X". */
+static int child(int dp, int tp, int zero, int ep, int experts)
 {
+    EXPERTS = experts;
+    EP = ep;
     char err[512];
     uint32_t crc = 0;
     if (nt_init() || train(dp, tp, zero, NT_DTYPE_COUNT, &crc, err, sizeof err)) {
@@ -599,8 +621,8 @@ static int child(int dp, int tp, int zero)
 
 int main(int argc, char **argv)
 {
-    if (argc == 5 && !strcmp(argv[1], "--child"))
-        return child(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
+    if (argc == 7 && !strcmp(argv[1], "--child"))
+        return child(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
     if (argc == 3 && !strcmp(argv[1], "--mpi")) {
         const struct CMUnitTest mpi_tests[] = {cmocka_unit_test(test_across_processes)};
         return mesh_h_mpi_main(argv[2], mpi_tests, 1, NULL, NULL);

@@ -5,11 +5,13 @@
  * uninterrupted against 3 steps, a save, a new runtime, a load and 3 more
  * steps -- under the same layout, and resharded from (dp, tp, zero) =
  * (2, 2, 2) into (1, 1, 0), (4, 2, 3), (2, 4, 1) and back (and the MoE
- * variant over "expert"), on the simulator and the CPU: every run ends on
- * the uninterrupted run's CRC-32 (all mesh layouts share their
+ * variant over "expert"; with tp 2 x ep 2 resumed under its own (tp, ep)
+ * at another dp and stage), on the simulator and the CPU: every run ends
+ * on the uninterrupted run's CRC-32 (all mesh layouts share their
  * arithmetic).  And the errors: another layout without reshard, another
- * model, no checkpoint, a plain checkpoint, nt_ddp_save_split's and
- * nt_ddp_load_split's arguments.  Each run has its own runtime with
+ * model, an MoE reshard across tp or ep with tp > 1, no checkpoint, a
+ * plain checkpoint, nt_ddp_save_split's and nt_ddp_load_split's
+ * arguments.  Each run has its own runtime with
  * NT_SIM_CORES = dp x tp (x ep).  NT_TEST_QUICK=1 runs two layouts of each
  * table (one MoE target).  Under mpirun (meson test meshio_mpi): a save
  * over 2 processes resumed in one and back, and processes that read
@@ -186,6 +188,27 @@ static void test_reshard_moe(void **state)
     }
 }
 
+/* The MoE variant at tp 2 x ep 2 (dp 2, zero 1): 3 steps, a save, 3 more
+ * under the same layout, and under (dp 1, tp 2, ep 2, zero 3) resharded
+ * over the data dimension: both the uninterrupted run's CRC, which is the
+ * tp 1 one's (ep 2, test_reshard_moe's). */
+static void test_resume_moe_tp(void **state)
+{
+    (void)state;
+    uint32_t ref = run_ok((run_spec){2, 1, 1, 2, 3, NULL, false, STEPS, NULL});
+    uint32_t whole = run_ok((run_spec){2, 2, 1, 2, 3, NULL, false, STEPS, NULL});
+    char a[300];
+    path(a, sizeof a, "moetp");
+    run_ok((run_spec){2, 2, 1, 2, 3, NULL, false, HALF, a});
+    uint32_t same = run_ok((run_spec){2, 2, 1, 2, 3, a, false, HALF, NULL});
+    uint32_t other = run_ok((run_spec){1, 2, 3, 2, 3, a, true, HALF, NULL});
+    printf("# MoE (dp 2, tp 2, ep 2, zero 1): %08x; resumed %08x; resumed at (dp 1, zero 3) "
+           "%08x; tp 1 %08x\n", whole, same, other, ref);
+    assert_true(whole == ref);
+    assert_true(same == ref);
+    assert_true(other == ref);
+}
+
 /* run_ck's error, which must contain want1 and want2. */
 static void expect_run_err(run_spec r, const char *want1, const char *want2)
 {
@@ -213,6 +236,16 @@ static void test_errors(void **state)
     /* another model: the MoE variant */
     expect_run_err((run_spec){4, 1, 2, 1, 3, ck, true, 1, NULL}, "holds another model",
                    "--experts is 0 there, 8 here");
+    /* the MoE model across tp or ep with tp > 1: refused, even asked to reshard */
+    char moe[300];
+    path(moe, sizeof moe, "errmoe");
+    run_ok((run_spec){1, 2, 0, 2, 3, NULL, false, 1, moe});
+    expect_run_err((run_spec){1, 1, 0, 4, 3, moe, true, 1, NULL},
+                   "saved under (dp 1, tp 2, ep 2, zero 0); this run is (dp 1, ep 4, zero 0)",
+                   "resharding the MoE model across --tp or --ep with --tp > 1 is not "
+                   "supported");
+    expect_run_err((run_spec){1, 2, 0, 1, 3, moe, true, 1, NULL}, "(dp 1, tp 2, ep 1, zero 0)",
+                   "is not supported");
     /* no checkpoint; a checkpoint that is not a mesh's */
     expect_run_err((run_spec){2, 2, 2, 0, 3, none, false, 1, NULL}, none, NULL);
     setenv("NT_SIM_CORES", "1", 1);
@@ -491,6 +524,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_resume_same),
         cmocka_unit_test(test_reshard),
         cmocka_unit_test(test_reshard_moe),
+        cmocka_unit_test(test_resume_moe_tp),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

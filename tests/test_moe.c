@@ -6,7 +6,9 @@
  * gradient, bad counts), the MoE MLP against a double reference and by
  * gradcheck, the same bits for 1, 2, 4 and 8 expert-parallel devices and
  * the dense loop over experts on one core (outputs, gradients, parameters
- * after AdamW steps), and every error path.  Runs on 8 simulated cores. */
+ * after AdamW steps; f32, bf16, and an f32 router with bf16 experts), the
+ * caller's dtypes kept under autocast, and every error path.  Runs on 8
+ * simulated cores. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -515,9 +517,10 @@ static void words_of(nt_tensor *t, uint32_t *dst)
     host_of(f, dst);
 }
 
-/* The expert-parallel layer at ep devices: step 0's outputs and
- * gradients, then the parameters after STEPS AdamW steps. */
-static void run_ep(int ep, const moe_data *md, nt_dtype dt, moe_out *o)
+/* The expert-parallel layer at ep devices (x, wg, u in dt, the experts in
+ * de): step 0's outputs and gradients, then the parameters after STEPS
+ * AdamW steps. */
+static void run_ep(int ep, const moe_data *md, nt_dtype dt, nt_dtype de, moe_out *o)
 {
     nt_scope *sc = nt_scope_begin();
     nt_comm *c = comm_of(ep);
@@ -526,8 +529,8 @@ static void run_ep(int ep, const moe_data *md, nt_dtype dt, moe_out *o)
     for (int i = 0; i < ep; i++) {
         x[i] = dev_as(i, md->x + i * tl * D, dt, 2, (int64_t[]){tl, D});
         wg[i] = dev_as(i, md->wg, dt, 2, (int64_t[]){E, D});
-        w1[i] = dev_as(i, md->w1 + i * el * D * H, dt, 3, (int64_t[]){el, D, H});
-        w2[i] = dev_as(i, md->w2 + i * el * H * D, dt, 3, (int64_t[]){el, H, D});
+        w1[i] = dev_as(i, md->w1 + i * el * D * H, de, 3, (int64_t[]){el, D, H});
+        w2[i] = dev_as(i, md->w2 + i * el * H * D, de, 3, (int64_t[]){el, H, D});
         u[i] = dev_as(i, md->u + i * tl * D, dt, 2, (int64_t[]){tl, D});
         nt_tensor *ps[4] = {x[i], wg[i], w1[i], w2[i]};
         for (int p = 0; p < 4; p++)
@@ -602,8 +605,9 @@ static nt_tensor *tree(nt_tensor **v, int n)
 
 /* The dense reference on one core: the router per token block (its weight
  * gradient the tree over the blocks), one gather of the rows sorted by
- * expert, a loop over the experts of nt_matmul on each expert's row slice,
- * the combine in ascending k.  Read from the host: the experts picked. */
+ * expert, a loop over the experts of nt_matmul on each expert's row slice
+ * (cast to the experts' dtype), the combine in ascending k.  Read from the
+ * host: the experts picked. */
 typedef struct dense_p {
     nt_tensor *wg, *w1[E], *w2[E];
 } dense_p;
@@ -643,6 +647,8 @@ static nt_tensor *dense_fwd(const dense_p *p, nt_tensor *x, nt_tensor **wgb, nt_
         if (!cnt[e])
             continue;
         nt_tensor *xe = nt_slice(xs, 0, row, row + cnt[e], 1);
+        if (nt_dtype_of(xe) != nt_dtype_of(p->w1[e]))
+            xe = nt_cast(xe, nt_dtype_of(p->w1[e]));
         ys[ny++] = nt_matmul(nt_gelu(nt_matmul(xe, p->w1[e])), p->w2[e]);
         row += cnt[e];
     }
@@ -671,7 +677,7 @@ static nt_tensor *dense_fwd(const dense_p *p, nt_tensor *x, nt_tensor **wgb, nt_
     return nt_cast(acc, nt_dtype_of(x));
 }
 
-static void run_dense(const moe_data *md, nt_dtype dt, moe_out *o)
+static void run_dense(const moe_data *md, nt_dtype dt, nt_dtype de, moe_out *o)
 {
     nt_scope *sc = nt_scope_begin();
     dense_p p;
@@ -681,8 +687,8 @@ static void run_dense(const moe_data *md, nt_dtype dt, moe_out *o)
     nt_tensor *prm[1 + 2 * E];
     prm[0] = p.wg;
     for (int e = 0; e < E; e++) {
-        p.w1[e] = dev_as(0, md->w1 + e * D * H, dt, 2, (int64_t[]){D, H});
-        p.w2[e] = dev_as(0, md->w2 + e * H * D, dt, 2, (int64_t[]){H, D});
+        p.w1[e] = dev_as(0, md->w1 + e * D * H, de, 2, (int64_t[]){D, H});
+        p.w2[e] = dev_as(0, md->w2 + e * H * D, de, 2, (int64_t[]){H, D});
         prm[1 + e] = p.w1[e];
         prm[1 + E + e] = p.w2[e];
     }
@@ -744,12 +750,13 @@ static void test_bitwise(void **state)
     static moe_out ref, got;
     static const int eps[] = {1, 2, 4, 8};
     static const int cfgs[] = {0, 1, 4, 6}; /* cpu/sim deterministic, cpu lazy, sim eager */
-    for (int d = 0; d < 2; d++) {
-        nt_dtype dt = d ? NT_BF16 : NT_F32;
+    for (int d = 0; d < 3; d++) {
+        /* f32, bf16, and mixed: an f32 router (x, wg) with bf16 experts */
+        nt_dtype dt = d == 1 ? NT_BF16 : NT_F32, de = d ? NT_BF16 : NT_F32;
         moe_data_fill(&md, dt);
-        printf("# MoE MLP %s: T %d, D %d, H %d, E %d, k %d, blocks %d (crc32 of step 0's "
-               "y | grads | params after %d AdamW steps)\n", nt_dtype_name(dt), TG, D, H, E, KK,
-               BLOCKS, STEPS);
+        printf("# MoE MLP %s%s: T %d, D %d, H %d, E %d, k %d, blocks %d (crc32 of step 0's "
+               "y | grads | params after %d AdamW steps)\n", nt_dtype_name(dt),
+               d == 2 ? " router, bf16 experts" : "", TG, D, H, E, KK, BLOCKS, STEPS);
         printf("# backend mode          dense                      ep1"
                "                        ep2                        ep4"
                "                        ep8\n");
@@ -762,9 +769,9 @@ static void test_bitwise(void **state)
                 moe_out *o = s < 0 && k == 0 ? &ref : &got;
                 memset(o, 0, sizeof *o);
                 if (s < 0)
-                    run_dense(&md, dt, o);
+                    run_dense(&md, dt, de, o);
                 else
-                    run_ep(eps[s], &md, dt, o);
+                    run_ep(eps[s], &md, dt, de, o);
                 len += snprintf(row + len, sizeof row - (size_t)len, " %08x|%08x|%08x",
                                 out_crc(o, PART(y)),
                                 out_crc(o, offsetof(moe_out, gx),
@@ -785,8 +792,8 @@ static void test_bitwise(void **state)
                 for (size_t q = 0; q < sizeof parts / sizeof parts[0]; q++)
                     if (memcmp((char *)o + parts[q].off, (char *)&ref + parts[q].off,
                                parts[q].n))
-                        fail_msg("%s %s %s: %s at %s differs from the dense loop on one core",
-                                 nt_dtype_name(dt), NT_TEST_CFGS[cfgs[k]][0],
+                        fail_msg("%s/%s %s %s: %s at %s differs from the dense loop on one "
+                                 "core", nt_dtype_name(dt), nt_dtype_name(de), NT_TEST_CFGS[cfgs[k]][0],
                                  NT_TEST_CFGS[cfgs[k]][1], parts[q].name,
                                  s < 0 ? "dense" : (const char *[]){"ep 1", "ep 2", "ep 4",
                                                                     "ep 8"}[s]);
@@ -800,7 +807,7 @@ static void test_bitwise(void **state)
         int nz = 0, moved = 0, big = 0;
         for (int i = 0; i < E * D * H; i++) {
             nz += ref.gw1[i] != 0;
-            float w0 = dt == NT_F32 ? md.w1[i] : nt_test_fbits(nt_test_ubits(md.w1[i]) & ~0xffffu);
+            float w0 = de == NT_F32 ? md.w1[i] : nt_test_fbits(nt_test_ubits(md.w1[i]) & ~0xffffu);
             moved += nt_test_fbits(ref.pw1[i]) != w0;
         }
         printf("# tokens per expert:");
@@ -811,6 +818,26 @@ static void test_bitwise(void **state)
         printf("\n");
         assert_true(nz > E * D * H / 2 && moved > E * D * H / 2 && big > 0);
     }
+    nt_test_cfg(3);
+}
+
+/* Under autocast (bf16) the layer keeps the caller's dtypes: an f32 router
+ * with bf16 experts gives the bits it gives outside autocast (autocast
+ * would otherwise cast the router's matmul to bf16). */
+static void test_autocast(void **state)
+{
+    (void)state;
+    static moe_data md;
+    static moe_out plain, in_ac;
+    moe_data_fill(&md, NT_F32);
+    nt_test_cfg(0);
+    memset(&plain, 0, sizeof plain);
+    memset(&in_ac, 0, sizeof in_ac);
+    run_ep(2, &md, NT_F32, NT_BF16, &plain);
+    assert_int_equal(nt_autocast_begin(NT_BF16), 0);
+    run_ep(2, &md, NT_F32, NT_BF16, &in_ac);
+    assert_int_equal(nt_autocast_end(), 0);
+    assert_memory_equal(&plain, &in_ac, sizeof plain);
     nt_test_cfg(3);
 }
 
@@ -825,7 +852,7 @@ static void test_values(void **state)
     static moe_out o;
     moe_data_fill(&md, NT_F32);
     nt_test_cfg(0);
-    run_ep(2, &md, NT_F32, &o);
+    run_ep(2, &md, NT_F32, NT_F32, &o);
     static double probs[TG][E], Ssum[E];
     int cnt[E] = {0};
     double maxerr = 0;
@@ -1079,8 +1106,16 @@ static void test_errors(void **state)
     nt_test_expect_err(nt_moe_mlp(c4, mx, mg, m1, m2, &o, y, aux, NULL), NT_EINVAL,
                        "nt_moe_mlp", "opts->k is 0");
     o.k = 2;
+    /* the experts' dtype is w1's (f32 or bf16), w2 the same; the router's x's */
     nt_test_expect_err(nt_moe_mlp(c4, mx, mg, m1h, m2, &o, y, aux, NULL), NT_EDTYPE,
-                       "nt_moe_mlp", "w1[0] is bf16", "expected f32");
+                       "nt_moe_mlp", "w2[0] is f32", "expected bf16");
+    nt_test_expect_err(nt_moe_mlp(c4, mx, m1h, m1, m2, &o, y, aux, NULL), NT_EDTYPE,
+                       "nt_moe_mlp", "wg[0] is bf16", "expected f32");
+    nt_tensor *m1i[4];
+    for (int i = 0; i < 4; i++)
+        m1i[i] = on_dev(i, v, NT_I32, 3, (int64_t[]){2, 4, 5}, false);
+    nt_test_expect_err(nt_moe_mlp(c4, mx, mg, m1i, m2, &o, y, aux, NULL), NT_EDTYPE,
+                       "nt_moe_mlp", "w1[0] is i32", "expected f32 or bf16 (the experts'");
     nt_test_expect_err(nt_moe_mlp(c4, mx, mg, m1, m2b, &o, y, aux, NULL), NT_ESHAPE,
                        "nt_moe_mlp", "w2[0] [2, 4, 4]", "[2, 4, H]");
     nt_test_expect_err(nt_moe_mlp(c4, mg, mx, m1, m1, &o, y, aux, NULL), NT_ESHAPE,
@@ -1124,6 +1159,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_gradcheck, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bitwise, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_autocast, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
