@@ -1804,11 +1804,11 @@ typedef struct mm_run {
     int npend;
     bool lag;            /* an output is an input too (in place): lag one block */
     bool pairs;          /* ... and the lagged blocks' ops run in pairs (mm_drain) */
-    int lives;           /* nt_tile_matmul_args.acc_lives of the block evacuated */
+    int lives;           /* nt_tile_matmul_args.acc_lives of the block evacuated: its
+                            bank stays for the lag when >= 1 (acc_kept) */
     int64_t ncall;       /* epilogue calls so far */
     int evk;             /* the op the evacuation runs from PSUM (evac_op), 0 none */
     bool in_psum;        /* value 0 may be read in PSUM (psum_ok) */
-    bool kept;           /* nt_tile_matmul_args.acc_kept of the block evacuated */
     mm_blk blk[NBUF_MAX];
     sk_hv iv;            /* element indices (stochastic rounding) */
 } mm_run;
@@ -1906,7 +1906,7 @@ static int evac_op(const plan *L)
  * instead of 2N, and ScalarE's N of the copy go: AdamW's g - m and g * g.
  * Asked only of a lagged program (mm_epi), whose ops would otherwise wait
  * for the copy on ScalarE; the tile program says per block whether the
- * bank stays for the lag (nt_tile_matmul_args.acc_kept). */
+ * bank stays for the lag (nt_tile_matmul_args.acc_lives >= 1). */
 static bool psum_ok(const plan *L)
 {
     const nt__fprog *P = L->P;
@@ -2032,7 +2032,7 @@ static int mm_epi(sk_k *s, const nt_ap *acc, int64_t b, int64_t m0, int64_t n0, 
      * the next block's mm_epi) */
     int rc = 0;
     k->t.acc = NULL;
-    if (w->in_psum && w->kept) {
+    if (w->in_psum && w->lives >= 1) {
         k->acc = *acc;
         k->t.acc = &k->acc;
     } else if (w->evk) {
@@ -2134,12 +2134,10 @@ static int run_mm(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
             apart &= ext[e]->st != out[o]->st;
     s->mm_apart = apart;
     w->in_psum = w->lag && !w->evk && psum_ok(L);
-    s->mm_kept = w->in_psum ? &w->kept : NULL;
     s->mm_lives = w->in_psum ? &w->lives : NULL;
     if (!rc)
         rc = sk_matmul_run_cs(s, a, b, NULL, mm_epi, w, side);
     s->mm_apart = false;
-    s->mm_kept = NULL;
     s->mm_lives = NULL;
     if (!rc)
         rc = mm_drain(w, true);

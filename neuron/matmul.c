@@ -217,7 +217,6 @@ int sk_matmul_run_cs(sk_k *s, const nt_tensor *a, const nt_tensor *b, const nt_t
             g.epilogue = tramp;
             g.epilogue_ctx = &t;
             g.epilogue_apart = s->mm_apart;
-            g.acc_kept = s->mm_kept;
             g.acc_lives = s->mm_lives;
             g.out_dtype = NT_F32;
         } else {

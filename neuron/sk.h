@@ -60,10 +60,9 @@ typedef struct sk_k {
     /* sk_matmul_run: its epilogue writes nothing it or the product reads
      * (nt_tile_matmul_args.epilogue_apart); set by the caller around the call */
     bool mm_apart;
-    /* sk_matmul_run: nt_tile_matmul_args.acc_kept (NULL: not asked); set by
-     * the caller around the call, as mm_apart */
-    bool *mm_kept;
-    int *mm_lives; /* nt_tile_matmul_args.acc_lives, as mm_kept */
+    /* sk_matmul_run: nt_tile_matmul_args.acc_lives (NULL: not asked; its
+     * acc_kept is this >= 1); set by the caller around the call, as mm_apart */
+    int *mm_lives;
 } sk_k;
 
 /* Opens kernel `name` (an op name, "fused.ew", ...). */
