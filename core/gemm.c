@@ -8,7 +8,8 @@
  * Speed: register-blocked micro-kernels (rows x columns of C held in vector
  * registers across the whole K loop, B rows loaded as vectors, A broadcast;
  * edge rows and columns use the same kernels with fewer rows and masked
- * lanes, never a scalar loop), columns blocked so a panel of B stays in L2,
+ * lanes, never a scalar loop -- on AVX-512 a tile of at most 8 rows forms
+ * only 8 rows' sums), columns blocked so a panel of B stays in L2,
  * and a second thread taking half the column blocks of big calls.  nt__gemm
  * (the whole product) packs both operands once (in chunks both threads
  * share) and keeps each block of C in cache across all its K-tiles, while
@@ -240,17 +241,24 @@ typedef struct pfq {
     int rw;
 } pfq;
 
+/* The kernel's body for the first R rows of the tile (R 12, or 8 for a
+ * tile of at most 8 rows: a batch of 128 is ten tiles of 12 and one of 8,
+ * whose 4 padded rows took a third of that call's FMAs; the other rows'
+ * sums are never formed).  Each row's sums are the same instructions in
+ * the same order either way: the same bits. */
 __attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
 micro_avx512_body(int K, const float *Ap, const float *Bp, float *C, int ldc, int rows_, int w,
-                  int fl, const pfq *q)
+                  int fl, const pfq *q, const int R)
 {
 #define NT_DECL(r) __m512 c##r##a = _mm512_setzero_ps(), c##r##b = c##r##a;
     NT_R12(NT_DECL)
 #undef NT_DECL
     /* one k step: row k of the A and B panels into the 24 sums */
 #define NT_ROW(r)                                                                                  \
-    ar = _mm512_set1_ps(a[r]);                                                                     \
-    c##r##a = _mm512_fmadd_ps(ar, b0, c##r##a), c##r##b = _mm512_fmadd_ps(ar, b1, c##r##b);
+    if ((r) < R) {                                                                                 \
+        ar = _mm512_set1_ps(a[r]);                                                                 \
+        c##r##a = _mm512_fmadd_ps(ar, b0, c##r##a), c##r##b = _mm512_fmadd_ps(ar, b1, c##r##b);    \
+    }
 #define NT_STEP(kk)                                                                                \
     {                                                                                              \
         const float *a = Ap + (kk) * 12, *b = Bp + (kk) * 32;                                      \
@@ -296,8 +304,10 @@ micro_avx512_body(int K, const float *Ap, const float *Bp, float *C, int ldc, in
         NT_STEP(k)
 #undef NT_STEP
 #undef NT_ROW
-    if (rows_ == 12 && w == 32) {
-#define NT_ST(r) store_row_avx512(C + (long)(r) * ldc, c##r##a, c##r##b, fl);
+    if (rows_ == R && w == 32) {
+#define NT_ST(r)                                                                                   \
+    if ((r) < R)                                                                                   \
+        store_row_avx512(C + (long)(r) * ldc, c##r##a, c##r##b, fl);
         NT_R12(NT_ST)
 #undef NT_ST
         return;
@@ -313,7 +323,10 @@ __attribute__((target("avx512f,avx2,fma"))) static void micro_avx512(int K, cons
                                                                      int ldc, int rows_, int w,
                                                                      int fl)
 {
-    micro_avx512_body(K, Ap, Bp, C, ldc, rows_, w, fl, NULL);
+    if (rows_ <= 8)
+        micro_avx512_body(K, Ap, Bp, C, ldc, rows_, w, fl, NULL, 8);
+    else
+        micro_avx512_body(K, Ap, Bp, C, ldc, rows_, w, fl, NULL, 12);
 }
 
 /* micro_avx512 prefetching q's lines as it goes (full_block). */
@@ -321,7 +334,10 @@ __attribute__((target("avx512f,avx2,fma"))) static void
 micro_avx512_pf(int K, const float *Ap, const float *Bp, float *C, int ldc, int rows_, int w,
                 int fl, const pfq *q)
 {
-    micro_avx512_body(K, Ap, Bp, C, ldc, rows_, w, fl, q);
+    if (rows_ <= 8)
+        micro_avx512_body(K, Ap, Bp, C, ldc, rows_, w, fl, q, 8);
+    else
+        micro_avx512_body(K, Ap, Bp, C, ldc, rows_, w, fl, q, 12);
 }
 
 /* micro_avx512 with A read where it is stored, unpacked: row r of the

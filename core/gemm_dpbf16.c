@@ -262,11 +262,13 @@ static void pack_panel(void *arg, int b)
 /* C[0..rows)[0..w) = (acc ? C + s : s), s the MR x NR tile of kp pairs
  * summed as bf16 x bf16 products are (core/gemm.h): t from +0 over each
  * chunk of 8 pairs (16 k), s = s + t.  Named accumulators (an array would
- * live on the stack). */
+ * live on the stack).  Only the first R rows' sums are formed (R = MR, or
+ * 2 for a tile of at most 2 rows: a batch of 128 is 21 tiles of 6 and one
+ * of 2), each row's by the same instructions in the same order. */
 #define DP_R6(X) X(0) X(1) X(2) X(3) X(4) X(5)
-__attribute__((target(DP_TARGET))) static void micro_dp(int kp, const uint32_t *Ap,
-                                                        const uint32_t *Bp, float *C, int ldc,
-                                                        int rows, int w, bool acc)
+__attribute__((target(DP_TARGET), always_inline)) static inline void
+micro_dp_rows(int kp, const uint32_t *Ap, const uint32_t *Bp, float *C, int ldc, int rows, int w,
+              bool acc, const int R)
 {
 #define DP_DECL(r) __m512 s##r##a = _mm512_setzero_ps(), s##r##b = s##r##a;
     DP_R6(DP_DECL)
@@ -281,12 +283,16 @@ __attribute__((target(DP_TARGET))) static void micro_dp(int kp, const uint32_t *
             __m512bh b0 = (__m512bh)_mm512_load_si512(b), b1 = (__m512bh)_mm512_load_si512(b + 16);
             __m512bh ar;
 #define DP_ROW(r)                                                                                  \
-    ar = (__m512bh)_mm512_set1_epi32((int)a[r]);                                                   \
-    t##r##a = _mm512_dpbf16_ps(t##r##a, ar, b0), t##r##b = _mm512_dpbf16_ps(t##r##b, ar, b1);
+    if ((r) < R) {                                                                                 \
+        ar = (__m512bh)_mm512_set1_epi32((int)a[r]);                                               \
+        t##r##a = _mm512_dpbf16_ps(t##r##a, ar, b0), t##r##b = _mm512_dpbf16_ps(t##r##b, ar, b1);  \
+    }
             DP_R6(DP_ROW)
 #undef DP_ROW
         }
-#define DP_ADD(r) s##r##a = _mm512_add_ps(s##r##a, t##r##a), s##r##b = _mm512_add_ps(s##r##b, t##r##b);
+#define DP_ADD(r)                                                                                  \
+    if ((r) < R)                                                                                   \
+        s##r##a = _mm512_add_ps(s##r##a, t##r##a), s##r##b = _mm512_add_ps(s##r##b, t##r##b);
         DP_R6(DP_ADD)
 #undef DP_ADD
     }
@@ -307,6 +313,16 @@ __attribute__((target(DP_TARGET))) static void micro_dp(int kp, const uint32_t *
     }
 }
 #undef DP_R6
+
+__attribute__((target(DP_TARGET))) static void micro_dp(int kp, const uint32_t *Ap,
+                                                        const uint32_t *Bp, float *C, int ldc,
+                                                        int rows, int w, bool acc)
+{
+    if (rows <= 2)
+        micro_dp_rows(kp, Ap, Bp, C, ldc, rows, w, acc, 2);
+    else
+        micro_dp_rows(kp, Ap, Bp, C, ldc, rows, w, acc, MR);
+}
 
 /* Block b of C (rows down a column of blocks first): every K-tile in
  * order, then the block rounded to odt while it is in cache. */

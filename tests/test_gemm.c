@@ -280,6 +280,11 @@ static void test_whole_every_level(void **state)
          * K-tile by K-tile, on AVX-512): an odd count of blocks of about
          * 256 rows made even; one K-tile */
         {1030, 100, 390}, {520, 64, 128},
+        /* a last row tile of 8 (the AVX-512 kernel's 8-row body), at a
+         * full and a partial column panel: one K-tile (few rows), several
+         * with the next B fetched inside the loop (few rows), the blocks
+         * of the whole product */
+        {140, 600, 128}, {20, 300, 260}, {392, 700, 300},
     };
     int best = nt__gemm_isa_best();
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
@@ -377,7 +382,7 @@ static void test_whole_prefetch(void **state)
     (void)state;
     static const int shapes[][3] = {
         {390, 1601, 130}, {205, 530, 300}, {300, 97, 129}, {204, 640, 128}, {217, 70, 40},
-        {250, 1100, 1000},
+        {250, 1100, 1000}, {236, 300, 200}, /* the last: a last row tile of 8 */
     };
     int best = nt__gemm_isa_best();
     nt__gemm_set_prefetch(true);
