@@ -135,7 +135,9 @@ typedef struct cg_job {
     atomic_int failed;
     const float *wt; /* non-NULL: the kernel without columns, w'^T [G][Kc][COg] */
     bool v512;       /* its AVX-512 blocks (else its AVX2 ones) */
-    const struct cgd_vec *vt; /* the AVX-512 blocks' vectors (cgd_vecs) */
+    const struct cgd_vec *vt; /* the AVX-512 blocks' vectors (cgd_vecs, cgd_pack_vecs) */
+    int m;           /* > 0: block b is images [b m, b m + m) packed, unpadded (cgd_pack) */
+    const uint16_t *lt; /* packed: the load masks [taps][cgd_pack_nvec] */
 } cg_job;
 
 /* ---------------- conv_gemm without columns (f32, stride 1, AVX-512) ----------------
@@ -173,22 +175,26 @@ typedef struct cg_job {
         cgd_put(c + (r) * CGD_Q, s##r##a, acc), cgd_put(c + (r) * CGD_Q + 16, s##r##b, acc), \
             cgd_put(c + (r) * CGD_Q + 32, s##r##c, acc);
 
-/* Vector u of the padded copy's flat positions: its kept lanes m, the
- * low popcount(m) lanes n, and where the first kept lane lands in y. */
+/* Vector u of a block's flat positions: its kept lanes m, packed to the
+ * low lanes, go to y in at most two pieces: the lanes n0 at y's offset d0
+ * on, the lanes n1 at d1 on (d1 + l for lane l: the next image's first
+ * position, where a vector of packed images crosses into it; else none). */
 typedef struct cgd_vec {
-    int64_t d;
-    __mmask16 m, n;
+    int64_t d0, d1;
+    __mmask16 m, n0, n1;
 } cgd_vec;
 
-/* Where a block's last K-tile goes in y: vector v of its positions (16
- * lanes) keeps the lanes m[v] (ow < OW, oh < OH), which land at y's
- * positions d[v] on, in order (a row's last kept position and the next
- * row's first are neighbours in y too); rows output channels, L apart. */
+/* How a block reads and where its last K-tile goes in y: vector v of its
+ * positions (16 lanes) loads the lanes lm[t lms + v] of tap t's column
+ * rows (k in [t cg, (t + 1) cg); the others +0, a column's padding), keeps
+ * the lanes m[v] and stores them as cgd_vec says; rows output channels, L
+ * apart. */
 typedef struct cgd_out {
     float *y;
-    int64_t L, d[3];
-    int rows;
-    __mmask16 m[3], n[3]; /* n: the low popcount(m) lanes */
+    int64_t L, d0[3], d1[3];
+    int rows, cg, lms;
+    const uint16_t *lm;
+    __mmask16 m[3], n0[3], n1[3];
 } cgd_out;
 
 /* C = s or C + s, an earlier K-tile's sums. */
@@ -210,8 +216,25 @@ cgd_fin(const float *c, __m512 s, bool acc, const cgd_out *o, int r, int v)
     __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
                                             _mm512_set1_epi32(0x7f800000));
     t = _mm512_castsi512_ps(_mm512_mask_mov_epi32(u, nan, _mm512_set1_epi32((int)NT__QNAN_F32)));
-    _mm512_mask_storeu_ps(o->y + r * o->L + o->d[v], o->n[v], _mm512_maskz_compress_ps(o->m[v], t));
+    t = _mm512_maskz_compress_ps(o->m[v], t);
+    _mm512_mask_storeu_ps(o->y + r * o->L + o->d0[v], o->n0[v], t);
+    if (o->n1[v])
+        _mm512_mask_storeu_ps(o->y + r * o->L + o->d1[v], o->n1[v], t);
 }
+
+/* The K-loop of a block over tile [k0, k1): tap by tap, each tap's load
+ * masks (cgd_out's lm) fetched once, then LOADS and FMAS per k in
+ * ascending order -- each sum's recurrence as before. */
+#define CGD_KLOOP(LOADS, FMAS)                                                               \
+    for (int k = k0, t = k0 / o->cg; k < k1; t++) {                                          \
+        int ke = (t + 1) * o->cg < k1 ? (t + 1) * o->cg : k1;                                \
+        const uint16_t *mk = o->lm + (int64_t)t * o->lms;                                   \
+        for (; k < ke; k++) {                                                                \
+            const float *b = xq + ko[k], *wk = wt + (int64_t)k * ldw;                        \
+            LOADS                                                                            \
+            FMAS                                                                             \
+        }                                                                                    \
+    }
 
 /* The product of one block: w'^T rows wt (ldw apart, 8 channels from
  * wt[k * ldw]) and the column rows xq + ko[k], K-tile by K-tile, the
@@ -224,12 +247,9 @@ __attribute__((target(NT_TARGET_AVX512))) static void cgd_block(const float *xq,
         int k1 = Kc - k0 < NT_GEMM_KTILE ? Kc : k0 + NT_GEMM_KTILE;
         bool acc = k0 > 0, last = k1 == Kc;
         CGD_R8(CGD_ZERO)
-        for (int k = k0; k < k1; k++) {
-            const float *b = xq + ko[k], *wk = wt + (int64_t)k * ldw;
-            __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
-            __m512 b2 = _mm512_loadu_ps(b + 32);
-            CGD_R8(CGD_FMA)
-        }
+        CGD_KLOOP(__m512 b0 = _mm512_maskz_loadu_ps(mk[0], b);
+                  __m512 b1 = _mm512_maskz_loadu_ps(mk[1], b + 16);
+                  __m512 b2 = _mm512_maskz_loadu_ps(mk[2], b + 32);, CGD_R8(CGD_FMA))
         CGD_R8(CGD_ST)
     }
 }
@@ -252,11 +272,7 @@ __attribute__((target(NT_TARGET_AVX512))) static void cgd_block16(const float *x
         int k1 = Kc - k0 < NT_GEMM_KTILE ? Kc : k0 + NT_GEMM_KTILE;
         bool acc = k0 > 0, last = k1 == Kc;
         CGD_R8(CGD_ZERO1)
-        for (int k = k0; k < k1; k++) {
-            const float *wk = wt + (int64_t)k * ldw;
-            __m512 b0 = _mm512_loadu_ps(xq + ko[k]);
-            CGD_R8(CGD_FMA1)
-        }
+        CGD_KLOOP(__m512 b0 = _mm512_maskz_loadu_ps(mk[0], b);, CGD_R8(CGD_FMA1))
         CGD_R8(CGD_ST1)
     }
 }
@@ -284,11 +300,8 @@ __attribute__((target(NT_TARGET_AVX512))) static void cgd_block32(const float *x
         int k1 = Kc - k0 < NT_GEMM_KTILE ? Kc : k0 + NT_GEMM_KTILE;
         bool acc = k0 > 0, last = k1 == Kc;
         CGD_R8(CGD_ZERO2)
-        for (int k = k0; k < k1; k++) {
-            const float *b = xq + ko[k], *wk = wt + (int64_t)k * ldw;
-            __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
-            CGD_R8(CGD_FMA2)
-        }
+        CGD_KLOOP(__m512 b0 = _mm512_maskz_loadu_ps(mk[0], b);
+                  __m512 b1 = _mm512_maskz_loadu_ps(mk[1], b + 16);, CGD_R8(CGD_FMA2))
         CGD_R8(CGD_ST2)
     }
 }
@@ -406,6 +419,40 @@ static void cgd2_store(float *y, int64_t L, int rows, const float *c, const cgd_
                    (size_t)run[i].n * sizeof(float));
 }
 
+/* The AVX-512 blocks over positions [q0, q0 + bw) of xq (column rows at
+ * ko; group grp's weights) for every 8 output channels, y (output channel
+ * 0 of the group) as j->vt says; packed (j->m), the load masks j->lt and
+ * only positions below Q stored, else every lane loaded (the padded copy's
+ * zeros are real). */
+static void cgd_run512(const cg_job *j, const float *xq, const int64_t *ko, int64_t grp,
+                       int64_t q0, int bw, int64_t Q, float *y, cgd_out *o, float *c)
+{
+    static const uint16_t all[3] = {0xffff, 0xffff, 0xffff};
+    const nt__conv_geo *g = j->g;
+    int64_t COg = g->CO / g->G, Kc = g->C / g->G * g->kh * g->kw, ldw = (COg + 7) / 8 * 8;
+    if (j->m)
+        o->lm = j->lt + q0 / 16;
+    else
+        o->lm = all, o->lms = 0, o->cg = (int)Kc;
+    for (int v = 0; v < bw / 16; v++) { /* its vectors' kept lanes and where they land */
+        const cgd_vec *e = &j->vt[q0 / 16 + v];
+        int64_t lim = Q - q0 - 16 * v;
+        uint32_t in = !j->m || lim >= 16 ? 0xffffu : lim > 0 ? (1u << lim) - 1u : 0u;
+        o->m[v] = e->m, o->d0[v] = e->d0, o->d1[v] = e->d1;
+        o->n0[v] = (__mmask16)(e->n0 & in), o->n1[v] = (__mmask16)(e->n1 & in);
+    }
+    for (int64_t co = 0; co < COg; co += 8) {
+        const float *wg = j->wt + grp * Kc * ldw + co;
+        o->y = y + co * o->L, o->rows = COg - co < 8 ? (int)(COg - co) : 8;
+        if (bw == CGD_Q)
+            cgd_block(xq + q0, ko, (int)Kc, wg, (int)ldw, c, o);
+        else if (bw == 32)
+            cgd_block32(xq + q0, ko, (int)Kc, wg, (int)ldw, c, o);
+        else
+            cgd_block16(xq + q0, ko, (int)Kc, wg, (int)ldw, c, o);
+    }
+}
+
 /* The padded copy's row stride Wp (see above): the right padding of a row
  * and the left one of the next share their zeros. */
 static int64_t cgd_wp(const nt__conv_geo *g)
@@ -430,17 +477,18 @@ static void cgd_vecs(const nt__conv_geo *g, cgd_vec *vt)
 {
     int64_t Wp = cgd_wp(g), nv = cgd_nvec(g);
     for (int64_t u = 0, oh = 0, ow = 0; u < nv; u++) {
-        vt[u].m = 0, vt[u].d = 0;
+        vt[u].m = 0, vt[u].d0 = 0, vt[u].n1 = 0;
         for (int l = 0; l < 16; l++) {
             if (oh < g->OH && ow < g->OW) {
                 if (!vt[u].m)
-                    vt[u].d = oh * g->OW + ow;
+                    vt[u].d0 = oh * g->OW + ow;
                 vt[u].m |= (__mmask16)(1u << l);
             }
             if (++ow == Wp)
                 ow = 0, oh++;
         }
-        vt[u].n = (__mmask16)((1u << __builtin_popcount(vt[u].m)) - 1u);
+        vt[u].n0 = (__mmask16)((1u << __builtin_popcount(vt[u].m)) - 1u);
+        vt[u].d1 = vt[u].d0;
     }
 }
 
@@ -492,14 +540,12 @@ static void cgd_image(cg_job *j, int n)
             bw = Q - q0 > 32 ? CGD_Q : Q - q0 > 16 ? 32 : 16;
             if (!j->v512 && Q - q0 < CGD_Q)
                 bw = (Q - q0 + 7) / 8 * 8;
+            if (j->v512) {
+                cgd_run512(j, xp, ko, grp, q0, (int)bw, Q, y, &o, c);
+                continue;
+            }
             int nrun = 0; /* the block's runs of positions with ow < OW */
-            if (j->v512) /* its vectors' kept lanes and where they land */
-                for (int v = 0; v < bw / 16; v++) {
-                    const cgd_vec *e = &j->vt[q0 / 16 + v];
-                    o.m[v] = e->m, o.d[v] = e->d, o.n[v] = e->n;
-                }
-            else
-                for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < bw && oh < g->OH;) {
+            for (int64_t q = 0, oh = q0 / Wp, ow = q0 % Wp; q < bw && oh < g->OH;) {
                     int64_t l = Wp - ow < bw - q ? Wp - ow : bw - q;
                     if (ow < g->OW) {
                         run[nrun].q = (int)q, run[nrun].dst = oh * g->OW + ow;
@@ -512,22 +558,117 @@ static void cgd_image(cg_job *j, int n)
             for (int64_t co = 0; co < COg; co += 8) {
                 const float *wg = j->wt + grp * Kc * ldw + co;
                 int rows = COg - co < 8 ? (int)(COg - co) : 8;
-                if (!j->v512) {
-                    cgd2_block(xp + q0, ko, (int)Kc, wg, (int)ldw, rows, (int)bw, c);
-                    cgd2_store(y + co * L, L, rows, c, run, nrun);
-                    continue;
-                }
-                o.y = y + co * L, o.rows = rows;
-                if (bw == CGD_Q)
-                    cgd_block(xp + q0, ko, (int)Kc, wg, (int)ldw, c, &o);
-                else if (bw == 32)
-                    cgd_block32(xp + q0, ko, (int)Kc, wg, (int)ldw, c, &o);
-                else
-                    cgd_block16(xp + q0, ko, (int)Kc, wg, (int)ldw, c, &o);
+                cgd2_block(xp + q0, ko, (int)Kc, wg, (int)ldw, rows, (int)bw, c);
+                cgd2_store(y + co * L, L, rows, c, run, nrun);
             }
         }
     }
     g_free(xp);
+}
+
+/* ---- packed images without padding (cgd_pack*) ----
+ *
+ * Where the output plane is the input's (OH = H, OW = W: stride 1, the
+ * padding that keeps the size), column row (ki, kj, ci) is x's plane ci
+ * shifted by (ki d0 - lo0) W + kj d1 - lo1 flat positions, the entries
+ * whose source (oh + ki d0 - lo0, ow + kj d1 - lo1) lies outside the plane
+ * +0.  So the copy needs no padding: m images' planes side by side,
+ * [C][m][L], flat positions q = i L + p, and the blocks load each tap's
+ * column rows with a mask that gives +0 (the value the padded copy held)
+ * wherever the source lies outside image i's plane.  A 7 x 7 plane then
+ * computes 8 x 49 positions in 25 vectors (not 8 x 4 of 8 x 8), 14 x 14
+ * 4 x 196 in 49 (not 4 x 14), 28 x 28 784 in 49 (not 51); each element's
+ * sums, the masks' +0 included, in the same order as before. */
+
+/* Images per block: enough that m L fills whole vectors (a plane of 16
+ * positions or more, so a vector meets two images at most), at most 8, a
+ * quarter of the batch and 64 K floats of copy; 0 where the planes differ. */
+static int cgd_pack_imgs(const nt__conv_geo *g)
+{
+    int64_t L = g->OH * g->OW;
+    if (g->OH != g->H || g->OW != g->W)
+        return 0;
+    int m = L >= 16 ? 16 / (int)(L & -L & 15 ? L & -L : 16) : 1;
+    while (m > 1 && (m > 8 || 4 * m > g->N || m * g->C * L > (1 << 16)))
+        m /= 2;
+    return m;
+}
+
+static int64_t cgd_pack_nvec(const nt__conv_geo *g, int m)
+{
+    return (m * g->OH * g->OW + 15) / 16;
+}
+
+/* Fills lt [taps][nvec] (tap t = ki kw + kj: its lanes whose source lies
+ * in the image's plane) and vt [nvec] (the lanes of image i at y's offset
+ * i CO L + p, those of image i + 1 from (i + 1) CO L on). */
+static void cgd_pack_vecs(const nt__conv_geo *g, int m, uint16_t *lt, cgd_vec *vt)
+{
+    int64_t L = g->OH * g->OW, nv = cgd_pack_nvec(g, m), Q = m * L;
+    for (int64_t u = 0; u < nv; u++) {
+        int64_t q = 16 * u, i = q / L, p = q % L, a = L - p < 16 ? L - p : 16;
+        uint32_t in = Q - q >= 16 ? 0xffffu : (1u << (Q - q)) - 1u;
+        vt[u].m = 0xffff, vt[u].d0 = i * g->CO * L + p;
+        vt[u].n0 = (__mmask16)(in & ((1u << a) - 1u));
+        vt[u].n1 = (__mmask16)(in & ~((1u << a) - 1u));
+        vt[u].d1 = (i + 1) * g->CO * L - a;
+        for (int64_t t = 0; t < g->kh * g->kw; t++) {
+            uint32_t k = 0;
+            for (int l = 0; l < 16; l++) {
+                int64_t pl = (q + l) % L, ih = pl / g->W + t / g->kw * g->d[0] - g->lo[0];
+                int64_t iw = pl % g->W + t % g->kw * g->d[1] - g->lo[1];
+                if (q + l < Q && ih >= 0 && ih < g->H && iw >= 0 && iw < g->W)
+                    k |= 1u << l;
+            }
+            lt[t * nv + u] = (uint16_t)k;
+        }
+    }
+}
+
+/* Block b: images [b m, b m + nm) (see above). */
+static void cgd_pack(cg_job *j, int b)
+{
+    const nt__conv_geo *g = j->g;
+    int64_t Cg = g->C / g->G, COg = g->CO / g->G, Kc = Cg * g->kh * g->kw, L = g->OH * g->OW;
+    int64_t m = j->m, n0 = (int64_t)b * m, nm = g->N - n0 < m ? g->N - n0 : m;
+    /* slack before and after the planes: a masked lane reads there, and a
+     * block of 48 may start up to 32 positions before the end */
+    int64_t lo = (g->lo[0] * g->W + g->lo[1] + 15) / 16 * 16;
+    int64_t hi = ((g->kh - 1) * g->d[0] * g->W + (g->kw - 1) * g->d[1] + 48 + 15) / 16 * 16;
+    size_t np = (size_t)(lo + g->C * m * L + hi), npa = (np + 15) & ~(size_t)15;
+    float *buf = g_try_malloc(npa * sizeof(float) + (size_t)Kc * sizeof(int64_t) + 64);
+    if (!buf) {
+        atomic_store_explicit(&j->failed, 1, memory_order_relaxed);
+        return;
+    }
+    int64_t *ko = (int64_t *)(buf + npa);
+    float *xs = buf + lo;
+    const float *xd = (const float *)j->xd;
+    memset(buf, 0, (size_t)lo * sizeof(float));
+    for (int64_t ci = 0; ci < g->C; ci++) {
+        float *dst = xs + ci * m * L;
+        for (int64_t i = 0; i < nm; i++)
+            memcpy(dst + i * L, xd + ((n0 + i) * g->C + ci) * L, (size_t)L * sizeof(float));
+        if (nm < m) /* the last block's missing images: +0, never stored */
+            memset(dst + nm * L, 0, (size_t)((m - nm) * L) * sizeof(float));
+    }
+    memset(xs + g->C * m * L, 0, (npa - (size_t)(lo + g->C * m * L)) * sizeof(float));
+    float c[8 * CGD_Q];
+    cgd_out o = {.L = L, .cg = (int)Cg, .lms = (int)cgd_pack_nvec(g, (int)m)};
+    int64_t Q = nm * L;
+    for (int64_t grp = 0; grp < g->G; grp++) {
+        for (int64_t ki = 0, k = 0; ki < g->kh; ki++) /* K = (ki, kj, ci) */
+            for (int64_t kj = 0; kj < g->kw; kj++)
+                for (int64_t ci = 0; ci < Cg; ci++, k++)
+                    ko[k] = (grp * Cg + ci) * m * L + (ki * g->d[0] - g->lo[0]) * g->W +
+                            kj * g->d[1] - g->lo[1];
+        float *y = (float *)j->yd + (n0 * g->CO + grp * COg) * L;
+        for (int64_t q0 = 0, bw; q0 < Q; q0 += bw) {
+            bw = Q - q0 > 32 ? CGD_Q : Q - q0 > 16 ? 32 : 16;
+            cgd_run512(j, xs, ko, grp, q0, (int)bw, Q, y, &o, c);
+        }
+    }
+    g_free(buf);
 }
 #endif
 
@@ -536,7 +677,10 @@ static void cg_image(void *arg, int n)
     cg_job *j = arg;
 #if CONV_X86
     if (j->wt) {
-        cgd_image(j, n);
+        if (j->m)
+            cgd_pack(j, n);
+        else
+            cgd_image(j, n);
         return;
     }
 #endif
@@ -635,18 +779,26 @@ int nt__cpu_conv_gemm(const nt__rec *r)
     bool v512;
     float *wt = cgd_weights(&g, dt, odt, wf ? wf : (const float *)wd, &v512);
     struct cgd_vec *vt = NULL;
+    uint16_t *lt = NULL;
+    int m = 0, nb = (int)g.N;
 #if CONV_X86
-    if (wt && v512) { /* no memory for the table: the columns' path, the same bits */
-        vt = g_try_malloc((size_t)cgd_nvec(&g) * sizeof *vt);
-        if (vt)
+    if (wt && v512) { /* no memory for the tables: the columns' path, the same bits */
+        m = cgd_pack_imgs(&g);
+        int64_t nv = m ? cgd_pack_nvec(&g, m) : cgd_nvec(&g), nt = m ? g.kh * g.kw : 0;
+        vt = g_try_malloc((size_t)nv * sizeof *vt + (size_t)(nt * nv) * sizeof *lt + 16);
+        lt = vt ? (uint16_t *)(vt + nv) : NULL;
+        if (vt && m)
+            cgd_pack_vecs(&g, m, lt, vt), nb = (int)((g.N + m - 1) / m);
+        else if (vt)
             cgd_vecs(&g, vt);
         else
-            g_free(wt), wt = NULL;
+            g_free(wt), wt = NULL, m = 0;
     }
 #endif
-    cg_job j = {&g, nt__tensor_data(x), wd, wf, nt__tensor_data(y), dt, odt, 0, wt, v512, vt};
+    cg_job j = {&g, nt__tensor_data(x), wd, wf, nt__tensor_data(y), dt, odt, 0, wt, v512, vt,
+                m, lt};
     if (g.N > 1)
-        nt__par_blocks((int)g.N, cg_image, &j, true);
+        nt__par_blocks(nb, cg_image, &j, nb > 1);
     else
         cg_image(&j, 0);
     g_free(wf);

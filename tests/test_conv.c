@@ -76,6 +76,16 @@ static const ccase cases[] = {
     {2, 32, 12, 14, 16, 3, 3, {2, 1}, {1, 1}, {1, 1}, {0, 0}, 2, true, false},
     {2, 16, 9, 10, 8, 2, 2, {1, 1}, {0, 0}, {1, 1}, {0, 0}, 1, false, false},
     {2, 32, 9, 9, 24, 1, 1, {1, 1}, {0, 0}, {1, 1}, {0, 0}, 1, false, false},
+    /* the CPU's packed images (output plane = input plane, a batch of 8 or
+     * more): 2 or 8 images a block, vectors across images, a last block of
+     * fewer, several blocks of 8 output channels, groups and dilation, a
+     * 1 x 3 kernel, a tap across the K-tile of 128 (20 channels) */
+    {9, 5, 7, 7, 6, 3, 3, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, true, false},
+    {32, 2, 7, 7, 3, 3, 3, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, false, false},
+    {10, 4, 4, 5, 9, 3, 3, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, false, false},
+    {8, 4, 6, 6, 4, 3, 3, {1, 1}, {2, 2}, {2, 2}, {0, 0}, 2, true, false},
+    {12, 3, 5, 4, 5, 1, 3, {1, 1}, {0, 1}, {1, 1}, {0, 0}, 1, false, false},
+    {8, 20, 5, 4, 3, 3, 3, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, false, false},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };
 
