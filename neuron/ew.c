@@ -26,6 +26,7 @@
  * register allocator (a value's tile is reused once its last reader ran),
  * two register sets alternate between tiles so DMA overlaps compute. */
 #include "neuron/sk.h"
+#include "sim/sim.h"
 
 #include <string.h>
 
@@ -1570,15 +1571,12 @@ static int ew_flush(void)
 /* The HBM bytes [*lo, *hi) pattern a may touch. */
 static void ap_span(const nt_ap *a, uintptr_t *lo, uintptr_t *hi)
 {
-    int64_t esz = (int64_t)nt__dtype_size(a->dtype), l = a->offset, h = a->offset;
+    int64_t esz = (int64_t)nt__dtype_size(a->dtype), l, h;
+    nt__sim_extent(a, &l, &h); /* the free dims' */
     int64_t d = (int64_t)(a->np - 1) * a->pstep;
     *(d < 0 ? &l : &h) += d;
-    for (int i = 0; i < a->ndim; i++) {
-        d = (a->num[i] - 1) * a->step[i];
-        *(d < 0 ? &l : &h) += d;
-    }
-    *lo = (uintptr_t)a->hbm + (uintptr_t)(l * esz);
-    *hi = (uintptr_t)a->hbm + (uintptr_t)((h + 1) * esz);
+    *lo = (uintptr_t)a->hbm + (uintptr_t)((a->offset + l) * esz);
+    *hi = (uintptr_t)a->hbm + (uintptr_t)((a->offset + h + 1) * esz);
 }
 
 /* Whether a held tile's stores may touch bytes tile r reads or writes: the
