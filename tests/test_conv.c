@@ -76,6 +76,12 @@ static const ccase cases[] = {
     {2, 32, 12, 14, 16, 3, 3, {2, 1}, {1, 1}, {1, 1}, {0, 0}, 2, true, false},
     {2, 16, 9, 10, 8, 2, 2, {1, 1}, {0, 0}, {1, 1}, {0, 0}, 1, false, false},
     {2, 32, 9, 9, 24, 1, 1, {1, 1}, {0, 0}, {1, 1}, {0, 0}, 1, false, false},
+    /* ... big enough for the two threads' units: 4 blocks of 8 output
+     * channels over 3 K-tiles, 6 blocks, 4 blocks whose last triple has
+     * spare vectors (2x2 over 16 channels: 4 vectors) */
+    {3, 32, 10, 11, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, false, false},
+    {2, 48, 6, 7, 48, 3, 3, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, true, false},
+    {4, 16, 13, 13, 32, 2, 2, {1, 1}, {0, 0}, {1, 1}, {0, 0}, 1, false, false},
     /* the CPU's packed images (output plane = input plane, a batch of 8 or
      * more): 2 or 8 images a block, vectors across images, a last block of
      * fewer, several blocks of 8 output channels, groups and dilation, a
