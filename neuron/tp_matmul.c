@@ -143,6 +143,21 @@ static int next_q(int *q, int base, int n)
     return r;
 }
 
+/* B's loads: of queues base..base+n-1 the one that frees up first, the
+ * rotation's on a tie.  In a captured program the small kernels before a
+ * matmul leave loads on some of those queues that wait for their inputs
+ * (a loss's rows wait for the logits), and B (a weight, ready from the
+ * start) queued behind them on the rotation while other queues of its
+ * eight sat idle: the main job's MLP, tests/test_mlpsim.c. */
+static int b_queue(const nt_sim_kernel *k, int *q, int base, int n)
+{
+    int r = next_q(q, base, n);
+    for (int i = base; i < base + n; i++)
+        if (k->q_free[i] < k->q_free[r])
+            r = i;
+    return r;
+}
+
 /* bytes per partition the program needs for a block of BM tiles */
 static int64_t need_bytes(const mm *p, int BM, int NP)
 {
@@ -373,7 +388,7 @@ static int load_b(mm *p, int64_t k0, int64_t kw, int64_t n0, int64_t nw, int64_t
     if (!a->b_trans) {
         nt_ap bsrc = nt_hbm_ap(a->b, a->in_dtype, k0 * a->ldb + n0, kw, a->ldb, nw);
         nt_ap bdst = sl(p->bring, (int)kw, bo, nw);
-        return nt_isa_dma_copy(p->k, &bdst, &bsrc, next_q(&p->qb, Q_B0, Q_BN));
+        return nt_isa_dma_copy(p->k, &bdst, &bsrc, b_queue(p->k, &p->qb, Q_B0, Q_BN));
     }
     const int64_t gk = (int64_t)BT_KT * TK; /* stage columns per row block */
     int64_t kg0 = k0 / gk * gk;
@@ -384,7 +399,7 @@ static int load_b(mm *p, int64_t k0, int64_t kw, int64_t n0, int64_t nw, int64_t
             int64_t jw = min64(TM, nw - j0);
             nt_ap src = nt_hbm_ap(a->b, a->in_dtype, (n0 + j0) * a->ldb + kg0, jw, a->ldb, gw);
             nt_ap st = sl(p->bstage, (int)jw, ((int64_t)p->bset * (TN / TM) + j0 / TM) * gk, gw);
-            int rc = nt_isa_dma_copy(p->k, &st, &src, next_q(&p->qb, Q_B0, Q_BN));
+            int rc = nt_isa_dma_copy(p->k, &st, &src, b_queue(p->k, &p->qb, Q_B0, Q_BN));
             if (rc)
                 return rc;
         }
