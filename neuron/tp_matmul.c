@@ -83,6 +83,7 @@ enum {
     S_NS = 3,       /* A load slots: two loads ahead of the one in use */
     SIDE_NS = 1,    /* more of them with W beside (args x) */
     S_BRES = 64 * 1024, /* the most of B per partition it keeps */
+    S_BTS = 8,          /* the most row blocks of B^T staged at once */
 };
 
 typedef struct mm {
@@ -113,9 +114,14 @@ typedef struct mm {
     double dma_fixed_ns; /* a DMA's fixed cost (nt_sim_config) */
     /* the streaming program (run_stream) */
     bool stream;
-    nt_tile *bres;       /* all of B: K-tile kt at columns kt * N */
+    nt_tile *bres;       /* all of B: K-tile kt at columns kt * nstep */
     nt_tile *abuf;       /* row-major A: NS slots of G M-tiles [128 m, G * K] */
     int G, NS, nacc;
+    /* steps (elements) between bres's K-tiles, abuf's slots and bstage's
+     * sets, each a whole number of NT__SIM_ALIGN bytes (step); bts: the
+     * stage sets of B^T rows */
+    int64_t nstep, astep, bstep;
+    int bts;
     int64_t naccn;
     int64_t bprev; /* run: the B ring offset of the previous K-tile */
     bool dr;       /* fp8 operands on a target with the double-row mode */
@@ -141,6 +147,33 @@ static int next_q(int *q, int base, int n)
     int r = base + *q;
     *q = (*q + 1) % n;
     return r;
+}
+
+/* B's loads: of queues base..base+n-1 the one that frees up first, the
+ * rotation's on a tie.  In a captured program the small kernels before a
+ * matmul leave loads on some of those queues that wait for their inputs
+ * (a loss's rows wait for the logits), and B (a weight, ready from the
+ * start) queued behind them on the rotation while other queues of its
+ * eight sat idle: the main job's MLP, tests/test_mlpsim.c. */
+static int b_queue(const nt_sim_kernel *k, int *q, int base, int n)
+{
+    int r = next_q(q, base, n);
+    for (int i = base; i < base + n; i++)
+        if (k->q_free[i] < k->q_free[r])
+            r = i;
+    return r;
+}
+
+/* Elements of n of size esz rounded up to whole NT__SIM_ALIGN bytes.  The
+ * streaming program's regions that separate DMAs fill (bres's K-tiles,
+ * abuf's slots, bstage's sets) start on such a boundary: the simulator
+ * tracks SBUF by NT__SIM_CHUNK bytes, and two regions sharing a chunk made
+ * each load wait for the one before it or for the reads of the region
+ * beside it -- B^T's rows of K = 300 bf16 (600 bytes) one 2 us DMA after
+ * another, the stage set's transposes between (tests/test_gpt2.c). */
+static int64_t step(int64_t n, int64_t esz)
+{
+    return (n * esz + NT__SIM_ALIGN - 1) / NT__SIM_ALIGN * NT__SIM_ALIGN / esz;
 }
 
 /* bytes per partition the program needs for a block of BM tiles */
@@ -373,7 +406,7 @@ static int load_b(mm *p, int64_t k0, int64_t kw, int64_t n0, int64_t nw, int64_t
     if (!a->b_trans) {
         nt_ap bsrc = nt_hbm_ap(a->b, a->in_dtype, k0 * a->ldb + n0, kw, a->ldb, nw);
         nt_ap bdst = sl(p->bring, (int)kw, bo, nw);
-        return nt_isa_dma_copy(p->k, &bdst, &bsrc, next_q(&p->qb, Q_B0, Q_BN));
+        return nt_isa_dma_copy(p->k, &bdst, &bsrc, b_queue(p->k, &p->qb, Q_B0, Q_BN));
     }
     const int64_t gk = (int64_t)BT_KT * TK; /* stage columns per row block */
     int64_t kg0 = k0 / gk * gk;
@@ -384,7 +417,7 @@ static int load_b(mm *p, int64_t k0, int64_t kw, int64_t n0, int64_t nw, int64_t
             int64_t jw = min64(TM, nw - j0);
             nt_ap src = nt_hbm_ap(a->b, a->in_dtype, (n0 + j0) * a->ldb + kg0, jw, a->ldb, gw);
             nt_ap st = sl(p->bstage, (int)jw, ((int64_t)p->bset * (TN / TM) + j0 / TM) * gk, gw);
-            int rc = nt_isa_dma_copy(p->k, &st, &src, next_q(&p->qb, Q_B0, Q_BN));
+            int rc = nt_isa_dma_copy(p->k, &st, &src, b_queue(p->k, &p->qb, Q_B0, Q_BN));
             if (rc)
                 return rc;
         }
@@ -718,7 +751,7 @@ static int64_t per_load(const mm *p, int64_t cols)
     return t < 1 ? 1 : t;
 }
 
-/* All of B into bres, K-tile kt at columns kt * N (issued first). */
+/* All of B into bres, K-tile kt at columns kt * nstep (issued first). */
 static int load_bres(mm *p)
 {
     const nt_tile_matmul_args *a = p->a;
@@ -728,7 +761,7 @@ static int load_bres(mm *p)
         int64_t g = per_load(p, N);
         for (int64_t kt = 0; kt < p->nk && !rc; kt += g) {
             int64_t rows = min64(g * TK, a->K - kt * TK);
-            rc = load_tiles(p, a->b, a->ldb, kt * TK, rows, 0, N, p->bres, kt * N, N,
+            rc = load_tiles(p, a->b, a->ldb, kt * TK, rows, 0, N, p->bres, kt * p->nstep, p->nstep,
                             next_q(&qb, QS_B0, QS_BN));
         }
         return rc;
@@ -737,7 +770,7 @@ static int load_bres(mm *p)
      * K-tile's [128 n, kw] piece turned on TensorE and copied into bres */
     for (int64_t n0 = 0; n0 < N && !rc; n0 += TM) {
         int64_t jw = min64(TM, N - n0);
-        int64_t so = (n0 / TM % BT_SETS) * a->K;
+        int64_t so = (n0 / TM % p->bts) * p->bstep;
         nt_ap st = sl(p->bstage, (int)jw, so, a->K);
         nt_ap src = nt_hbm_ap(a->b, a->in_dtype, n0 * a->ldb, (int)jw, a->ldb, a->K);
         rc = nt_isa_dma_copy(p->k, &st, &src, next_q(&qb, QS_B0, QS_BN));
@@ -748,7 +781,7 @@ static int load_bres(mm *p)
             nt_ap piece = sl(p->bstage, (int)jw, so + k0, kw);
             nt_ap tp = sl(p->tpsum, (int)kw, (int64_t)slot * TM, jw);
             rc = nt_isa_nc_transpose(p->k, &tp, &piece);
-            nt_ap dst = sl(p->bres, (int)kw, kt * N + n0, jw);
+            nt_ap dst = sl(p->bres, (int)kw, kt * p->nstep + n0, jw);
             if (!rc)
                 rc = nt_isa_tensor_copy(p->k, &dst, &tp, NT_ENGINE_VECTOR);
         }
@@ -764,7 +797,7 @@ static int load_a_unit(mm *p, int64_t u)
     int rc = 0;
     if (!a->a_trans) {
         int64_t r0 = u * p->G * TM, rows = min64((int64_t)p->G * TM, a->M - r0);
-        rc = load_tiles(p, a->a, a->lda, r0, rows, 0, a->K, p->abuf, (u % p->NS) * p->G * a->K,
+        rc = load_tiles(p, a->a, a->lda, r0, rows, 0, a->K, p->abuf, (u % p->NS) * p->astep,
                         a->K, next_q(&p->qa, QS_A0, QS_AN));
         /* the same rows of X, for W: a DMA per M-tile, on B's queues (idle
          * once B is in) */
@@ -791,7 +824,7 @@ static int prep_a_range(mm *p, int64_t i, int64_t kt0, int64_t kt1)
 {
     const nt_tile_matmul_args *a = p->a;
     int64_t m0 = i * TM, mw = min64(TM, a->M - m0);
-    int64_t ao = (i / p->G % p->NS) * p->G * a->K + (i % p->G) * a->K, so = (i % p->NP) * p->nk * TM;
+    int64_t ao = (i / p->G % p->NS) * p->astep + (i % p->G) * a->K, so = (i % p->NP) * p->nk * TM;
     for (int64_t kt = kt0; kt < kt1; kt++) {
         int64_t k0 = kt * TK, kw = min64(TK, a->K - k0);
         int slot = p->tnext;
@@ -852,7 +885,7 @@ static int side_mtile(mm *p, int64_t i, int64_t mw)
     nt_ap mv = sl(p->xbuf, (int)mw, (slot * p->G + g) * a->NX, a->NX);
     for (int64_t kt = 0; kt < p->nk; kt++) {
         int64_t k0 = kt * TK, kw = min64(TK, a->K - k0);
-        nt_ap st = sl(p->abuf, (int)mw, (slot * p->G + g) * a->K + k0, kw);
+        nt_ap st = sl(p->abuf, (int)mw, slot * p->astep + g * a->K + k0, kw);
         nt_ap d = sl(p->accw, (int)kw, kt * a->NX, a->NX);
         int rc = nt_isa_nc_matmul(p->k, &d, &st, &mv, i > 0);
         if (rc)
@@ -930,9 +963,9 @@ static int run_stream(mm *p)
             for (int64_t kt = 0; kt < p->nk && !rc; kt++) {
                 int64_t kw = min64(TK, a->K - kt * TK);
                 nt_ap st = sl(p->panel, (int)kw, so + kt * TM, mw);
-                nt_ap mv = sl(p->bres, (int)kw, kt * a->N + n0, nw);
+                nt_ap mv = sl(p->bres, (int)kw, kt * p->nstep + n0, nw);
                 if (dr_pair(p, kt)) { /* K-tiles kt, kt + 1: TM and N apart */
-                    nt_ap st2 = dr_ap(st, TM), mv2 = dr_ap(mv, a->N);
+                    nt_ap st2 = dr_ap(st, TM), mv2 = dr_ap(mv, p->nstep);
                     rc = nt_isa_nc_matmul_dr(p->k, &dst, &st2, &mv2, kt > 0);
                     kt++;
                 } else {
@@ -1109,15 +1142,16 @@ static int plan(mm *p, bool tbank)
      * [64, 512] 398 us, 465 us blocked) */
     bool wide_at = a->a_trans && p->nn >= 4;
     if (a->K > 0 && p->nm >= 2 && banks >= 2 && (!a->epilogue || p->nn == 1 || a->epilogue_apart)) {
-        int64_t bres = p->nk * a->N * p->esz;
+        int64_t bres = p->nk * step(a->N, p->esz) * p->esz;
         int64_t G = a->a_trans ? 1 : min64(min64(per_load(p, a->K), 8), p->nm);
+        int64_t bst = step(a->K, p->esz) * p->esz;
         /* with W beside it, A's slots stay until W's matmuls read them, a
          * tile after the transposes: one slot more keeps the loads ahead */
         int NS = S_NS + (p->side ? SIDE_NS : 0);
         int NP = a->a_trans ? S_NS : 2;
-        int64_t need = bres + (a->a_trans ? 0 : NS * G * a->K * p->esz) +
+        int64_t need = bres + (a->a_trans ? 0 : NS * step(G * a->K, p->esz) * p->esz) +
                        (int64_t)NP * p->nk * TM * p->esz + (a->epilogue ? 0 : 8 * TN * p->csz) +
-                       (a->b_trans ? BT_SETS * a->K * p->esz : 0) + NT__SIM_ALIGN * 8 +
+                       (a->b_trans ? BT_SETS * bst : 0) + NT__SIM_ALIGN * 8 +
                        (p->side ? NS * G * a->NX * p->esz +
                                       2 * a->NX * (int64_t)nt__dtype_size(a->w_dtype)
                                 : 0);
@@ -1128,6 +1162,18 @@ static int plan(mm *p, bool tbank)
             p->NP = NP;
             p->NO = 8;
             p->nacc = banks < 6 ? banks : 6;
+            p->nstep = step(a->N, p->esz);
+            p->astep = step(G * a->K, p->esz);
+            p->bstep = bst / p->esz;
+            /* B^T: a stage set per row block of 128 n, up to S_BTS, when
+             * SBUF has them: with two, each row block's load waited for
+             * the transposes of the one two before it */
+            p->bts = BT_SETS;
+            int64_t rows = (a->N + TM - 1) / TM;
+            while (a->b_trans && p->bts < min64(rows, S_BTS) && need + bst <= avail) {
+                p->bts++;
+                need += bst;
+            }
         }
     }
     p->BM = 0;
@@ -1181,12 +1227,12 @@ static void alloc_tiles(mm *p, bool tbank)
     if (a->K == 0 && a->epilogue)
         p->acc[0] = nt_tile_alloc(k, "mm.acc", NT_MEM_PSUM, NT_F32, TM, TN);
     if (p->stream) {
-        p->bres = nt_tile_alloc(k, "mm.Bres", NT_MEM_SBUF, a->in_dtype, TK, p->nk * a->N);
+        p->bres = nt_tile_alloc(k, "mm.Bres", NT_MEM_SBUF, a->in_dtype, TK, p->nk * p->nstep);
         p->panel = nt_tile_alloc(k, "mm.At", NT_MEM_SBUF, a->in_dtype, TK,
                                 (int64_t)p->NP * p->nk * TM);
         if (!a->a_trans)
             p->abuf = nt_tile_alloc(k, "mm.A", NT_MEM_SBUF, a->in_dtype, TM,
-                                   (int64_t)p->NS * p->G * a->K);
+                                   (int64_t)p->NS * p->astep);
         if (p->side) {
             p->xbuf = nt_tile_alloc(k, "mm.X", NT_MEM_SBUF, a->in_dtype, TM,
                                    (int64_t)p->NS * p->G * a->NX);
@@ -1194,7 +1240,7 @@ static void alloc_tiles(mm *p, bool tbank)
         }
         if (a->b_trans)
             p->bstage = nt_tile_alloc(k, "mm.Bt", NT_MEM_SBUF, a->in_dtype, TM,
-                                     (int64_t)BT_SETS * a->K);
+                                     (int64_t)p->bts * p->bstep);
         for (int i = 0; i < p->nacc; i++)
             p->acc[i] = nt_tile_alloc(k, "mm.acc", NT_MEM_PSUM, NT_F32, TM, TN);
         if (tbank) {

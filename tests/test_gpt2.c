@@ -138,15 +138,16 @@ static void tile_case(nt_dtype dt, bool b_trans)
         if (fabs(c_blk[i] - ref[i]) > (double)K * 0x1p-24 * mag[i])
             fail_msg("C[%lld] = %a, the double product %a", (long long)i, c_blk[i], ref[i]);
     }
+    /* the figures first: a failed comparison below shows them */
+    print_message("#   %s%s: block program %.1f us, %.2f MB read; streamed %.1f us, %.2f MB\n",
+                  dt == NT_BF16 ? "bf16" : "f32", b_trans ? ", B^T" : "",
+                  rb.duration_ns * 1e-3, rb.hbm_read_bytes * 1e-6, rs.duration_ns * 1e-3,
+                  rs.hbm_read_bytes * 1e-6);
     /* streamed: B loaded (and turned) once, not once per block of M-tiles */
     assert_true(rs.hbm_read_bytes < rb.hbm_read_bytes);
     assert_true(rs.hbm_write_bytes == rb.hbm_write_bytes);
     assert_true(rs.duration_ns < rb.duration_ns);
     assert_true(fabs(rs.flops - 2.0 * M * N * K) < 0.5);
-    print_message("#   %s%s: block program %.1f us, %.2f MB read; streamed %.1f us, %.2f MB\n",
-                  dt == NT_BF16 ? "bf16" : "f32", b_trans ? ", B^T" : "",
-                  rb.duration_ns * 1e-3, rb.hbm_read_bytes * 1e-6, rs.duration_ns * 1e-3,
-                  rs.hbm_read_bytes * 1e-6);
     free(A), free(Bm), free(Af), free(Bf), free(c_blk), free(c_str), free(c_ins), free(ref);
     free(mag);
 }
