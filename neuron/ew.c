@@ -26,6 +26,7 @@
  * register allocator (a value's tile is reused once its last reader ran),
  * two register sets alternate between tiles so DMA overlaps compute. */
 #include "neuron/sk.h"
+#include "sim/sim.h"
 
 #include <string.h>
 
@@ -1092,6 +1093,8 @@ typedef struct tile_state {
     int64_t nf;
     int64_t n0; /* MM: the block's first column (L->pre's slice) */
     unsigned ecol; /* EW: inputs loaded as one column this tile (ew_tile) */
+    signed char sf; /* 0, or the program's s->scalar_first + 1 when its tile runs
+                     * beside another program's (ew_lone) */
     const nt_ap *acc; /* MM: value 0 read in PSUM, not evacuated (mm_epi), or NULL */
 } tile_state;
 
@@ -1262,6 +1265,8 @@ static int run_op(tile_state *t, int *kp, int (*store)(void *ctx, int slot, cons
     const nt__fprog *P = t->L->P;
     sk_k *s = t->E.s;
     int k = *kp;
+    if (t->sf)
+        s->scalar_first = t->sf > 1;
     int rc = 0, ran = peephole(t, k, &rc, store, sctx);
     *kp = k + (ran ? ran : 1);
     if (rc || ran)
@@ -1357,14 +1362,14 @@ static int run_ops2_from(tile_state *t0, void *c0, int k00, tile_state *t1, void
 {
     tile_state *t[2] = {t0, t1};
     void *c[2] = {c0, c1};
-    int k[2] = {k00, k01}, n = t0->L->P->nops, rc = 0;
+    int k[2] = {k00, k01}, n[2] = {t0->L->P->nops, t1->L->P->nops}, rc = 0;
     for (int i = 0; i < 2; i++) {
         t[i]->E.np = t[i]->np;
         t[i]->E.nf = t[i]->nf;
         k[i] = next_live(t[i], k[i]);
     }
-    while (!rc && (k[0] < n || k[1] < n)) {
-        int i = k[0] < n && (k[1] >= n || k[0] <= k[1]) ? 0 : 1;
+    while (!rc && (k[0] < n[0] || k[1] < n[1])) {
+        int i = k[0] < n[0] && (k[1] >= n[1] || k[0] <= k[1]) ? 0 : 1;
         rc = run_op(t[i], &k[i], store, c[i]);
         k[i] = next_live(t[i], k[i]);
     }
@@ -1395,6 +1400,8 @@ typedef struct ew_run {
     bool has_sr;
     int nbuf;
     int npend;        /* tiles loaded whose ops wait for a partner (0 or 1) */
+    bool one;         /* one tile, of a shared kernel: it may run beside the
+                       * next such program's (ew_lone) */
     ew_tile_rec tr[2];
 } ew_run;
 
@@ -1503,6 +1510,13 @@ static int ew_tile(void *ctx, const sk_tile_iter *it)
     return run_ops2(&w->tr[0].t, &w->tr[0], &w->tr[1].t, &w->tr[1], ew_store);
 }
 
+static int tile_count(void *ctx, const sk_tile_iter *t)
+{
+    (void)t;
+    ++*(int64_t *)ctx;
+    return 0;
+}
+
 static int tile_widest(void *ctx, const sk_tile_iter *t)
 {
     int64_t *m = ctx;
@@ -1526,6 +1540,104 @@ static int64_t ew_regs_free(const sk_tiler *T, int64_t F, int64_t per)
     sk_tiler_run(T, tile_widest, &m);
     m = (m + 15) / 16 * 16; /* a multiple of 16 elements (64 bytes of f32) */
     return m < F ? m : F;
+}
+
+/* The last tile of an EW program of a shared kernel left alone (a bias's
+ * update is one tile, [128, 8]), held until the next program's lone tile,
+ * beside which it runs (run_ops2): AdamW's chain of one tile alternates
+ * VectorE and ScalarE, each waiting for the other, and the small updates of
+ * the main job's MLP ran four such chains one after another.  Each tile
+ * runs its own ops with its own program's engine choice (tile_state.sf),
+ * so every instruction is the one it was. */
+typedef struct ew_held {
+    ew_run w; /* w.tr[0] the tile */
+    plan *L;
+    nt__fprog P; /* L's program (the caller's goes when it returns) */
+} ew_held;
+
+static _Thread_local ew_held *Held;
+
+/* nt__sk_join_close or sk_join_leave: the held tile runs alone */
+static int ew_flush(void)
+{
+    ew_held *h = Held;
+    Held = NULL;
+    int rc = run_ops(&h->w.tr[0].t, ew_store, &h->w.tr[0]);
+    g_free(h->L);
+    free(h);
+    return rc;
+}
+
+/* The HBM bytes [*lo, *hi) pattern a may touch. */
+static void ap_span(const nt_ap *a, uintptr_t *lo, uintptr_t *hi)
+{
+    int64_t esz = (int64_t)nt__dtype_size(a->dtype), l, h;
+    nt__sim_extent(a, &l, &h); /* the free dims' */
+    int64_t d = (int64_t)(a->np - 1) * a->pstep;
+    *(d < 0 ? &l : &h) += d;
+    *lo = (uintptr_t)a->hbm + (uintptr_t)((a->offset + l) * esz);
+    *hi = (uintptr_t)a->hbm + (uintptr_t)((a->offset + h + 1) * esz);
+}
+
+/* Whether a held tile's stores may touch bytes tile r reads or writes: the
+ * planner keeps programs of a shared kernel from reading what another
+ * writes, but a dead output's storage may be another's output (its stores
+ * must then keep their order). */
+static bool held_clash(const ew_tile_rec *h, const ew_tile_rec *r)
+{
+    int hn = h->w->next, n = r->w->next + r->w->t.L->P->nout;
+    for (int i = hn; i < hn + h->w->t.L->P->nout; i++) {
+        uintptr_t a0, a1;
+        ap_span(&h->it.ap[i], &a0, &a1);
+        for (int j = 0; j < n; j++) {
+            uintptr_t b0, b1;
+            ap_span(&r->it.ap[j], &b0, &b1);
+            if (a0 < b1 && b0 < a1)
+                return true;
+        }
+    }
+    return false;
+}
+
+/* Runs a program's lone last tile: beside a held one, held itself (the
+ * plan *Lp then the held tile's), or alone. */
+static int ew_lone(ew_run *w, plan **Lp)
+{
+    sk_k *s = w->s;
+    ew_held *h = Held;
+    if (!w->one)
+        return run_ops(&w->tr[0].t, ew_store, &w->tr[0]);
+    bool sf = s->scalar_first;
+    if (h && held_clash(&h->w.tr[0], &w->tr[0])) {
+        int rc = sk_join_unhold(); /* its stores first */
+        s->scalar_first = sf;
+        if (rc)
+            return rc;
+        h = NULL;
+    }
+    if (h) {
+        Held = NULL;
+        sk_join_hold(NULL);
+        w->tr[0].t.sf = (signed char)(sf + 1);
+        int rc = run_ops2(&h->w.tr[0].t, &h->w.tr[0], &w->tr[0].t, &w->tr[0], ew_store);
+        s->scalar_first = sf;
+        g_free(h->L);
+        free(h);
+        return rc;
+    }
+    h = malloc(sizeof *h);
+    if (!h)
+        return run_ops(&w->tr[0].t, ew_store, &w->tr[0]);
+    h->w = *w;
+    h->w.tr[0].w = &h->w;
+    h->w.tr[0].t.sf = (signed char)(s->scalar_first + 1);
+    h->L = *Lp;
+    h->P = *h->L->P;
+    h->L->P = &h->P;
+    *Lp = NULL;
+    Held = h;
+    sk_join_hold(ew_flush);
+    return 0;
 }
 
 /* Runs an EW program over its iteration shape. */
@@ -1588,12 +1700,19 @@ static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
         index_view(&v[nv++], P->ndim, P->shape);
     sk_tiler T;
     sk_tiler_init(&T, P->ndim, P->shape, nv, v, F);
-    rc = plan_alloc(s, L, &w.t.E, ew_regs_free(&T, F, per), nbuf);
+    int64_t ntile = 0;
+    if (per < F)
+        sk_tiler_run(&T, tile_count, &ntile);
+    w.one = ntile == 1 && sk_join_is(s) && !w.has_sr; /* (keys are the caller's) */
+    if (sk_join_is(s) && !w.one) /* a held tile has no partner here */
+        rc = sk_join_unhold();
+    if (!rc)
+        rc = plan_alloc(s, L, &w.t.E, ew_regs_free(&T, F, per), nbuf);
     w.t.E.keys = keys;
     if (!rc) {
         rc = sk_tiler_run(&T, ew_tile, &w);
         if (!rc && w.npend)
-            rc = run_ops(&w.tr[0].t, ew_store, &w.tr[0]);
+            rc = ew_lone(&w, &L);
     }
     g_free(L);
     return rc;
@@ -2272,7 +2391,8 @@ int nt__sk_fused(const nt__fgroup *g)
     bool alone = P->kind == NT_FK_MM || P->kind == NT_FK_NORM || P->kind == NT_FK_BN;
     sk_k *js = !alone ? sk_join_enter("foreach", &issue, &mark) : NULL;
     if (js) { /* a program of a shared kernel (neuron/foreach.c) */
-        int jr = !issue                   ? 0
+        int jr = issue && P->kind != NT_FK_EW ? sk_join_unhold() : 0; /* run_ew: its own */
+        jr = jr || !issue                 ? jr
                  : P->kind == NT_FK_EW ? run_ew(js, P, g->ext, g->out, keys)
                                        : run_row(js, P, g->ext, g->out, keys);
         return sk_join_leave(js, mark, jr, sk_ref_fused, g);
