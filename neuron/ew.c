@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "core/ewise.h"
+#include "fusion/fusion.h" /* nt__fusion_group_failed: a held group's failure */
 
 /* Free elements per partition of an EW tile (a power of two; smaller when
  * two register sets would not fit SBUF).  Measured on the 8-op chain of
@@ -1390,6 +1391,7 @@ typedef struct ew_tile_rec {
     struct ew_run *w;
     sk_tile_iter it;
     tile_state t;
+    int nst; /* its stores issued (held_end) */
 } ew_tile_rec;
 
 typedef struct ew_run {
@@ -1402,13 +1404,17 @@ typedef struct ew_run {
     int npend;        /* tiles loaded whose ops wait for a partner (0 or 1) */
     bool one;         /* one tile, of a shared kernel: it may run beside the
                        * next such program's (ew_lone) */
+    const nt__fgroup *g; /* the group run (nt__sk_fused), or NULL: only a
+                          * group's tile is held (its reference, held_end) */
     ew_tile_rec tr[2];
 } ew_run;
 
 static int ew_store(void *ctx, int slot, const nt_ap *src)
 {
     ew_tile_rec *r = ctx;
-    return nt_isa_dma_copy(r->w->s->k, &r->it.ap[r->w->next + slot], src, sk_qfree(r->w->s));
+    int rc = nt_isa_dma_copy(r->w->s->k, &r->it.ap[r->w->next + slot], src, sk_qfree(r->w->s));
+    r->nst += !rc;
+    return rc;
 }
 
 /* Inputs that may be loaded as a column (plan.colok): f32, and every live
@@ -1510,10 +1516,17 @@ static int ew_tile(void *ctx, const sk_tile_iter *it)
     return run_ops2(&w->tr[0].t, &w->tr[0], &w->tr[1].t, &w->tr[1], ew_store);
 }
 
+/* The tiles of a program, and its first one. */
+typedef struct tile_first {
+    int64_t n;
+    sk_tile_iter it;
+} tile_first;
+
 static int tile_count(void *ctx, const sk_tile_iter *t)
 {
-    (void)t;
-    ++*(int64_t *)ctx;
+    tile_first *c = ctx;
+    if (c->n++ == 0)
+        c->it = *t;
     return 0;
 }
 
@@ -1553,20 +1566,10 @@ typedef struct ew_held {
     ew_run w; /* w.tr[0] the tile */
     plan *L;
     nt__fprog P; /* L's program (the caller's goes when it returns) */
+    nt__fgroup g; /* the caller's group, its program P */
 } ew_held;
 
 static _Thread_local ew_held *Held;
-
-/* nt__sk_join_close or sk_join_leave: the held tile runs alone */
-static int ew_flush(void)
-{
-    ew_held *h = Held;
-    Held = NULL;
-    int rc = run_ops(&h->w.tr[0].t, ew_store, &h->w.tr[0]);
-    g_free(h->L);
-    free(h);
-    return rc;
-}
 
 /* The HBM bytes [*lo, *hi) pattern a may touch. */
 static void ap_span(const nt_ap *a, uintptr_t *lo, uintptr_t *hi)
@@ -1579,19 +1582,15 @@ static void ap_span(const nt_ap *a, uintptr_t *lo, uintptr_t *hi)
     *hi = (uintptr_t)a->hbm + (uintptr_t)((a->offset + h + 1) * esz);
 }
 
-/* Whether a held tile's stores may touch bytes tile r reads or writes: the
- * planner keeps programs of a shared kernel from reading what another
- * writes, but a dead output's storage may be another's output (its stores
- * must then keep their order). */
-static bool held_clash(const ew_tile_rec *h, const ew_tile_rec *r)
+/* Whether the HBM bytes patterns a[0..na) may touch meet those b[0..nb) may. */
+static bool spans_meet(const nt_ap *a, int na, const nt_ap *b, int nb)
 {
-    int hn = h->w->next, n = r->w->next + r->w->t.L->P->nout;
-    for (int i = hn; i < hn + h->w->t.L->P->nout; i++) {
+    for (int i = 0; i < na; i++) {
         uintptr_t a0, a1;
-        ap_span(&h->it.ap[i], &a0, &a1);
-        for (int j = 0; j < n; j++) {
+        ap_span(&a[i], &a0, &a1);
+        for (int j = 0; j < nb; j++) {
             uintptr_t b0, b1;
-            ap_span(&r->it.ap[j], &b0, &b1);
+            ap_span(&b[j], &b0, &b1);
             if (a0 < b1 && b0 < a1)
                 return true;
         }
@@ -1599,8 +1598,64 @@ static bool held_clash(const ew_tile_rec *h, const ew_tile_rec *r)
     return false;
 }
 
-/* Runs a program's lone last tile: beside a held one, held itself (the
- * plan *Lp then the held tile's), or alone. */
+/* Whether a held tile's stores may touch bytes ap[0..n) (the next program's
+ * inputs and outputs, before it loads any) read or write: the planner keeps
+ * programs of a shared kernel from reading what another writes, but a dead
+ * output's storage may be another's output (its stores must then keep
+ * their order), and a load before the held stores would read stale bytes. */
+static bool held_clash(const ew_held *h, const nt_ap *ap, int n)
+{
+    const ew_tile_rec *r = &h->w.tr[0];
+    return spans_meet(&r->it.ap[h->w.next], h->P.nout, ap, n);
+}
+
+/* The held program's end, its tiles' ops run (rc their error, 0 if they
+ * all ran): its values are the kernel's, unless the kernel failed before
+ * its stores were all issued (a later program's allocation or instruction
+ * failed; test_oom's loop).  Its sk_join_leave had returned success, so no
+ * fallback of the planner's comes for it: its values then come from its
+ * reference (as with NT_SIM_PROGRAM_VALUES on, sk_join_leave), the same
+ * bits, when no store ran or it writes none of the bytes it reads (an
+ * in-place update half stored cannot be done again); else, or if the
+ * reference fails, its outputs carry the error (nt__fusion_group_failed). */
+static void held_end(ew_held *h, int rc)
+{
+    sk_k *s = h->w.s;
+    const ew_tile_rec *r = &h->w.tr[0];
+    if (!rc)
+        rc = nt_sim_kernel_error(s->k);
+    if (r->nst >= h->P.nout) /* every output slot's one store ran */
+        rc = 0;
+    if (rc && nt__sim_kernel_functional(s->k)) {
+        bool redo = r->nst == 0 || !spans_meet(&r->it.ap[h->w.next], h->P.nout, r->it.ap,
+                                               h->w.next);
+        int rr = redo ? sk_ref_fused(&h->g) : rc;
+        if (rr)
+            nt__fusion_group_failed(&h->g, rr, "in a shared kernel");
+    }
+    g_free(h->L);
+    free(h);
+}
+
+/* nt__sk_join_close or sk_join_leave: the held tile runs alone (in a
+ * kernel that failed, none of its instructions run: held_end). */
+static int ew_flush(void)
+{
+    ew_held *h = Held;
+    Held = NULL;
+    sk_k *s = h->w.s;
+    bool sf = s->scalar_first; /* the next program's engine choice stays */
+    int rc = nt_sim_kernel_error(s->k);
+    if (!rc)
+        rc = run_ops(&h->w.tr[0].t, ew_store, &h->w.tr[0]);
+    s->scalar_first = sf;
+    held_end(h, rc);
+    return rc;
+}
+
+/* Runs a program's lone last tile: beside a held one (whose stores touch
+ * none of this program's bytes: run_ew), held itself (the plan *Lp then
+ * the held tile's), or alone. */
 static int ew_lone(ew_run *w, plan **Lp)
 {
     sk_k *s = w->s;
@@ -1608,21 +1663,13 @@ static int ew_lone(ew_run *w, plan **Lp)
     if (!w->one)
         return run_ops(&w->tr[0].t, ew_store, &w->tr[0]);
     bool sf = s->scalar_first;
-    if (h && held_clash(&h->w.tr[0], &w->tr[0])) {
-        int rc = sk_join_unhold(); /* its stores first */
-        s->scalar_first = sf;
-        if (rc)
-            return rc;
-        h = NULL;
-    }
     if (h) {
         Held = NULL;
         sk_join_hold(NULL);
         w->tr[0].t.sf = (signed char)(sf + 1);
         int rc = run_ops2(&h->w.tr[0].t, &h->w.tr[0], &w->tr[0].t, &w->tr[0], ew_store);
         s->scalar_first = sf;
-        g_free(h->L);
-        free(h);
+        held_end(h, rc);
         return rc;
     }
     h = malloc(sizeof *h);
@@ -1634,6 +1681,8 @@ static int ew_lone(ew_run *w, plan **Lp)
     h->L = *Lp;
     h->P = *h->L->P;
     h->L->P = &h->P;
+    h->g = *w->g;
+    h->g.prog = &h->P;
     *Lp = NULL;
     Held = h;
     sk_join_hold(ew_flush);
@@ -1641,8 +1690,8 @@ static int ew_lone(ew_run *w, plan **Lp)
 }
 
 /* Runs an EW program over its iteration shape. */
-static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out,
-                  const uint64_t *keys)
+static int run_ew(sk_k *s, const nt__fprog *P, const nt__fgroup *g, nt_tensor *const *ext,
+                  nt_tensor *const *out, const uint64_t *keys)
 {
     plan *L = malloc(sizeof *L);
     if (!L)
@@ -1700,11 +1749,14 @@ static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
         index_view(&v[nv++], P->ndim, P->shape);
     sk_tiler T;
     sk_tiler_init(&T, P->ndim, P->shape, nv, v, F);
-    int64_t ntile = 0;
+    tile_first tf = {0};
     if (per < F)
-        sk_tiler_run(&T, tile_count, &ntile);
-    w.one = ntile == 1 && sk_join_is(s) && !w.has_sr; /* (keys are the caller's) */
-    if (sk_join_is(s) && !w.one) /* a held tile has no partner here */
+        sk_tiler_run(&T, tile_count, &tf);
+    w.g = g;
+    w.one = tf.n == 1 && g && sk_join_is(s) && !w.has_sr; /* (keys are the caller's) */
+    /* a held tile has no partner here, or one whose bytes its stores may
+     * touch: it runs alone first, before this program's loads */
+    if (sk_join_is(s) && (!w.one || (Held && held_clash(Held, tf.it.ap, P->next + P->nout))))
         rc = sk_join_unhold();
     if (!rc)
         rc = plan_alloc(s, L, &w.t.E, ew_regs_free(&T, F, per), nbuf);
@@ -2393,7 +2445,7 @@ int nt__sk_fused(const nt__fgroup *g)
     if (js) { /* a program of a shared kernel (neuron/foreach.c) */
         int jr = issue && P->kind != NT_FK_EW ? sk_join_unhold() : 0; /* run_ew: its own */
         jr = jr || !issue                 ? jr
-                 : P->kind == NT_FK_EW ? run_ew(js, P, g->ext, g->out, keys)
+                 : P->kind == NT_FK_EW ? run_ew(js, P, g, g->ext, g->out, keys)
                                        : run_row(js, P, g->ext, g->out, keys);
         return sk_join_leave(js, mark, jr, sk_ref_fused, g);
     }
@@ -2408,7 +2460,7 @@ int nt__sk_fused(const nt__fgroup *g)
         rc = 0; /* the same program ran before: its timing is restored */
     else
         switch (P->kind) {
-        case NT_FK_EW: rc = run_ew(&s, P, g->ext, g->out, keys); break;
+        case NT_FK_EW: rc = run_ew(&s, P, g, g->ext, g->out, keys); break;
         case NT_FK_ROW: rc = run_row(&s, P, g->ext, g->out, keys); break;
         case NT_FK_MM: rc = run_mm_group(&s, g, keys); break;
         case NT_FK_NORM: rc = nt__sk_norm_fused(&s, g); break;
@@ -2467,7 +2519,7 @@ int nt__sk_ew(const nt__rec *r)
     sk_k *js = sk_join_enter("foreach", &issue, &mark);
     if (js) { /* one program of a shared kernel (neuron/foreach.c) */
         nt_tensor *outs[1] = {r->out[0]};
-        int jr = issue ? run_ew(js, P, ext, outs, keys) : 0;
+        int jr = issue ? run_ew(js, P, NULL, ext, outs, keys) : 0;
         jr = sk_join_leave(js, mark, jr, sk_ref_rec, r);
         g_free(P);
         return jr;
@@ -2480,7 +2532,7 @@ int nt__sk_ew(const nt__rec *r)
         /* the timing memo (a stochastic cast's key is new every run); the
          * program reads its scalars only as immediates (emit_op) */
         int prog = values && !is_sr(op) && sk_memo_rec(&s, r, true) ? 0
-                                                              : run_ew(&s, P, ext, outs, keys);
+                                                              : run_ew(&s, P, NULL, ext, outs, keys);
         rc = values ? sk_values_end(&s, prog, sk_ref_rec, r) : prog;
         int rc2 = sk_end(&s);
         /* the program's own refusal gets a message; sk_end's and the

@@ -191,8 +191,12 @@ int sk_join_leave(sk_k *s, nt_tile *mark, int rc, int (*ref)(const void *arg), c
 {
     if (!J.hmark)
         J.hmark = mark;
-    if (J.hold_n != J.n && !rc) /* held only for the next program */
-        rc = sk_join_unhold();
+    if (J.hold_n != J.n) { /* held only for the next program: it runs now, or
+                            * (this one failed) its values are made (ew.c) */
+        int hr = sk_join_unhold();
+        if (!rc)
+            rc = hr;
+    }
     if (!J.flush) { /* nothing held: this program's tiles and any held go */
         for (nt_tile *t = s->k->tiles; t && t != J.hmark; t = t->next)
             if (t->live)
