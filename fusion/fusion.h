@@ -43,6 +43,11 @@ int nt__rec_materialize(const nt__rec *r);
 /* "<api> (at <site>): <msg>" (saying whose backward or composite issued r)
  * as a new error object. */
 nt__errobj *nt__rec_error(const nt__rec *r, int code, const char *msg);
+/* Group g failed (rc) where its outputs can only carry the error: they are
+ * poisoned with it, named after g's first op ("the fused kernel of N ops
+ * this op begins failed <how>: <the kernel's message>"), and its stream
+ * notes it for nt_sync. */
+void nt__fusion_group_failed(nt__fgroup *g, int rc, const char *how);
 int nt__tensors_materialize(nt_tensor *const *t, int n);
 /* Simulated readiness (sim/sim.h): before a kernel that reads in[0..nin)
  * and writes out[0..nout), nt__sim_ready_begin tells the thread's next

@@ -2219,9 +2219,14 @@ void nt__fusion_replay_group(nt__fgroup *g)
     /* A replay runs the kernel the capture ran; its failure is named after
      * the kernel's first op (run the step op by op, not replayed, to name
      * the exact op). */
+    nt__fusion_group_failed(g, rc, "in a replay");
+}
+
+void nt__fusion_group_failed(nt__fgroup *g, int rc, const char *how)
+{
     char msg[512];
-    snprintf(msg, sizeof msg, "the fused kernel of %d ops this op begins failed in a replay: %s",
-             g->nrecs, rc == NT_ENAN ? "it made a NaN or Inf (NT_CHECK_NAN)" : nt__kerr_msg());
+    snprintf(msg, sizeof msg, "the fused kernel of %d ops this op begins failed %s: %s", g->nrecs,
+             how, rc == NT_ENAN ? "it made a NaN or Inf (NT_CHECK_NAN)" : nt__kerr_msg());
     nt__errobj *e = nt__rec_error(g->recs[0], rc, msg);
     poison_group(g, e);
     if (g->recs[0]->stream)

@@ -26,10 +26,12 @@
  * register allocator (a value's tile is reused once its last reader ran),
  * two register sets alternate between tiles so DMA overlaps compute. */
 #include "neuron/sk.h"
+#include "sim/sim.h"
 
 #include <string.h>
 
 #include "core/ewise.h"
+#include "fusion/fusion.h" /* nt__fusion_group_failed: a held group's failure */
 
 /* Free elements per partition of an EW tile (a power of two; smaller when
  * two register sets would not fit SBUF).  Measured on the 8-op chain of
@@ -1092,6 +1094,8 @@ typedef struct tile_state {
     int64_t nf;
     int64_t n0; /* MM: the block's first column (L->pre's slice) */
     unsigned ecol; /* EW: inputs loaded as one column this tile (ew_tile) */
+    signed char sf; /* 0, or the program's s->scalar_first + 1 when its tile runs
+                     * beside another program's (ew_lone) */
     const nt_ap *acc; /* MM: value 0 read in PSUM, not evacuated (mm_epi), or NULL */
 } tile_state;
 
@@ -1262,6 +1266,8 @@ static int run_op(tile_state *t, int *kp, int (*store)(void *ctx, int slot, cons
     const nt__fprog *P = t->L->P;
     sk_k *s = t->E.s;
     int k = *kp;
+    if (t->sf)
+        s->scalar_first = t->sf > 1;
     int rc = 0, ran = peephole(t, k, &rc, store, sctx);
     *kp = k + (ran ? ran : 1);
     if (rc || ran)
@@ -1357,14 +1363,14 @@ static int run_ops2_from(tile_state *t0, void *c0, int k00, tile_state *t1, void
 {
     tile_state *t[2] = {t0, t1};
     void *c[2] = {c0, c1};
-    int k[2] = {k00, k01}, n = t0->L->P->nops, rc = 0;
+    int k[2] = {k00, k01}, n[2] = {t0->L->P->nops, t1->L->P->nops}, rc = 0;
     for (int i = 0; i < 2; i++) {
         t[i]->E.np = t[i]->np;
         t[i]->E.nf = t[i]->nf;
         k[i] = next_live(t[i], k[i]);
     }
-    while (!rc && (k[0] < n || k[1] < n)) {
-        int i = k[0] < n && (k[1] >= n || k[0] <= k[1]) ? 0 : 1;
+    while (!rc && (k[0] < n[0] || k[1] < n[1])) {
+        int i = k[0] < n[0] && (k[1] >= n[1] || k[0] <= k[1]) ? 0 : 1;
         rc = run_op(t[i], &k[i], store, c[i]);
         k[i] = next_live(t[i], k[i]);
     }
@@ -1385,6 +1391,7 @@ typedef struct ew_tile_rec {
     struct ew_run *w;
     sk_tile_iter it;
     tile_state t;
+    int nst; /* its stores issued (held_end) */
 } ew_tile_rec;
 
 typedef struct ew_run {
@@ -1395,13 +1402,19 @@ typedef struct ew_run {
     bool has_sr;
     int nbuf;
     int npend;        /* tiles loaded whose ops wait for a partner (0 or 1) */
+    bool one;         /* one tile, of a shared kernel: it may run beside the
+                       * next such program's (ew_lone) */
+    const nt__fgroup *g; /* the group run (nt__sk_fused), or NULL: only a
+                          * group's tile is held (its reference, held_end) */
     ew_tile_rec tr[2];
 } ew_run;
 
 static int ew_store(void *ctx, int slot, const nt_ap *src)
 {
     ew_tile_rec *r = ctx;
-    return nt_isa_dma_copy(r->w->s->k, &r->it.ap[r->w->next + slot], src, sk_qfree(r->w->s));
+    int rc = nt_isa_dma_copy(r->w->s->k, &r->it.ap[r->w->next + slot], src, sk_qfree(r->w->s));
+    r->nst += !rc;
+    return rc;
 }
 
 /* Inputs that may be loaded as a column (plan.colok): f32, and every live
@@ -1503,6 +1516,20 @@ static int ew_tile(void *ctx, const sk_tile_iter *it)
     return run_ops2(&w->tr[0].t, &w->tr[0], &w->tr[1].t, &w->tr[1], ew_store);
 }
 
+/* The tiles of a program, and its first one. */
+typedef struct tile_first {
+    int64_t n;
+    sk_tile_iter it;
+} tile_first;
+
+static int tile_count(void *ctx, const sk_tile_iter *t)
+{
+    tile_first *c = ctx;
+    if (c->n++ == 0)
+        c->it = *t;
+    return 0;
+}
+
 static int tile_widest(void *ctx, const sk_tile_iter *t)
 {
     int64_t *m = ctx;
@@ -1528,9 +1555,143 @@ static int64_t ew_regs_free(const sk_tiler *T, int64_t F, int64_t per)
     return m < F ? m : F;
 }
 
+/* The last tile of an EW program of a shared kernel left alone (a bias's
+ * update is one tile, [128, 8]), held until the next program's lone tile,
+ * beside which it runs (run_ops2): AdamW's chain of one tile alternates
+ * VectorE and ScalarE, each waiting for the other, and the small updates of
+ * the main job's MLP ran four such chains one after another.  Each tile
+ * runs its own ops with its own program's engine choice (tile_state.sf),
+ * so every instruction is the one it was. */
+typedef struct ew_held {
+    ew_run w; /* w.tr[0] the tile */
+    plan *L;
+    nt__fprog P; /* L's program (the caller's goes when it returns) */
+    nt__fgroup g; /* the caller's group, its program P */
+} ew_held;
+
+static _Thread_local ew_held *Held;
+
+/* The HBM bytes [*lo, *hi) pattern a may touch. */
+static void ap_span(const nt_ap *a, uintptr_t *lo, uintptr_t *hi)
+{
+    int64_t esz = (int64_t)nt__dtype_size(a->dtype), l, h;
+    nt__sim_extent(a, &l, &h); /* the free dims' */
+    int64_t d = (int64_t)(a->np - 1) * a->pstep;
+    *(d < 0 ? &l : &h) += d;
+    *lo = (uintptr_t)a->hbm + (uintptr_t)((a->offset + l) * esz);
+    *hi = (uintptr_t)a->hbm + (uintptr_t)((a->offset + h + 1) * esz);
+}
+
+/* Whether the HBM bytes patterns a[0..na) may touch meet those b[0..nb) may. */
+static bool spans_meet(const nt_ap *a, int na, const nt_ap *b, int nb)
+{
+    for (int i = 0; i < na; i++) {
+        uintptr_t a0, a1;
+        ap_span(&a[i], &a0, &a1);
+        for (int j = 0; j < nb; j++) {
+            uintptr_t b0, b1;
+            ap_span(&b[j], &b0, &b1);
+            if (a0 < b1 && b0 < a1)
+                return true;
+        }
+    }
+    return false;
+}
+
+/* Whether a held tile's stores may touch bytes ap[0..n) (the next program's
+ * inputs and outputs, before it loads any) read or write: the planner keeps
+ * programs of a shared kernel from reading what another writes, but a dead
+ * output's storage may be another's output (its stores must then keep
+ * their order), and a load before the held stores would read stale bytes. */
+static bool held_clash(const ew_held *h, const nt_ap *ap, int n)
+{
+    const ew_tile_rec *r = &h->w.tr[0];
+    return spans_meet(&r->it.ap[h->w.next], h->P.nout, ap, n);
+}
+
+/* The held program's end, its tiles' ops run (rc their error, 0 if they
+ * all ran): its values are the kernel's, unless the kernel failed before
+ * its stores were all issued (a later program's allocation or instruction
+ * failed; test_oom's loop).  Its sk_join_leave had returned success, so no
+ * fallback of the planner's comes for it: its values then come from its
+ * reference (as with NT_SIM_PROGRAM_VALUES on, sk_join_leave), the same
+ * bits, when no store ran or it writes none of the bytes it reads (an
+ * in-place update half stored cannot be done again); else, or if the
+ * reference fails, its outputs carry the error (nt__fusion_group_failed). */
+static void held_end(ew_held *h, int rc)
+{
+    sk_k *s = h->w.s;
+    const ew_tile_rec *r = &h->w.tr[0];
+    if (!rc)
+        rc = nt_sim_kernel_error(s->k);
+    if (r->nst >= h->P.nout) /* every output slot's one store ran */
+        rc = 0;
+    if (rc && nt__sim_kernel_functional(s->k)) {
+        bool redo = r->nst == 0 || !spans_meet(&r->it.ap[h->w.next], h->P.nout, r->it.ap,
+                                               h->w.next);
+        int rr = redo ? sk_ref_fused(&h->g) : rc;
+        if (rr)
+            nt__fusion_group_failed(&h->g, rr, "in a shared kernel");
+    }
+    g_free(h->L);
+    free(h);
+}
+
+/* nt__sk_join_close or sk_join_leave: the held tile runs alone (in a
+ * kernel that failed, none of its instructions run: held_end). */
+static int ew_flush(void)
+{
+    ew_held *h = Held;
+    Held = NULL;
+    sk_k *s = h->w.s;
+    bool sf = s->scalar_first; /* the next program's engine choice stays */
+    int rc = nt_sim_kernel_error(s->k);
+    if (!rc)
+        rc = run_ops(&h->w.tr[0].t, ew_store, &h->w.tr[0]);
+    s->scalar_first = sf;
+    held_end(h, rc);
+    return rc;
+}
+
+/* Runs a program's lone last tile: beside a held one (whose stores touch
+ * none of this program's bytes: run_ew), held itself (the plan *Lp then
+ * the held tile's), or alone. */
+static int ew_lone(ew_run *w, plan **Lp)
+{
+    sk_k *s = w->s;
+    ew_held *h = Held;
+    if (!w->one)
+        return run_ops(&w->tr[0].t, ew_store, &w->tr[0]);
+    bool sf = s->scalar_first;
+    if (h) {
+        Held = NULL;
+        sk_join_hold(NULL);
+        w->tr[0].t.sf = (signed char)(sf + 1);
+        int rc = run_ops2(&h->w.tr[0].t, &h->w.tr[0], &w->tr[0].t, &w->tr[0], ew_store);
+        s->scalar_first = sf;
+        held_end(h, rc);
+        return rc;
+    }
+    h = malloc(sizeof *h);
+    if (!h)
+        return run_ops(&w->tr[0].t, ew_store, &w->tr[0]);
+    h->w = *w;
+    h->w.tr[0].w = &h->w;
+    h->w.tr[0].t.sf = (signed char)(s->scalar_first + 1);
+    h->L = *Lp;
+    h->P = *h->L->P;
+    h->L->P = &h->P;
+    h->g = *w->g;
+    h->g.prog = &h->P;
+    *Lp = NULL;
+    Held = h;
+    sk_join_hold(ew_flush);
+    return 0;
+}
+
 /* Runs an EW program over its iteration shape. */
-static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor *const *out,
-                  const uint64_t *keys)
+static int run_ew(sk_k *s, const nt__fprog *P, const nt__fgroup *g, nt_tensor *const *ext,
+                  nt_tensor *const *out, const uint64_t *keys)
 {
     plan *L = malloc(sizeof *L);
     if (!L)
@@ -1588,12 +1749,22 @@ static int run_ew(sk_k *s, const nt__fprog *P, nt_tensor *const *ext, nt_tensor 
         index_view(&v[nv++], P->ndim, P->shape);
     sk_tiler T;
     sk_tiler_init(&T, P->ndim, P->shape, nv, v, F);
-    rc = plan_alloc(s, L, &w.t.E, ew_regs_free(&T, F, per), nbuf);
+    tile_first tf = {0};
+    if (per < F)
+        sk_tiler_run(&T, tile_count, &tf);
+    w.g = g;
+    w.one = tf.n == 1 && g && sk_join_is(s) && !w.has_sr; /* (keys are the caller's) */
+    /* a held tile has no partner here, or one whose bytes its stores may
+     * touch: it runs alone first, before this program's loads */
+    if (sk_join_is(s) && (!w.one || (Held && held_clash(Held, tf.it.ap, P->next + P->nout))))
+        rc = sk_join_unhold();
+    if (!rc)
+        rc = plan_alloc(s, L, &w.t.E, ew_regs_free(&T, F, per), nbuf);
     w.t.E.keys = keys;
     if (!rc) {
         rc = sk_tiler_run(&T, ew_tile, &w);
         if (!rc && w.npend)
-            rc = run_ops(&w.tr[0].t, ew_store, &w.tr[0]);
+            rc = ew_lone(&w, &L);
     }
     g_free(L);
     return rc;
@@ -2272,8 +2443,9 @@ int nt__sk_fused(const nt__fgroup *g)
     bool alone = P->kind == NT_FK_MM || P->kind == NT_FK_NORM || P->kind == NT_FK_BN;
     sk_k *js = !alone ? sk_join_enter("foreach", &issue, &mark) : NULL;
     if (js) { /* a program of a shared kernel (neuron/foreach.c) */
-        int jr = !issue                   ? 0
-                 : P->kind == NT_FK_EW ? run_ew(js, P, g->ext, g->out, keys)
+        int jr = issue && P->kind != NT_FK_EW ? sk_join_unhold() : 0; /* run_ew: its own */
+        jr = jr || !issue                 ? jr
+                 : P->kind == NT_FK_EW ? run_ew(js, P, g, g->ext, g->out, keys)
                                        : run_row(js, P, g->ext, g->out, keys);
         return sk_join_leave(js, mark, jr, sk_ref_fused, g);
     }
@@ -2288,7 +2460,7 @@ int nt__sk_fused(const nt__fgroup *g)
         rc = 0; /* the same program ran before: its timing is restored */
     else
         switch (P->kind) {
-        case NT_FK_EW: rc = run_ew(&s, P, g->ext, g->out, keys); break;
+        case NT_FK_EW: rc = run_ew(&s, P, g, g->ext, g->out, keys); break;
         case NT_FK_ROW: rc = run_row(&s, P, g->ext, g->out, keys); break;
         case NT_FK_MM: rc = run_mm_group(&s, g, keys); break;
         case NT_FK_NORM: rc = nt__sk_norm_fused(&s, g); break;
@@ -2347,7 +2519,7 @@ int nt__sk_ew(const nt__rec *r)
     sk_k *js = sk_join_enter("foreach", &issue, &mark);
     if (js) { /* one program of a shared kernel (neuron/foreach.c) */
         nt_tensor *outs[1] = {r->out[0]};
-        int jr = issue ? run_ew(js, P, ext, outs, keys) : 0;
+        int jr = issue ? run_ew(js, P, NULL, ext, outs, keys) : 0;
         jr = sk_join_leave(js, mark, jr, sk_ref_rec, r);
         g_free(P);
         return jr;
@@ -2360,7 +2532,7 @@ int nt__sk_ew(const nt__rec *r)
         /* the timing memo (a stochastic cast's key is new every run); the
          * program reads its scalars only as immediates (emit_op) */
         int prog = values && !is_sr(op) && sk_memo_rec(&s, r, true) ? 0
-                                                              : run_ew(&s, P, ext, outs, keys);
+                                                              : run_ew(&s, P, NULL, ext, outs, keys);
         rc = values ? sk_values_end(&s, prog, sk_ref_rec, r) : prog;
         int rc2 = sk_end(&s);
         /* the program's own refusal gets a message; sk_end's and the

@@ -13,9 +13,11 @@
  * is done, alternating the end of SBUF they come from and each starting
  * where the last program from its end stopped (as the kernels of a
  * captured program are placed, sim/core.c), so the next program's loads
- * run while this one computes and stores.  Each program
- * issues exactly the instructions it issues alone, so every value has the
- * same bits; only their placement in time changes.
+ * run while this one computes and stores.  A program of one tile may hold
+ * its ops and tiles for the next one (sk_join_hold; ew.c runs two such
+ * tiles side by side), until that program leaves or the kernel closes.
+ * Each program issues exactly the instructions it issues alone, so every
+ * value has the same bits; only their placement in time changes.
  *
  * The programs of one shared kernel never read what another of them writes
  * (the planner checks it), so they may overlap freely.  State is the
@@ -41,6 +43,9 @@ typedef struct joinst {
     bool values; /* s's values come from the reference, program by program */
     bool down0;  /* where the first program's tiles went */
     int64_t org[2]; /* where the next program from each end starts */
+    int (*flush)(void); /* instructions held for the next program (sk_join_hold) */
+    nt_tile *hmark; /* the tiles from here on stay while some are held */
+    int hold_n;     /* the program that held them */
     sk_k s;      /* the shared kernel, begun by the first program */
 } joinst;
 
@@ -68,6 +73,12 @@ int nt__sk_join_close(void)
     if (!J.open)
         return 0;
     int rc = 0;
+    if (J.flush) { /* what a program held issues alone */
+        int (*flush)(void) = J.flush;
+        J.flush = NULL;
+        rc = flush();
+        J.bad |= rc != 0;
+    }
     if (J.n > 0) {
         /* the timing memo files the kernel when every listed program ran
          * clean (the values were computed program by program) */
@@ -77,7 +88,9 @@ int nt__sk_join_close(void)
         }
         if (J.values)
             sk_values_end(&J.s, J.bad, no_values, NULL);
-        rc = sk_end(&J.s);
+        int rc2 = sk_end(&J.s);
+        if (!rc)
+            rc = rc2;
         /* a program that failed returned its error (sk_join_leave), which
          * its op or group reports; the kernel ends there (sk_join_enter),
          * so the programs before it are complete: its error again here
@@ -136,7 +149,7 @@ int sk_run_rec(const nt__rec *r, bool join, void (*issue)(sk_k *s, const nt__rec
     bool now;
     sk_k *js = join ? sk_join_enter("foreach", &now, &mark) : NULL;
     if (js) {
-        if (now)
+        if (now && !sk_join_unhold()) /* what a program held goes first */
             issue(js, r);
         return sk_join_leave(js, mark, 0, sk_ref_rec, r);
     }
@@ -156,11 +169,40 @@ int sk_run_prog(const nt__rec *r, const char *name,
     return sk_end_values(&s, values, prog(&s, r, ctx), r);
 }
 
+bool sk_join_is(const sk_k *s)
+{
+    return J.open && s == &J.s;
+}
+
+void sk_join_hold(int (*flush)(void))
+{
+    J.flush = flush;
+    J.hold_n = J.n;
+}
+
+int sk_join_unhold(void)
+{
+    int (*flush)(void) = J.flush;
+    J.flush = NULL;
+    return flush ? flush() : 0;
+}
+
 int sk_join_leave(sk_k *s, nt_tile *mark, int rc, int (*ref)(const void *arg), const void *arg)
 {
-    for (nt_tile *t = s->k->tiles; t && t != mark; t = t->next)
-        if (t->live)
-            nt_tile_release(s->k, t);
+    if (!J.hmark)
+        J.hmark = mark;
+    if (J.hold_n != J.n) { /* held only for the next program: it runs now, or
+                            * (this one failed) its values are made (ew.c) */
+        int hr = sk_join_unhold();
+        if (!rc)
+            rc = hr;
+    }
+    if (!J.flush) { /* nothing held: this program's tiles and any held go */
+        for (nt_tile *t = s->k->tiles; t && t != J.hmark; t = t->next)
+            if (t->live)
+                nt_tile_release(s->k, t);
+        J.hmark = NULL;
+    }
     int64_t h = s->k->sbuf.hi; /* the next program from this end starts there */
     J.org[s->k->sbuf.down] = h < SBUF_ORIGIN_MAX ? h : 0;
     if (s->warm && !s->warm->live)

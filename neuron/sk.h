@@ -292,6 +292,18 @@ int nt__sk_join_open(const nt__fgroup *const *g, int n);
 int nt__sk_join_close(void);
 sk_k *sk_join_enter(const char *name, bool *issue, nt_tile **mark);
 int sk_join_leave(sk_k *s, nt_tile *mark, int rc, int (*ref)(const void *arg), const void *arg);
+/* Whether s is the open shared kernel.  sk_join_hold(flush): the program
+ * being issued left instructions to come (ew.c: its last tile, to run beside
+ * the next program's); its tiles and those of the programs after it stay
+ * until a program calls sk_join_hold(NULL) (it issued them) or
+ * sk_join_unhold, or
+ * nt__sk_join_close calls flush() to issue them before the kernel ends. */
+bool sk_join_is(const sk_k *s);
+void sk_join_hold(int (*flush)(void));
+/* Issues what a program held (its flush), if any, and lets it go: before a
+ * program that will not take it, whose stores could otherwise come before
+ * the held program's to the same bytes (a dead output's storage reused). */
+int sk_join_unhold(void);
 /* A record's program: with join and a shared kernel open, one program of it
  * (sk_join_enter/leave); else a kernel of its own, skipped for the timing
  * memo of the same record (sk_memo_rec).  issue(s, r) writes the program. */

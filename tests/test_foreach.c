@@ -16,6 +16,7 @@
 
 #include "ntensor.h"
 #include "nt_test.h"
+#include "sim/sim.h"
 
 /* Parameters of odd sizes: one element, 3x5x7, one past a 2048 block, a
  * row of 33, a large one (past the 1M elements a program may have to
@@ -691,6 +692,123 @@ static void test_poisoned_gradient(void **state)
     assert_memory_equal(got[0], got[1], sizeof got[0]);
 }
 
+/* A program of one tile held in a shared kernel (neuron/ew.c ew_lone) whose
+ * stores may touch the bytes of the next one's (held_clash): it runs alone
+ * first.  A replay's memory plan (fusion/graph.c) gives a dead intermediate
+ * and a later one the same offset when their lifetimes do not overlap, so
+ * A, a chain of six ops storing x (dead at once), and B, one op storing y
+ * (summed into acc after the kernel), write the same bytes: run side by
+ * side (run_ops2), A's store, its sixth op, would come after B's, its
+ * first, and acc would sum x.  x is stored only if its handle is live
+ * when its batch is planned (a capture is otherwise one batch, planned at
+ * its end): NT_MAX_INFLIGHT=2 ends a batch at every 64th op, and of the 64
+ * iterations of a step, nine ops each (odd: every place in an iteration
+ * comes at a multiple of 64 once), one ends a batch right after B.  A reads
+ * acc, which the iteration before wrote, so A starts the shared kernel and
+ * is the one held.  Only a replay has x and y in the same bytes; a gdb
+ * breakpoint on held_clash's true path in ew_lone is hit in the captured
+ * simulator run only, and with the check off acc is inf there. */
+#define HI 64
+static const int64_t HA[2] = {10, 10}, HB[2] = {9, 11};
+
+static nt_tensor *held_input(int nd, const int64_t *sh, uint64_t seed)
+{
+    int64_t n = nt_test_numel(nd, sh);
+    float v[128];
+    uint64_t st = seed;
+    assert_true(n <= 128);
+    nt_test_fill(v, (size_t)n, &st);
+    nt_tensor *t = nt_from_host(v, NT_F32, nd, sh);
+    assert_non_null(t);
+    return t;
+}
+
+static void held_step(nt_tensor *acc, nt_tensor *p1, nt_tensor *p2)
+{
+    for (int i = 0; i < HI; i++) {
+        nt_tensor *t = nt_mul(p1, acc), *u = nt_add_scalar(t, 0.25);
+        nt_release(t);
+        t = nt_mul_scalar(u, 1.5);
+        nt_release(u);
+        u = nt_sub(t, p1);
+        nt_release(t);
+        t = nt_mul(u, u);
+        nt_release(u);
+        nt_tensor *x = nt_add(t, p1); /* A's output, never read */
+        nt_release(t);
+        nt_tensor *y = nt_mul_scalar(p2, 3.0); /* B */
+        nt_tensor *s = nt_sum(y, NT_DIM_ALL, false);
+        assert_non_null(x);
+        assert_non_null(s);
+        assert_int_equal(nt_add_inplace(acc, s), 0);
+        nt_release(x), nt_release(y), nt_release(s);
+    }
+}
+
+/* STEPS steps (captured: step 0 eagerly, step 1 captured, the rest
+ * replayed); acc after them. */
+static float held_run(const char *be, const char *mode, bool capture)
+{
+    nt_shutdown();
+    assert_int_equal(nt_init(), 0);
+    assert_int_equal(nt_config_set("NT_BACKEND", be), 0);
+    assert_int_equal(nt_config_set("NT_REQUIRE_SIM", strcmp(be, "sim") ? "0" : "1"), 0);
+    assert_int_equal(nt_config_set("NT_MODE", mode), 0);
+    char mi[32];
+    snprintf(mi, sizeof mi, "%s", nt_config_get("NT_MAX_INFLIGHT"));
+    assert_int_equal(nt_config_set("NT_MAX_INFLIGHT", "2"), 0);
+    /* every instruction computes its values (the suite's setting): with the
+     * values once per program, from the CPU kernels in program order, the
+     * stores' order in the simulator would not show */
+    assert_int_equal(nt_sim_init(), 0); /* reads NT_SIM_PROGRAM_VALUES */
+    bool pv = nt__sim_program_values();
+    nt__sim_set_program_values(false);
+    nt_tensor *acc = held_input(1, (int64_t[]){1}, 3), *p1 = held_input(2, HA, 4),
+              *p2 = held_input(2, HB, 5);
+    nt_graph *g = NULL;
+    for (int k = 0; k < STEPS; k++) {
+        assert_int_equal(nt_sync(), 0);
+        if (!capture || k == 0) {
+            held_step(acc, p1, p2);
+        } else if (k == 1) {
+            assert_int_equal(nt_graph_capture_begin(), 0);
+            held_step(acc, p1, p2);
+            g = nt_graph_capture_end();
+            assert_non_null(g);
+        } else {
+            assert_int_equal(nt_graph_replay(g), 0);
+        }
+    }
+    float v;
+    assert_int_equal(nt_to_host(acc, &v, sizeof v), 0);
+    if (g) {
+        nt_graph_info gi;
+        assert_int_equal(nt_graph_info_get(g, &gi), 0);
+        assert_true(gi.planned > 0); /* the intermediates share the plan's block */
+        nt_graph_destroy(g);
+    }
+    nt_release(acc), nt_release(p1), nt_release(p2);
+    assert_int_equal(nt_config_set("NT_MAX_INFLIGHT", mi), 0);
+    nt__sim_set_program_values(pv);
+    return v;
+}
+
+static void test_held_tile_clash(void **state)
+{
+    (void)state;
+    float ref = held_run("cpu", "deterministic", false);
+    static const char *const modes[] = {"deterministic", "adaptive", "lazy", "lazy"};
+    for (int b = 0; b < 2; b++)
+        for (int m = 0; m < 4; m++) {
+            const char *be = b ? "sim" : "cpu";
+            float v = held_run(be, modes[m], m == 3);
+            if (nt_test_ubits(v) != nt_test_ubits(ref))
+                fail_msg("%s, %s: acc is %08x (%g), op by op %08x (%g)", be,
+                         m == 3 ? "captured" : modes[m], nt_test_ubits(v), (double)v,
+                         nt_test_ubits(ref), (double)ref);
+        }
+}
+
 /* NT_FOREACH takes 0 or 1; NT_CHECK_NAN runs every program alone and names
  * the op that made the NaN. */
 static void test_errors(void **state)
@@ -730,6 +848,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bias_casts_pass_big_sums, nt_test_setup,
                                         nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_poisoned_gradient, nt_test_setup, nt_test_teardown),
+        cmocka_unit_test_setup_teardown(test_held_tile_clash, nt_test_setup, nt_test_teardown),
         cmocka_unit_test_setup_teardown(test_errors, nt_test_setup, nt_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
