@@ -170,8 +170,10 @@ static void test_first_step_capture_fuses_the_update(void **state)
 }
 
 /* The main job's MLP (784-1024-1024-10, batch 128, AdamW) captured on the
- * simulated core: a replay within 1.101x of the DMA-limited time of its own
- * HBM bytes (1.1002x now: the matmul's B loads take the queue of their
+ * simulated core: a replay within 1.10x of the DMA-limited time of its own
+ * HBM bytes (1.095x now: a fused EW program of one tile in a shared
+ * foreach kernel runs side by side with the next one, neuron/ew.c
+ * held tile; 1.1002x before, reached when the matmul's B loads take the queue of their
  * eight that frees up first, not the next on the rotation, so the input
  * gradient dh2 . W2's weight loads no longer wait behind the loss kernels'
  * loads that wait for the logits, neuron/tp_matmul.c b_queue; 1.105x
@@ -247,7 +249,7 @@ static void test_main_mlp_near_its_dma_floor(void **state)
     print_message("# the main job's MLP, one replay: %.0f ns, %.1f MB, DMA floor %.0f ns (%.3fx)\n",
                   ns, bytes / 1e6, floor, ns / floor);
     assert_true(bytes > 60e6); /* the step's weights and AdamW state at least */
-    assert_true(ns <= 1.101 * floor);
+    assert_true(ns <= 1.10 * floor);
     nt_graph_destroy(g);
     nt_optim_destroy(opt);
     for (int i = 0; i < 6; i++)
