@@ -296,8 +296,11 @@ int sk_join_leave(sk_k *s, nt_tile *mark, int rc, int (*ref)(const void *arg), c
  * being issued left instructions to come (ew.c: its last tile, to run beside
  * the next program's); its tiles and those of the programs after it stay
  * until a program calls sk_join_hold(NULL) (it issued them) or
- * sk_join_unhold, or
- * nt__sk_join_close calls flush() to issue them before the kernel ends. */
+ * sk_join_unhold, or nt__sk_join_close calls flush() to issue them before
+ * the kernel ends.  The hold ends at the next program's sk_join_leave
+ * whether or not that program failed: then flush() gives the held
+ * program its values (ew.c held_end: its group's reference where the
+ * kernel failed before its stores ran). */
 bool sk_join_is(const sk_k *s);
 void sk_join_hold(int (*flush)(void));
 /* Issues what a program held (its flush), if any, and lets it go: before a
