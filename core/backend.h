@@ -69,6 +69,15 @@ typedef struct nt__backend_i {
  * NULL: not built in.  NT_BACKEND_CPU is always set. */
 extern const nt__backend_i *nt__backends[NT_BACKEND_COUNT];
 
+/* For a backend whose program of group g was reported done and then failed
+ * (neuron/ew.c: a shared kernel's held tile whose kernel a later program's
+ * failure stopped, with no reference values to give): poisons g's outputs
+ * with rc, named after its first op ("failed <how>: ..."), and notes it on
+ * its stream.  Set by the fusion engine's nt__fusion_init (fusion/plan.c
+ * nt__fusion_group_failed), NULL before; backends sit below the engine and
+ * reach it only through this. */
+extern void (*nt__group_failed)(struct nt__fgroup *g, int rc, const char *how);
+
 /* The kernel that runs op `op` (< NT_OP_COUNT) on backend b: b's own, or the
  * CPU's when b leaves the op to it. */
 static inline nt__kernel_fn nt__backend_kernel(int b, int op)

@@ -9,6 +9,7 @@
 
 nt__core_hooks nt__chooks;
 const nt__backend_i *nt__backends[NT_BACKEND_COUNT];
+void (*nt__group_failed)(struct nt__fgroup *g, int rc, const char *how);
 
 _Thread_local int nt__tl_core;
 _Thread_local double nt__tl_sim_after;

@@ -2240,6 +2240,7 @@ int nt__fusion_init(void)
 {
     memset(&nt__fst, 0, sizeof nt__fst);
     kernel_no = 0;
+    nt__group_failed = nt__fusion_group_failed;
     nt__graph_init();
     return 0;
 }

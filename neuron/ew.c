@@ -31,7 +31,6 @@
 #include <string.h>
 
 #include "core/ewise.h"
-#include "fusion/fusion.h" /* nt__fusion_group_failed: a held group's failure */
 
 /* Free elements per partition of an EW tile (a power of two; smaller when
  * two register sets would not fit SBUF).  Measured on the 8-op chain of
@@ -1617,7 +1616,8 @@ static bool held_clash(const ew_held *h, const nt_ap *ap, int n)
  * reference (as with NT_SIM_PROGRAM_VALUES on, sk_join_leave), the same
  * bits, when no store ran or it writes none of the bytes it reads (an
  * in-place update half stored cannot be done again); else, or if the
- * reference fails, its outputs carry the error (nt__fusion_group_failed). */
+ * reference fails, its outputs carry the error (core/backend.h
+ * nt__group_failed). */
 static void held_end(ew_held *h, int rc)
 {
     sk_k *s = h->w.s;
@@ -1630,8 +1630,8 @@ static void held_end(ew_held *h, int rc)
         bool redo = r->nst == 0 || !spans_meet(&r->it.ap[h->w.next], h->P.nout, r->it.ap,
                                                h->w.next);
         int rr = redo ? sk_ref_fused(&h->g) : rc;
-        if (rr)
-            nt__fusion_group_failed(&h->g, rr, "in a shared kernel");
+        if (rr && nt__group_failed)
+            nt__group_failed(&h->g, rr, "in a shared kernel");
     }
     g_free(h->L);
     free(h);
