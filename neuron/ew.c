@@ -28,6 +28,7 @@
 #include "neuron/sk.h"
 #include "sim/sim.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #include "core/ewise.h"
@@ -1679,7 +1680,11 @@ static int ew_lone(ew_run *w, plan **Lp)
     h->w.tr[0].w = &h->w;
     h->w.tr[0].t.sf = (signed char)(s->scalar_first + 1);
     h->L = *Lp;
-    h->P = *h->L->P;
+    /* the compiled program only: its run and reference counts and the
+     * cache's links change under the threads running the same cached
+     * program meanwhile (plan.c prog_unref, under its cache lock) */
+    memcpy(&h->P, h->L->P, offsetof(nt__fprog, runs));
+    memset((char *)&h->P + offsetof(nt__fprog, runs), 0, sizeof h->P - offsetof(nt__fprog, runs));
     h->L->P = &h->P;
     h->g = *w->g;
     h->g.prog = &h->P;
